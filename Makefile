@@ -1,0 +1,54 @@
+# capex: `make run` trains, `make test` tests. See README.md.
+CC      ?= cc
+CXX     ?= c++
+OPT     ?= -O2 -g
+WARN    := -Wall -Wextra -pedantic
+# OpenMP when the compiler has it; results are identical without it.
+OPENMP  ?= $(shell printf 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp)
+CFLAGS  ?= -std=c99 $(OPT) $(WARN) $(OPENMP)
+LDLIBS  := -ldl -lpthread -lm
+BUILD   ?= build
+
+TEST_SRCS := $(wildcard tests/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+HEADERS   := capex.h $(wildcard capex_cuda.h)
+
+.PHONY: all run test tests sanitize compile-check gpu-test bench clean
+all: tests $(BUILD)/examples/demo
+
+$(BUILD)/tests/%: tests/%.c tests/capex_test.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests $< -o $@ $(LDLIBS)
+
+$(BUILD)/examples/%: examples/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+tests: $(TEST_BINS)
+
+# The README's test command. Ends with "N passed, N failed, N skipped".
+test: $(TEST_BINS)
+	@tests/run.sh $(TEST_BINS)
+
+run: $(BUILD)/examples/demo
+	$(BUILD)/examples/demo
+
+# All tests again under AddressSanitizer + UndefinedBehaviorSanitizer (clang).
+sanitize:
+	$(MAKE) --no-print-directory BUILD=build-san CC=clang OPENMP= \
+	  CFLAGS="-std=c99 -O1 -g $(WARN) -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
+
+# Headers compiled as C99, C11 and C++11 under gcc and clang, warnings as errors.
+compile-check:
+	@mkdir -p $(BUILD)/cc
+	@for c in gcc clang; do for s in c99 c11; do \
+	  echo "$$c -std=$$s"; $$c -std=$$s $(WARN) -Werror -c tests/compile_check.c -o $(BUILD)/cc/$$c-$$s.o || exit 1; \
+	  echo "$$c -std=$$s CAPEX_STATIC"; $$c -std=$$s $(WARN) -Werror -DCAPEX_STATIC -c tests/compile_check.c -o $(BUILD)/cc/$$c-$$s-static.o || exit 1; \
+	done; done
+	@for c in g++ clang++; do for s in c++11 c++17; do \
+	  echo "$$c -std=$$s"; $$c -x c++ -std=$$s $(WARN) -Werror -c tests/compile_check.c -o $(BUILD)/cc/$$c-$$s.o || exit 1; \
+	done; done
+	@echo "compile-check: ok"
+
+clean:
+	rm -rf build build-san

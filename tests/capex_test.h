@@ -1,0 +1,59 @@
+/* capex_test.h - the tiny test harness every tests/test_*.c uses.
+
+   Each test file is its own program: list its tests with CT_TEST, run them
+   from main() with ct_main(). A test fails at its first failed CT_CHECK and
+   may skip itself with CT_SKIP("why"). The program prints one line per
+   failure or skip and ends with "N passed, N failed, N skipped";
+   tests/run.sh adds those lines up over all programs. */
+#ifndef CAPEX_TEST_H
+#define CAPEX_TEST_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ct_state { int failed, skipped; char why[512]; } ct_state;
+typedef void (*ct_fn)(ct_state *ct);
+typedef struct ct_case { const char *name; ct_fn fn; } ct_case;
+
+#define CT_TEST(name) static void name(ct_state *ct)
+#define CT_CASE(name) { #name, name }
+
+/* Fails the current test and returns from it. */
+#define CT_CHECK(cond, ...)                                                              \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            int ct_n_ = snprintf(ct->why, sizeof ct->why, "%s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            if (ct_n_ > 0 && (size_t)ct_n_ < sizeof ct->why)                             \
+                snprintf(ct->why + ct_n_, sizeof ct->why - (size_t)ct_n_, __VA_ARGS__);  \
+            ct->failed = 1;                                                              \
+            return;                                                                      \
+        }                                                                                \
+    } while (0)
+
+#define CT_SKIP(...)                                          \
+    do {                                                      \
+        snprintf(ct->why, sizeof ct->why, __VA_ARGS__);       \
+        ct->skipped = 1;                                      \
+        return;                                               \
+    } while (0)
+
+static int ct_main(const char *file, const ct_case *cases, size_t n, int argc, char **argv) {
+    size_t i;
+    int passed = 0, failed = 0, skipped = 0;
+    const char *only = argc > 1 ? argv[1] : NULL;
+    for (i = 0; i < n; i++) {
+        ct_state st;
+        if (only && !strstr(cases[i].name, only)) continue;
+        memset(&st, 0, sizeof st);
+        cases[i].fn(&st);
+        if (st.failed) { failed++; printf("FAIL %s/%s: %s\n", file, cases[i].name, st.why); }
+        else if (st.skipped) { skipped++; printf("SKIP %s/%s: %s\n", file, cases[i].name, st.why); }
+        else { passed++; if (getenv("CT_VERBOSE")) printf("ok   %s/%s\n", file, cases[i].name); }
+        fflush(stdout);
+    }
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    return failed ? 1 : 0;
+}
+#define CT_MAIN(cases) \
+    int main(int argc, char **argv) { return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv); }
+#endif
