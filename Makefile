@@ -13,7 +13,7 @@ TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 HEADERS   := capex.h $(wildcard capex_cuda.h)
 
-.PHONY: all run test tests sanitize compile-check gpu-test bench clean
+.PHONY: all run test tests sanitize compile-check gpu-test bench clean ci-deps ci-extra
 all: tests $(BUILD)/examples/demo
 
 $(BUILD)/tests/%: tests/%.c tests/capex_test.h $(HEADERS)
@@ -52,3 +52,9 @@ compile-check:
 
 clean:
 	rm -rf build build-san
+
+# Each feature may add tests/<feature>.mk with extra rules, including
+# `ci-deps::` (installs for CI) and `ci-extra::` (CI checks beyond make test).
+ci-deps::
+ci-extra::
+include $(sort $(wildcard tests/*.mk))

@@ -189,6 +189,12 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
 
 /* @@SECTION:STATE:DECL@@ (state files: declarations) */
 
+/* @@SECTION:TENSOR:DECL@@ (tensor lists, chunk planner, fused ops: declarations) */
+
+/* @@SECTION:OPTIM:DECL@@ (optimizers: declarations) */
+
+/* @@SECTION:DIST:DECL@@ (data parallel: declarations) */
+
 #ifdef __cplusplus
 }
 #endif
@@ -429,6 +435,12 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
 /* @@SECTION:SCALER:IMPL@@ (loss scaler: implementation) */
 
 /* @@SECTION:STATE:IMPL@@ (state files: implementation) */
+
+/* @@SECTION:TENSOR:IMPL@@ (tensor lists, chunk planner, fused ops: implementation) */
+
+/* @@SECTION:OPTIM:IMPL@@ (optimizers: implementation) */
+
+/* @@SECTION:DIST:IMPL@@ (data parallel: implementation) */
 
 #ifdef __cplusplus
 }
