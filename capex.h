@@ -186,6 +186,142 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
 /* @@SECTION:OPTLEVEL:DECL@@ (opt levels: declarations) */
 
 /* @@SECTION:SCALER:DECL@@ (loss scaler: declarations) */
+/* ---------------------------------------------------------------------------
+   Loss scaler
+
+   One capex_scaler per loss (Apex num_losses): a plain struct, no allocation,
+   on the stack or inside your engine's state. Each iteration, per optimizer:
+
+       float s;   capex_scaler_scale(&sc, &s);          // loss * s, then backward
+                  (several scale()+backward for accumulation are fine)
+       int inf  = any_inf_or_nan(grads);                // over ALL ranks (allreduce max)
+       float inv; capex_scaler_unscale(&sc, opt, inf, &inv); // at most once per iteration
+       int go;    capex_scaler_step(&sc, opt, &go);     // go == !inf for this optimizer
+       if (go) optimizer_step(grads * inv);             // skipped: touch nothing
+       capex_scaler_update(&sc);                        // once, after every optimizer
+
+   Fused kernels that unscale in place take capex_scaler_get_inv_scale() first
+   and report their found_inf to capex_scaler_unscale (inv_scale may be NULL).
+
+   Dynamic rule (PyTorch _amp_update_scale_ plus Apex's min/max scale and
+   update_scale_hysteresis): on inf/NaN, hysteresis_tracker -= 1; while it is
+   still > 0 only the growth tracker resets; else scale = max(min_scale,
+   f32(scale * backoff)) and the growth tracker resets. On a clean step the
+   growth tracker counts up; at growth_interval, s' = min(max_scale,
+   f32(scale * growth)) is taken only if finite, the tracker resets; the
+   hysteresis tracker refills. With hysteresis 1, min 0 and max INFINITY this is
+   bit for bit PyTorch's GradScaler. Static scalers (dynamic = 0, Apex
+   loss_scale=<number>) never change the scale but still skip inf/NaN steps
+   (Apex's static mode would step on them).
+
+   Order errors (CAPEX_ERR_ORDER, the scaler unchanged): scale() after an
+   optimizer of this iteration was unscaled; unscale() twice or after step();
+   step() before unscale() or twice; update() with no optimizer unscaled;
+   set_scale()/set_state() inside an iteration. Like PyTorch, update() folds in
+   every optimizer unscaled this iteration (stepped or not) and step()'s answer
+   is each optimizer's own found_inf.
+
+   Overflows are logged (capex_log WARN, Apex's wording "Gradient overflow.
+   Skipping step, loss scaler 0 reducing loss scale to ...") for the first one,
+   then at most one message per log_interval iterations with the count of those
+   not shown.
+
+   Not thread-safe: one scaler, one thread at a time. Distinct scalers are
+   independent (logging goes through the process-wide capex_log sink).
+   ------------------------------------------------------------------------- */
+
+/* Optimizers per scaler (index 0..N-1). Part of the struct layout: define it
+   identically in every file that includes capex.h. */
+#ifndef CAPEX_SCALER_MAX_OPTIMIZERS
+#define CAPEX_SCALER_MAX_OPTIMIZERS 8
+#endif
+
+typedef struct capex_scaler_desc {
+    int dynamic;             /* 1: dynamic (default); 0: static, scale fixed at init_scale */
+    float init_scale;        /* 65536 (2^16, Apex and PyTorch)                             */
+    double growth_factor;    /* 2.0, must be > 1                                           */
+    double backoff_factor;   /* 0.5, in (0, 1)                                             */
+    int64_t growth_interval; /* 2000 clean steps before growing, >= 1                      */
+    float min_scale;         /* 0 = no floor (Apex min_loss_scale=None)                    */
+    float max_scale;         /* 16777216 (2^24, Apex max_loss_scale); INFINITY = no cap    */
+    int hysteresis;          /* 1 = back off on every overflow (PyTorch); Apex/Megatron 2  */
+    int64_t log_interval;    /* 100: at most one overflow message per this many iterations;
+                                0 = no overflow messages                                   */
+    int id;                  /* loss index shown in messages (Apex "loss scaler 0")        */
+} capex_scaler_desc;
+
+/* The scaler's persistent state, for checkpoints (the state-file code writes
+   these fields; PyTorch's GradScaler.state_dict() holds the same plus ours). */
+typedef struct capex_scaler_state {
+    int dynamic;
+    float scale;
+    int64_t growth_tracker;   /* clean steps since the last growth/backoff, [0, interval) */
+    int hysteresis_tracker;   /* overflows left before backing off, [0, hysteresis]     */
+    float init_scale;
+    double growth_factor;
+    double backoff_factor;
+    int64_t growth_interval;
+    float min_scale;
+    float max_scale;
+    int hysteresis;
+    int64_t steps;            /* iterations ended by update()/update_to()               */
+    int64_t skipped_steps;    /* of which had inf/NaN                                   */
+} capex_scaler_state;
+
+/* Read the fields through the functions below; the layout may change. */
+typedef struct capex_scaler {
+    uint32_t magic;
+    capex_scaler_desc desc;
+    float scale;
+    int64_t growth_tracker;
+    int hysteresis_tracker;
+    int64_t steps, skipped_steps;
+    int scaled;                                          /* scale() this iteration */
+    unsigned char stage[CAPEX_SCALER_MAX_OPTIMIZERS];    /* READY/UNSCALED/STEPPED */
+    unsigned char found_inf[CAPEX_SCALER_MAX_OPTIMIZERS];
+    int64_t last_report;                                 /* steps at last message, -1 none */
+    int64_t suppressed;                                  /* overflows not yet reported */
+} capex_scaler;
+
+/* Apex/PyTorch defaults (see the field comments). NULL is ignored. */
+CAPEX_API void capex_scaler_desc_init(capex_scaler_desc *desc);
+/* CAPEX_ERR_INVALID_ARG naming the bad field, or CAPEX_OK. */
+CAPEX_API capex_result capex_scaler_desc_check(const capex_scaler_desc *desc);
+/* Validates desc; on error sc is left unusable (every call on it fails). */
+CAPEX_API capex_result capex_scaler_init(capex_scaler *sc, const capex_scaler_desc *desc);
+
+/* The scale to multiply the loss by. Repeatable (accumulation) until the
+   first unscale() of the iteration. */
+CAPEX_API capex_result capex_scaler_scale(capex_scaler *sc, float *scale);
+/* Records optimizer opt's inf/NaN check (found_inf != 0: some gradient, on
+   some rank, was not finite) and gives inv_scale = f32(1 / f64(scale))
+   (PyTorch's reciprocal in float64); inv_scale may be NULL. */
+CAPEX_API capex_result capex_scaler_unscale(capex_scaler *sc, int opt, int found_inf, float *inv_scale);
+/* *do_step = 1 when optimizer opt may step, 0 when this step is skipped
+   (leave weights and optimizer state untouched). After unscale(), once. */
+CAPEX_API capex_result capex_scaler_step(capex_scaler *sc, int opt, int *do_step);
+/* Ends the iteration: applies the rule to the OR of the found_inf of every
+   optimizer unscaled this iteration, reports overflows, resets the optimizers. */
+CAPEX_API capex_result capex_scaler_update(capex_scaler *sc);
+/* PyTorch update(new_scale): ends the iteration with this scale instead of
+   the rule (growth tracker kept). new_scale finite, > 0, within [min, max]
+   for a dynamic scaler. No inf check needed. */
+CAPEX_API capex_result capex_scaler_update_to(capex_scaler *sc, float new_scale);
+/* Forgets this iteration's scale/unscale/step calls (after an error in your
+   own code); scale, trackers and counters are kept. */
+CAPEX_API capex_result capex_scaler_discard_iteration(capex_scaler *sc);
+
+CAPEX_API capex_result capex_scaler_get_scale(const capex_scaler *sc, float *scale);
+CAPEX_API capex_result capex_scaler_get_inv_scale(const capex_scaler *sc, float *inv_scale);
+/* Between iterations only; same limits as update_to. */
+CAPEX_API capex_result capex_scaler_set_scale(capex_scaler *sc, float scale);
+
+/* Export/import for checkpoints. set_state validates every field first and
+   leaves sc untouched on error; only between iterations. It restores the rule
+   parameters too (like PyTorch load_state_dict) and keeps sc's log_interval
+   and id. */
+CAPEX_API capex_result capex_scaler_get_state(const capex_scaler *sc, capex_scaler_state *state);
+CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scaler_state *state);
 
 /* @@SECTION:STATE:DECL@@ (state files: declarations) */
 
@@ -433,6 +569,403 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
 /* @@SECTION:OPTLEVEL:IMPL@@ (opt levels: implementation) */
 
 /* @@SECTION:SCALER:IMPL@@ (loss scaler: implementation) */
+/* ---- loss scaler -------------------------------------------------------- */
+
+#define CAPEX__SCALER_MAGIC 0x53434c52u /* "SCLR": catches use before init */
+enum { CAPEX__OPT_READY = 0, CAPEX__OPT_UNSCALED = 1, CAPEX__OPT_STEPPED = 2 };
+
+CAPEX_API void capex_scaler_desc_init(capex_scaler_desc *d) {
+    if (!d) return;
+    memset(d, 0, sizeof *d);
+    d->dynamic = 1;
+    d->init_scale = 65536.0f;        /* 2^16: PyTorch init_scale, Apex LossScaler */
+    d->growth_factor = 2.0;
+    d->backoff_factor = 0.5;
+    d->growth_interval = 2000;
+    d->min_scale = 0.0f;             /* Apex min_loss_scale=None */
+    d->max_scale = 16777216.0f;      /* 2^24: Apex max_loss_scale */
+    d->hysteresis = 1;
+    d->log_interval = 100;
+    d->id = 0;
+}
+
+/* Shared by desc_check and set_state; `what` names the struct in messages. */
+CAPEX__PRIVATE capex_result capex__scaler_check_params(const char *what, int dynamic, float init_scale,
+                                                       double growth, double backoff, int64_t interval,
+                                                       float min_scale, float max_scale, int hysteresis) {
+    if (dynamic != 0 && dynamic != 1)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.dynamic = %d: use 1 (dynamic) or 0 (static)", what, dynamic);
+    if (!(init_scale > 0.0f) || !isfinite(init_scale))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.init_scale = %g: must be finite and > 0 (default 65536)", what,
+                           (double)init_scale);
+    if (!(growth > 1.0) || !isfinite(growth))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.growth_factor = %g: must be finite and > 1 (default 2)", what,
+                           growth);
+    if (!(backoff > 0.0 && backoff < 1.0))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.backoff_factor = %g: must lie in (0, 1) (default 0.5)", what,
+                           backoff);
+    if (interval < 1)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.growth_interval = %lld: must be >= 1 (default 2000)", what,
+                           (long long)interval);
+    if (!(min_scale >= 0.0f) || !isfinite(min_scale))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.min_scale = %g: must be finite and >= 0 (0 = no floor)", what,
+                           (double)min_scale);
+    if (!(max_scale > 0.0f))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.max_scale = %g: must be > 0 (INFINITY = no cap)", what,
+                           (double)max_scale);
+    if (min_scale > max_scale)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.min_scale = %g > max_scale = %g: swap them", what,
+                           (double)min_scale, (double)max_scale);
+    if (hysteresis < 1)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.hysteresis = %d: must be >= 1 (1 = back off on every overflow)",
+                           what, hysteresis);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_scaler_desc_check(const capex_scaler_desc *d) {
+    capex_result r;
+    if (!d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_desc is NULL: pass one set by capex_scaler_desc_init");
+    r = capex__scaler_check_params("capex_scaler_desc", d->dynamic, d->init_scale, d->growth_factor, d->backoff_factor,
+                                   d->growth_interval, d->min_scale, d->max_scale, d->hysteresis);
+    if (r != CAPEX_OK) return r;
+    if (d->dynamic && (d->init_scale < d->min_scale || d->init_scale > d->max_scale))
+        return capex__fail(CAPEX_ERR_INVALID_ARG,
+                           "capex_scaler_desc.init_scale = %g lies outside [min_scale, max_scale] = [%g, %g]",
+                           (double)d->init_scale, (double)d->min_scale, (double)d->max_scale);
+    if (d->log_interval < 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_desc.log_interval = %lld: must be >= 0 (0 = silent)",
+                           (long long)d->log_interval);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_scaler_init(capex_scaler *sc, const capex_scaler_desc *desc) {
+    capex_result r;
+    if (!sc) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_init: sc is NULL");
+    memset(sc, 0, sizeof *sc); /* magic 0: unusable until validated */
+    if ((r = capex_scaler_desc_check(desc)) != CAPEX_OK) return r;
+    sc->desc = *desc;
+    sc->scale = desc->init_scale;
+    sc->hysteresis_tracker = desc->hysteresis;
+    sc->last_report = -1;
+    sc->magic = CAPEX__SCALER_MAGIC;
+    return CAPEX_OK;
+}
+
+CAPEX__PRIVATE capex_result capex__scaler_ok(const capex_scaler *sc, const char *fn) {
+    if (!sc) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: scaler is NULL", fn);
+    if (sc->magic != CAPEX__SCALER_MAGIC)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: scaler not initialised (or its init failed): call capex_scaler_init",
+                           fn);
+    return CAPEX_OK;
+}
+
+CAPEX__PRIVATE capex_result capex__scaler_opt_ok(const capex_scaler *sc, int opt, const char *fn) {
+    capex_result r = capex__scaler_ok(sc, fn);
+    if (r != CAPEX_OK) return r;
+    if (opt < 0 || opt >= CAPEX_SCALER_MAX_OPTIMIZERS)
+        return capex__fail(CAPEX_ERR_INVALID_ARG,
+                           "%s: optimizer index %d outside [0, %d): raise CAPEX_SCALER_MAX_OPTIMIZERS (in every file)",
+                           fn, opt, CAPEX_SCALER_MAX_OPTIMIZERS);
+    return CAPEX_OK;
+}
+
+/* Idle = no scale/unscale/step since the last update. */
+CAPEX__PRIVATE int capex__scaler_idle(const capex_scaler *sc) {
+    int i;
+    if (sc->scaled) return 0;
+    for (i = 0; i < CAPEX_SCALER_MAX_OPTIMIZERS; i++)
+        if (sc->stage[i] != CAPEX__OPT_READY) return 0;
+    return 1;
+}
+
+/* f32(1 / f64(scale)), as PyTorch's scale.double().reciprocal().float(). A
+   scale that underflowed to 0 (min_scale 0, as in PyTorch) gives +inf. */
+CAPEX__PRIVATE float capex__scaler_inv(float scale) {
+    return scale == 0.0f ? (float)INFINITY : (float)(1.0 / (double)scale);
+}
+
+CAPEX_API capex_result capex_scaler_scale(capex_scaler *sc, float *scale) {
+    capex_result r = capex__scaler_ok(sc, "capex_scaler_scale");
+    int i;
+    if (r != CAPEX_OK) return r;
+    if (!scale) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_scale: scale output is NULL");
+    for (i = 0; i < CAPEX_SCALER_MAX_OPTIMIZERS; i++)
+        if (sc->stage[i] != CAPEX__OPT_READY)
+            return capex__fail(CAPEX_ERR_ORDER,
+                               "capex_scaler_scale after optimizer %d was unscaled this iteration: scaled and unscaled "
+                               "gradients would mix; run every backward before the first unscale, then update()",
+                               i);
+    sc->scaled = 1;
+    *scale = sc->scale;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_scaler_unscale(capex_scaler *sc, int opt, int found_inf, float *inv_scale) {
+    capex_result r = capex__scaler_opt_ok(sc, opt, "capex_scaler_unscale");
+    if (r != CAPEX_OK) return r;
+    if (sc->stage[opt] == CAPEX__OPT_UNSCALED)
+        return capex__fail(CAPEX_ERR_ORDER,
+                           "capex_scaler_unscale has already been called on optimizer %d since the last update(): "
+                           "unscale each optimizer at most once per iteration",
+                           opt);
+    if (sc->stage[opt] == CAPEX__OPT_STEPPED)
+        return capex__fail(CAPEX_ERR_ORDER,
+                           "capex_scaler_unscale on optimizer %d after its step(): call update() to end the iteration",
+                           opt);
+    sc->stage[opt] = CAPEX__OPT_UNSCALED;
+    sc->found_inf[opt] = found_inf != 0;
+    if (inv_scale) *inv_scale = capex__scaler_inv(sc->scale);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_scaler_step(capex_scaler *sc, int opt, int *do_step) {
+    capex_result r = capex__scaler_opt_ok(sc, opt, "capex_scaler_step");
+    if (r != CAPEX_OK) return r;
+    if (!do_step) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_step: do_step output is NULL");
+    if (sc->stage[opt] == CAPEX__OPT_STEPPED)
+        return capex__fail(CAPEX_ERR_ORDER,
+                           "capex_scaler_step has already been called on optimizer %d since the last update()", opt);
+    if (sc->stage[opt] == CAPEX__OPT_READY)
+        return capex__fail(CAPEX_ERR_ORDER,
+                           "capex_scaler_step on optimizer %d before its inf check: call "
+                           "capex_scaler_unscale(sc, %d, found_inf, &inv_scale) first",
+                           opt, opt);
+    sc->stage[opt] = CAPEX__OPT_STEPPED;
+    *do_step = !sc->found_inf[opt];
+    return CAPEX_OK;
+}
+
+/* Apex update_scale_hysteresis (csrc/update_scale_hysteresis.cu), which with
+   hysteresis 1 is PyTorch's _amp_update_scale_ (AmpGradScalerKernels.cpp):
+   products in float64, rounded to the float32 scale; growth only to a finite
+   value. Plus Apex LossScaler's clamps: max(min, .) on backoff, min(max, .)
+   on growth. Our hysteresis tracker stops at 0 where Apex's goes negative:
+   both back off on every overflow below 1, so the scales are identical. */
+CAPEX__PRIVATE void capex__scaler_rule(capex_scaler *sc, int found_inf) {
+    const capex_scaler_desc *d = &sc->desc;
+    if (!d->dynamic) return;
+    if (found_inf) {
+        float s;
+        if (sc->hysteresis_tracker > 0) sc->hysteresis_tracker--;
+        sc->growth_tracker = 0;
+        if (sc->hysteresis_tracker > 0) return; /* absorbed: keep the scale */
+        s = (float)((double)sc->scale * d->backoff_factor);
+        if (s < d->min_scale) s = d->min_scale;
+        sc->scale = s;
+    } else {
+        int64_t successful = sc->growth_tracker + 1;
+        if (successful == d->growth_interval) {
+            float s = (float)((double)sc->scale * d->growth_factor);
+            if (s > d->max_scale) s = d->max_scale; /* an inf under a finite cap becomes the cap */
+            if (isfinite(s)) sc->scale = s;
+            sc->growth_tracker = 0;
+        } else {
+            sc->growth_tracker = successful;
+        }
+        sc->hysteresis_tracker = d->hysteresis;
+    }
+}
+
+/* First overflow at once, then at most one message per log_interval
+   iterations, carrying the count of overflows not shown. A clean iteration
+   flushes that count once the interval has passed. */
+CAPEX__PRIVATE void capex__scaler_report(capex_scaler *sc, int found_inf) {
+    const capex_scaler_desc *d = &sc->desc;
+    int due;
+    char more[128];
+    if (d->log_interval <= 0) return;
+    due = sc->last_report < 0 || sc->steps - sc->last_report >= d->log_interval;
+    if (!due) {
+        if (found_inf) sc->suppressed++;
+        return;
+    }
+    more[0] = '\0';
+    if (sc->suppressed > 0)
+        snprintf(more, sizeof more, " (%lld earlier overflow%s in the last %lld iterations not shown)",
+                 (long long)sc->suppressed, sc->suppressed == 1 ? "" : "s", (long long)(sc->steps - sc->last_report));
+    if (found_inf) {
+        if (!d->dynamic)
+            capex_log(CAPEX_LOG_WARN, "Gradient overflow.  Skipping step, loss scaler %d keeping static loss scale %.9g%s",
+                      d->id, (double)sc->scale, more);
+        else if (sc->hysteresis_tracker > 0)
+            capex_log(CAPEX_LOG_WARN,
+                      "Gradient overflow.  Skipping step, loss scaler %d keeping loss scale %.9g (hysteresis: %d more "
+                      "overflow%s before backing off)%s",
+                      d->id, (double)sc->scale, sc->hysteresis_tracker, sc->hysteresis_tracker == 1 ? "" : "s", more);
+        else
+            capex_log(CAPEX_LOG_WARN, "Gradient overflow.  Skipping step, loss scaler %d reducing loss scale to %.9g%s",
+                      d->id, (double)sc->scale, more);
+    } else if (sc->suppressed > 0) {
+        capex_log(CAPEX_LOG_WARN,
+                  "loss scaler %d: %lld gradient overflow%s (skipped steps) in the last %lld iterations not shown; "
+                  "loss scale is now %.9g",
+                  d->id, (long long)sc->suppressed, sc->suppressed == 1 ? "" : "s",
+                  (long long)(sc->steps - sc->last_report), (double)sc->scale);
+    } else {
+        return; /* nothing to say */
+    }
+    sc->suppressed = 0;
+    sc->last_report = sc->steps;
+}
+
+CAPEX__PRIVATE void capex__scaler_end_iteration(capex_scaler *sc) {
+    memset(sc->stage, CAPEX__OPT_READY, sizeof sc->stage);
+    memset(sc->found_inf, 0, sizeof sc->found_inf);
+    sc->scaled = 0;
+}
+
+/* OR of found_inf over the optimizers unscaled this iteration; -1 if none. */
+CAPEX__PRIVATE int capex__scaler_found_inf(const capex_scaler *sc) {
+    int i, any = -1;
+    for (i = 0; i < CAPEX_SCALER_MAX_OPTIMIZERS; i++) {
+        if (sc->stage[i] == CAPEX__OPT_READY) continue;
+        if (any < 0) any = 0;
+        if (sc->found_inf[i]) any = 1;
+    }
+    return any;
+}
+
+CAPEX_API capex_result capex_scaler_update(capex_scaler *sc) {
+    capex_result r = capex__scaler_ok(sc, "capex_scaler_update");
+    int found_inf;
+    if (r != CAPEX_OK) return r;
+    found_inf = capex__scaler_found_inf(sc);
+    if (found_inf < 0)
+        return capex__fail(CAPEX_ERR_ORDER,
+                           "capex_scaler_update: no inf checks were recorded prior to update: call "
+                           "capex_scaler_unscale for each optimizer (and capex_scaler_step) first");
+    capex__scaler_rule(sc, found_inf);
+    sc->steps++;
+    if (found_inf) sc->skipped_steps++;
+    capex__scaler_report(sc, found_inf);
+    capex__scaler_end_iteration(sc);
+    return CAPEX_OK;
+}
+
+CAPEX__PRIVATE capex_result capex__scaler_check_new_scale(const capex_scaler *sc, float s, const char *fn) {
+    if (!(s > 0.0f) || !isfinite(s))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: scale %g must be finite and > 0", fn, (double)s);
+    if (sc->desc.dynamic && (s < sc->desc.min_scale || s > sc->desc.max_scale))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: scale %g lies outside [min_scale, max_scale] = [%g, %g]", fn,
+                           (double)s, (double)sc->desc.min_scale, (double)sc->desc.max_scale);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_scaler_update_to(capex_scaler *sc, float new_scale) {
+    capex_result r = capex__scaler_ok(sc, "capex_scaler_update_to");
+    int found_inf;
+    if (r != CAPEX_OK) return r;
+    if ((r = capex__scaler_check_new_scale(sc, new_scale, "capex_scaler_update_to")) != CAPEX_OK) return r;
+    found_inf = capex__scaler_found_inf(sc);
+    sc->scale = new_scale;
+    sc->steps++;
+    if (found_inf > 0) sc->skipped_steps++;
+    capex__scaler_end_iteration(sc);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_scaler_discard_iteration(capex_scaler *sc) {
+    capex_result r = capex__scaler_ok(sc, "capex_scaler_discard_iteration");
+    if (r != CAPEX_OK) return r;
+    capex__scaler_end_iteration(sc);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_scaler_get_scale(const capex_scaler *sc, float *scale) {
+    capex_result r = capex__scaler_ok(sc, "capex_scaler_get_scale");
+    if (r != CAPEX_OK) return r;
+    if (!scale) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_get_scale: scale output is NULL");
+    *scale = sc->scale;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_scaler_get_inv_scale(const capex_scaler *sc, float *inv_scale) {
+    capex_result r = capex__scaler_ok(sc, "capex_scaler_get_inv_scale");
+    if (r != CAPEX_OK) return r;
+    if (!inv_scale) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_get_inv_scale: inv_scale output is NULL");
+    *inv_scale = capex__scaler_inv(sc->scale);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_scaler_set_scale(capex_scaler *sc, float scale) {
+    capex_result r = capex__scaler_ok(sc, "capex_scaler_set_scale");
+    if (r != CAPEX_OK) return r;
+    if (!capex__scaler_idle(sc))
+        return capex__fail(CAPEX_ERR_ORDER,
+                           "capex_scaler_set_scale inside an iteration: the loss was already scaled with %g; use "
+                           "capex_scaler_update_to(sc, scale) to end the iteration with a new scale",
+                           (double)sc->scale);
+    if ((r = capex__scaler_check_new_scale(sc, scale, "capex_scaler_set_scale")) != CAPEX_OK) return r;
+    sc->scale = scale;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_scaler_get_state(const capex_scaler *sc, capex_scaler_state *st) {
+    capex_result r = capex__scaler_ok(sc, "capex_scaler_get_state");
+    if (r != CAPEX_OK) return r;
+    if (!st) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_get_state: state output is NULL");
+    memset(st, 0, sizeof *st);
+    st->dynamic = sc->desc.dynamic;
+    st->scale = sc->scale;
+    st->growth_tracker = sc->growth_tracker;
+    st->hysteresis_tracker = sc->hysteresis_tracker;
+    st->init_scale = sc->desc.init_scale;
+    st->growth_factor = sc->desc.growth_factor;
+    st->backoff_factor = sc->desc.backoff_factor;
+    st->growth_interval = sc->desc.growth_interval;
+    st->min_scale = sc->desc.min_scale;
+    st->max_scale = sc->desc.max_scale;
+    st->hysteresis = sc->desc.hysteresis;
+    st->steps = sc->steps;
+    st->skipped_steps = sc->skipped_steps;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scaler_state *st) {
+    capex_result r = capex__scaler_ok(sc, "capex_scaler_set_state");
+    const char *w = "capex_scaler_state";
+    if (r != CAPEX_OK) return r;
+    if (!st) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_set_state: state is NULL");
+    if (!capex__scaler_idle(sc))
+        return capex__fail(CAPEX_ERR_ORDER,
+                           "capex_scaler_set_state inside an iteration: restore before the first scale() or after "
+                           "update() (or capex_scaler_discard_iteration)");
+    r = capex__scaler_check_params(w, st->dynamic, st->init_scale, st->growth_factor, st->backoff_factor,
+                                   st->growth_interval, st->min_scale, st->max_scale, st->hysteresis);
+    if (r != CAPEX_OK) return r;
+    /* A dynamic scale stays in [min, max]; with no floor it may have
+       underflowed to 0 exactly as PyTorch's does after ~150 overflows. */
+    if (!isfinite(st->scale) || !(st->scale >= 0.0f) || (st->scale == 0.0f && (!st->dynamic || st->min_scale > 0.0f)))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.scale = %g: must be finite and > 0", w, (double)st->scale);
+    if (st->dynamic && (st->scale < st->min_scale || st->scale > st->max_scale))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.scale = %g lies outside [min_scale, max_scale] = [%g, %g]", w,
+                           (double)st->scale, (double)st->min_scale, (double)st->max_scale);
+    if (st->growth_tracker < 0 || st->growth_tracker >= st->growth_interval)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.growth_tracker = %lld: must lie in [0, growth_interval = %lld)", w,
+                           (long long)st->growth_tracker, (long long)st->growth_interval);
+    if (st->hysteresis_tracker < 0 || st->hysteresis_tracker > st->hysteresis)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.hysteresis_tracker = %d: must lie in [0, hysteresis = %d]", w,
+                           st->hysteresis_tracker, st->hysteresis);
+    if (st->steps < 0 || st->skipped_steps < 0 || st->skipped_steps > st->steps)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: steps = %lld, skipped_steps = %lld: need 0 <= skipped <= steps", w,
+                           (long long)st->steps, (long long)st->skipped_steps);
+    sc->desc.dynamic = st->dynamic;
+    sc->desc.init_scale = st->init_scale;
+    sc->desc.growth_factor = st->growth_factor;
+    sc->desc.backoff_factor = st->backoff_factor;
+    sc->desc.growth_interval = st->growth_interval;
+    sc->desc.min_scale = st->min_scale;
+    sc->desc.max_scale = st->max_scale;
+    sc->desc.hysteresis = st->hysteresis;
+    sc->scale = st->scale;
+    sc->growth_tracker = st->growth_tracker;
+    sc->hysteresis_tracker = st->hysteresis_tracker;
+    sc->steps = st->steps;
+    sc->skipped_steps = st->skipped_steps;
+    sc->last_report = -1;
+    sc->suppressed = 0;
+    return CAPEX_OK;
+}
 
 /* @@SECTION:STATE:IMPL@@ (state files: implementation) */
 
