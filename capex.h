@@ -199,6 +199,8 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
            fprintf(stderr, "%s\n", capex_last_error());
        capex_amp_log_report(&cfg);          // Apex's table, INFO, rank 0
        // cfg.model_dtype: weights in fp16; cfg.use_master_weights: fp32 copy
+       capex_dtype t;                       // O1: which type does softmax run in?
+       capex_amp_op_dtype(&cfg, CAPEX_OP_SOFTMAX, CAPEX_F16, &t);
 
    Level defaults (Apex apex/amp/frontend.py):
        level  cast_model_type  patch_torch_functions  keep_batchnorm_fp32  master_weights  loss_scale
