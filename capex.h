@@ -184,6 +184,226 @@ CAPEX_API void capex_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n
 CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n);
 
 /* @@SECTION:OPTLEVEL:DECL@@ (opt levels: declarations) */
+/* ---------------------------------------------------------------------------
+   Opt levels
+
+   Apex's amp.initialize(opt_level=..., <overrides>) as plain data: pick O0-O3
+   and a half type (fp16 or bf16), optionally override properties, and
+   capex_amp_resolve() returns the resolved properties or rejects a
+   combination that breaks one of Apex's rules (CAPEX_ERR_CONFIG, naming it).
+
+       capex_amp_overrides ov; capex_amp_overrides_init(&ov);  // all "None"
+       ov.loss_scale_mode = CAPEX_LOSS_SCALE_STATIC; ov.loss_scale = 128.0;
+       capex_amp_config cfg;
+       if (capex_amp_resolve(CAPEX_O2, CAPEX_F16, &ov, &cfg) != CAPEX_OK)
+           fprintf(stderr, "%s\n", capex_last_error());
+       capex_amp_log_report(&cfg);          // Apex's table, INFO, rank 0
+       // cfg.model_dtype: weights in fp16; cfg.use_master_weights: fp32 copy
+       capex_dtype t;                       // O1: which type does softmax run in?
+       capex_amp_op_dtype(&cfg, CAPEX_OP_SOFTMAX, CAPEX_F16, &t);
+
+   Level defaults (Apex apex/amp/frontend.py):
+       level  cast_model_type  patch_torch_functions  keep_batchnorm_fp32  master_weights  loss_scale
+       O0     float32          False                  None                 False           1.0
+       O1     None             True                   None                 None            dynamic
+       O2     half             False                  True                 True            dynamic
+       O3     half             False                  False                False           1.0
+   capex addition: with half type bf16 a "dynamic" default becomes 1.0 (bf16
+   has fp32's exponent range, so gradients do not underflow); an explicit
+   loss_scale override still wins.
+
+   Override rules (Apex Properties.__setattr__); everything else is allowed:
+       cast_model_type must be None or float32 under O1
+       patch_torch_functions=True only with O1
+       keep_batchnorm_fp32 must be None under O1
+       master_weights must be None under O1
+   An override field left at its *_NONE value is "not given", exactly like an
+   Apex keyword argument left at None. loss_scale may be overridden anywhere.
+   enabled=False behaves like Apex's disabled amp: the overrides are not
+   checked against the rules and the result is Apex's inert Properties()
+   (no casts, fp32 weights, static loss scale 1.0).
+
+   Cast policy: O1's function patching becomes a query the engine makes per op
+   class (capex_amp_cast_op): HALF, FP32, or PROMOTE (run in the widest input
+   type), from Apex's lists/{functional,torch,tensor}_overrides.py. Without
+   patching (O0, O2, O3, disabled) every op runs as its inputs are
+   (CAPEX_CAST_NONE), except batch norm when the model was cast to half with
+   keep_batchnorm_fp32=True (O2): FP32, as Apex keeps those layers fp32.
+
+   All functions here are pure (no state) and thread-safe.
+   ------------------------------------------------------------------------- */
+typedef enum capex_opt_level {
+    CAPEX_O0 = 0, /* pure fp32 */
+    CAPEX_O1 = 1, /* fp32 weights, per-op casts (cast policy) */
+    CAPEX_O2 = 2, /* half weights, fp32 batchnorm, fp32 master weights */
+    CAPEX_O3 = 3  /* pure half */
+} capex_opt_level;
+
+/* Python's None / False / True. Zero is None, so a zeroed override is "unset". */
+typedef enum capex_tri {
+    CAPEX_TRI_NONE = 0,
+    CAPEX_TRI_FALSE = 1,
+    CAPEX_TRI_TRUE = 2
+} capex_tri;
+
+/* cast_model_type: None (leave the weights as they are, i.e. fp32), float32,
+   or the half type given to capex_amp_resolve (Apex's torch.float16). */
+typedef enum capex_cast_model {
+    CAPEX_CAST_MODEL_NONE = 0,
+    CAPEX_CAST_MODEL_FLOAT32 = 1,
+    CAPEX_CAST_MODEL_HALF = 2
+} capex_cast_model;
+
+typedef enum capex_loss_scale_mode {
+    CAPEX_LOSS_SCALE_NONE = 0,    /* overrides only: not given */
+    CAPEX_LOSS_SCALE_DYNAMIC = 1, /* "dynamic" */
+    CAPEX_LOSS_SCALE_STATIC = 2   /* a fixed number */
+} capex_loss_scale_mode;
+
+/* Apex's keyword arguments; *_NONE means "not given". */
+typedef struct capex_amp_overrides {
+    capex_tri enabled;                     /* NONE: enabled (Apex default True) */
+    capex_cast_model cast_model_type;
+    capex_tri patch_torch_functions;
+    capex_tri keep_batchnorm_fp32;
+    capex_tri master_weights;
+    capex_loss_scale_mode loss_scale_mode; /* STATIC: loss_scale is used */
+    double loss_scale;                     /* finite, FLT_MIN..FLT_MAX */
+} capex_amp_overrides;
+
+/* The resolved properties (Apex's Properties.options) plus what they imply. */
+typedef struct capex_amp_config {
+    int enabled;                           /* 0: amp is off (Apex enabled=False) */
+    capex_opt_level opt_level;
+    capex_dtype half_type;                 /* CAPEX_F16 or CAPEX_BF16 */
+    capex_cast_model cast_model_type;
+    int patch_torch_functions;             /* 1: use the cast policy */
+    capex_tri keep_batchnorm_fp32;
+    capex_tri master_weights;
+    capex_loss_scale_mode loss_scale_mode; /* DYNAMIC or STATIC */
+    double loss_scale;                     /* STATIC: the scale; DYNAMIC: 0 */
+    /* derived, as Apex's _initialize applies them: */
+    capex_dtype model_dtype;      /* weights: half_type if cast to half, else F32 */
+    capex_dtype batchnorm_dtype;  /* F32 if keep_batchnorm_fp32=True, else model_dtype */
+    int use_master_weights;       /* master_weights == True: fp32 master copy */
+} capex_amp_config;
+
+/* Everything "not given" (CAPEX_TRI_NONE etc.; loss_scale 1.0, unused). */
+CAPEX_API capex_result capex_amp_overrides_init(capex_amp_overrides *ov);
+/* ov may be NULL (no overrides). On failure *out is left unchanged.
+   CAPEX_ERR_CONFIG: an override breaks a rule (the message names it);
+   CAPEX_ERR_INVALID_ARG: NULL out, level/half type/field out of range,
+   loss_scale NaN, infinite, <= 0 or outside float32's normal range. */
+CAPEX_API capex_result capex_amp_resolve(capex_opt_level level, capex_dtype half_type,
+                                         const capex_amp_overrides *ov, capex_amp_config *out);
+
+/* Apex's printout: "Selected optimization level O2:  ...", the level's
+   defaults, "Processing user overrides ...", the final options, one
+   "name : value" line each (Apex's "{:22} : {}"), plus a capex half_type row.
+   Writes at most cap bytes including the NUL (buf may be NULL when cap is 0);
+   *needed (may be NULL) gets the full length without the NUL.
+   CAPEX_ERR_LIMIT when it did not fit (buf holds a NUL-terminated prefix). */
+CAPEX_API capex_result capex_amp_report(const capex_amp_config *cfg, char *buf, size_t cap,
+                                        size_t *needed);
+/* The report through capex_log at CAPEX_LOG_INFO, one message per line (the
+   default sink prints on rank 0 only, after capex_set_log_level(INFO)). */
+CAPEX_API capex_result capex_amp_log_report(const capex_amp_config *cfg);
+
+/* Op classes for the cast policy. Under O1: */
+typedef enum capex_op_class {
+    /* HALF: tensor-core friendly (Apex FP16_FUNCS) */
+    CAPEX_OP_MATMUL = 0,     /* matmul mm mv __matmul__ */
+    CAPEX_OP_LINEAR,         /* linear */
+    CAPEX_OP_CONV,           /* conv1d conv2d conv3d conv_tbc */
+    CAPEX_OP_CONV_TRANSPOSE, /* conv_transpose1d/2d/3d */
+    CAPEX_OP_BMM,            /* bmm */
+    CAPEX_OP_ADDMM,          /* addmm addmv addr */
+    CAPEX_OP_BADDBMM,        /* baddbmm addbmm */
+    CAPEX_OP_PRELU,          /* prelu */
+    /* FP32: need fp32 range or precision (Apex FP32_FUNCS) */
+    CAPEX_OP_SOFTMAX,        /* softmax softmin */
+    CAPEX_OP_LOG_SOFTMAX,    /* log_softmax */
+    CAPEX_OP_LAYER_NORM,     /* layer_norm */
+    CAPEX_OP_RMS_NORM,       /* rms_norm (PyTorch autocast: fp32) */
+    CAPEX_OP_GROUP_NORM,     /* group_norm local_response_norm */
+    CAPEX_OP_BATCH_NORM,     /* batch_norm instance_norm */
+    CAPEX_OP_NORM,           /* norm normalize cosine_similarity dist renorm */
+    CAPEX_OP_LOSS,           /* cross_entropy nll_loss mse_loss l1_loss kl_div ... */
+    CAPEX_OP_EXP,            /* exp expm1 */
+    CAPEX_OP_LOG,            /* log log10 log2 log1p */
+    CAPEX_OP_POW,            /* pow __pow__ __rpow__ __ipow__ */
+    CAPEX_OP_SUM,            /* sum */
+    CAPEX_OP_MEAN,           /* mean */
+    CAPEX_OP_PROD,           /* prod cumprod */
+    CAPEX_OP_CUMSUM,         /* cumsum */
+    CAPEX_OP_REDUCTION,      /* std var and other reductions */
+    CAPEX_OP_RECIPROCAL,     /* reciprocal */
+    CAPEX_OP_RSQRT,          /* rsqrt */
+    CAPEX_OP_UNARY_FP32,     /* acos asin cosh sinh tan erfinv softplus */
+    CAPEX_OP_INTERPOLATE,    /* interpolate upsample */
+    /* PROMOTE: several inputs, run in the widest (Apex CASTS, SEQUENCE_CASTS) */
+    CAPEX_OP_ADD,            /* add __add__ __iadd__ __radd__ */
+    CAPEX_OP_SUB,            /* sub __sub__ __isub__ __rsub__ */
+    CAPEX_OP_MUL,            /* mul __mul__ __imul__ __rmul__ */
+    CAPEX_OP_DIV,            /* div __div__ __truediv__ ... */
+    CAPEX_OP_CAT,            /* cat concat */
+    CAPEX_OP_STACK,          /* stack */
+    CAPEX_OP_INDEX_COPY,     /* index_copy */
+    CAPEX_OP_ADDCMUL,        /* addcmul */
+    CAPEX_OP_ADDCDIV,        /* addcdiv */
+    CAPEX_OP_COMPARE,        /* eq ne lt le gt ge equal */
+    CAPEX_OP_PAIRWISE,       /* dot cross atan2 bilinear */
+    /* NONE at every level: ops Apex does not patch (relu gelu silu tanh ...) */
+    CAPEX_OP_OTHER,
+    CAPEX_OP_COUNT
+} capex_op_class;
+
+typedef enum capex_cast_policy {
+    CAPEX_CAST_NONE = 0,   /* no cast: run in the inputs' own type */
+    CAPEX_CAST_HALF = 1,   /* cast inputs to cfg->half_type */
+    CAPEX_CAST_FP32 = 2,   /* cast inputs to float32 */
+    CAPEX_CAST_PROMOTE = 3 /* cast inputs to the widest of them */
+} capex_cast_policy;
+
+CAPEX_API capex_result capex_amp_cast_op(const capex_amp_config *cfg, capex_op_class op,
+                                         capex_cast_policy *out);
+/* By PyTorch/Apex function name ("softmax", "conv2d", "__matmul__", ...) or
+   class name (capex_op_class_name: "loss", "compare", ...).
+   CAPEX_ERR_NOT_FOUND for a name capex does not know; *out is then
+   CAPEX_CAST_NONE, which is what Apex does with functions it does not patch. */
+CAPEX_API capex_result capex_amp_cast_op_name(const capex_amp_config *cfg, const char *name,
+                                              capex_cast_policy *out);
+/* The type op computes in, given the (promoted) type of its inputs. */
+CAPEX_API capex_result capex_amp_op_dtype(const capex_amp_config *cfg, capex_op_class op,
+                                          capex_dtype input, capex_dtype *out);
+/* Widest of two types, PyTorch's promotion: equal types stay, anything with
+   float32 is float32, and fp16 with bf16 is float32 (neither holds the other). */
+CAPEX_API capex_result capex_amp_promote(capex_dtype a, capex_dtype b, capex_dtype *out);
+CAPEX_API capex_result capex_op_class_from_name(const char *name, capex_op_class *out);
+
+/* Names: "O2"; "softmax"; "half"/"fp32"/"promote"/"none"; NULL if invalid. */
+CAPEX_API const char *capex_opt_level_name(capex_opt_level level);
+CAPEX_API const char *capex_op_class_name(capex_op_class op);
+CAPEX_API const char *capex_cast_policy_name(capex_cast_policy p);
+
+/* String parsers for command lines and config files; locale-independent,
+   surrounding ASCII blanks ignored, anything else extra is an error
+   (CAPEX_ERR_INVALID_ARG, *out unchanged). */
+CAPEX_API capex_result capex_opt_level_parse(const char *s, capex_opt_level *out); /* "O0".."O3" */
+/* "dynamic", or a decimal number ("128", "128.0", "1e3", "0.5") that is finite,
+   > 0 and inside float32's normal range; *value gets 0 for "dynamic".
+   Correctly rounded up to 15 significant digits with |exponent| <= 22 (any
+   realistic scale), else within a few ulp. */
+CAPEX_API capex_result capex_loss_scale_parse(const char *s, capex_loss_scale_mode *mode,
+                                              double *value);
+/* "True"/"true"/"1", "False"/"false"/"0", "None"/"none". */
+CAPEX_API capex_result capex_tri_parse(const char *s, capex_tri *out);
+/* "None"/"none", "float32"/"fp32"/"torch.float32", "half". The half type is
+   chosen separately (capex_half_type_parse), so "float16" is refused here. */
+CAPEX_API capex_result capex_cast_model_parse(const char *s, capex_cast_model *out);
+/* "fp16"/"float16"/"torch.float16"/"half" -> CAPEX_F16,
+   "bf16"/"bfloat16"/"torch.bfloat16" -> CAPEX_BF16. */
+CAPEX_API capex_result capex_half_type_parse(const char *s, capex_dtype *out);
 
 /* @@SECTION:SCALER:DECL@@ (loss scaler: declarations) */
 /* ---------------------------------------------------------------------------
@@ -567,6 +787,592 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
 }
 
 /* @@SECTION:OPTLEVEL:IMPL@@ (opt levels: implementation) */
+/* ---- opt levels ---------------------------------------------------------- */
+
+#define CAPEX__FLT_MIN_NORMAL 1.17549435082228750797e-38 /* FLT_MIN, without <float.h> */
+#define CAPEX__FLT_MAX 3.40282346638528859812e+38
+
+CAPEX_API const char *capex_opt_level_name(capex_opt_level level) {
+    switch (level) {
+    case CAPEX_O0: return "O0";
+    case CAPEX_O1: return "O1";
+    case CAPEX_O2: return "O2";
+    case CAPEX_O3: return "O3";
+    }
+    return NULL;
+}
+
+CAPEX_API capex_result capex_amp_overrides_init(capex_amp_overrides *ov) {
+    if (!ov) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_amp_overrides_init: ov is NULL; pass the struct to fill");
+    ov->enabled = CAPEX_TRI_NONE;
+    ov->cast_model_type = CAPEX_CAST_MODEL_NONE;
+    ov->patch_torch_functions = CAPEX_TRI_NONE;
+    ov->keep_batchnorm_fp32 = CAPEX_TRI_NONE;
+    ov->master_weights = CAPEX_TRI_NONE;
+    ov->loss_scale_mode = CAPEX_LOSS_SCALE_NONE;
+    ov->loss_scale = 1.0;
+    return CAPEX_OK;
+}
+
+/* Apex frontend.py O0..O3.__call__, with capex's bf16 loss-scale default. */
+CAPEX__PRIVATE void capex__amp_defaults(capex_opt_level level, capex_dtype half, capex_amp_config *c) {
+    static const struct { unsigned char cast, patch, bn, master, dynamic; } t[4] = {
+        {CAPEX_CAST_MODEL_FLOAT32, 0, CAPEX_TRI_NONE, CAPEX_TRI_FALSE, 0}, /* O0 */
+        {CAPEX_CAST_MODEL_NONE, 1, CAPEX_TRI_NONE, CAPEX_TRI_NONE, 1},     /* O1 */
+        {CAPEX_CAST_MODEL_HALF, 0, CAPEX_TRI_TRUE, CAPEX_TRI_TRUE, 1},     /* O2 */
+        {CAPEX_CAST_MODEL_HALF, 0, CAPEX_TRI_FALSE, CAPEX_TRI_FALSE, 0},   /* O3 */
+    };
+    int dynamic = t[level].dynamic && half != CAPEX_BF16; /* bf16: fp32's exponent range */
+    memset(c, 0, sizeof *c);
+    c->enabled = 1;
+    c->opt_level = level;
+    c->half_type = half;
+    c->cast_model_type = (capex_cast_model)t[level].cast;
+    c->patch_torch_functions = t[level].patch;
+    c->keep_batchnorm_fp32 = (capex_tri)t[level].bn;
+    c->master_weights = (capex_tri)t[level].master;
+    c->loss_scale_mode = dynamic ? CAPEX_LOSS_SCALE_DYNAMIC : CAPEX_LOSS_SCALE_STATIC;
+    c->loss_scale = dynamic ? 0.0 : 1.0;
+}
+
+/* What Apex's _initialize does with the properties: cast the model if
+   cast_model_type is set, keeping batchnorm fp32 if keep_batchnorm_fp32 is
+   truthy; master weights if master_weights is truthy. */
+CAPEX__PRIVATE void capex__amp_derive(capex_amp_config *c) {
+    int half = c->enabled && c->cast_model_type == CAPEX_CAST_MODEL_HALF;
+    c->model_dtype = half ? c->half_type : CAPEX_F32;
+    c->batchnorm_dtype = half && c->keep_batchnorm_fp32 == CAPEX_TRI_TRUE ? CAPEX_F32 : c->model_dtype;
+    c->use_master_weights = c->enabled && c->master_weights == CAPEX_TRI_TRUE;
+}
+
+CAPEX__PRIVATE int capex__tri_ok(capex_tri t) { return (int)t >= 0 && (int)t <= 2; }
+
+CAPEX__PRIVATE capex_result capex__check_loss_scale(double v, const char *who) {
+    if (!(v == v)) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: loss_scale is NaN; give a positive number or \"dynamic\"", who);
+    if (v <= 0.0) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: loss_scale %g must be > 0 (the loss is multiplied by it)", who, v);
+    if (v > CAPEX__FLT_MAX)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: loss_scale %g overflows float32 (max 3.4e38); the scaled loss would be inf", who, v);
+    if (v < CAPEX__FLT_MIN_NORMAL)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: loss_scale %g is below float32's normal range (1.2e-38); scaled values would flush to 0", who, v);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_amp_resolve(capex_opt_level level, capex_dtype half_type,
+                                         const capex_amp_overrides *ov, capex_amp_config *out) {
+    static const char *who = "capex_amp_resolve";
+    capex_amp_config c;
+    const char *lv;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: out is NULL; pass a capex_amp_config to fill", who);
+    if ((int)level < 0 || (int)level > 3)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: opt_level %d is not one of CAPEX_O0..CAPEX_O3", who, (int)level);
+    if (half_type != CAPEX_F16 && half_type != CAPEX_BF16)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: half_type %d must be CAPEX_F16 or CAPEX_BF16", who, (int)half_type);
+    if (ov) {
+        if (!capex__tri_ok(ov->enabled) || !capex__tri_ok(ov->patch_torch_functions) ||
+            !capex__tri_ok(ov->keep_batchnorm_fp32) || !capex__tri_ok(ov->master_weights))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: an override (enabled %d, patch_torch_functions %d, keep_batchnorm_fp32 %d, "
+                               "master_weights %d) is not a capex_tri; start from capex_amp_overrides_init()", who,
+                               (int)ov->enabled, (int)ov->patch_torch_functions, (int)ov->keep_batchnorm_fp32, (int)ov->master_weights);
+        if ((int)ov->cast_model_type < 0 || (int)ov->cast_model_type > 2)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cast_model_type override %d is not a capex_cast_model", who, (int)ov->cast_model_type);
+        if ((int)ov->loss_scale_mode < 0 || (int)ov->loss_scale_mode > 2)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: loss_scale_mode override %d is not a capex_loss_scale_mode", who, (int)ov->loss_scale_mode);
+        if (ov->loss_scale_mode == CAPEX_LOSS_SCALE_STATIC) {
+            capex_result r = capex__check_loss_scale(ov->loss_scale, who);
+            if (r != CAPEX_OK) return r;
+        }
+    }
+    if (ov && ov->enabled == CAPEX_TRI_FALSE) {
+        /* Apex returns before applying the level or checking overrides and
+           leaves Properties() as constructed: inert, loss scale 1.0. */
+        memset(&c, 0, sizeof c);
+        c.enabled = 0;
+        c.opt_level = level;
+        c.half_type = half_type;
+        c.cast_model_type = CAPEX_CAST_MODEL_NONE;
+        c.patch_torch_functions = 0;
+        c.keep_batchnorm_fp32 = CAPEX_TRI_NONE;
+        c.master_weights = CAPEX_TRI_NONE;
+        c.loss_scale_mode = CAPEX_LOSS_SCALE_STATIC;
+        c.loss_scale = 1.0;
+        capex__amp_derive(&c);
+        *out = c;
+        return CAPEX_OK;
+    }
+    capex__amp_defaults(level, half_type, &c);
+    lv = capex_opt_level_name(level);
+    if (ov) {
+        /* The rules of Apex's Properties.__setattr__, in its order. */
+        if (level == CAPEX_O1 && ov->cast_model_type == CAPEX_CAST_MODEL_HALF)
+            return capex__fail(CAPEX_ERR_CONFIG,
+                               "%s: override rejected (rule: cast_model_type must be None or float32 under O1): O1 casts "
+                               "inputs around each op and keeps the model's weights in float32; to cast the model to "
+                               "half use opt_level O2 or O3", who);
+        if (level != CAPEX_O1 && ov->patch_torch_functions == CAPEX_TRI_TRUE)
+            return capex__fail(CAPEX_ERR_CONFIG,
+                               "%s: override rejected (rule: patch_torch_functions=True only with O1): per-op casting is "
+                               "what O1 is; select opt_level O1 instead of %s with patch_torch_functions", who, lv);
+        if (level == CAPEX_O1 && ov->keep_batchnorm_fp32 != CAPEX_TRI_NONE)
+            return capex__fail(CAPEX_ERR_CONFIG,
+                               "%s: override rejected (rule: keep_batchnorm_fp32 must be None under O1): O1 already runs "
+                               "batchnorm in float32 through the cast policy and does not cast the model; leave "
+                               "keep_batchnorm_fp32 unset (CAPEX_TRI_NONE) or use O2/O3", who);
+        if (level == CAPEX_O1 && ov->master_weights != CAPEX_TRI_NONE)
+            return capex__fail(CAPEX_ERR_CONFIG,
+                               "%s: override rejected (rule: master_weights must be None under O1): with O1 the model's "
+                               "weights are already float32, so a float32 master copy means nothing; leave "
+                               "master_weights unset (CAPEX_TRI_NONE) or use O2", who);
+        if (ov->cast_model_type != CAPEX_CAST_MODEL_NONE) c.cast_model_type = ov->cast_model_type;
+        if (ov->patch_torch_functions != CAPEX_TRI_NONE) c.patch_torch_functions = ov->patch_torch_functions == CAPEX_TRI_TRUE;
+        if (ov->keep_batchnorm_fp32 != CAPEX_TRI_NONE) c.keep_batchnorm_fp32 = ov->keep_batchnorm_fp32;
+        if (ov->master_weights != CAPEX_TRI_NONE) c.master_weights = ov->master_weights;
+        if (ov->loss_scale_mode != CAPEX_LOSS_SCALE_NONE) {
+            c.loss_scale_mode = ov->loss_scale_mode;
+            c.loss_scale = ov->loss_scale_mode == CAPEX_LOSS_SCALE_STATIC ? ov->loss_scale : 0.0;
+        }
+    }
+    capex__amp_derive(&c);
+    *out = c;
+    return CAPEX_OK;
+}
+
+/* -- locale-independent decimal numbers ----------------------------------- */
+
+CAPEX__PRIVATE int capex__is_blank(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f'; }
+
+/* Trims ASCII blanks: [*b, *e). */
+CAPEX__PRIVATE void capex__trim(const char *s, const char **b, const char **e) {
+    const char *end = s + strlen(s);
+    while (*s && capex__is_blank(*s)) s++;
+    while (end > s && capex__is_blank(end[-1])) end--;
+    *b = s;
+    *e = end;
+}
+
+CAPEX__PRIVATE int capex__span_is(const char *b, const char *e, const char *word) {
+    size_t n = strlen(word);
+    return (size_t)(e - b) == n && memcmp(b, word, n) == 0;
+}
+
+/* [+-]digits[.digits][(e|E)[+-]digits] over exactly [b, e); 0 if malformed.
+   Value = mant * 10^exp10 with up to 19 significant digits kept (more are
+   dropped: truncation well below float32's precision). When mant < 2^53 and
+   |exp10| <= 22 both factors are exact doubles, so one IEEE multiply or
+   divide rounds correctly (Clinger's fast path); otherwise long double. */
+CAPEX__PRIVATE int capex__parse_decimal(const char *b, const char *e, double *out) {
+    static const double p10[23] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                                   1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    uint64_t mant = 0;
+    long exp10 = 0, ex = 0;
+    int neg = 0, ndig = 0, sig = 0, exneg = 0;
+    double v;
+    if (b < e && (*b == '+' || *b == '-')) neg = *b++ == '-';
+    for (; b < e && *b >= '0' && *b <= '9'; b++, ndig++) {
+        if (sig < 19) { if (mant || *b != '0') { mant = mant * 10 + (uint64_t)(*b - '0'); sig += mant != 0; } }
+        else exp10++;
+    }
+    if (b < e && *b == '.') {
+        for (b++; b < e && *b >= '0' && *b <= '9'; b++, ndig++) {
+            if (sig < 19) { if (mant || *b != '0') { mant = mant * 10 + (uint64_t)(*b - '0'); sig += mant != 0; } exp10--; }
+        }
+    }
+    if (ndig == 0) return 0;
+    if (b < e && (*b == 'e' || *b == 'E')) {
+        int nd = 0;
+        b++;
+        if (b < e && (*b == '+' || *b == '-')) exneg = *b++ == '-';
+        for (; b < e && *b >= '0' && *b <= '9'; b++, nd++) if (ex < 100000) ex = ex * 10 + (*b - '0');
+        if (nd == 0) return 0;
+    }
+    if (b != e) return 0;
+    exp10 += exneg ? -ex : ex;
+    if (mant == 0) v = 0.0;
+    else if (mant < ((uint64_t)1 << 53) && exp10 >= -22 && exp10 <= 22)
+        v = exp10 >= 0 ? (double)mant * p10[exp10] : (double)mant / p10[-exp10];
+    else if (exp10 > 400) v = HUGE_VAL;
+    else if (exp10 < -400) v = 0.0;
+    else {
+        long double r = (long double)mant, p = 10.0L, acc = 1.0L;
+        long k = exp10 < 0 ? -exp10 : exp10;
+        for (; k; k >>= 1, p *= p) if (k & 1) acc *= p;
+        v = (double)(exp10 < 0 ? r / acc : r * acc);
+    }
+    *out = neg ? -v : v;
+    return 1;
+}
+
+/* Python's repr(float) for positive finite v: the shortest digits that read
+   back as v, fixed notation when -4 <= exponent < 16, else d.ddde+XX. The
+   digits come from "%.*e", read past whatever radix character the locale
+   uses, so the output is the same in every locale. */
+CAPEX__PRIVATE void capex__format_pyfloat(double v, char *out, size_t cap) {
+    char tmp[64], dig[24], canon[48];
+    int nd = 0, e10 = 0, p, i, pos = 0;
+    for (p = 1; p <= 17; p++) {
+        const char *q = tmp;
+        int eneg = 0;
+        double back;
+        snprintf(tmp, sizeof tmp, "%.*e", p - 1, v);
+        nd = 0;
+        e10 = 0;
+        for (; *q && *q != 'e' && *q != 'E'; q++)
+            if (*q >= '0' && *q <= '9' && nd < 20) dig[nd++] = *q;
+        if (*q) q++;
+        if (*q == '-' || *q == '+') eneg = *q++ == '-';
+        for (; *q >= '0' && *q <= '9'; q++) e10 = e10 * 10 + (*q - '0');
+        if (eneg) e10 = -e10;
+        dig[nd] = '\0';
+        snprintf(canon, sizeof canon, "%se%d", dig, e10 - (nd - 1));
+        if (capex__parse_decimal(canon, canon + strlen(canon), &back) && back == v) break;
+    }
+    while (nd > 1 && dig[nd - 1] == '0') nd--;
+    dig[nd] = '\0';
+    if (e10 >= -4 && e10 < 16) {
+        if (e10 < 0) {
+            pos += snprintf(tmp + pos, sizeof tmp - (size_t)pos, "0.");
+            for (i = 0; i < -e10 - 1; i++) tmp[pos++] = '0';
+            for (i = 0; i < nd; i++) tmp[pos++] = dig[i];
+        } else {
+            for (i = 0; i <= e10; i++) tmp[pos++] = i < nd ? dig[i] : '0';
+            tmp[pos++] = '.';
+            if (nd > e10 + 1) {
+                for (i = e10 + 1; i < nd; i++) tmp[pos++] = dig[i];
+            } else {
+                tmp[pos++] = '0';
+            }
+        }
+        tmp[pos] = '\0';
+    } else {
+        tmp[pos++] = dig[0];
+        if (nd > 1) { tmp[pos++] = '.'; for (i = 1; i < nd; i++) tmp[pos++] = dig[i]; }
+        snprintf(tmp + pos, sizeof tmp - (size_t)pos, "e%c%02d", e10 < 0 ? '-' : '+', e10 < 0 ? -e10 : e10);
+    }
+    snprintf(out, cap, "%s", tmp);
+}
+
+/* -- parsers --------------------------------------------------------------- */
+
+CAPEX_API capex_result capex_opt_level_parse(const char *s, capex_opt_level *out) {
+    const char *b, *e;
+    if (!s || !out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_opt_level_parse: s or out is NULL");
+    capex__trim(s, &b, &e);
+    if (e - b == 2 && b[0] == 'O' && b[1] >= '0' && b[1] <= '3') {
+        *out = (capex_opt_level)(b[1] - '0');
+        return CAPEX_OK;
+    }
+    return capex__fail(CAPEX_ERR_INVALID_ARG, "Unexpected optimization level '%s'. Options are 'O0', 'O1', 'O2', 'O3' "
+                       "(the letter O, then a digit)", s);
+}
+
+CAPEX_API capex_result capex_loss_scale_parse(const char *s, capex_loss_scale_mode *mode, double *value) {
+    const char *b, *e;
+    double v;
+    capex_result r;
+    if (!s || !mode || !value) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_loss_scale_parse: s, mode or value is NULL");
+    capex__trim(s, &b, &e);
+    if (capex__span_is(b, e, "dynamic")) {
+        *mode = CAPEX_LOSS_SCALE_DYNAMIC;
+        *value = 0.0;
+        return CAPEX_OK;
+    }
+    if (!capex__parse_decimal(b, e, &v))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "loss_scale '%s' is neither \"dynamic\" nor a decimal number such as \"128.0\"", s);
+    r = capex__check_loss_scale(v, "capex_loss_scale_parse");
+    if (r != CAPEX_OK) return r;
+    *mode = CAPEX_LOSS_SCALE_STATIC;
+    *value = v;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_tri_parse(const char *s, capex_tri *out) {
+    const char *b, *e;
+    if (!s || !out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_tri_parse: s or out is NULL");
+    capex__trim(s, &b, &e);
+    if (capex__span_is(b, e, "True") || capex__span_is(b, e, "true") || capex__span_is(b, e, "1")) *out = CAPEX_TRI_TRUE;
+    else if (capex__span_is(b, e, "False") || capex__span_is(b, e, "false") || capex__span_is(b, e, "0")) *out = CAPEX_TRI_FALSE;
+    else if (capex__span_is(b, e, "None") || capex__span_is(b, e, "none")) *out = CAPEX_TRI_NONE;
+    else return capex__fail(CAPEX_ERR_INVALID_ARG, "'%s' is not True/true/1, False/false/0 or None/none", s);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cast_model_parse(const char *s, capex_cast_model *out) {
+    const char *b, *e;
+    if (!s || !out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cast_model_parse: s or out is NULL");
+    capex__trim(s, &b, &e);
+    if (capex__span_is(b, e, "None") || capex__span_is(b, e, "none")) *out = CAPEX_CAST_MODEL_NONE;
+    else if (capex__span_is(b, e, "float32") || capex__span_is(b, e, "fp32") || capex__span_is(b, e, "torch.float32"))
+        *out = CAPEX_CAST_MODEL_FLOAT32;
+    else if (capex__span_is(b, e, "half")) *out = CAPEX_CAST_MODEL_HALF;
+    else return capex__fail(CAPEX_ERR_INVALID_ARG, "cast_model_type '%s': use None, float32 or half (fp16 vs bf16 is the "
+                            "separate half type, see capex_half_type_parse)", s);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_half_type_parse(const char *s, capex_dtype *out) {
+    const char *b, *e;
+    if (!s || !out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_half_type_parse: s or out is NULL");
+    capex__trim(s, &b, &e);
+    if (capex__span_is(b, e, "fp16") || capex__span_is(b, e, "float16") || capex__span_is(b, e, "torch.float16") ||
+        capex__span_is(b, e, "half"))
+        *out = CAPEX_F16;
+    else if (capex__span_is(b, e, "bf16") || capex__span_is(b, e, "bfloat16") || capex__span_is(b, e, "torch.bfloat16"))
+        *out = CAPEX_BF16;
+    else return capex__fail(CAPEX_ERR_INVALID_ARG, "half type '%s': use fp16 (float16) or bf16 (bfloat16)", s);
+    return CAPEX_OK;
+}
+
+/* -- report ---------------------------------------------------------------- */
+
+typedef struct capex__strbuf { char *buf; size_t cap, len; } capex__strbuf;
+
+/* Appends s; counts the length even past cap so callers learn the size. */
+CAPEX__PRIVATE void capex__sb_puts(capex__strbuf *sb, const char *s) {
+    for (; *s; s++, sb->len++)
+        if (sb->len + 1 < sb->cap) sb->buf[sb->len] = *s;
+}
+
+CAPEX__PRIVATE const char *capex__tri_str(capex_tri t) { return t == CAPEX_TRI_TRUE ? "True" : t == CAPEX_TRI_FALSE ? "False" : "None"; }
+
+CAPEX__PRIVATE void capex__sb_row(capex__strbuf *sb, const char *name, const char *value) {
+    size_t n = strlen(name);
+    capex__sb_puts(sb, name);
+    for (; n < 22; n++) capex__sb_puts(sb, " "); /* Apex: "{:22} : {}" */
+    capex__sb_puts(sb, " : ");
+    capex__sb_puts(sb, value);
+    capex__sb_puts(sb, "\n");
+}
+
+CAPEX__PRIVATE void capex__sb_table(capex__strbuf *sb, const capex_amp_config *c) {
+    const char *half = c->half_type == CAPEX_BF16 ? "torch.bfloat16" : "torch.float16";
+    char num[64];
+    capex__sb_row(sb, "enabled", c->enabled ? "True" : "False");
+    capex__sb_row(sb, "opt_level", capex_opt_level_name(c->opt_level));
+    capex__sb_row(sb, "cast_model_type", c->cast_model_type == CAPEX_CAST_MODEL_HALF ? half
+                                         : c->cast_model_type == CAPEX_CAST_MODEL_FLOAT32 ? "torch.float32" : "None");
+    capex__sb_row(sb, "patch_torch_functions", c->patch_torch_functions ? "True" : "False");
+    capex__sb_row(sb, "keep_batchnorm_fp32", capex__tri_str(c->keep_batchnorm_fp32));
+    capex__sb_row(sb, "master_weights", capex__tri_str(c->master_weights));
+    if (c->loss_scale_mode == CAPEX_LOSS_SCALE_DYNAMIC) snprintf(num, sizeof num, "dynamic");
+    else capex__format_pyfloat(c->loss_scale, num, sizeof num);
+    capex__sb_row(sb, "loss_scale", num);
+    capex__sb_row(sb, "half_type", half);
+}
+
+CAPEX__PRIVATE capex_result capex__check_config(const capex_amp_config *c, const char *who) {
+    if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cfg is NULL; pass a config from capex_amp_resolve", who);
+    if ((int)c->opt_level < 0 || (int)c->opt_level > 3 || (c->half_type != CAPEX_F16 && c->half_type != CAPEX_BF16) ||
+        (int)c->cast_model_type < 0 || (int)c->cast_model_type > 2 || !capex__tri_ok(c->keep_batchnorm_fp32) ||
+        !capex__tri_ok(c->master_weights) ||
+        (c->loss_scale_mode != CAPEX_LOSS_SCALE_DYNAMIC && c->loss_scale_mode != CAPEX_LOSS_SCALE_STATIC))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cfg has out-of-range fields; fill it with capex_amp_resolve", who);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_amp_report(const capex_amp_config *cfg, char *buf, size_t cap, size_t *needed) {
+    capex__strbuf sb;
+    capex_amp_config d;
+    char line[160], title[96];
+    const char *hn;
+    capex_result r = capex__check_config(cfg, "capex_amp_report");
+    if (r != CAPEX_OK) return r;
+    if (!buf && cap) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_amp_report: buf is NULL but cap is %lu", (unsigned long)cap);
+    sb.buf = buf;
+    sb.cap = cap;
+    sb.len = 0;
+    hn = cfg->half_type == CAPEX_BF16 ? "BF16" : "FP16";
+    if (!cfg->enabled) {
+        snprintf(line, sizeof line, "Amp disabled (enabled=False): opt_level %s is not applied; no casts, float32 "
+                 "weights, loss scale 1.0.\n", capex_opt_level_name(cfg->opt_level));
+        capex__sb_puts(&sb, line);
+    } else {
+        /* Apex's brief strings; O2/O3 name the half type actually used. */
+        if (cfg->opt_level == CAPEX_O0) snprintf(title, sizeof title, "Pure FP32 training.");
+        else if (cfg->opt_level == CAPEX_O1)
+            snprintf(title, sizeof title, "Insert automatic casts around Pytorch functions and Tensor methods.");
+        else if (cfg->opt_level == CAPEX_O2)
+            snprintf(title, sizeof title, "%s training with FP32 batchnorm and FP32 master weights.", hn);
+        else snprintf(title, sizeof title, "Pure %s training.", hn);
+        snprintf(line, sizeof line, "Selected optimization level %s:  %s\n", capex_opt_level_name(cfg->opt_level), title);
+        capex__sb_puts(&sb, line);
+        capex__sb_puts(&sb, "Defaults for this optimization level are:\n");
+        capex__amp_defaults(cfg->opt_level, cfg->half_type, &d);
+        capex__sb_table(&sb, &d);
+        if (cfg->half_type == CAPEX_BF16 && (cfg->opt_level == CAPEX_O1 || cfg->opt_level == CAPEX_O2))
+            capex__sb_puts(&sb, "(bf16: loss_scale defaults to 1.0 instead of dynamic; bf16 has float32's exponent range)\n");
+        capex__sb_puts(&sb, "Processing user overrides (additional kwargs that are not None)...\n");
+    }
+    capex__sb_puts(&sb, "After processing overrides, optimization options are:\n");
+    capex__sb_table(&sb, cfg);
+    if (cap) sb.buf[sb.len < cap ? sb.len : cap - 1] = '\0';
+    if (needed) *needed = sb.len;
+    if (sb.len >= cap)
+        return capex__fail(CAPEX_ERR_LIMIT, "capex_amp_report: the report needs %lu bytes plus the NUL, buffer has %lu",
+                           (unsigned long)sb.len, (unsigned long)cap);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_amp_log_report(const capex_amp_config *cfg) {
+    char text[2048];
+    char *p, *nl;
+    capex_result r = capex_amp_report(cfg, text, sizeof text, NULL);
+    if (r != CAPEX_OK) return r; /* at most ~1.6 KB: LIMIT here would be a capex bug */
+    for (p = text; *p; p = nl + 1) {
+        nl = strchr(p, '\n');
+        if (!nl) { capex_log(CAPEX_LOG_INFO, "%s", p); break; }
+        *nl = '\0';
+        capex_log(CAPEX_LOG_INFO, "%s", p);
+    }
+    return CAPEX_OK;
+}
+
+/* -- cast policy ----------------------------------------------------------- */
+
+static const char *const capex__op_class_names[CAPEX_OP_COUNT] = {
+    "matmul", "linear", "conv", "conv_transpose", "bmm", "addmm", "baddbmm", "prelu",
+    "softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm", "norm", "loss",
+    "exp", "log", "pow", "sum", "mean", "prod", "cumsum", "reduction", "reciprocal", "rsqrt",
+    "unary_fp32", "interpolate",
+    "add", "sub", "mul", "div", "cat", "stack", "index_copy", "addcmul", "addcdiv", "compare", "pairwise",
+    "other"};
+
+/* Function names from Apex's lists/{functional,torch,tensor}_overrides.py
+   (plus PyTorch autocast's rms_norm, index_copy, log1p), mapped to classes. */
+static const struct { const char *name; unsigned char op; } capex__op_names[] = {
+    {"matmul", CAPEX_OP_MATMUL}, {"mm", CAPEX_OP_MATMUL}, {"mv", CAPEX_OP_MATMUL}, {"__matmul__", CAPEX_OP_MATMUL},
+    {"linear", CAPEX_OP_LINEAR},
+    {"conv1d", CAPEX_OP_CONV}, {"conv2d", CAPEX_OP_CONV}, {"conv3d", CAPEX_OP_CONV}, {"conv_tbc", CAPEX_OP_CONV},
+    {"conv_transpose1d", CAPEX_OP_CONV_TRANSPOSE}, {"conv_transpose2d", CAPEX_OP_CONV_TRANSPOSE},
+    {"conv_transpose3d", CAPEX_OP_CONV_TRANSPOSE},
+    {"bmm", CAPEX_OP_BMM},
+    {"addmm", CAPEX_OP_ADDMM}, {"addmv", CAPEX_OP_ADDMM}, {"addr", CAPEX_OP_ADDMM},
+    {"baddbmm", CAPEX_OP_BADDBMM}, {"addbmm", CAPEX_OP_BADDBMM},
+    {"prelu", CAPEX_OP_PRELU},
+    {"softmax", CAPEX_OP_SOFTMAX}, {"softmin", CAPEX_OP_SOFTMAX},
+    {"log_softmax", CAPEX_OP_LOG_SOFTMAX},
+    {"layer_norm", CAPEX_OP_LAYER_NORM}, {"rms_norm", CAPEX_OP_RMS_NORM},
+    {"group_norm", CAPEX_OP_GROUP_NORM}, {"local_response_norm", CAPEX_OP_GROUP_NORM},
+    {"batch_norm", CAPEX_OP_BATCH_NORM}, {"instance_norm", CAPEX_OP_BATCH_NORM},
+    {"norm", CAPEX_OP_NORM}, {"normalize", CAPEX_OP_NORM}, {"cosine_similarity", CAPEX_OP_NORM},
+    {"dist", CAPEX_OP_NORM}, {"renorm", CAPEX_OP_NORM},
+    {"cross_entropy", CAPEX_OP_LOSS}, {"nll_loss", CAPEX_OP_LOSS}, {"poisson_nll_loss", CAPEX_OP_LOSS},
+    {"mse_loss", CAPEX_OP_LOSS}, {"l1_loss", CAPEX_OP_LOSS}, {"smooth_l1_loss", CAPEX_OP_LOSS},
+    {"kl_div", CAPEX_OP_LOSS}, {"binary_cross_entropy_with_logits", CAPEX_OP_LOSS},
+    {"binary_cross_entropy", CAPEX_OP_LOSS}, /* Apex bans it under O1; computing it in fp32 is the safe reading */
+    {"cosine_embedding_loss", CAPEX_OP_LOSS}, {"hinge_embedding_loss", CAPEX_OP_LOSS},
+    {"margin_ranking_loss", CAPEX_OP_LOSS}, {"multilabel_margin_loss", CAPEX_OP_LOSS},
+    {"multilabel_soft_margin_loss", CAPEX_OP_LOSS}, {"multi_margin_loss", CAPEX_OP_LOSS},
+    {"soft_margin_loss", CAPEX_OP_LOSS}, {"triplet_margin_loss", CAPEX_OP_LOSS},
+    {"exp", CAPEX_OP_EXP}, {"expm1", CAPEX_OP_EXP},
+    {"log", CAPEX_OP_LOG}, {"log10", CAPEX_OP_LOG}, {"log2", CAPEX_OP_LOG}, {"log1p", CAPEX_OP_LOG},
+    {"pow", CAPEX_OP_POW}, {"__pow__", CAPEX_OP_POW}, {"__rpow__", CAPEX_OP_POW}, {"__ipow__", CAPEX_OP_POW},
+    {"sum", CAPEX_OP_SUM}, {"mean", CAPEX_OP_MEAN},
+    {"prod", CAPEX_OP_PROD}, {"cumprod", CAPEX_OP_PROD}, {"cumsum", CAPEX_OP_CUMSUM},
+    {"std", CAPEX_OP_REDUCTION}, {"var", CAPEX_OP_REDUCTION},
+    {"reciprocal", CAPEX_OP_RECIPROCAL}, {"rsqrt", CAPEX_OP_RSQRT},
+    {"acos", CAPEX_OP_UNARY_FP32}, {"asin", CAPEX_OP_UNARY_FP32}, {"cosh", CAPEX_OP_UNARY_FP32},
+    {"sinh", CAPEX_OP_UNARY_FP32}, {"tan", CAPEX_OP_UNARY_FP32}, {"erfinv", CAPEX_OP_UNARY_FP32},
+    {"softplus", CAPEX_OP_UNARY_FP32},
+    {"interpolate", CAPEX_OP_INTERPOLATE}, {"upsample", CAPEX_OP_INTERPOLATE},
+    {"add", CAPEX_OP_ADD}, {"__add__", CAPEX_OP_ADD}, {"__iadd__", CAPEX_OP_ADD}, {"__radd__", CAPEX_OP_ADD},
+    {"sub", CAPEX_OP_SUB}, {"__sub__", CAPEX_OP_SUB}, {"__isub__", CAPEX_OP_SUB}, {"__rsub__", CAPEX_OP_SUB},
+    {"mul", CAPEX_OP_MUL}, {"__mul__", CAPEX_OP_MUL}, {"__imul__", CAPEX_OP_MUL}, {"__rmul__", CAPEX_OP_MUL},
+    {"div", CAPEX_OP_DIV}, {"__div__", CAPEX_OP_DIV}, {"__idiv__", CAPEX_OP_DIV}, {"__rdiv__", CAPEX_OP_DIV},
+    {"__truediv__", CAPEX_OP_DIV}, {"__itruediv__", CAPEX_OP_DIV}, {"__rtruediv__", CAPEX_OP_DIV},
+    {"cat", CAPEX_OP_CAT}, {"concat", CAPEX_OP_CAT}, {"stack", CAPEX_OP_STACK},
+    {"index_copy", CAPEX_OP_INDEX_COPY}, {"addcmul", CAPEX_OP_ADDCMUL}, {"addcdiv", CAPEX_OP_ADDCDIV},
+    {"eq", CAPEX_OP_COMPARE}, {"ne", CAPEX_OP_COMPARE}, {"lt", CAPEX_OP_COMPARE}, {"le", CAPEX_OP_COMPARE},
+    {"gt", CAPEX_OP_COMPARE}, {"ge", CAPEX_OP_COMPARE}, {"equal", CAPEX_OP_COMPARE},
+    {"__eq__", CAPEX_OP_COMPARE}, {"__ne__", CAPEX_OP_COMPARE}, {"__lt__", CAPEX_OP_COMPARE},
+    {"__le__", CAPEX_OP_COMPARE}, {"__gt__", CAPEX_OP_COMPARE}, {"__ge__", CAPEX_OP_COMPARE},
+    {"dot", CAPEX_OP_PAIRWISE}, {"cross", CAPEX_OP_PAIRWISE}, {"atan2", CAPEX_OP_PAIRWISE},
+    {"bilinear", CAPEX_OP_PAIRWISE},
+    /* common ops Apex leaves alone: they run as their inputs are */
+    {"relu", CAPEX_OP_OTHER}, {"gelu", CAPEX_OP_OTHER}, {"silu", CAPEX_OP_OTHER}, {"tanh", CAPEX_OP_OTHER},
+    {"sigmoid", CAPEX_OP_OTHER}, {"dropout", CAPEX_OP_OTHER}, {"embedding", CAPEX_OP_OTHER},
+    {"other", CAPEX_OP_OTHER}};
+
+CAPEX_API const char *capex_op_class_name(capex_op_class op) {
+    return (int)op >= 0 && (int)op < CAPEX_OP_COUNT ? capex__op_class_names[op] : NULL;
+}
+
+CAPEX_API const char *capex_cast_policy_name(capex_cast_policy p) {
+    switch (p) {
+    case CAPEX_CAST_NONE: return "none";
+    case CAPEX_CAST_HALF: return "half";
+    case CAPEX_CAST_FP32: return "fp32";
+    case CAPEX_CAST_PROMOTE: return "promote";
+    }
+    return NULL;
+}
+
+CAPEX_API capex_result capex_op_class_from_name(const char *name, capex_op_class *out) {
+    size_t i;
+    if (!name || !out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_op_class_from_name: name or out is NULL");
+    for (i = 0; i < CAPEX_OP_COUNT; i++) /* the class names themselves ("loss", "compare", ...) */
+        if (strcmp(name, capex__op_class_names[i]) == 0) {
+            *out = (capex_op_class)i;
+            return CAPEX_OK;
+        }
+    for (i = 0; i < sizeof capex__op_names / sizeof capex__op_names[0]; i++)
+        if (strcmp(name, capex__op_names[i].name) == 0) {
+            *out = (capex_op_class)capex__op_names[i].op;
+            return CAPEX_OK;
+        }
+    return capex__fail(CAPEX_ERR_NOT_FOUND, "op '%s' is not in capex's cast lists; Apex leaves such functions alone "
+                       "(run them as their inputs are), or map it to a capex_op_class yourself", name);
+}
+
+CAPEX_API capex_result capex_amp_cast_op(const capex_amp_config *cfg, capex_op_class op, capex_cast_policy *out) {
+    capex_result r = capex__check_config(cfg, "capex_amp_cast_op");
+    if (r != CAPEX_OK) return r;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_amp_cast_op: out is NULL");
+    if ((int)op < 0 || (int)op >= CAPEX_OP_COUNT)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_amp_cast_op: op %d is not a capex_op_class", (int)op);
+    if (cfg->enabled && cfg->patch_torch_functions) {
+        /* The enum is laid out in Apex's list order: FP16, FP32, CASTS, rest. */
+        *out = op <= CAPEX_OP_PRELU ? CAPEX_CAST_HALF
+             : op <= CAPEX_OP_INTERPOLATE ? CAPEX_CAST_FP32
+             : op <= CAPEX_OP_PAIRWISE ? CAPEX_CAST_PROMOTE : CAPEX_CAST_NONE;
+    } else if (op == CAPEX_OP_BATCH_NORM && cfg->batchnorm_dtype == CAPEX_F32 && cfg->model_dtype != CAPEX_F32) {
+        *out = CAPEX_CAST_FP32; /* keep_batchnorm_fp32 left these layers' weights fp32 */
+    } else {
+        *out = CAPEX_CAST_NONE;
+    }
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_amp_cast_op_name(const capex_amp_config *cfg, const char *name, capex_cast_policy *out) {
+    capex_op_class op;
+    capex_result r = capex__check_config(cfg, "capex_amp_cast_op_name");
+    if (r != CAPEX_OK) return r;
+    if (!name || !out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_amp_cast_op_name: name or out is NULL");
+    r = capex_op_class_from_name(name, &op);
+    if (r != CAPEX_OK) {
+        *out = CAPEX_CAST_NONE;
+        return r;
+    }
+    return capex_amp_cast_op(cfg, op, out);
+}
+
+CAPEX_API capex_result capex_amp_promote(capex_dtype a, capex_dtype b, capex_dtype *out) {
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_amp_promote: out is NULL");
+    if (capex_dtype_size(a) == 0 || capex_dtype_size(b) == 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_amp_promote: dtype %d or %d is not a capex_dtype", (int)a, (int)b);
+    *out = a == b ? a : CAPEX_F32;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_amp_op_dtype(const capex_amp_config *cfg, capex_op_class op, capex_dtype input, capex_dtype *out) {
+    capex_cast_policy p;
+    capex_result r;
+    if (capex_dtype_size(input) == 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_amp_op_dtype: input dtype %d is not a capex_dtype", (int)input);
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_amp_op_dtype: out is NULL");
+    r = capex_amp_cast_op(cfg, op, &p);
+    if (r != CAPEX_OK) return r;
+    *out = p == CAPEX_CAST_HALF ? cfg->half_type : p == CAPEX_CAST_FP32 ? CAPEX_F32 : input;
+    return CAPEX_OK;
+}
 
 /* @@SECTION:SCALER:IMPL@@ (loss scaler: implementation) */
 /* ---- loss scaler -------------------------------------------------------- */
