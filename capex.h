@@ -222,7 +222,9 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
    mismatch (CAPEX_ERR_CHECKSUM), or an unreadable file (CAPEX_ERR_IO).
    Loaders built on it read every value into temporaries first and commit
    only when all reads succeeded, so a bad file never changes live state.
-   Thread safety: a writer or reader is used by one thread at a time.
+   Thread safety: a writer is used by one thread at a time. A memory reader is
+   read-only after open and may be shared between threads; a file reader moves
+   its FILE position on each read: one thread at a time.
    ------------------------------------------------------------------------- */
 /* Values 0..2 equal capex_dtype's, so (capex_state_dtype)CAPEX_BF16 works. */
 typedef enum capex_state_dtype {
@@ -1178,7 +1180,13 @@ CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char 
         r = capex__fail(CAPEX_ERR_IO, "capex_state_write_file: writing %llu bytes to '%s' failed (%s; disk full or file size "
                         "limit?); '%s' was left unchanged", (unsigned long long)total, tmp, strerror(errno), path);
         remove(tmp);
-    } else if (rename(tmp, path) != 0) {
+    } else if (rename(tmp, path) != 0
+#ifdef _WIN32
+               /* Windows' rename does not replace: remove, then rename (not atomic;
+                  a crash in between leaves the complete temp file to recover) */
+               && (remove(path) != 0 || rename(tmp, path) != 0)
+#endif
+    ) {
         r = capex__fail(CAPEX_ERR_IO, "capex_state_write_file: cannot rename '%s' to '%s' (%s); '%s' was left unchanged",
                         tmp, path, strerror(errno), path);
         remove(tmp);

@@ -642,6 +642,14 @@ CT_TEST(python_interop) {
     if (rc == 77) CT_SKIP("python safetensors not installed: checksum rule verified with zlib, load_file not tried");
 }
 
+/* Last: removes this run's temp directory. */
+CT_TEST(cleanup_temp_dir) {
+    char cmd[600];
+    if (strncmp(tmpdir, "/tmp/capex_state_", 17) != 0) return;
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    CT_CHECK(system(cmd) == 0, "rm %s", tmpdir);
+}
+
 static const ct_case cases[] = {
     CT_CASE(crc32_known_vectors),
     CT_CASE(swap_copy_reverses_elements),
@@ -658,5 +666,6 @@ static const ct_case cases[] = {
     CT_CASE(null_arguments),
     CT_CASE(atomic_write_keeps_old_file),
     CT_CASE(python_interop),
+    CT_CASE(cleanup_temp_dir),
 };
 CT_MAIN(cases)
