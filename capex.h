@@ -573,6 +573,18 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
 #  include <fcntl.h>
 #  define CAPEX__STATE_POSIX 1
 #endif
+/* 64-bit file offsets: long is 64-bit on LP64 Unix; Windows needs _fseeki64. */
+#ifdef _WIN32
+typedef long long capex__off;
+#  define CAPEX__FSEEK(f, o, w) _fseeki64((f), (o), (w))
+#  define CAPEX__FTELL(f) _ftelli64(f)
+#  define CAPEX__OFF_MAX LLONG_MAX
+#else
+typedef long capex__off;
+#  define CAPEX__FSEEK(f, o, w) fseek((f), (o), (w))
+#  define CAPEX__FTELL(f) ftell(f)
+#  define CAPEX__OFF_MAX LONG_MAX
+#endif
 
 static const char *const capex__st_dtype_names[CAPEX_STATE_DTYPE_COUNT] = {
     "F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
@@ -1167,7 +1179,7 @@ CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char 
     capex__st_stream(w, order, hdr, hlen, &s);
     capex__st_hex8(digits, s.crc);
     /* patch the checksum digits in place (the header is at most 100 MB: fits a long) */
-    ok = !s.failed && fseek(f, (long)(8 + crc_at), SEEK_SET) == 0 && fwrite(digits, 1, 8, f) == 8 && fflush(f) == 0;
+    ok = !s.failed && CAPEX__FSEEK(f, (capex__off)(8 + crc_at), SEEK_SET) == 0 && fwrite(digits, 1, 8, f) == 8 && fflush(f) == 0;
     if (fclose(f) != 0) ok = 0;
 #ifdef CAPEX__STATE_POSIX
     if (ok) { /* data on disk before the rename makes it visible (crash safety) */
@@ -1712,7 +1724,7 @@ CAPEX_API capex_result capex_state_reader_open_file(const char *path, unsigned f
     capex_state_reader *r;
     capex_result rc;
     FILE *f;
-    long flen;
+    capex__off flen;
     uint64_t n, len;
     size_t crc_at;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_reader_open_file: out is NULL");
@@ -1721,7 +1733,7 @@ CAPEX_API capex_result capex_state_reader_open_file(const char *path, unsigned f
     if (flags & ~CAPEX_STATE_OPEN_FOREIGN) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_reader_open: unknown flags 0x%x", flags);
     f = fopen(path, "rb");
     if (!f) return capex__fail(CAPEX_ERR_IO, "cannot open state file '%s' (%s)", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0 || (flen = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    if (CAPEX__FSEEK(f, 0, SEEK_END) != 0 || (flen = CAPEX__FTELL(f)) < 0 || CAPEX__FSEEK(f, 0, SEEK_SET) != 0) {
         fclose(f);
         return capex__fail(CAPEX_ERR_IO, "cannot determine the size of '%s' (%s); is it a regular file?", path, strerror(errno));
     }
@@ -1862,9 +1874,9 @@ CAPEX_API capex_result capex_state_read_tensor(capex_state_reader *r, const char
 #ifndef CAPEX_NO_STDIO
     else {
         uint64_t at = r->data_start + e->begin;
-        if (at > (uint64_t)LONG_MAX)
-            return capex__fail(CAPEX_ERR_UNSUPPORTED, "tensor \"%s\" lies beyond this platform's fseek range (long)", name);
-        if (fseek(r->f, (long)at, SEEK_SET) != 0 || fread(dst, 1, (size_t)nbytes, r->f) != (size_t)nbytes)
+        if (at > (uint64_t)CAPEX__OFF_MAX)
+            return capex__fail(CAPEX_ERR_UNSUPPORTED, "tensor \"%s\" lies beyond this platform's fseek range", name);
+        if (CAPEX__FSEEK(r->f, (capex__off)at, SEEK_SET) != 0 || fread(dst, 1, (size_t)nbytes, r->f) != (size_t)nbytes)
             return capex__fail(CAPEX_ERR_IO, "reading tensor \"%s\" (%llu bytes at offset %llu) failed; was the file truncated "
                                "after it was opened?", name, (unsigned long long)nbytes, (unsigned long long)at);
     }
