@@ -788,6 +788,7 @@ struct capex_state_writer {
     capex__st_kv *m;
     size_t nm, capm;
     unsigned long serial;
+    int swap; /* host is big-endian: byte-swap elements (tests force it on) */
     capex__crc8 crc;
 };
 
@@ -799,6 +800,7 @@ CAPEX_API capex_result capex_state_writer_create(const capex_allocator *alloc, c
     if (!w) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_state_writer_create: out of memory");
     memset(w, 0, sizeof *w);
     if (alloc) w->alloc = *alloc;
+    w->swap = !capex__host_is_le();
     capex__crc8_init(&w->crc);
     *out = w;
     return CAPEX_OK;
@@ -1072,7 +1074,7 @@ CAPEX__PRIVATE void capex__st_stream(capex_state_writer *w, capex__st_wtensor **
     unsigned char len8[8], bounce[4096];
     uint64_t n = hlen;
     size_t i;
-    int k, le = capex__host_is_le();
+    int k, le = !w->swap;
     for (k = 0; k < 8; k++) len8[k] = (unsigned char)(n >> (8 * k));
     capex__st_emit(s, len8, 8);
     capex__st_emit(s, hdr, hlen);
@@ -1251,6 +1253,7 @@ struct capex_state_reader {
     capex__st_rkv *m;
     size_t nm, capm;
     int is_capex;
+    int swap; /* host is big-endian: byte-swap elements (tests force it on) */
     capex__crc8 crc;
 };
 
@@ -1649,6 +1652,7 @@ CAPEX__PRIVATE capex_result capex__st_reader_new(const capex_allocator *alloc, c
     if (!r) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_state_reader_open: out of memory");
     memset(r, 0, sizeof *r);
     if (alloc) r->alloc = *alloc;
+    r->swap = !capex__host_is_le();
     capex__crc8_init(&r->crc);
     *out = r;
     return CAPEX_OK;
@@ -1881,7 +1885,7 @@ CAPEX_API capex_result capex_state_read_tensor(capex_state_reader *r, const char
                                "after it was opened?", name, (unsigned long long)nbytes, (unsigned long long)at);
     }
 #endif
-    if (!capex__host_is_le()) capex__st_swap_copy(dst, dst, (size_t)nbytes, capex__st_dtype_sizes[e->dtype]);
+    if (r->swap) capex__st_swap_copy(dst, dst, (size_t)nbytes, capex__st_dtype_sizes[e->dtype]);
     return CAPEX_OK;
 }
 

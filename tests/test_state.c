@@ -341,6 +341,46 @@ CT_TEST(large_file_streams_and_detects_corruption) {
     free(back);
 }
 
+/* The big-endian path, forced on this host: a "big-endian" writer given
+   byte-reversed elements must produce the same file as the native writer, and
+   a "big-endian" reader must hand back byte-reversed elements. */
+CT_TEST(big_endian_path) {
+    double d[3] = {1.0, -2.5e300, 3.0};
+    float f[3000]; /* 12000 bytes: several 4 KiB bounce chunks */
+    uint16_t h[3] = {0x3c00, 0x8001, 0x7bff};
+    unsigned char dbe[24], fbe[12000], hbe[6], back[12000];
+    int64_t s3 = 3, s3000 = 3000;
+    capex_state_writer *w[2];
+    capex_state_reader *r;
+    blob b[2];
+    int k;
+    size_t i;
+    for (i = 0; i < 3000; i++) f[i] = (float)i * 1.5f - 100.0f;
+    capex__st_swap_copy(dbe, d, sizeof d, 8);
+    capex__st_swap_copy(fbe, f, sizeof f, 4);
+    capex__st_swap_copy(hbe, h, sizeof h, 2);
+    for (k = 0; k < 2; k++) {
+        capex_state_writer_create(NULL, &w[k]);
+        w[k]->swap = k; /* k = 1: behave as a big-endian host */
+        capex_state_add_tensor(w[k], "d", CAPEX_STATE_F64, 1, &s3, k ? (const void *)dbe : (const void *)d);
+        capex_state_add_tensor(w[k], "f", CAPEX_STATE_F32, 1, &s3000, k ? (const void *)fbe : (const void *)f);
+        capex_state_add_tensor(w[k], "h", CAPEX_STATE_F16, 1, &s3, k ? (const void *)hbe : (const void *)h);
+        b[k] = write_mem(w[k]);
+        CT_CHECK(b[k].p != NULL, "write %d", k);
+    }
+    CT_CHECK(b[0].n == b[1].n && memcmp(b[0].p, b[1].p, b[0].n) == 0, "same little-endian file from both hosts");
+    CT_CHECK(capex_state_reader_open_memory(b[1].p, b[1].n, 0, NULL, &r) == CAPEX_OK, "open");
+    r->swap = 1;
+    CT_CHECK(capex_state_read_tensor(r, "f", CAPEX_STATE_F32, 3000, back) == CAPEX_OK && memcmp(back, fbe, sizeof fbe) == 0, "f32");
+    CT_CHECK(capex_state_read_tensor(r, "d", CAPEX_STATE_F64, 3, back) == CAPEX_OK && memcmp(back, dbe, sizeof dbe) == 0, "f64");
+    CT_CHECK(capex_state_read_tensor(r, "h", CAPEX_STATE_F16, 3, back) == CAPEX_OK && memcmp(back, hbe, sizeof hbe) == 0, "f16");
+    capex_state_reader_close(r);
+    for (k = 0; k < 2; k++) {
+        capex_state_writer_destroy(w[k]);
+        free(b[k].p);
+    }
+}
+
 CT_TEST(wrong_version_and_missing_keys) {
     blob b = small_file();
     capex_state_reader *r;
@@ -659,6 +699,7 @@ static const ct_case cases[] = {
     CT_CASE(truncation_at_every_byte),
     CT_CASE(every_bit_flip_is_detected),
     CT_CASE(large_file_streams_and_detects_corruption),
+    CT_CASE(big_endian_path),
     CT_CASE(wrong_version_and_missing_keys),
     CT_CASE(foreign_safetensors),
     CT_CASE(malicious_headers),
