@@ -270,7 +270,7 @@ CAPEX_API capex_result capex_state_add_meta(capex_state_writer *w, const char *k
 /* Serialises into buf[0..cap); *len gets the file size. buf == NULL (cap 0)
    only queries the size. cap too small: CAPEX_ERR_SIZE_MISMATCH. */
 CAPEX_API capex_result capex_state_write_memory(capex_state_writer *w, void *buf, size_t cap, size_t *len);
-/* Writes "<path>.tmp.<pid>.<n>", flushes and fsyncs it, then renames it over
+/* Writes "<path>.tmp.<pid>.<n>.<id>", flushes and fsyncs it, then renames it over
    path: a reader sees the old file or the new one, never a partial one. On
    failure the temp file is removed and an old file at path is kept. */
 CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char *path);
@@ -289,7 +289,9 @@ typedef struct capex_state_tensor_info {
 /* Both validate the whole file before returning (see the manual above). A
    file reader keeps the file open and reads only the header plus one
    streaming checksum pass (1 MiB buffer); tensors are read at their offsets
-   on request. A memory reader references buf, which must outlive it. */
+   on request (the checksum was verified at open; capex never rewrites a file
+   in place, so an open reader keeps the verified contents even if a new save
+   renames over the path). A memory reader references buf, which must outlive it. */
 CAPEX_API capex_result capex_state_reader_open_file(const char *path, unsigned flags, const capex_allocator *alloc,
                                                     capex_state_reader **out);
 CAPEX_API capex_result capex_state_reader_open_memory(const void *buf, size_t len, unsigned flags,
