@@ -653,6 +653,9 @@ CT_TEST(python_interop) {
     int64_t v;
     uint16_t bf[3];
     const char *meta;
+    FILE *script = fopen("tests/state_py.py", "r");
+    if (!script) CT_SKIP("tests/state_py.py not found: run from the repository root");
+    fclose(script);
     if (system("python3 -c 'import zlib, json' >/dev/null 2>&1") != 0) CT_SKIP("python3 not available");
     capex_state_writer_create(NULL, &w);
     capex_state_add_f64(w, "scale", 65536.0);
