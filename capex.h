@@ -673,6 +673,16 @@ CAPEX_API size_t capex_state_meta_count(const capex_state_reader *r);
 CAPEX_API capex_result capex_state_meta_at(const capex_state_reader *r, size_t i, const char **key, const char **value);
 CAPEX_API capex_result capex_state_get_meta(const capex_state_reader *r, const char *key, const char **value);
 
+/* Loss scaler in a state file: tensors "<prefix>scale", "<prefix>growth_tracker",
+   ... (every field of capex_scaler_state, exact binary) and the metadata
+   "<prefix>format" = "capex-scaler/1". Use one prefix per scaler, e.g.
+   "scaler.0.". Loading reads everything first and then calls
+   capex_scaler_set_state, so a bad or incomplete file leaves sc untouched;
+   like set_state it is allowed only between iterations. */
+#define CAPEX_SCALER_STATE_FORMAT "capex-scaler/1"
+CAPEX_API capex_result capex_scaler_save(const capex_scaler *sc, capex_state_writer *w, const char *prefix);
+CAPEX_API capex_result capex_scaler_load(capex_scaler *sc, capex_state_reader *r, const char *prefix);
+
 /* @@SECTION:TENSOR:DECL@@ (tensor lists, chunk planner, fused ops: declarations) */
 
 /* @@SECTION:OPTIM:DECL@@ (optimizers: declarations) */
@@ -3260,6 +3270,94 @@ CAPEX_API capex_result capex_state_get_meta(const capex_state_reader *r, const c
             return CAPEX_OK;
         }
     return capex__fail(CAPEX_ERR_NOT_FOUND, "state file has no metadata key \"%s\"", key);
+}
+
+/* ---- loss scaler <-> state file ----------------------------------------- */
+
+/* "<prefix><field>" into buf; fails instead of truncating. */
+CAPEX__PRIVATE capex_result capex__state_name(char *buf, size_t cap, const char *prefix, const char *field) {
+    int n = snprintf(buf, cap, "%s%s", prefix, field);
+    if (n < 0 || (size_t)n >= cap)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "state entry name \"%s%s\" is longer than %u bytes; use a shorter prefix",
+                           prefix, field, (unsigned)(cap - 1));
+    return CAPEX_OK;
+}
+
+/* One table drives both directions so save and load cannot drift apart. */
+typedef enum { CAPEX__SF_F32, CAPEX__SF_F64, CAPEX__SF_I64, CAPEX__SF_INT } capex__sf_kind;
+typedef struct { const char *name; capex__sf_kind kind; size_t offset; } capex__scaler_field;
+#define CAPEX__SF(f, k) { #f, k, offsetof(capex_scaler_state, f) }
+static const capex__scaler_field capex__scaler_fields[] = {
+    CAPEX__SF(dynamic, CAPEX__SF_INT),        CAPEX__SF(scale, CAPEX__SF_F32),
+    CAPEX__SF(growth_tracker, CAPEX__SF_I64), CAPEX__SF(hysteresis_tracker, CAPEX__SF_INT),
+    CAPEX__SF(init_scale, CAPEX__SF_F32),     CAPEX__SF(growth_factor, CAPEX__SF_F64),
+    CAPEX__SF(backoff_factor, CAPEX__SF_F64), CAPEX__SF(growth_interval, CAPEX__SF_I64),
+    CAPEX__SF(min_scale, CAPEX__SF_F32),      CAPEX__SF(max_scale, CAPEX__SF_F32),
+    CAPEX__SF(hysteresis, CAPEX__SF_INT),     CAPEX__SF(steps, CAPEX__SF_I64),
+    CAPEX__SF(skipped_steps, CAPEX__SF_I64),
+};
+#undef CAPEX__SF
+
+CAPEX_API capex_result capex_scaler_save(const capex_scaler *sc, capex_state_writer *w, const char *prefix) {
+    capex_scaler_state st;
+    char name[256];
+    size_t i;
+    capex_result r;
+    if (!sc || !w || !prefix) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_save: sc, w and prefix must not be NULL");
+    if ((r = capex_scaler_get_state(sc, &st)) != CAPEX_OK) return r;
+    for (i = 0; i < sizeof capex__scaler_fields / sizeof capex__scaler_fields[0]; i++) {
+        const capex__scaler_field *f = &capex__scaler_fields[i];
+        const char *p = (const char *)&st + f->offset;
+        if ((r = capex__state_name(name, sizeof name, prefix, f->name)) != CAPEX_OK) return r;
+        switch (f->kind) {
+        case CAPEX__SF_F32: { float v; memcpy(&v, p, sizeof v); r = capex_state_add_f32(w, name, v); break; }
+        case CAPEX__SF_F64: { double v; memcpy(&v, p, sizeof v); r = capex_state_add_f64(w, name, v); break; }
+        case CAPEX__SF_I64: { int64_t v; memcpy(&v, p, sizeof v); r = capex_state_add_i64(w, name, v); break; }
+        case CAPEX__SF_INT: { int v; memcpy(&v, p, sizeof v); r = capex_state_add_i64(w, name, (int64_t)v); break; }
+        }
+        if (r != CAPEX_OK) return r;
+    }
+    if ((r = capex__state_name(name, sizeof name, prefix, "format")) != CAPEX_OK) return r;
+    return capex_state_add_meta(w, name, CAPEX_SCALER_STATE_FORMAT);
+}
+
+CAPEX_API capex_result capex_scaler_load(capex_scaler *sc, capex_state_reader *r, const char *prefix) {
+    capex_scaler_state st;
+    char name[256];
+    const char *format = NULL;
+    size_t i;
+    capex_result res;
+    if (!sc || !r || !prefix) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_load: sc, r and prefix must not be NULL");
+    if ((res = capex__state_name(name, sizeof name, prefix, "format")) != CAPEX_OK) return res;
+    if (capex_state_get_meta(r, name, &format) != CAPEX_OK)
+        return capex__fail(CAPEX_ERR_NOT_FOUND, "capex_scaler_load: no loss scaler saved under prefix \"%s\" (metadata \"%s\" "
+                           "missing); check the prefix given to capex_scaler_save", prefix, name);
+    if (strcmp(format, CAPEX_SCALER_STATE_FORMAT) != 0)
+        return capex__fail(CAPEX_ERR_VERSION, "capex_scaler_load: scaler state \"%s\" is \"%s\", this capex reads \"%s\"",
+                           prefix, format, CAPEX_SCALER_STATE_FORMAT);
+    memset(&st, 0, sizeof st);
+    for (i = 0; i < sizeof capex__scaler_fields / sizeof capex__scaler_fields[0]; i++) {
+        const capex__scaler_field *f = &capex__scaler_fields[i];
+        char *p = (char *)&st + f->offset;
+        if ((res = capex__state_name(name, sizeof name, prefix, f->name)) != CAPEX_OK) return res;
+        switch (f->kind) {
+        case CAPEX__SF_F32: { float v; res = capex_state_get_f32(r, name, &v); memcpy(p, &v, sizeof v); break; }
+        case CAPEX__SF_F64: { double v; res = capex_state_get_f64(r, name, &v); memcpy(p, &v, sizeof v); break; }
+        case CAPEX__SF_I64: { int64_t v; res = capex_state_get_i64(r, name, &v); memcpy(p, &v, sizeof v); break; }
+        case CAPEX__SF_INT: {
+            int64_t v = 0;
+            int iv;
+            res = capex_state_get_i64(r, name, &v);
+            if (res == CAPEX_OK && (v < -2147483647 - 1 || v > 2147483647))
+                return capex__fail(CAPEX_ERR_FORMAT, "capex_scaler_load: \"%s\" = %lld is out of range", name, (long long)v);
+            iv = (int)v;
+            memcpy(p, &iv, sizeof iv);
+            break;
+        }
+        }
+        if (res != CAPEX_OK) return res; /* message names the entry */
+    }
+    return capex_scaler_set_state(sc, &st); /* validates; sc untouched on error */
 }
 
 /* @@SECTION:TENSOR:IMPL@@ (tensor lists, chunk planner, fused ops: implementation) */
