@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdarg.h>
 
 typedef struct ct_state { int failed, skipped; char why[512]; } ct_state;
 typedef void (*ct_fn)(ct_state *ct);
@@ -18,23 +19,47 @@ typedef struct ct_case { const char *name; ct_fn fn; } ct_case;
 #define CT_TEST(name) static void name(ct_state *ct)
 #define CT_CASE(name) { #name, name }
 
+/* Records a failure message (truncated to fit; vsnprintf keeps the compiler's
+   format-truncation analysis out of every call site). */
+static void ct_fail(ct_state *ct, const char *file, int line, const char *cond, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 5, 6)))
+#endif
+    ;
+static void ct_fail(ct_state *ct, const char *file, int line, const char *cond, const char *fmt, ...) {
+    va_list ap;
+    int n = snprintf(ct->why, sizeof ct->why, "%s:%d: %s: ", file, line, cond);
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof ct->why) vsnprintf(ct->why + n, sizeof ct->why - (size_t)n, fmt, ap);
+    va_end(ap);
+    ct->failed = 1;
+}
+
 /* Fails the current test and returns from it. */
-#define CT_CHECK(cond, ...)                                                              \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            int ct_n_ = snprintf(ct->why, sizeof ct->why, "%s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            if (ct_n_ > 0 && (size_t)ct_n_ < sizeof ct->why)                             \
-                snprintf(ct->why + ct_n_, sizeof ct->why - (size_t)ct_n_, __VA_ARGS__);  \
-            ct->failed = 1;                                                              \
-            return;                                                                      \
-        }                                                                                \
+#define CT_CHECK(cond, ...)                                            \
+    do {                                                               \
+        if (!(cond)) {                                                 \
+            ct_fail(ct, __FILE__, __LINE__, #cond, __VA_ARGS__);       \
+            return;                                                    \
+        }                                                              \
     } while (0)
 
-#define CT_SKIP(...)                                          \
-    do {                                                      \
-        snprintf(ct->why, sizeof ct->why, __VA_ARGS__);       \
-        ct->skipped = 1;                                      \
-        return;                                               \
+static void ct_skip(ct_state *ct, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void ct_skip(ct_state *ct, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ct->why, sizeof ct->why, fmt, ap);
+    va_end(ap);
+    ct->skipped = 1;
+}
+#define CT_SKIP(...)               \
+    do {                           \
+        ct_skip(ct, __VA_ARGS__);  \
+        return;                    \
     } while (0)
 
 static int ct_main(const char *file, const ct_case *cases, size_t n, int argc, char **argv) {
