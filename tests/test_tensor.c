@@ -61,7 +61,8 @@ static uint32_t code_of(capex_dtype dt, float v) {
     return capex_f32_to_bf16(v);
 }
 
-/* A list with GUARD poisoned (0xFF) elements before and after each tensor. */
+/* A list with GUARD poisoned (0xFF) elements before and after each tensor;
+   the data starts as 0xFF too (NaN codes), so unwritten outputs show. */
 #define GUARD 17
 typedef struct tlist {
     capex_dtype dt;
@@ -102,10 +103,6 @@ static void tl_fill(tlist *a) {
     int64_t j;
     for (i = 0; i < a->n; i++)
         for (j = 0; j < a->t[i].numel; j++) setv(a->dt, a->t[i].data, j, rng_val());
-}
-static void tl_poison(tlist *a) { /* NaN-ish 0xFF in the data itself too */
-    size_t i;
-    for (i = 0; i < a->n; i++) memset(a->t[i].data, 0xff, (size_t)a->t[i].numel * capex_dtype_size(a->dt));
 }
 /* guards still 0xFF? returns index of first bad tensor + 1, or 0 */
 static size_t tl_guards_bad(const tlist *a) {
@@ -390,7 +387,7 @@ CT_TEST(l2norm_accuracy_10M) {
 }
 
 CT_TEST(l2norm_same_bits_any_thread_count) {
-    int64_t sizes[5] = {1000003, 65536 * 3, 17, 0, 777777};
+    int64_t sizes[5] = {300007, 65536 * 3, 17, 0, 100003};
     static const int threads[5] = {0, 1, 2, 3, 7};
     static const int64_t chunks[3] = {0, 4096, 1000};
     int d, c, t;
@@ -448,6 +445,285 @@ CT_TEST(l2norm_nonfinite_and_large) {
     ((float *)a.t[1].data)[65536] = -INFINITY;
     CT_CHECK(capex_multi_tensor_l2norm(NULL, &a.l, &tot, per) == CAPEX_OK && isinf(tot) && isinf(per[1]), "inf propagates");
     tl_free(&a);
+}
+
+/* ======================================================================= */
+/* scale (unscale), axpby, clip                                            */
+/* ======================================================================= */
+
+static const int64_t k_sizes[7] = {65536 + 1, 0, 1, 13, 65535, 131072, 100003};
+
+/* out = in * s for every (in, out) dtype pair, out of place and in place;
+   exact bits vs the float64 product rounded to f32 then to out's dtype. */
+CT_TEST(scale_all_dtype_pairs) {
+    int di, dout, t;
+    seed_once();
+    for (di = 0; di < 3; di++)
+        for (dout = 0; dout < 3; dout++)
+            for (t = 0; t < 3; t++) { /* out of place with 1 and 3 threads, then in place */
+                tlist in, out;
+                capex_tensor_op_desc desc;
+                float s = (float)(rng_unit() * 4.0);
+                int found = 0;
+                size_t i;
+                int64_t k;
+                int inplace = t == 2;
+                if (inplace && di != dout) continue;
+                if (t == 0) s = 1.0f / 65536.0f; /* a typical inverse loss scale */
+                capex_tensor_op_desc_init(&desc);
+                desc.num_threads = t == 1 ? 3 : 1;
+                desc.parallel_min_elements = 1;
+                memset(&in, 0, sizeof in); memset(&out, 0, sizeof out);
+                CT_CHECK(tl_alloc(&in, k_dtypes[di], k_sizes, 7) && tl_alloc(&out, k_dtypes[dout], k_sizes, 7), "alloc");
+                tl_fill(&in);
+                if (inplace)
+                    for (i = 0; i < 7; i++) memcpy(out.t[i].data, in.t[i].data, (size_t)k_sizes[i] * capex_dtype_size(in.dt));
+                CT_CHECK(capex_multi_tensor_scale(&desc, inplace ? &out.l : &in.l, &out.l, s, &found) == CAPEX_OK, "%.300s", capex_last_error());
+                CT_CHECK(found == 0, "%s->%s: no inf/NaN here" SEEDFMT, capex_dtype_name(in.dt), capex_dtype_name(out.dt), g_seed);
+                for (i = 0; i < 7; i++)
+                    for (k = 0; k < k_sizes[i]; k++) {
+                        uint32_t want = code_of(out.dt, (float)(getv(in.dt, in.t[i].data, k) * (double)s));
+                        uint32_t got = getcode(out.dt, out.t[i].data, k);
+                        CT_CHECK(got == want, "%s->%s%s tensor %zu elem %lld: got 0x%x want 0x%x (s=%g)" SEEDFMT,
+                                 capex_dtype_name(in.dt), capex_dtype_name(out.dt), inplace ? " in place" : "", i,
+                                 (long long)k, got, want, (double)s, g_seed);
+                    }
+                CT_CHECK(tl_guards_bad(&out) == 0 && tl_guards_bad(&in) == 0, "%s->%s wrote outside its tensors", capex_dtype_name(in.dt), capex_dtype_name(out.dt));
+                found = 1;
+                CT_CHECK(capex_multi_tensor_scale(&desc, &in.l, &out.l, s, &found) == CAPEX_OK && found == 1, "found_inf is never cleared");
+                CT_CHECK(capex_multi_tensor_scale(&desc, &in.l, &out.l, s, NULL) == CAPEX_OK, "found_inf may be NULL");
+                tl_free(&in); tl_free(&out);
+            }
+}
+
+/* inf/NaN at the first/middle/last element of the first and last tensor and
+   on chunk boundaries, for each input dtype, found with any thread count. */
+CT_TEST(scale_finds_inf_nan_everywhere) {
+    int64_t sizes[3] = {2 * 65536 + 3, 5, 65537};
+    int64_t pos[10][2] = {{0, 0}, {0, 65536 + 1}, {0, 2 * 65536 + 2}, {0, 65535}, {0, 65536}, {0, 2 * 65536},
+                          {2, 0}, {2, 32768}, {2, 65535}, {2, 65536}};
+    static const float bad[3] = {INFINITY, -INFINITY, NAN};
+    int di, dout, p, b;
+    seed_once();
+    for (di = 0; di < 3; di++)
+        for (dout = 0; dout < 3; dout++) {
+            tlist in, out;
+            memset(&in, 0, sizeof in); memset(&out, 0, sizeof out);
+            CT_CHECK(tl_alloc(&in, k_dtypes[di], sizes, 3) && tl_alloc(&out, k_dtypes[dout], sizes, 3), "alloc");
+            tl_fill(&in);
+            for (p = 0; p < 10; p++)
+                for (b = 0; b < 3; b++) {
+                    capex_tensor_op_desc desc;
+                    int found = 0;
+                    size_t ti = (size_t)pos[p][0];
+                    int64_t k = pos[p][1];
+                    uint32_t saved = getcode(in.dt, in.t[ti].data, k);
+                    capex_tensor_op_desc_init(&desc);
+                    desc.num_threads = 1 + (p + b) % 3;
+                    desc.parallel_min_elements = 1;
+                    setv(in.dt, in.t[ti].data, k, bad[b]);
+                    CT_CHECK(capex_multi_tensor_scale(&desc, &in.l, &out.l, 0.5f, &found) == CAPEX_OK, "%.300s", capex_last_error());
+                    CT_CHECK(found == 1, "%s->%s: %g at tensor %zu elem %lld not found", capex_dtype_name(in.dt), capex_dtype_name(out.dt), (double)bad[b], ti, (long long)k);
+                    CT_CHECK(isnan(getv(out.dt, out.t[ti].data, k)) == isnan(bad[b]) && !isfinite(getv(out.dt, out.t[ti].data, k)), "non-finite passes through");
+                    /* restore */
+                    if (in.dt == CAPEX_F32) memcpy((float *)in.t[ti].data + k, &saved, 4);
+                    else ((uint16_t *)in.t[ti].data)[k] = (uint16_t)saved;
+                }
+            tl_free(&in); tl_free(&out);
+        }
+}
+
+CT_TEST(scale_output_overflow_is_found) {
+    /* finite inputs whose scaled value overflows the output dtype */
+    float x32[4] = {1.0f, 3e38f, 2.0f, 1e5f};
+    uint16_t x16[4];
+    capex_tensor ti, to;
+    capex_tensor_list in, out;
+    uint16_t h[4];
+    float f[4];
+    int found = 0;
+    ti.data = x32; ti.numel = 4;
+    to.data = f; to.numel = 4;
+    in = capex_tensor_list_make(CAPEX_F32, &ti, 1);
+    out = capex_tensor_list_make(CAPEX_F32, &to, 1);
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &found) == CAPEX_OK && found == 1 && isinf(f[1]), "f32 overflow");
+    x32[1] = 1.0f; found = 0;
+    to.data = h; out.dtype = CAPEX_F16;
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &out, 1.0f, &found) == CAPEX_OK && found == 1 && h[3] == 0x7c00, "1e5 overflows f16");
+    x32[3] = 65504.0f; found = 0;
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &out, 1.0f, &found) == CAPEX_OK && found == 0 && h[3] == 0x7bff, "65504 fits f16");
+    x32[3] = 1e5f; found = 0;
+    out.dtype = CAPEX_BF16;
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &out, 1.0f, &found) == CAPEX_OK && found == 0, "1e5 fits bf16");
+    /* f16 grads unscaled into f32 master grads: 1/65536 of the largest half */
+    x16[0] = 0x7bff; x16[1] = 0x0001; x16[2] = 0x3c00; x16[3] = 0xfbff;
+    ti.data = x16; in.dtype = CAPEX_F16; to.data = f; out.dtype = CAPEX_F32; found = 0;
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &out, 1.0f / 65536.0f, &found) == CAPEX_OK && found == 0, "unscale");
+    CT_CHECK(f[0] == 65504.0f / 65536.0f && f[1] == ldexpf(1.0f, -40) && f[2] == ldexpf(1.0f, -16) && f[3] == -65504.0f / 65536.0f, "exact unscale");
+}
+
+CT_TEST(axpby_all_dtype_triples) {
+    int dx, dy, dout, t;
+    seed_once();
+    for (dx = 0; dx < 3; dx++)
+        for (dy = 0; dy < 3; dy++)
+            for (dout = 0; dout < 3; dout++)
+                for (t = 0; t < 2; t++) { /* out separate, then out == y (same dtype only) */
+                    tlist x, y, out;
+                    capex_tensor_op_desc desc;
+                    float a = (float)(rng_unit() * 4.0 - 2.0), b = (float)(rng_unit() * 4.0 - 2.0);
+                    int found = 0, iny = t == 1;
+                    size_t i;
+                    int64_t k;
+                    if (iny && dy != dout) continue;
+                    capex_tensor_op_desc_init(&desc);
+                    desc.num_threads = 1 + (dx + dy + dout) % 3;
+                    desc.parallel_min_elements = 1;
+                    memset(&x, 0, sizeof x); memset(&y, 0, sizeof y); memset(&out, 0, sizeof out);
+                    CT_CHECK(tl_alloc(&x, k_dtypes[dx], k_sizes, 7) && tl_alloc(&y, k_dtypes[dy], k_sizes, 7) &&
+                             tl_alloc(&out, k_dtypes[dout], k_sizes, 7), "alloc");
+                    tl_fill(&x); tl_fill(&y);
+                    if (iny) /* keep y's values to check against: out starts as y */
+                        for (i = 0; i < 7; i++) memcpy(out.t[i].data, y.t[i].data, (size_t)k_sizes[i] * capex_dtype_size(y.dt));
+                    CT_CHECK(capex_multi_tensor_axpby(&desc, a, &x.l, b, iny ? &out.l : &y.l, &out.l, -1, &found) == CAPEX_OK, "%.300s", capex_last_error());
+                    CT_CHECK(found == 0, "no inf here");
+                    for (i = 0; i < 7; i++)
+                        for (k = 0; k < k_sizes[i]; k++) {
+                            double r = (double)a * getv(x.dt, x.t[i].data, k) + (double)b * getv(y.dt, y.t[i].data, k);
+                            uint32_t want = code_of(out.dt, (float)r), got = getcode(out.dt, out.t[i].data, k);
+                            CT_CHECK(got == want, "%s,%s->%s%s tensor %zu elem %lld: got 0x%x want 0x%x" SEEDFMT, capex_dtype_name(x.dt),
+                                     capex_dtype_name(y.dt), capex_dtype_name(out.dt), iny ? " (out=y)" : "", i, (long long)k, got, want, g_seed);
+                        }
+                    CT_CHECK(tl_guards_bad(&out) == 0 && tl_guards_bad(&x) == 0 && tl_guards_bad(&y) == 0, "wrote outside tensors");
+                    tl_free(&x); tl_free(&y); tl_free(&out);
+                }
+}
+
+CT_TEST(axpby_arg_to_check) {
+    int64_t sizes[2] = {70000, 3};
+    int d;
+    for (d = 0; d < 3; d++) {
+        tlist x, y, out;
+        int which, chk;
+        memset(&x, 0, sizeof x); memset(&y, 0, sizeof y); memset(&out, 0, sizeof out);
+        CT_CHECK(tl_alloc(&x, k_dtypes[d], sizes, 2) && tl_alloc(&y, CAPEX_F32, sizes, 2) && tl_alloc(&out, k_dtypes[d], sizes, 2), "alloc");
+        tl_fill(&x); tl_fill(&y);
+        for (which = 0; which < 2; which++) { /* inf in x, then in y */
+            tlist *v = which ? &y : &x;
+            setv(v->dt, v->t[which].data, which ? 2 : 65536, NAN);
+            for (chk = -1; chk <= 1; chk++) {
+                int found = 0, want = chk == -1 || chk == which;
+                CT_CHECK(capex_multi_tensor_axpby(NULL, 1.0f, &x.l, 1.0f, &y.l, &out.l, chk, &found) == CAPEX_OK, "%.300s", capex_last_error());
+                CT_CHECK(found == want, "%s: NaN in %s, arg_to_check %d: found %d", capex_dtype_name(x.dt), which ? "y" : "x", chk, found);
+            }
+            setv(v->dt, v->t[which].data, which ? 2 : 65536, 1.0f);
+        }
+        tl_free(&x); tl_free(&y); tl_free(&out);
+    }
+}
+
+CT_TEST(clip_grad_norm_matches_pytorch_formula) {
+    int64_t s1[3] = {65536 * 2 + 1, 0, 999}, s2[2] = {4097, 65537};
+    tlist g1, g2, c1, c2;
+    capex_tensor_list lists[2];
+    double ref, fixed;
+    float total, total2, coef, coef_ref, max_norm;
+    size_t i;
+    int64_t k;
+    seed_once();
+    memset(&g1, 0, sizeof g1); memset(&g2, 0, sizeof g2); memset(&c1, 0, sizeof c1); memset(&c2, 0, sizeof c2);
+    CT_CHECK(tl_alloc(&g1, CAPEX_F32, s1, 3) && tl_alloc(&g2, CAPEX_BF16, s2, 2) && tl_alloc(&c1, CAPEX_F32, s1, 3) &&
+             tl_alloc(&c2, CAPEX_BF16, s2, 2), "alloc");
+    tl_fill(&g1); tl_fill(&g2);
+    for (i = 0; i < 3; i++) memcpy(c1.t[i].data, g1.t[i].data, (size_t)s1[i] * 4);
+    for (i = 0; i < 2; i++) memcpy(c2.t[i].data, g2.t[i].data, (size_t)s2[i] * 2);
+    ref = 0.0;
+    for (i = 0; i < 3; i++) ref += ref_sumsq(g1.dt, g1.t[i].data, s1[i]);
+    for (i = 0; i < 2; i++) ref += ref_sumsq(g2.dt, g2.t[i].data, s2[i]);
+    fixed = fixed_order_sumsq(&g1, 65536, NULL) + fixed_order_sumsq(&g2, 65536, NULL);
+    lists[0] = g1.l; lists[1] = g2.l;
+    /* compute only: nothing written */
+    max_norm = (float)(sqrt(ref) / 3.0);
+    CT_CHECK(capex_clip_grad_norm_coef(NULL, lists, 2, max_norm, &total, &coef) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(fbits(total) == fbits((float)sqrt(fixed)) && close_f(total, sqrt(ref), 0.5001), "total %.9g ref %.17g" SEEDFMT, total, sqrt(ref), g_seed);
+    coef_ref = max_norm / (total + 1e-6f);
+    CT_CHECK(fbits(coef) == fbits(coef_ref) && coef < 1.0f && fabs(coef - 1.0 / 3.0) < 1e-5, "coef %.9g ref %.9g", coef, coef_ref);
+    for (i = 0; i < 3; i++) CT_CHECK(memcmp(c1.t[i].data, g1.t[i].data, (size_t)s1[i] * 4) == 0, "coef-only wrote grads");
+    /* clip: every grad multiplied by coef in f32, rounded to its dtype */
+    CT_CHECK(capex_clip_grad_norm(NULL, lists, 2, max_norm, &total2) == CAPEX_OK && fbits(total2) == fbits(total), "clip");
+    for (i = 0; i < 3; i++)
+        for (k = 0; k < s1[i]; k++)
+            CT_CHECK(getcode(g1.dt, g1.t[i].data, k) == code_of(g1.dt, (float)(getv(c1.dt, c1.t[i].data, k) * (double)coef)), "f32 grad %zu/%lld", i, (long long)k);
+    for (i = 0; i < 2; i++)
+        for (k = 0; k < s2[i]; k++)
+            CT_CHECK(getcode(g2.dt, g2.t[i].data, k) == code_of(g2.dt, (float)(getv(c2.dt, c2.t[i].data, k) * (double)coef)), "bf16 grad %zu/%lld", i, (long long)k);
+    CT_CHECK(tl_guards_bad(&g1) == 0 && tl_guards_bad(&g2) == 0, "wrote outside grads");
+    /* norm under max_norm: untouched, coef 1 */
+    for (i = 0; i < 3; i++) memcpy(c1.t[i].data, g1.t[i].data, (size_t)s1[i] * 4);
+    CT_CHECK(capex_clip_grad_norm(NULL, lists, 2, 1e30f, &total) == CAPEX_OK, "no clip");
+    for (i = 0; i < 3; i++) CT_CHECK(memcmp(c1.t[i].data, g1.t[i].data, (size_t)s1[i] * 4) == 0, "unclipped grads changed");
+    CT_CHECK(capex_clip_grad_norm_coef(NULL, lists, 2, INFINITY, &total, &coef) == CAPEX_OK && coef == 1.0f, "inf max_norm");
+    CT_CHECK(capex_clip_grad_norm_coef(NULL, lists, 2, 0.0f, &total, &coef) == CAPEX_OK && coef == 0.0f, "max_norm 0 zeroes");
+    /* non-finite total: grads untouched, coef 1 */
+    ((float *)g1.t[2].data)[5] = INFINITY;
+    for (i = 0; i < 3; i++) memcpy(c1.t[i].data, g1.t[i].data, (size_t)s1[i] * 4);
+    CT_CHECK(capex_clip_grad_norm(NULL, lists, 2, 1.0f, &total) == CAPEX_OK && isinf(total), "inf total");
+    for (i = 0; i < 3; i++) CT_CHECK(memcmp(c1.t[i].data, g1.t[i].data, (size_t)s1[i] * 4) == 0, "grads changed on inf norm");
+    CT_CHECK(capex_clip_grad_norm_coef(NULL, lists, 2, 1.0f, &total, &coef) == CAPEX_OK && coef == 1.0f, "coef 1 on inf");
+    CT_CHECK(capex_clip_coef(NAN, 1.0f) == 1.0f && capex_clip_coef(2.0f, 1.0f) == 1.0f / (2.0f + 1e-6f) && capex_clip_coef(0.5f, 1.0f) == 1.0f, "capex_clip_coef");
+    /* bad arguments */
+    CT_CHECK(capex_clip_grad_norm(NULL, lists, 2, NAN, &total) == CAPEX_ERR_INVALID_ARG, "NaN max_norm");
+    CT_CHECK(capex_clip_grad_norm(NULL, lists, 2, -1.0f, &total) == CAPEX_ERR_INVALID_ARG, "negative max_norm");
+    CT_CHECK(capex_clip_grad_norm(NULL, NULL, 2, 1.0f, &total) == CAPEX_ERR_INVALID_ARG, "null grads");
+    CT_CHECK(capex_clip_grad_norm(NULL, NULL, 0, 1.0f, &total) == CAPEX_OK && total == 0.0f, "no lists: norm 0");
+    lists[1].tensors = NULL;
+    CT_CHECK(capex_clip_grad_norm(NULL, lists, 2, 1.0f, &total) == CAPEX_ERR_INVALID_ARG, "bad second list");
+    CT_CHECK(strstr(capex_last_error(), "grads[1]") != NULL, "message names the list: %.300s", capex_last_error());
+    tl_free(&g1); tl_free(&g2); tl_free(&c1); tl_free(&c2);
+}
+
+CT_TEST(bad_input_ops) {
+    float a[8], b[8];
+    uint16_t h[8];
+    capex_tensor ta[2], tb[2], th[2], tc[1];
+    capex_tensor_list la, lb, lh, lc;
+    int found = 0;
+    memset(a, 0, sizeof a); memset(b, 0, sizeof b); memset(h, 0, sizeof h);
+    ta[0].data = a; ta[0].numel = 4; ta[1].data = a + 4; ta[1].numel = 4;
+    tb[0].data = b; tb[0].numel = 4; tb[1].data = b + 4; tb[1].numel = 4;
+    th[0].data = h; th[0].numel = 4; th[1].data = h + 4; th[1].numel = 4;
+    tc[0].data = b; tc[0].numel = 8;
+    la = capex_tensor_list_make(CAPEX_F32, ta, 2);
+    lb = capex_tensor_list_make(CAPEX_F32, tb, 2);
+    lh = capex_tensor_list_make(CAPEX_F16, th, 2);
+    lc = capex_tensor_list_make(CAPEX_F32, tc, 1);
+    CT_CHECK(capex_multi_tensor_scale(NULL, &la, &lb, 2.0f, &found) == CAPEX_OK, "valid");
+    CT_CHECK(capex_multi_tensor_scale(NULL, NULL, &lb, 2.0f, &found) == CAPEX_ERR_INVALID_ARG, "null in");
+    CT_CHECK(capex_multi_tensor_scale(NULL, &la, NULL, 2.0f, &found) == CAPEX_ERR_INVALID_ARG, "null out");
+    CT_CHECK(strstr(capex_last_error(), "out is NULL") != NULL, "message: %.300s", capex_last_error());
+    CT_CHECK(capex_multi_tensor_scale(NULL, &la, &lc, 2.0f, &found) == CAPEX_ERR_SIZE_MISMATCH, "count mismatch");
+    tb[1].numel = 3;
+    CT_CHECK(capex_multi_tensor_scale(NULL, &la, &lb, 2.0f, &found) == CAPEX_ERR_SIZE_MISMATCH, "numel mismatch");
+    CT_CHECK(strstr(capex_last_error(), "[1]") != NULL, "message names the index: %.300s", capex_last_error());
+    tb[1].numel = 4;
+    CT_CHECK(capex_multi_tensor_scale(NULL, &la, &lb, NAN, &found) == CAPEX_ERR_INVALID_ARG, "NaN scale");
+    CT_CHECK(capex_multi_tensor_scale(NULL, &la, &lb, INFINITY, &found) == CAPEX_ERR_INVALID_ARG, "inf scale");
+    /* in place across dtypes would read halves as floats */
+    th[0].data = a; th[1].data = a + 4;
+    CT_CHECK(capex_multi_tensor_scale(NULL, &la, &lh, 1.0f, &found) == CAPEX_ERR_INVALID_ARG, "cross-dtype alias");
+    th[0].data = h; th[1].data = h + 4;
+    CT_CHECK(capex_multi_tensor_scale(NULL, &la, &lh, 1.0f, &found) == CAPEX_OK, "f32 -> f16 copy");
+    CT_CHECK(capex_multi_tensor_axpby(NULL, 1.0f, &la, 1.0f, &lb, &lb, -1, &found) == CAPEX_OK, "axpby valid");
+    CT_CHECK(capex_multi_tensor_axpby(NULL, NAN, &la, 1.0f, &lb, &lb, -1, &found) == CAPEX_ERR_INVALID_ARG, "NaN a");
+    CT_CHECK(capex_multi_tensor_axpby(NULL, 1.0f, &la, -INFINITY, &lb, &lb, -1, &found) == CAPEX_ERR_INVALID_ARG, "inf b");
+    CT_CHECK(capex_multi_tensor_axpby(NULL, 1.0f, &la, 1.0f, &lb, &lb, 2, &found) == CAPEX_ERR_INVALID_ARG, "arg_to_check 2");
+    CT_CHECK(capex_multi_tensor_axpby(NULL, 1.0f, &la, 1.0f, &lc, &lb, -1, &found) == CAPEX_ERR_SIZE_MISMATCH, "y mismatch");
+    CT_CHECK(capex_multi_tensor_axpby(NULL, 1.0f, &la, 1.0f, &lb, &lc, -1, &found) == CAPEX_ERR_SIZE_MISMATCH, "out mismatch");
+    CT_CHECK(capex_multi_tensor_axpby(NULL, 1.0f, &la, 1.0f, &lb, NULL, -1, &found) == CAPEX_ERR_INVALID_ARG, "null out");
+    ta[1].data = (char *)a + 2;
+    CT_CHECK(capex_multi_tensor_axpby(NULL, 1.0f, &la, 1.0f, &lb, &lb, -1, &found) == CAPEX_ERR_INVALID_ARG, "misaligned x");
+    CT_CHECK(capex_multi_tensor_scale(NULL, &la, &lb, 1.0f, &found) == CAPEX_ERR_INVALID_ARG, "misaligned in");
+    CT_CHECK(found == 0, "found_inf untouched by refused calls");
 }
 
 /* ======================================================================= */
@@ -513,6 +789,13 @@ static const ct_case cases[] = {
     CT_CASE(l2norm_accuracy_10M),
     CT_CASE(l2norm_same_bits_any_thread_count),
     CT_CASE(l2norm_nonfinite_and_large),
+    CT_CASE(scale_all_dtype_pairs),
+    CT_CASE(scale_finds_inf_nan_everywhere),
+    CT_CASE(scale_output_overflow_is_found),
+    CT_CASE(axpby_all_dtype_triples),
+    CT_CASE(axpby_arg_to_check),
+    CT_CASE(clip_grad_norm_matches_pytorch_formula),
     CT_CASE(bad_input_lists),
+    CT_CASE(bad_input_ops),
 };
 CT_MAIN(cases)
