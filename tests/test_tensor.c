@@ -562,6 +562,51 @@ CT_TEST(scale_output_overflow_is_found) {
     CT_CHECK(f[0] == 65504.0f / 65536.0f && f[1] == ldexpf(1.0f, -40) && f[2] == ldexpf(1.0f, -16) && f[3] == -65504.0f / 65536.0f, "exact unscale");
 }
 
+/* The ops' vectorisable half codecs against the core conversions (which
+   test_half checks exhaustively): every f16 code in, and every 61st f32
+   pattern plus all f16 rounding boundaries out, through scale(s = 1). */
+CT_TEST(scale_half_codecs_match_core) {
+    int64_t n = 65536, k, m = (int64_t)(4294967296LL / 61) + 1;
+    uint16_t *h = (uint16_t *)malloc((size_t)n * 2), *h2 = (uint16_t *)malloc((size_t)m * 2);
+    float *f = (float *)malloc((size_t)m * 4);
+    capex_tensor ti, to;
+    capex_tensor_list li, lo;
+    int found = 0, d;
+    CT_CHECK(h && h2 && f, "alloc");
+    for (k = 0; k < n; k++) h[k] = (uint16_t)k;
+    for (d = 1; d < 3; d++) {
+        ti.data = h; ti.numel = n; to.data = f; to.numel = n;
+        li = capex_tensor_list_make(k_dtypes[d], &ti, 1);
+        lo = capex_tensor_list_make(CAPEX_F32, &to, 1);
+        CT_CHECK(capex_multi_tensor_scale(NULL, &li, &lo, 1.0f, &found) == CAPEX_OK && found == 1, "decode");
+        for (k = 0; k < n; k++) {
+            float want = d == 1 ? capex_f16_to_f32((uint16_t)k) : capex_bf16_to_f32((uint16_t)k);
+            CT_CHECK(isnan(want) ? isnan(f[k]) : fbits(f[k]) == fbits(want), "%s code 0x%04x: 0x%08x vs 0x%08x", capex_dtype_name(li.dtype), (unsigned)k, fbits(f[k]), fbits(want));
+        }
+    }
+    for (k = 0; k < m; k++) {
+        uint32_t u = (uint32_t)(k * 61);
+        memcpy(&f[k], &u, 4);
+    }
+    /* the midpoints between neighbouring f16 values, and one f32 ulp either side */
+    for (k = 0; k < 0x7c00 && 3 * k + 2 < m; k++) {
+        double lo_ = (double)capex_f16_to_f32((uint16_t)k), hi_ = (double)capex_f16_to_f32((uint16_t)(k + 1));
+        float mid = (float)((lo_ + hi_) / 2);
+        f[3 * k] = mid; f[3 * k + 1] = nextafterf(mid, 0.0f); f[3 * k + 2] = -nextafterf(mid, INFINITY);
+    }
+    for (d = 1; d < 3; d++) {
+        ti.data = f; ti.numel = m; to.data = h2; to.numel = m;
+        li = capex_tensor_list_make(CAPEX_F32, &ti, 1);
+        lo = capex_tensor_list_make(k_dtypes[d], &to, 1);
+        CT_CHECK(capex_multi_tensor_scale(NULL, &li, &lo, 1.0f, &found) == CAPEX_OK, "encode");
+        for (k = 0; k < m; k++) {
+            uint16_t want = d == 1 ? capex_f32_to_f16(f[k]) : capex_f32_to_bf16(f[k]);
+            CT_CHECK(h2[k] == want, "%s of 0x%08x: 0x%04x vs core 0x%04x", capex_dtype_name(lo.dtype), fbits(f[k]), h2[k], want);
+        }
+    }
+    free(h); free(h2); free(f);
+}
+
 CT_TEST(axpby_all_dtype_triples) {
     int dx, dy, dout, t;
     seed_once();
@@ -792,6 +837,7 @@ static const ct_case cases[] = {
     CT_CASE(scale_all_dtype_pairs),
     CT_CASE(scale_finds_inf_nan_everywhere),
     CT_CASE(scale_output_overflow_is_found),
+    CT_CASE(scale_half_codecs_match_core),
     CT_CASE(axpby_all_dtype_triples),
     CT_CASE(axpby_arg_to_check),
     CT_CASE(clip_grad_norm_matches_pytorch_formula),
