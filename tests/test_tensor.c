@@ -452,6 +452,8 @@ CT_TEST(l2norm_nonfinite_and_large) {
 /* ======================================================================= */
 
 static const int64_t k_sizes[7] = {65536 + 1, 0, 1, 13, 65535, 131072, 100003};
+/* axpby runs 36 combinations: smaller, still across chunk boundaries */
+static const int64_t k_sizes_ax[7] = {65536 + 1, 0, 1, 13, 65535, 3, 8191};
 
 /* out = in * s for every (in, out) dtype pair, out of place and in place;
    exact bits vs the float64 product rounded to f32 then to out's dtype. */
@@ -563,10 +565,10 @@ CT_TEST(scale_output_overflow_is_found) {
 }
 
 /* The ops' vectorisable half codecs against the core conversions (which
-   test_half checks exhaustively): every f16 code in, and every 61st f32
+   test_half checks exhaustively): every f16 code in, and every 251st f32
    pattern plus all f16 rounding boundaries out, through scale(s = 1). */
 CT_TEST(scale_half_codecs_match_core) {
-    int64_t n = 65536, k, m = (int64_t)(4294967296LL / 61) + 1;
+    int64_t n = 65536, k, m = (int64_t)(4294967296LL / 251) + 1;
     uint16_t *h = (uint16_t *)malloc((size_t)n * 2), *h2 = (uint16_t *)malloc((size_t)m * 2);
     float *f = (float *)malloc((size_t)m * 4);
     capex_tensor ti, to;
@@ -585,7 +587,7 @@ CT_TEST(scale_half_codecs_match_core) {
         }
     }
     for (k = 0; k < m; k++) {
-        uint32_t u = (uint32_t)(k * 61);
+        uint32_t u = (uint32_t)(k * 251);
         memcpy(&f[k], &u, 4);
     }
     /* the midpoints between neighbouring f16 values, and one f32 ulp either side */
@@ -625,15 +627,15 @@ CT_TEST(axpby_all_dtype_triples) {
                     desc.num_threads = 1 + (dx + dy + dout) % 3;
                     desc.parallel_min_elements = 1;
                     memset(&x, 0, sizeof x); memset(&y, 0, sizeof y); memset(&out, 0, sizeof out);
-                    CT_CHECK(tl_alloc(&x, k_dtypes[dx], k_sizes, 7) && tl_alloc(&y, k_dtypes[dy], k_sizes, 7) &&
-                             tl_alloc(&out, k_dtypes[dout], k_sizes, 7), "alloc");
+                    CT_CHECK(tl_alloc(&x, k_dtypes[dx], k_sizes_ax, 7) && tl_alloc(&y, k_dtypes[dy], k_sizes_ax, 7) &&
+                             tl_alloc(&out, k_dtypes[dout], k_sizes_ax, 7), "alloc");
                     tl_fill(&x); tl_fill(&y);
                     if (iny) /* keep y's values to check against: out starts as y */
-                        for (i = 0; i < 7; i++) memcpy(out.t[i].data, y.t[i].data, (size_t)k_sizes[i] * capex_dtype_size(y.dt));
+                        for (i = 0; i < 7; i++) memcpy(out.t[i].data, y.t[i].data, (size_t)k_sizes_ax[i] * capex_dtype_size(y.dt));
                     CT_CHECK(capex_multi_tensor_axpby(&desc, a, &x.l, b, iny ? &out.l : &y.l, &out.l, -1, &found) == CAPEX_OK, "%.300s", capex_last_error());
                     CT_CHECK(found == 0, "no inf here");
                     for (i = 0; i < 7; i++)
-                        for (k = 0; k < k_sizes[i]; k++) {
+                        for (k = 0; k < k_sizes_ax[i]; k++) {
                             double r = (double)a * getv(x.dt, x.t[i].data, k) + (double)b * getv(y.dt, y.t[i].data, k);
                             uint32_t want = code_of(out.dt, (float)r), got = getcode(out.dt, out.t[i].data, k);
                             CT_CHECK(got == want, "%s,%s->%s%s tensor %zu elem %lld: got 0x%x want 0x%x" SEEDFMT, capex_dtype_name(x.dt),
