@@ -116,6 +116,12 @@ int main(int argc, char **argv) {
     const char *omp = "without OpenMP (thread counts have no effect)";
 #endif
     printf("capex bench_cpu %s, built %s; best of 30/6/3 reps for 1M/10M/100M\n", CAPEX_VERSION_STRING, omp);
+    {
+        FILE *la = fopen("/proc/loadavg", "r");
+        char buf[64] = "";
+        if (la) { if (!fgets(buf, sizeof buf, la)) buf[0] = 0; fclose(la); }
+        if (buf[0]) printf("load average at start: %s", buf); /* other work on the machine makes numbers noisy */
+    }
     printf("GB/s = bytes the op must move / time (1 GB = 1e9 B); ratio = GB/s / copy GB/s (same size, same threads)\n\n");
     printf("%-26s %10s %3s %10s %9s %7s\n", "op", "elements", "thr", "ms", "GB/s", "ratio");
     for (si = 0; si < 3; si++) {
