@@ -960,12 +960,17 @@ CAPEX__SUMSQ_KERNEL(F16)
 CAPEX__SUMSQ_KERNEL(BF16)
 
 typedef double (*capex__sumsq_kern)(const void *, int64_t);
+/* Chunks arrive in tensor order, so per-tensor sums need one running
+   accumulator, flushed when the tensor changes: no allocation. */
 typedef struct capex__sumsq_ctx {
     const capex_tensor_list *x;
     capex__sumsq_kern kern;
     size_t es;
-    double total;
-    double *per;
+    double total, acc;
+    size_t cur;
+    int open;
+    double *per_d;
+    float *per_f;
 } capex__sumsq_ctx;
 
 CAPEX__PRIVATE void capex__sumsq_chunk(void *c_, size_t t, int64_t off, int64_t n, uint32_t *bad, double *part) {
@@ -973,26 +978,39 @@ CAPEX__PRIVATE void capex__sumsq_chunk(void *c_, size_t t, int64_t off, int64_t 
     (void)bad;
     *part = c->kern((const char *)c->x->tensors[t].data + (size_t)off * c->es, n);
 }
+CAPEX__PRIVATE void capex__sumsq_flush(capex__sumsq_ctx *c) {
+    if (!c->open) return;
+    if (c->per_d) c->per_d[c->cur] = c->acc;
+    if (c->per_f) c->per_f[c->cur] = (float)sqrt(c->acc);
+    c->open = 0;
+}
 CAPEX__PRIVATE void capex__sumsq_fold(void *c_, size_t t, double part) {
     capex__sumsq_ctx *c = (capex__sumsq_ctx *)c_;
     c->total += part;
-    if (c->per) c->per[t] += part;
+    if (c->open && c->cur != t) capex__sumsq_flush(c);
+    if (!c->open) { c->cur = t; c->acc = 0.0; c->open = 1; }
+    c->acc += part;
 }
 
-/* Validated-list core shared by norm and clip (and the optimizers). */
+/* Validated-list core shared by norm and clip (and the optimizers): total
+   and per-tensor sums of squares (double and/or float sqrt); any output may be NULL. */
 CAPEX__PRIVATE capex_result capex__sumsq(const char *name, const capex_tensor_op_desc *desc,
-                                         const capex_tensor_list *x, double *total, double *per) {
+                                         const capex_tensor_list *x, double *total, double *per_d, float *per_f) {
     capex__sumsq_ctx c;
     capex_result r;
     size_t i;
+    memset(&c, 0, sizeof c);
     c.x = x;
     c.kern = x->dtype == CAPEX_F32 ? capex__sumsq_F32 : x->dtype == CAPEX_F16 ? capex__sumsq_F16 : capex__sumsq_BF16;
     c.es = capex_dtype_size(x->dtype);
-    c.total = 0.0;
-    c.per = per;
-    if (per)
-        for (i = 0; i < x->count; i++) per[i] = 0.0;
+    c.per_d = per_d;
+    c.per_f = per_f;
+    for (i = 0; i < x->count; i++) { /* empty tensors get no chunk: 0 */
+        if (per_d) per_d[i] = 0.0;
+        if (per_f) per_f[i] = 0.0f;
+    }
     r = capex__for_chunks(name, desc, x->tensors, x->count, capex__sumsq_chunk, capex__sumsq_fold, &c, NULL);
+    capex__sumsq_flush(&c);
     if (r == CAPEX_OK && total) *total = c.total;
     return r;
 }
@@ -1002,34 +1020,16 @@ CAPEX_API capex_result capex_multi_tensor_sumsq(const capex_tensor_op_desc *desc
     const char *fn = "capex_multi_tensor_sumsq";
     capex_result r = capex__check_list(fn, "x", x);
     if (r != CAPEX_OK) return r;
-    return capex__sumsq(fn, desc, x, total_sumsq, per_tensor_sumsq);
+    return capex__sumsq(fn, desc, x, total_sumsq, per_tensor_sumsq, NULL);
 }
 
 CAPEX_API capex_result capex_multi_tensor_l2norm(const capex_tensor_op_desc *desc, const capex_tensor_list *x,
                                                  float *total_norm, float *per_tensor_norms) {
     const char *fn = "capex_multi_tensor_l2norm";
     double total = 0.0;
-    size_t i;
     capex_result r = capex__check_list(fn, "x", x);
     if (r != CAPEX_OK) return r;
-    if (per_tensor_norms) {
-        /* per-tensor sums stay float64 until the final sqrt: on the stack for
-           small lists, else one heap array */
-        double small[64];
-        double *per = small;
-        if (x->count > 64) {
-            if (x->count > SIZE_MAX / sizeof(double))
-                return capex__fail(CAPEX_ERR_LIMIT, "%s: %zu tensors is too many", fn, x->count);
-            per = (double *)capex__alloc(NULL, x->count * sizeof(double));
-            if (!per) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: no memory for %zu per-tensor sums", fn, x->count);
-        }
-        r = capex__sumsq(fn, desc, x, &total, per);
-        if (r == CAPEX_OK)
-            for (i = 0; i < x->count; i++) per_tensor_norms[i] = (float)sqrt(per[i]);
-        if (per != small) capex__free(NULL, per);
-    } else {
-        r = capex__sumsq(fn, desc, x, &total, NULL);
-    }
+    r = capex__sumsq(fn, desc, x, &total, NULL, per_tensor_norms);
     if (r == CAPEX_OK && total_norm) *total_norm = (float)sqrt(total);
     return r;
 }
@@ -1214,7 +1214,7 @@ CAPEX__PRIVATE capex_result capex__clip(const char *fn, const capex_tensor_op_de
     }
     for (l = 0; l < nlists; l++) {
         double s = 0.0;
-        if ((r = capex__sumsq(fn, desc, &grads[l], &s, NULL)) != CAPEX_OK) return r;
+        if ((r = capex__sumsq(fn, desc, &grads[l], &s, NULL, NULL)) != CAPEX_OK) return r;
         sq += s;
     }
     total = (float)sqrt(sq);

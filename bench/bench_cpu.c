@@ -66,6 +66,13 @@ static double now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+/* process CPU time: cpu% = cpu / (wall * threads) shows how much of the
+   machine the run got (well under 100%: other work was running) */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 static int reps_for(int64_t n) { return n <= 1000000 ? 30 : n <= 10000000 ? 6 : 3; }
 
 static void copy_loop(float *restrict d, const float *restrict s, int64_t n) {
@@ -73,11 +80,11 @@ static void copy_loop(float *restrict d, const float *restrict s, int64_t n) {
     for (i = 0; i < n; i++) d[i] = s[i];
 }
 /* best seconds for copying n floats with t threads, memcpy (which=0) or loop (1) */
-static double time_copy(float *d, const float *s, int64_t n, int t, int which) {
+static double time_copy(float *d, const float *s, int64_t n, int t, int which, double *cpu) {
     double best = 1e30;
     int r, reps = reps_for(n);
     for (r = 0; r < reps; r++) {
-        double t0 = now(), dt;
+        double t0 = now(), c0 = cpu_now(), dt;
         int k;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(t) schedule(static)
@@ -88,7 +95,7 @@ static double time_copy(float *d, const float *s, int64_t n, int t, int which) {
             else copy_loop(d + lo, s + lo, hi - lo);
         }
         dt = now() - t0;
-        if (dt < best) best = dt;
+        if (dt < best) { best = dt; *cpu = cpu_now() - c0; }
     }
 #ifndef _OPENMP
     (void)t;
@@ -123,7 +130,8 @@ int main(int argc, char **argv) {
         if (buf[0]) printf("load average at start: %s", buf); /* other work on the machine makes numbers noisy */
     }
     printf("GB/s = bytes the op must move / time (1 GB = 1e9 B); ratio = GB/s / copy GB/s (same size, same threads)\n\n");
-    printf("%-26s %10s %3s %10s %9s %7s\n", "op", "elements", "thr", "ms", "GB/s", "ratio");
+    printf("cpu%% = process CPU time / (wall time * threads) of the best rep (meaningful above ~10 ms): well below 100, other work shared the cores\n");
+    printf("%-26s %10s %3s %10s %9s %7s %5s\n", "op", "elements", "thr", "ms", "GB/s", "ratio", "cpu%");
     for (si = 0; si < 3; si++) {
         int64_t n = sizes[si];
         float *a, *b;
@@ -133,11 +141,14 @@ int main(int argc, char **argv) {
         memset(a, 0, (size_t)n * 4);
         memset(b, 0, (size_t)n * 4);
         for (ti = 0; ti < 2; ti++) {
-            double tm = time_copy(b, a, n, threads[ti], 0), tl = time_copy(b, a, n, threads[ti], 1);
+            double cm = 0, cl = 0;
+            double tm = time_copy(b, a, n, threads[ti], 0, &cm), tl = time_copy(b, a, n, threads[ti], 1, &cl);
             double gm = 8.0 * (double)n / tm / 1e9, gl = 8.0 * (double)n / tl / 1e9;
             copy_gbs[si][ti] = gm > gl ? gm : gl;
-            printf("%-26s %10lld %3d %10.3f %9.2f %7s\n", "copy memcpy", (long long)n, threads[ti], tm * 1e3, gm, "-");
-            printf("%-26s %10lld %3d %10.3f %9.2f %7s\n", "copy C loop", (long long)n, threads[ti], tl * 1e3, gl, "-");
+            printf("%-26s %10lld %3d %10.3f %9.2f %7s %5.0f\n", "copy memcpy", (long long)n, threads[ti], tm * 1e3, gm, "-",
+                   100.0 * cm / (tm * threads[ti]));
+            printf("%-26s %10lld %3d %10.3f %9.2f %7s %5.0f\n", "copy C loop", (long long)n, threads[ti], tl * 1e3, gl, "-",
+                   100.0 * cl / (tl * threads[ti]));
         }
         free(a);
         free(b);
@@ -167,20 +178,20 @@ int main(int argc, char **argv) {
                 bytes += (double)n * (double)es * (op->rw[bi] == 'b' ? 2.0 : 1.0);
             }
             for (ti = 0; ti < 2; ti++) {
-                double best = 1e30, gbs;
+                double best = 1e30, bestcpu = 0, gbs;
                 int r, reps = reps_for(n);
                 capex_tensor_op_desc_init(&c.desc);
                 c.desc.num_threads = threads[ti];
                 op->run(&c); /* warm-up */
                 for (r = 0; r < reps; r++) {
-                    double t0 = now(), dt;
+                    double t0 = now(), c0 = cpu_now(), dt;
                     op->run(&c);
                     dt = now() - t0;
-                    if (dt < best) best = dt;
+                    if (dt < best) { best = dt; bestcpu = cpu_now() - c0; }
                 }
                 gbs = bytes / best / 1e9;
-                printf("%-26s %10lld %3d %10.3f %9.2f %7.2f\n", op->name, (long long)n, threads[ti], best * 1e3, gbs,
-                       gbs / copy_gbs[si][ti]);
+                printf("%-26s %10lld %3d %10.3f %9.2f %7.2f %5.0f\n", op->name, (long long)n, threads[ti], best * 1e3, gbs,
+                       gbs / copy_gbs[si][ti], 100.0 * bestcpu / (best * threads[ti]));
                 fflush(stdout);
             }
             for (bi = 0; bi < op->nbuf; bi++) { free(buf[bi]); free(ts[bi]); }

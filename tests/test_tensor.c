@@ -426,6 +426,35 @@ CT_TEST(l2norm_same_bits_any_thread_count) {
 #endif
 }
 
+/* Many tensors, several launches, tensors cut across launches (chunk 64):
+   per-tensor results still bit-equal to the fixed-order reduction. */
+CT_TEST(l2norm_many_tensors_across_launches) {
+    int64_t sizes[400];
+    tlist a;
+    double per_ref[400], per[400], tot, ref;
+    float pn[400];
+    capex_tensor_op_desc desc;
+    int i;
+    seed_once();
+    for (i = 0; i < 400; i++) sizes[i] = (i % 7 == 0) ? 0 : (int64_t)(rng_u64() % 3000);
+    sizes[200] = 50000; /* spans launches: 782 chunks of 64, 320 per launch */
+    memset(&a, 0, sizeof a);
+    CT_CHECK(tl_alloc(&a, CAPEX_BF16, sizes, 400), "alloc");
+    tl_fill(&a);
+    capex_tensor_op_desc_init(&desc);
+    desc.chunk_size = 64;
+    desc.parallel_min_elements = 1;
+    ref = fixed_order_sumsq(&a, 64, per_ref);
+    CT_CHECK(capex_multi_tensor_sumsq(&desc, &a.l, &tot, per) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_multi_tensor_l2norm(&desc, &a.l, NULL, pn) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(dbits(tot) == dbits(ref), "total bits" SEEDFMT, g_seed);
+    for (i = 0; i < 400; i++) {
+        CT_CHECK(dbits(per[i]) == dbits(per_ref[i]), "tensor %d sumsq bits" SEEDFMT, i, g_seed);
+        CT_CHECK(fbits(pn[i]) == fbits((float)sqrt(per_ref[i])), "tensor %d norm bits" SEEDFMT, i, g_seed);
+    }
+    tl_free(&a);
+}
+
 CT_TEST(l2norm_nonfinite_and_large) {
     int64_t sizes[2] = {100, 70000};
     tlist a;
@@ -835,6 +864,7 @@ static const ct_case cases[] = {
     CT_CASE(l2norm_all_dtypes_vs_float64),
     CT_CASE(l2norm_accuracy_10M),
     CT_CASE(l2norm_same_bits_any_thread_count),
+    CT_CASE(l2norm_many_tensors_across_launches),
     CT_CASE(l2norm_nonfinite_and_large),
     CT_CASE(scale_all_dtype_pairs),
     CT_CASE(scale_finds_inf_nan_everywhere),
