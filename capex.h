@@ -322,13 +322,13 @@ typedef struct capex_tensor_op_desc {
 CAPEX_API void capex_tensor_op_desc_init(capex_tensor_op_desc *desc);
 
 /* Sum of squares in float64, per tensor and in total (either output may be
-   NULL; per_tensor has in->count entries). Fixed order: in a chunk, element i
+   NULL; per_tensor has x->count entries). Fixed order: in a chunk, element i
    (from the chunk start) is added to lane i%8 as (double)x*(double)x (exact),
    lanes combine as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)); chunk partials are
    added in chunk order, starting from 0.0, into the tensor's and the total's
-   sum. Worst-case relative error about (chunk_size/8 + chunks) * 2^-53 (1e-12 at
-   10M elements; 3e-15 measured there against a
-   compensated sum); never overflows for f32 data. */
+   sum. Worst-case relative error about (chunk_size/8 + chunks) * 2^-53: 1e-12
+   at 10M elements (3e-15 measured there against a compensated sum). Never
+   overflows for f32 data. */
 CAPEX_API capex_result capex_multi_tensor_sumsq(const capex_tensor_op_desc *desc, const capex_tensor_list *x,
                                                 double *total_sumsq, double *per_tensor_sumsq);
 /* Apex multi_tensor_l2norm (per_tensor=True): float(sqrt(sumsq)) of the above.
