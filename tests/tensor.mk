@@ -13,3 +13,16 @@ $(BUILD)/bench/bench_cpu: bench/bench_cpu.c capex.h
 
 # CI: the benchmark must keep compiling (it is not run: timings are not tests).
 ci-extra:: $(BUILD)/bench/bench_cpu
+
+# CI: the tensor tests again, vectorised (-O3, native ISA, FMA contraction on),
+# with and without OpenMP: the norms must keep the documented bits in every build.
+TENSOR_VEC_FLAGS := -std=gnu99 -O3 $(BENCH_MARCH) -ffp-contract=fast $(WARN)
+$(BUILD)/tensor-vec/test_tensor_omp: tests/test_tensor.c tests/capex_test.h capex.h
+	@mkdir -p $(dir $@)
+	$(CC) $(TENSOR_VEC_FLAGS) $(OPENMP) -Itests $< -o $@ $(LDLIBS)
+$(BUILD)/tensor-vec/test_tensor_noomp: tests/test_tensor.c tests/capex_test.h capex.h
+	@mkdir -p $(dir $@)
+	$(CC) $(TENSOR_VEC_FLAGS) -Itests $< -o $@ $(LDLIBS)
+ci-extra:: $(BUILD)/tensor-vec/test_tensor_omp $(BUILD)/tensor-vec/test_tensor_noomp
+	$(BUILD)/tensor-vec/test_tensor_omp
+	$(BUILD)/tensor-vec/test_tensor_noomp
