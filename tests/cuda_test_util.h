@@ -81,7 +81,7 @@ static int child_main(const child_entry *table, size_t n, int argc, char **argv)
     return 0;
 }
 
-static int contains_bytes(const void *hay, size_t n, const char *needle) {
+static __attribute__((unused)) int contains_bytes(const void *hay, size_t n, const char *needle) {
     size_t m = strlen(needle), i;
     const char *h = (const char *)hay;
     if (m == 0 || m > n) return 0;
