@@ -7,7 +7,9 @@
    on a GPU also the module load. Exits 0 whenever it could report.
 
        cc -O2 examples/capex_info.c -o capex_info -ldl -lm -lpthread   (or: make info) */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include <stdio.h>

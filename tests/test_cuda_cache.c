@@ -3,7 +3,9 @@
    over, writes are atomic (readers never see a partial entry, even with
    concurrent writers in several processes), a hit needs no NVRTC, and an
    unwritable directory warns once and runs uncached. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include "capex_test.h"

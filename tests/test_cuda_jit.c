@@ -2,7 +2,9 @@
    compiles the embedded kernel program for every supported GPU generation,
    errors carry NVRTC's log, arch selection follows its table, and every
    missing library gives its documented status and message. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include "capex_test.h"
