@@ -41,3 +41,15 @@ info: $(BUILD)/examples/capex_info
 # GPU tests: prints SKIP and succeeds without a GPU. Also part of `make test`.
 gpu-test: $(BUILD)/tests/test_cuda_gpu
 	@tests/run.sh $(BUILD)/tests/test_cuda_gpu
+
+# A CPU stand-in for libcuda.so.1 (tests/fake_libcuda.c): checks the host side
+# of the GPU tests (bounds of every copy, launch shapes, arguments, real NVRTC
+# images) in CI. Not a GPU: `make gpu-test` on a GPU machine is the real test.
+$(BUILD)/fake/libcuda.so.1: tests/fake_libcuda.c capex.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu99 -O1 -g -Wall -Wextra -shared -fPIC $< -o $@
+
+ci-extra:: $(BUILD)/tests/test_cuda_gpu $(BUILD)/fake/libcuda.so.1
+	@echo "cuda: GPU tests against the CPU stand-in driver (host-side checks only)"
+	@out=$$(CAPEX_LIBCUDA_PATH=$(abspath $(BUILD)/fake/libcuda.so.1) $(BUILD)/tests/test_cuda_gpu 2>&1); rc=$$?; \
+	  echo "$$out"; [ $$rc -eq 0 ] && echo "$$out" | tail -n 1 | grep -q ' 0 failed, 0 skipped'
