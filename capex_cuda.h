@@ -477,6 +477,8 @@ typedef struct capex__cuda_driver_lib {
 
 static capex__cuda_driver_lib capex__cuda_drv;
 static pthread_once_t capex__cuda_drv_once = PTHREAD_ONCE_INIT;
+/* The driver's version once it loaded (read by the NVRTC loader without loading it). */
+static volatile int capex__cuda_drv_version_seen = 0;
 
 CAPEX__PRIVATE void capex__cuda_drv_load(void) {
     capex__cuda_driver_lib *d = &capex__cuda_drv;
@@ -539,6 +541,7 @@ CAPEX__PRIVATE void capex__cuda_drv_load(void) {
     }
     d->cuDriverGetVersion(&d->version);
     d->status = CAPEX_OK;
+    capex__cuda_drv_version_seen = d->version;
 }
 
 /* The driver table, or NULL with the failure recorded. Thread-safe. */
@@ -634,8 +637,19 @@ CAPEX__PRIVATE void capex__cuda_nv_load(void) {
             return;
         }
     }
-    for (i = 0; !found && i < sizeof sonames / sizeof sonames[0]; i++)
-        found = capex__cuda_nv_try(n, sonames[i], tried, sizeof tried);
+    /* With the driver already loaded, prefer an NVRTC no newer than it: a driver
+       cannot load CUBIN or PTX from a newer CUDA major version. */
+    {
+        int drv_major = capex__cuda_drv_version_seen / 1000;
+        int pass;
+        for (pass = drv_major ? 0 : 1; pass < 2; pass++)
+            for (i = 0; !found && i < sizeof sonames / sizeof sonames[0]; i++) {
+                int major = strlen(sonames[i]) > 12 ? atoi(sonames[i] + 12) : 0; /* "libnvrtc.so.13" -> 13 */
+                if (pass == 0 && (major == 0 || major > drv_major)) continue;
+                if (pass == 1 && drv_major && major > 0 && major <= drv_major) continue; /* tried */
+                found = capex__cuda_nv_try(n, sonames[i], tried, sizeof tried);
+            }
+    }
     /* toolkits installed without ldconfig entries: $CUDA_HOME, $CUDA_PATH, usual dirs */
     for (j = 0; !found && j < 2 + sizeof dirs / sizeof dirs[0]; j++) {
         char dir[512], path[640];
