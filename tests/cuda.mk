@@ -53,3 +53,9 @@ ci-extra:: $(BUILD)/tests/test_cuda_gpu $(BUILD)/fake/libcuda.so.1
 	@echo "cuda: GPU tests against the CPU stand-in driver (host-side checks only)"
 	@out=$$(CAPEX_LIBCUDA_PATH=$(abspath $(BUILD)/fake/libcuda.so.1) $(BUILD)/tests/test_cuda_gpu 2>&1); rc=$$?; \
 	  echo "$$out"; [ $$rc -eq 0 ] && echo "$$out" | tail -n 1 | grep -q ' 0 failed, 0 skipped'
+
+# capex_info must report and exit 0 without a GPU, and run its GPU path on the stand-in.
+ci-extra:: $(BUILD)/examples/capex_info $(BUILD)/fake/libcuda.so.1
+	@echo "cuda: capex_info without a driver, then on the stand-in driver"
+	@$(BUILD)/examples/capex_info >/dev/null
+	@CAPEX_LIBCUDA_PATH=$(abspath $(BUILD)/fake/libcuda.so.1) $(BUILD)/examples/capex_info | grep -E 'GPUs|compile|module load'

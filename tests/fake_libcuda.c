@@ -49,7 +49,13 @@ static int in_bounds(CUdeviceptr p, size_t n) {
                         if (current != &the_ctx || !retained) return INVALID_CONTEXT; } while (0)
 
 FAKE_API CUresult cuInit(unsigned flags) { if (flags) return INVALID_VALUE; inited = 1; return OK; }
-FAKE_API CUresult cuDriverGetVersion(int *v) { if (!v) return INVALID_VALUE; *v = 13000; return OK; }
+/* FAKE_CUDA_DRIVER_VERSION (e.g. 12090) plays an older driver. */
+FAKE_API CUresult cuDriverGetVersion(int *v) {
+    const char *e = getenv("FAKE_CUDA_DRIVER_VERSION");
+    if (!v) return INVALID_VALUE;
+    *v = e && e[0] ? atoi(e) : 13000;
+    return OK;
+}
 
 static const char *names[][2] = {
     {"CUDA_SUCCESS", "no error"}, {"CUDA_ERROR_INVALID_VALUE", "invalid argument"},
