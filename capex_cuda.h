@@ -29,13 +29,17 @@
 
    ENVIRONMENT
        LOCAL_RANK        GPU ordinal when capex_cuda_context_desc.device is -1
-                         (torchrun, mpirun wrappers set it); unset means GPU 0.
+                         (torchrun, mpirun wrappers set it); unset means GPU 0. With
+                         CUDA_VISIBLE_DEVICES set and one GPU visible (a launcher that
+                         binds a GPU per process), that GPU whatever LOCAL_RANK says.
        CAPEX_LIBCUDA_PATH  load exactly this driver library instead of libcuda.so.1.
        CAPEX_NVRTC_PATH  load exactly this NVRTC library (no search). Otherwise the
                          sonames libnvrtc.so.13, .12, .11.2, .11.1, .11.0, libnvrtc.so are
                          tried, then $CUDA_HOME/lib64, $CUDA_PATH/lib64,
                          /usr/local/cuda/lib64, /usr/local/cuda/targets/x86_64-linux/lib,
-                         /opt/cuda/lib64 (a toolkit without ldconfig entries).
+                         /opt/cuda/lib64 (a toolkit without ldconfig entries). When the
+                         driver is already loaded, sonames no newer than its CUDA major
+                         version go first (a driver cannot load newer-major code).
        CAPEX_NCCL_PATH   load exactly this NCCL library instead of libnccl.so.2.
        CAPEX_CACHE_DIR   kernel cache directory; set but empty disables the disk cache.
                          Default $XDG_CACHE_HOME/capex, else $HOME/.cache/capex.
@@ -63,7 +67,7 @@
                         to a temp file and renamed (atomic; concurrent writers are fine).
                         A bad entry (truncated, corrupt, foreign, other version) is never
                         trusted: it is recompiled and overwritten. A hit does not load
-                        NVRTC at all (opening NVRTC alone takes ~0.4 s), so a machine with
+                        NVRTC at all (opening it costs 10 ms warm, 0.4 s cold), so a machine with
                         only the driver runs from a cache filled elsewhere. The NVRTC
                         version is recorded, not keyed: after a toolkit upgrade old entries
                         (valid code for the same GPU) are kept; delete the directory to
@@ -1436,9 +1440,18 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
                 return capex__fail(CAPEX_ERR_CONFIG, "LOCAL_RANK='%s' is not a GPU ordinal; set it to 0..%d or pass desc.device", lr, count - 1);
             ordinal = (int)v;
         }
-        if (ordinal >= count)
-            return capex__fail(CAPEX_ERR_NO_DEVICE, "LOCAL_RANK=%d selects GPU %d but only %d visible: launch at most %d processes per node "
-                               "or check CUDA_VISIBLE_DEVICES", ordinal, ordinal, count, count);
+        if (ordinal >= count) {
+            const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+            /* a launcher that binds one GPU per process (CUDA_VISIBLE_DEVICES set, one
+               visible) keeps LOCAL_RANK as the rank on the node: that GPU is ours */
+            if (count == 1 && cvd && cvd[0]) {
+                capex_log(CAPEX_LOG_INFO, "LOCAL_RANK=%d with CUDA_VISIBLE_DEVICES=%s: using the one visible GPU", ordinal, cvd);
+                ordinal = 0;
+            } else {
+                return capex__fail(CAPEX_ERR_NO_DEVICE, "LOCAL_RANK=%d selects GPU %d but only %d visible: launch at most %d processes "
+                                   "per node or check CUDA_VISIBLE_DEVICES", ordinal, ordinal, count, count);
+            }
+        }
     } else if (ordinal >= count) {
         return capex__fail(CAPEX_ERR_NO_DEVICE, "GPU %d requested but only %d visible (check CUDA_VISIBLE_DEVICES)", ordinal, count);
     }

@@ -100,9 +100,29 @@ CT_TEST(device_and_context) {
     }
     /* device selection from LOCAL_RANK */
     capex_cuda_context_desc_init(&cd);
-    setenv("LOCAL_RANK", "999", 1);
-    CT_CHECK(capex_cuda_context_create(&cd, &ctx2) == CAPEX_ERR_NO_DEVICE && strstr(capex_last_error(), "LOCAL_RANK=999"),
-             "LOCAL_RANK beyond the GPUs: %s", capex_last_error());
+    {
+        char saved_cvd[256];
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        int had = cvd != NULL, count = 0;
+        snprintf(saved_cvd, sizeof saved_cvd, "%s", cvd ? cvd : "");
+        OK(capex_cuda_device_count(&count));
+        unsetenv("CUDA_VISIBLE_DEVICES");
+        setenv("LOCAL_RANK", "999", 1);
+        CT_CHECK(capex_cuda_context_create(&cd, &ctx2) == CAPEX_ERR_NO_DEVICE && strstr(capex_last_error(), "LOCAL_RANK=999"),
+                 "LOCAL_RANK beyond the GPUs: %s", capex_last_error());
+        /* one GPU bound to this process by the launcher: it is used whatever LOCAL_RANK says
+           (the variable is only read here; the driver saw its value at cuInit) */
+        setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+        if (count == 1) {
+            OK(capex_cuda_context_create(&cd, &ctx2));
+            CT_CHECK(capex_cuda_context_device(ctx2)->ordinal == 0, "the bound GPU");
+            capex_cuda_context_destroy(ctx2);
+        } else {
+            CT_CHECK(capex_cuda_context_create(&cd, &ctx2) == CAPEX_ERR_NO_DEVICE, "several visible GPUs: no guessing");
+        }
+        if (had) setenv("CUDA_VISIBLE_DEVICES", saved_cvd, 1);
+        else unsetenv("CUDA_VISIBLE_DEVICES");
+    }
     setenv("LOCAL_RANK", "zero", 1);
     CT_CHECK(capex_cuda_context_create(&cd, &ctx2) == CAPEX_ERR_CONFIG, "LOCAL_RANK not a number: %s", capex_last_error());
     setenv("LOCAL_RANK", "0", 1);
