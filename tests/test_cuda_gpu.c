@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <time.h>
+#include <pthread.h>
 
 /* The CUDA driver maps memory where ASan's shadow gap lies, and keeps
    allocations for the life of the process. */
@@ -458,6 +459,55 @@ CT_TEST(driver_errors_are_reported) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* Several threads compile into one context at once: each gets a working module,
+   equal requests share one module, and the built-in program is compiled once. */
+typedef struct thread_job { capex_cuda_context *ctx; int alpha; capex_result r; capex_cuda_module *m, *builtin; char err[256]; } thread_job;
+static void *compile_thread(void *arg) {
+    thread_job *j = (thread_job *)arg;
+    char opt[32];
+    const char *opts[1];
+    snprintf(opt, sizeof opt, "-DALPHA=%d.0f", j->alpha);
+    opts[0] = opt;
+    j->r = capex_cuda_module_compile(j->ctx, user_src, "user.cu", opts, 1, &j->m);
+    if (j->r == CAPEX_OK) j->r = capex_cuda_builtin_module(j->ctx, &j->builtin);
+    if (j->r != CAPEX_OK) snprintf(j->err, sizeof j->err, "%s", capex_last_error());
+    return NULL;
+}
+
+CT_TEST(threads_share_a_context) {
+    enum { T = 4 };
+    capex_cuda_context *ctx = NULL;
+    pthread_t th[T];
+    thread_job jobs[T];
+    int i;
+    OPEN_CTX(ctx);
+    CT_NEED_NVRTC();
+    for (i = 0; i < T; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].ctx = ctx;
+        jobs[i].alpha = 10 + i % 2; /* two distinct sources, each requested twice */
+        CT_CHECK(pthread_create(&th[i], NULL, compile_thread, &jobs[i]) == 0, "pthread_create");
+    }
+    for (i = 0; i < T; i++) pthread_join(th[i], NULL);
+    for (i = 0; i < T; i++) CT_CHECK(jobs[i].r == CAPEX_OK && jobs[i].m, "thread %d: %s", i, jobs[i].err);
+    CT_CHECK(jobs[0].m == jobs[2].m && jobs[1].m == jobs[3].m && jobs[0].m != jobs[1].m, "equal requests share a module");
+    CT_CHECK(jobs[0].builtin == jobs[1].builtin && jobs[1].builtin == jobs[2].builtin && jobs[2].builtin == jobs[3].builtin,
+             "one built-in module");
+    /* the modules work from this thread too */
+    {
+        capex_cuda_function f;
+        capex_cuda_ptr x = 0;
+        float v[256];
+        OK(capex_cuda_module_get_function(jobs[1].m, "user_axpb", &f));
+        OK(capex_cuda_malloc(ctx, sizeof v, &x));
+        OK(capex_cuda_fill_f32(ctx, x, 1.0f, 256, NULL));
+        OK(capex_cuda_memcpy_dtoh(ctx, v, x, sizeof v, NULL));
+        for (i = 0; i < 256; i++) CT_CHECK(v[i] == 1.0f, "fill after threaded compile [%d]", i);
+        capex_cuda_free(ctx, x);
+    }
+    capex_cuda_context_destroy(ctx);
+}
+
 static const ct_case cases[] = {
     CT_CASE(device_and_context),
     CT_CASE(cold_compile_cache_and_warm_reload_without_nvrtc),
@@ -465,6 +515,7 @@ static const ct_case cases[] = {
     CT_CASE(conversions_match_cpu_bit_exact),
     CT_CASE(user_kernel_raw_kernel_style),
     CT_CASE(driver_errors_are_reported),
+    CT_CASE(threads_share_a_context),
 };
 static const child_entry children[] = {{"warm", child_warm}};
 
