@@ -53,6 +53,10 @@ ci-extra:: $(BUILD)/tests/test_cuda_gpu $(BUILD)/fake/libcuda.so.1
 	@echo "cuda: GPU tests against the CPU stand-in driver (host-side checks only)"
 	@out=$$(CAPEX_LIBCUDA_PATH=$(abspath $(BUILD)/fake/libcuda.so.1) $(BUILD)/tests/test_cuda_gpu 2>&1); rc=$$?; \
 	  echo "$$out"; [ $$rc -eq 0 ] && echo "$$out" | tail -n 1 | grep -q ' 0 failed, 0 skipped'
+	@echo "cuda: a driver whose cuInit finds no GPU: every GPU test skips with the reason"
+	@out=$$(FAKE_CUDA_INIT_FAIL=100 CAPEX_LIBCUDA_PATH=$(abspath $(BUILD)/fake/libcuda.so.1) $(BUILD)/tests/test_cuda_gpu 2>&1); \
+	  echo "$$out" | tail -n 1; echo "$$out" | grep -q 'CAPEX_ERR_NO_DEVICE): cuInit failed: CUDA_ERROR_NO_DEVICE' && \
+	  echo "$$out" | tail -n 1 | grep -qE '^0 passed, 0 failed, [1-9][0-9]* skipped'
 
 # capex_info must report and exit 0 without a GPU, and run its GPU path on the stand-in.
 ci-extra:: $(BUILD)/examples/capex_info $(BUILD)/fake/libcuda.so.1

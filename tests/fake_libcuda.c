@@ -48,7 +48,14 @@ static int in_bounds(CUdeviceptr p, size_t n) {
 #define NEED_CTX() do { if (!inited) return NOT_INITIALIZED; if (sticky) return sticky; \
                         if (current != &the_ctx || !retained) return INVALID_CONTEXT; } while (0)
 
-FAKE_API CUresult cuInit(unsigned flags) { if (flags) return INVALID_VALUE; inited = 1; return OK; }
+/* FAKE_CUDA_INIT_FAIL=100 plays a driver without a usable GPU (CUDA_ERROR_NO_DEVICE). */
+FAKE_API CUresult cuInit(unsigned flags) {
+    const char *e = getenv("FAKE_CUDA_INIT_FAIL");
+    if (flags) return INVALID_VALUE;
+    if (e && e[0]) return atoi(e);
+    inited = 1;
+    return OK;
+}
 /* FAKE_CUDA_DRIVER_VERSION (e.g. 12090) plays an older driver. */
 FAKE_API CUresult cuDriverGetVersion(int *v) {
     const char *e = getenv("FAKE_CUDA_DRIVER_VERSION");
@@ -63,6 +70,7 @@ static const char *names[][2] = {
 FAKE_API CUresult cuGetErrorName(CUresult r, const char **s) {
     if (r >= 0 && r <= 3) *s = names[r][0];
     else if (r == INVALID_DEVICE) *s = "CUDA_ERROR_INVALID_DEVICE";
+    else if (r == 100) *s = "CUDA_ERROR_NO_DEVICE";
     else if (r == INVALID_IMAGE) *s = "CUDA_ERROR_INVALID_IMAGE";
     else if (r == INVALID_CONTEXT) *s = "CUDA_ERROR_INVALID_CONTEXT";
     else if (r == INVALID_PTX) *s = "CUDA_ERROR_INVALID_PTX";
