@@ -46,8 +46,10 @@ int main(void) {
     printf("capex %s\n", CAPEX_VERSION_STRING);
 
     r = capex_cuda_driver_version(&drv);
-    if (r == CAPEX_OK || drv > 0) printf("CUDA driver: %d.%d\n", drv / 1000, (drv % 1000) / 10);
-    if (r != CAPEX_OK) printf("CUDA driver: unavailable (%s): %s\n", capex_result_string(r), capex_last_error());
+    if (r == CAPEX_OK) printf("CUDA driver: %d.%d\n", drv / 1000, (drv % 1000) / 10);
+    else if (drv > 0) printf("CUDA driver: %d.%d, but no usable GPU (%s): %s\n", drv / 1000, (drv % 1000) / 10,
+                             capex_result_string(r), capex_last_error());
+    else printf("CUDA driver: unavailable (%s): %s\n", capex_result_string(r), capex_last_error());
 
     have_nvrtc = capex_cuda_nvrtc_version(&nv_major, &nv_minor) == CAPEX_OK;
     if (have_nvrtc) {
