@@ -1,0 +1,1923 @@
+/* capex_cuda.h - the CUDA backend of capex: driver, NVRTC and NCCL loaded at run time.
+
+   Do this:
+       #define CAPEX_CUDA_IMPLEMENTATION   // also provides capex.h's implementation
+       #include "capex_cuda.h"
+   in exactly one C or C++ file (the one that would define CAPEX_IMPLEMENTATION);
+   every other file includes "capex_cuda.h" alone. Build with
+       cc app.c -ldl -lm -lpthread
+   No CUDA toolkit at build time: libcuda.so.1, NVRTC and libnccl.so.2 are opened
+   with dlopen on first use, and kernels are compiled by NVRTC for the exact GPU.
+
+   Quick start (your own kernel, like CuPy's RawKernel):
+
+       capex_cuda_context_desc cd; capex_cuda_context_desc_init(&cd); // GPU = $LOCAL_RANK
+       capex_cuda_context *ctx;
+       if (capex_cuda_context_create(&cd, &ctx) != CAPEX_OK) puts(capex_last_error());
+       const char *src = "extern \"C\" __global__ void twice(float *x, unsigned long long n)"
+                         "{ unsigned long long i = blockIdx.x * 256ull + threadIdx.x;"
+                         "  if (i < n) x[i] *= 2.0f; }";
+       capex_cuda_module *m;   capex_cuda_module_compile(ctx, src, "twice", NULL, 0, &m);
+       capex_cuda_function f; capex_cuda_module_get_function(m, "twice", &f);
+       capex_cuda_ptr x;      capex_cuda_malloc(ctx, n * 4, &x);
+       unsigned long long nn = n; void *args[] = {&x, &nn};
+       unsigned grid[3] = {(unsigned)((n + 255) / 256), 1, 1}, block[3] = {256, 1, 1};
+       capex_cuda_launch(&f, grid, block, 0, NULL, args);
+       capex_cuda_context_destroy(ctx);
+
+   CONFIGURATION: those of capex.h (CAPEX_STATIC, CAPEX_API, CAPEX_MALLOC, ...).
+
+   ENVIRONMENT
+       LOCAL_RANK        GPU ordinal when capex_cuda_context_desc.device is -1
+                         (torchrun, mpirun wrappers set it); unset means GPU 0. With
+                         CUDA_VISIBLE_DEVICES set and one GPU visible (a launcher that
+                         binds a GPU per process), that GPU whatever LOCAL_RANK says.
+       CAPEX_LIBCUDA_PATH  load exactly this driver library instead of libcuda.so.1.
+       CAPEX_NVRTC_PATH  load exactly this NVRTC library (no search). Otherwise the
+                         sonames libnvrtc.so.13, .12, .11.2, .11.1, .11.0, libnvrtc.so are
+                         tried, then $CUDA_HOME/lib64, $CUDA_PATH/lib64,
+                         /usr/local/cuda/lib64, /usr/local/cuda/targets/x86_64-linux/lib,
+                         /opt/cuda/lib64 (a toolkit without ldconfig entries). When the
+                         driver is already loaded, sonames no newer than its CUDA major
+                         version go first (a driver cannot load newer-major code).
+       CAPEX_NCCL_PATH   load exactly this NCCL library instead of libnccl.so.2.
+       CAPEX_CACHE_DIR   kernel cache directory; set but empty disables the disk cache.
+                         Default $XDG_CACHE_HOME/capex, else $HOME/.cache/capex.
+
+   TOPICS
+       Loading ........ nothing is loaded until a capex_cuda_* call needs it; each
+                        library is opened once per process (pthread_once). A missing
+                        piece gives its own status: CAPEX_ERR_NO_DRIVER (libcuda.so.1),
+                        CAPEX_ERR_NO_DEVICE (driver but no usable GPU), CAPEX_ERR_NO_NVRTC,
+                        CAPEX_ERR_NO_NCCL, with a message naming every path tried and
+                        its dlerror. capex.h's CPU backend never needs any of them.
+       Contexts ....... capex_cuda_context = one GPU's primary context (shared with the
+                        CUDA runtime and PyTorch in the same process), its module cache
+                        and disk-cache settings. Calls make it current on the calling
+                        thread. Several contexts (GPUs) may live in one process.
+       JIT ............ one NVRTC program per source; CUBIN for the GPU's exact sm_XY when
+                        NVRTC supports it, else PTX for the highest supported arch below
+                        it (the driver finishes it), CAPEX_ERR_ARCH below the lowest. The
+                        C locale is set around each compile. A failed compile returns
+                        CAPEX_ERR_NVRTC with NVRTC's log and the options in the message.
+       Cache .......... in memory per context and on disk: one file per
+                        SHA-256(source, name, options, GPU arch, format version), holding
+                        magic, format version, key, kind (cubin/ptx), target arch, the
+                        NVRTC version that made it, length and a SHA-256 checksum. Written
+                        to a temp file and renamed (atomic; concurrent writers are fine).
+                        A bad entry (truncated, corrupt, foreign, other version) is never
+                        trusted: it is recompiled and overwritten. A hit does not load
+                        NVRTC at all (opening it costs 10 ms warm, 0.4 s cold), so a machine with
+                        only the driver runs from a cache filled elsewhere. The NVRTC
+                        version is recorded, not keyed: after a toolkit upgrade old entries
+                        (valid code for the same GPU) are kept; delete the directory to
+                        rebuild them. An unwritable directory warns once and runs uncached.
+       Built-in kernels  fill, scale, add and f32<->f16/bf16 conversion (bit-exact with
+                        capex.h's CPU conversions), all compiled as one program on first
+                        use: capex_cuda_fill_f32, capex_cuda_convert, ...
+
+   Thread safety: the loaders are thread-safe. A context may be used from several
+   threads (its module cache is locked); streams follow CUDA's rules. The compile
+   switches LC_NUMERIC to "C" only when it is not already "C" (setlocale is
+   process-wide: do not change locales in other threads during a compile).
+
+   License: MIT, see the end of capex.h.
+*/
+#ifdef CAPEX_CUDA_IMPLEMENTATION
+#  ifndef CAPEX_IMPLEMENTATION
+#    define CAPEX_IMPLEMENTATION
+#  endif
+#endif
+#include "capex.h"
+
+#ifndef CAPEX_CUDA_H
+#define CAPEX_CUDA_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Handles are plain pointers/integers so CUstream, CUevent and CUdeviceptr from
+   cuda.h pass straight in. A NULL stream is the context's default stream. */
+typedef void *capex_cuda_stream;
+typedef void *capex_cuda_event;
+typedef unsigned long long capex_cuda_ptr;
+
+/* ---- versions and libraries (each loads its library on first call) ------ */
+CAPEX_API capex_result capex_cuda_driver_version(int *version);  /* e.g. 13000 */
+CAPEX_API capex_result capex_cuda_nvrtc_version(int *major, int *minor);
+/* Architectures NVRTC can emit CUBIN for, ascending (75 = sm_75); *n gets the count. */
+CAPEX_API capex_result capex_cuda_nvrtc_supported_archs(int *archs, int capacity, int *n);
+CAPEX_API capex_result capex_cuda_nccl_version(int *version);    /* e.g. 22703 */
+/* Path (or soname) NVRTC was loaded from, "" if not loaded. Does not load it. */
+CAPEX_API const char *capex_cuda_nvrtc_path(void);
+/* 1 when NVRTC has been loaded in this process. Does not load it. */
+CAPEX_API int capex_cuda_nvrtc_is_loaded(void);
+
+/* ---- devices ------------------------------------------------------------- */
+typedef struct capex_cuda_device_info {
+    int ordinal;
+    char name[256];
+    int cc_major, cc_minor;      /* compute capability: 9, 0 on an H100 */
+    int sm_count;
+    size_t total_bytes;
+    int mem_clock_khz;           /* 0 when the driver does not report it */
+    int bus_width_bits;          /* 0 when the driver does not report it */
+    double peak_bandwidth_gbs;   /* 2 * clock * bus width; 0 when unknown */
+} capex_cuda_device_info;
+
+CAPEX_API capex_result capex_cuda_device_count(int *n);
+CAPEX_API capex_result capex_cuda_device_get_info(int ordinal, capex_cuda_device_info *info);
+
+/* ---- arch selection (pure) ------------------------------------------------ */
+typedef enum capex_cuda_image_kind {
+    CAPEX_CUDA_IMAGE_CUBIN = 1,  /* machine code for one sm_XY */
+    CAPEX_CUDA_IMAGE_PTX = 2     /* virtual ISA compute_XY, finished by the driver */
+} capex_cuda_image_kind;
+
+typedef struct capex_cuda_target {
+    capex_cuda_image_kind kind;
+    int arch;                    /* 90: -arch=sm_90 (CUBIN) or -arch=compute_90 (PTX) */
+} capex_cuda_target;
+
+/* CUBIN for device_cc when it is in supported[], else PTX for the highest supported
+   arch below it, else CAPEX_ERR_ARCH. supported[] need not be sorted. Thread-safe. */
+CAPEX_API capex_result capex_cuda_select_target(const int *supported, int n_supported, int device_cc,
+                                                capex_cuda_target *out);
+
+/* ---- compiled images and the disk cache ----------------------------------- */
+typedef struct capex_cuda_image {
+    capex_cuda_image_kind kind;
+    int arch;
+    int nvrtc_version;           /* major * 1000 + minor * 10 of the NVRTC that made it */
+    int from_cache;              /* 1 when read from the disk cache */
+    void *data;                  /* CUBIN bytes, or NUL-terminated PTX */
+    size_t size;                 /* bytes in data (PTX: including the NUL) */
+} capex_cuda_image;
+
+CAPEX_API void capex_cuda_image_free(capex_cuda_image *image);
+
+/* Disk cache settings. Not thread-safe (the warn-once flag): one per context. */
+typedef struct capex_cuda_cache {
+    char dir[1024];
+    int enabled;
+    int warned;                  /* an unwritable directory was reported */
+} capex_cuda_cache;
+
+/* dir NULL: the environment default (see ENVIRONMENT); "" disables the cache. */
+CAPEX_API void capex_cuda_cache_init(capex_cuda_cache *cache, const char *dir);
+
+typedef struct capex_cuda_compile_desc {
+    const char *source;
+    const char *name;            /* program name, for messages (default "capex_program") */
+    const char *const *options;  /* NVRTC options, e.g. "-DN=4"; the arch is added */
+    int n_options;
+    int device_cc;               /* the GPU's compute capability, 90 for sm_90 */
+    capex_cuda_cache *cache;     /* NULL: no disk cache */
+} capex_cuda_compile_desc;
+
+CAPEX_API void capex_cuda_compile_desc_init(capex_cuda_compile_desc *desc);
+/* Source -> image through the disk cache (no GPU needed). Loads NVRTC only on a miss. */
+CAPEX_API capex_result capex_cuda_compile(const capex_cuda_compile_desc *desc, capex_cuda_image *out);
+/* NVRTC compile for an explicit target, no cache (no GPU needed). */
+CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *name, const char *const *options,
+                                                int n_options, capex_cuda_target target, capex_cuda_image *out);
+
+/* The embedded kernel program (assembled once from its fragments) and its options. */
+CAPEX_API const char *capex_cuda_builtin_source(void);
+CAPEX_API const char *const *capex_cuda_builtin_options(int *n_options);
+
+/* ---- contexts -------------------------------------------------------------- */
+typedef struct capex_cuda_context capex_cuda_context;  /* opaque */
+
+typedef struct capex_cuda_context_desc {
+    int device;                  /* GPU ordinal; -1 (default): $LOCAL_RANK, else 0 */
+    const char *cache_dir;       /* NULL (default): environment default; "": none */
+    int disk_cache;              /* 1 (default); 0 disables the disk cache */
+    const capex_allocator *allocator;  /* host allocations; NULL: CAPEX_MALLOC */
+} capex_cuda_context_desc;
+
+CAPEX_API void capex_cuda_context_desc_init(capex_cuda_context_desc *desc);
+CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *desc, capex_cuda_context **out);
+/* Unloads its modules and releases the primary context. NULL is a no-op. */
+CAPEX_API void capex_cuda_context_destroy(capex_cuda_context *ctx);
+CAPEX_API const capex_cuda_device_info *capex_cuda_context_device(const capex_cuda_context *ctx);
+/* Waits for all work on the context (tests and tools; not for a training step). */
+CAPEX_API capex_result capex_cuda_context_synchronize(capex_cuda_context *ctx);
+
+/* ---- memory, streams, events (thin checked wrappers) ----------------------- */
+CAPEX_API capex_result capex_cuda_malloc(capex_cuda_context *ctx, size_t bytes, capex_cuda_ptr *out);
+CAPEX_API capex_result capex_cuda_free(capex_cuda_context *ctx, capex_cuda_ptr p);  /* 0 is a no-op */
+/* stream NULL: synchronous copy; else asynchronous on the stream. */
+CAPEX_API capex_result capex_cuda_memcpy_htod(capex_cuda_context *ctx, capex_cuda_ptr dst, const void *src,
+                                              size_t bytes, capex_cuda_stream stream);
+CAPEX_API capex_result capex_cuda_memcpy_dtoh(capex_cuda_context *ctx, void *dst, capex_cuda_ptr src,
+                                              size_t bytes, capex_cuda_stream stream);
+CAPEX_API capex_result capex_cuda_memcpy_dtod(capex_cuda_context *ctx, capex_cuda_ptr dst, capex_cuda_ptr src,
+                                              size_t bytes, capex_cuda_stream stream);
+CAPEX_API capex_result capex_cuda_memset_u8(capex_cuda_context *ctx, capex_cuda_ptr dst, unsigned char value,
+                                            size_t count, capex_cuda_stream stream);
+CAPEX_API capex_result capex_cuda_memset_u32(capex_cuda_context *ctx, capex_cuda_ptr dst, uint32_t value,
+                                             size_t count, capex_cuda_stream stream);
+CAPEX_API capex_result capex_cuda_mem_info(capex_cuda_context *ctx, size_t *free_bytes, size_t *total_bytes);
+
+CAPEX_API capex_result capex_cuda_stream_create(capex_cuda_context *ctx, capex_cuda_stream *out); /* non-blocking */
+CAPEX_API capex_result capex_cuda_stream_destroy(capex_cuda_context *ctx, capex_cuda_stream s);
+CAPEX_API capex_result capex_cuda_stream_synchronize(capex_cuda_context *ctx, capex_cuda_stream s);
+CAPEX_API capex_result capex_cuda_stream_wait_event(capex_cuda_context *ctx, capex_cuda_stream s, capex_cuda_event e);
+CAPEX_API capex_result capex_cuda_event_create(capex_cuda_context *ctx, int timing, capex_cuda_event *out);
+CAPEX_API capex_result capex_cuda_event_destroy(capex_cuda_context *ctx, capex_cuda_event e);
+CAPEX_API capex_result capex_cuda_event_record(capex_cuda_context *ctx, capex_cuda_event e, capex_cuda_stream s);
+CAPEX_API capex_result capex_cuda_event_synchronize(capex_cuda_context *ctx, capex_cuda_event e);
+CAPEX_API capex_result capex_cuda_event_elapsed_ms(capex_cuda_context *ctx, capex_cuda_event start,
+                                                   capex_cuda_event end, float *ms);
+
+/* ---- modules and launches (CuPy RawKernel for C) --------------------------- */
+typedef struct capex_cuda_module capex_cuda_module;     /* owned by its context */
+typedef struct capex_cuda_function {
+    void *handle;                /* CUfunction */
+    capex_cuda_context *ctx;
+} capex_cuda_function;
+
+/* Compiles (or finds in the memory/disk cache) and loads source for the context's
+   GPU. Kernels should be extern "C" so they keep their names. The module lives
+   until the context is destroyed; compiling the same source again returns it. */
+CAPEX_API capex_result capex_cuda_module_compile(capex_cuda_context *ctx, const char *source, const char *name,
+                                                 const char *const *options, int n_options, capex_cuda_module **out);
+CAPEX_API capex_result capex_cuda_module_get_function(capex_cuda_module *module, const char *kernel,
+                                                      capex_cuda_function *out);
+/* How the module was made: its target and whether its image came from the disk cache. */
+CAPEX_API capex_result capex_cuda_module_info(const capex_cuda_module *module, capex_cuda_target *target,
+                                              int *from_cache);
+/* Launches fn; args[i] points at the i-th kernel argument. shmem above 48 KiB opts the
+   kernel in to large dynamic shared memory first. Errors inside the kernel surface at
+   the next synchronizing call. */
+CAPEX_API capex_result capex_cuda_launch(const capex_cuda_function *fn, const unsigned grid[3],
+                                         const unsigned block[3], unsigned shmem, capex_cuda_stream stream,
+                                         void **args);
+
+/* ---- built-in kernels (compiled together on first use) --------------------- */
+CAPEX_API capex_result capex_cuda_builtin_module(capex_cuda_context *ctx, capex_cuda_module **out);
+/* x[i] = value */
+CAPEX_API capex_result capex_cuda_fill_f32(capex_cuda_context *ctx, capex_cuda_ptr x, float value, size_t n,
+                                           capex_cuda_stream stream);
+/* y[i] = a * x[i] (y may equal x) */
+CAPEX_API capex_result capex_cuda_scale_f32(capex_cuda_context *ctx, capex_cuda_ptr y, capex_cuda_ptr x, float a,
+                                            size_t n, capex_cuda_stream stream);
+/* c[i] = a[i] + b[i] */
+CAPEX_API capex_result capex_cuda_add_f32(capex_cuda_context *ctx, capex_cuda_ptr c, capex_cuda_ptr a,
+                                          capex_cuda_ptr b, size_t n, capex_cuda_stream stream);
+/* f32 -> f16/bf16 or f16/bf16 -> f32, bit-exact with capex.h's conversions. */
+CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_ptr dst, capex_dtype dst_type,
+                                          capex_cuda_ptr src, capex_dtype src_type, size_t n,
+                                          capex_cuda_stream stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CAPEX_CUDA_H */
+
+/* ======================================================================== */
+/*                              IMPLEMENTATION                              */
+/* ======================================================================== */
+#ifdef CAPEX_CUDA_IMPLEMENTATION
+#ifndef CAPEX_CUDA__IMPLEMENTED
+#define CAPEX_CUDA__IMPLEMENTED
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <locale.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/types.h>
+#include <sys/stat.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- small helpers --------------------------------------------------------- */
+
+/* Appends printf output to buf (bounded, always terminated). */
+CAPEX__PRIVATE void capex__cuda_append(char *buf, size_t cap, const char *fmt, ...) CAPEX__PRINTF(3, 4);
+CAPEX__PRIVATE void capex__cuda_append(char *buf, size_t cap, const char *fmt, ...) {
+    size_t len = strlen(buf);
+    va_list ap;
+    if (len + 1 >= cap) return;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, cap - len, fmt, ap);
+    va_end(ap);
+}
+
+/* snprintf that may truncate on purpose (messages, paths checked elsewhere). */
+CAPEX__PRIVATE void capex__cuda_fmt(char *buf, size_t cap, const char *fmt, ...) CAPEX__PRINTF(3, 4);
+CAPEX__PRIVATE void capex__cuda_fmt(char *buf, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    if (cap == 0) return;
+    va_start(ap, fmt);
+    vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
+}
+
+/* dlsym result -> function pointer without the object/function pointer cast
+   that ISO C leaves undefined (POSIX guarantees the representation). */
+#define CAPEX__CUDA_SYM(lib, field, name) do { void *capex__p = dlsym((lib), (name)); memcpy(&(field), &capex__p, sizeof capex__p); } while (0)
+
+/* ---- SHA-256 (FIPS 180-4), for cache keys and checksums --------------------- */
+
+typedef struct capex__sha256 {
+    uint32_t h[8];
+    uint64_t len;
+    unsigned char buf[64];
+    size_t n;
+} capex__sha256;
+
+static const uint32_t capex__sha256_k[64] = {
+    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
+    0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, 0xc19bf174u,
+    0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau,
+    0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u,
+    0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, 0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,
+    0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u,
+    0x19a4c116u, 0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
+    0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u};
+
+CAPEX__PRIVATE void capex__sha256_init(capex__sha256 *s) {
+    static const uint32_t h0[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
+                                   0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
+    memcpy(s->h, h0, sizeof h0);
+    s->len = 0;
+    s->n = 0;
+}
+
+#define CAPEX__ROR32(x, r) (((x) >> (r)) | ((x) << (32 - (r))))
+CAPEX__PRIVATE void capex__sha256_block(capex__sha256 *s, const unsigned char *p) {
+    uint32_t w[64], a, b, c, d, e, f, g, h;
+    int i;
+    for (i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (i = 16; i < 64; i++) {
+        uint32_t s0 = CAPEX__ROR32(w[i - 15], 7) ^ CAPEX__ROR32(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = CAPEX__ROR32(w[i - 2], 17) ^ CAPEX__ROR32(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    a = s->h[0]; b = s->h[1]; c = s->h[2]; d = s->h[3];
+    e = s->h[4]; f = s->h[5]; g = s->h[6]; h = s->h[7];
+    for (i = 0; i < 64; i++) {
+        uint32_t t1 = h + (CAPEX__ROR32(e, 6) ^ CAPEX__ROR32(e, 11) ^ CAPEX__ROR32(e, 25)) + ((e & f) ^ (~e & g)) +
+                      capex__sha256_k[i] + w[i];
+        uint32_t t2 = (CAPEX__ROR32(a, 2) ^ CAPEX__ROR32(a, 13) ^ CAPEX__ROR32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    s->h[0] += a; s->h[1] += b; s->h[2] += c; s->h[3] += d;
+    s->h[4] += e; s->h[5] += f; s->h[6] += g; s->h[7] += h;
+}
+
+CAPEX__PRIVATE void capex__sha256_update(capex__sha256 *s, const void *data, size_t len) {
+    const unsigned char *p = (const unsigned char *)data;
+    s->len += len;
+    while (len > 0) {
+        size_t take = 64 - s->n < len ? 64 - s->n : len;
+        if (s->n == 0 && len >= 64) {
+            capex__sha256_block(s, p);
+            p += 64;
+            len -= 64;
+            continue;
+        }
+        memcpy(s->buf + s->n, p, take);
+        s->n += take;
+        p += take;
+        len -= take;
+        if (s->n == 64) {
+            capex__sha256_block(s, s->buf);
+            s->n = 0;
+        }
+    }
+}
+
+CAPEX__PRIVATE void capex__sha256_final(capex__sha256 *s, unsigned char out[32]) {
+    uint64_t bits = s->len * 8u;
+    unsigned char pad = 0x80, zero = 0, lenb[8];
+    int i;
+    capex__sha256_update(s, &pad, 1);
+    while (s->n != 56) capex__sha256_update(s, &zero, 1);
+    for (i = 0; i < 8; i++) lenb[i] = (unsigned char)(bits >> (56 - 8 * i));
+    capex__sha256_update(s, lenb, 8);
+    for (i = 0; i < 8; i++) {
+        out[4 * i] = (unsigned char)(s->h[i] >> 24);
+        out[4 * i + 1] = (unsigned char)(s->h[i] >> 16);
+        out[4 * i + 2] = (unsigned char)(s->h[i] >> 8);
+        out[4 * i + 3] = (unsigned char)s->h[i];
+    }
+}
+
+CAPEX__PRIVATE void capex__sha256_u64(capex__sha256 *s, uint64_t v) {
+    unsigned char b[8];
+    int i;
+    for (i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+    capex__sha256_update(s, b, 8);
+}
+/* Length-prefixed, so ("-DA", "-DB") and ("-DA-DB") hash differently. */
+CAPEX__PRIVATE void capex__sha256_str(capex__sha256 *s, const char *str) {
+    size_t n = str ? strlen(str) : 0;
+    capex__sha256_u64(s, (uint64_t)n);
+    if (n) capex__sha256_update(s, str, n);
+}
+
+/* ---- the CUDA driver, loaded once --------------------------------------- */
+
+typedef int capex__CUresult;
+
+typedef struct capex__cuda_driver_lib {
+    void *lib;
+    capex_result status;
+    char message[900];
+    int version;
+    capex__CUresult (*cuInit)(unsigned);
+    capex__CUresult (*cuDriverGetVersion)(int *);
+    capex__CUresult (*cuGetErrorName)(capex__CUresult, const char **);
+    capex__CUresult (*cuGetErrorString)(capex__CUresult, const char **);
+    capex__CUresult (*cuDeviceGetCount)(int *);
+    capex__CUresult (*cuDeviceGet)(int *, int);
+    capex__CUresult (*cuDeviceGetName)(char *, int, int);
+    capex__CUresult (*cuDeviceGetAttribute)(int *, int, int);
+    capex__CUresult (*cuDeviceTotalMem_v2)(size_t *, int);
+    capex__CUresult (*cuDevicePrimaryCtxRetain)(void **, int);
+    capex__CUresult (*cuDevicePrimaryCtxRelease_v2)(int);
+    capex__CUresult (*cuCtxGetCurrent)(void **);
+    capex__CUresult (*cuCtxSetCurrent)(void *);
+    capex__CUresult (*cuCtxSynchronize)(void);
+    capex__CUresult (*cuModuleLoadDataEx)(void **, const void *, unsigned, int *, void **);
+    capex__CUresult (*cuModuleUnload)(void *);
+    capex__CUresult (*cuModuleGetFunction)(void **, void *, const char *);
+    capex__CUresult (*cuLaunchKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                      void *, void **, void **);
+    capex__CUresult (*cuMemAlloc_v2)(capex_cuda_ptr *, size_t);
+    capex__CUresult (*cuMemFree_v2)(capex_cuda_ptr);
+    capex__CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
+    capex__CUresult (*cuMemcpyHtoD_v2)(capex_cuda_ptr, const void *, size_t);
+    capex__CUresult (*cuMemcpyDtoH_v2)(void *, capex_cuda_ptr, size_t);
+    capex__CUresult (*cuMemcpyDtoD_v2)(capex_cuda_ptr, capex_cuda_ptr, size_t);
+    capex__CUresult (*cuMemcpyHtoDAsync_v2)(capex_cuda_ptr, const void *, size_t, void *);
+    capex__CUresult (*cuMemcpyDtoHAsync_v2)(void *, capex_cuda_ptr, size_t, void *);
+    capex__CUresult (*cuMemcpyDtoDAsync_v2)(capex_cuda_ptr, capex_cuda_ptr, size_t, void *);
+    capex__CUresult (*cuMemsetD8_v2)(capex_cuda_ptr, unsigned char, size_t);
+    capex__CUresult (*cuMemsetD32_v2)(capex_cuda_ptr, unsigned, size_t);
+    capex__CUresult (*cuMemsetD8Async)(capex_cuda_ptr, unsigned char, size_t, void *);
+    capex__CUresult (*cuMemsetD32Async)(capex_cuda_ptr, unsigned, size_t, void *);
+    capex__CUresult (*cuStreamCreate)(void **, unsigned);
+    capex__CUresult (*cuStreamDestroy_v2)(void *);
+    capex__CUresult (*cuStreamSynchronize)(void *);
+    capex__CUresult (*cuStreamWaitEvent)(void *, void *, unsigned);
+    capex__CUresult (*cuEventCreate)(void **, unsigned);
+    capex__CUresult (*cuEventDestroy_v2)(void *);
+    capex__CUresult (*cuEventRecord)(void *, void *);
+    capex__CUresult (*cuEventSynchronize)(void *);
+    /* optional */
+    capex__CUresult (*cuEventElapsedTime)(float *, void *, void *);
+    capex__CUresult (*cuFuncSetAttribute)(void *, int, int);
+} capex__cuda_driver_lib;
+
+static capex__cuda_driver_lib capex__cuda_drv;
+static pthread_once_t capex__cuda_drv_once = PTHREAD_ONCE_INIT;
+/* The driver's version once it loaded (read by the NVRTC loader without loading it). */
+static volatile int capex__cuda_drv_version_seen = 0;
+
+CAPEX__PRIVATE void capex__cuda_drv_load(void) {
+    capex__cuda_driver_lib *d = &capex__cuda_drv;
+    const char *over = getenv("CAPEX_LIBCUDA_PATH");
+    const char *path = over && over[0] ? over : "libcuda.so.1";
+    const char *missing = NULL;
+    capex__CUresult r;
+    d->message[0] = '\0';
+    d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!d->lib) {
+        const char *err = dlerror();
+        d->status = CAPEX_ERR_NO_DRIVER;
+        capex__cuda_fmt(d->message, sizeof d->message,
+                 "CUDA driver not found: tried %s%s (%s). It ships with the NVIDIA driver, not the toolkit "
+                 "(stubs/libcuda.so is not a driver): install the driver, or run the container with the NVIDIA "
+                 "runtime (--gpus all)%s. The CPU backend does not need it.",
+                 path, over && over[0] ? " from CAPEX_LIBCUDA_PATH" : "", err ? err : "unknown dlerror",
+                 over && over[0] ? ", or unset CAPEX_LIBCUDA_PATH" : ", or set CAPEX_LIBCUDA_PATH to its file");
+        return;
+    }
+#define CAPEX__DRV(name) do { CAPEX__CUDA_SYM(d->lib, d->name, #name); if (!d->name && !missing) missing = #name; } while (0)
+    CAPEX__DRV(cuInit); CAPEX__DRV(cuDriverGetVersion); CAPEX__DRV(cuGetErrorName); CAPEX__DRV(cuGetErrorString);
+    CAPEX__DRV(cuDeviceGetCount); CAPEX__DRV(cuDeviceGet); CAPEX__DRV(cuDeviceGetName);
+    CAPEX__DRV(cuDeviceGetAttribute); CAPEX__DRV(cuDeviceTotalMem_v2); CAPEX__DRV(cuDevicePrimaryCtxRetain);
+    CAPEX__DRV(cuDevicePrimaryCtxRelease_v2); CAPEX__DRV(cuCtxGetCurrent); CAPEX__DRV(cuCtxSetCurrent);
+    CAPEX__DRV(cuCtxSynchronize); CAPEX__DRV(cuModuleLoadDataEx); CAPEX__DRV(cuModuleUnload);
+    CAPEX__DRV(cuModuleGetFunction); CAPEX__DRV(cuLaunchKernel); CAPEX__DRV(cuMemAlloc_v2);
+    CAPEX__DRV(cuMemFree_v2); CAPEX__DRV(cuMemGetInfo_v2); CAPEX__DRV(cuMemcpyHtoD_v2); CAPEX__DRV(cuMemcpyDtoH_v2);
+    CAPEX__DRV(cuMemcpyDtoD_v2); CAPEX__DRV(cuMemcpyHtoDAsync_v2); CAPEX__DRV(cuMemcpyDtoHAsync_v2);
+    CAPEX__DRV(cuMemcpyDtoDAsync_v2); CAPEX__DRV(cuMemsetD8_v2); CAPEX__DRV(cuMemsetD32_v2);
+    CAPEX__DRV(cuMemsetD8Async); CAPEX__DRV(cuMemsetD32Async); CAPEX__DRV(cuStreamCreate);
+    CAPEX__DRV(cuStreamDestroy_v2); CAPEX__DRV(cuStreamSynchronize); CAPEX__DRV(cuStreamWaitEvent);
+    CAPEX__DRV(cuEventCreate); CAPEX__DRV(cuEventDestroy_v2); CAPEX__DRV(cuEventRecord);
+    CAPEX__DRV(cuEventSynchronize);
+#undef CAPEX__DRV
+    /* cuEventElapsedTime_v2 since CUDA 12.8; older drivers have only the first. */
+    CAPEX__CUDA_SYM(d->lib, d->cuEventElapsedTime, "cuEventElapsedTime_v2");
+    if (!d->cuEventElapsedTime) CAPEX__CUDA_SYM(d->lib, d->cuEventElapsedTime, "cuEventElapsedTime");
+    CAPEX__CUDA_SYM(d->lib, d->cuFuncSetAttribute, "cuFuncSetAttribute");
+    if (missing) {
+        d->status = CAPEX_ERR_NO_DRIVER;
+        capex__cuda_fmt(d->message, sizeof d->message,
+                 "CUDA driver %s lacks %s: the driver is too old for capex (needs CUDA 11.0 or newer); "
+                 "update the NVIDIA driver", path, missing);
+        dlclose(d->lib);
+        d->lib = NULL;
+        return;
+    }
+    r = d->cuInit(0);
+    if (r != 0) {
+        const char *name = NULL, *str = NULL;
+        d->cuGetErrorName(r, &name);
+        d->cuGetErrorString(r, &str);
+        d->status = CAPEX_ERR_NO_DEVICE;
+        capex__cuda_fmt(d->message, sizeof d->message,
+                 "cuInit failed: %s (%s). The driver (%s) loaded but no GPU is usable: check nvidia-smi, "
+                 "CUDA_VISIBLE_DEVICES and that the driver matches the kernel module",
+                 name ? name : "unknown error", str ? str : "", path);
+        return;
+    }
+    d->cuDriverGetVersion(&d->version);
+    d->status = CAPEX_OK;
+    capex__cuda_drv_version_seen = d->version;
+}
+
+/* The driver table, or NULL with the failure recorded. Thread-safe. */
+CAPEX__PRIVATE capex__cuda_driver_lib *capex__cuda_driver(capex_result *res) {
+    pthread_once(&capex__cuda_drv_once, capex__cuda_drv_load);
+    if (capex__cuda_drv.status != CAPEX_OK) {
+        *res = capex__fail(capex__cuda_drv.status, "%s", capex__cuda_drv.message);
+        return NULL;
+    }
+    *res = CAPEX_OK;
+    return &capex__cuda_drv;
+}
+
+/* Turns a failed driver call into a capex status naming the call and the error. */
+CAPEX__PRIVATE capex_result capex__cu_fail(capex__CUresult r, const char *call, const char *hint) {
+    const char *name = NULL, *str = NULL;
+    if (capex__cuda_drv.cuGetErrorName) capex__cuda_drv.cuGetErrorName(r, &name);
+    if (capex__cuda_drv.cuGetErrorString) capex__cuda_drv.cuGetErrorString(r, &str);
+    return capex__fail(r == 2 ? CAPEX_ERR_OUT_OF_MEMORY : CAPEX_ERR_CUDA, "%s failed: %s (%d: %s)%s%s", call,
+                       name ? name : "CUDA_ERROR_UNKNOWN", (int)r, str ? str : "no description",
+                       hint && hint[0] ? "; " : "", hint ? hint : "");
+}
+#define CAPEX__CU(call, args, hint) do { capex__CUresult capex__r = capex__cuda_drv.call args; \
+    if (capex__r != 0) return capex__cu_fail(capex__r, #call, hint); } while (0)
+
+/* ---- NVRTC, loaded once (only when something must be compiled) --------- */
+
+typedef int capex__nvrtcResult;
+
+typedef struct capex__cuda_nvrtc_lib {
+    void *lib;
+    capex_result status;
+    char message[900];
+    char path[512];
+    int major, minor;
+    int n_archs;
+    int archs[64];
+    const char *(*nvrtcGetErrorString)(capex__nvrtcResult);
+    capex__nvrtcResult (*nvrtcVersion)(int *, int *);
+    capex__nvrtcResult (*nvrtcGetNumSupportedArchs)(int *);
+    capex__nvrtcResult (*nvrtcGetSupportedArchs)(int *);
+    capex__nvrtcResult (*nvrtcCreateProgram)(void **, const char *, const char *, int, const char *const *,
+                                             const char *const *);
+    capex__nvrtcResult (*nvrtcDestroyProgram)(void **);
+    capex__nvrtcResult (*nvrtcCompileProgram)(void *, int, const char *const *);
+    capex__nvrtcResult (*nvrtcGetPTXSize)(void *, size_t *);
+    capex__nvrtcResult (*nvrtcGetPTX)(void *, char *);
+    capex__nvrtcResult (*nvrtcGetCUBINSize)(void *, size_t *);
+    capex__nvrtcResult (*nvrtcGetCUBIN)(void *, char *);
+    capex__nvrtcResult (*nvrtcGetProgramLogSize)(void *, size_t *);
+    capex__nvrtcResult (*nvrtcGetProgramLog)(void *, char *);
+} capex__cuda_nvrtc_lib;
+
+static capex__cuda_nvrtc_lib capex__cuda_nv;
+static pthread_once_t capex__cuda_nv_once = PTHREAD_ONCE_INIT;
+static volatile int capex__cuda_nv_loaded = 0;
+
+/* Tries one candidate; on failure appends "path (dlerror)" to the message. */
+CAPEX__PRIVATE int capex__cuda_nv_try(capex__cuda_nvrtc_lib *n, const char *path, char *tried, size_t cap) {
+    const char *err;
+    n->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (n->lib) {
+        capex__cuda_fmt(n->path, sizeof n->path, "%s", path);
+        return 1;
+    }
+    err = dlerror();
+    /* dlerror repeats the path; "No such file" for every soname is noise, keep it short */
+    if (err && strstr(err, "No such file")) capex__cuda_append(tried, cap, " %s (not found);", path);
+    else capex__cuda_append(tried, cap, " %s (%s);", path, err ? err : "?");
+    return 0;
+}
+
+CAPEX__PRIVATE void capex__cuda_nv_load(void) {
+    static const char *sonames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so.11.1",
+                                    "libnvrtc.so.11.0", "libnvrtc.so"};
+    static const char *dirs[] = {"/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
+                                 "/usr/local/cuda/targets/sbsa-linux/lib", "/opt/cuda/lib64"};
+    capex__cuda_nvrtc_lib *n = &capex__cuda_nv;
+    const char *over = getenv("CAPEX_NVRTC_PATH");
+    char tried[700];
+    const char *missing = NULL;
+    size_t i, j;
+    int found = 0;
+    tried[0] = '\0';
+    n->message[0] = '\0';
+    if (over && over[0]) {
+        found = capex__cuda_nv_try(n, over, tried, sizeof tried);
+        if (!found) {
+            n->status = CAPEX_ERR_NO_NVRTC;
+            capex__cuda_fmt(n->message, sizeof n->message,
+                     "NVRTC not loadable from CAPEX_NVRTC_PATH:%s point it at a libnvrtc.so.* (CUDA 11.2+), "
+                     "or unset it to search the usual sonames and toolkit directories", tried);
+            return;
+        }
+    }
+    /* With the driver already loaded, prefer an NVRTC no newer than it: a driver
+       cannot load CUBIN or PTX from a newer CUDA major version. */
+    {
+        int drv_major = capex__cuda_drv_version_seen / 1000;
+        int pass;
+        for (pass = drv_major ? 0 : 1; pass < 2; pass++)
+            for (i = 0; !found && i < sizeof sonames / sizeof sonames[0]; i++) {
+                int major = strlen(sonames[i]) > 12 ? atoi(sonames[i] + 12) : 0; /* "libnvrtc.so.13" -> 13 */
+                if (pass == 0 && (major == 0 || major > drv_major)) continue;
+                if (pass == 1 && drv_major && major > 0 && major <= drv_major) continue; /* tried */
+                found = capex__cuda_nv_try(n, sonames[i], tried, sizeof tried);
+            }
+    }
+    /* toolkits installed without ldconfig entries: $CUDA_HOME, $CUDA_PATH, usual dirs */
+    for (j = 0; !found && j < 2 + sizeof dirs / sizeof dirs[0]; j++) {
+        char dir[512], path[640];
+        const char *env = j == 0 ? getenv("CUDA_HOME") : j == 1 ? getenv("CUDA_PATH") : NULL;
+        if (j < 2) {
+            if (!env || !env[0]) continue;
+            capex__cuda_fmt(dir, sizeof dir, "%s/lib64", env);
+        } else {
+            capex__cuda_fmt(dir, sizeof dir, "%s", dirs[j - 2]);
+        }
+        for (i = 0; !found && i + 1 < sizeof sonames / sizeof sonames[0]; i++) {
+            struct stat st;
+            capex__cuda_fmt(path, sizeof path, "%s/%s", dir, sonames[i]);
+            if (stat(path, &st) != 0) continue; /* do not list every absent file */
+            found = capex__cuda_nv_try(n, path, tried, sizeof tried);
+        }
+        if (!found) capex__cuda_append(tried, sizeof tried, " %s/ (no libnvrtc);", dir);
+    }
+    if (!found) {
+        n->status = CAPEX_ERR_NO_NVRTC;
+        capex__cuda_fmt(n->message, sizeof n->message,
+                 "NVRTC (the CUDA runtime compiler) not found; tried:%s install the CUDA toolkit's NVRTC "
+                 "(apt: cuda-nvrtc-13-0, pip: nvidia-cuda-nvrtc) and set CAPEX_NVRTC_PATH to its "
+                 "libnvrtc.so.* if it is not on the loader path", tried);
+        return;
+    }
+#define CAPEX__NV(name) do { CAPEX__CUDA_SYM(n->lib, n->name, #name); if (!n->name && !missing) missing = #name; } while (0)
+    CAPEX__NV(nvrtcGetErrorString); CAPEX__NV(nvrtcVersion); CAPEX__NV(nvrtcGetNumSupportedArchs);
+    CAPEX__NV(nvrtcGetSupportedArchs); CAPEX__NV(nvrtcCreateProgram); CAPEX__NV(nvrtcDestroyProgram);
+    CAPEX__NV(nvrtcCompileProgram); CAPEX__NV(nvrtcGetPTXSize); CAPEX__NV(nvrtcGetPTX);
+    CAPEX__NV(nvrtcGetCUBINSize); CAPEX__NV(nvrtcGetCUBIN); CAPEX__NV(nvrtcGetProgramLogSize);
+    CAPEX__NV(nvrtcGetProgramLog);
+#undef CAPEX__NV
+    if (missing) {
+        n->status = CAPEX_ERR_NO_NVRTC;
+        capex__cuda_fmt(n->message, sizeof n->message,
+                 "NVRTC at %s lacks %s (capex needs NVRTC 11.2 or newer for CUBIN output); install a newer "
+                 "toolkit or set CAPEX_NVRTC_PATH", n->path, missing);
+        dlclose(n->lib);
+        n->lib = NULL;
+        return;
+    }
+    n->nvrtcVersion(&n->major, &n->minor);
+    if (n->nvrtcGetNumSupportedArchs(&n->n_archs) != 0 || n->n_archs < 0 ||
+        n->n_archs > (int)(sizeof n->archs / sizeof n->archs[0]) || n->nvrtcGetSupportedArchs(n->archs) != 0) {
+        n->status = CAPEX_ERR_NO_NVRTC;
+        capex__cuda_fmt(n->message, sizeof n->message, "NVRTC at %s could not list its architectures", n->path);
+        return;
+    }
+    capex__cuda_nv_loaded = 1;
+    n->status = CAPEX_OK;
+}
+
+CAPEX__PRIVATE capex__cuda_nvrtc_lib *capex__cuda_nvrtc(capex_result *res) {
+    pthread_once(&capex__cuda_nv_once, capex__cuda_nv_load);
+    if (capex__cuda_nv.status != CAPEX_OK) {
+        *res = capex__fail(capex__cuda_nv.status, "%s", capex__cuda_nv.message);
+        return NULL;
+    }
+    *res = CAPEX_OK;
+    return &capex__cuda_nv;
+}
+
+/* ---- NCCL, loaded once (the communicator section looks its symbols up) -- */
+
+typedef struct capex__cuda_nccl_lib {
+    void *lib;
+    capex_result status;
+    char message[900];
+    int version;
+} capex__cuda_nccl_lib;
+
+static capex__cuda_nccl_lib capex__cuda_nccl;
+static pthread_once_t capex__cuda_nccl_once = PTHREAD_ONCE_INIT;
+
+CAPEX__PRIVATE void capex__cuda_nccl_load(void) {
+    capex__cuda_nccl_lib *c = &capex__cuda_nccl;
+    const char *over = getenv("CAPEX_NCCL_PATH");
+    const char *path = over && over[0] ? over : "libnccl.so.2";
+    int (*get_version)(int *) = NULL;
+    c->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!c->lib) {
+        const char *err = dlerror();
+        c->status = CAPEX_ERR_NO_NCCL;
+        capex__cuda_fmt(c->message, sizeof c->message,
+                 "NCCL not found: tried %s%s (%s). Install NCCL (apt: libnccl2, pip: nvidia-nccl-cu12) "
+                 "or set CAPEX_NCCL_PATH to its libnccl.so.2; single-GPU and MPI training do not need it",
+                 path, over && over[0] ? " from CAPEX_NCCL_PATH" : "", err ? err : "unknown dlerror");
+        return;
+    }
+    CAPEX__CUDA_SYM(c->lib, get_version, "ncclGetVersion");
+    if (!get_version || get_version(&c->version) != 0) {
+        c->status = CAPEX_ERR_NO_NCCL;
+        capex__cuda_fmt(c->message, sizeof c->message, "%s has no working ncclGetVersion: not an NCCL library", path);
+        dlclose(c->lib);
+        c->lib = NULL;
+        return;
+    }
+    c->status = CAPEX_OK;
+}
+
+/* An NCCL symbol (NULL with the failure recorded in *res). Thread-safe. */
+CAPEX__PRIVATE void *capex__cuda_nccl_sym(const char *name, capex_result *res) {
+    void *p;
+    pthread_once(&capex__cuda_nccl_once, capex__cuda_nccl_load);
+    if (capex__cuda_nccl.status != CAPEX_OK) {
+        *res = capex__fail(capex__cuda_nccl.status, "%s", capex__cuda_nccl.message);
+        return NULL;
+    }
+    p = dlsym(capex__cuda_nccl.lib, name);
+    *res = p ? CAPEX_OK : capex__fail(CAPEX_ERR_NO_NCCL, "NCCL %d lacks %s: install a newer NCCL", capex__cuda_nccl.version, name);
+    return p;
+}
+
+/* ---- versions ------------------------------------------------------------- */
+
+CAPEX_API capex_result capex_cuda_driver_version(int *version) {
+    capex_result r;
+    capex__cuda_driver_lib *d;
+    if (!version) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_driver_version: version is NULL");
+    *version = 0;
+    d = capex__cuda_driver(&r);
+    if (!d) {
+        /* the driver answers its version even when cuInit found no GPU */
+        if (r == CAPEX_ERR_NO_DEVICE && capex__cuda_drv.cuDriverGetVersion) capex__cuda_drv.cuDriverGetVersion(version);
+        return r;
+    }
+    *version = d->version;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_nvrtc_version(int *major, int *minor) {
+    capex_result r;
+    capex__cuda_nvrtc_lib *n;
+    if (!major || !minor) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_nvrtc_version: NULL argument");
+    *major = *minor = 0;
+    n = capex__cuda_nvrtc(&r);
+    if (!n) return r;
+    *major = n->major;
+    *minor = n->minor;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_nvrtc_supported_archs(int *archs, int capacity, int *count) {
+    capex_result r;
+    capex__cuda_nvrtc_lib *n;
+    int i;
+    if (!count || (capacity > 0 && !archs) || capacity < 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_nvrtc_supported_archs: NULL argument or negative capacity");
+    *count = 0;
+    n = capex__cuda_nvrtc(&r);
+    if (!n) return r;
+    *count = n->n_archs;
+    for (i = 0; i < n->n_archs && i < capacity; i++) archs[i] = n->archs[i];
+    if (capacity < n->n_archs)
+        return capex__fail(CAPEX_ERR_LIMIT, "capex_cuda_nvrtc_supported_archs: NVRTC lists %d archs, capacity is %d",
+                           n->n_archs, capacity);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_nccl_version(int *version) {
+    capex_result r;
+    if (!version) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_nccl_version: version is NULL");
+    *version = 0;
+    if (!capex__cuda_nccl_sym("ncclGetVersion", &r)) return r;
+    *version = capex__cuda_nccl.version;
+    return CAPEX_OK;
+}
+
+CAPEX_API const char *capex_cuda_nvrtc_path(void) { return capex__cuda_nv_loaded ? capex__cuda_nv.path : ""; }
+CAPEX_API int capex_cuda_nvrtc_is_loaded(void) { return capex__cuda_nv_loaded; }
+
+/* ---- devices -------------------------------------------------------------- */
+
+CAPEX_API capex_result capex_cuda_device_count(int *n) {
+    capex_result r;
+    if (!n) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_device_count: n is NULL");
+    *n = 0;
+    if (!capex__cuda_driver(&r)) return r;
+    CAPEX__CU(cuDeviceGetCount, (n), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_device_get_info(int ordinal, capex_cuda_device_info *info) {
+    capex_result r;
+    int n = 0, dev = 0;
+    if (!info) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_device_get_info: info is NULL");
+    memset(info, 0, sizeof *info);
+    if ((r = capex_cuda_device_count(&n)) != CAPEX_OK) return r;
+    if (ordinal < 0 || ordinal >= n)
+        return capex__fail(CAPEX_ERR_NO_DEVICE, "GPU %d requested but %d visible (check CUDA_VISIBLE_DEVICES)", ordinal, n);
+    CAPEX__CU(cuDeviceGet, (&dev, ordinal), "");
+    info->ordinal = ordinal;
+    CAPEX__CU(cuDeviceGetName, (info->name, (int)sizeof info->name, dev), "");
+    CAPEX__CU(cuDeviceGetAttribute, (&info->cc_major, 75, dev), "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR");
+    CAPEX__CU(cuDeviceGetAttribute, (&info->cc_minor, 76, dev), "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR");
+    CAPEX__CU(cuDeviceGetAttribute, (&info->sm_count, 16, dev), "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT");
+    CAPEX__CU(cuDeviceTotalMem_v2, (&info->total_bytes, dev), "");
+    /* memory clock (36) and bus width (37) are informational: absent on some drivers */
+    if (capex__cuda_drv.cuDeviceGetAttribute(&info->mem_clock_khz, 36, dev) != 0) info->mem_clock_khz = 0;
+    if (capex__cuda_drv.cuDeviceGetAttribute(&info->bus_width_bits, 37, dev) != 0) info->bus_width_bits = 0;
+    /* double data rate: 2 transfers per clock, bus width in bits */
+    info->peak_bandwidth_gbs = 2.0 * info->mem_clock_khz * 1e3 * (info->bus_width_bits / 8.0) / 1e9;
+    return CAPEX_OK;
+}
+
+/* ---- arch selection ---------------------------------------------------------- */
+
+CAPEX_API capex_result capex_cuda_select_target(const int *supported, int n_supported, int device_cc,
+                                                capex_cuda_target *out) {
+    int i, lowest = 0, below = 0;
+    if (!out || (n_supported > 0 && !supported) || n_supported < 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_select_target: NULL argument or negative count");
+    out->kind = CAPEX_CUDA_IMAGE_CUBIN;
+    out->arch = 0;
+    if (device_cc <= 0) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_select_target: device_cc %d (want e.g. 90 for sm_90)", device_cc);
+    if (n_supported == 0) return capex__fail(CAPEX_ERR_ARCH, "NVRTC lists no supported architectures");
+    for (i = 0; i < n_supported; i++) {
+        if (supported[i] == device_cc) {
+            out->arch = device_cc;
+            return CAPEX_OK;
+        }
+        if (!lowest || supported[i] < lowest) lowest = supported[i];
+        if (supported[i] < device_cc && supported[i] > below) below = supported[i];
+    }
+    if (below) {
+        /* newer GPU than this NVRTC knows: PTX for the best older arch, JIT-finished by the driver */
+        out->kind = CAPEX_CUDA_IMAGE_PTX;
+        out->arch = below;
+        return CAPEX_OK;
+    }
+    return capex__fail(CAPEX_ERR_ARCH,
+                       "GPU sm_%d is older than the oldest architecture this NVRTC supports (sm_%d): use an older "
+                       "CUDA toolkit's NVRTC (CAPEX_NVRTC_PATH; CUDA 12 supports sm_50+) or a newer GPU",
+                       device_cc, lowest);
+}
+
+/* ---- images and the NVRTC compile ---------------------------------------- */
+
+CAPEX_API void capex_cuda_image_free(capex_cuda_image *image) {
+    if (!image) return;
+    CAPEX_FREE(image->data);
+    memset(image, 0, sizeof *image);
+}
+
+CAPEX__PRIVATE const char *capex__cuda_nvrtc_err(capex__cuda_nvrtc_lib *n, capex__nvrtcResult r) {
+    const char *s = n->nvrtcGetErrorString ? n->nvrtcGetErrorString(r) : NULL;
+    return s ? s : "NVRTC_ERROR_UNKNOWN";
+}
+
+CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *name, const char *const *options,
+                                                int n_options, capex_cuda_target target, capex_cuda_image *out) {
+    capex_result r;
+    capex__cuda_nvrtc_lib *n;
+    void *prog = NULL;
+    const char **opts;
+    char arch_opt[32], saved_locale[128], optlist[320];
+    const char *cur_locale;
+    int i, switched = 0;
+    capex__nvrtcResult nr;
+    size_t size = 0;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_nvrtc_compile: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!source || n_options < 0 || (n_options > 0 && !options))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_nvrtc_compile: NULL source, or options NULL with n_options %d", n_options);
+    for (i = 0; i < n_options; i++)
+        if (!options[i]) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_nvrtc_compile: options[%d] is NULL", i);
+    if ((target.kind != CAPEX_CUDA_IMAGE_CUBIN && target.kind != CAPEX_CUDA_IMAGE_PTX) || target.arch <= 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_nvrtc_compile: invalid target (kind %d, arch %d)", (int)target.kind, target.arch);
+    if (!name || !name[0]) name = "capex_program";
+    n = capex__cuda_nvrtc(&r);
+    if (!n) return r;
+    opts = (const char **)CAPEX_MALLOC(sizeof(char *) * (size_t)(n_options + 1));
+    if (!opts) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_nvrtc_compile: out of memory");
+    capex__cuda_fmt(arch_opt, sizeof arch_opt, "-arch=%s_%d", target.kind == CAPEX_CUDA_IMAGE_CUBIN ? "sm" : "compute", target.arch);
+    for (i = 0; i < n_options; i++) opts[i] = options[i];
+    opts[n_options] = arch_opt;
+    optlist[0] = '\0';
+    for (i = 0; i <= n_options; i++) capex__cuda_append(optlist, sizeof optlist, "%s%s", i ? " " : "", opts[i]);
+
+    /* NVRTC parses numbers with the C library: a decimal-comma LC_NUMERIC breaks it */
+    cur_locale = setlocale(LC_NUMERIC, NULL);
+    if (cur_locale && strcmp(cur_locale, "C") != 0) {
+        capex__cuda_fmt(saved_locale, sizeof saved_locale, "%s", cur_locale);
+        switched = setlocale(LC_NUMERIC, "C") != NULL;
+    }
+    nr = n->nvrtcCreateProgram(&prog, source, name, 0, NULL, NULL);
+    if (nr != 0) {
+        r = capex__fail(CAPEX_ERR_NVRTC, "nvrtcCreateProgram('%s') failed: %s", name, capex__cuda_nvrtc_err(n, nr));
+        goto done;
+    }
+    nr = n->nvrtcCompileProgram(prog, n_options + 1, opts);
+    if (nr != 0) {
+        size_t log_size = 0;
+        char *log = NULL;
+        if (n->nvrtcGetProgramLogSize(prog, &log_size) == 0 && log_size > 0) {
+            log = (char *)CAPEX_MALLOC(log_size + 1);
+            if (log && n->nvrtcGetProgramLog(prog, log) == 0) log[log_size] = '\0';
+            else if (log) log[0] = '\0';
+        }
+        r = capex__fail(CAPEX_ERR_NVRTC, "NVRTC %d.%d could not compile '%s' (%s): %s\nlog:\n%s\noptions: %s",
+                        n->major, n->minor, name, arch_opt, capex__cuda_nvrtc_err(n, nr), log ? log : "(no log)", optlist);
+        CAPEX_FREE(log);
+        goto done;
+    }
+    if (target.kind == CAPEX_CUDA_IMAGE_CUBIN) nr = n->nvrtcGetCUBINSize(prog, &size);
+    else nr = n->nvrtcGetPTXSize(prog, &size);
+    if (nr != 0 || size == 0) {
+        r = capex__fail(CAPEX_ERR_NVRTC, "NVRTC produced no %s for '%s' (%s): %s", target.kind == CAPEX_CUDA_IMAGE_CUBIN ? "CUBIN" : "PTX",
+                        name, arch_opt, capex__cuda_nvrtc_err(n, nr));
+        goto done;
+    }
+    out->data = CAPEX_MALLOC(size);
+    if (!out->data) {
+        r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_nvrtc_compile: %zu bytes for the image", size);
+        goto done;
+    }
+    nr = target.kind == CAPEX_CUDA_IMAGE_CUBIN ? n->nvrtcGetCUBIN(prog, (char *)out->data) : n->nvrtcGetPTX(prog, (char *)out->data);
+    if (nr != 0) {
+        CAPEX_FREE(out->data);
+        out->data = NULL;
+        r = capex__fail(CAPEX_ERR_NVRTC, "NVRTC could not return the image of '%s': %s", name, capex__cuda_nvrtc_err(n, nr));
+        goto done;
+    }
+    out->size = size;
+    out->kind = target.kind;
+    out->arch = target.arch;
+    out->nvrtc_version = n->major * 1000 + n->minor * 10;
+    r = CAPEX_OK;
+done:
+    if (prog) n->nvrtcDestroyProgram(&prog);
+    if (switched) setlocale(LC_NUMERIC, saved_locale);
+    CAPEX_FREE((void *)opts);
+    return r;
+}
+
+/* ---- the disk cache ---------------------------------------------------------- */
+
+#define CAPEX__CACHE_FORMAT 1u
+#define CAPEX__CACHE_HEADER 96
+#define CAPEX__CACHE_MAX_PAYLOAD ((uint64_t)1 << 30)
+static const char capex__cache_magic[8] = {'C', 'A', 'P', 'E', 'X', 'J', 'I', 'T'};
+
+CAPEX_API void capex_cuda_cache_init(capex_cuda_cache *cache, const char *dir) {
+    const char *env;
+    if (!cache) return;
+    memset(cache, 0, sizeof *cache);
+    if (dir) {
+        capex__cuda_fmt(cache->dir, sizeof cache->dir, "%s", dir);
+    } else if ((env = getenv("CAPEX_CACHE_DIR")) != NULL) {
+        capex__cuda_fmt(cache->dir, sizeof cache->dir, "%s", env);  /* set but empty: disabled */
+    } else if ((env = getenv("XDG_CACHE_HOME")) != NULL && env[0] == '/') {
+        capex__cuda_fmt(cache->dir, sizeof cache->dir, "%s/capex", env);
+    } else if ((env = getenv("HOME")) != NULL && env[0]) {
+        capex__cuda_fmt(cache->dir, sizeof cache->dir, "%s/.cache/capex", env);
+    }
+    cache->enabled = cache->dir[0] != '\0';
+}
+
+/* Key of a compile request: every input that changes the produced code, except
+   the NVRTC that will make it (recorded in the entry instead, see the manual). */
+CAPEX__PRIVATE void capex__cuda_cache_key(const char *source, const char *name, const char *const *options,
+                                          int n_options, int device_cc, unsigned char key[32]) {
+    capex__sha256 s;
+    int i;
+    capex__sha256_init(&s);
+    capex__sha256_str(&s, "capex-jit-key");
+    capex__sha256_u64(&s, CAPEX__CACHE_FORMAT);
+    capex__sha256_u64(&s, (uint64_t)(int64_t)device_cc);
+    capex__sha256_str(&s, name);
+    capex__sha256_u64(&s, (uint64_t)n_options);
+    for (i = 0; i < n_options; i++) capex__sha256_str(&s, options[i]);
+    capex__sha256_str(&s, source);
+    capex__sha256_final(&s, key);
+}
+
+CAPEX__PRIVATE void capex__cuda_cache_path(const capex_cuda_cache *c, const unsigned char key[32], char *buf, size_t cap) {
+    char hex[65];
+    int i;
+    for (i = 0; i < 32; i++) {
+        static const char digits[] = "0123456789abcdef";
+        hex[2 * i] = digits[key[i] >> 4];
+        hex[2 * i + 1] = digits[key[i] & 15];
+    }
+    hex[64] = '\0';
+    capex__cuda_fmt(buf, cap, "%s/%s.capexjit", c->dir, hex);
+}
+
+CAPEX__PRIVATE void capex__put_u32(unsigned char *p, uint32_t v) {
+    int i;
+    for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+CAPEX__PRIVATE void capex__put_u64(unsigned char *p, uint64_t v) {
+    int i;
+    for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+CAPEX__PRIVATE uint32_t capex__get_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+CAPEX__PRIVATE uint64_t capex__get_u64(const unsigned char *p) {
+    return (uint64_t)capex__get_u32(p) | (uint64_t)capex__get_u32(p + 4) << 32;
+}
+
+/* Entry layout (little-endian): magic[8] | u32 format | u32 kind | u32 arch |
+   u32 nvrtc version | u64 payload size | key[32] | sha256(header[0..64) || payload)[32] | payload */
+CAPEX__PRIVATE void capex__cuda_cache_header(unsigned char h[CAPEX__CACHE_HEADER], const unsigned char key[32],
+                                             const capex_cuda_image *img) {
+    capex__sha256 s;
+    memcpy(h, capex__cache_magic, 8);
+    capex__put_u32(h + 8, CAPEX__CACHE_FORMAT);
+    capex__put_u32(h + 12, (uint32_t)img->kind);
+    capex__put_u32(h + 16, (uint32_t)img->arch);
+    capex__put_u32(h + 20, (uint32_t)img->nvrtc_version);
+    capex__put_u64(h + 24, (uint64_t)img->size);
+    memcpy(h + 32, key, 32);
+    capex__sha256_init(&s);
+    capex__sha256_update(&s, h, 64);
+    capex__sha256_update(&s, img->data, img->size);
+    capex__sha256_final(&s, h + 64);
+}
+
+/* Reads and verifies an entry. CAPEX_ERR_NOT_FOUND when absent; FORMAT, VERSION or
+   CHECKSUM when present but not trustworthy (the caller recompiles). */
+CAPEX__PRIVATE capex_result capex__cuda_cache_read(const char *path, const unsigned char key[32], capex_cuda_image *out) {
+    unsigned char h[CAPEX__CACHE_HEADER], sum[32];
+    capex__sha256 s;
+    uint64_t size;
+    uint32_t kind;
+    long file_size;
+    FILE *f;
+    memset(out, 0, sizeof *out);
+    f = fopen(path, "rb");
+    if (!f) return capex__fail(CAPEX_ERR_NOT_FOUND, "no cache entry %s", path);
+    if (fread(h, 1, sizeof h, f) != sizeof h) {
+        fclose(f);
+        return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is truncated (short header)", path);
+    }
+    if (memcmp(h, capex__cache_magic, 8) != 0) {
+        fclose(f);
+        return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is not a capex JIT entry (bad magic)", path);
+    }
+    if (capex__get_u32(h + 8) != CAPEX__CACHE_FORMAT) {
+        fclose(f);
+        return capex__fail(CAPEX_ERR_VERSION, "cache entry %s has format %u, this capex writes %u", path,
+                           (unsigned)capex__get_u32(h + 8), (unsigned)CAPEX__CACHE_FORMAT);
+    }
+    kind = capex__get_u32(h + 12);
+    size = capex__get_u64(h + 24);
+    if ((kind != CAPEX_CUDA_IMAGE_CUBIN && kind != CAPEX_CUDA_IMAGE_PTX) || size == 0 || size > CAPEX__CACHE_MAX_PAYLOAD) {
+        fclose(f);
+        return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s has a bad kind or size", path);
+    }
+    if (memcmp(h + 32, key, 32) != 0) {
+        fclose(f);
+        return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s belongs to another key", path);
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (file_size = ftell(f)) < 0 ||
+        (uint64_t)file_size != CAPEX__CACHE_HEADER + size || fseek(f, CAPEX__CACHE_HEADER, SEEK_SET) != 0) {
+        fclose(f);
+        return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is truncated or has trailing bytes", path);
+    }
+    out->data = CAPEX_MALLOC((size_t)size);
+    if (!out->data) {
+        fclose(f);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "cache entry %s: out of memory", path);
+    }
+    if (fread(out->data, 1, (size_t)size, f) != (size_t)size) {
+        fclose(f);
+        capex_cuda_image_free(out);
+        return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is truncated", path);
+    }
+    fclose(f);
+    capex__sha256_init(&s);
+    capex__sha256_update(&s, h, 64);
+    capex__sha256_update(&s, out->data, (size_t)size);
+    capex__sha256_final(&s, sum);
+    if (memcmp(sum, h + 64, 32) != 0) {
+        capex_cuda_image_free(out);
+        return capex__fail(CAPEX_ERR_CHECKSUM, "cache entry %s fails its checksum", path);
+    }
+    if (kind == CAPEX_CUDA_IMAGE_PTX && ((const char *)out->data)[size - 1] != '\0') {
+        capex_cuda_image_free(out);
+        return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s: PTX not NUL-terminated", path);
+    }
+    out->kind = (capex_cuda_image_kind)kind;
+    out->arch = (int)capex__get_u32(h + 16);
+    out->nvrtc_version = (int)capex__get_u32(h + 20);
+    out->size = (size_t)size;
+    out->from_cache = 1;
+    return CAPEX_OK;
+}
+
+/* mkdir -p (0755). */
+CAPEX__PRIVATE int capex__cuda_mkdirs(const char *dir) {
+    char buf[1024];
+    size_t i, n = strlen(dir);
+    if (n == 0 || n >= sizeof buf) return -1;
+    memcpy(buf, dir, n + 1);
+    for (i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char saved = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+            buf[i] = saved;
+        }
+    }
+    return 0;
+}
+
+CAPEX__PRIVATE int capex__cuda_write_all(int fd, const void *data, size_t n) {
+    const char *p = (const char *)data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Writes an entry atomically: a private temp file in the same directory, then
+   rename(), so readers see either no entry, the old one, or the whole new one.
+   Concurrent writers of one key each rename a complete file; the last wins. */
+CAPEX__PRIVATE capex_result capex__cuda_cache_write(const capex_cuda_cache *c, const unsigned char key[32],
+                                                    const capex_cuda_image *img) {
+    char path[1200], tmp[1300];
+    unsigned char h[CAPEX__CACHE_HEADER];
+    int fd = -1, attempt, err;
+    if (capex__cuda_mkdirs(c->dir) != 0)
+        return capex__fail(CAPEX_ERR_IO, "cannot create the kernel cache directory %s: %s", c->dir, strerror(errno));
+    capex__cuda_cache_path(c, key, path, sizeof path);
+    for (attempt = 0; attempt < 100 && fd < 0; attempt++) {
+        /* pid + a stack address + attempt: unique across processes and threads */
+        capex__cuda_fmt(tmp, sizeof tmp, "%s.%ld.%lx.%d.tmp", path, (long)getpid(), (unsigned long)(size_t)&fd, attempt);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0)
+        return capex__fail(CAPEX_ERR_IO, "cannot write to the kernel cache directory %s: %s", c->dir, strerror(errno));
+    capex__cuda_cache_header(h, key, img);
+    if (capex__cuda_write_all(fd, h, sizeof h) != 0 || capex__cuda_write_all(fd, img->data, img->size) != 0) {
+        err = errno;
+        close(fd);
+        unlink(tmp);
+        return capex__fail(CAPEX_ERR_IO, "cannot write the kernel cache entry %s: %s", tmp, strerror(err));
+    }
+    if (close(fd) != 0 || rename(tmp, path) != 0) {
+        err = errno;
+        unlink(tmp);
+        return capex__fail(CAPEX_ERR_IO, "cannot install the kernel cache entry %s: %s", path, strerror(err));
+    }
+    return CAPEX_OK;
+}
+
+CAPEX_API void capex_cuda_compile_desc_init(capex_cuda_compile_desc *desc) {
+    if (!desc) return;
+    memset(desc, 0, sizeof *desc);
+    desc->name = "capex_program";
+}
+
+/* The cache-aware compile. skip_read: the caller found the cached image unusable. */
+CAPEX__PRIVATE capex_result capex__cuda_compile(const capex_cuda_compile_desc *d, int skip_read, capex_cuda_image *out) {
+    unsigned char key[32];
+    char path[1200];
+    capex_result r;
+    capex__cuda_nvrtc_lib *n;
+    capex_cuda_target target;
+    int i, use_cache;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!d || !d->source || d->n_options < 0 || (d->n_options > 0 && !d->options))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: NULL desc or source, or options NULL with n_options > 0");
+    for (i = 0; i < d->n_options; i++)
+        if (!d->options[i]) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: options[%d] is NULL", i);
+    if (d->device_cc <= 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: device_cc %d (want e.g. 90 for sm_90)", d->device_cc);
+    use_cache = d->cache && d->cache->enabled && d->cache->dir[0];
+    if (use_cache) {
+        capex__cuda_cache_key(d->source, d->name, d->options, d->n_options, d->device_cc, key);
+        capex__cuda_cache_path(d->cache, key, path, sizeof path);
+        if (!skip_read) {
+            r = capex__cuda_cache_read(path, key, out);
+            if (r == CAPEX_OK) return CAPEX_OK;
+            if (r != CAPEX_ERR_NOT_FOUND) capex_log(CAPEX_LOG_INFO, "recompiling: %s", capex_last_error());
+        }
+    }
+    n = capex__cuda_nvrtc(&r);
+    if (!n) return r;
+    if ((r = capex_cuda_select_target(n->archs, n->n_archs, d->device_cc, &target)) != CAPEX_OK) return r;
+    if ((r = capex_cuda_nvrtc_compile(d->source, d->name, d->options, d->n_options, target, out)) != CAPEX_OK) return r;
+    if (use_cache && capex__cuda_cache_write(d->cache, key, out) != CAPEX_OK) {
+        if (!d->cache->warned) capex_log(CAPEX_LOG_WARN, "%s; running without the kernel cache (set CAPEX_CACHE_DIR)", capex_last_error());
+        d->cache->warned = 1;
+        capex_clear_error();
+    }
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_compile(const capex_cuda_compile_desc *desc, capex_cuda_image *out) {
+    return capex__cuda_compile(desc, 0, out);
+}
+
+/* ---- the embedded kernel program -------------------------------------------
+   One NVRTC program assembled from fragments (each under C99's 4095-character
+   literal limit), compiled once per GPU arch. No #include: NVRTC has no CUDA
+   headers without include paths, so half types are plain bit arithmetic, the
+   same formulas as capex.h's CPU conversions (bit-exact on every input).
+   Later sections append fragments: the optimizer math will come from capex.h
+   (capex__optim_math_source(), the text its CPU backend compiles) when
+   CAPEX__HAVE_OPTIM_MATH_SOURCE is defined, followed by its fused kernels. */
+
+static const char capex__cuda_frag_prelude[] =
+    "typedef unsigned short capex_u16;\n"
+    "typedef unsigned int capex_u32;\n"
+    "typedef unsigned long long capex_u64;\n"
+    "#define CAPEX_DEVICE __device__ __forceinline__\n"
+    "#define CAPEX_KERNEL extern \"C\" __global__\n"
+    "/* grid-stride loop with 64-bit indices (no INT_MAX limit) */\n"
+    "#define CAPEX_FOR_EACH(i, n) for (capex_u64 i = (capex_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); "
+    "i += (capex_u64)gridDim.x * blockDim.x)\n"
+    "CAPEX_DEVICE capex_u16 capex_f32_to_f16_bits(float f) {\n"
+    "    capex_u32 x = __float_as_uint(f);\n"
+    "    capex_u32 sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu, e = ax >> 23;\n"
+    "    capex_u32 normal = (ax - (112u << 23) + 0xfffu + ((ax >> 13) & 1u)) >> 13;\n"
+    "    capex_u32 m = (ax & 0x7fffffu) | 0x800000u;\n"
+    "    capex_u32 shift = e >= 126u ? 1u : (126u - e > 25u ? 25u : 126u - e);\n"
+    "    capex_u32 r = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);\n"
+    "    capex_u32 sub = r + ((rem > half) | ((rem == half) & (r & 1u)));\n"
+    "    capex_u32 nan = 0x7e00u | ((ax >> 13) & 0x3ffu);\n"
+    "    capex_u32 out = ax > 0x7f800000u ? nan : ax >= 0x477ff000u ? 0x7c00u : ax < 0x38800000u ? sub : normal;\n"
+    "    return (capex_u16)(sign | out);\n"
+    "}\n"
+    "CAPEX_DEVICE float capex_f16_bits_to_f32(capex_u16 h) {\n"
+    "    capex_u32 sign = (capex_u32)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n"
+    "    /* m * 2^-24 is exact in f32 and normal: no FTZ issue */\n"
+    "    capex_u32 sub = __float_as_uint(__fmul_rn((float)m, 5.9604644775390625e-8f));\n"
+    "    capex_u32 out = e == 0x1fu ? (0x7f800000u | (m << 13)) : e == 0u ? sub : (((e + 112u) << 23) | (m << 13));\n"
+    "    return __uint_as_float(sign | out);\n"
+    "}\n"
+    "CAPEX_DEVICE capex_u16 capex_f32_to_bf16_bits(float f) {\n"
+    "    capex_u32 x = __float_as_uint(f);\n"
+    "    capex_u32 rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;\n"
+    "    return (capex_u16)((x & 0x7fffffffu) > 0x7f800000u ? ((x >> 16) | 0x40u) : rounded);\n"
+    "}\n"
+    "CAPEX_DEVICE float capex_bf16_bits_to_f32(capex_u16 h) { return __uint_as_float((capex_u32)h << 16); }\n";
+
+static const char capex__cuda_frag_basic[] =
+    "CAPEX_KERNEL void capex_fill_f32(float *x, float v, capex_u64 n) { CAPEX_FOR_EACH(i, n) x[i] = v; }\n"
+    "CAPEX_KERNEL void capex_scale_f32(float *y, const float *x, float a, capex_u64 n) {\n"
+    "    CAPEX_FOR_EACH(i, n) y[i] = __fmul_rn(a, x[i]);\n"
+    "}\n"
+    "CAPEX_KERNEL void capex_add_f32(float *c, const float *a, const float *b, capex_u64 n) {\n"
+    "    CAPEX_FOR_EACH(i, n) c[i] = __fadd_rn(a[i], b[i]);\n"
+    "}\n"
+    "CAPEX_KERNEL void capex_f32_to_f16(capex_u16 *dst, const float *src, capex_u64 n) {\n"
+    "    CAPEX_FOR_EACH(i, n) dst[i] = capex_f32_to_f16_bits(src[i]);\n"
+    "}\n"
+    "CAPEX_KERNEL void capex_f16_to_f32(float *dst, const capex_u16 *src, capex_u64 n) {\n"
+    "    CAPEX_FOR_EACH(i, n) dst[i] = capex_f16_bits_to_f32(src[i]);\n"
+    "}\n"
+    "CAPEX_KERNEL void capex_f32_to_bf16(capex_u16 *dst, const float *src, capex_u64 n) {\n"
+    "    CAPEX_FOR_EACH(i, n) dst[i] = capex_f32_to_bf16_bits(src[i]);\n"
+    "}\n"
+    "CAPEX_KERNEL void capex_bf16_to_f32(float *dst, const capex_u16 *src, capex_u64 n) {\n"
+    "    CAPEX_FOR_EACH(i, n) dst[i] = capex_bf16_bits_to_f32(src[i]);\n"
+    "}\n";
+
+typedef const char *(*capex__cuda_fragment_fn)(void);
+CAPEX__PRIVATE const char *capex__cuda_frag_prelude_fn(void) { return capex__cuda_frag_prelude; }
+CAPEX__PRIVATE const char *capex__cuda_frag_basic_fn(void) { return capex__cuda_frag_basic; }
+
+/* The program, in order. Append new fragments here (one compile for all). */
+static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
+    capex__cuda_frag_prelude_fn,
+#ifdef CAPEX__HAVE_OPTIM_MATH_SOURCE
+    capex__optim_math_source, /* shared with the CPU backend (issue 5 hook) */
+#endif
+    capex__cuda_frag_basic_fn,
+};
+
+/* Kernel names of the built-in program; tests check each is in every image. */
+static const char *const capex__cuda_builtin_kernels[] = {
+    "capex_fill_f32", "capex_scale_f32", "capex_add_f32", "capex_f32_to_f16",
+    "capex_f16_to_f32", "capex_f32_to_bf16", "capex_bf16_to_f32"};
+#define CAPEX__CUDA_N_BUILTIN (sizeof capex__cuda_builtin_kernels / sizeof capex__cuda_builtin_kernels[0])
+
+static char *capex__cuda_builtin_text = NULL;
+static pthread_once_t capex__cuda_builtin_once = PTHREAD_ONCE_INIT;
+
+CAPEX__PRIVATE void capex__cuda_builtin_build(void) {
+    size_t i, total = 1, at = 0;
+    const size_t n = sizeof capex__cuda_fragments / sizeof capex__cuda_fragments[0];
+    for (i = 0; i < n; i++) total += strlen(capex__cuda_fragments[i]()) + 1;
+    capex__cuda_builtin_text = (char *)CAPEX_MALLOC(total); /* immutable, lives for the process */
+    if (!capex__cuda_builtin_text) return;
+    for (i = 0; i < n; i++) {
+        const char *f = capex__cuda_fragments[i]();
+        size_t len = strlen(f);
+        memcpy(capex__cuda_builtin_text + at, f, len);
+        at += len;
+        capex__cuda_builtin_text[at++] = '\n';
+    }
+    capex__cuda_builtin_text[at] = '\0';
+}
+
+CAPEX_API const char *capex_cuda_builtin_source(void) {
+    pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
+    return capex__cuda_builtin_text;
+}
+
+static const char *const capex__cuda_builtin_opts[] = {"-default-device", "--std=c++17"};
+
+CAPEX_API const char *const *capex_cuda_builtin_options(int *n_options) {
+    if (n_options) *n_options = (int)(sizeof capex__cuda_builtin_opts / sizeof capex__cuda_builtin_opts[0]);
+    return capex__cuda_builtin_opts;
+}
+
+/* ---- contexts ----------------------------------------------------------------- */
+
+struct capex_cuda_module {
+    unsigned char key[32];
+    void *handle;                /* CUmodule */
+    capex_cuda_target target;
+    int from_cache;
+    capex_cuda_context *ctx;
+    struct capex_cuda_module *next;
+};
+
+struct capex_cuda_context {
+    capex_cuda_device_info info;
+    int device;                  /* CUdevice */
+    void *cu_ctx;                /* the primary CUcontext */
+    int device_cc;
+    capex_allocator alloc;
+    int has_alloc;
+    capex_cuda_cache cache;
+    pthread_mutex_t lock;        /* guards modules, builtin and cache.warned */
+    capex_cuda_module *modules;
+    capex_cuda_module *builtin;
+    void *builtin_fn[CAPEX__CUDA_N_BUILTIN];
+};
+
+CAPEX_API void capex_cuda_context_desc_init(capex_cuda_context_desc *desc) {
+    if (!desc) return;
+    memset(desc, 0, sizeof *desc);
+    desc->device = -1;
+    desc->disk_cache = 1;
+}
+
+/* Makes ctx current on this thread (cheap when it already is). */
+CAPEX__PRIVATE capex_result capex__cuda_enter(capex_cuda_context *ctx) {
+    void *cur = NULL;
+    if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda: context is NULL");
+    CAPEX__CU(cuCtxGetCurrent, (&cur), "");
+    if (cur != ctx->cu_ctx) CAPEX__CU(cuCtxSetCurrent, (ctx->cu_ctx), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *desc, capex_cuda_context **out) {
+    capex_cuda_context_desc def;
+    capex_cuda_context *ctx;
+    capex_result r;
+    int count = 0, ordinal;
+    capex__CUresult cr;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: out is NULL");
+    *out = NULL;
+    if (!desc) {
+        capex_cuda_context_desc_init(&def);
+        desc = &def;
+    }
+    if ((r = capex_cuda_device_count(&count)) != CAPEX_OK) return r;
+    if (count == 0) return capex__fail(CAPEX_ERR_NO_DEVICE, "the CUDA driver sees no GPU (check CUDA_VISIBLE_DEVICES and nvidia-smi)");
+    ordinal = desc->device;
+    if (ordinal < 0) {
+        const char *lr = getenv("LOCAL_RANK");
+        ordinal = 0;
+        if (lr && lr[0]) {
+            char *end = NULL;
+            long v = strtol(lr, &end, 10);
+            if (!end || *end != '\0' || v < 0 || v > 1 << 20)
+                return capex__fail(CAPEX_ERR_CONFIG, "LOCAL_RANK='%s' is not a GPU ordinal; set it to 0..%d or pass desc.device", lr, count - 1);
+            ordinal = (int)v;
+        }
+        if (ordinal >= count) {
+            const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+            /* a launcher that binds one GPU per process (CUDA_VISIBLE_DEVICES set, one
+               visible) keeps LOCAL_RANK as the rank on the node: that GPU is ours */
+            if (count == 1 && cvd && cvd[0]) {
+                capex_log(CAPEX_LOG_INFO, "LOCAL_RANK=%d with CUDA_VISIBLE_DEVICES=%s: using the one visible GPU", ordinal, cvd);
+                ordinal = 0;
+            } else {
+                return capex__fail(CAPEX_ERR_NO_DEVICE, "LOCAL_RANK=%d selects GPU %d but only %d visible: launch at most %d processes "
+                                   "per node or check CUDA_VISIBLE_DEVICES", ordinal, ordinal, count, count);
+            }
+        }
+    } else if (ordinal >= count) {
+        return capex__fail(CAPEX_ERR_NO_DEVICE, "GPU %d requested but only %d visible (check CUDA_VISIBLE_DEVICES)", ordinal, count);
+    }
+    ctx = (capex_cuda_context *)capex__alloc(desc->allocator, sizeof *ctx);
+    if (!ctx) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_context_create: out of memory");
+    memset(ctx, 0, sizeof *ctx);
+    if (desc->allocator) {
+        ctx->alloc = *desc->allocator;
+        ctx->has_alloc = 1;
+    }
+    if ((r = capex_cuda_device_get_info(ordinal, &ctx->info)) != CAPEX_OK) {
+        capex__free(desc->allocator, ctx);
+        return r;
+    }
+    ctx->device_cc = ctx->info.cc_major * 10 + ctx->info.cc_minor;
+    cr = capex__cuda_drv.cuDeviceGet(&ctx->device, ordinal);
+    if (cr == 0) cr = capex__cuda_drv.cuDevicePrimaryCtxRetain(&ctx->cu_ctx, ctx->device);
+    if (cr != 0) {
+        capex__free(desc->allocator, ctx);
+        return capex__cu_fail(cr, "cuDevicePrimaryCtxRetain", "another process may hold the GPU in exclusive mode");
+    }
+    if (pthread_mutex_init(&ctx->lock, NULL) != 0) {
+        capex__cuda_drv.cuDevicePrimaryCtxRelease_v2(ctx->device);
+        capex__free(desc->allocator, ctx);
+        return capex__fail(CAPEX_ERR_INTERNAL, "capex_cuda_context_create: pthread_mutex_init failed");
+    }
+    capex_cuda_cache_init(&ctx->cache, desc->cache_dir);
+    if (!desc->disk_cache) ctx->cache.enabled = 0;
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) {
+        capex_cuda_context_destroy(ctx);
+        return r;
+    }
+    *out = ctx;
+    return CAPEX_OK;
+}
+
+CAPEX_API void capex_cuda_context_destroy(capex_cuda_context *ctx) {
+    capex_cuda_module *m, *next;
+    if (!ctx) return;
+    capex__cuda_enter(ctx);
+    for (m = ctx->modules; m; m = next) {
+        next = m->next;
+        if (m->handle) capex__cuda_drv.cuModuleUnload(m->handle);
+        capex__free(ctx->has_alloc ? &ctx->alloc : NULL, m);
+    }
+    capex__cuda_drv.cuDevicePrimaryCtxRelease_v2(ctx->device);
+    pthread_mutex_destroy(&ctx->lock);
+    {
+        capex_allocator a = ctx->alloc;
+        int has = ctx->has_alloc;
+        capex__free(has ? &a : NULL, ctx);
+    }
+}
+
+CAPEX_API const capex_cuda_device_info *capex_cuda_context_device(const capex_cuda_context *ctx) {
+    return ctx ? &ctx->info : NULL;
+}
+
+CAPEX_API capex_result capex_cuda_context_synchronize(capex_cuda_context *ctx) {
+    capex_result r;
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuCtxSynchronize, (), "an earlier kernel or copy failed (run under compute-sanitizer to find it)");
+    return CAPEX_OK;
+}
+
+/* ---- memory, streams, events ------------------------------------------------ */
+
+CAPEX_API capex_result capex_cuda_malloc(capex_cuda_context *ctx, size_t bytes, capex_cuda_ptr *out) {
+    capex_result r;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_malloc: out is NULL");
+    *out = 0;
+    if (bytes == 0) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_malloc: 0 bytes");
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuMemAlloc_v2, (out, bytes), "not enough GPU memory for this request");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_free(capex_cuda_context *ctx, capex_cuda_ptr p) {
+    capex_result r;
+    if (!p) return CAPEX_OK;
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuMemFree_v2, (p), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_memcpy_htod(capex_cuda_context *ctx, capex_cuda_ptr dst, const void *src,
+                                              size_t bytes, capex_cuda_stream stream) {
+    capex_result r;
+    if (bytes == 0) return CAPEX_OK;
+    if (!dst || !src) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_memcpy_htod: NULL pointer");
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    if (stream) CAPEX__CU(cuMemcpyHtoDAsync_v2, (dst, src, bytes, stream), "");
+    else CAPEX__CU(cuMemcpyHtoD_v2, (dst, src, bytes), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_memcpy_dtoh(capex_cuda_context *ctx, void *dst, capex_cuda_ptr src, size_t bytes,
+                                              capex_cuda_stream stream) {
+    capex_result r;
+    if (bytes == 0) return CAPEX_OK;
+    if (!dst || !src) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_memcpy_dtoh: NULL pointer");
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    if (stream) CAPEX__CU(cuMemcpyDtoHAsync_v2, (dst, src, bytes, stream), "");
+    else CAPEX__CU(cuMemcpyDtoH_v2, (dst, src, bytes), "an earlier kernel may have failed");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_memcpy_dtod(capex_cuda_context *ctx, capex_cuda_ptr dst, capex_cuda_ptr src,
+                                              size_t bytes, capex_cuda_stream stream) {
+    capex_result r;
+    if (bytes == 0) return CAPEX_OK;
+    if (!dst || !src) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_memcpy_dtod: NULL pointer");
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    if (stream) CAPEX__CU(cuMemcpyDtoDAsync_v2, (dst, src, bytes, stream), "");
+    else CAPEX__CU(cuMemcpyDtoD_v2, (dst, src, bytes), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_memset_u8(capex_cuda_context *ctx, capex_cuda_ptr dst, unsigned char value,
+                                            size_t count, capex_cuda_stream stream) {
+    capex_result r;
+    if (count == 0) return CAPEX_OK;
+    if (!dst) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_memset_u8: NULL pointer");
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    if (stream) CAPEX__CU(cuMemsetD8Async, (dst, value, count, stream), "");
+    else CAPEX__CU(cuMemsetD8_v2, (dst, value, count), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_memset_u32(capex_cuda_context *ctx, capex_cuda_ptr dst, uint32_t value,
+                                             size_t count, capex_cuda_stream stream) {
+    capex_result r;
+    if (count == 0) return CAPEX_OK;
+    if (!dst || (dst & 3u)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_memset_u32: NULL or unaligned pointer");
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    if (stream) CAPEX__CU(cuMemsetD32Async, (dst, value, count, stream), "");
+    else CAPEX__CU(cuMemsetD32_v2, (dst, value, count), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_mem_info(capex_cuda_context *ctx, size_t *free_bytes, size_t *total_bytes) {
+    capex_result r;
+    size_t f = 0, t = 0;
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuMemGetInfo_v2, (&f, &t), "");
+    if (free_bytes) *free_bytes = f;
+    if (total_bytes) *total_bytes = t;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_stream_create(capex_cuda_context *ctx, capex_cuda_stream *out) {
+    capex_result r;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_stream_create: out is NULL");
+    *out = NULL;
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuStreamCreate, (out, 1u /* CU_STREAM_NON_BLOCKING */), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_stream_destroy(capex_cuda_context *ctx, capex_cuda_stream s) {
+    capex_result r;
+    if (!s) return CAPEX_OK;
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuStreamDestroy_v2, (s), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_stream_synchronize(capex_cuda_context *ctx, capex_cuda_stream s) {
+    capex_result r;
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuStreamSynchronize, (s), "an earlier kernel or copy on this stream failed");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_stream_wait_event(capex_cuda_context *ctx, capex_cuda_stream s, capex_cuda_event e) {
+    capex_result r;
+    if (!e) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_stream_wait_event: event is NULL");
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuStreamWaitEvent, (s, e, 0u), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_event_create(capex_cuda_context *ctx, int timing, capex_cuda_event *out) {
+    capex_result r;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_event_create: out is NULL");
+    *out = NULL;
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuEventCreate, (out, timing ? 0u : 2u /* CU_EVENT_DISABLE_TIMING */), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_event_destroy(capex_cuda_context *ctx, capex_cuda_event e) {
+    capex_result r;
+    if (!e) return CAPEX_OK;
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuEventDestroy_v2, (e), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_event_record(capex_cuda_context *ctx, capex_cuda_event e, capex_cuda_stream s) {
+    capex_result r;
+    if (!e) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_event_record: event is NULL");
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuEventRecord, (e, s), "");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_event_synchronize(capex_cuda_context *ctx, capex_cuda_event e) {
+    capex_result r;
+    if (!e) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_event_synchronize: event is NULL");
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuEventSynchronize, (e), "an earlier kernel or copy failed");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_event_elapsed_ms(capex_cuda_context *ctx, capex_cuda_event start,
+                                                   capex_cuda_event end, float *ms) {
+    capex_result r;
+    if (!start || !end || !ms) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_event_elapsed_ms: NULL argument");
+    *ms = 0.0f;
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    if (!capex__cuda_drv.cuEventElapsedTime)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "this CUDA driver has no cuEventElapsedTime");
+    CAPEX__CU(cuEventElapsedTime, (ms, start, end), "both events must be recorded, with timing enabled, and complete");
+    return CAPEX_OK;
+}
+
+/* ---- modules and launches ------------------------------------------------------ */
+
+/* Loads an image; for PTX the driver's JIT log goes into the error message. */
+CAPEX__PRIVATE capex_result capex__cuda_load_image(const capex_cuda_image *img, const char *name, void **module) {
+    char log[600];
+    int opts[2] = {5 /* CU_JIT_ERROR_LOG_BUFFER */, 6 /* CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES */};
+    void *vals[2];
+    capex__CUresult cr;
+    log[0] = '\0';
+    vals[0] = log;
+    vals[1] = (void *)(size_t)sizeof log;
+    cr = capex__cuda_drv.cuModuleLoadDataEx(module, img->data, 2u, opts, vals);
+    if (cr != 0) {
+        char hint[900];
+        capex__cuda_fmt(hint, sizeof hint,
+                 "loading '%s' (%s for %s_%d, NVRTC %d.%d); a driver older than the NVRTC cannot load its output: update "
+                 "the driver or use an older NVRTC (CAPEX_NVRTC_PATH); JIT log: %s",
+                 name, img->kind == CAPEX_CUDA_IMAGE_CUBIN ? "CUBIN" : "PTX",
+                 img->kind == CAPEX_CUDA_IMAGE_CUBIN ? "sm" : "compute", img->arch, img->nvrtc_version / 1000,
+                 (img->nvrtc_version % 1000) / 10, log[0] ? log : "(empty)");
+        *module = NULL;
+        return capex__cu_fail(cr, "cuModuleLoadDataEx", hint);
+    }
+    return CAPEX_OK;
+}
+
+/* Called with ctx->lock held. */
+CAPEX__PRIVATE capex_result capex__cuda_module_compile_locked(capex_cuda_context *ctx, const char *source, const char *name,
+                                                              const char *const *options, int n_options,
+                                                              capex_cuda_module **out) {
+    unsigned char key[32];
+    capex_cuda_module *m;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    capex_result r;
+    void *handle = NULL;
+    capex__cuda_cache_key(source, name, options, n_options, ctx->device_cc, key);
+    for (m = ctx->modules; m; m = m->next)
+        if (memcmp(m->key, key, 32) == 0) {
+            *out = m;
+            return CAPEX_OK;
+        }
+    capex_cuda_compile_desc_init(&d);
+    d.source = source;
+    d.name = name;
+    d.options = options;
+    d.n_options = n_options;
+    d.device_cc = ctx->device_cc;
+    d.cache = &ctx->cache;
+    if ((r = capex__cuda_compile(&d, 0, &img)) != CAPEX_OK) return r;
+    r = capex__cuda_load_image(&img, name, &handle);
+    if (r != CAPEX_OK && img.from_cache) {
+        /* a cached image the driver refuses is never retried: recompile and overwrite */
+        capex_log(CAPEX_LOG_INFO, "cached image of '%s' did not load (%s); recompiling", name, capex_last_error());
+        capex_cuda_image_free(&img);
+        if ((r = capex__cuda_compile(&d, 1, &img)) != CAPEX_OK) return r;
+        r = capex__cuda_load_image(&img, name, &handle);
+    }
+    if (r != CAPEX_OK) {
+        capex_cuda_image_free(&img);
+        return r;
+    }
+    m = (capex_cuda_module *)capex__alloc(ctx->has_alloc ? &ctx->alloc : NULL, sizeof *m);
+    if (!m) {
+        capex__cuda_drv.cuModuleUnload(handle);
+        capex_cuda_image_free(&img);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_module_compile: out of memory");
+    }
+    memcpy(m->key, key, 32);
+    m->handle = handle;
+    m->target.kind = img.kind;
+    m->target.arch = img.arch;
+    m->from_cache = img.from_cache;
+    m->ctx = ctx;
+    m->next = ctx->modules;
+    ctx->modules = m;
+    capex_cuda_image_free(&img);
+    *out = m;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_module_compile(capex_cuda_context *ctx, const char *source, const char *name,
+                                                 const char *const *options, int n_options, capex_cuda_module **out) {
+    capex_result r;
+    int i;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_module_compile: out is NULL");
+    *out = NULL;
+    if (!source || n_options < 0 || (n_options > 0 && !options))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_module_compile: NULL source, or options NULL with n_options %d", n_options);
+    for (i = 0; i < n_options; i++)
+        if (!options[i]) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_module_compile: options[%d] is NULL", i);
+    if (!name || !name[0]) name = "capex_program";
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    pthread_mutex_lock(&ctx->lock);
+    r = capex__cuda_module_compile_locked(ctx, source, name, options, n_options, out);
+    pthread_mutex_unlock(&ctx->lock);
+    return r;
+}
+
+CAPEX_API capex_result capex_cuda_module_get_function(capex_cuda_module *module, const char *kernel,
+                                                      capex_cuda_function *out) {
+    capex_result r;
+    capex__CUresult cr;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_module_get_function: out is NULL");
+    out->handle = NULL;
+    out->ctx = NULL;
+    if (!module || !kernel) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_module_get_function: NULL module or name");
+    if ((r = capex__cuda_enter(module->ctx)) != CAPEX_OK) return r;
+    cr = capex__cuda_drv.cuModuleGetFunction(&out->handle, module->handle, kernel);
+    if (cr == 500 /* CUDA_ERROR_NOT_FOUND */)
+        return capex__fail(CAPEX_ERR_NOT_FOUND, "kernel '%s' not found in the module: declare it extern \"C\" __global__ "
+                           "so its name is not mangled", kernel);
+    if (cr != 0) return capex__cu_fail(cr, "cuModuleGetFunction", kernel);
+    out->ctx = module->ctx;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_module_info(const capex_cuda_module *module, capex_cuda_target *target, int *from_cache) {
+    if (!module) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_module_info: module is NULL");
+    if (target) *target = module->target;
+    if (from_cache) *from_cache = module->from_cache;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_launch(const capex_cuda_function *fn, const unsigned grid[3], const unsigned block[3],
+                                         unsigned shmem, capex_cuda_stream stream, void **args) {
+    capex_result r;
+    char what[160];
+    if (!fn || !fn->handle || !fn->ctx || !grid || !block)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_launch: NULL or unset function, grid or block");
+    if (!grid[0] || !grid[1] || !grid[2] || !block[0] || !block[1] || !block[2])
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_launch: empty grid (%u,%u,%u) or block (%u,%u,%u)",
+                           grid[0], grid[1], grid[2], block[0], block[1], block[2]);
+    if ((r = capex__cuda_enter(fn->ctx)) != CAPEX_OK) return r;
+    if (shmem > 48u * 1024u) {
+        if (!capex__cuda_drv.cuFuncSetAttribute)
+            return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_cuda_launch: %u bytes of shared memory need cuFuncSetAttribute", shmem);
+        CAPEX__CU(cuFuncSetAttribute, (fn->handle, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */, (int)shmem),
+                  "the GPU offers less dynamic shared memory per block");
+    }
+    capex__cuda_fmt(what, sizeof what, "grid (%u,%u,%u), block (%u,%u,%u), %u bytes shared", grid[0], grid[1], grid[2],
+             block[0], block[1], block[2], shmem);
+    CAPEX__CU(cuLaunchKernel, (fn->handle, grid[0], grid[1], grid[2], block[0], block[1], block[2], shmem, stream, args, NULL), what);
+    return CAPEX_OK;
+}
+
+/* ---- built-in kernels ------------------------------------------------------------ */
+
+CAPEX_API capex_result capex_cuda_builtin_module(capex_cuda_context *ctx, capex_cuda_module **out) {
+    capex_result r = CAPEX_OK;
+    int n_opts = 0;
+    const char *const *opts = capex_cuda_builtin_options(&n_opts);
+    const char *src = capex_cuda_builtin_source();
+    size_t i;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_builtin_module: out is NULL");
+    *out = NULL;
+    if (!src) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_builtin_module: could not assemble the program");
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    pthread_mutex_lock(&ctx->lock);
+    if (!ctx->builtin) {
+        capex_cuda_module *m = NULL;
+        r = capex__cuda_module_compile_locked(ctx, src, "capex_builtin", opts, n_opts, &m);
+        for (i = 0; r == CAPEX_OK && i < CAPEX__CUDA_N_BUILTIN; i++) {
+            capex__CUresult cr = capex__cuda_drv.cuModuleGetFunction(&ctx->builtin_fn[i], m->handle, capex__cuda_builtin_kernels[i]);
+            if (cr != 0) r = capex__cu_fail(cr, "cuModuleGetFunction", capex__cuda_builtin_kernels[i]);
+        }
+        if (r == CAPEX_OK) ctx->builtin = m;
+    }
+    *out = ctx->builtin;
+    pthread_mutex_unlock(&ctx->lock);
+    return r;
+}
+
+/* Launches built-in kernel k over n elements (grid-stride, at most 32 blocks per SM). */
+CAPEX__PRIVATE capex_result capex__cuda_builtin_launch(capex_cuda_context *ctx, size_t k, size_t n, capex_cuda_stream stream,
+                                                       void **args) {
+    capex_cuda_module *m;
+    capex_cuda_function fn;
+    capex_result r;
+    unsigned grid[3] = {1, 1, 1}, block[3] = {256, 1, 1};
+    size_t blocks = (n + 255) / 256, cap;
+    if ((r = capex_cuda_builtin_module(ctx, &m)) != CAPEX_OK) return r;
+    cap = (size_t)(ctx->info.sm_count > 0 ? ctx->info.sm_count : 1) * 32u;
+    grid[0] = (unsigned)(blocks < cap ? blocks : cap);
+    fn.handle = ctx->builtin_fn[k];
+    fn.ctx = ctx;
+    return capex_cuda_launch(&fn, grid, block, 0, stream, args);
+}
+
+CAPEX_API capex_result capex_cuda_fill_f32(capex_cuda_context *ctx, capex_cuda_ptr x, float value, size_t n,
+                                           capex_cuda_stream stream) {
+    unsigned long long nn = n;
+    void *args[3];
+    if (n == 0) return CAPEX_OK;
+    if (!x) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_fill_f32: NULL pointer");
+    args[0] = &x; args[1] = &value; args[2] = &nn;
+    return capex__cuda_builtin_launch(ctx, 0, n, stream, args);
+}
+
+CAPEX_API capex_result capex_cuda_scale_f32(capex_cuda_context *ctx, capex_cuda_ptr y, capex_cuda_ptr x, float a,
+                                            size_t n, capex_cuda_stream stream) {
+    unsigned long long nn = n;
+    void *args[4];
+    if (n == 0) return CAPEX_OK;
+    if (!x || !y) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_scale_f32: NULL pointer");
+    args[0] = &y; args[1] = &x; args[2] = &a; args[3] = &nn;
+    return capex__cuda_builtin_launch(ctx, 1, n, stream, args);
+}
+
+CAPEX_API capex_result capex_cuda_add_f32(capex_cuda_context *ctx, capex_cuda_ptr c, capex_cuda_ptr a,
+                                          capex_cuda_ptr b, size_t n, capex_cuda_stream stream) {
+    unsigned long long nn = n;
+    void *args[4];
+    if (n == 0) return CAPEX_OK;
+    if (!a || !b || !c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_add_f32: NULL pointer");
+    args[0] = &c; args[1] = &a; args[2] = &b; args[3] = &nn;
+    return capex__cuda_builtin_launch(ctx, 2, n, stream, args);
+}
+
+CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_ptr dst, capex_dtype dst_type,
+                                          capex_cuda_ptr src, capex_dtype src_type, size_t n, capex_cuda_stream stream) {
+    unsigned long long nn = n;
+    void *args[3];
+    size_t k;
+    if (src_type == CAPEX_F32 && dst_type == CAPEX_F16) k = 3;
+    else if (src_type == CAPEX_F16 && dst_type == CAPEX_F32) k = 4;
+    else if (src_type == CAPEX_F32 && dst_type == CAPEX_BF16) k = 5;
+    else if (src_type == CAPEX_BF16 && dst_type == CAPEX_F32) k = 6;
+    else
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_cuda_convert: %s -> %s (supported: float32 <-> float16/bfloat16)",
+                           capex_dtype_name(src_type), capex_dtype_name(dst_type));
+    if (n == 0) return CAPEX_OK;
+    if (!dst || !src) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_convert: NULL pointer");
+    args[0] = &dst; args[1] = &src; args[2] = &nn;
+    return capex__cuda_builtin_launch(ctx, k, n, stream, args);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CAPEX_CUDA__IMPLEMENTED */
+#endif /* CAPEX_CUDA_IMPLEMENTATION */

@@ -1,0 +1,159 @@
+/* capex_info: what capex's CUDA backend finds on this machine.
+
+   Prints the capex version, the CUDA driver, NVRTC (and the archs it can emit)
+   and NCCL versions or why each is missing, the GPUs, the arch capex would
+   compile for, the kernel cache directory, and times a cold compile (NVRTC,
+   no cache) and a warm one (from the disk cache) of the built-in kernels;
+   on a GPU also the module load. Exits 0 whenever it could report.
+
+       cc -O2 examples/capex_info.c -o capex_info -ldl -lm -lpthread   (or: make info) */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#define CAPEX_CUDA_IMPLEMENTATION
+#include "../capex_cuda.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <dirent.h>
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+/* Removes the entries a timing run wrote into its private cache directory. */
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[1200];
+    while (d && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+int main(void) {
+    int drv = 0, nv_major = 0, nv_minor = 0, nccl = 0, n_dev = 0, archs[64], n_archs = 0, i;
+    int have_nvrtc, have_gpu = 0, target_cc = 0;
+    capex_cuda_cache cache;
+    capex_result r;
+
+    printf("capex %s\n", CAPEX_VERSION_STRING);
+
+    r = capex_cuda_driver_version(&drv);
+    if (r == CAPEX_OK) printf("CUDA driver: %d.%d\n", drv / 1000, (drv % 1000) / 10);
+    else if (drv > 0) printf("CUDA driver: %d.%d, but no usable GPU (%s): %s\n", drv / 1000, (drv % 1000) / 10,
+                             capex_result_string(r), capex_last_error());
+    else printf("CUDA driver: unavailable (%s): %s\n", capex_result_string(r), capex_last_error());
+
+    have_nvrtc = capex_cuda_nvrtc_version(&nv_major, &nv_minor) == CAPEX_OK;
+    if (have_nvrtc) {
+        capex_cuda_nvrtc_supported_archs(archs, 64, &n_archs);
+        printf("NVRTC: %d.%d from %s\n  CUBIN archs:", nv_major, nv_minor, capex_cuda_nvrtc_path());
+        for (i = 0; i < n_archs; i++) printf(" sm_%d", archs[i]);
+        printf("\n");
+    } else {
+        printf("NVRTC: unavailable (%s): %s\n", capex_result_string(CAPEX_ERR_NO_NVRTC), capex_last_error());
+    }
+
+    if ((r = capex_cuda_nccl_version(&nccl)) == CAPEX_OK)
+        printf("NCCL: %d.%d.%d\n", nccl / 10000, (nccl / 100) % 100, nccl % 100);
+    else
+        printf("NCCL: unavailable (%s): %s\n", capex_result_string(r), capex_last_error());
+
+    if (capex_cuda_device_count(&n_dev) == CAPEX_OK) {
+        printf("GPUs: %d\n", n_dev);
+        for (i = 0; i < n_dev; i++) {
+            capex_cuda_device_info info;
+            if (capex_cuda_device_get_info(i, &info) != CAPEX_OK) {
+                printf("  %d: %s\n", i, capex_last_error());
+                continue;
+            }
+            printf("  %d: %s, sm_%d%d, %d SMs, %.1f GiB", i, info.name, info.cc_major, info.cc_minor, info.sm_count,
+                   info.total_bytes / 1073741824.0);
+            if (info.peak_bandwidth_gbs > 0) printf(", %.0f GB/s peak", info.peak_bandwidth_gbs);
+            printf("\n");
+            if (i == 0) {
+                target_cc = info.cc_major * 10 + info.cc_minor;
+                have_gpu = 1;
+            }
+        }
+    } else {
+        printf("GPUs: none (%s)\n", capex_last_error());
+    }
+
+    if (have_nvrtc) {
+        capex_cuda_target t;
+        int cc = target_cc ? target_cc : 90;
+        if (capex_cuda_select_target(archs, n_archs, cc, &t) == CAPEX_OK)
+            printf("compile target%s: %s_%d (%s)\n", target_cc ? "" : " for an sm_90 GPU (none here)",
+                   t.kind == CAPEX_CUDA_IMAGE_CUBIN ? "sm" : "compute", t.arch,
+                   t.kind == CAPEX_CUDA_IMAGE_CUBIN ? "CUBIN for the exact GPU" : "PTX, finished by the driver");
+        else
+            printf("compile target for sm_%d: refused: %s\n", cc, capex_last_error());
+    }
+
+    capex_cuda_cache_init(&cache, NULL);
+    printf("kernel cache: %s\n", cache.enabled ? cache.dir : "disabled (CAPEX_CACHE_DIR is empty or no HOME)");
+
+    /* Cold vs warm compile of the built-in program, in a private cache directory
+       so the user's cache is neither used nor disturbed. */
+    if (have_nvrtc) {
+        char dir[] = "/tmp/capex_info_XXXXXX";
+        capex_cuda_compile_desc d;
+        capex_cuda_image cold, warm;
+        int n_opts = 0;
+        double t0, t1, t2;
+        if (!mkdtemp(dir)) {
+            printf("timing: no temporary directory\n");
+            return 0;
+        }
+        capex_cuda_cache_init(&cache, dir);
+        capex_cuda_compile_desc_init(&d);
+        d.source = capex_cuda_builtin_source();
+        d.name = "capex_builtin";
+        d.options = capex_cuda_builtin_options(&n_opts);
+        d.n_options = n_opts;
+        d.device_cc = target_cc ? target_cc : 90;
+        d.cache = &cache;
+        t0 = now_ms();
+        r = capex_cuda_compile(&d, &cold);
+        t1 = now_ms();
+        if (r != CAPEX_OK) {
+            printf("cold compile failed: %s\n", capex_last_error());
+        } else {
+            r = capex_cuda_compile(&d, &warm);
+            t2 = now_ms();
+            printf("built-in kernels (%zu chars of source): cold compile %.1f ms (NVRTC, %zu-byte %s), warm %.2f ms (disk cache%s)\n",
+                   strlen(d.source), t1 - t0, cold.size, cold.kind == CAPEX_CUDA_IMAGE_CUBIN ? "CUBIN" : "PTX", t2 - t1,
+                   r == CAPEX_OK && warm.from_cache ? ", hit" : ", MISS");
+            capex_cuda_image_free(&warm);
+        }
+        capex_cuda_image_free(&cold);
+        if (have_gpu) {
+            capex_cuda_context_desc cd;
+            capex_cuda_context *ctx;
+            capex_cuda_context_desc_init(&cd);
+            cd.device = 0;
+            cd.cache_dir = dir;
+            if (capex_cuda_context_create(&cd, &ctx) == CAPEX_OK) {
+                capex_cuda_module *m;
+                t0 = now_ms();
+                r = capex_cuda_builtin_module(ctx, &m);
+                t1 = now_ms();
+                if (r == CAPEX_OK) printf("module load from the warm cache on GPU 0: %.2f ms\n", t1 - t0);
+                else printf("module load failed: %s\n", capex_last_error());
+                capex_cuda_context_destroy(ctx);
+            } else {
+                printf("context: %s\n", capex_last_error());
+            }
+        }
+        remove_dir(dir);
+    }
+    return 0;
+}

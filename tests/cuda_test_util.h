@@ -1,0 +1,92 @@
+/* Helpers shared by the CUDA backend's tests: NVRTC requirement, running a
+   check in a fresh child process (the libraries load once per process), and
+   byte search. Include after capex_test.h and capex_cuda.h. */
+#ifndef CAPEX_CUDA_TEST_UTIL_H
+#define CAPEX_CUDA_TEST_UTIL_H
+#include <sys/wait.h>
+/* Messages from capex_last_error() (1 KiB) are cut to the harness's 512 bytes on purpose. */
+#if defined(__GNUC__) && !defined(__clang__)
+#  pragma GCC diagnostic ignored "-Wformat-truncation"
+#endif
+#include <unistd.h>
+
+/* NVRTC must load in CI ("kernel sources are always compiled by NVRTC in CI");
+   only CAPEX_TEST_NO_NVRTC=1 (a machine documented to have no toolkit) skips. */
+#define CT_NEED_NVRTC()                                                                          \
+    do {                                                                                         \
+        int ct_M_, ct_m_;                                                                        \
+        if (capex_cuda_nvrtc_version(&ct_M_, &ct_m_) != CAPEX_OK) {                              \
+            const char *ct_e_ = getenv("CAPEX_TEST_NO_NVRTC");                                   \
+            if (ct_e_ && ct_e_[0] == '1') CT_SKIP("CAPEX_TEST_NO_NVRTC=1: %s", capex_last_error()); \
+            CT_CHECK(0, "NVRTC must be loadable (run `make ci-deps`, or set CAPEX_TEST_NO_NVRTC=1 " \
+                        "on a machine without a CUDA toolkit): %s", capex_last_error());         \
+        }                                                                                        \
+    } while (0)
+
+/* Result of a child: its status code, a value and capex_last_error(). */
+typedef struct child_result { int code; int value; char message[1024]; int exited_ok; } child_result;
+typedef void (*child_fn)(const char *arg, child_result *res);
+typedef struct child_entry { const char *name; child_fn fn; } child_entry;
+
+/* Runs child function `name` in a fresh process (fork + exec of this test
+   program: the libraries load once per process, and a forked copy would
+   inherit the parent's loaded state) and returns what it reported. */
+static child_result run_child(const char *name, const char *arg) {
+    child_result res;
+    int fds[2], status = 0;
+    pid_t pid;
+    memset(&res, 0, sizeof res);
+    res.code = -1000;
+    if (pipe(fds) != 0) return res;
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], 1);
+        close(fds[1]);
+        execl("/proc/self/exe", "capex-test-child", "--child", name, arg ? arg : "", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    {
+        size_t off = 0;
+        while (off < sizeof res) {
+            ssize_t n = read(fds[0], (char *)&res + off, sizeof res - off);
+            if (n <= 0) break;
+            off += (size_t)n;
+        }
+        if (off != sizeof res) res.code = -1001;
+    }
+    close(fds[0]);
+    waitpid(pid, &status, 0);
+    res.exited_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    return res;
+}
+
+/* In main(): `if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(...)`. */
+static int child_main(const child_entry *table, size_t n, int argc, char **argv) {
+    child_result r;
+    size_t i, off = 0;
+    memset(&r, 0, sizeof r);
+    r.code = -1002;
+    for (i = 0; argc > 3 && i < n; i++)
+        if (!strcmp(table[i].name, argv[2])) table[i].fn(argv[3][0] ? argv[3] : NULL, &r);
+    fflush(stdout);
+    while (off < sizeof r) {
+        ssize_t w = write(1, (char *)&r + off, sizeof r - off);
+        if (w <= 0) return 1;
+        off += (size_t)w;
+    }
+    return 0;
+}
+
+static __attribute__((unused)) int contains_bytes(const void *hay, size_t n, const char *needle) {
+    size_t m = strlen(needle), i;
+    const char *h = (const char *)hay;
+    if (m == 0 || m > n) return 0;
+    for (i = 0; i + m <= n; i++)
+        if (h[i] == needle[0] && memcmp(h + i, needle, m) == 0) return 1;
+    return 0;
+}
+#endif

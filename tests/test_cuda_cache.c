@@ -1,0 +1,572 @@
+/* The kernel cache on files: SHA-256 against FIPS vectors, the key covers every
+   input, entries round-trip, every kind of damage is detected and recompiled
+   over, writes are atomic (readers never see a partial entry, even with
+   concurrent writers in several processes), a hit needs no NVRTC, and an
+   unwritable directory warns once and runs uncached. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#define CAPEX_CUDA_IMPLEMENTATION
+#include "../capex_cuda.h"
+#include "capex_test.h"
+#include "cuda_test_util.h"
+#include <dirent.h>
+#include <sys/stat.h>
+
+#if defined(__clang__) || defined(__GNUC__)
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) { return "leak:libnvrtc\nleak:libnvrtc-builtins\n"; }
+#endif
+
+static const char *user_src = "extern \"C\" __global__ void put(int *x) { x[threadIdx.x] = VALUE; }\n";
+
+/* A fresh directory under /tmp, removed by rm_dir. */
+static void make_dir(char *buf, size_t cap) {
+    snprintf(buf, cap, "/tmp/capex_cache_test_XXXXXX");
+    if (!mkdtemp(buf)) buf[0] = '\0';
+}
+static int count_files(const char *dir, const char *suffix) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    while (d && (e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name), s = strlen(suffix);
+        if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))) continue;
+        if (l >= s && !strcmp(e->d_name + l - s, suffix)) n++;
+    }
+    if (d) closedir(d);
+    return n;
+}
+static void rm_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[1200];
+    while (d && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+static void hex(const unsigned char *d, char *out) {
+    int i;
+    for (i = 0; i < 32; i++) sprintf(out + 2 * i, "%02x", d[i]);
+}
+
+/* ---- SHA-256 ---------------------------------------------------------------- */
+
+CT_TEST(sha256_fips_vectors) {
+    static const struct { const char *msg; const char *digest; } v[] = {
+        {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+        {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+        {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
+         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+    };
+    unsigned char d[32];
+    char h[65];
+    size_t i;
+    capex__sha256 s;
+    for (i = 0; i < sizeof v / sizeof v[0]; i++) {
+        capex__sha256_init(&s);
+        capex__sha256_update(&s, v[i].msg, strlen(v[i].msg));
+        capex__sha256_final(&s, d);
+        hex(d, h);
+        CT_CHECK(!strcmp(h, v[i].digest), "sha256(\"%s\") = %s", v[i].msg, h);
+    }
+    /* one million 'a', fed in uneven pieces (exercises the buffering paths) */
+    {
+        static char a[1000];
+        size_t fed = 0, piece = 1;
+        memset(a, 'a', sizeof a);
+        capex__sha256_init(&s);
+        while (fed < 1000000) {
+            size_t k = piece < 1000000 - fed ? piece : 1000000 - fed;
+            if (k > sizeof a) k = sizeof a;
+            capex__sha256_update(&s, a, k);
+            fed += k;
+            piece = piece * 7 % 997 + 1;
+        }
+        capex__sha256_final(&s, d);
+        hex(d, h);
+        CT_CHECK(!strcmp(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"), "million a: %s", h);
+    }
+}
+
+/* ---- the key ---------------------------------------------------------------- */
+
+CT_TEST(key_changes_with_each_input) {
+    static const char *o1[] = {"-DVALUE=1", "-DB"};
+    static const char *o2[] = {"-DVALUE=2", "-DB"};
+    static const char *o3[] = {"-DVALUE=1-DB"};      /* same bytes, split differently */
+    static const char *o4[] = {"-DB", "-DVALUE=1"};  /* same options, other order */
+    unsigned char base[32], k[32], again[32];
+    capex__cuda_cache_key(user_src, "p", o1, 2, 90, base);
+    capex__cuda_cache_key(user_src, "p", o1, 2, 90, again);
+    CT_CHECK(!memcmp(base, again, 32), "deterministic");
+    capex__cuda_cache_key("extern \"C\" __global__ void put(int *x) { x[threadIdx.x] = VALUE+1; }\n", "p", o1, 2, 90, k);
+    CT_CHECK(memcmp(base, k, 32), "source");
+    capex__cuda_cache_key(user_src, "q", o1, 2, 90, k);
+    CT_CHECK(memcmp(base, k, 32), "name");
+    capex__cuda_cache_key(user_src, "p", o2, 2, 90, k);
+    CT_CHECK(memcmp(base, k, 32), "option value");
+    capex__cuda_cache_key(user_src, "p", o3, 1, 90, k);
+    CT_CHECK(memcmp(base, k, 32), "option split");
+    capex__cuda_cache_key(user_src, "p", o4, 2, 90, k);
+    CT_CHECK(memcmp(base, k, 32), "option order");
+    capex__cuda_cache_key(user_src, "p", o1, 1, 90, k);
+    CT_CHECK(memcmp(base, k, 32), "option count");
+    capex__cuda_cache_key(user_src, "p", o1, 2, 89, k);
+    CT_CHECK(memcmp(base, k, 32), "device arch");
+}
+
+/* ---- entries on disk ----------------------------------------------------------- */
+
+static void fake_image(capex_cuda_image *img, size_t n, int kind, unsigned seed) {
+    size_t i;
+    memset(img, 0, sizeof *img);
+    img->data = malloc(n);
+    img->size = n;
+    img->kind = (capex_cuda_image_kind)kind;
+    img->arch = 90;
+    img->nvrtc_version = 13000;
+    for (i = 0; i < n; i++) ((unsigned char *)img->data)[i] = (unsigned char)(i * 31u + seed);
+    if (kind == CAPEX_CUDA_IMAGE_PTX) ((char *)img->data)[n - 1] = '\0';
+}
+
+static long file_size(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+/* XORs byte `at` of a file with a nonzero mask (at < 0: counts from the end). */
+static void poke(const char *path, long at, unsigned char mask) {
+    FILE *f = fopen(path, "r+b");
+    int c;
+    if (!f) return;
+    fseek(f, at >= 0 ? at : file_size(path) + at, SEEK_SET);
+    c = fgetc(f);
+    fseek(f, at >= 0 ? at : file_size(path) + at, SEEK_SET);
+    fputc((c ^ mask) & 0xff, f);
+    fclose(f);
+}
+static void copy_file(const char *from, const char *to, long keep) {
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    int c;
+    long n = 0;
+    while (a && b && (keep < 0 || n < keep) && (c = fgetc(a)) != EOF) { fputc(c, b); n++; }
+    if (a) fclose(a);
+    if (b) fclose(b);
+}
+
+CT_TEST(entry_round_trip_and_damage) {
+    char dir[64], path[1200], saved[1300], other_path[1200];
+    unsigned char key[32], other[32];
+    capex_cuda_cache c;
+    capex_cuda_image img, back;
+    capex_result r;
+    long size;
+    make_dir(dir, sizeof dir);
+    CT_CHECK(dir[0], "temp dir");
+    capex_cuda_cache_init(&c, dir);
+    CT_CHECK(c.enabled && !strcmp(c.dir, dir), "explicit dir");
+    capex__cuda_cache_key(user_src, "p", NULL, 0, 90, key);
+    capex__cuda_cache_key(user_src, "p", NULL, 0, 80, other);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    capex__cuda_cache_path(&c, other, other_path, sizeof other_path);
+    snprintf(saved, sizeof saved, "%s.saved", path);
+
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_ERR_NOT_FOUND, "empty cache: not found");
+    fake_image(&img, 5000, CAPEX_CUDA_IMAGE_CUBIN, 7);
+    CT_CHECK(capex__cuda_cache_write(&c, key, &img) == CAPEX_OK, "%s", capex_last_error());
+    size = file_size(path);
+    CT_CHECK(size == 96 + 5000, "entry = 96-byte header + payload, got %ld", size);
+    CT_CHECK(count_files(dir, ".tmp") == 0, "no temp file left behind");
+    r = capex__cuda_cache_read(path, key, &back);
+    CT_CHECK(r == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(back.size == img.size && !memcmp(back.data, img.data, img.size), "payload round-trips");
+    CT_CHECK(back.kind == img.kind && back.arch == 90 && back.nvrtc_version == 13000 && back.from_cache == 1, "fields");
+    capex_cuda_image_free(&back);
+    copy_file(path, saved, -1);
+
+    /* each kind of damage; the entry is restored from `saved` after each */
+#define DAMAGE_CASE(what, action, expect)                                                               \
+    do {                                                                                                \
+        copy_file(saved, path, -1);                                                                     \
+        action;                                                                                         \
+        r = capex__cuda_cache_read(path, key, &back);                                                  \
+        CT_CHECK(r == (expect), "%s: got %s (%s)", what, capex_result_string(r), capex_last_error());   \
+        CT_CHECK(back.data == NULL, "%s: no image returned", what);                                   \
+    } while (0)
+    DAMAGE_CASE("payload byte flipped", poke(path, 96 + 1234, 0x55), CAPEX_ERR_CHECKSUM);
+    DAMAGE_CASE("last byte flipped", poke(path, -1, 0xAA), CAPEX_ERR_CHECKSUM);
+    DAMAGE_CASE("arch field changed", poke(path, 16, 0x30), CAPEX_ERR_CHECKSUM);
+    DAMAGE_CASE("nvrtc field changed", poke(path, 20, 1), CAPEX_ERR_CHECKSUM);
+    DAMAGE_CASE("checksum changed", poke(path, 64, 0x01), CAPEX_ERR_CHECKSUM);
+    DAMAGE_CASE("kind invalid", poke(path, 12, 9), CAPEX_ERR_FORMAT);
+    DAMAGE_CASE("magic", poke(path, 0, 0x20), CAPEX_ERR_FORMAT);
+    DAMAGE_CASE("format version", poke(path, 8, 2), CAPEX_ERR_VERSION);
+    DAMAGE_CASE("size field larger", poke(path, 25, 0x7f), CAPEX_ERR_FORMAT);
+    DAMAGE_CASE("truncated payload", copy_file(saved, path, 96 + 4999), CAPEX_ERR_FORMAT);
+    DAMAGE_CASE("truncated header", copy_file(saved, path, 50), CAPEX_ERR_FORMAT);
+    DAMAGE_CASE("empty file", copy_file(saved, path, 0), CAPEX_ERR_FORMAT);
+    DAMAGE_CASE("trailing bytes", { FILE *f = fopen(path, "ab"); if (f) { fputc(0, f); fclose(f); } }, CAPEX_ERR_FORMAT);
+    /* a valid entry of another key placed under this key's name */
+    copy_file(saved, other_path, -1);
+    r = capex__cuda_cache_read(other_path, other, &back);
+    CT_CHECK(r == CAPEX_ERR_FORMAT && strstr(capex_last_error(), "another key"), "foreign entry: %s", capex_last_error());
+#undef DAMAGE_CASE
+    /* PTX must be NUL-terminated even when its checksum is right */
+    capex_cuda_image_free(&img);
+    fake_image(&img, 300, CAPEX_CUDA_IMAGE_PTX, 3);
+    ((char *)img.data)[299] = 'x';
+    CT_CHECK(capex__cuda_cache_write(&c, key, &img) == CAPEX_OK, "write");
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_ERR_FORMAT, "unterminated PTX refused");
+    capex_cuda_image_free(&img);
+    rm_dir(dir);
+}
+
+CT_TEST(cache_dir_from_environment) {
+    capex_cuda_cache c;
+    char *old_dir = getenv("CAPEX_CACHE_DIR"), *old_xdg = getenv("XDG_CACHE_HOME"), *old_home = getenv("HOME");
+    char sd[1024] = "", sx[1024] = "", sh[1024] = "";
+    int had_d = old_dir != NULL, had_x = old_xdg != NULL, had_h = old_home != NULL;
+    if (had_d) snprintf(sd, sizeof sd, "%s", old_dir);
+    if (had_x) snprintf(sx, sizeof sx, "%s", old_xdg);
+    if (had_h) snprintf(sh, sizeof sh, "%s", old_home);
+    setenv("CAPEX_CACHE_DIR", "/tmp/a", 1);
+    setenv("XDG_CACHE_HOME", "/tmp/x", 1);
+    setenv("HOME", "/tmp/h", 1);
+    capex_cuda_cache_init(&c, NULL);
+    CT_CHECK(c.enabled && !strcmp(c.dir, "/tmp/a"), "CAPEX_CACHE_DIR first: %s", c.dir);
+    setenv("CAPEX_CACHE_DIR", "", 1);
+    capex_cuda_cache_init(&c, NULL);
+    CT_CHECK(!c.enabled, "CAPEX_CACHE_DIR set but empty disables");
+    unsetenv("CAPEX_CACHE_DIR");
+    capex_cuda_cache_init(&c, NULL);
+    CT_CHECK(c.enabled && !strcmp(c.dir, "/tmp/x/capex"), "XDG_CACHE_HOME/capex: %s", c.dir);
+    setenv("XDG_CACHE_HOME", "relative/path", 1); /* XDG says: ignore relative paths */
+    capex_cuda_cache_init(&c, NULL);
+    CT_CHECK(c.enabled && !strcmp(c.dir, "/tmp/h/.cache/capex"), "HOME/.cache/capex: %s", c.dir);
+    unsetenv("XDG_CACHE_HOME");
+    unsetenv("HOME");
+    capex_cuda_cache_init(&c, NULL);
+    CT_CHECK(!c.enabled, "no HOME: disabled");
+    capex_cuda_cache_init(&c, "");
+    CT_CHECK(!c.enabled, "explicit \"\" disables");
+    capex_cuda_cache_init(&c, "/tmp/explicit");
+    CT_CHECK(c.enabled && !strcmp(c.dir, "/tmp/explicit"), "explicit dir wins");
+    if (had_d) setenv("CAPEX_CACHE_DIR", sd, 1);
+    if (had_x) setenv("XDG_CACHE_HOME", sx, 1);
+    if (had_h) setenv("HOME", sh, 1);
+}
+
+/* ---- through the compiler (NVRTC) ------------------------------------------------ */
+
+static void user_desc(capex_cuda_compile_desc *d, capex_cuda_cache *c, const char *const *opts) {
+    capex_cuda_compile_desc_init(d);
+    d->source = user_src;
+    d->name = "user";
+    d->options = opts;
+    d->n_options = 1;
+    d->device_cc = 90;
+    d->cache = c;
+}
+
+CT_TEST(compile_through_cache_recompiles_bad_entries) {
+    static const char *opts[] = {"-DVALUE=77"};
+    char dir[64], path[1200];
+    unsigned char key[32];
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image cold, warm, again;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    capex_cuda_cache_init(&c, dir);
+    user_desc(&d, &c, opts);
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+
+    CT_CHECK(capex_cuda_compile(&d, &cold) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(!cold.from_cache && file_size(path) == (long)(96 + cold.size), "miss compiles and stores");
+    CT_CHECK(capex_cuda_compile(&d, &warm) == CAPEX_OK && warm.from_cache, "second is a hit");
+    CT_CHECK(warm.size == cold.size && !memcmp(warm.data, cold.data, cold.size), "hit returns the same bytes");
+    CT_CHECK(warm.kind == CAPEX_CUDA_IMAGE_CUBIN && warm.arch == 90, "target kept");
+    capex_cuda_image_free(&warm);
+
+    /* corrupt, truncated, wrong-version entries: recompiled and overwritten */
+    {
+        static const long spots[] = {200, 8, -1};
+        size_t i;
+        for (i = 0; i < 3; i++) {
+            if (spots[i] == -1) CT_CHECK(truncate(path, 150) == 0, "truncate");
+            else poke(path, spots[i], 0x42);
+            CT_CHECK(capex_cuda_compile(&d, &again) == CAPEX_OK && !again.from_cache, "damage %zu recompiled", i);
+            CT_CHECK(again.size == cold.size && !memcmp(again.data, cold.data, cold.size), "same code");
+            capex_cuda_image_free(&again);
+            CT_CHECK(capex__cuda_cache_read(path, key, &again) == CAPEX_OK, "entry rewritten valid (%zu)", i);
+            capex_cuda_image_free(&again);
+        }
+    }
+    CT_CHECK(count_files(dir, ".capexjit") == 1 && count_files(dir, ".tmp") == 0, "one entry, no temp files");
+
+    /* disabled cache: compiles, writes nothing */
+    {
+        capex_cuda_cache off;
+        char dir2[64];
+        make_dir(dir2, sizeof dir2);
+        capex_cuda_cache_init(&off, dir2);
+        off.enabled = 0;
+        d.cache = &off;
+        CT_CHECK(capex_cuda_compile(&d, &again) == CAPEX_OK && !again.from_cache, "uncached compile");
+        capex_cuda_image_free(&again);
+        CT_CHECK(count_files(dir2, "") == 0, "nothing written when disabled");
+        rm_dir(dir2);
+    }
+    capex_cuda_image_free(&cold);
+    rm_dir(dir);
+}
+
+/* In a fresh process whose NVRTC path points nowhere: a hit works, a miss fails. */
+static void child_hit_without_nvrtc(const char *dir, child_result *res) {
+    static const char *opts[] = {"-DVALUE=78"};
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    setenv("CAPEX_NVRTC_PATH", "/nonexistent/libnvrtc.so", 1);
+    capex_cuda_cache_init(&c, dir);
+    user_desc(&d, &c, opts);
+    res->code = capex_cuda_compile(&d, &img);
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    res->value = res->code == CAPEX_OK && img.from_cache && !capex_cuda_nvrtc_is_loaded();
+    capex_cuda_image_free(&img);
+    d.device_cc = 89; /* not cached: needs NVRTC */
+    if (capex_cuda_compile(&d, &img) != CAPEX_ERR_NO_NVRTC) res->value = 0;
+}
+
+CT_TEST(hit_needs_no_nvrtc) {
+    static const char *opts[] = {"-DVALUE=78"};
+    char dir[64];
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    child_result r;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    capex_cuda_cache_init(&c, dir);
+    user_desc(&d, &c, opts);
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK, "%s", capex_last_error());
+    capex_cuda_image_free(&img);
+    r = run_child("hit", dir);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_OK, "hit in a process without NVRTC: %d %s", r.code, r.message);
+    CT_CHECK(r.value, "came from the cache, NVRTC never loaded, a miss gives CAPEX_ERR_NO_NVRTC");
+    rm_dir(dir);
+}
+
+/* Writers hammer one key with distinct payloads while a reader checks that every
+   read is either "not yet there" or a complete valid entry. */
+static void child_writer(const char *arg, child_result *res) {
+    char dir[600];
+    unsigned seed = 0;
+    capex_cuda_cache c;
+    capex_cuda_image img;
+    unsigned char key[32];
+    int i, failures = 0;
+    sscanf(arg, "%599[^:]:%u", dir, &seed);
+    capex_cuda_cache_init(&c, dir);
+    capex__cuda_cache_key("concurrent", "p", NULL, 0, 90, key);
+    fake_image(&img, 200000, CAPEX_CUDA_IMAGE_CUBIN, seed);
+    img.nvrtc_version = (int)seed;
+    for (i = 0; i < 100; i++)
+        if (capex__cuda_cache_write(&c, key, &img) != CAPEX_OK) failures++;
+    res->code = failures ? CAPEX_ERR_IO : CAPEX_OK;
+    res->value = failures;
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    capex_cuda_image_free(&img);
+}
+
+static void child_reader(const char *dir, child_result *res) {
+    capex_cuda_cache c;
+    capex_cuda_image img;
+    unsigned char key[32];
+    char path[1200], done[700];
+    int i, bad = 0, ok = 0;
+    capex_cuda_cache_init(&c, dir);
+    capex__cuda_cache_key("concurrent", "p", NULL, 0, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    snprintf(done, sizeof done, "%s/writers.done", dir);
+    /* reads for as long as the writers run (the parent creates `done`) */
+    for (i = 0; i < 200000 && access(done, F_OK) != 0; i++) {
+        capex_result r = capex__cuda_cache_read(path, key, &img);
+        if (r == CAPEX_OK) {
+            ok++;
+            if (img.size != 200000 || (img.nvrtc_version != 1 && img.nvrtc_version != 2)) bad++;
+            capex_cuda_image_free(&img);
+        } else if (r != CAPEX_ERR_NOT_FOUND) {
+            bad++;
+            snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+        }
+    }
+    res->code = bad ? CAPEX_ERR_FORMAT : CAPEX_OK;
+    res->value = ok;
+}
+
+/* Runs a child function in a forked child (no NVRTC involved) writing its result to fd. */
+static pid_t spawn(void (*fn)(const char *, child_result *), const char *arg, int *fd) {
+    int fds[2];
+    pid_t pid;
+    if (pipe(fds) != 0) return -1;
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        child_result r;
+        memset(&r, 0, sizeof r);
+        close(fds[0]);
+        fn(arg, &r);
+        if (write(fds[1], &r, sizeof r) != (ssize_t)sizeof r) _exit(1);
+        _exit(0);
+    }
+    close(fds[1]);
+    *fd = fds[0];
+    return pid;
+}
+static child_result collect(pid_t pid, int fd) {
+    child_result r;
+    int status = 0;
+    memset(&r, 0, sizeof r);
+    if (read(fd, &r, sizeof r) != (ssize_t)sizeof r) r.code = -1001;
+    close(fd);
+    waitpid(pid, &status, 0);
+    r.exited_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    return r;
+}
+
+CT_TEST(concurrent_writers_and_reader) {
+    char dir[64], a1[200], a2[200], path[1200];
+    int fd1, fd2, fd3;
+    pid_t p1, p2, p3;
+    child_result r1, r2, r3;
+    capex_cuda_cache c;
+    capex_cuda_image img;
+    unsigned char key[32];
+    make_dir(dir, sizeof dir);
+    snprintf(a1, sizeof a1, "%s:1", dir);
+    snprintf(a2, sizeof a2, "%s:2", dir);
+    p3 = spawn(child_reader, dir, &fd3);
+    p1 = spawn(child_writer, a1, &fd1);
+    p2 = spawn(child_writer, a2, &fd2);
+    CT_CHECK(p1 > 0 && p2 > 0 && p3 > 0, "fork");
+    r1 = collect(p1, fd1);
+    r2 = collect(p2, fd2);
+    snprintf(a1, sizeof a1, "%s/writers.done", dir);
+    { FILE *f = fopen(a1, "w"); if (f) fclose(f); }
+    r3 = collect(p3, fd3);
+    CT_CHECK(r1.exited_ok && r1.code == CAPEX_OK, "writer 1: %d failures: %s", r1.value, r1.message);
+    CT_CHECK(r2.exited_ok && r2.code == CAPEX_OK, "writer 2: %d failures: %s", r2.value, r2.message);
+    CT_CHECK(r3.exited_ok && r3.code == CAPEX_OK, "reader saw a partial entry: %s", r3.message);
+    CT_CHECK(r3.value > 0, "the reader saw complete entries");
+    capex_cuda_cache_init(&c, dir);
+    capex__cuda_cache_key("concurrent", "p", NULL, 0, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    CT_CHECK(capex__cuda_cache_read(path, key, &img) == CAPEX_OK, "final entry valid: %s", capex_last_error());
+    CT_CHECK(img.nvrtc_version == 1 || img.nvrtc_version == 2, "final entry is one writer's");
+    capex_cuda_image_free(&img);
+    CT_CHECK(count_files(dir, ".tmp") == 0 && count_files(dir, ".capexjit") == 1, "one entry, no temp files");
+    rm_dir(dir);
+}
+
+/* Two processes compile the same source into one cache at once (real NVRTC). */
+static void child_compile(const char *dir, child_result *res) {
+    static const char *opts[] = {"-DVALUE=79"};
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    capex_cuda_cache_init(&c, dir);
+    user_desc(&d, &c, opts);
+    res->code = capex_cuda_compile(&d, &img);
+    res->value = (int)img.size;
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    capex_cuda_image_free(&img);
+}
+
+CT_TEST(concurrent_compiles) {
+    static const char *opts[] = {"-DVALUE=79"};
+    char dir[64];
+    int fd1, fd2;
+    pid_t p1, p2;
+    child_result r1, r2;
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    /* fork is safe here: NVRTC holds no threads or driver state */
+    p1 = spawn(child_compile, dir, &fd1);
+    p2 = spawn(child_compile, dir, &fd2);
+    r1 = collect(p1, fd1);
+    r2 = collect(p2, fd2);
+    CT_CHECK(r1.exited_ok && r1.code == CAPEX_OK, "process 1: %s", r1.message);
+    CT_CHECK(r2.exited_ok && r2.code == CAPEX_OK, "process 2: %s", r2.message);
+    capex_cuda_cache_init(&c, dir);
+    user_desc(&d, &c, opts);
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && img.from_cache && (int)img.size == r1.value, "entry valid");
+    capex_cuda_image_free(&img);
+    CT_CHECK(count_files(dir, ".tmp") == 0, "no temp files");
+    rm_dir(dir);
+}
+
+static int warnings;
+static void count_warn(capex_log_level level, const char *msg, void *user) {
+    (void)user;
+    if (level == CAPEX_LOG_WARN && strstr(msg, "cache")) warnings++;
+}
+
+CT_TEST(unwritable_dir_warns_once) {
+    static const char *opts[] = {"-DVALUE=80"};
+    char dir[64], blocked[200];
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    FILE *f;
+    int i;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    /* a directory below a regular file cannot be created, even by root */
+    snprintf(blocked, sizeof blocked, "%s/file", dir);
+    f = fopen(blocked, "w");
+    CT_CHECK(f != NULL, "create blocker");
+    fclose(f);
+    snprintf(blocked, sizeof blocked, "%s/file/cache", dir);
+    capex_cuda_cache_init(&c, blocked);
+    user_desc(&d, &c, opts);
+    warnings = 0;
+    capex_set_log_callback(count_warn, NULL);
+    for (i = 0; i < 2; i++) {
+        capex_result r = capex_cuda_compile(&d, &img);
+        if (r != CAPEX_OK) capex_set_log_callback(NULL, NULL);
+        CT_CHECK(r == CAPEX_OK && !img.from_cache && img.size > 0, "compile %d still works: %s", i, capex_last_error());
+        capex_cuda_image_free(&img);
+    }
+    capex_set_log_callback(NULL, NULL);
+    CT_CHECK(warnings == 1 && c.warned, "warned once, got %d", warnings);
+    rm_dir(dir);
+}
+
+static const ct_case cases[] = {
+    CT_CASE(sha256_fips_vectors),
+    CT_CASE(key_changes_with_each_input),
+    CT_CASE(entry_round_trip_and_damage),
+    CT_CASE(cache_dir_from_environment),
+    CT_CASE(compile_through_cache_recompiles_bad_entries),
+    CT_CASE(hit_needs_no_nvrtc),
+    CT_CASE(concurrent_writers_and_reader),
+    CT_CASE(concurrent_compiles),
+    CT_CASE(unwritable_dir_warns_once),
+};
+static const child_entry children[] = {{"hit", child_hit_without_nvrtc}};
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
+    return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
+}

@@ -1,0 +1,530 @@
+/* The CUDA backend on a GPU: context and device info, the built-in program
+   compiled cold, stored, and reloaded from the disk cache by a fresh process
+   that cannot load NVRTC; built-in kernels and a user kernel (RawKernel style)
+   checked element by element against host references on poisoned outputs;
+   streams, events, large shared memory, and the error paths of the driver.
+   Prints the cold compile and warm load times. Every test skips without a GPU
+   (`make gpu-test` then prints SKIP and succeeds).
+   CAPEX_LIBCUDA_PATH may name a stand-in driver (tests/fake_libcuda.c, run by
+   `make ci-extra`) to check the host side of all this without a GPU. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#define CAPEX_CUDA_IMPLEMENTATION
+#include "../capex_cuda.h"
+#include "capex_test.h"
+#include "cuda_test_util.h"
+#include <dirent.h>
+#include <dlfcn.h>
+#include <time.h>
+#include <pthread.h>
+
+/* The CUDA driver maps memory where ASan's shadow gap lies, and keeps
+   allocations for the life of the process. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "protect_shadow_gap=0:detect_leaks=0"; }
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t rng(uint64_t *s) { /* splitmix64, top 32 bits */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+static void rm_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[1200];
+    while (d && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+/* One temporary cache directory for the whole run (the cold/warm test fills it). */
+static char cache_dir[64];
+
+/* Skips the test (returns NULL) when no GPU is usable; fails on other errors. */
+#define OPEN_CTX(ctx)                                                                            \
+    do {                                                                                         \
+        capex_cuda_context_desc cd_;                                                             \
+        capex_result r_;                                                                         \
+        int n_ = 0;                                                                              \
+        r_ = capex_cuda_device_count(&n_);                                                       \
+        if (r_ == CAPEX_ERR_NO_DRIVER || r_ == CAPEX_ERR_NO_DEVICE || (r_ == CAPEX_OK && n_ == 0)) \
+            CT_SKIP("no GPU (%s): %.90s...", capex_result_string(r_), r_ == CAPEX_OK ? "0 devices" : capex_last_error()); \
+        CT_CHECK(r_ == CAPEX_OK, "%s", capex_last_error());                                      \
+        capex_cuda_context_desc_init(&cd_);                                                      \
+        cd_.device = 0;                                                                          \
+        cd_.cache_dir = cache_dir;                                                               \
+        CT_CHECK(capex_cuda_context_create(&cd_, &(ctx)) == CAPEX_OK, "%s", capex_last_error()); \
+    } while (0)
+
+#define OK(call) CT_CHECK((call) == CAPEX_OK, "%s: %s", #call, capex_last_error())
+
+CT_TEST(device_and_context) {
+    capex_cuda_context *ctx = NULL, *ctx2 = NULL;
+    const capex_cuda_device_info *info;
+    capex_cuda_context_desc cd;
+    size_t fr = 0, tot = 0;
+    int drv = 0;
+    OPEN_CTX(ctx);
+    info = capex_cuda_context_device(ctx);
+    OK(capex_cuda_driver_version(&drv));
+    printf("gpu: %s, sm_%d%d, %d SMs, %.1f GiB, %.0f GB/s peak, driver %d\n", info->name, info->cc_major, info->cc_minor,
+           info->sm_count, info->total_bytes / 1073741824.0, info->peak_bandwidth_gbs, drv);
+    CT_CHECK(info->name[0] && info->cc_major >= 7 && info->sm_count > 0 && info->total_bytes > ((size_t)1 << 30), "device info");
+    OK(capex_cuda_mem_info(ctx, &fr, &tot));
+    CT_CHECK(tot > 0 && fr <= tot, "mem info");
+    /* a second context on the same GPU shares the primary context; destroying one
+       leaves the other working */
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.disk_cache = 0;
+    OK(capex_cuda_context_create(&cd, &ctx2));
+    capex_cuda_context_destroy(ctx2);
+    {
+        capex_cuda_ptr p;
+        OK(capex_cuda_malloc(ctx, 1024, &p));
+        OK(capex_cuda_memset_u32(ctx, p, 7u, 256, NULL));
+        OK(capex_cuda_free(ctx, p));
+    }
+    /* device selection from LOCAL_RANK */
+    capex_cuda_context_desc_init(&cd);
+    {
+        char saved_cvd[256];
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        int had = cvd != NULL, count = 0;
+        snprintf(saved_cvd, sizeof saved_cvd, "%s", cvd ? cvd : "");
+        OK(capex_cuda_device_count(&count));
+        unsetenv("CUDA_VISIBLE_DEVICES");
+        setenv("LOCAL_RANK", "999", 1);
+        CT_CHECK(capex_cuda_context_create(&cd, &ctx2) == CAPEX_ERR_NO_DEVICE && strstr(capex_last_error(), "LOCAL_RANK=999"),
+                 "LOCAL_RANK beyond the GPUs: %s", capex_last_error());
+        /* one GPU bound to this process by the launcher: it is used whatever LOCAL_RANK says
+           (the variable is only read here; the driver saw its value at cuInit) */
+        setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+        if (count == 1) {
+            OK(capex_cuda_context_create(&cd, &ctx2));
+            CT_CHECK(capex_cuda_context_device(ctx2)->ordinal == 0, "the bound GPU");
+            capex_cuda_context_destroy(ctx2);
+        } else {
+            CT_CHECK(capex_cuda_context_create(&cd, &ctx2) == CAPEX_ERR_NO_DEVICE, "several visible GPUs: no guessing");
+        }
+        if (had) setenv("CUDA_VISIBLE_DEVICES", saved_cvd, 1);
+        else unsetenv("CUDA_VISIBLE_DEVICES");
+    }
+    setenv("LOCAL_RANK", "zero", 1);
+    CT_CHECK(capex_cuda_context_create(&cd, &ctx2) == CAPEX_ERR_CONFIG, "LOCAL_RANK not a number: %s", capex_last_error());
+    setenv("LOCAL_RANK", "0", 1);
+    OK(capex_cuda_context_create(&cd, &ctx2));
+    CT_CHECK(capex_cuda_context_device(ctx2)->ordinal == 0, "LOCAL_RANK=0 -> GPU 0");
+    capex_cuda_context_destroy(ctx2);
+    unsetenv("LOCAL_RANK");
+    cd.device = 1 << 20;
+    CT_CHECK(capex_cuda_context_create(&cd, &ctx2) == CAPEX_ERR_NO_DEVICE, "explicit ordinal out of range");
+    capex_cuda_context_destroy(ctx);
+}
+
+/* The child: a fresh process that must not (and cannot) load NVRTC. */
+static void child_warm(const char *dir, child_result *res) {
+    capex_cuda_context_desc cd;
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL;
+    capex_cuda_target t;
+    capex_cuda_ptr x = 0;
+    float host[1000];
+    int from_cache = 0, i, bad = 0;
+    double t0, t1;
+    setenv("CAPEX_NVRTC_PATH", "/nonexistent/libnvrtc.so", 1);
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.cache_dir = dir;
+    if ((res->code = capex_cuda_context_create(&cd, &ctx)) != CAPEX_OK) goto out;
+    t0 = now_ms();
+    res->code = capex_cuda_builtin_module(ctx, &m);
+    t1 = now_ms();
+    if (res->code != CAPEX_OK) goto out;
+    capex_cuda_module_info(m, &t, &from_cache);
+    res->value = (int)((t1 - t0) * 1000.0); /* microseconds */
+    if (!from_cache || capex_cuda_nvrtc_is_loaded() || dlopen("libnvrtc.so.13", RTLD_NOW | RTLD_NOLOAD) ||
+        dlopen("libnvrtc.so.12", RTLD_NOW | RTLD_NOLOAD)) {
+        res->code = CAPEX_ERR_INTERNAL;
+        snprintf(res->message, sizeof res->message, "from_cache %d, NVRTC loaded %d", from_cache, capex_cuda_nvrtc_is_loaded());
+        goto out_ctx;
+    }
+    /* the cached module runs */
+    if ((res->code = capex_cuda_malloc(ctx, sizeof host, &x)) != CAPEX_OK) goto out_ctx;
+    if ((res->code = capex_cuda_fill_f32(ctx, x, 2.5f, 1000, NULL)) != CAPEX_OK) goto out_ctx;
+    if ((res->code = capex_cuda_memcpy_dtoh(ctx, host, x, sizeof host, NULL)) != CAPEX_OK) goto out_ctx;
+    for (i = 0; i < 1000; i++) bad += host[i] != 2.5f;
+    if (bad) {
+        res->code = CAPEX_ERR_INTERNAL;
+        snprintf(res->message, sizeof res->message, "%d wrong values from the cached module", bad);
+    }
+out_ctx:
+    capex_cuda_free(ctx, x);
+    capex_cuda_context_destroy(ctx);
+out:
+    if (res->code != CAPEX_OK && !res->message[0]) snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+}
+
+CT_TEST(cold_compile_cache_and_warm_reload_without_nvrtc) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL, *m2 = NULL;
+    capex_cuda_target t;
+    int from_cache = 1, M, mi;
+    double t0, t1, t2;
+    child_result r;
+    OPEN_CTX(ctx);
+    t0 = now_ms();
+    CT_NEED_NVRTC();
+    t1 = now_ms();
+    OK(capex_cuda_builtin_module(ctx, &m));
+    t2 = now_ms();
+    OK(capex_cuda_module_info(m, &t, &from_cache));
+    CT_CHECK(!from_cache, "the cache directory was fresh");
+    {
+        const capex_cuda_device_info *info = capex_cuda_context_device(ctx);
+        int cc = info->cc_major * 10 + info->cc_minor;
+        capex_cuda_nvrtc_version(&M, &mi);
+        printf("gpu-timing: NVRTC %d.%d load %.1f ms; cold compile+load of the built-in program (%zu chars, %s_%d): %.1f ms\n",
+               M, mi, t1 - t0, strlen(capex_cuda_builtin_source()), t.kind == CAPEX_CUDA_IMAGE_CUBIN ? "sm" : "compute",
+               t.arch, t2 - t1);
+        if (cc == 90) CT_CHECK(t.kind == CAPEX_CUDA_IMAGE_CUBIN && t.arch == 90, "H100 gets an sm_90 CUBIN");
+    }
+    OK(capex_cuda_builtin_module(ctx, &m2));
+    CT_CHECK(m2 == m, "second request hits the in-memory cache");
+    r = run_child("warm", cache_dir);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_OK, "warm child: %d %s", r.code, r.message);
+    printf("gpu-timing: warm load of the built-in program from the disk cache in a fresh process (no NVRTC): %.2f ms\n",
+           r.value / 1000.0);
+    capex_cuda_context_destroy(ctx);
+}
+
+CT_TEST(builtin_kernels_exact) {
+    enum { N = 5000003, PAD = 64 }; /* not a multiple of 256; more than one grid-stride pass */
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_ptr a = 0, b = 0, c = 0;
+    float *ha = NULL, *hb = NULL, *hc = NULL;
+    size_t i, bytes = (size_t)(N + PAD) * 4;
+    OPEN_CTX(ctx);
+    ha = (float *)malloc(bytes);
+    hb = (float *)malloc(bytes);
+    hc = (float *)malloc(bytes);
+    CT_CHECK(ha && hb && hc, "host memory");
+    {
+        uint64_t s = 1;
+        for (i = 0; i < N; i++) {
+            ha[i] = (float)((int)(rng(&s) % 2000001) - 1000000) * 1e-3f;
+            hb[i] = u2f((rng(&s) & 0x807fffffu) | 0x3f000000u); /* [0.5, 1) with random sign */
+        }
+    }
+    OK(capex_cuda_malloc(ctx, bytes, &a));
+    OK(capex_cuda_malloc(ctx, bytes, &b));
+    OK(capex_cuda_malloc(ctx, bytes, &c));
+    OK(capex_cuda_memcpy_htod(ctx, a, ha, (size_t)N * 4, NULL));
+    OK(capex_cuda_memcpy_htod(ctx, b, hb, (size_t)N * 4, NULL));
+
+    /* fill; output poisoned with NaN (0xFF bytes), pad must stay poisoned */
+    OK(capex_cuda_memset_u8(ctx, c, 0xFF, bytes, NULL));
+    OK(capex_cuda_fill_f32(ctx, c, -3.25f, N, NULL));
+    OK(capex_cuda_memcpy_dtoh(ctx, hc, c, bytes, NULL));
+    for (i = 0; i < N; i++) CT_CHECK(hc[i] == -3.25f, "fill[%zu] = %g", i, hc[i]);
+    for (i = N; i < N + PAD; i++) CT_CHECK(f2u(hc[i]) == 0xFFFFFFFFu, "fill wrote past n at %zu", i);
+
+    /* scale: one IEEE multiply, bit-exact with the host */
+    OK(capex_cuda_memset_u8(ctx, c, 0xFF, bytes, NULL));
+    OK(capex_cuda_scale_f32(ctx, c, a, 0.1f, N, NULL));
+    OK(capex_cuda_memcpy_dtoh(ctx, hc, c, bytes, NULL));
+    for (i = 0; i < N; i++) CT_CHECK(f2u(hc[i]) == f2u(0.1f * ha[i]), "scale[%zu]: %a vs %a", i, hc[i], 0.1f * ha[i]);
+    for (i = N; i < N + PAD; i++) CT_CHECK(f2u(hc[i]) == 0xFFFFFFFFu, "scale wrote past n at %zu", i);
+    /* in place (y == x) */
+    OK(capex_cuda_memcpy_dtod(ctx, c, a, (size_t)N * 4, NULL));
+    OK(capex_cuda_scale_f32(ctx, c, c, -2.0f, N, NULL));
+    OK(capex_cuda_memcpy_dtoh(ctx, hc, c, (size_t)N * 4, NULL));
+    for (i = 0; i < N; i++) CT_CHECK(hc[i] == -2.0f * ha[i], "in-place scale[%zu]", i);
+
+    /* add */
+    OK(capex_cuda_memset_u8(ctx, c, 0xFF, bytes, NULL));
+    OK(capex_cuda_add_f32(ctx, c, a, b, N, NULL));
+    OK(capex_cuda_memcpy_dtoh(ctx, hc, c, bytes, NULL));
+    for (i = 0; i < N; i++) CT_CHECK(f2u(hc[i]) == f2u(ha[i] + hb[i]), "add[%zu]", i);
+    for (i = N; i < N + PAD; i++) CT_CHECK(f2u(hc[i]) == 0xFFFFFFFFu, "add wrote past n at %zu", i);
+
+    /* n = 0 is a no-op, bad pointers are refused */
+    OK(capex_cuda_fill_f32(ctx, c, 1.0f, 0, NULL));
+    CT_CHECK(capex_cuda_fill_f32(ctx, 0, 1.0f, 10, NULL) == CAPEX_ERR_INVALID_ARG, "NULL device pointer");
+    capex_cuda_free(ctx, a);
+    capex_cuda_free(ctx, b);
+    capex_cuda_free(ctx, c);
+    free(ha);
+    free(hb);
+    free(hc);
+    capex_cuda_context_destroy(ctx);
+}
+
+/* f16/bf16 <-> f32 on the GPU must equal capex.h's CPU conversions bit for bit. */
+CT_TEST(conversions_match_cpu_bit_exact) {
+    enum { NH = 65536, NF = 1 << 21 };
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_ptr d16 = 0, d32 = 0;
+    uint16_t *h16 = NULL;
+    float *h32 = NULL;
+    size_t i;
+    int pass;
+    OPEN_CTX(ctx);
+    h16 = (uint16_t *)malloc((size_t)NF * 2);
+    h32 = (float *)malloc((size_t)NF * 4);
+    CT_CHECK(h16 && h32, "host memory");
+    OK(capex_cuda_malloc(ctx, (size_t)NF * 2, &d16));
+    OK(capex_cuda_malloc(ctx, (size_t)NF * 4, &d32));
+    for (pass = 0; pass < 2; pass++) {
+        capex_dtype t = pass ? CAPEX_BF16 : CAPEX_F16;
+        /* every 16-bit code -> f32 */
+        for (i = 0; i < NH; i++) h16[i] = (uint16_t)i;
+        OK(capex_cuda_memcpy_htod(ctx, d16, h16, NH * 2, NULL));
+        OK(capex_cuda_memset_u8(ctx, d32, 0xFF, (size_t)NH * 4, NULL));
+        OK(capex_cuda_convert(ctx, d32, CAPEX_F32, d16, t, NH, NULL));
+        OK(capex_cuda_memcpy_dtoh(ctx, h32, d32, (size_t)NH * 4, NULL));
+        for (i = 0; i < NH; i++) {
+            float ref = pass ? capex_bf16_to_f32((uint16_t)i) : capex_f16_to_f32((uint16_t)i);
+            CT_CHECK(f2u(h32[i]) == f2u(ref), "%s code 0x%04zx: gpu %08x cpu %08x", capex_dtype_name(t), i, f2u(h32[i]), f2u(ref));
+        }
+        /* f32 -> 16 bits: every code's value, the midpoints and neighbours, random bit patterns */
+        for (i = 0; i < NF; i++) {
+            uint64_t s = i * 2654435761u + (uint64_t)pass;
+            uint32_t code = (uint32_t)(i % NH);
+            if (i < NH) h32[i] = pass ? capex_bf16_to_f32((uint16_t)code) : capex_f16_to_f32((uint16_t)code);
+            else if (i < 4 * NH) {
+                uint32_t base = f2u(pass ? capex_bf16_to_f32((uint16_t)code) : capex_f16_to_f32((uint16_t)code));
+                uint32_t half_ulp = pass ? 0x8000u : 0x1000u;
+                h32[i] = u2f(base + half_ulp + (uint32_t)(i / NH) - 2u); /* midpoint -1, 0, +1 */
+            } else h32[i] = u2f(rng(&s));
+        }
+        OK(capex_cuda_memcpy_htod(ctx, d32, h32, (size_t)NF * 4, NULL));
+        OK(capex_cuda_memset_u8(ctx, d16, 0xFF, (size_t)NF * 2, NULL));
+        OK(capex_cuda_convert(ctx, d16, t, d32, CAPEX_F32, NF, NULL));
+        OK(capex_cuda_memcpy_dtoh(ctx, h16, d16, (size_t)NF * 2, NULL));
+        for (i = 0; i < NF; i++) {
+            uint16_t ref = pass ? capex_f32_to_bf16(h32[i]) : capex_f32_to_f16(h32[i]);
+            CT_CHECK(h16[i] == ref, "%s from %08x: gpu %04x cpu %04x", capex_dtype_name(t), f2u(h32[i]), h16[i], ref);
+        }
+    }
+    CT_CHECK(capex_cuda_convert(ctx, d16, CAPEX_F16, d32, CAPEX_BF16, 4, NULL) == CAPEX_ERR_UNSUPPORTED, "f16<-bf16 refused");
+    capex_cuda_free(ctx, d16);
+    capex_cuda_free(ctx, d32);
+    free(h16);
+    free(h32);
+    capex_cuda_context_destroy(ctx);
+}
+
+static const char *user_src =
+    "extern \"C\" __global__ void user_axpb(float *y, const float *x, float b, unsigned long long n) {\n"
+    "    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    if (i < n) y[i] = ALPHA * x[i] + b;\n"
+    "}\n"
+    "extern \"C\" __global__ void user_reverse(float *y, const float *x) {\n"
+    "    extern __shared__ float s[];\n"
+    "    unsigned base = blockIdx.x * blockDim.x;\n"
+    "    s[threadIdx.x] = x[base + threadIdx.x];\n"
+    "    __syncthreads();\n"
+    "    y[base + threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];\n"
+    "}\n";
+
+CT_TEST(user_kernel_raw_kernel_style) {
+    enum { N = 100000, PAD = 32 };
+    static const char *opts[] = {"-DALPHA=3.0f"};
+    static const char *opts2[] = {"-DALPHA=5.0f"};
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL, *again = NULL, *other = NULL;
+    capex_cuda_function axpb, rev, missing;
+    capex_cuda_ptr x = 0, y = 0;
+    float *hx = NULL, *hy = NULL, b = 0.5f;
+    unsigned long long n = N;
+    unsigned grid[3] = {(N + 255) / 256, 1, 1}, block[3] = {256, 1, 1};
+    void *args[4];
+    size_t i;
+    int fake;
+    OPEN_CTX(ctx);
+    /* the CPU stand-in driver cannot see ALPHA (a compile option): it checks the launch only */
+    fake = !strncmp(capex_cuda_context_device(ctx)->name, "capex fake", 10);
+    CT_NEED_NVRTC();
+    OK(capex_cuda_module_compile(ctx, user_src, "user.cu", opts, 1, &m));
+    OK(capex_cuda_module_compile(ctx, user_src, "user.cu", opts, 1, &again));
+    CT_CHECK(again == m, "same source and options: the same module");
+    OK(capex_cuda_module_compile(ctx, user_src, "user.cu", opts2, 1, &other));
+    CT_CHECK(other != m, "other options: another module");
+    OK(capex_cuda_module_get_function(m, "user_axpb", &axpb));
+    OK(capex_cuda_module_get_function(m, "user_reverse", &rev));
+    CT_CHECK(capex_cuda_module_get_function(m, "no_such_kernel", &missing) == CAPEX_ERR_NOT_FOUND &&
+             strstr(capex_last_error(), "no_such_kernel"), "missing kernel: %s", capex_last_error());
+
+    hx = (float *)malloc((N + PAD) * 4);
+    hy = (float *)malloc((N + PAD) * 4);
+    CT_CHECK(hx && hy, "host memory");
+    for (i = 0; i < N; i++) hx[i] = (float)((int)(i % 2001) - 1000); /* integers: 3x + 0.5 is exact */
+    OK(capex_cuda_malloc(ctx, (N + PAD) * 4, &x));
+    OK(capex_cuda_malloc(ctx, (N + PAD) * 4, &y));
+    OK(capex_cuda_memcpy_htod(ctx, x, hx, N * 4, NULL));
+    OK(capex_cuda_memset_u8(ctx, y, 0xFF, (N + PAD) * 4, NULL));
+    args[0] = &y; args[1] = &x; args[2] = &b; args[3] = &n;
+    OK(capex_cuda_launch(&axpb, grid, block, 0, NULL, args));
+    OK(capex_cuda_memcpy_dtoh(ctx, hy, y, (N + PAD) * 4, NULL));
+    for (i = 0; i < N && !fake; i++) CT_CHECK(hy[i] == (float)(3.0 * hx[i] + 0.5), "axpb[%zu] = %g, want %g", i, hy[i], 3.0 * hx[i] + 0.5);
+    for (i = N; i < N + PAD; i++) CT_CHECK(f2u(hy[i]) == 0xFFFFFFFFu, "wrote past n at %zu", i);
+
+    /* the other module really has ALPHA = 5 */
+    {
+        capex_cuda_function f5;
+        OK(capex_cuda_module_get_function(other, "user_axpb", &f5));
+        OK(capex_cuda_launch(&f5, grid, block, 0, NULL, args));
+        OK(capex_cuda_memcpy_dtoh(ctx, hy, y, N * 4, NULL));
+        for (i = 0; i < N && !fake; i++) CT_CHECK(hy[i] == (float)(5.0 * hx[i] + 0.5), "ALPHA=5 [%zu]", i);
+    }
+
+    /* dynamic shared memory above 48 KiB (the opt-in path), on a stream with events */
+    {
+        capex_cuda_stream s = NULL;
+        capex_cuda_event e0 = NULL, e1 = NULL;
+        unsigned g2[3] = {N / 1000, 1, 1}, b2[3] = {1000, 1, 1};
+        void *a2[2];
+        float ms = -1.0f;
+        a2[0] = &y; a2[1] = &x;
+        OK(capex_cuda_stream_create(ctx, &s));
+        OK(capex_cuda_event_create(ctx, 1, &e0));
+        OK(capex_cuda_event_create(ctx, 1, &e1));
+        OK(capex_cuda_memset_u8(ctx, y, 0xFF, N * 4, s));
+        OK(capex_cuda_event_record(ctx, e0, s));
+        OK(capex_cuda_launch(&rev, g2, b2, 64u * 1024u, s, a2));
+        OK(capex_cuda_event_record(ctx, e1, s));
+        OK(capex_cuda_memcpy_dtoh(ctx, hy, y, N * 4, s));
+        OK(capex_cuda_stream_synchronize(ctx, s));
+        OK(capex_cuda_event_elapsed_ms(ctx, e0, e1, &ms));
+        CT_CHECK(ms >= 0.0f, "elapsed %g ms", ms);
+        for (i = 0; i < N; i++) {
+            size_t blk = i / 1000, t = i % 1000;
+            CT_CHECK(hy[i] == hx[blk * 1000 + 999 - t], "reverse[%zu]", i);
+        }
+        OK(capex_cuda_event_destroy(ctx, e0));
+        OK(capex_cuda_event_destroy(ctx, e1));
+        OK(capex_cuda_stream_destroy(ctx, s));
+    }
+    capex_cuda_free(ctx, x);
+    capex_cuda_free(ctx, y);
+    free(hx);
+    free(hy);
+    capex_cuda_context_destroy(ctx);
+}
+
+CT_TEST(driver_errors_are_reported) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL;
+    capex_cuda_function f;
+    capex_cuda_ptr p = 0;
+    unsigned grid[3] = {1, 1, 1}, block[3] = {4096, 1, 1};
+    void *args[4];
+    float b = 0;
+    unsigned long long n = 0;
+    capex_result r;
+    OPEN_CTX(ctx);
+    r = capex_cuda_malloc(ctx, (size_t)1 << 52, &p);
+    CT_CHECK(r == CAPEX_ERR_OUT_OF_MEMORY && strstr(capex_last_error(), "cuMemAlloc_v2") &&
+             strstr(capex_last_error(), "CUDA_ERROR_OUT_OF_MEMORY"), "4 PiB: %s", capex_last_error());
+    CT_CHECK(p == 0, "no pointer on failure");
+    CT_NEED_NVRTC();
+    r = capex_cuda_module_compile(ctx, user_src, "user.cu", NULL, 0, &m);
+    CT_CHECK(r == CAPEX_ERR_NVRTC && strstr(capex_last_error(), "ALPHA"), "NVRTC log names the undefined macro: %s",
+             capex_last_error());
+    {
+        static const char *opts[] = {"-DALPHA=1.0f"};
+        OK(capex_cuda_module_compile(ctx, user_src, "user.cu", opts, 1, &m));
+    }
+    OK(capex_cuda_module_get_function(m, "user_axpb", &f));
+    args[0] = &p; args[1] = &p; args[2] = &b; args[3] = &n;
+    r = capex_cuda_launch(&f, grid, block, 0, NULL, args);
+    CT_CHECK(r == CAPEX_ERR_CUDA && strstr(capex_last_error(), "cuLaunchKernel") && strstr(capex_last_error(), "block (4096"),
+             "oversized block: %s", capex_last_error());
+    OK(capex_cuda_context_synchronize(ctx));
+    capex_cuda_context_destroy(ctx);
+}
+
+/* Several threads compile into one context at once: each gets a working module,
+   equal requests share one module, and the built-in program is compiled once. */
+typedef struct thread_job { capex_cuda_context *ctx; int alpha; capex_result r; capex_cuda_module *m, *builtin; char err[256]; } thread_job;
+static void *compile_thread(void *arg) {
+    thread_job *j = (thread_job *)arg;
+    char opt[32];
+    const char *opts[1];
+    snprintf(opt, sizeof opt, "-DALPHA=%d.0f", j->alpha);
+    opts[0] = opt;
+    j->r = capex_cuda_module_compile(j->ctx, user_src, "user.cu", opts, 1, &j->m);
+    if (j->r == CAPEX_OK) j->r = capex_cuda_builtin_module(j->ctx, &j->builtin);
+    if (j->r != CAPEX_OK) snprintf(j->err, sizeof j->err, "%s", capex_last_error());
+    return NULL;
+}
+
+CT_TEST(threads_share_a_context) {
+    enum { T = 4 };
+    capex_cuda_context *ctx = NULL;
+    pthread_t th[T];
+    thread_job jobs[T];
+    int i;
+    OPEN_CTX(ctx);
+    CT_NEED_NVRTC();
+    for (i = 0; i < T; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].ctx = ctx;
+        jobs[i].alpha = 10 + i % 2; /* two distinct sources, each requested twice */
+        CT_CHECK(pthread_create(&th[i], NULL, compile_thread, &jobs[i]) == 0, "pthread_create");
+    }
+    for (i = 0; i < T; i++) pthread_join(th[i], NULL);
+    for (i = 0; i < T; i++) CT_CHECK(jobs[i].r == CAPEX_OK && jobs[i].m, "thread %d: %s", i, jobs[i].err);
+    CT_CHECK(jobs[0].m == jobs[2].m && jobs[1].m == jobs[3].m && jobs[0].m != jobs[1].m, "equal requests share a module");
+    CT_CHECK(jobs[0].builtin == jobs[1].builtin && jobs[1].builtin == jobs[2].builtin && jobs[2].builtin == jobs[3].builtin,
+             "one built-in module");
+    /* the modules work from this thread too */
+    {
+        capex_cuda_function f;
+        capex_cuda_ptr x = 0;
+        float v[256];
+        OK(capex_cuda_module_get_function(jobs[1].m, "user_axpb", &f));
+        OK(capex_cuda_malloc(ctx, sizeof v, &x));
+        OK(capex_cuda_fill_f32(ctx, x, 1.0f, 256, NULL));
+        OK(capex_cuda_memcpy_dtoh(ctx, v, x, sizeof v, NULL));
+        for (i = 0; i < 256; i++) CT_CHECK(v[i] == 1.0f, "fill after threaded compile [%d]", i);
+        capex_cuda_free(ctx, x);
+    }
+    capex_cuda_context_destroy(ctx);
+}
+
+static const ct_case cases[] = {
+    CT_CASE(device_and_context),
+    CT_CASE(cold_compile_cache_and_warm_reload_without_nvrtc),
+    CT_CASE(builtin_kernels_exact),
+    CT_CASE(conversions_match_cpu_bit_exact),
+    CT_CASE(user_kernel_raw_kernel_style),
+    CT_CASE(driver_errors_are_reported),
+    CT_CASE(threads_share_a_context),
+};
+static const child_entry children[] = {{"warm", child_warm}};
+
+int main(int argc, char **argv) {
+    int rc;
+    if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
+    snprintf(cache_dir, sizeof cache_dir, "/tmp/capex_gpu_test_XXXXXX");
+    if (!mkdtemp(cache_dir)) cache_dir[0] = '\0'; /* "" = no disk cache; the warm test then fails */
+    rc = ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
+    if (cache_dir[0]) rm_dir(cache_dir);
+    return rc;
+}

@@ -1,0 +1,375 @@
+/* The CUDA backend without a GPU: NVRTC (loaded through capex's own loader)
+   compiles the embedded kernel program for every supported GPU generation,
+   errors carry NVRTC's log, arch selection follows its table, and every
+   missing library gives its documented status and message. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#define CAPEX_CUDA_IMPLEMENTATION
+#include "../capex_cuda.h"
+#include "capex_test.h"
+#include "cuda_test_util.h"
+#include <locale.h>
+
+/* NVRTC keeps internal allocations for the life of the process. */
+#if defined(__clang__) || defined(__GNUC__)
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) { return "leak:libnvrtc\nleak:libnvrtc-builtins\n"; }
+#endif
+
+static const int ci_archs[] = {75, 80, 86, 89, 90, 100, 120};
+
+/* ---- arch selection (pure) ---------------------------------------------- */
+
+CT_TEST(select_target_table) {
+    static const int nvrtc13[] = {75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121};
+    static const int unsorted[] = {90, 75, 86, 80};
+    static const struct { const int *list; int n; int cc; int code; int kind; int arch; } rows[] = {
+        {nvrtc13, 12, 90, CAPEX_OK, CAPEX_CUDA_IMAGE_CUBIN, 90},   /* H100: exact CUBIN */
+        {nvrtc13, 12, 75, CAPEX_OK, CAPEX_CUDA_IMAGE_CUBIN, 75},   /* lowest supported */
+        {nvrtc13, 12, 121, CAPEX_OK, CAPEX_CUDA_IMAGE_CUBIN, 121}, /* highest supported */
+        {nvrtc13, 12, 130, CAPEX_OK, CAPEX_CUDA_IMAGE_PTX, 121},   /* newer GPU: PTX of the highest */
+        {nvrtc13, 12, 101, CAPEX_OK, CAPEX_CUDA_IMAGE_PTX, 100},   /* gap: highest below */
+        {nvrtc13, 12, 91, CAPEX_OK, CAPEX_CUDA_IMAGE_PTX, 90},
+        {nvrtc13, 12, 70, CAPEX_ERR_ARCH, 0, 0},                   /* V100 below NVRTC 13's floor */
+        {nvrtc13, 12, 61, CAPEX_ERR_ARCH, 0, 0},
+        {unsorted, 4, 89, CAPEX_OK, CAPEX_CUDA_IMAGE_PTX, 86},     /* order does not matter */
+        {unsorted, 4, 90, CAPEX_OK, CAPEX_CUDA_IMAGE_CUBIN, 90},
+        {unsorted, 4, 74, CAPEX_ERR_ARCH, 0, 0},
+        {nvrtc13, 0, 90, CAPEX_ERR_ARCH, 0, 0},                    /* empty list */
+        {nvrtc13, 12, 0, CAPEX_ERR_INVALID_ARG, 0, 0},
+        {nvrtc13, -1, 90, CAPEX_ERR_INVALID_ARG, 0, 0},
+    };
+    size_t i;
+    for (i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        capex_cuda_target t;
+        capex_result r = capex_cuda_select_target(rows[i].list, rows[i].n, rows[i].cc, &t);
+        CT_CHECK(r == rows[i].code, "row %zu (cc %d): got %s want %s", i, rows[i].cc, capex_result_string(r),
+                 capex_result_string((capex_result)rows[i].code));
+        if (r == CAPEX_OK) {
+            CT_CHECK((int)t.kind == rows[i].kind && t.arch == rows[i].arch, "row %zu (cc %d): got kind %d arch %d", i,
+                     rows[i].cc, (int)t.kind, t.arch);
+        }
+    }
+    CT_CHECK(capex_cuda_select_target(nvrtc13, 12, 70, NULL) == CAPEX_ERR_INVALID_ARG, "NULL out");
+    {
+        capex_cuda_target t;
+        CT_CHECK(capex_cuda_select_target(nvrtc13, 12, 70, &t) == CAPEX_ERR_ARCH, "refusal");
+        CT_CHECK(strstr(capex_last_error(), "sm_70") && strstr(capex_last_error(), "sm_75"),
+                 "refusal names the GPU and the lowest arch: %s", capex_last_error());
+    }
+}
+
+/* ---- the embedded program ----------------------------------------------- */
+
+CT_TEST(builtin_source_is_self_contained) {
+    const char *src = capex_cuda_builtin_source();
+    size_t i;
+    int n = 0;
+    const char *const *opts = capex_cuda_builtin_options(&n);
+    CT_CHECK(src && strlen(src) > 500, "program assembled");
+    CT_CHECK(!strstr(src, "#include"), "NVRTC has no CUDA headers: the program must include nothing");
+    for (i = 0; i < CAPEX__CUDA_N_BUILTIN; i++) {
+        char decl[96];
+        snprintf(decl, sizeof decl, "void %s(", capex__cuda_builtin_kernels[i]);
+        CT_CHECK(strstr(src, decl), "kernel %s defined", capex__cuda_builtin_kernels[i]);
+    }
+    CT_CHECK(strstr(src, "extern \"C\" __global__"), "kernels are extern \"C\"");
+    CT_CHECK(capex_cuda_builtin_source() == src, "assembled once");
+    CT_CHECK(n >= 1 && opts && !strcmp(opts[0], "-default-device"), "options");
+    /* every fragment stays under C99's minimum string-literal length */
+    for (i = 0; i < sizeof capex__cuda_fragments / sizeof capex__cuda_fragments[0]; i++)
+        CT_CHECK(strlen(capex__cuda_fragments[i]()) < 4095, "fragment %zu is %zu chars", i, strlen(capex__cuda_fragments[i]()));
+}
+
+static void check_image_has_kernels(ct_state *ct, const capex_cuda_image *img, int arch) {
+    size_t k;
+    for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++)
+        CT_CHECK(contains_bytes(img->data, img->size, capex__cuda_builtin_kernels[k]), "sm_%d image lacks %s", arch,
+                 capex__cuda_builtin_kernels[k]);
+}
+
+CT_TEST(builtin_compiles_cubin_for_every_ci_arch) {
+    int n = 0;
+    const char *const *opts = capex_cuda_builtin_options(&n);
+    size_t i;
+    CT_NEED_NVRTC();
+    for (i = 0; i < sizeof ci_archs / sizeof ci_archs[0]; i++) {
+        capex_cuda_target t;
+        capex_cuda_image img;
+        capex_result r;
+        t.kind = CAPEX_CUDA_IMAGE_CUBIN;
+        t.arch = ci_archs[i];
+        r = capex_cuda_nvrtc_compile(capex_cuda_builtin_source(), "capex_builtin", opts, n, t, &img);
+        CT_CHECK(r == CAPEX_OK, "sm_%d: %s", ci_archs[i], capex_last_error());
+        CT_CHECK(img.size > 1000 && !memcmp(img.data, "\177ELF", 4), "sm_%d: CUBIN is an ELF image", ci_archs[i]);
+        CT_CHECK(img.kind == CAPEX_CUDA_IMAGE_CUBIN && img.arch == ci_archs[i] && img.from_cache == 0, "sm_%d fields", ci_archs[i]);
+        CT_CHECK(img.nvrtc_version >= 11020, "nvrtc version recorded: %d", img.nvrtc_version);
+        check_image_has_kernels(ct, &img, ci_archs[i]);
+        if (ct->failed) return;
+        capex_cuda_image_free(&img);
+        CT_CHECK(img.data == NULL && img.size == 0, "image_free clears");
+    }
+}
+
+CT_TEST(builtin_compiles_ptx_for_highest_arch) {
+    int archs[64], n_archs = 0, hi = 0, n = 0, i;
+    const char *const *opts = capex_cuda_builtin_options(&n);
+    capex_cuda_target t;
+    capex_cuda_image img;
+    char target_line[32];
+    CT_NEED_NVRTC();
+    CT_CHECK(capex_cuda_nvrtc_supported_archs(archs, 64, &n_archs) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(n_archs > 0, "NVRTC lists archs");
+    for (i = 0; i < n_archs; i++) if (archs[i] > hi) hi = archs[i];
+    for (i = 0; i < (int)(sizeof ci_archs / sizeof ci_archs[0]); i++) {
+        int j, found = 0;
+        for (j = 0; j < n_archs; j++) found |= archs[j] == ci_archs[i];
+        CT_CHECK(found, "NVRTC does not list sm_%d", ci_archs[i]);
+    }
+    t.kind = CAPEX_CUDA_IMAGE_PTX;
+    t.arch = hi;
+    CT_CHECK(capex_cuda_nvrtc_compile(capex_cuda_builtin_source(), "capex_builtin", opts, n, t, &img) == CAPEX_OK, "%s",
+             capex_last_error());
+    snprintf(target_line, sizeof target_line, ".target sm_%d", hi);
+    CT_CHECK(contains_bytes(img.data, img.size, target_line), "PTX says %s", target_line);
+    CT_CHECK(contains_bytes(img.data, img.size, ".entry capex_fill_f32"), "PTX has the entry points");
+    CT_CHECK(((const char *)img.data)[img.size - 1] == '\0', "PTX is NUL-terminated for cuModuleLoadData");
+    check_image_has_kernels(ct, &img, hi);
+    capex_cuda_image_free(&img);
+    /* the capacity contract */
+    CT_CHECK(capex_cuda_nvrtc_supported_archs(archs, 1, &n_archs) == CAPEX_ERR_LIMIT && n_archs > 1, "capacity too small");
+}
+
+CT_TEST(compile_selects_target_from_device_cc) {
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    int n = 0, archs[64], n_archs = 0, hi = 0, lo = 1000, i;
+    CT_NEED_NVRTC();
+    capex_cuda_nvrtc_supported_archs(archs, 64, &n_archs);
+    for (i = 0; i < n_archs; i++) {
+        if (archs[i] > hi) hi = archs[i];
+        if (archs[i] < lo) lo = archs[i];
+    }
+    capex_cuda_compile_desc_init(&d);
+    d.source = capex_cuda_builtin_source();
+    d.options = capex_cuda_builtin_options(&n);
+    d.n_options = n;
+    d.device_cc = 90;
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(img.kind == CAPEX_CUDA_IMAGE_CUBIN && img.arch == 90 && !img.from_cache, "H100 gets sm_90 CUBIN");
+    capex_cuda_image_free(&img);
+    d.device_cc = hi + 10; /* a GPU newer than this NVRTC */
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(img.kind == CAPEX_CUDA_IMAGE_PTX && img.arch == hi, "newer GPU gets compute_%d PTX, got %d/%d", hi, (int)img.kind, img.arch);
+    capex_cuda_image_free(&img);
+    d.device_cc = lo - 5; /* sm_70 for NVRTC 13, sm_45 for NVRTC 12 */
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_ERR_ARCH, "sm_%d refused: %s", lo - 5, capex_last_error());
+    CT_CHECK(img.data == NULL, "no image on failure");
+    d.device_cc = 0;
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_ERR_INVALID_ARG, "cc 0");
+    CT_CHECK(capex_cuda_compile(NULL, &img) == CAPEX_ERR_INVALID_ARG, "NULL desc");
+}
+
+CT_TEST(broken_source_returns_nvrtc_log) {
+    static const char *broken = "extern \"C\" __global__ void k(float *x) {\n  x[0] = undeclared_thing + 1;\n}\n";
+    static const char *opts[] = {"-DFOO=1"};
+    capex_cuda_target t;
+    capex_cuda_image img;
+    capex_result r;
+    const char *e;
+    CT_NEED_NVRTC();
+    t.kind = CAPEX_CUDA_IMAGE_CUBIN;
+    t.arch = 90;
+    r = capex_cuda_nvrtc_compile(broken, "broken.cu", opts, 1, t, &img);
+    e = capex_last_error();
+    CT_CHECK(r == CAPEX_ERR_NVRTC, "got %s", capex_result_string(r));
+    CT_CHECK(img.data == NULL && img.size == 0, "no image");
+    CT_CHECK(strstr(e, "broken.cu"), "names the program: %s", e);
+    CT_CHECK(strstr(e, "undeclared_thing") && strstr(e, "error"), "carries NVRTC's log: %s", e);
+    CT_CHECK(strstr(e, "line 2") || strstr(e, "(2)"), "log has the line: %s", e);
+    CT_CHECK(strstr(e, "-DFOO=1") && strstr(e, "-arch=sm_90"), "lists the options: %s", e);
+    /* an invalid option is reported too */
+    {
+        static const char *bad[] = {"--no-such-option"};
+        r = capex_cuda_nvrtc_compile("extern \"C\" __global__ void k() {}", "opt", bad, 1, t, &img);
+        CT_CHECK(r == CAPEX_ERR_NVRTC && strstr(capex_last_error(), "--no-such-option"), "%s", capex_last_error());
+    }
+}
+
+CT_TEST(user_source_gets_its_options) {
+    static const char *src =
+        "extern \"C\" __global__ void put(int *x) { x[threadIdx.x] = VALUE * SCALE; }\n";
+    static const char *opts[] = {"-DVALUE=4321", "-DSCALE=3"};
+    capex_cuda_target t;
+    capex_cuda_image img;
+    CT_NEED_NVRTC();
+    t.kind = CAPEX_CUDA_IMAGE_PTX;
+    t.arch = 80;
+    CT_CHECK(capex_cuda_nvrtc_compile(src, "user", opts, 2, t, &img) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(contains_bytes(img.data, img.size, "12963"), "VALUE*SCALE folded into the PTX");
+    CT_CHECK(contains_bytes(img.data, img.size, ".entry put"), "extern \"C\" keeps the name");
+    capex_cuda_image_free(&img);
+    CT_CHECK(capex_cuda_nvrtc_compile(src, "user", opts, 1, t, &img) == CAPEX_ERR_NVRTC, "SCALE missing fails");
+    CT_CHECK(capex_cuda_nvrtc_compile(NULL, "user", opts, 1, t, &img) == CAPEX_ERR_INVALID_ARG, "NULL source");
+    CT_CHECK(capex_cuda_nvrtc_compile(src, "user", NULL, 1, t, &img) == CAPEX_ERR_INVALID_ARG, "NULL options");
+    t.arch = 0;
+    CT_CHECK(capex_cuda_nvrtc_compile(src, "user", opts, 2, t, &img) == CAPEX_ERR_INVALID_ARG, "arch 0");
+}
+
+CT_TEST(locale_restored_around_compile) {
+    static const char *src = "extern \"C\" __global__ void k(float *x) { x[0] = 1.5f; }\n";
+    capex_cuda_target t;
+    capex_cuda_image img;
+    char before[128], now[128];
+    CT_NEED_NVRTC();
+    if (!setlocale(LC_NUMERIC, "C.UTF-8") && !setlocale(LC_NUMERIC, "de_DE.UTF-8"))
+        CT_SKIP("no non-\"C\" locale installed");
+    snprintf(before, sizeof before, "%s", setlocale(LC_NUMERIC, NULL));
+    t.kind = CAPEX_CUDA_IMAGE_CUBIN;
+    t.arch = 90;
+    CT_CHECK(capex_cuda_nvrtc_compile(src, "loc", NULL, 0, t, &img) == CAPEX_OK, "%s", capex_last_error());
+    capex_cuda_image_free(&img);
+    snprintf(now, sizeof now, "%s", setlocale(LC_NUMERIC, NULL));
+    setlocale(LC_NUMERIC, "C");
+    CT_CHECK(!strcmp(now, before), "LC_NUMERIC restored to %s (now %s)", before, now);
+}
+
+/* ---- missing libraries: each in a fresh child (libraries load once) ------ */
+
+static void child_driver(const char *arg, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    int n = -1, v = -1;
+    const char *path = arg;
+    if (path) setenv("CAPEX_LIBCUDA_PATH", path, 1);
+    else unsetenv("CAPEX_LIBCUDA_PATH");
+    res->code = capex_cuda_driver_version(&v);
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    /* every entry point gives the same status, no crash, and the CPU side works */
+    res->value = capex_cuda_device_count(&n) == res->code && n == 0 &&
+                 capex_cuda_context_create(NULL, &ctx) == res->code && ctx == NULL &&
+                 capex_cuda_driver_version(&v) == res->code && capex_f32_to_f16(2.0f) == 0x4000;
+}
+
+CT_TEST(no_driver_status) {
+    child_result r = run_child("driver", "/nonexistent/libcuda.so.1");
+    CT_CHECK(r.exited_ok, "child crashed");
+    CT_CHECK(r.code == CAPEX_ERR_NO_DRIVER, "got %d: %s", r.code, r.message);
+    CT_CHECK(strstr(r.message, "/nonexistent/libcuda.so.1") && strstr(r.message, "CAPEX_LIBCUDA_PATH"),
+             "names what was tried: %s", r.message);
+    CT_CHECK(r.value, "every entry point reports NO_DRIVER and the CPU backend still works");
+    /* without the override: this machine's real situation */
+    {
+        child_result d = run_child("driver", NULL);
+        CT_CHECK(d.exited_ok, "child crashed");
+        if (d.code == CAPEX_ERR_NO_DRIVER) {
+            CT_CHECK(strstr(d.message, "libcuda.so.1") && strstr(d.message, "driver"), "%s", d.message);
+        } else {
+            CT_CHECK(d.code == CAPEX_OK || d.code == CAPEX_ERR_NO_DEVICE, "driver present: %d %s", d.code, d.message);
+        }
+    }
+}
+
+static void child_nvrtc(const char *arg, child_result *res) {
+    int M = 0, m = 0;
+    capex_cuda_target t;
+    capex_cuda_image img;
+    setenv("CAPEX_NVRTC_PATH", arg ? arg : "", 1);
+    res->code = capex_cuda_nvrtc_version(&M, &m);
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    t.kind = CAPEX_CUDA_IMAGE_CUBIN;
+    t.arch = 90;
+    res->value = capex_cuda_nvrtc_compile("extern \"C\" __global__ void k() {}", "k", NULL, 0, t, &img) == res->code &&
+                 capex_cuda_nvrtc_is_loaded() == (res->code == CAPEX_OK) && !capex_cuda_nvrtc_path()[0] == (res->code != CAPEX_OK);
+    if (res->code == CAPEX_OK) capex_cuda_image_free(&img);
+}
+
+CT_TEST(no_nvrtc_status) {
+    child_result r = run_child("nvrtc", "/nonexistent/libnvrtc.so.13");
+    CT_CHECK(r.exited_ok, "child crashed");
+    CT_CHECK(r.code == CAPEX_ERR_NO_NVRTC, "got %d: %s", r.code, r.message);
+    CT_CHECK(strstr(r.message, "/nonexistent/libnvrtc.so.13") && strstr(r.message, "CAPEX_NVRTC_PATH"), "%s", r.message);
+    CT_CHECK(r.value, "compile reports NO_NVRTC too, nothing marked loaded");
+    /* a file that is not NVRTC */
+    r = run_child("nvrtc", "/bin/sh");
+    CT_CHECK(r.code == CAPEX_ERR_NO_NVRTC, "non-library: %d %s", r.code, r.message);
+}
+
+CT_TEST(nvrtc_search_finds_toolkit) {
+    char path[600];
+    CT_NEED_NVRTC();
+    snprintf(path, sizeof path, "%s", capex_cuda_nvrtc_path());
+    CT_CHECK(capex_cuda_nvrtc_is_loaded() && strstr(path, "nvrtc"), "loaded from %s", path);
+    /* the same library through the override gives the same version */
+    {
+        int M, m;
+        child_result r;
+        capex_cuda_nvrtc_version(&M, &m);
+        r = run_child("nvrtc", path);
+        CT_CHECK(r.code == CAPEX_OK && r.value, "override %s: %s", path, r.message);
+        (void)M; (void)m;
+    }
+}
+
+static void child_nccl(const char *arg, child_result *res) {
+    int v = 0;
+    if (arg) setenv("CAPEX_NCCL_PATH", arg, 1);
+    res->code = capex_cuda_nccl_version(&v);
+    res->value = v;
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+}
+
+CT_TEST(nccl_status) {
+    child_result r = run_child("nccl", "/nonexistent/libnccl.so.2");
+    CT_CHECK(r.exited_ok, "child crashed");
+    CT_CHECK(r.code == CAPEX_ERR_NO_NCCL && strstr(r.message, "/nonexistent/libnccl.so.2"), "%d %s", r.code, r.message);
+    r = run_child("nccl", NULL);
+    CT_CHECK(r.exited_ok, "child crashed");
+    if (r.code == CAPEX_ERR_NO_NCCL) {
+        CT_CHECK(strstr(r.message, "libnccl.so.2"), "%s", r.message);
+        CT_SKIP("libnccl.so.2 not installed: %s", r.message);
+    }
+    CT_CHECK(r.code == CAPEX_OK && r.value >= 20000, "NCCL version %d: %s", r.value, r.message);
+}
+
+CT_TEST(invalid_arguments) {
+    capex_cuda_function f;
+    unsigned g[3] = {1, 1, 1};
+    int n;
+    CT_CHECK(capex_cuda_driver_version(NULL) == CAPEX_ERR_INVALID_ARG, "driver_version(NULL)");
+    CT_CHECK(capex_cuda_nvrtc_version(NULL, NULL) == CAPEX_ERR_INVALID_ARG, "nvrtc_version(NULL)");
+    CT_CHECK(capex_cuda_nccl_version(NULL) == CAPEX_ERR_INVALID_ARG, "nccl_version(NULL)");
+    CT_CHECK(capex_cuda_device_count(NULL) == CAPEX_ERR_INVALID_ARG, "device_count(NULL)");
+    CT_CHECK(capex_cuda_nvrtc_supported_archs(NULL, 4, &n) == CAPEX_ERR_INVALID_ARG, "archs NULL");
+    CT_CHECK(capex_cuda_context_create(NULL, NULL) == CAPEX_ERR_INVALID_ARG, "context out NULL");
+    memset(&f, 0, sizeof f);
+    CT_CHECK(capex_cuda_launch(&f, g, g, 0, NULL, NULL) == CAPEX_ERR_INVALID_ARG, "launch of an unset function");
+    CT_CHECK(capex_cuda_launch(NULL, g, g, 0, NULL, NULL) == CAPEX_ERR_INVALID_ARG, "launch NULL");
+    CT_CHECK(capex_cuda_module_get_function(NULL, "k", &f) == CAPEX_ERR_INVALID_ARG, "get_function NULL module");
+    CT_CHECK(capex_cuda_module_compile(NULL, "x", "x", NULL, 0, NULL) == CAPEX_ERR_INVALID_ARG, "compile out NULL");
+    CT_CHECK(capex_cuda_module_info(NULL, NULL, NULL) == CAPEX_ERR_INVALID_ARG, "info NULL");
+    capex_cuda_context_destroy(NULL);
+    CT_CHECK(capex_cuda_context_device(NULL) == NULL, "device of NULL");
+}
+
+static const ct_case cases[] = {
+    CT_CASE(select_target_table),
+    CT_CASE(builtin_source_is_self_contained),
+    CT_CASE(builtin_compiles_cubin_for_every_ci_arch),
+    CT_CASE(builtin_compiles_ptx_for_highest_arch),
+    CT_CASE(compile_selects_target_from_device_cc),
+    CT_CASE(broken_source_returns_nvrtc_log),
+    CT_CASE(user_source_gets_its_options),
+    CT_CASE(locale_restored_around_compile),
+    CT_CASE(no_driver_status),
+    CT_CASE(no_nvrtc_status),
+    CT_CASE(nvrtc_search_finds_toolkit),
+    CT_CASE(nccl_status),
+    CT_CASE(invalid_arguments),
+};
+static const child_entry children[] = {{"driver", child_driver}, {"nvrtc", child_nvrtc}, {"nccl", child_nccl}};
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
+    return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
+}
