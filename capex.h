@@ -188,6 +188,132 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
 /* @@SECTION:SCALER:DECL@@ (loss scaler: declarations) */
 
 /* @@SECTION:STATE:DECL@@ (state files: declarations) */
+/* ---------------------------------------------------------------------------
+   State files
+
+   Save/restore of training state (loss scaler now; optimizer moments and DDP
+   settings use the same container) as safetensors files: an 8-byte
+   little-endian header length N, N bytes of UTF-8 JSON naming each tensor's
+   dtype, shape and byte range, then the tensors' bytes, little-endian, tightly
+   packed. Python's `safetensors.numpy.load_file` and `head -c` read them.
+
+   capex adds, in "__metadata__": "format": "capex-state",
+   "capex_format_version": "1", "capex_version": CAPEX_VERSION_STRING and
+   "capex_crc32": 8 lowercase hex digits, the CRC-32 (zlib polynomial) of the
+   whole file with those 8 digits read as '0' characters. Numbers are tensors
+   (binary, exact), strings are metadata.
+
+       capex_state_writer *w;
+       capex_state_writer_create(NULL, &w);
+       capex_state_add_f64(w, "scaler.scale", 65536.0);
+       capex_state_add_tensor(w, "adam.m", CAPEX_STATE_F32, 1, &n, m); // not copied
+       capex_state_add_meta(w, "run", "gpt2-small");
+       r = capex_state_write_file(w, "ckpt.safetensors");   // temp + rename
+       capex_state_writer_destroy(w);
+
+       capex_state_reader *rd;                              // validates everything
+       r = capex_state_reader_open_file("ckpt.safetensors", 0, NULL, &rd);
+       r = capex_state_get_f64(rd, "scaler.scale", &scale);
+       r = capex_state_read_tensor(rd, "adam.m", CAPEX_STATE_F32, n, m_tmp);
+       capex_state_reader_close(rd);
+
+   Opening refuses (leaving nothing half-read) a truncated or corrupt file
+   (CAPEX_ERR_FORMAT), another format version (CAPEX_ERR_VERSION), a checksum
+   mismatch (CAPEX_ERR_CHECKSUM), or an unreadable file (CAPEX_ERR_IO).
+   Loaders built on it read every value into temporaries first and commit
+   only when all reads succeeded, so a bad file never changes live state.
+   Thread safety: a writer is used by one thread at a time. A memory reader is
+   read-only after open and may be shared between threads; a file reader moves
+   its FILE position on each read: one thread at a time.
+   ------------------------------------------------------------------------- */
+/* Values 0..2 equal capex_dtype's, so (capex_state_dtype)CAPEX_BF16 works. */
+typedef enum capex_state_dtype {
+    CAPEX_STATE_F32 = 0, CAPEX_STATE_F16 = 1, CAPEX_STATE_BF16 = 2,
+    CAPEX_STATE_F64 = 3, CAPEX_STATE_I64 = 4, CAPEX_STATE_I32 = 5,
+    CAPEX_STATE_I16 = 6, CAPEX_STATE_I8 = 7, CAPEX_STATE_U64 = 8,
+    CAPEX_STATE_U32 = 9, CAPEX_STATE_U16 = 10, CAPEX_STATE_U8 = 11,
+    CAPEX_STATE_BOOL = 12, CAPEX_STATE_F8_E4M3 = 13, CAPEX_STATE_F8_E5M2 = 14,
+    CAPEX_STATE_DTYPE_COUNT = 15
+} capex_state_dtype;
+
+#define CAPEX_STATE_FORMAT_VERSION 1
+#define CAPEX_STATE_MAX_NDIM 16
+/* Largest JSON header accepted or written (the safetensors library's limit). */
+#define CAPEX_STATE_MAX_HEADER 100000000u
+/* Open flag: also accept plain safetensors files (model weights) that carry
+   no capex metadata; such files have no checksum to verify. A file that does
+   say "format": "capex-state" is still checked in full. */
+#define CAPEX_STATE_OPEN_FOREIGN 1u
+
+/* safetensors' dtype name ("F32", "BF16", "BOOL", ...); NULL if invalid. */
+CAPEX_API const char *capex_state_dtype_name(capex_state_dtype t);
+/* Bytes per element; 0 if invalid. */
+CAPEX_API size_t capex_state_dtype_size(capex_state_dtype t);
+/* CRC-32 (IEEE 802.3 / zlib polynomial 0xEDB88320): crc = 0 to start, then feed
+   pieces: capex_crc32(capex_crc32(0, a, na), b, nb) == crc of a||b. */
+CAPEX_API uint32_t capex_crc32(uint32_t crc, const void *data, size_t n);
+
+typedef struct capex_state_writer capex_state_writer;
+CAPEX_API capex_result capex_state_writer_create(const capex_allocator *alloc, capex_state_writer **out);
+CAPEX_API void capex_state_writer_destroy(capex_state_writer *w);
+/* Adds a tensor of shape[0..ndim) (ndim 0: a scalar, one element). data is in
+   host byte order and is NOT copied: it must stay valid and unchanged until
+   the last write call. Names are unique UTF-8, not "__metadata__". */
+CAPEX_API capex_result capex_state_add_tensor(capex_state_writer *w, const char *name, capex_state_dtype dtype,
+                                              int ndim, const int64_t *shape, const void *data);
+/* Scalars (shape []), copied. */
+CAPEX_API capex_result capex_state_add_f64(capex_state_writer *w, const char *name, double v);
+CAPEX_API capex_result capex_state_add_f32(capex_state_writer *w, const char *name, float v);
+CAPEX_API capex_result capex_state_add_i64(capex_state_writer *w, const char *name, int64_t v);
+/* A string pair in __metadata__ (copied). The capex keys are reserved. */
+CAPEX_API capex_result capex_state_add_meta(capex_state_writer *w, const char *key, const char *value);
+/* Serialises into buf[0..cap); *len gets the file size. buf == NULL (cap 0)
+   only queries the size. cap too small: CAPEX_ERR_SIZE_MISMATCH. */
+CAPEX_API capex_result capex_state_write_memory(capex_state_writer *w, void *buf, size_t cap, size_t *len);
+/* Writes "<path>.tmp.<pid>.<n>", flushes and fsyncs it, then renames it over
+   path: a reader sees the old file or the new one, never a partial one. On
+   failure the temp file is removed and an old file at path is kept. */
+CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char *path);
+
+typedef struct capex_state_reader capex_state_reader;
+typedef struct capex_state_tensor_info {
+    const char *name;             /* valid until the reader is closed */
+    capex_state_dtype dtype;
+    int ndim;
+    int64_t shape[CAPEX_STATE_MAX_NDIM];
+    uint64_t numel;               /* 1 for a scalar */
+    uint64_t nbytes;
+    uint64_t file_offset;         /* absolute offset of the first byte */
+} capex_state_tensor_info;
+
+/* Both validate the whole file before returning (see the manual above). A
+   file reader keeps the file open and reads only the header plus one
+   streaming checksum pass (1 MiB buffer); tensors are read at their offsets
+   on request. A memory reader references buf, which must outlive it. */
+CAPEX_API capex_result capex_state_reader_open_file(const char *path, unsigned flags, const capex_allocator *alloc,
+                                                    capex_state_reader **out);
+CAPEX_API capex_result capex_state_reader_open_memory(const void *buf, size_t len, unsigned flags,
+                                                      const capex_allocator *alloc, capex_state_reader **out);
+CAPEX_API void capex_state_reader_close(capex_state_reader *r);
+/* 1 when the file carries capex metadata and a verified checksum. */
+CAPEX_API int capex_state_is_capex(const capex_state_reader *r);
+/* Tensors in file order (i < count). */
+CAPEX_API size_t capex_state_tensor_count(const capex_state_reader *r);
+CAPEX_API capex_result capex_state_tensor_at(const capex_state_reader *r, size_t i, capex_state_tensor_info *info);
+/* CAPEX_ERR_NOT_FOUND when absent. */
+CAPEX_API capex_result capex_state_find(const capex_state_reader *r, const char *name, capex_state_tensor_info *info);
+/* Copies a tensor into dst (host byte order). dtype and element count must
+   match the file exactly (CAPEX_ERR_SIZE_MISMATCH otherwise): no conversion. */
+CAPEX_API capex_result capex_state_read_tensor(capex_state_reader *r, const char *name, capex_state_dtype dtype,
+                                               uint64_t expected_numel, void *dst);
+/* Scalars: one element of exactly that dtype (F64 / F32 / I64). */
+CAPEX_API capex_result capex_state_get_f64(capex_state_reader *r, const char *name, double *v);
+CAPEX_API capex_result capex_state_get_f32(capex_state_reader *r, const char *name, float *v);
+CAPEX_API capex_result capex_state_get_i64(capex_state_reader *r, const char *name, int64_t *v);
+/* Metadata strings, including the capex keys; valid until close. */
+CAPEX_API size_t capex_state_meta_count(const capex_state_reader *r);
+CAPEX_API capex_result capex_state_meta_at(const capex_state_reader *r, size_t i, const char **key, const char **value);
+CAPEX_API capex_result capex_state_get_meta(const capex_state_reader *r, const char *key, const char **value);
 
 /* @@SECTION:TENSOR:DECL@@ (tensor lists, chunk planner, fused ops: declarations) */
 /* ---------------------------------------------------------------------------
@@ -734,6 +860,1361 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
 /* @@SECTION:SCALER:IMPL@@ (loss scaler: implementation) */
 
 /* @@SECTION:STATE:IMPL@@ (state files: implementation) */
+/* ---- state files -------------------------------------------------------- */
+/* Layout and rules: see the "State files" manual in the declarations. The
+   parser is schema-directed (top object -> entry object -> array of integers,
+   never deeper), so nesting depth is bounded by construction and it needs no
+   recursion; every number is checked for overflow before use. */
+#include <limits.h>
+#include <errno.h>
+#if !defined(CAPEX_NO_STDIO) && (defined(__unix__) || defined(__APPLE__))
+#  include <unistd.h>
+#  include <fcntl.h>
+#  define CAPEX__STATE_POSIX 1
+#endif
+/* 64-bit file offsets: long is 64-bit on LP64 Unix; Windows needs _fseeki64. */
+#ifdef _WIN32
+typedef long long capex__off;
+#  define CAPEX__FSEEK(f, o, w) _fseeki64((f), (o), (w))
+#  define CAPEX__FTELL(f) _ftelli64(f)
+#  define CAPEX__OFF_MAX LLONG_MAX
+#else
+typedef long capex__off;
+#  define CAPEX__FSEEK(f, o, w) fseek((f), (o), (w))
+#  define CAPEX__FTELL(f) ftell(f)
+#  define CAPEX__OFF_MAX LONG_MAX
+#endif
+
+static const char *const capex__st_dtype_names[CAPEX_STATE_DTYPE_COUNT] = {
+    "F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
+static const unsigned char capex__st_dtype_sizes[CAPEX_STATE_DTYPE_COUNT] = {4, 2, 2, 8, 8, 4, 2, 1, 8, 4, 2, 1, 1, 1, 1};
+
+CAPEX_API const char *capex_state_dtype_name(capex_state_dtype t) {
+    return (int)t >= 0 && (int)t < CAPEX_STATE_DTYPE_COUNT ? capex__st_dtype_names[(int)t] : NULL;
+}
+CAPEX_API size_t capex_state_dtype_size(capex_state_dtype t) {
+    return (int)t >= 0 && (int)t < CAPEX_STATE_DTYPE_COUNT ? capex__st_dtype_sizes[(int)t] : 0;
+}
+
+/* CRC-32, reflected polynomial 0xEDB88320 (zlib's crc32()). */
+static const uint32_t capex__crc32_table[256] = {
+    0x00000000u, 0x77073096u, 0xee0e612cu, 0x990951bau, 0x076dc419u, 0x706af48fu,
+    0xe963a535u, 0x9e6495a3u, 0x0edb8832u, 0x79dcb8a4u, 0xe0d5e91eu, 0x97d2d988u,
+    0x09b64c2bu, 0x7eb17cbdu, 0xe7b82d07u, 0x90bf1d91u, 0x1db71064u, 0x6ab020f2u,
+    0xf3b97148u, 0x84be41deu, 0x1adad47du, 0x6ddde4ebu, 0xf4d4b551u, 0x83d385c7u,
+    0x136c9856u, 0x646ba8c0u, 0xfd62f97au, 0x8a65c9ecu, 0x14015c4fu, 0x63066cd9u,
+    0xfa0f3d63u, 0x8d080df5u, 0x3b6e20c8u, 0x4c69105eu, 0xd56041e4u, 0xa2677172u,
+    0x3c03e4d1u, 0x4b04d447u, 0xd20d85fdu, 0xa50ab56bu, 0x35b5a8fau, 0x42b2986cu,
+    0xdbbbc9d6u, 0xacbcf940u, 0x32d86ce3u, 0x45df5c75u, 0xdcd60dcfu, 0xabd13d59u,
+    0x26d930acu, 0x51de003au, 0xc8d75180u, 0xbfd06116u, 0x21b4f4b5u, 0x56b3c423u,
+    0xcfba9599u, 0xb8bda50fu, 0x2802b89eu, 0x5f058808u, 0xc60cd9b2u, 0xb10be924u,
+    0x2f6f7c87u, 0x58684c11u, 0xc1611dabu, 0xb6662d3du, 0x76dc4190u, 0x01db7106u,
+    0x98d220bcu, 0xefd5102au, 0x71b18589u, 0x06b6b51fu, 0x9fbfe4a5u, 0xe8b8d433u,
+    0x7807c9a2u, 0x0f00f934u, 0x9609a88eu, 0xe10e9818u, 0x7f6a0dbbu, 0x086d3d2du,
+    0x91646c97u, 0xe6635c01u, 0x6b6b51f4u, 0x1c6c6162u, 0x856530d8u, 0xf262004eu,
+    0x6c0695edu, 0x1b01a57bu, 0x8208f4c1u, 0xf50fc457u, 0x65b0d9c6u, 0x12b7e950u,
+    0x8bbeb8eau, 0xfcb9887cu, 0x62dd1ddfu, 0x15da2d49u, 0x8cd37cf3u, 0xfbd44c65u,
+    0x4db26158u, 0x3ab551ceu, 0xa3bc0074u, 0xd4bb30e2u, 0x4adfa541u, 0x3dd895d7u,
+    0xa4d1c46du, 0xd3d6f4fbu, 0x4369e96au, 0x346ed9fcu, 0xad678846u, 0xda60b8d0u,
+    0x44042d73u, 0x33031de5u, 0xaa0a4c5fu, 0xdd0d7cc9u, 0x5005713cu, 0x270241aau,
+    0xbe0b1010u, 0xc90c2086u, 0x5768b525u, 0x206f85b3u, 0xb966d409u, 0xce61e49fu,
+    0x5edef90eu, 0x29d9c998u, 0xb0d09822u, 0xc7d7a8b4u, 0x59b33d17u, 0x2eb40d81u,
+    0xb7bd5c3bu, 0xc0ba6cadu, 0xedb88320u, 0x9abfb3b6u, 0x03b6e20cu, 0x74b1d29au,
+    0xead54739u, 0x9dd277afu, 0x04db2615u, 0x73dc1683u, 0xe3630b12u, 0x94643b84u,
+    0x0d6d6a3eu, 0x7a6a5aa8u, 0xe40ecf0bu, 0x9309ff9du, 0x0a00ae27u, 0x7d079eb1u,
+    0xf00f9344u, 0x8708a3d2u, 0x1e01f268u, 0x6906c2feu, 0xf762575du, 0x806567cbu,
+    0x196c3671u, 0x6e6b06e7u, 0xfed41b76u, 0x89d32be0u, 0x10da7a5au, 0x67dd4accu,
+    0xf9b9df6fu, 0x8ebeeff9u, 0x17b7be43u, 0x60b08ed5u, 0xd6d6a3e8u, 0xa1d1937eu,
+    0x38d8c2c4u, 0x4fdff252u, 0xd1bb67f1u, 0xa6bc5767u, 0x3fb506ddu, 0x48b2364bu,
+    0xd80d2bdau, 0xaf0a1b4cu, 0x36034af6u, 0x41047a60u, 0xdf60efc3u, 0xa867df55u,
+    0x316e8eefu, 0x4669be79u, 0xcb61b38cu, 0xbc66831au, 0x256fd2a0u, 0x5268e236u,
+    0xcc0c7795u, 0xbb0b4703u, 0x220216b9u, 0x5505262fu, 0xc5ba3bbeu, 0xb2bd0b28u,
+    0x2bb45a92u, 0x5cb36a04u, 0xc2d7ffa7u, 0xb5d0cf31u, 0x2cd99e8bu, 0x5bdeae1du,
+    0x9b64c2b0u, 0xec63f226u, 0x756aa39cu, 0x026d930au, 0x9c0906a9u, 0xeb0e363fu,
+    0x72076785u, 0x05005713u, 0x95bf4a82u, 0xe2b87a14u, 0x7bb12baeu, 0x0cb61b38u,
+    0x92d28e9bu, 0xe5d5be0du, 0x7cdcefb7u, 0x0bdbdf21u, 0x86d3d2d4u, 0xf1d4e242u,
+    0x68ddb3f8u, 0x1fda836eu, 0x81be16cdu, 0xf6b9265bu, 0x6fb077e1u, 0x18b74777u,
+    0x88085ae6u, 0xff0f6a70u, 0x66063bcau, 0x11010b5cu, 0x8f659effu, 0xf862ae69u,
+    0x616bffd3u, 0x166ccf45u, 0xa00ae278u, 0xd70dd2eeu, 0x4e048354u, 0x3903b3c2u,
+    0xa7672661u, 0xd06016f7u, 0x4969474du, 0x3e6e77dbu, 0xaed16a4au, 0xd9d65adcu,
+    0x40df0b66u, 0x37d83bf0u, 0xa9bcae53u, 0xdebb9ec5u, 0x47b2cf7fu, 0x30b5ffe9u,
+    0xbdbdf21cu, 0xcabac28au, 0x53b39330u, 0x24b4a3a6u, 0xbad03605u, 0xcdd70693u,
+    0x54de5729u, 0x23d967bfu, 0xb3667a2eu, 0xc4614ab8u, 0x5d681b02u, 0x2a6f2b94u,
+    0xb40bbe37u, 0xc30c8ea1u, 0x5a05df1bu, 0x2d02ef8du
+};
+
+CAPEX_API uint32_t capex_crc32(uint32_t crc, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    crc = ~crc;
+    while (n--) crc = capex__crc32_table[(crc ^ *p++) & 0xffu] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* Slicing-by-8 (Intel's method): 8 table lookups per 8 bytes, several times the
+   byte loop's speed, for checksumming GBs of optimizer state. The tables live in
+   the writer/reader object (8 KiB), derived from the constant one. */
+typedef struct capex__crc8 { uint32_t t[8][256]; } capex__crc8;
+CAPEX__PRIVATE void capex__crc8_init(capex__crc8 *c) {
+    int i, k;
+    for (i = 0; i < 256; i++) c->t[0][i] = capex__crc32_table[i];
+    for (k = 1; k < 8; k++)
+        for (i = 0; i < 256; i++) c->t[k][i] = (c->t[k - 1][i] >> 8) ^ c->t[0][c->t[k - 1][i] & 0xffu];
+}
+CAPEX__PRIVATE uint32_t capex__crc8_update(const capex__crc8 *c, uint32_t crc, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    crc = ~crc;
+    while (n >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+        crc = c->t[7][lo & 0xffu] ^ c->t[6][(lo >> 8) & 0xffu] ^ c->t[5][(lo >> 16) & 0xffu] ^ c->t[4][lo >> 24] ^
+              c->t[3][hi & 0xffu] ^ c->t[2][(hi >> 8) & 0xffu] ^ c->t[1][(hi >> 16) & 0xffu] ^ c->t[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = c->t[0][(crc ^ *p++) & 0xffu] ^ (crc >> 8);
+    return ~crc;
+}
+
+CAPEX__PRIVATE int capex__host_is_le(void) {
+    const uint16_t one = 1;
+    unsigned char b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+/* Reverses the bytes of each es-byte element (host <-> little-endian on a
+   big-endian host). dst == src is allowed. */
+CAPEX__PRIVATE void capex__st_swap_copy(void *dst, const void *src, size_t nbytes, size_t es) {
+    unsigned char *d = (unsigned char *)dst;
+    const unsigned char *s = (const unsigned char *)src;
+    size_t i, k;
+    unsigned char tmp[8];
+    if (es <= 1) {
+        if (d != s) memmove(d, s, nbytes);
+        return;
+    }
+    for (i = 0; i + es <= nbytes; i += es) {
+        for (k = 0; k < es; k++) tmp[k] = s[i + es - 1 - k];
+        memcpy(d + i, tmp, es);
+    }
+}
+
+CAPEX__PRIVATE uint64_t capex__st_le64(const unsigned char *p) {
+    uint64_t v = 0;
+    int i;
+    for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+/* Strict UTF-8 (RFC 3629): no overlongs, no surrogates, nothing above U+10FFFF.
+   Returns the length of the valid sequence at p (1..4), 0 if invalid. */
+CAPEX__PRIVATE size_t capex__st_utf8_seq(const unsigned char *p, size_t avail) {
+    unsigned char c = p[0];
+    size_t len, i;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) len = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        if (c == 0xe0) lo = 0xa0;
+        if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        if (c == 0xf0) lo = 0x90;
+        if (c == 0xf4) hi = 0x8f;
+    } else return 0;
+    if (avail < len) return 0;
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (i = 2; i < len; i++)
+        if (p[i] < 0x80 || p[i] > 0xbf) return 0;
+    return len;
+}
+CAPEX__PRIVATE int capex__st_utf8_valid(const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s), i = 0;
+    while (i < n) {
+        size_t k = capex__st_utf8_seq(p + i, n - i);
+        if (!k) return 0;
+        i += k;
+    }
+    return 1;
+}
+
+static const char *const capex__st_reserved[4] = {"format", "capex_format_version", "capex_version", "capex_crc32"};
+
+/* Grows a plain array to hold at least n+1 elements (the allocator has no
+   realloc, so allocate, copy, free). */
+CAPEX__PRIVATE capex_result capex__st_grow(const capex_allocator *a, void **arr, size_t *cap, size_t n, size_t es) {
+    size_t nc;
+    void *p;
+    if (n < *cap) return CAPEX_OK;
+    nc = *cap ? *cap * 2 : 16;
+    if (nc > SIZE_MAX / es) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "state: too many entries");
+    p = capex__alloc(a, nc * es);
+    if (!p) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "state: out of memory growing a table to %zu entries", nc);
+    if (*arr) {
+        memcpy(p, *arr, n * es);
+        capex__free(a, *arr);
+    }
+    *arr = p;
+    *cap = nc;
+    return CAPEX_OK;
+}
+
+CAPEX__PRIVATE char *capex__st_strdup(const capex_allocator *a, const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = (char *)capex__alloc(a, n);
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+/* ---- state writer ---- */
+
+typedef struct capex__st_wtensor {
+    char *name;
+    capex_state_dtype dtype;
+    int ndim;
+    int64_t shape[CAPEX_STATE_MAX_NDIM];
+    uint64_t nbytes, offset;
+    const void *data;          /* NULL: the value is in scalar[] (copied) */
+    unsigned char scalar[8];
+} capex__st_wtensor;
+typedef struct capex__st_kv { char *key, *value; } capex__st_kv;
+
+struct capex_state_writer {
+    capex_allocator alloc;
+    capex__st_wtensor *t;
+    size_t nt, capt;
+    capex__st_kv *m;
+    size_t nm, capm;
+    unsigned long serial;
+    capex__crc8 crc;
+};
+
+CAPEX_API capex_result capex_state_writer_create(const capex_allocator *alloc, capex_state_writer **out) {
+    capex_state_writer *w;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_writer_create: out is NULL");
+    *out = NULL;
+    w = (capex_state_writer *)capex__alloc(alloc, sizeof *w);
+    if (!w) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_state_writer_create: out of memory");
+    memset(w, 0, sizeof *w);
+    if (alloc) w->alloc = *alloc;
+    capex__crc8_init(&w->crc);
+    *out = w;
+    return CAPEX_OK;
+}
+
+CAPEX_API void capex_state_writer_destroy(capex_state_writer *w) {
+    size_t i;
+    capex_allocator a;
+    if (!w) return;
+    a = w->alloc;
+    for (i = 0; i < w->nt; i++) capex__free(&a, w->t[i].name);
+    for (i = 0; i < w->nm; i++) {
+        capex__free(&a, w->m[i].key);
+        capex__free(&a, w->m[i].value);
+    }
+    capex__free(&a, w->t);
+    capex__free(&a, w->m);
+    capex__free(&a, w);
+}
+
+CAPEX__PRIVATE capex_result capex__st_add(capex_state_writer *w, const char *name, capex_state_dtype dtype, int ndim,
+                                          const int64_t *shape, const void *data, const void *scalar) {
+    capex__st_wtensor *e;
+    uint64_t numel = 1, es;
+    int i;
+    capex_result r;
+    if (!w || !name) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_tensor: writer or name is NULL");
+    if (!capex_state_dtype_size(dtype))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_tensor('%s'): invalid dtype %d; use a capex_state_dtype", name, (int)dtype);
+    if (!capex__st_utf8_valid(name) || strcmp(name, "__metadata__") == 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_tensor: name must be valid UTF-8 and not \"__metadata__\"");
+    if (ndim < 0 || ndim > CAPEX_STATE_MAX_NDIM || (ndim > 0 && !shape))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_tensor('%s'): ndim %d must be 0..%d with a shape array",
+                           name, ndim, CAPEX_STATE_MAX_NDIM);
+    es = capex_state_dtype_size(dtype);
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_tensor('%s'): shape[%d] = %lld is negative", name, i,
+                               (long long)shape[i]);
+        if (shape[i] != 0 && numel > UINT64_MAX / (uint64_t)shape[i]) numel = UINT64_MAX;
+        else numel *= (uint64_t)shape[i];
+    }
+    if (numel > (uint64_t)INT64_MAX / es || numel * es > (uint64_t)SIZE_MAX)
+        return capex__fail(CAPEX_ERR_LIMIT, "capex_state_add_tensor('%s'): size overflows 64-bit byte counts", name);
+    if (!data && !scalar && numel * es > 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_tensor('%s'): data is NULL", name);
+    r = capex__st_grow(&w->alloc, (void **)&w->t, &w->capt, w->nt, sizeof *w->t);
+    if (r) return r;
+    e = &w->t[w->nt];
+    memset(e, 0, sizeof *e);
+    e->name = capex__st_strdup(&w->alloc, name);
+    if (!e->name) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_state_add_tensor: out of memory");
+    e->dtype = dtype;
+    e->ndim = ndim;
+    for (i = 0; i < ndim; i++) e->shape[i] = shape[i];
+    e->nbytes = numel * es;
+    e->data = data;
+    if (scalar) memcpy(e->scalar, scalar, (size_t)es);
+    w->nt++;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_state_add_tensor(capex_state_writer *w, const char *name, capex_state_dtype dtype, int ndim,
+                                              const int64_t *shape, const void *data) {
+    return capex__st_add(w, name, dtype, ndim, shape, data, NULL);
+}
+CAPEX_API capex_result capex_state_add_f64(capex_state_writer *w, const char *name, double v) {
+    return capex__st_add(w, name, CAPEX_STATE_F64, 0, NULL, NULL, &v);
+}
+CAPEX_API capex_result capex_state_add_f32(capex_state_writer *w, const char *name, float v) {
+    return capex__st_add(w, name, CAPEX_STATE_F32, 0, NULL, NULL, &v);
+}
+CAPEX_API capex_result capex_state_add_i64(capex_state_writer *w, const char *name, int64_t v) {
+    return capex__st_add(w, name, CAPEX_STATE_I64, 0, NULL, NULL, &v);
+}
+
+CAPEX_API capex_result capex_state_add_meta(capex_state_writer *w, const char *key, const char *value) {
+    size_t i;
+    capex_result r;
+    capex__st_kv *kv;
+    if (!w || !key || !value) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_meta: writer, key or value is NULL");
+    if (!capex__st_utf8_valid(key) || !capex__st_utf8_valid(value))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_meta: key and value must be valid UTF-8");
+    for (i = 0; i < 4; i++)
+        if (strcmp(key, capex__st_reserved[i]) == 0)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_meta: key \"%s\" is reserved; capex writes it itself", key);
+    for (i = 0; i < w->nm; i++)
+        if (strcmp(key, w->m[i].key) == 0)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_meta: key \"%s\" was already added", key);
+    r = capex__st_grow(&w->alloc, (void **)&w->m, &w->capm, w->nm, sizeof *w->m);
+    if (r) return r;
+    kv = &w->m[w->nm];
+    kv->key = capex__st_strdup(&w->alloc, key);
+    kv->value = capex__st_strdup(&w->alloc, value);
+    if (!kv->key || !kv->value) {
+        capex__free(&w->alloc, kv->key);
+        capex__free(&w->alloc, kv->value);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_state_add_meta: out of memory");
+    }
+    w->nm++;
+    return CAPEX_OK;
+}
+
+/* Header text builder: counts only when p is NULL (first pass sizes it). */
+typedef struct capex__st_sb { char *p; size_t n; } capex__st_sb;
+CAPEX__PRIVATE void capex__st_put(capex__st_sb *b, const char *s, size_t n) {
+    if (b->p) memcpy(b->p + b->n, s, n);
+    b->n += n;
+}
+CAPEX__PRIVATE void capex__st_puts(capex__st_sb *b, const char *s) { capex__st_put(b, s, strlen(s)); }
+CAPEX__PRIVATE void capex__st_putu(capex__st_sb *b, uint64_t v) {
+    char tmp[24];
+    int i = 24;
+    do { tmp[--i] = (char)('0' + (int)(v % 10)); v /= 10; } while (v);
+    capex__st_put(b, tmp + i, (size_t)(24 - i));
+}
+/* JSON string: escape '"', '\\' and control characters; UTF-8 passes through. */
+CAPEX__PRIVATE void capex__st_putstr(capex__st_sb *b, const char *s) {
+    static const char hex[] = "0123456789abcdef";
+    capex__st_put(b, "\"", 1);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            char e[2];
+            e[0] = '\\';
+            e[1] = (char)c;
+            capex__st_put(b, e, 2);
+        } else if (c < 0x20) {
+            char e[6] = {'\\', 'u', '0', '0', 0, 0};
+            e[4] = hex[c >> 4];
+            e[5] = hex[c & 15];
+            capex__st_put(b, e, 6);
+        } else capex__st_put(b, s, 1);
+    }
+    capex__st_put(b, "\"", 1);
+}
+
+static int capex__st_cmp_kv(const void *a, const void *b) {
+    return strcmp(((const capex__st_kv *)a)->key, ((const capex__st_kv *)b)->key);
+}
+static int capex__st_cmp_wname(const void *a, const void *b) {
+    return strcmp((*(const capex__st_wtensor *const *)a)->name, (*(const capex__st_wtensor *const *)b)->name);
+}
+/* Data order: widest elements first, then by name (the safetensors library's
+   order), so every tensor starts aligned to its element size. */
+static int capex__st_cmp_wdata(const void *a, const void *b) {
+    const capex__st_wtensor *x = *(const capex__st_wtensor *const *)a, *y = *(const capex__st_wtensor *const *)b;
+    size_t sx = capex_state_dtype_size(x->dtype), sy = capex_state_dtype_size(y->dtype);
+    if (sx != sy) return sx > sy ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* Builds the header (into b, or counting) in the given tensor order. *crc_at
+   gets the offset of the checksum digits inside the header text. */
+CAPEX__PRIVATE void capex__st_header(const capex_state_writer *w, capex__st_wtensor **order, capex__st_sb *b, size_t *crc_at) {
+    size_t i;
+    int d;
+    capex__st_puts(b, "{\"__metadata__\":{\"format\":\"capex-state\",\"capex_format_version\":\"");
+    capex__st_putu(b, CAPEX_STATE_FORMAT_VERSION);
+    capex__st_puts(b, "\",\"capex_version\":\"" CAPEX_VERSION_STRING "\",\"capex_crc32\":\"");
+    *crc_at = b->n;
+    capex__st_puts(b, "00000000\"");
+    for (i = 0; i < w->nm; i++) {
+        capex__st_put(b, ",", 1);
+        capex__st_putstr(b, w->m[i].key);
+        capex__st_put(b, ":", 1);
+        capex__st_putstr(b, w->m[i].value);
+    }
+    capex__st_put(b, "}", 1);
+    for (i = 0; i < w->nt; i++) {
+        const capex__st_wtensor *e = order[i];
+        capex__st_put(b, ",", 1);
+        capex__st_putstr(b, e->name);
+        capex__st_puts(b, ":{\"dtype\":\"");
+        capex__st_puts(b, capex_state_dtype_name(e->dtype));
+        capex__st_puts(b, "\",\"shape\":[");
+        for (d = 0; d < e->ndim; d++) {
+            if (d) capex__st_put(b, ",", 1);
+            capex__st_putu(b, (uint64_t)e->shape[d]);
+        }
+        capex__st_puts(b, "],\"data_offsets\":[");
+        capex__st_putu(b, e->offset);
+        capex__st_put(b, ",", 1);
+        capex__st_putu(b, e->offset + e->nbytes);
+        capex__st_puts(b, "]}");
+    }
+    capex__st_put(b, "}", 1);
+    /* pad with spaces so the data starts 8-byte aligned in the file */
+    while ((8 + b->n) % 8) capex__st_put(b, " ", 1);
+}
+
+/* A sink is a memory buffer or a FILE; it checksums what passes through. */
+typedef struct capex__st_sink {
+    unsigned char *mem;
+    FILE *f;
+    uint64_t pos;
+    uint32_t crc;
+    const capex__crc8 *tab;
+    int failed;
+} capex__st_sink;
+CAPEX__PRIVATE void capex__st_emit(capex__st_sink *s, const void *p, size_t n) {
+    if (s->failed || n == 0) return;
+    s->crc = capex__crc8_update(s->tab, s->crc, p, n);
+    if (s->mem) memcpy(s->mem + s->pos, p, n);
+#ifndef CAPEX_NO_STDIO
+    else if (s->f && fwrite(p, 1, n, s->f) != n) s->failed = 1;
+#endif
+    s->pos += n;
+}
+
+/* Plans a write: checks names, sorts metadata and tensors, assigns offsets,
+   builds the header. On success *hdr (caller frees) holds it. */
+CAPEX__PRIVATE capex_result capex__st_plan(capex_state_writer *w, capex__st_wtensor ***order_out, char **hdr, size_t *hlen,
+                                           size_t *crc_at, uint64_t *total) {
+    capex__st_wtensor **order;
+    capex__st_sb b;
+    uint64_t off = 0;
+    size_t i;
+    *order_out = NULL;
+    *hdr = NULL;
+    order = (capex__st_wtensor **)capex__alloc(&w->alloc, (w->nt ? w->nt : 1) * sizeof *order);
+    if (!order) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_state_write: out of memory");
+    for (i = 0; i < w->nt; i++) order[i] = &w->t[i];
+    if (w->nt > 1) {
+        qsort(order, w->nt, sizeof *order, capex__st_cmp_wname);
+        for (i = 1; i < w->nt; i++)
+            if (strcmp(order[i - 1]->name, order[i]->name) == 0) {
+                capex_result r = capex__fail(CAPEX_ERR_INVALID_ARG,
+                                             "capex_state_write: tensor name \"%s\" was added twice; names must be unique", order[i]->name);
+                capex__free(&w->alloc, order);
+                return r;
+            }
+        qsort(order, w->nt, sizeof *order, capex__st_cmp_wdata);
+    }
+    if (w->nm > 1) qsort(w->m, w->nm, sizeof *w->m, capex__st_cmp_kv);
+    for (i = 0; i < w->nt; i++) {
+        order[i]->offset = off;
+        off += order[i]->nbytes; /* each < 2^63 and sizes were checked at add time */
+        if (off > (uint64_t)INT64_MAX) {
+            capex__free(&w->alloc, order);
+            return capex__fail(CAPEX_ERR_LIMIT, "capex_state_write: total tensor bytes exceed 2^63");
+        }
+    }
+    b.p = NULL;
+    b.n = 0;
+    capex__st_header(w, order, &b, crc_at);
+    if (b.n > CAPEX_STATE_MAX_HEADER) {
+        capex__free(&w->alloc, order);
+        return capex__fail(CAPEX_ERR_LIMIT, "capex_state_write: JSON header would be %zu bytes, above the %u-byte limit of safetensors readers; "
+                           "use fewer, larger tensors", b.n, CAPEX_STATE_MAX_HEADER);
+    }
+    b.p = (char *)capex__alloc(&w->alloc, b.n);
+    if (!b.p) {
+        capex__free(&w->alloc, order);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_state_write: out of memory for a %zu-byte header", b.n);
+    }
+    *hlen = b.n;
+    b.n = 0;
+    capex__st_header(w, order, &b, crc_at);
+    *order_out = order;
+    *hdr = b.p;
+    *total = 8 + (uint64_t)*hlen + off;
+    return CAPEX_OK;
+}
+
+/* Streams length, header and tensors through the sink (converting to
+   little-endian on big-endian hosts via a small bounce buffer). The checksum
+   digits are '0' while streaming; the caller patches them afterwards, so the
+   data is read once and never copied whole. */
+CAPEX__PRIVATE void capex__st_stream(capex_state_writer *w, capex__st_wtensor **order, const char *hdr, size_t hlen, capex__st_sink *s) {
+    unsigned char len8[8], bounce[4096];
+    uint64_t n = hlen;
+    size_t i;
+    int k, le = capex__host_is_le();
+    for (k = 0; k < 8; k++) len8[k] = (unsigned char)(n >> (8 * k));
+    capex__st_emit(s, len8, 8);
+    capex__st_emit(s, hdr, hlen);
+    for (i = 0; i < w->nt; i++) {
+        const capex__st_wtensor *e = order[i];
+        const unsigned char *p = e->data ? (const unsigned char *)e->data : e->scalar;
+        size_t es = capex_state_dtype_size(e->dtype), left = (size_t)e->nbytes;
+        if (le || es == 1) {
+            capex__st_emit(s, p, left);
+            continue;
+        }
+        while (left) {
+            size_t c = left < sizeof bounce ? left : sizeof bounce;
+            capex__st_swap_copy(bounce, p, c, es); /* 4096 is a multiple of every es */
+            capex__st_emit(s, bounce, c);
+            p += c;
+            left -= c;
+        }
+    }
+}
+
+CAPEX__PRIVATE void capex__st_hex8(char *out, uint32_t v) {
+    static const char hex[] = "0123456789abcdef";
+    int i;
+    for (i = 0; i < 8; i++) out[i] = hex[(v >> (28 - 4 * i)) & 15u];
+}
+
+CAPEX_API capex_result capex_state_write_memory(capex_state_writer *w, void *buf, size_t cap, size_t *len) {
+    capex__st_wtensor **order;
+    char *hdr;
+    size_t hlen, crc_at;
+    uint64_t total;
+    capex__st_sink s;
+    capex_result r;
+    if (!w || !len) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_write_memory: writer or len is NULL");
+    r = capex__st_plan(w, &order, &hdr, &hlen, &crc_at, &total);
+    if (r) return r;
+    if (total > (uint64_t)SIZE_MAX) {
+        capex__free(&w->alloc, order);
+        capex__free(&w->alloc, hdr);
+        return capex__fail(CAPEX_ERR_LIMIT, "capex_state_write_memory: file would not fit in memory; use capex_state_write_file");
+    }
+    *len = (size_t)total;
+    if (!buf || cap < (size_t)total) {
+        capex__free(&w->alloc, order);
+        capex__free(&w->alloc, hdr);
+        if (!buf && cap == 0) return CAPEX_OK;
+        return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "capex_state_write_memory: buffer holds %zu bytes, the file needs %zu; "
+                           "query the size with buf = NULL, cap = 0", cap, (size_t)total);
+    }
+    memset(&s, 0, sizeof s);
+    s.mem = (unsigned char *)buf;
+    s.tab = &w->crc;
+    capex__st_stream(w, order, hdr, hlen, &s);
+    capex__st_hex8((char *)buf + 8 + crc_at, s.crc);
+    capex__free(&w->alloc, order);
+    capex__free(&w->alloc, hdr);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char *path) {
+#ifdef CAPEX_NO_STDIO
+    (void)w;
+    (void)path;
+    return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_state_write_file: built with CAPEX_NO_STDIO; use capex_state_write_memory");
+#else
+    capex__st_wtensor **order;
+    char *hdr, *tmp, digits[8];
+    size_t hlen, crc_at, plen;
+    uint64_t total;
+    capex__st_sink s;
+    capex_result r;
+    FILE *f;
+    unsigned long pid = 0;
+    int ok;
+    if (!w || !path || !*path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_write_file: writer or path is NULL/empty");
+    r = capex__st_plan(w, &order, &hdr, &hlen, &crc_at, &total);
+    if (r) return r;
+    plen = strlen(path);
+    tmp = (char *)capex__alloc(&w->alloc, plen + 64);
+    if (!tmp) {
+        capex__free(&w->alloc, order);
+        capex__free(&w->alloc, hdr);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_state_write_file: out of memory");
+    }
+#ifdef CAPEX__STATE_POSIX
+    pid = (unsigned long)getpid();
+#endif
+    /* pid + per-writer serial + object address: unique among concurrent writers;
+       "x" (C11, glibc, musl, macOS, MSVC) refuses to reuse an existing name. */
+    sprintf(tmp, "%s.tmp.%lu.%lu.%lx", path, pid, ++w->serial, (unsigned long)((size_t)w & 0xffffffu));
+    f = fopen(tmp, "wbx");
+    if (!f) {
+        r = capex__fail(CAPEX_ERR_IO, "capex_state_write_file: cannot create temp file '%s' (%s); check that the directory "
+                        "exists and is writable", tmp, strerror(errno));
+        capex__free(&w->alloc, tmp);
+        capex__free(&w->alloc, order);
+        capex__free(&w->alloc, hdr);
+        return r;
+    }
+    memset(&s, 0, sizeof s);
+    s.f = f;
+    s.tab = &w->crc;
+    capex__st_stream(w, order, hdr, hlen, &s);
+    capex__st_hex8(digits, s.crc);
+    /* patch the checksum digits in place (the header is at most 100 MB: fits a long) */
+    ok = !s.failed && CAPEX__FSEEK(f, (capex__off)(8 + crc_at), SEEK_SET) == 0 && fwrite(digits, 1, 8, f) == 8 && fflush(f) == 0;
+    if (fclose(f) != 0) ok = 0;
+#ifdef CAPEX__STATE_POSIX
+    if (ok) { /* data on disk before the rename makes it visible (crash safety) */
+        int fd = open(tmp, O_RDONLY);
+        if (fd < 0 || fsync(fd) != 0) ok = 0;
+        if (fd >= 0) close(fd);
+    }
+#endif
+    if (!ok) {
+        r = capex__fail(CAPEX_ERR_IO, "capex_state_write_file: writing %llu bytes to '%s' failed (%s; disk full or file size "
+                        "limit?); '%s' was left unchanged", (unsigned long long)total, tmp, strerror(errno), path);
+        remove(tmp);
+    } else if (rename(tmp, path) != 0
+#ifdef _WIN32
+               /* Windows' rename does not replace: remove, then rename (not atomic;
+                  a crash in between leaves the complete temp file to recover) */
+               && (remove(path) != 0 || rename(tmp, path) != 0)
+#endif
+    ) {
+        r = capex__fail(CAPEX_ERR_IO, "capex_state_write_file: cannot rename '%s' to '%s' (%s); '%s' was left unchanged",
+                        tmp, path, strerror(errno), path);
+        remove(tmp);
+    } else {
+#ifdef CAPEX__STATE_POSIX
+        /* make the rename itself durable: fsync the directory (best effort) */
+        const char *slash = strrchr(path, '/');
+        int fd;
+        if (slash && slash != path) {
+            memcpy(tmp, path, (size_t)(slash - path));
+            tmp[slash - path] = '\0';
+        } else strcpy(tmp, slash ? "/" : ".");
+        fd = open(tmp, O_RDONLY);
+        if (fd >= 0) {
+            (void)fsync(fd);
+            close(fd);
+        }
+#endif
+        r = CAPEX_OK;
+    }
+    capex__free(&w->alloc, tmp);
+    capex__free(&w->alloc, order);
+    capex__free(&w->alloc, hdr);
+    return r;
+#endif
+}
+
+/* ---- state reader ---- */
+
+typedef struct capex__st_rtensor {
+    const char *name;
+    capex_state_dtype dtype;
+    int ndim;
+    int64_t shape[CAPEX_STATE_MAX_NDIM];
+    uint64_t begin, end, numel;
+} capex__st_rtensor;
+typedef struct capex__st_rkv { const char *key, *value; size_t raw_at, raw_len; } capex__st_rkv;
+
+struct capex_state_reader {
+    capex_allocator alloc;
+    const unsigned char *mem;  /* memory reader: the whole file */
+    FILE *f;                   /* file reader */
+    unsigned char *head;       /* file reader: the 8 + N header bytes */
+    uint64_t data_start, file_len;
+    char *arena;               /* decoded strings */
+    size_t arena_used;
+    capex__st_rtensor *t;
+    size_t nt, capt;
+    size_t *by_name;
+    capex__st_rkv *m;
+    size_t nm, capm;
+    int is_capex;
+    capex__crc8 crc;
+};
+
+/* Parser over the header bytes h[0..n); messages give absolute file offsets. */
+typedef struct capex__st_p { const unsigned char *h; size_t n, pos; capex_state_reader *r; } capex__st_p;
+
+#define CAPEX__ST_FAIL(P, ...) capex__st_perr((P), __VA_ARGS__)
+CAPEX__PRIVATE capex_result capex__st_perr(capex__st_p *p, const char *what) {
+    if (p->pos >= p->n)
+        return capex__fail(CAPEX_ERR_FORMAT, "state file header: %s at byte %zu (end of the %zu-byte JSON header); the file is "
+                           "truncated or corrupt", what, 8 + p->pos, p->n);
+    return capex__fail(CAPEX_ERR_FORMAT, "state file header: %s at byte %zu (found 0x%02x '%c'); the file is corrupt or not "
+                       "safetensors", what, 8 + p->pos, p->h[p->pos], p->h[p->pos] >= 0x20 && p->h[p->pos] < 0x7f ? p->h[p->pos] : '?');
+}
+CAPEX__PRIVATE void capex__st_ws(capex__st_p *p) {
+    while (p->pos < p->n && (p->h[p->pos] == ' ' || p->h[p->pos] == '\t' || p->h[p->pos] == '\n' || p->h[p->pos] == '\r'))
+        p->pos++;
+}
+CAPEX__PRIVATE int capex__st_peek(capex__st_p *p) { return p->pos < p->n ? p->h[p->pos] : -1; }
+CAPEX__PRIVATE capex_result capex__st_expect(capex__st_p *p, int c, const char *what) {
+    capex__st_ws(p);
+    if (capex__st_peek(p) != c) return capex__st_perr(p, what);
+    p->pos++;
+    return CAPEX_OK;
+}
+CAPEX__PRIVATE int capex__st_hexval(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+CAPEX__PRIVATE int capex__st_u4(capex__st_p *p, unsigned *v) {
+    int i;
+    *v = 0;
+    if (p->pos + 4 > p->n) return 0;
+    for (i = 0; i < 4; i++) {
+        int d = capex__st_hexval(p->h[p->pos + i]);
+        if (d < 0) return 0;
+        *v = *v * 16 + (unsigned)d;
+    }
+    p->pos += 4;
+    return 1;
+}
+/* A JSON string, decoded (escapes, strict UTF-8) into the arena. A decoded
+   string plus its NUL is never longer than its quoted form, so an arena of n
+   bytes always suffices. raw_at/raw_len: the bytes between the quotes. */
+CAPEX__PRIVATE capex_result capex__st_string(capex__st_p *p, const char **out, size_t *raw_at, size_t *raw_len) {
+    capex_state_reader *r = p->r;
+    char *o = r->arena + r->arena_used;
+    size_t k = 0;
+    capex__st_ws(p);
+    if (capex__st_peek(p) != '"') return capex__st_perr(p, "expected a string");
+    p->pos++;
+    if (raw_at) *raw_at = p->pos;
+    for (;;) {
+        int c = capex__st_peek(p);
+        if (c < 0) return capex__st_perr(p, "unterminated string");
+        if (c == '"') break;
+        if (c < 0x20) return capex__st_perr(p, "control character in a string (must be escaped)");
+        if (c == '\\') {
+            unsigned u;
+            p->pos++;
+            c = capex__st_peek(p);
+            p->pos++;
+            switch (c) {
+            case '"': o[k++] = '"'; continue;
+            case '\\': o[k++] = '\\'; continue;
+            case '/': o[k++] = '/'; continue;
+            case 'b': o[k++] = '\b'; continue;
+            case 'f': o[k++] = '\f'; continue;
+            case 'n': o[k++] = '\n'; continue;
+            case 'r': o[k++] = '\r'; continue;
+            case 't': o[k++] = '\t'; continue;
+            case 'u': break;
+            default: p->pos--; return capex__st_perr(p, "invalid escape in a string");
+            }
+            if (!capex__st_u4(p, &u)) return capex__st_perr(p, "\\u needs 4 hex digits");
+            if (u >= 0xdc00 && u <= 0xdfff) return capex__st_perr(p, "lone low surrogate \\u escape");
+            if (u >= 0xd800 && u <= 0xdbff) {
+                unsigned lo;
+                if (p->pos + 2 > p->n || p->h[p->pos] != '\\' || p->h[p->pos + 1] != 'u')
+                    return capex__st_perr(p, "high surrogate \\u escape without its low half");
+                p->pos += 2;
+                if (!capex__st_u4(p, &lo) || lo < 0xdc00 || lo > 0xdfff)
+                    return capex__st_perr(p, "high surrogate \\u escape without its low half");
+                u = 0x10000 + ((u - 0xd800) << 10) + (lo - 0xdc00);
+            }
+            if (u == 0) return capex__st_perr(p, "\\u0000 (NUL) in a string is not supported");
+            if (u < 0x80) o[k++] = (char)u;
+            else if (u < 0x800) {
+                o[k++] = (char)(0xc0 | (u >> 6));
+                o[k++] = (char)(0x80 | (u & 0x3f));
+            } else if (u < 0x10000) {
+                o[k++] = (char)(0xe0 | (u >> 12));
+                o[k++] = (char)(0x80 | ((u >> 6) & 0x3f));
+                o[k++] = (char)(0x80 | (u & 0x3f));
+            } else {
+                o[k++] = (char)(0xf0 | (u >> 18));
+                o[k++] = (char)(0x80 | ((u >> 12) & 0x3f));
+                o[k++] = (char)(0x80 | ((u >> 6) & 0x3f));
+                o[k++] = (char)(0x80 | (u & 0x3f));
+            }
+        } else {
+            size_t len = capex__st_utf8_seq(p->h + p->pos, p->n - p->pos);
+            if (!len) return capex__st_perr(p, "invalid UTF-8 in a string");
+            memcpy(o + k, p->h + p->pos, len);
+            k += len;
+            p->pos += len;
+        }
+    }
+    if (raw_len) *raw_len = p->pos - *raw_at;
+    p->pos++; /* closing quote */
+    o[k++] = '\0';
+    r->arena_used += k;
+    *out = o;
+    return CAPEX_OK;
+}
+/* A non-negative integer <= 2^63-1, no sign, fraction, exponent or leading 0. */
+CAPEX__PRIVATE capex_result capex__st_uint(capex__st_p *p, uint64_t *v) {
+    int c;
+    capex__st_ws(p);
+    c = capex__st_peek(p);
+    if (c < '0' || c > '9') return capex__st_perr(p, "expected a non-negative integer");
+    *v = 0;
+    if (c == '0') {
+        p->pos++;
+        c = capex__st_peek(p);
+        if (c >= '0' && c <= '9') return capex__st_perr(p, "integer with a leading zero");
+    } else {
+        while ((c = capex__st_peek(p)) >= '0' && c <= '9') {
+            if (*v > ((uint64_t)INT64_MAX - (uint64_t)(c - '0')) / 10) return capex__st_perr(p, "integer above 2^63-1");
+            *v = *v * 10 + (uint64_t)(c - '0');
+            p->pos++;
+        }
+    }
+    if (c == '.' || c == 'e' || c == 'E') return capex__st_perr(p, "expected an integer, found a fraction or exponent");
+    return CAPEX_OK;
+}
+/* Array of unsigned integers: [] or [a, b, ...], at most max items. */
+CAPEX__PRIVATE capex_result capex__st_uarray(capex__st_p *p, uint64_t *out, int max, int *count, const char *what) {
+    capex_result r;
+    int n = 0;
+    if ((r = capex__st_expect(p, '[', what))) return r;
+    capex__st_ws(p);
+    if (capex__st_peek(p) == ']') {
+        p->pos++;
+        *count = 0;
+        return CAPEX_OK;
+    }
+    for (;;) {
+        if (n == max) return capex__st_perr(p, "array has too many elements (shape above CAPEX_STATE_MAX_NDIM, or data_offsets not 2)");
+        if ((r = capex__st_uint(p, &out[n]))) return r;
+        n++;
+        capex__st_ws(p);
+        if (capex__st_peek(p) == ']') break;
+        if ((r = capex__st_expect(p, ',', "expected ',' or ']' in an array"))) return r;
+    }
+    p->pos++;
+    *count = n;
+    return CAPEX_OK;
+}
+
+CAPEX__PRIVATE capex_result capex__st_entry(capex__st_p *p, const char *name) {
+    capex_state_reader *r = p->r;
+    capex__st_rtensor *e;
+    capex_result rc;
+    int seen = 0, i, cnt;
+    uint64_t sh[CAPEX_STATE_MAX_NDIM], off[2];
+    if ((rc = capex__st_grow(&r->alloc, (void **)&r->t, &r->capt, r->nt, sizeof *r->t))) return rc;
+    e = &r->t[r->nt];
+    memset(e, 0, sizeof *e);
+    e->name = name;
+    if ((rc = capex__st_expect(p, '{', "expected '{' starting a tensor entry"))) return rc;
+    for (;;) {
+        const char *field;
+        int bit;
+        if ((rc = capex__st_string(p, &field, NULL, NULL))) return rc;
+        if ((rc = capex__st_expect(p, ':', "expected ':' after a field name"))) return rc;
+        if (strcmp(field, "dtype") == 0) bit = 1;
+        else if (strcmp(field, "shape") == 0) bit = 2;
+        else if (strcmp(field, "data_offsets") == 0) bit = 4;
+        else return capex__st_perr(p, "unknown field in a tensor entry (only dtype, shape, data_offsets)");
+        if (seen & bit) return capex__st_perr(p, "field repeated in a tensor entry");
+        seen |= bit;
+        if (bit == 1) {
+            const char *dt;
+            size_t at = p->pos;
+            if ((rc = capex__st_string(p, &dt, NULL, NULL))) return rc;
+            for (i = 0; i < CAPEX_STATE_DTYPE_COUNT; i++)
+                if (strcmp(dt, capex__st_dtype_names[i]) == 0) break;
+            if (i == CAPEX_STATE_DTYPE_COUNT) {
+                p->pos = at;
+                capex__st_ws(p);
+                return capex__fail(CAPEX_ERR_UNSUPPORTED, "state file header: tensor \"%s\" has dtype \"%s\" at byte %zu, which "
+                                   "capex does not support (F32 F16 BF16 F64 I64 I32 I16 I8 U64 U32 U16 U8 BOOL F8_E4M3 F8_E5M2)",
+                                   name, dt, 8 + p->pos);
+            }
+            e->dtype = (capex_state_dtype)i;
+        } else if (bit == 2) {
+            if ((rc = capex__st_uarray(p, sh, CAPEX_STATE_MAX_NDIM, &cnt, "expected '[' starting shape"))) return rc;
+            e->ndim = cnt;
+            for (i = 0; i < cnt; i++) e->shape[i] = (int64_t)sh[i];
+        } else {
+            if ((rc = capex__st_uarray(p, off, 2, &cnt, "expected '[' starting data_offsets"))) return rc;
+            if (cnt != 2) return capex__st_perr(p, "data_offsets must be [begin, end]");
+            e->begin = off[0];
+            e->end = off[1];
+        }
+        capex__st_ws(p);
+        if (capex__st_peek(p) == '}') break;
+        if ((rc = capex__st_expect(p, ',', "expected ',' or '}' in a tensor entry"))) return rc;
+    }
+    if (seen != 7)
+        return capex__fail(CAPEX_ERR_FORMAT, "state file header: tensor \"%s\" lacks %s (entry ending at byte %zu); the file "
+                           "is corrupt", name, !(seen & 1) ? "dtype" : !(seen & 2) ? "shape" : "data_offsets", 8 + p->pos);
+    p->pos++;
+    r->nt++;
+    return CAPEX_OK;
+}
+
+CAPEX__PRIVATE capex_result capex__st_meta(capex__st_p *p) {
+    capex_state_reader *r = p->r;
+    capex_result rc;
+    if ((rc = capex__st_expect(p, '{', "expected '{' starting __metadata__"))) return rc;
+    capex__st_ws(p);
+    if (capex__st_peek(p) == '}') {
+        p->pos++;
+        return CAPEX_OK;
+    }
+    for (;;) {
+        capex__st_rkv *kv;
+        if ((rc = capex__st_grow(&r->alloc, (void **)&r->m, &r->capm, r->nm, sizeof *r->m))) return rc;
+        kv = &r->m[r->nm];
+        if ((rc = capex__st_string(p, &kv->key, NULL, NULL))) return rc;
+        if ((rc = capex__st_expect(p, ':', "expected ':' after a metadata key"))) return rc;
+        capex__st_ws(p);
+        if (capex__st_peek(p) != '"') return capex__st_perr(p, "metadata values must be strings");
+        if ((rc = capex__st_string(p, &kv->value, &kv->raw_at, &kv->raw_len))) return rc;
+        r->nm++;
+        capex__st_ws(p);
+        if (capex__st_peek(p) == '}') break;
+        if ((rc = capex__st_expect(p, ',', "expected ',' or '}' in __metadata__"))) return rc;
+    }
+    p->pos++;
+    return CAPEX_OK;
+}
+
+CAPEX__PRIVATE capex_result capex__st_parse(capex_state_reader *r, const unsigned char *h, size_t n) {
+    capex__st_p p;
+    capex_result rc;
+    int seen_meta = 0;
+    p.h = h;
+    p.n = n;
+    p.pos = 0;
+    p.r = r;
+    r->arena = (char *)capex__alloc(&r->alloc, n + 1);
+    if (!r->arena) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "state: out of memory for a %zu-byte header", n);
+    if (capex__st_peek(&p) != '{') return capex__st_perr(&p, "the JSON header must start with '{'");
+    p.pos++;
+    capex__st_ws(&p);
+    if (capex__st_peek(&p) == '}') p.pos++;
+    else
+        for (;;) {
+            const char *key;
+            if ((rc = capex__st_string(&p, &key, NULL, NULL))) return rc;
+            if ((rc = capex__st_expect(&p, ':', "expected ':' after a tensor name"))) return rc;
+            if (strcmp(key, "__metadata__") == 0) {
+                if (seen_meta) return capex__st_perr(&p, "__metadata__ appears twice");
+                seen_meta = 1;
+                if ((rc = capex__st_meta(&p))) return rc;
+            } else if ((rc = capex__st_entry(&p, key))) return rc;
+            capex__st_ws(&p);
+            if (capex__st_peek(&p) == '}') {
+                p.pos++;
+                break;
+            }
+            if ((rc = capex__st_expect(&p, ',', "expected ',' or '}' after a header entry"))) return rc;
+        }
+    capex__st_ws(&p);
+    if (p.pos != n) return capex__st_perr(&p, "bytes after the JSON header's closing '}' (only space padding is allowed)");
+    return CAPEX_OK;
+}
+
+static int capex__st_cmp_offsets(const void *a, const void *b) {
+    const capex__st_rtensor *x = (const capex__st_rtensor *)a, *y = (const capex__st_rtensor *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+/* qsort has no context pointer: sort pointers to the names' owners instead */
+static int capex__st_cmp_rname(const void *a, const void *b) {
+    return strcmp((*(const capex__st_rtensor *const *)a)->name, (*(const capex__st_rtensor *const *)b)->name);
+}
+static int capex__st_cmp_rkv(const void *a, const void *b) {
+    return strcmp(((const capex__st_rkv *)a)->key, ((const capex__st_rkv *)b)->key);
+}
+
+/* Everything but the checksum: sizes against dtype*shape, offsets in bounds,
+   the data area covered exactly once, unique names, capex metadata. */
+CAPEX__PRIVATE capex_result capex__st_validate(capex_state_reader *r, unsigned flags, uint64_t data_len, size_t *crc_at) {
+    size_t i;
+    uint64_t expect = 0;
+    capex__st_rtensor **idx;
+    const capex__st_rkv *fmt = NULL, *ver = NULL, *crc = NULL;
+    for (i = 0; i < r->nt; i++) {
+        capex__st_rtensor *e = &r->t[i];
+        uint64_t numel = 1, es = capex_state_dtype_size(e->dtype);
+        int d, over = 0;
+        for (d = 0; d < e->ndim; d++) {
+            uint64_t s = (uint64_t)e->shape[d];
+            if (s != 0 && numel > UINT64_MAX / s) over = 1, numel = UINT64_MAX;
+            else numel *= s;
+        }
+        if (numel == 0) over = 0;
+        if (over || numel > (uint64_t)INT64_MAX / es)
+            return capex__fail(CAPEX_ERR_FORMAT, "state file: tensor \"%s\" has a shape whose byte size overflows 64 bits; "
+                               "the file is corrupt", e->name);
+        e->numel = numel;
+        if (e->begin > e->end || e->end - e->begin != numel * es)
+            return capex__fail(CAPEX_ERR_FORMAT, "state file: tensor \"%s\" (%s, %llu elements = %llu bytes) has data_offsets "
+                               "[%llu, %llu]; the file is corrupt", e->name, capex__st_dtype_names[e->dtype],
+                               (unsigned long long)numel, (unsigned long long)(numel * es), (unsigned long long)e->begin,
+                               (unsigned long long)e->end);
+        if (e->end > data_len)
+            return capex__fail(CAPEX_ERR_FORMAT, "state file: tensor \"%s\" ends at data byte %llu but the file has only %llu "
+                               "bytes of tensor data: the file is truncated", e->name, (unsigned long long)e->end,
+                               (unsigned long long)data_len);
+    }
+    if (r->nt > 1) qsort(r->t, r->nt, sizeof *r->t, capex__st_cmp_offsets);
+    for (i = 0; i < r->nt; i++) {
+        if (r->t[i].begin != expect)
+            return capex__fail(CAPEX_ERR_FORMAT, "state file: tensor \"%s\" starts at data byte %llu, expected %llu: tensors %s",
+                               r->t[i].name, (unsigned long long)r->t[i].begin, (unsigned long long)expect,
+                               r->t[i].begin < expect ? "overlap" : "leave a hole (safetensors packs them tightly)");
+        expect = r->t[i].end;
+    }
+    if (expect != data_len)
+        return capex__fail(CAPEX_ERR_FORMAT, "state file: %llu bytes after the last tensor belong to no tensor; the file is "
+                           "corrupt or has trailing garbage", (unsigned long long)(data_len - expect));
+    idx = (capex__st_rtensor **)capex__alloc(&r->alloc, (r->nt ? r->nt : 1) * sizeof *idx);
+    r->by_name = (size_t *)capex__alloc(&r->alloc, (r->nt ? r->nt : 1) * sizeof *r->by_name);
+    if (!idx || !r->by_name) {
+        capex__free(&r->alloc, idx);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "state: out of memory");
+    }
+    for (i = 0; i < r->nt; i++) idx[i] = &r->t[i];
+    if (r->nt > 1) qsort(idx, r->nt, sizeof *idx, capex__st_cmp_rname);
+    for (i = 0; i < r->nt; i++) {
+        if (i && strcmp(idx[i - 1]->name, idx[i]->name) == 0) {
+            capex_result rc = capex__fail(CAPEX_ERR_FORMAT, "state file: tensor name \"%s\" appears twice; the file is corrupt",
+                                          idx[i]->name);
+            capex__free(&r->alloc, idx);
+            return rc;
+        }
+        r->by_name[i] = (size_t)(idx[i] - r->t);
+    }
+    capex__free(&r->alloc, idx);
+    if (r->nm > 1) qsort(r->m, r->nm, sizeof *r->m, capex__st_cmp_rkv);
+    for (i = 0; i < r->nm; i++) {
+        if (i && strcmp(r->m[i - 1].key, r->m[i].key) == 0)
+            return capex__fail(CAPEX_ERR_FORMAT, "state file: metadata key \"%s\" appears twice; the file is corrupt", r->m[i].key);
+        if (strcmp(r->m[i].key, "format") == 0) fmt = &r->m[i];
+        if (strcmp(r->m[i].key, "capex_format_version") == 0) ver = &r->m[i];
+        if (strcmp(r->m[i].key, "capex_crc32") == 0) crc = &r->m[i];
+    }
+    *crc_at = 0;
+    if (!fmt || strcmp(fmt->value, "capex-state") != 0) {
+        if (flags & CAPEX_STATE_OPEN_FOREIGN) return CAPEX_OK;
+        return capex__fail(CAPEX_ERR_FORMAT, "not a capex state file: __metadata__.format is %s%s%s, not \"capex-state\"; to read "
+                           "plain safetensors (e.g. model weights) open with CAPEX_STATE_OPEN_FOREIGN", fmt ? "\"" : "",
+                           fmt ? fmt->value : "absent", fmt ? "\"" : "");
+    }
+    if (!ver) return capex__fail(CAPEX_ERR_FORMAT, "capex state file without capex_format_version; the file is corrupt");
+    if (strcmp(ver->value, "1") != 0)
+        return capex__fail(CAPEX_ERR_VERSION, "capex state file has format version \"%s\"; this capex (%s) reads version %d: "
+                           "load it with the capex release that wrote it (or the file is corrupt)", ver->value,
+                           CAPEX_VERSION_STRING, CAPEX_STATE_FORMAT_VERSION);
+    if (!crc) return capex__fail(CAPEX_ERR_FORMAT, "capex state file without capex_crc32; the file is corrupt");
+    for (i = 0; i < 8 && crc->raw_len == 8; i++)
+        if (!((crc->value[i] >= '0' && crc->value[i] <= '9') || (crc->value[i] >= 'a' && crc->value[i] <= 'f'))) break;
+    if (crc->raw_len != 8 || i != 8 || crc->value[8] != '\0')
+        return capex__fail(CAPEX_ERR_FORMAT, "capex state file: capex_crc32 \"%s\" is not 8 lowercase hex digits; the file is corrupt",
+                           crc->value);
+    *crc_at = crc->raw_at;
+    r->is_capex = 1;
+    return CAPEX_OK;
+}
+
+CAPEX__PRIVATE capex_result capex__st_crc_fail(uint32_t got, const char *want) {
+    return capex__fail(CAPEX_ERR_CHECKSUM, "capex state file: contents have CRC-32 %08lx but capex_crc32 says %s: the file was "
+                       "damaged or modified after writing; use another checkpoint", (unsigned long)got, want);
+}
+
+CAPEX__PRIVATE capex_result capex__st_reader_new(const capex_allocator *alloc, capex_state_reader **out) {
+    capex_state_reader *r = (capex_state_reader *)capex__alloc(alloc, sizeof *r);
+    if (!r) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_state_reader_open: out of memory");
+    memset(r, 0, sizeof *r);
+    if (alloc) r->alloc = *alloc;
+    capex__crc8_init(&r->crc);
+    *out = r;
+    return CAPEX_OK;
+}
+
+CAPEX_API void capex_state_reader_close(capex_state_reader *r) {
+    capex_allocator a;
+    if (!r) return;
+    a = r->alloc;
+#ifndef CAPEX_NO_STDIO
+    if (r->f) fclose(r->f);
+#endif
+    capex__free(&a, r->head);
+    capex__free(&a, r->arena);
+    capex__free(&a, r->t);
+    capex__free(&a, r->by_name);
+    capex__free(&a, r->m);
+    capex__free(&a, r);
+}
+
+CAPEX_API capex_result capex_state_reader_open_memory(const void *buf, size_t len, unsigned flags, const capex_allocator *alloc,
+                                                      capex_state_reader **out) {
+    const unsigned char *b = (const unsigned char *)buf;
+    capex_state_reader *r;
+    capex_result rc;
+    uint64_t n;
+    size_t crc_at;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_reader_open_memory: out is NULL");
+    *out = NULL;
+    if (!buf && len) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_reader_open_memory: buf is NULL");
+    if (flags & ~CAPEX_STATE_OPEN_FOREIGN) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_reader_open: unknown flags 0x%x", flags);
+    if (len < 8)
+        return capex__fail(CAPEX_ERR_FORMAT, "state file is %zu bytes, shorter than the 8-byte header length: truncated", len);
+    n = capex__st_le64(b);
+    if (n > CAPEX_STATE_MAX_HEADER)
+        return capex__fail(CAPEX_ERR_FORMAT, "state file: header length %llu (first 8 bytes) exceeds the %u-byte limit; corrupt "
+                           "or not safetensors", (unsigned long long)n, CAPEX_STATE_MAX_HEADER);
+    if (n > len - 8)
+        return capex__fail(CAPEX_ERR_FORMAT, "state file: header length %llu but only %zu bytes follow: truncated",
+                           (unsigned long long)n, len - 8);
+    if ((rc = capex__st_reader_new(alloc, &r))) return rc;
+    r->mem = b;
+    r->file_len = len;
+    r->data_start = 8 + n;
+    if ((rc = capex__st_parse(r, b + 8, (size_t)n)) || (rc = capex__st_validate(r, flags, len - 8 - n, &crc_at))) {
+        capex_state_reader_close(r);
+        return rc;
+    }
+    if (r->is_capex) {
+        uint32_t c = capex__crc8_update(&r->crc, 0, b, 8 + crc_at);
+        c = capex__crc8_update(&r->crc, c, "00000000", 8);
+        c = capex__crc8_update(&r->crc, c, b + 16 + crc_at, len - 16 - crc_at);
+        char want[9];
+        memcpy(want, b + 8 + crc_at, 8);
+        want[8] = '\0';
+        if (strtoul(want, NULL, 16) != c) {
+            rc = capex__st_crc_fail(c, want);
+            capex_state_reader_close(r);
+            return rc;
+        }
+    }
+    *out = r;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_state_reader_open_file(const char *path, unsigned flags, const capex_allocator *alloc,
+                                                    capex_state_reader **out) {
+#ifdef CAPEX_NO_STDIO
+    (void)path; (void)flags; (void)alloc;
+    if (out) *out = NULL;
+    return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_state_reader_open_file: built with CAPEX_NO_STDIO; use open_memory");
+#else
+    capex_state_reader *r;
+    capex_result rc;
+    FILE *f;
+    capex__off flen;
+    uint64_t n, len;
+    size_t crc_at;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_reader_open_file: out is NULL");
+    *out = NULL;
+    if (!path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_reader_open_file: path is NULL");
+    if (flags & ~CAPEX_STATE_OPEN_FOREIGN) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_reader_open: unknown flags 0x%x", flags);
+    f = fopen(path, "rb");
+    if (!f) return capex__fail(CAPEX_ERR_IO, "cannot open state file '%s' (%s)", path, strerror(errno));
+    if (CAPEX__FSEEK(f, 0, SEEK_END) != 0 || (flen = CAPEX__FTELL(f)) < 0 || CAPEX__FSEEK(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return capex__fail(CAPEX_ERR_IO, "cannot determine the size of '%s' (%s); is it a regular file?", path, strerror(errno));
+    }
+    if ((rc = capex__st_reader_new(alloc, &r))) {
+        fclose(f);
+        return rc;
+    }
+    r->f = f;
+    len = (uint64_t)flen;
+    r->file_len = len;
+    rc = CAPEX_OK;
+    r->head = (unsigned char *)capex__alloc(&r->alloc, 8);
+    if (!r->head) rc = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "state: out of memory");
+    else if (len < 8)
+        rc = capex__fail(CAPEX_ERR_FORMAT, "state file '%s' is %llu bytes, shorter than the 8-byte header length: truncated",
+                         path, (unsigned long long)len);
+    else if (fread(r->head, 1, 8, f) != 8) rc = capex__fail(CAPEX_ERR_IO, "reading '%s' failed", path);
+    if (rc) goto fail;
+    n = capex__st_le64(r->head);
+    if (n > CAPEX_STATE_MAX_HEADER)
+        rc = capex__fail(CAPEX_ERR_FORMAT, "state file '%s': header length %llu (first 8 bytes) exceeds the %u-byte limit; "
+                         "corrupt or not safetensors", path, (unsigned long long)n, CAPEX_STATE_MAX_HEADER);
+    else if (n > len - 8)
+        rc = capex__fail(CAPEX_ERR_FORMAT, "state file '%s': header length %llu but only %llu bytes follow: truncated", path,
+                         (unsigned long long)n, (unsigned long long)(len - 8));
+    if (rc) goto fail;
+    {
+        unsigned char *h = (unsigned char *)capex__alloc(&r->alloc, (size_t)(8 + n));
+        if (!h) {
+            rc = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "state: out of memory for a %llu-byte header", (unsigned long long)n);
+            goto fail;
+        }
+        memcpy(h, r->head, 8);
+        capex__free(&r->alloc, r->head);
+        r->head = h;
+        if (fread(h + 8, 1, (size_t)n, f) != (size_t)n) {
+            rc = capex__fail(CAPEX_ERR_IO, "reading the header of '%s' failed (file changed while reading?)", path);
+            goto fail;
+        }
+    }
+    r->data_start = 8 + n;
+    if ((rc = capex__st_parse(r, r->head + 8, (size_t)n)) || (rc = capex__st_validate(r, flags, len - 8 - n, &crc_at))) goto fail;
+    if (r->is_capex) { /* one streaming pass over the data: no whole-file copy */
+        char want[9];
+        uint64_t left = len - 8 - n;
+        size_t chunk = 1u << 20;
+        unsigned char *buf = (unsigned char *)capex__alloc(&r->alloc, chunk);
+        uint32_t c;
+        if (!buf) {
+            rc = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "state: out of memory");
+            goto fail;
+        }
+        memcpy(want, r->head + 8 + crc_at, 8);
+        want[8] = '\0';
+        c = capex__crc8_update(&r->crc, 0, r->head, 8 + crc_at);
+        c = capex__crc8_update(&r->crc, c, "00000000", 8);
+        c = capex__crc8_update(&r->crc, c, r->head + 16 + crc_at, (size_t)(n - 8 - crc_at));
+        while (left) {
+            size_t k = left < chunk ? (size_t)left : chunk;
+            if (fread(buf, 1, k, f) != k) break;
+            c = capex__crc8_update(&r->crc, c, buf, k);
+            left -= k;
+        }
+        capex__free(&r->alloc, buf);
+        if (left) rc = capex__fail(CAPEX_ERR_IO, "reading the data of '%s' failed (file shrank while reading?)", path);
+        else if (strtoul(want, NULL, 16) != c) rc = capex__st_crc_fail(c, want);
+        if (rc) goto fail;
+    }
+    *out = r;
+    return CAPEX_OK;
+fail:
+    capex_state_reader_close(r);
+    return rc;
+#endif
+}
+
+CAPEX_API int capex_state_is_capex(const capex_state_reader *r) { return r ? r->is_capex : 0; }
+CAPEX_API size_t capex_state_tensor_count(const capex_state_reader *r) { return r ? r->nt : 0; }
+
+CAPEX__PRIVATE void capex__st_info(const capex_state_reader *r, const capex__st_rtensor *e, capex_state_tensor_info *info) {
+    int d;
+    memset(info, 0, sizeof *info);
+    info->name = e->name;
+    info->dtype = e->dtype;
+    info->ndim = e->ndim;
+    for (d = 0; d < e->ndim; d++) info->shape[d] = e->shape[d];
+    info->numel = e->numel;
+    info->nbytes = e->end - e->begin;
+    info->file_offset = r->data_start + e->begin;
+}
+
+CAPEX_API capex_result capex_state_tensor_at(const capex_state_reader *r, size_t i, capex_state_tensor_info *info) {
+    if (!r || !info) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_tensor_at: reader or info is NULL");
+    if (i >= r->nt) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_tensor_at: index %zu >= count %zu", i, r->nt);
+    capex__st_info(r, &r->t[i], info);
+    return CAPEX_OK;
+}
+
+CAPEX__PRIVATE const capex__st_rtensor *capex__st_lookup(const capex_state_reader *r, const char *name) {
+    size_t lo = 0, hi = r->nt;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(r->t[r->by_name[mid]].name, name);
+        if (c == 0) return &r->t[r->by_name[mid]];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+CAPEX_API capex_result capex_state_find(const capex_state_reader *r, const char *name, capex_state_tensor_info *info) {
+    const capex__st_rtensor *e;
+    if (!r || !name || !info) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_find: reader, name or info is NULL");
+    e = capex__st_lookup(r, name);
+    if (!e) return capex__fail(CAPEX_ERR_NOT_FOUND, "state file has no tensor named \"%s\"", name);
+    capex__st_info(r, e, info);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_state_read_tensor(capex_state_reader *r, const char *name, capex_state_dtype dtype,
+                                               uint64_t expected_numel, void *dst) {
+    const capex__st_rtensor *e;
+    uint64_t nbytes;
+    if (!r || !name) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_read_tensor: reader or name is NULL");
+    e = capex__st_lookup(r, name);
+    if (!e) return capex__fail(CAPEX_ERR_NOT_FOUND, "state file has no tensor named \"%s\"", name);
+    if (e->dtype != dtype || e->numel != expected_numel)
+        return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "tensor \"%s\" in the state file is %s with %llu elements; the caller expects "
+                           "%s with %llu (model or optimizer configuration changed since the save?)", name,
+                           capex__st_dtype_names[e->dtype], (unsigned long long)e->numel,
+                           capex_state_dtype_name(dtype) ? capex_state_dtype_name(dtype) : "an invalid dtype",
+                           (unsigned long long)expected_numel);
+    nbytes = e->end - e->begin;
+    if (nbytes == 0) return CAPEX_OK;
+    if (!dst) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_read_tensor(\"%s\"): dst is NULL", name);
+    if (nbytes > (uint64_t)SIZE_MAX) return capex__fail(CAPEX_ERR_LIMIT, "tensor \"%s\" does not fit in memory", name);
+    if (r->mem) memcpy(dst, r->mem + r->data_start + e->begin, (size_t)nbytes);
+#ifndef CAPEX_NO_STDIO
+    else {
+        uint64_t at = r->data_start + e->begin;
+        if (at > (uint64_t)CAPEX__OFF_MAX)
+            return capex__fail(CAPEX_ERR_UNSUPPORTED, "tensor \"%s\" lies beyond this platform's fseek range", name);
+        if (CAPEX__FSEEK(r->f, (capex__off)at, SEEK_SET) != 0 || fread(dst, 1, (size_t)nbytes, r->f) != (size_t)nbytes)
+            return capex__fail(CAPEX_ERR_IO, "reading tensor \"%s\" (%llu bytes at offset %llu) failed; was the file truncated "
+                               "after it was opened?", name, (unsigned long long)nbytes, (unsigned long long)at);
+    }
+#endif
+    if (!capex__host_is_le()) capex__st_swap_copy(dst, dst, (size_t)nbytes, capex__st_dtype_sizes[e->dtype]);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_state_get_f64(capex_state_reader *r, const char *name, double *v) {
+    if (!v) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_get_f64: v is NULL");
+    return capex_state_read_tensor(r, name, CAPEX_STATE_F64, 1, v);
+}
+CAPEX_API capex_result capex_state_get_f32(capex_state_reader *r, const char *name, float *v) {
+    if (!v) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_get_f32: v is NULL");
+    return capex_state_read_tensor(r, name, CAPEX_STATE_F32, 1, v);
+}
+CAPEX_API capex_result capex_state_get_i64(capex_state_reader *r, const char *name, int64_t *v) {
+    if (!v) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_get_i64: v is NULL");
+    return capex_state_read_tensor(r, name, CAPEX_STATE_I64, 1, v);
+}
+
+CAPEX_API size_t capex_state_meta_count(const capex_state_reader *r) { return r ? r->nm : 0; }
+CAPEX_API capex_result capex_state_meta_at(const capex_state_reader *r, size_t i, const char **key, const char **value) {
+    if (!r || !key || !value) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_meta_at: reader, key or value is NULL");
+    if (i >= r->nm) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_meta_at: index %zu >= count %zu", i, r->nm);
+    *key = r->m[i].key;
+    *value = r->m[i].value;
+    return CAPEX_OK;
+}
+CAPEX_API capex_result capex_state_get_meta(const capex_state_reader *r, const char *key, const char **value) {
+    size_t i;
+    if (!r || !key || !value) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_get_meta: reader, key or value is NULL");
+    for (i = 0; i < r->nm; i++)
+        if (strcmp(r->m[i].key, key) == 0) {
+            *value = r->m[i].value;
+            return CAPEX_OK;
+        }
+    return capex__fail(CAPEX_ERR_NOT_FOUND, "state file has no metadata key \"%s\"", key);
+}
 
 /* @@SECTION:TENSOR:IMPL@@ (tensor lists, chunk planner, fused ops: implementation) */
 /* ---- tensor lists ------------------------------------------------------- */

@@ -1,0 +1,36 @@
+# State files: tests/test_state.c (run by make test), tests/fuzz_state.c
+# (libFuzzer target), tests/state_py.py (python cross-checks and seed corpus).
+STATE_FUZZ     := $(BUILD)/fuzz/fuzz_state
+STATE_FUZZ_S   ?= 20
+STATE_FUZZ_CC  ?= clang
+STATE_FUZZ_FLAGS := -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+
+# python's safetensors + numpy for the interop check in test_state (skips without them).
+ci-deps::
+	@python3 -c 'import safetensors, numpy' 2>/dev/null || \
+	  python3 -m pip install -q safetensors numpy 2>/dev/null || \
+	  python3 -m pip install -q --break-system-packages safetensors numpy 2>/dev/null || \
+	  echo "state: could not pip install safetensors numpy; test_state's python check will SKIP"
+
+$(STATE_FUZZ): tests/fuzz_state.c capex.h
+	@mkdir -p $(dir $@)
+	$(STATE_FUZZ_CC) $(STATE_FUZZ_FLAGS) -Itests $< -o $@ -lm
+
+# Fuzzes the parser for $(STATE_FUZZ_S) s from a seed corpus made at run time.
+ci-extra::
+	@echo "== state: fuzz_state (libFuzzer, $(STATE_FUZZ_S) s)"
+	@if ! printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
+	      | $(STATE_FUZZ_CC) -fsanitize=fuzzer -x c - -o $(BUILD)/.fuzz_probe 2>/dev/null; then \
+	  echo "SKIP fuzz_state: $(STATE_FUZZ_CC) cannot build -fsanitize=fuzzer (libFuzzer missing); test_state still runs the fuzz checks on its corpora"; \
+	else \
+	  rm -f $(BUILD)/.fuzz_probe; \
+	  $(MAKE) --no-print-directory $(STATE_FUZZ) || exit 1; \
+	  rm -rf $(BUILD)/fuzz/state_corpus; mkdir -p $(BUILD)/fuzz/state_corpus; \
+	  python3 tests/state_py.py seeds $(BUILD)/fuzz/state_corpus 2>/dev/null || echo "state: no python3, fuzzing from an empty corpus"; \
+	  printf '"{"\n"}"\n"["\n"]"\n":"\n","\n"\\\\u00e9"\n"\\\\ud83d\\\\ude00"\n"\\"dtype\\""\n"\\"shape\\""\n"\\"data_offsets\\""\n"\\"__metadata__\\""\n"\\"F32\\""\n"\\"BF16\\""\n"\\"U8\\""\n"\\"format\\""\n"\\"capex-state\\""\n"18446744073709551615"\n' > $(BUILD)/fuzz/state.dict; \
+	  if $(STATE_FUZZ) -max_total_time=$(STATE_FUZZ_S) -max_len=4096 -timeout=10 -print_final_stats=1 \
+	       -artifact_prefix=$(BUILD)/fuzz/ -dict=$(BUILD)/fuzz/state.dict $(BUILD)/fuzz/state_corpus \
+	       > $(BUILD)/fuzz/state.log 2>&1; then \
+	    grep -E '^stat::number_of_executed_runs|^Done ' $(BUILD)/fuzz/state.log; echo "fuzz_state: ok"; \
+	  else tail -n 40 $(BUILD)/fuzz/state.log; echo "fuzz_state FAILED: crash input saved under $(BUILD)/fuzz/"; exit 1; fi; \
+	fi
