@@ -534,8 +534,9 @@ CAPEX_API float capex_clip_coef(float total_norm, float max_norm);
 
    Thread safety: one optimizer must not be used from two threads at once;
    distinct optimizers are independent. capex_optim_step uses OpenMP threads
-   inside when built with -fopenmp; results are bitwise identical for any
-   thread count and without OpenMP.
+   inside when built with -fopenmp (desc.exec.num_threads; 0: OpenMP's
+   default); results are bitwise identical for any thread count and without
+   OpenMP. LAMB's global grad norm is capex_multi_tensor_sumsq per grad dtype.
    ------------------------------------------------------------------------- */
 typedef enum capex_optim_kind {
     CAPEX_OPTIM_ADAM = 0, /* Adam / AdamW (Apex FusedAdam) */
@@ -566,7 +567,7 @@ typedef struct capex_optim_desc {
     int wd_after_momentum;        /* SGD: apply decay after momentum (default 0) */
     int stochastic_rounding;      /* 1: bf16 model copies use stochastic rounding (default 0) */
     uint64_t seed;                /* stochastic rounding seed (default 0) */
-    int num_threads;              /* OpenMP threads for a step; 0 = OpenMP's default */
+    capex_tensor_op_desc exec;    /* threads, chunk size, parallel threshold (tensor ops' settings) */
     const capex_allocator *allocator; /* moments and bookkeeping; NULL: CAPEX_MALLOC */
 } capex_optim_desc;
 
@@ -617,6 +618,39 @@ CAPEX_API capex_result capex_optim_set_grad(capex_optim *opt, size_t group, size
 /* The moment buffers of one parameter (NULL where the optimizer has none). */
 CAPEX_API capex_result capex_optim_get_state(const capex_optim *opt, size_t group, size_t index, float **exp_avg,
                                              float **exp_avg_sq);
+
+/* ---- optimizer state save/restore (State files container) -----------------
+
+   Saved under names "<prefix>.*" (prefix NULL: "optim"): kind and modes,
+   max_grad_norm, the stochastic-rounding seed (the rounding is counter-based:
+   seed + step counts are its whole RNG state), per group its hyperparameters,
+   step count and tensor count, per parameter its numel and moment buffers
+   (f32, shape [numel]). With CAPEX_OPTIM_STATE_PARAMS also the fp32 params /
+   master weights and the fp16/bf16 model copies, which a lossy half model
+   checkpoint cannot restore exactly. Loading resumes bit-identically.
+
+       capex_state_writer *w; capex_state_writer_create(NULL, &w);
+       capex_optim_save(opt, w, NULL, CAPEX_OPTIM_STATE_PARAMS);
+       capex_scaler_save(...same writer...);             // one file, many parts
+       capex_state_write_file(w, "ckpt.safetensors"); capex_state_writer_destroy(w);
+       // later, an optimizer built with the same groups and sizes:
+       capex_optim_load_file(opt, "ckpt.safetensors", CAPEX_OPTIM_STATE_PARAMS);
+
+   Load checks everything (kind, group and tensor counts, every numel, dtypes,
+   shapes, hyperparameter validity) before changing the optimizer; then it
+   copies the tensors in. Hyperparameters, modes and seed come from the file
+   (torch's load_state_dict restores param_groups too). Only an I/O error
+   during that copy (after the file's checksum was verified) can leave the
+   optimizer half-loaded; it then refuses to step (CAPEX_ERR_ORDER) until a
+   load succeeds. save keeps pointers into the optimizer: write the file
+   before the next step. Not thread-safe with a concurrent step. */
+#define CAPEX_OPTIM_STATE_PARAMS 1u
+CAPEX_API capex_result capex_optim_save(const capex_optim *opt, capex_state_writer *w, const char *prefix,
+                                        unsigned flags);
+CAPEX_API capex_result capex_optim_load(capex_optim *opt, capex_state_reader *r, const char *prefix, unsigned flags);
+/* One-call versions: a file holding only this optimizer (prefix "optim"). */
+CAPEX_API capex_result capex_optim_save_file(const capex_optim *opt, const char *path, unsigned flags);
+CAPEX_API capex_result capex_optim_load_file(capex_optim *opt, const char *path, unsigned flags);
 
 /* @@SECTION:DIST:DECL@@ (data parallel: declarations) */
 
@@ -2832,7 +2866,6 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
 #else
 #  define CAPEX__OPT_SIMD
 #endif
-#define CAPEX__OPT_CHUNK ((int64_t)65536)
 #define CAPEX__OPT_STR(...) #__VA_ARGS__
 #define CAPEX__OPT_XSTR(...) CAPEX__OPT_STR(__VA_ARGS__)
 
@@ -3006,9 +3039,12 @@ struct capex_optim {
     size_t ntensors, cap_tensors;
     capex__optim_item *items;
     size_t nitems, cap_items;
+    int64_t chunk;  /* elements per item (desc.exec.chunk_size) */
+    capex_tensor *glist; /* LAMB: grads sorted by dtype, for capex_multi_tensor_sumsq */
     double *part;   /* LAMB: 2 partial sums per item */
     float *ratio;   /* LAMB: trust ratio per tensor */
     int64_t total;  /* elements over all tensors */
+    int broken;     /* a load failed half-way: refuse to step */
 };
 
 typedef struct capex__optim_job {
@@ -3095,27 +3131,8 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
         }                                                                      \
     }
 
-/* Sum of squares in double with 8 fixed lanes: the order is set by the code,
-   not by the vectoriser or the thread count. */
-#define CAPEX__OPT_K_GNORM(GN)                                                 \
-    CAPEX__PRIVATE void capex__k_gnorm_##GN(const capex__optim_job *j) {       \
-        const CAPEX__OPT_GT_##GN *CAPEX__OPT_RESTRICT g = (const CAPEX__OPT_GT_##GN *)j->g; \
-        double a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s = 0;                         \
-        int64_t i = 0, l, n = j->n;                                            \
-        for (; i + 8 <= n; i += 8)                                             \
-            for (l = 0; l < 8; l++) {                                          \
-                double x = (double)CAPEX__OPT_LD_##GN(g[i + l]);               \
-                a[l] += x * x;                                                 \
-            }                                                                  \
-        for (l = 0; i + l < n; l++) {                                          \
-            double x = (double)CAPEX__OPT_LD_##GN(g[i + l]);                   \
-            a[l] += x * x;                                                     \
-        }                                                                      \
-        for (l = 0; l < 8; l++) s += a[l];                                     \
-        j->acc[0] = s;                                                         \
-    }
-
-/* LAMB stage 1: moments, and |p|^2 (before the update) and |u|^2 partials. */
+/* LAMB stage 1: moments, and |p|^2 (before the update) and |u|^2 partials in
+   double, lane i%8, lanes combined as capex_multi_tensor_sumsq does. */
 #define CAPEX__OPT_LAMB1_ELEM(GN, MODE, k)                                     \
     do {                                                                       \
         float gi = CAPEX__OPT_LD_##GN(g[k]) * gs;                              \
@@ -3135,7 +3152,7 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
 #define CAPEX__OPT_K_LAMB1_MODE(GN, MODE)                                      \
     CAPEX__PRIVATE void capex__k_lamb1_##MODE##_##GN(const capex__optim_job *j) { \
         CAPEX__OPT_PROLOGUE(GN);                                               \
-        double ap[8] = {0, 0, 0, 0, 0, 0, 0, 0}, au[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sp = 0, su = 0; \
+        double ap[8] = {0, 0, 0, 0, 0, 0, 0, 0}, au[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sp, su; \
         int64_t l;                                                             \
         for (i = 0; i + 8 <= n; i += 8) {                                      \
             float pb[8], ub[8];                                                \
@@ -3155,7 +3172,8 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
             ap[l] += (double)pp * pp;                                          \
             au[l] += (double)uu * uu;                                          \
         }                                                                      \
-        for (l = 0; l < 8; l++) { sp += ap[l]; su += au[l]; }                  \
+        sp = ((ap[0] + ap[1]) + (ap[2] + ap[3])) + ((ap[4] + ap[5]) + (ap[6] + ap[7])); \
+        su = ((au[0] + au[1]) + (au[2] + au[3])) + ((au[4] + au[5]) + (au[6] + au[7])); \
         j->acc[0] = sp;                                                        \
         j->acc[1] = su;                                                        \
     }
@@ -3183,7 +3201,6 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
 
 CAPEX__OPT_FOR_GM(CAPEX__OPT_K_ADAM)
 CAPEX__OPT_FOR_GM(CAPEX__OPT_K_SGD)
-CAPEX__OPT_FOR_G(CAPEX__OPT_K_GNORM)
 CAPEX__OPT_FOR_G(CAPEX__OPT_K_LAMB1)
 CAPEX__OPT_FOR_M(CAPEX__OPT_K_LAMB2)
 
@@ -3193,7 +3210,6 @@ static const capex__optim_kfn capex__k_adam_l2_tab[3][4] = CAPEX__OPT_TAB(capex_
 static const capex__optim_kfn capex__k_adam_w_tab[3][4] = CAPEX__OPT_TAB(capex__k_adam_w);
 static const capex__optim_kfn capex__k_sgd_tab[3][4] = CAPEX__OPT_TAB(capex__k_sgd);
 static const capex__optim_kfn capex__k_sgdm_tab[3][4] = CAPEX__OPT_TAB(capex__k_sgdm);
-static const capex__optim_kfn capex__k_gnorm_tab[3] = {capex__k_gnorm_f32, capex__k_gnorm_f16, capex__k_gnorm_bf16};
 static const capex__optim_kfn capex__k_lamb1_tab[2][3] = {
     {capex__k_lamb1_l2_f32, capex__k_lamb1_l2_f16, capex__k_lamb1_l2_bf16},
     {capex__k_lamb1_w_f32, capex__k_lamb1_w_f16, capex__k_lamb1_w_bf16}};
@@ -3218,6 +3234,7 @@ CAPEX_API void capex_optim_desc_init(capex_optim_desc *d, capex_optim_kind kind)
     d->defaults.grad_averaging = 1;
     d->adam_w_mode = 1;
     d->max_grad_norm = 1.0f;
+    capex_tensor_op_desc_init(&d->exec);
 }
 
 CAPEX_API void capex_optim_param_init(capex_optim_param *p) {
@@ -3262,9 +3279,9 @@ static capex_result capex__optim_check_desc(const capex_optim_desc *d) {
     if (!capex__opt_finite(d->max_grad_norm) || d->max_grad_norm < 0.0f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "LAMB: max_grad_norm is %g; it must be finite and >= 0 (0: no clip)",
                            (double)d->max_grad_norm);
-    if (d->num_threads < 0)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: num_threads is %d; use 0 (OpenMP default) or more",
-                           d->num_threads);
+    if (d->exec.num_threads < 0 || d->exec.chunk_size < 0 || d->exec.parallel_min_elements < 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: desc.exec has a negative num_threads, chunk_size or "
+                           "parallel_min_elements; start from capex_optim_desc_init()");
     if (d->allocator && (!d->allocator->alloc || !d->allocator->free))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: allocator needs both alloc and free");
     return capex__optim_check_hp(d, &d->defaults);
@@ -3317,6 +3334,49 @@ static capex_result capex__optim_grow(const capex_allocator *a, void **arr, size
     return CAPEX_OK;
 }
 
+/* Items never cross a multiple of 2^32 elements, so the stochastic-rounding
+   key's high index word is constant within an item. */
+static int64_t capex__optim_item_len(int64_t numel, int64_t off, int64_t chunk) {
+    int64_t n = numel - off < chunk ? numel - off : chunk;
+    int64_t to_boundary = (int64_t)(((uint64_t)off | 0xffffffffull) + 1 - (uint64_t)off);
+    return n < to_boundary ? n : to_boundary;
+}
+static size_t capex__optim_count_items(int64_t numel, int64_t chunk) {
+    size_t k = 0;
+    int64_t off = 0;
+    if (chunk >= ((int64_t)1 << 32) || ((int64_t)1 << 32) % chunk == 0) /* common case: closed form */
+        return (size_t)((numel + chunk - 1) / chunk);
+    while (off < numel) { off += capex__optim_item_len(numel, off, chunk); k++; }
+    return k;
+}
+
+/* LAMB: sum of squares of every (raw) grad, one capex_multi_tensor_sumsq per
+   grad dtype (f32, f16, bf16 lists, added in that order). */
+static capex_result capex__optim_grad_sumsq(capex_optim *o, double *g2) {
+    size_t k, cnt[3] = {0, 0, 0}, start[3];
+    int d;
+    *g2 = 0.0;
+    for (k = 0; k < o->ntensors; k++) cnt[o->tensors[k].p.grad_dtype]++;
+    start[0] = 0; start[1] = cnt[0]; start[2] = cnt[0] + cnt[1];
+    for (k = 0; k < o->ntensors; k++) {
+        const capex__optim_tensor *t = &o->tensors[k];
+        capex_tensor *x = &o->glist[start[t->p.grad_dtype]++];
+        x->data = (void *)t->p.grad;
+        x->numel = t->p.numel;
+    }
+    for (d = 0; d < 3; d++) {
+        capex_tensor_list l;
+        double s = 0.0;
+        capex_result r;
+        if (!cnt[d]) continue;
+        l = capex_tensor_list_make((capex_dtype)d, o->glist + (start[d] - cnt[d]), cnt[d]);
+        r = capex_multi_tensor_sumsq(&o->desc.exec, &l, &s, NULL);
+        if (r != CAPEX_OK) return r;
+        *g2 += s;
+    }
+    return CAPEX_OK;
+}
+
 CAPEX_API capex_result capex_optim_create(const capex_optim_desc *desc, capex_optim **out) {
     capex_optim *o;
     capex_result r;
@@ -3330,6 +3390,7 @@ CAPEX_API capex_result capex_optim_create(const capex_optim_desc *desc, capex_op
     o->desc = *desc;
     if (desc->allocator) o->alloc = *desc->allocator;
     o->desc.allocator = NULL;
+    o->chunk = desc->exec.chunk_size ? desc->exec.chunk_size : 65536;
     *out = o;
     return CAPEX_OK;
 }
@@ -3351,6 +3412,7 @@ CAPEX_API void capex_optim_destroy(capex_optim *o) {
     capex__free(a, o->items);
     capex__free(a, o->part);
     capex__free(a, o->ratio);
+    capex__free(a, o->glist);
     {
         capex_allocator copy = o->alloc;
         capex__free(copy.alloc ? &copy : NULL, o);
@@ -3370,7 +3432,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
     if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
     for (k = 0; k < n; k++) {
         if ((r = capex__optim_check_param(&o->desc, &params[k], k)) != CAPEX_OK) return r;
-        nitems += (size_t)((params[k].numel + CAPEX__OPT_CHUNK - 1) / CAPEX__OPT_CHUNK);
+        nitems += capex__optim_count_items(params[k].numel, o->chunk);
     }
     a = capex__optim_alloc(o);
     /* grow bookkeeping first (contents kept, so a failure leaves the optimizer as it was) */
@@ -3384,16 +3446,17 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         capex__optim_gc *gc = (capex__optim_gc *)capex__alloc(a, (o->ngroups + 1) * sizeof *gc);
         double *part = (double *)capex__alloc(a, 2 * (o->nitems + nitems) * sizeof *part);
         float *ratio = (float *)capex__alloc(a, (o->ntensors + n) * sizeof *ratio);
+        capex_tensor *glist = (capex_tensor *)capex__alloc(a, (o->ntensors + n) * sizeof *glist);
         (void)cg; (void)ci; (void)ct;
-        if (!gc || !part || !ratio) {
-            capex__free(a, gc); capex__free(a, part); capex__free(a, ratio);
+        if (!gc || !part || !ratio || !glist) {
+            capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
             return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
         }
         need_m = o->desc.kind != CAPEX_OPTIM_SGD || hp->momentum != 0.0f;
         need_v = o->desc.kind != CAPEX_OPTIM_SGD;
         bufs = (float **)capex__alloc(a, 2 * (n ? n : 1) * sizeof *bufs);
         if (!bufs) {
-            capex__free(a, gc); capex__free(a, part); capex__free(a, ratio);
+            capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
             return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
         }
         memset(bufs, 0, 2 * (n ? n : 1) * sizeof *bufs);
@@ -3404,12 +3467,13 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         }
         if (k < n) {
             for (k = 0; k < 2 * n; k++) capex__free(a, bufs[k]);
-            capex__free(a, bufs); capex__free(a, gc); capex__free(a, part); capex__free(a, ratio);
+            capex__free(a, bufs); capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
             return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory for the moments");
         }
         capex__free(a, o->gc); o->gc = gc;
         capex__free(a, o->part); o->part = part;
         capex__free(a, o->ratio); o->ratio = ratio;
+        capex__free(a, o->glist); o->glist = glist;
     }
     /* commit */
     t0 = o->ntensors;
@@ -3428,11 +3492,10 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         if (t->p.exp_avg && t->p.numel) memset(t->p.exp_avg, 0, (size_t)t->p.numel * sizeof(float));
         if (t->p.exp_avg_sq && t->p.numel) memset(t->p.exp_avg_sq, 0, (size_t)t->p.numel * sizeof(float));
         if (!t->p.model) t->p.model_dtype = CAPEX_BF16;
-        for (off = 0; off < t->p.numel; off += CAPEX__OPT_CHUNK) {
+        for (off = 0; off < t->p.numel; off += o->items[it++].n) {
             o->items[it].tensor = t0 + k;
             o->items[it].off = off;
-            o->items[it].n = t->p.numel - off < CAPEX__OPT_CHUNK ? t->p.numel - off : CAPEX__OPT_CHUNK;
-            it++;
+            o->items[it].n = capex__optim_item_len(t->p.numel, off, o->chunk);
         }
         o->total += t->p.numel;
     }
@@ -3449,7 +3512,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
 }
 
 /* Runs phase k over every chunk; chunks are independent. */
-enum { CAPEX__OPT_PH_MAIN = 0, CAPEX__OPT_PH_GNORM = 1, CAPEX__OPT_PH_LAMB1 = 2, CAPEX__OPT_PH_LAMB2 = 3 };
+enum { CAPEX__OPT_PH_MAIN = 0, CAPEX__OPT_PH_LAMB1 = 1, CAPEX__OPT_PH_LAMB2 = 2 };
 
 static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, float gs) {
     const capex__optim_item *item = &o->items[k];
@@ -3482,7 +3545,6 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
         else if (j.m) capex__k_sgdm_tab[gi][mi](&j);
         else capex__k_sgd_tab[gi][mi](&j);
         break;
-    case CAPEX__OPT_PH_GNORM: capex__k_gnorm_tab[gi](&j); break;
     case CAPEX__OPT_PH_LAMB1: capex__k_lamb1_tab[w][gi](&j); break;
     default: capex__k_lamb2_tab[w][mi](&j); break;
     }
@@ -3491,9 +3553,10 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
 static void capex__optim_run(const capex_optim *o, int phase, float gs) {
     int64_t k, n = (int64_t)o->nitems;
 #ifdef _OPENMP
-    int par = n > 1 && o->total > CAPEX__OPT_CHUNK;
-    if (o->desc.num_threads > 0) {
-        int nt = o->desc.num_threads;
+    int64_t minel = o->desc.exec.parallel_min_elements ? o->desc.exec.parallel_min_elements : 262144;
+    int par = n > 1 && o->total >= minel;
+    if (o->desc.exec.num_threads > 0) {
+        int nt = o->desc.exec.num_threads;
 #pragma omp parallel for schedule(static) num_threads(nt) if (par)
         for (k = 0; k < n; k++) capex__optim_run_item(o, phase, (size_t)k, gs);
     } else {
@@ -3515,6 +3578,9 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
     if (!capex__opt_finite(clip_coef) || clip_coef < 0.0f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_step: clip_coef is %g; it must be finite and >= 0 "
                            "(1: no clipping)", (double)clip_coef);
+    if (o->broken)
+        return capex__fail(CAPEX_ERR_ORDER, "capex_optim_step: a state load failed part-way (I/O error); load the "
+                           "state again before stepping");
     if (found_inf) return CAPEX_OK; /* skipped step: nothing changes (Apex/torch.amp) */
     gs = inv_scale * clip_coef;
     for (gidx = 0; gidx < o->ngroups; gidx++) {
@@ -3543,9 +3609,10 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
     if (o->desc.kind == CAPEX_OPTIM_LAMB) {
         double g2 = 0.0;
         float gnorm, clip_div = 1.0f;
-        capex__optim_run(o, CAPEX__OPT_PH_GNORM, gs);
-        for (k = 0; k < o->nitems; k++) g2 += o->part[2 * k];
-        /* Apex blends per-dtype norms; one global norm of the scaled grads */
+        capex_result r = capex__optim_grad_sumsq(o, &g2);
+        if (r != CAPEX_OK) return r; /* nothing changed yet */
+        /* Apex: global norm over all grads (per-dtype norms blended); ours is
+           the norm of the scaled grads g*inv_scale*clip */
         gnorm = (float)(sqrt(g2) * (double)gs);
         if (o->desc.max_grad_norm > 0.0f && gnorm > o->desc.max_grad_norm) clip_div = gnorm / o->desc.max_grad_norm;
         for (gidx = 0; gidx < o->ngroups; gidx++) o->gc[gidx].clip_div = clip_div;
@@ -3657,6 +3724,295 @@ CAPEX_API capex_result capex_optim_get_state(const capex_optim *o, size_t group,
     if (exp_avg) *exp_avg = t->p.exp_avg;
     if (exp_avg_sq) *exp_avg_sq = t->p.exp_avg_sq;
     return CAPEX_OK;
+}
+
+/* ---- optimizer state save/restore ---- */
+
+#define CAPEX__OPT_NAME_MAX 160
+
+static capex_result capex__optim_name(char *buf, const char *prefix, const char *fmt, size_t a, const char *b) {
+    char tail[96];
+    if (b) snprintf(tail, sizeof tail, fmt, a, b);
+    else snprintf(tail, sizeof tail, fmt, a);
+    if ((size_t)snprintf(buf, CAPEX__OPT_NAME_MAX, "%s.%s", prefix, tail) >= CAPEX__OPT_NAME_MAX)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer state: prefix '%s' is too long", prefix);
+    return CAPEX_OK;
+}
+
+/* Per-group hyperparameters as saved: scalars "<prefix>.group<g>.<name>". */
+static const char *const capex__optim_hp_f32_names[7] = {"lr", "beta1", "beta2", "eps", "weight_decay", "momentum",
+                                                         "dampening"};
+static const char *const capex__optim_hp_i64_names[3] = {"bias_correction", "grad_averaging", "nesterov"};
+static float *capex__optim_hp_f32(capex_optim_hparams *hp, int i) {
+    float *f[7];
+    f[0] = &hp->lr; f[1] = &hp->beta1; f[2] = &hp->beta2; f[3] = &hp->eps; f[4] = &hp->weight_decay;
+    f[5] = &hp->momentum; f[6] = &hp->dampening;
+    return f[i];
+}
+static int *capex__optim_hp_int(capex_optim_hparams *hp, int i) {
+    return i == 0 ? &hp->bias_correction : i == 1 ? &hp->grad_averaging : &hp->nesterov;
+}
+
+CAPEX_API capex_result capex_optim_save(const capex_optim *o, capex_state_writer *w, const char *prefix,
+                                        unsigned flags) {
+    char nm[CAPEX__OPT_NAME_MAX];
+    capex_result r;
+    size_t g, k;
+    int64_t shape;
+    if (!o || !w) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_save: optimizer or writer is NULL");
+    if (!prefix) prefix = "optim";
+#define CAPEX__OPT_TRY(x) do { if ((r = (x)) != CAPEX_OK) return r; } while (0)
+    {
+        const char *names[7] = {"kind", "adam_w_mode", "use_nvlamb", "wd_after_momentum", "stochastic_rounding",
+                                "num_groups", "num_params"};
+        int64_t vals[7];
+        int i;
+        vals[0] = (int64_t)o->desc.kind; vals[1] = o->desc.adam_w_mode != 0; vals[2] = o->desc.use_nvlamb != 0;
+        vals[3] = o->desc.wd_after_momentum != 0; vals[4] = o->desc.stochastic_rounding != 0;
+        vals[5] = (int64_t)o->ngroups; vals[6] = (int64_t)o->ntensors;
+        for (i = 0; i < 7; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, names[i], 0, NULL));
+            CAPEX__OPT_TRY(capex_state_add_i64(w, nm, vals[i]));
+        }
+    }
+    CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "max_grad_norm", 0, NULL));
+    CAPEX__OPT_TRY(capex_state_add_f32(w, nm, o->desc.max_grad_norm));
+    CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "seed", 0, NULL));
+    CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_U64, 0, NULL, &o->desc.seed));
+    for (g = 0; g < o->ngroups; g++) {
+        capex__optim_group *gr = &o->groups[g];
+        int i;
+        for (i = 0; i < 7; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.%s", g, capex__optim_hp_f32_names[i]));
+            CAPEX__OPT_TRY(capex_state_add_f32(w, nm, *capex__optim_hp_f32(&gr->hp, i)));
+        }
+        for (i = 0; i < 3; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.%s", g, capex__optim_hp_i64_names[i]));
+            CAPEX__OPT_TRY(capex_state_add_i64(w, nm, *capex__optim_hp_int(&gr->hp, i)));
+        }
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.step", g, NULL));
+        CAPEX__OPT_TRY(capex_state_add_i64(w, nm, gr->step));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.momentum_init", g, NULL));
+        CAPEX__OPT_TRY(capex_state_add_i64(w, nm, gr->mom_init));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.count", g, NULL));
+        CAPEX__OPT_TRY(capex_state_add_i64(w, nm, (int64_t)gr->count));
+    }
+    for (k = 0; k < o->ntensors; k++) {
+        const capex_optim_param *p = &o->tensors[k].p;
+        shape = p->numel;
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.numel", k, NULL));
+        CAPEX__OPT_TRY(capex_state_add_i64(w, nm, p->numel));
+        if (p->exp_avg) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg", k, NULL));
+            CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_F32, 1, &shape, p->exp_avg));
+        }
+        if (p->exp_avg_sq) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg_sq", k, NULL));
+            CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_F32, 1, &shape, p->exp_avg_sq));
+        }
+        if ((flags & CAPEX_OPTIM_STATE_PARAMS) && p->numel) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.param", k, NULL));
+            CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_F32, 1, &shape, p->param));
+            if (p->model) {
+                CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.model", k, NULL));
+                CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, (capex_state_dtype)p->model_dtype, 1, &shape, p->model));
+            }
+        }
+    }
+    return CAPEX_OK;
+}
+
+/* Checks that name exists with dtype and numel (shape [numel]). */
+static capex_result capex__optim_expect(capex_state_reader *rd, const char *nm, capex_state_dtype dt, int64_t numel) {
+    capex_state_tensor_info info;
+    capex_result r = capex_state_find(rd, nm, &info);
+    if (r != CAPEX_OK)
+        return capex__fail(r, "optimizer state: '%s' is missing; was the file saved from an optimizer with the same "
+                           "groups and parameters (and flags)?", nm);
+    if (info.dtype != dt || info.ndim != 1 || info.shape[0] != numel)
+        return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "optimizer state: '%s' is %s with %lld elements; expected %s [%lld]",
+                           nm, capex_state_dtype_name(info.dtype), (long long)info.numel, capex_state_dtype_name(dt),
+                           (long long)numel);
+    return CAPEX_OK;
+}
+
+static capex_result capex__optim_get_i64(capex_state_reader *rd, const char *nm, int64_t *v) {
+    capex_result r = capex_state_get_i64(rd, nm, v);
+    if (r != CAPEX_OK)
+        return capex__fail(r, "optimizer state: cannot read '%s' (%s); is this an optimizer state file?", nm,
+                           capex_result_string(r));
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, const char *prefix, unsigned flags) {
+    char nm[CAPEX__OPT_NAME_MAX];
+    capex_result r;
+    size_t g, k;
+    int64_t kind, modes[7], v;
+    float mgn;
+    uint64_t seed;
+    capex_optim_desc nd;
+    capex_optim_hparams *hps = NULL;
+    int64_t *steps = NULL;
+    const capex_allocator *a;
+    if (!o || !rd) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_load: optimizer or reader is NULL");
+    if (!prefix) prefix = "optim";
+    a = capex__optim_alloc(o);
+    /* 1. optimizer-wide settings */
+    {
+        const char *names[7] = {"kind", "adam_w_mode", "use_nvlamb", "wd_after_momentum", "stochastic_rounding",
+                                "num_groups", "num_params"};
+        int i;
+        for (i = 0; i < 7; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, names[i], 0, NULL));
+            CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &modes[i]));
+        }
+    }
+    kind = modes[0];
+    if (kind != (int64_t)o->desc.kind)
+        return capex__fail(CAPEX_ERR_CONFIG, "optimizer state: the file holds optimizer kind %lld, this optimizer is "
+                           "kind %d (0 Adam, 1 LAMB, 2 SGD)", (long long)kind, (int)o->desc.kind);
+    if (modes[5] != (int64_t)o->ngroups || modes[6] != (int64_t)o->ntensors)
+        return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "optimizer state: the file has %lld groups and %lld parameters, "
+                           "this optimizer %zu and %zu; add the same groups before loading", (long long)modes[5],
+                           (long long)modes[6], o->ngroups, o->ntensors);
+    CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "max_grad_norm", 0, NULL));
+    if ((r = capex_state_get_f32(rd, nm, &mgn)) != CAPEX_OK)
+        return capex__fail(r, "optimizer state: cannot read '%s'", nm);
+    CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "seed", 0, NULL));
+    if ((r = capex_state_read_tensor(rd, nm, CAPEX_STATE_U64, 1, &seed)) != CAPEX_OK)
+        return capex__fail(r, "optimizer state: cannot read '%s'", nm);
+    nd = o->desc;
+    nd.adam_w_mode = modes[1] != 0; nd.use_nvlamb = modes[2] != 0; nd.wd_after_momentum = modes[3] != 0;
+    nd.stochastic_rounding = modes[4] != 0; nd.max_grad_norm = mgn; nd.seed = seed;
+    if ((r = capex__optim_check_desc(&nd)) != CAPEX_OK) return r;
+    /* 2. groups */
+    hps = (capex_optim_hparams *)capex__alloc(a, (o->ngroups + 1) * sizeof *hps);
+    steps = (int64_t *)capex__alloc(a, 2 * (o->ngroups + 1) * sizeof *steps);
+    if (!hps || !steps) {
+        capex__free(a, hps); capex__free(a, steps);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_load: out of memory");
+    }
+#undef CAPEX__OPT_TRY
+#define CAPEX__OPT_TRY(x) do { if ((r = (x)) != CAPEX_OK) goto done; } while (0)
+    for (g = 0; g < o->ngroups; g++) {
+        int i;
+        memset(&hps[g], 0, sizeof hps[g]);
+        for (i = 0; i < 7; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.%s", g, capex__optim_hp_f32_names[i]));
+            if ((r = capex_state_get_f32(rd, nm, capex__optim_hp_f32(&hps[g], i))) != CAPEX_OK) {
+                r = capex__fail(r, "optimizer state: cannot read '%s'", nm);
+                goto done;
+            }
+        }
+        for (i = 0; i < 3; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.%s", g, capex__optim_hp_i64_names[i]));
+            CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &v));
+            *capex__optim_hp_int(&hps[g], i) = v != 0;
+        }
+        CAPEX__OPT_TRY(capex__optim_check_hp(&nd, &hps[g]));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.step", g, NULL));
+        CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &steps[2 * g]));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.momentum_init", g, NULL));
+        CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &steps[2 * g + 1]));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.count", g, NULL));
+        CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &v));
+        if (steps[2 * g] < 0 || v != (int64_t)o->groups[g].count) {
+            r = capex__fail(CAPEX_ERR_SIZE_MISMATCH, "optimizer state: group %zu has %lld parameters (step %lld) in the "
+                            "file, %zu here", g, (long long)v, (long long)steps[2 * g], o->groups[g].count);
+            goto done;
+        }
+        if (o->desc.kind == CAPEX_OPTIM_SGD && hps[g].momentum != 0.0f && o->groups[g].count &&
+            !o->tensors[o->groups[g].first].p.exp_avg) {
+            r = capex__fail(CAPEX_ERR_CONFIG, "optimizer state: group %zu uses momentum in the file but was created "
+                            "here without it (no buffers)", g);
+            goto done;
+        }
+    }
+    /* 3. every tensor's presence, dtype and shape */
+    for (k = 0; k < o->ntensors; k++) {
+        const capex_optim_param *p = &o->tensors[k].p;
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.numel", k, NULL));
+        CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &v));
+        if (v != p->numel) {
+            r = capex__fail(CAPEX_ERR_SIZE_MISMATCH, "optimizer state: parameter %zu has %lld elements in the file, "
+                            "%lld here", k, (long long)v, (long long)p->numel);
+            goto done;
+        }
+        if (p->exp_avg) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg", k, NULL));
+            CAPEX__OPT_TRY(capex__optim_expect(rd, nm, CAPEX_STATE_F32, p->numel));
+        }
+        if (p->exp_avg_sq) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg_sq", k, NULL));
+            CAPEX__OPT_TRY(capex__optim_expect(rd, nm, CAPEX_STATE_F32, p->numel));
+        }
+        if ((flags & CAPEX_OPTIM_STATE_PARAMS) && p->numel) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.param", k, NULL));
+            CAPEX__OPT_TRY(capex__optim_expect(rd, nm, CAPEX_STATE_F32, p->numel));
+            if (p->model) {
+                CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.model", k, NULL));
+                CAPEX__OPT_TRY(capex__optim_expect(rd, nm, (capex_state_dtype)p->model_dtype, p->numel));
+            }
+        }
+    }
+    /* 4. commit: copy tensors in (only I/O can fail now), then the scalars */
+    o->broken = 1;
+    for (k = 0; k < o->ntensors; k++) {
+        const capex_optim_param *p = &o->tensors[k].p;
+        uint64_t n = (uint64_t)p->numel;
+        if (!n) continue;
+        if (p->exp_avg) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg", k, NULL));
+            CAPEX__OPT_TRY(capex_state_read_tensor(rd, nm, CAPEX_STATE_F32, n, p->exp_avg));
+        }
+        if (p->exp_avg_sq) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg_sq", k, NULL));
+            CAPEX__OPT_TRY(capex_state_read_tensor(rd, nm, CAPEX_STATE_F32, n, p->exp_avg_sq));
+        }
+        if (flags & CAPEX_OPTIM_STATE_PARAMS) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.param", k, NULL));
+            CAPEX__OPT_TRY(capex_state_read_tensor(rd, nm, CAPEX_STATE_F32, n, p->param));
+            if (p->model) {
+                CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.model", k, NULL));
+                CAPEX__OPT_TRY(capex_state_read_tensor(rd, nm, (capex_state_dtype)p->model_dtype, n, p->model));
+            }
+        }
+    }
+    for (g = 0; g < o->ngroups; g++) {
+        o->groups[g].hp = hps[g];
+        o->groups[g].step = steps[2 * g];
+        o->groups[g].mom_init = steps[2 * g + 1] != 0;
+    }
+    nd.allocator = NULL;
+    o->desc = nd;
+    o->broken = 0;
+done:
+    capex__free(a, hps);
+    capex__free(a, steps);
+    return r;
+#undef CAPEX__OPT_TRY
+}
+
+CAPEX_API capex_result capex_optim_save_file(const capex_optim *o, const char *path, unsigned flags) {
+    capex_state_writer *w = NULL;
+    capex_result r;
+    if (!o || !path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_save_file: optimizer or path is NULL");
+    if ((r = capex_state_writer_create(capex__optim_alloc(o), &w)) != CAPEX_OK) return r;
+    r = capex_optim_save(o, w, NULL, flags);
+    if (r == CAPEX_OK) r = capex_state_write_file(w, path);
+    capex_state_writer_destroy(w);
+    return r;
+}
+
+CAPEX_API capex_result capex_optim_load_file(capex_optim *o, const char *path, unsigned flags) {
+    capex_state_reader *rd = NULL;
+    capex_result r;
+    if (!o || !path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_load_file: optimizer or path is NULL");
+    if ((r = capex_state_reader_open_file(path, 0, capex__optim_alloc(o), &rd)) != CAPEX_OK) return r;
+    r = capex_optim_load(o, rd, NULL, flags);
+    capex_state_reader_close(rd);
+    return r;
 }
 
 /* @@SECTION:DIST:IMPL@@ (data parallel: implementation) */

@@ -504,7 +504,8 @@ static int rig_make(ct_state *ct, rig *r, capex_optim_kind kind, int threads, in
     }
     rng_state = save;
     capex_optim_desc_init(&d, kind);
-    d.num_threads = threads;
+    d.exec.num_threads = threads;
+    d.exec.parallel_min_elements = 1; /* threads even for small tests */
     d.stochastic_rounding = sr;
     d.seed = seed;
     d.defaults.momentum = 0.9f;
@@ -796,6 +797,105 @@ CT_TEST(bad_input) {
     capex_optim_destroy(opt);
 }
 
+
+/* ---- state save/restore: resume equals an uninterrupted run ---- */
+
+static int save_mem(ct_state *ct, const capex_optim *opt, unsigned flags, void **buf, size_t *len) {
+    capex_state_writer *w;
+    REQ(capex_state_writer_create(NULL, &w) == CAPEX_OK, "%.300s", capex_last_error());
+    REQ(capex_optim_save(opt, w, NULL, flags) == CAPEX_OK, "save: %.300s", capex_last_error());
+    REQ(capex_state_write_memory(w, NULL, 0, len) == CAPEX_OK, "%.300s", capex_last_error());
+    *buf = malloc(*len);
+    REQ(capex_state_write_memory(w, *buf, *len, len) == CAPEX_OK, "%.300s", capex_last_error());
+    capex_state_writer_destroy(w);
+    return 0;
+}
+static capex_result load_mem(capex_optim *opt, const void *buf, size_t len, unsigned flags) {
+    capex_state_reader *rd;
+    capex_result r = capex_state_reader_open_memory(buf, len, 0, NULL, &rd);
+    if (r != CAPEX_OK) return r;
+    r = capex_optim_load(opt, rd, NULL, flags);
+    capex_state_reader_close(rd);
+    return r;
+}
+
+CT_TEST(resume_is_bit_identical) {
+    capex_optim_kind kinds[3] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_LAMB, CAPEX_OPTIM_SGD};
+    int k, s;
+    for (k = 0; k < 3; k++) {
+        rig a, b;
+        void *buf;
+        size_t len;
+        int64_t st;
+        /* a: 10 steps straight. b: 5 steps, save (with params), a fresh
+           optimizer on fresh (garbage) buffers, load, 5 more steps. SR on. */
+        if (rig_make(ct, &a, kinds[k], 0, 1, 77, 70001, 333)) return;
+        for (s = 1; s <= 10; s++) { rig_grads(&a, s); capex_optim_step(a.opt, 0.25f, 1.0f, 0); }
+        if (rig_make(ct, &b, kinds[k], 0, 1, 77, 70001, 333)) return;
+        for (s = 1; s <= 5; s++) { rig_grads(&b, s); capex_optim_step(b.opt, 0.25f, 1.0f, 0); }
+        if (save_mem(ct, b.opt, CAPEX_OPTIM_STATE_PARAMS, &buf, &len)) return;
+        rig_free(&b);
+        /* different seed and hparams in the new desc: the file's win */
+        if (rig_make(ct, &b, kinds[k], 0, 1, 12345, 70001, 333)) return;
+        memset(b.p[0], 0, 70001 * 4); memset(b.model[1], 0, 333 * 2);
+        CT_CHECK(load_mem(b.opt, buf, len, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "load: %.300s", capex_last_error());
+        CT_CHECK(capex_optim_get_step(b.opt, 0, &st) == CAPEX_OK && st == 5, "restored step %lld", (long long)st);
+        for (s = 6; s <= 10; s++) { rig_grads(&b, s); capex_optim_step(b.opt, 0.25f, 1.0f, 0); }
+        if (rig_same(ct, &a, &b, "10 steps vs 5 + save/load + 5")) return;
+        free(buf);
+        rig_free(&a); rig_free(&b);
+    }
+}
+
+CT_TEST(load_validates_before_changing) {
+    rig a, b, c;
+    void *buf, *nopar;
+    size_t len, len2;
+    float *m0;
+    float keep_p, keep_m;
+    char path[64];
+    if (rig_make(ct, &a, CAPEX_OPTIM_ADAM, 0, 0, 1, 1000, 10) || rig_make(ct, &b, CAPEX_OPTIM_ADAM, 0, 0, 1, 1000, 11) ||
+        rig_make(ct, &c, CAPEX_OPTIM_SGD, 0, 0, 1, 1000, 10))
+        return;
+    rig_grads(&a, 1); capex_optim_step(a.opt, 1, 1, 0);
+    rig_grads(&b, 1); capex_optim_step(b.opt, 1, 1, 0);
+    if (save_mem(ct, a.opt, CAPEX_OPTIM_STATE_PARAMS, &buf, &len) || save_mem(ct, a.opt, 0, &nopar, &len2)) return;
+    capex_optim_get_state(b.opt, 0, 0, &m0, NULL);
+    keep_p = b.p[0][3]; keep_m = m0[3];
+    /* sizes differ (tensor 1: 10 vs 11) */
+    CT_CHECK(load_mem(b.opt, buf, len, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_ERR_SIZE_MISMATCH &&
+             strstr(capex_last_error(), "parameter 1"), "size mismatch: %.300s", capex_last_error());
+    CT_CHECK(b.p[0][3] == keep_p && m0[3] == keep_m, "a failed load must not touch the optimizer");
+    /* kind differs */
+    CT_CHECK(load_mem(c.opt, buf, len, 0) == CAPEX_ERR_CONFIG, "kind mismatch: %.300s", capex_last_error());
+    /* params requested but not saved */
+    rig_free(&b);
+    if (rig_make(ct, &b, CAPEX_OPTIM_ADAM, 0, 0, 1, 1000, 10)) return;
+    CT_CHECK(load_mem(b.opt, nopar, len2, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_ERR_NOT_FOUND, "missing params: %.300s",
+             capex_last_error());
+    CT_CHECK(load_mem(b.opt, nopar, len2, 0) == CAPEX_OK, "moments only: %.300s", capex_last_error());
+    /* corrupt byte: the container's checksum refuses it */
+    ((unsigned char *)buf)[len - 5] ^= 1;
+    CT_CHECK(load_mem(b.opt, buf, len, 0) == CAPEX_ERR_CHECKSUM, "corrupt: %s", capex_result_string(load_mem(b.opt, buf, len, 0)));
+    /* another prefix in the same file is not found */
+    {
+        capex_state_reader *rd;
+        capex_state_reader_open_memory(nopar, len2, 0, NULL, &rd);
+        CT_CHECK(capex_optim_load(b.opt, rd, "other", 0) == CAPEX_ERR_NOT_FOUND, "prefix: %.300s", capex_last_error());
+        CT_CHECK(capex_optim_load(NULL, rd, NULL, 0) == CAPEX_ERR_INVALID_ARG, "NULL optimizer");
+        capex_state_reader_close(rd);
+    }
+    /* file round trip */
+    snprintf(path, sizeof path, "/tmp/capex_optim_test_%ld.safetensors", (long)(uintptr_t)&path % 100000);
+    CT_CHECK(capex_optim_save_file(a.opt, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_optim_load_file(b.opt, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "%.300s", capex_last_error());
+    remove(path);
+    if (rig_same(ct, &a, &b, "file round trip")) return;
+    CT_CHECK(capex_optim_load_file(b.opt, "/nonexistent/dir/x.safetensors", 0) == CAPEX_ERR_IO, "missing file");
+    free(buf); free(nopar);
+    rig_free(&a); rig_free(&b); rig_free(&c);
+}
+
 /* ---- the math, as CUDA source ---- */
 
 CT_TEST(math_source_for_cuda) {
@@ -818,6 +918,7 @@ static const ct_case cases[] = {
     CT_CASE(golden_torch_adamw), CT_CASE(golden_torch_adam_l2), CT_CASE(golden_torch_sgd), CT_CASE(golden_apex_lamb),
     CT_CASE(found_inf_skips_bit_identical), CT_CASE(same_bits_any_thread_count), CT_CASE(stochastic_rounding),
     CT_CASE(stochastic_rounding_unbiased), CT_CASE(groups_own_step_counts_and_hparams),
-    CT_CASE(user_buffers_and_zero_sizes), CT_CASE(bad_input), CT_CASE(math_source_for_cuda),
+    CT_CASE(user_buffers_and_zero_sizes), CT_CASE(bad_input), CT_CASE(resume_is_bit_identical),
+    CT_CASE(load_validates_before_changing), CT_CASE(math_source_for_cuda),
 };
 CT_MAIN(cases)
