@@ -2897,6 +2897,38 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
         return (u & 0x7fffffffU) > 0x7f800000U ? ((u >> 16) | 0x40U) : ((u + r16) >> 16);    \
     }
 
+/* fp16 / bf16 <-> f32 for the kernels, the same bit arithmetic as the core's
+   capex_f32_to_f16 & co. (tested equal), written here so the GPU uses the
+   very same code (NVRTC has no cuda_fp16.h) and so that it inlines into the
+   CPU kernels. RNE; NaN stays NaN (quietened); selects, no branches. */
+#define CAPEX__OPTIM_MATH_HALF(Q, F2U, U2F)                                                  \
+    Q float capex__h16_load(unsigned int h) {                                                \
+        unsigned int sign = (h & 0x8000U) << 16, e = (h >> 10) & 0x1fU, m = h & 0x3ffU;      \
+        unsigned int sub = F2U((float)m * 5.9604644775390625e-8f);                           \
+        unsigned int out = e == 0x1fU ? (0x7f800000U | (m << 13))                            \
+                         : e == 0U ? sub : (((e + 112U) << 23) | (m << 13));                 \
+        return U2F(sign | out);                                                              \
+    }                                                                                        \
+    Q unsigned int capex__h16_store(float f) {                                               \
+        unsigned int x = F2U(f), sign = (x >> 16) & 0x8000U, ax = x & 0x7fffffffU;          \
+        unsigned int e = ax >> 23;                                                           \
+        unsigned int normal = (ax - (112U << 23) + 0xfffU + ((ax >> 13) & 1U)) >> 13;        \
+        unsigned int m = (ax & 0x7fffffU) | 0x800000U;                                       \
+        unsigned int shift = e >= 126U ? 1U : (126U - e > 25U ? 25U : 126U - e);             \
+        unsigned int r = m >> shift, rem = m & ((1U << shift) - 1U), half = 1U << (shift - 1U); \
+        unsigned int sub = r + ((rem > half) | ((rem == half) & (r & 1U)));                  \
+        unsigned int nan = 0x7e00U | ((ax >> 13) & 0x3ffU);                                  \
+        unsigned int out = ax > 0x7f800000U ? nan : ax >= 0x477ff000U ? 0x7c00U              \
+                         : ax < 0x38800000U ? sub : normal;                                  \
+        return sign | out;                                                                   \
+    }                                                                                        \
+    Q float capex__b16_load(unsigned int h) { return U2F(h << 16); }                         \
+    Q unsigned int capex__b16_store(float f) {                                               \
+        unsigned int x = F2U(f);                                                             \
+        unsigned int rounded = (x + 0x7fffU + ((x >> 16) & 1U)) >> 16;                       \
+        return (x & 0x7fffffffU) > 0x7f800000U ? ((x >> 16) | 0x40U) : rounded;              \
+    }
+
 /* Adam (FusedAdam AdamFunctor): L2 mode adds wd*p to g before the moments;
    W mode adds wd*p to the update (decoupled decay, Loshchilov & Hutter).
    torch.optim.AdamW instead scales p by (1-lr*wd) first and divides by
@@ -2948,38 +2980,56 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
     Q float capex__lamb_apply(float p, float u, float ratio) { return p - (ratio * u); }
 
 /* SGD (FusedSGD SGDFunctor): weight decay before momentum unless
-   wd_after_momentum; on the first momentum step buf = g (torch: clone(g)). */
-#define CAPEX__OPTIM_MATH_SGD(Q)                                                             \
-    Q float capex__sgd_elem(float p, float g, float wd, float lr) {                          \
-        g = wd != 0.0f ? g + wd * p : g;                                                     \
+   wd_after_momentum; on the first momentum step buf = g (torch: clone(g)).
+   Apex's `if (wd != 0 && !wd_after)` tests arrive as all-ones/zero masks
+   computed once per step and pick between both arms bitwise (capex__sel):
+   the same values as Apex's branches, but GCC at -O2 turns a loop-invariant
+   `flag ? a : b` on floats into a branch and then cannot vectorise. */
+#define CAPEX__OPTIM_MATH_SGD(Q, F2U, U2F)                                                   \
+    Q float capex__sel(unsigned int mask, float a, float b) {                                \
+        return U2F((F2U(a) & mask) | (F2U(b) & ~mask));                                      \
+    }                                                                                        \
+    Q float capex__sgd_elem(float p, float g, float wd, float lr, unsigned int wd_on) {      \
+        g = capex__sel(wd_on, g + wd * p, g);                                                \
         return p + (-lr * g);                                                                \
     }                                                                                        \
     Q float capex__sgd_mom_elem(float p, float g, float *buf, float wd, float momentum,     \
-                                float dampening, float lr, int nesterov, int first,         \
-                                int wd_after) {                                              \
+                                float dampening, float lr, unsigned int nesterov,           \
+                                unsigned int first, unsigned int wd_before,                 \
+                                unsigned int wd_after) {                                    \
         float b;                                                                             \
-        g = (wd != 0.0f && !wd_after) ? g + wd * p : g;                                      \
-        b = first ? g : *buf * momentum + (1.0f - dampening) * g;                            \
+        g = capex__sel(wd_before, g + wd * p, g);                                            \
+        b = capex__sel(first, g, *buf * momentum + (1.0f - dampening) * g);                  \
         *buf = b;                                                                            \
-        g = nesterov ? g + momentum * b : b;                                                 \
-        g = (wd != 0.0f && wd_after) ? g + wd * p : g;                                       \
+        g = capex__sel(nesterov, g + momentum * b, b);                                       \
+        g = capex__sel(wd_after, g + wd * p, g);                                             \
         return p + (-lr * g);                                                                \
     }
 
-CAPEX__OPTIM_MATH_RNG(static inline, capex__f32_bits)
+/* Vectorisation: GCC and clang keep an errno path around sqrtf unless built
+   with -fno-math-errno (GCC ignores it as a pragma/attribute), which blocks
+   vectorising the Adam/LAMB loops; add -fno-math-errno (results do not
+   change: IEEE sqrt either way). SGD and the model-copy stores vectorise
+   regardless. */
+static inline unsigned int capex__opt_f2u(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+static inline float capex__opt_u2f(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+CAPEX__OPTIM_MATH_HALF(static inline, capex__opt_f2u, capex__opt_u2f)
+CAPEX__OPTIM_MATH_RNG(static inline, capex__opt_f2u)
 CAPEX__OPTIM_MATH_ADAM(static inline)
 CAPEX__OPTIM_MATH_LAMB(static inline)
-CAPEX__OPTIM_MATH_SGD(static inline)
+CAPEX__OPTIM_MATH_SGD(static inline, capex__opt_f2u, capex__opt_u2f)
 
 /* The same math as CUDA source (each part < 4095 chars, ISO C's minimum
    string length). The qualifiers stay placeholder tokens, defined by the
    preamble, so compiling capex.h with nvcc cannot expand them here. */
 static const char *const capex__optim_math_parts[] = {
-    "#define CAPEX__QUAL __device__ __forceinline__\n#define CAPEX__F2U __float_as_uint\n",
+    "#define CAPEX__QUAL __device__ __forceinline__\n#define CAPEX__F2U __float_as_uint\n"
+    "#define CAPEX__U2F __uint_as_float\n",
+    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_HALF(CAPEX__QUAL, CAPEX__F2U, CAPEX__U2F)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_RNG(CAPEX__QUAL, CAPEX__F2U)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_ADAM(CAPEX__QUAL)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_LAMB(CAPEX__QUAL)),
-    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_SGD(CAPEX__QUAL)),
+    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_SGD(CAPEX__QUAL, CAPEX__F2U, CAPEX__U2F)),
 };
 
 /* For capex_cuda.h: writes the optimizer math as CUDA source into dst
@@ -3025,7 +3075,7 @@ typedef struct capex__optim_item {
 typedef struct capex__optim_gc {
     float lr, beta1, beta2, beta3, bc1, bc2, eps, wd, momentum, dampening;
     float clip_div; /* LAMB: Apex's clipped_global_grad_norm */
-    int nesterov, first, wd_after;
+    unsigned int nesterov, first, wd_on, wd_before, wd_after; /* SGD: masks, ~0u or 0 */
     unsigned int step_lo, step_hi;
 } capex__optim_gc;
 
@@ -3064,11 +3114,11 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
 #define CAPEX__OPT_GT_f16 uint16_t
 #define CAPEX__OPT_GT_bf16 uint16_t
 #define CAPEX__OPT_LD_f32(x) (x)
-#define CAPEX__OPT_LD_f16(x) capex__f16_to_f32_inline(x)
-#define CAPEX__OPT_LD_bf16(x) capex__bits_f32((uint32_t)(x) << 16)
+#define CAPEX__OPT_LD_f16(x) capex__h16_load(x)
+#define CAPEX__OPT_LD_bf16(x) capex__b16_load(x)
 #define CAPEX__OPT_ST_none(h, i, x, j) (void)0
-#define CAPEX__OPT_ST_f16(h, i, x, j) (h)[i] = capex__f16_from_bits(capex__f32_bits(x))
-#define CAPEX__OPT_ST_bf16(h, i, x, j) (h)[i] = capex__bf16_from_bits(capex__f32_bits(x))
+#define CAPEX__OPT_ST_f16(h, i, x, j) (h)[i] = (uint16_t)capex__h16_store(x)
+#define CAPEX__OPT_ST_bf16(h, i, x, j) (h)[i] = (uint16_t)capex__b16_store(x)
 #define CAPEX__OPT_ST_bf16sr(h, i, x, j) \
     (h)[i] = (uint16_t)capex__bf16_round_sr(x, capex__sr_bits((j)->key, (j)->base_lo + (unsigned int)(i)))
 
@@ -3116,7 +3166,7 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
     CAPEX__PRIVATE void capex__k_sgd_##GN##_##MN(const capex__optim_job *j) {  \
         CAPEX__OPT_PROLOGUE(GN);                                               \
         CAPEX__OPT_SIMD for (i = 0; i < n; i++) {                              \
-            float pi = capex__sgd_elem(p[i], CAPEX__OPT_LD_##GN(g[i]) * gs, c.wd, c.lr); \
+            float pi = capex__sgd_elem(p[i], CAPEX__OPT_LD_##GN(g[i]) * gs, c.wd, c.lr, c.wd_on); \
             p[i] = pi;                                                         \
             CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
         }                                                                      \
@@ -3125,7 +3175,7 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
         CAPEX__OPT_PROLOGUE(GN);                                               \
         CAPEX__OPT_SIMD for (i = 0; i < n; i++) {                              \
             float pi = capex__sgd_mom_elem(p[i], CAPEX__OPT_LD_##GN(g[i]) * gs, &m[i], c.wd, c.momentum, \
-                                           c.dampening, c.lr, c.nesterov, c.first, c.wd_after); \
+                                           c.dampening, c.lr, c.nesterov, c.first, c.wd_before, c.wd_after); \
             p[i] = pi;                                                         \
             CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
         }                                                                      \
@@ -3600,9 +3650,12 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
         c->momentum = hp->momentum;
         c->dampening = hp->dampening;
         c->clip_div = 1.0f;
-        c->nesterov = hp->nesterov != 0;
-        c->first = !g->mom_init;
-        c->wd_after = o->desc.wd_after_momentum != 0;
+        c->nesterov = hp->nesterov ? ~0u : 0u;
+        c->first = !g->mom_init ? ~0u : 0u;
+        /* Apex: `if (wd != 0 && !wd_after_momentum)` / `if (wd != 0 && wd_after_momentum)` */
+        c->wd_on = hp->weight_decay != 0.0f ? ~0u : 0u;
+        c->wd_before = o->desc.wd_after_momentum ? 0u : c->wd_on;
+        c->wd_after = o->desc.wd_after_momentum ? c->wd_on : 0u;
         c->step_lo = (unsigned int)(s & 0xffffffffu);
         c->step_hi = (unsigned int)(s >> 32);
     }

@@ -20,7 +20,7 @@ int main(void) {
          "                             &m[i], &v[i], 0.9f, 0.999f, 0.1f);\n"
          "    u += capex__lamb_apply(p[i], capex__lamb_update_l2(p[i], m[i], v[i], 0.1f, 0.001f, 1e-6f) +\n"
          "                           capex__lamb_update_w(p[i], m[i], v[i], 0.1f, 0.001f, 1e-6f, 0.01f), 0.5f);\n"
-         "    u += capex__sgd_elem(p[i], 1.0f, 0.01f, 0.1f) + capex__sgd_mom_elem(p[i], 1.0f, &m[i], 0.01f, 0.9f, 0.0f, 0.1f, 1, 0, 1);\n"
+         "    u += capex__sgd_elem(p[i], 1.0f, 0.01f, 0.1f, ~0u) + capex__sgd_mom_elem(p[i], 1.0f, &m[i], 0.01f, 0.9f, 0.0f, 0.1f, ~0u, 0u, ~0u, 0u);\n"
          "    p[i] = u;\n"
          "    h[i] = (unsigned short)capex__bf16_round_sr(u, capex__sr_bits(capex__sr_key(1u, 2u, 3u, 0u, 4u, 0u), (unsigned int)i));\n"
          "}");
