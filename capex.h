@@ -3023,8 +3023,7 @@ CAPEX__OPTIM_MATH_SGD(static inline, capex__opt_f2u, capex__opt_u2f)
    string length). The qualifiers stay placeholder tokens, defined by the
    preamble, so compiling capex.h with nvcc cannot expand them here. */
 static const char *const capex__optim_math_parts[] = {
-    "#define CAPEX__QUAL __device__ __forceinline__\n#define CAPEX__F2U __float_as_uint\n"
-    "#define CAPEX__U2F __uint_as_float\n",
+    "#define CAPEX__QUAL __device__ __forceinline__\n#define CAPEX__F2U __float_as_uint\n#define CAPEX__U2F __uint_as_float\n",
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_HALF(CAPEX__QUAL, CAPEX__F2U, CAPEX__U2F)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_RNG(CAPEX__QUAL, CAPEX__F2U)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_ADAM(CAPEX__QUAL)),
