@@ -426,6 +426,35 @@ CT_TEST(l2norm_same_bits_any_thread_count) {
 #endif
 }
 
+/* Many tensors, several launches, tensors cut across launches (chunk 64):
+   per-tensor results still bit-equal to the fixed-order reduction. */
+CT_TEST(l2norm_many_tensors_across_launches) {
+    int64_t sizes[400];
+    tlist a;
+    double per_ref[400], per[400], tot, ref;
+    float pn[400];
+    capex_tensor_op_desc desc;
+    int i;
+    seed_once();
+    for (i = 0; i < 400; i++) sizes[i] = (i % 7 == 0) ? 0 : (int64_t)(rng_u64() % 3000);
+    sizes[200] = 50000; /* spans launches: 782 chunks of 64, 320 per launch */
+    memset(&a, 0, sizeof a);
+    CT_CHECK(tl_alloc(&a, CAPEX_BF16, sizes, 400), "alloc");
+    tl_fill(&a);
+    capex_tensor_op_desc_init(&desc);
+    desc.chunk_size = 64;
+    desc.parallel_min_elements = 1;
+    ref = fixed_order_sumsq(&a, 64, per_ref);
+    CT_CHECK(capex_multi_tensor_sumsq(&desc, &a.l, &tot, per) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_multi_tensor_l2norm(&desc, &a.l, NULL, pn) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(dbits(tot) == dbits(ref), "total bits" SEEDFMT, g_seed);
+    for (i = 0; i < 400; i++) {
+        CT_CHECK(dbits(per[i]) == dbits(per_ref[i]), "tensor %d sumsq bits" SEEDFMT, i, g_seed);
+        CT_CHECK(fbits(pn[i]) == fbits((float)sqrt(per_ref[i])), "tensor %d norm bits" SEEDFMT, i, g_seed);
+    }
+    tl_free(&a);
+}
+
 CT_TEST(l2norm_nonfinite_and_large) {
     int64_t sizes[2] = {100, 70000};
     tlist a;
@@ -452,6 +481,8 @@ CT_TEST(l2norm_nonfinite_and_large) {
 /* ======================================================================= */
 
 static const int64_t k_sizes[7] = {65536 + 1, 0, 1, 13, 65535, 131072, 100003};
+/* axpby runs 36 combinations: smaller, still across chunk boundaries */
+static const int64_t k_sizes_ax[7] = {65536 + 1, 0, 1, 13, 65535, 3, 8191};
 
 /* out = in * s for every (in, out) dtype pair, out of place and in place;
    exact bits vs the float64 product rounded to f32 then to out's dtype. */
@@ -562,6 +593,51 @@ CT_TEST(scale_output_overflow_is_found) {
     CT_CHECK(f[0] == 65504.0f / 65536.0f && f[1] == ldexpf(1.0f, -40) && f[2] == ldexpf(1.0f, -16) && f[3] == -65504.0f / 65536.0f, "exact unscale");
 }
 
+/* The ops' vectorisable half codecs against the core conversions (which
+   test_half checks exhaustively): every f16 code in, and every 251st f32
+   pattern plus all f16 rounding boundaries out, through scale(s = 1). */
+CT_TEST(scale_half_codecs_match_core) {
+    int64_t n = 65536, k, m = (int64_t)(4294967296LL / 251) + 1;
+    uint16_t *h = (uint16_t *)malloc((size_t)n * 2), *h2 = (uint16_t *)malloc((size_t)m * 2);
+    float *f = (float *)malloc((size_t)m * 4);
+    capex_tensor ti, to;
+    capex_tensor_list li, lo;
+    int found = 0, d;
+    CT_CHECK(h && h2 && f, "alloc");
+    for (k = 0; k < n; k++) h[k] = (uint16_t)k;
+    for (d = 1; d < 3; d++) {
+        ti.data = h; ti.numel = n; to.data = f; to.numel = n;
+        li = capex_tensor_list_make(k_dtypes[d], &ti, 1);
+        lo = capex_tensor_list_make(CAPEX_F32, &to, 1);
+        CT_CHECK(capex_multi_tensor_scale(NULL, &li, &lo, 1.0f, &found) == CAPEX_OK && found == 1, "decode");
+        for (k = 0; k < n; k++) {
+            float want = d == 1 ? capex_f16_to_f32((uint16_t)k) : capex_bf16_to_f32((uint16_t)k);
+            CT_CHECK(isnan(want) ? isnan(f[k]) : fbits(f[k]) == fbits(want), "%s code 0x%04x: 0x%08x vs 0x%08x", capex_dtype_name(li.dtype), (unsigned)k, fbits(f[k]), fbits(want));
+        }
+    }
+    for (k = 0; k < m; k++) {
+        uint32_t u = (uint32_t)(k * 251);
+        memcpy(&f[k], &u, 4);
+    }
+    /* the midpoints between neighbouring f16 values, and one f32 ulp either side */
+    for (k = 0; k < 0x7c00 && 3 * k + 2 < m; k++) {
+        double lo_ = (double)capex_f16_to_f32((uint16_t)k), hi_ = (double)capex_f16_to_f32((uint16_t)(k + 1));
+        float mid = (float)((lo_ + hi_) / 2);
+        f[3 * k] = mid; f[3 * k + 1] = nextafterf(mid, 0.0f); f[3 * k + 2] = -nextafterf(mid, INFINITY);
+    }
+    for (d = 1; d < 3; d++) {
+        ti.data = f; ti.numel = m; to.data = h2; to.numel = m;
+        li = capex_tensor_list_make(CAPEX_F32, &ti, 1);
+        lo = capex_tensor_list_make(k_dtypes[d], &to, 1);
+        CT_CHECK(capex_multi_tensor_scale(NULL, &li, &lo, 1.0f, &found) == CAPEX_OK, "encode");
+        for (k = 0; k < m; k++) {
+            uint16_t want = d == 1 ? capex_f32_to_f16(f[k]) : capex_f32_to_bf16(f[k]);
+            CT_CHECK(h2[k] == want, "%s of 0x%08x: 0x%04x vs core 0x%04x", capex_dtype_name(lo.dtype), fbits(f[k]), h2[k], want);
+        }
+    }
+    free(h); free(h2); free(f);
+}
+
 CT_TEST(axpby_all_dtype_triples) {
     int dx, dy, dout, t;
     seed_once();
@@ -580,15 +656,15 @@ CT_TEST(axpby_all_dtype_triples) {
                     desc.num_threads = 1 + (dx + dy + dout) % 3;
                     desc.parallel_min_elements = 1;
                     memset(&x, 0, sizeof x); memset(&y, 0, sizeof y); memset(&out, 0, sizeof out);
-                    CT_CHECK(tl_alloc(&x, k_dtypes[dx], k_sizes, 7) && tl_alloc(&y, k_dtypes[dy], k_sizes, 7) &&
-                             tl_alloc(&out, k_dtypes[dout], k_sizes, 7), "alloc");
+                    CT_CHECK(tl_alloc(&x, k_dtypes[dx], k_sizes_ax, 7) && tl_alloc(&y, k_dtypes[dy], k_sizes_ax, 7) &&
+                             tl_alloc(&out, k_dtypes[dout], k_sizes_ax, 7), "alloc");
                     tl_fill(&x); tl_fill(&y);
                     if (iny) /* keep y's values to check against: out starts as y */
-                        for (i = 0; i < 7; i++) memcpy(out.t[i].data, y.t[i].data, (size_t)k_sizes[i] * capex_dtype_size(y.dt));
+                        for (i = 0; i < 7; i++) memcpy(out.t[i].data, y.t[i].data, (size_t)k_sizes_ax[i] * capex_dtype_size(y.dt));
                     CT_CHECK(capex_multi_tensor_axpby(&desc, a, &x.l, b, iny ? &out.l : &y.l, &out.l, -1, &found) == CAPEX_OK, "%.300s", capex_last_error());
                     CT_CHECK(found == 0, "no inf here");
                     for (i = 0; i < 7; i++)
-                        for (k = 0; k < k_sizes[i]; k++) {
+                        for (k = 0; k < k_sizes_ax[i]; k++) {
                             double r = (double)a * getv(x.dt, x.t[i].data, k) + (double)b * getv(y.dt, y.t[i].data, k);
                             uint32_t want = code_of(out.dt, (float)r), got = getcode(out.dt, out.t[i].data, k);
                             CT_CHECK(got == want, "%s,%s->%s%s tensor %zu elem %lld: got 0x%x want 0x%x" SEEDFMT, capex_dtype_name(x.dt),
@@ -788,10 +864,12 @@ static const ct_case cases[] = {
     CT_CASE(l2norm_all_dtypes_vs_float64),
     CT_CASE(l2norm_accuracy_10M),
     CT_CASE(l2norm_same_bits_any_thread_count),
+    CT_CASE(l2norm_many_tensors_across_launches),
     CT_CASE(l2norm_nonfinite_and_large),
     CT_CASE(scale_all_dtype_pairs),
     CT_CASE(scale_finds_inf_nan_everywhere),
     CT_CASE(scale_output_overflow_is_found),
+    CT_CASE(scale_half_codecs_match_core),
     CT_CASE(axpby_all_dtype_triples),
     CT_CASE(axpby_arg_to_check),
     CT_CASE(clip_grad_norm_matches_pytorch_formula),
