@@ -12,3 +12,11 @@ ci-extra:: $(BUILD)/optim/optim_cuda_src
 	else $(BUILD)/optim/optim_cuda_src > $(BUILD)/optim/optim_math.cu && \
 	  $(NVCC) -x cu -c -arch=sm_75 $(BUILD)/optim/optim_math.cu -o $(BUILD)/optim/optim_math.o && \
 	  echo "optim: optimizer math compiles as CUDA (nvcc, sm_75)"; fi
+
+# The CPU benchmark (bench/bench_cpu.c, tensor's) with -fno-math-errno, which
+# the Adam/LAMB loops need to vectorise (see README, Optimizers: Speed).
+.PHONY: bench-optim
+bench-optim: $(BUILD)/bench/bench_cpu_nomatherrno
+$(BUILD)/bench/bench_cpu_nomatherrno: bench/bench_cpu.c capex.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O3 $(BENCH_MARCH) -fno-math-errno -fno-tree-loop-distribute-patterns $(WARN) $(OPENMP) $< -o $@ $(LDLIBS)
