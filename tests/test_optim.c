@@ -896,6 +896,65 @@ CT_TEST(load_validates_before_changing) {
     rig_free(&a); rig_free(&b); rig_free(&c);
 }
 
+
+/* The kernels' own half conversions (shared with the GPU source) equal the
+   core's, which test_half checks exhaustively. */
+CT_TEST(kernel_half_conversions_match_core) {
+    uint64_t u;
+    unsigned c;
+    for (c = 0; c < 65536; c++) {
+        float a = capex__h16_load(c), b = capex_f16_to_f32((uint16_t)c);
+        CT_CHECK(f_bits(a) == f_bits(b) || (a != a && b != b), "f16 load 0x%04x", c);
+        CT_CHECK(f_bits(capex__b16_load(c)) == f_bits(capex_bf16_to_f32((uint16_t)c)), "bf16 load 0x%04x", c);
+    }
+    for (u = 0; u < 0x100000000ull; u += 4093) {
+        float f = f_from_bits((uint32_t)u);
+        CT_CHECK(capex__h16_store(f) == capex_f32_to_f16(f), "f16 store 0x%08x", (unsigned)u);
+        CT_CHECK(capex__b16_store(f) == capex_f32_to_bf16(f), "bf16 store 0x%08x", (unsigned)u);
+    }
+    for (c = 0; c < 65536; c++) { /* every f16 rounding midpoint and its neighbours */
+        float lo = capex_f16_to_f32((uint16_t)c);
+        uint32_t b = f_bits(lo) + 0x1000u;
+        int d;
+        if ((c & 0x7c00u) == 0x7c00u || (c & 0x7fffu) == 0x7bffu) continue;
+        for (d = -1; d <= 1; d++) {
+            float f = f_from_bits(b + (uint32_t)d);
+            CT_CHECK(capex__h16_store(f) == capex_f32_to_f16(f), "f16 store near 0x%04x", c);
+        }
+    }
+}
+
+/* Chunk size and thread threshold change nothing elementwise. */
+CT_TEST(chunk_size_does_not_change_adam_sgd) {
+    capex_optim_kind kinds[2] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_SGD};
+    int k, s;
+    for (k = 0; k < 2; k++) {
+        rig a, b;
+        capex_optim_desc d;
+        capex_optim_param ps[2];
+        int t;
+        if (rig_make(ct, &a, kinds[k], 0, 1, 3, 5000, 777) || rig_make(ct, &b, kinds[k], 0, 1, 3, 5000, 777)) return;
+        /* rebuild b's optimizer with 1000-element chunks */
+        capex_optim_destroy(b.opt);
+        capex_optim_desc_init(&d, kinds[k]);
+        d.exec.chunk_size = 1000; d.exec.parallel_min_elements = 1;
+        d.stochastic_rounding = 1; d.seed = 3; d.defaults.momentum = 0.9f; d.defaults.weight_decay = 0.01f;
+        for (t = 0; t < 2; t++) {
+            capex_optim_param_init(&ps[t]);
+            ps[t].param = b.p[t]; ps[t].grad = b.g[t]; ps[t].grad_dtype = CAPEX_BF16;
+            ps[t].model = b.model[t]; ps[t].model_dtype = CAPEX_BF16; ps[t].numel = b.n[t];
+        }
+        CT_CHECK(capex_optim_create(&d, &b.opt) == CAPEX_OK && capex_optim_add_group(b.opt, NULL, ps, 2, NULL) == CAPEX_OK,
+                 "%.300s", capex_last_error());
+        for (s = 1; s <= 3; s++) {
+            rig_grads(&a, s); rig_grads(&b, s);
+            capex_optim_step(a.opt, 1, 1, 0); capex_optim_step(b.opt, 1, 1, 0);
+        }
+        if (rig_same(ct, &a, &b, "chunk 65536 vs 1000")) return;
+        rig_free(&a); rig_free(&b);
+    }
+}
+
 /* ---- the math, as CUDA source ---- */
 
 CT_TEST(math_source_for_cuda) {
@@ -919,6 +978,7 @@ static const ct_case cases[] = {
     CT_CASE(found_inf_skips_bit_identical), CT_CASE(same_bits_any_thread_count), CT_CASE(stochastic_rounding),
     CT_CASE(stochastic_rounding_unbiased), CT_CASE(groups_own_step_counts_and_hparams),
     CT_CASE(user_buffers_and_zero_sizes), CT_CASE(bad_input), CT_CASE(resume_is_bit_identical),
-    CT_CASE(load_validates_before_changing), CT_CASE(math_source_for_cuda),
+    CT_CASE(load_validates_before_changing), CT_CASE(kernel_half_conversions_match_core),
+    CT_CASE(chunk_size_does_not_change_adam_sgd), CT_CASE(math_source_for_cuda),
 };
 CT_MAIN(cases)
