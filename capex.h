@@ -866,6 +866,161 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
 CAPEX_API float capex_clip_coef(float total_norm, float max_norm);
 
 /* @@SECTION:OPTIM:DECL@@ (optimizers: declarations) */
+/* ---------------------------------------------------------------------------
+   Optimizers (Apex FusedAdam / FusedLAMB / FusedSGD math, on the CPU)
+
+   An optimizer owns parameter groups; each group has its own hyperparameters
+   and its own step count (as Apex and torch.optim). A parameter is an fp32
+   tensor updated in place (fp32 params, or the fp32 master weights of O2),
+   its gradient (f32, f16 or bf16, possibly loss-scaled) and optionally a
+   fp16/bf16 model copy that the same pass writes from the new fp32 value.
+
+       capex_optim_desc d; capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM); // Apex defaults
+       d.defaults.lr = 3e-4f; d.defaults.weight_decay = 0.1f;         // AdamW
+       capex_optim *opt;   capex_optim_create(&d, &opt);
+       capex_optim_param p; capex_optim_param_init(&p);
+       p.param = master_w; p.numel = n; p.grad = grad_bf16; p.grad_dtype = CAPEX_BF16;
+       p.model = model_w_bf16; p.model_dtype = CAPEX_BF16;         // O2 copy
+       capex_optim_add_group(opt, NULL, &p, 1, NULL);              // NULL: d.defaults
+       for (each step) {
+           ... backward into grad_bf16 (scaled by S) ...
+           capex_optim_step(opt, 1.0f / S, 1.0f, found_inf);      // skip when found_inf
+       }
+       capex_optim_destroy(opt);
+
+   Math (per element, fp32, in Apex's exact operation order; g = grad*inv_scale*clip):
+     Adam L2 (adam_w_mode 0): g += wd*p; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+                              p -= lr * (m/bc1) / (sqrt(v/bc2) + eps)
+     AdamW (adam_w_mode 1):   m, v as above; p -= lr * ((m/bc1)/(sqrt(v/bc2)+eps) + wd*p)
+     LAMB: G = global L2 norm of g over all groups; g /= (G > max_grad_norm ? G/max_grad_norm : 1);
+           m = m*b1 + b3*g (b3 = grad_averaging ? 1-b1 : 1); v = v*b2 + (1-b2)*g*g;
+           u = (m/bc1)/(sqrt(v/bc2)+eps) (+ wd*p in W mode; L2 mode adds wd*p to g first);
+           ratio = (use_nvlamb || wd != 0) && |p| != 0 && |u| != 0 ? lr*|p|/|u| : lr;
+           p -= ratio*u  (|p|, |u| per tensor; |p| before the update)
+     SGD:  g += wd*p (unless wd_after_momentum); with momentum: buf = first ? g :
+           momentum*buf + (1-dampening)*g; g = nesterov ? g + momentum*buf : buf;
+           g += wd*p (if wd_after_momentum); p -= lr*g
+   bc1 = 1 - b1^step, bc2 = 1 - b2^step (1 when bias_correction is off).
+
+   Thread safety: one optimizer must not be used from two threads at once;
+   distinct optimizers are independent. capex_optim_step uses OpenMP threads
+   inside when built with -fopenmp (desc.exec.num_threads; 0: OpenMP's
+   default); results are bitwise identical for any thread count and without
+   OpenMP. LAMB's global grad norm is capex_multi_tensor_sumsq per grad dtype.
+   ------------------------------------------------------------------------- */
+typedef enum capex_optim_kind {
+    CAPEX_OPTIM_ADAM = 0, /* Adam / AdamW (Apex FusedAdam) */
+    CAPEX_OPTIM_LAMB = 1, /* LAMB (Apex FusedLAMB)        */
+    CAPEX_OPTIM_SGD = 2   /* SGD (Apex FusedSGD)          */
+} capex_optim_kind;
+
+/* Per-group hyperparameters (Apex: param_groups entries). Fields an
+   optimizer does not use are ignored. */
+typedef struct capex_optim_hparams {
+    float lr;              /* all; Apex default 1e-3 (FusedSGD has no default: ours 1e-3) */
+    float beta1, beta2;    /* Adam, LAMB: 0.9, 0.999 */
+    float eps;             /* Adam 1e-8, LAMB 1e-6 */
+    float weight_decay;    /* Adam 0, LAMB 0.01, SGD 0 */
+    int bias_correction;   /* Adam, LAMB: 1 */
+    int grad_averaging;    /* LAMB: 1 (beta3 = 1-beta1), 0: beta3 = 1 */
+    float momentum;        /* SGD: 0 */
+    float dampening;       /* SGD: 0 */
+    int nesterov;          /* SGD: 0 (needs momentum > 0 and dampening 0) */
+} capex_optim_hparams;
+
+typedef struct capex_optim_desc {
+    capex_optim_kind kind;
+    capex_optim_hparams defaults; /* used by capex_optim_add_group(..., NULL, ...) */
+    int adam_w_mode;              /* Adam, LAMB: 1 decoupled decay (default), 0 L2 */
+    int use_nvlamb;               /* LAMB: trust ratio also where wd == 0 (default 0) */
+    float max_grad_norm;          /* LAMB: global-norm clip threshold (default 1.0; 0 = no clip) */
+    int wd_after_momentum;        /* SGD: apply decay after momentum (default 0) */
+    int stochastic_rounding;      /* 1: bf16 model copies use stochastic rounding (default 0) */
+    uint64_t seed;                /* stochastic rounding seed (default 0) */
+    capex_tensor_op_desc exec;    /* threads, chunk size, parallel threshold (tensor ops' settings) */
+    const capex_allocator *allocator; /* moments and bookkeeping; NULL: CAPEX_MALLOC */
+} capex_optim_desc;
+
+/* One parameter tensor. exp_avg/exp_avg_sq may point at user buffers of numel
+   floats (SGD uses exp_avg as the momentum buffer); NULL lets the optimizer
+   allocate them. Either way add_group zeroes them: a new group starts fresh. */
+typedef struct capex_optim_param {
+    float *param;            /* fp32 weights or fp32 master weights, updated in place */
+    const void *grad;        /* gradient, numel elements of grad_dtype */
+    capex_dtype grad_dtype;  /* CAPEX_F32 (default), CAPEX_F16, CAPEX_BF16 */
+    void *model;             /* optional fp16/bf16 model copy written each step; NULL: none */
+    capex_dtype model_dtype; /* CAPEX_F16 or CAPEX_BF16 when model != NULL */
+    int64_t numel;           /* elements; 0 is allowed (nothing to do) */
+    float *exp_avg;          /* optional user buffer: Adam/LAMB m, SGD momentum */
+    float *exp_avg_sq;       /* optional user buffer: Adam/LAMB v */
+} capex_optim_param;
+
+/* Apex defaults for the kind (see capex_optim_hparams). */
+CAPEX_API void capex_optim_desc_init(capex_optim_desc *desc, capex_optim_kind kind);
+CAPEX_API void capex_optim_param_init(capex_optim_param *p);
+
+typedef struct capex_optim capex_optim;
+
+CAPEX_API capex_result capex_optim_create(const capex_optim_desc *desc, capex_optim **out);
+/* Frees what the optimizer allocated (never user buffers). NULL is fine. */
+CAPEX_API void capex_optim_destroy(capex_optim *opt);
+/* Adds a group of n parameters with hyperparameters hp (NULL: desc.defaults);
+   *group_index (optional) receives its index. Everything is validated first:
+   on error the optimizer is unchanged. */
+CAPEX_API capex_result capex_optim_add_group(capex_optim *opt, const capex_optim_hparams *hp,
+                                             const capex_optim_param *params, size_t n, size_t *group_index);
+/* One step over every group. g = grad * inv_scale * clip_coef (inv_scale =
+   1/loss_scale, clip_coef e.g. from clipping by global norm; pass 1, 1 for
+   neither). found_inf != 0 skips the step: no weight, moment, model copy or
+   step count changes (Apex: skipped step on overflow). */
+CAPEX_API capex_result capex_optim_step(capex_optim *opt, float inv_scale, float clip_coef, int found_inf);
+
+CAPEX_API size_t capex_optim_num_groups(const capex_optim *opt);
+CAPEX_API capex_result capex_optim_get_hparams(const capex_optim *opt, size_t group, capex_optim_hparams *hp);
+/* Validated like add_group; takes effect at the next step (LR schedules). */
+CAPEX_API capex_result capex_optim_set_hparams(capex_optim *opt, size_t group, const capex_optim_hparams *hp);
+CAPEX_API capex_result capex_optim_set_lr(capex_optim *opt, size_t group, float lr);
+/* Steps taken by a group (skipped steps do not count). */
+CAPEX_API capex_result capex_optim_get_step(const capex_optim *opt, size_t group, int64_t *step);
+/* Points a parameter at a new gradient buffer (same numel). */
+CAPEX_API capex_result capex_optim_set_grad(capex_optim *opt, size_t group, size_t index, const void *grad,
+                                            capex_dtype grad_dtype);
+/* The moment buffers of one parameter (NULL where the optimizer has none). */
+CAPEX_API capex_result capex_optim_get_state(const capex_optim *opt, size_t group, size_t index, float **exp_avg,
+                                             float **exp_avg_sq);
+
+/* ---- optimizer state save/restore (State files container) -----------------
+
+   Saved under names "<prefix>.*" (prefix NULL: "optim"): kind and modes,
+   max_grad_norm, the stochastic-rounding seed (the rounding is counter-based:
+   seed + step counts are its whole RNG state), per group its hyperparameters,
+   step count and tensor count, per parameter its numel and moment buffers
+   (f32, shape [numel]). With CAPEX_OPTIM_STATE_PARAMS also the fp32 params /
+   master weights and the fp16/bf16 model copies, which a lossy half model
+   checkpoint cannot restore exactly. Loading resumes bit-identically.
+
+       capex_state_writer *w; capex_state_writer_create(NULL, &w);
+       capex_optim_save(opt, w, NULL, CAPEX_OPTIM_STATE_PARAMS);
+       capex_scaler_save(...same writer...);             // one file, many parts
+       capex_state_write_file(w, "ckpt.safetensors"); capex_state_writer_destroy(w);
+       // later, an optimizer built with the same groups and sizes:
+       capex_optim_load_file(opt, "ckpt.safetensors", CAPEX_OPTIM_STATE_PARAMS);
+
+   Load checks everything (kind, group and tensor counts, every numel, dtypes,
+   shapes, hyperparameter validity) before changing the optimizer; then it
+   copies the tensors in. Hyperparameters, modes and seed come from the file
+   (torch's load_state_dict restores param_groups too). Only an I/O error
+   during that copy (after the file's checksum was verified) can leave the
+   optimizer half-loaded; it then refuses to step (CAPEX_ERR_ORDER) until a
+   load succeeds. save keeps pointers into the optimizer: write the file
+   before the next step. Not thread-safe with a concurrent step. */
+#define CAPEX_OPTIM_STATE_PARAMS 1u
+CAPEX_API capex_result capex_optim_save(const capex_optim *opt, capex_state_writer *w, const char *prefix,
+                                        unsigned flags);
+CAPEX_API capex_result capex_optim_load(capex_optim *opt, capex_state_reader *r, const char *prefix, unsigned flags);
+/* One-call versions: a file holding only this optimizer (prefix "optim"). */
+CAPEX_API capex_result capex_optim_save_file(const capex_optim *opt, const char *path, unsigned flags);
+CAPEX_API capex_result capex_optim_load_file(capex_optim *opt, const char *path, unsigned flags);
 
 /* @@SECTION:DIST:DECL@@ (data parallel: declarations) */
 
@@ -4164,6 +4319,1233 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
 }
 
 /* @@SECTION:OPTIM:IMPL@@ (optimizers: implementation) */
+/* ---- optimizers ----------------------------------------------------------
+
+   Layout: the per-element math lives ONCE in the CAPEX__OPTIM_MATH_* macros
+   below. They expand to `static inline` C here and, stringified, to the
+   `__device__ __forceinline__` source that capex_cuda.h compiles with NVRTC
+   (capex__optim_math_source), so the CPU tests vouch for the GPU math. The
+   operation order is Apex's (csrc/multi_tensor_adam.cu, multi_tensor_lamb.cu,
+   multi_tensor_sgd_kernel.cu); for bit parity the GPU side must compile with
+   FMA contraction off (NVRTC --fmad=false), as C does under -std=c99.
+
+   Work is split into chunks of 65536 elements of one tensor (Apex's chunk
+   size); chunks run in parallel under OpenMP. Reductions (LAMB norms) keep one
+   partial per chunk with a fixed in-chunk order and add partials in chunk
+   order, so results do not depend on the thread count. */
+
+#if defined(__GNUC__) || defined(__clang__) || defined(_MSC_VER)
+#  define CAPEX__OPT_RESTRICT __restrict
+#else
+#  define CAPEX__OPT_RESTRICT
+#endif
+/* GCC at -O2 vectorises only trip counts it can see; `omp simd` lifts that.
+   Clang vectorises these loops by itself (and warns where it cannot). */
+#if defined(_OPENMP) && defined(__GNUC__) && !defined(__clang__)
+#  define CAPEX__OPT_SIMD _Pragma("omp simd")
+#else
+#  define CAPEX__OPT_SIMD
+#endif
+#define CAPEX__OPT_STR(...) #__VA_ARGS__
+#define CAPEX__OPT_XSTR(...) CAPEX__OPT_STR(__VA_ARGS__)
+
+/* Q: function qualifiers; F2U: float -> uint32 bit cast.
+   Only C99 + CUDA common ground: float/unsigned int, sqrtf, no libc. */
+
+/* Counter-based stochastic rounding to bf16: 16 random bits from a hash of
+   (seed, step, tensor index, element index), added to the f32 bits below the
+   bf16 mantissa, then truncated: rounds away from zero with probability equal
+   to the dropped fraction (unbiased). Same bits for any thread count, on
+   resume and on the GPU. mix32 is Chris Wellons' "lowbias32" integer hash. */
+#define CAPEX__OPTIM_MATH_RNG(Q, F2U)                                                        \
+    Q unsigned int capex__mix32(unsigned int x) {                                            \
+        x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;        \
+        return x;                                                                            \
+    }                                                                                        \
+    Q unsigned int capex__sr_key(unsigned int seed_lo, unsigned int seed_hi, unsigned int step_lo, \
+                                 unsigned int step_hi, unsigned int tensor, unsigned int index_hi) { \
+        unsigned int k = capex__mix32(seed_lo ^ 0x9e3779b9U);                                \
+        k = capex__mix32(k ^ seed_hi); k = capex__mix32(k + step_lo);                        \
+        k = capex__mix32(k ^ step_hi); k = capex__mix32(k + tensor);                         \
+        return capex__mix32(k ^ index_hi);                                                   \
+    }                                                                                        \
+    Q unsigned int capex__sr_bits(unsigned int key, unsigned int index_lo) {                 \
+        return capex__mix32(capex__mix32(index_lo ^ key) + key) & 0xffffU;                   \
+    }                                                                                        \
+    Q unsigned int capex__bf16_round_sr(float x, unsigned int r16) {                         \
+        unsigned int u = F2U(x);                                                             \
+        return (u & 0x7fffffffU) > 0x7f800000U ? ((u >> 16) | 0x40U) : ((u + r16) >> 16);    \
+    }
+
+/* fp16 / bf16 <-> f32 for the kernels, the same bit arithmetic as the core's
+   capex_f32_to_f16 & co. (tested equal), written here so the GPU uses the
+   very same code (NVRTC has no cuda_fp16.h) and so that it inlines into the
+   CPU kernels. RNE; NaN stays NaN (quietened); selects, no branches. */
+#define CAPEX__OPTIM_MATH_HALF(Q, F2U, U2F)                                                  \
+    Q float capex__h16_load(unsigned int h) {                                                \
+        unsigned int sign = (h & 0x8000U) << 16, e = (h >> 10) & 0x1fU, m = h & 0x3ffU;      \
+        unsigned int sub = F2U((float)m * 5.9604644775390625e-8f);                           \
+        unsigned int out = e == 0x1fU ? (0x7f800000U | (m << 13))                            \
+                         : e == 0U ? sub : (((e + 112U) << 23) | (m << 13));                 \
+        return U2F(sign | out);                                                              \
+    }                                                                                        \
+    Q unsigned int capex__h16_store(float f) {                                               \
+        unsigned int x = F2U(f), sign = (x >> 16) & 0x8000U, ax = x & 0x7fffffffU;          \
+        unsigned int e = ax >> 23;                                                           \
+        unsigned int normal = (ax - (112U << 23) + 0xfffU + ((ax >> 13) & 1U)) >> 13;        \
+        unsigned int m = (ax & 0x7fffffU) | 0x800000U;                                       \
+        unsigned int shift = e >= 126U ? 1U : (126U - e > 25U ? 25U : 126U - e);             \
+        unsigned int r = m >> shift, rem = m & ((1U << shift) - 1U), half = 1U << (shift - 1U); \
+        unsigned int sub = r + ((rem > half) | ((rem == half) & (r & 1U)));                  \
+        unsigned int nan = 0x7e00U | ((ax >> 13) & 0x3ffU);                                  \
+        unsigned int out = ax > 0x7f800000U ? nan : ax >= 0x477ff000U ? 0x7c00U              \
+                         : ax < 0x38800000U ? sub : normal;                                  \
+        return sign | out;                                                                   \
+    }                                                                                        \
+    Q float capex__b16_load(unsigned int h) { return U2F(h << 16); }                         \
+    Q unsigned int capex__b16_store(float f) {                                               \
+        unsigned int x = F2U(f);                                                             \
+        unsigned int rounded = (x + 0x7fffU + ((x >> 16) & 1U)) >> 16;                       \
+        return (x & 0x7fffffffU) > 0x7f800000U ? ((x >> 16) | 0x40U) : rounded;              \
+    }
+
+/* Adam (FusedAdam AdamFunctor): L2 mode adds wd*p to g before the moments;
+   W mode adds wd*p to the update (decoupled decay, Loshchilov & Hutter).
+   torch.optim.AdamW instead scales p by (1-lr*wd) first and divides by
+   sqrt(bc2) outside the sqrt: equal in exact arithmetic, not in bits. */
+#define CAPEX__OPTIM_MATH_ADAM(Q)                                                            \
+    Q float capex__adam_l2_elem(float p, float g, float *m, float *v, float beta1, float beta2, \
+                                float bc1, float bc2, float eps, float lr, float wd) {       \
+        float mm, vv, denom;                                                                 \
+        g = g + (wd * p);                                                                    \
+        mm = beta1 * *m + (1.0f - beta1) * g;                                                \
+        vv = beta2 * *v + (1.0f - beta2) * g * g;                                            \
+        *m = mm; *v = vv;                                                                    \
+        denom = sqrtf(vv / bc2) + eps;                                                       \
+        return p - (lr * ((mm / bc1) / denom));                                              \
+    }                                                                                        \
+    Q float capex__adam_w_elem(float p, float g, float *m, float *v, float beta1, float beta2, \
+                               float bc1, float bc2, float eps, float lr, float wd) {        \
+        float mm, vv, denom;                                                                 \
+        mm = beta1 * *m + (1.0f - beta1) * g;                                                \
+        vv = beta2 * *v + (1.0f - beta2) * g * g;                                            \
+        *m = mm; *v = vv;                                                                    \
+        denom = sqrtf(vv / bc2) + eps;                                                       \
+        return p - (lr * (((mm / bc1) / denom) + (wd * p)));                                 \
+    }
+
+/* LAMB (FusedLAMB LAMBStage1Functor / LAMBStage2Functor). g arrives already
+   multiplied by inv_scale*clip; clip_div is Apex's clipped_global_grad_norm.
+   Stage 2 recomputes u from the stored m, v and p (same ops, same bits)
+   instead of keeping u in the gradient buffer as Apex does: no scratch
+   memory and the user's (possibly half) gradients stay intact. */
+#define CAPEX__OPTIM_MATH_LAMB(Q)                                                            \
+    Q void capex__lamb_moments_elem(float g, float *m, float *v, float beta1, float beta2,  \
+                                    float beta3) {                                           \
+        *m = *m * beta1 + beta3 * g;                                                         \
+        *v = *v * beta2 + (1.0f - beta2) * g * g;                                            \
+    }                                                                                        \
+    Q float capex__lamb_grad_l2(float g, float p, float clip_div, float wd) {               \
+        return (g / clip_div) + wd * p;                                                      \
+    }                                                                                        \
+    Q float capex__lamb_grad_w(float g, float clip_div) { return g / clip_div; }            \
+    Q float capex__lamb_update_l2(float p, float m, float v, float bc1, float bc2, float eps) { \
+        (void)p;                                                                             \
+        return (m / bc1) / (sqrtf(v / bc2) + eps);                                           \
+    }                                                                                        \
+    Q float capex__lamb_update_w(float p, float m, float v, float bc1, float bc2, float eps, \
+                                 float wd) {                                                 \
+        return ((m / bc1) / (sqrtf(v / bc2) + eps)) + (wd * p);                              \
+    }                                                                                        \
+    Q float capex__lamb_apply(float p, float u, float ratio) { return p - (ratio * u); }
+
+/* SGD (FusedSGD SGDFunctor): weight decay before momentum unless
+   wd_after_momentum; on the first momentum step buf = g (torch: clone(g)).
+   Apex's `if (wd != 0 && !wd_after)` tests arrive as all-ones/zero masks
+   computed once per step and pick between both arms bitwise (capex__sel):
+   the same values as Apex's branches, but GCC at -O2 turns a loop-invariant
+   `flag ? a : b` on floats into a branch and then cannot vectorise. */
+#define CAPEX__OPTIM_MATH_SGD(Q, F2U, U2F)                                                   \
+    Q float capex__sel(unsigned int mask, float a, float b) {                                \
+        return U2F((F2U(a) & mask) | (F2U(b) & ~mask));                                      \
+    }                                                                                        \
+    Q float capex__sgd_elem(float p, float g, float wd, float lr, unsigned int wd_on) {      \
+        g = capex__sel(wd_on, g + wd * p, g);                                                \
+        return p + (-lr * g);                                                                \
+    }                                                                                        \
+    Q float capex__sgd_mom_elem(float p, float g, float *buf, float wd, float momentum,     \
+                                float dampening, float lr, unsigned int nesterov,           \
+                                unsigned int first, unsigned int wd_before,                 \
+                                unsigned int wd_after) {                                    \
+        float b;                                                                             \
+        g = capex__sel(wd_before, g + wd * p, g);                                            \
+        b = capex__sel(first, g, *buf * momentum + (1.0f - dampening) * g);                  \
+        *buf = b;                                                                            \
+        g = capex__sel(nesterov, g + momentum * b, b);                                       \
+        g = capex__sel(wd_after, g + wd * p, g);                                             \
+        return p + (-lr * g);                                                                \
+    }
+
+/* Vectorisation: GCC and clang keep an errno path around sqrtf unless built
+   with -fno-math-errno (GCC ignores it as a pragma/attribute), which blocks
+   vectorising the Adam/LAMB loops; add -fno-math-errno (results do not
+   change: IEEE sqrt either way). SGD and the model-copy stores vectorise
+   regardless. */
+static inline unsigned int capex__opt_f2u(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+static inline float capex__opt_u2f(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+CAPEX__OPTIM_MATH_HALF(static inline, capex__opt_f2u, capex__opt_u2f)
+CAPEX__OPTIM_MATH_RNG(static inline, capex__opt_f2u)
+CAPEX__OPTIM_MATH_ADAM(static inline)
+CAPEX__OPTIM_MATH_LAMB(static inline)
+CAPEX__OPTIM_MATH_SGD(static inline, capex__opt_f2u, capex__opt_u2f)
+
+/* The same math as CUDA source (each part < 4095 chars, ISO C's minimum
+   string length). The qualifiers stay placeholder tokens, defined by the
+   preamble, so compiling capex.h with nvcc cannot expand them here. */
+static const char *const capex__optim_math_parts[] = {
+    "#define CAPEX__QUAL __device__ __forceinline__\n#define CAPEX__F2U __float_as_uint\n#define CAPEX__U2F __uint_as_float\n",
+    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_HALF(CAPEX__QUAL, CAPEX__F2U, CAPEX__U2F)),
+    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_RNG(CAPEX__QUAL, CAPEX__F2U)),
+    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_ADAM(CAPEX__QUAL)),
+    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_LAMB(CAPEX__QUAL)),
+    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_SGD(CAPEX__QUAL, CAPEX__F2U, CAPEX__U2F)),
+};
+
+/* For capex_cuda.h: writes the optimizer math as CUDA source into dst
+   (NUL-terminated, truncated to cap) and returns its full length; call with
+   cap 0 to size the buffer. */
+CAPEX__PRIVATE size_t capex__optim_math_source(char *dst, size_t cap) {
+    size_t k, len = 0;
+    for (k = 0; k < sizeof capex__optim_math_parts / sizeof capex__optim_math_parts[0]; k++) {
+        const char *s = capex__optim_math_parts[k];
+        size_t n = strlen(s);
+        size_t j;
+        for (j = 0; j <= n; j++) { /* each part followed by a newline */
+            char ch = j < n ? s[j] : '\n';
+            if (dst && len + 1 < cap) dst[len] = ch;
+            len++;
+        }
+    }
+    if (dst && cap) dst[len < cap ? len : cap - 1] = '\0';
+    return len;
+}
+
+/* ---- optimizer object ---- */
+
+typedef struct capex__optim_tensor {
+    capex_optim_param p; /* exp_avg / exp_avg_sq: the buffers in use */
+    size_t group;
+    unsigned char own_m, own_v;
+} capex__optim_tensor;
+
+typedef struct capex__optim_group {
+    capex_optim_hparams hp;
+    int64_t step;
+    int mom_init; /* SGD: momentum buffers hold a value (torch: buffer exists) */
+    size_t first, count;
+} capex__optim_group;
+
+typedef struct capex__optim_item {
+    size_t tensor;
+    int64_t off, n;
+} capex__optim_item;
+
+/* Per-group constants of one step. */
+typedef struct capex__optim_gc {
+    float lr, beta1, beta2, beta3, bc1, bc2, eps, wd, momentum, dampening;
+    float clip_div; /* LAMB: Apex's clipped_global_grad_norm */
+    unsigned int nesterov, first, wd_on, wd_before, wd_after; /* SGD: masks, ~0u or 0 */
+    unsigned int step_lo, step_hi;
+} capex__optim_gc;
+
+struct capex_optim {
+    capex_optim_desc desc;
+    capex_allocator alloc;
+    capex__optim_group *groups;
+    capex__optim_gc *gc;
+    size_t ngroups, cap_groups;
+    capex__optim_tensor *tensors;
+    size_t ntensors, cap_tensors;
+    capex__optim_item *items;
+    size_t nitems, cap_items;
+    int64_t chunk;  /* elements per item (desc.exec.chunk_size) */
+    capex_tensor *glist; /* LAMB: grads sorted by dtype, for capex_multi_tensor_sumsq */
+    double *part;   /* LAMB: 2 partial sums per item */
+    float *ratio;   /* LAMB: trust ratio per tensor */
+    int64_t total;  /* elements over all tensors */
+    int broken;     /* a load failed half-way: refuse to step */
+};
+
+typedef struct capex__optim_job {
+    const void *g;
+    float *p, *m, *v;
+    void *h;
+    int64_t n;
+    float gs, ratio;
+    unsigned int key, base_lo;
+    const capex__optim_gc *c;
+    double *acc; /* LAMB: [0] sum p^2 or g^2, [1] sum u^2 */
+} capex__optim_job;
+
+typedef void (*capex__optim_kfn)(const capex__optim_job *j);
+
+#define CAPEX__OPT_GT_f32 float
+#define CAPEX__OPT_GT_f16 uint16_t
+#define CAPEX__OPT_GT_bf16 uint16_t
+#define CAPEX__OPT_LD_f32(x) (x)
+#define CAPEX__OPT_LD_f16(x) capex__h16_load(x)
+#define CAPEX__OPT_LD_bf16(x) capex__b16_load(x)
+#define CAPEX__OPT_ST_none(h, i, x, j) (void)0
+#define CAPEX__OPT_ST_f16(h, i, x, j) (h)[i] = (uint16_t)capex__h16_store(x)
+#define CAPEX__OPT_ST_bf16(h, i, x, j) (h)[i] = (uint16_t)capex__b16_store(x)
+#define CAPEX__OPT_ST_bf16sr(h, i, x, j) \
+    (h)[i] = (uint16_t)capex__bf16_round_sr(x, capex__sr_bits((j)->key, (j)->base_lo + (unsigned int)(i)))
+
+/* Instantiate K for every (grad dtype, model copy) pair / each alone. */
+#define CAPEX__OPT_FOR_GM(K)                                                   \
+    K(f32, none) K(f32, f16) K(f32, bf16) K(f32, bf16sr)                       \
+    K(f16, none) K(f16, f16) K(f16, bf16) K(f16, bf16sr)                       \
+    K(bf16, none) K(bf16, f16) K(bf16, bf16) K(bf16, bf16sr)
+#define CAPEX__OPT_FOR_G(K) K(f32) K(f16) K(bf16)
+#define CAPEX__OPT_FOR_M(K) K(none) K(f16) K(bf16) K(bf16sr)
+
+#define CAPEX__OPT_PROLOGUE(GN)                                                \
+    const CAPEX__OPT_GT_##GN *CAPEX__OPT_RESTRICT g = (const CAPEX__OPT_GT_##GN *)j->g; \
+    float *CAPEX__OPT_RESTRICT p = j->p;                                       \
+    float *CAPEX__OPT_RESTRICT m = j->m;                                       \
+    float *CAPEX__OPT_RESTRICT v = j->v;                                       \
+    uint16_t *CAPEX__OPT_RESTRICT h = (uint16_t *)j->h;                        \
+    const capex__optim_gc c = *j->c;                                           \
+    const float gs = j->gs;                                                    \
+    const int64_t n = j->n;                                                    \
+    int64_t i;                                                                 \
+    (void)g; (void)m; (void)v; (void)h; (void)c; (void)gs
+
+#define CAPEX__OPT_K_ADAM(GN, MN)                                              \
+    CAPEX__PRIVATE void capex__k_adam_l2_##GN##_##MN(const capex__optim_job *j) { \
+        CAPEX__OPT_PROLOGUE(GN);                                               \
+        CAPEX__OPT_SIMD for (i = 0; i < n; i++) {                              \
+            float pi = capex__adam_l2_elem(p[i], CAPEX__OPT_LD_##GN(g[i]) * gs, &m[i], &v[i], c.beta1, \
+                                           c.beta2, c.bc1, c.bc2, c.eps, c.lr, c.wd); \
+            p[i] = pi;                                                         \
+            CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
+        }                                                                      \
+    }                                                                          \
+    CAPEX__PRIVATE void capex__k_adam_w_##GN##_##MN(const capex__optim_job *j) { \
+        CAPEX__OPT_PROLOGUE(GN);                                               \
+        CAPEX__OPT_SIMD for (i = 0; i < n; i++) {                              \
+            float pi = capex__adam_w_elem(p[i], CAPEX__OPT_LD_##GN(g[i]) * gs, &m[i], &v[i], c.beta1, \
+                                          c.beta2, c.bc1, c.bc2, c.eps, c.lr, c.wd); \
+            p[i] = pi;                                                         \
+            CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
+        }                                                                      \
+    }
+
+#define CAPEX__OPT_K_SGD(GN, MN)                                               \
+    CAPEX__PRIVATE void capex__k_sgd_##GN##_##MN(const capex__optim_job *j) {  \
+        CAPEX__OPT_PROLOGUE(GN);                                               \
+        CAPEX__OPT_SIMD for (i = 0; i < n; i++) {                              \
+            float pi = capex__sgd_elem(p[i], CAPEX__OPT_LD_##GN(g[i]) * gs, c.wd, c.lr, c.wd_on); \
+            p[i] = pi;                                                         \
+            CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
+        }                                                                      \
+    }                                                                          \
+    CAPEX__PRIVATE void capex__k_sgdm_##GN##_##MN(const capex__optim_job *j) { \
+        CAPEX__OPT_PROLOGUE(GN);                                               \
+        CAPEX__OPT_SIMD for (i = 0; i < n; i++) {                              \
+            float pi = capex__sgd_mom_elem(p[i], CAPEX__OPT_LD_##GN(g[i]) * gs, &m[i], c.wd, c.momentum, \
+                                           c.dampening, c.lr, c.nesterov, c.first, c.wd_before, c.wd_after); \
+            p[i] = pi;                                                         \
+            CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
+        }                                                                      \
+    }
+
+/* LAMB stage 1: moments, and |p|^2 (before the update) and |u|^2 partials in
+   double, lane i%8, lanes combined as capex_multi_tensor_sumsq does. */
+#define CAPEX__OPT_LAMB1_ELEM(GN, MODE, k)                                     \
+    do {                                                                       \
+        float gi = CAPEX__OPT_LD_##GN(g[k]) * gs;                              \
+        float pk = p[k];                                                       \
+        gi = CAPEX__OPT_LAMB_G_##MODE(gi, pk, c);                              \
+        capex__lamb_moments_elem(gi, &m[k], &v[k], c.beta1, c.beta2, c.beta3); \
+        uu = CAPEX__OPT_LAMB_U_##MODE(pk, m[k], v[k], c);                      \
+        pp = pk;                                                               \
+    } while (0)
+#define CAPEX__OPT_LAMB_G_l2(gi, pk, c) capex__lamb_grad_l2(gi, pk, (c).clip_div, (c).wd)
+#define CAPEX__OPT_LAMB_G_w(gi, pk, c) capex__lamb_grad_w(gi, (c).clip_div)
+#define CAPEX__OPT_LAMB_U_l2(pk, mk, vk, c) capex__lamb_update_l2(pk, mk, vk, (c).bc1, (c).bc2, (c).eps)
+#define CAPEX__OPT_LAMB_U_w(pk, mk, vk, c) capex__lamb_update_w(pk, mk, vk, (c).bc1, (c).bc2, (c).eps, (c).wd)
+
+#define CAPEX__OPT_K_LAMB1(GN)                                                 \
+    CAPEX__OPT_K_LAMB1_MODE(GN, l2) CAPEX__OPT_K_LAMB1_MODE(GN, w)
+#define CAPEX__OPT_K_LAMB1_MODE(GN, MODE)                                      \
+    CAPEX__PRIVATE void capex__k_lamb1_##MODE##_##GN(const capex__optim_job *j) { \
+        CAPEX__OPT_PROLOGUE(GN);                                               \
+        double ap[8] = {0, 0, 0, 0, 0, 0, 0, 0}, au[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sp, su; \
+        int64_t l;                                                             \
+        for (i = 0; i + 8 <= n; i += 8) {                                      \
+            float pb[8], ub[8];                                                \
+            CAPEX__OPT_SIMD for (l = 0; l < 8; l++) {                          \
+                float uu, pp;                                                  \
+                CAPEX__OPT_LAMB1_ELEM(GN, MODE, i + l);                        \
+                pb[l] = pp; ub[l] = uu;                                        \
+            }                                                                  \
+            for (l = 0; l < 8; l++) {                                          \
+                ap[l] += (double)pb[l] * pb[l];                                \
+                au[l] += (double)ub[l] * ub[l];                                \
+            }                                                                  \
+        }                                                                      \
+        for (l = 0; i + l < n; l++) {                                          \
+            float uu, pp;                                                      \
+            CAPEX__OPT_LAMB1_ELEM(GN, MODE, i + l);                            \
+            ap[l] += (double)pp * pp;                                          \
+            au[l] += (double)uu * uu;                                          \
+        }                                                                      \
+        sp = ((ap[0] + ap[1]) + (ap[2] + ap[3])) + ((ap[4] + ap[5]) + (ap[6] + ap[7])); \
+        su = ((au[0] + au[1]) + (au[2] + au[3])) + ((au[4] + au[5]) + (au[6] + au[7])); \
+        j->acc[0] = sp;                                                        \
+        j->acc[1] = su;                                                        \
+    }
+
+/* LAMB stage 2: p -= ratio*u, u recomputed from the new m, v and old p. */
+#define CAPEX__OPT_K_LAMB2(MN)                                                 \
+    CAPEX__PRIVATE void capex__k_lamb2_l2_##MN(const capex__optim_job *j) {    \
+        CAPEX__OPT_PROLOGUE(f32);                                              \
+        const float r = j->ratio;                                              \
+        CAPEX__OPT_SIMD for (i = 0; i < n; i++) {                              \
+            float pi = capex__lamb_apply(p[i], capex__lamb_update_l2(p[i], m[i], v[i], c.bc1, c.bc2, c.eps), r); \
+            p[i] = pi;                                                         \
+            CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
+        }                                                                      \
+    }                                                                          \
+    CAPEX__PRIVATE void capex__k_lamb2_w_##MN(const capex__optim_job *j) {     \
+        CAPEX__OPT_PROLOGUE(f32);                                              \
+        const float r = j->ratio;                                              \
+        CAPEX__OPT_SIMD for (i = 0; i < n; i++) {                              \
+            float pi = capex__lamb_apply(p[i], capex__lamb_update_w(p[i], m[i], v[i], c.bc1, c.bc2, c.eps, c.wd), r); \
+            p[i] = pi;                                                         \
+            CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
+        }                                                                      \
+    }
+
+CAPEX__OPT_FOR_GM(CAPEX__OPT_K_ADAM)
+CAPEX__OPT_FOR_GM(CAPEX__OPT_K_SGD)
+CAPEX__OPT_FOR_G(CAPEX__OPT_K_LAMB1)
+CAPEX__OPT_FOR_M(CAPEX__OPT_K_LAMB2)
+
+#define CAPEX__OPT_ROW(name, GN) {name##_##GN##_none, name##_##GN##_f16, name##_##GN##_bf16, name##_##GN##_bf16sr}
+#define CAPEX__OPT_TAB(name) {CAPEX__OPT_ROW(name, f32), CAPEX__OPT_ROW(name, f16), CAPEX__OPT_ROW(name, bf16)}
+static const capex__optim_kfn capex__k_adam_l2_tab[3][4] = CAPEX__OPT_TAB(capex__k_adam_l2);
+static const capex__optim_kfn capex__k_adam_w_tab[3][4] = CAPEX__OPT_TAB(capex__k_adam_w);
+static const capex__optim_kfn capex__k_sgd_tab[3][4] = CAPEX__OPT_TAB(capex__k_sgd);
+static const capex__optim_kfn capex__k_sgdm_tab[3][4] = CAPEX__OPT_TAB(capex__k_sgdm);
+static const capex__optim_kfn capex__k_lamb1_tab[2][3] = {
+    {capex__k_lamb1_l2_f32, capex__k_lamb1_l2_f16, capex__k_lamb1_l2_bf16},
+    {capex__k_lamb1_w_f32, capex__k_lamb1_w_f16, capex__k_lamb1_w_bf16}};
+static const capex__optim_kfn capex__k_lamb2_tab[2][4] = {
+    {capex__k_lamb2_l2_none, capex__k_lamb2_l2_f16, capex__k_lamb2_l2_bf16, capex__k_lamb2_l2_bf16sr},
+    {capex__k_lamb2_w_none, capex__k_lamb2_w_f16, capex__k_lamb2_w_bf16, capex__k_lamb2_w_bf16sr}};
+
+/* ---- public API ---- */
+
+static int capex__opt_finite(float x) { return (x - x) == 0.0f; }
+
+CAPEX_API void capex_optim_desc_init(capex_optim_desc *d, capex_optim_kind kind) {
+    if (!d) return;
+    memset(d, 0, sizeof *d);
+    d->kind = kind;
+    d->defaults.lr = 1e-3f;
+    d->defaults.beta1 = 0.9f;
+    d->defaults.beta2 = 0.999f;
+    d->defaults.eps = kind == CAPEX_OPTIM_LAMB ? 1e-6f : 1e-8f;
+    d->defaults.weight_decay = kind == CAPEX_OPTIM_LAMB ? 0.01f : 0.0f;
+    d->defaults.bias_correction = 1;
+    d->defaults.grad_averaging = 1;
+    d->adam_w_mode = 1;
+    d->max_grad_norm = 1.0f;
+    capex_tensor_op_desc_init(&d->exec);
+}
+
+CAPEX_API void capex_optim_param_init(capex_optim_param *p) {
+    if (!p) return;
+    memset(p, 0, sizeof *p);
+    p->grad_dtype = CAPEX_F32;
+    p->model_dtype = CAPEX_BF16;
+}
+
+static capex_result capex__optim_check_hp(const capex_optim_desc *d, const capex_optim_hparams *hp) {
+    if (!capex__opt_finite(hp->lr) || hp->lr < 0.0f)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: lr is %g; it must be finite and >= 0", (double)hp->lr);
+    if (!capex__opt_finite(hp->weight_decay) || hp->weight_decay < 0.0f)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: weight_decay is %g; it must be finite and >= 0",
+                           (double)hp->weight_decay);
+    if (d->kind == CAPEX_OPTIM_SGD) {
+        if (!capex__opt_finite(hp->momentum) || hp->momentum < 0.0f)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "SGD: momentum is %g; it must be finite and >= 0",
+                               (double)hp->momentum);
+        if (!capex__opt_finite(hp->dampening))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "SGD: dampening is %g; it must be finite", (double)hp->dampening);
+        if (hp->nesterov && (hp->momentum <= 0.0f || hp->dampening != 0.0f))
+            return capex__fail(CAPEX_ERR_CONFIG,
+                               "SGD: nesterov momentum requires momentum > 0 and dampening 0 (got momentum %g, "
+                               "dampening %g), as torch.optim.SGD and Apex FusedSGD",
+                               (double)hp->momentum, (double)hp->dampening);
+    } else {
+        if (!(hp->beta1 >= 0.0f && hp->beta1 < 1.0f) || !(hp->beta2 >= 0.0f && hp->beta2 < 1.0f))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: betas are (%g, %g); each must be in [0, 1)",
+                               (double)hp->beta1, (double)hp->beta2);
+        if (!capex__opt_finite(hp->eps) || hp->eps < 0.0f)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: eps is %g; it must be finite and >= 0",
+                               (double)hp->eps);
+    }
+    return CAPEX_OK;
+}
+
+static capex_result capex__optim_check_desc(const capex_optim_desc *d) {
+    if (d->kind != CAPEX_OPTIM_ADAM && d->kind != CAPEX_OPTIM_LAMB && d->kind != CAPEX_OPTIM_SGD)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: unknown kind %d; use CAPEX_OPTIM_ADAM, _LAMB or _SGD",
+                           (int)d->kind);
+    if (!capex__opt_finite(d->max_grad_norm) || d->max_grad_norm < 0.0f)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "LAMB: max_grad_norm is %g; it must be finite and >= 0 (0: no clip)",
+                           (double)d->max_grad_norm);
+    if (d->exec.num_threads < 0 || d->exec.chunk_size < 0 || d->exec.parallel_min_elements < 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: desc.exec has a negative num_threads, chunk_size or "
+                           "parallel_min_elements; start from capex_optim_desc_init()");
+    if (d->allocator && (!d->allocator->alloc || !d->allocator->free))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: allocator needs both alloc and free");
+    return capex__optim_check_hp(d, &d->defaults);
+}
+
+static int capex__opt_misaligned(const void *p, size_t a) { return ((uintptr_t)p % a) != 0; }
+
+static capex_result capex__optim_check_param(const capex_optim_desc *d, const capex_optim_param *p, size_t k) {
+    if (p->numel < 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: params[%zu].numel is %lld; it must be >= 0", k,
+                           (long long)p->numel);
+    if ((uint64_t)p->numel > (uint64_t)(SIZE_MAX / 4))
+        return capex__fail(CAPEX_ERR_LIMIT, "optimizer: params[%zu].numel %lld does not fit in memory", k,
+                           (long long)p->numel);
+    if (p->grad_dtype != CAPEX_F32 && p->grad_dtype != CAPEX_F16 && p->grad_dtype != CAPEX_BF16)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: params[%zu].grad_dtype %d is not f32, f16 or bf16", k,
+                           (int)p->grad_dtype);
+    if (p->model && p->model_dtype != CAPEX_F16 && p->model_dtype != CAPEX_BF16)
+        return capex__fail(CAPEX_ERR_INVALID_ARG,
+                           "optimizer: params[%zu].model_dtype must be CAPEX_F16 or CAPEX_BF16 for a model copy", k);
+    if (p->numel == 0) return CAPEX_OK;
+    if (!p->param || !p->grad)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: params[%zu] has a NULL %s pointer", k,
+                           p->param ? "grad" : "param");
+    if (capex__opt_misaligned(p->param, 4) || capex__opt_misaligned(p->grad, capex_dtype_size(p->grad_dtype)) ||
+        (p->model && capex__opt_misaligned(p->model, 2)) || (p->exp_avg && capex__opt_misaligned(p->exp_avg, 4)) ||
+        (p->exp_avg_sq && capex__opt_misaligned(p->exp_avg_sq, 4)))
+        return capex__fail(CAPEX_ERR_INVALID_ARG,
+                           "optimizer: params[%zu] has a pointer not aligned to its element size", k);
+    (void)d;
+    return CAPEX_OK;
+}
+
+/* Grows *arr (elements of size es) to hold need; contents kept. */
+static capex_result capex__optim_grow(const capex_allocator *a, void **arr, size_t *cap, size_t used, size_t need,
+                                      size_t es) {
+    size_t nc;
+    void *q;
+    if (need <= *cap) return CAPEX_OK;
+    nc = *cap ? *cap : 4;
+    while (nc < need) nc *= 2;
+    if (nc > SIZE_MAX / es) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "optimizer: too many tensors or chunks");
+    q = capex__alloc(a, nc * es);
+    if (!q) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "optimizer: out of memory growing bookkeeping (%zu bytes)",
+                               nc * es);
+    if (*arr) memcpy(q, *arr, used * es);
+    capex__free(a, *arr);
+    *arr = q;
+    *cap = nc;
+    return CAPEX_OK;
+}
+
+/* Items never cross a multiple of 2^32 elements, so the stochastic-rounding
+   key's high index word is constant within an item. */
+static int64_t capex__optim_item_len(int64_t numel, int64_t off, int64_t chunk) {
+    int64_t n = numel - off < chunk ? numel - off : chunk;
+    int64_t to_boundary = (int64_t)(((uint64_t)off | 0xffffffffull) + 1 - (uint64_t)off);
+    return n < to_boundary ? n : to_boundary;
+}
+static size_t capex__optim_count_items(int64_t numel, int64_t chunk) {
+    size_t k = 0;
+    int64_t off = 0;
+    if (chunk >= ((int64_t)1 << 32) || ((int64_t)1 << 32) % chunk == 0) /* common case: closed form */
+        return (size_t)((numel + chunk - 1) / chunk);
+    while (off < numel) { off += capex__optim_item_len(numel, off, chunk); k++; }
+    return k;
+}
+
+/* LAMB: sum of squares of every (raw) grad, one capex_multi_tensor_sumsq per
+   grad dtype (f32, f16, bf16 lists, added in that order). */
+static capex_result capex__optim_grad_sumsq(capex_optim *o, double *g2) {
+    size_t k, cnt[3] = {0, 0, 0}, start[3];
+    int d;
+    *g2 = 0.0;
+    for (k = 0; k < o->ntensors; k++) cnt[o->tensors[k].p.grad_dtype]++;
+    start[0] = 0; start[1] = cnt[0]; start[2] = cnt[0] + cnt[1];
+    for (k = 0; k < o->ntensors; k++) {
+        const capex__optim_tensor *t = &o->tensors[k];
+        capex_tensor *x = &o->glist[start[t->p.grad_dtype]++];
+        x->data = (void *)t->p.grad;
+        x->numel = t->p.numel;
+    }
+    for (d = 0; d < 3; d++) {
+        capex_tensor_list l;
+        double s = 0.0;
+        capex_result r;
+        if (!cnt[d]) continue;
+        l = capex_tensor_list_make((capex_dtype)d, o->glist + (start[d] - cnt[d]), cnt[d]);
+        r = capex_multi_tensor_sumsq(&o->desc.exec, &l, &s, NULL);
+        if (r != CAPEX_OK) return r;
+        *g2 += s;
+    }
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_optim_create(const capex_optim_desc *desc, capex_optim **out) {
+    capex_optim *o;
+    capex_result r;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_create: out is NULL");
+    *out = NULL;
+    if (!desc) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_create: desc is NULL; use capex_optim_desc_init");
+    if ((r = capex__optim_check_desc(desc)) != CAPEX_OK) return r;
+    o = (capex_optim *)capex__alloc(desc->allocator, sizeof *o);
+    if (!o) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_create: out of memory");
+    memset(o, 0, sizeof *o);
+    o->desc = *desc;
+    if (desc->allocator) o->alloc = *desc->allocator;
+    o->desc.allocator = NULL;
+    o->chunk = desc->exec.chunk_size ? desc->exec.chunk_size : 65536;
+    *out = o;
+    return CAPEX_OK;
+}
+
+static const capex_allocator *capex__optim_alloc(const capex_optim *o) { return o->alloc.alloc ? &o->alloc : NULL; }
+
+CAPEX_API void capex_optim_destroy(capex_optim *o) {
+    size_t k;
+    const capex_allocator *a;
+    if (!o) return;
+    a = capex__optim_alloc(o);
+    for (k = 0; k < o->ntensors; k++) {
+        if (o->tensors[k].own_m) capex__free(a, o->tensors[k].p.exp_avg);
+        if (o->tensors[k].own_v) capex__free(a, o->tensors[k].p.exp_avg_sq);
+    }
+    capex__free(a, o->groups);
+    capex__free(a, o->gc);
+    capex__free(a, o->tensors);
+    capex__free(a, o->items);
+    capex__free(a, o->part);
+    capex__free(a, o->ratio);
+    capex__free(a, o->glist);
+    {
+        capex_allocator copy = o->alloc;
+        capex__free(copy.alloc ? &copy : NULL, o);
+    }
+}
+
+CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_hparams *hp,
+                                             const capex_optim_param *params, size_t n, size_t *group_index) {
+    const capex_allocator *a;
+    capex_result r;
+    size_t k, nitems = 0, t0, it;
+    int need_m, need_v;
+    float **bufs;
+    if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: optimizer is NULL");
+    if (!params && n) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: params is NULL with n = %zu", n);
+    if (!hp) hp = &o->desc.defaults;
+    if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
+    for (k = 0; k < n; k++) {
+        if ((r = capex__optim_check_param(&o->desc, &params[k], k)) != CAPEX_OK) return r;
+        nitems += capex__optim_count_items(params[k].numel, o->chunk);
+    }
+    a = capex__optim_alloc(o);
+    /* grow bookkeeping first (contents kept, so a failure leaves the optimizer as it was) */
+    if ((r = capex__optim_grow(a, (void **)&o->groups, &o->cap_groups, o->ngroups, o->ngroups + 1, sizeof *o->groups)) ||
+        (r = capex__optim_grow(a, (void **)&o->tensors, &o->cap_tensors, o->ntensors, o->ntensors + n, sizeof *o->tensors)) ||
+        (r = capex__optim_grow(a, (void **)&o->items, &o->cap_items, o->nitems, o->nitems + nitems, sizeof *o->items)))
+        return r;
+    {
+        /* per-group constants, per-item partials, per-tensor ratios: resized to fit */
+        size_t cg = 0, ci = 0, ct = 0;
+        capex__optim_gc *gc = (capex__optim_gc *)capex__alloc(a, (o->ngroups + 1) * sizeof *gc);
+        double *part = (double *)capex__alloc(a, 2 * (o->nitems + nitems) * sizeof *part);
+        float *ratio = (float *)capex__alloc(a, (o->ntensors + n) * sizeof *ratio);
+        capex_tensor *glist = (capex_tensor *)capex__alloc(a, (o->ntensors + n) * sizeof *glist);
+        (void)cg; (void)ci; (void)ct;
+        if (!gc || !part || !ratio || !glist) {
+            capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
+            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
+        }
+        need_m = o->desc.kind != CAPEX_OPTIM_SGD || hp->momentum != 0.0f;
+        need_v = o->desc.kind != CAPEX_OPTIM_SGD;
+        bufs = (float **)capex__alloc(a, 2 * (n ? n : 1) * sizeof *bufs);
+        if (!bufs) {
+            capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
+            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
+        }
+        memset(bufs, 0, 2 * (n ? n : 1) * sizeof *bufs);
+        for (k = 0; k < n; k++) {
+            size_t bytes = (size_t)params[k].numel * sizeof(float);
+            if (need_m && !params[k].exp_avg && !(bufs[2 * k] = (float *)capex__alloc(a, bytes))) break;
+            if (need_v && !params[k].exp_avg_sq && !(bufs[2 * k + 1] = (float *)capex__alloc(a, bytes))) break;
+        }
+        if (k < n) {
+            for (k = 0; k < 2 * n; k++) capex__free(a, bufs[k]);
+            capex__free(a, bufs); capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
+            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory for the moments");
+        }
+        capex__free(a, o->gc); o->gc = gc;
+        capex__free(a, o->part); o->part = part;
+        capex__free(a, o->ratio); o->ratio = ratio;
+        capex__free(a, o->glist); o->glist = glist;
+    }
+    /* commit */
+    t0 = o->ntensors;
+    it = o->nitems;
+    for (k = 0; k < n; k++) {
+        capex__optim_tensor *t = &o->tensors[t0 + k];
+        int64_t off;
+        t->p = params[k];
+        t->group = o->ngroups;
+        t->own_m = bufs[2 * k] != NULL;
+        t->own_v = bufs[2 * k + 1] != NULL;
+        if (t->own_m) t->p.exp_avg = bufs[2 * k];
+        if (t->own_v) t->p.exp_avg_sq = bufs[2 * k + 1];
+        if (!need_m) t->p.exp_avg = NULL;
+        if (!need_v) t->p.exp_avg_sq = NULL;
+        if (t->p.exp_avg && t->p.numel) memset(t->p.exp_avg, 0, (size_t)t->p.numel * sizeof(float));
+        if (t->p.exp_avg_sq && t->p.numel) memset(t->p.exp_avg_sq, 0, (size_t)t->p.numel * sizeof(float));
+        if (!t->p.model) t->p.model_dtype = CAPEX_BF16;
+        for (off = 0; off < t->p.numel; off += o->items[it++].n) {
+            o->items[it].tensor = t0 + k;
+            o->items[it].off = off;
+            o->items[it].n = capex__optim_item_len(t->p.numel, off, o->chunk);
+        }
+        o->total += t->p.numel;
+    }
+    capex__free(a, bufs);
+    memset(&o->groups[o->ngroups], 0, sizeof o->groups[0]);
+    o->groups[o->ngroups].hp = *hp;
+    o->groups[o->ngroups].first = t0;
+    o->groups[o->ngroups].count = n;
+    if (group_index) *group_index = o->ngroups;
+    o->ngroups++;
+    o->ntensors += n;
+    o->nitems = it;
+    return CAPEX_OK;
+}
+
+/* Runs phase k over every chunk; chunks are independent. */
+enum { CAPEX__OPT_PH_MAIN = 0, CAPEX__OPT_PH_LAMB1 = 1, CAPEX__OPT_PH_LAMB2 = 2 };
+
+static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, float gs) {
+    const capex__optim_item *item = &o->items[k];
+    const capex__optim_tensor *t = &o->tensors[item->tensor];
+    const capex__optim_group *grp = &o->groups[t->group];
+    capex__optim_job j;
+    size_t gsz = capex_dtype_size(t->p.grad_dtype);
+    int gi = (int)t->p.grad_dtype;
+    int mi = !t->p.model ? 0 : t->p.model_dtype == CAPEX_F16 ? 1 : o->desc.stochastic_rounding ? 3 : 2;
+    int w = o->desc.adam_w_mode != 0;
+    j.g = (const char *)t->p.grad + (size_t)item->off * gsz;
+    j.p = t->p.param + item->off;
+    j.m = t->p.exp_avg ? t->p.exp_avg + item->off : NULL;
+    j.v = t->p.exp_avg_sq ? t->p.exp_avg_sq + item->off : NULL;
+    j.h = t->p.model ? (void *)((uint16_t *)t->p.model + item->off) : NULL;
+    j.n = item->n;
+    j.gs = gs;
+    j.ratio = o->ratio[item->tensor];
+    j.c = &o->gc[t->group];
+    j.acc = o->part + 2 * k;
+    j.base_lo = (unsigned int)((uint64_t)item->off & 0xffffffffu);
+    j.key = mi == 3 ? capex__sr_key((unsigned int)(o->desc.seed & 0xffffffffu), (unsigned int)(o->desc.seed >> 32),
+                                    j.c->step_lo, j.c->step_hi, (unsigned int)item->tensor,
+                                    (unsigned int)((uint64_t)item->off >> 32))
+                    : 0u;
+    (void)grp;
+    switch (phase) {
+    case CAPEX__OPT_PH_MAIN:
+        if (o->desc.kind == CAPEX_OPTIM_ADAM) (w ? capex__k_adam_w_tab : capex__k_adam_l2_tab)[gi][mi](&j);
+        else if (j.m) capex__k_sgdm_tab[gi][mi](&j);
+        else capex__k_sgd_tab[gi][mi](&j);
+        break;
+    case CAPEX__OPT_PH_LAMB1: capex__k_lamb1_tab[w][gi](&j); break;
+    default: capex__k_lamb2_tab[w][mi](&j); break;
+    }
+}
+
+static void capex__optim_run(const capex_optim *o, int phase, float gs) {
+    int64_t k, n = (int64_t)o->nitems;
+#ifdef _OPENMP
+    int64_t minel = o->desc.exec.parallel_min_elements ? o->desc.exec.parallel_min_elements : 262144;
+    int par = n > 1 && o->total >= minel;
+    if (o->desc.exec.num_threads > 0) {
+        int nt = o->desc.exec.num_threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (par)
+        for (k = 0; k < n; k++) capex__optim_run_item(o, phase, (size_t)k, gs);
+    } else {
+#pragma omp parallel for schedule(static) if (par)
+        for (k = 0; k < n; k++) capex__optim_run_item(o, phase, (size_t)k, gs);
+    }
+#else
+    for (k = 0; k < n; k++) capex__optim_run_item(o, phase, (size_t)k, gs);
+#endif
+}
+
+CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float clip_coef, int found_inf) {
+    size_t gidx, k;
+    float gs;
+    if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_step: optimizer is NULL");
+    if (!capex__opt_finite(inv_scale) || inv_scale <= 0.0f)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_step: inv_scale is %g; it must be finite and > 0 "
+                           "(1/loss_scale, or 1)", (double)inv_scale);
+    if (!capex__opt_finite(clip_coef) || clip_coef < 0.0f)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_step: clip_coef is %g; it must be finite and >= 0 "
+                           "(1: no clipping)", (double)clip_coef);
+    if (o->broken)
+        return capex__fail(CAPEX_ERR_ORDER, "capex_optim_step: a state load failed part-way (I/O error); load the "
+                           "state again before stepping");
+    if (found_inf) return CAPEX_OK; /* skipped step: nothing changes (Apex/torch.amp) */
+    gs = inv_scale * clip_coef;
+    for (gidx = 0; gidx < o->ngroups; gidx++) {
+        capex__optim_group *g = &o->groups[gidx];
+        capex__optim_gc *c = &o->gc[gidx];
+        const capex_optim_hparams *hp = &g->hp;
+        uint64_t s = (uint64_t)g->step + 1;
+        c->lr = hp->lr;
+        c->beta1 = hp->beta1;
+        c->beta2 = hp->beta2;
+        c->beta3 = hp->grad_averaging ? 1.0f - hp->beta1 : 1.0f;
+        /* Apex: bias_correction1 = 1 - std::pow(beta1, step), in double, stored as float */
+        c->bc1 = hp->bias_correction ? (float)(1.0 - pow((double)hp->beta1, (double)s)) : 1.0f;
+        c->bc2 = hp->bias_correction ? (float)(1.0 - pow((double)hp->beta2, (double)s)) : 1.0f;
+        c->eps = hp->eps;
+        c->wd = hp->weight_decay;
+        c->momentum = hp->momentum;
+        c->dampening = hp->dampening;
+        c->clip_div = 1.0f;
+        c->nesterov = hp->nesterov ? ~0u : 0u;
+        c->first = !g->mom_init ? ~0u : 0u;
+        /* Apex: `if (wd != 0 && !wd_after_momentum)` / `if (wd != 0 && wd_after_momentum)` */
+        c->wd_on = hp->weight_decay != 0.0f ? ~0u : 0u;
+        c->wd_before = o->desc.wd_after_momentum ? 0u : c->wd_on;
+        c->wd_after = o->desc.wd_after_momentum ? c->wd_on : 0u;
+        c->step_lo = (unsigned int)(s & 0xffffffffu);
+        c->step_hi = (unsigned int)(s >> 32);
+    }
+    if (o->desc.kind == CAPEX_OPTIM_LAMB) {
+        double g2 = 0.0;
+        float gnorm, clip_div = 1.0f;
+        capex_result r = capex__optim_grad_sumsq(o, &g2);
+        if (r != CAPEX_OK) return r; /* nothing changed yet */
+        /* Apex: global norm over all grads (per-dtype norms blended); ours is
+           the norm of the scaled grads g*inv_scale*clip */
+        gnorm = (float)(sqrt(g2) * (double)gs);
+        if (o->desc.max_grad_norm > 0.0f && gnorm > o->desc.max_grad_norm) clip_div = gnorm / o->desc.max_grad_norm;
+        for (gidx = 0; gidx < o->ngroups; gidx++) o->gc[gidx].clip_div = clip_div;
+        capex__optim_run(o, CAPEX__OPT_PH_LAMB1, gs);
+        for (k = 0; k < o->ntensors; k++) o->ratio[k] = 0.0f;
+        {
+            /* per-tensor norms: items of a tensor are consecutive, added in order */
+            size_t i0 = 0;
+            for (k = 0; k < o->ntensors; k++) {
+                const capex__optim_tensor *t = &o->tensors[k];
+                const capex_optim_hparams *hp = &o->groups[t->group].hp;
+                double sp = 0.0, su = 0.0;
+                float pn, un, ratio = hp->lr;
+                while (i0 < o->nitems && o->items[i0].tensor == k) {
+                    sp += o->part[2 * i0];
+                    su += o->part[2 * i0 + 1];
+                    i0++;
+                }
+                pn = (float)sqrt(sp);
+                un = (float)sqrt(su);
+                /* Apex: nvlamb applies the trust ratio everywhere, else only where wd != 0 */
+                if (o->desc.use_nvlamb || hp->weight_decay != 0.0f)
+                    ratio = (un != 0.0f && pn != 0.0f) ? hp->lr * (pn / un) : hp->lr;
+                o->ratio[k] = ratio;
+            }
+        }
+        capex__optim_run(o, CAPEX__OPT_PH_LAMB2, gs);
+    } else {
+        capex__optim_run(o, CAPEX__OPT_PH_MAIN, gs);
+    }
+    for (gidx = 0; gidx < o->ngroups; gidx++) {
+        o->groups[gidx].step++;
+        if (o->desc.kind == CAPEX_OPTIM_SGD && o->groups[gidx].hp.momentum != 0.0f) o->groups[gidx].mom_init = 1;
+    }
+    return CAPEX_OK;
+}
+
+CAPEX_API size_t capex_optim_num_groups(const capex_optim *o) { return o ? o->ngroups : 0; }
+
+CAPEX_API capex_result capex_optim_get_hparams(const capex_optim *o, size_t group, capex_optim_hparams *hp) {
+    if (!o || !hp) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_hparams: NULL argument");
+    if (group >= o->ngroups)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_hparams: group %zu of %zu", group, o->ngroups);
+    *hp = o->groups[group].hp;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_optim_set_hparams(capex_optim *o, size_t group, const capex_optim_hparams *hp) {
+    capex_result r;
+    if (!o || !hp) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_set_hparams: NULL argument");
+    if (group >= o->ngroups)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_set_hparams: group %zu of %zu", group, o->ngroups);
+    if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
+    if (o->desc.kind == CAPEX_OPTIM_SGD && (hp->momentum != 0.0f) != (o->groups[group].hp.momentum != 0.0f) &&
+        o->groups[group].count > 0 && (hp->momentum != 0.0f) && !o->tensors[o->groups[group].first].p.exp_avg)
+        return capex__fail(CAPEX_ERR_CONFIG, "SGD: group %zu was created without momentum, so it has no momentum "
+                           "buffers; create the group with momentum != 0 to turn momentum on later", group);
+    o->groups[group].hp = *hp;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_optim_set_lr(capex_optim *o, size_t group, float lr) {
+    capex_optim_hparams hp;
+    capex_result r = capex_optim_get_hparams(o, group, &hp);
+    if (r != CAPEX_OK) return r;
+    hp.lr = lr;
+    return capex_optim_set_hparams(o, group, &hp);
+}
+
+CAPEX_API capex_result capex_optim_get_step(const capex_optim *o, size_t group, int64_t *step) {
+    if (!o || !step) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_step: NULL argument");
+    if (group >= o->ngroups)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_step: group %zu of %zu", group, o->ngroups);
+    *step = o->groups[group].step;
+    return CAPEX_OK;
+}
+
+static capex_result capex__optim_tensor_at(const capex_optim *o, size_t group, size_t index, const char *fn,
+                                           capex__optim_tensor **t) {
+    if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: optimizer is NULL", fn);
+    if (group >= o->ngroups) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: group %zu of %zu", fn, group, o->ngroups);
+    if (index >= o->groups[group].count)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: parameter %zu of %zu in group %zu", fn, index,
+                           o->groups[group].count, group);
+    *t = &o->tensors[o->groups[group].first + index];
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_optim_set_grad(capex_optim *o, size_t group, size_t index, const void *grad,
+                                            capex_dtype grad_dtype) {
+    capex__optim_tensor *t = NULL;
+    capex_optim_param p;
+    capex_result r = capex__optim_tensor_at(o, group, index, "capex_optim_set_grad", &t);
+    if (r != CAPEX_OK) return r;
+    p = t->p;
+    p.grad = grad;
+    p.grad_dtype = grad_dtype;
+    if ((r = capex__optim_check_param(&o->desc, &p, index)) != CAPEX_OK) return r;
+    t->p.grad = grad;
+    t->p.grad_dtype = grad_dtype;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_optim_get_state(const capex_optim *o, size_t group, size_t index, float **exp_avg,
+                                             float **exp_avg_sq) {
+    capex__optim_tensor *t = NULL;
+    capex_result r = capex__optim_tensor_at(o, group, index, "capex_optim_get_state", &t);
+    if (r != CAPEX_OK) return r;
+    if (exp_avg) *exp_avg = t->p.exp_avg;
+    if (exp_avg_sq) *exp_avg_sq = t->p.exp_avg_sq;
+    return CAPEX_OK;
+}
+
+/* ---- optimizer state save/restore ---- */
+
+#define CAPEX__OPT_NAME_MAX 160
+
+static capex_result capex__optim_name(char *buf, const char *prefix, const char *fmt, size_t a, const char *b) {
+    char tail[96];
+    if (b) snprintf(tail, sizeof tail, fmt, a, b);
+    else snprintf(tail, sizeof tail, fmt, a);
+    if ((size_t)snprintf(buf, CAPEX__OPT_NAME_MAX, "%s.%s", prefix, tail) >= CAPEX__OPT_NAME_MAX)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer state: prefix '%s' is too long", prefix);
+    return CAPEX_OK;
+}
+
+/* Per-group hyperparameters as saved: scalars "<prefix>.group<g>.<name>". */
+static const char *const capex__optim_hp_f32_names[7] = {"lr", "beta1", "beta2", "eps", "weight_decay", "momentum",
+                                                         "dampening"};
+static const char *const capex__optim_hp_i64_names[3] = {"bias_correction", "grad_averaging", "nesterov"};
+static float *capex__optim_hp_f32(capex_optim_hparams *hp, int i) {
+    float *f[7];
+    f[0] = &hp->lr; f[1] = &hp->beta1; f[2] = &hp->beta2; f[3] = &hp->eps; f[4] = &hp->weight_decay;
+    f[5] = &hp->momentum; f[6] = &hp->dampening;
+    return f[i];
+}
+static int *capex__optim_hp_int(capex_optim_hparams *hp, int i) {
+    return i == 0 ? &hp->bias_correction : i == 1 ? &hp->grad_averaging : &hp->nesterov;
+}
+
+CAPEX_API capex_result capex_optim_save(const capex_optim *o, capex_state_writer *w, const char *prefix,
+                                        unsigned flags) {
+    char nm[CAPEX__OPT_NAME_MAX];
+    capex_result r;
+    size_t g, k;
+    int64_t shape;
+    if (!o || !w) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_save: optimizer or writer is NULL");
+    if (!prefix) prefix = "optim";
+#define CAPEX__OPT_TRY(x) do { if ((r = (x)) != CAPEX_OK) return r; } while (0)
+    {
+        const char *names[7] = {"kind", "adam_w_mode", "use_nvlamb", "wd_after_momentum", "stochastic_rounding",
+                                "num_groups", "num_params"};
+        int64_t vals[7];
+        int i;
+        vals[0] = (int64_t)o->desc.kind; vals[1] = o->desc.adam_w_mode != 0; vals[2] = o->desc.use_nvlamb != 0;
+        vals[3] = o->desc.wd_after_momentum != 0; vals[4] = o->desc.stochastic_rounding != 0;
+        vals[5] = (int64_t)o->ngroups; vals[6] = (int64_t)o->ntensors;
+        for (i = 0; i < 7; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, names[i], 0, NULL));
+            CAPEX__OPT_TRY(capex_state_add_i64(w, nm, vals[i]));
+        }
+    }
+    CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "max_grad_norm", 0, NULL));
+    CAPEX__OPT_TRY(capex_state_add_f32(w, nm, o->desc.max_grad_norm));
+    CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "seed", 0, NULL));
+    CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_U64, 0, NULL, &o->desc.seed));
+    for (g = 0; g < o->ngroups; g++) {
+        capex__optim_group *gr = &o->groups[g];
+        int i;
+        for (i = 0; i < 7; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.%s", g, capex__optim_hp_f32_names[i]));
+            CAPEX__OPT_TRY(capex_state_add_f32(w, nm, *capex__optim_hp_f32(&gr->hp, i)));
+        }
+        for (i = 0; i < 3; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.%s", g, capex__optim_hp_i64_names[i]));
+            CAPEX__OPT_TRY(capex_state_add_i64(w, nm, *capex__optim_hp_int(&gr->hp, i)));
+        }
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.step", g, NULL));
+        CAPEX__OPT_TRY(capex_state_add_i64(w, nm, gr->step));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.momentum_init", g, NULL));
+        CAPEX__OPT_TRY(capex_state_add_i64(w, nm, gr->mom_init));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.count", g, NULL));
+        CAPEX__OPT_TRY(capex_state_add_i64(w, nm, (int64_t)gr->count));
+    }
+    for (k = 0; k < o->ntensors; k++) {
+        const capex_optim_param *p = &o->tensors[k].p;
+        shape = p->numel;
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.numel", k, NULL));
+        CAPEX__OPT_TRY(capex_state_add_i64(w, nm, p->numel));
+        if (p->exp_avg) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg", k, NULL));
+            CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_F32, 1, &shape, p->exp_avg));
+        }
+        if (p->exp_avg_sq) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg_sq", k, NULL));
+            CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_F32, 1, &shape, p->exp_avg_sq));
+        }
+        if ((flags & CAPEX_OPTIM_STATE_PARAMS) && p->numel) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.param", k, NULL));
+            CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_F32, 1, &shape, p->param));
+            if (p->model) {
+                CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.model", k, NULL));
+                CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, (capex_state_dtype)p->model_dtype, 1, &shape, p->model));
+            }
+        }
+    }
+    return CAPEX_OK;
+}
+
+/* Checks that name exists with dtype and numel (shape [numel]). */
+static capex_result capex__optim_expect(capex_state_reader *rd, const char *nm, capex_state_dtype dt, int64_t numel) {
+    capex_state_tensor_info info;
+    capex_result r = capex_state_find(rd, nm, &info);
+    if (r != CAPEX_OK)
+        return capex__fail(r, "optimizer state: '%s' is missing; was the file saved from an optimizer with the same "
+                           "groups and parameters (and flags)?", nm);
+    if (info.dtype != dt || info.ndim != 1 || info.shape[0] != numel)
+        return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "optimizer state: '%s' is %s with %lld elements; expected %s [%lld]",
+                           nm, capex_state_dtype_name(info.dtype), (long long)info.numel, capex_state_dtype_name(dt),
+                           (long long)numel);
+    return CAPEX_OK;
+}
+
+static capex_result capex__optim_get_i64(capex_state_reader *rd, const char *nm, int64_t *v) {
+    capex_result r = capex_state_get_i64(rd, nm, v);
+    if (r != CAPEX_OK)
+        return capex__fail(r, "optimizer state: cannot read '%s' (%s); is this an optimizer state file?", nm,
+                           capex_result_string(r));
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, const char *prefix, unsigned flags) {
+    char nm[CAPEX__OPT_NAME_MAX];
+    capex_result r;
+    size_t g, k;
+    int64_t kind, modes[7], v;
+    float mgn;
+    uint64_t seed;
+    capex_optim_desc nd;
+    capex_optim_hparams *hps = NULL;
+    int64_t *steps = NULL;
+    const capex_allocator *a;
+    if (!o || !rd) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_load: optimizer or reader is NULL");
+    if (!prefix) prefix = "optim";
+    a = capex__optim_alloc(o);
+    /* 1. optimizer-wide settings */
+    {
+        const char *names[7] = {"kind", "adam_w_mode", "use_nvlamb", "wd_after_momentum", "stochastic_rounding",
+                                "num_groups", "num_params"};
+        int i;
+        for (i = 0; i < 7; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, names[i], 0, NULL));
+            CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &modes[i]));
+        }
+    }
+    kind = modes[0];
+    if (kind != (int64_t)o->desc.kind)
+        return capex__fail(CAPEX_ERR_CONFIG, "optimizer state: the file holds optimizer kind %lld, this optimizer is "
+                           "kind %d (0 Adam, 1 LAMB, 2 SGD)", (long long)kind, (int)o->desc.kind);
+    if (modes[5] != (int64_t)o->ngroups || modes[6] != (int64_t)o->ntensors)
+        return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "optimizer state: the file has %lld groups and %lld parameters, "
+                           "this optimizer %zu and %zu; add the same groups before loading", (long long)modes[5],
+                           (long long)modes[6], o->ngroups, o->ntensors);
+    CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "max_grad_norm", 0, NULL));
+    if ((r = capex_state_get_f32(rd, nm, &mgn)) != CAPEX_OK)
+        return capex__fail(r, "optimizer state: cannot read '%s'", nm);
+    CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "seed", 0, NULL));
+    if ((r = capex_state_read_tensor(rd, nm, CAPEX_STATE_U64, 1, &seed)) != CAPEX_OK)
+        return capex__fail(r, "optimizer state: cannot read '%s'", nm);
+    nd = o->desc;
+    nd.adam_w_mode = modes[1] != 0; nd.use_nvlamb = modes[2] != 0; nd.wd_after_momentum = modes[3] != 0;
+    nd.stochastic_rounding = modes[4] != 0; nd.max_grad_norm = mgn; nd.seed = seed;
+    if ((r = capex__optim_check_desc(&nd)) != CAPEX_OK) return r;
+    /* 2. groups */
+    hps = (capex_optim_hparams *)capex__alloc(a, (o->ngroups + 1) * sizeof *hps);
+    steps = (int64_t *)capex__alloc(a, 2 * (o->ngroups + 1) * sizeof *steps);
+    if (!hps || !steps) {
+        capex__free(a, hps); capex__free(a, steps);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_load: out of memory");
+    }
+#undef CAPEX__OPT_TRY
+#define CAPEX__OPT_TRY(x) do { if ((r = (x)) != CAPEX_OK) goto done; } while (0)
+    for (g = 0; g < o->ngroups; g++) {
+        int i;
+        memset(&hps[g], 0, sizeof hps[g]);
+        for (i = 0; i < 7; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.%s", g, capex__optim_hp_f32_names[i]));
+            if ((r = capex_state_get_f32(rd, nm, capex__optim_hp_f32(&hps[g], i))) != CAPEX_OK) {
+                r = capex__fail(r, "optimizer state: cannot read '%s'", nm);
+                goto done;
+            }
+        }
+        for (i = 0; i < 3; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.%s", g, capex__optim_hp_i64_names[i]));
+            CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &v));
+            *capex__optim_hp_int(&hps[g], i) = v != 0;
+        }
+        CAPEX__OPT_TRY(capex__optim_check_hp(&nd, &hps[g]));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.step", g, NULL));
+        CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &steps[2 * g]));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.momentum_init", g, NULL));
+        CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &steps[2 * g + 1]));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.count", g, NULL));
+        CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &v));
+        if (steps[2 * g] < 0 || v != (int64_t)o->groups[g].count) {
+            r = capex__fail(CAPEX_ERR_SIZE_MISMATCH, "optimizer state: group %zu has %lld parameters (step %lld) in the "
+                            "file, %zu here", g, (long long)v, (long long)steps[2 * g], o->groups[g].count);
+            goto done;
+        }
+        if (o->desc.kind == CAPEX_OPTIM_SGD && hps[g].momentum != 0.0f && o->groups[g].count &&
+            !o->tensors[o->groups[g].first].p.exp_avg) {
+            r = capex__fail(CAPEX_ERR_CONFIG, "optimizer state: group %zu uses momentum in the file but was created "
+                            "here without it (no buffers)", g);
+            goto done;
+        }
+    }
+    /* 3. every tensor's presence, dtype and shape */
+    for (k = 0; k < o->ntensors; k++) {
+        const capex_optim_param *p = &o->tensors[k].p;
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.numel", k, NULL));
+        CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &v));
+        if (v != p->numel) {
+            r = capex__fail(CAPEX_ERR_SIZE_MISMATCH, "optimizer state: parameter %zu has %lld elements in the file, "
+                            "%lld here", k, (long long)v, (long long)p->numel);
+            goto done;
+        }
+        if (p->exp_avg) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg", k, NULL));
+            CAPEX__OPT_TRY(capex__optim_expect(rd, nm, CAPEX_STATE_F32, p->numel));
+        }
+        if (p->exp_avg_sq) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg_sq", k, NULL));
+            CAPEX__OPT_TRY(capex__optim_expect(rd, nm, CAPEX_STATE_F32, p->numel));
+        }
+        if ((flags & CAPEX_OPTIM_STATE_PARAMS) && p->numel) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.param", k, NULL));
+            CAPEX__OPT_TRY(capex__optim_expect(rd, nm, CAPEX_STATE_F32, p->numel));
+            if (p->model) {
+                CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.model", k, NULL));
+                CAPEX__OPT_TRY(capex__optim_expect(rd, nm, (capex_state_dtype)p->model_dtype, p->numel));
+            }
+        }
+    }
+    /* 4. commit: copy tensors in (only I/O can fail now), then the scalars */
+    o->broken = 1;
+    for (k = 0; k < o->ntensors; k++) {
+        const capex_optim_param *p = &o->tensors[k].p;
+        uint64_t n = (uint64_t)p->numel;
+        if (!n) continue;
+        if (p->exp_avg) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg", k, NULL));
+            CAPEX__OPT_TRY(capex_state_read_tensor(rd, nm, CAPEX_STATE_F32, n, p->exp_avg));
+        }
+        if (p->exp_avg_sq) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg_sq", k, NULL));
+            CAPEX__OPT_TRY(capex_state_read_tensor(rd, nm, CAPEX_STATE_F32, n, p->exp_avg_sq));
+        }
+        if (flags & CAPEX_OPTIM_STATE_PARAMS) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.param", k, NULL));
+            CAPEX__OPT_TRY(capex_state_read_tensor(rd, nm, CAPEX_STATE_F32, n, p->param));
+            if (p->model) {
+                CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.model", k, NULL));
+                CAPEX__OPT_TRY(capex_state_read_tensor(rd, nm, (capex_state_dtype)p->model_dtype, n, p->model));
+            }
+        }
+    }
+    for (g = 0; g < o->ngroups; g++) {
+        o->groups[g].hp = hps[g];
+        o->groups[g].step = steps[2 * g];
+        o->groups[g].mom_init = steps[2 * g + 1] != 0;
+    }
+    nd.allocator = NULL;
+    o->desc = nd;
+    o->broken = 0;
+done:
+    capex__free(a, hps);
+    capex__free(a, steps);
+    return r;
+#undef CAPEX__OPT_TRY
+}
+
+CAPEX_API capex_result capex_optim_save_file(const capex_optim *o, const char *path, unsigned flags) {
+    capex_state_writer *w = NULL;
+    capex_result r;
+    if (!o || !path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_save_file: optimizer or path is NULL");
+    if ((r = capex_state_writer_create(capex__optim_alloc(o), &w)) != CAPEX_OK) return r;
+    r = capex_optim_save(o, w, NULL, flags);
+    if (r == CAPEX_OK) r = capex_state_write_file(w, path);
+    capex_state_writer_destroy(w);
+    return r;
+}
+
+CAPEX_API capex_result capex_optim_load_file(capex_optim *o, const char *path, unsigned flags) {
+    capex_state_reader *rd = NULL;
+    capex_result r;
+    if (!o || !path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_load_file: optimizer or path is NULL");
+    if ((r = capex_state_reader_open_file(path, 0, capex__optim_alloc(o), &rd)) != CAPEX_OK) return r;
+    r = capex_optim_load(o, rd, NULL, flags);
+    capex_state_reader_close(rd);
+    return r;
+}
 
 /* @@SECTION:DIST:IMPL@@ (data parallel: implementation) */
 

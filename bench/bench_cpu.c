@@ -47,6 +47,51 @@ static void run_clip(bench_ctx *c) { /* always clips (max_norm tiny, coef ~ 1: v
     capex_clip_grad_norm(&c->desc, &c->list[0], 1, 1e-30f, &c->out[0]);
 }
 
+/* Optimizers (OPTIM section). One optimizer per buffer set and thread count,
+   cached across repetitions (creating one zeroes the moments). Bytes per
+   element that must move: AdamW f32 28 (g r4, p/m/v r4+w4); AdamW master +
+   bf16 grads + bf16 model 28 (g r2, p/m/v r4+w4, model w2); LAMB f32 28 + 4
+   (the global grad-norm pass reads g again); SGD momentum f32 20. LAMB's second
+   pass (m, v, p again after the per-tensor norms) is counted as overhead, not
+   as bytes. */
+static capex_optim *optim_get(bench_ctx *c, capex_optim_kind kind, int has_model) {
+    static capex_optim *cached = NULL;
+    static const void *key = NULL;
+    static int key_threads = -1, key_kind = -1;
+    const capex_tensor_list *L = c->list;
+    size_t t, n = L[0].count;
+    capex_optim_desc d;
+    capex_optim_param *ps;
+    if (cached && key == L[1].tensors[0].data && key_threads == c->desc.num_threads && key_kind == (int)kind)
+        return cached;
+    capex_optim_destroy(cached);
+    cached = NULL;
+    capex_optim_desc_init(&d, kind);
+    d.exec = c->desc;
+    if (kind == CAPEX_OPTIM_SGD) d.defaults.momentum = 0.9f;
+    d.defaults.weight_decay = 0.01f;
+    ps = (capex_optim_param *)malloc(n * sizeof *ps);
+    for (t = 0; t < n; t++) {
+        capex_optim_param_init(&ps[t]);
+        ps[t].grad = L[0].tensors[t].data; ps[t].grad_dtype = L[0].dtype;
+        ps[t].param = (float *)L[1].tensors[t].data; ps[t].numel = L[1].tensors[t].numel;
+        ps[t].exp_avg = (float *)L[2].tensors[t].data;
+        if (kind != CAPEX_OPTIM_SGD) ps[t].exp_avg_sq = (float *)L[3].tensors[t].data;
+        if (has_model) { ps[t].model = L[4].tensors[t].data; ps[t].model_dtype = L[4].dtype; }
+    }
+    if (capex_optim_create(&d, &cached) != CAPEX_OK || capex_optim_add_group(cached, NULL, ps, n, NULL) != CAPEX_OK) {
+        fprintf(stderr, "optimizer setup failed: %s\n", capex_last_error());
+        exit(1);
+    }
+    free(ps);
+    key = L[1].tensors[0].data; key_threads = c->desc.num_threads; key_kind = (int)kind;
+    return cached;
+}
+static void run_adamw(bench_ctx *c) { capex_optim_step(optim_get(c, CAPEX_OPTIM_ADAM, 0), 1.0f, 1.0f, 0); }
+static void run_adamw_o2(bench_ctx *c) { capex_optim_step(optim_get(c, CAPEX_OPTIM_ADAM, 1), 1.0f, 1.0f, 0); }
+static void run_lamb(bench_ctx *c) { capex_optim_step(optim_get(c, CAPEX_OPTIM_LAMB, 0), 1.0f, 1.0f, 0); }
+static void run_sgd(bench_ctx *c) { capex_optim_step(optim_get(c, CAPEX_OPTIM_SGD, 0), 1.0f, 1.0f, 0); }
+
 static const bench_op k_ops[] = {
     {"unscale f32 in place", 1, {CAPEX_F32}, "b", run_scale_inplace},
     {"unscale f16->f32", 2, {CAPEX_F16, CAPEX_F32}, "rw", run_scale},
@@ -56,9 +101,13 @@ static const bench_op k_ops[] = {
     {"l2norm f32", 1, {CAPEX_F32}, "r", run_l2norm},
     {"l2norm bf16", 1, {CAPEX_BF16}, "r", run_l2norm},
     {"clip_grad_norm f32", 1, {CAPEX_F32}, "b", run_clip}, /* norm pass reads: counted below */
+    {"AdamW f32", 4, {CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_F32}, "rbbb", run_adamw},
+    {"AdamW master+bf16 (bf16 g)", 5, {CAPEX_BF16, CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_BF16}, "rbbbw", run_adamw_o2},
+    {"LAMB f32", 4, {CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_F32}, "rbbb", run_lamb},
+    {"SGD momentum f32", 3, {CAPEX_F32, CAPEX_F32, CAPEX_F32}, "rbb", run_sgd},
 };
 /* extra bytes per element beyond the rw string (clip reads once for the norm) */
-static double extra_bytes(const bench_op *op) { return op->run == run_clip ? 4.0 : 0.0; }
+static double extra_bytes(const bench_op *op) { return op->run == run_clip || op->run == run_lamb ? 4.0 : 0.0; }
 
 /* ---- timing --------------------------------------------------------------- */
 static double now(void) {
