@@ -382,6 +382,12 @@ CAPEX_API uint64_t capex_rendezvous_nonce(const char *run_id);
    all. Deadline: CAPEX_ERR_TIMEOUT. Unix only (else CAPEX_ERR_UNSUPPORTED).
    Thread-safe (no shared state). */
 CAPEX_API capex_result capex_rendezvous_broadcast(const capex_rendezvous_desc *d, void *blob, size_t size);
+/* The bootstrap path for NCCL's unique id (or any small blob), rank 0 to all:
+   over `comm` when it spans more than one rank with host buffers (an MPI
+   comm), else over the TCP rendezvous at env's MASTER_ADDR:MASTER_PORT with
+   the nonce of env's run id. timeout_s <= 0: 300 s. */
+CAPEX_API capex_result capex_dist_broadcast_blob(const capex_dist_env *env, capex_comm *comm, void *blob, size_t size,
+                                                 double timeout_s);
 
 /* -- DDP gradient buckets -- */
 typedef struct capex_ddp capex_ddp;
@@ -1720,6 +1726,41 @@ CAPEX_API capex_result capex_rendezvous_broadcast(const capex_rendezvous_desc *d
     (void)deadline;
     return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_rendezvous_broadcast: no sockets on this platform/build");
 #endif
+}
+
+CAPEX_API capex_result capex_dist_broadcast_blob(const capex_dist_env *env, capex_comm *comm, void *blob, size_t size,
+                                                 double timeout_s) {
+    capex_rendezvous_desc d;
+    if (size && !blob) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_dist_broadcast_blob: blob is NULL");
+    if (comm && comm->vt && comm->world_size > 1 && !comm->device_buffers) {
+        /* broadcast moves bits: carry the bytes as f32 words */
+        size_t words = (size + 3) / 4;
+        float *tmp = (float *)capex__alloc(comm->allocator, words * 4);
+        capex_result r;
+        double saved = comm->timeout_s;
+        if (!tmp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_dist_broadcast_blob: out of memory");
+        memset(tmp, 0, words * 4);
+        if (comm->rank == 0 && size) memcpy(tmp, blob, size);
+        if (timeout_s > 0) comm->timeout_s = timeout_s;
+        r = capex_comm_broadcast(comm, tmp, words, CAPEX_F32, 0);
+        comm->timeout_s = saved;
+        if (r == CAPEX_OK && size) memcpy(blob, tmp, size);
+        capex__free(comm->allocator, tmp);
+        return r;
+    }
+    if (!env) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_dist_broadcast_blob: no multi-rank comm and no env");
+    if (env->world_size == 1) return CAPEX_OK;
+    if (!env->master_addr[0] || !env->master_port)
+        return capex__fail(CAPEX_ERR_CONFIG, "capex_dist_broadcast_blob: %d ranks need MASTER_ADDR and MASTER_PORT "
+                                             "(rank 0's host and a free port) for the TCP rendezvous", env->world_size);
+    capex_rendezvous_desc_init(&d);
+    d.addr = env->master_addr;
+    d.port = env->master_port;
+    d.rank = env->rank;
+    d.world_size = env->world_size;
+    d.nonce = capex_rendezvous_nonce(env->run_id);
+    if (timeout_s > 0) d.timeout_s = timeout_s;
+    return capex_rendezvous_broadcast(&d, blob, size);
 }
 
 /* ---- data parallel: DDP buckets ----------------------------------------- */

@@ -969,6 +969,40 @@ CT_TEST(rendezvous_arguments) {
     CT_CHECK(capex_rendezvous_nonce("a") != capex_rendezvous_nonce("b") && capex_rendezvous_nonce(NULL) == capex_rendezvous_nonce(""), "nonce");
 }
 
+CT_TEST(broadcast_blob_bootstrap) {
+    capex_dist_env env;
+    capex_comm c;
+    unsigned char id[128];
+    int port = free_port(), st = 0;
+    size_t k;
+    pid_t pid;
+    kv t[] = {{NULL, NULL}};
+    CT_CHECK(read_env(t, &env) == CAPEX_OK, "env");
+    capex_comm_init_single(&c);
+    CT_CHECK(capex_dist_broadcast_blob(&env, &c, id, sizeof id, 1.0) == CAPEX_OK, "world 1: nothing to do");
+    CT_CHECK(capex_dist_broadcast_blob(NULL, NULL, id, sizeof id, 1.0) == CAPEX_ERR_INVALID_ARG, "nothing given");
+    env.world_size = 2;
+    CT_CHECK(capex_dist_broadcast_blob(&env, NULL, id, sizeof id, 1.0) == CAPEX_ERR_CONFIG, "no MASTER_ADDR");
+    /* two processes over the TCP rendezvous, as capex_cuda.h does for NCCL */
+    strcpy(env.master_addr, "127.0.0.1");
+    env.master_port = port;
+    strcpy(env.run_id, "blob-run");
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        env.rank = 1;
+        memset(id, 0, sizeof id);
+        if (capex_dist_broadcast_blob(&env, NULL, id, sizeof id, 5.0) != CAPEX_OK) _exit(2);
+        for (k = 0; k < sizeof id; k++) if (id[k] != (unsigned char)(255 - k)) _exit(3);
+        _exit(0);
+    }
+    env.rank = 0;
+    for (k = 0; k < sizeof id; k++) id[k] = (unsigned char)(255 - k);
+    CT_CHECK(capex_dist_broadcast_blob(&env, NULL, id, sizeof id, 5.0) == CAPEX_OK, "%.300s", capex_last_error());
+    waitpid(pid, &st, 0);
+    CT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 got the blob (exit %d)", WEXITSTATUS(st));
+}
+
 static const ct_case cases[] = {
     CT_CASE(env_none_is_single_process),
     CT_CASE(env_torchrun),
@@ -998,5 +1032,6 @@ static const ct_case cases[] = {
     CT_CASE(rendezvous_missing_rank_times_out),
     CT_CASE(rendezvous_bad_peer_of_this_run_fails),
     CT_CASE(rendezvous_arguments),
+    CT_CASE(broadcast_blob_bootstrap),
 };
 CT_MAIN(cases)

@@ -302,6 +302,12 @@ static int t_collectives(void) {
     for (i = 0; i < 3 * g_world; i++) CHECK(gbuf[i] == (float)((i / 3) * 10 + i % 3), "allgather slot %d", i);
     CHECK(capex_comm_barrier(&c) == CAPEX_OK, "%.300s", capex_last_error());
     CHECK(capex_comm_broadcast(&c, f, 5, CAPEX_F32, g_world) == CAPEX_ERR_INVALID_ARG, "root out of range");
+    { /* the NCCL-id bootstrap path over MPI: 128 bytes (and an odd size) */
+        unsigned char id[131];
+        for (i = 0; i < 131; i++) id[i] = (unsigned char)(g_rank == 0 ? i * 3 + 1 : 0);
+        CHECK(capex_dist_broadcast_blob(NULL, &c, id, 131, 5.0) == CAPEX_OK, "%.300s", capex_last_error());
+        for (i = 0; i < 131; i++) CHECK(id[i] == (unsigned char)(i * 3 + 1), "blob byte %d", i);
+    }
     capex_comm_destroy(&c);
     return 0;
 }
