@@ -351,6 +351,10 @@ CAPEX_API capex_result capex_comm_init_single(capex_comm *c);
    With CAPEX_MPI, capex_comm_init_mpi(c, MPI_Comm) takes any communicator. */
 CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c);
 CAPEX_API void capex_comm_destroy(capex_comm *c);
+/* TCP star through rank 0 at env's MASTER_ADDR:MASTER_PORT (nonce from
+   env's run id): CPU jobs without MPI, e.g. under torchrun --no-python.
+   Deterministic (rank-order sums), synchronous, O(world) load on rank 0. */
+CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *env, double connect_timeout_s);
 /* Checked front-ends: argument checks, deadline = now + timeout_s, failure
    marking. send == recv (in place) is allowed. AVG = sum, then / world. */
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count,
@@ -1543,7 +1547,9 @@ CAPEX__PRIVATE const char *capex__rdv_status_name(uint32_t st) {
     return "unknown refusal";
 }
 
-static capex_result capex__rdv_root(const capex_rendezvous_desc *d, void *blob, size_t size, double deadline) {
+/* keep (world entries) non-NULL: the peer sockets stay open and move there
+   (the TCP comm backend); else they are closed. */
+static capex_result capex__rdv_root(const capex_rendezvous_desc *d, void *blob, size_t size, double deadline, int *keep) {
     capex__sockaddr sa;
     capex_result r = capex__resolve(d->addr, d->port, &sa);
     int ls, one = 1, joined = 0, i, refused_foreign = 0;
@@ -1625,12 +1631,15 @@ static capex_result capex__rdv_root(const capex_rendezvous_desc *d, void *blob, 
             else if (e) r = capex__fail(CAPEX_ERR_COMM, "rendezvous: rank %d dropped its connection", i);
         }
     }
-    for (i = 0; i < d->world_size; i++) if (fds[i] >= 0) close(fds[i]);
+    for (i = 0; i < d->world_size; i++) {
+        if (keep && r == CAPEX_OK) keep[i] = fds[i];
+        else if (fds[i] >= 0) close(fds[i]);
+    }
     capex__free(NULL, fds);
     return r;
 }
 
-static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, size_t size, double deadline) {
+static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, size_t size, double deadline, int *keep) {
     capex__sockaddr sa;
     capex_result r = capex__resolve(d->addr, d->port, &sa);
     unsigned char msg[32];
@@ -1698,13 +1707,218 @@ static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, 
             return capex__fail(CAPEX_ERR_COMM, "rendezvous: rank 0's answer has another nonce or size (foreign job)");
         }
         e = size ? capex__io_all(fd, blob, size, 0, deadline) : 0;
-        close(fd);
+        if (keep && e == 0) *keep = fd;
+        else close(fd);
         if (e == -2) return capex__fail(CAPEX_ERR_TIMEOUT, "rendezvous: rank %d: the blob did not arrive before the deadline", d->rank);
         if (e) return capex__fail(CAPEX_ERR_COMM, "rendezvous: rank %d: connection lost while receiving the blob", d->rank);
         return CAPEX_OK;
     }
 }
+
+/* ---- data parallel: TCP comm backend (star through rank 0) -------------- */
+/* For CPU jobs without MPI (torchrun --no-python, srun): every rank keeps
+   the rendezvous socket to rank 0; rank 0 reduces in rank order (so every
+   rank gets the same bits; half types summed in f32, rounded once) and sends
+   the result back. O(world) traffic at rank 0: meant for a node or a few,
+   not for large clusters (use MPI or NCCL there). Synchronous: buckets
+   reduce when they fill, without overlap. Each message carries an op and a
+   sequence number, so ranks calling collectives in different orders get
+   CAPEX_ERR_COMM instead of garbage. */
+#define CAPEX__TCP_MAGIC 0x43585043u
+enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER = 3, CAPEX__TCP_BARRIER = 4 };
+
+typedef struct capex__tcp {
+    int *fds;      /* rank 0: socket of each peer (fds[0] unused); else fds[0] = rank 0 */
+    uint32_t seq;
+    void *tmp;
+    size_t tmp_bytes;
+} capex__tcp;
+
+static capex_result capex__tcp_io_fail(int e, int peer, const char *what) {
+    if (e == -2) return capex__fail(CAPEX_ERR_TIMEOUT, "TCP comm: %s with rank %d passed the deadline (stuck peer?)", what, peer);
+    return capex__fail(CAPEX_ERR_COMM, "TCP comm: %s: rank %d closed the connection (it died or failed)", what, peer);
+}
+
+static capex_result capex__tcp_send(capex_comm *c, int fd, int peer, uint32_t op, const void *data, size_t bytes, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    unsigned char h[24];
+    int e;
+    capex__put32(h, CAPEX__TCP_MAGIC);
+    capex__put32(h + 4, op);
+    capex__put32(h + 8, t->seq);
+    capex__put32(h + 12, 0);
+    capex__put64(h + 16, (uint64_t)bytes);
+    e = capex__io_all(fd, h, 24, 1, deadline);
+    if (e == 0 && bytes) e = capex__io_all(fd, (void *)(uintptr_t)data, bytes, 1, deadline);
+    return e ? capex__tcp_io_fail(e, peer, "send") : CAPEX_OK;
+}
+
+static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op, void *data, size_t bytes, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    unsigned char h[24];
+    int e = capex__io_all(fd, h, 24, 0, deadline);
+    if (e) return capex__tcp_io_fail(e, peer, "receive");
+    if (capex__get32(h) != CAPEX__TCP_MAGIC || capex__get32(h + 4) != op || capex__get32(h + 8) != t->seq ||
+        capex__get64(h + 16) != (uint64_t)bytes)
+        return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u of %llu bytes, expected op %u #%u of %llu "
+                                           "bytes: ranks called collectives in different orders or sizes", peer,
+                           (unsigned)capex__get32(h + 4), (unsigned)capex__get32(h + 8),
+                           (unsigned long long)capex__get64(h + 16), (unsigned)op, (unsigned)t->seq, (unsigned long long)bytes);
+    if (bytes && (e = capex__io_all(fd, data, bytes, 0, deadline)) != 0) return capex__tcp_io_fail(e, peer, "receive");
+    return CAPEX_OK;
+}
+
+static void *capex__tcp_scratch(capex_comm *c, size_t bytes) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    if (t->tmp_bytes < bytes) {
+        capex__free(c->allocator, t->tmp);
+        t->tmp = capex__alloc(c->allocator, bytes);
+        t->tmp_bytes = t->tmp ? bytes : 0;
+    }
+    return t->tmp;
+}
+
+/* rank 0 gathers from every peer in rank order into `gather` callback, then
+   sends `out` (out_bytes) back to all; peers send `in` and receive `out`. */
+static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype ty,
+                                        capex_reduce_op op, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    size_t es = capex_dtype_size(ty), i;
+    capex_result r = CAPEX_OK;
+    int p;
+    t->seq++;
+    if (c->rank != 0) {
+        if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, send, n * es, deadline)) != CAPEX_OK) return r;
+        return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline);
+    } else {
+        /* acc: f32 sums ((x0 + x1) + x2) + ... ; staging for one peer after it */
+        float *acc = (float *)capex__tcp_scratch(c, n * 4 + n * es);
+        void *in;
+        if (!acc) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: no memory for %lu elements", (unsigned long)n);
+        in = (char *)acc + n * 4;
+        capex__host_convert(acc, CAPEX_F32, send, ty, n);
+        for (p = 1; p < c->world_size; p++) {
+            if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, in, n * es, deadline)) != CAPEX_OK) return r;
+            if (ty == CAPEX_F32) { const float *x = (const float *)in; for (i = 0; i < n; i++) acc[i] += x[i]; }
+            else for (i = 0; i < n; i++) acc[i] += capex__load(in, ty, i);
+        }
+        if (op == CAPEX_REDUCE_AVG) capex__host_div(acc, n, CAPEX_F32, (float)c->world_size);
+        capex__host_convert(recv, ty, acc, CAPEX_F32, n);
+        for (p = 1; p < c->world_size; p++)
+            if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline)) != CAPEX_OK) return r;
+    }
+    return r;
+}
+
+static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, capex_dtype ty, int root, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    size_t bytes = n * capex_dtype_size(ty);
+    capex_result r;
+    int p;
+    t->seq++;
+    if (c->rank != 0) {
+        if (c->rank == root) return capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
+        return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
+    }
+    if (root != 0 && (r = capex__tcp_recv(c, t->fds[root], root, CAPEX__TCP_BROADCAST, buf, bytes, deadline)) != CAPEX_OK) return r;
+    for (p = 1; p < c->world_size; p++)
+        if (p != root && (r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_BROADCAST, buf, bytes, deadline)) != CAPEX_OK) return r;
+    return CAPEX_OK;
+}
+
+static capex_result capex__tcp_allgather(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype ty, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    size_t bytes = n * capex_dtype_size(ty), all = bytes * (size_t)c->world_size;
+    capex_result r;
+    int p;
+    t->seq++;
+    if (c->rank != 0) {
+        if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLGATHER, send, bytes, deadline)) != CAPEX_OK) return r;
+        return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLGATHER, recv, all, deadline);
+    }
+    memmove(recv, send, bytes);
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_ALLGATHER, (char *)recv + bytes * (size_t)p, bytes, deadline)) != CAPEX_OK)
+            return r;
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLGATHER, recv, all, deadline)) != CAPEX_OK) return r;
+    return CAPEX_OK;
+}
+
+static capex_result capex__tcp_barrier(capex_comm *c, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    capex_result r;
+    int p;
+    t->seq++;
+    if (c->rank != 0) {
+        if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
+        return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BARRIER, NULL, 0, deadline);
+    }
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
+    return CAPEX_OK;
+}
+
+static void capex__tcp_destroy(capex_comm *c) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    int p;
+    if (!t) return;
+    for (p = 0; t->fds && p < c->world_size; p++) if (t->fds[p] >= 0) close(t->fds[p]);
+    capex__free(NULL, t->fds);
+    capex__free(c->allocator, t->tmp);
+    capex__free(NULL, t);
+    c->impl = NULL;
+}
+
+static const capex_comm_vtable capex__tcp_vt = {
+    "tcp", capex__tcp_allreduce, capex__tcp_broadcast, capex__tcp_allgather, capex__tcp_barrier,
+    NULL, NULL, NULL, NULL, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL};
 #endif /* CAPEX__HAVE_SOCKETS */
+
+CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *env, double connect_timeout_s) {
+#ifdef CAPEX__HAVE_SOCKETS
+    capex_rendezvous_desc d;
+    capex__tcp *t;
+    capex_result r;
+    int p;
+    double deadline;
+#endif
+    if (!c || !env) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_tcp: NULL argument");
+    memset(c, 0, sizeof *c);
+    if (env->world_size == 1) return capex_comm_init_single(c);
+#ifdef CAPEX__HAVE_SOCKETS
+    if (!env->master_addr[0] || !env->master_port)
+        return capex__fail(CAPEX_ERR_CONFIG, "capex_comm_init_tcp: %d ranks need MASTER_ADDR and MASTER_PORT", env->world_size);
+    capex_rendezvous_desc_init(&d);
+    d.addr = env->master_addr;
+    d.port = env->master_port;
+    d.rank = env->rank;
+    d.world_size = env->world_size;
+    d.nonce = capex_rendezvous_nonce(env->run_id);
+    if (connect_timeout_s > 0) d.timeout_s = connect_timeout_s;
+    if (d.rank < 0 || d.rank >= d.world_size) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_tcp: bad rank");
+    t = (capex__tcp *)capex__alloc(NULL, sizeof *t);
+    if (!t) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_comm_init_tcp: out of memory");
+    memset(t, 0, sizeof *t);
+    t->fds = (int *)capex__alloc(NULL, sizeof(int) * (size_t)env->world_size);
+    if (!t->fds) { capex__free(NULL, t); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_comm_init_tcp: out of memory"); }
+    for (p = 0; p < env->world_size; p++) t->fds[p] = -1;
+    deadline = capex_dist_now() + d.timeout_s;
+    r = d.rank == 0 ? capex__rdv_root(&d, NULL, 0, deadline, t->fds) : capex__rdv_peer(&d, NULL, 0, deadline, &t->fds[0]);
+    if (r != CAPEX_OK) { capex__free(NULL, t->fds); capex__free(NULL, t); return r; }
+    c->vt = &capex__tcp_vt;
+    c->impl = t;
+    c->rank = env->rank;
+    c->world_size = env->world_size;
+    c->timeout_s = 1800.0;
+    return CAPEX_OK;
+#else
+    (void)connect_timeout_s;
+    return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_comm_init_tcp: no sockets on this platform/build");
+#endif
+}
 
 CAPEX_API capex_result capex_rendezvous_broadcast(const capex_rendezvous_desc *d, void *blob, size_t size) {
     double deadline;
@@ -1721,7 +1935,7 @@ CAPEX_API capex_result capex_rendezvous_broadcast(const capex_rendezvous_desc *d
         return capex__fail(CAPEX_ERR_CONFIG, "capex_rendezvous_broadcast: port %d not in [1, 65535]; set MASTER_PORT", d->port);
 #ifdef CAPEX__HAVE_SOCKETS
     deadline = capex_dist_now() + d->timeout_s;
-    return d->rank == 0 ? capex__rdv_root(d, blob, size, deadline) : capex__rdv_peer(d, blob, size, deadline);
+    return d->rank == 0 ? capex__rdv_root(d, blob, size, deadline, NULL) : capex__rdv_peer(d, blob, size, deadline, NULL);
 #else
     (void)deadline;
     return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_rendezvous_broadcast: no sockets on this platform/build");

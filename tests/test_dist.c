@@ -1003,6 +1003,127 @@ CT_TEST(broadcast_blob_bootstrap) {
     CT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 got the blob (exit %d)", WEXITSTATUS(st));
 }
 
+/* ---------------------------------------------------------- TCP comm -- */
+
+/* The body run by every rank of a TCP world; returns 0 or a failing line. */
+static int tcp_body(int rank, int world, int port, int mode) {
+    capex_dist_env env;
+    capex_comm c;
+    float f[5], g[15];
+    uint16_t h[3];
+    int i;
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = world; env.local_rank = rank; env.local_world_size = world;
+    strcpy(env.master_addr, "127.0.0.1");
+    env.master_port = port;
+    strcpy(env.run_id, "tcp-test");
+    if (capex_comm_init_tcp(&c, &env, 5.0) != CAPEX_OK) return __LINE__;
+    c.timeout_s = 5.0;
+    if (mode == 1) { /* failure modes: rank 1 dies, stalls or goes out of order */
+        capex_result r;
+        if (rank == 1) { capex_comm_destroy(&c); return 0; }         /* dies (closes its socket) */
+        r = capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM);
+        capex_comm_destroy(&c);
+        return r == CAPEX_ERR_COMM ? 0 : __LINE__;
+    }
+    if (mode == 2) {
+        capex_result r;
+        if (rank == 1) { capex__sleep_s(1.5); capex_comm_destroy(&c); return 0; } /* stalls */
+        c.timeout_s = 0.5;
+        r = capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM);
+        capex_comm_destroy(&c);
+        return r == CAPEX_ERR_TIMEOUT ? 0 : __LINE__;
+    }
+    if (mode == 3) {
+        capex_result r;
+        if (rank == 1) { r = capex_comm_allgather(&c, f, g, 5, CAPEX_F32); capex_comm_destroy(&c); return 0; }
+        r = capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM);
+        capex_comm_destroy(&c);
+        return r == CAPEX_ERR_COMM && strstr(capex_last_error(), "different orders") ? 0 : __LINE__;
+    }
+    if (strcmp(c.vt->name, "tcp") != 0) return __LINE__;
+    for (i = 0; i < 5; i++) f[i] = (float)((rank + 1) * (i + 1));
+    if (capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) return __LINE__;
+    for (i = 0; i < 5; i++) if (f[i] != (float)(6 * (i + 1))) return __LINE__;
+    for (i = 0; i < 3; i++) h[i] = capex_f32_to_bf16((float)(rank + 1));
+    if (capex_comm_allreduce(&c, h, h, 3, CAPEX_BF16, CAPEX_REDUCE_AVG) != CAPEX_OK) return __LINE__;
+    if (capex_bf16_to_f32(h[1]) != 2.0f) return __LINE__;
+    for (i = 0; i < 5; i++) f[i] = rank == 2 ? (float)(i + 100) : 0.0f;
+    if (capex_comm_broadcast(&c, f, 5, CAPEX_F32, 2) != CAPEX_OK || f[4] != 104.0f) return __LINE__;
+    for (i = 0; i < 5; i++) f[i] = (float)(rank * 5 + i);
+    if (capex_comm_allgather(&c, f, g, 5, CAPEX_F32) != CAPEX_OK) return __LINE__;
+    for (i = 0; i < 15; i++) if (g[i] != (float)i) return __LINE__;
+    if (capex_comm_barrier(&c) != CAPEX_OK) return __LINE__;
+    { /* DDP over TCP: params broadcast from rank 0, grads averaged */
+        float w[2][4], *gr;
+        capex_ddp_param ps[2];
+        capex_ddp_desc d;
+        capex_ddp *dd = NULL;
+        int p, step;
+        for (p = 0; p < 2; p++) for (i = 0; i < 4; i++) w[p][i] = (float)(rank * 10 + p);
+        for (p = 0; p < 2; p++) { ps[p].data = w[p]; ps[p].numel = 4; ps[p].dtype = CAPEX_F32; ps[p].grad = NULL; }
+        capex_ddp_desc_init(&d);
+        d.first_bucket_bytes = d.bucket_bytes = 16;
+        if (capex_ddp_create(&dd, &c, ps, 2, &d) != CAPEX_OK) return __LINE__;
+        if (w[1][3] != 1.0f) return __LINE__; /* rank 0's value */
+        for (step = 0; step < 3; step++) {
+            for (p = 2; p-- > 0;) {
+                gr = (float *)capex_ddp_grad(dd, (size_t)p);
+                for (i = 0; i < 4; i++) gr[i] = (float)(rank + 1 + p);
+                if (capex_ddp_grad_ready(dd, (size_t)p) != CAPEX_OK) return __LINE__;
+            }
+            if (capex_ddp_finalize(dd) != CAPEX_OK) return __LINE__;
+            for (p = 0; p < 2; p++) if (((float *)capex_ddp_grad(dd, (size_t)p))[2] != (float)(2 + p)) return __LINE__;
+        }
+        capex_ddp_destroy(dd);
+    }
+    capex_comm_destroy(&c);
+    return 0;
+}
+
+static int tcp_world(int world, int mode, int *child_codes) {
+    pid_t pids[8];
+    int port = free_port(), r, i;
+    fflush(stdout);
+    for (i = 1; i < world; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) _exit(tcp_body(i, world, port, mode) ? 1 : 0);
+    }
+    r = tcp_body(0, world, port, mode);
+    for (i = 1; i < world; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        child_codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
+    return r;
+}
+
+CT_TEST(tcp_comm_collectives_and_ddp) {
+    int codes[8], r = tcp_world(3, 0, codes);
+    CT_CHECK(r == 0, "rank 0 failed at line %d: %.300s", r, capex_last_error());
+    CT_CHECK(codes[1] == 0 && codes[2] == 0, "peers: %d %d", codes[1], codes[2]);
+}
+
+CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
+    int codes[8], r;
+    r = tcp_world(2, 1, codes);
+    CT_CHECK(r == 0, "dead peer -> CAPEX_ERR_COMM (line %d: %.300s)", r, capex_last_error());
+    r = tcp_world(2, 2, codes);
+    CT_CHECK(r == 0, "stalled peer -> CAPEX_ERR_TIMEOUT (line %d: %.300s)", r, capex_last_error());
+    r = tcp_world(2, 3, codes);
+    CT_CHECK(r == 0, "mismatch -> CAPEX_ERR_COMM (line %d: %.300s)", r, capex_last_error());
+    {
+        capex_dist_env env;
+        capex_comm c;
+        memset(&env, 0, sizeof env);
+        env.world_size = 2;
+        CT_CHECK(capex_comm_init_tcp(&c, &env, 1.0) == CAPEX_ERR_CONFIG, "no MASTER_ADDR");
+        env.world_size = 1;
+        CT_CHECK(capex_comm_init_tcp(&c, &env, 1.0) == CAPEX_OK && c.world_size == 1, "world 1 is single");
+        capex_comm_destroy(&c);
+    }
+}
+
 static const ct_case cases[] = {
     CT_CASE(env_none_is_single_process),
     CT_CASE(env_torchrun),
@@ -1033,5 +1154,7 @@ static const ct_case cases[] = {
     CT_CASE(rendezvous_bad_peer_of_this_run_fails),
     CT_CASE(rendezvous_arguments),
     CT_CASE(broadcast_blob_bootstrap),
+    CT_CASE(tcp_comm_collectives_and_ddp),
+    CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
 };
 CT_MAIN(cases)
