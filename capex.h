@@ -355,6 +355,11 @@ CAPEX_API void capex_comm_destroy(capex_comm *c);
    env's run id): CPU jobs without MPI, e.g. under torchrun --no-python.
    Deterministic (rank-order sums), synchronous, O(world) load on rank 0. */
 CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *env, double connect_timeout_s);
+/* The backend for how the job was launched: MPI when built with CAPEX_MPI
+   and MPI is initialised (call MPI_Init first), else TCP when env has more
+   than one rank (torchrun --no-python, srun), else single. Checks that the
+   comm's rank and size agree with env. */
+CAPEX_API capex_result capex_comm_init_auto(capex_comm *c, const capex_dist_env *env);
 /* Checked front-ends: argument checks, deadline = now + timeout_s, failure
    marking. send == recv (in place) is allowed. AVG = sum, then / world. */
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count,
@@ -1975,6 +1980,34 @@ CAPEX_API capex_result capex_dist_broadcast_blob(const capex_dist_env *env, cape
     d.nonce = capex_rendezvous_nonce(env->run_id);
     if (timeout_s > 0) d.timeout_s = timeout_s;
     return capex_rendezvous_broadcast(&d, blob, size);
+}
+
+CAPEX_API capex_result capex_comm_init_auto(capex_comm *c, const capex_dist_env *env) {
+    capex_result r;
+    if (!c || !env) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_auto: NULL argument");
+#ifdef CAPEX_MPI
+    {
+        int init = 0, fin = 0;
+        MPI_Initialized(&init);
+        MPI_Finalized(&fin);
+        if (init && !fin) {
+            if ((r = capex_comm_init_mpi(c, MPI_COMM_WORLD)) != CAPEX_OK) return r;
+            if (c->rank != env->rank || c->world_size != env->world_size) {
+                int rk = c->rank, ws = c->world_size;
+                capex_comm_destroy(c);
+                return capex__fail(CAPEX_ERR_CONFIG, "capex_comm_init_auto: MPI says rank %d of %d but the launcher "
+                                                     "environment (%s) says %d of %d", rk, ws,
+                                   capex_launcher_name(env->launcher), env->rank, env->world_size);
+            }
+            return CAPEX_OK;
+        }
+    }
+#endif
+    if (env->world_size > 1) {
+        if ((r = capex_comm_init_tcp(c, env, 0)) != CAPEX_OK) return r;
+        return CAPEX_OK;
+    }
+    return capex_comm_init_single(c);
 }
 
 /* ---- data parallel: DDP buckets ----------------------------------------- */

@@ -1124,6 +1124,44 @@ CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
     }
 }
 
+/* torchrun --no-python, simulated: the launcher's variables in the real
+   environment of 3 processes, read with capex_dist_env_read(NULL) and turned
+   into a comm by capex_comm_init_auto. */
+CT_TEST(torchrun_style_launch_auto_comm) {
+    pid_t pids[3];
+    int port = free_port(), i, ok = 1;
+    char portbuf[16];
+    snprintf(portbuf, sizeof portbuf, "%d", port);
+    fflush(stdout);
+    for (i = 0; i < 3; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            char rk[8];
+            capex_dist_env env;
+            capex_comm c;
+            float x;
+            snprintf(rk, sizeof rk, "%d", i);
+            setenv("RANK", rk, 1); setenv("LOCAL_RANK", rk, 1);
+            setenv("WORLD_SIZE", "3", 1); setenv("LOCAL_WORLD_SIZE", "3", 1);
+            setenv("MASTER_ADDR", "127.0.0.1", 1); setenv("MASTER_PORT", portbuf, 1);
+            setenv("TORCHELASTIC_RUN_ID", "sim-run", 1);
+            if (capex_dist_env_read(NULL, &env) != CAPEX_OK || env.launcher != CAPEX_LAUNCHER_TORCHRUN) _exit(2);
+            capex_dist_log_init(&env);
+            if (capex_comm_init_auto(&c, &env) != CAPEX_OK || c.world_size != 3 || c.rank != i) _exit(3);
+            x = (float)(i + 1);
+            if (capex_comm_allreduce(&c, &x, &x, 1, CAPEX_F32, CAPEX_REDUCE_AVG) != CAPEX_OK || x != 2.0f) _exit(4);
+            capex_comm_destroy(&c);
+            _exit(0);
+        }
+    }
+    for (i = 0; i < 3; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = 0;
+    }
+    CT_CHECK(ok, "every simulated torchrun worker must finish its allreduce");
+}
+
 static const ct_case cases[] = {
     CT_CASE(env_none_is_single_process),
     CT_CASE(env_torchrun),
@@ -1156,5 +1194,6 @@ static const ct_case cases[] = {
     CT_CASE(broadcast_blob_bootstrap),
     CT_CASE(tcp_comm_collectives_and_ddp),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
+    CT_CASE(torchrun_style_launch_auto_comm),
 };
 CT_MAIN(cases)

@@ -302,6 +302,16 @@ static int t_collectives(void) {
     for (i = 0; i < 3 * g_world; i++) CHECK(gbuf[i] == (float)((i / 3) * 10 + i % 3), "allgather slot %d", i);
     CHECK(capex_comm_barrier(&c) == CAPEX_OK, "%.300s", capex_last_error());
     CHECK(capex_comm_broadcast(&c, f, 5, CAPEX_F32, g_world) == CAPEX_ERR_INVALID_ARG, "root out of range");
+    { /* mpirun's environment read back, and the auto backend picks MPI */
+        capex_dist_env env;
+        capex_comm a;
+        CHECK(capex_dist_env_read(NULL, &env) == CAPEX_OK, "%.300s", capex_last_error());
+        CHECK(env.launcher == CAPEX_LAUNCHER_OPENMPI && env.rank == g_rank && env.world_size == g_world,
+              "env: %s rank %d of %d", capex_launcher_name(env.launcher), env.rank, env.world_size);
+        CHECK(env.local_world_size == g_world && env.local_rank == g_rank, "local ranks");
+        CHECK(capex_comm_init_auto(&a, &env) == CAPEX_OK && strcmp(a.vt->name, "mpi") == 0, "auto -> mpi");
+        capex_comm_destroy(&a);
+    }
     { /* the NCCL-id bootstrap path over MPI: 128 bytes (and an odd size) */
         unsigned char id[131];
         for (i = 0; i < 131; i++) id[i] = (unsigned char)(g_rank == 0 ? i * 3 + 1 : 0);
