@@ -329,6 +329,10 @@ typedef struct capex_comm_vtable {
     /* dst = (dst_t)src, element-wise, round to nearest even. */
     capex_result (*convert)(capex_comm *c, void *dst, capex_dtype dst_t, const void *src, capex_dtype src_t,
                             size_t count);
+    /* Optional: non-blocking completion check (*done = 1 when finished). The
+       bucket tracker calls it from grad_ready so that MPI, which progresses
+       only inside MPI calls, keeps reducing while backward runs. */
+    capex_result (*test)(capex_comm *c, capex_comm_req *req, int *done);
 } capex_comm_vtable;
 
 struct capex_comm {
@@ -466,6 +470,7 @@ typedef struct capex_ddp_stats {
     uint64_t iterations;        /* synced finalizes that succeeded              */
     uint64_t launches;          /* bucket allreduces started                    */
     uint64_t launched_in_backward; /* of those, before finalize was called      */
+    uint64_t progress_polls;    /* comm->vt->test calls made from grad_ready    */
 } capex_ddp_stats;
 CAPEX_API void capex_ddp_get_stats(const capex_ddp *ddp, capex_ddp_stats *out);
 
@@ -1198,7 +1203,7 @@ static capex_result capex__single_wait(capex_comm *c, capex_comm_req *req, doubl
 
 static const capex_comm_vtable capex__single_vt = {
     "single", capex__single_allreduce, capex__single_broadcast, capex__single_allgather, capex__single_barrier,
-    capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_single: comm is NULL");
@@ -1371,6 +1376,20 @@ static capex_result capex__mpi_wait(capex_comm *c, capex_comm_req *req, double d
     return CAPEX_OK;
 }
 
+static capex_result capex__mpi_test(capex_comm *c, capex_comm_req *req, int *done) {
+    MPI_Request q;
+    int flag = 0, rc;
+    (void)c;
+    *done = 1;
+    if (!req->active) return CAPEX_OK;
+    memcpy(&q, req->handle.bytes, sizeof q);
+    rc = MPI_Test(&q, &flag, MPI_STATUS_IGNORE); /* drives progress; wait finishes the job */
+    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Test (bucket)");
+    memcpy(req->handle.bytes, &q, sizeof q);
+    *done = flag;
+    return CAPEX_OK;
+}
+
 static void capex__mpi_destroy(capex_comm *c) {
     capex__mpi *m = (capex__mpi *)c->impl;
     int fin = 0;
@@ -1385,7 +1404,8 @@ static void capex__mpi_destroy(capex_comm *c) {
 
 static const capex_comm_vtable capex__mpi_vt = {
     "mpi", capex__mpi_allreduce, capex__mpi_broadcast, capex__mpi_allgather, capex__mpi_barrier,
-    capex__mpi_iallreduce, capex__mpi_wait, NULL, NULL, capex__mpi_destroy, NULL, NULL, NULL, NULL, NULL, NULL};
+    capex__mpi_iallreduce, capex__mpi_wait, NULL, NULL, capex__mpi_destroy, NULL, NULL, NULL, NULL, NULL, NULL,
+    capex__mpi_test};
 
 CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     int init = 0, fin = 0, rc;
@@ -1879,7 +1899,7 @@ static void capex__tcp_destroy(capex_comm *c) {
 
 static const capex_comm_vtable capex__tcp_vt = {
     "tcp", capex__tcp_allreduce, capex__tcp_broadcast, capex__tcp_allgather, capex__tcp_barrier,
-    NULL, NULL, NULL, NULL, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL};
+    NULL, NULL, NULL, NULL, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 #endif /* CAPEX__HAVE_SOCKETS */
 
 CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *env, double connect_timeout_s) {
@@ -2319,6 +2339,25 @@ static capex_result capex__ddp_check_param(capex_ddp *g, size_t p, const char *w
     return CAPEX_OK;
 }
 
+/* Lets in-flight bucket reductions progress (MPI moves data only inside MPI
+   calls): tests the oldest unfinished ones, in order, without blocking. */
+static capex_result capex__ddp_progress(capex_ddp *g) {
+    capex_comm *c = g->comm;
+    size_t k;
+    if (!c->vt->test) return CAPEX_OK;
+    for (k = 0; k < g->next_launch; k++) {
+        capex__bucket *bk = &g->b[k];
+        int done = 1;
+        capex_result r;
+        if (bk->sync_done || !bk->req.active) continue;
+        r = c->vt->test(c, &bk->req, &done);
+        if (r != CAPEX_OK) { g->failed = 1; return capex__comm_after(c, r); }
+        g->st.progress_polls++;
+        if (!done) break;
+    }
+    return CAPEX_OK;
+}
+
 /* Marks p ready; `zero` fills its bucket slot with zeros (an unused param). */
 static capex_result capex__ddp_ready(capex_ddp *g, size_t p, int zero) {
     capex_comm *c = g->comm;
@@ -2333,7 +2372,9 @@ static capex_result capex__ddp_ready(capex_ddp *g, size_t p, int zero) {
     else if (g->params[p].grad) r = capex__comm_copy(c, slot, g->params[p].grad, g->params[p].numel * es, CAPEX_COPY_D2D);
     if (r != CAPEX_OK) { g->failed = 1; return r; }
     g->b[g->bucket_of[p]].pending--;
-    return g->d.delay_allreduce ? CAPEX_OK : capex__ddp_launch_ready(g);
+    if (g->d.delay_allreduce) return CAPEX_OK;
+    if ((r = capex__ddp_launch_ready(g)) != CAPEX_OK) return r;
+    return capex__ddp_progress(g);
 }
 
 CAPEX_API capex_result capex_ddp_grad_ready(capex_ddp *g, size_t p) {

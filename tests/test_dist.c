@@ -306,6 +306,7 @@ typedef struct fake {
     capex_ddp *ddp;               /* to map buffers back to bucket indices */
     capex_result fail_wait;       /* returned by the next wait if set      */
     int async;                    /* 0: no iallreduce entry (sync path)    */
+    int ntest, test_done;         /* progress polls seen; what test says   */
 } fake;
 
 static int fake_bucket_of(fake *f, const void *buf) {
@@ -342,6 +343,13 @@ static capex_result fake_wait(capex_comm *c, capex_comm_req *q, double dl) {
     if (r) return capex__fail(r, "fake comm: injected failure");
     return CAPEX_OK;
 }
+static capex_result fake_test(capex_comm *c, capex_comm_req *q, int *done) {
+    fake *f = (fake *)c->impl;
+    f->ntest++;
+    *done = f->test_done;
+    (void)q;
+    return CAPEX_OK;
+}
 static capex_result fake_bcast(capex_comm *c, void *b, size_t n, capex_dtype t, int root, double dl) {
     (void)c; (void)b; (void)n; (void)t; (void)root; (void)dl;
     return CAPEX_OK;
@@ -352,9 +360,10 @@ static capex_result fake_allgather(capex_comm *c, const void *s, void *r, size_t
 }
 static capex_result fake_barrier(capex_comm *c, double dl) { (void)c; (void)dl; return CAPEX_OK; }
 static const capex_comm_vtable fake_vt = {"fake", fake_allreduce, fake_bcast, fake_allgather, fake_barrier,
-                                          fake_iallreduce, fake_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                                          fake_iallreduce, fake_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                          fake_test};
 static const capex_comm_vtable fake_sync_vt = {"fake-sync", fake_allreduce, fake_bcast, fake_allgather, fake_barrier,
-                                               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                                               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 
 static void fake_comm(capex_comm *c, fake *f, int world, int async) {
     memset(f, 0, sizeof *f);
@@ -552,6 +561,9 @@ CT_TEST(tracker_launches_in_order_during_backward) {
     for (k = 0; k < 4; k++) CT_CHECK(r.f.waits[k] == k, "wait order");
     capex_ddp_get_stats(r.g, &st);
     CT_CHECK(st.launches == 4 && st.launched_in_backward == 4 && st.iterations == 1, "stats");
+    /* in-flight buckets were polled from grad_ready (test says "not done":
+       only the oldest one, on each of the 7 grad_ready calls after the first launch) */
+    CT_CHECK(r.f.ntest == 7 && st.progress_polls == 7, "progress polls %d", r.f.ntest);
     for (p = 0; p < NP; p++) {
         float *g = (float *)capex_ddp_grad(r.g, p);
         for (k = 0; k < 16; k++) CT_CHECK(g[k] == (float)p + (float)k, "average of 4 equal grads is the grad");

@@ -269,6 +269,7 @@ static int check_training(const opts *o, double tol, int expect_in_backward) {
         CHECK(s.launched_in_backward > 0, "no overlap after the rebuild");
     } else if (expect_in_backward >= 0) {
         CHECK(order_ok, "bucket launches out of order or missing");
+        CHECK(!expect_in_backward || s.progress_polls > 0, "in-flight buckets were never polled during backward");
         CHECK(expect_in_backward ? s.launched_in_backward == s.launches : s.launched_in_backward == 0,
               "launched in backward %llu of %llu", (unsigned long long)s.launched_in_backward, (unsigned long long)s.launches);
     } else {
