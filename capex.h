@@ -58,7 +58,8 @@
    strict -std=c99 nothing POSIX is visible, so the implementation file asks
    for POSIX 2008 before the first system header; only in strict mode, where
    this adds declarations and hides none. */
-#if defined(CAPEX_IMPLEMENTATION) && defined(__STRICT_ANSI__) && !defined(__cplusplus) && \
+#if (defined(CAPEX_IMPLEMENTATION) || defined(CAPEX_CUDA_IMPLEMENTATION)) && defined(__STRICT_ANSI__) && \
+    !defined(__cplusplus) && \
     (defined(__unix__) || defined(__APPLE__)) && !defined(_POSIX_C_SOURCE) && !defined(_XOPEN_SOURCE) && \
     !defined(_GNU_SOURCE) && !defined(_DEFAULT_SOURCE) && !defined(_BSD_SOURCE)
 #  define _POSIX_C_SOURCE 200809L
@@ -442,6 +443,10 @@ CAPEX_API void capex_ddp_desc_init(capex_ddp_desc *d);
 CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const capex_ddp_param *params,
                                         size_t num_params, const capex_ddp_desc *d);
 CAPEX_API void capex_ddp_destroy(capex_ddp *ddp);
+/* Broadcasts every parameter's data from rank 0 (done by create unless
+   broadcast_parameters is 0; call again after loading a checkpoint on rank 0
+   only). Collective: every rank calls it. */
+CAPEX_API capex_result capex_ddp_broadcast_parameters(capex_ddp *ddp);
 /* Where param i's gradient lives (a view into its bucket; the engine's own
    buffer when it gave one). Changes once if rebuild_buckets rebuilds:
    capex_ddp_layout_version() tells when to ask again. NULL if out of range. */
@@ -2224,16 +2229,29 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
         capex_ddp_destroy(g);
         return r;
     }
-    if (desc->broadcast_parameters && comm->world_size > 1) {
-        for (i = 0; i < np; i++) {
-            if (!params[i].numel) continue;
-            if ((r = capex_comm_broadcast(comm, params[i].data, params[i].numel, params[i].dtype, 0)) != CAPEX_OK) {
-                capex_ddp_destroy(g);
-                return r;
-            }
-        }
+    if (desc->broadcast_parameters && (r = capex_ddp_broadcast_parameters(g)) != CAPEX_OK) {
+        capex_ddp_destroy(g);
+        return r;
     }
     *out = g;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_ddp_broadcast_parameters(capex_ddp *g) {
+    size_t i;
+    capex_result r;
+    if (!g) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_broadcast_parameters: ddp is NULL");
+    if (g->comm->world_size == 1) return CAPEX_OK;
+    for (i = 0; i < g->np; i++) {
+        if (!g->params[i].numel) continue;
+        if (!g->params[i].data)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_broadcast_parameters: param %lu has no data pointer",
+                               (unsigned long)i);
+        if ((r = capex_comm_broadcast(g->comm, g->params[i].data, g->params[i].numel, g->params[i].dtype, 0)) != CAPEX_OK) {
+            g->failed = 1;
+            return r;
+        }
+    }
     return CAPEX_OK;
 }
 

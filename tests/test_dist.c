@@ -503,6 +503,8 @@ CT_TEST(ddp_create_errors) {
     p.dtype = CAPEX_F32;
     CT_CHECK(capex_ddp_create(&g, &c, &p, 0, &d) == CAPEX_OK && capex_ddp_num_buckets(g) == 0, "no params is fine");
     CT_CHECK(capex_ddp_finalize(g) == CAPEX_OK, "empty finalize");
+    CT_CHECK(capex_ddp_broadcast_parameters(g) == CAPEX_OK, "world 1: nothing to send");
+    CT_CHECK(capex_ddp_broadcast_parameters(NULL) == CAPEX_ERR_INVALID_ARG, "NULL ddp");
     capex_ddp_destroy(g);
 }
 

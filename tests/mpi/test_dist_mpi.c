@@ -125,6 +125,8 @@ typedef struct opts {
     double timeout;
 } opts;
 
+static int identical(const void *buf, int bytes);
+
 /* Trains `steps` steps; returns 0 and the final weights, or 1 with g_why. */
 static int train(const opts *o, int steps, float lr, model *out, capex_ddp_stats *stats, int *bucket_order_ok) {
     capex_comm c;
@@ -158,6 +160,14 @@ static int train(const opts *o, int steps, float lr, model *out, capex_ddp_stats
     r = capex_ddp_create(&g, &c, ps, (size_t)np, &d);
     CHECK(r == CAPEX_OK, "create: %.300s", capex_last_error());
     if (o->unused) CHECK(unused_w[0] == 1 && unused_w[3] == 4, "unused param broadcast");
+    if (!o->bf16) { /* a "checkpoint" loaded on rank 0 only, then re-broadcast */
+        float keep = m.w[3];
+        if (g_rank == 0) m.w[3] = 0.25f;
+        r = capex_ddp_broadcast_parameters(g);
+        CHECK(r == CAPEX_OK && m.w[3] == 0.25f, "re-broadcast: %.300s", capex_last_error());
+        m.w[3] = keep;
+        CHECK(identical(m.w, (int)sizeof m.w), "params after create differ across ranks");
+    }
     *bucket_order_ok = 1;
     for (st = 0; st < steps; st++) {
         int per_epoch = NS / g_world / B;
