@@ -1,0 +1,428 @@
+/* Multi-rank data-parallel tests over MPI (build: mpicc -DCAPEX_MPI; run:
+   mpirun -np 2 / -np 4 --oversubscribe; tests/test_dist_mpirun.c does both).
+
+   `test_dist_mpi`        every test below; rank 0 prints one line per test and
+                          "mpi-summary: N passed, N failed"
+   `test_dist_mpi kill`   rank 1 is SIGKILLed mid-step: the job must end
+   `test_dist_mpi stall`  rank 1 stops mid-step: the others must return
+                          CAPEX_ERR_TIMEOUT from finalize within the deadline
+
+   The model is linear regression y = x.w + b, the weight split into 5
+   parameter tensors so several buckets form; every rank trains on its
+   DistributedSampler shard and the result is compared with one process
+   training on the concatenated batch (float64 reference). */
+#define _POSIX_C_SOURCE 200809L
+#ifndef CAPEX_MPI
+#define CAPEX_MPI
+#endif
+#define CAPEX_IMPLEMENTATION
+#include "../../capex.h"
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <unistd.h>
+
+static int g_rank, g_world, g_layout;
+static char g_why[512];
+#define CHECK(cond, ...) do { if (!(cond)) { snprintf(g_why, sizeof g_why, __VA_ARGS__); return 1; } } while (0)
+
+/* ---- data ---- */
+#define D 40
+#define NS 96
+#define B 6
+#define NPARAM 6
+static const size_t p_numel[NPARAM] = {7, 16, 5, 9, 3, 1}; /* 5 weight slices, then the bias */
+static size_t p_off[NPARAM];
+static float X[NS][D], Y[NS];
+
+static float hash01(uint64_t i) { /* deterministic in [-1, 1) */
+    i = (i + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+    i ^= i >> 31;
+    i *= 0x94d049bb133111ebull;
+    i ^= i >> 29;
+    return (float)((double)(i >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+static void make_data(void) {
+    int i, j;
+    size_t off = 0;
+    for (i = 0; i < NPARAM; i++) { p_off[i] = off; off += p_numel[i]; }
+    for (i = 0; i < NS; i++) {
+        double y = 0.3;
+        for (j = 0; j < D; j++) { X[i][j] = hash01((uint64_t)(i * D + j)); y += X[i][j] * (0.05 * (j % 7) - 0.1); }
+        Y[i] = (float)(y + 0.01 * hash01(100000u + (uint64_t)i));
+    }
+}
+
+/* ---- model state: params[0..4] are slices of w (p_off), params[5] = b ---- */
+typedef struct model { float w[D + 1]; } model; /* w[D] is the bias */
+
+static void init_model(model *m, int rank) { /* different per rank: broadcast must fix it */
+    int j;
+    for (j = 0; j <= D; j++) m->w[j] = 0.1f * hash01(7777u + (uint64_t)(rank * 1000 + j));
+}
+static float *param_ptr(model *m, int p) { return p == NPARAM - 1 ? &m->w[D] : &m->w[p_off[p]]; }
+
+/* the batch indices of `rank` at (epoch, step) */
+static void batch_of(int rank, int world, int epoch, int step, uint64_t *idx) {
+    capex_sampler_desc sd;
+    capex_sampler s;
+    int k;
+    capex_sampler_desc_init(&sd);
+    sd.dataset_size = NS; sd.num_replicas = world; sd.rank = rank; sd.seed = 7;
+    capex_sampler_init(&s, &sd);
+    capex_sampler_set_epoch(&s, (uint64_t)epoch);
+    for (k = 0; k < B; k++) capex_sampler_index(&s, (uint64_t)(step * B + k), &idx[k]);
+}
+
+/* float64 reference: one process, concatenated batch of all ranks */
+static void reference(double *w, int world, int steps, float lr, int rank0_init) {
+    model m0;
+    int j, st;
+    uint64_t *idx = (uint64_t *)malloc(sizeof(uint64_t) * (size_t)(B * world));
+    init_model(&m0, rank0_init);
+    for (j = 0; j <= D; j++) w[j] = m0.w[j];
+    for (st = 0; st < steps; st++) {
+        int per_epoch = NS / world / B, r, i;
+        double gw[D + 1];
+        memset(gw, 0, sizeof gw);
+        for (r = 0; r < world; r++) batch_of(r, world, st / per_epoch, st % per_epoch, idx + r * B);
+        for (i = 0; i < B * world; i++) {
+            double e = w[D] - Y[idx[i]];
+            for (j = 0; j < D; j++) e += w[j] * X[idx[i]][j];
+            for (j = 0; j < D; j++) gw[j] += e * X[idx[i]][j];
+            gw[D] += e;
+        }
+        for (j = 0; j <= D; j++) w[j] = (double)(float)(w[j] - (double)lr * (gw[j] / (B * world)));
+    }
+    free(idx);
+}
+
+/* ---- launch recorder: wraps the MPI vtable's iallreduce ---- */
+static capex_comm_vtable rec_vt;
+static const capex_comm_vtable *orig_vt;
+static const void *rec_bufs[256];
+static int rec_n;
+static capex_result rec_iallreduce(capex_comm *c, const void *s, void *r, size_t n, capex_dtype t, capex_reduce_op op,
+                                   capex_comm_req *q) {
+    if (rec_n < 256) rec_bufs[rec_n++] = r;
+    return orig_vt->iallreduce(c, s, r, n, t, op, q);
+}
+static void comm_make(capex_comm *c, double timeout) {
+    if (capex_comm_init_mpi(c, MPI_COMM_WORLD) != CAPEX_OK) { fprintf(stderr, "init: %s\n", capex_last_error()); exit(2); }
+    orig_vt = c->vt;
+    rec_vt = *c->vt;
+    rec_vt.iallreduce = rec_iallreduce;
+    c->vt = &rec_vt;
+    c->timeout_s = timeout;
+    rec_n = 0;
+}
+
+typedef struct opts {
+    int delay, accumulate, unused, bf16, rebuild, kill_at, stall_at;
+    float predivide;
+    double timeout;
+} opts;
+
+static int identical(const void *buf, int bytes);
+
+/* Trains `steps` steps; returns 0 and the final weights, or 1 with g_why. */
+static int train(const opts *o, int steps, float lr, model *out, capex_ddp_stats *stats, int *bucket_order_ok) {
+    capex_comm c;
+    capex_ddp *g = NULL;
+    capex_ddp_param ps[NPARAM + 1];
+    capex_ddp_desc d;
+    model m;
+    int np = o->unused ? NPARAM + 1 : NPARAM, p, st, i, j, micro, nmicro = o->accumulate ? 2 : 1;
+    float unused_w[4] = {1, 2, 3, 4};
+    capex_result r;
+    uint64_t idx[B];
+    comm_make(&c, o->timeout > 0 ? o->timeout : 30.0);
+    init_model(&m, g_rank);
+    if (o->bf16) { /* f32 master weights, bf16 grads: broadcast the masters ourselves */
+        r = capex_comm_broadcast(&c, m.w, D + 1, CAPEX_F32, 0);
+        CHECK(r == CAPEX_OK, "broadcast: %.300s", capex_last_error());
+    }
+    for (p = 0; p < NPARAM; p++) {
+        ps[p].data = param_ptr(&m, p); ps[p].numel = p_numel[p];
+        ps[p].dtype = o->bf16 ? CAPEX_BF16 : CAPEX_F32; ps[p].grad = NULL;
+    }
+    if (o->unused) { ps[NPARAM].data = unused_w; ps[NPARAM].numel = 4; ps[NPARAM].dtype = CAPEX_F32; ps[NPARAM].grad = NULL; }
+    capex_ddp_desc_init(&d);
+    d.first_bucket_bytes = 32; d.bucket_bytes = 64; /* -> buckets {5,4,3} {2,1} {0} for f32 */
+    d.delay_allreduce = o->delay;
+    d.gradient_predivide_factor = o->predivide > 0 ? o->predivide : 1.0f;
+    d.allreduce_always_fp32 = o->bf16;
+    d.broadcast_parameters = !o->bf16;
+    d.find_unused_parameters = o->unused == 2;
+    d.rebuild_buckets = o->rebuild;
+    r = capex_ddp_create(&g, &c, ps, (size_t)np, &d);
+    CHECK(r == CAPEX_OK, "create: %.300s", capex_last_error());
+    if (o->unused) CHECK(unused_w[0] == 1 && unused_w[3] == 4, "unused param broadcast");
+    if (!o->bf16) { /* a "checkpoint" loaded on rank 0 only, then re-broadcast */
+        float keep = m.w[3];
+        if (g_rank == 0) m.w[3] = 0.25f;
+        r = capex_ddp_broadcast_parameters(g);
+        CHECK(r == CAPEX_OK && m.w[3] == 0.25f, "re-broadcast: %.300s", capex_last_error());
+        m.w[3] = keep;
+        CHECK(identical(m.w, (int)sizeof m.w), "params after create differ across ranks");
+    }
+    *bucket_order_ok = 1;
+    for (st = 0; st < steps; st++) {
+        int per_epoch = NS / g_world / B;
+        float err[B];
+        model before = m;
+        batch_of(g_rank, g_world, st / per_epoch, st % per_epoch, idx);
+        for (i = 0; i < B; i++) {
+            double e = m.w[D] - Y[idx[i]];
+            for (j = 0; j < D; j++) e += (double)m.w[j] * X[idx[i]][j];
+            err[i] = (float)e;
+        }
+        rec_n = 0;
+        for (micro = 0; micro < nmicro; micro++) {
+            int lo = micro * B / nmicro, hi = (micro + 1) * B / nmicro;
+            if (o->accumulate) {
+                r = capex_ddp_set_sync(g, micro == nmicro - 1);
+                CHECK(r == CAPEX_OK, "set_sync: %.300s", capex_last_error());
+            }
+            /* backward: bias first, then the weight slices in reverse (the
+               rebuild variant reports them in forward order instead) */
+            for (p = NPARAM; p-- > 0;) {
+                int q = o->rebuild ? (p == NPARAM - 1 ? NPARAM - 1 : NPARAM - 2 - p) : p;
+                void *gv = capex_ddp_grad(g, (size_t)q);
+                size_t k;
+                if (st == o->kill_at && g_rank == 1 && p == NPARAM - 3) { fflush(stdout); raise(SIGKILL); }
+                if (st == o->stall_at && g_rank == 1 && p == NPARAM - 1) { sleep(30); _exit(0); }
+                for (k = 0; k < p_numel[q]; k++) {
+                    float acc = 0;
+                    for (i = lo; i < hi; i++) acc += err[i] * (q == NPARAM - 1 ? 1.0f : X[idx[i]][p_off[q] + k]);
+                    acc /= (float)B;
+                    if (o->bf16) ((uint16_t *)gv)[k] = capex_f32_to_bf16(capex_bf16_to_f32(((uint16_t *)gv)[k]) + acc);
+                    else ((float *)gv)[k] += acc;
+                }
+                r = capex_ddp_grad_ready(g, (size_t)q);
+                CHECK(r == CAPEX_OK, "grad_ready: %.300s", capex_last_error());
+            }
+            if (o->unused == 1) {
+                r = capex_ddp_mark_unused(g, NPARAM);
+                CHECK(r == CAPEX_OK, "mark_unused: %.300s", capex_last_error());
+            }
+            r = capex_ddp_finalize(g);
+            if (r != CAPEX_OK) {
+                /* the failure path: report, and prove no step was applied */
+                printf("rank %d: step %d finalize -> %s: %.200s; weights %s\n", g_rank, st, capex_result_string(r),
+                       capex_last_error(), memcmp(&before, &m, sizeof m) == 0 ? "untouched (no step applied)" : "CHANGED");
+                fflush(stdout);
+                exit(3);
+            }
+        }
+        /* launches during this step, in bucket order (first param of bucket k at offset 0) */
+        if (!o->delay) {
+            size_t k, nb = capex_ddp_num_buckets(g);
+            if ((size_t)rec_n != nb) *bucket_order_ok = 0;
+            for (k = 0; k < nb && k < (size_t)rec_n; k++) {
+                capex_ddp_bucket_info bi;
+                capex_ddp_bucket(g, k, &bi);
+                if (!o->bf16 && rec_bufs[k] != capex_ddp_grad(g, bi.params[0])) *bucket_order_ok = 0;
+            }
+        }
+        for (p = 0; p < NPARAM; p++) {
+            void *gv = capex_ddp_grad(g, (size_t)p);
+            float *w = param_ptr(&m, p);
+            size_t k;
+            for (k = 0; k < p_numel[p]; k++)
+                w[k] -= lr * (o->bf16 ? capex_bf16_to_f32(((uint16_t *)gv)[k]) : ((float *)gv)[k]);
+        }
+        if (o->unused) {
+            float *gu = (float *)capex_ddp_grad(g, NPARAM);
+            CHECK(gu[0] == 0 && gu[3] == 0, "unused grad must be zero, got %g", (double)gu[0]);
+        }
+        r = capex_ddp_zero_grad(g);
+        CHECK(r == CAPEX_OK, "zero_grad");
+    }
+    capex_ddp_get_stats(g, stats);
+    g_layout = capex_ddp_layout_version(g);
+    capex_ddp_destroy(g);
+    capex_comm_destroy(&c);
+    *out = m;
+    return 0;
+}
+
+/* all ranks hold the same bytes? */
+static int identical(const void *buf, int bytes) {
+    char *all = (char *)malloc((size_t)bytes * (size_t)g_world);
+    int r, same = 1;
+    MPI_Allgather(buf, bytes, MPI_BYTE, all, bytes, MPI_BYTE, MPI_COMM_WORLD);
+    for (r = 1; r < g_world; r++) if (memcmp(all, all + (size_t)r * (size_t)bytes, (size_t)bytes) != 0) same = 0;
+    free(all);
+    return same;
+}
+
+static int check_training(const opts *o, double tol, int expect_in_backward) {
+    model m;
+    capex_ddp_stats s;
+    double ref[D + 1], maxerr = 0;
+    int j, steps = 12, order_ok = 0;
+    float lr = 0.2f;
+    if (train(o, steps, lr, &m, &s, &order_ok)) return 1;
+    reference(ref, g_world, steps, lr, 0);
+    for (j = 0; j <= D; j++) {
+        double e = fabs((double)m.w[j] - ref[j]) / (1.0 + fabs(ref[j]));
+        if (e > maxerr) maxerr = e;
+    }
+    CHECK(identical(m.w, (int)sizeof m.w), "replicas differ bitwise");
+    CHECK(maxerr <= tol, "max relative error vs the one-process reference %.3g > %.3g", maxerr, tol);
+    CHECK(s.iterations == (uint64_t)steps, "iterations %llu", (unsigned long long)s.iterations);
+    if (expect_in_backward == -2) { /* rebuild: the layout changed once, launches still overlap */
+        CHECK(g_layout == 1, "layout version %d after the rebuild", g_layout);
+        CHECK(s.launched_in_backward > 0, "no overlap after the rebuild");
+    } else if (expect_in_backward >= 0) {
+        CHECK(order_ok, "bucket launches out of order or missing");
+        CHECK(!expect_in_backward || s.progress_polls > 0, "in-flight buckets were never polled during backward");
+        CHECK(expect_in_backward ? s.launched_in_backward == s.launches : s.launched_in_backward == 0,
+              "launched in backward %llu of %llu", (unsigned long long)s.launched_in_backward, (unsigned long long)s.launches);
+    } else {
+        CHECK(s.launched_in_backward == 0, "delay_allreduce launched %llu in backward", (unsigned long long)s.launched_in_backward);
+    }
+    if (g_rank == 0) printf("    max rel. error vs 1-process f64 reference: %.3g\n", maxerr);
+    return 0;
+}
+
+/* ---- tests ---- */
+static int t_collectives(void) {
+    capex_comm c;
+    float f[5], gbuf[64];
+    uint16_t h[3], bh[3];
+    int i, root = g_world - 1;
+    double S = g_world * (g_world + 1) / 2.0;
+    comm_make(&c, 20);
+    for (i = 0; i < 5; i++) f[i] = (float)((g_rank + 1) * (i + 1));
+    CHECK(capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_OK, "%.300s", capex_last_error());
+    for (i = 0; i < 5; i++) CHECK(f[i] == (float)(S * (i + 1)), "f32 sum");
+    for (i = 0; i < 3; i++) { h[i] = capex_f32_to_f16((float)(g_rank + 1) * 0.5f); bh[i] = capex_f32_to_bf16((float)(g_rank + 1)); }
+    CHECK(capex_comm_allreduce(&c, h, h, 3, CAPEX_F16, CAPEX_REDUCE_AVG) == CAPEX_OK, "%.300s", capex_last_error());
+    CHECK(capex_f16_to_f32(h[2]) == (float)(S * 0.5 / g_world), "f16 avg %g", (double)capex_f16_to_f32(h[2]));
+    CHECK(capex_comm_allreduce(&c, bh, bh, 3, CAPEX_BF16, CAPEX_REDUCE_SUM) == CAPEX_OK, "%.300s", capex_last_error());
+    CHECK(capex_bf16_to_f32(bh[0]) == (float)S, "bf16 sum");
+    for (i = 0; i < 5; i++) f[i] = g_rank == root ? 42.0f + (float)i : -1.0f;
+    CHECK(capex_comm_broadcast(&c, f, 5, CAPEX_F32, root) == CAPEX_OK, "%.300s", capex_last_error());
+    CHECK(f[0] == 42.0f && f[4] == 46.0f, "broadcast from the last rank");
+    for (i = 0; i < 3; i++) f[i] = (float)(g_rank * 10 + i);
+    CHECK(capex_comm_allgather(&c, f, gbuf, 3, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    for (i = 0; i < 3 * g_world; i++) CHECK(gbuf[i] == (float)((i / 3) * 10 + i % 3), "allgather slot %d", i);
+    CHECK(capex_comm_barrier(&c) == CAPEX_OK, "%.300s", capex_last_error());
+    CHECK(capex_comm_broadcast(&c, f, 5, CAPEX_F32, g_world) == CAPEX_ERR_INVALID_ARG, "root out of range");
+    { /* mpirun's environment read back, and the auto backend picks MPI */
+        capex_dist_env env;
+        capex_comm a;
+        CHECK(capex_dist_env_read(NULL, &env) == CAPEX_OK, "%.300s", capex_last_error());
+        CHECK(env.launcher == CAPEX_LAUNCHER_OPENMPI && env.rank == g_rank && env.world_size == g_world,
+              "env: %s rank %d of %d", capex_launcher_name(env.launcher), env.rank, env.world_size);
+        CHECK(env.local_world_size == g_world && env.local_rank == g_rank, "local ranks");
+        CHECK(capex_comm_init_auto(&a, &env) == CAPEX_OK && strcmp(a.vt->name, "mpi") == 0, "auto -> mpi");
+        capex_comm_destroy(&a);
+    }
+    { /* the NCCL-id bootstrap path over MPI: 128 bytes (and an odd size) */
+        unsigned char id[131];
+        for (i = 0; i < 131; i++) id[i] = (unsigned char)(g_rank == 0 ? i * 3 + 1 : 0);
+        CHECK(capex_dist_broadcast_blob(NULL, &c, id, 131, 5.0) == CAPEX_OK, "%.300s", capex_last_error());
+        for (i = 0; i < 131; i++) CHECK(id[i] == (unsigned char)(i * 3 + 1), "blob byte %d", i);
+    }
+    capex_comm_destroy(&c);
+    return 0;
+}
+
+static int t_train_overlap(void) { opts o; memset(&o, 0, sizeof o); o.kill_at = o.stall_at = -1; return check_training(&o, 2e-5, 1); }
+static int t_train_delay(void) { opts o; memset(&o, 0, sizeof o); o.kill_at = o.stall_at = -1; o.delay = 1; return check_training(&o, 2e-5, -1); }
+static int t_train_predivide(void) { opts o; memset(&o, 0, sizeof o); o.kill_at = o.stall_at = -1; o.predivide = 4.0f; return check_training(&o, 2e-5, 1); }
+static int t_train_no_sync(void) { opts o; memset(&o, 0, sizeof o); o.kill_at = o.stall_at = -1; o.accumulate = 1; return check_training(&o, 2e-5, 1); }
+static int t_train_unused_marked(void) { opts o; memset(&o, 0, sizeof o); o.kill_at = o.stall_at = -1; o.unused = 1; return check_training(&o, 2e-5, 1); }
+static int t_train_unused_found(void) { opts o; memset(&o, 0, sizeof o); o.kill_at = o.stall_at = -1; o.unused = 2; return check_training(&o, 2e-5, 0); }
+static int t_train_bf16_fp32_reduce(void) { opts o; memset(&o, 0, sizeof o); o.kill_at = o.stall_at = -1; o.bf16 = 1; return check_training(&o, 2e-2, 1); }
+static int t_train_rebuild(void) {
+    opts o; memset(&o, 0, sizeof o); o.kill_at = o.stall_at = -1; o.rebuild = 1;
+    return check_training(&o, 2e-5, -2 /* order changes after the rebuild: checked below */);
+}
+
+static int t_sampler_shards(void) {
+    capex_sampler_desc sd;
+    capex_sampler s;
+    unsigned char mine[1003], all[1003];
+    uint64_t k, v;
+    int i;
+    capex_sampler_desc_init(&sd);
+    sd.dataset_size = 1003; sd.num_replicas = g_world; sd.rank = g_rank; sd.seed = 5; sd.drop_last = 1;
+    CHECK(capex_sampler_init(&s, &sd) == CAPEX_OK, "%.300s", capex_last_error());
+    capex_sampler_set_epoch(&s, 2);
+    memset(mine, 0, sizeof mine);
+    for (k = 0; k < s.num_samples; k++) { capex_sampler_index(&s, k, &v); mine[v]++; }
+    MPI_Allreduce(mine, all, 1003, MPI_UNSIGNED_CHAR, MPI_SUM, MPI_COMM_WORLD);
+    for (i = 0, k = 0; i < 1003; i++) { CHECK(all[i] <= 1, "index %d on two ranks", i); k += all[i]; }
+    CHECK(k == (1003 / (uint64_t)g_world) * (uint64_t)g_world, "drop_last total %llu", (unsigned long long)k);
+    sd.drop_last = 0;
+    capex_sampler_init(&s, &sd);
+    capex_sampler_set_epoch(&s, 2);
+    memset(mine, 0, sizeof mine);
+    for (k = 0; k < s.num_samples; k++) { capex_sampler_index(&s, k, &v); mine[v] = 1; }
+    MPI_Allreduce(mine, all, 1003, MPI_UNSIGNED_CHAR, MPI_SUM, MPI_COMM_WORLD);
+    for (i = 0; i < 1003; i++) CHECK(all[i] >= 1, "index %d on no rank", i);
+    return 0;
+}
+
+typedef struct tcase { const char *name; int (*fn)(void); } tcase;
+
+static int run_failure_mode(const char *mode) {
+    opts o;
+    model m;
+    capex_ddp_stats s;
+    int ok;
+    memset(&o, 0, sizeof o);
+    o.kill_at = o.stall_at = -1;
+    o.timeout = 2.0; /* the deadline the survivors must honour */
+    if (strcmp(mode, "kill") == 0) o.kill_at = 2;
+    else o.stall_at = 2;
+    if (train(&o, 6, 0.1f, &m, &s, &ok)) { printf("rank %d: %s\n", g_rank, g_why); fflush(stdout); exit(4); }
+    printf("rank %d: finished all steps (the failure was not noticed)\n", g_rank);
+    fflush(stdout);
+    return 5;
+}
+
+int main(int argc, char **argv) {
+    static const tcase cases[] = {
+        {"collectives", t_collectives},
+        {"sampler_shards_disjoint_complete", t_sampler_shards},
+        {"train_overlap_bitwise_and_vs_reference", t_train_overlap},
+        {"train_delay_allreduce", t_train_delay},
+        {"train_predivide_4", t_train_predivide},
+        {"train_no_sync_accumulation", t_train_no_sync},
+        {"train_unused_param_marked", t_train_unused_marked},
+        {"train_unused_param_found", t_train_unused_found},
+        {"train_bf16_grads_allreduce_always_fp32", t_train_bf16_fp32_reduce},
+        {"train_rebuild_buckets", t_train_rebuild},
+    };
+    int i, passed = 0, failed = 0;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+    capex_log_set_rank(g_rank);
+    make_data();
+    if (argc > 1) return run_failure_mode(argv[1]);
+    for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        int f, anyf = 0, who = -1, r;
+        g_why[0] = '\0';
+        f = cases[i].fn();
+        MPI_Allreduce(&f, &anyf, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        r = f ? g_rank : g_world;
+        MPI_Allreduce(&r, &who, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (anyf && g_rank == who) printf("FAIL %s (rank %d of %d): %s\n", cases[i].name, g_rank, g_world, g_why);
+        if (g_rank == 0 && !anyf) printf("ok   %s (np %d)\n", cases[i].name, g_world);
+        fflush(stdout);
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (anyf) failed++; else passed++;
+    }
+    if (g_rank == 0) printf("mpi-summary: %d passed, %d failed\n", passed, failed);
+    fflush(stdout);
+    MPI_Finalize();
+    return failed ? 1 : 0;
+}

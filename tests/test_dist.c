@@ -1,0 +1,1213 @@
+/* Data parallel, single process: launcher-environment tables, the sampler
+   against a literal transcription of torch's DistributedSampler.__iter__,
+   bucket layouts against an independent transcription of PyTorch's
+   compute_bucket_assignment_by_size, the grad_ready tracker through a fake
+   comm backend that records launches, and the TCP rendezvous on loopback
+   with forked ranks. The multi-rank MPI tests are tests/mpi/ (run by
+   tests/test_dist_mpirun.c). */
+#define _POSIX_C_SOURCE 200809L
+#define CAPEX_IMPLEMENTATION
+#include "../capex.h"
+#include "capex_test.h"
+#include <unistd.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+/* ---------------------------------------------------------------- env -- */
+
+typedef struct kv { const char *k, *v; } kv;
+static const char *table_getenv(const char *name, void *user) {
+    const kv *t = (const kv *)user;
+    for (; t && t->k; t++) if (strcmp(t->k, name) == 0) return t->v;
+    return NULL;
+}
+static capex_result read_env(const kv *t, capex_dist_env *e) {
+    capex_dist_env_desc d;
+    capex_dist_env_desc_init(&d);
+    d.getenv_fn = table_getenv;
+    d.getenv_user = (void *)t;
+    return capex_dist_env_read(&d, e);
+}
+
+CT_TEST(env_none_is_single_process) {
+    kv t[] = {{NULL, NULL}};
+    capex_dist_env e;
+    CT_CHECK(read_env(t, &e) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(e.launcher == CAPEX_LAUNCHER_NONE && e.rank == 0 && e.world_size == 1, "got %d/%d", e.rank, e.world_size);
+    CT_CHECK(e.local_rank == 0 && e.local_world_size == 1 && e.node_rank == 0, "local");
+    CT_CHECK(e.master_addr[0] == 0 && e.master_port == 0 && e.run_id[0] == 0, "defaults");
+}
+
+CT_TEST(env_torchrun) {
+    kv t[] = {{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+              {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "29500"}, {"TORCHELASTIC_RUN_ID", "job42"},
+              {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}, {"SLURM_PROCID", "0"}, {NULL, NULL}};
+    capex_dist_env e;
+    CT_CHECK(read_env(t, &e) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(e.launcher == CAPEX_LAUNCHER_TORCHRUN, "torchrun wins over Open MPI and Slurm: %s", capex_launcher_name(e.launcher));
+    CT_CHECK(e.rank == 3 && e.world_size == 8 && e.local_rank == 1 && e.local_world_size == 2 && e.node_rank == 1, "ranks");
+    CT_CHECK(strcmp(e.master_addr, "node7") == 0 && e.master_port == 29500, "master");
+    CT_CHECK(strcmp(e.run_id, "job42") == 0, "run id %s", e.run_id);
+}
+
+CT_TEST(env_openmpi_pmi_slurm) {
+    kv o[] = {{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "6"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+              {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "3"}, {NULL, NULL}};
+    kv p[] = {{"PMI_RANK", "2"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "0"}, {"MPI_LOCALNRANKS", "2"}, {NULL, NULL}};
+    kv s[] = {{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "7"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"},
+              {"SLURM_TASKS_PER_NODE", "3,2(x2)"}, {"SLURM_NTASKS_PER_NODE", "3,2(x2)"}, {"SLURM_JOB_ID", "991"},
+              {"SLURM_STEP_ID", "4"}, {NULL, NULL}};
+    kv s2[] = {{"SLURM_PROCID", "3"}, {"SLURM_NPROCS", "4"}, {"SLURM_NTASKS_PER_NODE", "2"}, {NULL, NULL}};
+    capex_dist_env e;
+    CT_CHECK(read_env(o, &e) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(e.launcher == CAPEX_LAUNCHER_OPENMPI && e.rank == 5 && e.world_size == 6 && e.local_rank == 1 &&
+             e.local_world_size == 2 && e.node_rank == 2, "ompi %d %d", e.rank, e.world_size);
+    CT_CHECK(read_env(p, &e) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(e.launcher == CAPEX_LAUNCHER_PMI && e.rank == 2 && e.world_size == 4 && e.local_rank == 0 &&
+             e.local_world_size == 2, "pmi");
+    CT_CHECK(read_env(s, &e) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(e.launcher == CAPEX_LAUNCHER_SLURM && e.rank == 5 && e.world_size == 7 && e.local_rank == 1 &&
+             e.local_world_size == 2 && e.node_rank == -1, "slurm local world %d", e.local_world_size);
+    CT_CHECK(strcmp(e.run_id, "slurm-991.4") == 0, "slurm run id %s", e.run_id);
+    CT_CHECK(read_env(s2, &e) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(e.rank == 3 && e.world_size == 4 && e.local_world_size == 2 && e.local_rank == 1 && e.node_rank == 1,
+             "SLURM_NPROCS / NTASKS_PER_NODE: local %d/%d", e.local_rank, e.local_world_size);
+}
+
+CT_TEST(env_slurm_tasks_per_node_parser) {
+    CT_CHECK(capex__slurm_tasks_on_node("2(x3),1", 0) == 2 && capex__slurm_tasks_on_node("2(x3),1", 2) == 2, "rep");
+    CT_CHECK(capex__slurm_tasks_on_node("2(x3),1", 3) == 1, "tail");
+    CT_CHECK(capex__slurm_tasks_on_node("2(x3),1", 4) == 0, "past the end");
+    CT_CHECK(capex__slurm_tasks_on_node("4", 0) == 4, "plain");
+    {
+        const char *bad[] = {"", "x", "2(3)", "2(x)", "2(x3", "2,", ",2", "2(x0)", "0", "2 ", "99999999999", "2(x3)1"};
+        size_t i;
+        for (i = 0; i < sizeof bad / sizeof bad[0]; i++)
+            CT_CHECK(capex__slurm_tasks_on_node(bad[i], 0) == 0, "'%s' must be rejected", bad[i]);
+    }
+}
+
+CT_TEST(env_overrides_and_run_id_precedence) {
+    kv t[] = {{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"CAPEX_RUN_ID", "mine"}, {"TORCHELASTIC_RUN_ID", "theirs"},
+              {"MASTER_PORT", "1234"}, {NULL, NULL}};
+    capex_dist_env_desc d;
+    capex_dist_env e;
+    capex_dist_env_desc_init(&d);
+    d.getenv_fn = table_getenv;
+    d.getenv_user = t;
+    d.rank = 1; d.world_size = 2; d.master_addr = "127.0.0.1"; d.master_port = 4321;
+    CT_CHECK(capex_dist_env_read(&d, &e) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(e.launcher == CAPEX_LAUNCHER_EXPLICIT && e.rank == 1 && e.world_size == 2, "explicit wins");
+    CT_CHECK(e.local_rank == 1 && e.local_world_size == 2, "one node assumed");
+    CT_CHECK(strcmp(e.master_addr, "127.0.0.1") == 0 && e.master_port == 4321, "addr override");
+    CT_CHECK(strcmp(e.run_id, "mine") == 0, "CAPEX_RUN_ID first: %s", e.run_id);
+    d.run_id = "given";
+    d.local_world_size = 1;
+    CT_CHECK(capex_dist_env_read(&d, &e) == CAPEX_OK && strcmp(e.run_id, "given") == 0, "explicit run id");
+    CT_CHECK(e.local_rank == 0 && e.local_world_size == 1 && e.node_rank == 1, "block placement %d", e.local_rank);
+    d.world_size = -1;
+    CT_CHECK(capex_dist_env_read(&d, &e) == CAPEX_ERR_CONFIG, "rank without world size");
+    CT_CHECK(capex_dist_env_read(&d, NULL) == CAPEX_ERR_INVALID_ARG, "NULL out");
+    /* the real environment path runs too (whatever it holds, no crash) */
+    { capex_result r = capex_dist_env_read(NULL, &e); CT_CHECK(r == CAPEX_OK || r == CAPEX_ERR_CONFIG, "real env"); }
+}
+
+CT_TEST(env_errors_are_config_and_named) {
+    static const kv cases[][4] = {
+        {{"RANK", "abc"}, {"WORLD_SIZE", "2"}, {NULL, NULL}},
+        {{"RANK", "-1"}, {"WORLD_SIZE", "2"}, {NULL, NULL}},
+        {{"RANK", " 1"}, {"WORLD_SIZE", "2"}, {NULL, NULL}},
+        {{"RANK", "1"}, {"WORLD_SIZE", "2x"}, {NULL, NULL}},
+        {{"RANK", ""}, {"WORLD_SIZE", "2"}, {NULL, NULL}},
+        {{"RANK", "4"}, {"WORLD_SIZE", "4"}, {NULL, NULL}},
+        {{"RANK", "0"}, {"WORLD_SIZE", "0"}, {NULL, NULL}},
+        {{"RANK", "0"}, {NULL, NULL}},
+        {{"RANK", "99999999999"}, {"WORLD_SIZE", "2"}, {NULL, NULL}},
+        {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}},
+        {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "3"}, {NULL, NULL}},
+        {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}, {NULL, NULL}},
+        {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "http"}, {NULL, NULL}},
+        {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}, {NULL, NULL}},
+        {{"OMPI_COMM_WORLD_RANK", "1"}, {NULL, NULL}},
+        {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODEID", "9"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}},
+    };
+    size_t i;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kv t[5];
+        capex_dist_env e;
+        memcpy(t, cases[i], sizeof cases[i]);
+        t[4].k = NULL; t[4].v = NULL;
+        CT_CHECK(read_env(t, &e) == CAPEX_ERR_CONFIG, "case %lu must fail", (unsigned long)i);
+        CT_CHECK(strlen(capex_last_error()) > 10, "case %lu has a message", (unsigned long)i);
+    }
+    {
+        kv t[] = {{"RANK", "abc"}, {"WORLD_SIZE", "2"}, {NULL, NULL}};
+        capex_dist_env e;
+        read_env(t, &e);
+        CT_CHECK(strstr(capex_last_error(), "RANK") && strstr(capex_last_error(), "abc"), "names the variable: %s",
+                 capex_last_error());
+    }
+}
+
+/* ------------------------------------------------------------ sampler -- */
+
+/* torch/utils/data/distributed.py, __init__ and __iter__, transcribed with
+   Python's math.ceil on exact rationals (no floats). */
+static long long ceil_div_signed(long long a, long long b) { /* b > 0 */
+    return a >= 0 ? (a + b - 1) / b : -((-a) / b);
+}
+static size_t torch_indices(uint64_t n, int R, int rank, int shuffle, uint64_t seed, uint64_t epoch, int drop_last,
+                            uint64_t *out, uint64_t *num_samples_out) {
+    long long num_samples, total, i;
+    uint64_t *ind = (uint64_t *)malloc(sizeof(uint64_t) * (size_t)(2 * n + 2 * (uint64_t)R + 2));
+    size_t len = 0, k = 0;
+    if (drop_last && n % (uint64_t)R != 0) num_samples = ceil_div_signed((long long)n - R, R);
+    else num_samples = ceil_div_signed((long long)n, R);
+    total = num_samples * R;
+    for (i = 0; i < (long long)n; i++) ind[len++] = shuffle ? capex_permute_index((uint64_t)i, n, seed + epoch) : (uint64_t)i;
+    if (!drop_last) {
+        long long pad = total - (long long)len, orig = (long long)len;
+        if (pad <= orig) { for (i = 0; i < pad; i++) ind[len++] = ind[i]; }
+        else { /* (indices * ceil(pad / len))[:pad] */
+            long long reps = ceil_div_signed(pad, orig), r2, j, added = 0;
+            for (r2 = 0; r2 < reps; r2++) for (j = 0; j < orig && added < pad; j++, added++) ind[len++] = ind[j];
+        }
+    } else {
+        len = (size_t)total;
+    }
+    for (i = rank; i < total; i += R) out[k++] = ind[i];
+    free(ind);
+    *num_samples_out = (uint64_t)num_samples;
+    return k;
+}
+
+CT_TEST(sampler_matches_torch_transcription) {
+    uint64_t n;
+    uint64_t *got = (uint64_t *)malloc(sizeof(uint64_t) * 200), *want = (uint64_t *)malloc(sizeof(uint64_t) * 200);
+    for (n = 0; n <= 40; n++) {
+        int R, rank, dl, sh;
+        for (R = 1; R <= 7; R++) for (dl = 0; dl < 2; dl++) for (sh = 0; sh < 2; sh++) for (rank = 0; rank < R; rank++) {
+            capex_sampler_desc d;
+            capex_sampler s;
+            uint64_t ns = 0;
+            size_t k, m;
+            capex_sampler_desc_init(&d);
+            d.dataset_size = n; d.num_replicas = R; d.rank = rank; d.shuffle = sh; d.drop_last = dl; d.seed = 1234;
+            CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_OK, "%.300s", capex_last_error());
+            capex_sampler_set_epoch(&s, 7);
+            m = torch_indices(n, R, rank, sh, 1234, 7, dl, want, &ns);
+            CT_CHECK(s.num_samples == ns && m == ns && s.total_size == ns * (uint64_t)R, "n=%lu R=%d dl=%d: %lu vs %lu",
+                     (unsigned long)n, R, dl, (unsigned long)s.num_samples, (unsigned long)ns);
+            for (k = 0; k < m; k++) got[k] = 0xdeadbeef;
+            CT_CHECK(capex_sampler_indices(&s, got, 200) == CAPEX_OK, "%.300s", capex_last_error());
+            for (k = 0; k < m; k++)
+                CT_CHECK(got[k] == want[k], "n=%lu R=%d rank=%d dl=%d sh=%d k=%lu: %lu vs %lu", (unsigned long)n, R, rank,
+                         dl, sh, (unsigned long)k, (unsigned long)got[k], (unsigned long)want[k]);
+        }
+    }
+    free(got);
+    free(want);
+}
+
+CT_TEST(sampler_torch_formulas_by_hand) {
+    /* torch: N=10, R=4 -> num_samples 3, total 12; drop_last -> 2, total 8;
+       N=3, R=4, drop_last -> ceil(-1/4) = 0 */
+    capex_sampler_desc d;
+    capex_sampler s;
+    uint64_t idx[3];
+    capex_sampler_desc_init(&d);
+    d.dataset_size = 10; d.num_replicas = 4; d.rank = 3; d.shuffle = 0;
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_OK && s.num_samples == 3 && s.total_size == 12, "ceil");
+    CT_CHECK(capex_sampler_indices(&s, idx, 3) == CAPEX_OK && idx[0] == 3 && idx[1] == 7 && idx[2] == 1,
+             "padding repeats the start: %lu %lu %lu", (unsigned long)idx[0], (unsigned long)idx[1], (unsigned long)idx[2]);
+    d.drop_last = 1;
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_OK && s.num_samples == 2 && s.total_size == 8, "floor");
+    d.dataset_size = 3;
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_OK && s.num_samples == 0, "tiny dataset drop_last");
+    d.dataset_size = 2; d.drop_last = 0;
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_OK && s.num_samples == 1 && s.total_size == 4, "pad past N");
+    CT_CHECK(capex_sampler_index(&s, 0, &idx[0]) == CAPEX_OK && idx[0] == 1, "rank 3 of 4 on N=2 gets index 1");
+    CT_CHECK(capex_sampler_index(&s, 1, &idx[0]) == CAPEX_ERR_INVALID_ARG, "k past num_samples");
+    CT_CHECK(capex_sampler_indices(&s, idx, 0) == CAPEX_ERR_SIZE_MISMATCH, "cap too small");
+    d.rank = 4;
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_ERR_INVALID_ARG, "rank >= num_replicas");
+    d.rank = 0; d.num_replicas = 0;
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_ERR_INVALID_ARG, "num_replicas 0");
+}
+
+CT_TEST(sampler_shards_disjoint_complete_and_epoch_dependent) {
+    const uint64_t n = 1001;
+    const int R = 4;
+    unsigned char *count = (unsigned char *)calloc(n, 1);
+    uint64_t *e0 = (uint64_t *)malloc(sizeof(uint64_t) * n), *e1 = (uint64_t *)malloc(sizeof(uint64_t) * n);
+    int rank, dl;
+    size_t same = 0, k;
+    for (dl = 0; dl < 2; dl++) {
+        uint64_t total = 0, seen = 0;
+        memset(count, 0, n);
+        for (rank = 0; rank < R; rank++) {
+            capex_sampler_desc d;
+            capex_sampler s;
+            uint64_t i, v;
+            capex_sampler_desc_init(&d);
+            d.dataset_size = n; d.num_replicas = R; d.rank = rank; d.seed = 42; d.drop_last = dl;
+            capex_sampler_init(&s, &d);
+            capex_sampler_set_epoch(&s, 3);
+            for (i = 0; i < s.num_samples; i++) {
+                CT_CHECK(capex_sampler_index(&s, i, &v) == CAPEX_OK && v < n, "index in range");
+                count[v]++;
+                total++;
+            }
+        }
+        for (k = 0; k < n; k++) if (count[k]) seen++;
+        if (dl) CT_CHECK(total == 1000 && seen == 1000, "drop_last: 1000 distinct of 1001 (%lu, %lu)", (unsigned long)total, (unsigned long)seen);
+        else CT_CHECK(total == 1004 && seen == n, "padded: every index, 3 repeated (%lu, %lu)", (unsigned long)total, (unsigned long)seen);
+    }
+    for (k = 0; k < n; k++) { e0[k] = capex_permute_index(k, n, 42 + 0); e1[k] = capex_permute_index(k, n, 42 + 1); }
+    for (k = 0; k < n; k++) same += e0[k] == e1[k];
+    CT_CHECK(same < 20, "epochs 0 and 1 differ (%lu fixed points)", (unsigned long)same);
+    for (k = 0; k < n; k++) CT_CHECK(e0[k] == capex_permute_index(k, n, 42), "deterministic");
+    free(count); free(e0); free(e1);
+}
+
+CT_TEST(permutation_is_a_bijection) {
+    uint64_t sizes[] = {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 100, 255, 256, 257, 1000, 4097, 65537};
+    unsigned char *seen = (unsigned char *)malloc(65537);
+    size_t si;
+    uint64_t key, i;
+    for (si = 0; si < sizeof sizes / sizeof sizes[0]; si++) for (key = 0; key < 5; key++) {
+        uint64_t n = sizes[si], fixed = 0;
+        memset(seen, 0, (size_t)n);
+        for (i = 0; i < n; i++) {
+            uint64_t v = capex_permute_index(i, n, key * 0x1234567ull);
+            CT_CHECK(v < n && !seen[v], "n=%lu key=%lu: %lu hit twice", (unsigned long)n, (unsigned long)key, (unsigned long)v);
+            seen[v] = 1;
+            fixed += v == i;
+        }
+        if (n >= 1000) CT_CHECK(fixed < 20, "n=%lu looks shuffled (%lu fixed points)", (unsigned long)n, (unsigned long)fixed);
+    }
+    /* huge n: stays in range */
+    CT_CHECK(capex_permute_index(5, ~(uint64_t)0, 9) < ~(uint64_t)0, "n = 2^64-1");
+    CT_CHECK(capex_permute_index(123456789ull, 1ull << 40, 9) < (1ull << 40), "n = 2^40");
+    free(seen);
+}
+
+/* --------------------------------------------------------- fake comm -- */
+/* A world of `world` identical ranks: SUM = x * world (exact for the
+   values used), recorded launches and waits, injectable failures. */
+typedef struct fake {
+    int world;
+    int launches[64], nlaunch;    /* bucket index of each iallreduce      */
+    capex_dtype launch_dtype[64];
+    int waits[64], nwait;
+    capex_ddp *ddp;               /* to map buffers back to bucket indices */
+    capex_result fail_wait;       /* returned by the next wait if set      */
+    int async;                    /* 0: no iallreduce entry (sync path)    */
+    int ntest, test_done;         /* progress polls seen; what test says   */
+} fake;
+
+static int fake_bucket_of(fake *f, const void *buf) {
+    size_t k;
+    for (k = 0; f->ddp && k < f->ddp->nb; k++)
+        if (f->ddp->b[k].buf == buf || f->ddp->b[k].buf32 == buf) return (int)k;
+    return -1;
+}
+static void fake_sum(fake *f, void *buf, size_t n, capex_dtype t) {
+    size_t i;
+    for (i = 0; i < n; i++) capex__store(buf, t, i, capex__load(buf, t, i) * (float)f->world);
+}
+static capex_result fake_allreduce(capex_comm *c, const void *s, void *r, size_t n, capex_dtype t, capex_reduce_op op, double dl) {
+    fake *f = (fake *)c->impl;
+    (void)dl;
+    if (s != r) memcpy(r, s, n * capex_dtype_size(t));
+    if (f->nlaunch < 64) { f->launch_dtype[f->nlaunch] = t; f->launches[f->nlaunch++] = fake_bucket_of(f, r); }
+    fake_sum(f, r, n, t);
+    if (op == CAPEX_REDUCE_AVG) capex__host_div(r, n, t, (float)f->world);
+    return CAPEX_OK;
+}
+static capex_result fake_iallreduce(capex_comm *c, const void *s, void *r, size_t n, capex_dtype t, capex_reduce_op op,
+                                    capex_comm_req *q) {
+    q->active = 1;
+    q->p[0] = r;
+    return fake_allreduce(c, s, r, n, t, op, 0);
+}
+static capex_result fake_wait(capex_comm *c, capex_comm_req *q, double dl) {
+    fake *f = (fake *)c->impl;
+    capex_result r = f->fail_wait;
+    (void)dl;
+    if (f->nwait < 64) f->waits[f->nwait++] = fake_bucket_of(f, q->p[0]);
+    q->active = 0;
+    if (r) return capex__fail(r, "fake comm: injected failure");
+    return CAPEX_OK;
+}
+static capex_result fake_test(capex_comm *c, capex_comm_req *q, int *done) {
+    fake *f = (fake *)c->impl;
+    f->ntest++;
+    *done = f->test_done;
+    (void)q;
+    return CAPEX_OK;
+}
+static capex_result fake_bcast(capex_comm *c, void *b, size_t n, capex_dtype t, int root, double dl) {
+    (void)c; (void)b; (void)n; (void)t; (void)root; (void)dl;
+    return CAPEX_OK;
+}
+static capex_result fake_allgather(capex_comm *c, const void *s, void *r, size_t n, capex_dtype t, double dl) {
+    (void)c; (void)s; (void)r; (void)n; (void)t; (void)dl;
+    return CAPEX_OK;
+}
+static capex_result fake_barrier(capex_comm *c, double dl) { (void)c; (void)dl; return CAPEX_OK; }
+static const capex_comm_vtable fake_vt = {"fake", fake_allreduce, fake_bcast, fake_allgather, fake_barrier,
+                                          fake_iallreduce, fake_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                          fake_test};
+static const capex_comm_vtable fake_sync_vt = {"fake-sync", fake_allreduce, fake_bcast, fake_allgather, fake_barrier,
+                                               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+
+static void fake_comm(capex_comm *c, fake *f, int world, int async) {
+    memset(f, 0, sizeof *f);
+    f->world = world;
+    f->async = async;
+    memset(c, 0, sizeof *c);
+    c->vt = async ? &fake_vt : &fake_sync_vt;
+    c->impl = f;
+    c->rank = 0;
+    c->world_size = world;
+    c->timeout_s = 10;
+}
+
+/* ------------------------------------------------------ bucket layout -- */
+
+/* Independent transcription of compute_bucket_assignment_by_size with
+   tensor_indices given (the ready order), then buckets sorted by their first
+   member's position. Writes bucket id per position; returns bucket count. */
+static int ref_plan(const capex_ddp_param *ps, const size_t *order, size_t n, size_t first, size_t cap, size_t msg,
+                    int *bucket_of_pos) {
+    int open[3] = {-1, -1, -1}, nb = 0;
+    size_t sz[3] = {0, 0, 0}, lim[3];
+    size_t i;
+    lim[0] = lim[1] = lim[2] = msg ? msg : first;
+    for (i = 0; i < n; i++) {
+        const capex_ddp_param *p = &ps[order[i]];
+        int t = (int)p->dtype;
+        if (open[t] < 0) { open[t] = nb++; sz[t] = 0; }
+        bucket_of_pos[i] = open[t];
+        sz[t] += msg ? p->numel : p->numel * capex_dtype_size(p->dtype);
+        if (sz[t] >= lim[t]) { open[t] = -1; lim[t] = msg ? msg : cap; }
+    }
+    return nb;
+}
+
+static int check_layout(capex_ddp *g, const capex_ddp_param *ps, size_t n, const size_t *order, size_t first, size_t cap,
+                        size_t msg, char *why) {
+    int ref[64], nb = ref_plan(ps, order, n, first, cap, msg, ref);
+    size_t k, pos[64], i;
+    if ((size_t)nb != capex_ddp_num_buckets(g)) { sprintf(why, "%d buckets expected, got %lu", nb, (unsigned long)capex_ddp_num_buckets(g)); return 0; }
+    for (i = 0; i < 64; i++) pos[i] = 0;
+    for (i = 0; i < n; i++) {
+        size_t p = order[i];
+        capex_ddp_bucket_info bi;
+        capex_ddp_bucket(g, (size_t)ref[i], &bi);
+        if (bi.params[pos[ref[i]]] != p) { sprintf(why, "param %lu misplaced in bucket %d", (unsigned long)p, ref[i]); return 0; }
+        pos[ref[i]]++;
+    }
+    for (k = 0; k < (size_t)nb; k++) {
+        capex_ddp_bucket_info bi;
+        size_t off = 0;
+        capex_ddp_bucket(g, k, &bi);
+        if (bi.num_params != pos[k]) { sprintf(why, "bucket %lu size", (unsigned long)k); return 0; }
+        for (i = 0; i < bi.num_params; i++) {
+            size_t p = bi.params[i];
+            if (bi.offsets[i] != off || ps[p].dtype != bi.dtype) { sprintf(why, "bucket %lu offsets/dtype", (unsigned long)k); return 0; }
+            if ((char *)capex_ddp_grad(g, p) != (char *)g->b[k].buf + off * capex_dtype_size(bi.dtype)) {
+                sprintf(why, "grad view of %lu", (unsigned long)p); return 0;
+            }
+            off += ps[p].numel;
+        }
+        if (off != bi.numel) { sprintf(why, "bucket %lu numel", (unsigned long)k); return 0; }
+    }
+    return 1;
+}
+
+CT_TEST(bucket_layout_matches_pytorch_assignment) {
+    /* 12 params, mixed dtypes and sizes; small limits so several buckets form */
+    static const size_t numel[12] = {10, 300, 7, 64, 64, 1, 500, 33, 20, 20, 128, 3};
+    static const capex_dtype dt[12] = {CAPEX_F32, CAPEX_F32, CAPEX_BF16, CAPEX_F32, CAPEX_F16, CAPEX_F32,
+                                       CAPEX_BF16, CAPEX_F32, CAPEX_F16, CAPEX_F32, CAPEX_F32, CAPEX_BF16};
+    capex_ddp_param ps[12];
+    float data[2000];
+    size_t order[12], i;
+    int variant;
+    capex_comm c;
+    char why[200];
+    capex_comm_init_single(&c);
+    for (i = 0; i < 12; i++) { ps[i].data = data; ps[i].numel = numel[i]; ps[i].dtype = dt[i]; ps[i].grad = NULL; order[i] = 11 - i; }
+    for (variant = 0; variant < 4; variant++) {
+        capex_ddp_desc d;
+        capex_ddp *g = NULL;
+        capex_ddp_desc_init(&d);
+        if (variant == 0) { d.first_bucket_bytes = 100; d.bucket_bytes = 600; }
+        if (variant == 1) { d.first_bucket_bytes = 1; d.bucket_bytes = 1; }
+        if (variant == 2) { d.message_size = 100; }
+        CT_CHECK(capex_ddp_create(&g, &c, ps, 12, &d) == CAPEX_OK, "%.300s", capex_last_error());
+        CT_CHECK(check_layout(g, ps, 12, order, d.first_bucket_bytes, d.bucket_bytes, d.message_size, why), "variant %d: %s", variant, why);
+        if (variant == 1) CT_CHECK(capex_ddp_num_buckets(g) == 12, "1-byte limits: one bucket per param");
+        if (variant == 3) CT_CHECK(capex_ddp_num_buckets(g) == 3, "defaults: one bucket per dtype here");
+        capex_ddp_destroy(g);
+    }
+    /* by hand: f32 params of 64 KiB each, limits 128 KiB then 256 KiB:
+       reverse order 5,4 | 3,2,1,0 -> buckets {5,4}, {3,2,1,0} */
+    {
+        capex_ddp_param q[6];
+        capex_ddp_desc d;
+        capex_ddp *g = NULL;
+        capex_ddp_bucket_info bi;
+        static float big[16384];
+        for (i = 0; i < 6; i++) { q[i].data = big; q[i].numel = 16384; q[i].dtype = CAPEX_F32; q[i].grad = NULL; }
+        capex_ddp_desc_init(&d);
+        d.first_bucket_bytes = 128 * 1024; d.bucket_bytes = 256 * 1024;
+        CT_CHECK(capex_ddp_create(&g, &c, q, 6, &d) == CAPEX_OK, "%.300s", capex_last_error());
+        CT_CHECK(capex_ddp_num_buckets(g) == 2, "2 buckets, got %lu", (unsigned long)capex_ddp_num_buckets(g));
+        capex_ddp_bucket(g, 0, &bi);
+        CT_CHECK(bi.num_params == 2 && bi.params[0] == 5 && bi.params[1] == 4 && bi.numel == 32768, "first bucket");
+        capex_ddp_bucket(g, 1, &bi);
+        CT_CHECK(bi.num_params == 4 && bi.params[0] == 3 && bi.params[3] == 0, "second bucket");
+        CT_CHECK(capex_ddp_bucket(g, 2, &bi) == CAPEX_ERR_INVALID_ARG, "bucket out of range");
+        CT_CHECK(capex_ddp_grad(g, 6) == NULL, "grad out of range");
+        capex_ddp_destroy(g);
+    }
+}
+
+CT_TEST(ddp_create_errors) {
+    capex_comm c;
+    capex_ddp *g = (capex_ddp *)1;
+    capex_ddp_param p;
+    capex_ddp_desc d;
+    float x[4];
+    capex_comm_init_single(&c);
+    p.data = x; p.numel = 4; p.dtype = CAPEX_F32; p.grad = NULL;
+    capex_ddp_desc_init(&d);
+    CT_CHECK(capex_ddp_create(&g, NULL, &p, 1, &d) == CAPEX_ERR_INVALID_ARG && g == NULL, "NULL comm");
+    CT_CHECK(capex_ddp_create(&g, &c, NULL, 1, &d) == CAPEX_ERR_INVALID_ARG, "NULL params");
+    d.gradient_predivide_factor = 0.0f;
+    CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_ERR_INVALID_ARG, "predivide 0");
+    d.gradient_predivide_factor = (float)NAN;
+    CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_ERR_INVALID_ARG, "predivide NaN");
+    capex_ddp_desc_init(&d);
+    d.bucket_bytes = 0;
+    CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_ERR_INVALID_ARG, "zero limit");
+    capex_ddp_desc_init(&d);
+    p.dtype = (capex_dtype)7;
+    CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_ERR_INVALID_ARG, "bad dtype");
+    p.dtype = CAPEX_F32;
+    CT_CHECK(capex_ddp_create(&g, &c, &p, 0, &d) == CAPEX_OK && capex_ddp_num_buckets(g) == 0, "no params is fine");
+    CT_CHECK(capex_ddp_finalize(g) == CAPEX_OK, "empty finalize");
+    CT_CHECK(capex_ddp_broadcast_parameters(g) == CAPEX_OK, "world 1: nothing to send");
+    CT_CHECK(capex_ddp_broadcast_parameters(NULL) == CAPEX_ERR_INVALID_ARG, "NULL ddp");
+    capex_ddp_destroy(g);
+}
+
+/* ---------------------------------------------------- tracker (fake) -- */
+
+#define NP 8
+typedef struct rig {
+    capex_comm c;
+    fake f;
+    capex_ddp *g;
+    capex_ddp_param ps[NP];
+    float data[NP][16];
+    uint16_t hdata[NP][16];
+} rig;
+
+/* 8 f32 params of 16 elements (64 B); limits 128 B -> buckets of 2 params:
+   bucket 0 = {7,6}, 1 = {5,4}, 2 = {3,2}, 3 = {1,0}. */
+static capex_result rig_make(rig *r, int world, int async, const capex_ddp_desc *d0, capex_dtype t) {
+    capex_ddp_desc d;
+    size_t i;
+    memset(r, 0, sizeof *r);
+    fake_comm(&r->c, &r->f, world, async);
+    for (i = 0; i < NP; i++) {
+        r->ps[i].data = t == CAPEX_F32 ? (void *)r->data[i] : (void *)r->hdata[i];
+        r->ps[i].numel = 16; r->ps[i].dtype = t; r->ps[i].grad = NULL;
+    }
+    if (d0) d = *d0; else capex_ddp_desc_init(&d);
+    d.first_bucket_bytes = d.bucket_bytes = 16 * capex_dtype_size(t) * 2;
+    {
+        capex_result res = capex_ddp_create(&r->g, &r->c, r->ps, NP, &d);
+        r->f.ddp = r->g;
+        return res;
+    }
+}
+static void rig_fill(rig *r, size_t p, float base) {
+    size_t i;
+    void *g = capex_ddp_grad(r->g, p);
+    for (i = 0; i < 16; i++) capex__store(g, r->ps[p].dtype, i, base + (float)i);
+}
+
+CT_TEST(tracker_launches_in_order_during_backward) {
+    rig r;
+    int k;
+    size_t p;
+    capex_ddp_stats st;
+    CT_CHECK(rig_make(&r, 4, 1, NULL, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_ddp_num_buckets(r.g) == 4, "4 buckets");
+    for (p = NP; p-- > 0;) {
+        rig_fill(&r, p, (float)p);
+        CT_CHECK(capex_ddp_grad_ready(r.g, p) == CAPEX_OK, "%.300s", capex_last_error());
+        CT_CHECK(r.f.nlaunch == (int)((NP - p) / 2), "after param %lu: %d launches", (unsigned long)p, r.f.nlaunch);
+    }
+    for (k = 0; k < 4; k++) CT_CHECK(r.f.launches[k] == k, "launch %d is bucket %d", k, r.f.launches[k]);
+    CT_CHECK(r.f.nwait == 0, "no wait before finalize");
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+    for (k = 0; k < 4; k++) CT_CHECK(r.f.waits[k] == k, "wait order");
+    capex_ddp_get_stats(r.g, &st);
+    CT_CHECK(st.launches == 4 && st.launched_in_backward == 4 && st.iterations == 1, "stats");
+    /* in-flight buckets were polled from grad_ready (test says "not done":
+       only the oldest one, on each of the 7 grad_ready calls after the first launch) */
+    CT_CHECK(r.f.ntest == 7 && st.progress_polls == 7, "progress polls %d", r.f.ntest);
+    for (p = 0; p < NP; p++) {
+        float *g = (float *)capex_ddp_grad(r.g, p);
+        for (k = 0; k < 16; k++) CT_CHECK(g[k] == (float)p + (float)k, "average of 4 equal grads is the grad");
+    }
+    capex_ddp_destroy(r.g);
+}
+
+CT_TEST(tracker_later_bucket_waits_for_earlier) {
+    rig r;
+    CT_CHECK(rig_make(&r, 2, 1, NULL, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    /* bucket 2 = {3,2} fills first, then bucket 1 = {5,4}: nothing launches
+       until bucket 0 = {7,6} is full; then 0, 1, 2 go in order */
+    capex_ddp_grad_ready(r.g, 3); capex_ddp_grad_ready(r.g, 2);
+    capex_ddp_grad_ready(r.g, 5); capex_ddp_grad_ready(r.g, 4);
+    CT_CHECK(r.f.nlaunch == 0, "held back: %d", r.f.nlaunch);
+    capex_ddp_grad_ready(r.g, 7);
+    CT_CHECK(r.f.nlaunch == 0, "bucket 0 half full");
+    capex_ddp_grad_ready(r.g, 6);
+    CT_CHECK(r.f.nlaunch == 3 && r.f.launches[0] == 0 && r.f.launches[1] == 1 && r.f.launches[2] == 2, "in order");
+    capex_ddp_grad_ready(r.g, 0);
+    CT_CHECK(r.f.nlaunch == 3, "bucket 3 half full");
+    capex_ddp_grad_ready(r.g, 1);
+    CT_CHECK(r.f.nlaunch == 4 && r.f.launches[3] == 3, "last");
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+    /* second iteration behaves the same (state reset) */
+    capex_ddp_grad_ready(r.g, 6); capex_ddp_grad_ready(r.g, 7);
+    CT_CHECK(r.f.nlaunch == 5 && r.f.launches[4] == 0, "iteration 2 starts over");
+    capex_ddp_destroy(r.g);
+}
+
+CT_TEST(tracker_delay_allreduce_and_sync_backend) {
+    rig r;
+    capex_ddp_desc d;
+    size_t p;
+    int async;
+    for (async = 0; async < 2; async++) {
+        capex_ddp_desc_init(&d);
+        d.delay_allreduce = async; /* sync backend: launches in backward anyway */
+        CT_CHECK(rig_make(&r, 2, async, &d, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+        for (p = NP; p-- > 0;) { rig_fill(&r, p, 1.0f); capex_ddp_grad_ready(r.g, p); }
+        CT_CHECK(r.f.nlaunch == (async ? 0 : 4), "async=%d: %d launches before finalize", async, r.f.nlaunch);
+        CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+        CT_CHECK(r.f.nlaunch == 4 && r.f.launches[0] == 0 && r.f.launches[3] == 3, "all 4, in order");
+        CT_CHECK(r.f.nwait == (async ? 4 : 0), "waits: %d", r.f.nwait);
+        capex_ddp_destroy(r.g);
+        if (async) break;
+    }
+}
+
+CT_TEST(tracker_predivide_and_average) {
+    /* Apex: x *= 1/f before; SUM; x *= f/world after (only if averaging) */
+    static const struct { int avg; float f; float expect_factor; } cases[] = {
+        {1, 1.0f, 1.0f}, {1, 2.0f, 1.0f}, {1, 8.0f, 1.0f}, {0, 1.0f, 4.0f}, {0, 2.0f, 2.0f}};
+    size_t ci, p, i;
+    for (ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        rig r;
+        capex_ddp_desc d;
+        capex_ddp_desc_init(&d);
+        d.gradient_average = cases[ci].avg;
+        d.gradient_predivide_factor = cases[ci].f;
+        CT_CHECK(rig_make(&r, 4, 1, &d, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+        for (p = NP; p-- > 0;) { rig_fill(&r, p, 16.0f * (float)p); capex_ddp_grad_ready(r.g, p); }
+        CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+        for (p = 0; p < NP; p++) {
+            float *g = (float *)capex_ddp_grad(r.g, p);
+            for (i = 0; i < 16; i++)
+                CT_CHECK(g[i] == (16.0f * (float)p + (float)i) * cases[ci].expect_factor, "case %lu p %lu: %g",
+                         (unsigned long)ci, (unsigned long)p, (double)g[i]);
+        }
+        capex_ddp_destroy(r.g);
+    }
+}
+
+CT_TEST(tracker_allreduce_always_fp32_with_bf16) {
+    rig r;
+    capex_ddp_desc d;
+    size_t p, i;
+    capex_ddp_desc_init(&d);
+    d.allreduce_always_fp32 = 1;
+    d.gradient_predivide_factor = 3.0f; /* 1/3 then 3/4 is not exact: f32 staging rounds once */
+    CT_CHECK(rig_make(&r, 4, 1, &d, CAPEX_BF16) == CAPEX_OK, "%.300s", capex_last_error());
+    for (p = NP; p-- > 0;) { rig_fill(&r, p, 1.0f + (float)p); capex_ddp_grad_ready(r.g, p); }
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(r.f.nlaunch == 4 && r.f.launch_dtype[0] == CAPEX_F32, "reduced in f32");
+    for (p = 0; p < NP; p++) {
+        uint16_t *g = (uint16_t *)capex_ddp_grad(r.g, p);
+        for (i = 0; i < 16; i++) {
+            float x = capex_bf16_to_f32(capex_f32_to_bf16(1.0f + (float)p + (float)i));
+            float want = ((x * (float)(1.0 / 3.0)) * 4.0f) * (float)(3.0 / 4.0);
+            CT_CHECK(g[i] == capex_f32_to_bf16(want), "p %lu i %lu", (unsigned long)p, (unsigned long)i);
+        }
+    }
+    capex_ddp_destroy(r.g);
+    /* without the flag the bf16 bucket goes to the comm as bf16 */
+    capex_ddp_desc_init(&d);
+    CT_CHECK(rig_make(&r, 4, 1, &d, CAPEX_BF16) == CAPEX_OK, "%.300s", capex_last_error());
+    for (p = NP; p-- > 0;) { rig_fill(&r, p, 1.0f); capex_ddp_grad_ready(r.g, p); }
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK && r.f.launch_dtype[0] == CAPEX_BF16, "bf16 on the wire");
+    capex_ddp_destroy(r.g);
+}
+
+CT_TEST(tracker_no_sync_accumulates) {
+    rig r;
+    size_t p, i;
+    CT_CHECK(rig_make(&r, 4, 1, NULL, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_ddp_set_sync(r.g, 0) == CAPEX_OK, "no_sync");
+    for (p = NP; p-- > 0;) { rig_fill(&r, p, 1.0f); capex_ddp_grad_ready(r.g, p); }
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK && r.f.nlaunch == 0, "no communication under no_sync");
+    CT_CHECK(capex_ddp_set_sync(r.g, 1) == CAPEX_OK, "sync again");
+    for (p = NP; p-- > 0;) {
+        float *g = (float *)capex_ddp_grad(r.g, p);
+        for (i = 0; i < 16; i++) g[i] += 2.0f; /* the engine accumulates */
+        if (p != 3) CT_CHECK(capex_ddp_grad_ready(r.g, p) == CAPEX_OK, "ready");
+    }
+    /* param 3 got no grad this step but accumulated one before: mark_unused keeps it */
+    CT_CHECK(capex_ddp_set_sync(r.g, 0) == CAPEX_ERR_ORDER, "sync switch mid-iteration refused");
+    CT_CHECK(capex_ddp_mark_unused(r.g, 3) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK && r.f.nlaunch == 4, "one reduction for the accumulated grads");
+    for (p = 0; p < NP; p++) {
+        float *g = (float *)capex_ddp_grad(r.g, p);
+        for (i = 0; i < 16; i++) CT_CHECK(g[i] == 3.0f + (float)i, "accumulated p %lu: %g", (unsigned long)p, (double)g[i]);
+    }
+    capex_ddp_destroy(r.g);
+}
+
+CT_TEST(tracker_unused_parameters) {
+    rig r;
+    capex_ddp_desc d;
+    size_t p, i;
+    capex_ddp_desc_init(&d);
+    CT_CHECK(rig_make(&r, 4, 1, &d, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    for (p = NP; p-- > 0;) { rig_fill(&r, p, 5.0f); if (p != 2 && p != 6) capex_ddp_grad_ready(r.g, p); }
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_ERR_ORDER, "missing params without find_unused");
+    CT_CHECK(strstr(capex_last_error(), "2 parameter(s)") != NULL, "message: %.300s", capex_last_error());
+    CT_CHECK(capex_ddp_mark_unused(r.g, 2) == CAPEX_OK && capex_ddp_mark_unused(r.g, 6) == CAPEX_OK, "explicit mark");
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+    for (i = 0; i < 16; i++) CT_CHECK(((float *)capex_ddp_grad(r.g, 2))[i] == 0.0f, "unused grad is zero");
+    CT_CHECK(((float *)capex_ddp_grad(r.g, 5))[3] == 8.0f, "used grad reduced");
+    capex_ddp_destroy(r.g);
+
+    d.find_unused_parameters = 1;
+    CT_CHECK(rig_make(&r, 4, 1, &d, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    for (p = NP; p-- > 0;) { rig_fill(&r, p, 5.0f); if (p != 0) capex_ddp_grad_ready(r.g, p); }
+    CT_CHECK(r.f.nlaunch == 3, "bucket 3 waits for param 0");
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK && r.f.nlaunch == 4, "finalize marks param 0 unused");
+    for (i = 0; i < 16; i++) CT_CHECK(((float *)capex_ddp_grad(r.g, 0))[i] == 0.0f, "zeroed");
+    capex_ddp_destroy(r.g);
+}
+
+CT_TEST(tracker_errors) {
+    rig r;
+    size_t p;
+    CT_CHECK(rig_make(&r, 2, 1, NULL, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_ddp_grad_ready(r.g, 7) == CAPEX_OK, "first");
+    CT_CHECK(capex_ddp_grad_ready(r.g, 7) == CAPEX_ERR_ORDER, "twice in one iteration");
+    CT_CHECK(capex_ddp_mark_unused(r.g, 7) == CAPEX_ERR_ORDER, "ready then unused");
+    CT_CHECK(capex_ddp_grad_ready(r.g, NP) == CAPEX_ERR_INVALID_ARG, "unknown param");
+    CT_CHECK(capex_ddp_grad_ready(NULL, 0) == CAPEX_ERR_INVALID_ARG, "NULL ddp");
+    CT_CHECK(capex_ddp_finalize(NULL) == CAPEX_ERR_INVALID_ARG, "NULL finalize");
+    for (p = 0; p < 7; p++) capex_ddp_grad_ready(r.g, p);
+    r.f.fail_wait = CAPEX_ERR_COMM;
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_ERR_COMM, "peer failure reaches finalize");
+    CT_CHECK(r.c.failed, "comm poisoned");
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_ERR_COMM, "failed stays failed");
+    CT_CHECK(capex_ddp_grad_ready(r.g, 0) == CAPEX_ERR_COMM, "no further use");
+    CT_CHECK(capex_comm_barrier(&r.c) == CAPEX_ERR_COMM, "the comm refuses too");
+    capex_ddp_destroy(r.g);
+    CT_CHECK(rig_make(&r, 2, 1, NULL, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    for (p = 0; p < NP; p++) capex_ddp_grad_ready(r.g, p);
+    r.f.fail_wait = CAPEX_ERR_TIMEOUT;
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_ERR_TIMEOUT, "timeout reaches finalize");
+    capex_ddp_destroy(r.g);
+}
+
+CT_TEST(tracker_engine_owned_grads_are_copied) {
+    capex_comm c;
+    fake f;
+    capex_ddp *g = NULL;
+    capex_ddp_param ps[3];
+    capex_ddp_desc d;
+    float data[3][5], grad[3][5];
+    size_t p, i;
+    fake_comm(&c, &f, 2, 1);
+    for (p = 0; p < 3; p++) {
+        ps[p].data = data[p]; ps[p].numel = 5; ps[p].dtype = CAPEX_F32; ps[p].grad = grad[p];
+        for (i = 0; i < 5; i++) grad[p][i] = (float)(p * 10 + i);
+    }
+    capex_ddp_desc_init(&d);
+    d.gradient_average = 0;
+    CT_CHECK(capex_ddp_create(&g, &c, ps, 3, &d) == CAPEX_OK, "%.300s", capex_last_error());
+    f.ddp = g;
+    CT_CHECK(capex_ddp_grad(g, 1) == (void *)grad[1], "engine's own pointer");
+    for (p = 3; p-- > 0;) capex_ddp_grad_ready(g, p);
+    CT_CHECK(capex_ddp_finalize(g) == CAPEX_OK, "%.300s", capex_last_error());
+    for (p = 0; p < 3; p++) for (i = 0; i < 5; i++) CT_CHECK(grad[p][i] == 2.0f * (float)(p * 10 + i), "sum copied back");
+    CT_CHECK(capex_ddp_zero_grad(g) == CAPEX_OK && grad[2][4] == 0.0f, "zero_grad zeroes engine grads");
+    capex_ddp_destroy(g);
+}
+
+CT_TEST(tracker_rebuild_from_ready_order) {
+    rig r;
+    capex_ddp_desc d;
+    capex_ddp_bucket_info bi;
+    size_t p, i;
+    capex_ddp_desc_init(&d);
+    d.rebuild_buckets = 1;
+    d.gradient_average = 0;
+    CT_CHECK(rig_make(&r, 2, 1, &d, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    /* the engine produces grads in forward order 0..7 (not reversed) */
+    for (p = 0; p < NP; p++) {
+        rig_fill(&r, p, 100.0f * (float)p);
+        capex_ddp_grad_ready(r.g, p);
+        if (p == 5) CT_CHECK(r.f.nlaunch == 0, "planned order defeated: bucket 0 = {7,6} fills last");
+    }
+    CT_CHECK(r.f.nlaunch == 4, "all at the end");
+    CT_CHECK(capex_ddp_layout_version(r.g) == 0, "v0");
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_ddp_layout_version(r.g) == 1, "rebuilt once");
+    capex_ddp_bucket(r.g, 0, &bi);
+    CT_CHECK(bi.params[0] == 0 && bi.params[1] == 1, "bucket 0 now {0,1}");
+    for (p = 0; p < NP; p++)
+        for (i = 0; i < 16; i++)
+            CT_CHECK(((float *)capex_ddp_grad(r.g, p))[i] == 2.0f * (100.0f * (float)p + (float)i), "grads moved with the layout");
+    r.f.nlaunch = 0;
+    for (p = 0; p < NP; p++) { capex_ddp_grad_ready(r.g, p); if (p == 1) CT_CHECK(r.f.nlaunch == 1, "launches early now"); }
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK && capex_ddp_layout_version(r.g) == 1, "only once");
+    capex_ddp_destroy(r.g);
+}
+
+/* ---------------------------------------------------- single comm -- */
+
+CT_TEST(comm_single_and_errors) {
+    capex_comm c;
+    float a[4] = {1, 2, 3, 4}, b[4] = {0, 0, 0, 0}, g[4];
+    uint16_t h[2] = {0x3c00, 0x4000};
+    CT_CHECK(capex_comm_init_single(&c) == CAPEX_OK && c.world_size == 1 && c.rank == 0, "init");
+    CT_CHECK(capex_comm_allreduce(&c, a, b, 4, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_OK && b[3] == 4.0f, "sum copy");
+    CT_CHECK(capex_comm_allreduce(&c, h, h, 2, CAPEX_F16, CAPEX_REDUCE_AVG) == CAPEX_OK && h[1] == 0x4000, "avg in place");
+    CT_CHECK(capex_comm_broadcast(&c, a, 4, CAPEX_F32, 0) == CAPEX_OK && a[0] == 1.0f, "broadcast");
+    CT_CHECK(capex_comm_allgather(&c, a, g, 4, CAPEX_F32) == CAPEX_OK && g[2] == 3.0f, "allgather");
+    CT_CHECK(capex_comm_barrier(&c) == CAPEX_OK, "barrier");
+    CT_CHECK(capex_comm_allreduce(&c, a, b, 0, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_OK, "count 0");
+    CT_CHECK(capex_comm_allreduce(&c, NULL, b, 4, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_INVALID_ARG, "NULL");
+    CT_CHECK(capex_comm_allreduce(&c, a, b, 4, (capex_dtype)9, CAPEX_REDUCE_SUM) == CAPEX_ERR_INVALID_ARG, "dtype");
+    CT_CHECK(capex_comm_allreduce(&c, a, b, 4, CAPEX_F32, (capex_reduce_op)5) == CAPEX_ERR_INVALID_ARG, "op");
+    CT_CHECK(capex_comm_broadcast(&c, a, 4, CAPEX_F32, 1) == CAPEX_ERR_INVALID_ARG, "root out of range");
+    CT_CHECK(capex_comm_barrier(NULL) == CAPEX_ERR_INVALID_ARG, "NULL comm");
+    capex_comm_destroy(&c);
+    CT_CHECK(capex_comm_barrier(&c) == CAPEX_ERR_INVALID_ARG, "destroyed");
+#ifndef CAPEX_MPI
+    CT_CHECK(capex_comm_init_mpi_world(&c) == CAPEX_ERR_NO_MPI, "no MPI in this build");
+    CT_CHECK(strstr(capex_last_error(), "CAPEX_MPI") != NULL, "says how: %.300s", capex_last_error());
+#endif
+    CT_CHECK(capex_dist_now() > 0.0, "clock");
+}
+
+/* --------------------------------------------------------- rendezvous -- */
+
+static int free_port(void) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int s = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(0x7f000001u);
+    a.sin_port = 0;
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(s, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0) close(s);
+    return port;
+}
+
+/* child exit code: 0 ok with the right blob, 1 wrong blob, else 10 - result */
+static int rdv_child(int port, int rank, int world, uint64_t nonce, double timeout, double delay) {
+    capex_rendezvous_desc d;
+    unsigned char blob[128];
+    capex_result r;
+    size_t i;
+    if (delay > 0) capex__sleep_s(delay);
+    capex_rendezvous_desc_init(&d);
+    d.addr = "127.0.0.1"; d.port = port; d.rank = rank; d.world_size = world; d.nonce = nonce; d.timeout_s = timeout;
+    d.retry_interval_s = 0.02;
+    memset(blob, 0, sizeof blob);
+    r = capex_rendezvous_broadcast(&d, blob, sizeof blob);
+    if (r != CAPEX_OK) return 10 - (int)r;
+    for (i = 0; i < sizeof blob; i++) if (blob[i] != (unsigned char)(i * 7 + 3)) return 1;
+    return 0;
+}
+
+typedef struct spec { int rank; uint64_t nonce; int world; double delay; double timeout; } spec;
+
+/* Forks one child per spec; runs rank 0 here (if root_timeout > 0); returns
+   rank 0's result and the children's exit codes. */
+static capex_result rdv_run(const spec *sp, int n, int world, double root_timeout, double root_delay, int *codes) {
+    pid_t pids[8];
+    int port = free_port(), i;
+    capex_result r = CAPEX_OK;
+    uint64_t nonce = capex_rendezvous_nonce("run-A");
+    fflush(stdout);
+    for (i = 0; i < n; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) _exit(rdv_child(port, sp[i].rank, sp[i].world, sp[i].nonce, sp[i].timeout > 0 ? sp[i].timeout : 3.0, sp[i].delay));
+    }
+    if (root_timeout > 0) {
+        capex_rendezvous_desc d;
+        unsigned char blob[128];
+        size_t k;
+        if (root_delay > 0) capex__sleep_s(root_delay);
+        for (k = 0; k < sizeof blob; k++) blob[k] = (unsigned char)(k * 7 + 3);
+        capex_rendezvous_desc_init(&d);
+        d.addr = "127.0.0.1"; d.port = port; d.rank = 0; d.world_size = world; d.nonce = nonce; d.timeout_s = root_timeout;
+        r = capex_rendezvous_broadcast(&d, blob, sizeof blob);
+    }
+    for (i = 0; i < n; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
+    return r;
+}
+
+#define RUN_A capex_rendezvous_nonce("run-A")
+#define CODE(res) (10 - (int)(res))
+
+CT_TEST(rendezvous_success_and_late_ranks) {
+    int codes[8], i;
+    spec s[3];
+    capex_result r;
+    memset(s, 0, sizeof s);
+    for (i = 0; i < 3; i++) { s[i].rank = i + 1; s[i].nonce = RUN_A; s[i].world = 4; s[i].delay = 0; }
+    r = rdv_run(s, 3, 4, 5.0, 0, codes);
+    CT_CHECK(r == CAPEX_OK, "rank 0: %s %.300s", capex_result_string(r), capex_last_error());
+    for (i = 0; i < 3; i++) CT_CHECK(codes[i] == 0, "rank %d exit %d", i + 1, codes[i]);
+    /* a late peer (0.4 s) and a late rank 0 (0.3 s: peers retry) */
+    s[1].delay = 0.4;
+    r = rdv_run(s, 3, 4, 5.0, 0.3, codes);
+    CT_CHECK(r == CAPEX_OK, "late ranks: %s %.300s", capex_result_string(r), capex_last_error());
+    for (i = 0; i < 3; i++) CT_CHECK(codes[i] == 0, "late: rank %d exit %d", i + 1, codes[i]);
+}
+
+CT_TEST(rendezvous_wrong_nonce_is_refused) {
+    int codes[8];
+    spec s[2];
+    capex_result r;
+    memset(s, 0, sizeof s);
+    /* a foreign peer (wrong nonce) and the real rank 1: the foreign one gets
+       CAPEX_ERR_COMM, the run itself succeeds */
+    s[0].rank = 1; s[0].nonce = capex_rendezvous_nonce("run-B"); s[0].world = 2; s[0].delay = 0;
+    s[1].rank = 1; s[1].nonce = RUN_A; s[1].world = 2; s[1].delay = 0.3;
+    r = rdv_run(s, 2, 2, 5.0, 0, codes);
+    CT_CHECK(r == CAPEX_OK, "rank 0: %s %.300s", capex_result_string(r), capex_last_error());
+    CT_CHECK(codes[0] == CODE(CAPEX_ERR_COMM), "foreign peer exit %d", codes[0]);
+    CT_CHECK(codes[1] == 0, "real peer exit %d", codes[1]);
+    /* only a foreign peer: rank 0 times out, naming the refusal */
+    r = rdv_run(s, 1, 2, 1.0, 0, codes);
+    CT_CHECK(r == CAPEX_ERR_TIMEOUT && strstr(capex_last_error(), "1 foreign"), "%s %.300s", capex_result_string(r), capex_last_error());
+    CT_CHECK(codes[0] == CODE(CAPEX_ERR_COMM), "foreign peer exit %d", codes[0]);
+}
+
+CT_TEST(rendezvous_missing_rank_times_out) {
+    int codes[8];
+    spec s[1];
+    capex_result r;
+    memset(s, 0, sizeof s);
+    double t0 = capex_dist_now();
+    s[0].rank = 1; s[0].nonce = RUN_A; s[0].world = 3; s[0].delay = 0;
+    r = rdv_run(s, 1, 3, 1.0, 0, codes);
+    CT_CHECK(r == CAPEX_ERR_TIMEOUT, "rank 0: %s", capex_result_string(r));
+    CT_CHECK(strstr(capex_last_error(), "missing: 2") != NULL, "names the missing rank: %.300s", capex_last_error());
+    CT_CHECK(codes[0] == CODE(CAPEX_ERR_COMM), "rank 1 learns rank 0 gave up: exit %d", codes[0]);
+    /* no rank 0 at all: the peer times out by itself */
+    s[0].timeout = 1.0;
+    r = rdv_run(s, 1, 3, 0, 0, codes);
+    CT_CHECK(codes[0] == CODE(CAPEX_ERR_TIMEOUT), "lonely peer exit %d", codes[0]);
+    CT_CHECK(capex_dist_now() - t0 < 60.0, "bounded");
+}
+
+CT_TEST(rendezvous_bad_peer_of_this_run_fails) {
+    int codes[8];
+    spec s[1];
+    capex_result r;
+    memset(s, 0, sizeof s);
+    s[0].rank = 1; s[0].nonce = RUN_A; s[0].world = 3; s[0].delay = 0; /* world 3 vs rank 0's 2 */
+    r = rdv_run(s, 1, 2, 3.0, 0, codes);
+    CT_CHECK(r == CAPEX_ERR_COMM && strstr(capex_last_error(), "world size"), "%s %.300s", capex_result_string(r), capex_last_error());
+    CT_CHECK(codes[0] == CODE(CAPEX_ERR_COMM), "peer exit %d", codes[0]);
+    {
+        spec t[2];
+        memset(t, 0, sizeof t);
+        t[0].rank = 1; t[0].nonce = RUN_A; t[0].world = 3; t[0].delay = 0;
+        t[1].rank = 1; t[1].nonce = RUN_A; t[1].world = 3; t[1].delay = 0.2; /* two processes claim rank 1 */
+        r = rdv_run(t, 2, 3, 3.0, 0, codes);
+        CT_CHECK(r == CAPEX_ERR_COMM && strstr(capex_last_error(), "already"), "%s %.300s", capex_result_string(r), capex_last_error());
+    }
+}
+
+CT_TEST(rendezvous_arguments) {
+    capex_rendezvous_desc d;
+    unsigned char b[4];
+    capex_rendezvous_desc_init(&d);
+    CT_CHECK(capex_rendezvous_broadcast(&d, b, 4) == CAPEX_OK, "world 1 is a no-op");
+    CT_CHECK(capex_rendezvous_broadcast(NULL, b, 4) == CAPEX_ERR_INVALID_ARG, "NULL desc");
+    d.world_size = 2; d.rank = 2;
+    CT_CHECK(capex_rendezvous_broadcast(&d, b, 4) == CAPEX_ERR_INVALID_ARG, "rank >= world");
+    d.rank = 1;
+    CT_CHECK(capex_rendezvous_broadcast(&d, NULL, 4) == CAPEX_ERR_INVALID_ARG, "NULL blob");
+    d.port = 0;
+    CT_CHECK(capex_rendezvous_broadcast(&d, b, 4) == CAPEX_ERR_CONFIG, "port 0");
+    d.port = 1234; d.addr = "";
+    CT_CHECK(capex_rendezvous_broadcast(&d, b, 4) == CAPEX_ERR_CONFIG, "no address");
+    d.addr = "127.0.0.1"; d.timeout_s = 0;
+    CT_CHECK(capex_rendezvous_broadcast(&d, b, 4) == CAPEX_ERR_INVALID_ARG, "timeout 0");
+    d.timeout_s = 1; d.addr = "no.such.host.invalid";
+    CT_CHECK(capex_rendezvous_broadcast(&d, b, 4) == CAPEX_ERR_COMM, "unresolvable");
+    CT_CHECK(capex_rendezvous_nonce("a") != capex_rendezvous_nonce("b") && capex_rendezvous_nonce(NULL) == capex_rendezvous_nonce(""), "nonce");
+}
+
+CT_TEST(broadcast_blob_bootstrap) {
+    capex_dist_env env;
+    capex_comm c;
+    unsigned char id[128];
+    int port = free_port(), st = 0;
+    size_t k;
+    pid_t pid;
+    kv t[] = {{NULL, NULL}};
+    CT_CHECK(read_env(t, &env) == CAPEX_OK, "env");
+    capex_comm_init_single(&c);
+    CT_CHECK(capex_dist_broadcast_blob(&env, &c, id, sizeof id, 1.0) == CAPEX_OK, "world 1: nothing to do");
+    CT_CHECK(capex_dist_broadcast_blob(NULL, NULL, id, sizeof id, 1.0) == CAPEX_ERR_INVALID_ARG, "nothing given");
+    env.world_size = 2;
+    CT_CHECK(capex_dist_broadcast_blob(&env, NULL, id, sizeof id, 1.0) == CAPEX_ERR_CONFIG, "no MASTER_ADDR");
+    /* two processes over the TCP rendezvous, as capex_cuda.h does for NCCL */
+    strcpy(env.master_addr, "127.0.0.1");
+    env.master_port = port;
+    strcpy(env.run_id, "blob-run");
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        env.rank = 1;
+        memset(id, 0, sizeof id);
+        if (capex_dist_broadcast_blob(&env, NULL, id, sizeof id, 5.0) != CAPEX_OK) _exit(2);
+        for (k = 0; k < sizeof id; k++) if (id[k] != (unsigned char)(255 - k)) _exit(3);
+        _exit(0);
+    }
+    env.rank = 0;
+    for (k = 0; k < sizeof id; k++) id[k] = (unsigned char)(255 - k);
+    CT_CHECK(capex_dist_broadcast_blob(&env, NULL, id, sizeof id, 5.0) == CAPEX_OK, "%.300s", capex_last_error());
+    waitpid(pid, &st, 0);
+    CT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 got the blob (exit %d)", WEXITSTATUS(st));
+}
+
+/* ---------------------------------------------------------- TCP comm -- */
+
+/* The body run by every rank of a TCP world; returns 0 or a failing line. */
+static int tcp_body(int rank, int world, int port, int mode) {
+    capex_dist_env env;
+    capex_comm c;
+    float f[5], g[15];
+    uint16_t h[3];
+    int i;
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = world; env.local_rank = rank; env.local_world_size = world;
+    strcpy(env.master_addr, "127.0.0.1");
+    env.master_port = port;
+    strcpy(env.run_id, "tcp-test");
+    if (capex_comm_init_tcp(&c, &env, 5.0) != CAPEX_OK) return __LINE__;
+    c.timeout_s = 5.0;
+    if (mode == 1) { /* failure modes: rank 1 dies, stalls or goes out of order */
+        capex_result r;
+        if (rank == 1) { capex_comm_destroy(&c); return 0; }         /* dies (closes its socket) */
+        r = capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM);
+        capex_comm_destroy(&c);
+        return r == CAPEX_ERR_COMM ? 0 : __LINE__;
+    }
+    if (mode == 2) {
+        capex_result r;
+        if (rank == 1) { capex__sleep_s(1.5); capex_comm_destroy(&c); return 0; } /* stalls */
+        c.timeout_s = 0.5;
+        r = capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM);
+        capex_comm_destroy(&c);
+        return r == CAPEX_ERR_TIMEOUT ? 0 : __LINE__;
+    }
+    if (mode == 3) {
+        capex_result r;
+        if (rank == 1) { r = capex_comm_allgather(&c, f, g, 5, CAPEX_F32); capex_comm_destroy(&c); return 0; }
+        r = capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM);
+        capex_comm_destroy(&c);
+        return r == CAPEX_ERR_COMM && strstr(capex_last_error(), "different orders") ? 0 : __LINE__;
+    }
+    if (strcmp(c.vt->name, "tcp") != 0) return __LINE__;
+    for (i = 0; i < 5; i++) f[i] = (float)((rank + 1) * (i + 1));
+    if (capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) return __LINE__;
+    for (i = 0; i < 5; i++) if (f[i] != (float)(6 * (i + 1))) return __LINE__;
+    for (i = 0; i < 3; i++) h[i] = capex_f32_to_bf16((float)(rank + 1));
+    if (capex_comm_allreduce(&c, h, h, 3, CAPEX_BF16, CAPEX_REDUCE_AVG) != CAPEX_OK) return __LINE__;
+    if (capex_bf16_to_f32(h[1]) != 2.0f) return __LINE__;
+    for (i = 0; i < 5; i++) f[i] = rank == 2 ? (float)(i + 100) : 0.0f;
+    if (capex_comm_broadcast(&c, f, 5, CAPEX_F32, 2) != CAPEX_OK || f[4] != 104.0f) return __LINE__;
+    for (i = 0; i < 5; i++) f[i] = (float)(rank * 5 + i);
+    if (capex_comm_allgather(&c, f, g, 5, CAPEX_F32) != CAPEX_OK) return __LINE__;
+    for (i = 0; i < 15; i++) if (g[i] != (float)i) return __LINE__;
+    if (capex_comm_barrier(&c) != CAPEX_OK) return __LINE__;
+    { /* DDP over TCP: params broadcast from rank 0, grads averaged */
+        float w[2][4], *gr;
+        capex_ddp_param ps[2];
+        capex_ddp_desc d;
+        capex_ddp *dd = NULL;
+        int p, step;
+        for (p = 0; p < 2; p++) for (i = 0; i < 4; i++) w[p][i] = (float)(rank * 10 + p);
+        for (p = 0; p < 2; p++) { ps[p].data = w[p]; ps[p].numel = 4; ps[p].dtype = CAPEX_F32; ps[p].grad = NULL; }
+        capex_ddp_desc_init(&d);
+        d.first_bucket_bytes = d.bucket_bytes = 16;
+        if (capex_ddp_create(&dd, &c, ps, 2, &d) != CAPEX_OK) return __LINE__;
+        if (w[1][3] != 1.0f) return __LINE__; /* rank 0's value */
+        for (step = 0; step < 3; step++) {
+            for (p = 2; p-- > 0;) {
+                gr = (float *)capex_ddp_grad(dd, (size_t)p);
+                for (i = 0; i < 4; i++) gr[i] = (float)(rank + 1 + p);
+                if (capex_ddp_grad_ready(dd, (size_t)p) != CAPEX_OK) return __LINE__;
+            }
+            if (capex_ddp_finalize(dd) != CAPEX_OK) return __LINE__;
+            for (p = 0; p < 2; p++) if (((float *)capex_ddp_grad(dd, (size_t)p))[2] != (float)(2 + p)) return __LINE__;
+        }
+        capex_ddp_destroy(dd);
+    }
+    capex_comm_destroy(&c);
+    return 0;
+}
+
+static int tcp_world(int world, int mode, int *child_codes) {
+    pid_t pids[8];
+    int port = free_port(), r, i;
+    fflush(stdout);
+    for (i = 1; i < world; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) _exit(tcp_body(i, world, port, mode) ? 1 : 0);
+    }
+    r = tcp_body(0, world, port, mode);
+    for (i = 1; i < world; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        child_codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
+    return r;
+}
+
+CT_TEST(tcp_comm_collectives_and_ddp) {
+    int codes[8], r = tcp_world(3, 0, codes);
+    CT_CHECK(r == 0, "rank 0 failed at line %d: %.300s", r, capex_last_error());
+    CT_CHECK(codes[1] == 0 && codes[2] == 0, "peers: %d %d", codes[1], codes[2]);
+}
+
+CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
+    int codes[8], r;
+    r = tcp_world(2, 1, codes);
+    CT_CHECK(r == 0, "dead peer -> CAPEX_ERR_COMM (line %d: %.300s)", r, capex_last_error());
+    r = tcp_world(2, 2, codes);
+    CT_CHECK(r == 0, "stalled peer -> CAPEX_ERR_TIMEOUT (line %d: %.300s)", r, capex_last_error());
+    r = tcp_world(2, 3, codes);
+    CT_CHECK(r == 0, "mismatch -> CAPEX_ERR_COMM (line %d: %.300s)", r, capex_last_error());
+    {
+        capex_dist_env env;
+        capex_comm c;
+        memset(&env, 0, sizeof env);
+        env.world_size = 2;
+        CT_CHECK(capex_comm_init_tcp(&c, &env, 1.0) == CAPEX_ERR_CONFIG, "no MASTER_ADDR");
+        env.world_size = 1;
+        CT_CHECK(capex_comm_init_tcp(&c, &env, 1.0) == CAPEX_OK && c.world_size == 1, "world 1 is single");
+        capex_comm_destroy(&c);
+    }
+}
+
+/* torchrun --no-python, simulated: the launcher's variables in the real
+   environment of 3 processes, read with capex_dist_env_read(NULL) and turned
+   into a comm by capex_comm_init_auto. */
+CT_TEST(torchrun_style_launch_auto_comm) {
+    pid_t pids[3];
+    int port = free_port(), i, ok = 1;
+    char portbuf[16];
+    snprintf(portbuf, sizeof portbuf, "%d", port);
+    fflush(stdout);
+    for (i = 0; i < 3; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            char rk[8];
+            capex_dist_env env;
+            capex_comm c;
+            float x;
+            snprintf(rk, sizeof rk, "%d", i);
+            setenv("RANK", rk, 1); setenv("LOCAL_RANK", rk, 1);
+            setenv("WORLD_SIZE", "3", 1); setenv("LOCAL_WORLD_SIZE", "3", 1);
+            setenv("MASTER_ADDR", "127.0.0.1", 1); setenv("MASTER_PORT", portbuf, 1);
+            setenv("TORCHELASTIC_RUN_ID", "sim-run", 1);
+            if (capex_dist_env_read(NULL, &env) != CAPEX_OK || env.launcher != CAPEX_LAUNCHER_TORCHRUN) _exit(2);
+            capex_dist_log_init(&env);
+            if (capex_comm_init_auto(&c, &env) != CAPEX_OK || c.world_size != 3 || c.rank != i) _exit(3);
+            x = (float)(i + 1);
+            if (capex_comm_allreduce(&c, &x, &x, 1, CAPEX_F32, CAPEX_REDUCE_AVG) != CAPEX_OK || x != 2.0f) _exit(4);
+            capex_comm_destroy(&c);
+            _exit(0);
+        }
+    }
+    for (i = 0; i < 3; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = 0;
+    }
+    CT_CHECK(ok, "every simulated torchrun worker must finish its allreduce");
+}
+
+static const ct_case cases[] = {
+    CT_CASE(env_none_is_single_process),
+    CT_CASE(env_torchrun),
+    CT_CASE(env_openmpi_pmi_slurm),
+    CT_CASE(env_slurm_tasks_per_node_parser),
+    CT_CASE(env_overrides_and_run_id_precedence),
+    CT_CASE(env_errors_are_config_and_named),
+    CT_CASE(sampler_matches_torch_transcription),
+    CT_CASE(sampler_torch_formulas_by_hand),
+    CT_CASE(sampler_shards_disjoint_complete_and_epoch_dependent),
+    CT_CASE(permutation_is_a_bijection),
+    CT_CASE(bucket_layout_matches_pytorch_assignment),
+    CT_CASE(ddp_create_errors),
+    CT_CASE(tracker_launches_in_order_during_backward),
+    CT_CASE(tracker_later_bucket_waits_for_earlier),
+    CT_CASE(tracker_delay_allreduce_and_sync_backend),
+    CT_CASE(tracker_predivide_and_average),
+    CT_CASE(tracker_allreduce_always_fp32_with_bf16),
+    CT_CASE(tracker_no_sync_accumulates),
+    CT_CASE(tracker_unused_parameters),
+    CT_CASE(tracker_errors),
+    CT_CASE(tracker_engine_owned_grads_are_copied),
+    CT_CASE(tracker_rebuild_from_ready_order),
+    CT_CASE(comm_single_and_errors),
+    CT_CASE(rendezvous_success_and_late_ranks),
+    CT_CASE(rendezvous_wrong_nonce_is_refused),
+    CT_CASE(rendezvous_missing_rank_times_out),
+    CT_CASE(rendezvous_bad_peer_of_this_run_fails),
+    CT_CASE(rendezvous_arguments),
+    CT_CASE(broadcast_blob_bootstrap),
+    CT_CASE(tcp_comm_collectives_and_ddp),
+    CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
+    CT_CASE(torchrun_style_launch_auto_comm),
+};
+CT_MAIN(cases)
