@@ -1348,6 +1348,8 @@ extern "C" {
 CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
 #endif
 
+/* @@SECTION:NORM:DECL@@ (LayerNorm/RMSNorm/BatchNorm/SyncBatchNorm: declarations) */
+
 #ifdef __cplusplus
 }
 #endif
@@ -2160,7 +2162,7 @@ CAPEX_API capex_result capex_amp_promote(capex_dtype a, capex_dtype b, capex_dty
 }
 
 CAPEX_API capex_result capex_amp_op_dtype(const capex_amp_config *cfg, capex_op_class op, capex_dtype input, capex_dtype *out) {
-    capex_cast_policy p;
+    capex_cast_policy p = CAPEX_CAST_NONE;
     capex_result r;
     if (capex_dtype_size(input) == 0)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_amp_op_dtype: input dtype %d is not a capex_dtype", (int)input);
@@ -3430,7 +3432,7 @@ CAPEX__PRIVATE capex_result capex__st_entry(capex__st_p *p, const char *name) {
     capex_state_reader *r = p->r;
     capex__st_rtensor *e;
     capex_result rc;
-    int seen = 0, i, cnt;
+    int seen = 0, i, cnt = 0;
     uint64_t sh[CAPEX_STATE_MAX_NDIM], off[2];
     if ((rc = capex__st_grow(&r->alloc, (void **)&r->t, &r->capt, r->nt, sizeof *r->t))) return rc;
     e = &r->t[r->nt];
@@ -7738,6 +7740,8 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
     for (k = 0; k < s->num_samples; k++) capex_sampler_index(s, k, &out[k]);
     return CAPEX_OK;
 }
+
+/* @@SECTION:NORM:IMPL@@ (LayerNorm/RMSNorm/BatchNorm/SyncBatchNorm: implementation) */
 
 #ifdef __cplusplus
 }

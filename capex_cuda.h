@@ -272,6 +272,12 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
                                           capex_cuda_ptr src, capex_dtype src_type, size_t n,
                                           capex_cuda_stream stream);
 
+/* @@SECTION:GPUOPT:DECL@@ (fused GPU optimizer kernels: declarations) */
+
+/* @@SECTION:NCCL:DECL@@ (NCCL communicator: declarations) */
+
+/* @@SECTION:NORM:DECL@@ (GPU LayerNorm/RMSNorm/SyncBatchNorm: declarations) */
+
 #ifdef __cplusplus
 }
 #endif
@@ -1325,6 +1331,11 @@ static const char capex__cuda_frag_basic[] =
     "}\n";
 
 typedef const char *(*capex__cuda_fragment_fn)(void);
+
+/* @@SECTION:GPUOPT:KERNELS@@ (kernel source fragments and their *_fn getters) */
+
+/* @@SECTION:NORM:KERNELS@@ (kernel source fragments and their *_fn getters) */
+
 CAPEX__PRIVATE const char *capex__cuda_frag_prelude_fn(void) { return capex__cuda_frag_prelude; }
 CAPEX__PRIVATE const char *capex__cuda_frag_basic_fn(void) { return capex__cuda_frag_basic; }
 
@@ -1335,12 +1346,17 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     capex__optim_math_source, /* shared with the CPU backend (issue 5 hook) */
 #endif
     capex__cuda_frag_basic_fn,
+    /* @@FRAGMENTS:GPUOPT@@ */
+    /* @@FRAGMENTS:NORM@@ */
 };
 
 /* Kernel names of the built-in program; tests check each is in every image. */
 static const char *const capex__cuda_builtin_kernels[] = {
     "capex_fill_f32", "capex_scale_f32", "capex_add_f32", "capex_f32_to_f16",
-    "capex_f16_to_f32", "capex_f32_to_bf16", "capex_bf16_to_f32"};
+    "capex_f16_to_f32", "capex_f32_to_bf16", "capex_bf16_to_f32",
+    /* @@KERNEL_NAMES:GPUOPT@@ */
+    /* @@KERNEL_NAMES:NORM@@ */
+};
 #define CAPEX__CUDA_N_BUILTIN (sizeof capex__cuda_builtin_kernels / sizeof capex__cuda_builtin_kernels[0])
 
 static char *capex__cuda_builtin_text = NULL;
@@ -1915,6 +1931,12 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
     args[0] = &dst; args[1] = &src; args[2] = &nn;
     return capex__cuda_builtin_launch(ctx, k, n, stream, args);
 }
+
+/* @@SECTION:GPUOPT:IMPL@@ (fused GPU optimizer kernels: implementation) */
+
+/* @@SECTION:NCCL:IMPL@@ (NCCL communicator: implementation) */
+
+/* @@SECTION:NORM:IMPL@@ (GPU LayerNorm/RMSNorm/SyncBatchNorm: implementation) */
 
 #ifdef __cplusplus
 }
