@@ -1,0 +1,29 @@
+# The training example (examples/train_charlm.c): an optimised build for
+# `make run`, and an MPI build (mpicc -DCAPEX_MPI) that tests/test_example.c
+# runs under mpirun -np 2 (it SKIPs, saying why, when mpicc is missing).
+EXAMPLE_OPT ?= -O3 -g -fno-math-errno
+
+$(BUILD)/examples/train_charlm: examples/train_charlm.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 $(EXAMPLE_OPT) $(WARN) $(OPENMP) $< -o $@ $(LDLIBS)
+
+ifneq ($(DIST_HAVE_MPICC),)
+$(BUILD)/tests/test_example: $(BUILD)/examples/train_charlm_mpi
+$(BUILD)/examples/train_charlm_mpi: examples/train_charlm.c capex.h
+	@mkdir -p $(dir $@)
+	$(MPICC) -std=c99 $(EXAMPLE_OPT) $(WARN) -DCAPEX_MPI $< -o $@ -lm
+endif
+
+# Every example builds warning-free as C99 under gcc and clang, and as C++.
+EXAMPLE_SRCS := $(wildcard examples/*.c)
+examples-check:
+	@mkdir -p $(BUILD)/excheck
+	@for c in gcc clang; do for f in $(EXAMPLE_SRCS); do \
+	  $$c -std=c99 -O2 $(WARN) -Werror $$f -o $(BUILD)/excheck/$$(basename $$f .c)-$$c $(LDLIBS) || exit 1; done; done
+	@for f in $(EXAMPLE_SRCS); do \
+	  g++ -x c++ -std=c++11 -O2 $(WARN) -Werror $$f -o $(BUILD)/excheck/$$(basename $$f .c)-cxx $(LDLIBS) || exit 1; done
+	@for e in minimal port_before port_after; do \
+	  $(BUILD)/excheck/$$e-gcc > /dev/null 2>&1 || { echo "examples-check: $$e.c did not converge"; exit 1; }; done
+	@echo "examples-check: ok (every example builds; minimal, port_before and port_after converge)"
+
+ci-extra:: examples-check

@@ -1,0 +1,268 @@
+/* The training example as a test: examples/train_charlm.c compiled in, its
+   main renamed, its train() driven directly. Proves the pieces work together:
+   the loss falls below a stated bound, O2 (fp16, bf16) lands near O0,
+   resume from a checkpoint continues bit-identically, two DDP ranks stay
+   bit-identical, and a corrupt checkpoint is refused cleanly. */
+#define _POSIX_C_SOURCE 200809L
+#define main train_charlm_main
+#include "../examples/train_charlm.c"
+#undef main
+#include "capex_test.h"
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static text_data corpus;
+static int corpus_ok = -1;
+
+static const text_data *data_or_null(void) {
+    if (corpus_ok < 0) corpus_ok = load_text(NULL, 0.1, &corpus);
+    return corpus_ok ? &corpus : NULL;
+}
+
+/* Small and quick (also under ASan), big enough that learning shows. */
+static void small_cfg(run_cfg *c, capex_opt_level level, capex_dtype half, int steps) {
+    run_cfg_default(c);
+    c->level = level; c->half = half; c->steps = steps; c->warmup = 10;
+    c->batch = 32; c->hidden = 96; c->eval_every = 0; c->eval_windows = 1024; c->quiet = 1; c->label = "test";
+}
+
+static int train_single(const run_cfg *c, run_result *res) {
+    capex_comm comm;
+    int ok;
+    if (capex_comm_init_single(&comm) != CAPEX_OK) return 0;
+    ok = train(c, data_or_null(), &comm, 0, 1, res);
+    capex_comm_destroy(&comm);
+    return ok;
+}
+
+/* ln(86) = 4.45 nats is chance on this vocabulary; a unigram model gets
+   3.29 on the validation split (a bigram table 2.49). Below 2.9 after 250
+   steps means the MLP uses its context. */
+#define LOSS_BOUND 2.9f
+
+CT_TEST(loss_falls_below_bound_o0_o2_fp16_bf16) {
+    run_cfg c;
+    run_result r0, r16, rb16;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses (Debian base-files)");
+    small_cfg(&c, CAPEX_O0, CAPEX_F16, 250);
+    CT_CHECK(train_single(&c, &r0), "O0: %s", capex_last_error());
+    small_cfg(&c, CAPEX_O2, CAPEX_F16, 250);
+    CT_CHECK(train_single(&c, &r16), "O2 fp16: %s", capex_last_error());
+    small_cfg(&c, CAPEX_O2, CAPEX_BF16, 250);
+    CT_CHECK(train_single(&c, &rb16), "O2 bf16: %s", capex_last_error());
+    printf("  val loss after 250 steps: O0 %.4f, O2 fp16 %.4f, O2 bf16 %.4f (bound %.1f)\n", r0.val_loss, r16.val_loss, rb16.val_loss, LOSS_BOUND);
+    CT_CHECK(r0.val_loss < LOSS_BOUND, "O0 val loss %.4f >= %.1f", r0.val_loss, LOSS_BOUND);
+    CT_CHECK(r16.val_loss < LOSS_BOUND && rb16.val_loss < LOSS_BOUND, "O2 val %.4f / %.4f", r16.val_loss, rb16.val_loss);
+    /* make run's claim, on a short run: mixed precision tracks fp32 */
+    CT_CHECK(fabsf(r16.val_loss - r0.val_loss) < 0.05f && fabsf(rb16.val_loss - r0.val_loss) < 0.05f,
+             "O0 %.4f, O2 fp16 %.4f, O2 bf16 %.4f", r0.val_loss, r16.val_loss, rb16.val_loss);
+    CT_CHECK(r0.skipped == 0, "O0 has no loss scaling, so nothing to skip: %lld", (long long)r0.skipped);
+    CT_CHECK(r16.weights_crc != r0.weights_crc, "O2 must not silently run in fp32");
+}
+
+CT_TEST(other_levels_and_optimizers_learn) {
+    static const capex_opt_level levels[] = {CAPEX_O1, CAPEX_O3, CAPEX_O2, CAPEX_O2};
+    static const capex_optim_kind kinds[] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_ADAM, CAPEX_OPTIM_LAMB, CAPEX_OPTIM_SGD};
+    static const float lrs[] = {3e-3f, 3e-3f, 1e-2f, 0.1f};
+    int i;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses");
+    for (i = 0; i < 4; i++) {
+        run_cfg c;
+        run_result r;
+        small_cfg(&c, levels[i], CAPEX_BF16, 100);
+        c.optim = kinds[i]; c.lr = lrs[i];
+        CT_CHECK(train_single(&c, &r), "case %d: %s", i, capex_last_error());
+        printf("  %s optim %d: val loss %.4f after 100 steps (bound 3.3)\n", capex_opt_level_name(levels[i]), (int)kinds[i], r.val_loss);
+        CT_CHECK(r.val_loss < 3.3f, "case %d (%s, optim %d): val loss %.4f", i, capex_opt_level_name(levels[i]), (int)kinds[i], r.val_loss);
+    }
+}
+
+CT_TEST(resume_from_checkpoint_is_bit_identical) {
+    static const capex_opt_level levels[] = {CAPEX_O2, CAPEX_O0};
+    static const capex_optim_kind kinds[] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_LAMB};
+    char path[64];
+    int i;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses");
+    snprintf(path, sizeof path, "/tmp/capex_example_ckpt_%ld.capex", (long)getpid());
+    for (i = 0; i < 2; i++) {
+        run_cfg c;
+        run_result full, first, second;
+        small_cfg(&c, levels[i], CAPEX_F16, 60);
+        c.optim = kinds[i];
+        CT_CHECK(train_single(&c, &full), "uninterrupted: %s", capex_last_error());
+        c.save_path = path; c.save_at = 29; /* mid-epoch, mid-schedule */
+        CT_CHECK(train_single(&c, &first), "first half: %s", capex_last_error());
+        CT_CHECK(first.weights_crc == full.weights_crc, "saving must not change the run");
+        c.save_path = NULL; c.save_at = 0; c.resume_path = path;
+        CT_CHECK(train_single(&c, &second), "resumed: %s", capex_last_error());
+        CT_CHECK(second.weights_crc == full.weights_crc, "case %d: resumed weights %08x, uninterrupted %08x", i,
+                 (unsigned)second.weights_crc, (unsigned)full.weights_crc);
+        CT_CHECK(second.skipped == full.skipped, "skipped steps %lld vs %lld", (long long)second.skipped, (long long)full.skipped);
+    }
+    remove(path);
+}
+
+CT_TEST(corrupt_or_missing_checkpoint_is_refused) {
+    run_cfg c;
+    run_result r;
+    char path[64];
+    FILE *f;
+    long size;
+    unsigned char *buf;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses");
+    snprintf(path, sizeof path, "/tmp/capex_example_bad_%ld.capex", (long)getpid());
+    small_cfg(&c, CAPEX_O2, CAPEX_F16, 12);
+    c.save_path = path;
+    CT_CHECK(train_single(&c, &r), "%s", capex_last_error());
+    f = fopen(path, "r+b");
+    CT_CHECK(f != NULL, "checkpoint written");
+    fseek(f, 0, SEEK_END);
+    size = ftell(f);
+    buf = (unsigned char *)malloc((size_t)size);
+    fseek(f, 0, SEEK_SET);
+    CT_CHECK(buf && fread(buf, 1, (size_t)size, f) == (size_t)size, "read back");
+    buf[size - 9] ^= 0x40; /* one flipped bit in the tensor data */
+    fseek(f, 0, SEEK_SET);
+    fwrite(buf, 1, (size_t)size, f);
+    fclose(f);
+    free(buf);
+    c.save_path = NULL; c.resume_path = path; c.steps = 20;
+    fflush(stdout);
+    CT_CHECK(!train_single(&c, &r), "a corrupt checkpoint must be refused");
+    CT_CHECK(strstr(capex_last_error(), "crc") || strstr(capex_last_error(), "checksum") || strstr(capex_last_error(), "CRC"),
+             "message names the checksum: %.200s", capex_last_error());
+    remove(path);
+    c.resume_path = "/nonexistent/ckpt.capex";
+    CT_CHECK(!train_single(&c, &r), "a missing checkpoint must be refused");
+}
+
+static int free_port(void) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int s = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(0x7f000001u);
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(s, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0) close(s);
+    return port;
+}
+
+/* One rank of a 2-rank run over the TCP backend. */
+static int ddp_rank(int rank, int port, uint32_t *crc) {
+    capex_dist_env env;
+    capex_comm comm;
+    run_cfg c;
+    run_result r;
+    int ok;
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = 2; env.local_rank = rank; env.local_world_size = 2;
+    snprintf(env.master_addr, sizeof env.master_addr, "127.0.0.1");
+    env.master_port = port;
+    if (capex_comm_init_tcp(&comm, &env, 20.0) != CAPEX_OK) return 0;
+    comm.timeout_s = 60.0; /* a dead or stuck peer fails the test instead of hanging it */
+    small_cfg(&c, CAPEX_O2, CAPEX_BF16, 40);
+    c.bucket_bytes = 16 * 1024; /* several buckets */
+    ok = train(&c, data_or_null(), &comm, rank, 2, &r);
+    capex_comm_destroy(&comm);
+    *crc = r.weights_crc;
+    return ok;
+}
+
+/* Rank 1 runs in a fresh exec of this program: libgomp's thread pool does not
+   survive fork(), so a forked child that trains would hang. */
+static int rank1_main(const char *port_s, const char *fd_s) {
+    uint32_t crc = 0;
+    int ok = data_or_null() && ddp_rank(1, atoi(port_s), &crc);
+    ssize_t w = write(atoi(fd_s), &crc, sizeof crc);
+    return ok && w == (ssize_t)sizeof crc ? 0 : 1;
+}
+
+CT_TEST(two_ddp_ranks_stay_bit_identical) {
+    int fds[2], port = free_port(), st = 0, ok0;
+    uint32_t crc0 = 0, crc1 = 1;
+    pid_t pid;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses");
+    CT_CHECK(port > 0 && pipe(fds) == 0, "port / pipe");
+    fflush(stdout);
+    pid = fork();
+    CT_CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        char port_s[16], fd_s[16];
+        snprintf(port_s, sizeof port_s, "%d", port);
+        snprintf(fd_s, sizeof fd_s, "%d", fds[1]);
+        close(fds[0]);
+        execl("/proc/self/exe", "test_example", "--rank1", port_s, fd_s, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    ok0 = ddp_rank(0, port, &crc0);
+    waitpid(pid, &st, 0);
+    CT_CHECK(read(fds[0], &crc1, sizeof crc1) == (ssize_t)sizeof crc1, "rank 1 reported (status %d)", st);
+    close(fds[0]);
+    CT_CHECK(ok0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 0 ok %d, rank 1 status %d: %s", ok0, st, capex_last_error());
+    CT_CHECK(crc0 == crc1, "replicas differ: %08x vs %08x", (unsigned)crc0, (unsigned)crc1);
+}
+
+/* The example as users launch it: the MPI build under mpirun -np 2, bounded
+   by coreutils timeout. Replicas must end bit-identical (the example checks
+   every rank's weight checksum and prints the verdict). */
+CT_TEST(mpirun_two_ranks_identical_replicas) {
+    char exe[1024], bin[1200], out[1300], cmd[4096], line[512];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash;
+    FILE *f;
+    int st, identical = 0, finals = 0;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses");
+    CT_CHECK(n > 0, "readlink /proc/self/exe");
+    exe[n] = '\0';
+    slash = strrchr(exe, '/');
+    CT_CHECK(slash != NULL, "exe path");
+    *slash = '\0';
+    snprintf(bin, sizeof bin, "%s/../examples/train_charlm_mpi", exe);
+    if (access(bin, X_OK) != 0) CT_SKIP("%.900s not built (needs mpicc: make ci-deps installs Open MPI)", bin);
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) CT_SKIP("mpirun not found (make ci-deps installs Open MPI)");
+    snprintf(out, sizeof out, "/tmp/capex_example_mpi_%ld.log", (long)getpid());
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 timeout -k 5 120 mpirun --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none "
+             "-np 2 '%s' --opt O2 --half bf16 --steps 60 --batch 32 --hidden 96 --bucket-kb 16 --eval-every 0 --quiet > '%s' 2>&1",
+             bin, out);
+    fflush(stdout);
+    st = system(cmd);
+    f = fopen(out, "r");
+    CT_CHECK(f != NULL, "no output from mpirun");
+    while (fgets(line, sizeof line, f)) {
+        if (strstr(line, "replicas: 2 ranks, weights bit-identical")) identical = 1;
+        if (strncmp(line, "final:", 6) == 0) finals++;
+    }
+    if (st != 0 || !identical || finals != 1) { /* show what mpirun said */
+        rewind(f);
+        while (fgets(line, sizeof line, f)) printf("    | %s", line);
+    }
+    fclose(f);
+    remove(out);
+    CT_CHECK(st == 0, "mpirun exit status %d", st);
+    CT_CHECK(finals == 1, "one final line (rank 0), got %d", finals);
+    CT_CHECK(identical, "replicas not reported bit-identical");
+}
+
+static const ct_case cases[] = {
+    CT_CASE(loss_falls_below_bound_o0_o2_fp16_bf16), CT_CASE(other_levels_and_optimizers_learn),
+    CT_CASE(resume_from_checkpoint_is_bit_identical), CT_CASE(corrupt_or_missing_checkpoint_is_refused),
+    CT_CASE(two_ddp_ranks_stay_bit_identical), CT_CASE(mpirun_two_ranks_identical_replicas),
+};
+int main(int argc, char **argv) {
+#ifdef _OPENMP
+    omp_set_num_threads(1); /* test programs share the cores; speed is not under test here */
+#endif
+    if (argc == 4 && strcmp(argv[1], "--rank1") == 0) return rank1_main(argv[2], argv[3]);
+    return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
+}
