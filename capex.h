@@ -187,7 +187,8 @@ CAPEX_API uint16_t capex_f32_to_f16(float f);
 CAPEX_API float capex_f16_to_f32(uint16_t h);
 CAPEX_API uint16_t capex_f32_to_bf16(float f);
 CAPEX_API float capex_bf16_to_f32(uint16_t h);
-/* Bulk versions; src and dst must not overlap. */
+/* Bulk versions (vectorised; bit-identical to the scalar ones in the default
+   round-to-nearest FPU mode); src and dst must not overlap. */
 CAPEX_API void capex_f32_to_f16_array(const float *src, uint16_t *dst, size_t n);
 CAPEX_API void capex_f16_to_f32_array(const uint16_t *src, float *dst, size_t n);
 CAPEX_API void capex_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n);
@@ -1545,16 +1546,41 @@ static inline uint16_t capex__f16_from_bits(uint32_t x) {
     return (uint16_t)(sign | out);
 }
 
-static inline float capex__f16_to_f32_inline(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+/* Vectorisable half codecs for bulk loops, bit-identical to the scalar
+   conversions (test_half checks every code and the rounding boundaries). The
+   paths are computed unconditionally and merged with bit masks: GCC will not
+   if-convert a float op it might have to trap on, nor some mixes of
+   comparison booleans, so branchy versions stay scalar (2-3x slower). The
+   f32 -> f16 subnormal path lets the FPU round, so it assumes the default
+   round-to-nearest mode; capex_f32_to_f16 itself is integer-only. */
+static inline float capex__f16_to_f32_v(uint32_t h) {
+    uint32_t sign = (h & 0x8000u) << 16;
     uint32_t e = (h >> 10) & 0x1fu;
     uint32_t m = h & 0x3ffu;
-    /* m * 2^-24 is exact in f32 and lands in the normal range: no FTZ issue */
-    uint32_t sub = capex__f32_bits((float)m * 5.9604644775390625e-8f);
-    uint32_t out = e == 0x1fu ? (0x7f800000u | (m << 13))
-                 : e == 0u ? sub
-                 : (((e + 112u) << 23) | (m << 13));
-    return capex__bits_f32(sign | out);
+    /* subnormal: m * 2^-24, exact, and a normal f32 (no FTZ/DAZ effect) */
+    uint32_t sub = capex__f32_bits((float)(int32_t)m * 5.9604644775390625e-8f);
+    uint32_t normal = ((e + 112u) << 23) | (m << 13);
+    uint32_t infnan = 0u - (uint32_t)(e == 0x1fu), zero = 0u - (uint32_t)(e == 0u);
+    normal |= infnan & 0x7f800000u; /* e = 31: exponent 255, mantissa kept */
+    return capex__bits_f32(sign | (zero & sub) | (~zero & normal));
+}
+static inline uint16_t capex__f32_to_f16_v(float f) {
+    uint32_t x = capex__f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    /* normal: rebias, round the 13 dropped bits to nearest even */
+    uint32_t normal = (ax - (112u << 23) + 0xfffu + ((ax >> 13) & 1u)) >> 13;
+    /* |x| < 2^-14: adding 0.5 puts the 10 f16 mantissa bits at the bottom of
+       the f32 mantissa, rounded to nearest even by the FPU (default mode) */
+    uint32_t sub = capex__f32_bits(capex__bits_f32(ax) + 0.5f) - 0x3f000000u;
+    uint32_t nan = 0x7e00u | ((ax >> 13) & 0x3ffu);
+    uint32_t ms = 0u - (uint32_t)(ax < 0x38800000u);
+    uint32_t mo = 0u - (uint32_t)(ax >= 0x477ff000u); /* >= 65520 rounds to inf */
+    uint32_t mn = 0u - (uint32_t)(ax > 0x7f800000u);
+    uint32_t out = (ms & sub) | (~ms & normal);
+    out = (mo & 0x7c00u) | (~mo & out);
+    out = (mn & nan) | (~mn & out);
+    return (uint16_t)(sign | out);
 }
 
 static inline uint16_t capex__bf16_from_bits(uint32_t x) {
@@ -1564,17 +1590,17 @@ static inline uint16_t capex__bf16_from_bits(uint32_t x) {
 }
 
 CAPEX_API uint16_t capex_f32_to_f16(float f) { return capex__f16_from_bits(capex__f32_bits(f)); }
-CAPEX_API float capex_f16_to_f32(uint16_t h) { return capex__f16_to_f32_inline(h); }
+CAPEX_API float capex_f16_to_f32(uint16_t h) { return capex__f16_to_f32_v(h); }
 CAPEX_API uint16_t capex_f32_to_bf16(float f) { return capex__bf16_from_bits(capex__f32_bits(f)); }
 CAPEX_API float capex_bf16_to_f32(uint16_t h) { return capex__bits_f32((uint32_t)h << 16); }
 
 CAPEX_API void capex_f32_to_f16_array(const float *src, uint16_t *dst, size_t n) {
     size_t i;
-    for (i = 0; i < n; i++) dst[i] = capex__f16_from_bits(capex__f32_bits(src[i]));
+    for (i = 0; i < n; i++) dst[i] = capex__f32_to_f16_v(src[i]);
 }
 CAPEX_API void capex_f16_to_f32_array(const uint16_t *src, float *dst, size_t n) {
     size_t i;
-    for (i = 0; i < n; i++) dst[i] = capex__f16_to_f32_inline(src[i]);
+    for (i = 0; i < n; i++) dst[i] = capex__f16_to_f32_v(src[i]);
 }
 CAPEX_API void capex_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n) {
     size_t i;
@@ -4297,41 +4323,6 @@ CAPEX__PRIVATE capex_result capex__for_chunks(const char *name, const capex_tens
 /* ---- element codecs: value <-> code, and "code is inf or NaN" -----------
    Loops below are specialised per dtype combination by these macros, so the
    inner loops have no calls through pointers and no dtype branches. */
-/* Vectorisable half codecs, bit-identical to capex_f16_to_f32 and
-   capex_f32_to_f16 (checked by the tests). The paths are computed
-   unconditionally and merged with bit masks: GCC will not if-convert a
-   float op it might have to trap on, nor some mixes of comparison booleans,
-   so the core versions keep these loops scalar (2-3x slower). */
-static inline float capex__f16_to_f32_v(uint32_t h) {
-    uint32_t sign = (h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1fu;
-    uint32_t m = h & 0x3ffu;
-    /* subnormal: m * 2^-24, exact, and a normal f32 (no FTZ/DAZ effect) */
-    uint32_t sub = capex__f32_bits((float)(int32_t)m * 5.9604644775390625e-8f);
-    uint32_t normal = ((e + 112u) << 23) | (m << 13);
-    uint32_t infnan = 0u - (uint32_t)(e == 0x1fu), zero = 0u - (uint32_t)(e == 0u);
-    normal |= infnan & 0x7f800000u; /* e = 31: exponent 255, mantissa kept */
-    return capex__bits_f32(sign | (zero & sub) | (~zero & normal));
-}
-static inline uint16_t capex__f32_to_f16_v(float f) {
-    uint32_t x = capex__f32_bits(f);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t ax = x & 0x7fffffffu;
-    /* normal: rebias, round the 13 dropped bits to nearest even */
-    uint32_t normal = (ax - (112u << 23) + 0xfffu + ((ax >> 13) & 1u)) >> 13;
-    /* |x| < 2^-14: adding 0.5 puts the 10 f16 mantissa bits at the bottom of
-       the f32 mantissa, rounded to nearest even by the FPU (default mode) */
-    uint32_t sub = capex__f32_bits(capex__bits_f32(ax) + 0.5f) - 0x3f000000u;
-    uint32_t nan = 0x7e00u | ((ax >> 13) & 0x3ffu);
-    uint32_t ms = 0u - (uint32_t)(ax < 0x38800000u);
-    uint32_t mo = 0u - (uint32_t)(ax >= 0x477ff000u); /* >= 65520 rounds to inf */
-    uint32_t mn = 0u - (uint32_t)(ax > 0x7f800000u);
-    uint32_t out = (ms & sub) | (~ms & normal);
-    out = (mo & 0x7c00u) | (~mo & out);
-    out = (mn & nan) | (~mn & out);
-    return (uint16_t)(sign | out);
-}
-
 #define CAPEX__T_F32 float
 #define CAPEX__T_F16 uint16_t
 #define CAPEX__T_BF16 uint16_t
@@ -6147,7 +6138,7 @@ CAPEX__PRIVATE int capex__dtype_ok(capex_dtype t) { return t == CAPEX_F32 || t =
 
 CAPEX__PRIVATE float capex__load(const void *p, capex_dtype t, size_t i) {
     if (t == CAPEX_F32) return ((const float *)p)[i];
-    if (t == CAPEX_F16) return capex__f16_to_f32_inline(((const uint16_t *)p)[i]);
+    if (t == CAPEX_F16) return capex__f16_to_f32_v(((const uint16_t *)p)[i]);
     return capex__bits_f32((uint32_t)((const uint16_t *)p)[i] << 16);
 }
 CAPEX__PRIVATE void capex__store(void *p, capex_dtype t, size_t i, float v) {

@@ -157,6 +157,38 @@ CT_TEST(random_f32_inputs_and_bulk) {
     for (i = 0; i < N; i++) CT_CHECK(bits(back[i]) == bits(capex_bf16_to_f32(b[i])), "bulk bf16->f32 differs at %d", i);
 }
 
+/* The bulk functions are separate, vectorised code: they must equal the
+   scalar ones everywhere. Every 61st f32 bit pattern (70M inputs, all
+   exponents, both signs, NaN payloads) plus every f16 code and its
+   neighbourhood midpoints (exact ties, one ulp either side). */
+CT_TEST(bulk_equals_scalar_everywhere) {
+    enum { B = 65536 };
+    static float src[B], back[B];
+    static uint16_t h[B];
+    uint64_t u = 0;
+    int i, n;
+    while (u <= 0xffffffffull) {
+        for (n = 0; n < B && u <= 0xffffffffull; n++, u += 61) src[n] = from_bits((uint32_t)u);
+        capex_f32_to_f16_array(src, h, (size_t)n);
+        for (i = 0; i < n; i++)
+            CT_CHECK(h[i] == capex_f32_to_f16(src[i]), "bulk f16 of 0x%08x: 0x%04x, scalar 0x%04x", bits(src[i]), h[i], capex_f32_to_f16(src[i]));
+    }
+    for (i = 0; i < B; i++) h[i] = (uint16_t)i;
+    capex_f16_to_f32_array(h, back, B);
+    for (i = 0; i < B; i++) CT_CHECK(bits(back[i]) == bits(capex_f16_to_f32((uint16_t)i)), "bulk f16->f32 of 0x%04x", i);
+    for (i = 0; i < B - 1; i++) { /* midpoint of codes i and i+1 (same sign, finite) */
+        float a = capex_f16_to_f32((uint16_t)i), b = capex_f16_to_f32((uint16_t)(i + 1));
+        src[i] = (i & 0x7fff) >= 0x7bff ? a : (float)(((double)a + (double)b) / 2);
+    }
+    src[B - 1] = 0;
+    for (n = -1; n <= 1; n++) {
+        static float tmp[B];
+        for (i = 0; i < B; i++) tmp[i] = from_bits(bits(src[i]) + (uint32_t)n);
+        capex_f32_to_f16_array(tmp, h, B);
+        for (i = 0; i < B; i++) CT_CHECK(h[i] == capex_f32_to_f16(tmp[i]), "bulk f16 near midpoint 0x%08x", bits(tmp[i]));
+    }
+}
+
 CT_TEST(dtype_names_and_sizes) {
     CT_CHECK(strcmp(capex_dtype_name(CAPEX_BF16), "bfloat16") == 0, "name");
     CT_CHECK(capex_dtype_size(CAPEX_F32) == 4 && capex_dtype_size(CAPEX_F16) == 2 && capex_dtype_size(CAPEX_BF16) == 2, "sizes");
@@ -165,6 +197,6 @@ CT_TEST(dtype_names_and_sizes) {
 
 static const ct_case cases[] = {
     CT_CASE(f16_to_f32_all_codes), CT_CASE(bf16_to_f32_all_codes), CT_CASE(f16_rounding_boundaries),
-    CT_CASE(bf16_rounding_boundaries), CT_CASE(random_f32_inputs_and_bulk), CT_CASE(dtype_names_and_sizes),
+    CT_CASE(bf16_rounding_boundaries), CT_CASE(random_f32_inputs_and_bulk), CT_CASE(bulk_equals_scalar_everywhere), CT_CASE(dtype_names_and_sizes),
 };
 CT_MAIN(cases)
