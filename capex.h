@@ -7886,10 +7886,11 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
    expands to `static inline` C here and, stringified, to the
    `__device__ __forceinline__` source of capex_cuda.h's norm kernels
    (capex__norm_math_cuda), so the CPU tests vouch for the GPU math.
-   Reductions differ in order between CPU (8 lanes per row) and GPU (a warp
+   Reductions differ in order between CPU (16 or 8 lanes per row) and GPU (a warp
    or block per row), so results agree to rounding, not in bits.
 
-   Welford (1962) per lane: d = x - mean; mean += d / n; m2 += d * (x - mean).
+   Welford (1962) per lane: d = x - mean; mean += d * (1/n); m2 += d * (x - mean)
+   (1/n once per step for all lanes: a multiply, not a divide, on the chain).
    Chan et al. (1979) merge of (na, ma, qa) and (nb, mb, qb):
    n = na + nb; d = mb - ma; ma += d * nb / n; qa += qb + d^2 * na * nb / n.
    LayerNorm backward, xhat = (x - mean) * rstd, g = dy * w:
@@ -7897,9 +7898,9 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
    BatchNorm backward (PyTorch batch_norm_backward_elemt):
    dx = (dy - mean_dy - (x - mean) * invstd^2 * mean_dy_xmu) * invstd * w. */
 #define CAPEX__NORM_MATH(Q)                                                                    \
-    Q void capex__nm_welford(float x, float n, float *mean, float *m2) {                       \
+    Q void capex__nm_welford(float x, float inv_n, float *mean, float *m2) {                   \
         float d = x - *mean;                                                                   \
-        *mean = *mean + d / n;                                                                 \
+        *mean = *mean + d * inv_n;                                                             \
         *m2 = *m2 + d * (x - *mean);                                                           \
     }                                                                                          \
     Q void capex__nm_chan(float *na, float *ma, float *qa, float nb, float mb, float qb) {      \
@@ -8019,21 +8020,27 @@ static void capex__nm_store_one(void *p, capex_dtype t, int64_t i, float v) {
     else ((uint16_t *)p)[i] = (uint16_t)capex__b16_store(v);
 }
 
-/* Mean and biased variance of x[0, n) (n >= 1): Welford in 8 lanes (lane l
-   takes elements l, l+8, ...), lanes merged by Chan in a fixed tree. */
+/* Mean and biased variance of x[0, n) (n >= 1): Welford in 16 lanes (lane l
+   takes elements l, l+16, ...: 16 independent chains hide the latency),
+   lanes merged by Chan in a fixed tree. */
+#define CAPEX__NM_LANES 16
 static void capex__nm_row_stats(const float *x, int64_t n, float *mean, float *var) {
-    float mu[8], q[8], cnt[8];
-    int64_t K = n / 8, k;
-    int l, r = (int)(n % 8), s;
-    for (l = 0; l < 8; l++) { mu[l] = 0.0f; q[l] = 0.0f; cnt[l] = (float)K; }
+    float mu[CAPEX__NM_LANES], q[CAPEX__NM_LANES], cnt[CAPEX__NM_LANES];
+    int64_t K = n / CAPEX__NM_LANES, k;
+    int l, r = (int)(n % CAPEX__NM_LANES), s;
+    for (l = 0; l < CAPEX__NM_LANES; l++) { mu[l] = 0.0f; q[l] = 0.0f; cnt[l] = (float)K; }
     for (k = 0; k < K; k++) {
-        float c = (float)(k + 1);
-        const float *xk = x + 8 * k;
-        for (l = 0; l < 8; l++) capex__nm_welford(xk[l], c, &mu[l], &q[l]);
+        const float inv = 1.0f / (float)(k + 1);
+        const float *xk = x + CAPEX__NM_LANES * k;
+        for (l = 0; l < CAPEX__NM_LANES; l++) capex__nm_welford(xk[l], inv, &mu[l], &q[l]);
     }
-    for (l = 0; l < r; l++) { cnt[l] += 1.0f; capex__nm_welford(x[8 * K + l], cnt[l], &mu[l], &q[l]); }
-    for (s = 1; s < 8; s *= 2)
-        for (l = 0; l < 8; l += 2 * s) capex__nm_chan(&cnt[l], &mu[l], &q[l], cnt[l + s], mu[l + s], q[l + s]);
+    for (l = 0; l < r; l++) {
+        cnt[l] += 1.0f;
+        capex__nm_welford(x[CAPEX__NM_LANES * K + l], 1.0f / cnt[l], &mu[l], &q[l]);
+    }
+    for (s = 1; s < CAPEX__NM_LANES; s *= 2)
+        for (l = 0; l < CAPEX__NM_LANES; l += 2 * s)
+            capex__nm_chan(&cnt[l], &mu[l], &q[l], cnt[l + s], mu[l + s], q[l + s]);
     *mean = mu[0];
     *var = q[0] / (float)n;
 }
@@ -8355,8 +8362,8 @@ static void capex__bn_stats_nsc(void *vc, int64_t b, int64_t e, float *buf) {
         for (ch = 0; ch < C; ch++) { pm[ch] = 0.0f; pq[ch] = 0.0f; }
         for (row = r0; row < r1; row++) {
             const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
-            float cnt = (float)(row - r0 + 1);
-            for (ch = 0; ch < C; ch++) capex__nm_welford(x[ch], cnt, &pm[ch], &pq[ch]);
+            const float inv = 1.0f / (float)(row - r0 + 1);
+            for (ch = 0; ch < C; ch++) capex__nm_welford(x[ch], inv, &pm[ch], &pq[ch]);
         }
     }
 }

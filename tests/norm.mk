@@ -13,7 +13,8 @@ $(BUILD)/tests/mpi/test_norm_mpi: tests/mpi/test_norm_mpi.c capex.h
 endif
 
 # Same bits with and without OpenMP, vectorised (-O3, native ISA, FMA contraction).
-NORM_VEC_FLAGS := -std=gnu99 -O3 $(BENCH_MARCH) -ffp-contract=fast $(WARN)
+# (= not :=: BENCH_MARCH comes from tensor.mk, included after this file)
+NORM_VEC_FLAGS = -std=gnu99 -O3 $(BENCH_MARCH) -ffp-contract=fast $(WARN)
 $(BUILD)/norm-vec/test_norm_omp: tests/test_norm.c tests/capex_test.h capex.h
 	@mkdir -p $(dir $@)
 	$(CC) $(NORM_VEC_FLAGS) $(OPENMP) -Itests $< -o $@ $(LDLIBS)
@@ -32,3 +33,14 @@ $(BUILD)/bench/bench_norm: bench/bench_norm.c capex.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c99 -O3 $(BENCH_MARCH) -fno-math-errno $(WARN) $(OPENMP) $< -o $@ $(LDLIBS)
 ci-extra:: $(BUILD)/bench/bench_norm
+
+# When PyTorch is importable, regenerate the golden vectors (layer_norm,
+# rms_norm, batch_norm + autograd) and require the committed file to match
+# (the first line names the torch version and is not compared).
+ci-extra::
+	@if python3 -c "import torch; torch.nn.functional.rms_norm" >/dev/null 2>&1; then \
+	  mkdir -p $(BUILD) && python3 tests/gen_norm_ref.py | tail -n +2 > $(BUILD)/norm_ref.regen && \
+	  tail -n +2 tests/data/norm_ref.txt | cmp -s - $(BUILD)/norm_ref.regen && \
+	  echo "norm: tests/data/norm_ref.txt matches torch $$(python3 -c 'import torch; print(torch.__version__)')" || \
+	  { echo "norm: tests/data/norm_ref.txt differs from torch's output"; exit 1; }; \
+	else echo "norm: torch (with rms_norm) not importable, golden-file regeneration skipped"; fi

@@ -312,6 +312,112 @@ CT_TEST(pytorch_semantics_small) {
     for (i = 0; i < 8; i++) CT_CHECK(fabs(y[i] - rms[i]) < 1e-5, "rms[%d] %g vs %g", i, (double)y[i], rms[i]);
 }
 
+/* ---- PyTorch golden vectors (tests/data/norm_ref.txt, tests/gen_norm_ref.py) ---- */
+static FILE *open_ref(void) {
+    char path[1024];
+    const char *file = __FILE__, *slash = strrchr(file, '/');
+    FILE *fp = NULL;
+    if (slash) {
+        snprintf(path, sizeof path, "%.*s/data/norm_ref.txt", (int)(slash - file), file);
+        fp = fopen(path, "r");
+    }
+    if (!fp) fp = fopen("tests/data/norm_ref.txt", "r");
+    return fp;
+}
+/* Reads the next line "<name> v v v ..." into v (at most cap values); returns the count, -1 on a name mismatch. */
+static int read_vec(FILE *fp, const char *name, double *v, int cap) {
+    char tag[32];
+    int n = 0, c;
+    if (fscanf(fp, "%31s", tag) != 1 || strcmp(tag, name)) return -1;
+    while (n < cap) {
+        do c = fgetc(fp); while (c == ' ');
+        if (c == '\n' || c == EOF) return n;
+        ungetc(c, fp);
+        if (fscanf(fp, "%lf", &v[n]) != 1) return -1;
+        n++;
+    }
+    return n;
+}
+static int near_all(const float *got, const double *want, int n, double tol, double scale) {
+    int i;
+    double mx = scale;
+    for (i = 0; i < n; i++) if (fabs(want[i]) > mx) mx = fabs(want[i]);
+    for (i = 0; i < n; i++) if (!(fabs(got[i] - want[i]) <= tol * mx)) return 0;
+    return 1;
+}
+
+CT_TEST(matches_pytorch_golden_vectors) {
+    FILE *fp = open_ref();
+    char line[256], kind[16];
+    int cases = 0;
+    static double x[256], w[64], b[64], dy[256], y[256], dx[256], dw[64], db[64], rm[64], rv[64], rmo[64], rvo[64];
+    static float xf[256], wf[64], bf[64], dyf[256], yf[256], dxf[256], dwf[64], dbf[64], rmf[64], rvf[64], mean[64],
+        rstd[64];
+    CT_CHECK(fp != NULL, "tests/data/norm_ref.txt not found (run from the repo root; python3 tests/gen_norm_ref.py)");
+    CT_CHECK(fgets(line, sizeof line, fp) && !strncmp(line, "# torch", 7), "header");
+    while (fscanf(fp, "%15s", line) == 1) {
+        int i, n, N, C;
+        CT_CHECK(!strcmp(line, "case") && fscanf(fp, "%15s", kind) == 1, "case line");
+        if (strcmp(kind, "batch")) {
+            int R, Cc, rms = !strcmp(kind, "rms");
+            double eps;
+            capex_norm_desc nd;
+            capex_norm_args a;
+            CT_CHECK(fscanf(fp, "%d %d %lf", &R, &Cc, &eps) == 3 && R * Cc <= 256 && Cc <= 64, "shape");
+            N = R * Cc;
+            CT_CHECK(read_vec(fp, "x", x, N) == N && read_vec(fp, "w", w, Cc) == Cc && read_vec(fp, "b", b, Cc) == Cc &&
+                     read_vec(fp, "dy", dy, N) == N && read_vec(fp, "y", y, N) == N && read_vec(fp, "dx", dx, N) == N &&
+                     read_vec(fp, "dw", dw, Cc) == Cc && read_vec(fp, "db", db, Cc) == Cc, "%s vectors", kind);
+            for (i = 0; i < N; i++) { xf[i] = (float)x[i]; dyf[i] = (float)dy[i]; }
+            for (i = 0; i < Cc; i++) { wf[i] = (float)w[i]; bf[i] = (float)b[i]; }
+            capex_norm_desc_init(&nd);
+            nd.eps = (float)eps;
+            capex_norm_args_init(&a);
+            a.rows = R; a.cols = Cc; a.x = xf; a.y = yf; a.weight = wf; a.bias = rms ? NULL : bf; a.mean = mean;
+            a.rstd = rstd; a.dy = dyf; a.dx = dxf; a.dweight = dwf; a.dbias = rms ? NULL : dbf;
+            CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "fwd");
+            CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "bwd");
+            CT_CHECK(near_all(yf, y, N, 1e-5, 1.0), "%s %dx%d: y differs from torch", kind, R, Cc);
+            /* the size of dx's terms: rstd * |dy * w| (exact dx may cancel to ~0) */
+            CT_CHECK(near_all(dxf, dx, N, 1e-4, rstd[0] * 2.0), "%s %dx%d: dx differs from torch", kind, R, Cc);
+            CT_CHECK(near_all(dwf, dw, Cc, 1e-5, 1.0), "%s %dx%d: dweight differs from torch", kind, R, Cc);
+            CT_CHECK(rms || near_all(dbf, db, Cc, 1e-5, 1.0), "%s %dx%d: dbias differs from torch", kind, R, Cc);
+        } else {
+            int Nn, S;
+            double eps, mom;
+            capex_batch_norm_desc d;
+            capex_batch_norm_args a;
+            CT_CHECK(fscanf(fp, "%d %d %d %lf %lf", &Nn, &C, &S, &eps, &mom) == 5 && Nn * C * S <= 256 && C <= 64, "bn");
+            N = Nn * C * S;
+            CT_CHECK(read_vec(fp, "x", x, N) == N && read_vec(fp, "w", w, C) == C && read_vec(fp, "b", b, C) == C &&
+                     read_vec(fp, "rm", rm, C) == C && read_vec(fp, "rv", rv, C) == C && read_vec(fp, "dy", dy, N) == N &&
+                     read_vec(fp, "y", y, N) == N && read_vec(fp, "rm_out", rmo, C) == C &&
+                     read_vec(fp, "rv_out", rvo, C) == C && read_vec(fp, "dx", dx, N) == N &&
+                     read_vec(fp, "dw", dw, C) == C && read_vec(fp, "db", db, C) == C, "batch vectors");
+            for (i = 0; i < N; i++) { xf[i] = (float)x[i]; dyf[i] = (float)dy[i]; }
+            for (i = 0; i < C; i++) { wf[i] = (float)w[i]; bf[i] = (float)b[i]; rmf[i] = (float)rm[i]; rvf[i] = (float)rv[i]; }
+            capex_batch_norm_desc_init(&d);
+            d.eps = (float)eps; d.momentum = (float)mom;
+            capex_batch_norm_args_init(&a);
+            a.n = Nn; a.c = C; a.s = S; a.x = xf; a.y = yf; a.weight = wf; a.bias = bf; a.running_mean = rmf;
+            a.running_var = rvf; a.save_mean = mean; a.save_invstd = rstd; a.dy = dyf; a.dx = dxf; a.dweight = dwf;
+            a.dbias = dbf;
+            CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_batch_norm_backward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(near_all(yf, y, N, 1e-5, 1.0), "batch %dx%dx%d: y differs from torch", Nn, C, S);
+            CT_CHECK(near_all(rmf, rmo, C, 1e-6, 1.0), "batch: running_mean differs from torch");
+            CT_CHECK(near_all(rvf, rvo, C, 1e-6, 1.0), "batch: running_var (unbiased) differs from torch");
+            CT_CHECK(near_all(dxf, dx, N, 1e-4, rstd[0] * 2.0), "batch: dx differs from torch");
+            CT_CHECK(near_all(dwf, dw, C, 1e-5, 1.0) && near_all(dbf, db, C, 1e-5, 1.0), "batch: dweight/dbias differ");
+        }
+        n = fgetc(fp);
+        if (n != '\n' && n != EOF) ungetc(n, fp);
+        cases++;
+    }
+    fclose(fp);
+    CT_CHECK(cases == 9, "read %d golden cases, want 9", cases);
+}
+
 static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
     const unsigned char *c = (const unsigned char *)p;
     size_t i;
@@ -837,6 +943,7 @@ static const ct_case cases[] = {
     CT_CASE(constant_rows_and_one_element_rows),
     CT_CASE(finite_differences),
     CT_CASE(pytorch_semantics_small),
+    CT_CASE(matches_pytorch_golden_vectors),
     CT_CASE(bits_independent_of_thread_count),
     CT_CASE(layer_norm_errors_are_clear_and_write_nothing),
     CT_CASE(batch_norm_layouts_dtypes_eval),
