@@ -1350,6 +1350,143 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
 #endif
 
 /* @@SECTION:NORM:DECL@@ (LayerNorm/RMSNorm/BatchNorm/SyncBatchNorm: declarations) */
+/* ---------------------------------------------------------------------------
+   Norms (NORM): LayerNorm, RMSNorm, BatchNorm and SyncBatchNorm, forward and
+   backward, on the CPU (capex_cuda.h has the GPU kernels, from the same math).
+
+       capex_norm_desc nd;  capex_norm_desc_init(&nd);      // eps 1e-5
+       capex_norm_args a;   capex_norm_args_init(&a);       // all f32, all NULL
+       a.rows = tokens; a.cols = dim;
+       a.x = x; a.x_dtype = CAPEX_BF16;                     // input, any dtype
+       a.weight = g; a.bias = b; a.param_dtype = CAPEX_F32; // Apex "Mixed" variant
+       a.y = y; a.y_dtype = CAPEX_F32;                      // Mixed: y in param dtype
+       a.mean = mean; a.rstd = rstd;                        // [rows] f32, saved
+       capex_layer_norm_forward(&nd, &a);
+       ... a.dy = dy (y_dtype); a.dx = dx (x_dtype); a.dweight = dg; a.dbias = db;
+       capex_layer_norm_backward(&nd, &a);
+
+   LayerNorm (torch.nn.functional.layer_norm over the last dim, Apex
+   FusedLayerNorm): mean and biased variance per row by Welford in f32,
+   rstd = 1/sqrt(var + eps), y = (x - mean) * rstd * w + b.
+   RMSNorm (torch rms_norm, Apex FusedRMSNorm): rstd = 1/sqrt(mean(x^2) + eps)
+   (eps inside the sqrt), y = x * rstd * w; no bias (a bias is refused).
+   Statistics are always f32 whatever the input dtype; weight/bias (and
+   dweight/dbias) are f32 or the input's half type; y and dy may be any dtype
+   (Apex's Mixed variants write y in the parameter dtype). weight NULL: no
+   affine (w = 1, b = 0). Backward writes dx (x_dtype) and, when not NULL,
+   dweight and dbias (param_dtype): written, not accumulated.
+
+   BatchNorm over [N, C, S] (CAPEX_BN_NCS: NCHW with S = H*W) or [N, S, C]
+   (CAPEX_BN_NSC: channels last), torch batch_norm semantics: training
+   normalises by the batch's biased variance and updates running_mean and
+   running_var with `momentum` and the UNBIASED variance (n/(n-1)); eval
+   normalises by the running statistics. With a comm of more than one rank it
+   is SyncBatchNorm (torch.nn.SyncBatchNorm, Apex convert_syncbn_model): each
+   rank's per-channel (mean, biased var, count) is allgathered and merged by
+   Chan's formula in rank order, so ranks may hold unequal batches (even
+   empty ones); backward allreduces (sum_dy, sum_dy_xmu). As in PyTorch,
+   dweight and dbias are this rank's share (the DDP gradient allreduce sums
+   them). Parameters and running statistics use param_dtype
+   (capex_batch_norm_amp_dtypes: f32 under keep_batchnorm_fp32).
+
+   Errors: zero columns/channels, NULL pointers, NaN or negative eps,
+   momentum outside [0, 1], bad dtypes, a training batch of fewer than 2
+   values per channel (PyTorch's error) give CAPEX_ERR_INVALID_ARG /
+   CAPEX_ERR_SIZE_MISMATCH with the reason; nothing is written then.
+   Results are identical with and without OpenMP and for any thread count
+   (fixed reduction blocks). Thread safety: reentrant; concurrent calls need
+   distinct outputs. SyncBatchNorm calls are collective over comm (every rank
+   calls, in the same order) and use comm like any collective.
+   ------------------------------------------------------------------------- */
+typedef struct capex_norm_desc {
+    float eps;              /* 1e-5 (torch layer_norm, Apex FusedLayerNorm/RMSNorm); >= 0 */
+    int num_threads;        /* OpenMP threads; 0: OpenMP's default. Ignored without OpenMP */
+    const capex_allocator *allocator; /* scratch memory; NULL: CAPEX_MALLOC */
+} capex_norm_desc;
+CAPEX_API void capex_norm_desc_init(capex_norm_desc *d);
+
+/* Tensors of one LayerNorm/RMSNorm call, row-major [rows, cols]. */
+typedef struct capex_norm_args {
+    int64_t rows, cols;       /* rows >= 0, cols >= 1 */
+    capex_dtype x_dtype;      /* x and dx */
+    capex_dtype y_dtype;      /* y and dy */
+    capex_dtype param_dtype;  /* weight, bias, dweight, dbias */
+    const void *x;            /* [rows, cols] input */
+    const void *weight;       /* [cols] or NULL (no affine) */
+    const void *bias;         /* [cols] or NULL (LayerNorm only) */
+    void *y;                  /* forward: [rows, cols] output */
+    float *mean;              /* [rows]: forward writes (may be NULL), backward reads (LayerNorm) */
+    float *rstd;              /* [rows]: 1/sqrt(var+eps); forward writes (may be NULL), backward reads */
+    const void *dy;           /* backward: [rows, cols] gradient of y */
+    void *dx;                 /* backward: [rows, cols] gradient of x (may be NULL: not wanted) */
+    void *dweight;            /* backward: [cols] or NULL */
+    void *dbias;              /* backward: [cols] or NULL (LayerNorm only) */
+} capex_norm_args;
+CAPEX_API void capex_norm_args_init(capex_norm_args *a);
+
+CAPEX_API capex_result capex_layer_norm_forward(const capex_norm_desc *d, const capex_norm_args *a);
+CAPEX_API capex_result capex_layer_norm_backward(const capex_norm_desc *d, const capex_norm_args *a);
+CAPEX_API capex_result capex_rms_norm_forward(const capex_norm_desc *d, const capex_norm_args *a);
+CAPEX_API capex_result capex_rms_norm_backward(const capex_norm_desc *d, const capex_norm_args *a);
+
+typedef enum capex_bn_layout {
+    CAPEX_BN_NCS = 0,         /* [N, C, S]: NCHW, NCL, NC (S = 1) */
+    CAPEX_BN_NSC = 1          /* [N, S, C]: channels last (NHWC) */
+} capex_bn_layout;
+
+typedef struct capex_batch_norm_desc {
+    float eps;                /* 1e-5 */
+    float momentum;           /* 0.1: running = (1 - m) * running + m * batch; in [0, 1] */
+    int training;             /* 1: batch statistics (and running update); 0: running statistics */
+    int num_threads;          /* as capex_norm_desc */
+    const capex_allocator *allocator;
+} capex_batch_norm_desc;
+CAPEX_API void capex_batch_norm_desc_init(capex_batch_norm_desc *d);
+
+typedef struct capex_batch_norm_args {
+    int64_t n, c, s;          /* this rank's batch (n may be 0 with a comm), channels >= 1, spatial >= 1 */
+    capex_bn_layout layout;
+    capex_dtype x_dtype;      /* x and dx */
+    capex_dtype y_dtype;      /* y and dy */
+    capex_dtype param_dtype;  /* weight, bias, running_*, dweight, dbias */
+    const void *x;            /* input */
+    const void *weight;       /* [C] or NULL (affine=False) */
+    const void *bias;         /* [C] or NULL */
+    void *running_mean;       /* [C] or NULL (track_running_stats=False: eval needs them) */
+    void *running_var;        /* [C] or NULL (both or neither) */
+    void *y;                  /* forward output */
+    float *save_mean;         /* [C]: forward writes, backward reads */
+    float *save_invstd;       /* [C]: 1/sqrt(var + eps); forward writes, backward reads */
+    int64_t total_count;      /* forward writes N*S summed over ranks; backward reads */
+    const void *dy;           /* backward input */
+    void *dx;                 /* backward output (may be NULL) */
+    void *dweight;            /* [C] or NULL: this rank's sum(dy * xhat) */
+    void *dbias;              /* [C] or NULL: this rank's sum(dy) */
+} capex_batch_norm_args;
+CAPEX_API void capex_batch_norm_args_init(capex_batch_norm_args *a);
+
+/* comm NULL (or a world of one): BatchNorm. Else SyncBatchNorm over comm
+   (host buffers; a device-buffer comm is refused here, see capex_cuda.h). */
+CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, capex_comm *comm,
+                                                capex_batch_norm_args *a);
+CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d, capex_comm *comm,
+                                                 const capex_batch_norm_args *a);
+
+/* Opt-level policy: param_dtype = cfg->batchnorm_dtype (f32 under
+   keep_batchnorm_fp32, whatever the input); y_dtype = the type the cast
+   policy runs batch norm in for this input (capex_amp_op_dtype). Either
+   output may be NULL. */
+CAPEX_API capex_result capex_batch_norm_amp_dtypes(const capex_amp_config *cfg, capex_dtype input,
+                                                   capex_dtype *param_dtype, capex_dtype *y_dtype);
+
+/* SyncBatchNorm's pieces, for other backends (capex_cuda.h) and tests.
+   Per-channel partial statistics are packed per rank as
+   [mean[C], var[C] (biased), count_hi, count_lo] floats (count =
+   count_hi * 2^24 + count_lo, exact). merge combines world such blocks in
+   rank order by Chan's formula in float64: mean, biased var, total count. */
+CAPEX_API size_t capex_syncbn_pack_floats(int64_t channels);
+CAPEX_API capex_result capex_syncbn_merge(const float *gathered, int world, int64_t channels, float *mean,
+                                          float *var, int64_t *total_count);
 
 #ifdef __cplusplus
 }
@@ -7733,6 +7870,854 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
 }
 
 /* @@SECTION:NORM:IMPL@@ (LayerNorm/RMSNorm/BatchNorm/SyncBatchNorm: implementation) */
+/* ---- norms -----------------------------------------------------------------
+
+   Layout: the per-element math (Welford update, Chan's merge, rstd, the
+   forward and backward formulas) lives ONCE in CAPEX__NORM_MATH below: it
+   expands to `static inline` C here and, stringified, to the
+   `__device__ __forceinline__` source of capex_cuda.h's norm kernels
+   (capex__norm_math_cuda), so the CPU tests vouch for the GPU math.
+   Reductions differ in order between CPU (16 or 8 lanes per row) and GPU (a warp
+   or block per row), so results agree to rounding, not in bits.
+
+   Welford (1962) per lane: d = x - mean; mean += d * (1/n); m2 += d * (x - mean)
+   (1/n once per step for all lanes: a multiply, not a divide, on the chain).
+   Chan et al. (1979) merge of (na, ma, qa) and (nb, mb, qb):
+   n = na + nb; d = mb - ma; ma += d * nb / n; qa += qb + d^2 * na * nb / n.
+   LayerNorm backward, xhat = (x - mean) * rstd, g = dy * w:
+   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); RMSNorm drops mean(g).
+   BatchNorm backward (PyTorch batch_norm_backward_elemt):
+   dx = (dy - mean_dy - (x - mean) * invstd^2 * mean_dy_xmu) * invstd * w. */
+#define CAPEX__NORM_MATH(Q)                                                                    \
+    Q void capex__nm_welford(float x, float inv_n, float *mean, float *m2) {                   \
+        float d = x - *mean;                                                                   \
+        *mean = *mean + d * inv_n;                                                             \
+        *m2 = *m2 + d * (x - *mean);                                                           \
+    }                                                                                          \
+    Q void capex__nm_chan(float *na, float *ma, float *qa, float nb, float mb, float qb) {      \
+        float n = *na + nb, d = mb - *ma;                                                      \
+        float f = nb / (n > 0.0f ? n : 1.0f);                                                  \
+        *ma = *ma + d * f;                                                                     \
+        *qa = *qa + qb + d * d * *na * f;                                                      \
+        *na = n;                                                                               \
+    }                                                                                          \
+    Q float capex__nm_rstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }          \
+    Q float capex__nm_ln_y(float x, float mean, float rstd, float w, float b) {                \
+        return (x - mean) * rstd * w + b;                                                      \
+    }                                                                                          \
+    Q float capex__nm_rms_y(float x, float rstd, float w) { return x * rstd * w; }            \
+    Q float capex__nm_ln_dx(float g, float xhat, float mean_g, float mean_gx, float rstd) {    \
+        return rstd * ((g - mean_g) - xhat * mean_gx);                                         \
+    }                                                                                          \
+    Q float capex__nm_bn_dx(float dy, float xmu, float invstd, float w, float mean_dy,         \
+                            float mean_dy_xmu) {                                               \
+        return ((dy - mean_dy) - xmu * (invstd * invstd) * mean_dy_xmu) * (invstd * w);        \
+    }
+
+CAPEX__NORM_MATH(static inline)
+
+/* The same math as CUDA source for capex_cuda.h (one literal < 4095 chars). */
+CAPEX__PRIVATE const char *capex__norm_math_cuda(void) {
+    return "#define CAPEX__NQ __device__ __forceinline__\n" CAPEX__OPT_XSTR(CAPEX__NORM_MATH(CAPEX__NQ)) "\n";
+}
+
+#ifdef _OPENMP
+#  ifdef __cplusplus
+}
+#  endif
+#  include <omp.h>
+#  ifdef __cplusplus
+extern "C" {
+#  endif
+#endif
+
+CAPEX_API void capex_norm_desc_init(capex_norm_desc *d) {
+    if (!d) return;
+    memset(d, 0, sizeof *d);
+    d->eps = 1e-5f;
+}
+CAPEX_API void capex_norm_args_init(capex_norm_args *a) {
+    if (!a) return;
+    memset(a, 0, sizeof *a);
+    a->x_dtype = a->y_dtype = a->param_dtype = CAPEX_F32;
+}
+CAPEX_API void capex_batch_norm_desc_init(capex_batch_norm_desc *d) {
+    if (!d) return;
+    memset(d, 0, sizeof *d);
+    d->eps = 1e-5f;
+    d->momentum = 0.1f;
+    d->training = 1;
+}
+CAPEX_API void capex_batch_norm_args_init(capex_batch_norm_args *a) {
+    if (!a) return;
+    memset(a, 0, sizeof *a);
+    a->x_dtype = a->y_dtype = a->param_dtype = CAPEX_F32;
+    a->layout = CAPEX_BN_NCS;
+}
+
+/* ---- shared helpers ---- */
+
+/* Workers: items [0, n) split into T contiguous ranges, worker w owning
+   scratch + w * per. Work (elements) below 32768 stays on this thread. */
+typedef void (*capex__nm_work_fn)(void *ctx, int64_t begin, int64_t end, float *scratch);
+
+static int capex__nm_threads(int req, int64_t items, int64_t work) {
+#ifdef _OPENMP
+    int t = req > 0 ? req : omp_get_max_threads();
+    if (work < 32768) t = 1;
+    if ((int64_t)t > items) t = (int)items;
+    return t < 1 ? 1 : t;
+#else
+    (void)req; (void)items; (void)work;
+    return 1;
+#endif
+}
+
+static void capex__nm_run(int T, int64_t items, capex__nm_work_fn fn, void *ctx, float *scratch, size_t per) {
+    int w;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(T) if (T > 1)
+#endif
+    for (w = 0; w < T; w++) {
+        int64_t b = (int64_t)((double)items * w / T), e = (int64_t)((double)items * (w + 1) / T);
+        if (w == T - 1) e = items;
+        fn(ctx, b, e, scratch ? scratch + per * (size_t)w : NULL);
+    }
+}
+
+/* Row p[off, off+n) as f32: the data itself for f32, else converted into buf. */
+static const float *capex__nm_load(const void *p, capex_dtype t, int64_t off, int64_t n, float *buf) {
+    int64_t i;
+    const uint16_t *h = (const uint16_t *)p + off;
+    if (t == CAPEX_F32) return (const float *)p + off;
+    if (t == CAPEX_F16) { for (i = 0; i < n; i++) buf[i] = capex__h16_load(h[i]); }
+    else { for (i = 0; i < n; i++) buf[i] = capex__b16_load(h[i]); }
+    return buf;
+}
+/* Where to compute an output row: in place for f32, else in buf (then store). */
+static float *capex__nm_out(void *p, capex_dtype t, int64_t off, float *buf) {
+    return t == CAPEX_F32 ? (float *)p + off : buf;
+}
+static void capex__nm_store(void *p, capex_dtype t, int64_t off, int64_t n, const float *v) {
+    int64_t i;
+    uint16_t *h = (uint16_t *)p + off;
+    if (t == CAPEX_F32) return; /* computed in place */
+    if (t == CAPEX_F16) { for (i = 0; i < n; i++) h[i] = (uint16_t)capex__h16_store(v[i]); }
+    else { for (i = 0; i < n; i++) h[i] = (uint16_t)capex__b16_store(v[i]); }
+}
+static void capex__nm_store_one(void *p, capex_dtype t, int64_t i, float v) {
+    if (t == CAPEX_F32) ((float *)p)[i] = v;
+    else if (t == CAPEX_F16) ((uint16_t *)p)[i] = (uint16_t)capex__h16_store(v);
+    else ((uint16_t *)p)[i] = (uint16_t)capex__b16_store(v);
+}
+
+/* Mean and biased variance of x[0, n) (n >= 1): Welford in 16 lanes (lane l
+   takes elements l, l+16, ...: 16 independent chains hide the latency),
+   lanes merged by Chan in a fixed tree. */
+#define CAPEX__NM_LANES 16
+static void capex__nm_row_stats(const float *x, int64_t n, float *mean, float *var) {
+    float mu[CAPEX__NM_LANES], q[CAPEX__NM_LANES], cnt[CAPEX__NM_LANES];
+    int64_t K = n / CAPEX__NM_LANES, k;
+    int l, r = (int)(n % CAPEX__NM_LANES), s;
+    for (l = 0; l < CAPEX__NM_LANES; l++) { mu[l] = 0.0f; q[l] = 0.0f; cnt[l] = (float)K; }
+    for (k = 0; k < K; k++) {
+        const float inv = 1.0f / (float)(k + 1);
+        const float *xk = x + CAPEX__NM_LANES * k;
+        for (l = 0; l < CAPEX__NM_LANES; l++) capex__nm_welford(xk[l], inv, &mu[l], &q[l]);
+    }
+    for (l = 0; l < r; l++) {
+        cnt[l] += 1.0f;
+        capex__nm_welford(x[CAPEX__NM_LANES * K + l], 1.0f / cnt[l], &mu[l], &q[l]);
+    }
+    for (s = 1; s < CAPEX__NM_LANES; s *= 2)
+        for (l = 0; l < CAPEX__NM_LANES; l += 2 * s)
+            capex__nm_chan(&cnt[l], &mu[l], &q[l], cnt[l + s], mu[l + s], q[l + s]);
+    *mean = mu[0];
+    *var = q[0] / (float)n;
+}
+
+/* Sum of a[i]*b[i] (b NULL: of a[i]) in 8 f32 lanes, fixed tree. */
+static float capex__nm_dot(const float *a, const float *b, int64_t n) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t K = n / 8, k;
+    int l;
+    if (b) {
+        for (k = 0; k < K; k++)
+            for (l = 0; l < 8; l++) s[l] += a[8 * k + l] * b[8 * k + l];
+        for (l = 0; l < (int)(n % 8); l++) s[l] += a[8 * K + l] * b[8 * K + l];
+    } else {
+        for (k = 0; k < K; k++)
+            for (l = 0; l < 8; l++) s[l] += a[8 * k + l];
+        for (l = 0; l < (int)(n % 8); l++) s[l] += a[8 * K + l];
+    }
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+static int capex__nm_dtype_ok(capex_dtype t) { return t == CAPEX_F32 || t == CAPEX_F16 || t == CAPEX_BF16; }
+static int capex__nm_aligned(const void *p, capex_dtype t) {
+    return ((uintptr_t)p % capex_dtype_size(t)) == 0;
+}
+/* A named pointer: must be non-NULL when required, aligned when given. */
+static capex_result capex__nm_ptr(const char *fn, const char *name, const void *p, capex_dtype t, int required) {
+    if (!p) {
+        if (required) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s is NULL; pass the buffer", fn, name);
+        return CAPEX_OK;
+    }
+    if (!capex__nm_aligned(p, t))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s is not aligned to its %s element size", fn, name,
+                           capex_dtype_name(t));
+    return CAPEX_OK;
+}
+/* Params as f32 arrays (weight 1 and bias 0 when absent) in buf[2 * n]. */
+static void capex__nm_params(const void *w, const void *b, capex_dtype t, int64_t n, float *buf, const float **wf,
+                             const float **bf) {
+    int64_t i;
+    if (w) *wf = capex__nm_load(w, t, 0, n, buf);
+    else { for (i = 0; i < n; i++) buf[i] = 1.0f; *wf = buf; }
+    if (b) *bf = capex__nm_load(b, t, 0, n, buf + n);
+    else { for (i = 0; i < n; i++) buf[n + i] = 0.0f; *bf = buf + n; }
+}
+
+/* ---- LayerNorm / RMSNorm ---- */
+
+typedef struct capex__nm_ctx {
+    const capex_norm_args *a;
+    float eps;
+    int rms;
+    const float *wf, *bf;   /* params as f32 (1 / 0 when absent) */
+    float *pw, *pb;         /* backward: per-block partial dweight / dbias, or NULL */
+    int64_t brows;          /* backward: rows per block */
+} capex__nm_ctx;
+
+static capex_result capex__nm_check(const char *fn, const capex_norm_desc *d, const capex_norm_args *a, int rms,
+                                    int bwd) {
+    capex_result r;
+    int need = a && a->rows > 0;
+    if (!a) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: args is NULL", fn);
+    if (!(d->eps >= 0.0f) || d->eps > 3.4e38f)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: eps %g must be finite and >= 0", fn, (double)d->eps);
+    if (a->cols < 1)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cols = %lld; a row needs at least one column", fn,
+                           (long long)a->cols);
+    if (a->rows < 0) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: rows = %lld is negative", fn, (long long)a->rows);
+    if (a->rows > (int64_t)(SIZE_MAX / 8) / a->cols)
+        return capex__fail(CAPEX_ERR_LIMIT, "%s: rows * cols overflows", fn);
+    if (!capex__nm_dtype_ok(a->x_dtype) || !capex__nm_dtype_ok(a->y_dtype) || !capex__nm_dtype_ok(a->param_dtype))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: x_dtype, y_dtype and param_dtype must be CAPEX_F32/F16/BF16", fn);
+    if (rms && (a->bias || (bwd && a->dbias)))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: RMSNorm has no bias (Apex FusedRMSNorm); pass bias/dbias NULL", fn);
+    if ((r = capex__nm_ptr(fn, "x", a->x, a->x_dtype, need)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "weight", a->weight, a->param_dtype, 0)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "bias", a->bias, a->param_dtype, 0)) != CAPEX_OK) return r;
+    if (!bwd) {
+        if ((r = capex__nm_ptr(fn, "y", a->y, a->y_dtype, need)) != CAPEX_OK) return r;
+        if ((r = capex__nm_ptr(fn, "mean", a->mean, CAPEX_F32, 0)) != CAPEX_OK) return r;
+        return capex__nm_ptr(fn, "rstd", a->rstd, CAPEX_F32, 0);
+    }
+    if ((r = capex__nm_ptr(fn, "dy", a->dy, a->y_dtype, need)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "rstd (saved by forward)", a->rstd, CAPEX_F32, need)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "mean (saved by forward)", a->mean, CAPEX_F32, need && !rms)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "dx", a->dx, a->x_dtype, 0)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "dweight", a->dweight, a->param_dtype, 0)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "dbias", a->dbias, a->param_dtype, 0)) != CAPEX_OK) return r;
+    if (a->dweight && !a->weight)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: dweight given without weight (no affine: pass dweight NULL)", fn);
+    if (a->dbias && !a->weight)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: dbias given without weight (no affine: pass dbias NULL)", fn);
+    return CAPEX_OK;
+}
+
+static void capex__nm_fwd_rows(void *vc, int64_t begin, int64_t end, float *scratch) {
+    const capex__nm_ctx *c = (const capex__nm_ctx *)vc;
+    const capex_norm_args *a = c->a;
+    const int64_t n = a->cols;
+    const float *CAPEX__OPT_RESTRICT wf = c->wf, *CAPEX__OPT_RESTRICT bf = c->bf;
+    int64_t row, i;
+    for (row = begin; row < end; row++) {
+        const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * n, n, scratch);
+        float *CAPEX__OPT_RESTRICT y = capex__nm_out(a->y, a->y_dtype, row * n, scratch + n);
+        float mean = 0.0f, var, rstd;
+        if (c->rms) var = capex__nm_dot(x, x, n) / (float)n;
+        else capex__nm_row_stats(x, n, &mean, &var);
+        rstd = capex__nm_rstd(var, c->eps);
+        if (a->mean) a->mean[row] = mean;
+        if (a->rstd) a->rstd[row] = rstd;
+        if (c->rms) { for (i = 0; i < n; i++) y[i] = capex__nm_rms_y(x[i], rstd, wf[i]); }
+        else { for (i = 0; i < n; i++) y[i] = capex__nm_ln_y(x[i], mean, rstd, wf[i], bf[i]); }
+        capex__nm_store(a->y, a->y_dtype, row * n, n, y);
+    }
+}
+
+static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *scratch) {
+    const capex__nm_ctx *c = (const capex__nm_ctx *)vc;
+    const capex_norm_args *a = c->a;
+    const int64_t n = a->cols;
+    const float *CAPEX__OPT_RESTRICT wf = c->wf;
+    float *CAPEX__OPT_RESTRICT xh = scratch + 2 * n, *CAPEX__OPT_RESTRICT g = scratch + 3 * n;
+    int64_t blk, row, i;
+    for (blk = begin; blk < end; blk++) {
+        int64_t r0 = blk * c->brows, r1 = r0 + c->brows < a->rows ? r0 + c->brows : a->rows;
+        float *CAPEX__OPT_RESTRICT pw = c->pw ? c->pw + blk * n : NULL;
+        float *CAPEX__OPT_RESTRICT pb = c->pb ? c->pb + blk * n : NULL;
+        if (pw) for (i = 0; i < n; i++) pw[i] = 0.0f;
+        if (pb) for (i = 0; i < n; i++) pb[i] = 0.0f;
+        for (row = r0; row < r1; row++) {
+            const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * n, n, scratch);
+            const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * n, n, scratch + n);
+            const float rstd = a->rstd[row], mean = c->rms ? 0.0f : a->mean[row];
+            float mg, mgx;
+            for (i = 0; i < n; i++) { xh[i] = (x[i] - mean) * rstd; g[i] = dy[i] * wf[i]; }
+            if (pw) for (i = 0; i < n; i++) pw[i] += dy[i] * xh[i];
+            if (pb) for (i = 0; i < n; i++) pb[i] += dy[i];
+            if (!a->dx) continue;
+            mg = c->rms ? 0.0f : capex__nm_dot(g, NULL, n) / (float)n;
+            mgx = capex__nm_dot(g, xh, n) / (float)n;
+            {
+                float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 4 * n);
+                for (i = 0; i < n; i++) dx[i] = capex__nm_ln_dx(g[i], xh[i], mg, mgx, rstd);
+                capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
+            }
+        }
+    }
+}
+
+/* Sums per-block partials [nblk][n] in block order in float64 into out (dtype t). */
+static void capex__nm_finish_partials(const float *part, int64_t nblk, int64_t n, double *acc, void *out,
+                                      capex_dtype t) {
+    int64_t b, i;
+    for (i = 0; i < n; i++) acc[i] = 0.0;
+    for (b = 0; b < nblk; b++)
+        for (i = 0; i < n; i++) acc[i] += (double)part[b * n + i];
+    for (i = 0; i < n; i++) capex__nm_store_one(out, t, i, (float)acc[i]);
+}
+
+static capex_result capex__nm_norm(const char *fn, const capex_norm_desc *d, const capex_norm_args *a, int rms,
+                                   int bwd) {
+    capex_norm_desc dd;
+    capex__nm_ctx c;
+    capex_result r;
+    int64_t n, nblk = 0;
+    int T;
+    size_t per, total;
+    float *mem;
+    if (!d) { capex_norm_desc_init(&dd); d = &dd; }
+    if ((r = capex__nm_check(fn, d, a, rms, bwd)) != CAPEX_OK) return r;
+    if (a->rows == 0) return CAPEX_OK;
+    n = a->cols;
+    memset(&c, 0, sizeof c);
+    c.a = a; c.eps = d->eps; c.rms = rms;
+    if (bwd) {
+        /* fixed blocks (from rows alone): the same partials for any thread count */
+        c.brows = (a->rows + 63) / 64;
+        if (c.brows < 16) c.brows = 16;
+        nblk = (a->rows + c.brows - 1) / c.brows;
+    }
+    T = capex__nm_threads(d->num_threads, bwd ? nblk : a->rows, a->rows * n);
+    per = (size_t)n * (bwd ? 5u : 2u);
+    total = 2u * (size_t)n + per * (size_t)T;
+    if (bwd && (a->dweight || a->dbias)) total += 2u * (size_t)nblk * (size_t)n + 2u * (size_t)n * 2u;
+    if (total > SIZE_MAX / sizeof(float)) return capex__fail(CAPEX_ERR_LIMIT, "%s: scratch size overflows", fn);
+    mem = (float *)capex__alloc(d->allocator, total * sizeof(float));
+    if (!mem) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: no memory for %zu bytes of scratch", fn,
+                                 total * sizeof(float));
+    capex__nm_params(a->weight, bwd ? NULL : a->bias, a->param_dtype, n, mem, &c.wf, &c.bf);
+    if (bwd && (a->dweight || a->dbias)) {
+        float *p = mem + 2 * (size_t)n + per * (size_t)T;
+        c.pw = a->dweight ? p : NULL;
+        c.pb = a->dbias ? p + (size_t)nblk * (size_t)n : NULL;
+    }
+    if (bwd) {
+        capex__nm_run(T, nblk, capex__nm_bwd_blocks, &c, mem + 2 * (size_t)n, per);
+        if (c.pw || c.pb) {
+            size_t off = 2 * (size_t)n + per * (size_t)T + 2u * (size_t)nblk * (size_t)n;
+            double *acc = (double *)(void *)(mem + ((off + 1u) & ~(size_t)1)); /* 8-byte aligned */
+            if (c.pw) capex__nm_finish_partials(c.pw, nblk, n, acc, a->dweight, a->param_dtype);
+            if (c.pb) capex__nm_finish_partials(c.pb, nblk, n, acc, a->dbias, a->param_dtype);
+        }
+    } else {
+        capex__nm_run(T, a->rows, capex__nm_fwd_rows, &c, mem + 2 * (size_t)n, per);
+    }
+    capex__free(d->allocator, mem);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_layer_norm_forward(const capex_norm_desc *d, const capex_norm_args *a) {
+    return capex__nm_norm("capex_layer_norm_forward", d, a, 0, 0);
+}
+CAPEX_API capex_result capex_layer_norm_backward(const capex_norm_desc *d, const capex_norm_args *a) {
+    return capex__nm_norm("capex_layer_norm_backward", d, a, 0, 1);
+}
+CAPEX_API capex_result capex_rms_norm_forward(const capex_norm_desc *d, const capex_norm_args *a) {
+    return capex__nm_norm("capex_rms_norm_forward", d, a, 1, 0);
+}
+CAPEX_API capex_result capex_rms_norm_backward(const capex_norm_desc *d, const capex_norm_args *a) {
+    return capex__nm_norm("capex_rms_norm_backward", d, a, 1, 1);
+}
+
+/* ---- BatchNorm / SyncBatchNorm ---- */
+
+CAPEX_API size_t capex_syncbn_pack_floats(int64_t channels) {
+    return channels > 0 ? 2u * (size_t)channels + 2u : 0u;
+}
+
+CAPEX_API capex_result capex_syncbn_merge(const float *g, int world, int64_t C, float *mean, float *var,
+                                          int64_t *total_count) {
+    size_t P = capex_syncbn_pack_floats(C);
+    int64_t tot = 0, ch;
+    int r;
+    if (!g || !mean || !var) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_syncbn_merge: NULL pointer");
+    if (world < 1 || C < 1)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_syncbn_merge: world %d and channels %lld must be >= 1", world,
+                           (long long)C);
+    for (r = 0; r < world; r++) {
+        float hi = g[(size_t)r * P + 2u * (size_t)C], lo = g[(size_t)r * P + 2u * (size_t)C + 1u];
+        if (!(hi >= 0.0f && hi < 16777216.0f && lo >= 0.0f && lo < 16777216.0f) || hi != (float)(int64_t)hi ||
+            lo != (float)(int64_t)lo)
+            return capex__fail(CAPEX_ERR_FORMAT, "capex_syncbn_merge: rank %d sent a corrupt count (%g, %g); did every "
+                               "rank pass the same channel count?", r, (double)hi, (double)lo);
+        tot += ((int64_t)hi << 24) + (int64_t)lo;
+    }
+    for (ch = 0; ch < C; ch++) {
+        double n = 0.0, m = 0.0, q = 0.0;
+        for (r = 0; r < world; r++) {
+            const float *p = g + (size_t)r * P;
+            double nb = (double)(((int64_t)p[2 * C] << 24) + (int64_t)p[2 * C + 1]), mb = p[ch], N, dd;
+            if (nb == 0.0) continue; /* an empty rank adds nothing (and may send anything) */
+            N = n + nb;
+            dd = mb - m;
+            m += dd * nb / N;
+            q += (double)p[C + ch] * nb + dd * dd * n * nb / N; /* Chan et al. */
+            n = N;
+        }
+        mean[ch] = (float)m;
+        var[ch] = n > 0.0 ? (float)(q / n) : 0.0f;
+    }
+    if (total_count) *total_count = tot;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_batch_norm_amp_dtypes(const capex_amp_config *cfg, capex_dtype input,
+                                                   capex_dtype *param_dtype, capex_dtype *y_dtype) {
+    capex_dtype t;
+    capex_result r;
+    if (!cfg) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_batch_norm_amp_dtypes: cfg is NULL");
+    if (!capex__nm_dtype_ok(input))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_batch_norm_amp_dtypes: input dtype %d is not F32/F16/BF16",
+                           (int)input);
+    if ((r = capex_amp_op_dtype(cfg, CAPEX_OP_BATCH_NORM, input, &t)) != CAPEX_OK) return r;
+    if (param_dtype) *param_dtype = cfg->batchnorm_dtype;
+    if (y_dtype) *y_dtype = t;
+    return CAPEX_OK;
+}
+
+typedef struct capex__bn_ctx {
+    const capex_batch_norm_args *a;
+    float *pk;                      /* local stats: pack [mean C, var C, count] */
+    float *p0, *p1;                 /* NSC per-block partials [nblk][C] */
+    double *s0, *s1;                /* NCS backward: per-channel sums */
+    const float *mean, *invstd, *wf, *bf;
+    float mdy_scale;                /* 1/total (training backward) or 0 */
+    const float *sdy, *sdyx;        /* reduced sums (backward) */
+    int64_t brows, rows;            /* NSC: rows per block, rows = N*S */
+} capex__bn_ctx;
+
+/* NCS forward stats: channels [b, e), scratch S floats. */
+static void capex__bn_stats_ncs(void *vc, int64_t b, int64_t e, float *buf) {
+    const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
+    const capex_batch_norm_args *a = c->a;
+    int64_t ch, i;
+    for (ch = b; ch < e; ch++) {
+        double n = 0.0, m = 0.0, q = 0.0, nb = (double)a->s;
+        for (i = 0; i < a->n; i++) {
+            float mu, v;
+            double dd;
+            capex__nm_row_stats(capex__nm_load(a->x, a->x_dtype, (i * a->c + ch) * a->s, a->s, buf), a->s, &mu, &v);
+            dd = (double)mu - m;
+            m += dd * nb / (n + nb);
+            q += (double)v * nb + dd * dd * n * nb / (n + nb);
+            n += nb;
+        }
+        c->pk[ch] = (float)m;
+        c->pk[a->c + ch] = n > 0.0 ? (float)(q / n) : 0.0f;
+    }
+}
+/* NSC forward stats: row blocks [b, e), per-block Welford vectorised over channels. */
+static void capex__bn_stats_nsc(void *vc, int64_t b, int64_t e, float *buf) {
+    const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
+    const capex_batch_norm_args *a = c->a;
+    const int64_t C = a->c;
+    int64_t blk, row, ch;
+    for (blk = b; blk < e; blk++) {
+        float *CAPEX__OPT_RESTRICT pm = c->p0 + blk * C, *CAPEX__OPT_RESTRICT pq = c->p1 + blk * C;
+        int64_t r0 = blk * c->brows, r1 = r0 + c->brows < c->rows ? r0 + c->brows : c->rows;
+        for (ch = 0; ch < C; ch++) { pm[ch] = 0.0f; pq[ch] = 0.0f; }
+        for (row = r0; row < r1; row++) {
+            const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
+            const float inv = 1.0f / (float)(row - r0 + 1);
+            for (ch = 0; ch < C; ch++) capex__nm_welford(x[ch], inv, &pm[ch], &pq[ch]);
+        }
+    }
+}
+/* y over items: NCS (n, c) segments, NSC rows. Scratch 2 * max(S, C). */
+static void capex__bn_fwd_ncs(void *vc, int64_t b, int64_t e, float *buf) {
+    const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
+    const capex_batch_norm_args *a = c->a;
+    const int64_t S = a->s;
+    int64_t it, i;
+    for (it = b; it < e; it++) {
+        const int64_t ch = it % a->c;
+        const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, it * S, S, buf);
+        float *CAPEX__OPT_RESTRICT y = capex__nm_out(a->y, a->y_dtype, it * S, buf + S);
+        const float m = c->mean[ch], is = c->invstd[ch], w = c->wf[ch], bb = c->bf[ch];
+        for (i = 0; i < S; i++) y[i] = capex__nm_ln_y(x[i], m, is, w, bb);
+        capex__nm_store(a->y, a->y_dtype, it * S, S, y);
+    }
+}
+static void capex__bn_fwd_nsc(void *vc, int64_t b, int64_t e, float *buf) {
+    const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
+    const capex_batch_norm_args *a = c->a;
+    const int64_t C = a->c;
+    const float *CAPEX__OPT_RESTRICT m = c->mean, *CAPEX__OPT_RESTRICT is = c->invstd;
+    const float *CAPEX__OPT_RESTRICT w = c->wf, *CAPEX__OPT_RESTRICT bb = c->bf;
+    int64_t row, i;
+    for (row = b; row < e; row++) {
+        const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
+        float *CAPEX__OPT_RESTRICT y = capex__nm_out(a->y, a->y_dtype, row * C, buf + C);
+        for (i = 0; i < C; i++) y[i] = capex__nm_ln_y(x[i], m[i], is[i], w[i], bb[i]);
+        capex__nm_store(a->y, a->y_dtype, row * C, C, y);
+    }
+}
+/* Backward sums (sum_dy, sum_dy_xmu) per channel. NCS: channels, scratch 3S. */
+static void capex__bn_sums_ncs(void *vc, int64_t b, int64_t e, float *buf) {
+    const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
+    const capex_batch_norm_args *a = c->a;
+    const int64_t S = a->s;
+    int64_t ch, i, k;
+    for (ch = b; ch < e; ch++) {
+        double s0 = 0.0, s1 = 0.0;
+        const float m = c->mean[ch];
+        for (i = 0; i < a->n; i++) {
+            const int64_t off = (i * a->c + ch) * S;
+            const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, off, S, buf);
+            const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, off, S, buf + S);
+            float *CAPEX__OPT_RESTRICT xm = buf + 2 * S;
+            for (k = 0; k < S; k++) xm[k] = x[k] - m;
+            s0 += (double)capex__nm_dot(dy, NULL, S);
+            s1 += (double)capex__nm_dot(dy, xm, S);
+        }
+        c->s0[ch] = s0;
+        c->s1[ch] = s1;
+    }
+}
+/* NSC: row blocks, per-block partials. Scratch 2C. */
+static void capex__bn_sums_nsc(void *vc, int64_t b, int64_t e, float *buf) {
+    const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
+    const capex_batch_norm_args *a = c->a;
+    const int64_t C = a->c;
+    const float *CAPEX__OPT_RESTRICT m = c->mean;
+    int64_t blk, row, ch;
+    for (blk = b; blk < e; blk++) {
+        float *CAPEX__OPT_RESTRICT p0 = c->p0 + blk * C, *CAPEX__OPT_RESTRICT p1 = c->p1 + blk * C;
+        int64_t r0 = blk * c->brows, r1 = r0 + c->brows < c->rows ? r0 + c->brows : c->rows;
+        for (ch = 0; ch < C; ch++) { p0[ch] = 0.0f; p1[ch] = 0.0f; }
+        for (row = r0; row < r1; row++) {
+            const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
+            const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * C, C, buf + C);
+            for (ch = 0; ch < C; ch++) { p0[ch] += dy[ch]; p1[ch] += dy[ch] * (x[ch] - m[ch]); }
+        }
+    }
+}
+/* dx over items (as forward). Scratch 3 * max(S, C). */
+static void capex__bn_dx_ncs(void *vc, int64_t b, int64_t e, float *buf) {
+    const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
+    const capex_batch_norm_args *a = c->a;
+    const int64_t S = a->s;
+    int64_t it, i;
+    for (it = b; it < e; it++) {
+        const int64_t ch = it % a->c;
+        const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, it * S, S, buf);
+        const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, it * S, S, buf + S);
+        float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, it * S, buf + 2 * S);
+        const float m = c->mean[ch], is = c->invstd[ch], w = c->wf[ch];
+        const float mdy = c->sdy[ch] * c->mdy_scale, mdyx = c->sdyx[ch] * c->mdy_scale;
+        for (i = 0; i < S; i++) dx[i] = capex__nm_bn_dx(dy[i], x[i] - m, is, w, mdy, mdyx);
+        capex__nm_store(a->dx, a->x_dtype, it * S, S, dx);
+    }
+}
+static void capex__bn_dx_nsc(void *vc, int64_t b, int64_t e, float *buf) {
+    const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
+    const capex_batch_norm_args *a = c->a;
+    const int64_t C = a->c;
+    const float *CAPEX__OPT_RESTRICT m = c->mean, *CAPEX__OPT_RESTRICT is = c->invstd, *CAPEX__OPT_RESTRICT w = c->wf;
+    const float *CAPEX__OPT_RESTRICT sdy = c->sdy, *CAPEX__OPT_RESTRICT sdyx = c->sdyx;
+    const float k = c->mdy_scale;
+    int64_t row, i;
+    for (row = b; row < e; row++) {
+        const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
+        const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * C, C, buf + C);
+        float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * C, buf + 2 * C);
+        for (i = 0; i < C; i++) dx[i] = capex__nm_bn_dx(dy[i], x[i] - m[i], is[i], w[i], sdy[i] * k, sdyx[i] * k);
+        capex__nm_store(a->dx, a->x_dtype, row * C, C, dx);
+    }
+}
+
+static capex_result capex__bn_check(const char *fn, const capex_batch_norm_desc *d, capex_comm *comm,
+                                    const capex_batch_norm_args *a, int bwd) {
+    capex_result r;
+    int need;
+    if (!a) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: args is NULL", fn);
+    if (!(d->eps >= 0.0f) || d->eps > 3.4e38f)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: eps %g must be finite and >= 0", fn, (double)d->eps);
+    if (!(d->momentum >= 0.0f && d->momentum <= 1.0f))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: momentum %g must be in [0, 1]", fn, (double)d->momentum);
+    if (a->c < 1 || a->s < 1 || a->n < 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: shape n=%lld c=%lld s=%lld: need n >= 0, c >= 1, s >= 1", fn,
+                           (long long)a->n, (long long)a->c, (long long)a->s);
+    if (a->c > (int64_t)(SIZE_MAX / 64) / a->s || a->n > (int64_t)(SIZE_MAX / 8) / (a->c * a->s))
+        return capex__fail(CAPEX_ERR_LIMIT, "%s: n * c * s overflows", fn);
+    if (a->layout != CAPEX_BN_NCS && a->layout != CAPEX_BN_NSC)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: layout must be CAPEX_BN_NCS or CAPEX_BN_NSC", fn);
+    if (!capex__nm_dtype_ok(a->x_dtype) || !capex__nm_dtype_ok(a->y_dtype) || !capex__nm_dtype_ok(a->param_dtype))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: x_dtype, y_dtype and param_dtype must be CAPEX_F32/F16/BF16", fn);
+    if (comm && (!comm->vt || comm->world_size < 1))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: comm is not initialised", fn);
+    if (comm && comm->device_buffers && comm->world_size > 1)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: comm '%s' takes device buffers; use the GPU SyncBatchNorm "
+                           "(capex_cuda.h) or a host comm (MPI, TCP)", fn, comm->vt->name ? comm->vt->name : "?");
+    if (!a->running_mean != !a->running_var)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: give both running_mean and running_var, or neither", fn);
+    need = a->n > 0;
+    if ((r = capex__nm_ptr(fn, "x", a->x, a->x_dtype, need)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "weight", a->weight, a->param_dtype, 0)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "bias", a->bias, a->param_dtype, 0)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "running_mean", a->running_mean, a->param_dtype, 0)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "running_var", a->running_var, a->param_dtype, 0)) != CAPEX_OK) return r;
+    if (!bwd) {
+        if ((r = capex__nm_ptr(fn, "y", a->y, a->y_dtype, need)) != CAPEX_OK) return r;
+        if ((r = capex__nm_ptr(fn, "save_mean", a->save_mean, CAPEX_F32, 0)) != CAPEX_OK) return r;
+        return capex__nm_ptr(fn, "save_invstd", a->save_invstd, CAPEX_F32, 0);
+    }
+    if ((r = capex__nm_ptr(fn, "dy", a->dy, a->y_dtype, need)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "save_mean (from forward)", a->save_mean, CAPEX_F32, 1)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "save_invstd (from forward)", a->save_invstd, CAPEX_F32, 1)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "dx", a->dx, a->x_dtype, 0)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "dweight", a->dweight, a->param_dtype, 0)) != CAPEX_OK) return r;
+    return capex__nm_ptr(fn, "dbias", a->dbias, a->param_dtype, 0);
+}
+
+static float capex__nm_get(const void *p, capex_dtype t, int64_t i) {
+    if (t == CAPEX_F32) return ((const float *)p)[i];
+    if (t == CAPEX_F16) return capex__h16_load(((const uint16_t *)p)[i]);
+    return capex__b16_load(((const uint16_t *)p)[i]);
+}
+
+/* Scratch of a BN call: params (2C), mean/invstd (2C), pack (world * P),
+   reduce (2C), NSC partials (2 * nblk * C), per-worker buffers (3 * max(S, C)),
+   NCS sums (2C doubles). */
+typedef struct capex__bn_mem {
+    float *all, *wf, *mean, *invstd, *pack, *gath, *red, *p0, *work;
+    double *s;
+    size_t per;
+    int T;
+    int64_t nblk;
+} capex__bn_mem;
+
+static capex_result capex__bn_alloc(const char *fn, const capex_batch_norm_args *a, int world, int nt,
+                                    int64_t items, const capex_allocator *al, capex__bn_mem *m) {
+    const size_t C = (size_t)a->c, P = capex_syncbn_pack_floats(a->c);
+    size_t total, at = 0;
+    int64_t rows = a->n * a->s;
+    memset(m, 0, sizeof *m);
+    m->nblk = 0;
+    if (a->layout == CAPEX_BN_NSC && rows > 0) {
+        int64_t brows = (rows + 63) / 64;
+        if (brows < 16) brows = 16;
+        m->nblk = (rows + brows - 1) / brows;
+    }
+    m->T = capex__nm_threads(nt, items, rows * a->c);
+    m->per = 3u * (size_t)(a->s > a->c ? a->s : a->c);
+    total = 2 * C + 2 * C + P + (size_t)world * P + 2 * C + 2u * (size_t)m->nblk * C + m->per * (size_t)m->T + 4 * C + 2;
+    if (total > SIZE_MAX / sizeof(float)) return capex__fail(CAPEX_ERR_LIMIT, "%s: scratch size overflows", fn);
+    m->all = (float *)capex__alloc(al, total * sizeof(float));
+    if (!m->all)
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: no memory for %zu bytes of scratch", fn, total * sizeof(float));
+    m->wf = m->all; at = 2 * C;
+    m->mean = m->all + at; m->invstd = m->mean + C; at += 2 * C;
+    m->pack = m->all + at; at += P;
+    m->gath = m->all + at; at += (size_t)world * P;
+    m->red = m->all + at; at += 2 * C;
+    m->p0 = m->all + at; at += 2u * (size_t)m->nblk * C;
+    m->work = m->all + at; at += m->per * (size_t)m->T;
+    m->s = (double *)(void *)(m->all + ((at + 1u) & ~(size_t)1));
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, capex_comm *comm,
+                                                capex_batch_norm_args *a) {
+    static const char *fn = "capex_batch_norm_forward";
+    capex_batch_norm_desc dd;
+    capex__bn_ctx c;
+    capex__bn_mem m;
+    capex_result r;
+    int world = comm ? comm->world_size : 1, use_batch;
+    int64_t C, rows, ch, total = 0, local;
+    const float *wf, *bf;
+    if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
+    if ((r = capex__bn_check(fn, d, comm, a, 0)) != CAPEX_OK) return r;
+    /* torch: batch statistics in training, or when there are no running stats */
+    use_batch = d->training || !a->running_mean;
+    if (!use_batch || world < 1) world = 1;
+    C = a->c; rows = a->n * a->s; local = rows;
+    if ((r = capex__bn_alloc(fn, a, world, d->num_threads,
+                             a->layout == CAPEX_BN_NCS ? a->n * C : rows, d->allocator, &m)) != CAPEX_OK)
+        return r;
+    memset(&c, 0, sizeof c);
+    c.a = a; c.rows = rows;
+    capex__nm_params(a->weight, a->bias, a->param_dtype, C, m.wf, &wf, &bf);
+    if (use_batch) {
+        float *pk = m.pack;
+        c.pk = pk;
+        for (ch = 0; ch < 2 * C; ch++) pk[ch] = 0.0f;
+        if (rows > 0 && a->layout == CAPEX_BN_NCS) {
+            int T = capex__nm_threads(d->num_threads, C, rows * C);
+            if (T > m.T) T = m.T;
+            capex__nm_run(T, C, capex__bn_stats_ncs, &c, m.work, m.per);
+        } else if (rows > 0) {
+            int64_t b, brows = (rows + 63) / 64;
+            int T = capex__nm_threads(d->num_threads, m.nblk, rows * C);
+            if (brows < 16) brows = 16;
+            if (T > m.T) T = m.T;
+            c.brows = brows; c.p0 = m.p0; c.p1 = m.p0 + m.nblk * C;
+            capex__nm_run(T, m.nblk, capex__bn_stats_nsc, &c, m.work, m.per);
+            for (ch = 0; ch < C; ch++) { /* blocks merged in order, float64 */
+                double n = 0.0, mu = 0.0, q = 0.0;
+                for (b = 0; b < m.nblk; b++) {
+                    double nb = (double)((b + 1) * brows < rows ? brows : rows - b * brows), dm;
+                    dm = (double)c.p0[b * C + ch] - mu;
+                    mu += dm * nb / (n + nb);
+                    q += (double)c.p1[b * C + ch] + dm * dm * n * nb / (n + nb);
+                    n += nb;
+                }
+                pk[ch] = (float)mu;
+                pk[C + ch] = (float)(q / n);
+            }
+        }
+        pk[2 * C] = (float)(local >> 24);
+        pk[2 * C + 1] = (float)(local & 0xffffff);
+        if (world > 1) {
+            r = capex_comm_allgather(comm, pk, m.gath, capex_syncbn_pack_floats(C), CAPEX_F32);
+            if (r != CAPEX_OK) { capex__free(d->allocator, m.all); return r; }
+        } else {
+            memcpy(m.gath, pk, capex_syncbn_pack_floats(C) * sizeof(float));
+        }
+        r = capex_syncbn_merge(m.gath, world, C, m.mean, m.red, &total);
+        if (r == CAPEX_OK && d->training && total < 2)
+            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %lld value(s) per channel over all ranks; training needs "
+                            "more than 1 (PyTorch: 'Expected more than 1 value per channel when training')", fn,
+                            (long long)total);
+        if (r == CAPEX_OK && total < 1)
+            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: an empty batch has no statistics", fn);
+        if (r != CAPEX_OK) { capex__free(d->allocator, m.all); return r; }
+        for (ch = 0; ch < C; ch++) m.invstd[ch] = capex__nm_rstd(m.red[ch], d->eps);
+        if (d->training && a->running_mean) {
+            const float mo = d->momentum;
+            for (ch = 0; ch < C; ch++) {
+                double unbiased = (double)m.red[ch] * (double)total / (double)(total - 1);
+                float rm = capex__nm_get(a->running_mean, a->param_dtype, ch);
+                float rv = capex__nm_get(a->running_var, a->param_dtype, ch);
+                capex__nm_store_one(a->running_mean, a->param_dtype, ch, (1.0f - mo) * rm + mo * m.mean[ch]);
+                capex__nm_store_one(a->running_var, a->param_dtype, ch, (1.0f - mo) * rv + mo * (float)unbiased);
+            }
+        }
+    } else {
+        total = local;
+        for (ch = 0; ch < C; ch++) {
+            m.mean[ch] = capex__nm_get(a->running_mean, a->param_dtype, ch);
+            m.invstd[ch] = capex__nm_rstd(capex__nm_get(a->running_var, a->param_dtype, ch), d->eps);
+        }
+    }
+    if (a->save_mean) memcpy(a->save_mean, m.mean, (size_t)C * sizeof(float));
+    if (a->save_invstd) memcpy(a->save_invstd, m.invstd, (size_t)C * sizeof(float));
+    a->total_count = use_batch ? total : 0;
+    c.mean = m.mean; c.invstd = m.invstd; c.wf = wf; c.bf = bf;
+    if (rows > 0) {
+        int64_t items = a->layout == CAPEX_BN_NCS ? a->n * C : rows;
+        int T = capex__nm_threads(d->num_threads, items, rows * C);
+        if (T > m.T) T = m.T;
+        capex__nm_run(T, items, a->layout == CAPEX_BN_NCS ? capex__bn_fwd_ncs : capex__bn_fwd_nsc, &c, m.work, m.per);
+    }
+    capex__free(d->allocator, m.all);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d, capex_comm *comm,
+                                                 const capex_batch_norm_args *a) {
+    static const char *fn = "capex_batch_norm_backward";
+    capex_batch_norm_desc dd;
+    capex__bn_ctx c;
+    capex__bn_mem m;
+    capex_result r;
+    int world = comm ? comm->world_size : 1, use_batch;
+    int64_t C, rows, ch;
+    const float *wf, *bf;
+    float *sdy, *sdyx;
+    if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
+    if ((r = capex__bn_check(fn, d, comm, a, 1)) != CAPEX_OK) return r;
+    use_batch = d->training || !a->running_mean;
+    if (use_batch && a->total_count < 1)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: total_count %lld: pass the args forward filled in (it "
+                           "writes total_count)", fn, (long long)a->total_count);
+    if (!use_batch) world = 1;
+    C = a->c; rows = a->n * a->s;
+    if ((r = capex__bn_alloc(fn, a, world, d->num_threads, a->layout == CAPEX_BN_NCS ? C : rows,
+                             d->allocator, &m)) != CAPEX_OK)
+        return r;
+    memset(&c, 0, sizeof c);
+    c.a = a; c.rows = rows; c.mean = a->save_mean; c.invstd = a->save_invstd;
+    capex__nm_params(a->weight, NULL, a->param_dtype, C, m.wf, &wf, &bf);
+    c.wf = wf;
+    sdy = m.red; sdyx = m.red + C;
+    for (ch = 0; ch < 2 * C; ch++) m.red[ch] = 0.0f;
+    if (rows > 0 && a->layout == CAPEX_BN_NCS) {
+        int T = capex__nm_threads(d->num_threads, C, rows * C);
+        if (T > m.T) T = m.T;
+        c.s0 = m.s; c.s1 = m.s + C;
+        capex__nm_run(T, C, capex__bn_sums_ncs, &c, m.work, m.per);
+        for (ch = 0; ch < C; ch++) { sdy[ch] = (float)c.s0[ch]; sdyx[ch] = (float)c.s1[ch]; }
+    } else if (rows > 0) {
+        int64_t b, brows = (rows + 63) / 64;
+        int T;
+        if (brows < 16) brows = 16;
+        T = capex__nm_threads(d->num_threads, m.nblk, rows * C);
+        if (T > m.T) T = m.T;
+        c.brows = brows; c.p0 = m.p0; c.p1 = m.p0 + m.nblk * C;
+        capex__nm_run(T, m.nblk, capex__bn_sums_nsc, &c, m.work, m.per);
+        for (ch = 0; ch < C; ch++) {
+            double s0 = 0.0, s1 = 0.0;
+            for (b = 0; b < m.nblk; b++) { s0 += (double)c.p0[b * C + ch]; s1 += (double)c.p1[b * C + ch]; }
+            sdy[ch] = (float)s0; sdyx[ch] = (float)s1;
+        }
+    }
+    /* PyTorch: grad_weight/grad_bias from this rank's sums (DDP reduces them) */
+    for (ch = 0; ch < C; ch++) {
+        if (a->dweight) capex__nm_store_one(a->dweight, a->param_dtype, ch, sdyx[ch] * a->save_invstd[ch]);
+        if (a->dbias) capex__nm_store_one(a->dbias, a->param_dtype, ch, sdy[ch]);
+    }
+    if (use_batch && world > 1) {
+        r = capex_comm_allreduce(comm, m.red, m.red, 2u * (size_t)C, CAPEX_F32, CAPEX_REDUCE_SUM);
+        if (r != CAPEX_OK) { capex__free(d->allocator, m.all); return r; }
+    }
+    if (a->dx && rows > 0) {
+        int64_t items = a->layout == CAPEX_BN_NCS ? a->n * C : rows;
+        int T = capex__nm_threads(d->num_threads, items, rows * C);
+        if (T > m.T) T = m.T;
+        c.sdy = sdy; c.sdyx = sdyx;
+        c.mdy_scale = use_batch ? (float)(1.0 / (double)a->total_count) : 0.0f;
+        capex__nm_run(T, items, a->layout == CAPEX_BN_NCS ? capex__bn_dx_ncs : capex__bn_dx_nsc, &c, m.work, m.per);
+    }
+    capex__free(d->allocator, m.all);
+    return CAPEX_OK;
+}
 
 #ifdef __cplusplus
 }

@@ -277,6 +277,69 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
 /* @@SECTION:NCCL:DECL@@ (NCCL communicator: declarations) */
 
 /* @@SECTION:NORM:DECL@@ (GPU LayerNorm/RMSNorm/SyncBatchNorm: declarations) */
+/* ---------------------------------------------------------------------------
+   Norms on the GPU (NORM): capex.h's LayerNorm / RMSNorm / BatchNorm /
+   SyncBatchNorm with device pointers. The kernels compile from the same
+   per-element math text as the CPU backend (capex.h CAPEX__NORM_MATH), so the
+   CPU tests vouch for the formulas; reductions run in another order (a warp
+   or block per row), so results match the CPU to rounding, not in bits.
+   Semantics, dtypes and argument rules: capex.h's Norms section.
+
+       capex_cuda_norm_args a; capex_cuda_norm_args_init(&a);
+       a.rows = T; a.cols = D; a.x_dtype = a.y_dtype = CAPEX_BF16;
+       a.x = x; a.y = y; a.weight = g; a.mean = mean; a.rstd = rstd;   // capex_cuda_ptr
+       capex_cuda_rms_norm_forward(ctx, NULL, &a, stream);           // NULL desc: eps 1e-5
+       a.dy = dy; a.dx = dx; a.dweight = dg;
+       a.workspace = ws;  // capex_cuda_norm_workspace_bytes(T, D) bytes, for dweight/dbias
+       capex_cuda_rms_norm_backward(ctx, NULL, &a, stream);
+
+   SyncBatchNorm: comm NULL (or a world of one) is BatchNorm. A comm with
+   device buffers (NCCL) must use `stream` (comm->stream): the gather and the
+   merge stay on the device, no host synchronisation. A host comm (MPI, TCP)
+   works too: the few floats per channel are staged through host memory (a
+   stream synchronisation per collective). The workspace
+   (capex_cuda_batch_norm_workspace_bytes) carries the statistics and the
+   total count from forward to backward: keep it. Unlike the CPU path, a
+   global batch of one value per channel is not reported (it would need a
+   host synchronisation): running_var becomes inf, as the unbiased variance
+   n/(n-1) says. Thread safety: as capex_cuda_launch (streams follow CUDA).
+   ------------------------------------------------------------------------- */
+typedef struct capex_cuda_norm_args {
+    int64_t rows, cols;
+    capex_dtype x_dtype, y_dtype, param_dtype;
+    capex_cuda_ptr x, weight, bias, y;
+    capex_cuda_ptr mean, rstd;     /* [rows] f32 (forward: 0 = not saved; backward: required) */
+    capex_cuda_ptr dy, dx, dweight, dbias;
+    capex_cuda_ptr workspace;      /* backward with dweight/dbias */
+} capex_cuda_norm_args;
+CAPEX_API void capex_cuda_norm_args_init(capex_cuda_norm_args *a);
+CAPEX_API size_t capex_cuda_norm_workspace_bytes(int64_t rows, int64_t cols);
+CAPEX_API capex_result capex_cuda_layer_norm_forward(capex_cuda_context *ctx, const capex_norm_desc *d,
+                                                     const capex_cuda_norm_args *a, capex_cuda_stream stream);
+CAPEX_API capex_result capex_cuda_layer_norm_backward(capex_cuda_context *ctx, const capex_norm_desc *d,
+                                                      const capex_cuda_norm_args *a, capex_cuda_stream stream);
+CAPEX_API capex_result capex_cuda_rms_norm_forward(capex_cuda_context *ctx, const capex_norm_desc *d,
+                                                   const capex_cuda_norm_args *a, capex_cuda_stream stream);
+CAPEX_API capex_result capex_cuda_rms_norm_backward(capex_cuda_context *ctx, const capex_norm_desc *d,
+                                                    const capex_cuda_norm_args *a, capex_cuda_stream stream);
+
+typedef struct capex_cuda_batch_norm_args {
+    int64_t n, c, s;
+    capex_bn_layout layout;
+    capex_dtype x_dtype, y_dtype, param_dtype;
+    capex_cuda_ptr x, weight, bias, running_mean, running_var, y;
+    capex_cuda_ptr save_mean, save_invstd;  /* [C] f32, required */
+    capex_cuda_ptr dy, dx, dweight, dbias;
+    capex_cuda_ptr workspace;               /* capex_cuda_batch_norm_workspace_bytes(c, world), required */
+} capex_cuda_batch_norm_args;
+CAPEX_API void capex_cuda_batch_norm_args_init(capex_cuda_batch_norm_args *a);
+CAPEX_API size_t capex_cuda_batch_norm_workspace_bytes(int64_t channels, int world);
+CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                     capex_comm *comm, const capex_cuda_batch_norm_args *a,
+                                                     capex_cuda_stream stream);
+CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                      capex_comm *comm, const capex_cuda_batch_norm_args *a,
+                                                      capex_cuda_stream stream);
 
 #ifdef __cplusplus
 }
@@ -1335,6 +1398,264 @@ typedef const char *(*capex__cuda_fragment_fn)(void);
 /* @@SECTION:GPUOPT:KERNELS@@ (kernel source fragments and their *_fn getters) */
 
 /* @@SECTION:NORM:KERNELS@@ (kernel source fragments and their *_fn getters) */
+/* ---- norm kernels (NORM) ------------------------------------------------------
+   The per-element math comes from capex.h (capex__norm_math_cuda: the
+   CAPEX__NORM_MATH text its CPU backend compiles). LayerNorm/RMSNorm: one
+   warp per row (block 32 x 4: four rows per block) up to 1024 columns, else
+   one block of 256 threads per row; forward loads 4 elements at a time
+   (float4 / 8-byte half loads) when cols % 4 == 0 and every pointer is
+   16-byte (f32) / 8-byte (half) aligned. Welford per thread, Chan merges by
+   __shfl_down_sync then across warps in shared memory; the row's result is
+   broadcast from lane 0 so every thread uses the same statistics.
+   dweight/dbias: per-part column sums (coalesced over columns) into a
+   workspace, summed in part order by a second kernel (deterministic).
+   BatchNorm: a block per channel for the reductions, grid-stride loops for
+   the elementwise passes; SyncBatchNorm's cross-rank merge runs on the device
+   (float64, rank order), so no host synchronisation is needed with NCCL. */
+static const char capex__cuda_frag_norm_a[] =
+    "CAPEX_DEVICE float capex__nm_ld(const void *p, int t, capex_u64 i) {\n"
+    "    if (t == 0) return ((const float *)p)[i];\n"
+    "    return t == 1 ? capex_f16_bits_to_f32(((const capex_u16 *)p)[i]) : capex_bf16_bits_to_f32(((const capex_u16 *)p)[i]);\n"
+    "}\n"
+    "CAPEX_DEVICE void capex__nm_st(void *p, int t, capex_u64 i, float v) {\n"
+    "    if (t == 0) ((float *)p)[i] = v;\n"
+    "    else ((capex_u16 *)p)[i] = t == 1 ? capex_f32_to_f16_bits(v) : capex_f32_to_bf16_bits(v);\n"
+    "}\n"
+    "CAPEX_DEVICE float capex__nm_h(int t, capex_u32 h) { return t == 1 ? capex_f16_bits_to_f32((capex_u16)h) : capex_bf16_bits_to_f32((capex_u16)h); }\n"
+    "CAPEX_DEVICE capex_u32 capex__nm_hs(int t, float v) { return t == 1 ? capex_f32_to_f16_bits(v) : capex_f32_to_bf16_bits(v); }\n"
+    "CAPEX_DEVICE void capex__nm_ld4(const void *p, int t, capex_u64 i, float *v) {\n"
+    "    if (t == 0) { float4 f = *(const float4 *)((const float *)p + i); v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w; return; }\n"
+    "    uint2 u = *(const uint2 *)((const capex_u16 *)p + i);\n"
+    "    v[0] = capex__nm_h(t, u.x & 0xffffu); v[1] = capex__nm_h(t, u.x >> 16); v[2] = capex__nm_h(t, u.y & 0xffffu); v[3] = capex__nm_h(t, u.y >> 16);\n"
+    "}\n"
+    "CAPEX_DEVICE void capex__nm_st4(void *p, int t, capex_u64 i, const float *v) {\n"
+    "    if (t == 0) { *(float4 *)((float *)p + i) = make_float4(v[0], v[1], v[2], v[3]); return; }\n"
+    "    uint2 u; u.x = capex__nm_hs(t, v[0]) | (capex__nm_hs(t, v[1]) << 16); u.y = capex__nm_hs(t, v[2]) | (capex__nm_hs(t, v[3]) << 16);\n"
+    "    *(uint2 *)((capex_u16 *)p + i) = u;\n"
+    "}\n"
+    "/* Reductions over the blockDim.x threads of a row (blockDim.x == 32, or a multiple of 32 with\n"
+    "   blockDim.y == 1); lane 0's result is broadcast to all of them. */\n"
+    "CAPEX_DEVICE void capex__nm_reduce3(float *n, float *m, float *q) {\n"
+    "    __shared__ float sh[3][33];\n"
+    "    for (int off = 16; off > 0; off >>= 1) {\n"
+    "        float nb = __shfl_down_sync(0xffffffffu, *n, off), mb = __shfl_down_sync(0xffffffffu, *m, off);\n"
+    "        float qb = __shfl_down_sync(0xffffffffu, *q, off);\n"
+    "        capex__nm_chan(n, m, q, nb, mb, qb);\n"
+    "    }\n"
+    "    if (blockDim.x > 32) {\n"
+    "        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;\n"
+    "        if (lane == 0) { sh[0][warp] = *n; sh[1][warp] = *m; sh[2][warp] = *q; }\n"
+    "        __syncthreads();\n"
+    "        if (warp == 0) {\n"
+    "            *n = lane < nw ? sh[0][lane] : 0.0f; *m = lane < nw ? sh[1][lane] : 0.0f; *q = lane < nw ? sh[2][lane] : 0.0f;\n"
+    "            for (int off = 16; off > 0; off >>= 1) {\n"
+    "                float nb = __shfl_down_sync(0xffffffffu, *n, off), mb = __shfl_down_sync(0xffffffffu, *m, off);\n"
+    "                float qb = __shfl_down_sync(0xffffffffu, *q, off);\n"
+    "                capex__nm_chan(n, m, q, nb, mb, qb);\n"
+    "            }\n"
+    "            if (lane == 0) { sh[0][32] = *n; sh[1][32] = *m; sh[2][32] = *q; }\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "        *n = sh[0][32]; *m = sh[1][32]; *q = sh[2][32];\n"
+    "        __syncthreads();\n"
+    "    } else {\n"
+    "        *n = __shfl_sync(0xffffffffu, *n, 0); *m = __shfl_sync(0xffffffffu, *m, 0); *q = __shfl_sync(0xffffffffu, *q, 0);\n"
+    "    }\n"
+    "}\n";
+
+static const char capex__cuda_frag_norm_b[] =
+    "CAPEX_DEVICE void capex__nm_reduce2(float *a, float *b) {\n"
+    "    __shared__ float sh2[2][33];\n"
+    "    for (int off = 16; off > 0; off >>= 1) { *a += __shfl_down_sync(0xffffffffu, *a, off); *b += __shfl_down_sync(0xffffffffu, *b, off); }\n"
+    "    if (blockDim.x > 32) {\n"
+    "        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;\n"
+    "        if (lane == 0) { sh2[0][warp] = *a; sh2[1][warp] = *b; }\n"
+    "        __syncthreads();\n"
+    "        if (warp == 0) {\n"
+    "            *a = lane < nw ? sh2[0][lane] : 0.0f; *b = lane < nw ? sh2[1][lane] : 0.0f;\n"
+    "            for (int off = 16; off > 0; off >>= 1) { *a += __shfl_down_sync(0xffffffffu, *a, off); *b += __shfl_down_sync(0xffffffffu, *b, off); }\n"
+    "            if (lane == 0) { sh2[0][32] = *a; sh2[1][32] = *b; }\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "        *a = sh2[0][32]; *b = sh2[1][32];\n"
+    "        __syncthreads();\n"
+    "    } else { *a = __shfl_sync(0xffffffffu, *a, 0); *b = __shfl_sync(0xffffffffu, *b, 0); }\n"
+    "}\n"
+    "/* LayerNorm (rms 0) / RMSNorm (rms 1) forward; w, b may be NULL; mean_out, rstd_out may be NULL. */\n"
+    "CAPEX_KERNEL void capex_norm_fwd(const void *x, int xt, const void *w, const void *b, int pt, void *y, int yt,\n"
+    "                                 float *mean_out, float *rstd_out, capex_u64 rows, capex_u64 cols, float eps, int rms, int vec) {\n"
+    "    capex_u64 row = (capex_u64)blockIdx.x * blockDim.y + threadIdx.y, base, j;\n"
+    "    float n = 0.0f, m = 0.0f, q = 0.0f, z = 0.0f, var, rstd, v[4];\n"
+    "    if (row >= rows) return; /* uniform per warp (warp per row) or per block (blockDim.y == 1) */\n"
+    "    base = row * cols;\n"
+    "    if (vec) {\n"
+    "        for (j = threadIdx.x * 4ull; j < cols; j += blockDim.x * 4ull) {\n"
+    "            capex__nm_ld4(x, xt, base + j, v);\n"
+    "            for (int k = 0; k < 4; k++) { if (rms) q += v[k] * v[k]; else { n += 1.0f; capex__nm_welford(v[k], 1.0f / n, &m, &q); } }\n"
+    "        }\n"
+    "    } else {\n"
+    "        for (j = threadIdx.x; j < cols; j += blockDim.x) {\n"
+    "            float xv = capex__nm_ld(x, xt, base + j);\n"
+    "            if (rms) q += xv * xv; else { n += 1.0f; capex__nm_welford(xv, 1.0f / n, &m, &q); }\n"
+    "        }\n"
+    "    }\n"
+    "    if (rms) { capex__nm_reduce2(&q, &z); m = 0.0f; } else capex__nm_reduce3(&n, &m, &q);\n"
+    "    var = q / (float)cols;\n"
+    "    rstd = capex__nm_rstd(var, eps);\n"
+    "    if (threadIdx.x == 0) { if (mean_out) mean_out[row] = m; if (rstd_out) rstd_out[row] = rstd; }\n"
+    "    if (vec) {\n"
+    "        for (j = threadIdx.x * 4ull; j < cols; j += blockDim.x * 4ull) {\n"
+    "            float wv[4] = {1.0f, 1.0f, 1.0f, 1.0f}, bv[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "            capex__nm_ld4(x, xt, base + j, v);\n"
+    "            if (w) capex__nm_ld4(w, pt, j, wv);\n"
+    "            if (b) capex__nm_ld4(b, pt, j, bv);\n"
+    "            for (int k = 0; k < 4; k++) v[k] = rms ? capex__nm_rms_y(v[k], rstd, wv[k]) : capex__nm_ln_y(v[k], m, rstd, wv[k], bv[k]);\n"
+    "            capex__nm_st4(y, yt, base + j, v);\n"
+    "        }\n"
+    "    } else {\n"
+    "        for (j = threadIdx.x; j < cols; j += blockDim.x) {\n"
+    "            float xv = capex__nm_ld(x, xt, base + j), wv = w ? capex__nm_ld(w, pt, j) : 1.0f, bv = b ? capex__nm_ld(b, pt, j) : 0.0f;\n"
+    "            capex__nm_st(y, yt, base + j, rms ? capex__nm_rms_y(xv, rstd, wv) : capex__nm_ln_y(xv, m, rstd, wv, bv));\n"
+    "        }\n"
+    "    }\n"
+    "}\n";
+
+static const char capex__cuda_frag_norm_c[] =
+    "/* dx of LayerNorm/RMSNorm (dx may not be NULL; w may be). */\n"
+    "CAPEX_KERNEL void capex_norm_bwd_dx(const void *x, int xt, const void *dy, int yt, const void *w, int pt,\n"
+    "                                    const float *mean, const float *rstd, void *dx, capex_u64 rows, capex_u64 cols, int rms) {\n"
+    "    capex_u64 row = (capex_u64)blockIdx.x * blockDim.y + threadIdx.y, base, j;\n"
+    "    float mu, rs, sg = 0.0f, sgx = 0.0f, mg, mgx;\n"
+    "    if (row >= rows) return;\n"
+    "    base = row * cols; mu = rms ? 0.0f : mean[row]; rs = rstd[row];\n"
+    "    for (j = threadIdx.x; j < cols; j += blockDim.x) {\n"
+    "        float g = capex__nm_ld(dy, yt, base + j) * (w ? capex__nm_ld(w, pt, j) : 1.0f);\n"
+    "        float xh = (capex__nm_ld(x, xt, base + j) - mu) * rs;\n"
+    "        sg += g; sgx += g * xh;\n"
+    "    }\n"
+    "    capex__nm_reduce2(&sg, &sgx);\n"
+    "    mg = rms ? 0.0f : sg / (float)cols; mgx = sgx / (float)cols;\n"
+    "    for (j = threadIdx.x; j < cols; j += blockDim.x) {\n"
+    "        float g = capex__nm_ld(dy, yt, base + j) * (w ? capex__nm_ld(w, pt, j) : 1.0f);\n"
+    "        float xh = (capex__nm_ld(x, xt, base + j) - mu) * rs;\n"
+    "        capex__nm_st(dx, xt, base + j, capex__nm_ln_dx(g, xh, mg, mgx, rs));\n"
+    "    }\n"
+    "}\n"
+    "/* Column partial sums of dy * xhat and dy over rows [part*rpp, (part+1)*rpp): part = blockIdx.y. */\n"
+    "CAPEX_KERNEL void capex_norm_bwd_gamma_part(const void *x, int xt, const void *dy, int yt, const float *mean,\n"
+    "                                            const float *rstd, float *part_w, float *part_b, capex_u64 rows,\n"
+    "                                            capex_u64 cols, capex_u64 rpp, int rms) {\n"
+    "    capex_u64 col = (capex_u64)blockIdx.x * blockDim.x + threadIdx.x, r, r0 = (capex_u64)blockIdx.y * rpp, r1;\n"
+    "    float sw = 0.0f, sb = 0.0f;\n"
+    "    if (col >= cols) return;\n"
+    "    r1 = r0 + rpp < rows ? r0 + rpp : rows;\n"
+    "    for (r = r0; r < r1; r++) {\n"
+    "        float d = capex__nm_ld(dy, yt, r * cols + col);\n"
+    "        sw += d * ((capex__nm_ld(x, xt, r * cols + col) - (rms ? 0.0f : mean[r])) * rstd[r]);\n"
+    "        sb += d;\n"
+    "    }\n"
+    "    if (part_w) part_w[blockIdx.y * cols + col] = sw;\n"
+    "    if (part_b) part_b[blockIdx.y * cols + col] = sb;\n"
+    "}\n"
+    "CAPEX_KERNEL void capex_norm_bwd_gamma_final(const float *part_w, const float *part_b, capex_u64 nparts,\n"
+    "                                             capex_u64 cols, void *dw, void *db, int pt) {\n"
+    "    CAPEX_FOR_EACH(col, cols) {\n"
+    "        float sw = 0.0f, sb = 0.0f;\n"
+    "        for (capex_u64 p = 0; p < nparts; p++) { if (part_w) sw += part_w[p * cols + col]; if (part_b) sb += part_b[p * cols + col]; }\n"
+    "        if (dw) capex__nm_st(dw, pt, col, sw);\n"
+    "        if (db) capex__nm_st(db, pt, col, sb);\n"
+    "    }\n"
+    "}\n";
+
+static const char capex__cuda_frag_norm_d[] =
+    "/* BatchNorm. Element index of (n, ch, s): NCS (n*C + ch)*S + s; NSC (n*S + s)*C + ch. */\n"
+    "CAPEX_DEVICE capex_u64 capex__bn_idx(capex_u64 k, capex_u64 ch, capex_u64 C, capex_u64 S, int nsc) {\n"
+    "    return nsc ? k * C + ch : ((k / S) * C + ch) * S + k % S; /* k over the channel's N*S values */\n"
+    "}\n"
+    "CAPEX_DEVICE capex_u64 capex__bn_ch(capex_u64 i, capex_u64 C, capex_u64 S, int nsc) { return nsc ? i % C : (i / S) % C; }\n"
+    "/* Local per-channel (mean, biased var) and the count into pack [mean C, var C, count_hi, count_lo]. */\n"
+    "CAPEX_KERNEL void capex_bn_stats(const void *x, int xt, capex_u64 N, capex_u64 C, capex_u64 S, int nsc, float *pack) {\n"
+    "    capex_u64 ch = blockIdx.x, M = N * S;\n"
+    "    float n = 0.0f, m = 0.0f, q = 0.0f;\n"
+    "    for (capex_u64 k = threadIdx.x; k < M; k += blockDim.x) { n += 1.0f; capex__nm_welford(capex__nm_ld(x, xt, capex__bn_idx(k, ch, C, S, nsc)), 1.0f / n, &m, &q); }\n"
+    "    capex__nm_reduce3(&n, &m, &q);\n"
+    "    if (threadIdx.x == 0) {\n"
+    "        pack[ch] = m; pack[C + ch] = M ? q / (float)M : 0.0f;\n"
+    "        if (ch == 0) { pack[2 * C] = (float)(M >> 24); pack[2 * C + 1] = (float)(M & 0xffffffull); }\n"
+    "    }\n"
+    "}\n"
+    "/* Chan's merge of world packs in rank order (float64), invstd, running update (rm NULL: none),\n"
+    "   total count into *total. One thread per channel. */\n"
+    "CAPEX_KERNEL void capex_bn_merge(const float *g, int world, capex_u64 C, float eps, float momentum, int update,\n"
+    "                                 float *mean, float *invstd, void *rm, void *rv, int pt, double *total) {\n"
+    "    capex_u64 P = 2 * C + 2;\n"
+    "    CAPEX_FOR_EACH(ch, C) {\n"
+    "        double n = 0.0, mu = 0.0, q = 0.0;\n"
+    "        for (int r = 0; r < world; r++) {\n"
+    "            const float *p = g + (capex_u64)r * P;\n"
+    "            double nb = (double)p[2 * C] * 16777216.0 + (double)p[2 * C + 1], d, N;\n"
+    "            if (nb == 0.0) continue;\n"
+    "            N = n + nb; d = (double)p[ch] - mu;\n"
+    "            mu += d * nb / N; q += (double)p[C + ch] * nb + d * d * n * nb / N; n = N;\n"
+    "        }\n"
+    "        float var = n > 0.0 ? (float)(q / n) : 0.0f;\n"
+    "        mean[ch] = (float)mu; invstd[ch] = capex__nm_rstd(var, eps);\n"
+    "        if (update && rm) {\n"
+    "            float unb = (float)((double)var * n / (n - 1.0));\n"
+    "            capex__nm_st(rm, pt, ch, (1.0f - momentum) * capex__nm_ld(rm, pt, ch) + momentum * (float)mu);\n"
+    "            capex__nm_st(rv, pt, ch, (1.0f - momentum) * capex__nm_ld(rv, pt, ch) + momentum * unb);\n"
+    "        }\n"
+    "        if (ch == 0) *total = n;\n"
+    "    }\n"
+    "}\n"
+    "CAPEX_KERNEL void capex_bn_eval_stats(const void *rm, const void *rv, int pt, float eps, float *mean, float *invstd, capex_u64 C) {\n"
+    "    CAPEX_FOR_EACH(ch, C) { mean[ch] = capex__nm_ld(rm, pt, ch); invstd[ch] = capex__nm_rstd(capex__nm_ld(rv, pt, ch), eps); }\n"
+    "}\n"
+    "CAPEX_KERNEL void capex_bn_fwd(const void *x, int xt, void *y, int yt, const float *mean, const float *invstd, const void *w,\n"
+    "                               const void *b, int pt, capex_u64 total, capex_u64 C, capex_u64 S, int nsc) {\n"
+    "    CAPEX_FOR_EACH(i, total) {\n"
+    "        capex_u64 ch = capex__bn_ch(i, C, S, nsc);\n"
+    "        float wv = w ? capex__nm_ld(w, pt, ch) : 1.0f, bv = b ? capex__nm_ld(b, pt, ch) : 0.0f;\n"
+    "        capex__nm_st(y, yt, i, capex__nm_ln_y(capex__nm_ld(x, xt, i), mean[ch], invstd[ch], wv, bv));\n"
+    "    }\n"
+    "}\n";
+
+static const char capex__cuda_frag_norm_e[] =
+    "/* Local sums [sum_dy C, sum_dy_xmu C] (one block per channel) and this rank's dweight/dbias. */\n"
+    "CAPEX_KERNEL void capex_bn_bwd_reduce(const void *x, int xt, const void *dy, int yt, const float *mean, const float *invstd,\n"
+    "                                      capex_u64 N, capex_u64 C, capex_u64 S, int nsc, float *sums, void *dw, void *db, int pt) {\n"
+    "    capex_u64 ch = blockIdx.x, M = N * S;\n"
+    "    float s0 = 0.0f, s1 = 0.0f, mu = mean[ch];\n"
+    "    for (capex_u64 k = threadIdx.x; k < M; k += blockDim.x) {\n"
+    "        capex_u64 i = capex__bn_idx(k, ch, C, S, nsc);\n"
+    "        float d = capex__nm_ld(dy, yt, i);\n"
+    "        s0 += d; s1 += d * (capex__nm_ld(x, xt, i) - mu);\n"
+    "    }\n"
+    "    capex__nm_reduce2(&s0, &s1);\n"
+    "    if (threadIdx.x == 0) {\n"
+    "        sums[ch] = s0; sums[C + ch] = s1;\n"
+    "        if (dw) capex__nm_st(dw, pt, ch, s1 * invstd[ch]);\n"
+    "        if (db) capex__nm_st(db, pt, ch, s0);\n"
+    "    }\n"
+    "}\n"
+    "/* dx from the (reduced) sums; total NULL: eval (mean_dy = mean_dy_xmu = 0). */\n"
+    "CAPEX_KERNEL void capex_bn_bwd_dx(const void *x, int xt, const void *dy, int yt, void *dx, const float *mean,\n"
+    "                                  const float *invstd, const void *w, int pt, const float *sums, const double *total,\n"
+    "                                  capex_u64 count, capex_u64 C, capex_u64 S, int nsc) {\n"
+    "    float k = total ? (float)(1.0 / *total) : 0.0f;\n"
+    "    CAPEX_FOR_EACH(i, count) {\n"
+    "        capex_u64 ch = capex__bn_ch(i, C, S, nsc);\n"
+    "        float wv = w ? capex__nm_ld(w, pt, ch) : 1.0f;\n"
+    "        capex__nm_st(dx, xt, i, capex__nm_bn_dx(capex__nm_ld(dy, yt, i), capex__nm_ld(x, xt, i) - mean[ch], invstd[ch], wv,\n"
+    "                                               sums[ch] * k, sums[C + ch] * k));\n"
+    "    }\n"
+    "}\n";
+
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_a_fn(void) { return capex__cuda_frag_norm_a; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_b_fn(void) { return capex__cuda_frag_norm_b; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_c_fn(void) { return capex__cuda_frag_norm_c; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_d_fn(void) { return capex__cuda_frag_norm_d; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_e_fn(void) { return capex__cuda_frag_norm_e; }
 
 CAPEX__PRIVATE const char *capex__cuda_frag_prelude_fn(void) { return capex__cuda_frag_prelude; }
 CAPEX__PRIVATE const char *capex__cuda_frag_basic_fn(void) { return capex__cuda_frag_basic; }
@@ -1348,6 +1669,9 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     capex__cuda_frag_basic_fn,
     /* @@FRAGMENTS:GPUOPT@@ */
     /* @@FRAGMENTS:NORM@@ */
+    capex__norm_math_cuda, /* capex.h's CAPEX__NORM_MATH, the CPU backend's text */
+    capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b_fn, capex__cuda_frag_norm_c_fn,
+    capex__cuda_frag_norm_d_fn, capex__cuda_frag_norm_e_fn,
 };
 
 /* Kernel names of the built-in program; tests check each is in every image. */
@@ -1356,6 +1680,8 @@ static const char *const capex__cuda_builtin_kernels[] = {
     "capex_f16_to_f32", "capex_f32_to_bf16", "capex_bf16_to_f32",
     /* @@KERNEL_NAMES:GPUOPT@@ */
     /* @@KERNEL_NAMES:NORM@@ */
+    "capex_norm_fwd", "capex_norm_bwd_dx", "capex_norm_bwd_gamma_part", "capex_norm_bwd_gamma_final",
+    "capex_bn_stats", "capex_bn_merge", "capex_bn_eval_stats", "capex_bn_fwd", "capex_bn_bwd_reduce", "capex_bn_bwd_dx",
 };
 #define CAPEX__CUDA_N_BUILTIN (sizeof capex__cuda_builtin_kernels / sizeof capex__cuda_builtin_kernels[0])
 
@@ -1937,6 +2263,301 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
 /* @@SECTION:NCCL:IMPL@@ (NCCL communicator: implementation) */
 
 /* @@SECTION:NORM:IMPL@@ (GPU LayerNorm/RMSNorm/SyncBatchNorm: implementation) */
+CAPEX__PRIVATE capex_result capex__cuda_norm_fn(capex_cuda_context *ctx, const char *name, capex_cuda_function *fn) {
+    capex_cuda_module *m;
+    capex_result r;
+    size_t i;
+    if ((r = capex_cuda_builtin_module(ctx, &m)) != CAPEX_OK) return r;
+    for (i = 0; i < CAPEX__CUDA_N_BUILTIN; i++)
+        if (!strcmp(capex__cuda_builtin_kernels[i], name)) {
+            fn->handle = ctx->builtin_fn[i];
+            fn->ctx = ctx;
+            return CAPEX_OK;
+        }
+    return capex__fail(CAPEX_ERR_INTERNAL, "built-in kernel %s missing", name);
+}
+CAPEX__PRIVATE capex_result capex__cuda_norm_launch(capex_cuda_context *ctx, const char *name, unsigned gx, unsigned gy,
+                                                    unsigned bx, unsigned by, capex_cuda_stream stream, void **args) {
+    capex_cuda_function fn;
+    unsigned grid[3], block[3];
+    capex_result r;
+    if ((r = capex__cuda_norm_fn(ctx, name, &fn)) != CAPEX_OK) return r;
+    grid[0] = gx; grid[1] = gy; grid[2] = 1;
+    block[0] = bx; block[1] = by; block[2] = 1;
+    return capex_cuda_launch(&fn, grid, block, 0, stream, args);
+}
+/* Grid-stride launch size: at most 32 blocks of 256 per SM. */
+CAPEX__PRIVATE unsigned capex__cuda_norm_blocks(capex_cuda_context *ctx, uint64_t n) {
+    uint64_t blocks = (n + 255) / 256, cap = (uint64_t)(ctx->info.sm_count > 0 ? ctx->info.sm_count : 1) * 32u;
+    if (blocks < 1) blocks = 1;
+    return (unsigned)(blocks < cap ? blocks : cap);
+}
+
+CAPEX_API void capex_cuda_norm_args_init(capex_cuda_norm_args *a) {
+    if (!a) return;
+    memset(a, 0, sizeof *a);
+    a->x_dtype = a->y_dtype = a->param_dtype = CAPEX_F32;
+}
+CAPEX_API void capex_cuda_batch_norm_args_init(capex_cuda_batch_norm_args *a) {
+    if (!a) return;
+    memset(a, 0, sizeof *a);
+    a->x_dtype = a->y_dtype = a->param_dtype = CAPEX_F32;
+    a->layout = CAPEX_BN_NCS;
+}
+
+/* dweight/dbias parts: fixed by rows (deterministic), at most 256. */
+CAPEX__PRIVATE uint64_t capex__cuda_norm_parts(int64_t rows) {
+    uint64_t p = rows > 0 ? ((uint64_t)rows + 63u) / 64u : 1u;
+    return p > 256u ? 256u : p;
+}
+CAPEX_API size_t capex_cuda_norm_workspace_bytes(int64_t rows, int64_t cols) {
+    if (rows < 0 || cols < 1) return 0;
+    return (size_t)(2u * capex__cuda_norm_parts(rows) * (uint64_t)cols * 4u);
+}
+
+/* Host-side checks: the CPU rules on a struct of device pointers. Pointers
+   only need to be non-zero here; alignment is checked like the CPU path. */
+CAPEX__PRIVATE capex_result capex__cuda_norm_check(const char *fn, const capex_norm_desc *d, const capex_cuda_norm_args *a,
+                                                   int rms, int bwd) {
+    capex_norm_args h;
+    if (!a) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: args is NULL", fn);
+    capex_norm_args_init(&h);
+    h.rows = a->rows; h.cols = a->cols; h.x_dtype = a->x_dtype; h.y_dtype = a->y_dtype; h.param_dtype = a->param_dtype;
+    h.x = (const void *)(uintptr_t)a->x; h.weight = (const void *)(uintptr_t)a->weight;
+    h.bias = (const void *)(uintptr_t)a->bias; h.y = (void *)(uintptr_t)a->y;
+    h.mean = (float *)(uintptr_t)a->mean; h.rstd = (float *)(uintptr_t)a->rstd;
+    h.dy = (const void *)(uintptr_t)a->dy; h.dx = (void *)(uintptr_t)a->dx;
+    h.dweight = (void *)(uintptr_t)a->dweight; h.dbias = (void *)(uintptr_t)a->dbias;
+    return capex__nm_check(fn, d, &h, rms, bwd);
+}
+
+CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char *fn, const capex_norm_desc *d,
+                                             const capex_cuda_norm_args *a, capex_cuda_stream stream, int rms, int bwd) {
+    capex_norm_desc dd;
+    capex_result r;
+    unsigned long long rows, cols;
+    unsigned gx, bx, by;
+    int xt, yt, pt, rm = rms;
+    if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
+    if (!d) { capex_norm_desc_init(&dd); d = &dd; }
+    if ((r = capex__cuda_norm_check(fn, d, a, rms, bwd)) != CAPEX_OK) return r;
+    if (a->rows == 0) return CAPEX_OK;
+    if (bwd && (a->dweight || a->dbias) && !a->workspace)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: dweight/dbias need a workspace of "
+                           "capex_cuda_norm_workspace_bytes(rows, cols) = %zu bytes", fn,
+                           capex_cuda_norm_workspace_bytes(a->rows, a->cols));
+    rows = (unsigned long long)a->rows; cols = (unsigned long long)a->cols;
+    xt = (int)a->x_dtype; yt = (int)a->y_dtype; pt = (int)a->param_dtype;
+    /* a warp per row (4 rows per block) up to 1024 columns, else a block of 256 per row */
+    if (cols <= 1024) { bx = 32; by = 4; } else { bx = 256; by = 1; }
+    if ((rows + by - 1) / by > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many rows for one grid", fn);
+    gx = (unsigned)((rows + by - 1) / by);
+    if (!bwd) {
+        float eps = d->eps;
+        size_t xs = capex_dtype_size(a->x_dtype), ys = capex_dtype_size(a->y_dtype), ps = capex_dtype_size(a->param_dtype);
+        int vec = cols % 4 == 0 && a->x % (4 * xs) == 0 && a->y % (4 * ys) == 0 && a->weight % (4 * ps) == 0 &&
+                  a->bias % (4 * ps) == 0;
+        void *args[14];
+        args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->weight; args[3] = (void *)&a->bias;
+        args[4] = &pt; args[5] = (void *)&a->y; args[6] = &yt; args[7] = (void *)&a->mean; args[8] = (void *)&a->rstd;
+        args[9] = &rows; args[10] = &cols; args[11] = &eps; args[12] = &rm; args[13] = &vec;
+        return capex__cuda_norm_launch(ctx, "capex_norm_fwd", gx, 1, bx, by, stream, args);
+    }
+    if (a->dx) {
+        void *args[12];
+        args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->weight;
+        args[5] = &pt; args[6] = (void *)&a->mean; args[7] = (void *)&a->rstd; args[8] = (void *)&a->dx;
+        args[9] = &rows; args[10] = &cols; args[11] = &rm;
+        if ((r = capex__cuda_norm_launch(ctx, "capex_norm_bwd_dx", gx, 1, bx, by, stream, args)) != CAPEX_OK) return r;
+    }
+    if (a->dweight || a->dbias) {
+        unsigned long long np = capex__cuda_norm_parts(a->rows), rpp = (rows + np - 1) / np;
+        capex_cuda_ptr pw = a->dweight ? a->workspace : 0, pb = a->dbias ? a->workspace + np * cols * 4u : 0;
+        void *args[12];
+        args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->mean;
+        args[5] = (void *)&a->rstd; args[6] = &pw; args[7] = &pb; args[8] = &rows; args[9] = &cols; args[10] = &rpp;
+        args[11] = &rm;
+        if ((cols + 255) / 256 > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many columns", fn);
+        r = capex__cuda_norm_launch(ctx, "capex_norm_bwd_gamma_part", (unsigned)((cols + 255) / 256), (unsigned)np, 256, 1,
+                                    stream, args);
+        if (r != CAPEX_OK) return r;
+        args[0] = &pw; args[1] = &pb; args[2] = &np; args[3] = &cols; args[4] = (void *)&a->dweight;
+        args[5] = (void *)&a->dbias; args[6] = &pt;
+        return capex__cuda_norm_launch(ctx, "capex_norm_bwd_gamma_final", capex__cuda_norm_blocks(ctx, cols), 1, 256, 1,
+                                       stream, args);
+    }
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_layer_norm_forward(capex_cuda_context *ctx, const capex_norm_desc *d,
+                                                     const capex_cuda_norm_args *a, capex_cuda_stream stream) {
+    return capex__cuda_norm(ctx, "capex_cuda_layer_norm_forward", d, a, stream, 0, 0);
+}
+CAPEX_API capex_result capex_cuda_layer_norm_backward(capex_cuda_context *ctx, const capex_norm_desc *d,
+                                                      const capex_cuda_norm_args *a, capex_cuda_stream stream) {
+    return capex__cuda_norm(ctx, "capex_cuda_layer_norm_backward", d, a, stream, 0, 1);
+}
+CAPEX_API capex_result capex_cuda_rms_norm_forward(capex_cuda_context *ctx, const capex_norm_desc *d,
+                                                   const capex_cuda_norm_args *a, capex_cuda_stream stream) {
+    return capex__cuda_norm(ctx, "capex_cuda_rms_norm_forward", d, a, stream, 1, 0);
+}
+CAPEX_API capex_result capex_cuda_rms_norm_backward(capex_cuda_context *ctx, const capex_norm_desc *d,
+                                                    const capex_cuda_norm_args *a, capex_cuda_stream stream) {
+    return capex__cuda_norm(ctx, "capex_cuda_rms_norm_backward", d, a, stream, 1, 1);
+}
+
+/* BatchNorm workspace: [total f64][pack P][gathered world * P][sums 2C] (floats after the double). */
+CAPEX_API size_t capex_cuda_batch_norm_workspace_bytes(int64_t channels, int world) {
+    size_t P = capex_syncbn_pack_floats(channels);
+    if (!P || world < 1) return 0;
+    return 8u + 4u * (P + (size_t)world * P + 2u * (size_t)channels);
+}
+
+CAPEX__PRIVATE capex_result capex__cuda_bn_check(const char *fn, capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                 capex_comm *comm, const capex_cuda_batch_norm_args *a, int bwd,
+                                                 capex_cuda_stream stream) {
+    capex_batch_norm_args h;
+    capex_comm hc;
+    capex_result r;
+    if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
+    if (!a) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: args is NULL", fn);
+    capex_batch_norm_args_init(&h);
+    h.n = a->n; h.c = a->c; h.s = a->s; h.layout = a->layout;
+    h.x_dtype = a->x_dtype; h.y_dtype = a->y_dtype; h.param_dtype = a->param_dtype;
+    h.x = (const void *)(uintptr_t)a->x; h.weight = (const void *)(uintptr_t)a->weight;
+    h.bias = (const void *)(uintptr_t)a->bias; h.running_mean = (void *)(uintptr_t)a->running_mean;
+    h.running_var = (void *)(uintptr_t)a->running_var; h.y = (void *)(uintptr_t)a->y;
+    h.save_mean = (float *)(uintptr_t)a->save_mean; h.save_invstd = (float *)(uintptr_t)a->save_invstd;
+    h.dy = (const void *)(uintptr_t)a->dy; h.dx = (void *)(uintptr_t)a->dx;
+    h.dweight = (void *)(uintptr_t)a->dweight; h.dbias = (void *)(uintptr_t)a->dbias;
+    if (comm) { hc = *comm; hc.device_buffers = 0; } /* device comms are fine here */
+    if ((r = capex__bn_check(fn, d, comm ? &hc : NULL, &h, bwd)) != CAPEX_OK) return r;
+    if (!a->save_mean || !a->save_invstd || !a->workspace)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: save_mean, save_invstd and workspace (capex_cuda_batch_norm_"
+                           "workspace_bytes) are required on the GPU", fn);
+    if (comm && comm->device_buffers && comm->world_size > 1 && comm->stream != stream)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: a device-buffer comm orders work on comm->stream; pass it as "
+                           "`stream`", fn);
+    return CAPEX_OK;
+}
+
+/* Collective on device buffers: directly for a device comm, else staged through host memory. */
+CAPEX__PRIVATE capex_result capex__cuda_bn_collective(capex_cuda_context *ctx, capex_comm *comm, int gather,
+                                                      capex_cuda_ptr send, capex_cuda_ptr recv, size_t count,
+                                                      capex_cuda_stream stream) {
+    capex_result r;
+    float *h;
+    size_t out = gather ? count * (size_t)comm->world_size : count;
+    if (comm->device_buffers) {
+        if (gather) return capex_comm_allgather(comm, (const void *)(uintptr_t)send, (void *)(uintptr_t)recv, count, CAPEX_F32);
+        return capex_comm_allreduce(comm, (const void *)(uintptr_t)send, (void *)(uintptr_t)recv, count, CAPEX_F32,
+                                    CAPEX_REDUCE_SUM);
+    }
+    h = (float *)capex__alloc(comm->allocator, (count + out) * sizeof(float));
+    if (!h) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "SyncBatchNorm: no host staging memory");
+    r = capex_cuda_memcpy_dtoh(ctx, h, send, count * sizeof(float), stream);
+    if (r == CAPEX_OK) r = capex_cuda_stream_synchronize(ctx, stream);
+    if (r == CAPEX_OK)
+        r = gather ? capex_comm_allgather(comm, h, h + count, count, CAPEX_F32)
+                   : capex_comm_allreduce(comm, h, h + count, count, CAPEX_F32, CAPEX_REDUCE_SUM);
+    if (r == CAPEX_OK) r = capex_cuda_memcpy_htod(ctx, recv, h + count, out * sizeof(float), stream);
+    if (r == CAPEX_OK) r = capex_cuda_stream_synchronize(ctx, stream); /* h is freed next */
+    capex__free(comm->allocator, h);
+    return r;
+}
+
+CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                     capex_comm *comm, const capex_cuda_batch_norm_args *a,
+                                                     capex_cuda_stream stream) {
+    static const char *fn = "capex_cuda_batch_norm_forward";
+    capex_batch_norm_desc dd;
+    capex_result r;
+    int world, use_batch, xt, yt, pt, nsc, update;
+    unsigned long long N, C, S, total, P;
+    capex_cuda_ptr ws_total, ws_pack, ws_gath;
+    if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
+    if ((r = capex__cuda_bn_check(fn, ctx, d, comm, a, 0, stream)) != CAPEX_OK) return r;
+    use_batch = d->training || !a->running_mean;
+    world = use_batch && comm ? comm->world_size : 1;
+    N = (unsigned long long)a->n; C = (unsigned long long)a->c; S = (unsigned long long)a->s;
+    total = N * C * S; P = capex_syncbn_pack_floats(a->c);
+    xt = (int)a->x_dtype; yt = (int)a->y_dtype; pt = (int)a->param_dtype; nsc = a->layout == CAPEX_BN_NSC;
+    ws_total = a->workspace; ws_pack = a->workspace + 8u; ws_gath = ws_pack + P * 4u;
+    if (use_batch) {
+        int w1 = world;
+        float eps = d->eps, mom = d->momentum;
+        void *args[12];
+        if (!comm || world == 1) { if (a->n * a->s < 2 && d->training)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %lld value(s) per channel; training needs more than 1", fn,
+                               (long long)(a->n * a->s)); }
+        if (C > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many channels for one grid", fn);
+        args[0] = (void *)&a->x; args[1] = &xt; args[2] = &N; args[3] = &C; args[4] = &S; args[5] = &nsc; args[6] = &ws_pack;
+        if ((r = capex__cuda_norm_launch(ctx, "capex_bn_stats", (unsigned)C, 1, 256, 1, stream, args)) != CAPEX_OK) return r;
+        if (world > 1) {
+            if ((r = capex__cuda_bn_collective(ctx, comm, 1, ws_pack, ws_gath, P, stream)) != CAPEX_OK) return r;
+        } else {
+            ws_gath = ws_pack;
+        }
+        update = d->training;
+        args[0] = &ws_gath; args[1] = &w1; args[2] = &C; args[3] = &eps; args[4] = &mom; args[5] = &update;
+        args[6] = (void *)&a->save_mean; args[7] = (void *)&a->save_invstd; args[8] = (void *)&a->running_mean;
+        args[9] = (void *)&a->running_var; args[10] = &pt; args[11] = &ws_total;
+        if ((r = capex__cuda_norm_launch(ctx, "capex_bn_merge", capex__cuda_norm_blocks(ctx, C), 1, 256, 1, stream, args)) !=
+            CAPEX_OK)
+            return r;
+    } else {
+        float eps = d->eps;
+        void *args[7];
+        args[0] = (void *)&a->running_mean; args[1] = (void *)&a->running_var; args[2] = &pt; args[3] = &eps;
+        args[4] = (void *)&a->save_mean; args[5] = (void *)&a->save_invstd; args[6] = &C;
+        if ((r = capex__cuda_norm_launch(ctx, "capex_bn_eval_stats", capex__cuda_norm_blocks(ctx, C), 1, 256, 1, stream,
+                                         args)) != CAPEX_OK)
+            return r;
+    }
+    if (total > 0) {
+        void *args[13];
+        args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->y; args[3] = &yt; args[4] = (void *)&a->save_mean;
+        args[5] = (void *)&a->save_invstd; args[6] = (void *)&a->weight; args[7] = (void *)&a->bias; args[8] = &pt;
+        args[9] = &total; args[10] = &C; args[11] = &S; args[12] = &nsc;
+        return capex__cuda_norm_launch(ctx, "capex_bn_fwd", capex__cuda_norm_blocks(ctx, total), 1, 256, 1, stream, args);
+    }
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                      capex_comm *comm, const capex_cuda_batch_norm_args *a,
+                                                      capex_cuda_stream stream) {
+    static const char *fn = "capex_cuda_batch_norm_backward";
+    capex_batch_norm_desc dd;
+    capex_result r;
+    int world, use_batch, xt, yt, pt, nsc;
+    unsigned long long N, C, S, total, P;
+    capex_cuda_ptr ws_total, ws_sums, tot_ptr;
+    void *args[16];
+    if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
+    if ((r = capex__cuda_bn_check(fn, ctx, d, comm, a, 1, stream)) != CAPEX_OK) return r;
+    use_batch = d->training || !a->running_mean;
+    world = use_batch && comm ? comm->world_size : 1;
+    N = (unsigned long long)a->n; C = (unsigned long long)a->c; S = (unsigned long long)a->s;
+    total = N * C * S; P = capex_syncbn_pack_floats(a->c);
+    xt = (int)a->x_dtype; yt = (int)a->y_dtype; pt = (int)a->param_dtype; nsc = a->layout == CAPEX_BN_NSC;
+    ws_total = a->workspace;
+    ws_sums = a->workspace + 8u + 4u * (P + (unsigned long long)(comm ? comm->world_size : 1) * P);
+    if (C > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many channels for one grid", fn);
+    args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->save_mean;
+    args[5] = (void *)&a->save_invstd; args[6] = &N; args[7] = &C; args[8] = &S; args[9] = &nsc; args[10] = &ws_sums;
+    args[11] = (void *)&a->dweight; args[12] = (void *)&a->dbias; args[13] = &pt;
+    if ((r = capex__cuda_norm_launch(ctx, "capex_bn_bwd_reduce", (unsigned)C, 1, 256, 1, stream, args)) != CAPEX_OK) return r;
+    if (use_batch && world > 1 &&
+        (r = capex__cuda_bn_collective(ctx, comm, 0, ws_sums, ws_sums, 2u * C, stream)) != CAPEX_OK)
+        return r;
+    if (!a->dx || total == 0) return CAPEX_OK;
+    tot_ptr = use_batch ? ws_total : 0;
+    args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->dx;
+    args[5] = (void *)&a->save_mean; args[6] = (void *)&a->save_invstd; args[7] = (void *)&a->weight; args[8] = &pt;
+    args[9] = &ws_sums; args[10] = &tot_ptr; args[11] = &total; args[12] = &C; args[13] = &S; args[14] = &nsc;
+    return capex__cuda_norm_launch(ctx, "capex_bn_bwd_dx", capex__cuda_norm_blocks(ctx, total), 1, 256, 1, stream, args);
+}
 
 #ifdef __cplusplus
 }

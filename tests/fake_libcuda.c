@@ -251,6 +251,9 @@ static const char *kernels[] = {"capex_fill_f32", "capex_scale_f32", "capex_add_
                                 "capex_f16_to_f32", "capex_f32_to_bf16", "capex_bf16_to_f32", "user_axpb", "user_reverse"};
 enum { NK = sizeof kernels / sizeof kernels[0] };
 static function funcs[NK];
+/* Any other kernel present in the image (later sections' built-ins): found, so
+   the built-in module loads, but not emulated (launching it is an error). */
+static function unemulated = {-1, 0};
 
 FAKE_API CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n_opts, int *opts, void **vals) {
     const unsigned char *p = (const unsigned char *)img;
@@ -305,6 +308,7 @@ FAKE_API CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
             *f = &funcs[k];
             return OK;
         }
+    if (has((const module *)m, name)) { *f = &unemulated; return OK; }
     return NOT_FOUND;
 }
 FAKE_API CUresult cuFuncSetAttribute(void *f, int attr, int v) {

@@ -1,0 +1,103 @@
+/* bench_norm: LayerNorm / RMSNorm forward and backward effective bandwidth on
+   the CPU (bytes the op must move / time) against a memcpy of the same bytes
+   (the roofline), for widths 1024..8192, 1 and 2 threads, in one run. Best of
+   several repetitions.
+
+       make bench-norm && build/bench/bench_norm [rows]     # default 4096 rows
+
+   Bytes per element that must move (f32): forward x r4 + y w4 = 8;
+   backward x r4 + dy r4 + dx w4 = 12 (mean/rstd/weight/dweight per row or
+   column are counted too). bf16 input/output: half of those for x, y, dy, dx. */
+#define _POSIX_C_SOURCE 199309L
+#define CAPEX_IMPLEMENTATION
+#include "../capex.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* memcpy of `bytes` split in read/write halves: the copy roofline (GB/s of read + write). */
+static double copy_gbs(size_t bytes) {
+    size_t half = bytes / 2;
+    char *a = (char *)malloc(half), *b = (char *)malloc(half);
+    double best = 1e30;
+    int k;
+    memset(a, 1, half); memset(b, 2, half);
+    for (k = 0; k < 7; k++) {
+        double t0 = now_s();
+        memcpy(b, a, half);
+        t0 = now_s() - t0;
+        if (t0 < best) best = t0;
+        a[k] = b[half - 1 - k]; /* keep the copy observable */
+    }
+    free(a); free(b);
+    return 2.0 * (double)half / best / 1e9;
+}
+
+int main(int argc, char **argv) {
+    static const int64_t widths[] = {1024, 2048, 4096, 8192};
+    static const capex_dtype dts[] = {CAPEX_F32, CAPEX_BF16};
+    int64_t rows = argc > 1 ? atoll(argv[1]) : 4096;
+    size_t wi, di;
+    int threads, rms, bwd;
+    printf("# bench_norm: rows=%lld; GB/s = bytes that must move / best time; copy = memcpy of the same bytes\n",
+           (long long)rows);
+    printf("%-8s %-4s %-5s %6s %3s %9s %9s %7s\n", "op", "pass", "dtype", "width", "thr", "ms", "GB/s", "vs copy");
+    for (di = 0; di < sizeof dts / sizeof dts[0]; di++)
+        for (wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+            const int64_t C = widths[wi], N = rows * C;
+            const capex_dtype dt = dts[di];
+            const size_t es = capex_dtype_size(dt);
+            void *x = malloc((size_t)N * es), *y = malloc((size_t)N * es), *dy = malloc((size_t)N * es),
+                 *dx = malloc((size_t)N * es);
+            float *w = (float *)malloc((size_t)C * 4), *b = (float *)malloc((size_t)C * 4);
+            float *dw = (float *)malloc((size_t)C * 4), *db = (float *)malloc((size_t)C * 4);
+            float *mean = (float *)malloc((size_t)rows * 4), *rstd = (float *)malloc((size_t)rows * 4);
+            int64_t i;
+            for (i = 0; i < N; i++) {
+                float v = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+                if (dt == CAPEX_F32) { ((float *)x)[i] = v; ((float *)dy)[i] = -v; }
+                else { ((uint16_t *)x)[i] = capex_f32_to_bf16(v); ((uint16_t *)dy)[i] = capex_f32_to_bf16(-v); }
+            }
+            for (i = 0; i < C; i++) { w[i] = 1.0f + (float)(i % 7) * 0.01f; b[i] = 0.01f * (float)(i % 5); }
+            for (rms = 0; rms < 2; rms++)
+                for (bwd = 0; bwd < 2; bwd++)
+                    for (threads = 1; threads <= 2; threads++) {
+                        capex_norm_desc nd;
+                        capex_norm_args a;
+                        double best = 1e30, bytes, gbs, roof;
+                        int k;
+                        capex_norm_desc_init(&nd);
+                        nd.num_threads = threads;
+                        capex_norm_args_init(&a);
+                        a.rows = rows; a.cols = C; a.x_dtype = a.y_dtype = dt; a.x = x; a.y = y;
+                        a.weight = w; a.bias = rms ? NULL : b; a.mean = mean; a.rstd = rstd;
+                        a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = rms ? NULL : db;
+                        if (rms) capex_rms_norm_forward(&nd, &a); else capex_layer_norm_forward(&nd, &a);
+                        for (k = 0; k < 5; k++) {
+                            double t0 = now_s();
+                            capex_result r = bwd ? (rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a))
+                                                 : (rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a));
+                            t0 = now_s() - t0;
+                            if (r != CAPEX_OK) { fprintf(stderr, "%s\n", capex_last_error()); return 1; }
+                            if (t0 < best) best = t0;
+                        }
+                        bytes = (double)N * (double)es * (bwd ? 3.0 : 2.0) + (double)rows * 8.0 +
+                                (double)C * 4.0 * (bwd ? (rms ? 2.0 : 3.0) : (rms ? 1.0 : 2.0));
+                        gbs = bytes / best / 1e9;
+                        roof = copy_gbs((size_t)bytes);
+                        printf("%-8s %-4s %-5s %6lld %3d %9.3f %9.2f %6.0f%%\n", rms ? "rmsnorm" : "layernorm",
+                               bwd ? "bwd" : "fwd", dt == CAPEX_F32 ? "f32" : "bf16", (long long)C, threads,
+                               best * 1e3, gbs, 100.0 * gbs / roof);
+                        fflush(stdout);
+                    }
+            free(x); free(y); free(dy); free(dx); free(w); free(b); free(dw); free(db); free(mean); free(rstd);
+        }
+    return 0;
+}

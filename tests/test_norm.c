@@ -1,0 +1,963 @@
+/* LayerNorm / RMSNorm / BatchNorm / SyncBatchNorm on the CPU, against float64
+   references (forward, all gradients) and central finite differences of the
+   float64 forward (so the references' own gradients are checked too). Odd
+   widths, one-element rows, fp16 inputs at +-65504, constant rows (variance
+   0), every dtype combination, NCS vs channels-last, eval mode, the running
+   statistics update (unbiased variance), the opt-level dtypes, every error
+   path (outputs poisoned and checked untouched), bits independent of the
+   thread count, and SyncBatchNorm over 2 and 3 in-process ranks (threads, a
+   test comm) with unequal and empty batches equal to BatchNorm on the
+   concatenated batch. NORM_HASH=1 prints a checksum of fixed outputs
+   (tests/norm.mk compares builds with and without OpenMP). */
+#define CAPEX_IMPLEMENTATION
+#include "../capex.h"
+#include "capex_test.h"
+#include <math.h>
+#include <pthread.h>
+
+static unsigned long long g_rng = 12345;
+static unsigned long long rng_u64(void) { /* splitmix64 */
+    unsigned long long z = (g_rng += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static double rng_unit(void) { return (double)(rng_u64() >> 11) * (1.0 / 9007199254740992.0); }
+static double rng_sym(void) { return rng_unit() * 2.0 - 1.0; }
+
+static double getv(capex_dtype dt, const void *p, int64_t i) {
+    if (dt == CAPEX_F32) return (double)((const float *)p)[i];
+    if (dt == CAPEX_F16) return (double)capex_f16_to_f32(((const uint16_t *)p)[i]);
+    return (double)capex_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+static void setv(capex_dtype dt, void *p, int64_t i, double v) {
+    if (dt == CAPEX_F32) ((float *)p)[i] = (float)v;
+    else if (dt == CAPEX_F16) ((uint16_t *)p)[i] = capex_f32_to_f16((float)v);
+    else ((uint16_t *)p)[i] = capex_f32_to_bf16((float)v);
+}
+static void *talloc(capex_dtype dt, int64_t n) { return calloc((size_t)(n > 0 ? n : 1), 4); (void)dt; }
+/* Fills p (dtype) with offset + scale * U(-1, 1) and returns the stored values in d. */
+static void fill(capex_dtype dt, void *p, double *d, int64_t n, double offset, double scale) {
+    int64_t i;
+    for (i = 0; i < n; i++) { setv(dt, p, i, offset + scale * rng_sym()); d[i] = getv(dt, p, i); }
+}
+static double *dalloc(int64_t n) { return (double *)calloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
+
+/* max |got - want| <= tol * max(scale, max |want|) over n values of dtype dt.
+   Gradients pass the size of their terms as scale: the exact dx may be ~0
+   where its terms cancel (two-element rows, one-element RMSNorm rows). */
+static int close_to_s(capex_dtype dt, const void *got, const double *want, int64_t n, double tol, double scale,
+                      double *err_out) {
+    double mx = scale > 1e-30 ? scale : 1e-30, err = 0;
+    int64_t i;
+    for (i = 0; i < n; i++) if (fabs(want[i]) > mx) mx = fabs(want[i]);
+    for (i = 0; i < n; i++) {
+        double g = getv(dt, got, i), e = fabs(g - want[i]);
+        if (!(e <= err)) err = e != e ? 1e300 : e;
+    }
+    if (err_out) *err_out = err / mx;
+    return err <= tol * mx;
+}
+static int close_to(capex_dtype dt, const void *got, const double *want, int64_t n, double tol, double *err_out) {
+    return close_to_s(dt, got, want, n, tol, 0.0, err_out);
+}
+static double maxabs(const double *v, int64_t n) {
+    double m = 0;
+    int64_t i;
+    for (i = 0; i < n; i++) if (fabs(v[i]) > m) m = fabs(v[i]);
+    return m;
+}
+static double dtype_tol(capex_dtype t) { return t == CAPEX_F32 ? 2e-5 : t == CAPEX_F16 ? 2e-3 : 1.6e-2; }
+
+/* ---- float64 references ---- */
+static void ref_norm(int rms, int64_t R, int64_t C, const double *x, const double *w, const double *b, double eps,
+                     double *y, double *mean, double *rstd) {
+    int64_t r, j;
+    for (r = 0; r < R; r++) {
+        const double *xr = x + r * C;
+        double m = 0, v = 0, rs;
+        for (j = 0; j < C; j++) m += xr[j];
+        m /= (double)C;
+        if (rms) { for (j = 0; j < C; j++) v += xr[j] * xr[j]; v /= (double)C; m = 0; }
+        else { for (j = 0; j < C; j++) v += (xr[j] - m) * (xr[j] - m); v /= (double)C; }
+        rs = 1.0 / sqrt(v + eps);
+        if (mean) mean[r] = m;
+        if (rstd) rstd[r] = rs;
+        for (j = 0; j < C; j++) y[r * C + j] = (xr[j] - m) * rs * (w ? w[j] : 1.0) + (b ? b[j] : 0.0);
+    }
+}
+static void ref_norm_bwd(int rms, int64_t R, int64_t C, const double *x, const double *w, const double *dy,
+                         double eps, double *dx, double *dw, double *db) {
+    int64_t r, j;
+    for (j = 0; j < C; j++) { dw[j] = 0; db[j] = 0; }
+    for (r = 0; r < R; r++) {
+        const double *xr = x + r * C, *dr = dy + r * C;
+        double m = 0, v = 0, rs, mg = 0, mgx = 0;
+        for (j = 0; j < C; j++) m += xr[j];
+        m /= (double)C;
+        if (rms) { m = 0; for (j = 0; j < C; j++) v += xr[j] * xr[j]; }
+        else for (j = 0; j < C; j++) v += (xr[j] - m) * (xr[j] - m);
+        v /= (double)C;
+        rs = 1.0 / sqrt(v + eps);
+        for (j = 0; j < C; j++) {
+            double g = dr[j] * (w ? w[j] : 1.0), xh = (xr[j] - m) * rs;
+            mg += g; mgx += g * xh;
+            dw[j] += dr[j] * xh; db[j] += dr[j];
+        }
+        mg /= (double)C; mgx /= (double)C;
+        if (rms) mg = 0;
+        for (j = 0; j < C; j++) {
+            double g = dr[j] * (w ? w[j] : 1.0), xh = (xr[j] - m) * rs;
+            dx[r * C + j] = rs * (g - mg - xh * mgx);
+        }
+    }
+}
+static double ref_loss(int rms, int64_t R, int64_t C, const double *x, const double *w, const double *b, double eps,
+                       const double *dy) {
+    double *y = dalloc(R * C), s = 0;
+    int64_t i;
+    ref_norm(rms, R, C, x, w, b, eps, y, NULL, NULL);
+    for (i = 0; i < R * C; i++) s += y[i] * dy[i];
+    free(y);
+    return s;
+}
+
+/* One LayerNorm/RMSNorm forward+backward case against the references. */
+typedef struct ncase { int rms; int64_t R, C; capex_dtype xt, yt, pt; int affine; double offset, scale; float eps; } ncase;
+
+static void run_case(ct_state *ct, const ncase *k) {
+    int64_t N = k->R * k->C, i;
+    void *x = talloc(k->xt, N), *y = talloc(k->yt, N), *w = talloc(k->pt, k->C), *b = talloc(k->pt, k->C);
+    void *dy = talloc(k->yt, N), *dx = talloc(k->xt, N), *dw = talloc(k->pt, k->C), *db = talloc(k->pt, k->C);
+    double *xd = dalloc(N), *wd = dalloc(k->C), *bd = dalloc(k->C), *dyd = dalloc(N), *yr = dalloc(N);
+    double *mr = dalloc(k->R), *rr = dalloc(k->R), *dxr = dalloc(N), *dwr = dalloc(k->C), *dbr = dalloc(k->C);
+    float *mean = (float *)talloc(CAPEX_F32, k->R), *rstd = (float *)talloc(CAPEX_F32, k->R);
+    capex_norm_desc nd;
+    capex_norm_args a;
+    double err = 0;
+    const char *what = k->rms ? "rms" : "layer";
+    capex_norm_desc_init(&nd);
+    nd.eps = k->eps;
+    fill(k->xt, x, xd, N, k->offset, k->scale);
+    fill(k->pt, w, wd, k->C, 1.0, 0.5);
+    fill(k->pt, b, bd, k->C, 0.0, 0.5);
+    fill(k->yt, dy, dyd, N, 0.0, 1.0);
+    capex_norm_args_init(&a);
+    a.rows = k->R; a.cols = k->C; a.x_dtype = k->xt; a.y_dtype = k->yt; a.param_dtype = k->pt;
+    a.x = x; a.y = y; a.mean = mean; a.rstd = rstd;
+    if (k->affine) { a.weight = w; if (!k->rms) a.bias = b; }
+    ref_norm(k->rms, k->R, k->C, xd, k->affine ? wd : NULL, k->affine && !k->rms ? bd : NULL, k->eps, yr, mr, rr);
+    CT_CHECK((k->rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "%s",
+             capex_last_error());
+    for (i = 0; i < N; i++) CT_CHECK(isfinite(getv(k->yt, y, i)), "%s y[%lld] not finite", what, (long long)i);
+    CT_CHECK(close_to(k->yt, y, yr, N, dtype_tol(k->yt) + (k->xt == CAPEX_F32 ? 0 : 1e-5), &err),
+             "%s fwd R=%lld C=%lld xt=%d yt=%d: rel err %g", what, (long long)k->R, (long long)k->C, k->xt, k->yt, err);
+    CT_CHECK(close_to(CAPEX_F32, rstd, rr, k->R, 2e-5, &err), "%s rstd rel err %g", what, err);
+    if (!k->rms) {
+        for (i = 0; i < k->R; i++)
+            CT_CHECK(fabs(mean[i] - mr[i]) <= 2e-6 * (fabs(mr[i]) + k->scale), "mean[%lld] %g vs %g", (long long)i,
+                     (double)mean[i], mr[i]);
+    }
+    a.dy = dy; a.dx = dx;
+    if (k->affine) { a.dweight = dw; if (!k->rms) a.dbias = db; }
+    CT_CHECK((k->rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "%s",
+             capex_last_error());
+    ref_norm_bwd(k->rms, k->R, k->C, xd, k->affine ? wd : NULL, dyd, k->eps, dxr, dwr, dbr);
+    /* dx is ~1/sqrt(eps)-amplified for constant rows: compare relative to its own scale */
+    CT_CHECK(close_to_s(k->xt, dx, dxr, N, dtype_tol(k->xt) * 5,
+                        maxabs(dyd, N) * maxabs(rr, k->R) * (k->affine ? maxabs(wd, k->C) : 1.0), &err), "%s dx R=%lld C=%lld xt=%d: rel err %g", what,
+             (long long)k->R, (long long)k->C, k->xt, err);
+    if (k->affine) {
+        CT_CHECK(close_to(k->pt, dw, dwr, k->C, dtype_tol(k->pt) * 5, &err), "%s dweight rel err %g", what, err);
+        if (!k->rms) CT_CHECK(close_to(k->pt, db, dbr, k->C, dtype_tol(k->pt) * 5, &err), "%s dbias rel err %g", what, err);
+    }
+    free(x); free(y); free(w); free(b); free(dy); free(dx); free(dw); free(db); free(xd); free(wd); free(bd);
+    free(dyd); free(yr); free(mr); free(rr); free(dxr); free(dwr); free(dbr); free(mean); free(rstd);
+}
+
+CT_TEST(layer_and_rms_norm_odd_widths_f32) {
+    static const int64_t widths[] = {1, 2, 3, 7, 8, 9, 33, 100, 1023, 4097};
+    size_t i;
+    int rms;
+    for (rms = 0; rms < 2; rms++)
+        for (i = 0; i < sizeof widths / sizeof widths[0]; i++) {
+            ncase k = {rms, 5, widths[i], CAPEX_F32, CAPEX_F32, CAPEX_F32, 1, 0.5, 2.0, 1e-5f};
+            run_case(ct, &k);
+            if (ct->failed) return;
+            k.affine = 0;
+            run_case(ct, &k);
+            if (ct->failed) return;
+        }
+}
+
+CT_TEST(mixed_dtypes_all_combinations) {
+    static const capex_dtype ts[] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
+    int rms, xi, yi, pi;
+    for (rms = 0; rms < 2; rms++)
+        for (xi = 0; xi < 3; xi++)
+            for (yi = 0; yi < 3; yi++)
+                for (pi = 0; pi < 3; pi++) {
+                    ncase k = {rms, 4, 37, ts[xi], ts[yi], ts[pi], 1, 0.25, 1.5, 1e-5f};
+                    run_case(ct, &k);
+                    if (ct->failed) return;
+                }
+}
+
+CT_TEST(huge_fp16_inputs_do_not_overflow) {
+    int rms;
+    for (rms = 0; rms < 2; rms++) {
+        /* values near fp16's max (65504): x^2 and sums stay in f32 */
+        ncase k = {rms, 3, 1000, CAPEX_F16, CAPEX_F16, CAPEX_F32, 1, 0.0, 65504.0, 1e-5f};
+        run_case(ct, &k);
+        if (ct->failed) return;
+        k.offset = 60000.0; k.scale = 5000.0; /* large mean, small spread (cancellation) */
+        run_case(ct, &k);
+        if (ct->failed) return;
+    }
+}
+
+CT_TEST(constant_rows_and_one_element_rows) {
+    int rms;
+    for (rms = 0; rms < 2; rms++) {
+        ncase k = {rms, 3, 129, CAPEX_F32, CAPEX_F32, CAPEX_F32, 1, 3.0, 0.0, 1e-5f}; /* variance 0 */
+        run_case(ct, &k);
+        if (ct->failed) return;
+        k.C = 1; k.scale = 2.0; /* one element per row */
+        run_case(ct, &k);
+        if (ct->failed) return;
+        k.xt = CAPEX_BF16; k.C = 64; k.scale = 0.0;
+        run_case(ct, &k);
+        if (ct->failed) return;
+    }
+    {   /* LayerNorm of a constant row is exactly the bias; mean exact, var exactly 0 */
+        float x[5] = {7, 7, 7, 7, 7}, y[5], w[5] = {2, 2, 2, 2, 2}, b[5] = {0.5f, -1, 0, 3, 4}, m, rs;
+        capex_norm_args a;
+        int j;
+        capex_norm_args_init(&a);
+        a.rows = 1; a.cols = 5; a.x = x; a.y = y; a.weight = w; a.bias = b; a.mean = &m; a.rstd = &rs;
+        CT_CHECK(capex_layer_norm_forward(NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(m == 7.0f && rs == 1.0f / sqrtf(1e-5f), "mean %g rstd %g", (double)m, (double)rs);
+        for (j = 0; j < 5; j++) CT_CHECK(y[j] == b[j], "y[%d] = %g", j, (double)y[j]);
+    }
+}
+
+/* Central differences of the float64 forward vs capex's (f32) gradients. */
+CT_TEST(finite_differences) {
+    int rms;
+    for (rms = 0; rms < 2; rms++) {
+        const int64_t R = 3, C = 7, N = R * C;
+        float x[21], w[7], b[7], dy[21], y[21], dx[21], dw[7], db[7], mean[3], rstd[3];
+        double xd[21], wd[7], bd[7], dyd[21], h = 1e-6;
+        capex_norm_args a;
+        int64_t i;
+        fill(CAPEX_F32, x, xd, N, 0.3, 1.0);
+        fill(CAPEX_F32, w, wd, C, 1.0, 0.5);
+        fill(CAPEX_F32, b, bd, C, 0.0, 0.5);
+        fill(CAPEX_F32, dy, dyd, N, 0.0, 1.0);
+        capex_norm_args_init(&a);
+        a.rows = R; a.cols = C; a.x = x; a.y = y; a.weight = w; a.bias = rms ? NULL : b; a.mean = mean; a.rstd = rstd;
+        a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = rms ? NULL : db;
+        CT_CHECK((rms ? capex_rms_norm_forward(NULL, &a) : capex_layer_norm_forward(NULL, &a)) == CAPEX_OK, "fwd");
+        CT_CHECK((rms ? capex_rms_norm_backward(NULL, &a) : capex_layer_norm_backward(NULL, &a)) == CAPEX_OK, "bwd");
+        for (i = 0; i < N; i++) {
+            double s = xd[i], fd;
+            xd[i] = s + h; fd = ref_loss(rms, R, C, xd, wd, rms ? NULL : bd, 1e-5, dyd);
+            xd[i] = s - h; fd -= ref_loss(rms, R, C, xd, wd, rms ? NULL : bd, 1e-5, dyd);
+            xd[i] = s; fd /= 2 * h;
+            CT_CHECK(fabs(fd - dx[i]) <= 1e-4 * (1 + fabs(fd)), "rms=%d dx[%lld]: fd %g capex %g", rms, (long long)i, fd,
+                     (double)dx[i]);
+        }
+        for (i = 0; i < C; i++) {
+            double s = wd[i], fd;
+            wd[i] = s + h; fd = ref_loss(rms, R, C, xd, wd, rms ? NULL : bd, 1e-5, dyd);
+            wd[i] = s - h; fd -= ref_loss(rms, R, C, xd, wd, rms ? NULL : bd, 1e-5, dyd);
+            wd[i] = s; fd /= 2 * h;
+            CT_CHECK(fabs(fd - dw[i]) <= 1e-4 * (1 + fabs(fd)), "rms=%d dw[%lld]: fd %g capex %g", rms, (long long)i, fd,
+                     (double)dw[i]);
+            if (rms) continue;
+            s = bd[i];
+            bd[i] = s + h; fd = ref_loss(rms, R, C, xd, wd, bd, 1e-5, dyd);
+            bd[i] = s - h; fd -= ref_loss(rms, R, C, xd, wd, bd, 1e-5, dyd);
+            bd[i] = s; fd /= 2 * h;
+            CT_CHECK(fabs(fd - db[i]) <= 1e-4 * (1 + fabs(fd)), "db[%lld]: fd %g capex %g", (long long)i, fd,
+                     (double)db[i]);
+        }
+    }
+}
+
+/* torch.nn.functional.layer_norm / rms_norm semantics in closed form on
+   x = [[1, 2, 3, 4], [-1, 0, 0, 5]], w = [1, 2, 3, 4], b = [0.5, 0, -0.5, 1],
+   eps 1e-5: biased variance, eps inside the sqrt for both. */
+CT_TEST(pytorch_semantics_small) {
+    static const float x[8] = {1, 2, 3, 4, -1, 0, 0, 5}, w[4] = {1, 2, 3, 4}, b[4] = {0.5f, 0, -0.5f, 1};
+    double ln[8], rms[8], xd[8], wd[4], bd[4];
+    float y[8];
+    capex_norm_args a;
+    int i;
+    for (i = 0; i < 8; i++) xd[i] = x[i];
+    for (i = 0; i < 4; i++) { wd[i] = w[i]; bd[i] = b[i]; }
+    /* closed forms: row 0 mean 2.5, var 1.25; row 1 mean 1, var 5.5; rms: mean(x^2) 7.5 and 6.5 */
+    for (i = 0; i < 8; i++) {
+        double m = i < 4 ? 2.5 : 1.0, v = i < 4 ? 1.25 : 5.5, ms = i < 4 ? 7.5 : 6.5;
+        ln[i] = (xd[i] - m) / sqrt(v + 1e-5) * wd[i % 4] + bd[i % 4];
+        rms[i] = xd[i] / sqrt(ms + 1e-5) * wd[i % 4];
+    }
+    CT_CHECK(fabs(ln[0] - (-1.341635420 + 0.5)) < 1e-8, "closed form LN %.9f", ln[0]);
+    capex_norm_args_init(&a);
+    a.rows = 2; a.cols = 4; a.x = x; a.y = y; a.weight = w; a.bias = b;
+    CT_CHECK(capex_layer_norm_forward(NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < 8; i++) CT_CHECK(fabs(y[i] - ln[i]) < 1e-5, "ln[%d] %g vs %g", i, (double)y[i], ln[i]);
+    a.bias = NULL;
+    CT_CHECK(capex_rms_norm_forward(NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < 8; i++) CT_CHECK(fabs(y[i] - rms[i]) < 1e-5, "rms[%d] %g vs %g", i, (double)y[i], rms[i]);
+}
+
+/* ---- PyTorch golden vectors (tests/data/norm_ref.txt, tests/gen_norm_ref.py) ---- */
+static FILE *open_ref(void) {
+    char path[1024];
+    const char *file = __FILE__, *slash = strrchr(file, '/');
+    FILE *fp = NULL;
+    if (slash) {
+        snprintf(path, sizeof path, "%.*s/data/norm_ref.txt", (int)(slash - file), file);
+        fp = fopen(path, "r");
+    }
+    if (!fp) fp = fopen("tests/data/norm_ref.txt", "r");
+    return fp;
+}
+/* Reads the next line "<name> v v v ..." into v (at most cap values); returns the count, -1 on a name mismatch. */
+static int read_vec(FILE *fp, const char *name, double *v, int cap) {
+    char tag[32];
+    int n = 0, c;
+    if (fscanf(fp, "%31s", tag) != 1 || strcmp(tag, name)) return -1;
+    while (n < cap) {
+        do c = fgetc(fp); while (c == ' ');
+        if (c == '\n' || c == EOF) return n;
+        ungetc(c, fp);
+        if (fscanf(fp, "%lf", &v[n]) != 1) return -1;
+        n++;
+    }
+    return n;
+}
+static int near_all(const float *got, const double *want, int n, double tol, double scale) {
+    int i;
+    double mx = scale;
+    for (i = 0; i < n; i++) if (fabs(want[i]) > mx) mx = fabs(want[i]);
+    for (i = 0; i < n; i++) if (!(fabs(got[i] - want[i]) <= tol * mx)) return 0;
+    return 1;
+}
+
+CT_TEST(matches_pytorch_golden_vectors) {
+    FILE *fp = open_ref();
+    char line[256], kind[16];
+    int cases = 0;
+    static double x[256], w[64], b[64], dy[256], y[256], dx[256], dw[64], db[64], rm[64], rv[64], rmo[64], rvo[64];
+    static float xf[256], wf[64], bf[64], dyf[256], yf[256], dxf[256], dwf[64], dbf[64], rmf[64], rvf[64], mean[64],
+        rstd[64];
+    CT_CHECK(fp != NULL, "tests/data/norm_ref.txt not found (run from the repo root; python3 tests/gen_norm_ref.py)");
+    CT_CHECK(fgets(line, sizeof line, fp) && !strncmp(line, "# torch", 7), "header");
+    while (fscanf(fp, "%15s", line) == 1) {
+        int i, n, N, C;
+        CT_CHECK(!strcmp(line, "case") && fscanf(fp, "%15s", kind) == 1, "case line");
+        if (strcmp(kind, "batch")) {
+            int R, Cc, rms = !strcmp(kind, "rms");
+            double eps;
+            capex_norm_desc nd;
+            capex_norm_args a;
+            CT_CHECK(fscanf(fp, "%d %d %lf", &R, &Cc, &eps) == 3 && R * Cc <= 256 && Cc <= 64, "shape");
+            N = R * Cc;
+            CT_CHECK(read_vec(fp, "x", x, N) == N && read_vec(fp, "w", w, Cc) == Cc && read_vec(fp, "b", b, Cc) == Cc &&
+                     read_vec(fp, "dy", dy, N) == N && read_vec(fp, "y", y, N) == N && read_vec(fp, "dx", dx, N) == N &&
+                     read_vec(fp, "dw", dw, Cc) == Cc && read_vec(fp, "db", db, Cc) == Cc, "%s vectors", kind);
+            for (i = 0; i < N; i++) { xf[i] = (float)x[i]; dyf[i] = (float)dy[i]; }
+            for (i = 0; i < Cc; i++) { wf[i] = (float)w[i]; bf[i] = (float)b[i]; }
+            capex_norm_desc_init(&nd);
+            nd.eps = (float)eps;
+            capex_norm_args_init(&a);
+            a.rows = R; a.cols = Cc; a.x = xf; a.y = yf; a.weight = wf; a.bias = rms ? NULL : bf; a.mean = mean;
+            a.rstd = rstd; a.dy = dyf; a.dx = dxf; a.dweight = dwf; a.dbias = rms ? NULL : dbf;
+            CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "fwd");
+            CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "bwd");
+            CT_CHECK(near_all(yf, y, N, 1e-5, 1.0), "%s %dx%d: y differs from torch", kind, R, Cc);
+            /* the size of dx's terms: rstd * |dy * w| (exact dx may cancel to ~0) */
+            CT_CHECK(near_all(dxf, dx, N, 1e-4, rstd[0] * 2.0), "%s %dx%d: dx differs from torch", kind, R, Cc);
+            CT_CHECK(near_all(dwf, dw, Cc, 1e-5, 1.0), "%s %dx%d: dweight differs from torch", kind, R, Cc);
+            CT_CHECK(rms || near_all(dbf, db, Cc, 1e-5, 1.0), "%s %dx%d: dbias differs from torch", kind, R, Cc);
+        } else {
+            int Nn, S;
+            double eps, mom;
+            capex_batch_norm_desc d;
+            capex_batch_norm_args a;
+            CT_CHECK(fscanf(fp, "%d %d %d %lf %lf", &Nn, &C, &S, &eps, &mom) == 5 && Nn * C * S <= 256 && C <= 64, "bn");
+            N = Nn * C * S;
+            CT_CHECK(read_vec(fp, "x", x, N) == N && read_vec(fp, "w", w, C) == C && read_vec(fp, "b", b, C) == C &&
+                     read_vec(fp, "rm", rm, C) == C && read_vec(fp, "rv", rv, C) == C && read_vec(fp, "dy", dy, N) == N &&
+                     read_vec(fp, "y", y, N) == N && read_vec(fp, "rm_out", rmo, C) == C &&
+                     read_vec(fp, "rv_out", rvo, C) == C && read_vec(fp, "dx", dx, N) == N &&
+                     read_vec(fp, "dw", dw, C) == C && read_vec(fp, "db", db, C) == C, "batch vectors");
+            for (i = 0; i < N; i++) { xf[i] = (float)x[i]; dyf[i] = (float)dy[i]; }
+            for (i = 0; i < C; i++) { wf[i] = (float)w[i]; bf[i] = (float)b[i]; rmf[i] = (float)rm[i]; rvf[i] = (float)rv[i]; }
+            capex_batch_norm_desc_init(&d);
+            d.eps = (float)eps; d.momentum = (float)mom;
+            capex_batch_norm_args_init(&a);
+            a.n = Nn; a.c = C; a.s = S; a.x = xf; a.y = yf; a.weight = wf; a.bias = bf; a.running_mean = rmf;
+            a.running_var = rvf; a.save_mean = mean; a.save_invstd = rstd; a.dy = dyf; a.dx = dxf; a.dweight = dwf;
+            a.dbias = dbf;
+            CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_batch_norm_backward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(near_all(yf, y, N, 1e-5, 1.0), "batch %dx%dx%d: y differs from torch", Nn, C, S);
+            CT_CHECK(near_all(rmf, rmo, C, 1e-6, 1.0), "batch: running_mean differs from torch");
+            CT_CHECK(near_all(rvf, rvo, C, 1e-6, 1.0), "batch: running_var (unbiased) differs from torch");
+            CT_CHECK(near_all(dxf, dx, N, 1e-4, rstd[0] * 2.0), "batch: dx differs from torch");
+            CT_CHECK(near_all(dwf, dw, C, 1e-5, 1.0) && near_all(dbf, db, C, 1e-5, 1.0), "batch: dweight/dbias differ");
+        }
+        n = fgetc(fp);
+        if (n != '\n' && n != EOF) ungetc(n, fp);
+        cases++;
+    }
+    fclose(fp);
+    CT_CHECK(cases == 9, "read %d golden cases, want 9", cases);
+}
+
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
+    const unsigned char *c = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ c[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+/* Fixed problem: LN/RMS fwd+bwd and BN (both layouts) fwd+bwd with num_threads nt; hash of every output. */
+static uint64_t fixed_problem_hash(int nt) {
+    const int64_t R = 300, C = 517, N = R * C;
+    float *x = (float *)malloc(N * 4), *y = (float *)malloc(N * 4), *dy = (float *)malloc(N * 4);
+    float *dx = (float *)malloc(N * 4), w[517], b[517], dw[517], db[517], mean[300], rstd[300];
+    float rm[517], rv[517], sm[517], si[517];
+    uint64_t h = 0xcbf29ce484222325ULL;
+    unsigned long long save = g_rng;
+    int64_t i;
+    capex_norm_desc nd;
+    capex_norm_args a;
+    capex_batch_norm_desc bd;
+    capex_batch_norm_args ba;
+    int rms, lay;
+    g_rng = 99;
+    for (i = 0; i < N; i++) { x[i] = (float)(rng_sym() * 3 + 1); dy[i] = (float)rng_sym(); }
+    for (i = 0; i < C; i++) { w[i] = (float)(1 + 0.5 * rng_sym()); b[i] = (float)rng_sym(); }
+    capex_norm_desc_init(&nd);
+    nd.num_threads = nt;
+    for (rms = 0; rms < 2; rms++) {
+        capex_norm_args_init(&a);
+        a.rows = R; a.cols = C; a.x = x; a.y = y; a.weight = w; a.bias = rms ? NULL : b; a.mean = mean; a.rstd = rstd;
+        a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = rms ? NULL : db;
+        if (rms) { capex_rms_norm_forward(&nd, &a); capex_rms_norm_backward(&nd, &a); }
+        else { capex_layer_norm_forward(&nd, &a); capex_layer_norm_backward(&nd, &a); }
+        h = hash_bytes(h, y, N * 4); h = hash_bytes(h, dx, N * 4); h = hash_bytes(h, dw, sizeof dw);
+        h = hash_bytes(h, db, sizeof db); h = hash_bytes(h, rstd, sizeof rstd);
+    }
+    capex_batch_norm_desc_init(&bd);
+    bd.num_threads = nt;
+    for (lay = 0; lay < 2; lay++) {
+        for (i = 0; i < C; i++) { rm[i] = 0; rv[i] = 1; }
+        capex_batch_norm_args_init(&ba);
+        ba.n = 30; ba.c = C; ba.s = 10; ba.layout = lay ? CAPEX_BN_NSC : CAPEX_BN_NCS;
+        ba.x = x; ba.y = y; ba.weight = w; ba.bias = b; ba.running_mean = rm; ba.running_var = rv;
+        ba.save_mean = sm; ba.save_invstd = si; ba.dy = dy; ba.dx = dx; ba.dweight = dw; ba.dbias = db;
+        capex_batch_norm_forward(&bd, NULL, &ba);
+        capex_batch_norm_backward(&bd, NULL, &ba);
+        h = hash_bytes(h, y, N * 4); h = hash_bytes(h, dx, N * 4); h = hash_bytes(h, dw, sizeof dw);
+        h = hash_bytes(h, db, sizeof db); h = hash_bytes(h, rm, sizeof rm); h = hash_bytes(h, rv, sizeof rv);
+    }
+    free(x); free(y); free(dy); free(dx);
+    g_rng = save;
+    return h;
+}
+
+CT_TEST(bits_independent_of_thread_count) {
+    uint64_t h1 = fixed_problem_hash(1), h2 = fixed_problem_hash(2), h3 = fixed_problem_hash(3), h0 = fixed_problem_hash(0);
+    CT_CHECK(h1 == h2 && h1 == h3 && h1 == h0, "hashes differ: %llx %llx %llx %llx", (unsigned long long)h1,
+             (unsigned long long)h2, (unsigned long long)h3, (unsigned long long)h0);
+}
+
+CT_TEST(layer_norm_errors_are_clear_and_write_nothing) {
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8], w[4] = {1, 1, 1, 1}, rstd[2], mean[2];
+    char mis[20];
+    capex_norm_desc nd;
+    capex_norm_args a, g;
+    int i;
+    capex_norm_desc_init(&nd);
+    capex_norm_args_init(&g);
+    g.rows = 2; g.cols = 4; g.x = x; g.y = y; g.weight = w; g.mean = mean; g.rstd = rstd;
+    for (i = 0; i < 8; i++) y[i] = -99.0f;
+#define EXPECT_ERR(call, code, text)                                                                 \
+    do {                                                                                             \
+        capex_result r_ = (call);                                                                    \
+        CT_CHECK(r_ == (code), "%s: got %s (%s)", #call, capex_result_string(r_), capex_last_error()); \
+        CT_CHECK(strstr(capex_last_error(), text), "message '%s' lacks '%s'", capex_last_error(), text); \
+    } while (0)
+    EXPECT_ERR(capex_layer_norm_forward(&nd, NULL), CAPEX_ERR_INVALID_ARG, "args is NULL");
+    a = g; a.cols = 0;
+    EXPECT_ERR(capex_layer_norm_forward(&nd, &a), CAPEX_ERR_INVALID_ARG, "at least one column");
+    a = g; a.rows = -1;
+    EXPECT_ERR(capex_layer_norm_forward(&nd, &a), CAPEX_ERR_INVALID_ARG, "negative");
+    a = g; a.x = NULL;
+    EXPECT_ERR(capex_layer_norm_forward(&nd, &a), CAPEX_ERR_INVALID_ARG, "x is NULL");
+    a = g; a.y = NULL;
+    EXPECT_ERR(capex_rms_norm_forward(&nd, &a), CAPEX_ERR_INVALID_ARG, "y is NULL");
+    a = g; a.x_dtype = (capex_dtype)7;
+    EXPECT_ERR(capex_layer_norm_forward(&nd, &a), CAPEX_ERR_INVALID_ARG, "dtype");
+    a = g; a.bias = w;
+    EXPECT_ERR(capex_rms_norm_forward(&nd, &a), CAPEX_ERR_INVALID_ARG, "no bias");
+    a = g; a.x = mis + 1;
+    EXPECT_ERR(capex_layer_norm_forward(&nd, &a), CAPEX_ERR_INVALID_ARG, "not aligned");
+    a = g; a.rows = INT64_MAX / 2;
+    EXPECT_ERR(capex_layer_norm_forward(&nd, &a), CAPEX_ERR_LIMIT, "overflows");
+    nd.eps = NAN;
+    EXPECT_ERR(capex_layer_norm_forward(&nd, &g), CAPEX_ERR_INVALID_ARG, "eps");
+    nd.eps = -1.0f;
+    EXPECT_ERR(capex_layer_norm_forward(&nd, &g), CAPEX_ERR_INVALID_ARG, "eps");
+    capex_norm_desc_init(&nd);
+    for (i = 0; i < 8; i++) CT_CHECK(y[i] == -99.0f, "y[%d] written by a failed call", i);
+    a = g; a.dy = x; a.dx = y; a.rstd = NULL;
+    EXPECT_ERR(capex_layer_norm_backward(&nd, &a), CAPEX_ERR_INVALID_ARG, "rstd (saved by forward) is NULL");
+    a = g; a.dy = x; a.dx = y; a.mean = NULL;
+    EXPECT_ERR(capex_layer_norm_backward(&nd, &a), CAPEX_ERR_INVALID_ARG, "mean (saved by forward) is NULL");
+    a = g; a.dx = y;
+    EXPECT_ERR(capex_layer_norm_backward(&nd, &a), CAPEX_ERR_INVALID_ARG, "dy is NULL");
+    a = g; a.dy = x; a.weight = NULL; a.dweight = mean;
+    EXPECT_ERR(capex_layer_norm_backward(&nd, &a), CAPEX_ERR_INVALID_ARG, "without weight");
+    for (i = 0; i < 8; i++) CT_CHECK(y[i] == -99.0f, "y[%d] written by a failed call", i);
+    /* RMSNorm backward needs no mean; zero rows is a no-op */
+    a = g; a.dy = x; a.dx = y; a.mean = NULL; a.rows = 0;
+    CT_CHECK(capex_rms_norm_backward(&nd, &a) == CAPEX_OK, "%s", capex_last_error());
+}
+
+/* ---- BatchNorm ---- */
+
+/* Reference over the concatenated batch in NCS: x[(n*C + c)*S + s]. */
+static void ref_bn(int64_t N, int64_t C, int64_t S, const double *x, const double *w, const double *b, double eps,
+                   const double *dy, double *y, double *mean, double *var, double *dx, double *dw, double *db) {
+    int64_t n, c, s;
+    double cnt = (double)(N * S);
+    for (c = 0; c < C; c++) {
+        double m = 0, v = 0, is, sdy = 0, sdyx = 0;
+        for (n = 0; n < N; n++) for (s = 0; s < S; s++) m += x[(n * C + c) * S + s];
+        m /= cnt;
+        for (n = 0; n < N; n++) for (s = 0; s < S; s++) v += pow(x[(n * C + c) * S + s] - m, 2);
+        v /= cnt;
+        is = 1.0 / sqrt(v + eps);
+        mean[c] = m; var[c] = v;
+        for (n = 0; n < N; n++)
+            for (s = 0; s < S; s++) {
+                int64_t i = (n * C + c) * S + s;
+                y[i] = (x[i] - m) * is * w[c] + b[c];
+                if (dy) { sdy += dy[i]; sdyx += dy[i] * (x[i] - m); }
+            }
+        if (!dy) continue;
+        dw[c] = sdyx * is; db[c] = sdy;
+        for (n = 0; n < N; n++)
+            for (s = 0; s < S; s++) {
+                int64_t i = (n * C + c) * S + s;
+                dx[i] = (dy[i] - sdy / cnt - (x[i] - m) * is * is * sdyx / cnt) * is * w[c];
+            }
+    }
+}
+static double ref_bn_loss(int64_t N, int64_t C, int64_t S, const double *x, const double *w, const double *b,
+                          const double *dy) {
+    double *y = dalloc(N * C * S), m[16], v[16], s = 0;
+    int64_t i;
+    ref_bn(N, C, S, x, w, b, 1e-5, NULL, y, m, v, NULL, NULL, NULL);
+    for (i = 0; i < N * C * S; i++) s += y[i] * dy[i];
+    free(y);
+    return s;
+}
+/* NCS index -> NSC index */
+static int64_t nsc(int64_t i, int64_t C, int64_t S) {
+    int64_t s = i % S, c = (i / S) % C, n = i / (S * C);
+    return (n * S + s) * C + c;
+}
+
+static void bn_case(ct_state *ct, int64_t N, int64_t C, int64_t S, capex_bn_layout lay, capex_dtype xt, capex_dtype pt) {
+    int64_t T = N * C * S, i, c;
+    void *x = talloc(xt, T), *y = talloc(xt, T), *dy = talloc(xt, T), *dx = talloc(xt, T);
+    void *w = talloc(pt, C), *b = talloc(pt, C), *rm = talloc(pt, C), *rv = talloc(pt, C), *dw = talloc(pt, C),
+         *db = talloc(pt, C);
+    double *xd = dalloc(T), *dyd = dalloc(T), *yr = dalloc(T), *dxr = dalloc(T), *wd = dalloc(C), *bd = dalloc(C);
+    double *mr = dalloc(C), *vr = dalloc(C), *dwr = dalloc(C), *dbr = dalloc(C), *tmp = dalloc(T), *rmd = dalloc(C),
+           *rvd = dalloc(C);
+    float *sm = (float *)talloc(CAPEX_F32, C), *si = (float *)talloc(CAPEX_F32, C);
+    capex_batch_norm_desc d;
+    capex_batch_norm_args a;
+    double err;
+    fill(xt, x, tmp, T, 0.5, 2.0);
+    fill(xt, dy, dxr, T, 0.0, 1.0);
+    for (i = 0; i < T; i++) { /* the reference works in NCS */
+        int64_t j = lay == CAPEX_BN_NSC ? nsc(i, C, S) : i;
+        xd[i] = getv(xt, x, j); dyd[i] = getv(xt, dy, j);
+    }
+    fill(pt, w, wd, C, 1.0, 0.5);
+    fill(pt, b, bd, C, 0.0, 0.5);
+    fill(pt, rm, rmd, C, 0.0, 1.0);
+    fill(pt, rv, rvd, C, 1.5, 0.5);
+    ref_bn(N, C, S, xd, wd, bd, 1e-5, dyd, yr, mr, vr, dxr, dwr, dbr);
+    capex_batch_norm_desc_init(&d);
+    capex_batch_norm_args_init(&a);
+    a.n = N; a.c = C; a.s = S; a.layout = lay; a.x_dtype = a.y_dtype = xt; a.param_dtype = pt;
+    a.x = x; a.y = y; a.weight = w; a.bias = b; a.running_mean = rm; a.running_var = rv;
+    a.save_mean = sm; a.save_invstd = si; a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = db;
+    CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(a.total_count == N * S, "total_count %lld", (long long)a.total_count);
+    for (i = 0; i < T; i++) tmp[lay == CAPEX_BN_NSC ? nsc(i, C, S) : i] = yr[i];
+    CT_CHECK(close_to(xt, y, tmp, T, dtype_tol(xt), &err), "bn y N=%lld C=%lld S=%lld lay=%d xt=%d: %g", (long long)N,
+             (long long)C, (long long)S, lay, xt, err);
+    for (c = 0; c < C; c++) {
+        double rme = 0.9 * rmd[c] + 0.1 * mr[c], rve = 0.9 * rvd[c] + 0.1 * vr[c] * (double)(N * S) / (double)(N * S - 1);
+        CT_CHECK(fabs(getv(pt, rm, c) - rme) <= dtype_tol(pt) * (1 + fabs(rme)), "running_mean[%lld] %g vs %g",
+                 (long long)c, getv(pt, rm, c), rme);
+        CT_CHECK(fabs(getv(pt, rv, c) - rve) <= dtype_tol(pt) * (1 + fabs(rve)), "running_var[%lld] %g vs %g (unbiased)",
+                 (long long)c, getv(pt, rv, c), rve);
+        CT_CHECK(fabs(sm[c] - mr[c]) <= 1e-5 * (1 + fabs(mr[c])), "save_mean");
+        CT_CHECK(fabs(si[c] - 1 / sqrt(vr[c] + 1e-5)) <= 1e-4 / sqrt(vr[c] + 1e-5), "save_invstd");
+    }
+    CT_CHECK(capex_batch_norm_backward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < T; i++) tmp[lay == CAPEX_BN_NSC ? nsc(i, C, S) : i] = dxr[i];
+    {
+        double mi = 0;
+        for (c = 0; c < C; c++) if (1 / sqrt(vr[c] + 1e-5) > mi) mi = 1 / sqrt(vr[c] + 1e-5);
+        CT_CHECK(close_to_s(xt, dx, tmp, T, dtype_tol(xt) * 5, maxabs(dyd, T) * maxabs(wd, C) * mi, &err), "bn dx: %g",
+                 err);
+    }
+    CT_CHECK(close_to(pt, dw, dwr, C, dtype_tol(pt) * 5, &err), "bn dweight: %g", err);
+    CT_CHECK(close_to(pt, db, dbr, C, dtype_tol(pt) * 5, &err), "bn dbias: %g", err);
+    /* eval: running statistics, no update */
+    d.training = 0;
+    CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < T; i++) {
+        int64_t j = lay == CAPEX_BN_NSC ? nsc(i, C, S) : i;
+        int64_t ch = (i / S) % C;
+        double rmv = getv(pt, rm, ch), rvv = getv(pt, rv, ch);
+        tmp[j] = (xd[i] - rmv) / sqrt(rvv + 1e-5) * wd[ch] + bd[ch];
+    }
+    CT_CHECK(close_to(xt, y, tmp, T, dtype_tol(xt), &err), "bn eval y: %g", err);
+    CT_CHECK(capex_batch_norm_backward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < T; i++) {
+        int64_t j = lay == CAPEX_BN_NSC ? nsc(i, C, S) : i;
+        int64_t ch = (i / S) % C;
+        tmp[j] = dyd[i] / sqrt(getv(pt, rv, ch) + 1e-5) * wd[ch];
+    }
+    CT_CHECK(close_to(xt, dx, tmp, T, dtype_tol(xt) * 5, &err), "bn eval dx: %g", err);
+    free(x); free(y); free(dy); free(dx); free(w); free(b); free(rm); free(rv); free(dw); free(db);
+    free(xd); free(dyd); free(yr); free(dxr); free(wd); free(bd); free(mr); free(vr); free(dwr); free(dbr); free(tmp);
+    free(rmd); free(rvd); free(sm); free(si);
+}
+
+CT_TEST(batch_norm_layouts_dtypes_eval) {
+    static const capex_dtype ts[] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
+    int lay, xi;
+    for (lay = 0; lay < 2; lay++)
+        for (xi = 0; xi < 3; xi++) {
+            bn_case(ct, 4, 3, 7, (capex_bn_layout)lay, ts[xi], CAPEX_F32); /* keep_batchnorm_fp32 */
+            if (ct->failed) return;
+            bn_case(ct, 3, 5, 1, (capex_bn_layout)lay, ts[xi], ts[xi]);   /* [N, C], params in x's dtype */
+            if (ct->failed) return;
+        }
+    bn_case(ct, 2, 2, 1, CAPEX_BN_NCS, CAPEX_F32, CAPEX_F32); /* 2 values per channel: unbiased n/(n-1) = 2 */
+    if (ct->failed) return;
+    bn_case(ct, 40, 17, 90, CAPEX_BN_NSC, CAPEX_F32, CAPEX_F32); /* several NSC row blocks */
+    if (ct->failed) return;
+    bn_case(ct, 8, 6, 200, CAPEX_BN_NCS, CAPEX_F16, CAPEX_F32);
+}
+
+CT_TEST(batch_norm_finite_differences) {
+    const int64_t N = 3, C = 2, S = 3, T = 18;
+    float x[18], dy[18], y[18], dx[18], w[2], b[2], dw[2], db[2], sm[2], si[2];
+    double xd[18], dyd[18], wd[2], bd[2], h = 1e-6;
+    capex_batch_norm_args a;
+    int64_t i;
+    fill(CAPEX_F32, x, xd, T, 0.0, 1.0);
+    fill(CAPEX_F32, dy, dyd, T, 0.0, 1.0);
+    fill(CAPEX_F32, w, wd, C, 1.0, 0.5);
+    fill(CAPEX_F32, b, bd, C, 0.0, 0.5);
+    capex_batch_norm_args_init(&a);
+    a.n = N; a.c = C; a.s = S; a.x = x; a.y = y; a.weight = w; a.bias = b; a.save_mean = sm; a.save_invstd = si;
+    a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = db;
+    CT_CHECK(capex_batch_norm_forward(NULL, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_batch_norm_backward(NULL, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < T; i++) {
+        double s = xd[i], fd;
+        xd[i] = s + h; fd = ref_bn_loss(N, C, S, xd, wd, bd, dyd);
+        xd[i] = s - h; fd -= ref_bn_loss(N, C, S, xd, wd, bd, dyd);
+        xd[i] = s; fd /= 2 * h;
+        CT_CHECK(fabs(fd - dx[i]) <= 1e-4 * (1 + fabs(fd)), "dx[%lld] fd %g capex %g", (long long)i, fd, (double)dx[i]);
+    }
+    for (i = 0; i < C; i++) {
+        double s = wd[i], fd;
+        wd[i] = s + h; fd = ref_bn_loss(N, C, S, xd, wd, bd, dyd);
+        wd[i] = s - h; fd -= ref_bn_loss(N, C, S, xd, wd, bd, dyd);
+        wd[i] = s; fd /= 2 * h;
+        CT_CHECK(fabs(fd - dw[i]) <= 1e-4 * (1 + fabs(fd)), "dw fd %g capex %g", fd, (double)dw[i]);
+        s = bd[i];
+        bd[i] = s + h; fd = ref_bn_loss(N, C, S, xd, wd, bd, dyd);
+        bd[i] = s - h; fd -= ref_bn_loss(N, C, S, xd, wd, bd, dyd);
+        bd[i] = s; fd /= 2 * h;
+        CT_CHECK(fabs(fd - db[i]) <= 1e-4 * (1 + fabs(fd)), "db fd %g capex %g", fd, (double)db[i]);
+    }
+}
+
+CT_TEST(batch_norm_constant_channel_and_no_running_stats) {
+    float x[12], y[12], sm[2], si[2];
+    capex_batch_norm_args a;
+    capex_batch_norm_desc d;
+    int i;
+    for (i = 0; i < 12; i++) x[i] = (i / 3) % 2 ? 5.0f : -2.5f; /* N=2, C=2, S=3: each channel constant */
+    capex_batch_norm_desc_init(&d);
+    d.training = 0; /* no running stats: batch statistics anyway (torch) */
+    capex_batch_norm_args_init(&a);
+    a.n = 2; a.c = 2; a.s = 3; a.x = x; a.y = y; a.save_mean = sm; a.save_invstd = si;
+    CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(sm[0] == -2.5f && sm[1] == 5.0f, "means %g %g", (double)sm[0], (double)sm[1]);
+    CT_CHECK(si[0] == 1.0f / sqrtf(1e-5f) && si[1] == si[0], "variance exactly 0: invstd %g", (double)si[0]);
+    for (i = 0; i < 12; i++) CT_CHECK(y[i] == 0.0f, "y[%d] = %g", i, (double)y[i]);
+}
+
+CT_TEST(batch_norm_errors) {
+    float x[8] = {0}, y[8], w[2] = {1, 1}, rm[2] = {0, 0}, sm[2], si[2];
+    capex_batch_norm_args a, g;
+    capex_batch_norm_desc d;
+    capex_comm single;
+    int i;
+    capex_batch_norm_desc_init(&d);
+    capex_batch_norm_args_init(&g);
+    g.n = 2; g.c = 2; g.s = 2; g.x = x; g.y = y; g.weight = w; g.save_mean = sm; g.save_invstd = si;
+    for (i = 0; i < 8; i++) y[i] = -99.0f;
+    EXPECT_ERR(capex_batch_norm_forward(&d, NULL, NULL), CAPEX_ERR_INVALID_ARG, "args is NULL");
+    a = g; a.c = 0;
+    EXPECT_ERR(capex_batch_norm_forward(&d, NULL, &a), CAPEX_ERR_INVALID_ARG, "c >= 1");
+    a = g; a.x = NULL;
+    EXPECT_ERR(capex_batch_norm_forward(&d, NULL, &a), CAPEX_ERR_INVALID_ARG, "x is NULL");
+    a = g; a.running_mean = rm;
+    EXPECT_ERR(capex_batch_norm_forward(&d, NULL, &a), CAPEX_ERR_INVALID_ARG, "both running_mean and running_var");
+    a = g; a.layout = (capex_bn_layout)5;
+    EXPECT_ERR(capex_batch_norm_forward(&d, NULL, &a), CAPEX_ERR_INVALID_ARG, "layout");
+    a = g; a.n = 1; a.s = 1;
+    EXPECT_ERR(capex_batch_norm_forward(&d, NULL, &a), CAPEX_ERR_INVALID_ARG, "more than 1 value per channel");
+    d.momentum = 1.5f;
+    EXPECT_ERR(capex_batch_norm_forward(&d, NULL, &g), CAPEX_ERR_INVALID_ARG, "momentum");
+    d.momentum = NAN;
+    EXPECT_ERR(capex_batch_norm_forward(&d, NULL, &g), CAPEX_ERR_INVALID_ARG, "momentum");
+    capex_batch_norm_desc_init(&d);
+    for (i = 0; i < 8; i++) CT_CHECK(y[i] == -99.0f, "y written by a failed call");
+    a = g; a.dy = x; a.dx = y; a.total_count = 0;
+    EXPECT_ERR(capex_batch_norm_backward(&d, NULL, &a), CAPEX_ERR_INVALID_ARG, "total_count");
+    a = g; a.dy = x; a.save_invstd = NULL; a.total_count = 4;
+    EXPECT_ERR(capex_batch_norm_backward(&d, NULL, &a), CAPEX_ERR_INVALID_ARG, "save_invstd (from forward) is NULL");
+    CT_CHECK(capex_comm_init_single(&single) == CAPEX_OK, "single");
+    a = g;
+    CT_CHECK(capex_batch_norm_forward(&d, &single, &a) == CAPEX_OK, "world of one: %s", capex_last_error());
+    CT_CHECK(a.total_count == 4, "count");
+    capex_comm_destroy(&single);
+    {
+        float bad[4] = {0, 1, 0, 1e30f}, mean[1], var[1];
+        EXPECT_ERR(capex_syncbn_merge(bad, 1, 1, mean, var, NULL), CAPEX_ERR_FORMAT, "corrupt count");
+        EXPECT_ERR(capex_syncbn_merge(NULL, 1, 1, mean, var, NULL), CAPEX_ERR_INVALID_ARG, "NULL");
+    }
+}
+
+CT_TEST(amp_dtypes_keep_batchnorm_fp32) {
+    capex_amp_config cfg;
+    capex_amp_overrides ov;
+    capex_dtype p, y;
+    CT_CHECK(capex_amp_resolve(CAPEX_O2, CAPEX_F16, NULL, &cfg) == CAPEX_OK, "O2");
+    CT_CHECK(capex_batch_norm_amp_dtypes(&cfg, CAPEX_F16, &p, &y) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(p == CAPEX_F32, "O2 keeps batchnorm params fp32");
+    capex_amp_overrides_init(&ov);
+    ov.keep_batchnorm_fp32 = CAPEX_TRI_FALSE;
+    CT_CHECK(capex_amp_resolve(CAPEX_O2, CAPEX_BF16, &ov, &cfg) == CAPEX_OK, "O2 override");
+    CT_CHECK(capex_batch_norm_amp_dtypes(&cfg, CAPEX_BF16, &p, &y) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(p == CAPEX_BF16 && y == CAPEX_BF16, "keep_batchnorm_fp32=False: params %d y %d", p, y);
+    CT_CHECK(capex_amp_resolve(CAPEX_O1, CAPEX_F16, NULL, &cfg) == CAPEX_OK, "O1");
+    CT_CHECK(capex_batch_norm_amp_dtypes(&cfg, CAPEX_F16, &p, &y) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(p == CAPEX_F32 && y == CAPEX_F32, "O1: batch norm runs in fp32 (p %d y %d)", p, y);
+    CT_CHECK(capex_batch_norm_amp_dtypes(NULL, CAPEX_F16, &p, &y) == CAPEX_ERR_INVALID_ARG, "NULL cfg");
+}
+
+/* ---- SyncBatchNorm over in-process ranks (threads and a test comm) ---- */
+#define MAXW 4
+typedef struct tcomm_shared {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived, gen, world;
+    const void *slot[MAXW];
+} tcomm_shared;
+static void tbarrier(tcomm_shared *s) {
+    int g;
+    pthread_mutex_lock(&s->mu);
+    g = s->gen;
+    if (++s->arrived == s->world) { s->arrived = 0; s->gen++; pthread_cond_broadcast(&s->cv); }
+    else while (g == s->gen) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+static capex_result t_allgather(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t, double dl) {
+    tcomm_shared *s = (tcomm_shared *)c->impl;
+    size_t es = capex_dtype_size(t);
+    int r;
+    (void)dl;
+    s->slot[c->rank] = send;
+    tbarrier(s);
+    for (r = 0; r < s->world; r++) memcpy((char *)recv + (size_t)r * n * es, s->slot[r], n * es);
+    tbarrier(s);
+    return CAPEX_OK;
+}
+static capex_result t_allreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
+                                capex_reduce_op op, double dl) {
+    tcomm_shared *s = (tcomm_shared *)c->impl;
+    float *tmp = (float *)calloc(n ? n : 1, sizeof(float));
+    size_t i;
+    int r;
+    (void)dl; (void)op; (void)t;
+    s->slot[c->rank] = send;
+    tbarrier(s);
+    for (r = 0; r < s->world; r++)
+        for (i = 0; i < n; i++) tmp[i] += ((const float *)s->slot[r])[i];
+    tbarrier(s);
+    memcpy(recv, tmp, n * sizeof(float));
+    free(tmp);
+    return CAPEX_OK;
+}
+static capex_result t_bcast(capex_comm *c, void *b, size_t n, capex_dtype t, int root, double dl) {
+    (void)c; (void)b; (void)n; (void)t; (void)root; (void)dl;
+    return CAPEX_OK;
+}
+static capex_result t_barrier(capex_comm *c, double dl) { (void)dl; tbarrier((tcomm_shared *)c->impl); return CAPEX_OK; }
+
+typedef struct rank_job {
+    capex_comm comm;
+    capex_batch_norm_args a;
+    capex_result rf, rb;
+} rank_job;
+static void *rank_main(void *p) {
+    rank_job *j = (rank_job *)p;
+    capex_batch_norm_desc d;
+    capex_batch_norm_desc_init(&d);
+    j->rf = capex_batch_norm_forward(&d, &j->comm, &j->a);
+    j->rb = j->rf == CAPEX_OK ? capex_batch_norm_backward(&d, &j->comm, &j->a) : j->rf;
+    return NULL;
+}
+
+/* Ranks hold batches[r] samples of the same [*, C, S] problem; their results
+   must equal BatchNorm on the concatenated batch (dweight/dbias: the sum of
+   the ranks' shares). */
+static void sync_case(ct_state *ct, int world, const int64_t *batches, capex_bn_layout lay) {
+    static capex_comm_vtable vt;
+    tcomm_shared sh;
+    rank_job jobs[MAXW];
+    pthread_t th[MAXW];
+    const int64_t C = 5, S = 6;
+    int64_t N = 0, r, i, off = 0;
+    float *x, *dy, *y, *dx, w[5], b[5], rm[MAXW][5], rv[MAXW][5], sm[MAXW][5], si[MAXW][5], dw[MAXW][5], db[MAXW][5];
+    float yc_rm[5], yc_rv[5], smc[5], sic[5], dwc[5], dbc[5];
+    float *yc, *dxc;
+    capex_batch_norm_args ca;
+    memset(&vt, 0, sizeof vt);
+    vt.name = "threads"; vt.allreduce = t_allreduce; vt.allgather = t_allgather; vt.broadcast = t_bcast;
+    vt.barrier = t_barrier;
+    for (r = 0; r < world; r++) N += batches[r];
+    x = (float *)malloc((size_t)(N * C * S) * 4); dy = (float *)malloc((size_t)(N * C * S) * 4);
+    y = (float *)malloc((size_t)(N * C * S) * 4); dx = (float *)malloc((size_t)(N * C * S) * 4);
+    yc = (float *)malloc((size_t)(N * C * S) * 4); dxc = (float *)malloc((size_t)(N * C * S) * 4);
+    for (i = 0; i < N * C * S; i++) { x[i] = (float)(3 + 2 * rng_sym()); dy[i] = (float)rng_sym(); }
+    for (i = 0; i < C; i++) { w[i] = (float)(1 + rng_sym() * 0.5); b[i] = (float)rng_sym(); yc_rm[i] = 0; yc_rv[i] = 1; }
+    /* the concatenated batch on one process */
+    capex_batch_norm_args_init(&ca);
+    ca.n = N; ca.c = C; ca.s = S; ca.layout = lay; ca.x = x; ca.y = yc; ca.weight = w; ca.bias = b;
+    ca.running_mean = yc_rm; ca.running_var = yc_rv; ca.save_mean = smc; ca.save_invstd = sic;
+    ca.dy = dy; ca.dx = dxc; ca.dweight = dwc; ca.dbias = dbc;
+    CT_CHECK(capex_batch_norm_forward(NULL, NULL, &ca) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_batch_norm_backward(NULL, NULL, &ca) == CAPEX_OK, "%s", capex_last_error());
+    memset(&sh, 0, sizeof sh);
+    pthread_mutex_init(&sh.mu, NULL);
+    pthread_cond_init(&sh.cv, NULL);
+    sh.world = world;
+    for (r = 0; r < world; r++) {
+        rank_job *j = &jobs[r];
+        int64_t e0 = off * C * S;
+        memset(j, 0, sizeof *j);
+        j->comm.vt = &vt; j->comm.impl = &sh; j->comm.rank = (int)r; j->comm.world_size = world;
+        j->comm.timeout_s = 60;
+        for (i = 0; i < C; i++) { rm[r][i] = 0; rv[r][i] = 1; }
+        capex_batch_norm_args_init(&j->a);
+        j->a.n = batches[r]; j->a.c = C; j->a.s = S; j->a.layout = lay;
+        j->a.x = batches[r] ? x + e0 : NULL; j->a.y = batches[r] ? y + e0 : NULL;
+        j->a.dy = batches[r] ? dy + e0 : NULL; j->a.dx = batches[r] ? dx + e0 : NULL;
+        j->a.weight = w; j->a.bias = b; j->a.running_mean = rm[r]; j->a.running_var = rv[r];
+        j->a.save_mean = sm[r]; j->a.save_invstd = si[r]; j->a.dweight = dw[r]; j->a.dbias = db[r];
+        off += batches[r];
+    }
+    for (r = 0; r < world; r++) pthread_create(&th[r], NULL, rank_main, &jobs[r]);
+    for (r = 0; r < world; r++) pthread_join(th[r], NULL);
+    pthread_mutex_destroy(&sh.mu);
+    pthread_cond_destroy(&sh.cv);
+    for (r = 0; r < world; r++) {
+        CT_CHECK(jobs[r].rf == CAPEX_OK && jobs[r].rb == CAPEX_OK, "rank %lld: %s %s", (long long)r,
+                 capex_result_string(jobs[r].rf), capex_result_string(jobs[r].rb));
+        CT_CHECK(jobs[r].a.total_count == N * S, "rank %lld total_count %lld", (long long)r,
+                 (long long)jobs[r].a.total_count);
+        for (i = 0; i < C; i++) {
+            CT_CHECK(fabsf(sm[r][i] - smc[i]) <= 1e-5f * (1 + fabsf(smc[i])), "mean");
+            CT_CHECK(fabsf(si[r][i] - sic[i]) <= 1e-5f * sic[i], "invstd");
+            CT_CHECK(fabsf(rm[r][i] - yc_rm[i]) <= 1e-5f && fabsf(rv[r][i] - yc_rv[i]) <= 1e-5f, "running stats");
+        }
+    }
+    for (i = 0; i < N * C * S; i++) {
+        CT_CHECK(fabsf(y[i] - yc[i]) <= 2e-5f * (1 + fabsf(yc[i])), "y[%lld] %g vs %g", (long long)i, (double)y[i],
+                 (double)yc[i]);
+        CT_CHECK(fabsf(dx[i] - dxc[i]) <= 1e-4f * (1 + fabsf(dxc[i])), "dx[%lld] %g vs %g", (long long)i, (double)dx[i],
+                 (double)dxc[i]);
+    }
+    for (i = 0; i < C; i++) {
+        float sw = 0, sb = 0;
+        for (r = 0; r < world; r++) { sw += dw[r][i]; sb += db[r][i]; }
+        CT_CHECK(fabsf(sw - dwc[i]) <= 1e-4f * (1 + fabsf(dwc[i])) && fabsf(sb - dbc[i]) <= 1e-4f * (1 + fabsf(dbc[i])),
+                 "sum of rank dweight/dbias = full batch's");
+    }
+    free(x); free(dy); free(y); free(dx); free(yc); free(dxc);
+}
+
+CT_TEST(sync_batch_norm_threads_unequal_batches) {
+    static const int64_t b2[2] = {3, 5}, b3[3] = {1, 4, 2}, b3e[3] = {2, 0, 3}, b4[4] = {1, 1, 1, 6};
+    int lay;
+    for (lay = 0; lay < 2; lay++) {
+        sync_case(ct, 2, b2, (capex_bn_layout)lay);
+        if (ct->failed) return;
+        sync_case(ct, 3, b3, (capex_bn_layout)lay);
+        if (ct->failed) return;
+        sync_case(ct, 3, b3e, (capex_bn_layout)lay); /* an empty rank */
+        if (ct->failed) return;
+        sync_case(ct, 4, b4, (capex_bn_layout)lay);
+        if (ct->failed) return;
+    }
+}
+
+static const ct_case cases[] = {
+    CT_CASE(layer_and_rms_norm_odd_widths_f32),
+    CT_CASE(mixed_dtypes_all_combinations),
+    CT_CASE(huge_fp16_inputs_do_not_overflow),
+    CT_CASE(constant_rows_and_one_element_rows),
+    CT_CASE(finite_differences),
+    CT_CASE(pytorch_semantics_small),
+    CT_CASE(matches_pytorch_golden_vectors),
+    CT_CASE(bits_independent_of_thread_count),
+    CT_CASE(layer_norm_errors_are_clear_and_write_nothing),
+    CT_CASE(batch_norm_layouts_dtypes_eval),
+    CT_CASE(batch_norm_finite_differences),
+    CT_CASE(batch_norm_constant_channel_and_no_running_stats),
+    CT_CASE(batch_norm_errors),
+    CT_CASE(amp_dtypes_keep_batchnorm_fp32),
+    CT_CASE(sync_batch_norm_threads_unequal_batches),
+};
+
+int main(int argc, char **argv) {
+    if (getenv("NORM_HASH")) {
+        printf("norm-hash %016llx\n", (unsigned long long)fixed_problem_hash(0));
+        return 0;
+    }
+    return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
+}

@@ -1,0 +1,224 @@
+/* GPU norms (capex_cuda.h NORM) against capex.h's CPU norms, which
+   tests/test_norm.c checks against float64 references: LayerNorm/RMSNorm
+   forward and backward for warp-per-row and block-per-row widths, vectorised
+   and scalar loads, f32/f16/bf16 inputs with f32 or half parameters;
+   BatchNorm (both layouts, train and eval, running statistics) and
+   SyncBatchNorm over a world of one. Outputs are poisoned first. Every GPU
+   test skips without a GPU; the argument checks run everywhere. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#define CAPEX_CUDA_IMPLEMENTATION
+#include "../capex_cuda.h"
+#include "capex_test.h"
+#include <math.h>
+
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "protect_shadow_gap=0:detect_leaks=0"; }
+
+static unsigned long long g_rng = 777;
+static float rnd(void) {
+    unsigned long long z = (g_rng += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+static float getv(capex_dtype t, const void *p, int64_t i) {
+    if (t == CAPEX_F32) return ((const float *)p)[i];
+    if (t == CAPEX_F16) return capex_f16_to_f32(((const uint16_t *)p)[i]);
+    return capex_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+static void setv(capex_dtype t, void *p, int64_t i, float v) {
+    if (t == CAPEX_F32) ((float *)p)[i] = v;
+    else if (t == CAPEX_F16) ((uint16_t *)p)[i] = capex_f32_to_f16(v);
+    else ((uint16_t *)p)[i] = capex_f32_to_bf16(v);
+}
+static float tol_of(capex_dtype t) { return t == CAPEX_F32 ? 1e-4f : t == CAPEX_F16 ? 4e-3f : 3e-2f; }
+/* max |a - b| <= tol * max(1, max |b|) */
+static int same(capex_dtype t, const void *a, const void *b, int64_t n, float tol, float *err) {
+    float mx = 1.0f, e = 0.0f;
+    int64_t i;
+    for (i = 0; i < n; i++) if (fabsf(getv(t, b, i)) > mx) mx = fabsf(getv(t, b, i));
+    for (i = 0; i < n; i++) {
+        float d = fabsf(getv(t, a, i) - getv(t, b, i));
+        if (!(d <= e)) e = d != d ? 1e30f : d;
+    }
+    *err = e / mx;
+    return e <= tol * mx;
+}
+
+static capex_cuda_context *open_ctx(ct_state *ct) {
+    capex_cuda_context_desc cd;
+    capex_cuda_context *ctx = NULL;
+    int n = 0;
+    capex_result r = capex_cuda_device_count(&n);
+    if (r != CAPEX_OK || n == 0) {
+        ct_skip(ct, "no GPU (%s): %.90s", capex_result_string(r), r == CAPEX_OK ? "0 devices" : capex_last_error());
+        return NULL;
+    }
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    if (capex_cuda_context_create(&cd, &ctx) != CAPEX_OK) {
+        ct_fail(ct, __FILE__, __LINE__, "context", "%s", capex_last_error());
+        return NULL;
+    }
+    return ctx;
+}
+
+static capex_cuda_ptr up(capex_cuda_context *ctx, const void *h, size_t bytes) {
+    capex_cuda_ptr p = 0;
+    if (capex_cuda_malloc(ctx, bytes ? bytes : 4, &p) != CAPEX_OK) return 0;
+    if (h) capex_cuda_memcpy_htod(ctx, p, h, bytes, NULL);
+    else capex_cuda_memset_u8(ctx, p, 0xff, bytes, NULL); /* poison: NaN */
+    return p;
+}
+
+static void ln_case(ct_state *ct, capex_cuda_context *ctx, int rms, int64_t R, int64_t C, capex_dtype xt, capex_dtype pt) {
+    const int64_t N = R * C;
+    const size_t xs = capex_dtype_size(xt), ps = capex_dtype_size(pt);
+    void *x = malloc(N * xs), *dy = malloc(N * xs), *w = malloc(C * ps), *b = malloc(C * ps);
+    void *y = malloc(N * xs), *dx = malloc(N * xs), *dw = malloc(C * ps), *db = malloc(C * ps);
+    void *gy = malloc(N * xs), *gdx = malloc(N * xs), *gdw = malloc(C * ps), *gdb = malloc(C * ps);
+    float *mean = (float *)malloc(R * 4), *rstd = (float *)malloc(R * 4), *gm = (float *)malloc(R * 4),
+          *gr = (float *)malloc(R * 4), err;
+    capex_norm_args a;
+    capex_cuda_norm_args g;
+    int64_t i;
+    size_t wsb = capex_cuda_norm_workspace_bytes(R, C);
+    for (i = 0; i < N; i++) { setv(xt, x, i, 1.0f + 2.0f * rnd()); setv(xt, dy, i, rnd()); }
+    for (i = 0; i < C; i++) { setv(pt, w, i, 1.0f + 0.5f * rnd()); setv(pt, b, i, rnd()); }
+    capex_norm_args_init(&a);
+    a.rows = R; a.cols = C; a.x_dtype = a.y_dtype = xt; a.param_dtype = pt; a.x = x; a.y = y; a.weight = w;
+    a.bias = rms ? NULL : b; a.mean = mean; a.rstd = rstd; a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = rms ? NULL : db;
+    CT_CHECK((rms ? capex_rms_norm_forward(NULL, &a) : capex_layer_norm_forward(NULL, &a)) == CAPEX_OK, "cpu fwd");
+    CT_CHECK((rms ? capex_rms_norm_backward(NULL, &a) : capex_layer_norm_backward(NULL, &a)) == CAPEX_OK, "cpu bwd");
+    capex_cuda_norm_args_init(&g);
+    g.rows = R; g.cols = C; g.x_dtype = g.y_dtype = xt; g.param_dtype = pt;
+    g.x = up(ctx, x, N * xs); g.dy = up(ctx, dy, N * xs); g.weight = up(ctx, w, C * ps);
+    g.bias = rms ? 0 : up(ctx, b, C * ps); g.y = up(ctx, NULL, N * xs); g.dx = up(ctx, NULL, N * xs);
+    g.mean = up(ctx, NULL, R * 4); g.rstd = up(ctx, NULL, R * 4); g.dweight = up(ctx, NULL, C * ps);
+    g.dbias = rms ? 0 : up(ctx, NULL, C * ps); g.workspace = up(ctx, NULL, wsb);
+    CT_CHECK((rms ? capex_cuda_rms_norm_forward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL)) ==
+             CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK((rms ? capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_backward(ctx, NULL, &g, NULL)) ==
+             CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_cuda_context_synchronize(ctx) == CAPEX_OK, "%s", capex_last_error());
+    capex_cuda_memcpy_dtoh(ctx, gy, g.y, N * xs, NULL); capex_cuda_memcpy_dtoh(ctx, gdx, g.dx, N * xs, NULL);
+    capex_cuda_memcpy_dtoh(ctx, gm, g.mean, R * 4, NULL); capex_cuda_memcpy_dtoh(ctx, gr, g.rstd, R * 4, NULL);
+    capex_cuda_memcpy_dtoh(ctx, gdw, g.dweight, C * ps, NULL);
+    if (!rms) capex_cuda_memcpy_dtoh(ctx, gdb, g.dbias, C * ps, NULL);
+    CT_CHECK(same(xt, gy, y, N, tol_of(xt), &err), "rms=%d R=%lld C=%lld xt=%d y err %g", rms, (long long)R, (long long)C, xt, err);
+    CT_CHECK(same(CAPEX_F32, gr, rstd, R, 1e-4f, &err), "rstd err %g", err);
+    CT_CHECK(rms || same(CAPEX_F32, gm, mean, R, 1e-5f, &err), "mean err %g", err);
+    CT_CHECK(same(xt, gdx, dx, N, 5 * tol_of(xt), &err), "rms=%d C=%lld dx err %g", rms, (long long)C, err);
+    CT_CHECK(same(pt, gdw, dw, C, 5 * tol_of(pt), &err), "dweight err %g", err);
+    CT_CHECK(rms || same(pt, gdb, db, C, 5 * tol_of(pt), &err), "dbias err %g", err);
+    capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias);
+    capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.dx); capex_cuda_free(ctx, g.mean); capex_cuda_free(ctx, g.rstd);
+    capex_cuda_free(ctx, g.dweight); capex_cuda_free(ctx, g.dbias); capex_cuda_free(ctx, g.workspace);
+    free(x); free(dy); free(w); free(b); free(y); free(dx); free(dw); free(db); free(gy); free(gdx); free(gdw); free(gdb);
+    free(mean); free(rstd); free(gm); free(gr);
+}
+
+CT_TEST(gpu_layer_and_rms_norm_match_cpu) {
+    static const int64_t widths[] = {1, 7, 64, 1000, 1024, 1025, 4096, 8192};
+    static const capex_dtype ts[] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
+    capex_cuda_context *ctx = open_ctx(ct);
+    size_t wi, ti;
+    int rms;
+    if (!ctx) return;
+    for (rms = 0; rms < 2; rms++)
+        for (wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+            for (ti = 0; ti < 3; ti++) {
+                ln_case(ct, ctx, rms, 37, widths[wi], ts[ti], CAPEX_F32);
+                if (ct->failed) break;
+                ln_case(ct, ctx, rms, 5, widths[wi], ts[ti], ts[ti]);
+                if (ct->failed) break;
+            }
+    capex_cuda_context_destroy(ctx);
+}
+
+static void bn_gpu_case(ct_state *ct, capex_cuda_context *ctx, int64_t N, int64_t C, int64_t S, capex_bn_layout lay,
+                        capex_dtype xt, int training) {
+    const int64_t T = N * C * S;
+    const size_t xs = capex_dtype_size(xt);
+    void *x = malloc(T * xs), *dy = malloc(T * xs), *y = malloc(T * xs), *dx = malloc(T * xs), *gy = malloc(T * xs),
+         *gdx = malloc(T * xs);
+    float w[16], b[16], rm[16], rv[16], grm[16], grv[16], sm[16], si[16], dw[16], db[16], gdw[16], gdb[16], err;
+    capex_batch_norm_desc d;
+    capex_batch_norm_args a;
+    capex_cuda_batch_norm_args g;
+    capex_comm single;
+    int64_t i;
+    for (i = 0; i < T; i++) { setv(xt, x, i, 2.0f + 3.0f * rnd()); setv(xt, dy, i, rnd()); }
+    for (i = 0; i < C; i++) { w[i] = 1.0f + 0.5f * rnd(); b[i] = rnd(); rm[i] = grm[i] = 0.1f * rnd(); rv[i] = grv[i] = 1.0f + 0.5f * rnd(); }
+    capex_batch_norm_desc_init(&d);
+    d.training = training;
+    capex_batch_norm_args_init(&a);
+    a.n = N; a.c = C; a.s = S; a.layout = lay; a.x_dtype = a.y_dtype = xt; a.x = x; a.y = y; a.weight = w; a.bias = b;
+    a.running_mean = rm; a.running_var = rv; a.save_mean = sm; a.save_invstd = si; a.dy = dy; a.dx = dx;
+    a.dweight = dw; a.dbias = db;
+    CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_batch_norm_backward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    capex_cuda_batch_norm_args_init(&g);
+    g.n = N; g.c = C; g.s = S; g.layout = lay; g.x_dtype = g.y_dtype = xt;
+    g.x = up(ctx, x, T * xs); g.dy = up(ctx, dy, T * xs); g.y = up(ctx, NULL, T * xs); g.dx = up(ctx, NULL, T * xs);
+    g.weight = up(ctx, w, C * 4); g.bias = up(ctx, b, C * 4); g.running_mean = up(ctx, grm, C * 4);
+    g.running_var = up(ctx, grv, C * 4); g.save_mean = up(ctx, NULL, C * 4); g.save_invstd = up(ctx, NULL, C * 4);
+    g.dweight = up(ctx, NULL, C * 4); g.dbias = up(ctx, NULL, C * 4);
+    g.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(C, 1));
+    CT_CHECK(capex_comm_init_single(&single) == CAPEX_OK, "single");
+    CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, &single, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_cuda_batch_norm_backward(ctx, &d, &single, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+    capex_comm_destroy(&single);
+    CT_CHECK(capex_cuda_context_synchronize(ctx) == CAPEX_OK, "%s", capex_last_error());
+    capex_cuda_memcpy_dtoh(ctx, gy, g.y, T * xs, NULL); capex_cuda_memcpy_dtoh(ctx, gdx, g.dx, T * xs, NULL);
+    capex_cuda_memcpy_dtoh(ctx, grm, g.running_mean, C * 4, NULL); capex_cuda_memcpy_dtoh(ctx, grv, g.running_var, C * 4, NULL);
+    capex_cuda_memcpy_dtoh(ctx, gdw, g.dweight, C * 4, NULL); capex_cuda_memcpy_dtoh(ctx, gdb, g.dbias, C * 4, NULL);
+    CT_CHECK(same(xt, gy, y, T, tol_of(xt), &err), "bn y lay=%d xt=%d train=%d err %g", lay, xt, training, err);
+    CT_CHECK(same(xt, gdx, dx, T, 5 * tol_of(xt), &err), "bn dx err %g", err);
+    CT_CHECK(same(CAPEX_F32, grm, rm, C, 1e-5f, &err) && same(CAPEX_F32, grv, rv, C, 1e-5f, &err), "running err %g", err);
+    CT_CHECK(same(CAPEX_F32, gdw, dw, C, 1e-3f, &err) && same(CAPEX_F32, gdb, db, C, 1e-3f, &err), "dweight/dbias err %g", err);
+    capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.dx);
+    capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias); capex_cuda_free(ctx, g.running_mean);
+    capex_cuda_free(ctx, g.running_var); capex_cuda_free(ctx, g.save_mean); capex_cuda_free(ctx, g.save_invstd);
+    capex_cuda_free(ctx, g.dweight); capex_cuda_free(ctx, g.dbias); capex_cuda_free(ctx, g.workspace);
+    free(x); free(dy); free(y); free(dx); free(gy); free(gdx);
+}
+
+CT_TEST(gpu_batch_norm_matches_cpu) {
+    capex_cuda_context *ctx = open_ctx(ct);
+    int lay, tr;
+    if (!ctx) return;
+    for (lay = 0; lay < 2; lay++)
+        for (tr = 0; tr < 2; tr++) {
+            bn_gpu_case(ct, ctx, 8, 16, 49, (capex_bn_layout)lay, CAPEX_F32, tr);
+            if (ct->failed) break;
+            bn_gpu_case(ct, ctx, 3, 5, 1, (capex_bn_layout)lay, CAPEX_BF16, tr);
+            if (ct->failed) break;
+        }
+    capex_cuda_context_destroy(ctx);
+}
+
+/* Checked before any driver call: no GPU needed. */
+CT_TEST(gpu_norm_argument_errors) {
+    capex_cuda_norm_args g;
+    capex_cuda_batch_norm_args b;
+    capex_cuda_norm_args_init(&g);
+    g.rows = 2; g.cols = 0;
+    CT_CHECK(capex_cuda_layer_norm_forward(NULL, NULL, &g, NULL) == CAPEX_ERR_INVALID_ARG, "NULL ctx");
+    CT_CHECK(strstr(capex_last_error(), "ctx is NULL"), "%s", capex_last_error());
+    CT_CHECK(capex_cuda_norm_workspace_bytes(100, 8) == 2u * 2u * 8u * 4u, "workspace %zu", capex_cuda_norm_workspace_bytes(100, 8));
+    CT_CHECK(capex_cuda_norm_workspace_bytes(1, 0) == 0, "bad shape: 0 bytes");
+    CT_CHECK(capex_cuda_batch_norm_workspace_bytes(4, 2) == 8u + 4u * (10u + 20u + 8u), "bn workspace");
+    capex_cuda_batch_norm_args_init(&b);
+    CT_CHECK(capex_cuda_batch_norm_forward(NULL, NULL, NULL, &b, NULL) == CAPEX_ERR_INVALID_ARG, "NULL ctx");
+}
+
+static const ct_case cases[] = {
+    CT_CASE(gpu_norm_argument_errors),
+    CT_CASE(gpu_layer_and_rms_norm_match_cpu),
+    CT_CASE(gpu_batch_norm_matches_cpu),
+};
+CT_MAIN(cases)
