@@ -1,0 +1,31 @@
+# NCCL backend (capex_cuda.h's NCCL section): the stand-in NCCL for CI, the
+# ABI check against the real nccl.h, GPU tests, and the CPU data-parallel
+# benchmark (make bench-dp).
+
+# A CPU stand-in for libnccl.so.2 (world size 1) used with the stand-in driver
+# by tests/test_nccl.c; `make test` builds both.
+$(BUILD)/fake/libnccl.so.2: tests/fake_libnccl.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu99 -O1 -g -Wall -Wextra -shared -fPIC $< -o $@
+
+$(BUILD)/tests/test_nccl: $(BUILD)/fake/libcuda.so.1 $(BUILD)/fake/libnccl.so.2
+
+# tests/test_nccl_abi.c against the real nccl.h when one is found (it needs
+# cuda_runtime.h next to it or in the toolkit). Without it the test SKIPs.
+NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/local/cuda/include/nccl.h /usr/include/nccl.h \
+            /usr/local/include/nccl.h /usr/local/cuda-*/include/nccl.h))
+NCCL_CUDART_H := $(firstword $(wildcard $(dir $(NCCL_H))cuda_runtime.h $(CUDA_HOME)/include/cuda_runtime.h \
+            /usr/local/cuda/include/cuda_runtime.h /usr/local/cuda-*/include/cuda_runtime.h))
+ifneq ($(NCCL_H),)
+ifneq ($(NCCL_CUDART_H),)
+$(BUILD)/tests/test_nccl_abi: tests/test_nccl_abi.c tests/capex_test.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DCAPEX_TEST_NCCL_H -isystem $(dir $(NCCL_H)) -isystem $(dir $(NCCL_CUDART_H)) -Itests $< -o $@ $(LDLIBS)
+endif
+endif
+
+# `make gpu-test` also runs the NCCL GPU tests (they SKIP without a GPU/NCCL).
+.PHONY: nccl-gpu-test
+gpu-test: nccl-gpu-test
+nccl-gpu-test: $(BUILD)/tests/test_nccl_gpu
+	@tests/run.sh $(BUILD)/tests/test_nccl_gpu
