@@ -6374,19 +6374,30 @@ static capex_result capex__mpi_err(int code, const char *what) {
     return capex__fail(CAPEX_ERR_COMM, "%s failed: %s (a peer probably died or the network failed)", what, msg);
 }
 
-/* Polls req until done or the deadline: spins briefly, then sleeps 50 us
-   between tests so oversubscribed ranks leave the CPU to their peers. */
+/* Polls req until done or the deadline: spins briefly, then yields the CPU
+   between tests after 2 ms so oversubscribed ranks let their peers run. (A 50 us sleep
+   here throttled large messages to ~0.13 GB/s: MPI moves one fragment per
+   test; bench/bench_dp.c measured it.) */
+#if defined(__unix__) || defined(__APPLE__)
+#  include <sched.h>
+#  define CAPEX__MPI_YIELD() sched_yield()
+#else
+#  define CAPEX__MPI_YIELD() capex__sleep_s(50e-6)
+#endif
 static capex_result capex__mpi_poll(MPI_Request *req, double deadline, const char *what) {
     long spins = 0;
+    double start = 0.0, now;
     for (;;) {
         int flag = 0, rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return capex__mpi_err(rc, what);
         if (flag) return CAPEX_OK;
         if (++spins > 200) {
-            if (capex_dist_now() > deadline)
+            now = capex_dist_now();
+            if (spins == 201) start = now;
+            if (now > deadline)
                 return capex__fail(CAPEX_ERR_TIMEOUT, "%s did not complete before the deadline: a peer is stuck or "
                                                       "dead; raise comm->timeout_s if it is only slow", what);
-            capex__sleep_s(50e-6);
+            if (now - start > 2e-3) CAPEX__MPI_YIELD(); /* spin 2 ms like MPI's own wait, then share the CPU */
         }
     }
 }

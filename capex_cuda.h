@@ -306,6 +306,7 @@ typedef struct capex_nccl_desc {
     double init_timeout_s;         /* unique-id exchange deadline (default 300 s)       */
     double timeout_s;              /* deadline of each collective (default 1800 s)      */
     int use_nccl_avg;              /* 1 (default): ncclAvg when NCCL >= 2.10            */
+    int rendezvous_port;           /* TCP bootstrap port; 0: auto (see below)          */
 } capex_nccl_desc;
 
 CAPEX_API void capex_nccl_desc_init(capex_nccl_desc *d);
@@ -313,7 +314,9 @@ CAPEX_API void capex_nccl_desc_init(capex_nccl_desc *d);
 CAPEX_API capex_result capex_nccl_get_unique_id(capex_nccl_unique_id *id);
 /* Rank 0's id (in *id on rank 0) to every rank, over bootstrap when it is a
    multi-rank host comm, else the TCP rendezvous of env (deadline, retries,
-   nonce). An all-zero id from rank 0 means rank 0 failed: the others get
+   nonce) at MASTER_ADDR and port "auto": MASTER_PORT, except MASTER_PORT + 1
+   under torchrun >= 2 (TORCHELASTIC_USE_AGENT_STORE=True: its agent's
+   TCPStore already listens on MASTER_PORT). An all-zero id from rank 0 means rank 0 failed: the others get
    CAPEX_ERR_COMM at once instead of waiting. timeout_s <= 0: 300 s. */
 CAPEX_API capex_result capex_nccl_exchange_unique_id(const capex_dist_env *env, capex_comm *bootstrap,
                                                      capex_nccl_unique_id *id, double timeout_s);
@@ -2105,8 +2108,10 @@ CAPEX__PRIVATE int capex__nccl_id_zero(const capex_nccl_unique_id *id) {
     return 1;
 }
 
-CAPEX_API capex_result capex_nccl_exchange_unique_id(const capex_dist_env *env, capex_comm *bootstrap,
-                                                     capex_nccl_unique_id *id, double timeout_s) {
+/* port: 0 = auto, else the TCP rendezvous port. */
+CAPEX__PRIVATE capex_result capex__nccl_exchange(const capex_dist_env *env, capex_comm *bootstrap, capex_nccl_unique_id *id,
+                                                double timeout_s, int port) {
+    capex_dist_env local;
     capex_result r;
     int rank;
     if (!id) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_nccl_exchange_unique_id: id is NULL");
@@ -2115,6 +2120,18 @@ CAPEX_API capex_result capex_nccl_exchange_unique_id(const capex_dist_env *env, 
     if (bootstrap && bootstrap->vt && bootstrap->device_buffers)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_nccl_exchange_unique_id: the bootstrap comm must use host buffers "
                                                   "(an MPI or TCP capex_comm), not a device comm");
+    if (env && env->world_size > 1 && !(bootstrap && bootstrap->vt && bootstrap->world_size > 1) && port == 0) {
+        /* torchrun's agent holds MASTER_PORT with its own TCPStore */
+        const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+        if (env->launcher == CAPEX_LAUNCHER_TORCHRUN && agent && (!strcmp(agent, "True") || !strcmp(agent, "1")) &&
+            env->master_port > 0 && env->master_port < 65535)
+            port = env->master_port + 1;
+    }
+    if (env && port > 0 && port != env->master_port) {
+        local = *env;
+        local.master_port = port;
+        env = &local;
+    }
     rank = bootstrap && bootstrap->vt && bootstrap->world_size > 1 ? bootstrap->rank : env ? env->rank : 0;
     if (env && bootstrap && bootstrap->vt && bootstrap->world_size > 1 &&
         (bootstrap->rank != env->rank || bootstrap->world_size != env->world_size))
@@ -2127,6 +2144,11 @@ CAPEX_API capex_result capex_nccl_exchange_unique_id(const capex_dist_env *env, 
         return capex__fail(CAPEX_ERR_COMM, "NCCL bootstrap: rank 0 could not create the NCCL unique id (see rank 0's "
                                            "error: NCCL missing or failing there)");
     return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_nccl_exchange_unique_id(const capex_dist_env *env, capex_comm *bootstrap,
+                                                     capex_nccl_unique_id *id, double timeout_s) {
+    return capex__nccl_exchange(env, bootstrap, id, timeout_s, 0);
 }
 
 /* -- ordering between the engine's stream and ours -- */
@@ -2521,8 +2543,11 @@ CAPEX_API capex_result capex_comm_init_nccl(capex_comm *c, const capex_dist_env 
         memset(&id, 0, sizeof id); /* still exchanged: peers then fail at once, not at their deadline */
     }
     if (env->world_size > 1) {
-        r = capex_nccl_exchange_unique_id(env, d->bootstrap, &id,
-                                          d->init_timeout_s > 0 ? d->init_timeout_s : 300.0);
+        if (d->rendezvous_port < 0 || d->rendezvous_port > 65535)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: rendezvous_port %d not in [0, 65535]",
+                               d->rendezvous_port);
+        r = capex__nccl_exchange(env, d->bootstrap, &id, d->init_timeout_s > 0 ? d->init_timeout_s : 300.0,
+                                 d->rendezvous_port);
         if (made != CAPEX_OK) return capex__fail(made, "%s", why);
         if (r != CAPEX_OK) return r;
     } else if (made != CAPEX_OK) {

@@ -29,3 +29,17 @@ endif
 gpu-test: nccl-gpu-test
 nccl-gpu-test: $(BUILD)/tests/test_nccl_gpu
 	@tests/run.sh $(BUILD)/tests/test_nccl_gpu
+
+# CPU data-parallel benchmark over MPI (bench/bench_dp.c): np 2, then np 4
+# oversubscribed (quick sweep). About a minute; results go to bench/RESULTS.md.
+.PHONY: bench-dp
+$(BUILD)/bench_dp: bench/bench_dp.c capex.h
+	@mkdir -p $(dir $@)
+	$(MPICC) -std=c99 -O2 $(WARN) -DCAPEX_MPI $< -o $@ -lm
+
+BENCH_DP_MPIRUN = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 5 150 mpirun --oversubscribe \
+                  --mca btl_vader_single_copy_mechanism none
+bench-dp: $(BUILD)/bench_dp
+	@lscpu 2>/dev/null | grep -E '^(Model name|CPU\(s\))' || true
+	$(BENCH_DP_MPIRUN) -np 2 $(BUILD)/bench_dp
+	$(BENCH_DP_MPIRUN) -np 4 $(BUILD)/bench_dp -q

@@ -473,7 +473,7 @@ static int free_port(void) {
     return port;
 }
 
-typedef struct xspec { int rank, world; const char *run; double delay, timeout; int zero_id; } xspec;
+typedef struct xspec { int rank, world; const char *run; double delay, timeout; int zero_id, torchrun; } xspec;
 
 /* exit code: 0 = ok with rank 0's id, 1 = wrong id, else 10 - result */
 static int exchange_rank(int port, const xspec *s) {
@@ -486,6 +486,7 @@ static int exchange_rank(int port, const xspec *s) {
     env.rank = s->rank; env.world_size = s->world;
     strcpy(env.master_addr, "127.0.0.1"); env.master_port = port;
     snprintf(env.run_id, sizeof env.run_id, "%s", s->run);
+    if (s->torchrun) { env.launcher = CAPEX_LAUNCHER_TORCHRUN; setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1); }
     memset(&id, 0xee, sizeof id);
     if (s->rank == 0) for (i = 0; i < sizeof id.bytes; i++) id.bytes[i] = s->zero_id ? 0 : (unsigned char)(i * 13 + 5);
     r = capex_nccl_exchange_unique_id(&env, NULL, &id, s->timeout);
@@ -494,9 +495,9 @@ static int exchange_rank(int port, const xspec *s) {
     return 0;
 }
 
-static void exchange_run(const xspec *s, int n, int *codes) {
+static void exchange_run_port(const xspec *s, int n, int *codes, int port) {
     pid_t pids[8];
-    int port = free_port(), i;
+    int i;
     fflush(stdout);
     for (i = 0; i < n; i++) {
         pids[i] = fork();
@@ -508,13 +509,45 @@ static void exchange_run(const xspec *s, int n, int *codes) {
         codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
     }
 }
+static void exchange_run(const xspec *s, int n, int *codes) { exchange_run_port(s, n, codes, free_port()); }
 #define XCODE(res) (10 - (int)(res))
+
+/* torchrun >= 2: its agent's TCPStore listens on MASTER_PORT, so the id goes
+   over MASTER_PORT + 1 (TORCHELASTIC_USE_AGENT_STORE=True). Checked for real
+   with torchrun --no-python; here a listener plays the agent's store. */
+CT_TEST(unique_id_exchange_beside_torchrun_store) {
+    int codes[8], i, port = 0, fd;
+    struct sockaddr_in a;
+    xspec s[3];
+    for (i = 0; i < 20 && !port; i++) {
+        int p = free_port(), q;
+        if (p <= 0 || p >= 65535) continue;
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(0x7f000001u);
+        a.sin_port = htons((uint16_t)p);
+        if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 4) == 0) {
+            /* the port above must be free for capex */
+            q = socket(AF_INET, SOCK_STREAM, 0);
+            a.sin_port = htons((uint16_t)(p + 1));
+            if (q >= 0 && bind(q, (struct sockaddr *)&a, sizeof a) == 0) port = p;
+            if (q >= 0) close(q);
+        }
+        if (!port) close(fd);
+    }
+    if (!port) CT_SKIP("no two adjacent free ports on loopback");
+    for (i = 0; i < 3; i++) { s[i].rank = i; s[i].world = 3; s[i].run = "tr-1"; s[i].delay = 0; s[i].timeout = 5; s[i].zero_id = 0; s[i].torchrun = 1; }
+    exchange_run_port(s, 3, codes, port);
+    close(fd);
+    for (i = 0; i < 3; i++) CT_CHECK(codes[i] == 0, "rank %d: code %d", i, codes[i]);
+}
 
 CT_TEST(unique_id_exchange_tcp) {
     int codes[8], i;
     xspec s[4];
     /* 4 ranks, rank 2 late, rank 0 later still */
-    for (i = 0; i < 4; i++) { s[i].rank = i; s[i].world = 4; s[i].run = "job-1"; s[i].delay = 0; s[i].timeout = 5; s[i].zero_id = 0; }
+    for (i = 0; i < 4; i++) { s[i].rank = i; s[i].world = 4; s[i].run = "job-1"; s[i].delay = 0; s[i].timeout = 5; s[i].zero_id = 0; s[i].torchrun = 0; }
     s[2].delay = 0.3; s[0].delay = 0.5;
     exchange_run(s, 4, codes);
     for (i = 0; i < 4; i++) CT_CHECK(codes[i] == 0, "rank %d: code %d", i, codes[i]);
@@ -523,7 +556,7 @@ CT_TEST(unique_id_exchange_tcp) {
 CT_TEST(unique_id_exchange_foreign_nonce) {
     int codes[8], i;
     xspec s[3];
-    for (i = 0; i < 3; i++) { s[i].world = 2; s[i].run = "job-2"; s[i].delay = 0; s[i].timeout = 5; s[i].zero_id = 0; }
+    for (i = 0; i < 3; i++) { s[i].world = 2; s[i].run = "job-2"; s[i].delay = 0; s[i].timeout = 5; s[i].zero_id = 0; s[i].torchrun = 0; }
     s[0].rank = 0; s[0].delay = 0.2;
     s[1].rank = 1; s[1].run = "stale-job"; s[1].timeout = 1.5; /* an old job's rank 1 knocks first */
     s[2].rank = 1; s[2].delay = 0.4;
@@ -535,7 +568,7 @@ CT_TEST(unique_id_exchange_foreign_nonce) {
 CT_TEST(unique_id_exchange_missing_rank) {
     int codes[8], i;
     xspec s[2];
-    for (i = 0; i < 2; i++) { s[i].rank = i; s[i].world = 3; s[i].run = "job-3"; s[i].delay = 0; s[i].timeout = 0.5; s[i].zero_id = 0; }
+    for (i = 0; i < 2; i++) { s[i].rank = i; s[i].world = 3; s[i].run = "job-3"; s[i].delay = 0; s[i].timeout = 0.5; s[i].zero_id = 0; s[i].torchrun = 0; }
     exchange_run(s, 2, codes); /* rank 2 never comes */
     CT_CHECK(codes[0] == XCODE(CAPEX_ERR_TIMEOUT), "rank 0 times out: %d", codes[0]);
     CT_CHECK(codes[1] == XCODE(CAPEX_ERR_TIMEOUT) || codes[1] == XCODE(CAPEX_ERR_COMM), "rank 1 fails: %d", codes[1]);
@@ -544,7 +577,7 @@ CT_TEST(unique_id_exchange_missing_rank) {
 CT_TEST(unique_id_exchange_rank0_failed) {
     int codes[8], i;
     xspec s[3];
-    for (i = 0; i < 3; i++) { s[i].rank = i; s[i].world = 3; s[i].run = "job-4"; s[i].delay = 0; s[i].timeout = 5; s[i].zero_id = i == 0; }
+    for (i = 0; i < 3; i++) { s[i].rank = i; s[i].world = 3; s[i].run = "job-4"; s[i].delay = 0; s[i].timeout = 5; s[i].zero_id = i == 0; s[i].torchrun = 0; }
     exchange_run(s, 3, codes);
     CT_CHECK(codes[0] == 1, "rank 0 sent zeros (its own check: %d)", codes[0]);
     CT_CHECK(codes[1] == XCODE(CAPEX_ERR_COMM) && codes[2] == XCODE(CAPEX_ERR_COMM), "peers fail at once: %d %d", codes[1], codes[2]);
@@ -632,7 +665,7 @@ static const ct_case cases[] = {
     CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_init_failure),
     CT_CASE(real_nccl_refuses_stand_in_driver), CT_CASE(argument_validation), CT_CASE(unique_id_exchange_tcp),
     CT_CASE(unique_id_exchange_foreign_nonce), CT_CASE(unique_id_exchange_missing_rank),
-    CT_CASE(unique_id_exchange_rank0_failed), CT_CASE(wide_dtypes_single_backend), CT_CASE(wide_dtypes_tcp_backend)};
+    CT_CASE(unique_id_exchange_rank0_failed), CT_CASE(unique_id_exchange_beside_torchrun_store), CT_CASE(wide_dtypes_single_backend), CT_CASE(wide_dtypes_tcp_backend)};
 
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
