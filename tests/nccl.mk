@@ -43,3 +43,12 @@ bench-dp: $(BUILD)/bench_dp
 	@lscpu 2>/dev/null | grep -E '^(Model name|CPU\(s\))' || true
 	$(BENCH_DP_MPIRUN) -np 2 $(BUILD)/bench_dp
 	$(BENCH_DP_MPIRUN) -np 4 $(BUILD)/bench_dp -q
+
+# tests/test_nccl_mpi.c is also the MPI program it runs (f64/i64 collectives,
+# the unique id over an MPI bootstrap comm): built with mpicc when present.
+ifneq ($(DIST_HAVE_MPICC),)
+$(BUILD)/tests/test_nccl_mpi: $(BUILD)/tests/mpi/test_nccl_mpi
+$(BUILD)/tests/mpi/test_nccl_mpi: tests/test_nccl_mpi.c capex.h capex_cuda.h
+	@mkdir -p $(dir $@)
+	$(MPICC) -std=c99 -O2 -g $(WARN) -DCAPEX_MPI -Itests $< -o $@ -ldl -lpthread -lm
+endif
