@@ -1113,6 +1113,16 @@ CAPEX_API void capex_dist_log_init(const capex_dist_env *env);
 /* -- communicator -- */
 typedef enum capex_reduce_op { CAPEX_REDUCE_SUM = 0, CAPEX_REDUCE_AVG = 1 } capex_reduce_op;
 
+/* Collective-only element types: f64 sums (SyncBatchNorm statistics, metrics)
+   and exact int64 sums (counts). Not tensor dtypes: only the capex_comm_*
+   calls and the comm backends take them (DDP buckets, tensor lists and
+   optimizers keep F32/F16/BF16). Same values as capex_state_dtype's. AVG is
+   for floating types only. */
+#define CAPEX_F64 ((capex_dtype)3)
+#define CAPEX_I64 ((capex_dtype)4)
+/* Bytes per element of a comm dtype (4, 2, 2, 8, 8); 0 if invalid. */
+CAPEX_API size_t capex_comm_dtype_size(capex_dtype t);
+
 typedef struct capex_comm capex_comm;
 
 /* Direction of a mem_copy (device backends; host backends ignore it). */
@@ -6272,6 +6282,18 @@ CAPEX_API void capex_dist_log_init(const capex_dist_env *env) {
 /* ---- data parallel: host element helpers -------------------------------- */
 
 CAPEX__PRIVATE int capex__dtype_ok(capex_dtype t) { return t == CAPEX_F32 || t == CAPEX_F16 || t == CAPEX_BF16; }
+CAPEX_API size_t capex_comm_dtype_size(capex_dtype t) {
+    int v = (int)t;
+    return v == 3 || v == 4 ? 8 : capex_dtype_size(t);
+}
+CAPEX__PRIVATE int capex__comm_dtype_ok(capex_dtype t) { return capex_comm_dtype_size(t) != 0; }
+CAPEX__PRIVATE int capex__comm_wide(capex_dtype t) { return t == CAPEX_F64 || t == CAPEX_I64; }
+/* sum += x for the 8-byte types (int64 wraps like two's complement, as MPI/NCCL). */
+CAPEX__PRIVATE void capex__host_add_wide(void *acc, const void *x, size_t n, capex_dtype t) {
+    size_t i;
+    if (t == CAPEX_F64) { double *a = (double *)acc; const double *b = (const double *)x; for (i = 0; i < n; i++) a[i] += b[i]; }
+    else { uint64_t *a = (uint64_t *)acc; const uint64_t *b = (const uint64_t *)x; for (i = 0; i < n; i++) a[i] += b[i]; }
+}
 
 CAPEX__PRIVATE float capex__load(const void *p, capex_dtype t, size_t i) {
     if (t == CAPEX_F32) return ((const float *)p)[i];
@@ -6374,9 +6396,11 @@ CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, voi
                                             capex_reduce_op op) {
     capex_result r = capex__comm_check(c, "capex_comm_allreduce");
     if (r) return r;
-    if (!capex__dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: invalid dtype %d", (int)t);
+    if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: invalid dtype %d", (int)t);
     if (op != CAPEX_REDUCE_SUM && op != CAPEX_REDUCE_AVG)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: op %d is not SUM or AVG", (int)op);
+    if (op == CAPEX_REDUCE_AVG && t == CAPEX_I64)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: AVG of int64 is not defined; SUM and divide");
     if (count && (!send || !recv)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: NULL buffer");
     if (!count) return CAPEX_OK;
     return capex__comm_after(c, c->vt->allreduce(c, send, recv, count, t, op, capex__deadline(c)));
@@ -6385,7 +6409,7 @@ CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, voi
 CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root) {
     capex_result r = capex__comm_check(c, "capex_comm_broadcast");
     if (r) return r;
-    if (!capex__dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: invalid dtype %d", (int)t);
+    if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: invalid dtype %d", (int)t);
     if (root < 0 || root >= c->world_size)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: root %d not in [0, %d)", root, c->world_size);
     if (count && !buf) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: NULL buffer");
@@ -6397,7 +6421,7 @@ CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, voi
                                             capex_dtype t) {
     capex_result r = capex__comm_check(c, "capex_comm_allgather");
     if (r) return r;
-    if (!capex__dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: invalid dtype %d", (int)t);
+    if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: invalid dtype %d", (int)t);
     if (count_per_rank && (!send || !recv)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: NULL buffer");
     if (!count_per_rank) return CAPEX_OK;
     return capex__comm_after(c, c->vt->allgather(c, send, recv, count_per_rank, t, capex__deadline(c)));
@@ -6420,7 +6444,7 @@ CAPEX_API void capex_comm_destroy(capex_comm *c) {
 static capex_result capex__single_allreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
                                            capex_reduce_op op, double deadline) {
     (void)op; (void)deadline; /* sum or mean over one rank: the values themselves */
-    return capex__comm_copy(c, recv, send, n * capex_dtype_size(t), CAPEX_COPY_D2D);
+    return capex__comm_copy(c, recv, send, n * capex_comm_dtype_size(t), CAPEX_COPY_D2D);
 }
 static capex_result capex__single_broadcast(capex_comm *c, void *buf, size_t n, capex_dtype t, int root, double deadline) {
     (void)c; (void)buf; (void)n; (void)t; (void)root; (void)deadline;
@@ -6429,7 +6453,7 @@ static capex_result capex__single_broadcast(capex_comm *c, void *buf, size_t n, 
 static capex_result capex__single_allgather(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
                                            double deadline) {
     (void)deadline;
-    return capex__comm_copy(c, recv, send, n * capex_dtype_size(t), CAPEX_COPY_D2D);
+    return capex__comm_copy(c, recv, send, n * capex_comm_dtype_size(t), CAPEX_COPY_D2D);
 }
 static capex_result capex__single_barrier(capex_comm *c, double deadline) { (void)c; (void)deadline; return CAPEX_OK; }
 static capex_result capex__single_iallreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
@@ -6478,19 +6502,30 @@ static capex_result capex__mpi_err(int code, const char *what) {
     return capex__fail(CAPEX_ERR_COMM, "%s failed: %s (a peer probably died or the network failed)", what, msg);
 }
 
-/* Polls req until done or the deadline: spins briefly, then sleeps 50 us
-   between tests so oversubscribed ranks leave the CPU to their peers. */
+/* Polls req until done or the deadline: spins briefly, then yields the CPU
+   between tests after 2 ms so oversubscribed ranks let their peers run. (A 50 us sleep
+   here throttled large messages to ~0.13 GB/s: MPI moves one fragment per
+   test; bench/bench_dp.c measured it.) */
+#if defined(__unix__) || defined(__APPLE__)
+#  include <sched.h>
+#  define CAPEX__MPI_YIELD() sched_yield()
+#else
+#  define CAPEX__MPI_YIELD() capex__sleep_s(50e-6)
+#endif
 static capex_result capex__mpi_poll(MPI_Request *req, double deadline, const char *what) {
     long spins = 0;
+    double start = 0.0, now;
     for (;;) {
         int flag = 0, rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return capex__mpi_err(rc, what);
         if (flag) return CAPEX_OK;
         if (++spins > 200) {
-            if (capex_dist_now() > deadline)
+            now = capex_dist_now();
+            if (spins == 201) start = now;
+            if (now > deadline)
                 return capex__fail(CAPEX_ERR_TIMEOUT, "%s did not complete before the deadline: a peer is stuck or "
                                                       "dead; raise comm->timeout_s if it is only slow", what);
-            capex__sleep_s(50e-6);
+            if (now - start > 2e-3) CAPEX__MPI_YIELD(); /* spin 2 ms like MPI's own wait, then share the CPU */
         }
     }
 }
@@ -6508,9 +6543,32 @@ static capex_result capex__mpi_allreduce_f32(capex_comm *c, const float *send, f
     return CAPEX_OK;
 }
 
+/* f64 / int64: native MPI sums, chunked like f32. */
+static capex_result capex__mpi_allreduce_wide(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
+                                             double deadline) {
+    size_t off;
+    MPI_Datatype dt = t == CAPEX_F64 ? MPI_DOUBLE : MPI_INT64_T;
+    for (off = 0; off < n; off += CAPEX__MPI_CHUNK) {
+        int m = (int)(n - off < CAPEX__MPI_CHUNK ? n - off : CAPEX__MPI_CHUNK), rc;
+        MPI_Request q;
+        rc = MPI_Iallreduce(send == recv ? MPI_IN_PLACE : (const void *)((const char *)send + off * 8),
+                            (char *)recv + off * 8, m, dt, MPI_SUM, capex__mpi_comm(c), &q);
+        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallreduce");
+        if ((rc = capex__mpi_poll(&q, deadline, "MPI allreduce")) != CAPEX_OK) return (capex_result)rc;
+    }
+    return CAPEX_OK;
+}
+
 static capex_result capex__mpi_allreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
                                         capex_reduce_op op, double deadline) {
     capex_result r;
+    if (capex__comm_wide(t)) {
+        size_t i;
+        r = capex__mpi_allreduce_wide(c, send, recv, n, t, deadline);
+        if (r == CAPEX_OK && op == CAPEX_REDUCE_AVG && t == CAPEX_F64)
+            for (i = 0; i < n; i++) ((double *)recv)[i] /= (double)c->world_size;
+        return r;
+    }
     if (t == CAPEX_F32) {
         r = capex__mpi_allreduce_f32(c, (const float *)send, (float *)recv, n, deadline);
     } else {
@@ -6530,7 +6588,7 @@ static capex_result capex__mpi_allreduce(capex_comm *c, const void *send, void *
 }
 
 static capex_result capex__mpi_broadcast(capex_comm *c, void *buf, size_t n, capex_dtype t, int root, double deadline) {
-    size_t bytes = n * capex_dtype_size(t), off;
+    size_t bytes = n * capex_comm_dtype_size(t), off;
     for (off = 0; off < bytes; off += CAPEX__MPI_CHUNK) {
         int m = (int)(bytes - off < CAPEX__MPI_CHUNK ? bytes - off : CAPEX__MPI_CHUNK), rc;
         MPI_Request q;
@@ -6543,7 +6601,7 @@ static capex_result capex__mpi_broadcast(capex_comm *c, void *buf, size_t n, cap
 
 static capex_result capex__mpi_allgather(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
                                         double deadline) {
-    size_t bytes = n * capex_dtype_size(t);
+    size_t bytes = n * capex_comm_dtype_size(t);
     MPI_Request q;
     int rc;
     if (bytes > (size_t)INT_MAX)
@@ -6571,7 +6629,7 @@ static capex_result capex__mpi_iallreduce(capex_comm *c, const void *send, void 
     int rc;
     typedef char capex__request_fits[sizeof(MPI_Request) <= sizeof req->handle ? 1 : -1];
     (void)sizeof(capex__request_fits);
-    if (n > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED; /* caller falls back to the chunked blocking path */
+    if (n > (size_t)INT_MAX || capex__comm_wide(t)) return CAPEX_ERR_UNSUPPORTED; /* caller: blocking path */
     memset(req, 0, sizeof *req);
     if (t != CAPEX_F32) {
         buf = (float *)capex__alloc(c->allocator, n * sizeof(float));
@@ -7050,13 +7108,27 @@ static void *capex__tcp_scratch(capex_comm *c, size_t bytes) {
 static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype ty,
                                         capex_reduce_op op, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
-    size_t es = capex_dtype_size(ty), i;
+    size_t es = capex_comm_dtype_size(ty), i;
     capex_result r = CAPEX_OK;
     int p;
     t->seq++;
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, send, n * es, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline);
+    } else if (capex__comm_wide(ty)) {
+        /* f64 / int64: summed in their own type, in rank order */
+        unsigned char *acc = (unsigned char *)capex__tcp_scratch(c, 2 * n * 8);
+        if (!acc) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: no memory for %lu elements", (unsigned long)n);
+        memmove(acc, send, n * 8);
+        for (p = 1; p < c->world_size; p++) {
+            if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, acc + n * 8, n * 8, deadline)) != CAPEX_OK) return r;
+            capex__host_add_wide(acc, acc + n * 8, n, ty);
+        }
+        if (op == CAPEX_REDUCE_AVG && ty == CAPEX_F64)
+            for (i = 0; i < n; i++) ((double *)(void *)acc)[i] /= (double)c->world_size;
+        memmove(recv, acc, n * 8);
+        for (p = 1; p < c->world_size; p++)
+            if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, recv, n * 8, deadline)) != CAPEX_OK) return r;
     } else {
         /* acc: f32 sums ((x0 + x1) + x2) + ... ; staging for one peer after it */
         float *acc = (float *)capex__tcp_scratch(c, n * 4 + n * es);
@@ -7079,7 +7151,7 @@ static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *
 
 static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, capex_dtype ty, int root, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
-    size_t bytes = n * capex_dtype_size(ty);
+    size_t bytes = n * capex_comm_dtype_size(ty);
     capex_result r;
     int p;
     t->seq++;
@@ -7095,7 +7167,7 @@ static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, cap
 
 static capex_result capex__tcp_allgather(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype ty, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
-    size_t bytes = n * capex_dtype_size(ty), all = bytes * (size_t)c->world_size;
+    size_t bytes = n * capex_comm_dtype_size(ty), all = bytes * (size_t)c->world_size;
     capex_result r;
     int p;
     t->seq++;

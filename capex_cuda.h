@@ -276,6 +276,61 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
 
 /* @@SECTION:NCCL:DECL@@ (NCCL communicator: declarations) */
 
+/* ---- NCCL communicator: a capex_comm on device buffers ---------------------
+
+       capex_dist_env env;  capex_dist_env_read(NULL, &env);  // torchrun/mpirun/srun
+       capex_cuda_context *ctx; capex_cuda_context_create(NULL, &ctx); // GPU $LOCAL_RANK
+       capex_nccl_desc nd;  capex_nccl_desc_init(&nd);
+       nd.ctx = ctx;  nd.user_stream = my_stream;   // where your grads are written
+       capex_comm comm;     if (capex_comm_init_nccl(&comm, &env, &nd)) puts(capex_last_error());
+       capex_ddp *ddp;      capex_ddp_create(&ddp, &comm, params, n, NULL); // device grads
+
+   The unique id goes from rank 0 to all over nd.bootstrap (an MPI capex_comm)
+   when given, else over capex.h's TCP rendezvous at MASTER_ADDR:MASTER_PORT
+   with the run's nonce and init_timeout_s. Collectives run on the comm's own
+   non-blocking stream (comm.stream) after an event recorded on user_stream,
+   so they see every grad written there; blocking entries poll an event and
+   ncclCommGetAsyncError until comm->timeout_s, then return CAPEX_ERR_TIMEOUT /
+   CAPEX_ERR_COMM and the communicator is aborted (ncclCommAbort) instead of
+   hanging. The scale/convert/zero/copy entries are ordered on the comm stream
+   and user_stream waits for them on the GPU (no host sync). dtypes: f32,
+   f16, bf16 (NCCL >= 2.10), and CAPEX_F64 / CAPEX_I64. AVG is ncclAvg on
+   NCCL >= 2.10, else a sum then a scale by 1/world. Thread safety: one thread
+   at a time per comm (like every capex_comm). */
+typedef struct capex_nccl_unique_id { unsigned char bytes[128]; } capex_nccl_unique_id; /* ncclUniqueId */
+
+typedef struct capex_nccl_desc {
+    capex_cuda_context *ctx;       /* required: this rank's GPU                         */
+    capex_cuda_stream user_stream; /* where grads are produced (NULL: default stream)   */
+    capex_comm *bootstrap;         /* host comm (MPI) for the unique id; NULL: TCP      */
+    double init_timeout_s;         /* unique-id exchange deadline (default 300 s)       */
+    double timeout_s;              /* deadline of each collective (default 1800 s)      */
+    int use_nccl_avg;              /* 1 (default): ncclAvg when NCCL >= 2.10            */
+    int rendezvous_port;           /* TCP bootstrap port; 0: auto (see below)          */
+} capex_nccl_desc;
+
+CAPEX_API void capex_nccl_desc_init(capex_nccl_desc *d);
+/* ncclGetUniqueId (no GPU needed). Loads NCCL: CAPEX_ERR_NO_NCCL if missing. */
+CAPEX_API capex_result capex_nccl_get_unique_id(capex_nccl_unique_id *id);
+/* Rank 0's id (in *id on rank 0) to every rank, over bootstrap when it is a
+   multi-rank host comm, else the TCP rendezvous of env (deadline, retries,
+   nonce) at MASTER_ADDR and port "auto": MASTER_PORT, except MASTER_PORT + 1
+   under torchrun >= 2 (TORCHELASTIC_USE_AGENT_STORE=True: its agent's
+   TCPStore already listens on MASTER_PORT). An all-zero id from rank 0 means rank 0 failed: the others get
+   CAPEX_ERR_COMM at once instead of waiting. timeout_s <= 0: 300 s. */
+CAPEX_API capex_result capex_nccl_exchange_unique_id(const capex_dist_env *env, capex_comm *bootstrap,
+                                                     capex_nccl_unique_id *id, double timeout_s);
+/* The whole bootstrap: id on rank 0, exchange, then capex_comm_init_nccl_id. */
+CAPEX_API capex_result capex_comm_init_nccl(capex_comm *c, const capex_dist_env *env, const capex_nccl_desc *d);
+/* ncclCommInitRank with an id you distributed yourself. */
+CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
+                                               const capex_nccl_desc *d);
+/* Changes the stream collectives wait for (e.g. per step). Not during a DDP
+   backward pass with buckets in flight. */
+CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stream user_stream);
+/* 1 when c is an NCCL communicator. */
+CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
+
 /* @@SECTION:NORM:DECL@@ (GPU LayerNorm/RMSNorm/SyncBatchNorm: declarations) */
 /* ---------------------------------------------------------------------------
    Norms on the GPU (NORM): capex.h's LayerNorm / RMSNorm / BatchNorm /
@@ -2261,6 +2316,578 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
 /* @@SECTION:GPUOPT:IMPL@@ (fused GPU optimizer kernels: implementation) */
 
 /* @@SECTION:NCCL:IMPL@@ (NCCL communicator: implementation) */
+
+/* NCCL's ABI, declared here (nccl.h is never included: runtime loading).
+   tests/test_nccl_abi.c checks every value against the real nccl.h. */
+typedef struct capex__ncclUniqueId { char internal[128]; } capex__ncclUniqueId; /* NCCL_UNIQUE_ID_BYTES */
+typedef int capex__ncclResult;
+enum { CAPEX__NCCL_SUCCESS = 0, CAPEX__NCCL_UNHANDLED_CUDA_ERROR = 1, CAPEX__NCCL_SYSTEM_ERROR = 2,
+       CAPEX__NCCL_INTERNAL_ERROR = 3, CAPEX__NCCL_INVALID_ARGUMENT = 4, CAPEX__NCCL_INVALID_USAGE = 5,
+       CAPEX__NCCL_REMOTE_ERROR = 6, CAPEX__NCCL_IN_PROGRESS = 7 };
+/* ncclDataType_t (ncclBfloat16 exists since NCCL 2.10) and ncclRedOp_t (ncclAvg since 2.10). */
+enum { CAPEX__NCCL_UINT8 = 1, CAPEX__NCCL_INT64 = 4, CAPEX__NCCL_FLOAT16 = 6, CAPEX__NCCL_FLOAT32 = 7,
+       CAPEX__NCCL_FLOAT64 = 8, CAPEX__NCCL_BFLOAT16 = 9 };
+enum { CAPEX__NCCL_SUM = 0, CAPEX__NCCL_AVG = 4 };
+#define CAPEX__NCCL_V2_10 21000 /* NCCL_VERSION(2,10,0): major*10000 + minor*100 + patch since 2.9 */
+#define CAPEX__CUDA_ERROR_NOT_READY 600
+
+typedef struct capex__nccl_api {
+    int version;
+    capex__ncclResult (*GetUniqueId)(capex__ncclUniqueId *);
+    capex__ncclResult (*CommInitRank)(void **, int, capex__ncclUniqueId, int);
+    capex__ncclResult (*CommDestroy)(void *);
+    capex__ncclResult (*CommAbort)(void *);
+    capex__ncclResult (*CommGetAsyncError)(void *, capex__ncclResult *);
+    capex__ncclResult (*AllReduce)(const void *, void *, size_t, int, int, void *, void *);
+    capex__ncclResult (*Broadcast)(const void *, void *, size_t, int, int, void *, void *);
+    capex__ncclResult (*AllGather)(const void *, void *, size_t, int, void *, void *);
+    capex__ncclResult (*GroupStart)(void);
+    capex__ncclResult (*GroupEnd)(void);
+    const char *(*GetErrorString)(capex__ncclResult);
+    const char *(*GetLastError)(void *); /* optional (NCCL 2.13+) */
+} capex__nccl_api;
+
+/* Looks every symbol up (NCCL itself is loaded once by capex__cuda_nccl_sym). */
+CAPEX__PRIVATE capex_result capex__nccl_api_load(capex__nccl_api *a) {
+    capex_result r = CAPEX_OK;
+    void *p;
+    memset(a, 0, sizeof *a);
+#define CAPEX__NCCL_SYM(field, name) do { if (r == CAPEX_OK) { p = capex__cuda_nccl_sym(name, &r); memcpy(&a->field, &p, sizeof p); } } while (0)
+    CAPEX__NCCL_SYM(GetUniqueId, "ncclGetUniqueId");
+    CAPEX__NCCL_SYM(CommInitRank, "ncclCommInitRank");
+    CAPEX__NCCL_SYM(CommDestroy, "ncclCommDestroy");
+    CAPEX__NCCL_SYM(CommAbort, "ncclCommAbort");
+    CAPEX__NCCL_SYM(CommGetAsyncError, "ncclCommGetAsyncError");
+    CAPEX__NCCL_SYM(AllReduce, "ncclAllReduce");
+    CAPEX__NCCL_SYM(Broadcast, "ncclBroadcast");
+    CAPEX__NCCL_SYM(AllGather, "ncclAllGather");
+    CAPEX__NCCL_SYM(GroupStart, "ncclGroupStart");
+    CAPEX__NCCL_SYM(GroupEnd, "ncclGroupEnd");
+    CAPEX__NCCL_SYM(GetErrorString, "ncclGetErrorString");
+#undef CAPEX__NCCL_SYM
+    if (r != CAPEX_OK) return r;
+    p = dlsym(capex__cuda_nccl.lib, "ncclGetLastError");
+    memcpy(&a->GetLastError, &p, sizeof p);
+    a->version = capex__cuda_nccl.version;
+    return CAPEX_OK;
+}
+
+/* A failed NCCL call as CAPEX_ERR_NCCL naming the call (remote errors: COMM). */
+CAPEX__PRIVATE capex_result capex__nccl_fail(const capex__nccl_api *a, void *comm, capex__ncclResult e, const char *call) {
+    const char *s = a->GetErrorString ? a->GetErrorString(e) : NULL;
+    const char *last = a->GetLastError ? a->GetLastError(comm) : NULL;
+    return capex__fail(e == CAPEX__NCCL_REMOTE_ERROR || e == CAPEX__NCCL_SYSTEM_ERROR ? CAPEX_ERR_COMM : CAPEX_ERR_NCCL,
+                       "%s failed: %s (ncclResult %d)%s%s%s", call, s ? s : "unknown NCCL error", (int)e,
+                       last && last[0] ? ": " : "", last ? last : "",
+                       e == CAPEX__NCCL_REMOTE_ERROR || e == CAPEX__NCCL_SYSTEM_ERROR
+                           ? "; a peer or the network failed: stop the job and restart from a checkpoint"
+                           : "; run with NCCL_DEBUG=WARN for NCCL's own log");
+}
+
+typedef struct capex__nccl {
+    capex__nccl_api api;
+    void *comm;                  /* ncclComm_t; NULL after abort                */
+    capex_cuda_context *ctx;
+    capex_cuda_stream stream;    /* ours, non-blocking                          */
+    capex_cuda_stream user;      /* the engine's                                */
+    capex_cuda_event ev_user, ev_done;
+    capex__CUresult (*cuEventQuery)(void *);
+    capex_cuda_ptr scratch;      /* f32 staging (half scale), barrier word      */
+    size_t scratch_bytes;
+    int use_avg, has_bf16, aborted;
+} capex__nccl;
+
+static void capex__nccl_destroy(capex_comm *c); /* identifies an NCCL comm */
+
+CAPEX__PRIVATE capex__nccl *capex__nccl_of(capex_comm *c) { return (capex__nccl *)c->impl; }
+#define CAPEX__NCCL_PTR(p) ((capex_cuda_ptr)(uintptr_t)(p))
+
+CAPEX_API void capex_nccl_desc_init(capex_nccl_desc *d) {
+    if (!d) return;
+    memset(d, 0, sizeof *d);
+    d->init_timeout_s = 300.0;
+    d->timeout_s = 1800.0;
+    d->use_nccl_avg = 1;
+}
+
+CAPEX_API int capex_comm_is_nccl(const capex_comm *c) { return c && c->vt && c->vt->destroy == capex__nccl_destroy; }
+
+CAPEX_API capex_result capex_nccl_get_unique_id(capex_nccl_unique_id *id) {
+    capex__nccl_api a;
+    capex__ncclUniqueId u;
+    capex__ncclResult e;
+    capex_result r;
+    typedef char capex__id_size_ok[sizeof(capex__ncclUniqueId) == sizeof(capex_nccl_unique_id) ? 1 : -1];
+    (void)sizeof(capex__id_size_ok);
+    if (!id) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_nccl_get_unique_id: id is NULL");
+    memset(id, 0, sizeof *id);
+    if ((r = capex__nccl_api_load(&a)) != CAPEX_OK) return r;
+    memset(&u, 0, sizeof u);
+    if ((e = a.GetUniqueId(&u)) != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&a, NULL, e, "ncclGetUniqueId");
+    memcpy(id->bytes, u.internal, sizeof id->bytes);
+    return CAPEX_OK;
+}
+
+CAPEX__PRIVATE int capex__nccl_id_zero(const capex_nccl_unique_id *id) {
+    size_t i;
+    for (i = 0; i < sizeof id->bytes; i++) if (id->bytes[i]) return 0;
+    return 1;
+}
+
+/* port: 0 = auto, else the TCP rendezvous port. */
+CAPEX__PRIVATE capex_result capex__nccl_exchange(const capex_dist_env *env, capex_comm *bootstrap, capex_nccl_unique_id *id,
+                                                double timeout_s, int port) {
+    capex_dist_env local;
+    capex_result r;
+    int rank;
+    if (!id) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_nccl_exchange_unique_id: id is NULL");
+    if (!env && !(bootstrap && bootstrap->vt))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_nccl_exchange_unique_id: give env (TCP rendezvous) or a bootstrap comm");
+    if (bootstrap && bootstrap->vt && bootstrap->device_buffers)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_nccl_exchange_unique_id: the bootstrap comm must use host buffers "
+                                                  "(an MPI or TCP capex_comm), not a device comm");
+    if (env && env->world_size > 1 && !(bootstrap && bootstrap->vt && bootstrap->world_size > 1) && port == 0) {
+        /* torchrun's agent holds MASTER_PORT with its own TCPStore */
+        const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+        if (env->launcher == CAPEX_LAUNCHER_TORCHRUN && agent && (!strcmp(agent, "True") || !strcmp(agent, "1")) &&
+            env->master_port > 0 && env->master_port < 65535)
+            port = env->master_port + 1;
+    }
+    if (env && port > 0 && port != env->master_port) {
+        local = *env;
+        local.master_port = port;
+        env = &local;
+    }
+    rank = bootstrap && bootstrap->vt && bootstrap->world_size > 1 ? bootstrap->rank : env ? env->rank : 0;
+    if (env && bootstrap && bootstrap->vt && bootstrap->world_size > 1 &&
+        (bootstrap->rank != env->rank || bootstrap->world_size != env->world_size))
+        return capex__fail(CAPEX_ERR_CONFIG, "capex_nccl_exchange_unique_id: bootstrap comm is rank %d of %d but env says %d of %d",
+                           bootstrap->rank, bootstrap->world_size, env->rank, env->world_size);
+    if (rank != 0) memset(id, 0, sizeof *id);
+    r = capex_dist_broadcast_blob(env, bootstrap, id->bytes, sizeof id->bytes, timeout_s);
+    if (r != CAPEX_OK) return r;
+    if (rank != 0 && capex__nccl_id_zero(id))
+        return capex__fail(CAPEX_ERR_COMM, "NCCL bootstrap: rank 0 could not create the NCCL unique id (see rank 0's "
+                                           "error: NCCL missing or failing there)");
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_nccl_exchange_unique_id(const capex_dist_env *env, capex_comm *bootstrap,
+                                                     capex_nccl_unique_id *id, double timeout_s) {
+    return capex__nccl_exchange(env, bootstrap, id, timeout_s, 0);
+}
+
+/* -- ordering between the engine's stream and ours -- */
+
+/* Our stream waits for everything already queued on the engine's stream. */
+CAPEX__PRIVATE capex_result capex__nccl_after_user(capex__nccl *n) {
+    capex_result r;
+    if ((r = capex_cuda_event_record(n->ctx, n->ev_user, n->user)) != CAPEX_OK) return r;
+    return capex_cuda_stream_wait_event(n->ctx, n->stream, n->ev_user);
+}
+/* The engine's stream waits (on the GPU) for everything queued on ours. */
+CAPEX__PRIVATE capex_result capex__nccl_user_after(capex__nccl *n) {
+    capex_result r;
+    if ((r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream)) != CAPEX_OK) return r;
+    return capex_cuda_stream_wait_event(n->ctx, n->user, n->ev_done);
+}
+
+/* Waits for event e with the deadline, polling NCCL's async error: the event
+   says the work finished, the async error says a peer or the network failed
+   (then the kernels may never finish). Sleeps 20 us between polls after a
+   short spin so oversubscribed hosts keep their CPU. */
+CAPEX__PRIVATE capex_result capex__nccl_poll(capex_comm *c, capex_cuda_event e, double deadline, const char *what) {
+    capex__nccl *n = capex__nccl_of(c);
+    long spins = 0;
+    for (;;) {
+        capex__CUresult q = n->cuEventQuery(e);
+        capex__ncclResult ae = CAPEX__NCCL_SUCCESS, ge;
+        if (q != 0 && q != CAPEX__CUDA_ERROR_NOT_READY) return capex__cu_fail(q, "cuEventQuery", what);
+        if (n->comm && (ge = n->api.CommGetAsyncError(n->comm, &ae)) != CAPEX__NCCL_SUCCESS)
+            return capex__nccl_fail(&n->api, n->comm, ge, "ncclCommGetAsyncError");
+        if (ae != CAPEX__NCCL_SUCCESS && ae != CAPEX__NCCL_IN_PROGRESS) {
+            char msg[700];
+            capex__nccl_fail(&n->api, n->comm, ae, "ncclCommGetAsyncError reported");
+            capex__cuda_fmt(msg, sizeof msg, "%s", capex_last_error()); /* the message buffer is reused below */
+            return capex__fail(CAPEX_ERR_COMM, "%s: %s", what, msg);
+        }
+        if (q == 0) return CAPEX_OK; /* finished, and NCCL reports no failure */
+        if (++spins > 100) {
+            if (capex_dist_now() > deadline)
+                return capex__fail(CAPEX_ERR_TIMEOUT, "%s did not complete before the deadline (%.1f s): a peer is stuck "
+                                                      "or dead; the NCCL communicator is aborted. Raise timeout_s if it "
+                                                      "is only slow", what, c->timeout_s);
+            capex__sleep_s(20e-6);
+        }
+    }
+}
+
+CAPEX__PRIVATE capex_result capex__nccl_dtype(const capex__nccl *n, capex_dtype t, int *out) {
+    switch ((int)t) {
+    case 0: *out = CAPEX__NCCL_FLOAT32; return CAPEX_OK;
+    case 1: *out = CAPEX__NCCL_FLOAT16; return CAPEX_OK;
+    case 2:
+        if (!n->has_bf16) return capex__fail(CAPEX_ERR_UNSUPPORTED, "NCCL %d has no bfloat16 (needs NCCL >= 2.10): update "
+                                                                    "NCCL or reduce bf16 grads in f32 (allreduce_always_fp32)", n->api.version);
+        *out = CAPEX__NCCL_BFLOAT16; return CAPEX_OK;
+    case 3: *out = CAPEX__NCCL_FLOAT64; return CAPEX_OK;
+    case 4: *out = CAPEX__NCCL_INT64; return CAPEX_OK;
+    default: break;
+    }
+    return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL comm: invalid dtype %d", (int)t);
+}
+
+/* Device scratch of at least `bytes` (grown; old contents dropped). */
+CAPEX__PRIVATE capex_result capex__nccl_scratch(capex__nccl *n, size_t bytes) {
+    capex_result r;
+    if (n->scratch_bytes >= bytes) return CAPEX_OK;
+    if (n->scratch) {
+        /* queued kernels may still read it */
+        if ((r = capex_cuda_stream_synchronize(n->ctx, n->stream)) != CAPEX_OK) return r;
+        capex_cuda_free(n->ctx, n->scratch);
+        n->scratch = 0;
+        n->scratch_bytes = 0;
+    }
+    if ((r = capex_cuda_malloc(n->ctx, bytes < 256 ? 256 : bytes, &n->scratch)) != CAPEX_OK) return r;
+    n->scratch_bytes = bytes < 256 ? 256 : bytes;
+    return CAPEX_OK;
+}
+
+/* x *= f on our stream, in f32 and rounded back for halfs (capex.h's
+   capex__host_scale, bit for bit: the built-in conversions are exact twins). */
+CAPEX__PRIVATE capex_result capex__nccl_scale_enqueue(capex__nccl *n, void *buf, size_t count, capex_dtype t, float f) {
+    capex_cuda_ptr x = CAPEX__NCCL_PTR(buf);
+    capex_result r;
+    if (t == CAPEX_F32) return capex_cuda_scale_f32(n->ctx, x, x, f, count, n->stream);
+    if (t == CAPEX_F16 || t == CAPEX_BF16) {
+        if ((r = capex__nccl_scratch(n, count * 4)) != CAPEX_OK) return r;
+        if ((r = capex_cuda_convert(n->ctx, n->scratch, CAPEX_F32, x, t, count, n->stream)) != CAPEX_OK) return r;
+        if ((r = capex_cuda_scale_f32(n->ctx, n->scratch, n->scratch, f, count, n->stream)) != CAPEX_OK) return r;
+        return capex_cuda_convert(n->ctx, x, t, n->scratch, CAPEX_F32, count, n->stream);
+    }
+    return capex__fail(CAPEX_ERR_UNSUPPORTED, "NCCL comm: scaling %s on the device is not supported (AVG of float64 "
+                                              "needs NCCL >= 2.10's ncclAvg)", t == CAPEX_F64 ? "float64" : "int64");
+}
+
+/* Queues the allreduce (and AVG's post-scale without ncclAvg) on our stream
+   after the engine's stream, then records `done`. */
+CAPEX__PRIVATE capex_result capex__nccl_enqueue_allreduce(capex_comm *c, const void *send, void *recv, size_t count,
+                                                         capex_dtype t, capex_reduce_op op, capex_cuda_event done) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r;
+    capex__ncclResult e;
+    int dt, nop = CAPEX__NCCL_SUM, post = 0;
+    if (!n->comm) return capex__fail(CAPEX_ERR_COMM, "NCCL comm was aborted; restart the job");
+    if ((r = capex__nccl_dtype(n, t, &dt)) != CAPEX_OK) return r;
+    if (op == CAPEX_REDUCE_AVG) {
+        if (n->use_avg) nop = CAPEX__NCCL_AVG;
+        else post = 1;
+    }
+    if (post && t == CAPEX_F64 && c->world_size > 1)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "NCCL comm: AVG of float64 needs ncclAvg (NCCL >= 2.10, use_nccl_avg)");
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
+    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
+    if ((e = n->api.AllReduce(send, recv, count, dt, nop, n->comm, n->stream)) != CAPEX__NCCL_SUCCESS)
+        return capex__nccl_fail(&n->api, n->comm, e, "ncclAllReduce");
+    if (post && c->world_size > 1)
+        if ((r = capex__nccl_scale_enqueue(n, recv, count, t, (float)(1.0 / (double)c->world_size))) != CAPEX_OK) return r;
+    return capex_cuda_event_record(n->ctx, done, n->stream);
+}
+
+static capex_result capex__nccl_allreduce(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                         capex_reduce_op op, double deadline) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r = capex__nccl_enqueue_allreduce(c, send, recv, count, t, op, n->ev_done);
+    return r != CAPEX_OK ? r : capex__nccl_poll(c, n->ev_done, deadline, "ncclAllReduce");
+}
+
+static capex_result capex__nccl_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root, double deadline) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r;
+    capex__ncclResult e;
+    if (!n->comm) return capex__fail(CAPEX_ERR_COMM, "NCCL comm was aborted; restart the job");
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
+    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
+    /* bits, not values: bytes as ncclUint8 (any dtype, any NCCL version) */
+    if ((e = n->api.Broadcast(buf, buf, count * capex_comm_dtype_size(t), CAPEX__NCCL_UINT8, root, n->comm, n->stream)) !=
+        CAPEX__NCCL_SUCCESS)
+        return capex__nccl_fail(&n->api, n->comm, e, "ncclBroadcast");
+    if ((r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream)) != CAPEX_OK) return r;
+    return capex__nccl_poll(c, n->ev_done, deadline, "ncclBroadcast");
+}
+
+static capex_result capex__nccl_allgather(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                         double deadline) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r;
+    capex__ncclResult e;
+    if (!n->comm) return capex__fail(CAPEX_ERR_COMM, "NCCL comm was aborted; restart the job");
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
+    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
+    if ((e = n->api.AllGather(send, recv, count * capex_comm_dtype_size(t), CAPEX__NCCL_UINT8, n->comm, n->stream)) !=
+        CAPEX__NCCL_SUCCESS)
+        return capex__nccl_fail(&n->api, n->comm, e, "ncclAllGather");
+    if ((r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream)) != CAPEX_OK) return r;
+    return capex__nccl_poll(c, n->ev_done, deadline, "ncclAllGather");
+}
+
+/* A one-word allreduce: returns when every rank reached it. */
+static capex_result capex__nccl_barrier(capex_comm *c, double deadline) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r;
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
+    if ((r = capex__nccl_scratch(n, 4)) != CAPEX_OK) return r;
+    return capex__nccl_allreduce(c, (const void *)(uintptr_t)n->scratch, (void *)(uintptr_t)n->scratch, 1, CAPEX_F32,
+                                 CAPEX_REDUCE_SUM, deadline);
+}
+
+/* Bucket reduce: the event lives in req->handle.ptr until wait. */
+static capex_result capex__nccl_iallreduce(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                          capex_reduce_op op, capex_comm_req *req) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_cuda_event e = NULL;
+    capex_result r;
+    memset(req, 0, sizeof *req);
+    if ((r = capex_cuda_event_create(n->ctx, 0, &e)) != CAPEX_OK) return r;
+    if ((r = capex__nccl_enqueue_allreduce(c, send, recv, count, t, op, e)) != CAPEX_OK) {
+        capex_cuda_event_destroy(n->ctx, e);
+        return r;
+    }
+    req->handle.ptr = e;
+    req->active = 1;
+    return CAPEX_OK;
+}
+
+static capex_result capex__nccl_wait(capex_comm *c, capex_comm_req *req, double deadline) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r;
+    if (!req->active) return CAPEX_OK;
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
+    r = capex__nccl_poll(c, (capex_cuda_event)req->handle.ptr, deadline, "ncclAllReduce (bucket)");
+    if (r != CAPEX_OK) return r; /* the event stays: the kernel may still run until the abort */
+    capex_cuda_event_destroy(n->ctx, (capex_cuda_event)req->handle.ptr);
+    req->handle.ptr = NULL;
+    req->active = 0;
+    return CAPEX_OK;
+}
+
+static capex_result capex__nccl_test(capex_comm *c, capex_comm_req *req, int *done) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex__CUresult q;
+    capex_result r;
+    *done = 1;
+    if (!req->active) return CAPEX_OK;
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
+    q = n->cuEventQuery(req->handle.ptr);
+    if (q != 0 && q != CAPEX__CUDA_ERROR_NOT_READY) return capex__cu_fail(q, "cuEventQuery", "bucket allreduce");
+    *done = q == 0;
+    return CAPEX_OK;
+}
+
+static capex_result capex__nccl_poll_error(capex_comm *c) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex__ncclResult ae = CAPEX__NCCL_SUCCESS, ge;
+    if (!n->comm) return capex__fail(CAPEX_ERR_COMM, "NCCL comm was aborted; restart the job");
+    if ((ge = n->api.CommGetAsyncError(n->comm, &ae)) != CAPEX__NCCL_SUCCESS)
+        return capex__nccl_fail(&n->api, n->comm, ge, "ncclCommGetAsyncError");
+    if (ae != CAPEX__NCCL_SUCCESS && ae != CAPEX__NCCL_IN_PROGRESS) {
+        char msg[700];
+        capex__nccl_fail(&n->api, n->comm, ae, "ncclCommGetAsyncError reported");
+        capex__cuda_fmt(msg, sizeof msg, "%s", capex_last_error());
+        return capex__fail(CAPEX_ERR_COMM, "NCCL communicator failed: %s", msg);
+    }
+    return CAPEX_OK;
+}
+
+/* ncclCommAbort: stops NCCL's kernels and proxy threads so the stream drains
+   and the process can exit (ncclCommDestroy would wait for them). */
+static void capex__nccl_abort(capex_comm *c) {
+    capex__nccl *n = capex__nccl_of(c);
+    if (!n || !n->comm) return;
+    capex__cuda_enter(n->ctx);
+    n->api.CommAbort(n->comm);
+    n->comm = NULL;
+    n->aborted = 1;
+}
+
+static void capex__nccl_destroy(capex_comm *c) {
+    capex__nccl *n = capex__nccl_of(c);
+    if (!n) return;
+    if (capex__cuda_enter(n->ctx) == CAPEX_OK) {
+        if (n->comm) {
+            /* finished streams first: destroy must not race in-flight collectives */
+            capex_cuda_stream_synchronize(n->ctx, n->stream);
+            n->api.CommDestroy(n->comm);
+            n->comm = NULL;
+        }
+        if (!n->aborted) capex_cuda_stream_synchronize(n->ctx, n->stream);
+        if (n->scratch) capex_cuda_free(n->ctx, n->scratch);
+        capex_cuda_event_destroy(n->ctx, n->ev_user);
+        capex_cuda_event_destroy(n->ctx, n->ev_done);
+        capex_cuda_stream_destroy(n->ctx, n->stream);
+    }
+    capex__free(NULL, n);
+    c->impl = NULL;
+}
+
+/* -- memory entries: device memory, ordered after the engine's stream -- */
+
+static capex_result capex__nccl_mem_alloc(capex_comm *c, void **ptr, size_t bytes) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_cuda_ptr p = 0;
+    capex_result r = capex_cuda_malloc(n->ctx, bytes ? bytes : 1, &p);
+    *ptr = r == CAPEX_OK ? (void *)(uintptr_t)p : NULL;
+    return r;
+}
+
+static void capex__nccl_mem_free(capex_comm *c, void *ptr) {
+    capex__nccl *n = capex__nccl_of(c);
+    if (ptr) capex_cuda_free(n->ctx, CAPEX__NCCL_PTR(ptr)); /* cuMemFree waits for queued work */
+}
+
+static capex_result capex__nccl_mem_copy(capex_comm *c, void *dst, const void *src, size_t bytes, capex_copy_kind kind) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r;
+    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
+    if (kind == CAPEX_COPY_H2D) r = capex_cuda_memcpy_htod(n->ctx, CAPEX__NCCL_PTR(dst), src, bytes, n->stream);
+    else if (kind == CAPEX_COPY_D2H) r = capex_cuda_memcpy_dtoh(n->ctx, dst, CAPEX__NCCL_PTR(src), bytes, n->stream);
+    else r = capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(dst), CAPEX__NCCL_PTR(src), bytes, n->stream);
+    if (r != CAPEX_OK) return r;
+    /* host memory takes part: finish before returning (rebuild only, once) */
+    if (kind != CAPEX_COPY_D2D) return capex_cuda_stream_synchronize(n->ctx, n->stream);
+    return capex__nccl_user_after(n);
+}
+
+static capex_result capex__nccl_mem_zero(capex_comm *c, void *dst, size_t bytes) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r;
+    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
+    if ((r = capex_cuda_memset_u8(n->ctx, CAPEX__NCCL_PTR(dst), 0, bytes, n->stream)) != CAPEX_OK) return r;
+    return capex__nccl_user_after(n);
+}
+
+static capex_result capex__nccl_scale(capex_comm *c, void *buf, size_t count, capex_dtype t, float factor) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r;
+    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
+    if ((r = capex__nccl_scale_enqueue(n, buf, count, t, factor)) != CAPEX_OK) return r;
+    return capex__nccl_user_after(n);
+}
+
+static capex_result capex__nccl_convert(capex_comm *c, void *dst, capex_dtype dst_t, const void *src, capex_dtype src_t,
+                                       size_t count) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r;
+    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
+    if (dst_t == src_t) r = capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(dst), CAPEX__NCCL_PTR(src),
+                                                   count * capex_comm_dtype_size(src_t), n->stream);
+    else r = capex_cuda_convert(n->ctx, CAPEX__NCCL_PTR(dst), dst_t, CAPEX__NCCL_PTR(src), src_t, count, n->stream);
+    if (r != CAPEX_OK) return r;
+    return capex__nccl_user_after(n);
+}
+
+static const capex_comm_vtable capex__nccl_vt = {
+    "nccl", capex__nccl_allreduce, capex__nccl_broadcast, capex__nccl_allgather, capex__nccl_barrier,
+    capex__nccl_iallreduce, capex__nccl_wait, capex__nccl_poll_error, capex__nccl_abort, capex__nccl_destroy,
+    capex__nccl_mem_alloc, capex__nccl_mem_free, capex__nccl_mem_copy, capex__nccl_mem_zero, capex__nccl_scale,
+    capex__nccl_convert, capex__nccl_test};
+
+CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
+                                               const capex_nccl_desc *d) {
+    capex__nccl *n;
+    capex__ncclUniqueId u;
+    capex__ncclResult e;
+    capex_result r;
+    void *q = NULL;
+    if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: comm is NULL");
+    memset(c, 0, sizeof *c);
+    if (!id || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: id or desc is NULL");
+    if (!d->ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: desc.ctx is NULL; create a "
+                                                           "capex_cuda_context for this rank's GPU first");
+    if (world_size < 1 || rank < 0 || rank >= world_size)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: rank %d / world size %d invalid", rank, world_size);
+    if (!(d->timeout_s >= 0) || d->timeout_s > 1e9)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: timeout_s %g invalid (0: 1800 s)", d->timeout_s);
+    if (capex__nccl_id_zero(id))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: the unique id is all zeros (not from ncclGetUniqueId)");
+    n = (capex__nccl *)capex__alloc(NULL, sizeof *n);
+    if (!n) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_comm_init_nccl_id: out of memory");
+    memset(n, 0, sizeof *n);
+    n->ctx = d->ctx;
+    n->user = d->user_stream;
+    if ((r = capex__nccl_api_load(&n->api)) != CAPEX_OK) { capex__free(NULL, n); return r; }
+    n->has_bf16 = n->api.version >= CAPEX__NCCL_V2_10;
+    n->use_avg = d->use_nccl_avg && n->api.version >= CAPEX__NCCL_V2_10;
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) { capex__free(NULL, n); return r; }
+    q = dlsym(capex__cuda_drv.lib, "cuEventQuery");
+    memcpy(&n->cuEventQuery, &q, sizeof q);
+    if (!n->cuEventQuery) {
+        capex__free(NULL, n);
+        return capex__fail(CAPEX_ERR_NO_DRIVER, "the CUDA driver lacks cuEventQuery: update the NVIDIA driver");
+    }
+    c->vt = &capex__nccl_vt; /* destroy below frees what exists so far */
+    c->impl = n;
+    if ((r = capex_cuda_stream_create(n->ctx, &n->stream)) != CAPEX_OK ||
+        (r = capex_cuda_event_create(n->ctx, 0, &n->ev_user)) != CAPEX_OK ||
+        (r = capex_cuda_event_create(n->ctx, 0, &n->ev_done)) != CAPEX_OK) {
+        capex_comm_destroy(c);
+        return r;
+    }
+    memcpy(u.internal, id->bytes, sizeof u.internal);
+    /* Blocking init: every rank already passed the id exchange, so the others
+       are alive; NCCL's own bootstrap times out if one dies now. */
+    if ((e = n->api.CommInitRank(&n->comm, world_size, u, rank)) != CAPEX__NCCL_SUCCESS) {
+        capex_result fr = capex__nccl_fail(&n->api, NULL, e, "ncclCommInitRank");
+        n->comm = NULL;
+        capex_comm_destroy(c);
+        return fr;
+    }
+    c->rank = rank;
+    c->world_size = world_size;
+    c->device_buffers = 1;
+    c->stream = n->stream;
+    c->timeout_s = d->timeout_s > 0 ? d->timeout_s : 1800.0;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_comm_init_nccl(capex_comm *c, const capex_dist_env *env, const capex_nccl_desc *d) {
+    capex_nccl_unique_id id;
+    capex_result r, made = CAPEX_OK;
+    char why[512];
+    if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: comm is NULL");
+    memset(c, 0, sizeof *c);
+    if (!env || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: env or desc is NULL");
+    if (!d->ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: desc.ctx is NULL; create a "
+                                                           "capex_cuda_context for this rank's GPU first");
+    if (env->world_size < 1 || env->rank < 0 || env->rank >= env->world_size)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: rank %d / world size %d invalid", env->rank,
+                           env->world_size);
+    memset(&id, 0, sizeof id);
+    why[0] = '\0';
+    if (env->rank == 0 && (made = capex_nccl_get_unique_id(&id)) != CAPEX_OK) {
+        capex__cuda_fmt(why, sizeof why, "%s", capex_last_error());
+        memset(&id, 0, sizeof id); /* still exchanged: peers then fail at once, not at their deadline */
+    }
+    if (env->world_size > 1) {
+        if (d->rendezvous_port < 0 || d->rendezvous_port > 65535)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: rendezvous_port %d not in [0, 65535]",
+                               d->rendezvous_port);
+        r = capex__nccl_exchange(env, d->bootstrap, &id, d->init_timeout_s > 0 ? d->init_timeout_s : 300.0,
+                                 d->rendezvous_port);
+        if (made != CAPEX_OK) return capex__fail(made, "%s", why);
+        if (r != CAPEX_OK) return r;
+    } else if (made != CAPEX_OK) {
+        return capex__fail(made, "%s", why);
+    }
+    return capex_comm_init_nccl_id(c, &id, env->rank, env->world_size, d);
+}
+
+CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stream user_stream) {
+    if (!capex_comm_is_nccl(c) || !c->impl)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_nccl_set_user_stream: not an NCCL communicator");
+    capex__nccl_of(c)->user = user_stream;
+    return CAPEX_OK;
+}
 
 /* @@SECTION:NORM:IMPL@@ (GPU LayerNorm/RMSNorm/SyncBatchNorm: implementation) */
 CAPEX__PRIVATE capex_result capex__cuda_norm_fn(capex_cuda_context *ctx, const char *name, capex_cuda_function *fn) {

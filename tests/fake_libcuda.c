@@ -236,6 +236,14 @@ FAKE_API CUresult cuEventRecord(void *e, void *s) {
     return OK;
 }
 FAKE_API CUresult cuEventSynchronize(void *e) { NEED_CTX(); return e && ((event *)e)->magic == 0xE7 ? OK : INVALID_HANDLE; }
+/* Work is synchronous, so a recorded event is complete; FAKE_CUDA_EVENT_NOT_READY=1
+   plays a collective that never finishes (CUDA_ERROR_NOT_READY), for deadline tests. */
+FAKE_API CUresult cuEventQuery(void *e) {
+    const char *nr = getenv("FAKE_CUDA_EVENT_NOT_READY");
+    NEED_CTX();
+    if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE;
+    return nr && nr[0] == '1' ? 600 : OK;
+}
 FAKE_API CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) {
     event *x = (event *)a, *y = (event *)b;
     NEED_CTX();

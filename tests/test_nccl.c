@@ -1,0 +1,674 @@
+/* The NCCL backend (capex_cuda.h) without a GPU, and the comm dtypes f64/i64.
+   - NCCL missing: a clean CAPEX_ERR_NO_NCCL naming the path; the real NCCL's
+     ncclGetUniqueId (needs no GPU) when installed.
+   - The unique-id exchange over capex.h's TCP rendezvous on loopback with
+     forked ranks: success, a late rank, an intruder with a foreign nonce, a
+     missing rank (deadline), rank 0 failing to make the id.
+   - The whole backend on the stand-in driver (tests/fake_libcuda.c) and a
+     stand-in NCCL (tests/fake_libnccl.c, world size 1): every collective and
+     dtype on "device" buffers checked against host references, ncclAvg vs the
+     pre-2.10 sum-then-scale path, DDP over NCCL with device buckets
+     (predivide, always-fp32 f16 buckets, copy mode), the async-error path
+     (CAPEX_ERR_COMM + ncclCommAbort), a stuck collective (CAPEX_ERR_TIMEOUT +
+     abort), a failing ncclCommInitRank, and the real NCCL refusing the
+     stand-in driver with a message naming ncclCommInitRank.
+   - Argument validation, and f64/i64 sums on the single and TCP backends.
+   Each library loads once per process, so each scenario runs in a fresh child
+   (run_child). The real GPU tests are tests/test_nccl_gpu.c. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#define CAPEX_CUDA_IMPLEMENTATION
+#include "../capex_cuda.h"
+#include "capex_test.h"
+#include "cuda_test_util.h"
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "protect_shadow_gap=0:detect_leaks=0"; }
+
+#define OK(call) CT_CHECK((call) == CAPEX_OK, "%s: %s", #call, capex_last_error())
+
+/* build/fake/lib*.so.* next to this binary (build/tests/test_nccl). */
+static int fake_path(const char *lib, char *out, size_t cap) {
+    char exe[1024];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash;
+    if (n <= 0) return 0;
+    exe[n] = '\0';
+    if (!(slash = strrchr(exe, '/'))) return 0;
+    *slash = '\0';
+    snprintf(out, cap, "%s/../fake/%s", exe, lib);
+    return access(out, R_OK) == 0;
+}
+
+/* ------------------------------------------------------------ children -- */
+
+static void set_result(child_result *res, capex_result r, int value) {
+    res->code = (int)r;
+    res->value = value;
+    snprintf(res->message, sizeof res->message, "%s", r == CAPEX_OK ? "" : capex_last_error());
+}
+
+static void child_no_nccl(const char *arg, child_result *res) {
+    capex_nccl_unique_id id;
+    int v = 0;
+    capex_result r;
+    (void)arg;
+    setenv("CAPEX_NCCL_PATH", "/nonexistent/libnccl.so.2", 1);
+    r = capex_nccl_get_unique_id(&id);
+    set_result(res, r, capex_cuda_nccl_version(&v) == CAPEX_ERR_NO_NCCL);
+}
+
+static void child_real_id(const char *arg, child_result *res) {
+    capex_nccl_unique_id id;
+    size_t i;
+    int nz = 0;
+    capex_result r;
+    (void)arg;
+    unsetenv("CAPEX_NCCL_PATH");
+    r = capex_nccl_get_unique_id(&id);
+    for (i = 0; i < sizeof id.bytes; i++) nz |= id.bytes[i];
+    set_result(res, r, nz != 0);
+}
+
+/* Opens the stand-ins and a context + world-1 NCCL comm on them. */
+static capex_result fake_open(capex_cuda_context **ctx, capex_comm *c, int real_nccl) {
+    char cu[1200], nc[1200];
+    capex_dist_env env;
+    capex_nccl_desc nd;
+    capex_result r;
+    if (!fake_path("libcuda.so.1", cu, sizeof cu) || (!real_nccl && !fake_path("libnccl.so.2", nc, sizeof nc)))
+        return capex__fail(CAPEX_ERR_NOT_FOUND, "stand-in libraries not built");
+    setenv("CAPEX_LIBCUDA_PATH", cu, 1);
+    if (real_nccl) unsetenv("CAPEX_NCCL_PATH");
+    else setenv("CAPEX_NCCL_PATH", nc, 1);
+    if ((r = capex_cuda_context_create(NULL, ctx)) != CAPEX_OK) return r;
+    if ((r = capex_dist_env_read(NULL, &env)) != CAPEX_OK) return r;
+    capex_nccl_desc_init(&nd);
+    nd.ctx = *ctx;
+    return capex_comm_init_nccl(c, &env, &nd);
+}
+
+static int fake_counter(int i) {
+    char nc[1200];
+    void *h;
+    int (*fn)(int);
+    void *p;
+    if (!fake_path("libnccl.so.2", nc, sizeof nc)) return -1;
+    h = dlopen(nc, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) return -2;
+    p = dlsym(h, "fake_nccl_counter");
+    memcpy(&fn, &p, sizeof p);
+    return fn ? fn(i) : -3;
+}
+enum { C_ALLREDUCE = 0, C_BROADCAST = 1, C_ALLGATHER = 2, C_ABORT = 3, C_DESTROY = 4, C_INIT = 5, C_AVG = 6, C_BAD = 7 };
+
+#define FAIL_IF(cond, ...) do { if (cond) { capex__fail(CAPEX_ERR_INTERNAL, __VA_ARGS__); set_result(res, CAPEX_ERR_INTERNAL, 0); return; } } while (0)
+#define RUN(call) do { capex_result r_ = (call); if (r_ != CAPEX_OK) { set_result(res, r_, __LINE__); return; } } while (0)
+
+static void *dev(capex_cuda_context *ctx, size_t bytes) {
+    capex_cuda_ptr p = 0;
+    if (capex_cuda_malloc(ctx, bytes, &p) != CAPEX_OK) return NULL;
+    return (void *)(uintptr_t)p;
+}
+#define D(p) ((capex_cuda_ptr)(uintptr_t)(p))
+
+/* Every collective and dtype on the stand-ins (world 1: sum = avg = values). */
+static void child_fake_collectives(const char *arg, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    capex_comm c;
+    float f[5] = {1.5f, -2.25f, 3.0f, 1e-3f, 65504.0f}, fo[5];
+    double d[3] = {0.1, -1e300, 3.5}, dout[3];
+    int64_t q[3] = {((int64_t)1 << 60) + 7, -5, 42}, qo[3];
+    uint16_t h[4], ho[4];
+    void *a, *b, *g;
+    int t, i;
+    (void)arg;
+    RUN(fake_open(&ctx, &c, 0));
+    FAIL_IF(!capex_comm_is_nccl(&c) || !c.device_buffers || !c.stream || c.world_size != 1, "comm fields");
+    a = dev(ctx, 64); b = dev(ctx, 64); g = dev(ctx, 64);
+    FAIL_IF(!a || !b || !g, "malloc");
+    /* f32 out of place, SUM then AVG (ncclAvg on "2.28") */
+    for (t = 0; t < 2; t++) {
+        RUN(capex_cuda_memcpy_htod(ctx, D(a), f, sizeof f, NULL));
+        RUN(capex_cuda_memset_u8(ctx, D(b), 0xff, 20, NULL));
+        RUN(capex_comm_allreduce(&c, a, b, 5, CAPEX_F32, t ? CAPEX_REDUCE_AVG : CAPEX_REDUCE_SUM));
+        RUN(capex_cuda_memcpy_dtoh(ctx, fo, D(b), sizeof fo, NULL));
+        FAIL_IF(memcmp(f, fo, sizeof f) != 0, "f32 allreduce op %d", t);
+    }
+    FAIL_IF(fake_counter(C_AVG) != 1, "AVG must use ncclAvg on NCCL >= 2.10 (%d)", fake_counter(C_AVG));
+    /* f16 / bf16 in place */
+    for (t = 1; t <= 2; t++) {
+        for (i = 0; i < 4; i++) h[i] = (uint16_t)(t == 1 ? capex_f32_to_f16(f[i]) : capex_f32_to_bf16(f[i]));
+        RUN(capex_cuda_memcpy_htod(ctx, D(a), h, sizeof h, NULL));
+        RUN(capex_comm_allreduce(&c, a, a, 4, (capex_dtype)t, CAPEX_REDUCE_AVG));
+        RUN(capex_cuda_memcpy_dtoh(ctx, ho, D(a), sizeof ho, NULL));
+        FAIL_IF(memcmp(h, ho, sizeof h) != 0, "half allreduce %d", t);
+    }
+    /* f64 and i64 */
+    RUN(capex_cuda_memcpy_htod(ctx, D(a), d, sizeof d, NULL));
+    RUN(capex_comm_allreduce(&c, a, b, 3, CAPEX_F64, CAPEX_REDUCE_SUM));
+    RUN(capex_cuda_memcpy_dtoh(ctx, dout, D(b), sizeof dout, NULL));
+    FAIL_IF(memcmp(d, dout, sizeof d) != 0, "f64");
+    RUN(capex_cuda_memcpy_htod(ctx, D(a), q, sizeof q, NULL));
+    RUN(capex_comm_allreduce(&c, a, b, 3, CAPEX_I64, CAPEX_REDUCE_SUM));
+    RUN(capex_cuda_memcpy_dtoh(ctx, qo, D(b), sizeof qo, NULL));
+    FAIL_IF(memcmp(q, qo, sizeof q) != 0, "i64");
+    /* broadcast in place, allgather out of place, barrier */
+    RUN(capex_comm_broadcast(&c, a, 3, CAPEX_I64, 0));
+    RUN(capex_cuda_memcpy_htod(ctx, D(g), f, sizeof f, NULL));
+    RUN(capex_cuda_memset_u8(ctx, D(b), 0, 64, NULL));
+    RUN(capex_comm_allgather(&c, g, b, 5, CAPEX_F32));
+    RUN(capex_cuda_memcpy_dtoh(ctx, fo, D(b), sizeof fo, NULL));
+    FAIL_IF(memcmp(f, fo, sizeof f) != 0, "allgather");
+    RUN(capex_comm_barrier(&c));
+    FAIL_IF(fake_counter(C_ALLREDUCE) != 7 || fake_counter(C_BROADCAST) != 1 || fake_counter(C_ALLGATHER) != 1,
+            "counts %d %d %d", fake_counter(C_ALLREDUCE), fake_counter(C_BROADCAST), fake_counter(C_ALLGATHER));
+    FAIL_IF(fake_counter(C_BAD) != 0, "stand-in NCCL saw a bad argument");
+    /* front-end checks before NCCL */
+    FAIL_IF(capex_comm_allreduce(&c, a, a, 3, CAPEX_I64, CAPEX_REDUCE_AVG) != CAPEX_ERR_INVALID_ARG, "i64 avg");
+    FAIL_IF(capex_comm_broadcast(&c, a, 3, CAPEX_F32, 1) != CAPEX_ERR_INVALID_ARG, "root");
+    FAIL_IF(capex_nccl_set_user_stream(&c, NULL) != CAPEX_OK, "set stream");
+    FAIL_IF(c.failed, "not failed");
+    capex_comm_destroy(&c);
+    FAIL_IF(fake_counter(C_DESTROY) != 1 || fake_counter(C_ABORT) != 0, "destroy %d abort %d", fake_counter(C_DESTROY),
+            fake_counter(C_ABORT));
+    capex_cuda_free(ctx, D(a)); capex_cuda_free(ctx, D(b)); capex_cuda_free(ctx, D(g));
+    capex_cuda_context_destroy(ctx);
+    set_result(res, CAPEX_OK, 1);
+}
+
+/* NCCL "2.9.7": no ncclAvg (sum, then scale on the device), no bf16. */
+static void child_fake_old_nccl(const char *arg, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    capex_comm c;
+    float f[3] = {1.0f, 2.0f, 3.0f}, fo[3];
+    void *a;
+    capex_result r;
+    (void)arg;
+    setenv("FAKE_NCCL_VERSION", "2907", 1);
+    RUN(fake_open(&ctx, &c, 0));
+    a = dev(ctx, 64);
+    RUN(capex_cuda_memcpy_htod(ctx, D(a), f, sizeof f, NULL));
+    RUN(capex_comm_allreduce(&c, a, a, 3, CAPEX_F32, CAPEX_REDUCE_AVG));
+    RUN(capex_cuda_memcpy_dtoh(ctx, fo, D(a), sizeof fo, NULL));
+    FAIL_IF(memcmp(f, fo, sizeof f) != 0 || fake_counter(C_AVG) != 0, "avg without ncclAvg");
+    r = capex_comm_allreduce(&c, a, a, 3, CAPEX_BF16, CAPEX_REDUCE_SUM);
+    FAIL_IF(r != CAPEX_ERR_UNSUPPORTED || !strstr(capex_last_error(), "2.10"), "bf16 on old NCCL: %d %s", (int)r, capex_last_error());
+    FAIL_IF(fake_counter(C_BAD) != 0, "bad arguments reached NCCL");
+    capex_comm_destroy(&c);
+    capex_cuda_context_destroy(ctx);
+    set_result(res, CAPEX_OK, 1);
+}
+
+/* DDP over NCCL, one rank: device buckets, f32 + f16 params, predivide 2
+   without averaging (grads come out halved), f16 through f32 buckets, one
+   param in copy mode; two iterations. */
+static void child_fake_ddp(const char *arg, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    capex_comm c;
+    capex_ddp *ddp = NULL;
+    capex_ddp_param ps[3];
+    capex_ddp_desc dd;
+    capex_ddp_stats st;
+    float w0[6], w1[4], g0[6], g1[4], o0[6], o1[4];
+    uint16_t w2[5], g2[5], o2[5];
+    void *dw0, *dw1, *dw2, *own1;
+    int it, i;
+    (void)arg;
+    RUN(fake_open(&ctx, &c, 0));
+    for (i = 0; i < 6; i++) w0[i] = (float)i;
+    for (i = 0; i < 4; i++) w1[i] = (float)-i;
+    for (i = 0; i < 5; i++) w2[i] = capex_f32_to_f16((float)i * 0.5f);
+    dw0 = dev(ctx, sizeof w0); dw1 = dev(ctx, sizeof w1); dw2 = dev(ctx, sizeof w2); own1 = dev(ctx, sizeof g1);
+    RUN(capex_cuda_memcpy_htod(ctx, D(dw0), w0, sizeof w0, NULL));
+    RUN(capex_cuda_memcpy_htod(ctx, D(dw1), w1, sizeof w1, NULL));
+    RUN(capex_cuda_memcpy_htod(ctx, D(dw2), w2, sizeof w2, NULL));
+    ps[0].data = dw0; ps[0].numel = 6; ps[0].dtype = CAPEX_F32; ps[0].grad = NULL;
+    ps[1].data = dw1; ps[1].numel = 4; ps[1].dtype = CAPEX_F32; ps[1].grad = own1;
+    ps[2].data = dw2; ps[2].numel = 5; ps[2].dtype = CAPEX_F16; ps[2].grad = NULL;
+    capex_ddp_desc_init(&dd);
+    dd.first_bucket_bytes = 16; dd.bucket_bytes = 16; /* several buckets */
+    dd.gradient_average = 0; dd.gradient_predivide_factor = 2.0f; dd.allreduce_always_fp32 = 1;
+    RUN(capex_ddp_create(&ddp, &c, ps, 3, &dd));
+    for (it = 0; it < 2; it++) {
+        for (i = 0; i < 6; i++) g0[i] = (float)(i + 1) * (it ? -3.0f : 1.0f);
+        for (i = 0; i < 4; i++) g1[i] = 0.25f * (float)i + (float)it;
+        for (i = 0; i < 5; i++) g2[i] = capex_f32_to_f16((float)i - 1.5f + (float)it);
+        /* backward: last param first */
+        RUN(capex_cuda_memcpy_htod(ctx, D(capex_ddp_grad(ddp, 2)), g2, sizeof g2, NULL));
+        RUN(capex_ddp_grad_ready(ddp, 2));
+        RUN(capex_cuda_memcpy_htod(ctx, D(own1), g1, sizeof g1, NULL));
+        FAIL_IF(capex_ddp_grad(ddp, 1) != own1, "copy-mode grad pointer");
+        RUN(capex_ddp_grad_ready(ddp, 1));
+        RUN(capex_cuda_memcpy_htod(ctx, D(capex_ddp_grad(ddp, 0)), g0, sizeof g0, NULL));
+        RUN(capex_ddp_grad_ready(ddp, 0));
+        RUN(capex_ddp_finalize(ddp));
+        RUN(capex_cuda_memcpy_dtoh(ctx, o0, D(capex_ddp_grad(ddp, 0)), sizeof o0, NULL));
+        RUN(capex_cuda_memcpy_dtoh(ctx, o1, D(own1), sizeof o1, NULL));
+        RUN(capex_cuda_memcpy_dtoh(ctx, o2, D(capex_ddp_grad(ddp, 2)), sizeof o2, NULL));
+        for (i = 0; i < 6; i++) FAIL_IF(o0[i] != g0[i] * 0.5f, "it %d p0[%d] %g", it, i, (double)o0[i]);
+        for (i = 0; i < 4; i++) FAIL_IF(o1[i] != g1[i] * 0.5f, "it %d p1[%d] %g", it, i, (double)o1[i]);
+        for (i = 0; i < 5; i++)
+            FAIL_IF(o2[i] != capex_f32_to_f16(capex_f16_to_f32(g2[i]) * 0.5f), "it %d p2[%d] %04x", it, i, o2[i]);
+        RUN(capex_ddp_zero_grad(ddp));
+        RUN(capex_cuda_memcpy_dtoh(ctx, o0, D(capex_ddp_grad(ddp, 0)), sizeof o0, NULL));
+        for (i = 0; i < 6; i++) FAIL_IF(o0[i] != 0.0f, "zero_grad");
+    }
+    capex_ddp_get_stats(ddp, &st);
+    FAIL_IF(st.iterations != 2 || st.launches != 2 * capex_ddp_num_buckets(ddp) || capex_ddp_num_buckets(ddp) < 3,
+            "stats: %d iterations, %d launches, %d buckets", (int)st.iterations, (int)st.launches, (int)capex_ddp_num_buckets(ddp));
+    FAIL_IF(st.launched_in_backward != st.launches, "buckets launched during backward");
+    FAIL_IF(fake_counter(C_ALLREDUCE) != (int)st.launches || fake_counter(C_BAD) != 0, "NCCL calls %d", fake_counter(C_ALLREDUCE));
+    capex_ddp_destroy(ddp);
+    capex_comm_destroy(&c);
+    capex_cuda_context_destroy(ctx);
+    set_result(res, CAPEX_OK, 1);
+}
+
+/* A peer dies: ncclCommGetAsyncError reports ncclRemoteError. arg "ddp":
+   through capex_ddp_finalize; else a blocking allreduce. */
+static void child_fake_async_error(const char *arg, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    capex_comm c;
+    capex_result r;
+    void *a;
+    char msg[1024];
+    RUN(fake_open(&ctx, &c, 0));
+    a = dev(ctx, 64);
+    RUN(capex_cuda_memset_u8(ctx, D(a), 0, 64, NULL));
+    setenv("FAKE_NCCL_ASYNC_ERROR", "1", 1);
+    if (arg && !strcmp(arg, "ddp")) {
+        capex_ddp *ddp = NULL;
+        capex_ddp_param p;
+        p.data = a; p.numel = 4; p.dtype = CAPEX_F32; p.grad = NULL;
+        RUN(capex_ddp_create(&ddp, &c, &p, 1, NULL));
+        RUN(capex_ddp_grad_ready(ddp, 0));
+        r = capex_ddp_finalize(ddp);
+        snprintf(msg, sizeof msg, "%s", capex_last_error());
+        FAIL_IF(capex_ddp_finalize(ddp) != CAPEX_ERR_COMM, "finalize after failure must fail");
+        capex_ddp_destroy(ddp);
+    } else {
+        r = capex_comm_allreduce(&c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM);
+        snprintf(msg, sizeof msg, "%s", capex_last_error());
+    }
+    FAIL_IF(r != CAPEX_ERR_COMM, "expected CAPEX_ERR_COMM, got %s: %s", capex_result_string(r), msg);
+    FAIL_IF(!strstr(msg, "ncclCommGetAsyncError") || !strstr(msg, "remote process"), "message: %s", msg);
+    FAIL_IF(!c.failed || fake_counter(C_ABORT) != 1, "aborted once (%d), failed %d", fake_counter(C_ABORT), c.failed);
+    FAIL_IF(capex_comm_barrier(&c) != CAPEX_ERR_COMM, "later calls fail fast");
+    capex_comm_destroy(&c);
+    FAIL_IF(fake_counter(C_DESTROY) != 0 || fake_counter(C_BAD) != 0, "no destroy after abort");
+    capex_cuda_context_destroy(ctx);
+    set_result(res, CAPEX_OK, 1);
+}
+
+/* A collective that never completes: CAPEX_ERR_TIMEOUT at the deadline, abort. */
+static void child_fake_timeout(const char *arg, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    capex_comm c;
+    capex_result r;
+    void *a;
+    double t0;
+    char msg[1024];
+    (void)arg;
+    RUN(fake_open(&ctx, &c, 0));
+    a = dev(ctx, 64);
+    setenv("FAKE_CUDA_EVENT_NOT_READY", "1", 1);
+    c.timeout_s = 0.2;
+    t0 = capex_dist_now();
+    r = capex_comm_allreduce(&c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM);
+    snprintf(msg, sizeof msg, "%s", capex_last_error());
+    FAIL_IF(r != CAPEX_ERR_TIMEOUT || !strstr(msg, "ncclAllReduce"), "%s: %s", capex_result_string(r), msg);
+    FAIL_IF(capex_dist_now() - t0 < 0.19, "returned before the deadline");
+    FAIL_IF(fake_counter(C_ABORT) != 1 || !c.failed, "abort");
+    unsetenv("FAKE_CUDA_EVENT_NOT_READY");
+    FAIL_IF(capex_comm_allreduce(&c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_ERR_COMM, "fails fast after");
+    capex_comm_destroy(&c);
+    capex_cuda_context_destroy(ctx);
+    set_result(res, CAPEX_OK, 1);
+}
+
+static void child_fake_init_fail(const char *arg, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    capex_comm c;
+    capex_result r;
+    (void)arg;
+    setenv("FAKE_NCCL_INIT_FAIL", "1", 1);
+    r = fake_open(&ctx, &c, 0);
+    set_result(res, r, c.vt == NULL && fake_counter(C_INIT) == 0);
+    capex_cuda_context_destroy(ctx);
+}
+
+/* The real NCCL on the stand-in driver: its runtime finds no GPU. */
+static void child_real_nccl_fake_driver(const char *arg, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    capex_comm c;
+    capex_result r;
+    (void)arg;
+    setenv("NCCL_DEBUG", "NONE", 1);
+    r = fake_open(&ctx, &c, 1);
+    set_result(res, r, c.vt == NULL);
+    capex_cuda_context_destroy(ctx);
+}
+
+static const child_entry children[] = {
+    {"no_nccl", child_no_nccl}, {"real_id", child_real_id}, {"fake_collectives", child_fake_collectives},
+    {"fake_old_nccl", child_fake_old_nccl}, {"fake_ddp", child_fake_ddp}, {"fake_async", child_fake_async_error},
+    {"fake_timeout", child_fake_timeout}, {"fake_init_fail", child_fake_init_fail},
+    {"real_nccl_fake_driver", child_real_nccl_fake_driver}};
+
+/* --------------------------------------------------------------- tests -- */
+
+CT_TEST(missing_nccl_is_a_clean_status) {
+    child_result r = run_child("no_nccl", NULL);
+    CT_CHECK(r.exited_ok, "child crashed (code %d)", r.code);
+    CT_CHECK(r.code == CAPEX_ERR_NO_NCCL, "code %d: %s", r.code, r.message);
+    CT_CHECK(strstr(r.message, "/nonexistent/libnccl.so.2") && strstr(r.message, "CAPEX_NCCL_PATH"), "names the path: %s", r.message);
+    CT_CHECK(r.value == 1, "capex_cuda_nccl_version says NO_NCCL too");
+}
+
+CT_TEST(real_nccl_unique_id_without_gpu) {
+    child_result r = run_child("real_id", NULL);
+    CT_CHECK(r.exited_ok, "child crashed");
+    if (r.code == CAPEX_ERR_NO_NCCL) CT_SKIP("NCCL not installed: %.200s", r.message);
+    CT_CHECK(r.code == CAPEX_OK, "ncclGetUniqueId: %s", r.message);
+    CT_CHECK(r.value == 1, "the id is not all zeros");
+}
+
+static int fakes_built(void) {
+    char p[1200];
+    return fake_path("libcuda.so.1", p, sizeof p) && fake_path("libnccl.so.2", p, sizeof p);
+}
+#define NEED_FAKES() do { if (!fakes_built()) CT_SKIP("build/fake/libcuda.so.1 / libnccl.so.2 not built (make builds them)"); } while (0)
+#define CHILD_OK(name, arg) do { child_result r_ = run_child(name, arg); \
+    CT_CHECK(r_.exited_ok && r_.code == CAPEX_OK, "%s: %s (code %d, line %d)", name, r_.message, r_.code, r_.value); } while (0)
+
+CT_TEST(fake_driver_collectives_all_dtypes) { NEED_FAKES(); CHILD_OK("fake_collectives", NULL); }
+CT_TEST(fake_driver_nccl_before_2_10) { NEED_FAKES(); CHILD_OK("fake_old_nccl", NULL); }
+CT_TEST(fake_driver_ddp_device_buckets) { NEED_FAKES(); CHILD_OK("fake_ddp", NULL); }
+CT_TEST(fake_driver_async_error_aborts) { NEED_FAKES(); CHILD_OK("fake_async", NULL); CHILD_OK("fake_async", "ddp"); }
+CT_TEST(fake_driver_stuck_collective_times_out) { NEED_FAKES(); CHILD_OK("fake_timeout", NULL); }
+
+CT_TEST(fake_driver_init_failure) {
+    child_result r;
+    NEED_FAKES();
+    r = run_child("fake_init_fail", NULL);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_ERR_COMM, "code %d: %s", r.code, r.message);
+    CT_CHECK(strstr(r.message, "ncclCommInitRank") && strstr(r.message, "bootstrap failed"), "message: %s", r.message);
+    CT_CHECK(r.value == 1, "comm left zeroed");
+}
+
+CT_TEST(real_nccl_refuses_stand_in_driver) {
+    child_result r;
+    char p[1200];
+    if (!fake_path("libcuda.so.1", p, sizeof p)) CT_SKIP("build/fake/libcuda.so.1 not built");
+    r = run_child("real_id", NULL);
+    if (r.code == CAPEX_ERR_NO_NCCL) CT_SKIP("NCCL not installed");
+    r = run_child("real_nccl_fake_driver", NULL);
+    CT_CHECK(r.exited_ok, "child crashed");
+    CT_CHECK(r.code == CAPEX_ERR_NCCL || r.code == CAPEX_ERR_COMM, "code %d: %s", r.code, r.message);
+    CT_CHECK(strstr(r.message, "ncclCommInitRank failed"), "names the call: %s", r.message);
+    CT_CHECK(r.value == 1, "comm left zeroed");
+}
+
+CT_TEST(argument_validation) {
+    capex_comm c, single;
+    capex_nccl_desc nd;
+    capex_dist_env env;
+    capex_nccl_unique_id id;
+    capex_nccl_desc_init(&nd);
+    CT_CHECK(nd.timeout_s == 1800.0 && nd.init_timeout_s == 300.0 && nd.use_nccl_avg == 1 && !nd.ctx, "defaults");
+    memset(&env, 0, sizeof env);
+    env.world_size = 1;
+    CT_CHECK(capex_comm_init_nccl(NULL, &env, &nd) == CAPEX_ERR_INVALID_ARG, "NULL comm");
+    CT_CHECK(capex_comm_init_nccl(&c, NULL, &nd) == CAPEX_ERR_INVALID_ARG, "NULL env");
+    CT_CHECK(capex_comm_init_nccl(&c, &env, NULL) == CAPEX_ERR_INVALID_ARG, "NULL desc");
+    CT_CHECK(capex_comm_init_nccl(&c, &env, &nd) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "ctx"), "no ctx");
+    nd.ctx = (capex_cuda_context *)(uintptr_t)1; /* never dereferenced: the checks come first */
+    env.rank = 2;
+    CT_CHECK(capex_comm_init_nccl(&c, &env, &nd) == CAPEX_ERR_INVALID_ARG, "rank >= world");
+    memset(&id, 0, sizeof id);
+    CT_CHECK(capex_comm_init_nccl_id(&c, &id, 0, 1, &nd) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "zeros"), "zero id");
+    id.bytes[3] = 1;
+    CT_CHECK(capex_comm_init_nccl_id(&c, &id, 1, 1, &nd) == CAPEX_ERR_INVALID_ARG, "rank");
+    CT_CHECK(capex_comm_init_nccl_id(&c, NULL, 0, 1, &nd) == CAPEX_ERR_INVALID_ARG, "NULL id");
+    nd.timeout_s = -1.0;
+    CT_CHECK(capex_comm_init_nccl_id(&c, &id, 0, 1, &nd) == CAPEX_ERR_INVALID_ARG, "negative timeout");
+    CT_CHECK(c.vt == NULL, "comm zeroed on failure");
+    CT_CHECK(capex_nccl_get_unique_id(NULL) == CAPEX_ERR_INVALID_ARG, "NULL id out");
+    OK(capex_comm_init_single(&single));
+    CT_CHECK(!capex_comm_is_nccl(&single) && !capex_comm_is_nccl(NULL), "is_nccl");
+    CT_CHECK(capex_nccl_set_user_stream(&single, NULL) == CAPEX_ERR_INVALID_ARG, "set stream on a host comm");
+    CT_CHECK(capex_nccl_exchange_unique_id(NULL, NULL, &id, 1.0) == CAPEX_ERR_INVALID_ARG, "no env, no comm");
+    CT_CHECK(capex_nccl_exchange_unique_id(&env, NULL, NULL, 1.0) == CAPEX_ERR_INVALID_ARG, "NULL id");
+    single.device_buffers = 1;
+    CT_CHECK(capex_nccl_exchange_unique_id(&env, &single, &id, 1.0) == CAPEX_ERR_INVALID_ARG, "device bootstrap");
+    single.device_buffers = 0;
+    env.rank = 0;
+    OK(capex_nccl_exchange_unique_id(&env, &single, &id, 1.0)); /* world 1: nothing to send */
+    CT_CHECK(id.bytes[3] == 1, "rank 0 keeps its id");
+    env.world_size = 2;
+    env.master_addr[0] = '\0';
+    CT_CHECK(capex_nccl_exchange_unique_id(&env, NULL, &id, 1.0) == CAPEX_ERR_CONFIG, "no MASTER_ADDR");
+    capex_comm_destroy(&single);
+}
+
+/* ------------------------------------------- unique id over TCP (forks) -- */
+
+static int free_port(void) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int s = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(0x7f000001u);
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(s, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0) close(s);
+    return port;
+}
+
+typedef struct xspec { int rank, world; const char *run; double delay, timeout; int zero_id, torchrun; } xspec;
+
+/* exit code: 0 = ok with rank 0's id, 1 = wrong id, else 10 - result */
+static int exchange_rank(int port, const xspec *s) {
+    capex_dist_env env;
+    capex_nccl_unique_id id;
+    capex_result r;
+    size_t i;
+    if (s->delay > 0) capex__sleep_s(s->delay);
+    memset(&env, 0, sizeof env);
+    env.rank = s->rank; env.world_size = s->world;
+    strcpy(env.master_addr, "127.0.0.1"); env.master_port = port;
+    snprintf(env.run_id, sizeof env.run_id, "%s", s->run);
+    if (s->torchrun) { env.launcher = CAPEX_LAUNCHER_TORCHRUN; setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1); }
+    memset(&id, 0xee, sizeof id);
+    if (s->rank == 0) for (i = 0; i < sizeof id.bytes; i++) id.bytes[i] = s->zero_id ? 0 : (unsigned char)(i * 13 + 5);
+    r = capex_nccl_exchange_unique_id(&env, NULL, &id, s->timeout);
+    if (r != CAPEX_OK) return 10 - (int)r;
+    for (i = 0; i < sizeof id.bytes; i++) if (id.bytes[i] != (unsigned char)(i * 13 + 5)) return 1;
+    return 0;
+}
+
+static void exchange_run_port(const xspec *s, int n, int *codes, int port) {
+    pid_t pids[8];
+    int i;
+    fflush(stdout);
+    for (i = 0; i < n; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) _exit(exchange_rank(port, &s[i]));
+    }
+    for (i = 0; i < n; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
+}
+static void exchange_run(const xspec *s, int n, int *codes) { exchange_run_port(s, n, codes, free_port()); }
+#define XCODE(res) (10 - (int)(res))
+
+/* torchrun >= 2: its agent's TCPStore listens on MASTER_PORT, so the id goes
+   over MASTER_PORT + 1 (TORCHELASTIC_USE_AGENT_STORE=True). Checked for real
+   with torchrun --no-python; here a listener plays the agent's store. */
+CT_TEST(unique_id_exchange_beside_torchrun_store) {
+    int codes[8], i, port = 0, fd;
+    struct sockaddr_in a;
+    xspec s[3];
+    for (i = 0; i < 20 && !port; i++) {
+        int p = free_port(), q;
+        if (p <= 0 || p >= 65535) continue;
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(0x7f000001u);
+        a.sin_port = htons((uint16_t)p);
+        if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 4) == 0) {
+            /* the port above must be free for capex */
+            q = socket(AF_INET, SOCK_STREAM, 0);
+            a.sin_port = htons((uint16_t)(p + 1));
+            if (q >= 0 && bind(q, (struct sockaddr *)&a, sizeof a) == 0) port = p;
+            if (q >= 0) close(q);
+        }
+        if (!port) close(fd);
+    }
+    if (!port) CT_SKIP("no two adjacent free ports on loopback");
+    for (i = 0; i < 3; i++) { s[i].rank = i; s[i].world = 3; s[i].run = "tr-1"; s[i].delay = 0; s[i].timeout = 5; s[i].zero_id = 0; s[i].torchrun = 1; }
+    exchange_run_port(s, 3, codes, port);
+    close(fd);
+    for (i = 0; i < 3; i++) CT_CHECK(codes[i] == 0, "rank %d: code %d", i, codes[i]);
+}
+
+CT_TEST(unique_id_exchange_tcp) {
+    int codes[8], i;
+    xspec s[4];
+    /* 4 ranks, rank 2 late, rank 0 later still */
+    for (i = 0; i < 4; i++) { s[i].rank = i; s[i].world = 4; s[i].run = "job-1"; s[i].delay = 0; s[i].timeout = 5; s[i].zero_id = 0; s[i].torchrun = 0; }
+    s[2].delay = 0.3; s[0].delay = 0.5;
+    exchange_run(s, 4, codes);
+    for (i = 0; i < 4; i++) CT_CHECK(codes[i] == 0, "rank %d: code %d", i, codes[i]);
+}
+
+CT_TEST(unique_id_exchange_foreign_nonce) {
+    int codes[8], i;
+    xspec s[3];
+    for (i = 0; i < 3; i++) { s[i].world = 2; s[i].run = "job-2"; s[i].delay = 0; s[i].timeout = 5; s[i].zero_id = 0; s[i].torchrun = 0; }
+    s[0].rank = 0; s[0].delay = 0.2;
+    s[1].rank = 1; s[1].run = "stale-job"; s[1].timeout = 1.5; /* an old job's rank 1 knocks first */
+    s[2].rank = 1; s[2].delay = 0.4;
+    exchange_run(s, 3, codes);
+    CT_CHECK(codes[0] == 0 && codes[2] == 0, "this run's ranks succeed: %d %d", codes[0], codes[2]);
+    CT_CHECK(codes[1] == XCODE(CAPEX_ERR_COMM) || codes[1] == XCODE(CAPEX_ERR_TIMEOUT), "intruder refused: %d", codes[1]);
+}
+
+CT_TEST(unique_id_exchange_missing_rank) {
+    int codes[8], i;
+    xspec s[2];
+    for (i = 0; i < 2; i++) { s[i].rank = i; s[i].world = 3; s[i].run = "job-3"; s[i].delay = 0; s[i].timeout = 0.5; s[i].zero_id = 0; s[i].torchrun = 0; }
+    exchange_run(s, 2, codes); /* rank 2 never comes */
+    CT_CHECK(codes[0] == XCODE(CAPEX_ERR_TIMEOUT), "rank 0 times out: %d", codes[0]);
+    CT_CHECK(codes[1] == XCODE(CAPEX_ERR_TIMEOUT) || codes[1] == XCODE(CAPEX_ERR_COMM), "rank 1 fails: %d", codes[1]);
+}
+
+CT_TEST(unique_id_exchange_rank0_failed) {
+    int codes[8], i;
+    xspec s[3];
+    for (i = 0; i < 3; i++) { s[i].rank = i; s[i].world = 3; s[i].run = "job-4"; s[i].delay = 0; s[i].timeout = 5; s[i].zero_id = i == 0; s[i].torchrun = 0; }
+    exchange_run(s, 3, codes);
+    CT_CHECK(codes[0] == 1, "rank 0 sent zeros (its own check: %d)", codes[0]);
+    CT_CHECK(codes[1] == XCODE(CAPEX_ERR_COMM) && codes[2] == XCODE(CAPEX_ERR_COMM), "peers fail at once: %d %d", codes[1], codes[2]);
+}
+
+/* ------------------------------------------------- f64 / i64 on host -- */
+
+static int wide_checks(capex_comm *c) {
+    double d[3], da[3];
+    int64_t q[3], g[9];
+    int r = c->rank, w = c->world_size, k;
+    d[0] = 0.1 * (r + 1); d[1] = 1e300; d[2] = -(double)r;
+    q[0] = ((int64_t)1 << 60) + r; q[1] = -r; q[2] = (int64_t)1 << 53;
+    if (capex_comm_allreduce(c, d, da, 3, CAPEX_F64, CAPEX_REDUCE_SUM)) return 1;
+    {   /* rank-order sum in f64, like the backends */
+        double s = 0.0;
+        for (k = 0; k < w; k++) s += 0.1 * (k + 1);
+        if (da[0] != s || da[1] != 1e300 * w || da[2] != -(double)(w * (w - 1) / 2)) return 2;
+    }
+    if (capex_comm_allreduce(c, d, d, 3, CAPEX_F64, CAPEX_REDUCE_AVG)) return 3;
+    if (d[1] != 1e300 * w / w) return 4;
+    if (capex_comm_allreduce(c, q, q, 3, CAPEX_I64, CAPEX_REDUCE_SUM)) return 5;
+    /* exact beyond 2^53: f64 or f32 staging would round these */
+    if (q[0] != ((int64_t)1 << 60) * w + w * (w - 1) / 2 || q[1] != -(int64_t)(w * (w - 1) / 2) || q[2] != ((int64_t)1 << 53) * w) return 6;
+    q[0] = 1000 + r;
+    if (capex_comm_allgather(c, q, g, 1, CAPEX_I64)) return 7;
+    for (k = 0; k < w; k++) if (g[k] != 1000 + k) return 8;
+    d[0] = r == 0 ? 0.3 : -1.0;
+    if (capex_comm_broadcast(c, d, 1, CAPEX_F64, 0) || d[0] != 0.3) return 9;
+    if (capex_comm_allreduce(c, q, q, 1, CAPEX_I64, CAPEX_REDUCE_AVG) != CAPEX_ERR_INVALID_ARG) return 10;
+    if (capex_comm_allreduce(c, q, q, 1, (capex_dtype)5, CAPEX_REDUCE_SUM) != CAPEX_ERR_INVALID_ARG) return 11;
+    return 0;
+}
+
+CT_TEST(wide_dtypes_single_backend) {
+    capex_comm c;
+    int e;
+    OK(capex_comm_init_single(&c));
+    e = wide_checks(&c);
+    CT_CHECK(e == 0, "check %d: %s", e, capex_last_error());
+    CT_CHECK(capex_comm_dtype_size(CAPEX_F64) == 8 && capex_comm_dtype_size(CAPEX_I64) == 8 &&
+             capex_comm_dtype_size(CAPEX_BF16) == 2 && capex_comm_dtype_size((capex_dtype)5) == 0, "sizes");
+    capex_comm_destroy(&c);
+}
+
+CT_TEST(wide_dtypes_tcp_backend) {
+    int port = free_port(), i, codes[2], e;
+    pid_t pids[2];
+    capex_dist_env env;
+    capex_comm c;
+    fflush(stdout);
+    for (i = 1; i <= 2; i++) {
+        pids[i - 1] = fork();
+        if (pids[i - 1] == 0) {
+            capex_dist_env ev;
+            capex_comm cc;
+            memset(&ev, 0, sizeof ev);
+            ev.rank = i; ev.world_size = 3; strcpy(ev.master_addr, "127.0.0.1"); ev.master_port = port;
+            strcpy(ev.run_id, "wide");
+            if (capex_comm_init_tcp(&cc, &ev, 5.0)) _exit(50);
+            cc.timeout_s = 5.0;
+            e = wide_checks(&cc);
+            capex_comm_destroy(&cc);
+            _exit(e);
+        }
+    }
+    memset(&env, 0, sizeof env);
+    env.rank = 0; env.world_size = 3; strcpy(env.master_addr, "127.0.0.1"); env.master_port = port;
+    strcpy(env.run_id, "wide");
+    e = capex_comm_init_tcp(&c, &env, 5.0) ? 50 : 0;
+    if (!e) { c.timeout_s = 5.0; e = wide_checks(&c); capex_comm_destroy(&c); }
+    for (i = 0; i < 2; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
+    CT_CHECK(e == 0 && codes[0] == 0 && codes[1] == 0, "checks: rank 0 %d, rank 1 %d, rank 2 %d (%s)", e, codes[0], codes[1],
+             capex_last_error());
+}
+
+static const ct_case cases[] = {
+    CT_CASE(missing_nccl_is_a_clean_status), CT_CASE(real_nccl_unique_id_without_gpu),
+    CT_CASE(fake_driver_collectives_all_dtypes), CT_CASE(fake_driver_nccl_before_2_10),
+    CT_CASE(fake_driver_ddp_device_buckets), CT_CASE(fake_driver_async_error_aborts),
+    CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_init_failure),
+    CT_CASE(real_nccl_refuses_stand_in_driver), CT_CASE(argument_validation), CT_CASE(unique_id_exchange_tcp),
+    CT_CASE(unique_id_exchange_foreign_nonce), CT_CASE(unique_id_exchange_missing_rank),
+    CT_CASE(unique_id_exchange_rank0_failed), CT_CASE(unique_id_exchange_beside_torchrun_store), CT_CASE(wide_dtypes_single_backend), CT_CASE(wide_dtypes_tcp_backend)};
+
+int main(int argc, char **argv) {
+    signal(SIGPIPE, SIG_IGN);
+    if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
+    return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
+}

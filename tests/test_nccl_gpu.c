@@ -1,0 +1,215 @@
+/* The NCCL backend on a real GPU, world size 1 (`make gpu-test`; also part of
+   `make test`, where every test SKIPs with the reason when there is no GPU,
+   no NCCL, or the driver is the CPU stand-in):
+   - allreduce SUM/AVG, broadcast, allgather, barrier on device buffers in
+     f32/f16/bf16/f64/i64 against host references, poisoned outputs;
+   - DDP with one rank over NCCL: grads written by a slow kernel on the
+     engine's stream, so a missing stream order (comm stream not waiting for
+     the user's) shows as unscaled grads; predivide 2 without averaging
+     halves every grad, f32 and bf16 (through f32 buckets) checked bit-exact;
+   - the abort path: the engine's stream is busy for ~2 s, comm->timeout_s is
+     0.3 s: the allreduce returns CAPEX_ERR_TIMEOUT after the deadline,
+     ncclCommAbort runs, the comm fails fast afterwards and is destroyed
+     without hanging.
+   World sizes above 1 need one GPU per rank: run examples under torchrun or
+   mpirun on a multi-GPU node (README, NCCL section). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#define CAPEX_CUDA_IMPLEMENTATION
+#include "../capex_cuda.h"
+#include "capex_test.h"
+#include "cuda_test_util.h"
+
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "protect_shadow_gap=0:detect_leaks=0"; }
+
+#define OK(call) CT_CHECK((call) == CAPEX_OK, "%s: %s", #call, capex_last_error())
+
+/* A context and a world-1 NCCL comm, or SKIP with the reason. */
+#define OPEN(ctx, comm, user)                                                                         \
+    do {                                                                                             \
+        capex_result r_;                                                                             \
+        int n_ = 0, v_ = 0;                                                                          \
+        capex_dist_env env_;                                                                         \
+        capex_nccl_desc nd_;                                                                         \
+        const char *lp_ = getenv("CAPEX_LIBCUDA_PATH");                                              \
+        if (lp_ && strstr(lp_, "fake")) CT_SKIP("stand-in driver: real NCCL needs a GPU");          \
+        r_ = capex_cuda_device_count(&n_);                                                           \
+        if (r_ != CAPEX_OK || n_ == 0) CT_SKIP("no GPU (%s): %.100s", capex_result_string(r_), r_ ? capex_last_error() : "0 devices"); \
+        if (capex_cuda_nccl_version(&v_) != CAPEX_OK) CT_SKIP("no NCCL: %.160s", capex_last_error()); \
+        OK(capex_cuda_context_create(NULL, &(ctx)));                                                 \
+        OK(capex_cuda_stream_create((ctx), &(user)));                                                \
+        memset(&env_, 0, sizeof env_);                                                               \
+        env_.world_size = 1;                                                                         \
+        capex_nccl_desc_init(&nd_);                                                                  \
+        nd_.ctx = (ctx);                                                                             \
+        nd_.user_stream = (user);                                                                    \
+        OK(capex_comm_init_nccl(&(comm), &env_, &nd_));                                              \
+    } while (0)
+
+static uint64_t seed = 12345;
+static double rnd(void) { /* splitmix64 -> [-1, 1) */
+    uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) / 4503599627370496.0 - 1.0;
+}
+
+CT_TEST(collectives_on_device) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm c;
+    enum { N = 1000 };
+    static unsigned char in[N * 8], out[N * 8], back[N * 8];
+    capex_cuda_ptr a = 0, b = 0;
+    int t, op, i;
+    OPEN(ctx, c, user);
+    OK(capex_cuda_malloc(ctx, sizeof in, &a));
+    OK(capex_cuda_malloc(ctx, sizeof in, &b));
+    for (t = 0; t <= 4; t++) {
+        size_t es = capex_comm_dtype_size((capex_dtype)t);
+        for (i = 0; i < N; i++) {
+            double v = rnd() * 100.0;
+            float f = (float)v;
+            uint16_t h = t == 1 ? capex_f32_to_f16(f) : capex_f32_to_bf16(f);
+            int64_t q = (int64_t)(v * 1e15);
+            if (t == 0) memcpy(in + i * 4, &f, 4);
+            else if (t <= 2) memcpy(in + i * 2, &h, 2);
+            else if (t == 3) memcpy(in + i * 8, &v, 8);
+            else memcpy(in + i * 8, &q, 8);
+        }
+        for (op = 0; op < (t == 4 ? 1 : 2); op++) {
+            OK(capex_cuda_memcpy_htod(ctx, a, in, N * es, NULL));
+            OK(capex_cuda_memset_u8(ctx, b, 0xa5, N * es, NULL));
+            OK(capex_comm_allreduce(&c, (void *)(uintptr_t)a, (void *)(uintptr_t)b, N, (capex_dtype)t, (capex_reduce_op)op));
+            OK(capex_cuda_memcpy_dtoh(ctx, out, b, N * es, NULL));
+            CT_CHECK(memcmp(in, out, N * es) == 0, "allreduce dtype %d op %d: one rank gives its own values", t, op);
+        }
+        OK(capex_comm_broadcast(&c, (void *)(uintptr_t)b, N, (capex_dtype)t, 0));
+        OK(capex_cuda_memset_u8(ctx, a, 0x5a, N * es, NULL));
+        OK(capex_comm_allgather(&c, (void *)(uintptr_t)b, (void *)(uintptr_t)a, N, (capex_dtype)t));
+        OK(capex_cuda_memcpy_dtoh(ctx, back, a, N * es, NULL));
+        CT_CHECK(memcmp(in, back, N * es) == 0, "broadcast + allgather dtype %d", t);
+    }
+    OK(capex_comm_barrier(&c));
+    capex_comm_destroy(&c);
+    capex_cuda_free(ctx, a);
+    capex_cuda_free(ctx, b);
+    capex_cuda_stream_destroy(ctx, user);
+    capex_cuda_context_destroy(ctx);
+}
+
+/* Spins ~cycles GPU clocks, then writes x[i] = v * (i + 1). */
+static const char *spin_src =
+    "extern \"C\" __global__ void spin_fill(float *x, unsigned long long n, float v, long long cycles) {\n"
+    "  long long t0 = clock64(); while (clock64() - t0 < cycles) { }\n"
+    "  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += gridDim.x * 256ull) x[i] = v * (float)(i + 1);\n"
+    "}\n";
+
+static capex_result spin_fill(capex_cuda_context *ctx, capex_cuda_stream s, void *x, unsigned long long n, float v,
+                              long long cycles) {
+    capex_cuda_module *m;
+    capex_cuda_function f;
+    capex_result r;
+    unsigned grid[3] = {4, 1, 1}, block[3] = {256, 1, 1};
+    capex_cuda_ptr p = (capex_cuda_ptr)(uintptr_t)x;
+    void *args[4];
+    if ((r = capex_cuda_module_compile(ctx, spin_src, "spin.cu", NULL, 0, &m)) != CAPEX_OK) return r;
+    if ((r = capex_cuda_module_get_function(m, "spin_fill", &f)) != CAPEX_OK) return r;
+    args[0] = &p; args[1] = &n; args[2] = &v; args[3] = &cycles;
+    return capex_cuda_launch(&f, grid, block, 0, s, args);
+}
+
+CT_TEST(ddp_one_rank_stream_order) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm c;
+    capex_ddp *ddp = NULL;
+    capex_ddp_param ps[2];
+    capex_ddp_desc dd;
+    capex_cuda_ptr w0 = 0, w1 = 0;
+    enum { N0 = 3000, N1 = 700 };
+    static float g0[N0], f1[N1];
+    static uint16_t g1[N1];
+    int it, i;
+    long long cycles;
+    OPEN(ctx, c, user);
+    CT_NEED_NVRTC();
+    cycles = 50000000LL; /* ~25-50 ms at 1-2 GHz */
+    OK(capex_cuda_malloc(ctx, N0 * 4, &w0));
+    OK(capex_cuda_malloc(ctx, N1 * 2, &w1));
+    OK(capex_cuda_memset_u8(ctx, w0, 0, N0 * 4, NULL));
+    OK(capex_cuda_memset_u8(ctx, w1, 0, N1 * 2, NULL));
+    ps[0].data = (void *)(uintptr_t)w0; ps[0].numel = N0; ps[0].dtype = CAPEX_F32; ps[0].grad = NULL;
+    ps[1].data = (void *)(uintptr_t)w1; ps[1].numel = N1; ps[1].dtype = CAPEX_BF16; ps[1].grad = NULL;
+    capex_ddp_desc_init(&dd);
+    dd.gradient_average = 0; dd.gradient_predivide_factor = 2.0f; dd.allreduce_always_fp32 = 1;
+    dd.first_bucket_bytes = 4096; dd.bucket_bytes = 4096;
+    OK(capex_ddp_create(&ddp, &c, ps, 2, &dd));
+    for (it = 0; it < 3; it++) {
+        float v = 0.5f + (float)it;
+        /* bf16 grads: written by a host copy after the f32 ones; the f32 grads by a slow kernel */
+        for (i = 0; i < N1; i++) g1[i] = capex_f32_to_bf16((float)rnd());
+        OK(capex_cuda_memcpy_htod(ctx, (capex_cuda_ptr)(uintptr_t)capex_ddp_grad(ddp, 1), g1, sizeof g1, user));
+        OK(capex_cuda_stream_synchronize(ctx, user)); /* g1 is a host buffer reused next iteration */
+        OK(capex_ddp_grad_ready(ddp, 1));
+        OK(spin_fill(ctx, user, capex_ddp_grad(ddp, 0), N0, v, cycles));
+        OK(capex_ddp_grad_ready(ddp, 0)); /* returns at once; the kernel is still spinning */
+        OK(capex_ddp_finalize(ddp));
+        OK(capex_cuda_memcpy_dtoh(ctx, g0, (capex_cuda_ptr)(uintptr_t)capex_ddp_grad(ddp, 0), sizeof g0, user));
+        OK(capex_cuda_memcpy_dtoh(ctx, f1, (capex_cuda_ptr)(uintptr_t)capex_ddp_grad(ddp, 1), N1 * 2, user));
+        OK(capex_cuda_stream_synchronize(ctx, user));
+        for (i = 0; i < N0; i++)
+            CT_CHECK(g0[i] == v * (float)(i + 1) * 0.5f, "it %d: f32 grad %d = %g, want %g (stream order?)", it, i,
+                     (double)g0[i], (double)(v * (float)(i + 1) * 0.5f));
+        for (i = 0; i < N1; i++) {
+            uint16_t got;
+            memcpy(&got, (const char *)f1 + i * 2, 2);
+            CT_CHECK(got == capex_f32_to_bf16(capex_bf16_to_f32(g1[i]) * 0.5f), "it %d: bf16 grad %d", it, i);
+        }
+        OK(capex_ddp_zero_grad(ddp));
+    }
+    capex_ddp_destroy(ddp);
+    capex_comm_destroy(&c);
+    capex_cuda_free(ctx, w0);
+    capex_cuda_free(ctx, w1);
+    capex_cuda_stream_destroy(ctx, user);
+    capex_cuda_context_destroy(ctx);
+}
+
+CT_TEST(stuck_stream_times_out_and_aborts) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm c;
+    capex_cuda_ptr a = 0;
+    capex_result r;
+    double t0, dt;
+    char msg[600];
+    (void)run_child; (void)child_main; /* cuda_test_util.h's, unused here */
+    OPEN(ctx, c, user);
+    CT_NEED_NVRTC();
+    OK(capex_cuda_malloc(ctx, 4096, &a));
+    /* ~2 s at 1-2 GHz: the collective waits behind it */
+    OK(spin_fill(ctx, user, (void *)(uintptr_t)a, 1024, 1.0f, 3000000000LL));
+    c.timeout_s = 0.3;
+    t0 = capex_dist_now();
+    r = capex_comm_allreduce(&c, (void *)(uintptr_t)a, (void *)(uintptr_t)a, 1024, CAPEX_F32, CAPEX_REDUCE_SUM);
+    dt = capex_dist_now() - t0;
+    snprintf(msg, sizeof msg, "%s", capex_last_error());
+    CT_CHECK(r == CAPEX_ERR_TIMEOUT, "%s: %s", capex_result_string(r), msg);
+    /* the abort inside the call may wait for kernels already queued (NCCL frees
+       device memory), so the bound is loose: the point is that it returns */
+    CT_CHECK(dt >= 0.29 && dt < 20.0, "returned after %.2f s (deadline 0.3 s)", dt);
+    CT_CHECK(c.failed, "comm marked failed");
+    CT_CHECK(capex_comm_barrier(&c) == CAPEX_ERR_COMM, "fails fast after the abort");
+    capex_comm_destroy(&c);
+    OK(capex_cuda_stream_synchronize(ctx, user));
+    capex_cuda_free(ctx, a);
+    capex_cuda_stream_destroy(ctx, user);
+    capex_cuda_context_destroy(ctx);
+}
+
+static const ct_case cases[] = {CT_CASE(collectives_on_device), CT_CASE(ddp_one_rank_stream_order),
+                                CT_CASE(stuck_stream_times_out_and_aborts)};
+CT_MAIN(cases)
