@@ -1097,6 +1097,13 @@ typedef struct capex_dist_env {
     char master_addr[256];  /* "" when unknown                               */
     int master_port;        /* 0 when unknown                                */
     char run_id[128];       /* CAPEX_RUN_ID, TORCHELASTIC_RUN_ID, SLURM job  */
+    int rdv_port;           /* where capex's own TCP rendezvous and comm listen
+                               on MASTER_ADDR: CAPEX_PORT if set, else
+                               MASTER_PORT + 1 under torchrun >= 2 (its agent's
+                               TCPStore holds MASTER_PORT:
+                               TORCHELASTIC_USE_AGENT_STORE=True), else
+                               MASTER_PORT; 0 when unknown. An env filled by
+                               hand may leave it 0: the same rule applies. */
 } capex_dist_env;
 
 CAPEX_API void capex_dist_env_desc_init(capex_dist_env_desc *d);
@@ -6254,6 +6261,19 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
         if (found && (r.master_port < 1 || r.master_port > 65535))
             return capex__fail(CAPEX_ERR_CONFIG, "MASTER_PORT=%d must be in [1, 65535]", r.master_port);
     }
+    r.rdv_port = r.master_port;
+    if ((res = capex__env_int(&e, "CAPEX_PORT", &r.rdv_port, &found)) != CAPEX_OK) return res;
+    if (found && (r.rdv_port < 1 || r.rdv_port > 65535))
+        return capex__fail(CAPEX_ERR_CONFIG, "CAPEX_PORT=%d must be in [1, 65535]", r.rdv_port);
+    if (!found && desc->master_port < 0 && r.launcher == CAPEX_LAUNCHER_TORCHRUN && r.master_port > 0) {
+        s = e.fn("TORCHELASTIC_USE_AGENT_STORE", e.user);
+        if (s && (!strcmp(s, "True") || !strcmp(s, "true") || !strcmp(s, "1"))) {
+            if (r.master_port == 65535)
+                return capex__fail(CAPEX_ERR_CONFIG, "torchrun's store holds MASTER_PORT=65535 and capex would listen on the "
+                                                     "next port: choose another MASTER_PORT or set CAPEX_PORT");
+            r.rdv_port = r.master_port + 1;
+        }
+    }
     if (desc->run_id) s = desc->run_id;
     else if ((s = e.fn("CAPEX_RUN_ID", e.user)) != NULL) { }
     else if ((s = e.fn("TORCHELASTIC_RUN_ID", e.user)) != NULL) { }
@@ -7216,6 +7236,18 @@ static const capex_comm_vtable capex__tcp_vt = {
     NULL, NULL, NULL, NULL, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 #endif /* CAPEX__HAVE_SOCKETS */
 
+/* env->rdv_port, or for an env filled by hand (rdv_port 0) the rule of
+   capex_dist_env_read applied to the process environment. */
+CAPEX__PRIVATE int capex__dist_rdv_port(const capex_dist_env *env) {
+    const char *agent;
+    if (env->rdv_port > 0) return env->rdv_port;
+    agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    if (env->launcher == CAPEX_LAUNCHER_TORCHRUN && env->master_port > 0 && env->master_port < 65535 && agent &&
+        (!strcmp(agent, "True") || !strcmp(agent, "true") || !strcmp(agent, "1")))
+        return env->master_port + 1;
+    return env->master_port;
+}
+
 CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *env, double connect_timeout_s) {
 #ifdef CAPEX__HAVE_SOCKETS
     capex_rendezvous_desc d;
@@ -7228,11 +7260,11 @@ CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *
     memset(c, 0, sizeof *c);
     if (env->world_size == 1) return capex_comm_init_single(c);
 #ifdef CAPEX__HAVE_SOCKETS
-    if (!env->master_addr[0] || !env->master_port)
+    if (!env->master_addr[0] || !capex__dist_rdv_port(env))
         return capex__fail(CAPEX_ERR_CONFIG, "capex_comm_init_tcp: %d ranks need MASTER_ADDR and MASTER_PORT", env->world_size);
     capex_rendezvous_desc_init(&d);
     d.addr = env->master_addr;
-    d.port = env->master_port;
+    d.port = capex__dist_rdv_port(env);
     d.rank = env->rank;
     d.world_size = env->world_size;
     d.nonce = capex_rendezvous_nonce(env->run_id);
@@ -7303,12 +7335,12 @@ CAPEX_API capex_result capex_dist_broadcast_blob(const capex_dist_env *env, cape
     }
     if (!env) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_dist_broadcast_blob: no multi-rank comm and no env");
     if (env->world_size == 1) return CAPEX_OK;
-    if (!env->master_addr[0] || !env->master_port)
+    if (!env->master_addr[0] || !capex__dist_rdv_port(env))
         return capex__fail(CAPEX_ERR_CONFIG, "capex_dist_broadcast_blob: %d ranks need MASTER_ADDR and MASTER_PORT "
                                              "(rank 0's host and a free port) for the TCP rendezvous", env->world_size);
     capex_rendezvous_desc_init(&d);
     d.addr = env->master_addr;
-    d.port = env->master_port;
+    d.port = capex__dist_rdv_port(env);
     d.rank = env->rank;
     d.world_size = env->world_size;
     d.nonce = capex_rendezvous_nonce(env->run_id);

@@ -314,9 +314,9 @@ CAPEX_API void capex_nccl_desc_init(capex_nccl_desc *d);
 CAPEX_API capex_result capex_nccl_get_unique_id(capex_nccl_unique_id *id);
 /* Rank 0's id (in *id on rank 0) to every rank, over bootstrap when it is a
    multi-rank host comm, else the TCP rendezvous of env (deadline, retries,
-   nonce) at MASTER_ADDR and port "auto": MASTER_PORT, except MASTER_PORT + 1
-   under torchrun >= 2 (TORCHELASTIC_USE_AGENT_STORE=True: its agent's
-   TCPStore already listens on MASTER_PORT). An all-zero id from rank 0 means rank 0 failed: the others get
+   nonce) at MASTER_ADDR and env->rdv_port (MASTER_PORT, or MASTER_PORT + 1
+   under torchrun >= 2 whose agent's TCPStore holds MASTER_PORT; CAPEX_PORT
+   overrides: see capex_dist_env). An all-zero id from rank 0 means rank 0 failed: the others get
    CAPEX_ERR_COMM at once instead of waiting. timeout_s <= 0: 300 s. */
 CAPEX_API capex_result capex_nccl_exchange_unique_id(const capex_dist_env *env, capex_comm *bootstrap,
                                                      capex_nccl_unique_id *id, double timeout_s);
@@ -2446,16 +2446,9 @@ CAPEX__PRIVATE capex_result capex__nccl_exchange(const capex_dist_env *env, cape
     if (bootstrap && bootstrap->vt && bootstrap->device_buffers)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_nccl_exchange_unique_id: the bootstrap comm must use host buffers "
                                                   "(an MPI or TCP capex_comm), not a device comm");
-    if (env && env->world_size > 1 && !(bootstrap && bootstrap->vt && bootstrap->world_size > 1) && port == 0) {
-        /* torchrun's agent holds MASTER_PORT with its own TCPStore */
-        const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
-        if (env->launcher == CAPEX_LAUNCHER_TORCHRUN && agent && (!strcmp(agent, "True") || !strcmp(agent, "1")) &&
-            env->master_port > 0 && env->master_port < 65535)
-            port = env->master_port + 1;
-    }
-    if (env && port > 0 && port != env->master_port) {
+    if (env && port > 0) { /* an explicit port; 0: env's rdv_port (torchrun's store rule included) */
         local = *env;
-        local.master_port = port;
+        local.rdv_port = port;
         env = &local;
     }
     rank = bootstrap && bootstrap->vt && bootstrap->world_size > 1 ? bootstrap->rank : env ? env->rank : 0;

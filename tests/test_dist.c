@@ -53,6 +53,27 @@ CT_TEST(env_torchrun) {
     CT_CHECK(strcmp(e.run_id, "job42") == 0, "run id %s", e.run_id);
 }
 
+CT_TEST(env_rendezvous_port_beside_torchrun_store) {
+    kv plain[] = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}, {NULL, NULL}};
+    kv agent[] = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"},
+                  {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {NULL, NULL}};
+    kv over[] = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"},
+                 {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"CAPEX_PORT", "31000"}, {NULL, NULL}};
+    kv edge[] = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "65535"},
+                 {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {NULL, NULL}};
+    kv bad[] = {{"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}, {"CAPEX_PORT", "0"}, {NULL, NULL}};
+    kv mpi[] = {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"},
+                {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {NULL, NULL}};
+    capex_dist_env e;
+    CT_CHECK(read_env(plain, &e) == CAPEX_OK && e.rdv_port == 29500, "plain torchrun-style env: %d", e.rdv_port);
+    CT_CHECK(read_env(agent, &e) == CAPEX_OK && e.rdv_port == 29501 && e.master_port == 29500,
+             "torchrun's agent store holds MASTER_PORT: capex uses the next one (%d)", e.rdv_port);
+    CT_CHECK(read_env(over, &e) == CAPEX_OK && e.rdv_port == 31000, "CAPEX_PORT wins: %d", e.rdv_port);
+    CT_CHECK(read_env(edge, &e) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "CAPEX_PORT"), "65535: %.200s", capex_last_error());
+    CT_CHECK(read_env(bad, &e) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "CAPEX_PORT"), "CAPEX_PORT=0 refused");
+    CT_CHECK(read_env(mpi, &e) == CAPEX_OK && e.rdv_port == 29500, "the agent rule is torchrun's only: %d", e.rdv_port);
+}
+
 CT_TEST(env_openmpi_pmi_slurm) {
     kv o[] = {{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "6"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
               {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "3"}, {NULL, NULL}};
@@ -1178,7 +1199,7 @@ CT_TEST(torchrun_style_launch_auto_comm) {
 
 static const ct_case cases[] = {
     CT_CASE(env_none_is_single_process),
-    CT_CASE(env_torchrun),
+    CT_CASE(env_torchrun), CT_CASE(env_rendezvous_port_beside_torchrun_store),
     CT_CASE(env_openmpi_pmi_slurm),
     CT_CASE(env_slurm_tasks_per_node_parser),
     CT_CASE(env_overrides_and_run_id_precedence),
