@@ -25,6 +25,18 @@ $(GPUOPT_EMU): tests/test_gpuopt_emu.c tests/gpuopt_parity.h $(BUILD)/gpuopt/go_
 	$(CXX) -x c++ -std=c++17 $(filter-out -std=% -fopenmp,$(CFLAGS)) -ffp-contract=off -fno-strict-aliasing \
 	  -Itests -I$(BUILD)/gpuopt $< -o $@ $(LDLIBS)
 
+# The emulation again with 512 threads per block (the GPU's block size) on the
+# reductions, clipping and the AMP loop (the full suite would take minutes).
+$(BUILD)/gpuopt/test_gpuopt_emu512: tests/test_gpuopt_emu.c tests/gpuopt_parity.h $(BUILD)/gpuopt/go_kernels.inc tests/capex_test.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) -x c++ -std=c++17 -O2 -ffp-contract=off -fno-strict-aliasing -DEMU_THREADS=512 \
+	  -Itests -I$(BUILD)/gpuopt $< -o $@ $(LDLIBS)
+
+ci-extra:: $(BUILD)/gpuopt/test_gpuopt_emu512
+	@echo "gpuopt: kernel emulation with 512-thread blocks"
+	@for t in emu_l2norm emu_clip emu_scale_many emu_amp_loop; do \
+	  $< $$t | tail -n 1 | grep -q '^1 passed, 0 failed' || { echo "gpuopt: $$t failed with 512 threads"; exit 1; }; done
+
 $(BUILD)/tests/test_gpuopt_gpu: tests/gpuopt_parity.h
 
 # gpu-test (tests/cuda.mk) runs this first, as a prerequisite; a failure stops it.

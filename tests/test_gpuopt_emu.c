@@ -45,7 +45,9 @@ struct alignas(8) uint2 { unsigned x, y; };
 } // namespace capex_emu
 
 /* ---- a pool of EMU_THREADS workers = the threads of one block ---- */
-#define EMU_THREADS 32
+#ifndef EMU_THREADS
+#define EMU_THREADS 32 /* any power of two <= 512; -DEMU_THREADS=512 mirrors the GPU launches */
+#endif
 typedef void (*emu_thunk)(void *);
 static struct {
     pthread_t th[EMU_THREADS];
