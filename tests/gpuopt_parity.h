@@ -228,7 +228,7 @@ static void par_norms(ct_state *ct, env *e) {
     static const int64_t sizes[] = {5, 0, 4096, 1, 3001, 64, 7, 12345, 8};
     const size_t n = sizeof sizes / sizeof sizes[0];
     int di;
-    for (di = 0; di < 3; di++) {
+    for (di = 0; di < 4; di++) { /* 3: f32 again, 48-element chunks: partials of 2 launches */
         par_list x;
         capex_tensor_list hl, dl;
         capex_tensor_op_desc desc;
@@ -236,8 +236,8 @@ static void par_norms(ct_state *ct, env *e) {
         capex_cuda_ptr ws, dtot, dper;
         float cpu_tot, cpu_per[16], tot1, tot2, per[16], per2[16];
         capex_tensor_op_desc_init(&desc);
-        desc.chunk_size = di == 1 ? 1000 : 0;
-        CT_CHECK(par_list_make(e, &x, (capex_dtype)di, sizes, n, 1, 3.0f, 1), "list");
+        desc.chunk_size = di == 1 ? 1000 : di == 3 ? 48 : 0;
+        CT_CHECK(par_list_make(e, &x, (capex_dtype)(di % 3), sizes, n, 1, 3.0f, 1), "list");
         hl = par_hl(&x);
         dl = par_dl(&x);
         CT_CHECK(capex_multi_tensor_l2norm(&desc, &hl, &cpu_tot, cpu_per) == CAPEX_OK, "cpu");
@@ -248,7 +248,7 @@ static void par_norms(ct_state *ct, env *e) {
         CT_CHECK(ws && dtot && dper, "alloc");
         CT_CHECK(capex__go_l2norm(&e->ex, &desc, &dl, ws, ws_bytes, dtot, dper, NULL) == CAPEX_OK, "%s", capex_last_error());
         CT_CHECK(par_down(e, &tot1, dtot, 4) && par_down(e, per, dper, 4 * n), "down");
-        CT_CHECK(par_close(tot1, cpu_tot, 3e-7f, 0), "%s total norm %.9g, CPU %.9g", capex_dtype_name((capex_dtype)di),
+        CT_CHECK(par_close(tot1, cpu_tot, 3e-7f, 0), "%s total norm %.9g, CPU %.9g", capex_dtype_name((capex_dtype)(di % 3)),
                  (double)tot1, (double)cpu_tot);
         for (i = 0; i < n; i++)
             CT_CHECK(par_close(per[i], cpu_per[i], 3e-7f, 0), "tensor %zu norm %.9g, CPU %.9g", i, (double)per[i],
@@ -457,14 +457,15 @@ static void par_opt_compare(ct_state *ct, env *e, par_opt *o, float tol, const c
 
 /* Three steps: clean (inv_scale, clip), injected inf (skipped: nothing
    changes), clean again with new values, then an lr change. */
-static void par_opt_run(ct_state *ct, env *e, const capex_optim_desc *d, int ntens, float tol, const char *what) {
+static void par_opt_run(ct_state *ct, env *e, const capex_optim_desc *d, int ntens, int64_t big, float tol,
+                        const char *what) {
     par_opt o;
     capex_cuda_ptr dinv = par_alloc(e, 4), dclip = par_alloc(e, 4), dfound = par_alloc(e, 4);
     static const float inv[3] = {1.0f / 1024.0f, 1.0f / 512.0f, 1.0f / 2048.0f}, clip[3] = {0.5f, 1.0f, 0.25f};
     int s;
     int64_t st0 = -1, st1 = -1, cst = -1;
     CT_CHECK(dinv && dclip && dfound, "alloc");
-    CT_CHECK(par_opt_make(e, &o, d, ntens, 0), "%s: setup: %s", what, capex_last_error());
+    CT_CHECK(par_opt_make(e, &o, d, ntens, big), "%s: setup: %s", what, capex_last_error());
     for (s = 0; s < 3; s++) {
         uint32_t found = s == 1;
         CT_CHECK(par_up(e, dinv, &inv[s], 4) && par_up(e, dclip, &clip[s], 4) && par_up(e, dfound, &found, 4), "up");
@@ -501,13 +502,13 @@ static void par_adam(ct_state *ct, env *e) {
             d.stochastic_rounding = sr;
             d.seed = 0x1234567890abcdefull;
             d.exec.chunk_size = sr ? 1000 : 0;
-            par_opt_run(ct, e, &d, 24, 0, w ? "AdamW" : "Adam L2");
+            par_opt_run(ct, e, &d, 24, 0, 0, w ? "AdamW" : "Adam L2");
             if (ct->failed) return;
         }
     /* more tensors than a depth-6 launch holds (39) */
     capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
     d.exec.chunk_size = 256;
-    par_opt_run(ct, e, &d, 100, 0, "AdamW, 100 tensors");
+    par_opt_run(ct, e, &d, 100, 0, 0, "AdamW, 100 tensors");
 }
 
 static void par_sgd(ct_state *ct, env *e) {
@@ -524,7 +525,7 @@ static void par_sgd(ct_state *ct, env *e) {
         d.stochastic_rounding = v == 1;
         d.seed = 42;
         d.exec.chunk_size = v == 2 ? 999 : 0;
-        par_opt_run(ct, e, &d, 24, 0, "SGD");
+        par_opt_run(ct, e, &d, 24, 0, 0, "SGD");
         if (ct->failed) return;
     }
 }
@@ -540,9 +541,13 @@ static void par_lamb(ct_state *ct, env *e) {
         d.max_grad_norm = v == 2 ? 0.0f : 1.0f;
         d.stochastic_rounding = v == 0;
         d.exec.chunk_size = v == 1 ? 1000 : 0;
-        par_opt_run(ct, e, &d, 24, 2e-6f, "LAMB");
+        par_opt_run(ct, e, &d, 24, 0, 2e-6f, "LAMB");
         if (ct->failed) return;
     }
+    /* partials of several launches: a 21000-element tensor in 64-element chunks (> 320) */
+    capex_optim_desc_init(&d, CAPEX_OPTIM_LAMB);
+    d.exec.chunk_size = 64;
+    par_opt_run(ct, e, &d, 12, 21000, 2e-6f, "LAMB, several launches");
 }
 
 /* ---- the device loss scaler against capex_scaler, step by step ----------- */

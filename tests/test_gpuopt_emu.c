@@ -2,7 +2,7 @@
    tests/gpuopt_gen.c) compiled as host C++ with a small CUDA shim and run on
    CPU threads: each block's threads are real pthreads (a persistent pool),
    __syncthreads is a barrier, __shared__ is one static array per kernel (one
-   block runs at a time), blockDim is 32. The host side is capex_cuda.h's own
+   block runs at a time), blockDim is 16. The host side is capex_cuda.h's own
    (planner, packing, launch sequence, device state) with an exec whose
    "device memory" is host memory. Checked against capex.h's CPU backend:
    bit-exact for unscale, Adam/AdamW, SGD, the scaler; close for norms, clip
@@ -46,7 +46,7 @@ struct alignas(8) uint2 { unsigned x, y; };
 
 /* ---- a pool of EMU_THREADS workers = the threads of one block ---- */
 #ifndef EMU_THREADS
-#define EMU_THREADS 32 /* any power of two <= 512; -DEMU_THREADS=512 mirrors the GPU launches */
+#define EMU_THREADS 16 /* any power of two <= 512 (16: fewest barrier wake-ups on a small CI machine); -DEMU_THREADS=512 mirrors the GPU launches */
 #endif
 typedef void (*emu_thunk)(void *);
 static struct {
