@@ -273,6 +273,140 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
                                           capex_cuda_stream stream);
 
 /* @@SECTION:GPUOPT:DECL@@ (fused GPU optimizer kernels: declarations) */
+/* ---- fused multi-tensor ops, optimizers and loss scaler on the GPU ---------
+   Apex's amp_C kernels and fused optimizers, with every per-step value on the
+   device: the loss scale, found_inf, the clip factor, the learning rate and
+   the step counts are read by the kernels from device memory, so a whole
+   mixed-precision step is launched without waiting on the GPU (it can be
+   captured in a CUDA graph). The host reads a value back only when asked
+   (capex_cuda_scaler_get_scale, capex_cuda_optim_get_step).
+
+       capex_cuda_scaler *sc;  capex_cuda_scaler_create(ctx, NULL, &sc);  // Apex defaults
+       capex_optim_desc d;     capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+       d.defaults.lr = 3e-4f;  d.defaults.weight_decay = 0.1f;            // AdamW
+       capex_cuda_optim *opt;  capex_cuda_optim_create(ctx, &d, &opt);
+       capex_optim_param p;    capex_optim_param_init(&p);                // DEVICE pointers:
+       p.param = (float *)master_f32; p.grad = (void *)grad_bf16; p.grad_dtype = CAPEX_BF16;
+       p.model = (void *)model_bf16;  p.model_dtype = CAPEX_BF16; p.numel = n;
+       capex_cuda_optim_add_group(opt, NULL, &p, 1, NULL);
+       for (each step) {   // forward: loss * (*capex_cuda_scaler_scale_ptr(sc)), backward into grad_bf16
+           capex_cuda_scaler_unscale(sc, NULL, &grads, NULL, stream);    // check only: found_inf
+           capex_cuda_optim_step(opt, capex_cuda_scaler_inv_scale_ptr(sc), 0,
+                                 capex_cuda_scaler_found_inf_ptr(sc), stream); // skips on inf
+           capex_cuda_scaler_update(sc, stream);                           // grow / back off
+       }
+
+   Math: capex.h's CPU backend, the same source text (capex__optim_math_parts)
+   compiled by NVRTC with --fmad=false: Adam/AdamW and SGD weights, moments and
+   model copies are bit-identical to capex_optim_step given the same inputs,
+   and so is multi_tensor_scale. Norms sum squares in double in a fixed order
+   (per-chunk partials to memory, then a fixed-order reduction): the same bits
+   on every run, within a few ulps of the CPU's float results (whose order
+   differs). LAMB inherits that (trust ratios within 1e-6 relative).
+
+   Work is cut by capex.h's chunk planner (capex_chunk_plan_*, chunk size
+   desc.exec.chunk_size, default 65536) into launches whose metadata is passed
+   by value (under the 4 KB parameter limit, 64-bit sizes); 4-element vector
+   loads/stores (16 bytes of f32) where the pointers are aligned, scalar tail
+   otherwise. Tensor lists hold DEVICE pointers in capex_tensor.data.
+
+   Device scalars are capex_cuda_ptr addresses of: float scale / inv_scale /
+   clip coefficient / norm, uint32 found_inf (kernels only ever store 1 into
+   it; start from 0), double workspace. 0 means "none" where documented.
+
+   Thread safety: an optimizer or scaler must not be used from two threads at
+   once; distinct objects are independent. Calls enqueue on `stream` (NULL:
+   the context's default stream) and return at once, except where noted. */
+
+/* Device bytes of workspace that capex_cuda_multi_tensor_l2norm and
+   capex_cuda_clip_grad_norm need for these lists: 8 * (chunks + 1). */
+CAPEX_API capex_result capex_cuda_multi_tensor_workspace_size(const capex_tensor_op_desc *desc,
+                                                              const capex_tensor_list *lists, size_t nlists,
+                                                              size_t *bytes);
+/* Apex multi_tensor_scale / GradScaler unscale_: out = in * (*scale) (device
+   float), rounded to out's dtype; sets *found_inf (device uint32, 0: none) to 1
+   if an input or stored output is inf/NaN. out NULL: check only (reads in,
+   writes nothing but found_inf). Same rules as capex_multi_tensor_scale. */
+CAPEX_API capex_result capex_cuda_multi_tensor_scale(capex_cuda_context *ctx, const capex_tensor_op_desc *desc,
+                                                     const capex_tensor_list *in, const capex_tensor_list *out,
+                                                     capex_cuda_ptr scale, capex_cuda_ptr found_inf,
+                                                     capex_cuda_stream stream);
+/* Apex multi_tensor_l2norm: float norms to device memory (either 0: none);
+   total_norm one float, per_tensor_norms x->count floats (0 for empty tensors). */
+CAPEX_API capex_result capex_cuda_multi_tensor_l2norm(capex_cuda_context *ctx, const capex_tensor_op_desc *desc,
+                                                      const capex_tensor_list *x, capex_cuda_ptr workspace,
+                                                      size_t workspace_bytes, capex_cuda_ptr total_norm,
+                                                      capex_cuda_ptr per_tensor_norms, capex_cuda_stream stream);
+/* capex_clip_grad_norm on the device: total (float, 0: none) and the factor
+   min(1, max_norm / (total + 1e-6)) (float, 0: none; 1 for a non-finite
+   total); apply != 0 also multiplies every grad by it where it is < 1. The
+   factor can go to capex_cuda_optim_step's clip_coef instead (apply = 0). */
+CAPEX_API capex_result capex_cuda_clip_grad_norm(capex_cuda_context *ctx, const capex_tensor_op_desc *desc,
+                                                 const capex_tensor_list *grads, size_t nlists, float max_norm,
+                                                 capex_cuda_ptr workspace, size_t workspace_bytes,
+                                                 capex_cuda_ptr total_norm, capex_cuda_ptr clip_coef, int apply,
+                                                 capex_cuda_stream stream);
+
+/* Device-resident dynamic loss scaler: capex_scaler's rule (growth, backoff,
+   hysteresis, min/max: bit for bit) as a one-thread kernel. Its found_inf
+   flag collects unscale checks until update(), which applies the rule, sets
+   inv_scale = f32(1 / f64(scale)) and clears found_inf. The per-optimizer
+   call-order state machine of capex_scaler is the caller's job here. */
+typedef struct capex_cuda_scaler capex_cuda_scaler;
+/* desc NULL: capex_scaler_desc_init's defaults. Allocates 80 device bytes. */
+CAPEX_API capex_result capex_cuda_scaler_create(capex_cuda_context *ctx, const capex_scaler_desc *desc,
+                                                capex_cuda_scaler **out);
+CAPEX_API void capex_cuda_scaler_destroy(capex_cuda_scaler *sc); /* NULL is fine */
+/* Device addresses: float scale, float inv_scale, uint32 found_inf. 0 for NULL. */
+CAPEX_API capex_cuda_ptr capex_cuda_scaler_scale_ptr(const capex_cuda_scaler *sc);
+CAPEX_API capex_cuda_ptr capex_cuda_scaler_inv_scale_ptr(const capex_cuda_scaler *sc);
+CAPEX_API capex_cuda_ptr capex_cuda_scaler_found_inf_ptr(const capex_cuda_scaler *sc);
+/* grads * inv_scale into out (out may be grads: in place; NULL: check only),
+   inf/NaN into the scaler's found_inf. */
+CAPEX_API capex_result capex_cuda_scaler_unscale(capex_cuda_scaler *sc, const capex_tensor_op_desc *desc,
+                                                 const capex_tensor_list *grads, const capex_tensor_list *out,
+                                                 capex_cuda_stream stream);
+/* Ends the iteration on the device (one-thread kernel). */
+CAPEX_API capex_result capex_cuda_scaler_update(capex_cuda_scaler *sc, capex_cuda_stream stream);
+/* Read back / restore (checkpoints, logging). These wait for `stream`. */
+CAPEX_API capex_result capex_cuda_scaler_get_state(capex_cuda_scaler *sc, capex_scaler_state *state,
+                                                   capex_cuda_stream stream);
+CAPEX_API capex_result capex_cuda_scaler_set_state(capex_cuda_scaler *sc, const capex_scaler_state *state,
+                                                   capex_cuda_stream stream);
+CAPEX_API capex_result capex_cuda_scaler_get_scale(capex_cuda_scaler *sc, float *scale, capex_cuda_stream stream);
+
+/* Fused optimizers on the device: capex_optim's API with device pointers in
+   capex_optim_param (param, grad, model, exp_avg, exp_avg_sq). add_group
+   allocates missing moment buffers on the device and zeroes all of them. */
+typedef struct capex_cuda_optim capex_cuda_optim;
+CAPEX_API capex_result capex_cuda_optim_create(capex_cuda_context *ctx, const capex_optim_desc *desc,
+                                               capex_cuda_optim **out);
+CAPEX_API void capex_cuda_optim_destroy(capex_cuda_optim *opt); /* frees only what it allocated */
+/* Validated first; on error the optimizer is unchanged. Waits for the device. */
+CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *opt, const capex_optim_hparams *hp,
+                                                  const capex_optim_param *params, size_t n, size_t *group_index);
+/* One step, enqueued: g = grad * (*inv_scale) * (*clip_coef); the step is
+   skipped on the device (no weight, moment, model copy or step count changes)
+   when *found_inf != 0. Device addresses (float, float, uint32); 0 means 1, 1
+   and 0. A non-finite or non-positive inv_scale, or a negative or non-finite
+   clip_coef, also skips (the device cannot report an error). */
+CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *opt, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                             capex_cuda_ptr found_inf, capex_cuda_stream stream);
+CAPEX_API size_t capex_cuda_optim_num_groups(const capex_cuda_optim *opt);
+/* Validated like add_group; enqueued on stream (a later step sees it). */
+CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *opt, size_t group,
+                                                    const capex_optim_hparams *hp, capex_cuda_stream stream);
+CAPEX_API capex_result capex_cuda_optim_set_lr(capex_cuda_optim *opt, size_t group, float lr,
+                                               capex_cuda_stream stream);
+/* Device address of the group's float lr, which each step reads: a schedule
+   kernel of yours may write it (no host round trip). 0 for a bad group. */
+CAPEX_API capex_cuda_ptr capex_cuda_optim_lr_ptr(const capex_cuda_optim *opt, size_t group);
+/* Steps taken by a group (skipped steps do not count). Waits for stream. */
+CAPEX_API capex_result capex_cuda_optim_get_step(capex_cuda_optim *opt, size_t group, int64_t *step,
+                                                 capex_cuda_stream stream);
+/* The device moment buffers of one parameter (0 where there are none). */
+CAPEX_API capex_result capex_cuda_optim_get_state(const capex_cuda_optim *opt, size_t group, size_t index,
+                                                  capex_cuda_ptr *exp_avg, capex_cuda_ptr *exp_avg_sq);
 
 /* @@SECTION:NCCL:DECL@@ (NCCL communicator: declarations) */
 
@@ -1451,6 +1585,508 @@ static const char capex__cuda_frag_basic[] =
 typedef const char *(*capex__cuda_fragment_fn)(void);
 
 /* @@SECTION:GPUOPT:KERNELS@@ (kernel source fragments and their *_fn getters) */
+/* Fused optimizer kernels. The per-element math is capex.h's
+   (capex__optim_math_parts: the very text its CPU backend compiles), added
+   to the program part by part (each under 4095 characters); the program is
+   compiled with --fmad=false so that math rounds as the C code does. */
+#define CAPEX__GO_MATH_FN(k) \
+    CAPEX__PRIVATE const char *capex__cuda_frag_gomath##k##_fn(void) { return capex__optim_math_parts[k]; }
+CAPEX__GO_MATH_FN(0)
+CAPEX__GO_MATH_FN(1)
+CAPEX__GO_MATH_FN(2)
+CAPEX__GO_MATH_FN(3)
+CAPEX__GO_MATH_FN(4)
+CAPEX__GO_MATH_FN(5)
+typedef char capex__go_math_parts_are_6[sizeof capex__optim_math_parts / sizeof capex__optim_math_parts[0] == 6 ? 1 : -1];
+
+static const char capex__cuda_frag_go0[] =
+    "/* ---- fused multi-tensor kernels (GPUOPT) ----\n"
+    "   Launch metadata: capex.h's CAPEX_MTA_META_STRUCT layout, by value. Block b\n"
+    "   owns chunk block_chunk[b] of slot block_tensor[b]; 64-bit element indices.\n"
+    "   4-element vectors (16 bytes of f32, 8 of f16/bf16) where every pointer of\n"
+    "   the block is aligned, scalar tail otherwise. Reductions: one double per\n"
+    "   thread in a fixed order, a fixed shared-memory tree per block (blockDim a\n"
+    "   power of two <= 512), partials per chunk to memory: no float atomics. */\n"
+    "#ifndef CAPEX_GK\n"
+    "#define CAPEX_GK extern \"C\" __global__\n"
+    "#endif\n"
+    "#define CAPEX_GO_T(d) ((3840 - 8 - 5 * 320) / (8 * ((d) + 1)))\n"
+    "template <int D> struct capex_go_meta {\n"
+    "    capex_u64 addr[D][CAPEX_GO_T(D)];\n"
+    "    long long numel[CAPEX_GO_T(D)];\n"
+    "    int ntensors, nblocks;\n"
+    "    unsigned block_chunk[320];\n"
+    "    unsigned char block_tensor[320];\n"
+    "};\n"
+    "/* kernel-specific pointers, values and switches (see each kernel) */\n"
+    "struct capex_go_args {\n"
+    "    capex_u64 chunk;\n"
+    "    capex_u64 ptr[6];\n"
+    "    float val[2];\n"
+    "    int flag[4];\n"
+    "};\n"
+    "#define CAPEX_GO_NSEG 158\n"
+    "struct capex_go_segs {\n"
+    "    long long start[CAPEX_GO_NSEG], count[CAPEX_GO_NSEG], out[CAPEX_GO_NSEG];\n"
+    "    int n, pad;\n"
+    "};\n"
+    "/* per parameter group: hyperparameters (host-set), step count, and the\n"
+    "   constants of the current step (written by capex_go_prepare) */\n"
+    "struct capex_go_group {\n"
+    "    long long step;\n"
+    "    float lr, beta1, beta2, eps, wd, momentum, dampening;\n"
+    "    int bias_correction, grad_averaging, nesterov, mom_init;\n"
+    "    float gs, bc1, bc2, beta3, clip_div;\n"
+    "    unsigned skip, first, wd_on, wd_before, wd_after, step_lo, step_hi, pad;\n"
+    "};\n"
+    "struct capex_go_scaler {\n"
+    "    double growth_factor, backoff_factor;\n"
+    "    long long growth_interval, growth_tracker, steps, skipped_steps;\n"
+    "    float scale, inv_scale, min_scale, max_scale;\n"
+    "    int dynamic, hysteresis, hysteresis_tracker;\n"
+    "    unsigned found_inf;\n"
+    "};\n";
+static const char capex__cuda_frag_go1[] =
+    "template <int D> CAPEX_DEVICE int capex_go_block(const capex_go_meta<D> &m, capex_u64 chunk, capex_u64 *off,\n"
+    "                                                 capex_u64 *n) {\n"
+    "    int s = m.block_tensor[blockIdx.x];\n"
+    "    capex_u64 o = (capex_u64)m.block_chunk[blockIdx.x] * chunk, left = (capex_u64)m.numel[s] - o;\n"
+    "    *off = o;\n"
+    "    *n = left < chunk ? left : chunk;\n"
+    "    return s;\n"
+    "}\n"
+    "/* element codes: 0 f32 (float), 1 f16, 2 bf16 (16-bit codes) */\n"
+    "template <int D> struct capex_go_ty { typedef capex_u16 T; };\n"
+    "template <> struct capex_go_ty<0> { typedef float T; };\n"
+    "CAPEX_DEVICE float capex_go_tof(float v, int) { return v; }\n"
+    "CAPEX_DEVICE float capex_go_tof(capex_u16 v, int d) { return d == 1 ? capex__h16_load(v) : capex__b16_load(v); }\n"
+    "CAPEX_DEVICE void capex_go_from(float f, float *o, int) { *o = f; }\n"
+    "CAPEX_DEVICE void capex_go_from(float f, capex_u16 *o, int d) {\n"
+    "    *o = (capex_u16)(d == 1 ? capex__h16_store(f) : capex__b16_store(f));\n"
+    "}\n"
+    "CAPEX_DEVICE unsigned capex_go_nf(float v, int) { return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u; }\n"
+    "CAPEX_DEVICE unsigned capex_go_nf(capex_u16 v, int d) {\n"
+    "    return d == 1 ? (v & 0x7c00u) == 0x7c00u : (v & 0x7f80u) == 0x7f80u;\n"
+    "}\n"
+    "CAPEX_DEVICE bool capex_go_al(capex_u64 p, capex_u64 off, capex_u64 es) { return ((p + off * es) & (4 * es - 1)) == 0; }\n"
+    "CAPEX_DEVICE void capex_go_ld4(const float *p, float *r) {\n"
+    "    float4 v = *(const float4 *)p;\n"
+    "    r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;\n"
+    "}\n"
+    "CAPEX_DEVICE void capex_go_ld4(const capex_u16 *p, capex_u16 *r) {\n"
+    "    uint2 v = *(const uint2 *)p;\n"
+    "    r[0] = (capex_u16)v.x; r[1] = (capex_u16)(v.x >> 16); r[2] = (capex_u16)v.y; r[3] = (capex_u16)(v.y >> 16);\n"
+    "}\n"
+    "CAPEX_DEVICE void capex_go_st4(float *p, const float *r) {\n"
+    "    float4 v; v.x = r[0]; v.y = r[1]; v.z = r[2]; v.w = r[3];\n"
+    "    *(float4 *)p = v;\n"
+    "}\n"
+    "CAPEX_DEVICE void capex_go_st4(capex_u16 *p, const capex_u16 *r) {\n"
+    "    uint2 v; v.x = r[0] | ((capex_u32)r[1] << 16); v.y = r[2] | ((capex_u32)r[3] << 16);\n"
+    "    *(uint2 *)p = v;\n"
+    "}\n"
+    "/* fixed-order block sum of one double per thread; result in thread 0 */\n"
+    "CAPEX_DEVICE double capex_go_bsum(double *sh, double x) {\n"
+    "    sh[threadIdx.x] = x;\n"
+    "    __syncthreads();\n"
+    "    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {\n"
+    "        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];\n"
+    "        __syncthreads();\n"
+    "    }\n"
+    "    x = sh[0];\n"
+    "    __syncthreads();\n"
+    "    return x;\n"
+    "}\n";
+static const char capex__cuda_frag_go2[] =
+    "/* Unscale + inf/NaN check (Apex multi_tensor_scale): out = float(in) * s\n"
+    "   rounded to out's dtype; *found_inf = 1 if an input or stored output is\n"
+    "   inf/NaN. s = *ptr[0]; ptr[1]: found_inf (0: none); flag[0]: 0 = check only\n"
+    "   (no output); flag[1]: clip mode, do nothing unless s < 1. */\n"
+    "template <int I, int O> CAPEX_DEVICE void capex_go_scale(const capex_go_meta<2> &m, const capex_go_args &a) {\n"
+    "    typedef typename capex_go_ty<I>::T IT;\n"
+    "    typedef typename capex_go_ty<O>::T OT;\n"
+    "    const float s = *(const float *)a.ptr[0];\n"
+    "    const int wr = a.flag[0];\n"
+    "    capex_u64 off, n, i, k;\n"
+    "    unsigned bad = 0;\n"
+    "    if (a.flag[1] && !(s < 1.0f)) return;\n"
+    "    int slot = capex_go_block(m, a.chunk, &off, &n);\n"
+    "    const IT *in = (const IT *)m.addr[0][slot] + off;\n"
+    "    OT *out = (OT *)m.addr[1][slot] + off;\n"
+    "    capex_u64 nv = capex_go_al(m.addr[0][slot], off, sizeof(IT)) &&\n"
+    "                   (!wr || capex_go_al(m.addr[1][slot], off, sizeof(OT))) ? n / 4 : 0;\n"
+    "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "        IT x[4]; OT y[4];\n"
+    "        capex_go_ld4(in + 4 * k, x);\n"
+    "        for (int j = 0; j < 4; j++) {\n"
+    "            float f = capex_go_tof(x[j], I) * s;\n"
+    "            capex_go_from(f, &y[j], O);\n"
+    "            bad |= capex_go_nf(x[j], I) | capex_go_nf(y[j], O);\n"
+    "        }\n"
+    "        if (wr) capex_go_st4(out + 4 * k, y);\n"
+    "    }\n"
+    "    for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
+    "        OT y;\n"
+    "        capex_go_from(capex_go_tof(in[i], I) * s, &y, O);\n"
+    "        bad |= capex_go_nf(in[i], I) | capex_go_nf(y, O);\n"
+    "        if (wr) out[i] = y;\n"
+    "    }\n"
+    "    if (bad && a.ptr[1]) *(volatile unsigned *)a.ptr[1] = 1u;\n"
+    "}\n"
+    "/* Sum of squares of each block's chunk in double -> ptr[0][blockIdx.x]. */\n"
+    "template <int I> CAPEX_DEVICE void capex_go_sumsq(const capex_go_meta<1> &m, const capex_go_args &a) {\n"
+    "    typedef typename capex_go_ty<I>::T IT;\n"
+    "    __shared__ double sh[512];\n"
+    "    capex_u64 off, n, i, k;\n"
+    "    double acc = 0.0;\n"
+    "    int slot = capex_go_block(m, a.chunk, &off, &n);\n"
+    "    const IT *x = (const IT *)m.addr[0][slot] + off;\n"
+    "    capex_u64 nv = capex_go_al(m.addr[0][slot], off, sizeof(IT)) ? n / 4 : 0;\n"
+    "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "        IT v[4];\n"
+    "        capex_go_ld4(x + 4 * k, v);\n"
+    "        for (int j = 0; j < 4; j++) {\n"
+    "            double d = (double)capex_go_tof(v[j], I);\n"
+    "            acc += d * d;\n"
+    "        }\n"
+    "    }\n"
+    "    for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
+    "        double d = (double)capex_go_tof(x[i], I);\n"
+    "        acc += d * d;\n"
+    "    }\n"
+    "    acc = capex_go_bsum(sh, acc);\n"
+    "    if (threadIdx.x == 0) ((double *)a.ptr[0])[blockIdx.x] = acc;\n"
+    "}\n";
+static const char capex__cuda_frag_go3[] =
+    "/* Segment b: sum of part[start .. start+count) (ptr[0]) in a fixed order;\n"
+    "   writes sumsq to ptr[1][out] and float(sqrt) to ptr[2][out] (0: none). */\n"
+    "CAPEX_GK void capex_go_reduce(capex_go_segs sg, capex_go_args a) {\n"
+    "    __shared__ double sh[512];\n"
+    "    const double *part = (const double *)a.ptr[0] + sg.start[blockIdx.x];\n"
+    "    double acc = 0.0;\n"
+    "    for (long long i = threadIdx.x; i < sg.count[blockIdx.x]; i += blockDim.x) acc += part[i];\n"
+    "    acc = capex_go_bsum(sh, acc);\n"
+    "    if (threadIdx.x == 0) {\n"
+    "        if (a.ptr[1]) ((double *)a.ptr[1])[sg.out[blockIdx.x]] = acc;\n"
+    "        if (a.ptr[2]) ((float *)a.ptr[2])[sg.out[blockIdx.x]] = (float)sqrt(acc);\n"
+    "    }\n"
+    "}\n"
+    "/* Clip by global norm (torch clip_grad_norm_, capex_clip_coef): total =\n"
+    "   float(sqrt(*ptr[0])) -> ptr[1]; coef = min(1, max_norm / (total + 1e-6f)),\n"
+    "   1 for a non-finite total -> ptr[2] (either 0: none). val[0]: max_norm. */\n"
+    "CAPEX_GK void capex_go_clip_coef(capex_go_args a) {\n"
+    "    float total = (float)sqrt(*(const double *)a.ptr[0]), coef = 1.0f;\n"
+    "    if (total - total == 0.0f) {\n"
+    "        coef = a.val[0] / (total + 1e-6f);\n"
+    "        if (!(coef < 1.0f)) coef = 1.0f;\n"
+    "    }\n"
+    "    if (a.ptr[1]) *(float *)a.ptr[1] = total;\n"
+    "    if (a.ptr[2]) *(float *)a.ptr[2] = coef;\n"
+    "}\n"
+    "/* One thread per step, before the update kernels: skip = found_inf (ptr[1])\n"
+    "   or a bad inv_scale (ptr[2]) / clip (ptr[3]); else step += 1 and the\n"
+    "   group constants as capex_optim_step computes them. ptr[0]: groups,\n"
+    "   flag[0]: count, flag[1]: wd_after_momentum, flag[2]: 1 for SGD. */\n"
+    "CAPEX_GK void capex_go_prepare(capex_go_args a) {\n"
+    "    capex_go_group *gr = (capex_go_group *)a.ptr[0];\n"
+    "    float inv = a.ptr[2] ? *(const float *)a.ptr[2] : 1.0f, cl = a.ptr[3] ? *(const float *)a.ptr[3] : 1.0f;\n"
+    "    float gs = inv * cl;\n"
+    "    unsigned skip = (a.ptr[1] && *(const unsigned *)a.ptr[1] != 0u) || !(inv > 0.0f) || !(cl >= 0.0f) ||\n"
+    "                    !(gs - gs == 0.0f);\n"
+    "    if (threadIdx.x != 0 || blockIdx.x != 0) return;\n"
+    "    for (int k = 0; k < a.flag[0]; k++) {\n"
+    "        capex_go_group *g = gr + k;\n"
+    "        g->skip = skip;\n"
+    "        g->gs = gs;\n"
+    "        if (skip) continue;\n"
+    "        long long s = g->step + 1;\n"
+    "        g->step = s;\n"
+    "        g->beta3 = g->grad_averaging ? 1.0f - g->beta1 : 1.0f;\n"
+    "        g->bc1 = g->bias_correction ? (float)(1.0 - pow((double)g->beta1, (double)s)) : 1.0f;\n"
+    "        g->bc2 = g->bias_correction ? (float)(1.0 - pow((double)g->beta2, (double)s)) : 1.0f;\n"
+    "        g->clip_div = 1.0f;\n"
+    "        g->first = !g->mom_init ? ~0u : 0u;\n"
+    "        if (a.flag[2] && g->momentum != 0.0f) g->mom_init = 1;\n"
+    "        g->wd_on = g->wd != 0.0f ? ~0u : 0u;\n"
+    "        g->wd_before = a.flag[1] ? 0u : g->wd_on;\n"
+    "        g->wd_after = a.flag[1] ? g->wd_on : 0u;\n"
+    "        g->step_lo = (unsigned)((unsigned long long)s & 0xffffffffu);\n"
+    "        g->step_hi = (unsigned)((unsigned long long)s >> 32);\n"
+    "    }\n"
+    "}\n";
+static const char capex__cuda_frag_go4[] =
+    "/* model copy store: mk 1 f16, 2 bf16 (RNE), 3 bf16 stochastic rounding */\n"
+    "struct capex_go_sr { unsigned k0, k1, hi0; };\n"
+    "CAPEX_DEVICE capex_go_sr capex_go_sr_init(capex_u64 seed, const capex_go_group *g, capex_u64 tensor, capex_u64 off) {\n"
+    "    capex_go_sr r;\n"
+    "    r.hi0 = (unsigned)(off >> 32);\n"
+    "    r.k0 = capex__sr_key((unsigned)seed, (unsigned)(seed >> 32), g->step_lo, g->step_hi, (unsigned)tensor, r.hi0);\n"
+    "    r.k1 = capex__sr_key((unsigned)seed, (unsigned)(seed >> 32), g->step_lo, g->step_hi, (unsigned)tensor, r.hi0 + 1u);\n"
+    "    return r;\n"
+    "}\n"
+    "CAPEX_DEVICE capex_u16 capex_go_half(float p, int mk, const capex_go_sr &sr, capex_u64 e) {\n"
+    "    if (mk == 1) return (capex_u16)capex__h16_store(p);\n"
+    "    if (mk == 2) return (capex_u16)capex__b16_store(p);\n"
+    "    unsigned key = (unsigned)(e >> 32) == sr.hi0 ? sr.k0 : sr.k1;\n"
+    "    return (capex_u16)capex__bf16_round_sr(p, capex__sr_bits(key, (unsigned)e));\n"
+    "}\n"
+    "/* Adam/AdamW: lists g, p, m, v, model (0: none), tensor index. ptr[0]: the\n"
+    "   group, ptr[1]: seed, flag[0]: adam_w_mode, flag[1]: model kind. */\n"
+    "template <int G> CAPEX_DEVICE void capex_go_adam(const capex_go_meta<6> &mt, const capex_go_args &a) {\n"
+    "    typedef typename capex_go_ty<G>::T GT;\n"
+    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    if (g->skip) return;\n"
+    "    capex_u64 off, n, i, k;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.flag[0], mk = a.flag[1];\n"
+    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
+    "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off, *v = (float *)mt.addr[3][s] + off;\n"
+    "    capex_u16 *h = (capex_u16 *)mt.addr[4][s] + off;\n"
+    "    const float gs = g->gs, b1 = g->beta1, b2 = g->beta2, bc1 = g->bc1, bc2 = g->bc2, eps = g->eps, lr = g->lr, wd = g->wd;\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[5][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[2][s], off, 4) && capex_go_al(mt.addr[3][s], off, 4) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[4][s], off, 2)) ? n / 4 : 0;\n"
+    "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "        GT gg[4]; float pp[4], mm[4], vv[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
+    "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
+    "        for (int j = 0; j < 4; j++) {\n"
+    "            float gi = capex_go_tof(gg[j], G) * gs;\n"
+    "            pp[j] = w ? capex__adam_w_elem(pp[j], gi, &mm[j], &vv[j], b1, b2, bc1, bc2, eps, lr, wd)\n"
+    "                      : capex__adam_l2_elem(pp[j], gi, &mm[j], &vv[j], b1, b2, bc1, bc2, eps, lr, wd);\n"
+    "            if (mk) hh[j] = capex_go_half(pp[j], mk, sr, off + 4 * k + j);\n"
+    "        }\n"
+    "        capex_go_st4(p + 4 * k, pp); capex_go_st4(m + 4 * k, mm); capex_go_st4(v + 4 * k, vv);\n"
+    "        if (mk) capex_go_st4(h + 4 * k, hh);\n"
+    "    }\n"
+    "    for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
+    "        float gi = capex_go_tof(gp[i], G) * gs, mm = m[i], vv = v[i];\n"
+    "        float pi = w ? capex__adam_w_elem(p[i], gi, &mm, &vv, b1, b2, bc1, bc2, eps, lr, wd)\n"
+    "                     : capex__adam_l2_elem(p[i], gi, &mm, &vv, b1, b2, bc1, bc2, eps, lr, wd);\n"
+    "        p[i] = pi; m[i] = mm; v[i] = vv;\n"
+    "        if (mk) h[i] = capex_go_half(pi, mk, sr, off + i);\n"
+    "    }\n"
+    "}\n";
+static const char capex__cuda_frag_go5[] =
+    "/* SGD: lists g, p, momentum buffer (0: none), model, tensor index. ptr[0]:\n"
+    "   group, ptr[1]: seed, flag[0]: momentum buffers exist, flag[1]: model kind. */\n"
+    "template <int G> CAPEX_DEVICE void capex_go_sgd(const capex_go_meta<5> &mt, const capex_go_args &a) {\n"
+    "    typedef typename capex_go_ty<G>::T GT;\n"
+    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    if (g->skip) return;\n"
+    "    capex_u64 off, n, i, k;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), mo = a.flag[0], mk = a.flag[1];\n"
+    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
+    "    float *p = (float *)mt.addr[1][s] + off, *b = (float *)mt.addr[2][s] + off;\n"
+    "    capex_u16 *h = (capex_u16 *)mt.addr[3][s] + off;\n"
+    "    const float gs = g->gs, wd = g->wd, mom = g->momentum, damp = g->dampening, lr = g->lr;\n"
+    "    const unsigned nes = g->nesterov ? ~0u : 0u, first = g->first, wb = g->wd_before, wa = g->wd_after, won = g->wd_on;\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[4][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
+    "                   (!mo || capex_go_al(mt.addr[2][s], off, 4)) && (!mk || capex_go_al(mt.addr[3][s], off, 2)) ? n / 4 : 0;\n"
+    "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "        GT gg[4]; float pp[4], bb[4] = {0, 0, 0, 0}; capex_u16 hh[4] = {0, 0, 0, 0};\n"
+    "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp);\n"
+    "        if (mo) capex_go_ld4(b + 4 * k, bb);\n"
+    "        for (int j = 0; j < 4; j++) {\n"
+    "            float gi = capex_go_tof(gg[j], G) * gs;\n"
+    "            pp[j] = mo ? capex__sgd_mom_elem(pp[j], gi, &bb[j], wd, mom, damp, lr, nes, first, wb, wa)\n"
+    "                       : capex__sgd_elem(pp[j], gi, wd, lr, won);\n"
+    "            if (mk) hh[j] = capex_go_half(pp[j], mk, sr, off + 4 * k + j);\n"
+    "        }\n"
+    "        capex_go_st4(p + 4 * k, pp);\n"
+    "        if (mo) capex_go_st4(b + 4 * k, bb);\n"
+    "        if (mk) capex_go_st4(h + 4 * k, hh);\n"
+    "    }\n"
+    "    for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
+    "        float gi = capex_go_tof(gp[i], G) * gs, bb = mo ? b[i] : 0.0f;\n"
+    "        float pi = mo ? capex__sgd_mom_elem(p[i], gi, &bb, wd, mom, damp, lr, nes, first, wb, wa)\n"
+    "                      : capex__sgd_elem(p[i], gi, wd, lr, won);\n"
+    "        p[i] = pi;\n"
+    "        if (mo) b[i] = bb;\n"
+    "        if (mk) h[i] = capex_go_half(pi, mk, sr, off + i);\n"
+    "    }\n"
+    "}\n";
+static const char capex__cuda_frag_go6[] =
+    "/* LAMB stage 1: lists g, p, m, v. Moments, and per-chunk sums of p^2 (p\n"
+    "   before the update) and u^2 in double -> ptr[1][b], ptr[2][b]. ptr[0]:\n"
+    "   group, flag[0]: adam_w_mode. */\n"
+    "CAPEX_DEVICE void capex_go_lamb1_elem(float gi, float pk, float *m, float *v, const capex_go_group *g, int w,\n"
+    "                                      double *ap, double *au) {\n"
+    "    gi = w ? capex__lamb_grad_w(gi, g->clip_div) : capex__lamb_grad_l2(gi, pk, g->clip_div, g->wd);\n"
+    "    capex__lamb_moments_elem(gi, m, v, g->beta1, g->beta2, g->beta3);\n"
+    "    float u = w ? capex__lamb_update_w(pk, *m, *v, g->bc1, g->bc2, g->eps, g->wd)\n"
+    "                : capex__lamb_update_l2(pk, *m, *v, g->bc1, g->bc2, g->eps);\n"
+    "    *ap += (double)pk * pk;\n"
+    "    *au += (double)u * u;\n"
+    "}\n"
+    "template <int G> CAPEX_DEVICE void capex_go_lamb1(const capex_go_meta<5> &mt, const capex_go_args &a) {\n"
+    "    typedef typename capex_go_ty<G>::T GT;\n"
+    "    __shared__ double sh[512];\n"
+    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    capex_u64 off, n, i, k;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.flag[0];\n"
+    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
+    "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off, *v = (float *)mt.addr[3][s] + off;\n"
+    "    const float gs = g->gs;\n"
+    "    double ap = 0.0, au = 0.0;\n"
+    "    if (!g->skip) {\n"
+    "        capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
+    "                       capex_go_al(mt.addr[2][s], off, 4) && capex_go_al(mt.addr[3][s], off, 4) ? n / 4 : 0;\n"
+    "        for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "            GT gg[4]; float pp[4], mm[4], vv[4];\n"
+    "            capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
+    "            for (int j = 0; j < 4; j++) capex_go_lamb1_elem(capex_go_tof(gg[j], G) * gs, pp[j], &mm[j], &vv[j], g, w, &ap, &au);\n"
+    "            capex_go_st4(m + 4 * k, mm); capex_go_st4(v + 4 * k, vv);\n"
+    "        }\n"
+    "        for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
+    "            float mm = m[i], vv = v[i];\n"
+    "            capex_go_lamb1_elem(capex_go_tof(gp[i], G) * gs, p[i], &mm, &vv, g, w, &ap, &au);\n"
+    "            m[i] = mm; v[i] = vv;\n"
+    "        }\n"
+    "    }\n"
+    "    ap = capex_go_bsum(sh, ap);\n"
+    "    au = capex_go_bsum(sh, au);\n"
+    "    if (threadIdx.x == 0) {\n"
+    "        ((double *)a.ptr[1])[blockIdx.x] = ap;\n"
+    "        ((double *)a.ptr[2])[blockIdx.x] = au;\n"
+    "    }\n"
+    "}\n";
+static const char capex__cuda_frag_go7[] =
+    "/* LAMB global-norm clip (one thread): gnorm = float(sqrt(*ptr[1]) * gs);\n"
+    "   clip_div = gnorm / max_grad_norm (val[0]) when above it, else 1. */\n"
+    "CAPEX_GK void capex_go_lamb_clip(capex_go_args a) {\n"
+    "    capex_go_group *gr = (capex_go_group *)a.ptr[0];\n"
+    "    if (threadIdx.x != 0 || blockIdx.x != 0) return;\n"
+    "    for (int k = 0; k < a.flag[0]; k++) {\n"
+    "        float gn = (float)(sqrt(*(const double *)a.ptr[1]) * (double)gr[k].gs), cd = 1.0f;\n"
+    "        if (a.val[0] > 0.0f && gn > a.val[0]) cd = gn / a.val[0];\n"
+    "        gr[k].clip_div = cd;\n"
+    "    }\n"
+    "}\n"
+    "/* LAMB trust ratio per tensor t: ptr[1], ptr[2]: sum p^2, u^2 (double);\n"
+    "   ptr[3]: ratio out; ptr[4]: group index per tensor (int); flag[0]: tensors,\n"
+    "   flag[1]: use_nvlamb. ratio = lr * |p| / |u| (Apex), lr where it is off. */\n"
+    "CAPEX_GK void capex_go_lamb_ratio(capex_go_args a) {\n"
+    "    const capex_go_group *gr = (const capex_go_group *)a.ptr[0];\n"
+    "    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < a.flag[0]; t += (long long)gridDim.x * blockDim.x) {\n"
+    "        const capex_go_group *g = gr + ((const int *)a.ptr[4])[t];\n"
+    "        float pn = (float)sqrt(((const double *)a.ptr[1])[t]), un = (float)sqrt(((const double *)a.ptr[2])[t]);\n"
+    "        float r = g->lr;\n"
+    "        if (a.flag[1] || g->wd != 0.0f) r = (un != 0.0f && pn != 0.0f) ? g->lr * (pn / un) : g->lr;\n"
+    "        ((float *)a.ptr[3])[t] = r;\n"
+    "    }\n"
+    "}\n"
+    "/* LAMB stage 2: lists p, m, v, model, tensor index; p -= ratio[t] * u with u\n"
+    "   recomputed from the new m, v (capex.h's choice). ptr[0]: group, ptr[1]:\n"
+    "   seed, ptr[2]: ratios, flag[0]: adam_w_mode, flag[1]: model kind. */\n"
+    "CAPEX_DEVICE float capex_go_lamb2_elem(float p, float m, float v, const capex_go_group *g, int w, float r) {\n"
+    "    float u = w ? capex__lamb_update_w(p, m, v, g->bc1, g->bc2, g->eps, g->wd) : capex__lamb_update_l2(p, m, v, g->bc1, g->bc2, g->eps);\n"
+    "    return capex__lamb_apply(p, u, r);\n"
+    "}\n";
+static const char capex__cuda_frag_go8[] =
+    "CAPEX_GK void capex_go_lamb2(capex_go_meta<5> mt, capex_go_args a) {\n"
+    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    if (g->skip) return;\n"
+    "    capex_u64 off, n, i, k;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.flag[0], mk = a.flag[1];\n"
+    "    float *p = (float *)mt.addr[0][s] + off, *m = (float *)mt.addr[1][s] + off, *v = (float *)mt.addr[2][s] + off;\n"
+    "    capex_u16 *h = (capex_u16 *)mt.addr[3][s] + off;\n"
+    "    const float r = ((const float *)a.ptr[2])[mt.addr[4][s]];\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[4][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, 4) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[2][s], off, 4) && (!mk || capex_go_al(mt.addr[3][s], off, 2)) ? n / 4 : 0;\n"
+    "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "        float pp[4], mm[4], vv[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
+    "        capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
+    "        for (int j = 0; j < 4; j++) {\n"
+    "            pp[j] = capex_go_lamb2_elem(pp[j], mm[j], vv[j], g, w, r);\n"
+    "            if (mk) hh[j] = capex_go_half(pp[j], mk, sr, off + 4 * k + j);\n"
+    "        }\n"
+    "        capex_go_st4(p + 4 * k, pp);\n"
+    "        if (mk) capex_go_st4(h + 4 * k, hh);\n"
+    "    }\n"
+    "    for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
+    "        float pi = capex_go_lamb2_elem(p[i], m[i], v[i], g, w, r);\n"
+    "        p[i] = pi;\n"
+    "        if (mk) h[i] = capex_go_half(pi, mk, sr, off + i);\n"
+    "    }\n"
+    "}\n"
+    "/* Loss scaler update on the device (one thread): capex.h's rule\n"
+    "   (capex__scaler_rule: growth, backoff, hysteresis, min/max), then steps,\n"
+    "   inv_scale = f32(1 / f64(scale)) and found_inf cleared for the next step. */\n"
+    "CAPEX_GK void capex_go_scaler_update(capex_go_args a) {\n"
+    "    capex_go_scaler *c = (capex_go_scaler *)a.ptr[0];\n"
+    "    if (threadIdx.x != 0 || blockIdx.x != 0) return;\n"
+    "    unsigned fi = c->found_inf != 0u;\n"
+    "    if (c->dynamic && fi) {\n"
+    "        if (c->hysteresis_tracker > 0) c->hysteresis_tracker--;\n"
+    "        c->growth_tracker = 0;\n"
+    "        if (c->hysteresis_tracker <= 0) {\n"
+    "            float s = (float)((double)c->scale * c->backoff_factor);\n"
+    "            if (s < c->min_scale) s = c->min_scale;\n"
+    "            c->scale = s;\n"
+    "        }\n"
+    "    } else if (c->dynamic) {\n"
+    "        long long ok = c->growth_tracker + 1;\n"
+    "        if (ok == c->growth_interval) {\n"
+    "            float s = (float)((double)c->scale * c->growth_factor);\n"
+    "            if (s > c->max_scale) s = c->max_scale;\n"
+    "            if (s - s == 0.0f) c->scale = s;\n"
+    "            c->growth_tracker = 0;\n"
+    "        } else {\n"
+    "            c->growth_tracker = ok;\n"
+    "        }\n"
+    "        c->hysteresis_tracker = c->hysteresis;\n"
+    "    }\n"
+    "    c->steps++;\n"
+    "    if (fi) c->skipped_steps++;\n"
+    "    c->inv_scale = (float)(1.0 / (double)c->scale);\n"
+    "    c->found_inf = 0u;\n"
+    "}\n";
+static const char capex__cuda_frag_go9[] =
+    "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 0>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 1>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f32_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 2>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f16_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 0>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f16_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 1>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f16_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 2>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_bf16_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 0>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 1>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 2>(m, a); }\n"
+    "CAPEX_GK void capex_go_sumsq_f32(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_sumsq_f16(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_sumsq_bf16(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<2>(m, a); }\n"
+    "CAPEX_GK void capex_go_adam_f32(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_adam_f16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_adam_bf16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<2>(m, a); }\n"
+    "CAPEX_GK void capex_go_sgd_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_sgd_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_sgd_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<2>(m, a); }\n"
+    "CAPEX_GK void capex_go_lamb1_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_lamb1_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<2>(m, a); }\n";
+
+CAPEX__PRIVATE const char *capex__cuda_frag_go0_fn(void) { return capex__cuda_frag_go0; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go1_fn(void) { return capex__cuda_frag_go1; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go2_fn(void) { return capex__cuda_frag_go2; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go3_fn(void) { return capex__cuda_frag_go3; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go4_fn(void) { return capex__cuda_frag_go4; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go5_fn(void) { return capex__cuda_frag_go5; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go6_fn(void) { return capex__cuda_frag_go6; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go7_fn(void) { return capex__cuda_frag_go7; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go8_fn(void) { return capex__cuda_frag_go8; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_fn(void) { return capex__cuda_frag_go9; }
+/* This section's fragments in program order (after the prelude), for tools
+   that compile them elsewhere (tests/test_gpuopt_emu.c runs them on the CPU). */
+CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n) {
+    static const capex__cuda_fragment_fn f[] = {
+        capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
+        capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn, capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn,
+        capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
+        capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go9_fn};
+    *n = sizeof f / sizeof f[0];
+    return f;
+}
 
 /* @@SECTION:NORM:KERNELS@@ (kernel source fragments and their *_fn getters) */
 /* ---- norm kernels (NORM) ------------------------------------------------------
@@ -1723,6 +2359,9 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
 #endif
     capex__cuda_frag_basic_fn,
     /* @@FRAGMENTS:GPUOPT@@ */
+    capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
+    capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,
+    capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn, capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go9_fn,
     /* @@FRAGMENTS:NORM@@ */
     capex__norm_math_cuda, /* capex.h's CAPEX__NORM_MATH, the CPU backend's text */
     capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b_fn, capex__cuda_frag_norm_c_fn,
@@ -1734,6 +2373,13 @@ static const char *const capex__cuda_builtin_kernels[] = {
     "capex_fill_f32", "capex_scale_f32", "capex_add_f32", "capex_f32_to_f16",
     "capex_f16_to_f32", "capex_f32_to_bf16", "capex_bf16_to_f32",
     /* @@KERNEL_NAMES:GPUOPT@@ */
+    "capex_go_scale_f32_f32", "capex_go_scale_f32_f16", "capex_go_scale_f32_bf16", "capex_go_scale_f16_f32",
+    "capex_go_scale_f16_f16", "capex_go_scale_f16_bf16", "capex_go_scale_bf16_f32", "capex_go_scale_bf16_f16",
+    "capex_go_scale_bf16_bf16", "capex_go_sumsq_f32", "capex_go_sumsq_f16", "capex_go_sumsq_bf16",
+    "capex_go_reduce", "capex_go_clip_coef", "capex_go_prepare", "capex_go_adam_f32", "capex_go_adam_f16",
+    "capex_go_adam_bf16", "capex_go_sgd_f32", "capex_go_sgd_f16", "capex_go_sgd_bf16", "capex_go_lamb1_f32",
+    "capex_go_lamb1_f16", "capex_go_lamb1_bf16", "capex_go_lamb_clip", "capex_go_lamb_ratio",
+    "capex_go_lamb2", "capex_go_scaler_update",
     /* @@KERNEL_NAMES:NORM@@ */
     "capex_norm_fwd", "capex_norm_bwd_dx", "capex_norm_bwd_gamma_part", "capex_norm_bwd_gamma_final",
     "capex_bn_stats", "capex_bn_merge", "capex_bn_eval_stats", "capex_bn_fwd", "capex_bn_bwd_reduce", "capex_bn_bwd_dx",
@@ -1764,7 +2410,7 @@ CAPEX_API const char *capex_cuda_builtin_source(void) {
     return capex__cuda_builtin_text;
 }
 
-static const char *const capex__cuda_builtin_opts[] = {"-default-device", "--std=c++17"};
+static const char *const capex__cuda_builtin_opts[] = {"-default-device", "--std=c++17", "--fmad=false"};
 
 CAPEX_API const char *const *capex_cuda_builtin_options(int *n_options) {
     if (n_options) *n_options = (int)(sizeof capex__cuda_builtin_opts / sizeof capex__cuda_builtin_opts[0]);
@@ -2314,6 +2960,966 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
 }
 
 /* @@SECTION:GPUOPT:IMPL@@ (fused GPU optimizer kernels: implementation) */
+/* ---- fused multi-tensor ops, optimizers and loss scaler: host side ----------
+   Host mirrors of the kernel-side structs (capex__cuda_frag_go0/1), same
+   fixed-width fields in the same order (checked by size here and, against
+   the kernel text compiled on the host, by tests/test_gpuopt_emu.c). */
+typedef struct capex__go_args {
+    uint64_t chunk;
+    uint64_t ptr[6];
+    float val[2];
+    int32_t flag[4];
+} capex__go_args;
+#define CAPEX__GO_NSEG 158
+typedef struct capex__go_segs {
+    int64_t start[CAPEX__GO_NSEG], count[CAPEX__GO_NSEG], out[CAPEX__GO_NSEG];
+    int32_t n, pad;
+} capex__go_segs;
+typedef struct capex__go_group {
+    int64_t step;
+    float lr, beta1, beta2, eps, wd, momentum, dampening;
+    int32_t bias_correction, grad_averaging, nesterov, mom_init;
+    float gs, bc1, bc2, beta3, clip_div;
+    uint32_t skip, first, wd_on, wd_before, wd_after, step_lo, step_hi, pad;
+} capex__go_group;
+typedef struct capex__go_scaler {
+    double growth_factor, backoff_factor;
+    int64_t growth_interval, growth_tracker, steps, skipped_steps;
+    float scale, inv_scale, min_scale, max_scale;
+    int32_t dynamic, hysteresis, hysteresis_tracker;
+    uint32_t found_inf;
+} capex__go_scaler;
+CAPEX_MTA_META_STRUCT(capex__go_meta5, 5);
+typedef char capex__go_sizes_ok[(sizeof(capex__go_args) == 80 && sizeof(capex__go_segs) == 3800 &&
+                                 sizeof(capex__go_group) == 104 && sizeof(capex__go_scaler) == 80) ? 1 : -1];
+/* every launch's parameters (metadata or segments, then the args) fit 4096 bytes */
+typedef char capex__go_params_fit[(CAPEX_MTA_META_SIZE(6) + 80 <= 4096 && CAPEX_MTA_META_SIZE(1) + 80 <= 4096 &&
+                                   3800 + 80 <= 4096) ? 1 : -1];
+/* capex__go_pack writes the CAPEX_MTA_META_STRUCT layout by offsets */
+typedef char capex__go_layout_ok[(offsetof(capex__go_meta5, numel) == 8 * 5 * CAPEX_MTA_MAX_TENSORS(5) &&
+                                  offsetof(capex__go_meta5, ntensors) == 8 * 6 * CAPEX_MTA_MAX_TENSORS(5) &&
+                                  offsetof(capex__go_meta5, block_chunk) == 8 * 6 * CAPEX_MTA_MAX_TENSORS(5) + 8 &&
+                                  offsetof(capex__go_meta5, block_tensor) ==
+                                      8 * 6 * CAPEX_MTA_MAX_TENSORS(5) + 8 + 4 * CAPEX_MTA_MAX_BLOCKS) ? 1 : -1];
+
+/* Kernel ids = positions of the GPUOPT names in capex__cuda_builtin_kernels,
+   which start after the 7 basic kernels (a test checks every name). */
+enum {
+    CAPEX__GO_K_SCALE = 0, /* + 3 * in dtype + out dtype */
+    CAPEX__GO_K_SUMSQ = 9, /* + dtype */
+    CAPEX__GO_K_REDUCE = 12, CAPEX__GO_K_CLIP = 13, CAPEX__GO_K_PREPARE = 14,
+    CAPEX__GO_K_ADAM = 15, CAPEX__GO_K_SGD = 18, CAPEX__GO_K_LAMB1 = 21, /* + grad dtype */
+    CAPEX__GO_K_LAMB_CLIP = 24, CAPEX__GO_K_LAMB_RATIO = 25, CAPEX__GO_K_LAMB2 = 26, CAPEX__GO_K_SCALER = 27,
+    CAPEX__GO_NK = 28
+};
+#define CAPEX__GO_KBASE 7
+#define CAPEX__GO_THREADS 512 /* per block: a power of two <= 512 (the kernels' shared arrays) */
+
+/* Where the kernels run: the GPU (capex__go_dev_exec), or in tests a CPU
+   emulation of the same kernel source. dtoh waits for the copy. */
+typedef struct capex__go_exec {
+    capex_result (*launch)(void *user, int kernel, unsigned grid, unsigned block, void **args, capex_cuda_stream s);
+    capex_result (*alloc)(void *user, size_t bytes, capex_cuda_ptr *out);
+    void (*release)(void *user, capex_cuda_ptr p);
+    capex_result (*htod)(void *user, capex_cuda_ptr dst, const void *src, size_t bytes, capex_cuda_stream s);
+    capex_result (*dtoh)(void *user, void *dst, capex_cuda_ptr src, size_t bytes, capex_cuda_stream s);
+    capex_result (*zero)(void *user, capex_cuda_ptr dst, size_t bytes, capex_cuda_stream s);
+    void *user;
+} capex__go_exec;
+
+CAPEX__PRIVATE capex_result capex__go_dev_launch(void *user, int k, unsigned grid, unsigned block, void **args,
+                                                 capex_cuda_stream s) {
+    capex_cuda_context *ctx = (capex_cuda_context *)user;
+    capex_cuda_module *m;
+    capex_cuda_function fn;
+    unsigned g[3], b[3];
+    capex_result r = capex_cuda_builtin_module(ctx, &m);
+    if (r != CAPEX_OK) return r;
+    fn.handle = ctx->builtin_fn[CAPEX__GO_KBASE + k];
+    fn.ctx = ctx;
+    g[0] = grid; g[1] = 1; g[2] = 1;
+    b[0] = block; b[1] = 1; b[2] = 1;
+    return capex_cuda_launch(&fn, g, b, 0, s, args);
+}
+CAPEX__PRIVATE capex_result capex__go_dev_alloc(void *user, size_t bytes, capex_cuda_ptr *out) {
+    return capex_cuda_malloc((capex_cuda_context *)user, bytes, out);
+}
+CAPEX__PRIVATE void capex__go_dev_release(void *user, capex_cuda_ptr p) { capex_cuda_free((capex_cuda_context *)user, p); }
+CAPEX__PRIVATE capex_result capex__go_dev_htod(void *user, capex_cuda_ptr dst, const void *src, size_t bytes,
+                                               capex_cuda_stream s) {
+    return capex_cuda_memcpy_htod((capex_cuda_context *)user, dst, src, bytes, s);
+}
+CAPEX__PRIVATE capex_result capex__go_dev_dtoh(void *user, void *dst, capex_cuda_ptr src, size_t bytes,
+                                               capex_cuda_stream s) {
+    capex_result r = capex_cuda_memcpy_dtoh((capex_cuda_context *)user, dst, src, bytes, s);
+    if (r == CAPEX_OK && s) r = capex_cuda_stream_synchronize((capex_cuda_context *)user, s);
+    return r;
+}
+CAPEX__PRIVATE capex_result capex__go_dev_zero(void *user, capex_cuda_ptr dst, size_t bytes, capex_cuda_stream s) {
+    return capex_cuda_memset_u8((capex_cuda_context *)user, dst, 0, bytes, s);
+}
+CAPEX__PRIVATE capex_result capex__go_dev_exec(capex_cuda_context *ctx, const char *fn, capex__go_exec *ex) {
+    memset(ex, 0, sizeof *ex);
+    if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: context is NULL; create one with capex_cuda_context_create", fn);
+    ex->launch = capex__go_dev_launch;
+    ex->alloc = capex__go_dev_alloc;
+    ex->release = capex__go_dev_release;
+    ex->htod = capex__go_dev_htod;
+    ex->dtoh = capex__go_dev_dtoh;
+    ex->zero = capex__go_dev_zero;
+    ex->user = ctx;
+    return CAPEX_OK;
+}
+
+/* Device addresses of one tensor in each list of an op, in list order. */
+typedef struct capex__go_ten {
+    uint64_t addr[CAPEX_MTA_MAX_DEPTH];
+} capex__go_ten;
+
+/* Writes launch L as the by-value metadata of a depth-`depth` kernel. */
+CAPEX__PRIVATE void capex__go_pack(uint64_t *meta, int depth, const capex_chunk_launch *L, const capex__go_ten *ten) {
+    size_t T = (size_t)CAPEX_MTA_MAX_TENSORS(depth), s;
+    unsigned char *b = (unsigned char *)meta;
+    int32_t nt = L->ntensors, nb = L->nblocks;
+    int d;
+    memset(meta, 0, CAPEX_MTA_META_SIZE(depth));
+    for (s = 0; s < (size_t)nt; s++) {
+        for (d = 0; d < depth; d++) meta[(size_t)d * T + s] = ten[L->tensor[s]].addr[d];
+        memcpy(b + 8 * (size_t)depth * T + 8 * s, &L->numel[s], 8);
+    }
+    b += 8 * ((size_t)depth + 1) * T;
+    memcpy(b, &nt, 4);
+    memcpy(b + 4, &nb, 4);
+    memcpy(b + 8, L->block_chunk, 4 * (size_t)nb);
+    memcpy(b + 8 + 4 * CAPEX_MTA_MAX_BLOCKS, L->block_tensor, (size_t)nb);
+}
+
+/* Runs kernel k over `count` tensors (numel from shape[], addresses from
+   ten[]) launch by launch. part >= 0: a->ptr[part] (and ptr[part + 1] when
+   two is set) are per-chunk double outputs, advanced to each launch's first
+   chunk. *chunks (may be NULL) gets the plan's chunk count. */
+CAPEX__PRIVATE capex_result capex__go_mta(const capex__go_exec *ex, int k, int depth, const capex_tensor *shape,
+                                          const capex__go_ten *ten, size_t count, int64_t chunk, capex__go_args *a,
+                                          int part, int two, capex_cuda_stream s, int64_t *chunks) {
+    capex_chunk_plan plan;
+    capex_chunk_launch L;
+    uint64_t meta[CAPEX_MTA_META_BYTES / 8];
+    uint64_t b0 = part >= 0 ? a->ptr[part] : 0, b1 = part >= 0 && two ? a->ptr[part + 1] : 0;
+    capex_result r = capex_chunk_plan_init(&plan, shape, count, chunk, capex_mta_max_tensors(depth), 0);
+    if (r != CAPEX_OK) return r;
+    a->chunk = (uint64_t)plan.chunk_size;
+    while (r == CAPEX_OK && capex_chunk_plan_next(&plan, &L)) {
+        void *args[2];
+        capex__go_pack(meta, depth, &L, ten);
+        if (part >= 0) a->ptr[part] = b0 + 8u * (uint64_t)L.first_chunk;
+        if (part >= 0 && two) a->ptr[part + 1] = b1 + 8u * (uint64_t)L.first_chunk;
+        args[0] = meta;
+        args[1] = a;
+        /* LAMB stage 1 holds more registers: 256 threads keep all 320 blocks resident */
+        r = ex->launch(ex->user, k, (unsigned)L.nblocks,
+                       k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB_CLIP ? 256u : CAPEX__GO_THREADS, args, s);
+    }
+    if (part >= 0) a->ptr[part] = b0;
+    if (part >= 0 && two) a->ptr[part + 1] = b1;
+    if (chunks) *chunks = plan.total_chunks;
+    return r;
+}
+
+/* One-thread / small kernels that take only the args. */
+CAPEX__PRIVATE capex_result capex__go_small(const capex__go_exec *ex, int k, unsigned grid, unsigned block,
+                                            capex__go_args *a, capex_cuda_stream s) {
+    void *args[1];
+    args[0] = a;
+    return ex->launch(ex->user, k, grid, block, args, s);
+}
+
+/* Fixed-order sums of partial ranges: segment i sums part[start_i ..
+   start_i + count_i) into sumsq[out_i] / norm[out_i] (0: not written). */
+CAPEX__PRIVATE capex_result capex__go_reduce(const capex__go_exec *ex, capex_cuda_ptr part, const int64_t *start,
+                                             const int64_t *count, size_t n, capex_cuda_ptr sumsq, capex_cuda_ptr norm,
+                                             capex_cuda_stream s) {
+    capex__go_segs sg;
+    capex__go_args a;
+    size_t i = 0, j;
+    capex_result r = CAPEX_OK;
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = part;
+    a.ptr[1] = sumsq;
+    a.ptr[2] = norm;
+    while (r == CAPEX_OK && i < n) {
+        void *args[2];
+        memset(&sg, 0, sizeof sg);
+        for (j = 0; j < CAPEX__GO_NSEG && i < n; j++, i++) {
+            sg.start[j] = start[i];
+            sg.count[j] = count[i];
+            sg.out[j] = (int64_t)i;
+        }
+        sg.n = (int32_t)j;
+        args[0] = &sg;
+        args[1] = &a;
+        r = ex->launch(ex->user, CAPEX__GO_K_REDUCE, (unsigned)j, CAPEX__GO_THREADS, args, s);
+    }
+    return r;
+}
+
+CAPEX__PRIVATE int64_t capex__go_nchunks(int64_t numel, int64_t chunk) { return numel / chunk + (numel % chunk != 0); }
+CAPEX__PRIVATE int64_t capex__go_chunk_of(const capex_tensor_op_desc *desc) {
+    return desc && desc->chunk_size ? desc->chunk_size : CAPEX_CHUNK_SIZE_DEFAULT;
+}
+
+/* ---- multi-tensor ops ---- */
+
+CAPEX__PRIVATE capex_result capex__go_check_desc(const char *fn, const capex_tensor_op_desc *desc) {
+    return desc ? capex__check_desc(fn, desc) : CAPEX_OK;
+}
+
+CAPEX__PRIVATE capex_result capex__go_scale(const capex__go_exec *ex, const char *fn, const capex_tensor_op_desc *desc,
+                                            const capex_tensor_list *in, const capex_tensor_list *out,
+                                            capex_cuda_ptr scale, capex_cuda_ptr found_inf, int clip_mode,
+                                            capex_cuda_stream s) {
+    capex__go_ten *ten;
+    capex__go_args a;
+    capex_result r;
+    size_t i;
+    if ((r = capex__go_check_desc(fn, desc)) != CAPEX_OK) return r;
+    if ((r = capex__check_list(fn, "in", in)) != CAPEX_OK) return r;
+    if (out) {
+        if ((r = capex__check_list(fn, "out", out)) != CAPEX_OK) return r;
+        if ((r = capex__check_same(fn, "in", in, "out", out)) != CAPEX_OK) return r;
+        if ((r = capex__check_alias(fn, "in", in, "out", out)) != CAPEX_OK) return r;
+    }
+    if (!scale || (scale & 3u))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: scale must be the device address of a float (got 0x%llx)", fn,
+                           (unsigned long long)scale);
+    if (found_inf & 3u)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: found_inf 0x%llx is not 4-byte aligned", fn,
+                           (unsigned long long)found_inf);
+    if (in->count == 0) return CAPEX_OK;
+    ten = (capex__go_ten *)capex__alloc(NULL, in->count * sizeof *ten);
+    if (!ten) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    for (i = 0; i < in->count; i++) {
+        ten[i].addr[0] = (uint64_t)(uintptr_t)in->tensors[i].data;
+        ten[i].addr[1] = out ? (uint64_t)(uintptr_t)out->tensors[i].data : 0u;
+    }
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = scale;
+    a.ptr[1] = found_inf;
+    a.flag[0] = out != NULL;
+    a.flag[1] = clip_mode;
+    r = capex__go_mta(ex, CAPEX__GO_K_SCALE + 3 * (int)in->dtype + (int)(out ? out->dtype : in->dtype), 2, in->tensors,
+                      ten, in->count, capex__go_chunk_of(desc), &a, -1, 0, s, NULL);
+    capex__free(NULL, ten);
+    return r;
+}
+
+CAPEX__PRIVATE capex_result capex__go_ws_size(const char *fn, const capex_tensor_op_desc *desc,
+                                              const capex_tensor_list *lists, size_t nlists, int64_t *chunks,
+                                              size_t *bytes) {
+    int64_t c = 0, chunk = capex__go_chunk_of(desc);
+    size_t l, i;
+    capex_result r;
+    char name[32];
+    if ((r = capex__go_check_desc(fn, desc)) != CAPEX_OK) return r;
+    if (nlists > 0 && !lists) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: lists is NULL with nlists %zu", fn, nlists);
+    for (l = 0; l < nlists; l++) {
+        snprintf(name, sizeof name, "lists[%zu]", l);
+        if ((r = capex__check_list(fn, name, &lists[l])) != CAPEX_OK) return r;
+        for (i = 0; i < lists[l].count; i++) c += capex__go_nchunks(lists[l].tensors[i].numel, chunk);
+    }
+    *chunks = c;
+    *bytes = 8u * ((size_t)c + 1u);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_multi_tensor_workspace_size(const capex_tensor_op_desc *desc,
+                                                              const capex_tensor_list *lists, size_t nlists,
+                                                              size_t *bytes) {
+    int64_t c;
+    if (!bytes) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_multi_tensor_workspace_size: bytes is NULL");
+    *bytes = 0;
+    return capex__go_ws_size("capex_cuda_multi_tensor_workspace_size", desc, lists, nlists, &c, bytes);
+}
+
+CAPEX__PRIVATE capex_result capex__go_ws_check(const char *fn, capex_cuda_ptr ws, size_t have, size_t need) {
+    if (!ws || (ws & 7u))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: workspace must be an 8-byte aligned device address (got 0x%llx)",
+                           fn, (unsigned long long)ws);
+    if (have < need)
+        return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "%s: workspace has %zu bytes but these lists need %zu "
+                           "(capex_cuda_multi_tensor_workspace_size)", fn, have, need);
+    return CAPEX_OK;
+}
+
+/* Sum of squares of every list into per-chunk partials at ws (lists in
+   order), then the fixed-order total into ws[chunks] (double). */
+CAPEX__PRIVATE capex_result capex__go_sumsq_lists(const capex__go_exec *ex, const capex_tensor_op_desc *desc,
+                                                  const capex_tensor_list *lists, size_t nlists, capex_cuda_ptr ws,
+                                                  int64_t chunks, capex_cuda_stream s) {
+    capex__go_args a;
+    capex_result r = CAPEX_OK;
+    int64_t off = 0, zero = 0;
+    size_t l, i;
+    for (l = 0; l < nlists && r == CAPEX_OK; l++) {
+        const capex_tensor_list *x = &lists[l];
+        capex__go_ten *ten;
+        int64_t c = 0;
+        if (x->count == 0) continue;
+        ten = (capex__go_ten *)capex__alloc(NULL, x->count * sizeof *ten);
+        if (!ten) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "multi-tensor norm: out of host memory");
+        for (i = 0; i < x->count; i++) ten[i].addr[0] = (uint64_t)(uintptr_t)x->tensors[i].data;
+        memset(&a, 0, sizeof a);
+        a.ptr[0] = ws + 8u * (uint64_t)off;
+        r = capex__go_mta(ex, CAPEX__GO_K_SUMSQ + (int)x->dtype, 1, x->tensors, ten, x->count, capex__go_chunk_of(desc),
+                          &a, 0, 0, s, &c);
+        capex__free(NULL, ten);
+        off += c;
+    }
+    if (r != CAPEX_OK) return r;
+    return capex__go_reduce(ex, ws, &zero, &chunks, 1, ws + 8u * (uint64_t)chunks, 0, s);
+}
+
+CAPEX__PRIVATE capex_result capex__go_l2norm(const capex__go_exec *ex, const capex_tensor_op_desc *desc,
+                                             const capex_tensor_list *x, capex_cuda_ptr ws, size_t ws_bytes,
+                                             capex_cuda_ptr total, capex_cuda_ptr per, capex_cuda_stream s) {
+    const char *fn = "capex_cuda_multi_tensor_l2norm";
+    int64_t chunks, chunk = capex__go_chunk_of(desc), *st;
+    size_t need, i;
+    capex_result r;
+    if ((r = capex__go_ws_size(fn, desc, x, x ? 1 : 0, &chunks, &need)) != CAPEX_OK) return r;
+    if (!x) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: x is NULL", fn);
+    if ((total & 3u) || (per & 3u)) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: outputs must be float addresses", fn);
+    if ((r = capex__go_ws_check(fn, ws, ws_bytes, need)) != CAPEX_OK) return r;
+    if ((r = capex__go_sumsq_lists(ex, desc, x, 1, ws, chunks, s)) != CAPEX_OK) return r;
+    if (total) {
+        int64_t zero = 0;
+        if ((r = capex__go_reduce(ex, ws, &zero, &chunks, 1, 0, total, s)) != CAPEX_OK) return r;
+    }
+    if (!per || x->count == 0) return CAPEX_OK;
+    st = (int64_t *)capex__alloc(NULL, 2 * x->count * sizeof *st);
+    if (!st) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    for (i = 0, chunks = 0; i < x->count; i++) { /* a tensor's chunks are consecutive; empty: none (norm 0) */
+        st[i] = chunks;
+        st[x->count + i] = capex__go_nchunks(x->tensors[i].numel, chunk);
+        chunks += st[x->count + i];
+    }
+    r = capex__go_reduce(ex, ws, st, st + x->count, x->count, 0, per, s);
+    capex__free(NULL, st);
+    return r;
+}
+
+CAPEX__PRIVATE capex_result capex__go_clip(const capex__go_exec *ex, const capex_tensor_op_desc *desc,
+                                           const capex_tensor_list *grads, size_t nlists, float max_norm,
+                                           capex_cuda_ptr ws, size_t ws_bytes, capex_cuda_ptr total,
+                                           capex_cuda_ptr coef, int apply, capex_cuda_stream s) {
+    const char *fn = "capex_cuda_clip_grad_norm";
+    int64_t chunks;
+    size_t need, l;
+    capex__go_args a;
+    capex_result r;
+    if ((r = capex__go_ws_size(fn, desc, grads, nlists, &chunks, &need)) != CAPEX_OK) return r;
+    if (max_norm != max_norm || max_norm < 0.0f)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: max_norm is %g; it must be >= 0 (inf: no clipping)", fn,
+                           (double)max_norm);
+    if ((total & 3u) || (coef & 3u)) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: outputs must be float addresses", fn);
+    if ((r = capex__go_ws_check(fn, ws, ws_bytes, need)) != CAPEX_OK) return r;
+    if ((r = capex__go_sumsq_lists(ex, desc, grads, nlists, ws, chunks, s)) != CAPEX_OK) return r;
+    /* the partials are dead after the total: the factor may live at ws[0] */
+    if (!coef && apply) coef = ws;
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = ws + 8u * (uint64_t)chunks;
+    a.ptr[1] = total;
+    a.ptr[2] = coef;
+    a.val[0] = max_norm;
+    if ((r = capex__go_small(ex, CAPEX__GO_K_CLIP, 1, 1, &a, s)) != CAPEX_OK) return r;
+    for (l = 0; apply && l < nlists && r == CAPEX_OK; l++)
+        r = capex__go_scale(ex, fn, desc, &grads[l], &grads[l], coef, 0, 1, s);
+    return r;
+}
+
+CAPEX_API capex_result capex_cuda_multi_tensor_scale(capex_cuda_context *ctx, const capex_tensor_op_desc *desc,
+                                                     const capex_tensor_list *in, const capex_tensor_list *out,
+                                                     capex_cuda_ptr scale, capex_cuda_ptr found_inf,
+                                                     capex_cuda_stream stream) {
+    capex__go_exec ex;
+    capex_result r = capex__go_dev_exec(ctx, "capex_cuda_multi_tensor_scale", &ex);
+    if (r != CAPEX_OK) return r;
+    return capex__go_scale(&ex, "capex_cuda_multi_tensor_scale", desc, in, out, scale, found_inf, 0, stream);
+}
+
+CAPEX_API capex_result capex_cuda_multi_tensor_l2norm(capex_cuda_context *ctx, const capex_tensor_op_desc *desc,
+                                                      const capex_tensor_list *x, capex_cuda_ptr workspace,
+                                                      size_t workspace_bytes, capex_cuda_ptr total_norm,
+                                                      capex_cuda_ptr per_tensor_norms, capex_cuda_stream stream) {
+    capex__go_exec ex;
+    capex_result r = capex__go_dev_exec(ctx, "capex_cuda_multi_tensor_l2norm", &ex);
+    if (r != CAPEX_OK) return r;
+    return capex__go_l2norm(&ex, desc, x, workspace, workspace_bytes, total_norm, per_tensor_norms, stream);
+}
+
+CAPEX_API capex_result capex_cuda_clip_grad_norm(capex_cuda_context *ctx, const capex_tensor_op_desc *desc,
+                                                 const capex_tensor_list *grads, size_t nlists, float max_norm,
+                                                 capex_cuda_ptr workspace, size_t workspace_bytes,
+                                                 capex_cuda_ptr total_norm, capex_cuda_ptr clip_coef, int apply,
+                                                 capex_cuda_stream stream) {
+    capex__go_exec ex;
+    capex_result r = capex__go_dev_exec(ctx, "capex_cuda_clip_grad_norm", &ex);
+    if (r != CAPEX_OK) return r;
+    return capex__go_clip(&ex, desc, grads, nlists, max_norm, workspace, workspace_bytes, total_norm, clip_coef, apply,
+                          stream);
+}
+
+/* ---- device-resident loss scaler ---- */
+
+struct capex_cuda_scaler {
+    capex__go_exec ex;
+    capex_scaler_desc desc;
+    capex_cuda_ptr d; /* capex__go_scaler */
+};
+
+CAPEX__PRIVATE void capex__go_scaler_fill(capex__go_scaler *g, const capex_scaler_state *st) {
+    memset(g, 0, sizeof *g);
+    g->growth_factor = st->growth_factor;
+    g->backoff_factor = st->backoff_factor;
+    g->growth_interval = st->growth_interval;
+    g->growth_tracker = st->growth_tracker;
+    g->steps = st->steps;
+    g->skipped_steps = st->skipped_steps;
+    g->scale = st->scale;
+    g->inv_scale = (float)(1.0 / (double)st->scale); /* capex_scaler_get_inv_scale */
+    g->min_scale = st->min_scale;
+    g->max_scale = st->max_scale;
+    g->dynamic = st->dynamic;
+    g->hysteresis = st->hysteresis;
+    g->hysteresis_tracker = st->hysteresis_tracker;
+}
+
+CAPEX__PRIVATE capex_result capex__go_scaler_create(const capex__go_exec *ex, const capex_scaler_desc *desc,
+                                                    capex_cuda_scaler **out) {
+    capex_scaler tmp;
+    capex_scaler_state st;
+    capex__go_scaler g;
+    capex_cuda_scaler *sc;
+    capex_scaler_desc def;
+    capex_result r;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_scaler_create: out is NULL");
+    *out = NULL;
+    if (!desc) { capex_scaler_desc_init(&def); desc = &def; }
+    if ((r = capex_scaler_init(&tmp, desc)) != CAPEX_OK) return r; /* validates desc */
+    if ((r = capex_scaler_get_state(&tmp, &st)) != CAPEX_OK) return r;
+    sc = (capex_cuda_scaler *)capex__alloc(NULL, sizeof *sc);
+    if (!sc) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_scaler_create: out of memory");
+    memset(sc, 0, sizeof *sc);
+    sc->ex = *ex;
+    sc->desc = *desc;
+    capex__go_scaler_fill(&g, &st);
+    if ((r = ex->alloc(ex->user, sizeof g, &sc->d)) != CAPEX_OK || (r = ex->htod(ex->user, sc->d, &g, sizeof g, NULL)) != CAPEX_OK) {
+        capex_cuda_scaler_destroy(sc);
+        return r;
+    }
+    *out = sc;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_scaler_create(capex_cuda_context *ctx, const capex_scaler_desc *desc,
+                                                capex_cuda_scaler **out) {
+    capex__go_exec ex;
+    capex_result r;
+    if (out) *out = NULL;
+    if ((r = capex__go_dev_exec(ctx, "capex_cuda_scaler_create", &ex)) != CAPEX_OK) return r;
+    return capex__go_scaler_create(&ex, desc, out);
+}
+
+CAPEX_API void capex_cuda_scaler_destroy(capex_cuda_scaler *sc) {
+    if (!sc) return;
+    if (sc->d) sc->ex.release(sc->ex.user, sc->d);
+    capex__free(NULL, sc);
+}
+
+CAPEX_API capex_cuda_ptr capex_cuda_scaler_scale_ptr(const capex_cuda_scaler *sc) {
+    return sc ? sc->d + offsetof(capex__go_scaler, scale) : 0;
+}
+CAPEX_API capex_cuda_ptr capex_cuda_scaler_inv_scale_ptr(const capex_cuda_scaler *sc) {
+    return sc ? sc->d + offsetof(capex__go_scaler, inv_scale) : 0;
+}
+CAPEX_API capex_cuda_ptr capex_cuda_scaler_found_inf_ptr(const capex_cuda_scaler *sc) {
+    return sc ? sc->d + offsetof(capex__go_scaler, found_inf) : 0;
+}
+
+CAPEX_API capex_result capex_cuda_scaler_unscale(capex_cuda_scaler *sc, const capex_tensor_op_desc *desc,
+                                                 const capex_tensor_list *grads, const capex_tensor_list *out,
+                                                 capex_cuda_stream stream) {
+    if (!sc) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_scaler_unscale: scaler is NULL");
+    return capex__go_scale(&sc->ex, "capex_cuda_scaler_unscale", desc, grads, out, capex_cuda_scaler_inv_scale_ptr(sc),
+                           capex_cuda_scaler_found_inf_ptr(sc), 0, stream);
+}
+
+CAPEX_API capex_result capex_cuda_scaler_update(capex_cuda_scaler *sc, capex_cuda_stream stream) {
+    capex__go_args a;
+    if (!sc) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_scaler_update: scaler is NULL");
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = sc->d;
+    return capex__go_small(&sc->ex, CAPEX__GO_K_SCALER, 1, 1, &a, stream);
+}
+
+CAPEX_API capex_result capex_cuda_scaler_get_state(capex_cuda_scaler *sc, capex_scaler_state *st,
+                                                   capex_cuda_stream stream) {
+    capex__go_scaler g;
+    capex_result r;
+    if (!sc || !st) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_scaler_get_state: NULL argument");
+    if ((r = sc->ex.dtoh(sc->ex.user, &g, sc->d, sizeof g, stream)) != CAPEX_OK) return r;
+    memset(st, 0, sizeof *st);
+    st->dynamic = g.dynamic;
+    st->scale = g.scale;
+    st->growth_tracker = g.growth_tracker;
+    st->hysteresis_tracker = g.hysteresis_tracker;
+    st->init_scale = sc->desc.init_scale;
+    st->growth_factor = g.growth_factor;
+    st->backoff_factor = g.backoff_factor;
+    st->growth_interval = g.growth_interval;
+    st->min_scale = g.min_scale;
+    st->max_scale = g.max_scale;
+    st->hysteresis = g.hysteresis;
+    st->steps = g.steps;
+    st->skipped_steps = g.skipped_steps;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_scaler_set_state(capex_cuda_scaler *sc, const capex_scaler_state *st,
+                                                   capex_cuda_stream stream) {
+    capex_scaler tmp;
+    capex__go_scaler g;
+    capex_result r;
+    if (!sc || !st) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_scaler_set_state: NULL argument");
+    if ((r = capex_scaler_init(&tmp, &sc->desc)) != CAPEX_OK) return r;
+    if ((r = capex_scaler_set_state(&tmp, st)) != CAPEX_OK) return r; /* validates every field */
+    capex__go_scaler_fill(&g, st);
+    if ((r = sc->ex.htod(sc->ex.user, sc->d, &g, sizeof g, stream)) != CAPEX_OK) return r;
+    sc->desc.init_scale = st->init_scale;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_scaler_get_scale(capex_cuda_scaler *sc, float *scale, capex_cuda_stream stream) {
+    if (!sc || !scale) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_scaler_get_scale: NULL argument");
+    return sc->ex.dtoh(sc->ex.user, scale, capex_cuda_scaler_scale_ptr(sc), sizeof(float), stream);
+}
+
+/* ---- fused optimizers ---- */
+
+typedef struct capex__go_t {
+    capex_optim_param p; /* device pointers; exp_avg / exp_avg_sq: the buffers in use */
+    size_t group;
+    int mk;              /* model copy: 0 none, 1 f16, 2 bf16, 3 bf16 stochastic rounding */
+    unsigned char own_m, own_v;
+} capex__go_t;
+
+struct capex_cuda_optim {
+    capex__go_exec ex;
+    capex_optim_desc desc;
+    int64_t chunk;
+    capex_optim_hparams *hp; /* host copy per group (validation, get) */
+    size_t ngroups;
+    capex_cuda_ptr dgroups;  /* capex__go_group per group */
+    capex__go_t *t;
+    size_t nt;
+    int64_t chunks;          /* over all tensors */
+    capex_tensor *shape;     /* per-step scratch, nt each */
+    capex__go_ten *ten;
+    int64_t *seg;            /* LAMB: 2 * nt (chunk start, chunk count) */
+    capex_cuda_ptr dlamb;    /* LAMB: part[2 * chunks] sp[nt] su[nt] g2 | ratio[nt] tgroup[nt] */
+};
+
+CAPEX__PRIVATE void capex__go_hp_to_group(const capex_optim_hparams *hp, capex__go_group *g) {
+    g->lr = hp->lr;
+    g->beta1 = hp->beta1;
+    g->beta2 = hp->beta2;
+    g->eps = hp->eps;
+    g->wd = hp->weight_decay;
+    g->momentum = hp->momentum;
+    g->dampening = hp->dampening;
+    g->bias_correction = hp->bias_correction != 0;
+    g->grad_averaging = hp->grad_averaging != 0;
+    g->nesterov = hp->nesterov != 0;
+}
+/* the hyperparameter bytes of capex__go_group: lr .. nesterov */
+#define CAPEX__GO_HP_OFF offsetof(capex__go_group, lr)
+#define CAPEX__GO_HP_LEN (offsetof(capex__go_group, mom_init) - offsetof(capex__go_group, lr))
+
+CAPEX__PRIVATE capex_result capex__go_optim_create(const capex__go_exec *ex, const capex_optim_desc *desc,
+                                                   capex_cuda_optim **out) {
+    capex_cuda_optim *o;
+    capex_result r;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_create: out is NULL");
+    *out = NULL;
+    if (!desc) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_create: desc is NULL; use capex_optim_desc_init");
+    if ((r = capex__optim_check_desc(desc)) != CAPEX_OK) return r;
+    o = (capex_cuda_optim *)capex__alloc(NULL, sizeof *o);
+    if (!o) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_optim_create: out of memory");
+    memset(o, 0, sizeof *o);
+    o->ex = *ex;
+    o->desc = *desc;
+    o->desc.allocator = NULL;
+    o->chunk = desc->exec.chunk_size ? desc->exec.chunk_size : CAPEX_CHUNK_SIZE_DEFAULT;
+    *out = o;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_optim_create(capex_cuda_context *ctx, const capex_optim_desc *desc,
+                                               capex_cuda_optim **out) {
+    capex__go_exec ex;
+    capex_result r;
+    if (out) *out = NULL;
+    if ((r = capex__go_dev_exec(ctx, "capex_cuda_optim_create", &ex)) != CAPEX_OK) return r;
+    return capex__go_optim_create(&ex, desc, out);
+}
+
+CAPEX_API void capex_cuda_optim_destroy(capex_cuda_optim *o) {
+    size_t k;
+    if (!o) return;
+    for (k = 0; k < o->nt; k++) {
+        if (o->t[k].own_m) o->ex.release(o->ex.user, (capex_cuda_ptr)(uintptr_t)o->t[k].p.exp_avg);
+        if (o->t[k].own_v) o->ex.release(o->ex.user, (capex_cuda_ptr)(uintptr_t)o->t[k].p.exp_avg_sq);
+    }
+    if (o->dgroups) o->ex.release(o->ex.user, o->dgroups);
+    if (o->dlamb) o->ex.release(o->ex.user, o->dlamb);
+    capex__free(NULL, o->hp);
+    capex__free(NULL, o->t);
+    capex__free(NULL, o->shape);
+    capex__free(NULL, o->ten);
+    capex__free(NULL, o->seg);
+    capex__free(NULL, o);
+}
+
+CAPEX_API size_t capex_cuda_optim_num_groups(const capex_cuda_optim *o) { return o ? o->ngroups : 0; }
+
+CAPEX__PRIVATE size_t capex__go_lamb_bytes(int64_t chunks, size_t nt) {
+    return 8u * (2u * (size_t)chunks + 2u * nt + 1u) + 8u * nt;
+}
+
+CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const capex_optim_hparams *hp,
+                                                  const capex_optim_param *params, size_t n, size_t *group_index) {
+    const char *fn = "capex_cuda_optim_add_group";
+    size_t k, nt;
+    int need_m, need_v;
+    int64_t chunks = 0;
+    capex_result r = CAPEX_OK;
+    capex_cuda_ptr *bufs = NULL, dgroups = 0, dlamb = 0;
+    capex__go_group *groups = NULL;
+    capex_optim_hparams *nhp = NULL;
+    capex__go_t *nt_t = NULL;
+    capex_tensor *shape = NULL;
+    capex__go_ten *ten = NULL;
+    int64_t *seg = NULL;
+    if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: optimizer is NULL", fn);
+    if (!params && n) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: params is NULL with n = %zu", fn, n);
+    if (!hp) hp = &o->desc.defaults;
+    if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
+    for (k = 0; k < n; k++) {
+        if ((r = capex__optim_check_param(&o->desc, &params[k], k)) != CAPEX_OK) return r;
+        chunks += capex__go_nchunks(params[k].numel, o->chunk);
+        if (capex__go_nchunks(params[k].numel, o->chunk) > (int64_t)UINT32_MAX + 1)
+            return capex__fail(CAPEX_ERR_LIMIT, "%s: params[%zu] needs more than 2^32 chunks; raise desc.exec.chunk_size", fn, k);
+    }
+    if (o->ngroups + 1 > (size_t)INT32_MAX || o->nt + n > (size_t)INT32_MAX)
+        return capex__fail(CAPEX_ERR_LIMIT, "%s: too many groups or tensors", fn);
+    need_m = o->desc.kind != CAPEX_OPTIM_SGD || hp->momentum != 0.0f;
+    need_v = o->desc.kind != CAPEX_OPTIM_SGD;
+    nt = o->nt + n;
+    /* everything new is built aside; the optimizer changes only at the end */
+    bufs = (capex_cuda_ptr *)capex__alloc(NULL, 2 * (n ? n : 1) * sizeof *bufs);
+    groups = (capex__go_group *)capex__alloc(NULL, (o->ngroups + 1) * sizeof *groups);
+    nhp = (capex_optim_hparams *)capex__alloc(NULL, (o->ngroups + 1) * sizeof *nhp);
+    nt_t = (capex__go_t *)capex__alloc(NULL, (nt ? nt : 1) * sizeof *nt_t);
+    shape = (capex_tensor *)capex__alloc(NULL, (nt ? nt : 1) * sizeof *shape);
+    ten = (capex__go_ten *)capex__alloc(NULL, (nt ? nt : 1) * sizeof *ten);
+    seg = (int64_t *)capex__alloc(NULL, 2 * (nt ? nt : 1) * sizeof *seg);
+    if (!bufs || !groups || !nhp || !nt_t || !shape || !ten || !seg) {
+        r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+        goto fail;
+    }
+    memset(bufs, 0, 2 * (n ? n : 1) * sizeof *bufs);
+    memset(groups, 0, (o->ngroups + 1) * sizeof *groups);
+    if (o->ngroups && (r = o->ex.dtoh(o->ex.user, groups, o->dgroups, o->ngroups * sizeof *groups, NULL)) != CAPEX_OK)
+        goto fail;
+    capex__go_hp_to_group(hp, &groups[o->ngroups]);
+    for (k = 0; k < n && r == CAPEX_OK; k++) {
+        size_t bytes = (size_t)params[k].numel * sizeof(float);
+        if (!bytes) continue;
+        if (need_m && !params[k].exp_avg) r = o->ex.alloc(o->ex.user, bytes, &bufs[2 * k]);
+        if (r == CAPEX_OK && need_v && !params[k].exp_avg_sq) r = o->ex.alloc(o->ex.user, bytes, &bufs[2 * k + 1]);
+    }
+    if (r != CAPEX_OK) goto fail;
+    if ((r = o->ex.alloc(o->ex.user, (o->ngroups + 1) * sizeof *groups, &dgroups)) != CAPEX_OK) goto fail;
+    if ((r = o->ex.htod(o->ex.user, dgroups, groups, (o->ngroups + 1) * sizeof *groups, NULL)) != CAPEX_OK) goto fail;
+    if (o->desc.kind == CAPEX_OPTIM_LAMB &&
+        (r = o->ex.alloc(o->ex.user, capex__go_lamb_bytes(o->chunks + chunks, nt), &dlamb)) != CAPEX_OK)
+        goto fail;
+    if (o->nt) memcpy(nt_t, o->t, o->nt * sizeof *nt_t);
+    for (k = 0; k < n; k++) {
+        capex__go_t *t = &nt_t[o->nt + k];
+        memset(t, 0, sizeof *t);
+        t->p = params[k];
+        t->group = o->ngroups;
+        if (bufs[2 * k]) t->p.exp_avg = (float *)(uintptr_t)bufs[2 * k];
+        if (bufs[2 * k + 1]) t->p.exp_avg_sq = (float *)(uintptr_t)bufs[2 * k + 1];
+        t->own_m = bufs[2 * k] != 0;
+        t->own_v = bufs[2 * k + 1] != 0;
+        if (!need_m || !t->p.numel) t->p.exp_avg = NULL;
+        if (!need_v || !t->p.numel) t->p.exp_avg_sq = NULL;
+        if (!t->p.model || !t->p.numel) t->p.model = NULL;
+        t->mk = !t->p.model ? 0 : t->p.model_dtype == CAPEX_F16 ? 1 : o->desc.stochastic_rounding ? 3 : 2;
+        if (t->p.exp_avg && (r = o->ex.zero(o->ex.user, (capex_cuda_ptr)(uintptr_t)t->p.exp_avg, (size_t)t->p.numel * 4u, NULL)) != CAPEX_OK) goto fail;
+        if (t->p.exp_avg_sq && (r = o->ex.zero(o->ex.user, (capex_cuda_ptr)(uintptr_t)t->p.exp_avg_sq, (size_t)t->p.numel * 4u, NULL)) != CAPEX_OK) goto fail;
+    }
+    if (dlamb) { /* tensor -> group table for the trust-ratio kernel */
+        int32_t *tg = (int32_t *)shape; /* scratch: nt * 16 bytes >= nt * 4 */
+        for (k = 0; k < nt; k++) tg[k] = (int32_t)nt_t[k].group;
+        if ((r = o->ex.htod(o->ex.user, dlamb + capex__go_lamb_bytes(o->chunks + chunks, nt) - 4u * nt, tg, 4u * nt, NULL)) != CAPEX_OK)
+            goto fail;
+    }
+    if (o->ngroups) memcpy(nhp, o->hp, o->ngroups * sizeof *nhp);
+    nhp[o->ngroups] = *hp;
+    /* commit */
+    if (o->dgroups) o->ex.release(o->ex.user, o->dgroups);
+    if (o->dlamb) o->ex.release(o->ex.user, o->dlamb);
+    capex__free(NULL, o->hp);
+    capex__free(NULL, o->t);
+    capex__free(NULL, o->shape);
+    capex__free(NULL, o->ten);
+    capex__free(NULL, o->seg);
+    o->dgroups = dgroups;
+    o->dlamb = dlamb;
+    o->hp = nhp;
+    o->t = nt_t;
+    o->shape = shape;
+    o->ten = ten;
+    o->seg = seg;
+    o->nt = nt;
+    o->chunks += chunks;
+    if (group_index) *group_index = o->ngroups;
+    o->ngroups++;
+    capex__free(NULL, bufs);
+    capex__free(NULL, groups);
+    return CAPEX_OK;
+fail:
+    if (bufs)
+        for (k = 0; k < 2 * n; k++)
+            if (bufs[k]) o->ex.release(o->ex.user, bufs[k]);
+    if (dgroups) o->ex.release(o->ex.user, dgroups);
+    if (dlamb) o->ex.release(o->ex.user, dlamb);
+    capex__free(NULL, bufs);
+    capex__free(NULL, groups);
+    capex__free(NULL, nhp);
+    capex__free(NULL, nt_t);
+    capex__free(NULL, shape);
+    capex__free(NULL, ten);
+    capex__free(NULL, seg);
+    return r;
+}
+
+/* Gathers the tensors of one class (group, grad dtype or -1 for any, model
+   kind or -1) into o->shape / o->ten with the given address layout; returns
+   the count. layout: 0 Adam (g p m v h idx), 1 SGD (g p buf h idx), 2 LAMB
+   stage 1 (g p m v idx), 3 LAMB stage 2 (p m v h idx), 4 grads only. */
+CAPEX__PRIVATE size_t capex__go_class(capex_cuda_optim *o, size_t group, int gd, int mk, int layout) {
+    size_t k, c = 0;
+    for (k = 0; k < o->nt; k++) {
+        const capex__go_t *t = &o->t[k];
+        uint64_t g = (uint64_t)(uintptr_t)t->p.grad, p = (uint64_t)(uintptr_t)t->p.param;
+        uint64_t m = (uint64_t)(uintptr_t)t->p.exp_avg, v = (uint64_t)(uintptr_t)t->p.exp_avg_sq;
+        uint64_t h = (uint64_t)(uintptr_t)t->p.model;
+        uint64_t *a = o->ten[c].addr;
+        if ((group != (size_t)-1 && t->group != group) || (gd >= 0 && (int)t->p.grad_dtype != gd) ||
+            (mk >= 0 && t->mk != mk))
+            continue;
+        memset(a, 0, sizeof o->ten[c].addr);
+        switch (layout) {
+        case 0: a[0] = g; a[1] = p; a[2] = m; a[3] = v; a[4] = h; a[5] = k; break;
+        case 1: a[0] = g; a[1] = p; a[2] = m; a[3] = h; a[4] = k; break;
+        case 2: a[0] = g; a[1] = p; a[2] = m; a[3] = v; a[4] = k; break;
+        case 3: a[0] = p; a[1] = m; a[2] = v; a[3] = h; a[4] = k; break;
+        default: a[0] = g; break;
+        }
+        o->shape[c].data = NULL;
+        o->shape[c].numel = t->p.numel;
+        c++;
+    }
+    return c;
+}
+
+CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_stream s) {
+    capex__go_args a;
+    capex_result r = CAPEX_OK;
+    size_t g, k, c, nt = o->nt;
+    int gd, mk;
+    int64_t off = 0, zero = 0, total = 0;
+    capex_cuda_ptr part = o->dlamb, sp = part + 16u * (uint64_t)o->chunks, su = sp + 8u * nt, g2 = su + 8u * nt;
+    capex_cuda_ptr ratio = g2 + 8u, tgroup = ratio + 4u * nt;
+    const int w = o->desc.adam_w_mode != 0;
+    /* 1. global grad norm: per-chunk partials of every grad, one fixed-order total */
+    for (gd = 0; gd < 3 && r == CAPEX_OK; gd++) {
+        int64_t ch = 0;
+        if (!(c = capex__go_class(o, (size_t)-1, gd, -1, 4))) continue;
+        memset(&a, 0, sizeof a);
+        a.ptr[0] = part + 8u * (uint64_t)off;
+        r = capex__go_mta(&o->ex, CAPEX__GO_K_SUMSQ + gd, 1, o->shape, o->ten, c, o->chunk, &a, 0, 0, s, &ch);
+        off += ch;
+    }
+    total = off;
+    if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, &zero, &total, 1, g2, 0, s);
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = o->dgroups;
+    a.ptr[1] = g2;
+    a.flag[0] = (int32_t)o->ngroups;
+    a.val[0] = o->desc.max_grad_norm;
+    if (r == CAPEX_OK) r = capex__go_small(&o->ex, CAPEX__GO_K_LAMB_CLIP, 1, 1, &a, s);
+    /* 2. stage 1 per (group, grad dtype): moments, |p|^2 and |u|^2 partials */
+    off = 0;
+    for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
+        for (gd = 0; gd < 3 && r == CAPEX_OK; gd++) {
+            int64_t ch = 0, at = off;
+            if (!(c = capex__go_class(o, g, gd, -1, 2))) continue;
+            memset(&a, 0, sizeof a);
+            a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
+            a.ptr[1] = part + 8u * (uint64_t)off;
+            a.ptr[2] = part + 8u * (uint64_t)(o->chunks + off);
+            a.flag[0] = w;
+            r = capex__go_mta(&o->ex, CAPEX__GO_K_LAMB1 + gd, 5, o->shape, o->ten, c, o->chunk, &a, 1, 1, s, &ch);
+            for (k = 0; k < c; k++) { /* each tensor's chunks, consecutive in plan order */
+                size_t t = (size_t)o->ten[k].addr[4];
+                o->seg[t] = at;
+                o->seg[nt + t] = capex__go_nchunks(o->shape[k].numel, o->chunk);
+                at += o->seg[nt + t];
+            }
+            off += ch;
+        }
+    /* 3. per-tensor norms, trust ratios */
+    if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, o->seg, o->seg + nt, nt, sp, 0, s);
+    if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part + 8u * (uint64_t)o->chunks, o->seg, o->seg + nt, nt, su, 0, s);
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = o->dgroups;
+    a.ptr[1] = sp;
+    a.ptr[2] = su;
+    a.ptr[3] = ratio;
+    a.ptr[4] = tgroup;
+    a.flag[0] = (int32_t)nt;
+    a.flag[1] = o->desc.use_nvlamb != 0;
+    if (r == CAPEX_OK && nt)
+        r = capex__go_small(&o->ex, CAPEX__GO_K_LAMB_RATIO, (unsigned)((nt + 255) / 256 < 1024 ? (nt + 255) / 256 : 1024),
+                            256, &a, s);
+    /* 4. stage 2 per (group, model kind) */
+    for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
+        for (mk = 0; mk < 4 && r == CAPEX_OK; mk++) {
+            if (!(c = capex__go_class(o, g, -1, mk, 3))) continue;
+            memset(&a, 0, sizeof a);
+            a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
+            a.ptr[1] = o->desc.seed;
+            a.ptr[2] = ratio;
+            a.flag[0] = w;
+            a.flag[1] = mk;
+            r = capex__go_mta(&o->ex, CAPEX__GO_K_LAMB2, 5, o->shape, o->ten, c, o->chunk, &a, -1, 0, s, NULL);
+        }
+    return r;
+}
+
+CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                             capex_cuda_ptr found_inf, capex_cuda_stream stream) {
+    capex__go_args a;
+    capex_result r;
+    size_t g, c, k;
+    int gd, mk;
+    if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_step: optimizer is NULL");
+    if ((inv_scale & 3u) || (clip_coef & 3u) || (found_inf & 3u))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_step: inv_scale, clip_coef and found_inf must be "
+                           "4-byte aligned device addresses (or 0)");
+    if (o->ngroups == 0) return CAPEX_OK;
+    /* the step's constants, on the device: nothing is read back */
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = o->dgroups;
+    a.ptr[1] = found_inf;
+    a.ptr[2] = inv_scale;
+    a.ptr[3] = clip_coef;
+    a.flag[0] = (int32_t)o->ngroups;
+    a.flag[1] = o->desc.wd_after_momentum != 0;
+    a.flag[2] = o->desc.kind == CAPEX_OPTIM_SGD;
+    if ((r = capex__go_small(&o->ex, CAPEX__GO_K_PREPARE, 1, 1, &a, stream)) != CAPEX_OK) return r;
+    if (o->desc.kind == CAPEX_OPTIM_LAMB) return capex__go_step_lamb(o, stream);
+    for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
+        for (gd = 0; gd < 3 && r == CAPEX_OK; gd++)
+            for (mk = 0; mk < 4 && r == CAPEX_OK; mk++) {
+                int adam = o->desc.kind == CAPEX_OPTIM_ADAM;
+                if (!(c = capex__go_class(o, g, gd, mk, adam ? 0 : 1))) continue;
+                memset(&a, 0, sizeof a);
+                a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
+                a.ptr[1] = o->desc.seed;
+                a.flag[0] = adam ? o->desc.adam_w_mode != 0 : 0;
+                for (k = 0; !adam && k < c; k++) a.flag[0] |= o->ten[k].addr[2] != 0; /* momentum buffers */
+                a.flag[1] = mk;
+                r = capex__go_mta(&o->ex, (adam ? CAPEX__GO_K_ADAM : CAPEX__GO_K_SGD) + gd, adam ? 6 : 5, o->shape,
+                                  o->ten, c, o->chunk, &a, -1, 0, stream, NULL);
+            }
+    return r;
+}
+
+CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t group, const capex_optim_hparams *hp,
+                                                    capex_cuda_stream stream) {
+    capex__go_group g;
+    capex_result r;
+    size_t k;
+    if (!o || !hp) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_set_hparams: NULL argument");
+    if (group >= o->ngroups)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_set_hparams: group %zu of %zu", group, o->ngroups);
+    if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
+    if (o->desc.kind == CAPEX_OPTIM_SGD && hp->momentum != 0.0f)
+        for (k = 0; k < o->nt; k++)
+            if (o->t[k].group == group && o->t[k].p.numel && !o->t[k].p.exp_avg)
+                return capex__fail(CAPEX_ERR_CONFIG, "SGD: group %zu was created without momentum, so it has no momentum "
+                                   "buffers; create the group with momentum != 0 to turn momentum on later", group);
+    memset(&g, 0, sizeof g);
+    capex__go_hp_to_group(hp, &g);
+    r = o->ex.htod(o->ex.user, o->dgroups + group * sizeof g + CAPEX__GO_HP_OFF, (const char *)&g + CAPEX__GO_HP_OFF,
+                   CAPEX__GO_HP_LEN, stream);
+    if (r == CAPEX_OK) o->hp[group] = *hp;
+    return r;
+}
+
+CAPEX_API capex_result capex_cuda_optim_set_lr(capex_cuda_optim *o, size_t group, float lr, capex_cuda_stream stream) {
+    capex_optim_hparams hp;
+    if (!o || group >= o->ngroups)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_set_lr: NULL optimizer or group %zu of %zu", group,
+                           o ? o->ngroups : 0);
+    hp = o->hp[group];
+    hp.lr = lr;
+    return capex_cuda_optim_set_hparams(o, group, &hp, stream);
+}
+
+CAPEX_API capex_cuda_ptr capex_cuda_optim_lr_ptr(const capex_cuda_optim *o, size_t group) {
+    if (!o || group >= o->ngroups) return 0;
+    return o->dgroups + group * sizeof(capex__go_group) + offsetof(capex__go_group, lr);
+}
+
+CAPEX_API capex_result capex_cuda_optim_get_step(capex_cuda_optim *o, size_t group, int64_t *step,
+                                                 capex_cuda_stream stream) {
+    if (!o || !step) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_get_step: NULL argument");
+    if (group >= o->ngroups)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_get_step: group %zu of %zu", group, o->ngroups);
+    return o->ex.dtoh(o->ex.user, step, o->dgroups + group * sizeof(capex__go_group) + offsetof(capex__go_group, step),
+                      sizeof *step, stream);
+}
+
+CAPEX_API capex_result capex_cuda_optim_get_state(const capex_cuda_optim *o, size_t group, size_t index,
+                                                  capex_cuda_ptr *exp_avg, capex_cuda_ptr *exp_avg_sq) {
+    size_t k, i = 0;
+    if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_get_state: optimizer is NULL");
+    for (k = 0; k < o->nt; k++) {
+        if (o->t[k].group != group) continue;
+        if (i++ != index) continue;
+        if (exp_avg) *exp_avg = (capex_cuda_ptr)(uintptr_t)o->t[k].p.exp_avg;
+        if (exp_avg_sq) *exp_avg_sq = (capex_cuda_ptr)(uintptr_t)o->t[k].p.exp_avg_sq;
+        return CAPEX_OK;
+    }
+    return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_get_state: group %zu has no parameter %zu (%zu groups)",
+                       group, index, o->ngroups);
+}
 
 /* @@SECTION:NCCL:IMPL@@ (NCCL communicator: implementation) */
 

@@ -1,0 +1,684 @@
+/* Parity checks of capex_cuda.h's fused kernels against capex.h's CPU backend,
+   shared by tests/test_gpuopt_emu.c (the kernel source run on CPU threads)
+   and tests/test_gpuopt_gpu.c (a real GPU). An `env` says where the kernels
+   run (a capex__go_exec) and whether a real context exists. Fresh random
+   inputs (seeded), poisoned outputs, odd sizes, misaligned tensors, more
+   tensors than one launch holds. Include after capex_test.h and capex_cuda.h. */
+#ifndef CAPEX_GPUOPT_PARITY_H
+#define CAPEX_GPUOPT_PARITY_H
+#include <math.h>
+
+typedef struct env {
+    capex__go_exec ex;
+    capex_cuda_context *ctx; /* NULL: emulation */
+    uint64_t seed;
+} env;
+
+static uint32_t par_rng(uint64_t *s) { /* splitmix64, top 32 bits */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+static float par_uniform(uint64_t *s) { return (float)((par_rng(s) >> 8) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+static uint32_t par_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* Device buffer of `bytes`, poisoned with 0xA5 bytes. off_elems shifts the
+   returned address by that many bytes (misaligned for vectors). */
+static capex_cuda_ptr par_alloc(env *e, size_t bytes) {
+    capex_cuda_ptr p = 0;
+    unsigned char *poison;
+    if (bytes == 0) bytes = 16;
+    if (e->ex.alloc(e->ex.user, bytes, &p) != CAPEX_OK) return 0;
+    poison = (unsigned char *)malloc(bytes);
+    if (!poison) return p;
+    memset(poison, 0xA5, bytes);
+    e->ex.htod(e->ex.user, p, poison, bytes, NULL);
+    free(poison);
+    return p;
+}
+static void par_free(env *e, capex_cuda_ptr p) { if (p) e->ex.release(e->ex.user, p); }
+static int par_up(env *e, capex_cuda_ptr d, const void *h, size_t bytes) {
+    return bytes ? e->ex.htod(e->ex.user, d, h, bytes, NULL) == CAPEX_OK : 1;
+}
+static int par_down(env *e, void *h, capex_cuda_ptr d, size_t bytes) {
+    return bytes ? e->ex.dtoh(e->ex.user, h, d, bytes, NULL) == CAPEX_OK : 1;
+}
+
+/* Random value codes of a dtype: |x| < amp, plus `special` (0: none, 1: one
+   inf, 2: one NaN) at a random index. */
+static void par_fill(uint64_t *s, capex_dtype dt, void *dst, int64_t n, float amp, int special) {
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        float f = par_uniform(s) * amp;
+        if (dt == CAPEX_F32) ((float *)dst)[i] = f;
+        else if (dt == CAPEX_F16) ((uint16_t *)dst)[i] = capex_f32_to_f16(f);
+        else ((uint16_t *)dst)[i] = capex_f32_to_bf16(f);
+    }
+    if (special && n > 0) {
+        int64_t k = (int64_t)(par_rng(s) % (uint32_t)n);
+        float f = special == 1 ? INFINITY : NAN;
+        if (dt == CAPEX_F32) ((float *)dst)[k] = f;
+        else if (dt == CAPEX_F16) ((uint16_t *)dst)[k] = capex_f32_to_f16(f);
+        else ((uint16_t *)dst)[k] = capex_f32_to_bf16(f);
+    }
+}
+
+/* A list of host tensors and their device twins (same data). */
+typedef struct par_list {
+    capex_dtype dt;
+    size_t n;
+    capex_tensor h[256], d[256];
+    capex_cuda_ptr base[256];
+} par_list;
+
+/* sizes[i] elements each; misalign: every third tensor starts one element
+   past a 16-byte boundary on the device. data: fill random (amp), else poison. */
+static int par_list_make(env *e, par_list *l, capex_dtype dt, const int64_t *sizes, size_t n, int misalign,
+                         float amp, int data) {
+    size_t i, es = capex_dtype_size(dt);
+    memset(l, 0, sizeof *l);
+    l->dt = dt;
+    l->n = n;
+    for (i = 0; i < n; i++) {
+        size_t off = misalign && i % 3 == 1 ? es : 0;
+        size_t bytes = (size_t)sizes[i] * es;
+        l->h[i].numel = sizes[i];
+        l->h[i].data = malloc(bytes ? bytes : 16);
+        if (!l->h[i].data) return 0;
+        memset(l->h[i].data, 0xA5, bytes);
+        if (data) par_fill(&e->seed, dt, l->h[i].data, sizes[i], amp, 0);
+        l->base[i] = par_alloc(e, bytes + off + 16);
+        if (!l->base[i]) return 0;
+        l->d[i].numel = sizes[i];
+        l->d[i].data = (void *)(uintptr_t)(l->base[i] + off);
+        if (data && !par_up(e, l->base[i] + off, l->h[i].data, bytes)) return 0;
+    }
+    return 1;
+}
+static void par_list_free(env *e, par_list *l) {
+    size_t i;
+    for (i = 0; i < l->n; i++) {
+        free(l->h[i].data);
+        par_free(e, l->base[i]);
+    }
+    l->n = 0;
+}
+static capex_tensor_list par_hl(par_list *l) { return capex_tensor_list_make(l->dt, l->h, l->n); }
+static capex_tensor_list par_dl(par_list *l) { return capex_tensor_list_make(l->dt, l->d, l->n); }
+/* Device contents of tensor i into buf (numel * es bytes). */
+static int par_get(env *e, par_list *l, size_t i, void *buf) {
+    return par_down(e, buf, (capex_cuda_ptr)(uintptr_t)l->d[i].data, (size_t)l->d[i].numel * capex_dtype_size(l->dt));
+}
+
+static float par_val(capex_dtype dt, const void *p, int64_t i) {
+    if (dt == CAPEX_F32) return ((const float *)p)[i];
+    if (dt == CAPEX_F16) return capex_f16_to_f32(((const uint16_t *)p)[i]);
+    return capex_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+/* |a - b| <= tol * |b| + atol, NaN == NaN */
+static int par_close(float a, float b, float tol, float atol) {
+    if (a != a || b != b) return a != a && b != b;
+    if (a == b) return 1;
+    return fabsf(a - b) <= tol * fabsf(b) + atol;
+}
+
+/* ---- unscale + inf/NaN check: every dtype pair, bit-exact ---------------- */
+static void par_scale(ct_state *ct, env *e) {
+    static const int64_t sizes[] = {0, 1, 3, 4, 5, 17, 1000, 4099, 2, 777, 6};
+    const size_t n = sizeof sizes / sizeof sizes[0];
+    static const int64_t chunks[] = {0, 1000, 999, 4};
+    int di, doi, ci, special;
+    capex_cuda_ptr dscale = par_alloc(e, 4), dfound = par_alloc(e, 4);
+    CT_CHECK(dscale && dfound, "alloc");
+    for (di = 0; di < 3; di++)
+        for (doi = 0; doi < 3; doi++)
+            for (special = 0; special < 3; special++) {
+                capex_dtype it = (capex_dtype)di, ot = (capex_dtype)doi;
+                par_list in, out, hout;
+                capex_tensor_list hin_l, hout_l, din_l, dout_l;
+                capex_tensor_op_desc desc;
+                float s = special == 0 && doi == 1 ? 1.0f / 1024.0f : 0.75f;
+                int cpu_found = 0;
+                uint32_t zero = 0, dev_found = 0;
+                size_t i;
+                capex_tensor_op_desc_init(&desc);
+                ci = (di * 3 + doi + special) % 4;
+                desc.chunk_size = chunks[ci];
+                CT_CHECK(par_list_make(e, &in, it, sizes, n, 1, di == 0 && doi == 1 && special == 0 ? 9e4f : 4.0f, 1), "in");
+                if (special) { /* one inf or NaN in tensor 7 */
+                    par_fill(&e->seed, it, in.h[7].data, in.h[7].numel, 4.0f, special);
+                    CT_CHECK(par_up(e, (capex_cuda_ptr)(uintptr_t)in.d[7].data, in.h[7].data,
+                                    (size_t)in.h[7].numel * capex_dtype_size(it)), "up");
+                }
+                CT_CHECK(par_list_make(e, &out, ot, sizes, n, 0, 0, 0), "out");
+                CT_CHECK(par_list_make(e, &hout, ot, sizes, n, 0, 0, 0), "cpu out");
+                hin_l = par_hl(&in); hout_l = par_hl(&hout); din_l = par_dl(&in); dout_l = par_dl(&out);
+                CT_CHECK(capex_multi_tensor_scale(&desc, &hin_l, &hout_l, s, &cpu_found) == CAPEX_OK, "%s", capex_last_error());
+                CT_CHECK(par_up(e, dscale, &s, 4) && par_up(e, dfound, &zero, 4), "up");
+                CT_CHECK(capex__go_scale(&e->ex, "t", &desc, &din_l, &dout_l, dscale, dfound, 0, NULL) == CAPEX_OK, "%s",
+                         capex_last_error());
+                CT_CHECK(par_down(e, &dev_found, dfound, 4), "down");
+                CT_CHECK((dev_found != 0) == (cpu_found != 0), "%s->%s special %d: found_inf %u, CPU %d",
+                         capex_dtype_name(it), capex_dtype_name(ot), special, dev_found, cpu_found);
+                if (special) CT_CHECK(dev_found == 1, "an injected inf/NaN is found");
+                for (i = 0; i < n; i++) {
+                    size_t bytes = (size_t)sizes[i] * capex_dtype_size(ot);
+                    unsigned char *got = (unsigned char *)malloc(bytes + 1);
+                    int same;
+                    CT_CHECK(got && par_get(e, &out, i, got), "get");
+                    same = memcmp(got, hout.h[i].data, bytes) == 0;
+                    free(got);
+                    CT_CHECK(same, "%s->%s chunk %lld tensor %zu (%lld elements): output differs from the CPU's",
+                             capex_dtype_name(it), capex_dtype_name(ot), (long long)desc.chunk_size, i, (long long)sizes[i]);
+                }
+                /* check only: reads, flags, writes nothing */
+                if (doi == di) {
+                    CT_CHECK(par_up(e, dfound, &zero, 4), "up");
+                    s = 1.0f;
+                    CT_CHECK(par_up(e, dscale, &s, 4), "up");
+                    CT_CHECK(capex__go_scale(&e->ex, "t", &desc, &din_l, NULL, dscale, dfound, 0, NULL) == CAPEX_OK, "%s",
+                             capex_last_error());
+                    CT_CHECK(par_down(e, &dev_found, dfound, 4), "down");
+                    CT_CHECK((dev_found != 0) == (special != 0), "check-only found_inf %u (special %d)", dev_found, special);
+                }
+                par_list_free(e, &in);
+                par_list_free(e, &out);
+                par_list_free(e, &hout);
+            }
+    par_free(e, dscale);
+    par_free(e, dfound);
+}
+
+/* ---- more tensors than one launch holds (depth 2: 93 per launch) --------- */
+static void par_scale_many(ct_state *ct, env *e) {
+    int64_t sizes[200];
+    par_list in, out, hout;
+    capex_tensor_list a, b, c, d;
+    capex_cuda_ptr dscale = par_alloc(e, 4);
+    float s = 0.5f;
+    size_t i;
+    int found = 0;
+    for (i = 0; i < 200; i++) sizes[i] = (int64_t)(i % 7) * 3 + (i % 5 == 0 ? 300 : 1);
+    CT_CHECK(dscale && par_up(e, dscale, &s, 4), "alloc");
+    CT_CHECK(par_list_make(e, &in, CAPEX_BF16, sizes, 200, 1, 8.0f, 1), "in");
+    CT_CHECK(par_list_make(e, &out, CAPEX_F32, sizes, 200, 1, 0, 0), "out");
+    CT_CHECK(par_list_make(e, &hout, CAPEX_F32, sizes, 200, 0, 0, 0), "hout");
+    a = par_hl(&in); b = par_hl(&hout); c = par_dl(&in); d = par_dl(&out);
+    CT_CHECK(capex_multi_tensor_scale(NULL, &a, &b, s, &found) == CAPEX_OK, "cpu");
+    {
+        capex_tensor_op_desc desc;
+        capex_tensor_op_desc_init(&desc);
+        desc.chunk_size = 64; /* many chunks per tensor, launches cut mid-tensor */
+        CT_CHECK(capex__go_scale(&e->ex, "t", &desc, &c, &d, dscale, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+    }
+    for (i = 0; i < 200; i++) {
+        float buf[400];
+        CT_CHECK(par_get(e, &out, i, buf), "get");
+        CT_CHECK(!memcmp(buf, hout.h[i].data, (size_t)sizes[i] * 4), "tensor %zu of 200 differs", i);
+    }
+    par_list_free(e, &in);
+    par_list_free(e, &out);
+    par_list_free(e, &hout);
+    par_free(e, dscale);
+}
+
+/* ---- L2 norms (total, per tensor) and clipping ---------------------------- */
+static void par_norms(ct_state *ct, env *e) {
+    static const int64_t sizes[] = {5, 0, 4096, 1, 3001, 64, 7, 12345, 8};
+    const size_t n = sizeof sizes / sizeof sizes[0];
+    int di;
+    for (di = 0; di < 4; di++) { /* 3: f32 again, 48-element chunks: partials of 2 launches */
+        par_list x;
+        capex_tensor_list hl, dl;
+        capex_tensor_op_desc desc;
+        size_t ws_bytes = 0, i;
+        capex_cuda_ptr ws, dtot, dper;
+        float cpu_tot, cpu_per[16], tot1, tot2, per[16], per2[16];
+        capex_tensor_op_desc_init(&desc);
+        desc.chunk_size = di == 1 ? 1000 : di == 3 ? 48 : 0;
+        CT_CHECK(par_list_make(e, &x, (capex_dtype)(di % 3), sizes, n, 1, 3.0f, 1), "list");
+        hl = par_hl(&x);
+        dl = par_dl(&x);
+        CT_CHECK(capex_multi_tensor_l2norm(&desc, &hl, &cpu_tot, cpu_per) == CAPEX_OK, "cpu");
+        CT_CHECK(capex_cuda_multi_tensor_workspace_size(&desc, &dl, 1, &ws_bytes) == CAPEX_OK, "%s", capex_last_error());
+        ws = par_alloc(e, ws_bytes);
+        dtot = par_alloc(e, 4);
+        dper = par_alloc(e, 4 * n);
+        CT_CHECK(ws && dtot && dper, "alloc");
+        CT_CHECK(capex__go_l2norm(&e->ex, &desc, &dl, ws, ws_bytes, dtot, dper, NULL) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(par_down(e, &tot1, dtot, 4) && par_down(e, per, dper, 4 * n), "down");
+        CT_CHECK(par_close(tot1, cpu_tot, 3e-7f, 0), "%s total norm %.9g, CPU %.9g", capex_dtype_name((capex_dtype)(di % 3)),
+                 (double)tot1, (double)cpu_tot);
+        for (i = 0; i < n; i++)
+            CT_CHECK(par_close(per[i], cpu_per[i], 3e-7f, 0), "tensor %zu norm %.9g, CPU %.9g", i, (double)per[i],
+                     (double)cpu_per[i]);
+        CT_CHECK(per[1] == 0.0f, "an empty tensor's norm is 0");
+        /* deterministic: the same bits again */
+        CT_CHECK(capex__go_l2norm(&e->ex, &desc, &dl, ws, ws_bytes, dtot, dper, NULL) == CAPEX_OK, "again");
+        CT_CHECK(par_down(e, &tot2, dtot, 4) && par_down(e, per2, dper, 4 * n), "down");
+        CT_CHECK(par_f2u(tot1) == par_f2u(tot2) && !memcmp(per, per2, 4 * n), "norms are bitwise reproducible");
+        /* too small a workspace is refused before any launch */
+        CT_CHECK(capex__go_l2norm(&e->ex, &desc, &dl, ws, ws_bytes - 8, dtot, dper, NULL) == CAPEX_ERR_SIZE_MISMATCH,
+                 "small workspace");
+        par_free(e, ws);
+        par_free(e, dtot);
+        par_free(e, dper);
+        par_list_free(e, &x);
+    }
+}
+
+static void par_clip(ct_state *ct, env *e) {
+    static const int64_t s1[] = {100, 5, 0, 2049}, s2[] = {3, 777, 4};
+    int pass;
+    for (pass = 0; pass < 3; pass++) {
+        par_list a, b;
+        capex_tensor_list hl[2], dl[2];
+        size_t ws_bytes = 0, i, l;
+        capex_cuda_ptr ws, dtot, dcoef;
+        float max_norm = pass == 0 ? 1.0f : pass == 1 ? 1e30f : 0.0f, cpu_tot, cpu_coef, tot, coef;
+        CT_CHECK(par_list_make(e, &a, CAPEX_F32, s1, 4, 1, 2.0f, 1), "a");
+        CT_CHECK(par_list_make(e, &b, pass == 2 ? CAPEX_BF16 : CAPEX_F16, s2, 3, 1, 2.0f, 1), "b");
+        hl[0] = par_hl(&a); hl[1] = par_hl(&b); dl[0] = par_dl(&a); dl[1] = par_dl(&b);
+        CT_CHECK(capex_clip_grad_norm_coef(NULL, hl, 2, max_norm, &cpu_tot, &cpu_coef) == CAPEX_OK, "cpu");
+        CT_CHECK(capex_clip_grad_norm(NULL, hl, 2, max_norm, &cpu_tot) == CAPEX_OK, "cpu");
+        CT_CHECK(capex_cuda_multi_tensor_workspace_size(NULL, dl, 2, &ws_bytes) == CAPEX_OK, "ws");
+        ws = par_alloc(e, ws_bytes);
+        dtot = par_alloc(e, 4);
+        dcoef = par_alloc(e, 4);
+        CT_CHECK(capex__go_clip(&e->ex, NULL, dl, 2, max_norm, ws, ws_bytes, dtot, pass == 2 ? 0 : dcoef, 1, NULL) ==
+                 CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(par_down(e, &tot, dtot, 4), "down");
+        CT_CHECK(par_close(tot, cpu_tot, 3e-7f, 0), "total %.9g CPU %.9g", (double)tot, (double)cpu_tot);
+        if (pass != 2) {
+            CT_CHECK(par_down(e, &coef, dcoef, 4), "down");
+            CT_CHECK(par_close(coef, cpu_coef, 3e-7f, 0), "coef %.9g CPU %.9g", (double)coef, (double)cpu_coef);
+        }
+        for (l = 0; l < 2; l++) {
+            par_list *pl = l ? &b : &a;
+            for (i = 0; i < pl->n; i++) {
+                static unsigned char buf[4 * 4096];
+                int64_t k;
+                float tol = pl->dt == CAPEX_F32 ? 4e-7f : pl->dt == CAPEX_F16 ? 1.0f / 1024 : 1.0f / 128;
+                CT_CHECK(par_get(e, pl, i, buf), "get");
+                if (pass == 1) /* no clipping: untouched, bit for bit */
+                    CT_CHECK(!memcmp(buf, pl->h[i].data, (size_t)pl->h[i].numel * capex_dtype_size(pl->dt)), "unclipped");
+                for (k = 0; k < pl->h[i].numel; k++)
+                    CT_CHECK(par_close(par_val(pl->dt, buf, k), par_val(pl->dt, pl->h[i].data, k), tol, 1e-30f),
+                             "pass %d list %zu tensor %zu [%lld]: %.9g CPU %.9g", pass, l, i, (long long)k,
+                             (double)par_val(pl->dt, buf, k), (double)par_val(pl->dt, pl->h[i].data, k));
+            }
+        }
+        par_free(e, ws);
+        par_free(e, dtot);
+        par_free(e, dcoef);
+        par_list_free(e, &a);
+        par_list_free(e, &b);
+    }
+}
+
+/* ---- optimizers: the same groups on the CPU and the device ---------------- */
+typedef struct par_param {
+    int64_t numel;
+    capex_dtype gd;
+    int model; /* 0 none, 1 f16, 2 bf16 */
+    float *p, *m, *v;
+    void *g, *h;
+    capex_cuda_ptr dp, dg, dh, dbase[3];
+} par_param;
+
+typedef struct par_opt {
+    int n;
+    par_param t[120];
+    capex_optim *cpu;
+    capex_cuda_optim *dev;
+} par_opt;
+
+static void par_opt_free(env *e, par_opt *o) {
+    int i, j;
+    for (i = 0; i < o->n; i++) {
+        free(o->t[i].p); free(o->t[i].g); free(o->t[i].h);
+        for (j = 0; j < 3; j++) par_free(e, o->t[i].dbase[j]);
+    }
+    capex_optim_destroy(o->cpu);
+    capex_cuda_optim_destroy(o->dev);
+    memset(o, 0, sizeof *o);
+}
+
+/* Tensors of every grad dtype and model kind, odd sizes, misaligned, in two
+   groups (the second with other hyperparameters). */
+static int par_opt_make(env *e, par_opt *o, const capex_optim_desc *d, int ntens, int64_t big) {
+    static const int64_t sizes[] = {37, 1, 0, 1000, 5, 2051, 4, 4096, 3, 999, 64, 17};
+    capex_optim_param cp[120], dp[120];
+    capex_optim_hparams hp2;
+    int i, half;
+    memset(o, 0, sizeof *o);
+    o->n = ntens;
+    for (i = 0; i < ntens; i++) {
+        par_param *t = &o->t[i];
+        size_t ges, mis = (i % 4 == 1);
+        t->numel = i == 3 && big ? big : sizes[i % 12] + (i / 12);
+        t->gd = (capex_dtype)(i % 3);
+        t->model = (i / 3) % 3;
+        ges = capex_dtype_size(t->gd);
+        t->p = (float *)malloc((size_t)t->numel * 4 + 4);
+        t->g = malloc((size_t)t->numel * ges + 4);
+        t->h = malloc((size_t)t->numel * 2 + 4);
+        if (!t->p || !t->g || !t->h) return 0;
+        par_fill(&e->seed, CAPEX_F32, t->p, t->numel, 1.0f, 0);
+        par_fill(&e->seed, t->gd, t->g, t->numel, 3000.0f, 0);
+        memset(t->h, 0xA5, (size_t)t->numel * 2);
+        t->dbase[0] = par_alloc(e, (size_t)t->numel * 4 + 16);
+        t->dbase[1] = par_alloc(e, (size_t)t->numel * ges + 16);
+        t->dbase[2] = par_alloc(e, (size_t)t->numel * 2 + 16);
+        if (!t->dbase[0] || !t->dbase[1] || !t->dbase[2]) return 0;
+        t->dp = t->dbase[0] + (mis ? 4 : 0);
+        t->dg = t->dbase[1] + (mis ? ges : 0);
+        t->dh = t->dbase[2] + (mis ? 2 : 0);
+        if (!par_up(e, t->dp, t->p, (size_t)t->numel * 4) || !par_up(e, t->dg, t->g, (size_t)t->numel * ges)) return 0;
+        capex_optim_param_init(&cp[i]);
+        cp[i].param = t->p; cp[i].grad = t->g; cp[i].grad_dtype = t->gd; cp[i].numel = t->numel;
+        if (t->model) { cp[i].model = t->h; cp[i].model_dtype = t->model == 1 ? CAPEX_F16 : CAPEX_BF16; }
+        dp[i] = cp[i];
+        dp[i].param = (float *)(uintptr_t)t->dp;
+        dp[i].grad = (const void *)(uintptr_t)t->dg;
+        dp[i].model = t->model ? (void *)(uintptr_t)t->dh : NULL;
+    }
+    if (capex_optim_create(d, &o->cpu) != CAPEX_OK) return 0;
+    if (e->ctx ? capex_cuda_optim_create(e->ctx, d, &o->dev) != CAPEX_OK
+               : capex__go_optim_create(&e->ex, d, &o->dev) != CAPEX_OK)
+        return 0;
+    half = ntens / 2;
+    hp2 = d->defaults;
+    hp2.lr *= 0.5f;
+    hp2.weight_decay = hp2.weight_decay == 0.0f ? 0.05f : 0.0f;
+    hp2.beta1 = 0.8f;
+    hp2.bias_correction = !hp2.bias_correction;
+    hp2.grad_averaging = !hp2.grad_averaging;
+    if (d->kind == CAPEX_OPTIM_SGD) { hp2.nesterov = 0; hp2.momentum = hp2.momentum ? 0.0f : 0.5f; hp2.dampening = 0.25f; }
+    if (capex_optim_add_group(o->cpu, NULL, cp, (size_t)half, NULL) != CAPEX_OK ||
+        capex_optim_add_group(o->cpu, &hp2, cp + half, (size_t)(ntens - half), NULL) != CAPEX_OK)
+        return 0;
+    if (capex_cuda_optim_add_group(o->dev, NULL, dp, (size_t)half, NULL) != CAPEX_OK ||
+        capex_cuda_optim_add_group(o->dev, &hp2, dp + half, (size_t)(ntens - half), NULL) != CAPEX_OK)
+        return 0;
+    return 1;
+}
+
+/* Compares weights, moments and model copies; exact (tol 0) or within tol. */
+static void par_opt_compare(ct_state *ct, env *e, par_opt *o, float tol, const char *what) {
+    int i, gi = 0;
+    size_t idx = 0;
+    for (i = 0; i < o->n; i++) {
+        par_param *t = &o->t[i];
+        size_t nb = (size_t)t->numel * 4, grp = i < o->n / 2 ? 0 : 1;
+        float *buf = (float *)malloc(nb + 4);
+        uint16_t *hb = (uint16_t *)malloc((size_t)t->numel * 2 + 4);
+        float *cm = NULL, *cv = NULL;
+        capex_cuda_ptr dm = 0, dv = 0;
+        int64_t k;
+        CT_CHECK(buf && hb, "malloc");
+        if (i == o->n / 2) idx = 0;
+        gi = (int)idx++;
+        CT_CHECK(capex_optim_get_state(o->cpu, grp, (size_t)gi, &cm, &cv) == CAPEX_OK, "cpu state");
+        CT_CHECK(capex_cuda_optim_get_state(o->dev, grp, (size_t)gi, &dm, &dv) == CAPEX_OK, "dev state");
+        CT_CHECK(par_down(e, buf, t->dp, nb), "down");
+        for (k = 0; k < t->numel; k++)
+            CT_CHECK(tol == 0 ? par_f2u(buf[k]) == par_f2u(t->p[k]) : par_close(buf[k], t->p[k], tol, 1e-30f),
+                     "%s: tensor %d (%s grads, model %d, %lld elements) param[%lld] = %.9g, CPU %.9g", what, i,
+                     capex_dtype_name(t->gd), t->model, (long long)t->numel, (long long)k, (double)buf[k], (double)t->p[k]);
+        CT_CHECK(((cm == NULL) == (dm == 0) && (cv == NULL) == (dv == 0)) || t->numel == 0, "%s: tensor %d moments exist on both", what, i);
+        if (cm && dm) {
+            CT_CHECK(par_down(e, buf, dm, nb), "down");
+            for (k = 0; k < t->numel; k++)
+                CT_CHECK(tol == 0 ? par_f2u(buf[k]) == par_f2u(cm[k]) : par_close(buf[k], cm[k], tol, 1e-30f),
+                         "%s: tensor %d exp_avg[%lld] = %.9g, CPU %.9g", what, i, (long long)k, (double)buf[k], (double)cm[k]);
+        }
+        if (cv && dv) {
+            CT_CHECK(par_down(e, buf, dv, nb), "down");
+            for (k = 0; k < t->numel; k++)
+                CT_CHECK(tol == 0 ? par_f2u(buf[k]) == par_f2u(cv[k]) : par_close(buf[k], cv[k], tol, 1e-30f),
+                         "%s: tensor %d exp_avg_sq[%lld] = %.9g, CPU %.9g", what, i, (long long)k, (double)buf[k], (double)cv[k]);
+        }
+        if (t->model) {
+            const uint16_t *ch = (const uint16_t *)t->h;
+            float htol = tol == 0 ? 0 : t->model == 1 ? 1.0f / 1024 : 1.0f / 128;
+            CT_CHECK(par_down(e, hb, t->dh, (size_t)t->numel * 2), "down");
+            for (k = 0; k < t->numel; k++) {
+                capex_dtype md = t->model == 1 ? CAPEX_F16 : CAPEX_BF16;
+                CT_CHECK(htol == 0 ? hb[k] == ch[k] : par_close(par_val(md, hb, k), par_val(md, ch, k), htol, 1e-30f),
+                         "%s: tensor %d model[%lld] = 0x%04x, CPU 0x%04x", what, i, (long long)k, hb[k], ch[k]);
+            }
+        }
+        free(buf);
+        free(hb);
+    }
+}
+
+/* Three steps: clean (inv_scale, clip), injected inf (skipped: nothing
+   changes), clean again with new values, then an lr change. */
+static void par_opt_run(ct_state *ct, env *e, const capex_optim_desc *d, int ntens, int64_t big, float tol,
+                        const char *what) {
+    par_opt o;
+    capex_cuda_ptr dinv = par_alloc(e, 4), dclip = par_alloc(e, 4), dfound = par_alloc(e, 4);
+    static const float inv[3] = {1.0f / 1024.0f, 1.0f / 512.0f, 1.0f / 2048.0f}, clip[3] = {0.5f, 1.0f, 0.25f};
+    int s;
+    int64_t st0 = -1, st1 = -1, cst = -1;
+    CT_CHECK(dinv && dclip && dfound, "alloc");
+    CT_CHECK(par_opt_make(e, &o, d, ntens, big), "%s: setup: %s", what, capex_last_error());
+    for (s = 0; s < 3; s++) {
+        uint32_t found = s == 1;
+        CT_CHECK(par_up(e, dinv, &inv[s], 4) && par_up(e, dclip, &clip[s], 4) && par_up(e, dfound, &found, 4), "up");
+        CT_CHECK(capex_optim_step(o.cpu, inv[s], clip[s], (int)found) == CAPEX_OK, "cpu step: %s", capex_last_error());
+        CT_CHECK(capex_cuda_optim_step(o.dev, dinv, dclip, dfound, NULL) == CAPEX_OK, "%s", capex_last_error());
+        par_opt_compare(ct, e, &o, tol, what);
+        if (ct->failed) break;
+    }
+    if (!ct->failed) {
+        CT_CHECK(capex_cuda_optim_get_step(o.dev, 0, &st0, NULL) == CAPEX_OK && capex_cuda_optim_get_step(o.dev, 1, &st1, NULL) == CAPEX_OK, "get_step");
+        CT_CHECK(capex_optim_get_step(o.cpu, 1, &cst) == CAPEX_OK, "cpu get_step");
+        CT_CHECK(st0 == 2 && st1 == 2 && cst == 2, "%s: steps %lld %lld (CPU %lld), want 2: the skipped one does not count",
+                 what, (long long)st0, (long long)st1, (long long)cst);
+        /* lr schedule: set on both, one more clean step with no scale/clip pointers */
+        CT_CHECK(capex_optim_set_lr(o.cpu, 0, 2e-3f) == CAPEX_OK && capex_cuda_optim_set_lr(o.dev, 0, 2e-3f, NULL) == CAPEX_OK, "lr");
+        CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu");
+        CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+        par_opt_compare(ct, e, &o, tol, what);
+    }
+    par_opt_free(e, &o);
+    par_free(e, dinv);
+    par_free(e, dclip);
+    par_free(e, dfound);
+}
+
+static void par_adam(ct_state *ct, env *e) {
+    capex_optim_desc d;
+    int w, sr;
+    for (w = 0; w < 2; w++)
+        for (sr = 0; sr < 2; sr++) {
+            capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+            d.adam_w_mode = w;
+            d.defaults.weight_decay = 0.01f;
+            d.stochastic_rounding = sr;
+            d.seed = 0x1234567890abcdefull;
+            d.exec.chunk_size = sr ? 1000 : 0;
+            par_opt_run(ct, e, &d, 24, 0, 0, w ? "AdamW" : "Adam L2");
+            if (ct->failed) return;
+        }
+    /* more tensors than a depth-6 launch holds (39) */
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.exec.chunk_size = 256;
+    par_opt_run(ct, e, &d, 100, 0, 0, "AdamW, 100 tensors");
+}
+
+static void par_sgd(ct_state *ct, env *e) {
+    capex_optim_desc d;
+    int v;
+    for (v = 0; v < 4; v++) {
+        capex_optim_desc_init(&d, CAPEX_OPTIM_SGD);
+        d.defaults.lr = 0.1f;
+        d.defaults.momentum = v == 0 ? 0.0f : 0.9f;
+        d.defaults.nesterov = v == 2;
+        d.defaults.dampening = v == 3 ? 0.1f : 0.0f;
+        d.defaults.weight_decay = 0.01f;
+        d.wd_after_momentum = v == 3;
+        d.stochastic_rounding = v == 1;
+        d.seed = 42;
+        d.exec.chunk_size = v == 2 ? 999 : 0;
+        par_opt_run(ct, e, &d, 24, 0, 0, "SGD");
+        if (ct->failed) return;
+    }
+}
+
+/* LAMB's norms are summed in another order than the CPU's: close, not exact. */
+static void par_lamb(ct_state *ct, env *e) {
+    capex_optim_desc d;
+    int v;
+    for (v = 0; v < 3; v++) {
+        capex_optim_desc_init(&d, CAPEX_OPTIM_LAMB);
+        d.adam_w_mode = v != 1;
+        d.use_nvlamb = v == 2;
+        d.max_grad_norm = v == 2 ? 0.0f : 1.0f;
+        d.stochastic_rounding = v == 0;
+        d.exec.chunk_size = v == 1 ? 1000 : 0;
+        par_opt_run(ct, e, &d, 24, 0, 2e-6f, "LAMB");
+        if (ct->failed) return;
+    }
+    /* partials of several launches: a 21000-element tensor in 64-element chunks (> 320) */
+    capex_optim_desc_init(&d, CAPEX_OPTIM_LAMB);
+    d.exec.chunk_size = 64;
+    par_opt_run(ct, e, &d, 12, 21000, 2e-6f, "LAMB, several launches");
+}
+
+/* ---- the device loss scaler against capex_scaler, step by step ----------- */
+static void par_scaler(ct_state *ct, env *e) {
+    static const int pattern[] = {0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    int cfg;
+    for (cfg = 0; cfg < 3; cfg++) {
+        capex_scaler_desc sd;
+        capex_scaler cpu;
+        capex_cuda_scaler *dev = NULL;
+        size_t i;
+        capex_scaler_desc_init(&sd);
+        sd.init_scale = 1024.0f;
+        sd.growth_interval = 3;
+        sd.log_interval = 0;
+        if (cfg == 1) { sd.hysteresis = 2; sd.min_scale = 64.0f; sd.max_scale = 4096.0f; }
+        if (cfg == 2) { sd.growth_factor = 3.0; sd.backoff_factor = 0.3; sd.max_scale = INFINITY; sd.hysteresis = 3; }
+        CT_CHECK(capex_scaler_init(&cpu, &sd) == CAPEX_OK, "cpu init");
+        CT_CHECK((e->ctx ? capex_cuda_scaler_create(e->ctx, &sd, &dev) : capex__go_scaler_create(&e->ex, &sd, &dev)) ==
+                 CAPEX_OK, "%s", capex_last_error());
+        for (i = 0; i < sizeof pattern / sizeof pattern[0]; i++) {
+            float s, inv, dinv = 0;
+            int go;
+            uint32_t f = (uint32_t)pattern[i];
+            capex_scaler_state a, b;
+            CT_CHECK(capex_scaler_scale(&cpu, &s) == CAPEX_OK && capex_scaler_unscale(&cpu, 0, pattern[i], &inv) == CAPEX_OK &&
+                     capex_scaler_step(&cpu, 0, &go) == CAPEX_OK && capex_scaler_update(&cpu) == CAPEX_OK, "cpu");
+            CT_CHECK(par_up(e, capex_cuda_scaler_found_inf_ptr(dev), &f, 4), "up");
+            CT_CHECK(capex_cuda_scaler_update(dev, NULL) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_scaler_get_state(&cpu, &a) == CAPEX_OK && capex_cuda_scaler_get_state(dev, &b, NULL) == CAPEX_OK, "state");
+            CT_CHECK(par_f2u(a.scale) == par_f2u(b.scale) && a.growth_tracker == b.growth_tracker &&
+                     a.hysteresis_tracker == b.hysteresis_tracker && a.steps == b.steps && a.skipped_steps == b.skipped_steps,
+                     "cfg %d step %zu: device scale %.9g trackers %lld/%d steps %lld/%lld, CPU %.9g %lld/%d %lld/%lld", cfg, i,
+                     (double)b.scale, (long long)b.growth_tracker, b.hysteresis_tracker, (long long)b.steps,
+                     (long long)b.skipped_steps, (double)a.scale, (long long)a.growth_tracker, a.hysteresis_tracker,
+                     (long long)a.steps, (long long)a.skipped_steps);
+            CT_CHECK(capex_scaler_get_inv_scale(&cpu, &inv) == CAPEX_OK, "inv");
+            CT_CHECK(par_down(e, &dinv, capex_cuda_scaler_inv_scale_ptr(dev), 4), "down");
+            CT_CHECK(par_f2u(inv) == par_f2u(dinv), "inv_scale %.9g, CPU %.9g", (double)dinv, (double)inv);
+            CT_CHECK(par_down(e, &f, capex_cuda_scaler_found_inf_ptr(dev), 4) && f == 0, "update clears found_inf");
+        }
+        {   /* set_state round trip and validation */
+            capex_scaler_state st;
+            CT_CHECK(capex_scaler_get_state(&cpu, &st) == CAPEX_OK, "get");
+            st.growth_tracker = 99;
+            CT_CHECK(capex_cuda_scaler_set_state(dev, &st, NULL) == CAPEX_ERR_INVALID_ARG, "bad tracker refused");
+            st.growth_tracker = 1;
+            st.scale = 256.0f;
+            CT_CHECK(capex_cuda_scaler_set_state(dev, &st, NULL) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_cuda_scaler_get_scale(dev, &st.scale, NULL) == CAPEX_OK && st.scale == 256.0f, "restored scale");
+        }
+        capex_cuda_scaler_destroy(dev);
+    }
+}
+
+/* ---- a mixed-precision loop: scaler + check + AdamW, inf injected at step 2 ---- */
+static void par_amp_loop(ct_state *ct, env *e, int (*count_sync)(env *)) {
+    capex_optim_desc d;
+    par_opt o;
+    capex_scaler_desc sd;
+    capex_scaler cpu_sc;
+    capex_cuda_scaler *sc = NULL;
+    capex_tensor hg[24], dg[24];
+    int s, i, nsync0 = 0;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.defaults.weight_decay = 0.1f;
+    capex_scaler_desc_init(&sd);
+    sd.init_scale = 2048.0f;
+    sd.growth_interval = 2;
+    sd.log_interval = 0;
+    CT_CHECK(par_opt_make(e, &o, &d, 24, 0), "setup: %s", capex_last_error());
+    CT_CHECK(capex_scaler_init(&cpu_sc, &sd) == CAPEX_OK, "cpu scaler");
+    CT_CHECK((e->ctx ? capex_cuda_scaler_create(e->ctx, &sd, &sc) : capex__go_scaler_create(&e->ex, &sd, &sc)) == CAPEX_OK,
+             "%s", capex_last_error());
+    for (s = 0; s < 5; s++) {
+        int found = 0, go = 0;
+        float scale, inv;
+        if (s == 2) { /* a NaN in one gradient, an inf in another */
+            par_param *t = &o.t[5], *u = &o.t[9];
+            par_fill(&e->seed, t->gd, t->g, t->numel, 3000.0f, 2);
+            par_fill(&e->seed, u->gd, u->g, u->numel, 3000.0f, 1);
+            CT_CHECK(par_up(e, t->dg, t->g, (size_t)t->numel * capex_dtype_size(t->gd)) &&
+                     par_up(e, u->dg, u->g, (size_t)u->numel * capex_dtype_size(u->gd)), "up");
+        }
+        if (s == 3) { /* clean again */
+            for (i = 0; i < o.n; i++) {
+                par_param *t = &o.t[i];
+                par_fill(&e->seed, t->gd, t->g, t->numel, 3000.0f, 0);
+                CT_CHECK(par_up(e, t->dg, t->g, (size_t)t->numel * capex_dtype_size(t->gd)), "up");
+            }
+        }
+        /* CPU: check the grads of each dtype, step with inv_scale, update */
+        CT_CHECK(capex_scaler_scale(&cpu_sc, &scale) == CAPEX_OK, "scale");
+        for (i = 0; i < 3; i++) {
+            int n = 0, k;
+            for (k = 0; k < o.n; k++)
+                if ((int)o.t[k].gd == i) {
+                    hg[n].data = o.t[k].g; hg[n].numel = o.t[k].numel;
+                    dg[n].data = (void *)(uintptr_t)o.t[k].dg; dg[n].numel = o.t[k].numel;
+                    n++;
+                }
+            {
+                capex_tensor_list hl = capex_tensor_list_make((capex_dtype)i, hg, (size_t)n);
+                capex_tensor_list dl = capex_tensor_list_make((capex_dtype)i, dg, (size_t)n);
+                float one = 1.0f;
+                (void)one;
+                CT_CHECK(capex_multi_tensor_scale(NULL, &hl, &hl, 1.0f, &found) == CAPEX_OK, "cpu check");
+                if (count_sync) nsync0 = i == 0 ? count_sync(e) : nsync0;
+                CT_CHECK(capex_cuda_scaler_unscale(sc, NULL, &dl, NULL, NULL) == CAPEX_OK, "%s", capex_last_error());
+            }
+        }
+        CT_CHECK(capex_scaler_unscale(&cpu_sc, 0, found, &inv) == CAPEX_OK && capex_scaler_step(&cpu_sc, 0, &go) == CAPEX_OK, "cpu");
+        CT_CHECK(go == (s != 2), "step %d: CPU go %d", s, go);
+        CT_CHECK(capex_optim_step(o.cpu, inv, 1.0f, !go) == CAPEX_OK, "cpu step");
+        CT_CHECK(capex_scaler_update(&cpu_sc) == CAPEX_OK, "cpu update");
+        CT_CHECK(capex_cuda_optim_step(o.dev, capex_cuda_scaler_inv_scale_ptr(sc), 0, capex_cuda_scaler_found_inf_ptr(sc), NULL) ==
+                 CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_cuda_scaler_update(sc, NULL) == CAPEX_OK, "%s", capex_last_error());
+        if (count_sync)
+            CT_CHECK(count_sync(e) == nsync0, "step %d: the step enqueued a copy, allocation or read-back", s);
+        par_opt_compare(ct, e, &o, 0, "AMP loop");
+        {
+            float ds = 0;
+            CT_CHECK(capex_cuda_scaler_get_scale(sc, &ds, NULL) == CAPEX_OK, "get_scale");
+            CT_CHECK(capex_scaler_get_scale(&cpu_sc, &scale) == CAPEX_OK && ds == scale, "step %d: scale %g, CPU %g", s,
+                     (double)ds, (double)scale);
+        }
+        if (ct->failed) break;
+    }
+    capex_cuda_scaler_destroy(sc);
+    par_opt_free(e, &o);
+}
+
+#endif

@@ -1,0 +1,326 @@
+/* Host side of the fused GPU kernels, no GPU: every public entry point's
+   argument checks (clear status, nothing launched), the kernel-name table
+   the launches index, the by-value launch metadata (layout, < 4 KB, 64-bit
+   sizes, every chunk exactly once), the launch sequence of each op, and the
+   status without a driver. The kernels themselves: tests/test_gpuopt_emu.c
+   (CPU), tests/test_cuda_jit.c (NVRTC, every arch), tests/test_gpuopt_gpu.c. */
+#define CAPEX_CUDA_IMPLEMENTATION
+#include "../capex_cuda.h"
+#include "capex_test.h"
+
+/* NVRTC must load in CI (tests/cuda_test_util.h's rule); CAPEX_TEST_NO_NVRTC=1 skips. */
+#define NEED_NVRTC()                                                                                \
+    do {                                                                                            \
+        int M_, m_;                                                                                 \
+        if (capex_cuda_nvrtc_version(&M_, &m_) != CAPEX_OK) {                                       \
+            const char *e_ = getenv("CAPEX_TEST_NO_NVRTC");                                         \
+            if (e_ && e_[0] == '1') CT_SKIP("CAPEX_TEST_NO_NVRTC=1: %s", capex_last_error());       \
+            CT_CHECK(0, "NVRTC must be loadable (make ci-deps): %s", capex_last_error());           \
+        }                                                                                           \
+    } while (0)
+
+/* NVRTC keeps internal allocations for the life of the process. */
+#if defined(__clang__) || defined(__GNUC__)
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) { return "leak:libnvrtc\nleak:libnvrtc-builtins\n"; }
+#endif
+
+/* An exec that records launches and refuses nothing; "device" memory is host memory. */
+static struct { int launches, kernels[64], grids[64]; } rec;
+static capex_result r_launch(void *u, int k, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
+    (void)u; (void)args; (void)s; (void)block;
+    if (rec.launches < 64) { rec.kernels[rec.launches] = k; rec.grids[rec.launches] = (int)grid; }
+    rec.launches++;
+    return CAPEX_OK;
+}
+static capex_result r_alloc(void *u, size_t bytes, capex_cuda_ptr *out) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    (void)u;
+    *out = (capex_cuda_ptr)(uintptr_t)p;
+    return p ? CAPEX_OK : CAPEX_ERR_OUT_OF_MEMORY;
+}
+static void r_release(void *u, capex_cuda_ptr p) { (void)u; free((void *)(uintptr_t)p); }
+static capex_result r_htod(void *u, capex_cuda_ptr d, const void *s, size_t n, capex_cuda_stream st) {
+    (void)u; (void)st; memcpy((void *)(uintptr_t)d, s, n); return CAPEX_OK;
+}
+static capex_result r_dtoh(void *u, void *d, capex_cuda_ptr s, size_t n, capex_cuda_stream st) {
+    (void)u; (void)st; memcpy(d, (const void *)(uintptr_t)s, n); return CAPEX_OK;
+}
+static capex_result r_zero(void *u, capex_cuda_ptr d, size_t n, capex_cuda_stream st) {
+    (void)u; (void)st; memset((void *)(uintptr_t)d, 0, n); return CAPEX_OK;
+}
+static capex__go_exec rec_exec(void) {
+    capex__go_exec e;
+    e.launch = r_launch; e.alloc = r_alloc; e.release = r_release; e.htod = r_htod; e.dtoh = r_dtoh; e.zero = r_zero;
+    e.user = NULL;
+    memset(&rec, 0, sizeof rec);
+    return e;
+}
+
+CT_TEST(kernel_table_matches_ids) {
+    static const char *const want[CAPEX__GO_NK] = {
+        "capex_go_scale_f32_f32", "capex_go_scale_f32_f16", "capex_go_scale_f32_bf16", "capex_go_scale_f16_f32",
+        "capex_go_scale_f16_f16", "capex_go_scale_f16_bf16", "capex_go_scale_bf16_f32", "capex_go_scale_bf16_f16",
+        "capex_go_scale_bf16_bf16", "capex_go_sumsq_f32", "capex_go_sumsq_f16", "capex_go_sumsq_bf16", "capex_go_reduce",
+        "capex_go_clip_coef", "capex_go_prepare", "capex_go_adam_f32", "capex_go_adam_f16", "capex_go_adam_bf16",
+        "capex_go_sgd_f32", "capex_go_sgd_f16", "capex_go_sgd_bf16", "capex_go_lamb1_f32", "capex_go_lamb1_f16",
+        "capex_go_lamb1_bf16", "capex_go_lamb_clip", "capex_go_lamb_ratio", "capex_go_lamb2", "capex_go_scaler_update"};
+    int k;
+    int n = 0;
+    const char *const *opts = capex_cuda_builtin_options(&n);
+    CT_CHECK(CAPEX__CUDA_N_BUILTIN >= CAPEX__GO_KBASE + CAPEX__GO_NK, "table size");
+    for (k = 0; k < CAPEX__GO_NK; k++)
+        CT_CHECK(!strcmp(capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k], want[k]), "kernel id %d is %s, want %s", k,
+                 capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k], want[k]);
+    /* bit parity with the C math needs no FMA contraction */
+    for (k = 0; k < n; k++)
+        if (!strcmp(opts[k], "--fmad=false")) break;
+    CT_CHECK(k < n, "the built-in program is compiled with --fmad=false");
+    CT_CHECK(strstr(capex_cuda_builtin_source(), "capex__adam_w_elem"), "the optimizer math is in the program");
+}
+
+/* Packing: decode the bytes with capex.h's CAPEX_MTA_META_STRUCT type. */
+CT_TEST(launch_metadata_packing) {
+    capex_tensor shape[300];
+    capex__go_ten ten[300];
+    capex_chunk_plan plan;
+    capex_chunk_launch L;
+    uint64_t meta[CAPEX_MTA_META_BYTES / 8];
+    int64_t seen = 0, total = 0;
+    size_t i;
+    for (i = 0; i < 300; i++) {
+        int d;
+        shape[i].data = NULL;
+        shape[i].numel = i == 7 ? ((int64_t)1 << 33) + 5 : (int64_t)(i % 13) * 1000 + (i % 3 == 0 ? 0 : 1);
+        total += shape[i].numel;
+        for (d = 0; d < 6; d++) ten[i].addr[d] = 0x100000000000ull * (uint64_t)(d + 1) + 4096u * i;
+    }
+    CT_CHECK(CAPEX_MTA_META_SIZE(5) + sizeof(capex__go_args) <= 4096, "params under 4 KB");
+    CT_CHECK(capex_chunk_plan_init(&plan, shape, 300, 4096, capex_mta_max_tensors(5), 0) == CAPEX_OK, "plan");
+    while (capex_chunk_plan_next(&plan, &L)) {
+        const capex__go_meta5 *m = (const capex__go_meta5 *)(const void *)meta;
+        int b;
+        capex__go_pack(meta, 5, &L, ten);
+        CT_CHECK(m->ntensors == L.ntensors && m->nblocks == L.nblocks && L.ntensors <= capex_mta_max_tensors(5), "counts");
+        for (b = 0; b < m->nblocks; b++) {
+            size_t t;
+            int64_t off, cnt;
+            int s = m->block_tensor[b], d;
+            capex_chunk_launch_block(&plan, &L, b, &t, &off, &cnt);
+            CT_CHECK((int64_t)m->block_chunk[b] * 4096 == off && m->numel[s] == shape[t].numel, "block %d", b);
+            for (d = 0; d < 5; d++) CT_CHECK(m->addr[d][s] == ten[t].addr[d], "address list %d slot %d", d, s);
+            seen += cnt;
+        }
+    }
+    CT_CHECK(seen == total, "every element in exactly one chunk: %lld of %lld", (long long)seen, (long long)total);
+}
+
+CT_TEST(no_context_is_a_clear_error) {
+    capex_cuda_optim *o = (capex_cuda_optim *)1;
+    capex_cuda_scaler *s = (capex_cuda_scaler *)1;
+    capex_optim_desc d;
+    capex_tensor t = {NULL, 0};
+    capex_tensor_list l = capex_tensor_list_make(CAPEX_F32, &t, 1);
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    CT_CHECK(capex_cuda_optim_create(NULL, &d, &o) == CAPEX_ERR_INVALID_ARG && o == NULL, "optim");
+    CT_CHECK(strstr(capex_last_error(), "context is NULL"), "%s", capex_last_error());
+    CT_CHECK(capex_cuda_scaler_create(NULL, NULL, &s) == CAPEX_ERR_INVALID_ARG && s == NULL, "scaler");
+    CT_CHECK(capex_cuda_multi_tensor_scale(NULL, NULL, &l, &l, 16, 0, NULL) == CAPEX_ERR_INVALID_ARG, "scale");
+    CT_CHECK(capex_cuda_multi_tensor_l2norm(NULL, NULL, &l, 16, 16, 0, 0, NULL) == CAPEX_ERR_INVALID_ARG, "norm");
+    CT_CHECK(capex_cuda_clip_grad_norm(NULL, NULL, &l, 1, 1.0f, 16, 16, 0, 0, 1, NULL) == CAPEX_ERR_INVALID_ARG, "clip");
+    CT_CHECK(capex_cuda_optim_step(NULL, 0, 0, 0, NULL) == CAPEX_ERR_INVALID_ARG, "step");
+    CT_CHECK(capex_cuda_scaler_update(NULL, NULL) == CAPEX_ERR_INVALID_ARG, "update");
+    CT_CHECK(capex_cuda_scaler_unscale(NULL, NULL, &l, NULL, NULL) == CAPEX_ERR_INVALID_ARG, "unscale");
+    CT_CHECK(capex_cuda_scaler_scale_ptr(NULL) == 0 && capex_cuda_optim_lr_ptr(NULL, 0) == 0, "NULL pointers give 0");
+    capex_cuda_optim_destroy(NULL);
+    capex_cuda_scaler_destroy(NULL);
+    CT_CHECK(capex_cuda_optim_num_groups(NULL) == 0, "groups");
+}
+
+CT_TEST(no_driver_status) {
+    capex_cuda_context *ctx = NULL;
+    capex_result r;
+    setenv("CAPEX_LIBCUDA_PATH", "/nonexistent/libcuda.so.1", 1);
+    r = capex_cuda_context_create(NULL, &ctx);
+    CT_CHECK(r == CAPEX_ERR_NO_DRIVER && ctx == NULL, "got %s: %s", capex_result_string(r), capex_last_error());
+    CT_CHECK(capex_cuda_scaler_create(ctx, NULL, NULL) == CAPEX_ERR_INVALID_ARG, "then every call says why");
+}
+
+/* Every refusal happens before anything is launched. */
+CT_TEST(op_argument_errors) {
+    capex__go_exec ex = rec_exec();
+    float a[8], b[8];
+    uint16_t h[8];
+    capex_tensor ta[2] = {{a, 8}, {a, 3}}, tb[2] = {{b, 8}, {b, 4}}, th[1] = {{h, 8}}, tmis[1] = {{(char *)a + 2, 4}};
+    capex_tensor_list la = capex_tensor_list_make(CAPEX_F32, ta, 2), lb = capex_tensor_list_make(CAPEX_F32, tb, 2);
+    capex_tensor_list lh = capex_tensor_list_make(CAPEX_F16, th, 1), lbad = capex_tensor_list_make((capex_dtype)7, ta, 2);
+    capex_tensor_list lmis = capex_tensor_list_make(CAPEX_F32, tmis, 1), lh_as_f32 = capex_tensor_list_make(CAPEX_F32, th, 1);
+    capex_tensor_op_desc bad;
+    capex_cuda_ptr sp = (capex_cuda_ptr)(uintptr_t)a, ws = (capex_cuda_ptr)(uintptr_t)b;
+    size_t need = 0;
+    capex_tensor_op_desc_init(&bad);
+    bad.chunk_size = -1;
+    CT_CHECK(capex__go_scale(&ex, "t", NULL, &la, &lb, sp, 0, 0, NULL) == CAPEX_ERR_SIZE_MISMATCH, "numel mismatch");
+    CT_CHECK(strstr(capex_last_error(), "in[1] has 3 elements"), "%s", capex_last_error());
+    CT_CHECK(capex__go_scale(&ex, "t", NULL, &lbad, NULL, sp, 0, 0, NULL) == CAPEX_ERR_INVALID_ARG, "bad dtype");
+    CT_CHECK(capex__go_scale(&ex, "t", NULL, &la, &lh, sp, 0, 0, NULL) == CAPEX_ERR_SIZE_MISMATCH, "count mismatch");
+    CT_CHECK(capex__go_scale(&ex, "t", NULL, &lmis, NULL, sp, 0, 0, NULL) == CAPEX_ERR_INVALID_ARG, "misaligned");
+    CT_CHECK(capex__go_scale(&ex, "t", NULL, &lh_as_f32, &lh_as_f32, sp, 0, 0, NULL) == CAPEX_OK, "same dtype in place ok");
+    {
+        capex_tensor th2[1] = {{h, 4}};
+        capex_tensor_list in16 = capex_tensor_list_make(CAPEX_F16, th2, 1);
+        capex_tensor tf[1] = {{h, 4}};
+        capex_tensor_list out32 = capex_tensor_list_make(CAPEX_F32, tf, 1);
+        CT_CHECK(capex__go_scale(&ex, "t", NULL, &in16, &out32, sp, 0, 0, NULL) == CAPEX_ERR_INVALID_ARG,
+                 "in place across dtypes refused");
+    }
+    CT_CHECK(capex__go_scale(&ex, "t", NULL, &la, NULL, 0, 0, 0, NULL) == CAPEX_ERR_INVALID_ARG, "scale pointer 0");
+    CT_CHECK(capex__go_scale(&ex, "t", NULL, &la, NULL, sp + 1, 0, 0, NULL) == CAPEX_ERR_INVALID_ARG, "scale misaligned");
+    CT_CHECK(capex__go_scale(&ex, "t", NULL, &la, NULL, sp, sp + 2, 0, NULL) == CAPEX_ERR_INVALID_ARG, "found_inf misaligned");
+    CT_CHECK(capex__go_scale(&ex, "t", &bad, &la, NULL, sp, 0, 0, NULL) == CAPEX_ERR_INVALID_ARG, "bad desc");
+    CT_CHECK(rec.launches == 1, "only the valid in-place call launched (%d)", rec.launches);
+    CT_CHECK(capex_cuda_multi_tensor_workspace_size(NULL, &la, 1, &need) == CAPEX_OK && need == 8 * 3, "workspace %zu", need);
+    CT_CHECK(capex_cuda_multi_tensor_workspace_size(NULL, &lbad, 1, &need) == CAPEX_ERR_INVALID_ARG, "ws bad dtype");
+    CT_CHECK(capex_cuda_multi_tensor_workspace_size(NULL, NULL, 1, &need) == CAPEX_ERR_INVALID_ARG, "ws NULL lists");
+    CT_CHECK(capex_cuda_multi_tensor_workspace_size(NULL, &la, 1, NULL) == CAPEX_ERR_INVALID_ARG, "ws NULL out");
+    rec.launches = 0;
+    CT_CHECK(capex__go_l2norm(&ex, NULL, &la, ws, 16, 0, 0, NULL) == CAPEX_ERR_SIZE_MISMATCH, "small workspace");
+    CT_CHECK(capex__go_l2norm(&ex, NULL, &la, 0, 64, 0, 0, NULL) == CAPEX_ERR_INVALID_ARG, "no workspace");
+    CT_CHECK(capex__go_l2norm(&ex, NULL, &la, ws + 4, 64, 0, 0, NULL) == CAPEX_ERR_INVALID_ARG, "misaligned workspace");
+    CT_CHECK(capex__go_l2norm(&ex, NULL, NULL, ws, 64, 0, 0, NULL) == CAPEX_ERR_INVALID_ARG, "NULL list");
+    CT_CHECK(capex__go_clip(&ex, NULL, &la, 1, NAN, ws, 64, 0, 0, 1, NULL) == CAPEX_ERR_INVALID_ARG, "NaN max_norm");
+    CT_CHECK(capex__go_clip(&ex, NULL, &la, 1, -1.0f, ws, 64, 0, 0, 1, NULL) == CAPEX_ERR_INVALID_ARG, "negative max_norm");
+    CT_CHECK(capex__go_clip(&ex, NULL, NULL, 2, 1.0f, ws, 64, 0, 0, 1, NULL) == CAPEX_ERR_INVALID_ARG, "NULL grads");
+    CT_CHECK(rec.launches == 0, "nothing launched on error (%d)", rec.launches);
+    /* the launch sequence of a clip: sumsq per list, total, coefficient, scale per list */
+    CT_CHECK(capex__go_clip(&ex, NULL, &la, 1, 1.0f, ws, 64, 0, 0, 1, NULL) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(rec.launches == 4 && rec.kernels[0] == CAPEX__GO_K_SUMSQ && rec.kernels[1] == CAPEX__GO_K_REDUCE &&
+             rec.grids[1] == 1 && rec.kernels[2] == CAPEX__GO_K_CLIP && rec.kernels[3] == CAPEX__GO_K_SCALE,
+             "clip launches %d: %d %d %d %d", rec.launches, rec.kernels[0], rec.kernels[1], rec.kernels[2], rec.kernels[3]);
+}
+
+CT_TEST(optimizer_argument_errors) {
+    capex__go_exec ex = rec_exec();
+    capex_cuda_optim *o = NULL;
+    capex_optim_desc d;
+    capex_optim_param p;
+    capex_optim_hparams hp;
+    float w[4];
+    int64_t step = -1;
+    capex_cuda_ptr m = 0, v = 0;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.defaults.lr = NAN;
+    CT_CHECK(capex__go_optim_create(&ex, &d, &o) == CAPEX_ERR_INVALID_ARG && !o, "NaN lr");
+    CT_CHECK(capex__go_optim_create(&ex, NULL, &o) == CAPEX_ERR_INVALID_ARG, "NULL desc");
+    d.defaults.lr = 1e-3f;
+    d.kind = (capex_optim_kind)9;
+    CT_CHECK(capex__go_optim_create(&ex, &d, &o) == CAPEX_ERR_INVALID_ARG, "bad kind");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_SGD);
+    CT_CHECK(capex__go_optim_create(&ex, &d, &o) == CAPEX_OK, "%s", capex_last_error());
+    capex_optim_param_init(&p);
+    p.param = w; p.grad = w; p.numel = 4;
+    p.grad_dtype = (capex_dtype)5;
+    CT_CHECK(capex_cuda_optim_add_group(o, NULL, &p, 1, NULL) == CAPEX_ERR_INVALID_ARG, "bad grad dtype");
+    p.grad_dtype = CAPEX_F32;
+    p.model = w; p.model_dtype = CAPEX_F32;
+    CT_CHECK(capex_cuda_optim_add_group(o, NULL, &p, 1, NULL) == CAPEX_ERR_INVALID_ARG, "f32 model copy refused");
+    p.model = NULL;
+    p.grad = NULL;
+    CT_CHECK(capex_cuda_optim_add_group(o, NULL, &p, 1, NULL) == CAPEX_ERR_INVALID_ARG, "NULL grad");
+    p.grad = (char *)w + 1;
+    CT_CHECK(capex_cuda_optim_add_group(o, NULL, &p, 1, NULL) == CAPEX_ERR_INVALID_ARG, "misaligned grad");
+    p.grad = w;
+    CT_CHECK(capex_cuda_optim_add_group(o, NULL, NULL, 1, NULL) == CAPEX_ERR_INVALID_ARG, "NULL params");
+    hp = d.defaults;
+    hp.nesterov = 1;
+    CT_CHECK(capex_cuda_optim_add_group(o, &hp, &p, 1, NULL) == CAPEX_ERR_CONFIG, "nesterov without momentum");
+    CT_CHECK(capex_cuda_optim_num_groups(o) == 0, "unchanged after errors");
+    CT_CHECK(capex_cuda_optim_add_group(o, NULL, &p, 1, NULL) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_cuda_optim_get_state(o, 0, 0, &m, &v) == CAPEX_OK && m == 0 && v == 0, "SGD without momentum: no buffers");
+    CT_CHECK(capex_cuda_optim_get_state(o, 0, 1, &m, &v) == CAPEX_ERR_INVALID_ARG, "bad index");
+    hp = d.defaults;
+    hp.momentum = 0.9f;
+    CT_CHECK(capex_cuda_optim_set_hparams(o, 0, &hp, NULL) == CAPEX_ERR_CONFIG, "momentum needs buffers made at add_group");
+    CT_CHECK(capex_cuda_optim_set_hparams(o, 1, &d.defaults, NULL) == CAPEX_ERR_INVALID_ARG, "bad group");
+    CT_CHECK(capex_cuda_optim_set_lr(o, 0, -1.0f, NULL) == CAPEX_ERR_INVALID_ARG, "negative lr");
+    CT_CHECK(capex_cuda_optim_lr_ptr(o, 1) == 0 && capex_cuda_optim_lr_ptr(o, 0) != 0, "lr_ptr");
+    CT_CHECK(capex_cuda_optim_step(o, 2, 0, 0, NULL) == CAPEX_ERR_INVALID_ARG, "misaligned inv_scale");
+    CT_CHECK(rec.launches == 0, "nothing launched");
+    CT_CHECK(capex_cuda_optim_step(o, 0, 0, 0, NULL) == CAPEX_OK, "step");
+    CT_CHECK(rec.launches == 2 && rec.kernels[0] == CAPEX__GO_K_PREPARE && rec.kernels[1] == CAPEX__GO_K_SGD, "prepare + SGD f32");
+    CT_CHECK(capex_cuda_optim_get_step(o, 0, &step, NULL) == CAPEX_OK && step == 0, "nothing ran: step %lld", (long long)step);
+    CT_CHECK(capex_cuda_optim_get_step(o, 3, &step, NULL) == CAPEX_ERR_INVALID_ARG, "bad group");
+    capex_cuda_optim_destroy(o);
+    {
+        capex_scaler_desc sd;
+        capex_cuda_scaler *sc = NULL;
+        capex_scaler_desc_init(&sd);
+        sd.growth_factor = 0.5;
+        CT_CHECK(capex__go_scaler_create(&ex, &sd, &sc) == CAPEX_ERR_INVALID_ARG && !sc, "bad scaler desc");
+        CT_CHECK(capex__go_scaler_create(&ex, NULL, &sc) == CAPEX_OK, "defaults");
+        CT_CHECK(capex_cuda_scaler_get_state(sc, NULL, NULL) == CAPEX_ERR_INVALID_ARG, "NULL state");
+        {
+            float s = 0;
+            CT_CHECK(capex_cuda_scaler_get_scale(sc, &s, NULL) == CAPEX_OK && s == 65536.0f, "initial scale %g", (double)s);
+            CT_CHECK(capex_cuda_scaler_found_inf_ptr(sc) - capex_cuda_scaler_scale_ptr(sc) == 28, "layout");
+        }
+        capex_cuda_scaler_destroy(sc);
+    }
+}
+
+/* The ABI between host and kernels as NVRTC lays it out: each kernel's
+   parameters in the PTX have exactly the sizes the host passes. */
+static int ptx_params(const char *ptx, const char *name, long *sizes, int cap) {
+    char head[96];
+    const char *p, *end;
+    int n = 0;
+    snprintf(head, sizeof head, ".entry %s(", name);
+    p = strstr(ptx, head);
+    if (!p) return -1;
+    end = strchr(p, ')');
+    while (n < cap && (p = strstr(p, ".param")) != NULL && p < end) {
+        const char *br = strchr(p, '[');
+        const char *nl = strchr(p, '\n');
+        sizes[n++] = br && nl && br < nl ? strtol(br + 1, NULL, 10) : 8;
+        p += 6;
+    }
+    return n;
+}
+
+CT_TEST(kernel_parameters_match_the_host) {
+    capex_cuda_target t;
+    capex_cuda_image img;
+    int n = 0, k;
+    const char *const *opts = capex_cuda_builtin_options(&n);
+    NEED_NVRTC();
+    t.kind = CAPEX_CUDA_IMAGE_PTX;
+    t.arch = 90;
+    CT_CHECK(capex_cuda_nvrtc_compile(capex_cuda_builtin_source(), "capex_builtin", opts, n, t, &img) == CAPEX_OK, "%s",
+             capex_last_error());
+    for (k = 0; k < CAPEX__GO_NK; k++) {
+        const char *name = capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k];
+        long sz[4] = {0, 0, 0, 0}, want0;
+        int np = ptx_params((const char *)img.data, name, sz, 4), depth;
+        if (k < CAPEX__GO_K_SUMSQ) depth = 2;
+        else if (k < CAPEX__GO_K_REDUCE) depth = 1;
+        else if (k >= CAPEX__GO_K_ADAM && k < CAPEX__GO_K_SGD) depth = 6;
+        else if ((k >= CAPEX__GO_K_SGD && k < CAPEX__GO_K_LAMB_CLIP) || k == CAPEX__GO_K_LAMB2) depth = 5;
+        else depth = 0;
+        want0 = depth ? (long)CAPEX_MTA_META_SIZE(depth) : k == CAPEX__GO_K_REDUCE ? (long)sizeof(capex__go_segs) : 0;
+        if (want0)
+            CT_CHECK(np == 2 && sz[0] == want0 && sz[1] == (long)sizeof(capex__go_args),
+                     "%s: %d params of %ld, %ld bytes; the host passes %ld, %zu", name, np, sz[0], sz[1], want0,
+                     sizeof(capex__go_args));
+        else
+            CT_CHECK(np == 1 && sz[0] == (long)sizeof(capex__go_args), "%s: %d params of %ld bytes; the host passes %zu",
+                     name, np, sz[0], sizeof(capex__go_args));
+    }
+    capex_cuda_image_free(&img);
+}
+
+static const ct_case cases[] = {
+    CT_CASE(kernel_parameters_match_the_host),
+    CT_CASE(kernel_table_matches_ids), CT_CASE(launch_metadata_packing), CT_CASE(no_context_is_a_clear_error),
+    CT_CASE(op_argument_errors), CT_CASE(optimizer_argument_errors), CT_CASE(no_driver_status),
+};
+CT_MAIN(cases)
