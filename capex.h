@@ -12,10 +12,10 @@
        for (step...) {
            float scale; capex_scaler_scale(&sc, &scale);      // loss * scale
            my_backward(scale);                                // grads are scaled
-           float inv; int found_inf = my_unscale_and_check(); // or capex's fused ops
+           float inv; int found_inf = my_unscale_and_check(); // or capex_multi_tensor_l2norm
            capex_scaler_unscale(&sc, 0, found_inf, &inv);
            int do_step; capex_scaler_step(&sc, 0, &do_step);
-           if (do_step) my_optimizer_step();
+           if (do_step) my_optimizer_step();                  // or capex_optim_step(opt, inv, 1, !do_step)
            capex_scaler_update(&sc);                          // grow / back off
        }
 
@@ -39,6 +39,15 @@
        Opt levels .............. O0-O3 properties, overrides, report, cast policy.
        Loss scaler ............. dynamic/static scaling and the step state machine.
        State files ............. versioned, checksummed save/restore (safetensors).
+       Tensor lists ............ (pointer, numel) lists, the multi-tensor chunk
+                                 planner, fused scale/unscale, axpby, L2 norms, clip.
+       Optimizers .............. Adam/AdamW, LAMB, SGD (Apex math) with fp32 master
+                                 weights writing the fp16/bf16 model copy.
+       Data parallel ........... launcher env, comm vtable (single, MPI, TCP),
+                                 rendezvous, DDP buckets, sampler, deadlines.
+       Norms ................... LayerNorm, RMSNorm, BatchNorm, SyncBatchNorm.
+   The CUDA backend (kernels, NCCL) is capex_cuda.h; examples/ has a complete
+   training loop (train_charlm.c) and a 43-line one (minimal.c).
 
    Thread safety: functions on distinct objects may run concurrently; one object
    must not be used from two threads at once unless its section says otherwise.

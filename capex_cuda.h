@@ -1522,9 +1522,9 @@ CAPEX_API capex_result capex_cuda_compile(const capex_cuda_compile_desc *desc, c
    literal limit), compiled once per GPU arch. No #include: NVRTC has no CUDA
    headers without include paths, so half types are plain bit arithmetic, the
    same formulas as capex.h's CPU conversions (bit-exact on every input).
-   Later sections append fragments: the optimizer math will come from capex.h
-   (capex__optim_math_source(), the text its CPU backend compiles) when
-   CAPEX__HAVE_OPTIM_MATH_SOURCE is defined, followed by its fused kernels. */
+   Later sections append fragments: the optimizer and norm math come from
+   capex.h as text (the same macros its CPU backend compiles), followed by
+   their fused kernels. */
 
 static const char capex__cuda_frag_prelude[] =
     "typedef unsigned short capex_u16;\n"
@@ -2354,9 +2354,6 @@ CAPEX__PRIVATE const char *capex__cuda_frag_basic_fn(void) { return capex__cuda_
 /* The program, in order. Append new fragments here (one compile for all). */
 static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     capex__cuda_frag_prelude_fn,
-#ifdef CAPEX__HAVE_OPTIM_MATH_SOURCE
-    capex__optim_math_source, /* shared with the CPU backend (issue 5 hook) */
-#endif
     capex__cuda_frag_basic_fn,
     /* @@FRAGMENTS:GPUOPT@@ */
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
