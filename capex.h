@@ -5054,6 +5054,7 @@ struct capex_optim {
     float *ratio;   /* LAMB: trust ratio per tensor */
     int64_t total;  /* elements over all tensors */
     int broken;     /* a load failed half-way: refuse to step */
+    void *host_block; /* capex_cuda_optim_to_host: the param/model copies it owns */
 };
 
 typedef struct capex__optim_job {
@@ -5422,6 +5423,7 @@ CAPEX_API void capex_optim_destroy(capex_optim *o) {
     capex__free(a, o->part);
     capex__free(a, o->ratio);
     capex__free(a, o->glist);
+    capex__free(a, o->host_block);
     {
         capex_allocator copy = o->alloc;
         capex__free(copy.alloc ? &copy : NULL, o);

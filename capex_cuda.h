@@ -407,6 +407,24 @@ CAPEX_API capex_result capex_cuda_optim_get_step(capex_cuda_optim *opt, size_t g
 /* The device moment buffers of one parameter (0 where there are none). */
 CAPEX_API capex_result capex_cuda_optim_get_state(const capex_cuda_optim *opt, size_t group, size_t index,
                                                   capex_cuda_ptr *exp_avg, capex_cuda_ptr *exp_avg_sq);
+/* Checkpoints in capex_optim's format (a GPU run resumes on the CPU and back):
+   to_host makes a host capex_optim with the same kind, groups and parameters
+   holding copies of the device's step counts, hyperparameters, moments and,
+   with CAPEX_OPTIM_STATE_PARAMS, fp32 weights and model copies (its grads are
+   placeholders: do not step it). Save it with capex_optim_save, or
+   capex_optim_load into it and hand it to from_host, which validates that it
+   matches (kind, modes, groups, sizes, moment and model buffers) before it
+   copies anything to the device. Both wait for `stream`. The host optimizer
+   is yours: capex_optim_destroy frees it with its copies.
+
+       capex_optim *h;  capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, s, &h);
+       capex_optim_save(h, w, "optim", CAPEX_OPTIM_STATE_PARAMS);   // then write w
+       ...  capex_optim_load(h, reader, "optim", CAPEX_OPTIM_STATE_PARAMS);
+       capex_cuda_optim_from_host(opt, h, CAPEX_OPTIM_STATE_PARAMS, s);  capex_optim_destroy(h); */
+CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *opt, unsigned flags, capex_cuda_stream stream,
+                                                capex_optim **host);
+CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const capex_optim *host, unsigned flags,
+                                                  capex_cuda_stream stream);
 
 /* @@SECTION:NCCL:DECL@@ (NCCL communicator: declarations) */
 
@@ -3916,6 +3934,138 @@ CAPEX_API capex_result capex_cuda_optim_get_state(const capex_cuda_optim *o, siz
     }
     return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_get_state: group %zu has no parameter %zu (%zu groups)",
                        group, index, o->ngroups);
+}
+
+/* Byte offsets of each tensor's fp32 weights and model copy in one host block. */
+CAPEX__PRIVATE size_t capex__go_host_layout(const capex_cuda_optim *o, size_t k, int model) {
+    size_t j, at = 0;
+    for (j = 0; j < o->nt; j++) {
+        size_t pb = ((size_t)o->t[j].p.numel * 4u + 15u) & ~(size_t)15u;
+        size_t mb = o->t[j].p.model ? (((size_t)o->t[j].p.numel * 2u + 15u) & ~(size_t)15u) : 0;
+        if (j == k) return model ? at + pb : at;
+        at += pb + mb;
+    }
+    return at; /* k == nt: the total */
+}
+
+CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned flags, capex_cuda_stream stream,
+                                                capex_optim **host) {
+    const char *fn = "capex_cuda_optim_to_host";
+    capex__go_group *groups = NULL;
+    capex_optim_param *ps = NULL;
+    capex_optim *h = NULL;
+    unsigned char *block = NULL;
+    capex_result r = CAPEX_OK;
+    size_t g, k;
+    if (host) *host = NULL;
+    if (!o || !host) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: optimizer or host is NULL", fn);
+    groups = (capex__go_group *)capex__alloc(NULL, (o->ngroups ? o->ngroups : 1) * sizeof *groups);
+    ps = (capex_optim_param *)capex__alloc(NULL, (o->nt ? o->nt : 1) * sizeof *ps);
+    block = (unsigned char *)capex__alloc(NULL, capex__go_host_layout(o, o->nt, 0) + 16u);
+    if (!groups || !ps || !block) { r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn); goto done; }
+    if (o->ngroups && (r = o->ex.dtoh(o->ex.user, groups, o->dgroups, o->ngroups * sizeof *groups, stream)) != CAPEX_OK)
+        goto done;
+    if ((r = capex_optim_create(&o->desc, &h)) != CAPEX_OK) goto done;
+    h->host_block = block; /* freed with h from here on */
+    for (k = 0; k < o->nt; k++) {
+        capex_optim_param *p = &ps[k];
+        *p = o->t[k].p;
+        p->exp_avg = p->exp_avg_sq = NULL; /* the host optimizer allocates its own */
+        p->param = (float *)(block + capex__go_host_layout(o, k, 0));
+        p->grad = p->param; /* placeholder: at least as large as any grad dtype needs */
+        p->model = o->t[k].p.model ? (void *)(block + capex__go_host_layout(o, k, 1)) : NULL;
+    }
+    for (g = 0, k = 0; g < o->ngroups && r == CAPEX_OK; g++) {
+        size_t first = k;
+        while (k < o->nt && o->t[k].group == g) k++;
+        r = capex_optim_add_group(h, &o->hp[g], ps + first, k - first, NULL);
+        if (r == CAPEX_OK) { h->groups[g].step = groups[g].step; h->groups[g].mom_init = groups[g].mom_init != 0; }
+    }
+    for (k = 0; k < o->nt && r == CAPEX_OK; k++) {
+        const capex_optim_param *d = &o->t[k].p;
+        capex_optim_param *p = &h->tensors[k].p;
+        size_t nb = (size_t)d->numel * 4u;
+        if (!nb) continue;
+        if (d->exp_avg && p->exp_avg) r = o->ex.dtoh(o->ex.user, p->exp_avg, (capex_cuda_ptr)(uintptr_t)d->exp_avg, nb, stream);
+        if (r == CAPEX_OK && d->exp_avg_sq && p->exp_avg_sq)
+            r = o->ex.dtoh(o->ex.user, p->exp_avg_sq, (capex_cuda_ptr)(uintptr_t)d->exp_avg_sq, nb, stream);
+        if (r == CAPEX_OK && (flags & CAPEX_OPTIM_STATE_PARAMS))
+            r = o->ex.dtoh(o->ex.user, p->param, (capex_cuda_ptr)(uintptr_t)d->param, nb, stream);
+        if (r == CAPEX_OK && (flags & CAPEX_OPTIM_STATE_PARAMS) && d->model)
+            r = o->ex.dtoh(o->ex.user, p->model, (capex_cuda_ptr)(uintptr_t)d->model, nb / 2u, stream);
+    }
+    if (r == CAPEX_OK && (!(flags & CAPEX_OPTIM_STATE_PARAMS)))
+        memset(block, 0, capex__go_host_layout(o, o->nt, 0)); /* defined contents, never saved */
+done:
+    if (r == CAPEX_OK) *host = h;
+    else if (h) capex_optim_destroy(h); /* frees block */
+    else capex__free(NULL, block);
+    capex__free(NULL, groups);
+    capex__free(NULL, ps);
+    return r;
+}
+
+CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const capex_optim *h, unsigned flags,
+                                                  capex_cuda_stream stream) {
+    const char *fn = "capex_cuda_optim_from_host";
+    capex__go_group *groups = NULL;
+    capex_result r = CAPEX_OK;
+    size_t g, k;
+    if (!o || !h) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: optimizer or host optimizer is NULL", fn);
+    if (h->broken) return capex__fail(CAPEX_ERR_ORDER, "%s: the host optimizer's last load failed half-way", fn);
+    if (h->desc.kind != o->desc.kind || (h->desc.adam_w_mode != 0) != (o->desc.adam_w_mode != 0) ||
+        (h->desc.use_nvlamb != 0) != (o->desc.use_nvlamb != 0) ||
+        (h->desc.wd_after_momentum != 0) != (o->desc.wd_after_momentum != 0) ||
+        (h->desc.stochastic_rounding != 0) != (o->desc.stochastic_rounding != 0))
+        return capex__fail(CAPEX_ERR_CONFIG, "%s: the host optimizer's kind or modes differ from the device optimizer's", fn);
+    if (h->ngroups != o->ngroups || h->ntensors != o->nt)
+        return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "%s: host optimizer has %zu groups / %zu params, device %zu / %zu", fn,
+                           h->ngroups, h->ntensors, o->ngroups, o->nt);
+    for (k = 0; k < o->nt; k++) {
+        const capex_optim_param *d = &o->t[k].p, *p = &h->tensors[k].p;
+        if (h->tensors[k].group != o->t[k].group || p->numel != d->numel)
+            return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "%s: parameter %zu: group %zu, numel %lld on the host; %zu, %lld on the device",
+                               fn, k, h->tensors[k].group, (long long)p->numel, o->t[k].group, (long long)d->numel);
+        if (!d->numel) continue; /* no buffers to compare or copy */
+        if ((!p->exp_avg) != (!d->exp_avg) ||
+            (!p->exp_avg_sq) != (!d->exp_avg_sq) ||
+            ((flags & CAPEX_OPTIM_STATE_PARAMS) && ((!p->model) != (!d->model) || (p->model && p->model_dtype != d->model_dtype))))
+            return capex__fail(CAPEX_ERR_SIZE_MISMATCH,
+                               "%s: parameter %zu: moment or model buffers differ (optimizer settings or model dtype)", fn, k);
+    }
+    groups = (capex__go_group *)capex__alloc(NULL, (o->ngroups ? o->ngroups : 1) * sizeof *groups);
+    if (!groups) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    if (o->ngroups && (r = o->ex.dtoh(o->ex.user, groups, o->dgroups, o->ngroups * sizeof *groups, stream)) != CAPEX_OK)
+        goto done;
+    for (g = 0; g < o->ngroups; g++) {
+        if ((r = capex__optim_check_hp(&o->desc, &h->groups[g].hp)) != CAPEX_OK) goto done;
+        capex__go_hp_to_group(&h->groups[g].hp, &groups[g]);
+        groups[g].step = h->groups[g].step;
+        groups[g].mom_init = h->groups[g].mom_init != 0;
+    }
+    /* validated: from here the device changes. The read above waited for
+       stream, so plain synchronous copies are ordered after its work. */
+    for (k = 0; k < o->nt && r == CAPEX_OK; k++) {
+        const capex_optim_param *d = &o->t[k].p, *p = &h->tensors[k].p;
+        size_t nb = (size_t)d->numel * 4u;
+        if (!nb) continue;
+        if (d->exp_avg) r = o->ex.htod(o->ex.user, (capex_cuda_ptr)(uintptr_t)d->exp_avg, p->exp_avg, nb, NULL);
+        if (r == CAPEX_OK && d->exp_avg_sq)
+            r = o->ex.htod(o->ex.user, (capex_cuda_ptr)(uintptr_t)d->exp_avg_sq, p->exp_avg_sq, nb, NULL);
+        if (r == CAPEX_OK && (flags & CAPEX_OPTIM_STATE_PARAMS))
+            r = o->ex.htod(o->ex.user, (capex_cuda_ptr)(uintptr_t)d->param, p->param, nb, NULL);
+        if (r == CAPEX_OK && (flags & CAPEX_OPTIM_STATE_PARAMS) && d->model)
+            r = o->ex.htod(o->ex.user, (capex_cuda_ptr)(uintptr_t)d->model, p->model, nb / 2u, NULL);
+    }
+    if (r == CAPEX_OK && o->ngroups) r = o->ex.htod(o->ex.user, o->dgroups, groups, o->ngroups * sizeof *groups, NULL);
+    if (r == CAPEX_OK) {
+        for (g = 0; g < o->ngroups; g++) o->hp[g] = h->groups[g].hp;
+        o->desc.max_grad_norm = h->desc.max_grad_norm; /* loaded with the state */
+        o->desc.seed = h->desc.seed;
+    }
+done:
+    capex__free(NULL, groups);
+    return r;
 }
 
 /* @@SECTION:NCCL:IMPL@@ (NCCL communicator: implementation) */

@@ -10,8 +10,8 @@
 
    The model is small on purpose (a 2-core machine trains it in about a
    minute); every capex call it makes is the one a bigger engine makes. */
-#define CAPEX_IMPLEMENTATION
-#include "../capex.h"
+#define CAPEX_CUDA_IMPLEMENTATION /* the CUDA backend (run-time loaded) and capex.h's implementation */
+#include "../capex_cuda.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -517,7 +517,12 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
                    (long long)st.skipped_steps, lr_at(c, step), el > 0 ? tokens / el : 0.0);
         }
         if (c->eval_every && ((step + 1) % c->eval_every == 0 || step == c->steps - 1) && res->n_points < MAX_POINTS) {
-            float vl = evaluate(&m, weff, d, c->eval_windows);
+            float vl;
+            /* the weights after this step's update, as the compute sees them */
+            if (amp.model_dtype == CAPEX_F16) capex_f16_to_f32_array(wh, weff, (size_t)m.n_params);
+            else if (amp.model_dtype == CAPEX_BF16) capex_bf16_to_f32_array(wh, weff, (size_t)m.n_params);
+            else { memcpy(weff, w32, (size_t)m.n_params * 4); round_array(weff, m.n_params, act); }
+            vl = evaluate(&m, weff, d, c->eval_windows);
             res->pt_step[res->n_points] = step + 1;
             res->pt_train[res->n_points] = (float)ema;
             res->pt_val[res->n_points] = vl;
@@ -563,6 +568,576 @@ done:
     capex_ddp_destroy(ddp);
     if (model_ok) model_free(&m);
     free(w32); free(weff); free(g32); free(wh); free(tok);
+    return ok;
+}
+
+/* ---- GPU path: the same model as CUDA kernels, compiled at run time -------
+   The kernels below are plain CUDA C++ text that capex's public JIT compiles
+   for this GPU on first use (then loads from the disk cache): no nvcc, no
+   cuBLAS. They mirror the CPU code above operation for operation: one thread
+   per output element, sums in the same order, the same half rounding points,
+   so a run is deterministic and close to the CPU run (tanhf/expf/log are the
+   GPU's own, a few ulps away). WT, ACT and GT (0 f32, 1 f16, 2 bf16) are the
+   weight storage, activation and gradient dtypes; GROUND rounds fp32 grads to
+   ACT (O1). Naive on purpose: this model is tiny, and the point is the
+   training loop around it. */
+static const char *const charlm_kernels_parts[] = { /* each under C99's 4095-character literal limit */
+    "typedef unsigned short u16;\n"
+    "__device__ float h2f(u16 h) {\n"
+    "    unsigned s = (unsigned)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;\n"
+    "    if (e == 0) { float f = (float)m * 5.9604644775390625e-8f; return s ? -f : f; }\n"
+    "    return __uint_as_float(s | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13)));\n"
+    "}\n"
+    "__device__ u16 f2h(float f) { /* round to nearest even */\n"
+    "    unsigned x = __float_as_uint(f), s = (x >> 16) & 0x8000u;\n"
+    "    x &= 0x7fffffffu;\n"
+    "    if (x >= 0x7f800000u) return (u16)(s | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0u));\n"
+    "    if (x >= 0x477ff000u) return (u16)(s | 0x7c00u);\n"
+    "    if (x < 0x38800000u) return (u16)(s | (__float_as_uint(__uint_as_float(x) + 0.5f) - 0x3f000000u));\n"
+    "    x += 0xc8000fffu + ((x >> 13) & 1u);\n"
+    "    return (u16)(s | (x >> 13));\n"
+    "}\n"
+    "__device__ float b2f(u16 b) { return __uint_as_float((unsigned)b << 16); }\n"
+    "__device__ u16 f2b(float f) {\n"
+    "    unsigned x = __float_as_uint(f);\n"
+    "    if ((x & 0x7fffffffu) > 0x7f800000u) return (u16)((x >> 16) | 0x40u);\n"
+    "    return (u16)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);\n"
+    "}\n"
+    "__device__ float rnd(float v, int t) { return t == 1 ? h2f(f2h(v)) : t == 2 ? b2f(f2b(v)) : v; }\n"
+    "#if WT == 0\n"
+    "typedef float wt;\n"
+    "__device__ float W(const wt *p, long long i) { return rnd(p[i], ACT); } /* O1: fp32 weights seen as half */\n"
+    "#else\n"
+    "typedef u16 wt;\n"
+    "__device__ float W(const wt *p, long long i) { return WT == 1 ? h2f(p[i]) : b2f(p[i]); }\n"
+    "#endif\n"
+    "#if GT == 0\n"
+    "typedef float gt;\n"
+    "__device__ void G(gt *p, long long i, float v) { p[i] = GROUND ? rnd(v, ACT) : v; }\n"
+    "#else\n"
+    "typedef u16 gt;\n"
+    "__device__ void G(gt *p, long long i, float v) { p[i] = GT == 1 ? f2h(v) : f2b(v); }\n"
+    "#endif\n"
+    "#define R(v) rnd((v), ACT)\n"
+    "#define FOR_EACH(i, n) for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)\n"
+    "/* x[b][t*E+e] = emb[token][e] */\n"
+    "extern \"C\" __global__ void charlm_embed(const unsigned char *tok, const wt *emb, float *x, int B, int T, int E) {\n"
+    "    FOR_EACH(i, (long long)B * T * E) {\n"
+    "        long long b = i / ((long long)T * E), t = (i / E) % T, e = i % E;\n"
+    "        x[i] = W(emb, (long long)tok[b * (T + 1) + t] * E + e);\n"
+    "    }\n"
+    "}\n"
+    "/* h = tanh(W1 x + b1) */\n"
+    "extern \"C\" __global__ void charlm_hidden(const float *x, const wt *W1, const wt *b1, float *h, int B, int D, int H) {\n"
+    "    FOR_EACH(i, (long long)B * H) {\n"
+    "        long long b = i / H, j = i % H;\n"
+    "        const float *xb = x + b * D;\n"
+    "        float acc = 0.0f;\n"
+    "        for (int k = 0; k < D; k++) acc += W(W1, j * D + k) * xb[k];\n"
+    "        h[i] = R(tanhf(R(acc + W(b1, j))));\n"
+    "    }\n"
+    "}\n"
+    "/* One block per row: logits, softmax (fp32, in the CPU's order), row loss. */\n"
+    "extern \"C\" __global__ void charlm_logits(const float *h, const wt *W2, const wt *b2, const unsigned char *tok,\n"
+    "                                          float *probs, double *row_loss, int H, int V, int T) {\n"
+    "    long long b = blockIdx.x;\n"
+    "    const float *hb = h + b * H;\n"
+    "    float *p = probs + b * V;\n"
+    "    for (int v = threadIdx.x; v < V; v += blockDim.x) {\n"
+    "        float acc = 0.0f;\n",
+    "        for (int j = 0; j < H; j++) acc += W(W2, (long long)v * H + j) * hb[j];\n"
+    "        p[v] = R(acc + W(b2, v));\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    if (threadIdx.x == 0) {\n"
+    "        float mx = -__uint_as_float(0x7f800000u), sum = 0.0f;\n"
+    "        for (int v = 0; v < V; v++) if (p[v] > mx) mx = p[v];\n"
+    "        for (int v = 0; v < V; v++) { p[v] = expf(p[v] - mx); sum += p[v]; }\n"
+    "        for (int v = 0; v < V; v++) p[v] /= sum;\n"
+    "        row_loss[b] = -log((double)p[tok[b * (T + 1) + T]] + 1e-30);\n"
+    "    }\n"
+    "}\n"
+    "/* mean loss of the batch -> out[0]; acc != 0: also acc[0] += loss * B (evaluation) */\n"
+    "extern \"C\" __global__ void charlm_loss(const double *row_loss, int B, float *out, double *acc) {\n"
+    "    if (blockIdx.x != 0 || threadIdx.x != 0) return;\n"
+    "    double s = 0.0;\n"
+    "    for (int b = 0; b < B; b++) s += row_loss[b];\n"
+    "    float l = (float)(s / B);\n"
+    "    if (out) out[0] = l;\n"
+    "    if (acc) acc[0] += (double)l * B;\n"
+    "}\n"
+    "/* dlogits = (p - onehot) * (loss scale / B); the scale is read on the device */\n"
+    "extern \"C\" __global__ void charlm_dlogits(const float *probs, const unsigned char *tok, const float *scale,\n"
+    "                                           float *dl, int B, int V, int T) {\n"
+    "    float k = *scale / (float)B;\n"
+    "    FOR_EACH(i, (long long)B * V) {\n"
+    "        long long b = i / V, v = i % V;\n"
+    "        dl[i] = R((probs[i] - (v == tok[b * (T + 1) + T] ? 1.0f : 0.0f)) * k);\n"
+    "    }\n"
+    "}\n"
+    "/* gW[i][j] = sum_b dy[b][i] x[b][j] (j < n_in), gb[i] = sum_b dy[b][i] (j == n_in) */\n"
+    "extern \"C\" __global__ void charlm_grad_w(const float *dy, const float *x, gt *gW, gt *gb, int B, int n_in, int n_out) {\n"
+    "    FOR_EACH(t, (long long)n_out * (n_in + 1)) {\n"
+    "        long long i = t / (n_in + 1), j = t % (n_in + 1);\n"
+    "        float acc = 0.0f;\n"
+    "        if (j < n_in) { for (int b = 0; b < B; b++) acc += dy[(long long)b * n_out + i] * x[(long long)b * n_in + j]; G(gW, i * n_in + j, acc); }\n"
+    "        else { for (int b = 0; b < B; b++) acc += dy[(long long)b * n_out + i]; G(gb, i, acc); }\n"
+    "    }\n"
+    "}\n"
+    "/* dx[b][k] = sum_j dy[b][j] W[j][k]; tanh' (1 - h^2) when h != 0 */\n"
+    "extern \"C\" __global__ void charlm_back(const float *dy, const wt *Wt, const float *h, float *dx, int B, int n_in, int n_out) {\n"
+    "    FOR_EACH(i, (long long)B * n_in) {\n"
+    "        long long b = i / n_in, k = i % n_in;\n"
+    "        float acc = 0.0f;\n"
+    "        for (int j = 0; j < n_out; j++) acc += dy[b * n_out + j] * W(Wt, (long long)j * n_in + k);\n"
+    "        dx[i] = h ? R(R(acc) * (1.0f - h[i] * h[i])) : R(acc);\n"
+    "    }\n"
+    "}\n"
+    "/* gemb[c][e] = sum over positions holding token c of dx (the CPU's order) */\n"
+    "extern \"C\" __global__ void charlm_grad_emb(const unsigned char *tok, const float *dx, gt *gemb, int B, int T, int E, int V) {\n"
+    "    FOR_EACH(i, (long long)V * E) {\n"
+    "        long long c = i / E, e = i % E;\n"
+    "        float acc = 0.0f;\n"
+    "        for (int b = 0; b < B; b++)\n"
+    "            for (int t = 0; t < T; t++)\n"
+    "                if (tok[b * (T + 1) + t] == c) acc += dx[((long long)b * T + t) * E + e];\n"
+    "        G(gemb, i, acc);\n"
+    "    }\n"
+    "}\n"
+    "/* inf/NaN in the (scaled) grads shows in their norm: flag it for the scaler;\n",
+    "   clip factor from the unscaled norm (capex_clip_coef) */\n"
+    "extern \"C\" __global__ void charlm_clip(const float *norm, const float *inv_scale, unsigned *found_inf, float *coef, float max_norm) {\n"
+    "    float n = *norm, c = 1.0f;\n"
+    "    if (blockIdx.x != 0 || threadIdx.x != 0) return;\n"
+    "    if (!(n - n == 0.0f)) *found_inf = 1u;\n"
+    "    else if (max_norm > 0.0f) {\n"
+    "        float t = n * *inv_scale;\n"
+    "        if (t - t == 0.0f) { c = max_norm / (t + 1e-6f); if (!(c < 1.0f)) c = 1.0f; }\n"
+    "    }\n"
+    "    *coef = c;\n"
+    "}\n"};
+
+enum { K_EMBED, K_HIDDEN, K_LOGITS, K_LOSS, K_DLOGITS, K_GRAD_W, K_BACK, K_GRAD_EMB, K_CLIP, N_KERNELS };
+static const char *const charlm_kernel_names[N_KERNELS] = {"charlm_embed",  "charlm_hidden", "charlm_logits",
+                                                          "charlm_loss",   "charlm_dlogits", "charlm_grad_w",
+                                                          "charlm_back",   "charlm_grad_emb", "charlm_clip"};
+
+typedef struct gpu_model {
+    capex_cuda_context *ctx;
+    capex_cuda_stream stream;
+    capex_cuda_function fn[N_KERNELS];
+    const model *m;
+    size_t wsize, gsize; /* bytes per weight / gradient element */
+    capex_cuda_ptr buf[8];
+} gpu_model;
+enum { G_TOK, G_X, G_H, G_PROBS, G_ROW_LOSS, G_DLOGITS, G_DH, G_DX };
+
+static int dtype_code(capex_dtype t) { return t == CAPEX_F16 ? 1 : t == CAPEX_BF16 ? 2 : 0; }
+
+static capex_result gpu_launch(gpu_model *g, int k, int64_t threads, void **args) {
+    unsigned grid[3] = {1, 1, 1}, block[3] = {256, 1, 1};
+    int64_t blocks = (threads + 255) / 256;
+    grid[0] = (unsigned)(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
+    return capex_cuda_launch(&g->fn[k], grid, block, 0, g->stream, args);
+}
+
+/* Compiles this run's kernel variant through capex's JIT (disk-cached), allocates activations. */
+static capex_result gpu_model_init(gpu_model *g, capex_cuda_context *ctx, capex_cuda_stream stream, const model *m,
+                                   capex_dtype weight_t, capex_dtype grad_t, int ground) {
+    char defs[4][32];
+    const char *opts[5];
+    const size_t n_parts = sizeof charlm_kernels_parts / sizeof charlm_kernels_parts[0];
+    const size_t B = (size_t)m->batch, D = (size_t)m->ctx * m->emb;
+    size_t sizes[8], i, len = 1;
+    char *src;
+    capex_cuda_module *mod = NULL;
+    capex_result r;
+    memset(g, 0, sizeof *g);
+    g->ctx = ctx; g->stream = stream; g->m = m;
+    g->wsize = capex_dtype_size(weight_t);
+    g->gsize = capex_dtype_size(grad_t);
+    snprintf(defs[0], sizeof defs[0], "-DWT=%d", dtype_code(weight_t));
+    snprintf(defs[1], sizeof defs[1], "-DACT=%d", dtype_code(m->act));
+    snprintf(defs[2], sizeof defs[2], "-DGT=%d", dtype_code(grad_t));
+    snprintf(defs[3], sizeof defs[3], "-DGROUND=%d", ground);
+    for (i = 0; i < 4; i++) opts[i] = defs[i];
+    opts[4] = "--fmad=false"; /* multiply and add rounded apart, as in the CPU code */
+    for (i = 0; i < n_parts; i++) len += strlen(charlm_kernels_parts[i]);
+    if (!(src = (char *)malloc(len))) return CAPEX_ERR_OUT_OF_MEMORY;
+    src[0] = '\0';
+    for (i = 0; i < n_parts; i++) strcat(src, charlm_kernels_parts[i]);
+    r = capex_cuda_module_compile(ctx, src, "charlm_kernels", opts, 5, &mod);
+    free(src);
+    for (i = 0; r == CAPEX_OK && i < N_KERNELS; i++) r = capex_cuda_module_get_function(mod, charlm_kernel_names[i], &g->fn[i]);
+    sizes[G_TOK] = B * (size_t)(m->ctx + 1);
+    sizes[G_X] = sizes[G_DX] = B * D * 4;
+    sizes[G_H] = sizes[G_DH] = B * (size_t)m->hidden * 4;
+    sizes[G_PROBS] = sizes[G_DLOGITS] = B * (size_t)m->vocab * 4;
+    sizes[G_ROW_LOSS] = B * 8;
+    for (i = 0; r == CAPEX_OK && i < 8; i++) r = capex_cuda_malloc(ctx, sizes[i], &g->buf[i]);
+    return r;
+}
+
+static void gpu_model_free(gpu_model *g) {
+    int i;
+    if (g->ctx)
+        for (i = 0; i < 8; i++) capex_cuda_free(g->ctx, g->buf[i]);
+}
+
+/* Forward over the tokens in buf[G_TOK] with weights w: mean loss into
+   *loss_out (device float; 0: none) and loss * batch added to *loss_acc
+   (device double; 0: none). Nothing is read back. */
+static capex_result gpu_forward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr loss_out, capex_cuda_ptr loss_acc) {
+    const model *m = g->m;
+    int B = m->batch, T = m->ctx, E = m->emb, H = m->hidden, V = m->vocab, D = T * E;
+    capex_cuda_ptr emb = w + (capex_cuda_ptr)m->off[P_EMB] * g->wsize, W1 = w + (capex_cuda_ptr)m->off[P_W1] * g->wsize;
+    capex_cuda_ptr b1 = w + (capex_cuda_ptr)m->off[P_B1] * g->wsize, W2 = w + (capex_cuda_ptr)m->off[P_W2] * g->wsize;
+    capex_cuda_ptr b2 = w + (capex_cuda_ptr)m->off[P_B2] * g->wsize;
+    capex_cuda_ptr *bf = g->buf;
+    capex_result r;
+    unsigned grid[3] = {1, 1, 1}, block[3] = {128, 1, 1};
+    {
+        void *a[] = {&bf[G_TOK], &emb, &bf[G_X], &B, &T, &E};
+        if ((r = gpu_launch(g, K_EMBED, (int64_t)B * D, a)) != CAPEX_OK) return r;
+    }
+    {
+        void *a[] = {&bf[G_X], &W1, &b1, &bf[G_H], &B, &D, &H};
+        if ((r = gpu_launch(g, K_HIDDEN, (int64_t)B * H, a)) != CAPEX_OK) return r;
+    }
+    {
+        void *a[] = {&bf[G_H], &W2, &b2, &bf[G_TOK], &bf[G_PROBS], &bf[G_ROW_LOSS], &H, &V, &T};
+        grid[0] = (unsigned)B; /* one block per row */
+        if ((r = capex_cuda_launch(&g->fn[K_LOGITS], grid, block, 0, g->stream, a)) != CAPEX_OK) return r;
+    }
+    {
+        void *a[] = {&bf[G_ROW_LOSS], &B, &loss_out, &loss_acc};
+        return gpu_launch(g, K_LOSS, 1, a);
+    }
+}
+
+/* Backward of (loss * *scale) into the gradient tensors grad[P_*] (device,
+   grad dtype), each written whole; ready(i) is called as soon as tensor i
+   is final, so its DDP bucket can start reducing while the rest runs. */
+static capex_result gpu_backward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr scale, const capex_cuda_ptr *grad,
+                                 capex_ddp *ddp) {
+    const model *m = g->m;
+    int B = m->batch, T = m->ctx, E = m->emb, H = m->hidden, V = m->vocab, D = T * E;
+    capex_cuda_ptr W1 = w + (capex_cuda_ptr)m->off[P_W1] * g->wsize, W2 = w + (capex_cuda_ptr)m->off[P_W2] * g->wsize;
+    capex_cuda_ptr none = 0, *bf = g->buf;
+    capex_result r;
+    {
+        void *a[] = {&bf[G_PROBS], &bf[G_TOK], &scale, &bf[G_DLOGITS], &B, &V, &T};
+        if ((r = gpu_launch(g, K_DLOGITS, (int64_t)B * V, a)) != CAPEX_OK) return r;
+    }
+    {
+        void *a[] = {&bf[G_DLOGITS], &bf[G_H], (void *)&grad[P_W2], (void *)&grad[P_B2], &B, &H, &V};
+        if ((r = gpu_launch(g, K_GRAD_W, (int64_t)V * (H + 1), a)) != CAPEX_OK) return r;
+        if (ddp && ((r = capex_ddp_grad_ready(ddp, P_B2)) != CAPEX_OK || (r = capex_ddp_grad_ready(ddp, P_W2)) != CAPEX_OK)) return r;
+    }
+    {
+        void *a[] = {&bf[G_DLOGITS], &W2, &bf[G_H], &bf[G_DH], &B, &H, &V};
+        if ((r = gpu_launch(g, K_BACK, (int64_t)B * H, a)) != CAPEX_OK) return r;
+    }
+    {
+        void *a[] = {&bf[G_DH], &bf[G_X], (void *)&grad[P_W1], (void *)&grad[P_B1], &B, &D, &H};
+        if ((r = gpu_launch(g, K_GRAD_W, (int64_t)H * (D + 1), a)) != CAPEX_OK) return r;
+        if (ddp && ((r = capex_ddp_grad_ready(ddp, P_B1)) != CAPEX_OK || (r = capex_ddp_grad_ready(ddp, P_W1)) != CAPEX_OK)) return r;
+    }
+    {
+        void *a[] = {&bf[G_DH], &W1, &none, &bf[G_DX], &B, &D, &H};
+        if ((r = gpu_launch(g, K_BACK, (int64_t)B * D, a)) != CAPEX_OK) return r;
+    }
+    {
+        void *a[] = {&bf[G_TOK], &bf[G_DX], (void *)&grad[P_EMB], &B, &T, &E, &V};
+        if ((r = gpu_launch(g, K_GRAD_EMB, (int64_t)V * E, a)) != CAPEX_OK) return r;
+        if (ddp && (r = capex_ddp_grad_ready(ddp, P_EMB)) != CAPEX_OK) return r;
+    }
+    return CAPEX_OK;
+}
+
+/* Validation loss on the CPU path's windows; one read-back at the end. */
+static float gpu_evaluate(gpu_model *g, capex_cuda_ptr w, const text_data *d, int windows, capex_cuda_ptr acc) {
+    int B = g->m->batch, T = g->m->ctx, i, done = 0;
+    size_t first = d->n_train, span = d->n - d->n_train - (size_t)T - 1;
+    unsigned char *tok = (unsigned char *)malloc((size_t)B * (T + 1));
+    double sum = 0;
+    capex_result r = tok ? capex_cuda_memset_u8(g->ctx, acc, 0, 8, g->stream) : CAPEX_ERR_OUT_OF_MEMORY;
+    while (r == CAPEX_OK && done < windows) {
+        for (i = 0; i < B; i++) {
+            size_t start = first + (size_t)(((uint64_t)(done + i) * span) / (uint64_t)windows);
+            memcpy(tok + (size_t)i * (T + 1), d->bytes + start, (size_t)T + 1);
+        }
+        /* from pageable memory the copy has consumed tok when it returns */
+        r = capex_cuda_memcpy_htod(g->ctx, g->buf[G_TOK], tok, (size_t)B * (T + 1), g->stream);
+        if (r == CAPEX_OK) r = gpu_forward(g, w, 0, acc);
+        done += B;
+    }
+    if (r == CAPEX_OK) r = capex_cuda_memcpy_dtoh(g->ctx, &sum, acc, 8, g->stream);
+    if (r == CAPEX_OK) r = capex_cuda_stream_synchronize(g->ctx, g->stream);
+    free(tok);
+    return r == CAPEX_OK ? (float)(sum / done) : NAN;
+}
+
+/* The GPU training run: train()'s loop with the model, the loss scaler, the
+   optimizer (fp32 master weights + model copy), clipping and the gradient
+   all-reduce on the device. Per step the host only picks the batch and
+   enqueues work: the loss scale, the overflow flag, the clip factor and the
+   losses stay on the GPU and are read back at log and evaluation points. */
+static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *ctx, capex_comm *comm, int rank, int world,
+                     run_result *res) {
+    capex_amp_overrides ov;
+    capex_amp_config amp;
+    capex_dtype act = CAPEX_F32, grad_dtype;
+    capex_scaler_desc sd;
+    capex_scaler host_sc;
+    capex_cuda_scaler *sc = NULL;
+    capex_optim_desc od;
+    capex_cuda_optim *opt = NULL;
+    capex_optim_param op[P_COUNT];
+    capex_ddp *ddp = NULL;
+    capex_ddp_param dp[P_COUNT];
+    capex_ddp_desc dd;
+    capex_tensor gt[P_COUNT];
+    capex_tensor_list grads;
+    capex_sampler_desc smd;
+    capex_sampler smp;
+    capex_cuda_stream stream = NULL;
+    gpu_model g;
+    model m;
+    float *w32h = NULL, *losses = NULL;
+    unsigned char *tok = NULL;
+    capex_cuda_ptr w32 = 0, wh = 0, gbuf = 0, grad[P_COUNT], norm_ws = 0, scratch = 0;
+    size_t ws_bytes = 0;
+    int step = 0, i, ok = 0, model_ok = 0, logged = 0;
+    uint64_t epoch = 0, pos = 0;
+    double t0, ema = 0, tokens = 0;
+    const int loss_cap = c->steps + 1;
+
+    memset(res, 0, sizeof *res);
+    memset(&g, 0, sizeof g);
+    capex_amp_overrides_init(&ov);
+    CHECK(capex_amp_resolve(c->level, c->half, &ov, &amp));
+    if (rank == 0 && !c->quiet) {
+        char rep[2048];
+        size_t need;
+        if (capex_amp_report(&amp, rep, sizeof rep, &need) == CAPEX_OK) printf("%s", rep);
+    }
+    CHECK(capex_amp_op_dtype(&amp, CAPEX_OP_LINEAR, amp.model_dtype, &act));
+    grad_dtype = amp.model_dtype;
+    if (!model_init(&m, d->vocab, c->ctx, c->emb, c->hidden, c->batch, act)) goto oom;
+    model_ok = 1;
+    w32h = (float *)malloc((size_t)m.n_params * sizeof(float));
+    losses = (float *)malloc((size_t)loss_cap * sizeof(float));
+    tok = (unsigned char *)malloc((size_t)c->batch * (c->ctx + 1));
+    if (!w32h || !losses || !tok) goto oom;
+    model_init_weights(&m, w32h, c->seed);
+    if (amp.model_dtype != CAPEX_F32 && !amp.use_master_weights) /* O3: the fp32 copy holds half values only */
+        for (i = 0; i < m.n_params; i++) w32h[i] = round_to(w32h[i], amp.model_dtype);
+
+    CHECK(capex_cuda_stream_create(ctx, &stream));
+    if (capex_comm_is_nccl(comm)) CHECK(capex_nccl_set_user_stream(comm, stream));
+    CHECK(gpu_model_init(&g, ctx, stream, &m, amp.model_dtype == CAPEX_F32 ? CAPEX_F32 : amp.model_dtype, grad_dtype,
+                         act != CAPEX_F32 && grad_dtype == CAPEX_F32));
+    /* device buffers: fp32 weights (master under O2), the half model copy, the
+       loss history, one scratch area (clip norm, clip factor, eval sum) */
+    CHECK(capex_cuda_malloc(ctx, (size_t)m.n_params * 4, &w32));
+    CHECK(capex_cuda_memcpy_htod(ctx, w32, w32h, (size_t)m.n_params * 4, NULL));
+    if (world > 1) CHECK(capex_comm_broadcast(comm, (void *)(uintptr_t)w32, (size_t)m.n_params, CAPEX_F32, 0)); /* DDP's start */
+    if (amp.model_dtype != CAPEX_F32) {
+        CHECK(capex_cuda_malloc(ctx, (size_t)m.n_params * 2, &wh));
+        CHECK(capex_cuda_convert(ctx, wh, amp.model_dtype, w32, CAPEX_F32, (size_t)m.n_params, stream));
+    }
+    CHECK(capex_cuda_malloc(ctx, 16 + (size_t)loss_cap * 4, &scratch)); /* norm f32, coef f32, eval f64, losses */
+
+    /* gradients: in DDP's bucket buffers (reduced while backward runs) with
+       several ranks; in one buffer of our own with one */
+    if (world > 1) {
+        for (i = 0; i < P_COUNT; i++) {
+            dp[i].data = (void *)(uintptr_t)((wh ? wh : w32) + (capex_cuda_ptr)m.off[i] * (wh ? 2 : 4));
+            dp[i].numel = (size_t)(m.off[i + 1] - m.off[i]);
+            dp[i].dtype = grad_dtype;
+            dp[i].grad = NULL;
+        }
+        capex_ddp_desc_init(&dd);
+        dd.broadcast_parameters = 0; /* done above on the fp32 weights */
+        if (c->bucket_bytes) dd.bucket_bytes = dd.first_bucket_bytes = c->bucket_bytes;
+        dd.delay_allreduce = c->delay_allreduce;
+        CHECK(capex_ddp_create(&ddp, comm, dp, P_COUNT, &dd));
+        for (i = 0; i < P_COUNT; i++) grad[i] = (capex_cuda_ptr)(uintptr_t)capex_ddp_grad(ddp, (size_t)i);
+    } else {
+        CHECK(capex_cuda_malloc(ctx, (size_t)m.n_params * capex_dtype_size(grad_dtype), &gbuf));
+        for (i = 0; i < P_COUNT; i++) grad[i] = gbuf + (capex_cuda_ptr)m.off[i] * capex_dtype_size(grad_dtype);
+    }
+    for (i = 0; i < P_COUNT; i++) {
+        gt[i].data = (void *)(uintptr_t)grad[i];
+        gt[i].numel = m.off[i + 1] - m.off[i];
+    }
+    grads = capex_tensor_list_make(grad_dtype, gt, P_COUNT);
+    CHECK(capex_cuda_multi_tensor_workspace_size(NULL, &grads, 1, &ws_bytes));
+    CHECK(capex_cuda_malloc(ctx, ws_bytes, &norm_ws));
+
+    capex_optim_desc_init(&od, c->optim);
+    od.defaults.lr = c->lr;
+    od.defaults.weight_decay = c->wd;
+    if (c->optim == CAPEX_OPTIM_SGD) od.defaults.momentum = 0.9f;
+    if (c->optim == CAPEX_OPTIM_LAMB) od.max_grad_norm = c->clip;
+    CHECK(capex_cuda_optim_create(ctx, &od, &opt));
+    for (i = 0; i < P_COUNT; i++) {
+        capex_optim_param_init(&op[i]);
+        op[i].param = (float *)(uintptr_t)(w32 + (capex_cuda_ptr)m.off[i] * 4);
+        op[i].numel = m.off[i + 1] - m.off[i];
+        op[i].grad = (const void *)(uintptr_t)grad[i];
+        op[i].grad_dtype = grad_dtype;
+        if (wh) { op[i].model = (void *)(uintptr_t)(wh + (capex_cuda_ptr)m.off[i] * 2); op[i].model_dtype = amp.model_dtype; }
+    }
+    CHECK(capex_cuda_optim_add_group(opt, NULL, op, P_COUNT, NULL));
+
+    capex_scaler_desc_init(&sd);
+    sd.log_interval = 0;
+    if (amp.loss_scale_mode == CAPEX_LOSS_SCALE_STATIC) { sd.dynamic = 0; sd.init_scale = (float)amp.loss_scale; }
+    CHECK(capex_cuda_scaler_create(ctx, &sd, &sc));
+    CHECK(capex_scaler_init(&host_sc, &sd)); /* for checkpoints: the same format as the CPU run */
+
+    capex_sampler_desc_init(&smd);
+    smd.dataset_size = d->n_train - (size_t)c->ctx - 1;
+    smd.num_replicas = world;
+    smd.rank = rank;
+    smd.seed = c->seed;
+    smd.drop_last = 1;
+    CHECK(capex_sampler_init(&smp, &smd));
+
+    if (c->resume_path) {
+        capex_state_reader *rd = NULL;
+        capex_optim *h = NULL;
+        capex_scaler_state st;
+        int64_t v[3];
+        capex_result r = capex_state_reader_open_file(c->resume_path, 0, NULL, &rd);
+        if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.step", &v[0]);
+        if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.epoch", &v[1]);
+        if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.pos", &v[2]);
+        if (r == CAPEX_OK) r = capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, stream, &h);
+        if (r == CAPEX_OK) r = capex_optim_load(h, rd, "optim", CAPEX_OPTIM_STATE_PARAMS);
+        if (r == CAPEX_OK) r = capex_cuda_optim_from_host(opt, h, CAPEX_OPTIM_STATE_PARAMS, stream);
+        if (r == CAPEX_OK) r = capex_scaler_load(&host_sc, rd, "scaler.0.");
+        if (r == CAPEX_OK) r = capex_scaler_get_state(&host_sc, &st);
+        if (r == CAPEX_OK) r = capex_cuda_scaler_set_state(sc, &st, stream);
+        capex_optim_destroy(h);
+        capex_state_reader_close(rd);
+        if (r != CAPEX_OK) {
+            fprintf(stderr, "resume from %s failed: %s\n", c->resume_path, capex_last_error());
+            goto fail;
+        }
+        step = (int)v[0]; epoch = (uint64_t)v[1]; pos = (uint64_t)v[2];
+        if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
+    }
+    capex_sampler_set_epoch(&smp, epoch);
+
+    t0 = capex_dist_now();
+    logged = step;
+    for (; step < c->steps; step++) {
+        const capex_cuda_ptr dnorm = scratch, dcoef = scratch + 4, dloss = scratch + 16 + (capex_cuda_ptr)step * 4;
+        const capex_cuda_ptr wcompute = wh ? wh : w32;
+        int b;
+        if (pos + (uint64_t)c->batch > smp.num_samples) { epoch++; pos = 0; capex_sampler_set_epoch(&smp, epoch); }
+        for (b = 0; b < c->batch; b++) {
+            uint64_t idx = 0;
+            CHECK(capex_sampler_index(&smp, pos + (uint64_t)b, &idx));
+            memcpy(tok + (size_t)b * (c->ctx + 1), d->bytes + idx, (size_t)c->ctx + 1);
+        }
+        pos += (uint64_t)c->batch;
+        CHECK(capex_cuda_memcpy_htod(ctx, g.buf[G_TOK], tok, (size_t)c->batch * (c->ctx + 1), stream));
+        CHECK(capex_cuda_optim_set_lr(opt, 0, lr_at(c, step), stream));
+
+        CHECK(gpu_forward(&g, wcompute, dloss, 0));
+        CHECK(gpu_backward(&g, wcompute, capex_cuda_scaler_scale_ptr(sc), grad, ddp));
+        if (ddp) CHECK(capex_ddp_finalize(ddp));
+        /* one pass over the (still scaled) grads: global norm; inf/NaN show up in it */
+        CHECK(capex_cuda_multi_tensor_l2norm(ctx, NULL, &grads, norm_ws, ws_bytes, dnorm, 0, stream));
+        {
+            capex_cuda_ptr inv = capex_cuda_scaler_inv_scale_ptr(sc), found = capex_cuda_scaler_found_inf_ptr(sc);
+            float max_norm = c->optim == CAPEX_OPTIM_LAMB ? 0.0f : c->clip; /* LAMB clips by itself */
+            void *a[] = {(void *)&dnorm, &inv, &found, (void *)&dcoef, &max_norm};
+            CHECK(gpu_launch(&g, K_CLIP, 1, a));
+            CHECK(capex_cuda_optim_step(opt, inv, dcoef, found, stream)); /* skipped on the device after an overflow */
+        }
+        CHECK(capex_cuda_scaler_update(sc, stream));
+        if (wh && !amp.use_master_weights) /* O3: the fp32 copy follows the half weights */
+            CHECK(capex_cuda_convert(ctx, w32, CAPEX_F32, wh, amp.model_dtype, (size_t)m.n_params, stream));
+        tokens += (double)c->batch * world;
+
+        if ((c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) ||
+            (c->eval_every && ((step + 1) % c->eval_every == 0 || step == c->steps - 1))) {
+            /* read the losses since the last read (the only host sync besides checkpoints) */
+            CHECK(capex_cuda_memcpy_dtoh(ctx, losses + logged, scratch + 16 + (capex_cuda_ptr)logged * 4,
+                                         (size_t)(step + 1 - logged) * 4, stream));
+            CHECK(capex_cuda_stream_synchronize(ctx, stream));
+            for (; logged <= step; logged++) ema = logged == 0 ? losses[0] : 0.98 * ema + 0.02 * losses[logged];
+        }
+        if (c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) {
+            double el = capex_dist_now() - t0;
+            capex_scaler_state st;
+            CHECK(capex_cuda_scaler_get_state(sc, &st, stream));
+            printf("[%s] step %5d  loss %.4f  scale %-9g skipped %lld  lr %.2e  %.0f tok/s\n", c->label, step, losses[step],
+                   st.scale, (long long)st.skipped_steps, lr_at(c, step), el > 0 ? tokens / el : 0.0);
+        }
+        if (c->eval_every && ((step + 1) % c->eval_every == 0 || step == c->steps - 1) && res->n_points < MAX_POINTS) {
+            float vl = gpu_evaluate(&g, wcompute, d, c->eval_windows, scratch + 8);
+            res->pt_step[res->n_points] = step + 1;
+            res->pt_train[res->n_points] = (float)ema;
+            res->pt_val[res->n_points] = vl;
+            res->n_points++;
+            if (rank == 0 && !c->quiet) printf("[%s] step %5d  val loss %.4f\n", c->label, step + 1, vl);
+        }
+        if (c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps) && rank == 0) {
+            capex_state_writer *w = NULL;
+            capex_optim *h = NULL;
+            capex_scaler_state st;
+            capex_result r = capex_state_writer_create(NULL, &w);
+            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.step", step + 1);
+            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.epoch", (int64_t)epoch);
+            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.pos", (int64_t)pos);
+            if (r == CAPEX_OK) r = capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, stream, &h);
+            if (r == CAPEX_OK) r = capex_optim_save(h, w, "optim", CAPEX_OPTIM_STATE_PARAMS);
+            if (r == CAPEX_OK) r = capex_cuda_scaler_get_state(sc, &st, stream);
+            if (r == CAPEX_OK) r = capex_scaler_set_state(&host_sc, &st);
+            if (r == CAPEX_OK) r = capex_scaler_save(&host_sc, w, "scaler.0.");
+            if (r == CAPEX_OK) r = capex_state_write_file(w, c->save_path);
+            capex_state_writer_destroy(w);
+            capex_optim_destroy(h);
+            CHECK(r);
+            if (!c->quiet) printf("[%s] checkpoint written to %s after step %d\n", c->label, c->save_path, step + 1);
+        }
+    }
+    CHECK(capex_cuda_stream_synchronize(ctx, stream));
+    res->seconds = capex_dist_now() - t0;
+    res->tokens_per_s = res->seconds > 0 ? tokens / res->seconds : 0;
+    {
+        capex_scaler_state st;
+        CHECK(capex_cuda_scaler_get_state(sc, &st, stream));
+        res->skipped = st.skipped_steps;
+    }
+    res->train_loss = (float)ema;
+    res->val_loss = gpu_evaluate(&g, wh ? wh : w32, d, c->eval_windows, scratch + 8);
+    CHECK(capex_cuda_memcpy_dtoh(ctx, w32h, w32, (size_t)m.n_params * 4, NULL));
+    res->weights_crc = capex_crc32(0, w32h, (size_t)m.n_params * sizeof(float));
+    ok = 1;
+    goto done;
+oom:
+    fprintf(stderr, "out of memory\n");
+fail:
+done:
+    capex_cuda_optim_destroy(opt);
+    capex_cuda_scaler_destroy(sc);
+    capex_ddp_destroy(ddp);
+    gpu_model_free(&g);
+    if (ctx) {
+        capex_cuda_free(ctx, w32); capex_cuda_free(ctx, wh); capex_cuda_free(ctx, gbuf);
+        capex_cuda_free(ctx, norm_ws); capex_cuda_free(ctx, scratch);
+        if (stream && capex_comm_is_nccl(comm)) capex_nccl_set_user_stream(comm, NULL); /* before the stream goes */
+        if (stream) capex_cuda_stream_destroy(ctx, stream);
+    }
+    if (model_ok) model_free(&m);
+    free(w32h); free(losses); free(tok);
     return ok;
 }
 
@@ -614,6 +1189,25 @@ static void write_svg(const char *path, const run_cfg *cfgs, const run_result *r
 
 /* ---- command line -------------------------------------------------------- */
 
+static int run_one(const run_cfg *c, const text_data *d, capex_cuda_context *ctx, capex_comm *comm, int rank, int world,
+                   run_result *res) {
+    return ctx ? train_gpu(c, d, ctx, comm, rank, world, res) : train(c, d, comm, rank, world, res);
+}
+
+/* One float per rank; NCCL moves device buffers only. */
+static capex_result allgather_f32(capex_comm *comm, capex_cuda_context *ctx, const float *mine, float *all, int world) {
+    capex_cuda_ptr dbuf = 0;
+    capex_result r;
+    if (!capex_comm_is_nccl(comm)) return capex_comm_allgather(comm, mine, all, 1, CAPEX_F32);
+    r = capex_cuda_malloc(ctx, (size_t)(world + 1) * 4, &dbuf);
+    if (r == CAPEX_OK) r = capex_cuda_memcpy_htod(ctx, dbuf, mine, 4, NULL);
+    if (r == CAPEX_OK) r = capex_comm_allgather(comm, (const void *)(uintptr_t)dbuf, (void *)(uintptr_t)(dbuf + 4), 1, CAPEX_F32);
+    if (r == CAPEX_OK) r = capex_cuda_context_synchronize(ctx);
+    if (r == CAPEX_OK) r = capex_cuda_memcpy_dtoh(ctx, all, dbuf + 4, (size_t)world * 4, NULL);
+    capex_cuda_free(ctx, dbuf);
+    return r;
+}
+
 static void run_cfg_default(run_cfg *c) {
     memset(c, 0, sizeof *c);
     c->level = CAPEX_O2; c->half = CAPEX_F16; c->optim = CAPEX_OPTIM_ADAM;
@@ -637,6 +1231,7 @@ static void usage(void) {
            "  --svg FILE            chart path for --compare (default loss_curve.svg)\n"
            "  --tol X               allowed |val(level) - val(O0)| for --compare (default 0.05)\n"
            "  --bucket-kb N --delay-allreduce   DDP settings\n"
+           "  --device auto|cpu|gpu  where to train (default auto: the GPU when one is usable)\n"
            "  --log-every N --eval-every N --quiet\n"
            "Launch several ranks with mpirun (build with CAPEX_MPI) or torchrun --no-python.\n");
 }
@@ -645,9 +1240,10 @@ int main(int argc, char **argv) {
     run_cfg cfg;
     text_data data;
     capex_dist_env env;
-    capex_comm comm;
-    const char *data_path = NULL, *svg = "loss_curve.svg";
-    int compare = 0, half_given = 0, i, rc = 1;
+    capex_comm host_comm, nccl_comm, *comm = &host_comm;
+    capex_cuda_context *ctx = NULL;
+    const char *data_path = NULL, *svg = "loss_curve.svg", *device = "auto";
+    int compare = 0, half_given = 0, i, rc = 1, have_host = 0, have_nccl = 0;
     float tol = 0.05f;
     run_cfg_default(&cfg);
     for (i = 1; i < argc; i++) {
@@ -684,6 +1280,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--bucket-kb")) cfg.bucket_bytes = (size_t)atol(v) * 1024;
         else if (!strcmp(a, "--log-every")) cfg.log_every = atoi(v);
         else if (!strcmp(a, "--eval-every")) cfg.eval_every = atoi(v);
+        else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "gpu")) { fprintf(stderr, "--device: auto, cpu or gpu\n"); return 2; }
+            device = v;
+        }
         else { fprintf(stderr, "unknown option %s (--help)\n", a); return 2; }
         i += used;
     }
@@ -695,27 +1295,65 @@ int main(int argc, char **argv) {
 #ifdef CAPEX_MPI
     MPI_Init(&argc, &argv);
 #endif
-    if (capex_dist_env_read(NULL, &env) != CAPEX_OK || capex_comm_init_auto(&comm, &env) != CAPEX_OK) {
-        fprintf(stderr, "distributed setup failed: %s\n", capex_last_error());
+    if (capex_dist_env_read(NULL, &env) != CAPEX_OK) {
+        fprintf(stderr, "launcher environment: %s\n", capex_last_error());
         goto out_mpi;
     }
     capex_dist_log_init(&env);
+    /* The GPU of this rank ($LOCAL_RANK) when there is one; else the CPU, saying why. */
+    if (strcmp(device, "cpu") != 0 && capex_cuda_context_create(NULL, &ctx) != CAPEX_OK) {
+        ctx = NULL;
+        if (!strcmp(device, "gpu")) {
+            fprintf(stderr, "--device gpu: %s\n", capex_last_error());
+            goto out_mpi;
+        }
+        if (env.rank == 0) printf("no usable GPU, training on the CPU (%s)\n", capex_last_error());
+    }
+    /* Host comm (MPI, TCP or single) for the CPU path and to bootstrap NCCL
+       under MPI; NCCL for several GPUs (its id over TCP without MPI). */
+#ifdef CAPEX_MPI
+    have_host = 1;
+#else
+    have_host = !ctx || env.world_size == 1;
+#endif
+    if (have_host && capex_comm_init_auto(&host_comm, &env) != CAPEX_OK) {
+        have_host = 0;
+        fprintf(stderr, "distributed setup failed: %s\n", capex_last_error());
+        goto out;
+    }
+    if (ctx && env.world_size > 1) {
+        capex_nccl_desc nd;
+        capex_nccl_desc_init(&nd);
+        nd.ctx = ctx;
+        nd.bootstrap = have_host ? &host_comm : NULL;
+        if (capex_comm_init_nccl(&nccl_comm, &env, &nd) != CAPEX_OK) {
+            fprintf(stderr, "NCCL setup failed: %s\n", capex_last_error());
+            goto out;
+        }
+        have_nccl = 1;
+        comm = &nccl_comm;
+    }
     if (!load_text(data_path, 0.1, &data)) goto out;
-    if (env.rank == 0)
-        printf("capex %s  char-LM on %zu bytes of text (vocab %d, %zu train / %zu validation), %d rank(s) via %s\n",
+    if (env.rank == 0) {
+        const capex_cuda_device_info *di = ctx ? capex_cuda_context_device(ctx) : NULL;
+        char where[300];
+        if (di) snprintf(where, sizeof where, "GPU %s (sm_%d%d)", di->name, di->cc_major, di->cc_minor);
+        else snprintf(where, sizeof where, "the CPU");
+        printf("capex %s  char-LM on %zu bytes of text (vocab %d, %zu train / %zu validation), %d rank(s) via %s, on %s\n",
                CAPEX_VERSION_STRING, data.n, data.vocab, data.n_train, data.n - data.n_train, env.world_size,
-               capex_launcher_name(env.launcher));
+               capex_launcher_name(env.launcher), where);
+    }
     if (!compare) {
         run_result res;
         float mine, *all = NULL;
         int same = 1;
         cfg.label = capex_opt_level_name(cfg.level);
-        if (!train(&cfg, &data, &comm, env.rank, env.world_size, &res)) goto out_data;
+        if (!run_one(&cfg, &data, ctx, comm, env.rank, env.world_size, &res)) goto out_data;
         /* DDP keeps replicas bit-identical: every rank's weight checksum must match.
            Allgather moves bits, so the crc travels as the bits of a float. */
         memcpy(&mine, &res.weights_crc, sizeof mine);
         all = (float *)malloc((size_t)env.world_size * sizeof(float));
-        if (!all || capex_comm_allgather(&comm, &mine, all, 1, CAPEX_F32) != CAPEX_OK) {
+        if (!all || allgather_f32(comm, ctx, &mine, all, env.world_size) != CAPEX_OK) {
             fprintf(stderr, "replica check failed: %s\n", all ? capex_last_error() : "out of memory");
             free(all);
             goto out_data;
@@ -749,7 +1387,7 @@ int main(int argc, char **argv) {
         }
         for (i = 0; i < n_runs; i++) {
             runs[i].save_path = NULL;
-            if (!train(&runs[i], &data, &comm, env.rank, env.world_size, &res[i])) goto out_data;
+            if (!run_one(&runs[i], &data, ctx, comm, env.rank, env.world_size, &res[i])) goto out_data;
         }
         if (env.rank == 0) {
             printf("\n%-10s %10s %10s %8s %10s\n", "run", "val loss", "train", "skipped", "tok/s");
@@ -770,7 +1408,9 @@ int main(int argc, char **argv) {
 out_data:
     free(data.bytes);
 out:
-    capex_comm_destroy(&comm);
+    if (have_nccl) capex_comm_destroy(&nccl_comm);
+    if (have_host) capex_comm_destroy(&host_comm);
+    capex_cuda_context_destroy(ctx);
 out_mpi:
 #ifdef CAPEX_MPI
     MPI_Finalize();

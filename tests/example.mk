@@ -9,9 +9,9 @@ $(BUILD)/examples/train_charlm: examples/train_charlm.c $(HEADERS)
 
 ifneq ($(DIST_HAVE_MPICC),)
 $(BUILD)/tests/test_example: $(BUILD)/examples/train_charlm_mpi
-$(BUILD)/examples/train_charlm_mpi: examples/train_charlm.c capex.h
+$(BUILD)/examples/train_charlm_mpi: examples/train_charlm.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(MPICC) -std=c99 $(EXAMPLE_OPT) $(WARN) -DCAPEX_MPI $< -o $@ -lm
+	$(MPICC) -std=c99 $(EXAMPLE_OPT) $(WARN) -DCAPEX_MPI $< -o $@ $(LDLIBS)
 endif
 
 # Every example builds warning-free as C99 under gcc and clang, and as C++.

@@ -550,6 +550,82 @@ static void par_lamb(ct_state *ct, env *e) {
     par_opt_run(ct, e, &d, 12, 21000, 2e-6f, "LAMB, several launches");
 }
 
+/* ---- checkpoints: the device optimizer in capex_optim's format ------------
+   After two steps on both, the device state saved through to_host is the
+   CPU optimizer's file byte for byte (Adam, SGD: bit-exact math); the device
+   then takes a step of its own, is restored from the file (from_host) and
+   steps again in lockstep with the CPU: equal again (step counts, moments,
+   weights, model copies all came back). Mismatches are refused unchanged. */
+static int par_save_mem(const capex_optim *o, unsigned char **buf, size_t *len) {
+    capex_state_writer *w = NULL;
+    int ok = capex_state_writer_create(NULL, &w) == CAPEX_OK && capex_optim_save(o, w, "optim", CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK &&
+             capex_state_write_memory(w, NULL, 0, len) == CAPEX_OK && (*buf = (unsigned char *)malloc(*len)) != NULL &&
+             capex_state_write_memory(w, *buf, *len, len) == CAPEX_OK;
+    capex_state_writer_destroy(w);
+    return ok;
+}
+static void par_checkpoint_one(ct_state *ct, env *e, const capex_optim_desc *d, int exact, const char *what) {
+    par_opt o;
+    capex_optim *h = NULL, *h2 = NULL, *other = NULL;
+    capex_state_reader *rd = NULL;
+    unsigned char *fc = NULL, *fd = NULL;
+    size_t lc = 0, ld = 0;
+    int s;
+    CT_CHECK(par_opt_make(e, &o, d, 12, 0), "%s: setup: %s", what, capex_last_error());
+    for (s = 0; s < 2 && !ct->failed; s++) {
+        CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu step: %s", capex_last_error());
+        CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "dev step: %s", capex_last_error());
+    }
+    CT_CHECK(capex_cuda_optim_to_host(o.dev, CAPEX_OPTIM_STATE_PARAMS, NULL, &h) == CAPEX_OK, "%s: to_host: %s", what, capex_last_error());
+    if (ct->failed) goto out;
+    CT_CHECK(par_save_mem(h, &fd, &ld) && par_save_mem(o.cpu, &fc, &lc), "%s: save: %s", what, capex_last_error());
+    if (exact) CT_CHECK(ld == lc && memcmp(fd, fc, lc) == 0, "%s: device checkpoint (%zu bytes) differs from the CPU's (%zu)", what, ld, lc);
+    /* the device moves on alone, then comes back from the file */
+    CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "dev step");
+    CT_CHECK(capex_cuda_optim_to_host(o.dev, CAPEX_OPTIM_STATE_PARAMS, NULL, &h2) == CAPEX_OK, "to_host 2");
+    CT_CHECK(capex_state_reader_open_memory(fd, ld, 0, NULL, &rd) == CAPEX_OK, "open: %s", capex_last_error());
+    CT_CHECK(capex_optim_load(h2, rd, "optim", CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "%s: load: %s", what, capex_last_error());
+    /* refused without a change: another kind, and a host optimizer of other sizes */
+    {
+        capex_optim_desc od;
+        capex_optim_desc_init(&od, d->kind == CAPEX_OPTIM_SGD ? CAPEX_OPTIM_ADAM : CAPEX_OPTIM_SGD);
+        CT_CHECK(capex_optim_create(&od, &other) == CAPEX_OK, "create");
+        CT_CHECK(capex_cuda_optim_from_host(o.dev, other, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_ERR_CONFIG, "other kind refused");
+        CT_CHECK(capex_cuda_optim_from_host(o.dev, NULL, 0, NULL) == CAPEX_ERR_INVALID_ARG, "NULL refused");
+        capex_optim_destroy(other);
+        CT_CHECK(capex_optim_create(d, &other) == CAPEX_OK, "create");
+        CT_CHECK(capex_cuda_optim_from_host(o.dev, other, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_ERR_SIZE_MISMATCH, "no groups refused");
+    }
+    CT_CHECK(capex_cuda_optim_from_host(o.dev, h2, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_OK, "%s: from_host: %s", what, capex_last_error());
+    CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu step");
+    CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "dev step");
+    if (!ct->failed) par_opt_compare(ct, e, &o, exact ? 0.0f : 2e-6f, what);
+    {
+        int64_t st = -1;
+        if (!ct->failed) CT_CHECK(capex_cuda_optim_get_step(o.dev, 1, &st, NULL) == CAPEX_OK && st == 3, "%s: step after restore %lld, want 3", what, (long long)st);
+    }
+out:
+    capex_state_reader_close(rd);
+    capex_optim_destroy(h);
+    capex_optim_destroy(h2);
+    capex_optim_destroy(other);
+    free(fc);
+    free(fd);
+    par_opt_free(e, &o);
+}
+static void par_checkpoint(ct_state *ct, env *e) {
+    capex_optim_desc d;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.defaults.weight_decay = 0.01f;
+    par_checkpoint_one(ct, e, &d, 1, "AdamW");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_SGD);
+    d.defaults.momentum = 0.9f;
+    d.defaults.lr = 0.05f;
+    if (!ct->failed) par_checkpoint_one(ct, e, &d, 1, "SGD momentum");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_LAMB);
+    if (!ct->failed) par_checkpoint_one(ct, e, &d, 0, "LAMB");
+}
+
 /* ---- the device loss scaler against capex_scaler, step by step ----------- */
 static void par_scaler(ct_state *ct, env *e) {
     static const int pattern[] = {0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};

@@ -254,10 +254,64 @@ CT_TEST(mpirun_two_ranks_identical_replicas) {
     CT_CHECK(identical, "replicas not reported bit-identical");
 }
 
+/* The GPU path's kernels (the model through capex's public JIT) compile with
+   NVRTC in every variant the opt levels use, and each kernel is in the image. */
+CT_TEST(gpu_model_kernels_compile_with_nvrtc) {
+    static const int variants[5][4] = {{0, 0, 0, 0}, {0, 1, 0, 1}, {0, 2, 0, 1}, {1, 1, 1, 0}, {2, 2, 2, 0}}; /* WT ACT GT GROUND */
+    const size_t n_parts = sizeof charlm_kernels_parts / sizeof charlm_kernels_parts[0];
+    char src[16384], defs[4][32];
+    const char *opts[5];
+    size_t i;
+    int v, k;
+    src[0] = '\0';
+    for (i = 0; i < n_parts; i++) {
+        CT_CHECK(strlen(src) + strlen(charlm_kernels_parts[i]) < sizeof src, "source fits");
+        strcat(src, charlm_kernels_parts[i]);
+    }
+    for (v = 0; v < 5; v++) {
+        capex_cuda_target t;
+        capex_cuda_image im;
+        capex_result r;
+        snprintf(defs[0], sizeof defs[0], "-DWT=%d", variants[v][0]);
+        snprintf(defs[1], sizeof defs[1], "-DACT=%d", variants[v][1]);
+        snprintf(defs[2], sizeof defs[2], "-DGT=%d", variants[v][2]);
+        snprintf(defs[3], sizeof defs[3], "-DGROUND=%d", variants[v][3]);
+        for (k = 0; k < 4; k++) opts[k] = defs[k];
+        opts[4] = "--fmad=false";
+        t.kind = CAPEX_CUDA_IMAGE_PTX; /* PTX names every entry in plain text */
+        t.arch = 80;
+        r = capex_cuda_nvrtc_compile(src, "charlm_kernels", opts, 5, t, &im);
+        if (r == CAPEX_ERR_NO_NVRTC) CT_SKIP("NVRTC not found: %s", capex_last_error());
+        CT_CHECK(r == CAPEX_OK, "variant %d: %s", v, capex_last_error());
+        for (k = 0; k < N_KERNELS; k++) {
+            char entry[64];
+            snprintf(entry, sizeof entry, ".entry %s(", charlm_kernel_names[k]);
+            CT_CHECK(strstr((const char *)im.data, entry) != NULL, "variant %d: kernel %s missing", v, charlm_kernel_names[k]);
+        }
+        capex_cuda_image_free(&im);
+    }
+}
+
+/* --device gpu without a usable GPU: a clear message and exit status 1, no crash;
+   --device auto falls back to the CPU and says why. */
+CT_TEST(gpu_requested_without_a_gpu_fails_cleanly) {
+    char *argv_gpu[] = {(char *)"train_charlm", (char *)"--device", (char *)"gpu", (char *)"--steps", (char *)"2", (char *)"--quiet", NULL};
+    const char *old = getenv("CAPEX_LIBCUDA_PATH");
+    char *saved = old ? strdup(old) : NULL;
+    int rc;
+    setenv("CAPEX_LIBCUDA_PATH", "/nonexistent/libcuda.so.1", 1);
+    rc = train_charlm_main(6, argv_gpu);
+    if (saved) { setenv("CAPEX_LIBCUDA_PATH", saved, 1); free(saved); }
+    else unsetenv("CAPEX_LIBCUDA_PATH");
+    CT_CHECK(rc == 1, "exit status %d, want 1", rc);
+    CT_CHECK(strstr(capex_last_error(), "/nonexistent/libcuda.so.1") != NULL, "message names what was tried: %s", capex_last_error());
+}
+
 static const ct_case cases[] = {
     CT_CASE(loss_falls_below_bound_o0_o2_fp16_bf16), CT_CASE(other_levels_and_optimizers_learn),
     CT_CASE(resume_from_checkpoint_is_bit_identical), CT_CASE(corrupt_or_missing_checkpoint_is_refused),
     CT_CASE(two_ddp_ranks_stay_bit_identical), CT_CASE(mpirun_two_ranks_identical_replicas),
+    CT_CASE(gpu_model_kernels_compile_with_nvrtc), CT_CASE(gpu_requested_without_a_gpu_fails_cleanly),
 };
 int main(int argc, char **argv) {
 #ifdef _OPENMP
