@@ -1463,6 +1463,7 @@ typedef enum capex_bn_layout {
 typedef struct capex_batch_norm_desc {
     float eps;                /* 1e-5 */
     float momentum;           /* 0.1: running = (1 - m) * running + m * batch; in [0, 1] */
+    int cumulative_average;   /* 1: torch momentum=None: m = 1 / num_batches_tracked (needs the counter) */
     int training;             /* 1: batch statistics (and running update); 0: running statistics */
     int num_threads;          /* as capex_norm_desc */
     const capex_allocator *allocator;
@@ -1480,6 +1481,7 @@ typedef struct capex_batch_norm_args {
     const void *bias;         /* [C] or NULL */
     void *running_mean;       /* [C] or NULL (track_running_stats=False: eval needs them) */
     void *running_var;        /* [C] or NULL (both or neither) */
+    int64_t *num_batches_tracked; /* host counter or NULL: +1 per training forward with running stats (torch) */
     void *y;                  /* forward output */
     float *save_mean;         /* [C]: forward writes, backward reads */
     float *save_invstd;       /* [C]: 1/sqrt(var + eps); forward writes, backward reads */
@@ -1490,6 +1492,12 @@ typedef struct capex_batch_norm_args {
     void *dbias;              /* [C] or NULL: this rank's sum(dy) */
 } capex_batch_norm_args;
 CAPEX_API void capex_batch_norm_args_init(capex_batch_norm_args *a);
+
+/* The running-statistics factor of one training forward with running stats:
+   d->momentum, or with cumulative_average 1 / (*num_batches_tracked + 1)
+   (torch momentum=None). Increments *num_batches_tracked when not NULL (as
+   torch does in either mode). The forward calls it; other backends too. */
+CAPEX_API float capex_batch_norm_momentum(const capex_batch_norm_desc *d, int64_t *num_batches_tracked);
 
 /* comm NULL (or a world of one): BatchNorm. Else SyncBatchNorm over comm
    (host buffers; a device-buffer comm is refused here, see capex_cuda.h). */
@@ -8576,6 +8584,13 @@ static void capex__bn_dx_nsc(void *vc, int64_t b, int64_t e, float *buf) {
     }
 }
 
+CAPEX_API float capex_batch_norm_momentum(const capex_batch_norm_desc *d, int64_t *num_batches_tracked) {
+    int64_t nb = 0;
+    if (num_batches_tracked) nb = ++*num_batches_tracked;
+    if (d && d->cumulative_average) return nb > 0 ? (float)(1.0 / (double)nb) : 1.0f;
+    return d ? d->momentum : 0.1f;
+}
+
 static capex_result capex__bn_check(const char *fn, const capex_batch_norm_desc *d, capex_comm *comm,
                                     const capex_batch_norm_args *a, int bwd) {
     capex_result r;
@@ -8585,6 +8600,9 @@ static capex_result capex__bn_check(const char *fn, const capex_batch_norm_desc 
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: eps %g must be finite and >= 0", fn, (double)d->eps);
     if (!(d->momentum >= 0.0f && d->momentum <= 1.0f))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: momentum %g must be in [0, 1]", fn, (double)d->momentum);
+    if (!bwd && d->cumulative_average && d->training && a->running_mean && (!a->num_batches_tracked || *a->num_batches_tracked < 0))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cumulative_average (momentum=None) needs num_batches_tracked "
+                           "(a counter >= 0, saved with the running statistics)", fn);
     if (a->c < 1 || a->s < 1 || a->n < 0)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: shape n=%lld c=%lld s=%lld: need n >= 0, c >= 1, s >= 1", fn,
                            (long long)a->n, (long long)a->c, (long long)a->s);
@@ -8735,7 +8753,7 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
         if (r != CAPEX_OK) { capex__free(d->allocator, m.all); return r; }
         for (ch = 0; ch < C; ch++) m.invstd[ch] = capex__nm_rstd(m.red[ch], d->eps);
         if (d->training && a->running_mean) {
-            const float mo = d->momentum;
+            const float mo = capex_batch_norm_momentum(d, a->num_batches_tracked);
             for (ch = 0; ch < C; ch++) {
                 double unbiased = (double)m.red[ch] * (double)total / (double)(total - 1);
                 float rm = capex__nm_get(a->running_mean, a->param_dtype, ch);

@@ -535,6 +535,7 @@ typedef struct capex_cuda_batch_norm_args {
     capex_bn_layout layout;
     capex_dtype x_dtype, y_dtype, param_dtype;
     capex_cuda_ptr x, weight, bias, running_mean, running_var, y;
+    int64_t *num_batches_tracked;           /* HOST counter or NULL, as capex_batch_norm_args */
     capex_cuda_ptr save_mean, save_invstd;  /* [C] f32, required */
     capex_cuda_ptr dy, dx, dweight, dbias;
     capex_cuda_ptr workspace;               /* capex_cuda_batch_norm_workspace_bytes(c, world), required */
@@ -4800,6 +4801,7 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_check(const char *fn, capex_cuda_cont
     h.x = (const void *)(uintptr_t)a->x; h.weight = (const void *)(uintptr_t)a->weight;
     h.bias = (const void *)(uintptr_t)a->bias; h.running_mean = (void *)(uintptr_t)a->running_mean;
     h.running_var = (void *)(uintptr_t)a->running_var; h.y = (void *)(uintptr_t)a->y;
+    h.num_batches_tracked = a->num_batches_tracked;
     h.save_mean = (float *)(uintptr_t)a->save_mean; h.save_invstd = (float *)(uintptr_t)a->save_invstd;
     h.dy = (const void *)(uintptr_t)a->dy; h.dx = (void *)(uintptr_t)a->dx;
     h.dweight = (void *)(uintptr_t)a->dweight; h.dbias = (void *)(uintptr_t)a->dbias;
@@ -4859,6 +4861,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
     if (use_batch) {
         int w1 = world;
         float eps = d->eps, mom = d->momentum;
+        int64_t nb = a->num_batches_tracked ? *a->num_batches_tracked : 0; /* committed once the update is enqueued */
         void *args[12];
         if (!comm || world == 1) { if (a->n * a->s < 2 && d->training)
             return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %lld value(s) per channel; training needs more than 1", fn,
@@ -4872,12 +4875,14 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
             ws_gath = ws_pack;
         }
         update = d->training;
+        if (update && a->running_mean) mom = capex_batch_norm_momentum(d, a->num_batches_tracked ? &nb : NULL);
         args[0] = &ws_gath; args[1] = &w1; args[2] = &C; args[3] = &eps; args[4] = &mom; args[5] = &update;
         args[6] = (void *)&a->save_mean; args[7] = (void *)&a->save_invstd; args[8] = (void *)&a->running_mean;
         args[9] = (void *)&a->running_var; args[10] = &pt; args[11] = &ws_total;
         if ((r = capex__cuda_norm_launch(ctx, "capex_bn_merge", capex__cuda_norm_blocks(ctx, C), 1, 256, 1, stream, args)) !=
             CAPEX_OK)
             return r;
+        if (update && a->running_mean && a->num_batches_tracked) *a->num_batches_tracked = nb;
     } else {
         float eps = d->eps;
         void *args[7];

@@ -718,6 +718,59 @@ CT_TEST(batch_norm_constant_channel_and_no_running_stats) {
     for (i = 0; i < 12; i++) CT_CHECK(y[i] == 0.0f, "y[%d] = %g", i, (double)y[i]);
 }
 
+/* torch momentum=None: after k training batches the running statistics are
+   the plain mean of the k batch means and unbiased variances; the counter
+   (num_batches_tracked) counts every training forward, in either mode. */
+CT_TEST(batch_norm_cumulative_average_momentum_none) {
+    enum { N = 4, C = 3, S = 5, K = 4 };
+    float x[N * C * S], y[N * C * S], rm[C], rv[C], sm[C], si[C];
+    double want_m[C] = {0}, want_v[C] = {0};
+    capex_batch_norm_args a;
+    capex_batch_norm_desc d;
+    int64_t tracked = 0;
+    int k, i, ch;
+    capex_batch_norm_desc_init(&d);
+    d.cumulative_average = 1;
+    d.momentum = 0.9f; /* ignored in this mode */
+    for (ch = 0; ch < C; ch++) { rm[ch] = 123.0f; rv[ch] = -7.0f; } /* overwritten by the first batch (m = 1) */
+    for (k = 0; k < K; k++) {
+        for (i = 0; i < N * C * S; i++) x[i] = (float)sin(0.7 * i + 1.3 * k) * (1.0f + (float)k) + (float)k;
+        for (ch = 0; ch < C; ch++) { /* float64 reference of this batch */
+            double s1 = 0, s2 = 0, mu;
+            int n, sp;
+            for (n = 0; n < N; n++) for (sp = 0; sp < S; sp++) s1 += x[(n * C + ch) * S + sp];
+            mu = s1 / (N * S);
+            for (n = 0; n < N; n++) for (sp = 0; sp < S; sp++) s2 += (x[(n * C + ch) * S + sp] - mu) * (x[(n * C + ch) * S + sp] - mu);
+            want_m[ch] += mu / K;
+            want_v[ch] += s2 / (N * S - 1) / K;
+        }
+        capex_batch_norm_args_init(&a);
+        a.n = N; a.c = C; a.s = S; a.x = x; a.y = y; a.save_mean = sm; a.save_invstd = si;
+        a.running_mean = rm; a.running_var = rv; a.num_batches_tracked = &tracked;
+        CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK, "batch %d: %s", k, capex_last_error());
+        CT_CHECK(tracked == k + 1, "num_batches_tracked %lld after %d batches", (long long)tracked, k + 1);
+    }
+    for (ch = 0; ch < C; ch++) {
+        CT_CHECK(fabs(rm[ch] - want_m[ch]) <= 1e-5 * (1 + fabs(want_m[ch])), "running_mean[%d] %.8g, average of batch means %.8g", ch, (double)rm[ch], want_m[ch]);
+        CT_CHECK(fabs(rv[ch] - want_v[ch]) <= 1e-5 * (1 + fabs(want_v[ch])), "running_var[%d] %.8g, average of unbiased variances %.8g", ch, (double)rv[ch], want_v[ch]);
+    }
+    /* eval does not count; momentum mode counts too; the factor helper */
+    d.training = 0;
+    CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK && tracked == K, "eval counted: %lld", (long long)tracked);
+    d.training = 1; d.cumulative_average = 0; d.momentum = 0.1f;
+    CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK && tracked == K + 1, "momentum mode counts too: %lld", (long long)tracked);
+    d.cumulative_average = 1;
+    tracked = 3;
+    CT_CHECK(capex_batch_norm_momentum(&d, &tracked) == 0.25f && tracked == 4, "1/(n+1)");
+    /* the counter is required in this mode, and a bad one is refused without writing */
+    for (ch = 0; ch < C; ch++) rm[ch] = 5.0f;
+    a.num_batches_tracked = NULL;
+    CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_ERR_INVALID_ARG, "missing counter accepted");
+    tracked = -1; a.num_batches_tracked = &tracked;
+    CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_ERR_INVALID_ARG, "negative counter accepted");
+    CT_CHECK(rm[0] == 5.0f && tracked == -1, "a refused call changed the running stats or the counter");
+}
+
 CT_TEST(batch_norm_errors) {
     float x[8] = {0}, y[8], w[2] = {1, 1}, rm[2] = {0, 0}, sm[2], si[2];
     capex_batch_norm_args a, g;
@@ -949,7 +1002,7 @@ static const ct_case cases[] = {
     CT_CASE(batch_norm_layouts_dtypes_eval),
     CT_CASE(batch_norm_finite_differences),
     CT_CASE(batch_norm_constant_channel_and_no_running_stats),
-    CT_CASE(batch_norm_errors),
+    CT_CASE(batch_norm_cumulative_average_momentum_none), CT_CASE(batch_norm_errors),
     CT_CASE(amp_dtypes_keep_batchnorm_fp32),
     CT_CASE(sync_batch_norm_threads_unequal_batches),
 };

@@ -140,7 +140,7 @@ CT_TEST(gpu_layer_and_rms_norm_match_cpu) {
 }
 
 static void bn_gpu_case(ct_state *ct, capex_cuda_context *ctx, int64_t N, int64_t C, int64_t S, capex_bn_layout lay,
-                        capex_dtype xt, int training) {
+                        capex_dtype xt, int training, int cumulative) {
     const int64_t T = N * C * S;
     const size_t xs = capex_dtype_size(xt);
     void *x = malloc(T * xs), *dy = malloc(T * xs), *y = malloc(T * xs), *dx = malloc(T * xs), *gy = malloc(T * xs),
@@ -150,15 +150,16 @@ static void bn_gpu_case(ct_state *ct, capex_cuda_context *ctx, int64_t N, int64_
     capex_batch_norm_args a;
     capex_cuda_batch_norm_args g;
     capex_comm single;
-    int64_t i;
+    int64_t i, tracked = 2, gtracked = 2;
     for (i = 0; i < T; i++) { setv(xt, x, i, 2.0f + 3.0f * rnd()); setv(xt, dy, i, rnd()); }
     for (i = 0; i < C; i++) { w[i] = 1.0f + 0.5f * rnd(); b[i] = rnd(); rm[i] = grm[i] = 0.1f * rnd(); rv[i] = grv[i] = 1.0f + 0.5f * rnd(); }
     capex_batch_norm_desc_init(&d);
     d.training = training;
+    d.cumulative_average = cumulative; /* torch momentum=None: factor 1/3 here */
     capex_batch_norm_args_init(&a);
     a.n = N; a.c = C; a.s = S; a.layout = lay; a.x_dtype = a.y_dtype = xt; a.x = x; a.y = y; a.weight = w; a.bias = b;
     a.running_mean = rm; a.running_var = rv; a.save_mean = sm; a.save_invstd = si; a.dy = dy; a.dx = dx;
-    a.dweight = dw; a.dbias = db;
+    a.dweight = dw; a.dbias = db; a.num_batches_tracked = &tracked;
     CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
     CT_CHECK(capex_batch_norm_backward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
     capex_cuda_batch_norm_args_init(&g);
@@ -168,6 +169,7 @@ static void bn_gpu_case(ct_state *ct, capex_cuda_context *ctx, int64_t N, int64_
     g.running_var = up(ctx, grv, C * 4); g.save_mean = up(ctx, NULL, C * 4); g.save_invstd = up(ctx, NULL, C * 4);
     g.dweight = up(ctx, NULL, C * 4); g.dbias = up(ctx, NULL, C * 4);
     g.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(C, 1));
+    g.num_batches_tracked = &gtracked;
     CT_CHECK(capex_comm_init_single(&single) == CAPEX_OK, "single");
     CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, &single, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
     CT_CHECK(capex_cuda_batch_norm_backward(ctx, &d, &single, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
@@ -179,6 +181,7 @@ static void bn_gpu_case(ct_state *ct, capex_cuda_context *ctx, int64_t N, int64_
     CT_CHECK(same(xt, gy, y, T, tol_of(xt), &err), "bn y lay=%d xt=%d train=%d err %g", lay, xt, training, err);
     CT_CHECK(same(xt, gdx, dx, T, 5 * tol_of(xt), &err), "bn dx err %g", err);
     CT_CHECK(same(CAPEX_F32, grm, rm, C, 1e-5f, &err) && same(CAPEX_F32, grv, rv, C, 1e-5f, &err), "running err %g", err);
+    CT_CHECK(gtracked == tracked && tracked == 2 + training, "num_batches_tracked GPU %lld, CPU %lld", (long long)gtracked, (long long)tracked);
     CT_CHECK(same(CAPEX_F32, gdw, dw, C, 1e-3f, &err) && same(CAPEX_F32, gdb, db, C, 1e-3f, &err), "dweight/dbias err %g", err);
     capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.dx);
     capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias); capex_cuda_free(ctx, g.running_mean);
@@ -193,9 +196,9 @@ CT_TEST(gpu_batch_norm_matches_cpu) {
     if (!ctx) return;
     for (lay = 0; lay < 2; lay++)
         for (tr = 0; tr < 2; tr++) {
-            bn_gpu_case(ct, ctx, 8, 16, 49, (capex_bn_layout)lay, CAPEX_F32, tr);
+            bn_gpu_case(ct, ctx, 8, 16, 49, (capex_bn_layout)lay, CAPEX_F32, tr, lay);
             if (ct->failed) break;
-            bn_gpu_case(ct, ctx, 3, 5, 1, (capex_bn_layout)lay, CAPEX_BF16, tr);
+            bn_gpu_case(ct, ctx, 3, 5, 1, (capex_bn_layout)lay, CAPEX_BF16, tr, 0);
             if (ct->failed) break;
         }
     capex_cuda_context_destroy(ctx);
