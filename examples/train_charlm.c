@@ -577,9 +577,9 @@ done:
    cuBLAS. They mirror the CPU code above operation for operation: one thread
    per output element, sums in the same order, the same half rounding points,
    so a run is deterministic and close to the CPU run (tanhf/expf/log are the
-   GPU's own, a few ulps away). WT, ACT and GT (0 f32, 1 f16, 2 bf16) are the
-   weight storage, activation and gradient dtypes; GROUND rounds fp32 grads to
-   ACT (O1). Naive on purpose: this model is tiny, and the point is the
+   GPU's own, a few ulps away). One compiled module serves every opt level:
+   the dtypes come in the `dt` argument (uniform branches, nothing per element
+   to speak of). Naive on purpose: this model is tiny, and the point is the
    training loop around it. */
 static const char *const charlm_kernels_parts[] = { /* each under C99's 4095-character literal limit */
     "typedef unsigned short u16;\n"
@@ -604,49 +604,47 @@ static const char *const charlm_kernels_parts[] = { /* each under C99's 4095-cha
     "    return (u16)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);\n"
     "}\n"
     "__device__ float rnd(float v, int t) { return t == 1 ? h2f(f2h(v)) : t == 2 ? b2f(f2b(v)) : v; }\n"
-    "#if WT == 0\n"
-    "typedef float wt;\n"
-    "__device__ float W(const wt *p, long long i) { return rnd(p[i], ACT); } /* O1: fp32 weights seen as half */\n"
-    "#else\n"
-    "typedef u16 wt;\n"
-    "__device__ float W(const wt *p, long long i) { return WT == 1 ? h2f(p[i]) : b2f(p[i]); }\n"
-    "#endif\n"
-    "#if GT == 0\n"
-    "typedef float gt;\n"
-    "__device__ void G(gt *p, long long i, float v) { p[i] = GROUND ? rnd(v, ACT) : v; }\n"
-    "#else\n"
-    "typedef u16 gt;\n"
-    "__device__ void G(gt *p, long long i, float v) { p[i] = GT == 1 ? f2h(v) : f2b(v); }\n"
-    "#endif\n"
+    "/* dt packs the run's dtypes (0 f32, 1 f16, 2 bf16): weights | act << 2 | grads << 4 | round fp32 grads << 6 */\n"
+    "#define WT (dt & 3)\n"
+    "#define ACT ((dt >> 2) & 3)\n"
+    "#define GT ((dt >> 4) & 3)\n"
     "#define R(v) rnd((v), ACT)\n"
+    "/* a weight as the compute sees it (O1: fp32 weights rounded to half) */\n"
+    "__device__ float W(const void *p, long long i, int dt) {\n"
+    "    return WT == 0 ? rnd(((const float *)p)[i], ACT) : WT == 1 ? h2f(((const u16 *)p)[i]) : b2f(((const u16 *)p)[i]);\n"
+    "}\n"
+    "__device__ void G(void *p, long long i, float v, int dt) { /* a gradient, stored in its dtype */\n"
+    "    if (GT == 0) ((float *)p)[i] = (dt >> 6) & 1 ? rnd(v, ACT) : v;\n"
+    "    else ((u16 *)p)[i] = GT == 1 ? f2h(v) : f2b(v);\n"
+    "}\n"
     "#define FOR_EACH(i, n) for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)\n"
     "/* x[b][t*E+e] = emb[token][e] */\n"
-    "extern \"C\" __global__ void charlm_embed(const unsigned char *tok, const wt *emb, float *x, int B, int T, int E) {\n"
+    "extern \"C\" __global__ void charlm_embed(const unsigned char *tok, const void *emb, float *x, int B, int T, int E, int dt) {\n"
     "    FOR_EACH(i, (long long)B * T * E) {\n"
     "        long long b = i / ((long long)T * E), t = (i / E) % T, e = i % E;\n"
-    "        x[i] = W(emb, (long long)tok[b * (T + 1) + t] * E + e);\n"
+    "        x[i] = W(emb, (long long)tok[b * (T + 1) + t] * E + e, dt);\n"
     "    }\n"
     "}\n"
     "/* h = tanh(W1 x + b1) */\n"
-    "extern \"C\" __global__ void charlm_hidden(const float *x, const wt *W1, const wt *b1, float *h, int B, int D, int H) {\n"
+    "extern \"C\" __global__ void charlm_hidden(const float *x, const void *W1, const void *b1, float *h, int B, int D, int H, int dt) {\n"
     "    FOR_EACH(i, (long long)B * H) {\n"
     "        long long b = i / H, j = i % H;\n"
     "        const float *xb = x + b * D;\n"
     "        float acc = 0.0f;\n"
-    "        for (int k = 0; k < D; k++) acc += W(W1, j * D + k) * xb[k];\n"
-    "        h[i] = R(tanhf(R(acc + W(b1, j))));\n"
+    "        for (int k = 0; k < D; k++) acc += W(W1, j * D + k, dt) * xb[k];\n"
+    "        h[i] = R(tanhf(R(acc + W(b1, j, dt))));\n"
     "    }\n"
     "}\n"
     "/* One block per row: logits, softmax (fp32, in the CPU's order), row loss. */\n"
-    "extern \"C\" __global__ void charlm_logits(const float *h, const wt *W2, const wt *b2, const unsigned char *tok,\n"
-    "                                          float *probs, double *row_loss, int H, int V, int T) {\n"
+    "extern \"C\" __global__ void charlm_logits(const float *h, const void *W2, const void *b2, const unsigned char *tok,\n"
+    "                                          float *probs, double *row_loss, int H, int V, int T, int dt) {\n"
     "    long long b = blockIdx.x;\n"
     "    const float *hb = h + b * H;\n"
     "    float *p = probs + b * V;\n"
     "    for (int v = threadIdx.x; v < V; v += blockDim.x) {\n"
     "        float acc = 0.0f;\n",
-    "        for (int j = 0; j < H; j++) acc += W(W2, (long long)v * H + j) * hb[j];\n"
-    "        p[v] = R(acc + W(b2, v));\n"
+    "        for (int j = 0; j < H; j++) acc += W(W2, (long long)v * H + j, dt) * hb[j];\n"
+    "        p[v] = R(acc + W(b2, v, dt));\n"
     "    }\n"
     "    __syncthreads();\n"
     "    if (threadIdx.x == 0) {\n"
@@ -668,7 +666,7 @@ static const char *const charlm_kernels_parts[] = { /* each under C99's 4095-cha
     "}\n"
     "/* dlogits = (p - onehot) * (loss scale / B); the scale is read on the device */\n"
     "extern \"C\" __global__ void charlm_dlogits(const float *probs, const unsigned char *tok, const float *scale,\n"
-    "                                           float *dl, int B, int V, int T) {\n"
+    "                                           float *dl, int B, int V, int T, int dt) {\n"
     "    float k = *scale / (float)B;\n"
     "    FOR_EACH(i, (long long)B * V) {\n"
     "        long long b = i / V, v = i % V;\n"
@@ -676,32 +674,32 @@ static const char *const charlm_kernels_parts[] = { /* each under C99's 4095-cha
     "    }\n"
     "}\n"
     "/* gW[i][j] = sum_b dy[b][i] x[b][j] (j < n_in), gb[i] = sum_b dy[b][i] (j == n_in) */\n"
-    "extern \"C\" __global__ void charlm_grad_w(const float *dy, const float *x, gt *gW, gt *gb, int B, int n_in, int n_out) {\n"
+    "extern \"C\" __global__ void charlm_grad_w(const float *dy, const float *x, void *gW, void *gb, int B, int n_in, int n_out, int dt) {\n"
     "    FOR_EACH(t, (long long)n_out * (n_in + 1)) {\n"
     "        long long i = t / (n_in + 1), j = t % (n_in + 1);\n"
     "        float acc = 0.0f;\n"
-    "        if (j < n_in) { for (int b = 0; b < B; b++) acc += dy[(long long)b * n_out + i] * x[(long long)b * n_in + j]; G(gW, i * n_in + j, acc); }\n"
-    "        else { for (int b = 0; b < B; b++) acc += dy[(long long)b * n_out + i]; G(gb, i, acc); }\n"
+    "        if (j < n_in) { for (int b = 0; b < B; b++) acc += dy[(long long)b * n_out + i] * x[(long long)b * n_in + j]; G(gW, i * n_in + j, acc, dt); }\n"
+    "        else { for (int b = 0; b < B; b++) acc += dy[(long long)b * n_out + i]; G(gb, i, acc, dt); }\n"
     "    }\n"
     "}\n"
     "/* dx[b][k] = sum_j dy[b][j] W[j][k]; tanh' (1 - h^2) when h != 0 */\n"
-    "extern \"C\" __global__ void charlm_back(const float *dy, const wt *Wt, const float *h, float *dx, int B, int n_in, int n_out) {\n"
+    "extern \"C\" __global__ void charlm_back(const float *dy, const void *Wt, const float *h, float *dx, int B, int n_in, int n_out, int dt) {\n"
     "    FOR_EACH(i, (long long)B * n_in) {\n"
     "        long long b = i / n_in, k = i % n_in;\n"
     "        float acc = 0.0f;\n"
-    "        for (int j = 0; j < n_out; j++) acc += dy[b * n_out + j] * W(Wt, (long long)j * n_in + k);\n"
+    "        for (int j = 0; j < n_out; j++) acc += dy[b * n_out + j] * W(Wt, (long long)j * n_in + k, dt);\n"
     "        dx[i] = h ? R(R(acc) * (1.0f - h[i] * h[i])) : R(acc);\n"
     "    }\n"
     "}\n"
     "/* gemb[c][e] = sum over positions holding token c of dx (the CPU's order) */\n"
-    "extern \"C\" __global__ void charlm_grad_emb(const unsigned char *tok, const float *dx, gt *gemb, int B, int T, int E, int V) {\n"
+    "extern \"C\" __global__ void charlm_grad_emb(const unsigned char *tok, const float *dx, void *gemb, int B, int T, int E, int V, int dt) {\n"
     "    FOR_EACH(i, (long long)V * E) {\n"
     "        long long c = i / E, e = i % E;\n"
     "        float acc = 0.0f;\n"
     "        for (int b = 0; b < B; b++)\n"
     "            for (int t = 0; t < T; t++)\n"
     "                if (tok[b * (T + 1) + t] == c) acc += dx[((long long)b * T + t) * E + e];\n"
-    "        G(gemb, i, acc);\n"
+    "        G(gemb, i, acc, dt);\n"
     "    }\n"
     "}\n"
     "/* inf/NaN in the (scaled) grads shows in their norm: flag it for the scaler;\n",
@@ -728,6 +726,7 @@ typedef struct gpu_model {
     capex_cuda_function fn[N_KERNELS];
     const model *m;
     size_t wsize, gsize; /* bytes per weight / gradient element */
+    int dt;              /* the kernels' dtype code: weights | act << 2 | grads << 4 | round grads << 6 */
     capex_cuda_ptr buf[8];
 } gpu_model;
 enum { G_TOK, G_X, G_H, G_PROBS, G_ROW_LOSS, G_DLOGITS, G_DH, G_DX };
@@ -744,8 +743,7 @@ static capex_result gpu_launch(gpu_model *g, int k, int64_t threads, void **args
 /* Compiles this run's kernel variant through capex's JIT (disk-cached), allocates activations. */
 static capex_result gpu_model_init(gpu_model *g, capex_cuda_context *ctx, capex_cuda_stream stream, const model *m,
                                    capex_dtype weight_t, capex_dtype grad_t, int ground) {
-    char defs[4][32];
-    const char *opts[5];
+    const char *opts[1];
     const size_t n_parts = sizeof charlm_kernels_parts / sizeof charlm_kernels_parts[0];
     const size_t B = (size_t)m->batch, D = (size_t)m->ctx * m->emb;
     size_t sizes[8], i, len = 1;
@@ -756,17 +754,13 @@ static capex_result gpu_model_init(gpu_model *g, capex_cuda_context *ctx, capex_
     g->ctx = ctx; g->stream = stream; g->m = m;
     g->wsize = capex_dtype_size(weight_t);
     g->gsize = capex_dtype_size(grad_t);
-    snprintf(defs[0], sizeof defs[0], "-DWT=%d", dtype_code(weight_t));
-    snprintf(defs[1], sizeof defs[1], "-DACT=%d", dtype_code(m->act));
-    snprintf(defs[2], sizeof defs[2], "-DGT=%d", dtype_code(grad_t));
-    snprintf(defs[3], sizeof defs[3], "-DGROUND=%d", ground);
-    for (i = 0; i < 4; i++) opts[i] = defs[i];
-    opts[4] = "--fmad=false"; /* multiply and add rounded apart, as in the CPU code */
+    g->dt = dtype_code(weight_t) | dtype_code(m->act) << 2 | dtype_code(grad_t) << 4 | (ground ? 1 : 0) << 6;
+    opts[0] = "--fmad=false"; /* multiply and add rounded apart, as in the CPU code */
     for (i = 0; i < n_parts; i++) len += strlen(charlm_kernels_parts[i]);
     if (!(src = (char *)malloc(len))) return CAPEX_ERR_OUT_OF_MEMORY;
     src[0] = '\0';
     for (i = 0; i < n_parts; i++) strcat(src, charlm_kernels_parts[i]);
-    r = capex_cuda_module_compile(ctx, src, "charlm_kernels", opts, 5, &mod);
+    r = capex_cuda_module_compile(ctx, src, "charlm_kernels", opts, 1, &mod); /* compiled once, then cached */
     free(src);
     for (i = 0; r == CAPEX_OK && i < N_KERNELS; i++) r = capex_cuda_module_get_function(mod, charlm_kernel_names[i], &g->fn[i]);
     sizes[G_TOK] = B * (size_t)(m->ctx + 1);
@@ -797,15 +791,15 @@ static capex_result gpu_forward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr l
     capex_result r;
     unsigned grid[3] = {1, 1, 1}, block[3] = {128, 1, 1};
     {
-        void *a[] = {&bf[G_TOK], &emb, &bf[G_X], &B, &T, &E};
+        void *a[] = {&bf[G_TOK], &emb, &bf[G_X], &B, &T, &E, &g->dt};
         if ((r = gpu_launch(g, K_EMBED, (int64_t)B * D, a)) != CAPEX_OK) return r;
     }
     {
-        void *a[] = {&bf[G_X], &W1, &b1, &bf[G_H], &B, &D, &H};
+        void *a[] = {&bf[G_X], &W1, &b1, &bf[G_H], &B, &D, &H, &g->dt};
         if ((r = gpu_launch(g, K_HIDDEN, (int64_t)B * H, a)) != CAPEX_OK) return r;
     }
     {
-        void *a[] = {&bf[G_H], &W2, &b2, &bf[G_TOK], &bf[G_PROBS], &bf[G_ROW_LOSS], &H, &V, &T};
+        void *a[] = {&bf[G_H], &W2, &b2, &bf[G_TOK], &bf[G_PROBS], &bf[G_ROW_LOSS], &H, &V, &T, &g->dt};
         grid[0] = (unsigned)B; /* one block per row */
         if ((r = capex_cuda_launch(&g->fn[K_LOGITS], grid, block, 0, g->stream, a)) != CAPEX_OK) return r;
     }
@@ -826,29 +820,29 @@ static capex_result gpu_backward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr 
     capex_cuda_ptr none = 0, *bf = g->buf;
     capex_result r;
     {
-        void *a[] = {&bf[G_PROBS], &bf[G_TOK], &scale, &bf[G_DLOGITS], &B, &V, &T};
+        void *a[] = {&bf[G_PROBS], &bf[G_TOK], &scale, &bf[G_DLOGITS], &B, &V, &T, &g->dt};
         if ((r = gpu_launch(g, K_DLOGITS, (int64_t)B * V, a)) != CAPEX_OK) return r;
     }
     {
-        void *a[] = {&bf[G_DLOGITS], &bf[G_H], (void *)&grad[P_W2], (void *)&grad[P_B2], &B, &H, &V};
+        void *a[] = {&bf[G_DLOGITS], &bf[G_H], (void *)&grad[P_W2], (void *)&grad[P_B2], &B, &H, &V, &g->dt};
         if ((r = gpu_launch(g, K_GRAD_W, (int64_t)V * (H + 1), a)) != CAPEX_OK) return r;
         if (ddp && ((r = capex_ddp_grad_ready(ddp, P_B2)) != CAPEX_OK || (r = capex_ddp_grad_ready(ddp, P_W2)) != CAPEX_OK)) return r;
     }
     {
-        void *a[] = {&bf[G_DLOGITS], &W2, &bf[G_H], &bf[G_DH], &B, &H, &V};
+        void *a[] = {&bf[G_DLOGITS], &W2, &bf[G_H], &bf[G_DH], &B, &H, &V, &g->dt};
         if ((r = gpu_launch(g, K_BACK, (int64_t)B * H, a)) != CAPEX_OK) return r;
     }
     {
-        void *a[] = {&bf[G_DH], &bf[G_X], (void *)&grad[P_W1], (void *)&grad[P_B1], &B, &D, &H};
+        void *a[] = {&bf[G_DH], &bf[G_X], (void *)&grad[P_W1], (void *)&grad[P_B1], &B, &D, &H, &g->dt};
         if ((r = gpu_launch(g, K_GRAD_W, (int64_t)H * (D + 1), a)) != CAPEX_OK) return r;
         if (ddp && ((r = capex_ddp_grad_ready(ddp, P_B1)) != CAPEX_OK || (r = capex_ddp_grad_ready(ddp, P_W1)) != CAPEX_OK)) return r;
     }
     {
-        void *a[] = {&bf[G_DH], &W1, &none, &bf[G_DX], &B, &D, &H};
+        void *a[] = {&bf[G_DH], &W1, &none, &bf[G_DX], &B, &D, &H, &g->dt};
         if ((r = gpu_launch(g, K_BACK, (int64_t)B * D, a)) != CAPEX_OK) return r;
     }
     {
-        void *a[] = {&bf[G_TOK], &bf[G_DX], (void *)&grad[P_EMB], &B, &T, &E, &V};
+        void *a[] = {&bf[G_TOK], &bf[G_DX], (void *)&grad[P_EMB], &B, &T, &E, &V, &g->dt};
         if ((r = gpu_launch(g, K_GRAD_EMB, (int64_t)V * E, a)) != CAPEX_OK) return r;
         if (ddp && (r = capex_ddp_grad_ready(ddp, P_EMB)) != CAPEX_OK) return r;
     }
