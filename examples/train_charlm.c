@@ -1226,7 +1226,7 @@ static void usage(void) {
            "  --tol X               allowed |val(level) - val(O0)| for --compare (default 0.05)\n"
            "  --bucket-kb N --delay-allreduce   DDP settings\n"
            "  --device auto|cpu|gpu  where to train (default auto: the GPU when one is usable)\n"
-           "  --log-every N --eval-every N --quiet\n"
+           "  --log-every N --eval-every N --eval-windows N --quiet\n"
            "Launch several ranks with mpirun (build with CAPEX_MPI) or torchrun --no-python.\n");
 }
 
@@ -1274,6 +1274,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--bucket-kb")) cfg.bucket_bytes = (size_t)atol(v) * 1024;
         else if (!strcmp(a, "--log-every")) cfg.log_every = atoi(v);
         else if (!strcmp(a, "--eval-every")) cfg.eval_every = atoi(v);
+        else if (!strcmp(a, "--eval-windows")) cfg.eval_windows = atoi(v);
         else if (!strcmp(a, "--device")) {
             if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "gpu")) { fprintf(stderr, "--device: auto, cpu or gpu\n"); return 2; }
             device = v;
@@ -1281,8 +1282,8 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "unknown option %s (--help)\n", a); return 2; }
         i += used;
     }
-    if (cfg.steps < 1 || cfg.batch < 1 || cfg.ctx < 1 || cfg.emb < 1 || cfg.hidden < 1 || !(cfg.lr > 0)) {
-        fprintf(stderr, "steps, batch, ctx, emb, hidden and lr must be positive\n");
+    if (cfg.steps < 1 || cfg.batch < 1 || cfg.ctx < 1 || cfg.emb < 1 || cfg.hidden < 1 || !(cfg.lr > 0) || cfg.eval_windows < 1) {
+        fprintf(stderr, "steps, batch, ctx, emb, hidden, eval-windows and lr must be positive\n");
         return 2;
     }
     if (cfg.warmup > cfg.steps / 10) cfg.warmup = cfg.steps / 10 + 1;

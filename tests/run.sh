@@ -2,22 +2,41 @@
 # Runs every test program given on the command line (or build/tests/test_*),
 # shows their output, and ends with one line: "N passed, N failed, N skipped".
 # A program that crashes or prints no summary counts as one failure.
+# Programs run CAPEX_TEST_JOBS at a time (default: the number of cores); each
+# one's output is shown whole, in the order given, as soon as it and every
+# program before it have finished.
 set -u
-progs=("$@")
-[ ${#progs[@]} -gt 0 ] || progs=(build/tests/test_*)
-P=0; F=0; S=0
-for p in "${progs[@]}"; do
-    [ -x "$p" ] || continue
-    out=$("$p" 2>&1); rc=$?
+progs=()
+for p in "$@"; do [ -x "$p" ] && progs+=("$p"); done
+if [ $# -eq 0 ]; then for p in build/tests/test_*; do [ -x "$p" ] && progs+=("$p"); done; fi
+jobs=${CAPEX_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+[ "$jobs" -ge 1 ] 2>/dev/null || jobs=1
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/capex-tests.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+P=0; F=0; S=0; next=0
+
+report() { # index
+    local i=$1 p=${progs[$1]} out rc line p_ f_ s_
+    out=$(cat "$tmp/$i.out"); rc=$(cat "$tmp/$i.rc")
     printf '%s\n' "$out" | grep -v -E '^[0-9]+ passed, [0-9]+ failed' | sed "s|^|[$(basename "$p")] |"
     line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
     if [ -z "$line" ]; then
-        echo "FAIL $(basename "$p"): exited $rc without a summary line"; F=$((F + 1)); continue
+        echo "FAIL $(basename "$p"): exited $rc without a summary line"; F=$((F + 1)); return
     fi
     read -r p_ _ f_ _ s_ _ <<<"$(echo "$line" | tr -d ',')"
     P=$((P + p_)); F=$((F + f_)); S=$((S + ${s_:-0}))
     if [ "$rc" -ne 0 ] && [ "$f_" -eq 0 ]; then echo "FAIL $(basename "$p"): exit code $rc"; F=$((F + 1)); fi
     echo "$(basename "$p"): $line"
+}
+flush() { # report every finished program whose predecessors are reported
+    while [ "$next" -lt "${#progs[@]}" ] && [ -e "$tmp/$next.rc" ]; do report "$next"; next=$((next + 1)); done
+}
+
+for i in "${!progs[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n 2>/dev/null || sleep 0.2; flush; done
+    ( "${progs[$i]}" >"$tmp/$i.out" 2>&1; echo $? >"$tmp/$i.rc.tmp"; mv "$tmp/$i.rc.tmp" "$tmp/$i.rc" ) &
 done
+wait
+flush
 echo "$P passed, $F failed, $S skipped"
 [ "$F" -eq 0 ]
