@@ -340,8 +340,89 @@ static float lr_at(const run_cfg *c, int step) {
     return min_lr + 0.5f * (c->lr - min_lr) * (1.0f + cosf(3.14159265f * (t > 1 ? 1 : t)));
 }
 
-static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int rank, int world, run_result *res) {
+/* ---- pieces shared by the CPU and GPU training loops --------------------- */
+
+/* The opt level's configuration (printed on rank 0) and the dtype the
+   matmuls run in under its cast policy (half under O1-O3); the loss always
+   runs in fp32. */
+static capex_result amp_setup(const run_cfg *c, int rank, capex_amp_config *amp, capex_dtype *act) {
     capex_amp_overrides ov;
+    capex_result r;
+    capex_amp_overrides_init(&ov);
+    if ((r = capex_amp_resolve(c->level, c->half, &ov, amp)) != CAPEX_OK) return r;
+    if (rank == 0 && !c->quiet) {
+        char rep[2048];
+        size_t need;
+        if (capex_amp_report(amp, rep, sizeof rep, &need) == CAPEX_OK) printf("%s", rep);
+    }
+    return capex_amp_op_dtype(amp, CAPEX_OP_LINEAR, amp->model_dtype, act);
+}
+
+static void scaler_desc_for(const capex_amp_config *amp, int log_interval, capex_scaler_desc *sd) {
+    capex_scaler_desc_init(sd);
+    sd->log_interval = log_interval;
+    if (amp->loss_scale_mode == CAPEX_LOSS_SCALE_STATIC) { sd->dynamic = 0; sd->init_scale = (float)amp->loss_scale; }
+}
+
+/* This rank's shard of the training windows (window i: tokens [i, i+ctx]). */
+static capex_result sampler_for(const run_cfg *c, const text_data *d, int rank, int world, capex_sampler *smp) {
+    capex_sampler_desc smd;
+    capex_sampler_desc_init(&smd);
+    smd.dataset_size = d->n_train - (size_t)c->ctx - 1;
+    smd.num_replicas = world;
+    smd.rank = rank;
+    smd.seed = c->seed;
+    smd.drop_last = 1;
+    return capex_sampler_init(smp, &smd);
+}
+
+/* The next batch of this rank's shard into tok; a new epoch reshuffles. */
+static capex_result next_batch(const run_cfg *c, const text_data *d, capex_sampler *smp, uint64_t *epoch, uint64_t *pos,
+                               unsigned char *tok) {
+    int b;
+    if (*pos + (uint64_t)c->batch > smp->num_samples) { ++*epoch; *pos = 0; capex_sampler_set_epoch(smp, *epoch); }
+    for (b = 0; b < c->batch; b++) {
+        uint64_t idx = 0;
+        capex_result r = capex_sampler_index(smp, *pos + (uint64_t)b, &idx);
+        if (r != CAPEX_OK) return r;
+        memcpy(tok + (size_t)b * (c->ctx + 1), d->bytes + idx, (size_t)c->ctx + 1);
+    }
+    *pos += (uint64_t)c->batch;
+    return CAPEX_OK;
+}
+
+/* The loop's position in a checkpoint: step, epoch, sampler position. */
+static capex_result save_position(capex_state_writer *w, int step, uint64_t epoch, uint64_t pos) {
+    capex_result r = capex_state_add_i64(w, "train.step", step);
+    if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.epoch", (int64_t)epoch);
+    if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.pos", (int64_t)pos);
+    return r;
+}
+static capex_result load_position(capex_state_reader *rd, int *step, uint64_t *epoch, uint64_t *pos) {
+    int64_t v[3];
+    capex_result r = capex_state_get_i64(rd, "train.step", &v[0]);
+    if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.epoch", &v[1]);
+    if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.pos", &v[2]);
+    if (r == CAPEX_OK) { *step = (int)v[0]; *epoch = (uint64_t)v[1]; *pos = (uint64_t)v[2]; }
+    return r;
+}
+
+/* A point of the loss chart (and its line on rank 0). */
+static void record_point(const run_cfg *c, run_result *res, int rank, int step, float train_ema, float val) {
+    res->pt_step[res->n_points] = step;
+    res->pt_train[res->n_points] = train_ema;
+    res->pt_val[res->n_points] = val;
+    res->n_points++;
+    if (rank == 0 && !c->quiet) printf("[%s] step %5d  val loss %.4f\n", c->label, step, val);
+}
+
+static int resumed(const run_cfg *c, capex_result r, int rank, int step) {
+    if (r != CAPEX_OK) fprintf(stderr, "resume from %s failed: %s\n", c->resume_path, capex_last_error());
+    else if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
+    return r == CAPEX_OK;
+}
+
+static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int rank, int world, run_result *res) {
     capex_amp_config amp;
     capex_dtype act = CAPEX_F32, grad_dtype = CAPEX_F32;
     capex_scaler_desc sd;
@@ -354,7 +435,6 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     capex_ddp_param dp[P_COUNT];
     capex_tensor gt[P_COUNT], g32t[P_COUNT];
     capex_tensor_list grads, grads32;
-    capex_sampler_desc smd;
     capex_sampler smp;
     model m;
     float *w32 = NULL, *weff = NULL, *g32 = NULL;
@@ -365,16 +445,7 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     double t0, ema = 0, tokens = 0;
 
     memset(res, 0, sizeof *res);
-    capex_amp_overrides_init(&ov);
-    CHECK(capex_amp_resolve(c->level, c->half, &ov, &amp));
-    if (rank == 0 && !c->quiet) {
-        char rep[2048];
-        size_t need;
-        if (capex_amp_report(&amp, rep, sizeof rep, &need) == CAPEX_OK) printf("%s", rep);
-    }
-    /* What the compute sees, from the opt level's cast policy: matmuls in the
-       policy's dtype (half under O1-O3); the loss always in fp32. */
-    CHECK(capex_amp_op_dtype(&amp, CAPEX_OP_LINEAR, amp.model_dtype, &act));
+    CHECK(amp_setup(c, rank, &amp, &act));
     grad_dtype = amp.model_dtype; /* grads have the dtype of the weights they belong to */
 
     if (!model_init(&m, d->vocab, c->ctx, c->emb, c->hidden, c->batch, act)) goto oom;
@@ -428,48 +499,26 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     grads32 = capex_tensor_list_make(CAPEX_F32, g32t, P_COUNT);
     CHECK(capex_optim_add_group(opt, NULL, op, P_COUNT, NULL));
 
-    capex_scaler_desc_init(&sd);
-    sd.log_interval = c->quiet ? 0 : 200;
-    if (amp.loss_scale_mode == CAPEX_LOSS_SCALE_STATIC) { sd.dynamic = 0; sd.init_scale = (float)amp.loss_scale; }
+    scaler_desc_for(&amp, c->quiet ? 0 : 200, &sd);
     CHECK(capex_scaler_init(&sc, &sd));
-
-    capex_sampler_desc_init(&smd);
-    smd.dataset_size = d->n_train - (size_t)c->ctx - 1; /* window i: tokens [i, i+ctx] */
-    smd.num_replicas = world;
-    smd.rank = rank;
-    smd.seed = c->seed;
-    smd.drop_last = 1;
-    CHECK(capex_sampler_init(&smp, &smd));
+    CHECK(sampler_for(c, d, rank, world, &smp));
 
     if (c->resume_path) {
         capex_state_reader *rd = NULL;
-        int64_t v[3];
-        CHECK(capex_state_reader_open_file(c->resume_path, 0, NULL, &rd));
-        if (capex_state_get_i64(rd, "train.step", &v[0]) != CAPEX_OK || capex_state_get_i64(rd, "train.epoch", &v[1]) != CAPEX_OK ||
-            capex_state_get_i64(rd, "train.pos", &v[2]) != CAPEX_OK || capex_optim_load(opt, rd, "optim", CAPEX_OPTIM_STATE_PARAMS) != CAPEX_OK ||
-            capex_scaler_load(&sc, rd, "scaler.0.") != CAPEX_OK) {
-            fprintf(stderr, "resume from %s failed: %s\n", c->resume_path, capex_last_error());
-            capex_state_reader_close(rd);
-            goto fail;
-        }
+        capex_result r = capex_state_reader_open_file(c->resume_path, 0, NULL, &rd);
+        if (r == CAPEX_OK) r = load_position(rd, &step, &epoch, &pos);
+        if (r == CAPEX_OK) r = capex_optim_load(opt, rd, "optim", CAPEX_OPTIM_STATE_PARAMS);
+        if (r == CAPEX_OK) r = capex_scaler_load(&sc, rd, "scaler.0.");
         capex_state_reader_close(rd);
-        step = (int)v[0]; epoch = (uint64_t)v[1]; pos = (uint64_t)v[2];
-        if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
+        if (!resumed(c, r, rank, step)) goto fail;
     }
     capex_sampler_set_epoch(&smp, epoch);
 
     t0 = capex_dist_now();
     for (; step < c->steps; step++) {
         float scale = 1.0f, inv_scale = 1.0f, norm = 0.0f, loss, clip_coef = 1.0f;
-        int found_inf, do_step = 0, b;
-        /* the batch: the next windows of this rank's shard */
-        if (pos + (uint64_t)c->batch > smp.num_samples) { epoch++; pos = 0; capex_sampler_set_epoch(&smp, epoch); }
-        for (b = 0; b < c->batch; b++) {
-            uint64_t idx = 0;
-            CHECK(capex_sampler_index(&smp, pos + (uint64_t)b, &idx));
-            memcpy(tok + (size_t)b * (c->ctx + 1), d->bytes + idx, (size_t)c->ctx + 1);
-        }
-        pos += (uint64_t)c->batch;
+        int found_inf, do_step = 0;
+        CHECK(next_batch(c, d, &smp, &epoch, &pos, tok));
         CHECK(capex_optim_set_lr(opt, 0, lr_at(c, step)));
 
         /* the weights as the compute sees them */
@@ -511,6 +560,7 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
             double el = capex_dist_now() - t0;
             float cur_scale = 0.0f;
             capex_scaler_state st;
+            memset(&st, 0, sizeof st);
             capex_scaler_get_scale(&sc, &cur_scale);
             capex_scaler_get_state(&sc, &st);
             printf("[%s] step %5d  loss %.4f  scale %-9g skipped %lld  lr %.2e  %.0f tok/s\n", c->label, step, loss, cur_scale,
@@ -523,19 +573,13 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
             else if (amp.model_dtype == CAPEX_BF16) capex_bf16_to_f32_array(wh, weff, (size_t)m.n_params);
             else { memcpy(weff, w32, (size_t)m.n_params * 4); round_array(weff, m.n_params, act); }
             vl = evaluate(&m, weff, d, c->eval_windows);
-            res->pt_step[res->n_points] = step + 1;
-            res->pt_train[res->n_points] = (float)ema;
-            res->pt_val[res->n_points] = vl;
-            res->n_points++;
-            if (rank == 0 && !c->quiet) printf("[%s] step %5d  val loss %.4f\n", c->label, step + 1, vl);
+            record_point(c, res, rank, step + 1, (float)ema, vl);
         }
         if (c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps) && rank == 0) {
             capex_state_writer *w = NULL;
             capex_result r;
             CHECK(capex_state_writer_create(NULL, &w));
-            r = capex_state_add_i64(w, "train.step", step + 1);
-            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.epoch", (int64_t)epoch);
-            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.pos", (int64_t)pos);
+            r = save_position(w, step + 1, epoch, pos);
             if (r == CAPEX_OK) r = capex_optim_save(opt, w, "optim", CAPEX_OPTIM_STATE_PARAMS);
             if (r == CAPEX_OK) r = capex_scaler_save(&sc, w, "scaler.0.");
             if (r == CAPEX_OK) r = capex_state_write_file(w, c->save_path);
@@ -548,6 +592,7 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     res->tokens_per_s = res->seconds > 0 ? tokens / res->seconds : 0;
     {
         capex_scaler_state st;
+        memset(&st, 0, sizeof st);
         capex_scaler_get_state(&sc, &st);
         res->skipped = st.skipped_steps;
     }
@@ -879,7 +924,6 @@ static float gpu_evaluate(gpu_model *g, capex_cuda_ptr w, const text_data *d, in
    losses stay on the GPU and are read back at log and evaluation points. */
 static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *ctx, capex_comm *comm, int rank, int world,
                      run_result *res) {
-    capex_amp_overrides ov;
     capex_amp_config amp;
     capex_dtype act = CAPEX_F32, grad_dtype;
     capex_scaler_desc sd;
@@ -893,7 +937,6 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     capex_ddp_desc dd;
     capex_tensor gt[P_COUNT];
     capex_tensor_list grads;
-    capex_sampler_desc smd;
     capex_sampler smp;
     capex_cuda_stream stream = NULL;
     gpu_model g;
@@ -909,14 +952,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
 
     memset(res, 0, sizeof *res);
     memset(&g, 0, sizeof g);
-    capex_amp_overrides_init(&ov);
-    CHECK(capex_amp_resolve(c->level, c->half, &ov, &amp));
-    if (rank == 0 && !c->quiet) {
-        char rep[2048];
-        size_t need;
-        if (capex_amp_report(&amp, rep, sizeof rep, &need) == CAPEX_OK) printf("%s", rep);
-    }
-    CHECK(capex_amp_op_dtype(&amp, CAPEX_OP_LINEAR, amp.model_dtype, &act));
+    CHECK(amp_setup(c, rank, &amp, &act));
     grad_dtype = amp.model_dtype;
     if (!model_init(&m, d->vocab, c->ctx, c->emb, c->hidden, c->batch, act)) goto oom;
     model_ok = 1;
@@ -986,29 +1022,17 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     }
     CHECK(capex_cuda_optim_add_group(opt, NULL, op, P_COUNT, NULL));
 
-    capex_scaler_desc_init(&sd);
-    sd.log_interval = 0;
-    if (amp.loss_scale_mode == CAPEX_LOSS_SCALE_STATIC) { sd.dynamic = 0; sd.init_scale = (float)amp.loss_scale; }
+    scaler_desc_for(&amp, 0, &sd);
     CHECK(capex_cuda_scaler_create(ctx, &sd, &sc));
     CHECK(capex_scaler_init(&host_sc, &sd)); /* for checkpoints: the same format as the CPU run */
-
-    capex_sampler_desc_init(&smd);
-    smd.dataset_size = d->n_train - (size_t)c->ctx - 1;
-    smd.num_replicas = world;
-    smd.rank = rank;
-    smd.seed = c->seed;
-    smd.drop_last = 1;
-    CHECK(capex_sampler_init(&smp, &smd));
+    CHECK(sampler_for(c, d, rank, world, &smp));
 
     if (c->resume_path) {
         capex_state_reader *rd = NULL;
         capex_optim *h = NULL;
         capex_scaler_state st;
-        int64_t v[3];
         capex_result r = capex_state_reader_open_file(c->resume_path, 0, NULL, &rd);
-        if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.step", &v[0]);
-        if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.epoch", &v[1]);
-        if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.pos", &v[2]);
+        if (r == CAPEX_OK) r = load_position(rd, &step, &epoch, &pos);
         if (r == CAPEX_OK) r = capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, stream, &h);
         if (r == CAPEX_OK) r = capex_optim_load(h, rd, "optim", CAPEX_OPTIM_STATE_PARAMS);
         if (r == CAPEX_OK) r = capex_cuda_optim_from_host(opt, h, CAPEX_OPTIM_STATE_PARAMS, stream);
@@ -1017,12 +1041,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         if (r == CAPEX_OK) r = capex_cuda_scaler_set_state(sc, &st, stream);
         capex_optim_destroy(h);
         capex_state_reader_close(rd);
-        if (r != CAPEX_OK) {
-            fprintf(stderr, "resume from %s failed: %s\n", c->resume_path, capex_last_error());
-            goto fail;
-        }
-        step = (int)v[0]; epoch = (uint64_t)v[1]; pos = (uint64_t)v[2];
-        if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
+        if (!resumed(c, r, rank, step)) goto fail;
     }
     capex_sampler_set_epoch(&smp, epoch);
 
@@ -1031,14 +1050,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     for (; step < c->steps; step++) {
         const capex_cuda_ptr dnorm = scratch, dcoef = scratch + 4, dloss = scratch + 16 + (capex_cuda_ptr)step * 4;
         const capex_cuda_ptr wcompute = wh ? wh : w32;
-        int b;
-        if (pos + (uint64_t)c->batch > smp.num_samples) { epoch++; pos = 0; capex_sampler_set_epoch(&smp, epoch); }
-        for (b = 0; b < c->batch; b++) {
-            uint64_t idx = 0;
-            CHECK(capex_sampler_index(&smp, pos + (uint64_t)b, &idx));
-            memcpy(tok + (size_t)b * (c->ctx + 1), d->bytes + idx, (size_t)c->ctx + 1);
-        }
-        pos += (uint64_t)c->batch;
+        CHECK(next_batch(c, d, &smp, &epoch, &pos, tok));
         CHECK(capex_cuda_memcpy_htod(ctx, g.buf[G_TOK], tok, (size_t)c->batch * (c->ctx + 1), stream));
         CHECK(capex_cuda_optim_set_lr(opt, 0, lr_at(c, step), stream));
 
@@ -1076,20 +1088,14 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         }
         if (c->eval_every && ((step + 1) % c->eval_every == 0 || step == c->steps - 1) && res->n_points < MAX_POINTS) {
             float vl = gpu_evaluate(&g, wcompute, d, c->eval_windows, scratch + 8);
-            res->pt_step[res->n_points] = step + 1;
-            res->pt_train[res->n_points] = (float)ema;
-            res->pt_val[res->n_points] = vl;
-            res->n_points++;
-            if (rank == 0 && !c->quiet) printf("[%s] step %5d  val loss %.4f\n", c->label, step + 1, vl);
+            record_point(c, res, rank, step + 1, (float)ema, vl);
         }
         if (c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps) && rank == 0) {
             capex_state_writer *w = NULL;
             capex_optim *h = NULL;
             capex_scaler_state st;
             capex_result r = capex_state_writer_create(NULL, &w);
-            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.step", step + 1);
-            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.epoch", (int64_t)epoch);
-            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.pos", (int64_t)pos);
+            if (r == CAPEX_OK) r = save_position(w, step + 1, epoch, pos);
             if (r == CAPEX_OK) r = capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, stream, &h);
             if (r == CAPEX_OK) r = capex_optim_save(h, w, "optim", CAPEX_OPTIM_STATE_PARAMS);
             if (r == CAPEX_OK) r = capex_cuda_scaler_get_state(sc, &st, stream);
