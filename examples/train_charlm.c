@@ -1302,8 +1302,14 @@ int main(int argc, char **argv) {
     }
     capex_dist_log_init(&env);
     /* The GPU of this rank ($LOCAL_RANK) when there is one; else the CPU, saying why. */
-    if (strcmp(device, "cpu") != 0 && capex_cuda_context_create(NULL, &ctx) != CAPEX_OK) {
-        ctx = NULL;
+    if (strcmp(device, "cpu") != 0) {
+        int major = 0, minor = 0; /* the kernels need NVRTC (on a fresh machine: nothing cached yet) */
+        if (capex_cuda_context_create(NULL, &ctx) != CAPEX_OK || capex_cuda_nvrtc_version(&major, &minor) != CAPEX_OK) {
+            capex_cuda_context_destroy(ctx);
+            ctx = NULL;
+        }
+    }
+    if (strcmp(device, "cpu") != 0 && !ctx) {
         if (!strcmp(device, "gpu")) {
             fprintf(stderr, "--device gpu: %s\n", capex_last_error());
             goto out_mpi;
