@@ -73,13 +73,18 @@
                         (valid code for the same GPU) are kept; delete the directory to
                         rebuild them. An unwritable directory warns once and runs uncached.
        Built-in kernels  fill, scale, add and f32<->f16/bf16 conversion (bit-exact with
-                        capex.h's CPU conversions), all compiled as one program on first
-                        use: capex_cuda_fill_f32, capex_cuda_convert, ...
+                        capex.h's CPU conversions), the fused optimizers and the norms, in
+                        20 parts (capex_cuda_builtin_part_name), each its own program,
+                        cache entry and module, compiled when one of its kernels is first
+                        launched; capex_cuda_precompile (or context desc.precompile = 1)
+                        compiles all missing parts at once on threads.
 
    Thread safety: the loaders are thread-safe. A context may be used from several
    threads (its module cache is locked); streams follow CUDA's rules. The compile
    switches LC_NUMERIC to "C" only when it is not already "C" (setlocale is
-   process-wide: do not change locales in other threads during a compile).
+   process-wide: do not change locales in other threads during a compile); the
+   parallel compiles (capex_cuda_precompile, capex_cuda_builtin_compile_parts)
+   switch it once, on the calling thread, around all their worker threads.
 
    License: MIT, see the end of capex.h.
 */
@@ -186,6 +191,21 @@ CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *
 /* The embedded kernel program (assembled once from its fragments) and its options. */
 CAPEX_API const char *capex_cuda_builtin_source(void);
 CAPEX_API const char *const *capex_cuda_builtin_options(int *n_options);
+/* The built-in kernels are compiled in parts, each its own NVRTC program, disk-cache
+   entry and module ("basic", "amp", "adam_f16", "norm_fwd", ...), when one of their
+   kernels is first launched; see capex_cuda_precompile. Parts are 0..count-1. */
+CAPEX_API int capex_cuda_builtin_part_count(void);
+CAPEX_API const char *capex_cuda_builtin_part_name(int part);   /* NULL when out of range */
+/* The prelude and the part's fragments (a subset of capex_cuda_builtin_source, in its
+   order); NULL when out of range or out of memory. Assembled once, immutable. */
+CAPEX_API const char *capex_cuda_builtin_part_source(int part);
+CAPEX_API int capex_cuda_builtin_kernel_part(const char *kernel); /* the part defining it; -1: none */
+/* Compiles every part for device_cc through cache (NULL: no disk cache) on up to
+   n_threads threads (<= 0: one per online CPU); images[i] receives part i (an array of
+   capex_cuda_builtin_part_count() images; free each). No GPU needed. Thread-safe with
+   its own cache struct; sets LC_NUMERIC to "C" around the compiles (see Thread safety). */
+CAPEX_API capex_result capex_cuda_builtin_compile_parts(int device_cc, capex_cuda_cache *cache, int n_threads,
+                                                        capex_cuda_image *images);
 
 /* ---- contexts -------------------------------------------------------------- */
 typedef struct capex_cuda_context capex_cuda_context;  /* opaque */
@@ -195,6 +215,8 @@ typedef struct capex_cuda_context_desc {
     const char *cache_dir;       /* NULL (default): environment default; "": none */
     int disk_cache;              /* 1 (default); 0 disables the disk cache */
     const capex_allocator *allocator;  /* host allocations; NULL: CAPEX_MALLOC */
+    int precompile;              /* 0 (default): each built-in part on first use; 1: all of
+                                    them in capex_cuda_context_create, one thread per CPU */
 } capex_cuda_context_desc;
 
 CAPEX_API void capex_cuda_context_desc_init(capex_cuda_context_desc *desc);
@@ -256,7 +278,15 @@ CAPEX_API capex_result capex_cuda_launch(const capex_cuda_function *fn, const un
                                          const unsigned block[3], unsigned shmem, capex_cuda_stream stream,
                                          void **args);
 
-/* ---- built-in kernels (compiled together on first use) --------------------- */
+/* ---- built-in kernels (compiled part by part on first use) ------------------ */
+/* Compiles (or loads from the disk cache) every built-in part not loaded yet, on up to
+   n_threads threads (<= 0: one per online CPU): for users who want no compile later
+   (before CUDA-graph capture, before timing a step). Thread-safe. */
+CAPEX_API capex_result capex_cuda_precompile(capex_cuda_context *ctx, int n_threads);
+/* Part `part`'s module, compiled and loaded now if needed. */
+CAPEX_API capex_result capex_cuda_builtin_part_module(capex_cuda_context *ctx, int part, capex_cuda_module **out);
+CAPEX_API int capex_cuda_builtin_part_loaded(capex_cuda_context *ctx, int part); /* 1: loaded in ctx */
+/* capex_cuda_precompile(ctx, 0), then the "basic" part's module (fill, scale, add, convert). */
 CAPEX_API capex_result capex_cuda_builtin_module(capex_cuda_context *ctx, capex_cuda_module **out);
 /* x[i] = value */
 CAPEX_API capex_result capex_cuda_fill_f32(capex_cuda_context *ctx, capex_cuda_ptr x, float value, size_t n,
@@ -1551,11 +1581,29 @@ static const char capex__cuda_frag_prelude[] =
     "typedef unsigned long long capex_u64;\n"
     "#define CAPEX_DEVICE __device__ __forceinline__\n"
     "#define CAPEX_KERNEL extern \"C\" __global__\n"
+    "/* for loops that one thread runs a few times with heavy math (double sqrt,\n"
+    "   divisions): unrolling them multiplies code and compile time for nothing */\n"
+    "#ifdef __CUDA_ARCH__\n"
+    "#define CAPEX_NO_UNROLL _Pragma(\"unroll 1\")\n"
+    "#else\n"
+    "#define CAPEX_NO_UNROLL\n"
+    "#endif\n"
     "/* grid-stride loop with 64-bit indices (no INT_MAX limit) */\n"
     "#define CAPEX_FOR_EACH(i, n) for (capex_u64 i = (capex_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); "
     "i += (capex_u64)gridDim.x * blockDim.x)\n"
+    "/* f32 -> f16: one cvt.rn.f16.f32 on the GPU (IEEE round to nearest even,\n"
+    "   overflow to inf, f16 subnormals kept: the bit arithmetic's value for every\n"
+    "   non-NaN input); a NaN keeps the bit arithmetic's quiet NaN with sign and\n"
+    "   payload (cvt gives a canonical NaN). Host C++ builds of this text (the\n"
+    "   tests' kernel emulation) use the bit arithmetic. (cvt for f16 -> f32 made\n"
+    "   the kernels larger, for f32 -> bf16 (sm_80+) 0.6% smaller: not used.) */\n"
     "CAPEX_DEVICE capex_u16 capex_f32_to_f16_bits(float f) {\n"
     "    capex_u32 x = __float_as_uint(f);\n"
+    "#ifdef __CUDA_ARCH__\n"
+    "    capex_u16 h;\n"
+    "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
+    "    return (x & 0x7fffffffu) > 0x7f800000u ? (capex_u16)(((x >> 16) & 0x8000u) | 0x7e00u | ((x >> 13) & 0x3ffu)) : h;\n"
+    "#else\n"
     "    capex_u32 sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu, e = ax >> 23;\n"
     "    capex_u32 normal = (ax - (112u << 23) + 0xfffu + ((ax >> 13) & 1u)) >> 13;\n"
     "    capex_u32 m = (ax & 0x7fffffu) | 0x800000u;\n"
@@ -1565,6 +1613,7 @@ static const char capex__cuda_frag_prelude[] =
     "    capex_u32 nan = 0x7e00u | ((ax >> 13) & 0x3ffu);\n"
     "    capex_u32 out = ax > 0x7f800000u ? nan : ax >= 0x477ff000u ? 0x7c00u : ax < 0x38800000u ? sub : normal;\n"
     "    return (capex_u16)(sign | out);\n"
+    "#endif\n"
     "}\n"
     "CAPEX_DEVICE float capex_f16_bits_to_f32(capex_u16 h) {\n"
     "    capex_u32 sign = (capex_u32)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n"
@@ -1681,7 +1730,7 @@ static const char capex__cuda_frag_go1[] =
     "CAPEX_DEVICE float capex_go_tof(capex_u16 v, int d) { return d == 1 ? capex__h16_load(v) : capex__b16_load(v); }\n"
     "CAPEX_DEVICE void capex_go_from(float f, float *o, int) { *o = f; }\n"
     "CAPEX_DEVICE void capex_go_from(float f, capex_u16 *o, int d) {\n"
-    "    *o = (capex_u16)(d == 1 ? capex__h16_store(f) : capex__b16_store(f));\n"
+    "    *o = d == 1 ? capex_f32_to_f16_bits(f) : capex_f32_to_bf16_bits(f); /* the prelude's: cvt for f16 on the GPU */\n"
     "}\n"
     "CAPEX_DEVICE unsigned capex_go_nf(float v, int) { return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u; }\n"
     "CAPEX_DEVICE unsigned capex_go_nf(capex_u16 v, int d) {\n"
@@ -1844,8 +1893,8 @@ static const char capex__cuda_frag_go4[] =
     "    return r;\n"
     "}\n"
     "CAPEX_DEVICE capex_u16 capex_go_half(float p, int mk, const capex_go_sr &sr, capex_u64 e) {\n"
-    "    if (mk == 1) return (capex_u16)capex__h16_store(p);\n"
-    "    if (mk == 2) return (capex_u16)capex__b16_store(p);\n"
+    "    if (mk == 1) return capex_f32_to_f16_bits(p);\n"
+    "    if (mk == 2) return capex_f32_to_bf16_bits(p);\n"
     "    unsigned key = (unsigned)(e >> 32) == sr.hi0 ? sr.k0 : sr.k1;\n"
     "    return (capex_u16)capex__bf16_round_sr(p, capex__sr_bits(key, (unsigned)e));\n"
     "}\n"
@@ -1976,7 +2025,7 @@ static const char capex__cuda_frag_go7[] =
     "CAPEX_GK void capex_go_lamb_clip(capex_go_args a) {\n"
     "    capex_go_group *gr = (capex_go_group *)a.ptr[0];\n"
     "    if (threadIdx.x != 0 || blockIdx.x != 0) return;\n"
-    "    for (int k = 0; k < a.flag[0]; k++) {\n"
+    "    CAPEX_NO_UNROLL for (int k = 0; k < a.flag[0]; k++) {\n"
     "        float gn = (float)(sqrt(*(const double *)a.ptr[1]) * (double)gr[k].gs), cd = 1.0f;\n"
     "        if (a.val[0] > 0.0f && gn > a.val[0]) cd = gn / a.val[0];\n"
     "        gr[k].clip_div = cd;\n"
@@ -1987,22 +2036,22 @@ static const char capex__cuda_frag_go7[] =
     "   flag[1]: use_nvlamb. ratio = lr * |p| / |u| (Apex), lr where it is off. */\n"
     "CAPEX_GK void capex_go_lamb_ratio(capex_go_args a) {\n"
     "    const capex_go_group *gr = (const capex_go_group *)a.ptr[0];\n"
-    "    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < a.flag[0]; t += (long long)gridDim.x * blockDim.x) {\n"
+    "    CAPEX_NO_UNROLL for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < a.flag[0]; t += (long long)gridDim.x * blockDim.x) {\n"
     "        const capex_go_group *g = gr + ((const int *)a.ptr[4])[t];\n"
     "        float pn = (float)sqrt(((const double *)a.ptr[1])[t]), un = (float)sqrt(((const double *)a.ptr[2])[t]);\n"
     "        float r = g->lr;\n"
     "        if (a.flag[1] || g->wd != 0.0f) r = (un != 0.0f && pn != 0.0f) ? g->lr * (pn / un) : g->lr;\n"
     "        ((float *)a.ptr[3])[t] = r;\n"
     "    }\n"
-    "}\n"
+    "}\n";
+static const char capex__cuda_frag_go8[] =
     "/* LAMB stage 2: lists p, m, v, model, tensor index; p -= ratio[t] * u with u\n"
     "   recomputed from the new m, v (capex.h's choice). ptr[0]: group, ptr[1]:\n"
     "   seed, ptr[2]: ratios, flag[0]: adam_w_mode, flag[1]: model kind. */\n"
     "CAPEX_DEVICE float capex_go_lamb2_elem(float p, float m, float v, const capex_go_group *g, int w, float r) {\n"
     "    float u = w ? capex__lamb_update_w(p, m, v, g->bc1, g->bc2, g->eps, g->wd) : capex__lamb_update_l2(p, m, v, g->bc1, g->bc2, g->eps);\n"
     "    return capex__lamb_apply(p, u, r);\n"
-    "}\n";
-static const char capex__cuda_frag_go8[] =
+    "}\n"
     "CAPEX_GK void capex_go_lamb2(capex_go_meta<5> mt, capex_go_args a) {\n"
     "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
     "    if (g->skip) return;\n"
@@ -2029,7 +2078,8 @@ static const char capex__cuda_frag_go8[] =
     "        p[i] = pi;\n"
     "        if (mk) h[i] = capex_go_half(pi, mk, sr, off + i);\n"
     "    }\n"
-    "}\n"
+    "}\n";
+static const char capex__cuda_frag_go8b[] =
     "/* Loss scaler update on the device (one thread): capex.h's rule\n"
     "   (capex__scaler_rule: growth, backoff, hysteresis, min/max), then steps,\n"
     "   inv_scale = f32(1 / f64(scale)) and found_inf cleared for the next step. */\n"
@@ -2062,27 +2112,40 @@ static const char capex__cuda_frag_go8[] =
     "    c->inv_scale = (float)(1.0 / (double)c->scale);\n"
     "    c->found_inf = 0u;\n"
     "}\n";
-static const char capex__cuda_frag_go9[] =
-    "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 0>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 1>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f32_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 2>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f16_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 0>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f16_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 1>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f16_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 2>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_bf16_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 0>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 1>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 2>(m, a); }\n"
+/* Template instances: one fragment per part (see capex__cuda_parts). */
+static const char capex__cuda_frag_go9_sumsq[] =
     "CAPEX_GK void capex_go_sumsq_f32(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<0>(m, a); }\n"
     "CAPEX_GK void capex_go_sumsq_f16(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<1>(m, a); }\n"
-    "CAPEX_GK void capex_go_sumsq_bf16(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<2>(m, a); }\n"
-    "CAPEX_GK void capex_go_adam_f32(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_adam_f16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<1>(m, a); }\n"
-    "CAPEX_GK void capex_go_adam_bf16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<2>(m, a); }\n"
-    "CAPEX_GK void capex_go_sgd_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_sgd_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<1>(m, a); }\n"
-    "CAPEX_GK void capex_go_sgd_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<2>(m, a); }\n"
-    "CAPEX_GK void capex_go_lamb1_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_lamb1_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_sumsq_bf16(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<2>(m, a); }\n";
+static const char capex__cuda_frag_go9_scale_f32[] =
+    "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 0>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 1>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f32_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 2>(m, a); }\n";
+static const char capex__cuda_frag_go9_scale_f16[] =
+    "CAPEX_GK void capex_go_scale_f16_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 0>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f16_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 1>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f16_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 2>(m, a); }\n";
+static const char capex__cuda_frag_go9_scale_bf16[] =
+    "CAPEX_GK void capex_go_scale_bf16_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 0>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 1>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 2>(m, a); }\n";
+static const char capex__cuda_frag_go9_adam_f32[] =
+    "CAPEX_GK void capex_go_adam_f32(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<0>(m, a); }\n";
+static const char capex__cuda_frag_go9_adam_f16[] =
+    "CAPEX_GK void capex_go_adam_f16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<1>(m, a); }\n";
+static const char capex__cuda_frag_go9_adam_bf16[] =
+    "CAPEX_GK void capex_go_adam_bf16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<2>(m, a); }\n";
+static const char capex__cuda_frag_go9_sgd_f32[] =
+    "CAPEX_GK void capex_go_sgd_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<0>(m, a); }\n";
+static const char capex__cuda_frag_go9_sgd_f16[] =
+    "CAPEX_GK void capex_go_sgd_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<1>(m, a); }\n";
+static const char capex__cuda_frag_go9_sgd_bf16[] =
+    "CAPEX_GK void capex_go_sgd_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<2>(m, a); }\n";
+static const char capex__cuda_frag_go9_lamb1_f32[] =
+    "CAPEX_GK void capex_go_lamb1_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<0>(m, a); }\n";
+static const char capex__cuda_frag_go9_lamb1_f16[] =
+    "CAPEX_GK void capex_go_lamb1_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<1>(m, a); }\n";
+static const char capex__cuda_frag_go9_lamb1_bf16[] =
     "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<2>(m, a); }\n";
 
 CAPEX__PRIVATE const char *capex__cuda_frag_go0_fn(void) { return capex__cuda_frag_go0; }
@@ -2094,7 +2157,20 @@ CAPEX__PRIVATE const char *capex__cuda_frag_go5_fn(void) { return capex__cuda_fr
 CAPEX__PRIVATE const char *capex__cuda_frag_go6_fn(void) { return capex__cuda_frag_go6; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go7_fn(void) { return capex__cuda_frag_go7; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go8_fn(void) { return capex__cuda_frag_go8; }
-CAPEX__PRIVATE const char *capex__cuda_frag_go9_fn(void) { return capex__cuda_frag_go9; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go8b_fn(void) { return capex__cuda_frag_go8b; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_sumsq_fn(void) { return capex__cuda_frag_go9_sumsq; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_scale_f32_fn(void) { return capex__cuda_frag_go9_scale_f32; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_scale_f16_fn(void) { return capex__cuda_frag_go9_scale_f16; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_scale_bf16_fn(void) { return capex__cuda_frag_go9_scale_bf16; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_adam_f32_fn(void) { return capex__cuda_frag_go9_adam_f32; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_adam_f16_fn(void) { return capex__cuda_frag_go9_adam_f16; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_adam_bf16_fn(void) { return capex__cuda_frag_go9_adam_bf16; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_sgd_f32_fn(void) { return capex__cuda_frag_go9_sgd_f32; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_sgd_f16_fn(void) { return capex__cuda_frag_go9_sgd_f16; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_sgd_bf16_fn(void) { return capex__cuda_frag_go9_sgd_bf16; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_lamb1_f32_fn(void) { return capex__cuda_frag_go9_lamb1_f32; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_lamb1_f16_fn(void) { return capex__cuda_frag_go9_lamb1_f16; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_lamb1_bf16_fn(void) { return capex__cuda_frag_go9_lamb1_bf16; }
 /* This section's fragments in program order (after the prelude), for tools
    that compile them elsewhere (tests/test_gpuopt_emu.c runs them on the CPU). */
 CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n) {
@@ -2102,7 +2178,8 @@ CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n
         capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
         capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn, capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn,
         capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
-        capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go9_fn};
+        capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
+        capex__cuda_frag_go9_sumsq_fn, capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn, capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn, capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn, capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn, capex__cuda_frag_go9_lamb1_bf16_fn};
     *n = sizeof f / sizeof f[0];
     return f;
 }
@@ -2173,7 +2250,7 @@ static const char capex__cuda_frag_norm_a[] =
     "    }\n"
     "}\n";
 
-static const char capex__cuda_frag_norm_b[] =
+static const char capex__cuda_frag_norm_b0[] =
     "CAPEX_DEVICE void capex__nm_reduce2(float *a, float *b) {\n"
     "    __shared__ float sh2[2][33];\n"
     "    for (int off = 16; off > 0; off >>= 1) { *a += __shfl_down_sync(0xffffffffu, *a, off); *b += __shfl_down_sync(0xffffffffu, *b, off); }\n"
@@ -2190,7 +2267,8 @@ static const char capex__cuda_frag_norm_b[] =
     "        *a = sh2[0][32]; *b = sh2[1][32];\n"
     "        __syncthreads();\n"
     "    } else { *a = __shfl_sync(0xffffffffu, *a, 0); *b = __shfl_sync(0xffffffffu, *b, 0); }\n"
-    "}\n"
+    "}\n";
+static const char capex__cuda_frag_norm_b1[] =
     "/* LayerNorm (rms 0) / RMSNorm (rms 1) forward; w, b may be NULL; mean_out, rstd_out may be NULL. */\n"
     "CAPEX_KERNEL void capex_norm_fwd(const void *x, int xt, const void *w, const void *b, int pt, void *y, int yt,\n"
     "                                 float *mean_out, float *rstd_out, capex_u64 rows, capex_u64 cols, float eps, int rms, int vec) {\n"
@@ -2277,12 +2355,13 @@ static const char capex__cuda_frag_norm_c[] =
     "    }\n"
     "}\n";
 
-static const char capex__cuda_frag_norm_d[] =
+static const char capex__cuda_frag_norm_d0[] =
     "/* BatchNorm. Element index of (n, ch, s): NCS (n*C + ch)*S + s; NSC (n*S + s)*C + ch. */\n"
     "CAPEX_DEVICE capex_u64 capex__bn_idx(capex_u64 k, capex_u64 ch, capex_u64 C, capex_u64 S, int nsc) {\n"
     "    return nsc ? k * C + ch : ((k / S) * C + ch) * S + k % S; /* k over the channel's N*S values */\n"
     "}\n"
-    "CAPEX_DEVICE capex_u64 capex__bn_ch(capex_u64 i, capex_u64 C, capex_u64 S, int nsc) { return nsc ? i % C : (i / S) % C; }\n"
+    "CAPEX_DEVICE capex_u64 capex__bn_ch(capex_u64 i, capex_u64 C, capex_u64 S, int nsc) { return nsc ? i % C : (i / S) % C; }\n";
+static const char capex__cuda_frag_norm_d1[] =
     "/* Local per-channel (mean, biased var) and the count into pack [mean C, var C, count_hi, count_lo]. */\n"
     "CAPEX_KERNEL void capex_bn_stats(const void *x, int xt, capex_u64 N, capex_u64 C, capex_u64 S, int nsc, float *pack) {\n"
     "    capex_u64 ch = blockIdx.x, M = N * S;\n"
@@ -2301,7 +2380,7 @@ static const char capex__cuda_frag_norm_d[] =
     "    capex_u64 P = 2 * C + 2;\n"
     "    CAPEX_FOR_EACH(ch, C) {\n"
     "        double n = 0.0, mu = 0.0, q = 0.0;\n"
-    "        for (int r = 0; r < world; r++) {\n"
+    "        CAPEX_NO_UNROLL for (int r = 0; r < world; r++) {\n"
     "            const float *p = g + (capex_u64)r * P;\n"
     "            double nb = (double)p[2 * C] * 16777216.0 + (double)p[2 * C + 1], d, N;\n"
     "            if (nb == 0.0) continue;\n"
@@ -2362,29 +2441,103 @@ static const char capex__cuda_frag_norm_e[] =
     "}\n";
 
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_a_fn(void) { return capex__cuda_frag_norm_a; }
-CAPEX__PRIVATE const char *capex__cuda_frag_norm_b_fn(void) { return capex__cuda_frag_norm_b; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_b0_fn(void) { return capex__cuda_frag_norm_b0; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_b1_fn(void) { return capex__cuda_frag_norm_b1; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_c_fn(void) { return capex__cuda_frag_norm_c; }
-CAPEX__PRIVATE const char *capex__cuda_frag_norm_d_fn(void) { return capex__cuda_frag_norm_d; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_d0_fn(void) { return capex__cuda_frag_norm_d0; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_d1_fn(void) { return capex__cuda_frag_norm_d1; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_e_fn(void) { return capex__cuda_frag_norm_e; }
 
 CAPEX__PRIVATE const char *capex__cuda_frag_prelude_fn(void) { return capex__cuda_frag_prelude; }
 CAPEX__PRIVATE const char *capex__cuda_frag_basic_fn(void) { return capex__cuda_frag_basic; }
 
-/* The program, in order. Append new fragments here (one compile for all). */
+/* The whole program, in order: capex_cuda_builtin_source() (tools compile it as
+   host C++; each part below is a subset of it, in the same order). */
 static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     capex__cuda_frag_prelude_fn,
     capex__cuda_frag_basic_fn,
     /* @@FRAGMENTS:GPUOPT@@ */
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
     capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,
-    capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn, capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go9_fn,
+    capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn,
+    capex__cuda_frag_go5_fn, capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
+    capex__cuda_frag_go9_sumsq_fn, capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn,
+    capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn,
+    capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn,
+    capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn,
+    capex__cuda_frag_go9_lamb1_bf16_fn,
     /* @@FRAGMENTS:NORM@@ */
     capex__norm_math_cuda, /* capex.h's CAPEX__NORM_MATH, the CPU backend's text */
-    capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b_fn, capex__cuda_frag_norm_c_fn,
-    capex__cuda_frag_norm_d_fn, capex__cuda_frag_norm_e_fn,
+    capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn, capex__cuda_frag_norm_b1_fn, capex__cuda_frag_norm_c_fn,
+    capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, capex__cuda_frag_norm_e_fn,
+};
+#define CAPEX__CUDA_N_FRAGMENTS (sizeof capex__cuda_fragments / sizeof capex__cuda_fragments[0])
+
+/* ---- parts: the program split into separately compiled modules ------------
+   One NVRTC program for every built-in kernel took seconds (ptxas time grows
+   with the kernels: ~0.63 MB of CUBIN), and a training step needs a few
+   kernels. So each part below is its own program (the prelude, then its
+   fragments in program order), cached on disk and per context on its own,
+   compiled when one of its kernels is first launched; capex_cuda_precompile
+   compiles all parts on threads. Fragments that only declare types, device
+   functions and templates may be in several parts (unused ones produce no
+   code); every kernel is defined in exactly one part (tests check both).
+   Parts follow what a step uses: the optimizer kernels per gradient dtype. */
+enum {
+    CAPEX__CP_BASIC, CAPEX__CP_AMP, CAPEX__CP_UNSCALE_F32, CAPEX__CP_UNSCALE_F16, CAPEX__CP_UNSCALE_BF16,
+    CAPEX__CP_ADAM_F32, CAPEX__CP_ADAM_F16, CAPEX__CP_ADAM_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_SGD_F16,
+    CAPEX__CP_SGD_BF16, CAPEX__CP_LAMB1_F32, CAPEX__CP_LAMB1_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB_RATIO,
+    CAPEX__CP_LAMB2, CAPEX__CP_NORM_FWD, CAPEX__CP_NORM_BWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_BWD, CAPEX__CUDA_N_PARTS
+};
+#define CAPEX__CP_GO                                                                                          \
+    capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn,                    \
+        capex__cuda_frag_gomath3_fn, capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,               \
+        capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn
+#define CAPEX__CP_NORM capex__norm_math_cuda, capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn
+static const capex__cuda_fragment_fn capex__cuda_pf_basic[] = {capex__cuda_frag_basic_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_amp[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn,
+                                                             capex__cuda_frag_go8b_fn, capex__cuda_frag_go9_sumsq_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_scale_f32_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f16[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_scale_f16_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_unscale_bf16[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_scale_bf16_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_adam_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go9_adam_f32_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_adam_f16[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go9_adam_f16_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_adam_bf16[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go9_adam_bf16_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_sgd_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
+                                                                 capex__cuda_frag_go9_sgd_f32_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_sgd_f16[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
+                                                                 capex__cuda_frag_go9_sgd_f16_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_sgd_bf16[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
+                                                                  capex__cuda_frag_go9_sgd_bf16_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_lamb1_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go6_fn, capex__cuda_frag_go9_lamb1_f32_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_lamb1_f16[] = {CAPEX__CP_GO, capex__cuda_frag_go6_fn, capex__cuda_frag_go9_lamb1_f16_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_lamb1_bf16[] = {CAPEX__CP_GO, capex__cuda_frag_go6_fn, capex__cuda_frag_go9_lamb1_bf16_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_lamb_ratio[] = {CAPEX__CP_GO, capex__cuda_frag_go7_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_lamb2[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go8_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_norm_fwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_b1_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_norm_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_c_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_bn_fwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_bn_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_e_fn, NULL};
+
+typedef struct capex__cuda_part {
+    const char *name;                   /* also the NVRTC program name, "capex_builtin_<name>" */
+    const capex__cuda_fragment_fn *frags; /* NULL-terminated, after the prelude */
+} capex__cuda_part;
+static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
+    {"basic", capex__cuda_pf_basic},           {"amp", capex__cuda_pf_amp},
+    {"unscale_f32", capex__cuda_pf_unscale_f32}, {"unscale_f16", capex__cuda_pf_unscale_f16},
+    {"unscale_bf16", capex__cuda_pf_unscale_bf16}, {"adam_f32", capex__cuda_pf_adam_f32},
+    {"adam_f16", capex__cuda_pf_adam_f16},     {"adam_bf16", capex__cuda_pf_adam_bf16},
+    {"sgd_f32", capex__cuda_pf_sgd_f32},       {"sgd_f16", capex__cuda_pf_sgd_f16},
+    {"sgd_bf16", capex__cuda_pf_sgd_bf16},     {"lamb1_f32", capex__cuda_pf_lamb1_f32},
+    {"lamb1_f16", capex__cuda_pf_lamb1_f16},   {"lamb1_bf16", capex__cuda_pf_lamb1_bf16},
+    {"lamb_ratio", capex__cuda_pf_lamb_ratio}, {"lamb2", capex__cuda_pf_lamb2},
+    {"norm_fwd", capex__cuda_pf_norm_fwd},     {"norm_bwd", capex__cuda_pf_norm_bwd},
+    {"bn_fwd", capex__cuda_pf_bn_fwd},         {"bn_bwd", capex__cuda_pf_bn_bwd},
 };
 
-/* Kernel names of the built-in program; tests check each is in every image. */
+/* Kernel names of the built-in program (sections index this table), and the
+   part that defines each; tests check each name against its part's image. */
 static const char *const capex__cuda_builtin_kernels[] = {
     "capex_fill_f32", "capex_scale_f32", "capex_add_f32", "capex_f32_to_f16",
     "capex_f16_to_f32", "capex_f32_to_bf16", "capex_bf16_to_f32",
@@ -2401,24 +2554,53 @@ static const char *const capex__cuda_builtin_kernels[] = {
     "capex_bn_stats", "capex_bn_merge", "capex_bn_eval_stats", "capex_bn_fwd", "capex_bn_bwd_reduce", "capex_bn_bwd_dx",
 };
 #define CAPEX__CUDA_N_BUILTIN (sizeof capex__cuda_builtin_kernels / sizeof capex__cuda_builtin_kernels[0])
+static const unsigned char capex__cuda_builtin_kernel_part[] = {
+    CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC,
+    CAPEX__CP_UNSCALE_F32, CAPEX__CP_UNSCALE_F32, CAPEX__CP_UNSCALE_F32, CAPEX__CP_UNSCALE_F16, CAPEX__CP_UNSCALE_F16,
+    CAPEX__CP_UNSCALE_F16, CAPEX__CP_UNSCALE_BF16, CAPEX__CP_UNSCALE_BF16, CAPEX__CP_UNSCALE_BF16,
+    CAPEX__CP_AMP, CAPEX__CP_AMP, CAPEX__CP_AMP,                    /* sumsq */
+    CAPEX__CP_AMP, CAPEX__CP_AMP, CAPEX__CP_AMP,                    /* reduce, clip_coef, prepare */
+    CAPEX__CP_ADAM_F32, CAPEX__CP_ADAM_F16, CAPEX__CP_ADAM_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_SGD_F16, CAPEX__CP_SGD_BF16,
+    CAPEX__CP_LAMB1_F32, CAPEX__CP_LAMB1_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB_RATIO, CAPEX__CP_LAMB_RATIO, CAPEX__CP_LAMB2,
+    CAPEX__CP_AMP,                                                  /* scaler_update */
+    CAPEX__CP_NORM_FWD, CAPEX__CP_NORM_BWD, CAPEX__CP_NORM_BWD, CAPEX__CP_NORM_BWD,
+    CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_BWD, CAPEX__CP_BN_BWD,
+};
+typedef char capex__cuda_kernel_parts_ok[sizeof capex__cuda_builtin_kernel_part == CAPEX__CUDA_N_BUILTIN ? 1 : -1];
 
+/* The program and its parts as text, assembled once per process (immutable). */
 static char *capex__cuda_builtin_text = NULL;
+static char *capex__cuda_part_text[CAPEX__CUDA_N_PARTS];
+static char capex__cuda_part_prog[CAPEX__CUDA_N_PARTS][48];
 static pthread_once_t capex__cuda_builtin_once = PTHREAD_ONCE_INIT;
 
-CAPEX__PRIVATE void capex__cuda_builtin_build(void) {
+/* prelude (when with_prelude) + each fragment + '\n'; NULL when out of memory */
+CAPEX__PRIVATE char *capex__cuda_join(const capex__cuda_fragment_fn *f, size_t n, int with_prelude) {
     size_t i, total = 1, at = 0;
-    const size_t n = sizeof capex__cuda_fragments / sizeof capex__cuda_fragments[0];
-    for (i = 0; i < n; i++) total += strlen(capex__cuda_fragments[i]()) + 1;
-    capex__cuda_builtin_text = (char *)CAPEX_MALLOC(total); /* immutable, lives for the process */
-    if (!capex__cuda_builtin_text) return;
-    for (i = 0; i < n; i++) {
-        const char *f = capex__cuda_fragments[i]();
-        size_t len = strlen(f);
-        memcpy(capex__cuda_builtin_text + at, f, len);
+    char *s;
+    if (with_prelude) total += strlen(capex__cuda_frag_prelude) + 1;
+    for (i = 0; i < n; i++) total += strlen(f[i]()) + 1;
+    s = (char *)CAPEX_MALLOC(total);
+    if (!s) return NULL;
+    for (i = 0; i < n + (with_prelude ? 1u : 0u); i++) {
+        const char *t = with_prelude ? (i == 0 ? capex__cuda_frag_prelude : f[i - 1]()) : f[i]();
+        size_t len = strlen(t);
+        memcpy(s + at, t, len);
         at += len;
-        capex__cuda_builtin_text[at++] = '\n';
+        s[at++] = '\n';
     }
-    capex__cuda_builtin_text[at] = '\0';
+    s[at] = '\0';
+    return s;
+}
+
+CAPEX__PRIVATE void capex__cuda_builtin_build(void) {
+    size_t p, n;
+    capex__cuda_builtin_text = capex__cuda_join(capex__cuda_fragments, CAPEX__CUDA_N_FRAGMENTS, 0);
+    for (p = 0; p < CAPEX__CUDA_N_PARTS; p++) {
+        for (n = 0; capex__cuda_parts[p].frags[n]; n++) {}
+        capex__cuda_part_text[p] = capex__cuda_join(capex__cuda_parts[p].frags, n, 1);
+        capex__cuda_fmt(capex__cuda_part_prog[p], sizeof capex__cuda_part_prog[p], "capex_builtin_%s", capex__cuda_parts[p].name);
+    }
 }
 
 CAPEX_API const char *capex_cuda_builtin_source(void) {
@@ -2431,6 +2613,163 @@ static const char *const capex__cuda_builtin_opts[] = {"-default-device", "--std
 CAPEX_API const char *const *capex_cuda_builtin_options(int *n_options) {
     if (n_options) *n_options = (int)(sizeof capex__cuda_builtin_opts / sizeof capex__cuda_builtin_opts[0]);
     return capex__cuda_builtin_opts;
+}
+
+CAPEX_API int capex_cuda_builtin_part_count(void) { return CAPEX__CUDA_N_PARTS; }
+
+CAPEX_API const char *capex_cuda_builtin_part_name(int part) {
+    return part >= 0 && part < CAPEX__CUDA_N_PARTS ? capex__cuda_parts[part].name : NULL;
+}
+
+CAPEX_API const char *capex_cuda_builtin_part_source(int part) {
+    if (part < 0 || part >= CAPEX__CUDA_N_PARTS) return NULL;
+    pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
+    return capex__cuda_part_text[part];
+}
+
+CAPEX_API int capex_cuda_builtin_kernel_part(const char *kernel) {
+    size_t k;
+    if (!kernel) return -1;
+    for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++)
+        if (!strcmp(capex__cuda_builtin_kernels[k], kernel)) return capex__cuda_builtin_kernel_part[k];
+    return -1;
+}
+
+/* ---- compiling parts on threads ------------------------------------------------
+   NVRTC compiles different programs concurrently (its API is thread-safe per
+   program). The calling thread works too; parts are taken heaviest first
+   (measured ptxas+front-end cost) so the longest ones do not start last. */
+static const unsigned char capex__cuda_part_order[CAPEX__CUDA_N_PARTS] = {
+    CAPEX__CP_NORM_FWD, CAPEX__CP_LAMB2, CAPEX__CP_BN_FWD, CAPEX__CP_ADAM_BF16, CAPEX__CP_ADAM_F16, CAPEX__CP_ADAM_F32,
+    CAPEX__CP_NORM_BWD, CAPEX__CP_SGD_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_AMP, CAPEX__CP_UNSCALE_F16, CAPEX__CP_LAMB1_F16,
+    CAPEX__CP_LAMB_RATIO, CAPEX__CP_BN_BWD, CAPEX__CP_SGD_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB1_F32,
+    CAPEX__CP_UNSCALE_BF16, CAPEX__CP_UNSCALE_F32, CAPEX__CP_BASIC};
+
+typedef struct capex__cuda_pjob {
+    int part;
+    capex_cuda_cache cache;      /* private copy: the warn-once flag is not thread-safe */
+    int use_cache, skip_read;
+    capex_cuda_image img;
+    capex_result r;
+    char err[2048];
+} capex__cuda_pjob;
+
+typedef struct capex__cuda_pool {
+    capex__cuda_pjob *jobs;
+    int n, next, device_cc;
+    pthread_mutex_t lock;
+} capex__cuda_pool;
+
+CAPEX__PRIVATE void *capex__cuda_pool_work(void *arg) {
+    capex__cuda_pool *pool = (capex__cuda_pool *)arg;
+    for (;;) {
+        capex__cuda_pjob *j;
+        capex_cuda_compile_desc d;
+        int n_opts = 0;
+        pthread_mutex_lock(&pool->lock);
+        j = pool->next < pool->n ? &pool->jobs[pool->next++] : NULL;
+        pthread_mutex_unlock(&pool->lock);
+        if (!j) return NULL;
+        capex_cuda_compile_desc_init(&d);
+        d.source = capex__cuda_part_text[j->part];
+        d.name = capex__cuda_part_prog[j->part];
+        d.options = capex_cuda_builtin_options(&n_opts);
+        d.n_options = n_opts;
+        d.device_cc = pool->device_cc;
+        d.cache = j->use_cache ? &j->cache : NULL;
+        j->r = d.source ? capex__cuda_compile(&d, j->skip_read, &j->img)
+                        : capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "could not assemble the built-in kernel source");
+        if (j->r != CAPEX_OK) capex__cuda_fmt(j->err, sizeof j->err, "%s", capex_last_error());
+    }
+}
+
+/* Runs jobs[0..n) on up to n_threads threads (<= 0: one per online CPU). The
+   locale is set to "C" here, once, so that no worker switches it. */
+CAPEX__PRIVATE void capex__cuda_pool_run(capex__cuda_pjob *jobs, int n, int device_cc, int n_threads) {
+    capex__cuda_pool pool;
+    pthread_t th[64];
+    int i, started = 0, switched = 0;
+    char saved_locale[128];
+    const char *cur = setlocale(LC_NUMERIC, NULL);
+    if (n_threads <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = c > 0 ? (int)c : 1;
+    }
+    if (n_threads > n) n_threads = n;
+    if (n_threads > 64) n_threads = 64;
+    if (cur && strcmp(cur, "C") != 0) {
+        capex__cuda_fmt(saved_locale, sizeof saved_locale, "%s", cur);
+        switched = setlocale(LC_NUMERIC, "C") != NULL;
+    }
+    pool.jobs = jobs;
+    pool.n = n;
+    pool.next = 0;
+    pool.device_cc = device_cc;
+    pthread_mutex_init(&pool.lock, NULL);
+    for (i = 1; i < n_threads; i++)
+        if (pthread_create(&th[started], NULL, capex__cuda_pool_work, &pool) == 0) started++;
+    capex__cuda_pool_work(&pool); /* the caller works too (and alone if no thread started) */
+    for (i = 0; i < started; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&pool.lock);
+    if (switched) setlocale(LC_NUMERIC, saved_locale);
+}
+
+/* Fills jobs for the parts with want[p] set, heaviest first; returns the count. */
+CAPEX__PRIVATE int capex__cuda_pool_jobs(capex__cuda_pjob *jobs, const int *want, capex_cuda_cache *cache) {
+    int i, n = 0;
+    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) {
+        int p = capex__cuda_part_order[i];
+        if (!want[p]) continue;
+        memset(&jobs[n], 0, sizeof jobs[n]);
+        jobs[n].part = p;
+        if (cache && cache->enabled && cache->dir[0]) {
+            jobs[n].cache = *cache;
+            jobs[n].cache.warned = 2; /* silent; capex__cuda_compile sets 1 when a write fails */
+            jobs[n].use_cache = 1;
+        }
+        n++;
+    }
+    return n;
+}
+
+/* The first failure (in part order) as the status; one warning for an unwritable cache. */
+CAPEX__PRIVATE capex_result capex__cuda_pool_status(capex__cuda_pjob *jobs, int n, capex_cuda_cache *cache) {
+    int i, p, write_failed = 0;
+    for (i = 0; i < n; i++) write_failed |= jobs[i].use_cache && jobs[i].cache.warned == 1;
+    if (write_failed && cache && !cache->warned) {
+        capex_log(CAPEX_LOG_WARN, "could not write kernel cache entries in %s; running without the kernel cache (set CAPEX_CACHE_DIR)",
+                  cache->dir);
+        cache->warned = 1;
+    }
+    for (p = 0; p < CAPEX__CUDA_N_PARTS; p++)
+        for (i = 0; i < n; i++)
+            if (jobs[i].part == p && jobs[i].r != CAPEX_OK)
+                return capex__fail(jobs[i].r, "built-in part '%s': %s", capex__cuda_parts[p].name, jobs[i].err);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_builtin_compile_parts(int device_cc, capex_cuda_cache *cache, int n_threads,
+                                                        capex_cuda_image *images) {
+    capex__cuda_pjob *jobs;
+    int want[CAPEX__CUDA_N_PARTS], i, n;
+    capex_result r;
+    if (!images) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_builtin_compile_parts: images is NULL");
+    memset(images, 0, sizeof *images * CAPEX__CUDA_N_PARTS);
+    if (device_cc <= 0)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_builtin_compile_parts: device_cc %d (want e.g. 90 for sm_90)", device_cc);
+    pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
+    jobs = (capex__cuda_pjob *)CAPEX_MALLOC(sizeof *jobs * CAPEX__CUDA_N_PARTS);
+    if (!jobs) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_builtin_compile_parts: out of memory");
+    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) want[i] = 1;
+    n = capex__cuda_pool_jobs(jobs, want, cache);
+    capex__cuda_pool_run(jobs, n, device_cc, n_threads);
+    r = capex__cuda_pool_status(jobs, n, cache);
+    for (i = 0; i < n; i++) {
+        if (r == CAPEX_OK) images[jobs[i].part] = jobs[i].img;
+        else capex_cuda_image_free(&jobs[i].img);
+    }
+    CAPEX_FREE(jobs);
+    return r;
 }
 
 /* ---- contexts ----------------------------------------------------------------- */
@@ -2452,10 +2791,10 @@ struct capex_cuda_context {
     capex_allocator alloc;
     int has_alloc;
     capex_cuda_cache cache;
-    pthread_mutex_t lock;        /* guards modules, builtin and cache.warned */
+    pthread_mutex_t lock;        /* guards modules, part, builtin_fn and cache.warned */
     capex_cuda_module *modules;
-    capex_cuda_module *builtin;
-    void *builtin_fn[CAPEX__CUDA_N_BUILTIN];
+    capex_cuda_module *part[CAPEX__CUDA_N_PARTS]; /* built-in parts loaded so far */
+    void *builtin_fn[CAPEX__CUDA_N_BUILTIN];      /* set for the kernels of loaded parts */
 };
 
 CAPEX_API void capex_cuda_context_desc_init(capex_cuda_context_desc *desc) {
@@ -2539,7 +2878,7 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
     }
     capex_cuda_cache_init(&ctx->cache, desc->cache_dir);
     if (!desc->disk_cache) ctx->cache.enabled = 0;
-    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) {
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK || (desc->precompile && (r = capex_cuda_precompile(ctx, 0)) != CAPEX_OK)) {
         capex_cuda_context_destroy(ctx);
         return r;
     }
@@ -2764,22 +3103,62 @@ CAPEX__PRIVATE capex_result capex__cuda_load_image(const capex_cuda_image *img, 
     return CAPEX_OK;
 }
 
+/* Loads img (compiled from d, key = its cache key) as a module of ctx. A cached
+   image the driver refuses is never retried: recompiled and overwritten. Takes
+   img (freed). Called with ctx->lock held. */
+CAPEX__PRIVATE capex_result capex__cuda_module_load_locked(capex_cuda_context *ctx, const unsigned char key[32],
+                                                           const capex_cuda_compile_desc *d, capex_cuda_image *img,
+                                                           capex_cuda_module **out) {
+    capex_cuda_module *m;
+    capex_result r;
+    void *handle = NULL;
+    r = capex__cuda_load_image(img, d->name, &handle);
+    if (r != CAPEX_OK && img->from_cache) {
+        capex_log(CAPEX_LOG_INFO, "cached image of '%s' did not load (%s); recompiling", d->name, capex_last_error());
+        capex_cuda_image_free(img);
+        if ((r = capex__cuda_compile(d, 1, img)) != CAPEX_OK) return r;
+        r = capex__cuda_load_image(img, d->name, &handle);
+    }
+    if (r != CAPEX_OK) {
+        capex_cuda_image_free(img);
+        return r;
+    }
+    m = (capex_cuda_module *)capex__alloc(ctx->has_alloc ? &ctx->alloc : NULL, sizeof *m);
+    if (!m) {
+        capex__cuda_drv.cuModuleUnload(handle);
+        capex_cuda_image_free(img);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_module_compile: out of memory");
+    }
+    memcpy(m->key, key, 32);
+    m->handle = handle;
+    m->target.kind = img->kind;
+    m->target.arch = img->arch;
+    m->from_cache = img->from_cache;
+    m->ctx = ctx;
+    m->next = ctx->modules;
+    ctx->modules = m;
+    capex_cuda_image_free(img);
+    *out = m;
+    return CAPEX_OK;
+}
+
+CAPEX__PRIVATE capex_cuda_module *capex__cuda_module_find_locked(capex_cuda_context *ctx, const unsigned char key[32]) {
+    capex_cuda_module *m;
+    for (m = ctx->modules; m; m = m->next)
+        if (memcmp(m->key, key, 32) == 0) return m;
+    return NULL;
+}
+
 /* Called with ctx->lock held. */
 CAPEX__PRIVATE capex_result capex__cuda_module_compile_locked(capex_cuda_context *ctx, const char *source, const char *name,
                                                               const char *const *options, int n_options,
                                                               capex_cuda_module **out) {
     unsigned char key[32];
-    capex_cuda_module *m;
     capex_cuda_compile_desc d;
     capex_cuda_image img;
     capex_result r;
-    void *handle = NULL;
     capex__cuda_cache_key(source, name, options, n_options, ctx->device_cc, key);
-    for (m = ctx->modules; m; m = m->next)
-        if (memcmp(m->key, key, 32) == 0) {
-            *out = m;
-            return CAPEX_OK;
-        }
+    if ((*out = capex__cuda_module_find_locked(ctx, key)) != NULL) return CAPEX_OK;
     capex_cuda_compile_desc_init(&d);
     d.source = source;
     d.name = name;
@@ -2788,35 +3167,7 @@ CAPEX__PRIVATE capex_result capex__cuda_module_compile_locked(capex_cuda_context
     d.device_cc = ctx->device_cc;
     d.cache = &ctx->cache;
     if ((r = capex__cuda_compile(&d, 0, &img)) != CAPEX_OK) return r;
-    r = capex__cuda_load_image(&img, name, &handle);
-    if (r != CAPEX_OK && img.from_cache) {
-        /* a cached image the driver refuses is never retried: recompile and overwrite */
-        capex_log(CAPEX_LOG_INFO, "cached image of '%s' did not load (%s); recompiling", name, capex_last_error());
-        capex_cuda_image_free(&img);
-        if ((r = capex__cuda_compile(&d, 1, &img)) != CAPEX_OK) return r;
-        r = capex__cuda_load_image(&img, name, &handle);
-    }
-    if (r != CAPEX_OK) {
-        capex_cuda_image_free(&img);
-        return r;
-    }
-    m = (capex_cuda_module *)capex__alloc(ctx->has_alloc ? &ctx->alloc : NULL, sizeof *m);
-    if (!m) {
-        capex__cuda_drv.cuModuleUnload(handle);
-        capex_cuda_image_free(&img);
-        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_module_compile: out of memory");
-    }
-    memcpy(m->key, key, 32);
-    m->handle = handle;
-    m->target.kind = img.kind;
-    m->target.arch = img.arch;
-    m->from_cache = img.from_cache;
-    m->ctx = ctx;
-    m->next = ctx->modules;
-    ctx->modules = m;
-    capex_cuda_image_free(&img);
-    *out = m;
-    return CAPEX_OK;
+    return capex__cuda_module_load_locked(ctx, key, &d, &img, out);
 }
 
 CAPEX_API capex_result capex_cuda_module_compile(capex_cuda_context *ctx, const char *source, const char *name,
@@ -2886,44 +3237,144 @@ CAPEX_API capex_result capex_cuda_launch(const capex_cuda_function *fn, const un
 
 /* ---- built-in kernels ------------------------------------------------------------ */
 
-CAPEX_API capex_result capex_cuda_builtin_module(capex_cuda_context *ctx, capex_cuda_module **out) {
-    capex_result r = CAPEX_OK;
+/* Looks up part p's kernels in its module m and records the part as loaded.
+   Called with ctx->lock held. */
+CAPEX__PRIVATE capex_result capex__cuda_part_attach_locked(capex_cuda_context *ctx, int p, capex_cuda_module *m) {
+    size_t k;
+    void *fn[CAPEX__CUDA_N_BUILTIN];
+    for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) {
+        capex__CUresult cr;
+        if (capex__cuda_builtin_kernel_part[k] != p) continue;
+        cr = capex__cuda_drv.cuModuleGetFunction(&fn[k], m->handle, capex__cuda_builtin_kernels[k]);
+        if (cr != 0) return capex__cu_fail(cr, "cuModuleGetFunction", capex__cuda_builtin_kernels[k]);
+    }
+    for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++)
+        if (capex__cuda_builtin_kernel_part[k] == p) ctx->builtin_fn[k] = fn[k];
+    ctx->part[p] = m;
+    return CAPEX_OK;
+}
+
+/* Compiles (or finds in the disk cache) and loads part p. Called with ctx->lock held. */
+CAPEX__PRIVATE capex_result capex__cuda_part_load_locked(capex_cuda_context *ctx, unsigned p) {
+    capex_cuda_module *m = NULL;
+    capex_result r;
     int n_opts = 0;
-    const char *const *opts = capex_cuda_builtin_options(&n_opts);
-    const char *src = capex_cuda_builtin_source();
-    size_t i;
-    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_builtin_module: out is NULL");
+    const char *const *opts;
+    const char *src;
+    if (p >= CAPEX__CUDA_N_PARTS) return capex__fail(CAPEX_ERR_INTERNAL, "built-in part %u does not exist", p);
+    if (ctx->part[p]) return CAPEX_OK;
+    opts = capex_cuda_builtin_options(&n_opts);
+    src = capex_cuda_builtin_part_source((int)p);
+    if (!src) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda: could not assemble the built-in kernel source");
+    if ((r = capex__cuda_module_compile_locked(ctx, src, capex__cuda_part_prog[p], opts, n_opts, &m)) != CAPEX_OK) return r;
+    return capex__cuda_part_attach_locked(ctx, (int)p, m);
+}
+
+CAPEX_API capex_result capex_cuda_builtin_part_module(capex_cuda_context *ctx, int part, capex_cuda_module **out) {
+    capex_result r;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_builtin_part_module: out is NULL");
     *out = NULL;
-    if (!src) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_builtin_module: could not assemble the program");
+    if (part < 0 || part >= CAPEX__CUDA_N_PARTS)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_builtin_part_module: part %d (0..%d)", part, CAPEX__CUDA_N_PARTS - 1);
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     pthread_mutex_lock(&ctx->lock);
-    if (!ctx->builtin) {
-        capex_cuda_module *m = NULL;
-        r = capex__cuda_module_compile_locked(ctx, src, "capex_builtin", opts, n_opts, &m);
-        for (i = 0; r == CAPEX_OK && i < CAPEX__CUDA_N_BUILTIN; i++) {
-            capex__CUresult cr = capex__cuda_drv.cuModuleGetFunction(&ctx->builtin_fn[i], m->handle, capex__cuda_builtin_kernels[i]);
-            if (cr != 0) r = capex__cu_fail(cr, "cuModuleGetFunction", capex__cuda_builtin_kernels[i]);
-        }
-        if (r == CAPEX_OK) ctx->builtin = m;
-    }
-    *out = ctx->builtin;
+    r = capex__cuda_part_load_locked(ctx, (unsigned)part);
+    *out = r == CAPEX_OK ? ctx->part[part] : NULL;
     pthread_mutex_unlock(&ctx->lock);
+    return r;
+}
+
+CAPEX_API int capex_cuda_builtin_part_loaded(capex_cuda_context *ctx, int part) {
+    int loaded;
+    if (!ctx || part < 0 || part >= CAPEX__CUDA_N_PARTS) return 0;
+    pthread_mutex_lock(&ctx->lock);
+    loaded = ctx->part[part] != NULL;
+    pthread_mutex_unlock(&ctx->lock);
+    return loaded;
+}
+
+/* Images of the missing parts are made on threads without the context lock
+   (launches and other compiles go on meanwhile), then loaded under it; a part
+   another thread loaded in between is kept and the new image dropped. */
+CAPEX_API capex_result capex_cuda_precompile(capex_cuda_context *ctx, int n_threads) {
+    capex__cuda_pjob *jobs;
+    capex_cuda_cache cache;
+    int want[CAPEX__CUDA_N_PARTS], i, n, missing = 0;
+    capex_result r;
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
+    pthread_mutex_lock(&ctx->lock);
+    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) missing += want[i] = ctx->part[i] == NULL;
+    cache = ctx->cache;
+    pthread_mutex_unlock(&ctx->lock);
+    if (!missing) return CAPEX_OK;
+    jobs = (capex__cuda_pjob *)CAPEX_MALLOC(sizeof *jobs * CAPEX__CUDA_N_PARTS);
+    if (!jobs) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_precompile: out of memory");
+    n = capex__cuda_pool_jobs(jobs, want, &cache);
+    capex__cuda_pool_run(jobs, n, ctx->device_cc, n_threads);
+    pthread_mutex_lock(&ctx->lock);
+    r = capex__cuda_pool_status(jobs, n, &ctx->cache);
+    for (i = 0; i < n; i++) {
+        int p = jobs[i].part;
+        capex_cuda_compile_desc d;
+        capex_cuda_module *m = NULL;
+        unsigned char key[32];
+        int n_opts = 0;
+        if (r != CAPEX_OK || ctx->part[p]) {
+            capex_cuda_image_free(&jobs[i].img);
+            continue;
+        }
+        capex_cuda_compile_desc_init(&d);
+        d.source = capex__cuda_part_text[p];
+        d.name = capex__cuda_part_prog[p];
+        d.options = capex_cuda_builtin_options(&n_opts);
+        d.n_options = n_opts;
+        d.device_cc = ctx->device_cc;
+        d.cache = &ctx->cache;
+        capex__cuda_cache_key(d.source, d.name, d.options, d.n_options, ctx->device_cc, key);
+        if ((m = capex__cuda_module_find_locked(ctx, key)) != NULL) capex_cuda_image_free(&jobs[i].img);
+        else r = capex__cuda_module_load_locked(ctx, key, &d, &jobs[i].img, &m);
+        if (r == CAPEX_OK) r = capex__cuda_part_attach_locked(ctx, p, m);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    CAPEX_FREE(jobs);
+    return r;
+}
+
+CAPEX_API capex_result capex_cuda_builtin_module(capex_cuda_context *ctx, capex_cuda_module **out) {
+    capex_result r;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_builtin_module: out is NULL");
+    *out = NULL;
+    if ((r = capex_cuda_precompile(ctx, 0)) != CAPEX_OK) return r;
+    return capex_cuda_builtin_part_module(ctx, CAPEX__CP_BASIC, out);
+}
+
+/* Built-in kernel k (an index of capex__cuda_builtin_kernels), its part compiled
+   and loaded on first use. Thread-safe. */
+CAPEX__PRIVATE capex_result capex__cuda_builtin_get(capex_cuda_context *ctx, size_t k, capex_cuda_function *fn) {
+    capex_result r;
+    fn->handle = NULL;
+    fn->ctx = NULL;
+    if (k >= CAPEX__CUDA_N_BUILTIN) return capex__fail(CAPEX_ERR_INTERNAL, "built-in kernel %zu does not exist", k);
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    pthread_mutex_lock(&ctx->lock);
+    r = capex__cuda_part_load_locked(ctx, capex__cuda_builtin_kernel_part[k]);
+    fn->handle = ctx->builtin_fn[k];
+    pthread_mutex_unlock(&ctx->lock);
+    if (r == CAPEX_OK) fn->ctx = ctx;
     return r;
 }
 
 /* Launches built-in kernel k over n elements (grid-stride, at most 32 blocks per SM). */
 CAPEX__PRIVATE capex_result capex__cuda_builtin_launch(capex_cuda_context *ctx, size_t k, size_t n, capex_cuda_stream stream,
                                                        void **args) {
-    capex_cuda_module *m;
     capex_cuda_function fn;
     capex_result r;
     unsigned grid[3] = {1, 1, 1}, block[3] = {256, 1, 1};
     size_t blocks = (n + 255) / 256, cap;
-    if ((r = capex_cuda_builtin_module(ctx, &m)) != CAPEX_OK) return r;
+    if ((r = capex__cuda_builtin_get(ctx, k, &fn)) != CAPEX_OK) return r;
     cap = (size_t)(ctx->info.sm_count > 0 ? ctx->info.sm_count : 1) * 32u;
     grid[0] = (unsigned)(blocks < cap ? blocks : cap);
-    fn.handle = ctx->builtin_fn[k];
-    fn.ctx = ctx;
     return capex_cuda_launch(&fn, grid, block, 0, stream, args);
 }
 
@@ -3046,13 +3497,10 @@ typedef struct capex__go_exec {
 CAPEX__PRIVATE capex_result capex__go_dev_launch(void *user, int k, unsigned grid, unsigned block, void **args,
                                                  capex_cuda_stream s) {
     capex_cuda_context *ctx = (capex_cuda_context *)user;
-    capex_cuda_module *m;
     capex_cuda_function fn;
     unsigned g[3], b[3];
-    capex_result r = capex_cuda_builtin_module(ctx, &m);
+    capex_result r = capex__cuda_builtin_get(ctx, CAPEX__GO_KBASE + (size_t)k, &fn); /* compiles its part on first use */
     if (r != CAPEX_OK) return r;
-    fn.handle = ctx->builtin_fn[CAPEX__GO_KBASE + k];
-    fn.ctx = ctx;
     g[0] = grid; g[1] = 1; g[2] = 1;
     b[0] = block; b[1] = 1; b[2] = 1;
     return capex_cuda_launch(&fn, g, b, 0, s, args);
@@ -4638,16 +5086,9 @@ CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stre
 
 /* @@SECTION:NORM:IMPL@@ (GPU LayerNorm/RMSNorm/SyncBatchNorm: implementation) */
 CAPEX__PRIVATE capex_result capex__cuda_norm_fn(capex_cuda_context *ctx, const char *name, capex_cuda_function *fn) {
-    capex_cuda_module *m;
-    capex_result r;
     size_t i;
-    if ((r = capex_cuda_builtin_module(ctx, &m)) != CAPEX_OK) return r;
     for (i = 0; i < CAPEX__CUDA_N_BUILTIN; i++)
-        if (!strcmp(capex__cuda_builtin_kernels[i], name)) {
-            fn->handle = ctx->builtin_fn[i];
-            fn->ctx = ctx;
-            return CAPEX_OK;
-        }
+        if (!strcmp(capex__cuda_builtin_kernels[i], name)) return capex__cuda_builtin_get(ctx, i, fn); /* compiles its part on first use */
     return capex__fail(CAPEX_ERR_INTERNAL, "built-in kernel %s missing", name);
 }
 CAPEX__PRIVATE capex_result capex__cuda_norm_launch(capex_cuda_context *ctx, const char *name, unsigned gx, unsigned gy,

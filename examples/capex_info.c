@@ -4,7 +4,8 @@
    and NCCL versions or why each is missing, the GPUs, the arch capex would
    compile for, the kernel cache directory, and times a cold compile (NVRTC,
    no cache) and a warm one (from the disk cache) of the built-in kernels;
-   on a GPU also the module load. Exits 0 whenever it could report.
+   on a GPU also the module load. `capex_info --parts` also compiles each
+   built-in part alone (what its first use costs). Exits 0 whenever it could report.
 
        cc -O2 examples/capex_info.c -o capex_info -ldl -lm -lpthread   (or: make info) */
 #ifndef _GNU_SOURCE
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 #include <dirent.h>
 
 static double now_ms(void) {
@@ -37,7 +39,7 @@ static void remove_dir(const char *dir) {
     rmdir(dir);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     int drv = 0, nv_major = 0, nv_minor = 0, nccl = 0, n_dev = 0, archs[64], n_archs = 0, i;
     int have_nvrtc, have_gpu = 0, target_cc = 0;
     capex_cuda_cache cache;
@@ -105,36 +107,38 @@ int main(void) {
        so the user's cache is neither used nor disturbed. */
     if (have_nvrtc) {
         char dir[] = "/tmp/capex_info_XXXXXX";
-        capex_cuda_compile_desc d;
-        capex_cuda_image cold, warm;
-        int n_opts = 0;
+        capex_cuda_image cold[64], warm[64];
+        int np = capex_cuda_builtin_part_count(), p, hits = 0;
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        size_t bytes = 0;
+        int cubin = 0;
         double t0, t1, t2;
         if (!mkdtemp(dir)) {
             printf("timing: no temporary directory\n");
             return 0;
         }
         capex_cuda_cache_init(&cache, dir);
-        capex_cuda_compile_desc_init(&d);
-        d.source = capex_cuda_builtin_source();
-        d.name = "capex_builtin";
-        d.options = capex_cuda_builtin_options(&n_opts);
-        d.n_options = n_opts;
-        d.device_cc = target_cc ? target_cc : 90;
-        d.cache = &cache;
+        /* all parts at once on one thread per CPU, as capex_cuda_precompile does */
         t0 = now_ms();
-        r = capex_cuda_compile(&d, &cold);
+        r = np <= 64 ? capex_cuda_builtin_compile_parts(target_cc ? target_cc : 90, &cache, 0, cold) : CAPEX_ERR_LIMIT;
         t1 = now_ms();
         if (r != CAPEX_OK) {
             printf("cold compile failed: %s\n", capex_last_error());
         } else {
-            r = capex_cuda_compile(&d, &warm);
+            r = capex_cuda_builtin_compile_parts(target_cc ? target_cc : 90, &cache, 0, warm);
             t2 = now_ms();
-            printf("built-in kernels (%zu chars of source): cold compile %.1f ms (NVRTC, %zu-byte %s), warm %.2f ms (disk cache%s)\n",
-                   strlen(d.source), t1 - t0, cold.size, cold.kind == CAPEX_CUDA_IMAGE_CUBIN ? "CUBIN" : "PTX", t2 - t1,
-                   r == CAPEX_OK && warm.from_cache ? ", hit" : ", MISS");
-            capex_cuda_image_free(&warm);
+            cubin = cold[0].kind == CAPEX_CUDA_IMAGE_CUBIN;
+            for (p = 0; p < np; p++) {
+                bytes += cold[p].size;
+                hits += r == CAPEX_OK && warm[p].from_cache;
+                capex_cuda_image_free(&cold[p]);
+                if (r == CAPEX_OK) capex_cuda_image_free(&warm[p]);
+            }
+            printf("built-in kernels (%zu chars of source, %d parts): cold compile of all %.1f ms (NVRTC on %ld threads, "
+                   "%zu bytes of %s), warm %.2f ms (disk cache, %d/%d hits)\n",
+                   strlen(capex_cuda_builtin_source()), np, t1 - t0, ncpu > np ? (long)np : ncpu, bytes,
+                   cubin ? "CUBIN" : "PTX", t2 - t1, hits, np);
         }
-        capex_cuda_image_free(&cold);
         if (have_gpu) {
             capex_cuda_context_desc cd;
             capex_cuda_context *ctx;
@@ -142,11 +146,10 @@ int main(void) {
             cd.device = 0;
             cd.cache_dir = dir;
             if (capex_cuda_context_create(&cd, &ctx) == CAPEX_OK) {
-                capex_cuda_module *m;
                 t0 = now_ms();
-                r = capex_cuda_builtin_module(ctx, &m);
+                r = capex_cuda_precompile(ctx, 0);
                 t1 = now_ms();
-                if (r == CAPEX_OK) printf("module load from the warm cache on GPU 0: %.2f ms\n", t1 - t0);
+                if (r == CAPEX_OK) printf("module load of all parts from the warm cache on GPU 0: %.2f ms\n", t1 - t0);
                 else printf("module load failed: %s\n", capex_last_error());
                 capex_cuda_context_destroy(ctx);
             } else {
@@ -154,6 +157,31 @@ int main(void) {
             }
         }
         remove_dir(dir);
+        /* --parts: each part alone, serially, without a cache (what a lazy first use costs) */
+        if (argc > 1 && !strcmp(argv[1], "--parts")) {
+            int n_opts = 0, p, np = capex_cuda_builtin_part_count();
+            const char *const *opts = capex_cuda_builtin_options(&n_opts);
+            capex_cuda_target t;
+            double sum = 0.0;
+            size_t total = 0;
+            if (capex_cuda_select_target(archs, n_archs, target_cc ? target_cc : 90, &t) != CAPEX_OK) return 0;
+            for (p = 0; p < np; p++) {
+                capex_cuda_image img;
+                double t0 = now_ms(), t1;
+                r = capex_cuda_nvrtc_compile(capex_cuda_builtin_part_source(p), capex_cuda_builtin_part_name(p), opts, n_opts, t, &img);
+                t1 = now_ms();
+                if (r != CAPEX_OK) {
+                    printf("part %s: %s\n", capex_cuda_builtin_part_name(p), capex_last_error());
+                    continue;
+                }
+                printf("  part %-13s %6zu chars  cold %7.1f ms  %7zu bytes\n", capex_cuda_builtin_part_name(p),
+                       strlen(capex_cuda_builtin_part_source(p)), t1 - t0, img.size);
+                sum += t1 - t0;
+                total += img.size;
+                capex_cuda_image_free(&img);
+            }
+            printf("  parts one after another: %.1f ms, %zu bytes\n", sum, total);
+        }
     }
     return 0;
 }

@@ -1,8 +1,9 @@
 /* The kernel cache on files: SHA-256 against FIPS vectors, the key covers every
    input, entries round-trip, every kind of damage is detected and recompiled
    over, writes are atomic (readers never see a partial entry, even with
-   concurrent writers in several processes), a hit needs no NVRTC, and an
-   unwritable directory warns once and runs uncached. */
+   concurrent writers in several processes), a hit needs no NVRTC, an
+   unwritable directory warns once and runs uncached, and the built-in parts
+   each get their own entry (filled on threads, damage recompiles one part). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -553,6 +554,50 @@ CT_TEST(unwritable_dir_warns_once) {
     rm_dir(dir);
 }
 
+/* The built-in parts through the disk cache: one entry per part under its own key,
+   filled concurrently, read back whole; a damaged entry is recompiled alone. */
+CT_TEST(builtin_parts_cache_entries) {
+    enum { NP = CAPEX__CUDA_N_PARTS };
+    unsigned char keys[NP + 1][32];
+    char dir[64], path[1200];
+    capex_cuda_cache c;
+    capex_cuda_image cold[NP], warm[NP];
+    int p, q, n = 0;
+    const char *const *opts = capex_cuda_builtin_options(&n);
+    FILE *f;
+    for (p = 0; p < NP; p++)
+        capex__cuda_cache_key(capex_cuda_builtin_part_source(p), capex__cuda_part_prog[p], opts, n, 90, keys[p]);
+    capex__cuda_cache_key(capex_cuda_builtin_source(), "capex_builtin", opts, n, 90, keys[NP]);
+    for (p = 0; p <= NP; p++)
+        for (q = 0; q < p; q++) CT_CHECK(memcmp(keys[p], keys[q], 32) != 0, "parts %d and %d share a key", p, q);
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    capex_cuda_cache_init(&c, dir);
+    CT_CHECK(capex_cuda_builtin_compile_parts(90, &c, 2, cold) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(count_files(dir, ".capexjit") == NP && count_files(dir, ".tmp") == 0, "%d entries for %d parts",
+             count_files(dir, ".capexjit"), NP);
+    CT_CHECK(capex_cuda_builtin_compile_parts(90, &c, 2, warm) == CAPEX_OK, "%s", capex_last_error());
+    for (p = 0; p < NP; p++) {
+        CT_CHECK(!cold[p].from_cache && warm[p].from_cache, "part %d: cold %d warm %d", p, cold[p].from_cache, warm[p].from_cache);
+        CT_CHECK(cold[p].size == warm[p].size && !memcmp(cold[p].data, warm[p].data, cold[p].size), "part %d bytes", p);
+        capex_cuda_image_free(&warm[p]);
+    }
+    /* truncate one entry: that part alone is recompiled (and rewritten) */
+    capex__cuda_cache_path(&c, keys[CAPEX__CP_BASIC], path, sizeof path);
+    f = fopen(path, "r+b");
+    CT_CHECK(f != NULL && ftruncate(fileno(f), 100) == 0, "truncate %s", path);
+    if (f) fclose(f);
+    CT_CHECK(capex_cuda_builtin_compile_parts(90, &c, 1, warm) == CAPEX_OK, "%s", capex_last_error());
+    for (p = 0; p < NP; p++) {
+        CT_CHECK(warm[p].from_cache == (p != CAPEX__CP_BASIC), "part %d from_cache %d", p, warm[p].from_cache);
+        CT_CHECK(cold[p].size == warm[p].size && !memcmp(cold[p].data, warm[p].data, cold[p].size), "part %d bytes", p);
+        capex_cuda_image_free(&warm[p]);
+        capex_cuda_image_free(&cold[p]);
+    }
+    CT_CHECK(count_files(dir, ".capexjit") == NP, "rewritten in place");
+    rm_dir(dir);
+}
+
 static const ct_case cases[] = {
     CT_CASE(sha256_fips_vectors),
     CT_CASE(key_changes_with_each_input),
@@ -563,6 +608,7 @@ static const ct_case cases[] = {
     CT_CASE(concurrent_writers_and_reader),
     CT_CASE(concurrent_compiles),
     CT_CASE(unwritable_dir_warns_once),
+    CT_CASE(builtin_parts_cache_entries),
 };
 static const child_entry children[] = {{"hit", child_hit_without_nvrtc}};
 

@@ -198,18 +198,81 @@ CT_TEST(cold_compile_cache_and_warm_reload_without_nvrtc) {
         const capex_cuda_device_info *info = capex_cuda_context_device(ctx);
         int cc = info->cc_major * 10 + info->cc_minor;
         capex_cuda_nvrtc_version(&M, &mi);
-        printf("gpu-timing: NVRTC %d.%d load %.1f ms; cold compile+load of the built-in program (%zu chars, %s_%d): %.1f ms\n",
-               M, mi, t1 - t0, strlen(capex_cuda_builtin_source()), t.kind == CAPEX_CUDA_IMAGE_CUBIN ? "sm" : "compute",
-               t.arch, t2 - t1);
+        printf("gpu-timing: NVRTC %d.%d load %.1f ms; cold compile+load of all %d built-in parts on threads (%zu chars, "
+               "%s_%d): %.1f ms\n", M, mi, t1 - t0, capex_cuda_builtin_part_count(), strlen(capex_cuda_builtin_source()),
+               t.kind == CAPEX_CUDA_IMAGE_CUBIN ? "sm" : "compute", t.arch, t2 - t1);
         if (cc == 90) CT_CHECK(t.kind == CAPEX_CUDA_IMAGE_CUBIN && t.arch == 90, "H100 gets an sm_90 CUBIN");
     }
     OK(capex_cuda_builtin_module(ctx, &m2));
     CT_CHECK(m2 == m, "second request hits the in-memory cache");
     r = run_child("warm", cache_dir);
     CT_CHECK(r.exited_ok && r.code == CAPEX_OK, "warm child: %d %s", r.code, r.message);
-    printf("gpu-timing: warm load of the built-in program from the disk cache in a fresh process (no NVRTC): %.2f ms\n",
+    printf("gpu-timing: warm load of all built-in parts from the disk cache in a fresh process (no NVRTC): %.2f ms\n",
            r.value / 1000.0);
     capex_cuda_context_destroy(ctx);
+}
+
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    while (d && (e = readdir(d)) != NULL) n += strstr(e->d_name, ".capexjit") != NULL;
+    if (d) closedir(d);
+    return n;
+}
+
+/* Built-in parts compile on first use, one at a time (a fill compiles "basic"
+   alone, seen as one new disk-cache entry), and a context created with
+   precompile = 1 loads every part (from the disk cache the cold test filled). */
+CT_TEST(builtin_parts_load_lazily) {
+    capex_cuda_context *ctx = NULL, *ctx2 = NULL;
+    capex_cuda_context_desc cd;
+    capex_cuda_module *m = NULL;
+    capex_cuda_ptr x = 0;
+    char dir[] = "/tmp/capex_lazy_XXXXXX";
+    float host[256];
+    int p, np = capex_cuda_builtin_part_count(), nf = capex_cuda_builtin_kernel_part("capex_norm_fwd"), loaded = 0, fc = 0, warm;
+    OPEN_CTX(ctx); /* skips without a GPU */
+    capex_cuda_context_destroy(ctx);
+    CT_NEED_NVRTC();
+    CT_CHECK(mkdtemp(dir) != NULL, "temp dir");
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.cache_dir = dir;
+    OK(capex_cuda_context_create(&cd, &ctx));
+    for (p = 0; p < np; p++) loaded += capex_cuda_builtin_part_loaded(ctx, p);
+    CT_CHECK(loaded == 0 && count_entries(dir) == 0, "a new context has compiled nothing (%d)", loaded);
+    OK(capex_cuda_malloc(ctx, sizeof host, &x));
+    OK(capex_cuda_fill_f32(ctx, x, 3.0f, 256, NULL));
+    OK(capex_cuda_memcpy_dtoh(ctx, host, x, sizeof host, NULL));
+    CT_CHECK(host[0] == 3.0f && host[255] == 3.0f, "fill ran");
+    for (p = 0; p < np; p++)
+        CT_CHECK(capex_cuda_builtin_part_loaded(ctx, p) == (p == capex_cuda_builtin_kernel_part("capex_fill_f32")),
+                 "after a fill, part %s loaded: %d", capex_cuda_builtin_part_name(p), capex_cuda_builtin_part_loaded(ctx, p));
+    CT_CHECK(count_entries(dir) == 1, "one cache entry, got %d", count_entries(dir));
+    OK(capex_cuda_builtin_part_module(ctx, nf, &m));
+    CT_CHECK(m && capex_cuda_builtin_part_loaded(ctx, nf) && count_entries(dir) == 2, "norm_fwd on request");
+    CT_CHECK(capex_cuda_builtin_part_module(ctx, np, &m) == CAPEX_ERR_INVALID_ARG && m == NULL, "part out of range");
+    CT_CHECK(!capex_cuda_builtin_part_loaded(ctx, -1) && !capex_cuda_builtin_part_loaded(NULL, 0), "loaded: bad args");
+    capex_cuda_free(ctx, x);
+    capex_cuda_context_destroy(ctx);
+    rm_dir(dir);
+    /* precompile = 1 in the run's shared cache (cold_compile... filled it: every part a hit) */
+    warm = count_entries(cache_dir) == np;
+    cd.cache_dir = cache_dir;
+    cd.precompile = 1;
+    OK(capex_cuda_context_create(&cd, &ctx2));
+    for (p = 0, loaded = 0; p < np; p++) {
+        int from_cache = 0;
+        loaded += capex_cuda_builtin_part_loaded(ctx2, p);
+        if (capex_cuda_builtin_part_module(ctx2, p, &m) == CAPEX_OK) capex_cuda_module_info(m, NULL, &from_cache);
+        fc += from_cache;
+    }
+    CT_CHECK(loaded == np && (!warm || fc == np), "precompile = 1: %d loaded, %d from the disk cache, of %d", loaded, fc, np);
+    OK(capex_cuda_precompile(ctx2, 2)); /* nothing left to do */
+    OK(capex_cuda_builtin_module(ctx2, &m));
+    CT_CHECK(m == ctx2->part[capex_cuda_builtin_kernel_part("capex_fill_f32")], "builtin_module is the basic part");
+    capex_cuda_context_destroy(ctx2);
 }
 
 CT_TEST(builtin_kernels_exact) {
@@ -311,6 +374,18 @@ CT_TEST(conversions_match_cpu_bit_exact) {
                 uint32_t half_ulp = pass ? 0x8000u : 0x1000u;
                 h32[i] = u2f(base + half_ulp + (uint32_t)(i / NH) - 2u); /* midpoint -1, 0, +1 */
             } else h32[i] = u2f(rng(&s));
+        }
+        { /* f32 rounding boundaries (overflow, subnormal, tie at the smallest step), specials, NaN payloads */
+            static const uint32_t edge[] = {0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477ff001u, 0x47800000u, 0x7f7fffffu,
+                                            0x7f7f7fffu, 0x7f7f8000u, 0x33000000u, 0x33000001u, 0x32ffffffu, 0x33400000u,
+                                            0x33800000u, 0x387fe000u, 0x387fffffu, 0x38800000u, 0x00000001u, 0x007fffffu,
+                                            0x00800000u, 0x00000000u, 0x7f800000u, 0x7f800001u, 0x7fc00000u, 0x7fffffffu,
+                                            0x7fa00000u, 0x7f802000u, 0x7f801fffu, 0x00008000u, 0x00018000u};
+            size_t e;
+            for (e = 0; e < sizeof edge / sizeof edge[0]; e++) {
+                h32[4 * NH + 2 * e] = u2f(edge[e]);
+                h32[4 * NH + 2 * e + 1] = u2f(edge[e] | 0x80000000u);
+            }
         }
         OK(capex_cuda_memcpy_htod(ctx, d32, h32, (size_t)NF * 4, NULL));
         OK(capex_cuda_memset_u8(ctx, d16, 0xFF, (size_t)NF * 2, NULL));
@@ -511,6 +586,7 @@ CT_TEST(threads_share_a_context) {
 static const ct_case cases[] = {
     CT_CASE(device_and_context),
     CT_CASE(cold_compile_cache_and_warm_reload_without_nvrtc),
+    CT_CASE(builtin_parts_load_lazily),
     CT_CASE(builtin_kernels_exact),
     CT_CASE(conversions_match_cpu_bit_exact),
     CT_CASE(user_kernel_raw_kernel_style),

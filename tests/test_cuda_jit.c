@@ -1,5 +1,6 @@
 /* The CUDA backend without a GPU: NVRTC (loaded through capex's own loader)
-   compiles the embedded kernel program for every supported GPU generation,
+   compiles the embedded kernel program (whole, and as its separately compiled
+   parts, serially and on threads) for every supported GPU generation,
    errors carry NVRTC's log, arch selection follows its table, and every
    missing library gives its documented status and message. */
 #ifndef _GNU_SOURCE
@@ -89,26 +90,132 @@ static void check_image_has_kernels(ct_state *ct, const capex_cuda_image *img, i
                  capex__cuda_builtin_kernels[k]);
 }
 
-CT_TEST(builtin_compiles_cubin_for_every_ci_arch) {
-    int n = 0;
-    const char *const *opts = capex_cuda_builtin_options(&n);
+/* A word-bounded name in an image (ELF symbol/section strings, PTX): "capex_go_adam_f16"
+   must not match inside a longer name. */
+static int image_has_name(const capex_cuda_image *img, const char *name) {
+    const unsigned char *p = (const unsigned char *)img->data;
+    size_t k = strlen(name), i;
+#define ID_CHAR(c) (((c) >= 'a' && (c) <= 'z') || ((c) >= 'A' && (c) <= 'Z') || ((c) >= '0' && (c) <= '9') || (c) == '_')
+    for (i = 0; i + k <= img->size; i++)
+        if (!memcmp(p + i, name, k) && (i == 0 || !ID_CHAR(p[i - 1])) && (i + k == img->size || !ID_CHAR(p[i + k])))
+            return 1;
+#undef ID_CHAR
+    return 0;
+}
+
+CT_TEST(builtin_parts_split_the_program) {
+    const int np = capex_cuda_builtin_part_count();
+    const char *prelude = capex__cuda_frag_prelude_fn();
+    size_t f, k, at = 0;
+    int p, q, used[CAPEX__CUDA_N_FRAGMENTS];
+    const char *full = capex_cuda_builtin_source();
+    CT_CHECK(np == CAPEX__CUDA_N_PARTS && np >= 8, "%d parts", np);
+    CT_CHECK(capex_cuda_builtin_part_name(-1) == NULL && capex_cuda_builtin_part_name(np) == NULL, "name out of range");
+    CT_CHECK(capex_cuda_builtin_part_source(-1) == NULL && capex_cuda_builtin_part_source(np) == NULL, "source out of range");
+    CT_CHECK(capex_cuda_builtin_kernel_part(NULL) == -1 && capex_cuda_builtin_kernel_part("no_such_kernel") == -1, "unknown kernel");
+    /* the whole program is every fragment once, in order */
+    for (f = 0; f < CAPEX__CUDA_N_FRAGMENTS; f++) {
+        const char *t = capex__cuda_fragments[f]();
+        CT_CHECK(!strncmp(full + at, t, strlen(t)) && full[at + strlen(t)] == '\n', "fragment %zu in place", f);
+        at += strlen(t) + 1;
+        used[f] = f == 0;
+    }
+    CT_CHECK(full[at] == '\0', "nothing else in the program");
+    for (p = 0; p < np; p++) {
+        const char *src = capex_cuda_builtin_part_source(p);
+        size_t last = 0, n;
+        CT_CHECK(src && !strncmp(src, prelude, strlen(prelude)), "part %d starts with the prelude", p);
+        CT_CHECK(capex_cuda_builtin_part_source(p) == src, "assembled once");
+        CT_CHECK(!strstr(src, "#include"), "part %d includes nothing", p);
+        for (q = 0; q < p; q++)
+            CT_CHECK(strcmp(capex_cuda_builtin_part_name(p), capex_cuda_builtin_part_name(q)) != 0, "part names unique");
+        /* each fragment of the part is one of the program's, in program order */
+        for (n = 0; capex__cuda_parts[p].frags[n]; n++) {
+            size_t idx = 0;
+            while (idx < CAPEX__CUDA_N_FRAGMENTS && capex__cuda_fragments[idx] != capex__cuda_parts[p].frags[n]) idx++;
+            CT_CHECK(idx < CAPEX__CUDA_N_FRAGMENTS && idx > last, "part %s fragment %zu is in the program, in order",
+                     capex_cuda_builtin_part_name(p), n);
+            if (idx < CAPEX__CUDA_N_FRAGMENTS) used[idx] = 1;
+            last = idx;
+        }
+    }
+    for (f = 0; f < CAPEX__CUDA_N_FRAGMENTS; f++) CT_CHECK(used[f], "fragment %zu belongs to no part", f);
+    /* every kernel is defined in exactly the part that claims it */
+    for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) {
+        char decl[96];
+        int owner = capex_cuda_builtin_kernel_part(capex__cuda_builtin_kernels[k]), defs = 0;
+        snprintf(decl, sizeof decl, "void %s(", capex__cuda_builtin_kernels[k]);
+        CT_CHECK(owner >= 0 && owner < np, "%s has a part", capex__cuda_builtin_kernels[k]);
+        for (p = 0; p < np; p++) {
+            int here = strstr(capex_cuda_builtin_part_source(p), decl) != NULL;
+            defs += here;
+            CT_CHECK(here == (p == owner), "%s defined in part %s: %d (owner %d)", capex__cuda_builtin_kernels[k],
+                     capex_cuda_builtin_part_name(p), here, owner);
+        }
+        CT_CHECK(defs == 1, "%s defined %d times", capex__cuda_builtin_kernels[k], defs);
+    }
+    /* every part has a kernel */
+    for (p = 0; p < np; p++) {
+        int n = 0;
+        for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) n += capex__cuda_builtin_kernel_part[k] == p;
+        CT_CHECK(n > 0, "part %s has no kernel", capex_cuda_builtin_part_name(p));
+    }
+}
+
+/* Each part's image holds its own kernels and no other part's. */
+static void check_part_images(ct_state *ct, const capex_cuda_image *imgs, int arch, int kind) {
+    int p;
+    size_t k;
+    for (p = 0; p < CAPEX__CUDA_N_PARTS; p++) {
+        const capex_cuda_image *img = &imgs[p];
+        CT_CHECK(img->data && (int)img->kind == kind && img->arch == arch && !img->from_cache, "arch %d part %d fields", arch, p);
+        if (!img->data) return;
+        if (kind == CAPEX_CUDA_IMAGE_CUBIN) CT_CHECK(img->size > 1000 && !memcmp(img->data, "\177ELF", 4), "arch %d part %d ELF", arch, p);
+        for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) {
+            int want = capex__cuda_builtin_kernel_part[k] == p;
+            CT_CHECK(image_has_name(img, capex__cuda_builtin_kernels[k]) == want, "arch %d part %s: %s %s", arch,
+                     capex_cuda_builtin_part_name(p), capex__cuda_builtin_kernels[k], want ? "missing" : "present");
+        }
+    }
+}
+
+/* Every part for every CI arch, on 2 threads; sm_90 also serially: threads change
+   nothing (the images are equal byte for byte). */
+CT_TEST(builtin_parts_compile_cubin_for_every_ci_arch) {
     size_t i;
+    int p;
+    capex_cuda_image serial[CAPEX__CUDA_N_PARTS];
     CT_NEED_NVRTC();
     for (i = 0; i < sizeof ci_archs / sizeof ci_archs[0]; i++) {
-        capex_cuda_target t;
-        capex_cuda_image img;
-        capex_result r;
-        t.kind = CAPEX_CUDA_IMAGE_CUBIN;
-        t.arch = ci_archs[i];
-        r = capex_cuda_nvrtc_compile(capex_cuda_builtin_source(), "capex_builtin", opts, n, t, &img);
+        capex_cuda_image imgs[CAPEX__CUDA_N_PARTS];
+        capex_result r = capex_cuda_builtin_compile_parts(ci_archs[i], NULL, 2, imgs);
         CT_CHECK(r == CAPEX_OK, "sm_%d: %s", ci_archs[i], capex_last_error());
-        CT_CHECK(img.size > 1000 && !memcmp(img.data, "\177ELF", 4), "sm_%d: CUBIN is an ELF image", ci_archs[i]);
-        CT_CHECK(img.kind == CAPEX_CUDA_IMAGE_CUBIN && img.arch == ci_archs[i] && img.from_cache == 0, "sm_%d fields", ci_archs[i]);
-        CT_CHECK(img.nvrtc_version >= 11020, "nvrtc version recorded: %d", img.nvrtc_version);
-        check_image_has_kernels(ct, &img, ci_archs[i]);
+        if (r != CAPEX_OK) return;
+        CT_CHECK(imgs[0].nvrtc_version >= 11020, "nvrtc version recorded: %d", imgs[0].nvrtc_version);
+        check_part_images(ct, imgs, ci_archs[i], CAPEX_CUDA_IMAGE_CUBIN);
+        if (ci_archs[i] == 90) {
+            CT_CHECK(capex_cuda_builtin_compile_parts(90, NULL, 1, serial) == CAPEX_OK, "%s", capex_last_error());
+            for (p = 0; p < CAPEX__CUDA_N_PARTS; p++) {
+                CT_CHECK(imgs[p].size == serial[p].size && !memcmp(imgs[p].data, serial[p].data, imgs[p].size),
+                         "part %s: %zu bytes on threads, %zu serially", capex_cuda_builtin_part_name(p), imgs[p].size,
+                         serial[p].size);
+                capex_cuda_image_free(&serial[p]);
+            }
+        }
+        for (p = 0; p < CAPEX__CUDA_N_PARTS; p++) capex_cuda_image_free(&imgs[p]);
+        CT_CHECK(imgs[0].data == NULL && imgs[0].size == 0, "image_free clears");
         if (ct->failed) return;
-        capex_cuda_image_free(&img);
-        CT_CHECK(img.data == NULL && img.size == 0, "image_free clears");
+    }
+    CT_CHECK(capex_cuda_builtin_compile_parts(90, NULL, 2, NULL) == CAPEX_ERR_INVALID_ARG, "NULL images");
+    CT_CHECK(capex_cuda_builtin_compile_parts(0, NULL, 2, serial) == CAPEX_ERR_INVALID_ARG, "cc 0");
+    {
+        int archs[64], n_archs = 0, lo = 1000, k;
+        capex_cuda_nvrtc_supported_archs(archs, 64, &n_archs);
+        for (k = 0; k < n_archs; k++) lo = archs[k] < lo ? archs[k] : lo;
+        CT_CHECK(capex_cuda_builtin_compile_parts(lo - 5, NULL, 2, serial) == CAPEX_ERR_ARCH, "sm_%d refused: %s", lo - 5,
+                 capex_last_error());
+        CT_CHECK(strstr(capex_last_error(), "built-in part"), "names the part: %s", capex_last_error());
+        CT_CHECK(serial[0].data == NULL, "no images on failure");
     }
 }
 
@@ -134,6 +241,8 @@ CT_TEST(builtin_compiles_ptx_for_highest_arch) {
     snprintf(target_line, sizeof target_line, ".target sm_%d", hi);
     CT_CHECK(contains_bytes(img.data, img.size, target_line), "PTX says %s", target_line);
     CT_CHECK(contains_bytes(img.data, img.size, ".entry capex_fill_f32"), "PTX has the entry points");
+    /* device code takes the prelude's __CUDA_ARCH__ branches (host C++ builds the bit arithmetic) */
+    CT_CHECK(contains_bytes(img.data, img.size, "cvt.rn.f16.f32"), "f32 -> f16 stores use cvt on the GPU");
     CT_CHECK(((const char *)img.data)[img.size - 1] == '\0', "PTX is NUL-terminated for cuModuleLoadData");
     check_image_has_kernels(ct, &img, hi);
     capex_cuda_image_free(&img);
@@ -355,7 +464,8 @@ CT_TEST(invalid_arguments) {
 static const ct_case cases[] = {
     CT_CASE(select_target_table),
     CT_CASE(builtin_source_is_self_contained),
-    CT_CASE(builtin_compiles_cubin_for_every_ci_arch),
+    CT_CASE(builtin_parts_split_the_program),
+    CT_CASE(builtin_parts_compile_cubin_for_every_ci_arch),
     CT_CASE(builtin_compiles_ptx_for_highest_arch),
     CT_CASE(compile_selects_target_from_device_cc),
     CT_CASE(broken_source_returns_nvrtc_log),
