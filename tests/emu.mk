@@ -1,0 +1,67 @@
+# The CPU emulator driver: build/emu/libcuda.so.1 runs the real kernels
+# (tests/emu_libcuda.cc). `make ci-extra` runs the GPU tests against it.
+#
+# Kernel sets: capex_cuda_builtin_source() always; then every file of CUDA text
+# in EMU_KERNEL_SOURCES, each compiled into its own namespace with the table of
+# its `extern "C" __global__ void NAME(...)` kernels. To run a program's own
+# kernels on the emulator (e.g. an example's model kernels), add one line:
+#     EMU_KERNEL_SOURCES += examples/model_kernels.cu
+# (a file of CUDA text; when the kernels live in a C string, a make target that
+# prints them, like $(EMU_DIR)/test_kernels.cu below), then run the program with
+# CAPEX_LIBCUDA_PATH=$(abspath build/emu/libcuda.so.1). Macros the program
+# passes to NVRTC as -D options are not seen: define them in the file.
+# A kernel found in an NVRTC image but in no set fails its launch with
+# CUDA_ERROR_NOT_SUPPORTED and names the kernel on stderr.
+EMU_DIR := $(BUILD)/emu
+EMU_LIB := $(EMU_DIR)/libcuda.so.1
+EMU_KERNEL_SOURCES += $(EMU_DIR)/test_kernels.cu
+
+$(EMU_DIR)/emu_gen: tests/emu_gen.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O1 $(WARN) $< -o $@ $(LDLIBS)
+
+$(EMU_DIR)/emu_test_kernels: tests/emu_test_kernels.c tests/gpu_test_kernels.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O1 $(WARN) -Itests $< -o $@
+
+$(EMU_DIR)/test_kernels.cu: $(EMU_DIR)/emu_test_kernels
+	$< > $@.tmp && mv $@.tmp $@
+
+$(EMU_DIR)/kernels.inc: $(EMU_DIR)/emu_gen $(EMU_KERNEL_SOURCES)
+	$< $(EMU_KERNEL_SOURCES) > $@.tmp && mv $@.tmp $@
+
+# No FMA contraction: the kernels are compiled with --fmad=false.
+$(EMU_LIB): tests/emu_libcuda.cc $(EMU_DIR)/kernels.inc
+	$(CXX) -std=c++17 -O2 -g -Wall -Wextra -ffp-contract=off -fno-strict-aliasing -fPIC -shared -fvisibility=hidden \
+	  -I$(EMU_DIR) $< -o $@ -lpthread
+
+# tests/test_emu.c (the emulator's own faithfulness test) loads it.
+$(BUILD)/tests/test_emu: $(EMU_LIB) tests/gpu_test_kernels.h tests/cuda_test_util.h
+
+# The GPU tests on the emulator: they must pass, not skip, except
+#  - test_gpuopt_gpu's tensor over 2^31 elements (34 GB of "device" memory; the
+#    emulator offers at most 16 GiB, CAPEX_EMU_MEMORY_GB, so the test skips for
+#    memory: at the emulator's speed it would run for many minutes anyway);
+#  - test_nccl_gpu's stuck-stream timeout (every launch runs to completion
+#    before it returns: no stream can stay busy while a collective waits).
+# Then the optimizer and norm tests once more with threads and blocks in
+# reverse order (CAPEX_EMU_ORDER=reverse): a race would change their results.
+# Entries are test:skips[:order]. About a minute on 2 cores (test_cuda_gpu
+# compiles the built-in program cold on purpose, ~8 s).
+EMU_RUN = CAPEX_LIBCUDA_PATH=$(abspath $(EMU_LIB)) CAPEX_CACHE_DIR=$(abspath $(EMU_DIR)/cache) \
+          CAPEX_NCCL_PATH=$(abspath $(BUILD)/fake/libnccl.so.2)
+EMU_GPU_TESTS := test_cuda_gpu:0 test_gpuopt_gpu:1 test_norm_gpu:0 test_nccl_gpu:1 \
+                 test_gpuopt_gpu:1:reverse test_norm_gpu:0:reverse
+.PHONY: emu-test
+ci-extra:: emu-test
+emu-test: $(EMU_LIB) $(BUILD)/tests/test_cuda_gpu $(BUILD)/tests/test_gpuopt_gpu $(BUILD)/tests/test_norm_gpu \
+           $(BUILD)/tests/test_nccl_gpu $(BUILD)/fake/libnccl.so.2 $(BUILD)/tests/test_emu
+	@echo "emu: the GPU tests on the CPU emulator driver ($(EMU_LIB)): real kernels, no GPU"
+	@out=$$($(BUILD)/tests/test_emu 2>&1); echo "emu: test_emu: $$(echo "$$out" | tail -n 1)"; \
+	  echo "$$out" | tail -n 1 | grep -qE '^[1-9][0-9]* passed, 0 failed, 0 skipped$$' || { echo "$$out"; exit 1; }
+	@for e in $(EMU_GPU_TESTS); do t=$${e%%:*}; r=$${e#*:}; sk=$${r%%:*}; order=$${r#$$sk}; order=$${order#:}; \
+	  out=$$($(EMU_RUN) CAPEX_EMU_ORDER=$$order $(BUILD)/tests/$$t 2>&1); rc=$$?; \
+	  last=$$(echo "$$out" | tail -n 1); echo "emu: $$t$${order:+ ($$order order)}: $$last"; \
+	  if [ $$rc -ne 0 ] || ! echo "$$last" | grep -qE "^[1-9][0-9]* passed, 0 failed, $$sk skipped$$"; then \
+	    echo "$$out"; echo "emu: $$t failed on the emulator"; exit 1; fi; \
+	  echo "$$out" | grep '^SKIP' | sed 's/^/emu:   /' || true; done

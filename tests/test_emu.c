@@ -1,0 +1,289 @@
+/* The CPU emulator driver (tests/emu_libcuda.cc, build/emu/libcuda.so.1)
+   against CUDA's rules, so that the GPU tests it runs in CI
+   (tests/emu.mk) mean something:
+   - it carries every kernel of the built-in program (by name);
+   - results that need real barriers and shuffles: a block sum through
+     __shfl_down_sync and shared memory, a Hillis-Steele scan in dynamic shared
+     memory (wrong without both __syncthreads), every shuffle mode with widths
+     against CUDA's documented lane rules, 3-D thread/block numbering;
+   - faults: a kernel writing past its allocation and a wild pointer argument
+     give the sticky CUDA_ERROR_ILLEGAL_ADDRESS (later calls fail too), a block
+     whose threads wait at barriers that cannot open, and a full-mask shuffle
+     after lanes have returned, give CUDA_ERROR_LAUNCH_FAILED instead of a hang
+     or garbage, a kernel in the image but not
+     in the emulator fails its launch with CUDA_ERROR_NOT_SUPPORTED.
+   Needs NVRTC (the emulator loads real images); skips without the library. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#define CAPEX_CUDA_IMPLEMENTATION
+#include "../capex_cuda.h"
+#include "capex_test.h"
+#include "cuda_test_util.h"
+#include "gpu_test_kernels.h"
+#include <dlfcn.h>
+
+/* The emulator, like a CUDA driver, keeps some allocations for the life of the
+   process (and a faulted context cannot release its memory). */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "detect_leaks=0"; }
+
+#define OK(call) CT_CHECK((call) == CAPEX_OK, "%s: %s", #call, capex_last_error())
+
+static char emu_lib[1100];
+static char cache_dir[64];
+
+/* build/emu/libcuda.so.1 next to this binary (build/tests/test_emu). */
+static int find_emu(void) {
+    char exe[1024];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash;
+    if (n <= 0) return 0;
+    exe[n] = '\0';
+    if (!(slash = strrchr(exe, '/'))) return 0;
+    *slash = '\0';
+    snprintf(emu_lib, sizeof emu_lib, "%s/../emu/libcuda.so.1", exe);
+    return access(emu_lib, R_OK) == 0;
+}
+
+/* A context on the emulator and the test kernels' module, or a skip/fail reason. */
+static capex_result open_emu(capex_cuda_context **ctx, capex_cuda_module **m, const char *src) {
+    capex_cuda_context_desc cd;
+    capex_result r;
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    if ((r = capex_cuda_context_create(&cd, ctx)) != CAPEX_OK) return r;
+    return capex_cuda_module_compile(*ctx, src, "emu_test.cu", NULL, 0, m);
+}
+
+#define OPEN(ctx, m, src)                                                                             \
+    do {                                                                                              \
+        if (!emu_lib[0]) CT_SKIP("build/emu/libcuda.so.1 not built (tests/emu.mk)");                  \
+        CT_NEED_NVRTC();                                                                              \
+        OK(open_emu(&(ctx), &(m), (src)));                                                            \
+        CT_CHECK(strstr(capex_cuda_context_device(ctx)->name, "emulator") != NULL, "device %s",       \
+                 capex_cuda_context_device(ctx)->name);                                               \
+    } while (0)
+
+static uint64_t seed = 99;
+static int rnd(int lo, int hi) {
+    uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return lo + (int)((z ^ (z >> 31)) % (uint64_t)(hi - lo + 1));
+}
+
+CT_TEST(every_builtin_kernel_is_compiled_in) {
+    void *lib;
+    int (*has)(const char *) = NULL;
+    int (*count)(void) = NULL;
+    void *p, *q;
+    size_t i;
+    if (!emu_lib[0]) CT_SKIP("build/emu/libcuda.so.1 not built (tests/emu.mk)");
+    lib = dlopen(emu_lib, RTLD_NOW | RTLD_LOCAL);
+    CT_CHECK(lib, "dlopen %s: %s", emu_lib, dlerror());
+    p = dlsym(lib, "capex_emu_has_kernel");
+    q = dlsym(lib, "capex_emu_kernel_count");
+    CT_CHECK(p && q, "the emulator's own entry points");
+    memcpy(&has, &p, sizeof p);
+    memcpy(&count, &q, sizeof q);
+    for (i = 0; i < CAPEX__CUDA_N_BUILTIN; i++)
+        CT_CHECK(has(capex__cuda_builtin_kernels[i]), "built-in kernel %s is not in the emulator", capex__cuda_builtin_kernels[i]);
+    CT_CHECK(has("emu_block_sum") && has("user_reverse") && !has("no_such_kernel"), "test kernel set");
+    CT_CHECK(count() >= (int)CAPEX__CUDA_N_BUILTIN + 8, "%d kernels", count());
+    dlclose(lib);
+}
+
+CT_TEST(block_sum_and_scan_need_barriers_and_shuffles) {
+    enum { N = 100000 };
+    static int hx[N], hy[N];
+    static long long hs[N / 96 + 2];
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL;
+    capex_cuda_function fsum, fscan;
+    capex_cuda_ptr x = 0, y = 0, s = 0;
+    unsigned blocks[2] = {1024, 96}, k;
+    int n = N, i;
+    OPEN(ctx, m, gpu_test_emu_src);
+    OK(capex_cuda_module_get_function(m, "emu_block_sum", &fsum));
+    OK(capex_cuda_module_get_function(m, "emu_scan", &fscan));
+    for (i = 0; i < N; i++) hx[i] = rnd(-1000, 1000);
+    OK(capex_cuda_malloc(ctx, sizeof hx, &x));
+    OK(capex_cuda_malloc(ctx, sizeof hx, &y));
+    OK(capex_cuda_malloc(ctx, sizeof hs, &s));
+    OK(capex_cuda_memcpy_htod(ctx, x, hx, sizeof hx, NULL));
+    for (k = 0; k < 2; k++) {
+        unsigned bs = blocks[k], grid[3] = {(N + bs - 1) / bs, 1, 1}, block[3] = {bs, 1, 1}, b;
+        void *args[3];
+        args[0] = &x; args[1] = &s; args[2] = &n;
+        OK(capex_cuda_memset_u8(ctx, s, 0xff, sizeof hs, NULL));
+        OK(capex_cuda_launch(&fsum, grid, block, 0, NULL, args));
+        OK(capex_cuda_memcpy_dtoh(ctx, hs, s, sizeof hs, NULL));
+        for (b = 0; b < grid[0]; b++) {
+            long long want = 0;
+            for (i = (int)(b * bs); i < N && i < (int)((b + 1) * bs); i++) want += hx[i];
+            CT_CHECK(hs[b] == want, "block %u of %u threads: sum %lld, want %lld", b, bs, hs[b], want);
+        }
+    }
+    {
+        unsigned grid[3] = {N / 500, 1, 1}, block[3] = {500, 1, 1}, b, t;
+        void *args[2];
+        args[0] = &x; args[1] = &y;
+        OK(capex_cuda_launch(&fscan, grid, block, 500 * 4, NULL, args));
+        OK(capex_cuda_memcpy_dtoh(ctx, hy, y, sizeof hy, NULL));
+        for (b = 0; b < grid[0]; b++) {
+            int acc = 0;
+            for (t = 0; t < 500; t++) {
+                acc += hx[b * 500 + t];
+                CT_CHECK(hy[b * 500 + t] == acc, "scan block %u thread %u: %d, want %d", b, t, hy[b * 500 + t], acc);
+            }
+        }
+    }
+    capex_cuda_free(ctx, x);
+    capex_cuda_free(ctx, y);
+    capex_cuda_free(ctx, s);
+    capex_cuda_context_destroy(ctx);
+}
+
+CT_TEST(shuffle_modes_and_thread_numbering) {
+    enum { T = 64 };
+    static int out[4 * T];
+    static unsigned ids[3 * 2 * 2 * 30];
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL;
+    capex_cuda_function fs, fi;
+    capex_cuda_ptr d = 0, e = 0;
+    unsigned grid[3] = {1, 1, 1}, block[3] = {32, 2, 1}, t;
+    void *args[1];
+    OPEN(ctx, m, gpu_test_emu_src);
+    OK(capex_cuda_module_get_function(m, "emu_shuffles", &fs));
+    OK(capex_cuda_module_get_function(m, "emu_ids", &fi));
+    OK(capex_cuda_malloc(ctx, sizeof out, &d));
+    args[0] = &d;
+    OK(capex_cuda_launch(&fs, grid, block, 0, NULL, args));
+    OK(capex_cuda_memcpy_dtoh(ctx, out, d, sizeof out, NULL));
+    for (t = 0; t < T; t++) {
+        unsigned lane = t % 32, w = t - lane;
+        int want[4];
+        /* CUDA's rules: idx within the width group; up/down keep their own value past the group's edge */
+        want[0] = (int)(1000 * (w + (lane & ~7u) + 3) + 7);
+        want[1] = (int)(1000 * (lane >= 2 ? t - 2 : t) + 7);
+        want[2] = (int)(1000 * ((lane % 16) + 5 < 16 ? t + 5 : t) + 7);
+        want[3] = (int)(1000 * (w + (lane ^ 5)) + 7);
+        for (int k = 0; k < 4; k++) CT_CHECK(out[4 * t + k] == want[k], "thread %u mode %d: %d, want %d", t, k, out[4 * t + k], want[k]);
+    }
+    {
+        unsigned g3[3] = {3, 2, 2}, b3[3] = {5, 3, 2}, bx, by, bz, tx, ty, tz;
+        OK(capex_cuda_malloc(ctx, sizeof ids, &e));
+        OK(capex_cuda_memset_u8(ctx, e, 0xff, sizeof ids, NULL));
+        args[0] = &e;
+        OK(capex_cuda_launch(&fi, g3, b3, 0, NULL, args));
+        OK(capex_cuda_memcpy_dtoh(ctx, ids, e, sizeof ids, NULL));
+        for (bz = 0; bz < 2; bz++) for (by = 0; by < 2; by++) for (bx = 0; bx < 3; bx++)
+            for (tz = 0; tz < 2; tz++) for (ty = 0; ty < 3; ty++) for (tx = 0; tx < 5; tx++) {
+                unsigned b = bx + 3 * (by + 2 * bz), th = tx + 5 * (ty + 3 * tz);
+                unsigned want = (bz << 24) | (by << 16) | (bx << 8) | (tz << 6) | (ty << 3) | tx;
+                CT_CHECK(ids[b * 30 + th] == want, "block (%u,%u,%u) thread (%u,%u,%u): %08x", bx, by, bz, tx, ty, tz, ids[b * 30 + th]);
+            }
+    }
+    capex_cuda_free(ctx, d);
+    capex_cuda_free(ctx, e);
+    capex_cuda_context_destroy(ctx);
+}
+
+/* A kernel NVRTC compiled but the emulator does not carry: the launch says so. */
+CT_TEST(kernel_not_compiled_in_is_refused) {
+    static const char src[] = "extern \"C\" __global__ void emu_not_compiled_in(int *x) { x[threadIdx.x] = 1; }\n";
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL;
+    capex_cuda_function f;
+    capex_cuda_ptr d = 0;
+    unsigned grid[3] = {1, 1, 1}, block[3] = {32, 1, 1};
+    void *args[1];
+    capex_result r;
+    OPEN(ctx, m, src);
+    OK(capex_cuda_module_get_function(m, "emu_not_compiled_in", &f));
+    OK(capex_cuda_malloc(ctx, 128, &d));
+    args[0] = &d;
+    setenv("CAPEX_EMU_QUIET", "1", 1);
+    r = capex_cuda_launch(&f, grid, block, 0, NULL, args);
+    unsetenv("CAPEX_EMU_QUIET");
+    CT_CHECK(r == CAPEX_ERR_CUDA && strstr(capex_last_error(), "CUDA_ERROR_NOT_SUPPORTED"), "%s", capex_last_error());
+    OK(capex_cuda_context_synchronize(ctx)); /* not sticky */
+    capex_cuda_free(ctx, d);
+    capex_cuda_context_destroy(ctx);
+}
+
+/* ---- faults, each in a fresh process (a sticky error ends the context) ---- */
+static void child_fault(const char *what, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL;
+    capex_cuda_function f;
+    capex_cuda_ptr d = 0, wild = 0x1000, more = 0;
+    unsigned grid[3] = {4, 1, 1}, block[3] = {256, 1, 1};
+    long long n = 1000;
+    int v = 5;
+    void *args[3];
+    capex_result r;
+    setenv("CAPEX_EMU_QUIET", "1", 1); /* these faults are on purpose */
+    if ((res->code = open_emu(&ctx, &m, gpu_test_emu_src)) != CAPEX_OK) goto out;
+    if ((res->code = capex_cuda_malloc(ctx, 1000 * 4, &d)) != CAPEX_OK) goto out;
+    args[0] = &d; args[1] = &n; args[2] = &v;
+    if (!strcmp(what, "overrun")) n = 100000; /* 400 KB into a 4000-byte allocation */
+    if (!strcmp(what, "wild")) args[0] = &wild;
+    if (!strcmp(what, "barrier") || !strcmp(what, "mask")) {
+        block[0] = 32;
+        grid[0] = 1;
+        res->code = capex_cuda_module_get_function(m, what[0] == 'b' ? "emu_bad_barrier" : "emu_bad_mask", &f);
+    } else res->code = capex_cuda_module_get_function(m, "emu_fill", &f);
+    if (res->code != CAPEX_OK) goto out;
+    if ((res->code = capex_cuda_launch(&f, grid, block, 0, NULL, args)) != CAPEX_OK) goto out;
+    r = capex_cuda_context_synchronize(ctx);
+    res->code = r;
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    /* sticky: the next call fails the same way */
+    res->value = capex_cuda_malloc(ctx, 64, &more) != CAPEX_OK;
+    capex_cuda_context_destroy(ctx);
+    return;
+out:
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    capex_cuda_context_destroy(ctx);
+}
+
+CT_TEST(faults_are_sticky_errors) {
+    static const char *const what[4] = {"overrun", "wild", "barrier", "mask"};
+    static const char *const want[4] = {"CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED",
+                                        "CUDA_ERROR_LAUNCH_FAILED"};
+    int i;
+    if (!emu_lib[0]) CT_SKIP("build/emu/libcuda.so.1 not built (tests/emu.mk)");
+    CT_NEED_NVRTC();
+    for (i = 0; i < 4; i++) {
+        child_result r = run_child("fault", what[i]);
+        CT_CHECK(r.exited_ok && r.code == CAPEX_ERR_CUDA && strstr(r.message, want[i]), "%s: code %d: %s", what[i], r.code, r.message);
+        CT_CHECK(r.value == 1, "%s: the error is sticky", what[i]);
+    }
+}
+
+static const ct_case cases[] = {
+    CT_CASE(every_builtin_kernel_is_compiled_in), CT_CASE(block_sum_and_scan_need_barriers_and_shuffles),
+    CT_CASE(shuffle_modes_and_thread_numbering), CT_CASE(kernel_not_compiled_in_is_refused), CT_CASE(faults_are_sticky_errors),
+};
+static const child_entry children[] = {{"fault", child_fault}};
+
+int main(int argc, char **argv) {
+    int rc;
+    if (find_emu()) setenv("CAPEX_LIBCUDA_PATH", emu_lib, 1);
+    else emu_lib[0] = '\0';
+    if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
+    /* one kernel cache for this run and its children (the test program compiles once) */
+    snprintf(cache_dir, sizeof cache_dir, "/tmp/capex_emu_test_XXXXXX");
+    if (mkdtemp(cache_dir)) setenv("CAPEX_CACHE_DIR", cache_dir, 1);
+    else cache_dir[0] = '\0';
+    rc = ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
+    if (cache_dir[0]) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache_dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", cache_dir);
+    }
+    return rc;
+}
