@@ -15,6 +15,8 @@
 EMU_DIR := $(BUILD)/emu
 EMU_LIB := $(EMU_DIR)/libcuda.so.1
 EMU_KERNEL_SOURCES += $(EMU_DIR)/test_kernels.cu
+# The training example's model kernels (its GPU path; tests/example.mk runs it here).
+EMU_KERNEL_SOURCES += $(EMU_DIR)/charlm_kernels.cu
 
 $(EMU_DIR)/emu_gen: tests/emu_gen.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -65,3 +67,10 @@ emu-test: $(EMU_LIB) $(BUILD)/tests/test_cuda_gpu $(BUILD)/tests/test_gpuopt_gpu
 	  if [ $$rc -ne 0 ] || ! echo "$$last" | grep -qE "^[1-9][0-9]* passed, 0 failed, $$sk skipped$$"; then \
 	    echo "$$out"; echo "emu: $$t failed on the emulator"; exit 1; fi; \
 	  echo "$$out" | grep '^SKIP' | sed 's/^/emu:   /' || true; done
+
+$(EMU_DIR)/example_kernels_gen: tests/example_kernels_gen.c examples/train_charlm.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O1 $(WARN) $< -o $@ $(LDLIBS)
+
+$(EMU_DIR)/charlm_kernels.cu: $(EMU_DIR)/example_kernels_gen
+	$< > $@.tmp && mv $@.tmp $@

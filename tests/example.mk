@@ -27,3 +27,11 @@ examples-check:
 	@echo "examples-check: ok (every example builds; minimal, port_before and port_after converge)"
 
 ci-extra:: examples-check
+
+# The example's GPU path on the CPU emulator driver (tests/emu.mk): tracks the
+# CPU run at O2 fp16 and O0, resumes bit-identically, and its checkpoint
+# resumes on the CPU (tests/example_emu.sh).
+.PHONY: example-emu
+ci-extra:: example-emu
+example-emu: $(BUILD)/examples/train_charlm $(EMU_LIB)
+	@tests/example_emu.sh $(BUILD)/examples/train_charlm $(abspath $(EMU_LIB)) $(abspath $(EMU_DIR)/cache)
