@@ -45,7 +45,7 @@ gpu-test: $(BUILD)/tests/test_cuda_gpu
 # A CPU stand-in for libcuda.so.1 (tests/fake_libcuda.c): checks the host side
 # of the GPU tests (bounds of every copy, launch shapes, arguments, real NVRTC
 # images) in CI. Not a GPU: `make gpu-test` on a GPU machine is the real test.
-$(BUILD)/fake/libcuda.so.1: tests/fake_libcuda.c capex.h
+$(BUILD)/fake/libcuda.so.1: tests/fake_libcuda.c tests/cuda_image.h capex.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu99 -O1 -g -Wall -Wextra -shared -fPIC $< -o $@
 

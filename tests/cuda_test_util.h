@@ -10,6 +10,21 @@
 #endif
 #include <unistd.h>
 
+/* dir/../sub/name relative to this test binary's directory (build/tests),
+   e.g. sibling_path("fake", "libnccl.so.2") -> build/tests/../fake/libnccl.so.2.
+   0 when /proc/self/exe cannot be read. */
+static inline int sibling_path(const char *sub, const char *name, char *out, size_t cap) {
+    char exe[1024];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash;
+    if (n <= 0) return 0;
+    exe[n] = '\0';
+    if (!(slash = strrchr(exe, '/'))) return 0;
+    *slash = '\0';
+    snprintf(out, cap, "%s/../%s/%s", exe, sub, name);
+    return 1;
+}
+
 /* NVRTC must load in CI ("kernel sources are always compiled by NVRTC in CI");
    only CAPEX_TEST_NO_NVRTC=1 (a machine documented to have no toolkit) skips. */
 #define CT_NEED_NVRTC()                                                                          \

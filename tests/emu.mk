@@ -33,7 +33,7 @@ $(EMU_DIR)/kernels.inc: $(EMU_DIR)/emu_gen $(EMU_KERNEL_SOURCES)
 	$< $(EMU_KERNEL_SOURCES) > $@.tmp && mv $@.tmp $@
 
 # No FMA contraction: the kernels are compiled with --fmad=false.
-$(EMU_LIB): tests/emu_libcuda.cc $(EMU_DIR)/kernels.inc
+$(EMU_LIB): tests/emu_libcuda.cc tests/cuda_image.h $(EMU_DIR)/kernels.inc
 	$(CXX) -std=c++17 -O2 -g -Wall -Wextra -ffp-contract=off -fno-strict-aliasing -fPIC -shared -fvisibility=hidden \
 	  -I$(EMU_DIR) $< -o $@ -lpthread
 

@@ -35,6 +35,7 @@
    consistent), warp scheduling and divergence (lanes run one after another),
    NVRTC's code generation, -D options given to NVRTC (the text here is
    compiled once, without them), speed. */
+#include "cuda_image.h"
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -984,23 +985,12 @@ EMU_API CUresult cuEventElapsedTime(float *ms, void *a, void *b) { return cuEven
 EMU_API CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n_opts, int *opts, void **vals) {
     const unsigned char *p = (const unsigned char *)img;
     size_t n;
+    int bad_ptx = 0;
     (void)n_opts; (void)opts; (void)vals;
     NEED_CTX();
     if (!img) return INVALID_VALUE;
-    if (!memcmp(p, "\177ELF", 4)) {
-        /* ELF64 little-endian, e_machine 190 (EM_CUDA); size from the section headers */
-        uint64_t shoff;
-        uint16_t shentsize, shnum, machine;
-        memcpy(&machine, p + 18, 2);
-        if (p[4] != 2 || machine != 190) return INVALID_IMAGE;
-        memcpy(&shoff, p + 40, 8);
-        memcpy(&shentsize, p + 58, 2);
-        memcpy(&shnum, p + 60, 2);
-        n = (size_t)(shoff + (uint64_t)shentsize * shnum);
-    } else {
-        n = strlen((const char *)p) + 1;
-        if (!strstr((const char *)p, ".version") || !strstr((const char *)p, ".target")) return INVALID_PTX;
-    }
+    n = cuda_image_size(p, &bad_ptx);
+    if (!n) return bad_ptx ? INVALID_PTX : INVALID_IMAGE;
     module *mod = new module;
     mod->img.assign(p, p + n);
     *m = mod;

@@ -16,6 +16,7 @@
 #define CAPEX_IMPLEMENTATION
 #define CAPEX_STATIC
 #include "../capex.h"
+#include "cuda_image.h"
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -266,24 +267,13 @@ static function unemulated = {-1, 0};
 FAKE_API CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n_opts, int *opts, void **vals) {
     const unsigned char *p = (const unsigned char *)img;
     size_t n;
+    int bad_ptx = 0;
     module *mod;
     (void)n_opts; (void)opts; (void)vals;
     NEED_CTX();
     if (!img) return INVALID_VALUE;
-    if (!memcmp(p, "\177ELF", 4)) {
-        /* ELF64 little-endian, e_machine 190 (EM_CUDA); size from the section headers */
-        uint64_t shoff;
-        uint16_t shentsize, shnum, machine;
-        memcpy(&machine, p + 18, 2);
-        if (p[4] != 2 || machine != 190) return INVALID_IMAGE;
-        memcpy(&shoff, p + 40, 8);
-        memcpy(&shentsize, p + 58, 2);
-        memcpy(&shnum, p + 60, 2);
-        n = (size_t)(shoff + (uint64_t)shentsize * shnum);
-    } else {
-        n = strlen((const char *)p) + 1;
-        if (!strstr((const char *)p, ".version") || !strstr((const char *)p, ".target")) return INVALID_PTX;
-    }
+    n = cuda_image_size(p, &bad_ptx);
+    if (!n) return bad_ptx ? INVALID_PTX : INVALID_IMAGE;
     mod = (module *)malloc(sizeof *mod);
     mod->img = (unsigned char *)malloc(n);
     memcpy(mod->img, p, n);

@@ -35,15 +35,7 @@ static char cache_dir[64];
 
 /* build/emu/libcuda.so.1 next to this binary (build/tests/test_emu). */
 static int find_emu(void) {
-    char exe[1024];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    char *slash;
-    if (n <= 0) return 0;
-    exe[n] = '\0';
-    if (!(slash = strrchr(exe, '/'))) return 0;
-    *slash = '\0';
-    snprintf(emu_lib, sizeof emu_lib, "%s/../emu/libcuda.so.1", exe);
-    return access(emu_lib, R_OK) == 0;
+    return sibling_path("emu", "libcuda.so.1", emu_lib, sizeof emu_lib) && access(emu_lib, R_OK) == 0;
 }
 
 /* A context on the emulator and the test kernels' module, or a skip/fail reason. */

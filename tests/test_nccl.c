@@ -35,15 +35,7 @@ const char *__asan_default_options(void) { return "protect_shadow_gap=0:detect_l
 
 /* build/fake/lib*.so.* next to this binary (build/tests/test_nccl). */
 static int fake_path(const char *lib, char *out, size_t cap) {
-    char exe[1024];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    char *slash;
-    if (n <= 0) return 0;
-    exe[n] = '\0';
-    if (!(slash = strrchr(exe, '/'))) return 0;
-    *slash = '\0';
-    snprintf(out, cap, "%s/../fake/%s", exe, lib);
-    return access(out, R_OK) == 0;
+    return sibling_path("fake", lib, out, cap) && access(out, R_OK) == 0;
 }
 
 /* ------------------------------------------------------------ children -- */
