@@ -190,6 +190,51 @@ static float model_forward(model *m, const float *w, const unsigned char *tokens
     return (float)(loss / B);
 }
 
+/* A linear layer's weight and bias gradients, added to gW [n_out][n_in] and
+   gb [n_out]: gW[i][j] += sum_b dy[b][i] x[b][j], gb[i] += sum_b dy[b][i].
+   One thread per output row (the GPU's charlm_grad_w: the same order). */
+static void linear_grad_w(const float *dy, const float *x, float *gW, float *gb, int B, int n_in, int n_out) {
+    int i;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (i = 0; i < n_out; i++) {
+        float *gr = gW + (size_t)i * n_in, acc = 0;
+        int b, j;
+        for (b = 0; b < B; b++) {
+            float d = dy[(size_t)b * n_out + i];
+            const float *xb = x + (size_t)b * n_in;
+            for (j = 0; j < n_in; j++) gr[j] += d * xb[j];
+            acc += d;
+        }
+        gb[i] += acc;
+    }
+}
+
+/* dx[b] = W^T dy[b] (W [n_out][n_in]) rounded to act; with h, through tanh:
+   dx = act(act(W^T dy) * (1 - h^2)). The GPU's charlm_back. */
+static void linear_back(const float *dy, const float *W, const float *h, float *dx, int B, int n_in, int n_out,
+                        capex_dtype act) {
+    int b;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (b = 0; b < B; b++) {
+        float *o = dx + (size_t)b * n_in;
+        const float *d = dy + (size_t)b * n_out;
+        int j, k;
+        for (k = 0; k < n_in; k++) o[k] = 0;
+        for (j = 0; j < n_out; j++) {
+            const float *wr = W + (size_t)j * n_in;
+            for (k = 0; k < n_in; k++) o[k] += d[j] * wr[k];
+        }
+        for (k = 0; k < n_in; k++) {
+            const float hk = h ? h[(size_t)b * n_in + k] : 0.0f;
+            o[k] = h ? round_to(round_to(o[k], act) * (1.0f - hk * hk), act) : round_to(o[k], act);
+        }
+    }
+}
+
 /* Gradient of (loss * scale) with respect to w, accumulated into g (fp32).
    The caller rounds g to the grad dtype. Deterministic: each output row is
    owned by one thread and the embedding scatter is serial. */
@@ -198,7 +243,7 @@ static void model_backward(model *m, const float *w, const unsigned char *tokens
     const float *W1 = w + m->off[P_W1], *W2 = w + m->off[P_W2];
     float *gemb = g + m->off[P_EMB], *gW1 = g + m->off[P_W1], *gb1 = g + m->off[P_B1];
     float *gW2 = g + m->off[P_W2], *gb2 = g + m->off[P_B2];
-    int b, i;
+    int b;
     for (b = 0; b < B; b++) {
         int v;
         for (v = 0; v < V; v++) {
@@ -206,62 +251,10 @@ static void model_backward(model *m, const float *w, const unsigned char *tokens
             m->dlogits[(size_t)b * V + v] = round_to(d * (scale / (float)B), m->act);
         }
     }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-    for (i = 0; i < V; i++) { /* gW2[v] = sum_b dlogits[b][v] h[b] */
-        float *gr = gW2 + (size_t)i * H, gb = 0;
-        int bb, j;
-        for (bb = 0; bb < B; bb++) {
-            float d = m->dlogits[(size_t)bb * V + i];
-            const float *h = m->h + (size_t)bb * H;
-            for (j = 0; j < H; j++) gr[j] += d * h[j];
-            gb += d;
-        }
-        gb2[i] += gb;
-    }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-    for (b = 0; b < B; b++) { /* dh = W2^T dlogits, through tanh */
-        float *dh = m->dh + (size_t)b * H;
-        const float *h = m->h + (size_t)b * H, *dl = m->dlogits + (size_t)b * V;
-        int j, v;
-        for (j = 0; j < H; j++) dh[j] = 0;
-        for (v = 0; v < V; v++) {
-            const float *wr = W2 + (size_t)v * H;
-            for (j = 0; j < H; j++) dh[j] += dl[v] * wr[j];
-        }
-        for (j = 0; j < H; j++) dh[j] = round_to(round_to(dh[j], m->act) * (1.0f - h[j] * h[j]), m->act);
-    }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-    for (i = 0; i < H; i++) { /* gW1[j] = sum_b dh[b][j] x[b] */
-        float *gr = gW1 + (size_t)i * D, gb = 0;
-        int bb, k;
-        for (bb = 0; bb < B; bb++) {
-            float d = m->dh[(size_t)bb * H + i];
-            const float *x = m->x + (size_t)bb * D;
-            for (k = 0; k < D; k++) gr[k] += d * x[k];
-            gb += d;
-        }
-        gb1[i] += gb;
-    }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-    for (b = 0; b < B; b++) { /* dx = W1^T dh */
-        float *dx = m->dx + (size_t)b * D;
-        const float *dh = m->dh + (size_t)b * H;
-        int j, k;
-        for (k = 0; k < D; k++) dx[k] = 0;
-        for (j = 0; j < H; j++) {
-            const float *wr = W1 + (size_t)j * D;
-            for (k = 0; k < D; k++) dx[k] += dh[j] * wr[k];
-        }
-        for (k = 0; k < D; k++) dx[k] = round_to(dx[k], m->act);
-    }
+    linear_grad_w(m->dlogits, m->h, gW2, gb2, B, H, V);
+    linear_back(m->dlogits, W2, m->h, m->dh, B, H, V, m->act); /* dh, through tanh */
+    linear_grad_w(m->dh, m->x, gW1, gb1, B, D, H);
+    linear_back(m->dh, W1, NULL, m->dx, B, D, H, m->act);
     for (b = 0; b < B; b++) {
         int t, e;
         for (t = 0; t < T; t++) {
