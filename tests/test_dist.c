@@ -9,6 +9,7 @@
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
 #include "capex_test.h"
+#include "free_port.h"
 #include <unistd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -845,19 +846,6 @@ CT_TEST(comm_single_and_errors) {
 
 /* --------------------------------------------------------- rendezvous -- */
 
-static int free_port(void) {
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int s = socket(AF_INET, SOCK_STREAM, 0), port = 0;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(0x7f000001u);
-    a.sin_port = 0;
-    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(s, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (s >= 0) close(s);
-    return port;
-}
 
 /* child exit code: 0 ok with the right blob, 1 wrong blob, else 10 - result */
 static int rdv_child(int port, int rank, int world, uint64_t nonce, double timeout, double delay) {

@@ -8,6 +8,7 @@
 #include "../examples/train_charlm.c"
 #undef main
 #include "capex_test.h"
+#include "free_port.h"
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <sys/socket.h>
@@ -143,18 +144,6 @@ CT_TEST(corrupt_or_missing_checkpoint_is_refused) {
     CT_CHECK(!train_single(&c, &r), "a missing checkpoint must be refused");
 }
 
-static int free_port(void) {
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int s = socket(AF_INET, SOCK_STREAM, 0), port = 0;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(0x7f000001u);
-    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(s, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (s >= 0) close(s);
-    return port;
-}
 
 /* One rank of a 2-rank run over the TCP backend. */
 static int ddp_rank(int rank, int port, uint32_t *crc) {

@@ -21,6 +21,7 @@
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include "capex_test.h"
+#include "free_port.h"
 #include "cuda_test_util.h"
 #include <dlfcn.h>
 #include <signal.h>
@@ -452,18 +453,6 @@ CT_TEST(argument_validation) {
 
 /* ------------------------------------------- unique id over TCP (forks) -- */
 
-static int free_port(void) {
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int s = socket(AF_INET, SOCK_STREAM, 0), port = 0;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(0x7f000001u);
-    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(s, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (s >= 0) close(s);
-    return port;
-}
 
 typedef struct xspec { int rank, world; const char *run; double delay, timeout; int zero_id, torchrun; } xspec;
 
