@@ -9,6 +9,9 @@ CFLAGS  ?= -std=c99 $(OPT) $(WARN) $(OPENMP)
 LDLIBS  := -ldl -lpthread -lm
 BUILD   ?= build
 
+# Tests see every capex function as static (CAPEX_STATIC), so each test program
+# compiles only what it calls: seconds per test instead of ~40 s under ASan.
+TEST_DEFS := -DCAPEX_STATIC
 TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 HEADERS   := capex.h $(wildcard capex_cuda.h)
@@ -18,7 +21,7 @@ all: tests $(BUILD)/examples/train_charlm $(BUILD)/examples/minimal
 
 $(BUILD)/tests/%: tests/%.c tests/capex_test.h $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests $< -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $(TEST_DEFS) -Itests $< -o $@ $(LDLIBS)
 
 $(BUILD)/examples/%: examples/%.c $(HEADERS)
 	@mkdir -p $(dir $@)

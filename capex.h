@@ -1616,16 +1616,20 @@ CAPEX_API const char *capex_result_string(capex_result r) {
 CAPEX_API const char *capex_last_error(void) { return capex__error_message; }
 CAPEX_API void capex_clear_error(void) { capex__error_message[0] = '\0'; }
 
-/* Records the thread-local message and returns code, so call sites read
-   `return capex__fail(CAPEX_ERR_..., "what; how to fix", ...);`. */
-CAPEX__PRIVATE capex_result capex__fail(capex_result code, const char *fmt, ...) CAPEX__PRINTF(2, 3);
-CAPEX__PRIVATE capex_result capex__fail(capex_result code, const char *fmt, ...) {
+/* Records the thread-local message; capex__fail then yields code, so call
+   sites read `return capex__fail(CAPEX_ERR_..., "what; how to fix", ...);`.
+   A macro so that the compiler sees each failing path return its (nonzero)
+   status: with CAPEX_STATIC and -O2, gcc would otherwise warn that outputs
+   set only on success "may be used uninitialized" in the caller. code must
+   be free of side effects (it is evaluated once, after the message). */
+CAPEX__PRIVATE void capex__fail_msg(const char *fmt, ...) CAPEX__PRINTF(1, 2);
+CAPEX__PRIVATE void capex__fail_msg(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(capex__error_message, sizeof capex__error_message, fmt, ap);
     va_end(ap);
-    return code;
 }
+#define capex__fail(code, ...) (capex__fail_msg(__VA_ARGS__), (capex_result)(code))
 
 /* ---- logging ------------------------------------------------------------ */
 

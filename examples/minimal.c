@@ -23,7 +23,7 @@ int main(void) {
     capex_f32_to_f16_array(master, model, 2);
     for (step = 0; step < 300; step++) {
         float w = capex_f16_to_f32(model[0]), b = capex_f16_to_f32(model[1]), gw = 0, gb = 0, loss = 0;
-        float scale, inv_scale, norm, x;
+        float scale = 1.0f, inv_scale = 1.0f, norm = 0.0f, x;
         int do_step;
         capex_scaler_scale(&sc, &scale);
         for (x = -1; x <= 1; x += 0.25f) {                              /* forward + backward */

@@ -22,14 +22,14 @@ $(BUILD)/gpuopt/go_kernels.inc: $(BUILD)/gpuopt/gpuopt_gen
 # contraction (the kernels are compiled with --fmad=false).
 $(GPUOPT_EMU): tests/test_gpuopt_emu.c tests/gpuopt_parity.h $(BUILD)/gpuopt/go_kernels.inc tests/capex_test.h $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CXX) -x c++ -std=c++17 $(filter-out -std=% -fopenmp,$(CFLAGS)) -ffp-contract=off -fno-strict-aliasing \
+	$(CXX) -x c++ -std=c++17 $(filter-out -std=% -fopenmp,$(CFLAGS)) -ffp-contract=off -fno-strict-aliasing $(TEST_DEFS) \
 	  -Itests -I$(BUILD)/gpuopt $< -o $@ $(LDLIBS)
 
 # The emulation again with 512 threads per block (the GPU's block size) on the
 # reductions, clipping and the AMP loop (the full suite would take minutes).
 $(BUILD)/gpuopt/test_gpuopt_emu512: tests/test_gpuopt_emu.c tests/gpuopt_parity.h $(BUILD)/gpuopt/go_kernels.inc tests/capex_test.h $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CXX) -x c++ -std=c++17 -O2 -ffp-contract=off -fno-strict-aliasing -DEMU_THREADS=512 \
+	$(CXX) -x c++ -std=c++17 -O2 -ffp-contract=off -fno-strict-aliasing $(TEST_DEFS) -DEMU_THREADS=512 \
 	  -Itests -I$(BUILD)/gpuopt $< -o $@ $(LDLIBS)
 
 ci-extra:: $(BUILD)/gpuopt/test_gpuopt_emu512

@@ -20,7 +20,7 @@ ifneq ($(NCCL_H),)
 ifneq ($(NCCL_CUDART_H),)
 $(BUILD)/tests/test_nccl_abi: tests/test_nccl_abi.c tests/capex_test.h $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DCAPEX_TEST_NCCL_H -isystem $(dir $(NCCL_H)) -isystem $(dir $(NCCL_CUDART_H)) -Itests $< -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $(TEST_DEFS) -DCAPEX_TEST_NCCL_H -isystem $(dir $(NCCL_H)) -isystem $(dir $(NCCL_CUDART_H)) -Itests $< -o $@ $(LDLIBS)
 endif
 endif
 

@@ -17,10 +17,10 @@ endif
 NORM_VEC_FLAGS = -std=gnu99 -O3 $(BENCH_MARCH) -ffp-contract=fast $(WARN)
 $(BUILD)/norm-vec/test_norm_omp: tests/test_norm.c tests/capex_test.h capex.h
 	@mkdir -p $(dir $@)
-	$(CC) $(NORM_VEC_FLAGS) $(OPENMP) -Itests $< -o $@ $(LDLIBS)
+	$(CC) $(NORM_VEC_FLAGS) $(TEST_DEFS) $(OPENMP) -Itests $< -o $@ $(LDLIBS)
 $(BUILD)/norm-vec/test_norm_noomp: tests/test_norm.c tests/capex_test.h capex.h
 	@mkdir -p $(dir $@)
-	$(CC) $(NORM_VEC_FLAGS) -Itests $< -o $@ $(LDLIBS)
+	$(CC) $(NORM_VEC_FLAGS) $(TEST_DEFS) -Itests $< -o $@ $(LDLIBS)
 ci-extra:: $(BUILD)/norm-vec/test_norm_omp $(BUILD)/norm-vec/test_norm_noomp
 	$(BUILD)/norm-vec/test_norm_omp
 	$(BUILD)/norm-vec/test_norm_noomp

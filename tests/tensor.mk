@@ -19,10 +19,10 @@ ci-extra:: $(BUILD)/bench/bench_cpu
 TENSOR_VEC_FLAGS := -std=gnu99 -O3 $(BENCH_MARCH) -ffp-contract=fast $(WARN)
 $(BUILD)/tensor-vec/test_tensor_omp: tests/test_tensor.c tests/capex_test.h capex.h
 	@mkdir -p $(dir $@)
-	$(CC) $(TENSOR_VEC_FLAGS) $(OPENMP) -Itests $< -o $@ $(LDLIBS)
+	$(CC) $(TENSOR_VEC_FLAGS) $(TEST_DEFS) $(OPENMP) -Itests $< -o $@ $(LDLIBS)
 $(BUILD)/tensor-vec/test_tensor_noomp: tests/test_tensor.c tests/capex_test.h capex.h
 	@mkdir -p $(dir $@)
-	$(CC) $(TENSOR_VEC_FLAGS) -Itests $< -o $@ $(LDLIBS)
+	$(CC) $(TENSOR_VEC_FLAGS) $(TEST_DEFS) -Itests $< -o $@ $(LDLIBS)
 ci-extra:: $(BUILD)/tensor-vec/test_tensor_omp $(BUILD)/tensor-vec/test_tensor_noomp
 	$(BUILD)/tensor-vec/test_tensor_omp
 	$(BUILD)/tensor-vec/test_tensor_noomp

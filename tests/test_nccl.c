@@ -101,7 +101,7 @@ static int fake_counter(int i) {
 }
 enum { C_ALLREDUCE = 0, C_BROADCAST = 1, C_ALLGATHER = 2, C_ABORT = 3, C_DESTROY = 4, C_INIT = 5, C_AVG = 6, C_BAD = 7 };
 
-#define FAIL_IF(cond, ...) do { if (cond) { capex__fail(CAPEX_ERR_INTERNAL, __VA_ARGS__); set_result(res, CAPEX_ERR_INTERNAL, 0); return; } } while (0)
+#define FAIL_IF(cond, ...) do { if (cond) { (void)capex__fail(CAPEX_ERR_INTERNAL, __VA_ARGS__); set_result(res, CAPEX_ERR_INTERNAL, 0); return; } } while (0)
 #define RUN(call) do { capex_result r_ = (call); if (r_ != CAPEX_OK) { set_result(res, r_, __LINE__); return; } } while (0)
 
 static void *dev(capex_cuda_context *ctx, size_t bytes) {

@@ -548,7 +548,7 @@ CT_TEST(found_inf_skips_bit_identical) {
     int k;
     for (k = 0; k < 3; k++) {
         rig a, b;
-        int64_t sa, sb;
+        int64_t sa = -1, sb = -1;
         if (rig_make(ct, &a, kinds[k], 0, 1, 7, 1001, 70000) || rig_make(ct, &b, kinds[k], 0, 1, 7, 1001, 70000)) return;
         rig_grads(&a, 1); rig_grads(&b, 1);
         CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, 0) == CAPEX_OK && capex_optim_step(b.opt, 1.0f, 1.0f, 0) == CAPEX_OK,
@@ -661,7 +661,7 @@ CT_TEST(groups_own_step_counts_and_hparams) {
     float keep[5];
     double rp[5], rm[5] = {0}, rv[5] = {0}, rg[5], *P = rp, *M = rm, *V = rv, *G = rg;
     refcfg rc = cfg(CAPEX_OPTIM_ADAM);
-    int64_t s0, s1, sz = 5;
+    int64_t s0 = -1, s1 = -1, sz = 5;
     int i, mi = 0;
     size_t gi;
     capex_allocator al;
@@ -826,7 +826,7 @@ CT_TEST(resume_is_bit_identical) {
         rig a, b;
         void *buf;
         size_t len;
-        int64_t st;
+        int64_t st = -1;
         /* a: 10 steps straight. b: 5 steps, save (with params), a fresh
            optimizer on fresh (garbage) buffers, load, 5 more steps. SR on. */
         if (rig_make(ct, &a, kinds[k], 0, 1, 77, 70001, 333)) return;
