@@ -216,7 +216,9 @@ typedef struct capex_cuda_context_desc {
     int disk_cache;              /* 1 (default); 0 disables the disk cache */
     const capex_allocator *allocator;  /* host allocations; NULL: CAPEX_MALLOC */
     int precompile;              /* 0 (default): each built-in part on first use; 1: all of
-                                    them in capex_cuda_context_create, one thread per CPU */
+                                    them in capex_cuda_context_create, one thread per CPU;
+                                    2: all of them on background threads (returns at once;
+                                    see capex_cuda_precompile_async) */
 } capex_cuda_context_desc;
 
 CAPEX_API void capex_cuda_context_desc_init(capex_cuda_context_desc *desc);
@@ -283,6 +285,20 @@ CAPEX_API capex_result capex_cuda_launch(const capex_cuda_function *fn, const un
    n_threads threads (<= 0: one per online CPU): for users who want no compile later
    (before CUDA-graph capture, before timing a step). Thread-safe. */
 CAPEX_API capex_result capex_cuda_precompile(capex_cuda_context *ctx, int n_threads);
+/* Starts compiling, on up to n_threads background threads (<= 0: one per online
+   CPU), the parts that define the named built-in kernels (kernels NULL: every
+   part), and returns at once. The threads run NVRTC and the disk cache only;
+   a part's module is loaded by its first use, which waits for its compile if
+   it is still running (or compiles it, if no thread has started it). Compile
+   errors are reported by that first use. Also started by context
+   desc.precompile = 2 (every part), capex_cuda_optim_add_group (what its step
+   launches) and capex_cuda_scaler_create. capex_cuda_context_destroy waits for
+   running compiles. Unknown kernel names: CAPEX_ERR_NOT_FOUND, nothing started. */
+CAPEX_API capex_result capex_cuda_precompile_async(capex_cuda_context *ctx, const char *const *kernels, int n_kernels,
+                                                   int n_threads);
+/* Waits until no background compile is queued or running; returns the first
+   failure among the finished ones not used yet (they stay reported at use too). */
+CAPEX_API capex_result capex_cuda_precompile_wait(capex_cuda_context *ctx);
 /* Part `part`'s module, compiled and loaded now if needed. */
 CAPEX_API capex_result capex_cuda_builtin_part_module(capex_cuda_context *ctx, int part, capex_cuda_module **out);
 CAPEX_API int capex_cuda_builtin_part_loaded(capex_cuda_context *ctx, int part); /* 1: loaded in ctx */
@@ -1211,6 +1227,10 @@ CAPEX__PRIVATE const char *capex__cuda_nvrtc_err(capex__cuda_nvrtc_lib *n, capex
     return s ? s : "NVRTC_ERROR_UNKNOWN";
 }
 
+/* Set in background compile threads, which use a thread-local "C" locale
+   (uselocale) instead of switching the process's. */
+static CAPEX__THREAD_LOCAL int capex__cuda_thread_locale_c;
+
 CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *name, const char *const *options,
                                                 int n_options, capex_cuda_target target, capex_cuda_image *out) {
     capex_result r;
@@ -1241,8 +1261,9 @@ CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *
     optlist[0] = '\0';
     for (i = 0; i <= n_options; i++) capex__cuda_append(optlist, sizeof optlist, "%s%s", i ? " " : "", opts[i]);
 
-    /* NVRTC parses numbers with the C library: a decimal-comma LC_NUMERIC breaks it */
-    cur_locale = setlocale(LC_NUMERIC, NULL);
+    /* NVRTC parses numbers with the C library: a decimal-comma LC_NUMERIC breaks it
+       (background compile threads have "C" as their own locale already) */
+    cur_locale = capex__cuda_thread_locale_c ? NULL : setlocale(LC_NUMERIC, NULL);
     if (cur_locale && strcmp(cur_locale, "C") != 0) {
         capex__cuda_fmt(saved_locale, sizeof saved_locale, "%s", cur_locale);
         switched = setlocale(LC_NUMERIC, "C") != NULL;
@@ -2660,26 +2681,31 @@ typedef struct capex__cuda_pool {
     pthread_mutex_t lock;
 } capex__cuda_pool;
 
+/* Compiles (or reads from the disk cache) job j's part: NVRTC only, no CUDA call. */
+CAPEX__PRIVATE void capex__cuda_pjob_run(capex__cuda_pjob *j, int device_cc) {
+    capex_cuda_compile_desc d;
+    int n_opts = 0;
+    capex_cuda_compile_desc_init(&d);
+    d.source = capex__cuda_part_text[j->part];
+    d.name = capex__cuda_part_prog[j->part];
+    d.options = capex_cuda_builtin_options(&n_opts);
+    d.n_options = n_opts;
+    d.device_cc = device_cc;
+    d.cache = j->use_cache ? &j->cache : NULL;
+    j->r = d.source ? capex__cuda_compile(&d, j->skip_read, &j->img)
+                    : capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "could not assemble the built-in kernel source");
+    if (j->r != CAPEX_OK) capex__cuda_fmt(j->err, sizeof j->err, "%s", capex_last_error());
+}
+
 CAPEX__PRIVATE void *capex__cuda_pool_work(void *arg) {
     capex__cuda_pool *pool = (capex__cuda_pool *)arg;
     for (;;) {
         capex__cuda_pjob *j;
-        capex_cuda_compile_desc d;
-        int n_opts = 0;
         pthread_mutex_lock(&pool->lock);
         j = pool->next < pool->n ? &pool->jobs[pool->next++] : NULL;
         pthread_mutex_unlock(&pool->lock);
         if (!j) return NULL;
-        capex_cuda_compile_desc_init(&d);
-        d.source = capex__cuda_part_text[j->part];
-        d.name = capex__cuda_part_prog[j->part];
-        d.options = capex_cuda_builtin_options(&n_opts);
-        d.n_options = n_opts;
-        d.device_cc = pool->device_cc;
-        d.cache = j->use_cache ? &j->cache : NULL;
-        j->r = d.source ? capex__cuda_compile(&d, j->skip_read, &j->img)
-                        : capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "could not assemble the built-in kernel source");
-        if (j->r != CAPEX_OK) capex__cuda_fmt(j->err, sizeof j->err, "%s", capex_last_error());
+        capex__cuda_pjob_run(j, pool->device_cc);
     }
 }
 
@@ -2714,20 +2740,23 @@ CAPEX__PRIVATE void capex__cuda_pool_run(capex__cuda_pjob *jobs, int n, int devi
     if (switched) setlocale(LC_NUMERIC, saved_locale);
 }
 
+CAPEX__PRIVATE void capex__cuda_pjob_init(capex__cuda_pjob *j, int part, const capex_cuda_cache *cache) {
+    memset(j, 0, sizeof *j);
+    j->part = part;
+    if (cache && cache->enabled && cache->dir[0]) {
+        j->cache = *cache;
+        j->cache.warned = 2; /* silent; capex__cuda_compile sets 1 when a write fails */
+        j->use_cache = 1;
+    }
+}
+
 /* Fills jobs for the parts with want[p] set, heaviest first; returns the count. */
 CAPEX__PRIVATE int capex__cuda_pool_jobs(capex__cuda_pjob *jobs, const int *want, capex_cuda_cache *cache) {
     int i, n = 0;
     for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) {
         int p = capex__cuda_part_order[i];
         if (!want[p]) continue;
-        memset(&jobs[n], 0, sizeof jobs[n]);
-        jobs[n].part = p;
-        if (cache && cache->enabled && cache->dir[0]) {
-            jobs[n].cache = *cache;
-            jobs[n].cache.warned = 2; /* silent; capex__cuda_compile sets 1 when a write fails */
-            jobs[n].use_cache = 1;
-        }
-        n++;
+        capex__cuda_pjob_init(&jobs[n++], p, cache);
     }
     return n;
 }
@@ -2795,7 +2824,165 @@ struct capex_cuda_context {
     capex_cuda_module *modules;
     capex_cuda_module *part[CAPEX__CUDA_N_PARTS]; /* built-in parts loaded so far */
     void *builtin_fn[CAPEX__CUDA_N_BUILTIN];      /* set for the kernels of loaded parts */
+    struct capex__cuda_bg *bg;   /* background compiles (capex_cuda_precompile_async) */
 };
+
+/* ---- background compiles of built-in parts -----------------------------------
+   Requests queue parts; worker threads take them (heaviest first) and run
+   NVRTC and the disk cache, with no CUDA call and without the context lock, so
+   the caller's launches and copies go on. The first thread that needs a part
+   (with the context lock held) takes the result and loads the module: a queued
+   part it compiles itself, a running one it waits for. Lock order: ctx->lock,
+   then bg->lock; workers take only bg->lock. */
+enum { CAPEX__BG_NONE, CAPEX__BG_QUEUED, CAPEX__BG_RUNNING, CAPEX__BG_DONE };
+#define CAPEX__BG_MAX_THREADS 64
+typedef struct capex__cuda_bg {
+    pthread_mutex_t lock;
+    pthread_cond_t cv;                       /* a part finished, or a worker left */
+    unsigned char state[CAPEX__CUDA_N_PARTS];
+    unsigned seq[CAPEX__CUDA_N_PARTS];       /* queue order (lowest first) */
+    unsigned next_seq;
+    capex__cuda_pjob job[CAPEX__CUDA_N_PARTS]; /* of RUNNING and DONE parts */
+    pthread_t thread[CAPEX__BG_MAX_THREADS];
+    int n_threads, active, stop;             /* threads started (not joined), still working; destroying */
+} capex__cuda_bg;
+
+CAPEX__PRIVATE int capex__cuda_bg_next_locked(capex__cuda_bg *bg) {
+    int p, best = -1;
+    for (p = 0; p < CAPEX__CUDA_N_PARTS; p++)
+        if (bg->state[p] == CAPEX__BG_QUEUED && (best < 0 || bg->seq[p] < bg->seq[best])) best = p;
+    return best;
+}
+
+/* NVRTC needs LC_NUMERIC "C", and a background thread must not switch the
+   process's locale: it takes "C" as its own (uselocale, POSIX 2008). Where
+   <locale.h> does not declare that (strict C99 with a system header included
+   before capex), it compiles only if the process is in "C" already (the
+   default of any program that never calls setlocale). 0: leave the parts to
+   their first use. */
+#ifdef LC_NUMERIC_MASK
+typedef struct capex__cuda_bg_locale { locale_t c, old; } capex__cuda_bg_locale;
+CAPEX__PRIVATE int capex__cuda_bg_locale_enter(capex__cuda_bg_locale *l) {
+    l->c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+    if (!l->c) return 0;
+    l->old = uselocale(l->c);
+    capex__cuda_thread_locale_c = 1;
+    return 1;
+}
+CAPEX__PRIVATE void capex__cuda_bg_locale_leave(capex__cuda_bg_locale *l) {
+    if (!l->c) return;
+    uselocale(l->old);
+    freelocale(l->c);
+    capex__cuda_thread_locale_c = 0;
+}
+#else
+typedef struct capex__cuda_bg_locale { int unused; } capex__cuda_bg_locale;
+CAPEX__PRIVATE int capex__cuda_bg_locale_enter(capex__cuda_bg_locale *l) {
+    const char *cur = setlocale(LC_NUMERIC, NULL);
+    (void)l;
+    capex__cuda_thread_locale_c = cur && (!strcmp(cur, "C") || !strcmp(cur, "POSIX"));
+    return capex__cuda_thread_locale_c;
+}
+CAPEX__PRIVATE void capex__cuda_bg_locale_leave(capex__cuda_bg_locale *l) {
+    (void)l;
+    capex__cuda_thread_locale_c = 0;
+}
+#endif
+
+CAPEX__PRIVATE void *capex__cuda_bg_work(void *arg) {
+    capex_cuda_context *ctx = (capex_cuda_context *)arg;
+    capex__cuda_bg *bg = ctx->bg;
+    capex__cuda_bg_locale loc;
+    int c_ok = capex__cuda_bg_locale_enter(&loc);
+    pthread_mutex_lock(&bg->lock);
+    for (;;) {
+        int p = c_ok ? capex__cuda_bg_next_locked(bg) : -1;
+        if (p < 0 || bg->stop) break;
+        bg->state[p] = CAPEX__BG_RUNNING;
+        pthread_mutex_unlock(&bg->lock);
+        capex__cuda_pjob_run(&bg->job[p], ctx->device_cc);
+        pthread_mutex_lock(&bg->lock);
+        bg->state[p] = CAPEX__BG_DONE;
+        pthread_cond_broadcast(&bg->cv);
+    }
+    bg->active--;
+    pthread_cond_broadcast(&bg->cv);
+    pthread_mutex_unlock(&bg->lock);
+    if (c_ok) capex__cuda_bg_locale_leave(&loc);
+    return NULL;
+}
+
+/* Queues the parts with want[p] set that are neither loaded nor queued and
+   starts threads for them. Called without ctx->lock. */
+CAPEX__PRIVATE void capex__cuda_bg_request(capex_cuda_context *ctx, const int *want, int n_threads) {
+    capex__cuda_bg *bg = ctx->bg;
+    capex_cuda_cache cache;
+    int loaded[CAPEX__CUDA_N_PARTS], i, queued = 0;
+    pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
+    pthread_mutex_lock(&ctx->lock);
+    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) loaded[i] = ctx->part[i] != NULL;
+    cache = ctx->cache;
+    pthread_mutex_unlock(&ctx->lock);
+    if (n_threads <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = c > 0 ? (int)c : 1;
+    }
+    pthread_mutex_lock(&bg->lock);
+    if (bg->stop) {
+        pthread_mutex_unlock(&bg->lock);
+        return;
+    }
+    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) {
+        int p = capex__cuda_part_order[i];
+        if (!want[p] || loaded[p] || bg->state[p] != CAPEX__BG_NONE) continue;
+        capex__cuda_pjob_init(&bg->job[p], p, &cache);
+        bg->state[p] = CAPEX__BG_QUEUED;
+        bg->seq[p] = bg->next_seq++;
+    }
+    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) queued += bg->state[i] == CAPEX__BG_QUEUED;
+    if (bg->active == 0) { /* every earlier worker has left its loop: reclaim their handles */
+        for (i = 0; i < bg->n_threads; i++) pthread_join(bg->thread[i], NULL);
+        bg->n_threads = 0;
+    }
+    while (bg->active < n_threads && bg->active < queued && bg->n_threads < CAPEX__BG_MAX_THREADS &&
+           pthread_create(&bg->thread[bg->n_threads], NULL, capex__cuda_bg_work, ctx) == 0) {
+        bg->n_threads++;
+        bg->active++;
+    }
+    pthread_mutex_unlock(&bg->lock);
+}
+
+/* Part p's background result, if any: 1 and *job (its image or error, now the
+   caller's), 0 when the caller must compile (never queued, or queued but not
+   started: taken off the queue). Waits for a running compile. */
+CAPEX__PRIVATE int capex__cuda_bg_claim(capex_cuda_context *ctx, int p, capex__cuda_pjob *job) {
+    capex__cuda_bg *bg = ctx->bg;
+    int got;
+    pthread_mutex_lock(&bg->lock);
+    if (bg->state[p] == CAPEX__BG_QUEUED) bg->state[p] = CAPEX__BG_NONE;
+    while (bg->state[p] == CAPEX__BG_RUNNING) pthread_cond_wait(&bg->cv, &bg->lock);
+    got = bg->state[p] == CAPEX__BG_DONE;
+    if (got) {
+        *job = bg->job[p];
+        memset(&bg->job[p].img, 0, sizeof bg->job[p].img);
+        bg->state[p] = CAPEX__BG_NONE;
+    }
+    pthread_mutex_unlock(&bg->lock);
+    return got;
+}
+
+/* Destroy: no new work, running compiles finish, threads joined, images freed. */
+CAPEX__PRIVATE void capex__cuda_bg_stop(capex__cuda_bg *bg) {
+    int i;
+    pthread_mutex_lock(&bg->lock);
+    bg->stop = 1;
+    while (bg->active > 0) pthread_cond_wait(&bg->cv, &bg->lock);
+    for (i = 0; i < bg->n_threads; i++) pthread_join(bg->thread[i], NULL);
+    bg->n_threads = 0;
+    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++)
+        if (bg->state[i] == CAPEX__BG_DONE) capex_cuda_image_free(&bg->job[i].img);
+    pthread_mutex_unlock(&bg->lock);
+}
 
 CAPEX_API void capex_cuda_context_desc_init(capex_cuda_context_desc *desc) {
     if (!desc) return;
@@ -2878,7 +3065,25 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
     }
     capex_cuda_cache_init(&ctx->cache, desc->cache_dir);
     if (!desc->disk_cache) ctx->cache.enabled = 0;
-    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK || (desc->precompile && (r = capex_cuda_precompile(ctx, 0)) != CAPEX_OK)) {
+    ctx->bg = (capex__cuda_bg *)capex__alloc(desc->allocator, sizeof *ctx->bg);
+    if (ctx->bg) {
+        memset(ctx->bg, 0, sizeof *ctx->bg);
+        if (pthread_mutex_init(&ctx->bg->lock, NULL) != 0) {
+            capex__free(desc->allocator, ctx->bg);
+            ctx->bg = NULL;
+        } else if (pthread_cond_init(&ctx->bg->cv, NULL) != 0) {
+            pthread_mutex_destroy(&ctx->bg->lock);
+            capex__free(desc->allocator, ctx->bg);
+            ctx->bg = NULL;
+        }
+    }
+    if (!ctx->bg) {
+        capex_cuda_context_destroy(ctx);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_context_create: out of memory (compile state)");
+    }
+    if ((r = capex__cuda_enter(ctx)) != CAPEX_OK ||
+        (desc->precompile == 1 && (r = capex_cuda_precompile(ctx, 0)) != CAPEX_OK) ||
+        (desc->precompile == 2 && (r = capex_cuda_precompile_async(ctx, NULL, 0, 0)) != CAPEX_OK)) {
         capex_cuda_context_destroy(ctx);
         return r;
     }
@@ -2889,6 +3094,13 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
 CAPEX_API void capex_cuda_context_destroy(capex_cuda_context *ctx) {
     capex_cuda_module *m, *next;
     if (!ctx) return;
+    if (ctx->bg) {
+        capex__cuda_bg_stop(ctx->bg);
+        pthread_cond_destroy(&ctx->bg->cv);
+        pthread_mutex_destroy(&ctx->bg->lock);
+        capex__free(ctx->has_alloc ? &ctx->alloc : NULL, ctx->bg);
+        ctx->bg = NULL;
+    }
     capex__cuda_enter(ctx);
     for (m = ctx->modules; m; m = next) {
         next = m->next;
@@ -3254,15 +3466,42 @@ CAPEX__PRIVATE capex_result capex__cuda_part_attach_locked(capex_cuda_context *c
     return CAPEX_OK;
 }
 
-/* Compiles (or finds in the disk cache) and loads part p. Called with ctx->lock held. */
+/* Loads part p from img (taken: freed), compiled by a pool or background job;
+   a module with the same key already loaded is used instead. Called with ctx->lock held. */
+CAPEX__PRIVATE capex_result capex__cuda_part_load_image_locked(capex_cuda_context *ctx, int p, capex_cuda_image *img) {
+    capex_cuda_compile_desc d;
+    capex_cuda_module *m = NULL;
+    unsigned char key[32];
+    int n_opts = 0;
+    capex_result r = CAPEX_OK;
+    capex_cuda_compile_desc_init(&d);
+    d.source = capex__cuda_part_text[p];
+    d.name = capex__cuda_part_prog[p];
+    d.options = capex_cuda_builtin_options(&n_opts);
+    d.n_options = n_opts;
+    d.device_cc = ctx->device_cc;
+    d.cache = &ctx->cache;
+    capex__cuda_cache_key(d.source, d.name, d.options, d.n_options, ctx->device_cc, key);
+    if ((m = capex__cuda_module_find_locked(ctx, key)) != NULL) capex_cuda_image_free(img);
+    else r = capex__cuda_module_load_locked(ctx, key, &d, img, &m);
+    return r == CAPEX_OK ? capex__cuda_part_attach_locked(ctx, p, m) : r;
+}
+
+/* Compiles (or finds in the disk cache, or takes from a background compile)
+   and loads part p. Called with ctx->lock held. */
 CAPEX__PRIVATE capex_result capex__cuda_part_load_locked(capex_cuda_context *ctx, unsigned p) {
     capex_cuda_module *m = NULL;
     capex_result r;
     int n_opts = 0;
     const char *const *opts;
     const char *src;
+    capex__cuda_pjob job;
     if (p >= CAPEX__CUDA_N_PARTS) return capex__fail(CAPEX_ERR_INTERNAL, "built-in part %u does not exist", p);
     if (ctx->part[p]) return CAPEX_OK;
+    if (ctx->bg && capex__cuda_bg_claim(ctx, (int)p, &job)) {
+        if ((r = capex__cuda_pool_status(&job, 1, &ctx->cache)) != CAPEX_OK) return r;
+        return capex__cuda_part_load_image_locked(ctx, (int)p, &job.img);
+    }
     opts = capex_cuda_builtin_options(&n_opts);
     src = capex_cuda_builtin_part_source((int)p);
     if (!src) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda: could not assemble the built-in kernel source");
@@ -3299,7 +3538,7 @@ CAPEX_API int capex_cuda_builtin_part_loaded(capex_cuda_context *ctx, int part) 
 CAPEX_API capex_result capex_cuda_precompile(capex_cuda_context *ctx, int n_threads) {
     capex__cuda_pjob *jobs;
     capex_cuda_cache cache;
-    int want[CAPEX__CUDA_N_PARTS], i, n, missing = 0;
+    int want[CAPEX__CUDA_N_PARTS], in_bg[CAPEX__CUDA_N_PARTS], i, n, missing = 0;
     capex_result r;
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
@@ -3308,6 +3547,14 @@ CAPEX_API capex_result capex_cuda_precompile(capex_cuda_context *ctx, int n_thre
     cache = ctx->cache;
     pthread_mutex_unlock(&ctx->lock);
     if (!missing) return CAPEX_OK;
+    /* parts a background thread is compiling (or has compiled) are taken from it below */
+    pthread_mutex_lock(&ctx->bg->lock);
+    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) {
+        if (ctx->bg->state[i] == CAPEX__BG_QUEUED) ctx->bg->state[i] = CAPEX__BG_NONE;
+        in_bg[i] = want[i] && ctx->bg->state[i] != CAPEX__BG_NONE;
+        if (in_bg[i]) want[i] = 0;
+    }
+    pthread_mutex_unlock(&ctx->bg->lock);
     jobs = (capex__cuda_pjob *)CAPEX_MALLOC(sizeof *jobs * CAPEX__CUDA_N_PARTS);
     if (!jobs) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_precompile: out of memory");
     n = capex__cuda_pool_jobs(jobs, want, &cache);
@@ -3315,29 +3562,51 @@ CAPEX_API capex_result capex_cuda_precompile(capex_cuda_context *ctx, int n_thre
     pthread_mutex_lock(&ctx->lock);
     r = capex__cuda_pool_status(jobs, n, &ctx->cache);
     for (i = 0; i < n; i++) {
-        int p = jobs[i].part;
-        capex_cuda_compile_desc d;
-        capex_cuda_module *m = NULL;
-        unsigned char key[32];
-        int n_opts = 0;
-        if (r != CAPEX_OK || ctx->part[p]) {
-            capex_cuda_image_free(&jobs[i].img);
-            continue;
-        }
-        capex_cuda_compile_desc_init(&d);
-        d.source = capex__cuda_part_text[p];
-        d.name = capex__cuda_part_prog[p];
-        d.options = capex_cuda_builtin_options(&n_opts);
-        d.n_options = n_opts;
-        d.device_cc = ctx->device_cc;
-        d.cache = &ctx->cache;
-        capex__cuda_cache_key(d.source, d.name, d.options, d.n_options, ctx->device_cc, key);
-        if ((m = capex__cuda_module_find_locked(ctx, key)) != NULL) capex_cuda_image_free(&jobs[i].img);
-        else r = capex__cuda_module_load_locked(ctx, key, &d, &jobs[i].img, &m);
-        if (r == CAPEX_OK) r = capex__cuda_part_attach_locked(ctx, p, m);
+        if (r != CAPEX_OK || ctx->part[jobs[i].part]) capex_cuda_image_free(&jobs[i].img);
+        else r = capex__cuda_part_load_image_locked(ctx, jobs[i].part, &jobs[i].img);
     }
+    for (i = 0; i < CAPEX__CUDA_N_PARTS && r == CAPEX_OK; i++)
+        if (in_bg[i]) r = capex__cuda_part_load_locked(ctx, (unsigned)i); /* waits for the thread */
     pthread_mutex_unlock(&ctx->lock);
     CAPEX_FREE(jobs);
+    return r;
+}
+
+CAPEX_API capex_result capex_cuda_precompile_async(capex_cuda_context *ctx, const char *const *kernels, int n_kernels,
+                                                   int n_threads) {
+    int want[CAPEX__CUDA_N_PARTS], i;
+    if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_precompile_async: context is NULL");
+    if (n_kernels < 0 || (n_kernels > 0 && !kernels))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_precompile_async: kernels NULL with n_kernels %d", n_kernels);
+    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) want[i] = kernels == NULL;
+    for (i = 0; kernels && i < n_kernels; i++) {
+        int p = kernels[i] ? capex_cuda_builtin_kernel_part(kernels[i]) : -1;
+        if (p < 0)
+            return capex__fail(CAPEX_ERR_NOT_FOUND, "capex_cuda_precompile_async: '%s' is not a built-in kernel "
+                               "(capex_cuda_builtin_source() lists them)", kernels[i] ? kernels[i] : "(null)");
+        want[p] = 1;
+    }
+    capex__cuda_bg_request(ctx, want, n_threads);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_cuda_precompile_wait(capex_cuda_context *ctx) {
+    capex__cuda_bg *bg;
+    capex_result r = CAPEX_OK;
+    int p, busy = 1;
+    if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_precompile_wait: context is NULL");
+    bg = ctx->bg;
+    pthread_mutex_lock(&bg->lock);
+    while (busy) {
+        busy = 0;
+        for (p = 0; p < CAPEX__CUDA_N_PARTS; p++)
+            busy |= bg->state[p] == CAPEX__BG_RUNNING || (bg->state[p] == CAPEX__BG_QUEUED && bg->active > 0);
+        if (busy) pthread_cond_wait(&bg->cv, &bg->lock);
+    }
+    for (p = 0; p < CAPEX__CUDA_N_PARTS && r == CAPEX_OK; p++)
+        if (bg->state[p] == CAPEX__BG_DONE && bg->job[p].r != CAPEX_OK)
+            r = capex__fail(bg->job[p].r, "built-in part '%s': %s", capex__cuda_parts[p].name, bg->job[p].err);
+    pthread_mutex_unlock(&bg->lock);
     return r;
 }
 
@@ -3491,6 +3760,8 @@ typedef struct capex__go_exec {
     capex_result (*htod)(void *user, capex_cuda_ptr dst, const void *src, size_t bytes, capex_cuda_stream s);
     capex_result (*dtoh)(void *user, void *dst, capex_cuda_ptr src, size_t bytes, capex_cuda_stream s);
     capex_result (*zero)(void *user, capex_cuda_ptr dst, size_t bytes, capex_cuda_stream s);
+    /* optional: start compiling these kernels (CAPEX__GO_K_*) in the background */
+    void (*prefetch)(void *user, const int *kernels, int n);
     void *user;
 } capex__go_exec;
 
@@ -3522,6 +3793,13 @@ CAPEX__PRIVATE capex_result capex__go_dev_dtoh(void *user, void *dst, capex_cuda
 CAPEX__PRIVATE capex_result capex__go_dev_zero(void *user, capex_cuda_ptr dst, size_t bytes, capex_cuda_stream s) {
     return capex_cuda_memset_u8((capex_cuda_context *)user, dst, 0, bytes, s);
 }
+CAPEX__PRIVATE void capex__go_dev_prefetch(void *user, const int *kernels, int n) {
+    int want[CAPEX__CUDA_N_PARTS], i;
+    memset(want, 0, sizeof want);
+    for (i = 0; i < n; i++) want[capex__cuda_builtin_kernel_part[CAPEX__GO_KBASE + kernels[i]]] = 1;
+    capex__cuda_bg_request((capex_cuda_context *)user, want, 0);
+}
+
 CAPEX__PRIVATE capex_result capex__go_dev_exec(capex_cuda_context *ctx, const char *fn, capex__go_exec *ex) {
     memset(ex, 0, sizeof *ex);
     if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: context is NULL; create one with capex_cuda_context_create", fn);
@@ -3531,6 +3809,7 @@ CAPEX__PRIVATE capex_result capex__go_dev_exec(capex_cuda_context *ctx, const ch
     ex->htod = capex__go_dev_htod;
     ex->dtoh = capex__go_dev_dtoh;
     ex->zero = capex__go_dev_zero;
+    ex->prefetch = capex__go_dev_prefetch;
     ex->user = ctx;
     return CAPEX_OK;
 }
@@ -3890,7 +4169,11 @@ CAPEX_API capex_result capex_cuda_scaler_create(capex_cuda_context *ctx, const c
     capex_result r;
     if (out) *out = NULL;
     if ((r = capex__go_dev_exec(ctx, "capex_cuda_scaler_create", &ex)) != CAPEX_OK) return r;
-    return capex__go_scaler_create(&ex, desc, out);
+    if ((r = capex__go_scaler_create(&ex, desc, out)) == CAPEX_OK) {
+        int k = CAPEX__GO_K_SCALER; /* its update kernel compiles in the background meanwhile */
+        ex.prefetch(ex.user, &k, 1);
+    }
+    return r;
 }
 
 CAPEX_API void capex_cuda_scaler_destroy(capex_cuda_scaler *sc) {
@@ -4163,6 +4446,22 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     o->ngroups++;
     capex__free(NULL, bufs);
     capex__free(NULL, groups);
+    if (o->ex.prefetch) { /* what a step launches compiles in the background meanwhile */
+        int ks[8], nk = 0, seen[3] = {0, 0, 0};
+        ks[nk++] = CAPEX__GO_K_PREPARE;
+        if (o->desc.kind == CAPEX_OPTIM_LAMB) {
+            ks[nk++] = CAPEX__GO_K_LAMB_RATIO;
+            ks[nk++] = CAPEX__GO_K_LAMB2;
+        }
+        for (k = 0; k < n; k++) {
+            int gd = (int)params[k].grad_dtype;
+            if (gd < 0 || gd > 2 || seen[gd]) continue;
+            seen[gd] = 1;
+            ks[nk++] = (o->desc.kind == CAPEX_OPTIM_ADAM ? CAPEX__GO_K_ADAM : o->desc.kind == CAPEX_OPTIM_SGD
+                        ? CAPEX__GO_K_SGD : CAPEX__GO_K_LAMB1) + gd;
+        }
+        o->ex.prefetch(o->ex.user, ks, nk);
+    }
     return CAPEX_OK;
 fail:
     if (bufs)

@@ -277,6 +277,99 @@ CT_TEST(builtin_parts_load_lazily) {
     capex_cuda_context_destroy(ctx2);
 }
 
+/* Background compiles (capex_cuda_precompile_async, precompile = 2, and what an
+   optimizer's add_group starts): the threads compile into the disk cache, the
+   first use loads the module without compiling again, a launch right away
+   waits for (or takes over) its part, destroy waits for running compiles. */
+CT_TEST(builtin_parts_compile_in_background) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_context_desc cd;
+    capex_cuda_module *m = NULL;
+    capex_cuda_optim *opt = NULL;
+    capex_cuda_scaler *sc = NULL;
+    capex_optim_desc od;
+    capex_scaler_desc sd;
+    capex_optim_param pa;
+    capex_cuda_ptr x = 0, g = 0;
+    char dir[] = "/tmp/capex_bg_XXXXXX", dir2[] = "/tmp/capex_bg_XXXXXX";
+    float host[256];
+    const char *names[] = {"capex_norm_fwd", "capex_go_adam_bf16"}, *bad[] = {"capex_go_adam_f64"};
+    int p, np = capex_cuda_builtin_part_count(), loaded = 0, from_cache = 1;
+    OPEN_CTX(ctx); /* skips without a GPU */
+    capex_cuda_context_destroy(ctx);
+    CT_NEED_NVRTC();
+    CT_CHECK(mkdtemp(dir) != NULL && mkdtemp(dir2) != NULL, "temp dirs");
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    /* destroy while every part is queued or compiling: waits, frees (ASan) */
+    cd.cache_dir = dir2;
+    cd.precompile = 2;
+    OK(capex_cuda_context_create(&cd, &ctx));
+    capex_cuda_context_destroy(ctx);
+    rm_dir(dir2);
+    /* named kernels: their two parts only, into the cache; loaded on first use */
+    cd.cache_dir = dir;
+    cd.precompile = 0;
+    OK(capex_cuda_context_create(&cd, &ctx));
+    CT_CHECK(capex_cuda_precompile_async(ctx, bad, 1, 2) == CAPEX_ERR_NOT_FOUND && strstr(capex_last_error(), "adam_f64"),
+             "unknown kernel: %s", capex_last_error());
+    CT_CHECK(capex_cuda_precompile_async(ctx, NULL, 1, 2) == CAPEX_ERR_INVALID_ARG &&
+             capex_cuda_precompile_async(NULL, NULL, 0, 2) == CAPEX_ERR_INVALID_ARG &&
+             capex_cuda_precompile_wait(NULL) == CAPEX_ERR_INVALID_ARG, "bad arguments");
+    OK(capex_cuda_precompile_async(ctx, names, 2, 2));
+    OK(capex_cuda_precompile_wait(ctx));
+    for (p = 0; p < np; p++) loaded += capex_cuda_builtin_part_loaded(ctx, p);
+    CT_CHECK(count_entries(dir) == 2 && loaded == 0, "after the wait: %d cache entries (want 2), %d parts loaded (want 0)",
+             count_entries(dir), loaded);
+    OK(capex_cuda_builtin_part_module(ctx, capex_cuda_builtin_kernel_part("capex_norm_fwd"), &m));
+    OK(capex_cuda_module_info(m, NULL, &from_cache));
+    CT_CHECK(!from_cache && count_entries(dir) == 2, "norm_fwd: the thread's image (from_cache %d, %d entries)", from_cache,
+             count_entries(dir));
+    /* an optimizer's add_group starts what its step launches: the amp part (new)
+       and adam_bf16 (done already, not loaded yet); the scaler's part is amp */
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    capex_optim_param_init(&pa);
+    OK(capex_cuda_malloc(ctx, 256 * sizeof(float), &x));
+    OK(capex_cuda_malloc(ctx, 256 * 2, &g));
+    OK(capex_cuda_memset_u8(ctx, x, 0, 256 * sizeof(float), NULL));
+    OK(capex_cuda_memset_u8(ctx, g, 0, 256 * 2, NULL));
+    pa.param = (float *)(uintptr_t)x;
+    pa.grad = (const void *)(uintptr_t)g;
+    pa.grad_dtype = CAPEX_BF16;
+    pa.numel = 256;
+    OK(capex_cuda_optim_create(ctx, &od, &opt));
+    OK(capex_cuda_optim_add_group(opt, NULL, &pa, 1, NULL));
+    capex_scaler_desc_init(&sd);
+    OK(capex_cuda_scaler_create(ctx, &sd, &sc));
+    OK(capex_cuda_precompile_wait(ctx));
+    CT_CHECK(count_entries(dir) == 3, "after add_group: %d cache entries (want 3: + amp)", count_entries(dir));
+    OK(capex_cuda_builtin_part_module(ctx, capex_cuda_builtin_kernel_part("capex_go_prepare"), &m));
+    OK(capex_cuda_module_info(m, NULL, &from_cache));
+    CT_CHECK(!from_cache, "amp: compiled by a thread");
+    OK(capex_cuda_builtin_part_module(ctx, capex_cuda_builtin_kernel_part("capex_go_adam_bf16"), &m));
+    CT_CHECK(count_entries(dir) == 3, "adam_bf16: the earlier request's image, not compiled again (%d entries)", count_entries(dir));
+    capex_cuda_scaler_destroy(sc);
+    capex_cuda_optim_destroy(opt);
+    capex_cuda_free(ctx, g);
+    capex_cuda_free(ctx, x);
+    capex_cuda_context_destroy(ctx);
+    rm_dir(dir);
+    /* everything in the background, a fill at once (takes over or waits for its
+       part), then precompile takes the rest from the threads */
+    cd.cache_dir = cache_dir;
+    cd.precompile = 2;
+    OK(capex_cuda_context_create(&cd, &ctx));
+    OK(capex_cuda_malloc(ctx, sizeof host, &x));
+    OK(capex_cuda_fill_f32(ctx, x, 5.0f, 256, NULL));
+    OK(capex_cuda_memcpy_dtoh(ctx, host, x, sizeof host, NULL));
+    CT_CHECK(host[0] == 5.0f && host[255] == 5.0f, "fill during background compiles");
+    OK(capex_cuda_precompile(ctx, 2));
+    for (p = 0, loaded = 0; p < np; p++) loaded += capex_cuda_builtin_part_loaded(ctx, p);
+    CT_CHECK(loaded == np, "precompile after precompile = 2: %d of %d parts loaded", loaded, np);
+    capex_cuda_free(ctx, x);
+    capex_cuda_context_destroy(ctx);
+}
+
 CT_TEST(builtin_kernels_exact) {
     enum { N = 5000003, PAD = 64 }; /* not a multiple of 256; more than one grid-stride pass */
     capex_cuda_context *ctx = NULL;
@@ -580,6 +673,7 @@ static const ct_case cases[] = {
     CT_CASE(device_and_context),
     CT_CASE(cold_compile_cache_and_warm_reload_without_nvrtc),
     CT_CASE(builtin_parts_load_lazily),
+    CT_CASE(builtin_parts_compile_in_background),
     CT_CASE(builtin_kernels_exact),
     CT_CASE(conversions_match_cpu_bit_exact),
     CT_CASE(user_kernel_raw_kernel_style),
