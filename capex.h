@@ -959,6 +959,10 @@ typedef struct capex_optim_desc {
     uint64_t seed;                /* stochastic rounding seed (default 0) */
     capex_tensor_op_desc exec;    /* threads, chunk size, parallel threshold (tensor ops' settings) */
     const capex_allocator *allocator; /* moments and bookkeeping; NULL: CAPEX_MALLOC */
+    int lamb_low_memory;          /* LAMB on the CPU: 0 (default) keeps each update u (4 bytes per
+                                     parameter) between the two passes; 1 recomputes it in the
+                                     second pass (same bits, about 1.6x slower where division is
+                                     slow). The CUDA backend always recomputes. */
 } capex_optim_desc;
 
 /* One parameter tensor. exp_avg/exp_avg_sq may point at user buffers of numel
@@ -5040,6 +5044,7 @@ typedef struct capex__optim_group {
 typedef struct capex__optim_item {
     size_t tensor;
     int64_t off, n;
+    int64_t at;     /* first element over all tensors (LAMB's update buffer) */
 } capex__optim_item;
 
 /* Per-group constants of one step. */
@@ -5064,6 +5069,7 @@ struct capex_optim {
     capex_tensor *glist; /* LAMB: grads sorted by dtype, for capex_multi_tensor_sumsq */
     double *part;   /* LAMB: 2 partial sums per item */
     float *ratio;   /* LAMB: trust ratio per tensor */
+    float *lamb_u;  /* LAMB: the update u of every element between the passes (NULL: recomputed) */
     int64_t total;  /* elements over all tensors */
     int broken;     /* a load failed half-way: refuse to step */
     void *host_block; /* capex_cuda_optim_to_host: the param/model copies it owns */
@@ -5078,6 +5084,7 @@ typedef struct capex__optim_job {
     unsigned int key, base_lo;
     const capex__optim_gc *c;
     double *acc; /* LAMB: [0] sum p^2 or g^2, [1] sum u^2 */
+    float *u;    /* LAMB: the item's updates, written by stage 1, read by stage 2; NULL: recompute */
 } capex__optim_job;
 
 typedef void (*capex__optim_kfn)(const capex__optim_job *j);
@@ -5176,23 +5183,29 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
         CAPEX__OPT_PROLOGUE(GN);                                               \
         double ap[8] = {0, 0, 0, 0, 0, 0, 0, 0}, au[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sp, su; \
         int64_t l;                                                             \
-        for (i = 0; i + 8 <= n; i += 8) {                                      \
-            float pb[8], ub[8];                                                \
-            CAPEX__OPT_SIMD for (l = 0; l < 8; l++) {                          \
+        float ub[256];                                                         \
+        /* blocks of up to 256: the update loop and the squares loop each run  \
+           long enough to vectorise and overlap; lane l still sums elements l, \
+           l+8, ... in order (the bits of one 8-wide loop) */                  \
+        for (i = 0; i < n;) {                                                  \
+            int64_t nb = n - i < 256 ? n - i : 256, b;                         \
+            float *CAPEX__OPT_RESTRICT u = j->u ? j->u + i : ub;               \
+            CAPEX__OPT_SIMD for (l = 0; l < nb; l++) {                         \
                 float uu, pp;                                                  \
                 CAPEX__OPT_LAMB1_ELEM(GN, MODE, i + l);                        \
-                pb[l] = pp; ub[l] = uu;                                        \
+                u[l] = uu;                                                     \
+                (void)pp;                                                      \
             }                                                                  \
-            for (l = 0; l < 8; l++) {                                          \
-                ap[l] += (double)pb[l] * pb[l];                                \
-                au[l] += (double)ub[l] * ub[l];                                \
+            for (b = 0; b + 8 <= nb; b += 8)                                   \
+                for (l = 0; l < 8; l++) {                                      \
+                    ap[l] += (double)p[i + b + l] * p[i + b + l];              \
+                    au[l] += (double)u[b + l] * u[b + l];                      \
+                }                                                              \
+            for (l = 0; b + l < nb; l++) {                                     \
+                ap[l] += (double)p[i + b + l] * p[i + b + l];                  \
+                au[l] += (double)u[b + l] * u[b + l];                          \
             }                                                                  \
-        }                                                                      \
-        for (l = 0; i + l < n; l++) {                                          \
-            float uu, pp;                                                      \
-            CAPEX__OPT_LAMB1_ELEM(GN, MODE, i + l);                            \
-            ap[l] += (double)pp * pp;                                          \
-            au[l] += (double)uu * uu;                                          \
+            i += nb;                                                           \
         }                                                                      \
         sp = ((ap[0] + ap[1]) + (ap[2] + ap[3])) + ((ap[4] + ap[5]) + (ap[6] + ap[7])); \
         su = ((au[0] + au[1]) + (au[2] + au[3])) + ((au[4] + au[5]) + (au[6] + au[7])); \
@@ -5200,8 +5213,19 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
         j->acc[1] = su;                                                        \
     }
 
-/* LAMB stage 2: p -= ratio*u, u recomputed from the new m, v and old p. */
+/* LAMB stage 2: p -= ratio*u, u as stage 1 left it, or recomputed from the
+   new m, v and old p (the same operations: the same bits). */
 #define CAPEX__OPT_K_LAMB2(MN)                                                 \
+    CAPEX__PRIVATE void capex__k_lamb2_u_##MN(const capex__optim_job *j) {     \
+        CAPEX__OPT_PROLOGUE(f32);                                              \
+        const float r = j->ratio;                                              \
+        const float *CAPEX__OPT_RESTRICT u = j->u;                             \
+        CAPEX__OPT_SIMD for (i = 0; i < n; i++) {                              \
+            float pi = capex__lamb_apply(p[i], u[i], r);                       \
+            p[i] = pi;                                                         \
+            CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
+        }                                                                      \
+    }                                                                          \
     CAPEX__PRIVATE void capex__k_lamb2_l2_##MN(const capex__optim_job *j) {    \
         CAPEX__OPT_PROLOGUE(f32);                                              \
         const float r = j->ratio;                                              \
@@ -5235,9 +5259,10 @@ static const capex__optim_kfn capex__k_sgdm_tab[3][4] = CAPEX__OPT_TAB(capex__k_
 static const capex__optim_kfn capex__k_lamb1_tab[2][3] = {
     {capex__k_lamb1_l2_f32, capex__k_lamb1_l2_f16, capex__k_lamb1_l2_bf16},
     {capex__k_lamb1_w_f32, capex__k_lamb1_w_f16, capex__k_lamb1_w_bf16}};
-static const capex__optim_kfn capex__k_lamb2_tab[2][4] = {
+static const capex__optim_kfn capex__k_lamb2_tab[3][4] = {
     {capex__k_lamb2_l2_none, capex__k_lamb2_l2_f16, capex__k_lamb2_l2_bf16, capex__k_lamb2_l2_bf16sr},
-    {capex__k_lamb2_w_none, capex__k_lamb2_w_f16, capex__k_lamb2_w_bf16, capex__k_lamb2_w_bf16sr}};
+    {capex__k_lamb2_w_none, capex__k_lamb2_w_f16, capex__k_lamb2_w_bf16, capex__k_lamb2_w_bf16sr},
+    {capex__k_lamb2_u_none, capex__k_lamb2_u_f16, capex__k_lamb2_u_bf16, capex__k_lamb2_u_bf16sr}}; /* [2]: u kept */
 
 /* ---- public API ---- */
 
@@ -5434,6 +5459,7 @@ CAPEX_API void capex_optim_destroy(capex_optim *o) {
     capex__free(a, o->items);
     capex__free(a, o->part);
     capex__free(a, o->ratio);
+    capex__free(a, o->lamb_u);
     capex__free(a, o->glist);
     capex__free(a, o->host_block);
     {
@@ -5470,16 +5496,33 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         double *part = (double *)capex__alloc(a, 2 * (o->nitems + nitems) * sizeof *part);
         float *ratio = (float *)capex__alloc(a, (o->ntensors + n) * sizeof *ratio);
         capex_tensor *glist = (capex_tensor *)capex__alloc(a, (o->ntensors + n) * sizeof *glist);
+        float *lamb_u = NULL;
+        int64_t add = 0;
         (void)cg; (void)ci; (void)ct;
+        for (k = 0; k < n; k++) add += params[k].numel;
+        if (o->desc.kind == CAPEX_OPTIM_LAMB && !o->desc.lamb_low_memory && o->total + add > 0) {
+            if ((uint64_t)(o->total + add) > (uint64_t)(SIZE_MAX / sizeof(float))) {
+                capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
+                return capex__fail(CAPEX_ERR_LIMIT, "capex_optim_add_group: LAMB update buffer too large; set "
+                                   "desc.lamb_low_memory = 1");
+            }
+            lamb_u = (float *)capex__alloc(a, (size_t)(o->total + add) * sizeof(float));
+            if (!lamb_u) {
+                capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
+                return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory for LAMB's update "
+                                   "buffer (%lld floats); set desc.lamb_low_memory = 1 to recompute instead",
+                                   (long long)(o->total + add));
+            }
+        }
         if (!gc || !part || !ratio || !glist) {
-            capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
+            capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist); capex__free(a, lamb_u);
             return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
         }
         need_m = o->desc.kind != CAPEX_OPTIM_SGD || hp->momentum != 0.0f;
         need_v = o->desc.kind != CAPEX_OPTIM_SGD;
         bufs = (float **)capex__alloc(a, 2 * (n ? n : 1) * sizeof *bufs);
         if (!bufs) {
-            capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
+            capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist); capex__free(a, lamb_u);
             return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
         }
         memset(bufs, 0, 2 * (n ? n : 1) * sizeof *bufs);
@@ -5491,12 +5534,14 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         if (k < n) {
             for (k = 0; k < 2 * n; k++) capex__free(a, bufs[k]);
             capex__free(a, bufs); capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
+            capex__free(a, lamb_u);
             return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory for the moments");
         }
         capex__free(a, o->gc); o->gc = gc;
         capex__free(a, o->part); o->part = part;
         capex__free(a, o->ratio); o->ratio = ratio;
         capex__free(a, o->glist); o->glist = glist;
+        capex__free(a, o->lamb_u); o->lamb_u = lamb_u;
     }
     /* commit */
     t0 = o->ntensors;
@@ -5519,6 +5564,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
             o->items[it].tensor = t0 + k;
             o->items[it].off = off;
             o->items[it].n = capex__optim_item_len(t->p.numel, off, o->chunk);
+            o->items[it].at = o->total + off;
         }
         o->total += t->p.numel;
     }
@@ -5556,6 +5602,7 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
     j.ratio = o->ratio[item->tensor];
     j.c = &o->gc[t->group];
     j.acc = o->part + 2 * k;
+    j.u = o->lamb_u ? o->lamb_u + item->at : NULL;
     j.base_lo = (unsigned int)((uint64_t)item->off & 0xffffffffu);
     j.key = mi == 3 ? capex__sr_key((unsigned int)(o->desc.seed & 0xffffffffu), (unsigned int)(o->desc.seed >> 32),
                                     j.c->step_lo, j.c->step_hi, (unsigned int)item->tensor,
@@ -5569,7 +5616,7 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
         else capex__k_sgd_tab[gi][mi](&j);
         break;
     case CAPEX__OPT_PH_LAMB1: capex__k_lamb1_tab[w][gi](&j); break;
-    default: capex__k_lamb2_tab[w][mi](&j); break;
+    default: capex__k_lamb2_tab[j.u ? 2 : w][mi](&j); break;
     }
 }
 

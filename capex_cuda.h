@@ -4713,7 +4713,11 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
     if (!groups || !ps || !block) { r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn); goto done; }
     if (o->ngroups && (r = o->ex.dtoh(o->ex.user, groups, o->dgroups, o->ngroups * sizeof *groups, stream)) != CAPEX_OK)
         goto done;
-    if ((r = capex_optim_create(&o->desc, &h)) != CAPEX_OK) goto done;
+    {
+        capex_optim_desc hd = o->desc;
+        hd.lamb_low_memory = 1; /* a copy for checkpoints, never stepped: no LAMB update buffer */
+        if ((r = capex_optim_create(&hd, &h)) != CAPEX_OK) goto done;
+    }
     h->host_block = block; /* freed with h from here on */
     for (k = 0; k < o->nt; k++) {
         capex_optim_param *p = &ps[k];

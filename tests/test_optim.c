@@ -589,6 +589,57 @@ CT_TEST(same_bits_any_thread_count) {
 #endif
 }
 
+/* LAMB keeps each update u between its passes unless lamb_low_memory = 1,
+   which recomputes it: the same operations, so the same bits; both modes,
+   tensors of several items with ragged tails, and a second group added
+   later (the buffer grows, items keep their offsets). */
+CT_TEST(lamb_kept_update_matches_recompute) {
+    int w, s, t;
+    for (w = 0; w < 2; w++) {
+        rig a, b;
+        capex_optim_desc d;
+        capex_optim_param ps[2], extra[2];
+        float *xp[2], *xg[2];
+        int64_t i, xn = 70003;
+        if (rig_make(ct, &a, CAPEX_OPTIM_LAMB, 2, 1, 5, 2 * 65536 + 5, 70001) ||
+            rig_make(ct, &b, CAPEX_OPTIM_LAMB, 2, 1, 5, 2 * 65536 + 5, 70001))
+            return;
+        CT_CHECK(a.opt->lamb_u != NULL, "the default keeps the update");
+        for (t = 0; t < 2; t++) { /* rebuild both with this mode, b with lamb_low_memory */
+            rig *r = t ? &b : &a;
+            capex_optim_destroy(r->opt);
+            capex_optim_desc_init(&d, CAPEX_OPTIM_LAMB);
+            d.adam_w_mode = w; d.exec.num_threads = 2; d.exec.parallel_min_elements = 1;
+            d.stochastic_rounding = 1; d.seed = 5; d.defaults.weight_decay = 0.01f;
+            d.lamb_low_memory = t;
+            for (i = 0; i < 2; i++) {
+                capex_optim_param_init(&ps[i]);
+                ps[i].param = r->p[i]; ps[i].grad = r->g[i]; ps[i].grad_dtype = CAPEX_BF16;
+                ps[i].model = r->model[i]; ps[i].model_dtype = CAPEX_BF16; ps[i].numel = r->n[i];
+            }
+            xp[t] = (float *)malloc((size_t)xn * 4);
+            xg[t] = (float *)malloc((size_t)xn * 4);
+            CT_CHECK(xp[t] && xg[t], "memory");
+            for (i = 0; i < xn; i++) { xp[t][i] = (float)(i % 97) * 0.01f - 0.4f; xg[t][i] = (float)(i % 13) * 0.003f - 0.02f; }
+            capex_optim_param_init(&extra[t]);
+            extra[t].param = xp[t]; extra[t].grad = xg[t]; extra[t].numel = xn;
+            CT_CHECK(capex_optim_create(&d, &r->opt) == CAPEX_OK && capex_optim_add_group(r->opt, NULL, ps, 2, NULL) == CAPEX_OK &&
+                     capex_optim_add_group(r->opt, NULL, &extra[t], 1, NULL) == CAPEX_OK, "%.300s", capex_last_error());
+            CT_CHECK((r->opt->lamb_u != NULL) == !t, "mode %d: update buffer %p", t, (void *)r->opt->lamb_u);
+        }
+        for (s = 1; s <= 3; s++) {
+            rig_grads(&a, s); rig_grads(&b, s);
+            CT_CHECK(capex_optim_step(a.opt, 0.5f, 1.0f, 0) == CAPEX_OK && capex_optim_step(b.opt, 0.5f, 1.0f, 0) == CAPEX_OK,
+                     "%.300s", capex_last_error());
+        }
+        if (rig_same(ct, &a, &b, "kept vs recomputed update")) return;
+        for (i = 0; i < xn; i++)
+            CT_CHECK(f_bits(xp[0][i]) == f_bits(xp[1][i]), "w %d: second group element %lld differs", w, (long long)i);
+        free(xp[0]); free(xp[1]); free(xg[0]); free(xg[1]);
+        rig_free(&a); rig_free(&b);
+    }
+}
+
 CT_TEST(stochastic_rounding) {
     rig a, b, c, off;
     int64_t i, ups = 0, downs = 0, stochastic = 0;
@@ -975,7 +1026,7 @@ CT_TEST(math_source_for_cuda) {
 static const ct_case cases[] = {
     CT_CASE(adam_vs_float64), CT_CASE(lamb_vs_float64), CT_CASE(sgd_vs_float64), CT_CASE(apex_order_bitexact),
     CT_CASE(golden_torch_adamw), CT_CASE(golden_torch_adam_l2), CT_CASE(golden_torch_sgd), CT_CASE(golden_apex_lamb),
-    CT_CASE(found_inf_skips_bit_identical), CT_CASE(same_bits_any_thread_count), CT_CASE(stochastic_rounding),
+    CT_CASE(found_inf_skips_bit_identical), CT_CASE(same_bits_any_thread_count), CT_CASE(lamb_kept_update_matches_recompute), CT_CASE(stochastic_rounding),
     CT_CASE(stochastic_rounding_unbiased), CT_CASE(groups_own_step_counts_and_hparams),
     CT_CASE(user_buffers_and_zero_sizes), CT_CASE(bad_input), CT_CASE(resume_is_bit_identical),
     CT_CASE(load_validates_before_changing), CT_CASE(kernel_half_conversions_match_core),
