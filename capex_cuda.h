@@ -77,14 +77,17 @@
                         20 parts (capex_cuda_builtin_part_name), each its own program,
                         cache entry and module, compiled when one of its kernels is first
                         launched; capex_cuda_precompile (or context desc.precompile = 1)
-                        compiles all missing parts at once on threads.
+                        compiles all missing parts at once on threads;
+                        capex_cuda_precompile_async (desc.precompile = 2, and optimizers
+                        and scalers for what their step launches) on background threads.
 
    Thread safety: the loaders are thread-safe. A context may be used from several
    threads (its module cache is locked); streams follow CUDA's rules. The compile
    switches LC_NUMERIC to "C" only when it is not already "C" (setlocale is
    process-wide: do not change locales in other threads during a compile); the
    parallel compiles (capex_cuda_precompile, capex_cuda_builtin_compile_parts)
-   switch it once, on the calling thread, around all their worker threads.
+   switch it once, on the calling thread, around all their worker threads;
+   background compile threads set "C" as their own locale (uselocale) instead.
 
    License: MIT, see the end of capex.h.
 */
