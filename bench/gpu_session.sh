@@ -6,7 +6,7 @@
 #   bench/gpu_session.sh [STAGE...]     stages, in the order given:
 #     build     make -j all tests (also bench_gpu)
 #     test      make gpu-test (every GPU test; a failure is logged, not fatal)
-#     info      capex_info: versions, arch, cold and warm JIT compile
+#     info      capex_info --parts: versions, arch, cold/warm JIT, first AdamW step, per-part times
 #     example   make run on the GPU (O0 vs O2 fp16/bf16), loss chart
 #     sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
 #     bench     make bench-gpu: kernels vs copy bandwidth vs PyTorch
@@ -45,7 +45,7 @@ for s in "$@"; do
     test) stage test "make gpu-test" ;;
     info)
         rm -rf "$CAPEX_CACHE_DIR"
-        stage info "build/examples/capex_info" ;;
+        stage info "build/examples/capex_info --parts" ;;  # + each part alone: the largest bounds a parallel cold compile
     example)
         stage example "make run && cp build/loss_curve.svg '$OUT/loss_curve.svg'" ;;
     sanitize)
