@@ -961,8 +961,8 @@ typedef struct capex_optim_desc {
     const capex_allocator *allocator; /* moments and bookkeeping; NULL: CAPEX_MALLOC */
     int lamb_low_memory;          /* LAMB on the CPU: 0 (default) keeps each update u (4 bytes per
                                      parameter) between the two passes; 1 recomputes it in the
-                                     second pass (same bits, about 1.6x slower where division is
-                                     slow). The CUDA backend always recomputes. */
+                                     second pass (same bits; 1.25x slower on the 2-core Zen 1 VM
+                                     of bench/RESULTS.md). The CUDA backend always recomputes. */
 } capex_optim_desc;
 
 /* One parameter tensor. exp_avg/exp_avg_sq may point at user buffers of numel
@@ -1624,8 +1624,8 @@ CAPEX_API void capex_clear_error(void) { capex__error_message[0] = '\0'; }
    sites read `return capex__fail(CAPEX_ERR_..., "what; how to fix", ...);`.
    A macro so that the compiler sees each failing path return its (nonzero)
    status: with CAPEX_STATIC and -O2, gcc would otherwise warn that outputs
-   set only on success "may be used uninitialized" in the caller. code must
-   be free of side effects (it is evaluated once, after the message). */
+   set only on success "may be used uninitialized" in the caller. code is
+   evaluated once, after the message is recorded. */
 CAPEX__PRIVATE void capex__fail_msg(const char *fmt, ...) CAPEX__PRINTF(1, 2);
 CAPEX__PRIVATE void capex__fail_msg(const char *fmt, ...) {
     va_list ap;
@@ -5491,51 +5491,41 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         return r;
     {
         /* per-group constants, per-item partials, per-tensor ratios: resized to fit */
-        size_t cg = 0, ci = 0, ct = 0;
         capex__optim_gc *gc = (capex__optim_gc *)capex__alloc(a, (o->ngroups + 1) * sizeof *gc);
         double *part = (double *)capex__alloc(a, 2 * (o->nitems + nitems) * sizeof *part);
         float *ratio = (float *)capex__alloc(a, (o->ntensors + n) * sizeof *ratio);
         capex_tensor *glist = (capex_tensor *)capex__alloc(a, (o->ntensors + n) * sizeof *glist);
         float *lamb_u = NULL;
-        int64_t add = 0;
-        (void)cg; (void)ci; (void)ct;
-        for (k = 0; k < n; k++) add += params[k].numel;
-        if (o->desc.kind == CAPEX_OPTIM_LAMB && !o->desc.lamb_low_memory && o->total + add > 0) {
-            if ((uint64_t)(o->total + add) > (uint64_t)(SIZE_MAX / sizeof(float))) {
-                capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
-                return capex__fail(CAPEX_ERR_LIMIT, "capex_optim_add_group: LAMB update buffer too large; set "
-                                   "desc.lamb_low_memory = 1");
-            }
-            lamb_u = (float *)capex__alloc(a, (size_t)(o->total + add) * sizeof(float));
-            if (!lamb_u) {
-                capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
-                return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory for LAMB's update "
-                                   "buffer (%lld floats); set desc.lamb_low_memory = 1 to recompute instead",
-                                   (long long)(o->total + add));
-            }
-        }
-        if (!gc || !part || !ratio || !glist) {
-            capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist); capex__free(a, lamb_u);
-            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
-        }
+        int64_t total = o->total;
+        int keep_u = o->desc.kind == CAPEX_OPTIM_LAMB && !o->desc.lamb_low_memory;
+        for (k = 0; k < n; k++) total += params[k].numel;
         need_m = o->desc.kind != CAPEX_OPTIM_SGD || hp->momentum != 0.0f;
         need_v = o->desc.kind != CAPEX_OPTIM_SGD;
-        bufs = (float **)capex__alloc(a, 2 * (n ? n : 1) * sizeof *bufs);
-        if (!bufs) {
-            capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist); capex__free(a, lamb_u);
-            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
+        bufs = NULL;
+        if (!gc || !part || !ratio || !glist) {
+            r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
+        } else if (keep_u && (uint64_t)total > (uint64_t)(SIZE_MAX / sizeof(float))) {
+            r = capex__fail(CAPEX_ERR_LIMIT, "capex_optim_add_group: LAMB update buffer too large; set desc.lamb_low_memory = 1");
+        } else if (keep_u && total > 0 && !(lamb_u = (float *)capex__alloc(a, (size_t)total * sizeof(float)))) {
+            r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory for LAMB's update buffer (%lld "
+                            "floats); set desc.lamb_low_memory = 1 to recompute instead", (long long)total);
+        } else if (!(bufs = (float **)capex__alloc(a, 2 * (n ? n : 1) * sizeof *bufs))) {
+            r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
+        } else {
+            memset(bufs, 0, 2 * (n ? n : 1) * sizeof *bufs);
+            for (k = 0; k < n; k++) {
+                size_t bytes = (size_t)params[k].numel * sizeof(float);
+                if (need_m && !params[k].exp_avg && !(bufs[2 * k] = (float *)capex__alloc(a, bytes))) break;
+                if (need_v && !params[k].exp_avg_sq && !(bufs[2 * k + 1] = (float *)capex__alloc(a, bytes))) break;
+            }
+            if (k < n) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory for the moments");
         }
-        memset(bufs, 0, 2 * (n ? n : 1) * sizeof *bufs);
-        for (k = 0; k < n; k++) {
-            size_t bytes = (size_t)params[k].numel * sizeof(float);
-            if (need_m && !params[k].exp_avg && !(bufs[2 * k] = (float *)capex__alloc(a, bytes))) break;
-            if (need_v && !params[k].exp_avg_sq && !(bufs[2 * k + 1] = (float *)capex__alloc(a, bytes))) break;
-        }
-        if (k < n) {
-            for (k = 0; k < 2 * n; k++) capex__free(a, bufs[k]);
+        if (r != CAPEX_OK) { /* nothing of the optimizer changed */
+            if (bufs)
+                for (k = 0; k < 2 * n; k++) capex__free(a, bufs[k]);
             capex__free(a, bufs); capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
             capex__free(a, lamb_u);
-            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory for the moments");
+            return r;
         }
         capex__free(a, o->gc); o->gc = gc;
         capex__free(a, o->part); o->part = part;

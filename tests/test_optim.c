@@ -747,6 +747,67 @@ CT_TEST(groups_own_step_counts_and_hparams) {
     CT_CHECK(n_alloc > 0 && n_alloc == n_free, "allocator: %d allocs, %d frees", n_alloc, n_free);
 }
 
+/* add_group when the k-th allocation fails, for every k: CAPEX_ERR_OUT_OF_MEMORY,
+   the optimizer unchanged (still steps its first group, bit-identical to one
+   that never failed), nothing leaked. LAMB, with and without its update buffer. */
+static int fail_at;
+static int n_tries;
+static void *failing_alloc(size_t n, void *u) {
+    (void)u;
+    if (n_tries++ == fail_at) return NULL;
+    n_alloc++;
+    return malloc(n);
+}
+
+CT_TEST(add_group_out_of_memory_changes_nothing) {
+    int low, k, i;
+    for (low = 0; low < 2; low++) {
+        for (k = 0;; k++) {
+            capex_optim_desc d;
+            capex_optim *opt, *ref;
+            capex_optim_param pa, pb;
+            float a[70], ar[70], b[70], ga[70];
+            capex_allocator al;
+            capex_result r;
+            for (i = 0; i < 70; i++) { a[i] = ar[i] = b[i] = 0.01f * (float)i; ga[i] = 0.003f * (float)(i % 7) - 0.01f; }
+            al.alloc = failing_alloc; al.free = count_free; al.user_data = NULL;
+            capex_optim_desc_init(&d, CAPEX_OPTIM_LAMB);
+            d.lamb_low_memory = low;
+            d.exec.chunk_size = 16; /* several items per tensor */
+            CT_CHECK(capex_optim_create(&d, &ref) == CAPEX_OK, "%.300s", capex_last_error());
+            d.allocator = &al;
+            n_alloc = n_free = n_tries = 0;
+            fail_at = -1;
+            CT_CHECK(capex_optim_create(&d, &opt) == CAPEX_OK, "%.300s", capex_last_error());
+            capex_optim_param_init(&pa); pa.param = a; pa.grad = ga; pa.numel = 70;
+            capex_optim_param_init(&pb); pb.param = b; pb.grad = ga; pb.numel = 70;
+            CT_CHECK(capex_optim_add_group(opt, NULL, &pa, 1, NULL) == CAPEX_OK, "%.300s", capex_last_error());
+            pa.param = ar;
+            CT_CHECK(capex_optim_add_group(ref, NULL, &pa, 1, NULL) == CAPEX_OK, "%.300s", capex_last_error());
+            fail_at = n_tries + k;
+            r = capex_optim_add_group(opt, NULL, &pb, 1, NULL);
+            fail_at = -1;
+            if (r == CAPEX_OK) {
+                CT_CHECK(k >= 4, "add_group made only %d allocations", k);
+                capex_optim_destroy(opt);
+                capex_optim_destroy(ref);
+                CT_CHECK(n_alloc == n_free, "allocator: %d allocs, %d frees", n_alloc, n_free);
+                break;
+            }
+            CT_CHECK(r == CAPEX_ERR_OUT_OF_MEMORY && strstr(capex_last_error(), "out of memory"),
+                     "allocation %d failing: %s: %s", k, capex_result_string(r), capex_last_error());
+            CT_CHECK(capex_optim_num_groups(opt) == 1, "allocation %d failing: %zu groups", k, capex_optim_num_groups(opt));
+            CT_CHECK(capex_optim_step(opt, 1, 1, 0) == CAPEX_OK && capex_optim_step(ref, 1, 1, 0) == CAPEX_OK, "%.300s",
+                     capex_last_error());
+            for (i = 0; i < 70; i++)
+                CT_CHECK(f_bits(a[i]) == f_bits(ar[i]), "allocation %d failing: the first group stepped differently", k);
+            capex_optim_destroy(opt);
+            capex_optim_destroy(ref);
+            CT_CHECK(n_alloc == n_free, "allocation %d failing: %d allocs, %d frees", k, n_alloc, n_free);
+        }
+    }
+}
+
 CT_TEST(user_buffers_and_zero_sizes) {
     capex_optim_desc d;
     capex_optim *opt;
@@ -1026,7 +1087,7 @@ CT_TEST(math_source_for_cuda) {
 static const ct_case cases[] = {
     CT_CASE(adam_vs_float64), CT_CASE(lamb_vs_float64), CT_CASE(sgd_vs_float64), CT_CASE(apex_order_bitexact),
     CT_CASE(golden_torch_adamw), CT_CASE(golden_torch_adam_l2), CT_CASE(golden_torch_sgd), CT_CASE(golden_apex_lamb),
-    CT_CASE(found_inf_skips_bit_identical), CT_CASE(same_bits_any_thread_count), CT_CASE(lamb_kept_update_matches_recompute), CT_CASE(stochastic_rounding),
+    CT_CASE(found_inf_skips_bit_identical), CT_CASE(same_bits_any_thread_count), CT_CASE(lamb_kept_update_matches_recompute), CT_CASE(add_group_out_of_memory_changes_nothing), CT_CASE(stochastic_rounding),
     CT_CASE(stochastic_rounding_unbiased), CT_CASE(groups_own_step_counts_and_hparams),
     CT_CASE(user_buffers_and_zero_sizes), CT_CASE(bad_input), CT_CASE(resume_is_bit_identical),
     CT_CASE(load_validates_before_changing), CT_CASE(kernel_half_conversions_match_core),
