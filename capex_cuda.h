@@ -2684,17 +2684,22 @@ typedef struct capex__cuda_pool {
     pthread_mutex_t lock;
 } capex__cuda_pool;
 
+/* The compile of built-in part p for device_cc, through cache (NULL: none). */
+CAPEX__PRIVATE void capex__cuda_part_desc(int p, int device_cc, capex_cuda_cache *cache, capex_cuda_compile_desc *d) {
+    int n_opts = 0;
+    capex_cuda_compile_desc_init(d);
+    d->source = capex__cuda_part_text[p];
+    d->name = capex__cuda_part_prog[p];
+    d->options = capex_cuda_builtin_options(&n_opts);
+    d->n_options = n_opts;
+    d->device_cc = device_cc;
+    d->cache = cache;
+}
+
 /* Compiles (or reads from the disk cache) job j's part: NVRTC only, no CUDA call. */
 CAPEX__PRIVATE void capex__cuda_pjob_run(capex__cuda_pjob *j, int device_cc) {
     capex_cuda_compile_desc d;
-    int n_opts = 0;
-    capex_cuda_compile_desc_init(&d);
-    d.source = capex__cuda_part_text[j->part];
-    d.name = capex__cuda_part_prog[j->part];
-    d.options = capex_cuda_builtin_options(&n_opts);
-    d.n_options = n_opts;
-    d.device_cc = device_cc;
-    d.cache = j->use_cache ? &j->cache : NULL;
+    capex__cuda_part_desc(j->part, device_cc, j->use_cache ? &j->cache : NULL, &d);
     j->r = d.source ? capex__cuda_compile(&d, j->skip_read, &j->img)
                     : capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "could not assemble the built-in kernel source");
     if (j->r != CAPEX_OK) capex__cuda_fmt(j->err, sizeof j->err, "%s", capex_last_error());
@@ -2815,28 +2820,7 @@ struct capex_cuda_module {
     struct capex_cuda_module *next;
 };
 
-struct capex_cuda_context {
-    capex_cuda_device_info info;
-    int device;                  /* CUdevice */
-    void *cu_ctx;                /* the primary CUcontext */
-    int device_cc;
-    capex_allocator alloc;
-    int has_alloc;
-    capex_cuda_cache cache;
-    pthread_mutex_t lock;        /* guards modules, part, builtin_fn and cache.warned */
-    capex_cuda_module *modules;
-    capex_cuda_module *part[CAPEX__CUDA_N_PARTS]; /* built-in parts loaded so far */
-    void *builtin_fn[CAPEX__CUDA_N_BUILTIN];      /* set for the kernels of loaded parts */
-    struct capex__cuda_bg *bg;   /* background compiles (capex_cuda_precompile_async) */
-};
-
-/* ---- background compiles of built-in parts -----------------------------------
-   Requests queue parts; worker threads take them (heaviest first) and run
-   NVRTC and the disk cache, with no CUDA call and without the context lock, so
-   the caller's launches and copies go on. The first thread that needs a part
-   (with the context lock held) takes the result and loads the module: a queued
-   part it compiles itself, a running one it waits for. Lock order: ctx->lock,
-   then bg->lock; workers take only bg->lock. */
+/* Background compiles of one context (see capex__cuda_bg_request below). */
 enum { CAPEX__BG_NONE, CAPEX__BG_QUEUED, CAPEX__BG_RUNNING, CAPEX__BG_DONE };
 #define CAPEX__BG_MAX_THREADS 64
 typedef struct capex__cuda_bg {
@@ -2849,6 +2833,29 @@ typedef struct capex__cuda_bg {
     pthread_t thread[CAPEX__BG_MAX_THREADS];
     int n_threads, active, stop;             /* threads started (not joined), still working; destroying */
 } capex__cuda_bg;
+
+struct capex_cuda_context {
+    capex_cuda_device_info info;
+    int device;                  /* CUdevice */
+    void *cu_ctx;                /* the primary CUcontext */
+    int device_cc;
+    capex_allocator alloc;
+    int has_alloc;
+    capex_cuda_cache cache;
+    pthread_mutex_t lock;        /* guards modules, part, builtin_fn and cache.warned */
+    capex_cuda_module *modules;
+    capex_cuda_module *part[CAPEX__CUDA_N_PARTS]; /* built-in parts loaded so far */
+    void *builtin_fn[CAPEX__CUDA_N_BUILTIN];      /* set for the kernels of loaded parts */
+    capex__cuda_bg bg;           /* background compiles (capex_cuda_precompile_async) */
+};
+
+/* ---- background compiles of built-in parts -----------------------------------
+   Requests queue parts; worker threads take them (heaviest first) and run
+   NVRTC and the disk cache, with no CUDA call and without the context lock, so
+   the caller's launches and copies go on. The first thread that needs a part
+   (with the context lock held) takes the result and loads the module: a queued
+   part it compiles itself, a running one it waits for. Lock order: ctx->lock,
+   then bg->lock; workers take only bg->lock. */
 
 CAPEX__PRIVATE int capex__cuda_bg_next_locked(capex__cuda_bg *bg) {
     int p, best = -1;
@@ -2894,7 +2901,7 @@ CAPEX__PRIVATE void capex__cuda_bg_locale_leave(capex__cuda_bg_locale *l) {
 
 CAPEX__PRIVATE void *capex__cuda_bg_work(void *arg) {
     capex_cuda_context *ctx = (capex_cuda_context *)arg;
-    capex__cuda_bg *bg = ctx->bg;
+    capex__cuda_bg *bg = &ctx->bg;
     capex__cuda_bg_locale loc;
     int c_ok = capex__cuda_bg_locale_enter(&loc);
     pthread_mutex_lock(&bg->lock);
@@ -2918,7 +2925,7 @@ CAPEX__PRIVATE void *capex__cuda_bg_work(void *arg) {
 /* Queues the parts with want[p] set that are neither loaded nor queued and
    starts threads for them. Called without ctx->lock. */
 CAPEX__PRIVATE void capex__cuda_bg_request(capex_cuda_context *ctx, const int *want, int n_threads) {
-    capex__cuda_bg *bg = ctx->bg;
+    capex__cuda_bg *bg = &ctx->bg;
     capex_cuda_cache cache;
     int loaded[CAPEX__CUDA_N_PARTS], i, queued = 0;
     pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
@@ -2959,7 +2966,7 @@ CAPEX__PRIVATE void capex__cuda_bg_request(capex_cuda_context *ctx, const int *w
    caller's), 0 when the caller must compile (never queued, or queued but not
    started: taken off the queue). Waits for a running compile. */
 CAPEX__PRIVATE int capex__cuda_bg_claim(capex_cuda_context *ctx, int p, capex__cuda_pjob *job) {
-    capex__cuda_bg *bg = ctx->bg;
+    capex__cuda_bg *bg = &ctx->bg;
     int got;
     pthread_mutex_lock(&bg->lock);
     if (bg->state[p] == CAPEX__BG_QUEUED) bg->state[p] = CAPEX__BG_NONE;
@@ -3007,7 +3014,7 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
     capex_cuda_context_desc def;
     capex_cuda_context *ctx;
     capex_result r;
-    int count = 0, ordinal;
+    int count = 0, ordinal, locks;
     capex__CUresult cr;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: out is NULL");
     *out = NULL;
@@ -3061,29 +3068,18 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
         capex__free(desc->allocator, ctx);
         return capex__cu_fail(cr, "cuDevicePrimaryCtxRetain", "another process may hold the GPU in exclusive mode");
     }
-    if (pthread_mutex_init(&ctx->lock, NULL) != 0) {
+    locks = pthread_mutex_init(&ctx->lock, NULL) == 0;
+    locks += locks == 1 && pthread_mutex_init(&ctx->bg.lock, NULL) == 0;
+    locks += locks == 2 && pthread_cond_init(&ctx->bg.cv, NULL) == 0;
+    if (locks < 3) {
+        if (locks > 1) pthread_mutex_destroy(&ctx->bg.lock);
+        if (locks > 0) pthread_mutex_destroy(&ctx->lock);
         capex__cuda_drv.cuDevicePrimaryCtxRelease_v2(ctx->device);
         capex__free(desc->allocator, ctx);
-        return capex__fail(CAPEX_ERR_INTERNAL, "capex_cuda_context_create: pthread_mutex_init failed");
+        return capex__fail(CAPEX_ERR_INTERNAL, "capex_cuda_context_create: pthread_mutex_init/cond_init failed");
     }
     capex_cuda_cache_init(&ctx->cache, desc->cache_dir);
     if (!desc->disk_cache) ctx->cache.enabled = 0;
-    ctx->bg = (capex__cuda_bg *)capex__alloc(desc->allocator, sizeof *ctx->bg);
-    if (ctx->bg) {
-        memset(ctx->bg, 0, sizeof *ctx->bg);
-        if (pthread_mutex_init(&ctx->bg->lock, NULL) != 0) {
-            capex__free(desc->allocator, ctx->bg);
-            ctx->bg = NULL;
-        } else if (pthread_cond_init(&ctx->bg->cv, NULL) != 0) {
-            pthread_mutex_destroy(&ctx->bg->lock);
-            capex__free(desc->allocator, ctx->bg);
-            ctx->bg = NULL;
-        }
-    }
-    if (!ctx->bg) {
-        capex_cuda_context_destroy(ctx);
-        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_context_create: out of memory (compile state)");
-    }
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK ||
         (desc->precompile == 1 && (r = capex_cuda_precompile(ctx, 0)) != CAPEX_OK) ||
         (desc->precompile == 2 && (r = capex_cuda_precompile_async(ctx, NULL, 0, 0)) != CAPEX_OK)) {
@@ -3097,13 +3093,9 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
 CAPEX_API void capex_cuda_context_destroy(capex_cuda_context *ctx) {
     capex_cuda_module *m, *next;
     if (!ctx) return;
-    if (ctx->bg) {
-        capex__cuda_bg_stop(ctx->bg);
-        pthread_cond_destroy(&ctx->bg->cv);
-        pthread_mutex_destroy(&ctx->bg->lock);
-        capex__free(ctx->has_alloc ? &ctx->alloc : NULL, ctx->bg);
-        ctx->bg = NULL;
-    }
+    capex__cuda_bg_stop(&ctx->bg);
+    pthread_cond_destroy(&ctx->bg.cv);
+    pthread_mutex_destroy(&ctx->bg.lock);
     capex__cuda_enter(ctx);
     for (m = ctx->modules; m; m = next) {
         next = m->next;
@@ -3475,15 +3467,8 @@ CAPEX__PRIVATE capex_result capex__cuda_part_load_image_locked(capex_cuda_contex
     capex_cuda_compile_desc d;
     capex_cuda_module *m = NULL;
     unsigned char key[32];
-    int n_opts = 0;
     capex_result r = CAPEX_OK;
-    capex_cuda_compile_desc_init(&d);
-    d.source = capex__cuda_part_text[p];
-    d.name = capex__cuda_part_prog[p];
-    d.options = capex_cuda_builtin_options(&n_opts);
-    d.n_options = n_opts;
-    d.device_cc = ctx->device_cc;
-    d.cache = &ctx->cache;
+    capex__cuda_part_desc(p, ctx->device_cc, &ctx->cache, &d);
     capex__cuda_cache_key(d.source, d.name, d.options, d.n_options, ctx->device_cc, key);
     if ((m = capex__cuda_module_find_locked(ctx, key)) != NULL) capex_cuda_image_free(img);
     else r = capex__cuda_module_load_locked(ctx, key, &d, img, &m);
@@ -3501,7 +3486,7 @@ CAPEX__PRIVATE capex_result capex__cuda_part_load_locked(capex_cuda_context *ctx
     capex__cuda_pjob job;
     if (p >= CAPEX__CUDA_N_PARTS) return capex__fail(CAPEX_ERR_INTERNAL, "built-in part %u does not exist", p);
     if (ctx->part[p]) return CAPEX_OK;
-    if (ctx->bg && capex__cuda_bg_claim(ctx, (int)p, &job)) {
+    if (capex__cuda_bg_claim(ctx, (int)p, &job)) {
         if ((r = capex__cuda_pool_status(&job, 1, &ctx->cache)) != CAPEX_OK) return r;
         return capex__cuda_part_load_image_locked(ctx, (int)p, &job.img);
     }
@@ -3551,13 +3536,13 @@ CAPEX_API capex_result capex_cuda_precompile(capex_cuda_context *ctx, int n_thre
     pthread_mutex_unlock(&ctx->lock);
     if (!missing) return CAPEX_OK;
     /* parts a background thread is compiling (or has compiled) are taken from it below */
-    pthread_mutex_lock(&ctx->bg->lock);
+    pthread_mutex_lock(&ctx->bg.lock);
     for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) {
-        if (ctx->bg->state[i] == CAPEX__BG_QUEUED) ctx->bg->state[i] = CAPEX__BG_NONE;
-        in_bg[i] = want[i] && ctx->bg->state[i] != CAPEX__BG_NONE;
+        if (ctx->bg.state[i] == CAPEX__BG_QUEUED) ctx->bg.state[i] = CAPEX__BG_NONE;
+        in_bg[i] = want[i] && ctx->bg.state[i] != CAPEX__BG_NONE;
         if (in_bg[i]) want[i] = 0;
     }
-    pthread_mutex_unlock(&ctx->bg->lock);
+    pthread_mutex_unlock(&ctx->bg.lock);
     jobs = (capex__cuda_pjob *)CAPEX_MALLOC(sizeof *jobs * CAPEX__CUDA_N_PARTS);
     if (!jobs) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_precompile: out of memory");
     n = capex__cuda_pool_jobs(jobs, want, &cache);
@@ -3598,7 +3583,7 @@ CAPEX_API capex_result capex_cuda_precompile_wait(capex_cuda_context *ctx) {
     capex_result r = CAPEX_OK;
     int p, busy = 1;
     if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_precompile_wait: context is NULL");
-    bg = ctx->bg;
+    bg = &ctx->bg;
     pthread_mutex_lock(&bg->lock);
     while (busy) {
         busy = 0;
