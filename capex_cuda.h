@@ -31,15 +31,18 @@
        LOCAL_RANK        GPU ordinal when capex_cuda_context_desc.device is -1
                          (torchrun, mpirun wrappers set it); unset means GPU 0. With
                          CUDA_VISIBLE_DEVICES set and one GPU visible (a launcher that
-                         binds a GPU per process), that GPU whatever LOCAL_RANK says.
+                         binds a GPU per process), that GPU whatever ordinal LOCAL_RANK
+                         gives. A LOCAL_RANK that is not a number is CAPEX_ERR_CONFIG.
        CAPEX_LIBCUDA_PATH  load exactly this driver library instead of libcuda.so.1.
        CAPEX_NVRTC_PATH  load exactly this NVRTC library (no search). Otherwise the
-                         sonames libnvrtc.so.13, .12, .11.2, .11.1, .11.0, libnvrtc.so are
-                         tried, then $CUDA_HOME/lib64, $CUDA_PATH/lib64,
-                         /usr/local/cuda/lib64, /usr/local/cuda/targets/x86_64-linux/lib,
+                         sonames libnvrtc.so.13, .12, .11.2, libnvrtc.so are tried, then
+                         libnvrtc.so.* in $CUDA_HOME/lib64, $CUDA_PATH/lib64,
+                         /usr/local/cuda/lib64, /usr/local/cuda/targets/{x86_64,sbsa}-linux/lib,
                          /opt/cuda/lib64 (a toolkit without ldconfig entries). When the
-                         driver is already loaded, sonames no newer than its CUDA major
-                         version go first (a driver cannot load newer-major code).
+                         driver is already loaded, candidates no newer than its CUDA
+                         major version go first, wherever they are (a driver cannot load
+                         newer-major code). A library that opens but is unusable (too
+                         old, no architecture list) is skipped, with its reason listed.
        CAPEX_NCCL_PATH   load exactly this NCCL library instead of libnccl.so.2.
        CAPEX_CACHE_DIR   kernel cache directory; set but empty disables the disk cache.
                          Default $XDG_CACHE_HOME/capex, else $HOME/.cache/capex.
@@ -71,7 +74,9 @@
                         only the driver runs from a cache filled elsewhere. The NVRTC
                         version is recorded, not keyed: after a toolkit upgrade old entries
                         (valid code for the same GPU) are kept; delete the directory to
-                        rebuild them. An unwritable directory warns once and runs uncached.
+                        rebuild them. An unwritable directory (or a path over 1023
+                        bytes) warns once and runs uncached. Writes remove temp files
+                        over an hour old that a killed writer left.
        Built-in kernels  fill, scale, add and f32<->f16/bf16 conversion (bit-exact with
                         capex.h's CPU conversions), the fused optimizers and the norms, in
                         20 parts (capex_cuda_builtin_part_name), each its own program,
@@ -82,12 +87,13 @@
                         and scalers for what their step launches) on background threads.
 
    Thread safety: the loaders are thread-safe. A context may be used from several
-   threads (its module cache is locked); streams follow CUDA's rules. The compile
-   switches LC_NUMERIC to "C" only when it is not already "C" (setlocale is
-   process-wide: do not change locales in other threads during a compile); the
-   parallel compiles (capex_cuda_precompile, capex_cuda_builtin_compile_parts)
-   switch it once, on the calling thread, around all their worker threads;
-   background compile threads set "C" as their own locale (uselocale) instead.
+   threads (its module cache is locked); streams follow CUDA's rules. Compiles
+   may run on several threads at once: each sets LC_NUMERIC "C" for its own
+   thread only (uselocale), so neither other compiles nor the program's threads
+   see a locale change. (Only where <locale.h> lacks uselocale, in strict C99
+   with a system header included before capex, is the process locale switched,
+   under a lock, while any compile runs; background threads then compile only
+   if the process is in "C" already.)
 
    License: MIT, see the end of capex.h.
 */
@@ -214,7 +220,7 @@ CAPEX_API capex_result capex_cuda_builtin_compile_parts(int device_cc, capex_cud
 typedef struct capex_cuda_context capex_cuda_context;  /* opaque */
 
 typedef struct capex_cuda_context_desc {
-    int device;                  /* GPU ordinal; -1 (default): $LOCAL_RANK, else 0 */
+    int device;                  /* GPU ordinal; -1 (default): $LOCAL_RANK, else 0; < -1 is an error */
     const char *cache_dir;       /* NULL (default): environment default; "": none */
     int disk_cache;              /* 1 (default); 0 disables the disk cache */
     const capex_allocator *allocator;  /* host allocations; NULL: CAPEX_MALLOC */
@@ -618,6 +624,8 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
 #include <unistd.h>
 #include <sys/types.h>
 #include <sys/stat.h>
+#include <dirent.h>
+#include <time.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -645,6 +653,16 @@ CAPEX__PRIVATE void capex__cuda_fmt(char *buf, size_t cap, const char *fmt, ...)
     vsnprintf(buf, cap, fmt, ap);
     va_end(ap);
 }
+
+/* Flags written once by a loader and read without its pthread_once (release /
+   acquire, so a reader that sees the flag sees what was stored before it). */
+#if defined(__GNUC__) || defined(__clang__)
+#define CAPEX__ATOMIC_LOAD_INT(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define CAPEX__ATOMIC_STORE_INT(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#else
+#define CAPEX__ATOMIC_LOAD_INT(p) (*(volatile int *)(p))
+#define CAPEX__ATOMIC_STORE_INT(p, v) (*(volatile int *)(p) = (v))
+#endif
 
 /* dlsym result -> function pointer without the object/function pointer cast
    that ISO C leaves undefined (POSIX guarantees the representation). */
@@ -808,7 +826,7 @@ typedef struct capex__cuda_driver_lib {
 static capex__cuda_driver_lib capex__cuda_drv;
 static pthread_once_t capex__cuda_drv_once = PTHREAD_ONCE_INIT;
 /* The driver's version once it loaded (read by the NVRTC loader without loading it). */
-static volatile int capex__cuda_drv_version_seen = 0;
+static int capex__cuda_drv_version_seen = 0;
 
 CAPEX__PRIVATE void capex__cuda_drv_load(void) {
     capex__cuda_driver_lib *d = &capex__cuda_drv;
@@ -854,7 +872,9 @@ CAPEX__PRIVATE void capex__cuda_drv_load(void) {
                  "CUDA driver %s lacks %s: the driver is too old for capex (needs CUDA 11.0 or newer); "
                  "update the NVIDIA driver", path, missing);
         dlclose(d->lib);
+        /* no pointer into the unmapped library may survive (capex__cu_fail tests them) */
         d->lib = NULL;
+        memset((char *)d + offsetof(capex__cuda_driver_lib, cuInit), 0, sizeof *d - offsetof(capex__cuda_driver_lib, cuInit));
         return;
     }
     r = d->cuInit(0);
@@ -869,9 +889,13 @@ CAPEX__PRIVATE void capex__cuda_drv_load(void) {
                  name ? name : "unknown error", str ? str : "", path);
         return;
     }
-    d->cuDriverGetVersion(&d->version);
+    if (d->cuDriverGetVersion(&d->version) != 0 || d->version <= 0) {
+        d->status = CAPEX_ERR_NO_DRIVER;
+        capex__cuda_fmt(d->message, sizeof d->message, "cuDriverGetVersion failed in the CUDA driver %s: reinstall the NVIDIA driver", path);
+        return;
+    }
     d->status = CAPEX_OK;
-    capex__cuda_drv_version_seen = d->version;
+    CAPEX__ATOMIC_STORE_INT(&capex__cuda_drv_version_seen, d->version);
 }
 
 /* The driver table, or NULL with the failure recorded. Thread-safe. */
@@ -927,84 +951,21 @@ typedef struct capex__cuda_nvrtc_lib {
 
 static capex__cuda_nvrtc_lib capex__cuda_nv;
 static pthread_once_t capex__cuda_nv_once = PTHREAD_ONCE_INIT;
-static volatile int capex__cuda_nv_loaded = 0;
+static int capex__cuda_nv_loaded = 0; /* set (release) after the table is complete */
 
-/* Tries one candidate; on failure appends "path (dlerror)" to the message. */
+/* Opens one candidate and checks that it is a usable NVRTC (every symbol, its
+   version, its architectures). 1 on success; else the library is closed, the
+   table cleared and "path (reason)" appended to tried. */
 CAPEX__PRIVATE int capex__cuda_nv_try(capex__cuda_nvrtc_lib *n, const char *path, char *tried, size_t cap) {
-    const char *err;
+    const char *err, *missing = NULL;
+    memset(n, 0, sizeof *n);
     n->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (n->lib) {
-        capex__cuda_fmt(n->path, sizeof n->path, "%s", path);
-        return 1;
-    }
-    err = dlerror();
-    /* dlerror repeats the path; "No such file" for every soname is noise, keep it short */
-    if (err && strstr(err, "No such file")) capex__cuda_append(tried, cap, " %s (not found);", path);
-    else capex__cuda_append(tried, cap, " %s (%s);", path, err ? err : "?");
-    return 0;
-}
-
-CAPEX__PRIVATE void capex__cuda_nv_load(void) {
-    static const char *sonames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so.11.1",
-                                    "libnvrtc.so.11.0", "libnvrtc.so"};
-    static const char *dirs[] = {"/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
-                                 "/usr/local/cuda/targets/sbsa-linux/lib", "/opt/cuda/lib64"};
-    capex__cuda_nvrtc_lib *n = &capex__cuda_nv;
-    const char *over = getenv("CAPEX_NVRTC_PATH");
-    char tried[700];
-    const char *missing = NULL;
-    size_t i, j;
-    int found = 0;
-    tried[0] = '\0';
-    n->message[0] = '\0';
-    if (over && over[0]) {
-        found = capex__cuda_nv_try(n, over, tried, sizeof tried);
-        if (!found) {
-            n->status = CAPEX_ERR_NO_NVRTC;
-            capex__cuda_fmt(n->message, sizeof n->message,
-                     "NVRTC not loadable from CAPEX_NVRTC_PATH:%s point it at a libnvrtc.so.* (CUDA 11.2+), "
-                     "or unset it to search the usual sonames and toolkit directories", tried);
-            return;
-        }
-    }
-    /* With the driver already loaded, prefer an NVRTC no newer than it: a driver
-       cannot load CUBIN or PTX from a newer CUDA major version. */
-    {
-        int drv_major = capex__cuda_drv_version_seen / 1000;
-        int pass;
-        for (pass = drv_major ? 0 : 1; pass < 2; pass++)
-            for (i = 0; !found && i < sizeof sonames / sizeof sonames[0]; i++) {
-                int major = strlen(sonames[i]) > 12 ? atoi(sonames[i] + 12) : 0; /* "libnvrtc.so.13" -> 13 */
-                if (pass == 0 && (major == 0 || major > drv_major)) continue;
-                if (pass == 1 && drv_major && major > 0 && major <= drv_major) continue; /* tried */
-                found = capex__cuda_nv_try(n, sonames[i], tried, sizeof tried);
-            }
-    }
-    /* toolkits installed without ldconfig entries: $CUDA_HOME, $CUDA_PATH, usual dirs */
-    for (j = 0; !found && j < 2 + sizeof dirs / sizeof dirs[0]; j++) {
-        char dir[512], path[640];
-        const char *env = j == 0 ? getenv("CUDA_HOME") : j == 1 ? getenv("CUDA_PATH") : NULL;
-        if (j < 2) {
-            if (!env || !env[0]) continue;
-            capex__cuda_fmt(dir, sizeof dir, "%s/lib64", env);
-        } else {
-            capex__cuda_fmt(dir, sizeof dir, "%s", dirs[j - 2]);
-        }
-        for (i = 0; !found && i + 1 < sizeof sonames / sizeof sonames[0]; i++) {
-            struct stat st;
-            capex__cuda_fmt(path, sizeof path, "%s/%s", dir, sonames[i]);
-            if (stat(path, &st) != 0) continue; /* do not list every absent file */
-            found = capex__cuda_nv_try(n, path, tried, sizeof tried);
-        }
-        if (!found) capex__cuda_append(tried, sizeof tried, " %s/ (no libnvrtc);", dir);
-    }
-    if (!found) {
-        n->status = CAPEX_ERR_NO_NVRTC;
-        capex__cuda_fmt(n->message, sizeof n->message,
-                 "NVRTC (the CUDA runtime compiler) not found; tried:%s install the CUDA toolkit's NVRTC "
-                 "(apt: cuda-nvrtc-13-0, pip: nvidia-cuda-nvrtc) and set CAPEX_NVRTC_PATH to its "
-                 "libnvrtc.so.* if it is not on the loader path", tried);
-        return;
+    if (!n->lib) {
+        err = dlerror();
+        /* dlerror repeats the path; "No such file" for every soname is noise, keep it short */
+        if (err && strstr(err, "No such file")) capex__cuda_append(tried, cap, " %s (not found);", path);
+        else capex__cuda_append(tried, cap, " %s (%s);", path, err ? err : "?");
+        return 0;
     }
 #define CAPEX__NV(name) do { CAPEX__CUDA_SYM(n->lib, n->name, #name); if (!n->name && !missing) missing = #name; } while (0)
     CAPEX__NV(nvrtcGetErrorString); CAPEX__NV(nvrtcVersion); CAPEX__NV(nvrtcGetNumSupportedArchs);
@@ -1014,23 +975,95 @@ CAPEX__PRIVATE void capex__cuda_nv_load(void) {
     CAPEX__NV(nvrtcGetProgramLog);
 #undef CAPEX__NV
     if (missing) {
+        capex__cuda_append(tried, cap, " %s (lacks %s: older than NVRTC 11.2);", path, missing);
+    } else if (n->nvrtcVersion(&n->major, &n->minor) != 0 || n->major <= 0) {
+        capex__cuda_append(tried, cap, " %s (nvrtcVersion failed);", path);
+    } else if (n->nvrtcGetNumSupportedArchs(&n->n_archs) != 0 || n->n_archs <= 0 ||
+               n->n_archs > (int)(sizeof n->archs / sizeof n->archs[0]) || n->nvrtcGetSupportedArchs(n->archs) != 0) {
+        capex__cuda_append(tried, cap, " %s (NVRTC %d.%d could not list its architectures);", path, n->major, n->minor);
+    } else {
+        capex__cuda_fmt(n->path, sizeof n->path, "%s", path);
+        return 1;
+    }
+    dlclose(n->lib);
+    memset(n, 0, sizeof *n);
+    return 0;
+}
+
+/* "libnvrtc.so.13" -> 13; 0 for the unversioned name */
+CAPEX__PRIVATE int capex__cuda_nv_major(const char *soname) { return strlen(soname) > 12 ? atoi(soname + 12) : 0; }
+
+/* Search order: CAPEX_NVRTC_PATH alone when set; else the sonames (the loader
+   path), then libnvrtc.so.* files in $CUDA_HOME/lib64, $CUDA_PATH/lib64 and the
+   usual toolkit directories. With the driver loaded, a first pass takes only
+   candidates whose CUDA major is no newer than the driver's (a driver cannot
+   load CUBIN or PTX from a newer major), wherever they are; the second takes
+   the rest. A candidate that opens but is unusable does not end the search. */
+CAPEX__PRIVATE void capex__cuda_nv_load(void) {
+    static const char *sonames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so"};
+    static const char *dirs[] = {"/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
+                                 "/usr/local/cuda/targets/sbsa-linux/lib", "/opt/cuda/lib64"};
+    enum { n_sonames = sizeof sonames / sizeof sonames[0], n_dirs = 2 + sizeof dirs / sizeof dirs[0] };
+    capex__cuda_nvrtc_lib *n = &capex__cuda_nv;
+    const char *over = getenv("CAPEX_NVRTC_PATH");
+    char tried[700], dir_tried[n_dirs];
+    int drv_major = CAPEX__ATOMIC_LOAD_INT(&capex__cuda_drv_version_seen) / 1000, pass, found = 0;
+    size_t i, j;
+    tried[0] = '\0';
+    memset(dir_tried, 0, sizeof dir_tried);
+    if (over && over[0]) {
+        if (capex__cuda_nv_try(n, over, tried, sizeof tried)) {
+            n->status = CAPEX_OK;
+            CAPEX__ATOMIC_STORE_INT(&capex__cuda_nv_loaded, 1);
+            return;
+        }
         n->status = CAPEX_ERR_NO_NVRTC;
         capex__cuda_fmt(n->message, sizeof n->message,
-                 "NVRTC at %s lacks %s (capex needs NVRTC 11.2 or newer for CUBIN output); install a newer "
-                 "toolkit or set CAPEX_NVRTC_PATH", n->path, missing);
-        dlclose(n->lib);
-        n->lib = NULL;
+                 "NVRTC not usable from CAPEX_NVRTC_PATH:%s point it at a libnvrtc.so.* (CUDA 11.2+), "
+                 "or unset it to search the usual sonames and toolkit directories", tried);
         return;
     }
-    n->nvrtcVersion(&n->major, &n->minor);
-    if (n->nvrtcGetNumSupportedArchs(&n->n_archs) != 0 || n->n_archs < 0 ||
-        n->n_archs > (int)(sizeof n->archs / sizeof n->archs[0]) || n->nvrtcGetSupportedArchs(n->archs) != 0) {
+    for (pass = drv_major ? 0 : 1; !found && pass < 2; pass++) {
+        for (i = 0; !found && i < n_sonames; i++) {
+            int major = capex__cuda_nv_major(sonames[i]);
+            int first = drv_major && major > 0 && major <= drv_major;
+            if (first != (pass == 0)) continue;
+            found = capex__cuda_nv_try(n, sonames[i], tried, sizeof tried);
+        }
+        /* toolkits installed without ldconfig entries */
+        for (j = 0; !found && j < n_dirs; j++) {
+            char dir[512], path[640];
+            const char *env = j == 0 ? getenv("CUDA_HOME") : j == 1 ? getenv("CUDA_PATH") : NULL;
+            int any = 0;
+            if (j < 2) {
+                if (!env || !env[0]) continue;
+                capex__cuda_fmt(dir, sizeof dir, "%s/lib64", env);
+            } else {
+                capex__cuda_fmt(dir, sizeof dir, "%s", dirs[j - 2]);
+            }
+            for (i = 0; !found && i + 1 < n_sonames; i++) {
+                struct stat st;
+                int major = capex__cuda_nv_major(sonames[i]);
+                if ((drv_major && major <= drv_major) != (pass == 0)) continue;
+                capex__cuda_fmt(path, sizeof path, "%s/%s", dir, sonames[i]);
+                if (stat(path, &st) != 0) continue; /* do not list every absent file */
+                any = 1;
+                found = capex__cuda_nv_try(n, path, tried, sizeof tried);
+            }
+            if (!found && !any && pass == 1 && !dir_tried[j]) capex__cuda_append(tried, sizeof tried, " %s/ (no libnvrtc);", dir);
+            dir_tried[j] |= (char)any;
+        }
+    }
+    if (!found) {
         n->status = CAPEX_ERR_NO_NVRTC;
-        capex__cuda_fmt(n->message, sizeof n->message, "NVRTC at %s could not list its architectures", n->path);
+        capex__cuda_fmt(n->message, sizeof n->message,
+                 "no usable NVRTC (the CUDA runtime compiler); tried:%s install the CUDA toolkit's NVRTC "
+                 "(apt: cuda-nvrtc-13-0, pip: nvidia-cuda-nvrtc) and set CAPEX_NVRTC_PATH to its "
+                 "libnvrtc.so.* if it is not on the loader path", tried);
         return;
     }
-    capex__cuda_nv_loaded = 1;
     n->status = CAPEX_OK;
+    CAPEX__ATOMIC_STORE_INT(&capex__cuda_nv_loaded, 1);
 }
 
 CAPEX__PRIVATE capex__cuda_nvrtc_lib *capex__cuda_nvrtc(capex_result *res) {
@@ -1149,8 +1182,8 @@ CAPEX_API capex_result capex_cuda_nccl_version(int *version) {
     return CAPEX_OK;
 }
 
-CAPEX_API const char *capex_cuda_nvrtc_path(void) { return capex__cuda_nv_loaded ? capex__cuda_nv.path : ""; }
-CAPEX_API int capex_cuda_nvrtc_is_loaded(void) { return capex__cuda_nv_loaded; }
+CAPEX_API const char *capex_cuda_nvrtc_path(void) { return CAPEX__ATOMIC_LOAD_INT(&capex__cuda_nv_loaded) ? capex__cuda_nv.path : ""; }
+CAPEX_API int capex_cuda_nvrtc_is_loaded(void) { return CAPEX__ATOMIC_LOAD_INT(&capex__cuda_nv_loaded); }
 
 /* ---- devices -------------------------------------------------------------- */
 
@@ -1230,9 +1263,59 @@ CAPEX__PRIVATE const char *capex__cuda_nvrtc_err(capex__cuda_nvrtc_lib *n, capex
     return s ? s : "NVRTC_ERROR_UNKNOWN";
 }
 
-/* Set in background compile threads, which use a thread-local "C" locale
-   (uselocale) instead of switching the process's. */
-static CAPEX__THREAD_LOCAL int capex__cuda_thread_locale_c;
+/* NVRTC parses numbers with the C library, so LC_NUMERIC must be "C" while it
+   compiles. The switch is made per thread (uselocale, POSIX 2008): concurrent
+   compiles and the program's other threads never see it, and a thread's own
+   uselocale() locale is honoured. Where <locale.h> does not declare uselocale
+   (strict C99 with a system header included before capex), the process locale
+   is switched under a lock with a count of compiles in flight: the first one
+   switches, the last one restores (other threads must not change locales then). */
+#ifdef LC_NUMERIC_MASK
+typedef struct capex__cuda_c_numeric { locale_t c, old; } capex__cuda_c_numeric;
+CAPEX__PRIVATE void capex__cuda_c_numeric_enter(capex__cuda_c_numeric *l) {
+    locale_t base = duplocale(uselocale((locale_t)0)); /* this thread's locale, other categories kept */
+    l->c = base ? newlocale(LC_NUMERIC_MASK, "C", base) : (locale_t)0;
+    if (!l->c) {
+        if (base) freelocale(base);
+        l->c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+    }
+    l->old = l->c ? uselocale(l->c) : (locale_t)0;
+}
+CAPEX__PRIVATE void capex__cuda_c_numeric_leave(capex__cuda_c_numeric *l) {
+    if (!l->c) return;
+    uselocale(l->old);
+    freelocale(l->c);
+}
+CAPEX__PRIVATE int capex__cuda_c_numeric_per_thread(void) { return 1; }
+#else
+typedef struct capex__cuda_c_numeric { int unused; } capex__cuda_c_numeric;
+static pthread_mutex_t capex__cuda_locale_lock = PTHREAD_MUTEX_INITIALIZER;
+static int capex__cuda_locale_users, capex__cuda_locale_switched;
+static char capex__cuda_locale_saved[128];
+CAPEX__PRIVATE void capex__cuda_c_numeric_enter(capex__cuda_c_numeric *l) {
+    (void)l;
+    pthread_mutex_lock(&capex__cuda_locale_lock);
+    if (capex__cuda_locale_users++ == 0) {
+        const char *cur = setlocale(LC_NUMERIC, NULL);
+        capex__cuda_locale_switched = 0;
+        if (cur && strcmp(cur, "C") != 0 && strlen(cur) < sizeof capex__cuda_locale_saved) {
+            memcpy(capex__cuda_locale_saved, cur, strlen(cur) + 1); /* copied under the lock: setlocale frees it */
+            capex__cuda_locale_switched = setlocale(LC_NUMERIC, "C") != NULL;
+        }
+    }
+    pthread_mutex_unlock(&capex__cuda_locale_lock);
+}
+CAPEX__PRIVATE void capex__cuda_c_numeric_leave(capex__cuda_c_numeric *l) {
+    (void)l;
+    pthread_mutex_lock(&capex__cuda_locale_lock);
+    if (--capex__cuda_locale_users == 0 && capex__cuda_locale_switched) {
+        setlocale(LC_NUMERIC, capex__cuda_locale_saved);
+        capex__cuda_locale_switched = 0;
+    }
+    pthread_mutex_unlock(&capex__cuda_locale_lock);
+}
+CAPEX__PRIVATE int capex__cuda_c_numeric_per_thread(void) { return 0; }
+#endif
 
 CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *name, const char *const *options,
                                                 int n_options, capex_cuda_target target, capex_cuda_image *out) {
@@ -1240,9 +1323,9 @@ CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *
     capex__cuda_nvrtc_lib *n;
     void *prog = NULL;
     const char **opts;
-    char arch_opt[32], saved_locale[128], optlist[320];
-    const char *cur_locale;
-    int i, switched = 0;
+    char arch_opt[32], optlist[400];
+    capex__cuda_c_numeric numeric;
+    int i;
     capex__nvrtcResult nr;
     size_t size = 0;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_nvrtc_compile: out is NULL");
@@ -1263,14 +1346,9 @@ CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *
     opts[n_options] = arch_opt;
     optlist[0] = '\0';
     for (i = 0; i <= n_options; i++) capex__cuda_append(optlist, sizeof optlist, "%s%s", i ? " " : "", opts[i]);
+    if (strlen(optlist) + 1 == sizeof optlist) memcpy(optlist + sizeof optlist - 4, "...", 4); /* cut: say so */
 
-    /* NVRTC parses numbers with the C library: a decimal-comma LC_NUMERIC breaks it
-       (background compile threads have "C" as their own locale already) */
-    cur_locale = capex__cuda_thread_locale_c ? NULL : setlocale(LC_NUMERIC, NULL);
-    if (cur_locale && strcmp(cur_locale, "C") != 0) {
-        capex__cuda_fmt(saved_locale, sizeof saved_locale, "%s", cur_locale);
-        switched = setlocale(LC_NUMERIC, "C") != NULL;
-    }
+    capex__cuda_c_numeric_enter(&numeric); /* a decimal-comma LC_NUMERIC breaks NVRTC */
     nr = n->nvrtcCreateProgram(&prog, source, name, 0, NULL, NULL);
     if (nr != 0) {
         r = capex__fail(CAPEX_ERR_NVRTC, "nvrtcCreateProgram('%s') failed: %s", name, capex__cuda_nvrtc_err(n, nr));
@@ -1285,8 +1363,9 @@ CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *
             if (log && n->nvrtcGetProgramLog(prog, log) == 0) log[log_size] = '\0';
             else if (log) log[0] = '\0';
         }
-        r = capex__fail(CAPEX_ERR_NVRTC, "NVRTC %d.%d could not compile '%s' (%s): %s\nlog:\n%s\noptions: %s",
-                        n->major, n->minor, name, arch_opt, capex__cuda_nvrtc_err(n, nr), log ? log : "(no log)", optlist);
+        /* options first: a long log is cut at the end of the message, they are not */
+        r = capex__fail(CAPEX_ERR_NVRTC, "NVRTC %d.%d could not compile '%s' (%s): %s\noptions: %s\nlog:\n%s",
+                        n->major, n->minor, name, arch_opt, capex__cuda_nvrtc_err(n, nr), optlist, log ? log : "(no log)");
         CAPEX_FREE(log);
         goto done;
     }
@@ -1316,7 +1395,7 @@ CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *
     r = CAPEX_OK;
 done:
     if (prog) n->nvrtcDestroyProgram(&prog);
-    if (switched) setlocale(LC_NUMERIC, saved_locale);
+    capex__cuda_c_numeric_leave(&numeric);
     CAPEX_FREE((void *)opts);
     return r;
 }
@@ -1329,17 +1408,26 @@ done:
 static const char capex__cache_magic[8] = {'C', 'A', 'P', 'E', 'X', 'J', 'I', 'T'};
 
 CAPEX_API void capex_cuda_cache_init(capex_cuda_cache *cache, const char *dir) {
-    const char *env;
+    const char *env, *base = "", *tail = "";
+    int len;
     if (!cache) return;
     memset(cache, 0, sizeof *cache);
     if (dir) {
-        capex__cuda_fmt(cache->dir, sizeof cache->dir, "%s", dir);
+        base = dir;
     } else if ((env = getenv("CAPEX_CACHE_DIR")) != NULL) {
-        capex__cuda_fmt(cache->dir, sizeof cache->dir, "%s", env);  /* set but empty: disabled */
+        base = env;  /* set but empty: disabled */
     } else if ((env = getenv("XDG_CACHE_HOME")) != NULL && env[0] == '/') {
-        capex__cuda_fmt(cache->dir, sizeof cache->dir, "%s/capex", env);
+        base = env, tail = "/capex";
     } else if ((env = getenv("HOME")) != NULL && env[0]) {
-        capex__cuda_fmt(cache->dir, sizeof cache->dir, "%s/.cache/capex", env);
+        base = env, tail = "/.cache/capex";
+    }
+    len = snprintf(cache->dir, sizeof cache->dir, "%s%s", base, tail);
+    if (len < 0 || (size_t)len >= sizeof cache->dir) {
+        /* a cut path would put entries in some other directory */
+        capex_log(CAPEX_LOG_WARN, "kernel cache directory %.60s... is longer than %d bytes: running without the disk cache "
+                  "(set CAPEX_CACHE_DIR to a shorter path)", base, (int)sizeof cache->dir - 1);
+        cache->dir[0] = '\0';
+        cache->warned = 1;
     }
     cache->enabled = cache->dir[0] != '\0';
 }
@@ -1417,7 +1505,8 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_read(const char *path, const unsig
     FILE *f;
     memset(out, 0, sizeof *out);
     f = fopen(path, "rb");
-    if (!f) return capex__fail(CAPEX_ERR_NOT_FOUND, "no cache entry %s", path);
+    if (!f && errno == ENOENT) return capex__fail(CAPEX_ERR_NOT_FOUND, "no cache entry %s", path);
+    if (!f) return capex__fail(CAPEX_ERR_IO, "cannot read the cache entry %s: %s", path, strerror(errno));
     if (fread(h, 1, sizeof h, f) != sizeof h) {
         fclose(f);
         return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is truncated (short header)", path);
@@ -1508,6 +1597,25 @@ CAPEX__PRIVATE int capex__cuda_write_all(int fd, const void *data, size_t n) {
     return 0;
 }
 
+/* Removes temp files that a killed writer left (older than an hour: no live
+   write takes that long). Runs after each write, which follows a compile of
+   100 ms or more, so the directory listing costs nothing in comparison. */
+CAPEX__PRIVATE void capex__cuda_cache_sweep(const char *dir) {
+    DIR *d;
+    struct dirent *e;
+    time_t now = time(NULL);
+    if (!(d = opendir(dir))) return;
+    while ((e = readdir(d)) != NULL) {
+        char path[1400];
+        struct stat st;
+        size_t len = strlen(e->d_name);
+        if (len < 4 || strcmp(e->d_name + len - 4, ".tmp") != 0 || !strstr(e->d_name, ".capexjit.")) continue;
+        capex__cuda_fmt(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > 3600) unlink(path);
+    }
+    closedir(d);
+}
+
 /* Writes an entry atomically: a private temp file in the same directory, then
    rename(), so readers see either no entry, the old one, or the whole new one.
    Concurrent writers of one key each rename a complete file; the last wins. */
@@ -1539,6 +1647,7 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_write(const capex_cuda_cache *c, c
         unlink(tmp);
         return capex__fail(CAPEX_ERR_IO, "cannot install the kernel cache entry %s: %s", path, strerror(err));
     }
+    capex__cuda_cache_sweep(c->dir);
     return CAPEX_OK;
 }
 
@@ -2717,24 +2826,17 @@ CAPEX__PRIVATE void *capex__cuda_pool_work(void *arg) {
     }
 }
 
-/* Runs jobs[0..n) on up to n_threads threads (<= 0: one per online CPU). The
-   locale is set to "C" here, once, so that no worker switches it. */
+/* Runs jobs[0..n) on up to n_threads threads (<= 0: one per online CPU). */
 CAPEX__PRIVATE void capex__cuda_pool_run(capex__cuda_pjob *jobs, int n, int device_cc, int n_threads) {
     capex__cuda_pool pool;
     pthread_t th[64];
-    int i, started = 0, switched = 0;
-    char saved_locale[128];
-    const char *cur = setlocale(LC_NUMERIC, NULL);
+    int i, started = 0;
     if (n_threads <= 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = c > 0 ? (int)c : 1;
     }
     if (n_threads > n) n_threads = n;
     if (n_threads > 64) n_threads = 64;
-    if (cur && strcmp(cur, "C") != 0) {
-        capex__cuda_fmt(saved_locale, sizeof saved_locale, "%s", cur);
-        switched = setlocale(LC_NUMERIC, "C") != NULL;
-    }
     pool.jobs = jobs;
     pool.n = n;
     pool.next = 0;
@@ -2745,7 +2847,6 @@ CAPEX__PRIVATE void capex__cuda_pool_run(capex__cuda_pjob *jobs, int n, int devi
     capex__cuda_pool_work(&pool); /* the caller works too (and alone if no thread started) */
     for (i = 0; i < started; i++) pthread_join(th[i], NULL);
     pthread_mutex_destroy(&pool.lock);
-    if (switched) setlocale(LC_NUMERIC, saved_locale);
 }
 
 CAPEX__PRIVATE void capex__cuda_pjob_init(capex__cuda_pjob *j, int part, const capex_cuda_cache *cache) {
@@ -2864,46 +2965,21 @@ CAPEX__PRIVATE int capex__cuda_bg_next_locked(capex__cuda_bg *bg) {
     return best;
 }
 
-/* NVRTC needs LC_NUMERIC "C", and a background thread must not switch the
-   process's locale: it takes "C" as its own (uselocale, POSIX 2008). Where
-   <locale.h> does not declare that (strict C99 with a system header included
-   before capex), it compiles only if the process is in "C" already (the
-   default of any program that never calls setlocale). 0: leave the parts to
-   their first use. */
-#ifdef LC_NUMERIC_MASK
-typedef struct capex__cuda_bg_locale { locale_t c, old; } capex__cuda_bg_locale;
-CAPEX__PRIVATE int capex__cuda_bg_locale_enter(capex__cuda_bg_locale *l) {
-    l->c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
-    if (!l->c) return 0;
-    l->old = uselocale(l->c);
-    capex__cuda_thread_locale_c = 1;
-    return 1;
+/* A background thread must not switch the process's locale: without per-thread
+   locales (see capex__cuda_c_numeric_enter) it compiles only if the process is
+   in "C" already (the default of any program that never calls setlocale), else
+   it leaves the parts to their first use. */
+CAPEX__PRIVATE int capex__cuda_bg_may_compile(void) {
+    const char *cur;
+    if (capex__cuda_c_numeric_per_thread()) return 1;
+    cur = setlocale(LC_NUMERIC, NULL);
+    return cur && (!strcmp(cur, "C") || !strcmp(cur, "POSIX"));
 }
-CAPEX__PRIVATE void capex__cuda_bg_locale_leave(capex__cuda_bg_locale *l) {
-    if (!l->c) return;
-    uselocale(l->old);
-    freelocale(l->c);
-    capex__cuda_thread_locale_c = 0;
-}
-#else
-typedef struct capex__cuda_bg_locale { int unused; } capex__cuda_bg_locale;
-CAPEX__PRIVATE int capex__cuda_bg_locale_enter(capex__cuda_bg_locale *l) {
-    const char *cur = setlocale(LC_NUMERIC, NULL);
-    (void)l;
-    capex__cuda_thread_locale_c = cur && (!strcmp(cur, "C") || !strcmp(cur, "POSIX"));
-    return capex__cuda_thread_locale_c;
-}
-CAPEX__PRIVATE void capex__cuda_bg_locale_leave(capex__cuda_bg_locale *l) {
-    (void)l;
-    capex__cuda_thread_locale_c = 0;
-}
-#endif
 
 CAPEX__PRIVATE void *capex__cuda_bg_work(void *arg) {
     capex_cuda_context *ctx = (capex_cuda_context *)arg;
     capex__cuda_bg *bg = &ctx->bg;
-    capex__cuda_bg_locale loc;
-    int c_ok = capex__cuda_bg_locale_enter(&loc);
+    int c_ok = capex__cuda_bg_may_compile();
     pthread_mutex_lock(&bg->lock);
     for (;;) {
         int p = c_ok ? capex__cuda_bg_next_locked(bg) : -1;
@@ -2918,7 +2994,6 @@ CAPEX__PRIVATE void *capex__cuda_bg_work(void *arg) {
     bg->active--;
     pthread_cond_broadcast(&bg->cv);
     pthread_mutex_unlock(&bg->lock);
-    if (c_ok) capex__cuda_bg_locale_leave(&loc);
     return NULL;
 }
 
@@ -3025,6 +3100,7 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
     if ((r = capex_cuda_device_count(&count)) != CAPEX_OK) return r;
     if (count == 0) return capex__fail(CAPEX_ERR_NO_DEVICE, "the CUDA driver sees no GPU (check CUDA_VISIBLE_DEVICES and nvidia-smi)");
     ordinal = desc->device;
+    if (ordinal < -1) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: device %d (want -1 for $LOCAL_RANK, or 0..%d)", ordinal, count - 1);
     if (ordinal < 0) {
         const char *lr = getenv("LOCAL_RANK");
         ordinal = 0;
@@ -3062,9 +3138,11 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
         return r;
     }
     ctx->device_cc = ctx->info.cc_major * 10 + ctx->info.cc_minor;
-    cr = capex__cuda_drv.cuDeviceGet(&ctx->device, ordinal);
-    if (cr == 0) cr = capex__cuda_drv.cuDevicePrimaryCtxRetain(&ctx->cu_ctx, ctx->device);
-    if (cr != 0) {
+    if ((cr = capex__cuda_drv.cuDeviceGet(&ctx->device, ordinal)) != 0) {
+        capex__free(desc->allocator, ctx);
+        return capex__cu_fail(cr, "cuDeviceGet", "");
+    }
+    if ((cr = capex__cuda_drv.cuDevicePrimaryCtxRetain(&ctx->cu_ctx, ctx->device)) != 0) {
         capex__free(desc->allocator, ctx);
         return capex__cu_fail(cr, "cuDevicePrimaryCtxRetain", "another process may hold the GPU in exclusive mode");
     }
@@ -3092,14 +3170,18 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
 
 CAPEX_API void capex_cuda_context_destroy(capex_cuda_context *ctx) {
     capex_cuda_module *m, *next;
+    int entered;
     if (!ctx) return;
     capex__cuda_bg_stop(&ctx->bg);
     pthread_cond_destroy(&ctx->bg.cv);
     pthread_mutex_destroy(&ctx->bg.lock);
-    capex__cuda_enter(ctx);
+    /* unloading needs this context current; if it cannot be made current, the
+       modules are left to the primary context (freed when it is last released) */
+    entered = capex__cuda_enter(ctx) == CAPEX_OK;
+    if (!entered) capex_log(CAPEX_LOG_WARN, "capex_cuda_context_destroy: %s; its modules are not unloaded", capex_last_error());
     for (m = ctx->modules; m; m = next) {
         next = m->next;
-        if (m->handle) capex__cuda_drv.cuModuleUnload(m->handle);
+        if (m->handle && entered) capex__cuda_drv.cuModuleUnload(m->handle);
         capex__free(ctx->has_alloc ? &ctx->alloc : NULL, m);
     }
     capex__cuda_drv.cuDevicePrimaryCtxRelease_v2(ctx->device);
@@ -3429,6 +3511,8 @@ CAPEX_API capex_result capex_cuda_launch(const capex_cuda_function *fn, const un
     if (!grid[0] || !grid[1] || !grid[2] || !block[0] || !block[1] || !block[2])
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_launch: empty grid (%u,%u,%u) or block (%u,%u,%u)",
                            grid[0], grid[1], grid[2], block[0], block[1], block[2]);
+    if (shmem > 0x7fffffffu) /* cuFuncSetAttribute takes an int */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_launch: %u bytes of dynamic shared memory (no GPU has 2 GiB per block)", shmem);
     if ((r = capex__cuda_enter(fn->ctx)) != CAPEX_OK) return r;
     if (shmem > 48u * 1024u) {
         if (!capex__cuda_drv.cuFuncSetAttribute)

@@ -49,6 +49,17 @@ $(BUILD)/fake/libcuda.so.1: tests/fake_libcuda.c tests/cuda_image.h capex.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu99 -O1 -g -Wall -Wextra -shared -fPIC $< -o $@
 
+# Stand-in NVRTCs (tests/fake_libnvrtc.c) for the loader and locale tests of
+# test_cuda_jit: a usable one, and one without an arch list (pre-11.2).
+$(BUILD)/fake/nvrtc_ok/lib64/libnvrtc.so.12: tests/fake_libnvrtc.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu99 -O1 -g -Wall -Wextra -shared -fPIC $< -o $@
+$(BUILD)/fake/nvrtc_old/lib64/libnvrtc.so.12: tests/fake_libnvrtc.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu99 -O1 -g -Wall -Wextra -shared -fPIC -DFAKE_NVRTC_NO_ARCHS $< -o $@
+$(BUILD)/tests/test_cuda_jit: $(BUILD)/fake/libcuda.so.1 $(BUILD)/fake/nvrtc_ok/lib64/libnvrtc.so.12 \
+  $(BUILD)/fake/nvrtc_old/lib64/libnvrtc.so.12
+
 ci-extra:: $(BUILD)/tests/test_cuda_gpu $(BUILD)/fake/libcuda.so.1
 	@echo "cuda: GPU tests against the CPU stand-in driver (host-side checks only)"
 	@out=$$(CAPEX_LIBCUDA_PATH=$(abspath $(BUILD)/fake/libcuda.so.1) $(BUILD)/tests/test_cuda_gpu 2>&1); rc=$$?; \

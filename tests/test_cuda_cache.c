@@ -13,6 +13,7 @@
 #include "cuda_test_util.h"
 #include <dirent.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 
 #if defined(__clang__) || defined(__GNUC__)
 const char *__lsan_default_suppressions(void);
@@ -228,6 +229,12 @@ CT_TEST(entry_round_trip_and_damage) {
     rm_dir(dir);
 }
 
+static int warnings;
+static void count_warn(capex_log_level level, const char *msg, void *user) {
+    (void)user;
+    if (level == CAPEX_LOG_WARN && strstr(msg, "cache")) warnings++;
+}
+
 CT_TEST(cache_dir_from_environment) {
     capex_cuda_cache c;
     char *old_dir = getenv("CAPEX_CACHE_DIR"), *old_xdg = getenv("XDG_CACHE_HOME"), *old_home = getenv("HOME");
@@ -258,6 +265,27 @@ CT_TEST(cache_dir_from_environment) {
     CT_CHECK(!c.enabled, "explicit \"\" disables");
     capex_cuda_cache_init(&c, "/tmp/explicit");
     CT_CHECK(c.enabled && !strcmp(c.dir, "/tmp/explicit"), "explicit dir wins");
+    /* a path that does not fit is never cut short into another directory */
+    {
+        char longdir[1100];
+        memset(longdir, 'd', sizeof longdir);
+        longdir[0] = '/';
+        longdir[1023] = '\0'; /* 1023 bytes: fits exactly */
+        capex_cuda_cache_init(&c, longdir);
+        CT_CHECK(c.enabled && strlen(c.dir) == 1023, "1023-byte dir kept whole");
+        longdir[1023] = 'd';
+        longdir[sizeof longdir - 1] = '\0';
+        warnings = 0;
+        capex_set_log_callback(count_warn, NULL);
+        capex_cuda_cache_init(&c, longdir);
+        CT_CHECK(!c.enabled && !c.dir[0] && warnings == 1, "1099-byte dir: disabled with a warning (%d)", warnings);
+        longdir[1020] = '\0'; /* + "/capex" no longer fits */
+        setenv("XDG_CACHE_HOME", longdir, 1);
+        capex_cuda_cache_init(&c, NULL);
+        capex_set_log_callback(NULL, NULL);
+        CT_CHECK(!c.enabled && warnings == 2, "XDG_CACHE_HOME + /capex over the limit: disabled");
+        unsetenv("XDG_CACHE_HOME");
+    }
     if (had_d) setenv("CAPEX_CACHE_DIR", sd, 1);
     if (had_x) setenv("XDG_CACHE_HOME", sx, 1);
     if (had_h) setenv("HOME", sh, 1);
@@ -517,11 +545,6 @@ CT_TEST(concurrent_compiles) {
     rm_dir(dir);
 }
 
-static int warnings;
-static void count_warn(capex_log_level level, const char *msg, void *user) {
-    (void)user;
-    if (level == CAPEX_LOG_WARN && strstr(msg, "cache")) warnings++;
-}
 
 CT_TEST(unwritable_dir_warns_once) {
     static const char *opts[] = {"-DVALUE=80"};
@@ -551,6 +574,58 @@ CT_TEST(unwritable_dir_warns_once) {
     }
     capex_set_log_callback(NULL, NULL);
     CT_CHECK(warnings == 1 && c.warned, "warned once, got %d", warnings);
+    rm_dir(dir);
+}
+
+static char info_seen[1024];
+static void keep_info(capex_log_level level, const char *msg, void *user) {
+    (void)user;
+    if (level == CAPEX_LOG_INFO) snprintf(info_seen, sizeof info_seen, "%s", msg);
+}
+
+/* An entry that exists but cannot be opened is reported as such (not as a miss)
+   and recompiled over; a write removes temp files a killed writer left long ago. */
+CT_TEST(unreadable_entry_and_stale_temp_files) {
+    static const char *opts[] = {"-DVALUE=81"}, *opts2[] = {"-DVALUE=82"};
+    char dir[64], path[1200], stale[1300], fresh[1300];
+    unsigned char key[32];
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    struct timeval old_times[2];
+    FILE *f;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    capex_cuda_cache_init(&c, dir);
+    user_desc(&d, &c, opts);
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    CT_CHECK(symlink(path, path) == 0, "a symlink loop in place of the entry");
+    info_seen[0] = '\0';
+    capex_set_log_level(CAPEX_LOG_INFO);
+    capex_set_log_callback(keep_info, NULL);
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && !img.from_cache, "recompiled: %s", capex_last_error());
+    capex_set_log_callback(NULL, NULL);
+    capex_set_log_level(CAPEX_LOG_WARN);
+    capex_cuda_image_free(&img);
+    CT_CHECK(strstr(info_seen, "cannot read the cache entry") && strstr(info_seen, path), "reported: %s", info_seen);
+    CT_CHECK(capex__cuda_cache_read(path, key, &img) == CAPEX_OK, "entry written over the loop: %s", capex_last_error());
+    capex_cuda_image_free(&img);
+
+    snprintf(stale, sizeof stale, "%s.%ld.1.0.tmp", path, 99999L);
+    snprintf(fresh, sizeof fresh, "%s.%ld.2.0.tmp", path, 99999L);
+    f = fopen(stale, "w");
+    if (f) fclose(f);
+    f = fopen(fresh, "w");
+    if (f) fclose(f);
+    old_times[0].tv_sec = old_times[1].tv_sec = time(NULL) - 7200;
+    old_times[0].tv_usec = old_times[1].tv_usec = 0;
+    CT_CHECK(utimes(stale, old_times) == 0, "age the stale temp file");
+    user_desc(&d, &c, opts2); /* a miss: compile and write */
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && !img.from_cache, "%s", capex_last_error());
+    capex_cuda_image_free(&img);
+    CT_CHECK(access(stale, F_OK) != 0, "a 2-hour-old temp file is removed");
+    CT_CHECK(access(fresh, F_OK) == 0, "a fresh one (a writer at work) is kept");
     rm_dir(dir);
 }
 
@@ -608,6 +683,7 @@ static const ct_case cases[] = {
     CT_CASE(concurrent_writers_and_reader),
     CT_CASE(concurrent_compiles),
     CT_CASE(unwritable_dir_warns_once),
+    CT_CASE(unreadable_entry_and_stale_temp_files),
     CT_CASE(builtin_parts_cache_entries),
 };
 static const child_entry children[] = {{"hit", child_hit_without_nvrtc}};

@@ -135,6 +135,9 @@ CT_TEST(device_and_context) {
     unsetenv("LOCAL_RANK");
     cd.device = 1 << 20;
     CT_CHECK(capex_cuda_context_create(&cd, &ctx2) == CAPEX_ERR_NO_DEVICE, "explicit ordinal out of range");
+    cd.device = -7; /* only -1 means $LOCAL_RANK */
+    CT_CHECK(capex_cuda_context_create(&cd, &ctx2) == CAPEX_ERR_INVALID_ARG && ctx2 == NULL, "device -7: %s",
+             capex_last_error());
     capex_cuda_context_destroy(ctx);
 }
 
@@ -616,6 +619,10 @@ CT_TEST(driver_errors_are_reported) {
     r = capex_cuda_launch(&f, grid, block, 0, NULL, args);
     CT_CHECK(r == CAPEX_ERR_CUDA && strstr(capex_last_error(), "cuLaunchKernel") && strstr(capex_last_error(), "block (4096"),
              "oversized block: %s", capex_last_error());
+    block[0] = 32;
+    r = capex_cuda_launch(&f, grid, block, 0x90000000u, NULL, args); /* over INT_MAX: would wrap in the driver's int */
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "shared memory"), "2.25 GiB shared: %s",
+             capex_last_error());
     OK(capex_cuda_context_synchronize(ctx));
     capex_cuda_context_destroy(ctx);
 }

@@ -11,6 +11,9 @@
 #include "capex_test.h"
 #include "cuda_test_util.h"
 #include <locale.h>
+#include <dlfcn.h>
+#include <langinfo.h>
+#include <pthread.h>
 
 /* NVRTC keeps internal allocations for the life of the process. */
 #if defined(__clang__) || defined(__GNUC__)
@@ -420,6 +423,153 @@ CT_TEST(nvrtc_search_finds_toolkit) {
     }
 }
 
+/* ---- the NVRTC search and the locale, on stand-in libraries ---------------
+   build/fake/nvrtc_ok/lib64/libnvrtc.so.12 is tests/fake_libnvrtc.c (version
+   from FAKE_NVRTC_VERSION), build/fake/nvrtc_old/lib64/libnvrtc.so.12 the same
+   without nvrtcGetSupportedArchs (NVRTC before 11.2: opens, unusable). */
+#define CHILD_SKIPPED 1000 /* res->code of a child whose precondition is missing */
+
+static void child_nvrtc_search(const char *arg, child_result *res) {
+    char drv[1024], ok[1024], old[1024];
+    int v = 0, M = 0, m = 0;
+    void *h;
+    res->code = -1;
+    if (!sibling_path("fake", "libcuda.so.1", drv, sizeof drv) || !sibling_path("fake", "nvrtc_ok", ok, sizeof ok) ||
+        !sibling_path("fake", "nvrtc_old", old, sizeof old)) {
+        snprintf(res->message, sizeof res->message, "no /proc/self/exe");
+        return;
+    }
+    /* a real libnvrtc.so.12 on the loader path would be found first: not this test's case */
+    if ((h = dlopen("libnvrtc.so.12", RTLD_LAZY | RTLD_LOCAL)) != NULL) {
+        dlclose(h);
+        res->code = CHILD_SKIPPED;
+        snprintf(res->message, sizeof res->message, "a real libnvrtc.so.12 is on the loader path");
+        return;
+    }
+    setenv("CAPEX_LIBCUDA_PATH", drv, 1);
+    setenv("FAKE_CUDA_DRIVER_VERSION", "12090", 1); /* a CUDA 12.9 driver */
+    setenv("FAKE_NVRTC_VERSION", "12.9", 1);
+    unsetenv("CAPEX_NVRTC_PATH");
+    unsetenv("CUDA_PATH");
+    if (!strcmp(arg, "prefer")) { /* the toolkit dir's 12.x beats the loader path's 13.x */
+        setenv("CUDA_HOME", ok, 1);
+    } else if (!strcmp(arg, "skip_unusable")) { /* an unusable 12.x does not end the search */
+        setenv("CUDA_HOME", old, 1);
+        setenv("CUDA_PATH", ok, 1);
+    } else if (!strcmp(arg, "override_unusable")) {
+        char lib[1100];
+        snprintf(lib, sizeof lib, "%s/lib64/libnvrtc.so.12", old);
+        setenv("CAPEX_NVRTC_PATH", lib, 1);
+    }
+    if (capex_cuda_driver_version(&v) != CAPEX_OK || v != 12090) {
+        snprintf(res->message, sizeof res->message, "stand-in driver: %d %s", v, capex_last_error());
+        return;
+    }
+    res->code = capex_cuda_nvrtc_version(&M, &m);
+    res->value = M * 1000 + m * 10;
+    if (res->code == CAPEX_OK) snprintf(res->message, sizeof res->message, "%s", capex_cuda_nvrtc_path());
+    else snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+}
+
+CT_TEST(nvrtc_search_prefers_driver_major_and_skips_unusable) {
+    child_result r = run_child("nvrtc_search", "prefer");
+    CT_CHECK(r.exited_ok, "child crashed");
+    if (r.code == CHILD_SKIPPED) CT_SKIP("%s", r.message);
+    CT_CHECK(r.code == CAPEX_OK && r.value == 12090 && strstr(r.message, "nvrtc_ok/lib64/libnvrtc.so.12"),
+             "driver 12.9: NVRTC 12.x from $CUDA_HOME, not a newer soname: %d %d %s", r.code, r.value, r.message);
+    r = run_child("nvrtc_search", "skip_unusable");
+    CT_CHECK(r.exited_ok, "child crashed");
+    CT_CHECK(r.code == CAPEX_OK && r.value == 12090 && strstr(r.message, "nvrtc_ok/lib64/libnvrtc.so.12"),
+             "an NVRTC without an arch list is skipped for the next one: %d %d %s", r.code, r.value, r.message);
+    r = run_child("nvrtc_search", "override_unusable");
+    CT_CHECK(r.exited_ok, "child crashed");
+    CT_CHECK(r.code == CAPEX_ERR_NO_NVRTC && strstr(r.message, "nvrtc_old/lib64/libnvrtc.so.12") &&
+             strstr(r.message, "lacks nvrtcGetSupportedArchs"), "the reason is named: %d %s", r.code, r.message);
+}
+
+typedef struct locale_job { int kind, bad, failed; } locale_job;
+
+/* One image per compile; its first line is the decimal point NVRTC saw. */
+static int image_saw_c_locale(const capex_cuda_image *img) {
+    return img->data && img->size > 20 && !strncmp((const char *)img->data, "// decimal point: .", 19);
+}
+
+static void *locale_worker(void *arg) {
+    locale_job *j = (locale_job *)arg;
+    locale_t own = (locale_t)0, prev = (locale_t)0;
+    int i;
+    if (j->kind == 2) { /* a thread with its own decimal-comma locale */
+        own = newlocale(LC_NUMERIC_MASK, "de_DE.UTF-8", (locale_t)0);
+        if (!own) { j->failed++; return NULL; }
+        prev = uselocale(own);
+    }
+    if (j->kind == 1) { /* the parallel compile of every built-in part */
+        capex_cuda_image imgs[64];
+        int p, np = capex_cuda_builtin_part_count();
+        if (capex_cuda_builtin_compile_parts(90, NULL, 4, imgs) != CAPEX_OK) { j->failed++; return NULL; }
+        for (p = 0; p < np; p++) {
+            j->bad += !image_saw_c_locale(&imgs[p]);
+            capex_cuda_image_free(&imgs[p]);
+        }
+        return NULL;
+    }
+    for (i = 0; i < 6; i++) {
+        capex_cuda_compile_desc d;
+        capex_cuda_image img;
+        capex_cuda_compile_desc_init(&d);
+        d.source = "extern \"C\" __global__ void k(float *x) { x[0] = 1.5f; }";
+        d.device_cc = 90;
+        if (capex_cuda_compile(&d, &img) != CAPEX_OK) { j->failed++; continue; }
+        j->bad += !image_saw_c_locale(&img);
+        capex_cuda_image_free(&img);
+    }
+    if (own) {
+        j->bad += nl_langinfo(RADIXCHAR)[0] != ','; /* the thread's own locale is back */
+        uselocale(prev);
+        freelocale(own);
+    }
+    return NULL;
+}
+
+static void child_locale_threads(const char *arg, child_result *res) {
+    char ok[1024];
+    pthread_t th[6];
+    locale_job jobs[6];
+    int i, started = 0;
+    (void)arg;
+    res->code = -1;
+    if (!setlocale(LC_NUMERIC, "de_DE.UTF-8")) {
+        res->code = CHILD_SKIPPED;
+        snprintf(res->message, sizeof res->message, "no de_DE.UTF-8 locale installed");
+        return;
+    }
+    if (!sibling_path("fake", "nvrtc_ok/lib64/libnvrtc.so.12", ok, sizeof ok)) return;
+    setenv("CAPEX_NVRTC_PATH", ok, 1);
+    setenv("FAKE_NVRTC_SLEEP_MS", "3", 1); /* compiles overlap */
+    memset(jobs, 0, sizeof jobs);
+    for (i = 0; i < 6; i++) {
+        jobs[i].kind = i == 0 ? 1 : i == 1 ? 2 : 0;
+        started += pthread_create(&th[i], NULL, locale_worker, &jobs[i]) == 0;
+    }
+    res->value = 0;
+    for (i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (i = 0; i < 6; i++) {
+        res->value += jobs[i].bad;
+        if (jobs[i].failed) snprintf(res->message, sizeof res->message, "job %d failed: %s", i, capex_last_error());
+    }
+    res->code = started == 6 && !jobs[0].failed && !jobs[1].failed && !jobs[2].failed ? CAPEX_OK : CAPEX_ERR_INTERNAL;
+    /* the process's locale is what it was */
+    if (nl_langinfo(RADIXCHAR)[0] != ',' || strncmp(setlocale(LC_NUMERIC, NULL), "de_DE", 5) != 0) res->value += 100;
+}
+
+CT_TEST(concurrent_compiles_see_c_numeric_locale) {
+    child_result r = run_child("locale_threads", NULL);
+    CT_CHECK(r.exited_ok, "child crashed");
+    if (r.code == CHILD_SKIPPED) CT_SKIP("%s", r.message);
+    CT_CHECK(r.code == CAPEX_OK, "compiles on 6 threads: %s", r.message);
+    CT_CHECK(r.value == 0, "%d compiles saw a decimal comma, or a locale was not restored (+100: the process's)", r.value);
+}
+
 static void child_nccl(const char *arg, child_result *res) {
     int v = 0;
     if (arg) setenv("CAPEX_NCCL_PATH", arg, 1);
@@ -474,10 +624,16 @@ static const ct_case cases[] = {
     CT_CASE(no_driver_status),
     CT_CASE(no_nvrtc_status),
     CT_CASE(nvrtc_search_finds_toolkit),
+    CT_CASE(nvrtc_search_prefers_driver_major_and_skips_unusable),
+    CT_CASE(concurrent_compiles_see_c_numeric_locale),
     CT_CASE(nccl_status),
     CT_CASE(invalid_arguments),
 };
-static const child_entry children[] = {{"driver", child_driver}, {"nvrtc", child_nvrtc}, {"nccl", child_nccl}};
+static const child_entry children[] = {{"driver", child_driver},
+                                       {"nvrtc", child_nvrtc},
+                                       {"nvrtc_search", child_nvrtc_search},
+                                       {"locale_threads", child_locale_threads},
+                                       {"nccl", child_nccl}};
 
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
