@@ -87,7 +87,9 @@
                         and scalers for what their step launches) on background threads.
 
    Thread safety: the loaders are thread-safe. A context may be used from several
-   threads (its module cache is locked); streams follow CUDA's rules. Compiles
+   threads (its module cache is locked; capex_cuda_module_compile runs NVRTC
+   without that lock, the first use of a built-in part with it); streams follow
+   CUDA's rules. Compiles
    may run on several threads at once: each sets LC_NUMERIC "C" for its own
    thread only (uselocale), so neither other compiles nor the program's threads
    see a locale change. (Only where <locale.h> lacks uselocale, in strict C99
@@ -1442,7 +1444,7 @@ CAPEX__PRIVATE void capex__cuda_cache_key(const char *source, const char *name, 
     capex__sha256_str(&s, "capex-jit-key");
     capex__sha256_u64(&s, CAPEX__CACHE_FORMAT);
     capex__sha256_u64(&s, (uint64_t)(int64_t)device_cc);
-    capex__sha256_str(&s, name);
+    capex__sha256_str(&s, name && name[0] ? name : "capex_program"); /* the name every compile gives NVRTC */
     capex__sha256_u64(&s, (uint64_t)n_options);
     for (i = 0; i < n_options; i++) capex__sha256_str(&s, options[i]);
     capex__sha256_str(&s, source);
@@ -3368,8 +3370,13 @@ CAPEX_API capex_result capex_cuda_event_elapsed_ms(capex_cuda_context *ctx, cape
 
 /* ---- modules and launches ------------------------------------------------------ */
 
-/* Loads an image; for PTX the driver's JIT log goes into the error message. */
-CAPEX__PRIVATE capex_result capex__cuda_load_image(const capex_cuda_image *img, const char *name, void **module) {
+/* Errors that say the image itself is unusable (not memory or the context):
+   INVALID_IMAGE, NO_BINARY_FOR_GPU, INVALID_PTX, UNSUPPORTED_PTX_VERSION. */
+CAPEX__PRIVATE int capex__cuda_image_refused(capex__CUresult cr) { return cr == 200 || cr == 209 || cr == 218 || cr == 222; }
+
+/* Loads an image; for PTX the driver's JIT log goes into the error message.
+   *refused: the driver refused the image itself (see capex__cuda_image_refused). */
+CAPEX__PRIVATE capex_result capex__cuda_load_image(const capex_cuda_image *img, const char *name, void **module, int *refused) {
     char log[600];
     int opts[2] = {5 /* CU_JIT_ERROR_LOG_BUFFER */, 6 /* CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES */};
     void *vals[2];
@@ -3377,15 +3384,17 @@ CAPEX__PRIVATE capex_result capex__cuda_load_image(const capex_cuda_image *img, 
     log[0] = '\0';
     vals[0] = log;
     vals[1] = (void *)(size_t)sizeof log;
+    *refused = 0;
     cr = capex__cuda_drv.cuModuleLoadDataEx(module, img->data, 2u, opts, vals);
     if (cr != 0) {
         char hint[900];
-        capex__cuda_fmt(hint, sizeof hint,
-                 "loading '%s' (%s for %s_%d, NVRTC %d.%d); a driver older than the NVRTC cannot load its output: update "
-                 "the driver or use an older NVRTC (CAPEX_NVRTC_PATH); JIT log: %s",
-                 name, img->kind == CAPEX_CUDA_IMAGE_CUBIN ? "CUBIN" : "PTX",
-                 img->kind == CAPEX_CUDA_IMAGE_CUBIN ? "sm" : "compute", img->arch, img->nvrtc_version / 1000,
-                 (img->nvrtc_version % 1000) / 10, log[0] ? log : "(empty)");
+        *refused = capex__cuda_image_refused(cr);
+        capex__cuda_fmt(hint, sizeof hint, "loading '%s' (%s for %s_%d, NVRTC %d.%d)%s; JIT log: %s", name,
+                 img->kind == CAPEX_CUDA_IMAGE_CUBIN ? "CUBIN" : "PTX", img->kind == CAPEX_CUDA_IMAGE_CUBIN ? "sm" : "compute",
+                 img->arch, img->nvrtc_version / 1000, (img->nvrtc_version % 1000) / 10,
+                 *refused ? "; a driver older than the NVRTC cannot load its output: update the driver or use an "
+                            "older NVRTC (CAPEX_NVRTC_PATH)" : "",
+                 log[0] ? log : "(empty)");
         *module = NULL;
         return capex__cu_fail(cr, "cuModuleLoadDataEx", hint);
     }
@@ -3393,20 +3402,22 @@ CAPEX__PRIVATE capex_result capex__cuda_load_image(const capex_cuda_image *img, 
 }
 
 /* Loads img (compiled from d, key = its cache key) as a module of ctx. A cached
-   image the driver refuses is never retried: recompiled and overwritten. Takes
-   img (freed). Called with ctx->lock held. */
+   image the driver refuses is never retried: recompiled and overwritten (other
+   failures, such as out of memory, are returned as they are). Takes img
+   (freed). Called with ctx->lock held. */
 CAPEX__PRIVATE capex_result capex__cuda_module_load_locked(capex_cuda_context *ctx, const unsigned char key[32],
                                                            const capex_cuda_compile_desc *d, capex_cuda_image *img,
                                                            capex_cuda_module **out) {
     capex_cuda_module *m;
     capex_result r;
     void *handle = NULL;
-    r = capex__cuda_load_image(img, d->name, &handle);
-    if (r != CAPEX_OK && img->from_cache) {
+    int refused = 0;
+    r = capex__cuda_load_image(img, d->name, &handle, &refused);
+    if (r != CAPEX_OK && refused && img->from_cache) {
         capex_log(CAPEX_LOG_INFO, "cached image of '%s' did not load (%s); recompiling", d->name, capex_last_error());
         capex_cuda_image_free(img);
         if ((r = capex__cuda_compile(d, 1, img)) != CAPEX_OK) return r;
-        r = capex__cuda_load_image(img, d->name, &handle);
+        r = capex__cuda_load_image(img, d->name, &handle, &refused);
     }
     if (r != CAPEX_OK) {
         capex_cuda_image_free(img);
@@ -3438,6 +3449,19 @@ CAPEX__PRIVATE capex_cuda_module *capex__cuda_module_find_locked(capex_cuda_cont
     return NULL;
 }
 
+/* The compile of (source, name, options) for ctx's GPU through cache. */
+CAPEX__PRIVATE void capex__cuda_module_desc(const capex_cuda_context *ctx, const char *source, const char *name,
+                                            const char *const *options, int n_options, capex_cuda_cache *cache,
+                                            capex_cuda_compile_desc *d) {
+    capex_cuda_compile_desc_init(d);
+    d->source = source;
+    d->name = name;
+    d->options = options;
+    d->n_options = n_options;
+    d->device_cc = ctx->device_cc;
+    d->cache = cache;
+}
+
 /* Called with ctx->lock held. */
 CAPEX__PRIVATE capex_result capex__cuda_module_compile_locked(capex_cuda_context *ctx, const char *source, const char *name,
                                                               const char *const *options, int n_options,
@@ -3448,19 +3472,17 @@ CAPEX__PRIVATE capex_result capex__cuda_module_compile_locked(capex_cuda_context
     capex_result r;
     capex__cuda_cache_key(source, name, options, n_options, ctx->device_cc, key);
     if ((*out = capex__cuda_module_find_locked(ctx, key)) != NULL) return CAPEX_OK;
-    capex_cuda_compile_desc_init(&d);
-    d.source = source;
-    d.name = name;
-    d.options = options;
-    d.n_options = n_options;
-    d.device_cc = ctx->device_cc;
-    d.cache = &ctx->cache;
+    capex__cuda_module_desc(ctx, source, name, options, n_options, &ctx->cache, &d);
     if ((r = capex__cuda_compile(&d, 0, &img)) != CAPEX_OK) return r;
     return capex__cuda_module_load_locked(ctx, key, &d, &img, out);
 }
 
 CAPEX_API capex_result capex_cuda_module_compile(capex_cuda_context *ctx, const char *source, const char *name,
                                                  const char *const *options, int n_options, capex_cuda_module **out) {
+    unsigned char key[32];
+    capex_cuda_compile_desc d;
+    capex_cuda_cache cache;
+    capex_cuda_image img;
     capex_result r;
     int i;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_module_compile: out is NULL");
@@ -3471,8 +3493,27 @@ CAPEX_API capex_result capex_cuda_module_compile(capex_cuda_context *ctx, const 
         if (!options[i]) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_module_compile: options[%d] is NULL", i);
     if (!name || !name[0]) name = "capex_program";
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
+    capex__cuda_cache_key(source, name, options, n_options, ctx->device_cc, key);
     pthread_mutex_lock(&ctx->lock);
-    r = capex__cuda_module_compile_locked(ctx, source, name, options, n_options, out);
+    *out = capex__cuda_module_find_locked(ctx, key);
+    pthread_mutex_unlock(&ctx->lock);
+    if (*out) return CAPEX_OK;
+    /* NVRTC and the disk cache run without the context lock, so that other
+       threads keep launching (and compiling) meanwhile; the disk cache takes
+       concurrent writers. Two threads compiling the same request both compile,
+       and the first to load wins. */
+    capex__cuda_module_desc(ctx, source, name, options, n_options, &cache, &d);
+    pthread_mutex_lock(&ctx->lock);
+    cache = ctx->cache; /* a private copy: its warn-once flag is written by the compile */
+    pthread_mutex_unlock(&ctx->lock);
+    if ((r = capex__cuda_compile(&d, 0, &img)) != CAPEX_OK) return r;
+    pthread_mutex_lock(&ctx->lock);
+    ctx->cache.warned |= cache.warned;
+    if ((*out = capex__cuda_module_find_locked(ctx, key)) != NULL) capex_cuda_image_free(&img);
+    else {
+        d.cache = &ctx->cache;
+        r = capex__cuda_module_load_locked(ctx, key, &d, &img, out);
+    }
     pthread_mutex_unlock(&ctx->lock);
     return r;
 }

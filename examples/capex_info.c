@@ -145,9 +145,18 @@ int main(int argc, char **argv) {
                    info.total_bytes / 1073741824.0);
             if (info.peak_bandwidth_gbs > 0) printf(", %.0f GB/s peak", info.peak_bandwidth_gbs);
             printf("\n");
-            if (i == 0) {
-                target_cc = info.cc_major * 10 + info.cc_minor;
+        }
+        /* the GPU a default context takes ($LOCAL_RANK, CUDA_VISIBLE_DEVICES) */
+        if (n_dev > 0) {
+            capex_cuda_context *ctx = NULL;
+            if (capex_cuda_context_create(NULL, &ctx) == CAPEX_OK) {
+                const capex_cuda_device_info *info = capex_cuda_context_device(ctx);
+                target_cc = info->cc_major * 10 + info->cc_minor;
                 have_gpu = 1;
+                printf("default context: GPU %d\n", info->ordinal);
+                capex_cuda_context_destroy(ctx);
+            } else {
+                printf("default context: %s\n", capex_last_error());
             }
         }
     } else {
@@ -163,10 +172,21 @@ int main(int argc, char **argv) {
                    t.kind == CAPEX_CUDA_IMAGE_CUBIN ? "CUBIN for the exact GPU" : "PTX, finished by the driver");
         else
             printf("compile target for sm_%d: refused: %s\n", cc, capex_last_error());
+    } else {
+        printf("compile target: unknown (no NVRTC)\n");
     }
 
     capex_cuda_cache_init(&cache, NULL);
-    printf("kernel cache: %s\n", cache.enabled ? cache.dir : "disabled (CAPEX_CACHE_DIR is empty or no HOME)");
+    if (cache.enabled) {
+        printf("kernel cache: %s\n", cache.dir);
+    } else {
+        const char *env = getenv("CAPEX_CACHE_DIR"), *home = getenv("HOME");
+        printf("kernel cache: disabled (%s)\n", cache.warned ? "directory path over 1023 bytes"
+                                                 : env && !env[0] ? "CAPEX_CACHE_DIR is set but empty"
+                                                 : !home || !home[0] ? "no CAPEX_CACHE_DIR, XDG_CACHE_HOME or HOME"
+                                                                     : "unknown reason");
+    }
+    if (!have_nvrtc) printf("compile timing: skipped (no NVRTC to compile with)\n");
 
     /* Cold vs warm compile of the built-in program, in a private cache directory
        so the user's cache is neither used nor disturbed. */

@@ -12,7 +12,8 @@
    with the grid the caller chose, so a launch that covers too few elements
    leaves them unwritten. Only the kernels listed below exist; user_axpb does
    not know its ALPHA (a compile option), so it writes nothing and the test
-   skips that check. This is not CUDA: it only proves the host code. */
+   skips that check. FAKE_CUDA_MODULE_LOAD_OOM makes every module load fail with
+   CUDA_ERROR_OUT_OF_MEMORY. This is not CUDA: it only proves the host code. */
 #define CAPEX_IMPLEMENTATION
 #define CAPEX_STATIC
 #include "../capex.h"
@@ -272,6 +273,7 @@ FAKE_API CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n_opts,
     (void)n_opts; (void)opts; (void)vals;
     NEED_CTX();
     if (!img) return INVALID_VALUE;
+    if (getenv("FAKE_CUDA_MODULE_LOAD_OOM")) return 2; /* CUDA_ERROR_OUT_OF_MEMORY: not the image's fault */
     n = cuda_image_size(p, &bad_ptx);
     if (!n) return bad_ptx ? INVALID_PTX : INVALID_IMAGE;
     mod = (module *)malloc(sizeof *mod);

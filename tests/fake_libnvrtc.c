@@ -4,15 +4,19 @@
    - built with -DFAKE_NVRTC_NO_ARCHS it lacks nvrtcGetSupportedArchs, as
      NVRTC before 11.2 does (a library that opens but is unusable);
    - FAKE_NVRTC_SLEEP_MS makes each compile take that long (overlap in tests);
-   - the "image" is the source after a line that records the LC_NUMERIC
-     decimal point the compile saw: "// decimal point: ." (NVRTC parses
-     numbers with the C library, so "," there would misread them). */
+   - FAKE_NVRTC_WAIT=path: a source containing "FAKE_NVRTC_WAIT" creates
+     path.in when its compile starts, then waits until path exists;
+   - the "image" is PTX-shaped text that tests/fake_libcuda.c loads: a line
+     with the LC_NUMERIC decimal point the compile saw ("// decimal point: .";
+     NVRTC parses numbers with the C library, so "," would misread them),
+     .version and .target lines, then the source (kernel names findable). */
 #include <langinfo.h>
 #include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct fake_prog { char *image; } fake_prog;
 
@@ -41,7 +45,7 @@ int nvrtcGetSupportedArchs(int *a) {
 int nvrtcCreateProgram(void **p, const char *src, const char *name, int n, const char *const *h, const char *const *i) {
     fake_prog *q = (fake_prog *)calloc(1, sizeof *q);
     (void)name, (void)n, (void)h, (void)i;
-    if (!q || !(q->image = (char *)malloc(strlen(src) + 64))) return 3; /* NVRTC_ERROR_OUT_OF_MEMORY */
+    if (!q || !(q->image = (char *)malloc(strlen(src) + 80))) return 3; /* NVRTC_ERROR_OUT_OF_MEMORY */
     strcpy(q->image, src); /* replaced at compile time */
     *p = q;
     return 0;
@@ -60,14 +64,23 @@ int nvrtcCompileProgram(void *p, int n, const char *const *o) {
     char *src = strdup(q->image);
     (void)n, (void)o;
     if (!src) return 3;
+    const char *wait = getenv("FAKE_NVRTC_WAIT");
+    struct timespec ts;
+    ts.tv_sec = 0;
     if (ms) {
-        struct timespec ts;
-        ts.tv_sec = 0;
         ts.tv_nsec = atol(ms) * 1000000L;
         nanosleep(&ts, NULL);
     }
+    if (wait && strstr(src, "FAKE_NVRTC_WAIT")) {
+        char in[1024];
+        FILE *f;
+        snprintf(in, sizeof in, "%s.in", wait);
+        if ((f = fopen(in, "w")) != NULL) fclose(f);
+        ts.tv_nsec = 1000000L;
+        while (access(wait, F_OK) != 0) nanosleep(&ts, NULL);
+    }
     /* nl_langinfo reads this thread's locale (localeconv fills one buffer for all threads) */
-    sprintf(q->image, "// decimal point: %c\n%s", nl_langinfo(RADIXCHAR)[0], src);
+    sprintf(q->image, "// decimal point: %c\n.version 8.0\n.target sm_90\n%s", nl_langinfo(RADIXCHAR)[0], src);
     free(src);
     return 0;
 }

@@ -14,6 +14,8 @@
 #include <dlfcn.h>
 #include <langinfo.h>
 #include <pthread.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 
 /* NVRTC keeps internal allocations for the life of the process. */
 #if defined(__clang__) || defined(__GNUC__)
@@ -494,6 +496,144 @@ static int image_saw_c_locale(const capex_cuda_image *img) {
     return img->data && img->size > 20 && !strncmp((const char *)img->data, "// decimal point: .", 19);
 }
 
+/* On the stand-in driver and NVRTC: while one thread is inside NVRTC, the same
+   context serves a module it already has and compiles another source. (Before,
+   the context lock was held through every compile: this child then hangs
+   until its alarm.) */
+static void *compile_waiting(void *arg) {
+    capex_cuda_context *ctx = (capex_cuda_context *)arg;
+    capex_cuda_module *m = NULL;
+    static capex_result r;
+    r = capex_cuda_module_compile(ctx, "extern \"C\" __global__ void slow() {} // FAKE_NVRTC_WAIT", "slow", NULL, 0, &m);
+    return &r;
+}
+
+static void child_compile_unlocked(const char *arg, child_result *res) {
+    char drv[1024], nv[1024], wait[64], in[80];
+    capex_cuda_context_desc cd;
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *a = NULL, *a2 = NULL, *b = NULL;
+    capex_cuda_function f;
+    pthread_t th;
+    void *ret = NULL;
+    int i, fd;
+    (void)arg;
+    res->code = -1;
+    if (!sibling_path("fake", "libcuda.so.1", drv, sizeof drv) ||
+        !sibling_path("fake", "nvrtc_ok/lib64/libnvrtc.so.12", nv, sizeof nv))
+        return;
+    snprintf(wait, sizeof wait, "/tmp/capex_wait_XXXXXX");
+    if ((fd = mkstemp(wait)) < 0) return;
+    close(fd);
+    unlink(wait);
+    snprintf(in, sizeof in, "%s.in", wait);
+    setenv("CAPEX_LIBCUDA_PATH", drv, 1);
+    setenv("CAPEX_NVRTC_PATH", nv, 1);
+    setenv("FAKE_NVRTC_WAIT", wait, 1);
+    alarm(60); /* a compile that holds the context lock deadlocks this child */
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.disk_cache = 0;
+    if ((res->code = capex_cuda_context_create(&cd, &ctx)) != CAPEX_OK ||
+        (res->code = capex_cuda_module_compile(ctx, "extern \"C\" __global__ void fast() {}", "fast", NULL, 0, &a)) != CAPEX_OK) {
+        snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+        capex_cuda_context_destroy(ctx);
+        return;
+    }
+    res->code = -2;
+    if (pthread_create(&th, NULL, compile_waiting, ctx) != 0) return;
+    for (i = 0; i < 10000 && access(in, F_OK) != 0; i++) usleep(1000); /* the thread is inside NVRTC */
+    res->value = access(in, F_OK) == 0;
+    /* the lock is free: a module already loaded, a new compile and a lookup go through */
+    res->value += capex_cuda_module_compile(ctx, "extern \"C\" __global__ void fast() {}", "fast", NULL, 0, &a2) == CAPEX_OK && a2 == a;
+    res->value += capex_cuda_module_compile(ctx, "extern \"C\" __global__ void other() {}", "other", NULL, 0, &b) == CAPEX_OK &&
+                  capex_cuda_module_get_function(b, "other", &f) == CAPEX_OK;
+    fd = open(wait, O_CREAT | O_WRONLY, 0600); /* release the waiting compile */
+    if (fd >= 0) close(fd);
+    pthread_join(th, &ret);
+    res->value += ret && *(capex_result *)ret == CAPEX_OK;
+    res->code = CAPEX_OK;
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    capex_cuda_context_destroy(ctx);
+    unlink(wait);
+    unlink(in);
+}
+
+CT_TEST(compile_does_not_hold_the_context) {
+    child_result r = run_child("compile_unlocked", NULL);
+    CT_CHECK(r.exited_ok, "child died (alarm: a compile held the context lock)");
+    CT_CHECK(r.code == CAPEX_OK && r.value == 4, "in NVRTC %d, hit + compile + finish = %d of 4: %s", r.code, r.value, r.message);
+}
+
+/* On the stand-in driver with the real NVRTC: an entry filled offline by
+   capex_cuda_compile (no program name) is a hit for capex_cuda_module_compile;
+   a load that fails for a reason other than the image (out of memory) is
+   returned as it is: no recompile, no rewrite of the entry, no version hint. */
+static void child_module_cache(const char *dir, child_result *res) {
+    static const char *src = "extern \"C\" __global__ void put(int *x) { x[0] = 5; }";
+    char drv[1024], path[1200];
+    unsigned char key[32];
+    capex_cuda_compile_desc d;
+    capex_cuda_cache c;
+    capex_cuda_image img;
+    capex_cuda_context_desc cd;
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL;
+    capex_cuda_target t;
+    struct stat before, after;
+    int from_cache = 0;
+    res->code = -1;
+    if (!sibling_path("fake", "libcuda.so.1", drv, sizeof drv)) return;
+    setenv("CAPEX_LIBCUDA_PATH", drv, 1);
+    capex_cuda_cache_init(&c, dir);
+    capex_cuda_compile_desc_init(&d);
+    d.source = src;
+    d.name = NULL;
+    d.device_cc = 90;
+    d.cache = &c;
+    if ((res->code = capex_cuda_compile(&d, &img)) != CAPEX_OK) goto out;
+    capex_cuda_image_free(&img);
+    capex__cuda_cache_key(src, NULL, NULL, 0, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.cache_dir = dir;
+    if ((res->code = capex_cuda_context_create(&cd, &ctx)) != CAPEX_OK) goto out;
+    if ((res->code = capex_cuda_module_compile(ctx, src, NULL, NULL, 0, &m)) != CAPEX_OK) goto out;
+    capex_cuda_module_info(m, &t, &from_cache);
+    res->value = from_cache;
+    capex_cuda_context_destroy(ctx);
+    ctx = NULL;
+    stat(path, &before);
+    setenv("FAKE_CUDA_MODULE_LOAD_OOM", "1", 1);
+    if ((res->code = capex_cuda_context_create(&cd, &ctx)) != CAPEX_OK) goto out;
+    res->code = capex_cuda_module_compile(ctx, src, NULL, NULL, 0, &m);
+    unsetenv("FAKE_CUDA_MODULE_LOAD_OOM");
+    res->value += 10 * (stat(path, &after) == 0 && after.st_ino == before.st_ino); /* not rewritten */
+    res->value += 100 * (strstr(capex_last_error(), "older than the NVRTC") == NULL);
+out:
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    capex_cuda_context_destroy(ctx);
+}
+
+CT_TEST(module_cache_offline_fill_and_load_errors) {
+    char dir[64] = "/tmp/capex_jit_test_XXXXXX";
+    child_result r;
+    CT_NEED_NVRTC();
+    CT_CHECK(mkdtemp(dir) != NULL, "temp dir");
+    r = run_child("module_cache", dir);
+    CT_CHECK(r.exited_ok, "child crashed");
+    CT_CHECK(r.code == CAPEX_ERR_OUT_OF_MEMORY, "out of memory passed through: %d %s", r.code, r.message);
+    CT_CHECK(r.value % 10 == 1, "offline entry (no name) is a hit for module_compile");
+    CT_CHECK((r.value / 10) % 10 == 1, "the entry is not recompiled over on a non-image error");
+    CT_CHECK(r.value / 100 == 1, "no driver-version hint for out of memory: %s", r.message);
+    {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        CT_CHECK(system(cmd) == 0, "clean up");
+    }
+}
+
 static void *locale_worker(void *arg) {
     locale_job *j = (locale_job *)arg;
     locale_t own = (locale_t)0, prev = (locale_t)0;
@@ -626,6 +766,8 @@ static const ct_case cases[] = {
     CT_CASE(nvrtc_search_finds_toolkit),
     CT_CASE(nvrtc_search_prefers_driver_major_and_skips_unusable),
     CT_CASE(concurrent_compiles_see_c_numeric_locale),
+    CT_CASE(compile_does_not_hold_the_context),
+    CT_CASE(module_cache_offline_fill_and_load_errors),
     CT_CASE(nccl_status),
     CT_CASE(invalid_arguments),
 };
@@ -633,6 +775,8 @@ static const child_entry children[] = {{"driver", child_driver},
                                        {"nvrtc", child_nvrtc},
                                        {"nvrtc_search", child_nvrtc_search},
                                        {"locale_threads", child_locale_threads},
+                                       {"compile_unlocked", child_compile_unlocked},
+                                       {"module_cache", child_module_cache},
                                        {"nccl", child_nccl}};
 
 int main(int argc, char **argv) {
