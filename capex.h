@@ -675,7 +675,8 @@ CAPEX_API capex_result capex_state_reader_open_memory(const void *buf, size_t le
 CAPEX_API void capex_state_reader_close(capex_state_reader *r);
 /* 1 when the file carries capex metadata and a verified checksum. */
 CAPEX_API int capex_state_is_capex(const capex_state_reader *r);
-/* Tensors in file order (i < count). */
+/* Tensors in the order of their data in the file (i < count); for capex's
+   files also the header's order, for foreign ones not necessarily. */
 CAPEX_API size_t capex_state_tensor_count(const capex_state_reader *r);
 CAPEX_API capex_result capex_state_tensor_at(const capex_state_reader *r, size_t i, capex_state_tensor_info *info);
 /* CAPEX_ERR_NOT_FOUND when absent. */
@@ -1308,8 +1309,11 @@ CAPEX_API void capex_ddp_destroy(capex_ddp *ddp);
    only). Collective: every rank calls it. */
 CAPEX_API capex_result capex_ddp_broadcast_parameters(capex_ddp *ddp);
 /* Where param i's gradient lives (a view into its bucket; the engine's own
-   buffer when it gave one). Changes once if rebuild_buckets rebuilds:
-   capex_ddp_layout_version() tells when to ask again. NULL if out of range. */
+   buffer when it gave one). Changes once if rebuild_buckets rebuilds (in the
+   first synced finalize): pointers taken before it stay valid, holding the
+   reduced grads for that step, until the next iteration begins (zero_grad,
+   grad_ready, mark_unused or finalize); ask again then
+   (capex_ddp_layout_version() tells when). NULL if out of range. */
 CAPEX_API void *capex_ddp_grad(capex_ddp *ddp, size_t param);
 CAPEX_API int capex_ddp_layout_version(const capex_ddp *ddp);
 CAPEX_API size_t capex_ddp_num_buckets(const capex_ddp *ddp);
@@ -3366,7 +3370,7 @@ CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char 
     capex_result r;
     FILE *f;
     unsigned long pid = 0;
-    int ok;
+    int ok, attempt;
     if (!w || !path || !*path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_write_file: writer or path is NULL/empty");
     r = capex__st_plan(w, &order, &hdr, &hlen, &crc_at, &total);
     if (r) return r;
@@ -3382,8 +3386,12 @@ CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char 
 #endif
     /* pid + per-writer serial + object address: unique among concurrent writers;
        "x" (C11, glibc, musl, macOS, MSVC) refuses to reuse an existing name. */
-    sprintf(tmp, "%s.tmp.%lu.%lu.%lx", path, pid, ++w->serial, (unsigned long)((size_t)w & 0xffffffu));
-    f = fopen(tmp, "wbx");
+    /* a temp file left by a killed job with the same pid (containers) and writer
+       address takes the name: the next serials are tried, never the old file */
+    for (attempt = 0; attempt < 16; attempt++) {
+        sprintf(tmp, "%s.tmp.%lu.%lu.%lx", path, pid, ++w->serial, (unsigned long)((size_t)w & 0xffffffu));
+        if ((f = fopen(tmp, "wbx")) != NULL || errno != EEXIST) break;
+    }
     if (!f) {
         r = capex__fail(CAPEX_ERR_IO, "capex_state_write_file: cannot create temp file '%s' (%s); check that the directory "
                         "exists and is writable", tmp, strerror(errno));
@@ -4170,6 +4178,8 @@ CAPEX_API capex_result capex_scaler_save(const capex_scaler *sc, capex_state_wri
     size_t i;
     capex_result r;
     if (!sc || !w || !prefix) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_save: sc, w and prefix must not be NULL");
+    if (!prefix[0]) /* checked before anything is added: "<prefix>format" would be the file's own key */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_save: the prefix must not be empty (use e.g. \"scaler.\")");
     if ((r = capex_scaler_get_state(sc, &st)) != CAPEX_OK) return r;
     for (i = 0; i < sizeof capex__scaler_fields / sizeof capex__scaler_fields[0]; i++) {
         const capex__scaler_field *f = &capex__scaler_fields[i];
@@ -4194,6 +4204,7 @@ CAPEX_API capex_result capex_scaler_load(capex_scaler *sc, capex_state_reader *r
     size_t i;
     capex_result res;
     if (!sc || !r || !prefix) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_load: sc, r and prefix must not be NULL");
+    if (!prefix[0]) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_load: the prefix must not be empty (use e.g. \"scaler.\")");
     if ((res = capex__state_name(name, sizeof name, prefix, "format")) != CAPEX_OK) return res;
     if (capex_state_get_meta(r, name, &format) != CAPEX_OK)
         return capex__fail(CAPEX_ERR_NOT_FOUND, "capex_scaler_load: no loss scaler saved under prefix \"%s\" (metadata \"%s\" "
@@ -6264,8 +6275,11 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
             if ((res = capex__env_int(&e, names[k][2], &r.local_rank, &lr_found)) != CAPEX_OK) return res;
             s = e.fn(names[k][3], e.user);
             if (k == 3 && s && !capex__parse_int(s, &v)) {
-                /* SLURM_NTASKS_PER_NODE may be a list like "2(x3)": use
-                   SLURM_TASKS_PER_NODE and SLURM_NODEID instead below. */
+                /* SLURM_NTASKS_PER_NODE may be a list like "2(x3)" or "2,1": use
+                   SLURM_TASKS_PER_NODE and SLURM_NODEID instead below */
+                if (!strchr(s, '(') && !strchr(s, ','))
+                    return capex__fail(CAPEX_ERR_CONFIG, "SLURM_NTASKS_PER_NODE='%.64s' is neither a task count nor a "
+                                                         "Slurm list like 2(x3),1", s);
                 s = NULL;
             }
             if (s) {
@@ -6797,7 +6811,23 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     if (!init || fin) return capex__fail(CAPEX_ERR_ORDER, "capex_comm_init_mpi: call MPI_Init first (and not after MPI_Finalize)");
     m = (capex__mpi *)capex__alloc(NULL, sizeof *m);
     if (!m) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_comm_init_mpi: out of memory");
-    if ((rc = MPI_Comm_dup(mc, &m->comm)) != MPI_SUCCESS) { capex__free(NULL, m); return capex__mpi_err(rc, "MPI_Comm_dup"); }
+    {
+        /* the duplicate is a collective: nonblocking and polled against the
+           default deadline, so a rank that never arrives gives CAPEX_ERR_TIMEOUT
+           instead of a hang; errors come back from the caller's communicator
+           for its duration only (its own handler is put back) */
+        MPI_Errhandler user_eh;
+        MPI_Request q;
+        capex_result r = CAPEX_OK;
+        MPI_Comm_get_errhandler(mc, &user_eh);
+        MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
+        rc = MPI_Comm_idup(mc, &m->comm, &q);
+        if (rc != MPI_SUCCESS) r = capex__mpi_err(rc, "MPI_Comm_idup");
+        else r = capex__mpi_poll(&q, capex_dist_now() + 1800.0, "MPI_Comm_idup (capex_comm_init_mpi)");
+        MPI_Comm_set_errhandler(mc, user_eh);
+        MPI_Errhandler_free(&user_eh);
+        if (r != CAPEX_OK) { capex__free(NULL, m); return r; }
+    }
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(m->comm, &c->rank);
     MPI_Comm_size(m->comm, &c->world_size);
@@ -7291,9 +7321,18 @@ static void capex__tcp_destroy(capex_comm *c) {
     c->impl = NULL;
 }
 
+/* After a failure: shut every connection down (the sockets stay open until
+   destroy), so that peers blocked on this rank see EOF and fail at once
+   (CAPEX_ERR_COMM) instead of waiting out their own deadline. */
+static void capex__tcp_abort(capex_comm *c) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    int p;
+    for (p = 0; t && t->fds && p < c->world_size; p++) if (t->fds[p] >= 0) shutdown(t->fds[p], SHUT_RDWR);
+}
+
 static const capex_comm_vtable capex__tcp_vt = {
     "tcp", capex__tcp_allreduce, capex__tcp_broadcast, capex__tcp_allgather, capex__tcp_barrier,
-    NULL, NULL, NULL, NULL, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 #endif /* CAPEX__HAVE_SOCKETS */
 
 /* env->rdv_port, or for an env filled by hand (rdv_port 0) the rule of
@@ -7462,6 +7501,8 @@ struct capex_ddp {
     size_t n_ready_order;
     size_t nb;
     capex__bucket *b;
+    capex__bucket *retired;          /* buckets before a rebuild: freed when */
+    size_t n_retired;                /* the next iteration starts            */
     size_t next_launch;
     int sync, layout_version, rebuilt, failed, in_finalize;
     capex_ddp_stats st;
@@ -7482,16 +7523,27 @@ CAPEX_API void capex_ddp_desc_init(capex_ddp_desc *d) {
     d->broadcast_parameters = 1;
 }
 
-static void capex__ddp_free_buckets(capex_ddp *g) {
+static void capex__ddp_free_bucket_array(capex_ddp *g, capex__bucket *b, size_t nb) {
     size_t i;
-    if (!g->b) return;
-    for (i = 0; i < g->nb; i++) {
-        capex__comm_free(g->comm, g->b[i].buf);
-        capex__comm_free(g->comm, g->b[i].buf32);
+    if (!b) return;
+    for (i = 0; i < nb; i++) {
+        capex__comm_free(g->comm, b[i].buf);
+        capex__comm_free(g->comm, b[i].buf32);
     }
-    capex__free(NULL, g->b);
+    capex__free(NULL, b);
+}
+static void capex__ddp_free_buckets(capex_ddp *g) {
+    capex__ddp_free_bucket_array(g, g->b, g->nb);
     g->b = NULL;
     g->nb = 0;
+}
+/* The buckets a rebuild replaced hold the reduced grads that the step after
+   that finalize reads through pointers taken before it: they live until the
+   next iteration begins (zero_grad, grad_ready, mark_unused, finalize). */
+static void capex__ddp_free_retired(capex_ddp *g) {
+    capex__ddp_free_bucket_array(g, g->retired, g->n_retired);
+    g->retired = NULL;
+    g->n_retired = 0;
 }
 
 /* PyTorch's compute_bucket_assignment_by_size over `order` (the expected
@@ -7564,7 +7616,7 @@ static capex_result capex__ddp_alloc_buffers(capex_ddp *g) {
 
 CAPEX_API void capex_ddp_destroy(capex_ddp *g) {
     if (!g) return;
-    if (g->comm) capex__ddp_free_buckets(g);
+    if (g->comm) capex__ddp_free_buckets(g), capex__ddp_free_retired(g);
     capex__free(NULL, g->params);
     capex__free(NULL, g->bucket_of);
     capex__free(NULL, g->offset_of);
@@ -7685,6 +7737,7 @@ CAPEX_API capex_result capex_ddp_zero_grad(capex_ddp *g) {
     size_t i;
     capex_result r;
     if (!g) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_zero_grad: ddp is NULL");
+    capex__ddp_free_retired(g);
     for (i = 0; i < g->nb; i++)
         if ((r = capex__comm_zero(g->comm, g->b[i].buf, g->b[i].numel * capex_dtype_size(g->b[i].dtype))) != CAPEX_OK) return r;
     for (i = 0; i < g->np; i++)
@@ -7746,15 +7799,20 @@ static capex_result capex__ddp_launch_ready(capex_ddp *g) {
 }
 
 static capex_result capex__ddp_check_param(capex_ddp *g, size_t p, const char *what) {
+    capex_result r;
     if (!g) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: ddp is NULL", what);
     if (g->failed)
         return capex__fail(CAPEX_ERR_COMM, "%s: this ddp failed in an earlier collective; stop and restart from a checkpoint", what);
+    /* a communicator that failed in any call (a barrier, a metrics allreduce)
+       has collectives in an unknown state: nothing more may go through it */
+    if ((r = capex__comm_check(g->comm, what)) != CAPEX_OK) { g->failed = 1; return r; }
     if (p >= g->np)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: unknown parameter %lu (there are %lu)", what, (unsigned long)p,
                            (unsigned long)g->np);
     if (g->ready[p])
         return capex__fail(CAPEX_ERR_ORDER, "%s: parameter %lu is already ready in this iteration (grad_ready twice? "
                                             "call capex_ddp_finalize once per backward)", what, (unsigned long)p);
+    capex__ddp_free_retired(g);
     return CAPEX_OK;
 }
 
@@ -7869,11 +7927,9 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
         if (r != CAPEX_OK) break;
     }
     g->layout_version++;
-    for (i = 0; old_b && i < nb_old; i++) {
-        capex__comm_free(c, old_b[i].buf);
-        capex__comm_free(c, old_b[i].buf32);
-    }
-    capex__free(NULL, old_b);
+    capex__ddp_free_retired(g);
+    g->retired = old_b; /* the step after this finalize may still read them */
+    g->n_retired = nb_old;
     old_b = NULL;
 done:
     if (dev) capex__comm_free(c, dev);
@@ -7894,6 +7950,8 @@ CAPEX_API capex_result capex_ddp_finalize(capex_ddp *g) {
     if (g->failed)
         return capex__fail(CAPEX_ERR_COMM, "capex_ddp_finalize: this ddp failed earlier; do not step, stop the job");
     c = g->comm;
+    if ((r = capex__comm_check(c, "capex_ddp_finalize")) != CAPEX_OK) { g->failed = 1; return r; }
+    capex__ddp_free_retired(g);
     if (!g->sync) { /* no_sync: grads stay local and keep accumulating */
         for (i = 0; i < g->np; i++) if (g->ready[i]) g->accum[i] = 1;
         capex__ddp_reset_iteration(g);

@@ -155,6 +155,8 @@ CT_TEST(env_errors_are_config_and_named) {
         {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}, {NULL, NULL}},
         {{"OMPI_COMM_WORLD_RANK", "1"}, {NULL, NULL}},
         {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODEID", "9"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}},
+        {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "-2"}, {NULL, NULL}},
+        {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "abc"}, {NULL, NULL}},
     };
     size_t i;
     for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -755,6 +757,13 @@ CT_TEST(tracker_errors) {
     CT_CHECK(capex_ddp_grad_ready(r.g, 0) == CAPEX_ERR_COMM, "no further use");
     CT_CHECK(capex_comm_barrier(&r.c) == CAPEX_ERR_COMM, "the comm refuses too");
     capex_ddp_destroy(r.g);
+    /* the comm failed outside DDP (a barrier, a metrics allreduce): DDP stops too */
+    CT_CHECK(rig_make(&r, 2, 1, NULL, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_ddp_grad_ready(r.g, 0) == CAPEX_OK, "healthy");
+    r.c.failed = 1;
+    CT_CHECK(capex_ddp_grad_ready(r.g, 1) == CAPEX_ERR_COMM && r.f.nlaunch == 0, "failed comm: no new collective");
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_ERR_COMM, "and finalize refuses");
+    capex_ddp_destroy(r.g);
     CT_CHECK(rig_make(&r, 2, 1, NULL, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
     for (p = 0; p < NP; p++) capex_ddp_grad_ready(r.g, p);
     r.f.fail_wait = CAPEX_ERR_TIMEOUT;
@@ -791,6 +800,7 @@ CT_TEST(tracker_rebuild_from_ready_order) {
     rig r;
     capex_ddp_desc d;
     capex_ddp_bucket_info bi;
+    float *before[NP];
     size_t p, i;
     capex_ddp_desc_init(&d);
     d.rebuild_buckets = 1;
@@ -804,8 +814,14 @@ CT_TEST(tracker_rebuild_from_ready_order) {
     }
     CT_CHECK(r.f.nlaunch == 4, "all at the end");
     CT_CHECK(capex_ddp_layout_version(r.g) == 0, "v0");
+    for (p = 0; p < NP; p++) before[p] = (float *)capex_ddp_grad(r.g, p);
     CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
     CT_CHECK(capex_ddp_layout_version(r.g) == 1, "rebuilt once");
+    /* the step after this finalize may use pointers taken during backward (the
+       README loop): they stay valid and hold the reduced grads (ASan: no UAF) */
+    for (p = 0; p < NP; p++)
+        for (i = 0; i < 16; i++)
+            CT_CHECK(before[p][i] == 2.0f * (100.0f * (float)p + (float)i), "old pointers keep the reduced grads");
     capex_ddp_bucket(r.g, 0, &bi);
     CT_CHECK(bi.params[0] == 0 && bi.params[1] == 1, "bucket 0 now {0,1}");
     for (p = 0; p < NP; p++)
@@ -1057,6 +1073,15 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_comm_destroy(&c);
         return r == CAPEX_ERR_TIMEOUT ? 0 : __LINE__;
     }
+    if (mode == 4) { /* world 3: rank 2 dies; rank 0 sees it and must pass it on at once */
+        capex_result r;
+        if (rank == 2) { capex_comm_destroy(&c); return 0; }
+        if (rank == 1) c.timeout_s = 2.0; /* rank 0 outlives this deadline: only an abort can end it with COMM */
+        r = capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM);
+        if (rank == 0) capex__sleep_s(4.0);
+        capex_comm_destroy(&c);
+        return r == CAPEX_ERR_COMM ? 0 : __LINE__;
+    }
     if (mode == 3) {
         capex_result r;
         if (rank == 1) { r = capex_comm_allgather(&c, f, g, 5, CAPEX_F32); capex_comm_destroy(&c); return 0; }
@@ -1135,6 +1160,10 @@ CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
     CT_CHECK(r == 0, "stalled peer -> CAPEX_ERR_TIMEOUT (line %d: %.300s)", r, capex_last_error());
     r = tcp_world(2, 3, codes);
     CT_CHECK(r == 0, "mismatch -> CAPEX_ERR_COMM (line %d: %.300s)", r, capex_last_error());
+    r = tcp_world(3, 4, codes);
+    CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0,
+             "rank 2 dead: rank 0 CAPEX_ERR_COMM (line %d) and its abort fails rank 1 at once (exit %d, not a timeout)", r,
+             codes[1]);
     {
         capex_dist_env env;
         capex_comm c;

@@ -164,6 +164,17 @@ CT_TEST(null_and_long_prefix) {
     CT_CHECK(capex_scaler_save(NULL, w, "x") == CAPEX_ERR_INVALID_ARG, "null sc");
     CT_CHECK(capex_scaler_save(&sc, NULL, "x") == CAPEX_ERR_INVALID_ARG, "null writer");
     CT_CHECK(capex_scaler_save(&sc, w, NULL) == CAPEX_ERR_INVALID_ARG, "null prefix");
+    CT_CHECK(capex_scaler_save(&sc, w, "") == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "empty"),
+             "empty prefix refused by name: %s", capex_last_error());
+    {
+        capex_state_writer *empty = NULL;
+        size_t len = 0, len_empty = 1;
+        capex_state_writer_create(NULL, &empty);
+        capex_state_write_memory(empty, NULL, 0, &len_empty);
+        capex_state_writer_destroy(empty);
+        CT_CHECK(capex_state_write_memory(w, NULL, 0, &len) == CAPEX_OK && len == len_empty,
+                 "nothing was added before the refusal (%lu vs %lu bytes)", (unsigned long)len, (unsigned long)len_empty);
+    }
     CT_CHECK(capex_scaler_load(&sc, NULL, "x") == CAPEX_ERR_INVALID_ARG, "null reader");
     memset(prefix, 'p', sizeof prefix - 1);
     prefix[sizeof prefix - 1] = '\0';

@@ -637,6 +637,31 @@ CT_TEST(atomic_write_keeps_old_file) {
     free(big);
 }
 
+/* A temp file left by a killed job that had this pid and writer address (a
+   restarted container) holds the first temp name: the write takes the next. */
+CT_TEST(stale_temp_file_does_not_block_writes) {
+    char path[512], stale[600];
+    capex_state_writer *w;
+    FILE *f;
+    strcpy(path, tmp_path("stale.safetensors"));
+    capex_state_writer_create(NULL, &w);
+    capex_state_add_f64(w, "scale", 2.0);
+    snprintf(stale, sizeof stale, "%s.tmp.%lu.%lu.%lx", path, (unsigned long)getpid(), 1ul,
+             (unsigned long)((size_t)w & 0xffffffu));
+    f = fopen(stale, "wb");
+    CT_CHECK(f != NULL, "plant %s", stale);
+    if (f) fputs("left by a killed job", f), fclose(f);
+    CT_CHECK(capex_state_write_file(w, path) == CAPEX_OK, "write past the stale temp name: %s", capex_last_error());
+    {
+        blob old = read_bytes(stale);
+        CT_CHECK(old.p && old.n == 20, "the stale file is not reused or truncated");
+        free(old.p);
+    }
+    unlink(stale);
+    unlink(path);
+    capex_state_writer_destroy(w);
+}
+
 /* Python's own readers: zlib for the checksum rule, safetensors.numpy for the
    layout; and a file written by python (stdlib only) read here. */
 CT_TEST(python_interop) {
@@ -709,6 +734,7 @@ static const ct_case cases[] = {
     CT_CASE(writer_rejects_bad_input),
     CT_CASE(null_arguments),
     CT_CASE(atomic_write_keeps_old_file),
+    CT_CASE(stale_temp_file_does_not_block_writes),
     CT_CASE(python_interop),
     CT_CASE(cleanup_temp_dir),
 };
