@@ -5373,6 +5373,52 @@ static capex_result capex__optim_check_param(const capex_optim_desc *d, const ca
     return CAPEX_OK;
 }
 
+static int capex__ptr_cmp(const void *x, const void *y) {
+    uintptr_t a = *(const uintptr_t *)x, b = *(const uintptr_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* torch.optim: "some parameters appear in more than one parameter group". A
+   param, moment buffer or model copy given twice (in this group, or already in
+   the optimizer) would be updated twice per step, or read as m and written as
+   v (the kernels declare them restrict). Exact repeats only: partial overlaps
+   are the caller's to avoid. */
+static capex_result capex__optim_check_aliases(const capex_optim *o, const capex_allocator *a,
+                                               const capex_optim_param *params, size_t n) {
+    size_t cap = 4 * (o->ntensors + n), cnt = 0, i, k;
+    uintptr_t *v, dup = 0;
+    capex_result r = CAPEX_OK;
+    if (!cap) return CAPEX_OK;
+    if (!(v = (uintptr_t *)capex__alloc(a, cap * sizeof *v)))
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
+#define CAPEX__OPT_PTRS(P)                                                   \
+    do {                                                                     \
+        if ((P).numel > 0) {                                                 \
+            v[cnt++] = (uintptr_t)(P).param;                                 \
+            if ((P).exp_avg) v[cnt++] = (uintptr_t)(P).exp_avg;              \
+            if ((P).exp_avg_sq) v[cnt++] = (uintptr_t)(P).exp_avg_sq;        \
+            if ((P).model) v[cnt++] = (uintptr_t)(P).model;                  \
+        }                                                                    \
+    } while (0)
+    for (k = 0; k < o->ntensors; k++) CAPEX__OPT_PTRS(o->tensors[k].p);
+    for (k = 0; k < n; k++) CAPEX__OPT_PTRS(params[k]);
+#undef CAPEX__OPT_PTRS
+    qsort(v, cnt, sizeof *v, capex__ptr_cmp);
+    for (i = 1; i < cnt && !dup; i++) if (v[i] == v[i - 1]) dup = v[i];
+    capex__free(a, v);
+    for (k = 0; dup && k < n; k++) {
+        const capex_optim_param *p = &params[k];
+        if (p->numel > 0 && ((uintptr_t)p->param == dup || (uintptr_t)p->exp_avg == dup ||
+                             (uintptr_t)p->exp_avg_sq == dup || (uintptr_t)p->model == dup)) {
+            r = capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: params[%zu] gives a param, moment buffer or "
+                            "model copy at %p that appears more than once (in this group or an earlier one); each "
+                            "tensor may belong to one group only", k, (void *)dup);
+            break;
+        }
+    }
+    return r;
+}
+
 /* Grows *arr (elements of size es) to hold need; contents kept. */
 static capex_result capex__optim_grow(const capex_allocator *a, void **arr, size_t *cap, size_t used, size_t need,
                                       size_t es) {
@@ -5402,7 +5448,8 @@ static int64_t capex__optim_item_len(int64_t numel, int64_t off, int64_t chunk) 
 static size_t capex__optim_count_items(int64_t numel, int64_t chunk) {
     size_t k = 0;
     int64_t off = 0;
-    if (chunk >= ((int64_t)1 << 32) || ((int64_t)1 << 32) % chunk == 0) /* common case: closed form */
+    if (chunk > ((int64_t)1 << 32)) chunk = (int64_t)1 << 32; /* items stop at 2^32 boundaries anyway (no overflow below) */
+    if (((int64_t)1 << 32) % chunk == 0) /* common case: closed form */
         return (size_t)((numel + chunk - 1) / chunk);
     while (off < numel) { off += capex__optim_item_len(numel, off, chunk); k++; }
     return k;
@@ -5495,6 +5542,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         nitems += capex__optim_count_items(params[k].numel, o->chunk);
     }
     a = capex__optim_alloc(o);
+    if ((r = capex__optim_check_aliases(o, a, params, n)) != CAPEX_OK) return r;
     /* grow bookkeeping first (contents kept, so a failure leaves the optimizer as it was) */
     if ((r = capex__optim_grow(a, (void **)&o->groups, &o->cap_groups, o->ngroups, o->ngroups + 1, sizeof *o->groups)) ||
         (r = capex__optim_grow(a, (void **)&o->tensors, &o->cap_tensors, o->ntensors, o->ntensors + n, sizeof *o->tensors)) ||
@@ -5613,7 +5661,7 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
     switch (phase) {
     case CAPEX__OPT_PH_MAIN:
         if (o->desc.kind == CAPEX_OPTIM_ADAM) (w ? capex__k_adam_w_tab : capex__k_adam_l2_tab)[gi][mi](&j);
-        else if (j.m) capex__k_sgdm_tab[gi][mi](&j);
+        else if (j.m && j.c->momentum != 0.0f) capex__k_sgdm_tab[gi][mi](&j); /* Apex: if (momentum != 0) */
         else capex__k_sgd_tab[gi][mi](&j);
         break;
     case CAPEX__OPT_PH_LAMB1: capex__k_lamb1_tab[w][gi](&j); break;
@@ -8344,8 +8392,7 @@ static capex_result capex__nm_check(const char *fn, const capex_norm_desc *d, co
     if ((r = capex__nm_ptr(fn, "dbias", a->dbias, a->param_dtype, 0)) != CAPEX_OK) return r;
     if (a->dweight && !a->weight)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: dweight given without weight (no affine: pass dweight NULL)", fn);
-    if (a->dbias && !a->weight)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: dbias given without weight (no affine: pass dbias NULL)", fn);
+    /* dbias without weight is fine: torch's layer_norm(weight=None, bias=b) has a bias grad, sum(dy) */
     return CAPEX_OK;
 }
 
@@ -8843,7 +8890,7 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
             memcpy(m.gath, pk, capex_syncbn_pack_floats(C) * sizeof(float));
         }
         r = capex_syncbn_merge(m.gath, world, C, m.mean, m.red, &total);
-        if (r == CAPEX_OK && d->training && total < 2)
+        if (r == CAPEX_OK && total < 2) /* use_batch: torch's batch-statistics path checks this in eval too */
             r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %lld value(s) per channel over all ranks; training needs "
                             "more than 1 (PyTorch: 'Expected more than 1 value per channel when training')", fn,
                             (long long)total);

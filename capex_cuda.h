@@ -439,7 +439,9 @@ typedef struct capex_cuda_optim capex_cuda_optim;
 CAPEX_API capex_result capex_cuda_optim_create(capex_cuda_context *ctx, const capex_optim_desc *desc,
                                                capex_cuda_optim **out);
 CAPEX_API void capex_cuda_optim_destroy(capex_cuda_optim *opt); /* frees only what it allocated */
-/* Validated first; on error the optimizer is unchanged. Waits for the device. */
+/* Validated first; on error the optimizer is unchanged. Waits for the device
+   (all streams) before it reads the step counts and again before it returns,
+   so steps queued earlier count and the new buffers are zero for any stream. */
 CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *opt, const capex_optim_hparams *hp,
                                                   const capex_optim_param *params, size_t n, size_t *group_index);
 /* One step, enqueued: g = grad * (*inv_scale) * (*clip_coef); the step is
@@ -471,8 +473,10 @@ CAPEX_API capex_result capex_cuda_optim_get_state(const capex_cuda_optim *opt, s
    placeholders: do not step it). Save it with capex_optim_save, or
    capex_optim_load into it and hand it to from_host, which validates that it
    matches (kind, modes, groups, sizes, moment and model buffers) before it
-   copies anything to the device. Both wait for `stream`. The host optimizer
-   is yours: capex_optim_destroy frees it with its copies.
+   copies anything to the device. Both wait for `stream`; from_host waits for
+   the whole device before and after it copies. The learning rate saved is the
+   device's (a kernel may set it through capex_cuda_optim_lr_ptr). The host
+   optimizer is yours: capex_optim_destroy frees it with its copies.
 
        capex_optim *h;  capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, s, &h);
        capex_optim_save(h, w, "optim", CAPEX_OPTIM_STATE_PARAMS);   // then write w
@@ -559,7 +563,9 @@ CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
 
    SyncBatchNorm: comm NULL (or a world of one) is BatchNorm. A comm with
    device buffers (NCCL) must use `stream` (comm->stream): the gather and the
-   merge stay on the device, no host synchronisation. A host comm (MPI, TCP)
+   merge stay on the device (no copies through the host), but the call waits
+   for each collective to finish (polled against the comm's deadline, so a
+   dead peer gives a status, not a hang). A host comm (MPI, TCP)
    works too: the few floats per channel are staged through host memory (a
    stream synchronisation per collective). The workspace
    (capex_cuda_batch_norm_workspace_bytes) carries the statistics and the
@@ -2333,7 +2339,7 @@ CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n
    workspace, summed in part order by a second kernel (deterministic).
    BatchNorm: a block per channel for the reductions, grid-stride loops for
    the elementwise passes; SyncBatchNorm's cross-rank merge runs on the device
-   (float64, rank order), so no host synchronisation is needed with NCCL. */
+   (float64, rank order), so nothing is copied through the host with NCCL. */
 static const char capex__cuda_frag_norm_a[] =
     "CAPEX_DEVICE float capex__nm_ld(const void *p, int t, capex_u64 i) {\n"
     "    if (t == 0) return ((const float *)p)[i];\n"
@@ -3875,6 +3881,10 @@ typedef struct capex__go_exec {
     capex_result (*zero)(void *user, capex_cuda_ptr dst, size_t bytes, capex_cuda_stream s);
     /* optional: start compiling these kernels (CAPEX__GO_K_*) in the background */
     void (*prefetch)(void *user, const int *kernels, int n);
+    /* optional: wait for all work on every stream (the copies above without a
+       stream use the NULL stream, which is not ordered against the caller's
+       non-blocking streams) */
+    capex_result (*sync)(void *user);
     void *user;
 } capex__go_exec;
 
@@ -3913,6 +3923,11 @@ CAPEX__PRIVATE void capex__go_dev_prefetch(void *user, const int *kernels, int n
     capex__cuda_bg_request((capex_cuda_context *)user, want, 0);
 }
 
+CAPEX__PRIVATE capex_result capex__go_dev_sync(void *user) {
+    return capex_cuda_context_synchronize((capex_cuda_context *)user);
+}
+CAPEX__PRIVATE capex_result capex__go_sync(const capex__go_exec *ex) { return ex->sync ? ex->sync(ex->user) : CAPEX_OK; }
+
 CAPEX__PRIVATE capex_result capex__go_dev_exec(capex_cuda_context *ctx, const char *fn, capex__go_exec *ex) {
     memset(ex, 0, sizeof *ex);
     if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: context is NULL; create one with capex_cuda_context_create", fn);
@@ -3923,6 +3938,7 @@ CAPEX__PRIVATE capex_result capex__go_dev_exec(capex_cuda_context *ctx, const ch
     ex->dtoh = capex__go_dev_dtoh;
     ex->zero = capex__go_dev_zero;
     ex->prefetch = capex__go_dev_prefetch;
+    ex->sync = capex__go_dev_sync;
     ex->user = ctx;
     return CAPEX_OK;
 }
@@ -4268,7 +4284,8 @@ CAPEX__PRIVATE capex_result capex__go_scaler_create(const capex__go_exec *ex, co
     sc->ex = *ex;
     sc->desc = *desc;
     capex__go_scaler_fill(&g, &st);
-    if ((r = ex->alloc(ex->user, sizeof g, &sc->d)) != CAPEX_OK || (r = ex->htod(ex->user, sc->d, &g, sizeof g, NULL)) != CAPEX_OK) {
+    if ((r = ex->alloc(ex->user, sizeof g, &sc->d)) != CAPEX_OK || (r = ex->htod(ex->user, sc->d, &g, sizeof g, NULL)) != CAPEX_OK ||
+        (r = capex__go_sync(ex)) != CAPEX_OK) { /* the copy is complete before any stream uses the scaler */
         capex_cuda_scaler_destroy(sc);
         return r;
     }
@@ -4498,6 +4515,9 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     }
     memset(bufs, 0, 2 * (n ? n : 1) * sizeof *bufs);
     memset(groups, 0, (o->ngroups + 1) * sizeof *groups);
+    /* steps queued on the caller's streams must have run before their step
+       counts are read here and their group table is freed below */
+    if ((r = capex__go_sync(&o->ex)) != CAPEX_OK) goto fail;
     if (o->ngroups && (r = o->ex.dtoh(o->ex.user, groups, o->dgroups, o->ngroups * sizeof *groups, NULL)) != CAPEX_OK)
         goto fail;
     capex__go_hp_to_group(hp, &groups[o->ngroups]);
@@ -4536,6 +4556,8 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
         if ((r = o->ex.htod(o->ex.user, dlamb + capex__go_lamb_bytes(o->chunks + chunks, nt) - 4u * nt, tg, 4u * nt, NULL)) != CAPEX_OK)
             goto fail;
     }
+    /* the zeroing and copies are done before a step on any stream reads them */
+    if ((r = capex__go_sync(&o->ex)) != CAPEX_OK) goto fail;
     if (o->ngroups) memcpy(nhp, o->hp, o->ngroups * sizeof *nhp);
     nhp[o->ngroups] = *hp;
     /* commit */
@@ -4728,7 +4750,8 @@ CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr
                 a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
                 a.ptr[1] = o->desc.seed;
                 a.flag[0] = adam ? o->desc.adam_w_mode != 0 : 0;
-                for (k = 0; !adam && k < c; k++) a.flag[0] |= o->ten[k].addr[2] != 0; /* momentum buffers */
+                /* momentum buffers, and momentum on now (Apex: if (momentum != 0); a group may turn it off) */
+                for (k = 0; !adam && o->hp[g].momentum != 0.0f && k < c; k++) a.flag[0] |= o->ten[k].addr[2] != 0;
                 a.flag[1] = mk;
                 r = capex__go_mta(&o->ex, (adam ? CAPEX__GO_K_ADAM : CAPEX__GO_K_SGD) + gd, adam ? 6 : 5, o->shape,
                                   o->ten, c, o->chunk, &a, -1, 0, stream, NULL);
@@ -4843,6 +4866,8 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
     for (g = 0, k = 0; g < o->ngroups && r == CAPEX_OK; g++) {
         size_t first = k;
         while (k < o->nt && o->t[k].group == g) k++;
+        /* lr as the device has it: a kernel may drive it (capex_cuda_optim_lr_ptr) */
+        o->hp[g].lr = groups[g].lr;
         r = capex_optim_add_group(h, &o->hp[g], ps + first, k - first, NULL);
         if (r == CAPEX_OK) { h->groups[g].step = groups[g].step; h->groups[g].mom_init = groups[g].mom_init != 0; }
     }
@@ -4900,6 +4925,8 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
     }
     groups = (capex__go_group *)capex__alloc(NULL, (o->ngroups ? o->ngroups : 1) * sizeof *groups);
     if (!groups) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    /* work queued on any stream (not only `stream`) finishes before the state is replaced */
+    if ((r = capex__go_sync(&o->ex)) != CAPEX_OK) goto done;
     if (o->ngroups && (r = o->ex.dtoh(o->ex.user, groups, o->dgroups, o->ngroups * sizeof *groups, stream)) != CAPEX_OK)
         goto done;
     for (g = 0; g < o->ngroups; g++) {
@@ -4923,6 +4950,7 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
             r = o->ex.htod(o->ex.user, (capex_cuda_ptr)(uintptr_t)d->model, p->model, nb / 2u, NULL);
     }
     if (r == CAPEX_OK && o->ngroups) r = o->ex.htod(o->ex.user, o->dgroups, groups, o->ngroups * sizeof *groups, NULL);
+    if (r == CAPEX_OK) r = capex__go_sync(&o->ex); /* landed before a step on any stream reads it */
     if (r == CAPEX_OK) {
         for (g = 0; g < o->ngroups; g++) o->hp[g] = h->groups[g].hp;
         o->desc.max_grad_norm = h->desc.max_grad_norm; /* loaded with the state */
@@ -5149,12 +5177,19 @@ CAPEX__PRIVATE capex_result capex__nccl_dtype(const capex__nccl *n, capex_dtype 
 }
 
 /* Device scratch of at least `bytes` (grown; old contents dropped). */
-CAPEX__PRIVATE capex_result capex__nccl_scratch(capex__nccl *n, size_t bytes) {
+CAPEX__PRIVATE capex_result capex__nccl_scratch(capex_comm *c, size_t bytes) {
+    capex__nccl *n = capex__nccl_of(c);
     capex_result r;
     if (n->scratch_bytes >= bytes) return CAPEX_OK;
     if (n->scratch) {
-        /* queued kernels may still read it */
-        if ((r = capex_cuda_stream_synchronize(n->ctx, n->stream)) != CAPEX_OK) return r;
+        /* queued kernels may still read it: wait for the stream, but under the
+           comm's deadline (a collective queued before them may never end) */
+        capex_cuda_event e = NULL;
+        if ((r = capex_cuda_event_create(n->ctx, 0, &e)) != CAPEX_OK) return r;
+        r = capex_cuda_event_record(n->ctx, e, n->stream);
+        if (r == CAPEX_OK) r = capex__nccl_poll(c, e, capex__deadline(c), "growing the NCCL comm's scratch buffer");
+        capex_cuda_event_destroy(n->ctx, e);
+        if (r != CAPEX_OK) return r;
         capex_cuda_free(n->ctx, n->scratch);
         n->scratch = 0;
         n->scratch_bytes = 0;
@@ -5166,12 +5201,13 @@ CAPEX__PRIVATE capex_result capex__nccl_scratch(capex__nccl *n, size_t bytes) {
 
 /* x *= f on our stream, in f32 and rounded back for halfs (capex.h's
    capex__host_scale, bit for bit: the built-in conversions are exact twins). */
-CAPEX__PRIVATE capex_result capex__nccl_scale_enqueue(capex__nccl *n, void *buf, size_t count, capex_dtype t, float f) {
+CAPEX__PRIVATE capex_result capex__nccl_scale_enqueue(capex_comm *c, void *buf, size_t count, capex_dtype t, float f) {
+    capex__nccl *n = capex__nccl_of(c);
     capex_cuda_ptr x = CAPEX__NCCL_PTR(buf);
     capex_result r;
     if (t == CAPEX_F32) return capex_cuda_scale_f32(n->ctx, x, x, f, count, n->stream);
     if (t == CAPEX_F16 || t == CAPEX_BF16) {
-        if ((r = capex__nccl_scratch(n, count * 4)) != CAPEX_OK) return r;
+        if ((r = capex__nccl_scratch(c, count * 4)) != CAPEX_OK) return r;
         if ((r = capex_cuda_convert(n->ctx, n->scratch, CAPEX_F32, x, t, count, n->stream)) != CAPEX_OK) return r;
         if ((r = capex_cuda_scale_f32(n->ctx, n->scratch, n->scratch, f, count, n->stream)) != CAPEX_OK) return r;
         return capex_cuda_convert(n->ctx, x, t, n->scratch, CAPEX_F32, count, n->stream);
@@ -5201,7 +5237,7 @@ CAPEX__PRIVATE capex_result capex__nccl_enqueue_allreduce(capex_comm *c, const v
     if ((e = n->api.AllReduce(send, recv, count, dt, nop, n->comm, n->stream)) != CAPEX__NCCL_SUCCESS)
         return capex__nccl_fail(&n->api, n->comm, e, "ncclAllReduce");
     if (post && c->world_size > 1)
-        if ((r = capex__nccl_scale_enqueue(n, recv, count, t, (float)(1.0 / (double)c->world_size))) != CAPEX_OK) return r;
+        if ((r = capex__nccl_scale_enqueue(c, recv, count, t, (float)(1.0 / (double)c->world_size))) != CAPEX_OK) return r;
     return capex_cuda_event_record(n->ctx, done, n->stream);
 }
 
@@ -5247,7 +5283,7 @@ static capex_result capex__nccl_barrier(capex_comm *c, double deadline) {
     capex__nccl *n = capex__nccl_of(c);
     capex_result r;
     if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
-    if ((r = capex__nccl_scratch(n, 4)) != CAPEX_OK) return r;
+    if ((r = capex__nccl_scratch(c, 4)) != CAPEX_OK) return r;
     return capex__nccl_allreduce(c, (const void *)(uintptr_t)n->scratch, (void *)(uintptr_t)n->scratch, 1, CAPEX_F32,
                                  CAPEX_REDUCE_SUM, deadline);
 }
@@ -5381,7 +5417,7 @@ static capex_result capex__nccl_scale(capex_comm *c, void *buf, size_t count, ca
     capex__nccl *n = capex__nccl_of(c);
     capex_result r;
     if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
-    if ((r = capex__nccl_scale_enqueue(n, buf, count, t, factor)) != CAPEX_OK) return r;
+    if ((r = capex__nccl_scale_enqueue(c, buf, count, t, factor)) != CAPEX_OK) return r;
     return capex__nccl_user_after(n);
 }
 
@@ -5577,6 +5613,8 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: dweight/dbias need a workspace of "
                            "capex_cuda_norm_workspace_bytes(rows, cols) = %zu bytes", fn,
                            capex_cuda_norm_workspace_bytes(a->rows, a->cols));
+    if (bwd && (a->dweight || a->dbias) && (a->workspace & 3u)) /* floats: a misaligned one faults the context */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: workspace 0x%llx is not 4-byte aligned", fn, (unsigned long long)a->workspace);
     rows = (unsigned long long)a->rows; cols = (unsigned long long)a->cols;
     xt = (int)a->x_dtype; yt = (int)a->y_dtype; pt = (int)a->param_dtype;
     /* a warp per row (4 rows per block) up to 1024 columns, else a block of 256 per row */
@@ -5667,6 +5705,8 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_check(const char *fn, capex_cuda_cont
     if (!a->save_mean || !a->save_invstd || !a->workspace)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: save_mean, save_invstd and workspace (capex_cuda_batch_norm_"
                            "workspace_bytes) are required on the GPU", fn);
+    if (a->workspace & 7u) /* it starts with doubles: a misaligned one faults the context */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: workspace 0x%llx is not 8-byte aligned", fn, (unsigned long long)a->workspace);
     if (comm && comm->device_buffers && comm->world_size > 1 && comm->stream != stream)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: a device-buffer comm orders work on comm->stream; pass it as "
                            "`stream`", fn);

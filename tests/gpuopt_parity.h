@@ -485,6 +485,29 @@ static void par_opt_run(ct_state *ct, env *e, const capex_optim_desc *d, int nte
         CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
         par_opt_compare(ct, e, &o, tol, what);
     }
+    if (!ct->failed && d->kind == CAPEX_OPTIM_SGD && d->defaults.momentum != 0.0f) {
+        /* momentum turned off later: plain SGD on both (Apex: if (momentum != 0)), buffers kept */
+        capex_optim_hparams h;
+        CT_CHECK(capex_optim_get_hparams(o.cpu, 0, &h) == CAPEX_OK, "hparams");
+        h.momentum = 0.0f;
+        h.nesterov = 0;
+        CT_CHECK(capex_optim_set_hparams(o.cpu, 0, &h) == CAPEX_OK && capex_cuda_optim_set_hparams(o.dev, 0, &h, NULL) == CAPEX_OK,
+                 "momentum 0: %s", capex_last_error());
+        CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu");
+        CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+        par_opt_compare(ct, e, &o, tol, "SGD, momentum turned off");
+    }
+    if (!ct->failed) {
+        /* a kernel-driven lr (written through lr_ptr) is what a checkpoint saves */
+        const float lr = 3e-3f;
+        capex_optim *h = NULL;
+        capex_optim_hparams hp;
+        CT_CHECK(par_up(e, capex_cuda_optim_lr_ptr(o.dev, 1), &lr, 4), "lr up");
+        CT_CHECK(capex_cuda_optim_to_host(o.dev, 0, NULL, &h) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(h && capex_optim_get_hparams(h, 1, &hp) == CAPEX_OK && hp.lr == lr, "%s: checkpoint lr %g, device %g", what,
+                 h ? (double)hp.lr : -1.0, (double)lr);
+        capex_optim_destroy(h);
+    }
     par_opt_free(e, &o);
     par_free(e, dinv);
     par_free(e, dclip);

@@ -51,6 +51,7 @@ static capex_result r_zero(void *u, capex_cuda_ptr d, size_t n, capex_cuda_strea
 }
 static capex__go_exec rec_exec(void) {
     capex__go_exec e;
+    memset(&e, 0, sizeof e);
     e.launch = r_launch; e.alloc = r_alloc; e.release = r_release; e.htod = r_htod; e.dtoh = r_dtoh; e.zero = r_zero;
     e.user = NULL;
     memset(&rec, 0, sizeof rec);

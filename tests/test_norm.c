@@ -716,6 +716,24 @@ CT_TEST(batch_norm_constant_channel_and_no_running_stats) {
     CT_CHECK(sm[0] == -2.5f && sm[1] == 5.0f, "means %g %g", (double)sm[0], (double)sm[1]);
     CT_CHECK(si[0] == 1.0f / sqrtf(1e-5f) && si[1] == si[0], "variance exactly 0: invstd %g", (double)si[0]);
     for (i = 0; i < 12; i++) CT_CHECK(y[i] == 0.0f, "y[%d] = %g", i, (double)y[i]);
+    /* one value per channel: torch's batch-statistics path refuses it in eval too */
+    a.n = 1; a.s = 1;
+    CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "more than 1"),
+             "eval without running stats, 1 value per channel: %s", capex_last_error());
+}
+
+/* torch.nn.functional.layer_norm(x, shape, weight=None, bias=b): the bias has a
+   gradient, sum over rows of dy; dx as without affine. */
+CT_TEST(layer_norm_bias_without_weight) {
+    float x[6] = {1, 2, 4, -1, 0, 3}, b[3] = {0.5f, -1, 2}, y[6], mean[2], rstd[2], dy[6] = {1, 2, 3, 4, 5, 6}, dx[6], db[3];
+    capex_norm_args a;
+    capex_norm_args_init(&a);
+    a.rows = 2; a.cols = 3; a.x = x; a.y = y; a.bias = b; a.mean = mean; a.rstd = rstd;
+    CT_CHECK(capex_layer_norm_forward(NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    a.dy = dy; a.dx = dx; a.dbias = db;
+    CT_CHECK(capex_layer_norm_backward(NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(db[0] == 5.0f && db[1] == 7.0f && db[2] == 9.0f, "dbias = column sums of dy: %g %g %g", (double)db[0],
+             (double)db[1], (double)db[2]);
 }
 
 /* torch momentum=None: after k training batches the running statistics are
@@ -1002,6 +1020,7 @@ static const ct_case cases[] = {
     CT_CASE(batch_norm_layouts_dtypes_eval),
     CT_CASE(batch_norm_finite_differences),
     CT_CASE(batch_norm_constant_channel_and_no_running_stats),
+    CT_CASE(layer_norm_bias_without_weight),
     CT_CASE(batch_norm_cumulative_average_momentum_none), CT_CASE(batch_norm_errors),
     CT_CASE(amp_dtypes_keep_batchnorm_fp32),
     CT_CASE(sync_batch_norm_threads_unequal_batches),

@@ -171,6 +171,10 @@ static void bn_gpu_case(ct_state *ct, capex_cuda_context *ctx, int64_t N, int64_
     g.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(C, 1));
     g.num_batches_tracked = &gtracked;
     CT_CHECK(capex_comm_init_single(&single) == CAPEX_OK, "single");
+    g.workspace += 4; /* doubles inside: refused before anything runs, not a fault that kills the context */
+    CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, &single, &g, NULL) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "aligned"), "misaligned workspace: %s", capex_last_error());
+    g.workspace -= 4;
     CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, &single, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
     CT_CHECK(capex_cuda_batch_norm_backward(ctx, &d, &single, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
     capex_comm_destroy(&single);

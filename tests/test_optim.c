@@ -1067,6 +1067,85 @@ CT_TEST(chunk_size_does_not_change_adam_sgd) {
     }
 }
 
+/* A group whose momentum is set to 0 later runs plain SGD (Apex and torch:
+   `if momentum != 0`), leaves its buffer alone, and resumes from that buffer
+   when momentum comes back (torch keeps momentum_buffer). */
+CT_TEST(sgd_momentum_turned_off_later) {
+    capex_optim_desc d;
+    capex_optim *opt;
+    capex_optim_param pa;
+    capex_optim_hparams h;
+    float w = 1.0f, g = 1.0f, buf = 0.0f;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_SGD);
+    d.defaults.lr = 0.1f; d.defaults.momentum = 0.9f; d.defaults.dampening = 0.5f;
+    CT_CHECK(capex_optim_create(&d, &opt) == CAPEX_OK, "%.300s", capex_last_error());
+    capex_optim_param_init(&pa); pa.param = &w; pa.grad = &g; pa.numel = 1; pa.exp_avg = &buf;
+    CT_CHECK(capex_optim_add_group(opt, NULL, &pa, 1, NULL) == CAPEX_OK, "%.300s", capex_last_error());
+    capex_optim_step(opt, 1, 1, 0); /* buf = g = 1; w = 1 - 0.1 */
+    CT_CHECK(w == 0.9f && buf == 1.0f, "step 1: w %.9g buf %.9g", (double)w, (double)buf);
+    h = d.defaults; h.momentum = 0.0f;
+    CT_CHECK(capex_optim_set_hparams(opt, 0, &h) == CAPEX_OK, "%.300s", capex_last_error());
+    capex_optim_step(opt, 1, 1, 0);
+    CT_CHECK(w == 0.9f - 0.1f && buf == 1.0f, "momentum 0: plain SGD (w %.9g, want %.9g), buffer kept (%.9g)", (double)w,
+             (double)(0.9f - 0.1f), (double)buf);
+    h.momentum = 0.9f;
+    CT_CHECK(capex_optim_set_hparams(opt, 0, &h) == CAPEX_OK, "%.300s", capex_last_error());
+    capex_optim_step(opt, 1, 1, 0); /* buf = 0.9 * 1 + 0.5 * 1 = 1.4 */
+    CT_CHECK(buf == 0.9f * 1.0f + (1.0f - 0.5f) * 1.0f, "momentum back: from the kept buffer (%.9g)", (double)buf);
+    capex_optim_destroy(opt);
+}
+
+/* Chunk sizes above 2^32 (up to "one chunk per tensor", INT64_MAX) plan the
+   same items as 2^32: no overflow in the count, no write past the plan. */
+CT_TEST(huge_chunk_sizes) {
+    static const int64_t chunks[] = {INT64_MAX, ((int64_t)1 << 40) + 3, ((int64_t)1 << 32) + 1};
+    size_t c;
+    for (c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+        capex_optim_desc d;
+        capex_optim *opt;
+        capex_optim_param pa;
+        float w[100], g[100];
+        int i;
+        for (i = 0; i < 100; i++) w[i] = 1.0f, g[i] = 0.5f;
+        capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+        d.exec.chunk_size = chunks[c];
+        CT_CHECK(capex_optim_create(&d, &opt) == CAPEX_OK, "%.300s", capex_last_error());
+        capex_optim_param_init(&pa); pa.param = w; pa.grad = g; pa.numel = 100;
+        CT_CHECK(capex_optim_add_group(opt, NULL, &pa, 1, NULL) == CAPEX_OK, "chunk %lld: %.300s", (long long)chunks[c],
+                 capex_last_error());
+        CT_CHECK(capex_optim_step(opt, 1, 1, 0) == CAPEX_OK, "%.300s", capex_last_error());
+        for (i = 0; i < 100; i++) CT_CHECK(w[i] < 1.0f && w[i] > 0.99f, "chunk %lld: w[%d] = %.9g", (long long)chunks[c], i, (double)w[i]);
+        capex_optim_destroy(opt);
+    }
+}
+
+/* torch.optim refuses a parameter in two groups; capex too (it would be
+   stepped twice), and moment buffers shared between tensors or between m and v. */
+CT_TEST(aliased_params_and_buffers_are_refused) {
+    capex_optim_desc d;
+    capex_optim *opt;
+    capex_optim_param ps[2];
+    float w[4] = {1, 1, 1, 1}, w2[4] = {1, 1, 1, 1}, g[4] = {1, 1, 1, 1}, m[4], v[4];
+    size_t ng;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    CT_CHECK(capex_optim_create(&d, &opt) == CAPEX_OK, "%.300s", capex_last_error());
+    capex_optim_param_init(&ps[0]); ps[0].param = w; ps[0].grad = g; ps[0].numel = 4;
+    ps[1] = ps[0];
+    CT_CHECK(capex_optim_add_group(opt, NULL, ps, 2, NULL) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "more than once"),
+             "same param twice in a group: %.300s", capex_last_error());
+    CT_CHECK(capex_optim_add_group(opt, NULL, ps, 1, NULL) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_optim_add_group(opt, NULL, ps, 1, NULL) == CAPEX_ERR_INVALID_ARG, "same param in a second group");
+    ps[1].param = w2; ps[1].exp_avg = m; ps[1].exp_avg_sq = m;
+    CT_CHECK(capex_optim_add_group(opt, NULL, ps + 1, 1, NULL) == CAPEX_ERR_INVALID_ARG, "exp_avg == exp_avg_sq");
+    ps[1].exp_avg_sq = v;
+    CT_CHECK(capex_optim_add_group(opt, NULL, ps + 1, 1, NULL) == CAPEX_OK, "%.300s", capex_last_error());
+    ng = capex_optim_num_groups(opt);
+    CT_CHECK(ng == 2, "refusals added nothing (%lu groups)", (unsigned long)ng);
+    capex_optim_step(opt, 1, 1, 0);
+    CT_CHECK(fabs(w[0] - (1.0 - 1e-3)) < 1e-6, "stepped once: %.9g", (double)w[0]);
+    capex_optim_destroy(opt);
+}
+
 /* ---- the math, as CUDA source ---- */
 
 CT_TEST(math_source_for_cuda) {
@@ -1091,6 +1170,9 @@ static const ct_case cases[] = {
     CT_CASE(stochastic_rounding_unbiased), CT_CASE(groups_own_step_counts_and_hparams),
     CT_CASE(user_buffers_and_zero_sizes), CT_CASE(bad_input), CT_CASE(resume_is_bit_identical),
     CT_CASE(load_validates_before_changing), CT_CASE(kernel_half_conversions_match_core),
-    CT_CASE(chunk_size_does_not_change_adam_sgd), CT_CASE(math_source_for_cuda),
+    CT_CASE(chunk_size_does_not_change_adam_sgd),
+    CT_CASE(sgd_momentum_turned_off_later),
+    CT_CASE(huge_chunk_sizes),
+    CT_CASE(aliased_params_and_buffers_are_refused), CT_CASE(math_source_for_cuda),
 };
 CT_MAIN(cases)
