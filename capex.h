@@ -5084,6 +5084,7 @@ struct capex_optim {
     int64_t total;  /* elements over all tensors */
     int broken;     /* a load failed half-way: refuse to step */
     void *host_block; /* capex_cuda_optim_to_host: the param/model copies it owns */
+    int host_block_params; /* they hold weights (to_host or a load with CAPEX_OPTIM_STATE_PARAMS) */
 };
 
 typedef struct capex__optim_job {
@@ -5383,14 +5384,14 @@ static int capex__ptr_cmp(const void *x, const void *y) {
    the optimizer) would be updated twice per step, or read as m and written as
    v (the kernels declare them restrict). Exact repeats only: partial overlaps
    are the caller's to avoid. */
-static capex_result capex__optim_check_aliases(const capex_optim *o, const capex_allocator *a,
-                                               const capex_optim_param *params, size_t n) {
-    size_t cap = 4 * (o->ntensors + n), cnt = 0, i, k;
+CAPEX__PRIVATE capex_result capex__optim_check_aliases(const void *old, size_t old_stride, size_t n_old,
+                                                      const capex_allocator *a, const capex_optim_param *params, size_t n,
+                                                      const char *fn) {
+    size_t cap = 4 * (n_old + n), cnt = 0, i, k;
     uintptr_t *v, dup = 0;
     capex_result r = CAPEX_OK;
     if (!cap) return CAPEX_OK;
-    if (!(v = (uintptr_t *)capex__alloc(a, cap * sizeof *v)))
-        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
+    if (!(v = (uintptr_t *)capex__alloc(a, cap * sizeof *v))) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
 #define CAPEX__OPT_PTRS(P)                                                   \
     do {                                                                     \
         if ((P).numel > 0) {                                                 \
@@ -5400,7 +5401,8 @@ static capex_result capex__optim_check_aliases(const capex_optim *o, const capex
             if ((P).model) v[cnt++] = (uintptr_t)(P).model;                  \
         }                                                                    \
     } while (0)
-    for (k = 0; k < o->ntensors; k++) CAPEX__OPT_PTRS(o->tensors[k].p);
+    /* old: n_old records of old_stride bytes, each starting with a capex_optim_param */
+    for (k = 0; k < n_old; k++) CAPEX__OPT_PTRS(*(const capex_optim_param *)(const void *)((const char *)old + k * old_stride));
     for (k = 0; k < n; k++) CAPEX__OPT_PTRS(params[k]);
 #undef CAPEX__OPT_PTRS
     qsort(v, cnt, sizeof *v, capex__ptr_cmp);
@@ -5410,9 +5412,9 @@ static capex_result capex__optim_check_aliases(const capex_optim *o, const capex
         const capex_optim_param *p = &params[k];
         if (p->numel > 0 && ((uintptr_t)p->param == dup || (uintptr_t)p->exp_avg == dup ||
                              (uintptr_t)p->exp_avg_sq == dup || (uintptr_t)p->model == dup)) {
-            r = capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: params[%zu] gives a param, moment buffer or "
-                            "model copy at %p that appears more than once (in this group or an earlier one); each "
-                            "tensor may belong to one group only", k, (void *)dup);
+            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: params[%zu] gives a param, moment buffer or model copy at %p "
+                            "that appears more than once (in this group or an earlier one); each tensor may belong "
+                            "to one group only", fn, k, (void *)dup);
             break;
         }
     }
@@ -5542,7 +5544,9 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         nitems += capex__optim_count_items(params[k].numel, o->chunk);
     }
     a = capex__optim_alloc(o);
-    if ((r = capex__optim_check_aliases(o, a, params, n)) != CAPEX_OK) return r;
+    if ((r = capex__optim_check_aliases(o->tensors, sizeof *o->tensors, o->ntensors, a, params, n,
+                                        "capex_optim_add_group")) != CAPEX_OK)
+        return r;
     /* grow bookkeeping first (contents kept, so a failure leaves the optimizer as it was) */
     if ((r = capex__optim_grow(a, (void **)&o->groups, &o->cap_groups, o->ngroups, o->ngroups + 1, sizeof *o->groups)) ||
         (r = capex__optim_grow(a, (void **)&o->tensors, &o->cap_tensors, o->ntensors, o->ntensors + n, sizeof *o->tensors)) ||
@@ -6109,6 +6113,7 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
     nd.allocator = NULL;
     o->desc = nd;
     o->broken = 0;
+    if (flags & CAPEX_OPTIM_STATE_PARAMS) o->host_block_params = 1;
 done:
     capex__free(a, hps);
     capex__free(a, steps);

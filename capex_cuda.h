@@ -475,7 +475,9 @@ CAPEX_API capex_result capex_cuda_optim_get_state(const capex_cuda_optim *opt, s
    matches (kind, modes, groups, sizes, moment and model buffers) before it
    copies anything to the device. Both wait for `stream`; from_host waits for
    the whole device before and after it copies. The learning rate saved is the
-   device's (a kernel may set it through capex_cuda_optim_lr_ptr). The host
+   device's (a kernel may set it through capex_cuda_optim_lr_ptr). from_host
+   with CAPEX_OPTIM_STATE_PARAMS refuses (CAPEX_ERR_ORDER) a copy that holds no
+   weights (to_host without the flag, not loaded with it). The host
    optimizer is yours: capex_optim_destroy frees it with its copies.
 
        capex_optim *h;  capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, s, &h);
@@ -4498,6 +4500,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     }
     if (o->ngroups + 1 > (size_t)INT32_MAX || o->nt + n > (size_t)INT32_MAX)
         return capex__fail(CAPEX_ERR_LIMIT, "%s: too many groups or tensors", fn);
+    if ((r = capex__optim_check_aliases(o->t, sizeof *o->t, o->nt, NULL, params, n, fn)) != CAPEX_OK) return r;
     need_m = o->desc.kind != CAPEX_OPTIM_SGD || hp->momentum != 0.0f;
     need_v = o->desc.kind != CAPEX_OPTIM_SGD;
     nt = o->nt + n;
@@ -4886,6 +4889,7 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
     }
     if (r == CAPEX_OK && (!(flags & CAPEX_OPTIM_STATE_PARAMS)))
         memset(block, 0, capex__go_host_layout(o, o->nt, 0)); /* defined contents, never saved */
+    if (r == CAPEX_OK) h->host_block_params = (flags & CAPEX_OPTIM_STATE_PARAMS) != 0;
 done:
     if (r == CAPEX_OK) *host = h;
     else if (h) capex_optim_destroy(h); /* frees block */
@@ -4903,6 +4907,9 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
     size_t g, k;
     if (!o || !h) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: optimizer or host optimizer is NULL", fn);
     if (h->broken) return capex__fail(CAPEX_ERR_ORDER, "%s: the host optimizer's last load failed half-way", fn);
+    if ((flags & CAPEX_OPTIM_STATE_PARAMS) && h->host_block && !h->host_block_params)
+        return capex__fail(CAPEX_ERR_ORDER, "%s: the host optimizer holds no weights (made by to_host without "
+                           "CAPEX_OPTIM_STATE_PARAMS and not loaded with it); copying would zero the device weights", fn);
     if (h->desc.kind != o->desc.kind || (h->desc.adam_w_mode != 0) != (o->desc.adam_w_mode != 0) ||
         (h->desc.use_nvlamb != 0) != (o->desc.use_nvlamb != 0) ||
         (h->desc.wd_after_momentum != 0) != (o->desc.wd_after_momentum != 0) ||

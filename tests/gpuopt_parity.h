@@ -618,6 +618,12 @@ static void par_checkpoint_one(ct_state *ct, env *e, const capex_optim_desc *d, 
         capex_optim_destroy(other);
         CT_CHECK(capex_optim_create(d, &other) == CAPEX_OK, "create");
         CT_CHECK(capex_cuda_optim_from_host(o.dev, other, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_ERR_SIZE_MISMATCH, "no groups refused");
+        capex_optim_destroy(other);
+        other = NULL;
+        /* a copy made without the weights cannot give them back (it holds zeros) */
+        CT_CHECK(capex_cuda_optim_to_host(o.dev, 0, NULL, &other) == CAPEX_OK, "to_host without params");
+        CT_CHECK(capex_cuda_optim_from_host(o.dev, other, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_ERR_ORDER &&
+                 strstr(capex_last_error(), "no weights"), "weights from a copy without them refused: %s", capex_last_error());
     }
     CT_CHECK(capex_cuda_optim_from_host(o.dev, h2, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_OK, "%s: from_host: %s", what, capex_last_error());
     CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu step");

@@ -237,6 +237,9 @@ CT_TEST(optimizer_argument_errors) {
     CT_CHECK(capex_cuda_optim_add_group(o, &hp, &p, 1, NULL) == CAPEX_ERR_CONFIG, "nesterov without momentum");
     CT_CHECK(capex_cuda_optim_num_groups(o) == 0, "unchanged after errors");
     CT_CHECK(capex_cuda_optim_add_group(o, NULL, &p, 1, NULL) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_cuda_optim_add_group(o, NULL, &p, 1, NULL) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "more than once"),
+             "the same param in a second group: %s", capex_last_error());
+    CT_CHECK(capex_cuda_optim_num_groups(o) == 1, "refused without change");
     CT_CHECK(capex_cuda_optim_get_state(o, 0, 0, &m, &v) == CAPEX_OK && m == 0 && v == 0, "SGD without momentum: no buffers");
     CT_CHECK(capex_cuda_optim_get_state(o, 0, 1, &m, &v) == CAPEX_ERR_INVALID_ARG, "bad index");
     hp = d.defaults;
