@@ -874,13 +874,15 @@ CAPEX_API capex_result capex_multi_tensor_axpby(const capex_tensor_op_desc *desc
    total = sqrt(sum of every list's sumsq, lists in order) as float;
    coef = max_norm / (total + 1e-6f) in f32; if coef < 1 every grad is
    multiplied by coef in place (g = float(g) * coef, rounded to its dtype).
-   Returns total in *total_norm (may be NULL). Differs from PyTorch on a
-   non-finite total: grads are left untouched (PyTorch would write NaN/0);
-   the loss scaler skips that step anyway. max_norm: >= 0, not NaN (inf: never clip). */
+   Returns total in *total_norm (may be NULL). Differs from PyTorch when a
+   grad is inf/NaN: grads are left untouched (PyTorch would write NaN/0); the
+   loss scaler skips that step anyway. Finite grads whose norm overflows f32
+   (total = inf) get coef 0, as in PyTorch. max_norm: >= 0, not NaN (inf: never clip). */
 CAPEX_API capex_result capex_clip_grad_norm(const capex_tensor_op_desc *desc, const capex_tensor_list *grads,
                                             size_t nlists, float max_norm, float *total_norm);
-/* The same, computing only: *clip_coef = min(1, coef) (1 for a non-finite
-   total) for an optimizer to fold into g; grads are not written. */
+/* The same, computing only: *clip_coef = min(1, coef) (1 when a grad is
+   inf/NaN, 0 when finite grads overflow the f32 norm) for an optimizer to
+   fold into g; grads are not written. */
 CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *desc, const capex_tensor_list *grads,
                                                  size_t nlists, float max_norm, float *total_norm, float *clip_coef);
 /* min(1, max_norm / (total_norm + 1e-6f)) in f32; 1 if that is NaN or total is not finite. */
@@ -4303,17 +4305,44 @@ CAPEX__PRIVATE capex_result capex__check_same(const char *fn, const char *na, co
     return CAPEX_OK;
 }
 
-/* out may alias in exactly (in place) only when both have the same dtype. */
+typedef struct capex__ptr_at { uintptr_t p; size_t i; int is_out; } capex__ptr_at;
+static int capex__ptr_at_cmp(const void *x, const void *y) {
+    const capex__ptr_at *a = (const capex__ptr_at *)x, *b = (const capex__ptr_at *)y;
+    return a->p < b->p ? -1 : a->p > b->p ? 1 : a->is_out - b->is_out;
+}
+
+/* out may alias in exactly (in place) only tensor for tensor (out[i] is
+   in[i]) and only when both have the same dtype; out[i] starting where in[j]
+   or out[j] (j != i) starts would read what another tensor already wrote.
+   Partial overlaps are the caller's to avoid. */
 CAPEX__PRIVATE capex_result capex__check_alias(const char *fn, const char *nin, const capex_tensor_list *in,
                                                const char *nout, const capex_tensor_list *out) {
-    size_t i;
-    if (in->dtype == out->dtype) return CAPEX_OK;
+    size_t i, n = 0, cap = in->count + out->count;
+    capex__ptr_at *v;
+    capex_result r = CAPEX_OK;
+    if (!cap) return CAPEX_OK;
+    if (!(v = (capex__ptr_at *)capex__alloc(NULL, cap * sizeof *v))) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     for (i = 0; i < in->count; i++)
-        if (in->tensors[i].numel > 0 && in->tensors[i].data == out->tensors[i].data)
-            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] (%s) and %s[%zu] (%s) are the same memory; in-place "
-                               "needs one dtype, use a separate output buffer", fn, nin, i,
-                               capex_dtype_name(in->dtype), nout, i, capex_dtype_name(out->dtype));
-    return CAPEX_OK;
+        if (in->tensors[i].numel > 0) { v[n].p = (uintptr_t)in->tensors[i].data; v[n].i = i; v[n].is_out = 0; n++; }
+    for (i = 0; i < out->count; i++)
+        if (out->tensors[i].numel > 0) { v[n].p = (uintptr_t)out->tensors[i].data; v[n].i = i; v[n].is_out = 1; n++; }
+    qsort(v, n, sizeof *v, capex__ptr_at_cmp);
+    for (i = 1; i < n && r == CAPEX_OK; i++) {
+        const capex__ptr_at *a = &v[i - 1], *b = &v[i];
+        if (a->p != b->p || !b->is_out) continue; /* inputs may repeat: they are only read */
+        if (!a->is_out && a->i == b->i && in->dtype == out->dtype) continue; /* in place */
+        if (a->is_out)
+            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] and %s[%zu] are the same memory", fn, nout, a->i, nout, b->i);
+        else if (a->i != b->i)
+            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] is the memory of %s[%zu]; in place, each output must be "
+                            "its own input", fn, nout, b->i, nin, a->i);
+        else
+            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] (%s) and %s[%zu] (%s) are the same memory; in-place "
+                            "needs one dtype, use a separate output buffer", fn, nin, a->i,
+                            capex_dtype_name(in->dtype), nout, b->i, capex_dtype_name(out->dtype));
+    }
+    capex__free(NULL, v);
+    return r;
 }
 
 CAPEX_API capex_result capex_tensor_list_check(const capex_tensor_list *list) {
@@ -4323,7 +4352,7 @@ CAPEX_API capex_result capex_tensor_list_check(const capex_tensor_list *list) {
 CAPEX_API int64_t capex_tensor_list_numel(const capex_tensor_list *list) {
     int64_t n = 0;
     size_t i;
-    if (!list || (list->count && !list->tensors)) return -1;
+    if (!list || (list->count && !list->tensors) || !capex_dtype_size(list->dtype)) return -1;
     for (i = 0; i < list->count; i++) {
         if (list->tensors[i].numel < 0 || list->tensors[i].numel > INT64_MAX - n) return -1;
         n += list->tensors[i].numel;
@@ -4587,6 +4616,7 @@ CAPEX__PRIVATE capex_result capex__sumsq(const char *name, const capex_tensor_op
     capex__sumsq_ctx c;
     capex_result r;
     size_t i;
+    if (desc && (r = capex__check_desc(name, desc)) != CAPEX_OK) return r; /* before any output is written */
     memset(&c, 0, sizeof c);
     c.x = x;
     c.kern = x->dtype == CAPEX_F32 ? capex__sumsq_F32 : x->dtype == CAPEX_F16 ? capex__sumsq_F16 : capex__sumsq_BF16;
@@ -4807,6 +4837,8 @@ CAPEX__PRIVATE capex_result capex__clip(const char *fn, const capex_tensor_op_de
     }
     total = (float)sqrt(sq);
     coef = capex_clip_coef(total, max_norm);
+    /* every grad finite but the norm beyond f32: PyTorch's max_norm / inf = 0 */
+    if (sq - sq == 0.0 && !(total - total == 0.0f) && max_norm - max_norm == 0.0f) coef = 0.0f;
     if (apply && coef < 1.0f)
         for (l = 0; l < nlists; l++)
             if ((r = capex__scale(fn, desc, &grads[l], &grads[l], coef, NULL)) != CAPEX_OK) return r;

@@ -150,9 +150,9 @@ CT_TEST(no_driver_status) {
 /* Every refusal happens before anything is launched. */
 CT_TEST(op_argument_errors) {
     capex__go_exec ex = rec_exec();
-    float a[8], b[8];
+    float a[12], b[8];
     uint16_t h[8];
-    capex_tensor ta[2] = {{a, 8}, {a, 3}}, tb[2] = {{b, 8}, {b, 4}}, th[1] = {{h, 8}}, tmis[1] = {{(char *)a + 2, 4}};
+    capex_tensor ta[2] = {{a, 8}, {a + 8, 3}}, tb[2] = {{b, 8}, {b, 4}}, th[1] = {{h, 8}}, tmis[1] = {{(char *)a + 2, 4}};
     capex_tensor_list la = capex_tensor_list_make(CAPEX_F32, ta, 2), lb = capex_tensor_list_make(CAPEX_F32, tb, 2);
     capex_tensor_list lh = capex_tensor_list_make(CAPEX_F16, th, 1), lbad = capex_tensor_list_make((capex_dtype)7, ta, 2);
     capex_tensor_list lmis = capex_tensor_list_make(CAPEX_F32, tmis, 1), lh_as_f32 = capex_tensor_list_make(CAPEX_F32, th, 1);

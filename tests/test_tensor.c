@@ -758,6 +758,41 @@ CT_TEST(clip_grad_norm_matches_pytorch_formula) {
     tl_free(&g1); tl_free(&g2); tl_free(&c1); tl_free(&c2);
 }
 
+/* Review fixes: finite grads whose norm overflows f32 are clipped to 0 (PyTorch:
+   max_norm / inf); an output that is another index's input or another output
+   is refused; a bad desc writes no per-tensor output; numel of a bad dtype. */
+CT_TEST(clip_overflow_aliases_and_early_checks) {
+    float a[2] = {3e38f, 3e38f}, b[2] = {1, 2}, per[2] = {-1, -1}, total = 0, coef = -1;
+    capex_tensor ta[2], tb[2];
+    capex_tensor_list l, in, out;
+    capex_tensor_op_desc d;
+    ta[0].data = a; ta[0].numel = 2;
+    l = capex_tensor_list_make(CAPEX_F32, ta, 1);
+    CT_CHECK(capex_clip_grad_norm_coef(NULL, &l, 1, 1.0f, &total, &coef) == CAPEX_OK && isinf(total) && coef == 0.0f,
+             "finite grads, norm beyond f32: coef %g (PyTorch 0)", (double)coef);
+    CT_CHECK(capex_clip_grad_norm(NULL, &l, 1, 1.0f, &total) == CAPEX_OK && a[0] == 0.0f && a[1] == 0.0f, "clipped to 0");
+    /* in = {a, b}, out = {b, a}: out[0] would overwrite in[1] before it is read */
+    a[0] = 1; a[1] = 2;
+    ta[1].data = b; ta[1].numel = 2;
+    tb[0].data = b; tb[0].numel = 2; tb[1].data = a; tb[1].numel = 2;
+    in = capex_tensor_list_make(CAPEX_F32, ta, 2);
+    out = capex_tensor_list_make(CAPEX_F32, tb, 2);
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, NULL) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "its own input"), "swapped in/out refused: %.300s", capex_last_error());
+    CT_CHECK(a[0] == 1 && b[0] == 1, "nothing written");
+    tb[0].data = a; tb[1].data = a;
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, NULL) == CAPEX_ERR_INVALID_ARG, "one output twice refused");
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &in, 2.0f, NULL) == CAPEX_OK && a[1] == 4.0f && b[1] == 4.0f,
+             "in place, tensor for tensor: %.300s", capex_last_error());
+    /* a bad desc is refused before the per-tensor norms are written */
+    capex_tensor_op_desc_init(&d);
+    d.chunk_size = -5;
+    CT_CHECK(capex_multi_tensor_l2norm(&d, &in, &total, per) == CAPEX_ERR_INVALID_ARG && per[0] == -1.0f && per[1] == -1.0f,
+             "nothing written on a bad desc (%g %g)", (double)per[0], (double)per[1]);
+    l.dtype = (capex_dtype)7;
+    CT_CHECK(capex_tensor_list_numel(&l) == -1, "numel of a list with a bad dtype");
+}
+
 CT_TEST(bad_input_ops) {
     float a[8], b[8];
     uint16_t h[8];
@@ -874,6 +909,7 @@ static const ct_case cases[] = {
     CT_CASE(axpby_arg_to_check),
     CT_CASE(clip_grad_norm_matches_pytorch_formula),
     CT_CASE(bad_input_lists),
+    CT_CASE(clip_overflow_aliases_and_early_checks),
     CT_CASE(bad_input_ops),
 };
 CT_MAIN(cases)
