@@ -1000,8 +1000,13 @@ CAPEX__PRIVATE int capex__cuda_nv_try(capex__cuda_nvrtc_lib *n, const char *path
     return 0;
 }
 
-/* "libnvrtc.so.13" -> 13; 0 for the unversioned name */
-CAPEX__PRIVATE int capex__cuda_nv_major(const char *soname) { return strlen(soname) > 12 ? atoi(soname + 12) : 0; }
+/* The pass (0 or 1) in which soname is tried: 0 when the loaded driver's CUDA
+   major (drv_major, 0: none loaded) is known to run its code; the unversioned
+   name ("libnvrtc.so", major unknown) and newer majors wait for pass 1. */
+CAPEX__PRIVATE int capex__cuda_nv_pass(const char *soname, int drv_major) {
+    int major = strlen(soname) > 12 ? atoi(soname + 12) : 0; /* "libnvrtc.so.13" -> 13 */
+    return drv_major && major > 0 && major <= drv_major ? 0 : 1;
+}
 
 /* Search order: CAPEX_NVRTC_PATH alone when set; else the sonames (the loader
    path), then libnvrtc.so.* files in $CUDA_HOME/lib64, $CUDA_PATH/lib64 and the
@@ -1034,12 +1039,8 @@ CAPEX__PRIVATE void capex__cuda_nv_load(void) {
         return;
     }
     for (pass = drv_major ? 0 : 1; !found && pass < 2; pass++) {
-        for (i = 0; !found && i < n_sonames; i++) {
-            int major = capex__cuda_nv_major(sonames[i]);
-            int first = drv_major && major > 0 && major <= drv_major;
-            if (first != (pass == 0)) continue;
-            found = capex__cuda_nv_try(n, sonames[i], tried, sizeof tried);
-        }
+        for (i = 0; !found && i < n_sonames; i++)
+            if (capex__cuda_nv_pass(sonames[i], drv_major) == pass) found = capex__cuda_nv_try(n, sonames[i], tried, sizeof tried);
         /* toolkits installed without ldconfig entries */
         for (j = 0; !found && j < n_dirs; j++) {
             char dir[512], path[640];
@@ -1053,8 +1054,7 @@ CAPEX__PRIVATE void capex__cuda_nv_load(void) {
             }
             for (i = 0; !found && i + 1 < n_sonames; i++) {
                 struct stat st;
-                int major = capex__cuda_nv_major(sonames[i]);
-                if ((drv_major && major <= drv_major) != (pass == 0)) continue;
+                if (capex__cuda_nv_pass(sonames[i], drv_major) != pass) continue;
                 capex__cuda_fmt(path, sizeof path, "%s/%s", dir, sonames[i]);
                 if (stat(path, &st) != 0) continue; /* do not list every absent file */
                 any = 1;
@@ -3507,6 +3507,7 @@ CAPEX_API capex_result capex_cuda_module_compile(capex_cuda_context *ctx, const 
     capex__cuda_cache_key(source, name, options, n_options, ctx->device_cc, key);
     pthread_mutex_lock(&ctx->lock);
     *out = capex__cuda_module_find_locked(ctx, key);
+    cache = ctx->cache; /* a private copy: its warn-once flag is written by the compile */
     pthread_mutex_unlock(&ctx->lock);
     if (*out) return CAPEX_OK;
     /* NVRTC and the disk cache run without the context lock, so that other
@@ -3514,9 +3515,6 @@ CAPEX_API capex_result capex_cuda_module_compile(capex_cuda_context *ctx, const 
        concurrent writers. Two threads compiling the same request both compile,
        and the first to load wins. */
     capex__cuda_module_desc(ctx, source, name, options, n_options, &cache, &d);
-    pthread_mutex_lock(&ctx->lock);
-    cache = ctx->cache; /* a private copy: its warn-once flag is written by the compile */
-    pthread_mutex_unlock(&ctx->lock);
     if ((r = capex__cuda_compile(&d, 0, &img)) != CAPEX_OK) return r;
     pthread_mutex_lock(&ctx->lock);
     ctx->cache.warned |= cache.warned;

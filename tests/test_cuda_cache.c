@@ -303,6 +303,17 @@ static void user_desc(capex_cuda_compile_desc *d, capex_cuda_cache *c, const cha
     d->cache = c;
 }
 
+/* A fresh cache directory, the user program's compile through it, and the
+   path and key of its entry. */
+static void user_cache_setup(char *dir, size_t dir_cap, capex_cuda_cache *c, capex_cuda_compile_desc *d,
+                             const char *const *opts, char *path, size_t path_cap, unsigned char key[32]) {
+    make_dir(dir, dir_cap);
+    capex_cuda_cache_init(c, dir);
+    user_desc(d, c, opts);
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    capex__cuda_cache_path(c, key, path, path_cap);
+}
+
 CT_TEST(compile_through_cache_recompiles_bad_entries) {
     static const char *opts[] = {"-DVALUE=77"};
     char dir[64], path[1200];
@@ -311,11 +322,7 @@ CT_TEST(compile_through_cache_recompiles_bad_entries) {
     capex_cuda_compile_desc d;
     capex_cuda_image cold, warm, again;
     CT_NEED_NVRTC();
-    make_dir(dir, sizeof dir);
-    capex_cuda_cache_init(&c, dir);
-    user_desc(&d, &c, opts);
-    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
-    capex__cuda_cache_path(&c, key, path, sizeof path);
+    user_cache_setup(dir, sizeof dir, &c, &d, opts, path, sizeof path, key);
 
     CT_CHECK(capex_cuda_compile(&d, &cold) == CAPEX_OK, "%s", capex_last_error());
     CT_CHECK(!cold.from_cache && file_size(path) == (long)(96 + cold.size), "miss compiles and stores");
@@ -595,11 +602,7 @@ CT_TEST(unreadable_entry_and_stale_temp_files) {
     struct timeval old_times[2];
     FILE *f;
     CT_NEED_NVRTC();
-    make_dir(dir, sizeof dir);
-    capex_cuda_cache_init(&c, dir);
-    user_desc(&d, &c, opts);
-    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
-    capex__cuda_cache_path(&c, key, path, sizeof path);
+    user_cache_setup(dir, sizeof dir, &c, &d, opts, path, sizeof path, key);
     CT_CHECK(symlink(path, path) == 0, "a symlink loop in place of the entry");
     info_seen[0] = '\0';
     capex_set_log_level(CAPEX_LOG_INFO);
