@@ -177,7 +177,7 @@ CAPEX_API void capex_cuda_image_free(capex_cuda_image *image);
 typedef struct capex_cuda_cache {
     char dir[1024];
     int enabled;
-    int warned;                  /* an unwritable directory was reported */
+    int warned;                  /* an unwritable or untrusted directory was reported */
 } capex_cuda_cache;
 
 /* dir NULL: the environment default (see ENVIRONMENT); "" disables the cache. */
@@ -1414,7 +1414,9 @@ done:
 
 #define CAPEX__CACHE_FORMAT 1u
 #define CAPEX__CACHE_HEADER 96
-#define CAPEX__CACHE_MAX_PAYLOAD ((uint64_t)1 << 30)
+/* Larger images are not stored: a bad header then costs at most this much memory
+   and hashing (1 GiB took 15 s), while NVRTC output stays far below it. */
+#define CAPEX__CACHE_MAX_PAYLOAD ((uint64_t)256 << 20)
 static const char capex__cache_magic[8] = {'C', 'A', 'P', 'E', 'X', 'J', 'I', 'T'};
 
 CAPEX_API void capex_cuda_cache_init(capex_cuda_cache *cache, const char *dir) {
@@ -1504,70 +1506,47 @@ CAPEX__PRIVATE void capex__cuda_cache_header(unsigned char h[CAPEX__CACHE_HEADER
     capex__sha256_final(&s, h + 64);
 }
 
-/* Reads and verifies an entry. CAPEX_ERR_NOT_FOUND when absent; FORMAT, VERSION or
-   CHECKSUM when present but not trustworthy (the caller recompiles). */
-CAPEX__PRIVATE capex_result capex__cuda_cache_read(const char *path, const unsigned char key[32], capex_cuda_image *out) {
-    unsigned char h[CAPEX__CACHE_HEADER], sum[32];
-    capex__sha256 s;
-    uint64_t size;
+/* Checks an entry's header against the key and the entry's total size, before
+   anything of the payload size is allocated or read. *size: the payload bytes. */
+CAPEX__PRIVATE capex_result capex__cuda_cache_check_header(const unsigned char h[CAPEX__CACHE_HEADER], uint64_t total,
+                                                           const unsigned char key[32], const char *path,
+                                                           uint64_t *size) {
     uint32_t kind;
-    long file_size;
-    FILE *f;
-    memset(out, 0, sizeof *out);
-    f = fopen(path, "rb");
-    if (!f && errno == ENOENT) return capex__fail(CAPEX_ERR_NOT_FOUND, "no cache entry %s", path);
-    if (!f) return capex__fail(CAPEX_ERR_IO, "cannot read the cache entry %s: %s", path, strerror(errno));
-    if (fread(h, 1, sizeof h, f) != sizeof h) {
-        fclose(f);
-        return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is truncated (short header)", path);
-    }
-    if (memcmp(h, capex__cache_magic, 8) != 0) {
-        fclose(f);
+    if (memcmp(h, capex__cache_magic, 8) != 0)
         return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is not a capex JIT entry (bad magic)", path);
-    }
-    if (capex__get_u32(h + 8) != CAPEX__CACHE_FORMAT) {
-        fclose(f);
+    if (capex__get_u32(h + 8) != CAPEX__CACHE_FORMAT)
         return capex__fail(CAPEX_ERR_VERSION, "cache entry %s has format %u, this capex writes %u", path,
                            (unsigned)capex__get_u32(h + 8), (unsigned)CAPEX__CACHE_FORMAT);
-    }
     kind = capex__get_u32(h + 12);
-    size = capex__get_u64(h + 24);
-    if ((kind != CAPEX_CUDA_IMAGE_CUBIN && kind != CAPEX_CUDA_IMAGE_PTX) || size == 0 || size > CAPEX__CACHE_MAX_PAYLOAD) {
-        fclose(f);
+    *size = capex__get_u64(h + 24);
+    if ((kind != CAPEX_CUDA_IMAGE_CUBIN && kind != CAPEX_CUDA_IMAGE_PTX) || *size == 0 || *size > CAPEX__CACHE_MAX_PAYLOAD)
         return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s has a bad kind or size", path);
-    }
-    if (memcmp(h + 32, key, 32) != 0) {
-        fclose(f);
-        return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s belongs to another key", path);
-    }
-    if (fseek(f, 0, SEEK_END) != 0 || (file_size = ftell(f)) < 0 ||
-        (uint64_t)file_size != CAPEX__CACHE_HEADER + size || fseek(f, CAPEX__CACHE_HEADER, SEEK_SET) != 0) {
-        fclose(f);
+    if (memcmp(h + 32, key, 32) != 0) return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s belongs to another key", path);
+    if (total != CAPEX__CACHE_HEADER + *size)
         return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is truncated or has trailing bytes", path);
-    }
-    out->data = CAPEX_MALLOC((size_t)size);
-    if (!out->data) {
-        fclose(f);
-        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "cache entry %s: out of memory", path);
-    }
-    if (fread(out->data, 1, (size_t)size, f) != (size_t)size) {
-        fclose(f);
-        capex_cuda_image_free(out);
-        return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is truncated", path);
-    }
-    fclose(f);
+    return CAPEX_OK;
+}
+
+/* Verifies the checksum over header and payload and fills out, which takes the
+   payload; frees it when refused. */
+CAPEX__PRIVATE capex_result capex__cuda_cache_accept(const unsigned char h[CAPEX__CACHE_HEADER], void *payload,
+                                                     uint64_t size, const char *path, capex_cuda_image *out) {
+    unsigned char sum[32];
+    capex__sha256 s;
+    uint32_t kind = capex__get_u32(h + 12);
     capex__sha256_init(&s);
     capex__sha256_update(&s, h, 64);
-    capex__sha256_update(&s, out->data, (size_t)size);
+    capex__sha256_update(&s, payload, (size_t)size);
     capex__sha256_final(&s, sum);
     if (memcmp(sum, h + 64, 32) != 0) {
-        capex_cuda_image_free(out);
+        CAPEX_FREE(payload);
         return capex__fail(CAPEX_ERR_CHECKSUM, "cache entry %s fails its checksum", path);
     }
-    if (kind == CAPEX_CUDA_IMAGE_PTX && ((const char *)out->data)[size - 1] != '\0') {
-        capex_cuda_image_free(out);
+    if (kind == CAPEX_CUDA_IMAGE_PTX && ((const char *)payload)[size - 1] != '\0') {
+        CAPEX_FREE(payload);
         return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s: PTX not NUL-terminated", path);
     }
+    out->data = payload;
     out->kind = (capex_cuda_image_kind)kind;
     out->arch = (int)capex__get_u32(h + 16);
     out->nvrtc_version = (int)capex__get_u32(h + 20);
@@ -1576,7 +1555,143 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_read(const char *path, const unsig
     return CAPEX_OK;
 }
 
-/* mkdir -p (0755). */
+/* An entry's bytes, read whole, to an image: the reader's checks without the
+   file (the fuzz target's entry point, tests/fuzz_cache_entry.c). */
+CAPEX__PRIVATE capex_result capex__cuda_cache_parse(const unsigned char *bytes, size_t len, const unsigned char key[32],
+                                                    const char *path, capex_cuda_image *out) {
+    uint64_t size;
+    void *payload;
+    capex_result r;
+    memset(out, 0, sizeof *out);
+    if (len < CAPEX__CACHE_HEADER) return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is truncated (short header)", path);
+    if ((r = capex__cuda_cache_check_header(bytes, (uint64_t)len, key, path, &size)) != CAPEX_OK) return r;
+    if (!(payload = CAPEX_MALLOC((size_t)size))) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "cache entry %s: out of memory", path);
+    memcpy(payload, bytes + CAPEX__CACHE_HEADER, (size_t)size);
+    return capex__cuda_cache_accept(bytes, payload, size, path, out);
+}
+
+/* O_NOFOLLOW and O_CLOEXEC are POSIX 2008, hidden under strict C99 when a
+   system header came before capex; glibc still offers them as __O_*. Without
+   O_NOFOLLOW, an lstat before the open and an inode comparison after it
+   refuse links instead. */
+#if defined(O_NOFOLLOW)
+#  define CAPEX__O_NOFOLLOW O_NOFOLLOW
+#elif defined(__O_NOFOLLOW)
+#  define CAPEX__O_NOFOLLOW __O_NOFOLLOW
+#endif
+/* The sticky bit is XSI, hidden under a plain _POSIX_C_SOURCE; its value is fixed everywhere. */
+#ifdef S_ISVTX
+#  define CAPEX__S_ISVTX S_ISVTX
+#else
+#  define CAPEX__S_ISVTX 01000
+#endif
+#if defined(O_CLOEXEC)
+#  define CAPEX__O_CLOEXEC O_CLOEXEC
+#elif defined(__O_CLOEXEC)
+#  define CAPEX__O_CLOEXEC __O_CLOEXEC
+#else
+#  define CAPEX__O_CLOEXEC 0
+#endif
+
+/* Reads up to n bytes (fewer only at end of file or on an error). */
+CAPEX__PRIVATE size_t capex__cuda_read_all(int fd, void *data, size_t n) {
+    char *p = (char *)data;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = read(fd, p + got, n - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+    return got;
+}
+
+/* The trust rule for the disk cache, as ssh and ccache have it: the checksum
+   proves integrity, not authorship, so only entries that nobody but the user
+   could have written are run. The directory itself (stat, links followed)
+   must be owned by the effective user and not writable by group or others
+   unless sticky; parents are not checked (an entry's own checks below decide:
+   whoever swaps a parent can hide entries, never make one the user's).
+   NOT_FOUND when the directory does not exist yet; CONFIG when it is not
+   trusted, IO when it cannot be examined. */
+CAPEX__PRIVATE capex_result capex__cuda_cache_dir_check(const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (errno == ENOENT) return capex__fail(CAPEX_ERR_NOT_FOUND, "no kernel cache directory %s", dir);
+        return capex__fail(CAPEX_ERR_IO, "cannot use the kernel cache directory %s: %s", dir, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode)) return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s is not a directory", dir);
+    if (st.st_uid != geteuid())
+        return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s is owned by uid %ld, not by this user (uid %ld): not trusted",
+                           dir, (long)st.st_uid, (long)geteuid());
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & CAPEX__S_ISVTX))
+        return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s is writable by others (mode %03o): not trusted",
+                           dir, (unsigned)(st.st_mode & 0777));
+    return CAPEX_OK;
+}
+
+/* Reads and verifies an entry. CAPEX_ERR_NOT_FOUND when absent; FORMAT, VERSION,
+   CHECKSUM, CONFIG (not trusted) or IO when present but unusable (the caller
+   recompiles). Nothing blocks and no link is followed: a FIFO, device,
+   directory or symlink at the path is refused at once; the header's length
+   must match the file's size before the payload is allocated. */
+CAPEX__PRIVATE capex_result capex__cuda_cache_read(const char *path, const unsigned char key[32], capex_cuda_image *out) {
+    unsigned char h[CAPEX__CACHE_HEADER];
+    struct stat st;
+    uint64_t size;
+    capex_result r;
+    void *payload;
+    int fd;
+#ifndef CAPEX__O_NOFOLLOW
+    struct stat lst;
+#endif
+    memset(out, 0, sizeof *out);
+#ifdef CAPEX__O_NOFOLLOW
+    fd = open(path, O_RDONLY | O_NONBLOCK | CAPEX__O_NOFOLLOW | CAPEX__O_CLOEXEC);
+#else
+    if (lstat(path, &lst) != 0) fd = -1;
+    else if (S_ISLNK(lst.st_mode)) fd = -1, errno = ELOOP;
+    else fd = open(path, O_RDONLY | O_NONBLOCK | CAPEX__O_CLOEXEC);
+#endif
+    if (fd < 0 && errno == ENOENT) return capex__fail(CAPEX_ERR_NOT_FOUND, "no cache entry %s", path);
+    if (fd < 0) return capex__fail(CAPEX_ERR_IO, "cannot read the cache entry %s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0) {
+        r = capex__fail(CAPEX_ERR_IO, "cannot read the cache entry %s: %s", path, strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+        r = capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is not a regular file", path);
+#ifndef CAPEX__O_NOFOLLOW
+    } else if (st.st_dev != lst.st_dev || st.st_ino != lst.st_ino) {
+        r = capex__fail(CAPEX_ERR_IO, "cache entry %s was replaced while opened", path);
+#endif
+    } else if (st.st_uid != geteuid()) {
+        r = capex__fail(CAPEX_ERR_CONFIG, "cache entry %s is owned by uid %ld, not by this user (uid %ld): not trusted", path,
+                        (long)st.st_uid, (long)geteuid());
+    } else if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        r = capex__fail(CAPEX_ERR_CONFIG, "cache entry %s is writable by others (mode %03o): not trusted", path,
+                        (unsigned)(st.st_mode & 0777));
+    } else if (st.st_size < CAPEX__CACHE_HEADER || capex__cuda_read_all(fd, h, sizeof h) != sizeof h) {
+        r = capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is truncated (short header)", path);
+    } else {
+        r = capex__cuda_cache_check_header(h, (uint64_t)st.st_size, key, path, &size);
+    }
+    if (r != CAPEX_OK) {
+        close(fd);
+        return r;
+    }
+    if (!(payload = CAPEX_MALLOC((size_t)size))) {
+        close(fd);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "cache entry %s: out of memory", path);
+    }
+    if (capex__cuda_read_all(fd, payload, (size_t)size) != (size_t)size) {
+        close(fd);
+        CAPEX_FREE(payload);
+        return capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is truncated", path);
+    }
+    close(fd);
+    return capex__cuda_cache_accept(h, payload, size, path, out);
+}
+
+/* mkdir -p; created directories are 0700 (the trust rule wants no group or other write). */
 CAPEX__PRIVATE int capex__cuda_mkdirs(const char *dir) {
     char buf[1024];
     size_t i, n = strlen(dir);
@@ -1586,7 +1701,7 @@ CAPEX__PRIVATE int capex__cuda_mkdirs(const char *dir) {
         if (buf[i] == '/' || buf[i] == '\0') {
             char saved = buf[i];
             buf[i] = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+            if (mkdir(buf, 0700) != 0 && errno != EEXIST) return -1;
             buf[i] = saved;
         }
     }
@@ -1634,13 +1749,16 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_write(const capex_cuda_cache *c, c
     char path[1200], tmp[1300];
     unsigned char h[CAPEX__CACHE_HEADER];
     int fd = -1, attempt, err;
+    capex_result r;
     if (capex__cuda_mkdirs(c->dir) != 0)
         return capex__fail(CAPEX_ERR_IO, "cannot create the kernel cache directory %s: %s", c->dir, strerror(errno));
+    /* again after mkdir: someone else may have made the directory since the read's check */
+    if ((r = capex__cuda_cache_dir_check(c->dir)) != CAPEX_OK) return r;
     capex__cuda_cache_path(c, key, path, sizeof path);
     for (attempt = 0; attempt < 100 && fd < 0; attempt++) {
         /* pid + a stack address + attempt: unique across processes and threads */
         capex__cuda_fmt(tmp, sizeof tmp, "%s.%ld.%lx.%d.tmp", path, (long)getpid(), (unsigned long)(size_t)&fd, attempt);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | CAPEX__O_CLOEXEC, 0600);
         if (fd < 0 && errno != EEXIST) break;
     }
     if (fd < 0)
@@ -1687,7 +1805,14 @@ CAPEX__PRIVATE capex_result capex__cuda_compile(const capex_cuda_compile_desc *d
     if (use_cache) {
         capex__cuda_cache_key(d->source, d->name, d->options, d->n_options, d->device_cc, key);
         capex__cuda_cache_path(d->cache, key, path, sizeof path);
-        if (!skip_read) {
+        r = capex__cuda_cache_dir_check(d->cache->dir);
+        if (r != CAPEX_OK && r != CAPEX_ERR_NOT_FOUND) {
+            /* not the user's alone (or unusable): no reads, no writes */
+            if (!d->cache->warned) capex_log(CAPEX_LOG_WARN, "%s; running without the kernel cache (set CAPEX_CACHE_DIR)", capex_last_error());
+            d->cache->warned = 1;
+            capex_clear_error();
+            use_cache = 0;
+        } else if (r == CAPEX_OK && !skip_read) {
             r = capex__cuda_cache_read(path, key, out);
             if (r == CAPEX_OK) return CAPEX_OK;
             if (r != CAPEX_ERR_NOT_FOUND) capex_log(CAPEX_LOG_INFO, "recompiling: %s", capex_last_error());
@@ -1697,7 +1822,8 @@ CAPEX__PRIVATE capex_result capex__cuda_compile(const capex_cuda_compile_desc *d
     if (!n) return r;
     if ((r = capex_cuda_select_target(n->archs, n->n_archs, d->device_cc, &target)) != CAPEX_OK) return r;
     if ((r = capex_cuda_nvrtc_compile(d->source, d->name, d->options, d->n_options, target, out)) != CAPEX_OK) return r;
-    if (use_cache && capex__cuda_cache_write(d->cache, key, out) != CAPEX_OK) {
+    /* an image over the reader's cap is not stored (it would never be read) */
+    if (use_cache && out->size <= CAPEX__CACHE_MAX_PAYLOAD && capex__cuda_cache_write(d->cache, key, out) != CAPEX_OK) {
         if (!d->cache->warned) capex_log(CAPEX_LOG_WARN, "%s; running without the kernel cache (set CAPEX_CACHE_DIR)", capex_last_error());
         d->cache->warned = 1;
         capex_clear_error();
@@ -2867,7 +2993,7 @@ CAPEX__PRIVATE void capex__cuda_pjob_init(capex__cuda_pjob *j, int part, const c
     j->part = part;
     if (cache && cache->enabled && cache->dir[0]) {
         j->cache = *cache;
-        j->cache.warned = 2; /* silent; capex__cuda_compile sets 1 when a write fails */
+        j->cache.warned = 2; /* silent; capex__cuda_compile sets 1 when a write fails or the directory is not trusted */
         j->use_cache = 1;
     }
 }
@@ -2888,8 +3014,13 @@ CAPEX__PRIVATE capex_result capex__cuda_pool_status(capex__cuda_pjob *jobs, int 
     int i, p, write_failed = 0;
     for (i = 0; i < n; i++) write_failed |= jobs[i].use_cache && jobs[i].cache.warned == 1;
     if (write_failed && cache && !cache->warned) {
-        capex_log(CAPEX_LOG_WARN, "could not write kernel cache entries in %s; running without the kernel cache (set CAPEX_CACHE_DIR)",
-                  cache->dir);
+        capex_result t = capex__cuda_cache_dir_check(cache->dir); /* the reason, when the directory is not trusted */
+        if (t != CAPEX_OK && t != CAPEX_ERR_NOT_FOUND)
+            capex_log(CAPEX_LOG_WARN, "%s; running without the kernel cache (set CAPEX_CACHE_DIR)", capex_last_error());
+        else
+            capex_log(CAPEX_LOG_WARN, "could not write kernel cache entries in %s; running without the kernel cache (set CAPEX_CACHE_DIR)",
+                      cache->dir);
+        capex_clear_error();
         cache->warned = 1;
     }
     for (p = 0; p < CAPEX__CUDA_N_PARTS; p++)

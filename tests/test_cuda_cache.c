@@ -7,6 +7,18 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <stdlib.h>
+/* The largest CAPEX_MALLOC request while tracking is on (set only while the
+   calling thread is the only one allocating through capex). */
+static size_t biggest_alloc;
+static int tracking_allocs;
+static void *tracked_malloc(size_t n) {
+    if (tracking_allocs && n > biggest_alloc) biggest_alloc = n;
+    return malloc(n);
+}
+#define CAPEX_MALLOC(sz) tracked_malloc(sz)
+#define CAPEX_REALLOC(p, sz) realloc(p, sz)
+#define CAPEX_FREE(p) free(p)
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include "capex_test.h"
@@ -632,6 +644,152 @@ CT_TEST(unreadable_entry_and_stale_temp_files) {
     rm_dir(dir);
 }
 
+/* ---- entries that are not plain files, or claim too much ------------------------ */
+
+/* Reads the entry of arg ("dir") in a forked child under a deadline: a read
+   that blocks (a FIFO opened by fopen) is killed by the alarm instead of
+   hanging the test. */
+static void child_read_entry(const char *dir, child_result *res) {
+    capex_cuda_cache c;
+    capex_cuda_image img;
+    unsigned char key[32];
+    char path[1200];
+    alarm(20);
+    capex_cuda_cache_init(&c, dir);
+    capex__cuda_cache_key(user_src, "p", NULL, 0, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    res->code = capex__cuda_cache_read(path, key, &img);
+    res->value = img.data != NULL;
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    capex_cuda_image_free(&img);
+}
+
+/* The user program's compile through arg's cache, in a forked child under a
+   deadline; value: 1 when it came from the cache. */
+static void child_compile_user(const char *dir, child_result *res) {
+    static const char *opts[] = {"-DVALUE=83"};
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    alarm(60);
+    capex_cuda_cache_init(&c, dir);
+    user_desc(&d, &c, opts);
+    res->code = capex_cuda_compile(&d, &img);
+    res->value = img.from_cache;
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    capex_cuda_image_free(&img);
+}
+
+/* A FIFO, a directory or a symlink (even to a valid entry) at an entry's path is
+   refused at once, never blocking and never followed, and a compile through
+   the cache replaces it with a real entry. */
+CT_TEST(entry_that_is_not_a_regular_file) {
+    static const char *opts[] = {"-DVALUE=83"};
+    char dir[64], other_dir[64], path[1200], other_path[1200];
+    unsigned char key[32];
+    capex_cuda_cache c, other;
+    capex_cuda_image img, back;
+    child_result r;
+    struct stat st;
+    int fd;
+    pid_t pid;
+    make_dir(dir, sizeof dir);
+    make_dir(other_dir, sizeof other_dir);
+    capex_cuda_cache_init(&c, dir);
+    capex_cuda_cache_init(&other, other_dir);
+    capex__cuda_cache_key(user_src, "p", NULL, 0, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    capex__cuda_cache_path(&other, key, other_path, sizeof other_path);
+
+    CT_CHECK(mkfifo(path, 0600) == 0, "mkfifo");
+    pid = spawn(child_read_entry, dir, &fd);
+    r = collect(pid, fd);
+    CT_CHECK(r.exited_ok, "reading a FIFO entry did not return within 20 s (it blocks)");
+    CT_CHECK(r.code == CAPEX_ERR_FORMAT && strstr(r.message, "not a regular file") && !r.value, "FIFO: %d %s", r.code,
+             r.message);
+    unlink(path);
+
+    CT_CHECK(mkdir(path, 0700) == 0, "mkdir");
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_ERR_FORMAT && !back.data, "directory: %s", capex_last_error());
+    rmdir(path);
+
+    /* a valid entry of this very key elsewhere, linked in */
+    fake_image(&img, 4000, CAPEX_CUDA_IMAGE_CUBIN, 5);
+    CT_CHECK(capex__cuda_cache_write(&other, key, &img) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex__cuda_cache_read(other_path, key, &back) == CAPEX_OK, "the target itself is valid");
+    capex_cuda_image_free(&back);
+    CT_CHECK(symlink(other_path, path) == 0, "symlink");
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) != CAPEX_OK && !back.data, "symlink to a valid entry followed");
+    CT_CHECK(back.data == NULL && strstr(capex_last_error(), path), "refused: %s", capex_last_error());
+    capex_cuda_image_free(&back);
+    unlink(path);
+
+    /* through the compiler: a FIFO and a symlink are recompiled over */
+    CT_NEED_NVRTC();
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    CT_CHECK(mkfifo(path, 0600) == 0, "mkfifo");
+    pid = spawn(child_compile_user, dir, &fd);
+    r = collect(pid, fd);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_OK && !r.value, "compile over a FIFO: exited %d, %d %s", r.exited_ok, r.code,
+             r.message);
+    CT_CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode), "the FIFO was replaced by an entry");
+    capex__cuda_cache_path(&other, key, other_path, sizeof other_path);
+    CT_CHECK(capex__cuda_cache_write(&other, key, &img) == CAPEX_OK, "%s", capex_last_error());
+    unlink(path);
+    CT_CHECK(symlink(other_path, path) == 0, "symlink");
+    pid = spawn(child_compile_user, dir, &fd);
+    r = collect(pid, fd);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_OK && !r.value, "compile over a symlink: %d %s", r.code, r.message);
+    CT_CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode), "the symlink was replaced by an entry");
+    CT_CHECK(capex__cuda_cache_read(other_path, key, &back) == CAPEX_OK && back.size == 4000, "its target is untouched");
+    capex_cuda_image_free(&back);
+    capex_cuda_image_free(&img);
+    rm_dir(dir);
+    rm_dir(other_dir);
+}
+
+/* A header claiming 1 GiB is refused before anything of that size is
+   allocated or read: in a small file (the size check), and in a sparse file
+   that really is that long (over the payload cap). */
+CT_TEST(entry_claiming_a_huge_payload) {
+    char dir[64], path[1200];
+    unsigned char key[32];
+    capex_cuda_cache c;
+    capex_cuda_image img, back;
+    capex_result r;
+    make_dir(dir, sizeof dir);
+    capex_cuda_cache_init(&c, dir);
+    capex__cuda_cache_key(user_src, "p", NULL, 0, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    fake_image(&img, 1000, CAPEX_CUDA_IMAGE_CUBIN, 9);
+    CT_CHECK(capex__cuda_cache_write(&c, key, &img) == CAPEX_OK, "%s", capex_last_error());
+    capex_cuda_image_free(&img);
+    { /* the size field (offset 24) claims 1 GiB */
+        FILE *f = fopen(path, "r+b");
+        unsigned char size[8];
+        capex__put_u64(size, (uint64_t)1 << 30);
+        CT_CHECK(f && fseek(f, 24, SEEK_SET) == 0 && fwrite(size, 1, 8, f) == 8, "patch the header");
+        if (f) fclose(f);
+    }
+    biggest_alloc = 0;
+    tracking_allocs = 1;
+    r = capex__cuda_cache_read(path, key, &back);
+    tracking_allocs = 0;
+    CT_CHECK(r == CAPEX_ERR_FORMAT && !back.data, "small file: %s", capex_last_error());
+    CT_CHECK(biggest_alloc < 65536, "small file: allocated %zu bytes", biggest_alloc);
+    CT_CHECK(truncate(path, 96 + ((off_t)1 << 30)) == 0, "sparse 1 GiB file");
+    biggest_alloc = 0;
+    tracking_allocs = 1;
+    r = capex__cuda_cache_read(path, key, &back);
+    tracking_allocs = 0;
+    capex_cuda_image_free(&back);
+    CT_CHECK(r == CAPEX_ERR_FORMAT && strstr(capex_last_error(), "bad kind or size"), "sparse file: %s (%s)",
+             capex_result_string(r), capex_last_error());
+    CT_CHECK(biggest_alloc < 65536, "sparse file: allocated %zu bytes", biggest_alloc);
+    rm_dir(dir);
+}
+
 /* The built-in parts through the disk cache: one entry per part under its own key,
    filled concurrently, read back whole; a damaged entry is recompiled alone. */
 CT_TEST(builtin_parts_cache_entries) {
@@ -688,6 +846,8 @@ static const ct_case cases[] = {
     CT_CASE(unwritable_dir_warns_once),
     CT_CASE(unreadable_entry_and_stale_temp_files),
     CT_CASE(builtin_parts_cache_entries),
+    CT_CASE(entry_that_is_not_a_regular_file),
+    CT_CASE(entry_claiming_a_huge_payload),
 };
 static const child_entry children[] = {{"hit", child_hit_without_nvrtc}};
 
