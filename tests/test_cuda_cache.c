@@ -790,6 +790,134 @@ CT_TEST(entry_claiming_a_huge_payload) {
     rm_dir(dir);
 }
 
+/* ---- the trust rule ------------------------------------------------------------- */
+
+static char warn_seen[1024];
+static void keep_warn(capex_log_level level, const char *msg, void *user) {
+    (void)user;
+    if (level == CAPEX_LOG_WARN && strstr(msg, "cache")) {
+        warnings++;
+        snprintf(warn_seen, sizeof warn_seen, "%s", msg);
+    }
+}
+
+static int mode_of(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0 ? (int)(st.st_mode & 07777) : -1;
+}
+
+/* Compiles d twice with warnings counted; 1 when both worked and neither came
+   from the cache. */
+static int compile_uncached_twice(capex_cuda_compile_desc *d) {
+    capex_cuda_image img;
+    int i, ok = 1;
+    warnings = 0;
+    warn_seen[0] = '\0';
+    capex_set_log_callback(keep_warn, NULL);
+    for (i = 0; i < 2; i++) {
+        ok &= capex_cuda_compile(d, &img) == CAPEX_OK && !img.from_cache && img.size > 0;
+        capex_cuda_image_free(&img);
+    }
+    capex_set_log_callback(NULL, NULL);
+    return ok;
+}
+
+/* Entries are used only from a directory the user owns that others cannot
+   write (unless sticky), and only when the entry is the user's and writable
+   by no one else. Otherwise the directory warns once and runs uncached (no
+   read, no write), and an entry is recompiled over. New directories are
+   0700, entries 0600. */
+CT_TEST(cache_trust_rule) {
+    static const char *opts[] = {"-DVALUE=84"};
+    char top[64], dir[200], cdir[200], path[1200];
+    unsigned char key[32];
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img, back;
+    CT_NEED_NVRTC();
+    make_dir(top, sizeof top);
+    snprintf(cdir, sizeof cdir, "%s/made/cache", top);
+    capex_cuda_cache_init(&c, cdir);
+    user_desc(&d, &c, opts);
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && !img.from_cache, "%s", capex_last_error());
+    capex_cuda_image_free(&img);
+    snprintf(dir, sizeof dir, "%s/made", top);
+    CT_CHECK((mode_of(dir) & 077) == 0 && (mode_of(c.dir) & 077) == 0, "created directories are private: %o %o",
+             mode_of(dir), mode_of(c.dir));
+    CT_CHECK(mode_of(path) == 0600, "entry mode %o", mode_of(path));
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && img.from_cache, "a hit in the user's own directory");
+    capex_cuda_image_free(&img);
+
+    /* world-writable: warned once, the valid entry is not read, nothing is written */
+    CT_CHECK(chmod(c.dir, 0777) == 0, "chmod");
+    CT_CHECK(compile_uncached_twice(&d), "compiles uncached in a world-writable directory: %s", capex_last_error());
+    CT_CHECK(warnings == 1 && strstr(warn_seen, "writable by others") && strstr(warn_seen, c.dir), "warned once (%d): %s",
+             warnings, warn_seen);
+    unlink(path);
+    CT_CHECK(compile_uncached_twice(&d) && warnings == 0, "still uncached, no second warning (%d)", warnings);
+    CT_CHECK(count_files(c.dir, "") == 0, "nothing written in a world-writable directory");
+    /* a fresh cache struct warns again, for group write too */
+    CT_CHECK(chmod(c.dir, 0770) == 0, "chmod");
+    capex_cuda_cache_init(&c, cdir);
+    CT_CHECK(compile_uncached_twice(&d) && warnings == 1, "group-writable: uncached, warned (%d)", warnings);
+    CT_CHECK(count_files(c.dir, "") == 0, "nothing written in a group-writable directory");
+    /* the built-in parts on threads: one warning, no entries */
+    {
+        capex_cuda_image parts[CAPEX__CUDA_N_PARTS];
+        int p;
+        capex_cuda_cache_init(&c, cdir);
+        warnings = 0;
+        capex_set_log_callback(keep_warn, NULL);
+        CT_CHECK(capex_cuda_builtin_compile_parts(90, &c, 2, parts) == CAPEX_OK, "%s", capex_last_error());
+        capex_set_log_callback(NULL, NULL);
+        for (p = 0; p < CAPEX__CUDA_N_PARTS; p++) capex_cuda_image_free(&parts[p]);
+        CT_CHECK(warnings == 1 && strstr(warn_seen, "writable by others"), "parts: one warning (%d): %s", warnings, warn_seen);
+        CT_CHECK(count_files(c.dir, "") == 0, "no part entries written");
+    }
+    /* sticky and the user's: trusted (others may add files, never replace the user's) */
+    CT_CHECK(chmod(c.dir, 01777) == 0, "chmod");
+    capex_cuda_cache_init(&c, cdir);
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && !img.from_cache && mode_of(path) == 0600, "sticky: written");
+    capex_cuda_image_free(&img);
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && img.from_cache, "sticky: a hit");
+    capex_cuda_image_free(&img);
+    CT_CHECK(chmod(c.dir, 0700) == 0, "chmod");
+
+    /* an entry writable by others is not trusted: refused, recompiled over */
+    CT_CHECK(chmod(path, 0666) == 0, "chmod entry");
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_ERR_CONFIG && !back.data, "0666 entry: %s", capex_last_error());
+    CT_CHECK(strstr(capex_last_error(), "writable by others"), "%s", capex_last_error());
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && !img.from_cache, "0666 entry recompiled");
+    capex_cuda_image_free(&img);
+    CT_CHECK(mode_of(path) == 0600 && capex__cuda_cache_read(path, key, &back) == CAPEX_OK, "rewritten 0600");
+    capex_cuda_image_free(&back);
+
+    /* another user's entry (root in CI may chown; elsewhere this part skips) */
+    if (chown(path, 12345, (gid_t)-1) != 0) {
+        rm_dir(c.dir);
+        rm_dir(dir);
+        rm_dir(top);
+        CT_SKIP("chown needs root: %s", strerror(errno));
+    }
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_ERR_CONFIG && !back.data, "foreign entry: %s", capex_last_error());
+    CT_CHECK(strstr(capex_last_error(), "uid 12345"), "%s", capex_last_error());
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && !img.from_cache, "foreign entry recompiled");
+    capex_cuda_image_free(&img);
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_OK, "rewritten as the user's: %s", capex_last_error());
+    capex_cuda_image_free(&back);
+    /* another user's directory: warned, uncached */
+    CT_CHECK(chown(c.dir, 12345, (gid_t)-1) == 0, "chown dir");
+    capex_cuda_cache_init(&c, cdir);
+    CT_CHECK(compile_uncached_twice(&d) && warnings == 1 && strstr(warn_seen, "owned by uid 12345"), "foreign dir (%d): %s",
+             warnings, warn_seen);
+    rm_dir(c.dir);
+    rm_dir(dir);
+    rm_dir(top);
+}
+
 /* The built-in parts through the disk cache: one entry per part under its own key,
    filled concurrently, read back whole; a damaged entry is recompiled alone. */
 CT_TEST(builtin_parts_cache_entries) {
@@ -848,6 +976,7 @@ static const ct_case cases[] = {
     CT_CASE(builtin_parts_cache_entries),
     CT_CASE(entry_that_is_not_a_regular_file),
     CT_CASE(entry_claiming_a_huge_payload),
+    CT_CASE(cache_trust_rule),
 };
 static const child_entry children[] = {{"hit", child_hit_without_nvrtc}};
 
