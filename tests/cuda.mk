@@ -74,3 +74,30 @@ ci-extra:: $(BUILD)/examples/capex_info $(BUILD)/fake/libcuda.so.1
 	@echo "cuda: capex_info without a driver, then on the stand-in driver"
 	@$(BUILD)/examples/capex_info >/dev/null
 	@CAPEX_LIBCUDA_PATH=$(abspath $(BUILD)/fake/libcuda.so.1) $(BUILD)/examples/capex_info | grep -E 'GPUs|compile|module load'
+
+# Fuzz the kernel-cache entry reader (the parser and the file reader) from the
+# seeds in tests/corpus/cache_entry with clang's libFuzzer, for FUZZ_TIME
+# seconds (20 in CI; `make fuzz-cache-entry FUZZ_TIME=14400` for hours). New
+# inputs collect in $(BUILD)/fuzz_cache_entry_corpus, a failing input in
+# $(BUILD)/fuzz_cache_entry-crash-*. Skipped where clang cannot link -fsanitize=fuzzer.
+FUZZ_TIME ?= 20
+.PHONY: fuzz-cache-entry fuzz-corpus-cache-entry
+ci-extra:: fuzz-cache-entry
+fuzz-cache-entry: $(BUILD)/fuzz_cache_entry
+	@if [ -x $(BUILD)/fuzz_cache_entry ]; then \
+	  echo "cuda: fuzzing the kernel-cache entry reader ($(FUZZ_TIME) s)"; mkdir -p $(BUILD)/fuzz_cache_entry_corpus; \
+	  $(BUILD)/fuzz_cache_entry -max_total_time=$(FUZZ_TIME) -seed=1 -artifact_prefix=$(BUILD)/fuzz_cache_entry- \
+	    $(BUILD)/fuzz_cache_entry_corpus tests/corpus/cache_entry > $(BUILD)/fuzz_cache_entry.log 2>&1 || \
+	    { tail -n 40 $(BUILD)/fuzz_cache_entry.log; exit 1; }; tail -n 1 $(BUILD)/fuzz_cache_entry.log; \
+	else echo "cuda: libFuzzer unavailable, fuzz target skipped"; fi
+
+$(BUILD)/fuzz_cache_entry: tests/fuzz_cache_entry.c capex.h capex_cuda.h
+	@mkdir -p $(dir $@)
+	@clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ $(LDLIBS) 2>/dev/null || \
+	  echo "cuda: could not build the fuzz target (no libFuzzer)"
+
+# Rewrites the seed entries from real NVRTC output (needs NVRTC; commit them).
+fuzz-corpus-cache-entry: tests/fuzz_cache_entry.c capex.h capex_cuda.h
+	@mkdir -p $(BUILD) tests/corpus/cache_entry
+	$(CC) -std=c99 -O1 -g $(WARN) -DFUZZ_CACHE_ENTRY_SEEDS $< -o $(BUILD)/fuzz_cache_entry_seeds $(LDLIBS)
+	$(BUILD)/fuzz_cache_entry_seeds tests/corpus/cache_entry
