@@ -68,8 +68,15 @@
                         magic, format version, key, kind (cubin/ptx), target arch, the
                         NVRTC version that made it, length and a SHA-256 checksum. Written
                         to a temp file and renamed (atomic; concurrent writers are fine).
-                        A bad entry (truncated, corrupt, foreign, other version) is never
-                        trusted: it is recompiled and overwritten. A hit does not load
+                        A bad entry (truncated, corrupt, foreign, other version, over
+                        256 MiB, not a regular file: a FIFO, device or symlink is neither
+                        opened blocking nor followed) is never trusted: it is recompiled
+                        and overwritten. Trust rule (as ssh's and ccache's): the directory
+                        must be owned by the effective user and not group/other-writable
+                        unless sticky, else a warning (once) and no reads or writes; an
+                        entry must be the user's and not group/other-writable, else it is
+                        recompiled over. Parents are not checked. New directories are
+                        0700, entries 0600. A hit does not load
                         NVRTC at all (opening it costs 10 ms warm, 0.4 s cold), so a machine with
                         only the driver runs from a cache filled elsewhere. The NVRTC
                         version is recorded, not keyed: after a toolkit upgrade old entries
