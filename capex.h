@@ -490,6 +490,13 @@ typedef struct capex_scaler_desc {
     int id;                  /* loss index shown in messages (Apex "loss scaler 0")        */
 } capex_scaler_desc;
 
+/* Bound on every step counter (scaler steps and skipped_steps, optimizer
+   group steps): 2^53, so a count is exact as the double the bias corrections
+   take (1 - pow(beta, step)) and a count + 1 can never overflow int64. State
+   with a larger or negative count is refused; an update or step that would
+   pass the bound fails with CAPEX_ERR_LIMIT and changes nothing. */
+#define CAPEX_STEP_MAX ((int64_t)1 << 53)
+
 /* The scaler's persistent state, for checkpoints (the state-file code writes
    these fields; PyTorch's GradScaler.state_dict() holds the same plus ours). */
 typedef struct capex_scaler_state {
@@ -2641,6 +2648,14 @@ CAPEX__PRIVATE int capex__scaler_found_inf(const capex_scaler *sc) {
     return any;
 }
 
+/* steps stops at CAPEX_STEP_MAX instead of wrapping (2^53 iterations). */
+CAPEX__PRIVATE capex_result capex__scaler_count_ok(const capex_scaler *sc, const char *fn) {
+    if (sc->steps >= CAPEX_STEP_MAX)
+        return capex__fail(CAPEX_ERR_LIMIT, "%s: the scaler has counted CAPEX_STEP_MAX (2^53) iterations; nothing was "
+                           "changed (restore a state with a smaller count)", fn);
+    return CAPEX_OK;
+}
+
 CAPEX_API capex_result capex_scaler_update(capex_scaler *sc) {
     capex_result r = capex__scaler_ok(sc, "capex_scaler_update");
     int found_inf;
@@ -2650,6 +2665,7 @@ CAPEX_API capex_result capex_scaler_update(capex_scaler *sc) {
         return capex__fail(CAPEX_ERR_ORDER,
                            "capex_scaler_update: no inf checks were recorded prior to update: call "
                            "capex_scaler_unscale for each optimizer (and capex_scaler_step) first");
+    if ((r = capex__scaler_count_ok(sc, "capex_scaler_update")) != CAPEX_OK) return r;
     capex__scaler_rule(sc, found_inf);
     sc->steps++;
     if (found_inf) sc->skipped_steps++;
@@ -2672,6 +2688,7 @@ CAPEX_API capex_result capex_scaler_update_to(capex_scaler *sc, float new_scale)
     int found_inf;
     if (r != CAPEX_OK) return r;
     if ((r = capex__scaler_check_new_scale(sc, new_scale, "capex_scaler_update_to")) != CAPEX_OK) return r;
+    if ((r = capex__scaler_count_ok(sc, "capex_scaler_update_to")) != CAPEX_OK) return r;
     found_inf = capex__scaler_found_inf(sc);
     sc->scale = new_scale;
     sc->steps++;
@@ -2765,6 +2782,9 @@ CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scal
     if (st->steps < 0 || st->skipped_steps < 0 || st->skipped_steps > st->steps)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: steps = %lld, skipped_steps = %lld: need 0 <= skipped <= steps", w,
                            (long long)st->steps, (long long)st->skipped_steps);
+    if (st->steps > CAPEX_STEP_MAX) /* skipped_steps <= steps: bounded too */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.steps = %lld exceeds CAPEX_STEP_MAX (2^53): a corrupt or forged "
+                           "state (the next update would overflow the count)", w, (long long)st->steps);
     sc->desc.dynamic = st->dynamic;
     sc->desc.init_scale = st->init_scale;
     sc->desc.growth_factor = st->growth_factor;
@@ -5737,6 +5757,10 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
         return capex__fail(CAPEX_ERR_ORDER, "capex_optim_step: a state load failed part-way (I/O error); load the "
                            "state again before stepping");
     if (found_inf) return CAPEX_OK; /* skipped step: nothing changes (Apex/torch.amp) */
+    for (gidx = 0; gidx < o->ngroups; gidx++)
+        if (o->groups[gidx].step >= CAPEX_STEP_MAX)
+            return capex__fail(CAPEX_ERR_LIMIT, "capex_optim_step: group %zu has taken CAPEX_STEP_MAX (2^53) steps; "
+                               "nothing was changed", gidx);
     gs = inv_scale * clip_coef;
     for (gidx = 0; gidx < o->ngroups; gidx++) {
         capex__optim_group *g = &o->groups[gidx];
@@ -6075,7 +6099,12 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
         CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &steps[2 * g + 1]));
         CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.count", g, NULL));
         CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &v));
-        if (steps[2 * g] < 0 || v != (int64_t)o->groups[g].count) {
+        if (steps[2 * g] < 0 || steps[2 * g] > CAPEX_STEP_MAX) {
+            r = capex__fail(CAPEX_ERR_FORMAT, "optimizer state: group %zu has step %lld; it must lie in [0, "
+                            "CAPEX_STEP_MAX = 2^53] (a corrupt or forged file)", g, (long long)steps[2 * g]);
+            goto done;
+        }
+        if (v != (int64_t)o->groups[g].count) {
             r = capex__fail(CAPEX_ERR_SIZE_MISMATCH, "optimizer state: group %zu has %lld parameters (step %lld) in the "
                             "file, %zu here", g, (long long)v, (long long)steps[2 * g], o->groups[g].count);
             goto done;

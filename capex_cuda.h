@@ -5077,6 +5077,11 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
         goto done;
     for (g = 0; g < o->ngroups; g++) {
         if ((r = capex__optim_check_hp(&o->desc, &h->groups[g].hp)) != CAPEX_OK) goto done;
+        if (h->groups[g].step < 0 || h->groups[g].step > CAPEX_STEP_MAX) {
+            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: group %zu has step %lld, outside [0, CAPEX_STEP_MAX = 2^53]", fn,
+                            g, (long long)h->groups[g].step);
+            goto done;
+        }
         capex__go_hp_to_group(&h->groups[g].hp, &groups[g]);
         groups[g].step = h->groups[g].step;
         groups[g].mom_init = h->groups[g].mom_init != 0;

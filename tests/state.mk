@@ -34,3 +34,47 @@ ci-extra::
 	    grep -E '^stat::number_of_executed_runs|^Done ' $(BUILD)/fuzz/state.log; echo "fuzz_state: ok"; \
 	  else tail -n 40 $(BUILD)/fuzz/state.log; echo "fuzz_state FAILED: crash input saved under $(BUILD)/fuzz/"; exit 1; fi; \
 	fi
+
+# Loader fuzzers (issue 16): capex_optim_load and capex_scaler_load past the
+# checksum (tests/fuzz_load.h re-fixes it), from the seeds the library itself
+# wrote under tests/corpus/<target>/ (regenerate: make fuzz-load-seeds).
+# The seeds are always replayed through a plain build (-DCAPEX_FUZZ_REPLAY);
+# with libFuzzer each target then runs $(LOAD_FUZZ_S) s. For hours, see the
+# comment at the top of each target.
+LOAD_FUZZ   := fuzz_optim_load fuzz_scaler_load
+LOAD_FUZZ_S ?= 20
+
+$(BUILD)/fuzz/fuzz_%_load: tests/fuzz_%_load.c tests/fuzz_load.h capex.h
+	@mkdir -p $(dir $@)
+	$(STATE_FUZZ_CC) $(STATE_FUZZ_FLAGS) -Itests $< -o $@ -lm
+
+$(BUILD)/fuzz/replay_%_load: tests/fuzz_%_load.c tests/fuzz_load.h capex.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 $(OPT) $(WARN) -DCAPEX_FUZZ_REPLAY -Itests $< -o $@ -lm
+
+ci-extra:: $(addprefix $(BUILD)/fuzz/replay_,optim_load scaler_load)
+	@for t in $(LOAD_FUZZ); do $(BUILD)/fuzz/replay_$${t#fuzz_} tests/corpus/$$t/* || exit 1; done
+	@if ! printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
+	      | $(STATE_FUZZ_CC) -fsanitize=fuzzer -x c - -o $(BUILD)/fuzz/.probe 2>/dev/null; then \
+	  echo "SKIP $(LOAD_FUZZ): $(STATE_FUZZ_CC) cannot build -fsanitize=fuzzer (libFuzzer missing); their seeds were replayed"; \
+	else \
+	  rm -f $(BUILD)/fuzz/.probe; \
+	  for t in $(LOAD_FUZZ); do \
+	    echo "== state: $$t (libFuzzer, $(LOAD_FUZZ_S) s)"; \
+	    $(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) $(BUILD)/fuzz/$$t || exit 1; \
+	    rm -rf $(BUILD)/fuzz/$$t.corpus; mkdir -p $(BUILD)/fuzz/$$t.corpus; \
+	    if $(BUILD)/fuzz/$$t -max_total_time=$(LOAD_FUZZ_S) -max_len=8192 -timeout=10 -print_final_stats=1 \
+	         -artifact_prefix=$(BUILD)/fuzz/$$t- $(BUILD)/fuzz/$$t.corpus tests/corpus/$$t > $(BUILD)/fuzz/$$t.log 2>&1; then \
+	      grep -E '^stat::number_of_executed_runs|^Done ' $(BUILD)/fuzz/$$t.log; echo "$$t: ok"; \
+	    else tail -n 40 $(BUILD)/fuzz/$$t.log; echo "$$t FAILED: crash input saved as $(BUILD)/fuzz/$$t-*"; exit 1; fi; \
+	  done; \
+	fi
+
+# Rewrites the committed seed corpora from the library's own checkpoints.
+.PHONY: fuzz-load-seeds
+fuzz-load-seeds:
+	@mkdir -p $(BUILD)/fuzz
+	@for t in $(LOAD_FUZZ); do \
+	  $(CC) -std=c99 $(OPT) $(WARN) -DCAPEX_FUZZ_GEN -Itests tests/$$t.c -o $(BUILD)/fuzz/gen_$$t -lm && \
+	  rm -rf tests/corpus/$$t && mkdir -p tests/corpus/$$t && $(BUILD)/fuzz/gen_$$t tests/corpus/$$t || exit 1; \
+	done

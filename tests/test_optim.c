@@ -1008,6 +1008,74 @@ CT_TEST(load_validates_before_changing) {
     rig_free(&a); rig_free(&b); rig_free(&c);
 }
 
+/* Writes v into the i64 entry nm of a saved file and re-stamps capex_crc32
+   (the documented rule), so the edit gets past the checksum. */
+static int patch_i64(void *buf, size_t len, const char *nm, int64_t v) {
+    const char *key = "\"capex_crc32\":\"";
+    unsigned char *b = (unsigned char *)buf, *at = NULL;
+    capex_state_reader *rd;
+    capex_state_tensor_info info;
+    size_t i, kl = strlen(key);
+    int k;
+    if (capex_state_reader_open_memory(buf, len, 0, NULL, &rd) != CAPEX_OK) return -1;
+    k = capex_state_find(rd, nm, &info) == CAPEX_OK && info.dtype == CAPEX_STATE_I64 && info.numel == 1;
+    capex_state_reader_close(rd);
+    if (!k) return -1;
+    for (k = 0; k < 8; k++) b[info.file_offset + (size_t)k] = (unsigned char)((uint64_t)v >> (8 * k));
+    for (i = 0; i + kl + 8 <= len; i++)
+        if (memcmp(b + i, key, kl) == 0) { at = b + i + kl; break; }
+    if (!at) return -1;
+    memset(at, '0', 8);
+    snprintf((char *)at, 9, "%08lx", (unsigned long)capex_crc32(0, b, len));
+    at[8] = '"';
+    return 0;
+}
+
+/* Issue 16 item 2: a checkpoint with a valid checksum and step INT64_MAX was
+   loaded, and the next step overflowed the count. Steps outside
+   [0, CAPEX_STEP_MAX] are refused with the optimizer untouched; a step that
+   would pass the bound fails with CAPEX_ERR_LIMIT and changes nothing. */
+CT_TEST(load_refuses_step_counts_near_overflow) {
+    const int64_t bad[4] = {INT64_MAX, INT64_MAX - 1, CAPEX_STEP_MAX + 1, -1};
+    rig a, b, keep;
+    void *buf;
+    size_t len;
+    int64_t st = -1;
+    int i;
+    capex_result r;
+    if (rig_make(ct, &a, CAPEX_OPTIM_ADAM, 0, 1, 5, 40, 7) || rig_make(ct, &b, CAPEX_OPTIM_ADAM, 0, 1, 5, 40, 7) ||
+        rig_make(ct, &keep, CAPEX_OPTIM_ADAM, 0, 1, 5, 40, 7))
+        return;
+    rig_grads(&a, 1); capex_optim_step(a.opt, 1, 1, 0);
+    rig_grads(&b, 2); capex_optim_step(b.opt, 1, 1, 0); capex_optim_step(b.opt, 1, 1, 0);
+    rig_grads(&keep, 2); capex_optim_step(keep.opt, 1, 1, 0); capex_optim_step(keep.opt, 1, 1, 0);
+    if (save_mem(ct, a.opt, CAPEX_OPTIM_STATE_PARAMS, &buf, &len)) return;
+    for (i = 0; i < 4; i++) {
+        CT_CHECK(patch_i64(buf, len, "optim.group0.step", bad[i]) == 0, "patch");
+        r = load_mem(b.opt, buf, len, CAPEX_OPTIM_STATE_PARAMS);
+        CT_CHECK(r == CAPEX_ERR_FORMAT && strstr(capex_last_error(), "CAPEX_STEP_MAX"), "step %lld: %s %.300s",
+                 (long long)bad[i], capex_result_string(r), capex_last_error());
+        if (rig_same(ct, &b, &keep, "a refused step count")) return;
+        CT_CHECK(capex_optim_get_step(b.opt, 0, &st) == CAPEX_OK && st == 2, "step changed to %lld", (long long)st);
+    }
+    /* the last countable step, then the bound */
+    CT_CHECK(patch_i64(buf, len, "optim.group0.step", CAPEX_STEP_MAX - 1) == 0, "patch");
+    CT_CHECK(load_mem(b.opt, buf, len, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "step 2^53 - 1: %.300s", capex_last_error());
+    CT_CHECK(capex_optim_step(b.opt, 1, 1, 0) == CAPEX_OK, "step to 2^53: %.300s", capex_last_error());
+    CT_CHECK(capex_optim_get_step(b.opt, 0, &st) == CAPEX_OK && st == CAPEX_STEP_MAX, "step %lld", (long long)st);
+    free(buf);
+    if (save_mem(ct, b.opt, CAPEX_OPTIM_STATE_PARAMS, &buf, &len)) return;
+    CT_CHECK(load_mem(keep.opt, buf, len, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "2^53 loads: %.300s", capex_last_error());
+    r = capex_optim_step(b.opt, 1, 1, 0);
+    CT_CHECK(r == CAPEX_ERR_LIMIT && strstr(capex_last_error(), "CAPEX_STEP_MAX"), "step past the bound: %s",
+             capex_result_string(r));
+    if (rig_same(ct, &b, &keep, "a refused step")) return;
+    CT_CHECK(capex_optim_get_step(b.opt, 0, &st) == CAPEX_OK && st == CAPEX_STEP_MAX, "step %lld", (long long)st);
+    CT_CHECK(capex_optim_step(b.opt, 1, 1, 1) == CAPEX_OK, "a skipped step still succeeds");
+    free(buf);
+    rig_free(&a); rig_free(&b); rig_free(&keep);
+}
+
 
 /* The kernels' own half conversions (shared with the GPU source) equal the
    core's, which test_half checks exhaustively. */
@@ -1169,7 +1237,8 @@ static const ct_case cases[] = {
     CT_CASE(found_inf_skips_bit_identical), CT_CASE(same_bits_any_thread_count), CT_CASE(lamb_kept_update_matches_recompute), CT_CASE(add_group_out_of_memory_changes_nothing), CT_CASE(stochastic_rounding),
     CT_CASE(stochastic_rounding_unbiased), CT_CASE(groups_own_step_counts_and_hparams),
     CT_CASE(user_buffers_and_zero_sizes), CT_CASE(bad_input), CT_CASE(resume_is_bit_identical),
-    CT_CASE(load_validates_before_changing), CT_CASE(kernel_half_conversions_match_core),
+    CT_CASE(load_validates_before_changing), CT_CASE(load_refuses_step_counts_near_overflow),
+    CT_CASE(kernel_half_conversions_match_core),
     CT_CASE(chunk_size_does_not_change_adam_sgd),
     CT_CASE(sgd_momentum_turned_off_later),
     CT_CASE(huge_chunk_sizes),

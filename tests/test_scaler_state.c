@@ -182,8 +182,91 @@ CT_TEST(null_and_long_prefix) {
     capex_state_writer_destroy(w);
 }
 
+/* A state file with a valid checksum whose counters sit at the edge of their
+   type (issue 16 item 2): steps INT64_MAX made the next update signed
+   overflow. Counters above CAPEX_STEP_MAX are refused with the live scaler
+   untouched; a count that reaches the bound by training stops with
+   CAPEX_ERR_LIMIT, changing nothing. */
+static capex_result load_counters(capex_scaler *sc, int64_t steps, int64_t skipped, int64_t tracker, int64_t interval) {
+    capex_state_writer *w = NULL;
+    capex_state_reader *rd = NULL;
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    capex_result r;
+    capex_state_writer_create(NULL, &w);
+    capex_state_add_meta(w, "s.format", CAPEX_SCALER_STATE_FORMAT);
+    capex_state_add_i64(w, "s.dynamic", 1);
+    capex_state_add_f32(w, "s.scale", 1024.0f);
+    capex_state_add_i64(w, "s.growth_tracker", tracker);
+    capex_state_add_i64(w, "s.hysteresis_tracker", 2147483647);
+    capex_state_add_f32(w, "s.init_scale", 65536.0f);
+    capex_state_add_f64(w, "s.growth_factor", 2.0);
+    capex_state_add_f64(w, "s.backoff_factor", 0.5);
+    capex_state_add_i64(w, "s.growth_interval", interval);
+    capex_state_add_f32(w, "s.min_scale", 1.0f);
+    capex_state_add_f32(w, "s.max_scale", INFINITY);
+    capex_state_add_i64(w, "s.hysteresis", 2147483647);
+    capex_state_add_i64(w, "s.steps", steps);
+    capex_state_add_i64(w, "s.skipped_steps", skipped);
+    if ((r = capex_state_write_memory(w, NULL, 0, &len)) == CAPEX_OK) {
+        buf = (unsigned char *)malloc(len);
+        r = capex_state_write_memory(w, buf, len, &len);
+    }
+    capex_state_writer_destroy(w);
+    if (r == CAPEX_OK && (r = capex_state_reader_open_memory(buf, len, 0, NULL, &rd)) == CAPEX_OK) {
+        r = capex_scaler_load(sc, rd, "s.");
+        capex_state_reader_close(rd);
+    }
+    free(buf);
+    return r;
+}
+
+CT_TEST(counters_near_overflow) {
+    const int64_t big = INT64_MAX;
+    capex_scaler_desc d;
+    capex_scaler live, before;
+    capex_scaler_state st;
+    capex_result r;
+    make_desc(&d);
+    CT_CHECK(capex_scaler_init(&live, &d) == CAPEX_OK, "init");
+    CT_CHECK(run_step(&live, 1) == CAPEX_OK && run_step(&live, 0) == CAPEX_OK, "steps");
+    memcpy(&before, &live, sizeof live);
+    r = load_counters(&live, big, 0, 0, 5);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "CAPEX_STEP_MAX"), "steps INT64_MAX: %s %s",
+             capex_result_string(r), capex_last_error());
+    CT_CHECK(memcmp(&live, &before, sizeof live) == 0, "refused steps changed the live scaler");
+    r = load_counters(&live, big, big, 0, 5);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG, "steps = skipped = INT64_MAX: %s", capex_result_string(r));
+    r = load_counters(&live, CAPEX_STEP_MAX + 1, 0, 0, 5);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG, "steps 2^53 + 1: %s", capex_result_string(r));
+    r = load_counters(&live, -1, -1, 0, 5);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG, "negative steps: %s", capex_result_string(r));
+    CT_CHECK(memcmp(&live, &before, sizeof live) == 0, "refused counters changed the live scaler");
+    /* trackers at their type's edge are fine: tracker + 1 == interval grows and resets */
+    r = load_counters(&live, CAPEX_STEP_MAX - 1, 7, big - 1, big);
+    CT_CHECK(r == CAPEX_OK, "edge trackers, steps 2^53 - 1: %s", capex_last_error());
+    CT_CHECK(run_step(&live, 0) == CAPEX_OK, "last countable update: %s", capex_last_error());
+    CT_CHECK(capex_scaler_get_state(&live, &st) == CAPEX_OK && st.steps == CAPEX_STEP_MAX && st.growth_tracker == 0 &&
+             st.scale == 2048.0f && st.hysteresis_tracker == 2147483647, "steps %lld tracker %lld scale %g",
+             (long long)st.steps, (long long)st.growth_tracker, (double)st.scale);
+    {
+        float s, inv;
+        int go;
+        CT_CHECK(capex_scaler_scale(&live, &s) == CAPEX_OK && capex_scaler_unscale(&live, 0, 1, &inv) == CAPEX_OK &&
+                 capex_scaler_step(&live, 0, &go) == CAPEX_OK, "iteration");
+        memcpy(&before, &live, sizeof live);
+        r = capex_scaler_update(&live);
+        CT_CHECK(r == CAPEX_ERR_LIMIT && strstr(capex_last_error(), "CAPEX_STEP_MAX"), "update past the bound: %s",
+                 capex_result_string(r));
+        CT_CHECK(capex_scaler_update_to(&live, 8.0f) == CAPEX_ERR_LIMIT, "update_to past the bound");
+        CT_CHECK(memcmp(&live, &before, sizeof live) == 0, "a refused update changed the scaler");
+        CT_CHECK(capex_scaler_discard_iteration(&live) == CAPEX_OK, "discard");
+    }
+}
+
 static const ct_case cases[] = {
     CT_CASE(resume_equals_uninterrupted), CT_CASE(file_round_trip_two_scalers),
     CT_CASE(bad_entries_leave_scaler_untouched), CT_CASE(null_and_long_prefix),
+    CT_CASE(counters_near_overflow),
 };
 CT_MAIN(cases)
