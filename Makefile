@@ -8,6 +8,8 @@ OPENMP  ?= $(shell printf 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o
 CFLAGS  ?= -std=c99 $(OPT) $(WARN) $(OPENMP)
 LDLIBS  := -ldl -lpthread -lm
 BUILD   ?= build
+# Seconds each libFuzzer target runs in ci-extra (`make ci-extra FUZZ_TIME=14400` for hours).
+FUZZ_TIME ?= 20
 
 # Tests see every capex function as static (CAPEX_STATIC), so each test program
 # compiles only what it calls: seconds per test instead of ~40 s under ASan.

@@ -80,7 +80,6 @@ ci-extra:: $(BUILD)/examples/capex_info $(BUILD)/fake/libcuda.so.1
 # seconds (20 in CI; `make fuzz-cache-entry FUZZ_TIME=14400` for hours). New
 # inputs collect in $(BUILD)/fuzz_cache_entry_corpus, a failing input in
 # $(BUILD)/fuzz_cache_entry-crash-*. Skipped where clang cannot link -fsanitize=fuzzer.
-FUZZ_TIME ?= 20
 .PHONY: fuzz-cache-entry fuzz-corpus-cache-entry
 ci-extra:: fuzz-cache-entry
 fuzz-cache-entry: $(BUILD)/fuzz_cache_entry

@@ -1,7 +1,7 @@
 # State files: tests/test_state.c (run by make test), tests/fuzz_state.c
 # (libFuzzer target), tests/state_py.py (python cross-checks and seed corpus).
 STATE_FUZZ     := $(BUILD)/fuzz/fuzz_state
-STATE_FUZZ_S   ?= 20
+STATE_FUZZ_S   ?= $(FUZZ_TIME)
 STATE_FUZZ_CC  ?= clang
 STATE_FUZZ_FLAGS := -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
@@ -18,7 +18,7 @@ $(STATE_FUZZ): tests/fuzz_state.c capex.h
 
 # Fuzzes the parser for $(STATE_FUZZ_S) s from a seed corpus made at run time.
 ci-extra::
-	@echo "== state: fuzz_state (libFuzzer, $(STATE_FUZZ_S) s)"
+	@echo "== state: fuzz_state (libFuzzer, $(STATE_FUZZ_S) s)"; mkdir -p $(BUILD)
 	@if ! printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
 	      | $(STATE_FUZZ_CC) -fsanitize=fuzzer -x c - -o $(BUILD)/.fuzz_probe 2>/dev/null; then \
 	  echo "SKIP fuzz_state: $(STATE_FUZZ_CC) cannot build -fsanitize=fuzzer (libFuzzer missing); test_state still runs the fuzz checks on its corpora"; \
@@ -42,7 +42,7 @@ ci-extra::
 # with libFuzzer each target then runs $(LOAD_FUZZ_S) s. For hours, see the
 # comment at the top of each target.
 LOAD_FUZZ   := fuzz_optim_load fuzz_scaler_load
-LOAD_FUZZ_S ?= 20
+LOAD_FUZZ_S ?= $(FUZZ_TIME)
 
 $(BUILD)/fuzz/fuzz_%_load: tests/fuzz_%_load.c tests/fuzz_load.h capex.h
 	@mkdir -p $(dir $@)
