@@ -1687,6 +1687,20 @@ CAPEX__PRIVATE void capex__free(const capex_allocator *a, void *p) {
     else CAPEX_FREE(p);
 }
 
+/* Byte sizes from user counts: *out = a * b (or a + b); nonzero when the
+   result wraps size_t (the caller refuses: a wrapped size means a short
+   buffer and a heap overflow later). *out is left alone on overflow. */
+CAPEX__PRIVATE int capex__size_mul(size_t a, size_t b, size_t *out) {
+    if (b && a > SIZE_MAX / b) return 1;
+    *out = a * b;
+    return 0;
+}
+CAPEX__PRIVATE int capex__size_add(size_t a, size_t b, size_t *out) {
+    if (a > SIZE_MAX - b) return 1;
+    *out = a + b;
+    return 0;
+}
+
 /* ---- half types --------------------------------------------------------- */
 
 CAPEX_API const char *capex_dtype_name(capex_dtype t) {
@@ -6566,6 +6580,15 @@ CAPEX__PRIVATE capex_result capex__comm_after(capex_comm *c, capex_result r) {
     return r;
 }
 
+/* count elements of t, times `copies` (allgather: world), must fit size_t. */
+CAPEX__PRIVATE capex_result capex__comm_size_check(const char *fn, size_t count, capex_dtype t, size_t copies) {
+    size_t bytes;
+    if (capex__size_mul(count, capex_comm_dtype_size(t), &bytes) || capex__size_mul(bytes, copies, &bytes))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %zu elements of %zu bytes%s: the byte size overflows size_t", fn,
+                           count, capex_comm_dtype_size(t), copies > 1 ? " per rank" : "");
+    return CAPEX_OK;
+}
+
 CAPEX__PRIVATE double capex__deadline(const capex_comm *c) {
     double t = c->timeout_s > 0 ? c->timeout_s : 1800.0;
     return capex_dist_now() + t;
@@ -6582,6 +6605,7 @@ CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, voi
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: AVG of int64 is not defined; SUM and divide");
     if (count && (!send || !recv)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: NULL buffer");
     if (!count) return CAPEX_OK;
+    if ((r = capex__comm_size_check("capex_comm_allreduce", count, t, 1)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->allreduce(c, send, recv, count, t, op, capex__deadline(c)));
 }
 
@@ -6593,6 +6617,7 @@ CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t cou
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: root %d not in [0, %d)", root, c->world_size);
     if (count && !buf) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: NULL buffer");
     if (!count) return CAPEX_OK;
+    if ((r = capex__comm_size_check("capex_comm_broadcast", count, t, 1)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->broadcast(c, buf, count, t, root, capex__deadline(c)));
 }
 
@@ -6603,6 +6628,7 @@ CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, voi
     if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: invalid dtype %d", (int)t);
     if (count_per_rank && (!send || !recv)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: NULL buffer");
     if (!count_per_rank) return CAPEX_OK;
+    if ((r = capex__comm_size_check("capex_comm_allgather", count_per_rank, t, (size_t)c->world_size)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->allgather(c, send, recv, count_per_rank, t, capex__deadline(c)));
 }
 
@@ -6751,7 +6777,11 @@ static capex_result capex__mpi_allreduce(capex_comm *c, const void *send, void *
     if (t == CAPEX_F32) {
         r = capex__mpi_allreduce_f32(c, (const float *)send, (float *)recv, n, deadline);
     } else {
-        float *tmp = (float *)capex__alloc(c->allocator, n * sizeof(float));
+        size_t bytes;
+        float *tmp;
+        if (capex__size_mul(n, sizeof(float), &bytes))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "MPI allreduce: %zu elements: the f32 staging byte size overflows size_t", n);
+        tmp = (float *)capex__alloc(c->allocator, bytes);
         if (!tmp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "MPI allreduce: no memory for the f32 staging buffer");
         capex__host_convert(tmp, CAPEX_F32, send, t, n);
         r = capex__mpi_allreduce_f32(c, tmp, tmp, n, deadline);
@@ -7288,14 +7318,26 @@ static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op
     return CAPEX_OK;
 }
 
-static void *capex__tcp_scratch(capex_comm *c, size_t bytes) {
+/* Rank 0's scratch per element: an accumulator and one peer's values. It is
+   larger than the dtype, so the front's size check is not enough; every rank
+   checks it (before any traffic) so that all refuse the same call alike. */
+CAPEX__PRIVATE size_t capex__tcp_scratch_elem(capex_dtype ty) {
+    return capex__comm_wide(ty) ? 2 * 8 : 4 + capex_comm_dtype_size(ty);
+}
+static capex_result capex__tcp_scratch(capex_comm *c, size_t n, size_t elem_bytes, void **out) {
     capex__tcp *t = (capex__tcp *)c->impl;
+    size_t bytes;
+    *out = NULL;
+    if (capex__size_mul(n, elem_bytes, &bytes))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: the scratch byte size overflows size_t", n);
     if (t->tmp_bytes < bytes) {
         capex__free(c->allocator, t->tmp);
         t->tmp = capex__alloc(c->allocator, bytes);
         t->tmp_bytes = t->tmp ? bytes : 0;
     }
-    return t->tmp;
+    if (!t->tmp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: no memory for %zu elements", n);
+    *out = t->tmp;
+    return CAPEX_OK;
 }
 
 /* rank 0 gathers from every peer in rank order into `gather` callback, then
@@ -7306,14 +7348,18 @@ static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *
     size_t es = capex_comm_dtype_size(ty), i;
     capex_result r = CAPEX_OK;
     int p;
+    if (capex__size_mul(n, capex__tcp_scratch_elem(ty), &i))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", n);
     t->seq++;
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, send, n * es, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline);
     } else if (capex__comm_wide(ty)) {
         /* f64 / int64: summed in their own type, in rank order */
-        unsigned char *acc = (unsigned char *)capex__tcp_scratch(c, 2 * n * 8);
-        if (!acc) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: no memory for %lu elements", (unsigned long)n);
+        unsigned char *acc;
+        void *mem;
+        if ((r = capex__tcp_scratch(c, n, capex__tcp_scratch_elem(ty), &mem)) != CAPEX_OK) return r;
+        acc = (unsigned char *)mem;
         memmove(acc, send, n * 8);
         for (p = 1; p < c->world_size; p++) {
             if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, acc + n * 8, n * 8, deadline)) != CAPEX_OK) return r;
@@ -7326,9 +7372,10 @@ static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *
             if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, recv, n * 8, deadline)) != CAPEX_OK) return r;
     } else {
         /* acc: f32 sums ((x0 + x1) + x2) + ... ; staging for one peer after it */
-        float *acc = (float *)capex__tcp_scratch(c, n * 4 + n * es);
-        void *in;
-        if (!acc) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: no memory for %lu elements", (unsigned long)n);
+        float *acc;
+        void *in, *mem;
+        if ((r = capex__tcp_scratch(c, n, capex__tcp_scratch_elem(ty), &mem)) != CAPEX_OK) return r;
+        acc = (float *)mem;
         in = (char *)acc + n * 4;
         capex__host_convert(acc, CAPEX_F32, send, ty, n);
         for (p = 1; p < c->world_size; p++) {
@@ -7718,7 +7765,7 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     capex_ddp *g;
     capex_ddp_desc dd;
     capex_result r;
-    size_t i, *order;
+    size_t i, *order, total, bytes;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: out is NULL");
     *out = NULL;
     if ((r = capex__comm_check(comm, "capex_ddp_create")) != CAPEX_OK) return r;
@@ -7729,10 +7776,18 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     if (!(desc->gradient_predivide_factor > 0.0f) || desc->gradient_predivide_factor > 3.0e38f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: gradient_predivide_factor %g must be finite and > 0",
                            (double)desc->gradient_predivide_factor);
-    for (i = 0; i < np; i++) {
+    /* np + 1 entries of the largest bookkeeping struct */
+    if (np >= SIZE_MAX / sizeof(capex_ddp_param))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: %zu params: the byte size overflows size_t", np);
+    for (i = 0, total = 0; i < np; i++) {
         if (!capex__dtype_ok(params[i].dtype))
             return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: param %lu has invalid dtype %d", (unsigned long)i,
                                (int)params[i].dtype);
+        /* Buckets (and their f32 copies) hold sums of numels of up to 4-byte
+           elements: bounding the total 4-byte size bounds every bucket size. */
+        if (capex__size_add(total, params[i].numel, &total) || capex__size_mul(total, sizeof(float), &bytes))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: params 0..%lu hold more elements than size_t "
+                               "bytes can address: the byte size overflows size_t", (unsigned long)i);
         if (params[i].numel && desc->broadcast_parameters && !params[i].data)
             return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: param %lu has no data pointer to broadcast",
                                (unsigned long)i);

@@ -5215,7 +5215,11 @@ CAPEX__PRIVATE capex_result capex__nccl_scale_enqueue(capex_comm *c, void *buf, 
     capex_result r;
     if (t == CAPEX_F32) return capex_cuda_scale_f32(n->ctx, x, x, f, count, n->stream);
     if (t == CAPEX_F16 || t == CAPEX_BF16) {
-        if ((r = capex__nccl_scratch(c, count * 4)) != CAPEX_OK) return r;
+        size_t bytes; /* f32 staging: twice the (checked) size of the buffer */
+        if (capex__size_mul(count, 4, &bytes))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL comm: %zu elements: the f32 scratch byte size overflows size_t",
+                               count);
+        if ((r = capex__nccl_scratch(c, bytes)) != CAPEX_OK) return r;
         if ((r = capex_cuda_convert(n->ctx, n->scratch, CAPEX_F32, x, t, count, n->stream)) != CAPEX_OK) return r;
         if ((r = capex_cuda_scale_f32(n->ctx, n->scratch, n->scratch, f, count, n->stream)) != CAPEX_OK) return r;
         return capex_cuda_convert(n->ctx, x, t, n->scratch, CAPEX_F32, count, n->stream);
