@@ -5578,16 +5578,20 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
                                              const capex_optim_param *params, size_t n, size_t *group_index) {
     const capex_allocator *a;
     capex_result r;
-    size_t k, nitems = 0, t0, it;
+    size_t k, nitems = 0, t0, it, sum;
     int need_m, need_v;
     float **bufs;
     if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: optimizer is NULL");
     if (!params && n) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: params is NULL with n = %zu", n);
     if (!hp) hp = &o->desc.defaults;
     if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
-    for (k = 0; k < n; k++) {
+    for (k = 0, sum = (size_t)o->total; k < n; k++) {
         if ((r = capex__optim_check_param(&o->desc, &params[k], k)) != CAPEX_OK) return r;
-        nitems += capex__optim_count_items(params[k].numel, o->chunk);
+        /* the optimizer's element total (int64) and its item count must not wrap */
+        if (capex__size_add(sum, (size_t)params[k].numel, &sum) || (uint64_t)sum > (uint64_t)INT64_MAX ||
+            capex__size_add(nitems, capex__optim_count_items(params[k].numel, o->chunk), &nitems))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: params 0..%zu bring the optimizer's element "
+                               "count past int64: the byte size overflows", k);
     }
     a = capex__optim_alloc(o);
     if ((r = capex__optim_check_aliases(o->tensors, sizeof *o->tensors, o->ntensors, a, params, n,
