@@ -648,7 +648,10 @@ CAPEX_API capex_result capex_state_add_meta(capex_state_writer *w, const char *k
 CAPEX_API capex_result capex_state_write_memory(capex_state_writer *w, void *buf, size_t cap, size_t *len);
 /* Writes "<path>.tmp.<pid>.<n>.<id>", flushes and fsyncs it, then renames it over
    path: a reader sees the old file or the new one, never a partial one. On
-   failure the temp file is removed and an old file at path is kept. */
+   failure the temp file is removed and an old file at path is kept. Temps of
+   the same path left by killed saves are removed first (POSIX): those of a
+   pid that no longer exists, once unmodified for a minute, and this process's
+   own once unmodified for an hour; a live process's temp is never touched. */
 CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char *path);
 
 typedef struct capex_state_reader capex_state_reader;
@@ -2808,6 +2811,10 @@ CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scal
 #if !defined(CAPEX_NO_STDIO) && (defined(__unix__) || defined(__APPLE__))
 #  include <unistd.h>
 #  include <fcntl.h>
+#  include <dirent.h>
+#  include <signal.h>
+#  include <time.h>
+#  include <sys/stat.h>
 #  define CAPEX__STATE_POSIX 1
 #endif
 /* 64-bit file offsets: long is 64-bit on LP64 Unix; Windows needs _fseeki64. */
@@ -3372,6 +3379,66 @@ CAPEX_API capex_result capex_state_write_memory(capex_state_writer *w, void *buf
     return CAPEX_OK;
 }
 
+#ifdef CAPEX__STATE_POSIX
+/* Parses "<base>.tmp.<pid>.<serial>.<hex id>" (the temp names of
+   capex_state_write_file for base); 1 with *pid on a match. */
+CAPEX__PRIVATE int capex__st_temp_pid(const char *name, const char *base, size_t blen, long *pid) {
+    const char *q = name + blen + 5;
+    long v = 0;
+    int nd = 0, k;
+    if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp.", 5) != 0) return 0;
+    for (; *q >= '0' && *q <= '9' && nd < 18; q++, nd++) v = v * 10 + (*q - '0');
+    if (!nd || *q++ != '.') return 0;
+    for (k = 0; *q >= '0' && *q <= '9'; q++) k = 1;
+    if (!k || *q++ != '.') return 0;
+    for (k = 0; (*q >= '0' && *q <= '9') || (*q >= 'a' && *q <= 'f'); q++) k = 1;
+    if (!k || *q) return 0;
+    *pid = v;
+    return 1;
+}
+
+/* Removes the temp files that killed saves of `path` left beside it (issue:
+   hundreds of MB after a few kills). The kernel cache's sweep removes temps
+   unmodified for an hour; a save can tell more from the pid in the name:
+   - a pid that no longer exists here: its writer is dead; removed once
+     unmodified for a minute (a writer on another host of a shared file
+     system keeps its temp's mtime fresh while it writes);
+   - this process's pid: another writer of ours may be saving right now;
+     removed only past the hour (a restarted container reuses the pid);
+   - a live pid (another process): never removed.
+   Best effort: errors are ignored. Only regular files are removed. */
+CAPEX__PRIVATE void capex__st_sweep_temps(const capex_allocator *a, const char *path) {
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t dlen = slash ? (size_t)(slash - path) + 1 : 0, blen = strlen(base);
+    char *buf;
+    DIR *d;
+    struct dirent *e;
+    time_t now = time(NULL);
+    long self = (long)getpid();
+    if (!blen || !(buf = (char *)capex__alloc(a, dlen + 4096))) return;
+    if (dlen) memcpy(buf, path, dlen);
+    buf[dlen] = '\0';
+    d = opendir(dlen ? buf : ".");
+    if (d) {
+        while ((e = readdir(d)) != NULL) {
+            struct stat st;
+            long pid;
+            double age;
+            size_t nlen = strlen(e->d_name);
+            if (nlen >= 4096 - 1 || !capex__st_temp_pid(e->d_name, base, blen, &pid)) continue;
+            memcpy(buf + dlen, e->d_name, nlen + 1);
+            if (lstat(buf, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+            age = difftime(now, st.st_mtime);
+            if (pid == self ? age > 3600.0
+                            : pid > 0 && (pid_t)pid == pid && kill((pid_t)pid, 0) != 0 && errno == ESRCH && age > 60.0)
+                (void)unlink(buf);
+        }
+        closedir(d);
+    }
+    capex__free(a, buf);
+}
+#endif
+
 CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char *path) {
 #ifdef CAPEX_NO_STDIO
     (void)w;
@@ -3399,6 +3466,7 @@ CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char 
     }
 #ifdef CAPEX__STATE_POSIX
     pid = (unsigned long)getpid();
+    capex__st_sweep_temps(&w->alloc, path); /* before ours: frees the space a full disk needs */
 #endif
     /* pid + per-writer serial + object address: unique among concurrent writers;
        "x" (C11, glibc, musl, macOS, MSVC) refuses to reuse an existing name. */
