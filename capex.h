@@ -1423,7 +1423,11 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
    is SyncBatchNorm (torch.nn.SyncBatchNorm, Apex convert_syncbn_model): each
    rank's per-channel (mean, biased var, count) is allgathered and merged by
    Chan's formula in rank order, so ranks may hold unequal batches (even
-   empty ones); backward allreduces (sum_dy, sum_dy_xmu). As in PyTorch,
+   empty ones); backward allreduces (sum_dy, sum_dy_xmu). In eval without
+   running statistics torch's SyncBatchNorm does not sync: each rank
+   normalises by its own batch (plain batch_norm) and so does this, forward
+   and backward, unless desc.sync_eval_batch_stats = 1 (then the global
+   batch, as in training, without a running update). As in PyTorch,
    dweight and dbias are this rank's share (the DDP gradient allreduce sums
    them). Parameters and running statistics use param_dtype
    (capex_batch_norm_amp_dtypes: f32 under keep_batchnorm_fp32).
@@ -1480,6 +1484,8 @@ typedef struct capex_batch_norm_desc {
     int training;             /* 1: batch statistics (and running update); 0: running statistics */
     int num_threads;          /* as capex_norm_desc */
     const capex_allocator *allocator;
+    int sync_eval_batch_stats; /* SyncBatchNorm, eval without running statistics: 0 (torch) this
+                                  rank's batch, no communication; 1: the global batch, synced */
 } capex_batch_norm_desc;
 CAPEX_API void capex_batch_norm_desc_init(capex_batch_norm_desc *d);
 
@@ -9007,9 +9013,10 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
     const float *wf, *bf;
     if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__bn_check(fn, d, comm, a, 0)) != CAPEX_OK) return r;
-    /* torch: batch statistics in training, or when there are no running stats */
+    /* torch: batch statistics in training, or when there are no running stats;
+       synced in training only (eval: this rank's batch) unless asked */
     use_batch = d->training || !a->running_mean;
-    if (!use_batch || world < 1) world = 1;
+    if (!use_batch || world < 1 || !(d->training || d->sync_eval_batch_stats)) world = 1;
     C = a->c; rows = a->n * a->s; local = rows;
     if ((r = capex__bn_alloc(fn, a, world, d->num_threads,
                              a->layout == CAPEX_BN_NCS ? a->n * C : rows, d->allocator, &m)) != CAPEX_OK)
@@ -9110,7 +9117,7 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
     if (use_batch && a->total_count < 1)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: total_count %lld: pass the args forward filled in (it "
                            "writes total_count)", fn, (long long)a->total_count);
-    if (!use_batch) world = 1;
+    if (!use_batch || !(d->training || d->sync_eval_batch_stats)) world = 1; /* as forward */
     C = a->c; rows = a->n * a->s;
     if ((r = capex__bn_alloc(fn, a, world, d->num_threads, a->layout == CAPEX_BN_NCS ? C : rows,
                              d->allocator, &m)) != CAPEX_OK)

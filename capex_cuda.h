@@ -5762,7 +5762,8 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
     if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__cuda_bn_check(fn, ctx, d, comm, a, 0, stream)) != CAPEX_OK) return r;
     use_batch = d->training || !a->running_mean;
-    world = use_batch && comm ? comm->world_size : 1;
+    /* eval without running stats: this rank's batch unless sync_eval_batch_stats (capex.h, torch) */
+    world = use_batch && comm && (d->training || d->sync_eval_batch_stats) ? comm->world_size : 1;
     N = (unsigned long long)a->n; C = (unsigned long long)a->c; S = (unsigned long long)a->s;
     total = N * C * S; P = capex_syncbn_pack_floats(a->c);
     xt = (int)a->x_dtype; yt = (int)a->y_dtype; pt = (int)a->param_dtype; nsc = a->layout == CAPEX_BN_NSC;
@@ -5824,7 +5825,8 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
     if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__cuda_bn_check(fn, ctx, d, comm, a, 1, stream)) != CAPEX_OK) return r;
     use_batch = d->training || !a->running_mean;
-    world = use_batch && comm ? comm->world_size : 1;
+    /* eval without running stats: this rank's batch unless sync_eval_batch_stats (capex.h, torch) */
+    world = use_batch && comm && (d->training || d->sync_eval_batch_stats) ? comm->world_size : 1;
     N = (unsigned long long)a->n; C = (unsigned long long)a->c; S = (unsigned long long)a->s;
     total = N * C * S; P = capex_syncbn_pack_floats(a->c);
     xt = (int)a->x_dtype; yt = (int)a->y_dtype; pt = (int)a->param_dtype; nsc = a->layout == CAPEX_BN_NSC;
