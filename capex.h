@@ -655,7 +655,10 @@ CAPEX_API capex_result capex_state_add_meta(capex_state_writer *w, const char *k
 CAPEX_API capex_result capex_state_write_memory(capex_state_writer *w, void *buf, size_t cap, size_t *len);
 /* Writes "<path>.tmp.<pid>.<n>.<id>", flushes and fsyncs it, then renames it over
    path: a reader sees the old file or the new one, never a partial one. On
-   failure the temp file is removed and an old file at path is kept. */
+   failure the temp file is removed and an old file at path is kept. Temps of
+   the same path left by killed saves are removed first (POSIX): those of a
+   pid that no longer exists, once unmodified for a minute, and this process's
+   own once unmodified for an hour; a live process's temp is never touched. */
 CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char *path);
 
 typedef struct capex_state_reader capex_state_reader;
@@ -1427,7 +1430,11 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
    is SyncBatchNorm (torch.nn.SyncBatchNorm, Apex convert_syncbn_model): each
    rank's per-channel (mean, biased var, count) is allgathered and merged by
    Chan's formula in rank order, so ranks may hold unequal batches (even
-   empty ones); backward allreduces (sum_dy, sum_dy_xmu). As in PyTorch,
+   empty ones); backward allreduces (sum_dy, sum_dy_xmu). In eval without
+   running statistics torch's SyncBatchNorm does not sync: each rank
+   normalises by its own batch (plain batch_norm) and so does this, forward
+   and backward, unless desc.sync_eval_batch_stats = 1 (then the global
+   batch, as in training, without a running update). As in PyTorch,
    dweight and dbias are this rank's share (the DDP gradient allreduce sums
    them). Parameters and running statistics use param_dtype
    (capex_batch_norm_amp_dtypes: f32 under keep_batchnorm_fp32).
@@ -1484,6 +1491,8 @@ typedef struct capex_batch_norm_desc {
     int training;             /* 1: batch statistics (and running update); 0: running statistics */
     int num_threads;          /* as capex_norm_desc */
     const capex_allocator *allocator;
+    int sync_eval_batch_stats; /* SyncBatchNorm, eval without running statistics: 0 (torch) this
+                                  rank's batch, no communication; 1: the global batch, synced */
 } capex_batch_norm_desc;
 CAPEX_API void capex_batch_norm_desc_init(capex_batch_norm_desc *d);
 
@@ -1692,6 +1701,20 @@ CAPEX__PRIVATE void capex__free(const capex_allocator *a, void *p) {
     if (!p) return;
     if (a && a->free) a->free(p, a->user_data);
     else CAPEX_FREE(p);
+}
+
+/* Byte sizes from user counts: *out = a * b (or a + b); nonzero when the
+   result wraps size_t (the caller refuses: a wrapped size means a short
+   buffer and a heap overflow later). *out is left alone on overflow. */
+CAPEX__PRIVATE int capex__size_mul(size_t a, size_t b, size_t *out) {
+    if (b && a > SIZE_MAX / b) return 1;
+    *out = a * b;
+    return 0;
+}
+CAPEX__PRIVATE int capex__size_add(size_t a, size_t b, size_t *out) {
+    if (a > SIZE_MAX - b) return 1;
+    *out = a + b;
+    return 0;
 }
 
 /* ---- half types --------------------------------------------------------- */
@@ -2814,6 +2837,10 @@ CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scal
 #if !defined(CAPEX_NO_STDIO) && (defined(__unix__) || defined(__APPLE__))
 #  include <unistd.h>
 #  include <fcntl.h>
+#  include <dirent.h>
+#  include <signal.h>
+#  include <time.h>
+#  include <sys/stat.h>
 #  define CAPEX__STATE_POSIX 1
 #endif
 /* 64-bit file offsets: long is 64-bit on LP64 Unix; Windows needs _fseeki64. */
@@ -3378,6 +3405,66 @@ CAPEX_API capex_result capex_state_write_memory(capex_state_writer *w, void *buf
     return CAPEX_OK;
 }
 
+#ifdef CAPEX__STATE_POSIX
+/* Parses "<base>.tmp.<pid>.<serial>.<hex id>" (the temp names of
+   capex_state_write_file for base); 1 with *pid on a match. */
+CAPEX__PRIVATE int capex__st_temp_pid(const char *name, const char *base, size_t blen, long *pid) {
+    const char *q = name + blen + 5;
+    long v = 0;
+    int nd = 0, k;
+    if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp.", 5) != 0) return 0;
+    for (; *q >= '0' && *q <= '9' && nd < 18; q++, nd++) v = v * 10 + (*q - '0');
+    if (!nd || *q++ != '.') return 0;
+    for (k = 0; *q >= '0' && *q <= '9'; q++) k = 1;
+    if (!k || *q++ != '.') return 0;
+    for (k = 0; (*q >= '0' && *q <= '9') || (*q >= 'a' && *q <= 'f'); q++) k = 1;
+    if (!k || *q) return 0;
+    *pid = v;
+    return 1;
+}
+
+/* Removes the temp files that killed saves of `path` left beside it (issue:
+   hundreds of MB after a few kills). The kernel cache's sweep removes temps
+   unmodified for an hour; a save can tell more from the pid in the name:
+   - a pid that no longer exists here: its writer is dead; removed once
+     unmodified for a minute (a writer on another host of a shared file
+     system keeps its temp's mtime fresh while it writes);
+   - this process's pid: another writer of ours may be saving right now;
+     removed only past the hour (a restarted container reuses the pid);
+   - a live pid (another process): never removed.
+   Best effort: errors are ignored. Only regular files are removed. */
+CAPEX__PRIVATE void capex__st_sweep_temps(const capex_allocator *a, const char *path) {
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t dlen = slash ? (size_t)(slash - path) + 1 : 0, blen = strlen(base);
+    char *buf;
+    DIR *d;
+    struct dirent *e;
+    time_t now = time(NULL);
+    long self = (long)getpid();
+    if (!blen || !(buf = (char *)capex__alloc(a, dlen + 4096))) return;
+    if (dlen) memcpy(buf, path, dlen);
+    buf[dlen] = '\0';
+    d = opendir(dlen ? buf : ".");
+    if (d) {
+        while ((e = readdir(d)) != NULL) {
+            struct stat st;
+            long pid;
+            double age;
+            size_t nlen = strlen(e->d_name);
+            if (nlen >= 4096 - 1 || !capex__st_temp_pid(e->d_name, base, blen, &pid)) continue;
+            memcpy(buf + dlen, e->d_name, nlen + 1);
+            if (lstat(buf, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+            age = difftime(now, st.st_mtime);
+            if (pid == self ? age > 3600.0
+                            : pid > 0 && (pid_t)pid == pid && kill((pid_t)pid, 0) != 0 && errno == ESRCH && age > 60.0)
+                (void)unlink(buf);
+        }
+        closedir(d);
+    }
+    capex__free(a, buf);
+}
+#endif
+
 CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char *path) {
 #ifdef CAPEX_NO_STDIO
     (void)w;
@@ -3405,6 +3492,7 @@ CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char 
     }
 #ifdef CAPEX__STATE_POSIX
     pid = (unsigned long)getpid();
+    capex__st_sweep_temps(&w->alloc, path); /* before ours: frees the space a full disk needs */
 #endif
     /* pid + per-writer serial + object address: unique among concurrent writers;
        "x" (C11, glibc, musl, macOS, MSVC) refuses to reuse an existing name. */
@@ -5584,16 +5672,20 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
                                              const capex_optim_param *params, size_t n, size_t *group_index) {
     const capex_allocator *a;
     capex_result r;
-    size_t k, nitems = 0, t0, it;
+    size_t k, nitems = 0, t0, it, sum;
     int need_m, need_v;
     float **bufs;
     if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: optimizer is NULL");
     if (!params && n) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: params is NULL with n = %zu", n);
     if (!hp) hp = &o->desc.defaults;
     if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
-    for (k = 0; k < n; k++) {
+    for (k = 0, sum = (size_t)o->total; k < n; k++) {
         if ((r = capex__optim_check_param(&o->desc, &params[k], k)) != CAPEX_OK) return r;
-        nitems += capex__optim_count_items(params[k].numel, o->chunk);
+        /* the optimizer's element total (int64) and its item count must not wrap */
+        if (capex__size_add(sum, (size_t)params[k].numel, &sum) || (uint64_t)sum > (uint64_t)INT64_MAX ||
+            capex__size_add(nitems, capex__optim_count_items(params[k].numel, o->chunk), &nitems))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: params 0..%zu bring the optimizer's element "
+                               "count past int64: the byte size overflows", k);
     }
     a = capex__optim_alloc(o);
     if ((r = capex__optim_check_aliases(o->tensors, sizeof *o->tensors, o->ntensors, a, params, n,
@@ -6595,6 +6687,15 @@ CAPEX__PRIVATE capex_result capex__comm_after(capex_comm *c, capex_result r) {
     return r;
 }
 
+/* count elements of t, times `copies` (allgather: world), must fit size_t. */
+CAPEX__PRIVATE capex_result capex__comm_size_check(const char *fn, size_t count, capex_dtype t, size_t copies) {
+    size_t bytes;
+    if (capex__size_mul(count, capex_comm_dtype_size(t), &bytes) || capex__size_mul(bytes, copies, &bytes))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %zu elements of %zu bytes%s: the byte size overflows size_t", fn,
+                           count, capex_comm_dtype_size(t), copies > 1 ? " per rank" : "");
+    return CAPEX_OK;
+}
+
 CAPEX__PRIVATE double capex__deadline(const capex_comm *c) {
     double t = c->timeout_s > 0 ? c->timeout_s : 1800.0;
     return capex_dist_now() + t;
@@ -6611,6 +6712,7 @@ CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, voi
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: AVG of int64 is not defined; SUM and divide");
     if (count && (!send || !recv)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: NULL buffer");
     if (!count) return CAPEX_OK;
+    if ((r = capex__comm_size_check("capex_comm_allreduce", count, t, 1)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->allreduce(c, send, recv, count, t, op, capex__deadline(c)));
 }
 
@@ -6622,6 +6724,7 @@ CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t cou
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: root %d not in [0, %d)", root, c->world_size);
     if (count && !buf) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: NULL buffer");
     if (!count) return CAPEX_OK;
+    if ((r = capex__comm_size_check("capex_comm_broadcast", count, t, 1)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->broadcast(c, buf, count, t, root, capex__deadline(c)));
 }
 
@@ -6632,6 +6735,7 @@ CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, voi
     if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: invalid dtype %d", (int)t);
     if (count_per_rank && (!send || !recv)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: NULL buffer");
     if (!count_per_rank) return CAPEX_OK;
+    if ((r = capex__comm_size_check("capex_comm_allgather", count_per_rank, t, (size_t)c->world_size)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->allgather(c, send, recv, count_per_rank, t, capex__deadline(c)));
 }
 
@@ -6780,7 +6884,11 @@ static capex_result capex__mpi_allreduce(capex_comm *c, const void *send, void *
     if (t == CAPEX_F32) {
         r = capex__mpi_allreduce_f32(c, (const float *)send, (float *)recv, n, deadline);
     } else {
-        float *tmp = (float *)capex__alloc(c->allocator, n * sizeof(float));
+        size_t bytes;
+        float *tmp;
+        if (capex__size_mul(n, sizeof(float), &bytes))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "MPI allreduce: %zu elements: the f32 staging byte size overflows size_t", n);
+        tmp = (float *)capex__alloc(c->allocator, bytes);
         if (!tmp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "MPI allreduce: no memory for the f32 staging buffer");
         capex__host_convert(tmp, CAPEX_F32, send, t, n);
         r = capex__mpi_allreduce_f32(c, tmp, tmp, n, deadline);
@@ -7317,14 +7425,26 @@ static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op
     return CAPEX_OK;
 }
 
-static void *capex__tcp_scratch(capex_comm *c, size_t bytes) {
+/* Rank 0's scratch per element: an accumulator and one peer's values. It is
+   larger than the dtype, so the front's size check is not enough; every rank
+   checks it (before any traffic) so that all refuse the same call alike. */
+CAPEX__PRIVATE size_t capex__tcp_scratch_elem(capex_dtype ty) {
+    return capex__comm_wide(ty) ? 2 * 8 : 4 + capex_comm_dtype_size(ty);
+}
+static capex_result capex__tcp_scratch(capex_comm *c, size_t n, size_t elem_bytes, void **out) {
     capex__tcp *t = (capex__tcp *)c->impl;
+    size_t bytes;
+    *out = NULL;
+    if (capex__size_mul(n, elem_bytes, &bytes))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: the scratch byte size overflows size_t", n);
     if (t->tmp_bytes < bytes) {
         capex__free(c->allocator, t->tmp);
         t->tmp = capex__alloc(c->allocator, bytes);
         t->tmp_bytes = t->tmp ? bytes : 0;
     }
-    return t->tmp;
+    if (!t->tmp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: no memory for %zu elements", n);
+    *out = t->tmp;
+    return CAPEX_OK;
 }
 
 /* rank 0 gathers from every peer in rank order into `gather` callback, then
@@ -7335,14 +7455,18 @@ static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *
     size_t es = capex_comm_dtype_size(ty), i;
     capex_result r = CAPEX_OK;
     int p;
+    if (capex__size_mul(n, capex__tcp_scratch_elem(ty), &i))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", n);
     t->seq++;
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, send, n * es, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline);
     } else if (capex__comm_wide(ty)) {
         /* f64 / int64: summed in their own type, in rank order */
-        unsigned char *acc = (unsigned char *)capex__tcp_scratch(c, 2 * n * 8);
-        if (!acc) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: no memory for %lu elements", (unsigned long)n);
+        unsigned char *acc;
+        void *mem;
+        if ((r = capex__tcp_scratch(c, n, capex__tcp_scratch_elem(ty), &mem)) != CAPEX_OK) return r;
+        acc = (unsigned char *)mem;
         memmove(acc, send, n * 8);
         for (p = 1; p < c->world_size; p++) {
             if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, acc + n * 8, n * 8, deadline)) != CAPEX_OK) return r;
@@ -7355,9 +7479,10 @@ static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *
             if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, recv, n * 8, deadline)) != CAPEX_OK) return r;
     } else {
         /* acc: f32 sums ((x0 + x1) + x2) + ... ; staging for one peer after it */
-        float *acc = (float *)capex__tcp_scratch(c, n * 4 + n * es);
-        void *in;
-        if (!acc) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: no memory for %lu elements", (unsigned long)n);
+        float *acc;
+        void *in, *mem;
+        if ((r = capex__tcp_scratch(c, n, capex__tcp_scratch_elem(ty), &mem)) != CAPEX_OK) return r;
+        acc = (float *)mem;
         in = (char *)acc + n * 4;
         capex__host_convert(acc, CAPEX_F32, send, ty, n);
         for (p = 1; p < c->world_size; p++) {
@@ -7747,7 +7872,7 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     capex_ddp *g;
     capex_ddp_desc dd;
     capex_result r;
-    size_t i, *order;
+    size_t i, *order, total, bytes;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: out is NULL");
     *out = NULL;
     if ((r = capex__comm_check(comm, "capex_ddp_create")) != CAPEX_OK) return r;
@@ -7758,10 +7883,18 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     if (!(desc->gradient_predivide_factor > 0.0f) || desc->gradient_predivide_factor > 3.0e38f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: gradient_predivide_factor %g must be finite and > 0",
                            (double)desc->gradient_predivide_factor);
-    for (i = 0; i < np; i++) {
+    /* np + 1 entries of the largest bookkeeping struct */
+    if (np >= SIZE_MAX / sizeof(capex_ddp_param))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: %zu params: the byte size overflows size_t", np);
+    for (i = 0, total = 0; i < np; i++) {
         if (!capex__dtype_ok(params[i].dtype))
             return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: param %lu has invalid dtype %d", (unsigned long)i,
                                (int)params[i].dtype);
+        /* Buckets (and their f32 copies) hold sums of numels of up to 4-byte
+           elements: bounding the total 4-byte size bounds every bucket size. */
+        if (capex__size_add(total, params[i].numel, &total) || capex__size_mul(total, sizeof(float), &bytes))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: params 0..%lu hold more elements than size_t "
+                               "bytes can address: the byte size overflows size_t", (unsigned long)i);
         if (params[i].numel && desc->broadcast_parameters && !params[i].data)
             return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: param %lu has no data pointer to broadcast",
                                (unsigned long)i);
@@ -8909,9 +9042,10 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
     const float *wf, *bf;
     if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__bn_check(fn, d, comm, a, 0)) != CAPEX_OK) return r;
-    /* torch: batch statistics in training, or when there are no running stats */
+    /* torch: batch statistics in training, or when there are no running stats;
+       synced in training only (eval: this rank's batch) unless asked */
     use_batch = d->training || !a->running_mean;
-    if (!use_batch || world < 1) world = 1;
+    if (!use_batch || world < 1 || !(d->training || d->sync_eval_batch_stats)) world = 1;
     C = a->c; rows = a->n * a->s; local = rows;
     if ((r = capex__bn_alloc(fn, a, world, d->num_threads,
                              a->layout == CAPEX_BN_NCS ? a->n * C : rows, d->allocator, &m)) != CAPEX_OK)
@@ -9012,7 +9146,7 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
     if (use_batch && a->total_count < 1)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: total_count %lld: pass the args forward filled in (it "
                            "writes total_count)", fn, (long long)a->total_count);
-    if (!use_batch) world = 1;
+    if (!use_batch || !(d->training || d->sync_eval_batch_stats)) world = 1; /* as forward */
     C = a->c; rows = a->n * a->s;
     if ((r = capex__bn_alloc(fn, a, world, d->num_threads, a->layout == CAPEX_BN_NCS ? C : rows,
                              d->allocator, &m)) != CAPEX_OK)

@@ -5358,7 +5358,11 @@ CAPEX__PRIVATE capex_result capex__nccl_scale_enqueue(capex_comm *c, void *buf, 
     capex_result r;
     if (t == CAPEX_F32) return capex_cuda_scale_f32(n->ctx, x, x, f, count, n->stream);
     if (t == CAPEX_F16 || t == CAPEX_BF16) {
-        if ((r = capex__nccl_scratch(c, count * 4)) != CAPEX_OK) return r;
+        size_t bytes; /* f32 staging: twice the (checked) size of the buffer */
+        if (capex__size_mul(count, 4, &bytes))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL comm: %zu elements: the f32 scratch byte size overflows size_t",
+                               count);
+        if ((r = capex__nccl_scratch(c, bytes)) != CAPEX_OK) return r;
         if ((r = capex_cuda_convert(n->ctx, n->scratch, CAPEX_F32, x, t, count, n->stream)) != CAPEX_OK) return r;
         if ((r = capex_cuda_scale_f32(n->ctx, n->scratch, n->scratch, f, count, n->stream)) != CAPEX_OK) return r;
         return capex_cuda_convert(n->ctx, x, t, n->scratch, CAPEX_F32, count, n->stream);
@@ -5901,7 +5905,8 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
     if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__cuda_bn_check(fn, ctx, d, comm, a, 0, stream)) != CAPEX_OK) return r;
     use_batch = d->training || !a->running_mean;
-    world = use_batch && comm ? comm->world_size : 1;
+    /* eval without running stats: this rank's batch unless sync_eval_batch_stats (capex.h, torch) */
+    world = use_batch && comm && (d->training || d->sync_eval_batch_stats) ? comm->world_size : 1;
     N = (unsigned long long)a->n; C = (unsigned long long)a->c; S = (unsigned long long)a->s;
     total = N * C * S; P = capex_syncbn_pack_floats(a->c);
     xt = (int)a->x_dtype; yt = (int)a->y_dtype; pt = (int)a->param_dtype; nsc = a->layout == CAPEX_BN_NSC;
@@ -5963,7 +5968,8 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
     if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__cuda_bn_check(fn, ctx, d, comm, a, 1, stream)) != CAPEX_OK) return r;
     use_batch = d->training || !a->running_mean;
-    world = use_batch && comm ? comm->world_size : 1;
+    /* eval without running stats: this rank's batch unless sync_eval_batch_stats (capex.h, torch) */
+    world = use_batch && comm && (d->training || d->sync_eval_batch_stats) ? comm->world_size : 1;
     N = (unsigned long long)a->n; C = (unsigned long long)a->c; S = (unsigned long long)a->s;
     total = N * C * S; P = capex_syncbn_pack_floats(a->c);
     xt = (int)a->x_dtype; yt = (int)a->y_dtype; pt = (int)a->param_dtype; nsc = a->layout == CAPEX_BN_NSC;

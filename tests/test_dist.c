@@ -530,6 +530,19 @@ CT_TEST(ddp_create_errors) {
     CT_CHECK(capex_ddp_broadcast_parameters(g) == CAPEX_OK, "world 1: nothing to send");
     CT_CHECK(capex_ddp_broadcast_parameters(NULL) == CAPEX_ERR_INVALID_ARG, "NULL ddp");
     capex_ddp_destroy(g);
+    { /* numel sums whose bucket byte size wraps size_t (a short bucket was accepted before) */
+        capex_ddp_param ps[2];
+        size_t i;
+        for (i = 0; i < 2; i++) { ps[i].data = x; ps[i].numel = SIZE_MAX / 8 + 1; ps[i].dtype = CAPEX_F32; ps[i].grad = NULL; }
+        capex_ddp_desc_init(&d);
+        d.broadcast_parameters = 0;
+        g = (capex_ddp *)1;
+        CT_CHECK(capex_ddp_create(&g, &c, ps, 2, &d) == CAPEX_ERR_INVALID_ARG && g == NULL &&
+                 strstr(capex_last_error(), "overflows"), "numel sum wrap: %.300s", capex_last_error());
+        ps[0].numel = SIZE_MAX / 2 + 1;
+        CT_CHECK(capex_ddp_create(&g, &c, ps, 1, &d) == CAPEX_ERR_INVALID_ARG, "one param wraps");
+        CT_CHECK(capex_ddp_create(&g, &c, ps, SIZE_MAX / 2, &d) == CAPEX_ERR_INVALID_ARG, "param count wraps");
+    }
 }
 
 /* ---------------------------------------------------- tracker (fake) -- */
@@ -851,6 +864,14 @@ CT_TEST(comm_single_and_errors) {
     CT_CHECK(capex_comm_allreduce(&c, a, b, 4, CAPEX_F32, (capex_reduce_op)5) == CAPEX_ERR_INVALID_ARG, "op");
     CT_CHECK(capex_comm_broadcast(&c, a, 4, CAPEX_F32, 1) == CAPEX_ERR_INVALID_ARG, "root out of range");
     CT_CHECK(capex_comm_barrier(NULL) == CAPEX_ERR_INVALID_ARG, "NULL comm");
+    /* element counts whose byte size wraps size_t (the copy was short before) */
+    CT_CHECK(capex_comm_allreduce(&c, a, b, SIZE_MAX / 2 + 1, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "overflows"), "allreduce wrap: %.300s", capex_last_error());
+    CT_CHECK(capex_comm_allreduce(&c, a, b, SIZE_MAX / 8 + 1, CAPEX_I64, CAPEX_REDUCE_SUM) == CAPEX_ERR_INVALID_ARG,
+             "int64 wrap");
+    CT_CHECK(capex_comm_broadcast(&c, a, SIZE_MAX, CAPEX_F16, 0) == CAPEX_ERR_INVALID_ARG, "broadcast wrap");
+    CT_CHECK(capex_comm_allgather(&c, a, g, SIZE_MAX / 4 + 1, CAPEX_F32) == CAPEX_ERR_INVALID_ARG, "allgather wrap");
+    CT_CHECK(capex_comm_allreduce(&c, a, b, 4, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_OK, "usable after");
     capex_comm_destroy(&c);
     CT_CHECK(capex_comm_barrier(&c) == CAPEX_ERR_INVALID_ARG, "destroyed");
 #ifndef CAPEX_MPI
@@ -1089,6 +1110,30 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_comm_destroy(&c);
         return r == CAPEX_ERR_COMM && strstr(capex_last_error(), "different orders") ? 0 : __LINE__;
     }
+    if (mode == 5) { /* byte sizes that wrap size_t: refused alike on every rank, the comm stays usable */
+        size_t wrap4 = SIZE_MAX / 2 + 1, scratch_wrap = SIZE_MAX / 8 + 2;
+        capex_ddp_param ps[2];
+        capex_ddp *dd = NULL;
+        capex_ddp_desc d;
+        /* count * 4 fits but rank 0's scratch (count * 8) wrapped to 8 bytes before: heap overflow */
+        if (capex_comm_allreduce(&c, f, f, scratch_wrap, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_ERR_INVALID_ARG) return __LINE__;
+        if (!strstr(capex_last_error(), "overflows")) return __LINE__;
+        if (capex_comm_allreduce(&c, f, f, wrap4, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_ERR_INVALID_ARG) return __LINE__;
+        if (!strstr(capex_last_error(), "overflows")) return __LINE__;
+        if (capex_comm_allreduce(&c, f, f, SIZE_MAX / 16 + 1, CAPEX_F64, CAPEX_REDUCE_SUM) != CAPEX_ERR_INVALID_ARG)
+            return __LINE__;
+        if (capex_comm_broadcast(&c, f, wrap4, CAPEX_F32, 0) != CAPEX_ERR_INVALID_ARG) return __LINE__;
+        /* count * 4 fits, times the world of 2 does not */
+        if (capex_comm_allgather(&c, f, g, SIZE_MAX / 8 + 1, CAPEX_F32) != CAPEX_ERR_INVALID_ARG) return __LINE__;
+        for (i = 0; i < 2; i++) { ps[i].data = f; ps[i].numel = SIZE_MAX / 8 + 1; ps[i].dtype = CAPEX_F32; ps[i].grad = NULL; }
+        capex_ddp_desc_init(&d);
+        d.broadcast_parameters = 0;
+        if (capex_ddp_create(&dd, &c, ps, 2, &d) != CAPEX_ERR_INVALID_ARG || dd) return __LINE__;
+        for (i = 0; i < 5; i++) f[i] = (float)(rank + 1);
+        if (capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK || f[4] != 3.0f) return __LINE__;
+        capex_comm_destroy(&c);
+        return 0;
+    }
     if (strcmp(c.vt->name, "tcp") != 0) return __LINE__;
     for (i = 0; i < 5; i++) f[i] = (float)((rank + 1) * (i + 1));
     if (capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) return __LINE__;
@@ -1176,6 +1221,12 @@ CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
     }
 }
 
+CT_TEST(tcp_comm_refuses_sizes_that_wrap) {
+    int codes[8], r = tcp_world(2, 5, codes);
+    CT_CHECK(r == 0, "rank 0 failed at line %d: %.300s", r, capex_last_error());
+    CT_CHECK(codes[1] == 0, "rank 1 exit %d", codes[1]);
+}
+
 /* torchrun --no-python, simulated: the launcher's variables in the real
    environment of 3 processes, read with capex_dist_env_read(NULL) and turned
    into a comm by capex_comm_init_auto. */
@@ -1246,6 +1297,7 @@ static const ct_case cases[] = {
     CT_CASE(broadcast_blob_bootstrap),
     CT_CASE(tcp_comm_collectives_and_ddp),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
+    CT_CASE(tcp_comm_refuses_sizes_that_wrap),
     CT_CASE(torchrun_style_launch_auto_comm),
 };
 CT_MAIN(cases)

@@ -903,11 +903,13 @@ typedef struct rank_job {
     capex_comm comm;
     capex_batch_norm_args a;
     capex_result rf, rb;
+    const capex_batch_norm_desc *d; /* NULL: the defaults */
 } rank_job;
 static void *rank_main(void *p) {
     rank_job *j = (rank_job *)p;
     capex_batch_norm_desc d;
-    capex_batch_norm_desc_init(&d);
+    if (j->d) d = *j->d;
+    else capex_batch_norm_desc_init(&d);
     j->rf = capex_batch_norm_forward(&d, &j->comm, &j->a);
     j->rb = j->rf == CAPEX_OK ? capex_batch_norm_backward(&d, &j->comm, &j->a) : j->rf;
     return NULL;
@@ -1007,6 +1009,73 @@ CT_TEST(sync_batch_norm_threads_unequal_batches) {
     }
 }
 
+/* Eval without running statistics: torch's SyncBatchNorm does not sync there
+   (F.batch_norm on the local batch), so each rank's y and dx are BatchNorm of
+   its own batch (float64 reference); sync_eval_batch_stats = 1 gives the
+   global batch's instead. Rank 1's batch is shifted so the two differ. */
+CT_TEST(sync_batch_norm_eval_without_running_stats_is_local) {
+    static capex_comm_vtable vt;
+    enum { C = 3, S = 4, N0 = 3, N1 = 5, N = N0 + N1, E = N * C * S };
+    const int64_t nb[2] = {N0, N1};
+    double xd[E], dyd[E], wd[C], bd[C], yr[E], dxr[E], mr[C], vr[C], dwr[C], dbr[C];
+    float x[E], dy[E], y[E], dx[E], w[C], b[C], sm[2][C], si[2][C];
+    int64_t i, r;
+    int sync;
+    memset(&vt, 0, sizeof vt);
+    vt.name = "threads"; vt.allreduce = t_allreduce; vt.allgather = t_allgather; vt.broadcast = t_bcast;
+    vt.barrier = t_barrier;
+    for (i = 0; i < E; i++) {
+        x[i] = (float)(1 + rng_sym() + (i >= N0 * C * S ? 5.0 : 0.0)); dy[i] = (float)rng_sym();
+        xd[i] = x[i]; dyd[i] = dy[i];
+    }
+    for (i = 0; i < C; i++) { w[i] = (float)(1 + 0.5 * rng_sym()); b[i] = (float)rng_sym(); wd[i] = w[i]; bd[i] = b[i]; }
+    for (sync = 0; sync < 2; sync++) {
+        capex_batch_norm_desc d;
+        tcomm_shared sh;
+        rank_job jobs[2];
+        pthread_t th[2];
+        capex_batch_norm_desc_init(&d);
+        d.training = 0;
+        d.sync_eval_batch_stats = sync;
+        memset(&sh, 0, sizeof sh);
+        pthread_mutex_init(&sh.mu, NULL);
+        pthread_cond_init(&sh.cv, NULL);
+        sh.world = 2;
+        for (r = 0; r < 2; r++) {
+            rank_job *j = &jobs[r];
+            int64_t e0 = r ? N0 * C * S : 0;
+            memset(j, 0, sizeof *j);
+            j->d = &d;
+            j->comm.vt = &vt; j->comm.impl = &sh; j->comm.rank = (int)r; j->comm.world_size = 2; j->comm.timeout_s = 60;
+            capex_batch_norm_args_init(&j->a);
+            j->a.n = nb[r]; j->a.c = C; j->a.s = S; j->a.x = x + e0; j->a.y = y + e0; j->a.dy = dy + e0; j->a.dx = dx + e0;
+            j->a.weight = w; j->a.bias = b; j->a.save_mean = sm[r]; j->a.save_invstd = si[r]; /* no running stats */
+        }
+        for (r = 0; r < 2; r++) pthread_create(&th[r], NULL, rank_main, &jobs[r]);
+        for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
+        pthread_mutex_destroy(&sh.mu);
+        pthread_cond_destroy(&sh.cv);
+        for (r = 0; r < 2; r++)
+            CT_CHECK(jobs[r].rf == CAPEX_OK && jobs[r].rb == CAPEX_OK, "sync %d rank %d: %s %s", sync, (int)r,
+                     capex_result_string(jobs[r].rf), capex_result_string(jobs[r].rb));
+        if (sync) ref_bn(N, C, S, xd, wd, bd, 1e-5, dyd, yr, mr, vr, dxr, dwr, dbr);
+        else {
+            ref_bn(N0, C, S, xd, wd, bd, 1e-5, dyd, yr, mr, vr, dxr, dwr, dbr);
+            ref_bn(N1, C, S, xd + N0 * C * S, wd, bd, 1e-5, dyd + N0 * C * S, yr + N0 * C * S, mr, vr, dxr + N0 * C * S,
+                   dwr, dbr);
+        }
+        for (r = 0; r < 2; r++)
+            CT_CHECK(jobs[r].a.total_count == (sync ? N : nb[r]) * S, "sync %d rank %d total_count %lld", sync, (int)r,
+                     (long long)jobs[r].a.total_count);
+        for (i = 0; i < E; i++) {
+            CT_CHECK(fabs(y[i] - yr[i]) <= 2e-5 * (1 + fabs(yr[i])), "sync %d: y[%lld] %g vs %s batch's %g", sync,
+                     (long long)i, (double)y[i], sync ? "the global" : "the local", yr[i]);
+            CT_CHECK(fabs(dx[i] - dxr[i]) <= 1e-4 * (1 + fabs(dxr[i])), "sync %d: dx[%lld] %g vs %g", sync, (long long)i,
+                     (double)dx[i], dxr[i]);
+        }
+    }
+}
+
 static const ct_case cases[] = {
     CT_CASE(layer_and_rms_norm_odd_widths_f32),
     CT_CASE(mixed_dtypes_all_combinations),
@@ -1024,6 +1093,7 @@ static const ct_case cases[] = {
     CT_CASE(batch_norm_cumulative_average_momentum_none), CT_CASE(batch_norm_errors),
     CT_CASE(amp_dtypes_keep_batchnorm_fp32),
     CT_CASE(sync_batch_norm_threads_unequal_batches),
+    CT_CASE(sync_batch_norm_eval_without_running_stats_is_local),
 };
 
 int main(int argc, char **argv) {

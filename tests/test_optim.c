@@ -828,6 +828,27 @@ CT_TEST(user_buffers_and_zero_sizes) {
     capex_optim_destroy(NULL);
 }
 
+/* Element counts whose sum passes int64 (the optimizer's running total) are
+   refused before anything is allocated or counted. */
+CT_TEST(element_total_that_wraps_is_refused) {
+    capex_optim_desc d;
+    capex_optim *opt;
+    capex_optim_param ps[3];
+    float w[3][4], g[4], m[3][4], v[3][4];
+    size_t i;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    CT_CHECK(capex_optim_create(&d, &opt) == CAPEX_OK, "%.300s", capex_last_error());
+    for (i = 0; i < 3; i++) { /* each numel alone passes the per-param limit */
+        capex_optim_param_init(&ps[i]);
+        ps[i].param = w[i]; ps[i].grad = g; ps[i].exp_avg = m[i]; ps[i].exp_avg_sq = v[i];
+        ps[i].numel = (int64_t)(SIZE_MAX / 4 < (size_t)INT64_MAX ? SIZE_MAX / 4 : (size_t)INT64_MAX / 2);
+    }
+    CT_CHECK(capex_optim_add_group(opt, NULL, ps, 3, NULL) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "overflows"), "%.300s", capex_last_error());
+    CT_CHECK(capex_optim_num_groups(opt) == 0, "nothing added");
+    capex_optim_destroy(opt);
+}
+
 CT_TEST(bad_input) {
     capex_optim_desc d;
     capex_optim *opt = NULL;
@@ -1236,7 +1257,8 @@ static const ct_case cases[] = {
     CT_CASE(golden_torch_adamw), CT_CASE(golden_torch_adam_l2), CT_CASE(golden_torch_sgd), CT_CASE(golden_apex_lamb),
     CT_CASE(found_inf_skips_bit_identical), CT_CASE(same_bits_any_thread_count), CT_CASE(lamb_kept_update_matches_recompute), CT_CASE(add_group_out_of_memory_changes_nothing), CT_CASE(stochastic_rounding),
     CT_CASE(stochastic_rounding_unbiased), CT_CASE(groups_own_step_counts_and_hparams),
-    CT_CASE(user_buffers_and_zero_sizes), CT_CASE(bad_input), CT_CASE(resume_is_bit_identical),
+    CT_CASE(user_buffers_and_zero_sizes),
+    CT_CASE(element_total_that_wraps_is_refused), CT_CASE(bad_input), CT_CASE(resume_is_bit_identical),
     CT_CASE(load_validates_before_changing), CT_CASE(load_refuses_step_counts_near_overflow),
     CT_CASE(kernel_half_conversions_match_core),
     CT_CASE(chunk_size_does_not_change_adam_sgd),

@@ -11,6 +11,8 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <utime.h>
+#include <sys/wait.h>
 #if defined(__GNUC__) && !defined(__clang__)
 /* messages in CT_CHECK are cut at the harness buffer: fine */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
@@ -662,6 +664,52 @@ CT_TEST(stale_temp_file_does_not_block_writes) {
     capex_state_writer_destroy(w);
 }
 
+/* Plants a temp-named file aged `age` seconds; 1 when it is there. */
+static int plant_temp(const char *name, double age) {
+    struct utimbuf t;
+    FILE *f = fopen(name, "wb");
+    if (!f) return 0;
+    fputs("left by a killed save", f);
+    fclose(f);
+    t.actime = t.modtime = time(NULL) - (time_t)age;
+    return utime(name, &t) == 0;
+}
+static int exists(const char *name) {
+    struct stat st;
+    return lstat(name, &st) == 0;
+}
+
+/* Temps of killed saves of the same target are removed by the next save:
+   a dead pid's once a minute old, our own pid's past an hour; a live
+   process's, a fresh one, another target's and a non-file are kept. */
+CT_TEST(stale_temps_of_killed_saves_are_removed) {
+    char path[512], dead_old[600], dead_new[600], self_old[600], live_old[600], other[600], dir[600];
+    capex_state_writer *w;
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    CT_CHECK(dead > 0 && waitpid(dead, NULL, 0) == dead, "a pid that is gone");
+    strcpy(path, tmp_path("swept.safetensors"));
+    snprintf(dead_old, sizeof dead_old, "%s.tmp.%ld.7.1a2b", path, (long)dead);
+    snprintf(dead_new, sizeof dead_new, "%s.tmp.%ld.8.1a2b", path, (long)dead);
+    snprintf(self_old, sizeof self_old, "%s.tmp.%ld.9.ff", path, (long)getpid());
+    snprintf(live_old, sizeof live_old, "%s.tmp.%ld.1.ff", path, (long)getppid());
+    snprintf(other, sizeof other, "%s.tmp.%ld.1.ff", tmp_path("other.safetensors"), (long)dead);
+    snprintf(dir, sizeof dir, "%s.tmp.%ld.2.ff", path, (long)dead);
+    CT_CHECK(plant_temp(dead_old, 120) && plant_temp(dead_new, 0) && plant_temp(self_old, 7200) &&
+             plant_temp(live_old, 7200) && plant_temp(other, 7200) && mkdir(dir, 0700) == 0, "plant the temps");
+    capex_state_writer_create(NULL, &w);
+    capex_state_add_f64(w, "scale", 2.0);
+    CT_CHECK(capex_state_write_file(w, path) == CAPEX_OK, "save: %s", capex_last_error());
+    capex_state_writer_destroy(w);
+    CT_CHECK(!exists(dead_old), "a dead writer's temp is removed");
+    CT_CHECK(!exists(self_old), "our own pid's temp past the hour is removed (restarted container)");
+    CT_CHECK(exists(dead_new), "a fresh temp is kept (grace for writers on other hosts)");
+    CT_CHECK(exists(live_old), "a live process's temp is never removed");
+    CT_CHECK(exists(other), "another target's temp is kept");
+    CT_CHECK(exists(dir), "a directory is not touched");
+    unlink(dead_new); unlink(live_old); unlink(other); rmdir(dir); unlink(path);
+}
+
 /* Python's own readers: zlib for the checksum rule, safetensors.numpy for the
    layout; and a file written by python (stdlib only) read here. */
 CT_TEST(python_interop) {
@@ -735,6 +783,7 @@ static const ct_case cases[] = {
     CT_CASE(null_arguments),
     CT_CASE(atomic_write_keeps_old_file),
     CT_CASE(stale_temp_file_does_not_block_writes),
+    CT_CASE(stale_temps_of_killed_saves_are_removed),
     CT_CASE(python_interop),
     CT_CASE(cleanup_temp_dir),
 };
