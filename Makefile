@@ -58,7 +58,7 @@ compile-check:
 	@echo "compile-check: ok"
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-tsan
 
 # Each feature may add tests/<feature>.mk with extra rules, including
 # `ci-deps::` (installs for CI) and `ci-extra::` (CI checks beyond make test).
