@@ -1266,8 +1266,12 @@ CAPEX_API uint64_t capex_rendezvous_nonce(const char *run_id);
    and rank 0 keeps waiting (a stale job cannot break a new one); a peer of
    this run with a wrong world size, rank or size, or a rank seen twice, fails
    the call with CAPEX_ERR_COMM. Then blob (size bytes) goes from rank 0 to
-   all. Deadline: CAPEX_ERR_TIMEOUT. Unix only (else CAPEX_ERR_UNSUPPORTED).
-   Thread-safe (no shared state). */
+   all. Deadline: CAPEX_ERR_TIMEOUT. Rank 0 serves all connections at once:
+   one that has not sent a valid hello within 2 s is dropped, one that sends
+   bytes no hello begins with at once, and at most 64 wait at a time, so
+   stray, idle or garbage connections to the port cannot delay the job (a
+   real peer dropped this way reconnects). Unix only (else
+   CAPEX_ERR_UNSUPPORTED). Thread-safe (no shared state). */
 CAPEX_API capex_result capex_rendezvous_broadcast(const capex_rendezvous_desc *d, void *blob, size_t size);
 /* The bootstrap path for NCCL's unique id (or any small blob), rank 0 to all:
    over `comm` when it spans more than one rank with host buffers (an MPI
@@ -7076,7 +7080,7 @@ CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c) {
 #define CAPEX__RDV_MAGIC 0x52585043u
 #define CAPEX__RDV_VERSION 1u
 enum { CAPEX__RDV_OK = 0, CAPEX__RDV_BAD_NONCE = 1, CAPEX__RDV_BAD_WORLD = 2, CAPEX__RDV_BAD_RANK = 3,
-       CAPEX__RDV_BAD_SIZE = 4, CAPEX__RDV_DUP_RANK = 5, CAPEX__RDV_BAD_PROTO = 6 };
+       CAPEX__RDV_BAD_SIZE = 4, CAPEX__RDV_DUP_RANK = 5, CAPEX__RDV_BAD_PROTO = 6, CAPEX__RDV_BUSY = 7 };
 
 CAPEX_API void capex_rendezvous_desc_init(capex_rendezvous_desc *d) {
     if (!d) return;
@@ -7105,6 +7109,43 @@ CAPEX__PRIVATE uint32_t capex__get32(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 CAPEX__PRIVATE uint64_t capex__get64(const unsigned char *p) { return capex__get32(p) | ((uint64_t)capex__get32(p + 4) << 32); }
+
+CAPEX__PRIVATE void capex__rdv_put_hello(unsigned char *m, const capex_rendezvous_desc *d, uint64_t size) {
+    capex__put32(m, CAPEX__RDV_MAGIC);
+    capex__put32(m + 4, CAPEX__RDV_VERSION);
+    capex__put32(m + 8, (uint32_t)d->rank);
+    capex__put32(m + 12, (uint32_t)d->world_size);
+    capex__put64(m + 16, d->nonce);
+    capex__put64(m + 24, size);
+}
+CAPEX__PRIVATE void capex__rdv_put_answer(unsigned char *m, uint32_t status, uint64_t nonce, uint64_t size) {
+    capex__put32(m, CAPEX__RDV_MAGIC);
+    capex__put32(m + 4, status);
+    capex__put64(m + 8, nonce);
+    capex__put64(m + 16, size);
+}
+
+/* Rank 0's check of the first `have` bytes (at most 32) of a hello: -1 while
+   more are needed, else a CAPEX__RDV_* status (*prank, *pworld read from it
+   once all 32 are in). Bytes that cannot begin a hello (magic, version) are
+   refused as soon as they arrive, so garbage is closed at once. The
+   duplicate-rank check is the caller's. Pure: fuzzed by tests/fuzz_rdv.c. */
+CAPEX__PRIVATE int capex__rdv_parse_hello(const unsigned char *m, size_t have, uint64_t nonce, int world, uint64_t size,
+                                          uint32_t *prank, uint32_t *pworld) {
+    unsigned char head[8];
+    size_t i;
+    capex__put32(head, CAPEX__RDV_MAGIC);
+    capex__put32(head + 4, CAPEX__RDV_VERSION);
+    for (i = 0; i < have && i < 8; i++) if (m[i] != head[i]) return CAPEX__RDV_BAD_PROTO;
+    if (have < 32) return -1;
+    *prank = capex__get32(m + 8);
+    *pworld = capex__get32(m + 12);
+    if (capex__get64(m + 16) != nonce) return CAPEX__RDV_BAD_NONCE;
+    if (*pworld != (uint32_t)world) return CAPEX__RDV_BAD_WORLD;
+    if (*prank == 0 || *prank >= (uint32_t)world) return CAPEX__RDV_BAD_RANK;
+    if (capex__get64(m + 24) != size) return CAPEX__RDV_BAD_SIZE;
+    return CAPEX__RDV_OK;
+}
 
 #ifdef CAPEX__HAVE_SOCKETS
 
@@ -7200,8 +7241,74 @@ CAPEX__PRIVATE const char *capex__rdv_status_name(uint32_t st) {
     case CAPEX__RDV_BAD_SIZE: return "blob size mismatch";
     case CAPEX__RDV_DUP_RANK: return "rank already joined (two processes with one rank)";
     case CAPEX__RDV_BAD_PROTO: return "protocol or version mismatch";
+    case CAPEX__RDV_BUSY: return "rank 0 dropped the connection before its hello (busy); reconnect";
     }
     return "unknown refusal";
+}
+
+/* A peer's check of rank 0's 24-byte answer: CAPEX_OK (the blob follows), or
+   *busy = 1 when rank 0 dropped this connection before reading its hello
+   (reconnect), else an error naming the refusal. Pure: fuzzed by
+   tests/fuzz_rdv.c. */
+CAPEX__PRIVATE capex_result capex__rdv_parse_answer(const capex_rendezvous_desc *d, const unsigned char *m, uint64_t size,
+                                                    int *busy) {
+    uint32_t st = capex__get32(m + 4);
+    *busy = 0;
+    if (capex__get32(m) != CAPEX__RDV_MAGIC)
+        return capex__fail(CAPEX_ERR_COMM, "rendezvous: %s:%d is not a capex rendezvous (bad magic)", d->addr, d->port);
+    if (st == CAPEX__RDV_BUSY) { *busy = 1; return CAPEX_OK; }
+    if (st != CAPEX__RDV_OK)
+        return capex__fail(CAPEX_ERR_COMM, "rendezvous: rank 0 at %s:%d refused rank %d: %s", d->addr, d->port, d->rank,
+                           capex__rdv_status_name(st));
+    if (capex__get64(m + 8) != d->nonce || capex__get64(m + 16) != size)
+        return capex__fail(CAPEX_ERR_COMM, "rendezvous: rank 0's answer has another nonce or size (foreign job)");
+    return CAPEX_OK;
+}
+
+/* Rank 0 serves every pending connection at once (poll), so connections to
+   MASTER_PORT that stay idle, trickle or send garbage cannot hold up the
+   real ranks: an unidentified connection gets CAPEX__RDV_HELLO_BUDGET_S to
+   send its hello, at most CAPEX__RDV_MAX_PENDING wait at a time (a new one
+   pushes out the oldest), and bytes that cannot begin a hello close it at
+   once. A connection dropped unheard is answered CAPEX__RDV_BUSY, on which a
+   real peer reconnects. */
+#ifndef CAPEX__RDV_HELLO_BUDGET_S
+#define CAPEX__RDV_HELLO_BUDGET_S 2.0
+#endif
+#ifndef CAPEX__RDV_MAX_PENDING
+#define CAPEX__RDV_MAX_PENDING 64
+#endif
+
+typedef struct capex__rdv_conn { int fd; size_t have; double since; unsigned char m[32]; } capex__rdv_conn;
+
+/* Reads what has arrived of a pending hello (non-blocking socket): -1 more
+   bytes needed, -2 closed or failed before a whole hello, else a
+   CAPEX__RDV_* status from capex__rdv_parse_hello. */
+CAPEX__PRIVATE int capex__rdv_conn_read(capex__rdv_conn *pc, const capex_rendezvous_desc *d, uint64_t size, uint32_t *prank,
+                                        uint32_t *pworld) {
+    for (;;) {
+        ssize_t k;
+        int st = capex__rdv_parse_hello(pc->m, pc->have, d->nonce, d->world_size, size, prank, pworld);
+        if (st != -1) return st;
+        k = recv(pc->fd, pc->m + pc->have, sizeof pc->m - pc->have, 0);
+        if (k > 0) { pc->have += (size_t)k; continue; }
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return -1;
+        return -2;
+    }
+}
+
+/* Answers a connection that rank 0 gives up and closes it; never blocks
+   (24 bytes fit the empty send buffer of a fresh socket). */
+CAPEX__PRIVATE void capex__rdv_drop(int fd, uint32_t status, uint64_t nonce, uint64_t size) {
+    unsigned char m[24];
+    capex__rdv_put_answer(m, status, nonce, size);
+#ifdef MSG_NOSIGNAL
+    (void)send(fd, m, sizeof m, MSG_NOSIGNAL);
+#else
+    (void)send(fd, m, sizeof m, 0);
+#endif
+    close(fd);
 }
 
 /* keep (world entries) non-NULL: the peer sockets stay open and move there
@@ -7209,9 +7316,11 @@ CAPEX__PRIVATE const char *capex__rdv_status_name(uint32_t st) {
 static capex_result capex__rdv_root(const capex_rendezvous_desc *d, void *blob, size_t size, double deadline, int *keep) {
     capex__sockaddr sa;
     capex_result r = capex__resolve(d->addr, d->port, &sa);
-    int ls, one = 1, joined = 0, i, refused_foreign = 0;
+    int ls, one = 1, joined = 0, i, np = 0, refused_foreign = 0, dropped = 0, backlog;
     int *fds;
-    unsigned char msg[32];
+    capex__rdv_conn pend[CAPEX__RDV_MAX_PENDING];
+    struct pollfd pfd[CAPEX__RDV_MAX_PENDING + 1];
+    unsigned char msg[24];
     if (r) return r;
     fds = (int *)capex__alloc(NULL, sizeof(int) * (size_t)d->world_size);
     if (!fds) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "rendezvous: out of memory");
@@ -7219,7 +7328,9 @@ static capex_result capex__rdv_root(const capex_rendezvous_desc *d, void *blob, 
     ls = socket(sa.family, SOCK_STREAM, 0);
     if (ls < 0) { capex__free(NULL, fds); return capex__fail(CAPEX_ERR_COMM, "rendezvous: socket() failed: %s", strerror(errno)); }
     setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(ls, (struct sockaddr *)&sa.ss, sa.len) != 0 || listen(ls, d->world_size < 64 ? d->world_size : 64) != 0) {
+    /* room in the accept queue for the ranks and a burst of strays */
+    backlog = (d->world_size < 1024 ? d->world_size : 1024) + CAPEX__RDV_MAX_PENDING;
+    if (bind(ls, (struct sockaddr *)&sa.ss, sa.len) != 0 || listen(ls, backlog) != 0) {
         int e = errno;
         close(ls);
         capex__free(NULL, fds);
@@ -7229,58 +7340,76 @@ static capex_result capex__rdv_root(const capex_rendezvous_desc *d, void *blob, 
     capex__set_nonblock(ls);
     r = CAPEX_OK;
     while (joined < d->world_size - 1) {
-        struct pollfd pf;
-        int ms = capex__ms_left(deadline), fd, k;
-        uint32_t st = CAPEX__RDV_OK, prank, pworld;
-        if (ms <= 0) {
+        double now = capex_dist_now(), wake = deadline;
+        int n;
+        if (now >= deadline) {
             char missing[256];
             size_t len = 0;
             missing[0] = '\0';
             for (i = 1; i < d->world_size && len + 12 < sizeof missing; i++)
                 if (fds[i] < 0) len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? "," : "", i);
             r = capex__fail(CAPEX_ERR_TIMEOUT, "rendezvous: rank 0 timed out at %s:%d with %d of %d ranks joined "
-                                               "(missing: %s; %d foreign peers refused)", d->addr, d->port, joined + 1,
-                            d->world_size, missing, refused_foreign);
+                                               "(missing: %s; %d foreign peers refused, %d silent connections dropped)",
+                            d->addr, d->port, joined + 1, d->world_size, missing, refused_foreign, dropped);
             break;
         }
-        pf.fd = ls; pf.events = POLLIN; pf.revents = 0;
-        k = poll(&pf, 1, ms);
-        if (k <= 0) continue;
-        fd = accept(ls, NULL, NULL);
-        if (fd < 0) continue;
-        capex__set_nonblock(fd);
-        { int nd = 1; setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nd, sizeof nd); }
-        /* A peer that connects but never speaks gets at most 10 s. */
-        if (capex__io_all(fd, msg, 32, 0, deadline < capex_dist_now() + 10.0 ? deadline : capex_dist_now() + 10.0) != 0) {
-            close(fd);
-            continue;
+        /* connections whose hello budget is spent go; the next expiry bounds the wait */
+        for (i = 0; i < np;) {
+            double end = pend[i].since + CAPEX__RDV_HELLO_BUDGET_S;
+            if (now >= end) {
+                capex__rdv_drop(pend[i].fd, CAPEX__RDV_BUSY, d->nonce, (uint64_t)size);
+                dropped++;
+                pend[i] = pend[--np];
+                continue;
+            }
+            if (end < wake) wake = end;
+            i++;
         }
-        prank = capex__get32(msg + 8);
-        pworld = capex__get32(msg + 12);
-        if (capex__get32(msg) != CAPEX__RDV_MAGIC || capex__get32(msg + 4) != CAPEX__RDV_VERSION) st = CAPEX__RDV_BAD_PROTO;
-        else if (capex__get64(msg + 16) != d->nonce) st = CAPEX__RDV_BAD_NONCE;
-        else if (pworld != (uint32_t)d->world_size) st = CAPEX__RDV_BAD_WORLD;
-        else if (prank == 0 || prank >= (uint32_t)d->world_size) st = CAPEX__RDV_BAD_RANK;
-        else if (capex__get64(msg + 24) != (uint64_t)size) st = CAPEX__RDV_BAD_SIZE;
-        else if (fds[prank] >= 0) st = CAPEX__RDV_DUP_RANK;
-        if (st == CAPEX__RDV_OK) { fds[prank] = fd; joined++; continue; }
-        capex__put32(msg, CAPEX__RDV_MAGIC);
-        capex__put32(msg + 4, st);
-        capex__put64(msg + 8, d->nonce);
-        capex__put64(msg + 16, (uint64_t)size);
-        (void)capex__io_all(fd, msg, 24, 1, capex_dist_now() + 1.0);
-        close(fd);
-        if (st == CAPEX__RDV_BAD_NONCE || st == CAPEX__RDV_BAD_PROTO) { refused_foreign++; continue; }
-        r = capex__fail(CAPEX_ERR_COMM, "rendezvous: rank 0 refused a peer of this run (rank %u, world %u): %s",
-                        (unsigned)prank, (unsigned)pworld, capex__rdv_status_name(st));
-        break;
+        pfd[0].fd = ls; pfd[0].events = POLLIN; pfd[0].revents = 0;
+        for (i = 0; i < np; i++) { pfd[i + 1].fd = pend[i].fd; pfd[i + 1].events = POLLIN; pfd[i + 1].revents = 0; }
+        if (poll(pfd, (nfds_t)(np + 1), capex__ms_left(wake)) <= 0) continue;
+        /* hellos first (backwards: removal moves the last entry into i), so
+           a burst of new connections cannot push out one whose hello is in */
+        for (i = np; i-- > 0;) {
+            uint32_t prank = 0, pworld = 0;
+            int st, fd;
+            if (!pfd[i + 1].revents) continue;
+            st = capex__rdv_conn_read(&pend[i], d, (uint64_t)size, &prank, &pworld);
+            if (st == -1) continue;
+            fd = pend[i].fd;
+            pend[i] = pend[--np];
+            if (st == -2) { close(fd); continue; }
+            if (st == CAPEX__RDV_OK && fds[prank] >= 0) st = CAPEX__RDV_DUP_RANK;
+            if (st == CAPEX__RDV_OK) { fds[prank] = fd; joined++; continue; }
+            capex__rdv_drop(fd, (uint32_t)st, d->nonce, (uint64_t)size);
+            if (st == CAPEX__RDV_BAD_NONCE || st == CAPEX__RDV_BAD_PROTO) { refused_foreign++; continue; }
+            r = capex__fail(CAPEX_ERR_COMM, "rendezvous: rank 0 refused a peer of this run (rank %u, world %u): %s",
+                            (unsigned)prank, (unsigned)pworld, capex__rdv_status_name((uint32_t)st));
+            break;
+        }
+        if (r != CAPEX_OK) break;
+        for (n = 0; n < 16 && (pfd[0].revents & POLLIN); n++) {
+            int fd = accept(ls, NULL, NULL), nd = 1;
+            if (fd < 0) break;
+            if (np == CAPEX__RDV_MAX_PENDING) { /* full: the oldest has had the longest to speak */
+                int o = 0;
+                for (i = 1; i < np; i++) if (pend[i].since < pend[o].since) o = i;
+                capex__rdv_drop(pend[o].fd, CAPEX__RDV_BUSY, d->nonce, (uint64_t)size);
+                dropped++;
+                pend[o] = pend[--np];
+            }
+            capex__set_nonblock(fd);
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nd, sizeof nd);
+            pend[np].fd = fd;
+            pend[np].have = 0;
+            pend[np].since = capex_dist_now();
+            np++;
+        }
     }
     close(ls);
+    for (i = 0; i < np; i++) close(pend[i].fd); /* strays left when the ranks are complete (or on failure) */
     if (r == CAPEX_OK) {
-        capex__put32(msg, CAPEX__RDV_MAGIC);
-        capex__put32(msg + 4, CAPEX__RDV_OK);
-        capex__put64(msg + 8, d->nonce);
-        capex__put64(msg + 16, (uint64_t)size);
+        capex__rdv_put_answer(msg, CAPEX__RDV_OK, d->nonce, (uint64_t)size);
         for (i = 1; i < d->world_size && r == CAPEX_OK; i++) {
             int e = capex__io_all(fds[i], msg, 24, 1, deadline);
             if (e == 0 && size) e = capex__io_all(fds[i], blob, size, 1, deadline);
@@ -7296,15 +7425,38 @@ static capex_result capex__rdv_root(const capex_rendezvous_desc *d, void *blob, 
     return r;
 }
 
+/* One attempt of a peer over a connected socket: hello out, answer and blob
+   in. *again: 1 rank 0 was busy (reconnect after the retry interval), 2 the
+   deadline passed before the answer (the caller reports it). */
+CAPEX__PRIVATE capex_result capex__rdv_peer_exchange(const capex_rendezvous_desc *d, int fd, void *blob, size_t size,
+                                                     double deadline, int *again) {
+    unsigned char msg[32];
+    capex_result r;
+    int e, busy = 0;
+    *again = 0;
+    capex__rdv_put_hello(msg, d, (uint64_t)size);
+    e = capex__io_all(fd, msg, 32, 1, deadline);
+    if (e == 0) e = capex__io_all(fd, msg, 24, 0, deadline);
+    if (e == -2) { *again = 2; return CAPEX_ERR_TIMEOUT; }
+    if (e)
+        return capex__fail(CAPEX_ERR_COMM, "rendezvous: rank 0 at %s:%d closed the connection before answering "
+                                           "rank %d (it failed or refused this run)", d->addr, d->port, d->rank);
+    if ((r = capex__rdv_parse_answer(d, msg, (uint64_t)size, &busy)) != CAPEX_OK) return r;
+    if (busy) { *again = 1; return CAPEX_ERR_COMM; }
+    e = size ? capex__io_all(fd, blob, size, 0, deadline) : 0;
+    if (e == -2) return capex__fail(CAPEX_ERR_TIMEOUT, "rendezvous: rank %d: the blob did not arrive before the deadline", d->rank);
+    if (e) return capex__fail(CAPEX_ERR_COMM, "rendezvous: rank %d: connection lost while receiving the blob", d->rank);
+    return CAPEX_OK;
+}
+
 static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, size_t size, double deadline, int *keep) {
     capex__sockaddr sa;
     capex_result r = capex__resolve(d->addr, d->port, &sa);
-    unsigned char msg[32];
     int attempts = 0, last_err = 0;
     double retry = d->retry_interval_s > 0 ? d->retry_interval_s : 0.05;
     if (r) return r;
     for (;;) {
-        int fd, e;
+        int fd, again = 0;
         if (capex_dist_now() >= deadline)
             return capex__fail(CAPEX_ERR_TIMEOUT, "rendezvous: rank %d could not reach rank 0 at %s:%d before the "
                                                   "deadline (%d attempts, last error: %s); is rank 0 running and "
@@ -7335,40 +7487,12 @@ static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, 
             }
         }
         { int nd = 1; setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nd, sizeof nd); }
-        capex__put32(msg, CAPEX__RDV_MAGIC);
-        capex__put32(msg + 4, CAPEX__RDV_VERSION);
-        capex__put32(msg + 8, (uint32_t)d->rank);
-        capex__put32(msg + 12, (uint32_t)d->world_size);
-        capex__put64(msg + 16, d->nonce);
-        capex__put64(msg + 24, (uint64_t)size);
-        e = capex__io_all(fd, msg, 32, 1, deadline);
-        if (e == 0) e = capex__io_all(fd, msg, 24, 0, deadline);
-        if (e == -2) { close(fd); continue; } /* reported as a timeout at the loop top */
-        if (e) {
-            close(fd);
-            return capex__fail(CAPEX_ERR_COMM, "rendezvous: rank 0 at %s:%d closed the connection before answering "
-                                               "rank %d (it failed or refused this run)", d->addr, d->port, d->rank);
-        }
-        if (capex__get32(msg) != CAPEX__RDV_MAGIC) {
-            close(fd);
-            return capex__fail(CAPEX_ERR_COMM, "rendezvous: %s:%d is not a capex rendezvous (bad magic)", d->addr, d->port);
-        }
-        if (capex__get32(msg + 4) != CAPEX__RDV_OK) {
-            uint32_t st = capex__get32(msg + 4);
-            close(fd);
-            return capex__fail(CAPEX_ERR_COMM, "rendezvous: rank 0 at %s:%d refused rank %d: %s", d->addr, d->port,
-                               d->rank, capex__rdv_status_name(st));
-        }
-        if (capex__get64(msg + 8) != d->nonce || capex__get64(msg + 16) != (uint64_t)size) {
-            close(fd);
-            return capex__fail(CAPEX_ERR_COMM, "rendezvous: rank 0's answer has another nonce or size (foreign job)");
-        }
-        e = size ? capex__io_all(fd, blob, size, 0, deadline) : 0;
-        if (keep && e == 0) *keep = fd;
+        r = capex__rdv_peer_exchange(d, fd, blob, size, deadline, &again);
+        if (keep && r == CAPEX_OK) *keep = fd;
         else close(fd);
-        if (e == -2) return capex__fail(CAPEX_ERR_TIMEOUT, "rendezvous: rank %d: the blob did not arrive before the deadline", d->rank);
-        if (e) return capex__fail(CAPEX_ERR_COMM, "rendezvous: rank %d: connection lost while receiving the blob", d->rank);
-        return CAPEX_OK;
+        if (again == 1) { last_err = EAGAIN; capex__sleep_s(retry); continue; } /* rank 0 busy: reconnect */
+        if (again == 2) continue; /* reported as a timeout at the loop top */
+        return r;
     }
 }
 

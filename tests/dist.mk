@@ -34,3 +34,49 @@ $(BUILD)/fuzz_dist_env: tests/fuzz_dist_env.c capex.h
 	@mkdir -p $(dir $@)
 	@clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ 2>/dev/null || \
 	  echo "dist: could not build the fuzz target (no libFuzzer)"
+
+# Fuzz the rendezvous messages (tests/fuzz_rdv.c) and the TCP comm's streams
+# (tests/fuzz_tcp.c), both directions, for $(NET_FUZZ_S) s each, from the
+# seeds in tests/corpus/fuzz_{rdv,tcp} (new inputs go under $(BUILD)/fuzz/,
+# never into the repository); skipped where clang has no libFuzzer. The seeds
+# are the library's own messages: `make fuzz-net-seeds` rewrites them, and CI
+# fails when they differ from what the library now sends.
+NET_FUZZ_S  ?= 20
+NET_FUZZ_CC ?= clang
+NET_FUZZ    := $(BUILD)/fuzz/fuzz_rdv $(BUILD)/fuzz/fuzz_tcp
+
+$(NET_FUZZ): $(BUILD)/fuzz/%: tests/%.c tests/fuzz_tcp.h capex.h
+	@mkdir -p $(dir $@)
+	$(NET_FUZZ_CC) -std=c99 -g -O1 $(WARN) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Itests $< -o $@ -lm
+
+$(BUILD)/fuzz/fuzz_net_seeds: tests/fuzz_net_seeds.c tests/fuzz_tcp.h capex.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O1 -g $(WARN) -Itests $< -o $@ -lpthread -lm
+
+fuzz-net-seeds: $(BUILD)/fuzz/fuzz_net_seeds
+	rm -rf tests/corpus/fuzz_rdv tests/corpus/fuzz_tcp
+	mkdir -p tests/corpus/fuzz_rdv tests/corpus/fuzz_tcp
+	$(BUILD)/fuzz/fuzz_net_seeds tests/corpus
+.PHONY: fuzz-net-seeds
+
+ci-extra:: $(BUILD)/fuzz/fuzz_net_seeds
+	@rm -rf $(BUILD)/fuzz/net_seeds; mkdir -p $(BUILD)/fuzz/net_seeds/fuzz_rdv $(BUILD)/fuzz/net_seeds/fuzz_tcp; \
+	$(BUILD)/fuzz/fuzz_net_seeds $(BUILD)/fuzz/net_seeds && \
+	  diff -r $(BUILD)/fuzz/net_seeds/fuzz_rdv tests/corpus/fuzz_rdv >/dev/null && \
+	  diff -r $(BUILD)/fuzz/net_seeds/fuzz_tcp tests/corpus/fuzz_tcp >/dev/null || \
+	  { echo "dist: tests/corpus/fuzz_{rdv,tcp} differ from the library's messages: run make fuzz-net-seeds"; exit 1; }
+	@if ! printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
+	      | $(NET_FUZZ_CC) -fsanitize=fuzzer -x c - -o $(BUILD)/.fuzz_net_probe 2>/dev/null; then \
+	  echo "dist: libFuzzer unavailable, fuzz_rdv and fuzz_tcp skipped"; \
+	else \
+	  rm -f $(BUILD)/.fuzz_net_probe; \
+	  $(MAKE) --no-print-directory $(NET_FUZZ) || exit 1; \
+	  for f in fuzz_rdv fuzz_tcp; do \
+	    echo "dist: fuzzing $$f ($(NET_FUZZ_S) s)"; \
+	    rm -rf $(BUILD)/fuzz/$$f.corpus; mkdir -p $(BUILD)/fuzz/$$f.corpus; \
+	    $(BUILD)/fuzz/$$f $(BUILD)/fuzz/$$f.corpus tests/corpus/$$f -max_total_time=$(NET_FUZZ_S) -max_len=4096 \
+	      -timeout=10 -seed=1 -artifact_prefix=$(BUILD)/fuzz/$$f- > $(BUILD)/fuzz/$$f.log 2>&1 || \
+	      { tail -n 40 $(BUILD)/fuzz/$$f.log; echo "$$f FAILED: crash input saved as $(BUILD)/fuzz/$$f-*"; exit 1; }; \
+	    tail -n 1 $(BUILD)/fuzz/$$f.log; \
+	  done; \
+	fi

@@ -16,6 +16,9 @@
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 
 /* ---------------------------------------------------------------- env -- */
 
@@ -1063,6 +1066,191 @@ CT_TEST(broadcast_blob_bootstrap) {
     CT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 got the blob (exit %d)", WEXITSTATUS(st));
 }
 
+/* ------------------------------------------------ rendezvous flood -- */
+
+/* Stray clients of MASTER_PORT, as an outside probe opened them: idle,
+   trickling a valid-looking prefix, garbage, a foreign run's hello. The
+   first connection waits until rank 0 listens; the rest do not wait. */
+static int flood_open(int port, int n, int *fds) {
+    struct sockaddr_in a;
+    unsigned char hello[32];
+    capex_rendezvous_desc f;
+    double until = capex_dist_now() + 5.0;
+    int i, k = 0;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((unsigned short)port);
+    a.sin_addr.s_addr = htonl(0x7f000001u);
+    capex_rendezvous_desc_init(&f);
+    f.rank = 1; f.world_size = 2; f.nonce = capex_rendezvous_nonce("run-B");
+    capex__rdv_put_hello(hello, &f, 128);
+    while (k < n) {
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        if (s < 0) break;
+        if (k > 0) fcntl(s, F_SETFL, fcntl(s, F_GETFL, 0) | O_NONBLOCK);
+        if (connect(s, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS) {
+            close(s);
+            if (k > 0 || capex_dist_now() > until) break;
+            capex__sleep_s(0.01); /* rank 0 not listening yet */
+            continue;
+        }
+        fds[k++] = s;
+    }
+    for (i = 0; i < k; i++) {
+        struct pollfd pf;
+        pf.fd = fds[i]; pf.events = POLLOUT; pf.revents = 0;
+        if (i % 5 == 0 || poll(&pf, 1, 50) != 1) continue;  /* idle */
+        if (i % 5 == 1) (void)send(fds[i], hello, 6, MSG_NOSIGNAL);      /* valid prefix, then nothing */
+        if (i % 5 == 2) (void)send(fds[i], "GET / HTTP/1.0\r\n\r\n", 18, MSG_NOSIGNAL);
+        if (i % 5 == 3) (void)send(fds[i], hello, 32, MSG_NOSIGNAL);     /* another run */
+        if (i % 5 == 4) (void)send(fds[i], hello, 1, MSG_NOSIGNAL);
+    }
+    return k;
+}
+
+/* One real rank: mode 0 the blob rendezvous, mode 1 TCP comm + allreduce. */
+static int flood_rank(int mode, int port, int rank, int world) {
+    if (mode == 0) {
+        capex_rendezvous_desc d;
+        unsigned char blob[128];
+        size_t k;
+        capex_rendezvous_desc_init(&d);
+        d.addr = "127.0.0.1"; d.port = port; d.rank = rank; d.world_size = world; d.nonce = RUN_A; d.timeout_s = 8.0;
+        d.retry_interval_s = 0.02;
+        for (k = 0; k < sizeof blob; k++) blob[k] = rank ? 0 : (unsigned char)(k * 7 + 3);
+        if (capex_rendezvous_broadcast(&d, blob, sizeof blob) != CAPEX_OK) return 2;
+        for (k = 0; k < sizeof blob; k++) if (blob[k] != (unsigned char)(k * 7 + 3)) return 3;
+    } else {
+        capex_dist_env env;
+        capex_comm c;
+        float x = (float)(rank + 1);
+        memset(&env, 0, sizeof env);
+        env.rank = rank; env.world_size = world; env.local_rank = rank; env.local_world_size = world;
+        strcpy(env.master_addr, "127.0.0.1");
+        env.master_port = port;
+        strcpy(env.run_id, "run-A");
+        if (capex_comm_init_tcp(&c, &env, 8.0) != CAPEX_OK) return 4;
+        c.timeout_s = 8.0;
+        if (capex_comm_allreduce(&c, &x, &x, 1, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) return 5;
+        capex_comm_destroy(&c);
+        if (x != (float)(world * (world + 1) / 2)) return 6;
+    }
+    return 0;
+}
+
+/* Rank 0 starts, `strays` connections arrive, then the other ranks: returns
+   the seconds until every rank is done; *codes gets exit codes. */
+static double flood_run(int mode, int world, int strays, int *opened, int *codes) {
+    pid_t pids[8];
+    int port = free_port(), fds[128], nf, i;
+    double t0;
+    fflush(stdout);
+    pids[0] = fork();
+    if (pids[0] == 0) _exit(flood_rank(mode, port, 0, world));
+    nf = flood_open(port, strays, fds);
+    t0 = capex_dist_now();
+    for (i = 1; i < world; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) _exit(flood_rank(mode, port, i, world));
+    }
+    for (i = 0; i < world; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
+    t0 = capex_dist_now() - t0;
+    for (i = 0; i < nf; i++) close(fds[i]);
+    *opened = nf;
+    return t0;
+}
+
+CT_TEST(rendezvous_flood_of_stray_connections) {
+    int codes[8], opened = 0, i;
+    /* 50 strays, then a 2-rank blob rendezvous (the strays outnumber the old
+       code's one-at-a-time 10 s budget many times over: it timed out) */
+    double t = flood_run(0, 2, 50, &opened, codes);
+    CT_CHECK(opened == 50, "opened %d of 50 stray connections", opened);
+    CT_CHECK(codes[0] == 0 && codes[1] == 0, "rendezvous ranks exit %d %d", codes[0], codes[1]);
+    CT_CHECK(t < 5.0, "2 ranks joined in %.2f s despite 50 strays (deadline 8 s)", t);
+    /* 80 strays (more than rank 0 keeps pending: the oldest are pushed out),
+       then a 3-rank TCP comm and an allreduce over it */
+    t = flood_run(1, 3, 80, &opened, codes);
+    CT_CHECK(opened == 80, "opened %d of 80 stray connections", opened);
+    for (i = 0; i < 3; i++) CT_CHECK(codes[i] == 0, "TCP rank %d exit %d", i, codes[i]);
+    CT_CHECK(t < 5.0, "3 TCP ranks up in %.2f s despite 80 strays (deadline 8 s)", t);
+}
+
+/* A fake rank 0 that answers its k-th connection by script[k]: 'b' busy,
+   'o' the real answer and blob, 'g' garbage, 's' silence until closed. */
+static int fake_root(int ls, const char *script) {
+    int k;
+    for (k = 0; script[k]; k++) {
+        unsigned char m[32], blob[128];
+        size_t i;
+        struct pollfd pf;
+        int fd;
+        pf.fd = ls; pf.events = POLLIN; pf.revents = 0;
+        if (poll(&pf, 1, 3000) != 1 || (fd = accept(ls, NULL, NULL)) < 0) return 1; /* the peer gave up */
+        if (recv(fd, m, 32, MSG_WAITALL) != 32) return 2;
+        if (script[k] == 'b') capex__rdv_put_answer(m, CAPEX__RDV_BUSY, 0, 0);
+        if (script[k] == 'o') capex__rdv_put_answer(m, CAPEX__RDV_OK, RUN_A, sizeof blob);
+        if (script[k] == 'g') memcpy(m, "HTTP/1.0 400 Bad Request\r\n\r\n", 24);
+        if (script[k] != 's') (void)send(fd, m, 24, MSG_NOSIGNAL);
+        for (i = 0; i < sizeof blob; i++) blob[i] = (unsigned char)(i * 7 + 3);
+        if (script[k] == 'o') (void)send(fd, blob, sizeof blob, MSG_NOSIGNAL);
+        if (script[k] == 's') (void)recv(fd, m, 1, 0); /* until the peer gives up */
+        close(fd);
+    }
+    return 0;
+}
+
+static capex_result fake_root_run(const char *script, double timeout, int *code) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int ls = socket(AF_INET, SOCK_STREAM, 0), st = 0, one = 1;
+    capex_rendezvous_desc d;
+    unsigned char blob[128];
+    capex_result r;
+    size_t i;
+    pid_t pid;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(0x7f000001u);
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(ls, (struct sockaddr *)&a, sizeof a) != 0 || listen(ls, 4) != 0 ||
+        getsockname(ls, (struct sockaddr *)&a, &len) != 0) { close(ls); *code = -1; return CAPEX_ERR_COMM; }
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) _exit(fake_root(ls, script));
+    close(ls);
+    capex_rendezvous_desc_init(&d);
+    d.addr = "127.0.0.1"; d.port = ntohs(a.sin_port); d.rank = 1; d.world_size = 2; d.nonce = RUN_A; d.timeout_s = timeout;
+    d.retry_interval_s = 0.02;
+    memset(blob, 0, sizeof blob);
+    r = capex_rendezvous_broadcast(&d, blob, sizeof blob);
+    for (i = 0; r == CAPEX_OK && i < sizeof blob; i++) if (blob[i] != (unsigned char)(i * 7 + 3)) r = CAPEX_ERR_INTERNAL;
+    waitpid(pid, &st, 0);
+    *code = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    return r;
+}
+
+CT_TEST(rendezvous_peer_against_busy_or_fake_rank0) {
+    int code = 0;
+    double t0 = capex_dist_now();
+    /* rank 0 dropped the peer unheard (flood): the peer reconnects */
+    capex_result r = fake_root_run("bbo", 5.0, &code);
+    CT_CHECK(r == CAPEX_OK && code == 0, "busy twice, then served: %s %.300s (fake rank 0 exit %d)", capex_result_string(r),
+             capex_last_error(), code);
+    /* not a capex rank 0 at all: refused at once, naming it */
+    r = fake_root_run("g", 5.0, &code);
+    CT_CHECK(r == CAPEX_ERR_COMM && strstr(capex_last_error(), "not a capex rendezvous"), "garbage answer: %s %.300s",
+             capex_result_string(r), capex_last_error());
+    /* one that never answers holds the peer only until its deadline */
+    r = fake_root_run("s", 0.5, &code);
+    CT_CHECK(r == CAPEX_ERR_TIMEOUT, "silent rank 0: %s %.300s", capex_result_string(r), capex_last_error());
+    CT_CHECK(capex_dist_now() - t0 < 4.0, "took %.2f s", capex_dist_now() - t0);
+}
+
 /* ---------------------------------------------------------- TCP comm -- */
 
 /* The body run by every rank of a TCP world; returns 0 or a failing line. */
@@ -1295,6 +1483,8 @@ static const ct_case cases[] = {
     CT_CASE(rendezvous_bad_peer_of_this_run_fails),
     CT_CASE(rendezvous_arguments),
     CT_CASE(broadcast_blob_bootstrap),
+    CT_CASE(rendezvous_flood_of_stray_connections),
+    CT_CASE(rendezvous_peer_against_busy_or_fake_rank0),
     CT_CASE(tcp_comm_collectives_and_ddp),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
     CT_CASE(tcp_comm_refuses_sizes_that_wrap),
