@@ -41,7 +41,7 @@ $(BUILD)/fuzz_dist_env: tests/fuzz_dist_env.c capex.h
 # never into the repository); skipped where clang has no libFuzzer. The seeds
 # are the library's own messages: `make fuzz-net-seeds` rewrites them, and CI
 # fails when they differ from what the library now sends.
-NET_FUZZ_S  ?= 20
+NET_FUZZ_S  ?= $(FUZZ_TIME)
 NET_FUZZ_CC ?= clang
 NET_FUZZ    := $(BUILD)/fuzz/fuzz_rdv $(BUILD)/fuzz/fuzz_tcp
 
