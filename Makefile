@@ -10,6 +10,10 @@ LDLIBS  := -ldl -lpthread -lm
 BUILD   ?= build
 # Seconds each libFuzzer target runs in ci-extra (`make ci-extra FUZZ_TIME=14400` for hours).
 FUZZ_TIME ?= 20
+# 1 when clang links libFuzzer here; fuzz targets skip (saying so) otherwise,
+# and where it is present a harness that fails to compile fails CI.
+FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+HAVE_LIBFUZZER = $(shell printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' | clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null && echo 1)
 
 # Tests see every capex function as static (CAPEX_STATIC), so each test program
 # compiles only what it calls: seconds per test instead of ~40 s under ASan.

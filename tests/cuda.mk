@@ -92,8 +92,7 @@ fuzz-cache-entry: $(BUILD)/fuzz_cache_entry
 
 $(BUILD)/fuzz_cache_entry: tests/fuzz_cache_entry.c capex.h capex_cuda.h
 	@mkdir -p $(dir $@)
-	@clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ $(LDLIBS) 2>/dev/null || \
-	  echo "cuda: could not build the fuzz target (no libFuzzer)"
+	$(if $(HAVE_LIBFUZZER),clang $(FUZZ_FLAGS) $< -o $@ $(LDLIBS),@echo "cuda: could not build the fuzz target (no libFuzzer)")
 
 # Rewrites the seed entries from real NVRTC output (needs NVRTC; commit them).
 fuzz-corpus-cache-entry: tests/fuzz_cache_entry.c capex.h capex_cuda.h

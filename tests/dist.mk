@@ -32,8 +32,7 @@ ci-extra:: $(BUILD)/fuzz_dist_env
 
 $(BUILD)/fuzz_dist_env: tests/fuzz_dist_env.c capex.h
 	@mkdir -p $(dir $@)
-	@clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ 2>/dev/null || \
-	  echo "dist: could not build the fuzz target (no libFuzzer)"
+	$(if $(HAVE_LIBFUZZER),clang $(FUZZ_FLAGS) $< -o $@,@echo "dist: could not build the fuzz target (no libFuzzer)")
 
 # Fuzz the rendezvous messages (tests/fuzz_rdv.c) and the TCP comm's streams
 # (tests/fuzz_tcp.c), both directions, for $(NET_FUZZ_S) s each, from the
@@ -65,11 +64,9 @@ ci-extra:: $(BUILD)/fuzz/fuzz_net_seeds
 	  diff -r $(BUILD)/fuzz/net_seeds/fuzz_rdv tests/corpus/fuzz_rdv >/dev/null && \
 	  diff -r $(BUILD)/fuzz/net_seeds/fuzz_tcp tests/corpus/fuzz_tcp >/dev/null || \
 	  { echo "dist: tests/corpus/fuzz_{rdv,tcp} differ from the library's messages: run make fuzz-net-seeds"; exit 1; }
-	@if ! printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
-	      | $(NET_FUZZ_CC) -fsanitize=fuzzer -x c - -o $(BUILD)/.fuzz_net_probe 2>/dev/null; then \
+	@if [ -z "$(HAVE_LIBFUZZER)" ]; then \
 	  echo "dist: libFuzzer unavailable, fuzz_rdv and fuzz_tcp skipped"; \
 	else \
-	  rm -f $(BUILD)/.fuzz_net_probe; \
 	  $(MAKE) --no-print-directory $(NET_FUZZ) || exit 1; \
 	  for f in fuzz_rdv fuzz_tcp; do \
 	    echo "dist: fuzzing $$f ($(NET_FUZZ_S) s)"; \
