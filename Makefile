@@ -55,7 +55,10 @@ compile-check:
 	@for c in gcc clang; do for s in c99 c11; do \
 	  echo "$$c -std=$$s"; $$c -std=$$s $(WARN) -Werror -c tests/compile_check.c -o $(BUILD)/cc/$$c-$$s.o || exit 1; \
 	  echo "$$c -std=$$s CAPEX_STATIC"; $$c -std=$$s $(WARN) -Werror -DCAPEX_STATIC -c tests/compile_check.c -o $(BUILD)/cc/$$c-$$s-static.o || exit 1; \
-	done; done
+	done; \
+	  echo "$$c -std=c99, a system header first (POSIX hidden)"; $$c -std=c99 $(WARN) -Werror -include stdio.h -c tests/compile_check.c -o $(BUILD)/cc/$$c-sysfirst.o || exit 1; \
+	  echo "$$c -std=c99 -D_POSIX_C_SOURCE=199309L"; $$c -std=c99 $(WARN) -Werror -D_POSIX_C_SOURCE=199309L -c tests/compile_check.c -o $(BUILD)/cc/$$c-posix93.o || exit 1; \
+	done
 	@for c in g++ clang++; do for s in c++11 c++17; do \
 	  echo "$$c -std=$$s"; $$c -x c++ -std=$$s $(WARN) -Werror -c tests/compile_check.c -o $(BUILD)/cc/$$c-$$s.o || exit 1; \
 	done; done

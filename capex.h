@@ -2846,6 +2846,15 @@ CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scal
 #  include <time.h>
 #  include <sys/stat.h>
 #  define CAPEX__STATE_POSIX 1
+/* The stale-temp sweep needs kill(), which a strict -std=c99 build hides
+   when the user's file included a system header before capex (glibc then
+   fixed its feature set before capex could ask for POSIX): saves skip the
+   sweep there. */
+#  if defined(__GLIBC__) ? defined(__USE_POSIX) : (defined(__APPLE__) || defined(_POSIX_C_SOURCE) || \
+      defined(_POSIX_SOURCE) || defined(_XOPEN_SOURCE) || defined(_DEFAULT_SOURCE) || defined(_GNU_SOURCE) || \
+      defined(_BSD_SOURCE))
+#    define CAPEX__STATE_SWEEP 1
+#  endif
 #endif
 /* 64-bit file offsets: long is 64-bit on LP64 Unix; Windows needs _fseeki64. */
 #ifdef _WIN32
@@ -3409,7 +3418,7 @@ CAPEX_API capex_result capex_state_write_memory(capex_state_writer *w, void *buf
     return CAPEX_OK;
 }
 
-#ifdef CAPEX__STATE_POSIX
+#ifdef CAPEX__STATE_SWEEP
 /* Parses "<base>.tmp.<pid>.<serial>.<hex id>" (the temp names of
    capex_state_write_file for base); 1 with *pid on a match. */
 CAPEX__PRIVATE int capex__st_temp_pid(const char *name, const char *base, size_t blen, long *pid) {
@@ -3457,7 +3466,9 @@ CAPEX__PRIVATE void capex__st_sweep_temps(const capex_allocator *a, const char *
             size_t nlen = strlen(e->d_name);
             if (nlen >= 4096 - 1 || !capex__st_temp_pid(e->d_name, base, blen, &pid)) continue;
             memcpy(buf + dlen, e->d_name, nlen + 1);
-            if (lstat(buf, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+            /* stat, not lstat (hidden by a strict C99 build): a link with a temp's name
+               is removed itself, never its target */
+            if (stat(buf, &st) != 0 || !S_ISREG(st.st_mode)) continue;
             age = difftime(now, st.st_mtime);
             if (pid == self ? age > 3600.0
                             : pid > 0 && (pid_t)pid == pid && kill((pid_t)pid, 0) != 0 && errno == ESRCH && age > 60.0)
@@ -3496,7 +3507,9 @@ CAPEX_API capex_result capex_state_write_file(capex_state_writer *w, const char 
     }
 #ifdef CAPEX__STATE_POSIX
     pid = (unsigned long)getpid();
+#ifdef CAPEX__STATE_SWEEP
     capex__st_sweep_temps(&w->alloc, path); /* before ours: frees the space a full disk needs */
+#endif
 #endif
     /* pid + per-writer serial + object address: unique among concurrent writers;
        "x" (C11, glibc, musl, macOS, MSVC) refuses to reuse an existing name. */
