@@ -5262,10 +5262,14 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
 #define CAPEX__OPT_GT_f16 uint16_t
 #define CAPEX__OPT_GT_bf16 uint16_t
 #define CAPEX__OPT_LD_f32(x) (x)
-#define CAPEX__OPT_LD_f16(x) capex__h16_load(x)
+/* fp16 on the CPU goes through the core's select-only conversions (the same
+   bits as capex__h16_load/store, tested exhaustively): GCC vectorises loops
+   with them, while the kernels' versions kept every fp16 loop scalar
+   (AdamW master + fp16 at 1M elements: 4.58 -> 1.22 ms, 1 thread). */
+#define CAPEX__OPT_LD_f16(x) capex__f16_to_f32_v(x)
 #define CAPEX__OPT_LD_bf16(x) capex__b16_load(x)
 #define CAPEX__OPT_ST_none(h, i, x, j) (void)0
-#define CAPEX__OPT_ST_f16(h, i, x, j) (h)[i] = (uint16_t)capex__h16_store(x)
+#define CAPEX__OPT_ST_f16(h, i, x, j) (h)[i] = capex__f32_to_f16_v(x)
 #define CAPEX__OPT_ST_bf16(h, i, x, j) (h)[i] = (uint16_t)capex__b16_store(x)
 #define CAPEX__OPT_ST_bf16sr(h, i, x, j) \
     (h)[i] = (uint16_t)capex__bf16_round_sr(x, capex__sr_bits((j)->key, (j)->base_lo + (unsigned int)(i)))
@@ -8596,7 +8600,7 @@ static const float *capex__nm_load(const void *p, capex_dtype t, int64_t off, in
     int64_t i;
     const uint16_t *h = (const uint16_t *)p + off;
     if (t == CAPEX_F32) return (const float *)p + off;
-    if (t == CAPEX_F16) { for (i = 0; i < n; i++) buf[i] = capex__h16_load(h[i]); }
+    if (t == CAPEX_F16) { for (i = 0; i < n; i++) buf[i] = capex__f16_to_f32_v(h[i]); } /* vectorises */
     else { for (i = 0; i < n; i++) buf[i] = capex__b16_load(h[i]); }
     return buf;
 }
@@ -8608,7 +8612,7 @@ static void capex__nm_store(void *p, capex_dtype t, int64_t off, int64_t n, cons
     int64_t i;
     uint16_t *h = (uint16_t *)p + off;
     if (t == CAPEX_F32) return; /* computed in place */
-    if (t == CAPEX_F16) { for (i = 0; i < n; i++) h[i] = (uint16_t)capex__h16_store(v[i]); }
+    if (t == CAPEX_F16) { for (i = 0; i < n; i++) h[i] = capex__f32_to_f16_v(v[i]); }
     else { for (i = 0; i < n; i++) h[i] = (uint16_t)capex__b16_store(v[i]); }
 }
 static void capex__nm_store_one(void *p, capex_dtype t, int64_t i, float v) {

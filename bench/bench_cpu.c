@@ -103,6 +103,7 @@ static const bench_op k_ops[] = {
     {"clip_grad_norm f32", 1, {CAPEX_F32}, "b", run_clip}, /* norm pass reads: counted below */
     {"AdamW f32", 4, {CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_F32}, "rbbb", run_adamw},
     {"AdamW master+bf16 (bf16 g)", 5, {CAPEX_BF16, CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_BF16}, "rbbbw", run_adamw_o2},
+    {"AdamW master+f16 (f16 g)", 5, {CAPEX_F16, CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_F16}, "rbbbw", run_adamw_o2},
     {"LAMB f32", 4, {CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_F32}, "rbbb", run_lamb},
     {"SGD momentum f32", 3, {CAPEX_F32, CAPEX_F32, CAPEX_F32}, "rbb", run_sgd},
 };
