@@ -203,7 +203,7 @@ CAPEX_API void capex_f16_to_f32_array(const uint16_t *src, float *dst, size_t n)
 CAPEX_API void capex_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n);
 CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n);
 
-/* @@SECTION:OPTLEVEL:DECL@@ (opt levels: declarations) */
+/* ==== opt levels: declarations ==== */
 /* ---------------------------------------------------------------------------
    Opt levels
 
@@ -425,7 +425,7 @@ CAPEX_API capex_result capex_cast_model_parse(const char *s, capex_cast_model *o
    "bf16"/"bfloat16"/"torch.bfloat16" -> CAPEX_BF16. */
 CAPEX_API capex_result capex_half_type_parse(const char *s, capex_dtype *out);
 
-/* @@SECTION:SCALER:DECL@@ (loss scaler: declarations) */
+/* ==== loss scaler: declarations ==== */
 /* ---------------------------------------------------------------------------
    Loss scaler
 
@@ -570,7 +570,7 @@ CAPEX_API capex_result capex_scaler_set_scale(capex_scaler *sc, float scale);
 CAPEX_API capex_result capex_scaler_get_state(const capex_scaler *sc, capex_scaler_state *state);
 CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scaler_state *state);
 
-/* @@SECTION:STATE:DECL@@ (state files: declarations) */
+/* ==== state files: declarations ==== */
 /* ---------------------------------------------------------------------------
    State files
 
@@ -714,7 +714,7 @@ CAPEX_API capex_result capex_state_get_meta(const capex_state_reader *r, const c
 CAPEX_API capex_result capex_scaler_save(const capex_scaler *sc, capex_state_writer *w, const char *prefix);
 CAPEX_API capex_result capex_scaler_load(capex_scaler *sc, capex_state_reader *r, const char *prefix);
 
-/* @@SECTION:TENSOR:DECL@@ (tensor lists, chunk planner, fused ops: declarations) */
+/* ==== tensor lists, chunk planner, fused ops: declarations ==== */
 /* ---------------------------------------------------------------------------
    Tensor lists, chunk planner, fused multi-tensor ops (CPU backend)
 
@@ -898,7 +898,7 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
 /* min(1, max_norm / (total_norm + 1e-6f)) in f32; 1 if that is NaN or total is not finite. */
 CAPEX_API float capex_clip_coef(float total_norm, float max_norm);
 
-/* @@SECTION:OPTIM:DECL@@ (optimizers: declarations) */
+/* ==== optimizers: declarations ==== */
 /* ---------------------------------------------------------------------------
    Optimizers (Apex FusedAdam / FusedLAMB / FusedSGD math, on the CPU)
 
@@ -1059,7 +1059,7 @@ CAPEX_API capex_result capex_optim_load(capex_optim *opt, capex_state_reader *r,
 CAPEX_API capex_result capex_optim_save_file(const capex_optim *opt, const char *path, unsigned flags);
 CAPEX_API capex_result capex_optim_load_file(capex_optim *opt, const char *path, unsigned flags);
 
-/* @@SECTION:DIST:DECL@@ (data parallel: declarations) */
+/* ==== data parallel: declarations ==== */
 
 /* ---------------------------------------------------------------------------
    Data parallel (DIST)
@@ -1399,7 +1399,7 @@ extern "C" {
 CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
 #endif
 
-/* @@SECTION:NORM:DECL@@ (LayerNorm/RMSNorm/BatchNorm/SyncBatchNorm: declarations) */
+/* ==== LayerNorm/RMSNorm/BatchNorm/SyncBatchNorm: declarations ==== */
 /* ---------------------------------------------------------------------------
    Norms (NORM): LayerNorm, RMSNorm, BatchNorm and SyncBatchNorm, forward and
    backward, on the CPU (capex_cuda.h has the GPU kernels, from the same math).
@@ -1830,7 +1830,7 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
     for (i = 0; i < n; i++) dst[i] = capex__bits_f32((uint32_t)src[i] << 16);
 }
 
-/* @@SECTION:OPTLEVEL:IMPL@@ (opt levels: implementation) */
+/* ==== opt levels: implementation ==== */
 /* ---- opt levels ---------------------------------------------------------- */
 
 #define CAPEX__FLT_MIN_NORMAL 1.17549435082228750797e-38 /* FLT_MIN, without <float.h> */
@@ -2418,7 +2418,7 @@ CAPEX_API capex_result capex_amp_op_dtype(const capex_amp_config *cfg, capex_op_
     return CAPEX_OK;
 }
 
-/* @@SECTION:SCALER:IMPL@@ (loss scaler: implementation) */
+/* ==== loss scaler: implementation ==== */
 /* ---- loss scaler -------------------------------------------------------- */
 
 #define CAPEX__SCALER_MAGIC 0x53434c52u /* "SCLR": catches use before init */
@@ -2830,7 +2830,7 @@ CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scal
     return CAPEX_OK;
 }
 
-/* @@SECTION:STATE:IMPL@@ (state files: implementation) */
+/* ==== state files: implementation ==== */
 /* ---- state files -------------------------------------------------------- */
 /* Layout and rules: see the "State files" manual in the declarations. The
    parser is schema-directed (top object -> entry object -> array of integers,
@@ -4364,7 +4364,7 @@ CAPEX_API capex_result capex_scaler_load(capex_scaler *sc, capex_state_reader *r
     return capex_scaler_set_state(sc, &st); /* validates; sc untouched on error */
 }
 
-/* @@SECTION:TENSOR:IMPL@@ (tensor lists, chunk planner, fused ops: implementation) */
+/* ==== tensor lists, chunk planner, fused ops: implementation ==== */
 /* ---- tensor lists ------------------------------------------------------- */
 
 /* The kernel metadata must fit the kernel-parameter budget at every depth
@@ -4982,7 +4982,7 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
     return capex__clip("capex_clip_grad_norm_coef", desc, grads, nlists, max_norm, total_norm, clip_coef, 0);
 }
 
-/* @@SECTION:OPTIM:IMPL@@ (optimizers: implementation) */
+/* ==== optimizers: implementation ==== */
 /* ---- optimizers ----------------------------------------------------------
 
    Layout: the per-element math lives ONCE in the CAPEX__OPTIM_MATH_* macros
@@ -6316,7 +6316,7 @@ CAPEX_API capex_result capex_optim_load_file(capex_optim *o, const char *path, u
     return r;
 }
 
-/* @@SECTION:DIST:IMPL@@ (data parallel: implementation) */
+/* ==== data parallel: implementation ==== */
 
 /* ---- data parallel: platform ------------------------------------------- */
 /* POSIX pieces (clock, sockets) are guarded: a build where they are hidden
@@ -8479,7 +8479,7 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
     return CAPEX_OK;
 }
 
-/* @@SECTION:NORM:IMPL@@ (LayerNorm/RMSNorm/BatchNorm/SyncBatchNorm: implementation) */
+/* ==== LayerNorm/RMSNorm/BatchNorm/SyncBatchNorm: implementation ==== */
 /* ---- norms -----------------------------------------------------------------
 
    Layout: the per-element math (Welford update, Chan's merge, rstd, the

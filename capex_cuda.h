@@ -336,7 +336,7 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
                                           capex_cuda_ptr src, capex_dtype src_type, size_t n,
                                           capex_cuda_stream stream);
 
-/* @@SECTION:GPUOPT:DECL@@ (fused GPU optimizer kernels: declarations) */
+/* ==== fused GPU optimizer kernels: declarations ==== */
 /* ---- fused multi-tensor ops, optimizers and loss scaler on the GPU ---------
    Apex's amp_C kernels and fused optimizers, with every per-step value on the
    device: the loss scale, found_inf, the clip factor, the learning rate and
@@ -496,7 +496,7 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *opt, unsigned 
 CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const capex_optim *host, unsigned flags,
                                                   capex_cuda_stream stream);
 
-/* @@SECTION:NCCL:DECL@@ (NCCL communicator: declarations) */
+/* ==== NCCL communicator: declarations ==== */
 
 /* ---- NCCL communicator: a capex_comm on device buffers ---------------------
 
@@ -553,7 +553,7 @@ CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stre
 /* 1 when c is an NCCL communicator. */
 CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
 
-/* @@SECTION:NORM:DECL@@ (GPU LayerNorm/RMSNorm/SyncBatchNorm: declarations) */
+/* ==== GPU LayerNorm/RMSNorm/SyncBatchNorm: declarations ==== */
 /* ---------------------------------------------------------------------------
    Norms on the GPU (NORM): capex.h's LayerNorm / RMSNorm / BatchNorm /
    SyncBatchNorm with device pointers. The kernels compile from the same
@@ -1928,7 +1928,7 @@ static const char capex__cuda_frag_basic[] =
 
 typedef const char *(*capex__cuda_fragment_fn)(void);
 
-/* @@SECTION:GPUOPT:KERNELS@@ (kernel source fragments and their *_fn getters) */
+/* ==== kernel source fragments and their *_fn getters ==== */
 /* Fused optimizer kernels. The per-element math is capex.h's
    (capex__optim_math_parts: the very text its CPU backend compiles), added
    to the program part by part (each under 4095 characters); the program is
@@ -2463,7 +2463,7 @@ CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n
     return f;
 }
 
-/* @@SECTION:NORM:KERNELS@@ (kernel source fragments and their *_fn getters) */
+/* ==== kernel source fragments and their *_fn getters ==== */
 /* ---- norm kernels (NORM) ------------------------------------------------------
    The per-element math comes from capex.h (capex__norm_math_cuda: the
    CAPEX__NORM_MATH text its CPU backend compiles). LayerNorm/RMSNorm: one
@@ -2735,7 +2735,7 @@ CAPEX__PRIVATE const char *capex__cuda_frag_basic_fn(void) { return capex__cuda_
 static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     capex__cuda_frag_prelude_fn,
     capex__cuda_frag_basic_fn,
-    /* @@FRAGMENTS:GPUOPT@@ */
+    /* optimizer fragments */
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
     capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,
     capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn,
@@ -2745,7 +2745,7 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn,
     capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn,
     capex__cuda_frag_go9_lamb1_bf16_fn,
-    /* @@FRAGMENTS:NORM@@ */
+    /* norm fragments */
     capex__norm_math_cuda, /* capex.h's CAPEX__NORM_MATH, the CPU backend's text */
     capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn, capex__cuda_frag_norm_b1_fn, capex__cuda_frag_norm_c_fn,
     capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, capex__cuda_frag_norm_e_fn,
@@ -2820,7 +2820,7 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
 static const char *const capex__cuda_builtin_kernels[] = {
     "capex_fill_f32", "capex_scale_f32", "capex_add_f32", "capex_f32_to_f16",
     "capex_f16_to_f32", "capex_f32_to_bf16", "capex_bf16_to_f32",
-    /* @@KERNEL_NAMES:GPUOPT@@ */
+    /* optimizer kernels */
     "capex_go_scale_f32_f32", "capex_go_scale_f32_f16", "capex_go_scale_f32_bf16", "capex_go_scale_f16_f32",
     "capex_go_scale_f16_f16", "capex_go_scale_f16_bf16", "capex_go_scale_bf16_f32", "capex_go_scale_bf16_f16",
     "capex_go_scale_bf16_bf16", "capex_go_sumsq_f32", "capex_go_sumsq_f16", "capex_go_sumsq_bf16",
@@ -2828,7 +2828,7 @@ static const char *const capex__cuda_builtin_kernels[] = {
     "capex_go_adam_bf16", "capex_go_sgd_f32", "capex_go_sgd_f16", "capex_go_sgd_bf16", "capex_go_lamb1_f32",
     "capex_go_lamb1_f16", "capex_go_lamb1_bf16", "capex_go_lamb_clip", "capex_go_lamb_ratio",
     "capex_go_lamb2", "capex_go_scaler_update",
-    /* @@KERNEL_NAMES:NORM@@ */
+    /* norm kernels */
     "capex_norm_fwd", "capex_norm_bwd_dx", "capex_norm_bwd_gamma_part", "capex_norm_bwd_gamma_final",
     "capex_bn_stats", "capex_bn_merge", "capex_bn_eval_stats", "capex_bn_fwd", "capex_bn_bwd_reduce", "capex_bn_bwd_dx",
 };
@@ -3955,7 +3955,7 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
     return capex__cuda_builtin_launch(ctx, k, n, stream, args);
 }
 
-/* @@SECTION:GPUOPT:IMPL@@ (fused GPU optimizer kernels: implementation) */
+/* ==== fused GPU optimizer kernels: implementation ==== */
 /* ---- fused multi-tensor ops, optimizers and loss scaler: host side ----------
    Host mirrors of the kernel-side structs (capex__cuda_frag_go0/1), same
    fixed-width fields in the same order (checked by size here and, against
@@ -5112,7 +5112,7 @@ done:
     return r;
 }
 
-/* @@SECTION:NCCL:IMPL@@ (NCCL communicator: implementation) */
+/* ==== NCCL communicator: implementation ==== */
 
 /* NCCL's ABI, declared here (nccl.h is never included: runtime loading).
    tests/test_nccl_abi.c checks every value against the real nccl.h. */
@@ -5691,7 +5691,7 @@ CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stre
     return CAPEX_OK;
 }
 
-/* @@SECTION:NORM:IMPL@@ (GPU LayerNorm/RMSNorm/SyncBatchNorm: implementation) */
+/* ==== GPU LayerNorm/RMSNorm/SyncBatchNorm: implementation ==== */
 CAPEX__PRIVATE capex_result capex__cuda_norm_fn(capex_cuda_context *ctx, const char *name, capex_cuda_function *fn) {
     size_t i;
     for (i = 0; i < CAPEX__CUDA_N_BUILTIN; i++)
