@@ -1307,10 +1307,11 @@ typedef struct capex_ddp_desc {
 
 typedef struct capex_ddp_bucket_info {
     capex_dtype dtype;          /* of the grads in it                           */
-    size_t numel;               /* elements in the bucket                       */
+    size_t numel;               /* elements in the bucket, alignment gaps included */
     size_t num_params;
     const size_t *params;       /* param indices, in bucket (ready) order       */
-    const size_t *offsets;      /* element offset of each param in the bucket   */
+    const size_t *offsets;      /* element offset of each param in the bucket:
+                                   16-byte aligned (gaps of zeros between views) */
 } capex_ddp_bucket_info;
 
 CAPEX_API void capex_ddp_desc_init(capex_ddp_desc *d);
@@ -7933,6 +7934,7 @@ static void capex__ddp_free_retired(capex_ddp *g) {
    Sizes are bytes, or elements with Apex's message_size. On success the new
    layout replaces g->b / bparams / boffsets / bucket_of / offset_of (buffers
    not yet allocated). */
+#define CAPEX__DDP_ALIGN_BYTES 16
 static capex_result capex__ddp_plan(capex_ddp *g, const size_t *order) {
     size_t np = g->np, i, nb = 0;
     size_t open_id[3], open_size[3], limit_idx[3];
@@ -7961,10 +7963,13 @@ static capex_result capex__ddp_plan(capex_ddp *g, const size_t *order) {
     for (i = 0; i < np; i++) {
         size_t p = order[i], k = g->bucket_of[p];
         capex__bucket *bk = &b[k];
+        /* each view starts 16-byte aligned (4 f32 / 8 half elements), so vector
+           loads cover whole tensors; the gap elements are zero and reduce to zero */
+        size_t a = CAPEX__DDP_ALIGN_BYTES / capex_dtype_size(g->params[p].dtype), off = (bk->numel + a - 1) / a * a;
         g->bparams[bk->first + fill[k]] = p;
-        g->boffsets[bk->first + fill[k]] = bk->numel;
-        g->offset_of[p] = bk->numel;
-        bk->numel += g->params[p].numel;
+        g->boffsets[bk->first + fill[k]] = off;
+        g->offset_of[p] = off;
+        bk->numel = off + g->params[p].numel;
         bk->dtype = g->params[p].dtype;
         fill[k]++;
     }
@@ -8040,6 +8045,10 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
             return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: param %lu has no data pointer to broadcast",
                                (unsigned long)i);
     }
+    /* plus at most 7 alignment elements per view (np * 8 fits: np < SIZE_MAX / sizeof(capex_ddp_param)) */
+    if (capex__size_add(total, np * 8, &total) || capex__size_mul(total, sizeof(float), &bytes))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: %lu params with their alignment hold more elements "
+                           "than size_t bytes can address: the byte size overflows size_t", (unsigned long)np);
     g = (capex_ddp *)capex__alloc(NULL, sizeof *g);
     if (!g) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_ddp_create: out of memory");
     memset(g, 0, sizeof *g);

@@ -446,7 +446,10 @@ static int check_layout(capex_ddp *g, const capex_ddp_param *ps, size_t n, const
         if (bi.num_params != pos[k]) { sprintf(why, "bucket %lu size", (unsigned long)k); return 0; }
         for (i = 0; i < bi.num_params; i++) {
             size_t p = bi.params[i];
+            size_t a = 16 / capex_dtype_size(bi.dtype);
+            off = (off + a - 1) / a * a; /* views start 16-byte aligned */
             if (bi.offsets[i] != off || ps[p].dtype != bi.dtype) { sprintf(why, "bucket %lu offsets/dtype", (unsigned long)k); return 0; }
+            if (((uintptr_t)capex_ddp_grad(g, p) & 15u) != 0) { sprintf(why, "grad view of %lu not 16-byte aligned", (unsigned long)p); return 0; }
             if ((char *)capex_ddp_grad(g, p) != (char *)g->b[k].buf + off * capex_dtype_size(bi.dtype)) {
                 sprintf(why, "grad view of %lu", (unsigned long)p); return 0;
             }
