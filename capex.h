@@ -976,6 +976,8 @@ typedef struct capex_optim_desc {
                                      parameter) between the two passes; 1 recomputes it in the
                                      second pass (same bits; 1.25x slower on the 2-core Zen 1 VM
                                      of bench/RESULTS.md). The CUDA backend always recomputes. */
+    uint32_t init_tag;            /* set by capex_optim_desc_init: a desc made any other way
+                                     (zeroed: lr 0, weights that never move) is refused */
 } capex_optim_desc;
 
 /* One parameter tensor. exp_avg/exp_avg_sq may point at user buffers of numel
@@ -5442,9 +5444,11 @@ static const capex__optim_kfn capex__k_lamb2_tab[3][4] = {
 
 static int capex__opt_finite(float x) { return (x - x) == 0.0f; }
 
+#define CAPEX__OPTIM_DESC_TAG 0x4d54504fu /* "OPTM" */
 CAPEX_API void capex_optim_desc_init(capex_optim_desc *d, capex_optim_kind kind) {
     if (!d) return;
     memset(d, 0, sizeof *d);
+    d->init_tag = CAPEX__OPTIM_DESC_TAG;
     d->kind = kind;
     d->defaults.lr = 1e-3f;
     d->defaults.beta1 = 0.9f;
@@ -5494,6 +5498,9 @@ static capex_result capex__optim_check_hp(const capex_optim_desc *d, const capex
 }
 
 static capex_result capex__optim_check_desc(const capex_optim_desc *d) {
+    if (d->init_tag != CAPEX__OPTIM_DESC_TAG)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_desc was not made by capex_optim_desc_init (zeroed or "
+                           "uninitialised: its lr would be 0); call capex_optim_desc_init(&desc, kind), then change fields");
     if (d->kind != CAPEX_OPTIM_ADAM && d->kind != CAPEX_OPTIM_LAMB && d->kind != CAPEX_OPTIM_SGD)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: unknown kind %d; use CAPEX_OPTIM_ADAM, _LAMB or _SGD",
                            (int)d->kind);

@@ -858,6 +858,11 @@ CT_TEST(bad_input) {
     char *bytes = (char *)p;
     int64_t st;
     CT_CHECK(capex_optim_create(NULL, &opt) == CAPEX_ERR_INVALID_ARG && strlen(capex_last_error()) > 0, "NULL desc");
+    memset(&d, 0, sizeof d); /* = {0}: accepted before, with lr 0 the weights never moved */
+    CT_CHECK(capex_optim_create(&d, &opt) == CAPEX_ERR_INVALID_ARG && opt == NULL &&
+             strstr(capex_last_error(), "capex_optim_desc_init") != NULL, "zeroed desc: %s", capex_last_error());
+    memset(&d, 0xa5, sizeof d); /* garbage */
+    CT_CHECK(capex_optim_create(&d, &opt) == CAPEX_ERR_INVALID_ARG && opt == NULL, "garbage desc");
     capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
     CT_CHECK(capex_optim_create(&d, NULL) == CAPEX_ERR_INVALID_ARG, "NULL out");
     d.defaults.lr = NAN;
