@@ -41,6 +41,12 @@ test: $(TEST_BINS)
 
 # The main job: a char-level LM trained at O0 (fp32) and O2 (fp16, bf16),
 # validation losses compared, chart in build/loss_curve.svg. ~40 s on 2 cores.
+# Built optimised: -fno-math-errno lets GCC vectorise the sqrtf of the Adam loop.
+EXAMPLE_OPT ?= -O3 -g -fno-math-errno
+$(BUILD)/examples/train_charlm: examples/train_charlm.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 $(EXAMPLE_OPT) $(WARN) $(OPENMP) $< -o $@ $(LDLIBS)
+
 run: $(BUILD)/examples/train_charlm
 	$(BUILD)/examples/train_charlm --compare --svg $(BUILD)/loss_curve.svg
 

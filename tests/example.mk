@@ -1,11 +1,6 @@
-# The training example (examples/train_charlm.c): an optimised build for
-# `make run`, and an MPI build (mpicc -DCAPEX_MPI) that tests/test_example.c
-# runs under mpirun -np 2 (it SKIPs, saying why, when mpicc is missing).
-EXAMPLE_OPT ?= -O3 -g -fno-math-errno
-
-$(BUILD)/examples/train_charlm: examples/train_charlm.c $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(CC) -std=c99 $(EXAMPLE_OPT) $(WARN) $(OPENMP) $< -o $@ $(LDLIBS)
+# The training example's MPI build (mpicc -DCAPEX_MPI) that tests/test_example.c
+# runs under mpirun -np 2 (it SKIPs, saying why, when mpicc is missing); the
+# `make run` build (EXAMPLE_OPT) is in the Makefile.
 
 ifneq ($(DIST_HAVE_MPICC),)
 $(BUILD)/tests/test_example: $(BUILD)/examples/train_charlm_mpi
