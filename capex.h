@@ -534,6 +534,11 @@ typedef struct capex_scaler {
 CAPEX_API void capex_scaler_desc_init(capex_scaler_desc *desc);
 /* CAPEX_ERR_INVALID_ARG naming the bad field, or CAPEX_OK. */
 CAPEX_API capex_result capex_scaler_desc_check(const capex_scaler_desc *desc);
+/* The scaler an opt level asks for (what Apex's amp.initialize builds from
+   loss_scale): capex_scaler_desc_init's defaults, then dynamic for "dynamic",
+   else static at cfg->loss_scale (O0, O3, bf16 and disabled amp: 1.0).
+   Change other fields afterwards as usual. */
+CAPEX_API capex_result capex_scaler_desc_from_amp(const capex_amp_config *cfg, capex_scaler_desc *desc);
 /* Validates desc; on error sc is left unusable (every call on it fails). */
 CAPEX_API capex_result capex_scaler_init(capex_scaler *sc, const capex_scaler_desc *desc);
 
@@ -2472,6 +2477,25 @@ CAPEX__PRIVATE capex_result capex__scaler_check_params(const char *what, int dyn
     if (hysteresis < 1)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s.hysteresis = %d: must be >= 1 (1 = back off on every overflow)",
                            what, hysteresis);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_scaler_desc_from_amp(const capex_amp_config *cfg, capex_scaler_desc *d) {
+    capex_scaler_desc t;
+    capex_result r;
+    if (!cfg || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_desc_from_amp: NULL argument");
+    capex_scaler_desc_init(&t);
+    if (cfg->loss_scale_mode == CAPEX_LOSS_SCALE_DYNAMIC) {
+        t.dynamic = 1;
+    } else if (cfg->loss_scale_mode == CAPEX_LOSS_SCALE_STATIC) {
+        t.dynamic = 0;
+        t.init_scale = (float)cfg->loss_scale;
+    } else {
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_desc_from_amp: loss_scale_mode %d is neither DYNAMIC nor "
+                           "STATIC: pass a config made by capex_amp_resolve", (int)cfg->loss_scale_mode);
+    }
+    if ((r = capex_scaler_desc_check(&t)) != CAPEX_OK) return r;
+    *d = t;
     return CAPEX_OK;
 }
 

@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
     capex_ddp_desc_init(&dd); dd.broadcast_parameters = 0;    /* done above, on the master weights */
     capex_sampler_desc_init(&sd);
     sd.dataset_size = N_DATA; sd.num_replicas = env.world_size; sd.rank = env.rank;
-    capex_scaler_desc_init(&scd);                             /* 2^16, x2 every 2000 clean steps */
+    capex_scaler_desc_from_amp(&amp, &scd);                   /* O2 fp16: dynamic, 2^16, x2 / 2000 */
     capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM); od.defaults.lr = 0.01f; /* AdamW, Apex defaults */
     if (capex_ddp_create(&ddp, &comm, &dp, 1, &dd) || capex_sampler_init(&smp, &sd) || capex_scaler_init(&sc, &scd) ||
         capex_optim_create(&od, &opt)) { fprintf(stderr, "%s\n", capex_last_error()); return 1; }

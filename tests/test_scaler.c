@@ -699,6 +699,50 @@ CT_TEST(bad_descs_and_null_pointers) {
     CT_CHECK(capex_scaler_get_state(&sc, NULL) == CAPEX_ERR_INVALID_ARG, "NULL out");
 }
 
+
+/* The opt level's loss scale reaches the scaler (Apex amp.initialize: O1/O2
+   dynamic, O0/O3 static 1.0; capex: bf16 static 1.0; overrides win). */
+CT_TEST(scaler_desc_from_amp) {
+    static const struct { capex_opt_level lv; capex_dtype half; int ovmode; double ovscale; int enabled; int dyn; float scale; } k[] = {
+        {CAPEX_O0, CAPEX_F16, 0, 0, 1, 0, 1.0f},      {CAPEX_O1, CAPEX_F16, 0, 0, 1, 1, 65536.0f},
+        {CAPEX_O2, CAPEX_F16, 0, 0, 1, 1, 65536.0f},  {CAPEX_O3, CAPEX_F16, 0, 0, 1, 0, 1.0f},
+        {CAPEX_O2, CAPEX_BF16, 0, 0, 1, 0, 1.0f},     {CAPEX_O1, CAPEX_BF16, 0, 0, 1, 0, 1.0f},
+        {CAPEX_O2, CAPEX_F16, CAPEX_LOSS_SCALE_STATIC, 128.0, 1, 0, 128.0f},
+        {CAPEX_O3, CAPEX_F16, CAPEX_LOSS_SCALE_DYNAMIC, 0, 1, 1, 65536.0f},
+        {CAPEX_O2, CAPEX_F16, 0, 0, 0, 0, 1.0f}, /* enabled = False */
+    };
+    size_t i;
+    for (i = 0; i < sizeof k / sizeof k[0]; i++) {
+        capex_amp_overrides ov;
+        capex_amp_config cfg;
+        capex_scaler_desc d;
+        capex_scaler sc;
+        float scale = 0.0f;
+        capex_amp_overrides_init(&ov);
+        if (k[i].ovmode) { ov.loss_scale_mode = (capex_loss_scale_mode)k[i].ovmode; ov.loss_scale = k[i].ovscale ? k[i].ovscale : 1.0; }
+        if (!k[i].enabled) ov.enabled = CAPEX_TRI_FALSE;
+        CT_CHECK(capex_amp_resolve(k[i].lv, k[i].half, &ov, &cfg) == CAPEX_OK, "case %zu: resolve: %s", i, capex_last_error());
+        memset(&d, 0xa5, sizeof d);
+        CT_CHECK(capex_scaler_desc_from_amp(&cfg, &d) == CAPEX_OK, "case %zu: %s", i, capex_last_error());
+        CT_CHECK(d.dynamic == k[i].dyn && d.init_scale == k[i].scale && d.growth_interval == 2000 && d.max_scale == 16777216.0f,
+                 "case %zu: dynamic %d scale %g", i, d.dynamic, (double)d.init_scale);
+        CT_CHECK(capex_scaler_init(&sc, &d) == CAPEX_OK && capex_scaler_scale(&sc, &scale) == CAPEX_OK && scale == k[i].scale,
+                 "case %zu: scaler scale %g", i, (double)scale);
+    }
+    {
+        capex_amp_config cfg;
+        capex_scaler_desc d, before;
+        CT_CHECK(capex_amp_resolve(CAPEX_O2, CAPEX_F16, NULL, &cfg) == CAPEX_OK, "resolve");
+        cfg.loss_scale_mode = CAPEX_LOSS_SCALE_NONE;
+        memset(&d, 0x5a, sizeof d);
+        before = d;
+        CT_CHECK(capex_scaler_desc_from_amp(&cfg, &d) == CAPEX_ERR_INVALID_ARG && memcmp(&d, &before, sizeof d) == 0,
+                 "mode NONE must be refused, desc unchanged");
+        CT_CHECK(capex_scaler_desc_from_amp(NULL, &d) == CAPEX_ERR_INVALID_ARG, "NULL cfg");
+        CT_CHECK(capex_scaler_desc_from_amp(&cfg, NULL) == CAPEX_ERR_INVALID_ARG, "NULL desc");
+    }
+}
+
 static const ct_case cases[] = {
     CT_CASE(defaults_are_apex_and_pytorch),
     CT_CASE(hand_checked_table),
@@ -715,5 +759,6 @@ static const ct_case cases[] = {
     CT_CASE(state_round_trip),
     CT_CASE(bad_states_are_rejected),
     CT_CASE(bad_descs_and_null_pointers),
+    CT_CASE(scaler_desc_from_amp),
 };
 CT_MAIN(cases)
