@@ -99,6 +99,14 @@ extern "C" {
    capex_result_string(code) names the code; capex_last_error() returns a
    thread-local message from the last failing call on this thread, saying what
    was wrong and how to fix it. Library code never exits or aborts.
+
+   Descriptors: every struct with an _init function (capex_scaler_desc,
+   capex_optim_desc, capex_optim_param, capex_norm_args, capex_ddp_desc, ...,
+   and capex_cuda.h's) must be made by that _init, then have fields changed.
+   A struct made any other way (= {0}, memset, uninitialised) is refused with
+   CAPEX_ERR_INVALID_ARG and a message naming the _init to call. Copies of an
+   initialised struct are fine. Where a call takes NULL for "defaults", NULL
+   stays allowed.
    ------------------------------------------------------------------------- */
 typedef enum capex_result {
     CAPEX_OK = 0,
@@ -289,6 +297,7 @@ typedef struct capex_amp_overrides {
     capex_tri master_weights;
     capex_loss_scale_mode loss_scale_mode; /* STATIC: loss_scale is used */
     double loss_scale;                     /* finite, FLT_MIN..FLT_MAX */
+    uint32_t init_tag;                     /* set by capex_amp_overrides_init (see "Descriptors") */
 } capex_amp_overrides;
 
 /* The resolved properties (Apex's Properties.options) plus what they imply. */
@@ -309,7 +318,7 @@ typedef struct capex_amp_config {
 } capex_amp_config;
 
 /* Everything "not given" (CAPEX_TRI_NONE etc.; loss_scale 1.0, unused). */
-CAPEX_API capex_result capex_amp_overrides_init(capex_amp_overrides *ov);
+CAPEX_API void capex_amp_overrides_init(capex_amp_overrides *ov);
 /* ov may be NULL (no overrides). On failure *out is left unchanged.
    CAPEX_ERR_CONFIG: an override breaks a rule (the message names it);
    CAPEX_ERR_INVALID_ARG: NULL out, level/half type/field out of range,
@@ -488,6 +497,7 @@ typedef struct capex_scaler_desc {
     int64_t log_interval;    /* 100: at most one overflow message per this many iterations;
                                 0 = no overflow messages                                   */
     int id;                  /* loss index shown in messages (Apex "loss scaler 0")        */
+    uint32_t init_tag;       /* set by capex_scaler_desc_init (see "Descriptors")           */
 } capex_scaler_desc;
 
 /* Bound on every step counter (scaler steps and skipped_steps, optimizer
@@ -848,6 +858,7 @@ typedef struct capex_tensor_op_desc {
                                       (and on nothing else). */
     int64_t parallel_min_elements; /* launches smaller than this run on the calling thread,
                                       so small lists pay no thread start-up; 0: 262144 */
+    uint32_t init_tag;             /* set by capex_tensor_op_desc_init (see "Descriptors") */
 } capex_tensor_op_desc;
 CAPEX_API void capex_tensor_op_desc_init(capex_tensor_op_desc *desc);
 
@@ -997,6 +1008,7 @@ typedef struct capex_optim_param {
     int64_t numel;           /* elements; 0 is allowed (nothing to do) */
     float *exp_avg;          /* optional user buffer: Adam/LAMB m, SGD momentum */
     float *exp_avg_sq;       /* optional user buffer: Adam/LAMB v */
+    uint32_t init_tag; /* set by capex_optim_param_init (see "Descriptors") */
 } capex_optim_param;
 
 /* Apex defaults for the kind (see capex_optim_hparams). */
@@ -1120,6 +1132,7 @@ typedef struct capex_dist_env_desc {
     const char *master_addr;
     int master_port;
     const char *run_id;
+    uint32_t init_tag; /* set by capex_dist_env_desc_init (see "Descriptors") */
 } capex_dist_env_desc;
 
 typedef struct capex_dist_env {
@@ -1262,6 +1275,7 @@ typedef struct capex_rendezvous_desc {
     uint64_t nonce;        /* per run: capex_rendezvous_nonce(env.run_id)    */
     double timeout_s;      /* whole-call deadline (default 300 s)            */
     double retry_interval_s; /* between connection attempts (default 0.05) */
+    uint32_t init_tag; /* set by capex_rendezvous_desc_init (see "Descriptors") */
 } capex_rendezvous_desc;
 
 CAPEX_API void capex_rendezvous_desc_init(capex_rendezvous_desc *d);
@@ -1310,6 +1324,7 @@ typedef struct capex_ddp_desc {
     int find_unused_parameters; /* 0: finalize fails if a param was not ready   */
     int rebuild_buckets;        /* 0: rebuild once from rank 0's ready order    */
     int broadcast_parameters;   /* 1: rank 0's params to all at create          */
+    uint32_t init_tag; /* set by capex_ddp_desc_init (see "Descriptors") */
 } capex_ddp_desc;
 
 typedef struct capex_ddp_bucket_info {
@@ -1375,6 +1390,7 @@ typedef struct capex_sampler_desc {
     int shuffle;        /* 1                                                    */
     uint64_t seed;      /* 0                                                    */
     int drop_last;      /* 0: pad by repeating the start of the permutation     */
+    uint32_t init_tag; /* set by capex_sampler_desc_init (see "Descriptors") */
 } capex_sampler_desc;
 
 typedef struct capex_sampler {
@@ -1464,6 +1480,7 @@ typedef struct capex_norm_desc {
     float eps;              /* 1e-5 (torch layer_norm, Apex FusedLayerNorm/RMSNorm); >= 0 */
     int num_threads;        /* OpenMP threads; 0: OpenMP's default. Ignored without OpenMP */
     const capex_allocator *allocator; /* scratch memory; NULL: CAPEX_MALLOC */
+    uint32_t init_tag; /* set by capex_norm_desc_init (see "Descriptors") */
 } capex_norm_desc;
 CAPEX_API void capex_norm_desc_init(capex_norm_desc *d);
 
@@ -1483,6 +1500,7 @@ typedef struct capex_norm_args {
     void *dx;                 /* backward: [rows, cols] gradient of x (may be NULL: not wanted) */
     void *dweight;            /* backward: [cols] or NULL */
     void *dbias;              /* backward: [cols] or NULL (LayerNorm only) */
+    uint32_t init_tag; /* set by capex_norm_args_init (see "Descriptors") */
 } capex_norm_args;
 CAPEX_API void capex_norm_args_init(capex_norm_args *a);
 
@@ -1505,6 +1523,7 @@ typedef struct capex_batch_norm_desc {
     const capex_allocator *allocator;
     int sync_eval_batch_stats; /* SyncBatchNorm, eval without running statistics: 0 (torch) this
                                   rank's batch, no communication; 1: the global batch, synced */
+    uint32_t init_tag; /* set by capex_batch_norm_desc_init (see "Descriptors") */
 } capex_batch_norm_desc;
 CAPEX_API void capex_batch_norm_desc_init(capex_batch_norm_desc *d);
 
@@ -1528,6 +1547,7 @@ typedef struct capex_batch_norm_args {
     void *dx;                 /* backward output (may be NULL) */
     void *dweight;            /* [C] or NULL: this rank's sum(dy * xhat) */
     void *dbias;              /* [C] or NULL: this rank's sum(dy) */
+    uint32_t init_tag; /* set by capex_batch_norm_args_init (see "Descriptors") */
 } capex_batch_norm_args;
 CAPEX_API void capex_batch_norm_args_init(capex_batch_norm_args *a);
 
@@ -1668,6 +1688,20 @@ CAPEX__PRIVATE void capex__fail_msg(const char *fmt, ...) {
     va_end(ap);
 }
 #define capex__fail(code, ...) (capex__fail_msg(__VA_ARGS__), (capex_result)(code))
+
+/* Every descriptor (a struct with an _init function) is made by that _init,
+   which stamps init_tag with the type's own tag; consumers refuse any other
+   value. A zeroed or uninitialised struct would otherwise run with zero
+   rates, sizes or flags (a zeroed optimizer desc trained at lr 0). */
+#define CAPEX__TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
+CAPEX__PRIVATE capex_result capex__desc_check(uint32_t tag, uint32_t want, const char *fn, const char *type,
+                                             const char *init) {
+    if (tag == want) return CAPEX_OK;
+    return capex__fail(CAPEX_ERR_INVALID_ARG,
+                       "%s: this %s was not made by %s (zeroed or uninitialised); call %s on it first, then "
+                       "change the fields you need",
+                       fn, type, init, init);
+}
 
 /* ---- logging ------------------------------------------------------------ */
 
@@ -1854,8 +1888,11 @@ CAPEX_API const char *capex_opt_level_name(capex_opt_level level) {
     return NULL;
 }
 
-CAPEX_API capex_result capex_amp_overrides_init(capex_amp_overrides *ov) {
-    if (!ov) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_amp_overrides_init: ov is NULL; pass the struct to fill");
+#define CAPEX__TAG_AMP_OVERRIDES CAPEX__TAG('A', 'M', 'P', 'O')
+CAPEX_API void capex_amp_overrides_init(capex_amp_overrides *ov) {
+    if (!ov) return;
+    memset(ov, 0, sizeof *ov);
+    ov->init_tag = CAPEX__TAG_AMP_OVERRIDES;
     ov->enabled = CAPEX_TRI_NONE;
     ov->cast_model_type = CAPEX_CAST_MODEL_NONE;
     ov->patch_torch_functions = CAPEX_TRI_NONE;
@@ -1863,7 +1900,6 @@ CAPEX_API capex_result capex_amp_overrides_init(capex_amp_overrides *ov) {
     ov->master_weights = CAPEX_TRI_NONE;
     ov->loss_scale_mode = CAPEX_LOSS_SCALE_NONE;
     ov->loss_scale = 1.0;
-    return CAPEX_OK;
 }
 
 /* Apex frontend.py O0..O3.__call__, with capex's bf16 loss-scale default. */
@@ -1920,6 +1956,9 @@ CAPEX_API capex_result capex_amp_resolve(capex_opt_level level, capex_dtype half
     if (half_type != CAPEX_F16 && half_type != CAPEX_BF16)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: half_type %d must be CAPEX_F16 or CAPEX_BF16", who, (int)half_type);
     if (ov) {
+        capex_result tr = capex__desc_check(ov->init_tag, CAPEX__TAG_AMP_OVERRIDES, who, "capex_amp_overrides",
+                                            "capex_amp_overrides_init");
+        if (tr != CAPEX_OK) return tr;
         if (!capex__tri_ok(ov->enabled) || !capex__tri_ok(ov->patch_torch_functions) ||
             !capex__tri_ok(ov->keep_batchnorm_fp32) || !capex__tri_ok(ov->master_weights))
             return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: an override (enabled %d, patch_torch_functions %d, keep_batchnorm_fp32 %d, "
@@ -2432,9 +2471,11 @@ CAPEX_API capex_result capex_amp_op_dtype(const capex_amp_config *cfg, capex_op_
 #define CAPEX__SCALER_MAGIC 0x53434c52u /* "SCLR": catches use before init */
 enum { CAPEX__OPT_READY = 0, CAPEX__OPT_UNSCALED = 1, CAPEX__OPT_STEPPED = 2 };
 
+#define CAPEX__TAG_SCALER_DESC CAPEX__TAG('S', 'C', 'L', 'D')
 CAPEX_API void capex_scaler_desc_init(capex_scaler_desc *d) {
     if (!d) return;
     memset(d, 0, sizeof *d);
+    d->init_tag = CAPEX__TAG_SCALER_DESC;
     d->dynamic = 1;
     d->init_scale = 65536.0f;        /* 2^16: PyTorch init_scale, Apex LossScaler */
     d->growth_factor = 2.0;
@@ -2502,6 +2543,9 @@ CAPEX_API capex_result capex_scaler_desc_from_amp(const capex_amp_config *cfg, c
 CAPEX_API capex_result capex_scaler_desc_check(const capex_scaler_desc *d) {
     capex_result r;
     if (!d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_desc is NULL: pass one set by capex_scaler_desc_init");
+    if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_SCALER_DESC, "capex_scaler_init", "capex_scaler_desc",
+                               "capex_scaler_desc_init")) != CAPEX_OK)
+        return r;
     r = capex__scaler_check_params("capex_scaler_desc", d->dynamic, d->init_scale, d->growth_factor, d->backoff_factor,
                                    d->growth_interval, d->min_scale, d->max_scale, d->hysteresis);
     if (r != CAPEX_OK) return r;
@@ -4603,8 +4647,11 @@ CAPEX_API void capex_chunk_launch_block(const capex_chunk_plan *plan, const cape
 
 /* ---- execution: chunks in parallel, partials combined in chunk order ---- */
 
+#define CAPEX__TAG_TENSOR_OP_DESC CAPEX__TAG('T', 'O', 'P', 'D')
 CAPEX_API void capex_tensor_op_desc_init(capex_tensor_op_desc *desc) {
     if (!desc) return;
+    memset(desc, 0, sizeof *desc);
+    desc->init_tag = CAPEX__TAG_TENSOR_OP_DESC;
     desc->num_threads = 0;
     desc->chunk_size = CAPEX_CHUNK_SIZE_DEFAULT;
     desc->parallel_min_elements = 262144;
@@ -4635,6 +4682,9 @@ CAPEX__PRIVATE void capex__run_block(const capex__launch_job *j, int b) {
 }
 
 CAPEX__PRIVATE capex_result capex__check_desc(const char *fn, const capex_tensor_op_desc *d) {
+    capex_result r = capex__desc_check(d->init_tag, CAPEX__TAG_TENSOR_OP_DESC, fn, "capex_tensor_op_desc",
+                                       "capex_tensor_op_desc_init");
+    if (r != CAPEX_OK) return r;
     if (d->num_threads < 0 || d->chunk_size < 0 || d->parallel_min_elements < 0)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: desc has negative num_threads/chunk_size/parallel_min_elements; "
                            "start from capex_tensor_op_desc_init()", fn);
@@ -5468,7 +5518,7 @@ static const capex__optim_kfn capex__k_lamb2_tab[3][4] = {
 
 static int capex__opt_finite(float x) { return (x - x) == 0.0f; }
 
-#define CAPEX__OPTIM_DESC_TAG 0x4d54504fu /* "OPTM" */
+#define CAPEX__OPTIM_DESC_TAG CAPEX__TAG('O', 'P', 'T', 'M')
 CAPEX_API void capex_optim_desc_init(capex_optim_desc *d, capex_optim_kind kind) {
     if (!d) return;
     memset(d, 0, sizeof *d);
@@ -5486,9 +5536,11 @@ CAPEX_API void capex_optim_desc_init(capex_optim_desc *d, capex_optim_kind kind)
     capex_tensor_op_desc_init(&d->exec);
 }
 
+#define CAPEX__TAG_OPTIM_PARAM CAPEX__TAG('O', 'P', 'R', 'M')
 CAPEX_API void capex_optim_param_init(capex_optim_param *p) {
     if (!p) return;
     memset(p, 0, sizeof *p);
+    p->init_tag = CAPEX__TAG_OPTIM_PARAM;
     p->grad_dtype = CAPEX_F32;
     p->model_dtype = CAPEX_BF16;
 }
@@ -5531,9 +5583,7 @@ static capex_result capex__optim_check_desc(const capex_optim_desc *d) {
     if (!capex__opt_finite(d->max_grad_norm) || d->max_grad_norm < 0.0f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "LAMB: max_grad_norm is %g; it must be finite and >= 0 (0: no clip)",
                            (double)d->max_grad_norm);
-    if (d->exec.num_threads < 0 || d->exec.chunk_size < 0 || d->exec.parallel_min_elements < 0)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: desc.exec has a negative num_threads, chunk_size or "
-                           "parallel_min_elements; start from capex_optim_desc_init()");
+    if (capex__check_desc("capex_optim_create (desc.exec)", &d->exec) != CAPEX_OK) return CAPEX_ERR_INVALID_ARG;
     if (d->allocator && (!d->allocator->alloc || !d->allocator->free))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: allocator needs both alloc and free");
     return capex__optim_check_hp(d, &d->defaults);
@@ -5542,6 +5592,9 @@ static capex_result capex__optim_check_desc(const capex_optim_desc *d) {
 static int capex__opt_misaligned(const void *p, size_t a) { return ((uintptr_t)p % a) != 0; }
 
 static capex_result capex__optim_check_param(const capex_optim_desc *d, const capex_optim_param *p, size_t k) {
+    if (p->init_tag != CAPEX__TAG_OPTIM_PARAM)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer add_group: params[%zu] was not made by capex_optim_param_init "
+                           "(zeroed or uninitialised); call capex_optim_param_init on it first, then set its fields", k);
     if (p->numel < 0)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: params[%zu].numel is %lld; it must be >= 0", k,
                            (long long)p->numel);
@@ -6403,9 +6456,11 @@ static const char *capex__getenv_default(const char *name, void *user) {
     return getenv(name);
 }
 
+#define CAPEX__TAG_DIST_ENV_DESC CAPEX__TAG('D', 'E', 'N', 'V')
 CAPEX_API void capex_dist_env_desc_init(capex_dist_env_desc *d) {
     if (!d) return;
     memset(d, 0, sizeof *d);
+    d->init_tag = CAPEX__TAG_DIST_ENV_DESC;
     d->getenv_fn = NULL;
     d->rank = d->world_size = d->local_rank = d->local_world_size = -1;
     d->master_addr = NULL;
@@ -6496,6 +6551,9 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
     const char *rank_var = "", *size_var = "", *s;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_dist_env_read: out is NULL");
     if (!desc) { capex_dist_env_desc_init(&dd); desc = &dd; }
+    if ((res = capex__desc_check(desc->init_tag, CAPEX__TAG_DIST_ENV_DESC, "capex_dist_env_read", "capex_dist_env_desc",
+                                 "capex_dist_env_desc_init")) != CAPEX_OK)
+        return res;
     e.fn = desc->getenv_fn ? desc->getenv_fn : capex__getenv_default;
     e.user = desc->getenv_user;
     memset(&r, 0, sizeof r);
@@ -7131,9 +7189,11 @@ CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c) {
 enum { CAPEX__RDV_OK = 0, CAPEX__RDV_BAD_NONCE = 1, CAPEX__RDV_BAD_WORLD = 2, CAPEX__RDV_BAD_RANK = 3,
        CAPEX__RDV_BAD_SIZE = 4, CAPEX__RDV_DUP_RANK = 5, CAPEX__RDV_BAD_PROTO = 6, CAPEX__RDV_BUSY = 7 };
 
+#define CAPEX__TAG_RENDEZVOUS_DESC CAPEX__TAG('R', 'D', 'V', 'D')
 CAPEX_API void capex_rendezvous_desc_init(capex_rendezvous_desc *d) {
     if (!d) return;
     memset(d, 0, sizeof *d);
+    d->init_tag = CAPEX__TAG_RENDEZVOUS_DESC;
     d->addr = "127.0.0.1";
     d->port = 29500; /* torchrun's default MASTER_PORT */
     d->rank = 0;
@@ -7805,6 +7865,9 @@ CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *
 CAPEX_API capex_result capex_rendezvous_broadcast(const capex_rendezvous_desc *d, void *blob, size_t size) {
     double deadline;
     if (!d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_rendezvous_broadcast: desc is NULL");
+    if (d->init_tag != CAPEX__TAG_RENDEZVOUS_DESC)
+        return capex__desc_check(d->init_tag, CAPEX__TAG_RENDEZVOUS_DESC, "capex_rendezvous_broadcast",
+                                 "capex_rendezvous_desc", "capex_rendezvous_desc_init");
     if (d->world_size < 1 || d->rank < 0 || d->rank >= d->world_size)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_rendezvous_broadcast: rank %d / world size %d invalid", d->rank,
                            d->world_size);
@@ -7920,9 +7983,11 @@ struct capex_ddp {
     capex_ddp_stats st;
 };
 
+#define CAPEX__TAG_DDP_DESC CAPEX__TAG('D', 'D', 'P', 'D')
 CAPEX_API void capex_ddp_desc_init(capex_ddp_desc *d) {
     if (!d) return;
     memset(d, 0, sizeof *d);
+    d->init_tag = CAPEX__TAG_DDP_DESC;
     d->first_bucket_bytes = (size_t)1 << 20;
     d->bucket_bytes = (size_t)25 << 20;
     d->message_size = 0;
@@ -8055,6 +8120,9 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     if ((r = capex__comm_check(comm, "capex_ddp_create")) != CAPEX_OK) return r;
     if (np && !params) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: params is NULL");
     if (!desc) { capex_ddp_desc_init(&dd); desc = &dd; }
+    if ((r = capex__desc_check(desc->init_tag, CAPEX__TAG_DDP_DESC, "capex_ddp_create", "capex_ddp_desc",
+                               "capex_ddp_desc_init")) != CAPEX_OK)
+        return r;
     if (!desc->message_size && (!desc->first_bucket_bytes || !desc->bucket_bytes))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: bucket limits must be > 0 (defaults: 1 MiB, 25 MiB)");
     if (!(desc->gradient_predivide_factor > 0.0f) || desc->gradient_predivide_factor > 3.0e38f)
@@ -8463,9 +8531,11 @@ CAPEX_API uint64_t capex_permute_index(uint64_t i, uint64_t n, uint64_t key) {
     return x;
 }
 
+#define CAPEX__TAG_SAMPLER_DESC CAPEX__TAG('S', 'M', 'P', 'D')
 CAPEX_API void capex_sampler_desc_init(capex_sampler_desc *d) {
     if (!d) return;
     memset(d, 0, sizeof *d);
+    d->init_tag = CAPEX__TAG_SAMPLER_DESC;
     d->num_replicas = 1;
     d->rank = 0;
     d->shuffle = 1;
@@ -8476,6 +8546,9 @@ CAPEX_API void capex_sampler_desc_init(capex_sampler_desc *d) {
 CAPEX_API capex_result capex_sampler_init(capex_sampler *s, const capex_sampler_desc *d) {
     uint64_t n, rr;
     if (!s || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: NULL argument");
+    if (d->init_tag != CAPEX__TAG_SAMPLER_DESC)
+        return capex__desc_check(d->init_tag, CAPEX__TAG_SAMPLER_DESC, "capex_sampler_init", "capex_sampler_desc",
+                                 "capex_sampler_desc_init");
     if (d->num_replicas < 1)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: num_replicas %d must be >= 1", d->num_replicas);
     if (d->rank < 0 || d->rank >= d->num_replicas) /* torch: "Invalid rank ..., rank should be in the interval" */
@@ -8581,26 +8654,34 @@ extern "C" {
 #  endif
 #endif
 
+#define CAPEX__TAG_NORM_DESC CAPEX__TAG('N', 'R', 'M', 'D')
 CAPEX_API void capex_norm_desc_init(capex_norm_desc *d) {
     if (!d) return;
     memset(d, 0, sizeof *d);
+    d->init_tag = CAPEX__TAG_NORM_DESC;
     d->eps = 1e-5f;
 }
+#define CAPEX__TAG_NORM_ARGS CAPEX__TAG('N', 'R', 'M', 'A')
 CAPEX_API void capex_norm_args_init(capex_norm_args *a) {
     if (!a) return;
     memset(a, 0, sizeof *a);
+    a->init_tag = CAPEX__TAG_NORM_ARGS;
     a->x_dtype = a->y_dtype = a->param_dtype = CAPEX_F32;
 }
+#define CAPEX__TAG_BATCH_NORM_DESC CAPEX__TAG('B', 'N', 'R', 'D')
 CAPEX_API void capex_batch_norm_desc_init(capex_batch_norm_desc *d) {
     if (!d) return;
     memset(d, 0, sizeof *d);
+    d->init_tag = CAPEX__TAG_BATCH_NORM_DESC;
     d->eps = 1e-5f;
     d->momentum = 0.1f;
     d->training = 1;
 }
+#define CAPEX__TAG_BATCH_NORM_ARGS CAPEX__TAG('B', 'N', 'R', 'A')
 CAPEX_API void capex_batch_norm_args_init(capex_batch_norm_args *a) {
     if (!a) return;
     memset(a, 0, sizeof *a);
+    a->init_tag = CAPEX__TAG_BATCH_NORM_ARGS;
     a->x_dtype = a->y_dtype = a->param_dtype = CAPEX_F32;
     a->layout = CAPEX_BN_NCS;
 }
@@ -8744,6 +8825,11 @@ static capex_result capex__nm_check(const char *fn, const capex_norm_desc *d, co
     capex_result r;
     int need = a && a->rows > 0;
     if (!a) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: args is NULL", fn);
+    if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_NORM_DESC, fn, "capex_norm_desc", "capex_norm_desc_init")) !=
+            CAPEX_OK ||
+        (r = capex__desc_check(a->init_tag, CAPEX__TAG_NORM_ARGS, fn, "capex_norm_args", "capex_norm_args_init")) !=
+            CAPEX_OK)
+        return r;
     if (!(d->eps >= 0.0f) || d->eps > 3.4e38f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: eps %g must be finite and >= 0", fn, (double)d->eps);
     if (a->cols < 1)
@@ -9122,6 +9208,11 @@ static capex_result capex__bn_check(const char *fn, const capex_batch_norm_desc 
     capex_result r;
     int need;
     if (!a) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: args is NULL", fn);
+    if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_BATCH_NORM_DESC, fn, "capex_batch_norm_desc",
+                               "capex_batch_norm_desc_init")) != CAPEX_OK ||
+        (r = capex__desc_check(a->init_tag, CAPEX__TAG_BATCH_NORM_ARGS, fn, "capex_batch_norm_args",
+                               "capex_batch_norm_args_init")) != CAPEX_OK)
+        return r;
     if (!(d->eps >= 0.0f) || d->eps > 3.4e38f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: eps %g must be finite and >= 0", fn, (double)d->eps);
     if (!(d->momentum >= 0.0f && d->momentum <= 1.0f))

@@ -197,6 +197,7 @@ typedef struct capex_cuda_compile_desc {
     int n_options;
     int device_cc;               /* the GPU's compute capability, 90 for sm_90 */
     capex_cuda_cache *cache;     /* NULL: no disk cache */
+    uint32_t init_tag; /* set by capex_cuda_compile_desc_init (capex.h "Descriptors") */
 } capex_cuda_compile_desc;
 
 CAPEX_API void capex_cuda_compile_desc_init(capex_cuda_compile_desc *desc);
@@ -237,6 +238,7 @@ typedef struct capex_cuda_context_desc {
                                     them in capex_cuda_context_create, one thread per CPU;
                                     2: all of them on background threads (returns at once;
                                     see capex_cuda_precompile_async) */
+    uint32_t init_tag; /* set by capex_cuda_context_desc_init (capex.h "Descriptors") */
 } capex_cuda_context_desc;
 
 CAPEX_API void capex_cuda_context_desc_init(capex_cuda_context_desc *desc);
@@ -529,6 +531,7 @@ typedef struct capex_nccl_desc {
     double timeout_s;              /* deadline of each collective (default 1800 s)      */
     int use_nccl_avg;              /* 1 (default): ncclAvg when NCCL >= 2.10            */
     int rendezvous_port;           /* TCP bootstrap port; 0: auto (see below)          */
+    uint32_t init_tag; /* set by capex_nccl_desc_init (capex.h "Descriptors") */
 } capex_nccl_desc;
 
 CAPEX_API void capex_nccl_desc_init(capex_nccl_desc *d);
@@ -590,6 +593,7 @@ typedef struct capex_cuda_norm_args {
     capex_cuda_ptr mean, rstd;     /* [rows] f32 (forward: 0 = not saved; backward: required) */
     capex_cuda_ptr dy, dx, dweight, dbias;
     capex_cuda_ptr workspace;      /* backward with dweight/dbias */
+    uint32_t init_tag; /* set by capex_cuda_norm_args_init (capex.h "Descriptors") */
 } capex_cuda_norm_args;
 CAPEX_API void capex_cuda_norm_args_init(capex_cuda_norm_args *a);
 CAPEX_API size_t capex_cuda_norm_workspace_bytes(int64_t rows, int64_t cols);
@@ -611,6 +615,7 @@ typedef struct capex_cuda_batch_norm_args {
     capex_cuda_ptr save_mean, save_invstd;  /* [C] f32, required */
     capex_cuda_ptr dy, dx, dweight, dbias;
     capex_cuda_ptr workspace;               /* capex_cuda_batch_norm_workspace_bytes(c, world), required */
+    uint32_t init_tag; /* set by capex_cuda_batch_norm_args_init (capex.h "Descriptors") */
 } capex_cuda_batch_norm_args;
 CAPEX_API void capex_cuda_batch_norm_args_init(capex_cuda_batch_norm_args *a);
 CAPEX_API size_t capex_cuda_batch_norm_workspace_bytes(int64_t channels, int world);
@@ -1786,9 +1791,11 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_write(const capex_cuda_cache *c, c
     return CAPEX_OK;
 }
 
+#define CAPEX__TAG_CUDA_COMPILE_DESC CAPEX__TAG('C', 'M', 'P', 'D')
 CAPEX_API void capex_cuda_compile_desc_init(capex_cuda_compile_desc *desc) {
     if (!desc) return;
     memset(desc, 0, sizeof *desc);
+    desc->init_tag = CAPEX__TAG_CUDA_COMPILE_DESC;
     desc->name = "capex_program";
 }
 
@@ -1804,6 +1811,9 @@ CAPEX__PRIVATE capex_result capex__cuda_compile(const capex_cuda_compile_desc *d
     memset(out, 0, sizeof *out);
     if (!d || !d->source || d->n_options < 0 || (d->n_options > 0 && !d->options))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: NULL desc or source, or options NULL with n_options > 0");
+    if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_CUDA_COMPILE_DESC, "capex_cuda_compile", "capex_cuda_compile_desc",
+                               "capex_cuda_compile_desc_init")) != CAPEX_OK)
+        return r;
     for (i = 0; i < d->n_options; i++)
         if (!d->options[i]) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: options[%d] is NULL", i);
     if (d->device_cc <= 0)
@@ -3220,9 +3230,11 @@ CAPEX__PRIVATE void capex__cuda_bg_stop(capex__cuda_bg *bg) {
     pthread_mutex_unlock(&bg->lock);
 }
 
+#define CAPEX__TAG_CUDA_CONTEXT_DESC CAPEX__TAG('C', 'T', 'X', 'D')
 CAPEX_API void capex_cuda_context_desc_init(capex_cuda_context_desc *desc) {
     if (!desc) return;
     memset(desc, 0, sizeof *desc);
+    desc->init_tag = CAPEX__TAG_CUDA_CONTEXT_DESC;
     desc->device = -1;
     desc->disk_cache = 1;
 }
@@ -3248,6 +3260,9 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
         capex_cuda_context_desc_init(&def);
         desc = &def;
     }
+    if ((r = capex__desc_check(desc->init_tag, CAPEX__TAG_CUDA_CONTEXT_DESC, "capex_cuda_context_create",
+                               "capex_cuda_context_desc", "capex_cuda_context_desc_init")) != CAPEX_OK)
+        return r;
     if ((r = capex_cuda_device_count(&count)) != CAPEX_OK) return r;
     if (count == 0) return capex__fail(CAPEX_ERR_NO_DEVICE, "the CUDA driver sees no GPU (check CUDA_VISIBLE_DEVICES and nvidia-smi)");
     ordinal = desc->device;
@@ -5199,9 +5214,11 @@ static void capex__nccl_destroy(capex_comm *c); /* identifies an NCCL comm */
 CAPEX__PRIVATE capex__nccl *capex__nccl_of(capex_comm *c) { return (capex__nccl *)c->impl; }
 #define CAPEX__NCCL_PTR(p) ((capex_cuda_ptr)(uintptr_t)(p))
 
+#define CAPEX__TAG_NCCL_DESC CAPEX__TAG('N', 'C', 'L', 'D')
 CAPEX_API void capex_nccl_desc_init(capex_nccl_desc *d) {
     if (!d) return;
     memset(d, 0, sizeof *d);
+    d->init_tag = CAPEX__TAG_NCCL_DESC;
     d->init_timeout_s = 300.0;
     d->timeout_s = 1800.0;
     d->use_nccl_avg = 1;
@@ -5604,6 +5621,9 @@ CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_u
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: comm is NULL");
     memset(c, 0, sizeof *c);
     if (!id || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: id or desc is NULL");
+    if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_NCCL_DESC, "capex_comm_init_nccl_id", "capex_nccl_desc",
+                               "capex_nccl_desc_init")) != CAPEX_OK)
+        return r;
     if (!d->ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: desc.ctx is NULL; create a "
                                                            "capex_cuda_context for this rank's GPU first");
     if (world_size < 1 || rank < 0 || rank >= world_size)
@@ -5659,6 +5679,9 @@ CAPEX_API capex_result capex_comm_init_nccl(capex_comm *c, const capex_dist_env 
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: comm is NULL");
     memset(c, 0, sizeof *c);
     if (!env || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: env or desc is NULL");
+    if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_NCCL_DESC, "capex_comm_init_nccl", "capex_nccl_desc",
+                               "capex_nccl_desc_init")) != CAPEX_OK)
+        return r;
     if (!d->ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: desc.ctx is NULL; create a "
                                                            "capex_cuda_context for this rank's GPU first");
     if (env->world_size < 1 || env->rank < 0 || env->rank >= env->world_size)
@@ -5715,14 +5738,18 @@ CAPEX__PRIVATE unsigned capex__cuda_norm_blocks(capex_cuda_context *ctx, uint64_
     return (unsigned)(blocks < cap ? blocks : cap);
 }
 
+#define CAPEX__TAG_CUDA_NORM_ARGS CAPEX__TAG('C', 'N', 'M', 'A')
 CAPEX_API void capex_cuda_norm_args_init(capex_cuda_norm_args *a) {
     if (!a) return;
     memset(a, 0, sizeof *a);
+    a->init_tag = CAPEX__TAG_CUDA_NORM_ARGS;
     a->x_dtype = a->y_dtype = a->param_dtype = CAPEX_F32;
 }
+#define CAPEX__TAG_CUDA_BATCH_NORM_ARGS CAPEX__TAG('C', 'B', 'N', 'A')
 CAPEX_API void capex_cuda_batch_norm_args_init(capex_cuda_batch_norm_args *a) {
     if (!a) return;
     memset(a, 0, sizeof *a);
+    a->init_tag = CAPEX__TAG_CUDA_BATCH_NORM_ARGS;
     a->x_dtype = a->y_dtype = a->param_dtype = CAPEX_F32;
     a->layout = CAPEX_BN_NCS;
 }
@@ -5742,7 +5769,11 @@ CAPEX_API size_t capex_cuda_norm_workspace_bytes(int64_t rows, int64_t cols) {
 CAPEX__PRIVATE capex_result capex__cuda_norm_check(const char *fn, const capex_norm_desc *d, const capex_cuda_norm_args *a,
                                                    int rms, int bwd) {
     capex_norm_args h;
+    capex_result r;
     if (!a) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: args is NULL", fn);
+    if ((r = capex__desc_check(a->init_tag, CAPEX__TAG_CUDA_NORM_ARGS, fn, "capex_cuda_norm_args",
+                               "capex_cuda_norm_args_init")) != CAPEX_OK)
+        return r;
     capex_norm_args_init(&h);
     h.rows = a->rows; h.cols = a->cols; h.x_dtype = a->x_dtype; h.y_dtype = a->y_dtype; h.param_dtype = a->param_dtype;
     h.x = (const void *)(uintptr_t)a->x; h.weight = (const void *)(uintptr_t)a->weight;
@@ -5845,6 +5876,9 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_check(const char *fn, capex_cuda_cont
     capex_result r;
     if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
     if (!a) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: args is NULL", fn);
+    if ((r = capex__desc_check(a->init_tag, CAPEX__TAG_CUDA_BATCH_NORM_ARGS, fn, "capex_cuda_batch_norm_args",
+                               "capex_cuda_batch_norm_args_init")) != CAPEX_OK)
+        return r;
     capex_batch_norm_args_init(&h);
     h.n = a->n; h.c = a->c; h.s = a->s; h.layout = a->layout;
     h.x_dtype = a->x_dtype; h.y_dtype = a->y_dtype; h.param_dtype = a->param_dtype;

@@ -127,16 +127,17 @@ CT_TEST(defaults_each_level_fp16_bf16) {
         CT_CHECK(c.keep_batchnorm_fp32 == want[i].bn && c.master_weights == want[i].master, "case %d", i);
         CT_CHECK(c.loss_scale_mode == want[i].mode && c.loss_scale == want[i].ls, "case %d", i);
         CT_CHECK(c.model_dtype == want[i].model && c.batchnorm_dtype == want[i].bnd && c.use_master_weights == want[i].mw, "case %d", i);
-        /* no overrides == all-None overrides == zeroed overrides */
-        CT_CHECK(capex_amp_overrides_init(&ov) == CAPEX_OK, "init");
+        /* no overrides == all-None overrides; zeroed overrides are refused (one rule for descriptors) */
+        capex_amp_overrides_init(&ov);
         CT_CHECK(capex_amp_resolve((capex_opt_level)want[i].level, want[i].half, &ov, &c2) == CAPEX_OK, "%s", capex_last_error());
         {
             model_props m = model_defaults(want[i].level, want[i].half);
             CT_CHECK(config_differs(&c, want[i].level, want[i].half, &m) == 0, "case %d: model disagrees", i);
             CT_CHECK(config_differs(&c2, want[i].level, want[i].half, &m) == 0, "case %d: all-None overrides differ", i);
             memset(&ov, 0, sizeof ov);
-            CT_CHECK(capex_amp_resolve((capex_opt_level)want[i].level, want[i].half, &ov, &c2) == CAPEX_OK, "zeroed");
-            CT_CHECK(config_differs(&c2, want[i].level, want[i].half, &m) == 0, "case %d: zeroed overrides differ", i);
+            CT_CHECK(capex_amp_resolve((capex_opt_level)want[i].level, want[i].half, &ov, &c2) == CAPEX_ERR_INVALID_ARG,
+                     "zeroed overrides accepted");
+            CT_CHECK(strstr(capex_last_error(), "capex_amp_overrides_init") != NULL, "%s", capex_last_error());
         }
     }
 }
@@ -283,7 +284,7 @@ CT_TEST(bad_arguments_rejected) {
     capex_amp_overrides ov;
     capex_amp_config c;
     size_t i;
-    CT_CHECK(capex_amp_overrides_init(NULL) == CAPEX_ERR_INVALID_ARG, "NULL ov");
+    capex_amp_overrides_init(NULL); /* ignored, no crash */
     CT_CHECK(capex_amp_resolve(CAPEX_O1, CAPEX_F16, NULL, NULL) == CAPEX_ERR_INVALID_ARG, "NULL out");
     poison(&c);
     CT_CHECK(capex_amp_resolve((capex_opt_level)4, CAPEX_F16, NULL, &c) == CAPEX_ERR_INVALID_ARG, "level 4");
