@@ -543,7 +543,9 @@ CAPEX_API capex_result capex_scaler_desc_from_amp(const capex_amp_config *cfg, c
 CAPEX_API capex_result capex_scaler_init(capex_scaler *sc, const capex_scaler_desc *desc);
 
 /* The scale to multiply the loss by. Repeatable (accumulation) until the
-   first unscale() of the iteration. */
+   first unscale() of the iteration. Can fail (CAPEX_ERR_ORDER), hence the
+   status; scale, unscale and step write their output even then (NaN, NaN,
+   do_step 0), so an unchecked error is never an uninitialised read or a step. */
 CAPEX_API capex_result capex_scaler_scale(capex_scaler *sc, float *scale);
 /* Records optimizer opt's inf/NaN check (found_inf != 0: some gradient, on
    some rank, was not finite) and gives inv_scale = f32(1 / f64(scale))
@@ -563,8 +565,11 @@ CAPEX_API capex_result capex_scaler_update_to(capex_scaler *sc, float new_scale)
    own code); scale, trackers and counters are kept. */
 CAPEX_API capex_result capex_scaler_discard_iteration(capex_scaler *sc);
 
-CAPEX_API capex_result capex_scaler_get_scale(const capex_scaler *sc, float *scale);
-CAPEX_API capex_result capex_scaler_get_inv_scale(const capex_scaler *sc, float *inv_scale);
+/* The current scale and f32(1 / f64(scale)), any time (they cannot fail on an
+   initialised scaler; NULL or an uninitialised one gives NaN and sets
+   capex_last_error). */
+CAPEX_API float capex_scaler_get_scale(const capex_scaler *sc);
+CAPEX_API float capex_scaler_get_inv_scale(const capex_scaler *sc);
 /* Between iterations only; same limits as update_to. */
 CAPEX_API capex_result capex_scaler_set_scale(capex_scaler *sc, float scale);
 
@@ -2561,9 +2566,13 @@ CAPEX__PRIVATE float capex__scaler_inv(float scale) {
     return scale == 0.0f ? (float)INFINITY : (float)(1.0 / (double)scale);
 }
 
+/* scale, unscale and step write their output on every path (NaN, NaN, 0 on
+   an error), so an unchecked error never leaves it uninitialised nor steps. */
 CAPEX_API capex_result capex_scaler_scale(capex_scaler *sc, float *scale) {
-    capex_result r = capex__scaler_ok(sc, "capex_scaler_scale");
+    capex_result r;
     int i;
+    if (scale) *scale = (float)NAN;
+    r = capex__scaler_ok(sc, "capex_scaler_scale");
     if (r != CAPEX_OK) return r;
     if (!scale) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_scale: scale output is NULL");
     for (i = 0; i < CAPEX_SCALER_MAX_OPTIMIZERS; i++)
@@ -2578,7 +2587,9 @@ CAPEX_API capex_result capex_scaler_scale(capex_scaler *sc, float *scale) {
 }
 
 CAPEX_API capex_result capex_scaler_unscale(capex_scaler *sc, int opt, int found_inf, float *inv_scale) {
-    capex_result r = capex__scaler_opt_ok(sc, opt, "capex_scaler_unscale");
+    capex_result r;
+    if (inv_scale) *inv_scale = (float)NAN;
+    r = capex__scaler_opt_ok(sc, opt, "capex_scaler_unscale");
     if (r != CAPEX_OK) return r;
     if (sc->stage[opt] == CAPEX__OPT_UNSCALED)
         return capex__fail(CAPEX_ERR_ORDER,
@@ -2596,7 +2607,9 @@ CAPEX_API capex_result capex_scaler_unscale(capex_scaler *sc, int opt, int found
 }
 
 CAPEX_API capex_result capex_scaler_step(capex_scaler *sc, int opt, int *do_step) {
-    capex_result r = capex__scaler_opt_ok(sc, opt, "capex_scaler_step");
+    capex_result r;
+    if (do_step) *do_step = 0;
+    r = capex__scaler_opt_ok(sc, opt, "capex_scaler_step");
     if (r != CAPEX_OK) return r;
     if (!do_step) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_step: do_step output is NULL");
     if (sc->stage[opt] == CAPEX__OPT_STEPPED)
@@ -2758,20 +2771,14 @@ CAPEX_API capex_result capex_scaler_discard_iteration(capex_scaler *sc) {
     return CAPEX_OK;
 }
 
-CAPEX_API capex_result capex_scaler_get_scale(const capex_scaler *sc, float *scale) {
-    capex_result r = capex__scaler_ok(sc, "capex_scaler_get_scale");
-    if (r != CAPEX_OK) return r;
-    if (!scale) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_get_scale: scale output is NULL");
-    *scale = sc->scale;
-    return CAPEX_OK;
+CAPEX_API float capex_scaler_get_scale(const capex_scaler *sc) {
+    if (capex__scaler_ok(sc, "capex_scaler_get_scale") != CAPEX_OK) return (float)NAN;
+    return sc->scale;
 }
 
-CAPEX_API capex_result capex_scaler_get_inv_scale(const capex_scaler *sc, float *inv_scale) {
-    capex_result r = capex__scaler_ok(sc, "capex_scaler_get_inv_scale");
-    if (r != CAPEX_OK) return r;
-    if (!inv_scale) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_get_inv_scale: inv_scale output is NULL");
-    *inv_scale = capex__scaler_inv(sc->scale);
-    return CAPEX_OK;
+CAPEX_API float capex_scaler_get_inv_scale(const capex_scaler *sc) {
+    if (capex__scaler_ok(sc, "capex_scaler_get_inv_scale") != CAPEX_OK) return (float)NAN;
+    return capex__scaler_inv(sc->scale);
 }
 
 CAPEX_API capex_result capex_scaler_set_scale(capex_scaler *sc, float scale) {
