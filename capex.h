@@ -241,7 +241,8 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
    Apex keyword argument left at None. loss_scale may be overridden anywhere.
    enabled=False behaves like Apex's disabled amp: the overrides are not
    checked against the rules and the result is Apex's inert Properties()
-   (no casts, fp32 weights, static loss scale 1.0).
+   (no casts, fp32 weights, static loss scale 1.0). Apex's hard_override
+   (rules as warnings) is not offered.
 
    Cast policy: O1's function patching becomes a query the engine makes per op
    class (capex_amp_cast_op): HALF, FP32, or PROMOTE (run in the widest input
@@ -594,7 +595,14 @@ CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scal
    "capex_format_version": "1", "capex_version": CAPEX_VERSION_STRING and
    "capex_crc32": 8 lowercase hex digits, the CRC-32 (zlib polynomial) of the
    whole file with those 8 digits read as '0' characters. Numbers are tensors
-   (binary, exact), strings are metadata.
+   (binary, exact), strings are metadata. Checking a file by hand:
+
+       import json, struct, zlib
+       b = open("ckpt.safetensors", "rb").read()
+       n = struct.unpack("<Q", b[:8])[0]
+       crc = json.loads(b[8:8 + n])["__metadata__"]["capex_crc32"]
+       i = b.index(b'"capex_crc32":"' + crc.encode() + b'"') + 15
+       print("ok" if "%08x" % zlib.crc32(b[:i] + b"00000000" + b[i + 8:]) == crc else "CORRUPT")
 
        capex_state_writer *w;
        capex_state_writer_create(NULL, &w);
@@ -943,6 +951,10 @@ CAPEX_API float capex_clip_coef(float total_norm, float max_norm);
      SGD:  g += wd*p (unless wd_after_momentum); with momentum: buf = first ? g :
            momentum*buf + (1-dampening)*g; g = nesterov ? g + momentum*buf : buf;
            g += wd*p (if wd_after_momentum); p -= lr*g
+           (momentum runs only while the group's momentum is nonzero, as Apex's
+           `if (momentum != 0)`: a group set to 0 later steps as plain SGD and
+           keeps its buffer, which momentum resumes from, as torch keeps
+           momentum_buffer; CPU and GPU alike)
    bc1 = 1 - b1^step, bc2 = 1 - b2^step (1 when bias_correction is off).
 
    Thread safety: one optimizer must not be used from two threads at once;
@@ -1099,7 +1111,10 @@ CAPEX_API capex_result capex_optim_load_file(capex_optim *opt, const char *path,
    Counts are elements, never bytes. Every collective has a deadline
    (comm->timeout_s); past it the call returns CAPEX_ERR_TIMEOUT, a failed peer
    gives CAPEX_ERR_COMM, and the communicator is marked failed (every later
-   call fails fast: tear the job down). Thread safety: a capex_comm and a
+   call fails fast: tear the job down). With Open MPI a killed rank normally
+   makes mpirun end the whole job; under mpirun --enable-recovery the
+   survivors stay alive and get CAPEX_ERR_TIMEOUT from finalize within the
+   deadline. Thread safety: a capex_comm and a
    capex_ddp are used by one thread at a time; capex_dist_env_read and the
    sampler functions are reentrant.
    ------------------------------------------------------------------------- */

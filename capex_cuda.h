@@ -518,7 +518,14 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const c
    and user_stream waits for them on the GPU (no host sync). dtypes: f32,
    f16, bf16 (NCCL >= 2.10), and CAPEX_F64 / CAPEX_I64. AVG is ncclAvg on
    NCCL >= 2.10, else a sum then a scale by 1/world. Thread safety: one thread
-   at a time per comm (like every capex_comm). */
+   at a time per comm (like every capex_comm). If rank 0 cannot make the id (no
+   NCCL there) it sends zeros and the others fail at once with CAPEX_ERR_COMM.
+
+   Launching, one process per GPU (LOCAL_RANK picks it):
+       torchrun --no-python --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0:29500 ./train
+       (the id then goes over TCP at MASTER_PORT + 1: torchrun's store holds MASTER_PORT)
+       mpirun -np 16 -npernode 8 -x MASTER_ADDR=node0 -x MASTER_PORT=29500 ./train
+       srun -N 2 --ntasks-per-node 8 --gpus-per-task 1 ./train  // export MASTER_ADDR/PORT */
 typedef struct capex_nccl_unique_id { unsigned char bytes[128]; } capex_nccl_unique_id; /* ncclUniqueId */
 
 typedef struct capex_nccl_desc {
