@@ -311,7 +311,8 @@ CAPEX_API capex_result capex_cuda_precompile(capex_cuda_context *ctx, int n_thre
    errors are reported by that first use. Also started by context
    desc.precompile = 2 (every part), capex_cuda_optim_add_group (what its step
    launches) and capex_cuda_scaler_create. capex_cuda_context_destroy waits for
-   running compiles. Unknown kernel names: CAPEX_ERR_NOT_FOUND, nothing started. */
+   running compiles; do not fork() while compiles run (wait for them first).
+   Unknown kernel names: CAPEX_ERR_NOT_FOUND, nothing started. */
 CAPEX_API capex_result capex_cuda_precompile_async(capex_cuda_context *ctx, const char *const *kernels, int n_kernels,
                                                    int n_threads);
 /* Waits until no background compile is queued or running; returns the first
@@ -363,7 +364,9 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
    Math: capex.h's CPU backend, the same source text (capex__optim_math_parts)
    compiled by NVRTC with --fmad=false: Adam/AdamW and SGD weights, moments and
    model copies are bit-identical to capex_optim_step given the same inputs,
-   and so is multi_tensor_scale. Norms sum squares in double in a fixed order
+   and so is multi_tensor_scale (the bias corrections come from the device's
+   double pow, within 2 double ulps of glibc's: the float they round to can
+   differ in about one step in 10^8). Norms sum squares in double in a fixed order
    (per-chunk partials to memory, then a fixed-order reduction): the same bits
    on every run, within a few ulps of the CPU's float results (whose order
    differs). LAMB inherits that (trust ratios within 1e-6 relative).
