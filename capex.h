@@ -249,7 +249,8 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
    Apex keyword argument left at None. loss_scale may be overridden anywhere.
    enabled=False behaves like Apex's disabled amp: the overrides are not
    checked against the rules and the result is Apex's inert Properties()
-   (no casts, fp32 weights, static loss scale 1.0).
+   (no casts, fp32 weights, static loss scale 1.0). Apex's hard_override
+   (rules as warnings) is not offered.
 
    Cast policy: O1's function patching becomes a query the engine makes per op
    class (capex_amp_cast_op): HALF, FP32, or PROMOTE (run in the widest input
@@ -553,7 +554,9 @@ CAPEX_API capex_result capex_scaler_desc_from_amp(const capex_amp_config *cfg, c
 CAPEX_API capex_result capex_scaler_init(capex_scaler *sc, const capex_scaler_desc *desc);
 
 /* The scale to multiply the loss by. Repeatable (accumulation) until the
-   first unscale() of the iteration. */
+   first unscale() of the iteration. Can fail (CAPEX_ERR_ORDER), hence the
+   status; scale, unscale and step write their output even then (NaN, NaN,
+   do_step 0), so an unchecked error is never an uninitialised read or a step. */
 CAPEX_API capex_result capex_scaler_scale(capex_scaler *sc, float *scale);
 /* Records optimizer opt's inf/NaN check (found_inf != 0: some gradient, on
    some rank, was not finite) and gives inv_scale = f32(1 / f64(scale))
@@ -573,8 +576,11 @@ CAPEX_API capex_result capex_scaler_update_to(capex_scaler *sc, float new_scale)
    own code); scale, trackers and counters are kept. */
 CAPEX_API capex_result capex_scaler_discard_iteration(capex_scaler *sc);
 
-CAPEX_API capex_result capex_scaler_get_scale(const capex_scaler *sc, float *scale);
-CAPEX_API capex_result capex_scaler_get_inv_scale(const capex_scaler *sc, float *inv_scale);
+/* The current scale and f32(1 / f64(scale)), any time (they cannot fail on an
+   initialised scaler; NULL or an uninitialised one gives NaN and sets
+   capex_last_error). */
+CAPEX_API float capex_scaler_get_scale(const capex_scaler *sc);
+CAPEX_API float capex_scaler_get_inv_scale(const capex_scaler *sc);
 /* Between iterations only; same limits as update_to. */
 CAPEX_API capex_result capex_scaler_set_scale(capex_scaler *sc, float scale);
 
@@ -599,7 +605,14 @@ CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scal
    "capex_format_version": "1", "capex_version": CAPEX_VERSION_STRING and
    "capex_crc32": 8 lowercase hex digits, the CRC-32 (zlib polynomial) of the
    whole file with those 8 digits read as '0' characters. Numbers are tensors
-   (binary, exact), strings are metadata.
+   (binary, exact), strings are metadata. Checking a file by hand:
+
+       import json, struct, zlib
+       b = open("ckpt.safetensors", "rb").read()
+       n = struct.unpack("<Q", b[:8])[0]
+       crc = json.loads(b[8:8 + n])["__metadata__"]["capex_crc32"]
+       i = b.index(b'"capex_crc32":"' + crc.encode() + b'"') + 15
+       print("ok" if "%08x" % zlib.crc32(b[:i] + b"00000000" + b[i + 8:]) == crc else "CORRUPT")
 
        capex_state_writer *w;
        capex_state_writer_create(NULL, &w);
@@ -949,7 +962,14 @@ CAPEX_API float capex_clip_coef(float total_norm, float max_norm);
      SGD:  g += wd*p (unless wd_after_momentum); with momentum: buf = first ? g :
            momentum*buf + (1-dampening)*g; g = nesterov ? g + momentum*buf : buf;
            g += wd*p (if wd_after_momentum); p -= lr*g
+           (momentum runs only while the group's momentum is nonzero, as Apex's
+           `if (momentum != 0)`: a group set to 0 later steps as plain SGD and
+           keeps its buffer, which momentum resumes from, as torch keeps
+           momentum_buffer; CPU and GPU alike)
    bc1 = 1 - b1^step, bc2 = 1 - b2^step (1 when bias_correction is off).
+   torch.optim.AdamW scales p by (1-lr*wd) first and divides by sqrt(bc2)
+   outside the sqrt: a few ulps apart (2e-7 relative after 5 steps); capex
+   follows Apex in both modes.
 
    Thread safety: one optimizer must not be used from two threads at once;
    distinct optimizers are independent. capex_optim_step uses OpenMP threads
@@ -969,7 +989,7 @@ typedef struct capex_optim_hparams {
     float lr;              /* all; Apex default 1e-3 (FusedSGD has no default: ours 1e-3) */
     float beta1, beta2;    /* Adam, LAMB: 0.9, 0.999 */
     float eps;             /* Adam 1e-8, LAMB 1e-6 */
-    float weight_decay;    /* Adam 0, LAMB 0.01, SGD 0 */
+    float weight_decay;    /* Adam 0, LAMB 0.01, SGD 0 (torch.optim.AdamW's is 0.01: set it) */
     int bias_correction;   /* Adam, LAMB: 1 */
     int grad_averaging;    /* LAMB: 1 (beta3 = 1-beta1), 0: beta3 = 1 */
     float momentum;        /* SGD: 0 */
@@ -1106,7 +1126,10 @@ CAPEX_API capex_result capex_optim_load_file(capex_optim *opt, const char *path,
    Counts are elements, never bytes. Every collective has a deadline
    (comm->timeout_s); past it the call returns CAPEX_ERR_TIMEOUT, a failed peer
    gives CAPEX_ERR_COMM, and the communicator is marked failed (every later
-   call fails fast: tear the job down). Thread safety: a capex_comm and a
+   call fails fast: tear the job down). With Open MPI a killed rank normally
+   makes mpirun end the whole job; under mpirun --enable-recovery the
+   survivors stay alive and get CAPEX_ERR_TIMEOUT from finalize within the
+   deadline. Thread safety: a capex_comm and a
    capex_ddp are used by one thread at a time; capex_dist_env_read and the
    sampler functions are reentrant.
    ------------------------------------------------------------------------- */
@@ -2605,9 +2628,13 @@ CAPEX__PRIVATE float capex__scaler_inv(float scale) {
     return scale == 0.0f ? (float)INFINITY : (float)(1.0 / (double)scale);
 }
 
+/* scale, unscale and step write their output on every path (NaN, NaN, 0 on
+   an error), so an unchecked error never leaves it uninitialised nor steps. */
 CAPEX_API capex_result capex_scaler_scale(capex_scaler *sc, float *scale) {
-    capex_result r = capex__scaler_ok(sc, "capex_scaler_scale");
+    capex_result r;
     int i;
+    if (scale) *scale = (float)NAN;
+    r = capex__scaler_ok(sc, "capex_scaler_scale");
     if (r != CAPEX_OK) return r;
     if (!scale) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_scale: scale output is NULL");
     for (i = 0; i < CAPEX_SCALER_MAX_OPTIMIZERS; i++)
@@ -2622,7 +2649,9 @@ CAPEX_API capex_result capex_scaler_scale(capex_scaler *sc, float *scale) {
 }
 
 CAPEX_API capex_result capex_scaler_unscale(capex_scaler *sc, int opt, int found_inf, float *inv_scale) {
-    capex_result r = capex__scaler_opt_ok(sc, opt, "capex_scaler_unscale");
+    capex_result r;
+    if (inv_scale) *inv_scale = (float)NAN;
+    r = capex__scaler_opt_ok(sc, opt, "capex_scaler_unscale");
     if (r != CAPEX_OK) return r;
     if (sc->stage[opt] == CAPEX__OPT_UNSCALED)
         return capex__fail(CAPEX_ERR_ORDER,
@@ -2640,7 +2669,9 @@ CAPEX_API capex_result capex_scaler_unscale(capex_scaler *sc, int opt, int found
 }
 
 CAPEX_API capex_result capex_scaler_step(capex_scaler *sc, int opt, int *do_step) {
-    capex_result r = capex__scaler_opt_ok(sc, opt, "capex_scaler_step");
+    capex_result r;
+    if (do_step) *do_step = 0;
+    r = capex__scaler_opt_ok(sc, opt, "capex_scaler_step");
     if (r != CAPEX_OK) return r;
     if (!do_step) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_step: do_step output is NULL");
     if (sc->stage[opt] == CAPEX__OPT_STEPPED)
@@ -2802,20 +2833,14 @@ CAPEX_API capex_result capex_scaler_discard_iteration(capex_scaler *sc) {
     return CAPEX_OK;
 }
 
-CAPEX_API capex_result capex_scaler_get_scale(const capex_scaler *sc, float *scale) {
-    capex_result r = capex__scaler_ok(sc, "capex_scaler_get_scale");
-    if (r != CAPEX_OK) return r;
-    if (!scale) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_get_scale: scale output is NULL");
-    *scale = sc->scale;
-    return CAPEX_OK;
+CAPEX_API float capex_scaler_get_scale(const capex_scaler *sc) {
+    if (capex__scaler_ok(sc, "capex_scaler_get_scale") != CAPEX_OK) return (float)NAN;
+    return sc->scale;
 }
 
-CAPEX_API capex_result capex_scaler_get_inv_scale(const capex_scaler *sc, float *inv_scale) {
-    capex_result r = capex__scaler_ok(sc, "capex_scaler_get_inv_scale");
-    if (r != CAPEX_OK) return r;
-    if (!inv_scale) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_get_inv_scale: inv_scale output is NULL");
-    *inv_scale = capex__scaler_inv(sc->scale);
-    return CAPEX_OK;
+CAPEX_API float capex_scaler_get_inv_scale(const capex_scaler *sc) {
+    if (capex__scaler_ok(sc, "capex_scaler_get_inv_scale") != CAPEX_OK) return (float)NAN;
+    return capex__scaler_inv(sc->scale);
 }
 
 CAPEX_API capex_result capex_scaler_set_scale(capex_scaler *sc, float scale) {

@@ -313,7 +313,8 @@ CAPEX_API capex_result capex_cuda_precompile(capex_cuda_context *ctx, int n_thre
    errors are reported by that first use. Also started by context
    desc.precompile = 2 (every part), capex_cuda_optim_add_group (what its step
    launches) and capex_cuda_scaler_create. capex_cuda_context_destroy waits for
-   running compiles. Unknown kernel names: CAPEX_ERR_NOT_FOUND, nothing started. */
+   running compiles; do not fork() while compiles run (wait for them first).
+   Unknown kernel names: CAPEX_ERR_NOT_FOUND, nothing started. */
 CAPEX_API capex_result capex_cuda_precompile_async(capex_cuda_context *ctx, const char *const *kernels, int n_kernels,
                                                    int n_threads);
 /* Waits until no background compile is queued or running; returns the first
@@ -365,7 +366,9 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
    Math: capex.h's CPU backend, the same source text (capex__optim_math_parts)
    compiled by NVRTC with --fmad=false: Adam/AdamW and SGD weights, moments and
    model copies are bit-identical to capex_optim_step given the same inputs,
-   and so is multi_tensor_scale. Norms sum squares in double in a fixed order
+   and so is multi_tensor_scale (the bias corrections come from the device's
+   double pow, within 2 double ulps of glibc's: the float they round to can
+   differ in about one step in 10^8). Norms sum squares in double in a fixed order
    (per-chunk partials to memory, then a fixed-order reduction): the same bits
    on every run, within a few ulps of the CPU's float results (whose order
    differs). LAMB inherits that (trust ratios within 1e-6 relative).
@@ -520,7 +523,14 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const c
    and user_stream waits for them on the GPU (no host sync). dtypes: f32,
    f16, bf16 (NCCL >= 2.10), and CAPEX_F64 / CAPEX_I64. AVG is ncclAvg on
    NCCL >= 2.10, else a sum then a scale by 1/world. Thread safety: one thread
-   at a time per comm (like every capex_comm). */
+   at a time per comm (like every capex_comm). If rank 0 cannot make the id (no
+   NCCL there) it sends zeros and the others fail at once with CAPEX_ERR_COMM.
+
+   Launching, one process per GPU (LOCAL_RANK picks it):
+       torchrun --no-python --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0:29500 ./train
+       (the id then goes over TCP at MASTER_PORT + 1: torchrun's store holds MASTER_PORT)
+       mpirun -np 16 -npernode 8 -x MASTER_ADDR=node0 -x MASTER_PORT=29500 ./train
+       srun -N 2 --ntasks-per-node 8 --gpus-per-task 1 ./train  // export MASTER_ADDR/PORT */
 typedef struct capex_nccl_unique_id { unsigned char bytes[128]; } capex_nccl_unique_id; /* ncclUniqueId */
 
 typedef struct capex_nccl_desc {

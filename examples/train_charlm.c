@@ -551,10 +551,9 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
         ema = step == 0 ? loss : 0.98 * ema + 0.02 * loss;
         if (c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) {
             double el = capex_dist_now() - t0;
-            float cur_scale = 0.0f;
+            float cur_scale = capex_scaler_get_scale(&sc);
             capex_scaler_state st;
             memset(&st, 0, sizeof st);
-            capex_scaler_get_scale(&sc, &cur_scale);
             capex_scaler_get_state(&sc, &st);
             printf("[%s] step %5d  loss %.4f  scale %-9g skipped %lld  lr %.2e  %.0f tok/s\n", c->label, step, loss, cur_scale,
                    (long long)st.skipped_steps, lr_at(c, step), el > 0 ? tokens / el : 0.0);

@@ -689,7 +689,7 @@ static void par_scaler(ct_state *ct, env *e) {
                      (double)b.scale, (long long)b.growth_tracker, b.hysteresis_tracker, (long long)b.steps,
                      (long long)b.skipped_steps, (double)a.scale, (long long)a.growth_tracker, a.hysteresis_tracker,
                      (long long)a.steps, (long long)a.skipped_steps);
-            CT_CHECK(capex_scaler_get_inv_scale(&cpu, &inv) == CAPEX_OK, "inv");
+            inv = capex_scaler_get_inv_scale(&cpu);
             CT_CHECK(par_down(e, &dinv, capex_cuda_scaler_inv_scale_ptr(dev), 4), "down");
             CT_CHECK(par_f2u(inv) == par_f2u(dinv), "inv_scale %.9g, CPU %.9g", (double)dinv, (double)inv);
             CT_CHECK(par_down(e, &f, capex_cuda_scaler_found_inf_ptr(dev), 4) && f == 0, "update clears found_inf");
@@ -777,7 +777,7 @@ static void par_amp_loop(ct_state *ct, env *e, int (*count_sync)(env *)) {
         {
             float ds = 0;
             CT_CHECK(capex_cuda_scaler_get_scale(sc, &ds, NULL) == CAPEX_OK, "get_scale");
-            CT_CHECK(capex_scaler_get_scale(&cpu_sc, &scale) == CAPEX_OK && ds == scale, "step %d: scale %g, CPU %g", s,
+            CT_CHECK((scale = capex_scaler_get_scale(&cpu_sc)) == ds, "step %d: scale %g, CPU %g", s,
                      (double)ds, (double)scale);
         }
         if (ct->failed) break;

@@ -14,7 +14,7 @@ ci-extra:: $(BUILD)/optim/optim_cuda_src
 	  echo "optim: optimizer math compiles as CUDA (nvcc, sm_75)"; fi
 
 # The CPU benchmark (bench/bench_cpu.c, tensor's) with -fno-math-errno, which
-# the Adam/LAMB loops need to vectorise (see README, Optimizers: Speed).
+# the Adam/LAMB loops need to vectorise (see the optimizer rows of bench/RESULTS.md).
 .PHONY: bench-optim
 bench-optim: $(BUILD)/bench/bench_cpu_nomatherrno
 $(BUILD)/bench/bench_cpu_nomatherrno: bench/bench_cpu.c capex.h

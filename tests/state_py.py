@@ -13,7 +13,7 @@ import json, os, struct, sys, zlib
 
 
 def capex_crc_ok(blob):
-    # The README's verification recipe: CRC-32 of the file with the 8 digits read as '0'.
+    # The verification recipe of capex.h's state-file manual: CRC-32 of the file with the 8 digits read as '0'.
     n = struct.unpack("<Q", blob[:8])[0]
     meta = json.loads(blob[8:8 + n])["__metadata__"]
     digits = meta["capex_crc32"].encode()

@@ -14,7 +14,7 @@
      ncclCommAbort runs, the comm fails fast afterwards and is destroyed
      without hanging.
    World sizes above 1 need one GPU per rank: run examples under torchrun or
-   mpirun on a multi-GPU node (README, NCCL section). */
+   mpirun on a multi-GPU node (capex_cuda.h, NCCL communicator). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
