@@ -29,6 +29,13 @@
        CAPEX_REALLOC(p,sz)    > given; define all three or none
        CAPEX_FREE(p)         /
        CAPEX_NO_STDIO        leave out the default stderr logger and file I/O
+       CAPEX_NO_SOCKETS      leave out the TCP rendezvous and TCP comm (data parallel
+                             then has the single-process and MPI backends)
+       CAPEX_MPI             build the MPI comm backend (compile with mpicc; adds
+                             capex_comm_init_mpi)
+       CAPEX_SCALER_MAX_OPTIMIZERS  optimizers per loss scaler (default 8); part of
+                             the struct layout: define it alike in every file
+   capex_cuda.h's CAPEX_CUDA_IMPLEMENTATION also provides this implementation.
 
    TOPICS (each section below starts with its own manual)
        Results and errors ...... every call returns capex_result; capex_last_error()
