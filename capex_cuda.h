@@ -4570,6 +4570,9 @@ CAPEX__PRIVATE capex_result capex__go_optim_create(const capex__go_exec *ex, con
     *out = NULL;
     if (!desc) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_create: desc is NULL; use capex_optim_desc_init");
     if ((r = capex__optim_check_desc(desc)) != CAPEX_OK) return r;
+    if (desc->kind == CAPEX_OPTIM_NOVOGRAD) /* no GPU kernels for it yet: refuse rather than run wrong math */
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_cuda_optim_create: NovoGrad runs on the CPU optimizer "
+                           "(capex_optim_create) only; the CUDA backend has no NovoGrad kernels yet");
     o = (capex_cuda_optim *)capex__alloc(NULL, sizeof *o);
     if (!o) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_optim_create: out of memory");
     memset(o, 0, sizeof *o);
