@@ -41,7 +41,7 @@
        State files ............. versioned, checksummed save/restore (safetensors).
        Tensor lists ............ (pointer, numel) lists, the multi-tensor chunk
                                  planner, fused scale/unscale, axpby, L2 norms, clip.
-       Optimizers .............. Adam/AdamW, LAMB, SGD (Apex math) with fp32 master
+       Optimizers .............. Adam/AdamW, LAMB, SGD, NovoGrad (Apex math) with fp32 master
                                  weights writing the fp16/bf16 model copy.
        Data parallel ........... launcher env, comm vtable (single, MPI, TCP),
                                  rendezvous, DDP buckets, sampler, deadlines.
@@ -905,7 +905,7 @@ CAPEX_API float capex_clip_coef(float total_norm, float max_norm);
 
 /* ==== optimizers: declarations ==== */
 /* ---------------------------------------------------------------------------
-   Optimizers (Apex FusedAdam / FusedLAMB / FusedSGD math, on the CPU)
+   Optimizers (Apex FusedAdam / FusedLAMB / FusedSGD / FusedNovoGrad math, on the CPU)
 
    An optimizer owns parameter groups; each group has its own hyperparameters
    and its own step count (as Apex and torch.optim). A parameter is an fp32
@@ -1007,7 +1007,7 @@ typedef struct capex_optim_param {
     void *model;             /* optional fp16/bf16 model copy written each step; NULL: none */
     capex_dtype model_dtype; /* CAPEX_F16 or CAPEX_BF16 when model != NULL */
     int64_t numel;           /* elements; 0 is allowed (nothing to do) */
-    float *exp_avg;          /* optional user buffer: Adam/LAMB m, SGD momentum */
+    float *exp_avg;          /* optional user buffer: Adam/LAMB/NovoGrad m, SGD momentum */
     float *exp_avg_sq;       /* optional user buffer: Adam/LAMB v (NovoGrad: unused, its v is per tensor) */
 } capex_optim_param;
 

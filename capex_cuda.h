@@ -366,7 +366,8 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
    and so is multi_tensor_scale. Norms sum squares in double in a fixed order
    (per-chunk partials to memory, then a fixed-order reduction): the same bits
    on every run, within a few ulps of the CPU's float results (whose order
-   differs). LAMB inherits that (trust ratios within 1e-6 relative).
+   differs). LAMB inherits that (trust ratios within 1e-6 relative), and so
+   does NovoGrad (its per-tensor norm average v within a few ulps).
 
    Work is cut by capex.h's chunk planner (capex_chunk_plan_*, chunk size
    desc.exec.chunk_size, default 65536) into launches whose metadata is passed
