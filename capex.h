@@ -1054,7 +1054,9 @@ CAPEX_API capex_result capex_optim_get_novograd_norm(const capex_optim *opt, siz
    max_grad_norm, the stochastic-rounding seed (the rounding is counter-based:
    seed + step counts are its whole RNG state), per group its hyperparameters,
    step count and tensor count, per parameter its numel and moment buffers
-   (f32, shape [numel]). With CAPEX_OPTIM_STATE_PARAMS also the fp32 params /
+   (f32, shape [numel]); NovoGrad adds its modes (novograd_reg_inside_moment,
+   _init_zero, _norm_type) and v, one f32 per parameter
+   (novograd_grad_norm_avg, shape [num_params]). With CAPEX_OPTIM_STATE_PARAMS also the fp32 params /
    master weights and the fp16/bf16 model copies, which a lossy half model
    checkpoint cannot restore exactly. Loading resumes bit-identically.
 
