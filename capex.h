@@ -1045,7 +1045,8 @@ CAPEX_API capex_result capex_optim_set_grad(capex_optim *opt, size_t group, size
 CAPEX_API capex_result capex_optim_get_state(const capex_optim *opt, size_t group, size_t index, float **exp_avg,
                                              float **exp_avg_sq);
 /* NovoGrad: the per-tensor average gradient norm v of one parameter (0 before
-   the first step). Other kinds: CAPEX_ERR_CONFIG. */
+   the first step). Other kinds: CAPEX_ERR_CONFIG. Reads only; not with a
+   concurrent step on the same optimizer. */
 CAPEX_API capex_result capex_optim_get_novograd_norm(const capex_optim *opt, size_t group, size_t index, float *v);
 
 /* ---- optimizer state save/restore (State files container) -----------------
