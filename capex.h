@@ -48,7 +48,7 @@
        State files ............. versioned, checksummed save/restore (safetensors).
        Tensor lists ............ (pointer, numel) lists, the multi-tensor chunk
                                  planner, fused scale/unscale, axpby, L2 norms, clip.
-       Optimizers .............. Adam/AdamW, LAMB, SGD (Apex math) with fp32 master
+       Optimizers .............. Adam/AdamW, LAMB, SGD, NovoGrad (Apex math) with fp32 master
                                  weights writing the fp16/bf16 model copy.
        Data parallel ........... launcher env, comm vtable (single, MPI, TCP),
                                  rendezvous, DDP buckets, sampler, deadlines.
@@ -936,7 +936,7 @@ CAPEX_API float capex_clip_coef(float total_norm, float max_norm);
 
 /* ==== optimizers: declarations ==== */
 /* ---------------------------------------------------------------------------
-   Optimizers (Apex FusedAdam / FusedLAMB / FusedSGD math, on the CPU)
+   Optimizers (Apex FusedAdam / FusedLAMB / FusedSGD / FusedNovoGrad math, on the CPU)
 
    An optimizer owns parameter groups; each group has its own hyperparameters
    and its own step count (as Apex and torch.optim). A parameter is an fp32
@@ -973,6 +973,11 @@ CAPEX_API float capex_clip_coef(float total_norm, float max_norm);
            `if (momentum != 0)`: a group set to 0 later steps as plain SGD and
            keeps its buffer, which momentum resumes from, as torch keeps
            momentum_buffer; CPU and GPU alike)
+     NovoGrad: n = |g| per tensor (L2); v (one float per tensor, a norm, not a square):
+           first step v = init_zero ? 0 : n; then always v = sqrt(b2*v*v + (1-b2)*n*n);
+           denom = v/bc2n + eps with bc2n = sqrt(1 - b2^step); b3 = grad_averaging ? 1-b1 : 1;
+           default: m = b1*m + b3*g;  p -= lr*((m/bc1)/denom + wd*p)
+           reg_inside_moment: g = g/denom + wd*p; m = b1*m + b3*g; p -= lr*(m/bc1)
    bc1 = 1 - b1^step, bc2 = 1 - b2^step (1 when bias_correction is off).
    torch.optim.AdamW scales p by (1-lr*wd) first and divides by sqrt(bc2)
    outside the sqrt: a few ulps apart (2e-7 relative after 5 steps); capex
@@ -987,7 +992,8 @@ CAPEX_API float capex_clip_coef(float total_norm, float max_norm);
 typedef enum capex_optim_kind {
     CAPEX_OPTIM_ADAM = 0, /* Adam / AdamW (Apex FusedAdam) */
     CAPEX_OPTIM_LAMB = 1, /* LAMB (Apex FusedLAMB)        */
-    CAPEX_OPTIM_SGD = 2   /* SGD (Apex FusedSGD)          */
+    CAPEX_OPTIM_SGD = 2,  /* SGD (Apex FusedSGD)          */
+    CAPEX_OPTIM_NOVOGRAD = 4 /* NovoGrad (Apex FusedNovoGrad) */
 } capex_optim_kind;
 
 /* Per-group hyperparameters (Apex: param_groups entries). Fields an
@@ -1019,6 +1025,12 @@ typedef struct capex_optim_desc {
                                      parameter) between the two passes; 1 recomputes it in the
                                      second pass (same bits; 1.25x slower on the 2-core Zen 1 VM
                                      of bench/RESULTS.md). The CUDA backend always recomputes. */
+    /* NovoGrad (Apex FusedNovoGrad constructor arguments) */
+    int reg_inside_moment;        /* 1: g/denom + wd*p goes into the moment (Apex moment_mode 0);
+                                     0 (default): m from raw g, decay on the update (mode 1) */
+    int init_zero;                /* 1: the per-tensor norm average starts at 0; 0 (default): at
+                                     the first step's norm (the first blend changes nothing) */
+    int norm_type;                /* 2 (default): L2 norm per tensor; Apex's 0 (inf norm) is refused */
     uint32_t init_tag;            /* set by capex_optim_desc_init: a desc made any other way
                                      (zeroed: lr 0, weights that never move) is refused */
 } capex_optim_desc;
@@ -1033,8 +1045,8 @@ typedef struct capex_optim_param {
     void *model;             /* optional fp16/bf16 model copy written each step; NULL: none */
     capex_dtype model_dtype; /* CAPEX_F16 or CAPEX_BF16 when model != NULL */
     int64_t numel;           /* elements; 0 is allowed (nothing to do) */
-    float *exp_avg;          /* optional user buffer: Adam/LAMB m, SGD momentum */
-    float *exp_avg_sq;       /* optional user buffer: Adam/LAMB v */
+    float *exp_avg;          /* optional user buffer: Adam/LAMB/NovoGrad m, SGD momentum */
+    float *exp_avg_sq;       /* optional user buffer: Adam/LAMB v (NovoGrad: unused, its v is per tensor) */
     uint32_t init_tag; /* set by capex_optim_param_init (see "Descriptors") */
 } capex_optim_param;
 
@@ -1071,6 +1083,10 @@ CAPEX_API capex_result capex_optim_set_grad(capex_optim *opt, size_t group, size
 /* The moment buffers of one parameter (NULL where the optimizer has none). */
 CAPEX_API capex_result capex_optim_get_state(const capex_optim *opt, size_t group, size_t index, float **exp_avg,
                                              float **exp_avg_sq);
+/* NovoGrad: the per-tensor average gradient norm v of one parameter (0 before
+   the first step). Other kinds: CAPEX_ERR_CONFIG. Reads only; not with a
+   concurrent step on the same optimizer. */
+CAPEX_API capex_result capex_optim_get_novograd_norm(const capex_optim *opt, size_t group, size_t index, float *v);
 
 /* ---- optimizer state save/restore (State files container) -----------------
 
@@ -1078,7 +1094,9 @@ CAPEX_API capex_result capex_optim_get_state(const capex_optim *opt, size_t grou
    max_grad_norm, the stochastic-rounding seed (the rounding is counter-based:
    seed + step counts are its whole RNG state), per group its hyperparameters,
    step count and tensor count, per parameter its numel and moment buffers
-   (f32, shape [numel]). With CAPEX_OPTIM_STATE_PARAMS also the fp32 params /
+   (f32, shape [numel]); NovoGrad adds its modes (novograd_reg_inside_moment,
+   _init_zero, _norm_type) and v, one f32 per parameter
+   (novograd_grad_norm_avg, shape [num_params]). With CAPEX_OPTIM_STATE_PARAMS also the fp32 params /
    master weights and the fp16/bf16 model copies, which a lossy half model
    checkpoint cannot restore exactly. Loading resumes bit-identically.
 
@@ -5259,6 +5277,32 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
         return p + (-lr * g);                                                                \
     }
 
+/* NovoGrad (FusedNovoGrad: multi_tensor_novograd.cu NovoGradFunctor, and the
+   per-tensor blend of multi_tensor_l2norm_kernel.cu cleanup_v2). v is a norm
+   per tensor, blended as Apex does in f32: v = sqrt(b2*v*v + (1-b2)*n2) with
+   n2 the tensor's sum of g^2. denom = v/bc2 + eps is one value per tensor
+   (bc2 = sqrt(1 - b2^step)); Apex computes it per element with the same ops.
+   _mom: moment_mode 1 (default); _reg: moment_mode 0 (reg_inside_moment). */
+#define CAPEX__OPTIM_MATH_NOVOGRAD(Q)                                                        \
+    Q float capex__novo_blend(float v, float n2, float beta2) {                             \
+        return sqrtf(beta2 * v * v + (1.0f - beta2) * n2);                                   \
+    }                                                                                        \
+    Q float capex__novo_denom(float v, float bc2, float eps) { return (v / bc2) + eps; }    \
+    Q float capex__novo_mom_elem(float p, float g, float *m, float beta1, float beta3, float bc1, \
+                                 float denom, float lr, float wd) {                          \
+        float mm = beta1 * *m + beta3 * g;                                                   \
+        *m = mm;                                                                             \
+        return p - (lr * (((mm / bc1) / denom) + (wd * p)));                                 \
+    }                                                                                        \
+    Q float capex__novo_reg_elem(float p, float g, float *m, float beta1, float beta3, float bc1, \
+                                 float denom, float lr, float wd) {                          \
+        float mm;                                                                            \
+        g = (g / denom) + (wd * p);                                                          \
+        mm = beta1 * *m + beta3 * g;                                                         \
+        *m = mm;                                                                             \
+        return p - (lr * (mm / bc1));                                                        \
+    }
+
 /* Vectorisation: GCC and clang keep an errno path around sqrtf unless built
    with -fno-math-errno (GCC ignores it as a pragma/attribute), which blocks
    vectorising the Adam/LAMB loops; add -fno-math-errno (results do not
@@ -5271,6 +5315,7 @@ CAPEX__OPTIM_MATH_RNG(static inline, capex__opt_f2u)
 CAPEX__OPTIM_MATH_ADAM(static inline)
 CAPEX__OPTIM_MATH_LAMB(static inline)
 CAPEX__OPTIM_MATH_SGD(static inline, capex__opt_f2u, capex__opt_u2f)
+CAPEX__OPTIM_MATH_NOVOGRAD(static inline)
 
 /* The same math as CUDA source (each part < 4095 chars, ISO C's minimum
    string length). The qualifiers stay placeholder tokens, defined by the
@@ -5282,6 +5327,7 @@ static const char *const capex__optim_math_parts[] = {
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_ADAM(CAPEX__QUAL)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_LAMB(CAPEX__QUAL)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_SGD(CAPEX__QUAL, CAPEX__F2U, CAPEX__U2F)),
+    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_NOVOGRAD(CAPEX__QUAL)),
 };
 
 /* For capex_cuda.h: writes the optimizer math as CUDA source into dst
@@ -5347,6 +5393,7 @@ struct capex_optim {
     double *part;   /* LAMB: 2 partial sums per item */
     float *ratio;   /* LAMB: trust ratio per tensor */
     float *lamb_u;  /* LAMB: the update u of every element between the passes (NULL: recomputed) */
+    float *novo_v;  /* NovoGrad: the average grad norm v per tensor (its state); ratio holds denom */
     int64_t total;  /* elements over all tensors */
     int broken;     /* a load failed half-way: refuse to step */
     void *host_block; /* capex_cuda_optim_to_host: the param/model copies it owns */
@@ -5527,8 +5574,44 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
         }                                                                      \
     }
 
+/* NovoGrad pass 1: sum of (g*gs)^2 of the item in double, lane i%8, lanes
+   combined as capex_multi_tensor_sumsq does: the grads the update sees. */
+#define CAPEX__OPT_K_NOVO1(GN)                                                 \
+    CAPEX__PRIVATE void capex__k_novo1_##GN(const capex__optim_job *j) {       \
+        CAPEX__OPT_PROLOGUE(GN);                                               \
+        double a8[8] = {0, 0, 0, 0, 0, 0, 0, 0};                               \
+        int64_t l;                                                             \
+        (void)p;                                                               \
+        for (i = 0; i + 8 <= n; i += 8)                                        \
+            for (l = 0; l < 8; l++) {                                          \
+                double x = (double)(CAPEX__OPT_LD_##GN(g[i + l]) * gs);        \
+                a8[l] += x * x;                                                \
+            }                                                                  \
+        for (l = 0; i + l < n; l++) {                                          \
+            double x = (double)(CAPEX__OPT_LD_##GN(g[i + l]) * gs);            \
+            a8[l] += x * x;                                                    \
+        }                                                                      \
+        j->acc[0] = ((a8[0] + a8[1]) + (a8[2] + a8[3])) + ((a8[4] + a8[5]) + (a8[6] + a8[7])); \
+    }
+/* NovoGrad pass 2: the element update; j->ratio carries the tensor's denom. */
+#define CAPEX__OPT_K_NOVO(GN, MN)                                              \
+    CAPEX__OPT_K_NOVO_MODE(GN, MN, mom) CAPEX__OPT_K_NOVO_MODE(GN, MN, reg)
+#define CAPEX__OPT_K_NOVO_MODE(GN, MN, MODE)                                   \
+    CAPEX__PRIVATE void capex__k_novo_##MODE##_##GN##_##MN(const capex__optim_job *j) { \
+        CAPEX__OPT_PROLOGUE(GN);                                               \
+        const float denom = j->ratio;                                          \
+        CAPEX__OPT_SIMD for (i = 0; i < n; i++) {                              \
+            float pi = capex__novo_##MODE##_elem(p[i], CAPEX__OPT_LD_##GN(g[i]) * gs, &m[i], c.beta1, \
+                                                 c.beta3, c.bc1, denom, c.lr, c.wd); \
+            p[i] = pi;                                                         \
+            CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
+        }                                                                      \
+    }
+
 CAPEX__OPT_FOR_GM(CAPEX__OPT_K_ADAM)
 CAPEX__OPT_FOR_GM(CAPEX__OPT_K_SGD)
+CAPEX__OPT_FOR_G(CAPEX__OPT_K_NOVO1)
+CAPEX__OPT_FOR_GM(CAPEX__OPT_K_NOVO)
 CAPEX__OPT_FOR_G(CAPEX__OPT_K_LAMB1)
 CAPEX__OPT_FOR_M(CAPEX__OPT_K_LAMB2)
 
@@ -5538,6 +5621,9 @@ static const capex__optim_kfn capex__k_adam_l2_tab[3][4] = CAPEX__OPT_TAB(capex_
 static const capex__optim_kfn capex__k_adam_w_tab[3][4] = CAPEX__OPT_TAB(capex__k_adam_w);
 static const capex__optim_kfn capex__k_sgd_tab[3][4] = CAPEX__OPT_TAB(capex__k_sgd);
 static const capex__optim_kfn capex__k_sgdm_tab[3][4] = CAPEX__OPT_TAB(capex__k_sgdm);
+static const capex__optim_kfn capex__k_novo1_tab[3] = {capex__k_novo1_f32, capex__k_novo1_f16, capex__k_novo1_bf16};
+static const capex__optim_kfn capex__k_novo_mom_tab[3][4] = CAPEX__OPT_TAB(capex__k_novo_mom);
+static const capex__optim_kfn capex__k_novo_reg_tab[3][4] = CAPEX__OPT_TAB(capex__k_novo_reg);
 static const capex__optim_kfn capex__k_lamb1_tab[2][3] = {
     {capex__k_lamb1_l2_f32, capex__k_lamb1_l2_f16, capex__k_lamb1_l2_bf16},
     {capex__k_lamb1_w_f32, capex__k_lamb1_w_f16, capex__k_lamb1_w_bf16}};
@@ -5565,6 +5651,7 @@ CAPEX_API void capex_optim_desc_init(capex_optim_desc *d, capex_optim_kind kind)
     d->defaults.grad_averaging = 1;
     d->adam_w_mode = 1;
     d->max_grad_norm = 1.0f;
+    d->norm_type = 2; /* NovoGrad: Apex's default L2 */
     capex_tensor_op_desc_init(&d->exec);
 }
 
@@ -5609,9 +5696,13 @@ static capex_result capex__optim_check_desc(const capex_optim_desc *d) {
     if (d->init_tag != CAPEX__OPTIM_DESC_TAG)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_desc was not made by capex_optim_desc_init (zeroed or "
                            "uninitialised: its lr would be 0); call capex_optim_desc_init(&desc, kind), then change fields");
-    if (d->kind != CAPEX_OPTIM_ADAM && d->kind != CAPEX_OPTIM_LAMB && d->kind != CAPEX_OPTIM_SGD)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: unknown kind %d; use CAPEX_OPTIM_ADAM, _LAMB or _SGD",
-                           (int)d->kind);
+    if (d->kind != CAPEX_OPTIM_ADAM && d->kind != CAPEX_OPTIM_LAMB && d->kind != CAPEX_OPTIM_SGD &&
+        d->kind != CAPEX_OPTIM_NOVOGRAD)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: unknown kind %d; use CAPEX_OPTIM_ADAM, _LAMB, _SGD or "
+                           "_NOVOGRAD", (int)d->kind);
+    if (d->kind == CAPEX_OPTIM_NOVOGRAD && d->norm_type != 2)
+        return capex__fail(CAPEX_ERR_CONFIG, "NovoGrad: norm_type %d is not supported; only 2 (per-tensor L2 norm, "
+                           "Apex's default) is; Apex's 0 (inf norm) is not implemented", d->norm_type);
     if (!capex__opt_finite(d->max_grad_norm) || d->max_grad_norm < 0.0f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "LAMB: max_grad_norm is %g; it must be finite and >= 0 (0: no clip)",
                            (double)d->max_grad_norm);
@@ -5798,6 +5889,7 @@ CAPEX_API void capex_optim_destroy(capex_optim *o) {
     capex__free(a, o->part);
     capex__free(a, o->ratio);
     capex__free(a, o->lamb_u);
+    capex__free(a, o->novo_v);
     capex__free(a, o->glist);
     capex__free(a, o->host_block);
     {
@@ -5841,13 +5933,19 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         float *ratio = (float *)capex__alloc(a, (o->ntensors + n) * sizeof *ratio);
         capex_tensor *glist = (capex_tensor *)capex__alloc(a, (o->ntensors + n) * sizeof *glist);
         float *lamb_u = NULL;
+        float *novo_v = NULL;
         int64_t total = o->total;
         int keep_u = o->desc.kind == CAPEX_OPTIM_LAMB && !o->desc.lamb_low_memory;
         for (k = 0; k < n; k++) total += params[k].numel;
         need_m = o->desc.kind != CAPEX_OPTIM_SGD || hp->momentum != 0.0f;
-        need_v = o->desc.kind != CAPEX_OPTIM_SGD;
+        need_v = o->desc.kind != CAPEX_OPTIM_SGD && o->desc.kind != CAPEX_OPTIM_NOVOGRAD;
         bufs = NULL;
-        if (!gc || !part || !ratio || !glist) {
+        if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD &&
+            (novo_v = (float *)capex__alloc(a, (o->ntensors + n ? o->ntensors + n : 1) * sizeof *novo_v)) != NULL) {
+            if (o->ntensors) memcpy(novo_v, o->novo_v, o->ntensors * sizeof *novo_v);
+            for (k = 0; k < n; k++) novo_v[o->ntensors + k] = 0.0f; /* a new group starts fresh */
+        }
+        if (!gc || !part || !ratio || !glist || (o->desc.kind == CAPEX_OPTIM_NOVOGRAD && !novo_v)) {
             r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
         } else if (keep_u && (uint64_t)total > (uint64_t)(SIZE_MAX / sizeof(float))) {
             r = capex__fail(CAPEX_ERR_LIMIT, "capex_optim_add_group: LAMB update buffer too large; set desc.lamb_low_memory = 1");
@@ -5869,7 +5967,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
             if (bufs)
                 for (k = 0; k < 2 * n; k++) capex__free(a, bufs[k]);
             capex__free(a, bufs); capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
-            capex__free(a, lamb_u);
+            capex__free(a, lamb_u); capex__free(a, novo_v);
             return r;
         }
         capex__free(a, o->gc); o->gc = gc;
@@ -5877,6 +5975,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         capex__free(a, o->ratio); o->ratio = ratio;
         capex__free(a, o->glist); o->glist = glist;
         capex__free(a, o->lamb_u); o->lamb_u = lamb_u;
+        if (novo_v) { capex__free(a, o->novo_v); o->novo_v = novo_v; }
     }
     /* commit */
     t0 = o->ntensors;
@@ -5916,7 +6015,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
 }
 
 /* Runs phase k over every chunk; chunks are independent. */
-enum { CAPEX__OPT_PH_MAIN = 0, CAPEX__OPT_PH_LAMB1 = 1, CAPEX__OPT_PH_LAMB2 = 2 };
+enum { CAPEX__OPT_PH_MAIN = 0, CAPEX__OPT_PH_LAMB1 = 1, CAPEX__OPT_PH_LAMB2 = 2, CAPEX__OPT_PH_NOVO1 = 3 };
 
 static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, float gs) {
     const capex__optim_item *item = &o->items[k];
@@ -5947,10 +6046,13 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
     switch (phase) {
     case CAPEX__OPT_PH_MAIN:
         if (o->desc.kind == CAPEX_OPTIM_ADAM) (w ? capex__k_adam_w_tab : capex__k_adam_l2_tab)[gi][mi](&j);
+        else if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD)
+            (o->desc.reg_inside_moment ? capex__k_novo_reg_tab : capex__k_novo_mom_tab)[gi][mi](&j);
         else if (j.m && j.c->momentum != 0.0f) capex__k_sgdm_tab[gi][mi](&j); /* Apex: if (momentum != 0) */
         else capex__k_sgd_tab[gi][mi](&j);
         break;
     case CAPEX__OPT_PH_LAMB1: capex__k_lamb1_tab[w][gi](&j); break;
+    case CAPEX__OPT_PH_NOVO1: capex__k_novo1_tab[gi](&j); break;
     default: capex__k_lamb2_tab[j.u ? 2 : w][mi](&j); break;
     }
 }
@@ -5971,6 +6073,26 @@ static void capex__optim_run(const capex_optim *o, int phase, float gs) {
 #else
     for (k = 0; k < n; k++) capex__optim_run_item(o, phase, (size_t)k, gs);
 #endif
+}
+
+/* NovoGrad between the passes: per tensor, n2 = the sum of its items'
+   partials (part[k*stride], in item order: deterministic), then Apex's
+   blend into v (first step: v starts at init_zero ? 0 : sqrt(n2), so the
+   blend leaves it at n) and the tensor's denom into o->ratio. */
+CAPEX__PRIVATE void capex__optim_novo_norms(capex_optim *o, const double *part, size_t stride) {
+    size_t k, i0 = 0;
+    for (k = 0; k < o->ntensors; k++) {
+        const capex__optim_tensor *t = &o->tensors[k];
+        const capex__optim_gc *c = &o->gc[t->group];
+        double ss = 0.0;
+        float n2, v = o->novo_v[k];
+        while (i0 < o->nitems && o->items[i0].tensor == k) ss += part[stride * i0++];
+        n2 = (float)ss;
+        if (o->groups[t->group].step == 0) v = o->desc.init_zero ? 0.0f : sqrtf(n2);
+        v = capex__novo_blend(v, n2, c->beta2);
+        o->novo_v[k] = v;
+        o->ratio[k] = capex__novo_denom(v, c->bc2, c->eps);
+    }
 }
 
 CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float clip_coef, int found_inf) {
@@ -6004,6 +6126,9 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
         /* Apex: bias_correction1 = 1 - std::pow(beta1, step), in double, stored as float */
         c->bc1 = hp->bias_correction ? (float)(1.0 - pow((double)hp->beta1, (double)s)) : 1.0f;
         c->bc2 = hp->bias_correction ? (float)(1.0 - pow((double)hp->beta2, (double)s)) : 1.0f;
+        /* NovoGrad: bias_correction2 = std::sqrt(1 - std::pow(beta2, step)) (a norm, not a square) */
+        if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD && hp->bias_correction)
+            c->bc2 = (float)sqrt(1.0 - pow((double)hp->beta2, (double)s));
         c->eps = hp->eps;
         c->wd = hp->weight_decay;
         c->momentum = hp->momentum;
@@ -6052,6 +6177,10 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
             }
         }
         capex__optim_run(o, CAPEX__OPT_PH_LAMB2, gs);
+    } else if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) {
+        capex__optim_run(o, CAPEX__OPT_PH_NOVO1, gs);
+        capex__optim_novo_norms(o, o->part, 2);
+        capex__optim_run(o, CAPEX__OPT_PH_MAIN, gs);
     } else {
         capex__optim_run(o, CAPEX__OPT_PH_MAIN, gs);
     }
@@ -6138,6 +6267,18 @@ CAPEX_API capex_result capex_optim_get_state(const capex_optim *o, size_t group,
     return CAPEX_OK;
 }
 
+CAPEX_API capex_result capex_optim_get_novograd_norm(const capex_optim *o, size_t group, size_t index, float *v) {
+    capex__optim_tensor *t = NULL;
+    capex_result r = capex__optim_tensor_at(o, group, index, "capex_optim_get_novograd_norm", &t);
+    if (r != CAPEX_OK) return r;
+    if (!v) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_novograd_norm: v is NULL");
+    if (o->desc.kind != CAPEX_OPTIM_NOVOGRAD)
+        return capex__fail(CAPEX_ERR_CONFIG, "capex_optim_get_novograd_norm: the optimizer is kind %d, not NovoGrad",
+                           (int)o->desc.kind);
+    *v = o->novo_v[(size_t)(t - o->tensors)];
+    return CAPEX_OK;
+}
+
 /* ---- optimizer state save/restore ---- */
 
 #define CAPEX__OPT_NAME_MAX 160
@@ -6191,6 +6332,19 @@ CAPEX_API capex_result capex_optim_save(const capex_optim *o, capex_state_writer
     CAPEX__OPT_TRY(capex_state_add_f32(w, nm, o->desc.max_grad_norm));
     CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "seed", 0, NULL));
     CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_U64, 0, NULL, &o->desc.seed));
+    if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) { /* its modes, and v: one f32 per parameter */
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "novograd_reg_inside_moment", 0, NULL));
+        CAPEX__OPT_TRY(capex_state_add_i64(w, nm, o->desc.reg_inside_moment != 0));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "novograd_init_zero", 0, NULL));
+        CAPEX__OPT_TRY(capex_state_add_i64(w, nm, o->desc.init_zero != 0));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "novograd_norm_type", 0, NULL));
+        CAPEX__OPT_TRY(capex_state_add_i64(w, nm, o->desc.norm_type));
+        if (o->ntensors) {
+            shape = (int64_t)o->ntensors;
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "novograd_grad_norm_avg", 0, NULL));
+            CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_F32, 1, &shape, o->novo_v));
+        }
+    }
     for (g = 0; g < o->ngroups; g++) {
         capex__optim_group *gr = &o->groups[g];
         int i;
@@ -6283,7 +6437,7 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
     kind = modes[0];
     if (kind != (int64_t)o->desc.kind)
         return capex__fail(CAPEX_ERR_CONFIG, "optimizer state: the file holds optimizer kind %lld, this optimizer is "
-                           "kind %d (0 Adam, 1 LAMB, 2 SGD)", (long long)kind, (int)o->desc.kind);
+                           "kind %d (0 Adam, 1 LAMB, 2 SGD, 4 NovoGrad)", (long long)kind, (int)o->desc.kind);
     if (modes[5] != (int64_t)o->ngroups || modes[6] != (int64_t)o->ntensors)
         return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "optimizer state: the file has %lld groups and %lld parameters, "
                            "this optimizer %zu and %zu; add the same groups before loading", (long long)modes[5],
@@ -6297,6 +6451,21 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
     nd = o->desc;
     nd.adam_w_mode = modes[1] != 0; nd.use_nvlamb = modes[2] != 0; nd.wd_after_momentum = modes[3] != 0;
     nd.stochastic_rounding = modes[4] != 0; nd.max_grad_norm = mgn; nd.seed = seed;
+    if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) {
+        int64_t nv[3];
+        const char *names[3] = {"novograd_reg_inside_moment", "novograd_init_zero", "novograd_norm_type"};
+        int i;
+        for (i = 0; i < 3; i++) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, names[i], 0, NULL));
+            CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &nv[i]));
+        }
+        nd.reg_inside_moment = nv[0] != 0; nd.init_zero = nv[1] != 0;
+        nd.norm_type = nv[2] >= -1000 && nv[2] <= 1000 ? (int)nv[2] : -1; /* check_desc refuses all but 2 */
+        if (o->ntensors) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "novograd_grad_norm_avg", 0, NULL));
+            CAPEX__OPT_TRY(capex__optim_expect(rd, nm, CAPEX_STATE_F32, (int64_t)o->ntensors));
+        }
+    }
     if ((r = capex__optim_check_desc(&nd)) != CAPEX_OK) return r;
     /* 2. groups */
     hps = (capex_optim_hparams *)capex__alloc(a, (o->ngroups + 1) * sizeof *hps);
@@ -6375,6 +6544,10 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
     }
     /* 4. commit: copy tensors in (only I/O can fail now), then the scalars */
     o->broken = 1;
+    if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD && o->ntensors) {
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "novograd_grad_norm_avg", 0, NULL));
+        CAPEX__OPT_TRY(capex_state_read_tensor(rd, nm, CAPEX_STATE_F32, (uint64_t)o->ntensors, o->novo_v));
+    }
     for (k = 0; k < o->ntensors; k++) {
         const capex_optim_param *p = &o->tensors[k].p;
         uint64_t n = (uint64_t)p->numel;

@@ -371,7 +371,8 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
    differ in about one step in 10^8). Norms sum squares in double in a fixed order
    (per-chunk partials to memory, then a fixed-order reduction): the same bits
    on every run, within a few ulps of the CPU's float results (whose order
-   differs). LAMB inherits that (trust ratios within 1e-6 relative).
+   differs). LAMB inherits that (trust ratios within 1e-6 relative), and so
+   does NovoGrad (its per-tensor norm average v within a few ulps).
 
    Work is cut by capex.h's chunk planner (capex_chunk_plan_*, chunk size
    desc.exec.chunk_size, default 65536) into launches whose metadata is passed
@@ -1961,7 +1962,8 @@ CAPEX__GO_MATH_FN(2)
 CAPEX__GO_MATH_FN(3)
 CAPEX__GO_MATH_FN(4)
 CAPEX__GO_MATH_FN(5)
-typedef char capex__go_math_parts_are_6[sizeof capex__optim_math_parts / sizeof capex__optim_math_parts[0] == 6 ? 1 : -1];
+CAPEX__GO_MATH_FN(6) /* NovoGrad: only its parts include it */
+typedef char capex__go_math_parts_are_7[sizeof capex__optim_math_parts / sizeof capex__optim_math_parts[0] == 7 ? 1 : -1];
 
 static const char capex__cuda_frag_go0[] =
     "/* ---- fused multi-tensor kernels (GPUOPT) ----\n"
@@ -2411,6 +2413,92 @@ static const char capex__cuda_frag_go8b[] =
     "    c->inv_scale = (float)(1.0 / (double)c->scale);\n"
     "    c->found_inf = 0u;\n"
     "}\n";
+static const char capex__cuda_frag_go10[] =
+    "/* NovoGrad pass 1: lists g, tensor index. Per-chunk sum of (g*gs)^2 in\n"
+    "   double -> ptr[1][b] (0 on a skipped step). ptr[0]: group. */\n"
+    "template <int G> CAPEX_DEVICE void capex_go_novo1(const capex_go_meta<2> &mt, const capex_go_args &a) {\n"
+    "    typedef typename capex_go_ty<G>::T GT;\n"
+    "    __shared__ double sh[512];\n"
+    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    capex_u64 off, n, i, k;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n);\n"
+    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
+    "    const float gs = g->gs;\n"
+    "    double acc = 0.0;\n"
+    "    if (!g->skip) {\n"
+    "        capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) ? n / 4 : 0;\n"
+    "        for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "            GT gg[4];\n"
+    "            capex_go_ld4(gp + 4 * k, gg);\n"
+    "            for (int j = 0; j < 4; j++) {\n"
+    "                double d = (double)(capex_go_tof(gg[j], G) * gs);\n"
+    "                acc += d * d;\n"
+    "            }\n"
+    "        }\n"
+    "        for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
+    "            double d = (double)(capex_go_tof(gp[i], G) * gs);\n"
+    "            acc += d * d;\n"
+    "        }\n"
+    "    }\n"
+    "    acc = capex_go_bsum(sh, acc);\n"
+    "    if (threadIdx.x == 0) ((double *)a.ptr[1])[blockIdx.x] = acc;\n"
+    "}\n";
+static const char capex__cuda_frag_go11[] =
+    "/* NovoGrad pass 2: lists g, p, m, model, tensor index. ptr[0]: group,\n"
+    "   ptr[1]: seed, ptr[2]: denom per tensor, flag[0]: reg_inside_moment,\n"
+    "   flag[1]: model kind. */\n"
+    "template <int G> CAPEX_DEVICE void capex_go_novo2(const capex_go_meta<5> &mt, const capex_go_args &a) {\n"
+    "    typedef typename capex_go_ty<G>::T GT;\n"
+    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    if (g->skip) return;\n"
+    "    capex_u64 off, n, i, k;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), reg = a.flag[0], mk = a.flag[1];\n"
+    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
+    "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off;\n"
+    "    capex_u16 *h = (capex_u16 *)mt.addr[3][s] + off;\n"
+    "    const float gs = g->gs, b1 = g->beta1, b3 = g->beta3, bc1 = g->bc1, lr = g->lr, wd = g->wd;\n"
+    "    const float den = ((const float *)a.ptr[2])[mt.addr[4][s]];\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[4][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[2][s], off, 4) && (!mk || capex_go_al(mt.addr[3][s], off, 2)) ? n / 4 : 0;\n"
+    "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "        GT gg[4]; float pp[4], mm[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
+    "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm);\n"
+    "        for (int j = 0; j < 4; j++) {\n"
+    "            float gi = capex_go_tof(gg[j], G) * gs;\n"
+    "            pp[j] = reg ? capex__novo_reg_elem(pp[j], gi, &mm[j], b1, b3, bc1, den, lr, wd)\n"
+    "                        : capex__novo_mom_elem(pp[j], gi, &mm[j], b1, b3, bc1, den, lr, wd);\n"
+    "            if (mk) hh[j] = capex_go_half(pp[j], mk, sr, off + 4 * k + j);\n"
+    "        }\n"
+    "        capex_go_st4(p + 4 * k, pp); capex_go_st4(m + 4 * k, mm);\n"
+    "        if (mk) capex_go_st4(h + 4 * k, hh);\n"
+    "    }\n"
+    "    for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
+    "        float gi = capex_go_tof(gp[i], G) * gs, mm = m[i];\n"
+    "        float pi = reg ? capex__novo_reg_elem(p[i], gi, &mm, b1, b3, bc1, den, lr, wd)\n"
+    "                       : capex__novo_mom_elem(p[i], gi, &mm, b1, b3, bc1, den, lr, wd);\n"
+    "        p[i] = pi; m[i] = mm;\n"
+    "        if (mk) h[i] = capex_go_half(pi, mk, sr, off + i);\n"
+    "    }\n"
+    "}\n";
+static const char capex__cuda_frag_go12[] =
+    "/* NovoGrad per tensor t, between the passes: n2 = ptr[1][t] (double), v =\n"
+    "   ptr[2][t] blended as Apex (first step: from init_zero ? 0 : |g|), denom\n"
+    "   -> ptr[3][t]; ptr[4]: group per tensor; flag[0]: tensors, flag[1]:\n"
+    "   init_zero. bias_correction2 = sqrt(1 - beta2^step) (a norm). */\n"
+    "CAPEX_GK void capex_go_novo_norm(capex_go_args a) {\n"
+    "    const capex_go_group *gr = (const capex_go_group *)a.ptr[0];\n"
+    "    CAPEX_NO_UNROLL for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < a.flag[0]; t += (long long)gridDim.x * blockDim.x) {\n"
+    "        const capex_go_group *g = gr + ((const int *)a.ptr[4])[t];\n"
+    "        if (g->skip) continue;\n"
+    "        float n2 = (float)((const double *)a.ptr[1])[t], v = ((float *)a.ptr[2])[t];\n"
+    "        float bc2 = g->bias_correction ? (float)sqrt(1.0 - pow((double)g->beta2, (double)g->step)) : 1.0f;\n"
+    "        if (g->step == 1) v = a.flag[1] ? 0.0f : sqrtf(n2);\n"
+    "        v = capex__novo_blend(v, n2, g->beta2);\n"
+    "        ((float *)a.ptr[2])[t] = v;\n"
+    "        ((float *)a.ptr[3])[t] = capex__novo_denom(v, bc2, g->eps);\n"
+    "    }\n"
+    "}\n";
 /* Template instances: one fragment per part (see capex__cuda_parts). */
 static const char capex__cuda_frag_go9_sumsq[] =
     "CAPEX_GK void capex_go_sumsq_f32(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<0>(m, a); }\n"
@@ -2446,6 +2534,15 @@ static const char capex__cuda_frag_go9_lamb1_f16[] =
     "CAPEX_GK void capex_go_lamb1_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<1>(m, a); }\n";
 static const char capex__cuda_frag_go9_lamb1_bf16[] =
     "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<2>(m, a); }\n";
+static const char capex__cuda_frag_go9_novo_f32[] =
+    "CAPEX_GK void capex_go_novo1_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_novo1<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_novo2_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_novo2<0>(m, a); }\n";
+static const char capex__cuda_frag_go9_novo_f16[] =
+    "CAPEX_GK void capex_go_novo1_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_novo1<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_novo2_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_novo2<1>(m, a); }\n";
+static const char capex__cuda_frag_go9_novo_bf16[] =
+    "CAPEX_GK void capex_go_novo1_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_novo1<2>(m, a); }\n"
+    "CAPEX_GK void capex_go_novo2_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_novo2<2>(m, a); }\n";
 
 CAPEX__PRIVATE const char *capex__cuda_frag_go0_fn(void) { return capex__cuda_frag_go0; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go1_fn(void) { return capex__cuda_frag_go1; }
@@ -2470,6 +2567,12 @@ CAPEX__PRIVATE const char *capex__cuda_frag_go9_sgd_bf16_fn(void) { return capex
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_lamb1_f32_fn(void) { return capex__cuda_frag_go9_lamb1_f32; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_lamb1_f16_fn(void) { return capex__cuda_frag_go9_lamb1_f16; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_lamb1_bf16_fn(void) { return capex__cuda_frag_go9_lamb1_bf16; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go10_fn(void) { return capex__cuda_frag_go10; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go11_fn(void) { return capex__cuda_frag_go11; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go12_fn(void) { return capex__cuda_frag_go12; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_novo_f32_fn(void) { return capex__cuda_frag_go9_novo_f32; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_novo_f16_fn(void) { return capex__cuda_frag_go9_novo_f16; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_novo_bf16_fn(void) { return capex__cuda_frag_go9_novo_bf16; }
 /* This section's fragments in program order (after the prelude), for tools
    that compile them elsewhere (tests/test_gpuopt_emu.c runs them on the CPU). */
 CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n) {
@@ -2478,7 +2581,10 @@ CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n
         capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn, capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn,
         capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
         capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
-        capex__cuda_frag_go9_sumsq_fn, capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn, capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn, capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn, capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn, capex__cuda_frag_go9_lamb1_bf16_fn};
+        capex__cuda_frag_go9_sumsq_fn, capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn, capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn, capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn, capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn, capex__cuda_frag_go9_lamb1_bf16_fn,
+        capex__cuda_frag_gomath6_fn, capex__cuda_frag_go10_fn, capex__cuda_frag_go11_fn, capex__cuda_frag_go12_fn,
+        capex__cuda_frag_go9_novo_f32_fn, capex__cuda_frag_go9_novo_f16_fn,
+        capex__cuda_frag_go9_novo_bf16_fn};
     *n = sizeof f / sizeof f[0];
     return f;
 }
@@ -2764,7 +2870,9 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn,
     capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn,
     capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn,
-    capex__cuda_frag_go9_lamb1_bf16_fn,
+    capex__cuda_frag_go9_lamb1_bf16_fn, capex__cuda_frag_gomath6_fn, capex__cuda_frag_go10_fn,
+    capex__cuda_frag_go11_fn, capex__cuda_frag_go12_fn, capex__cuda_frag_go9_novo_f32_fn,
+    capex__cuda_frag_go9_novo_f16_fn, capex__cuda_frag_go9_novo_bf16_fn,
     /* norm fragments */
     capex__norm_math_cuda, /* capex.h's CAPEX__NORM_MATH, the CPU backend's text */
     capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn, capex__cuda_frag_norm_b1_fn, capex__cuda_frag_norm_c_fn,
@@ -2786,7 +2894,8 @@ enum {
     CAPEX__CP_BASIC, CAPEX__CP_AMP, CAPEX__CP_UNSCALE_F32, CAPEX__CP_UNSCALE_F16, CAPEX__CP_UNSCALE_BF16,
     CAPEX__CP_ADAM_F32, CAPEX__CP_ADAM_F16, CAPEX__CP_ADAM_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_SGD_F16,
     CAPEX__CP_SGD_BF16, CAPEX__CP_LAMB1_F32, CAPEX__CP_LAMB1_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB_RATIO,
-    CAPEX__CP_LAMB2, CAPEX__CP_NORM_FWD, CAPEX__CP_NORM_BWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_BWD, CAPEX__CUDA_N_PARTS
+    CAPEX__CP_LAMB2, CAPEX__CP_NORM_FWD, CAPEX__CP_NORM_BWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_BWD,
+    CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16, CAPEX__CP_NOVO_BF16, CAPEX__CP_NOVO_NORM, CAPEX__CUDA_N_PARTS
 };
 #define CAPEX__CP_GO                                                                                          \
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn,                    \
@@ -2813,6 +2922,13 @@ static const capex__cuda_fragment_fn capex__cuda_pf_lamb1_f16[] = {CAPEX__CP_GO,
 static const capex__cuda_fragment_fn capex__cuda_pf_lamb1_bf16[] = {CAPEX__CP_GO, capex__cuda_frag_go6_fn, capex__cuda_frag_go9_lamb1_bf16_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_lamb_ratio[] = {CAPEX__CP_GO, capex__cuda_frag_go7_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_lamb2[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go8_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_novo_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_gomath6_fn,
+    capex__cuda_frag_go10_fn, capex__cuda_frag_go11_fn, capex__cuda_frag_go9_novo_f32_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_novo_f16[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_gomath6_fn,
+    capex__cuda_frag_go10_fn, capex__cuda_frag_go11_fn, capex__cuda_frag_go9_novo_f16_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_novo_bf16[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_gomath6_fn,
+    capex__cuda_frag_go10_fn, capex__cuda_frag_go11_fn, capex__cuda_frag_go9_novo_bf16_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_novo_norm[] = {CAPEX__CP_GO, capex__cuda_frag_gomath6_fn, capex__cuda_frag_go12_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_norm_fwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_b1_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_norm_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_c_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_bn_fwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, NULL};
@@ -2833,6 +2949,8 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
     {"lamb_ratio", capex__cuda_pf_lamb_ratio}, {"lamb2", capex__cuda_pf_lamb2},
     {"norm_fwd", capex__cuda_pf_norm_fwd},     {"norm_bwd", capex__cuda_pf_norm_bwd},
     {"bn_fwd", capex__cuda_pf_bn_fwd},         {"bn_bwd", capex__cuda_pf_bn_bwd},
+    {"novo_f32", capex__cuda_pf_novo_f32},     {"novo_f16", capex__cuda_pf_novo_f16},
+    {"novo_bf16", capex__cuda_pf_novo_bf16},   {"novo_norm", capex__cuda_pf_novo_norm},
 };
 
 /* Kernel names of the built-in program (sections index this table), and the
@@ -2847,7 +2965,8 @@ static const char *const capex__cuda_builtin_kernels[] = {
     "capex_go_reduce", "capex_go_clip_coef", "capex_go_prepare", "capex_go_adam_f32", "capex_go_adam_f16",
     "capex_go_adam_bf16", "capex_go_sgd_f32", "capex_go_sgd_f16", "capex_go_sgd_bf16", "capex_go_lamb1_f32",
     "capex_go_lamb1_f16", "capex_go_lamb1_bf16", "capex_go_lamb_clip", "capex_go_lamb_ratio",
-    "capex_go_lamb2", "capex_go_scaler_update",
+    "capex_go_lamb2", "capex_go_scaler_update", "capex_go_novo1_f32", "capex_go_novo1_f16", "capex_go_novo1_bf16",
+    "capex_go_novo2_f32", "capex_go_novo2_f16", "capex_go_novo2_bf16", "capex_go_novo_norm",
     /* norm kernels */
     "capex_norm_fwd", "capex_norm_bwd_dx", "capex_norm_bwd_gamma_part", "capex_norm_bwd_gamma_final",
     "capex_bn_stats", "capex_bn_merge", "capex_bn_eval_stats", "capex_bn_fwd", "capex_bn_bwd_reduce", "capex_bn_bwd_dx",
@@ -2862,6 +2981,9 @@ static const unsigned char capex__cuda_builtin_kernel_part[] = {
     CAPEX__CP_ADAM_F32, CAPEX__CP_ADAM_F16, CAPEX__CP_ADAM_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_SGD_F16, CAPEX__CP_SGD_BF16,
     CAPEX__CP_LAMB1_F32, CAPEX__CP_LAMB1_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB_RATIO, CAPEX__CP_LAMB_RATIO, CAPEX__CP_LAMB2,
     CAPEX__CP_AMP,                                                  /* scaler_update */
+    CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16, CAPEX__CP_NOVO_BF16,    /* novo1 */
+    CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16, CAPEX__CP_NOVO_BF16,    /* novo2 */
+    CAPEX__CP_NOVO_NORM,
     CAPEX__CP_NORM_FWD, CAPEX__CP_NORM_BWD, CAPEX__CP_NORM_BWD, CAPEX__CP_NORM_BWD,
     CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_BWD, CAPEX__CP_BN_BWD,
 };
@@ -2942,7 +3064,8 @@ static const unsigned char capex__cuda_part_order[CAPEX__CUDA_N_PARTS] = {
     CAPEX__CP_NORM_FWD, CAPEX__CP_LAMB2, CAPEX__CP_BN_FWD, CAPEX__CP_ADAM_BF16, CAPEX__CP_ADAM_F16, CAPEX__CP_ADAM_F32,
     CAPEX__CP_NORM_BWD, CAPEX__CP_SGD_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_AMP, CAPEX__CP_UNSCALE_F16, CAPEX__CP_LAMB1_F16,
     CAPEX__CP_LAMB_RATIO, CAPEX__CP_BN_BWD, CAPEX__CP_SGD_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB1_F32,
-    CAPEX__CP_UNSCALE_BF16, CAPEX__CP_UNSCALE_F32, CAPEX__CP_BASIC};
+    CAPEX__CP_UNSCALE_BF16, CAPEX__CP_UNSCALE_F32, CAPEX__CP_BASIC, CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16,
+    CAPEX__CP_NOVO_BF16, CAPEX__CP_NOVO_NORM};
 
 typedef struct capex__cuda_pjob {
     int part;
@@ -4031,7 +4154,9 @@ enum {
     CAPEX__GO_K_REDUCE = 12, CAPEX__GO_K_CLIP = 13, CAPEX__GO_K_PREPARE = 14,
     CAPEX__GO_K_ADAM = 15, CAPEX__GO_K_SGD = 18, CAPEX__GO_K_LAMB1 = 21, /* + grad dtype */
     CAPEX__GO_K_LAMB_CLIP = 24, CAPEX__GO_K_LAMB_RATIO = 25, CAPEX__GO_K_LAMB2 = 26, CAPEX__GO_K_SCALER = 27,
-    CAPEX__GO_NK = 28
+    CAPEX__GO_K_NOVO1 = 28, CAPEX__GO_K_NOVO2 = 31, /* + grad dtype */
+    CAPEX__GO_K_NOVO_NORM = 34,
+    CAPEX__GO_NK = 35
 };
 #define CAPEX__GO_KBASE 7
 #define CAPEX__GO_THREADS 512 /* per block: a power of two <= 512 (the kernels' shared arrays) */
@@ -4569,6 +4694,7 @@ struct capex_cuda_optim {
     capex__go_ten *ten;
     int64_t *seg;            /* LAMB: 2 * nt (chunk start, chunk count) */
     capex_cuda_ptr dlamb;    /* LAMB: part[2 * chunks] sp[nt] su[nt] g2 | ratio[nt] tgroup[nt] */
+    capex_cuda_ptr dnovo;    /* NovoGrad: part[chunks] n2[nt] (double) | v[nt] denom[nt] (f32) tgroup[nt] */
 };
 
 CAPEX__PRIVATE void capex__go_hp_to_group(const capex_optim_hparams *hp, capex__go_group *g) {
@@ -4624,6 +4750,7 @@ CAPEX_API void capex_cuda_optim_destroy(capex_cuda_optim *o) {
     }
     if (o->dgroups) o->ex.release(o->ex.user, o->dgroups);
     if (o->dlamb) o->ex.release(o->ex.user, o->dlamb);
+    if (o->dnovo) o->ex.release(o->ex.user, o->dnovo);
     capex__free(NULL, o->hp);
     capex__free(NULL, o->t);
     capex__free(NULL, o->shape);
@@ -4637,6 +4764,11 @@ CAPEX_API size_t capex_cuda_optim_num_groups(const capex_cuda_optim *o) { return
 CAPEX__PRIVATE size_t capex__go_lamb_bytes(int64_t chunks, size_t nt) {
     return 8u * (2u * (size_t)chunks + 2u * nt + 1u) + 8u * nt;
 }
+/* NovoGrad's buffer: offsets of n2 (k 0), v, denom, tgroup, and (k 4) its size */
+CAPEX__PRIVATE size_t capex__go_novo_at(int64_t chunks, size_t nt, int k) {
+    size_t at = 8u * (size_t)chunks + 8u * nt;
+    return k == 0 ? 8u * (size_t)chunks : at + 4u * nt * (size_t)(k - 1);
+}
 
 CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const capex_optim_hparams *hp,
                                                   const capex_optim_param *params, size_t n, size_t *group_index) {
@@ -4645,7 +4777,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     int need_m, need_v;
     int64_t chunks = 0;
     capex_result r = CAPEX_OK;
-    capex_cuda_ptr *bufs = NULL, dgroups = 0, dlamb = 0;
+    capex_cuda_ptr *bufs = NULL, dgroups = 0, dlamb = 0, dnovo = 0;
     capex__go_group *groups = NULL;
     capex_optim_hparams *nhp = NULL;
     capex__go_t *nt_t = NULL;
@@ -4666,7 +4798,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
         return capex__fail(CAPEX_ERR_LIMIT, "%s: too many groups or tensors", fn);
     if ((r = capex__optim_check_aliases(o->t, sizeof *o->t, o->nt, NULL, params, n, fn)) != CAPEX_OK) return r;
     need_m = o->desc.kind != CAPEX_OPTIM_SGD || hp->momentum != 0.0f;
-    need_v = o->desc.kind != CAPEX_OPTIM_SGD;
+    need_v = o->desc.kind != CAPEX_OPTIM_SGD && o->desc.kind != CAPEX_OPTIM_NOVOGRAD;
     nt = o->nt + n;
     /* everything new is built aside; the optimizer changes only at the end */
     bufs = (capex_cuda_ptr *)capex__alloc(NULL, 2 * (n ? n : 1) * sizeof *bufs);
@@ -4700,6 +4832,24 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     if (o->desc.kind == CAPEX_OPTIM_LAMB &&
         (r = o->ex.alloc(o->ex.user, capex__go_lamb_bytes(o->chunks + chunks, nt), &dlamb)) != CAPEX_OK)
         goto fail;
+    if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) { /* v of the old tensors carried over, 0 for the new; tensor -> group */
+        int64_t nc = o->chunks + chunks;
+        float *hv = (float *)capex__alloc(NULL, (nt ? nt : 1) * 4u);
+        int32_t *tg = (int32_t *)capex__alloc(NULL, (nt ? nt : 1) * 4u);
+        if (!hv || !tg) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+        if (r == CAPEX_OK) r = o->ex.alloc(o->ex.user, capex__go_novo_at(nc, nt, 4) + 8u, &dnovo);
+        if (r == CAPEX_OK && o->nt)
+            r = o->ex.dtoh(o->ex.user, hv, o->dnovo + capex__go_novo_at(o->chunks, o->nt, 1), 4u * o->nt, NULL);
+        for (k = 0; r == CAPEX_OK && k < nt; k++) {
+            if (k >= o->nt) hv[k] = 0.0f;
+            tg[k] = (int32_t)(k < o->nt ? o->t[k].group : o->ngroups);
+        }
+        if (r == CAPEX_OK && nt) r = o->ex.htod(o->ex.user, dnovo + capex__go_novo_at(nc, nt, 1), hv, 4u * nt, NULL);
+        if (r == CAPEX_OK && nt) r = o->ex.htod(o->ex.user, dnovo + capex__go_novo_at(nc, nt, 3), tg, 4u * nt, NULL);
+        capex__free(NULL, hv);
+        capex__free(NULL, tg);
+        if (r != CAPEX_OK) goto fail;
+    }
     if (o->nt) memcpy(nt_t, o->t, o->nt * sizeof *nt_t);
     for (k = 0; k < n; k++) {
         capex__go_t *t = &nt_t[o->nt + k];
@@ -4730,6 +4880,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     /* commit */
     if (o->dgroups) o->ex.release(o->ex.user, o->dgroups);
     if (o->dlamb) o->ex.release(o->ex.user, o->dlamb);
+    if (o->dnovo) o->ex.release(o->ex.user, o->dnovo);
     capex__free(NULL, o->hp);
     capex__free(NULL, o->t);
     capex__free(NULL, o->shape);
@@ -4737,6 +4888,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     capex__free(NULL, o->seg);
     o->dgroups = dgroups;
     o->dlamb = dlamb;
+    o->dnovo = dnovo;
     o->hp = nhp;
     o->t = nt_t;
     o->shape = shape;
@@ -4755,12 +4907,14 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
             ks[nk++] = CAPEX__GO_K_LAMB_RATIO;
             ks[nk++] = CAPEX__GO_K_LAMB2;
         }
+        if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) ks[nk++] = CAPEX__GO_K_NOVO_NORM;
         for (k = 0; k < n; k++) {
             int gd = (int)params[k].grad_dtype;
             if (gd < 0 || gd > 2 || seen[gd]) continue;
             seen[gd] = 1;
             ks[nk++] = (o->desc.kind == CAPEX_OPTIM_ADAM ? CAPEX__GO_K_ADAM : o->desc.kind == CAPEX_OPTIM_SGD
-                        ? CAPEX__GO_K_SGD : CAPEX__GO_K_LAMB1) + gd;
+                        ? CAPEX__GO_K_SGD : o->desc.kind == CAPEX_OPTIM_NOVOGRAD ? CAPEX__GO_K_NOVO2
+                        : CAPEX__GO_K_LAMB1) + gd; /* NovoGrad's pass 1 is in the same part */
         }
         o->ex.prefetch(o->ex.user, ks, nk);
     }
@@ -4771,6 +4925,7 @@ fail:
             if (bufs[k]) o->ex.release(o->ex.user, bufs[k]);
     if (dgroups) o->ex.release(o->ex.user, dgroups);
     if (dlamb) o->ex.release(o->ex.user, dlamb);
+    if (dnovo) o->ex.release(o->ex.user, dnovo);
     capex__free(NULL, bufs);
     capex__free(NULL, groups);
     capex__free(NULL, nhp);
@@ -4783,8 +4938,9 @@ fail:
 
 /* Gathers the tensors of one class (group, grad dtype or -1 for any, model
    kind or -1) into o->shape / o->ten with the given address layout; returns
-   the count. layout: 0 Adam (g p m v h idx), 1 SGD (g p buf h idx), 2 LAMB
-   stage 1 (g p m v idx), 3 LAMB stage 2 (p m v h idx), 4 grads only. */
+   the count. layout: 0 Adam (g p m v h idx), 1 SGD and NovoGrad pass 2 (g p
+   buf h idx), 2 LAMB stage 1 (g p m v idx), 3 LAMB stage 2 (p m v h idx), 4
+   grads only, 5 NovoGrad pass 1 (g idx). */
 CAPEX__PRIVATE size_t capex__go_class(capex_cuda_optim *o, size_t group, int gd, int mk, int layout) {
     size_t k, c = 0;
     for (k = 0; k < o->nt; k++) {
@@ -4802,6 +4958,7 @@ CAPEX__PRIVATE size_t capex__go_class(capex_cuda_optim *o, size_t group, int gd,
         case 1: a[0] = g; a[1] = p; a[2] = m; a[3] = h; a[4] = k; break;
         case 2: a[0] = g; a[1] = p; a[2] = m; a[3] = v; a[4] = k; break;
         case 3: a[0] = p; a[1] = m; a[2] = v; a[3] = h; a[4] = k; break;
+        case 5: a[0] = g; a[1] = k; break;
         default: a[0] = g; break;
         }
         o->shape[c].data = NULL;
@@ -4886,6 +5043,60 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
     return r;
 }
 
+/* NovoGrad: per-chunk sums of (g*gs)^2, per-tensor totals in a fixed order,
+   v and denom per tensor, then the element update (capex.h's order). */
+CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_stream s) {
+    capex__go_args a;
+    capex_result r = CAPEX_OK;
+    size_t g, k, c, nt = o->nt;
+    int gd, mk;
+    int64_t off = 0;
+    capex_cuda_ptr part = o->dnovo, n2 = part + capex__go_novo_at(o->chunks, nt, 0);
+    capex_cuda_ptr v = part + capex__go_novo_at(o->chunks, nt, 1), denom = part + capex__go_novo_at(o->chunks, nt, 2);
+    capex_cuda_ptr tgroup = part + capex__go_novo_at(o->chunks, nt, 3);
+    for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
+        for (gd = 0; gd < 3 && r == CAPEX_OK; gd++) {
+            int64_t ch = 0, at = off;
+            if (!(c = capex__go_class(o, g, gd, -1, 5))) continue;
+            memset(&a, 0, sizeof a);
+            a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
+            a.ptr[1] = part + 8u * (uint64_t)off;
+            r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO1 + gd, 2, o->shape, o->ten, c, o->chunk, &a, 1, 0, s, &ch);
+            for (k = 0; k < c; k++) { /* each tensor's chunks, consecutive in plan order */
+                size_t t = (size_t)o->ten[k].addr[1];
+                o->seg[t] = at;
+                o->seg[nt + t] = capex__go_nchunks(o->shape[k].numel, o->chunk);
+                at += o->seg[nt + t];
+            }
+            off += ch;
+        }
+    if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, o->seg, o->seg + nt, nt, n2, 0, s);
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = o->dgroups;
+    a.ptr[1] = n2;
+    a.ptr[2] = v;
+    a.ptr[3] = denom;
+    a.ptr[4] = tgroup;
+    a.flag[0] = (int32_t)nt;
+    a.flag[1] = o->desc.init_zero != 0;
+    if (r == CAPEX_OK && nt)
+        r = capex__go_small(&o->ex, CAPEX__GO_K_NOVO_NORM, (unsigned)((nt + 255) / 256 < 1024 ? (nt + 255) / 256 : 1024),
+                            256, &a, s);
+    for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
+        for (gd = 0; gd < 3 && r == CAPEX_OK; gd++)
+            for (mk = 0; mk < 4 && r == CAPEX_OK; mk++) {
+                if (!(c = capex__go_class(o, g, gd, mk, 1))) continue;
+                memset(&a, 0, sizeof a);
+                a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
+                a.ptr[1] = o->desc.seed;
+                a.ptr[2] = denom;
+                a.flag[0] = o->desc.reg_inside_moment != 0;
+                a.flag[1] = mk;
+                r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO2 + gd, 5, o->shape, o->ten, c, o->chunk, &a, -1, 0, s, NULL);
+            }
+    return r;
+}
+
 CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
                                              capex_cuda_ptr found_inf, capex_cuda_stream stream) {
     capex__go_args a;
@@ -4908,6 +5119,7 @@ CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr
     a.flag[2] = o->desc.kind == CAPEX_OPTIM_SGD;
     if ((r = capex__go_small(&o->ex, CAPEX__GO_K_PREPARE, 1, 1, &a, stream)) != CAPEX_OK) return r;
     if (o->desc.kind == CAPEX_OPTIM_LAMB) return capex__go_step_lamb(o, stream);
+    if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) return capex__go_step_novo(o, stream);
     for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
         for (gd = 0; gd < 3 && r == CAPEX_OK; gd++)
             for (mk = 0; mk < 4 && r == CAPEX_OK; mk++) {
@@ -5051,6 +5263,8 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
         if (r == CAPEX_OK && (flags & CAPEX_OPTIM_STATE_PARAMS) && d->model)
             r = o->ex.dtoh(o->ex.user, p->model, (capex_cuda_ptr)(uintptr_t)d->model, nb / 2u, stream);
     }
+    if (r == CAPEX_OK && o->desc.kind == CAPEX_OPTIM_NOVOGRAD && o->nt) /* the per-tensor norm average */
+        r = o->ex.dtoh(o->ex.user, h->novo_v, o->dnovo + capex__go_novo_at(o->chunks, o->nt, 1), 4u * o->nt, stream);
     if (r == CAPEX_OK && (!(flags & CAPEX_OPTIM_STATE_PARAMS)))
         memset(block, 0, capex__go_host_layout(o, o->nt, 0)); /* defined contents, never saved */
     if (r == CAPEX_OK) h->host_block_params = (flags & CAPEX_OPTIM_STATE_PARAMS) != 0;
@@ -5077,7 +5291,9 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
     if (h->desc.kind != o->desc.kind || (h->desc.adam_w_mode != 0) != (o->desc.adam_w_mode != 0) ||
         (h->desc.use_nvlamb != 0) != (o->desc.use_nvlamb != 0) ||
         (h->desc.wd_after_momentum != 0) != (o->desc.wd_after_momentum != 0) ||
-        (h->desc.stochastic_rounding != 0) != (o->desc.stochastic_rounding != 0))
+        (h->desc.stochastic_rounding != 0) != (o->desc.stochastic_rounding != 0) ||
+        (h->desc.reg_inside_moment != 0) != (o->desc.reg_inside_moment != 0) ||
+        (h->desc.init_zero != 0) != (o->desc.init_zero != 0) || h->desc.norm_type != o->desc.norm_type)
         return capex__fail(CAPEX_ERR_CONFIG, "%s: the host optimizer's kind or modes differ from the device optimizer's", fn);
     if (h->ngroups != o->ngroups || h->ntensors != o->nt)
         return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "%s: host optimizer has %zu groups / %zu params, device %zu / %zu", fn,
@@ -5125,6 +5341,8 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
         if (r == CAPEX_OK && (flags & CAPEX_OPTIM_STATE_PARAMS) && d->model)
             r = o->ex.htod(o->ex.user, (capex_cuda_ptr)(uintptr_t)d->model, p->model, nb / 2u, NULL);
     }
+    if (r == CAPEX_OK && o->desc.kind == CAPEX_OPTIM_NOVOGRAD && o->nt)
+        r = o->ex.htod(o->ex.user, o->dnovo + capex__go_novo_at(o->chunks, o->nt, 1), h->novo_v, 4u * o->nt, NULL);
     if (r == CAPEX_OK && o->ngroups) r = o->ex.htod(o->ex.user, o->dgroups, groups, o->ngroups * sizeof *groups, NULL);
     if (r == CAPEX_OK) r = capex__go_sync(&o->ex); /* landed before a step on any stream reads it */
     if (r == CAPEX_OK) {

@@ -2,9 +2,10 @@
 
    Each input is a state file; capex_fuzz_fixup (fuzz_load.h) repairs its
    header length and checksum, then it is loaded, with and without
-   CAPEX_OPTIM_STATE_PARAMS, into three live optimizers (Adam with f16/bf16
+   CAPEX_OPTIM_STATE_PARAMS, into four live optimizers (Adam with f16/bf16
    model copies and an empty tensor over two groups, LAMB, SGD with one group
-   with momentum and one without), each already stepped once. A refused load
+   with momentum and one without, NovoGrad with reg_inside_moment, an empty
+   tensor and two groups), each already stepped once. A refused load
    must leave the optimizer bit-identical (struct, groups, per-step constants,
    weights, model copies, moments, grads) and set a message. An accepted one
    must give valid hyperparameters and step counts in [0, CAPEX_STEP_MAX],
@@ -18,7 +19,7 @@
    Seeds: cc -DCAPEX_FUZZ_GEN -Itests tests/fuzz_optim_load.c -o gen -lm && ./gen tests/corpus/fuzz_optim_load */
 #include "fuzz_load.h"
 
-#define NRIG 3
+#define NRIG 4
 #define MAXT 4
 
 typedef struct frig {
@@ -36,15 +37,17 @@ static void frig_make(frig *r, int c) {
     capex_optim_hparams hp;
     size_t t, i;
     memset(r, 0, sizeof *r);
-    capex_optim_desc_init(&d, c == 0 ? CAPEX_OPTIM_ADAM : c == 1 ? CAPEX_OPTIM_LAMB : CAPEX_OPTIM_SGD);
+    capex_optim_desc_init(&d, c == 0 ? CAPEX_OPTIM_ADAM : c == 1 ? CAPEX_OPTIM_LAMB : c == 2 ? CAPEX_OPTIM_SGD
+                                                                                   : CAPEX_OPTIM_NOVOGRAD);
     d.seed = 42;
     if (c == 0) { d.adam_w_mode = 1; d.stochastic_rounding = 1; d.defaults.weight_decay = 0.01f; }
     if (c == 1) d.max_grad_norm = 1.0f;
     if (c == 2) d.defaults.momentum = 0.9f;
+    if (c == 3) { d.reg_inside_moment = 1; d.defaults.weight_decay = 0.01f; }
     CAPEX_FUZZ_REQUIRE(capex_optim_create(&d, &r->opt) == CAPEX_OK);
     r->nt = c == 0 ? 4 : c == 1 ? 2 : 3;
     for (t = 0; t < r->nt; t++) {
-        r->n[t] = (c == 0 && t == 1) ? 0 : (int64_t)(3 + t);
+        r->n[t] = ((c == 0 || c == 3) && t == 1) ? 0 : (int64_t)(3 + t);
         for (i = 0; i < 8; i++) {
             r->p[t][i] = 0.25f * (float)(i + 1) - 0.5f * (float)t;
             r->g[t][i] = 0.125f * (float)i - 0.3f + 0.01f * (float)t;
@@ -56,6 +59,7 @@ static void frig_make(frig *r, int c) {
         ps[t].grad_dtype = CAPEX_F32;
         ps[t].numel = r->n[t];
         if (c == 0) { ps[t].model = r->model[t]; ps[t].model_dtype = t == 3 ? CAPEX_BF16 : CAPEX_F16; }
+        if (c == 3 && t == 2) { ps[t].model = r->model[t]; ps[t].model_dtype = CAPEX_F16; }
     }
     if (c == 0) { /* groups {0, 1, 2} and {3} */
         CAPEX_FUZZ_REQUIRE(capex_optim_add_group(r->opt, NULL, ps, 3, NULL) == CAPEX_OK);
@@ -63,6 +67,10 @@ static void frig_make(frig *r, int c) {
         CAPEX_FUZZ_REQUIRE(capex_optim_add_group(r->opt, &hp, ps + 3, 1, NULL) == CAPEX_OK);
     } else if (c == 1) {
         CAPEX_FUZZ_REQUIRE(capex_optim_add_group(r->opt, NULL, ps, 2, NULL) == CAPEX_OK);
+    } else if (c == 3) { /* {0, 1} and {2} */
+        CAPEX_FUZZ_REQUIRE(capex_optim_add_group(r->opt, NULL, ps, 2, NULL) == CAPEX_OK);
+        hp = d.defaults; hp.lr = 0.01f; hp.grad_averaging = 0;
+        CAPEX_FUZZ_REQUIRE(capex_optim_add_group(r->opt, &hp, ps + 2, 1, NULL) == CAPEX_OK);
     } else { /* {0, 1} with momentum, {2} without (no buffers) */
         CAPEX_FUZZ_REQUIRE(capex_optim_add_group(r->opt, NULL, ps, 2, NULL) == CAPEX_OK);
         hp = d.defaults; hp.momentum = 0.0f; hp.nesterov = 0;
@@ -94,6 +102,7 @@ static void snap_take(snap *s, const frig *r, int whole) {
         snap_add(s, o->gc, o->ngroups * sizeof *o->gc);
         snap_add(s, o->tensors, o->ntensors * sizeof *o->tensors);
         snap_add(s, r->g, sizeof r->g);
+        if (o->novo_v) snap_add(s, o->novo_v, o->ntensors * sizeof *o->novo_v);
     } else {
         for (g = 0; g < o->ngroups; g++) {
             snap_add(s, &o->groups[g].hp, sizeof o->groups[g].hp);
@@ -102,6 +111,10 @@ static void snap_take(snap *s, const frig *r, int whole) {
         }
         snap_add(s, &o->desc.max_grad_norm, sizeof o->desc.max_grad_norm);
         snap_add(s, &o->desc.seed, sizeof o->desc.seed);
+        snap_add(s, &o->desc.reg_inside_moment, sizeof o->desc.reg_inside_moment);
+        snap_add(s, &o->desc.init_zero, sizeof o->desc.init_zero);
+        snap_add(s, &o->desc.norm_type, sizeof o->desc.norm_type);
+        if (o->novo_v) snap_add(s, o->novo_v, o->ntensors * sizeof *o->novo_v);
     }
     for (t = 0; t < o->ntensors; t++) {
         const capex_optim_param *p = &o->tensors[t].p;
@@ -200,7 +213,7 @@ static void capex_fuzz_optim_load(const uint8_t *data, size_t size) {
    target's checks. */
 int main(int argc, char **argv) {
     int c, f;
-    const char *names[NRIG] = {"adam", "lamb", "sgd"};
+    const char *names[NRIG] = {"adam", "lamb", "sgd", "novograd"};
     if (argc != 2) { fprintf(stderr, "usage: %s DIR\n", argv[0]); return 2; }
     for (c = 0; c < NRIG; c++)
         for (f = 0; f < 3; f++) {

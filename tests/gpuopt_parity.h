@@ -573,6 +573,51 @@ static void par_lamb(ct_state *ct, env *e) {
     par_opt_run(ct, e, &d, 12, 21000, 2e-6f, "LAMB, several launches");
 }
 
+/* NovoGrad: per-tensor norms summed in another order than the CPU's (v and
+   everything after it close, not exact); every mode flag, grad dtype, model
+   kind, found_inf skip, several launches; v itself through to_host. */
+static void par_novograd(ct_state *ct, env *e) {
+    capex_optim_desc d;
+    int v;
+    for (v = 0; v < 4; v++) {
+        capex_optim_desc_init(&d, CAPEX_OPTIM_NOVOGRAD);
+        d.defaults.lr = 0.01f;
+        d.defaults.weight_decay = v & 1 ? 0.01f : 0.0f;
+        d.reg_inside_moment = v & 1;
+        d.init_zero = (v >> 1) & 1;
+        d.stochastic_rounding = v == 2;
+        d.seed = 9;
+        d.exec.chunk_size = v == 3 ? 1000 : 0;
+        par_opt_run(ct, e, &d, 24, 0, 2e-6f, "NovoGrad");
+        if (ct->failed) return;
+    }
+    capex_optim_desc_init(&d, CAPEX_OPTIM_NOVOGRAD);
+    d.exec.chunk_size = 64;
+    par_opt_run(ct, e, &d, 12, 21000, 2e-6f, "NovoGrad, several launches");
+    if (ct->failed) return;
+    { /* the per-tensor v, device (via to_host) against the CPU's */
+        par_opt o;
+        capex_optim *h = NULL;
+        int s, i;
+        d.init_zero = 1;
+        CT_CHECK(par_opt_make(e, &o, &d, 12, 0), "NovoGrad setup: %s", capex_last_error());
+        for (s = 0; s < 2 && !ct->failed; s++) {
+            CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu step: %s", capex_last_error());
+            CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "dev step: %s", capex_last_error());
+        }
+        CT_CHECK(capex_cuda_optim_to_host(o.dev, 0, NULL, &h) == CAPEX_OK, "to_host: %s", capex_last_error());
+        for (i = 0; i < o.n && !ct->failed; i++) {
+            size_t grp = i < o.n / 2 ? 0 : 1, idx = (size_t)(i < o.n / 2 ? i : i - o.n / 2);
+            float vc = -1.0f, vd = -2.0f;
+            CT_CHECK(capex_optim_get_novograd_norm(o.cpu, grp, idx, &vc) == CAPEX_OK &&
+                     capex_optim_get_novograd_norm(h, grp, idx, &vd) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(par_close(vd, vc, 2e-6f, 1e-30f), "NovoGrad tensor %d: device v %.9g, CPU %.9g", i, (double)vd, (double)vc);
+        }
+        capex_optim_destroy(h);
+        par_opt_free(e, &o);
+    }
+}
+
 /* ---- checkpoints: the device optimizer in capex_optim's format ------------
    After two steps on both, the device state saved through to_host is the
    CPU optimizer's file byte for byte (Adam, SGD: bit-exact math); the device
@@ -653,6 +698,10 @@ static void par_checkpoint(ct_state *ct, env *e) {
     if (!ct->failed) par_checkpoint_one(ct, e, &d, 1, "SGD momentum");
     capex_optim_desc_init(&d, CAPEX_OPTIM_LAMB);
     if (!ct->failed) par_checkpoint_one(ct, e, &d, 0, "LAMB");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_NOVOGRAD);
+    d.reg_inside_moment = 1;
+    d.defaults.weight_decay = 0.01f;
+    if (!ct->failed) par_checkpoint_one(ct, e, &d, 0, "NovoGrad");
 }
 
 /* ---- the device loss scaler against capex_scaler, step by step ----------- */

@@ -65,7 +65,9 @@ CT_TEST(kernel_table_matches_ids) {
         "capex_go_scale_bf16_bf16", "capex_go_sumsq_f32", "capex_go_sumsq_f16", "capex_go_sumsq_bf16", "capex_go_reduce",
         "capex_go_clip_coef", "capex_go_prepare", "capex_go_adam_f32", "capex_go_adam_f16", "capex_go_adam_bf16",
         "capex_go_sgd_f32", "capex_go_sgd_f16", "capex_go_sgd_bf16", "capex_go_lamb1_f32", "capex_go_lamb1_f16",
-        "capex_go_lamb1_bf16", "capex_go_lamb_clip", "capex_go_lamb_ratio", "capex_go_lamb2", "capex_go_scaler_update"};
+        "capex_go_lamb1_bf16", "capex_go_lamb_clip", "capex_go_lamb_ratio", "capex_go_lamb2", "capex_go_scaler_update",
+        "capex_go_novo1_f32", "capex_go_novo1_f16", "capex_go_novo1_bf16", "capex_go_novo2_f32", "capex_go_novo2_f16",
+        "capex_go_novo2_bf16", "capex_go_novo_norm"};
     int k;
     int n = 0;
     const char *const *opts = capex_cuda_builtin_options(&n);
@@ -309,6 +311,8 @@ CT_TEST(kernel_parameters_match_the_host) {
         else if (k < CAPEX__GO_K_REDUCE) depth = 1;
         else if (k >= CAPEX__GO_K_ADAM && k < CAPEX__GO_K_SGD) depth = 6;
         else if ((k >= CAPEX__GO_K_SGD && k < CAPEX__GO_K_LAMB_CLIP) || k == CAPEX__GO_K_LAMB2) depth = 5;
+        else if (k >= CAPEX__GO_K_NOVO1 && k < CAPEX__GO_K_NOVO2) depth = 2;
+        else if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO_NORM) depth = 5;
         else depth = 0;
         want0 = depth ? (long)CAPEX_MTA_META_SIZE(depth) : k == CAPEX__GO_K_REDUCE ? (long)sizeof(capex__go_segs) : 0;
         if (want0)

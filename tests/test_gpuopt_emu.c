@@ -139,6 +139,8 @@ static capex_result emu_launch(void *user, int k, unsigned grid, unsigned block,
     static void (*const adam[3])(capex_go_meta<6>, capex_go_args) = {capex_go_adam_f32, capex_go_adam_f16, capex_go_adam_bf16};
     static void (*const sgd[3])(capex_go_meta<5>, capex_go_args) = {capex_go_sgd_f32, capex_go_sgd_f16, capex_go_sgd_bf16};
     static void (*const lamb1[3])(capex_go_meta<5>, capex_go_args) = {capex_go_lamb1_f32, capex_go_lamb1_f16, capex_go_lamb1_bf16};
+    static void (*const novo1[3])(capex_go_meta<2>, capex_go_args) = {capex_go_novo1_f32, capex_go_novo1_f16, capex_go_novo1_bf16};
+    static void (*const novo2[3])(capex_go_meta<5>, capex_go_args) = {capex_go_novo2_f32, capex_go_novo2_f16, capex_go_novo2_bf16};
     (void)user; (void)s;
     stats.launches++;
     if (grid == 0 || block == 0 || block > 1024 || (block & (block - 1)))
@@ -150,6 +152,8 @@ static capex_result emu_launch(void *user, int k, unsigned grid, unsigned block,
     else if (k >= CAPEX__GO_K_SGD && k < CAPEX__GO_K_LAMB1) emu_mta<5>(sgd[k - CAPEX__GO_K_SGD], args, grid);
     else if (k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB_CLIP) emu_mta<5>(lamb1[k - CAPEX__GO_K_LAMB1], args, grid);
     else if (k == CAPEX__GO_K_LAMB2) emu_mta<5>(capex_go_lamb2, args, grid);
+    else if (k >= CAPEX__GO_K_NOVO1 && k < CAPEX__GO_K_NOVO2) emu_mta<2>(novo1[k - CAPEX__GO_K_NOVO1], args, grid);
+    else if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO_NORM) emu_mta<5>(novo2[k - CAPEX__GO_K_NOVO2], args, grid);
     else {
         emu_small_call c;
         c.args = args;
@@ -159,6 +163,7 @@ static capex_result emu_launch(void *user, int k, unsigned grid, unsigned block,
         case CAPEX__GO_K_LAMB_CLIP: c.k = capex_go_lamb_clip; break;
         case CAPEX__GO_K_LAMB_RATIO: c.k = capex_go_lamb_ratio; break;
         case CAPEX__GO_K_SCALER: c.k = capex_go_scaler_update; break;
+        case CAPEX__GO_K_NOVO_NORM: c.k = capex_go_novo_norm; break;
         default: return capex__fail(CAPEX_ERR_INTERNAL, "emu: unknown kernel %d", k);
         }
         emu_grid(emu_small_thunk, &c, grid);
@@ -245,11 +250,12 @@ CT_TEST(emu_scaler) { env e = emu_env(8); par_scaler(ct, &e); }
 static int emu_count(env *e) { (void)e; return stats.copies; }
 CT_TEST(emu_amp_loop_no_host_sync) { env e = emu_env(9); par_amp_loop(ct, &e, emu_count); }
 CT_TEST(emu_checkpoint_roundtrip) { env e = emu_env(10); par_checkpoint(ct, &e); }
+CT_TEST(emu_novograd) { env e = emu_env(11); par_novograd(ct, &e); }
 
 static const ct_case cases[] = {
     CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_many_tensors),
     CT_CASE(emu_l2norm), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
-    CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip),
+    CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
 };
 
 int main(int argc, char **argv) {
