@@ -6428,6 +6428,12 @@ static double *capex__lr_f64(capex_lr_schedule *s, int i) {
     return f[i];
 }
 
+static capex_result capex__lr_name(char *buf, const char *prefix, const char *field) {
+    if ((size_t)snprintf(buf, CAPEX__OPT_NAME_MAX, "%s.lr_schedule.%s", prefix, field) >= CAPEX__OPT_NAME_MAX)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer state: prefix '%s' is too long", prefix);
+    return CAPEX_OK;
+}
+
 static capex_result capex__optim_sched_save(const capex_optim *o, capex_state_writer *w, const char *prefix) {
     char nm[CAPEX__OPT_NAME_MAX];
     capex_result r;
@@ -6438,14 +6444,14 @@ static capex_result capex__optim_sched_save(const capex_optim *o, capex_state_wr
     iv[0] = (int64_t)s.kind; iv[1] = s.warmup_steps; iv[2] = s.total_steps; iv[3] = s.step_size;
     iv[4] = s.num_milestones; iv[5] = s.anneal_linear != 0; iv[6] = s.three_phase != 0;
     for (i = 0; i < 7; i++) {
-        if ((r = capex__optim_name(nm, prefix, "lr_schedule.%s", 0, capex__lr_i64_names[i])) != CAPEX_OK) return r;
+        if ((r = capex__lr_name(nm, prefix, capex__lr_i64_names[i])) != CAPEX_OK) return r;
         if ((r = capex_state_add_i64(w, nm, iv[i])) != CAPEX_OK) return r;
     }
     for (i = 0; i < 7; i++) {
-        if ((r = capex__optim_name(nm, prefix, "lr_schedule.%s", 0, capex__lr_f64_names[i])) != CAPEX_OK) return r;
+        if ((r = capex__lr_name(nm, prefix, capex__lr_f64_names[i])) != CAPEX_OK) return r;
         if ((r = capex_state_add_f64(w, nm, *capex__lr_f64(&s, i))) != CAPEX_OK) return r;
     }
-    if ((r = capex__optim_name(nm, prefix, "lr_schedule.milestones", 0, NULL)) != CAPEX_OK) return r;
+    if ((r = capex__lr_name(nm, prefix, "milestones")) != CAPEX_OK) return r;
     return capex_state_add_tensor(w, nm, CAPEX_STATE_I64, 1, &shape, o->sched.milestones);
 }
 
@@ -6458,10 +6464,10 @@ static capex_result capex__optim_sched_load(capex_state_reader *rd, const char *
     int64_t iv[7];
     int i;
     *present = 0;
-    if ((r = capex__optim_name(nm, prefix, "lr_schedule.%s", 0, "kind")) != CAPEX_OK) return r;
+    if ((r = capex__lr_name(nm, prefix, "kind")) != CAPEX_OK) return r;
     if (capex_state_find(rd, nm, &info) != CAPEX_OK) return CAPEX_OK;
     for (i = 0; i < 7; i++) {
-        if ((r = capex__optim_name(nm, prefix, "lr_schedule.%s", 0, capex__lr_i64_names[i])) != CAPEX_OK) return r;
+        if ((r = capex__lr_name(nm, prefix, capex__lr_i64_names[i])) != CAPEX_OK) return r;
         if ((r = capex__optim_get_i64(rd, nm, &iv[i])) != CAPEX_OK) return r;
     }
     if (iv[0] < 0 || iv[0] > CAPEX_LR_ONECYCLE || iv[4] < 0 || iv[4] > CAPEX_LR_MAX_MILESTONES)
@@ -6471,17 +6477,20 @@ static capex_result capex__optim_sched_load(capex_state_reader *rd, const char *
     s->warmup_steps = iv[1]; s->total_steps = iv[2]; s->step_size = iv[3];
     s->num_milestones = (int)iv[4]; s->anneal_linear = iv[5] != 0; s->three_phase = iv[6] != 0;
     for (i = 0; i < 7; i++) {
-        if ((r = capex__optim_name(nm, prefix, "lr_schedule.%s", 0, capex__lr_f64_names[i])) != CAPEX_OK) return r;
+        if ((r = capex__lr_name(nm, prefix, capex__lr_f64_names[i])) != CAPEX_OK) return r;
         if ((r = capex_state_get_f64(rd, nm, capex__lr_f64(s, i))) != CAPEX_OK)
             return capex__fail(r, "optimizer state: cannot read '%s'", nm);
     }
-    if ((r = capex__optim_name(nm, prefix, "lr_schedule.milestones", 0, NULL)) != CAPEX_OK) return r;
+    if ((r = capex__lr_name(nm, prefix, "milestones")) != CAPEX_OK) return r;
     if ((r = capex__optim_expect(rd, nm, CAPEX_STATE_I64, CAPEX_LR_MAX_MILESTONES)) != CAPEX_OK) return r;
     if ((r = capex_state_read_tensor(rd, nm, CAPEX_STATE_I64, CAPEX_LR_MAX_MILESTONES, s->milestones)) != CAPEX_OK)
         return capex__fail(r, "optimizer state: cannot read '%s'", nm);
     if ((r = capex_lr_schedule_check(s)) != CAPEX_OK) {
         char why[256];
-        snprintf(why, sizeof why, "%s", capex_last_error()); /* the message buffer is rewritten below */
+        size_t n = strlen(capex_last_error());
+        if (n >= sizeof why) n = sizeof why - 1;
+        memcpy(why, capex_last_error(), n); /* the message buffer is rewritten below */
+        why[n] = '\0';
         return capex__fail(CAPEX_ERR_FORMAT, "optimizer state: the saved lr schedule is invalid (%s)", why);
     }
     *present = 1;
