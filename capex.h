@@ -1038,8 +1038,9 @@ CAPEX_API capex_result capex_optim_get_state(const capex_optim *opt, size_t grou
    Saved under names "<prefix>.*" (prefix NULL: "optim"): kind and modes,
    max_grad_norm, the stochastic-rounding seed (the rounding is counter-based:
    seed + step counts are its whole RNG state), per group its hyperparameters,
-   step count and tensor count, per parameter its numel and moment buffers
-   (f32, shape [numel]). With CAPEX_OPTIM_STATE_PARAMS also the fp32 params /
+   step count and tensor count, the attached lr schedule ("<prefix>.lr_schedule.*";
+   absent when none: loading such a file keeps the optimizer's own), per
+   parameter its numel and moment buffers (f32, shape [numel]). With CAPEX_OPTIM_STATE_PARAMS also the fp32 params /
    master weights and the fp16/bf16 model copies, which a lossy half model
    checkpoint cannot restore exactly. Loading resumes bit-identically.
 
