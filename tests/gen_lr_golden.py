@@ -11,7 +11,12 @@ optimizer steps already taken) two torch values:
               OneCycleLR's get_lr() (it has only that form).
   stepped[s]  what a torch loop uses: get_last_lr() before the s-th
               scheduler.step() (the chainable recurrences; they drift).
-Doubles are printed with repr (exact round trip)."""
+Doubles are printed with repr (exact round trip). The header's first line
+names the torch it came from. The first committed one was made where no torch
+wheel could be installed: torch/optim/lr_scheduler.py of pytorch commit
+008f727ece15 (the classes used here, transcribed) under a minimal stand-in for
+the rest of torch; regenerating with a real torch should change nothing
+(test_lr.c requires every closed form bit for bit on glibc)."""
 import math
 import warnings
 
