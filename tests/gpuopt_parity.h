@@ -713,6 +713,54 @@ static void par_schedule_one(ct_state *ct, env *e, const capex_optim_desc *d, fl
     par_opt_free(e, &o);
     par_free(e, dfound);
 }
+/* A schedule attached before any group: add_group grows the device buffer
+   of base lrs, and a group added later runs the schedule from its own step
+   count. Plain SGD from 0 with gradient 1 accumulates -lr exactly. */
+static void par_schedule_groups(ct_state *ct, env *e, int exact) {
+    capex_optim_desc d;
+    capex_cuda_optim *dev = NULL;
+    capex_lr_schedule s;
+    capex_optim_param p;
+    capex_optim_hparams hp;
+    capex_cuda_ptr dp[2], dg = par_alloc(e, 64);
+    float one[16], zero[16], got[16], want[2] = {0.0f, 0.0f};
+    const float base[2] = {0.5f, 0.25f};
+    int k, step, i;
+    int64_t n[2] = {0, 0};
+    dp[0] = par_alloc(e, 64);
+    dp[1] = par_alloc(e, 64);
+    for (i = 0; i < 16; i++) { one[i] = 1.0f; zero[i] = 0.0f; }
+    CT_CHECK(dg && dp[0] && dp[1] && par_up(e, dg, one, 64) && par_up(e, dp[0], zero, 64) && par_up(e, dp[1], zero, 64), "setup");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_SGD);
+    d.defaults.lr = base[0];
+    capex_lr_schedule_init(&s, CAPEX_LR_EXPONENTIAL);
+    s.gamma = 0.9;
+    s.warmup_steps = 2;
+    CT_CHECK(e->ctx ? capex_cuda_optim_create(e->ctx, &d, &dev) == CAPEX_OK : capex__go_optim_create(&e->ex, &d, &dev) == CAPEX_OK,
+             "create: %s", capex_last_error());
+    CT_CHECK(capex_cuda_optim_set_lr_schedule(dev, &s, NULL) == CAPEX_OK, "attach with no groups: %s", capex_last_error());
+    for (step = 0; step < 7 && !ct->failed; step++) {
+        if (step == 0 || step == 3) {
+            k = step == 3;
+            capex_optim_param_init(&p);
+            p.param = (float *)(uintptr_t)dp[k]; p.grad = (const void *)(uintptr_t)dg; p.numel = 16;
+            hp = d.defaults;
+            hp.lr = base[k];
+            CT_CHECK(capex_cuda_optim_add_group(dev, &hp, &p, 1, NULL) == CAPEX_OK, "add group %d: %s", k, capex_last_error());
+        }
+        CT_CHECK(capex_cuda_optim_step(dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+        for (k = 0; k < (step >= 3 ? 2 : 1); k++) {
+            want[k] = want[k] - (float)capex_lr_at(&s, (double)base[k], n[k]++) * 1.0f;
+            CT_CHECK(par_down(e, got, dp[k], 64), "down");
+            CT_CHECK(exact ? got[15] == want[k] : par_close(got[15], want[k], 1e-6f, 0), "step %d group %d: %.9g, want %.9g",
+                     step, k, (double)got[15], (double)want[k]);
+        }
+    }
+    capex_cuda_optim_destroy(dev);
+    par_free(e, dg);
+    par_free(e, dp[0]);
+    par_free(e, dp[1]);
+}
 /* exact: the emulator (host libm); a GPU's double cos/pow may move an lr by an ulp */
 static void par_schedule(ct_state *ct, env *e, int exact) {
     capex_optim_desc d;
@@ -726,6 +774,7 @@ static void par_schedule(ct_state *ct, env *e, int exact) {
     if (!ct->failed) par_schedule_one(ct, e, &d, t, exact, "SGD + cosine schedule");
     capex_optim_desc_init(&d, CAPEX_OPTIM_LAMB);
     if (!ct->failed) par_schedule_one(ct, e, &d, 2e-6f, exact, "LAMB + cosine schedule");
+    if (!ct->failed) par_schedule_groups(ct, e, exact);
 }
 
 /* ---- the device loss scaler against capex_scaler, step by step ----------- */
