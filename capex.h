@@ -1093,10 +1093,12 @@ CAPEX_API capex_result capex_optim_get_novograd_norm(const capex_optim *opt, siz
    Saved under names "<prefix>.*" (prefix NULL: "optim"): kind and modes,
    max_grad_norm, the stochastic-rounding seed (the rounding is counter-based:
    seed + step counts are its whole RNG state), per group its hyperparameters,
-   step count and tensor count, per parameter its numel and moment buffers
-   (f32, shape [numel]); NovoGrad adds its modes (novograd_reg_inside_moment,
-   _init_zero, _norm_type) and v, one f32 per parameter
-   (novograd_grad_norm_avg, shape [num_params]). With CAPEX_OPTIM_STATE_PARAMS also the fp32 params /
+   step count and tensor count, the attached lr schedule ("<prefix>.lr_schedule.*";
+   absent when none: loading such a file keeps the optimizer's own), per
+   parameter its numel and moment buffers (f32, shape [numel]); NovoGrad adds
+   its modes (novograd_reg_inside_moment, _init_zero, _norm_type) and v, one
+   f32 per parameter (novograd_grad_norm_avg, shape [num_params]). With
+   CAPEX_OPTIM_STATE_PARAMS also the fp32 params /
    master weights and the fp16/bf16 model copies, which a lossy half model
    checkpoint cannot restore exactly. Loading resumes bit-identically.
 
@@ -1122,6 +1124,98 @@ CAPEX_API capex_result capex_optim_load(capex_optim *opt, capex_state_reader *r,
 /* One-call versions: a file holding only this optimizer (prefix "optim"). */
 CAPEX_API capex_result capex_optim_save_file(const capex_optim *opt, const char *path, unsigned flags);
 CAPEX_API capex_result capex_optim_load_file(capex_optim *opt, const char *path, unsigned flags);
+
+/* ==== learning-rate schedules: declarations ==== */
+/* ---------------------------------------------------------------------------
+   Learning-rate schedules (torch.optim.lr_scheduler values, as a pure function
+   of the step)
+
+       capex_lr_schedule s; capex_lr_schedule_init(&s, CAPEX_LR_COSINE);
+       s.warmup_steps = 500; s.total_steps = 10000;  // warmup, then cosine to 0
+       capex_optim_set_lr_schedule(opt, &s);         // base lr: each group's hp.lr
+       for (each step) capex_optim_step(opt, inv_scale, 1.0f, found_inf);
+
+   lr(step) = capex_lr_at(&s, base_lr, step), float64, step = steps taken
+   before this one. With warmup_steps W > 0, steps 0..W-1 are torch's
+   LinearLR(start_factor=warmup_start_factor, total_iters=W) and the decay
+   runs on t = step - W (torch: SequentialLR([LinearLR, decay], milestones=[W])):
+     CONSTANT    base
+     COSINE      eta + (base-eta)*(1+cos(pi*t/T))/2, eta = base*min_factor,
+                 T = total_steps - W   (CosineAnnealingLR, T_max = T)
+     LINEAR      base*(1 + (min_factor-1)*min(T,t)/T)   (LinearLR, end_factor)
+     POLYNOMIAL  eta + (base-eta)*(1 - min(T,t)/T)^power  (PolynomialLR: eta 0)
+     STEP        base*gamma^(t / step_size)              (StepLR)
+     MULTISTEP   base*gamma^(milestones <= t)            (MultiStepLR)
+     EXPONENTIAL base*gamma^t                            (ExponentialLR)
+     ONECYCLE    torch OneCycleLR with max_lr = base, over total_steps
+                 (pct_start, div_factor, final_div_factor, anneal_linear,
+                 three_phase; lr only: momentum is not cycled; no warmup)
+   Values equal torch's closed forms (_get_closed_form_lr; OneCycleLR's
+   get_lr) to the last bit or so; torch's step() uses chainable recurrences
+   that drift from them by ~1e-15 relative per step. Past the end of the
+   schedule the value holds: torch's CosineAnnealingLR would rise again after
+   T_max and OneCycleLR raises; ours stays at the last value.
+
+   On an optimizer the schedule is driven by each group's own step count,
+   which skipped (overflow) steps do not advance, so a skipped step does not
+   consume schedule; torch's scheduler.step() advances on skipped steps too.
+   The CUDA optimizer computes the lr on the device from its step count.
+   The schedule and step counts are saved with the optimizer's state, so a
+   resumed run continues the curve exactly. Pure functions: thread-safe.
+   ------------------------------------------------------------------------- */
+typedef enum capex_lr_kind {
+    CAPEX_LR_CONSTANT = 0,
+    CAPEX_LR_COSINE = 1,
+    CAPEX_LR_LINEAR = 2,
+    CAPEX_LR_POLYNOMIAL = 3,
+    CAPEX_LR_STEP = 4,
+    CAPEX_LR_MULTISTEP = 5,
+    CAPEX_LR_EXPONENTIAL = 6,
+    CAPEX_LR_ONECYCLE = 7
+} capex_lr_kind;
+
+#define CAPEX_LR_MAX_MILESTONES 16
+
+typedef struct capex_lr_schedule {
+    capex_lr_kind kind;
+    int64_t warmup_steps;         /* linear warmup steps before the decay (default 0; not ONECYCLE) */
+    double warmup_start_factor;   /* lr factor at step 0 of the warmup, in [0, 1] (torch LinearLR: 1/3) */
+    int64_t total_steps;          /* COSINE, LINEAR, POLYNOMIAL: warmup + decay; ONECYCLE: the cycle */
+    double min_factor;            /* COSINE eta_min, LINEAR end_factor, POLYNOMIAL floor, as a fraction of
+                                     the base lr, in [0, 1] (default 0) */
+    double power;                 /* POLYNOMIAL (default 1) */
+    int64_t step_size;            /* STEP (default 1) */
+    double gamma;                 /* STEP, MULTISTEP, EXPONENTIAL (default 0.1) */
+    int num_milestones;           /* MULTISTEP: steps after warmup, non-decreasing */
+    int64_t milestones[CAPEX_LR_MAX_MILESTONES];
+    double pct_start;             /* ONECYCLE: 0.3 */
+    double div_factor;            /* ONECYCLE: initial lr = base / div_factor (25) */
+    double final_div_factor;      /* ONECYCLE: min lr = initial lr / final_div_factor (1e4) */
+    int anneal_linear;            /* ONECYCLE: 0 cosine (torch 'cos', default), 1 'linear' */
+    int three_phase;              /* ONECYCLE: torch three_phase (default 0) */
+    uint32_t init_tag;            /* set by capex_lr_schedule_init; any other struct is refused */
+} capex_lr_schedule;
+
+/* torch's defaults for the kind (above); total_steps 0 (set it where used). */
+CAPEX_API void capex_lr_schedule_init(capex_lr_schedule *s, capex_lr_kind kind);
+/* CAPEX_OK, or the first bad field with a message saying what to set. */
+CAPEX_API capex_result capex_lr_schedule_check(const capex_lr_schedule *s);
+/* The lr of step `step` (0: the first step) for a group whose base lr is
+   base_lr. NaN (and capex_last_error) for a bad schedule, step < 0 or a
+   base_lr that is negative or not finite. */
+CAPEX_API double capex_lr_at(const capex_lr_schedule *s, double base_lr, int64_t step);
+/* Goyal et al. linear scaling rule: base_lr * global_batch / base_batch
+   (pair it with warmup). NaN (and capex_last_error) when a batch is <= 0. */
+CAPEX_API double capex_lr_scale_linear(double base_lr, int64_t global_batch, int64_t base_batch);
+
+/* Attaches a copy of s to the optimizer (NULL: detach). Each step then uses
+   lr = (float)capex_lr_at(s, group's hp.lr, group's step count); hp.lr stays
+   the base lr (capex_optim_set_lr changes the base). Validated first. */
+CAPEX_API capex_result capex_optim_set_lr_schedule(capex_optim *opt, const capex_lr_schedule *s);
+/* *s = the attached schedule; *attached = 0 when none (then *s is untouched). */
+CAPEX_API capex_result capex_optim_get_lr_schedule(const capex_optim *opt, capex_lr_schedule *s, int *attached);
+/* The lr the group's next step will use (its hp.lr without a schedule). */
+CAPEX_API capex_result capex_optim_get_lr(const capex_optim *opt, size_t group, float *lr);
 
 /* ==== data parallel: declarations ==== */
 
@@ -5349,6 +5443,211 @@ CAPEX__PRIVATE size_t capex__optim_math_source(char *dst, size_t cap) {
     return len;
 }
 
+/* ---- learning-rate schedules ----
+   The formula lives once in CAPEX__LR_MATH: `static` C here and, stringified,
+   the device function that capex_cuda.h's capex_go_prepare calls, so the GPU
+   computes each step's lr from its own step count (no host round trip).
+   Operation order is torch's (lr_scheduler.py closed forms and OneCycleLR),
+   in float64; pi is Python's math.pi. Kinds are capex_lr_kind's numbers. */
+#define CAPEX__LR_MATH(Q)                                                                    \
+    typedef struct capex__lr_p {                                                             \
+        long long kind, warmup, total, step_size, nmil, anneal_linear, three_phase, pad;     \
+        long long mil[16];                                                                   \
+        double start_factor, min_factor, power, gamma, pct_start, div_factor, final_div, pad2; \
+    } capex__lr_p;                                                                           \
+    Q double capex__lr_anneal(double start, double end, double pct, long long lin) {         \
+        /* OneCycleLR._annealing_linear / _annealing_cos */                                 \
+        if (lin) return (end - start) * pct + start;                                         \
+        return end + (start - end) / 2.0 * (cos(3.141592653589793 * pct) + 1.0);            \
+    }                                                                                        \
+    Q double capex__lr_eval(const capex__lr_p *p, double base, long long s) {                \
+        long long t, T, k, n;                                                                \
+        double eta;                                                                          \
+        if (p->kind == 7) { /* OneCycleLR, max_lr = base; holds its last value */            \
+            double init = base / p->div_factor, mn = init / p->final_div, sn, e1, e2, e3;    \
+            if (s > p->total - 1) s = p->total - 1;                                          \
+            sn = (double)s;                                                                  \
+            e1 = p->pct_start * (double)p->total - 1.0;                                      \
+            e3 = (double)(p->total - 1);                                                     \
+            if (p->three_phase) {                                                            \
+                e2 = 2.0 * p->pct_start * (double)p->total - 2.0;                            \
+                if (sn <= e1) return capex__lr_anneal(init, base, (sn - 0.0) / (e1 - 0.0), p->anneal_linear); \
+                if (sn <= e2) return capex__lr_anneal(base, init, (sn - e1) / (e2 - e1), p->anneal_linear); \
+                return capex__lr_anneal(init, mn, (sn - e2) / (e3 - e2), p->anneal_linear);  \
+            }                                                                                \
+            if (sn <= e1) return capex__lr_anneal(init, base, (sn - 0.0) / (e1 - 0.0), p->anneal_linear); \
+            return capex__lr_anneal(base, mn, (sn - e1) / (e3 - e1), p->anneal_linear);      \
+        }                                                                                    \
+        if (s < p->warmup) /* LinearLR(start_factor, 1.0, total_iters=warmup) */             \
+            return base * (p->start_factor + (1.0 - p->start_factor) * (double)s / (double)p->warmup); \
+        t = s - p->warmup;                                                                   \
+        T = p->total - p->warmup;                                                            \
+        eta = base * p->min_factor;                                                          \
+        switch (p->kind) {                                                                   \
+        case 1: /* CosineAnnealingLR(T_max = T, eta_min), held at eta past T */              \
+            if (t > T) t = T;                                                                \
+            return eta + (base - eta) * (1.0 + cos(3.141592653589793 * (double)t / (double)T)) / 2.0; \
+        case 2: /* LinearLR(1.0, end_factor = min_factor, total_iters = T) */                \
+            if (t > T) t = T;                                                                \
+            return base * (1.0 + (p->min_factor - 1.0) * (double)t / (double)T);             \
+        case 3: /* PolynomialLR(total_iters = T, power), floor eta */                        \
+            if (t > T) t = T;                                                                \
+            return eta + (base - eta) * pow(1.0 - (double)t / (double)T, p->power);          \
+        case 4: /* StepLR */                                                                 \
+            return base * pow(p->gamma, (double)(t / p->step_size));                         \
+        case 5: /* MultiStepLR: bisect_right(milestones, t) */                               \
+            for (k = 0, n = 0; k < p->nmil; k++) n += p->mil[k] <= t;                        \
+            return base * pow(p->gamma, (double)n);                                          \
+        case 6: /* ExponentialLR */                                                          \
+            return base * pow(p->gamma, (double)t);                                          \
+        default: /* constant */                                                              \
+            return base;                                                                     \
+        }                                                                                    \
+    }
+
+CAPEX__LR_MATH(static)
+typedef char capex__lr_milestones_fit[CAPEX_LR_MAX_MILESTONES == 16 ? 1 : -1];
+
+/* For capex_cuda.h: the schedule math as CUDA source (__device__ functions). */
+static const char capex__lr_math_source[] =
+    "#define CAPEX__LRQ __device__ __forceinline__\n" CAPEX__OPT_XSTR(CAPEX__LR_MATH(CAPEX__LRQ)) "\n";
+
+#define CAPEX__LR_TAG 0x5348524cu /* "LRHS" */
+CAPEX_API void capex_lr_schedule_init(capex_lr_schedule *s, capex_lr_kind kind) {
+    if (!s) return;
+    memset(s, 0, sizeof *s);
+    s->init_tag = CAPEX__LR_TAG;
+    s->kind = kind;
+    s->warmup_start_factor = 1.0 / 3.0; /* torch LinearLR's default start_factor */
+    s->power = 1.0;
+    s->step_size = 1;
+    s->gamma = 0.1;
+    s->pct_start = 0.3;
+    s->div_factor = 25.0;
+    s->final_div_factor = 1e4;
+}
+
+static int capex__lr_finite(double x) { return (x - x) == 0.0; }
+
+CAPEX_API capex_result capex_lr_schedule_check(const capex_lr_schedule *s) {
+    int k;
+    if (!s) return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: NULL; use capex_lr_schedule_init");
+    if (s->init_tag != CAPEX__LR_TAG)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_lr_schedule was not made by capex_lr_schedule_init (zeroed or "
+                           "uninitialised); call capex_lr_schedule_init(&s, kind), then change fields");
+    if ((int)s->kind < (int)CAPEX_LR_CONSTANT || (int)s->kind > (int)CAPEX_LR_ONECYCLE)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: unknown kind %d; use a CAPEX_LR_* value", (int)s->kind);
+    if (s->warmup_steps < 0 || s->warmup_steps > CAPEX_STEP_MAX)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: warmup_steps is %lld; it must lie in [0, 2^53]",
+                           (long long)s->warmup_steps);
+    if (!(s->warmup_start_factor >= 0.0 && s->warmup_start_factor <= 1.0))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: warmup_start_factor is %g; it must lie in [0, 1]",
+                           s->warmup_start_factor);
+    if (s->total_steps < 0 || s->total_steps > CAPEX_STEP_MAX)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: total_steps is %lld; it must lie in [0, 2^53]",
+                           (long long)s->total_steps);
+    switch (s->kind) {
+    case CAPEX_LR_COSINE: case CAPEX_LR_LINEAR: case CAPEX_LR_POLYNOMIAL:
+        if (s->total_steps <= s->warmup_steps)
+            return capex__fail(CAPEX_ERR_CONFIG, "lr schedule: total_steps (%lld) must exceed warmup_steps (%lld): the "
+                               "decay runs total_steps - warmup_steps steps", (long long)s->total_steps,
+                               (long long)s->warmup_steps);
+        if (!(s->min_factor >= 0.0 && s->min_factor <= 1.0))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: min_factor is %g; it must lie in [0, 1]",
+                               s->min_factor);
+        if (s->kind == CAPEX_LR_POLYNOMIAL && !(capex__lr_finite(s->power) && s->power >= 0.0))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: power is %g; it must be finite and >= 0", s->power);
+        break;
+    case CAPEX_LR_STEP: case CAPEX_LR_MULTISTEP: case CAPEX_LR_EXPONENTIAL:
+        if (!(capex__lr_finite(s->gamma) && s->gamma >= 0.0))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: gamma is %g; it must be finite and >= 0", s->gamma);
+        if (s->kind == CAPEX_LR_STEP && s->step_size <= 0)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: step_size is %lld; it must be > 0",
+                               (long long)s->step_size);
+        if (s->kind == CAPEX_LR_MULTISTEP) {
+            if (s->num_milestones < 0 || s->num_milestones > CAPEX_LR_MAX_MILESTONES)
+                return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: num_milestones is %d; it must lie in [0, "
+                                   "CAPEX_LR_MAX_MILESTONES = %d]", s->num_milestones, CAPEX_LR_MAX_MILESTONES);
+            for (k = 0; k < s->num_milestones; k++)
+                if (s->milestones[k] < 0 || (k > 0 && s->milestones[k] < s->milestones[k - 1]))
+                    return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: milestones[%d] is %lld; milestones must "
+                                       "be >= 0 and non-decreasing", k, (long long)s->milestones[k]);
+        }
+        break;
+    case CAPEX_LR_ONECYCLE: {
+        double e1, e2;
+        if (s->warmup_steps != 0)
+            return capex__fail(CAPEX_ERR_CONFIG, "lr schedule: ONECYCLE has its own warmup phase (pct_start); set "
+                               "warmup_steps to 0");
+        if (s->total_steps <= 0)
+            return capex__fail(CAPEX_ERR_CONFIG, "lr schedule: ONECYCLE needs total_steps > 0");
+        if (!(s->pct_start >= 0.0 && s->pct_start <= 1.0))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: pct_start is %g; it must lie in [0, 1]",
+                               s->pct_start);
+        if (!(capex__lr_finite(s->div_factor) && s->div_factor > 0.0) ||
+            !(capex__lr_finite(s->final_div_factor) && s->final_div_factor > 0.0))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: div_factor (%g) and final_div_factor (%g) must be "
+                               "finite and > 0", s->div_factor, s->final_div_factor);
+        /* torch divides by each phase's length: a zero-length phase is its ZeroDivisionError */
+        e1 = s->pct_start * (double)s->total_steps - 1.0;
+        e2 = 2.0 * s->pct_start * (double)s->total_steps - 2.0;
+        if (e1 == 0.0 || (s->three_phase ? (e2 == e1 || (double)(s->total_steps - 1) == e2)
+                                         : (double)(s->total_steps - 1) == e1))
+            return capex__fail(CAPEX_ERR_CONFIG, "lr schedule: ONECYCLE with total_steps %lld and pct_start %g has a "
+                               "phase of zero steps (torch divides by zero there); change either",
+                               (long long)s->total_steps, s->pct_start);
+        break;
+    }
+    default:
+        break;
+    }
+    return CAPEX_OK;
+}
+
+static void capex__lr_params(const capex_lr_schedule *s, capex__lr_p *p) {
+    int k;
+    memset(p, 0, sizeof *p);
+    p->kind = (long long)s->kind;
+    p->warmup = s->kind == CAPEX_LR_ONECYCLE ? 0 : (long long)s->warmup_steps;
+    p->total = (long long)s->total_steps;
+    p->step_size = (long long)s->step_size;
+    p->nmil = s->kind == CAPEX_LR_MULTISTEP ? s->num_milestones : 0;
+    p->anneal_linear = s->anneal_linear != 0;
+    p->three_phase = s->three_phase != 0;
+    for (k = 0; k < (int)p->nmil; k++) p->mil[k] = (long long)s->milestones[k];
+    p->start_factor = s->warmup_start_factor;
+    p->min_factor = s->min_factor;
+    p->power = s->power;
+    p->gamma = s->gamma;
+    p->pct_start = s->pct_start;
+    p->div_factor = s->div_factor;
+    p->final_div = s->final_div_factor;
+}
+
+CAPEX_API double capex_lr_at(const capex_lr_schedule *s, double base_lr, int64_t step) {
+    capex__lr_p p;
+    if (capex_lr_schedule_check(s) != CAPEX_OK) return NAN;
+    if (step < 0 || step > CAPEX_STEP_MAX) {
+        (void)capex__fail(CAPEX_ERR_INVALID_ARG, "capex_lr_at: step is %lld; it must lie in [0, 2^53]", (long long)step);
+        return NAN;
+    }
+    if (!(capex__lr_finite(base_lr) && base_lr >= 0.0)) {
+        (void)capex__fail(CAPEX_ERR_INVALID_ARG, "capex_lr_at: base_lr is %g; it must be finite and >= 0", base_lr);
+        return NAN;
+    }
+    capex__lr_params(s, &p);
+    return capex__lr_eval(&p, base_lr, (long long)step);
+}
+
+CAPEX_API double capex_lr_scale_linear(double base_lr, int64_t global_batch, int64_t base_batch) {
+    if (global_batch <= 0 || base_batch <= 0) {
+        (void)capex__fail(CAPEX_ERR_INVALID_ARG, "capex_lr_scale_linear: batches are %lld (global) and %lld (base); both "
+                    "must be > 0", (long long)global_batch, (long long)base_batch);
+        return NAN;
+    }
+    return base_lr * (double)global_batch / (double)base_batch;
+}
+
 /* ---- optimizer object ---- */
 
 typedef struct capex__optim_tensor {
@@ -5398,6 +5697,9 @@ struct capex_optim {
     int broken;     /* a load failed half-way: refuse to step */
     void *host_block; /* capex_cuda_optim_to_host: the param/model copies it owns */
     int host_block_params; /* they hold weights (to_host or a load with CAPEX_OPTIM_STATE_PARAMS) */
+    int has_sched;         /* an lr schedule is attached: lr = capex__lr_eval(sched_p, hp.lr, step) */
+    capex_lr_schedule sched;
+    capex__lr_p sched_p;
 };
 
 typedef struct capex__optim_job {
@@ -6119,7 +6421,7 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
         capex__optim_gc *c = &o->gc[gidx];
         const capex_optim_hparams *hp = &g->hp;
         uint64_t s = (uint64_t)g->step + 1;
-        c->lr = hp->lr;
+        c->lr = o->has_sched ? (float)capex__lr_eval(&o->sched_p, (double)hp->lr, (long long)g->step) : hp->lr;
         c->beta1 = hp->beta1;
         c->beta2 = hp->beta2;
         c->beta3 = hp->grad_averaging ? 1.0f - hp->beta1 : 1.0f;
@@ -6162,7 +6464,7 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
                 const capex__optim_tensor *t = &o->tensors[k];
                 const capex_optim_hparams *hp = &o->groups[t->group].hp;
                 double sp = 0.0, su = 0.0;
-                float pn, un, ratio = hp->lr;
+                float pn, un, lr = o->gc[t->group].lr, ratio = lr;
                 while (i0 < o->nitems && o->items[i0].tensor == k) {
                     sp += o->part[2 * i0];
                     su += o->part[2 * i0 + 1];
@@ -6172,7 +6474,7 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
                 un = (float)sqrt(su);
                 /* Apex: nvlamb applies the trust ratio everywhere, else only where wd != 0 */
                 if (o->desc.use_nvlamb || hp->weight_decay != 0.0f)
-                    ratio = (un != 0.0f && pn != 0.0f) ? hp->lr * (pn / un) : hp->lr;
+                    ratio = (un != 0.0f && pn != 0.0f) ? lr * (pn / un) : lr;
                 o->ratio[k] = ratio;
             }
         }
@@ -6279,6 +6581,39 @@ CAPEX_API capex_result capex_optim_get_novograd_norm(const capex_optim *o, size_
     return CAPEX_OK;
 }
 
+/* ---- optimizer lr schedule ---- */
+
+CAPEX_API capex_result capex_optim_set_lr_schedule(capex_optim *o, const capex_lr_schedule *s) {
+    capex_result r;
+    if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_set_lr_schedule: optimizer is NULL");
+    if (!s) {
+        o->has_sched = 0;
+        return CAPEX_OK;
+    }
+    if ((r = capex_lr_schedule_check(s)) != CAPEX_OK) return r;
+    o->sched = *s;
+    capex__lr_params(s, &o->sched_p);
+    o->has_sched = 1;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_optim_get_lr_schedule(const capex_optim *o, capex_lr_schedule *s, int *attached) {
+    if (!o || !s || !attached) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_lr_schedule: NULL argument");
+    *attached = o->has_sched;
+    if (o->has_sched) *s = o->sched;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_optim_get_lr(const capex_optim *o, size_t group, float *lr) {
+    const capex__optim_group *g;
+    if (!o || !lr) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_lr: NULL argument");
+    if (group >= o->ngroups)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_lr: group %zu of %zu", group, o->ngroups);
+    g = &o->groups[group];
+    *lr = o->has_sched ? (float)capex__lr_eval(&o->sched_p, (double)g->hp.lr, (long long)g->step) : g->hp.lr;
+    return CAPEX_OK;
+}
+
 /* ---- optimizer state save/restore ---- */
 
 #define CAPEX__OPT_NAME_MAX 160
@@ -6304,6 +6639,90 @@ static float *capex__optim_hp_f32(capex_optim_hparams *hp, int i) {
 }
 static int *capex__optim_hp_int(capex_optim_hparams *hp, int i) {
     return i == 0 ? &hp->bias_correction : i == 1 ? &hp->grad_averaging : &hp->nesterov;
+}
+
+static capex_result capex__optim_expect(capex_state_reader *rd, const char *nm, capex_state_dtype dt, int64_t numel);
+static capex_result capex__optim_get_i64(capex_state_reader *rd, const char *nm, int64_t *v);
+/* The attached lr schedule as saved: "<prefix>.lr_schedule.<field>" (absent
+   when none is attached; files from before schedules have none either). */
+static const char *const capex__lr_i64_names[7] = {"kind", "warmup_steps", "total_steps", "step_size",
+                                                   "num_milestones", "anneal_linear", "three_phase"};
+static const char *const capex__lr_f64_names[7] = {"warmup_start_factor", "min_factor", "power", "gamma",
+                                                   "pct_start", "div_factor", "final_div_factor"};
+static double *capex__lr_f64(capex_lr_schedule *s, int i) {
+    double *f[7];
+    f[0] = &s->warmup_start_factor; f[1] = &s->min_factor; f[2] = &s->power; f[3] = &s->gamma;
+    f[4] = &s->pct_start; f[5] = &s->div_factor; f[6] = &s->final_div_factor;
+    return f[i];
+}
+
+static capex_result capex__lr_name(char *buf, const char *prefix, const char *field) {
+    if ((size_t)snprintf(buf, CAPEX__OPT_NAME_MAX, "%s.lr_schedule.%s", prefix, field) >= CAPEX__OPT_NAME_MAX)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer state: prefix '%s' is too long", prefix);
+    return CAPEX_OK;
+}
+
+static capex_result capex__optim_sched_save(const capex_optim *o, capex_state_writer *w, const char *prefix) {
+    char nm[CAPEX__OPT_NAME_MAX];
+    capex_result r;
+    capex_lr_schedule s = o->sched;
+    int64_t iv[7], shape = CAPEX_LR_MAX_MILESTONES;
+    int i;
+    if (!o->has_sched) return CAPEX_OK;
+    iv[0] = (int64_t)s.kind; iv[1] = s.warmup_steps; iv[2] = s.total_steps; iv[3] = s.step_size;
+    iv[4] = s.num_milestones; iv[5] = s.anneal_linear != 0; iv[6] = s.three_phase != 0;
+    for (i = 0; i < 7; i++) {
+        if ((r = capex__lr_name(nm, prefix, capex__lr_i64_names[i])) != CAPEX_OK) return r;
+        if ((r = capex_state_add_i64(w, nm, iv[i])) != CAPEX_OK) return r;
+    }
+    for (i = 0; i < 7; i++) {
+        if ((r = capex__lr_name(nm, prefix, capex__lr_f64_names[i])) != CAPEX_OK) return r;
+        if ((r = capex_state_add_f64(w, nm, *capex__lr_f64(&s, i))) != CAPEX_OK) return r;
+    }
+    if ((r = capex__lr_name(nm, prefix, "milestones")) != CAPEX_OK) return r;
+    return capex_state_add_tensor(w, nm, CAPEX_STATE_I64, 1, &shape, o->sched.milestones);
+}
+
+/* *present = 0 when the file has no schedule; else *s is the file's, checked. */
+static capex_result capex__optim_sched_load(capex_state_reader *rd, const char *prefix, capex_lr_schedule *s,
+                                            int *present) {
+    char nm[CAPEX__OPT_NAME_MAX];
+    capex_state_tensor_info info;
+    capex_result r;
+    int64_t iv[7];
+    int i;
+    *present = 0;
+    if ((r = capex__lr_name(nm, prefix, "kind")) != CAPEX_OK) return r;
+    if (capex_state_find(rd, nm, &info) != CAPEX_OK) return CAPEX_OK;
+    for (i = 0; i < 7; i++) {
+        if ((r = capex__lr_name(nm, prefix, capex__lr_i64_names[i])) != CAPEX_OK) return r;
+        if ((r = capex__optim_get_i64(rd, nm, &iv[i])) != CAPEX_OK) return r;
+    }
+    if (iv[0] < 0 || iv[0] > CAPEX_LR_ONECYCLE || iv[4] < 0 || iv[4] > CAPEX_LR_MAX_MILESTONES)
+        return capex__fail(CAPEX_ERR_FORMAT, "optimizer state: lr schedule kind %lld / num_milestones %lld out of "
+                           "range (a corrupt or newer file)", (long long)iv[0], (long long)iv[4]);
+    capex_lr_schedule_init(s, (capex_lr_kind)iv[0]);
+    s->warmup_steps = iv[1]; s->total_steps = iv[2]; s->step_size = iv[3];
+    s->num_milestones = (int)iv[4]; s->anneal_linear = iv[5] != 0; s->three_phase = iv[6] != 0;
+    for (i = 0; i < 7; i++) {
+        if ((r = capex__lr_name(nm, prefix, capex__lr_f64_names[i])) != CAPEX_OK) return r;
+        if ((r = capex_state_get_f64(rd, nm, capex__lr_f64(s, i))) != CAPEX_OK)
+            return capex__fail(r, "optimizer state: cannot read '%s'", nm);
+    }
+    if ((r = capex__lr_name(nm, prefix, "milestones")) != CAPEX_OK) return r;
+    if ((r = capex__optim_expect(rd, nm, CAPEX_STATE_I64, CAPEX_LR_MAX_MILESTONES)) != CAPEX_OK) return r;
+    if ((r = capex_state_read_tensor(rd, nm, CAPEX_STATE_I64, CAPEX_LR_MAX_MILESTONES, s->milestones)) != CAPEX_OK)
+        return capex__fail(r, "optimizer state: cannot read '%s'", nm);
+    if ((r = capex_lr_schedule_check(s)) != CAPEX_OK) {
+        char why[256];
+        size_t n = strlen(capex_last_error());
+        if (n >= sizeof why) n = sizeof why - 1;
+        memcpy(why, capex_last_error(), n); /* the message buffer is rewritten below */
+        why[n] = '\0';
+        return capex__fail(CAPEX_ERR_FORMAT, "optimizer state: the saved lr schedule is invalid (%s)", why);
+    }
+    *present = 1;
+    return CAPEX_OK;
 }
 
 CAPEX_API capex_result capex_optim_save(const capex_optim *o, capex_state_writer *w, const char *prefix,
@@ -6345,6 +6764,7 @@ CAPEX_API capex_result capex_optim_save(const capex_optim *o, capex_state_writer
             CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_F32, 1, &shape, o->novo_v));
         }
     }
+    CAPEX__OPT_TRY(capex__optim_sched_save(o, w, prefix));
     for (g = 0; g < o->ngroups; g++) {
         capex__optim_group *gr = &o->groups[g];
         int i;
@@ -6418,6 +6838,8 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
     float mgn;
     uint64_t seed;
     capex_optim_desc nd;
+    capex_lr_schedule sched;
+    int has_sched = 0;
     capex_optim_hparams *hps = NULL;
     int64_t *steps = NULL;
     const capex_allocator *a;
@@ -6467,6 +6889,7 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
         }
     }
     if ((r = capex__optim_check_desc(&nd)) != CAPEX_OK) return r;
+    CAPEX__OPT_TRY(capex__optim_sched_load(rd, prefix, &sched, &has_sched));
     /* 2. groups */
     hps = (capex_optim_hparams *)capex__alloc(a, (o->ngroups + 1) * sizeof *hps);
     steps = (int64_t *)capex__alloc(a, 2 * (o->ngroups + 1) * sizeof *steps);
@@ -6576,6 +6999,7 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
     }
     nd.allocator = NULL;
     o->desc = nd;
+    if (has_sched) (void)capex_optim_set_lr_schedule(o, &sched); /* checked above; else keep the attached one */
     o->broken = 0;
     if (flags & CAPEX_OPTIM_STATE_PARAMS) o->host_block_params = 1;
 done:

@@ -473,6 +473,17 @@ CAPEX_API capex_result capex_cuda_optim_set_lr(capex_cuda_optim *opt, size_t gro
 /* Device address of the group's float lr, which each step reads: a schedule
    kernel of yours may write it (no host round trip). 0 for a bad group. */
 CAPEX_API capex_cuda_ptr capex_cuda_optim_lr_ptr(const capex_cuda_optim *opt, size_t group);
+/* Attaches an lr schedule (capex.h's capex_lr_schedule; NULL detaches): each
+   step, capex_go_prepare sets every group's lr to capex_lr_at(s, hp.lr,
+   steps taken) on the device from its own step count (capex.h's formula
+   text; no host round trip, skipped steps do not advance it). hp.lr stays the
+   base; a schedule overrides lrs written through capex_cuda_optim_lr_ptr.
+   Enqueued on stream. to_host hands the schedule to the host copy and
+   from_host takes the host's (keeping this one when the host has none).
+   CUDA's double cos/pow may differ from libm by an ulp: the float lr then
+   rarely differs from the CPU's by one ulp; the emulator is bit-exact. */
+CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *opt, const capex_lr_schedule *s,
+                                                        capex_cuda_stream stream);
 /* Steps taken by a group (skipped steps do not count). Waits for stream. */
 CAPEX_API capex_result capex_cuda_optim_get_step(capex_cuda_optim *opt, size_t group, int64_t *step,
                                                  capex_cuda_stream stream);
@@ -1964,6 +1975,8 @@ CAPEX__GO_MATH_FN(4)
 CAPEX__GO_MATH_FN(5)
 CAPEX__GO_MATH_FN(6) /* NovoGrad: only its parts include it */
 typedef char capex__go_math_parts_are_7[sizeof capex__optim_math_parts / sizeof capex__optim_math_parts[0] == 7 ? 1 : -1];
+/* capex.h's lr schedule math (CAPEX__LR_MATH), for capex_go_prepare */
+CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_math_source; }
 
 static const char capex__cuda_frag_go0[] =
     "/* ---- fused multi-tensor kernels (GPUOPT) ----\n"
@@ -2155,7 +2168,9 @@ static const char capex__cuda_frag_go3[] =
     "/* One thread per step, before the update kernels: skip = found_inf (ptr[1])\n"
     "   or a bad inv_scale (ptr[2]) / clip (ptr[3]); else step += 1 and the\n"
     "   group constants as capex_optim_step computes them. ptr[0]: groups,\n"
-    "   flag[0]: count, flag[1]: wd_after_momentum, flag[2]: 1 for SGD. */\n"
+    "   flag[0]: count, flag[1]: wd_after_momentum, flag[2]: 1 for SGD. ptr[4]:\n"
+    "   an lr schedule (capex__lr_p, then a float base lr per group) for groups\n"
+    "   below flag[3]: lr = capex__lr_eval(base, steps taken), capex.h's text. */\n"
     "CAPEX_GK void capex_go_prepare(capex_go_args a) {\n"
     "    capex_go_group *gr = (capex_go_group *)a.ptr[0];\n"
     "    float inv = a.ptr[2] ? *(const float *)a.ptr[2] : 1.0f, cl = a.ptr[3] ? *(const float *)a.ptr[3] : 1.0f;\n"
@@ -2168,6 +2183,10 @@ static const char capex__cuda_frag_go3[] =
     "        g->skip = skip;\n"
     "        g->gs = gs;\n"
     "        if (skip) continue;\n"
+    "        if (a.ptr[4] && k < a.flag[3]) {\n"
+    "            const capex__lr_p *lp = (const capex__lr_p *)a.ptr[4];\n"
+    "            g->lr = (float)capex__lr_eval(lp, (double)((const float *)(lp + 1))[k], g->step);\n"
+    "        }\n"
     "        long long s = g->step + 1;\n"
     "        g->step = s;\n"
     "        g->beta3 = g->grad_averaging ? 1.0f - g->beta1 : 1.0f;\n"
@@ -2579,7 +2598,7 @@ CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n
     static const capex__cuda_fragment_fn f[] = {
         capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
         capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn, capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn,
-        capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
+        capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
         capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
         capex__cuda_frag_go9_sumsq_fn, capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn, capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn, capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn, capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn, capex__cuda_frag_go9_lamb1_bf16_fn,
         capex__cuda_frag_gomath6_fn, capex__cuda_frag_go10_fn, capex__cuda_frag_go11_fn, capex__cuda_frag_go12_fn,
@@ -2864,7 +2883,7 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     /* optimizer fragments */
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
     capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,
-    capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn,
+    capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn,
     capex__cuda_frag_go5_fn, capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
     capex__cuda_frag_go9_sumsq_fn, capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn,
     capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn,
@@ -2903,7 +2922,7 @@ enum {
         capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn
 #define CAPEX__CP_NORM capex__norm_math_cuda, capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn
 static const capex__cuda_fragment_fn capex__cuda_pf_basic[] = {capex__cuda_frag_basic_fn, NULL};
-static const capex__cuda_fragment_fn capex__cuda_pf_amp[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn,
+static const capex__cuda_fragment_fn capex__cuda_pf_amp[] = {CAPEX__CP_GO, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn,
                                                              capex__cuda_frag_go8b_fn, capex__cuda_frag_go9_sumsq_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_scale_f32_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f16[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_scale_f16_fn, NULL};
@@ -4695,7 +4714,12 @@ struct capex_cuda_optim {
     int64_t *seg;            /* LAMB: 2 * nt (chunk start, chunk count) */
     capex_cuda_ptr dlamb;    /* LAMB: part[2 * chunks] sp[nt] su[nt] g2 | ratio[nt] tgroup[nt] */
     capex_cuda_ptr dnovo;    /* NovoGrad: part[chunks] n2[nt] (double) | v[nt] denom[nt] (f32) tgroup[nt] */
+    int has_sched;           /* an lr schedule is attached */
+    capex_lr_schedule sched;
+    capex_cuda_ptr dsched;   /* capex__lr_p, then float base lr per group (dsched_groups of them) */
+    size_t dsched_groups, dsched_cap;
 };
+CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream);
 
 CAPEX__PRIVATE void capex__go_hp_to_group(const capex_optim_hparams *hp, capex__go_group *g) {
     g->lr = hp->lr;
@@ -4751,6 +4775,7 @@ CAPEX_API void capex_cuda_optim_destroy(capex_cuda_optim *o) {
     if (o->dgroups) o->ex.release(o->ex.user, o->dgroups);
     if (o->dlamb) o->ex.release(o->ex.user, o->dlamb);
     if (o->dnovo) o->ex.release(o->ex.user, o->dnovo);
+    if (o->dsched) o->ex.release(o->ex.user, o->dsched);
     capex__free(NULL, o->hp);
     capex__free(NULL, o->t);
     capex__free(NULL, o->shape);
@@ -4918,6 +4943,9 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
         }
         o->ex.prefetch(o->ex.user, ks, nk);
     }
+    if (o->has_sched && (r = capex__go_sched_upload(o, NULL)) != CAPEX_OK) /* steps leave the group unscheduled */
+        return capex__fail(r, "%s: group %zu was added, but the lr schedule could not take its base lr (%s); call "
+                           "capex_cuda_optim_set_lr_schedule again", fn, o->ngroups - 1, capex_result_string(r));
     return CAPEX_OK;
 fail:
     if (bufs)
@@ -5097,6 +5125,61 @@ CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_
     return r;
 }
 
+/* Writes the schedule's parameters and every group's base lr to dsched
+   (grown as groups are added). A step reads it; nothing is read back. */
+CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream) {
+    capex__lr_p *p;
+    float *base;
+    size_t g, bytes;
+    capex_result r;
+    if (!o->has_sched) return CAPEX_OK;
+    bytes = sizeof(capex__lr_p) + (o->ngroups ? o->ngroups : 1) * sizeof(float);
+    p = (capex__lr_p *)capex__alloc(NULL, bytes);
+    if (!p) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_optim: lr schedule: out of host memory");
+    memset(p, 0, bytes);
+    capex__lr_params(&o->sched, p);
+    base = (float *)(p + 1);
+    for (g = 0; g < o->ngroups; g++) base[g] = o->hp[g].lr;
+    if (o->dsched_cap < bytes) {
+        capex_cuda_ptr d = 0;
+        if ((r = o->ex.alloc(o->ex.user, bytes, &d)) != CAPEX_OK) { capex__free(NULL, p); return r; }
+        if (o->dsched) { /* a step queued on another stream may still read the old one */
+            if ((r = capex__go_sync(&o->ex)) != CAPEX_OK) {
+                o->ex.release(o->ex.user, d);
+                capex__free(NULL, p);
+                return r;
+            }
+            o->ex.release(o->ex.user, o->dsched);
+        }
+        o->dsched = d;
+        o->dsched_cap = bytes;
+        o->dsched_groups = 0;
+    }
+    r = o->ex.htod(o->ex.user, o->dsched, p, bytes, stream);
+    capex__free(NULL, p);
+    if (r == CAPEX_OK) o->dsched_groups = o->ngroups;
+    return r;
+}
+
+CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, const capex_lr_schedule *s,
+                                                        capex_cuda_stream stream) {
+    capex_result r;
+    capex_lr_schedule old;
+    int had;
+    if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_set_lr_schedule: optimizer is NULL");
+    if (!s) {
+        o->has_sched = 0;
+        return CAPEX_OK;
+    }
+    if ((r = capex_lr_schedule_check(s)) != CAPEX_OK) return r;
+    old = o->sched;
+    had = o->has_sched;
+    o->sched = *s;
+    o->has_sched = 1;
+    if ((r = capex__go_sched_upload(o, stream)) != CAPEX_OK) { o->sched = old; o->has_sched = had; }
+    return r;
+}
+
 CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
                                              capex_cuda_ptr found_inf, capex_cuda_stream stream) {
     capex__go_args a;
@@ -5117,6 +5200,8 @@ CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr
     a.flag[0] = (int32_t)o->ngroups;
     a.flag[1] = o->desc.wd_after_momentum != 0;
     a.flag[2] = o->desc.kind == CAPEX_OPTIM_SGD;
+    a.ptr[4] = o->has_sched ? o->dsched : 0;
+    a.flag[3] = o->has_sched ? (int32_t)o->dsched_groups : 0;
     if ((r = capex__go_small(&o->ex, CAPEX__GO_K_PREPARE, 1, 1, &a, stream)) != CAPEX_OK) return r;
     if (o->desc.kind == CAPEX_OPTIM_LAMB) return capex__go_step_lamb(o, stream);
     if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) return capex__go_step_novo(o, stream);
@@ -5157,6 +5242,7 @@ CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t 
     r = o->ex.htod(o->ex.user, o->dgroups + group * sizeof g + CAPEX__GO_HP_OFF, (const char *)&g + CAPEX__GO_HP_OFF,
                    CAPEX__GO_HP_LEN, stream);
     if (r == CAPEX_OK) o->hp[group] = *hp;
+    if (r == CAPEX_OK) r = capex__go_sched_upload(o, stream); /* the new base lr */
     return r;
 }
 
@@ -5246,7 +5332,7 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
         size_t first = k;
         while (k < o->nt && o->t[k].group == g) k++;
         /* lr as the device has it: a kernel may drive it (capex_cuda_optim_lr_ptr) */
-        o->hp[g].lr = groups[g].lr;
+        if (!o->has_sched) o->hp[g].lr = groups[g].lr; /* scheduled: hp.lr is the base */
         r = capex_optim_add_group(h, &o->hp[g], ps + first, k - first, NULL);
         if (r == CAPEX_OK) { h->groups[g].step = groups[g].step; h->groups[g].mom_init = groups[g].mom_init != 0; }
     }
@@ -5268,6 +5354,7 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
     if (r == CAPEX_OK && (!(flags & CAPEX_OPTIM_STATE_PARAMS)))
         memset(block, 0, capex__go_host_layout(o, o->nt, 0)); /* defined contents, never saved */
     if (r == CAPEX_OK) h->host_block_params = (flags & CAPEX_OPTIM_STATE_PARAMS) != 0;
+    if (r == CAPEX_OK && o->has_sched) r = capex_optim_set_lr_schedule(h, &o->sched);
 done:
     if (r == CAPEX_OK) *host = h;
     else if (h) capex_optim_destroy(h); /* frees block */
@@ -5349,6 +5436,9 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
         for (g = 0; g < o->ngroups; g++) o->hp[g] = h->groups[g].hp;
         o->desc.max_grad_norm = h->desc.max_grad_norm; /* loaded with the state */
         o->desc.seed = h->desc.seed;
+        if (h->has_sched) { o->sched = h->sched; o->has_sched = 1; }
+        r = capex__go_sched_upload(o, NULL); /* base lrs (and schedule) from the host */
+        if (r == CAPEX_OK) r = capex__go_sync(&o->ex);
     }
 done:
     capex__free(NULL, groups);

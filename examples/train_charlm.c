@@ -6,6 +6,7 @@
 
      make run                               # O0 vs O2 fp16 on the CPU, chart
      build/examples/train_charlm --opt O2 --half bf16 --optim lamb
+     build/examples/train_charlm --sched onecycle --warmup 300   # lr schedule
      mpirun -np 2 build/examples/train_charlm_mpi --steps 500
 
    The model is small on purpose (a 2-core machine trains it in about a
@@ -275,6 +276,7 @@ typedef struct run_cfg {
     int steps, batch, ctx, emb, hidden;
     float lr, wd, clip, min_lr_frac;
     int warmup;
+    capex_lr_kind sched; /* --sched: the lr schedule after the warmup */
     uint64_t seed;
     int eval_every, eval_windows, log_every;
     const char *save_path; /* checkpoint written at save_at (or the end) */
@@ -325,12 +327,30 @@ static float evaluate(model *m, const float *w, const text_data *d, int windows)
     return (float)(sum / done);
 }
 
-/* Cosine decay after a linear warmup (llm.c / GPT-style schedule). */
-static float lr_at(const run_cfg *c, int step) {
-    float min_lr = c->lr * c->min_lr_frac, t;
-    if (step < c->warmup) return c->lr * (float)(step + 1) / (float)c->warmup;
-    t = (float)(step - c->warmup) / (float)(c->steps > c->warmup ? c->steps - c->warmup : 1);
-    return min_lr + 0.5f * (c->lr - min_lr) * (1.0f + cosf(3.14159265f * (t > 1 ? 1 : t)));
+/* The lr schedule (--sched, --warmup): a linear warmup from lr/warmup, then
+   the decay to lr * min_lr_frac over the remaining steps. The optimizer runs
+   it from its own step count (on the GPU: on the device), and its state file
+   keeps it, so a resumed run continues the curve (the file's schedule wins). */
+static capex_result lr_schedule_for(const run_cfg *c, capex_lr_schedule *s) {
+    int64_t decay = c->steps > c->warmup ? c->steps - c->warmup : 1;
+    capex_lr_schedule_init(s, c->sched);
+    s->warmup_steps = c->sched == CAPEX_LR_ONECYCLE ? 0 : c->warmup;
+    s->warmup_start_factor = c->warmup > 0 ? 1.0 / c->warmup : 1.0;
+    s->total_steps = c->steps > c->warmup ? c->steps : c->warmup + 1;
+    s->min_factor = c->min_lr_frac;
+    switch (c->sched) {
+    case CAPEX_LR_POLYNOMIAL: s->power = 2.0; break;
+    case CAPEX_LR_STEP: s->step_size = decay / 3 > 0 ? decay / 3 : 1; s->gamma = 0.3; break;
+    case CAPEX_LR_MULTISTEP:
+        s->num_milestones = 2; s->milestones[0] = decay / 2; s->milestones[1] = decay * 3 / 4; break;
+    case CAPEX_LR_EXPONENTIAL: s->gamma = pow(c->min_lr_frac > 0 ? c->min_lr_frac : 1e-3, 1.0 / (double)decay); break;
+    case CAPEX_LR_ONECYCLE:
+        s->total_steps = c->steps;
+        s->pct_start = c->warmup > 0 && c->warmup < c->steps ? (double)c->warmup / c->steps : 0.3;
+        break;
+    default: break;
+    }
+    return capex_lr_schedule_check(s);
 }
 
 /* ---- pieces shared by the CPU and GPU training loops --------------------- */
@@ -421,6 +441,7 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     capex_scaler_desc sd;
     capex_scaler sc;
     capex_optim_desc od;
+    capex_lr_schedule lrs;
     capex_optim *opt = NULL;
     capex_optim_param op[P_COUNT];
     capex_ddp_desc dd;
@@ -491,6 +512,8 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     grads = capex_tensor_list_make(grad_dtype, gt, P_COUNT);
     grads32 = capex_tensor_list_make(CAPEX_F32, g32t, P_COUNT);
     CHECK(capex_optim_add_group(opt, NULL, op, P_COUNT, NULL));
+    CHECK(lr_schedule_for(c, &lrs));
+    CHECK(capex_optim_set_lr_schedule(opt, &lrs));
 
     scaler_desc_for(&amp, c->quiet ? 0 : 200, &sd);
     CHECK(capex_scaler_init(&sc, &sd));
@@ -512,7 +535,6 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
         float scale = 1.0f, inv_scale = 1.0f, norm = 0.0f, loss, clip_coef = 1.0f;
         int found_inf, do_step = 0;
         CHECK(next_batch(c, d, &smp, &epoch, &pos, tok));
-        CHECK(capex_optim_set_lr(opt, 0, lr_at(c, step)));
 
         /* the weights as the compute sees them */
         if (amp.model_dtype == CAPEX_F16) capex_f16_to_f32_array(wh, weff, (size_t)m.n_params);
@@ -551,12 +573,13 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
         ema = step == 0 ? loss : 0.98 * ema + 0.02 * loss;
         if (c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) {
             double el = capex_dist_now() - t0;
-            float cur_scale = capex_scaler_get_scale(&sc);
+            float cur_scale = capex_scaler_get_scale(&sc), next_lr = 0.0f;
             capex_scaler_state st;
             memset(&st, 0, sizeof st);
             capex_scaler_get_state(&sc, &st);
+            capex_optim_get_lr(opt, 0, &next_lr);
             printf("[%s] step %5d  loss %.4f  scale %-9g skipped %lld  lr %.2e  %.0f tok/s\n", c->label, step, loss, cur_scale,
-                   (long long)st.skipped_steps, lr_at(c, step), el > 0 ? tokens / el : 0.0);
+                   (long long)st.skipped_steps, next_lr, el > 0 ? tokens / el : 0.0);
         }
         if (c->eval_every && ((step + 1) % c->eval_every == 0 || step == c->steps - 1) && res->n_points < MAX_POINTS) {
             float vl;
@@ -922,6 +945,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     capex_scaler host_sc;
     capex_cuda_scaler *sc = NULL;
     capex_optim_desc od;
+    capex_lr_schedule lrs;
     capex_cuda_optim *opt = NULL;
     capex_optim_param op[P_COUNT];
     capex_ddp *ddp = NULL;
@@ -1013,6 +1037,8 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         if (wh) { op[i].model = (void *)(uintptr_t)(wh + (capex_cuda_ptr)m.off[i] * 2); op[i].model_dtype = amp.model_dtype; }
     }
     CHECK(capex_cuda_optim_add_group(opt, NULL, op, P_COUNT, NULL));
+    CHECK(lr_schedule_for(c, &lrs));
+    CHECK(capex_cuda_optim_set_lr_schedule(opt, &lrs, stream));
 
     scaler_desc_for(&amp, 0, &sd);
     CHECK(capex_cuda_scaler_create(ctx, &sd, &sc));
@@ -1028,6 +1054,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         if (r == CAPEX_OK) r = capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, stream, &h);
         if (r == CAPEX_OK) r = capex_optim_load(h, rd, "optim", CAPEX_OPTIM_STATE_PARAMS);
         if (r == CAPEX_OK) r = capex_cuda_optim_from_host(opt, h, CAPEX_OPTIM_STATE_PARAMS, stream);
+        if (r == CAPEX_OK) { int att = 0; r = capex_optim_get_lr_schedule(h, &lrs, &att); } /* the file's, for the log */
         if (r == CAPEX_OK) r = capex_scaler_load(&host_sc, rd, "scaler.0.");
         if (r == CAPEX_OK) r = capex_scaler_get_state(&host_sc, &st);
         if (r == CAPEX_OK) r = capex_cuda_scaler_set_state(sc, &st, stream);
@@ -1044,7 +1071,6 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         const capex_cuda_ptr wcompute = wh ? wh : w32;
         CHECK(next_batch(c, d, &smp, &epoch, &pos, tok));
         CHECK(capex_cuda_memcpy_htod(ctx, g.buf[G_TOK], tok, (size_t)c->batch * (c->ctx + 1), stream));
-        CHECK(capex_cuda_optim_set_lr(opt, 0, lr_at(c, step), stream));
 
         CHECK(gpu_forward(&g, wcompute, dloss, 0));
         CHECK(gpu_backward(&g, wcompute, capex_cuda_scaler_scale_ptr(sc), grad, ddp));
@@ -1074,9 +1100,11 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         if (c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) {
             double el = capex_dist_now() - t0;
             capex_scaler_state st;
+            int64_t taken = 0;
             CHECK(capex_cuda_scaler_get_state(sc, &st, stream));
+            CHECK(capex_cuda_optim_get_step(opt, 0, &taken, stream));
             printf("[%s] step %5d  loss %.4f  scale %-9g skipped %lld  lr %.2e  %.0f tok/s\n", c->label, step, losses[step],
-                   st.scale, (long long)st.skipped_steps, lr_at(c, step), el > 0 ? tokens / el : 0.0);
+                   st.scale, (long long)st.skipped_steps, capex_lr_at(&lrs, c->lr, taken), el > 0 ? tokens / el : 0.0);
         }
         if (c->eval_every && ((step + 1) % c->eval_every == 0 || step == c->steps - 1) && res->n_points < MAX_POINTS) {
             float vl = gpu_evaluate(&g, wcompute, d, c->eval_windows, scratch + 8);
@@ -1205,6 +1233,7 @@ static void run_cfg_default(run_cfg *c) {
     c->level = CAPEX_O2; c->half = CAPEX_F16; c->optim = CAPEX_OPTIM_ADAM;
     c->steps = 1500; c->batch = 64; c->ctx = 12; c->emb = 16; c->hidden = 256;
     c->lr = 3e-3f; c->wd = 0.01f; c->clip = 1.0f; c->min_lr_frac = 0.1f; c->warmup = 50; c->seed = 1337;
+    c->sched = CAPEX_LR_COSINE;
     c->eval_every = 100; c->eval_windows = 4096; c->log_every = 100;
 }
 
@@ -1214,6 +1243,9 @@ static void usage(void) {
            "  --half fp16|bf16      half type for O1-O3 (default fp16)\n"
            "  --optim adamw|lamb|sgd (default adamw)\n"
            "  --steps N --batch B --lr X --wd X --clip X --seed N\n"
+           "  --sched NAME          lr after the warmup: cosine (default), linear, poly, step,\n"
+           "                        multistep, exp, constant, onecycle (decays to lr/10)\n"
+           "  --warmup N            linear warmup steps (default 50; onecycle: its rise)\n"
            "  --ctx N --emb N --hidden N   model size\n"
            "  --data FILE           training text (default: /usr/share/common-licenses/*)\n"
            "  --save FILE [--save-at STEP]  checkpoint\n"
@@ -1257,6 +1289,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) cfg.steps = atoi(v);
         else if (!strcmp(a, "--batch")) cfg.batch = atoi(v);
         else if (!strcmp(a, "--lr")) cfg.lr = (float)atof(v);
+        else if (!strcmp(a, "--warmup")) cfg.warmup = atoi(v);
+        else if (!strcmp(a, "--sched")) {
+            static const char *const names[8] = {"constant", "cosine", "linear", "poly", "step", "multistep", "exp", "onecycle"};
+            int k, found = -1;
+            for (k = 0; k < 8; k++) if (!strcmp(v, names[k])) found = k;
+            if (found < 0) { fprintf(stderr, "--sched: constant, cosine, linear, poly, step, multistep, exp or onecycle\n"); return 2; }
+            cfg.sched = (capex_lr_kind)found; /* names[] is in capex_lr_kind's order */
+        }
         else if (!strcmp(a, "--wd")) cfg.wd = (float)atof(v);
         else if (!strcmp(a, "--clip")) cfg.clip = (float)atof(v);
         else if (!strcmp(a, "--seed")) cfg.seed = (uint64_t)strtoull(v, NULL, 10);
@@ -1280,8 +1320,9 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "unknown option %s (--help)\n", a); return 2; }
         i += used;
     }
-    if (cfg.steps < 1 || cfg.batch < 1 || cfg.ctx < 1 || cfg.emb < 1 || cfg.hidden < 1 || !(cfg.lr > 0) || cfg.eval_windows < 1) {
-        fprintf(stderr, "steps, batch, ctx, emb, hidden, eval-windows and lr must be positive\n");
+    if (cfg.steps < 1 || cfg.batch < 1 || cfg.ctx < 1 || cfg.emb < 1 || cfg.hidden < 1 || !(cfg.lr > 0) || cfg.eval_windows < 1 ||
+        cfg.warmup < 0) {
+        fprintf(stderr, "steps, batch, ctx, emb, hidden, eval-windows and lr must be positive (warmup >= 0)\n");
         return 2;
     }
     if (cfg.warmup > cfg.steps / 10) cfg.warmup = cfg.steps / 10 + 1;

@@ -704,6 +704,128 @@ static void par_checkpoint(ct_state *ct, env *e) {
     if (!ct->failed) par_checkpoint_one(ct, e, &d, 0, "NovoGrad");
 }
 
+/* ---- lr schedules: the device computes each step's lr from its own step
+   count (capex_go_prepare, capex.h's formula text) --------------------------
+   Two groups (base lrs differ), warmup + cosine, a skipped step (which must
+   not advance the schedule), a base-lr change mid-run (set_lr re-uploads the
+   base), then a checkpoint through to_host (the host copy carries the
+   schedule and the base lrs); the device then detaches its schedule and
+   steps alone, from_host restores its state and the schedule, and it
+   continues in lockstep with the CPU. `tol` 0: bit-exact. */
+static void par_schedule_one(ct_state *ct, env *e, const capex_optim_desc *d, float tol, int exact, const char *what) {
+    par_opt o;
+    capex_lr_schedule s, got;
+    capex_optim *h = NULL;
+    capex_optim_hparams hp;
+    capex_cuda_ptr dfound = par_alloc(e, 4);
+    int step, att = 0;
+    capex_lr_schedule_init(&s, CAPEX_LR_COSINE);
+    s.warmup_steps = 2; s.warmup_start_factor = 0.2; s.total_steps = 9; s.min_factor = 0.1;
+    CT_CHECK(dfound != 0, "alloc");
+    CT_CHECK(par_opt_make(e, &o, d, 12, 0), "%s: setup: %s", what, capex_last_error());
+    CT_CHECK(capex_optim_set_lr_schedule(o.cpu, &s) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_cuda_optim_set_lr_schedule(o.dev, &s, NULL) == CAPEX_OK, "%s", capex_last_error());
+    for (step = 0; step < 12 && !ct->failed; step++) {
+        uint32_t found = step == 3;
+        CT_CHECK(par_up(e, dfound, &found, 4), "up");
+        if (step == 6) {
+            CT_CHECK(capex_optim_set_lr(o.cpu, 1, 4e-3f) == CAPEX_OK && capex_cuda_optim_set_lr(o.dev, 1, 4e-3f, NULL) == CAPEX_OK,
+                     "set_lr: %s", capex_last_error());
+        }
+        CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, (int)found) == CAPEX_OK, "cpu step: %s", capex_last_error());
+        CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, dfound, NULL) == CAPEX_OK, "%s", capex_last_error());
+        par_opt_compare(ct, e, &o, tol, what);
+    }
+    if (!ct->failed) {
+        /* the device's lr field holds the last step's scheduled lr */
+        float dlr = -1.0f, want = (float)capex_lr_at(&s, (double)4e-3f, 10);
+        CT_CHECK(par_down(e, &dlr, capex_cuda_optim_lr_ptr(o.dev, 1), 4) && (exact ? dlr == want : par_close(dlr, want, 2e-7f, 0)),
+                 "%s: device lr %.9g after 11 steps taken, want %.9g", what, (double)dlr, (double)want);
+        CT_CHECK(capex_cuda_optim_to_host(o.dev, CAPEX_OPTIM_STATE_PARAMS, NULL, &h) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_optim_get_lr_schedule(h, &got, &att) == CAPEX_OK && att == 1 && got.total_steps == 9,
+                 "%s: the host copy carries the schedule", what);
+        CT_CHECK(capex_optim_get_hparams(h, 1, &hp) == CAPEX_OK && hp.lr == 4e-3f, "%s: host copy base lr %.9g", what,
+                 (double)hp.lr);
+        /* the device drops its schedule and runs ahead alone; from_host brings
+           back its state and the host copy's schedule */
+        CT_CHECK(capex_cuda_optim_set_lr_schedule(o.dev, NULL, NULL) == CAPEX_OK, "detach");
+        CT_CHECK(capex_cuda_optim_set_lr(o.dev, 1, 1e-2f, NULL) == CAPEX_OK, "lr");
+        CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_cuda_optim_from_host(o.dev, h, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_OK, "%s", capex_last_error());
+        for (step = 12; step < 16 && !ct->failed; step++) {
+            CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu step: %s", capex_last_error());
+            CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+            par_opt_compare(ct, e, &o, tol, "resumed from the host copy");
+        }
+    }
+    capex_optim_destroy(h);
+    par_opt_free(e, &o);
+    par_free(e, dfound);
+}
+/* A schedule attached before any group: add_group grows the device buffer
+   of base lrs, and a group added later runs the schedule from its own step
+   count. Plain SGD from 0 with gradient 1 accumulates -lr exactly. */
+static void par_schedule_groups(ct_state *ct, env *e, int exact) {
+    capex_optim_desc d;
+    capex_cuda_optim *dev = NULL;
+    capex_lr_schedule s;
+    capex_optim_param p;
+    capex_optim_hparams hp;
+    capex_cuda_ptr dp[2], dg = par_alloc(e, 64);
+    float one[16], zero[16], got[16], want[2] = {0.0f, 0.0f};
+    const float base[2] = {0.5f, 0.25f};
+    int k, step, i;
+    int64_t n[2] = {0, 0};
+    dp[0] = par_alloc(e, 64);
+    dp[1] = par_alloc(e, 64);
+    for (i = 0; i < 16; i++) { one[i] = 1.0f; zero[i] = 0.0f; }
+    CT_CHECK(dg && dp[0] && dp[1] && par_up(e, dg, one, 64) && par_up(e, dp[0], zero, 64) && par_up(e, dp[1], zero, 64), "setup");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_SGD);
+    d.defaults.lr = base[0];
+    capex_lr_schedule_init(&s, CAPEX_LR_EXPONENTIAL);
+    s.gamma = 0.9;
+    s.warmup_steps = 2;
+    CT_CHECK(e->ctx ? capex_cuda_optim_create(e->ctx, &d, &dev) == CAPEX_OK : capex__go_optim_create(&e->ex, &d, &dev) == CAPEX_OK,
+             "create: %s", capex_last_error());
+    CT_CHECK(capex_cuda_optim_set_lr_schedule(dev, &s, NULL) == CAPEX_OK, "attach with no groups: %s", capex_last_error());
+    for (step = 0; step < 7 && !ct->failed; step++) {
+        if (step == 0 || step == 3) {
+            k = step == 3;
+            capex_optim_param_init(&p);
+            p.param = (float *)(uintptr_t)dp[k]; p.grad = (const void *)(uintptr_t)dg; p.numel = 16;
+            hp = d.defaults;
+            hp.lr = base[k];
+            CT_CHECK(capex_cuda_optim_add_group(dev, &hp, &p, 1, NULL) == CAPEX_OK, "add group %d: %s", k, capex_last_error());
+        }
+        CT_CHECK(capex_cuda_optim_step(dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+        for (k = 0; k < (step >= 3 ? 2 : 1); k++) {
+            want[k] = want[k] - (float)capex_lr_at(&s, (double)base[k], n[k]++) * 1.0f;
+            CT_CHECK(par_down(e, got, dp[k], 64), "down");
+            CT_CHECK(exact ? got[15] == want[k] : par_close(got[15], want[k], 1e-6f, 0), "step %d group %d: %.9g, want %.9g",
+                     step, k, (double)got[15], (double)want[k]);
+        }
+    }
+    capex_cuda_optim_destroy(dev);
+    par_free(e, dg);
+    par_free(e, dp[0]);
+    par_free(e, dp[1]);
+}
+/* exact: the emulator (host libm); a GPU's double cos/pow may move an lr by an ulp */
+static void par_schedule(ct_state *ct, env *e, int exact) {
+    capex_optim_desc d;
+    const float t = exact ? 0.0f : 2e-6f;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.defaults.weight_decay = 0.01f;
+    par_schedule_one(ct, e, &d, t, exact, "AdamW + cosine schedule");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_SGD);
+    d.defaults.momentum = 0.9f;
+    d.defaults.lr = 0.05f;
+    if (!ct->failed) par_schedule_one(ct, e, &d, t, exact, "SGD + cosine schedule");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_LAMB);
+    if (!ct->failed) par_schedule_one(ct, e, &d, 2e-6f, exact, "LAMB + cosine schedule");
+    if (!ct->failed) par_schedule_groups(ct, e, exact);
+}
+
 /* ---- the device loss scaler against capex_scaler, step by step ----------- */
 static void par_scaler(ct_state *ct, env *e) {
     static const int pattern[] = {0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};

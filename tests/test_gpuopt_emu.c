@@ -251,11 +251,13 @@ static int emu_count(env *e) { (void)e; return stats.copies; }
 CT_TEST(emu_amp_loop_no_host_sync) { env e = emu_env(9); par_amp_loop(ct, &e, emu_count); }
 CT_TEST(emu_checkpoint_roundtrip) { env e = emu_env(10); par_checkpoint(ct, &e); }
 CT_TEST(emu_novograd) { env e = emu_env(11); par_novograd(ct, &e); }
+CT_TEST(emu_lr_schedule) { env e = emu_env(12); par_schedule(ct, &e, 1); }
 
 static const ct_case cases[] = {
     CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_many_tensors),
     CT_CASE(emu_l2norm), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
     CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
+    CT_CASE(emu_lr_schedule),
 };
 
 int main(int argc, char **argv) {
