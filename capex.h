@@ -1821,14 +1821,85 @@ CAPEX_API float capex_f16_to_f32(uint16_t h) { return capex__f16_to_f32_v(h); }
 CAPEX_API uint16_t capex_f32_to_bf16(float f) { return capex__bf16_from_bits(capex__f32_bits(f)); }
 CAPEX_API float capex_bf16_to_f32(uint16_t h) { return capex__bits_f32((uint32_t)h << 16); }
 
-CAPEX_API void capex_f32_to_f16_array(const float *src, uint16_t *dst, size_t n) {
-    size_t i;
-    for (i = 0; i < n; i++) dst[i] = capex__f32_to_f16_v(src[i]);
-}
-CAPEX_API void capex_f16_to_f32_array(const uint16_t *src, float *dst, size_t n) {
+/* Bulk fp16 codecs. Portable loops (vectorised selects, above), and on x86-64
+   with GCC/clang the F16C instructions (vcvtph2ps/vcvtps2ph, 8 per op): 2-3x
+   fewer instructions per element, the same bits (test_half compares both
+   paths with the integer reference on every f16 code and 70M f32 inputs).
+   Used when the compiler targets F16C (-mf16c, -march=native) or, otherwise,
+   when cpuid says so at run time (per-function target attributes, so the
+   header still builds for any x86-64). -DCAPEX_NO_SIMD: portable only.
+   The hardware quiets signalling NaNs on f16 -> f32 and capex keeps them, so
+   groups of 8 with a NaN take the portable path; vcvtps2ph with
+   round-to-nearest-even is capex's rounding, overflow and NaN payload. */
+CAPEX__PRIVATE void capex__f16_load_port(const uint16_t *src, float *dst, size_t n) {
     size_t i;
     for (i = 0; i < n; i++) dst[i] = capex__f16_to_f32_v(src[i]);
 }
+CAPEX__PRIVATE void capex__f16_store_port(const float *src, uint16_t *dst, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) dst[i] = capex__f32_to_f16_v(src[i]);
+}
+#if !defined(CAPEX_NO_SIMD) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CAPEX__F16C 1
+#include <immintrin.h>
+#include <cpuid.h>
+#define CAPEX__F16C_FN __attribute__((target("avx,f16c")))
+CAPEX__F16C_FN CAPEX__PRIVATE void capex__f16_load_f16c(const uint16_t *src, float *dst, size_t n) {
+    const __m128i mag = _mm_set1_epi16(0x7fff), inf = _mm_set1_epi16(0x7c00);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(src + i));
+        if (_mm_movemask_epi8(_mm_cmpgt_epi16(_mm_and_si128(h, mag), inf))) /* a NaN: keep its bits */
+            capex__f16_load_port(src + i, dst + i, 8);
+        else
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+    capex__f16_load_port(src + i, dst + i, n - i);
+}
+CAPEX__F16C_FN CAPEX__PRIVATE void capex__f16_store_f16c(const float *src, uint16_t *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    capex__f16_store_port(src + i, dst + i, n - i);
+}
+/* 1: use F16C. Probed once; the cached word is written with the same value by
+   any thread that races to it (atomics keep that well-defined). */
+CAPEX__PRIVATE int capex__f16c_ok(void) {
+#if defined(__F16C__) && defined(__AVX__)
+    return 1;
+#else
+    static int state; /* 0 not probed, 1 no, 2 yes */
+    int st = __atomic_load_n(&state, __ATOMIC_RELAXED);
+    if (!st) {
+        unsigned int a = 0, b = 0, c = 0, d = 0;
+        /* cpuid(1).ecx bit 29: F16C; "avx" also says the OS saves the ymm registers */
+        st = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u) && __builtin_cpu_supports("avx") ? 2 : 1;
+        __atomic_store_n(&state, st, __ATOMIC_RELAXED);
+    }
+    return st == 2;
+#endif
+}
+#define CAPEX__F16C_ON() capex__f16c_ok()
+#else
+#define CAPEX__F16C_ON() 0
+#endif
+/* fp16 -> f32 / f32 -> fp16 for n elements, the fastest path this CPU has */
+static inline void capex__f16_load_n(const uint16_t *src, float *dst, size_t n) {
+#ifdef CAPEX__F16C
+    if (CAPEX__F16C_ON()) { capex__f16_load_f16c(src, dst, n); return; }
+#endif
+    capex__f16_load_port(src, dst, n);
+}
+static inline void capex__f16_store_n(const float *src, uint16_t *dst, size_t n) {
+#ifdef CAPEX__F16C
+    if (CAPEX__F16C_ON()) { capex__f16_store_f16c(src, dst, n); return; }
+#endif
+    capex__f16_store_port(src, dst, n);
+}
+
+CAPEX_API void capex_f32_to_f16_array(const float *src, uint16_t *dst, size_t n) { capex__f16_store_n(src, dst, n); }
+CAPEX_API void capex_f16_to_f32_array(const uint16_t *src, float *dst, size_t n) { capex__f16_load_n(src, dst, n); }
 CAPEX_API void capex_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n) {
     size_t i;
     for (i = 0; i < n; i++) dst[i] = capex__bf16_from_bits(capex__f32_bits(src[i]));
