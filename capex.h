@@ -1865,17 +1865,17 @@ CAPEX__F16C_FN CAPEX__PRIVATE void capex__f16_store_f16c(const float *src, uint1
 }
 /* 1: use F16C. Probed once; the cached word is written with the same value by
    any thread that races to it (atomics keep that well-defined). */
+static int capex__f16c_state; /* 0 not probed, 1 no, 2 yes; tests set 1 to force the portable path */
 CAPEX__PRIVATE int capex__f16c_ok(void) {
+    int st = __atomic_load_n(&capex__f16c_state, __ATOMIC_RELAXED);
 #if defined(__F16C__) && defined(__AVX__)
-    return 1;
+    return st != 1;
 #else
-    static int state; /* 0 not probed, 1 no, 2 yes */
-    int st = __atomic_load_n(&state, __ATOMIC_RELAXED);
     if (!st) {
         unsigned int a = 0, b = 0, c = 0, d = 0;
         /* cpuid(1).ecx bit 29: F16C; "avx" also says the OS saves the ymm registers */
         st = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u) && __builtin_cpu_supports("avx") ? 2 : 1;
-        __atomic_store_n(&state, st, __ATOMIC_RELAXED);
+        __atomic_store_n(&capex__f16c_state, st, __ATOMIC_RELAXED);
     }
     return st == 2;
 #endif
@@ -4796,8 +4796,30 @@ CAPEX__PRIVATE capex_result capex__for_chunks(const char *name, const capex_tens
         return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));     \
     }
 CAPEX__SUMSQ_KERNEL(F32)
-CAPEX__SUMSQ_KERNEL(F16)
 CAPEX__SUMSQ_KERNEL(BF16)
+/* fp16: blocks of 256 converted first (F16C where the CPU has it), then the
+   f32 loop; blocks are whole lane rounds, so the same order and bits. */
+CAPEX__PRIVATE double capex__sumsq_F16(const void *x_, int64_t n) {
+    const uint16_t *x = (const uint16_t *)x_;
+    double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float b[256];
+    int64_t i = 0, k;
+    while (i < n) {
+        int64_t nb = n - i < 256 ? n - i : 256;
+        capex__f16_load_n(x + i, b, (size_t)nb);
+        for (k = 0; k + 8 <= nb; k += 8)
+            for (int j = 0; j < 8; j++) {
+                double v = (double)b[k + j];
+                s[j] += v * v;
+            }
+        for (; k < nb; k++) {
+            double v = (double)b[k];
+            s[k & 7] += v * v;
+        }
+        i += nb;
+    }
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
 
 typedef double (*capex__sumsq_kern)(const void *, int64_t);
 /* Chunks arrive in tensor order, so per-tensor sums need one running
@@ -5433,9 +5455,9 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
 
 /* LAMB stage 1: moments, and |p|^2 (before the update) and |u|^2 partials in
    double, lane i%8, lanes combined as capex_multi_tensor_sumsq does. */
-#define CAPEX__OPT_LAMB1_ELEM(GN, MODE, k)                                     \
+#define CAPEX__OPT_LAMB1_ELEM(GN, MODE, k, gk)                                 \
     do {                                                                       \
-        float gi = CAPEX__OPT_LD_##GN(g[k]) * gs;                              \
+        float gi = CAPEX__OPT_BLD_##GN(gk) * gs;                               \
         float pk = p[k];                                                       \
         gi = CAPEX__OPT_LAMB_G_##MODE(gi, pk, c);                              \
         capex__lamb_moments_elem(gi, &m[k], &v[k], c.beta1, c.beta2, c.beta3); \
@@ -5447,6 +5469,17 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
 #define CAPEX__OPT_LAMB_U_l2(pk, mk, vk, c) capex__lamb_update_l2(pk, mk, vk, (c).bc1, (c).bc2, (c).eps)
 #define CAPEX__OPT_LAMB_U_w(pk, mk, vk, c) capex__lamb_update_w(pk, mk, vk, (c).bc1, (c).bc2, (c).eps, (c).wd)
 
+/* LAMB stage 1 reads its gradients a block at a time: fp16 ones converted
+   into a buffer first (F16C where the CPU has it; the same values). */
+#define CAPEX__OPT_BT_f32 float
+#define CAPEX__OPT_BT_f16 float
+#define CAPEX__OPT_BT_bf16 uint16_t
+#define CAPEX__OPT_BLK_f32(g, i, nb, buf) ((void)(buf), (g) + (i))
+#define CAPEX__OPT_BLK_f16(g, i, nb, buf) (capex__f16_load_n((g) + (i), (buf), (size_t)(nb)), (const float *)(buf))
+#define CAPEX__OPT_BLK_bf16(g, i, nb, buf) ((void)(buf), (g) + (i))
+#define CAPEX__OPT_BLD_f32(x) (x)
+#define CAPEX__OPT_BLD_f16(x) (x)
+#define CAPEX__OPT_BLD_bf16(x) capex__b16_load(x)
 #define CAPEX__OPT_K_LAMB1(GN)                                                 \
     CAPEX__OPT_K_LAMB1_MODE(GN, l2) CAPEX__OPT_K_LAMB1_MODE(GN, w)
 #define CAPEX__OPT_K_LAMB1_MODE(GN, MODE)                                      \
@@ -5454,16 +5487,17 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
         CAPEX__OPT_PROLOGUE(GN);                                               \
         double ap[8] = {0, 0, 0, 0, 0, 0, 0, 0}, au[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sp, su; \
         int64_t l;                                                             \
-        float ub[256];                                                         \
+        float ub[256], gbuf[256];                                              \
         /* blocks of up to 256: the update loop and the squares loop each run  \
            long enough to vectorise and overlap; lane l still sums elements l, \
            l+8, ... in order (the bits of one 8-wide loop) */                  \
         for (i = 0; i < n;) {                                                  \
             int64_t nb = n - i < 256 ? n - i : 256, b;                         \
             float *CAPEX__OPT_RESTRICT u = j->u ? j->u + i : ub;               \
+            const CAPEX__OPT_BT_##GN *CAPEX__OPT_RESTRICT gb = CAPEX__OPT_BLK_##GN(g, i, nb, gbuf); \
             CAPEX__OPT_SIMD for (l = 0; l < nb; l++) {                         \
                 float uu, pp;                                                  \
-                CAPEX__OPT_LAMB1_ELEM(GN, MODE, i + l);                        \
+                CAPEX__OPT_LAMB1_ELEM(GN, MODE, i + l, gb[l]);                 \
                 u[l] = uu;                                                     \
                 (void)pp;                                                      \
             }                                                                  \
@@ -5904,6 +5938,33 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
 /* Runs phase k over every chunk; chunks are independent. */
 enum { CAPEX__OPT_PH_MAIN = 0, CAPEX__OPT_PH_LAMB1 = 1, CAPEX__OPT_PH_LAMB2 = 2 };
 
+/* fp16 gradients or model copy where the CPU has F16C: the f32-gradient /
+   no-copy kernel runs on blocks, the gradients converted by vcvtph2ps into a
+   buffer first and the copy written from the new master by vcvtps2ph after.
+   Each element sees the same operations on the same f32 values as in the
+   fp16 kernel (whose per-element portable codecs cost 2x bf16's): the same
+   bits (test_f16c). Not for LAMB stage 1, whose lane sums span the item. */
+#define CAPEX__OPT_F16C_BLOCK 1024
+static void capex__optim_f16c_blocks(capex__optim_kfn f, const capex__optim_job *j0, size_t gsz, int g16, int m16) {
+    float gb[CAPEX__OPT_F16C_BLOCK];
+    capex__optim_job j = *j0;
+    int64_t o;
+    for (o = 0; o < j0->n; o += CAPEX__OPT_F16C_BLOCK) {
+        int64_t nb = j0->n - o < CAPEX__OPT_F16C_BLOCK ? j0->n - o : CAPEX__OPT_F16C_BLOCK;
+        j.g = g16 ? (const void *)gb : j0->g ? (const void *)((const char *)j0->g + (size_t)o * gsz) : NULL;
+        j.p = j0->p + o;
+        j.m = j0->m ? j0->m + o : NULL;
+        j.v = j0->v ? j0->v + o : NULL;
+        j.u = j0->u ? j0->u + o : NULL;
+        j.h = m16 || !j0->h ? NULL : (void *)((uint16_t *)j0->h + o);
+        j.base_lo = j0->base_lo + (unsigned int)o; /* stochastic rounding's element index */
+        j.n = nb;
+        if (g16) capex__f16_load_n((const uint16_t *)j0->g + o, gb, (size_t)nb);
+        f(&j);
+        if (m16) capex__f16_store_n(j.p, (uint16_t *)j0->h + o, (size_t)nb);
+    }
+}
+
 static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, float gs) {
     const capex__optim_item *item = &o->items[k];
     const capex__optim_tensor *t = &o->tensors[item->tensor];
@@ -5930,6 +5991,19 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
                                     (unsigned int)((uint64_t)item->off >> 32))
                     : 0u;
     (void)grp;
+    /* kinds listed by name: a new kind takes the switch below until it is added here */
+    if ((mi == 1 || (gi == (int)CAPEX_F16 && phase == CAPEX__OPT_PH_MAIN)) &&
+        ((phase == CAPEX__OPT_PH_MAIN && (o->desc.kind == CAPEX_OPTIM_ADAM || o->desc.kind == CAPEX_OPTIM_SGD)) ||
+         (phase == CAPEX__OPT_PH_LAMB2 && o->desc.kind == CAPEX_OPTIM_LAMB)) && CAPEX__F16C_ON()) {
+        int g16 = gi == (int)CAPEX_F16 && phase == CAPEX__OPT_PH_MAIN, bg = g16 ? (int)CAPEX_F32 : gi, bm = mi == 1 ? 0 : mi;
+        capex__optim_kfn f;
+        if (phase == CAPEX__OPT_PH_LAMB2) f = capex__k_lamb2_tab[j.u ? 2 : w][bm];
+        else if (o->desc.kind == CAPEX_OPTIM_ADAM) f = (w ? capex__k_adam_w_tab : capex__k_adam_l2_tab)[bg][bm];
+        else if (j.m && j.c->momentum != 0.0f) f = capex__k_sgdm_tab[bg][bm];
+        else f = capex__k_sgd_tab[bg][bm];
+        capex__optim_f16c_blocks(f, &j, gsz, g16, mi == 1);
+        return;
+    }
     switch (phase) {
     case CAPEX__OPT_PH_MAIN:
         if (o->desc.kind == CAPEX_OPTIM_ADAM) (w ? capex__k_adam_w_tab : capex__k_adam_l2_tab)[gi][mi](&j);
