@@ -11,3 +11,14 @@ $(BUILD)/f16c/test_half_nosimd: tests/test_half.c tests/capex_test.h capex.h
 ci-extra:: $(BUILD)/f16c/test_half_native $(BUILD)/f16c/test_half_nosimd
 	$(BUILD)/f16c/test_half_native
 	$(BUILD)/f16c/test_half_nosimd
+
+# The capex side of the capex-vs-torch CPU table (bench/bench_cpu_torch.py
+# runs it; `make bench-table-torch` prints the table). Built like bench-optim.
+.PHONY: bench-table bench-table-torch
+bench-table: $(BUILD)/bench/bench_table
+$(BUILD)/bench/bench_table: bench/bench_table.c capex.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O3 $(BENCH_MARCH) -fno-math-errno $(WARN) $(OPENMP) $< -o $@ $(LDLIBS)
+bench-table-torch: $(BUILD)/bench/bench_table
+	python3 bench/bench_cpu_torch.py --capex $(BUILD)/bench/bench_table
+ci-extra:: $(BUILD)/bench/bench_table
