@@ -8848,6 +8848,70 @@ static float capex__nm_dot(const float *a, const float *b, int64_t n) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
+/* LayerNorm backward of one row in two passes over x and dy instead of six
+   over row buffers. Pass 1: xhat = (x-mean)*rstd and g = dy*w, the dweight /
+   dbias partials, and sum(g), sum(g*xhat) in the 8 lanes and tree of
+   capex__nm_dot; pass 2 recomputes xhat and g (the same operations, the same
+   values) for dx. With GCC/clang the 8 lanes are one 8-float vector (the
+   vectorisers otherwise either stay scalar or shuffle 16-wide on AVX-512);
+   lane by lane the operations are those of the plain loop. Parameters, not
+   locals, carry restrict: GCC ignores it on local pointers. */
+#if defined(__GNUC__) || defined(__clang__)
+typedef float capex__v8f __attribute__((vector_size(32))); /* locals only: no ABI question */
+#endif
+static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *CAPEX__OPT_RESTRICT dy,
+                               const float *CAPEX__OPT_RESTRICT wf, float *CAPEX__OPT_RESTRICT pw,
+                               float *CAPEX__OPT_RESTRICT pb, float mean, float rstd, int64_t n, float *sg,
+                               float *sgx) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t K = n / 8, k, i;
+    int l;
+#if defined(__GNUC__) || defined(__clang__)
+    {
+        const capex__v8f mv = {mean, mean, mean, mean, mean, mean, mean, mean};
+        const capex__v8f rv = {rstd, rstd, rstd, rstd, rstd, rstd, rstd, rstd};
+        capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, tv = {0, 0, 0, 0, 0, 0, 0, 0}, xv, d, w, a, b;
+        for (k = 0; k < K; k++) {
+            memcpy(&xv, x + 8 * k, sizeof xv); memcpy(&d, dy + 8 * k, sizeof d); memcpy(&w, wf + 8 * k, sizeof w);
+            memcpy(&a, pw + 8 * k, sizeof a); memcpy(&b, pb + 8 * k, sizeof b);
+            xv = (xv - mv) * rv;
+            w = d * w; /* g */
+            a += d * xv;
+            b += d;
+            memcpy(pw + 8 * k, &a, sizeof a); memcpy(pb + 8 * k, &b, sizeof b);
+            sv += w;
+            tv += w * xv;
+        }
+        memcpy(s, &sv, sizeof sv);
+        memcpy(t, &tv, sizeof tv);
+    }
+#else
+    for (k = 0; k < K; k++)
+        for (l = 0; l < 8; l++) {
+            float xv, d, gv;
+            i = 8 * k + l;
+            xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
+            pw[i] += d * xv; pb[i] += d;
+            s[l] += gv; t[l] += gv * xv;
+        }
+#endif
+    for (l = 0; l < (int)(n % 8); l++) {
+        float xv, d, gv;
+        i = 8 * K + l;
+        xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
+        pw[i] += d * xv; pb[i] += d;
+        s[l] += gv; t[l] += gv * xv;
+    }
+    *sg = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    *sgx = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+static void capex__nm_bwd_dx(const float *CAPEX__OPT_RESTRICT x, const float *CAPEX__OPT_RESTRICT dy,
+                             const float *CAPEX__OPT_RESTRICT wf, float *CAPEX__OPT_RESTRICT dx, float mean, float rstd,
+                             float mg, float mgx, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++) dx[i] = capex__nm_ln_dx(dy[i] * wf[i], (x[i] - mean) * rstd, mg, mgx, rstd);
+}
+
 static int capex__nm_dtype_ok(capex_dtype t) { return t == CAPEX_F32 || t == CAPEX_F16 || t == CAPEX_BF16; }
 static int capex__nm_aligned(const void *p, capex_dtype t) {
     return ((uintptr_t)p % capex_dtype_size(t)) == 0;
@@ -8960,6 +9024,13 @@ static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *sc
             const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * n, n, scratch + n);
             const float rstd = a->rstd[row], mean = c->rms ? 0.0f : a->mean[row];
             float mg, mgx;
+            if (pw && pb && a->dx && !c->rms) { /* LayerNorm with all outputs: two passes */
+                float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 4 * n);
+                capex__nm_bwd_pass(x, dy, wf, pw, pb, mean, rstd, n, &mg, &mgx);
+                capex__nm_bwd_dx(x, dy, wf, dx, mean, rstd, mg / (float)n, mgx / (float)n, n);
+                capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
+                continue;
+            }
             for (i = 0; i < n; i++) { xh[i] = (x[i] - mean) * rstd; g[i] = dy[i] * wf[i]; }
             if (pw) for (i = 0; i < n; i++) pw[i] += dy[i] * xh[i];
             if (pb) for (i = 0; i < n; i++) pb[i] += dy[i];
