@@ -853,10 +853,12 @@ CAPEX_API void capex_tensor_op_desc_init(capex_tensor_op_desc *desc);
 
 /* Sum of squares in float64, per tensor and in total (either output may be
    NULL; per_tensor has x->count entries). Fixed order: in a chunk, element i
-   (from the chunk start) is added to lane i%8 as (double)x*(double)x (exact),
-   lanes combine as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)); chunk partials are
-   added in chunk order, starting from 0.0, into the tensor's and the total's
-   sum. Worst-case relative error about (chunk_size/8 + chunks) * 2^-53: 1e-12
+   (from the chunk start) is added to lane i%16 as (double)x*(double)x (exact),
+   lanes fold as m_j = l_j + l_(j+8) and combine as
+   ((m0+m1)+(m2+m3))+((m4+m5)+(m6+m7)); chunk partials are added in chunk
+   order, starting from 0.0, into the tensor's and the total's sum (before
+   2026-11-25: 8 lanes, no fold). Worst-case relative error about
+   (chunk_size/16 + chunks) * 2^-53: 1e-12
    at 10M elements (3e-15 measured there against a compensated sum). Never
    overflows for f32 data. */
 CAPEX_API capex_result capex_multi_tensor_sumsq(const capex_tensor_op_desc *desc, const capex_tensor_list *x,
@@ -1881,8 +1883,25 @@ CAPEX__PRIVATE int capex__f16c_ok(void) {
 #endif
 }
 #define CAPEX__F16C_ON() capex__f16c_ok()
+/* 1: use AVX (the norms' reductions); probed and overridable like F16C. */
+#define CAPEX__AVX_FN __attribute__((target("avx")))
+static int capex__avx_state; /* 0 not probed, 1 no, 2 yes */
+CAPEX__PRIVATE int capex__avx_ok(void) {
+    int st = __atomic_load_n(&capex__avx_state, __ATOMIC_RELAXED);
+#if defined(__AVX__)
+    return st != 1;
+#else
+    if (!st) {
+        st = __builtin_cpu_supports("avx") ? 2 : 1;
+        __atomic_store_n(&capex__avx_state, st, __ATOMIC_RELAXED);
+    }
+    return st == 2;
+#endif
+}
+#define CAPEX__AVX_ON() capex__avx_ok()
 #else
 #define CAPEX__F16C_ON() 0
+#define CAPEX__AVX_ON() 0
 #endif
 /* fp16 -> f32 / f32 -> fp16 for n elements, the fastest path this CPU has */
 static inline void capex__f16_load_n(const uint16_t *src, float *dst, size_t n) {
@@ -4778,47 +4797,123 @@ CAPEX__PRIVATE capex_result capex__for_chunks(const char *name, const capex_tens
 #define CAPEX__NF_F16(v) ((uint32_t)(((v) & 0x7c00u) == 0x7c00u))
 #define CAPEX__NF_BF16(v) ((uint32_t)(((v) & 0x7f80u) == 0x7f80u))
 
-/* sum of squares of one chunk, fixed order (see capex_multi_tensor_sumsq) */
-#define CAPEX__SUMSQ_KERNEL(X)                                                         \
-    CAPEX__PRIVATE double capex__sumsq_##X(const void *x_, int64_t n) {                \
-        const CAPEX__T_##X *x = (const CAPEX__T_##X *)x_;                              \
-        double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                        \
-        int64_t i = 0;                                                                 \
-        for (; i + 8 <= n; i += 8)                                                     \
-            for (int j = 0; j < 8; j++) {                                              \
-                double v = (double)CAPEX__TOF_##X(x[i + j]);                           \
-                s[j] += v * v;                                                         \
-            }                                                                          \
-        for (; i < n; i++) {                                                           \
-            double v = (double)CAPEX__TOF_##X(x[i]);                                   \
-            s[i & 7] += v * v;                                                         \
-        }                                                                              \
-        return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));     \
+/* Sum of squares of one chunk, fixed order (see capex_multi_tensor_sumsq):
+   element i to lane i%16, lanes folded as l_j + l_(j+8), then the tree. Each
+   lane is one chain of double adds; 16 of them hide the add latency that
+   bounded 8. Squares of f32 values are exact in double, so FMA contraction
+   cannot change a bit. */
+static double capex__sumsq_lanes_total(const double *s) {
+    double t[8];
+    int j;
+    for (j = 0; j < 8; j++) t[j] = s[j] + s[j + 8];
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+/* lanes s[16] += squares of x[0, n), n a multiple of 16. With AVX, four
+   4-double accumulators (lanes 0-3, 4-7, 8-11, 12-15): the same operations
+   per lane, in intrinsics since GCC 12 splits its own f32->f64 vector
+   conversions into 128-bit halves. */
+#ifdef CAPEX__F16C
+CAPEX__AVX_FN CAPEX__PRIVATE void capex__sumsq_f32_lanes_avx(const float *x, int64_t n, double *s) {
+    __m256d a0 = _mm256_loadu_pd(s), a1 = _mm256_loadu_pd(s + 4), a2 = _mm256_loadu_pd(s + 8),
+            a3 = _mm256_loadu_pd(s + 12), d0, d1, d2, d3;
+    int64_t i;
+    for (i = 0; i < n; i += 16) {
+        d0 = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+        d1 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        d2 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8));
+        d3 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12));
+        a0 = _mm256_add_pd(a0, _mm256_mul_pd(d0, d0));
+        a1 = _mm256_add_pd(a1, _mm256_mul_pd(d1, d1));
+        a2 = _mm256_add_pd(a2, _mm256_mul_pd(d2, d2));
+        a3 = _mm256_add_pd(a3, _mm256_mul_pd(d3, d3));
     }
-CAPEX__SUMSQ_KERNEL(F32)
-CAPEX__SUMSQ_KERNEL(BF16)
+    _mm256_storeu_pd(s, a0); _mm256_storeu_pd(s + 4, a1); _mm256_storeu_pd(s + 8, a2); _mm256_storeu_pd(s + 12, a3);
+}
+/* bf16: each 32-bit word of a load holds codes 2k (low half) and 2k+1 (high
+   half): a shift and a mask give their f32 values without shuffles, so the
+   accumulators hold the even and the odd lanes. */
+CAPEX__AVX_FN CAPEX__PRIVATE void capex__sumsq_bf16_lanes_avx(const uint16_t *x, int64_t n, double *s) {
+    __m256d e0 = _mm256_setr_pd(s[0], s[2], s[4], s[6]), o0 = _mm256_setr_pd(s[1], s[3], s[5], s[7]);
+    __m256d e1 = _mm256_setr_pd(s[8], s[10], s[12], s[14]), o1 = _mm256_setr_pd(s[9], s[11], s[13], s[15]);
+    __m256d d0, d1, d2, d3;
+    const __m128i hi = _mm_set1_epi32((int)0xffff0000u);
+    double t[16];
+    int64_t i;
+    int j;
+    for (i = 0; i < n; i += 16) {
+        __m128i h0 = _mm_loadu_si128((const __m128i *)(const void *)(x + i));
+        __m128i h1 = _mm_loadu_si128((const __m128i *)(const void *)(x + i + 8));
+        d0 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(h0, 16)));
+        d1 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_and_si128(h0, hi)));
+        d2 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(h1, 16)));
+        d3 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_and_si128(h1, hi)));
+        e0 = _mm256_add_pd(e0, _mm256_mul_pd(d0, d0));
+        o0 = _mm256_add_pd(o0, _mm256_mul_pd(d1, d1));
+        e1 = _mm256_add_pd(e1, _mm256_mul_pd(d2, d2));
+        o1 = _mm256_add_pd(o1, _mm256_mul_pd(d3, d3));
+    }
+    _mm256_storeu_pd(t, e0); _mm256_storeu_pd(t + 4, o0); _mm256_storeu_pd(t + 8, e1); _mm256_storeu_pd(t + 12, o1);
+    for (j = 0; j < 4; j++) {
+        s[2 * j] = t[j]; s[2 * j + 1] = t[4 + j];
+        s[8 + 2 * j] = t[8 + j]; s[9 + 2 * j] = t[12 + j];
+    }
+}
+#endif
+static void capex__sumsq_f32_lanes(const float *x, int64_t n, double *s) {
+    int64_t i;
+    int j;
+#ifdef CAPEX__F16C
+    if (CAPEX__AVX_ON()) { capex__sumsq_f32_lanes_avx(x, n, s); return; }
+#endif
+    for (i = 0; i < n; i += 16)
+        for (j = 0; j < 16; j++) s[j] += (double)x[i + j] * (double)x[i + j];
+}
+static void capex__sumsq_bf16_lanes(const uint16_t *x, int64_t n, double *s) {
+    int64_t i;
+    int j;
+#ifdef CAPEX__F16C
+    if (CAPEX__AVX_ON()) { capex__sumsq_bf16_lanes_avx(x, n, s); return; }
+#endif
+    for (i = 0; i < n; i += 16)
+        for (j = 0; j < 16; j++) {
+            double v = (double)CAPEX__TOF_BF16(x[i + j]);
+            s[j] += v * v;
+        }
+}
+CAPEX__PRIVATE double capex__sumsq_F32(const void *x_, int64_t n) {
+    const float *x = (const float *)x_;
+    double s[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t m = n / 16 * 16, i;
+    capex__sumsq_f32_lanes(x, m, s);
+    for (i = m; i < n; i++) s[i & 15] += (double)x[i] * (double)x[i];
+    return capex__sumsq_lanes_total(s);
+}
+CAPEX__PRIVATE double capex__sumsq_BF16(const void *x_, int64_t n) {
+    const uint16_t *x = (const uint16_t *)x_;
+    double s[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t m = n / 16 * 16, i;
+    capex__sumsq_bf16_lanes(x, m, s);
+    for (i = m; i < n; i++) {
+        double v = (double)CAPEX__TOF_BF16(x[i]);
+        s[i & 15] += v * v;
+    }
+    return capex__sumsq_lanes_total(s);
+}
 /* fp16: blocks of 256 converted first (F16C where the CPU has it), then the
-   f32 loop; blocks are whole lane rounds, so the same order and bits. */
+   f32 lanes; blocks are whole lane rounds, so the same order as f32. */
 CAPEX__PRIVATE double capex__sumsq_F16(const void *x_, int64_t n) {
     const uint16_t *x = (const uint16_t *)x_;
-    double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    double s[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     float b[256];
     int64_t i = 0, k;
     while (i < n) {
-        int64_t nb = n - i < 256 ? n - i : 256;
+        int64_t nb = n - i < 256 ? n - i : 256, m = nb / 16 * 16;
         capex__f16_load_n(x + i, b, (size_t)nb);
-        for (k = 0; k + 8 <= nb; k += 8)
-            for (int j = 0; j < 8; j++) {
-                double v = (double)b[k + j];
-                s[j] += v * v;
-            }
-        for (; k < nb; k++) {
-            double v = (double)b[k];
-            s[k & 7] += v * v;
-        }
+        capex__sumsq_f32_lanes(b, m, s);
+        for (k = m; k < nb; k++) s[k & 15] += (double)b[k] * (double)b[k];
         i += nb;
     }
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    return capex__sumsq_lanes_total(s);
 }
 
 typedef double (*capex__sumsq_kern)(const void *, int64_t);
@@ -5454,7 +5549,8 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
     }
 
 /* LAMB stage 1: moments, and |p|^2 (before the update) and |u|^2 partials in
-   double, lane i%8, lanes combined as capex_multi_tensor_sumsq does. */
+   double, lane i%8, lanes combined by the 8-lane tree (capex_multi_tensor_sumsq
+   now uses 16 lanes; these partials are internal to LAMB). */
 #define CAPEX__OPT_LAMB1_ELEM(GN, MODE, k, gk)                                 \
     do {                                                                       \
         float gi = CAPEX__OPT_BLD_##GN(gk) * gs;                               \

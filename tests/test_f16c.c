@@ -106,7 +106,11 @@ static void run_optim(ct_state *ct, const ocfg *oc, capex_dtype gt, int model, i
 
 static int same_bits(const void *a, const void *b, int64_t n, size_t es) { return memcmp(a, b, (size_t)n * es) == 0; }
 
-static void force_portable(int on) { __atomic_store_n(&capex__f16c_state, on ? 1 : 0, __ATOMIC_RELAXED); }
+/* 1: the portable conversions and reductions; 0: probe again (F16C, AVX) */
+static void force_portable(int on) {
+    __atomic_store_n(&capex__f16c_state, on ? 1 : 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&capex__avx_state, on ? 1 : 0, __ATOMIC_RELAXED);
+}
 
 CT_TEST(optimizers_same_bits) {
     static const ocfg cfgs[] = {
@@ -186,6 +190,39 @@ CT_TEST(f16_grads_equal_f32_grads) {
         }
 }
 
+/* The sums of squares of f32 and bf16 data (AVX lanes vs the plain loop),
+   odd sizes and offsets, values over many decades, inf and NaN. */
+CT_TEST(sumsq_same_bits) {
+#ifndef CAPEX__F16C
+    CT_SKIP("built without x86 SIMD paths");
+#else
+    static float x[70001];
+    static uint16_t b[70001];
+    int64_t i, n, off;
+    force_portable(0);
+    if (!capex__avx_ok()) CT_SKIP("this CPU has no AVX");
+    rng = 99;
+    for (i = 0; i < 70001; i++) {
+        x[i] = urand() * (float)(1u << (rnd32() % 24)) / 4096.0f;
+        b[i] = capex_f32_to_bf16(x[i]);
+    }
+    for (n = 0; n < 300; n++)
+        for (off = 0; off < 3; off++) {
+            double p32, a32, p16, a16;
+            force_portable(1);
+            p32 = capex__sumsq_F32(x + off, n * 233 + off);
+            p16 = capex__sumsq_BF16(b + off, n * 233 + off);
+            force_portable(0);
+            a32 = capex__sumsq_F32(x + off, n * 233 + off);
+            a16 = capex__sumsq_BF16(b + off, n * 233 + off);
+            CT_CHECK(same_bits(&p32, &a32, 1, 8), "f32 n %lld: %.17g vs %.17g", (long long)(n * 233 + off), p32, a32);
+            CT_CHECK(same_bits(&p16, &a16, 1, 8), "bf16 n %lld: %.17g vs %.17g", (long long)(n * 233 + off), p16, a16);
+        }
+    x[5] = INFINITY; b[17] = 0x7fc1;
+    CT_CHECK(capex__sumsq_F32(x, 100) == INFINITY && capex__sumsq_BF16(b, 100) != capex__sumsq_BF16(b, 100), "inf, NaN");
+#endif
+}
+
 /* Unscale (f16 -> f32, f32 -> f16, f16 in place) and the norms of fp16 data. */
 CT_TEST(tensor_ops_same_bits) {
 #ifndef CAPEX__F16C
@@ -245,5 +282,6 @@ CT_TEST(tensor_ops_same_bits) {
 #endif
 }
 
-static const ct_case cases[] = {CT_CASE(optimizers_same_bits), CT_CASE(f16_grads_equal_f32_grads), CT_CASE(tensor_ops_same_bits)};
+static const ct_case cases[] = {CT_CASE(optimizers_same_bits), CT_CASE(f16_grads_equal_f32_grads), CT_CASE(sumsq_same_bits),
+                                CT_CASE(tensor_ops_same_bits)};
 CT_MAIN(cases)
