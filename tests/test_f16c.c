@@ -106,13 +106,18 @@ static void run_optim(ct_state *ct, const ocfg *oc, capex_dtype gt, int model, i
 
 static int same_bits(const void *a, const void *b, int64_t n, size_t es) { return memcmp(a, b, (size_t)n * es) == 0; }
 
+#ifdef CAPEX__F16C
 /* 1: the portable conversions and reductions; 0: probe again (F16C, AVX) */
 static void force_portable(int on) {
     __atomic_store_n(&capex__f16c_state, on ? 1 : 0, __ATOMIC_RELAXED);
     __atomic_store_n(&capex__avx_state, on ? 1 : 0, __ATOMIC_RELAXED);
 }
+#endif
 
 CT_TEST(optimizers_same_bits) {
+#ifndef CAPEX__F16C
+    CT_SKIP("built without F16C");
+#else
     static const ocfg cfgs[] = {
         {"adam l2", CAPEX_OPTIM_ADAM, 0, 0, 0, 0.0f}, {"adamw", CAPEX_OPTIM_ADAM, 1, 0, 0, 0.0f},
         {"sgd", CAPEX_OPTIM_SGD, 0, 0, 0, 0.0f}, {"sgd momentum", CAPEX_OPTIM_SGD, 0, 0, 0, 0.9f},
@@ -122,9 +127,6 @@ CT_TEST(optimizers_same_bits) {
     static const capex_dtype gts[3] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
     size_t c;
     int gi, model, th, t;
-#ifndef CAPEX__F16C
-    CT_SKIP("built without F16C");
-#else
     force_portable(0);
     if (!capex__f16c_ok()) CT_SKIP("this CPU has no F16C");
     for (c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++)
