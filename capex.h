@@ -8881,7 +8881,7 @@ static const float *capex__nm_load(const void *p, capex_dtype t, int64_t off, in
     int64_t i;
     const uint16_t *h = (const uint16_t *)p + off;
     if (t == CAPEX_F32) return (const float *)p + off;
-    if (t == CAPEX_F16) { for (i = 0; i < n; i++) buf[i] = capex__f16_to_f32_v(h[i]); } /* vectorises */
+    if (t == CAPEX_F16) { capex__f16_load_n(h, buf, (size_t)n); } /* F16C where present */
     else { for (i = 0; i < n; i++) buf[i] = capex__b16_load(h[i]); }
     return buf;
 }
@@ -8893,7 +8893,7 @@ static void capex__nm_store(void *p, capex_dtype t, int64_t off, int64_t n, cons
     int64_t i;
     uint16_t *h = (uint16_t *)p + off;
     if (t == CAPEX_F32) return; /* computed in place */
-    if (t == CAPEX_F16) { for (i = 0; i < n; i++) h[i] = capex__f32_to_f16_v(v[i]); }
+    if (t == CAPEX_F16) { capex__f16_store_n(v, h, (size_t)n); }
     else { for (i = 0; i < n; i++) h[i] = (uint16_t)capex__b16_store(v[i]); }
 }
 static void capex__nm_store_one(void *p, capex_dtype t, int64_t i, float v) {

@@ -225,6 +225,42 @@ CT_TEST(sumsq_same_bits) {
 #endif
 }
 
+/* LayerNorm / RMSNorm forward and backward on fp16 x, y, dy, dx. */
+CT_TEST(norms_fp16_same_bits) {
+#ifndef CAPEX__F16C
+    CT_SKIP("built without F16C");
+#else
+    enum { R = 37, C = 1029, N = R * C };
+    static uint16_t x[N], dy[N], y[2][N], dx[2][N];
+    static float w[C], b[C], mean[2][R], rstd[2][R], dw[2][C], db[2][C];
+    int k, rms;
+    int64_t i;
+    force_portable(0);
+    if (!capex__f16c_ok()) CT_SKIP("this CPU has no F16C");
+    rng = 5;
+    for (i = 0; i < N; i++) { x[i] = capex_f32_to_f16(grad_value(i)); dy[i] = capex_f32_to_f16(urand()); }
+    for (i = 0; i < C; i++) { w[i] = 1.0f + 0.1f * urand(); b[i] = 0.1f * urand(); }
+    for (rms = 0; rms < 2; rms++) {
+        for (k = 0; k < 2; k++) {
+            capex_norm_desc d;
+            capex_norm_args a;
+            force_portable(k == 0);
+            capex_norm_desc_init(&d);
+            capex_norm_args_init(&a);
+            a.rows = R; a.cols = C; a.x_dtype = a.y_dtype = CAPEX_F16;
+            a.x = x; a.y = y[k]; a.weight = w; a.bias = rms ? NULL : b; a.mean = mean[k]; a.rstd = rstd[k];
+            a.dy = dy; a.dx = dx[k]; a.dweight = dw[k]; a.dbias = rms ? NULL : db[k];
+            CT_CHECK((rms ? capex_rms_norm_forward(&d, &a) : capex_layer_norm_forward(&d, &a)) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK((rms ? capex_rms_norm_backward(&d, &a) : capex_layer_norm_backward(&d, &a)) == CAPEX_OK, "%s", capex_last_error());
+        }
+        CT_CHECK(same_bits(y[0], y[1], N, 2) && same_bits(rstd[0], rstd[1], R, 4) && same_bits(mean[0], mean[1], R, 4),
+                 "%s forward differs between F16C and portable", rms ? "rms" : "layer");
+        CT_CHECK(same_bits(dx[0], dx[1], N, 2) && same_bits(dw[0], dw[1], C, 4) && (rms || same_bits(db[0], db[1], C, 4)),
+                 "%s backward differs between F16C and portable", rms ? "rms" : "layer");
+    }
+#endif
+}
+
 /* Unscale (f16 -> f32, f32 -> f16, f16 in place) and the norms of fp16 data. */
 CT_TEST(tensor_ops_same_bits) {
 #ifndef CAPEX__F16C
@@ -285,5 +321,5 @@ CT_TEST(tensor_ops_same_bits) {
 }
 
 static const ct_case cases[] = {CT_CASE(optimizers_same_bits), CT_CASE(f16_grads_equal_f32_grads), CT_CASE(sumsq_same_bits),
-                                CT_CASE(tensor_ops_same_bits)};
+                                CT_CASE(norms_fp16_same_bits), CT_CASE(tensor_ops_same_bits)};
 CT_MAIN(cases)
