@@ -884,10 +884,12 @@ CAPEX_API void capex_tensor_op_desc_init(capex_tensor_op_desc *desc);
 
 /* Sum of squares in float64, per tensor and in total (either output may be
    NULL; per_tensor has x->count entries). Fixed order: in a chunk, element i
-   (from the chunk start) is added to lane i%8 as (double)x*(double)x (exact),
-   lanes combine as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)); chunk partials are
-   added in chunk order, starting from 0.0, into the tensor's and the total's
-   sum. Worst-case relative error about (chunk_size/8 + chunks) * 2^-53: 1e-12
+   (from the chunk start) is added to lane i%16 as (double)x*(double)x (exact),
+   lanes fold as m_j = l_j + l_(j+8) and combine as
+   ((m0+m1)+(m2+m3))+((m4+m5)+(m6+m7)); chunk partials are added in chunk
+   order, starting from 0.0, into the tensor's and the total's sum (before
+   2026-11-25: 8 lanes, no fold). Worst-case relative error about
+   (chunk_size/16 + chunks) * 2^-53: 1e-12
    at 10M elements (3e-15 measured there against a compensated sum). Never
    overflows for f32 data. */
 CAPEX_API capex_result capex_multi_tensor_sumsq(const capex_tensor_op_desc *desc, const capex_tensor_list *x,
@@ -1997,14 +1999,102 @@ CAPEX_API float capex_f16_to_f32(uint16_t h) { return capex__f16_to_f32_v(h); }
 CAPEX_API uint16_t capex_f32_to_bf16(float f) { return capex__bf16_from_bits(capex__f32_bits(f)); }
 CAPEX_API float capex_bf16_to_f32(uint16_t h) { return capex__bits_f32((uint32_t)h << 16); }
 
-CAPEX_API void capex_f32_to_f16_array(const float *src, uint16_t *dst, size_t n) {
-    size_t i;
-    for (i = 0; i < n; i++) dst[i] = capex__f32_to_f16_v(src[i]);
-}
-CAPEX_API void capex_f16_to_f32_array(const uint16_t *src, float *dst, size_t n) {
+/* Bulk fp16 codecs. Portable loops (vectorised selects, above), and on x86-64
+   with GCC/clang the F16C instructions (vcvtph2ps/vcvtps2ph, 8 per op): 2-3x
+   fewer instructions per element, the same bits (test_half compares both
+   paths with the integer reference on every f16 code and 70M f32 inputs).
+   Used when the compiler targets F16C (-mf16c, -march=native) or, otherwise,
+   when cpuid says so at run time (per-function target attributes, so the
+   header still builds for any x86-64). -DCAPEX_NO_SIMD: portable only.
+   The hardware quiets signalling NaNs on f16 -> f32 and capex keeps them, so
+   groups of 8 with a NaN take the portable path; vcvtps2ph with
+   round-to-nearest-even is capex's rounding, overflow and NaN payload. */
+CAPEX__PRIVATE void capex__f16_load_port(const uint16_t *src, float *dst, size_t n) {
     size_t i;
     for (i = 0; i < n; i++) dst[i] = capex__f16_to_f32_v(src[i]);
 }
+CAPEX__PRIVATE void capex__f16_store_port(const float *src, uint16_t *dst, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) dst[i] = capex__f32_to_f16_v(src[i]);
+}
+#if !defined(CAPEX_NO_SIMD) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CAPEX__F16C 1
+#include <immintrin.h>
+#include <cpuid.h>
+#define CAPEX__F16C_FN __attribute__((target("avx,f16c")))
+CAPEX__F16C_FN CAPEX__PRIVATE void capex__f16_load_f16c(const uint16_t *src, float *dst, size_t n) {
+    const __m128i mag = _mm_set1_epi16(0x7fff), inf = _mm_set1_epi16(0x7c00);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(src + i));
+        if (_mm_movemask_epi8(_mm_cmpgt_epi16(_mm_and_si128(h, mag), inf))) /* a NaN: keep its bits */
+            capex__f16_load_port(src + i, dst + i, 8);
+        else
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+    capex__f16_load_port(src + i, dst + i, n - i);
+}
+CAPEX__F16C_FN CAPEX__PRIVATE void capex__f16_store_f16c(const float *src, uint16_t *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    capex__f16_store_port(src + i, dst + i, n - i);
+}
+/* 1: use F16C. Probed once; the cached word is written with the same value by
+   any thread that races to it (atomics keep that well-defined). */
+static int capex__f16c_state; /* 0 not probed, 1 no, 2 yes; tests set 1 to force the portable path */
+CAPEX__PRIVATE int capex__f16c_ok(void) {
+    int st = __atomic_load_n(&capex__f16c_state, __ATOMIC_RELAXED);
+#if defined(__F16C__) && defined(__AVX__)
+    return st != 1;
+#else
+    if (!st) {
+        unsigned int a = 0, b = 0, c = 0, d = 0;
+        /* cpuid(1).ecx bit 29: F16C; "avx" also says the OS saves the ymm registers */
+        st = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u) && __builtin_cpu_supports("avx") ? 2 : 1;
+        __atomic_store_n(&capex__f16c_state, st, __ATOMIC_RELAXED);
+    }
+    return st == 2;
+#endif
+}
+#define CAPEX__F16C_ON() capex__f16c_ok()
+/* 1: use AVX (the norms' reductions); probed and overridable like F16C. */
+#define CAPEX__AVX_FN __attribute__((target("avx")))
+static int capex__avx_state; /* 0 not probed, 1 no, 2 yes */
+CAPEX__PRIVATE int capex__avx_ok(void) {
+    int st = __atomic_load_n(&capex__avx_state, __ATOMIC_RELAXED);
+#if defined(__AVX__)
+    return st != 1;
+#else
+    if (!st) {
+        st = __builtin_cpu_supports("avx") ? 2 : 1;
+        __atomic_store_n(&capex__avx_state, st, __ATOMIC_RELAXED);
+    }
+    return st == 2;
+#endif
+}
+#define CAPEX__AVX_ON() capex__avx_ok()
+#else
+#define CAPEX__F16C_ON() 0
+#define CAPEX__AVX_ON() 0
+#endif
+/* fp16 -> f32 / f32 -> fp16 for n elements, the fastest path this CPU has */
+static inline void capex__f16_load_n(const uint16_t *src, float *dst, size_t n) {
+#ifdef CAPEX__F16C
+    if (CAPEX__F16C_ON()) { capex__f16_load_f16c(src, dst, n); return; }
+#endif
+    capex__f16_load_port(src, dst, n);
+}
+static inline void capex__f16_store_n(const float *src, uint16_t *dst, size_t n) {
+#ifdef CAPEX__F16C
+    if (CAPEX__F16C_ON()) { capex__f16_store_f16c(src, dst, n); return; }
+#endif
+    capex__f16_store_port(src, dst, n);
+}
+
+CAPEX_API void capex_f32_to_f16_array(const float *src, uint16_t *dst, size_t n) { capex__f16_store_n(src, dst, n); }
+CAPEX_API void capex_f16_to_f32_array(const uint16_t *src, float *dst, size_t n) { capex__f16_load_n(src, dst, n); }
 CAPEX_API void capex_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n) {
     size_t i;
     for (i = 0; i < n; i++) dst[i] = capex__bf16_from_bits(capex__f32_bits(src[i]));
@@ -4901,26 +4991,124 @@ CAPEX__PRIVATE capex_result capex__for_chunks(const char *name, const capex_tens
 #define CAPEX__NF_F16(v) ((uint32_t)(((v) & 0x7c00u) == 0x7c00u))
 #define CAPEX__NF_BF16(v) ((uint32_t)(((v) & 0x7f80u) == 0x7f80u))
 
-/* sum of squares of one chunk, fixed order (see capex_multi_tensor_sumsq) */
-#define CAPEX__SUMSQ_KERNEL(X)                                                         \
-    CAPEX__PRIVATE double capex__sumsq_##X(const void *x_, int64_t n) {                \
-        const CAPEX__T_##X *x = (const CAPEX__T_##X *)x_;                              \
-        double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                        \
-        int64_t i = 0;                                                                 \
-        for (; i + 8 <= n; i += 8)                                                     \
-            for (int j = 0; j < 8; j++) {                                              \
-                double v = (double)CAPEX__TOF_##X(x[i + j]);                           \
-                s[j] += v * v;                                                         \
-            }                                                                          \
-        for (; i < n; i++) {                                                           \
-            double v = (double)CAPEX__TOF_##X(x[i]);                                   \
-            s[i & 7] += v * v;                                                         \
-        }                                                                              \
-        return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));     \
+/* Sum of squares of one chunk, fixed order (see capex_multi_tensor_sumsq):
+   element i to lane i%16, lanes folded as l_j + l_(j+8), then the tree. Each
+   lane is one chain of double adds; 16 of them hide the add latency that
+   bounded 8. Squares of f32 values are exact in double, so FMA contraction
+   cannot change a bit. */
+static double capex__sumsq_lanes_total(const double *s) {
+    double t[8];
+    int j;
+    for (j = 0; j < 8; j++) t[j] = s[j] + s[j + 8];
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+/* lanes s[16] += squares of x[0, n), n a multiple of 16. With AVX, four
+   4-double accumulators (lanes 0-3, 4-7, 8-11, 12-15): the same operations
+   per lane, in intrinsics since GCC 12 splits its own f32->f64 vector
+   conversions into 128-bit halves. */
+#ifdef CAPEX__F16C
+CAPEX__AVX_FN CAPEX__PRIVATE void capex__sumsq_f32_lanes_avx(const float *x, int64_t n, double *s) {
+    __m256d a0 = _mm256_loadu_pd(s), a1 = _mm256_loadu_pd(s + 4), a2 = _mm256_loadu_pd(s + 8),
+            a3 = _mm256_loadu_pd(s + 12), d0, d1, d2, d3;
+    int64_t i;
+    for (i = 0; i < n; i += 16) {
+        d0 = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+        d1 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        d2 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8));
+        d3 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12));
+        a0 = _mm256_add_pd(a0, _mm256_mul_pd(d0, d0));
+        a1 = _mm256_add_pd(a1, _mm256_mul_pd(d1, d1));
+        a2 = _mm256_add_pd(a2, _mm256_mul_pd(d2, d2));
+        a3 = _mm256_add_pd(a3, _mm256_mul_pd(d3, d3));
     }
-CAPEX__SUMSQ_KERNEL(F32)
-CAPEX__SUMSQ_KERNEL(F16)
-CAPEX__SUMSQ_KERNEL(BF16)
+    _mm256_storeu_pd(s, a0); _mm256_storeu_pd(s + 4, a1); _mm256_storeu_pd(s + 8, a2); _mm256_storeu_pd(s + 12, a3);
+}
+/* bf16: each 32-bit word of a load holds codes 2k (low half) and 2k+1 (high
+   half): a shift and a mask give their f32 values without shuffles, so the
+   accumulators hold the even and the odd lanes. */
+CAPEX__AVX_FN CAPEX__PRIVATE void capex__sumsq_bf16_lanes_avx(const uint16_t *x, int64_t n, double *s) {
+    __m256d e0 = _mm256_setr_pd(s[0], s[2], s[4], s[6]), o0 = _mm256_setr_pd(s[1], s[3], s[5], s[7]);
+    __m256d e1 = _mm256_setr_pd(s[8], s[10], s[12], s[14]), o1 = _mm256_setr_pd(s[9], s[11], s[13], s[15]);
+    __m256d d0, d1, d2, d3;
+    const __m128i hi = _mm_set1_epi32((int)0xffff0000u);
+    double t[16];
+    int64_t i;
+    int j;
+    for (i = 0; i < n; i += 16) {
+        __m128i h0 = _mm_loadu_si128((const __m128i *)(const void *)(x + i));
+        __m128i h1 = _mm_loadu_si128((const __m128i *)(const void *)(x + i + 8));
+        d0 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(h0, 16)));
+        d1 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_and_si128(h0, hi)));
+        d2 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(h1, 16)));
+        d3 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_and_si128(h1, hi)));
+        e0 = _mm256_add_pd(e0, _mm256_mul_pd(d0, d0));
+        o0 = _mm256_add_pd(o0, _mm256_mul_pd(d1, d1));
+        e1 = _mm256_add_pd(e1, _mm256_mul_pd(d2, d2));
+        o1 = _mm256_add_pd(o1, _mm256_mul_pd(d3, d3));
+    }
+    _mm256_storeu_pd(t, e0); _mm256_storeu_pd(t + 4, o0); _mm256_storeu_pd(t + 8, e1); _mm256_storeu_pd(t + 12, o1);
+    for (j = 0; j < 4; j++) {
+        s[2 * j] = t[j]; s[2 * j + 1] = t[4 + j];
+        s[8 + 2 * j] = t[8 + j]; s[9 + 2 * j] = t[12 + j];
+    }
+}
+#endif
+static void capex__sumsq_f32_lanes(const float *x, int64_t n, double *s) {
+    int64_t i;
+    int j;
+#ifdef CAPEX__F16C
+    if (CAPEX__AVX_ON()) { capex__sumsq_f32_lanes_avx(x, n, s); return; }
+#endif
+    for (i = 0; i < n; i += 16)
+        for (j = 0; j < 16; j++) s[j] += (double)x[i + j] * (double)x[i + j];
+}
+static void capex__sumsq_bf16_lanes(const uint16_t *x, int64_t n, double *s) {
+    int64_t i;
+    int j;
+#ifdef CAPEX__F16C
+    if (CAPEX__AVX_ON()) { capex__sumsq_bf16_lanes_avx(x, n, s); return; }
+#endif
+    for (i = 0; i < n; i += 16)
+        for (j = 0; j < 16; j++) {
+            double v = (double)CAPEX__TOF_BF16(x[i + j]);
+            s[j] += v * v;
+        }
+}
+CAPEX__PRIVATE double capex__sumsq_F32(const void *x_, int64_t n) {
+    const float *x = (const float *)x_;
+    double s[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t m = n / 16 * 16, i;
+    capex__sumsq_f32_lanes(x, m, s);
+    for (i = m; i < n; i++) s[i & 15] += (double)x[i] * (double)x[i];
+    return capex__sumsq_lanes_total(s);
+}
+CAPEX__PRIVATE double capex__sumsq_BF16(const void *x_, int64_t n) {
+    const uint16_t *x = (const uint16_t *)x_;
+    double s[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t m = n / 16 * 16, i;
+    capex__sumsq_bf16_lanes(x, m, s);
+    for (i = m; i < n; i++) {
+        double v = (double)CAPEX__TOF_BF16(x[i]);
+        s[i & 15] += v * v;
+    }
+    return capex__sumsq_lanes_total(s);
+}
+/* fp16: blocks of 256 converted first (F16C where the CPU has it), then the
+   f32 lanes; blocks are whole lane rounds, so the same order as f32. */
+CAPEX__PRIVATE double capex__sumsq_F16(const void *x_, int64_t n) {
+    const uint16_t *x = (const uint16_t *)x_;
+    double s[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    float b[256];
+    int64_t i = 0, k;
+    while (i < n) {
+        int64_t nb = n - i < 256 ? n - i : 256, m = nb / 16 * 16;
+        capex__f16_load_n(x + i, b, (size_t)nb);
+        capex__sumsq_f32_lanes(b, m, s);
+        for (k = m; k < nb; k++) s[k & 15] += (double)b[k] * (double)b[k];
+        i += nb;
+    }
+    return capex__sumsq_lanes_total(s);
+}
 
 typedef double (*capex__sumsq_kern)(const void *, int64_t);
 /* Chunks arrive in tensor order, so per-tensor sums need one running
@@ -5792,10 +5980,11 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
     }
 
 /* LAMB stage 1: moments, and |p|^2 (before the update) and |u|^2 partials in
-   double, lane i%8, lanes combined as capex_multi_tensor_sumsq does. */
-#define CAPEX__OPT_LAMB1_ELEM(GN, MODE, k)                                     \
+   double, lane i%8, lanes combined by the 8-lane tree (capex_multi_tensor_sumsq
+   now uses 16 lanes; these partials are internal to LAMB). */
+#define CAPEX__OPT_LAMB1_ELEM(GN, MODE, k, gk)                                 \
     do {                                                                       \
-        float gi = CAPEX__OPT_LD_##GN(g[k]) * gs;                              \
+        float gi = CAPEX__OPT_BLD_##GN(gk) * gs;                               \
         float pk = p[k];                                                       \
         gi = CAPEX__OPT_LAMB_G_##MODE(gi, pk, c);                              \
         capex__lamb_moments_elem(gi, &m[k], &v[k], c.beta1, c.beta2, c.beta3); \
@@ -5807,6 +5996,17 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
 #define CAPEX__OPT_LAMB_U_l2(pk, mk, vk, c) capex__lamb_update_l2(pk, mk, vk, (c).bc1, (c).bc2, (c).eps)
 #define CAPEX__OPT_LAMB_U_w(pk, mk, vk, c) capex__lamb_update_w(pk, mk, vk, (c).bc1, (c).bc2, (c).eps, (c).wd)
 
+/* LAMB stage 1 reads its gradients a block at a time: fp16 ones converted
+   into a buffer first (F16C where the CPU has it; the same values). */
+#define CAPEX__OPT_BT_f32 float
+#define CAPEX__OPT_BT_f16 float
+#define CAPEX__OPT_BT_bf16 uint16_t
+#define CAPEX__OPT_BLK_f32(g, i, nb, buf) ((void)(buf), (g) + (i))
+#define CAPEX__OPT_BLK_f16(g, i, nb, buf) (capex__f16_load_n((g) + (i), (buf), (size_t)(nb)), (const float *)(buf))
+#define CAPEX__OPT_BLK_bf16(g, i, nb, buf) ((void)(buf), (g) + (i))
+#define CAPEX__OPT_BLD_f32(x) (x)
+#define CAPEX__OPT_BLD_f16(x) (x)
+#define CAPEX__OPT_BLD_bf16(x) capex__b16_load(x)
 #define CAPEX__OPT_K_LAMB1(GN)                                                 \
     CAPEX__OPT_K_LAMB1_MODE(GN, l2) CAPEX__OPT_K_LAMB1_MODE(GN, w)
 #define CAPEX__OPT_K_LAMB1_MODE(GN, MODE)                                      \
@@ -5814,16 +6014,17 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
         CAPEX__OPT_PROLOGUE(GN);                                               \
         double ap[8] = {0, 0, 0, 0, 0, 0, 0, 0}, au[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sp, su; \
         int64_t l;                                                             \
-        float ub[256];                                                         \
+        float ub[256], gbuf[256];                                              \
         /* blocks of up to 256: the update loop and the squares loop each run  \
            long enough to vectorise and overlap; lane l still sums elements l, \
            l+8, ... in order (the bits of one 8-wide loop) */                  \
         for (i = 0; i < n;) {                                                  \
             int64_t nb = n - i < 256 ? n - i : 256, b;                         \
             float *CAPEX__OPT_RESTRICT u = j->u ? j->u + i : ub;               \
+            const CAPEX__OPT_BT_##GN *CAPEX__OPT_RESTRICT gb = CAPEX__OPT_BLK_##GN(g, i, nb, gbuf); \
             CAPEX__OPT_SIMD for (l = 0; l < nb; l++) {                         \
                 float uu, pp;                                                  \
-                CAPEX__OPT_LAMB1_ELEM(GN, MODE, i + l);                        \
+                CAPEX__OPT_LAMB1_ELEM(GN, MODE, i + l, gb[l]);                 \
                 u[l] = uu;                                                     \
                 (void)pp;                                                      \
             }                                                                  \
@@ -6319,6 +6520,33 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
 /* Runs phase k over every chunk; chunks are independent. */
 enum { CAPEX__OPT_PH_MAIN = 0, CAPEX__OPT_PH_LAMB1 = 1, CAPEX__OPT_PH_LAMB2 = 2, CAPEX__OPT_PH_NOVO1 = 3 };
 
+/* fp16 gradients or model copy where the CPU has F16C: the f32-gradient /
+   no-copy kernel runs on blocks, the gradients converted by vcvtph2ps into a
+   buffer first and the copy written from the new master by vcvtps2ph after.
+   Each element sees the same operations on the same f32 values as in the
+   fp16 kernel (whose per-element portable codecs cost 2x bf16's): the same
+   bits (test_f16c). Not for LAMB stage 1, whose lane sums span the item. */
+#define CAPEX__OPT_F16C_BLOCK 1024
+static void capex__optim_f16c_blocks(capex__optim_kfn f, const capex__optim_job *j0, size_t gsz, int g16, int m16) {
+    float gb[CAPEX__OPT_F16C_BLOCK];
+    capex__optim_job j = *j0;
+    int64_t o;
+    for (o = 0; o < j0->n; o += CAPEX__OPT_F16C_BLOCK) {
+        int64_t nb = j0->n - o < CAPEX__OPT_F16C_BLOCK ? j0->n - o : CAPEX__OPT_F16C_BLOCK;
+        j.g = g16 ? (const void *)gb : j0->g ? (const void *)((const char *)j0->g + (size_t)o * gsz) : NULL;
+        j.p = j0->p + o;
+        j.m = j0->m ? j0->m + o : NULL;
+        j.v = j0->v ? j0->v + o : NULL;
+        j.u = j0->u ? j0->u + o : NULL;
+        j.h = m16 || !j0->h ? NULL : (void *)((uint16_t *)j0->h + o);
+        j.base_lo = j0->base_lo + (unsigned int)o; /* stochastic rounding's element index */
+        j.n = nb;
+        if (g16) capex__f16_load_n((const uint16_t *)j0->g + o, gb, (size_t)nb);
+        f(&j);
+        if (m16) capex__f16_store_n(j.p, (uint16_t *)j0->h + o, (size_t)nb);
+    }
+}
+
 static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, float gs) {
     const capex__optim_item *item = &o->items[k];
     const capex__optim_tensor *t = &o->tensors[item->tensor];
@@ -6345,6 +6573,19 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
                                     (unsigned int)((uint64_t)item->off >> 32))
                     : 0u;
     (void)grp;
+    /* kinds listed by name: a new kind takes the switch below until it is added here */
+    if ((mi == 1 || (gi == (int)CAPEX_F16 && phase == CAPEX__OPT_PH_MAIN)) &&
+        ((phase == CAPEX__OPT_PH_MAIN && (o->desc.kind == CAPEX_OPTIM_ADAM || o->desc.kind == CAPEX_OPTIM_SGD)) ||
+         (phase == CAPEX__OPT_PH_LAMB2 && o->desc.kind == CAPEX_OPTIM_LAMB)) && CAPEX__F16C_ON()) {
+        int g16 = gi == (int)CAPEX_F16 && phase == CAPEX__OPT_PH_MAIN, bg = g16 ? (int)CAPEX_F32 : gi, bm = mi == 1 ? 0 : mi;
+        capex__optim_kfn f;
+        if (phase == CAPEX__OPT_PH_LAMB2) f = capex__k_lamb2_tab[j.u ? 2 : w][bm];
+        else if (o->desc.kind == CAPEX_OPTIM_ADAM) f = (w ? capex__k_adam_w_tab : capex__k_adam_l2_tab)[bg][bm];
+        else if (j.m && j.c->momentum != 0.0f) f = capex__k_sgdm_tab[bg][bm];
+        else f = capex__k_sgd_tab[bg][bm];
+        capex__optim_f16c_blocks(f, &j, gsz, g16, mi == 1);
+        return;
+    }
     switch (phase) {
     case CAPEX__OPT_PH_MAIN:
         if (o->desc.kind == CAPEX_OPTIM_ADAM) (w ? capex__k_adam_w_tab : capex__k_adam_l2_tab)[gi][mi](&j);
@@ -9350,7 +9591,7 @@ static const float *capex__nm_load(const void *p, capex_dtype t, int64_t off, in
     int64_t i;
     const uint16_t *h = (const uint16_t *)p + off;
     if (t == CAPEX_F32) return (const float *)p + off;
-    if (t == CAPEX_F16) { for (i = 0; i < n; i++) buf[i] = capex__f16_to_f32_v(h[i]); } /* vectorises */
+    if (t == CAPEX_F16) { capex__f16_load_n(h, buf, (size_t)n); } /* F16C where present */
     else { for (i = 0; i < n; i++) buf[i] = capex__b16_load(h[i]); }
     return buf;
 }
@@ -9362,7 +9603,7 @@ static void capex__nm_store(void *p, capex_dtype t, int64_t off, int64_t n, cons
     int64_t i;
     uint16_t *h = (uint16_t *)p + off;
     if (t == CAPEX_F32) return; /* computed in place */
-    if (t == CAPEX_F16) { for (i = 0; i < n; i++) h[i] = capex__f32_to_f16_v(v[i]); }
+    if (t == CAPEX_F16) { capex__f16_store_n(v, h, (size_t)n); }
     else { for (i = 0; i < n; i++) h[i] = (uint16_t)capex__b16_store(v[i]); }
 }
 static void capex__nm_store_one(void *p, capex_dtype t, int64_t i, float v) {
@@ -9411,6 +9652,70 @@ static float capex__nm_dot(const float *a, const float *b, int64_t n) {
         for (l = 0; l < (int)(n % 8); l++) s[l] += a[8 * K + l];
     }
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* LayerNorm backward of one row in two passes over x and dy instead of six
+   over row buffers. Pass 1: xhat = (x-mean)*rstd and g = dy*w, the dweight /
+   dbias partials, and sum(g), sum(g*xhat) in the 8 lanes and tree of
+   capex__nm_dot; pass 2 recomputes xhat and g (the same operations, the same
+   values) for dx. With GCC/clang the 8 lanes are one 8-float vector (the
+   vectorisers otherwise either stay scalar or shuffle 16-wide on AVX-512);
+   lane by lane the operations are those of the plain loop. Parameters, not
+   locals, carry restrict: GCC ignores it on local pointers. */
+#if defined(__GNUC__) || defined(__clang__)
+typedef float capex__v8f __attribute__((vector_size(32))); /* locals only: no ABI question */
+#endif
+static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *CAPEX__OPT_RESTRICT dy,
+                               const float *CAPEX__OPT_RESTRICT wf, float *CAPEX__OPT_RESTRICT pw,
+                               float *CAPEX__OPT_RESTRICT pb, float mean, float rstd, int64_t n, float *sg,
+                               float *sgx) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t K = n / 8, k, i;
+    int l;
+#if defined(__GNUC__) || defined(__clang__)
+    {
+        const capex__v8f mv = {mean, mean, mean, mean, mean, mean, mean, mean};
+        const capex__v8f rv = {rstd, rstd, rstd, rstd, rstd, rstd, rstd, rstd};
+        capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, tv = {0, 0, 0, 0, 0, 0, 0, 0}, xv, d, w, a, b;
+        for (k = 0; k < K; k++) {
+            memcpy(&xv, x + 8 * k, sizeof xv); memcpy(&d, dy + 8 * k, sizeof d); memcpy(&w, wf + 8 * k, sizeof w);
+            memcpy(&a, pw + 8 * k, sizeof a); memcpy(&b, pb + 8 * k, sizeof b);
+            xv = (xv - mv) * rv;
+            w = d * w; /* g */
+            a += d * xv;
+            b += d;
+            memcpy(pw + 8 * k, &a, sizeof a); memcpy(pb + 8 * k, &b, sizeof b);
+            sv += w;
+            tv += w * xv;
+        }
+        memcpy(s, &sv, sizeof sv);
+        memcpy(t, &tv, sizeof tv);
+    }
+#else
+    for (k = 0; k < K; k++)
+        for (l = 0; l < 8; l++) {
+            float xv, d, gv;
+            i = 8 * k + l;
+            xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
+            pw[i] += d * xv; pb[i] += d;
+            s[l] += gv; t[l] += gv * xv;
+        }
+#endif
+    for (l = 0; l < (int)(n % 8); l++) {
+        float xv, d, gv;
+        i = 8 * K + l;
+        xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
+        pw[i] += d * xv; pb[i] += d;
+        s[l] += gv; t[l] += gv * xv;
+    }
+    *sg = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    *sgx = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+static void capex__nm_bwd_dx(const float *CAPEX__OPT_RESTRICT x, const float *CAPEX__OPT_RESTRICT dy,
+                             const float *CAPEX__OPT_RESTRICT wf, float *CAPEX__OPT_RESTRICT dx, float mean, float rstd,
+                             float mg, float mgx, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++) dx[i] = capex__nm_ln_dx(dy[i] * wf[i], (x[i] - mean) * rstd, mg, mgx, rstd);
 }
 
 static int capex__nm_dtype_ok(capex_dtype t) { return t == CAPEX_F32 || t == CAPEX_F16 || t == CAPEX_BF16; }
@@ -9530,6 +9835,13 @@ static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *sc
             const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * n, n, scratch + n);
             const float rstd = a->rstd[row], mean = c->rms ? 0.0f : a->mean[row];
             float mg, mgx;
+            if (pw && pb && a->dx && !c->rms) { /* LayerNorm with all outputs: two passes */
+                float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 4 * n);
+                capex__nm_bwd_pass(x, dy, wf, pw, pb, mean, rstd, n, &mg, &mgx);
+                capex__nm_bwd_dx(x, dy, wf, dx, mean, rstd, mg / (float)n, mgx / (float)n, n);
+                capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
+                continue;
+            }
             for (i = 0; i < n; i++) { xh[i] = (x[i] - mean) * rstd; g[i] = dy[i] * wf[i]; }
             if (pw) for (i = 0; i < n; i++) pw[i] += dy[i] * xh[i];
             if (pb) for (i = 0; i < n; i++) pb[i] += dy[i];

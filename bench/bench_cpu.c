@@ -3,7 +3,7 @@
    elements with 1 and 2 threads. Best of several repetitions.
 
        make bench-cpu          # builds build/bench/bench_cpu (-O3, -march=native if available)
-       build/bench/bench_cpu [max_elements]   # e.g. 10000000 to skip 100M
+       build/bench/bench_cpu [max_elements [name part]]   # e.g. 10000000 f16: skip 100M, fp16 rows
 
    Adding an op: write `static void run_x(bench_ctx *c)` that calls capex on
    c->list[0..nbuf-1] with &c->desc, and add a row to k_ops with the dtypes of
@@ -77,7 +77,9 @@ static capex_optim *optim_get(bench_ctx *c, capex_optim_kind kind, int has_model
         ps[t].param = (float *)L[1].tensors[t].data; ps[t].numel = L[1].tensors[t].numel;
         ps[t].exp_avg = (float *)L[2].tensors[t].data;
         if (kind != CAPEX_OPTIM_SGD) ps[t].exp_avg_sq = (float *)L[3].tensors[t].data;
-        if (has_model) { ps[t].model = L[4].tensors[t].data; ps[t].model_dtype = L[4].dtype; }
+        if (has_model) { /* the model copy is the last buffer (SGD has no exp_avg_sq) */
+            ps[t].model = L[c->nbuf - 1].tensors[t].data; ps[t].model_dtype = L[c->nbuf - 1].dtype;
+        }
     }
     if (capex_optim_create(&d, &cached) != CAPEX_OK || capex_optim_add_group(cached, NULL, ps, n, NULL) != CAPEX_OK) {
         fprintf(stderr, "optimizer setup failed: %s\n", capex_last_error());
@@ -91,6 +93,8 @@ static void run_adamw(bench_ctx *c) { capex_optim_step(optim_get(c, CAPEX_OPTIM_
 static void run_adamw_o2(bench_ctx *c) { capex_optim_step(optim_get(c, CAPEX_OPTIM_ADAM, 1), 1.0f, 1.0f, 0); }
 static void run_lamb(bench_ctx *c) { capex_optim_step(optim_get(c, CAPEX_OPTIM_LAMB, 0), 1.0f, 1.0f, 0); }
 static void run_sgd(bench_ctx *c) { capex_optim_step(optim_get(c, CAPEX_OPTIM_SGD, 0), 1.0f, 1.0f, 0); }
+static void run_lamb_o2(bench_ctx *c) { capex_optim_step(optim_get(c, CAPEX_OPTIM_LAMB, 1), 1.0f, 1.0f, 0); }
+static void run_sgd_o2(bench_ctx *c) { capex_optim_step(optim_get(c, CAPEX_OPTIM_SGD, 1), 1.0f, 1.0f, 0); }
 
 static const bench_op k_ops[] = {
     {"unscale f32 in place", 1, {CAPEX_F32}, "b", run_scale_inplace},
@@ -100,15 +104,20 @@ static const bench_op k_ops[] = {
     {"axpby f32,f32->f32", 3, {CAPEX_F32, CAPEX_F32, CAPEX_F32}, "rrw", run_axpby},
     {"l2norm f32", 1, {CAPEX_F32}, "r", run_l2norm},
     {"l2norm bf16", 1, {CAPEX_BF16}, "r", run_l2norm},
+    {"l2norm f16", 1, {CAPEX_F16}, "r", run_l2norm},
     {"clip_grad_norm f32", 1, {CAPEX_F32}, "b", run_clip}, /* norm pass reads: counted below */
     {"AdamW f32", 4, {CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_F32}, "rbbb", run_adamw},
     {"AdamW master+bf16 (bf16 g)", 5, {CAPEX_BF16, CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_BF16}, "rbbbw", run_adamw_o2},
     {"AdamW master+f16 (f16 g)", 5, {CAPEX_F16, CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_F16}, "rbbbw", run_adamw_o2},
     {"LAMB f32", 4, {CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_F32}, "rbbb", run_lamb},
+    {"LAMB master+bf16 (bf16 g)", 5, {CAPEX_BF16, CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_BF16}, "rbbbw", run_lamb_o2},
+    {"LAMB master+f16 (f16 g)", 5, {CAPEX_F16, CAPEX_F32, CAPEX_F32, CAPEX_F32, CAPEX_F16}, "rbbbw", run_lamb_o2},
     {"SGD momentum f32", 3, {CAPEX_F32, CAPEX_F32, CAPEX_F32}, "rbb", run_sgd},
+    {"SGD mom. master+bf16", 4, {CAPEX_BF16, CAPEX_F32, CAPEX_F32, CAPEX_BF16}, "rbbw", run_sgd_o2},
+    {"SGD mom. master+f16", 4, {CAPEX_F16, CAPEX_F32, CAPEX_F32, CAPEX_F16}, "rbbw", run_sgd_o2},
 };
 /* extra bytes per element beyond the rw string (clip reads once for the norm) */
-static double extra_bytes(const bench_op *op) { return op->run == run_clip || op->run == run_lamb ? 4.0 : 0.0; }
+static double extra_bytes(const bench_op *op) { return op->run == run_clip || op->run == run_lamb ? 4.0 : op->run == run_lamb_o2 ? 2.0 : 0.0; }
 
 /* ---- timing --------------------------------------------------------------- */
 static double now(void) {
@@ -210,6 +219,7 @@ int main(int argc, char **argv) {
             size_t nt = (size_t)((n + TENSOR_ELEMS - 1) / TENSOR_ELEMS), k;
             double bytes = extra_bytes(op) * (double)n;
             int bi;
+            if (argc > 2 && !strstr(op->name, argv[2])) continue; /* optional filter: ops whose name has argv[2] */
             memset(&c, 0, sizeof c);
             c.nbuf = op->nbuf;
             for (bi = 0; bi < op->nbuf; bi++) {

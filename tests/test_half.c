@@ -129,7 +129,26 @@ static uint32_t rnd32(void) {
     return (uint32_t)(rng_state >> 16);
 }
 
-CT_TEST(random_f32_inputs_and_bulk) {
+/* The bulk fp16 paths: the public (dispatching) functions, the portable loops,
+   and the F16C ones where this build and CPU have them. Every bulk check
+   below runs on each, against the scalar integer conversions. */
+typedef struct half_path {
+    const char *name;
+    void (*store)(const float *, uint16_t *, size_t);
+    void (*load)(const uint16_t *, float *, size_t);
+} half_path;
+static half_path paths[3];
+static int npaths(void) {
+    int k = 0;
+    paths[k].name = "public"; paths[k].store = capex_f32_to_f16_array; paths[k++].load = capex_f16_to_f32_array;
+    paths[k].name = "portable"; paths[k].store = capex__f16_store_port; paths[k++].load = capex__f16_load_port;
+#ifdef CAPEX__F16C
+    if (capex__f16c_ok()) { paths[k].name = "f16c"; paths[k].store = capex__f16_store_f16c; paths[k++].load = capex__f16_load_f16c; }
+#endif
+    return k;
+}
+
+static void random_bulk(ct_state *ct, const half_path *P) {
     enum { N = 200000 };
     static float src[N];
     static uint16_t h[N], b[N];
@@ -141,18 +160,18 @@ CT_TEST(random_f32_inputs_and_bulk) {
         if (i & 1) u = (u & 0x80ffffffu) | ((uint32_t)(96 + (rnd32() % 48)) << 23);
         src[i] = from_bits(u);
     }
-    capex_f32_to_f16_array(src, h, N);
+    P->store(src, h, N);
     capex_f32_to_bf16_array(src, b, N);
     for (i = 0; i < N; i++) {
         if (isnan(src[i])) {
             CT_CHECK(isnan(capex_f16_to_f32(h[i])) && isnan(capex_bf16_to_f32(b[i])), "NaN input %d", i);
             continue;
         }
-        CT_CHECK(h[i] == ref_f16(src[i]), "f16 of %.9g (0x%08x): 0x%04x want 0x%04x", src[i], bits(src[i]), h[i], ref_f16(src[i]));
+        CT_CHECK(h[i] == ref_f16(src[i]), "%s: f16 of %.9g (0x%08x): 0x%04x want 0x%04x", P->name, src[i], bits(src[i]), h[i], ref_f16(src[i]));
         CT_CHECK(b[i] == ref_bf16(src[i]), "bf16 of %.9g: 0x%04x want 0x%04x", src[i], b[i], ref_bf16(src[i]));
     }
-    capex_f16_to_f32_array(h, back, N);
-    for (i = 0; i < N; i++) CT_CHECK(bits(back[i]) == bits(capex_f16_to_f32(h[i])), "bulk f16->f32 differs at %d", i);
+    P->load(h, back, N);
+    for (i = 0; i < N; i++) CT_CHECK(bits(back[i]) == bits(capex_f16_to_f32(h[i])), "%s: bulk f16->f32 differs at %d", P->name, i);
     capex_bf16_to_f32_array(b, back, N);
     for (i = 0; i < N; i++) CT_CHECK(bits(back[i]) == bits(capex_bf16_to_f32(b[i])), "bulk bf16->f32 differs at %d", i);
 }
@@ -161,7 +180,7 @@ CT_TEST(random_f32_inputs_and_bulk) {
    scalar ones everywhere. Every 61st f32 bit pattern (70M inputs, all
    exponents, both signs, NaN payloads) plus every f16 code and its
    neighbourhood midpoints (exact ties, one ulp either side). */
-CT_TEST(bulk_equals_scalar_everywhere) {
+static void bulk_everywhere(ct_state *ct, const half_path *P) {
     enum { B = 65536 };
     static float src[B], back[B];
     static uint16_t h[B];
@@ -169,13 +188,21 @@ CT_TEST(bulk_equals_scalar_everywhere) {
     int i, n;
     while (u <= 0xffffffffull) {
         for (n = 0; n < B && u <= 0xffffffffull; n++, u += 61) src[n] = from_bits((uint32_t)u);
-        capex_f32_to_f16_array(src, h, (size_t)n);
+        P->store(src, h, (size_t)n);
         for (i = 0; i < n; i++)
-            CT_CHECK(h[i] == capex_f32_to_f16(src[i]), "bulk f16 of 0x%08x: 0x%04x, scalar 0x%04x", bits(src[i]), h[i], capex_f32_to_f16(src[i]));
+            CT_CHECK(h[i] == capex_f32_to_f16(src[i]), "%s: bulk f16 of 0x%08x: 0x%04x, scalar 0x%04x", P->name, bits(src[i]), h[i], capex_f32_to_f16(src[i]));
     }
     for (i = 0; i < B; i++) h[i] = (uint16_t)i;
-    capex_f16_to_f32_array(h, back, B);
-    for (i = 0; i < B; i++) CT_CHECK(bits(back[i]) == bits(capex_f16_to_f32((uint16_t)i)), "bulk f16->f32 of 0x%04x", i);
+    P->load(h, back, B);
+    for (i = 0; i < B; i++) CT_CHECK(bits(back[i]) == bits(capex_f16_to_f32((uint16_t)i)), "%s: bulk f16->f32 of 0x%04x", P->name, i);
+    for (i = 0; i < B; i++) { /* every code at every position of a group of 8, and in the tail */
+        int k;
+        uint16_t g[11];
+        float o[11];
+        for (k = 0; k < 11; k++) g[k] = (uint16_t)(i + 7919 * k);
+        P->load(g, o, 11);
+        for (k = 0; k < 11; k++) CT_CHECK(bits(o[k]) == bits(capex_f16_to_f32(g[k])), "%s: f16->f32 of 0x%04x at %d", P->name, g[k], k);
+    }
     for (i = 0; i < B - 1; i++) { /* midpoint of codes i and i+1 (same sign, finite) */
         float a = capex_f16_to_f32((uint16_t)i), b = capex_f16_to_f32((uint16_t)(i + 1));
         src[i] = (i & 0x7fff) >= 0x7bff ? a : (float)(((double)a + (double)b) / 2);
@@ -184,9 +211,27 @@ CT_TEST(bulk_equals_scalar_everywhere) {
     for (n = -1; n <= 1; n++) {
         static float tmp[B];
         for (i = 0; i < B; i++) tmp[i] = from_bits(bits(src[i]) + (uint32_t)n);
-        capex_f32_to_f16_array(tmp, h, B);
-        for (i = 0; i < B; i++) CT_CHECK(h[i] == capex_f32_to_f16(tmp[i]), "bulk f16 near midpoint 0x%08x", bits(tmp[i]));
+        P->store(tmp, h, B);
+        for (i = 0; i < B; i++) CT_CHECK(h[i] == capex_f32_to_f16(tmp[i]), "%s: bulk f16 near midpoint 0x%08x", P->name, bits(tmp[i]));
     }
+}
+
+CT_TEST(random_f32_inputs_and_bulk) {
+    int k, n = npaths();
+    for (k = 0; k < n && !ct->failed; k++) random_bulk(ct, &paths[k]);
+}
+CT_TEST(bulk_equals_scalar_everywhere) {
+    int k, n = npaths();
+    for (k = 0; k < n && !ct->failed; k++) bulk_everywhere(ct, &paths[k]);
+}
+/* Says which paths ran: skipped where the build or CPU has no F16C. */
+CT_TEST(f16c_path_tested) {
+#ifdef CAPEX__F16C
+    if (!capex__f16c_ok()) CT_SKIP("this CPU has no F16C: only the portable path was tested");
+    CT_CHECK(npaths() == 3, "f16c path not in the list");
+#else
+    CT_SKIP("built without F16C (CAPEX_NO_SIMD or not x86-64 gcc/clang): only the portable path was tested");
+#endif
 }
 
 CT_TEST(dtype_names_and_sizes) {
@@ -197,6 +242,7 @@ CT_TEST(dtype_names_and_sizes) {
 
 static const ct_case cases[] = {
     CT_CASE(f16_to_f32_all_codes), CT_CASE(bf16_to_f32_all_codes), CT_CASE(f16_rounding_boundaries),
-    CT_CASE(bf16_rounding_boundaries), CT_CASE(random_f32_inputs_and_bulk), CT_CASE(bulk_equals_scalar_everywhere), CT_CASE(dtype_names_and_sizes),
+    CT_CASE(bf16_rounding_boundaries), CT_CASE(random_f32_inputs_and_bulk), CT_CASE(bulk_equals_scalar_everywhere), CT_CASE(f16c_path_tested),
+    CT_CASE(dtype_names_and_sizes),
 };
 CT_MAIN(cases)

@@ -295,8 +295,9 @@ CT_TEST(planner_empty_and_bad_input) {
 /* norms                                                                   */
 /* ======================================================================= */
 
-/* The documented reduction, recomputed: lanes i%8 per chunk, fixed combine,
-   chunk partials in order. This is what any build (OpenMP or not) must give. */
+/* The documented reduction, recomputed: lanes i%16 per chunk, folded to 8
+   (l_j + l_(j+8)), fixed combine, chunk partials in order. This is what any
+   build (OpenMP or not, AVX or not) must give. */
 static double fixed_order_sumsq(const tlist *a, int64_t cs, double *per) {
     double total = 0.0;
     size_t i;
@@ -305,11 +306,13 @@ static double fixed_order_sumsq(const tlist *a, int64_t cs, double *per) {
         if (per) per[i] = 0.0;
         for (off = 0; off < a->t[i].numel; off += cs) {
             int64_t n = a->t[i].numel - off < cs ? a->t[i].numel - off : cs, k;
-            double s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, part;
+            double s[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, part;
+            int j;
             for (k = 0; k < n; k++) {
                 double v = getv(a->dt, a->t[i].data, off + k);
-                s[k & 7] += v * v;
+                s[k & 15] += v * v;
             }
+            for (j = 0; j < 8; j++) s[j] += s[j + 8];
             part = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
             total += part;
             if (per) per[i] += part;

@@ -1,0 +1,35 @@
+# f16c: the half conversions and norms built the other ways. make test runs
+# test_half with run-time F16C dispatch (it checks the F16C and portable
+# paths against each other); CI also runs it built for the native ISA
+# (F16C chosen at compile time) and with -DCAPEX_NO_SIMD (portable only).
+$(BUILD)/f16c/test_half_native: tests/test_half.c tests/capex_test.h capex.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O2 $(BENCH_MARCH) $(WARN) $(TEST_DEFS) -Itests $< -o $@ $(LDLIBS)
+$(BUILD)/f16c/test_half_nosimd: tests/test_half.c tests/capex_test.h capex.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O2 $(WARN) $(TEST_DEFS) -DCAPEX_NO_SIMD -Itests $< -o $@ $(LDLIBS)
+# test_f16c and test_tensor portable-only too: fp16 grads equal f32 grads, and
+# the norms' documented order, without the x86 paths.
+$(BUILD)/f16c/test_f16c_nosimd: tests/test_f16c.c tests/capex_test.h capex.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O2 $(WARN) $(OPENMP) $(TEST_DEFS) -DCAPEX_NO_SIMD -Itests $< -o $@ $(LDLIBS)
+$(BUILD)/f16c/test_tensor_nosimd: tests/test_tensor.c tests/capex_test.h capex.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O2 $(WARN) $(OPENMP) $(TEST_DEFS) -DCAPEX_NO_SIMD -Itests $< -o $@ $(LDLIBS)
+ci-extra:: $(BUILD)/f16c/test_half_native $(BUILD)/f16c/test_half_nosimd $(BUILD)/f16c/test_f16c_nosimd \
+           $(BUILD)/f16c/test_tensor_nosimd
+	$(BUILD)/f16c/test_half_native
+	$(BUILD)/f16c/test_half_nosimd
+	$(BUILD)/f16c/test_f16c_nosimd
+	$(BUILD)/f16c/test_tensor_nosimd
+
+# The capex side of the capex-vs-torch CPU table (bench/bench_cpu_torch.py
+# runs it; `make bench-table-torch` prints the table). Built like bench-optim.
+.PHONY: bench-table bench-table-torch
+bench-table: $(BUILD)/bench/bench_table
+$(BUILD)/bench/bench_table: bench/bench_table.c capex.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O3 $(BENCH_MARCH) -fno-math-errno $(WARN) $(OPENMP) $< -o $@ $(LDLIBS)
+bench-table-torch: $(BUILD)/bench/bench_table
+	python3 bench/bench_cpu_torch.py --capex $(BUILD)/bench/bench_table
+ci-extra:: $(BUILD)/bench/bench_table
