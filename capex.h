@@ -6575,12 +6575,15 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
     (void)grp;
     /* kinds listed by name: a new kind takes the switch below until it is added here */
     if ((mi == 1 || (gi == (int)CAPEX_F16 && phase == CAPEX__OPT_PH_MAIN)) &&
-        ((phase == CAPEX__OPT_PH_MAIN && (o->desc.kind == CAPEX_OPTIM_ADAM || o->desc.kind == CAPEX_OPTIM_SGD)) ||
+        ((phase == CAPEX__OPT_PH_MAIN && (o->desc.kind == CAPEX_OPTIM_ADAM || o->desc.kind == CAPEX_OPTIM_SGD ||
+                                          o->desc.kind == CAPEX_OPTIM_NOVOGRAD)) ||
          (phase == CAPEX__OPT_PH_LAMB2 && o->desc.kind == CAPEX_OPTIM_LAMB)) && CAPEX__F16C_ON()) {
         int g16 = gi == (int)CAPEX_F16 && phase == CAPEX__OPT_PH_MAIN, bg = g16 ? (int)CAPEX_F32 : gi, bm = mi == 1 ? 0 : mi;
         capex__optim_kfn f;
         if (phase == CAPEX__OPT_PH_LAMB2) f = capex__k_lamb2_tab[j.u ? 2 : w][bm];
         else if (o->desc.kind == CAPEX_OPTIM_ADAM) f = (w ? capex__k_adam_w_tab : capex__k_adam_l2_tab)[bg][bm];
+        else if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD)
+            f = (o->desc.reg_inside_moment ? capex__k_novo_reg_tab : capex__k_novo_mom_tab)[bg][bm];
         else if (j.m && j.c->momentum != 0.0f) f = capex__k_sgdm_tab[bg][bm];
         else f = capex__k_sgd_tab[bg][bm];
         capex__optim_f16c_blocks(f, &j, gsz, g16, mi == 1);

@@ -71,6 +71,7 @@ static void run_optim(ct_state *ct, const ocfg *oc, capex_dtype gt, int model, i
     capex_optim_desc_init(&d, oc->kind);
     d.adam_w_mode = oc->w;
     d.lamb_low_memory = oc->lowmem;
+    d.reg_inside_moment = oc->kind == CAPEX_OPTIM_NOVOGRAD && oc->w; /* NovoGrad: w picks the moment mode */
     d.defaults.weight_decay = 0.01f;
     d.defaults.momentum = oc->momentum;
     d.defaults.nesterov = oc->nesterov;
@@ -82,7 +83,7 @@ static void run_optim(ct_state *ct, const ocfg *oc, capex_dtype gt, int model, i
         capex_optim_param_init(&ps[t]);
         ps[t].param = r->p[t]; ps[t].numel = sizes[t];
         ps[t].grad = r->g[t]; ps[t].grad_dtype = gt;
-        ps[t].exp_avg = r->m[t]; ps[t].exp_avg_sq = oc->kind == CAPEX_OPTIM_SGD ? NULL : r->v[t];
+        ps[t].exp_avg = r->m[t]; ps[t].exp_avg_sq = oc->kind == CAPEX_OPTIM_SGD || oc->kind == CAPEX_OPTIM_NOVOGRAD ? NULL : r->v[t];
         if (model) { ps[t].model = r->model[t]; ps[t].model_dtype = model == 1 ? CAPEX_F16 : CAPEX_BF16; }
     }
     if (capex_optim_create(&d, &o) != CAPEX_OK || capex_optim_add_group(o, NULL, ps, NT, NULL) != CAPEX_OK) {
@@ -122,7 +123,8 @@ CT_TEST(optimizers_same_bits) {
         {"adam l2", CAPEX_OPTIM_ADAM, 0, 0, 0, 0.0f}, {"adamw", CAPEX_OPTIM_ADAM, 1, 0, 0, 0.0f},
         {"sgd", CAPEX_OPTIM_SGD, 0, 0, 0, 0.0f}, {"sgd momentum", CAPEX_OPTIM_SGD, 0, 0, 0, 0.9f},
         {"sgd nesterov", CAPEX_OPTIM_SGD, 0, 0, 1, 0.9f}, {"lamb", CAPEX_OPTIM_LAMB, 1, 0, 0, 0.0f},
-        {"lamb l2 low-memory", CAPEX_OPTIM_LAMB, 0, 1, 0, 0.0f},
+        {"lamb l2 low-memory", CAPEX_OPTIM_LAMB, 0, 1, 0, 0.0f}, {"novograd", CAPEX_OPTIM_NOVOGRAD, 0, 0, 0, 0.0f},
+        {"novograd reg_inside_moment", CAPEX_OPTIM_NOVOGRAD, 1, 0, 0, 0.0f},
     };
     static const capex_dtype gts[3] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
     size_t c;
@@ -168,7 +170,8 @@ CT_TEST(f16_grads_equal_f32_grads) {
     static const ocfg cfgs[] = {
         {"adam l2", CAPEX_OPTIM_ADAM, 0, 0, 0, 0.0f}, {"adamw", CAPEX_OPTIM_ADAM, 1, 0, 0, 0.0f},
         {"sgd momentum", CAPEX_OPTIM_SGD, 0, 0, 0, 0.9f}, {"lamb", CAPEX_OPTIM_LAMB, 1, 0, 0, 0.0f},
-        {"lamb l2 low-memory", CAPEX_OPTIM_LAMB, 0, 1, 0, 0.0f},
+        {"lamb l2 low-memory", CAPEX_OPTIM_LAMB, 0, 1, 0, 0.0f}, {"novograd", CAPEX_OPTIM_NOVOGRAD, 0, 0, 0, 0.0f},
+        {"novograd reg_inside_moment", CAPEX_OPTIM_NOVOGRAD, 1, 0, 0, 0.0f},
     };
     size_t c;
     int model, t;
