@@ -6849,10 +6849,16 @@ CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
 /* ---- data parallel: MPI backend (CAPEX_MPI) ----------------------------- */
 #ifdef CAPEX_MPI
 
-/* Blocking collectives are run as their MPI-3 nonblocking twins polled with
-   MPI_Test until the deadline, so a stuck peer gives CAPEX_ERR_TIMEOUT rather
-   than a hang. Half types are summed in f32 and rounded once. Counts above
-   INT_MAX are split into chunks. */
+/* Blocking collectives: every rank first enters an MPI_Ibarrier polled with
+   MPI_Test until the deadline (a stuck or absent peer gives CAPEX_ERR_TIMEOUT
+   rather than a hang), then runs MPI's blocking collective. The blocking call
+   uses MPI's tuned algorithms and progress loop: the nonblocking twins
+   (Open MPI's libnbc) polled with MPI_Test ran 1.4-1.8x slower at 64 KiB-64 MiB
+   on np 2 (bench/RESULTS.md), and far worse when the polling rank competed
+   for the core with its peer. Once every rank has arrived, a peer that dies
+   mid-transfer is MPI's to report (MPI_ERRORS_RETURN) or mpirun's to tear
+   down. Half types are summed in f32 and rounded once. Counts above INT_MAX
+   are split into chunks. */
 #define CAPEX__MPI_CHUNK ((size_t)1 << 30)
 
 typedef struct capex__mpi { MPI_Comm comm; } capex__mpi;
@@ -6895,15 +6901,23 @@ static capex_result capex__mpi_poll(MPI_Request *req, double deadline, const cha
     }
 }
 
+/* Every rank of the comm has reached this collective, or the deadline passed. */
+static capex_result capex__mpi_arrive(capex_comm *c, double deadline, const char *what) {
+    MPI_Request q;
+    int rc = MPI_Ibarrier(capex__mpi_comm(c), &q);
+    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Ibarrier");
+    return capex__mpi_poll(&q, deadline, what);
+}
+
 static capex_result capex__mpi_allreduce_f32(capex_comm *c, const float *send, float *recv, size_t n, double deadline) {
     size_t off;
     for (off = 0; off < n; off += CAPEX__MPI_CHUNK) {
         int m = (int)(n - off < CAPEX__MPI_CHUNK ? n - off : CAPEX__MPI_CHUNK), rc;
-        MPI_Request q;
-        rc = MPI_Iallreduce(send == recv ? MPI_IN_PLACE : (const void *)(send + off), recv + off, m, MPI_FLOAT, MPI_SUM,
-                            capex__mpi_comm(c), &q);
-        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallreduce");
-        if ((rc = capex__mpi_poll(&q, deadline, "MPI allreduce")) != CAPEX_OK) return (capex_result)rc;
+        if ((rc = capex__mpi_arrive(c, deadline, "MPI allreduce (waiting for every rank)")) != CAPEX_OK)
+            return (capex_result)rc;
+        rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : (const void *)(send + off), recv + off, m, MPI_FLOAT, MPI_SUM,
+                           capex__mpi_comm(c));
+        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Allreduce");
     }
     return CAPEX_OK;
 }
@@ -6915,11 +6929,11 @@ static capex_result capex__mpi_allreduce_wide(capex_comm *c, const void *send, v
     MPI_Datatype dt = t == CAPEX_F64 ? MPI_DOUBLE : MPI_INT64_T;
     for (off = 0; off < n; off += CAPEX__MPI_CHUNK) {
         int m = (int)(n - off < CAPEX__MPI_CHUNK ? n - off : CAPEX__MPI_CHUNK), rc;
-        MPI_Request q;
-        rc = MPI_Iallreduce(send == recv ? MPI_IN_PLACE : (const void *)((const char *)send + off * 8),
-                            (char *)recv + off * 8, m, dt, MPI_SUM, capex__mpi_comm(c), &q);
-        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallreduce");
-        if ((rc = capex__mpi_poll(&q, deadline, "MPI allreduce")) != CAPEX_OK) return (capex_result)rc;
+        if ((rc = capex__mpi_arrive(c, deadline, "MPI allreduce (waiting for every rank)")) != CAPEX_OK)
+            return (capex_result)rc;
+        rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : (const void *)((const char *)send + off * 8),
+                           (char *)recv + off * 8, m, dt, MPI_SUM, capex__mpi_comm(c));
+        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Allreduce");
     }
     return CAPEX_OK;
 }
@@ -6960,10 +6974,10 @@ static capex_result capex__mpi_broadcast(capex_comm *c, void *buf, size_t n, cap
     size_t bytes = n * capex_comm_dtype_size(t), off;
     for (off = 0; off < bytes; off += CAPEX__MPI_CHUNK) {
         int m = (int)(bytes - off < CAPEX__MPI_CHUNK ? bytes - off : CAPEX__MPI_CHUNK), rc;
-        MPI_Request q;
-        rc = MPI_Ibcast((char *)buf + off, m, MPI_BYTE, root, capex__mpi_comm(c), &q);
-        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Ibcast");
-        if ((rc = capex__mpi_poll(&q, deadline, "MPI broadcast")) != CAPEX_OK) return (capex_result)rc;
+        if ((rc = capex__mpi_arrive(c, deadline, "MPI broadcast (waiting for every rank)")) != CAPEX_OK)
+            return (capex_result)rc;
+        rc = MPI_Bcast((char *)buf + off, m, MPI_BYTE, root, capex__mpi_comm(c));
+        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Bcast");
     }
     return CAPEX_OK;
 }
@@ -6971,15 +6985,15 @@ static capex_result capex__mpi_broadcast(capex_comm *c, void *buf, size_t n, cap
 static capex_result capex__mpi_allgather(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
                                         double deadline) {
     size_t bytes = n * capex_comm_dtype_size(t);
-    MPI_Request q;
     int rc;
     if (bytes > (size_t)INT_MAX)
         return capex__fail(CAPEX_ERR_LIMIT, "MPI allgather: %lu bytes per rank exceed INT_MAX; gather in pieces",
                            (unsigned long)bytes);
-    rc = MPI_Iallgather(send == (const char *)recv + bytes * (size_t)c->rank ? MPI_IN_PLACE : send, (int)bytes, MPI_BYTE,
-                        recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c), &q);
-    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallgather");
-    return capex__mpi_poll(&q, deadline, "MPI allgather");
+    if ((rc = capex__mpi_arrive(c, deadline, "MPI allgather (waiting for every rank)")) != CAPEX_OK) return (capex_result)rc;
+    rc = MPI_Allgather(send == (const char *)recv + bytes * (size_t)c->rank ? MPI_IN_PLACE : send, (int)bytes, MPI_BYTE,
+                       recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c));
+    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Allgather");
+    return CAPEX_OK;
 }
 
 static capex_result capex__mpi_barrier(capex_comm *c, double deadline) {

@@ -102,6 +102,23 @@ CT_TEST(mpi_stalled_rank_others_time_out) {
     free(out);
 }
 
+CT_TEST(mpi_stalled_rank_blocking_collectives_time_out) {
+    char args[1200];
+    int rc;
+    char *out;
+    if (!ready(ct)) return;
+    snprintf(args, sizeof args, "-np 2 '%s' stall_blocking", g_bin);
+    rc = run(args, 60);
+    out = slurp();
+    CT_CHECK(out != NULL, "no output");
+    if (rc == 124 || !out || count(out, "-> CAPEX_ERR_TIMEOUT") != 3) show(out);
+    CT_CHECK(rc != 124 && rc != 0, "the job must end with an error, not hang (exit %d)", rc);
+    CT_CHECK(out && strstr(out, "blocking allreduce -> CAPEX_ERR_TIMEOUT"), "allreduce must time out");
+    CT_CHECK(out && strstr(out, "blocking broadcast -> CAPEX_ERR_TIMEOUT"), "broadcast must time out");
+    CT_CHECK(out && strstr(out, "blocking allgather -> CAPEX_ERR_TIMEOUT"), "allgather must time out");
+    free(out);
+}
+
 CT_TEST(mpi_killed_rank_job_ends) {
     char args[1200];
     int rc;
@@ -140,6 +157,7 @@ static const ct_case cases[] = {
     CT_CASE(mpi_np2),
     CT_CASE(mpi_np4_oversubscribe),
     CT_CASE(mpi_stalled_rank_others_time_out),
+    CT_CASE(mpi_stalled_rank_blocking_collectives_time_out),
     CT_CASE(mpi_killed_rank_job_ends),
     CT_CASE(mpi_killed_rank_survivors_fail_within_deadline),
 };
