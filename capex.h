@@ -1214,6 +1214,13 @@ typedef struct capex_comm_vtable {
        bucket tracker calls it from grad_ready so that MPI, which progresses
        only inside MPI calls, keeps reducing while backward runs. */
     capex_result (*test)(capex_comm *c, capex_comm_req *req, int *done);
+    /* Optional (NULL: the front-ends fall back to allreduce into scratch /
+       allgather of padded shards). Uneven shards: counts[world_size], the
+       same on every rank; displ(p) = counts[0] + ... + counts[p-1]. */
+    capex_result (*reduce_scatter)(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
+                                   capex_reduce_op op, double deadline);
+    capex_result (*allgatherv)(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
+                               double deadline);
 } capex_comm_vtable;
 
 struct capex_comm {
@@ -1253,6 +1260,22 @@ CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t cou
 CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, void *recv, size_t count_per_rank,
                                             capex_dtype t);
 CAPEX_API capex_result capex_comm_barrier(capex_comm *c);
+/* Reduce-scatter with uneven shards (the sharded optimizer's gradient step):
+   counts has world_size entries, equal on every rank, zeros allowed; send
+   holds total = sum(counts) elements on every rank; recv gets this rank's
+   slice of the reduction, elements [displ, displ + counts[rank]) with
+   displ = counts[0] + ... + counts[rank-1]. In place when recv == send +
+   displ elements; otherwise recv must not overlap send. Half types are summed
+   in f32 and rounded once (host backends; NCCL sums in the dtype, as its
+   allreduce). The sum order is each backend's own (bits may differ from
+   allreduce's), every rank gets its slice of one reduction. */
+CAPEX_API capex_result capex_comm_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                                 capex_dtype t, capex_reduce_op op);
+/* All-gather with uneven shards: send holds counts[rank] elements; recv
+   (total elements) gets rank p's at displ(p). In place when send == recv +
+   displ(rank) elements. Moves bits (no arithmetic) for every dtype. */
+CAPEX_API capex_result capex_comm_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                             capex_dtype t);
 
 /* -- TCP rendezvous: rank 0 sends a small blob to every rank -- */
 typedef struct capex_rendezvous_desc {
@@ -6798,6 +6821,106 @@ CAPEX_API capex_result capex_comm_barrier(capex_comm *c) {
     return capex__comm_after(c, c->vt->barrier(c, capex__deadline(c)));
 }
 
+/* Sum of counts (elements) and this rank's displacement; refuses totals
+   whose byte size wraps. */
+CAPEX__PRIVATE capex_result capex__comm_counts(const capex_comm *c, const char *fn, const size_t *counts, capex_dtype t,
+                                              size_t *total, size_t *displ) {
+    size_t sum = 0, bytes;
+    int p;
+    *displ = 0;
+    for (p = 0; p < c->world_size; p++) {
+        if (p == c->rank) *displ = sum;
+        if (counts[p] > SIZE_MAX - sum)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the counts (rank %d's is %zu) sum past SIZE_MAX", fn, p, counts[p]);
+        sum += counts[p];
+    }
+    if (capex__size_mul(sum, capex_comm_dtype_size(t), &bytes))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %zu elements of %zu bytes in all: the byte size overflows size_t", fn,
+                           sum, capex_comm_dtype_size(t));
+    *total = sum;
+    return CAPEX_OK;
+}
+
+/* Backends without the entry: allreduce the whole buffer into scratch and
+   keep this rank's slice (correct, not bandwidth-optimal). */
+CAPEX__PRIVATE capex_result capex__comm_reduce_scatter_fallback(capex_comm *c, const void *send, void *recv,
+                                                               const size_t *counts, capex_dtype t, capex_reduce_op op,
+                                                               size_t total, size_t displ, double deadline) {
+    size_t es = capex_comm_dtype_size(t);
+    void *tmp = NULL;
+    capex_result r = capex__comm_alloc(c, &tmp, total * es);
+    if (r != CAPEX_OK) return r;
+    r = c->vt->allreduce(c, send, tmp, total, t, op, deadline);
+    if (r == CAPEX_OK) r = capex__comm_copy(c, recv, (char *)tmp + displ * es, counts[c->rank] * es, CAPEX_COPY_D2D);
+    if (r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, tmp); /* else a transport may still write it */
+    return r;
+}
+
+/* ... and allgather of shards padded to the largest count, then compacted. */
+CAPEX__PRIVATE capex_result capex__comm_allgatherv_fallback(capex_comm *c, const void *send, void *recv,
+                                                           const size_t *counts, capex_dtype t, double deadline) {
+    size_t es = capex_comm_dtype_size(t), m = 0, bytes, off = 0;
+    void *tmp = NULL;
+    capex_result r;
+    int p;
+    for (p = 0; p < c->world_size; p++) if (counts[p] > m) m = counts[p];
+    if (capex__size_mul(m, es, &bytes) || capex__size_mul(bytes, (size_t)c->world_size * 2, &bytes))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgatherv: padded shards of %zu elements overflow size_t", m);
+    if ((r = capex__comm_alloc(c, &tmp, bytes)) != CAPEX_OK) return r;
+    /* tmp = [my padded shard | world padded shards] */
+    r = capex__comm_zero(c, tmp, m * es);
+    if (r == CAPEX_OK) r = capex__comm_copy(c, tmp, send, counts[c->rank] * es, CAPEX_COPY_D2D);
+    if (r == CAPEX_OK) r = c->vt->allgather(c, tmp, (char *)tmp + m * es, m, t, deadline);
+    for (p = 0; r == CAPEX_OK && p < c->world_size; p++) {
+        r = capex__comm_copy(c, (char *)recv + off * es, (char *)tmp + m * es * (size_t)(p + 1), counts[p] * es,
+                             CAPEX_COPY_D2D);
+        off += counts[p];
+    }
+    if (r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, tmp);
+    return r;
+}
+
+CAPEX_API capex_result capex_comm_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                                 capex_dtype t, capex_reduce_op op) {
+    const char *fn = "capex_comm_reduce_scatter";
+    size_t total = 0, displ = 0;
+    double deadline;
+    capex_result r = capex__comm_check(c, fn);
+    if (r) return r;
+    if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: invalid dtype %d", fn, (int)t);
+    if (op != CAPEX_REDUCE_SUM && op != CAPEX_REDUCE_AVG)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: op %d is not SUM or AVG", fn, (int)op);
+    if (op == CAPEX_REDUCE_AVG && t == CAPEX_I64)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: AVG of int64 is not defined; SUM and divide", fn);
+    if (!counts) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: counts is NULL (give world_size entries)", fn);
+    if ((r = capex__comm_counts(c, fn, counts, t, &total, &displ)) != CAPEX_OK) return r;
+    if (total && !send) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: send is NULL", fn);
+    if (counts[c->rank] && !recv) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: recv is NULL", fn);
+    if (!total) return CAPEX_OK;
+    deadline = capex__deadline(c);
+    if (!c->vt->reduce_scatter)
+        return capex__comm_after(c, capex__comm_reduce_scatter_fallback(c, send, recv, counts, t, op, total, displ, deadline));
+    return capex__comm_after(c, c->vt->reduce_scatter(c, send, recv, counts, t, op, deadline));
+}
+
+CAPEX_API capex_result capex_comm_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                             capex_dtype t) {
+    const char *fn = "capex_comm_allgatherv";
+    size_t total = 0, displ = 0;
+    double deadline;
+    capex_result r = capex__comm_check(c, fn);
+    if (r) return r;
+    if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: invalid dtype %d", fn, (int)t);
+    if (!counts) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: counts is NULL (give world_size entries)", fn);
+    if ((r = capex__comm_counts(c, fn, counts, t, &total, &displ)) != CAPEX_OK) return r;
+    if (counts[c->rank] && !send) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: send is NULL", fn);
+    if (total && !recv) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: recv is NULL", fn);
+    if (!total) return CAPEX_OK;
+    deadline = capex__deadline(c);
+    if (!c->vt->allgatherv) return capex__comm_after(c, capex__comm_allgatherv_fallback(c, send, recv, counts, t, deadline));
+    return capex__comm_after(c, c->vt->allgatherv(c, send, recv, counts, t, deadline));
+}
+
 CAPEX_API void capex_comm_destroy(capex_comm *c) {
     if (!c || !c->vt) return;
     if (c->vt->destroy) c->vt->destroy(c);
@@ -6832,9 +6955,22 @@ static capex_result capex__single_wait(capex_comm *c, capex_comm_req *req, doubl
     return CAPEX_OK;
 }
 
+/* World of one: the shard is the whole buffer (counts[0] elements). */
+static capex_result capex__single_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                                capex_dtype t, capex_reduce_op op, double deadline) {
+    (void)op; (void)deadline;
+    return capex__comm_copy(c, recv, send, counts[0] * capex_comm_dtype_size(t), CAPEX_COPY_D2D);
+}
+static capex_result capex__single_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                            capex_dtype t, double deadline) {
+    (void)deadline;
+    return capex__comm_copy(c, recv, send, counts[0] * capex_comm_dtype_size(t), CAPEX_COPY_D2D);
+}
+
 static const capex_comm_vtable capex__single_vt = {
     "single", capex__single_allreduce, capex__single_broadcast, capex__single_allgather, capex__single_barrier,
-    capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    capex__single_reduce_scatter, capex__single_allgatherv};
 
 CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_single: comm is NULL");
@@ -7085,10 +7221,91 @@ static void capex__mpi_destroy(capex_comm *c) {
     c->impl = NULL;
 }
 
+/* MPI takes int counts and displacements: totals past INT_MAX (elements, or
+   bytes for allgatherv) are refused before any traffic, alike on every rank. */
+static capex_result capex__mpi_int_counts(capex_comm *c, const char *what, const size_t *counts, size_t scale, int **out) {
+    size_t sum = 0;
+    int p, *v;
+    *out = NULL;
+    for (p = 0; p < c->world_size; p++) sum += counts[p]; /* no wrap: the front checked sum * dtype size */
+    if (sum > (size_t)INT_MAX / scale)
+        return capex__fail(CAPEX_ERR_LIMIT, "%s: %zu elements in all exceed MPI's int counts; split the call", what, sum);
+    v = (int *)capex__alloc(NULL, sizeof(int) * 2 * (size_t)c->world_size);
+    if (!v) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+    for (p = 0, sum = 0; p < c->world_size; p++) {
+        v[p] = (int)(counts[p] * scale);
+        v[c->world_size + p] = (int)sum; /* displacements */
+        sum += counts[p] * scale;
+    }
+    *out = v;
+    return CAPEX_OK;
+}
+
+/* MPI_Reduce_scatter in f32 (half types staged through f32, rounded once),
+   f64 or int64; the result goes through scratch when recv is inside send. */
+static capex_result capex__mpi_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                             capex_dtype t, capex_reduce_op op, double deadline) {
+    const char *what = "MPI reduce-scatter";
+    size_t es = capex_comm_dtype_size(t), total = 0, mine = counts[c->rank], i;
+    int *cnt = NULL, rc, wide = capex__comm_wide(t);
+    capex_result r;
+    void *in = (void *)(uintptr_t)send, *out = recv, *stage = NULL;
+    for (i = 0; i < (size_t)c->world_size; i++) total += counts[i];
+    if ((r = capex__mpi_int_counts(c, what, counts, 1, &cnt)) != CAPEX_OK) return r;
+    if (t != CAPEX_F32 && !wide) { /* f32 staging: the whole input, then this rank's slice */
+        stage = capex__alloc(c->allocator, (total + mine) * sizeof(float));
+        if (!stage) { capex__free(NULL, cnt); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: no memory for f32 staging", what); }
+        capex__host_convert(stage, CAPEX_F32, send, t, total);
+        in = stage;
+        out = (float *)stage + total;
+    } else if ((const char *)recv < (const char *)send + total * es && (const char *)recv + mine * es > (const char *)send) {
+        stage = capex__alloc(c->allocator, mine * es + 1);
+        if (!stage) { capex__free(NULL, cnt); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: no memory for scratch", what); }
+        out = stage;
+    }
+    r = capex__mpi_arrive(c, deadline, "MPI reduce-scatter (waiting for every rank)");
+    if (r == CAPEX_OK) {
+        rc = MPI_Reduce_scatter(in, out, cnt, t == CAPEX_F64 ? MPI_DOUBLE : t == CAPEX_I64 ? MPI_INT64_T : MPI_FLOAT,
+                                MPI_SUM, capex__mpi_comm(c));
+        if (rc != MPI_SUCCESS) r = capex__mpi_err(rc, "MPI_Reduce_scatter");
+    }
+    if (r == CAPEX_OK) {
+        if (op == CAPEX_REDUCE_AVG) {
+            if (t == CAPEX_F64) for (i = 0; i < mine; i++) ((double *)out)[i] /= (double)c->world_size;
+            else capex__host_div(out, mine, CAPEX_F32, (float)c->world_size);
+        }
+        if (out != recv && mine) {
+            if (wide || t == CAPEX_F32) memmove(recv, out, mine * es);
+            else capex__host_convert(recv, t, out, CAPEX_F32, mine);
+        }
+    }
+    capex__free(NULL, cnt);
+    if (r != CAPEX_ERR_TIMEOUT) capex__free(c->allocator, stage);
+    return r;
+}
+
+/* MPI_Allgatherv of bytes (every dtype moves bits). */
+static capex_result capex__mpi_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
+                                         double deadline) {
+    size_t es = capex_comm_dtype_size(t);
+    int *cnt = NULL, rc;
+    capex_result r = capex__mpi_int_counts(c, "MPI allgatherv", counts, es, &cnt);
+    if (r != CAPEX_OK) return r;
+    r = capex__mpi_arrive(c, deadline, "MPI allgatherv (waiting for every rank)");
+    if (r == CAPEX_OK) {
+        const char *at = (const char *)recv + (size_t)cnt[c->world_size + c->rank];
+        rc = MPI_Allgatherv(send == (const void *)at ? MPI_IN_PLACE : send, cnt[c->rank], MPI_BYTE, recv, cnt,
+                            cnt + c->world_size, MPI_BYTE, capex__mpi_comm(c));
+        if (rc != MPI_SUCCESS) r = capex__mpi_err(rc, "MPI_Allgatherv");
+    }
+    capex__free(NULL, cnt);
+    return r;
+}
+
 static const capex_comm_vtable capex__mpi_vt = {
     "mpi", capex__mpi_allreduce, capex__mpi_broadcast, capex__mpi_allgather, capex__mpi_barrier,
     capex__mpi_iallreduce, capex__mpi_wait, NULL, NULL, capex__mpi_destroy, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__mpi_test};
+    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv};
 
 CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     int init = 0, fin = 0, rc;
@@ -7569,7 +7786,8 @@ static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, 
    sequence number, so ranks calling collectives in different orders get
    CAPEX_ERR_COMM instead of garbage. */
 #define CAPEX__TCP_MAGIC 0x43585043u
-enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER = 3, CAPEX__TCP_BARRIER = 4 };
+enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER = 3, CAPEX__TCP_BARRIER = 4,
+       CAPEX__TCP_REDUCE_SCATTER = 5, CAPEX__TCP_ALLGATHERV = 6 };
 
 typedef struct capex__tcp {
     int *fds;      /* rank 0: socket of each peer (fds[0] unused); else fds[0] = rank 0 */
@@ -7634,13 +7852,57 @@ static capex_result capex__tcp_scratch(capex_comm *c, size_t n, size_t elem_byte
     return CAPEX_OK;
 }
 
-/* rank 0 gathers from every peer in rank order into `gather` callback, then
-   sends `out` (out_bytes) back to all; peers send `in` and receive `out`. */
+/* Rank 0's half of a reduction: its own n elements of `send`, then each
+   peer's (message `op`) added in rank order, ((x0 + x1) + x2) + ..., into its
+   scratch: f32 sums for the float types (rounded once by the caller), f64 or
+   int64 for the wide ones; AVG divided there. *acc points at the sums, and
+   the scratch after them (n elements of the dtype at least) is free. */
+static capex_result capex__tcp_reduce_root(capex_comm *c, const void *send, size_t n, capex_dtype ty, capex_reduce_op op,
+                                          uint32_t opcode, double deadline, void **acc_out) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    size_t es = capex_comm_dtype_size(ty), i;
+    capex_result r;
+    void *mem;
+    int p;
+    *acc_out = NULL;
+    if ((r = capex__tcp_scratch(c, n, capex__tcp_scratch_elem(ty), &mem)) != CAPEX_OK) return r;
+    if (capex__comm_wide(ty)) {
+        unsigned char *acc = (unsigned char *)mem;
+        memmove(acc, send, n * 8);
+        for (p = 1; p < c->world_size; p++) {
+            if ((r = capex__tcp_recv(c, t->fds[p], p, opcode, acc + n * 8, n * 8, deadline)) != CAPEX_OK) return r;
+            capex__host_add_wide(acc, acc + n * 8, n, ty);
+        }
+        if (op == CAPEX_REDUCE_AVG && ty == CAPEX_F64)
+            for (i = 0; i < n; i++) ((double *)(void *)acc)[i] /= (double)c->world_size;
+    } else {
+        float *acc = (float *)mem;
+        void *in = (char *)acc + n * 4;
+        capex__host_convert(acc, CAPEX_F32, send, ty, n);
+        for (p = 1; p < c->world_size; p++) {
+            if ((r = capex__tcp_recv(c, t->fds[p], p, opcode, in, n * es, deadline)) != CAPEX_OK) return r;
+            if (ty == CAPEX_F32) { const float *x = (const float *)in; for (i = 0; i < n; i++) acc[i] += x[i]; }
+            else for (i = 0; i < n; i++) acc[i] += capex__load(in, ty, i);
+        }
+        if (op == CAPEX_REDUCE_AVG) capex__host_div(acc, n, CAPEX_F32, (float)c->world_size);
+    }
+    *acc_out = mem;
+    return CAPEX_OK;
+}
+
+/* acc (from capex__tcp_reduce_root) elements [off, off + n) as the dtype. */
+CAPEX__PRIVATE void capex__tcp_acc_out(void *dst, const void *acc, size_t off, size_t n, capex_dtype ty) {
+    if (capex__comm_wide(ty)) memmove(dst, (const char *)acc + off * 8, n * 8);
+    else capex__host_convert(dst, ty, (const float *)acc + off, CAPEX_F32, n);
+}
+
+/* Peers send their values to rank 0 and receive the result; rank 0 reduces. */
 static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype ty,
                                         capex_reduce_op op, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     size_t es = capex_comm_dtype_size(ty), i;
     capex_result r = CAPEX_OK;
+    void *acc;
     int p;
     if (capex__size_mul(n, capex__tcp_scratch_elem(ty), &i))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", n);
@@ -7648,41 +7910,65 @@ static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, send, n * es, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline);
-    } else if (capex__comm_wide(ty)) {
-        /* f64 / int64: summed in their own type, in rank order */
-        unsigned char *acc;
-        void *mem;
-        if ((r = capex__tcp_scratch(c, n, capex__tcp_scratch_elem(ty), &mem)) != CAPEX_OK) return r;
-        acc = (unsigned char *)mem;
-        memmove(acc, send, n * 8);
-        for (p = 1; p < c->world_size; p++) {
-            if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, acc + n * 8, n * 8, deadline)) != CAPEX_OK) return r;
-            capex__host_add_wide(acc, acc + n * 8, n, ty);
-        }
-        if (op == CAPEX_REDUCE_AVG && ty == CAPEX_F64)
-            for (i = 0; i < n; i++) ((double *)(void *)acc)[i] /= (double)c->world_size;
-        memmove(recv, acc, n * 8);
-        for (p = 1; p < c->world_size; p++)
-            if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, recv, n * 8, deadline)) != CAPEX_OK) return r;
-    } else {
-        /* acc: f32 sums ((x0 + x1) + x2) + ... ; staging for one peer after it */
-        float *acc;
-        void *in, *mem;
-        if ((r = capex__tcp_scratch(c, n, capex__tcp_scratch_elem(ty), &mem)) != CAPEX_OK) return r;
-        acc = (float *)mem;
-        in = (char *)acc + n * 4;
-        capex__host_convert(acc, CAPEX_F32, send, ty, n);
-        for (p = 1; p < c->world_size; p++) {
-            if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, in, n * es, deadline)) != CAPEX_OK) return r;
-            if (ty == CAPEX_F32) { const float *x = (const float *)in; for (i = 0; i < n; i++) acc[i] += x[i]; }
-            else for (i = 0; i < n; i++) acc[i] += capex__load(in, ty, i);
-        }
-        if (op == CAPEX_REDUCE_AVG) capex__host_div(acc, n, CAPEX_F32, (float)c->world_size);
-        capex__host_convert(recv, ty, acc, CAPEX_F32, n);
-        for (p = 1; p < c->world_size; p++)
-            if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline)) != CAPEX_OK) return r;
     }
+    if ((r = capex__tcp_reduce_root(c, send, n, ty, op, CAPEX__TCP_ALLREDUCE, deadline, &acc)) != CAPEX_OK) return r;
+    capex__tcp_acc_out(recv, acc, 0, n, ty);
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline)) != CAPEX_OK) return r;
     return r;
+}
+
+/* Star reduce-scatter: rank 0 reduces everything (as allreduce), then sends
+   each peer its slice only. */
+static capex_result capex__tcp_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                             capex_dtype ty, capex_reduce_op op, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    size_t es = capex_comm_dtype_size(ty), total = 0, off, i;
+    capex_result r;
+    void *acc;
+    int p;
+    for (p = 0; p < c->world_size; p++) total += counts[p];
+    if (capex__size_mul(total, capex__tcp_scratch_elem(ty), &i))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", total);
+    t->seq++;
+    if (c->rank != 0) {
+        if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_REDUCE_SCATTER, send, total * es, deadline)) != CAPEX_OK) return r;
+        return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_REDUCE_SCATTER, recv, counts[c->rank] * es, deadline);
+    }
+    if ((r = capex__tcp_reduce_root(c, send, total, ty, op, CAPEX__TCP_REDUCE_SCATTER, deadline, &acc)) != CAPEX_OK) return r;
+    if (counts[0]) capex__tcp_acc_out(recv, acc, 0, counts[0], ty);
+    for (p = 1, off = counts[0]; p < c->world_size; off += counts[p], p++) {
+        /* the scratch past the sums is free: stage the slice there */
+        void *slice = (char *)acc + total * (capex__comm_wide(ty) ? 8 : 4);
+        capex__tcp_acc_out(slice, acc, off, counts[p], ty);
+        if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_REDUCE_SCATTER, slice, counts[p] * es, deadline)) != CAPEX_OK)
+            return r;
+    }
+    return CAPEX_OK;
+}
+
+/* Star allgatherv: rank 0 collects every shard in place, then sends all. */
+static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype ty,
+                                         double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    size_t es = capex_comm_dtype_size(ty), total = 0, off;
+    capex_result r;
+    int p;
+    for (p = 0; p < c->world_size; p++) total += counts[p];
+    t->seq++;
+    if (c->rank != 0) {
+        if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLGATHERV, send, counts[c->rank] * es, deadline)) != CAPEX_OK)
+            return r;
+        return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLGATHERV, recv, total * es, deadline);
+    }
+    if (counts[0]) memmove(recv, send, counts[0] * es); /* send may be NULL with no elements */
+    for (p = 1, off = counts[0]; p < c->world_size; off += counts[p], p++)
+        if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_ALLGATHERV, (char *)recv + off * es, counts[p] * es, deadline)) !=
+            CAPEX_OK)
+            return r;
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLGATHERV, recv, total * es, deadline)) != CAPEX_OK) return r;
+    return CAPEX_OK;
 }
 
 static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, capex_dtype ty, int root, double deadline) {
@@ -7758,7 +8044,8 @@ static void capex__tcp_abort(capex_comm *c) {
 
 static const capex_comm_vtable capex__tcp_vt = {
     "tcp", capex__tcp_allreduce, capex__tcp_broadcast, capex__tcp_allgather, capex__tcp_barrier,
-    NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    capex__tcp_reduce_scatter, capex__tcp_allgatherv};
 #endif /* CAPEX__HAVE_SOCKETS */
 
 /* env->rdv_port, or for an env filled by hand (rdv_port 0) the rule of

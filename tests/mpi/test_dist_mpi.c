@@ -20,6 +20,7 @@
 #endif
 #define CAPEX_IMPLEMENTATION
 #include "../../capex.h"
+#include "../dist_shards.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -373,6 +374,26 @@ static int t_sampler_shards(void) {
     return 0;
 }
 
+/* Uneven reduce-scatter and allgatherv over MPI against float64
+   (tests/dist_shards.h), then MPI's int-count limit refused alike. */
+static int t_shards(void) {
+    capex_comm c;
+    char why[400] = "";
+    int line;
+    size_t big[64], p;
+    float x[4];
+    comm_make(&c, 30.0);
+    c.vt = orig_vt;
+    line = shards_check_all(&c, 4242, why, sizeof why);
+    CHECK(line == 0, "dist_shards.h:%d: %s", line, why);
+    for (p = 0; p < (size_t)g_world; p++) big[p] = p == 0 ? (size_t)INT_MAX : 1; /* the sum passes INT_MAX */
+    CHECK(capex_comm_reduce_scatter(&c, x, x, big, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_LIMIT, "RS over INT_MAX: %.300s",
+          capex_last_error());
+    CHECK(capex_comm_allgatherv(&c, x, x, big, CAPEX_F32) == CAPEX_ERR_LIMIT, "AGV over INT_MAX: %.300s", capex_last_error());
+    capex_comm_destroy(&c);
+    return 0;
+}
+
 typedef struct tcase { const char *name; int (*fn)(void); } tcase;
 
 /* The blocking collectives call MPI's blocking ones once every rank has
@@ -417,6 +438,7 @@ static int run_failure_mode(const char *mode) {
 int main(int argc, char **argv) {
     static const tcase cases[] = {
         {"collectives", t_collectives},
+        {"reduce_scatter_allgatherv_vs_float64", t_shards},
         {"sampler_shards_disjoint_complete", t_sampler_shards},
         {"train_overlap_bitwise_and_vs_reference", t_train_overlap},
         {"train_delay_allreduce", t_train_delay},
