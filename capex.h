@@ -1243,9 +1243,15 @@ CAPEX_API capex_result capex_comm_init_single(capex_comm *c);
    With CAPEX_MPI, capex_comm_init_mpi(c, MPI_Comm) takes any communicator. */
 CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c);
 CAPEX_API void capex_comm_destroy(capex_comm *c);
-/* TCP star through rank 0 at env's MASTER_ADDR:MASTER_PORT (nonce from
-   env's run id): CPU jobs without MPI, e.g. under torchrun --no-python.
-   Deterministic (rank-order sums), synchronous, O(world) load on rank 0. */
+/* TCP through rank 0 at env's MASTER_ADDR:MASTER_PORT (nonce from env's
+   run id): CPU jobs without MPI, e.g. under torchrun --no-python. Small
+   messages go through rank 0 (a star: rank-order sums); from 256 KiB,
+   allreduce, reduce-scatter and allgatherv run on a ring (bandwidth-optimal:
+   each rank sends 2 (W-1)/W of the data; chunk k summed in rank order k+1,
+   ..., k). Deterministic either way: the same bits on every rank and run to
+   run. Synchronous; rank 0 carries the star's O(world) load, so meant for a
+   node or a few. Ranks 2..W-1 also listen on an ephemeral port (the address
+   their connection to rank 0 uses) for their ring link. */
 CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *env, double connect_timeout_s);
 /* The backend for how the job was launched: MPI when built with CAPEX_MPI
    and MPI is initialised (call MPI_Init first), else TCP when env has more
@@ -7776,15 +7782,16 @@ static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, 
     }
 }
 
-/* ---- data parallel: TCP comm backend (star through rank 0) -------------- */
+/* ---- data parallel: TCP comm backend (star through rank 0, ring) ------- */
 /* For CPU jobs without MPI (torchrun --no-python, srun): every rank keeps
-   the rendezvous socket to rank 0; rank 0 reduces in rank order (so every
-   rank gets the same bits; half types summed in f32, rounded once) and sends
-   the result back. O(world) traffic at rank 0: meant for a node or a few,
-   not for large clusters (use MPI or NCCL there). Synchronous: buckets
-   reduce when they fill, without overlap. Each message carries an op and a
-   sequence number, so ranks calling collectives in different orders get
-   CAPEX_ERR_COMM instead of garbage. */
+   the rendezvous socket to rank 0; below the ring threshold rank 0 reduces
+   in rank order (so every rank gets the same bits; half types summed in
+   f32, rounded once) and sends the result back: O(world) traffic at rank 0.
+   Large allreduce / reduce-scatter / allgatherv use the ring (below).
+   Meant for a node or a few, not for large clusters (use MPI or NCCL there).
+   Synchronous: buckets reduce when they fill, without overlap. Each message
+   carries an op and a sequence number, so ranks calling collectives in
+   different orders get CAPEX_ERR_COMM instead of garbage. */
 #define CAPEX__TCP_MAGIC 0x43585043u
 enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER = 3, CAPEX__TCP_BARRIER = 4,
        CAPEX__TCP_REDUCE_SCATTER = 5, CAPEX__TCP_ALLGATHERV = 6 };
@@ -7794,6 +7801,10 @@ typedef struct capex__tcp {
     uint32_t seq;
     void *tmp;
     size_t tmp_bytes;
+    /* Ring (set up by capex_comm_init_tcp; ring = 0 keeps everything on the
+       star): next_fd to rank+1, prev_fd from rank-1; links to or from rank 0
+       (and both at world 2) are star sockets, the others are owned here. */
+    int ring, next_fd, prev_fd, own_next, own_prev;
 } capex__tcp;
 
 static capex_result capex__tcp_io_fail(int e, int peer, const char *what) {
@@ -7852,6 +7863,204 @@ static capex_result capex__tcp_scratch(capex_comm *c, size_t n, size_t elem_byte
     return CAPEX_OK;
 }
 
+/* acc (f32 sums or the 8-byte type) elements [off, off + n) as the dtype. */
+CAPEX__PRIVATE void capex__tcp_acc_out(void *dst, const void *acc, size_t off, size_t n, capex_dtype ty) {
+    if (capex__comm_wide(ty)) memmove(dst, (const char *)acc + off * 8, n * 8);
+    else capex__host_convert(dst, ty, (const float *)acc + off, CAPEX_F32, n);
+}
+
+/* ---- TCP ring: bandwidth-optimal reduce-scatter / allgather ----------- */
+/* Above CAPEX__TCP_RING_MIN_BYTES the ring moves 2 (W-1)/W of the data per
+   rank, both directions at once, instead of the star's W-fold load on rank 0.
+   Reduce-scatter step s (0 .. W-2): rank r sends chunk (r-s-1) mod W to
+   rank r+1 and adds chunk (r-s-2) mod W from rank r-1 into its own; chunk k
+   is summed in the fixed rank order k+1, k+2, ..., k (mod W), once, on one
+   rank: deterministic run to run, and allreduce's allgather then copies the
+   same bits to every rank. (The star sums in rank order 0, 1, ...: bits may
+   differ between the two paths.) Half types ride the ring as f32 partial
+   sums and are rounded once at the end. */
+#define CAPEX__TCP_RING_MIN_BYTES ((size_t)256 << 10)
+
+/* Sends (op, sbytes) to fd_out while receiving the same op's rbytes from
+   fd_in (the same socket at world 2): both headers are checked like
+   capex__tcp_recv's. 0 or a capex_result. */
+static capex_result capex__tcp_duplex(capex_comm *c, int fd_out, int peer_out, const void *sbuf, size_t sbytes, int fd_in,
+                                     int peer_in, void *rbuf, size_t rbytes, uint32_t op, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    unsigned char sh[24], rh[24];
+    size_t sdone = 0, rdone = 0, stot = 24 + sbytes, rtot = 24 + rbytes;
+    capex__put32(sh, CAPEX__TCP_MAGIC);
+    capex__put32(sh + 4, op);
+    capex__put32(sh + 8, t->seq);
+    capex__put32(sh + 12, 0);
+    capex__put64(sh + 16, (uint64_t)sbytes);
+    while (sdone < stot || rdone < rtot) {
+        struct pollfd pf[2];
+        int np = 0, ms = capex__ms_left(deadline), k, si = -1, ri = -1;
+        if (ms <= 0) return capex__tcp_io_fail(-2, sdone < stot ? peer_out : peer_in, "ring transfer");
+        if (sdone < stot) { pf[np].fd = fd_out; pf[np].events = POLLOUT; pf[np].revents = 0; si = np++; }
+        if (rdone < rtot) {
+            if (si >= 0 && fd_in == fd_out) { pf[si].events |= POLLIN; ri = si; }
+            else { pf[np].fd = fd_in; pf[np].events = POLLIN; pf[np].revents = 0; ri = np++; }
+        }
+        k = poll(pf, (nfds_t)np, ms);
+        if (k < 0) { if (errno == EINTR) continue; return capex__tcp_io_fail(-1, peer_out, "ring transfer (poll)"); }
+        if (k == 0) continue;
+        if (si >= 0 && (pf[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
+            const unsigned char *src = sdone < 24 ? sh + sdone : (const unsigned char *)sbuf + (sdone - 24);
+            size_t len = sdone < 24 ? 24 - sdone : stot - sdone;
+            ssize_t w;
+#ifdef MSG_NOSIGNAL
+            w = send(fd_out, src, len, MSG_NOSIGNAL);
+#else
+            w = send(fd_out, src, len, 0);
+#endif
+            if (w < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
+                return capex__tcp_io_fail(-1, peer_out, "ring send");
+            if (w > 0) sdone += (size_t)w;
+        }
+        if (ri >= 0 && (pf[ri].revents & (POLLIN | POLLERR | POLLHUP))) {
+            unsigned char *dst = rdone < 24 ? rh + rdone : (unsigned char *)rbuf + (rdone - 24);
+            size_t len = rdone < 24 ? 24 - rdone : rtot - rdone;
+            ssize_t g = recv(fd_in, dst, len, 0);
+            if (g == 0 || (g < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK))
+                return capex__tcp_io_fail(-1, peer_in, "ring receive");
+            if (g > 0) {
+                rdone += (size_t)g;
+                if (rdone == 24 && (capex__get32(rh) != CAPEX__TCP_MAGIC || capex__get32(rh + 4) != op ||
+                                    capex__get32(rh + 8) != t->seq || capex__get64(rh + 16) != (uint64_t)rbytes))
+                    return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u of %llu bytes on the ring, "
+                                                       "expected op %u #%u of %llu bytes: ranks called collectives in "
+                                                       "different orders or sizes", peer_in, (unsigned)capex__get32(rh + 4),
+                                       (unsigned)capex__get32(rh + 8), (unsigned long long)capex__get64(rh + 16),
+                                       (unsigned)op, (unsigned)t->seq, (unsigned long long)rbytes);
+            }
+        }
+    }
+    return CAPEX_OK;
+}
+
+/* Chunk k of the ring: elements [displ[k], displ[k] + counts[k]). */
+CAPEX__PRIVATE size_t capex__ring_displ(const size_t *counts, int k) {
+    size_t d = 0;
+    int p;
+    for (p = 0; p < k; p++) d += counts[p];
+    return d;
+}
+
+/* Ring reduce-scatter in place on work (wt: F32, F64 or I64): afterwards
+   work's chunk `rank` holds the full sum. stage: room for the largest chunk. */
+static capex_result capex__tcp_ring_rs(capex_comm *c, void *work, const size_t *counts, capex_dtype wt, void *stage,
+                                      uint32_t op, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    int W = c->world_size, r = c->rank, s, prev = (r + W - 1) % W, next = (r + 1) % W;
+    size_t es = wt == CAPEX_F32 ? 4 : 8, i;
+    capex_result res;
+    for (s = 0; s < W - 1; s++) {
+        int ks = ((r - s - 1) % W + W) % W, kr = ((r - s - 2) % W + W) % W;
+        size_t ds = capex__ring_displ(counts, ks), dr = capex__ring_displ(counts, kr), n = counts[kr];
+        res = capex__tcp_duplex(c, t->next_fd, next, (char *)work + ds * es, counts[ks] * es, t->prev_fd, prev, stage,
+                                n * es, op, deadline);
+        if (res != CAPEX_OK) return res;
+        if (wt == CAPEX_F32) {
+            float *a = (float *)work + dr;
+            const float *x = (const float *)stage;
+            for (i = 0; i < n; i++) a[i] = x[i] + a[i]; /* earlier ranks' partial sum, then this rank's value */
+        } else if (wt == CAPEX_F64) {
+            double *a = (double *)work + dr;
+            const double *x = (const double *)stage;
+            for (i = 0; i < n; i++) a[i] = x[i] + a[i];
+        } else {
+            capex__host_add_wide((char *)work + dr * 8, stage, n, CAPEX_I64);
+        }
+    }
+    return CAPEX_OK;
+}
+
+/* Ring allgather in place on buf (es bytes an element): chunk `rank` is
+   this rank's; step s sends chunk (r-s) mod W and receives (r-s-1) mod W. */
+static capex_result capex__tcp_ring_ag(capex_comm *c, void *buf, const size_t *counts, size_t es, uint32_t op,
+                                      double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    int W = c->world_size, r = c->rank, s, prev = (r + W - 1) % W, next = (r + 1) % W;
+    capex_result res;
+    for (s = 0; s < W - 1; s++) {
+        int ks = ((r - s) % W + W) % W, kr = ((r - s - 1) % W + W) % W;
+        res = capex__tcp_duplex(c, t->next_fd, next, (char *)buf + capex__ring_displ(counts, ks) * es, counts[ks] * es,
+                                t->prev_fd, prev, (char *)buf + capex__ring_displ(counts, kr) * es, counts[kr] * es, op,
+                                deadline);
+        if (res != CAPEX_OK) return res;
+    }
+    return CAPEX_OK;
+}
+
+/* The ring's scratch: total work elements (f32 for the float types, else
+   the 8-byte type), then staging for the largest chunk. Checked sizes. */
+static capex_result capex__tcp_ring_work(capex_comm *c, size_t total, size_t maxchunk, capex_dtype ty, void **work,
+                                        void **stage) {
+    size_t wes = capex__comm_wide(ty) ? 8 : 4, a, b;
+    void *mem;
+    capex_result r;
+    if (capex__size_mul(total, wes, &a) || capex__size_mul(maxchunk, wes, &b) || a > SIZE_MAX - b)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: the ring's scratch byte size overflows size_t", total);
+    if ((r = capex__tcp_scratch(c, a + b, 1, &mem)) != CAPEX_OK) return r;
+    *work = mem;
+    *stage = (char *)mem + a;
+    return CAPEX_OK;
+}
+
+/* Ring reduce-scatter of send into recv (this rank's counts[rank] elements). */
+static capex_result capex__tcp_ring_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                                  capex_dtype ty, capex_reduce_op op, uint32_t opcode, double deadline) {
+    size_t total = 0, maxc = 0, mine = counts[c->rank], d = capex__ring_displ(counts, c->rank), i;
+    int p, wide = capex__comm_wide(ty);
+    capex_dtype wt = wide ? ty : CAPEX_F32;
+    void *work, *stage;
+    capex_result r;
+    for (p = 0; p < c->world_size; p++) { total += counts[p]; if (counts[p] > maxc) maxc = counts[p]; }
+    if ((r = capex__tcp_ring_work(c, total, maxc, ty, &work, &stage)) != CAPEX_OK) return r;
+    if (wide) memmove(work, send, total * 8);
+    else capex__host_convert(work, CAPEX_F32, send, ty, total);
+    if ((r = capex__tcp_ring_rs(c, work, counts, wt, stage, opcode, deadline)) != CAPEX_OK) return r;
+    if (op == CAPEX_REDUCE_AVG) {
+        if (ty == CAPEX_F64) for (i = 0; i < mine; i++) ((double *)work)[d + i] /= (double)c->world_size;
+        else capex__host_div((float *)work + d, mine, CAPEX_F32, (float)c->world_size);
+    }
+    if (mine) capex__tcp_acc_out(recv, work, d, mine, ty);
+    return CAPEX_OK;
+}
+
+/* Ring allreduce: reduce-scatter into near-equal chunks, then allgather the
+   finished chunks as bits (f32 for the half types, rounded at the end). */
+static capex_result capex__tcp_ring_allreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype ty,
+                                             capex_reduce_op op, double deadline) {
+    size_t counts[256], *cnt = counts, maxc = 0, wes = capex__comm_wide(ty) ? 8 : 4, i;
+    int W = c->world_size, p, wide = capex__comm_wide(ty);
+    void *work, *stage;
+    capex_result r;
+    if (W > 256) {
+        cnt = (size_t *)capex__alloc(NULL, sizeof(size_t) * (size_t)W);
+        if (!cnt) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: out of memory");
+    }
+    for (p = 0; p < W; p++) { cnt[p] = n / (size_t)W + ((size_t)p < n % (size_t)W); if (cnt[p] > maxc) maxc = cnt[p]; }
+    r = capex__tcp_ring_work(c, n, maxc, ty, &work, &stage);
+    if (r == CAPEX_OK) {
+        if (wide) memmove(work, send, n * 8);
+        else capex__host_convert(work, CAPEX_F32, send, ty, n);
+        r = capex__tcp_ring_rs(c, work, cnt, wide ? ty : CAPEX_F32, stage, CAPEX__TCP_ALLREDUCE, deadline);
+    }
+    if (r == CAPEX_OK) r = capex__tcp_ring_ag(c, work, cnt, wes, CAPEX__TCP_ALLREDUCE, deadline);
+    if (r == CAPEX_OK) {
+        if (op == CAPEX_REDUCE_AVG) {
+            if (ty == CAPEX_F64) for (i = 0; i < n; i++) ((double *)work)[i] /= (double)W;
+            else if (!wide) capex__host_div(work, n, CAPEX_F32, (float)W);
+        }
+        capex__tcp_acc_out(recv, work, 0, n, ty);
+    }
+    if (cnt != counts) capex__free(NULL, cnt);
+    return r;
+}
+
 /* Rank 0's half of a reduction: its own n elements of `send`, then each
    peer's (message `op`) added in rank order, ((x0 + x1) + x2) + ..., into its
    scratch: f32 sums for the float types (rounded once by the caller), f64 or
@@ -7890,12 +8099,6 @@ static capex_result capex__tcp_reduce_root(capex_comm *c, const void *send, size
     return CAPEX_OK;
 }
 
-/* acc (from capex__tcp_reduce_root) elements [off, off + n) as the dtype. */
-CAPEX__PRIVATE void capex__tcp_acc_out(void *dst, const void *acc, size_t off, size_t n, capex_dtype ty) {
-    if (capex__comm_wide(ty)) memmove(dst, (const char *)acc + off * 8, n * 8);
-    else capex__host_convert(dst, ty, (const float *)acc + off, CAPEX_F32, n);
-}
-
 /* Peers send their values to rank 0 and receive the result; rank 0 reduces. */
 static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype ty,
                                         capex_reduce_op op, double deadline) {
@@ -7907,6 +8110,7 @@ static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *
     if (capex__size_mul(n, capex__tcp_scratch_elem(ty), &i))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", n);
     t->seq++;
+    if (t->ring && n * es >= CAPEX__TCP_RING_MIN_BYTES) return capex__tcp_ring_allreduce(c, send, recv, n, ty, op, deadline);
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, send, n * es, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline);
@@ -7931,6 +8135,8 @@ static capex_result capex__tcp_reduce_scatter(capex_comm *c, const void *send, v
     if (capex__size_mul(total, capex__tcp_scratch_elem(ty), &i))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", total);
     t->seq++;
+    if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES)
+        return capex__tcp_ring_reduce_scatter(c, send, recv, counts, ty, op, CAPEX__TCP_REDUCE_SCATTER, deadline);
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_REDUCE_SCATTER, send, total * es, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_REDUCE_SCATTER, recv, counts[c->rank] * es, deadline);
@@ -7956,6 +8162,11 @@ static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void 
     int p;
     for (p = 0; p < c->world_size; p++) total += counts[p];
     t->seq++;
+    if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES) {
+        size_t d = capex__ring_displ(counts, c->rank);
+        if (counts[c->rank]) memmove((char *)recv + d * es, send, counts[c->rank] * es);
+        return capex__tcp_ring_ag(c, recv, counts, es, CAPEX__TCP_ALLGATHERV, deadline);
+    }
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLGATHERV, send, counts[c->rank] * es, deadline)) != CAPEX_OK)
             return r;
@@ -8027,6 +8238,8 @@ static void capex__tcp_destroy(capex_comm *c) {
     int p;
     if (!t) return;
     for (p = 0; t->fds && p < c->world_size; p++) if (t->fds[p] >= 0) close(t->fds[p]);
+    if (t->own_next) close(t->next_fd);
+    if (t->own_prev) close(t->prev_fd);
     capex__free(NULL, t->fds);
     capex__free(c->allocator, t->tmp);
     capex__free(NULL, t);
@@ -8040,6 +8253,8 @@ static void capex__tcp_abort(capex_comm *c) {
     capex__tcp *t = (capex__tcp *)c->impl;
     int p;
     for (p = 0; t && t->fds && p < c->world_size; p++) if (t->fds[p] >= 0) shutdown(t->fds[p], SHUT_RDWR);
+    if (t && t->own_next) shutdown(t->next_fd, SHUT_RDWR);
+    if (t && t->own_prev) shutdown(t->prev_fd, SHUT_RDWR);
 }
 
 static const capex_comm_vtable capex__tcp_vt = {
@@ -8047,6 +8262,154 @@ static const capex_comm_vtable capex__tcp_vt = {
     NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
     capex__tcp_reduce_scatter, capex__tcp_allgatherv};
 #endif /* CAPEX__HAVE_SOCKETS */
+
+#ifdef CAPEX__HAVE_SOCKETS
+/* Ring links for world >= 3 (world 2 uses its one star socket both ways):
+   ranks 2..W-1 listen on an ephemeral port at the address their star socket
+   uses and tell rank 0 (op 7: port); rank 0 tells each rank 1..W-2 where
+   rank+1 listens (op 8: family 4/6, port, 16 address bytes, as rank 0's
+   socket to that rank sees it); rank r connects and says "CPXG", its rank
+   and the run nonce; rank r+1 accepts until that hello arrives (strays are
+   dropped). Ends with a star barrier so every rank's links exist. */
+#define CAPEX__TCP_RING_HELLO 0x47585043u
+static capex_result capex__tcp_ring_setup(capex_comm *c, uint64_t nonce, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    int W = c->world_size, r = c->rank, ls = -1, p, e;
+    unsigned char m[24];
+    capex_result res = CAPEX_OK;
+    t->next_fd = r == 0 ? t->fds[1] : r == W - 1 ? t->fds[0] : -1;
+    t->prev_fd = r == 0 ? t->fds[W - 1] : r == 1 ? t->fds[0] : -1;
+    if (W == 2) { t->ring = 1; return CAPEX_OK; }
+    t->seq++;
+    if (r >= 2) { /* listen where the star socket's local address is */
+        struct sockaddr_storage ss;
+        socklen_t sl = (socklen_t)sizeof ss;
+        int one = 1;
+        memset(&ss, 0, sizeof ss);
+        if (getsockname(t->fds[0], (struct sockaddr *)&ss, &sl) != 0)
+            return capex__fail(CAPEX_ERR_COMM, "TCP comm: getsockname failed: %s", strerror(errno));
+        if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = 0;
+        else ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+        ls = socket(ss.ss_family, SOCK_STREAM, 0);
+        if (ls < 0) return capex__fail(CAPEX_ERR_COMM, "TCP comm: socket() failed: %s", strerror(errno));
+        setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(ls, (struct sockaddr *)&ss, sl) != 0 || listen(ls, 16) != 0 ||
+            getsockname(ls, (struct sockaddr *)&ss, &sl) != 0) {
+            close(ls);
+            return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d cannot listen for its ring link: %s", r, strerror(errno));
+        }
+        capex__set_nonblock(ls);
+        capex__put32(m, (uint32_t)ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
+                                                                 : ((struct sockaddr_in6 *)&ss)->sin6_port));
+    } else {
+        capex__put32(m, 0);
+    }
+    if (r != 0) {
+        res = capex__tcp_send(c, t->fds[0], 0, 7, m, 4, deadline);
+        if (res == CAPEX_OK) res = capex__tcp_recv(c, t->fds[0], 0, 8, m, 24, deadline);
+    } else {
+        uint32_t *ports = (uint32_t *)capex__alloc(NULL, sizeof(uint32_t) * (size_t)W);
+        if (!ports) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: out of memory");
+        for (p = 1; p < W && res == CAPEX_OK; p++) {
+            res = capex__tcp_recv(c, t->fds[p], p, 7, m, 4, deadline);
+            ports[p] = capex__get32(m);
+            if (res == CAPEX_OK && (p >= 2) != (ports[p] != 0))
+                res = capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent ring port %u", p, (unsigned)ports[p]);
+        }
+        for (p = 1; p < W && res == CAPEX_OK; p++) { /* where rank p+1 listens, as rank 0 sees that rank */
+            struct sockaddr_storage ss;
+            socklen_t sl = (socklen_t)sizeof ss;
+            memset(m, 0, sizeof m);
+            if (p + 1 < W) {
+                if (getpeername(t->fds[p + 1], (struct sockaddr *)&ss, &sl) != 0) {
+                    res = capex__fail(CAPEX_ERR_COMM, "TCP comm: getpeername failed: %s", strerror(errno));
+                    break;
+                }
+                capex__put32(m + 4, ports[p + 1]);
+                if (ss.ss_family == AF_INET) {
+                    capex__put32(m, 4);
+                    memcpy(m + 8, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+                } else {
+                    capex__put32(m, 6);
+                    memcpy(m + 8, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+                }
+            }
+            res = capex__tcp_send(c, t->fds[p], p, 8, m, 24, deadline);
+        }
+        capex__free(NULL, ports);
+    }
+    if (res == CAPEX_OK && r >= 1 && r <= W - 2) { /* connect to rank r+1 and say who we are */
+        struct sockaddr_storage ss;
+        socklen_t sl;
+        uint32_t fam = capex__get32(m), port = capex__get32(m + 4);
+        int fd;
+        memset(&ss, 0, sizeof ss);
+        if (fam == 4) {
+            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+            a->sin_family = AF_INET; a->sin_port = htons((unsigned short)port); memcpy(&a->sin_addr, m + 8, 4);
+            sl = (socklen_t)sizeof *a;
+        } else {
+            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+            a->sin6_family = AF_INET6; a->sin6_port = htons((unsigned short)port); memcpy(&a->sin6_addr, m + 8, 16);
+            sl = (socklen_t)sizeof *a;
+        }
+        fd = (fam == 4 || fam == 6) && port && port < 65536 ? socket(ss.ss_family, SOCK_STREAM, 0) : -1;
+        if (fd < 0) res = capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d: bad ring address from rank 0 or socket(): %s", r,
+                                      strerror(errno));
+        if (res == CAPEX_OK) {
+            int nd = 1;
+            capex__set_nonblock(fd);
+            if (connect(fd, (struct sockaddr *)&ss, sl) != 0 && errno != EINPROGRESS && errno != EINTR) e = -1;
+            else {
+                struct pollfd pf;
+                int so = 0;
+                socklen_t l2 = (socklen_t)sizeof so;
+                pf.fd = fd; pf.events = POLLOUT; pf.revents = 0;
+                e = poll(&pf, 1, capex__ms_left(deadline)) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &l2) == 0 && !so
+                        ? 0 : -1;
+            }
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nd, sizeof nd);
+            if (e == 0) {
+                capex__put32(m, CAPEX__TCP_RING_HELLO);
+                capex__put32(m + 4, (uint32_t)r);
+                capex__put64(m + 8, nonce);
+                e = capex__io_all(fd, m, 16, 1, deadline);
+            }
+            if (e) { close(fd); res = capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d cannot reach rank %d's ring port", r, r + 1); }
+            else { t->next_fd = fd; t->own_next = 1; }
+        }
+    }
+    while (res == CAPEX_OK && r >= 2) { /* accept rank r-1's link; anything else is dropped */
+        struct pollfd pf;
+        int fd, k;
+        pf.fd = ls; pf.events = POLLIN; pf.revents = 0;
+        k = poll(&pf, 1, capex__ms_left(deadline));
+        if (k <= 0) {
+            if (k < 0 && errno == EINTR) continue;
+            res = capex__fail(CAPEX_ERR_TIMEOUT, "TCP comm: rank %d: rank %d's ring link did not arrive before the deadline",
+                              r, r - 1);
+            break;
+        }
+        fd = accept(ls, NULL, NULL);
+        if (fd < 0) continue;
+        capex__set_nonblock(fd);
+        e = capex__io_all(fd, m, 16, 0, capex_dist_now() + 2.0 < deadline ? capex_dist_now() + 2.0 : deadline);
+        if (e == 0 && capex__get32(m) == CAPEX__TCP_RING_HELLO && capex__get32(m + 4) == (uint32_t)(r - 1) &&
+            capex__get64(m + 8) == nonce) {
+            int nd = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nd, sizeof nd);
+            t->prev_fd = fd;
+            t->own_prev = 1;
+            break;
+        }
+        close(fd);
+    }
+    if (ls >= 0) close(ls);
+    if (res == CAPEX_OK) res = capex__tcp_barrier(c, deadline);
+    if (res == CAPEX_OK) t->ring = 1;
+    return res;
+}
+#endif
 
 /* env->rdv_port, or for an env filled by hand (rdv_port 0) the rule of
    capex_dist_env_read applied to the process environment. */
@@ -8096,6 +8459,11 @@ CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *
     c->rank = env->rank;
     c->world_size = env->world_size;
     c->timeout_s = 1800.0;
+    if ((r = capex__tcp_ring_setup(c, d.nonce, deadline)) != CAPEX_OK) {
+        capex__tcp_abort(c); /* peers waiting on this rank fail at once */
+        capex_comm_destroy(c);
+        return r;
+    }
     return CAPEX_OK;
 #else
     (void)connect_timeout_s;

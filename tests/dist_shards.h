@@ -133,7 +133,7 @@ static int shards_check_all(capex_comm *c, uint64_t seed, char *why, size_t why_
     int W = c->world_size, pat, k, op, ip, q, line;
     size_t counts[64];
     if (W > 64) { snprintf(why, why_n, "world %d > 64", W); return __LINE__; }
-    for (pat = 0; pat < 5; pat++) {
+    for (pat = 0; pat < 6; pat++) {
         for (q = 0; q < W; q++) {
             uint64_t u = shards_mix(seed + (uint64_t)(pat * 131 + q));
             switch (pat) {
@@ -141,7 +141,8 @@ static int shards_check_all(capex_comm *c, uint64_t seed, char *why, size_t why_
             case 1: counts[q] = q % 2 ? 0 : (size_t)(1 + u % 9); break;   /* odd ranks hold nothing     */
             case 2: counts[q] = q == W - 1 ? 3 : 0; break;               /* one shard only             */
             case 3: counts[q] = (size_t)(1000 + u % 3000); break;         /* larger, still uneven       */
-            default: counts[q] = q == 0 ? 0 : (size_t)(5 + u % 17); break; /* rank 0 holds nothing      */
+            case 4: counts[q] = q == 0 ? 0 : (size_t)(5 + u % 17); break; /* rank 0 holds nothing      */
+            default: counts[q] = q == 1 ? 0 : (size_t)(150000 + u % 50000); break; /* past the TCP ring's 256 KiB */
             }
         }
         for (k = 0; k < 5; k++)
@@ -154,5 +155,55 @@ static int shards_check_all(capex_comm *c, uint64_t seed, char *why, size_t why_
             }
     }
     return 0;
+}
+
+/* Allreduce of n elements (every dtype, SUM and AVG) against float64, and
+   the same bits on every rank (an FNV hash of the result, allgathered). */
+static int shards_allreduce_check(capex_comm *c, uint64_t seed, size_t n, char *why, size_t why_n) {
+    static const capex_dtype types[5] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16, CAPEX_F64, CAPEX_I64};
+    int W = c->world_size, me = c->rank, k, op, q, fail = 0;
+    unsigned char *x = (unsigned char *)malloc(n * 8 + 8), bits[8];
+    uint64_t *hashes = (uint64_t *)malloc(sizeof(uint64_t) * (size_t)W);
+    for (k = 0; k < 5 && !fail; k++)
+        for (op = 0; op < 2 && !fail; op++) {
+            capex_dtype t = types[k];
+            size_t es = capex_comm_dtype_size(t), i;
+            uint64_t h = 1469598103934665603ull;
+            if (op == 1 && (int)t == 4) continue;
+            for (i = 0; i < n; i++) { shards_value(seed + (uint64_t)k, me, i, n, t, 1, bits); memcpy(x + i * es, bits, es); }
+            if (capex_comm_allreduce(c, x, x, n, t, (capex_reduce_op)op) != CAPEX_OK) {
+                snprintf(why, why_n, "allreduce: %.300s", capex_last_error());
+                fail = __LINE__;
+                break;
+            }
+            for (i = 0; i < n * es; i++) h = (h ^ x[i]) * 1099511628211ull;
+            if (capex_comm_allgather(c, &h, hashes, 1, CAPEX_I64) != CAPEX_OK) { fail = __LINE__; break; }
+            for (q = 0; q < W; q++)
+                if (hashes[q] != h) { snprintf(why, why_n, "allreduce dtype %d op %d: rank %d's bits differ from rank %d's",
+                                               (int)t, op, q, me); fail = __LINE__; }
+            for (i = 0; i < n && !fail; i++) {
+                if ((int)t == 4) {
+                    uint64_t want = 0, got, v;
+                    for (q = 0; q < W; q++) { shards_value(seed + (uint64_t)k, q, i, n, t, 1, &v); want += v; }
+                    memcpy(&got, x + i * 8, 8);
+                    if (got != want) { snprintf(why, why_n, "allreduce int64 element %zu", i); fail = __LINE__; }
+                } else {
+                    double ref = 0.0, mag = 0.0, got = shards_get(x, i, t), tol;
+                    for (q = 0; q < W; q++) { double v = shards_value(seed + (uint64_t)k, q, i, n, t, 1, bits); ref += v; mag += fabs(v); }
+                    if (op == 1) { ref /= W; mag /= W; }
+                    tol = (int)t == 3 ? 4e-16 * mag * W : 1.2e-7 * mag * (W + 1);
+                    if ((int)t == 1) tol += fabs(ref) * (1.0 / 2048.0) + 6e-8;
+                    if ((int)t == 2) tol += fabs(ref) * (1.0 / 256.0) + 1e-38;
+                    if (isnan(ref) ? !isnan(got) : isinf(ref) ? got != ref : !(fabs(got - ref) <= tol)) {
+                        snprintf(why, why_n, "allreduce dtype %d op %d element %zu: %.9g, float64 reference %.9g", (int)t, op,
+                                 i, got, ref);
+                        fail = __LINE__;
+                    }
+                }
+            }
+        }
+    free(x);
+    free(hashes);
+    return fail;
 }
 #endif
