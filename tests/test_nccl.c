@@ -193,11 +193,15 @@ static void child_fake_shards(const char *arg, child_result *res) {
     RUN(fake_open(&ctx, &c, 0));
     line = shards_check_all(&c, 99, why, sizeof why);
     FAIL_IF(line != 0, "dist_shards.h:%d: %s", line, why);
+    FAIL_IF(fake_counter(C_ALLREDUCE) != 0 || fake_counter(C_ALLGATHER) != 0, "a fallback ran (allreduce %d, allgather %d)",
+            fake_counter(C_ALLREDUCE), fake_counter(C_ALLGATHER));
+    line = shards_allreduce_check(&c, 98, 257, why, sizeof why); /* 9 allreduces, each hashed and allgathered */
+    FAIL_IF(line != 0, "dist_shards.h:%d: %s", line, why);
     reduces = fake_counter(C_REDUCE);
     bcasts = fake_counter(C_BROADCAST);
-    FAIL_IF(reduces < 1 || bcasts < 1 || fake_counter(C_ALLREDUCE) != 0 || fake_counter(C_ALLGATHER) != 0,
-            "grouped ncclReduce %d / ncclBroadcast %d, no allreduce (%d) or allgather (%d) fallback", reduces, bcasts,
-            fake_counter(C_ALLREDUCE), fake_counter(C_ALLGATHER));
+    FAIL_IF(reduces < 1 || bcasts < 1 || fake_counter(C_ALLREDUCE) != 9 || fake_counter(C_ALLGATHER) != 9,
+            "grouped ncclReduce %d / ncclBroadcast %d; allreduce %d / allgather %d (the allreduce check's 9 each)", reduces,
+            bcasts, fake_counter(C_ALLREDUCE), fake_counter(C_ALLGATHER));
     FAIL_IF(fake_counter(C_GROUP_BAD) != 0 || fake_counter(C_BAD) != 0, "unbalanced groups %d, bad arguments %d",
             fake_counter(C_GROUP_BAD), fake_counter(C_BAD));
     /* an empty shard list reaches no NCCL call */

@@ -386,6 +386,8 @@ static int t_shards(void) {
     c.vt = orig_vt;
     line = shards_check_all(&c, 4242, why, sizeof why);
     CHECK(line == 0, "dist_shards.h:%d: %s", line, why);
+    line = shards_allreduce_check(&c, 4343, 100003, why, sizeof why); /* float64 reference, same bits on every rank */
+    CHECK(line == 0, "dist_shards.h:%d: %s", line, why);
     for (p = 0; p < (size_t)g_world; p++) big[p] = p == 0 ? (size_t)INT_MAX : 1; /* the sum passes INT_MAX */
     CHECK(capex_comm_reduce_scatter(&c, x, x, big, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_LIMIT, "RS over INT_MAX: %.300s",
           capex_last_error());
@@ -438,7 +440,7 @@ static int run_failure_mode(const char *mode) {
 int main(int argc, char **argv) {
     static const tcase cases[] = {
         {"collectives", t_collectives},
-        {"reduce_scatter_allgatherv_vs_float64", t_shards},
+        {"reduce_scatter_allgatherv_allreduce_vs_float64", t_shards},
         {"sampler_shards_disjoint_complete", t_sampler_shards},
         {"train_overlap_bitwise_and_vs_reference", t_train_overlap},
         {"train_delay_allreduce", t_train_delay},
