@@ -111,11 +111,13 @@ CT_TEST(mpi_stalled_rank_blocking_collectives_time_out) {
     rc = run(args, 60);
     out = slurp();
     CT_CHECK(out != NULL, "no output");
-    if (rc == 124 || !out || count(out, "-> CAPEX_ERR_TIMEOUT") != 3) show(out);
+    if (rc == 124 || !out || count(out, "-> CAPEX_ERR_TIMEOUT") != 5) show(out);
     CT_CHECK(rc != 124 && rc != 0, "the job must end with an error, not hang (exit %d)", rc);
     CT_CHECK(out && strstr(out, "blocking allreduce -> CAPEX_ERR_TIMEOUT"), "allreduce must time out");
     CT_CHECK(out && strstr(out, "blocking broadcast -> CAPEX_ERR_TIMEOUT"), "broadcast must time out");
     CT_CHECK(out && strstr(out, "blocking allgather -> CAPEX_ERR_TIMEOUT"), "allgather must time out");
+    CT_CHECK(out && strstr(out, "blocking reduce-scatter -> CAPEX_ERR_TIMEOUT"), "reduce-scatter must time out");
+    CT_CHECK(out && strstr(out, "blocking allgatherv -> CAPEX_ERR_TIMEOUT"), "allgatherv must time out");
     free(out);
 }
 

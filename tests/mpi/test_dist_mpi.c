@@ -7,8 +7,9 @@
    `test_dist_mpi stall`  rank 1 stops mid-step: the others must return
                           CAPEX_ERR_TIMEOUT from finalize within the deadline
    `test_dist_mpi stall_blocking`  rank 1 never enters the blocking
-                          collectives: the others' allreduce, broadcast
-                          and allgather must time out
+                          collectives: the others' allreduce, broadcast,
+                          allgather, reduce-scatter and allgatherv must
+                          time out (run with np 2)
 
    The model is linear regression y = x.w + b, the weight split into 5
    parameter tensors so several buckets form; every rank trains on its
@@ -401,20 +402,23 @@ typedef struct tcase { const char *name; int (*fn)(void); } tcase;
 /* The blocking collectives call MPI's blocking ones once every rank has
    arrived: a rank that never arrives must still give CAPEX_ERR_TIMEOUT. */
 static int run_stall_blocking(void) {
-    capex_comm c[3];
+    capex_comm c[5];
     float x[64] = {0}, all[64 * 4];
-    const char *what[3] = {"allreduce", "broadcast", "allgather"};
+    size_t counts[4] = {16, 16, 16, 16};
+    const char *what[5] = {"allreduce", "broadcast", "allgather", "reduce-scatter", "allgatherv"};
     int k;
-    for (k = 0; k < 3; k++) {
+    for (k = 0; k < 5; k++) {
         if (capex_comm_init_mpi(&c[k], MPI_COMM_WORLD) != CAPEX_OK) { printf("init: %s\n", capex_last_error()); exit(2); }
         c[k].timeout_s = 2.0;
     }
     if (g_rank == 1) { sleep(30); _exit(0); }
-    for (k = 0; k < 3; k++) {
+    for (k = 0; k < 5; k++) {
         double t0 = capex_dist_now();
         capex_result r = k == 0 ? capex_comm_allreduce(&c[k], x, x, 64, CAPEX_F32, CAPEX_REDUCE_SUM)
                        : k == 1 ? capex_comm_broadcast(&c[k], x, 64, CAPEX_F32, 0)
-                                : capex_comm_allgather(&c[k], x, all, 64, CAPEX_F32);
+                       : k == 2 ? capex_comm_allgather(&c[k], x, all, 64, CAPEX_F32)
+                       : k == 3 ? capex_comm_reduce_scatter(&c[k], x, all, counts, CAPEX_F32, CAPEX_REDUCE_SUM)
+                                : capex_comm_allgatherv(&c[k], x, all, counts, CAPEX_F32);
         printf("rank %d: blocking %s -> %s after %.1f s\n", g_rank, what[k], capex_result_string(r), capex_dist_now() - t0);
         fflush(stdout);
     }
