@@ -1359,6 +1359,23 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_comm_destroy(&c);
         return 0;
     }
+    if (mode == 8 || mode == 9) { /* the ring (a large allreduce) with rank 1 dead (8) or stalled (9) */
+        size_t n = 1 << 18;
+        float *x = (float *)calloc(n, sizeof(float));
+        capex_result r;
+        if (rank == 1) {
+            if (mode == 9) capex__sleep_s(2.0);
+            capex_comm_destroy(&c);
+            free(x);
+            return 0;
+        }
+        c.timeout_s = mode == 8 ? 5.0 : 0.5;
+        r = capex_comm_allreduce(&c, x, x, n, CAPEX_F32, CAPEX_REDUCE_SUM);
+        capex_comm_destroy(&c);
+        free(x);
+        if (mode == 8) return r == CAPEX_ERR_COMM ? 0 : __LINE__;
+        return r == CAPEX_ERR_TIMEOUT || r == CAPEX_ERR_COMM ? 0 : __LINE__; /* rank 2 may see rank 0's abort first */
+    }
     if (mode == 6 || mode == 7) { /* reduce-scatter / allgatherv against float64 (7: the front-ends' fallbacks) */
         static capex_comm_vtable plain;
         const capex_comm_vtable *orig = c.vt;
@@ -1476,6 +1493,15 @@ CT_TEST(tcp_comm_reduce_scatter_allgatherv_vs_float64) {
         }
 }
 
+CT_TEST(tcp_ring_dead_and_stalled_peers) {
+    int codes[8] = {0}, r;
+    /* dead: CAPEX_ERR_COMM (EOF or reset), never the deadline's CAPEX_ERR_TIMEOUT */
+    r = tcp_world(3, 8, codes);
+    CT_CHECK(r == 0 && codes[2] == 0, "rank 1 dead mid-ring: rank 0 line %d, rank 2 exit %d (want CAPEX_ERR_COMM)", r, codes[2]);
+    r = tcp_world(3, 9, codes);
+    CT_CHECK(r == 0 && codes[2] == 0, "rank 1 stalled mid-ring: rank 0 line %d, rank 2 exit %d (want a timeout)", r, codes[2]);
+}
+
 CT_TEST(tcp_comm_refuses_sizes_that_wrap) {
     int codes[8], r = tcp_world(2, 5, codes);
     CT_CHECK(r == 0, "rank 0 failed at line %d: %.300s", r, capex_last_error());
@@ -1555,6 +1581,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_comm_collectives_and_ddp),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
     CT_CASE(tcp_comm_reduce_scatter_allgatherv_vs_float64),
+    CT_CASE(tcp_ring_dead_and_stalled_peers),
     CT_CASE(tcp_comm_refuses_sizes_that_wrap),
     CT_CASE(torchrun_style_launch_auto_comm),
 };
