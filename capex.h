@@ -1371,6 +1371,13 @@ typedef struct capex_comm_vtable {
        bucket tracker calls it from grad_ready so that MPI, which progresses
        only inside MPI calls, keeps reducing while backward runs. */
     capex_result (*test)(capex_comm *c, capex_comm_req *req, int *done);
+    /* Optional (NULL: the front-ends fall back to allreduce into scratch /
+       allgather of padded shards). Uneven shards: counts[world_size], the
+       same on every rank; displ(p) = counts[0] + ... + counts[p-1]. */
+    capex_result (*reduce_scatter)(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
+                                   capex_reduce_op op, double deadline);
+    capex_result (*allgatherv)(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
+                               double deadline);
 } capex_comm_vtable;
 
 struct capex_comm {
@@ -1393,9 +1400,15 @@ CAPEX_API capex_result capex_comm_init_single(capex_comm *c);
    With CAPEX_MPI, capex_comm_init_mpi(c, MPI_Comm) takes any communicator. */
 CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c);
 CAPEX_API void capex_comm_destroy(capex_comm *c);
-/* TCP star through rank 0 at env's MASTER_ADDR:MASTER_PORT (nonce from
-   env's run id): CPU jobs without MPI, e.g. under torchrun --no-python.
-   Deterministic (rank-order sums), synchronous, O(world) load on rank 0. */
+/* TCP through rank 0 at env's MASTER_ADDR:MASTER_PORT (nonce from env's
+   run id): CPU jobs without MPI, e.g. under torchrun --no-python. Small
+   messages go through rank 0 (a star: rank-order sums); from 256 KiB,
+   allreduce, reduce-scatter and allgatherv run on a ring (bandwidth-optimal:
+   each rank sends 2 (W-1)/W of the data; chunk k summed in rank order k+1,
+   ..., k). Deterministic either way: the same bits on every rank and run to
+   run. Synchronous; rank 0 carries the star's O(world) load, so meant for a
+   node or a few. Ranks 2..W-1 also listen on an ephemeral port (the address
+   their connection to rank 0 uses) for their ring link. */
 CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *env, double connect_timeout_s);
 /* The backend for how the job was launched: MPI when built with CAPEX_MPI
    and MPI is initialised (call MPI_Init first), else TCP when env has more
@@ -1410,6 +1423,22 @@ CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t cou
 CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, void *recv, size_t count_per_rank,
                                             capex_dtype t);
 CAPEX_API capex_result capex_comm_barrier(capex_comm *c);
+/* Reduce-scatter with uneven shards (the sharded optimizer's gradient step):
+   counts has world_size entries, equal on every rank, zeros allowed; send
+   holds total = sum(counts) elements on every rank; recv gets this rank's
+   slice of the reduction, elements [displ, displ + counts[rank]) with
+   displ = counts[0] + ... + counts[rank-1]. In place when recv == send +
+   displ elements; otherwise recv must not overlap send. Half types are summed
+   in f32 and rounded once (host backends; NCCL sums in the dtype, as its
+   allreduce). The sum order is each backend's own (bits may differ from
+   allreduce's), every rank gets its slice of one reduction. */
+CAPEX_API capex_result capex_comm_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                                 capex_dtype t, capex_reduce_op op);
+/* All-gather with uneven shards: send holds counts[rank] elements; recv
+   (total elements) gets rank p's at displ(p). In place when send == recv +
+   displ(rank) elements. Moves bits (no arithmetic) for every dtype. */
+CAPEX_API capex_result capex_comm_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                             capex_dtype t);
 
 /* -- TCP rendezvous: rank 0 sends a small blob to every rank -- */
 typedef struct capex_rendezvous_desc {
@@ -7729,6 +7758,106 @@ CAPEX_API capex_result capex_comm_barrier(capex_comm *c) {
     return capex__comm_after(c, c->vt->barrier(c, capex__deadline(c)));
 }
 
+/* Sum of counts (elements) and this rank's displacement; refuses totals
+   whose byte size wraps. */
+CAPEX__PRIVATE capex_result capex__comm_counts(const capex_comm *c, const char *fn, const size_t *counts, capex_dtype t,
+                                              size_t *total, size_t *displ) {
+    size_t sum = 0, bytes;
+    int p;
+    *displ = 0;
+    for (p = 0; p < c->world_size; p++) {
+        if (p == c->rank) *displ = sum;
+        if (counts[p] > SIZE_MAX - sum)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the counts (rank %d's is %zu) sum past SIZE_MAX", fn, p, counts[p]);
+        sum += counts[p];
+    }
+    if (capex__size_mul(sum, capex_comm_dtype_size(t), &bytes))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %zu elements of %zu bytes in all: the byte size overflows size_t", fn,
+                           sum, capex_comm_dtype_size(t));
+    *total = sum;
+    return CAPEX_OK;
+}
+
+/* Backends without the entry: allreduce the whole buffer into scratch and
+   keep this rank's slice (correct, not bandwidth-optimal). */
+CAPEX__PRIVATE capex_result capex__comm_reduce_scatter_fallback(capex_comm *c, const void *send, void *recv,
+                                                               const size_t *counts, capex_dtype t, capex_reduce_op op,
+                                                               size_t total, size_t displ, double deadline) {
+    size_t es = capex_comm_dtype_size(t);
+    void *tmp = NULL;
+    capex_result r = capex__comm_alloc(c, &tmp, total * es);
+    if (r != CAPEX_OK) return r;
+    r = c->vt->allreduce(c, send, tmp, total, t, op, deadline);
+    if (r == CAPEX_OK) r = capex__comm_copy(c, recv, (char *)tmp + displ * es, counts[c->rank] * es, CAPEX_COPY_D2D);
+    if (r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, tmp); /* else a transport may still write it */
+    return r;
+}
+
+/* ... and allgather of shards padded to the largest count, then compacted. */
+CAPEX__PRIVATE capex_result capex__comm_allgatherv_fallback(capex_comm *c, const void *send, void *recv,
+                                                           const size_t *counts, capex_dtype t, double deadline) {
+    size_t es = capex_comm_dtype_size(t), m = 0, bytes, off = 0;
+    void *tmp = NULL;
+    capex_result r;
+    int p;
+    for (p = 0; p < c->world_size; p++) if (counts[p] > m) m = counts[p];
+    if (capex__size_mul(m, es, &bytes) || capex__size_mul(bytes, (size_t)c->world_size * 2, &bytes))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgatherv: padded shards of %zu elements overflow size_t", m);
+    if ((r = capex__comm_alloc(c, &tmp, bytes)) != CAPEX_OK) return r;
+    /* tmp = [my padded shard | world padded shards] */
+    r = capex__comm_zero(c, tmp, m * es);
+    if (r == CAPEX_OK) r = capex__comm_copy(c, tmp, send, counts[c->rank] * es, CAPEX_COPY_D2D);
+    if (r == CAPEX_OK) r = c->vt->allgather(c, tmp, (char *)tmp + m * es, m, t, deadline);
+    for (p = 0; r == CAPEX_OK && p < c->world_size; p++) {
+        r = capex__comm_copy(c, (char *)recv + off * es, (char *)tmp + m * es * (size_t)(p + 1), counts[p] * es,
+                             CAPEX_COPY_D2D);
+        off += counts[p];
+    }
+    if (r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, tmp);
+    return r;
+}
+
+CAPEX_API capex_result capex_comm_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                                 capex_dtype t, capex_reduce_op op) {
+    const char *fn = "capex_comm_reduce_scatter";
+    size_t total = 0, displ = 0;
+    double deadline;
+    capex_result r = capex__comm_check(c, fn);
+    if (r) return r;
+    if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: invalid dtype %d", fn, (int)t);
+    if (op != CAPEX_REDUCE_SUM && op != CAPEX_REDUCE_AVG)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: op %d is not SUM or AVG", fn, (int)op);
+    if (op == CAPEX_REDUCE_AVG && t == CAPEX_I64)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: AVG of int64 is not defined; SUM and divide", fn);
+    if (!counts) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: counts is NULL (give world_size entries)", fn);
+    if ((r = capex__comm_counts(c, fn, counts, t, &total, &displ)) != CAPEX_OK) return r;
+    if (total && !send) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: send is NULL", fn);
+    if (counts[c->rank] && !recv) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: recv is NULL", fn);
+    if (!total) return CAPEX_OK;
+    deadline = capex__deadline(c);
+    if (!c->vt->reduce_scatter)
+        return capex__comm_after(c, capex__comm_reduce_scatter_fallback(c, send, recv, counts, t, op, total, displ, deadline));
+    return capex__comm_after(c, c->vt->reduce_scatter(c, send, recv, counts, t, op, deadline));
+}
+
+CAPEX_API capex_result capex_comm_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                             capex_dtype t) {
+    const char *fn = "capex_comm_allgatherv";
+    size_t total = 0, displ = 0;
+    double deadline;
+    capex_result r = capex__comm_check(c, fn);
+    if (r) return r;
+    if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: invalid dtype %d", fn, (int)t);
+    if (!counts) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: counts is NULL (give world_size entries)", fn);
+    if ((r = capex__comm_counts(c, fn, counts, t, &total, &displ)) != CAPEX_OK) return r;
+    if (counts[c->rank] && !send) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: send is NULL", fn);
+    if (total && !recv) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: recv is NULL", fn);
+    if (!total) return CAPEX_OK;
+    deadline = capex__deadline(c);
+    if (!c->vt->allgatherv) return capex__comm_after(c, capex__comm_allgatherv_fallback(c, send, recv, counts, t, deadline));
+    return capex__comm_after(c, c->vt->allgatherv(c, send, recv, counts, t, deadline));
+}
+
 CAPEX_API void capex_comm_destroy(capex_comm *c) {
     if (!c || !c->vt) return;
     if (c->vt->destroy) c->vt->destroy(c);
@@ -7763,9 +7892,22 @@ static capex_result capex__single_wait(capex_comm *c, capex_comm_req *req, doubl
     return CAPEX_OK;
 }
 
+/* World of one: the shard is the whole buffer (counts[0] elements). */
+static capex_result capex__single_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                                capex_dtype t, capex_reduce_op op, double deadline) {
+    (void)op; (void)deadline;
+    return capex__comm_copy(c, recv, send, counts[0] * capex_comm_dtype_size(t), CAPEX_COPY_D2D);
+}
+static capex_result capex__single_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                            capex_dtype t, double deadline) {
+    (void)deadline;
+    return capex__comm_copy(c, recv, send, counts[0] * capex_comm_dtype_size(t), CAPEX_COPY_D2D);
+}
+
 static const capex_comm_vtable capex__single_vt = {
     "single", capex__single_allreduce, capex__single_broadcast, capex__single_allgather, capex__single_barrier,
-    capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    capex__single_reduce_scatter, capex__single_allgatherv};
 
 CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_single: comm is NULL");
@@ -7780,10 +7922,16 @@ CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
 /* ---- data parallel: MPI backend (CAPEX_MPI) ----------------------------- */
 #ifdef CAPEX_MPI
 
-/* Blocking collectives are run as their MPI-3 nonblocking twins polled with
-   MPI_Test until the deadline, so a stuck peer gives CAPEX_ERR_TIMEOUT rather
-   than a hang. Half types are summed in f32 and rounded once. Counts above
-   INT_MAX are split into chunks. */
+/* Blocking collectives: every rank first enters an MPI_Ibarrier polled with
+   MPI_Test until the deadline (a stuck or absent peer gives CAPEX_ERR_TIMEOUT
+   rather than a hang), then runs MPI's blocking collective. The blocking call
+   uses MPI's tuned algorithms and progress loop: the nonblocking twins
+   (Open MPI's libnbc) polled with MPI_Test ran 1.4-1.8x slower at 64 KiB-64 MiB
+   on np 2 (bench/RESULTS.md), and far worse when the polling rank competed
+   for the core with its peer. Once every rank has arrived, a peer that dies
+   mid-transfer is MPI's to report (MPI_ERRORS_RETURN) or mpirun's to tear
+   down. Half types are summed in f32 and rounded once. Counts above INT_MAX
+   are split into chunks. */
 #define CAPEX__MPI_CHUNK ((size_t)1 << 30)
 
 typedef struct capex__mpi { MPI_Comm comm; } capex__mpi;
@@ -7826,15 +7974,23 @@ static capex_result capex__mpi_poll(MPI_Request *req, double deadline, const cha
     }
 }
 
+/* Every rank of the comm has reached this collective, or the deadline passed. */
+static capex_result capex__mpi_arrive(capex_comm *c, double deadline, const char *what) {
+    MPI_Request q;
+    int rc = MPI_Ibarrier(capex__mpi_comm(c), &q);
+    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Ibarrier");
+    return capex__mpi_poll(&q, deadline, what);
+}
+
 static capex_result capex__mpi_allreduce_f32(capex_comm *c, const float *send, float *recv, size_t n, double deadline) {
     size_t off;
     for (off = 0; off < n; off += CAPEX__MPI_CHUNK) {
         int m = (int)(n - off < CAPEX__MPI_CHUNK ? n - off : CAPEX__MPI_CHUNK), rc;
-        MPI_Request q;
-        rc = MPI_Iallreduce(send == recv ? MPI_IN_PLACE : (const void *)(send + off), recv + off, m, MPI_FLOAT, MPI_SUM,
-                            capex__mpi_comm(c), &q);
-        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallreduce");
-        if ((rc = capex__mpi_poll(&q, deadline, "MPI allreduce")) != CAPEX_OK) return (capex_result)rc;
+        if ((rc = capex__mpi_arrive(c, deadline, "MPI allreduce (waiting for every rank)")) != CAPEX_OK)
+            return (capex_result)rc;
+        rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : (const void *)(send + off), recv + off, m, MPI_FLOAT, MPI_SUM,
+                           capex__mpi_comm(c));
+        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Allreduce");
     }
     return CAPEX_OK;
 }
@@ -7846,11 +8002,11 @@ static capex_result capex__mpi_allreduce_wide(capex_comm *c, const void *send, v
     MPI_Datatype dt = t == CAPEX_F64 ? MPI_DOUBLE : MPI_INT64_T;
     for (off = 0; off < n; off += CAPEX__MPI_CHUNK) {
         int m = (int)(n - off < CAPEX__MPI_CHUNK ? n - off : CAPEX__MPI_CHUNK), rc;
-        MPI_Request q;
-        rc = MPI_Iallreduce(send == recv ? MPI_IN_PLACE : (const void *)((const char *)send + off * 8),
-                            (char *)recv + off * 8, m, dt, MPI_SUM, capex__mpi_comm(c), &q);
-        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallreduce");
-        if ((rc = capex__mpi_poll(&q, deadline, "MPI allreduce")) != CAPEX_OK) return (capex_result)rc;
+        if ((rc = capex__mpi_arrive(c, deadline, "MPI allreduce (waiting for every rank)")) != CAPEX_OK)
+            return (capex_result)rc;
+        rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : (const void *)((const char *)send + off * 8),
+                           (char *)recv + off * 8, m, dt, MPI_SUM, capex__mpi_comm(c));
+        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Allreduce");
     }
     return CAPEX_OK;
 }
@@ -7891,10 +8047,10 @@ static capex_result capex__mpi_broadcast(capex_comm *c, void *buf, size_t n, cap
     size_t bytes = n * capex_comm_dtype_size(t), off;
     for (off = 0; off < bytes; off += CAPEX__MPI_CHUNK) {
         int m = (int)(bytes - off < CAPEX__MPI_CHUNK ? bytes - off : CAPEX__MPI_CHUNK), rc;
-        MPI_Request q;
-        rc = MPI_Ibcast((char *)buf + off, m, MPI_BYTE, root, capex__mpi_comm(c), &q);
-        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Ibcast");
-        if ((rc = capex__mpi_poll(&q, deadline, "MPI broadcast")) != CAPEX_OK) return (capex_result)rc;
+        if ((rc = capex__mpi_arrive(c, deadline, "MPI broadcast (waiting for every rank)")) != CAPEX_OK)
+            return (capex_result)rc;
+        rc = MPI_Bcast((char *)buf + off, m, MPI_BYTE, root, capex__mpi_comm(c));
+        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Bcast");
     }
     return CAPEX_OK;
 }
@@ -7902,15 +8058,15 @@ static capex_result capex__mpi_broadcast(capex_comm *c, void *buf, size_t n, cap
 static capex_result capex__mpi_allgather(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
                                         double deadline) {
     size_t bytes = n * capex_comm_dtype_size(t);
-    MPI_Request q;
     int rc;
     if (bytes > (size_t)INT_MAX)
         return capex__fail(CAPEX_ERR_LIMIT, "MPI allgather: %lu bytes per rank exceed INT_MAX; gather in pieces",
                            (unsigned long)bytes);
-    rc = MPI_Iallgather(send == (const char *)recv + bytes * (size_t)c->rank ? MPI_IN_PLACE : send, (int)bytes, MPI_BYTE,
-                        recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c), &q);
-    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallgather");
-    return capex__mpi_poll(&q, deadline, "MPI allgather");
+    if ((rc = capex__mpi_arrive(c, deadline, "MPI allgather (waiting for every rank)")) != CAPEX_OK) return (capex_result)rc;
+    rc = MPI_Allgather(send == (const char *)recv + bytes * (size_t)c->rank ? MPI_IN_PLACE : send, (int)bytes, MPI_BYTE,
+                       recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c));
+    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Allgather");
+    return CAPEX_OK;
 }
 
 static capex_result capex__mpi_barrier(capex_comm *c, double deadline) {
@@ -8002,10 +8158,91 @@ static void capex__mpi_destroy(capex_comm *c) {
     c->impl = NULL;
 }
 
+/* MPI takes int counts and displacements: totals past INT_MAX (elements, or
+   bytes for allgatherv) are refused before any traffic, alike on every rank. */
+static capex_result capex__mpi_int_counts(capex_comm *c, const char *what, const size_t *counts, size_t scale, int **out) {
+    size_t sum = 0;
+    int p, *v;
+    *out = NULL;
+    for (p = 0; p < c->world_size; p++) sum += counts[p]; /* no wrap: the front checked sum * dtype size */
+    if (sum > (size_t)INT_MAX / scale)
+        return capex__fail(CAPEX_ERR_LIMIT, "%s: %zu elements in all exceed MPI's int counts; split the call", what, sum);
+    v = (int *)capex__alloc(NULL, sizeof(int) * 2 * (size_t)c->world_size);
+    if (!v) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+    for (p = 0, sum = 0; p < c->world_size; p++) {
+        v[p] = (int)(counts[p] * scale);
+        v[c->world_size + p] = (int)sum; /* displacements */
+        sum += counts[p] * scale;
+    }
+    *out = v;
+    return CAPEX_OK;
+}
+
+/* MPI_Reduce_scatter in f32 (half types staged through f32, rounded once),
+   f64 or int64; the result goes through scratch when recv is inside send. */
+static capex_result capex__mpi_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                             capex_dtype t, capex_reduce_op op, double deadline) {
+    const char *what = "MPI reduce-scatter";
+    size_t es = capex_comm_dtype_size(t), total = 0, mine = counts[c->rank], i;
+    int *cnt = NULL, rc, wide = capex__comm_wide(t);
+    capex_result r;
+    void *in = (void *)(uintptr_t)send, *out = recv, *stage = NULL;
+    for (i = 0; i < (size_t)c->world_size; i++) total += counts[i];
+    if ((r = capex__mpi_int_counts(c, what, counts, 1, &cnt)) != CAPEX_OK) return r;
+    if (t != CAPEX_F32 && !wide) { /* f32 staging: the whole input, then this rank's slice */
+        stage = capex__alloc(c->allocator, (total + mine) * sizeof(float));
+        if (!stage) { capex__free(NULL, cnt); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: no memory for f32 staging", what); }
+        capex__host_convert(stage, CAPEX_F32, send, t, total);
+        in = stage;
+        out = (float *)stage + total;
+    } else if ((const char *)recv < (const char *)send + total * es && (const char *)recv + mine * es > (const char *)send) {
+        stage = capex__alloc(c->allocator, mine * es + 1);
+        if (!stage) { capex__free(NULL, cnt); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: no memory for scratch", what); }
+        out = stage;
+    }
+    r = capex__mpi_arrive(c, deadline, "MPI reduce-scatter (waiting for every rank)");
+    if (r == CAPEX_OK) {
+        rc = MPI_Reduce_scatter(in, out, cnt, t == CAPEX_F64 ? MPI_DOUBLE : t == CAPEX_I64 ? MPI_INT64_T : MPI_FLOAT,
+                                MPI_SUM, capex__mpi_comm(c));
+        if (rc != MPI_SUCCESS) r = capex__mpi_err(rc, "MPI_Reduce_scatter");
+    }
+    if (r == CAPEX_OK) {
+        if (op == CAPEX_REDUCE_AVG) {
+            if (t == CAPEX_F64) for (i = 0; i < mine; i++) ((double *)out)[i] /= (double)c->world_size;
+            else capex__host_div(out, mine, CAPEX_F32, (float)c->world_size);
+        }
+        if (out != recv && mine) {
+            if (wide || t == CAPEX_F32) memmove(recv, out, mine * es);
+            else capex__host_convert(recv, t, out, CAPEX_F32, mine);
+        }
+    }
+    capex__free(NULL, cnt);
+    if (r != CAPEX_ERR_TIMEOUT) capex__free(c->allocator, stage);
+    return r;
+}
+
+/* MPI_Allgatherv of bytes (every dtype moves bits). */
+static capex_result capex__mpi_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
+                                         double deadline) {
+    size_t es = capex_comm_dtype_size(t);
+    int *cnt = NULL, rc;
+    capex_result r = capex__mpi_int_counts(c, "MPI allgatherv", counts, es, &cnt);
+    if (r != CAPEX_OK) return r;
+    r = capex__mpi_arrive(c, deadline, "MPI allgatherv (waiting for every rank)");
+    if (r == CAPEX_OK) {
+        const char *at = (const char *)recv + (size_t)cnt[c->world_size + c->rank];
+        rc = MPI_Allgatherv(send == (const void *)at ? MPI_IN_PLACE : send, cnt[c->rank], MPI_BYTE, recv, cnt,
+                            cnt + c->world_size, MPI_BYTE, capex__mpi_comm(c));
+        if (rc != MPI_SUCCESS) r = capex__mpi_err(rc, "MPI_Allgatherv");
+    }
+    capex__free(NULL, cnt);
+    return r;
+}
+
 static const capex_comm_vtable capex__mpi_vt = {
     "mpi", capex__mpi_allreduce, capex__mpi_broadcast, capex__mpi_allgather, capex__mpi_barrier,
     capex__mpi_iallreduce, capex__mpi_wait, NULL, NULL, capex__mpi_destroy, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__mpi_test};
+    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv};
 
 CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     int init = 0, fin = 0, rc;
@@ -8478,23 +8715,29 @@ static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, 
     }
 }
 
-/* ---- data parallel: TCP comm backend (star through rank 0) -------------- */
+/* ---- data parallel: TCP comm backend (star through rank 0, ring) ------- */
 /* For CPU jobs without MPI (torchrun --no-python, srun): every rank keeps
-   the rendezvous socket to rank 0; rank 0 reduces in rank order (so every
-   rank gets the same bits; half types summed in f32, rounded once) and sends
-   the result back. O(world) traffic at rank 0: meant for a node or a few,
-   not for large clusters (use MPI or NCCL there). Synchronous: buckets
-   reduce when they fill, without overlap. Each message carries an op and a
-   sequence number, so ranks calling collectives in different orders get
-   CAPEX_ERR_COMM instead of garbage. */
+   the rendezvous socket to rank 0; below the ring threshold rank 0 reduces
+   in rank order (so every rank gets the same bits; half types summed in
+   f32, rounded once) and sends the result back: O(world) traffic at rank 0.
+   Large allreduce / reduce-scatter / allgatherv use the ring (below).
+   Meant for a node or a few, not for large clusters (use MPI or NCCL there).
+   Synchronous: buckets reduce when they fill, without overlap. Each message
+   carries an op and a sequence number, so ranks calling collectives in
+   different orders get CAPEX_ERR_COMM instead of garbage. */
 #define CAPEX__TCP_MAGIC 0x43585043u
-enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER = 3, CAPEX__TCP_BARRIER = 4 };
+enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER = 3, CAPEX__TCP_BARRIER = 4,
+       CAPEX__TCP_REDUCE_SCATTER = 5, CAPEX__TCP_ALLGATHERV = 6 };
 
 typedef struct capex__tcp {
     int *fds;      /* rank 0: socket of each peer (fds[0] unused); else fds[0] = rank 0 */
     uint32_t seq;
     void *tmp;
     size_t tmp_bytes;
+    /* Ring (set up by capex_comm_init_tcp; ring = 0 keeps everything on the
+       star): next_fd to rank+1, prev_fd from rank-1; links to or from rank 0
+       (and both at world 2) are star sockets, the others are owned here. */
+    int ring, next_fd, prev_fd, own_next, own_prev;
 } capex__tcp;
 
 static capex_result capex__tcp_io_fail(int e, int peer, const char *what) {
@@ -8553,55 +8796,323 @@ static capex_result capex__tcp_scratch(capex_comm *c, size_t n, size_t elem_byte
     return CAPEX_OK;
 }
 
-/* rank 0 gathers from every peer in rank order into `gather` callback, then
-   sends `out` (out_bytes) back to all; peers send `in` and receive `out`. */
+/* acc (f32 sums or the 8-byte type) elements [off, off + n) as the dtype. */
+CAPEX__PRIVATE void capex__tcp_acc_out(void *dst, const void *acc, size_t off, size_t n, capex_dtype ty) {
+    if (capex__comm_wide(ty)) memmove(dst, (const char *)acc + off * 8, n * 8);
+    else capex__host_convert(dst, ty, (const float *)acc + off, CAPEX_F32, n);
+}
+
+/* ---- TCP ring: bandwidth-optimal reduce-scatter / allgather ----------- */
+/* Above CAPEX__TCP_RING_MIN_BYTES the ring moves 2 (W-1)/W of the data per
+   rank, both directions at once, instead of the star's W-fold load on rank 0.
+   Reduce-scatter step s (0 .. W-2): rank r sends chunk (r-s-1) mod W to
+   rank r+1 and adds chunk (r-s-2) mod W from rank r-1 into its own; chunk k
+   is summed in the fixed rank order k+1, k+2, ..., k (mod W), once, on one
+   rank: deterministic run to run, and allreduce's allgather then copies the
+   same bits to every rank. (The star sums in rank order 0, 1, ...: bits may
+   differ between the two paths.) Half types ride the ring as f32 partial
+   sums and are rounded once at the end. */
+#define CAPEX__TCP_RING_MIN_BYTES ((size_t)256 << 10)
+
+/* Sends (op, sbytes) to fd_out while receiving the same op's rbytes from
+   fd_in (the same socket at world 2): both headers are checked like
+   capex__tcp_recv's. 0 or a capex_result. */
+static capex_result capex__tcp_duplex(capex_comm *c, int fd_out, int peer_out, const void *sbuf, size_t sbytes, int fd_in,
+                                     int peer_in, void *rbuf, size_t rbytes, uint32_t op, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    unsigned char sh[24], rh[24];
+    size_t sdone = 0, rdone = 0, stot = 24 + sbytes, rtot = 24 + rbytes;
+    capex__put32(sh, CAPEX__TCP_MAGIC);
+    capex__put32(sh + 4, op);
+    capex__put32(sh + 8, t->seq);
+    capex__put32(sh + 12, 0);
+    capex__put64(sh + 16, (uint64_t)sbytes);
+    while (sdone < stot || rdone < rtot) {
+        struct pollfd pf[2];
+        int np = 0, ms = capex__ms_left(deadline), k, si = -1, ri = -1;
+        if (ms <= 0) return capex__tcp_io_fail(-2, sdone < stot ? peer_out : peer_in, "ring transfer");
+        if (sdone < stot) { pf[np].fd = fd_out; pf[np].events = POLLOUT; pf[np].revents = 0; si = np++; }
+        if (rdone < rtot) {
+            if (si >= 0 && fd_in == fd_out) { pf[si].events |= POLLIN; ri = si; }
+            else { pf[np].fd = fd_in; pf[np].events = POLLIN; pf[np].revents = 0; ri = np++; }
+        }
+        k = poll(pf, (nfds_t)np, ms);
+        if (k < 0) { if (errno == EINTR) continue; return capex__tcp_io_fail(-1, peer_out, "ring transfer (poll)"); }
+        if (k == 0) continue;
+        if (si >= 0 && (pf[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
+            const unsigned char *src = sdone < 24 ? sh + sdone : (const unsigned char *)sbuf + (sdone - 24);
+            size_t len = sdone < 24 ? 24 - sdone : stot - sdone;
+            ssize_t w;
+#ifdef MSG_NOSIGNAL
+            w = send(fd_out, src, len, MSG_NOSIGNAL);
+#else
+            w = send(fd_out, src, len, 0);
+#endif
+            if (w < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
+                return capex__tcp_io_fail(-1, peer_out, "ring send");
+            if (w > 0) sdone += (size_t)w;
+        }
+        if (ri >= 0 && (pf[ri].revents & (POLLIN | POLLERR | POLLHUP))) {
+            unsigned char *dst = rdone < 24 ? rh + rdone : (unsigned char *)rbuf + (rdone - 24);
+            size_t len = rdone < 24 ? 24 - rdone : rtot - rdone;
+            ssize_t g = recv(fd_in, dst, len, 0);
+            if (g == 0 || (g < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK))
+                return capex__tcp_io_fail(-1, peer_in, "ring receive");
+            if (g > 0) {
+                rdone += (size_t)g;
+                if (rdone == 24 && (capex__get32(rh) != CAPEX__TCP_MAGIC || capex__get32(rh + 4) != op ||
+                                    capex__get32(rh + 8) != t->seq || capex__get64(rh + 16) != (uint64_t)rbytes))
+                    return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u of %llu bytes on the ring, "
+                                                       "expected op %u #%u of %llu bytes: ranks called collectives in "
+                                                       "different orders or sizes", peer_in, (unsigned)capex__get32(rh + 4),
+                                       (unsigned)capex__get32(rh + 8), (unsigned long long)capex__get64(rh + 16),
+                                       (unsigned)op, (unsigned)t->seq, (unsigned long long)rbytes);
+            }
+        }
+    }
+    return CAPEX_OK;
+}
+
+/* Chunk k of the ring: elements [displ[k], displ[k] + counts[k]). */
+CAPEX__PRIVATE size_t capex__ring_displ(const size_t *counts, int k) {
+    size_t d = 0;
+    int p;
+    for (p = 0; p < k; p++) d += counts[p];
+    return d;
+}
+
+/* Ring reduce-scatter in place on work (wt: F32, F64 or I64): afterwards
+   work's chunk `rank` holds the full sum. stage: room for the largest chunk. */
+static capex_result capex__tcp_ring_rs(capex_comm *c, void *work, const size_t *counts, capex_dtype wt, void *stage,
+                                      uint32_t op, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    int W = c->world_size, r = c->rank, s, prev = (r + W - 1) % W, next = (r + 1) % W;
+    size_t es = wt == CAPEX_F32 ? 4 : 8, i;
+    capex_result res;
+    for (s = 0; s < W - 1; s++) {
+        int ks = ((r - s - 1) % W + W) % W, kr = ((r - s - 2) % W + W) % W;
+        size_t ds = capex__ring_displ(counts, ks), dr = capex__ring_displ(counts, kr), n = counts[kr];
+        res = capex__tcp_duplex(c, t->next_fd, next, (char *)work + ds * es, counts[ks] * es, t->prev_fd, prev, stage,
+                                n * es, op, deadline);
+        if (res != CAPEX_OK) return res;
+        if (wt == CAPEX_F32) {
+            float *a = (float *)work + dr;
+            const float *x = (const float *)stage;
+            for (i = 0; i < n; i++) a[i] = x[i] + a[i]; /* earlier ranks' partial sum, then this rank's value */
+        } else if (wt == CAPEX_F64) {
+            double *a = (double *)work + dr;
+            const double *x = (const double *)stage;
+            for (i = 0; i < n; i++) a[i] = x[i] + a[i];
+        } else {
+            capex__host_add_wide((char *)work + dr * 8, stage, n, CAPEX_I64);
+        }
+    }
+    return CAPEX_OK;
+}
+
+/* Ring allgather in place on buf (es bytes an element): chunk `rank` is
+   this rank's; step s sends chunk (r-s) mod W and receives (r-s-1) mod W. */
+static capex_result capex__tcp_ring_ag(capex_comm *c, void *buf, const size_t *counts, size_t es, uint32_t op,
+                                      double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    int W = c->world_size, r = c->rank, s, prev = (r + W - 1) % W, next = (r + 1) % W;
+    capex_result res;
+    for (s = 0; s < W - 1; s++) {
+        int ks = ((r - s) % W + W) % W, kr = ((r - s - 1) % W + W) % W;
+        res = capex__tcp_duplex(c, t->next_fd, next, (char *)buf + capex__ring_displ(counts, ks) * es, counts[ks] * es,
+                                t->prev_fd, prev, (char *)buf + capex__ring_displ(counts, kr) * es, counts[kr] * es, op,
+                                deadline);
+        if (res != CAPEX_OK) return res;
+    }
+    return CAPEX_OK;
+}
+
+/* The ring's scratch: total work elements (f32 for the float types, else
+   the 8-byte type), then staging for the largest chunk. Checked sizes. */
+static capex_result capex__tcp_ring_work(capex_comm *c, size_t total, size_t maxchunk, capex_dtype ty, void **work,
+                                        void **stage) {
+    size_t wes = capex__comm_wide(ty) ? 8 : 4, a, b;
+    void *mem;
+    capex_result r;
+    if (capex__size_mul(total, wes, &a) || capex__size_mul(maxchunk, wes, &b) || a > SIZE_MAX - b)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: the ring's scratch byte size overflows size_t", total);
+    if ((r = capex__tcp_scratch(c, a + b, 1, &mem)) != CAPEX_OK) return r;
+    *work = mem;
+    *stage = (char *)mem + a;
+    return CAPEX_OK;
+}
+
+/* Ring reduce-scatter of send into recv (this rank's counts[rank] elements). */
+static capex_result capex__tcp_ring_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                                  capex_dtype ty, capex_reduce_op op, uint32_t opcode, double deadline) {
+    size_t total = 0, maxc = 0, mine = counts[c->rank], d = capex__ring_displ(counts, c->rank), i;
+    int p, wide = capex__comm_wide(ty);
+    capex_dtype wt = wide ? ty : CAPEX_F32;
+    void *work, *stage;
+    capex_result r;
+    for (p = 0; p < c->world_size; p++) { total += counts[p]; if (counts[p] > maxc) maxc = counts[p]; }
+    if ((r = capex__tcp_ring_work(c, total, maxc, ty, &work, &stage)) != CAPEX_OK) return r;
+    if (wide) memmove(work, send, total * 8);
+    else capex__host_convert(work, CAPEX_F32, send, ty, total);
+    if ((r = capex__tcp_ring_rs(c, work, counts, wt, stage, opcode, deadline)) != CAPEX_OK) return r;
+    if (op == CAPEX_REDUCE_AVG) {
+        if (ty == CAPEX_F64) for (i = 0; i < mine; i++) ((double *)work)[d + i] /= (double)c->world_size;
+        else capex__host_div((float *)work + d, mine, CAPEX_F32, (float)c->world_size);
+    }
+    if (mine) capex__tcp_acc_out(recv, work, d, mine, ty);
+    return CAPEX_OK;
+}
+
+/* Ring allreduce: reduce-scatter into near-equal chunks, then allgather the
+   finished chunks as bits (f32 for the half types, rounded at the end). */
+static capex_result capex__tcp_ring_allreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype ty,
+                                             capex_reduce_op op, double deadline) {
+    size_t counts[256], *cnt = counts, maxc = 0, wes = capex__comm_wide(ty) ? 8 : 4, i;
+    int W = c->world_size, p, wide = capex__comm_wide(ty);
+    void *work, *stage;
+    capex_result r;
+    if (W > 256) {
+        cnt = (size_t *)capex__alloc(NULL, sizeof(size_t) * (size_t)W);
+        if (!cnt) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: out of memory");
+    }
+    for (p = 0; p < W; p++) { cnt[p] = n / (size_t)W + ((size_t)p < n % (size_t)W); if (cnt[p] > maxc) maxc = cnt[p]; }
+    r = capex__tcp_ring_work(c, n, maxc, ty, &work, &stage);
+    if (r == CAPEX_OK) {
+        if (wide) memmove(work, send, n * 8);
+        else capex__host_convert(work, CAPEX_F32, send, ty, n);
+        r = capex__tcp_ring_rs(c, work, cnt, wide ? ty : CAPEX_F32, stage, CAPEX__TCP_ALLREDUCE, deadline);
+    }
+    if (r == CAPEX_OK) r = capex__tcp_ring_ag(c, work, cnt, wes, CAPEX__TCP_ALLREDUCE, deadline);
+    if (r == CAPEX_OK) {
+        if (op == CAPEX_REDUCE_AVG) {
+            if (ty == CAPEX_F64) for (i = 0; i < n; i++) ((double *)work)[i] /= (double)W;
+            else if (!wide) capex__host_div(work, n, CAPEX_F32, (float)W);
+        }
+        capex__tcp_acc_out(recv, work, 0, n, ty);
+    }
+    if (cnt != counts) capex__free(NULL, cnt);
+    return r;
+}
+
+/* Rank 0's half of a reduction: its own n elements of `send`, then each
+   peer's (message `op`) added in rank order, ((x0 + x1) + x2) + ..., into its
+   scratch: f32 sums for the float types (rounded once by the caller), f64 or
+   int64 for the wide ones; AVG divided there. *acc points at the sums, and
+   the scratch after them (n elements of the dtype at least) is free. */
+static capex_result capex__tcp_reduce_root(capex_comm *c, const void *send, size_t n, capex_dtype ty, capex_reduce_op op,
+                                          uint32_t opcode, double deadline, void **acc_out) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    size_t es = capex_comm_dtype_size(ty), i;
+    capex_result r;
+    void *mem;
+    int p;
+    *acc_out = NULL;
+    if ((r = capex__tcp_scratch(c, n, capex__tcp_scratch_elem(ty), &mem)) != CAPEX_OK) return r;
+    if (capex__comm_wide(ty)) {
+        unsigned char *acc = (unsigned char *)mem;
+        memmove(acc, send, n * 8);
+        for (p = 1; p < c->world_size; p++) {
+            if ((r = capex__tcp_recv(c, t->fds[p], p, opcode, acc + n * 8, n * 8, deadline)) != CAPEX_OK) return r;
+            capex__host_add_wide(acc, acc + n * 8, n, ty);
+        }
+        if (op == CAPEX_REDUCE_AVG && ty == CAPEX_F64)
+            for (i = 0; i < n; i++) ((double *)(void *)acc)[i] /= (double)c->world_size;
+    } else {
+        float *acc = (float *)mem;
+        void *in = (char *)acc + n * 4;
+        capex__host_convert(acc, CAPEX_F32, send, ty, n);
+        for (p = 1; p < c->world_size; p++) {
+            if ((r = capex__tcp_recv(c, t->fds[p], p, opcode, in, n * es, deadline)) != CAPEX_OK) return r;
+            if (ty == CAPEX_F32) { const float *x = (const float *)in; for (i = 0; i < n; i++) acc[i] += x[i]; }
+            else for (i = 0; i < n; i++) acc[i] += capex__load(in, ty, i);
+        }
+        if (op == CAPEX_REDUCE_AVG) capex__host_div(acc, n, CAPEX_F32, (float)c->world_size);
+    }
+    *acc_out = mem;
+    return CAPEX_OK;
+}
+
+/* Peers send their values to rank 0 and receive the result; rank 0 reduces. */
 static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype ty,
                                         capex_reduce_op op, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     size_t es = capex_comm_dtype_size(ty), i;
     capex_result r = CAPEX_OK;
+    void *acc;
     int p;
     if (capex__size_mul(n, capex__tcp_scratch_elem(ty), &i))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", n);
     t->seq++;
+    if (t->ring && n * es >= CAPEX__TCP_RING_MIN_BYTES) return capex__tcp_ring_allreduce(c, send, recv, n, ty, op, deadline);
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, send, n * es, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline);
-    } else if (capex__comm_wide(ty)) {
-        /* f64 / int64: summed in their own type, in rank order */
-        unsigned char *acc;
-        void *mem;
-        if ((r = capex__tcp_scratch(c, n, capex__tcp_scratch_elem(ty), &mem)) != CAPEX_OK) return r;
-        acc = (unsigned char *)mem;
-        memmove(acc, send, n * 8);
-        for (p = 1; p < c->world_size; p++) {
-            if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, acc + n * 8, n * 8, deadline)) != CAPEX_OK) return r;
-            capex__host_add_wide(acc, acc + n * 8, n, ty);
-        }
-        if (op == CAPEX_REDUCE_AVG && ty == CAPEX_F64)
-            for (i = 0; i < n; i++) ((double *)(void *)acc)[i] /= (double)c->world_size;
-        memmove(recv, acc, n * 8);
-        for (p = 1; p < c->world_size; p++)
-            if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, recv, n * 8, deadline)) != CAPEX_OK) return r;
-    } else {
-        /* acc: f32 sums ((x0 + x1) + x2) + ... ; staging for one peer after it */
-        float *acc;
-        void *in, *mem;
-        if ((r = capex__tcp_scratch(c, n, capex__tcp_scratch_elem(ty), &mem)) != CAPEX_OK) return r;
-        acc = (float *)mem;
-        in = (char *)acc + n * 4;
-        capex__host_convert(acc, CAPEX_F32, send, ty, n);
-        for (p = 1; p < c->world_size; p++) {
-            if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, in, n * es, deadline)) != CAPEX_OK) return r;
-            if (ty == CAPEX_F32) { const float *x = (const float *)in; for (i = 0; i < n; i++) acc[i] += x[i]; }
-            else for (i = 0; i < n; i++) acc[i] += capex__load(in, ty, i);
-        }
-        if (op == CAPEX_REDUCE_AVG) capex__host_div(acc, n, CAPEX_F32, (float)c->world_size);
-        capex__host_convert(recv, ty, acc, CAPEX_F32, n);
-        for (p = 1; p < c->world_size; p++)
-            if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline)) != CAPEX_OK) return r;
     }
+    if ((r = capex__tcp_reduce_root(c, send, n, ty, op, CAPEX__TCP_ALLREDUCE, deadline, &acc)) != CAPEX_OK) return r;
+    capex__tcp_acc_out(recv, acc, 0, n, ty);
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline)) != CAPEX_OK) return r;
     return r;
+}
+
+/* Star reduce-scatter: rank 0 reduces everything (as allreduce), then sends
+   each peer its slice only. */
+static capex_result capex__tcp_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                             capex_dtype ty, capex_reduce_op op, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    size_t es = capex_comm_dtype_size(ty), total = 0, off, i;
+    capex_result r;
+    void *acc;
+    int p;
+    for (p = 0; p < c->world_size; p++) total += counts[p];
+    if (capex__size_mul(total, capex__tcp_scratch_elem(ty), &i))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", total);
+    t->seq++;
+    if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES)
+        return capex__tcp_ring_reduce_scatter(c, send, recv, counts, ty, op, CAPEX__TCP_REDUCE_SCATTER, deadline);
+    if (c->rank != 0) {
+        if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_REDUCE_SCATTER, send, total * es, deadline)) != CAPEX_OK) return r;
+        return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_REDUCE_SCATTER, recv, counts[c->rank] * es, deadline);
+    }
+    if ((r = capex__tcp_reduce_root(c, send, total, ty, op, CAPEX__TCP_REDUCE_SCATTER, deadline, &acc)) != CAPEX_OK) return r;
+    if (counts[0]) capex__tcp_acc_out(recv, acc, 0, counts[0], ty);
+    for (p = 1, off = counts[0]; p < c->world_size; off += counts[p], p++) {
+        /* the scratch past the sums is free: stage the slice there */
+        void *slice = (char *)acc + total * (capex__comm_wide(ty) ? 8 : 4);
+        capex__tcp_acc_out(slice, acc, off, counts[p], ty);
+        if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_REDUCE_SCATTER, slice, counts[p] * es, deadline)) != CAPEX_OK)
+            return r;
+    }
+    return CAPEX_OK;
+}
+
+/* Star allgatherv: rank 0 collects every shard in place, then sends all. */
+static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype ty,
+                                         double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    size_t es = capex_comm_dtype_size(ty), total = 0, off;
+    capex_result r;
+    int p;
+    for (p = 0; p < c->world_size; p++) total += counts[p];
+    t->seq++;
+    if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES) {
+        size_t d = capex__ring_displ(counts, c->rank);
+        if (counts[c->rank]) memmove((char *)recv + d * es, send, counts[c->rank] * es);
+        return capex__tcp_ring_ag(c, recv, counts, es, CAPEX__TCP_ALLGATHERV, deadline);
+    }
+    if (c->rank != 0) {
+        if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLGATHERV, send, counts[c->rank] * es, deadline)) != CAPEX_OK)
+            return r;
+        return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLGATHERV, recv, total * es, deadline);
+    }
+    if (counts[0]) memmove(recv, send, counts[0] * es); /* send may be NULL with no elements */
+    for (p = 1, off = counts[0]; p < c->world_size; off += counts[p], p++)
+        if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_ALLGATHERV, (char *)recv + off * es, counts[p] * es, deadline)) !=
+            CAPEX_OK)
+            return r;
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_ALLGATHERV, recv, total * es, deadline)) != CAPEX_OK) return r;
+    return CAPEX_OK;
 }
 
 static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, capex_dtype ty, int root, double deadline) {
@@ -8660,6 +9171,8 @@ static void capex__tcp_destroy(capex_comm *c) {
     int p;
     if (!t) return;
     for (p = 0; t->fds && p < c->world_size; p++) if (t->fds[p] >= 0) close(t->fds[p]);
+    if (t->own_next) close(t->next_fd);
+    if (t->own_prev) close(t->prev_fd);
     capex__free(NULL, t->fds);
     capex__free(c->allocator, t->tmp);
     capex__free(NULL, t);
@@ -8673,12 +9186,163 @@ static void capex__tcp_abort(capex_comm *c) {
     capex__tcp *t = (capex__tcp *)c->impl;
     int p;
     for (p = 0; t && t->fds && p < c->world_size; p++) if (t->fds[p] >= 0) shutdown(t->fds[p], SHUT_RDWR);
+    if (t && t->own_next) shutdown(t->next_fd, SHUT_RDWR);
+    if (t && t->own_prev) shutdown(t->prev_fd, SHUT_RDWR);
 }
 
 static const capex_comm_vtable capex__tcp_vt = {
     "tcp", capex__tcp_allreduce, capex__tcp_broadcast, capex__tcp_allgather, capex__tcp_barrier,
-    NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    capex__tcp_reduce_scatter, capex__tcp_allgatherv};
 #endif /* CAPEX__HAVE_SOCKETS */
+
+#ifdef CAPEX__HAVE_SOCKETS
+/* Ring links for world >= 3 (world 2 uses its one star socket both ways):
+   ranks 2..W-1 listen on an ephemeral port at the address their star socket
+   uses and tell rank 0 (op 7: port); rank 0 tells each rank 1..W-2 where
+   rank+1 listens (op 8: family 4/6, port, 16 address bytes, as rank 0's
+   socket to that rank sees it); rank r connects and says "CPXG", its rank
+   and the run nonce; rank r+1 accepts until that hello arrives (strays are
+   dropped). Ends with a star barrier so every rank's links exist. */
+#define CAPEX__TCP_RING_HELLO 0x47585043u
+static capex_result capex__tcp_ring_setup(capex_comm *c, uint64_t nonce, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    int W = c->world_size, r = c->rank, ls = -1, p, e;
+    unsigned char m[24];
+    capex_result res = CAPEX_OK;
+    t->next_fd = r == 0 ? t->fds[1] : r == W - 1 ? t->fds[0] : -1;
+    t->prev_fd = r == 0 ? t->fds[W - 1] : r == 1 ? t->fds[0] : -1;
+    if (W == 2) { t->ring = 1; return CAPEX_OK; }
+    t->seq++;
+    if (r >= 2) { /* listen where the star socket's local address is */
+        struct sockaddr_storage ss;
+        socklen_t sl = (socklen_t)sizeof ss;
+        int one = 1;
+        memset(&ss, 0, sizeof ss);
+        if (getsockname(t->fds[0], (struct sockaddr *)&ss, &sl) != 0)
+            return capex__fail(CAPEX_ERR_COMM, "TCP comm: getsockname failed: %s", strerror(errno));
+        if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = 0;
+        else ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+        ls = socket(ss.ss_family, SOCK_STREAM, 0);
+        if (ls < 0) return capex__fail(CAPEX_ERR_COMM, "TCP comm: socket() failed: %s", strerror(errno));
+        setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(ls, (struct sockaddr *)&ss, sl) != 0 || listen(ls, 16) != 0 ||
+            getsockname(ls, (struct sockaddr *)&ss, &sl) != 0) {
+            close(ls);
+            return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d cannot listen for its ring link: %s", r, strerror(errno));
+        }
+        capex__set_nonblock(ls);
+        capex__put32(m, (uint32_t)ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
+                                                                 : ((struct sockaddr_in6 *)&ss)->sin6_port));
+    } else {
+        capex__put32(m, 0);
+    }
+    if (r != 0) {
+        res = capex__tcp_send(c, t->fds[0], 0, 7, m, 4, deadline);
+        if (res == CAPEX_OK) res = capex__tcp_recv(c, t->fds[0], 0, 8, m, 24, deadline);
+    } else {
+        uint32_t *ports = (uint32_t *)capex__alloc(NULL, sizeof(uint32_t) * (size_t)W);
+        if (!ports) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: out of memory");
+        for (p = 1; p < W && res == CAPEX_OK; p++) {
+            res = capex__tcp_recv(c, t->fds[p], p, 7, m, 4, deadline);
+            ports[p] = capex__get32(m);
+            if (res == CAPEX_OK && (p >= 2) != (ports[p] != 0))
+                res = capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent ring port %u", p, (unsigned)ports[p]);
+        }
+        for (p = 1; p < W && res == CAPEX_OK; p++) { /* where rank p+1 listens, as rank 0 sees that rank */
+            struct sockaddr_storage ss;
+            socklen_t sl = (socklen_t)sizeof ss;
+            memset(m, 0, sizeof m);
+            if (p + 1 < W) {
+                if (getpeername(t->fds[p + 1], (struct sockaddr *)&ss, &sl) != 0) {
+                    res = capex__fail(CAPEX_ERR_COMM, "TCP comm: getpeername failed: %s", strerror(errno));
+                    break;
+                }
+                capex__put32(m + 4, ports[p + 1]);
+                if (ss.ss_family == AF_INET) {
+                    capex__put32(m, 4);
+                    memcpy(m + 8, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+                } else {
+                    capex__put32(m, 6);
+                    memcpy(m + 8, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+                }
+            }
+            res = capex__tcp_send(c, t->fds[p], p, 8, m, 24, deadline);
+        }
+        capex__free(NULL, ports);
+    }
+    if (res == CAPEX_OK && r >= 1 && r <= W - 2) { /* connect to rank r+1 and say who we are */
+        struct sockaddr_storage ss;
+        socklen_t sl;
+        uint32_t fam = capex__get32(m), port = capex__get32(m + 4);
+        int fd;
+        memset(&ss, 0, sizeof ss);
+        if (fam == 4) {
+            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+            a->sin_family = AF_INET; a->sin_port = htons((unsigned short)port); memcpy(&a->sin_addr, m + 8, 4);
+            sl = (socklen_t)sizeof *a;
+        } else {
+            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+            a->sin6_family = AF_INET6; a->sin6_port = htons((unsigned short)port); memcpy(&a->sin6_addr, m + 8, 16);
+            sl = (socklen_t)sizeof *a;
+        }
+        fd = (fam == 4 || fam == 6) && port && port < 65536 ? socket(ss.ss_family, SOCK_STREAM, 0) : -1;
+        if (fd < 0) res = capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d: bad ring address from rank 0 or socket(): %s", r,
+                                      strerror(errno));
+        if (res == CAPEX_OK) {
+            int nd = 1;
+            capex__set_nonblock(fd);
+            if (connect(fd, (struct sockaddr *)&ss, sl) != 0 && errno != EINPROGRESS && errno != EINTR) e = -1;
+            else {
+                struct pollfd pf;
+                int so = 0;
+                socklen_t l2 = (socklen_t)sizeof so;
+                pf.fd = fd; pf.events = POLLOUT; pf.revents = 0;
+                e = poll(&pf, 1, capex__ms_left(deadline)) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &l2) == 0 && !so
+                        ? 0 : -1;
+            }
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nd, sizeof nd);
+            if (e == 0) {
+                capex__put32(m, CAPEX__TCP_RING_HELLO);
+                capex__put32(m + 4, (uint32_t)r);
+                capex__put64(m + 8, nonce);
+                e = capex__io_all(fd, m, 16, 1, deadline);
+            }
+            if (e) { close(fd); res = capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d cannot reach rank %d's ring port", r, r + 1); }
+            else { t->next_fd = fd; t->own_next = 1; }
+        }
+    }
+    while (res == CAPEX_OK && r >= 2) { /* accept rank r-1's link; anything else is dropped */
+        struct pollfd pf;
+        int fd, k;
+        pf.fd = ls; pf.events = POLLIN; pf.revents = 0;
+        k = poll(&pf, 1, capex__ms_left(deadline));
+        if (k <= 0) {
+            if (k < 0 && errno == EINTR) continue;
+            res = capex__fail(CAPEX_ERR_TIMEOUT, "TCP comm: rank %d: rank %d's ring link did not arrive before the deadline",
+                              r, r - 1);
+            break;
+        }
+        fd = accept(ls, NULL, NULL);
+        if (fd < 0) continue;
+        capex__set_nonblock(fd);
+        e = capex__io_all(fd, m, 16, 0, capex_dist_now() + 2.0 < deadline ? capex_dist_now() + 2.0 : deadline);
+        if (e == 0 && capex__get32(m) == CAPEX__TCP_RING_HELLO && capex__get32(m + 4) == (uint32_t)(r - 1) &&
+            capex__get64(m + 8) == nonce) {
+            int nd = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nd, sizeof nd);
+            t->prev_fd = fd;
+            t->own_prev = 1;
+            break;
+        }
+        close(fd);
+    }
+    if (ls >= 0) close(ls);
+    if (res == CAPEX_OK) res = capex__tcp_barrier(c, deadline);
+    if (res == CAPEX_OK) t->ring = 1;
+    return res;
+}
+#endif
 
 /* env->rdv_port, or for an env filled by hand (rdv_port 0) the rule of
    capex_dist_env_read applied to the process environment. */
@@ -8728,6 +9392,11 @@ CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *
     c->rank = env->rank;
     c->world_size = env->world_size;
     c->timeout_s = 1800.0;
+    if ((r = capex__tcp_ring_setup(c, d.nonce, deadline)) != CAPEX_OK) {
+        capex__tcp_abort(c); /* peers waiting on this rank fail at once */
+        capex_comm_destroy(c);
+        return r;
+    }
     return CAPEX_OK;
 #else
     (void)connect_timeout_s;

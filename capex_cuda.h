@@ -5471,6 +5471,7 @@ typedef struct capex__nccl_api {
     capex__ncclResult (*AllReduce)(const void *, void *, size_t, int, int, void *, void *);
     capex__ncclResult (*Broadcast)(const void *, void *, size_t, int, int, void *, void *);
     capex__ncclResult (*AllGather)(const void *, void *, size_t, int, void *, void *);
+    capex__ncclResult (*Reduce)(const void *, void *, size_t, int, int, int, void *, void *);
     capex__ncclResult (*GroupStart)(void);
     capex__ncclResult (*GroupEnd)(void);
     const char *(*GetErrorString)(capex__ncclResult);
@@ -5491,6 +5492,7 @@ CAPEX__PRIVATE capex_result capex__nccl_api_load(capex__nccl_api *a) {
     CAPEX__NCCL_SYM(AllReduce, "ncclAllReduce");
     CAPEX__NCCL_SYM(Broadcast, "ncclBroadcast");
     CAPEX__NCCL_SYM(AllGather, "ncclAllGather");
+    CAPEX__NCCL_SYM(Reduce, "ncclReduce");
     CAPEX__NCCL_SYM(GroupStart, "ncclGroupStart");
     CAPEX__NCCL_SYM(GroupEnd, "ncclGroupEnd");
     CAPEX__NCCL_SYM(GetErrorString, "ncclGetErrorString");
@@ -5768,6 +5770,72 @@ static capex_result capex__nccl_allgather(capex_comm *c, const void *send, void 
     return capex__nccl_poll(c, n->ev_done, deadline, "ncclAllGather");
 }
 
+/* Uneven reduce-scatter: one ncclReduce per rank (root p, its counts[p]
+   elements) in a group. ncclReduceScatter needs equal counts; padding would
+   copy the whole buffer, the grouped reduces move what a ring reduce-scatter
+   moves. Sums in the dtype, as ncclAllReduce; AVG via ncclAvg, else this
+   rank's slice is scaled after. */
+static capex_result capex__nccl_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                              capex_dtype t, capex_reduce_op op, double deadline) {
+    capex__nccl *n = capex__nccl_of(c);
+    size_t es = capex_comm_dtype_size(t), off = 0;
+    capex_result r;
+    capex__ncclResult e = CAPEX__NCCL_SUCCESS, ge;
+    int dt, nop = CAPEX__NCCL_SUM, post = 0, p;
+    if (!n->comm) return capex__fail(CAPEX_ERR_COMM, "NCCL comm was aborted; restart the job");
+    if ((r = capex__nccl_dtype(n, t, &dt)) != CAPEX_OK) return r;
+    if (op == CAPEX_REDUCE_AVG) {
+        if (n->use_avg) nop = CAPEX__NCCL_AVG;
+        else post = c->world_size > 1;
+    }
+    if (post && t == CAPEX_F64)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "NCCL comm: AVG of float64 needs ncclAvg (NCCL >= 2.10, use_nccl_avg)");
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
+    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
+    if ((e = n->api.GroupStart()) != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, e, "ncclGroupStart");
+    for (p = 0; p < c->world_size; off += counts[p], p++) {
+        if (!counts[p]) continue; /* every rank skips the same roots */
+        e = n->api.Reduce((const char *)send + off * es, p == c->rank ? recv : (void *)((char *)(uintptr_t)send + off * es),
+                          counts[p], dt, nop, p, n->comm, n->stream);
+        if (e != CAPEX__NCCL_SUCCESS) break;
+    }
+    ge = n->api.GroupEnd(); /* closes the group even after a failed call */
+    if (e != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, e, "ncclReduce (reduce-scatter)");
+    if (ge != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, ge, "ncclGroupEnd (reduce-scatter)");
+    if (post && counts[c->rank])
+        if ((r = capex__nccl_scale_enqueue(c, recv, counts[c->rank], t, (float)(1.0 / (double)c->world_size))) != CAPEX_OK)
+            return r;
+    if ((r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream)) != CAPEX_OK) return r;
+    return capex__nccl_poll(c, n->ev_done, deadline, "ncclReduce (reduce-scatter)");
+}
+
+/* Uneven allgather: one ncclBroadcast of bytes per rank (root p) in a group,
+   as PyTorch's ProcessGroupNCCL does for uneven shards. */
+static capex_result capex__nccl_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
+                                          double deadline) {
+    capex__nccl *n = capex__nccl_of(c);
+    size_t es = capex_comm_dtype_size(t), off = 0;
+    capex_result r;
+    capex__ncclResult e = CAPEX__NCCL_SUCCESS, ge;
+    int p;
+    if (!n->comm) return capex__fail(CAPEX_ERR_COMM, "NCCL comm was aborted; restart the job");
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
+    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
+    if ((e = n->api.GroupStart()) != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, e, "ncclGroupStart");
+    for (p = 0; p < c->world_size; off += counts[p], p++) {
+        char *dst = (char *)recv + off * es;
+        if (!counts[p]) continue;
+        e = n->api.Broadcast(p == c->rank ? send : (const void *)dst, dst, counts[p] * es, CAPEX__NCCL_UINT8, p, n->comm,
+                             n->stream);
+        if (e != CAPEX__NCCL_SUCCESS) break;
+    }
+    ge = n->api.GroupEnd();
+    if (e != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, e, "ncclBroadcast (allgatherv)");
+    if (ge != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, ge, "ncclGroupEnd (allgatherv)");
+    if ((r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream)) != CAPEX_OK) return r;
+    return capex__nccl_poll(c, n->ev_done, deadline, "ncclBroadcast (allgatherv)");
+}
+
 /* A one-word allreduce: returns when every rank reached it. */
 static capex_result capex__nccl_barrier(capex_comm *c, double deadline) {
     capex__nccl *n = capex__nccl_of(c);
@@ -5927,7 +5995,7 @@ static const capex_comm_vtable capex__nccl_vt = {
     "nccl", capex__nccl_allreduce, capex__nccl_broadcast, capex__nccl_allgather, capex__nccl_barrier,
     capex__nccl_iallreduce, capex__nccl_wait, capex__nccl_poll_error, capex__nccl_abort, capex__nccl_destroy,
     capex__nccl_mem_alloc, capex__nccl_mem_free, capex__nccl_mem_copy, capex__nccl_mem_zero, capex__nccl_scale,
-    capex__nccl_convert, capex__nccl_test};
+    capex__nccl_convert, capex__nccl_test, capex__nccl_reduce_scatter, capex__nccl_allgatherv};
 
 CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
                                                const capex_nccl_desc *d) {

@@ -13,8 +13,13 @@
    median of the measured steps. "compute only" is backward without any
    communication: the floor overlap can approach. Bus bandwidth is NCCL-tests'
    busbw = bytes * 2 (n - 1) / n / time for capex_comm_allreduce (MPI).
+   hidden = (delay_allreduce step - overlap step) / (delay_allreduce step -
+   compute only): the share of the communication time that overlap hid
+   behind backward (0: none, 1: all; negative: overlap cost time).
    Prints a markdown table on rank 0. Options: -L layers, -P params per layer,
-   -K work per element, -s steps, -q (quick: fewer sizes). */
+   -K work per element, -s steps, -q (quick: fewer sizes), -a (allreduce
+   table only), -t PORT (also the TCP comm on 127.0.0.1:PORT, ring and
+   star, against MPI_Allreduce). */
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
 #include <stdio.h>
@@ -85,7 +90,7 @@ static double run_steps(capex_comm *comm, float **w, size_t bucket_bytes, int de
 int main(int argc, char **argv) {
     capex_comm comm;
     float **w;
-    int l, i, quick = 0, np, rank;
+    int l, i, quick = 0, only_ar = 0, tcp_port = 0, np, rank;
     char host[256] = "";
     static const size_t sweep[] = {64u << 10, 256u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20};
     size_t ns = sizeof sweep / sizeof sweep[0];
@@ -96,6 +101,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-K") && i + 1 < argc) K = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-s") && i + 1 < argc) STEPS = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-q")) quick = 1;
+        else if (!strcmp(argv[i], "-a")) only_ar = 1;
+        else if (!strcmp(argv[i], "-t") && i + 1 < argc) tcp_port = atoi(argv[++i]);
     }
     if (L < 1 || L > 4096 || P < 1 || K < 1 || STEPS < 1 || STEPS > 63) { fprintf(stderr, "bad options\n"); MPI_Finalize(); return 2; }
     if (capex_comm_init_mpi_world(&comm) != CAPEX_OK) { fprintf(stderr, "%s\n", capex_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
@@ -108,13 +115,13 @@ int main(int argc, char **argv) {
         for (i = 0; i < (int)P; i++) w[l][i] = (float)((i * 7 + l) % 13) * 0.1f;
     }
     gethostname(host, sizeof host - 1);
-    if (rank == 0) {
+    if (rank == 0 && !only_ar) {
         printf("### np %d: %d layers x %lu f32 params (%.1f MiB of grads), %d multiply-adds per element, median of %d steps\n\n",
                np, L, (unsigned long)P, (double)L * (double)P * 4.0 / 1048576.0, K, STEPS);
-        printf("| bucket | overlap step ms | delay_allreduce step ms | overlap gain | buckets | launched in backward |\n");
-        printf("|---:|---:|---:|---:|---:|---:|\n");
+        printf("| bucket | overlap step ms | delay_allreduce step ms | overlap gain | hidden | buckets | launched in backward |\n");
+        printf("|---:|---:|---:|---:|---:|---:|---:|\n");
     }
-    {
+    if (!only_ar) {
         capex_ddp_stats st;
         double compute = run_steps(&comm, w, (size_t)25 << 20, 0, 0, &st);
         size_t k;
@@ -128,7 +135,8 @@ int main(int argc, char **argv) {
                 char b[32];
                 if (sweep[k] >= (1u << 20)) snprintf(b, sizeof b, "%lu MiB", (unsigned long)(sweep[k] >> 20));
                 else snprintf(b, sizeof b, "%lu KiB", (unsigned long)(sweep[k] >> 10));
-                printf("| %s | %.1f | %.1f | %.2fx | %lu | %lu/%lu |\n", b, to * 1e3, td * 1e3, td / to,
+                printf("| %s | %.1f | %.1f | %.2fx | %.0f%% | %lu | %lu/%lu |\n", b, to * 1e3, td * 1e3, td / to,
+                       td > compute ? 100.0 * (td - to) / (td - compute) : 0.0,
                        (unsigned long)(so.launches / (STEPS + 1)), (unsigned long)(so.launched_in_backward / (STEPS + 1)),
                        (unsigned long)(so.launches / (STEPS + 1)));
             }
@@ -137,15 +145,15 @@ int main(int argc, char **argv) {
     }
     /* allreduce bus bandwidth (MPI through capex_comm_allreduce, f32 SUM, in place) */
     if (rank == 0)
-        printf("| allreduce size | capex ms | capex busbw GB/s | MPI_Allreduce ms | MPI_Allreduce busbw GB/s |\n"
-               "|---:|---:|---:|---:|---:|\n");
+        printf("| allreduce size | capex ms | capex busbw GB/s | MPI_Allreduce ms | MPI_Allreduce busbw GB/s | capex / MPI |\n"
+               "|---:|---:|---:|---:|---:|---:|\n");
     {
         size_t bytes;
         for (bytes = (size_t)64 << 10; bytes <= ((size_t)64 << 20); bytes *= quick ? 16 : 4) {
             size_t n = bytes / 4;
             float *x = (float *)calloc(n, sizeof(float));
             double t[16], u[16], med, mu;
-            int it, iters = bytes >= ((size_t)16 << 20) ? 4 : 10;
+            int it, iters = bytes >= ((size_t)16 << 20) ? 6 : 14;
             for (it = 0; it < iters + 1; it++) {
                 double t0;
                 MPI_Barrier(MPI_COMM_WORLD);
@@ -161,13 +169,61 @@ int main(int argc, char **argv) {
             mu = median(u + 1, iters);
             if (rank == 0) {
                 double f = 2.0 * (np - 1) / np / 1e9 * (double)bytes;
-                printf("| %lu KiB | %.2f | %.2f | %.2f | %.2f |\n", (unsigned long)(bytes >> 10), med * 1e3, f / med, mu * 1e3,
-                       f / mu);
+                printf("| %lu KiB | %.3f | %.2f | %.3f | %.2f | %.2f |\n", (unsigned long)(bytes >> 10), med * 1e3, f / med,
+                       mu * 1e3, f / mu, med / mu);
             }
             free(x);
         }
     }
     if (rank == 0) printf("\n");
+    if (tcp_port > 0) { /* the TCP comm on loopback: ring (auto) and star forced, against MPI_Allreduce */
+        capex_dist_env env;
+        capex_comm tc;
+        size_t bytes;
+        memset(&env, 0, sizeof env);
+        env.rank = rank; env.world_size = np; env.local_rank = rank; env.local_world_size = np;
+        strcpy(env.master_addr, "127.0.0.1");
+        env.master_port = tcp_port;
+        strcpy(env.run_id, "bench_dp");
+        if (capex_comm_init_tcp(&tc, &env, 30.0) != CAPEX_OK) { fprintf(stderr, "tcp: %s\n", capex_last_error()); MPI_Abort(MPI_COMM_WORLD, 5); }
+        tc.timeout_s = 120.0;
+        if (rank == 0)
+            printf("| allreduce size | MPI_Allreduce ms | capex TCP ms | TCP busbw GB/s | TCP / MPI | TCP star only ms |\n"
+                   "|---:|---:|---:|---:|---:|---:|\n");
+        for (bytes = (size_t)64 << 10; bytes <= ((size_t)64 << 20); bytes *= quick ? 16 : 4) {
+            size_t n = bytes / 4;
+            float *x = (float *)calloc(n, sizeof(float));
+            double t[16], u[16], v[16];
+            int it, iters = bytes >= ((size_t)16 << 20) ? 6 : 14;
+            capex__tcp *ti = (capex__tcp *)tc.impl;
+            for (it = 0; it < iters + 1; it++) {
+                double t0;
+                MPI_Barrier(MPI_COMM_WORLD);
+                t0 = capex_dist_now();
+                MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                u[it] = max_all(capex_dist_now() - t0);
+                MPI_Barrier(MPI_COMM_WORLD);
+                t0 = capex_dist_now();
+                if (capex_comm_allreduce(&tc, x, x, n, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) MPI_Abort(MPI_COMM_WORLD, 6);
+                t[it] = max_all(capex_dist_now() - t0);
+                MPI_Barrier(MPI_COMM_WORLD);
+                ti->ring = 0; /* the star, for comparison */
+                t0 = capex_dist_now();
+                if (capex_comm_allreduce(&tc, x, x, n, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) MPI_Abort(MPI_COMM_WORLD, 7);
+                v[it] = max_all(capex_dist_now() - t0);
+                ti->ring = 1;
+            }
+            if (rank == 0) {
+                double mt = median(t + 1, iters), mu = median(u + 1, iters), mv = median(v + 1, iters);
+                double f = 2.0 * (np - 1) / np / 1e9 * (double)bytes;
+                printf("| %lu KiB | %.3f | %.3f | %.2f | %.2f | %.3f |\n", (unsigned long)(bytes >> 10), mu * 1e3, mt * 1e3,
+                       f / mt, mt / mu, mv * 1e3);
+            }
+            free(x);
+        }
+        if (rank == 0) printf("\n");
+        capex_comm_destroy(&tc);
+    }
     for (l = 0; l < L; l++) free(w[l]);
     free(w);
     capex_comm_destroy(&comm);

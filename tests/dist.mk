@@ -6,7 +6,7 @@ DIST_HAVE_MPICC := $(shell command -v $(MPICC) 2>/dev/null)
 
 ifneq ($(DIST_HAVE_MPICC),)
 $(BUILD)/tests/test_dist_mpirun: $(BUILD)/tests/mpi/test_dist_mpi
-$(BUILD)/tests/mpi/test_dist_mpi: tests/mpi/test_dist_mpi.c capex.h
+$(BUILD)/tests/mpi/test_dist_mpi: tests/mpi/test_dist_mpi.c tests/dist_shards.h capex.h
 	@mkdir -p $(dir $@)
 	$(MPICC) -std=c99 -O2 -g $(WARN) -DCAPEX_MPI -Itests $< -o $@ -lm
 endif
@@ -77,3 +77,6 @@ ci-extra:: $(BUILD)/fuzz/fuzz_net_seeds
 	    tail -n 1 $(BUILD)/fuzz/$$f.log; \
 	  done; \
 	fi
+
+# tests/dist_shards.h (reduce-scatter / allgatherv checks) is shared by test_dist, test_nccl and test_dist_mpi.
+$(BUILD)/tests/test_dist $(BUILD)/tests/test_nccl: tests/dist_shards.h

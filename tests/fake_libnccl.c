@@ -19,7 +19,9 @@
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef struct fake_comm { int magic, nranks, rank, async_err; } fake_comm;
 
-static int counters[8]; /* 0 allreduce, 1 broadcast, 2 allgather, 3 abort, 4 destroy, 5 init, 6 avg, 7 bad */
+static int counters[10]; /* 0 allreduce, 1 broadcast, 2 allgather, 3 abort, 4 destroy, 5 init, 6 avg, 7 bad,
+                            8 reduce, 9 group depth errors (an End without a Start) */
+static int group_depth;
 static char last_error[256];
 
 static int version(void) {
@@ -44,7 +46,7 @@ static int check_comm(fake_comm *c) {
     return 0;
 }
 
-FAKE_API int fake_nccl_counter(int i) { return i >= 0 && i < 8 ? counters[i] : -1; }
+FAKE_API int fake_nccl_counter(int i) { return i >= 0 && i < 10 ? counters[i] : -1; }
 FAKE_API int ncclGetVersion(int *v) { if (!v) return 4; *v = version(); return 0; }
 FAKE_API const char *ncclGetErrorString(int r) {
     static const char *s[] = {"no error", "unhandled cuda error", "unhandled system error", "internal error",
@@ -96,8 +98,12 @@ FAKE_API int ncclCommDestroy(void *comm) {
     counters[4]++;
     return 0;
 }
-FAKE_API int ncclGroupStart(void) { return 0; }
-FAKE_API int ncclGroupEnd(void) { return 0; }
+FAKE_API int ncclGroupStart(void) { group_depth++; return 0; }
+FAKE_API int ncclGroupEnd(void) {
+    if (group_depth <= 0) { counters[9]++; return 5; } /* ncclInvalidUsage */
+    group_depth--;
+    return 0;
+}
 
 /* World of one: every collective is a copy (or nothing, in place). */
 static int collective(fake_comm *c, const void *send, void *recv, size_t count, int dt, int which) {
@@ -125,4 +131,11 @@ FAKE_API int ncclBroadcast(const void *send, void *recv, size_t count, int dt, i
 FAKE_API int ncclAllGather(const void *send, void *recv, size_t count, int dt, void *comm, void *stream) {
     (void)stream;
     return collective((fake_comm *)comm, send, recv, count, dt, 2);
+}
+FAKE_API int ncclReduce(const void *send, void *recv, size_t count, int dt, int op, int root, void *comm, void *stream) {
+    (void)stream;
+    if (root != 0) { counters[7]++; return 4; }
+    if (op != 0 && !(op == 4 && version() >= 21000)) { counters[7]++; strcpy(last_error, "fake NCCL: invalid op"); return 4; }
+    if (op == 4) counters[6]++;
+    return collective((fake_comm *)comm, send, recv, count, dt, 8);
 }

@@ -10,6 +10,7 @@
 #include "../capex.h"
 #include "capex_test.h"
 #include "free_port.h"
+#include "dist_shards.h"
 #include <unistd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -388,9 +389,10 @@ static capex_result fake_allgather(capex_comm *c, const void *s, void *r, size_t
 static capex_result fake_barrier(capex_comm *c, double dl) { (void)c; (void)dl; return CAPEX_OK; }
 static const capex_comm_vtable fake_vt = {"fake", fake_allreduce, fake_bcast, fake_allgather, fake_barrier,
                                           fake_iallreduce, fake_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                          fake_test};
+                                          fake_test, NULL, NULL};
 static const capex_comm_vtable fake_sync_vt = {"fake-sync", fake_allreduce, fake_bcast, fake_allgather, fake_barrier,
-                                               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                                               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                               NULL, NULL};
 
 static void fake_comm(capex_comm *c, fake *f, int world, int async) {
     memset(f, 0, sizeof *f);
@@ -878,6 +880,30 @@ CT_TEST(comm_single_and_errors) {
     CT_CHECK(capex_comm_broadcast(&c, a, SIZE_MAX, CAPEX_F16, 0) == CAPEX_ERR_INVALID_ARG, "broadcast wrap");
     CT_CHECK(capex_comm_allgather(&c, a, g, SIZE_MAX / 4 + 1, CAPEX_F32) == CAPEX_ERR_INVALID_ARG, "allgather wrap");
     CT_CHECK(capex_comm_allreduce(&c, a, b, 4, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_OK, "usable after");
+    { /* reduce-scatter / allgatherv: float64 reference, then the argument checks */
+        char why[400] = "";
+        size_t one[1] = {4}, zero[1] = {0}, wrap[1] = {SIZE_MAX / 4 + 1};
+        int line = shards_check_all(&c, 12345, why, sizeof why);
+        CT_CHECK(line == 0, "single comm shards (dist_shards.h:%d): %s", line, why);
+        CT_CHECK(capex_comm_reduce_scatter(&c, a, b, NULL, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_INVALID_ARG &&
+                 strstr(capex_last_error(), "counts"), "RS counts NULL");
+        CT_CHECK(capex_comm_reduce_scatter(&c, a, b, one, (capex_dtype)9, CAPEX_REDUCE_SUM) == CAPEX_ERR_INVALID_ARG, "RS dtype");
+        CT_CHECK(capex_comm_reduce_scatter(&c, a, b, one, CAPEX_F32, (capex_reduce_op)7) == CAPEX_ERR_INVALID_ARG, "RS op");
+        CT_CHECK(capex_comm_reduce_scatter(&c, a, b, one, CAPEX_I64, CAPEX_REDUCE_AVG) == CAPEX_ERR_INVALID_ARG, "RS avg i64");
+        CT_CHECK(capex_comm_reduce_scatter(&c, NULL, b, one, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_INVALID_ARG, "RS send");
+        CT_CHECK(capex_comm_reduce_scatter(&c, a, NULL, one, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_INVALID_ARG, "RS recv");
+        CT_CHECK(capex_comm_reduce_scatter(&c, NULL, NULL, zero, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_OK, "RS empty");
+        CT_CHECK(capex_comm_reduce_scatter(&c, a, b, wrap, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_INVALID_ARG &&
+                 strstr(capex_last_error(), "overflows"), "RS wrap: %.300s", capex_last_error());
+        CT_CHECK(capex_comm_allgatherv(&c, a, g, NULL, CAPEX_F32) == CAPEX_ERR_INVALID_ARG, "AGV counts NULL");
+        CT_CHECK(capex_comm_allgatherv(&c, a, g, one, (capex_dtype)9) == CAPEX_ERR_INVALID_ARG, "AGV dtype");
+        CT_CHECK(capex_comm_allgatherv(&c, NULL, g, one, CAPEX_F32) == CAPEX_ERR_INVALID_ARG, "AGV send");
+        CT_CHECK(capex_comm_allgatherv(&c, a, NULL, one, CAPEX_F32) == CAPEX_ERR_INVALID_ARG, "AGV recv");
+        CT_CHECK(capex_comm_allgatherv(&c, NULL, NULL, zero, CAPEX_F32) == CAPEX_OK, "AGV empty");
+        CT_CHECK(capex_comm_allgatherv(&c, a, g, wrap, CAPEX_F32) == CAPEX_ERR_INVALID_ARG &&
+                 strstr(capex_last_error(), "overflows"), "AGV wrap");
+        CT_CHECK(capex_comm_allgatherv(NULL, a, g, one, CAPEX_F32) == CAPEX_ERR_INVALID_ARG, "AGV NULL comm");
+    }
     capex_comm_destroy(&c);
     CT_CHECK(capex_comm_barrier(&c) == CAPEX_ERR_INVALID_ARG, "destroyed");
 #ifndef CAPEX_MPI
@@ -1316,6 +1342,14 @@ static int tcp_body(int rank, int world, int port, int mode) {
         if (capex_comm_broadcast(&c, f, wrap4, CAPEX_F32, 0) != CAPEX_ERR_INVALID_ARG) return __LINE__;
         /* count * 4 fits, times the world of 2 does not */
         if (capex_comm_allgather(&c, f, g, SIZE_MAX / 8 + 1, CAPEX_F32) != CAPEX_ERR_INVALID_ARG) return __LINE__;
+        { /* reduce-scatter: rank 0's scratch (8 bytes an f32 element) wraps, the counts' sum wraps; allgatherv bytes */
+            size_t rs[2] = {scratch_wrap, 0}, sum_wrap[2] = {SIZE_MAX / 2 + 1, SIZE_MAX / 2 + 1}, ag[2] = {SIZE_MAX / 8 + 1, SIZE_MAX / 8 + 1};
+            if (capex_comm_reduce_scatter(&c, f, f, rs, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_ERR_INVALID_ARG) return __LINE__;
+            if (!strstr(capex_last_error(), "overflows")) return __LINE__;
+            if (capex_comm_reduce_scatter(&c, f, f, sum_wrap, CAPEX_I64, CAPEX_REDUCE_SUM) != CAPEX_ERR_INVALID_ARG) return __LINE__;
+            if (!strstr(capex_last_error(), "SIZE_MAX")) return __LINE__;
+            if (capex_comm_allgatherv(&c, f, g, ag, CAPEX_F32) != CAPEX_ERR_INVALID_ARG) return __LINE__;
+        }
         for (i = 0; i < 2; i++) { ps[i].data = f; ps[i].numel = SIZE_MAX / 8 + 1; ps[i].dtype = CAPEX_F32; ps[i].grad = NULL; }
         capex_ddp_desc_init(&d);
         d.broadcast_parameters = 0;
@@ -1324,6 +1358,41 @@ static int tcp_body(int rank, int world, int port, int mode) {
         if (capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK || f[4] != 3.0f) return __LINE__;
         capex_comm_destroy(&c);
         return 0;
+    }
+    if (mode == 8 || mode == 9) { /* the ring (a large allreduce) with rank 1 dead (8) or stalled (9) */
+        size_t n = 1 << 18;
+        float *x = (float *)calloc(n, sizeof(float));
+        capex_result r;
+        if (rank == 1) {
+            if (mode == 9) capex__sleep_s(2.0);
+            capex_comm_destroy(&c);
+            free(x);
+            return 0;
+        }
+        c.timeout_s = mode == 8 ? 5.0 : 0.5;
+        r = capex_comm_allreduce(&c, x, x, n, CAPEX_F32, CAPEX_REDUCE_SUM);
+        capex_comm_destroy(&c);
+        free(x);
+        if (mode == 8) return r == CAPEX_ERR_COMM ? 0 : __LINE__;
+        return r == CAPEX_ERR_TIMEOUT || r == CAPEX_ERR_COMM ? 0 : __LINE__; /* rank 2 may see rank 0's abort first */
+    }
+    if (mode == 6 || mode == 7) { /* reduce-scatter / allgatherv against float64 (7: the front-ends' fallbacks) */
+        static capex_comm_vtable plain;
+        const capex_comm_vtable *orig = c.vt;
+        char why[400] = "";
+        int line;
+        if (mode == 7) {
+            plain = *c.vt;
+            plain.reduce_scatter = NULL;
+            plain.allgatherv = NULL;
+            c.vt = &plain;
+        }
+        line = shards_check_all(&c, 777 + (uint64_t)world, why, sizeof why);
+        if (!line) line = shards_allreduce_check(&c, 31 + (uint64_t)world, 5 + 300000 * (size_t)(mode == 6), why, sizeof why);
+        if (line) fprintf(stderr, "rank %d of %d (mode %d): dist_shards.h:%d: %s\n", rank, world, mode, line, why);
+        c.vt = orig; /* destroy through the backend's own entries */
+        capex_comm_destroy(&c);
+        return line ? __LINE__ : 0;
     }
     if (strcmp(c.vt->name, "tcp") != 0) return __LINE__;
     for (i = 0; i < 5; i++) f[i] = (float)((rank + 1) * (i + 1));
@@ -1412,6 +1481,27 @@ CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
     }
 }
 
+CT_TEST(tcp_comm_reduce_scatter_allgatherv_vs_float64) {
+    int world, mode, codes[8], r, i;
+    for (mode = 6; mode <= 7; mode++)
+        for (world = 1; world <= 4; world++) {
+            for (i = 0; i < 8; i++) codes[i] = 0;
+            r = tcp_world(world, mode, codes);
+            CT_CHECK(r == 0, "%s, world %d: rank 0 failed at line %d (its stderr says why)",
+                     mode == 6 ? "TCP entries" : "front-end fallbacks", world, r);
+            for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "world %d mode %d: rank %d exit %d", world, mode, i, codes[i]);
+        }
+}
+
+CT_TEST(tcp_ring_dead_and_stalled_peers) {
+    int codes[8] = {0}, r;
+    /* dead: CAPEX_ERR_COMM (EOF or reset), never the deadline's CAPEX_ERR_TIMEOUT */
+    r = tcp_world(3, 8, codes);
+    CT_CHECK(r == 0 && codes[2] == 0, "rank 1 dead mid-ring: rank 0 line %d, rank 2 exit %d (want CAPEX_ERR_COMM)", r, codes[2]);
+    r = tcp_world(3, 9, codes);
+    CT_CHECK(r == 0 && codes[2] == 0, "rank 1 stalled mid-ring: rank 0 line %d, rank 2 exit %d (want a timeout)", r, codes[2]);
+}
+
 CT_TEST(tcp_comm_refuses_sizes_that_wrap) {
     int codes[8], r = tcp_world(2, 5, codes);
     CT_CHECK(r == 0, "rank 0 failed at line %d: %.300s", r, capex_last_error());
@@ -1490,6 +1580,8 @@ static const ct_case cases[] = {
     CT_CASE(rendezvous_peer_against_busy_or_fake_rank0),
     CT_CASE(tcp_comm_collectives_and_ddp),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
+    CT_CASE(tcp_comm_reduce_scatter_allgatherv_vs_float64),
+    CT_CASE(tcp_ring_dead_and_stalled_peers),
     CT_CASE(tcp_comm_refuses_sizes_that_wrap),
     CT_CASE(torchrun_style_launch_auto_comm),
 };

@@ -74,7 +74,7 @@ static void suite(ct_state *ct, int np) {
     snprintf(args, sizeof args, "-np %d '%s'", np, g_bin);
     rc = run(args, 120);
     out = slurp();
-    snprintf(want, sizeof want, "mpi-summary: 10 passed, 0 failed");
+    snprintf(want, sizeof want, "mpi-summary: 11 passed, 0 failed");
     if (rc != 0 || !out || !strstr(out, want)) show(out);
     CT_CHECK(out && strstr(out, want), "np %d: no '%s' (exit %d)", np, want, rc);
     CT_CHECK(rc == 0, "np %d: mpirun exit %d", np, rc);
@@ -99,6 +99,25 @@ CT_TEST(mpi_stalled_rank_others_time_out) {
     CT_CHECK(n >= 1, "a survivor must report CAPEX_ERR_TIMEOUT from finalize");
     CT_CHECK(count(out, "no step applied") == n && !strstr(out, "CHANGED"), "no half-applied step");
     CT_CHECK(!strstr(out, "finished all steps"), "nobody trains past the failure");
+    free(out);
+}
+
+CT_TEST(mpi_stalled_rank_blocking_collectives_time_out) {
+    char args[1200];
+    int rc;
+    char *out;
+    if (!ready(ct)) return;
+    snprintf(args, sizeof args, "-np 2 '%s' stall_blocking", g_bin);
+    rc = run(args, 60);
+    out = slurp();
+    CT_CHECK(out != NULL, "no output");
+    if (rc == 124 || !out || count(out, "-> CAPEX_ERR_TIMEOUT") != 5) show(out);
+    CT_CHECK(rc != 124 && rc != 0, "the job must end with an error, not hang (exit %d)", rc);
+    CT_CHECK(out && strstr(out, "blocking allreduce -> CAPEX_ERR_TIMEOUT"), "allreduce must time out");
+    CT_CHECK(out && strstr(out, "blocking broadcast -> CAPEX_ERR_TIMEOUT"), "broadcast must time out");
+    CT_CHECK(out && strstr(out, "blocking allgather -> CAPEX_ERR_TIMEOUT"), "allgather must time out");
+    CT_CHECK(out && strstr(out, "blocking reduce-scatter -> CAPEX_ERR_TIMEOUT"), "reduce-scatter must time out");
+    CT_CHECK(out && strstr(out, "blocking allgatherv -> CAPEX_ERR_TIMEOUT"), "allgatherv must time out");
     free(out);
 }
 
@@ -140,6 +159,7 @@ static const ct_case cases[] = {
     CT_CASE(mpi_np2),
     CT_CASE(mpi_np4_oversubscribe),
     CT_CASE(mpi_stalled_rank_others_time_out),
+    CT_CASE(mpi_stalled_rank_blocking_collectives_time_out),
     CT_CASE(mpi_killed_rank_job_ends),
     CT_CASE(mpi_killed_rank_survivors_fail_within_deadline),
 };

@@ -23,6 +23,7 @@
 #include "capex_test.h"
 #include "free_port.h"
 #include "cuda_test_util.h"
+#include "dist_shards.h"
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -99,7 +100,8 @@ static int fake_counter(int i) {
     memcpy(&fn, &p, sizeof p);
     return fn ? fn(i) : -3;
 }
-enum { C_ALLREDUCE = 0, C_BROADCAST = 1, C_ALLGATHER = 2, C_ABORT = 3, C_DESTROY = 4, C_INIT = 5, C_AVG = 6, C_BAD = 7 };
+enum { C_ALLREDUCE = 0, C_BROADCAST = 1, C_ALLGATHER = 2, C_ABORT = 3, C_DESTROY = 4, C_INIT = 5, C_AVG = 6, C_BAD = 7,
+       C_REDUCE = 8, C_GROUP_BAD = 9 };
 
 #define FAIL_IF(cond, ...) do { if (cond) { (void)capex__fail(CAPEX_ERR_INTERNAL, __VA_ARGS__); set_result(res, CAPEX_ERR_INTERNAL, 0); return; } } while (0)
 #define RUN(call) do { capex_result r_ = (call); if (r_ != CAPEX_OK) { set_result(res, r_, __LINE__); return; } } while (0)
@@ -172,6 +174,41 @@ static void child_fake_collectives(const char *arg, child_result *res) {
     FAIL_IF(fake_counter(C_DESTROY) != 1 || fake_counter(C_ABORT) != 0, "destroy %d abort %d", fake_counter(C_DESTROY),
             fake_counter(C_ABORT));
     capex_cuda_free(ctx, D(a)); capex_cuda_free(ctx, D(b)); capex_cuda_free(ctx, D(g));
+    capex_cuda_context_destroy(ctx);
+    set_result(res, CAPEX_OK, 1);
+}
+
+/* Uneven reduce-scatter / allgatherv through the NCCL backend's grouped
+   ncclReduce / ncclBroadcast (the stand-ins' device memory is host memory,
+   so tests/dist_shards.h's float64 checks run on it as they are): world 1,
+   every dtype, zero shards skipped, groups balanced. */
+static void child_fake_shards(const char *arg, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    capex_comm c;
+    char why[400] = "";
+    int line, reduces, bcasts;
+    size_t none[1] = {0};
+    float x[2] = {1.0f, 2.0f};
+    (void)arg;
+    RUN(fake_open(&ctx, &c, 0));
+    line = shards_check_all(&c, 99, why, sizeof why);
+    FAIL_IF(line != 0, "dist_shards.h:%d: %s", line, why);
+    FAIL_IF(fake_counter(C_ALLREDUCE) != 0 || fake_counter(C_ALLGATHER) != 0, "a fallback ran (allreduce %d, allgather %d)",
+            fake_counter(C_ALLREDUCE), fake_counter(C_ALLGATHER));
+    line = shards_allreduce_check(&c, 98, 257, why, sizeof why); /* 9 allreduces, each hashed and allgathered */
+    FAIL_IF(line != 0, "dist_shards.h:%d: %s", line, why);
+    reduces = fake_counter(C_REDUCE);
+    bcasts = fake_counter(C_BROADCAST);
+    FAIL_IF(reduces < 1 || bcasts < 1 || fake_counter(C_ALLREDUCE) != 9 || fake_counter(C_ALLGATHER) != 9,
+            "grouped ncclReduce %d / ncclBroadcast %d; allreduce %d / allgather %d (the allreduce check's 9 each)", reduces,
+            bcasts, fake_counter(C_ALLREDUCE), fake_counter(C_ALLGATHER));
+    FAIL_IF(fake_counter(C_GROUP_BAD) != 0 || fake_counter(C_BAD) != 0, "unbalanced groups %d, bad arguments %d",
+            fake_counter(C_GROUP_BAD), fake_counter(C_BAD));
+    /* an empty shard list reaches no NCCL call */
+    RUN(capex_comm_reduce_scatter(&c, x, x, none, CAPEX_F32, CAPEX_REDUCE_SUM));
+    RUN(capex_comm_allgatherv(&c, x, x, none, CAPEX_F32));
+    FAIL_IF(fake_counter(C_REDUCE) != reduces || fake_counter(C_BROADCAST) != bcasts, "empty shards called NCCL");
+    capex_comm_destroy(&c);
     capex_cuda_context_destroy(ctx);
     set_result(res, CAPEX_OK, 1);
 }
@@ -351,7 +388,7 @@ static void child_real_nccl_fake_driver(const char *arg, child_result *res) {
 
 static const child_entry children[] = {
     {"no_nccl", child_no_nccl}, {"real_id", child_real_id}, {"fake_collectives", child_fake_collectives},
-    {"fake_old_nccl", child_fake_old_nccl}, {"fake_ddp", child_fake_ddp}, {"fake_async", child_fake_async_error},
+    {"fake_old_nccl", child_fake_old_nccl}, {"fake_shards", child_fake_shards}, {"fake_ddp", child_fake_ddp}, {"fake_async", child_fake_async_error},
     {"fake_timeout", child_fake_timeout}, {"fake_init_fail", child_fake_init_fail},
     {"real_nccl_fake_driver", child_real_nccl_fake_driver}};
 
@@ -382,6 +419,7 @@ static int fakes_built(void) {
     CT_CHECK(r_.exited_ok && r_.code == CAPEX_OK, "%s: %s (code %d, line %d)", name, r_.message, r_.code, r_.value); } while (0)
 
 CT_TEST(fake_driver_collectives_all_dtypes) { NEED_FAKES(); CHILD_OK("fake_collectives", NULL); }
+CT_TEST(fake_driver_reduce_scatter_allgatherv_vs_float64) { NEED_FAKES(); CHILD_OK("fake_shards", NULL); }
 CT_TEST(fake_driver_nccl_before_2_10) { NEED_FAKES(); CHILD_OK("fake_old_nccl", NULL); }
 CT_TEST(fake_driver_ddp_device_buckets) { NEED_FAKES(); CHILD_OK("fake_ddp", NULL); }
 CT_TEST(fake_driver_async_error_aborts) { NEED_FAKES(); CHILD_OK("fake_async", NULL); CHILD_OK("fake_async", "ddp"); }
@@ -641,7 +679,8 @@ CT_TEST(wide_dtypes_tcp_backend) {
 
 static const ct_case cases[] = {
     CT_CASE(missing_nccl_is_a_clean_status), CT_CASE(real_nccl_unique_id_without_gpu),
-    CT_CASE(fake_driver_collectives_all_dtypes), CT_CASE(fake_driver_nccl_before_2_10),
+    CT_CASE(fake_driver_collectives_all_dtypes), CT_CASE(fake_driver_reduce_scatter_allgatherv_vs_float64),
+    CT_CASE(fake_driver_nccl_before_2_10),
     CT_CASE(fake_driver_ddp_device_buckets), CT_CASE(fake_driver_async_error_aborts),
     CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_init_failure),
     CT_CASE(real_nccl_refuses_stand_in_driver), CT_CASE(argument_validation), CT_CASE(unique_id_exchange_tcp),

@@ -40,6 +40,8 @@ CT_TEST(values_match_nccl_h) {
         ncclResult_t (*bc)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
         ncclResult_t (*ag)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
         ncclResult_t (*ae)(ncclComm_t, ncclResult_t *);
+        ncclResult_t (*rd)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t);
+        (void)sizeof(1 ? rd : ncclReduce);
         (void)sizeof(1 ? ar : ncclAllReduce); (void)sizeof(1 ? init : ncclCommInitRank); (void)sizeof(1 ? bc : ncclBroadcast);
         (void)sizeof(1 ? ag : ncclAllGather); (void)sizeof(1 ? ae : ncclCommGetAsyncError);
     }

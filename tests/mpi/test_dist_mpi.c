@@ -6,6 +6,10 @@
    `test_dist_mpi kill`   rank 1 is SIGKILLed mid-step: the job must end
    `test_dist_mpi stall`  rank 1 stops mid-step: the others must return
                           CAPEX_ERR_TIMEOUT from finalize within the deadline
+   `test_dist_mpi stall_blocking`  rank 1 never enters the blocking
+                          collectives: the others' allreduce, broadcast,
+                          allgather, reduce-scatter and allgatherv must
+                          time out (run with np 2)
 
    The model is linear regression y = x.w + b, the weight split into 5
    parameter tensors so several buckets form; every rank trains on its
@@ -17,6 +21,7 @@
 #endif
 #define CAPEX_IMPLEMENTATION
 #include "../../capex.h"
+#include "../dist_shards.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -370,7 +375,55 @@ static int t_sampler_shards(void) {
     return 0;
 }
 
+/* Uneven reduce-scatter and allgatherv over MPI against float64
+   (tests/dist_shards.h), then MPI's int-count limit refused alike. */
+static int t_shards(void) {
+    capex_comm c;
+    char why[400] = "";
+    int line;
+    size_t big[64], p;
+    float x[4];
+    comm_make(&c, 30.0);
+    c.vt = orig_vt;
+    line = shards_check_all(&c, 4242, why, sizeof why);
+    CHECK(line == 0, "dist_shards.h:%d: %s", line, why);
+    line = shards_allreduce_check(&c, 4343, 100003, why, sizeof why); /* float64 reference, same bits on every rank */
+    CHECK(line == 0, "dist_shards.h:%d: %s", line, why);
+    for (p = 0; p < (size_t)g_world; p++) big[p] = p == 0 ? (size_t)INT_MAX : 1; /* the sum passes INT_MAX */
+    CHECK(capex_comm_reduce_scatter(&c, x, x, big, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_LIMIT, "RS over INT_MAX: %.300s",
+          capex_last_error());
+    CHECK(capex_comm_allgatherv(&c, x, x, big, CAPEX_F32) == CAPEX_ERR_LIMIT, "AGV over INT_MAX: %.300s", capex_last_error());
+    capex_comm_destroy(&c);
+    return 0;
+}
+
 typedef struct tcase { const char *name; int (*fn)(void); } tcase;
+
+/* The blocking collectives call MPI's blocking ones once every rank has
+   arrived: a rank that never arrives must still give CAPEX_ERR_TIMEOUT. */
+static int run_stall_blocking(void) {
+    capex_comm c[5];
+    float x[64] = {0}, all[64 * 4];
+    size_t counts[4] = {16, 16, 16, 16};
+    const char *what[5] = {"allreduce", "broadcast", "allgather", "reduce-scatter", "allgatherv"};
+    int k;
+    for (k = 0; k < 5; k++) {
+        if (capex_comm_init_mpi(&c[k], MPI_COMM_WORLD) != CAPEX_OK) { printf("init: %s\n", capex_last_error()); exit(2); }
+        c[k].timeout_s = 2.0;
+    }
+    if (g_rank == 1) { sleep(30); _exit(0); }
+    for (k = 0; k < 5; k++) {
+        double t0 = capex_dist_now();
+        capex_result r = k == 0 ? capex_comm_allreduce(&c[k], x, x, 64, CAPEX_F32, CAPEX_REDUCE_SUM)
+                       : k == 1 ? capex_comm_broadcast(&c[k], x, 64, CAPEX_F32, 0)
+                       : k == 2 ? capex_comm_allgather(&c[k], x, all, 64, CAPEX_F32)
+                       : k == 3 ? capex_comm_reduce_scatter(&c[k], x, all, counts, CAPEX_F32, CAPEX_REDUCE_SUM)
+                                : capex_comm_allgatherv(&c[k], x, all, counts, CAPEX_F32);
+        printf("rank %d: blocking %s -> %s after %.1f s\n", g_rank, what[k], capex_result_string(r), capex_dist_now() - t0);
+        fflush(stdout);
+    }
+    exit(4);
+}
 
 static int run_failure_mode(const char *mode) {
     opts o;
@@ -391,6 +444,7 @@ static int run_failure_mode(const char *mode) {
 int main(int argc, char **argv) {
     static const tcase cases[] = {
         {"collectives", t_collectives},
+        {"reduce_scatter_allgatherv_allreduce_vs_float64", t_shards},
         {"sampler_shards_disjoint_complete", t_sampler_shards},
         {"train_overlap_bitwise_and_vs_reference", t_train_overlap},
         {"train_delay_allreduce", t_train_delay},
@@ -407,6 +461,7 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
     capex_log_set_rank(g_rank);
     make_data();
+    if (argc > 1 && strcmp(argv[1], "stall_blocking") == 0) return run_stall_blocking();
     if (argc > 1) return run_failure_mode(argv[1]);
     for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         int f, anyf = 0, who = -1, r;
