@@ -440,8 +440,10 @@ CAPEX_API capex_result capex_cuda_scaler_set_state(capex_cuda_scaler *sc, const 
 CAPEX_API capex_result capex_cuda_scaler_get_scale(capex_cuda_scaler *sc, float *scale, capex_cuda_stream stream);
 
 /* Fused optimizers on the device: capex_optim's API with device pointers in
-   capex_optim_param (param, grad, model, exp_avg, exp_avg_sq). add_group
-   allocates missing moment buffers on the device and zeroes all of them. */
+   capex_optim_param (param, grad, model, exp_avg, exp_avg_sq, max_exp_avg_sq).
+   add_group allocates missing moment buffers on the device and zeroes all of
+   them (Adagrad's sum: initial_accumulator_value). Every kind of capex.h:
+   Adam (amsgrad too), LAMB, SGD, Adagrad. */
 typedef struct capex_cuda_optim capex_cuda_optim;
 CAPEX_API capex_result capex_cuda_optim_create(capex_cuda_context *ctx, const capex_optim_desc *desc,
                                                capex_cuda_optim **out);
@@ -2411,7 +2413,7 @@ static const char capex__cuda_frag_go10[] =
     "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
     "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off, *v = (float *)mt.addr[3][s] + off;\n"
     "    float *x = (float *)xa + off;\n"
-    "    capex_u16 *h = (capex_u16 *)mt.addr[4][s] + off;\n"
+    "    capex_u16 *h = mk ? (capex_u16 *)mt.addr[4][s] + off : (capex_u16 *)0; /* no offset on a null pointer */\n"
     "    const float gs = g->gs, b1 = g->beta1, b2 = g->beta2, bc1 = g->bc1, bc2 = g->bc2, eps = g->eps, lr = g->lr, wd = g->wd;\n"
     "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[5][s], off);\n"
     "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
@@ -2450,7 +2452,7 @@ static const char capex__cuda_frag_go11[] =
     "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.flag[0], mk = a.flag[1];\n"
     "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
     "    float *p = (float *)mt.addr[1][s] + off, *sm = (float *)mt.addr[2][s] + off;\n"
-    "    capex_u16 *h = (capex_u16 *)mt.addr[3][s] + off;\n"
+    "    capex_u16 *h = mk ? (capex_u16 *)mt.addr[3][s] + off : (capex_u16 *)0; /* no offset on a null pointer */\n"
     "    const float gs = g->gs, eps = g->eps, wd = g->wd;\n"
     "    const float clr = (float)((double)g->lr / (1.0 + (double)(g->step - 1) * (double)g->lr_decay));\n"
     "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[4][s], off);\n"
