@@ -6851,8 +6851,9 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
         c->wd_after = o->desc.wd_after_momentum ? c->wd_on : 0u;
         c->step_lo = (unsigned int)(s & 0xffffffffu);
         c->step_hi = (unsigned int)(s >> 32);
-        /* torch.optim.Adagrad: clr = lr / (1 + (step - 1) * lr_decay), in double */
-        c->clr = (float)((double)hp->lr / (1.0 + (double)(s - 1) * (double)hp->lr_decay));
+        /* torch.optim.Adagrad: clr = lr / (1 + (step - 1) * lr_decay), in double; lr as
+           scheduled (a torch scheduler sets group['lr'], and capex_go_prepare sets g->lr) */
+        c->clr = (float)((double)c->lr / (1.0 + (double)(s - 1) * (double)hp->lr_decay));
     }
     if (o->desc.kind == CAPEX_OPTIM_LAMB) {
         double g2 = 0.0;

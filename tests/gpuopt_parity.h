@@ -837,6 +837,13 @@ static void par_schedule(ct_state *ct, env *e, int exact) {
     if (!ct->failed) par_schedule_one(ct, e, &d, t, exact, "SGD + cosine schedule");
     capex_optim_desc_init(&d, CAPEX_OPTIM_LAMB);
     if (!ct->failed) par_schedule_one(ct, e, &d, 2e-6f, exact, "LAMB + cosine schedule");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAGRAD); /* clr = scheduled lr / (1 + (step-1)*lr_decay) */
+    d.defaults.lr = 0.05f;
+    d.defaults.lr_decay = 0.1f;
+    if (!ct->failed) par_schedule_one(ct, e, &d, t, exact, "Adagrad (lr_decay) + cosine schedule");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.defaults.amsgrad = 1;
+    if (!ct->failed) par_schedule_one(ct, e, &d, t, exact, "Adam amsgrad + cosine schedule");
     if (!ct->failed) par_schedule_groups(ct, e, exact);
 }
 
