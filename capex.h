@@ -980,6 +980,13 @@ CAPEX_API float capex_clip_coef(float total_norm, float max_norm);
            denom = v/bc2n + eps with bc2n = sqrt(1 - b2^step); b3 = grad_averaging ? 1-b1 : 1;
            default: m = b1*m + b3*g;  p -= lr*((m/bc1)/denom + wd*p)
            reg_inside_moment: g = g/denom + wd*p; m = b1*m + b3*g; p -= lr*(m/bc1)
+     Adam amsgrad (torch's; not in Apex): m, v as above; vmax = max(vmax, v) (NaN
+           propagates, as torch.maximum); vmax replaces v in the denominator
+     Adagrad (Apex FusedAdagrad; lr_decay, initial_accumulator_value from torch):
+           clr = f32(lr / (1 + (step-1)*lr_decay)) in double; sum starts at
+           initial_accumulator_value; L2 (adagrad_w_mode 0): g += wd*p; sum += g*g;
+           p -= clr * (g/(sqrt(sum)+eps)); W mode: sum += g*g;
+           p -= clr * (g/(sqrt(sum)+eps) + wd*p)
    bc1 = 1 - b1^step, bc2 = 1 - b2^step (1 when bias_correction is off).
    torch.optim.AdamW scales p by (1-lr*wd) first and divides by sqrt(bc2)
    outside the sqrt: a few ulps apart (2e-7 relative after 5 steps); capex
@@ -995,6 +1002,7 @@ typedef enum capex_optim_kind {
     CAPEX_OPTIM_ADAM = 0, /* Adam / AdamW (Apex FusedAdam) */
     CAPEX_OPTIM_LAMB = 1, /* LAMB (Apex FusedLAMB)        */
     CAPEX_OPTIM_SGD = 2,  /* SGD (Apex FusedSGD)          */
+    CAPEX_OPTIM_ADAGRAD = 3, /* Adagrad (Apex FusedAdagrad, torch.optim.Adagrad) */
     CAPEX_OPTIM_NOVOGRAD = 4 /* NovoGrad (Apex FusedNovoGrad) */
 } capex_optim_kind;
 
@@ -1010,12 +1018,18 @@ typedef struct capex_optim_hparams {
     float momentum;        /* SGD: 0 */
     float dampening;       /* SGD: 0 */
     int nesterov;          /* SGD: 0 (needs momentum > 0 and dampening 0) */
+    /* Adagrad (torch.optim.Adagrad's; Apex FusedAdagrad has neither: 0, 0) */
+    float lr_decay;        /* step t uses lr / (1 + (t-1)*lr_decay); 0 */
+    float initial_accumulator_value; /* the sum buffer's start value; 0 */
+    int amsgrad;           /* Adam: 1 keeps max(v) and divides by it (torch's amsgrad); 0.
+                              Fixed when the group is added (the max buffer exists only then) */
 } capex_optim_hparams;
 
 typedef struct capex_optim_desc {
     capex_optim_kind kind;
     capex_optim_hparams defaults; /* used by capex_optim_add_group(..., NULL, ...) */
-    int adam_w_mode;              /* Adam, LAMB: 1 decoupled decay (default), 0 L2 */
+    int adam_w_mode;              /* Adam, LAMB: 1 decoupled decay (default), 0 L2; Adagrad:
+                                     Apex's adagrad_w_mode (default 0: L2, as torch) */
     int use_nvlamb;               /* LAMB: trust ratio also where wd == 0 (default 0) */
     float max_grad_norm;          /* LAMB: global-norm clip threshold (default 1.0; 0 = no clip) */
     int wd_after_momentum;        /* SGD: apply decay after momentum (default 0) */
@@ -1037,9 +1051,11 @@ typedef struct capex_optim_desc {
                                      (zeroed: lr 0, weights that never move) is refused */
 } capex_optim_desc;
 
-/* One parameter tensor. exp_avg/exp_avg_sq may point at user buffers of numel
-   floats (SGD uses exp_avg as the momentum buffer); NULL lets the optimizer
-   allocate them. Either way add_group zeroes them: a new group starts fresh. */
+/* One parameter tensor. exp_avg/exp_avg_sq/max_exp_avg_sq may point at user
+   buffers of numel floats (SGD uses exp_avg as the momentum buffer, Adagrad
+   exp_avg_sq as its sum); NULL lets the optimizer allocate them. Either way
+   add_group zeroes them (Adagrad's sum: initial_accumulator_value): a new group
+   starts fresh. */
 typedef struct capex_optim_param {
     float *param;            /* fp32 weights or fp32 master weights, updated in place */
     const void *grad;        /* gradient, numel elements of grad_dtype */
@@ -1048,7 +1064,8 @@ typedef struct capex_optim_param {
     capex_dtype model_dtype; /* CAPEX_F16 or CAPEX_BF16 when model != NULL */
     int64_t numel;           /* elements; 0 is allowed (nothing to do) */
     float *exp_avg;          /* optional user buffer: Adam/LAMB/NovoGrad m, SGD momentum */
-    float *exp_avg_sq;       /* optional user buffer: Adam/LAMB v (NovoGrad: unused, its v is per tensor) */
+    float *exp_avg_sq;       /* optional user buffer: Adam/LAMB v, Adagrad's sum (torch "sum"); NovoGrad: unused */
+    float *max_exp_avg_sq;   /* optional user buffer: Adam with amsgrad, max of v so far */
     uint32_t init_tag; /* set by capex_optim_param_init (see "Descriptors") */
 } capex_optim_param;
 
@@ -1089,6 +1106,9 @@ CAPEX_API capex_result capex_optim_get_state(const capex_optim *opt, size_t grou
    the first step). Other kinds: CAPEX_ERR_CONFIG. Reads only; not with a
    concurrent step on the same optimizer. */
 CAPEX_API capex_result capex_optim_get_novograd_norm(const capex_optim *opt, size_t group, size_t index, float *v);
+/* Adam amsgrad's max_exp_avg_sq buffer of one parameter (NULL without amsgrad). */
+CAPEX_API capex_result capex_optim_get_max_exp_avg_sq(const capex_optim *opt, size_t group, size_t index,
+                                                      float **max_exp_avg_sq);
 
 /* ---- optimizer state save/restore (State files container) -----------------
 
@@ -5614,6 +5634,51 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
         return p - (lr * (mm / bc1));                                                        \
     }
 
+/* Adam with amsgrad (torch.optim.Adam amsgrad=True; Apex has none): the moments
+   as Apex's Adam, then vmax = max(vmax, v), NaN propagating as torch.maximum,
+   and vmax in the denominator in Apex's order (sqrt(vmax/bc2) + eps; torch's
+   sqrt(vmax)/sqrt(bc2) + eps is equal in exact arithmetic).
+   Adagrad (Apex FusedAdagrad AdagradFunctor): L2 mode adds wd*p to g before
+   the sum, W mode (adagrad_w_mode) adds wd*p to the update. clr is torch's
+   lr / (1 + (step-1)*lr_decay) (Apex: lr). */
+#define CAPEX__OPTIM_MATH_AMS_ADAGRAD(Q)                                                     \
+    /* | rather than ||: one select, so the CPU loop vectorises (2x faster) */                \
+    Q float capex__ams_max(float vmax, float v) { return ((v > vmax) | (v != v)) ? v : vmax; } \
+    Q float capex__adam_ams_l2_elem(float p, float g, float *m, float *v, float *vm, float beta1, \
+                                    float beta2, float bc1, float bc2, float eps, float lr, float wd) { \
+        float mm, vv, vx, denom;                                                             \
+        g = g + (wd * p);                                                                    \
+        mm = beta1 * *m + (1.0f - beta1) * g;                                                \
+        vv = beta2 * *v + (1.0f - beta2) * g * g;                                            \
+        vx = capex__ams_max(*vm, vv);                                                        \
+        *m = mm; *v = vv; *vm = vx;                                                          \
+        denom = sqrtf(vx / bc2) + eps;                                                       \
+        return p - (lr * ((mm / bc1) / denom));                                              \
+    }                                                                                        \
+    Q float capex__adam_ams_w_elem(float p, float g, float *m, float *v, float *vm, float beta1, \
+                                   float beta2, float bc1, float bc2, float eps, float lr, float wd) { \
+        float mm, vv, vx, denom;                                                             \
+        mm = beta1 * *m + (1.0f - beta1) * g;                                                \
+        vv = beta2 * *v + (1.0f - beta2) * g * g;                                            \
+        vx = capex__ams_max(*vm, vv);                                                        \
+        *m = mm; *v = vv; *vm = vx;                                                          \
+        denom = sqrtf(vx / bc2) + eps;                                                       \
+        return p - (lr * (((mm / bc1) / denom) + (wd * p)));                                 \
+    }                                                                                        \
+    Q float capex__adagrad_l2_elem(float p, float g, float *h, float eps, float clr, float wd) { \
+        float hh;                                                                            \
+        g = g + (wd * p);                                                                    \
+        hh = *h + g * g;                                                                     \
+        *h = hh;                                                                             \
+        return p - (clr * (g / (sqrtf(hh) + eps)));                                          \
+    }                                                                                        \
+    Q float capex__adagrad_w_elem(float p, float g, float *h, float eps, float clr, float wd) { \
+        float hh;                                                                            \
+        hh = *h + g * g;                                                                     \
+        *h = hh;                                                                             \
+        return p - (clr * ((g / (sqrtf(hh) + eps)) + (wd * p)));                             \
+    }
+
 /* Vectorisation: GCC and clang keep an errno path around sqrtf unless built
    with -fno-math-errno (GCC ignores it as a pragma/attribute), which blocks
    vectorising the Adam/LAMB loops; add -fno-math-errno (results do not
@@ -5627,6 +5692,7 @@ CAPEX__OPTIM_MATH_ADAM(static inline)
 CAPEX__OPTIM_MATH_LAMB(static inline)
 CAPEX__OPTIM_MATH_SGD(static inline, capex__opt_f2u, capex__opt_u2f)
 CAPEX__OPTIM_MATH_NOVOGRAD(static inline)
+CAPEX__OPTIM_MATH_AMS_ADAGRAD(static inline)
 
 /* The same math as CUDA source (each part < 4095 chars, ISO C's minimum
    string length). The qualifiers stay placeholder tokens, defined by the
@@ -5639,6 +5705,7 @@ static const char *const capex__optim_math_parts[] = {
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_LAMB(CAPEX__QUAL)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_SGD(CAPEX__QUAL, CAPEX__F2U, CAPEX__U2F)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_NOVOGRAD(CAPEX__QUAL)),
+    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_AMS_ADAGRAD(CAPEX__QUAL)),
 };
 
 /* For capex_cuda.h: writes the optimizer math as CUDA source into dst
@@ -5871,6 +5938,7 @@ typedef struct capex__optim_tensor {
     capex_optim_param p; /* exp_avg / exp_avg_sq: the buffers in use */
     size_t group;
     unsigned char own_m, own_v;
+    unsigned char own_vm; /* amsgrad's max_exp_avg_sq allocated here */
 } capex__optim_tensor;
 
 typedef struct capex__optim_group {
@@ -5892,6 +5960,7 @@ typedef struct capex__optim_gc {
     float clip_div; /* LAMB: Apex's clipped_global_grad_norm */
     unsigned int nesterov, first, wd_on, wd_before, wd_after; /* SGD: masks, ~0u or 0 */
     unsigned int step_lo, step_hi;
+    float clr; /* Adagrad: lr / (1 + (step-1)*lr_decay) */
 } capex__optim_gc;
 
 struct capex_optim {
@@ -5929,6 +5998,7 @@ typedef struct capex__optim_job {
     const capex__optim_gc *c;
     double *acc; /* LAMB: [0] sum p^2 or g^2, [1] sum u^2 */
     float *u;    /* LAMB: the item's updates, written by stage 1, read by stage 2; NULL: recompute */
+    float *vm;   /* Adam amsgrad: max_exp_avg_sq; NULL: none */
 } capex__optim_job;
 
 typedef void (*capex__optim_kfn)(const capex__optim_job *j);
@@ -6139,11 +6209,36 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
             CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
         }                                                                      \
     }
+/* Adam amsgrad and Adagrad (v: Adagrad's sum). */
+#define CAPEX__OPT_K_AMS_ADAGRAD(GN, MN)                                       \
+    CAPEX__OPT_K_AMS_MODE(GN, MN, l2) CAPEX__OPT_K_AMS_MODE(GN, MN, w)         \
+    CAPEX__OPT_K_ADAGRAD_MODE(GN, MN, l2) CAPEX__OPT_K_ADAGRAD_MODE(GN, MN, w)
+#define CAPEX__OPT_K_AMS_MODE(GN, MN, MODE)                                    \
+    CAPEX__PRIVATE void capex__k_adam_ams_##MODE##_##GN##_##MN(const capex__optim_job *j) { \
+        CAPEX__OPT_PROLOGUE(GN);                                               \
+        float *CAPEX__OPT_RESTRICT vm = j->vm;                                 \
+        CAPEX__OPT_SIMD for (i = 0; i < n; i++) {                              \
+            float pi = capex__adam_ams_##MODE##_elem(p[i], CAPEX__OPT_LD_##GN(g[i]) * gs, &m[i], &v[i], &vm[i], \
+                                                     c.beta1, c.beta2, c.bc1, c.bc2, c.eps, c.lr, c.wd); \
+            p[i] = pi;                                                         \
+            CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
+        }                                                                      \
+    }
+#define CAPEX__OPT_K_ADAGRAD_MODE(GN, MN, MODE)                                \
+    CAPEX__PRIVATE void capex__k_adagrad_##MODE##_##GN##_##MN(const capex__optim_job *j) { \
+        CAPEX__OPT_PROLOGUE(GN);                                               \
+        CAPEX__OPT_SIMD for (i = 0; i < n; i++) {                              \
+            float pi = capex__adagrad_##MODE##_elem(p[i], CAPEX__OPT_LD_##GN(g[i]) * gs, &v[i], c.eps, c.clr, c.wd); \
+            p[i] = pi;                                                         \
+            CAPEX__OPT_ST_##MN(h, i, pi, j);                                   \
+        }                                                                      \
+    }
 
 CAPEX__OPT_FOR_GM(CAPEX__OPT_K_ADAM)
 CAPEX__OPT_FOR_GM(CAPEX__OPT_K_SGD)
 CAPEX__OPT_FOR_G(CAPEX__OPT_K_NOVO1)
 CAPEX__OPT_FOR_GM(CAPEX__OPT_K_NOVO)
+CAPEX__OPT_FOR_GM(CAPEX__OPT_K_AMS_ADAGRAD)
 CAPEX__OPT_FOR_G(CAPEX__OPT_K_LAMB1)
 CAPEX__OPT_FOR_M(CAPEX__OPT_K_LAMB2)
 
@@ -6156,6 +6251,10 @@ static const capex__optim_kfn capex__k_sgdm_tab[3][4] = CAPEX__OPT_TAB(capex__k_
 static const capex__optim_kfn capex__k_novo1_tab[3] = {capex__k_novo1_f32, capex__k_novo1_f16, capex__k_novo1_bf16};
 static const capex__optim_kfn capex__k_novo_mom_tab[3][4] = CAPEX__OPT_TAB(capex__k_novo_mom);
 static const capex__optim_kfn capex__k_novo_reg_tab[3][4] = CAPEX__OPT_TAB(capex__k_novo_reg);
+static const capex__optim_kfn capex__k_adam_ams_tab[2][3][4] = {CAPEX__OPT_TAB(capex__k_adam_ams_l2),
+                                                                CAPEX__OPT_TAB(capex__k_adam_ams_w)};
+static const capex__optim_kfn capex__k_adagrad_tab[2][3][4] = {CAPEX__OPT_TAB(capex__k_adagrad_l2),
+                                                               CAPEX__OPT_TAB(capex__k_adagrad_w)};
 static const capex__optim_kfn capex__k_lamb1_tab[2][3] = {
     {capex__k_lamb1_l2_f32, capex__k_lamb1_l2_f16, capex__k_lamb1_l2_bf16},
     {capex__k_lamb1_w_f32, capex__k_lamb1_w_f16, capex__k_lamb1_w_bf16}};
@@ -6184,6 +6283,11 @@ CAPEX_API void capex_optim_desc_init(capex_optim_desc *d, capex_optim_kind kind)
     d->adam_w_mode = 1;
     d->max_grad_norm = 1.0f;
     d->norm_type = 2; /* NovoGrad: Apex's default L2 */
+    if (kind == CAPEX_OPTIM_ADAGRAD) { /* Apex FusedAdagrad / torch.optim.Adagrad defaults */
+        d->defaults.lr = 1e-2f;
+        d->defaults.eps = 1e-10f;
+        d->adam_w_mode = 0;
+    }
     capex_tensor_op_desc_init(&d->exec);
 }
 
@@ -6213,6 +6317,16 @@ static capex_result capex__optim_check_hp(const capex_optim_desc *d, const capex
                                "SGD: nesterov momentum requires momentum > 0 and dampening 0 (got momentum %g, "
                                "dampening %g), as torch.optim.SGD and Apex FusedSGD",
                                (double)hp->momentum, (double)hp->dampening);
+    } else if (d->kind == CAPEX_OPTIM_ADAGRAD) {
+        /* torch.optim.Adagrad's checks */
+        if (!capex__opt_finite(hp->lr_decay) || hp->lr_decay < 0.0f)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "Adagrad: lr_decay is %g; it must be finite and >= 0",
+                               (double)hp->lr_decay);
+        if (!capex__opt_finite(hp->initial_accumulator_value) || hp->initial_accumulator_value < 0.0f)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "Adagrad: initial_accumulator_value is %g; it must be finite "
+                               "and >= 0", (double)hp->initial_accumulator_value);
+        if (!capex__opt_finite(hp->eps) || hp->eps < 0.0f)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "Adagrad: eps is %g; it must be finite and >= 0", (double)hp->eps);
     } else {
         if (!(hp->beta1 >= 0.0f && hp->beta1 < 1.0f) || !(hp->beta2 >= 0.0f && hp->beta2 < 1.0f))
             return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: betas are (%g, %g); each must be in [0, 1)",
@@ -6229,9 +6343,9 @@ static capex_result capex__optim_check_desc(const capex_optim_desc *d) {
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_desc was not made by capex_optim_desc_init (zeroed or "
                            "uninitialised: its lr would be 0); call capex_optim_desc_init(&desc, kind), then change fields");
     if (d->kind != CAPEX_OPTIM_ADAM && d->kind != CAPEX_OPTIM_LAMB && d->kind != CAPEX_OPTIM_SGD &&
-        d->kind != CAPEX_OPTIM_NOVOGRAD)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: unknown kind %d; use CAPEX_OPTIM_ADAM, _LAMB, _SGD or "
-                           "_NOVOGRAD", (int)d->kind);
+        d->kind != CAPEX_OPTIM_NOVOGRAD && d->kind != CAPEX_OPTIM_ADAGRAD)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: unknown kind %d; use CAPEX_OPTIM_ADAM, _LAMB, _SGD, "
+                           "_ADAGRAD or _NOVOGRAD", (int)d->kind);
     if (d->kind == CAPEX_OPTIM_NOVOGRAD && d->norm_type != 2)
         return capex__fail(CAPEX_ERR_CONFIG, "NovoGrad: norm_type %d is not supported; only 2 (per-tensor L2 norm, "
                            "Apex's default) is; Apex's 0 (inf norm) is not implemented", d->norm_type);
@@ -6268,7 +6382,8 @@ static capex_result capex__optim_check_param(const capex_optim_desc *d, const ca
                            p->param ? "grad" : "param");
     if (capex__opt_misaligned(p->param, 4) || capex__opt_misaligned(p->grad, capex_dtype_size(p->grad_dtype)) ||
         (p->model && capex__opt_misaligned(p->model, 2)) || (p->exp_avg && capex__opt_misaligned(p->exp_avg, 4)) ||
-        (p->exp_avg_sq && capex__opt_misaligned(p->exp_avg_sq, 4)))
+        (p->exp_avg_sq && capex__opt_misaligned(p->exp_avg_sq, 4)) ||
+        (p->max_exp_avg_sq && capex__opt_misaligned(p->max_exp_avg_sq, 4)))
         return capex__fail(CAPEX_ERR_INVALID_ARG,
                            "optimizer: params[%zu] has a pointer not aligned to its element size", k);
     (void)d;
@@ -6288,7 +6403,7 @@ static int capex__ptr_cmp(const void *x, const void *y) {
 CAPEX__PRIVATE capex_result capex__optim_check_aliases(const void *old, size_t old_stride, size_t n_old,
                                                       const capex_allocator *a, const capex_optim_param *params, size_t n,
                                                       const char *fn) {
-    size_t cap = 4 * (n_old + n), cnt = 0, i, k;
+    size_t cap = 5 * (n_old + n), cnt = 0, i, k;
     uintptr_t *v, dup = 0;
     capex_result r = CAPEX_OK;
     if (!cap) return CAPEX_OK;
@@ -6300,6 +6415,7 @@ CAPEX__PRIVATE capex_result capex__optim_check_aliases(const void *old, size_t o
             if ((P).exp_avg) v[cnt++] = (uintptr_t)(P).exp_avg;              \
             if ((P).exp_avg_sq) v[cnt++] = (uintptr_t)(P).exp_avg_sq;        \
             if ((P).model) v[cnt++] = (uintptr_t)(P).model;                  \
+            if ((P).max_exp_avg_sq) v[cnt++] = (uintptr_t)(P).max_exp_avg_sq; \
         }                                                                    \
     } while (0)
     /* old: n_old records of old_stride bytes, each starting with a capex_optim_param */
@@ -6312,7 +6428,8 @@ CAPEX__PRIVATE capex_result capex__optim_check_aliases(const void *old, size_t o
     for (k = 0; dup && k < n; k++) {
         const capex_optim_param *p = &params[k];
         if (p->numel > 0 && ((uintptr_t)p->param == dup || (uintptr_t)p->exp_avg == dup ||
-                             (uintptr_t)p->exp_avg_sq == dup || (uintptr_t)p->model == dup)) {
+                             (uintptr_t)p->exp_avg_sq == dup || (uintptr_t)p->model == dup ||
+                             (uintptr_t)p->max_exp_avg_sq == dup)) {
             r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: params[%zu] gives a param, moment buffer or model copy at %p "
                             "that appears more than once (in this group or an earlier one); each tensor may belong "
                             "to one group only", fn, k, (void *)dup);
@@ -6413,6 +6530,7 @@ CAPEX_API void capex_optim_destroy(capex_optim *o) {
     for (k = 0; k < o->ntensors; k++) {
         if (o->tensors[k].own_m) capex__free(a, o->tensors[k].p.exp_avg);
         if (o->tensors[k].own_v) capex__free(a, o->tensors[k].p.exp_avg_sq);
+        if (o->tensors[k].own_vm) capex__free(a, o->tensors[k].p.max_exp_avg_sq);
     }
     capex__free(a, o->groups);
     capex__free(a, o->gc);
@@ -6435,7 +6553,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
     const capex_allocator *a;
     capex_result r;
     size_t k, nitems = 0, t0, it, sum;
-    int need_m, need_v;
+    int need_m, need_v, need_vm;
     float **bufs;
     if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: optimizer is NULL");
     if (!params && n) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: params is NULL with n = %zu", n);
@@ -6469,8 +6587,9 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         int64_t total = o->total;
         int keep_u = o->desc.kind == CAPEX_OPTIM_LAMB && !o->desc.lamb_low_memory;
         for (k = 0; k < n; k++) total += params[k].numel;
-        need_m = o->desc.kind != CAPEX_OPTIM_SGD || hp->momentum != 0.0f;
+        need_m = o->desc.kind == CAPEX_OPTIM_SGD ? hp->momentum != 0.0f : o->desc.kind != CAPEX_OPTIM_ADAGRAD;
         need_v = o->desc.kind != CAPEX_OPTIM_SGD && o->desc.kind != CAPEX_OPTIM_NOVOGRAD;
+        need_vm = o->desc.kind == CAPEX_OPTIM_ADAM && hp->amsgrad;
         bufs = NULL;
         if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD &&
             (novo_v = (float *)capex__alloc(a, (o->ntensors + n ? o->ntensors + n : 1) * sizeof *novo_v)) != NULL) {
@@ -6484,20 +6603,21 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         } else if (keep_u && total > 0 && !(lamb_u = (float *)capex__alloc(a, (size_t)total * sizeof(float)))) {
             r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory for LAMB's update buffer (%lld "
                             "floats); set desc.lamb_low_memory = 1 to recompute instead", (long long)total);
-        } else if (!(bufs = (float **)capex__alloc(a, 2 * (n ? n : 1) * sizeof *bufs))) {
+        } else if (!(bufs = (float **)capex__alloc(a, 3 * (n ? n : 1) * sizeof *bufs))) {
             r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory");
         } else {
-            memset(bufs, 0, 2 * (n ? n : 1) * sizeof *bufs);
+            memset(bufs, 0, 3 * (n ? n : 1) * sizeof *bufs);
             for (k = 0; k < n; k++) {
                 size_t bytes = (size_t)params[k].numel * sizeof(float);
-                if (need_m && !params[k].exp_avg && !(bufs[2 * k] = (float *)capex__alloc(a, bytes))) break;
-                if (need_v && !params[k].exp_avg_sq && !(bufs[2 * k + 1] = (float *)capex__alloc(a, bytes))) break;
+                if (need_m && !params[k].exp_avg && !(bufs[3 * k] = (float *)capex__alloc(a, bytes))) break;
+                if (need_v && !params[k].exp_avg_sq && !(bufs[3 * k + 1] = (float *)capex__alloc(a, bytes))) break;
+                if (need_vm && !params[k].max_exp_avg_sq && !(bufs[3 * k + 2] = (float *)capex__alloc(a, bytes))) break;
             }
             if (k < n) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_add_group: out of memory for the moments");
         }
         if (r != CAPEX_OK) { /* nothing of the optimizer changed */
             if (bufs)
-                for (k = 0; k < 2 * n; k++) capex__free(a, bufs[k]);
+                for (k = 0; k < 3 * n; k++) capex__free(a, bufs[k]);
             capex__free(a, bufs); capex__free(a, gc); capex__free(a, part); capex__free(a, ratio); capex__free(a, glist);
             capex__free(a, lamb_u); capex__free(a, novo_v);
             return r;
@@ -6517,14 +6637,22 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         int64_t off;
         t->p = params[k];
         t->group = o->ngroups;
-        t->own_m = bufs[2 * k] != NULL;
-        t->own_v = bufs[2 * k + 1] != NULL;
-        if (t->own_m) t->p.exp_avg = bufs[2 * k];
-        if (t->own_v) t->p.exp_avg_sq = bufs[2 * k + 1];
+        t->own_m = bufs[3 * k] != NULL;
+        t->own_v = bufs[3 * k + 1] != NULL;
+        t->own_vm = bufs[3 * k + 2] != NULL;
+        if (t->own_m) t->p.exp_avg = bufs[3 * k];
+        if (t->own_v) t->p.exp_avg_sq = bufs[3 * k + 1];
+        if (t->own_vm) t->p.max_exp_avg_sq = bufs[3 * k + 2];
         if (!need_m) t->p.exp_avg = NULL;
         if (!need_v) t->p.exp_avg_sq = NULL;
+        if (!need_vm) t->p.max_exp_avg_sq = NULL;
         if (t->p.exp_avg && t->p.numel) memset(t->p.exp_avg, 0, (size_t)t->p.numel * sizeof(float));
         if (t->p.exp_avg_sq && t->p.numel) memset(t->p.exp_avg_sq, 0, (size_t)t->p.numel * sizeof(float));
+        if (t->p.max_exp_avg_sq && t->p.numel) memset(t->p.max_exp_avg_sq, 0, (size_t)t->p.numel * sizeof(float));
+        if (o->desc.kind == CAPEX_OPTIM_ADAGRAD && t->p.exp_avg_sq) { /* torch: full_like(p, initial_accumulator_value) */
+            int64_t e;
+            for (e = 0; e < t->p.numel; e++) t->p.exp_avg_sq[e] = hp->initial_accumulator_value;
+        }
         if (!t->p.model) t->p.model_dtype = CAPEX_BF16;
         for (off = 0; off < t->p.numel; off += o->items[it++].n) {
             o->items[it].tensor = t0 + k;
@@ -6567,6 +6695,7 @@ static void capex__optim_f16c_blocks(capex__optim_kfn f, const capex__optim_job 
         j.m = j0->m ? j0->m + o : NULL;
         j.v = j0->v ? j0->v + o : NULL;
         j.u = j0->u ? j0->u + o : NULL;
+        j.vm = j0->vm ? j0->vm + o : NULL; /* amsgrad's max */
         j.h = m16 || !j0->h ? NULL : (void *)((uint16_t *)j0->h + o);
         j.base_lo = j0->base_lo + (unsigned int)o; /* stochastic rounding's element index */
         j.n = nb;
@@ -6596,6 +6725,7 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
     j.c = &o->gc[t->group];
     j.acc = o->part + 2 * k;
     j.u = o->lamb_u ? o->lamb_u + item->at : NULL;
+    j.vm = t->p.max_exp_avg_sq ? t->p.max_exp_avg_sq + item->off : NULL;
     j.base_lo = (unsigned int)((uint64_t)item->off & 0xffffffffu);
     j.key = mi == 3 ? capex__sr_key((unsigned int)(o->desc.seed & 0xffffffffu), (unsigned int)(o->desc.seed >> 32),
                                     j.c->step_lo, j.c->step_hi, (unsigned int)item->tensor,
@@ -6605,11 +6735,13 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
     /* kinds listed by name: a new kind takes the switch below until it is added here */
     if ((mi == 1 || (gi == (int)CAPEX_F16 && phase == CAPEX__OPT_PH_MAIN)) &&
         ((phase == CAPEX__OPT_PH_MAIN && (o->desc.kind == CAPEX_OPTIM_ADAM || o->desc.kind == CAPEX_OPTIM_SGD ||
-                                          o->desc.kind == CAPEX_OPTIM_NOVOGRAD)) ||
+                                          o->desc.kind == CAPEX_OPTIM_NOVOGRAD || o->desc.kind == CAPEX_OPTIM_ADAGRAD)) ||
          (phase == CAPEX__OPT_PH_LAMB2 && o->desc.kind == CAPEX_OPTIM_LAMB)) && CAPEX__F16C_ON()) {
         int g16 = gi == (int)CAPEX_F16 && phase == CAPEX__OPT_PH_MAIN, bg = g16 ? (int)CAPEX_F32 : gi, bm = mi == 1 ? 0 : mi;
         capex__optim_kfn f;
         if (phase == CAPEX__OPT_PH_LAMB2) f = capex__k_lamb2_tab[j.u ? 2 : w][bm];
+        else if (o->desc.kind == CAPEX_OPTIM_ADAGRAD) f = capex__k_adagrad_tab[w][bg][bm];
+        else if (o->desc.kind == CAPEX_OPTIM_ADAM && j.vm && grp->hp.amsgrad) f = capex__k_adam_ams_tab[w][bg][bm];
         else if (o->desc.kind == CAPEX_OPTIM_ADAM) f = (w ? capex__k_adam_w_tab : capex__k_adam_l2_tab)[bg][bm];
         else if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD)
             f = (o->desc.reg_inside_moment ? capex__k_novo_reg_tab : capex__k_novo_mom_tab)[bg][bm];
@@ -6620,7 +6752,9 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
     }
     switch (phase) {
     case CAPEX__OPT_PH_MAIN:
-        if (o->desc.kind == CAPEX_OPTIM_ADAM) (w ? capex__k_adam_w_tab : capex__k_adam_l2_tab)[gi][mi](&j);
+        if (o->desc.kind == CAPEX_OPTIM_ADAGRAD) capex__k_adagrad_tab[w][gi][mi](&j);
+        else if (o->desc.kind == CAPEX_OPTIM_ADAM && j.vm && grp->hp.amsgrad) capex__k_adam_ams_tab[w][gi][mi](&j);
+        else if (o->desc.kind == CAPEX_OPTIM_ADAM) (w ? capex__k_adam_w_tab : capex__k_adam_l2_tab)[gi][mi](&j);
         else if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD)
             (o->desc.reg_inside_moment ? capex__k_novo_reg_tab : capex__k_novo_mom_tab)[gi][mi](&j);
         else if (j.m && j.c->momentum != 0.0f) capex__k_sgdm_tab[gi][mi](&j); /* Apex: if (momentum != 0) */
@@ -6717,6 +6851,9 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
         c->wd_after = o->desc.wd_after_momentum ? c->wd_on : 0u;
         c->step_lo = (unsigned int)(s & 0xffffffffu);
         c->step_hi = (unsigned int)(s >> 32);
+        /* torch.optim.Adagrad: clr = lr / (1 + (step - 1) * lr_decay), in double; lr as
+           scheduled (a torch scheduler sets group['lr'], and capex_go_prepare sets g->lr) */
+        c->clr = (float)((double)c->lr / (1.0 + (double)(s - 1) * (double)hp->lr_decay));
     }
     if (o->desc.kind == CAPEX_OPTIM_LAMB) {
         double g2 = 0.0;
@@ -6786,6 +6923,10 @@ CAPEX_API capex_result capex_optim_set_hparams(capex_optim *o, size_t group, con
         o->groups[group].count > 0 && (hp->momentum != 0.0f) && !o->tensors[o->groups[group].first].p.exp_avg)
         return capex__fail(CAPEX_ERR_CONFIG, "SGD: group %zu was created without momentum, so it has no momentum "
                            "buffers; create the group with momentum != 0 to turn momentum on later", group);
+    if (o->desc.kind == CAPEX_OPTIM_ADAM && (hp->amsgrad != 0) != (o->groups[group].hp.amsgrad != 0))
+        return capex__fail(CAPEX_ERR_CONFIG, "Adam: group %zu was created with amsgrad %d; amsgrad is fixed when the "
+                           "group is added (its max_exp_avg_sq buffers exist only then)", group,
+                           o->groups[group].hp.amsgrad != 0);
     o->groups[group].hp = *hp;
     return CAPEX_OK;
 }
@@ -6884,6 +7025,15 @@ CAPEX_API capex_result capex_optim_get_lr(const capex_optim *o, size_t group, fl
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_lr: group %zu of %zu", group, o->ngroups);
     g = &o->groups[group];
     *lr = o->has_sched ? (float)capex__lr_eval(&o->sched_p, (double)g->hp.lr, (long long)g->step) : g->hp.lr;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_optim_get_max_exp_avg_sq(const capex_optim *o, size_t group, size_t index,
+                                                      float **max_exp_avg_sq) {
+    capex__optim_tensor *t = NULL;
+    capex_result r = capex__optim_tensor_at(o, group, index, "capex_optim_get_max_exp_avg_sq", &t);
+    if (r != CAPEX_OK) return r;
+    if (max_exp_avg_sq) *max_exp_avg_sq = t->p.max_exp_avg_sq;
     return CAPEX_OK;
 }
 
@@ -6998,6 +7148,20 @@ static capex_result capex__optim_sched_load(capex_state_reader *rd, const char *
     return CAPEX_OK;
 }
 
+/* The second moment's tensor name: Adagrad's is torch's state "sum". */
+static const char *capex__optim_v_name(const capex_optim *o) {
+    return o->desc.kind == CAPEX_OPTIM_ADAGRAD ? "param%zu.sum" : "param%zu.exp_avg_sq";
+}
+
+/* Optional scalar (absent in files from before it existed: v keeps its value). */
+static capex_result capex__optim_opt_f32(capex_state_reader *rd, const char *nm, float *v) {
+    capex_state_tensor_info info;
+    capex_result r;
+    if (capex_state_find(rd, nm, &info) != CAPEX_OK) return CAPEX_OK;
+    if ((r = capex_state_get_f32(rd, nm, v)) != CAPEX_OK) return capex__fail(r, "optimizer state: cannot read '%s'", nm);
+    return CAPEX_OK;
+}
+
 CAPEX_API capex_result capex_optim_save(const capex_optim *o, capex_state_writer *w, const char *prefix,
                                         unsigned flags) {
     char nm[CAPEX__OPT_NAME_MAX];
@@ -7055,6 +7219,13 @@ CAPEX_API capex_result capex_optim_save(const capex_optim *o, capex_state_writer
         CAPEX__OPT_TRY(capex_state_add_i64(w, nm, gr->mom_init));
         CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.count", g, NULL));
         CAPEX__OPT_TRY(capex_state_add_i64(w, nm, (int64_t)gr->count));
+        /* Adagrad's and amsgrad's (files from before them lack these: 0) */
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.lr_decay", g, NULL));
+        CAPEX__OPT_TRY(capex_state_add_f32(w, nm, gr->hp.lr_decay));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.initial_accumulator_value", g, NULL));
+        CAPEX__OPT_TRY(capex_state_add_f32(w, nm, gr->hp.initial_accumulator_value));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.amsgrad", g, NULL));
+        CAPEX__OPT_TRY(capex_state_add_i64(w, nm, gr->hp.amsgrad != 0));
     }
     for (k = 0; k < o->ntensors; k++) {
         const capex_optim_param *p = &o->tensors[k].p;
@@ -7066,8 +7237,12 @@ CAPEX_API capex_result capex_optim_save(const capex_optim *o, capex_state_writer
             CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_F32, 1, &shape, p->exp_avg));
         }
         if (p->exp_avg_sq) {
-            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg_sq", k, NULL));
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, capex__optim_v_name(o), k, NULL));
             CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_F32, 1, &shape, p->exp_avg_sq));
+        }
+        if (p->max_exp_avg_sq) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.max_exp_avg_sq", k, NULL));
+            CAPEX__OPT_TRY(capex_state_add_tensor(w, nm, CAPEX_STATE_F32, 1, &shape, p->max_exp_avg_sq));
         }
         if ((flags & CAPEX_OPTIM_STATE_PARAMS) && p->numel) {
             CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.param", k, NULL));
@@ -7132,7 +7307,7 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
     kind = modes[0];
     if (kind != (int64_t)o->desc.kind)
         return capex__fail(CAPEX_ERR_CONFIG, "optimizer state: the file holds optimizer kind %lld, this optimizer is "
-                           "kind %d (0 Adam, 1 LAMB, 2 SGD, 4 NovoGrad)", (long long)kind, (int)o->desc.kind);
+                           "kind %d (0 Adam, 1 LAMB, 2 SGD, 3 Adagrad, 4 NovoGrad)", (long long)kind, (int)o->desc.kind);
     if (modes[5] != (int64_t)o->ngroups || modes[6] != (int64_t)o->ntensors)
         return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "optimizer state: the file has %lld groups and %lld parameters, "
                            "this optimizer %zu and %zu; add the same groups before loading", (long long)modes[5],
@@ -7187,6 +7362,24 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
             CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &v));
             *capex__optim_hp_int(&hps[g], i) = v != 0;
         }
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.lr_decay", g, NULL));
+        CAPEX__OPT_TRY(capex__optim_opt_f32(rd, nm, &hps[g].lr_decay));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.initial_accumulator_value", g, NULL));
+        CAPEX__OPT_TRY(capex__optim_opt_f32(rd, nm, &hps[g].initial_accumulator_value));
+        CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.amsgrad", g, NULL));
+        {
+            capex_state_tensor_info info;
+            if (capex_state_find(rd, nm, &info) == CAPEX_OK) {
+                CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &v));
+                hps[g].amsgrad = v != 0;
+            }
+        }
+        if (o->desc.kind == CAPEX_OPTIM_ADAM && (hps[g].amsgrad != 0) != (o->groups[g].hp.amsgrad != 0)) {
+            r = capex__fail(CAPEX_ERR_CONFIG, "optimizer state: group %zu has amsgrad %d in the file and %d here; "
+                            "create the group with the file's amsgrad", g, hps[g].amsgrad != 0,
+                            o->groups[g].hp.amsgrad != 0);
+            goto done;
+        }
         CAPEX__OPT_TRY(capex__optim_check_hp(&nd, &hps[g]));
         CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "group%zu.step", g, NULL));
         CAPEX__OPT_TRY(capex__optim_get_i64(rd, nm, &steps[2 * g]));
@@ -7226,7 +7419,11 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
             CAPEX__OPT_TRY(capex__optim_expect(rd, nm, CAPEX_STATE_F32, p->numel));
         }
         if (p->exp_avg_sq) {
-            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg_sq", k, NULL));
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, capex__optim_v_name(o), k, NULL));
+            CAPEX__OPT_TRY(capex__optim_expect(rd, nm, CAPEX_STATE_F32, p->numel));
+        }
+        if (p->max_exp_avg_sq) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.max_exp_avg_sq", k, NULL));
             CAPEX__OPT_TRY(capex__optim_expect(rd, nm, CAPEX_STATE_F32, p->numel));
         }
         if ((flags & CAPEX_OPTIM_STATE_PARAMS) && p->numel) {
@@ -7253,8 +7450,12 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
             CAPEX__OPT_TRY(capex_state_read_tensor(rd, nm, CAPEX_STATE_F32, n, p->exp_avg));
         }
         if (p->exp_avg_sq) {
-            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.exp_avg_sq", k, NULL));
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, capex__optim_v_name(o), k, NULL));
             CAPEX__OPT_TRY(capex_state_read_tensor(rd, nm, CAPEX_STATE_F32, n, p->exp_avg_sq));
+        }
+        if (p->max_exp_avg_sq) {
+            CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.max_exp_avg_sq", k, NULL));
+            CAPEX__OPT_TRY(capex_state_read_tensor(rd, nm, CAPEX_STATE_F32, n, p->max_exp_avg_sq));
         }
         if (flags & CAPEX_OPTIM_STATE_PARAMS) {
             CAPEX__OPT_TRY(capex__optim_name(nm, prefix, "param%zu.param", k, NULL));

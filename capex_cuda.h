@@ -446,8 +446,10 @@ CAPEX_API capex_result capex_cuda_scaler_set_state(capex_cuda_scaler *sc, const 
 CAPEX_API capex_result capex_cuda_scaler_get_scale(capex_cuda_scaler *sc, float *scale, capex_cuda_stream stream);
 
 /* Fused optimizers on the device: capex_optim's API with device pointers in
-   capex_optim_param (param, grad, model, exp_avg, exp_avg_sq). add_group
-   allocates missing moment buffers on the device and zeroes all of them. */
+   capex_optim_param (param, grad, model, exp_avg, exp_avg_sq, max_exp_avg_sq).
+   add_group allocates missing moment buffers on the device and zeroes all of
+   them (Adagrad's sum: initial_accumulator_value). Every kind of capex.h:
+   Adam (amsgrad too), LAMB, SGD, Adagrad, NovoGrad. */
 typedef struct capex_cuda_optim capex_cuda_optim;
 CAPEX_API capex_result capex_cuda_optim_create(capex_cuda_context *ctx, const capex_optim_desc *desc,
                                                capex_cuda_optim **out);
@@ -488,6 +490,9 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *opt, c
 CAPEX_API capex_result capex_cuda_optim_get_step(capex_cuda_optim *opt, size_t group, int64_t *step,
                                                  capex_cuda_stream stream);
 /* The device moment buffers of one parameter (0 where there are none). */
+/* Adam amsgrad's max_exp_avg_sq device buffer of one parameter (0 without amsgrad). */
+CAPEX_API capex_result capex_cuda_optim_get_max_exp_avg_sq(const capex_cuda_optim *opt, size_t group, size_t index,
+                                                           capex_cuda_ptr *max_exp_avg_sq);
 CAPEX_API capex_result capex_cuda_optim_get_state(const capex_cuda_optim *opt, size_t group, size_t index,
                                                   capex_cuda_ptr *exp_avg, capex_cuda_ptr *exp_avg_sq);
 /* Checkpoints in capex_optim's format (a GPU run resumes on the CPU and back):
@@ -1974,7 +1979,8 @@ CAPEX__GO_MATH_FN(3)
 CAPEX__GO_MATH_FN(4)
 CAPEX__GO_MATH_FN(5)
 CAPEX__GO_MATH_FN(6) /* NovoGrad: only its parts include it */
-typedef char capex__go_math_parts_are_7[sizeof capex__optim_math_parts / sizeof capex__optim_math_parts[0] == 7 ? 1 : -1];
+CAPEX__GO_MATH_FN(7) /* Adam amsgrad and Adagrad: only their parts include it */
+typedef char capex__go_math_parts_are_8[sizeof capex__optim_math_parts / sizeof capex__optim_math_parts[0] == 8 ? 1 : -1];
 /* capex.h's lr schedule math (CAPEX__LR_MATH), for capex_go_prepare */
 CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_math_source; }
 
@@ -2016,7 +2022,8 @@ static const char capex__cuda_frag_go0[] =
     "    float lr, beta1, beta2, eps, wd, momentum, dampening;\n"
     "    int bias_correction, grad_averaging, nesterov, mom_init;\n"
     "    float gs, bc1, bc2, beta3, clip_div;\n"
-    "    unsigned skip, first, wd_on, wd_before, wd_after, step_lo, step_hi, pad;\n"
+    "    unsigned skip, first, wd_on, wd_before, wd_after, step_lo, step_hi;\n"
+    "    float lr_decay; /* Adagrad (host-set) */\n"
     "};\n"
     "struct capex_go_scaler {\n"
     "    double growth_factor, backoff_factor;\n"
@@ -2518,6 +2525,92 @@ static const char capex__cuda_frag_go12[] =
     "        ((float *)a.ptr[3])[t] = capex__novo_denom(v, bc2, g->eps);\n"
     "    }\n"
     "}\n";
+static const char capex__cuda_frag_go13[] =
+    "/* Adam with amsgrad: Adam's lists (g, p, m, v, model, tensor index); the max\n"
+    "   buffer of tensor t is ((const capex_u64 *)ptr[2])[t] (a table: the lists\n"
+    "   stay 6 deep). ptr[0]: group, ptr[1]: seed, flag[0]: adam_w_mode, flag[1]:\n"
+    "   model kind. */\n"
+    "template <int G> CAPEX_DEVICE void capex_go_adam_ams(const capex_go_meta<6> &mt, const capex_go_args &a) {\n"
+    "    typedef typename capex_go_ty<G>::T GT;\n"
+    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    if (g->skip) return;\n"
+    "    capex_u64 off, n, i, k;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.flag[0], mk = a.flag[1];\n"
+    "    capex_u64 xa = ((const capex_u64 *)a.ptr[2])[mt.addr[5][s]];\n"
+    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
+    "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off, *v = (float *)mt.addr[3][s] + off;\n"
+    "    float *x = (float *)xa + off;\n"
+    "    capex_u16 *h = mk ? (capex_u16 *)mt.addr[4][s] + off : (capex_u16 *)0; /* no offset on a null pointer */\n"
+    "    const float gs = g->gs, b1 = g->beta1, b2 = g->beta2, bc1 = g->bc1, bc2 = g->bc2, eps = g->eps, lr = g->lr, wd = g->wd;\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[5][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[2][s], off, 4) && capex_go_al(mt.addr[3][s], off, 4) && capex_go_al(xa, off, 4) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[4][s], off, 2)) ? n / 4 : 0;\n"
+    "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "        GT gg[4]; float pp[4], mm[4], vv[4], xx[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
+    "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
+    "        capex_go_ld4(x + 4 * k, xx);\n"
+    "        for (int j = 0; j < 4; j++) {\n"
+    "            float gi = capex_go_tof(gg[j], G) * gs;\n"
+    "            pp[j] = w ? capex__adam_ams_w_elem(pp[j], gi, &mm[j], &vv[j], &xx[j], b1, b2, bc1, bc2, eps, lr, wd)\n"
+    "                      : capex__adam_ams_l2_elem(pp[j], gi, &mm[j], &vv[j], &xx[j], b1, b2, bc1, bc2, eps, lr, wd);\n"
+    "            if (mk) hh[j] = capex_go_half(pp[j], mk, sr, off + 4 * k + j);\n"
+    "        }\n"
+    "        capex_go_st4(p + 4 * k, pp); capex_go_st4(m + 4 * k, mm); capex_go_st4(v + 4 * k, vv); capex_go_st4(x + 4 * k, xx);\n"
+    "        if (mk) capex_go_st4(h + 4 * k, hh);\n"
+    "    }\n"
+    "    for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
+    "        float gi = capex_go_tof(gp[i], G) * gs, mm = m[i], vv = v[i], xx = x[i];\n"
+    "        float pi = w ? capex__adam_ams_w_elem(p[i], gi, &mm, &vv, &xx, b1, b2, bc1, bc2, eps, lr, wd)\n"
+    "                     : capex__adam_ams_l2_elem(p[i], gi, &mm, &vv, &xx, b1, b2, bc1, bc2, eps, lr, wd);\n"
+    "        p[i] = pi; m[i] = mm; v[i] = vv; x[i] = xx;\n"
+    "        if (mk) h[i] = capex_go_half(pi, mk, sr, off + i);\n"
+    "    }\n"
+    "}\n";
+static const char capex__cuda_frag_go14[] =
+    "/* Adagrad: lists g, p, sum, model, tensor index. ptr[0]: group, ptr[1]: seed,\n"
+    "   flag[0]: adagrad_w_mode, flag[1]: model kind. clr as capex_optim_step:\n"
+    "   f32(lr / (1 + (step-1)*lr_decay)) in double (step already counts this one). */\n"
+    "template <int G> CAPEX_DEVICE void capex_go_adagrad(const capex_go_meta<5> &mt, const capex_go_args &a) {\n"
+    "    typedef typename capex_go_ty<G>::T GT;\n"
+    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    if (g->skip) return;\n"
+    "    capex_u64 off, n, i, k;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.flag[0], mk = a.flag[1];\n"
+    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
+    "    float *p = (float *)mt.addr[1][s] + off, *sm = (float *)mt.addr[2][s] + off;\n"
+    "    capex_u16 *h = mk ? (capex_u16 *)mt.addr[3][s] + off : (capex_u16 *)0; /* no offset on a null pointer */\n"
+    "    const float gs = g->gs, eps = g->eps, wd = g->wd;\n"
+    "    const float clr = (float)((double)g->lr / (1.0 + (double)(g->step - 1) * (double)g->lr_decay));\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[4][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[2][s], off, 4) && (!mk || capex_go_al(mt.addr[3][s], off, 2)) ? n / 4 : 0;\n"
+    "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "        GT gg[4]; float pp[4], ss[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
+    "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(sm + 4 * k, ss);\n"
+    "        for (int j = 0; j < 4; j++) {\n"
+    "            float gi = capex_go_tof(gg[j], G) * gs;\n"
+    "            pp[j] = w ? capex__adagrad_w_elem(pp[j], gi, &ss[j], eps, clr, wd) : capex__adagrad_l2_elem(pp[j], gi, &ss[j], eps, clr, wd);\n"
+    "            if (mk) hh[j] = capex_go_half(pp[j], mk, sr, off + 4 * k + j);\n"
+    "        }\n"
+    "        capex_go_st4(p + 4 * k, pp); capex_go_st4(sm + 4 * k, ss);\n"
+    "        if (mk) capex_go_st4(h + 4 * k, hh);\n"
+    "    }\n"
+    "    for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
+    "        float gi = capex_go_tof(gp[i], G) * gs, ss = sm[i];\n"
+    "        float pi = w ? capex__adagrad_w_elem(p[i], gi, &ss, eps, clr, wd) : capex__adagrad_l2_elem(p[i], gi, &ss, eps, clr, wd);\n"
+    "        p[i] = pi; sm[i] = ss;\n"
+    "        if (mk) h[i] = capex_go_half(pi, mk, sr, off + i);\n"
+    "    }\n"
+    "}\n";
+static const char capex__cuda_frag_go15_ams[] =
+    "CAPEX_GK void capex_go_adam_ams_f32(capex_go_meta<6> m, capex_go_args a) { capex_go_adam_ams<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_adam_ams_f16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam_ams<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_adam_ams_bf16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam_ams<2>(m, a); }\n";
+static const char capex__cuda_frag_go15_adagrad[] =
+    "CAPEX_GK void capex_go_adagrad_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_adagrad<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_adagrad_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_adagrad<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_adagrad_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_adagrad<2>(m, a); }\n";
 /* Template instances: one fragment per part (see capex__cuda_parts). */
 static const char capex__cuda_frag_go9_sumsq[] =
     "CAPEX_GK void capex_go_sumsq_f32(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<0>(m, a); }\n"
@@ -2592,6 +2685,10 @@ CAPEX__PRIVATE const char *capex__cuda_frag_go12_fn(void) { return capex__cuda_f
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_novo_f32_fn(void) { return capex__cuda_frag_go9_novo_f32; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_novo_f16_fn(void) { return capex__cuda_frag_go9_novo_f16; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_novo_bf16_fn(void) { return capex__cuda_frag_go9_novo_bf16; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go13_fn(void) { return capex__cuda_frag_go13; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go14_fn(void) { return capex__cuda_frag_go14; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go15_ams_fn(void) { return capex__cuda_frag_go15_ams; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go15_adagrad_fn(void) { return capex__cuda_frag_go15_adagrad; }
 /* This section's fragments in program order (after the prelude), for tools
    that compile them elsewhere (tests/test_gpuopt_emu.c runs them on the CPU). */
 CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n) {
@@ -2603,7 +2700,8 @@ CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n
         capex__cuda_frag_go9_sumsq_fn, capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn, capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn, capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn, capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn, capex__cuda_frag_go9_lamb1_bf16_fn,
         capex__cuda_frag_gomath6_fn, capex__cuda_frag_go10_fn, capex__cuda_frag_go11_fn, capex__cuda_frag_go12_fn,
         capex__cuda_frag_go9_novo_f32_fn, capex__cuda_frag_go9_novo_f16_fn,
-        capex__cuda_frag_go9_novo_bf16_fn};
+        capex__cuda_frag_go9_novo_bf16_fn,
+        capex__cuda_frag_gomath7_fn, capex__cuda_frag_go13_fn, capex__cuda_frag_go14_fn, capex__cuda_frag_go15_ams_fn, capex__cuda_frag_go15_adagrad_fn};
     *n = sizeof f / sizeof f[0];
     return f;
 }
@@ -2892,6 +2990,7 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     capex__cuda_frag_go9_lamb1_bf16_fn, capex__cuda_frag_gomath6_fn, capex__cuda_frag_go10_fn,
     capex__cuda_frag_go11_fn, capex__cuda_frag_go12_fn, capex__cuda_frag_go9_novo_f32_fn,
     capex__cuda_frag_go9_novo_f16_fn, capex__cuda_frag_go9_novo_bf16_fn,
+    capex__cuda_frag_gomath7_fn, capex__cuda_frag_go13_fn, capex__cuda_frag_go14_fn, capex__cuda_frag_go15_ams_fn, capex__cuda_frag_go15_adagrad_fn,
     /* norm fragments */
     capex__norm_math_cuda, /* capex.h's CAPEX__NORM_MATH, the CPU backend's text */
     capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn, capex__cuda_frag_norm_b1_fn, capex__cuda_frag_norm_c_fn,
@@ -2914,7 +3013,8 @@ enum {
     CAPEX__CP_ADAM_F32, CAPEX__CP_ADAM_F16, CAPEX__CP_ADAM_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_SGD_F16,
     CAPEX__CP_SGD_BF16, CAPEX__CP_LAMB1_F32, CAPEX__CP_LAMB1_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB_RATIO,
     CAPEX__CP_LAMB2, CAPEX__CP_NORM_FWD, CAPEX__CP_NORM_BWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_BWD,
-    CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16, CAPEX__CP_NOVO_BF16, CAPEX__CP_NOVO_NORM, CAPEX__CUDA_N_PARTS
+    CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16, CAPEX__CP_NOVO_BF16, CAPEX__CP_NOVO_NORM,
+    CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAGRAD, CAPEX__CUDA_N_PARTS
 };
 #define CAPEX__CP_GO                                                                                          \
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn,                    \
@@ -2952,6 +3052,10 @@ static const capex__cuda_fragment_fn capex__cuda_pf_norm_fwd[] = {CAPEX__CP_NORM
 static const capex__cuda_fragment_fn capex__cuda_pf_norm_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_c_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_bn_fwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_bn_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_e_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_adam_ams[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_gomath7_fn,
+    capex__cuda_frag_go13_fn, capex__cuda_frag_go15_ams_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_adagrad[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_gomath7_fn,
+    capex__cuda_frag_go14_fn, capex__cuda_frag_go15_adagrad_fn, NULL};
 
 typedef struct capex__cuda_part {
     const char *name;                   /* also the NVRTC program name, "capex_builtin_<name>" */
@@ -2970,6 +3074,7 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
     {"bn_fwd", capex__cuda_pf_bn_fwd},         {"bn_bwd", capex__cuda_pf_bn_bwd},
     {"novo_f32", capex__cuda_pf_novo_f32},     {"novo_f16", capex__cuda_pf_novo_f16},
     {"novo_bf16", capex__cuda_pf_novo_bf16},   {"novo_norm", capex__cuda_pf_novo_norm},
+    {"adam_ams", capex__cuda_pf_adam_ams},     {"adagrad", capex__cuda_pf_adagrad},
 };
 
 /* Kernel names of the built-in program (sections index this table), and the
@@ -2989,6 +3094,9 @@ static const char *const capex__cuda_builtin_kernels[] = {
     /* norm kernels */
     "capex_norm_fwd", "capex_norm_bwd_dx", "capex_norm_bwd_gamma_part", "capex_norm_bwd_gamma_final",
     "capex_bn_stats", "capex_bn_merge", "capex_bn_eval_stats", "capex_bn_fwd", "capex_bn_bwd_reduce", "capex_bn_bwd_dx",
+    /* optimizer kernels added later (ids CAPEX__GO_K_ADAM_AMS ..) */
+    "capex_go_adam_ams_f32", "capex_go_adam_ams_f16", "capex_go_adam_ams_bf16",
+    "capex_go_adagrad_f32", "capex_go_adagrad_f16", "capex_go_adagrad_bf16",
 };
 #define CAPEX__CUDA_N_BUILTIN (sizeof capex__cuda_builtin_kernels / sizeof capex__cuda_builtin_kernels[0])
 static const unsigned char capex__cuda_builtin_kernel_part[] = {
@@ -3005,6 +3113,7 @@ static const unsigned char capex__cuda_builtin_kernel_part[] = {
     CAPEX__CP_NOVO_NORM,
     CAPEX__CP_NORM_FWD, CAPEX__CP_NORM_BWD, CAPEX__CP_NORM_BWD, CAPEX__CP_NORM_BWD,
     CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_BWD, CAPEX__CP_BN_BWD,
+    CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAGRAD, CAPEX__CP_ADAGRAD, CAPEX__CP_ADAGRAD,
 };
 typedef char capex__cuda_kernel_parts_ok[sizeof capex__cuda_builtin_kernel_part == CAPEX__CUDA_N_BUILTIN ? 1 : -1];
 
@@ -3080,6 +3189,7 @@ CAPEX_API int capex_cuda_builtin_kernel_part(const char *kernel) {
    program). The calling thread works too; parts are taken heaviest first
    (measured ptxas+front-end cost) so the longest ones do not start last. */
 static const unsigned char capex__cuda_part_order[CAPEX__CUDA_N_PARTS] = {
+    CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAGRAD, /* three kernels each */
     CAPEX__CP_NORM_FWD, CAPEX__CP_LAMB2, CAPEX__CP_BN_FWD, CAPEX__CP_ADAM_BF16, CAPEX__CP_ADAM_F16, CAPEX__CP_ADAM_F32,
     CAPEX__CP_NORM_BWD, CAPEX__CP_SGD_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_AMP, CAPEX__CP_UNSCALE_F16, CAPEX__CP_LAMB1_F16,
     CAPEX__CP_LAMB_RATIO, CAPEX__CP_BN_BWD, CAPEX__CP_SGD_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB1_F32,
@@ -4143,7 +4253,8 @@ typedef struct capex__go_group {
     float lr, beta1, beta2, eps, wd, momentum, dampening;
     int32_t bias_correction, grad_averaging, nesterov, mom_init;
     float gs, bc1, bc2, beta3, clip_div;
-    uint32_t skip, first, wd_on, wd_before, wd_after, step_lo, step_hi, pad;
+    uint32_t skip, first, wd_on, wd_before, wd_after, step_lo, step_hi;
+    float lr_decay; /* Adagrad (host-set, like lr .. nesterov) */
 } capex__go_group;
 typedef struct capex__go_scaler {
     double growth_factor, backoff_factor;
@@ -4175,7 +4286,10 @@ enum {
     CAPEX__GO_K_LAMB_CLIP = 24, CAPEX__GO_K_LAMB_RATIO = 25, CAPEX__GO_K_LAMB2 = 26, CAPEX__GO_K_SCALER = 27,
     CAPEX__GO_K_NOVO1 = 28, CAPEX__GO_K_NOVO2 = 31, /* + grad dtype */
     CAPEX__GO_K_NOVO_NORM = 34,
-    CAPEX__GO_NK = 35
+    CAPEX__GO_NK = 35,
+    /* after the norm kernels (10) in capex__cuda_builtin_kernels, which follow
+       CAPEX__GO_NK: + grad dtype */
+    CAPEX__GO_K_ADAM_AMS = 45, CAPEX__GO_K_ADAGRAD = 48, CAPEX__GO_NK_ALL = 51
 };
 #define CAPEX__GO_KBASE 7
 #define CAPEX__GO_THREADS 512 /* per block: a power of two <= 512 (the kernels' shared arrays) */
@@ -4697,6 +4811,7 @@ typedef struct capex__go_t {
     size_t group;
     int mk;              /* model copy: 0 none, 1 f16, 2 bf16, 3 bf16 stochastic rounding */
     unsigned char own_m, own_v;
+    unsigned char own_vm; /* amsgrad's max_exp_avg_sq allocated here */
 } capex__go_t;
 
 struct capex_cuda_optim {
@@ -4718,6 +4833,7 @@ struct capex_cuda_optim {
     capex_lr_schedule sched;
     capex_cuda_ptr dsched;   /* capex__lr_p, then float base lr per group (dsched_groups of them) */
     size_t dsched_groups, dsched_cap;
+    capex_cuda_ptr dvm;      /* Adam amsgrad: u64[nt], each tensor's max_exp_avg_sq (0: none); 0 without amsgrad */
 };
 CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream);
 
@@ -4732,6 +4848,7 @@ CAPEX__PRIVATE void capex__go_hp_to_group(const capex_optim_hparams *hp, capex__
     g->bias_correction = hp->bias_correction != 0;
     g->grad_averaging = hp->grad_averaging != 0;
     g->nesterov = hp->nesterov != 0;
+    g->lr_decay = hp->lr_decay;
 }
 /* the hyperparameter bytes of capex__go_group: lr .. nesterov */
 #define CAPEX__GO_HP_OFF offsetof(capex__go_group, lr)
@@ -4771,8 +4888,10 @@ CAPEX_API void capex_cuda_optim_destroy(capex_cuda_optim *o) {
     for (k = 0; k < o->nt; k++) {
         if (o->t[k].own_m) o->ex.release(o->ex.user, (capex_cuda_ptr)(uintptr_t)o->t[k].p.exp_avg);
         if (o->t[k].own_v) o->ex.release(o->ex.user, (capex_cuda_ptr)(uintptr_t)o->t[k].p.exp_avg_sq);
+        if (o->t[k].own_vm) o->ex.release(o->ex.user, (capex_cuda_ptr)(uintptr_t)o->t[k].p.max_exp_avg_sq);
     }
     if (o->dgroups) o->ex.release(o->ex.user, o->dgroups);
+    if (o->dvm) o->ex.release(o->ex.user, o->dvm);
     if (o->dlamb) o->ex.release(o->ex.user, o->dlamb);
     if (o->dnovo) o->ex.release(o->ex.user, o->dnovo);
     if (o->dsched) o->ex.release(o->ex.user, o->dsched);
@@ -4785,6 +4904,23 @@ CAPEX_API void capex_cuda_optim_destroy(capex_cuda_optim *o) {
 }
 
 CAPEX_API size_t capex_cuda_optim_num_groups(const capex_cuda_optim *o) { return o ? o->ngroups : 0; }
+
+/* Sets n floats at dst to x (Adagrad's initial_accumulator_value) by copies
+   from a host block: the exec has no fill, and this runs once per add_group. */
+CAPEX__PRIVATE capex_result capex__go_fill(const capex__go_exec *ex, capex_cuda_ptr dst, int64_t n, float x) {
+    const int64_t fill_n = 16384;
+    float *buf = (float *)capex__alloc(NULL, (size_t)fill_n * sizeof *buf);
+    capex_result r = CAPEX_OK;
+    int64_t i, at;
+    if (!buf) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_optim_add_group: out of host memory");
+    for (i = 0; i < fill_n; i++) buf[i] = x;
+    for (at = 0; at < n && r == CAPEX_OK; at += fill_n) {
+        int64_t c = n - at < fill_n ? n - at : fill_n;
+        r = ex->htod(ex->user, dst + 4u * (uint64_t)at, buf, (size_t)c * 4u, NULL);
+    }
+    capex__free(NULL, buf);
+    return r;
+}
 
 CAPEX__PRIVATE size_t capex__go_lamb_bytes(int64_t chunks, size_t nt) {
     return 8u * (2u * (size_t)chunks + 2u * nt + 1u) + 8u * nt;
@@ -4799,10 +4935,10 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
                                                   const capex_optim_param *params, size_t n, size_t *group_index) {
     const char *fn = "capex_cuda_optim_add_group";
     size_t k, nt;
-    int need_m, need_v;
+    int need_m, need_v, need_vm, any_vm;
     int64_t chunks = 0;
     capex_result r = CAPEX_OK;
-    capex_cuda_ptr *bufs = NULL, dgroups = 0, dlamb = 0, dnovo = 0;
+    capex_cuda_ptr *bufs = NULL, dgroups = 0, dlamb = 0, dnovo = 0, dvm = 0;
     capex__go_group *groups = NULL;
     capex_optim_hparams *nhp = NULL;
     capex__go_t *nt_t = NULL;
@@ -4822,11 +4958,12 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     if (o->ngroups + 1 > (size_t)INT32_MAX || o->nt + n > (size_t)INT32_MAX)
         return capex__fail(CAPEX_ERR_LIMIT, "%s: too many groups or tensors", fn);
     if ((r = capex__optim_check_aliases(o->t, sizeof *o->t, o->nt, NULL, params, n, fn)) != CAPEX_OK) return r;
-    need_m = o->desc.kind != CAPEX_OPTIM_SGD || hp->momentum != 0.0f;
-    need_v = o->desc.kind != CAPEX_OPTIM_SGD && o->desc.kind != CAPEX_OPTIM_NOVOGRAD;
+    need_m = o->desc.kind == CAPEX_OPTIM_SGD ? hp->momentum != 0.0f : o->desc.kind != CAPEX_OPTIM_ADAGRAD;
+    need_v = o->desc.kind != CAPEX_OPTIM_SGD && o->desc.kind != CAPEX_OPTIM_NOVOGRAD; /* Adagrad: the sum */
+    need_vm = o->desc.kind == CAPEX_OPTIM_ADAM && hp->amsgrad;
     nt = o->nt + n;
     /* everything new is built aside; the optimizer changes only at the end */
-    bufs = (capex_cuda_ptr *)capex__alloc(NULL, 2 * (n ? n : 1) * sizeof *bufs);
+    bufs = (capex_cuda_ptr *)capex__alloc(NULL, 3 * (n ? n : 1) * sizeof *bufs);
     groups = (capex__go_group *)capex__alloc(NULL, (o->ngroups + 1) * sizeof *groups);
     nhp = (capex_optim_hparams *)capex__alloc(NULL, (o->ngroups + 1) * sizeof *nhp);
     nt_t = (capex__go_t *)capex__alloc(NULL, (nt ? nt : 1) * sizeof *nt_t);
@@ -4837,7 +4974,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
         r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
         goto fail;
     }
-    memset(bufs, 0, 2 * (n ? n : 1) * sizeof *bufs);
+    memset(bufs, 0, 3 * (n ? n : 1) * sizeof *bufs);
     memset(groups, 0, (o->ngroups + 1) * sizeof *groups);
     /* steps queued on the caller's streams must have run before their step
        counts are read here and their group table is freed below */
@@ -4848,8 +4985,9 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     for (k = 0; k < n && r == CAPEX_OK; k++) {
         size_t bytes = (size_t)params[k].numel * sizeof(float);
         if (!bytes) continue;
-        if (need_m && !params[k].exp_avg) r = o->ex.alloc(o->ex.user, bytes, &bufs[2 * k]);
-        if (r == CAPEX_OK && need_v && !params[k].exp_avg_sq) r = o->ex.alloc(o->ex.user, bytes, &bufs[2 * k + 1]);
+        if (need_m && !params[k].exp_avg) r = o->ex.alloc(o->ex.user, bytes, &bufs[3 * k]);
+        if (r == CAPEX_OK && need_v && !params[k].exp_avg_sq) r = o->ex.alloc(o->ex.user, bytes, &bufs[3 * k + 1]);
+        if (r == CAPEX_OK && need_vm && !params[k].max_exp_avg_sq) r = o->ex.alloc(o->ex.user, bytes, &bufs[3 * k + 2]);
     }
     if (r != CAPEX_OK) goto fail;
     if ((r = o->ex.alloc(o->ex.user, (o->ngroups + 1) * sizeof *groups, &dgroups)) != CAPEX_OK) goto fail;
@@ -4881,16 +5019,34 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
         memset(t, 0, sizeof *t);
         t->p = params[k];
         t->group = o->ngroups;
-        if (bufs[2 * k]) t->p.exp_avg = (float *)(uintptr_t)bufs[2 * k];
-        if (bufs[2 * k + 1]) t->p.exp_avg_sq = (float *)(uintptr_t)bufs[2 * k + 1];
-        t->own_m = bufs[2 * k] != 0;
-        t->own_v = bufs[2 * k + 1] != 0;
+        if (bufs[3 * k]) t->p.exp_avg = (float *)(uintptr_t)bufs[3 * k];
+        if (bufs[3 * k + 1]) t->p.exp_avg_sq = (float *)(uintptr_t)bufs[3 * k + 1];
+        if (bufs[3 * k + 2]) t->p.max_exp_avg_sq = (float *)(uintptr_t)bufs[3 * k + 2];
+        t->own_m = bufs[3 * k] != 0;
+        t->own_v = bufs[3 * k + 1] != 0;
+        t->own_vm = bufs[3 * k + 2] != 0;
         if (!need_m || !t->p.numel) t->p.exp_avg = NULL;
         if (!need_v || !t->p.numel) t->p.exp_avg_sq = NULL;
+        if (!need_vm || !t->p.numel) t->p.max_exp_avg_sq = NULL;
         if (!t->p.model || !t->p.numel) t->p.model = NULL;
         t->mk = !t->p.model ? 0 : t->p.model_dtype == CAPEX_F16 ? 1 : o->desc.stochastic_rounding ? 3 : 2;
         if (t->p.exp_avg && (r = o->ex.zero(o->ex.user, (capex_cuda_ptr)(uintptr_t)t->p.exp_avg, (size_t)t->p.numel * 4u, NULL)) != CAPEX_OK) goto fail;
         if (t->p.exp_avg_sq && (r = o->ex.zero(o->ex.user, (capex_cuda_ptr)(uintptr_t)t->p.exp_avg_sq, (size_t)t->p.numel * 4u, NULL)) != CAPEX_OK) goto fail;
+        if (t->p.max_exp_avg_sq && (r = o->ex.zero(o->ex.user, (capex_cuda_ptr)(uintptr_t)t->p.max_exp_avg_sq, (size_t)t->p.numel * 4u, NULL)) != CAPEX_OK) goto fail;
+        if (o->desc.kind == CAPEX_OPTIM_ADAGRAD && t->p.exp_avg_sq && hp->initial_accumulator_value != 0.0f &&
+            (r = capex__go_fill(&o->ex, (capex_cuda_ptr)(uintptr_t)t->p.exp_avg_sq, t->p.numel, hp->initial_accumulator_value)) != CAPEX_OK)
+            goto fail;
+    }
+    /* amsgrad: the table of max buffers the kernel looks up by tensor index */
+    for (k = 0, any_vm = 0; k < nt; k++) any_vm |= nt_t[k].p.max_exp_avg_sq != NULL;
+    if (any_vm) {
+        uint64_t *tab = (uint64_t *)capex__alloc(NULL, nt * sizeof *tab);
+        if (!tab) { r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn); goto fail; }
+        for (k = 0; k < nt; k++) tab[k] = (uint64_t)(uintptr_t)nt_t[k].p.max_exp_avg_sq;
+        r = o->ex.alloc(o->ex.user, nt * sizeof *tab, &dvm);
+        if (r == CAPEX_OK) r = o->ex.htod(o->ex.user, dvm, tab, nt * sizeof *tab, NULL);
+        capex__free(NULL, tab);
+        if (r != CAPEX_OK) goto fail;
     }
     if (dlamb) { /* tensor -> group table for the trust-ratio kernel */
         int32_t *tg = (int32_t *)shape; /* scratch: nt * 16 bytes >= nt * 4 */
@@ -4906,6 +5062,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     if (o->dgroups) o->ex.release(o->ex.user, o->dgroups);
     if (o->dlamb) o->ex.release(o->ex.user, o->dlamb);
     if (o->dnovo) o->ex.release(o->ex.user, o->dnovo);
+    if (o->dvm) o->ex.release(o->ex.user, o->dvm);
     capex__free(NULL, o->hp);
     capex__free(NULL, o->t);
     capex__free(NULL, o->shape);
@@ -4914,6 +5071,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     o->dgroups = dgroups;
     o->dlamb = dlamb;
     o->dnovo = dnovo;
+    o->dvm = dvm;
     o->hp = nhp;
     o->t = nt_t;
     o->shape = shape;
@@ -4937,9 +5095,10 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
             int gd = (int)params[k].grad_dtype;
             if (gd < 0 || gd > 2 || seen[gd]) continue;
             seen[gd] = 1;
-            ks[nk++] = (o->desc.kind == CAPEX_OPTIM_ADAM ? CAPEX__GO_K_ADAM : o->desc.kind == CAPEX_OPTIM_SGD
-                        ? CAPEX__GO_K_SGD : o->desc.kind == CAPEX_OPTIM_NOVOGRAD ? CAPEX__GO_K_NOVO2
-                        : CAPEX__GO_K_LAMB1) + gd; /* NovoGrad's pass 1 is in the same part */
+            ks[nk++] = (o->desc.kind == CAPEX_OPTIM_ADAM ? (need_vm ? (int)CAPEX__GO_K_ADAM_AMS : (int)CAPEX__GO_K_ADAM)
+                        : o->desc.kind == CAPEX_OPTIM_SGD ? (int)CAPEX__GO_K_SGD
+                        : o->desc.kind == CAPEX_OPTIM_NOVOGRAD ? (int)CAPEX__GO_K_NOVO2 /* pass 1 is in its part */
+                        : o->desc.kind == CAPEX_OPTIM_ADAGRAD ? (int)CAPEX__GO_K_ADAGRAD : (int)CAPEX__GO_K_LAMB1) + gd;
         }
         o->ex.prefetch(o->ex.user, ks, nk);
     }
@@ -4949,11 +5108,12 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     return CAPEX_OK;
 fail:
     if (bufs)
-        for (k = 0; k < 2 * n; k++)
+        for (k = 0; k < 3 * n; k++)
             if (bufs[k]) o->ex.release(o->ex.user, bufs[k]);
     if (dgroups) o->ex.release(o->ex.user, dgroups);
     if (dlamb) o->ex.release(o->ex.user, dlamb);
     if (dnovo) o->ex.release(o->ex.user, dnovo);
+    if (dvm) o->ex.release(o->ex.user, dvm);
     capex__free(NULL, bufs);
     capex__free(NULL, groups);
     capex__free(NULL, nhp);
@@ -4968,7 +5128,7 @@ fail:
    kind or -1) into o->shape / o->ten with the given address layout; returns
    the count. layout: 0 Adam (g p m v h idx), 1 SGD and NovoGrad pass 2 (g p
    buf h idx), 2 LAMB stage 1 (g p m v idx), 3 LAMB stage 2 (p m v h idx), 4
-   grads only, 5 NovoGrad pass 1 (g idx). */
+   grads only, 5 NovoGrad pass 1 (g idx), 6 Adagrad (g p sum h idx). */
 CAPEX__PRIVATE size_t capex__go_class(capex_cuda_optim *o, size_t group, int gd, int mk, int layout) {
     size_t k, c = 0;
     for (k = 0; k < o->nt; k++) {
@@ -4987,6 +5147,7 @@ CAPEX__PRIVATE size_t capex__go_class(capex_cuda_optim *o, size_t group, int gd,
         case 2: a[0] = g; a[1] = p; a[2] = m; a[3] = v; a[4] = k; break;
         case 3: a[0] = p; a[1] = m; a[2] = v; a[3] = h; a[4] = k; break;
         case 5: a[0] = g; a[1] = k; break;
+        case 6: a[0] = g; a[1] = p; a[2] = v; a[3] = h; a[4] = k; break; /* Adagrad: v is the sum */
         default: a[0] = g; break;
         }
         o->shape[c].data = NULL;
@@ -5209,6 +5370,19 @@ CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr
         for (gd = 0; gd < 3 && r == CAPEX_OK; gd++)
             for (mk = 0; mk < 4 && r == CAPEX_OK; mk++) {
                 int adam = o->desc.kind == CAPEX_OPTIM_ADAM;
+                if (o->desc.kind == CAPEX_OPTIM_ADAGRAD || (adam && o->hp[g].amsgrad)) {
+                    int ada = !adam;
+                    if (!(c = capex__go_class(o, g, gd, mk, ada ? 6 : 0))) continue;
+                    memset(&a, 0, sizeof a);
+                    a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
+                    a.ptr[1] = o->desc.seed;
+                    a.ptr[2] = o->dvm;
+                    a.flag[0] = o->desc.adam_w_mode != 0;
+                    a.flag[1] = mk;
+                    r = capex__go_mta(&o->ex, (ada ? CAPEX__GO_K_ADAGRAD : CAPEX__GO_K_ADAM_AMS) + gd, ada ? 5 : 6, o->shape,
+                                      o->ten, c, o->chunk, &a, -1, 0, stream, NULL);
+                    continue;
+                }
                 if (!(c = capex__go_class(o, g, gd, mk, adam ? 0 : 1))) continue;
                 memset(&a, 0, sizeof a);
                 a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
@@ -5237,10 +5411,16 @@ CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t 
             if (o->t[k].group == group && o->t[k].p.numel && !o->t[k].p.exp_avg)
                 return capex__fail(CAPEX_ERR_CONFIG, "SGD: group %zu was created without momentum, so it has no momentum "
                                    "buffers; create the group with momentum != 0 to turn momentum on later", group);
+    if (o->desc.kind == CAPEX_OPTIM_ADAM && (hp->amsgrad != 0) != (o->hp[group].amsgrad != 0))
+        return capex__fail(CAPEX_ERR_CONFIG, "Adam: group %zu was created with amsgrad %d; amsgrad is fixed when the "
+                           "group is added (its max_exp_avg_sq buffers exist only then)", group, o->hp[group].amsgrad != 0);
     memset(&g, 0, sizeof g);
     capex__go_hp_to_group(hp, &g);
     r = o->ex.htod(o->ex.user, o->dgroups + group * sizeof g + CAPEX__GO_HP_OFF, (const char *)&g + CAPEX__GO_HP_OFF,
                    CAPEX__GO_HP_LEN, stream);
+    if (r == CAPEX_OK) /* Adagrad's, outside the lr .. nesterov bytes */
+        r = o->ex.htod(o->ex.user, o->dgroups + group * sizeof g + offsetof(capex__go_group, lr_decay), &g.lr_decay,
+                       sizeof g.lr_decay, stream);
     if (r == CAPEX_OK) o->hp[group] = *hp;
     if (r == CAPEX_OK) r = capex__go_sched_upload(o, stream); /* the new base lr */
     return r;
@@ -5285,6 +5465,19 @@ CAPEX_API capex_result capex_cuda_optim_get_state(const capex_cuda_optim *o, siz
                        group, index, o->ngroups);
 }
 
+CAPEX_API capex_result capex_cuda_optim_get_max_exp_avg_sq(const capex_cuda_optim *o, size_t group, size_t index,
+                                                           capex_cuda_ptr *max_exp_avg_sq) {
+    size_t k, i = 0;
+    if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_get_max_exp_avg_sq: optimizer is NULL");
+    for (k = 0; k < o->nt; k++) {
+        if (o->t[k].group != group || i++ != index) continue;
+        if (max_exp_avg_sq) *max_exp_avg_sq = (capex_cuda_ptr)(uintptr_t)o->t[k].p.max_exp_avg_sq;
+        return CAPEX_OK;
+    }
+    return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_get_max_exp_avg_sq: group %zu has no parameter %zu "
+                       "(%zu groups)", group, index, o->ngroups);
+}
+
 /* Byte offsets of each tensor's fp32 weights and model copy in one host block. */
 CAPEX__PRIVATE size_t capex__go_host_layout(const capex_cuda_optim *o, size_t k, int model) {
     size_t j, at = 0;
@@ -5323,7 +5516,7 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
     for (k = 0; k < o->nt; k++) {
         capex_optim_param *p = &ps[k];
         *p = o->t[k].p;
-        p->exp_avg = p->exp_avg_sq = NULL; /* the host optimizer allocates its own */
+        p->exp_avg = p->exp_avg_sq = p->max_exp_avg_sq = NULL; /* the host optimizer allocates its own */
         p->param = (float *)(block + capex__go_host_layout(o, k, 0));
         p->grad = p->param; /* placeholder: at least as large as any grad dtype needs */
         p->model = o->t[k].p.model ? (void *)(block + capex__go_host_layout(o, k, 1)) : NULL;
@@ -5344,6 +5537,8 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
         if (d->exp_avg && p->exp_avg) r = o->ex.dtoh(o->ex.user, p->exp_avg, (capex_cuda_ptr)(uintptr_t)d->exp_avg, nb, stream);
         if (r == CAPEX_OK && d->exp_avg_sq && p->exp_avg_sq)
             r = o->ex.dtoh(o->ex.user, p->exp_avg_sq, (capex_cuda_ptr)(uintptr_t)d->exp_avg_sq, nb, stream);
+        if (r == CAPEX_OK && d->max_exp_avg_sq && p->max_exp_avg_sq)
+            r = o->ex.dtoh(o->ex.user, p->max_exp_avg_sq, (capex_cuda_ptr)(uintptr_t)d->max_exp_avg_sq, nb, stream);
         if (r == CAPEX_OK && (flags & CAPEX_OPTIM_STATE_PARAMS))
             r = o->ex.dtoh(o->ex.user, p->param, (capex_cuda_ptr)(uintptr_t)d->param, nb, stream);
         if (r == CAPEX_OK && (flags & CAPEX_OPTIM_STATE_PARAMS) && d->model)
@@ -5392,7 +5587,7 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
                                fn, k, h->tensors[k].group, (long long)p->numel, o->t[k].group, (long long)d->numel);
         if (!d->numel) continue; /* no buffers to compare or copy */
         if ((!p->exp_avg) != (!d->exp_avg) ||
-            (!p->exp_avg_sq) != (!d->exp_avg_sq) ||
+            (!p->exp_avg_sq) != (!d->exp_avg_sq) || (!p->max_exp_avg_sq) != (!d->max_exp_avg_sq) ||
             ((flags & CAPEX_OPTIM_STATE_PARAMS) && ((!p->model) != (!d->model) || (p->model && p->model_dtype != d->model_dtype))))
             return capex__fail(CAPEX_ERR_SIZE_MISMATCH,
                                "%s: parameter %zu: moment or model buffers differ (optimizer settings or model dtype)", fn, k);
@@ -5405,6 +5600,11 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
         goto done;
     for (g = 0; g < o->ngroups; g++) {
         if ((r = capex__optim_check_hp(&o->desc, &h->groups[g].hp)) != CAPEX_OK) goto done;
+        if (o->desc.kind == CAPEX_OPTIM_ADAM && (h->groups[g].hp.amsgrad != 0) != (o->hp[g].amsgrad != 0)) {
+            r = capex__fail(CAPEX_ERR_CONFIG, "%s: group %zu has amsgrad %d on the host, %d on the device", fn, g,
+                            h->groups[g].hp.amsgrad != 0, o->hp[g].amsgrad != 0);
+            goto done;
+        }
         if (h->groups[g].step < 0 || h->groups[g].step > CAPEX_STEP_MAX) {
             r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: group %zu has step %lld, outside [0, CAPEX_STEP_MAX = 2^53]", fn,
                             g, (long long)h->groups[g].step);
@@ -5423,6 +5623,8 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
         if (d->exp_avg) r = o->ex.htod(o->ex.user, (capex_cuda_ptr)(uintptr_t)d->exp_avg, p->exp_avg, nb, NULL);
         if (r == CAPEX_OK && d->exp_avg_sq)
             r = o->ex.htod(o->ex.user, (capex_cuda_ptr)(uintptr_t)d->exp_avg_sq, p->exp_avg_sq, nb, NULL);
+        if (r == CAPEX_OK && d->max_exp_avg_sq)
+            r = o->ex.htod(o->ex.user, (capex_cuda_ptr)(uintptr_t)d->max_exp_avg_sq, p->max_exp_avg_sq, nb, NULL);
         if (r == CAPEX_OK && (flags & CAPEX_OPTIM_STATE_PARAMS))
             r = o->ex.htod(o->ex.user, (capex_cuda_ptr)(uintptr_t)d->param, p->param, nb, NULL);
         if (r == CAPEX_OK && (flags & CAPEX_OPTIM_STATE_PARAMS) && d->model)

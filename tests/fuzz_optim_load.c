@@ -2,10 +2,11 @@
 
    Each input is a state file; capex_fuzz_fixup (fuzz_load.h) repairs its
    header length and checksum, then it is loaded, with and without
-   CAPEX_OPTIM_STATE_PARAMS, into four live optimizers (Adam with f16/bf16
+   CAPEX_OPTIM_STATE_PARAMS, into six live optimizers (Adam with f16/bf16
    model copies and an empty tensor over two groups, LAMB, SGD with one group
    with momentum and one without, NovoGrad with reg_inside_moment, an empty
-   tensor and two groups), each already stepped once. A refused load
+   tensor and two groups, Adagrad in W mode over two groups, Adam with one
+   amsgrad group and one without), each already stepped once. A refused load
    must leave the optimizer bit-identical (struct, groups, per-step constants,
    weights, model copies, moments, grads) and set a message. An accepted one
    must give valid hyperparameters and step counts in [0, CAPEX_STEP_MAX],
@@ -19,7 +20,7 @@
    Seeds: cc -DCAPEX_FUZZ_GEN -Itests tests/fuzz_optim_load.c -o gen -lm && ./gen tests/corpus/fuzz_optim_load */
 #include "fuzz_load.h"
 
-#define NRIG 4
+#define NRIG 6
 #define MAXT 4
 
 typedef struct frig {
@@ -37,13 +38,15 @@ static void frig_make(frig *r, int c) {
     capex_optim_hparams hp;
     size_t t, i;
     memset(r, 0, sizeof *r);
-    capex_optim_desc_init(&d, c == 0 ? CAPEX_OPTIM_ADAM : c == 1 ? CAPEX_OPTIM_LAMB : c == 2 ? CAPEX_OPTIM_SGD
-                                                                                   : CAPEX_OPTIM_NOVOGRAD);
+    capex_optim_desc_init(&d, c == 0 || c == 5 ? CAPEX_OPTIM_ADAM : c == 1 ? CAPEX_OPTIM_LAMB
+                              : c == 2 ? CAPEX_OPTIM_SGD : c == 3 ? CAPEX_OPTIM_NOVOGRAD : CAPEX_OPTIM_ADAGRAD);
     d.seed = 42;
     if (c == 0) { d.adam_w_mode = 1; d.stochastic_rounding = 1; d.defaults.weight_decay = 0.01f; }
     if (c == 1) d.max_grad_norm = 1.0f;
     if (c == 2) d.defaults.momentum = 0.9f;
     if (c == 3) { d.reg_inside_moment = 1; d.defaults.weight_decay = 0.01f; }
+    if (c == 4) { d.adam_w_mode = 1; d.defaults.lr_decay = 0.1f; d.defaults.initial_accumulator_value = 0.2f; }
+    if (c == 5) d.defaults.amsgrad = 1;
     CAPEX_FUZZ_REQUIRE(capex_optim_create(&d, &r->opt) == CAPEX_OK);
     r->nt = c == 0 ? 4 : c == 1 ? 2 : 3;
     for (t = 0; t < r->nt; t++) {
@@ -70,6 +73,10 @@ static void frig_make(frig *r, int c) {
     } else if (c == 3) { /* {0, 1} and {2} */
         CAPEX_FUZZ_REQUIRE(capex_optim_add_group(r->opt, NULL, ps, 2, NULL) == CAPEX_OK);
         hp = d.defaults; hp.lr = 0.01f; hp.grad_averaging = 0;
+        CAPEX_FUZZ_REQUIRE(capex_optim_add_group(r->opt, &hp, ps + 2, 1, NULL) == CAPEX_OK);
+    } else if (c >= 4) { /* {0, 1} and {2}: other lr_decay / without amsgrad (no max buffer) */
+        CAPEX_FUZZ_REQUIRE(capex_optim_add_group(r->opt, NULL, ps, 2, NULL) == CAPEX_OK);
+        hp = d.defaults; hp.lr_decay = 0.0f; hp.amsgrad = 0;
         CAPEX_FUZZ_REQUIRE(capex_optim_add_group(r->opt, &hp, ps + 2, 1, NULL) == CAPEX_OK);
     } else { /* {0, 1} with momentum, {2} without (no buffers) */
         CAPEX_FUZZ_REQUIRE(capex_optim_add_group(r->opt, NULL, ps, 2, NULL) == CAPEX_OK);
@@ -123,6 +130,7 @@ static void snap_take(snap *s, const frig *r, int whole) {
         if (p->model) snap_add(s, p->model, n * 2);
         if (p->exp_avg) snap_add(s, p->exp_avg, n * 4);
         if (p->exp_avg_sq) snap_add(s, p->exp_avg_sq, n * 4);
+        if (p->max_exp_avg_sq) snap_add(s, p->max_exp_avg_sq, n * 4);
     }
 }
 
@@ -213,7 +221,7 @@ static void capex_fuzz_optim_load(const uint8_t *data, size_t size) {
    target's checks. */
 int main(int argc, char **argv) {
     int c, f;
-    const char *names[NRIG] = {"adam", "lamb", "sgd", "novograd"};
+    const char *names[NRIG] = {"adam", "lamb", "sgd", "novograd", "adagrad", "amsgrad"};
     if (argc != 2) { fprintf(stderr, "usage: %s DIR\n", argv[0]); return 2; }
     for (c = 0; c < NRIG; c++)
         for (f = 0; f < 3; f++) {

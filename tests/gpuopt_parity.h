@@ -428,6 +428,20 @@ static void par_opt_compare(ct_state *ct, env *e, par_opt *o, float tol, const c
                      "%s: tensor %d (%s grads, model %d, %lld elements) param[%lld] = %.9g, CPU %.9g", what, i,
                      capex_dtype_name(t->gd), t->model, (long long)t->numel, (long long)k, (double)buf[k], (double)t->p[k]);
         CT_CHECK(((cm == NULL) == (dm == 0) && (cv == NULL) == (dv == 0)) || t->numel == 0, "%s: tensor %d moments exist on both", what, i);
+        {
+            float *cx = NULL;
+            capex_cuda_ptr dx = 0;
+            CT_CHECK(capex_optim_get_max_exp_avg_sq(o->cpu, grp, (size_t)gi, &cx) == CAPEX_OK &&
+                     capex_cuda_optim_get_max_exp_avg_sq(o->dev, grp, (size_t)gi, &dx) == CAPEX_OK, "max state");
+            CT_CHECK((cx == NULL) == (dx == 0) || t->numel == 0, "%s: tensor %d amsgrad max exists on both", what, i);
+            if (cx && dx && t->numel) {
+                CT_CHECK(par_down(e, buf, dx, nb), "down");
+                for (k = 0; k < t->numel; k++)
+                    CT_CHECK(tol == 0 ? par_f2u(buf[k]) == par_f2u(cx[k]) : par_close(buf[k], cx[k], tol, 1e-30f),
+                             "%s: tensor %d max_exp_avg_sq[%lld] = %.9g, CPU %.9g", what, i, (long long)k, (double)buf[k],
+                             (double)cx[k]);
+            }
+        }
         if (cm && dm) {
             CT_CHECK(par_down(e, buf, dm, nb), "down");
             for (k = 0; k < t->numel; k++)
@@ -823,7 +837,95 @@ static void par_schedule(ct_state *ct, env *e, int exact) {
     if (!ct->failed) par_schedule_one(ct, e, &d, t, exact, "SGD + cosine schedule");
     capex_optim_desc_init(&d, CAPEX_OPTIM_LAMB);
     if (!ct->failed) par_schedule_one(ct, e, &d, 2e-6f, exact, "LAMB + cosine schedule");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAGRAD); /* clr = scheduled lr / (1 + (step-1)*lr_decay) */
+    d.defaults.lr = 0.05f;
+    d.defaults.lr_decay = 0.1f;
+    if (!ct->failed) par_schedule_one(ct, e, &d, t, exact, "Adagrad (lr_decay) + cosine schedule");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.defaults.amsgrad = 1;
+    if (!ct->failed) par_schedule_one(ct, e, &d, t, exact, "Adam amsgrad + cosine schedule");
     if (!ct->failed) par_schedule_groups(ct, e, exact);
+}
+
+/* Adagrad (lr_decay, initial_accumulator_value, both modes) and Adam amsgrad:
+   the device bit for bit with capex_optim_step, then a checkpoint round trip. */
+static void par_adagrad(ct_state *ct, env *e) {
+    capex_optim_desc d;
+    int w, sr;
+    for (w = 0; w < 2; w++)
+        for (sr = 0; sr < 2; sr++) {
+            capex_optim_desc_init(&d, CAPEX_OPTIM_ADAGRAD);
+            d.adam_w_mode = w;
+            d.defaults.lr = 0.05f;
+            d.defaults.weight_decay = 0.01f;
+            d.defaults.lr_decay = 0.1f;
+            d.defaults.initial_accumulator_value = sr ? 0.0f : 0.25f;
+            d.stochastic_rounding = sr;
+            d.seed = 0x1234567890abcdefull;
+            d.exec.chunk_size = sr ? 1000 : 0;
+            par_opt_run(ct, e, &d, 24, 0, 0, w ? "Adagrad W" : "Adagrad L2");
+            if (ct->failed) return;
+        }
+    {
+        /* lr_decay changed by set_hparams reaches the device */
+        par_opt o;
+        capex_optim_hparams h;
+        capex_optim_desc_init(&d, CAPEX_OPTIM_ADAGRAD);
+        d.defaults.initial_accumulator_value = 0.5f;
+        CT_CHECK(par_opt_make(e, &o, &d, 9, 0), "setup: %s", capex_last_error());
+        CT_CHECK(capex_optim_get_hparams(o.cpu, 1, &h) == CAPEX_OK, "hparams");
+        h.lr_decay = 0.5f;
+        CT_CHECK(capex_optim_set_hparams(o.cpu, 1, &h) == CAPEX_OK && capex_cuda_optim_set_hparams(o.dev, 1, &h, NULL) == CAPEX_OK,
+                 "%s", capex_last_error());
+        for (w = 0; w < 3 && !ct->failed; w++) {
+            CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu");
+            CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+            par_opt_compare(ct, e, &o, 0, "Adagrad lr_decay set later");
+        }
+        par_opt_free(e, &o);
+        if (ct->failed) return;
+    }
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAGRAD);
+    d.defaults.initial_accumulator_value = 0.1f;
+    d.defaults.lr_decay = 0.01f;
+    par_checkpoint_one(ct, e, &d, 1, "Adagrad");
+}
+
+static void par_adam_amsgrad(ct_state *ct, env *e) {
+    capex_optim_desc d;
+    int w, sr;
+    for (w = 0; w < 2; w++)
+        for (sr = 0; sr < 2; sr++) {
+            capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+            d.adam_w_mode = w;
+            d.defaults.weight_decay = 0.01f;
+            d.defaults.beta2 = 0.9f;
+            d.defaults.amsgrad = 1;
+            d.stochastic_rounding = sr;
+            d.seed = 0x1234567890abcdefull;
+            d.exec.chunk_size = sr ? 1000 : 0;
+            par_opt_run(ct, e, &d, 24, 0, 0, w ? "AdamW amsgrad" : "Adam L2 amsgrad");
+            if (ct->failed) return;
+        }
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.defaults.amsgrad = 1;
+    d.exec.chunk_size = 256;
+    par_opt_run(ct, e, &d, 100, 0, 0, "AdamW amsgrad, 100 tensors");
+    if (ct->failed) return;
+    {
+        /* amsgrad is fixed per group on the device too */
+        par_opt o;
+        capex_optim_hparams h;
+        CT_CHECK(par_opt_make(e, &o, &d, 6, 0), "setup: %s", capex_last_error());
+        h = d.defaults;
+        h.amsgrad = 0;
+        CT_CHECK(capex_cuda_optim_set_hparams(o.dev, 0, &h, NULL) == CAPEX_ERR_CONFIG, "amsgrad switched off on the device");
+        par_opt_free(e, &o);
+    }
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.defaults.amsgrad = 1;
+    d.defaults.weight_decay = 0.01f;
+    if (!ct->failed) par_checkpoint_one(ct, e, &d, 1, "AdamW amsgrad");
 }
 
 /* ---- the device loss scaler against capex_scaler, step by step ----------- */

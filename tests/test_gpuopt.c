@@ -75,6 +75,16 @@ CT_TEST(kernel_table_matches_ids) {
     for (k = 0; k < CAPEX__GO_NK; k++)
         CT_CHECK(!strcmp(capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k], want[k]), "kernel id %d is %s, want %s", k,
                  capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k], want[k]);
+    {   /* kernels appended after the norm kernels: Adam amsgrad, Adagrad (+ grad dtype) */
+        static const char *const more[CAPEX__GO_NK_ALL - CAPEX__GO_K_ADAM_AMS] = {
+            "capex_go_adam_ams_f32", "capex_go_adam_ams_f16", "capex_go_adam_ams_bf16",
+            "capex_go_adagrad_f32", "capex_go_adagrad_f16", "capex_go_adagrad_bf16"};
+        CT_CHECK(CAPEX__CUDA_N_BUILTIN == CAPEX__GO_KBASE + CAPEX__GO_NK_ALL, "table size %d", (int)CAPEX__CUDA_N_BUILTIN);
+        for (k = CAPEX__GO_K_ADAM_AMS; k < CAPEX__GO_NK_ALL; k++)
+            CT_CHECK(!strcmp(capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k], more[k - CAPEX__GO_K_ADAM_AMS]),
+                     "kernel id %d is %s, want %s", k, capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k],
+                     more[k - CAPEX__GO_K_ADAM_AMS]);
+    }
     /* bit parity with the C math needs no FMA contraction */
     for (k = 0; k < n; k++)
         if (!strcmp(opts[k], "--fmad=false")) break;
@@ -322,6 +332,14 @@ CT_TEST(kernel_parameters_match_the_host) {
         else
             CT_CHECK(np == 1 && sz[0] == (long)sizeof(capex__go_args), "%s: %d params of %ld bytes; the host passes %zu",
                      name, np, sz[0], sizeof(capex__go_args));
+    }
+    for (k = CAPEX__GO_K_ADAM_AMS; k < CAPEX__GO_NK_ALL; k++) { /* amsgrad: depth 6, Adagrad: 5 */
+        const char *name = capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k];
+        long sz[4] = {0, 0, 0, 0}, want0 = (long)CAPEX_MTA_META_SIZE(k < CAPEX__GO_K_ADAGRAD ? 6 : 5);
+        int np = ptx_params((const char *)img.data, name, sz, 4);
+        CT_CHECK(np == 2 && sz[0] == want0 && sz[1] == (long)sizeof(capex__go_args),
+                 "%s: %d params of %ld, %ld bytes; the host passes %ld, %zu", name, np, sz[0], sz[1], want0,
+                 sizeof(capex__go_args));
     }
     capex_cuda_image_free(&img);
 }

@@ -141,6 +141,8 @@ static capex_result emu_launch(void *user, int k, unsigned grid, unsigned block,
     static void (*const lamb1[3])(capex_go_meta<5>, capex_go_args) = {capex_go_lamb1_f32, capex_go_lamb1_f16, capex_go_lamb1_bf16};
     static void (*const novo1[3])(capex_go_meta<2>, capex_go_args) = {capex_go_novo1_f32, capex_go_novo1_f16, capex_go_novo1_bf16};
     static void (*const novo2[3])(capex_go_meta<5>, capex_go_args) = {capex_go_novo2_f32, capex_go_novo2_f16, capex_go_novo2_bf16};
+    static void (*const ams[3])(capex_go_meta<6>, capex_go_args) = {capex_go_adam_ams_f32, capex_go_adam_ams_f16, capex_go_adam_ams_bf16};
+    static void (*const adagrad[3])(capex_go_meta<5>, capex_go_args) = {capex_go_adagrad_f32, capex_go_adagrad_f16, capex_go_adagrad_bf16};
     (void)user; (void)s;
     stats.launches++;
     if (grid == 0 || block == 0 || block > 1024 || (block & (block - 1)))
@@ -154,6 +156,8 @@ static capex_result emu_launch(void *user, int k, unsigned grid, unsigned block,
     else if (k == CAPEX__GO_K_LAMB2) emu_mta<5>(capex_go_lamb2, args, grid);
     else if (k >= CAPEX__GO_K_NOVO1 && k < CAPEX__GO_K_NOVO2) emu_mta<2>(novo1[k - CAPEX__GO_K_NOVO1], args, grid);
     else if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO_NORM) emu_mta<5>(novo2[k - CAPEX__GO_K_NOVO2], args, grid);
+    else if (k >= CAPEX__GO_K_ADAM_AMS && k < CAPEX__GO_K_ADAGRAD) emu_mta<6>(ams[k - CAPEX__GO_K_ADAM_AMS], args, grid);
+    else if (k >= CAPEX__GO_K_ADAGRAD && k < CAPEX__GO_NK_ALL) emu_mta<5>(adagrad[k - CAPEX__GO_K_ADAGRAD], args, grid);
     else {
         emu_small_call c;
         c.args = args;
@@ -252,12 +256,15 @@ CT_TEST(emu_amp_loop_no_host_sync) { env e = emu_env(9); par_amp_loop(ct, &e, em
 CT_TEST(emu_checkpoint_roundtrip) { env e = emu_env(10); par_checkpoint(ct, &e); }
 CT_TEST(emu_novograd) { env e = emu_env(11); par_novograd(ct, &e); }
 CT_TEST(emu_lr_schedule) { env e = emu_env(12); par_schedule(ct, &e, 1); }
+CT_TEST(emu_adagrad) { env e = emu_env(13); par_adagrad(ct, &e); }
+CT_TEST(emu_adam_amsgrad) { env e = emu_env(14); par_adam_amsgrad(ct, &e); }
 
 static const ct_case cases[] = {
     CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_many_tensors),
     CT_CASE(emu_l2norm), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
     CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
     CT_CASE(emu_lr_schedule),
+    CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad),
 };
 
 int main(int argc, char **argv) {

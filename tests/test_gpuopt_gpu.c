@@ -69,6 +69,8 @@ CT_TEST(gpu_scaler) { GPU_ENV(e, 18); par_scaler(ct, &e); }
 CT_TEST(gpu_amp_loop_inf_skips) { GPU_ENV(e, 19); par_amp_loop(ct, &e, NULL); }
 CT_TEST(gpu_checkpoint_roundtrip) { GPU_ENV(e, 20); par_checkpoint(ct, &e); }
 CT_TEST(gpu_lr_schedule) { GPU_ENV(e, 21); par_schedule(ct, &e, 0); }
+CT_TEST(gpu_adagrad) { GPU_ENV(e, 22); par_adagrad(ct, &e); }
+CT_TEST(gpu_adam_amsgrad) { GPU_ENV(e, 23); par_adam_amsgrad(ct, &e); }
 
 /* ---- a step captured in a CUDA graph and replayed ---- */
 typedef int (*cu_begin_t)(void *, int);
@@ -248,6 +250,7 @@ static const ct_case cases[] = {
     CT_CASE(gpu_adam), CT_CASE(gpu_sgd), CT_CASE(gpu_lamb), CT_CASE(gpu_novograd), CT_CASE(gpu_scaler), CT_CASE(gpu_amp_loop_inf_skips), CT_CASE(gpu_checkpoint_roundtrip),
     CT_CASE(gpu_lr_schedule),
     CT_CASE(gpu_graph_replay), CT_CASE(gpu_tensor_over_2g_elements),
+    CT_CASE(gpu_adagrad), CT_CASE(gpu_adam_amsgrad),
 };
 
 int main(int argc, char **argv) {

@@ -289,7 +289,8 @@ typedef struct run {
     float p[2][NP], g[2][NP], m[2][NP], v[2][NP];
 } run;
 
-static capex_result make_run(run *r, capex_optim_kind kind, int momentum) {
+/* extra: SGD momentum; 2 also turns Adam's amsgrad on. Adagrad runs with lr_decay. */
+static capex_result make_run(run *r, capex_optim_kind kind, int extra) {
     capex_optim_desc d;
     capex_optim_param ps[2];
     capex_optim_hparams hp;
@@ -300,7 +301,9 @@ static capex_result make_run(run *r, capex_optim_kind kind, int momentum) {
         for (i = 0; i < NP; i++) r->p[k][i] = (float)((i * 37 + k * 11) % 17) / 17.0f - 0.5f;
     capex_optim_desc_init(&d, kind);
     d.defaults.lr = 0.01f;
-    if (kind == CAPEX_OPTIM_SGD && momentum) d.defaults.momentum = 0.9f;
+    if (kind == CAPEX_OPTIM_SGD && extra) d.defaults.momentum = 0.9f;
+    if (kind == CAPEX_OPTIM_ADAM && extra == 2) d.defaults.amsgrad = 1;
+    if (kind == CAPEX_OPTIM_ADAGRAD) d.defaults.lr_decay = 0.05f;
     if ((res = capex_optim_create(&d, &r->opt)) != CAPEX_OK) return res;
     for (k = 0; k < 2; k++) {
         capex_optim_param_init(&ps[k]);
@@ -329,17 +332,20 @@ static void sched_for_test(capex_lr_schedule *s) {
 
 /* A scheduled optimizer takes the same steps, bit for bit, as one whose lr is
    set by hand to (float)capex_lr_at(base, step) before each step: Adam,
-   LAMB (its trust ratio scales with lr), SGD with momentum and NovoGrad. A skipped step
+   LAMB (its trust ratio scales with lr), SGD with momentum, NovoGrad, Adagrad
+   (lr_decay applies to the scheduled lr) and Adam amsgrad. A skipped step
    (found_inf) does not move the schedule. */
 CT_TEST(optimizer_follows_schedule) {
-    static const capex_optim_kind kinds[4] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_LAMB, CAPEX_OPTIM_SGD, CAPEX_OPTIM_NOVOGRAD};
+    static const capex_optim_kind kinds[6] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_LAMB, CAPEX_OPTIM_SGD, CAPEX_OPTIM_NOVOGRAD,
+                                              CAPEX_OPTIM_ADAGRAD, CAPEX_OPTIM_ADAM};
     static run a, b;
     capex_lr_schedule s;
     int kk, step;
     sched_for_test(&s);
-    for (kk = 0; kk < 4; kk++) {
+    for (kk = 0; kk < 6; kk++) {
         int64_t n = 0;
-        CT_CHECK(make_run(&a, kinds[kk], 1) == CAPEX_OK && make_run(&b, kinds[kk], 1) == CAPEX_OK, "%s",
+        int extra = kk == 5 ? 2 : 1; /* the second Adam: amsgrad */
+        CT_CHECK(make_run(&a, kinds[kk], extra) == CAPEX_OK && make_run(&b, kinds[kk], extra) == CAPEX_OK, "%s",
                  capex_last_error());
         CT_CHECK(capex_optim_set_lr_schedule(a.opt, &s) == CAPEX_OK, "%s", capex_last_error());
         for (step = 0; step < 30; step++) {
