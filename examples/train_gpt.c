@@ -214,28 +214,31 @@ static void gpt_init_weights(const gpt *m, float *w, uint64_t seed) {
 /* ---- the layers (forward and backward, llm.c's loops) ------------------- */
 
 /* out[bt][o] = round(bias[o] + sum_i inp[bt][i] * w[o][i]); w is [OC][IC].
-   Each output is summed in i order (8 rows at a time for throughput). */
+   Each output is summed in i order; the loop runs over a transposed copy of
+   w so the innermost loop (over o) is contiguous and vectorises. */
 static void matmul_forward(float *out, const float *inp, const float *w, const float *bias, int64_t BT, int IC, int OC,
                            capex_dtype act) {
-    int64_t bt0;
+    float *wt = (float *)malloc((size_t)IC * OC * sizeof(float));
+    int64_t bt;
+    int i, o;
+    if (!wt) { for (bt = 0; bt < BT * OC; bt++) out[bt] = NAN; return; } /* shows as a NaN loss */
+    for (o = 0; o < OC; o++)
+        for (i = 0; i < IC; i++) wt[(size_t)i * OC + o] = w[(size_t)o * IC + i];
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static)
 #endif
-    for (bt0 = 0; bt0 < BT; bt0 += 8) {
-        const int64_t nb = BT - bt0 < 8 ? BT - bt0 : 8;
-        int o;
-        for (o = 0; o < OC; o++) {
-            const float *wr = w + (size_t)o * IC;
-            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k;
-            int i;
-            for (i = 0; i < IC; i++) {
-                const float wi = wr[i];
-                for (k = 0; k < nb; k++) acc[k] += inp[(bt0 + k) * IC + i] * wi;
-            }
-            for (k = 0; k < nb; k++) out[(bt0 + k) * OC + o] = round_to(acc[k] + (bias ? bias[o] : 0.0f), act);
+    for (bt = 0; bt < BT; bt++) {
+        float *y = out + bt * OC;
+        const float *x = inp + bt * IC;
+        int ii, oo;
+        for (oo = 0; oo < OC; oo++) y[oo] = 0.0f;
+        for (ii = 0; ii < IC; ii++) {
+            const float xi = x[ii], *wr = wt + (size_t)ii * OC;
+            for (oo = 0; oo < OC; oo++) y[oo] += xi * wr[oo];
         }
+        for (oo = 0; oo < OC; oo++) y[oo] = round_to(y[oo] + (bias ? bias[oo] : 0.0f), act);
     }
+    free(wt);
 }
 
 /* dinp = round(dout W) (written); dweight = round(dout^T inp), dbias = sum dout
@@ -562,6 +565,7 @@ typedef struct run_cfg {
 typedef struct run_result {
     float val_loss, train_loss;
     int64_t skipped;
+    int start_step; /* 0, or the checkpoint's step on resume */
     double tokens_per_s, seconds;
     uint32_t weights_crc; /* fingerprint of the final fp32 weights */
     int n_points;
@@ -814,6 +818,7 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
         if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
     }
     capex_sampler_set_epoch(&smp, epoch);
+    res->start_step = step;
     if (c->losses_path && rank == 0 && !(lf = fopen(c->losses_path, "w"))) {
         fprintf(stderr, "cannot write %s\n", c->losses_path);
         goto fail;
@@ -933,6 +938,7 @@ static void run_cfg_default(run_cfg *c) {
     c->sample_len = 300; c->prompt = "This License";
 }
 
+#ifndef TRAIN_GPT_NO_MAIN
 static void usage(void) {
     printf("usage: train_gpt [options]\n"
            "  --opt O0|O1|O2|O3     opt level (default O2)\n"
@@ -951,7 +957,7 @@ static void usage(void) {
            "torchrun --no-python) over TCP, or mpirun with the CAPEX_MPI build.\n");
 }
 
-#ifndef TRAIN_GPT_NO_MAIN
+
 int main(int argc, char **argv) {
     run_cfg cfg;
     text_data data;

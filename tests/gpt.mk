@@ -1,0 +1,12 @@
+# The GPT example (examples/train_gpt.c): `make gpt` trains it on the licence
+# texts (O2 fp16, AdamW; about 2 minutes on 2 cores) and samples text;
+# tests/test_gpt.c compiles the example in (TRAIN_GPT_NO_MAIN).
+.PHONY: gpt
+$(BUILD)/tests/test_gpt: examples/train_gpt.c
+
+$(BUILD)/examples/train_gpt: examples/train_gpt.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 $(EXAMPLE_OPT) $(WARN) $(OPENMP) $< -o $@ $(LDLIBS)
+
+gpt: $(BUILD)/examples/train_gpt
+	$(BUILD)/examples/train_gpt $(GPT_ARGS)
