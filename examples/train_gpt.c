@@ -932,8 +932,8 @@ static void run_cfg_default(run_cfg *c) {
     memset(c, 0, sizeof *c);
     c->level = CAPEX_O2; c->half = CAPEX_F16; c->optim = CAPEX_OPTIM_ADAM;
     c->model.seq = 64; c->model.layers = 2; c->model.heads = 4; c->model.channels = 64; c->model.rms = 0;
-    c->steps = 600; c->batch = 16;
-    c->lr = 3e-3f; c->wd = 0.01f; c->clip = 1.0f; c->min_lr_frac = 0.1f; c->warmup = 30; c->seed = 1337;
+    c->steps = 1000; c->batch = 16;
+    c->lr = 3e-3f; c->wd = 0.01f; c->clip = 1.0f; c->min_lr_frac = 0.1f; c->warmup = 50; c->seed = 1337;
     c->eval_every = 100; c->eval_windows = 512; c->log_every = 50;
     c->sample_len = 300; c->prompt = "This License";
 }
@@ -943,7 +943,7 @@ static void usage(void) {
     printf("usage: train_gpt [options]\n"
            "  --opt O0|O1|O2|O3     opt level (default O2)\n"
            "  --half fp16|bf16      half type for O1-O3 (default fp16)\n"
-           "  --optim adamw|lamb    (default adamw)\n"
+           "  --optim adamw|lamb    (default adamw, lr 3e-3; lamb: lr 3e-2)\n"
            "  --steps N --batch B --lr X --wd X --clip X --warmup N --seed N\n"
            "  --seq T --layers L --heads H --channels C --norm layer|rms   model size\n"
            "  --data FILE           training text (default: /usr/share/common-licenses/*)\n"
@@ -964,7 +964,7 @@ int main(int argc, char **argv) {
     capex_dist_env env;
     capex_comm comm;
     const char *data_path = NULL;
-    int i, rc = 1, have_comm = 0;
+    int i, rc = 1, have_comm = 0, lr_given = 0;
     run_cfg_default(&cfg);
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -986,7 +986,7 @@ int main(int argc, char **argv) {
         }
         else if (!strcmp(a, "--steps")) cfg.steps = atoi(v);
         else if (!strcmp(a, "--batch")) cfg.batch = atoi(v);
-        else if (!strcmp(a, "--lr")) cfg.lr = (float)atof(v);
+        else if (!strcmp(a, "--lr")) { cfg.lr = (float)atof(v); lr_given = 1; }
         else if (!strcmp(a, "--wd")) cfg.wd = (float)atof(v);
         else if (!strcmp(a, "--clip")) cfg.clip = (float)atof(v);
         else if (!strcmp(a, "--warmup")) cfg.warmup = atoi(v);
@@ -1010,6 +1010,8 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "unknown option %s (--help)\n", a); return 2; }
         i += used;
     }
+    /* LAMB moves each tensor by about lr times its norm per step: it wants a larger lr */
+    if (cfg.optim == CAPEX_OPTIM_LAMB && !lr_given) cfg.lr = 3e-2f;
     if (cfg.steps < 1 || cfg.batch < 1 || cfg.model.seq < 1 || cfg.model.layers < 1 || cfg.model.heads < 1 ||
         cfg.model.channels < 1 || cfg.model.channels % cfg.model.heads != 0 || !(cfg.lr > 0) || cfg.eval_windows < 1 ||
         cfg.warmup < 0 || cfg.sample_len < 0) {

@@ -230,31 +230,49 @@ static int train_single(const run_cfg *c, run_result *res) {
     return ok;
 }
 
-/* ln 256 = 5.55 nats is chance; the byte unigram of this text is about 3.0.
-   Below LOSS_BOUND after 200 tiny steps means the model uses its context. */
-#define LOSS_BOUND 2.7f
+/* ln 256 = 5.55 nats is chance; the byte unigram of the validation text is
+   3.29 and a bigram table 2.50. Below LOSS_BOUND after 250 tiny steps means
+   the model uses its context. */
+#define LOSS_BOUND 2.95f
 
-CT_TEST(loss_falls_below_bound_every_level) {
+CT_TEST(loss_falls_below_bound_o2_fp16) {
+    run_cfg c;
+    run_result r;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses (Debian base-files)");
+    tiny_cfg(&c, CAPEX_O2, CAPEX_F16, 250);
+    c.batch = 16; c.lr = 3e-3f;
+    CT_CHECK(train_single(&c, &r), "%s", capex_last_error());
+    printf("    O2 fp16 250 steps: val loss %.4f  train %.4f  skipped %lld\n", (double)r.val_loss, (double)r.train_loss, (long long)r.skipped);
+    CT_CHECK(r.val_loss < LOSS_BOUND, "val loss %.4f not below %.2f", (double)r.val_loss, (double)LOSS_BOUND);
+}
+
+/* Every level and half type, and LAMB, learn (below the unigram's 3.29) and
+   land near fp32 (within 0.05; O3, without master weights, within 0.15)
+   after the same 100 steps. */
+CT_TEST(every_level_tracks_fp32) {
     static const struct { capex_opt_level l; capex_dtype h; capex_optim_kind o; const char *name; } runs[] = {
         {CAPEX_O0, CAPEX_F16, CAPEX_OPTIM_ADAM, "O0 adamw"},   {CAPEX_O1, CAPEX_F16, CAPEX_OPTIM_ADAM, "O1 fp16"},
-        {CAPEX_O2, CAPEX_F16, CAPEX_OPTIM_ADAM, "O2 fp16"},    {CAPEX_O2, CAPEX_BF16, CAPEX_OPTIM_ADAM, "O2 bf16"},
-        {CAPEX_O3, CAPEX_BF16, CAPEX_OPTIM_ADAM, "O3 bf16"},   {CAPEX_O2, CAPEX_F16, CAPEX_OPTIM_LAMB, "O2 fp16 lamb"}};
-    float val[6];
+        {CAPEX_O1, CAPEX_BF16, CAPEX_OPTIM_ADAM, "O1 bf16"},   {CAPEX_O2, CAPEX_F16, CAPEX_OPTIM_ADAM, "O2 fp16"},
+        {CAPEX_O2, CAPEX_BF16, CAPEX_OPTIM_ADAM, "O2 bf16"},   {CAPEX_O3, CAPEX_F16, CAPEX_OPTIM_ADAM, "O3 fp16"},
+        {CAPEX_O3, CAPEX_BF16, CAPEX_OPTIM_ADAM, "O3 bf16"},   {CAPEX_O0, CAPEX_F16, CAPEX_OPTIM_LAMB, "O0 lamb"},
+        {CAPEX_O2, CAPEX_F16, CAPEX_OPTIM_LAMB, "O2 fp16 lamb"}};
+    float val[9];
     size_t i;
     if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses (Debian base-files)");
     for (i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         run_cfg c;
         run_result r;
-        tiny_cfg(&c, runs[i].l, runs[i].h, 200);
+        tiny_cfg(&c, runs[i].l, runs[i].h, 100);
         c.optim = runs[i].o;
+        if (c.optim == CAPEX_OPTIM_LAMB) c.lr = 3e-2f; /* the trust ratio moves each tensor by ~lr of its norm */
         CT_CHECK(train_single(&c, &r), "%s: %s", runs[i].name, capex_last_error());
         val[i] = r.val_loss;
         printf("    %-13s val loss %.4f  train %.4f  skipped %lld\n", runs[i].name, (double)r.val_loss, (double)r.train_loss, (long long)r.skipped);
-        CT_CHECK(r.val_loss < LOSS_BOUND, "%s: val loss %.4f not below %.2f", runs[i].name, (double)r.val_loss, (double)LOSS_BOUND);
+        CT_CHECK(r.val_loss < 3.29f, "%s: val loss %.4f not below the unigram's 3.29", runs[i].name, (double)r.val_loss);
+        /* O3 keeps no fp32 master: updates below half an ulp of a weight are lost, so it trails */
+        CT_CHECK(fabsf(val[i] - val[runs[i].o == CAPEX_OPTIM_LAMB ? 7 : 0]) < (runs[i].l == CAPEX_O3 ? 0.15f : 0.05f),
+                 "%s val %.4f vs fp32 %.4f", runs[i].name, (double)val[i], (double)val[runs[i].o == CAPEX_OPTIM_LAMB ? 7 : 0]);
     }
-    /* mixed precision lands near fp32 */
-    for (i = 1; i < 5; i++)
-        CT_CHECK(fabsf(val[i] - val[0]) < 0.1f, "%s val %.4f vs O0 %.4f", runs[i].name, (double)val[i], (double)val[0]);
 }
 
 static void resume_check(ct_state *ct, capex_opt_level level, capex_dtype half, capex_optim_kind optim) {
@@ -403,7 +421,8 @@ static const ct_case cases[] = {
     CT_CASE(model_backward_matches_finite_differences_rmsnorm),
     CT_CASE(initial_loss_is_ln_vocab),
     CT_CASE(sampling_writes_bytes_from_the_model),
-    CT_CASE(loss_falls_below_bound_every_level),
+    CT_CASE(loss_falls_below_bound_o2_fp16),
+    CT_CASE(every_level_tracks_fp32),
     CT_CASE(resume_is_bit_identical_o2_fp16_adamw),
     CT_CASE(resume_is_bit_identical_o2_bf16_lamb),
     CT_CASE(corrupt_checkpoint_is_refused),
