@@ -555,6 +555,7 @@ typedef struct run_cfg {
     const char *resume_path;
     const char *init_path; /* the initial weights as safetensors (for bench/gpt_torch.py) */
     const char *losses_path; /* per-step training loss, one line each (rank 0) */
+    const char *batches_path; /* every step's tokens, B*(T+1) bytes each (rank 0; the torch bench's input) */
     int sample_len;        /* bytes sampled after training (rank 0) */
     const char *prompt;
     int quiet;
@@ -737,7 +738,7 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
     float *w32 = NULL, *weff = NULL, *g32 = NULL;
     uint16_t *wh = NULL;
     unsigned char *tok = NULL;
-    FILE *lf = NULL;
+    FILE *lf = NULL, *bf = NULL;
     int step = 0, i, ok = 0, model_ok = 0;
     uint64_t epoch = 0, pos = 0;
     double t0, ema = 0, tokens = 0;
@@ -823,12 +824,20 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
         fprintf(stderr, "cannot write %s\n", c->losses_path);
         goto fail;
     }
+    if (c->batches_path && rank == 0 && !(bf = fopen(c->batches_path, "wb"))) {
+        fprintf(stderr, "cannot write %s\n", c->batches_path);
+        goto fail;
+    }
 
     t0 = capex_dist_now();
     for (; step < c->steps; step++) {
         float scale = 1.0f, inv_scale = 1.0f, norm = 0.0f, loss, clip_coef = 1.0f;
         int found_inf, do_step = 0;
         CHECK(next_batch(c, d, &smp, &epoch, &pos, tok));
+        if (bf && fwrite(tok, 1, (size_t)c->batch * (c->model.seq + 1), bf) != (size_t)c->batch * (c->model.seq + 1)) {
+            fprintf(stderr, "cannot write %s\n", c->batches_path);
+            goto fail;
+        }
         CHECK(capex_optim_set_lr(opt, 0, lr_at(c, step)));
         compute_weights(&m, &amp, act, w32, wh, weff);
 
@@ -919,6 +928,7 @@ oom:
 fail:
 done:
     if (lf) fclose(lf);
+    if (bf) fclose(bf);
     capex_optim_destroy(opt);
     capex_ddp_destroy(ddp);
     if (model_ok) gpt_free(&m);
@@ -950,6 +960,7 @@ static void usage(void) {
            "  --save FILE [--save-at STEP]  checkpoint;  --resume FILE  continue from one\n"
            "  --save-init FILE      initial weights as safetensors (bench/gpt_torch.py reads them)\n"
            "  --losses FILE         per-step training loss, \"step loss\" per line\n"
+           "  --batches FILE        every step's tokens (B rows of T+1 bytes), for bench/gpt_torch.py\n"
            "  --sample N --prompt TEXT   bytes sampled after training (default 300; 0: none)\n"
            "  --bucket-kb N         DDP bucket size\n"
            "  --log-every N --eval-every N --eval-windows N --quiet\n"
@@ -1001,6 +1012,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--resume")) cfg.resume_path = v;
         else if (!strcmp(a, "--save-init")) cfg.init_path = v;
         else if (!strcmp(a, "--losses")) cfg.losses_path = v;
+        else if (!strcmp(a, "--batches")) cfg.batches_path = v;
         else if (!strcmp(a, "--sample")) cfg.sample_len = atoi(v);
         else if (!strcmp(a, "--prompt")) cfg.prompt = v;
         else if (!strcmp(a, "--bucket-kb")) cfg.bucket_bytes = (size_t)atol(v) * 1024;
