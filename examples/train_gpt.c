@@ -746,12 +746,12 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
     memset(res, 0, sizeof *res);
     CHECK(amp_setup(c, rank, &amp, &act));
     grad_dtype = amp.model_dtype; /* grads have the dtype of the weights they belong to */
-    if (!gpt_init(&m, &c->model, c->batch, act)) return 0;
-    model_ok = 1;
     if (d->n_train < (size_t)c->model.seq + 2 + (size_t)c->batch * world || d->n - d->n_train < (size_t)c->model.seq + 2) {
         fprintf(stderr, "text too short for seq %d and batch %d x %d ranks\n", c->model.seq, c->batch, world);
-        goto fail;
+        return 0;
     }
+    if (!gpt_init(&m, &c->model, c->batch, act)) return 0;
+    model_ok = 1;
     w32 = (float *)malloc((size_t)m.n_params * sizeof(float));
     weff = (float *)malloc((size_t)m.n_params * sizeof(float));
     g32 = (float *)malloc((size_t)m.n_params * sizeof(float));
@@ -942,7 +942,7 @@ static void run_cfg_default(run_cfg *c) {
     memset(c, 0, sizeof *c);
     c->level = CAPEX_O2; c->half = CAPEX_F16; c->optim = CAPEX_OPTIM_ADAM;
     c->model.seq = 64; c->model.layers = 2; c->model.heads = 4; c->model.channels = 64; c->model.rms = 0;
-    c->steps = 1000; c->batch = 16;
+    c->steps = 800; c->batch = 16;
     c->lr = 3e-3f; c->wd = 0.01f; c->clip = 1.0f; c->min_lr_frac = 0.1f; c->warmup = 50; c->seed = 1337;
     c->eval_every = 100; c->eval_windows = 512; c->log_every = 50;
     c->sample_len = 300; c->prompt = "This License";
