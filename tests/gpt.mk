@@ -10,3 +10,10 @@ $(BUILD)/examples/train_gpt: examples/train_gpt.c $(HEADERS)
 
 gpt: $(BUILD)/examples/train_gpt
 	$(BUILD)/examples/train_gpt $(GPT_ARGS)
+
+# The MPI build (mpirun -np 2 build/examples/train_gpt_mpi).
+ifneq ($(DIST_HAVE_MPICC),)
+$(BUILD)/examples/train_gpt_mpi: examples/train_gpt.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(MPICC) -std=c99 $(EXAMPLE_OPT) $(WARN) -DCAPEX_MPI $< -o $@ $(LDLIBS)
+endif
