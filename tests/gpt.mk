@@ -1,6 +1,7 @@
 # The GPT example (examples/train_gpt.c): `make gpt` trains it on the licence
-# texts (O2 fp16, AdamW, 1000 steps: ~110 s of one core at the 9.3k tok/s
-# measured in a quiet moment; minutes when the box is shared) and samples text;
+# texts (O2 fp16, AdamW, 1000 steps; estimated ~2 min on an idle 2-core box from
+# a 9.3k tok/s single-thread burst, 7-8.5 min measured while the box was shared)
+# and samples text;
 # tests/test_gpt.c compiles the example in (TRAIN_GPT_NO_MAIN).
 .PHONY: gpt
 $(BUILD)/tests/test_gpt: examples/train_gpt.c
