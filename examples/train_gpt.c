@@ -1,0 +1,1112 @@
+/* train_gpt.c - a small GPT (decoder-only transformer, GPT-2 layout) written
+   in plain C and trained with capex: opt levels O0-O3 with fp16 or bf16,
+   dynamic loss scaling, fp32 master weights, fused AdamW or LAMB, gradient
+   clipping, a warmup + cosine learning-rate schedule, DDP over TCP or MPI,
+   checkpoints that resume bit-identically, and text sampled at the end.
+
+     make gpt                # O2 fp16, 1000 steps: val ~1.6 nats/byte (make run: 1.86)
+     build/examples/train_gpt --opt O2 --half bf16 --optim lamb
+     build/examples/train_gpt --save ckpt.safetensors --save-at 200
+     build/examples/train_gpt --resume ckpt.safetensors
+     WORLD_SIZE=2 RANK=r MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 build/examples/train_gpt  # each rank
+
+   Model (llm.c's GPT-2 in miniature): byte tokens (vocab 256), token +
+   position embeddings, L pre-norm blocks x += attn(ln1(x)); x += mlp(ln2(x))
+   with causal multi-head self-attention and a GELU (tanh) MLP, a final norm
+   and an output head tied to the token embedding. The norms are capex's
+   fused LayerNorm (or RMSNorm with --norm rms). Forward and backward are
+   plain C loops behind a two-function backend (gpt_backend) so a GPU backend
+   can replace them; the training loop only sees flat weight and gradient
+   vectors. */
+#define CAPEX_IMPLEMENTATION
+#include "../capex.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- data: bytes of text, split into train / validation ----------------- */
+
+typedef struct text_data {
+    unsigned char *bytes; /* byte-level tokens: the token id is the byte */
+    size_t n, n_train;    /* first n_train tokens train, the rest validate */
+} text_data;
+
+/* The licence texts every Debian/Ubuntu system ships (~250 KB of English). */
+static const char *default_corpus[] = {
+    "/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/GPL-2", "/usr/share/common-licenses/LGPL-2.1",
+    "/usr/share/common-licenses/LGPL-3", "/usr/share/common-licenses/Apache-2.0", "/usr/share/common-licenses/Artistic",
+    "/usr/share/common-licenses/MPL-1.1", "/usr/share/common-licenses/MPL-2.0", "/usr/share/common-licenses/GFDL-1.3",
+    "/usr/share/common-licenses/GPL-1", "/usr/share/common-licenses/LGPL-2", "/usr/share/common-licenses/CC0-1.0",
+};
+
+static int append_file(const char *path, unsigned char **buf, size_t *n, size_t *cap) {
+    FILE *f = fopen(path, "rb");
+    size_t got;
+    if (!f) return 0;
+    for (;;) {
+        if (*cap - *n < 65536) {
+            size_t nc = *cap * 2 + 65536;
+            unsigned char *nb = (unsigned char *)realloc(*buf, nc);
+            if (!nb) { fclose(f); return 0; }
+            *buf = nb; *cap = nc;
+        }
+        got = fread(*buf + *n, 1, *cap - *n, f);
+        *n += got;
+        if (got == 0) break;
+    }
+    fclose(f);
+    return 1;
+}
+
+static int load_text(const char *path, double val_fraction, text_data *d) {
+    unsigned char *raw = NULL;
+    size_t n = 0, cap = 0, i;
+    int files = 0;
+    memset(d, 0, sizeof *d);
+    if (path) files = append_file(path, &raw, &n, &cap);
+    else
+        for (i = 0; i < sizeof default_corpus / sizeof default_corpus[0]; i++) files += append_file(default_corpus[i], &raw, &n, &cap);
+    if (!files || n < 4096) {
+        fprintf(stderr, "no training text: %s (give a text file of 4 KB or more with --data FILE)\n",
+                path ? path : "/usr/share/common-licenses/* not found");
+        free(raw);
+        return 0;
+    }
+    d->bytes = raw;
+    d->n = n;
+    d->n_train = (size_t)((double)n * (1.0 - val_fraction));
+    return 1;
+}
+
+/* ---- model ---------------------------------------------------------------
+   All weights live in one flat vector of P_COUNT tensors (per-layer tensors
+   stacked, as in llm.c), so the optimizer, DDP buckets and checkpoints see a
+   handful of contiguous tensors. Mixed precision is emulated as torch.autocast
+   runs it: matmul inputs, weights and outputs are rounded to the half type
+   (fp32 accumulation, as on tensor cores), GELU runs in half, while the
+   embeddings, residual stream, norms, softmax and loss stay fp32. Backward
+   rounds at the same points. With act = CAPEX_F32 nothing is rounded. */
+
+enum {
+    P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB, P_LN2W, P_LN2B,
+    P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB, P_COUNT
+};
+static const char *const param_names[P_COUNT] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b",
+    "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+/* the tensors only matmuls read (O1 rounds these weights to half) */
+static int is_matmul_param(int p) { return p == P_QKVW || p == P_QKVB || p == P_ATTPROJW || p == P_ATTPROJB || p == P_FCW || p == P_FCB || p == P_FCPROJW || p == P_FCPROJB; }
+
+#define VOCAB 256
+
+typedef struct gpt_config {
+    int seq, layers, heads, channels; /* T, L, NH, C */
+    int rms;                          /* 1: RMSNorm (no bias), 0: LayerNorm */
+} gpt_config;
+
+typedef struct gpt {
+    gpt_config cfg;
+    int batch;
+    int64_t off[P_COUNT + 1]; /* tensor i is [off[i], off[i+1]) of the flat vector */
+    int64_t n_params;
+    capex_dtype act;         /* matmul dtype: CAPEX_F32 = plain fp32 */
+    /* activations of the last forward (B*T rows) */
+    float *encoded;                    /* [BT, C] residual stream input */
+    float *ln1, *ln1_mean, *ln1_rstd;  /* [L, BT, C], [L, BT] */
+    float *qkv, *att, *atty;           /* [L, BT, 3C], [L, B, NH, T, T], [L, BT, C] */
+    float *residual2, *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_gelu;             /* [L, BT, 4C] */
+    float *residual3;                  /* [L, BT, C] */
+    float *lnf, *lnf_mean, *lnf_rstd;  /* [BT, C], [BT] */
+    float *probs;                      /* [BT, V] */
+    float *wte_head;                   /* [V, C] the tied head's weights as the matmul sees them */
+    /* backward scratch */
+    float *d_res, *d_a, *d_b, *d_big, *d_big2, *d_qkv, *d_att, *d_head; /* d_head: [V, C] */
+} gpt;
+
+static float round_to(float v, capex_dtype t) {
+    return t == CAPEX_F16 ? capex_f16_to_f32(capex_f32_to_f16(v)) : t == CAPEX_BF16 ? capex_bf16_to_f32(capex_f32_to_bf16(v)) : v;
+}
+static void round_array(float *a, int64_t n, capex_dtype t) {
+    int64_t i;
+    if (t == CAPEX_F32) return;
+    for (i = 0; i < n; i++) a[i] = round_to(a[i], t);
+}
+
+static void gpt_free(gpt *m) {
+    float **bufs[] = {&m->encoded, &m->ln1, &m->ln1_mean, &m->ln1_rstd, &m->qkv, &m->att, &m->atty, &m->residual2,
+                      &m->ln2, &m->ln2_mean, &m->ln2_rstd, &m->fch, &m->fch_gelu, &m->residual3, &m->lnf,
+                      &m->lnf_mean, &m->lnf_rstd, &m->probs, &m->wte_head, &m->d_res, &m->d_a, &m->d_b,
+                      &m->d_big, &m->d_big2, &m->d_qkv, &m->d_att, &m->d_head};
+    size_t i;
+    for (i = 0; i < sizeof bufs / sizeof bufs[0]; i++) { free(*bufs[i]); *bufs[i] = NULL; }
+}
+
+static int gpt_init(gpt *m, const gpt_config *cfg, int batch, capex_dtype act) {
+    const int64_t T = cfg->seq, L = cfg->layers, C = cfg->channels, NH = cfg->heads, BT = (int64_t)batch * T;
+    int64_t sizes[P_COUNT];
+    int i, ok = 1;
+    memset(m, 0, sizeof *m);
+    if (T < 1 || L < 1 || C < 1 || NH < 1 || C % NH != 0 || batch < 1) {
+        fprintf(stderr, "model: seq, layers, heads, channels and batch must be positive, channels a multiple of heads\n");
+        return 0;
+    }
+    m->cfg = *cfg; m->batch = batch; m->act = act;
+    sizes[P_WTE] = VOCAB * C; sizes[P_WPE] = T * C;
+    sizes[P_LN1W] = L * C; sizes[P_LN1B] = L * C;
+    sizes[P_QKVW] = L * 3 * C * C; sizes[P_QKVB] = L * 3 * C;
+    sizes[P_ATTPROJW] = L * C * C; sizes[P_ATTPROJB] = L * C;
+    sizes[P_LN2W] = L * C; sizes[P_LN2B] = L * C;
+    sizes[P_FCW] = L * 4 * C * C; sizes[P_FCB] = L * 4 * C;
+    sizes[P_FCPROJW] = L * C * 4 * C; sizes[P_FCPROJB] = L * C;
+    sizes[P_LNFW] = C; sizes[P_LNFB] = C;
+    m->off[0] = 0;
+    for (i = 0; i < P_COUNT; i++) m->off[i + 1] = m->off[i] + sizes[i];
+    m->n_params = m->off[P_COUNT];
+#define ALLOC(p, n) ok &= ((p) = (float *)calloc((size_t)(n), sizeof(float))) != NULL
+    ALLOC(m->encoded, BT * C);
+    ALLOC(m->ln1, L * BT * C); ALLOC(m->ln1_mean, L * BT); ALLOC(m->ln1_rstd, L * BT);
+    ALLOC(m->qkv, L * BT * 3 * C); ALLOC(m->att, L * batch * NH * T * T); ALLOC(m->atty, L * BT * C);
+    ALLOC(m->residual2, L * BT * C); ALLOC(m->ln2, L * BT * C); ALLOC(m->ln2_mean, L * BT); ALLOC(m->ln2_rstd, L * BT);
+    ALLOC(m->fch, L * BT * 4 * C); ALLOC(m->fch_gelu, L * BT * 4 * C); ALLOC(m->residual3, L * BT * C);
+    ALLOC(m->lnf, BT * C); ALLOC(m->lnf_mean, BT); ALLOC(m->lnf_rstd, BT);
+    ALLOC(m->probs, BT * VOCAB); ALLOC(m->wte_head, VOCAB * C);
+    ALLOC(m->d_res, BT * C); ALLOC(m->d_a, BT * C); ALLOC(m->d_b, BT * C);
+    ALLOC(m->d_big, BT * 4 * C); ALLOC(m->d_big2, BT * 4 * C); ALLOC(m->d_qkv, BT * 3 * C);
+    ALLOC(m->d_att, (int64_t)batch * NH * T * T); ALLOC(m->d_head, VOCAB * C);
+#undef ALLOC
+    if (!ok) { gpt_free(m); fprintf(stderr, "out of memory\n"); }
+    return ok;
+}
+
+/* Deterministic init from a seed (GPT-2): weights ~ N(0, 0.02), the two
+   residual projections N(0, 0.02/sqrt(2L)), biases 0, norm gains 1. */
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double rng_unit(uint64_t *s) { return ((double)(rng_next(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); } /* (0,1) */
+static float rng_normal(uint64_t *s) { /* Box-Muller */
+    double u = rng_unit(s), v = rng_unit(s);
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+static void gpt_init_weights(const gpt *m, float *w, uint64_t seed) {
+    int p;
+    int64_t i;
+    const float proj_std = 0.02f / sqrtf(2.0f * (float)m->cfg.layers);
+    for (p = 0; p < P_COUNT; p++) {
+        float *t = w + m->off[p];
+        int64_t n = m->off[p + 1] - m->off[p];
+        if (p == P_LN1W || p == P_LN2W || p == P_LNFW) for (i = 0; i < n; i++) t[i] = 1.0f;
+        else if (p == P_LN1B || p == P_LN2B || p == P_LNFB || p == P_QKVB || p == P_ATTPROJB || p == P_FCB || p == P_FCPROJB)
+            for (i = 0; i < n; i++) t[i] = 0.0f;
+        else {
+            float sd = (p == P_ATTPROJW || p == P_FCPROJW) ? proj_std : 0.02f;
+            for (i = 0; i < n; i++) t[i] = rng_normal(&seed) * sd;
+        }
+    }
+}
+
+/* ---- the layers (forward and backward, llm.c's loops) ------------------- */
+
+/* out[bt][o] = round(bias[o] + sum_i inp[bt][i] * w[o][i]); w is [OC][IC].
+   Each output is summed in i order; the loop runs over a transposed copy of
+   w so the innermost loop (over o) is contiguous and vectorises. */
+static void matmul_forward(float *out, const float *inp, const float *w, const float *bias, int64_t BT, int IC, int OC,
+                           capex_dtype act) {
+    float *wt = (float *)malloc((size_t)IC * OC * sizeof(float));
+    int64_t bt;
+    int i, o;
+    if (!wt) { for (bt = 0; bt < BT * OC; bt++) out[bt] = NAN; return; } /* shows as a NaN loss */
+    for (o = 0; o < OC; o++)
+        for (i = 0; i < IC; i++) wt[(size_t)i * OC + o] = w[(size_t)o * IC + i];
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (bt = 0; bt < BT; bt += 4) { /* 4 rows per pass over wt: a quarter of the weight reads */
+        const int nr = BT - bt < 4 ? (int)(BT - bt) : 4;
+        int ii, oo, r;
+        for (r = 0; r < nr; r++)
+            for (oo = 0; oo < OC; oo++) out[(bt + r) * OC + oo] = 0.0f;
+        for (ii = 0; ii < IC; ii++) {
+            const float *wr = wt + (size_t)ii * OC;
+            for (r = 0; r < nr; r++) {
+                float *y = out + (bt + r) * OC;
+                const float xi = inp[(bt + r) * IC + ii];
+                for (oo = 0; oo < OC; oo++) y[oo] += xi * wr[oo];
+            }
+        }
+        for (r = 0; r < nr; r++) {
+            float *y = out + (bt + r) * OC;
+            for (oo = 0; oo < OC; oo++) y[oo] = round_to(y[oo] + (bias ? bias[oo] : 0.0f), act);
+        }
+    }
+    free(wt);
+}
+
+/* dinp = round(dout W) (written); dweight = round(dout^T inp), dbias = sum dout
+   (written: every weight slice feeds one matmul per step, except the tied
+   head, which the caller adds). Every output has one thread and sums in a
+   fixed order (over o, resp. bt): deterministic for any thread count. */
+static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *w, int64_t BT, int IC, int OC, capex_dtype act) {
+    int64_t bt;
+    int o;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (bt = 0; bt < BT; bt += 4) { /* 4 rows per pass over w */
+        const int nr = BT - bt < 4 ? (int)(BT - bt) : 4;
+        int i, oo, r;
+        for (r = 0; r < nr; r++)
+            for (i = 0; i < IC; i++) dinp[(bt + r) * IC + i] = 0.0f;
+        for (oo = 0; oo < OC; oo++) {
+            const float *wr = w + (size_t)oo * IC;
+            for (r = 0; r < nr; r++) {
+                float *di = dinp + (bt + r) * IC;
+                const float dv = dout[(bt + r) * OC + oo];
+                for (i = 0; i < IC; i++) di[i] += dv * wr[i];
+            }
+        }
+        for (r = 0; r < nr; r++)
+            for (i = 0; i < IC; i++) dinp[(bt + r) * IC + i] = round_to(dinp[(bt + r) * IC + i], act);
+    }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (o = 0; o < OC; o += 4) { /* 4 weight rows per pass over inp */
+        const int no = OC - o < 4 ? OC - o : 4;
+        float db[4] = {0, 0, 0, 0};
+        int64_t b;
+        int i, k;
+        for (k = 0; k < no; k++)
+            for (i = 0; i < IC; i++) dweight[(size_t)(o + k) * IC + i] = 0.0f;
+        for (b = 0; b < BT; b++) {
+            const float *x = inp + b * IC;
+            for (k = 0; k < no; k++) {
+                float *dw = dweight + (size_t)(o + k) * IC;
+                const float dv = dout[b * OC + o + k];
+                for (i = 0; i < IC; i++) dw[i] += dv * x[i];
+                db[k] += dv;
+            }
+        }
+        for (k = 0; k < no; k++) {
+            float *dw = dweight + (size_t)(o + k) * IC;
+            for (i = 0; i < IC; i++) dw[i] = round_to(dw[i], act);
+            if (dbias) dbias[o + k] = round_to(db[k], act);
+        }
+    }
+}
+
+/* The block's norm through capex (LayerNorm or RMSNorm, fp32 statistics);
+   the output feeds a matmul, so it is rounded to act. */
+static capex_result norm_forward(const gpt *m, float *y, float *mean, float *rstd, const float *x, const float *w,
+                                 const float *b, int64_t rows) {
+    capex_norm_desc nd;
+    capex_norm_args a;
+    capex_result r;
+    capex_norm_desc_init(&nd);
+    capex_norm_args_init(&a);
+    a.rows = rows; a.cols = m->cfg.channels;
+    a.x_dtype = a.y_dtype = a.param_dtype = CAPEX_F32;
+    a.x = x; a.weight = w; a.bias = m->cfg.rms ? NULL : b; a.y = y; a.mean = mean; a.rstd = rstd;
+    r = m->cfg.rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a);
+    round_array(y, rows * m->cfg.channels, m->act);
+    return r;
+}
+
+/* dx (written), dw, db (written; db zeroed under RMSNorm, which has no bias). */
+static capex_result norm_backward(const gpt *m, float *dx, float *dw, float *db, const float *dy, const float *x,
+                                  const float *mean, const float *rstd, const float *w, int64_t rows) {
+    capex_norm_desc nd;
+    capex_norm_args a;
+    capex_norm_desc_init(&nd);
+    capex_norm_args_init(&a);
+    a.rows = rows; a.cols = m->cfg.channels;
+    a.x_dtype = a.y_dtype = a.param_dtype = CAPEX_F32;
+    a.x = x; a.weight = w; a.mean = (float *)mean; a.rstd = (float *)rstd; a.dy = dy; a.dx = dx; a.dweight = dw;
+    if (m->cfg.rms) { memset(db, 0, (size_t)m->cfg.channels * sizeof(float)); return capex_rms_norm_backward(&nd, &a); }
+    a.dbias = db;
+    return capex_layer_norm_backward(&nd, &a);
+}
+
+/* Causal self-attention over qkv [BT, 3C] (q | k | v, head h at h*hs):
+   att = softmax(q.k / sqrt(hs)) over keys 0..t (fp32), out = att v. */
+static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH, capex_dtype act) {
+    const int hs = C / NH, C3 = 3 * C;
+    const float sc = 1.0f / sqrtf((float)hs);
+    int b, t, h;
+#ifdef _OPENMP
+#pragma omp parallel for collapse(3) schedule(static)
+#endif
+    for (b = 0; b < B; b++)
+        for (t = 0; t < T; t++)
+            for (h = 0; h < NH; h++) {
+                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float *a = att + (((size_t)b * NH + h) * T + t) * T, mx = -INFINITY, sum = 0.0f;
+                float *o = out + ((size_t)b * T + t) * C + h * hs;
+                int t2, i;
+                for (t2 = 0; t2 <= t; t2++) {
+                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
+                    float v = 0.0f;
+                    for (i = 0; i < hs; i++) v += q[i] * k[i];
+                    v = round_to(round_to(v, act) * sc, act); /* the score matmul's half output */
+                    a[t2] = v;
+                    if (v > mx) mx = v;
+                }
+                for (t2 = 0; t2 <= t; t2++) { a[t2] = expf(a[t2] - mx); sum += a[t2]; }
+                for (t2 = 0; t2 <= t; t2++) a[t2] = round_to(a[t2] / sum, act); /* fp32 softmax, half into the matmul */
+                for (t2 = t + 1; t2 < T; t2++) a[t2] = 0.0f;
+                for (i = 0; i < hs; i++) o[i] = 0.0f;
+                for (t2 = 0; t2 <= t; t2++) {
+                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs, w = a[t2];
+                    for (i = 0; i < hs; i++) o[i] += w * v[i];
+                }
+                for (i = 0; i < hs; i++) o[i] = round_to(o[i], act);
+            }
+}
+
+/* dqkv (written) from dout; datt is scratch [B, NH, T, T]. Two passes so
+   every output has one owner: dq and datt per query row, then dk and dv per
+   key row (summing over the queries that see it, in query order). */
+static void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att, int B,
+                               int T, int C, int NH, capex_dtype act) {
+    const int hs = C / NH, C3 = 3 * C;
+    const float sc = 1.0f / sqrtf((float)hs);
+    int b, t, h;
+#ifdef _OPENMP
+#pragma omp parallel for collapse(3) schedule(static)
+#endif
+    for (b = 0; b < B; b++)
+        for (t = 0; t < T; t++)
+            for (h = 0; h < NH; h++) {
+                const float *a = att + (((size_t)b * NH + h) * T + t) * T, *d = dout + ((size_t)b * T + t) * C + h * hs;
+                float *da = datt + (((size_t)b * NH + h) * T + t) * T, dot = 0.0f;
+                float *dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+                int t2, i;
+                for (t2 = 0; t2 <= t; t2++) { /* datt = dout . v (a half matmul) */
+                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
+                    float s = 0.0f;
+                    for (i = 0; i < hs; i++) s += d[i] * v[i];
+                    da[t2] = round_to(s, act);
+                }
+                for (t2 = 0; t2 <= t; t2++) dot += a[t2] * da[t2];
+                for (t2 = 0; t2 <= t; t2++) da[t2] = round_to(a[t2] * (da[t2] - dot) * sc, act); /* softmax', 1/sqrt(hs) */
+                for (i = 0; i < hs; i++) dq[i] = 0.0f;
+                for (t2 = 0; t2 <= t; t2++) {
+                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
+                    for (i = 0; i < hs; i++) dq[i] += da[t2] * k[i];
+                }
+                for (i = 0; i < hs; i++) dq[i] = round_to(dq[i], act);
+            }
+#ifdef _OPENMP
+#pragma omp parallel for collapse(3) schedule(static)
+#endif
+    for (b = 0; b < B; b++)
+        for (t = 0; t < T; t++)
+            for (h = 0; h < NH; h++) { /* t is the key / value row here */
+                float *dk = dqkv + ((size_t)b * T + t) * C3 + C + h * hs, *dv = dk + C;
+                int tq, i;
+                for (i = 0; i < hs; i++) { dk[i] = 0.0f; dv[i] = 0.0f; }
+                for (tq = t; tq < T; tq++) {
+                    const float *q = qkv + ((size_t)b * T + tq) * C3 + h * hs, *d = dout + ((size_t)b * T + tq) * C + h * hs;
+                    const float da = datt[(((size_t)b * NH + h) * T + tq) * T + t], a = att[(((size_t)b * NH + h) * T + tq) * T + t];
+                    for (i = 0; i < hs; i++) { dk[i] += da * q[i]; dv[i] += a * d[i]; }
+                }
+                for (i = 0; i < hs; i++) { dk[i] = round_to(dk[i], act); dv[i] = round_to(dv[i], act); }
+            }
+}
+
+/* GELU, tanh approximation (GPT-2; torch GELU(approximate='tanh')), in act. */
+#define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
+static void gelu_forward(float *out, const float *x, int64_t n, capex_dtype act) {
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        const float v = x[i];
+        out[i] = round_to(0.5f * v * (1.0f + tanhf(GELU_S * (v + 0.044715f * v * v * v))), act);
+    }
+}
+static void gelu_backward(float *dx, const float *x, const float *dout, int64_t n, capex_dtype act) {
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        const float v = x[i], u = GELU_S * (v + 0.044715f * v * v * v), th = tanhf(u);
+        const float du = GELU_S * (1.0f + 3.0f * 0.044715f * v * v);
+        dx[i] = round_to(dout[i] * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du), act);
+    }
+}
+
+/* ---- forward / backward of the whole model ------------------------------- */
+
+/* tokens: B rows of T+1 bytes; row b's inputs are [0, T), its targets [1, T].
+   Returns the mean cross-entropy over the B*T positions (NAN if a capex call
+   failed) and keeps the activations (probs: the next-byte distributions). */
+static float gpt_forward(gpt *m, const float *w, const unsigned char *tokens) {
+    const int B = m->batch, T = m->cfg.seq, C = m->cfg.channels, L = m->cfg.layers, NH = m->cfg.heads;
+    const int64_t BT = (int64_t)B * T;
+    const float *res;
+    double loss = 0.0;
+    int64_t bt;
+    int l, c;
+    capex_result r = CAPEX_OK;
+    for (bt = 0; bt < BT; bt++) {
+        const float *te = w + m->off[P_WTE] + (size_t)tokens[(bt / T) * (T + 1) + bt % T] * C;
+        const float *pe = w + m->off[P_WPE] + (size_t)(bt % T) * C;
+        for (c = 0; c < C; c++) m->encoded[bt * C + c] = te[c] + pe[c];
+    }
+    res = m->encoded;
+    for (l = 0; l < L; l++) {
+        const int64_t a = (int64_t)l * BT * C;
+        float *ln1 = m->ln1 + a, *qkv = m->qkv + 3 * a, *atty = m->atty + a, *res2 = m->residual2 + a;
+        float *ln2 = m->ln2 + a, *fch = m->fch + 4 * a, *fchg = m->fch_gelu + 4 * a, *res3 = m->residual3 + a;
+        float *att = m->att + (size_t)l * B * NH * T * T;
+        int64_t i;
+        if (r == CAPEX_OK) r = norm_forward(m, ln1, m->ln1_mean + l * BT, m->ln1_rstd + l * BT, res, w + m->off[P_LN1W] + l * C, w + m->off[P_LN1B] + l * C, BT);
+        matmul_forward(qkv, ln1, w + m->off[P_QKVW] + (size_t)l * 3 * C * C, w + m->off[P_QKVB] + l * 3 * C, BT, C, 3 * C, m->act);
+        attention_forward(atty, att, qkv, B, T, C, NH, m->act);
+        matmul_forward(m->d_a, atty, w + m->off[P_ATTPROJW] + (size_t)l * C * C, w + m->off[P_ATTPROJB] + l * C, BT, C, C, m->act);
+        for (i = 0; i < BT * C; i++) res2[i] = res[i] + m->d_a[i];
+        if (r == CAPEX_OK) r = norm_forward(m, ln2, m->ln2_mean + l * BT, m->ln2_rstd + l * BT, res2, w + m->off[P_LN2W] + l * C, w + m->off[P_LN2B] + l * C, BT);
+        matmul_forward(fch, ln2, w + m->off[P_FCW] + (size_t)l * 4 * C * C, w + m->off[P_FCB] + l * 4 * C, BT, C, 4 * C, m->act);
+        gelu_forward(fchg, fch, BT * 4 * C, m->act);
+        matmul_forward(m->d_a, fchg, w + m->off[P_FCPROJW] + (size_t)l * 4 * C * C, w + m->off[P_FCPROJB] + l * C, BT, 4 * C, C, m->act);
+        for (i = 0; i < BT * C; i++) res3[i] = res2[i] + m->d_a[i];
+        res = res3;
+    }
+    if (r == CAPEX_OK) r = norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, res, w + m->off[P_LNFW], w + m->off[P_LNFB], BT);
+    memcpy(m->wte_head, w + m->off[P_WTE], (size_t)VOCAB * C * sizeof(float));
+    round_array(m->wte_head, (int64_t)VOCAB * C, m->act); /* the head's matmul reads half weights */
+    matmul_forward(m->probs, m->lnf, m->wte_head, NULL, BT, C, VOCAB, m->act); /* logits */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (bt = 0; bt < BT; bt++) { /* softmax in fp32 */
+        float *p = m->probs + bt * VOCAB, mx = -INFINITY, sum = 0.0f;
+        int v;
+        for (v = 0; v < VOCAB; v++) if (p[v] > mx) mx = p[v];
+        for (v = 0; v < VOCAB; v++) { p[v] = expf(p[v] - mx); sum += p[v]; }
+        for (v = 0; v < VOCAB; v++) p[v] /= sum;
+    }
+    for (bt = 0; bt < BT; bt++) loss -= log((double)m->probs[bt * VOCAB + tokens[(bt / T) * (T + 1) + bt % T + 1]] + 1e-30);
+    if (r != CAPEX_OK) { fprintf(stderr, "norm: %s\n", capex_last_error()); return NAN; }
+    return (float)(loss / (double)BT);
+}
+
+/* Gradient of (loss * scale) with respect to w, written to g (fp32; every
+   element is written). Needs the activations of gpt_forward on the same
+   tokens and weights. Returns 0 if a capex call failed. */
+static int gpt_backward(gpt *m, const float *w, const unsigned char *tokens, float scale, float *g) {
+    const int B = m->batch, T = m->cfg.seq, C = m->cfg.channels, L = m->cfg.layers, NH = m->cfg.heads;
+    const int64_t BT = (int64_t)B * T;
+    const float k = scale / (float)BT;
+    float *dres = m->d_res, *dlogits = m->probs; /* dlogits overwrite probs */
+    int64_t bt, i;
+    int l, c;
+    capex_result r = CAPEX_OK;
+    for (bt = 0; bt < BT; bt++) {
+        float *p = m->probs + bt * VOCAB;
+        const int target = tokens[(bt / T) * (T + 1) + bt % T + 1];
+        int v;
+        for (v = 0; v < VOCAB; v++) p[v] = round_to((p[v] - (v == target ? 1.0f : 0.0f)) * k, m->act);
+    }
+    /* tied head: d lnf, and its weight gradient into the wte slot (the embedding's part is added at the end) */
+    matmul_backward(m->d_a, g + m->off[P_WTE], NULL, dlogits, m->lnf, m->wte_head, BT, C, VOCAB, m->act);
+    r = norm_backward(m, dres, g + m->off[P_LNFW], g + m->off[P_LNFB], m->d_a, L ? m->residual3 + (size_t)(L - 1) * BT * C : m->encoded,
+                      m->lnf_mean, m->lnf_rstd, w + m->off[P_LNFW], BT);
+    for (l = L - 1; l >= 0 && r == CAPEX_OK; l--) {
+        const int64_t a = (int64_t)l * BT * C;
+        const float *res = l == 0 ? m->encoded : m->residual3 + a - BT * C;
+        const float *att = m->att + (size_t)l * B * NH * T * T;
+        /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
+        matmul_backward(m->d_big, g + m->off[P_FCPROJW] + (size_t)l * 4 * C * C, g + m->off[P_FCPROJB] + l * C, dres,
+                        m->fch_gelu + 4 * a, w + m->off[P_FCPROJW] + (size_t)l * 4 * C * C, BT, 4 * C, C, m->act);
+        gelu_backward(m->d_big2, m->fch + 4 * a, m->d_big, BT * 4 * C, m->act);
+        matmul_backward(m->d_a, g + m->off[P_FCW] + (size_t)l * 4 * C * C, g + m->off[P_FCB] + l * 4 * C, m->d_big2,
+                        m->ln2 + a, w + m->off[P_FCW] + (size_t)l * 4 * C * C, BT, C, 4 * C, m->act);
+        r = norm_backward(m, m->d_b, g + m->off[P_LN2W] + l * C, g + m->off[P_LN2B] + l * C, m->d_a, m->residual2 + a,
+                          m->ln2_mean + l * BT, m->ln2_rstd + l * BT, w + m->off[P_LN2W] + l * C, BT);
+        for (i = 0; i < BT * C; i++) dres[i] += m->d_b[i];
+        /* attention: res2 = res + attproj(attn(qkv(ln1(res)))) */
+        matmul_backward(m->d_a, g + m->off[P_ATTPROJW] + (size_t)l * C * C, g + m->off[P_ATTPROJB] + l * C, dres,
+                        m->atty + a, w + m->off[P_ATTPROJW] + (size_t)l * C * C, BT, C, C, m->act);
+        attention_backward(m->d_qkv, m->d_att, m->d_a, m->qkv + 3 * a, att, B, T, C, NH, m->act);
+        matmul_backward(m->d_a, g + m->off[P_QKVW] + (size_t)l * 3 * C * C, g + m->off[P_QKVB] + l * 3 * C, m->d_qkv,
+                        m->ln1 + a, w + m->off[P_QKVW] + (size_t)l * 3 * C * C, BT, C, 3 * C, m->act);
+        if (r == CAPEX_OK)
+            r = norm_backward(m, m->d_b, g + m->off[P_LN1W] + l * C, g + m->off[P_LN1B] + l * C, m->d_a, res,
+                              m->ln1_mean + l * BT, m->ln1_rstd + l * BT, w + m->off[P_LN1W] + l * C, BT);
+        for (i = 0; i < BT * C; i++) dres[i] += m->d_b[i];
+    }
+    if (r != CAPEX_OK) { fprintf(stderr, "norm backward: %s\n", capex_last_error()); return 0; }
+    /* embeddings (fp32): token rows accumulate in position order, serially */
+    memset(g + m->off[P_WPE], 0, (size_t)T * C * sizeof(float));
+    for (bt = 0; bt < BT; bt++) {
+        float *gt = g + m->off[P_WTE] + (size_t)tokens[(bt / T) * (T + 1) + bt % T] * C;
+        float *gp = g + m->off[P_WPE] + (size_t)(bt % T) * C;
+        for (c = 0; c < C; c++) { gt[c] += dres[bt * C + c]; gp[c] += dres[bt * C + c]; }
+    }
+    return 1;
+}
+
+/* The seam for other backends (item 3: the same two calls as GPU kernels). */
+typedef struct gpt_backend {
+    const char *name;
+    float (*forward)(gpt *m, const float *w, const unsigned char *tokens);
+    int (*backward)(gpt *m, const float *w, const unsigned char *tokens, float scale, float *g);
+} gpt_backend;
+static const gpt_backend gpt_cpu_backend = {"cpu", gpt_forward, gpt_backward};
+
+/* ---- training ------------------------------------------------------------ */
+
+typedef struct run_cfg {
+    capex_opt_level level;
+    capex_dtype half;
+    capex_optim_kind optim;
+    const char *label;
+    gpt_config model;
+    int steps, batch;
+    float lr, wd, clip, min_lr_frac;
+    int warmup;
+    uint64_t seed;
+    int eval_every, eval_windows, log_every;
+    const char *save_path; /* checkpoint written at save_at (or the end) */
+    int save_at;
+    const char *resume_path;
+    const char *init_path; /* the initial weights as safetensors (for bench/gpt_torch.py) */
+    const char *losses_path; /* per-step training loss, one line each (rank 0) */
+    const char *batches_path; /* every step's tokens, B*(T+1) bytes each (rank 0; the torch bench's input) */
+    int sample_len;        /* bytes sampled after training (rank 0) */
+    const char *prompt;
+    int quiet;
+    size_t bucket_bytes;
+} run_cfg;
+
+#define MAX_POINTS 512
+typedef struct run_result {
+    float val_loss, train_loss;
+    int64_t skipped;
+    int start_step; /* 0, or the checkpoint's step on resume */
+    double tokens_per_s, seconds;
+    uint32_t weights_crc; /* fingerprint of the final fp32 weights */
+    int n_points;
+    int pt_step[MAX_POINTS];
+    float pt_train[MAX_POINTS], pt_val[MAX_POINTS];
+} run_result;
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        capex_result r_ = (call);                                                                  \
+        if (r_ != CAPEX_OK) {                                                                      \
+            fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,               \
+                    capex_result_string(r_), capex_last_error());                                  \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+/* Validation loss on a fixed, evenly spaced set of windows (same on every rank). */
+static float evaluate(const gpt_backend *be, gpt *m, const float *w, const text_data *d, int windows) {
+    const int B = m->batch, T = m->cfg.seq;
+    size_t first = d->n_train, span = d->n - d->n_train - (size_t)T - 1;
+    unsigned char *tok = (unsigned char *)malloc((size_t)B * (T + 1));
+    double sum = 0;
+    int i, done = 0;
+    if (!tok) return NAN;
+    while (done < windows) {
+        for (i = 0; i < B; i++) {
+            size_t start = first + (size_t)(((uint64_t)(done + i) * span) / (uint64_t)windows);
+            memcpy(tok + (size_t)i * (T + 1), d->bytes + start, (size_t)T + 1);
+        }
+        sum += (double)be->forward(m, w, tok) * B;
+        done += B;
+    }
+    free(tok);
+    return (float)(sum / done);
+}
+
+/* Linear warmup, then cosine decay to min_lr_frac * lr (GPT / llm.c). */
+static float lr_at(const run_cfg *c, int step) {
+    float min_lr = c->lr * c->min_lr_frac, t;
+    if (step < c->warmup) return c->lr * (float)(step + 1) / (float)c->warmup;
+    t = (float)(step - c->warmup) / (float)(c->steps > c->warmup ? c->steps - c->warmup : 1);
+    return min_lr + 0.5f * (c->lr - min_lr) * (1.0f + cosf(3.14159265f * (t > 1 ? 1 : t)));
+}
+
+/* The opt level's configuration (printed on rank 0) and the matmul dtype. */
+static capex_result amp_setup(const run_cfg *c, int rank, capex_amp_config *amp, capex_dtype *act) {
+    capex_amp_overrides ov;
+    capex_result r;
+    capex_amp_overrides_init(&ov);
+    if ((r = capex_amp_resolve(c->level, c->half, &ov, amp)) != CAPEX_OK) return r;
+    if (rank == 0 && !c->quiet) {
+        char rep[2048];
+        size_t need;
+        if (capex_amp_report(amp, rep, sizeof rep, &need) == CAPEX_OK) printf("%s", rep);
+    }
+    return capex_amp_op_dtype(amp, CAPEX_OP_LINEAR, amp->model_dtype, act);
+}
+
+/* This rank's shard of the training windows (window i: tokens [i, i+T]). */
+static capex_result sampler_for(const run_cfg *c, const text_data *d, int rank, int world, capex_sampler *smp) {
+    capex_sampler_desc smd;
+    capex_sampler_desc_init(&smd);
+    smd.dataset_size = d->n_train - (size_t)c->model.seq - 1;
+    smd.num_replicas = world;
+    smd.rank = rank;
+    smd.seed = c->seed;
+    smd.drop_last = 1;
+    return capex_sampler_init(smp, &smd);
+}
+
+/* The next batch of this rank's shard into tok; a new epoch reshuffles. */
+static capex_result next_batch(const run_cfg *c, const text_data *d, capex_sampler *smp, uint64_t *epoch, uint64_t *pos,
+                               unsigned char *tok) {
+    const int T = c->model.seq;
+    int b;
+    if (*pos + (uint64_t)c->batch > smp->num_samples) { ++*epoch; *pos = 0; capex_sampler_set_epoch(smp, *epoch); }
+    for (b = 0; b < c->batch; b++) {
+        uint64_t idx = 0;
+        capex_result r = capex_sampler_index(smp, *pos + (uint64_t)b, &idx);
+        if (r != CAPEX_OK) return r;
+        memcpy(tok + (size_t)b * (T + 1), d->bytes + idx, (size_t)T + 1);
+    }
+    *pos += (uint64_t)c->batch;
+    return CAPEX_OK;
+}
+
+/* The weights as the compute sees them: the half model copy (O2, O3), fp32
+   with the matmul weights rounded to half (O1: autocast), or fp32 (O0). */
+static void compute_weights(const gpt *m, const capex_amp_config *amp, capex_dtype act, const float *w32,
+                            const uint16_t *wh, float *weff) {
+    int p;
+    if (amp->model_dtype == CAPEX_F16) capex_f16_to_f32_array(wh, weff, (size_t)m->n_params);
+    else if (amp->model_dtype == CAPEX_BF16) capex_bf16_to_f32_array(wh, weff, (size_t)m->n_params);
+    else {
+        memcpy(weff, w32, (size_t)m->n_params * sizeof(float));
+        for (p = 0; p < P_COUNT; p++)
+            if (is_matmul_param(p)) round_array(weff + m->off[p], m->off[p + 1] - m->off[p], act);
+    }
+}
+
+/* Samples n bytes after a prompt (temperature 1, top-k 0) with a B=1 model;
+   the context is the last T bytes. Returns 0 on error. */
+static int sample_text(const gpt_backend *be, const gpt_config *cfg, const float *w, const char *prompt, int n,
+                       uint64_t seed, FILE *out) {
+    gpt m1;
+    const int T = cfg->seq;
+    unsigned char *ctx = (unsigned char *)malloc((size_t)T + 1);
+    size_t len = strlen(prompt);
+    int i, have;
+    if (!ctx || !gpt_init(&m1, cfg, 1, CAPEX_F32)) { free(ctx); return 0; }
+    have = len > (size_t)T ? T : (int)len;
+    memset(ctx, ' ', (size_t)T + 1);
+    memcpy(ctx, prompt + len - (size_t)have, (size_t)have);
+    if (have == 0) { ctx[0] = '\n'; have = 1; }
+    fputs(prompt, out);
+    for (i = 0; i < n; i++) {
+        const float *p;
+        double u = rng_unit(&seed), cum = 0.0;
+        int v = 0;
+        if (isnan(be->forward(&m1, w, ctx))) { gpt_free(&m1); free(ctx); return 0; }
+        p = m1.probs + (size_t)(have - 1) * VOCAB; /* causal: the padding after `have` is not seen */
+        for (v = 0; v < VOCAB - 1; v++) { cum += p[v]; if (u < cum) break; }
+        fputc(v, out);
+        if (have < T) ctx[have++] = (unsigned char)v;
+        else { memmove(ctx, ctx + 1, (size_t)T - 1); ctx[T - 1] = (unsigned char)v; }
+    }
+    fputc('\n', out);
+    gpt_free(&m1);
+    free(ctx);
+    return 1;
+}
+
+/* The initial weights as plain named safetensors tensors (the torch bench's input). */
+static capex_result save_init(const gpt *m, const float *w, const char *path) {
+    capex_state_writer *wr = NULL;
+    capex_result r = capex_state_writer_create(NULL, &wr);
+    char v[32];
+    int p;
+    for (p = 0; p < P_COUNT && r == CAPEX_OK; p++) {
+        int64_t n = m->off[p + 1] - m->off[p];
+        r = capex_state_add_tensor(wr, param_names[p], CAPEX_STATE_F32, 1, &n, w + m->off[p]);
+    }
+#define META(k, x) if (r == CAPEX_OK) { snprintf(v, sizeof v, "%d", x); r = capex_state_add_meta(wr, k, v); }
+    META("seq", m->cfg.seq) META("layers", m->cfg.layers) META("heads", m->cfg.heads)
+    META("channels", m->cfg.channels) META("rms", m->cfg.rms)
+#undef META
+    if (r == CAPEX_OK) r = capex_state_write_file(wr, path);
+    capex_state_writer_destroy(wr);
+    return r;
+}
+
+static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, capex_comm *comm, int rank, int world,
+                 run_result *res) {
+    capex_amp_config amp;
+    capex_dtype act = CAPEX_F32, grad_dtype = CAPEX_F32;
+    capex_scaler_desc sd;
+    capex_scaler sc;
+    capex_optim_desc od;
+    capex_optim *opt = NULL;
+    capex_optim_param op[P_COUNT];
+    capex_ddp_desc dd;
+    capex_ddp *ddp = NULL;
+    capex_ddp_param dp[P_COUNT];
+    capex_tensor gt[P_COUNT], g32t[P_COUNT];
+    capex_tensor_list grads;
+    capex_sampler smp;
+    gpt m;
+    float *w32 = NULL, *weff = NULL, *g32 = NULL;
+    uint16_t *wh = NULL;
+    unsigned char *tok = NULL;
+    FILE *lf = NULL, *bf = NULL;
+    int step = 0, i, ok = 0, model_ok = 0;
+    uint64_t epoch = 0, pos = 0;
+    double t0, ema = 0, tokens = 0;
+
+    memset(res, 0, sizeof *res);
+    CHECK(amp_setup(c, rank, &amp, &act));
+    grad_dtype = amp.model_dtype; /* grads have the dtype of the weights they belong to */
+    if (d->n_train < (size_t)c->model.seq + 2 + (size_t)c->batch * world || d->n - d->n_train < (size_t)c->model.seq + 2) {
+        fprintf(stderr, "text too short for seq %d and batch %d x %d ranks\n", c->model.seq, c->batch, world);
+        return 0;
+    }
+    if (!gpt_init(&m, &c->model, c->batch, act)) return 0;
+    model_ok = 1;
+    w32 = (float *)malloc((size_t)m.n_params * sizeof(float));
+    weff = (float *)malloc((size_t)m.n_params * sizeof(float));
+    g32 = (float *)malloc((size_t)m.n_params * sizeof(float));
+    wh = (uint16_t *)malloc((size_t)m.n_params * sizeof(uint16_t));
+    tok = (unsigned char *)malloc((size_t)c->batch * (c->model.seq + 1));
+    if (!w32 || !weff || !g32 || !wh || !tok) goto oom;
+    gpt_init_weights(&m, w32, c->seed);
+    /* Every rank starts from rank 0's weights (DDP's initial broadcast). */
+    CHECK(capex_comm_broadcast(comm, w32, (size_t)m.n_params, CAPEX_F32, 0));
+    if (c->init_path && rank == 0 && !c->resume_path) CHECK(save_init(&m, w32, c->init_path));
+    if (amp.model_dtype == CAPEX_F16) capex_f32_to_f16_array(w32, wh, (size_t)m.n_params);
+    if (amp.model_dtype == CAPEX_BF16) capex_f32_to_bf16_array(w32, wh, (size_t)m.n_params);
+    if (amp.model_dtype != CAPEX_F32 && !amp.use_master_weights) /* O3: the fp32 copy holds half values only */
+        round_array(w32, m.n_params, amp.model_dtype);
+
+    /* DDP: gradients live in its bucket buffers, reduced in backward order. */
+    for (i = 0; i < P_COUNT; i++) {
+        dp[i].data = amp.model_dtype == CAPEX_F32 ? (void *)(w32 + m.off[i]) : (void *)(wh + m.off[i]);
+        dp[i].numel = (size_t)(m.off[i + 1] - m.off[i]);
+        dp[i].dtype = grad_dtype;
+        dp[i].grad = NULL;
+    }
+    capex_ddp_desc_init(&dd);
+    dd.broadcast_parameters = 0; /* done above, on the fp32 master weights */
+    if (c->bucket_bytes) dd.bucket_bytes = dd.first_bucket_bytes = c->bucket_bytes;
+    CHECK(capex_ddp_create(&ddp, comm, dp, P_COUNT, &dd));
+
+    capex_optim_desc_init(&od, c->optim);
+    od.defaults.lr = c->lr;
+    od.defaults.weight_decay = c->wd;
+    if (c->optim == CAPEX_OPTIM_LAMB) od.max_grad_norm = c->clip; /* LAMB clips by the global norm itself */
+    CHECK(capex_optim_create(&od, &opt));
+    for (i = 0; i < P_COUNT; i++) {
+        capex_optim_param_init(&op[i]);
+        op[i].param = w32 + m.off[i];
+        op[i].numel = m.off[i + 1] - m.off[i];
+        op[i].grad = capex_ddp_grad(ddp, (size_t)i);
+        op[i].grad_dtype = grad_dtype;
+        if (amp.model_dtype != CAPEX_F32) { op[i].model = wh + m.off[i]; op[i].model_dtype = amp.model_dtype; }
+        gt[i].data = capex_ddp_grad(ddp, (size_t)i);
+        gt[i].numel = op[i].numel;
+        g32t[i].data = g32 + m.off[i];
+        g32t[i].numel = op[i].numel;
+    }
+    grads = capex_tensor_list_make(grad_dtype, gt, P_COUNT);
+    CHECK(capex_optim_add_group(opt, NULL, op, P_COUNT, NULL));
+
+    CHECK(capex_scaler_desc_from_amp(&amp, &sd)); /* O1/O2 fp16: dynamic from 2^16; else static */
+    sd.log_interval = c->quiet ? 0 : 200;
+    CHECK(capex_scaler_init(&sc, &sd));
+    CHECK(sampler_for(c, d, rank, world, &smp));
+
+    if (c->resume_path) {
+        capex_state_reader *rd = NULL;
+        int64_t v[3] = {0, 0, 0};
+        capex_result r = capex_state_reader_open_file(c->resume_path, 0, NULL, &rd);
+        if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.step", &v[0]);
+        if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.epoch", &v[1]);
+        if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.pos", &v[2]);
+        if (r == CAPEX_OK) r = capex_optim_load(opt, rd, "optim", CAPEX_OPTIM_STATE_PARAMS);
+        if (r == CAPEX_OK) r = capex_scaler_load(&sc, rd, "scaler.0.");
+        capex_state_reader_close(rd);
+        if (r != CAPEX_OK) { fprintf(stderr, "resume from %s failed: %s\n", c->resume_path, capex_last_error()); goto fail; }
+        step = (int)v[0]; epoch = (uint64_t)v[1]; pos = (uint64_t)v[2];
+        if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
+    }
+    capex_sampler_set_epoch(&smp, epoch);
+    res->start_step = step;
+    if (c->losses_path && rank == 0 && !(lf = fopen(c->losses_path, "w"))) {
+        fprintf(stderr, "cannot write %s\n", c->losses_path);
+        goto fail;
+    }
+    if (c->batches_path && rank == 0 && !(bf = fopen(c->batches_path, "wb"))) {
+        fprintf(stderr, "cannot write %s\n", c->batches_path);
+        goto fail;
+    }
+
+    t0 = capex_dist_now();
+    for (; step < c->steps; step++) {
+        float scale = 1.0f, inv_scale = 1.0f, norm = 0.0f, loss, clip_coef = 1.0f;
+        int found_inf, do_step = 0;
+        CHECK(next_batch(c, d, &smp, &epoch, &pos, tok));
+        if (bf && fwrite(tok, 1, (size_t)c->batch * (c->model.seq + 1), bf) != (size_t)c->batch * (c->model.seq + 1)) {
+            fprintf(stderr, "cannot write %s\n", c->batches_path);
+            goto fail;
+        }
+        CHECK(capex_optim_set_lr(opt, 0, lr_at(c, step)));
+        compute_weights(&m, &amp, act, w32, wh, weff);
+
+        CHECK(capex_scaler_scale(&sc, &scale));
+        loss = be->forward(&m, weff, tok);
+        if (!be->backward(&m, weff, tok, scale, g32)) goto fail;
+        /* each gradient to DDP in backward order; a full bucket reduces at once */
+        for (i = P_COUNT - 1; i >= 0; i--) {
+            capex_tensor_list one_in = capex_tensor_list_make(CAPEX_F32, &g32t[i], 1);
+            capex_tensor_list one_out = capex_tensor_list_make(grad_dtype, &gt[i], 1);
+            int inf_unused = 0;
+            CHECK(capex_multi_tensor_scale(NULL, &one_in, &one_out, 1.0f, &inf_unused));
+            CHECK(capex_ddp_grad_ready(ddp, (size_t)i));
+        }
+        CHECK(capex_ddp_finalize(ddp));
+        /* one pass over the (still scaled) grads: the global norm, where inf/NaN shows */
+        CHECK(capex_multi_tensor_l2norm(NULL, &grads, &norm, NULL));
+        found_inf = !isfinite(norm);
+        CHECK(capex_scaler_unscale(&sc, 0, found_inf, &inv_scale));
+        if (!found_inf && c->clip > 0 && c->optim != CAPEX_OPTIM_LAMB) clip_coef = capex_clip_coef(norm * inv_scale, c->clip);
+        CHECK(capex_scaler_step(&sc, 0, &do_step));
+        CHECK(capex_optim_step(opt, inv_scale, clip_coef, !do_step));
+        CHECK(capex_scaler_update(&sc));
+        if (do_step && amp.model_dtype != CAPEX_F32 && !amp.use_master_weights) { /* O3: pure half weights */
+            if (amp.model_dtype == CAPEX_F16) capex_f16_to_f32_array(wh, w32, (size_t)m.n_params);
+            else capex_bf16_to_f32_array(wh, w32, (size_t)m.n_params);
+        }
+        if (lf) fprintf(lf, "%d %.9g\n", step, loss);
+        tokens += (double)c->batch * c->model.seq * world;
+        ema = step == 0 ? loss : 0.95 * ema + 0.05 * loss;
+        if (c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) {
+            double el = capex_dist_now() - t0;
+            float cur_scale = 0.0f;
+            capex_scaler_state st;
+            memset(&st, 0, sizeof st);
+            capex_scaler_get_scale(&sc, &cur_scale);
+            capex_scaler_get_state(&sc, &st);
+            printf("[%s] step %5d  loss %.4f  scale %-9g skipped %lld  lr %.2e  %.0f tok/s\n", c->label, step, loss,
+                   cur_scale, (long long)st.skipped_steps, lr_at(c, step), el > 0 ? tokens / el : 0.0);
+        }
+        if (c->eval_every && ((step + 1) % c->eval_every == 0 || step == c->steps - 1) && res->n_points < MAX_POINTS) {
+            float vl;
+            compute_weights(&m, &amp, act, w32, wh, weff); /* after this step's update */
+            vl = evaluate(be, &m, weff, d, c->eval_windows);
+            res->pt_step[res->n_points] = step + 1;
+            res->pt_train[res->n_points] = (float)ema;
+            res->pt_val[res->n_points] = vl;
+            res->n_points++;
+            if (rank == 0 && !c->quiet) printf("[%s] step %5d  val loss %.4f\n", c->label, step + 1, vl);
+        }
+        if (c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps) && rank == 0) {
+            capex_state_writer *w = NULL;
+            capex_result r;
+            CHECK(capex_state_writer_create(NULL, &w));
+            r = capex_state_add_i64(w, "train.step", step + 1);
+            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.epoch", (int64_t)epoch);
+            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.pos", (int64_t)pos);
+            if (r == CAPEX_OK) r = capex_optim_save(opt, w, "optim", CAPEX_OPTIM_STATE_PARAMS);
+            if (r == CAPEX_OK) r = capex_scaler_save(&sc, w, "scaler.0.");
+            if (r == CAPEX_OK) r = capex_state_write_file(w, c->save_path);
+            capex_state_writer_destroy(w);
+            CHECK(r);
+            if (!c->quiet) printf("[%s] checkpoint written to %s after step %d\n", c->label, c->save_path, step + 1);
+        }
+    }
+    res->seconds = capex_dist_now() - t0;
+    res->tokens_per_s = res->seconds > 0 ? tokens / res->seconds : 0;
+    {
+        capex_scaler_state st;
+        memset(&st, 0, sizeof st);
+        capex_scaler_get_state(&sc, &st);
+        res->skipped = st.skipped_steps;
+    }
+    res->train_loss = (float)ema;
+    compute_weights(&m, &amp, act, w32, wh, weff);
+    res->val_loss = evaluate(be, &m, weff, d, c->eval_windows);
+    res->weights_crc = capex_crc32(0, w32, (size_t)m.n_params * sizeof(float));
+    if (c->sample_len > 0 && rank == 0) { /* the inference half: fp32 weights, as an engine would load them */
+        memcpy(weff, w32, (size_t)m.n_params * sizeof(float));
+        printf("---- sample (%d bytes) ----\n", c->sample_len);
+        if (!sample_text(be, &c->model, weff, c->prompt ? c->prompt : "", c->sample_len, c->seed + 1, stdout)) goto fail;
+        printf("----\n");
+    }
+    ok = 1;
+    goto done;
+oom:
+    fprintf(stderr, "out of memory\n");
+fail:
+done:
+    if (lf) fclose(lf);
+    if (bf) fclose(bf);
+    capex_optim_destroy(opt);
+    capex_ddp_destroy(ddp);
+    if (model_ok) gpt_free(&m);
+    free(w32); free(weff); free(g32); free(wh); free(tok);
+    return ok;
+}
+
+/* ---- command line -------------------------------------------------------- */
+
+static void run_cfg_default(run_cfg *c) {
+    memset(c, 0, sizeof *c);
+    c->level = CAPEX_O2; c->half = CAPEX_F16; c->optim = CAPEX_OPTIM_ADAM;
+    c->model.seq = 64; c->model.layers = 2; c->model.heads = 4; c->model.channels = 64; c->model.rms = 0;
+    c->steps = 1000; c->batch = 16;
+    c->lr = 3e-3f; c->wd = 0.01f; c->clip = 1.0f; c->min_lr_frac = 0.1f; c->warmup = 50; c->seed = 1337;
+    c->eval_every = 100; c->eval_windows = 512; c->log_every = 50;
+    c->sample_len = 300; c->prompt = "This License";
+}
+
+#ifndef TRAIN_GPT_NO_MAIN
+static void usage(void) {
+    printf("usage: train_gpt [options]\n"
+           "  --opt O0|O1|O2|O3     opt level (default O2)\n"
+           "  --half fp16|bf16      half type for O1-O3 (default fp16)\n"
+           "  --optim adamw|lamb    (default adamw, lr 3e-3; lamb: lr 3e-2)\n"
+           "  --steps N --batch B --lr X --wd X --clip X --warmup N --seed N\n"
+           "  --seq T --layers L --heads H --channels C --norm layer|rms   model size\n"
+           "  --data FILE           training text (default: /usr/share/common-licenses/*)\n"
+           "  --save FILE [--save-at STEP]  checkpoint;  --resume FILE  continue from one\n"
+           "  --save-init FILE      initial weights as safetensors (bench/gpt_torch.py reads them)\n"
+           "  --losses FILE         per-step training loss, \"step loss\" per line\n"
+           "  --batches FILE        every step's tokens (B rows of T+1 bytes), for bench/gpt_torch.py\n"
+           "  --sample N --prompt TEXT   bytes sampled after training (default 300; 0: none)\n"
+           "  --bucket-kb N         DDP bucket size\n"
+           "  --log-every N --eval-every N --eval-windows N --quiet\n"
+           "Several ranks: the launcher environment (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT;\n"
+           "torchrun --no-python) over TCP, or mpirun with the CAPEX_MPI build.\n");
+}
+
+
+int main(int argc, char **argv) {
+    run_cfg cfg;
+    text_data data;
+    capex_dist_env env;
+    capex_comm comm;
+    const char *data_path = NULL;
+    int i, rc = 1, have_comm = 0, lr_given = 0;
+    run_cfg_default(&cfg);
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int used = 1;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 0; }
+        else if (!strcmp(a, "--quiet")) { cfg.quiet = 1; used = 0; }
+        else if (!v) { fprintf(stderr, "%s needs a value (--help)\n", a); return 2; }
+        else if (!strcmp(a, "--opt")) { if (capex_opt_level_parse(v, &cfg.level) != CAPEX_OK) { fprintf(stderr, "%s\n", capex_last_error()); return 2; } }
+        else if (!strcmp(a, "--half")) { if (capex_half_type_parse(v, &cfg.half) != CAPEX_OK) { fprintf(stderr, "%s\n", capex_last_error()); return 2; } }
+        else if (!strcmp(a, "--optim")) {
+            if (!strcmp(v, "adamw") || !strcmp(v, "adam")) cfg.optim = CAPEX_OPTIM_ADAM;
+            else if (!strcmp(v, "lamb")) cfg.optim = CAPEX_OPTIM_LAMB;
+            else { fprintf(stderr, "--optim: adamw or lamb\n"); return 2; }
+        }
+        else if (!strcmp(a, "--norm")) {
+            if (!strcmp(v, "layer")) cfg.model.rms = 0;
+            else if (!strcmp(v, "rms")) cfg.model.rms = 1;
+            else { fprintf(stderr, "--norm: layer or rms\n"); return 2; }
+        }
+        else if (!strcmp(a, "--steps")) cfg.steps = atoi(v);
+        else if (!strcmp(a, "--batch")) cfg.batch = atoi(v);
+        else if (!strcmp(a, "--lr")) { cfg.lr = (float)atof(v); lr_given = 1; }
+        else if (!strcmp(a, "--wd")) cfg.wd = (float)atof(v);
+        else if (!strcmp(a, "--clip")) cfg.clip = (float)atof(v);
+        else if (!strcmp(a, "--warmup")) cfg.warmup = atoi(v);
+        else if (!strcmp(a, "--seed")) cfg.seed = (uint64_t)strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--seq")) cfg.model.seq = atoi(v);
+        else if (!strcmp(a, "--layers")) cfg.model.layers = atoi(v);
+        else if (!strcmp(a, "--heads")) cfg.model.heads = atoi(v);
+        else if (!strcmp(a, "--channels")) cfg.model.channels = atoi(v);
+        else if (!strcmp(a, "--data")) data_path = v;
+        else if (!strcmp(a, "--save")) cfg.save_path = v;
+        else if (!strcmp(a, "--save-at")) cfg.save_at = atoi(v);
+        else if (!strcmp(a, "--resume")) cfg.resume_path = v;
+        else if (!strcmp(a, "--save-init")) cfg.init_path = v;
+        else if (!strcmp(a, "--losses")) cfg.losses_path = v;
+        else if (!strcmp(a, "--batches")) cfg.batches_path = v;
+        else if (!strcmp(a, "--sample")) cfg.sample_len = atoi(v);
+        else if (!strcmp(a, "--prompt")) cfg.prompt = v;
+        else if (!strcmp(a, "--bucket-kb")) cfg.bucket_bytes = (size_t)atol(v) * 1024;
+        else if (!strcmp(a, "--log-every")) cfg.log_every = atoi(v);
+        else if (!strcmp(a, "--eval-every")) cfg.eval_every = atoi(v);
+        else if (!strcmp(a, "--eval-windows")) cfg.eval_windows = atoi(v);
+        else { fprintf(stderr, "unknown option %s (--help)\n", a); return 2; }
+        i += used;
+    }
+    /* LAMB moves each tensor by about lr times its norm per step: it wants a larger lr */
+    if (cfg.optim == CAPEX_OPTIM_LAMB && !lr_given) cfg.lr = 3e-2f;
+    if (cfg.steps < 1 || cfg.batch < 1 || cfg.model.seq < 1 || cfg.model.layers < 1 || cfg.model.heads < 1 ||
+        cfg.model.channels < 1 || cfg.model.channels % cfg.model.heads != 0 || !(cfg.lr > 0) || cfg.eval_windows < 1 ||
+        cfg.warmup < 0 || cfg.sample_len < 0) {
+        fprintf(stderr, "steps, batch, seq, layers, heads, channels, eval-windows, lr must be positive, "
+                        "channels a multiple of heads, warmup and sample >= 0\n");
+        return 2;
+    }
+#ifdef CAPEX_MPI
+    MPI_Init(&argc, &argv);
+#endif
+    if (capex_dist_env_read(NULL, &env) != CAPEX_OK) {
+        fprintf(stderr, "launcher environment: %s\n", capex_last_error());
+        goto out;
+    }
+    capex_dist_log_init(&env);
+    if (capex_comm_init_auto(&comm, &env) != CAPEX_OK) {
+        fprintf(stderr, "distributed setup failed: %s\n", capex_last_error());
+        goto out;
+    }
+    have_comm = 1;
+    if (!load_text(data_path, 0.1, &data)) goto out;
+    if (env.rank == 0) {
+        gpt probe;
+        int64_t n_params = 0;
+        if (gpt_init(&probe, &cfg.model, 1, CAPEX_F32)) { n_params = probe.n_params; gpt_free(&probe); }
+        printf("capex %s  GPT: %d layers, %d heads, %d channels, seq %d, %s, %lld parameters; %zu bytes of text "
+               "(%zu train / %zu validation), %d rank(s) via %s\n",
+               CAPEX_VERSION_STRING, cfg.model.layers, cfg.model.heads, cfg.model.channels, cfg.model.seq,
+               cfg.model.rms ? "RMSNorm" : "LayerNorm", (long long)n_params, data.n, data.n_train, data.n - data.n_train,
+               env.world_size, capex_launcher_name(env.launcher));
+    }
+    {
+        run_result res;
+        float mine, *all = (float *)malloc((size_t)env.world_size * sizeof(float));
+        int same = 1;
+        cfg.label = capex_opt_level_name(cfg.level);
+        if (!all || !train(&cfg, &gpt_cpu_backend, &data, &comm, env.rank, env.world_size, &res)) { free(all); goto out_data; }
+        /* DDP keeps replicas bit-identical: compare every rank's weight checksum
+           (allgather moves bits, so the crc travels as the bits of a float). */
+        memcpy(&mine, &res.weights_crc, sizeof mine);
+        if (capex_comm_allgather(&comm, &mine, all, 1, CAPEX_F32) != CAPEX_OK) {
+            fprintf(stderr, "replica check failed: %s\n", capex_last_error());
+            free(all);
+            goto out_data;
+        }
+        for (i = 1; i < env.world_size; i++) same &= memcmp(&all[i], &all[0], sizeof mine) == 0;
+        free(all);
+        if (env.rank == 0) {
+            printf("final: val loss %.4f  train loss %.4f  skipped %lld  %.0f tok/s  %.1f s  weights crc32 %08x\n",
+                   res.val_loss, res.train_loss, (long long)res.skipped, res.tokens_per_s, res.seconds, (unsigned)res.weights_crc);
+            if (env.world_size > 1) printf("replicas: %d ranks, weights %s\n", env.world_size, same ? "bit-identical" : "DIFFER");
+        }
+        rc = same ? 0 : 1;
+    }
+out_data:
+    free(data.bytes);
+out:
+    if (have_comm) capex_comm_destroy(&comm);
+#ifdef CAPEX_MPI
+    MPI_Finalize();
+#endif
+    return rc;
+}
+#endif /* TRAIN_GPT_NO_MAIN */
