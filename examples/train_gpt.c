@@ -892,10 +892,9 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
         ema = step == 0 ? loss : 0.95 * ema + 0.05 * loss;
         if (c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) {
             double el = capex_dist_now() - t0;
-            float cur_scale = 0.0f;
+            float cur_scale = capex_scaler_get_scale(&sc);
             capex_scaler_state st;
             memset(&st, 0, sizeof st);
-            capex_scaler_get_scale(&sc, &cur_scale);
             capex_scaler_get_state(&sc, &st);
             printf("[%s] step %5d  loss %.4f  scale %-9g skipped %lld  lr %.2e  %.0f tok/s\n", c->label, step, loss,
                    cur_scale, (long long)st.skipped_steps, lr_at(c, step), el > 0 ? tokens / el : 0.0);
