@@ -15,6 +15,7 @@ Facts per kernel and arch:
   infl    loads in flight: LDGs of the main loop issued before the first
           instruction that reads a register one of them wrote (body in
           address order); what one thread keeps outstanding per iteration
+  infl_bits  their total width (facts JSON only; bench/gpu_model.py uses it)
 The main loop is the backward branch's range [target, branch] with the most
 LDG bits per iteration (ties: the first). Kernels without a loop have vec/ldg/infl 0.
 
@@ -23,11 +24,14 @@ Rules (the table is the baseline; regenerate with `make sass-table`, commit):
                 vec, ldg, infl >= table values (no regression)
   class mem and reduce: local == 0 and lmem == 0 (no local memory, no spills)
   class reduce: infl >= 4 (>= 4 independent loads in flight per thread)
-(class other: one-thread bookkeeping kernels; capex_go_prepare's 5 LDL/STL are
-libdevice's cos() slow path, Payne-Hanek range reduction's 40 B local array.)
+(class other: the rest (element-wise helpers, one-thread bookkeeping, small
+per-tensor sums). capex_go_prepare's 40 B stack and 5 LDL/STL are the double
+cos() slow path of the cosine lr schedule: Payne-Hanek range reduction keeps
+5 u64 in a local array; one thread, taken only for huge arguments.)
 A kernel missing from the table, or in the table but not in the CUBINs, fails.
 
 Usage: sass_gate.py CUBIN_DIR TABLE [--write] [--facts OUT.json]
+       sass_gate.py --self-test   (the loop parser on hand-made SASS, no tools)
 Exit 0 pass, 1 fail, 77 skip (cuobjdump/nvdisasm not found; says why).
 """
 import json
