@@ -268,6 +268,135 @@ static void par_norms(ct_state *ct, env *e) {
     }
 }
 
+/* The sum-of-squares kernels' documented order, in float64 on the host: thread
+   t of `threads` sums its 4-element vectors k = t, t + threads, ... (when the
+   chunk is 16-byte / 8-byte aligned), then its scalars 4*nv + t, ...; the block
+   adds the threads' sums as a tree (capex_go_bsum). Unrolling the loads must
+   not change a bit of it. */
+static double par_sumsq_chunk(capex_dtype dt, const void *h, int64_t off, int64_t n, uintptr_t dev, int threads) {
+    size_t es = capex_dtype_size(dt);
+    int64_t nv = ((dev + (uintptr_t)off * es) & (4 * es - 1)) == 0 ? n / 4 : 0, k, i;
+    double sh[512];
+    int t, j, st;
+    for (t = 0; t < threads; t++) {
+        double acc = 0.0;
+        for (k = t; k < nv; k += threads)
+            for (j = 0; j < 4; j++) {
+                double d = (double)par_val(dt, h, off + 4 * k + j), sq = d * d;
+                acc += sq;
+            }
+        for (i = 4 * nv + t; i < n; i += threads) {
+            double d = (double)par_val(dt, h, off + i), sq = d * d;
+            acc += sq;
+        }
+        sh[t] = acc;
+    }
+    for (st = threads / 2; st > 0; st /= 2)
+        for (t = 0; t < st; t++) sh[t] += sh[t + st];
+    return sh[0];
+}
+/* capex_go_reduce's order over the partials: per thread, then the tree. */
+static double par_reduce_order(const double *part, int64_t count, int threads) {
+    double sh[512];
+    int64_t i;
+    int t, st;
+    for (t = 0; t < threads; t++) {
+        double acc = 0.0;
+        for (i = t; i < count; i += threads) acc += part[i];
+        sh[t] = acc;
+    }
+    for (st = threads / 2; st > 0; st /= 2)
+        for (t = 0; t < st; t++) sh[t] += sh[t + st];
+    return sh[0];
+}
+
+/* Block partials and their reduction, bit for bit against the order above, on
+   aligned and misaligned tensors long enough for every loop of the kernel
+   (unrolled x4, one vector at a time, scalar tail) at `threads` per block. */
+static void par_sumsq_order(ct_state *ct, env *e, int threads) {
+    static const int64_t sizes[] = {5, 0, 70001, 1, 3001, 64, 7, 20483, 8, 2050, 16 * 512 * 4 + 13};
+    const size_t n = sizeof sizes / sizeof sizes[0];
+    int di;
+    for (di = 0; di < 6; di++) {
+        par_list x;
+        capex_tensor_list hl, dl;
+        capex_tensor_op_desc desc;
+        size_t ws_bytes = 0, i;
+        int64_t chunk, c, nch = 0, zero = 0;
+        double *part = NULL, got = 0.0, want;
+        capex_cuda_ptr ws, dsum;
+        capex_dtype dt = (capex_dtype)(di % 3);
+        capex_tensor_op_desc_init(&desc);
+        desc.chunk_size = di >= 3 ? 4096 : 0;
+        chunk = capex__go_chunk_of(&desc);
+        CT_CHECK(par_list_make(e, &x, dt, sizes, n, 1, 3.0f, 1), "list");
+        hl = par_hl(&x);
+        dl = par_dl(&x);
+        (void)hl;
+        CT_CHECK(capex_cuda_multi_tensor_workspace_size(&desc, &dl, 1, &ws_bytes) == CAPEX_OK, "%s", capex_last_error());
+        ws = par_alloc(e, ws_bytes);
+        dsum = par_alloc(e, 8);
+        CT_CHECK(ws && dsum, "alloc");
+        CT_CHECK(capex__go_l2norm(&e->ex, &desc, &dl, ws, ws_bytes, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+        for (i = 0; i < n; i++) nch += capex__go_nchunks(sizes[i], chunk);
+        part = (double *)malloc((size_t)nch * 8 + 8);
+        CT_CHECK(part && par_down(e, part, ws, (size_t)nch * 8), "down");
+        for (i = 0, c = 0; i < n; i++) {
+            int64_t off;
+            for (off = 0; off < sizes[i]; off += chunk, c++) {
+                int64_t m = sizes[i] - off < chunk ? sizes[i] - off : chunk;
+                want = par_sumsq_chunk(dt, x.h[i].data, off, m, (uintptr_t)x.d[i].data, threads);
+                CT_CHECK(memcmp(&want, &part[c], 8) == 0, "%s tensor %zu (%lld elements%s) chunk at %lld: partial %.17g, "
+                         "the kernel's order in float64 gives %.17g", capex_dtype_name(dt), i, (long long)sizes[i],
+                         i % 3 == 1 ? ", misaligned" : "", (long long)off, part[c], want);
+            }
+        }
+        CT_CHECK(capex__go_reduce(&e->ex, ws, &zero, &nch, 1, dsum, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(par_down(e, &got, dsum, 8), "down");
+        want = par_reduce_order(part, nch, threads);
+        CT_CHECK(memcmp(&want, &got, 8) == 0, "%s: %lld partials reduce to %.17g, the order gives %.17g", capex_dtype_name(dt),
+                 (long long)nch, got, want);
+        free(part);
+        par_free(e, ws);
+        par_free(e, dsum);
+        par_list_free(e, &x);
+    }
+    { /* The reduce kernel on its own, 64 segments (one block each) long enough for
+         its unrolled loop. In segment g only thread g*7 % threads gets nonzero
+         partials, so the result is that thread's own sum, exactly: a change of
+         its order shows in the last bits, where a block's total would hide it. */
+        enum { NSEG = 64 };
+        int64_t st[NSEG], cnt[NSEG], total = 0, g, i;
+        double *part, got[NSEG], want;
+        capex_cuda_ptr dpart, dsum;
+        for (g = 0; g < NSEG; g++) {
+            st[g] = total;
+            cnt[g] = g == 0 ? 0 : g == 1 ? 3 : 4L * threads * (1 + g % 8) + g % 5;
+            total += cnt[g];
+        }
+        part = (double *)calloc((size_t)total + 1, 8);
+        dpart = par_alloc(e, (size_t)total * 8 + 8);
+        dsum = par_alloc(e, 8 * NSEG);
+        CT_CHECK(part && dpart && dsum, "alloc");
+        for (g = 0; g < NSEG; g++)
+            for (i = (g * 7) % threads; i < cnt[g]; i += threads) { /* [1, 16), all 53 bits random */
+                double r = ldexp((double)par_rng(&e->seed), -32) + ldexp((double)par_rng(&e->seed), -64);
+                part[st[g] + i] = ldexp(1.0 + r, (int)(par_rng(&e->seed) % 4));
+            }
+        CT_CHECK(par_up(e, dpart, part, (size_t)total * 8 + 8), "up");
+        CT_CHECK(capex__go_reduce(&e->ex, dpart, st, cnt, NSEG, dsum, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(par_down(e, got, dsum, 8 * NSEG), "down");
+        for (g = 0; g < NSEG; g++) {
+            want = par_reduce_order(part + st[g], cnt[g], threads);
+            CT_CHECK(memcmp(&want, &got[g], 8) == 0, "segment %lld: %lld partials reduce to %.17g, the order gives %.17g",
+                     (long long)g, (long long)cnt[g], got[g], want);
+        }
+        free(part);
+        par_free(e, dpart);
+        par_free(e, dsum);
+    }
+}
+
 static void par_clip(ct_state *ct, env *e) {
     static const int64_t s1[] = {100, 5, 0, 2049}, s2[] = {3, 777, 4};
     int pass;

@@ -246,6 +246,7 @@ CT_TEST(layouts_match_the_kernels) {
 CT_TEST(emu_scale_every_dtype_pair) { env e = emu_env(1); par_scale(ct, &e); }
 CT_TEST(emu_scale_many_tensors) { env e = emu_env(2); par_scale_many(ct, &e); }
 CT_TEST(emu_l2norm) { env e = emu_env(3); par_norms(ct, &e); }
+CT_TEST(emu_sumsq_order) { env e = emu_env(13); par_sumsq_order(ct, &e, EMU_THREADS); }
 CT_TEST(emu_clip) { env e = emu_env(4); par_clip(ct, &e); }
 CT_TEST(emu_adam) { env e = emu_env(5); par_adam(ct, &e); }
 CT_TEST(emu_sgd) { env e = emu_env(6); par_sgd(ct, &e); }
@@ -261,7 +262,7 @@ CT_TEST(emu_adam_amsgrad) { env e = emu_env(14); par_adam_amsgrad(ct, &e); }
 
 static const ct_case cases[] = {
     CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_many_tensors),
-    CT_CASE(emu_l2norm), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
+    CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
     CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
     CT_CASE(emu_lr_schedule),
     CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad),

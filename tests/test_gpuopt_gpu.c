@@ -60,6 +60,7 @@ static capex_cuda_context *open_gpu(void) {
 CT_TEST(gpu_scale_every_dtype_pair) { GPU_ENV(e, 11); par_scale(ct, &e); }
 CT_TEST(gpu_scale_many_tensors) { GPU_ENV(e, 12); par_scale_many(ct, &e); }
 CT_TEST(gpu_l2norm) { GPU_ENV(e, 13); par_norms(ct, &e); }
+CT_TEST(gpu_sumsq_order) { GPU_ENV(e, 31); par_sumsq_order(ct, &e, CAPEX__GO_THREADS); }
 CT_TEST(gpu_clip) { GPU_ENV(e, 14); par_clip(ct, &e); }
 CT_TEST(gpu_adam) { GPU_ENV(e, 15); par_adam(ct, &e); }
 CT_TEST(gpu_sgd) { GPU_ENV(e, 16); par_sgd(ct, &e); }
@@ -246,7 +247,7 @@ CT_TEST(gpu_tensor_over_2g_elements) {
 }
 
 static const ct_case cases[] = {
-    CT_CASE(gpu_scale_every_dtype_pair), CT_CASE(gpu_scale_many_tensors), CT_CASE(gpu_l2norm), CT_CASE(gpu_clip),
+    CT_CASE(gpu_scale_every_dtype_pair), CT_CASE(gpu_scale_many_tensors), CT_CASE(gpu_l2norm), CT_CASE(gpu_sumsq_order), CT_CASE(gpu_clip),
     CT_CASE(gpu_adam), CT_CASE(gpu_sgd), CT_CASE(gpu_lamb), CT_CASE(gpu_novograd), CT_CASE(gpu_scaler), CT_CASE(gpu_amp_loop_inf_skips), CT_CASE(gpu_checkpoint_roundtrip),
     CT_CASE(gpu_lr_schedule),
     CT_CASE(gpu_graph_replay), CT_CASE(gpu_tensor_over_2g_elements),
