@@ -5147,6 +5147,25 @@ fail:
     return r;
 }
 
+/* After a pass over the c tensors gathered by capex__go_class: tensor t's
+   chunk partials start at `at` and lie consecutive in plan order; slot is
+   the address list holding the tensor index. Read by capex__go_reduce. */
+CAPEX__PRIVATE void capex__go_record_segs(capex_cuda_optim *o, size_t c, int slot, int64_t at) {
+    size_t k, nt = o->nt;
+    for (k = 0; k < c; k++) {
+        size_t t = (size_t)o->ten[k].addr[slot];
+        o->seg[t] = at;
+        o->seg[nt + t] = capex__go_nchunks(o->shape[k].numel, o->chunk);
+        at += o->seg[nt + t];
+    }
+}
+
+/* Blocks of 256 threads for a kernel with one thread per tensor (it
+   grid-strides beyond 1024 blocks). */
+CAPEX__PRIVATE unsigned capex__go_tensor_grid(size_t nt) {
+    return (unsigned)((nt + 255) / 256 < 1024 ? (nt + 255) / 256 : 1024);
+}
+
 /* Gathers the tensors of one class (group, grad dtype or -1 for any, model
    kind or -1) into o->shape / o->ten with the given address layout; returns
    the count. layout: 0 Adam (g p m v h idx), 1 SGD and NovoGrad pass 2 (g p
@@ -5183,7 +5202,7 @@ CAPEX__PRIVATE size_t capex__go_class(capex_cuda_optim *o, size_t group, int gd,
 CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_stream s) {
     capex__go_args a;
     capex_result r = CAPEX_OK;
-    size_t g, k, c, nt = o->nt;
+    size_t g, c, nt = o->nt;
     int gd, mk;
     int64_t off = 0, zero = 0, total = 0;
     capex_cuda_ptr part = o->dlamb, sp = part + 16u * (uint64_t)o->chunks, su = sp + 8u * nt, g2 = su + 8u * nt;
@@ -5218,12 +5237,7 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
             a.ptr[2] = part + 8u * (uint64_t)(o->chunks + off);
             a.flag[0] = w;
             r = capex__go_mta(&o->ex, CAPEX__GO_K_LAMB1 + gd, 5, o->shape, o->ten, c, o->chunk, &a, 1, 1, s, &ch);
-            for (k = 0; k < c; k++) { /* each tensor's chunks, consecutive in plan order */
-                size_t t = (size_t)o->ten[k].addr[4];
-                o->seg[t] = at;
-                o->seg[nt + t] = capex__go_nchunks(o->shape[k].numel, o->chunk);
-                at += o->seg[nt + t];
-            }
+            capex__go_record_segs(o, c, 4, at);
             off += ch;
         }
     /* 3. per-tensor norms, trust ratios */
@@ -5238,8 +5252,7 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
     a.flag[0] = (int32_t)nt;
     a.flag[1] = o->desc.use_nvlamb != 0;
     if (r == CAPEX_OK && nt)
-        r = capex__go_small(&o->ex, CAPEX__GO_K_LAMB_RATIO, (unsigned)((nt + 255) / 256 < 1024 ? (nt + 255) / 256 : 1024),
-                            256, &a, s);
+        r = capex__go_small(&o->ex, CAPEX__GO_K_LAMB_RATIO, capex__go_tensor_grid(nt), 256, &a, s);
     /* 4. stage 2 per (group, model kind) */
     for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
         for (mk = 0; mk < 4 && r == CAPEX_OK; mk++) {
@@ -5260,7 +5273,7 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
 CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_stream s) {
     capex__go_args a;
     capex_result r = CAPEX_OK;
-    size_t g, k, c, nt = o->nt;
+    size_t g, c, nt = o->nt;
     int gd, mk;
     int64_t off = 0;
     capex_cuda_ptr part = o->dnovo, n2 = part + capex__go_novo_at(o->chunks, nt, 0);
@@ -5274,12 +5287,7 @@ CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_
             a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
             a.ptr[1] = part + 8u * (uint64_t)off;
             r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO1 + gd, 2, o->shape, o->ten, c, o->chunk, &a, 1, 0, s, &ch);
-            for (k = 0; k < c; k++) { /* each tensor's chunks, consecutive in plan order */
-                size_t t = (size_t)o->ten[k].addr[1];
-                o->seg[t] = at;
-                o->seg[nt + t] = capex__go_nchunks(o->shape[k].numel, o->chunk);
-                at += o->seg[nt + t];
-            }
+            capex__go_record_segs(o, c, 1, at);
             off += ch;
         }
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, o->seg, o->seg + nt, nt, n2, 0, s);
@@ -5292,8 +5300,7 @@ CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_
     a.flag[0] = (int32_t)nt;
     a.flag[1] = o->desc.init_zero != 0;
     if (r == CAPEX_OK && nt)
-        r = capex__go_small(&o->ex, CAPEX__GO_K_NOVO_NORM, (unsigned)((nt + 255) / 256 < 1024 ? (nt + 255) / 256 : 1024),
-                            256, &a, s);
+        r = capex__go_small(&o->ex, CAPEX__GO_K_NOVO_NORM, capex__go_tensor_grid(nt), 256, &a, s);
     for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
         for (gd = 0; gd < 3 && r == CAPEX_OK; gd++)
             for (mk = 0; mk < 4 && r == CAPEX_OK; mk++) {
