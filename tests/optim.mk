@@ -20,3 +20,6 @@ bench-optim: $(BUILD)/bench/bench_cpu_nomatherrno
 $(BUILD)/bench/bench_cpu_nomatherrno: bench/bench_cpu.c capex.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c99 -O3 $(BENCH_MARCH) -fno-math-errno -fno-tree-loop-distribute-patterns $(WARN) $(OPENMP) $< -o $@ $(LDLIBS)
+
+# The CPU optimizer tests share tests/optim_test_util.h.
+$(BUILD)/tests/test_optim $(BUILD)/tests/test_optim_adagrad $(BUILD)/tests/test_novograd: tests/optim_test_util.h

@@ -11,36 +11,8 @@
 #include "capex_test.h"
 #include <math.h>
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wformat-truncation"
-#endif
-
-#define REQ(cond, ...)                                                                         \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            int n_ = snprintf(ct->why, sizeof ct->why, "%s:%d: ", __FILE__, __LINE__);        \
-            if (n_ > 0 && (size_t)n_ < sizeof ct->why)                                         \
-                snprintf(ct->why + n_, sizeof ct->why - (size_t)n_, __VA_ARGS__);              \
-            ct->failed = 1;                                                                    \
-            return 1;                                                                          \
-        }                                                                                      \
-    } while (0)
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static double urand(void) {
-    rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
-    return (double)((rng_state * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
-}
-static double nrand(void) {
-    double u = urand() + 1e-300, v = urand();
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-static uint32_t f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float put(void *buf, capex_dtype t, size_t i, float x) {
-    if (t == CAPEX_F32) { ((float *)buf)[i] = x; return x; }
-    if (t == CAPEX_F16) { uint16_t h = capex_f32_to_f16(x); ((uint16_t *)buf)[i] = h; return capex_f16_to_f32(h); }
-    { uint16_t h = capex_f32_to_bf16(x); ((uint16_t *)buf)[i] = h; return capex_bf16_to_f32(h); }
-}
+#define OPTIM_TEST_SEED 0x9e3779b97f4a7c15ull
+#include "optim_test_util.h"
 
 /* ---- float64 references ---- */
 
