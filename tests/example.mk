@@ -30,3 +30,6 @@ ci-extra:: examples-check
 ci-extra:: example-emu
 example-emu: $(BUILD)/examples/train_charlm $(EMU_LIB)
 	@tests/example_emu.sh $(BUILD)/examples/train_charlm $(abspath $(EMU_LIB)) $(abspath $(EMU_DIR)/cache)
+
+# test_example and test_gpt run their two-rank DDP check through tests/two_ranks.h.
+$(BUILD)/tests/test_example $(BUILD)/tests/test_gpt: tests/two_ranks.h tests/free_port.h

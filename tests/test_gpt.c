@@ -8,7 +8,7 @@
 #define TRAIN_GPT_NO_MAIN
 #include "../examples/train_gpt.c"
 #include "capex_test.h"
-#include "free_port.h"
+#include "two_ranks.h"
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -402,58 +402,24 @@ static void torch_curve_check(ct_state *ct, capex_opt_level level, const char *f
 CT_TEST(o0_tracks_torch_fp32_curve) { torch_curve_check(ct, CAPEX_O0, "gpt_torch_o0.txt", 40, 1e-3, 1e-3); }
 CT_TEST(o2_fp16_tracks_torch_amp_curve) { torch_curve_check(ct, CAPEX_O2, "gpt_torch_o2.txt", 30, 5e-3, 0.15); }
 
-/* ---- DDP: two ranks over TCP stay bit-identical ---- */
-static int ddp_rank(int rank, int port, uint32_t *crc) {
-    capex_dist_env env;
-    capex_comm comm;
+/* One rank of a 2-rank run (tests/two_ranks.h). */
+static int ddp_train_rank(capex_comm *comm, int rank, uint32_t *crc) {
     run_cfg c;
     run_result r;
     int ok;
-    memset(&env, 0, sizeof env);
-    env.rank = rank; env.world_size = 2; env.local_rank = rank; env.local_world_size = 2;
-    snprintf(env.master_addr, sizeof env.master_addr, "127.0.0.1");
-    env.master_port = port;
-    if (capex_comm_init_tcp(&comm, &env, 20.0) != CAPEX_OK) return 0;
-    comm.timeout_s = 60.0; /* a dead or stuck peer fails the test instead of hanging it */
+    if (!data_or_null()) return 0;
     tiny_cfg(&c, CAPEX_O2, CAPEX_BF16, 20);
     c.bucket_bytes = 16 * 1024; /* several buckets */
-    ok = train(&c, &gpt_cpu_backend, data_or_null(), &comm, rank, 2, &r);
-    capex_comm_destroy(&comm);
+    ok = train(&c, &gpt_cpu_backend, data_or_null(), comm, rank, 2, &r);
     *crc = r.weights_crc;
     return ok;
 }
 
-/* Rank 1 runs in a fresh exec (libgomp's pool does not survive fork). */
-static int rank1_main(const char *port_s, const char *fd_s) {
-    uint32_t crc = 0;
-    int ok = data_or_null() && ddp_rank(1, atoi(port_s), &crc);
-    ssize_t w = write(atoi(fd_s), &crc, sizeof crc);
-    return ok && w == (ssize_t)sizeof crc ? 0 : 1;
-}
-
 CT_TEST(two_ddp_ranks_stay_bit_identical) {
-    int fds[2], port = free_port(), st = 0, ok0;
     uint32_t crc0 = 0, crc1 = 1, crc_single = 2;
-    pid_t pid;
     if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses");
-    CT_CHECK(port > 0 && pipe(fds) == 0, "port / pipe");
-    fflush(stdout);
-    pid = fork();
-    CT_CHECK(pid >= 0, "fork");
-    if (pid == 0) {
-        char port_s[16], fd_s[16];
-        snprintf(port_s, sizeof port_s, "%d", port);
-        snprintf(fd_s, sizeof fd_s, "%d", fds[1]);
-        close(fds[0]);
-        execl("/proc/self/exe", "test_gpt", "--rank1", port_s, fd_s, (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    ok0 = ddp_rank(0, port, &crc0);
-    waitpid(pid, &st, 0);
-    CT_CHECK(read(fds[0], &crc1, sizeof crc1) == (ssize_t)sizeof crc1, "rank 1 reported (status %d)", st);
-    close(fds[0]);
-    CT_CHECK(ok0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 0 ok %d, rank 1 status %d: %s", ok0, st, capex_last_error());
+    two_ranks_run(ct, "test_gpt", ddp_train_rank, &crc0, &crc1);
+    if (ct->failed) return;
     CT_CHECK(crc0 == crc1, "replicas differ: %08x vs %08x", (unsigned)crc0, (unsigned)crc1);
     { /* and they really trained on different shards: not the single-rank weights */
         run_cfg c;
@@ -484,6 +450,6 @@ static const ct_case cases[] = {
 };
 
 int main(int argc, char **argv) {
-    if (argc == 4 && strcmp(argv[1], "--rank1") == 0) return rank1_main(argv[2], argv[3]);
+    if (argc == 4 && strcmp(argv[1], "--rank1") == 0) return two_ranks_child_main(ddp_train_rank, argv[2], argv[3]);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
 }
