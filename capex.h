@@ -2124,9 +2124,25 @@ CAPEX__PRIVATE int capex__avx_ok(void) {
 #endif
 }
 #define CAPEX__AVX_ON() capex__avx_ok()
+/* 1: AVX with FMA (the sum of squares); off whenever AVX is. */
+static int capex__fma_state; /* 0 not probed, 1 no, 2 yes */
+CAPEX__PRIVATE int capex__fma_ok(void) {
+    int st = __atomic_load_n(&capex__fma_state, __ATOMIC_RELAXED);
+#if defined(__FMA__) && defined(__AVX__)
+    return st != 1;
+#else
+    if (!st) {
+        st = __builtin_cpu_supports("fma") ? 2 : 1;
+        __atomic_store_n(&capex__fma_state, st, __ATOMIC_RELAXED);
+    }
+    return st == 2;
+#endif
+}
+#define CAPEX__FMA_ON() (CAPEX__AVX_ON() && capex__fma_ok())
 #else
 #define CAPEX__F16C_ON() 0
 #define CAPEX__AVX_ON() 0
+#define CAPEX__FMA_ON() 0
 #endif
 /* fp16 -> f32 / f32 -> fp16 for n elements, the fastest path this CPU has */
 static inline void capex__f16_load_n(const uint16_t *src, float *dst, size_t n) {
@@ -5054,58 +5070,64 @@ static double capex__sumsq_lanes_total(const double *s) {
 /* lanes s[16] += squares of x[0, n), n a multiple of 16. With AVX, four
    4-double accumulators (lanes 0-3, 4-7, 8-11, 12-15): the same operations
    per lane, in intrinsics since GCC 12 splits its own f32->f64 vector
-   conversions into 128-bit halves. */
-#ifdef CAPEX__F16C
-CAPEX__AVX_FN CAPEX__PRIVATE void capex__sumsq_f32_lanes_avx(const float *x, int64_t n, double *s) {
-    __m256d a0 = _mm256_loadu_pd(s), a1 = _mm256_loadu_pd(s + 4), a2 = _mm256_loadu_pd(s + 8),
-            a3 = _mm256_loadu_pd(s + 12), d0, d1, d2, d3;
-    int64_t i;
-    for (i = 0; i < n; i += 16) {
-        d0 = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
-        d1 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
-        d2 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8));
-        d3 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12));
-        a0 = _mm256_add_pd(a0, _mm256_mul_pd(d0, d0));
-        a1 = _mm256_add_pd(a1, _mm256_mul_pd(d1, d1));
-        a2 = _mm256_add_pd(a2, _mm256_mul_pd(d2, d2));
-        a3 = _mm256_add_pd(a3, _mm256_mul_pd(d3, d3));
-    }
-    _mm256_storeu_pd(s, a0); _mm256_storeu_pd(s + 4, a1); _mm256_storeu_pd(s + 8, a2); _mm256_storeu_pd(s + 12, a3);
-}
-/* bf16: each 32-bit word of a load holds codes 2k (low half) and 2k+1 (high
+   conversions into 128-bit halves. Written once (CAPEX__SUMSQ_AVX) for AVX
+   (mul, add) and AVX+FMA (one fused op): the square of an f32 or bf16 value
+   is exact in double, so fma(d, d, a) rounds once, like a + d*d: same bits.
+   bf16: each 32-bit word of a load holds codes 2k (low half) and 2k+1 (high
    half): a shift and a mask give their f32 values without shuffles, so the
    accumulators hold the even and the odd lanes. */
-CAPEX__AVX_FN CAPEX__PRIVATE void capex__sumsq_bf16_lanes_avx(const uint16_t *x, int64_t n, double *s) {
-    __m256d e0 = _mm256_setr_pd(s[0], s[2], s[4], s[6]), o0 = _mm256_setr_pd(s[1], s[3], s[5], s[7]);
-    __m256d e1 = _mm256_setr_pd(s[8], s[10], s[12], s[14]), o1 = _mm256_setr_pd(s[9], s[11], s[13], s[15]);
-    __m256d d0, d1, d2, d3;
-    const __m128i hi = _mm_set1_epi32((int)0xffff0000u);
-    double t[16];
-    int64_t i;
-    int j;
-    for (i = 0; i < n; i += 16) {
-        __m128i h0 = _mm_loadu_si128((const __m128i *)(const void *)(x + i));
-        __m128i h1 = _mm_loadu_si128((const __m128i *)(const void *)(x + i + 8));
-        d0 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(h0, 16)));
-        d1 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_and_si128(h0, hi)));
-        d2 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(h1, 16)));
-        d3 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_and_si128(h1, hi)));
-        e0 = _mm256_add_pd(e0, _mm256_mul_pd(d0, d0));
-        o0 = _mm256_add_pd(o0, _mm256_mul_pd(d1, d1));
-        e1 = _mm256_add_pd(e1, _mm256_mul_pd(d2, d2));
-        o1 = _mm256_add_pd(o1, _mm256_mul_pd(d3, d3));
+#ifdef CAPEX__F16C
+#define CAPEX__SUMSQ_AVX(SFX, TARGET, MADD)                                                                       \
+    __attribute__((target(TARGET))) CAPEX__PRIVATE void capex__sumsq_f32_lanes_##SFX(const float *x, int64_t n,  \
+                                                                                    double *s) {                \
+        __m256d a0 = _mm256_loadu_pd(s), a1 = _mm256_loadu_pd(s + 4), a2 = _mm256_loadu_pd(s + 8),            \
+                a3 = _mm256_loadu_pd(s + 12), d0, d1, d2, d3;                                                   \
+        int64_t i;                                                                                              \
+        for (i = 0; i < n; i += 16) {                                                                           \
+            d0 = _mm256_cvtps_pd(_mm_loadu_ps(x + i));                                                          \
+            d1 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));                                                      \
+            d2 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8));                                                      \
+            d3 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12));                                                     \
+            a0 = MADD(d0, a0); a1 = MADD(d1, a1); a2 = MADD(d2, a2); a3 = MADD(d3, a3);                         \
+        }                                                                                                       \
+        _mm256_storeu_pd(s, a0); _mm256_storeu_pd(s + 4, a1); _mm256_storeu_pd(s + 8, a2);                     \
+        _mm256_storeu_pd(s + 12, a3);                                                                           \
+    }                                                                                                           \
+    __attribute__((target(TARGET))) CAPEX__PRIVATE void capex__sumsq_bf16_lanes_##SFX(const uint16_t *x,       \
+                                                                                     int64_t n, double *s) {    \
+        __m256d e0 = _mm256_setr_pd(s[0], s[2], s[4], s[6]), o0 = _mm256_setr_pd(s[1], s[3], s[5], s[7]);      \
+        __m256d e1 = _mm256_setr_pd(s[8], s[10], s[12], s[14]), o1 = _mm256_setr_pd(s[9], s[11], s[13], s[15]); \
+        __m256d d0, d1, d2, d3;                                                                                 \
+        const __m128i hi = _mm_set1_epi32((int)0xffff0000u);                                                    \
+        double t[16];                                                                                           \
+        int64_t i;                                                                                              \
+        int j;                                                                                                  \
+        for (i = 0; i < n; i += 16) {                                                                           \
+            __m128i h0 = _mm_loadu_si128((const __m128i *)(const void *)(x + i));                               \
+            __m128i h1 = _mm_loadu_si128((const __m128i *)(const void *)(x + i + 8));                           \
+            d0 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(h0, 16)));                                     \
+            d1 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_and_si128(h0, hi)));                                      \
+            d2 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(h1, 16)));                                     \
+            d3 = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_and_si128(h1, hi)));                                      \
+            e0 = MADD(d0, e0); o0 = MADD(d1, o0); e1 = MADD(d2, e1); o1 = MADD(d3, o1);                         \
+        }                                                                                                       \
+        _mm256_storeu_pd(t, e0); _mm256_storeu_pd(t + 4, o0); _mm256_storeu_pd(t + 8, e1);                     \
+        _mm256_storeu_pd(t + 12, o1);                                                                           \
+        for (j = 0; j < 4; j++) {                                                                               \
+            s[2 * j] = t[j]; s[2 * j + 1] = t[4 + j];                                                           \
+            s[8 + 2 * j] = t[8 + j]; s[9 + 2 * j] = t[12 + j];                                                  \
+        }                                                                                                       \
     }
-    _mm256_storeu_pd(t, e0); _mm256_storeu_pd(t + 4, o0); _mm256_storeu_pd(t + 8, e1); _mm256_storeu_pd(t + 12, o1);
-    for (j = 0; j < 4; j++) {
-        s[2 * j] = t[j]; s[2 * j + 1] = t[4 + j];
-        s[8 + 2 * j] = t[8 + j]; s[9 + 2 * j] = t[12 + j];
-    }
-}
+#define CAPEX__SQ_ADD_AVX(d, a) _mm256_add_pd((a), _mm256_mul_pd((d), (d)))
+#define CAPEX__SQ_ADD_FMA(d, a) _mm256_fmadd_pd((d), (d), (a))
+CAPEX__SUMSQ_AVX(avx, "avx", CAPEX__SQ_ADD_AVX)
+CAPEX__SUMSQ_AVX(fma, "avx,fma", CAPEX__SQ_ADD_FMA)
 #endif
 static void capex__sumsq_f32_lanes(const float *x, int64_t n, double *s) {
     int64_t i;
     int j;
 #ifdef CAPEX__F16C
+    if (CAPEX__FMA_ON()) { capex__sumsq_f32_lanes_fma(x, n, s); return; }
     if (CAPEX__AVX_ON()) { capex__sumsq_f32_lanes_avx(x, n, s); return; }
 #endif
     for (i = 0; i < n; i += 16)
@@ -5115,6 +5137,7 @@ static void capex__sumsq_bf16_lanes(const uint16_t *x, int64_t n, double *s) {
     int64_t i;
     int j;
 #ifdef CAPEX__F16C
+    if (CAPEX__FMA_ON()) { capex__sumsq_bf16_lanes_fma(x, n, s); return; }
     if (CAPEX__AVX_ON()) { capex__sumsq_bf16_lanes_avx(x, n, s); return; }
 #endif
     for (i = 0; i < n; i += 16)

@@ -195,8 +195,9 @@ CT_TEST(f16_grads_equal_f32_grads) {
         }
 }
 
-/* The sums of squares of f32 and bf16 data (AVX lanes vs the plain loop),
-   odd sizes and offsets, values over many decades, inf and NaN. */
+/* The sums of squares of f32 and bf16 data (AVX lanes with FMA, AVX without
+   it, and the plain loop), odd sizes and offsets, values over many decades,
+   inf and NaN. */
 CT_TEST(sumsq_same_bits) {
 #ifndef CAPEX__F16C
     CT_SKIP("built without x86 SIMD paths");
@@ -214,15 +215,22 @@ CT_TEST(sumsq_same_bits) {
     for (n = 0; n < 300; n++)
         for (off = 0; off < 3; off++) {
             double p32, a32, p16, a16;
+            int fma;
             force_portable(1);
             p32 = capex__sumsq_F32(x + off, n * 233 + off);
             p16 = capex__sumsq_BF16(b + off, n * 233 + off);
-            force_portable(0);
-            a32 = capex__sumsq_F32(x + off, n * 233 + off);
-            a16 = capex__sumsq_BF16(b + off, n * 233 + off);
-            CT_CHECK(same_bits(&p32, &a32, 1, 8), "f32 n %lld: %.17g vs %.17g", (long long)(n * 233 + off), p32, a32);
-            CT_CHECK(same_bits(&p16, &a16, 1, 8), "bf16 n %lld: %.17g vs %.17g", (long long)(n * 233 + off), p16, a16);
+            for (fma = 0; fma < 2; fma++) { /* AVX alone, then AVX+FMA where the CPU has it */
+                force_portable(0);
+                __atomic_store_n(&capex__fma_state, fma ? 0 : 1, __ATOMIC_RELAXED);
+                a32 = capex__sumsq_F32(x + off, n * 233 + off);
+                a16 = capex__sumsq_BF16(b + off, n * 233 + off);
+                CT_CHECK(same_bits(&p32, &a32, 1, 8), "f32 fma %d n %lld: %.17g vs %.17g", fma,
+                         (long long)(n * 233 + off), p32, a32);
+                CT_CHECK(same_bits(&p16, &a16, 1, 8), "bf16 fma %d n %lld: %.17g vs %.17g", fma,
+                         (long long)(n * 233 + off), p16, a16);
+            }
         }
+    CT_CHECK(capex__fma_ok() == !!__builtin_cpu_supports("fma"), "FMA probe");
     x[5] = INFINITY; b[17] = 0x7fc1;
     CT_CHECK(capex__sumsq_F32(x, 100) == INFINITY && capex__sumsq_BF16(b, 100) != capex__sumsq_BF16(b, 100), "inf, NaN");
 #endif
