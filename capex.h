@@ -8741,6 +8741,10 @@ CAPEX__PRIVATE int capex__rdv_conn_read(capex__rdv_conn *pc, const capex_rendezv
     }
 }
 
+/* accept() failed for want of a descriptor or memory (the listening socket
+   stays readable, so polling again at once would spin until the deadline). */
+CAPEX__PRIVATE int capex__accept_starved(int e) { return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM; }
+
 /* Answers a connection that rank 0 gives up and closes it; never blocks
    (24 bytes fit the empty send buffer of a fresh socket). */
 CAPEX__PRIVATE void capex__rdv_drop(int fd, uint32_t status, uint64_t nonce, uint64_t size) {
@@ -8754,12 +8758,21 @@ CAPEX__PRIVATE void capex__rdv_drop(int fd, uint32_t status, uint64_t nonce, uin
     close(fd);
 }
 
+/* Gives up the pending connection that has waited longest (np >= 1). */
+CAPEX__PRIVATE void capex__rdv_drop_oldest(capex__rdv_conn *pend, int *np, uint64_t nonce, uint64_t size) {
+    int o = 0, i;
+    for (i = 1; i < *np; i++) if (pend[i].since < pend[o].since) o = i;
+    capex__rdv_drop(pend[o].fd, CAPEX__RDV_BUSY, nonce, size);
+    pend[o] = pend[--*np];
+}
+
 /* keep (world entries) non-NULL: the peer sockets stay open and move there
    (the TCP comm backend); else they are closed. */
 static capex_result capex__rdv_root(const capex_rendezvous_desc *d, void *blob, size_t size, double deadline, int *keep) {
     capex__sockaddr sa;
     capex_result r = capex__resolve(d->addr, d->port, &sa);
-    int ls, one = 1, joined = 0, i, np = 0, refused_foreign = 0, dropped = 0, backlog;
+    int ls, one = 1, joined = 0, i, np = 0, refused_foreign = 0, dropped = 0, backlog, starved = 0;
+    double accept_paused_until = 0.0;
     int *fds;
     capex__rdv_conn pend[CAPEX__RDV_MAX_PENDING];
     struct pollfd pfd[CAPEX__RDV_MAX_PENDING + 1];
@@ -8792,8 +8805,9 @@ static capex_result capex__rdv_root(const capex_rendezvous_desc *d, void *blob, 
             for (i = 1; i < d->world_size && len + 12 < sizeof missing; i++)
                 if (fds[i] < 0) len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? "," : "", i);
             r = capex__fail(CAPEX_ERR_TIMEOUT, "rendezvous: rank 0 timed out at %s:%d with %d of %d ranks joined "
-                                               "(missing: %s; %d foreign peers refused, %d silent connections dropped)",
-                            d->addr, d->port, joined + 1, d->world_size, missing, refused_foreign, dropped);
+                                               "(missing: %s; %d foreign peers refused, %d silent connections dropped)%s%s",
+                            d->addr, d->port, joined + 1, d->world_size, missing, refused_foreign, dropped,
+                            starved ? "; accept() failed: " : "", starved ? strerror(starved) : "");
             break;
         }
         /* connections whose hello budget is spent go; the next expiry bounds the wait */
@@ -8808,7 +8822,10 @@ static capex_result capex__rdv_root(const capex_rendezvous_desc *d, void *blob, 
             if (end < wake) wake = end;
             i++;
         }
-        pfd[0].fd = ls; pfd[0].events = POLLIN; pfd[0].revents = 0;
+        /* out of descriptors with none pending to give up: stop polling the
+           listening socket for a moment instead of spinning on it */
+        pfd[0].fd = ls; pfd[0].events = now < accept_paused_until ? 0 : POLLIN; pfd[0].revents = 0;
+        if (now < accept_paused_until && accept_paused_until < wake) wake = accept_paused_until;
         for (i = 0; i < np; i++) { pfd[i + 1].fd = pend[i].fd; pfd[i + 1].events = POLLIN; pfd[i + 1].revents = 0; }
         if (poll(pfd, (nfds_t)(np + 1), capex__ms_left(wake)) <= 0) continue;
         /* hellos first (backwards: removal moves the last entry into i), so
@@ -8833,13 +8850,20 @@ static capex_result capex__rdv_root(const capex_rendezvous_desc *d, void *blob, 
         if (r != CAPEX_OK) break;
         for (n = 0; n < 16 && (pfd[0].revents & POLLIN); n++) {
             int fd = accept(ls, NULL, NULL), nd = 1;
+            if (fd < 0 && capex__accept_starved(errno)) {
+                starved = errno;
+                if (np > 0) { /* give up the oldest pending connection: its descriptor takes the next */
+                    capex__rdv_drop_oldest(pend, &np, d->nonce, (uint64_t)size);
+                    dropped++;
+                    continue;
+                }
+                accept_paused_until = capex_dist_now() + 0.05;
+                break;
+            }
             if (fd < 0) break;
             if (np == CAPEX__RDV_MAX_PENDING) { /* full: the oldest has had the longest to speak */
-                int o = 0;
-                for (i = 1; i < np; i++) if (pend[i].since < pend[o].since) o = i;
-                capex__rdv_drop(pend[o].fd, CAPEX__RDV_BUSY, d->nonce, (uint64_t)size);
+                capex__rdv_drop_oldest(pend, &np, d->nonce, (uint64_t)size);
                 dropped++;
-                pend[o] = pend[--np];
             }
             capex__set_nonblock(fd);
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nd, sizeof nd);
@@ -9431,7 +9455,7 @@ static const capex_comm_vtable capex__tcp_vt = {
 #define CAPEX__TCP_RING_HELLO 0x47585043u
 static capex_result capex__tcp_ring_setup(capex_comm *c, uint64_t nonce, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
-    int W = c->world_size, r = c->rank, ls = -1, p, e;
+    int W = c->world_size, r = c->rank, ls = -1, p, e, starved = 0;
     unsigned char m[24];
     capex_result res = CAPEX_OK;
     t->next_fd = r == 0 ? t->fds[1] : r == W - 1 ? t->fds[0] : -1;
@@ -9543,11 +9567,16 @@ static capex_result capex__tcp_ring_setup(capex_comm *c, uint64_t nonce, double 
         k = poll(&pf, 1, capex__ms_left(deadline));
         if (k <= 0) {
             if (k < 0 && errno == EINTR) continue;
-            res = capex__fail(CAPEX_ERR_TIMEOUT, "TCP comm: rank %d: rank %d's ring link did not arrive before the deadline",
-                              r, r - 1);
+            res = capex__fail(CAPEX_ERR_TIMEOUT, "TCP comm: rank %d: rank %d's ring link did not arrive before the deadline%s%s",
+                              r, r - 1, starved ? "; accept() failed: " : "", starved ? strerror(starved) : "");
             break;
         }
         fd = accept(ls, NULL, NULL);
+        if (fd < 0 && capex__accept_starved(errno)) { /* wait for a descriptor rather than spin; say so at the deadline */
+            starved = errno;
+            capex__sleep_s(0.05);
+            continue;
+        }
         if (fd < 0) continue;
         capex__set_nonblock(fd);
         e = capex__io_all(fd, m, 16, 0, capex_dist_now() + 2.0 < deadline ? capex_dist_now() + 2.0 : deadline);

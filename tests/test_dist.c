@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 
 /* ---------------------------------------------------------------- env -- */
 
@@ -1209,6 +1210,66 @@ CT_TEST(rendezvous_flood_of_stray_connections) {
     CT_CHECK(t < 5.0, "3 TCP ranks up in %.2f s despite 80 strays (deadline 8 s)", t);
 }
 
+/* Rank 0 of a 2-rank rendezvous with only `spare` descriptors left above
+   those open now (RLIMIT_NOFILE), so accept() fails with EMFILE. Exit code:
+   0 joined, 2 failed, 3 failed without naming the cause, 7 the process used
+   more than a third of the wall time on the CPU (the old accept loop spun
+   on the readable listening socket until the deadline). */
+static int starved_root(int port, int spare, double timeout, int expect_ok) {
+    capex_rendezvous_desc d;
+    struct rlimit rl;
+    struct rusage ru;
+    unsigned char blob[128]; /* flood_rank's blob */
+    int lo = dup(0), ok;
+    size_t k;
+    double t0 = capex_dist_now(), cpu;
+    if (lo < 0) return 9;
+    close(lo);
+    for (k = 0; k < sizeof blob; k++) blob[k] = (unsigned char)(k * 7 + 3);
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 9;
+    rl.rlim_cur = (rlim_t)(lo + spare);
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return 9;
+    capex_rendezvous_desc_init(&d);
+    d.addr = "127.0.0.1"; d.port = port; d.rank = 0; d.world_size = 2; d.nonce = RUN_A; d.timeout_s = timeout;
+    ok = capex_rendezvous_broadcast(&d, blob, sizeof blob) == CAPEX_OK;
+    getrusage(RUSAGE_SELF, &ru);
+    cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec + 1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+    if (cpu > (capex_dist_now() - t0) / 3.0) return 7;
+    if (!ok && !strstr(capex_last_error(), strerror(EMFILE))) { printf("  rank 0: %s\n", capex_last_error()); return 3; }
+    return ok == expect_ok ? 0 : 2;
+}
+
+CT_TEST(rendezvous_out_of_descriptors) {
+    int port = free_port(), fds[128], nf, st, i;
+    pid_t root, peer;
+    /* 1. four descriptors: the listening socket and three pending strays; 30
+       idle or garbage strays, then the real rank 1. Pending strays are given
+       up, oldest first, to accept the next connection: rank 1 joins. */
+    fflush(stdout);
+    root = fork();
+    if (root == 0) _exit(starved_root(port, 4, 8.0, 1));
+    nf = flood_open(port, 30, fds);
+    peer = fork();
+    if (peer == 0) _exit(flood_rank(0, port, 1, 2));
+    waitpid(root, &st, 0);
+    CT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "starved rank 0 exit %d (7: spun on the CPU)",
+             WIFEXITED(st) ? WEXITSTATUS(st) : 100);
+    waitpid(peer, &st, 0);
+    CT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : 100);
+    CT_CHECK(nf == 30, "opened %d of 30 strays", nf);
+    for (i = 0; i < nf; i++) close(fds[i]);
+    /* 2. only the listening socket: nothing can be accepted, nothing is
+       pending to give up. Rank 0 times out naming EMFILE, without spinning. */
+    port = free_port();
+    root = fork();
+    if (root == 0) _exit(starved_root(port, 1, 1.5, 0));
+    nf = flood_open(port, 3, fds);
+    waitpid(root, &st, 0);
+    CT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 0 without descriptors: exit %d (7: spun, 3: no cause)",
+             WIFEXITED(st) ? WEXITSTATUS(st) : 100);
+    for (i = 0; i < nf; i++) close(fds[i]);
+}
+
 /* A fake rank 0 that answers its k-th connection by script[k]: 'b' busy,
    'o' the real answer and blob, 'g' garbage, 's' silence until closed. */
 static int fake_root(int ls, const char *script) {
@@ -1577,6 +1638,7 @@ static const ct_case cases[] = {
     CT_CASE(rendezvous_arguments),
     CT_CASE(broadcast_blob_bootstrap),
     CT_CASE(rendezvous_flood_of_stray_connections),
+    CT_CASE(rendezvous_out_of_descriptors),
     CT_CASE(rendezvous_peer_against_busy_or_fake_rank0),
     CT_CASE(tcp_comm_collectives_and_ddp),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
