@@ -2853,35 +2853,71 @@ static const char capex__cuda_frag_norm_b1[] =
     "    }\n"
     "}\n";
 
+/* capex_norm_bwd_dx: dx of LayerNorm/RMSNorm (dx may not be NULL; w may be).
+   capex_norm_bwd_gamma_part: column partial sums of dy * xhat and dy over rows
+   [part*rpp, (part+1)*rpp), part = blockIdx.y.
+   vec (cols % 4 == 0; x, dy, dx, w aligned to 4 elements; for the partials the
+   workspace to 16 bytes): 4 consecutive columns per load and store (128-bit
+   for f32, 64-bit for halves). Each column's partial sums run over the rows in
+   the same order either way: dweight/dbias bits do not depend on vec. */
 static const char capex__cuda_frag_norm_c[] =
-    "/* dx of LayerNorm/RMSNorm (dx may not be NULL; w may be). */\n"
     "CAPEX_KERNEL void capex_norm_bwd_dx(const void *x, int xt, const void *dy, int yt, const void *w, int pt,\n"
-    "                                    const float *mean, const float *rstd, void *dx, capex_u64 rows, capex_u64 cols, int rms) {\n"
+    "                                    const float *mean, const float *rstd, void *dx, capex_u64 rows, capex_u64 cols, int rms,\n"
+    "                                    int vec) {\n"
     "    capex_u64 row = (capex_u64)blockIdx.x * blockDim.y + threadIdx.y, base, j;\n"
-    "    float mu, rs, sg = 0.0f, sgx = 0.0f, mg, mgx;\n"
+    "    float mu, rs, sg = 0.0f, sgx = 0.0f, mg, mgx, xv[4], dv[4], wv[4] = {1.0f, 1.0f, 1.0f, 1.0f};\n"
     "    if (row >= rows) return;\n"
     "    base = row * cols; mu = rms ? 0.0f : mean[row]; rs = rstd[row];\n"
-    "    for (j = threadIdx.x; j < cols; j += blockDim.x) {\n"
-    "        float g = capex__nm_ld(dy, yt, base + j) * (w ? capex__nm_ld(w, pt, j) : 1.0f);\n"
-    "        float xh = (capex__nm_ld(x, xt, base + j) - mu) * rs;\n"
-    "        sg += g; sgx += g * xh;\n"
+    "    if (vec) {\n"
+    "        for (j = threadIdx.x * 4ull; j < cols; j += blockDim.x * 4ull) {\n"
+    "            capex__nm_ld4(dy, yt, base + j, dv); capex__nm_ld4(x, xt, base + j, xv);\n"
+    "            if (w) capex__nm_ld4(w, pt, j, wv);\n"
+    "            for (int k = 0; k < 4; k++) { float g = dv[k] * wv[k], xh = (xv[k] - mu) * rs; sg += g; sgx += g * xh; }\n"
+    "        }\n"
+    "    } else {\n"
+    "        for (j = threadIdx.x; j < cols; j += blockDim.x) {\n"
+    "            float g = capex__nm_ld(dy, yt, base + j) * (w ? capex__nm_ld(w, pt, j) : 1.0f);\n"
+    "            float xh = (capex__nm_ld(x, xt, base + j) - mu) * rs;\n"
+    "            sg += g; sgx += g * xh;\n"
+    "        }\n"
     "    }\n"
     "    capex__nm_reduce2(&sg, &sgx);\n"
     "    mg = rms ? 0.0f : sg / (float)cols; mgx = sgx / (float)cols;\n"
+    "    if (vec) {\n"
+    "        for (j = threadIdx.x * 4ull; j < cols; j += blockDim.x * 4ull) {\n"
+    "            capex__nm_ld4(dy, yt, base + j, dv); capex__nm_ld4(x, xt, base + j, xv);\n"
+    "            if (w) capex__nm_ld4(w, pt, j, wv);\n"
+    "            for (int k = 0; k < 4; k++) xv[k] = capex__nm_ln_dx(dv[k] * wv[k], (xv[k] - mu) * rs, mg, mgx, rs);\n"
+    "            capex__nm_st4(dx, xt, base + j, xv);\n"
+    "        }\n"
+    "        return;\n"
+    "    }\n"
     "    for (j = threadIdx.x; j < cols; j += blockDim.x) {\n"
     "        float g = capex__nm_ld(dy, yt, base + j) * (w ? capex__nm_ld(w, pt, j) : 1.0f);\n"
     "        float xh = (capex__nm_ld(x, xt, base + j) - mu) * rs;\n"
     "        capex__nm_st(dx, xt, base + j, capex__nm_ln_dx(g, xh, mg, mgx, rs));\n"
     "    }\n"
     "}\n"
-    "/* Column partial sums of dy * xhat and dy over rows [part*rpp, (part+1)*rpp): part = blockIdx.y. */\n"
     "CAPEX_KERNEL void capex_norm_bwd_gamma_part(const void *x, int xt, const void *dy, int yt, const float *mean,\n"
     "                                            const float *rstd, float *part_w, float *part_b, capex_u64 rows,\n"
-    "                                            capex_u64 cols, capex_u64 rpp, int rms) {\n"
+    "                                            capex_u64 cols, capex_u64 rpp, int rms, int vec) {\n"
     "    capex_u64 col = (capex_u64)blockIdx.x * blockDim.x + threadIdx.x, r, r0 = (capex_u64)blockIdx.y * rpp, r1;\n"
     "    float sw = 0.0f, sb = 0.0f;\n"
-    "    if (col >= cols) return;\n"
     "    r1 = r0 + rpp < rows ? r0 + rpp : rows;\n"
+    "    if (vec) {\n"
+    "        float vw[4] = {0.0f, 0.0f, 0.0f, 0.0f}, vb[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[4], xv[4];\n"
+    "        col *= 4;\n"
+    "        if (col >= cols) return;\n"
+    "        for (r = r0; r < r1; r++) {\n"
+    "            float mu = rms ? 0.0f : mean[r], rs = rstd[r];\n"
+    "            capex__nm_ld4(dy, yt, r * cols + col, d); capex__nm_ld4(x, xt, r * cols + col, xv);\n"
+    "            for (int k = 0; k < 4; k++) { vw[k] += d[k] * ((xv[k] - mu) * rs); vb[k] += d[k]; }\n"
+    "        }\n"
+    "        if (part_w) capex__nm_st4(part_w, 0, blockIdx.y * cols + col, vw);\n"
+    "        if (part_b) capex__nm_st4(part_b, 0, blockIdx.y * cols + col, vb);\n"
+    "        return;\n"
+    "    }\n"
+    "    if (col >= cols) return;\n"
     "    for (r = r0; r < r1; r++) {\n"
     "        float d = capex__nm_ld(dy, yt, r * cols + col);\n"
     "        sw += d * ((capex__nm_ld(x, xt, r * cols + col) - (rms ? 0.0f : mean[r])) * rstd[r]);\n"
@@ -6436,28 +6472,36 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
         args[9] = &rows; args[10] = &cols; args[11] = &eps; args[12] = &rm; args[13] = &vec;
         return capex__cuda_norm_launch(ctx, "capex_norm_fwd", gx, 1, bx, by, stream, args);
     }
-    if (a->dx) {
-        void *args[12];
-        args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->weight;
-        args[5] = &pt; args[6] = (void *)&a->mean; args[7] = (void *)&a->rstd; args[8] = (void *)&a->dx;
-        args[9] = &rows; args[10] = &cols; args[11] = &rm;
-        if ((r = capex__cuda_norm_launch(ctx, "capex_norm_bwd_dx", gx, 1, bx, by, stream, args)) != CAPEX_OK) return r;
-    }
-    if (a->dweight || a->dbias) {
-        unsigned long long np = capex__cuda_norm_parts(a->rows), rpp = (rows + np - 1) / np;
-        capex_cuda_ptr pw = a->dweight ? a->workspace : 0, pb = a->dbias ? a->workspace + np * cols * 4u : 0;
-        void *args[12];
-        args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->mean;
-        args[5] = (void *)&a->rstd; args[6] = &pw; args[7] = &pb; args[8] = &rows; args[9] = &cols; args[10] = &rpp;
-        args[11] = &rm;
-        if ((cols + 255) / 256 > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many columns", fn);
-        r = capex__cuda_norm_launch(ctx, "capex_norm_bwd_gamma_part", (unsigned)((cols + 255) / 256), (unsigned)np, 256, 1,
-                                    stream, args);
-        if (r != CAPEX_OK) return r;
-        args[0] = &pw; args[1] = &pb; args[2] = &np; args[3] = &cols; args[4] = (void *)&a->dweight;
-        args[5] = (void *)&a->dbias; args[6] = &pt;
-        return capex__cuda_norm_launch(ctx, "capex_norm_bwd_gamma_final", capex__cuda_norm_blocks(ctx, cols), 1, 256, 1,
-                                       stream, args);
+    {
+        /* 4 columns per load where rows are 4-element aligned (x, dy, dx, weight) */
+        size_t xs = capex_dtype_size(a->x_dtype), ys = capex_dtype_size(a->y_dtype), ps = capex_dtype_size(a->param_dtype);
+        int vec = cols % 4 == 0 && a->x % (4 * xs) == 0 && a->dy % (4 * ys) == 0 && a->dx % (4 * xs) == 0 &&
+                  a->weight % (4 * ps) == 0;
+        if (a->dx) {
+            void *args[13];
+            args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->weight;
+            args[5] = &pt; args[6] = (void *)&a->mean; args[7] = (void *)&a->rstd; args[8] = (void *)&a->dx;
+            args[9] = &rows; args[10] = &cols; args[11] = &rm; args[12] = &vec;
+            if ((r = capex__cuda_norm_launch(ctx, "capex_norm_bwd_dx", gx, 1, bx, by, stream, args)) != CAPEX_OK) return r;
+        }
+        if (a->dweight || a->dbias) {
+            unsigned long long np = capex__cuda_norm_parts(a->rows), rpp = (rows + np - 1) / np;
+            int gvec = vec && a->workspace % 16 == 0; /* float4 partial stores */
+            unsigned long long threads = gvec ? cols / 4 : cols;
+            capex_cuda_ptr pw = a->dweight ? a->workspace : 0, pb = a->dbias ? a->workspace + np * cols * 4u : 0;
+            void *args[13];
+            args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->mean;
+            args[5] = (void *)&a->rstd; args[6] = &pw; args[7] = &pb; args[8] = &rows; args[9] = &cols; args[10] = &rpp;
+            args[11] = &rm; args[12] = &gvec;
+            if ((threads + 255) / 256 > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many columns", fn);
+            r = capex__cuda_norm_launch(ctx, "capex_norm_bwd_gamma_part", (unsigned)((threads + 255) / 256), (unsigned)np,
+                                        256, 1, stream, args);
+            if (r != CAPEX_OK) return r;
+            args[0] = &pw; args[1] = &pb; args[2] = &np; args[3] = &cols; args[4] = (void *)&a->dweight;
+            args[5] = (void *)&a->dbias; args[6] = &pt;
+            return capex__cuda_norm_launch(ctx, "capex_norm_bwd_gamma_final", capex__cuda_norm_blocks(ctx, cols), 1, 256, 1,
+                                           stream, args);
+        }
     }
     return CAPEX_OK;
 }

@@ -109,7 +109,7 @@ def loop_facts(ins):
     for addr, op, args in ins:
         if not op.startswith("BRA"):
             continue
-        m = re.match(r"(0x[0-9a-f]+)", args)
+        m = re.search(r"(0x[0-9a-f]+)", args)  # BRA.U may name a uniform predicate first: "UP1, 0x560"
         if not m or int(m.group(1), 16) > addr:
             continue
         lo = int(m.group(1), 16)
@@ -258,6 +258,11 @@ SELF_TEST = [  # (SASS, vec, ldg, infl): the main-loop rules on small hand-made 
     ("""        /*0000*/                   LDG.E R5, desc[UR4][R2.64] ;
         /*0010*/                   BRA 0x20 ;
         /*0020*/                   EXIT ;""", 0, 0, 0),
+    # sm_100 closes loops with a uniform branch that names its predicate first
+    ("""        /*0000*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0010*/                   LDG.E.128 R8, desc[UR4][R12.64] ;
+        /*0020*/                   FADD R16, R4, R8 ;
+        /*0030*/                   BRA.U UP1, 0x0 ;""", 128, 2, 2),
 ]
 
 

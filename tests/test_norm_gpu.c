@@ -139,6 +139,57 @@ CT_TEST(gpu_layer_and_rms_norm_match_cpu) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* dweight/dbias do not depend on the vector path: a workspace 4 bytes off a
+   16-byte boundary takes the scalar column loop (one column per thread), an
+   aligned one the 4-column loop; the bits must agree. dx one element off
+   alignment (scalar loops) stays within the tolerance of the vector dx. */
+CT_TEST(gpu_norm_backward_vector_and_scalar_paths_agree) {
+    static const capex_dtype ts[] = {CAPEX_F32, CAPEX_BF16};
+    capex_cuda_context *ctx = open_ctx(ct);
+    const int64_t R = 29, C = 64, N = R * C;
+    size_t ti;
+    if (!ctx) return;
+    for (ti = 0; ti < 2; ti++) {
+        const capex_dtype t = ts[ti];
+        const size_t xs = capex_dtype_size(t), wsb = capex_cuda_norm_workspace_bytes(R, C);
+        void *x = malloc(N * xs), *dy = malloc(N * xs), *w = malloc(C * xs), *dx[2], *dw[2], *db[2];
+        capex_cuda_norm_args g;
+        capex_cuda_ptr ws, xd;
+        int64_t i;
+        int k;
+        float err;
+        for (i = 0; i < N; i++) setv(t, x, i, 1.0f + 2.0f * rnd());
+        for (i = 0; i < N; i++) setv(t, dy, i, rnd());
+        for (i = 0; i < C; i++) setv(t, w, i, 1.0f + 0.5f * rnd());
+        capex_cuda_norm_args_init(&g);
+        g.rows = R; g.cols = C; g.x_dtype = g.y_dtype = g.param_dtype = t;
+        xd = up(ctx, x, N * xs); g.dy = up(ctx, dy, N * xs); g.weight = up(ctx, w, C * xs);
+        g.bias = up(ctx, w, C * xs); g.y = up(ctx, NULL, N * xs); g.mean = up(ctx, NULL, R * 4); g.rstd = up(ctx, NULL, R * 4);
+        ws = up(ctx, NULL, wsb + 16);
+        for (k = 0; k < 2; k++) { /* 0: aligned dx and workspace (vector loops); 1: both off (scalar loops) */
+            dx[k] = malloc(N * xs); dw[k] = malloc(C * xs); db[k] = malloc(C * xs);
+            g.x = xd;
+            g.workspace = ws + (k ? 4u : 0u);
+            g.dx = up(ctx, NULL, N * xs + 8) + (k ? xs : 0); g.dweight = up(ctx, NULL, C * xs); g.dbias = up(ctx, NULL, C * xs);
+            CT_CHECK(capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_cuda_layer_norm_backward(ctx, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_cuda_context_synchronize(ctx) == CAPEX_OK, "%s", capex_last_error());
+            capex_cuda_memcpy_dtoh(ctx, dx[k], g.dx, N * xs, NULL);
+            capex_cuda_memcpy_dtoh(ctx, dw[k], g.dweight, C * xs, NULL);
+            capex_cuda_memcpy_dtoh(ctx, db[k], g.dbias, C * xs, NULL);
+            capex_cuda_free(ctx, g.dx - (k ? xs : 0)); capex_cuda_free(ctx, g.dweight); capex_cuda_free(ctx, g.dbias);
+        }
+        CT_CHECK(memcmp(dw[0], dw[1], C * xs) == 0 && memcmp(db[0], db[1], C * xs) == 0,
+                 "dtype %d: dweight/dbias differ between the 4-column and the scalar partial sums", (int)t);
+        CT_CHECK(same(t, dx[1], dx[0], N, 5 * tol_of(t), &err), "dtype %d: dx vector vs scalar err %g", (int)t, err);
+        for (k = 0; k < 2; k++) { free(dx[k]); free(dw[k]); free(db[k]); }
+        capex_cuda_free(ctx, xd); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias);
+        capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.mean); capex_cuda_free(ctx, g.rstd); capex_cuda_free(ctx, ws);
+        free(x); free(dy); free(w);
+    }
+    capex_cuda_context_destroy(ctx);
+}
+
 static void bn_gpu_case(ct_state *ct, capex_cuda_context *ctx, int64_t N, int64_t C, int64_t S, capex_bn_layout lay,
                         capex_dtype xt, int training, int cumulative) {
     const int64_t T = N * C * S;
@@ -226,6 +277,7 @@ CT_TEST(gpu_norm_argument_errors) {
 static const ct_case cases[] = {
     CT_CASE(gpu_norm_argument_errors),
     CT_CASE(gpu_layer_and_rms_norm_match_cpu),
+    CT_CASE(gpu_norm_backward_vector_and_scalar_paths_agree),
     CT_CASE(gpu_batch_norm_matches_cpu),
 };
 CT_MAIN(cases)
