@@ -3085,45 +3085,94 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
     {"adam_ams", capex__cuda_pf_adam_ams},     {"adagrad", capex__cuda_pf_adagrad},
 };
 
-/* Kernel names of the built-in program (sections index this table), and the
-   part that defines each; tests check each name against its part's image. */
+/* The built-in kernels, defined once: (id, kernel name, part that defines it).
+   The ids (CAPEX__CK_<id>), the name table (sections index it) and each
+   kernel's part are derived from this list; tests check each name against its
+   part's image. The order is the launch id order: append, do not reorder
+   within a family (CAPEX__GO_K_* add the dtype to a family's first id). */
+#define CAPEX__CUDA_KERNELS(X) \
+    /* basic kernels */ \
+    X(FILL_F32, "capex_fill_f32", BASIC) \
+    X(SCALE_F32, "capex_scale_f32", BASIC) \
+    X(ADD_F32, "capex_add_f32", BASIC) \
+    X(F32_TO_F16, "capex_f32_to_f16", BASIC) \
+    X(F16_TO_F32, "capex_f16_to_f32", BASIC) \
+    X(F32_TO_BF16, "capex_f32_to_bf16", BASIC) \
+    X(BF16_TO_F32, "capex_bf16_to_f32", BASIC) \
+    /* optimizer kernels (CAPEX__GO_K_* = id - CAPEX__GO_KBASE) */ \
+    X(GO_SCALE_F32_F32, "capex_go_scale_f32_f32", UNSCALE_F32) \
+    X(GO_SCALE_F32_F16, "capex_go_scale_f32_f16", UNSCALE_F32) \
+    X(GO_SCALE_F32_BF16, "capex_go_scale_f32_bf16", UNSCALE_F32) \
+    X(GO_SCALE_F16_F32, "capex_go_scale_f16_f32", UNSCALE_F16) \
+    X(GO_SCALE_F16_F16, "capex_go_scale_f16_f16", UNSCALE_F16) \
+    X(GO_SCALE_F16_BF16, "capex_go_scale_f16_bf16", UNSCALE_F16) \
+    X(GO_SCALE_BF16_F32, "capex_go_scale_bf16_f32", UNSCALE_BF16) \
+    X(GO_SCALE_BF16_F16, "capex_go_scale_bf16_f16", UNSCALE_BF16) \
+    X(GO_SCALE_BF16_BF16, "capex_go_scale_bf16_bf16", UNSCALE_BF16) \
+    X(GO_SUMSQ_F32, "capex_go_sumsq_f32", AMP) \
+    X(GO_SUMSQ_F16, "capex_go_sumsq_f16", AMP) \
+    X(GO_SUMSQ_BF16, "capex_go_sumsq_bf16", AMP) \
+    X(GO_REDUCE, "capex_go_reduce", AMP) \
+    X(GO_CLIP_COEF, "capex_go_clip_coef", AMP) \
+    X(GO_PREPARE, "capex_go_prepare", AMP) \
+    X(GO_ADAM_F32, "capex_go_adam_f32", ADAM_F32) \
+    X(GO_ADAM_F16, "capex_go_adam_f16", ADAM_F16) \
+    X(GO_ADAM_BF16, "capex_go_adam_bf16", ADAM_BF16) \
+    X(GO_SGD_F32, "capex_go_sgd_f32", SGD_F32) \
+    X(GO_SGD_F16, "capex_go_sgd_f16", SGD_F16) \
+    X(GO_SGD_BF16, "capex_go_sgd_bf16", SGD_BF16) \
+    X(GO_LAMB1_F32, "capex_go_lamb1_f32", LAMB1_F32) \
+    X(GO_LAMB1_F16, "capex_go_lamb1_f16", LAMB1_F16) \
+    X(GO_LAMB1_BF16, "capex_go_lamb1_bf16", LAMB1_BF16) \
+    X(GO_LAMB_CLIP, "capex_go_lamb_clip", LAMB_RATIO) \
+    X(GO_LAMB_RATIO, "capex_go_lamb_ratio", LAMB_RATIO) \
+    X(GO_LAMB2, "capex_go_lamb2", LAMB2) \
+    X(GO_SCALER_UPDATE, "capex_go_scaler_update", AMP) \
+    X(GO_NOVO1_F32, "capex_go_novo1_f32", NOVO_F32) \
+    X(GO_NOVO1_F16, "capex_go_novo1_f16", NOVO_F16) \
+    X(GO_NOVO1_BF16, "capex_go_novo1_bf16", NOVO_BF16) \
+    X(GO_NOVO2_F32, "capex_go_novo2_f32", NOVO_F32) \
+    X(GO_NOVO2_F16, "capex_go_novo2_f16", NOVO_F16) \
+    X(GO_NOVO2_BF16, "capex_go_novo2_bf16", NOVO_BF16) \
+    X(GO_NOVO_NORM, "capex_go_novo_norm", NOVO_NORM) \
+    /* norm kernels */ \
+    X(NORM_FWD, "capex_norm_fwd", NORM_FWD) \
+    X(NORM_BWD_DX, "capex_norm_bwd_dx", NORM_BWD) \
+    X(NORM_BWD_GAMMA_PART, "capex_norm_bwd_gamma_part", NORM_BWD) \
+    X(NORM_BWD_GAMMA_FINAL, "capex_norm_bwd_gamma_final", NORM_BWD) \
+    X(BN_STATS, "capex_bn_stats", BN_FWD) \
+    X(BN_MERGE, "capex_bn_merge", BN_FWD) \
+    X(BN_EVAL_STATS, "capex_bn_eval_stats", BN_FWD) \
+    X(BN_FWD, "capex_bn_fwd", BN_FWD) \
+    X(BN_BWD_REDUCE, "capex_bn_bwd_reduce", BN_BWD) \
+    X(BN_BWD_DX, "capex_bn_bwd_dx", BN_BWD) \
+    /* optimizer kernels added later */ \
+    X(GO_ADAM_AMS_F32, "capex_go_adam_ams_f32", ADAM_AMS) \
+    X(GO_ADAM_AMS_F16, "capex_go_adam_ams_f16", ADAM_AMS) \
+    X(GO_ADAM_AMS_BF16, "capex_go_adam_ams_bf16", ADAM_AMS) \
+    X(GO_ADAGRAD_F32, "capex_go_adagrad_f32", ADAGRAD) \
+    X(GO_ADAGRAD_F16, "capex_go_adagrad_f16", ADAGRAD) \
+    X(GO_ADAGRAD_BF16, "capex_go_adagrad_bf16", ADAGRAD)
+
+enum {
+#define CAPEX__CK_ID(id, name, part) CAPEX__CK_##id,
+    CAPEX__CUDA_KERNELS(CAPEX__CK_ID)
+#undef CAPEX__CK_ID
+    CAPEX__CK_COUNT
+};
 static const char *const capex__cuda_builtin_kernels[] = {
-    "capex_fill_f32", "capex_scale_f32", "capex_add_f32", "capex_f32_to_f16",
-    "capex_f16_to_f32", "capex_f32_to_bf16", "capex_bf16_to_f32",
-    /* optimizer kernels */
-    "capex_go_scale_f32_f32", "capex_go_scale_f32_f16", "capex_go_scale_f32_bf16", "capex_go_scale_f16_f32",
-    "capex_go_scale_f16_f16", "capex_go_scale_f16_bf16", "capex_go_scale_bf16_f32", "capex_go_scale_bf16_f16",
-    "capex_go_scale_bf16_bf16", "capex_go_sumsq_f32", "capex_go_sumsq_f16", "capex_go_sumsq_bf16",
-    "capex_go_reduce", "capex_go_clip_coef", "capex_go_prepare", "capex_go_adam_f32", "capex_go_adam_f16",
-    "capex_go_adam_bf16", "capex_go_sgd_f32", "capex_go_sgd_f16", "capex_go_sgd_bf16", "capex_go_lamb1_f32",
-    "capex_go_lamb1_f16", "capex_go_lamb1_bf16", "capex_go_lamb_clip", "capex_go_lamb_ratio",
-    "capex_go_lamb2", "capex_go_scaler_update", "capex_go_novo1_f32", "capex_go_novo1_f16", "capex_go_novo1_bf16",
-    "capex_go_novo2_f32", "capex_go_novo2_f16", "capex_go_novo2_bf16", "capex_go_novo_norm",
-    /* norm kernels */
-    "capex_norm_fwd", "capex_norm_bwd_dx", "capex_norm_bwd_gamma_part", "capex_norm_bwd_gamma_final",
-    "capex_bn_stats", "capex_bn_merge", "capex_bn_eval_stats", "capex_bn_fwd", "capex_bn_bwd_reduce", "capex_bn_bwd_dx",
-    /* optimizer kernels added later (ids CAPEX__GO_K_ADAM_AMS ..) */
-    "capex_go_adam_ams_f32", "capex_go_adam_ams_f16", "capex_go_adam_ams_bf16",
-    "capex_go_adagrad_f32", "capex_go_adagrad_f16", "capex_go_adagrad_bf16",
+#define CAPEX__CK_NAME(id, name, part) name,
+    CAPEX__CUDA_KERNELS(CAPEX__CK_NAME)
+#undef CAPEX__CK_NAME
 };
 #define CAPEX__CUDA_N_BUILTIN (sizeof capex__cuda_builtin_kernels / sizeof capex__cuda_builtin_kernels[0])
 static const unsigned char capex__cuda_builtin_kernel_part[] = {
-    CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC,
-    CAPEX__CP_UNSCALE_F32, CAPEX__CP_UNSCALE_F32, CAPEX__CP_UNSCALE_F32, CAPEX__CP_UNSCALE_F16, CAPEX__CP_UNSCALE_F16,
-    CAPEX__CP_UNSCALE_F16, CAPEX__CP_UNSCALE_BF16, CAPEX__CP_UNSCALE_BF16, CAPEX__CP_UNSCALE_BF16,
-    CAPEX__CP_AMP, CAPEX__CP_AMP, CAPEX__CP_AMP,                    /* sumsq */
-    CAPEX__CP_AMP, CAPEX__CP_AMP, CAPEX__CP_AMP,                    /* reduce, clip_coef, prepare */
-    CAPEX__CP_ADAM_F32, CAPEX__CP_ADAM_F16, CAPEX__CP_ADAM_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_SGD_F16, CAPEX__CP_SGD_BF16,
-    CAPEX__CP_LAMB1_F32, CAPEX__CP_LAMB1_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB_RATIO, CAPEX__CP_LAMB_RATIO, CAPEX__CP_LAMB2,
-    CAPEX__CP_AMP,                                                  /* scaler_update */
-    CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16, CAPEX__CP_NOVO_BF16,    /* novo1 */
-    CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16, CAPEX__CP_NOVO_BF16,    /* novo2 */
-    CAPEX__CP_NOVO_NORM,
-    CAPEX__CP_NORM_FWD, CAPEX__CP_NORM_BWD, CAPEX__CP_NORM_BWD, CAPEX__CP_NORM_BWD,
-    CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_BWD, CAPEX__CP_BN_BWD,
-    CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAGRAD, CAPEX__CP_ADAGRAD, CAPEX__CP_ADAGRAD,
+#define CAPEX__CK_PART(id, name, part) CAPEX__CP_##part,
+    CAPEX__CUDA_KERNELS(CAPEX__CK_PART)
+#undef CAPEX__CK_PART
 };
-typedef char capex__cuda_kernel_parts_ok[sizeof capex__cuda_builtin_kernel_part == CAPEX__CUDA_N_BUILTIN ? 1 : -1];
+typedef char capex__cuda_kernel_parts_ok[sizeof capex__cuda_builtin_kernel_part == CAPEX__CUDA_N_BUILTIN &&
+                                         CAPEX__CK_COUNT == CAPEX__CUDA_N_BUILTIN ? 1 : -1];
 
 /* The program and its parts as text, assembled once per process (immutable). */
 static char *capex__cuda_builtin_text = NULL;
@@ -4284,22 +4333,32 @@ typedef char capex__go_layout_ok[(offsetof(capex__go_meta5, numel) == 8 * 5 * CA
                                   offsetof(capex__go_meta5, block_tensor) ==
                                       8 * 6 * CAPEX_MTA_MAX_TENSORS(5) + 8 + 4 * CAPEX_MTA_MAX_BLOCKS) ? 1 : -1];
 
-/* Kernel ids = positions of the GPUOPT names in capex__cuda_builtin_kernels,
-   which start after the 7 basic kernels (a test checks every name). */
+/* Optimizer kernel ids: positions in CAPEX__CUDA_KERNELS counted from its
+   first optimizer kernel (what capex__go_exec launches take). */
+#define CAPEX__GO_KBASE CAPEX__CK_GO_SCALE_F32_F32
+#define CAPEX__GO_K(id) (CAPEX__CK_##id - CAPEX__GO_KBASE)
 enum {
-    CAPEX__GO_K_SCALE = 0, /* + 3 * in dtype + out dtype */
-    CAPEX__GO_K_SUMSQ = 9, /* + dtype */
-    CAPEX__GO_K_REDUCE = 12, CAPEX__GO_K_CLIP = 13, CAPEX__GO_K_PREPARE = 14,
-    CAPEX__GO_K_ADAM = 15, CAPEX__GO_K_SGD = 18, CAPEX__GO_K_LAMB1 = 21, /* + grad dtype */
-    CAPEX__GO_K_LAMB_CLIP = 24, CAPEX__GO_K_LAMB_RATIO = 25, CAPEX__GO_K_LAMB2 = 26, CAPEX__GO_K_SCALER = 27,
-    CAPEX__GO_K_NOVO1 = 28, CAPEX__GO_K_NOVO2 = 31, /* + grad dtype */
-    CAPEX__GO_K_NOVO_NORM = 34,
-    CAPEX__GO_NK = 35,
-    /* after the norm kernels (10) in capex__cuda_builtin_kernels, which follow
-       CAPEX__GO_NK: + grad dtype */
-    CAPEX__GO_K_ADAM_AMS = 45, CAPEX__GO_K_ADAGRAD = 48, CAPEX__GO_NK_ALL = 51
+    CAPEX__GO_K_SCALE = CAPEX__GO_K(GO_SCALE_F32_F32), /* + 3 * in dtype + out dtype */
+    CAPEX__GO_K_SUMSQ = CAPEX__GO_K(GO_SUMSQ_F32),     /* + dtype */
+    CAPEX__GO_K_REDUCE = CAPEX__GO_K(GO_REDUCE), CAPEX__GO_K_CLIP = CAPEX__GO_K(GO_CLIP_COEF),
+    CAPEX__GO_K_PREPARE = CAPEX__GO_K(GO_PREPARE),
+    CAPEX__GO_K_ADAM = CAPEX__GO_K(GO_ADAM_F32), CAPEX__GO_K_SGD = CAPEX__GO_K(GO_SGD_F32), /* + grad dtype */
+    CAPEX__GO_K_LAMB1 = CAPEX__GO_K(GO_LAMB1_F32),                                          /* + grad dtype */
+    CAPEX__GO_K_LAMB_CLIP = CAPEX__GO_K(GO_LAMB_CLIP), CAPEX__GO_K_LAMB_RATIO = CAPEX__GO_K(GO_LAMB_RATIO),
+    CAPEX__GO_K_LAMB2 = CAPEX__GO_K(GO_LAMB2), CAPEX__GO_K_SCALER = CAPEX__GO_K(GO_SCALER_UPDATE),
+    CAPEX__GO_K_NOVO1 = CAPEX__GO_K(GO_NOVO1_F32), CAPEX__GO_K_NOVO2 = CAPEX__GO_K(GO_NOVO2_F32), /* + grad dtype */
+    CAPEX__GO_K_NOVO_NORM = CAPEX__GO_K(GO_NOVO_NORM),
+    CAPEX__GO_NK = CAPEX__GO_K(NORM_FWD), /* the first family ends where the norm kernels start */
+    CAPEX__GO_K_ADAM_AMS = CAPEX__GO_K(GO_ADAM_AMS_F32), CAPEX__GO_K_ADAGRAD = CAPEX__GO_K(GO_ADAGRAD_F32), /* + grad dtype */
+    CAPEX__GO_NK_ALL = CAPEX__CK_COUNT - CAPEX__GO_KBASE
 };
-#define CAPEX__GO_KBASE 7
+/* the dtype-indexed families are consecutive f32, f16, bf16 in the list */
+typedef char capex__go_kernel_ids_ok[(CAPEX__CK_GO_ADAM_BF16 == CAPEX__CK_GO_ADAM_F32 + 2 &&
+    CAPEX__CK_GO_SGD_BF16 == CAPEX__CK_GO_SGD_F32 + 2 && CAPEX__CK_GO_LAMB1_BF16 == CAPEX__CK_GO_LAMB1_F32 + 2 &&
+    CAPEX__CK_GO_NOVO1_BF16 == CAPEX__CK_GO_NOVO1_F32 + 2 && CAPEX__CK_GO_NOVO2_BF16 == CAPEX__CK_GO_NOVO2_F32 + 2 &&
+    CAPEX__CK_GO_SUMSQ_BF16 == CAPEX__CK_GO_SUMSQ_F32 + 2 && CAPEX__CK_GO_SCALE_BF16_BF16 == CAPEX__CK_GO_SCALE_F32_F32 + 8 &&
+    CAPEX__CK_GO_ADAM_AMS_BF16 == CAPEX__CK_GO_ADAM_AMS_F32 + 2 && CAPEX__CK_GO_ADAGRAD_BF16 == CAPEX__CK_GO_ADAGRAD_F32 + 2 &&
+    CAPEX__CK_GO_NOVO_NORM + 1 == CAPEX__CK_NORM_FWD) ? 1 : -1];
 #define CAPEX__GO_THREADS 512 /* per block: a power of two <= 512 (the kernels' shared arrays) */
 
 /* Where the kernels run: the GPU (capex__go_dev_exec), or in tests a CPU
