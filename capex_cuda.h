@@ -1969,6 +1969,41 @@ typedef char capex__go_math_parts_are_8[sizeof capex__optim_math_parts / sizeof 
 /* capex.h's lr schedule math (CAPEX__LR_MATH), for capex_go_prepare */
 CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_math_source; }
 
+/* The launch structs, defined once: expanded as C (capex__go_args & co.,
+   which the host fills) and, as text, into the kernels (capex_go_args & co.).
+   S names the struct; U64/I64/I32/U32 are the integer types on each side.
+   The ABI sizes are checked at compile time (capex__go_sizes_ok). */
+#define CAPEX__GO_STRUCTS(S, U64, I64, I32, U32)                                               \
+    S(args) {                                                                                   \
+        U64 chunk;                                                                              \
+        U64 ptr[6];                                                                             \
+        float val[2];                                                                           \
+        I32 flag[4];                                                                            \
+    };                                                                                          \
+    S(segs) {                                                                                   \
+        I64 start[158], count[158], out[158]; /* CAPEX__GO_NSEG */                              \
+        I32 n, pad;                                                                             \
+    };                                                                                          \
+    /* per parameter group: hyperparameters (host-set), step count, and the                     \
+       constants of the current step (written by capex_go_prepare) */                           \
+    S(group) {                                                                                  \
+        I64 step;                                                                               \
+        float lr, beta1, beta2, eps, wd, momentum, dampening;                                   \
+        I32 bias_correction, grad_averaging, nesterov, mom_init;                                \
+        float gs, bc1, bc2, beta3, clip_div;                                                    \
+        U32 skip, first, wd_on, wd_before, wd_after, step_lo, step_hi;                          \
+        float lr_decay; /* Adagrad (host-set, like lr .. nesterov) */                           \
+    };                                                                                          \
+    S(scaler) {                                                                                 \
+        double growth_factor, backoff_factor;                                                   \
+        I64 growth_interval, growth_tracker, steps, skipped_steps;                              \
+        float scale, inv_scale, min_scale, max_scale;                                           \
+        I32 dynamic, hysteresis, hysteresis_tracker;                                            \
+        U32 found_inf;                                                                          \
+    };
+#define CAPEX__GO_KSTRUCT(x) struct capex_go_##x
+#define CAPEX__GO_CSTRUCT(x) struct capex__go_##x
+
 static const char capex__cuda_frag_go0[] =
     "/* ---- fused multi-tensor kernels (GPUOPT) ----\n"
     "   Launch metadata: capex.h's CAPEX_MTA_META_STRUCT layout, by value. Block b\n"
@@ -1988,35 +2023,10 @@ static const char capex__cuda_frag_go0[] =
     "    unsigned block_chunk[320];\n"
     "    unsigned char block_tensor[320];\n"
     "};\n"
-    "/* kernel-specific pointers, values and switches (see each kernel) */\n"
-    "struct capex_go_args {\n"
-    "    capex_u64 chunk;\n"
-    "    capex_u64 ptr[6];\n"
-    "    float val[2];\n"
-    "    int flag[4];\n"
-    "};\n"
+    "/* kernel-specific pointers, values and switches (see each kernel);\n"
+    "   the launch structs below are CAPEX__GO_STRUCTS (capex_cuda.h) */\n"
     "#define CAPEX_GO_NSEG 158\n"
-    "struct capex_go_segs {\n"
-    "    long long start[CAPEX_GO_NSEG], count[CAPEX_GO_NSEG], out[CAPEX_GO_NSEG];\n"
-    "    int n, pad;\n"
-    "};\n"
-    "/* per parameter group: hyperparameters (host-set), step count, and the\n"
-    "   constants of the current step (written by capex_go_prepare) */\n"
-    "struct capex_go_group {\n"
-    "    long long step;\n"
-    "    float lr, beta1, beta2, eps, wd, momentum, dampening;\n"
-    "    int bias_correction, grad_averaging, nesterov, mom_init;\n"
-    "    float gs, bc1, bc2, beta3, clip_div;\n"
-    "    unsigned skip, first, wd_on, wd_before, wd_after, step_lo, step_hi;\n"
-    "    float lr_decay; /* Adagrad (host-set) */\n"
-    "};\n"
-    "struct capex_go_scaler {\n"
-    "    double growth_factor, backoff_factor;\n"
-    "    long long growth_interval, growth_tracker, steps, skipped_steps;\n"
-    "    float scale, inv_scale, min_scale, max_scale;\n"
-    "    int dynamic, hysteresis, hysteresis_tracker;\n"
-    "    unsigned found_inf;\n"
-    "};\n";
+    CAPEX__OPT_XSTR(CAPEX__GO_STRUCTS(CAPEX__GO_KSTRUCT, capex_u64, long long, int, unsigned)) "\n";
 static const char capex__cuda_frag_go1[] =
     "template <int D> CAPEX_DEVICE int capex_go_block(const capex_go_meta<D> &m, capex_u64 chunk, capex_u64 *off,\n"
     "                                                 capex_u64 *n) {\n"
@@ -4294,32 +4304,12 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
    Host mirrors of the kernel-side structs (capex__cuda_frag_go0/1), same
    fixed-width fields in the same order (checked by size here and, against
    the kernel text compiled on the host, by tests/test_gpuopt_emu.c). */
-typedef struct capex__go_args {
-    uint64_t chunk;
-    uint64_t ptr[6];
-    float val[2];
-    int32_t flag[4];
-} capex__go_args;
 #define CAPEX__GO_NSEG 158
-typedef struct capex__go_segs {
-    int64_t start[CAPEX__GO_NSEG], count[CAPEX__GO_NSEG], out[CAPEX__GO_NSEG];
-    int32_t n, pad;
-} capex__go_segs;
-typedef struct capex__go_group {
-    int64_t step;
-    float lr, beta1, beta2, eps, wd, momentum, dampening;
-    int32_t bias_correction, grad_averaging, nesterov, mom_init;
-    float gs, bc1, bc2, beta3, clip_div;
-    uint32_t skip, first, wd_on, wd_before, wd_after, step_lo, step_hi;
-    float lr_decay; /* Adagrad (host-set, like lr .. nesterov) */
-} capex__go_group;
-typedef struct capex__go_scaler {
-    double growth_factor, backoff_factor;
-    int64_t growth_interval, growth_tracker, steps, skipped_steps;
-    float scale, inv_scale, min_scale, max_scale;
-    int32_t dynamic, hysteresis, hysteresis_tracker;
-    uint32_t found_inf;
-} capex__go_scaler;
+CAPEX__GO_STRUCTS(CAPEX__GO_CSTRUCT, uint64_t, int64_t, int32_t, uint32_t)
+typedef struct capex__go_args capex__go_args;
+typedef struct capex__go_segs capex__go_segs;
+typedef struct capex__go_group capex__go_group;
+typedef struct capex__go_scaler capex__go_scaler;
 CAPEX_MTA_META_STRUCT(capex__go_meta5, 5);
 typedef char capex__go_sizes_ok[(sizeof(capex__go_args) == 80 && sizeof(capex__go_segs) == 3800 &&
                                  sizeof(capex__go_group) == 104 && sizeof(capex__go_scaler) == 80) ? 1 : -1];
