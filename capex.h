@@ -1978,27 +1978,42 @@ CAPEX_API size_t capex_dtype_size(capex_dtype t) {
 static inline uint32_t capex__f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float capex__bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-/* Written with selects rather than early returns so the bulk loops vectorise. */
-static inline uint16_t capex__f16_from_bits(uint32_t x) {
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t ax = x & 0x7fffffffu;
-    uint32_t e = ax >> 23;
-    /* normal range: rebias the exponent, round the 13 dropped bits RNE */
-    uint32_t normal = (ax - (112u << 23) + 0xfffu + ((ax >> 13) & 1u)) >> 13;
-    /* subnormal range (|x| < 2^-14): value = m * 2^(e-150) = (m >> (126-e)) * 2^-24 */
-    uint32_t m = (ax & 0x7fffffu) | 0x800000u;
-    uint32_t shift = e >= 126u ? 1u : (126u - e > 25u ? 25u : 126u - e);
-    uint32_t r = m >> shift;
-    uint32_t rem = m & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1u);
-    uint32_t sub = r + ((rem > half) | ((rem == half) & (r & 1u)));
-    uint32_t nan = 0x7e00u | ((ax >> 13) & 0x3ffu);
-    uint32_t out = ax > 0x7f800000u ? nan
-                 : ax >= 0x477ff000u ? 0x7c00u /* >= 65520 rounds to inf */
-                 : ax < 0x38800000u ? sub
-                 : normal;
-    return (uint16_t)(sign | out);
-}
+/* fp16 / bf16 <-> f32: the one definition of the conversions, integer-only
+   (RNE; overflow to inf; NaN stays NaN, quietened, sign and payload kept).
+   Expanded here as C (capex_f32_to_f16 & co., the CPU kernels) and, as
+   text, into the CUDA kernel prelude (capex_cuda.h) and the optimizer math
+   source: NVRTC has no cuda_fp16.h. Q: qualifiers; F2U/U2F: bit casts. */
+#define CAPEX__OPTIM_MATH_HALF(Q, F2U, U2F)                                                  \
+    Q float capex__h16_load(unsigned int h) {                                                \
+        unsigned int sign = (h & 0x8000U) << 16, e = (h >> 10) & 0x1fU, m = h & 0x3ffU;      \
+        unsigned int sub = F2U((float)m * 5.9604644775390625e-8f);                           \
+        unsigned int out = e == 0x1fU ? (0x7f800000U | (m << 13))                            \
+                         : e == 0U ? sub : (((e + 112U) << 23) | (m << 13));                 \
+        return U2F(sign | out);                                                              \
+    }                                                                                        \
+    Q unsigned int capex__h16_store(float f) {                                               \
+        unsigned int x = F2U(f), sign = (x >> 16) & 0x8000U, ax = x & 0x7fffffffU;          \
+        unsigned int e = ax >> 23;                                                           \
+        unsigned int normal = (ax - (112U << 23) + 0xfffU + ((ax >> 13) & 1U)) >> 13;        \
+        unsigned int m = (ax & 0x7fffffU) | 0x800000U;                                       \
+        unsigned int shift = e >= 126U ? 1U : (126U - e > 25U ? 25U : 126U - e);             \
+        unsigned int r = m >> shift, rem = m & ((1U << shift) - 1U), half = 1U << (shift - 1U); \
+        unsigned int sub = r + ((rem > half) | ((rem == half) & (r & 1U)));                  \
+        unsigned int nan = 0x7e00U | ((ax >> 13) & 0x3ffU);                                  \
+        unsigned int out = ax > 0x7f800000U ? nan : ax >= 0x477ff000U ? 0x7c00U              \
+                         : ax < 0x38800000U ? sub : normal;                                  \
+        return sign | out;                                                                   \
+    }                                                                                        \
+    Q float capex__b16_load(unsigned int h) { return U2F(h << 16); }                         \
+    Q unsigned int capex__b16_store(float f) {                                               \
+        unsigned int x = F2U(f);                                                             \
+        unsigned int rounded = (x + 0x7fffU + ((x >> 16) & 1U)) >> 16;                       \
+        return (x & 0x7fffffffU) > 0x7f800000U ? ((x >> 16) | 0x40U) : rounded;              \
+    }
+
+static inline unsigned int capex__opt_f2u(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+static inline float capex__opt_u2f(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+CAPEX__OPTIM_MATH_HALF(static inline, capex__opt_f2u, capex__opt_u2f)
 
 /* Vectorisable half codecs for bulk loops, bit-identical to the scalar
    conversions (test_half checks every code and the rounding boundaries). The
@@ -2037,15 +2052,9 @@ static inline uint16_t capex__f32_to_f16_v(float f) {
     return (uint16_t)(sign | out);
 }
 
-static inline uint16_t capex__bf16_from_bits(uint32_t x) {
-    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-    uint32_t nan = (x >> 16) | 0x40u;
-    return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-
-CAPEX_API uint16_t capex_f32_to_f16(float f) { return capex__f16_from_bits(capex__f32_bits(f)); }
+CAPEX_API uint16_t capex_f32_to_f16(float f) { return (uint16_t)capex__h16_store(f); }
 CAPEX_API float capex_f16_to_f32(uint16_t h) { return capex__f16_to_f32_v(h); }
-CAPEX_API uint16_t capex_f32_to_bf16(float f) { return capex__bf16_from_bits(capex__f32_bits(f)); }
+CAPEX_API uint16_t capex_f32_to_bf16(float f) { return (uint16_t)capex__b16_store(f); }
 CAPEX_API float capex_bf16_to_f32(uint16_t h) { return capex__bits_f32((uint32_t)h << 16); }
 
 /* Bulk fp16 codecs. Portable loops (vectorised selects, above), and on x86-64
@@ -2162,7 +2171,7 @@ CAPEX_API void capex_f32_to_f16_array(const float *src, uint16_t *dst, size_t n)
 CAPEX_API void capex_f16_to_f32_array(const uint16_t *src, float *dst, size_t n) { capex__f16_load_n(src, dst, n); }
 CAPEX_API void capex_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n) {
     size_t i;
-    for (i = 0; i < n; i++) dst[i] = capex__bf16_from_bits(capex__f32_bits(src[i]));
+    for (i = 0; i < n; i++) dst[i] = (uint16_t)capex__b16_store(src[i]);
 }
 CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n) {
     size_t i;
@@ -5051,7 +5060,7 @@ CAPEX__PRIVATE capex_result capex__for_chunks(const char *name, const capex_tens
 #define CAPEX__TOF_BF16(v) capex__bits_f32((uint32_t)(v) << 16)
 #define CAPEX__FROMF_F32(f) (f)
 #define CAPEX__FROMF_F16(f) capex__f32_to_f16_v(f)
-#define CAPEX__FROMF_BF16(f) capex__bf16_from_bits(capex__f32_bits(f))
+#define CAPEX__FROMF_BF16(f) (uint16_t)capex__b16_store(f)
 #define CAPEX__NF_F32(v) ((uint32_t)((capex__f32_bits(v) & 0x7f800000u) == 0x7f800000u))
 #define CAPEX__NF_F16(v) ((uint32_t)(((v) & 0x7c00u) == 0x7c00u))
 #define CAPEX__NF_BF16(v) ((uint32_t)(((v) & 0x7f80u) == 0x7f80u))
@@ -5522,38 +5531,6 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
         return (u & 0x7fffffffU) > 0x7f800000U ? ((u >> 16) | 0x40U) : ((u + r16) >> 16);    \
     }
 
-/* fp16 / bf16 <-> f32 for the kernels, the same bit arithmetic as the core's
-   capex_f32_to_f16 & co. (tested equal), written here so the GPU uses the
-   very same code (NVRTC has no cuda_fp16.h) and so that it inlines into the
-   CPU kernels. RNE; NaN stays NaN (quietened); selects, no branches. */
-#define CAPEX__OPTIM_MATH_HALF(Q, F2U, U2F)                                                  \
-    Q float capex__h16_load(unsigned int h) {                                                \
-        unsigned int sign = (h & 0x8000U) << 16, e = (h >> 10) & 0x1fU, m = h & 0x3ffU;      \
-        unsigned int sub = F2U((float)m * 5.9604644775390625e-8f);                           \
-        unsigned int out = e == 0x1fU ? (0x7f800000U | (m << 13))                            \
-                         : e == 0U ? sub : (((e + 112U) << 23) | (m << 13));                 \
-        return U2F(sign | out);                                                              \
-    }                                                                                        \
-    Q unsigned int capex__h16_store(float f) {                                               \
-        unsigned int x = F2U(f), sign = (x >> 16) & 0x8000U, ax = x & 0x7fffffffU;          \
-        unsigned int e = ax >> 23;                                                           \
-        unsigned int normal = (ax - (112U << 23) + 0xfffU + ((ax >> 13) & 1U)) >> 13;        \
-        unsigned int m = (ax & 0x7fffffU) | 0x800000U;                                       \
-        unsigned int shift = e >= 126U ? 1U : (126U - e > 25U ? 25U : 126U - e);             \
-        unsigned int r = m >> shift, rem = m & ((1U << shift) - 1U), half = 1U << (shift - 1U); \
-        unsigned int sub = r + ((rem > half) | ((rem == half) & (r & 1U)));                  \
-        unsigned int nan = 0x7e00U | ((ax >> 13) & 0x3ffU);                                  \
-        unsigned int out = ax > 0x7f800000U ? nan : ax >= 0x477ff000U ? 0x7c00U              \
-                         : ax < 0x38800000U ? sub : normal;                                  \
-        return sign | out;                                                                   \
-    }                                                                                        \
-    Q float capex__b16_load(unsigned int h) { return U2F(h << 16); }                         \
-    Q unsigned int capex__b16_store(float f) {                                               \
-        unsigned int x = F2U(f);                                                             \
-        unsigned int rounded = (x + 0x7fffU + ((x >> 16) & 1U)) >> 16;                       \
-        return (x & 0x7fffffffU) > 0x7f800000U ? ((x >> 16) | 0x40U) : rounded;              \
-    }
-
 /* Adam (FusedAdam AdamFunctor): L2 mode adds wd*p to g before the moments;
    W mode adds wd*p to the update (decoupled decay, Loshchilov & Hutter).
    torch.optim.AdamW instead scales p by (1-lr*wd) first and divides by
@@ -5707,9 +5684,6 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
    vectorising the Adam/LAMB loops; add -fno-math-errno (results do not
    change: IEEE sqrt either way). SGD and the model-copy stores vectorise
    regardless. */
-static inline unsigned int capex__opt_f2u(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
-static inline float capex__opt_u2f(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
-CAPEX__OPTIM_MATH_HALF(static inline, capex__opt_f2u, capex__opt_u2f)
 CAPEX__OPTIM_MATH_RNG(static inline, capex__opt_f2u)
 CAPEX__OPTIM_MATH_ADAM(static inline)
 CAPEX__OPTIM_MATH_LAMB(static inline)
@@ -5722,7 +5696,8 @@ CAPEX__OPTIM_MATH_AMS_ADAGRAD(static inline)
    preamble, so compiling capex.h with nvcc cannot expand them here. */
 static const char *const capex__optim_math_parts[] = {
     "#define CAPEX__QUAL __device__ __forceinline__\n#define CAPEX__F2U __float_as_uint\n#define CAPEX__U2F __uint_as_float\n",
-    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_HALF(CAPEX__QUAL, CAPEX__F2U, CAPEX__U2F)),
+    /* capex_cuda.h's kernel prelude already holds these (CAPEX__HALF_DEFINED) */
+    "#ifndef CAPEX__HALF_DEFINED\n" CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_HALF(CAPEX__QUAL, CAPEX__F2U, CAPEX__U2F)) "\n#endif\n",
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_RNG(CAPEX__QUAL, CAPEX__F2U)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_ADAM(CAPEX__QUAL)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_LAMB(CAPEX__QUAL)),
@@ -7839,8 +7814,8 @@ CAPEX__PRIVATE float capex__load(const void *p, capex_dtype t, size_t i) {
 }
 CAPEX__PRIVATE void capex__store(void *p, capex_dtype t, size_t i, float v) {
     if (t == CAPEX_F32) ((float *)p)[i] = v;
-    else if (t == CAPEX_F16) ((uint16_t *)p)[i] = capex__f16_from_bits(capex__f32_bits(v));
-    else ((uint16_t *)p)[i] = capex__bf16_from_bits(capex__f32_bits(v));
+    else if (t == CAPEX_F16) ((uint16_t *)p)[i] = (uint16_t)capex__h16_store(v);
+    else ((uint16_t *)p)[i] = (uint16_t)capex__b16_store(v);
 }
 /* x *= factor in f32 (Apex's tensor.mul_(python float) on an f32 tensor). */
 CAPEX__PRIVATE void capex__host_scale(void *buf, size_t n, capex_dtype t, float factor) {

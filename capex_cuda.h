@@ -1910,37 +1910,22 @@ static const char capex__cuda_frag_prelude[] =
     "   payload (cvt gives a canonical NaN). Host C++ builds of this text (the\n"
     "   tests' kernel emulation) use the bit arithmetic. (cvt for f16 -> f32 made\n"
     "   the kernels larger, for f32 -> bf16 (sm_80+) 0.6% smaller: not used.) */\n"
+    /* the conversions' one definition (capex.h, CAPEX__OPTIM_MATH_HALF) */
+    "#define CAPEX__HALF_DEFINED 1\n"
+    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_HALF(CAPEX_DEVICE, __float_as_uint, __uint_as_float)) "\n"
     "CAPEX_DEVICE capex_u16 capex_f32_to_f16_bits(float f) {\n"
-    "    capex_u32 x = __float_as_uint(f);\n"
     "#ifdef __CUDA_ARCH__\n"
+    "    capex_u32 x = __float_as_uint(f);\n"
     "    capex_u16 h;\n"
     "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
-    "    return (x & 0x7fffffffu) > 0x7f800000u ? (capex_u16)(((x >> 16) & 0x8000u) | 0x7e00u | ((x >> 13) & 0x3ffu)) : h;\n"
+    "    return (x & 0x7fffffffu) > 0x7f800000u ? (capex_u16)(((x >> 16) & 0x8000u) | 0x7e00u | ((x >> 13) & 0x3ffu)) : h; /* capex__h16_store's NaN case */\n"
     "#else\n"
-    "    capex_u32 sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu, e = ax >> 23;\n"
-    "    capex_u32 normal = (ax - (112u << 23) + 0xfffu + ((ax >> 13) & 1u)) >> 13;\n"
-    "    capex_u32 m = (ax & 0x7fffffu) | 0x800000u;\n"
-    "    capex_u32 shift = e >= 126u ? 1u : (126u - e > 25u ? 25u : 126u - e);\n"
-    "    capex_u32 r = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);\n"
-    "    capex_u32 sub = r + ((rem > half) | ((rem == half) & (r & 1u)));\n"
-    "    capex_u32 nan = 0x7e00u | ((ax >> 13) & 0x3ffu);\n"
-    "    capex_u32 out = ax > 0x7f800000u ? nan : ax >= 0x477ff000u ? 0x7c00u : ax < 0x38800000u ? sub : normal;\n"
-    "    return (capex_u16)(sign | out);\n"
+    "    return (capex_u16)capex__h16_store(f);\n"
     "#endif\n"
     "}\n"
-    "CAPEX_DEVICE float capex_f16_bits_to_f32(capex_u16 h) {\n"
-    "    capex_u32 sign = (capex_u32)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n"
-    "    /* m * 2^-24 is exact in f32 and normal: no FTZ issue */\n"
-    "    capex_u32 sub = __float_as_uint(__fmul_rn((float)m, 5.9604644775390625e-8f));\n"
-    "    capex_u32 out = e == 0x1fu ? (0x7f800000u | (m << 13)) : e == 0u ? sub : (((e + 112u) << 23) | (m << 13));\n"
-    "    return __uint_as_float(sign | out);\n"
-    "}\n"
-    "CAPEX_DEVICE capex_u16 capex_f32_to_bf16_bits(float f) {\n"
-    "    capex_u32 x = __float_as_uint(f);\n"
-    "    capex_u32 rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;\n"
-    "    return (capex_u16)((x & 0x7fffffffu) > 0x7f800000u ? ((x >> 16) | 0x40u) : rounded);\n"
-    "}\n"
-    "CAPEX_DEVICE float capex_bf16_bits_to_f32(capex_u16 h) { return __uint_as_float((capex_u32)h << 16); }\n";
+    "CAPEX_DEVICE float capex_f16_bits_to_f32(capex_u16 h) { return capex__h16_load(h); }\n"
+    "CAPEX_DEVICE capex_u16 capex_f32_to_bf16_bits(float f) { return (capex_u16)capex__b16_store(f); }\n"
+    "CAPEX_DEVICE float capex_bf16_bits_to_f32(capex_u16 h) { return capex__b16_load(h); }\n";
 
 static const char capex__cuda_frag_basic[] =
     "CAPEX_KERNEL void capex_fill_f32(float *x, float v, capex_u64 n) { CAPEX_FOR_EACH(i, n) x[i] = v; }\n"
@@ -1984,6 +1969,41 @@ typedef char capex__go_math_parts_are_8[sizeof capex__optim_math_parts / sizeof 
 /* capex.h's lr schedule math (CAPEX__LR_MATH), for capex_go_prepare */
 CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_math_source; }
 
+/* The launch structs, defined once: expanded as C (capex__go_args & co.,
+   which the host fills) and, as text, into the kernels (capex_go_args & co.).
+   S names the struct; U64/I64/I32/U32 are the integer types on each side.
+   The ABI sizes are checked at compile time (capex__go_sizes_ok). */
+#define CAPEX__GO_STRUCTS(S, U64, I64, I32, U32)                                               \
+    S(args) {                                                                                   \
+        U64 chunk;                                                                              \
+        U64 ptr[6];                                                                             \
+        float val[2];                                                                           \
+        I32 flag[4];                                                                            \
+    };                                                                                          \
+    S(segs) {                                                                                   \
+        I64 start[158], count[158], out[158]; /* CAPEX__GO_NSEG */                              \
+        I32 n, pad;                                                                             \
+    };                                                                                          \
+    /* per parameter group: hyperparameters (host-set), step count, and the                     \
+       constants of the current step (written by capex_go_prepare) */                           \
+    S(group) {                                                                                  \
+        I64 step;                                                                               \
+        float lr, beta1, beta2, eps, wd, momentum, dampening;                                   \
+        I32 bias_correction, grad_averaging, nesterov, mom_init;                                \
+        float gs, bc1, bc2, beta3, clip_div;                                                    \
+        U32 skip, first, wd_on, wd_before, wd_after, step_lo, step_hi;                          \
+        float lr_decay; /* Adagrad (host-set, like lr .. nesterov) */                           \
+    };                                                                                          \
+    S(scaler) {                                                                                 \
+        double growth_factor, backoff_factor;                                                   \
+        I64 growth_interval, growth_tracker, steps, skipped_steps;                              \
+        float scale, inv_scale, min_scale, max_scale;                                           \
+        I32 dynamic, hysteresis, hysteresis_tracker;                                            \
+        U32 found_inf;                                                                          \
+    };
+#define CAPEX__GO_KSTRUCT(x) struct capex_go_##x
+#define CAPEX__GO_CSTRUCT(x) struct capex__go_##x
+
 static const char capex__cuda_frag_go0[] =
     "/* ---- fused multi-tensor kernels (GPUOPT) ----\n"
     "   Launch metadata: capex.h's CAPEX_MTA_META_STRUCT layout, by value. Block b\n"
@@ -2003,35 +2023,10 @@ static const char capex__cuda_frag_go0[] =
     "    unsigned block_chunk[320];\n"
     "    unsigned char block_tensor[320];\n"
     "};\n"
-    "/* kernel-specific pointers, values and switches (see each kernel) */\n"
-    "struct capex_go_args {\n"
-    "    capex_u64 chunk;\n"
-    "    capex_u64 ptr[6];\n"
-    "    float val[2];\n"
-    "    int flag[4];\n"
-    "};\n"
+    "/* kernel-specific pointers, values and switches (see each kernel);\n"
+    "   the launch structs below are CAPEX__GO_STRUCTS (capex_cuda.h) */\n"
     "#define CAPEX_GO_NSEG 158\n"
-    "struct capex_go_segs {\n"
-    "    long long start[CAPEX_GO_NSEG], count[CAPEX_GO_NSEG], out[CAPEX_GO_NSEG];\n"
-    "    int n, pad;\n"
-    "};\n"
-    "/* per parameter group: hyperparameters (host-set), step count, and the\n"
-    "   constants of the current step (written by capex_go_prepare) */\n"
-    "struct capex_go_group {\n"
-    "    long long step;\n"
-    "    float lr, beta1, beta2, eps, wd, momentum, dampening;\n"
-    "    int bias_correction, grad_averaging, nesterov, mom_init;\n"
-    "    float gs, bc1, bc2, beta3, clip_div;\n"
-    "    unsigned skip, first, wd_on, wd_before, wd_after, step_lo, step_hi;\n"
-    "    float lr_decay; /* Adagrad (host-set) */\n"
-    "};\n"
-    "struct capex_go_scaler {\n"
-    "    double growth_factor, backoff_factor;\n"
-    "    long long growth_interval, growth_tracker, steps, skipped_steps;\n"
-    "    float scale, inv_scale, min_scale, max_scale;\n"
-    "    int dynamic, hysteresis, hysteresis_tracker;\n"
-    "    unsigned found_inf;\n"
-    "};\n";
+    CAPEX__OPT_XSTR(CAPEX__GO_STRUCTS(CAPEX__GO_KSTRUCT, capex_u64, long long, int, unsigned)) "\n";
 static const char capex__cuda_frag_go1[] =
     "template <int D> CAPEX_DEVICE int capex_go_block(const capex_go_meta<D> &m, capex_u64 chunk, capex_u64 *off,\n"
     "                                                 capex_u64 *n) {\n"
@@ -3140,45 +3135,94 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
     {"adam_ams", capex__cuda_pf_adam_ams},     {"adagrad", capex__cuda_pf_adagrad},
 };
 
-/* Kernel names of the built-in program (sections index this table), and the
-   part that defines each; tests check each name against its part's image. */
+/* The built-in kernels, defined once: (id, kernel name, part that defines it).
+   The ids (CAPEX__CK_<id>), the name table (sections index it) and each
+   kernel's part are derived from this list; tests check each name against its
+   part's image. The order is the launch id order: append, do not reorder
+   within a family (CAPEX__GO_K_* add the dtype to a family's first id). */
+#define CAPEX__CUDA_KERNELS(X) \
+    /* basic kernels */ \
+    X(FILL_F32, "capex_fill_f32", BASIC) \
+    X(SCALE_F32, "capex_scale_f32", BASIC) \
+    X(ADD_F32, "capex_add_f32", BASIC) \
+    X(F32_TO_F16, "capex_f32_to_f16", BASIC) \
+    X(F16_TO_F32, "capex_f16_to_f32", BASIC) \
+    X(F32_TO_BF16, "capex_f32_to_bf16", BASIC) \
+    X(BF16_TO_F32, "capex_bf16_to_f32", BASIC) \
+    /* optimizer kernels (CAPEX__GO_K_* = id - CAPEX__GO_KBASE) */ \
+    X(GO_SCALE_F32_F32, "capex_go_scale_f32_f32", UNSCALE_F32) \
+    X(GO_SCALE_F32_F16, "capex_go_scale_f32_f16", UNSCALE_F32) \
+    X(GO_SCALE_F32_BF16, "capex_go_scale_f32_bf16", UNSCALE_F32) \
+    X(GO_SCALE_F16_F32, "capex_go_scale_f16_f32", UNSCALE_F16) \
+    X(GO_SCALE_F16_F16, "capex_go_scale_f16_f16", UNSCALE_F16) \
+    X(GO_SCALE_F16_BF16, "capex_go_scale_f16_bf16", UNSCALE_F16) \
+    X(GO_SCALE_BF16_F32, "capex_go_scale_bf16_f32", UNSCALE_BF16) \
+    X(GO_SCALE_BF16_F16, "capex_go_scale_bf16_f16", UNSCALE_BF16) \
+    X(GO_SCALE_BF16_BF16, "capex_go_scale_bf16_bf16", UNSCALE_BF16) \
+    X(GO_SUMSQ_F32, "capex_go_sumsq_f32", AMP) \
+    X(GO_SUMSQ_F16, "capex_go_sumsq_f16", AMP) \
+    X(GO_SUMSQ_BF16, "capex_go_sumsq_bf16", AMP) \
+    X(GO_REDUCE, "capex_go_reduce", AMP) \
+    X(GO_CLIP_COEF, "capex_go_clip_coef", AMP) \
+    X(GO_PREPARE, "capex_go_prepare", AMP) \
+    X(GO_ADAM_F32, "capex_go_adam_f32", ADAM_F32) \
+    X(GO_ADAM_F16, "capex_go_adam_f16", ADAM_F16) \
+    X(GO_ADAM_BF16, "capex_go_adam_bf16", ADAM_BF16) \
+    X(GO_SGD_F32, "capex_go_sgd_f32", SGD_F32) \
+    X(GO_SGD_F16, "capex_go_sgd_f16", SGD_F16) \
+    X(GO_SGD_BF16, "capex_go_sgd_bf16", SGD_BF16) \
+    X(GO_LAMB1_F32, "capex_go_lamb1_f32", LAMB1_F32) \
+    X(GO_LAMB1_F16, "capex_go_lamb1_f16", LAMB1_F16) \
+    X(GO_LAMB1_BF16, "capex_go_lamb1_bf16", LAMB1_BF16) \
+    X(GO_LAMB_CLIP, "capex_go_lamb_clip", LAMB_RATIO) \
+    X(GO_LAMB_RATIO, "capex_go_lamb_ratio", LAMB_RATIO) \
+    X(GO_LAMB2, "capex_go_lamb2", LAMB2) \
+    X(GO_SCALER_UPDATE, "capex_go_scaler_update", AMP) \
+    X(GO_NOVO1_F32, "capex_go_novo1_f32", NOVO_F32) \
+    X(GO_NOVO1_F16, "capex_go_novo1_f16", NOVO_F16) \
+    X(GO_NOVO1_BF16, "capex_go_novo1_bf16", NOVO_BF16) \
+    X(GO_NOVO2_F32, "capex_go_novo2_f32", NOVO_F32) \
+    X(GO_NOVO2_F16, "capex_go_novo2_f16", NOVO_F16) \
+    X(GO_NOVO2_BF16, "capex_go_novo2_bf16", NOVO_BF16) \
+    X(GO_NOVO_NORM, "capex_go_novo_norm", NOVO_NORM) \
+    /* norm kernels */ \
+    X(NORM_FWD, "capex_norm_fwd", NORM_FWD) \
+    X(NORM_BWD_DX, "capex_norm_bwd_dx", NORM_BWD) \
+    X(NORM_BWD_GAMMA_PART, "capex_norm_bwd_gamma_part", NORM_BWD) \
+    X(NORM_BWD_GAMMA_FINAL, "capex_norm_bwd_gamma_final", NORM_BWD) \
+    X(BN_STATS, "capex_bn_stats", BN_FWD) \
+    X(BN_MERGE, "capex_bn_merge", BN_FWD) \
+    X(BN_EVAL_STATS, "capex_bn_eval_stats", BN_FWD) \
+    X(BN_FWD, "capex_bn_fwd", BN_FWD) \
+    X(BN_BWD_REDUCE, "capex_bn_bwd_reduce", BN_BWD) \
+    X(BN_BWD_DX, "capex_bn_bwd_dx", BN_BWD) \
+    /* optimizer kernels added later */ \
+    X(GO_ADAM_AMS_F32, "capex_go_adam_ams_f32", ADAM_AMS) \
+    X(GO_ADAM_AMS_F16, "capex_go_adam_ams_f16", ADAM_AMS) \
+    X(GO_ADAM_AMS_BF16, "capex_go_adam_ams_bf16", ADAM_AMS) \
+    X(GO_ADAGRAD_F32, "capex_go_adagrad_f32", ADAGRAD) \
+    X(GO_ADAGRAD_F16, "capex_go_adagrad_f16", ADAGRAD) \
+    X(GO_ADAGRAD_BF16, "capex_go_adagrad_bf16", ADAGRAD)
+
+enum {
+#define CAPEX__CK_ID(id, name, part) CAPEX__CK_##id,
+    CAPEX__CUDA_KERNELS(CAPEX__CK_ID)
+#undef CAPEX__CK_ID
+    CAPEX__CK_COUNT
+};
 static const char *const capex__cuda_builtin_kernels[] = {
-    "capex_fill_f32", "capex_scale_f32", "capex_add_f32", "capex_f32_to_f16",
-    "capex_f16_to_f32", "capex_f32_to_bf16", "capex_bf16_to_f32",
-    /* optimizer kernels */
-    "capex_go_scale_f32_f32", "capex_go_scale_f32_f16", "capex_go_scale_f32_bf16", "capex_go_scale_f16_f32",
-    "capex_go_scale_f16_f16", "capex_go_scale_f16_bf16", "capex_go_scale_bf16_f32", "capex_go_scale_bf16_f16",
-    "capex_go_scale_bf16_bf16", "capex_go_sumsq_f32", "capex_go_sumsq_f16", "capex_go_sumsq_bf16",
-    "capex_go_reduce", "capex_go_clip_coef", "capex_go_prepare", "capex_go_adam_f32", "capex_go_adam_f16",
-    "capex_go_adam_bf16", "capex_go_sgd_f32", "capex_go_sgd_f16", "capex_go_sgd_bf16", "capex_go_lamb1_f32",
-    "capex_go_lamb1_f16", "capex_go_lamb1_bf16", "capex_go_lamb_clip", "capex_go_lamb_ratio",
-    "capex_go_lamb2", "capex_go_scaler_update", "capex_go_novo1_f32", "capex_go_novo1_f16", "capex_go_novo1_bf16",
-    "capex_go_novo2_f32", "capex_go_novo2_f16", "capex_go_novo2_bf16", "capex_go_novo_norm",
-    /* norm kernels */
-    "capex_norm_fwd", "capex_norm_bwd_dx", "capex_norm_bwd_gamma_part", "capex_norm_bwd_gamma_final",
-    "capex_bn_stats", "capex_bn_merge", "capex_bn_eval_stats", "capex_bn_fwd", "capex_bn_bwd_reduce", "capex_bn_bwd_dx",
-    /* optimizer kernels added later (ids CAPEX__GO_K_ADAM_AMS ..) */
-    "capex_go_adam_ams_f32", "capex_go_adam_ams_f16", "capex_go_adam_ams_bf16",
-    "capex_go_adagrad_f32", "capex_go_adagrad_f16", "capex_go_adagrad_bf16",
+#define CAPEX__CK_NAME(id, name, part) name,
+    CAPEX__CUDA_KERNELS(CAPEX__CK_NAME)
+#undef CAPEX__CK_NAME
 };
 #define CAPEX__CUDA_N_BUILTIN (sizeof capex__cuda_builtin_kernels / sizeof capex__cuda_builtin_kernels[0])
 static const unsigned char capex__cuda_builtin_kernel_part[] = {
-    CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC, CAPEX__CP_BASIC,
-    CAPEX__CP_UNSCALE_F32, CAPEX__CP_UNSCALE_F32, CAPEX__CP_UNSCALE_F32, CAPEX__CP_UNSCALE_F16, CAPEX__CP_UNSCALE_F16,
-    CAPEX__CP_UNSCALE_F16, CAPEX__CP_UNSCALE_BF16, CAPEX__CP_UNSCALE_BF16, CAPEX__CP_UNSCALE_BF16,
-    CAPEX__CP_AMP, CAPEX__CP_AMP, CAPEX__CP_AMP,                    /* sumsq */
-    CAPEX__CP_AMP, CAPEX__CP_AMP, CAPEX__CP_AMP,                    /* reduce, clip_coef, prepare */
-    CAPEX__CP_ADAM_F32, CAPEX__CP_ADAM_F16, CAPEX__CP_ADAM_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_SGD_F16, CAPEX__CP_SGD_BF16,
-    CAPEX__CP_LAMB1_F32, CAPEX__CP_LAMB1_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB_RATIO, CAPEX__CP_LAMB_RATIO, CAPEX__CP_LAMB2,
-    CAPEX__CP_AMP,                                                  /* scaler_update */
-    CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16, CAPEX__CP_NOVO_BF16,    /* novo1 */
-    CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16, CAPEX__CP_NOVO_BF16,    /* novo2 */
-    CAPEX__CP_NOVO_NORM,
-    CAPEX__CP_NORM_FWD, CAPEX__CP_NORM_BWD, CAPEX__CP_NORM_BWD, CAPEX__CP_NORM_BWD,
-    CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_BWD, CAPEX__CP_BN_BWD,
-    CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAGRAD, CAPEX__CP_ADAGRAD, CAPEX__CP_ADAGRAD,
+#define CAPEX__CK_PART(id, name, part) CAPEX__CP_##part,
+    CAPEX__CUDA_KERNELS(CAPEX__CK_PART)
+#undef CAPEX__CK_PART
 };
-typedef char capex__cuda_kernel_parts_ok[sizeof capex__cuda_builtin_kernel_part == CAPEX__CUDA_N_BUILTIN ? 1 : -1];
+typedef char capex__cuda_kernel_parts_ok[sizeof capex__cuda_builtin_kernel_part == CAPEX__CUDA_N_BUILTIN &&
+                                         CAPEX__CK_COUNT == CAPEX__CUDA_N_BUILTIN ? 1 : -1];
 
 /* The program and its parts as text, assembled once per process (immutable). */
 static char *capex__cuda_builtin_text = NULL;
@@ -4300,32 +4344,12 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
    Host mirrors of the kernel-side structs (capex__cuda_frag_go0/1), same
    fixed-width fields in the same order (checked by size here and, against
    the kernel text compiled on the host, by tests/test_gpuopt_emu.c). */
-typedef struct capex__go_args {
-    uint64_t chunk;
-    uint64_t ptr[6];
-    float val[2];
-    int32_t flag[4];
-} capex__go_args;
 #define CAPEX__GO_NSEG 158
-typedef struct capex__go_segs {
-    int64_t start[CAPEX__GO_NSEG], count[CAPEX__GO_NSEG], out[CAPEX__GO_NSEG];
-    int32_t n, pad;
-} capex__go_segs;
-typedef struct capex__go_group {
-    int64_t step;
-    float lr, beta1, beta2, eps, wd, momentum, dampening;
-    int32_t bias_correction, grad_averaging, nesterov, mom_init;
-    float gs, bc1, bc2, beta3, clip_div;
-    uint32_t skip, first, wd_on, wd_before, wd_after, step_lo, step_hi;
-    float lr_decay; /* Adagrad (host-set, like lr .. nesterov) */
-} capex__go_group;
-typedef struct capex__go_scaler {
-    double growth_factor, backoff_factor;
-    int64_t growth_interval, growth_tracker, steps, skipped_steps;
-    float scale, inv_scale, min_scale, max_scale;
-    int32_t dynamic, hysteresis, hysteresis_tracker;
-    uint32_t found_inf;
-} capex__go_scaler;
+CAPEX__GO_STRUCTS(CAPEX__GO_CSTRUCT, uint64_t, int64_t, int32_t, uint32_t)
+typedef struct capex__go_args capex__go_args;
+typedef struct capex__go_segs capex__go_segs;
+typedef struct capex__go_group capex__go_group;
+typedef struct capex__go_scaler capex__go_scaler;
 CAPEX_MTA_META_STRUCT(capex__go_meta5, 5);
 typedef char capex__go_sizes_ok[(sizeof(capex__go_args) == 80 && sizeof(capex__go_segs) == 3800 &&
                                  sizeof(capex__go_group) == 104 && sizeof(capex__go_scaler) == 80) ? 1 : -1];
@@ -4339,22 +4363,32 @@ typedef char capex__go_layout_ok[(offsetof(capex__go_meta5, numel) == 8 * 5 * CA
                                   offsetof(capex__go_meta5, block_tensor) ==
                                       8 * 6 * CAPEX_MTA_MAX_TENSORS(5) + 8 + 4 * CAPEX_MTA_MAX_BLOCKS) ? 1 : -1];
 
-/* Kernel ids = positions of the GPUOPT names in capex__cuda_builtin_kernels,
-   which start after the 7 basic kernels (a test checks every name). */
+/* Optimizer kernel ids: positions in CAPEX__CUDA_KERNELS counted from its
+   first optimizer kernel (what capex__go_exec launches take). */
+#define CAPEX__GO_KBASE CAPEX__CK_GO_SCALE_F32_F32
+#define CAPEX__GO_K(id) (CAPEX__CK_##id - CAPEX__GO_KBASE)
 enum {
-    CAPEX__GO_K_SCALE = 0, /* + 3 * in dtype + out dtype */
-    CAPEX__GO_K_SUMSQ = 9, /* + dtype */
-    CAPEX__GO_K_REDUCE = 12, CAPEX__GO_K_CLIP = 13, CAPEX__GO_K_PREPARE = 14,
-    CAPEX__GO_K_ADAM = 15, CAPEX__GO_K_SGD = 18, CAPEX__GO_K_LAMB1 = 21, /* + grad dtype */
-    CAPEX__GO_K_LAMB_CLIP = 24, CAPEX__GO_K_LAMB_RATIO = 25, CAPEX__GO_K_LAMB2 = 26, CAPEX__GO_K_SCALER = 27,
-    CAPEX__GO_K_NOVO1 = 28, CAPEX__GO_K_NOVO2 = 31, /* + grad dtype */
-    CAPEX__GO_K_NOVO_NORM = 34,
-    CAPEX__GO_NK = 35,
-    /* after the norm kernels (10) in capex__cuda_builtin_kernels, which follow
-       CAPEX__GO_NK: + grad dtype */
-    CAPEX__GO_K_ADAM_AMS = 45, CAPEX__GO_K_ADAGRAD = 48, CAPEX__GO_NK_ALL = 51
+    CAPEX__GO_K_SCALE = CAPEX__GO_K(GO_SCALE_F32_F32), /* + 3 * in dtype + out dtype */
+    CAPEX__GO_K_SUMSQ = CAPEX__GO_K(GO_SUMSQ_F32),     /* + dtype */
+    CAPEX__GO_K_REDUCE = CAPEX__GO_K(GO_REDUCE), CAPEX__GO_K_CLIP = CAPEX__GO_K(GO_CLIP_COEF),
+    CAPEX__GO_K_PREPARE = CAPEX__GO_K(GO_PREPARE),
+    CAPEX__GO_K_ADAM = CAPEX__GO_K(GO_ADAM_F32), CAPEX__GO_K_SGD = CAPEX__GO_K(GO_SGD_F32), /* + grad dtype */
+    CAPEX__GO_K_LAMB1 = CAPEX__GO_K(GO_LAMB1_F32),                                          /* + grad dtype */
+    CAPEX__GO_K_LAMB_CLIP = CAPEX__GO_K(GO_LAMB_CLIP), CAPEX__GO_K_LAMB_RATIO = CAPEX__GO_K(GO_LAMB_RATIO),
+    CAPEX__GO_K_LAMB2 = CAPEX__GO_K(GO_LAMB2), CAPEX__GO_K_SCALER = CAPEX__GO_K(GO_SCALER_UPDATE),
+    CAPEX__GO_K_NOVO1 = CAPEX__GO_K(GO_NOVO1_F32), CAPEX__GO_K_NOVO2 = CAPEX__GO_K(GO_NOVO2_F32), /* + grad dtype */
+    CAPEX__GO_K_NOVO_NORM = CAPEX__GO_K(GO_NOVO_NORM),
+    CAPEX__GO_NK = CAPEX__GO_K(NORM_FWD), /* the first family ends where the norm kernels start */
+    CAPEX__GO_K_ADAM_AMS = CAPEX__GO_K(GO_ADAM_AMS_F32), CAPEX__GO_K_ADAGRAD = CAPEX__GO_K(GO_ADAGRAD_F32), /* + grad dtype */
+    CAPEX__GO_NK_ALL = CAPEX__CK_COUNT - CAPEX__GO_KBASE
 };
-#define CAPEX__GO_KBASE 7
+/* the dtype-indexed families are consecutive f32, f16, bf16 in the list */
+typedef char capex__go_kernel_ids_ok[(CAPEX__CK_GO_ADAM_BF16 == CAPEX__CK_GO_ADAM_F32 + 2 &&
+    CAPEX__CK_GO_SGD_BF16 == CAPEX__CK_GO_SGD_F32 + 2 && CAPEX__CK_GO_LAMB1_BF16 == CAPEX__CK_GO_LAMB1_F32 + 2 &&
+    CAPEX__CK_GO_NOVO1_BF16 == CAPEX__CK_GO_NOVO1_F32 + 2 && CAPEX__CK_GO_NOVO2_BF16 == CAPEX__CK_GO_NOVO2_F32 + 2 &&
+    CAPEX__CK_GO_SUMSQ_BF16 == CAPEX__CK_GO_SUMSQ_F32 + 2 && CAPEX__CK_GO_SCALE_BF16_BF16 == CAPEX__CK_GO_SCALE_F32_F32 + 8 &&
+    CAPEX__CK_GO_ADAM_AMS_BF16 == CAPEX__CK_GO_ADAM_AMS_F32 + 2 && CAPEX__CK_GO_ADAGRAD_BF16 == CAPEX__CK_GO_ADAGRAD_F32 + 2 &&
+    CAPEX__CK_GO_NOVO_NORM + 1 == CAPEX__CK_NORM_FWD) ? 1 : -1];
 #define CAPEX__GO_THREADS 512 /* per block: a power of two <= 512 (the kernels' shared arrays) */
 
 /* Where the kernels run: the GPU (capex__go_dev_exec), or in tests a CPU
