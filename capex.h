@@ -2099,54 +2099,53 @@ CAPEX__F16C_FN CAPEX__PRIVATE void capex__f16_store_f16c(const float *src, uint1
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     capex__f16_store_port(src + i, dst + i, n - i);
 }
-/* 1: use F16C. Probed once; the cached word is written with the same value by
-   any thread that races to it (atomics keep that well-defined). */
-static int capex__f16c_state; /* 0 not probed, 1 no, 2 yes; tests set 1 to force the portable path */
-CAPEX__PRIVATE int capex__f16c_ok(void) {
-    int st = __atomic_load_n(&capex__f16c_state, __ATOMIC_RELAXED);
+/* CPU features, each probed once into a state word (0 not probed, 1 no, 2
+   yes; tests store 1 to force the portable path, 0 to probe again). A feature
+   the compiler targets (-mavx, -march=native) needs no probe. Racing threads
+   store the same value (atomics keep that well-defined). */
+CAPEX__PRIVATE int capex__cpu_probe(int *state, int compiled_in, int (*detect)(void)) {
+    int st = __atomic_load_n(state, __ATOMIC_RELAXED);
+    if (compiled_in) return st != 1;
+    if (!st) {
+        st = detect() ? 2 : 1;
+        __atomic_store_n(state, st, __ATOMIC_RELAXED);
+    }
+    return st == 2;
+}
+/* cpuid(1).ecx bit 29: F16C; "avx" also says the OS saves the ymm registers */
+CAPEX__PRIVATE int capex__detect_f16c(void) {
+    unsigned int a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u) && __builtin_cpu_supports("avx");
+}
+CAPEX__PRIVATE int capex__detect_avx(void) { return __builtin_cpu_supports("avx") != 0; }
+CAPEX__PRIVATE int capex__detect_fma(void) { return __builtin_cpu_supports("fma") != 0; }
 #if defined(__F16C__) && defined(__AVX__)
-    return st != 1;
+#define CAPEX__F16C_COMPILED 1
 #else
-    if (!st) {
-        unsigned int a = 0, b = 0, c = 0, d = 0;
-        /* cpuid(1).ecx bit 29: F16C; "avx" also says the OS saves the ymm registers */
-        st = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u) && __builtin_cpu_supports("avx") ? 2 : 1;
-        __atomic_store_n(&capex__f16c_state, st, __ATOMIC_RELAXED);
-    }
-    return st == 2;
+#define CAPEX__F16C_COMPILED 0
 #endif
-}
-#define CAPEX__F16C_ON() capex__f16c_ok()
-/* 1: use AVX (the norms' reductions); probed and overridable like F16C. */
-#define CAPEX__AVX_FN __attribute__((target("avx")))
-static int capex__avx_state; /* 0 not probed, 1 no, 2 yes */
-CAPEX__PRIVATE int capex__avx_ok(void) {
-    int st = __atomic_load_n(&capex__avx_state, __ATOMIC_RELAXED);
 #if defined(__AVX__)
-    return st != 1;
+#define CAPEX__AVX_COMPILED 1
 #else
-    if (!st) {
-        st = __builtin_cpu_supports("avx") ? 2 : 1;
-        __atomic_store_n(&capex__avx_state, st, __ATOMIC_RELAXED);
-    }
-    return st == 2;
+#define CAPEX__AVX_COMPILED 0
 #endif
-}
-#define CAPEX__AVX_ON() capex__avx_ok()
-/* 1: AVX with FMA (the sum of squares); off whenever AVX is. */
-static int capex__fma_state; /* 0 not probed, 1 no, 2 yes */
-CAPEX__PRIVATE int capex__fma_ok(void) {
-    int st = __atomic_load_n(&capex__fma_state, __ATOMIC_RELAXED);
 #if defined(__FMA__) && defined(__AVX__)
-    return st != 1;
+#define CAPEX__FMA_COMPILED 1
 #else
-    if (!st) {
-        st = __builtin_cpu_supports("fma") ? 2 : 1;
-        __atomic_store_n(&capex__fma_state, st, __ATOMIC_RELAXED);
-    }
-    return st == 2;
+#define CAPEX__FMA_COMPILED 0
 #endif
-}
+/* 1: use F16C (the bulk fp16 codecs) */
+static int capex__f16c_state;
+CAPEX__PRIVATE int capex__f16c_ok(void) { return capex__cpu_probe(&capex__f16c_state, CAPEX__F16C_COMPILED, capex__detect_f16c); }
+#define CAPEX__F16C_ON() capex__f16c_ok()
+/* 1: use AVX (the norms' reductions) */
+#define CAPEX__AVX_FN __attribute__((target("avx")))
+static int capex__avx_state;
+CAPEX__PRIVATE int capex__avx_ok(void) { return capex__cpu_probe(&capex__avx_state, CAPEX__AVX_COMPILED, capex__detect_avx); }
+#define CAPEX__AVX_ON() capex__avx_ok()
+/* 1: AVX with FMA (the sum of squares); off whenever AVX is */
+static int capex__fma_state;
+CAPEX__PRIVATE int capex__fma_ok(void) { return capex__cpu_probe(&capex__fma_state, CAPEX__FMA_COMPILED, capex__detect_fma); }
 #define CAPEX__FMA_ON() (CAPEX__AVX_ON() && capex__fma_ok())
 #else
 #define CAPEX__F16C_ON() 0
