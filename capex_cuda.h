@@ -2634,9 +2634,13 @@ static const char capex__cuda_frag_go15_adagrad[] =
     "CAPEX_GK void capex_go_adagrad_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_adagrad<1>(m, a); }\n"
     "CAPEX_GK void capex_go_adagrad_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_adagrad<2>(m, a); }\n";
 /* Template instances: one fragment per part (see capex__cuda_parts). */
-static const char capex__cuda_frag_go9_sumsq[] =
-    "CAPEX_GK void capex_go_sumsq_f32(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_sumsq_f16(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<1>(m, a); }\n"
+/* One sum-of-squares kernel per dtype, each in its dtype's unscale part: a step
+   on bf16 grads launches both, and the amp part stays small (first compile). */
+static const char capex__cuda_frag_go9_sumsq_f32[] =
+    "CAPEX_GK void capex_go_sumsq_f32(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<0>(m, a); }\n";
+static const char capex__cuda_frag_go9_sumsq_f16[] =
+    "CAPEX_GK void capex_go_sumsq_f16(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<1>(m, a); }\n";
+static const char capex__cuda_frag_go9_sumsq_bf16[] =
     "CAPEX_GK void capex_go_sumsq_bf16(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<2>(m, a); }\n";
 static const char capex__cuda_frag_go9_scale_f32[] =
     "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 0>(m, a); }\n"
@@ -2688,7 +2692,9 @@ CAPEX__PRIVATE const char *capex__cuda_frag_go6_fn(void) { return capex__cuda_fr
 CAPEX__PRIVATE const char *capex__cuda_frag_go7_fn(void) { return capex__cuda_frag_go7; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go8_fn(void) { return capex__cuda_frag_go8; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go8b_fn(void) { return capex__cuda_frag_go8b; }
-CAPEX__PRIVATE const char *capex__cuda_frag_go9_sumsq_fn(void) { return capex__cuda_frag_go9_sumsq; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_sumsq_f32_fn(void) { return capex__cuda_frag_go9_sumsq_f32; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_sumsq_f16_fn(void) { return capex__cuda_frag_go9_sumsq_f16; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go9_sumsq_bf16_fn(void) { return capex__cuda_frag_go9_sumsq_bf16; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_scale_f32_fn(void) { return capex__cuda_frag_go9_scale_f32; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_scale_f16_fn(void) { return capex__cuda_frag_go9_scale_f16; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_scale_bf16_fn(void) { return capex__cuda_frag_go9_scale_bf16; }
@@ -2719,7 +2725,8 @@ CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n
         capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn, capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn,
         capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
         capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
-        capex__cuda_frag_go9_sumsq_fn, capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn, capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn, capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn, capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn, capex__cuda_frag_go9_lamb1_bf16_fn,
+        capex__cuda_frag_go9_sumsq_f32_fn, capex__cuda_frag_go9_sumsq_f16_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
+        capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn, capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn, capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn, capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn, capex__cuda_frag_go9_lamb1_bf16_fn,
         capex__cuda_frag_gomath6_fn, capex__cuda_frag_go10_fn, capex__cuda_frag_go11_fn, capex__cuda_frag_go12_fn,
         capex__cuda_frag_go9_novo_f32_fn, capex__cuda_frag_go9_novo_f16_fn,
         capex__cuda_frag_go9_novo_bf16_fn,
@@ -3041,7 +3048,8 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,
     capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn,
     capex__cuda_frag_go5_fn, capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
-    capex__cuda_frag_go9_sumsq_fn, capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn,
+    capex__cuda_frag_go9_sumsq_f32_fn, capex__cuda_frag_go9_sumsq_f16_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
+        capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn,
     capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn,
     capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn,
     capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn,
@@ -3081,10 +3089,13 @@ enum {
 #define CAPEX__CP_NORM capex__norm_math_cuda, capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn
 static const capex__cuda_fragment_fn capex__cuda_pf_basic[] = {capex__cuda_frag_basic_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_amp[] = {CAPEX__CP_GO, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn,
-                                                             capex__cuda_frag_go8b_fn, capex__cuda_frag_go9_sumsq_fn, NULL};
-static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_scale_f32_fn, NULL};
-static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f16[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_scale_f16_fn, NULL};
-static const capex__cuda_fragment_fn capex__cuda_pf_unscale_bf16[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_scale_bf16_fn, NULL};
+                                                             capex__cuda_frag_go8b_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_sumsq_f32_fn,
+    capex__cuda_frag_go9_scale_f32_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f16[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_sumsq_f16_fn,
+    capex__cuda_frag_go9_scale_f16_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_unscale_bf16[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
+    capex__cuda_frag_go9_scale_bf16_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_adam_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go9_adam_f32_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_adam_f16[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go9_adam_f16_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_adam_bf16[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go9_adam_bf16_fn, NULL};
@@ -3159,9 +3170,9 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
     X(GO_SCALE_BF16_F32, "capex_go_scale_bf16_f32", UNSCALE_BF16) \
     X(GO_SCALE_BF16_F16, "capex_go_scale_bf16_f16", UNSCALE_BF16) \
     X(GO_SCALE_BF16_BF16, "capex_go_scale_bf16_bf16", UNSCALE_BF16) \
-    X(GO_SUMSQ_F32, "capex_go_sumsq_f32", AMP) \
-    X(GO_SUMSQ_F16, "capex_go_sumsq_f16", AMP) \
-    X(GO_SUMSQ_BF16, "capex_go_sumsq_bf16", AMP) \
+    X(GO_SUMSQ_F32, "capex_go_sumsq_f32", UNSCALE_F32) \
+    X(GO_SUMSQ_F16, "capex_go_sumsq_f16", UNSCALE_F16) \
+    X(GO_SUMSQ_BF16, "capex_go_sumsq_bf16", UNSCALE_BF16) \
     X(GO_REDUCE, "capex_go_reduce", AMP) \
     X(GO_CLIP_COEF, "capex_go_clip_coef", AMP) \
     X(GO_PREPARE, "capex_go_prepare", AMP) \
