@@ -2011,9 +2011,7 @@ static inline float capex__bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); re
         return (x & 0x7fffffffU) > 0x7f800000U ? ((x >> 16) | 0x40U) : rounded;              \
     }
 
-static inline unsigned int capex__opt_f2u(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
-static inline float capex__opt_u2f(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
-CAPEX__OPTIM_MATH_HALF(static inline, capex__opt_f2u, capex__opt_u2f)
+CAPEX__OPTIM_MATH_HALF(static inline, capex__f32_bits, capex__bits_f32)
 
 /* Vectorisable half codecs for bulk loops, bit-identical to the scalar
    conversions (test_half checks every code and the rounding boundaries). The
@@ -5683,10 +5681,10 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
    vectorising the Adam/LAMB loops; add -fno-math-errno (results do not
    change: IEEE sqrt either way). SGD and the model-copy stores vectorise
    regardless. */
-CAPEX__OPTIM_MATH_RNG(static inline, capex__opt_f2u)
+CAPEX__OPTIM_MATH_RNG(static inline, capex__f32_bits)
 CAPEX__OPTIM_MATH_ADAM(static inline)
 CAPEX__OPTIM_MATH_LAMB(static inline)
-CAPEX__OPTIM_MATH_SGD(static inline, capex__opt_f2u, capex__opt_u2f)
+CAPEX__OPTIM_MATH_SGD(static inline, capex__f32_bits, capex__bits_f32)
 CAPEX__OPTIM_MATH_NOVOGRAD(static inline)
 CAPEX__OPTIM_MATH_AMS_ADAGRAD(static inline)
 
