@@ -51,7 +51,8 @@
        Optimizers .............. Adam/AdamW, LAMB, SGD, NovoGrad (Apex math) with fp32 master
                                  weights writing the fp16/bf16 model copy.
        Data parallel ........... launcher env, comm vtable (single, MPI, TCP),
-                                 rendezvous, DDP buckets, sampler, deadlines.
+                                 rendezvous, DDP buckets, sampler, deadlines,
+                                 ZeRO (sharded optimizer state, stage 1 and 2).
        Norms ................... LayerNorm, RMSNorm, BatchNorm, SyncBatchNorm.
    The CUDA backend (kernels, NCCL) is capex_cuda.h; examples/ has a complete
    training loop (train_charlm.c) and a 43-line one (minimal.c).
@@ -108,7 +109,8 @@ extern "C" {
    was wrong and how to fix it. Library code never exits or aborts.
 
    Descriptors: every struct with an _init function (capex_scaler_desc,
-   capex_optim_desc, capex_optim_param, capex_norm_args, capex_ddp_desc, ...,
+   capex_optim_desc, capex_optim_param, capex_norm_args, capex_ddp_desc,
+   capex_zero_desc, ...,
    and capex_cuda.h's) must be made by that _init, then have fields changed.
    A struct made any other way (= {0}, memset, uninitialised) is refused with
    CAPEX_ERR_INVALID_ARG and a message naming the _init to call. Copies of an
@@ -1574,6 +1576,130 @@ typedef struct capex_ddp_stats {
     uint64_t progress_polls;    /* comm->vt->test calls made from grad_ready    */
 } capex_ddp_stats;
 CAPEX_API void capex_ddp_get_stats(const capex_ddp *ddp, capex_ddp_stats *out);
+
+/* -- ZeRO: sharded optimizer state (stage 1 and 2) --------------------------
+
+   What Apex's DistributedFusedAdam, DeepSpeed ZeRO and torch's
+   ZeroRedundancyOptimizer do, on any capex comm (single, MPI, TCP). The
+   gradients are bucketed as DDP's (per dtype, reverse registration order,
+   16-byte aligned views) and each bucket is padded to world_size equal
+   shards. Rank r owns shard r of every bucket: the reduce-scatter leaves it
+   the reduced gradients of that shard only, it keeps the optimizer state of
+   that shard only (fp32 master weights for fp16/bf16 params, moments), steps
+   it, and an all-gather gives every rank the updated parameters.
+
+       capex_zero_param zp[N];   // data, numel, dtype, group for every param
+       capex_zero_desc zd; capex_zero_desc_init(&zd); zd.stage = 2;
+       capex_optim_desc od; capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+       capex_zero *z;
+       capex_zero_create(&z, &comm, zp, N, &od, NULL, 1, &zd);  // NULL: od.defaults
+       for (;;) {
+           capex_scaler_scale(&sc, &scale);
+           // backward: write param i's grad into capex_zero_grad(z, i), then
+           capex_zero_grad_ready(z, i);   // full buckets reduce-scatter in order
+           capex_zero_finalize(z);        // the rest; this rank's shard is reduced
+           capex_zero_grad_norm(z, &found_inf, &norm);  // one allreduce for both
+           capex_scaler_unscale(&sc, 0, found_inf, &inv_scale);
+           clip = found_inf ? 1 : capex_clip_coef(norm * inv_scale, max_norm);
+           capex_scaler_step(&sc, 0, &do_step);
+           capex_zero_step(z, inv_scale, clip, !do_step);  // shard step + all-gather
+           capex_scaler_update(&sc);
+           capex_zero_zero_grad(z);
+       }
+
+   Stages. 1: gradient buckets stay allocated at full size (as DDP's), so
+   capex_zero_grad pointers are stable and gradient accumulation works as
+   DDP's no_sync (capex_zero_set_sync(z, 0): nothing is reduced). 2: only
+   the reduced shard is kept between steps; a bucket's full-size buffer is
+   lent from a pool from the first capex_zero_grad of one of its params in an
+   iteration until the bucket is reduced, so ask capex_zero_grad again every
+   iteration and write the gradient before its grad_ready; every finalize
+   reduces and adds into the shard (micro-batches accumulate there; zero_grad
+   clears it). Peak gradient memory: the open buckets, typically one or two.
+
+   Equivalence with DDP + capex_optim: the parameter update is elementwise
+   (Adam/AdamW, SGD, Adagrad), so a shard steps exactly as the same elements
+   of the unsharded step; the only differences are the order of the gradient
+   sum (reduce-scatter vs allreduce: none for 2 ranks, or for sums that are
+   exact) and the global norm (per-shard sums of squares added across ranks:
+   ~1e-15 relative, so a clip coefficient may move by an ulp). Tested bit for
+   bit against DDP + capex_optim under mpirun -np 2/4 and TCP.
+   Not yet: LAMB and NovoGrad (per-tensor norms span shards), bf16 stochastic
+   rounding (keyed by the unsharded element index), device (NCCL) buffers;
+   create refuses them with a message. */
+typedef struct capex_zero capex_zero;
+
+typedef struct capex_zero_param {
+    void *data;        /* the full parameter, numel elements of dtype, on every rank: read at
+                          create (after rank 0's broadcast), rewritten by each step's all-gather */
+    size_t numel;      /* 0 is allowed */
+    capex_dtype dtype; /* of data and of its gradient; F16/BF16 get an fp32 master shard */
+    size_t group;      /* optimizer parameter group: index into create's hparams */
+} capex_zero_param;
+
+typedef struct capex_zero_desc {
+    int stage;                /* 1 (default): optimizer state sharded; 2: gradients too */
+    size_t bucket_bytes;      /* gradient bytes per reduce-scatter (25 MiB, DDP's bucket_cap_mb) */
+    int gradient_average;     /* 1: reduced gradients are divided by world size (as DDP) */
+    int broadcast_parameters; /* 1: rank 0's parameters to every rank at create */
+    uint32_t init_tag;        /* set by capex_zero_desc_init (see "Descriptors") */
+} capex_zero_desc;
+
+/* Bytes this rank holds (the test of "total / world size"). */
+typedef struct capex_zero_memory {
+    size_t master_bytes;          /* fp32 master weights of the shard (half params only) */
+    size_t moment_bytes;          /* optimizer moments of the shard (Adam 8, SGD 4 or 0 per element) */
+    size_t optimizer_state_bytes; /* master_bytes + moment_bytes */
+    size_t unsharded_state_bytes; /* the same state for every element, what one DDP rank holds */
+    size_t grad_bytes;            /* stage 1: full buckets; stage 2: shards + the pool's peak */
+    size_t param_buffer_bytes;    /* flat parameter buffers of the all-gather (full size) */
+    size_t shard_elements;        /* elements this rank owns, padding included */
+    size_t padding_elements;      /* of those, alignment and shard padding */
+    size_t buckets;               /* gradient buckets (each padded to world_size shards) */
+} capex_zero_memory;
+
+CAPEX_API void capex_zero_desc_init(capex_zero_desc *d);
+/* Plans buckets and shards, broadcasts (if asked) and copies in the
+   parameters, and builds this rank's optimizer from od over the pieces of
+   params in its shards: group g gets hparams[g] (hparams NULL: od->defaults
+   for every group; num_groups >= 1 + the largest params[i].group). comm
+   must outlive z. Collective: every rank calls it with the same arguments
+   (pointers aside). */
+CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
+                                         size_t num_params, const capex_optim_desc *od,
+                                         const capex_optim_hparams *hparams, size_t num_groups,
+                                         const capex_zero_desc *d);
+CAPEX_API void capex_zero_destroy(capex_zero *z);
+/* Where to write param i's gradient (its dtype, numel elements). Stage 1:
+   stable for z's life. Stage 2: valid until the bucket holding i is reduced
+   (the grad_ready that completes it, or finalize); the first call in an
+   iteration lends the bucket a zeroed buffer. NULL on error (the message
+   says why). */
+CAPEX_API void *capex_zero_grad(capex_zero *z, size_t param);
+/* Param i's gradient is complete; full buckets reduce-scatter, in order. */
+CAPEX_API capex_result capex_zero_grad_ready(capex_zero *z, size_t param);
+/* Reduces what is left; params never made ready count as zero gradients
+   (find_unused_parameters). After it, this rank's shards hold the reduced
+   (averaged) gradients; the rest of the stage-1 buffers is undefined. */
+CAPEX_API capex_result capex_zero_finalize(capex_zero *z);
+/* One f64 allreduce of the shards' sums of squares: *found_inf = 1 when some
+   reduced gradient on some rank is inf/NaN (then *norm is inf or NaN), and
+   *norm = float(sqrt(sum)) of the gradients as they are (scaled: multiply
+   by inv_scale). Either output may be NULL. Collective. */
+CAPEX_API capex_result capex_zero_grad_norm(capex_zero *z, int *found_inf, float *norm);
+/* Steps this rank's shard with capex_optim_step(inv_scale, clip_coef,
+   found_inf) and all-gathers the parameters into every params[i].data;
+   found_inf != 0 changes nothing (and gathers nothing). Collective. */
+CAPEX_API capex_result capex_zero_step(capex_zero *z, float inv_scale, float clip_coef, int found_inf);
+/* Zeroes the gradients (stage 1 buckets; stage 2 shards). */
+CAPEX_API capex_result capex_zero_zero_grad(capex_zero *z);
+/* Stage 1 only: sync = 0 is DDP's no_sync (finalize reduces nothing). */
+CAPEX_API capex_result capex_zero_set_sync(capex_zero *z, int sync);
+/* This rank's optimizer over its pieces (set_lr, lr schedules, get_step;
+   not add_group). Its tensors are pieces of params, not params. */
+CAPEX_API capex_optim *capex_zero_optim(capex_zero *z);
+/* All zeros for NULL. */
+CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
 
 /* -- distributed sampler (PyTorch DistributedSampler) -- */
 typedef struct capex_sampler_desc {
@@ -10263,6 +10389,507 @@ CAPEX_API capex_result capex_ddp_finalize(capex_ddp *g) {
     capex__ddp_reset_iteration(g);
     g->st.iterations++;
     return CAPEX_OK;
+}
+
+/* ---- data parallel: ZeRO (sharded optimizer state) ----------------------- */
+
+typedef struct capex__zbucket {
+    capex_dtype dtype;
+    size_t numel;          /* views and their alignment gaps                    */
+    size_t shard;          /* S: elements per rank (16-byte multiple)           */
+    size_t first, count;   /* slice of z->bparams                               */
+    size_t pending;        /* params not yet ready this iteration               */
+    void *grad;            /* stage 1: S*W elements, always; stage 2: lent      */
+    void *gshard;          /* stage 2: the reduced shard (S elements)           */
+    void *param;           /* S*W elements: the flat parameters                 */
+    float *master;         /* S floats (half buckets)                           */
+    int launched;
+} capex__zbucket;
+
+struct capex_zero {
+    capex_comm *comm;
+    capex_zero_desc d;
+    size_t np, nb, ngroups;
+    capex_zero_param *params;
+    size_t *bucket_of, *offset_of, *bparams;
+    unsigned char *ready;
+    capex__zbucket *b;
+    void **pool;           /* stage 2: free full-size buffers                   */
+    size_t npool, pool_allocated, pool_bytes;
+    size_t next_launch;
+    int sync, failed, accumulated; /* accumulated: stage 2 shards hold a sum     */
+    capex_optim *opt;
+    capex_zero_memory mem;
+};
+
+#define CAPEX__TAG_ZERO_DESC CAPEX__TAG('Z', 'R', 'O', 'D')
+CAPEX_API void capex_zero_desc_init(capex_zero_desc *d) {
+    if (!d) return;
+    memset(d, 0, sizeof *d);
+    d->init_tag = CAPEX__TAG_ZERO_DESC;
+    d->stage = 1;
+    d->bucket_bytes = (size_t)25 << 20;
+    d->gradient_average = 1;
+    d->broadcast_parameters = 1;
+}
+
+CAPEX_API void capex_zero_destroy(capex_zero *z) {
+    size_t i;
+    if (!z) return;
+    capex_optim_destroy(z->opt);
+    for (i = 0; z->b && i < z->nb; i++) {
+        if (z->d.stage == 1) capex__comm_free(z->comm, z->b[i].grad);
+        capex__comm_free(z->comm, z->b[i].gshard);
+        capex__comm_free(z->comm, z->b[i].param);
+        capex__free(NULL, z->b[i].master);
+    }
+    for (i = 0; z->b && z->d.stage == 2 && i < z->nb; i++) /* lent buffers */
+        if (z->b[i].grad) capex__comm_free(z->comm, z->b[i].grad);
+    for (i = 0; i < z->npool; i++) capex__comm_free(z->comm, z->pool[i]);
+    capex__free(NULL, z->pool);
+    capex__free(NULL, z->b);
+    capex__free(NULL, z->params);
+    capex__free(NULL, z->bucket_of);
+    capex__free(NULL, z->offset_of);
+    capex__free(NULL, z->bparams);
+    capex__free(NULL, z->ready);
+    capex__free(NULL, z);
+}
+
+/* DDP's bucket assignment (one open bucket per dtype, reverse registration
+   order, closed at bucket_bytes), then each bucket padded to W shards of a
+   16-byte multiple. */
+static capex_result capex__zero_plan(capex_zero *z) {
+    size_t np = z->np, i, nb = 0, W = (size_t)z->comm->world_size;
+    size_t open_id[3], open_size[3], *fill = NULL;
+    for (i = 0; i < 3; i++) { open_id[i] = (size_t)-1; open_size[i] = 0; }
+    for (i = np; i-- > 0;) {
+        size_t t = (size_t)z->params[i].dtype;
+        if (open_id[t] == (size_t)-1) { open_id[t] = nb++; open_size[t] = 0; }
+        z->bucket_of[i] = open_id[t];
+        open_size[t] += z->params[i].numel * capex_dtype_size(z->params[i].dtype);
+        if (open_size[t] >= z->d.bucket_bytes) open_id[t] = (size_t)-1;
+    }
+    z->b = (capex__zbucket *)capex__alloc(NULL, sizeof(capex__zbucket) * (nb ? nb : 1));
+    fill = (size_t *)capex__alloc(NULL, sizeof(size_t) * (nb ? nb : 1));
+    z->pool = (void **)capex__alloc(NULL, sizeof(void *) * (nb ? nb : 1));
+    if (!z->b || !fill || !z->pool) { capex__free(NULL, fill); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero_create: out of memory"); }
+    memset(z->b, 0, sizeof(capex__zbucket) * (nb ? nb : 1));
+    z->nb = nb;
+    for (i = 0; i < np; i++) z->b[z->bucket_of[i]].count++;
+    for (i = 0; i < nb; i++) { z->b[i].first = i ? z->b[i - 1].first + z->b[i - 1].count : 0; fill[i] = 0; }
+    for (i = np; i-- > 0;) {
+        size_t k = z->bucket_of[i], a = CAPEX__DDP_ALIGN_BYTES / capex_dtype_size(z->params[i].dtype);
+        capex__zbucket *bk = &z->b[k];
+        size_t off = (bk->numel + a - 1) / a * a;
+        z->bparams[bk->first + fill[k]++] = i;
+        z->offset_of[i] = off;
+        bk->numel = off + z->params[i].numel;
+        bk->dtype = z->params[i].dtype;
+    }
+    for (i = 0; i < nb; i++) {
+        size_t a = CAPEX__DDP_ALIGN_BYTES / capex_dtype_size(z->b[i].dtype);
+        z->b[i].shard = ((z->b[i].numel + W - 1) / W + a - 1) / a * a;
+        z->b[i].pending = z->b[i].count;
+    }
+    capex__free(NULL, fill);
+    return CAPEX_OK;
+}
+
+/* The pieces of this rank's shards, per group, as optimizer tensors. */
+static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_desc *od, const capex_optim_hparams *hp) {
+    size_t g, k, j, r = (size_t)z->comm->rank, n;
+    capex_optim_param *pp = (capex_optim_param *)capex__alloc(NULL, sizeof(capex_optim_param) * (z->np + 1));
+    capex_result res = CAPEX_OK;
+    if (!pp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero_create: out of memory");
+    if ((res = capex_optim_create(od, &z->opt)) != CAPEX_OK) { capex__free(NULL, pp); return res; }
+    for (g = 0; res == CAPEX_OK && g < z->ngroups; g++) {
+        for (k = 0, n = 0; k < z->nb; k++) {
+            capex__zbucket *bk = &z->b[k];
+            size_t es = capex_dtype_size(bk->dtype), lo = r * bk->shard, hi = lo + bk->shard;
+            char *gsh = z->d.stage == 1 ? (char *)bk->grad + lo * es : (char *)bk->gshard;
+            for (j = 0; j < bk->count; j++) {
+                size_t i = z->bparams[bk->first + j], a = z->offset_of[i], e = a + z->params[i].numel;
+                if (z->params[i].group != g) continue;
+                if (a < lo) a = lo;
+                if (e > hi) e = hi;
+                if (a >= e) continue;
+                capex_optim_param_init(&pp[n]);
+                pp[n].numel = (int64_t)(e - a);
+                pp[n].grad = gsh + (a - lo) * es;
+                pp[n].grad_dtype = bk->dtype;
+                if (bk->dtype == CAPEX_F32) pp[n].param = (float *)bk->param + a;
+                else {
+                    pp[n].param = bk->master + (a - lo);
+                    pp[n].model = (char *)bk->param + a * es;
+                    pp[n].model_dtype = bk->dtype;
+                }
+                n++;
+            }
+        }
+        res = capex_optim_add_group(z->opt, hp ? &hp[g] : NULL, pp, n, NULL);
+    }
+    capex__free(NULL, pp);
+    return res;
+}
+
+/* Moment floats per element that capex_optim_add_group allocates. */
+static size_t capex__zero_floats(capex_optim_kind kind, const capex_optim_hparams *hp) {
+    if (kind == CAPEX_OPTIM_SGD) return hp->momentum != 0.0f;
+    if (kind == CAPEX_OPTIM_ADAGRAD) return 1;
+    return 2 + (kind == CAPEX_OPTIM_ADAM && hp->amsgrad);
+}
+
+CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
+                                         size_t np, const capex_optim_desc *od, const capex_optim_hparams *hparams,
+                                         size_t ngroups, const capex_zero_desc *desc) {
+    static const char *fn = "capex_zero_create";
+    capex_zero *z;
+    capex_zero_desc dd;
+    capex_result r;
+    size_t i, k, total = 0, bytes, W;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((r = capex__comm_check(comm, fn)) != CAPEX_OK) return r;
+    if (comm->device_buffers)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: device (NCCL) buffers are not supported yet; use DDP there", fn);
+    if (np && !params) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: params is NULL with num_params %zu", fn, np);
+    if (!od) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: od is NULL; make one with capex_optim_desc_init", fn);
+    if ((r = capex__desc_check(od->init_tag, CAPEX__OPTIM_DESC_TAG, fn, "capex_optim_desc", "capex_optim_desc_init")) != CAPEX_OK)
+        return r;
+    if (!desc) { capex_zero_desc_init(&dd); desc = &dd; }
+    if ((r = capex__desc_check(desc->init_tag, CAPEX__TAG_ZERO_DESC, fn, "capex_zero_desc", "capex_zero_desc_init")) != CAPEX_OK)
+        return r;
+    if (desc->stage != 1 && desc->stage != 2)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: stage is %d; it must be 1 (optimizer state) or 2 (and gradients)", fn,
+                           desc->stage);
+    if (!desc->bucket_bytes) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: bucket_bytes must be > 0 (default 25 MiB)", fn);
+    if (od->kind == CAPEX_OPTIM_LAMB || od->kind == CAPEX_OPTIM_NOVOGRAD)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: %s needs per-tensor norms that span shards; not supported yet "
+                           "(use Adam/AdamW, SGD or Adagrad, or DDP)", fn, od->kind == CAPEX_OPTIM_LAMB ? "LAMB" : "NovoGrad");
+    if (od->stochastic_rounding)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: stochastic rounding is keyed by the unsharded element index; "
+                           "not supported with sharding yet", fn);
+    if (!ngroups) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: num_groups is 0 (one group at least)", fn);
+    if (np >= SIZE_MAX / sizeof(capex_zero_param))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %zu params: the byte size overflows size_t", fn, np);
+    W = (size_t)comm->world_size;
+    for (i = 0; i < np; i++) {
+        if (!capex__dtype_ok(params[i].dtype))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: param %zu has invalid dtype %d", fn, i, (int)params[i].dtype);
+        if (params[i].numel && !params[i].data)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: param %zu has no data pointer", fn, i);
+        if (params[i].group >= ngroups)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: param %zu is in group %zu of %zu (num_groups)", fn, i,
+                               params[i].group, ngroups);
+        if (capex__size_add(total, params[i].numel, &total))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: params 0..%zu hold more elements than size_t can count", fn, i);
+    }
+    /* alignment (<= 7 per view) and shard padding (<= W*8 per bucket, <= np buckets + 3) */
+    if (capex__size_add(total, (np + 3) * 8, &total) || capex__size_mul(W * 8 + 8, np + 3, &bytes) ||
+        capex__size_add(total, bytes, &total) || capex__size_mul(total, sizeof(float), &bytes))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the padded buffers' byte size overflows size_t", fn);
+    z = (capex_zero *)capex__alloc(NULL, sizeof *z);
+    if (!z) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    memset(z, 0, sizeof *z);
+    z->comm = comm;
+    z->d = *desc;
+    z->np = np;
+    z->ngroups = ngroups;
+    z->sync = 1;
+    z->params = (capex_zero_param *)capex__alloc(NULL, sizeof(capex_zero_param) * (np + 1));
+    z->bucket_of = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
+    z->offset_of = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
+    z->bparams = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
+    z->ready = (unsigned char *)capex__alloc(NULL, np + 1);
+    if (!z->params || !z->bucket_of || !z->offset_of || !z->bparams || !z->ready) {
+        capex_zero_destroy(z);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    }
+    if (np) memcpy(z->params, params, sizeof(capex_zero_param) * np);
+    memset(z->ready, 0, np + 1);
+    if ((r = capex__zero_plan(z)) != CAPEX_OK) { capex_zero_destroy(z); return r; }
+    /* rank 0's parameters everywhere, then into the flat buffers */
+    for (i = 0; desc->broadcast_parameters && W > 1 && i < np; i++)
+        if (params[i].numel && (r = capex_comm_broadcast(comm, params[i].data, params[i].numel, params[i].dtype, 0)) != CAPEX_OK) {
+            capex_zero_destroy(z);
+            return r;
+        }
+    for (k = 0; k < z->nb; k++) {
+        capex__zbucket *bk = &z->b[k];
+        size_t es = capex_dtype_size(bk->dtype), full = bk->shard * W, lo = (size_t)comm->rank * bk->shard, j;
+        r = capex__comm_alloc(comm, &bk->param, full * es != 0 ? full * es : 1);
+        if (r == CAPEX_OK) r = capex__comm_zero(comm, bk->param, full * es);
+        if (r == CAPEX_OK && z->d.stage == 1) {
+            r = capex__comm_alloc(comm, &bk->grad, full * es != 0 ? full * es : 1);
+            if (r == CAPEX_OK) r = capex__comm_zero(comm, bk->grad, full * es);
+        }
+        if (r == CAPEX_OK && z->d.stage == 2) {
+            r = capex__comm_alloc(comm, &bk->gshard, bk->shard * es != 0 ? bk->shard * es : 1);
+            if (r == CAPEX_OK) r = capex__comm_zero(comm, bk->gshard, bk->shard * es);
+            if (full * es > z->pool_bytes) z->pool_bytes = full * es;
+        }
+        for (j = 0; r == CAPEX_OK && j < bk->count; j++) {
+            size_t i2 = z->bparams[bk->first + j];
+            r = capex__comm_copy(comm, (char *)bk->param + z->offset_of[i2] * es, params[i2].data, params[i2].numel * es,
+                                 CAPEX_COPY_D2D);
+        }
+        if (r == CAPEX_OK && bk->dtype != CAPEX_F32) {
+            bk->master = (float *)capex__alloc(NULL, sizeof(float) * (bk->shard ? bk->shard : 1));
+            if (!bk->master) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory (master weights)", fn);
+            else r = capex__comm_convert(comm, bk->master, CAPEX_F32, (char *)bk->param + lo * es, bk->dtype, bk->shard);
+        }
+        if (r != CAPEX_OK) { capex_zero_destroy(z); return r; }
+    }
+    if ((r = capex__zero_build_optim(z, od, hparams)) != CAPEX_OK) { capex_zero_destroy(z); return r; }
+    {   /* memory report (the stage-2 pool's peak is added as buffers are lent) */
+        capex_zero_memory *m = &z->mem;
+        m->buckets = z->nb;
+        for (k = 0; k < z->nb; k++) {
+            size_t es = capex_dtype_size(z->b[k].dtype);
+            m->shard_elements += z->b[k].shard;
+            if (z->b[k].master) m->master_bytes += z->b[k].shard * sizeof(float);
+            m->param_buffer_bytes += z->b[k].shard * W * es;
+            m->grad_bytes += z->d.stage == 1 ? z->b[k].shard * W * es : z->b[k].shard * es;
+        }
+        m->padding_elements = m->shard_elements;
+        for (i = 0; i < np; i++) {
+            const capex__zbucket *bk = &z->b[z->bucket_of[i]];
+            size_t lo = (size_t)comm->rank * bk->shard, hi = lo + bk->shard, a = z->offset_of[i] > lo ? z->offset_of[i] : lo;
+            size_t e = z->offset_of[i] + params[i].numel, f = capex__zero_floats(od->kind, hparams ? &hparams[params[i].group] : &od->defaults);
+            if (e > hi) e = hi;
+            if (a < e) { m->moment_bytes += f * (e - a) * sizeof(float); m->padding_elements -= e - a; }
+            m->unsharded_state_bytes += (f + (params[i].dtype != CAPEX_F32)) * params[i].numel * sizeof(float);
+        }
+        m->optimizer_state_bytes = m->master_bytes + m->moment_bytes;
+    }
+    *out = z;
+    return CAPEX_OK;
+}
+
+static capex_result capex__zero_check(capex_zero *z, const char *fn) {
+    capex_result r;
+    if (!z) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: zero is NULL", fn);
+    if (z->failed)
+        return capex__fail(CAPEX_ERR_COMM, "%s: this zero failed in an earlier collective; stop and restart from a checkpoint", fn);
+    if ((r = capex__comm_check(z->comm, fn)) != CAPEX_OK) { z->failed = 1; return r; }
+    return CAPEX_OK;
+}
+
+/* Stage 2: lends bucket k a zeroed full-size buffer (from the pool, or new). */
+static capex_result capex__zero_lend(capex_zero *z, size_t k) {
+    capex__zbucket *bk = &z->b[k];
+    capex_result r;
+    if (bk->grad) return CAPEX_OK;
+    if (z->npool) bk->grad = z->pool[--z->npool];
+    else {
+        if ((r = capex__comm_alloc(z->comm, &bk->grad, z->pool_bytes ? z->pool_bytes : 1)) != CAPEX_OK) return r;
+        z->pool_allocated++;
+        z->mem.grad_bytes += z->pool_bytes;
+    }
+    return capex__comm_zero(z->comm, bk->grad, bk->shard * (size_t)z->comm->world_size * capex_dtype_size(bk->dtype));
+}
+
+CAPEX_API void *capex_zero_grad(capex_zero *z, size_t p) {
+    static const char *fn = "capex_zero_grad";
+    capex__zbucket *bk;
+    if (capex__zero_check(z, fn) != CAPEX_OK) return NULL;
+    if (p >= z->np) {
+        (void)capex__fail(CAPEX_ERR_INVALID_ARG, "%s: unknown parameter %zu (there are %zu)", fn, p, z->np);
+        return NULL;
+    }
+    bk = &z->b[z->bucket_of[p]];
+    if (z->d.stage == 2 && !bk->grad) {
+        if (bk->launched) {
+            (void)capex__fail(CAPEX_ERR_ORDER, "%s: parameter %zu's bucket was already reduced in this iteration (stage 2 "
+                        "lends a bucket its buffer until then); call capex_zero_finalize first", fn, p);
+            return NULL;
+        }
+        if (capex__zero_lend(z, z->bucket_of[p]) != CAPEX_OK) { z->failed = 1; return NULL; }
+    }
+    return (char *)bk->grad + z->offset_of[p] * capex_dtype_size(z->params[p].dtype);
+}
+
+/* Reduce-scatters bucket k (synchronously): the shard lands in place (stage
+   1) or is added into gshard (stage 2), averaged as DDP does (sum, then
+   times f32(1/world)). */
+static capex_result capex__zero_launch(capex_zero *z, size_t k) {
+    capex__zbucket *bk = &z->b[k];
+    capex_comm *c = z->comm;
+    size_t W = (size_t)c->world_size, es = capex_dtype_size(bk->dtype), lo = (size_t)c->rank * bk->shard, i;
+    size_t counts_small[8], *counts = counts_small;
+    capex_result r = CAPEX_OK;
+    void *mine;
+    bk->launched = 1;
+    if (!bk->shard) return CAPEX_OK;
+    if (z->d.stage == 2 && (r = capex__zero_lend(z, k)) != CAPEX_OK) return r; /* a bucket nobody wrote */
+    if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W)))
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero: out of memory");
+    for (i = 0; i < W; i++) counts[i] = bk->shard;
+    mine = (char *)bk->grad + lo * es;
+    r = capex_comm_reduce_scatter(c, bk->grad, mine, counts, bk->dtype, CAPEX_REDUCE_SUM);
+    if (counts != counts_small) capex__free(NULL, counts);
+    if (r == CAPEX_OK && z->d.gradient_average && W > 1)
+        r = capex__comm_scale(c, mine, bk->shard, bk->dtype, (float)(1.0 / (double)W));
+    if (r == CAPEX_OK && z->d.stage == 2) {
+        if (!z->accumulated) r = capex__comm_copy(c, bk->gshard, mine, bk->shard * es, CAPEX_COPY_D2D);
+        else {
+            capex_tensor tx = {0, 0}, ty = {0, 0};
+            capex_tensor_list lx, ly;
+            tx.data = mine; tx.numel = (int64_t)bk->shard;
+            ty.data = bk->gshard; ty.numel = (int64_t)bk->shard;
+            lx = capex_tensor_list_make(bk->dtype, &tx, 1);
+            ly = capex_tensor_list_make(bk->dtype, &ty, 1);
+            r = capex_multi_tensor_axpby(NULL, 1.0f, &lx, 1.0f, &ly, &ly, -1, NULL);
+        }
+        z->pool[z->npool++] = bk->grad; /* back to the pool */
+        bk->grad = NULL;
+    }
+    return r;
+}
+
+static capex_result capex__zero_launch_ready(capex_zero *z) {
+    capex_result r;
+    while (z->next_launch < z->nb && z->b[z->next_launch].pending == 0)
+        if ((r = capex__zero_launch(z, z->next_launch++)) != CAPEX_OK) { z->failed = 1; return r; }
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_grad_ready(capex_zero *z, size_t p) {
+    static const char *fn = "capex_zero_grad_ready";
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    if (p >= z->np) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: unknown parameter %zu (there are %zu)", fn, p, z->np);
+    if (z->ready[p])
+        return capex__fail(CAPEX_ERR_ORDER, "%s: parameter %zu is already ready in this iteration (grad_ready twice? "
+                           "call capex_zero_finalize once per backward)", fn, p);
+    if (z->d.stage == 2 && !z->b[z->bucket_of[p]].grad && !z->b[z->bucket_of[p]].launched &&
+        (r = capex__zero_lend(z, z->bucket_of[p])) != CAPEX_OK) { z->failed = 1; return r; } /* a zero gradient */
+    z->ready[p] = 1;
+    z->b[z->bucket_of[p]].pending--;
+    if (!z->sync) return CAPEX_OK;
+    return capex__zero_launch_ready(z);
+}
+
+CAPEX_API capex_result capex_zero_finalize(capex_zero *z) {
+    static const char *fn = "capex_zero_finalize";
+    size_t i;
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    for (i = 0; i < z->np; i++)
+        if (!z->ready[i])
+            return capex__fail(CAPEX_ERR_ORDER, "%s: parameter %zu never reported ready; call capex_zero_grad_ready for "
+                               "every parameter (an unused one without writing its gradient: it is zero), then "
+                               "finalize again", fn, i);
+    if (z->sync) {
+        if ((r = capex__zero_launch_ready(z)) != CAPEX_OK) return r;
+        if (z->d.stage == 2) z->accumulated = 1;
+    }
+    memset(z->ready, 0, z->np + 1);
+    for (i = 0; i < z->nb; i++) { z->b[i].pending = z->b[i].count; z->b[i].launched = 0; }
+    z->next_launch = 0;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_grad_norm(capex_zero *z, int *found_inf, float *norm) {
+    static const char *fn = "capex_zero_grad_norm";
+    size_t k, n = 0, es;
+    double sum = 0.0;
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    for (k = 0; k < z->nb; k++) {
+        const capex__zbucket *bk = &z->b[k];
+        capex_tensor t;
+        capex_tensor_list l;
+        double s = 0.0;
+        if (!bk->shard) continue;
+        es = capex_dtype_size(bk->dtype);
+        t.data = z->d.stage == 1 ? (char *)bk->grad + (size_t)z->comm->rank * bk->shard * es : bk->gshard;
+        t.numel = (int64_t)bk->shard;
+        l = capex_tensor_list_make(bk->dtype, &t, 1);
+        if ((r = capex_multi_tensor_sumsq(NULL, &l, &s, NULL)) != CAPEX_OK) return r;
+        sum += s;
+        n++;
+    }
+    if (z->comm->world_size > 1 && (r = capex_comm_allreduce(z->comm, &sum, &sum, 1, CAPEX_F64, CAPEX_REDUCE_SUM)) != CAPEX_OK) {
+        z->failed = 1;
+        return r;
+    }
+    (void)n;
+    if (found_inf) *found_inf = !(sum - sum == 0.0);
+    if (norm) *norm = (float)sqrt(sum);
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_step(capex_zero *z, float inv_scale, float clip_coef, int found_inf) {
+    static const char *fn = "capex_zero_step";
+    size_t k, j, W;
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    if ((r = capex_optim_step(z->opt, inv_scale, clip_coef, found_inf)) != CAPEX_OK) return r;
+    if (found_inf) return CAPEX_OK;
+    W = (size_t)z->comm->world_size;
+    for (k = 0; k < z->nb; k++) {
+        capex__zbucket *bk = &z->b[k];
+        size_t es = capex_dtype_size(bk->dtype), counts_small[8], *counts = counts_small, i;
+        if (W > 1 && bk->shard) {
+            if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W)))
+                return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+            for (i = 0; i < W; i++) counts[i] = bk->shard;
+            r = capex_comm_allgatherv(z->comm, (char *)bk->param + (size_t)z->comm->rank * bk->shard * es, bk->param,
+                                      counts, bk->dtype);
+            if (counts != counts_small) capex__free(NULL, counts);
+            if (r != CAPEX_OK) { z->failed = 1; return r; }
+        }
+        for (j = 0; j < bk->count; j++) {
+            size_t p = z->bparams[bk->first + j];
+            if ((r = capex__comm_copy(z->comm, z->params[p].data, (char *)bk->param + z->offset_of[p] * es,
+                                      z->params[p].numel * es, CAPEX_COPY_D2D)) != CAPEX_OK)
+                return r;
+        }
+    }
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_zero_grad(capex_zero *z) {
+    static const char *fn = "capex_zero_zero_grad";
+    size_t k, W;
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    W = (size_t)z->comm->world_size;
+    for (k = 0; k < z->nb; k++) {
+        capex__zbucket *bk = &z->b[k];
+        size_t es = capex_dtype_size(bk->dtype);
+        if (z->d.stage == 1) r = capex__comm_zero(z->comm, bk->grad, bk->shard * W * es);
+        else r = capex__comm_zero(z->comm, bk->gshard, bk->shard * es);
+        if (r != CAPEX_OK) return r;
+    }
+    z->accumulated = 0;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_set_sync(capex_zero *z, int sync) {
+    static const char *fn = "capex_zero_set_sync";
+    size_t i;
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    if (z->d.stage != 1)
+        return capex__fail(CAPEX_ERR_CONFIG, "%s: stage 2 reduces every backward and accumulates in the shard; "
+                           "no_sync is for stage 1", fn);
+    for (i = 0; i < z->np; i++)
+        if (z->ready[i])
+            return capex__fail(CAPEX_ERR_ORDER, "%s: change sync mode between iterations (after capex_zero_finalize)", fn);
+    z->sync = sync ? 1 : 0;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_optim *capex_zero_optim(capex_zero *z) { return z ? z->opt : NULL; }
+
+CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z) {
+    capex_zero_memory m;
+    if (z) return z->mem;
+    memset(&m, 0, sizeof m);
+    return m;
 }
 
 /* ---- data parallel: distributed sampler --------------------------------- */

@@ -6,7 +6,7 @@ DIST_HAVE_MPICC := $(shell command -v $(MPICC) 2>/dev/null)
 
 ifneq ($(DIST_HAVE_MPICC),)
 $(BUILD)/tests/test_dist_mpirun: $(BUILD)/tests/mpi/test_dist_mpi
-$(BUILD)/tests/mpi/test_dist_mpi: tests/mpi/test_dist_mpi.c tests/dist_shards.h capex.h
+$(BUILD)/tests/mpi/test_dist_mpi: tests/mpi/test_dist_mpi.c tests/dist_shards.h tests/zero_check.h capex.h
 	@mkdir -p $(dir $@)
 	$(MPICC) -std=c99 -O2 -g $(WARN) -DCAPEX_MPI -Itests $< -o $@ -lm
 endif

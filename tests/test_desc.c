@@ -164,6 +164,29 @@ CT_TEST(dist_descs) {
             CT_CHECK(0, "ddp desc (fill %d): %s '%s'", fill, capex_result_string(r), capex_last_error());
         }
     }
+    for (fill = 0; fill < 2; fill++) { /* capex_zero_desc, and the optimizer desc it takes */
+        capex_zero_desc zd, good;
+        capex_optim_desc od;
+        capex_zero *z = NULL;
+        capex_zero_param p;
+        float w[2] = {1, 2};
+        capex_result r;
+        int which;
+        p.data = w; p.numel = 2; p.dtype = CAPEX_F32; p.group = 0;
+        capex_zero_desc_init(&good);
+        for (which = 0; which < 2; which++) {
+            const char *want = which ? "capex_optim_desc_init" : "capex_zero_desc_init";
+            capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+            zd = good;
+            if (which) spoil(&od, sizeof od, fill); else spoil(&zd, sizeof zd, fill);
+            r = capex_zero_create(&z, &comm, &p, 1, &od, NULL, 1, &zd);
+            if (r == CAPEX_OK) capex_zero_destroy(z);
+            if (r != CAPEX_ERR_INVALID_ARG || !strstr(capex_last_error(), want)) {
+                capex_comm_destroy(&comm);
+                CT_CHECK(0, "zero (%s, fill %d): %s '%s'", want, fill, capex_result_string(r), capex_last_error());
+            }
+        }
+    }
     capex_comm_destroy(&comm);
 }
 

@@ -22,6 +22,7 @@
 #define CAPEX_IMPLEMENTATION
 #include "../../capex.h"
 #include "../dist_shards.h"
+#include "../zero_check.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -397,6 +398,20 @@ static int t_shards(void) {
     return 0;
 }
 
+/* The sharded optimizer (ZeRO stage 1 and 2) bit for bit against DDP +
+   capex_optim over MPI (tests/zero_check.h). */
+static int t_zero(void) {
+    capex_comm c;
+    char why[400] = "";
+    int line;
+    comm_make(&c, 30.0);
+    c.vt = orig_vt;
+    line = zero_check_all(&c, why, sizeof why);
+    capex_comm_destroy(&c);
+    CHECK(line == 0, "zero_check.h:%d: %s", line, why);
+    return 0;
+}
+
 typedef struct tcase { const char *name; int (*fn)(void); } tcase;
 
 /* The blocking collectives call MPI's blocking ones once every rank has
@@ -454,6 +469,7 @@ int main(int argc, char **argv) {
         {"train_unused_param_found", t_train_unused_found},
         {"train_bf16_grads_allreduce_always_fp32", t_train_bf16_fp32_reduce},
         {"train_rebuild_buckets", t_train_rebuild},
+        {"zero_stage1_and_2_match_ddp_and_optim", t_zero},
     };
     int i, passed = 0, failed = 0;
     MPI_Init(&argc, &argv);
