@@ -1700,6 +1700,25 @@ CAPEX_API capex_result capex_zero_set_sync(capex_zero *z, int sync);
 CAPEX_API capex_optim *capex_zero_optim(capex_zero *z);
 /* All zeros for NULL. */
 CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
+/* Checkpoints in capex_optim's own format, as the unsharded optimizer
+   (params group by group, in index order, over whole tensors) would save
+   them: independent of the world size (load into any number of ranks: a
+   resharding), and loadable by capex_optim_load into a plain optimizer built
+   that way (and the other way round). save is collective: shards are
+   all-gathered bucket by bucket and rank 0 (which must give a writer; the
+   others may pass NULL) adds the whole state; it holds that copy until the
+   next save or destroy, so write the file before the next step. load needs
+   no communication: every rank reads the file, transiently holding the
+   whole state, and takes its pieces; everything is checked before anything
+   changes (capex_optim_load's checks). With CAPEX_OPTIM_STATE_PARAMS the
+   fp32 masters and params (and half model copies, into params[i].data) are
+   restored bit for bit; without it the masters are rebuilt from the
+   params' data as they are. */
+CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags);
+CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags);
+/* One file holding only this optimizer (prefix "optim"); rank 0 writes it. */
+CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags);
+CAPEX_API capex_result capex_zero_load_file(capex_zero *z, const char *path, unsigned flags);
 
 /* -- distributed sampler (PyTorch DistributedSampler) -- */
 typedef struct capex_sampler_desc {
@@ -10419,6 +10438,9 @@ struct capex_zero {
     size_t next_launch;
     int sync, failed, accumulated; /* accumulated: stage 2 shards hold a sum     */
     capex_optim *opt;
+    size_t npieces, *piece_param, *piece_start; /* the optimizer's tensors, in its order */
+    capex_optim *save_tmp;  /* rank 0: the unsharded state of the last save */
+    float *save_masters;
     capex_zero_memory mem;
 };
 
@@ -10437,6 +10459,10 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
     size_t i;
     if (!z) return;
     capex_optim_destroy(z->opt);
+    capex_optim_destroy(z->save_tmp);
+    capex__free(NULL, z->save_masters);
+    capex__free(NULL, z->piece_param);
+    capex__free(NULL, z->piece_start);
     for (i = 0; z->b && i < z->nb; i++) {
         if (z->d.stage == 1) capex__comm_free(z->comm, z->b[i].grad);
         capex__comm_free(z->comm, z->b[i].gshard);
@@ -10514,6 +10540,8 @@ static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_des
                 if (a < lo) a = lo;
                 if (e > hi) e = hi;
                 if (a >= e) continue;
+                z->piece_param[z->npieces] = i;
+                z->piece_start[z->npieces++] = a - z->offset_of[i];
                 capex_optim_param_init(&pp[n]);
                 pp[n].numel = (int64_t)(e - a);
                 pp[n].grad = gsh + (a - lo) * es;
@@ -10602,7 +10630,9 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
     z->offset_of = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
     z->bparams = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
     z->ready = (unsigned char *)capex__alloc(NULL, np + 1);
-    if (!z->params || !z->bucket_of || !z->offset_of || !z->bparams || !z->ready) {
+    z->piece_param = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1)); /* a shard cuts a param once */
+    z->piece_start = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
+    if (!z->params || !z->bucket_of || !z->offset_of || !z->bparams || !z->ready || !z->piece_param || !z->piece_start) {
         capex_zero_destroy(z);
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
@@ -10881,6 +10911,232 @@ CAPEX_API capex_result capex_zero_set_sync(capex_zero *z, int sync) {
             return capex__fail(CAPEX_ERR_ORDER, "%s: change sync mode between iterations (after capex_zero_finalize)", fn);
     z->sync = sync ? 1 : 0;
     return CAPEX_OK;
+}
+
+/* ---- ZeRO checkpoints: the unsharded capex_optim format ---- */
+
+/* An unsharded optimizer over the whole params (group by group, params in
+   index order): f32 params are params[i].data, half params an fp32 master
+   (in *masters) with data as the model copy. Its moments are its own. */
+static capex_result capex__zero_full_optim(capex_zero *z, capex_optim **out, float **masters) {
+    capex_optim_desc d = z->opt->desc;
+    capex_optim_param *pp = NULL;
+    size_t i, g, n, half = 0, at = 0;
+    capex_result r;
+    *out = NULL;
+    *masters = NULL;
+    for (i = 0; i < z->np; i++) if (z->params[i].dtype != CAPEX_F32) half += z->params[i].numel;
+    pp = (capex_optim_param *)capex__alloc(NULL, sizeof(capex_optim_param) * (z->np + 1));
+    *masters = (float *)capex__alloc(NULL, sizeof(float) * (half + 1));
+    if (!pp || !*masters) { capex__free(NULL, pp); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero: out of memory (checkpoint)"); }
+    d.allocator = NULL;
+    if ((r = capex_optim_create(&d, out)) != CAPEX_OK) { capex__free(NULL, pp); return r; }
+    for (g = 0; r == CAPEX_OK && g < z->ngroups; g++) {
+        capex_optim_hparams hp;
+        for (i = 0, n = 0; i < z->np; i++) {
+            const capex_zero_param *zp = &z->params[i];
+            if (zp->group != g) continue;
+            capex_optim_param_init(&pp[n]);
+            pp[n].numel = (int64_t)zp->numel;
+            pp[n].grad = zp->data; /* never stepped: any readable buffer of the grad dtype */
+            pp[n].grad_dtype = zp->dtype;
+            if (zp->dtype == CAPEX_F32) pp[n].param = (float *)zp->data;
+            else { pp[n].param = *masters + at; at += zp->numel; pp[n].model = zp->data; pp[n].model_dtype = zp->dtype; }
+            n++;
+        }
+        if ((r = capex_optim_get_hparams(z->opt, g, &hp)) == CAPEX_OK) r = capex_optim_add_group(*out, &hp, pp, n, NULL);
+    }
+    capex__free(NULL, pp);
+    if (r != CAPEX_OK) { capex_optim_destroy(*out); *out = NULL; capex__free(NULL, *masters); *masters = NULL; }
+    return r;
+}
+
+/* Param i's position in the full optimizer: its group and index there. */
+static size_t capex__zero_full_index(const capex_zero *z, size_t i) {
+    size_t j, k = 0;
+    for (j = 0; j < i; j++) k += z->params[j].group == z->params[i].group;
+    return k;
+}
+
+/* The buffer of state `what` (0 master/param, 1 exp_avg, 2 exp_avg_sq, 3 max)
+   of tensor k of group g of optimizer o; NULL if it has none. */
+static float *capex__zero_state_ptr(const capex_optim *o, size_t g, size_t k, int what) {
+    const capex__optim_tensor *t = &o->tensors[o->groups[g].first + k];
+    return what == 0 ? t->p.param : what == 1 ? t->p.exp_avg : what == 2 ? t->p.exp_avg_sq : t->p.max_exp_avg_sq;
+}
+
+/* Elements of local piece j. */
+static int64_t capex__zero_piece_numel(const capex_zero *z, size_t j) {
+    size_t i = z->piece_param[j], k = z->bucket_of[i], hi = ((size_t)z->comm->rank + 1) * z->b[k].shard;
+    size_t a = z->offset_of[i] + z->piece_start[j], e = z->offset_of[i] + z->params[i].numel;
+    return (int64_t)((e < hi ? e : hi) - a);
+}
+
+/* Local piece j's group and index in z->opt. */
+static void capex__zero_piece_pos(const capex_zero *z, size_t j, size_t *g, size_t *k) {
+    size_t q, idx = 0, gg = z->params[z->piece_param[j]].group;
+    for (q = 0; q < j; q++) idx += z->params[z->piece_param[q]].group == gg;
+    *g = gg;
+    *k = idx;
+}
+
+CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags) {
+    static const char *fn = "capex_zero_save";
+    capex_comm *c;
+    size_t k, j, g, W, maxshard = 0;
+    int what, root;
+    float *pack = NULL, *full = NULL;
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    c = z->comm;
+    root = c->rank == 0;
+    if (root && !w) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: rank 0 needs a writer (other ranks may pass NULL)", fn);
+    W = (size_t)c->world_size;
+    capex_optim_destroy(z->save_tmp);
+    capex__free(NULL, z->save_masters);
+    z->save_tmp = NULL;
+    z->save_masters = NULL;
+    if (root && (r = capex__zero_full_optim(z, &z->save_tmp, &z->save_masters)) != CAPEX_OK) return r;
+    for (k = 0; k < z->nb; k++) if (z->b[k].shard > maxshard) maxshard = z->b[k].shard;
+    pack = (float *)capex__alloc(NULL, sizeof(float) * (maxshard + 1));
+    full = (float *)capex__alloc(NULL, sizeof(float) * (maxshard * W + 1));
+    if (!pack || !full) { r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn); goto done; }
+    /* every state buffer, bucket by bucket: shards packed, all-gathered, unpacked by rank 0 */
+    for (what = 0; r == CAPEX_OK && what < 4; what++)
+        for (k = 0; r == CAPEX_OK && k < z->nb; k++) {
+            capex__zbucket *bk = &z->b[k];
+            size_t lo = (size_t)c->rank * bk->shard, counts_small[8], *counts = counts_small, q;
+            if (!bk->shard || (what == 0 && bk->dtype == CAPEX_F32)) continue; /* f32 params are the data */
+            memset(pack, 0, sizeof(float) * bk->shard);
+            for (j = 0; j < z->npieces; j++) {
+                size_t i = z->piece_param[j], gi, ki;
+                float *src;
+                if (z->bucket_of[i] != k) continue;
+                capex__zero_piece_pos(z, j, &gi, &ki);
+                if (!(src = capex__zero_state_ptr(z->opt, gi, ki, what))) continue;
+                memcpy(pack + (z->offset_of[i] + z->piece_start[j] - lo), src, sizeof(float) * (size_t)capex__zero_piece_numel(z, j));
+            }
+            /* every kind of every bucket, zeros where a piece has none: the same
+               collectives on every rank without agreeing on anything first */
+            if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W))) {
+                r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+                break;
+            }
+            for (q = 0; q < W; q++) counts[q] = bk->shard;
+            r = capex_comm_allgatherv(c, pack, full, counts, CAPEX_F32);
+            if (counts != counts_small) capex__free(NULL, counts);
+            if (r != CAPEX_OK) { z->failed = 1; break; }
+            for (j = 0; root && j < bk->count; j++) {
+                size_t i = z->bparams[bk->first + j];
+                float *dst = capex__zero_state_ptr(z->save_tmp, z->params[i].group, capex__zero_full_index(z, i), what);
+                if (dst && z->params[i].numel) memcpy(dst, full + z->offset_of[i], sizeof(float) * z->params[i].numel);
+            }
+        }
+    if (r == CAPEX_OK && root) {
+        capex_optim *t = z->save_tmp;
+        for (g = 0; g < z->ngroups; g++) {
+            t->groups[g].step = z->opt->groups[g].step;
+            t->groups[g].mom_init = z->opt->groups[g].mom_init;
+        }
+        if (z->opt->has_sched) r = capex_optim_set_lr_schedule(t, &z->opt->sched);
+        if (r == CAPEX_OK) r = capex_optim_save(t, w, prefix, flags);
+    }
+done:
+    capex__free(NULL, pack);
+    capex__free(NULL, full);
+    return r;
+}
+
+/* Refills the flat parameter buffers from params[i].data and the fp32
+   masters of this rank's half pieces from them (or, where `full_masters` is
+   given, from those exact fp32 values). */
+static capex_result capex__zero_refresh(capex_zero *z, const capex_optim *full) {
+    size_t k, j;
+    capex_result r = CAPEX_OK;
+    for (k = 0; r == CAPEX_OK && k < z->nb; k++) {
+        capex__zbucket *bk = &z->b[k];
+        size_t es = capex_dtype_size(bk->dtype), lo = (size_t)z->comm->rank * bk->shard;
+        for (j = 0; r == CAPEX_OK && j < bk->count; j++) {
+            size_t i = z->bparams[bk->first + j];
+            r = capex__comm_copy(z->comm, (char *)bk->param + z->offset_of[i] * es, z->params[i].data,
+                                 z->params[i].numel * es, CAPEX_COPY_D2D);
+        }
+        if (r == CAPEX_OK && bk->master)
+            r = capex__comm_convert(z->comm, bk->master, CAPEX_F32, (char *)bk->param + lo * es, bk->dtype, bk->shard);
+    }
+    for (j = 0; r == CAPEX_OK && full && j < z->npieces; j++) {
+        size_t i = z->piece_param[j], k2 = z->bucket_of[i];
+        const float *src;
+        if (z->params[i].dtype == CAPEX_F32) continue;
+        src = capex__zero_state_ptr(full, z->params[i].group, capex__zero_full_index(z, i), 0) + z->piece_start[j];
+        memcpy(z->b[k2].master + (z->offset_of[i] + z->piece_start[j] - (size_t)z->comm->rank * z->b[k2].shard), src,
+               sizeof(float) * (size_t)capex__zero_piece_numel(z, j));
+    }
+    return r;
+}
+
+CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags) {
+    static const char *fn = "capex_zero_load";
+    capex_optim *full = NULL;
+    float *masters = NULL;
+    size_t j, g;
+    int what;
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    if (!rd) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: reader is NULL", fn);
+    if ((r = capex__zero_full_optim(z, &full, &masters)) != CAPEX_OK) return r;
+    /* the full optimizer checks everything before it changes anything; with
+       CAPEX_OPTIM_STATE_PARAMS it writes the params' data (f32 params and
+       half model copies) directly */
+    if ((r = capex_optim_load(full, rd, prefix, flags)) != CAPEX_OK) goto done;
+    if (full->desc.stochastic_rounding) { /* checked after the load: it may have written params already */
+        r = capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: the file's optimizer uses stochastic rounding, which sharding does "
+                        "not support yet", fn);
+        goto done;
+    }
+    for (j = 0; j < z->npieces; j++) {
+        size_t i = z->piece_param[j], gi, ki, fi = capex__zero_full_index(z, i);
+        capex__zero_piece_pos(z, j, &gi, &ki);
+        for (what = 1; what < 4; what++) {
+            float *dst = capex__zero_state_ptr(z->opt, gi, ki, what);
+            const float *src = capex__zero_state_ptr(full, gi, fi, what);
+            if (dst && src) memcpy(dst, src + z->piece_start[j], sizeof(float) * (size_t)capex__zero_piece_numel(z, j));
+        }
+    }
+    for (g = 0; g < z->ngroups; g++) {
+        z->opt->groups[g].hp = full->groups[g].hp;
+        z->opt->groups[g].step = full->groups[g].step;
+        z->opt->groups[g].mom_init = full->groups[g].mom_init;
+    }
+    z->opt->desc.adam_w_mode = full->desc.adam_w_mode;
+    z->opt->desc.wd_after_momentum = full->desc.wd_after_momentum;
+    if (full->has_sched) (void)capex_optim_set_lr_schedule(z->opt, &full->sched);
+    r = capex__zero_refresh(z, (flags & CAPEX_OPTIM_STATE_PARAMS) ? full : NULL);
+done:
+    capex_optim_destroy(full);
+    capex__free(NULL, masters);
+    return r;
+}
+
+CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags) {
+    capex_state_writer *w = NULL;
+    capex_result r;
+    if (!z || !path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_zero_save_file: zero or path is NULL");
+    if (z->comm->rank == 0 && (r = capex_state_writer_create(NULL, &w)) != CAPEX_OK) return r;
+    r = capex_zero_save(z, w, NULL, flags);
+    if (r == CAPEX_OK && w) r = capex_state_write_file(w, path);
+    capex_state_writer_destroy(w);
+    return r;
+}
+
+CAPEX_API capex_result capex_zero_load_file(capex_zero *z, const char *path, unsigned flags) {
+    capex_state_reader *rd = NULL;
+    capex_result r;
+    if (!z || !path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_zero_load_file: zero or path is NULL");
+    if ((r = capex_state_reader_open_file(path, 0, NULL, &rd)) != CAPEX_OK) return r;
+    r = capex_zero_load(z, rd, NULL, flags);
+    capex_state_reader_close(rd);
+    return r;
 }
 
 CAPEX_API capex_optim *capex_zero_optim(capex_zero *z) { return z ? z->opt : NULL; }

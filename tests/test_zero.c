@@ -171,16 +171,31 @@ static int tcp_comm(capex_comm *c, int rank, int world, int port) {
     return 1;
 }
 
+static char g_ckpt[3][256]; /* saved by worlds of 3, 1 and 2 */
+
 /* mode 0: the equivalence checks; 1: rank 1 dies after create, the others
-   must fail within the deadline and then refuse every call. */
+   must fail within the deadline and then refuse every call; 2: save a
+   checkpoint (AdamW, stage 2, then SGD into a second file); 3: load the
+   world of 3's into a world of 2 and save again. */
 static int tcp_body(int rank, int world, int port, int mode) {
     capex_comm c;
     char why[400] = "";
     int line = 0;
     if (!tcp_comm(&c, rank, world, port)) { fprintf(stderr, "rank %d: %s\n", rank, capex_last_error()); return __LINE__; }
-    if (mode == 0) {
-        line = zero_check_all(&c, why, sizeof why);
-        if (line) fprintf(stderr, "rank %d of %d: zero_check.h:%d: %s\n", rank, world, line, why);
+    if (mode == 0 || mode == 2 || mode == 3) {
+        char sgd_in[300], sgd_out[300];
+        snprintf(sgd_in, sizeof sgd_in, "%.250s.sgd", g_ckpt[0]);
+        snprintf(sgd_out, sizeof sgd_out, "%.250s.sgd", g_ckpt[2]);
+        if (mode == 0) line = zero_check_all(&c, why, sizeof why);
+        if (mode == 2) {
+            line = zero_check_ckpt(&c, 2, CAPEX_OPTIM_ADAM, NULL, g_ckpt[0], why, sizeof why);
+            if (!line) line = zero_check_ckpt(&c, 1, CAPEX_OPTIM_SGD, NULL, sgd_in, why, sizeof why);
+        }
+        if (mode == 3) {
+            line = zero_check_ckpt(&c, 1, CAPEX_OPTIM_ADAM, g_ckpt[0], g_ckpt[2], why, sizeof why);
+            if (!line) line = zero_check_ckpt(&c, 2, CAPEX_OPTIM_SGD, sgd_in, sgd_out, why, sizeof why);
+        }
+        if (line) fprintf(stderr, "rank %d of %d (mode %d): zero_check.h:%d: %s\n", rank, world, mode, line, why);
     } else {
         float w[4][300];
         capex_zero_param p[4];
@@ -245,6 +260,75 @@ CT_TEST(tcp_dead_rank_fails_the_others_within_the_deadline) {
     for (i = 2; i < 3; i++) CT_CHECK(codes[i] == 0, "rank %d exit %d", i, codes[i]);
 }
 
+/* Saved by 3 ranks, loaded by 1 and by 2 (resharding), each time checked
+   against the unsharded optimizer loading the same file; the file equals
+   the unsharded optimizer's byte for byte. Then damaged and mismatched
+   files are refused with nothing changed. */
+CT_TEST(checkpoints_reshard_across_world_sizes) {
+    int codes[8], r, i, k;
+    capex_comm c;
+    char why[400] = "", sgd[2][300];
+    int line;
+    for (k = 0; k < 3; k++) snprintf(g_ckpt[k], sizeof g_ckpt[k], "/tmp/capex_test_zero_%d_%d.safetensors", (int)getpid(), k);
+    memset(codes, 0, sizeof codes);
+    r = tcp_world(3, 2, codes);
+    CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "world 3 save: rank 0 line %d, exits %d %d (stderr says why)", r,
+             codes[1], codes[2]);
+    CT_CHECK(capex_comm_init_single(&c) == CAPEX_OK, "single");
+    snprintf(sgd[0], sizeof sgd[0], "%.250s.sgd", g_ckpt[0]);
+    snprintf(sgd[1], sizeof sgd[1], "%.250s.sgd", g_ckpt[1]);
+    line = zero_check_ckpt(&c, 2, CAPEX_OPTIM_ADAM, g_ckpt[0], g_ckpt[1], why, sizeof why);
+    if (!line) line = zero_check_ckpt(&c, 1, CAPEX_OPTIM_SGD, sgd[0], sgd[1], why, sizeof why);
+    CT_CHECK(line == 0, "world 1 load: zero_check.h:%d: %s", line, why);
+    memset(codes, 0, sizeof codes);
+    r = tcp_world(2, 3, codes);
+    CT_CHECK(r == 0 && codes[1] == 0, "world 2 load: rank 0 line %d, rank 1 exit %d (stderr says why)", r, codes[1]);
+    {   /* a damaged file and another model's file: refused, nothing changed */
+        capex_zero_param p[ZC_NP];
+        capex_zero_desc zd;
+        capex_optim_desc od;
+        capex_zero *z = NULL;
+        float w[ZC_NP][300], before[ZC_NP][300];
+        FILE *f = fopen(g_ckpt[1], "rb"), *o;
+        char trunc[300], buf[4096];
+        size_t n, total = 0;
+        capex_result lr;
+        snprintf(trunc, sizeof trunc, "%.250s.trunc", g_ckpt[1]);
+        o = fopen(trunc, "wb");
+        CT_CHECK(f && o, "files");
+        while ((n = fread(buf, 1, sizeof buf, f)) > 0 && total < 5000) { fwrite(buf, 1, n, o); total += n; }
+        fclose(f); fclose(o);
+        for (i = 0; i < ZC_NP; i++) {
+            size_t e;
+            for (e = 0; e < 300; e++) w[i][e] = (float)(i * 1000 + (int)e);
+            p[i].data = w[i]; p[i].numel = zc_numel[i]; p[i].dtype = CAPEX_F32; p[i].group = (size_t)(i % 2);
+        }
+        memcpy(before, w, sizeof w);
+        capex_zero_desc_init(&zd);
+        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+        CT_CHECK(capex_zero_create(&z, &c, p, ZC_NP, &od, NULL, 2, &zd) == CAPEX_OK, "create: %s", capex_last_error());
+        lr = capex_zero_load_file(z, trunc, CAPEX_OPTIM_STATE_PARAMS);
+        CT_CHECK(lr != CAPEX_OK && memcmp(w, before, sizeof w) == 0, "truncated: %s '%s'", capex_result_string(lr),
+                 capex_last_error());
+        p[0].numel = 36;
+        capex_zero_destroy(z);
+        z = NULL;
+        CT_CHECK(capex_zero_create(&z, &c, p, ZC_NP, &od, NULL, 2, &zd) == CAPEX_OK, "create: %s", capex_last_error());
+        lr = capex_zero_load_file(z, g_ckpt[1], 0);
+        CT_CHECK(lr == CAPEX_ERR_SIZE_MISMATCH && memcmp(w, before, sizeof w) == 0, "numel 36 vs 37: %s '%s'",
+                 capex_result_string(lr), capex_last_error());
+        capex_zero_destroy(z);
+        remove(trunc);
+    }
+    capex_comm_destroy(&c);
+    for (k = 0; k < 3; k++) {
+        char sp[300];
+        snprintf(sp, sizeof sp, "%.250s.sgd", g_ckpt[k]);
+        remove(g_ckpt[k]);
+        remove(sp);
+    }
+}
+
 static const ct_case cases[] = {
     CT_CASE(single_comm_matches_ddp_and_optim),
     CT_CASE(create_refuses_bad_arguments),
@@ -252,5 +336,6 @@ static const ct_case cases[] = {
     CT_CASE(stage2_memory_is_shards_plus_one_open_bucket),
     CT_CASE(tcp_worlds_match_ddp_and_optim),
     CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
+    CT_CASE(checkpoints_reshard_across_world_sizes),
 };
 CT_MAIN(cases)

@@ -26,6 +26,9 @@ typedef struct zero_case {
     int clip;               /* 1: clip by the global norm */
     int inf_step;           /* a step where the last rank's gradient holds an inf; -1: none */
     int steps;
+    const char *load;       /* a checkpoint both paths load first (NULL: none) */
+    const char *save;       /* where both save at the end (rank 0 writes; the DDP
+                               path's file, save + ".ref", must be byte-identical) */
 } zero_case;
 
 #define ZC_NP 9
@@ -123,6 +126,12 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
         }
         if (capex_optim_add_group(ref, &hp[g], op, (size_t)n, NULL) != CAPEX_OK) ZC_FAIL("add_group: %.300s", capex_last_error());
     }
+    if (zc->load) {
+        if (capex_zero_load_file(z, zc->load, CAPEX_OPTIM_STATE_PARAMS) != CAPEX_OK) ZC_FAIL("zero load: %.300s", capex_last_error());
+        if (capex_optim_load_file(ref, zc->load, CAPEX_OPTIM_STATE_PARAMS) != CAPEX_OK) ZC_FAIL("ref load: %.300s", capex_last_error());
+        for (i = 0; i < ZC_NP; i++)
+            if (memcmp(pz[i], pd[i], zc_numel[i] * capex_dtype_size(zc_dtype(zc, i))) != 0) ZC_FAIL("param %d differs after load", i);
+    }
     for (s = 0; s < zc->steps; s++) {
         int zinf = 0, dinf, do_step;
         float znorm = 0.0f, dnorm, inv = 0.5f, clip_z = 1.0f, clip_d = 1.0f, max_norm;
@@ -178,6 +187,23 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
                 }
         }
     }
+    if (zc->save) { /* the consolidated file is the unsharded optimizer's, byte for byte */
+        char refpath[600];
+        snprintf(refpath, sizeof refpath, "%.500s.ref", zc->save);
+        if (capex_zero_save_file(z, zc->save, CAPEX_OPTIM_STATE_PARAMS) != CAPEX_OK) ZC_FAIL("zero save: %.300s", capex_last_error());
+        if (me == 0) {
+            FILE *fa, *fb;
+            int ca = 0, cb = 0;
+            long at = 0;
+            if (capex_optim_save_file(ref, refpath, CAPEX_OPTIM_STATE_PARAMS) != CAPEX_OK) ZC_FAIL("ref save: %.300s", capex_last_error());
+            fa = fopen(zc->save, "rb"); fb = fopen(refpath, "rb");
+            if (!fa || !fb) { if (fa) fclose(fa); if (fb) fclose(fb); ZC_FAIL("cannot reopen %.150s / %.150s", zc->save, refpath); }
+            while (ca != EOF && ca == cb) { ca = fgetc(fa); cb = fgetc(fb); at++; }
+            fclose(fa); fclose(fb);
+            remove(refpath);
+            if (ca != cb) ZC_FAIL("the zero checkpoint differs from the unsharded optimizer's at byte %ld", at - 1);
+        }
+    }
     {   /* steps counted alike; memory: the shards partition the state */
         int64_t zs = -1, ds = -2;
         double tot[3];
@@ -213,6 +239,17 @@ out:
     for (i = 0; i < ZC_NP; i++) { free(pz[i]); free(pd[i]); free(master[i]); }
     return fail;
 #undef ZC_FAIL
+}
+
+/* A checkpoint round: load `load` (if given) into both paths, train 3 steps,
+   save to `save` (if given); AdamW or SGD, mixed dtypes, exact gradients. */
+static int zero_check_ckpt(capex_comm *c, int stage, capex_optim_kind kind, const char *load, const char *save, char *why,
+                           size_t why_n) {
+    zero_case zc;
+    memset(&zc, 0, sizeof zc);
+    zc.stage = stage; zc.kind = kind; zc.halves = 1; zc.exact = 1; zc.clip = 1; zc.inf_step = -1; zc.steps = 3; zc.micro = 1;
+    zc.load = load; zc.save = save;
+    return zero_equiv(c, &zc, why, why_n);
 }
 
 /* The set of cases every comm runs; 0 or the failing line, why filled. */
