@@ -1624,9 +1624,13 @@ CAPEX_API void capex_ddp_get_stats(const capex_ddp *ddp, capex_ddp_stats *out);
    exact) and the global norm (per-shard sums of squares added across ranks:
    ~1e-15 relative, so a clip coefficient may move by an ulp). Tested bit for
    bit against DDP + capex_optim under mpirun -np 2/4 and TCP.
-   Not yet: LAMB and NovoGrad (per-tensor norms span shards), bf16 stochastic
-   rounding (keyed by the unsharded element index), device (NCCL) buffers;
-   create refuses them with a message. */
+   LAMB's global gradient norm and per-tensor |p| and |u| are sums over the
+   pieces of each tensor on every rank (one f64 allreduce each per step), so
+   they match the unsharded ones to ~1e-15 relative, not bit for bit; the
+   weights then agree to a few ulps (tested). Not yet: NovoGrad (one norm per
+   tensor kept across shards), bf16 stochastic rounding (keyed by the
+   unsharded element index), device (NCCL) buffers; create refuses them with
+   a message. */
 typedef struct capex_zero capex_zero;
 
 typedef struct capex_zero_param {
@@ -6126,6 +6130,12 @@ struct capex_optim {
     int has_sched;         /* an lr schedule is attached: lr = capex__lr_eval(sched_p, hp.lr, step) */
     capex_lr_schedule sched;
     capex__lr_p sched_p;
+    /* Sharded LAMB (capex_zero): where this optimizer's tensors are pieces of
+       params split across ranks. what 0: vals[0], the sum of squares of the
+       raw grads here, becomes the global one; what 1: vals[2k], vals[2k+1]
+       (|p|^2, |u|^2 of tensor k) become those of k's whole parameter. */
+    capex_result (*reduce_fn)(void *user, int what, double *vals, size_t n);
+    void *reduce_user;
 };
 
 typedef struct capex__optim_job {
@@ -6998,8 +7008,17 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
     if (o->desc.kind == CAPEX_OPTIM_LAMB) {
         double g2 = 0.0;
         float gnorm, clip_div = 1.0f;
+        double *tsum = NULL;
         capex_result r = capex__optim_grad_sumsq(o, &g2);
         if (r != CAPEX_OK) return r; /* nothing changed yet */
+        if (o->reduce_fn) {
+            tsum = (double *)capex__alloc(capex__optim_alloc(o), sizeof(double) * (2 * o->ntensors + 2));
+            if (!tsum) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_step: out of memory (sharded LAMB)");
+            if ((r = o->reduce_fn(o->reduce_user, 0, &g2, 1)) != CAPEX_OK) {
+                capex__free(capex__optim_alloc(o), tsum);
+                return r;
+            }
+        }
         /* Apex: global norm over all grads (per-dtype norms blended); ours is
            the norm of the scaled grads g*inv_scale*clip */
         gnorm = (float)(sqrt(g2) * (double)gs);
@@ -7010,16 +7029,33 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
         {
             /* per-tensor norms: items of a tensor are consecutive, added in order */
             size_t i0 = 0;
+            if (tsum) {
+                for (k = 0; k < o->ntensors; k++) {
+                    tsum[2 * k] = tsum[2 * k + 1] = 0.0;
+                    while (i0 < o->nitems && o->items[i0].tensor == k) {
+                        tsum[2 * k] += o->part[2 * i0];
+                        tsum[2 * k + 1] += o->part[2 * i0 + 1];
+                        i0++;
+                    }
+                }
+                r = o->reduce_fn(o->reduce_user, 1, tsum, 2 * o->ntensors);
+                if (r != CAPEX_OK) { /* the moments moved: a failed comm ends the job anyway */
+                    capex__free(capex__optim_alloc(o), tsum);
+                    return r;
+                }
+                i0 = 0;
+            }
             for (k = 0; k < o->ntensors; k++) {
                 const capex__optim_tensor *t = &o->tensors[k];
                 const capex_optim_hparams *hp = &o->groups[t->group].hp;
                 double sp = 0.0, su = 0.0;
                 float pn, un, lr = o->gc[t->group].lr, ratio = lr;
-                while (i0 < o->nitems && o->items[i0].tensor == k) {
+                while (!tsum && i0 < o->nitems && o->items[i0].tensor == k) {
                     sp += o->part[2 * i0];
                     su += o->part[2 * i0 + 1];
                     i0++;
                 }
+                if (tsum) { sp = tsum[2 * k]; su = tsum[2 * k + 1]; }
                 pn = (float)sqrt(sp);
                 un = (float)sqrt(su);
                 /* Apex: nvlamb applies the trust ratio everywhere, else only where wd != 0 */
@@ -7028,6 +7064,7 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
                 o->ratio[k] = ratio;
             }
         }
+        capex__free(capex__optim_alloc(o), tsum);
         capex__optim_run(o, CAPEX__OPT_PH_LAMB2, gs);
     } else if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) {
         capex__optim_run(o, CAPEX__OPT_PH_NOVO1, gs);
@@ -10441,6 +10478,7 @@ struct capex_zero {
     size_t npieces, *piece_param, *piece_start; /* the optimizer's tensors, in its order */
     capex_optim *save_tmp;  /* rank 0: the unsharded state of the last save */
     float *save_masters;
+    double *lamb_sums;      /* LAMB: |p|^2, |u|^2 per param, summed across ranks */
     capex_zero_memory mem;
 };
 
@@ -10461,6 +10499,7 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
     capex_optim_destroy(z->opt);
     capex_optim_destroy(z->save_tmp);
     capex__free(NULL, z->save_masters);
+    capex__free(NULL, z->lamb_sums);
     capex__free(NULL, z->piece_param);
     capex__free(NULL, z->piece_start);
     for (i = 0; z->b && i < z->nb; i++) {
@@ -10522,6 +10561,29 @@ static capex_result capex__zero_plan(capex_zero *z) {
     return CAPEX_OK;
 }
 
+/* Sharded LAMB's sums across ranks (capex_optim's reduce_fn). */
+static capex_result capex__zero_reduce(void *user, int what, double *vals, size_t n) {
+    capex_zero *z = (capex_zero *)user;
+    size_t k;
+    capex_result r;
+    if (z->comm->world_size == 1) return CAPEX_OK;
+    if (what == 0) r = capex_comm_allreduce(z->comm, vals, vals, n, CAPEX_F64, CAPEX_REDUCE_SUM);
+    else { /* per piece -> per param (zeros where this rank has no piece), summed, and back */
+        for (k = 0; k < 2 * z->np; k++) z->lamb_sums[k] = 0.0;
+        for (k = 0; k < n / 2; k++) {
+            z->lamb_sums[2 * z->piece_param[k]] = vals[2 * k];
+            z->lamb_sums[2 * z->piece_param[k] + 1] = vals[2 * k + 1];
+        }
+        r = capex_comm_allreduce(z->comm, z->lamb_sums, z->lamb_sums, 2 * z->np, CAPEX_F64, CAPEX_REDUCE_SUM);
+        for (k = 0; r == CAPEX_OK && k < n / 2; k++) {
+            vals[2 * k] = z->lamb_sums[2 * z->piece_param[k]];
+            vals[2 * k + 1] = z->lamb_sums[2 * z->piece_param[k] + 1];
+        }
+    }
+    if (r != CAPEX_OK) z->failed = 1;
+    return r;
+}
+
 /* The pieces of this rank's shards, per group, as optimizer tensors. */
 static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_desc *od, const capex_optim_hparams *hp) {
     size_t g, k, j, r = (size_t)z->comm->rank, n;
@@ -10558,14 +10620,21 @@ static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_des
         res = capex_optim_add_group(z->opt, hp ? &hp[g] : NULL, pp, n, NULL);
     }
     capex__free(NULL, pp);
+    if (res == CAPEX_OK && od->kind == CAPEX_OPTIM_LAMB) {
+        if (!(z->lamb_sums = (double *)capex__alloc(NULL, sizeof(double) * (2 * z->np + 2))))
+            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero_create: out of memory");
+        z->opt->reduce_fn = capex__zero_reduce;
+        z->opt->reduce_user = z;
+    }
     return res;
 }
 
 /* Moment floats per element that capex_optim_add_group allocates. */
-static size_t capex__zero_floats(capex_optim_kind kind, const capex_optim_hparams *hp) {
-    if (kind == CAPEX_OPTIM_SGD) return hp->momentum != 0.0f;
-    if (kind == CAPEX_OPTIM_ADAGRAD) return 1;
-    return 2 + (kind == CAPEX_OPTIM_ADAM && hp->amsgrad);
+static size_t capex__zero_floats(const capex_optim_desc *od, const capex_optim_hparams *hp) {
+    if (od->kind == CAPEX_OPTIM_SGD) return hp->momentum != 0.0f;
+    if (od->kind == CAPEX_OPTIM_ADAGRAD) return 1;
+    if (od->kind == CAPEX_OPTIM_LAMB) return 2 + !od->lamb_low_memory; /* m, v and the kept update u */
+    return 2 + (hp->amsgrad != 0);
 }
 
 CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
@@ -10592,9 +10661,9 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: stage is %d; it must be 1 (optimizer state) or 2 (and gradients)", fn,
                            desc->stage);
     if (!desc->bucket_bytes) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: bucket_bytes must be > 0 (default 25 MiB)", fn);
-    if (od->kind == CAPEX_OPTIM_LAMB || od->kind == CAPEX_OPTIM_NOVOGRAD)
-        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: %s needs per-tensor norms that span shards; not supported yet "
-                           "(use Adam/AdamW, SGD or Adagrad, or DDP)", fn, od->kind == CAPEX_OPTIM_LAMB ? "LAMB" : "NovoGrad");
+    if (od->kind == CAPEX_OPTIM_NOVOGRAD)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: NovoGrad keeps one norm per tensor that would span shards; not "
+                           "supported yet (use Adam/AdamW, LAMB, SGD or Adagrad, or DDP)", fn);
     if (od->stochastic_rounding)
         return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: stochastic rounding is keyed by the unsharded element index; "
                            "not supported with sharding yet", fn);
@@ -10686,7 +10755,7 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
         for (i = 0; i < np; i++) {
             const capex__zbucket *bk = &z->b[z->bucket_of[i]];
             size_t lo = (size_t)comm->rank * bk->shard, hi = lo + bk->shard, a = z->offset_of[i] > lo ? z->offset_of[i] : lo;
-            size_t e = z->offset_of[i] + params[i].numel, f = capex__zero_floats(od->kind, hparams ? &hparams[params[i].group] : &od->defaults);
+            size_t e = z->offset_of[i] + params[i].numel, f = capex__zero_floats(od, hparams ? &hparams[params[i].group] : &od->defaults);
             if (e > hi) e = hi;
             if (a < e) { m->moment_bytes += f * (e - a) * sizeof(float); m->padding_elements -= e - a; }
             m->unsharded_state_bytes += (f + (params[i].dtype != CAPEX_F32)) * params[i].numel * sizeof(float);
@@ -10930,6 +10999,7 @@ static capex_result capex__zero_full_optim(capex_zero *z, capex_optim **out, flo
     *masters = (float *)capex__alloc(NULL, sizeof(float) * (half + 1));
     if (!pp || !*masters) { capex__free(NULL, pp); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero: out of memory (checkpoint)"); }
     d.allocator = NULL;
+    d.lamb_low_memory = 1; /* never stepped: no update buffer */
     if ((r = capex_optim_create(&d, out)) != CAPEX_OK) { capex__free(NULL, pp); return r; }
     for (g = 0; r == CAPEX_OK && g < z->ngroups; g++) {
         capex_optim_hparams hp;

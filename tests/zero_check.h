@@ -5,7 +5,8 @@
    per-rank gradients, and must end bit for bit equal: with "exact"
    gradients (multiples of 1/16 below 1 in magnitude, so every sum in any
    order and the sums of squares are exact) on any world, and with random f32
-   gradients on worlds of 1 or 2 (a sum of two is the same either way).
+   gradients on worlds of 1 or 2 (a sum of two is the same either way); LAMB,
+   whose |p| and |u| sums run in another order, within an ulp or so.
    Mixed f32/f16/bf16 params (fp32 master shards for the halves), two groups
    with their own lr/weight decay, small buckets so tensors straddle shards,
    clipping by the global norm, a step skipped for an inf, and gradient
@@ -84,6 +85,7 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
     if (zc->kind == CAPEX_OPTIM_ADAM) { hp[0].lr = 1e-2f; hp[0].weight_decay = 0.1f; hp[1].lr = 3e-3f; }
     if (zc->kind == CAPEX_OPTIM_SGD) { hp[0].lr = 0.05f; hp[0].momentum = 0.9f; hp[0].nesterov = 1; hp[1].lr = 0.02f; hp[1].momentum = 0.5f; hp[1].weight_decay = 0.01f; }
     if (zc->kind == CAPEX_OPTIM_ADAGRAD) { hp[0].lr = 0.05f; hp[1].lr = 0.01f; hp[1].weight_decay = 0.05f; }
+    if (zc->kind == CAPEX_OPTIM_LAMB) { hp[0].lr = 1e-2f; hp[1].lr = 5e-3f; hp[1].weight_decay = 0.0f; od.max_grad_norm = 2.0f; }
     for (i = 0; i < ZC_NP; i++) {
         capex_dtype t = zc_dtype(zc, i);
         size_t es = capex_dtype_size(t), n = zc_numel[i];
@@ -171,7 +173,7 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
         if (zinf != dinf || zinf != (s == zc->inf_step)) ZC_FAIL("step %d: found_inf %d (DDP path %d)", s, zinf, dinf);
         if (!zinf && (zc->exact || W == 1) && znorm != dnorm) ZC_FAIL("step %d: norm %.9g, DDP path %.9g", s, (double)znorm, (double)dnorm);
         if (!zinf && !(fabs((double)znorm - dnorm) <= 1e-6 * dnorm)) ZC_FAIL("step %d: norm %.9g, DDP path %.9g", s, (double)znorm, (double)dnorm);
-        max_norm = zc->clip ? 0.5f * dnorm * inv : INFINITY;
+        max_norm = zc->clip && zc->kind != CAPEX_OPTIM_LAMB ? 0.5f * dnorm * inv : INFINITY; /* LAMB clips itself */
         if (!zinf) { clip_z = capex_clip_coef(znorm * inv, max_norm); clip_d = capex_clip_coef(dnorm * inv, max_norm); }
         do_step = !zinf;
         if (capex_zero_step(z, inv, clip_z, !do_step) != CAPEX_OK) ZC_FAIL("zero step: %.300s", capex_last_error());
@@ -180,7 +182,14 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
         for (i = 0; i < ZC_NP; i++) {
             size_t es = capex_dtype_size(zc_dtype(zc, i));
             for (e = 0; e < zc_numel[i]; e++)
-                if (memcmp((char *)pz[i] + e * es, (char *)pd[i] + e * es, es) != 0) {
+                if (zc->kind == CAPEX_OPTIM_LAMB) { /* sums of |p|^2, |u|^2 in another order: within an ulp or so */
+                    capex_dtype t = zc_dtype(zc, i);
+                    double a = t == CAPEX_F32 ? ((float *)pz[i])[e] : t == CAPEX_F16 ? capex_f16_to_f32(((uint16_t *)pz[i])[e]) : capex_bf16_to_f32(((uint16_t *)pz[i])[e]);
+                    double b = t == CAPEX_F32 ? ((float *)pd[i])[e] : t == CAPEX_F16 ? capex_f16_to_f32(((uint16_t *)pd[i])[e]) : capex_bf16_to_f32(((uint16_t *)pd[i])[e]);
+                    double tol = (t == CAPEX_F32 ? 1e-5 : t == CAPEX_F16 ? 1.0 / 1024 : 1.0 / 128) * fabs(b) + 1e-6;
+                    if (!(fabs(a - b) <= tol))
+                        ZC_FAIL("LAMB step %d rank %d: param %d element %zu: %.9g vs DDP %.9g (tol %.3g)", s, me, i, e, a, b, tol);
+                } else if (memcmp((char *)pz[i] + e * es, (char *)pd[i] + e * es, es) != 0) {
                     double a = zc_dtype(zc, i) == CAPEX_F32 ? ((float *)pz[i])[e] : 0, b = zc_dtype(zc, i) == CAPEX_F32 ? ((float *)pd[i])[e] : 0;
                     ZC_FAIL("step %d rank %d: param %d element %zu differs (f32: %.9g vs DDP %.9g; stage %d kind %d)", s, me, i, e,
                             a, b, zc->stage, (int)zc->kind);
@@ -207,7 +216,7 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
     {   /* steps counted alike; memory: the shards partition the state */
         int64_t zs = -1, ds = -2;
         double tot[3];
-        size_t floats = zc->kind == CAPEX_OPTIM_ADAM ? 2 : 1, real = 0, half = 0;
+        size_t floats = zc->kind == CAPEX_OPTIM_ADAM ? 2 : zc->kind == CAPEX_OPTIM_LAMB ? 3 : 1, real = 0, half = 0;
         capex_optim_get_step(capex_zero_optim(z), 0, &zs);
         capex_optim_get_step(ref, 0, &ds);
         if (zs != ds) ZC_FAIL("step counts %lld vs %lld", (long long)zs, (long long)ds);
@@ -254,10 +263,10 @@ static int zero_check_ckpt(capex_comm *c, int stage, capex_optim_kind kind, cons
 
 /* The set of cases every comm runs; 0 or the failing line, why filled. */
 static int zero_check_all(capex_comm *c, char *why, size_t why_n) {
-    static const capex_optim_kind kinds[3] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_SGD, CAPEX_OPTIM_ADAGRAD};
+    static const capex_optim_kind kinds[4] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_SGD, CAPEX_OPTIM_ADAGRAD, CAPEX_OPTIM_LAMB};
     int stage, k, line;
     for (stage = 1; stage <= 2; stage++)
-        for (k = 0; k < 3; k++) {
+        for (k = 0; k < 4; k++) {
             zero_case zc;
             memset(&zc, 0, sizeof zc);
             zc.stage = stage; zc.kind = kinds[k]; zc.halves = 1; zc.exact = 1; zc.clip = 1; zc.inf_step = 2; zc.steps = 5;
