@@ -44,6 +44,16 @@ bench-dp: $(BUILD)/bench_dp
 	$(BENCH_DP_MPIRUN) -np 2 $(BUILD)/bench_dp
 	$(BENCH_DP_MPIRUN) -np 4 $(BUILD)/bench_dp -q
 
+# The sharded optimizer against DDP over MPI (bench/bench_zero.c): np 2 and 4.
+.PHONY: bench-zero
+$(BUILD)/bench_zero: bench/bench_zero.c capex.h
+	@mkdir -p $(dir $@)
+	$(MPICC) -std=c99 -O2 $(WARN) -DCAPEX_MPI $< -o $@ -lm
+bench-zero: $(BUILD)/bench_zero
+	@lscpu 2>/dev/null | grep -E '^(Model name|CPU\(s\))' || true
+	$(BENCH_DP_MPIRUN) -np 2 $(BUILD)/bench_zero
+	$(BENCH_DP_MPIRUN) -np 4 $(BUILD)/bench_zero
+
 # tests/test_nccl_mpi.c is also the MPI program it runs (f64/i64 collectives,
 # the unique id over an MPI bootstrap comm): built with mpicc when present.
 ifneq ($(DIST_HAVE_MPICC),)
