@@ -1068,12 +1068,25 @@ typedef struct capex_optim_param {
     float *exp_avg;          /* optional user buffer: Adam/LAMB/NovoGrad m, SGD momentum */
     float *exp_avg_sq;       /* optional user buffer: Adam/LAMB v, Adagrad's sum (torch "sum"); NovoGrad: unused */
     float *max_exp_avg_sq;   /* optional user buffer: Adam with amsgrad, max of v so far */
+    int pure_half;           /* 1: no master weights (Apex O3): param is kept equal to the model
+                                copy's values (set from it at add_group, rounded to it after every
+                                step), so the weights are the fp16/bf16 model alone; needs model */
     uint32_t init_tag; /* set by capex_optim_param_init (see "Descriptors") */
 } capex_optim_param;
 
 /* Apex defaults for the kind (see capex_optim_hparams). */
 CAPEX_API void capex_optim_desc_init(capex_optim_desc *desc, capex_optim_kind kind);
 CAPEX_API void capex_optim_param_init(capex_optim_param *p);
+/* One parameter wired as the opt level says (amp.initialize's master
+   weights and model copy), after capex_optim_param_init:
+     fp32 model (O0, O1, disabled): param = fp32_weights, grads f32, no copy;
+     half model with master weights (O2): param = fp32_weights (the fp32
+       masters), model = half_weights of cfg->model_dtype, grads in it;
+     half model without (O3): the same with pure_half = 1.
+   half_weights may be NULL for an fp32 model; exp_avg etc. stay as they were.
+   The scaler's side is capex_scaler_desc_from_amp. */
+CAPEX_API capex_result capex_optim_param_from_amp(const capex_amp_config *cfg, float *fp32_weights, void *half_weights,
+                                                  const void *grad, int64_t numel, capex_optim_param *p);
 
 typedef struct capex_optim capex_optim;
 
@@ -6526,6 +6539,9 @@ static capex_result capex__optim_check_param(const capex_optim_desc *d, const ca
     if (p->model && p->model_dtype != CAPEX_F16 && p->model_dtype != CAPEX_BF16)
         return capex__fail(CAPEX_ERR_INVALID_ARG,
                            "optimizer: params[%zu].model_dtype must be CAPEX_F16 or CAPEX_BF16 for a model copy", k);
+    if (p->pure_half && !p->model && p->numel)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: params[%zu].pure_half needs the fp16/bf16 weights in "
+                           "model (the fp32 param then only mirrors them)", k);
     if (p->numel == 0) return CAPEX_OK;
     if (!p->param || !p->grad)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: params[%zu] has a NULL %s pointer", k,
@@ -6698,6 +6714,33 @@ CAPEX_API void capex_optim_destroy(capex_optim *o) {
     }
 }
 
+/* pure_half: param = f32(model), elementwise (exact). */
+static void capex__optim_mirror_model(const capex_optim_param *p) {
+    if (p->model_dtype == CAPEX_F16) capex_f16_to_f32_array((const uint16_t *)p->model, p->param, (size_t)p->numel);
+    else capex_bf16_to_f32_array((const uint16_t *)p->model, p->param, (size_t)p->numel);
+}
+
+CAPEX_API capex_result capex_optim_param_from_amp(const capex_amp_config *cfg, float *fp32_weights, void *half_weights,
+                                                  const void *grad, int64_t numel, capex_optim_param *p) {
+    static const char *fn = "capex_optim_param_from_amp";
+    capex_result r;
+    if (!p) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: p is NULL", fn);
+    if (p->init_tag != CAPEX__TAG_OPTIM_PARAM)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: p was not made by capex_optim_param_init; call it first", fn);
+    if ((r = capex__check_config(cfg, fn)) != CAPEX_OK) return r;
+    if (cfg->model_dtype != CAPEX_F32 && !half_weights && numel)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the opt level keeps the model in %s: give its half_weights", fn,
+                           cfg->model_dtype == CAPEX_F16 ? "fp16" : "bf16");
+    p->param = fp32_weights;
+    p->grad = grad;
+    p->numel = numel;
+    p->grad_dtype = cfg->model_dtype; /* grads have the dtype of the weights they belong to */
+    p->model = cfg->model_dtype == CAPEX_F32 ? NULL : half_weights;
+    p->model_dtype = cfg->model_dtype == CAPEX_F32 ? CAPEX_BF16 : cfg->model_dtype;
+    p->pure_half = cfg->model_dtype != CAPEX_F32 && !cfg->use_master_weights;
+    return CAPEX_OK;
+}
+
 CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_hparams *hp,
                                              const capex_optim_param *params, size_t n, size_t *group_index) {
     const capex_allocator *a;
@@ -6804,6 +6847,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
             for (e = 0; e < t->p.numel; e++) t->p.exp_avg_sq[e] = hp->initial_accumulator_value;
         }
         if (!t->p.model) t->p.model_dtype = CAPEX_BF16;
+        if (t->p.pure_half && t->p.numel) capex__optim_mirror_model(&t->p);
         for (off = 0; off < t->p.numel; off += o->items[it++].n) {
             o->items[it].tensor = t0 + k;
             o->items[it].off = off;
@@ -7073,6 +7117,8 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
     } else {
         capex__optim_run(o, CAPEX__OPT_PH_MAIN, gs);
     }
+    for (k = 0; k < o->ntensors; k++) /* O3: the weights are the rounded model copy */
+        if (o->tensors[k].p.pure_half && o->tensors[k].p.numel) capex__optim_mirror_model(&o->tensors[k].p);
     for (gidx = 0; gidx < o->ngroups; gidx++) {
         o->groups[gidx].step++;
         if (o->desc.kind == CAPEX_OPTIM_SGD && o->groups[gidx].hp.momentum != 0.0f) o->groups[gidx].mom_init = 1;

@@ -5059,6 +5059,9 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
     for (k = 0; k < n; k++) {
         if ((r = capex__optim_check_param(&o->desc, &params[k], k)) != CAPEX_OK) return r;
+        if (params[k].pure_half)
+            return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: params[%zu].pure_half (O3 without master weights) is not "
+                               "supported on the GPU yet; keep fp32 masters (O2) there", fn, k);
         chunks += capex__go_nchunks(params[k].numel, o->chunk);
         if (capex__go_nchunks(params[k].numel, o->chunk) > (int64_t)UINT32_MAX + 1)
             return capex__fail(CAPEX_ERR_LIMIT, "%s: params[%zu] needs more than 2^32 chunks; raise desc.exec.chunk_size", fn, k);

@@ -9,17 +9,17 @@
 int main(void) {
     float master[2] = {0, 0};        /* w, b in fp32: what AdamW updates   */
     uint16_t model[2], grad[2];      /* fp16 copy the "engine" computes in */
-    capex_scaler sc; capex_scaler_desc sd;
+    capex_amp_config amp; capex_scaler sc; capex_scaler_desc sd;
     capex_optim *opt; capex_optim_desc od; capex_optim_param p;
     capex_tensor gt = {grad, 2}; capex_tensor_list gl = capex_tensor_list_make(CAPEX_F16, &gt, 1);
     int step;
-    capex_scaler_desc_init(&sd); capex_scaler_init(&sc, &sd);            /* 65536, x2 / 2000 steps */
     capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM); od.defaults.lr = 0.05f; /* AdamW */
-    if (capex_optim_create(&od, &opt)) return printf("%s\n", capex_last_error()), 1;
     capex_optim_param_init(&p);
-    p.param = master; p.numel = 2; p.grad = grad; p.grad_dtype = CAPEX_F16;
-    p.model = model; p.model_dtype = CAPEX_F16;                          /* written in the same pass */
-    capex_optim_add_group(opt, NULL, &p, 1, NULL);
+    if (capex_amp_resolve(CAPEX_O2, CAPEX_F16, NULL, &amp) ||            /* Apex O2 */
+        capex_scaler_desc_from_amp(&amp, &sd) || capex_scaler_init(&sc, &sd) || /* dynamic, 65536 */
+        capex_optim_param_from_amp(&amp, master, model, grad, 2, &p) ||  /* masters write the copy */
+        capex_optim_create(&od, &opt) || capex_optim_add_group(opt, NULL, &p, 1, NULL))
+        return printf("%s\n", capex_last_error()), 1;
     capex_f32_to_f16_array(master, model, 2);
     for (step = 0; step < 300; step++) {
         float w = capex_f16_to_f32(model[0]), b = capex_f16_to_f32(model[1]), gw = 0, gb = 0, loss = 0;

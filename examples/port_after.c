@@ -76,11 +76,12 @@ int main(int argc, char **argv) {
     capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM); od.defaults.lr = 0.01f; /* AdamW, Apex defaults */
     if (capex_ddp_create(&ddp, &comm, &dp, 1, &dd) || capex_sampler_init(&smp, &sd) || capex_scaler_init(&sc, &scd) ||
         capex_optim_create(&od, &opt)) { fprintf(stderr, "%s\n", capex_last_error()); return 1; }
-    capex_optim_param_init(&op);
-    op.param = w; op.numel = N_FEAT;                          /* fp32 master ...                 */
-    op.grad = capex_ddp_grad(ddp, 0); op.grad_dtype = CAPEX_F16;   /* ... fed by the fp16 grads ... */
-    op.model = wh; op.model_dtype = CAPEX_F16;                /* ... writes the fp16 copy, same pass */
-    if (capex_optim_add_group(opt, NULL, &op, 1, NULL)) { fprintf(stderr, "%s\n", capex_last_error()); return 1; }
+    capex_optim_param_init(&op);                              /* O2: the fp32 master w, fed by the */
+    if (capex_optim_param_from_amp(&amp, w, wh, capex_ddp_grad(ddp, 0), N_FEAT, &op) || /* fp16 grads, */
+        capex_optim_add_group(opt, NULL, &op, 1, NULL)) {     /* writes the fp16 copy wh, same pass */
+        fprintf(stderr, "%s\n", capex_last_error());
+        return 1;
+    }
     gt.data = (void *)op.grad; gt.numel = N_FEAT; gl = capex_tensor_list_make(CAPEX_F16, &gt, 1);
     g32t.data = g32; g32t.numel = N_FEAT; g32l = capex_tensor_list_make(CAPEX_F32, &g32t, 1);
 

@@ -372,9 +372,8 @@ static capex_result amp_setup(const run_cfg *c, int rank, capex_amp_config *amp,
 }
 
 static void scaler_desc_for(const capex_amp_config *amp, int log_interval, capex_scaler_desc *sd) {
-    capex_scaler_desc_init(sd);
+    (void)capex_scaler_desc_from_amp(amp, sd); /* dynamic where the level asks, else static at its loss_scale */
     sd->log_interval = log_interval;
-    if (amp->loss_scale_mode == CAPEX_LOSS_SCALE_STATIC) { sd->dynamic = 0; sd->init_scale = (float)amp->loss_scale; }
 }
 
 /* This rank's shard of the training windows (window i: tokens [i, i+ctx]). */
@@ -475,8 +474,6 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     CHECK(capex_comm_broadcast(comm, w32, (size_t)m.n_params, CAPEX_F32, 0));
     if (amp.model_dtype == CAPEX_F16) capex_f32_to_f16_array(w32, wh, (size_t)m.n_params);
     if (amp.model_dtype == CAPEX_BF16) capex_f32_to_bf16_array(w32, wh, (size_t)m.n_params);
-    if (amp.model_dtype != CAPEX_F32 && !amp.use_master_weights) /* O3: the fp32 copy holds half values only */
-        for (i = 0; i < m.n_params; i++) w32[i] = round_to(w32[i], amp.model_dtype);
 
     /* DDP: gradients live in the bucket buffers (no copy), reduced in backward order. */
     for (i = 0; i < P_COUNT; i++) {
@@ -498,12 +495,11 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     if (c->optim == CAPEX_OPTIM_LAMB) od.max_grad_norm = c->clip; /* LAMB clips by the global norm itself */
     CHECK(capex_optim_create(&od, &opt));
     for (i = 0; i < P_COUNT; i++) {
+        /* the opt level's wiring: fp32 weights (O0/O1), fp32 masters writing the half
+           copy (O2), or the half weights alone (O3: pure_half keeps w32 = f32(wh)) */
         capex_optim_param_init(&op[i]);
-        op[i].param = w32 + m.off[i];
-        op[i].numel = m.off[i + 1] - m.off[i];
-        op[i].grad = capex_ddp_grad(ddp, (size_t)i);
-        op[i].grad_dtype = grad_dtype;
-        if (amp.model_dtype != CAPEX_F32) { op[i].model = wh + m.off[i]; op[i].model_dtype = amp.model_dtype; }
+        CHECK(capex_optim_param_from_amp(&amp, w32 + m.off[i], wh + m.off[i], capex_ddp_grad(ddp, (size_t)i),
+                                         m.off[i + 1] - m.off[i], &op[i]));
         gt[i].data = capex_ddp_grad(ddp, (size_t)i);
         gt[i].numel = op[i].numel;
         g32t[i].data = g32 + m.off[i];
@@ -565,10 +561,6 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
         CHECK(capex_scaler_step(&sc, 0, &do_step));
         CHECK(capex_optim_step(opt, inv_scale, clip_coef, !do_step));
         CHECK(capex_scaler_update(&sc));
-        if (do_step && amp.model_dtype != CAPEX_F32 && !amp.use_master_weights) { /* O3: pure half weights */
-            if (amp.model_dtype == CAPEX_F16) capex_f16_to_f32_array(wh, w32, (size_t)m.n_params);
-            else capex_bf16_to_f32_array(wh, w32, (size_t)m.n_params);
-        }
         tokens += (double)c->batch * world;
         ema = step == 0 ? loss : 0.98 * ema + 0.02 * loss;
         if (c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) {

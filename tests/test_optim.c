@@ -1224,6 +1224,98 @@ CT_TEST(math_source_for_cuda) {
     free(buf);
 }
 
+/* capex_optim_param_from_amp wires each opt level; O3's pure_half keeps the
+   fp32 param equal to the half model after add_group and every step: the
+   same bits as a plain master + model copy optimizer whose param is reset
+   to f32(model) by hand after each step (what examples did before). */
+CT_TEST(amp_wiring_and_pure_half) {
+    static const capex_opt_level lv[4] = {CAPEX_O0, CAPEX_O1, CAPEX_O2, CAPEX_O3};
+    enum { N = 300 };
+    float w[N], g[N], wref[N];
+    uint16_t h[N], href[N], gh[N];
+    int li, hi, kind, step;
+    capex_optim_param p;
+    capex_amp_overrides ov;
+    capex_amp_config cfg;
+    for (hi = 0; hi < 2; hi++)
+        for (li = 0; li < 4; li++) {
+            capex_dtype ht = hi ? CAPEX_BF16 : CAPEX_F16;
+            capex_amp_overrides_init(&ov);
+            CT_CHECK(capex_amp_resolve(lv[li], ht, &ov, &cfg) == CAPEX_OK, "resolve: %s", capex_last_error());
+            capex_optim_param_init(&p);
+            CT_CHECK(capex_optim_param_from_amp(&cfg, w, h, g, N, &p) == CAPEX_OK, "from_amp: %s", capex_last_error());
+            CT_CHECK(p.param == w && p.grad == g && p.numel == N, "pointers");
+            if (li < 2) CT_CHECK(p.grad_dtype == CAPEX_F32 && !p.model && !p.pure_half, "O%d: fp32 weights, no copy", li);
+            else CT_CHECK(p.grad_dtype == ht && p.model == h && p.model_dtype == ht && p.pure_half == (li == 3),
+                          "O%d: half copy, grads %d, pure_half %d", li, (int)p.grad_dtype, p.pure_half);
+            if (li >= 2) {
+                capex_optim_param q;
+                capex_optim_param_init(&q);
+                CT_CHECK(capex_optim_param_from_amp(&cfg, w, NULL, g, N, &q) == CAPEX_ERR_INVALID_ARG, "no half weights");
+            }
+        }
+    {
+        capex_optim_param zeroed;
+        memset(&zeroed, 0, sizeof zeroed);
+        CT_CHECK(capex_optim_param_from_amp(&cfg, w, h, g, N, &zeroed) == CAPEX_ERR_INVALID_ARG &&
+                 strstr(capex_last_error(), "capex_optim_param_init"), "zeroed param");
+        CT_CHECK(capex_optim_param_from_amp(NULL, w, h, g, N, &p) == CAPEX_ERR_INVALID_ARG, "NULL cfg");
+    }
+    for (kind = 0; kind < 3; kind++)
+        for (hi = 0; hi < 2; hi++) {
+            capex_optim_kind k = kind == 0 ? CAPEX_OPTIM_ADAM : kind == 1 ? CAPEX_OPTIM_SGD : CAPEX_OPTIM_LAMB;
+            capex_dtype ht = hi ? CAPEX_BF16 : CAPEX_F16;
+            capex_optim_desc d;
+            capex_optim *o3 = NULL, *ref = NULL;
+            capex_optim_param pr;
+            int i;
+            for (i = 0; i < N; i++) {
+                float v = (float)sin(0.37 * i) * 0.8f;
+                w[i] = v + 1e-4f * (float)i; /* not half values: add_group must round them */
+                h[i] = href[i] = hi ? capex_f32_to_bf16(v) : capex_f32_to_f16(v);
+                wref[i] = hi ? capex_bf16_to_f32(h[i]) : capex_f16_to_f32(h[i]);
+            }
+            capex_optim_desc_init(&d, k);
+            d.defaults.lr = 1e-2f;
+            d.defaults.momentum = 0.9f;
+            capex_optim_param_init(&p);
+            p.param = w; p.grad = gh; p.grad_dtype = ht; p.model = h; p.model_dtype = ht; p.numel = N; p.pure_half = 1;
+            capex_optim_param_init(&pr);
+            pr = p; pr.param = wref; pr.model = href; pr.pure_half = 0;
+            CT_CHECK(capex_optim_create(&d, &o3) == CAPEX_OK && capex_optim_create(&d, &ref) == CAPEX_OK, "create");
+            CT_CHECK(capex_optim_add_group(o3, NULL, &p, 1, NULL) == CAPEX_OK, "add pure_half: %s", capex_last_error());
+            CT_CHECK(capex_optim_add_group(ref, NULL, &pr, 1, NULL) == CAPEX_OK, "add ref");
+            CT_CHECK(memcmp(w, wref, sizeof w) == 0, "add_group sets param to f32(model)");
+            for (step = 0; step < 6; step++) {
+                for (i = 0; i < N; i++) {
+                    float gv = (float)cos(0.11 * i * (step + 1)) * 0.5f;
+                    gh[i] = hi ? capex_f32_to_bf16(gv) : capex_f32_to_f16(gv);
+                }
+                CT_CHECK(capex_optim_step(o3, 1.0f, 1.0f, step == 3) == CAPEX_OK, "step: %s", capex_last_error());
+                CT_CHECK(capex_optim_step(ref, 1.0f, 1.0f, step == 3) == CAPEX_OK, "ref step");
+                for (i = 0; i < N; i++) wref[i] = hi ? capex_bf16_to_f32(href[i]) : capex_f16_to_f32(href[i]);
+                CT_CHECK(memcmp(h, href, sizeof h) == 0 && memcmp(w, wref, sizeof w) == 0,
+                         "kind %d %s step %d: pure_half differs from the hand-mirrored reference", kind, hi ? "bf16" : "f16", step);
+            }
+            CT_CHECK(memcmp(w, wref, sizeof w) == 0, "mirror");
+            for (i = 0; i < N; i++)
+                CT_CHECK(w[i] == (hi ? capex_bf16_to_f32(h[i]) : capex_f16_to_f32(h[i])), "param %d is not its half value", i);
+            capex_optim_destroy(o3);
+            capex_optim_destroy(ref);
+        }
+    {   /* pure_half without a model copy is refused */
+        capex_optim_desc d;
+        capex_optim *o = NULL;
+        capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+        capex_optim_param_init(&p);
+        p.param = w; p.grad = g; p.numel = N; p.pure_half = 1;
+        CT_CHECK(capex_optim_create(&d, &o) == CAPEX_OK, "create");
+        CT_CHECK(capex_optim_add_group(o, NULL, &p, 1, NULL) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "pure_half"),
+                 "no model: %s", capex_last_error());
+        capex_optim_destroy(o);
+    }
+}
+
 static const ct_case cases[] = {
     CT_CASE(adam_vs_float64), CT_CASE(lamb_vs_float64), CT_CASE(sgd_vs_float64), CT_CASE(apex_order_bitexact),
     CT_CASE(golden_torch_adamw), CT_CASE(golden_torch_adam_l2), CT_CASE(golden_torch_sgd), CT_CASE(golden_apex_lamb),
@@ -1237,5 +1329,6 @@ static const ct_case cases[] = {
     CT_CASE(sgd_momentum_turned_off_later),
     CT_CASE(huge_chunk_sizes),
     CT_CASE(aliased_params_and_buffers_are_refused), CT_CASE(math_source_for_cuda),
+    CT_CASE(amp_wiring_and_pure_half),
 };
 CT_MAIN(cases)
