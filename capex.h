@@ -1413,6 +1413,16 @@ typedef struct capex_comm_vtable {
                                    capex_reduce_op op, double deadline);
     capex_result (*allgatherv)(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
                                double deadline);
+    /* Optional, nonblocking, equal shards of count elements (ZeRO's buckets;
+       NULL or CAPEX_ERR_UNSUPPORTED: the caller goes blocking); finished by
+       wait, progressed by test. reduce_scatter: rank r gets elements
+       [r*count, (r+1)*count) of the sum (half types summed in f32, rounded
+       once); in place when recv == send + r*count. allgather: send is this
+       rank's count elements, in place when send == recv + r*count. */
+    capex_result (*ireduce_scatter)(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                    capex_reduce_op op, capex_comm_req *req);
+    capex_result (*iallgather)(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                               capex_comm_req *req);
 } capex_comm_vtable;
 
 struct capex_comm {
@@ -1708,6 +1718,16 @@ CAPEX_API capex_result capex_zero_grad_norm(capex_zero *z, int *found_inf, float
    found_inf) and all-gathers the parameters into every params[i].data;
    found_inf != 0 changes nothing (and gathers nothing). Collective. */
 CAPEX_API capex_result capex_zero_step(capex_zero *z, float inv_scale, float clip_coef, int found_inf);
+/* capex_zero_step in two halves, so the engine can run the next forward
+   while parameters arrive (MPI: nonblocking all-gathers, first layers'
+   buckets first; comms without them gather at once): step_async steps the
+   shard and starts the all-gathers; wait_param(i) returns once params[i].data
+   holds the update (call it before the forward reads param i), wait_params
+   for all of them. Until then that data is the previous step's. The next
+   step_async, save or destroy waits for whatever is left. */
+CAPEX_API capex_result capex_zero_step_async(capex_zero *z, float inv_scale, float clip_coef, int found_inf);
+CAPEX_API capex_result capex_zero_wait_param(capex_zero *z, size_t param);
+CAPEX_API capex_result capex_zero_wait_params(capex_zero *z);
 /* Zeroes the gradients (stage 1 buckets; stage 2 shards). */
 CAPEX_API capex_result capex_zero_zero_grad(capex_zero *z);
 /* Stage 1 only: sync = 0 is DDP's no_sync (finalize reduces nothing). */
@@ -8331,7 +8351,7 @@ static capex_result capex__single_allgatherv(capex_comm *c, const void *send, vo
 static const capex_comm_vtable capex__single_vt = {
     "single", capex__single_allreduce, capex__single_broadcast, capex__single_allgather, capex__single_barrier,
     capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__single_reduce_scatter, capex__single_allgatherv};
+    capex__single_reduce_scatter, capex__single_allgatherv, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_single: comm is NULL");
@@ -8534,6 +8554,66 @@ static capex_result capex__mpi_iallreduce(capex_comm *c, const void *send, void 
     return CAPEX_OK;
 }
 
+/* MPI_Ireduce_scatter_block in f32 into an f32 staging block (MPI_IN_PLACE
+   would leave the result at the start of the buffer, not at this rank's
+   slice) that wait converts or copies into recv; half types' send is staged
+   to f32 too. */
+static capex_result capex__mpi_ireduce_scatter(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                              capex_reduce_op op, capex_comm_req *req) {
+    size_t W = (size_t)c->world_size, total = count * W;
+    float *out, *in = (float *)(uintptr_t)send;
+    MPI_Request q;
+    int rc;
+    if (t != CAPEX_F32 && t != CAPEX_F16 && t != CAPEX_BF16) return CAPEX_ERR_UNSUPPORTED;
+    if (total > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED; /* caller: blocking path, which chunks */
+    memset(req, 0, sizeof *req);
+    out = (float *)capex__alloc(c->allocator, count * sizeof(float) + 1);
+    if (t != CAPEX_F32) in = (float *)capex__alloc(c->allocator, total * sizeof(float) + 1);
+    if (!out || !in) {
+        capex__free(c->allocator, out);
+        if (t != CAPEX_F32) capex__free(c->allocator, in);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "MPI ireduce_scatter: no memory for the f32 staging buffers");
+    }
+    if (t != CAPEX_F32) {
+        capex__host_convert(in, CAPEX_F32, send, t, total);
+        req->p[2] = in;
+    }
+    req->p[0] = out;
+    rc = MPI_Ireduce_scatter_block(in, out, (int)count, MPI_FLOAT, MPI_SUM, capex__mpi_comm(c), &q);
+    if (rc != MPI_SUCCESS) {
+        capex__free(c->allocator, req->p[0]);
+        capex__free(c->allocator, req->p[2]);
+        memset(req, 0, sizeof *req);
+        return capex__mpi_err(rc, "MPI_Ireduce_scatter_block");
+    }
+    memcpy(req->handle.bytes, &q, sizeof q);
+    req->p[1] = recv;
+    req->n[0] = count;
+    req->n[1] = (size_t)t;
+    req->n[2] = (size_t)op;
+    req->active = 1;
+    return CAPEX_OK;
+}
+
+static capex_result capex__mpi_iallgather(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                         capex_comm_req *req) {
+    size_t es = capex_comm_dtype_size(t), bytes = count * es;
+    MPI_Request q;
+    int rc;
+    if (bytes > (size_t)INT_MAX || bytes * (size_t)c->world_size > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED;
+    memset(req, 0, sizeof *req);
+    rc = MPI_Iallgather((const char *)send == (const char *)recv + (size_t)c->rank * bytes ? MPI_IN_PLACE : send,
+                        (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c), &q);
+    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallgather");
+    memcpy(req->handle.bytes, &q, sizeof q);
+    req->p[1] = recv;
+    req->n[0] = count;
+    req->n[1] = (size_t)t;
+    req->n[2] = (size_t)CAPEX_REDUCE_SUM; /* nothing to divide */
+    req->active = 1;
+    return CAPEX_OK;
+}
+
 static capex_result capex__mpi_wait(capex_comm *c, capex_comm_req *req, double deadline) {
     MPI_Request q;
     capex_result r;
@@ -8550,6 +8630,8 @@ static capex_result capex__mpi_wait(capex_comm *c, capex_comm_req *req, double d
         capex__host_convert(req->p[1], t, req->p[0], CAPEX_F32, req->n[0]);
         capex__free(c->allocator, req->p[0]);
         req->p[0] = NULL;
+        capex__free(c->allocator, req->p[2]); /* ireduce_scatter's f32 send staging */
+        req->p[2] = NULL;
     } else if ((capex_reduce_op)req->n[2] == CAPEX_REDUCE_AVG) {
         capex__host_div(req->p[1], req->n[0], CAPEX_F32, (float)c->world_size);
     }
@@ -8666,7 +8748,7 @@ static capex_result capex__mpi_allgatherv(capex_comm *c, const void *send, void 
 static const capex_comm_vtable capex__mpi_vt = {
     "mpi", capex__mpi_allreduce, capex__mpi_broadcast, capex__mpi_allgather, capex__mpi_barrier,
     capex__mpi_iallreduce, capex__mpi_wait, NULL, NULL, capex__mpi_destroy, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv};
+    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv, capex__mpi_ireduce_scatter, capex__mpi_iallgather};
 
 CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     int init = 0, fin = 0, rc;
@@ -9641,7 +9723,7 @@ static void capex__tcp_abort(capex_comm *c) {
 static const capex_comm_vtable capex__tcp_vt = {
     "tcp", capex__tcp_allreduce, capex__tcp_broadcast, capex__tcp_allgather, capex__tcp_barrier,
     NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__tcp_reduce_scatter, capex__tcp_allgatherv};
+    capex__tcp_reduce_scatter, capex__tcp_allgatherv, NULL, NULL};
 #endif /* CAPEX__HAVE_SOCKETS */
 
 #ifdef CAPEX__HAVE_SOCKETS
@@ -10506,6 +10588,9 @@ typedef struct capex__zbucket {
     void *param;           /* S*W elements: the flat parameters                 */
     float *master;         /* S floats (half buckets)                           */
     int launched;
+    int reducing;          /* reduce-scatter in flight (req)                    */
+    int gathering;         /* step's all-gather started, params not copied out */
+    capex_comm_req req;
 } capex__zbucket;
 
 struct capex_zero {
@@ -10542,6 +10627,9 @@ CAPEX_API void capex_zero_desc_init(capex_zero_desc *d) {
 CAPEX_API void capex_zero_destroy(capex_zero *z) {
     size_t i;
     if (!z) return;
+    if (!z->failed && z->b && z->comm->vt) /* requests in flight write into buffers freed below */
+        for (i = 0; i < z->nb; i++)
+            if (z->b[i].req.active && z->comm->vt->wait) (void)z->comm->vt->wait(z->comm, &z->b[i].req, capex__deadline(z->comm));
     capex_optim_destroy(z->opt);
     capex_optim_destroy(z->save_tmp);
     capex__free(NULL, z->save_masters);
@@ -10844,7 +10932,7 @@ CAPEX_API void *capex_zero_grad(capex_zero *z, size_t p) {
         return NULL;
     }
     bk = &z->b[z->bucket_of[p]];
-    if (z->d.stage == 2 && !bk->grad) {
+    if (z->d.stage == 2 && (!bk->grad || bk->launched)) {
         if (bk->launched) {
             (void)capex__fail(CAPEX_ERR_ORDER, "%s: parameter %zu's bucket was already reduced in this iteration (stage 2 "
                         "lends a bucket its buffer until then); call capex_zero_finalize first", fn, p);
@@ -10855,27 +10943,16 @@ CAPEX_API void *capex_zero_grad(capex_zero *z, size_t p) {
     return (char *)bk->grad + z->offset_of[p] * capex_dtype_size(z->params[p].dtype);
 }
 
-/* Reduce-scatters bucket k (synchronously): the shard lands in place (stage
-   1) or is added into gshard (stage 2), averaged as DDP does (sum, then
-   times f32(1/world)). */
-static capex_result capex__zero_launch(capex_zero *z, size_t k) {
+/* After bucket k's reduce-scatter: the shard averaged as DDP does (sum,
+   then times f32(1/world)); stage 2 copies or adds it into gshard and gives
+   the lent buffer back to the pool. */
+static capex_result capex__zero_post(capex_zero *z, size_t k) {
     capex__zbucket *bk = &z->b[k];
     capex_comm *c = z->comm;
-    size_t W = (size_t)c->world_size, es = capex_dtype_size(bk->dtype), lo = (size_t)c->rank * bk->shard, i;
-    size_t counts_small[8], *counts = counts_small;
+    size_t W = (size_t)c->world_size, es = capex_dtype_size(bk->dtype);
+    void *mine = (char *)bk->grad + (size_t)c->rank * bk->shard * es;
     capex_result r = CAPEX_OK;
-    void *mine;
-    bk->launched = 1;
-    if (!bk->shard) return CAPEX_OK;
-    if (z->d.stage == 2 && (r = capex__zero_lend(z, k)) != CAPEX_OK) return r; /* a bucket nobody wrote */
-    if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W)))
-        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero: out of memory");
-    for (i = 0; i < W; i++) counts[i] = bk->shard;
-    mine = (char *)bk->grad + lo * es;
-    r = capex_comm_reduce_scatter(c, bk->grad, mine, counts, bk->dtype, CAPEX_REDUCE_SUM);
-    if (counts != counts_small) capex__free(NULL, counts);
-    if (r == CAPEX_OK && z->d.gradient_average && W > 1)
-        r = capex__comm_scale(c, mine, bk->shard, bk->dtype, (float)(1.0 / (double)W));
+    if (z->d.gradient_average && W > 1) r = capex__comm_scale(c, mine, bk->shard, bk->dtype, (float)(1.0 / (double)W));
     if (r == CAPEX_OK && z->d.stage == 2) {
         if (!z->accumulated) r = capex__comm_copy(c, bk->gshard, mine, bk->shard * es, CAPEX_COPY_D2D);
         else {
@@ -10891,6 +10968,64 @@ static capex_result capex__zero_launch(capex_zero *z, size_t k) {
         bk->grad = NULL;
     }
     return r;
+}
+
+/* Starts bucket k's reduce-scatter: nonblocking where the comm has
+   ireduce_scatter (finished in order by capex__zero_wait_reduced), else
+   blocking and post-processed at once. */
+static capex_result capex__zero_launch(capex_zero *z, size_t k) {
+    capex__zbucket *bk = &z->b[k];
+    capex_comm *c = z->comm;
+    size_t W = (size_t)c->world_size, es = capex_dtype_size(bk->dtype), lo = (size_t)c->rank * bk->shard, i;
+    size_t counts_small[8], *counts = counts_small;
+    capex_result r = CAPEX_OK;
+    void *mine;
+    bk->launched = 1;
+    if (!bk->shard) return CAPEX_OK;
+    if (z->d.stage == 2 && (r = capex__zero_lend(z, k)) != CAPEX_OK) return r; /* a bucket nobody wrote */
+    mine = (char *)bk->grad + lo * es;
+    if (W > 1 && c->vt->ireduce_scatter && c->vt->wait) {
+        r = c->vt->ireduce_scatter(c, bk->grad, mine, bk->shard, bk->dtype, CAPEX_REDUCE_SUM, &bk->req);
+        if (r == CAPEX_OK) { bk->reducing = 1; return CAPEX_OK; }
+        if (r != CAPEX_ERR_UNSUPPORTED) return capex__comm_after(c, r);
+    }
+    if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W)))
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero: out of memory");
+    for (i = 0; i < W; i++) counts[i] = bk->shard;
+    r = capex_comm_reduce_scatter(c, bk->grad, mine, counts, bk->dtype, CAPEX_REDUCE_SUM);
+    if (counts != counts_small) capex__free(NULL, counts);
+    return r == CAPEX_OK ? capex__zero_post(z, k) : r;
+}
+
+/* Lets in-flight reduce-scatters progress (MPI moves data only inside MPI
+   calls): tests the oldest, in order, without blocking. */
+static capex_result capex__zero_progress(capex_zero *z) {
+    capex_comm *c = z->comm;
+    size_t k;
+    if (!c->vt->test) return CAPEX_OK;
+    for (k = 0; k < z->next_launch; k++) {
+        int done = 1;
+        capex_result r;
+        if (!z->b[k].reducing) continue;
+        if ((r = c->vt->test(c, &z->b[k].req, &done)) != CAPEX_OK) { z->failed = 1; return capex__comm_after(c, r); }
+        if (!done) break;
+    }
+    return CAPEX_OK;
+}
+
+/* Finishes every in-flight reduce-scatter, in bucket order. */
+static capex_result capex__zero_wait_reduced(capex_zero *z) {
+    capex_comm *c = z->comm;
+    double deadline = capex__deadline(c);
+    size_t k;
+    capex_result r;
+    for (k = 0; k < z->nb; k++) {
+        if (!z->b[k].reducing) continue;
+        if ((r = capex__comm_after(c, c->vt->wait(c, &z->b[k].req, deadline))) != CAPEX_OK) { z->failed = 1; return r; }
+        z->b[k].reducing = 0;
+        if ((r = capex__zero_post(z, k)) != CAPEX_OK) { z->failed = 1; return r; }
+    }
+    return CAPEX_OK;
 }
 
 static capex_result capex__zero_launch_ready(capex_zero *z) {
@@ -10913,7 +11048,8 @@ CAPEX_API capex_result capex_zero_grad_ready(capex_zero *z, size_t p) {
     z->ready[p] = 1;
     z->b[z->bucket_of[p]].pending--;
     if (!z->sync) return CAPEX_OK;
-    return capex__zero_launch_ready(z);
+    if ((r = capex__zero_launch_ready(z)) != CAPEX_OK) return r;
+    return capex__zero_progress(z);
 }
 
 CAPEX_API capex_result capex_zero_finalize(capex_zero *z) {
@@ -10928,6 +11064,7 @@ CAPEX_API capex_result capex_zero_finalize(capex_zero *z) {
                                "finalize again", fn, i);
     if (z->sync) {
         if ((r = capex__zero_launch_ready(z)) != CAPEX_OK) return r;
+        if ((r = capex__zero_wait_reduced(z)) != CAPEX_OK) return r;
         if (z->d.stage == 2) z->accumulated = 1;
     }
     memset(z->ready, 0, z->np + 1);
@@ -10966,34 +11103,81 @@ CAPEX_API capex_result capex_zero_grad_norm(capex_zero *z, int *found_inf, float
     return CAPEX_OK;
 }
 
-CAPEX_API capex_result capex_zero_step(capex_zero *z, float inv_scale, float clip_coef, int found_inf) {
-    static const char *fn = "capex_zero_step";
-    size_t k, j, W;
-    capex_result r = capex__zero_check(z, fn);
-    if (r) return r;
-    if ((r = capex_optim_step(z->opt, inv_scale, clip_coef, found_inf)) != CAPEX_OK) return r;
-    if (found_inf) return CAPEX_OK;
-    W = (size_t)z->comm->world_size;
-    for (k = 0; k < z->nb; k++) {
-        capex__zbucket *bk = &z->b[k];
-        size_t es = capex_dtype_size(bk->dtype), counts_small[8], *counts = counts_small, i;
-        if (W > 1 && bk->shard) {
-            if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W)))
-                return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-            for (i = 0; i < W; i++) counts[i] = bk->shard;
-            r = capex_comm_allgatherv(z->comm, (char *)bk->param + (size_t)z->comm->rank * bk->shard * es, bk->param,
-                                      counts, bk->dtype);
-            if (counts != counts_small) capex__free(NULL, counts);
-            if (r != CAPEX_OK) { z->failed = 1; return r; }
-        }
-        for (j = 0; j < bk->count; j++) {
-            size_t p = z->bparams[bk->first + j];
-            if ((r = capex__comm_copy(z->comm, z->params[p].data, (char *)bk->param + z->offset_of[p] * es,
-                                      z->params[p].numel * es, CAPEX_COPY_D2D)) != CAPEX_OK)
-                return r;
-        }
+/* Copies bucket k's params out of the flat buffer once its gather is done. */
+static capex_result capex__zero_finish_gather(capex_zero *z, size_t k, double deadline) {
+    capex__zbucket *bk = &z->b[k];
+    size_t es = capex_dtype_size(bk->dtype), j;
+    capex_result r;
+    if (!bk->gathering) return CAPEX_OK;
+    if (bk->req.active && (r = capex__comm_after(z->comm, z->comm->vt->wait(z->comm, &bk->req, deadline))) != CAPEX_OK) {
+        z->failed = 1;
+        return r;
+    }
+    bk->gathering = 0;
+    for (j = 0; j < bk->count; j++) {
+        size_t p = z->bparams[bk->first + j];
+        if ((r = capex__comm_copy(z->comm, z->params[p].data, (char *)bk->param + z->offset_of[p] * es,
+                                  z->params[p].numel * es, CAPEX_COPY_D2D)) != CAPEX_OK)
+            return r;
     }
     return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_wait_params(capex_zero *z) {
+    static const char *fn = "capex_zero_wait_params";
+    size_t k;
+    double deadline;
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    deadline = capex__deadline(z->comm);
+    for (k = z->nb; k-- > 0;) /* forward order */
+        if ((r = capex__zero_finish_gather(z, k, deadline)) != CAPEX_OK) return r;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_wait_param(capex_zero *z, size_t p) {
+    static const char *fn = "capex_zero_wait_param";
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    if (p >= z->np) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: unknown parameter %zu (there are %zu)", fn, p, z->np);
+    return capex__zero_finish_gather(z, z->bucket_of[p], capex__deadline(z->comm));
+}
+
+CAPEX_API capex_result capex_zero_step_async(capex_zero *z, float inv_scale, float clip_coef, int found_inf) {
+    static const char *fn = "capex_zero_step_async";
+    size_t k, W;
+    capex_comm *c;
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    c = z->comm;
+    if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r; /* the last step's gathers, if nobody waited */
+    if ((r = capex_optim_step(z->opt, inv_scale, clip_coef, found_inf)) != CAPEX_OK) return r;
+    if (found_inf) return CAPEX_OK;
+    W = (size_t)c->world_size;
+    for (k = z->nb; k-- > 0;) { /* the first layers' buckets first: the next forward needs them first */
+        capex__zbucket *bk = &z->b[k];
+        size_t es = capex_dtype_size(bk->dtype), counts_small[8], *counts = counts_small, i;
+        void *mine = (char *)bk->param + (size_t)c->rank * bk->shard * es;
+        bk->gathering = 1;
+        if (W == 1 || !bk->shard) continue;
+        if (c->vt->iallgather && c->vt->wait) {
+            r = c->vt->iallgather(c, mine, bk->param, bk->shard, bk->dtype, &bk->req);
+            if (r == CAPEX_OK) continue;
+            if (r != CAPEX_ERR_UNSUPPORTED) { z->failed = 1; return capex__comm_after(c, r); }
+        }
+        if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W)))
+            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        for (i = 0; i < W; i++) counts[i] = bk->shard;
+        r = capex_comm_allgatherv(c, mine, bk->param, counts, bk->dtype);
+        if (counts != counts_small) capex__free(NULL, counts);
+        if (r != CAPEX_OK) { z->failed = 1; return r; }
+    }
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_step(capex_zero *z, float inv_scale, float clip_coef, int found_inf) {
+    capex_result r = capex_zero_step_async(z, inv_scale, clip_coef, found_inf);
+    return r != CAPEX_OK ? r : capex_zero_wait_params(z);
 }
 
 CAPEX_API capex_result capex_zero_zero_grad(capex_zero *z) {
@@ -11107,6 +11291,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     c = z->comm;
     root = c->rank == 0;
     if (root && !w) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: rank 0 needs a writer (other ranks may pass NULL)", fn);
+    if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
     W = (size_t)c->world_size;
     capex_optim_destroy(z->save_tmp);
     capex__free(NULL, z->save_masters);
@@ -11200,6 +11385,7 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
     capex_result r = capex__zero_check(z, fn);
     if (r) return r;
     if (!rd) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: reader is NULL", fn);
+    if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
     if ((r = capex__zero_full_optim(z, &full, &masters)) != CAPEX_OK) return r;
     /* the full optimizer checks everything before it changes anything; with
        CAPEX_OPTIM_STATE_PARAMS it writes the params' data (f32 params and

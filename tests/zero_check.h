@@ -176,7 +176,15 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
         max_norm = zc->clip && zc->kind != CAPEX_OPTIM_LAMB ? 0.5f * dnorm * inv : INFINITY; /* LAMB clips itself */
         if (!zinf) { clip_z = capex_clip_coef(znorm * inv, max_norm); clip_d = capex_clip_coef(dnorm * inv, max_norm); }
         do_step = !zinf;
-        if (capex_zero_step(z, inv, clip_z, !do_step) != CAPEX_OK) ZC_FAIL("zero step: %.300s", capex_last_error());
+        if (zc->stage == 1) {
+            if (capex_zero_step(z, inv, clip_z, !do_step) != CAPEX_OK) ZC_FAIL("zero step: %.300s", capex_last_error());
+        } else { /* the two halves, waiting param by param in forward order as an engine would */
+            float before = ((float *)pz[0])[0];
+            if (capex_zero_step_async(z, inv, clip_z, !do_step) != CAPEX_OK) ZC_FAIL("step_async: %.300s", capex_last_error());
+            if (memcmp(&before, pz[0], 4) != 0) ZC_FAIL("step %d: param 0 changed before its wait", s);
+            for (i = 0; i < ZC_NP; i++)
+                if (capex_zero_wait_param(z, (size_t)i) != CAPEX_OK) ZC_FAIL("wait_param %d: %.300s", i, capex_last_error());
+        }
         if (capex_optim_step(ref, inv, clip_d, !do_step) != CAPEX_OK) ZC_FAIL("ref step: %.300s", capex_last_error());
         if (capex_zero_zero_grad(z) != CAPEX_OK || capex_ddp_zero_grad(ddp) != CAPEX_OK) ZC_FAIL("zero_grad: %.300s", capex_last_error());
         for (i = 0; i < ZC_NP; i++) {
