@@ -2096,6 +2096,26 @@ CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_mat
             } novo2;                                                                            \
         } op;                                                                                   \
     };
+/* The address lists of the multi-tensor kernels (capex_go_meta<D>::addr[list][slot]),
+   defined once: CAPEX__GO_<KERNEL>_<LIST> on the host (capex__go_class fills
+   them, capex__go_mta launches _DEPTH of them), CAPEX_GO_<KERNEL>_<LIST> in
+   the kernel text. G grads, P params (fp32 master where there is a model
+   copy), M exp_avg (SGD: BUF, the momentum buffer; Adagrad: SUM, the sum of
+   squares), V exp_avg_sq, MODEL the f16/bf16 model copy (0: none), T each
+   tensor's index into the optimizer's tensors (a number, not an address).
+   Adam with amsgrad uses Adam's lists. */
+#define CAPEX__GO_LISTS(E)                                                                                 \
+    enum { E(SCALE_IN), E(SCALE_OUT), E(SCALE_DEPTH) };                                                    \
+    enum { E(SUMSQ_X), E(SUMSQ_DEPTH) };                                                                   \
+    enum { E(ADAM_G), E(ADAM_P), E(ADAM_M), E(ADAM_V), E(ADAM_MODEL), E(ADAM_T), E(ADAM_DEPTH) };          \
+    enum { E(SGD_G), E(SGD_P), E(SGD_BUF), E(SGD_MODEL), E(SGD_T), E(SGD_DEPTH) };                         \
+    enum { E(LAMB1_G), E(LAMB1_P), E(LAMB1_M), E(LAMB1_V), E(LAMB1_T), E(LAMB1_DEPTH) };                   \
+    enum { E(LAMB2_P), E(LAMB2_M), E(LAMB2_V), E(LAMB2_MODEL), E(LAMB2_T), E(LAMB2_DEPTH) };               \
+    enum { E(NOVO1_G), E(NOVO1_T), E(NOVO1_DEPTH) };                                                       \
+    enum { E(NOVO2_G), E(NOVO2_P), E(NOVO2_M), E(NOVO2_MODEL), E(NOVO2_T), E(NOVO2_DEPTH) };               \
+    enum { E(ADAGRAD_G), E(ADAGRAD_P), E(ADAGRAD_SUM), E(ADAGRAD_MODEL), E(ADAGRAD_T), E(ADAGRAD_DEPTH) };
+#define CAPEX__GO_KLIST(x) CAPEX_GO_##x
+#define CAPEX__GO_CLIST(x) CAPEX__GO_##x
 #define CAPEX__GO_KSTRUCT(x) struct capex_go_##x
 #define CAPEX__GO_CSTRUCT(x) struct capex__go_##x
 #define CAPEX__GO_KPTR(T) T *
@@ -2125,6 +2145,8 @@ static const char capex__cuda_frag_go0[] =
     "#define CAPEX_GO_NSEG 158\n"
     CAPEX__OPT_XSTR(CAPEX__GO_STRUCTS(CAPEX__GO_KSTRUCT, CAPEX__GO_KPTR, capex_u64, long long, int, unsigned)) "\n";
 static const char capex__cuda_frag_go1[] =
+    "/* address lists: CAPEX__GO_LISTS (capex_cuda.h) */\n"
+    CAPEX__OPT_XSTR(CAPEX__GO_LISTS(CAPEX__GO_KLIST)) "\n"
     "template <int D> CAPEX_DEVICE int capex_go_block(const capex_go_meta<D> &m, capex_u64 chunk, capex_u64 *off,\n"
     "                                                 capex_u64 *n) {\n"
     "    int s = m.block_tensor[blockIdx.x];\n"
@@ -2180,7 +2202,7 @@ static const char capex__cuda_frag_go2[] =
     "   rounded to out's dtype; *found_inf = 1 if an input or stored output is\n"
     "   inf/NaN. s = *a.op.scale.factor (capex_go_args: found_inf, write_out,\n"
     "   clip_only). */\n"
-    "template <int I, int O> CAPEX_DEVICE void capex_go_scale(const capex_go_meta<2> &m, const capex_go_args &a) {\n"
+    "template <int I, int O> CAPEX_DEVICE void capex_go_scale(const capex_go_meta<CAPEX_GO_SCALE_DEPTH> &m, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<I>::T IT;\n"
     "    typedef typename capex_go_ty<O>::T OT;\n"
     "    const float s = *a.op.scale.factor;\n"
@@ -2189,10 +2211,10 @@ static const char capex__cuda_frag_go2[] =
     "    unsigned bad = 0;\n"
     "    if (a.op.scale.clip_only && !(s < 1.0f)) return;\n"
     "    int slot = capex_go_block(m, a.chunk, &off, &n);\n"
-    "    const IT *in = (const IT *)m.addr[0][slot] + off;\n"
-    "    OT *out = (OT *)m.addr[1][slot] + off;\n"
-    "    capex_u64 nv = capex_go_al(m.addr[0][slot], off, sizeof(IT)) &&\n"
-    "                   (!wr || capex_go_al(m.addr[1][slot], off, sizeof(OT))) ? n / 4 : 0;\n"
+    "    const IT *in = (const IT *)m.addr[CAPEX_GO_SCALE_IN][slot] + off;\n"
+    "    OT *out = (OT *)m.addr[CAPEX_GO_SCALE_OUT][slot] + off;\n"
+    "    capex_u64 nv = capex_go_al(m.addr[CAPEX_GO_SCALE_IN][slot], off, sizeof(IT)) &&\n"
+    "                   (!wr || capex_go_al(m.addr[CAPEX_GO_SCALE_OUT][slot], off, sizeof(OT))) ? n / 4 : 0;\n"
     "    /* two vectors a thread, both loaded before either is converted: 2 loads in flight */\n"
     "    for (k = threadIdx.x; k < nv; k += 2ull * blockDim.x) {\n"
     "        IT x[8]; OT y[8];\n"
@@ -2216,14 +2238,14 @@ static const char capex__cuda_frag_go2[] =
     "    if (bad && a.op.scale.found_inf) *(volatile unsigned *)a.op.scale.found_inf = 1u;\n"
     "}\n"
     "/* Sum of squares of each block's chunk in double -> op.sumsq.partial[blockIdx.x]. */\n"
-    "template <int I> CAPEX_DEVICE void capex_go_sumsq(const capex_go_meta<1> &m, const capex_go_args &a) {\n"
+    "template <int I> CAPEX_DEVICE void capex_go_sumsq(const capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> &m, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<I>::T IT;\n"
     "    __shared__ double sh[512];\n"
     "    capex_u64 off, n, i, k;\n"
     "    double acc = 0.0;\n"
     "    int slot = capex_go_block(m, a.chunk, &off, &n);\n"
-    "    const IT *x = (const IT *)m.addr[0][slot] + off;\n"
-    "    capex_u64 nv = capex_go_al(m.addr[0][slot], off, sizeof(IT)) ? n / 4 : 0, b = blockDim.x;\n"
+    "    const IT *x = (const IT *)m.addr[CAPEX_GO_SUMSQ_X][slot] + off;\n"
+    "    capex_u64 nv = capex_go_al(m.addr[CAPEX_GO_SUMSQ_X][slot], off, sizeof(IT)) ? n / 4 : 0, b = blockDim.x;\n"
     "    /* 4 strides loaded before any is summed: 4 loads in flight per thread\n"
     "       (tests/sass_gate.py holds it); same per-thread order as 1 at a time */\n"
     "    for (k = threadIdx.x; k + 3 * b < nv; k += 4 * b) {\n"
@@ -2347,20 +2369,23 @@ static const char capex__cuda_frag_go4[] =
     "    return (capex_u16)capex__bf16_round_sr(p, capex__sr_bits(key, (unsigned)e));\n"
     "}\n"
     "/* Adam/AdamW: lists g, p, m, v, model (0: none), tensor index; op.adam. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_adam(const capex_go_meta<6> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_adam(const capex_go_meta<CAPEX_GO_ADAM_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.adam.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
     "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.adam.w_mode, mk = a.op.adam.model;\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
-    "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off, *v = (float *)mt.addr[3][s] + off;\n"
-    "    capex_u16 *h = (capex_u16 *)mt.addr[4][s] + off;\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAM_G][s] + off;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_ADAM_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_ADAM_M][s] + off;\n"
+    "    float *v = (float *)mt.addr[CAPEX_GO_ADAM_V][s] + off;\n"
+    "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_ADAM_MODEL][s] + off;\n"
     "    const float gs = g->gs, b1 = g->beta1, b2 = g->beta2, bc1 = g->bc1, bc2 = g->bc2, eps = g->eps, lr = g->lr, wd = g->wd;\n"
-    "    capex_go_sr sr = capex_go_sr_init(a.op.adam.seed, g, mt.addr[5][s], off);\n"
-    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                   capex_go_al(mt.addr[2][s], off, 4) && capex_go_al(mt.addr[3][s], off, 4) &&\n"
-    "                   (!mk || capex_go_al(mt.addr[4][s], off, 2)) ? n / 4 : 0;\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.op.adam.seed, g, mt.addr[CAPEX_GO_ADAM_T][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_ADAM_G][s], off, sizeof(GT)) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_P][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_M][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_V][s], off, 4) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_ADAM_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "        GT gg[4]; float pp[4], mm[4], vv[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
     "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
@@ -2383,20 +2408,22 @@ static const char capex__cuda_frag_go4[] =
     "}\n";
 static const char capex__cuda_frag_go5[] =
     "/* SGD: lists g, p, momentum buffer (0: none), model, tensor index; op.sgd. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_sgd(const capex_go_meta<5> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_sgd(const capex_go_meta<CAPEX_GO_SGD_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.sgd.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
     "    int s = capex_go_block(mt, a.chunk, &off, &n), mo = a.op.sgd.momentum, mk = a.op.sgd.model;\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
-    "    float *p = (float *)mt.addr[1][s] + off, *b = (float *)mt.addr[2][s] + off;\n"
-    "    capex_u16 *h = (capex_u16 *)mt.addr[3][s] + off;\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_SGD_G][s] + off;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_SGD_P][s] + off, *b = (float *)mt.addr[CAPEX_GO_SGD_BUF][s] + off;\n"
+    "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_SGD_MODEL][s] + off;\n"
     "    const float gs = g->gs, wd = g->wd, mom = g->momentum, damp = g->dampening, lr = g->lr;\n"
     "    const unsigned nes = g->nesterov ? ~0u : 0u, first = g->first, wb = g->wd_before, wa = g->wd_after, won = g->wd_on;\n"
-    "    capex_go_sr sr = capex_go_sr_init(a.op.sgd.seed, g, mt.addr[4][s], off);\n"
-    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                   (!mo || capex_go_al(mt.addr[2][s], off, 4)) && (!mk || capex_go_al(mt.addr[3][s], off, 2)) ? n / 4 : 0;\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.op.sgd.seed, g, mt.addr[CAPEX_GO_SGD_T][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_SGD_G][s], off, sizeof(GT)) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_SGD_P][s], off, 4) &&\n"
+    "                   (!mo || capex_go_al(mt.addr[CAPEX_GO_SGD_BUF][s], off, 4)) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_SGD_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "        GT gg[4]; float pp[4], bb[4] = {0, 0, 0, 0}; capex_u16 hh[4] = {0, 0, 0, 0};\n"
     "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp);\n"
@@ -2432,19 +2459,22 @@ static const char capex__cuda_frag_go6[] =
     "    *ap += (double)pk * pk;\n"
     "    *au += (double)u * u;\n"
     "}\n"
-    "template <int G> CAPEX_DEVICE void capex_go_lamb1(const capex_go_meta<5> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_lamb1(const capex_go_meta<CAPEX_GO_LAMB1_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    __shared__ double sh[512];\n"
     "    const capex_go_group *g = a.op.lamb1.group;\n"
     "    capex_u64 off, n, i, k;\n"
     "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.lamb1.w_mode;\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
-    "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off, *v = (float *)mt.addr[3][s] + off;\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_LAMB1_G][s] + off;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_LAMB1_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_LAMB1_M][s] + off;\n"
+    "    float *v = (float *)mt.addr[CAPEX_GO_LAMB1_V][s] + off;\n"
     "    const float gs = g->gs;\n"
     "    double ap = 0.0, au = 0.0;\n"
     "    if (!g->skip) {\n"
-    "        capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                       capex_go_al(mt.addr[2][s], off, 4) && capex_go_al(mt.addr[3][s], off, 4) ? n / 4 : 0;\n"
+    "        capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_LAMB1_G][s], off, sizeof(GT)) &&\n"
+    "                       capex_go_al(mt.addr[CAPEX_GO_LAMB1_P][s], off, 4) &&\n"
+    "                       capex_go_al(mt.addr[CAPEX_GO_LAMB1_M][s], off, 4) &&\n"
+    "                       capex_go_al(mt.addr[CAPEX_GO_LAMB1_V][s], off, 4) ? n / 4 : 0;\n"
     "        for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "            GT gg[4]; float pp[4], mm[4], vv[4];\n"
     "            capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
@@ -2497,17 +2527,20 @@ static const char capex__cuda_frag_go8[] =
     "    float u = w ? capex__lamb_update_w(p, m, v, g->bc1, g->bc2, g->eps, g->wd) : capex__lamb_update_l2(p, m, v, g->bc1, g->bc2, g->eps);\n"
     "    return capex__lamb_apply(p, u, r);\n"
     "}\n"
-    "CAPEX_GK void capex_go_lamb2(capex_go_meta<5> mt, capex_go_args a) {\n"
+    "CAPEX_GK void capex_go_lamb2(capex_go_meta<CAPEX_GO_LAMB2_DEPTH> mt, capex_go_args a) {\n"
     "    const capex_go_group *g = a.op.lamb2.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
     "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.lamb2.w_mode, mk = a.op.lamb2.model;\n"
-    "    float *p = (float *)mt.addr[0][s] + off, *m = (float *)mt.addr[1][s] + off, *v = (float *)mt.addr[2][s] + off;\n"
-    "    capex_u16 *h = (capex_u16 *)mt.addr[3][s] + off;\n"
-    "    const float r = a.op.lamb2.ratio[mt.addr[4][s]];\n"
-    "    capex_go_sr sr = capex_go_sr_init(a.op.lamb2.seed, g, mt.addr[4][s], off);\n"
-    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, 4) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                   capex_go_al(mt.addr[2][s], off, 4) && (!mk || capex_go_al(mt.addr[3][s], off, 2)) ? n / 4 : 0;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_LAMB2_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_LAMB2_M][s] + off;\n"
+    "    float *v = (float *)mt.addr[CAPEX_GO_LAMB2_V][s] + off;\n"
+    "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_LAMB2_MODEL][s] + off;\n"
+    "    const float r = a.op.lamb2.ratio[mt.addr[CAPEX_GO_LAMB2_T][s]];\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.op.lamb2.seed, g, mt.addr[CAPEX_GO_LAMB2_T][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_LAMB2_P][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_LAMB2_M][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_LAMB2_V][s], off, 4) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_LAMB2_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "        float pp[4], mm[4], vv[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
     "        capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
@@ -2560,17 +2593,17 @@ static const char capex__cuda_frag_go8b[] =
 static const char capex__cuda_frag_go10[] =
     "/* NovoGrad pass 1: lists g, tensor index. Per-chunk sum of (g*gs)^2 in\n"
     "   double -> op.novo1.partial[b] (0 on a skipped step). */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_novo1(const capex_go_meta<2> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_novo1(const capex_go_meta<CAPEX_GO_NOVO1_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    __shared__ double sh[512];\n"
     "    const capex_go_group *g = a.op.novo1.group;\n"
     "    capex_u64 off, n, i, k;\n"
     "    int s = capex_go_block(mt, a.chunk, &off, &n);\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_NOVO1_G][s] + off;\n"
     "    const float gs = g->gs;\n"
     "    double acc = 0.0;\n"
     "    if (!g->skip) {\n"
-    "        capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) ? n / 4 : 0;\n"
+    "        capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_NOVO1_G][s], off, sizeof(GT)) ? n / 4 : 0;\n"
     "        for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "            GT gg[4];\n"
     "            capex_go_ld4(gp + 4 * k, gg);\n"
@@ -2589,20 +2622,22 @@ static const char capex__cuda_frag_go10[] =
     "}\n";
 static const char capex__cuda_frag_go11[] =
     "/* NovoGrad pass 2: lists g, p, m, model, tensor index; op.novo2. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_novo2(const capex_go_meta<5> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_novo2(const capex_go_meta<CAPEX_GO_NOVO2_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.novo2.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
     "    int s = capex_go_block(mt, a.chunk, &off, &n), reg = a.op.novo2.reg_inside_moment, mk = a.op.novo2.model;\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
-    "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off;\n"
-    "    capex_u16 *h = (capex_u16 *)mt.addr[3][s] + off;\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_NOVO2_G][s] + off;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_NOVO2_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_NOVO2_M][s] + off;\n"
+    "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_NOVO2_MODEL][s] + off;\n"
     "    const float gs = g->gs, b1 = g->beta1, b3 = g->beta3, bc1 = g->bc1, lr = g->lr, wd = g->wd;\n"
-    "    const float den = a.op.novo2.denom[mt.addr[4][s]];\n"
-    "    capex_go_sr sr = capex_go_sr_init(a.op.novo2.seed, g, mt.addr[4][s], off);\n"
-    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                   capex_go_al(mt.addr[2][s], off, 4) && (!mk || capex_go_al(mt.addr[3][s], off, 2)) ? n / 4 : 0;\n"
+    "    const float den = a.op.novo2.denom[mt.addr[CAPEX_GO_NOVO2_T][s]];\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.op.novo2.seed, g, mt.addr[CAPEX_GO_NOVO2_T][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_NOVO2_G][s], off, sizeof(GT)) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_NOVO2_P][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_NOVO2_M][s], off, 4) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_NOVO2_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "        GT gg[4]; float pp[4], mm[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
     "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm);\n"
@@ -2644,22 +2679,26 @@ static const char capex__cuda_frag_go13[] =
     "/* Adam with amsgrad: Adam's lists (g, p, m, v, model, tensor index); the max\n"
     "   buffer of tensor t is op.adam_ams.max_bufs[t] (a table: the lists stay 6\n"
     "   deep). */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_adam_ams(const capex_go_meta<6> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_adam_ams(const capex_go_meta<CAPEX_GO_ADAM_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.adam_ams.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
     "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.adam_ams.w_mode, mk = a.op.adam_ams.model;\n"
-    "    capex_u64 xa = a.op.adam_ams.max_bufs[mt.addr[5][s]];\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
-    "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off, *v = (float *)mt.addr[3][s] + off;\n"
+    "    capex_u64 xa = a.op.adam_ams.max_bufs[mt.addr[CAPEX_GO_ADAM_T][s]];\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAM_G][s] + off;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_ADAM_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_ADAM_M][s] + off;\n"
+    "    float *v = (float *)mt.addr[CAPEX_GO_ADAM_V][s] + off;\n"
     "    float *x = (float *)xa + off;\n"
-    "    capex_u16 *h = mk ? (capex_u16 *)mt.addr[4][s] + off : (capex_u16 *)0; /* no offset on a null pointer */\n"
+    "    /* no offset on a null pointer */\n"
+    "    capex_u16 *h = mk ? (capex_u16 *)mt.addr[CAPEX_GO_ADAM_MODEL][s] + off : (capex_u16 *)0;\n"
     "    const float gs = g->gs, b1 = g->beta1, b2 = g->beta2, bc1 = g->bc1, bc2 = g->bc2, eps = g->eps, lr = g->lr, wd = g->wd;\n"
-    "    capex_go_sr sr = capex_go_sr_init(a.op.adam_ams.seed, g, mt.addr[5][s], off);\n"
-    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                   capex_go_al(mt.addr[2][s], off, 4) && capex_go_al(mt.addr[3][s], off, 4) && capex_go_al(xa, off, 4) &&\n"
-    "                   (!mk || capex_go_al(mt.addr[4][s], off, 2)) ? n / 4 : 0;\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.op.adam_ams.seed, g, mt.addr[CAPEX_GO_ADAM_T][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_ADAM_G][s], off, sizeof(GT)) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_P][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_M][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_V][s], off, 4) && capex_go_al(xa, off, 4) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_ADAM_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "        GT gg[4]; float pp[4], mm[4], vv[4], xx[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
     "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
@@ -2685,20 +2724,23 @@ static const char capex__cuda_frag_go14[] =
     "/* Adagrad: lists g, p, sum, model, tensor index; op.adagrad (w_mode:\n"
     "   adagrad_w_mode). clr as capex_optim_step:\n"
     "   f32(lr / (1 + (step-1)*lr_decay)) in double (step already counts this one). */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_adagrad(const capex_go_meta<5> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_adagrad(const capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.adagrad.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
     "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.adagrad.w_mode, mk = a.op.adagrad.model;\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
-    "    float *p = (float *)mt.addr[1][s] + off, *sm = (float *)mt.addr[2][s] + off;\n"
-    "    capex_u16 *h = mk ? (capex_u16 *)mt.addr[3][s] + off : (capex_u16 *)0; /* no offset on a null pointer */\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAGRAD_G][s] + off;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_ADAGRAD_P][s] + off, *sm = (float *)mt.addr[CAPEX_GO_ADAGRAD_SUM][s] + off;\n"
+    "    /* no offset on a null pointer */\n"
+    "    capex_u16 *h = mk ? (capex_u16 *)mt.addr[CAPEX_GO_ADAGRAD_MODEL][s] + off : (capex_u16 *)0;\n"
     "    const float gs = g->gs, eps = g->eps, wd = g->wd;\n"
     "    const float clr = (float)((double)g->lr / (1.0 + (double)(g->step - 1) * (double)g->lr_decay));\n"
-    "    capex_go_sr sr = capex_go_sr_init(a.op.adagrad.seed, g, mt.addr[4][s], off);\n"
-    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                   capex_go_al(mt.addr[2][s], off, 4) && (!mk || capex_go_al(mt.addr[3][s], off, 2)) ? n / 4 : 0;\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.op.adagrad.seed, g, mt.addr[CAPEX_GO_ADAGRAD_T][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_ADAGRAD_G][s], off, sizeof(GT)) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAGRAD_P][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAGRAD_SUM][s], off, 4) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_ADAGRAD_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "        GT gg[4]; float pp[4], ss[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
     "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(sm + 4 * k, ss);\n"
@@ -2718,61 +2760,61 @@ static const char capex__cuda_frag_go14[] =
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go15_ams[] =
-    "CAPEX_GK void capex_go_adam_ams_f32(capex_go_meta<6> m, capex_go_args a) { capex_go_adam_ams<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_adam_ams_f16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam_ams<1>(m, a); }\n"
-    "CAPEX_GK void capex_go_adam_ams_bf16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam_ams<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_adam_ams_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam_ams<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_adam_ams_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam_ams<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_adam_ams_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam_ams<2>(m, a); }\n";
 static const char capex__cuda_frag_go15_adagrad[] =
-    "CAPEX_GK void capex_go_adagrad_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_adagrad<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_adagrad_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_adagrad<1>(m, a); }\n"
-    "CAPEX_GK void capex_go_adagrad_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_adagrad<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_adagrad_f32(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { capex_go_adagrad<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_adagrad_f16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { capex_go_adagrad<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_adagrad_bf16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { capex_go_adagrad<2>(m, a); }\n";
 /* Template instances: one fragment per part (see capex__cuda_parts). */
 /* One sum-of-squares kernel per dtype, each in its dtype's unscale part: a step
    on bf16 grads launches both, and the amp part stays small (first compile). */
 static const char capex__cuda_frag_go9_sumsq_f32[] =
-    "CAPEX_GK void capex_go_sumsq_f32(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<0>(m, a); }\n";
+    "CAPEX_GK void capex_go_sumsq_f32(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { capex_go_sumsq<0>(m, a); }\n";
 static const char capex__cuda_frag_go9_sumsq_f16[] =
-    "CAPEX_GK void capex_go_sumsq_f16(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<1>(m, a); }\n";
+    "CAPEX_GK void capex_go_sumsq_f16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { capex_go_sumsq<1>(m, a); }\n";
 static const char capex__cuda_frag_go9_sumsq_bf16[] =
-    "CAPEX_GK void capex_go_sumsq_bf16(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_sumsq_bf16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { capex_go_sumsq<2>(m, a); }\n";
 static const char capex__cuda_frag_go9_scale_f32[] =
-    "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 0>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 1>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f32_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 2>(m, a); }\n";
+    "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<0, 0>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<0, 1>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f32_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<0, 2>(m, a); }\n";
 static const char capex__cuda_frag_go9_scale_f16[] =
-    "CAPEX_GK void capex_go_scale_f16_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 0>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f16_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 1>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f16_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 2>(m, a); }\n";
+    "CAPEX_GK void capex_go_scale_f16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<1, 0>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<1, 1>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<1, 2>(m, a); }\n";
 static const char capex__cuda_frag_go9_scale_bf16[] =
-    "CAPEX_GK void capex_go_scale_bf16_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 0>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 1>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 2>(m, a); }\n";
+    "CAPEX_GK void capex_go_scale_bf16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<2, 0>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<2, 1>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<2, 2>(m, a); }\n";
 static const char capex__cuda_frag_go9_adam_f32[] =
-    "CAPEX_GK void capex_go_adam_f32(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<0>(m, a); }\n";
+    "CAPEX_GK void capex_go_adam_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam<0>(m, a); }\n";
 static const char capex__cuda_frag_go9_adam_f16[] =
-    "CAPEX_GK void capex_go_adam_f16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<1>(m, a); }\n";
+    "CAPEX_GK void capex_go_adam_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam<1>(m, a); }\n";
 static const char capex__cuda_frag_go9_adam_bf16[] =
-    "CAPEX_GK void capex_go_adam_bf16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_adam_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam<2>(m, a); }\n";
 static const char capex__cuda_frag_go9_sgd_f32[] =
-    "CAPEX_GK void capex_go_sgd_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<0>(m, a); }\n";
+    "CAPEX_GK void capex_go_sgd_f32(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { capex_go_sgd<0>(m, a); }\n";
 static const char capex__cuda_frag_go9_sgd_f16[] =
-    "CAPEX_GK void capex_go_sgd_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<1>(m, a); }\n";
+    "CAPEX_GK void capex_go_sgd_f16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { capex_go_sgd<1>(m, a); }\n";
 static const char capex__cuda_frag_go9_sgd_bf16[] =
-    "CAPEX_GK void capex_go_sgd_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_sgd_bf16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { capex_go_sgd<2>(m, a); }\n";
 static const char capex__cuda_frag_go9_lamb1_f32[] =
-    "CAPEX_GK void capex_go_lamb1_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<0>(m, a); }\n";
+    "CAPEX_GK void capex_go_lamb1_f32(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { capex_go_lamb1<0>(m, a); }\n";
 static const char capex__cuda_frag_go9_lamb1_f16[] =
-    "CAPEX_GK void capex_go_lamb1_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<1>(m, a); }\n";
+    "CAPEX_GK void capex_go_lamb1_f16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { capex_go_lamb1<1>(m, a); }\n";
 static const char capex__cuda_frag_go9_lamb1_bf16[] =
-    "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { capex_go_lamb1<2>(m, a); }\n";
 static const char capex__cuda_frag_go9_novo_f32[] =
-    "CAPEX_GK void capex_go_novo1_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_novo1<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_novo2_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_novo2<0>(m, a); }\n";
+    "CAPEX_GK void capex_go_novo1_f32(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { capex_go_novo1<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_novo2_f32(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { capex_go_novo2<0>(m, a); }\n";
 static const char capex__cuda_frag_go9_novo_f16[] =
-    "CAPEX_GK void capex_go_novo1_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_novo1<1>(m, a); }\n"
-    "CAPEX_GK void capex_go_novo2_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_novo2<1>(m, a); }\n";
+    "CAPEX_GK void capex_go_novo1_f16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { capex_go_novo1<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_novo2_f16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { capex_go_novo2<1>(m, a); }\n";
 static const char capex__cuda_frag_go9_novo_bf16[] =
-    "CAPEX_GK void capex_go_novo1_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_novo1<2>(m, a); }\n"
-    "CAPEX_GK void capex_go_novo2_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_novo2<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_novo1_bf16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { capex_go_novo1<2>(m, a); }\n"
+    "CAPEX_GK void capex_go_novo2_bf16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { capex_go_novo2<2>(m, a); }\n";
 
 CAPEX__PRIVATE const char *capex__cuda_frag_go0_fn(void) { return capex__cuda_frag_go0; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go1_fn(void) { return capex__cuda_frag_go1; }
@@ -4449,6 +4491,11 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
    the kernel text compiled on the host, by tests/test_gpuopt_emu.c). */
 #define CAPEX__GO_NSEG 158
 CAPEX__GO_STRUCTS(CAPEX__GO_CSTRUCT, CAPEX__GO_CPTR, uint64_t, int64_t, int32_t, uint32_t)
+CAPEX__GO_LISTS(CAPEX__GO_CLIST)
+typedef char capex__go_depths_ok[(CAPEX__GO_SCALE_DEPTH == 2 && CAPEX__GO_SUMSQ_DEPTH == 1 && CAPEX__GO_ADAM_DEPTH == 6 &&
+                                  CAPEX__GO_SGD_DEPTH == 5 && CAPEX__GO_LAMB1_DEPTH == 5 && CAPEX__GO_LAMB2_DEPTH == 5 &&
+                                  CAPEX__GO_NOVO1_DEPTH == 2 && CAPEX__GO_NOVO2_DEPTH == 5 &&
+                                  CAPEX__GO_ADAGRAD_DEPTH == 5 && CAPEX__GO_ADAM_DEPTH <= CAPEX_MTA_MAX_DEPTH) ? 1 : -1];
 typedef struct capex__go_args capex__go_args;
 typedef struct capex__go_segs capex__go_segs;
 typedef struct capex__go_group capex__go_group;
@@ -4701,16 +4748,17 @@ CAPEX__PRIVATE capex_result capex__go_scale(const capex__go_exec *ex, const char
     ten = (capex__go_ten *)capex__alloc(NULL, in->count * sizeof *ten);
     if (!ten) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     for (i = 0; i < in->count; i++) {
-        ten[i].addr[0] = (uint64_t)(uintptr_t)in->tensors[i].data;
-        ten[i].addr[1] = out ? (uint64_t)(uintptr_t)out->tensors[i].data : 0u;
+        ten[i].addr[CAPEX__GO_SCALE_IN] = (uint64_t)(uintptr_t)in->tensors[i].data;
+        ten[i].addr[CAPEX__GO_SCALE_OUT] = out ? (uint64_t)(uintptr_t)out->tensors[i].data : 0u;
     }
     memset(&a, 0, sizeof a);
     a.op.scale.factor = scale;
     a.op.scale.found_inf = found_inf;
     a.op.scale.write_out = out != NULL;
     a.op.scale.clip_only = clip_mode;
-    r = capex__go_mta(ex, CAPEX__GO_K_SCALE + 3 * (int)in->dtype + (int)(out ? out->dtype : in->dtype), 2, in->tensors,
-                      ten, in->count, capex__go_chunk_of(desc), &a, NULL, NULL, s, NULL);
+    r = capex__go_mta(ex, CAPEX__GO_K_SCALE + 3 * (int)in->dtype + (int)(out ? out->dtype : in->dtype),
+                      CAPEX__GO_SCALE_DEPTH, in->tensors, ten, in->count, capex__go_chunk_of(desc), &a, NULL, NULL, s,
+                      NULL);
     capex__free(NULL, ten);
     return r;
 }
@@ -4769,11 +4817,11 @@ CAPEX__PRIVATE capex_result capex__go_sumsq_lists(const capex__go_exec *ex, cons
         if (x->count == 0) continue;
         ten = (capex__go_ten *)capex__alloc(NULL, x->count * sizeof *ten);
         if (!ten) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "multi-tensor norm: out of host memory");
-        for (i = 0; i < x->count; i++) ten[i].addr[0] = (uint64_t)(uintptr_t)x->tensors[i].data;
+        for (i = 0; i < x->count; i++) ten[i].addr[CAPEX__GO_SUMSQ_X] = (uint64_t)(uintptr_t)x->tensors[i].data;
         memset(&a, 0, sizeof a);
         a.op.sumsq.partial = ws + 8u * (uint64_t)off;
-        r = capex__go_mta(ex, CAPEX__GO_K_SUMSQ + (int)x->dtype, 1, x->tensors, ten, x->count, capex__go_chunk_of(desc),
-                          &a, &a.op.sumsq.partial, NULL, s, &c);
+        r = capex__go_mta(ex, CAPEX__GO_K_SUMSQ + (int)x->dtype, CAPEX__GO_SUMSQ_DEPTH, x->tensors, ten, x->count,
+                          capex__go_chunk_of(desc), &a, &a.op.sumsq.partial, NULL, s, &c);
         capex__free(NULL, ten);
         off += c;
     }
@@ -5333,7 +5381,8 @@ fail:
 
 /* After a pass over the c tensors gathered by capex__go_class: tensor t's
    chunk partials start at `at` and lie consecutive in plan order; slot is
-   the address list holding the tensor index. Read by capex__go_reduce. */
+   the address list holding the tensor index (CAPEX__GO_*_T). Read by
+   capex__go_reduce. */
 CAPEX__PRIVATE void capex__go_record_segs(capex_cuda_optim *o, size_t c, int slot, int64_t at) {
     size_t k, nt = o->nt;
     for (k = 0; k < c; k++) {
@@ -5351,11 +5400,10 @@ CAPEX__PRIVATE unsigned capex__go_tensor_grid(size_t nt) {
 }
 
 /* Gathers the tensors of one class (group, grad dtype or -1 for any, model
-   kind or -1) into o->shape / o->ten with the given address layout; returns
-   the count. layout: 0 Adam (g p m v h idx), 1 SGD and NovoGrad pass 2 (g p
-   buf h idx), 2 LAMB stage 1 (g p m v idx), 3 LAMB stage 2 (p m v h idx), 4
-   grads only, 5 NovoGrad pass 1 (g idx), 6 Adagrad (g p sum h idx). */
-CAPEX__PRIVATE size_t capex__go_class(capex_cuda_optim *o, size_t group, int gd, int mk, int layout) {
+   kind or -1) into o->shape / o->ten with the address lists (CAPEX__GO_LISTS)
+   of kernel family `kernel` (CAPEX__GO_K_ADAM, ..., the f32 one); returns
+   the count. CAPEX__GO_K_SUMSQ: the grads only. */
+CAPEX__PRIVATE size_t capex__go_class(capex_cuda_optim *o, size_t group, int gd, int mk, int kernel) {
     size_t k, c = 0;
     for (k = 0; k < o->nt; k++) {
         const capex__go_t *t = &o->t[k];
@@ -5367,14 +5415,34 @@ CAPEX__PRIVATE size_t capex__go_class(capex_cuda_optim *o, size_t group, int gd,
             (mk >= 0 && t->mk != mk))
             continue;
         memset(a, 0, sizeof o->ten[c].addr);
-        switch (layout) {
-        case 0: a[0] = g; a[1] = p; a[2] = m; a[3] = v; a[4] = h; a[5] = k; break;
-        case 1: a[0] = g; a[1] = p; a[2] = m; a[3] = h; a[4] = k; break;
-        case 2: a[0] = g; a[1] = p; a[2] = m; a[3] = v; a[4] = k; break;
-        case 3: a[0] = p; a[1] = m; a[2] = v; a[3] = h; a[4] = k; break;
-        case 5: a[0] = g; a[1] = k; break;
-        case 6: a[0] = g; a[1] = p; a[2] = v; a[3] = h; a[4] = k; break; /* Adagrad: v is the sum */
-        default: a[0] = g; break;
+        switch (kernel) {
+        case CAPEX__GO_K_ADAM:
+        case CAPEX__GO_K_ADAM_AMS:
+            a[CAPEX__GO_ADAM_G] = g; a[CAPEX__GO_ADAM_P] = p; a[CAPEX__GO_ADAM_M] = m; a[CAPEX__GO_ADAM_V] = v;
+            a[CAPEX__GO_ADAM_MODEL] = h; a[CAPEX__GO_ADAM_T] = k;
+            break;
+        case CAPEX__GO_K_SGD: /* exp_avg is the momentum buffer */
+            a[CAPEX__GO_SGD_G] = g; a[CAPEX__GO_SGD_P] = p; a[CAPEX__GO_SGD_BUF] = m; a[CAPEX__GO_SGD_MODEL] = h;
+            a[CAPEX__GO_SGD_T] = k;
+            break;
+        case CAPEX__GO_K_LAMB1:
+            a[CAPEX__GO_LAMB1_G] = g; a[CAPEX__GO_LAMB1_P] = p; a[CAPEX__GO_LAMB1_M] = m; a[CAPEX__GO_LAMB1_V] = v;
+            a[CAPEX__GO_LAMB1_T] = k;
+            break;
+        case CAPEX__GO_K_LAMB2:
+            a[CAPEX__GO_LAMB2_P] = p; a[CAPEX__GO_LAMB2_M] = m; a[CAPEX__GO_LAMB2_V] = v; a[CAPEX__GO_LAMB2_MODEL] = h;
+            a[CAPEX__GO_LAMB2_T] = k;
+            break;
+        case CAPEX__GO_K_NOVO1: a[CAPEX__GO_NOVO1_G] = g; a[CAPEX__GO_NOVO1_T] = k; break;
+        case CAPEX__GO_K_NOVO2:
+            a[CAPEX__GO_NOVO2_G] = g; a[CAPEX__GO_NOVO2_P] = p; a[CAPEX__GO_NOVO2_M] = m; a[CAPEX__GO_NOVO2_MODEL] = h;
+            a[CAPEX__GO_NOVO2_T] = k;
+            break;
+        case CAPEX__GO_K_ADAGRAD: /* exp_avg_sq is the sum of squares */
+            a[CAPEX__GO_ADAGRAD_G] = g; a[CAPEX__GO_ADAGRAD_P] = p; a[CAPEX__GO_ADAGRAD_SUM] = v;
+            a[CAPEX__GO_ADAGRAD_MODEL] = h; a[CAPEX__GO_ADAGRAD_T] = k;
+            break;
+        default: a[CAPEX__GO_SUMSQ_X] = g; break;
         }
         o->shape[c].data = NULL;
         o->shape[c].numel = t->p.numel;
@@ -5395,11 +5463,11 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
     /* 1. global grad norm: per-chunk partials of every grad, one fixed-order total */
     for (gd = 0; gd < 3 && r == CAPEX_OK; gd++) {
         int64_t ch = 0;
-        if (!(c = capex__go_class(o, (size_t)-1, gd, -1, 4))) continue;
+        if (!(c = capex__go_class(o, (size_t)-1, gd, -1, CAPEX__GO_K_SUMSQ))) continue;
         memset(&a, 0, sizeof a);
         a.op.sumsq.partial = part + 8u * (uint64_t)off;
-        r = capex__go_mta(&o->ex, CAPEX__GO_K_SUMSQ + gd, 1, o->shape, o->ten, c, o->chunk, &a, &a.op.sumsq.partial, NULL,
-                          s, &ch);
+        r = capex__go_mta(&o->ex, CAPEX__GO_K_SUMSQ + gd, CAPEX__GO_SUMSQ_DEPTH, o->shape, o->ten, c, o->chunk, &a,
+                          &a.op.sumsq.partial, NULL, s, &ch);
         off += ch;
     }
     total = off;
@@ -5415,15 +5483,15 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
     for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
         for (gd = 0; gd < 3 && r == CAPEX_OK; gd++) {
             int64_t ch = 0, at = off;
-            if (!(c = capex__go_class(o, g, gd, -1, 2))) continue;
+            if (!(c = capex__go_class(o, g, gd, -1, CAPEX__GO_K_LAMB1))) continue;
             memset(&a, 0, sizeof a);
             a.op.lamb1.group = o->dgroups + g * sizeof(capex__go_group);
             a.op.lamb1.p_sumsq = part + 8u * (uint64_t)off;
             a.op.lamb1.u_sumsq = part + 8u * (uint64_t)(o->chunks + off);
             a.op.lamb1.w_mode = w;
-            r = capex__go_mta(&o->ex, CAPEX__GO_K_LAMB1 + gd, 5, o->shape, o->ten, c, o->chunk, &a, &a.op.lamb1.p_sumsq,
-                              &a.op.lamb1.u_sumsq, s, &ch);
-            capex__go_record_segs(o, c, 4, at);
+            r = capex__go_mta(&o->ex, CAPEX__GO_K_LAMB1 + gd, CAPEX__GO_LAMB1_DEPTH, o->shape, o->ten, c, o->chunk, &a,
+                              &a.op.lamb1.p_sumsq, &a.op.lamb1.u_sumsq, s, &ch);
+            capex__go_record_segs(o, c, CAPEX__GO_LAMB1_T, at);
             off += ch;
         }
     /* 3. per-tensor norms, trust ratios */
@@ -5442,14 +5510,15 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
     /* 4. stage 2 per (group, model kind) */
     for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
         for (mk = 0; mk < 4 && r == CAPEX_OK; mk++) {
-            if (!(c = capex__go_class(o, g, -1, mk, 3))) continue;
+            if (!(c = capex__go_class(o, g, -1, mk, CAPEX__GO_K_LAMB2))) continue;
             memset(&a, 0, sizeof a);
             a.op.lamb2.group = o->dgroups + g * sizeof(capex__go_group);
             a.op.lamb2.seed = o->desc.seed;
             a.op.lamb2.ratio = ratio;
             a.op.lamb2.w_mode = w;
             a.op.lamb2.model = mk;
-            r = capex__go_mta(&o->ex, CAPEX__GO_K_LAMB2, 5, o->shape, o->ten, c, o->chunk, &a, NULL, NULL, s, NULL);
+            r = capex__go_mta(&o->ex, CAPEX__GO_K_LAMB2, CAPEX__GO_LAMB2_DEPTH, o->shape, o->ten, c, o->chunk, &a, NULL,
+                              NULL, s, NULL);
         }
     return r;
 }
@@ -5468,13 +5537,13 @@ CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_
     for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
         for (gd = 0; gd < 3 && r == CAPEX_OK; gd++) {
             int64_t ch = 0, at = off;
-            if (!(c = capex__go_class(o, g, gd, -1, 5))) continue;
+            if (!(c = capex__go_class(o, g, gd, -1, CAPEX__GO_K_NOVO1))) continue;
             memset(&a, 0, sizeof a);
             a.op.novo1.group = o->dgroups + g * sizeof(capex__go_group);
             a.op.novo1.partial = part + 8u * (uint64_t)off;
-            r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO1 + gd, 2, o->shape, o->ten, c, o->chunk, &a, &a.op.novo1.partial,
-                              NULL, s, &ch);
-            capex__go_record_segs(o, c, 1, at);
+            r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO1 + gd, CAPEX__GO_NOVO1_DEPTH, o->shape, o->ten, c, o->chunk, &a,
+                              &a.op.novo1.partial, NULL, s, &ch);
+            capex__go_record_segs(o, c, CAPEX__GO_NOVO1_T, at);
             off += ch;
         }
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, o->seg, o->seg + nt, nt, n2, 0, s);
@@ -5491,15 +5560,15 @@ CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_
     for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
         for (gd = 0; gd < 3 && r == CAPEX_OK; gd++)
             for (mk = 0; mk < 4 && r == CAPEX_OK; mk++) {
-                if (!(c = capex__go_class(o, g, gd, mk, 1))) continue;
+                if (!(c = capex__go_class(o, g, gd, mk, CAPEX__GO_K_NOVO2))) continue;
                 memset(&a, 0, sizeof a);
                 a.op.novo2.group = o->dgroups + g * sizeof(capex__go_group);
                 a.op.novo2.seed = o->desc.seed;
                 a.op.novo2.denom = denom;
                 a.op.novo2.reg_inside_moment = o->desc.reg_inside_moment != 0;
                 a.op.novo2.model = mk;
-                r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO2 + gd, 5, o->shape, o->ten, c, o->chunk, &a, NULL, NULL, s,
-                                  NULL);
+                r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO2 + gd, CAPEX__GO_NOVO2_DEPTH, o->shape, o->ten, c, o->chunk, &a,
+                                  NULL, NULL, s, NULL);
             }
     return r;
 }
@@ -5590,7 +5659,7 @@ CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr
                 int adam = o->desc.kind == CAPEX_OPTIM_ADAM;
                 if (o->desc.kind == CAPEX_OPTIM_ADAGRAD || (adam && o->hp[g].amsgrad)) {
                     int ada = !adam;
-                    if (!(c = capex__go_class(o, g, gd, mk, ada ? 6 : 0))) continue;
+                    if (!(c = capex__go_class(o, g, gd, mk, ada ? CAPEX__GO_K_ADAGRAD : CAPEX__GO_K_ADAM_AMS))) continue;
                     memset(&a, 0, sizeof a);
                     if (ada) { /* adam_w_mode is Adagrad's adagrad_w_mode (capex_optim_desc) */
                         a.op.adagrad.group = o->dgroups + g * sizeof(capex__go_group);
@@ -5604,11 +5673,12 @@ CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr
                         a.op.adam_ams.w_mode = o->desc.adam_w_mode != 0;
                         a.op.adam_ams.model = mk;
                     }
-                    r = capex__go_mta(&o->ex, (ada ? CAPEX__GO_K_ADAGRAD : CAPEX__GO_K_ADAM_AMS) + gd, ada ? 5 : 6, o->shape,
-                                      o->ten, c, o->chunk, &a, NULL, NULL, stream, NULL);
+                    r = capex__go_mta(&o->ex, (ada ? CAPEX__GO_K_ADAGRAD : CAPEX__GO_K_ADAM_AMS) + gd,
+                                      ada ? (int)CAPEX__GO_ADAGRAD_DEPTH : (int)CAPEX__GO_ADAM_DEPTH, o->shape, o->ten, c,
+                                      o->chunk, &a, NULL, NULL, stream, NULL);
                     continue;
                 }
-                if (!(c = capex__go_class(o, g, gd, mk, adam ? 0 : 1))) continue;
+                if (!(c = capex__go_class(o, g, gd, mk, adam ? CAPEX__GO_K_ADAM : CAPEX__GO_K_SGD))) continue;
                 memset(&a, 0, sizeof a);
                 if (adam) {
                     a.op.adam.group = o->dgroups + g * sizeof(capex__go_group);
@@ -5619,11 +5689,13 @@ CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr
                     a.op.sgd.group = o->dgroups + g * sizeof(capex__go_group);
                     a.op.sgd.seed = o->desc.seed;
                     /* momentum buffers, and momentum on now (Apex: if (momentum != 0); a group may turn it off) */
-                    for (k = 0; o->hp[g].momentum != 0.0f && k < c; k++) a.op.sgd.momentum |= o->ten[k].addr[2] != 0;
+                    for (k = 0; o->hp[g].momentum != 0.0f && k < c; k++)
+                        a.op.sgd.momentum |= o->ten[k].addr[CAPEX__GO_SGD_BUF] != 0;
                     a.op.sgd.model = mk;
                 }
-                r = capex__go_mta(&o->ex, (adam ? CAPEX__GO_K_ADAM : CAPEX__GO_K_SGD) + gd, adam ? 6 : 5, o->shape,
-                                  o->ten, c, o->chunk, &a, NULL, NULL, stream, NULL);
+                r = capex__go_mta(&o->ex, (adam ? CAPEX__GO_K_ADAM : CAPEX__GO_K_SGD) + gd,
+                                  adam ? (int)CAPEX__GO_ADAM_DEPTH : (int)CAPEX__GO_SGD_DEPTH, o->shape, o->ten, c, o->chunk,
+                                  &a, NULL, NULL, stream, NULL);
             }
     return r;
 }
