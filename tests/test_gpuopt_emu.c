@@ -226,8 +226,17 @@ CT_TEST(layouts_match_the_kernels) {
     CT_CHECK(offsetof(capex_go_meta<5>, block_tensor) == offsetof(capex__go_meta5, block_tensor) &&
                  offsetof(capex_go_meta<5>, numel) == offsetof(capex__go_meta5, numel),
              "metadata layout");
-    CT_CHECK(sizeof(capex_go_args) == sizeof(capex__go_args) && offsetof(capex_go_args, flag) == offsetof(capex__go_args, flag),
+    /* every kernel's own fields: the last of each (and the pointers before it) */
+#define ARGS_AT(f) (offsetof(capex_go_args, op.f) == offsetof(capex__go_args, op.f))
+    CT_CHECK(sizeof(capex_go_args) == sizeof(capex__go_args) && sizeof(capex_go_args) == 64 && ARGS_AT(scale.clip_only) &&
+                 ARGS_AT(sumsq.partial) && ARGS_AT(reduce.norm) && ARGS_AT(clip.max_norm) && ARGS_AT(prepare.sched) &&
+                 ARGS_AT(prepare.sched_groups) && ARGS_AT(scaler.state) && ARGS_AT(adam.model) &&
+                 ARGS_AT(adam_ams.max_bufs) && ARGS_AT(adam_ams.model) && ARGS_AT(adagrad.model) && ARGS_AT(sgd.model) &&
+                 ARGS_AT(lamb1.w_mode) && ARGS_AT(lamb_clip.max_grad_norm) && ARGS_AT(lamb_ratio.tgroup) &&
+                 ARGS_AT(lamb_ratio.use_nvlamb) && ARGS_AT(lamb2.model) && ARGS_AT(novo1.partial) &&
+                 ARGS_AT(novo_norm.init_zero) && ARGS_AT(novo2.model),
              "args");
+#undef ARGS_AT
     CT_CHECK(sizeof(capex_go_segs) == sizeof(capex__go_segs) && offsetof(capex_go_segs, n) == offsetof(capex__go_segs, n),
              "segments");
     CT_CHECK(sizeof(capex_go_group) == sizeof(capex__go_group) &&
