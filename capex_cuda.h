@@ -449,7 +449,9 @@ CAPEX_API capex_result capex_cuda_scaler_get_scale(capex_cuda_scaler *sc, float 
    capex_optim_param (param, grad, model, exp_avg, exp_avg_sq, max_exp_avg_sq).
    add_group allocates missing moment buffers on the device and zeroes all of
    them (Adagrad's sum: initial_accumulator_value). Every kind of capex.h:
-   Adam (amsgrad too), LAMB, SGD, Adagrad, NovoGrad. */
+   Adam (amsgrad too), LAMB, SGD, Adagrad, NovoGrad; pure_half (O3) params
+   are mirrored from the model copy by one exact multi-tensor scale per half
+   dtype at add_group and after every step. */
 typedef struct capex_cuda_optim capex_cuda_optim;
 CAPEX_API capex_result capex_cuda_optim_create(capex_cuda_context *ctx, const capex_optim_desc *desc,
                                                capex_cuda_optim **out);
@@ -5089,6 +5091,8 @@ struct capex_cuda_optim {
     capex_cuda_ptr dsched;   /* capex__lr_p, then float base lr per group (dsched_groups of them) */
     size_t dsched_groups, dsched_cap;
     capex_cuda_ptr dvm;      /* Adam amsgrad: u64[nt], each tensor's max_exp_avg_sq (0: none); 0 without amsgrad */
+    capex_cuda_ptr one;      /* pure_half: a device float 1.0f (the mirror's scale factor) */
+    size_t n_pure;           /* tensors with pure_half */
 };
 CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream);
 
@@ -5150,6 +5154,7 @@ CAPEX_API void capex_cuda_optim_destroy(capex_cuda_optim *o) {
     if (o->dlamb) o->ex.release(o->ex.user, o->dlamb);
     if (o->dnovo) o->ex.release(o->ex.user, o->dnovo);
     if (o->dsched) o->ex.release(o->ex.user, o->dsched);
+    if (o->one) o->ex.release(o->ex.user, o->one);
     capex__free(NULL, o->hp);
     capex__free(NULL, o->t);
     capex__free(NULL, o->shape);
@@ -5186,6 +5191,44 @@ CAPEX__PRIVATE size_t capex__go_novo_at(int64_t chunks, size_t nt, int k) {
     return k == 0 ? 8u * (size_t)chunks : at + 4u * nt * (size_t)(k - 1);
 }
 
+/* pure_half tensors among t[0..n): param = f32(model), one multi-tensor
+   scale by 1.0f per model dtype (exact), enqueued on s. */
+CAPEX__PRIVATE capex_result capex__go_mirror(capex_cuda_optim *o, const capex__go_t *t, size_t n, const char *fn,
+                                             capex_cuda_stream s) {
+    capex_tensor *in, *out;
+    size_t k, m;
+    int dt;
+    capex_result r = CAPEX_OK;
+    for (k = 0, m = 0; k < n; k++) m += t[k].p.pure_half && t[k].p.numel;
+    if (!m) return CAPEX_OK;
+    if (!o->one) {
+        float one = 1.0f;
+        if ((r = o->ex.alloc(o->ex.user, 4, &o->one)) != CAPEX_OK) return r;
+        if ((r = o->ex.htod(o->ex.user, o->one, &one, 4, NULL)) != CAPEX_OK) return r;
+    }
+    in = (capex_tensor *)capex__alloc(NULL, 2 * m * sizeof *in);
+    if (!in) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    out = in + m;
+    for (dt = (int)CAPEX_F16; r == CAPEX_OK && dt <= (int)CAPEX_BF16; dt++) {
+        capex_tensor_list li, lo;
+        size_t c = 0;
+        for (k = 0; k < n; k++)
+            if (t[k].p.pure_half && t[k].p.numel && (int)t[k].p.model_dtype == dt) {
+                in[c].data = t[k].p.model;
+                in[c].numel = t[k].p.numel;
+                out[c].data = t[k].p.param;
+                out[c].numel = t[k].p.numel;
+                c++;
+            }
+        if (!c) continue;
+        li = capex_tensor_list_make((capex_dtype)dt, in, c);
+        lo = capex_tensor_list_make(CAPEX_F32, out, c);
+        r = capex__go_scale(&o->ex, fn, NULL, &li, &lo, o->one, 0, 0, s);
+    }
+    capex__free(NULL, in);
+    return r;
+}
+
 CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const capex_optim_hparams *hp,
                                                   const capex_optim_param *params, size_t n, size_t *group_index) {
     const char *fn = "capex_cuda_optim_add_group";
@@ -5206,9 +5249,6 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
     for (k = 0; k < n; k++) {
         if ((r = capex__optim_check_param(&o->desc, &params[k], k)) != CAPEX_OK) return r;
-        if (params[k].pure_half)
-            return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: params[%zu].pure_half (O3 without master weights) is not "
-                               "supported on the GPU yet; keep fp32 masters (O2) there", fn, k);
         chunks += capex__go_nchunks(params[k].numel, o->chunk);
         if (capex__go_nchunks(params[k].numel, o->chunk) > (int64_t)UINT32_MAX + 1)
             return capex__fail(CAPEX_ERR_LIMIT, "%s: params[%zu] needs more than 2^32 chunks; raise desc.exec.chunk_size", fn, k);
@@ -5312,6 +5352,8 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
         if ((r = o->ex.htod(o->ex.user, dlamb + capex__go_lamb_bytes(o->chunks + chunks, nt) - 4u * nt, tg, 4u * nt, NULL)) != CAPEX_OK)
             goto fail;
     }
+    /* pure_half (O3): the fp32 params start as the model copy's values */
+    if ((r = capex__go_mirror(o, nt_t + o->nt, n, fn, NULL)) != CAPEX_OK) goto fail;
     /* the zeroing and copies are done before a step on any stream reads them */
     if ((r = capex__go_sync(&o->ex)) != CAPEX_OK) goto fail;
     if (o->ngroups) memcpy(nhp, o->hp, o->ngroups * sizeof *nhp);
@@ -5337,6 +5379,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     o->seg = seg;
     o->nt = nt;
     o->chunks += chunks;
+    for (k = 0; k < n; k++) o->n_pure += params[k].pure_half && params[k].numel;
     if (group_index) *group_index = o->ngroups;
     o->ngroups++;
     capex__free(NULL, bufs);
@@ -5631,8 +5674,20 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
     return r;
 }
 
+static capex_result capex__go_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                    capex_cuda_ptr found_inf, capex_cuda_stream stream);
+
 CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
                                              capex_cuda_ptr found_inf, capex_cuda_stream stream) {
+    capex_result r = capex__go_step(o, inv_scale, clip_coef, found_inf, stream);
+    /* O3: the weights are the rounded model copy (after a skipped step it is
+       unchanged, and so is this) */
+    if (r == CAPEX_OK && o->n_pure) r = capex__go_mirror(o, o->t, o->nt, "capex_cuda_optim_step", stream);
+    return r;
+}
+
+static capex_result capex__go_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                    capex_cuda_ptr found_inf, capex_cuda_stream stream) {
     capex__go_args a;
     capex_result r;
     size_t g, c, k;

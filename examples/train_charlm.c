@@ -1020,13 +1020,11 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     if (c->optim == CAPEX_OPTIM_SGD) od.defaults.momentum = 0.9f;
     if (c->optim == CAPEX_OPTIM_LAMB) od.max_grad_norm = c->clip;
     CHECK(capex_cuda_optim_create(ctx, &od, &opt));
-    for (i = 0; i < P_COUNT; i++) {
+    for (i = 0; i < P_COUNT; i++) { /* the same wiring as the CPU path, device pointers */
         capex_optim_param_init(&op[i]);
-        op[i].param = (float *)(uintptr_t)(w32 + (capex_cuda_ptr)m.off[i] * 4);
-        op[i].numel = m.off[i + 1] - m.off[i];
-        op[i].grad = (const void *)(uintptr_t)grad[i];
-        op[i].grad_dtype = grad_dtype;
-        if (wh) { op[i].model = (void *)(uintptr_t)(wh + (capex_cuda_ptr)m.off[i] * 2); op[i].model_dtype = amp.model_dtype; }
+        CHECK(capex_optim_param_from_amp(&amp, (float *)(uintptr_t)(w32 + (capex_cuda_ptr)m.off[i] * 4),
+                                         wh ? (void *)(uintptr_t)(wh + (capex_cuda_ptr)m.off[i] * 2) : NULL,
+                                         (const void *)(uintptr_t)grad[i], m.off[i + 1] - m.off[i], &op[i]));
     }
     CHECK(capex_cuda_optim_add_group(opt, NULL, op, P_COUNT, NULL));
     CHECK(lr_schedule_for(c, &lrs));
@@ -1077,8 +1075,6 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
             CHECK(capex_cuda_optim_step(opt, inv, dcoef, found, stream)); /* skipped on the device after an overflow */
         }
         CHECK(capex_cuda_scaler_update(sc, stream));
-        if (wh && !amp.use_master_weights) /* O3: the fp32 copy follows the half weights */
-            CHECK(capex_cuda_convert(ctx, w32, CAPEX_F32, wh, amp.model_dtype, (size_t)m.n_params, stream));
         tokens += (double)c->batch * world;
 
         if ((c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) ||

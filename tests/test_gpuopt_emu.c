@@ -268,10 +268,11 @@ CT_TEST(emu_novograd) { env e = emu_env(11); par_novograd(ct, &e); }
 CT_TEST(emu_lr_schedule) { env e = emu_env(12); par_schedule(ct, &e, 1); }
 CT_TEST(emu_adagrad) { env e = emu_env(13); par_adagrad(ct, &e); }
 CT_TEST(emu_adam_amsgrad) { env e = emu_env(14); par_adam_amsgrad(ct, &e); }
+CT_TEST(emu_pure_half) { env e = emu_env(15); par_pure_half_steps(ct, &e); }
 
 static const ct_case cases[] = {
     CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_many_tensors),
-    CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
+    CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_pure_half), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
     CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
     CT_CASE(emu_lr_schedule),
     CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad),
