@@ -1647,11 +1647,12 @@ CAPEX_API void capex_ddp_get_stats(const capex_ddp *ddp, capex_ddp_stats *out);
    exact) and the global norm (per-shard sums of squares added across ranks:
    ~1e-15 relative, so a clip coefficient may move by an ulp). Tested bit for
    bit against DDP + capex_optim under mpirun -np 2/4 and TCP.
-   LAMB's global gradient norm and per-tensor |p| and |u| are sums over the
-   pieces of each tensor on every rank (one f64 allreduce each per step), so
-   they match the unsharded ones to ~1e-15 relative, not bit for bit; the
-   weights then agree to a few ulps (tested). Not yet: NovoGrad (one norm per
-   tensor kept across shards), bf16 stochastic rounding (keyed by the
+   LAMB's global gradient norm and per-tensor |p| and |u|, and NovoGrad's
+   per-tensor gradient norms, are sums over the pieces of each tensor on
+   every rank (one f64 allreduce each per step), so they match the unsharded
+   ones to ~1e-15 relative, not bit for bit; the weights then agree to a few
+   ulps (tested). NovoGrad's v (one float per tensor) is kept alike by every
+   rank holding a piece. Not yet: bf16 stochastic rounding (keyed by the
    unsharded element index), device (NCCL) buffers; create refuses them with
    a message. */
 typedef struct capex_zero capex_zero;
@@ -7002,7 +7003,7 @@ static void capex__optim_run(const capex_optim *o, int phase, float gs) {
    partials (part[k*stride], in item order: deterministic), then Apex's
    blend into v (first step: v starts at init_zero ? 0 : sqrt(n2), so the
    blend leaves it at n) and the tensor's denom into o->ratio. */
-CAPEX__PRIVATE void capex__optim_novo_norms(capex_optim *o, const double *part, size_t stride) {
+CAPEX__PRIVATE void capex__optim_novo_norms(capex_optim *o, const double *part, size_t stride, const double *tsum) {
     size_t k, i0 = 0;
     for (k = 0; k < o->ntensors; k++) {
         const capex__optim_tensor *t = &o->tensors[k];
@@ -7010,6 +7011,7 @@ CAPEX__PRIVATE void capex__optim_novo_norms(capex_optim *o, const double *part, 
         double ss = 0.0;
         float n2, v = o->novo_v[k];
         while (i0 < o->nitems && o->items[i0].tensor == k) ss += part[stride * i0++];
+        if (tsum) ss = tsum[2 * k]; /* sharded: the whole tensor's, summed across ranks */
         n2 = (float)ss;
         if (o->groups[t->group].step == 0) v = o->desc.init_zero ? 0.0f : sqrtf(n2);
         v = capex__novo_blend(v, n2, c->beta2);
@@ -7131,8 +7133,25 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
         capex__free(capex__optim_alloc(o), tsum);
         capex__optim_run(o, CAPEX__OPT_PH_LAMB2, gs);
     } else if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) {
-        capex__optim_run(o, CAPEX__OPT_PH_NOVO1, gs);
-        capex__optim_novo_norms(o, o->part, 2);
+        double *tsum = NULL;
+        if (o->reduce_fn) { /* sharded: per-tensor sums of squares across ranks (nothing changed yet) */
+            size_t i0 = 0;
+            capex_result r;
+            tsum = (double *)capex__alloc(capex__optim_alloc(o), sizeof(double) * (2 * o->ntensors + 2));
+            if (!tsum) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_step: out of memory (sharded NovoGrad)");
+            capex__optim_run(o, CAPEX__OPT_PH_NOVO1, gs);
+            for (k = 0; k < o->ntensors; k++) {
+                tsum[2 * k] = tsum[2 * k + 1] = 0.0;
+                while (i0 < o->nitems && o->items[i0].tensor == k) tsum[2 * k] += o->part[2 * i0++];
+            }
+            if ((r = o->reduce_fn(o->reduce_user, 1, tsum, 2 * o->ntensors)) != CAPEX_OK) {
+                capex__free(capex__optim_alloc(o), tsum);
+                return r;
+            }
+        } else
+            capex__optim_run(o, CAPEX__OPT_PH_NOVO1, gs);
+        capex__optim_novo_norms(o, o->part, 2, tsum);
+        capex__free(capex__optim_alloc(o), tsum);
         capex__optim_run(o, CAPEX__OPT_PH_MAIN, gs);
     } else {
         capex__optim_run(o, CAPEX__OPT_PH_MAIN, gs);
@@ -10754,7 +10773,7 @@ static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_des
         res = capex_optim_add_group(z->opt, hp ? &hp[g] : NULL, pp, n, NULL);
     }
     capex__free(NULL, pp);
-    if (res == CAPEX_OK && od->kind == CAPEX_OPTIM_LAMB) {
+    if (res == CAPEX_OK && (od->kind == CAPEX_OPTIM_LAMB || od->kind == CAPEX_OPTIM_NOVOGRAD)) {
         if (!(z->lamb_sums = (double *)capex__alloc(NULL, sizeof(double) * (2 * z->np + 2))))
             return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero_create: out of memory");
         z->opt->reduce_fn = capex__zero_reduce;
@@ -10768,6 +10787,7 @@ static size_t capex__zero_floats(const capex_optim_desc *od, const capex_optim_h
     if (od->kind == CAPEX_OPTIM_SGD) return hp->momentum != 0.0f;
     if (od->kind == CAPEX_OPTIM_ADAGRAD) return 1;
     if (od->kind == CAPEX_OPTIM_LAMB) return 2 + !od->lamb_low_memory; /* m, v and the kept update u */
+    if (od->kind == CAPEX_OPTIM_NOVOGRAD) return 1;                    /* m (v is one float per tensor) */
     return 2 + (hp->amsgrad != 0);
 }
 
@@ -10795,9 +10815,6 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: stage is %d; it must be 1 (optimizer state) or 2 (and gradients)", fn,
                            desc->stage);
     if (!desc->bucket_bytes) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: bucket_bytes must be > 0 (default 25 MiB)", fn);
-    if (od->kind == CAPEX_OPTIM_NOVOGRAD)
-        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: NovoGrad keeps one norm per tensor that would span shards; not "
-                           "supported yet (use Adam/AdamW, LAMB, SGD or Adagrad, or DDP)", fn);
     if (od->stochastic_rounding)
         return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: stochastic rounding is keyed by the unsharded element index; "
                            "not supported with sharding yet", fn);
@@ -11333,6 +11350,19 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
                 if (dst && z->params[i].numel) memcpy(dst, full + z->offset_of[i], sizeof(float) * z->params[i].numel);
             }
         }
+    if (r == CAPEX_OK && z->opt->desc.kind == CAPEX_OPTIM_NOVOGRAD && z->np) {
+        /* v, one float per param: from the rank holding the param's first element */
+        double *vv = (double *)capex__alloc(NULL, sizeof(double) * z->np);
+        if (!vv) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        for (j = 0; r == CAPEX_OK && j < z->np; j++) vv[j] = 0.0;
+        for (j = 0; r == CAPEX_OK && j < z->npieces; j++)
+            if (z->piece_start[j] == 0) vv[z->piece_param[j]] = (double)z->opt->novo_v[j];
+        if (r == CAPEX_OK && W > 1) r = capex_comm_allreduce(c, vv, vv, z->np, CAPEX_F64, CAPEX_REDUCE_SUM);
+        for (j = 0; r == CAPEX_OK && root && j < z->np; j++)
+            z->save_tmp->novo_v[z->save_tmp->groups[z->params[j].group].first + capex__zero_full_index(z, j)] = (float)vv[j];
+        capex__free(NULL, vv);
+        if (r != CAPEX_OK) z->failed = 1;
+    }
     if (r == CAPEX_OK && root) {
         capex_optim *t = z->save_tmp;
         for (g = 0; g < z->ngroups; g++) {
@@ -11399,6 +11429,7 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
     for (j = 0; j < z->npieces; j++) {
         size_t i = z->piece_param[j], gi, ki, fi = capex__zero_full_index(z, i);
         capex__zero_piece_pos(z, j, &gi, &ki);
+        if (z->opt->novo_v) z->opt->novo_v[j] = full->novo_v[full->groups[gi].first + fi];
         for (what = 1; what < 4; what++) {
             float *dst = capex__zero_state_ptr(z->opt, gi, ki, what);
             const float *src = capex__zero_state_ptr(full, gi, fi, what);

@@ -86,6 +86,7 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
     if (zc->kind == CAPEX_OPTIM_SGD) { hp[0].lr = 0.05f; hp[0].momentum = 0.9f; hp[0].nesterov = 1; hp[1].lr = 0.02f; hp[1].momentum = 0.5f; hp[1].weight_decay = 0.01f; }
     if (zc->kind == CAPEX_OPTIM_ADAGRAD) { hp[0].lr = 0.05f; hp[1].lr = 0.01f; hp[1].weight_decay = 0.05f; }
     if (zc->kind == CAPEX_OPTIM_LAMB) { hp[0].lr = 1e-2f; hp[1].lr = 5e-3f; hp[1].weight_decay = 0.0f; od.max_grad_norm = 2.0f; }
+    if (zc->kind == CAPEX_OPTIM_NOVOGRAD) { hp[0].lr = 1e-2f; hp[0].weight_decay = 0.01f; hp[1].lr = 5e-3f; }
     for (i = 0; i < ZC_NP; i++) {
         capex_dtype t = zc_dtype(zc, i);
         size_t es = capex_dtype_size(t), n = zc_numel[i];
@@ -190,7 +191,7 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
         for (i = 0; i < ZC_NP; i++) {
             size_t es = capex_dtype_size(zc_dtype(zc, i));
             for (e = 0; e < zc_numel[i]; e++)
-                if (zc->kind == CAPEX_OPTIM_LAMB) { /* sums of |p|^2, |u|^2 in another order: within an ulp or so */
+                if (zc->kind == CAPEX_OPTIM_LAMB || zc->kind == CAPEX_OPTIM_NOVOGRAD) { /* per-tensor sums in another order */
                     capex_dtype t = zc_dtype(zc, i);
                     double a = t == CAPEX_F32 ? ((float *)pz[i])[e] : t == CAPEX_F16 ? capex_f16_to_f32(((uint16_t *)pz[i])[e]) : capex_bf16_to_f32(((uint16_t *)pz[i])[e]);
                     double b = t == CAPEX_F32 ? ((float *)pd[i])[e] : t == CAPEX_F16 ? capex_f16_to_f32(((uint16_t *)pd[i])[e]) : capex_bf16_to_f32(((uint16_t *)pd[i])[e]);
@@ -225,6 +226,7 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
         int64_t zs = -1, ds = -2;
         double tot[3];
         size_t floats = zc->kind == CAPEX_OPTIM_ADAM ? 2 : zc->kind == CAPEX_OPTIM_LAMB ? 3 : 1, real = 0, half = 0;
+        if (zc->kind == CAPEX_OPTIM_NOVOGRAD) floats = 1; /* m; v is one float per tensor */
         capex_optim_get_step(capex_zero_optim(z), 0, &zs);
         capex_optim_get_step(ref, 0, &ds);
         if (zs != ds) ZC_FAIL("step counts %lld vs %lld", (long long)zs, (long long)ds);
@@ -259,7 +261,7 @@ out:
 }
 
 /* A checkpoint round: load `load` (if given) into both paths, train 3 steps,
-   save to `save` (if given); AdamW or SGD, mixed dtypes, exact gradients. */
+   save to `save` (if given); any kind, mixed dtypes, exact gradients. */
 static int zero_check_ckpt(capex_comm *c, int stage, capex_optim_kind kind, const char *load, const char *save, char *why,
                            size_t why_n) {
     zero_case zc;
@@ -271,10 +273,11 @@ static int zero_check_ckpt(capex_comm *c, int stage, capex_optim_kind kind, cons
 
 /* The set of cases every comm runs; 0 or the failing line, why filled. */
 static int zero_check_all(capex_comm *c, char *why, size_t why_n) {
-    static const capex_optim_kind kinds[4] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_SGD, CAPEX_OPTIM_ADAGRAD, CAPEX_OPTIM_LAMB};
+    static const capex_optim_kind kinds[5] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_SGD, CAPEX_OPTIM_ADAGRAD, CAPEX_OPTIM_LAMB,
+                                              CAPEX_OPTIM_NOVOGRAD};
     int stage, k, line;
     for (stage = 1; stage <= 2; stage++)
-        for (k = 0; k < 4; k++) {
+        for (k = 0; k < 5; k++) {
             zero_case zc;
             memset(&zc, 0, sizeof zc);
             zc.stage = stage; zc.kind = kinds[k]; zc.halves = 1; zc.exact = 1; zc.clip = 1; zc.inf_step = 2; zc.steps = 5;
