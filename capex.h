@@ -1652,9 +1652,10 @@ CAPEX_API void capex_ddp_get_stats(const capex_ddp *ddp, capex_ddp_stats *out);
    every rank (one f64 allreduce each per step), so they match the unsharded
    ones to ~1e-15 relative, not bit for bit; the weights then agree to a few
    ulps (tested). NovoGrad's v (one float per tensor) is kept alike by every
-   rank holding a piece. Not yet: bf16 stochastic rounding (keyed by the
-   unsharded element index), device (NCCL) buffers; create refuses them with
-   a message. */
+   rank holding a piece. bf16 stochastic rounding draws the unsharded
+   optimizer's bits (each piece keyed by its tensor's index and element
+   offset; tensors under 2^32 elements). Not yet: device (NCCL) buffers;
+   create refuses them with a message. */
 typedef struct capex_zero capex_zero;
 
 typedef struct capex_zero_param {
@@ -6117,6 +6118,11 @@ typedef struct capex__optim_tensor {
     size_t group;
     unsigned char own_m, own_v;
     unsigned char own_vm; /* amsgrad's max_exp_avg_sq allocated here */
+    /* stochastic rounding's tensor id and first element index: this tensor's
+       own (index, 0), or, for a ZeRO piece, those of the unsharded tensor it
+       is cut from, so the rounding draws the same bits */
+    size_t sr_tensor;
+    int64_t sr_base;
 } capex__optim_tensor;
 
 typedef struct capex__optim_group {
@@ -6851,6 +6857,8 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         int64_t off;
         t->p = params[k];
         t->group = o->ngroups;
+        t->sr_tensor = t0 + k;
+        t->sr_base = 0;
         t->own_m = bufs[3 * k] != NULL;
         t->own_v = bufs[3 * k + 1] != NULL;
         t->own_vm = bufs[3 * k + 2] != NULL;
@@ -6941,10 +6949,10 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
     j.acc = o->part + 2 * k;
     j.u = o->lamb_u ? o->lamb_u + item->at : NULL;
     j.vm = t->p.max_exp_avg_sq ? t->p.max_exp_avg_sq + item->off : NULL;
-    j.base_lo = (unsigned int)((uint64_t)item->off & 0xffffffffu);
+    j.base_lo = (unsigned int)((uint64_t)(t->sr_base + item->off) & 0xffffffffu);
     j.key = mi == 3 ? capex__sr_key((unsigned int)(o->desc.seed & 0xffffffffu), (unsigned int)(o->desc.seed >> 32),
-                                    j.c->step_lo, j.c->step_hi, (unsigned int)item->tensor,
-                                    (unsigned int)((uint64_t)item->off >> 32))
+                                    j.c->step_lo, j.c->step_hi, (unsigned int)t->sr_tensor,
+                                    (unsigned int)((uint64_t)(t->sr_base + item->off) >> 32))
                     : 0u;
     (void)grp;
     /* kinds listed by name: a new kind takes the switch below until it is added here */
@@ -10626,6 +10634,8 @@ struct capex_zero {
     int sync, failed, accumulated; /* accumulated: stage 2 shards hold a sum     */
     capex_optim *opt;
     size_t npieces, *piece_param, *piece_start; /* the optimizer's tensors, in its order */
+    size_t *piece_k;        /* piece j's index within its group of opt                  */
+    size_t *full_pos;       /* per param: index in its group, tensor index (unsharded)  */
     capex_optim *save_tmp;  /* rank 0: the unsharded state of the last save */
     float *save_masters;
     double *lamb_sums;      /* LAMB: |p|^2, |u|^2 per param, summed across ranks */
@@ -10655,6 +10665,8 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
     capex__free(NULL, z->lamb_sums);
     capex__free(NULL, z->piece_param);
     capex__free(NULL, z->piece_start);
+    capex__free(NULL, z->piece_k);
+    capex__free(NULL, z->full_pos);
     for (i = 0; z->b && i < z->nb; i++) {
         if (z->d.stage == 1) capex__comm_free(z->comm, z->b[i].grad);
         capex__comm_free(z->comm, z->b[i].gshard);
@@ -10714,6 +10726,9 @@ static capex_result capex__zero_plan(capex_zero *z) {
     return CAPEX_OK;
 }
 
+/* Param i's index within its group in the full (unsharded) optimizer. */
+static size_t capex__zero_full_index(const capex_zero *z, size_t i) { return z->full_pos[2 * i]; }
+
 /* Sharded LAMB's sums across ranks (capex_optim's reduce_fn). */
 static capex_result capex__zero_reduce(void *user, int what, double *vals, size_t n) {
     capex_zero *z = (capex_zero *)user;
@@ -10756,6 +10771,7 @@ static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_des
                 if (e > hi) e = hi;
                 if (a >= e) continue;
                 z->piece_param[z->npieces] = i;
+                z->piece_k[z->npieces] = n;
                 z->piece_start[z->npieces++] = a - z->offset_of[i];
                 capex_optim_param_init(&pp[n]);
                 pp[n].numel = (int64_t)(e - a);
@@ -10773,6 +10789,13 @@ static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_des
         res = capex_optim_add_group(z->opt, hp ? &hp[g] : NULL, pp, n, NULL);
     }
     capex__free(NULL, pp);
+    if (res == CAPEX_OK) { /* stochastic rounding keyed as the unsharded optimizer's tensors and elements */
+        size_t j;
+        for (j = 0; j < z->npieces; j++) {
+            z->opt->tensors[j].sr_tensor = z->full_pos[2 * z->piece_param[j] + 1];
+            z->opt->tensors[j].sr_base = (int64_t)z->piece_start[j];
+        }
+    }
     if (res == CAPEX_OK && (od->kind == CAPEX_OPTIM_LAMB || od->kind == CAPEX_OPTIM_NOVOGRAD)) {
         if (!(z->lamb_sums = (double *)capex__alloc(NULL, sizeof(double) * (2 * z->np + 2))))
             return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero_create: out of memory");
@@ -10815,9 +10838,6 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: stage is %d; it must be 1 (optimizer state) or 2 (and gradients)", fn,
                            desc->stage);
     if (!desc->bucket_bytes) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: bucket_bytes must be > 0 (default 25 MiB)", fn);
-    if (od->stochastic_rounding)
-        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: stochastic rounding is keyed by the unsharded element index; "
-                           "not supported with sharding yet", fn);
     if (!ngroups) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: num_groups is 0 (one group at least)", fn);
     if (np >= SIZE_MAX / sizeof(capex_zero_param))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %zu params: the byte size overflows size_t", fn, np);
@@ -10830,6 +10850,9 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
         if (params[i].group >= ngroups)
             return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: param %zu is in group %zu of %zu (num_groups)", fn, i,
                                params[i].group, ngroups);
+        if (od->stochastic_rounding && (uint64_t)params[i].numel > 0xffffffffull) /* items would cross 2^32 */
+            return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: param %zu has 2^32 elements or more; stochastic rounding "
+                               "with sharding takes smaller tensors", fn, i);
         if (capex__size_add(total, params[i].numel, &total))
             return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: params 0..%zu hold more elements than size_t can count", fn, i);
     }
@@ -10852,12 +10875,24 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
     z->ready = (unsigned char *)capex__alloc(NULL, np + 1);
     z->piece_param = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1)); /* a shard cuts a param once */
     z->piece_start = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
-    if (!z->params || !z->bucket_of || !z->offset_of || !z->bparams || !z->ready || !z->piece_param || !z->piece_start) {
+    z->piece_k = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
+    z->full_pos = (size_t *)capex__alloc(NULL, sizeof(size_t) * (2 * np + 1));
+    if (!z->params || !z->bucket_of || !z->offset_of || !z->bparams || !z->ready || !z->piece_param || !z->piece_start ||
+        !z->piece_k || !z->full_pos) {
         capex_zero_destroy(z);
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
     if (np) memcpy(z->params, params, sizeof(capex_zero_param) * np);
     memset(z->ready, 0, np + 1);
+    {   /* the unsharded optimizer's order: group by group, params in index order */
+        size_t *cnt = (size_t *)capex__alloc(NULL, sizeof(size_t) * (ngroups + 1)), g, first;
+        if (!cnt) { capex_zero_destroy(z); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn); }
+        for (g = 0; g <= ngroups; g++) cnt[g] = 0;
+        for (i = 0; i < np; i++) z->full_pos[2 * i] = cnt[params[i].group]++;
+        for (g = 0, first = 0; g < ngroups; g++) { size_t c2 = cnt[g]; cnt[g] = first; first += c2; }
+        for (i = 0; i < np; i++) z->full_pos[2 * i + 1] = cnt[params[i].group] + z->full_pos[2 * i];
+        capex__free(NULL, cnt);
+    }
     if ((r = capex__zero_plan(z)) != CAPEX_OK) { capex_zero_destroy(z); return r; }
     /* rank 0's parameters everywhere, then into the flat buffers */
     for (i = 0; desc->broadcast_parameters && W > 1 && i < np; i++)
@@ -11268,13 +11303,6 @@ static capex_result capex__zero_full_optim(capex_zero *z, capex_optim **out, flo
     return r;
 }
 
-/* Param i's position in the full optimizer: its group and index there. */
-static size_t capex__zero_full_index(const capex_zero *z, size_t i) {
-    size_t j, k = 0;
-    for (j = 0; j < i; j++) k += z->params[j].group == z->params[i].group;
-    return k;
-}
-
 /* The buffer of state `what` (0 master/param, 1 exp_avg, 2 exp_avg_sq, 3 max)
    of tensor k of group g of optimizer o; NULL if it has none. */
 static float *capex__zero_state_ptr(const capex_optim *o, size_t g, size_t k, int what) {
@@ -11291,10 +11319,8 @@ static int64_t capex__zero_piece_numel(const capex_zero *z, size_t j) {
 
 /* Local piece j's group and index in z->opt. */
 static void capex__zero_piece_pos(const capex_zero *z, size_t j, size_t *g, size_t *k) {
-    size_t q, idx = 0, gg = z->params[z->piece_param[j]].group;
-    for (q = 0; q < j; q++) idx += z->params[z->piece_param[q]].group == gg;
-    *g = gg;
-    *k = idx;
+    *g = z->params[z->piece_param[j]].group;
+    *k = z->piece_k[j];
 }
 
 CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags) {
@@ -11359,7 +11385,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
             if (z->piece_start[j] == 0) vv[z->piece_param[j]] = (double)z->opt->novo_v[j];
         if (r == CAPEX_OK && W > 1) r = capex_comm_allreduce(c, vv, vv, z->np, CAPEX_F64, CAPEX_REDUCE_SUM);
         for (j = 0; r == CAPEX_OK && root && j < z->np; j++)
-            z->save_tmp->novo_v[z->save_tmp->groups[z->params[j].group].first + capex__zero_full_index(z, j)] = (float)vv[j];
+            z->save_tmp->novo_v[z->full_pos[2 * j + 1]] = (float)vv[j];
         capex__free(NULL, vv);
         if (r != CAPEX_OK) z->failed = 1;
     }

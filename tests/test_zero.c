@@ -58,7 +58,10 @@ CT_TEST(create_refuses_bad_arguments) {
     CT_CHECK(capex_zero_create(&z, &c, p, 2, &od, NULL, 1, &d) == CAPEX_ERR_INVALID_ARG, "bad dtype");
     p[0].dtype = CAPEX_F32;
     od.stochastic_rounding = 1;
-    CT_CHECK(capex_zero_create(&z, &c, p, 2, &od, NULL, 1, &d) == CAPEX_ERR_UNSUPPORTED, "stochastic rounding");
+    p[0].numel = (size_t)0xffffffffu + 1u;
+    CT_CHECK(capex_zero_create(&z, &c, p, 2, &od, NULL, 1, &d) == CAPEX_ERR_UNSUPPORTED && strstr(capex_last_error(), "2^32"),
+             "stochastic rounding over a 2^32-element tensor: %s", capex_last_error());
+    p[0].numel = 8;
     od.stochastic_rounding = 0;
     od.defaults.lr = -1.0f;
     CT_CHECK(capex_zero_create(&z, &c, p, 2, &od, NULL, 1, &d) == CAPEX_ERR_INVALID_ARG && z == NULL, "bad lr: %s",

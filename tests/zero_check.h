@@ -26,6 +26,7 @@ typedef struct zero_case {
     int micro;              /* micro-batches per step (1, 2) */
     int clip;               /* 1: clip by the global norm */
     int inf_step;           /* a step where the last rank's gradient holds an inf; -1: none */
+    int sr;                 /* 1: bf16 model copies with stochastic rounding */
     int steps;
     const char *load;       /* a checkpoint both paths load first (NULL: none) */
     const char *save;       /* where both save at the end (rank 0 writes; the DDP
@@ -81,6 +82,8 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
 #define ZC_FAIL(...) do { snprintf(why, why_n, __VA_ARGS__); fail = __LINE__; goto out; } while (0)
     memset(pz, 0, sizeof pz); memset(pd, 0, sizeof pd); memset(master, 0, sizeof master);
     capex_optim_desc_init(&od, zc->kind);
+    od.stochastic_rounding = zc->sr;
+    od.seed = 0x5eed0123456789abull;
     hp[0] = hp[1] = od.defaults;
     if (zc->kind == CAPEX_OPTIM_ADAM) { hp[0].lr = 1e-2f; hp[0].weight_decay = 0.1f; hp[1].lr = 3e-3f; }
     if (zc->kind == CAPEX_OPTIM_SGD) { hp[0].lr = 0.05f; hp[0].momentum = 0.9f; hp[0].nesterov = 1; hp[1].lr = 0.02f; hp[1].momentum = 0.5f; hp[1].weight_decay = 0.01f; }
@@ -284,6 +287,11 @@ static int zero_check_all(capex_comm *c, char *why, size_t why_n) {
             /* stage 2 averages each micro-batch before adding: exact only when 1/W is a power of two */
             zc.micro = (stage == 1 || (c->world_size & (c->world_size - 1)) == 0) ? 2 : 1;
             if ((line = zero_equiv(c, &zc, why, why_n)) != 0) return line;
+            if (k == 0) { /* AdamW with stochastic rounding: keyed by the unsharded tensor and element */
+                zc.sr = 1;
+                if ((line = zero_equiv(c, &zc, why, why_n)) != 0) return line;
+                zc.sr = 0;
+            }
             if (c->world_size <= 2) { /* random f32 gradients: a sum of two is order-free */
                 zc.halves = 0; zc.exact = 0; zc.clip = 0; zc.micro = 1;
                 if ((line = zero_equiv(c, &zc, why, why_n)) != 0) return line;
