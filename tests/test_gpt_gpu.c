@@ -5,7 +5,7 @@
    gradient of every parameter tensor (relative L2 error per tensor, so the
    message names the tensor whose kernel is wrong). Skips without a GPU; in CI
    it runs on the CPU emulator driver (make emu-test, also with threads and
-   blocks in reverse order). */
+   blocks in reverse order). GPT_GPU_VERBOSE=1 prints every tensor's error. */
 #define _POSIX_C_SOURCE 200809L
 #define main train_gpt_main /* the example's main is compiled (everything used), never called */
 #include "../examples/train_gpt.c"
@@ -44,7 +44,8 @@ static uint64_t seed = 0x6a7;
 
 /* One forward + backward on both backends. Weights of O(1) activations (not
    GPT-2's 0.02 init, under which GELU's and the norms' nonlinear terms hardly
-   show), batch 3 x seq 16 (48 rows: partial 16-row matmul tiles). */
+   show), batch 3 x seq 15 and 40 channels (45 rows, 40 / 120 columns: partial
+   16 x 16 matmul tiles in every direction). */
 static void compare(ct_state *ct, capex_cuda_context *ctx, capex_dtype act, int rms, double tol_loss, double tol_probs,
                     double tol_grad, double *worst) {
     gpt_config cfg;
@@ -59,7 +60,7 @@ static void compare(ct_state *ct, capex_cuda_context *ctx, capex_dtype act, int 
     int64_t i, BT, n;
     int p, model_ok = 0;
     memset(&g, 0, sizeof g);
-    cfg.seq = 16; cfg.layers = 2; cfg.heads = 2; cfg.channels = 32; cfg.rms = rms;
+    cfg.seq = 15; cfg.layers = 2; cfg.heads = 2; cfg.channels = 40; cfg.rms = rms;
     if (!gpt_init(&m, &cfg, B, act)) { CT_CHECK(0, "gpt_init"); return; }
     model_ok = 1;
     n = m.n_params; BT = (int64_t)B * cfg.seq;
@@ -100,6 +101,7 @@ static void compare(ct_state *ct, capex_cuda_context *ctx, capex_dtype act, int 
              capex_dtype_name(act), rms ? "RMSNorm" : "LayerNorm", (double)loss_g, (double)loss_c, tol_loss);
     {
         double e = rel_err(pg, pc, BT * VOCAB);
+        if (getenv("GPT_GPU_VERBOSE")) printf("      %s %s loss %.9g %.9g probs %.3g\n", capex_dtype_name(act), rms ? "rms" : "ln", (double)loss_g, (double)loss_c, e);
         CT_CHECK(e <= tol_probs, "%s %s: probabilities: relative error %.3g (tolerance %g)", capex_dtype_name(act),
                  rms ? "RMSNorm" : "LayerNorm", e, tol_probs);
     }
@@ -112,6 +114,7 @@ static void compare(ct_state *ct, capex_cuda_context *ctx, capex_dtype act, int 
         }
         e = rel_err(gg + o, gc + o, k);
         if (e > *worst) *worst = e;
+        if (getenv("GPT_GPU_VERBOSE")) printf("      %s %s d%s %.3g\n", capex_dtype_name(act), rms ? "rms" : "ln", param_names[p], e);
         CT_CHECK(e <= tol_grad, "%s %s: d%s: relative error %.3g (tolerance %g)", capex_dtype_name(act),
                  rms ? "RMSNorm" : "LayerNorm", param_names[p], e, tol_grad);
     }
@@ -141,24 +144,36 @@ CT_TEST(fp32_matches_cpu_layernorm_and_rmsnorm) {
 
 /* fp16 / bf16 activations: the rounding points are the CPU's, but a value one
    fp32 ulp away from the CPU's (a norm's reduction order) can round to the
-   neighbouring half value: 2^-11 (fp16) or 2^-8 (bf16) in that element, which
-   the backward spreads. Tolerances: a few such steps per tensor. */
-CT_TEST(half_activations_match_cpu) {
+   neighbouring half value: 2^-11 (fp16) or 2^-8 (bf16) in that element, and
+   with logits near 10 one such flip moves the probabilities by ~1e-3
+   relative. The emulator measures (fp16 / bf16): probabilities 5.8e-4 / 0,
+   gradients up to 6.6e-4 / 2.2e-5. A rounding point the GPU left out (the
+   attention output unrounded, tried) gives 2.0e-3 / 1.8e-2 in the
+   probabilities: bf16, whose flips are rare here, is the case that catches
+   it (4e-3; the rounding code is one function for both half types); fp16 has
+   room for a real GPU's expf/tanhf to add flips (3e-3). */
+CT_TEST(fp16_activations_match_cpu) {
     capex_cuda_context *ctx = open_ctx(ct);
     double worst = 0;
     if (!ctx) return;
-    compare(ct, ctx, CAPEX_F16, 0, 1e-3, 2e-3, 2e-3, &worst);
-    compare(ct, ctx, CAPEX_F16, 1, 1e-3, 2e-3, 2e-3, &worst);
+    compare(ct, ctx, CAPEX_F16, 0, 2e-3, 3e-3, 3e-3, &worst);
+    compare(ct, ctx, CAPEX_F16, 1, 2e-3, 3e-3, 3e-3, &worst);
     printf("    fp16: largest relative gradient error %.3g\n", worst);
-    worst = 0;
-    compare(ct, ctx, CAPEX_BF16, 0, 8e-3, 2e-2, 2e-2, &worst);
-    compare(ct, ctx, CAPEX_BF16, 1, 8e-3, 2e-2, 2e-2, &worst);
+    capex_cuda_context_destroy(ctx);
+}
+CT_TEST(bf16_activations_match_cpu) {
+    capex_cuda_context *ctx = open_ctx(ct);
+    double worst = 0;
+    if (!ctx) return;
+    compare(ct, ctx, CAPEX_BF16, 0, 4e-3, 4e-3, 4e-3, &worst);
+    compare(ct, ctx, CAPEX_BF16, 1, 4e-3, 4e-3, 4e-3, &worst);
     printf("    bf16: largest relative gradient error %.3g\n", worst);
     capex_cuda_context_destroy(ctx);
 }
 
 static const ct_case cases[] = {
     CT_CASE(fp32_matches_cpu_layernorm_and_rmsnorm),
-    CT_CASE(half_activations_match_cpu),
+    CT_CASE(fp16_activations_match_cpu),
+    CT_CASE(bf16_activations_match_cpu),
 };
 int main(int argc, char **argv) { return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv); }
