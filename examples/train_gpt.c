@@ -822,12 +822,11 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
     if (c->optim == CAPEX_OPTIM_LAMB) od.max_grad_norm = c->clip; /* LAMB clips by the global norm itself */
     CHECK(capex_optim_create(&od, &opt));
     for (i = 0; i < P_COUNT; i++) {
+        /* the opt level's wiring: fp32 weights, fp32 masters writing the half copy (O2),
+           or the half weights alone (O3: pure_half keeps w32 equal to them) */
         capex_optim_param_init(&op[i]);
-        op[i].param = w32 + m.off[i];
-        op[i].numel = m.off[i + 1] - m.off[i];
-        op[i].grad = capex_ddp_grad(ddp, (size_t)i);
-        op[i].grad_dtype = grad_dtype;
-        if (amp.model_dtype != CAPEX_F32) { op[i].model = wh + m.off[i]; op[i].model_dtype = amp.model_dtype; }
+        CHECK(capex_optim_param_from_amp(&amp, w32 + m.off[i], wh + m.off[i], capex_ddp_grad(ddp, (size_t)i),
+                                         m.off[i + 1] - m.off[i], &op[i]));
         gt[i].data = capex_ddp_grad(ddp, (size_t)i);
         gt[i].numel = op[i].numel;
         g32t[i].data = g32 + m.off[i];
@@ -898,10 +897,6 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
         CHECK(capex_scaler_step(&sc, 0, &do_step));
         CHECK(capex_optim_step(opt, inv_scale, clip_coef, !do_step));
         CHECK(capex_scaler_update(&sc));
-        if (do_step && amp.model_dtype != CAPEX_F32 && !amp.use_master_weights) { /* O3: pure half weights */
-            if (amp.model_dtype == CAPEX_F16) capex_f16_to_f32_array(wh, w32, (size_t)m.n_params);
-            else capex_bf16_to_f32_array(wh, w32, (size_t)m.n_params);
-        }
         if (lf) fprintf(lf, "%d %.9g\n", step, loss);
         tokens += (double)c->batch * c->model.seq * world;
         ema = step == 0 ? loss : 0.95 * ema + 0.05 * loss;
@@ -1619,13 +1614,11 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     od.defaults.weight_decay = c->wd;
     if (c->optim == CAPEX_OPTIM_LAMB) od.max_grad_norm = c->clip; /* LAMB clips by the global norm itself */
     CHECK(capex_cuda_optim_create(ctx, &od, &opt));
-    for (i = 0; i < P_COUNT; i++) {
+    for (i = 0; i < P_COUNT; i++) { /* the CPU path's wiring, device pointers */
         capex_optim_param_init(&op[i]);
-        op[i].param = (float *)(uintptr_t)(w32 + (capex_cuda_ptr)g.m.off[i] * 4);
-        op[i].numel = g.m.off[i + 1] - g.m.off[i];
-        op[i].grad = gt[i].data;
-        op[i].grad_dtype = grad_dtype;
-        if (wh) { op[i].model = (void *)(uintptr_t)(wh + (capex_cuda_ptr)g.m.off[i] * 2); op[i].model_dtype = amp.model_dtype; }
+        CHECK(capex_optim_param_from_amp(&amp, (float *)(uintptr_t)(w32 + (capex_cuda_ptr)g.m.off[i] * 4),
+                                         wh ? (void *)(uintptr_t)(wh + (capex_cuda_ptr)g.m.off[i] * 2) : NULL, gt[i].data,
+                                         g.m.off[i + 1] - g.m.off[i], &op[i]));
     }
     CHECK(capex_cuda_optim_add_group(opt, NULL, op, P_COUNT, NULL));
 
@@ -1696,8 +1689,6 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
             CHECK(capex_cuda_optim_step(opt, inv, dcoef, found, stream)); /* skipped on the device after an overflow */
         }
         CHECK(capex_cuda_scaler_update(sc, stream));
-        if (wh && !amp.use_master_weights) /* O3: the fp32 copy follows the half weights */
-            CHECK(capex_cuda_convert(ctx, w32, CAPEX_F32, wh, amp.model_dtype, n, stream));
         tokens += (double)c->batch * c->model.seq;
 
         if (log_now || eval_now || step == c->steps - 1) {

@@ -39,7 +39,7 @@ steps_close() {
                    END { printf "%.3g", m + 0; exit !(k == n && n > 0 && m <= t) }' "$1" "$2"
 }
 
-for run in "O0:--opt O0:1e-4" "O0 RMSNorm:--opt O0 --norm rms:1e-4" "O2 fp16:--opt O2 --half fp16:2e-3"; do
+for run in "O0:--opt O0:1e-4" "O0 RMSNorm:--opt O0 --norm rms:1e-4" "O2 fp16:--opt O2 --half fp16:2e-3" "O3 bf16:--opt O3 --half bf16:2e-2"; do
     name=${run%%:*} rest=${run#*:} args=${rest%%:*} tol=${rest##*:}
     # shellcheck disable=SC2086
     "$exe" --device cpu $args "${common[@]}" --losses "$tmp/cpu.loss" >"$tmp/cpu.txt" 2>&1 || { cat "$tmp/cpu.txt"; fail=1; continue; }
