@@ -10961,11 +10961,17 @@ static capex_result capex__zero_check(capex_zero *z, const char *fn) {
     return CAPEX_OK;
 }
 
-/* Stage 2: lends bucket k a zeroed full-size buffer (from the pool, or new). */
+static capex_result capex__zero_wait_oldest(capex_zero *z);
+
+/* Stage 2: lends bucket k a zeroed full-size buffer: from the pool; else the
+   oldest in-flight reduce-scatter is finished first to free its buffer; a
+   new one only when nothing is in flight (so at most the open buckets plus
+   one are ever allocated). */
 static capex_result capex__zero_lend(capex_zero *z, size_t k) {
     capex__zbucket *bk = &z->b[k];
     capex_result r;
     if (bk->grad) return CAPEX_OK;
+    if (!z->npool && (r = capex__zero_wait_oldest(z)) != CAPEX_OK) return r;
     if (z->npool) bk->grad = z->pool[--z->npool];
     else {
         if ((r = capex__comm_alloc(z->comm, &bk->grad, z->pool_bytes ? z->pool_bytes : 1)) != CAPEX_OK) return r;
@@ -11061,6 +11067,21 @@ static capex_result capex__zero_progress(capex_zero *z) {
         if (!z->b[k].reducing) continue;
         if ((r = c->vt->test(c, &z->b[k].req, &done)) != CAPEX_OK) { z->failed = 1; return capex__comm_after(c, r); }
         if (!done) break;
+    }
+    return CAPEX_OK;
+}
+
+/* Finishes the oldest in-flight reduce-scatter, if any. */
+static capex_result capex__zero_wait_oldest(capex_zero *z) {
+    capex_comm *c = z->comm;
+    size_t k;
+    capex_result r;
+    for (k = 0; k < z->nb; k++) {
+        if (!z->b[k].reducing) continue;
+        if ((r = capex__comm_after(c, c->vt->wait(c, &z->b[k].req, capex__deadline(c)))) != CAPEX_OK) { z->failed = 1; return r; }
+        z->b[k].reducing = 0;
+        if ((r = capex__zero_post(z, k)) != CAPEX_OK) { z->failed = 1; return r; }
+        return CAPEX_OK;
     }
     return CAPEX_OK;
 }
