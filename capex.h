@@ -1685,6 +1685,7 @@ typedef struct capex_zero_memory {
     size_t shard_elements;        /* elements this rank owns, padding included */
     size_t padding_elements;      /* of those, alignment and shard padding */
     size_t buckets;               /* gradient buckets (each padded to world_size shards) */
+    size_t lent_buffers;          /* stage 2: full-size bucket buffers allocated so far (peak in use) */
 } capex_zero_memory;
 
 CAPEX_API void capex_zero_desc_init(capex_zero_desc *d);
@@ -10976,6 +10977,7 @@ static capex_result capex__zero_lend(capex_zero *z, size_t k) {
     else {
         if ((r = capex__comm_alloc(z->comm, &bk->grad, z->pool_bytes ? z->pool_bytes : 1)) != CAPEX_OK) return r;
         z->pool_allocated++;
+        z->mem.lent_buffers++;
         z->mem.grad_bytes += z->pool_bytes;
     }
     return capex__comm_zero(z->comm, bk->grad, bk->shard * (size_t)z->comm->world_size * capex_dtype_size(bk->dtype));

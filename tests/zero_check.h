@@ -238,6 +238,11 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
         if (mem.unsharded_state_bytes != (floats * real + half) * 4)
             ZC_FAIL("unsharded_state_bytes %zu, want %zu", mem.unsharded_state_bytes, (floats * real + half) * 4);
         if (mem.optimizer_state_bytes != mem.master_bytes + mem.moment_bytes) ZC_FAIL("optimizer_state_bytes is not the sum");
+        /* stage 2, grads written bucket by bucket: one lent buffer per dtype (one open
+           bucket each) serves them all, in-flight reduce-scatters included (the
+           oldest is finished before a new buffer is allocated) */
+        if (zc->stage == 2 && mem.lent_buffers != (size_t)(zc->halves ? 3 : 1))
+            ZC_FAIL("stage 2 lent %zu bucket buffers, want %d (one per dtype)", mem.lent_buffers, zc->halves ? 3 : 1);
         tot[0] = (double)mem.moment_bytes; tot[1] = (double)(mem.shard_elements - mem.padding_elements);
         tot[2] = (double)mem.optimizer_state_bytes;
         if (capex_comm_allreduce(c, tot, tot, 3, CAPEX_F64, CAPEX_REDUCE_SUM) != CAPEX_OK) ZC_FAIL("allreduce: %.300s", capex_last_error());
