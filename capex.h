@@ -33,6 +33,24 @@
                              then has the single-process and MPI backends)
        CAPEX_MPI             build the MPI comm backend (compile with mpicc; adds
                              capex_comm_init_mpi)
+       CAPEX_NO_SIMD         portable code only: no F16C/AVX fp16 conversions
+                             (same results; without it they are picked by cpuid)
+       CAPEX_NO_DIST         leave out data parallel: launcher env, comm vtable and
+                             backends (single, MPI, TCP), rendezvous, DDP, ZeRO,
+                             SyncBatchNorm, and in capex_cuda.h the NCCL communicator
+                             and the GPU SyncBatchNorm. Stays: capex_dist_now, the
+                             distributed sampler, BatchNorm (CPU and GPU) with comm
+                             NULL (capex_comm is then an incomplete type), all else
+       CAPEX_NO_STATE        leave out the state files (safetensors writer and reader,
+                             capex_crc32) and every save/load on them: capex_scaler_,
+                             capex_optim_ (with its lr schedule) and capex_zero_
+                             save/load(_file). Stays: capex_scaler_get/set_state,
+                             capex_optim_get_state, capex_cuda_optim_to_host/from_host
+                             (CAPEX_OPTIM_STATE_PARAMS), all else. The two switches
+                             change declarations too: define them in every file
+                             (elsewhere a removed function fails only at link time);
+                             both together work and cut the implementation's -O2
+                             compile by about a third (bench/RESULTS.md)
        CAPEX_SCALER_MAX_OPTIMIZERS  optimizers per loss scaler (default 8); part of
                              the struct layout: define it alike in every file
    capex_cuda.h's CAPEX_CUDA_IMPLEMENTATION also provides this implementation.

@@ -25,7 +25,14 @@
        capex_cuda_launch(&f, grid, block, 0, NULL, args);
        capex_cuda_context_destroy(ctx);
 
-   CONFIGURATION: those of capex.h (CAPEX_STATIC, CAPEX_API, CAPEX_MALLOC, ...).
+   CONFIGURATION: those of capex.h (CAPEX_STATIC, CAPEX_API, CAPEX_MALLOC, ...;
+   capex_cuda.h tests no macro of its own besides CAPEX_CUDA_IMPLEMENTATION).
+       CAPEX_NO_DIST     also leaves out the NCCL communicator (capex_nccl_*,
+                         capex_comm_init_nccl*, capex_comm_is_nccl) and the GPU
+                         SyncBatchNorm: capex_cuda_batch_norm_* take comm NULL only.
+                         capex_cuda_nccl_version (the loader's report) stays.
+       CAPEX_NO_STATE    nothing here needs the state files: capex_cuda_optim_to_host
+                         / from_host stay (save the host copy elsewhere, or not at all).
 
    ENVIRONMENT
        LOCAL_RANK        GPU ordinal when capex_cuda_context_desc.device is -1
