@@ -1444,6 +1444,16 @@ typedef struct capex_comm_vtable {
                                    capex_reduce_op op, double deadline);
     capex_result (*allgatherv)(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
                                double deadline);
+    /* Optional, nonblocking, equal shards of count elements (ZeRO's buckets;
+       NULL or CAPEX_ERR_UNSUPPORTED: the caller goes blocking); finished by
+       wait, progressed by test. reduce_scatter: rank r gets elements
+       [r*count, (r+1)*count) of the sum (half types summed in f32, rounded
+       once); in place when recv == send + r*count. allgather: send is this
+       rank's count elements, in place when send == recv + r*count. */
+    capex_result (*ireduce_scatter)(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                    capex_reduce_op op, capex_comm_req *req);
+    capex_result (*iallgather)(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                               capex_comm_req *req);
 } capex_comm_vtable;
 
 struct capex_comm {
@@ -1668,13 +1678,15 @@ CAPEX_API void capex_ddp_get_stats(const capex_ddp *ddp, capex_ddp_stats *out);
    exact) and the global norm (per-shard sums of squares added across ranks:
    ~1e-15 relative, so a clip coefficient may move by an ulp). Tested bit for
    bit against DDP + capex_optim under mpirun -np 2/4 and TCP.
-   LAMB's global gradient norm and per-tensor |p| and |u| are sums over the
-   pieces of each tensor on every rank (one f64 allreduce each per step), so
-   they match the unsharded ones to ~1e-15 relative, not bit for bit; the
-   weights then agree to a few ulps (tested). Not yet: NovoGrad (one norm per
-   tensor kept across shards), bf16 stochastic rounding (keyed by the
-   unsharded element index), device (NCCL) buffers; create refuses them with
-   a message. */
+   LAMB's global gradient norm and per-tensor |p| and |u|, and NovoGrad's
+   per-tensor gradient norms, are sums over the pieces of each tensor on
+   every rank (one f64 allreduce each per step), so they match the unsharded
+   ones to ~1e-15 relative, not bit for bit; the weights then agree to a few
+   ulps (tested). NovoGrad's v (one float per tensor) is kept alike by every
+   rank holding a piece. bf16 stochastic rounding draws the unsharded
+   optimizer's bits (each piece keyed by its tensor's index and element
+   offset; tensors under 2^32 elements). Not yet: device (NCCL) buffers;
+   create refuses them with a message. */
 typedef struct capex_zero capex_zero;
 
 typedef struct capex_zero_param {
@@ -1739,6 +1751,16 @@ CAPEX_API capex_result capex_zero_grad_norm(capex_zero *z, int *found_inf, float
    found_inf) and all-gathers the parameters into every params[i].data;
    found_inf != 0 changes nothing (and gathers nothing). Collective. */
 CAPEX_API capex_result capex_zero_step(capex_zero *z, float inv_scale, float clip_coef, int found_inf);
+/* capex_zero_step in two halves, so the engine can run the next forward
+   while parameters arrive (MPI: nonblocking all-gathers, first layers'
+   buckets first; comms without them gather at once): step_async steps the
+   shard and starts the all-gathers; wait_param(i) returns once params[i].data
+   holds the update (call it before the forward reads param i), wait_params
+   for all of them. Until then that data is the previous step's. The next
+   step_async, save or destroy waits for whatever is left. */
+CAPEX_API capex_result capex_zero_step_async(capex_zero *z, float inv_scale, float clip_coef, int found_inf);
+CAPEX_API capex_result capex_zero_wait_param(capex_zero *z, size_t param);
+CAPEX_API capex_result capex_zero_wait_params(capex_zero *z);
 /* Zeroes the gradients (stage 1 buckets; stage 2 shards). */
 CAPEX_API capex_result capex_zero_zero_grad(capex_zero *z);
 /* Stage 1 only: sync = 0 is DDP's no_sync (finalize reduces nothing). */
@@ -6132,6 +6154,11 @@ typedef struct capex__optim_tensor {
     size_t group;
     unsigned char own_m, own_v;
     unsigned char own_vm; /* amsgrad's max_exp_avg_sq allocated here */
+    /* stochastic rounding's tensor id and first element index: this tensor's
+       own (index, 0), or, for a ZeRO piece, those of the unsharded tensor it
+       is cut from, so the rounding draws the same bits */
+    size_t sr_tensor;
+    int64_t sr_base;
 } capex__optim_tensor;
 
 typedef struct capex__optim_group {
@@ -6866,6 +6893,8 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
         int64_t off;
         t->p = params[k];
         t->group = o->ngroups;
+        t->sr_tensor = t0 + k;
+        t->sr_base = 0;
         t->own_m = bufs[3 * k] != NULL;
         t->own_v = bufs[3 * k + 1] != NULL;
         t->own_vm = bufs[3 * k + 2] != NULL;
@@ -6956,10 +6985,10 @@ static void capex__optim_run_item(const capex_optim *o, int phase, size_t k, flo
     j.acc = o->part + 2 * k;
     j.u = o->lamb_u ? o->lamb_u + item->at : NULL;
     j.vm = t->p.max_exp_avg_sq ? t->p.max_exp_avg_sq + item->off : NULL;
-    j.base_lo = (unsigned int)((uint64_t)item->off & 0xffffffffu);
+    j.base_lo = (unsigned int)((uint64_t)(t->sr_base + item->off) & 0xffffffffu);
     j.key = mi == 3 ? capex__sr_key((unsigned int)(o->desc.seed & 0xffffffffu), (unsigned int)(o->desc.seed >> 32),
-                                    j.c->step_lo, j.c->step_hi, (unsigned int)item->tensor,
-                                    (unsigned int)((uint64_t)item->off >> 32))
+                                    j.c->step_lo, j.c->step_hi, (unsigned int)t->sr_tensor,
+                                    (unsigned int)((uint64_t)(t->sr_base + item->off) >> 32))
                     : 0u;
     (void)grp;
     /* kinds listed by name: a new kind takes the switch below until it is added here */
@@ -7018,7 +7047,7 @@ static void capex__optim_run(const capex_optim *o, int phase, float gs) {
    partials (part[k*stride], in item order: deterministic), then Apex's
    blend into v (first step: v starts at init_zero ? 0 : sqrt(n2), so the
    blend leaves it at n) and the tensor's denom into o->ratio. */
-CAPEX__PRIVATE void capex__optim_novo_norms(capex_optim *o, const double *part, size_t stride) {
+CAPEX__PRIVATE void capex__optim_novo_norms(capex_optim *o, const double *part, size_t stride, const double *tsum) {
     size_t k, i0 = 0;
     for (k = 0; k < o->ntensors; k++) {
         const capex__optim_tensor *t = &o->tensors[k];
@@ -7026,6 +7055,7 @@ CAPEX__PRIVATE void capex__optim_novo_norms(capex_optim *o, const double *part, 
         double ss = 0.0;
         float n2, v = o->novo_v[k];
         while (i0 < o->nitems && o->items[i0].tensor == k) ss += part[stride * i0++];
+        if (tsum) ss = tsum[2 * k]; /* sharded: the whole tensor's, summed across ranks */
         n2 = (float)ss;
         if (o->groups[t->group].step == 0) v = o->desc.init_zero ? 0.0f : sqrtf(n2);
         v = capex__novo_blend(v, n2, c->beta2);
@@ -7147,8 +7177,25 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
         capex__free(capex__optim_alloc(o), tsum);
         capex__optim_run(o, CAPEX__OPT_PH_LAMB2, gs);
     } else if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) {
-        capex__optim_run(o, CAPEX__OPT_PH_NOVO1, gs);
-        capex__optim_novo_norms(o, o->part, 2);
+        double *tsum = NULL;
+        if (o->reduce_fn) { /* sharded: per-tensor sums of squares across ranks (nothing changed yet) */
+            size_t i0 = 0;
+            capex_result r;
+            tsum = (double *)capex__alloc(capex__optim_alloc(o), sizeof(double) * (2 * o->ntensors + 2));
+            if (!tsum) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_optim_step: out of memory (sharded NovoGrad)");
+            capex__optim_run(o, CAPEX__OPT_PH_NOVO1, gs);
+            for (k = 0; k < o->ntensors; k++) {
+                tsum[2 * k] = tsum[2 * k + 1] = 0.0;
+                while (i0 < o->nitems && o->items[i0].tensor == k) tsum[2 * k] += o->part[2 * i0++];
+            }
+            if ((r = o->reduce_fn(o->reduce_user, 1, tsum, 2 * o->ntensors)) != CAPEX_OK) {
+                capex__free(capex__optim_alloc(o), tsum);
+                return r;
+            }
+        } else
+            capex__optim_run(o, CAPEX__OPT_PH_NOVO1, gs);
+        capex__optim_novo_norms(o, o->part, 2, tsum);
+        capex__free(capex__optim_alloc(o), tsum);
         capex__optim_run(o, CAPEX__OPT_PH_MAIN, gs);
     } else {
         capex__optim_run(o, CAPEX__OPT_PH_MAIN, gs);
@@ -8370,7 +8417,7 @@ static capex_result capex__single_allgatherv(capex_comm *c, const void *send, vo
 static const capex_comm_vtable capex__single_vt = {
     "single", capex__single_allreduce, capex__single_broadcast, capex__single_allgather, capex__single_barrier,
     capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__single_reduce_scatter, capex__single_allgatherv};
+    capex__single_reduce_scatter, capex__single_allgatherv, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_single: comm is NULL");
@@ -8573,6 +8620,66 @@ static capex_result capex__mpi_iallreduce(capex_comm *c, const void *send, void 
     return CAPEX_OK;
 }
 
+/* MPI_Ireduce_scatter_block in f32 into an f32 staging block (MPI_IN_PLACE
+   would leave the result at the start of the buffer, not at this rank's
+   slice) that wait converts or copies into recv; half types' send is staged
+   to f32 too. */
+static capex_result capex__mpi_ireduce_scatter(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                              capex_reduce_op op, capex_comm_req *req) {
+    size_t W = (size_t)c->world_size, total = count * W;
+    float *out, *in = (float *)(uintptr_t)send;
+    MPI_Request q;
+    int rc;
+    if (t != CAPEX_F32 && t != CAPEX_F16 && t != CAPEX_BF16) return CAPEX_ERR_UNSUPPORTED;
+    if (total > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED; /* caller: blocking path, which chunks */
+    memset(req, 0, sizeof *req);
+    out = (float *)capex__alloc(c->allocator, count * sizeof(float) + 1);
+    if (t != CAPEX_F32) in = (float *)capex__alloc(c->allocator, total * sizeof(float) + 1);
+    if (!out || !in) {
+        capex__free(c->allocator, out);
+        if (t != CAPEX_F32) capex__free(c->allocator, in);
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "MPI ireduce_scatter: no memory for the f32 staging buffers");
+    }
+    if (t != CAPEX_F32) {
+        capex__host_convert(in, CAPEX_F32, send, t, total);
+        req->p[2] = in;
+    }
+    req->p[0] = out;
+    rc = MPI_Ireduce_scatter_block(in, out, (int)count, MPI_FLOAT, MPI_SUM, capex__mpi_comm(c), &q);
+    if (rc != MPI_SUCCESS) {
+        capex__free(c->allocator, req->p[0]);
+        capex__free(c->allocator, req->p[2]);
+        memset(req, 0, sizeof *req);
+        return capex__mpi_err(rc, "MPI_Ireduce_scatter_block");
+    }
+    memcpy(req->handle.bytes, &q, sizeof q);
+    req->p[1] = recv;
+    req->n[0] = count;
+    req->n[1] = (size_t)t;
+    req->n[2] = (size_t)op;
+    req->active = 1;
+    return CAPEX_OK;
+}
+
+static capex_result capex__mpi_iallgather(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                         capex_comm_req *req) {
+    size_t es = capex_comm_dtype_size(t), bytes = count * es;
+    MPI_Request q;
+    int rc;
+    if (bytes > (size_t)INT_MAX || bytes * (size_t)c->world_size > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED;
+    memset(req, 0, sizeof *req);
+    rc = MPI_Iallgather((const char *)send == (const char *)recv + (size_t)c->rank * bytes ? MPI_IN_PLACE : send,
+                        (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c), &q);
+    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallgather");
+    memcpy(req->handle.bytes, &q, sizeof q);
+    req->p[1] = recv;
+    req->n[0] = count;
+    req->n[1] = (size_t)t;
+    req->n[2] = (size_t)CAPEX_REDUCE_SUM; /* nothing to divide */
+    req->active = 1;
+    return CAPEX_OK;
+}
+
 static capex_result capex__mpi_wait(capex_comm *c, capex_comm_req *req, double deadline) {
     MPI_Request q;
     capex_result r;
@@ -8589,6 +8696,8 @@ static capex_result capex__mpi_wait(capex_comm *c, capex_comm_req *req, double d
         capex__host_convert(req->p[1], t, req->p[0], CAPEX_F32, req->n[0]);
         capex__free(c->allocator, req->p[0]);
         req->p[0] = NULL;
+        capex__free(c->allocator, req->p[2]); /* ireduce_scatter's f32 send staging */
+        req->p[2] = NULL;
     } else if ((capex_reduce_op)req->n[2] == CAPEX_REDUCE_AVG) {
         capex__host_div(req->p[1], req->n[0], CAPEX_F32, (float)c->world_size);
     }
@@ -8705,7 +8814,7 @@ static capex_result capex__mpi_allgatherv(capex_comm *c, const void *send, void 
 static const capex_comm_vtable capex__mpi_vt = {
     "mpi", capex__mpi_allreduce, capex__mpi_broadcast, capex__mpi_allgather, capex__mpi_barrier,
     capex__mpi_iallreduce, capex__mpi_wait, NULL, NULL, capex__mpi_destroy, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv};
+    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv, capex__mpi_ireduce_scatter, capex__mpi_iallgather};
 
 CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     int init = 0, fin = 0, rc;
@@ -9680,7 +9789,7 @@ static void capex__tcp_abort(capex_comm *c) {
 static const capex_comm_vtable capex__tcp_vt = {
     "tcp", capex__tcp_allreduce, capex__tcp_broadcast, capex__tcp_allgather, capex__tcp_barrier,
     NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__tcp_reduce_scatter, capex__tcp_allgatherv};
+    capex__tcp_reduce_scatter, capex__tcp_allgatherv, NULL, NULL};
 #endif /* CAPEX__HAVE_SOCKETS */
 
 #ifdef CAPEX__HAVE_SOCKETS
@@ -10545,6 +10654,9 @@ typedef struct capex__zbucket {
     void *param;           /* S*W elements: the flat parameters                 */
     float *master;         /* S floats (half buckets)                           */
     int launched;
+    int reducing;          /* reduce-scatter in flight (req)                    */
+    int gathering;         /* step's all-gather started, params not copied out */
+    capex_comm_req req;
 } capex__zbucket;
 
 struct capex_zero {
@@ -10561,6 +10673,8 @@ struct capex_zero {
     int sync, failed, accumulated; /* accumulated: stage 2 shards hold a sum     */
     capex_optim *opt;
     size_t npieces, *piece_param, *piece_start; /* the optimizer's tensors, in its order */
+    size_t *piece_k;        /* piece j's index within its group of opt                  */
+    size_t *full_pos;       /* per param: index in its group, tensor index (unsharded)  */
     capex_optim *save_tmp;  /* rank 0: the unsharded state of the last save */
     float *save_masters;
     double *lamb_sums;      /* LAMB: |p|^2, |u|^2 per param, summed across ranks */
@@ -10581,12 +10695,17 @@ CAPEX_API void capex_zero_desc_init(capex_zero_desc *d) {
 CAPEX_API void capex_zero_destroy(capex_zero *z) {
     size_t i;
     if (!z) return;
+    if (!z->failed && z->b && z->comm->vt) /* requests in flight write into buffers freed below */
+        for (i = 0; i < z->nb; i++)
+            if (z->b[i].req.active && z->comm->vt->wait) (void)z->comm->vt->wait(z->comm, &z->b[i].req, capex__deadline(z->comm));
     capex_optim_destroy(z->opt);
     capex_optim_destroy(z->save_tmp);
     capex__free(NULL, z->save_masters);
     capex__free(NULL, z->lamb_sums);
     capex__free(NULL, z->piece_param);
     capex__free(NULL, z->piece_start);
+    capex__free(NULL, z->piece_k);
+    capex__free(NULL, z->full_pos);
     for (i = 0; z->b && i < z->nb; i++) {
         if (z->d.stage == 1) capex__comm_free(z->comm, z->b[i].grad);
         capex__comm_free(z->comm, z->b[i].gshard);
@@ -10646,6 +10765,9 @@ static capex_result capex__zero_plan(capex_zero *z) {
     return CAPEX_OK;
 }
 
+/* Param i's index within its group in the full (unsharded) optimizer. */
+static size_t capex__zero_full_index(const capex_zero *z, size_t i) { return z->full_pos[2 * i]; }
+
 /* Sharded LAMB's sums across ranks (capex_optim's reduce_fn). */
 static capex_result capex__zero_reduce(void *user, int what, double *vals, size_t n) {
     capex_zero *z = (capex_zero *)user;
@@ -10688,6 +10810,7 @@ static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_des
                 if (e > hi) e = hi;
                 if (a >= e) continue;
                 z->piece_param[z->npieces] = i;
+                z->piece_k[z->npieces] = n;
                 z->piece_start[z->npieces++] = a - z->offset_of[i];
                 capex_optim_param_init(&pp[n]);
                 pp[n].numel = (int64_t)(e - a);
@@ -10705,7 +10828,14 @@ static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_des
         res = capex_optim_add_group(z->opt, hp ? &hp[g] : NULL, pp, n, NULL);
     }
     capex__free(NULL, pp);
-    if (res == CAPEX_OK && od->kind == CAPEX_OPTIM_LAMB) {
+    if (res == CAPEX_OK) { /* stochastic rounding keyed as the unsharded optimizer's tensors and elements */
+        size_t j;
+        for (j = 0; j < z->npieces; j++) {
+            z->opt->tensors[j].sr_tensor = z->full_pos[2 * z->piece_param[j] + 1];
+            z->opt->tensors[j].sr_base = (int64_t)z->piece_start[j];
+        }
+    }
+    if (res == CAPEX_OK && (od->kind == CAPEX_OPTIM_LAMB || od->kind == CAPEX_OPTIM_NOVOGRAD)) {
         if (!(z->lamb_sums = (double *)capex__alloc(NULL, sizeof(double) * (2 * z->np + 2))))
             return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero_create: out of memory");
         z->opt->reduce_fn = capex__zero_reduce;
@@ -10719,6 +10849,7 @@ static size_t capex__zero_floats(const capex_optim_desc *od, const capex_optim_h
     if (od->kind == CAPEX_OPTIM_SGD) return hp->momentum != 0.0f;
     if (od->kind == CAPEX_OPTIM_ADAGRAD) return 1;
     if (od->kind == CAPEX_OPTIM_LAMB) return 2 + !od->lamb_low_memory; /* m, v and the kept update u */
+    if (od->kind == CAPEX_OPTIM_NOVOGRAD) return 1;                    /* m (v is one float per tensor) */
     return 2 + (hp->amsgrad != 0);
 }
 
@@ -10746,12 +10877,6 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: stage is %d; it must be 1 (optimizer state) or 2 (and gradients)", fn,
                            desc->stage);
     if (!desc->bucket_bytes) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: bucket_bytes must be > 0 (default 25 MiB)", fn);
-    if (od->kind == CAPEX_OPTIM_NOVOGRAD)
-        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: NovoGrad keeps one norm per tensor that would span shards; not "
-                           "supported yet (use Adam/AdamW, LAMB, SGD or Adagrad, or DDP)", fn);
-    if (od->stochastic_rounding)
-        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: stochastic rounding is keyed by the unsharded element index; "
-                           "not supported with sharding yet", fn);
     if (!ngroups) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: num_groups is 0 (one group at least)", fn);
     if (np >= SIZE_MAX / sizeof(capex_zero_param))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %zu params: the byte size overflows size_t", fn, np);
@@ -10764,6 +10889,9 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
         if (params[i].group >= ngroups)
             return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: param %zu is in group %zu of %zu (num_groups)", fn, i,
                                params[i].group, ngroups);
+        if (od->stochastic_rounding && (uint64_t)params[i].numel > 0xffffffffull) /* items would cross 2^32 */
+            return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: param %zu has 2^32 elements or more; stochastic rounding "
+                               "with sharding takes smaller tensors", fn, i);
         if (capex__size_add(total, params[i].numel, &total))
             return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: params 0..%zu hold more elements than size_t can count", fn, i);
     }
@@ -10786,12 +10914,24 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
     z->ready = (unsigned char *)capex__alloc(NULL, np + 1);
     z->piece_param = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1)); /* a shard cuts a param once */
     z->piece_start = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
-    if (!z->params || !z->bucket_of || !z->offset_of || !z->bparams || !z->ready || !z->piece_param || !z->piece_start) {
+    z->piece_k = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
+    z->full_pos = (size_t *)capex__alloc(NULL, sizeof(size_t) * (2 * np + 1));
+    if (!z->params || !z->bucket_of || !z->offset_of || !z->bparams || !z->ready || !z->piece_param || !z->piece_start ||
+        !z->piece_k || !z->full_pos) {
         capex_zero_destroy(z);
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
     if (np) memcpy(z->params, params, sizeof(capex_zero_param) * np);
     memset(z->ready, 0, np + 1);
+    {   /* the unsharded optimizer's order: group by group, params in index order */
+        size_t *cnt = (size_t *)capex__alloc(NULL, sizeof(size_t) * (ngroups + 1)), g, first;
+        if (!cnt) { capex_zero_destroy(z); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn); }
+        for (g = 0; g <= ngroups; g++) cnt[g] = 0;
+        for (i = 0; i < np; i++) z->full_pos[2 * i] = cnt[params[i].group]++;
+        for (g = 0, first = 0; g < ngroups; g++) { size_t c2 = cnt[g]; cnt[g] = first; first += c2; }
+        for (i = 0; i < np; i++) z->full_pos[2 * i + 1] = cnt[params[i].group] + z->full_pos[2 * i];
+        capex__free(NULL, cnt);
+    }
     if ((r = capex__zero_plan(z)) != CAPEX_OK) { capex_zero_destroy(z); return r; }
     /* rank 0's parameters everywhere, then into the flat buffers */
     for (i = 0; desc->broadcast_parameters && W > 1 && i < np; i++)
@@ -10860,11 +11000,17 @@ static capex_result capex__zero_check(capex_zero *z, const char *fn) {
     return CAPEX_OK;
 }
 
-/* Stage 2: lends bucket k a zeroed full-size buffer (from the pool, or new). */
+static capex_result capex__zero_wait_oldest(capex_zero *z);
+
+/* Stage 2: lends bucket k a zeroed full-size buffer: from the pool; else the
+   oldest in-flight reduce-scatter is finished first to free its buffer; a
+   new one only when nothing is in flight (so at most the open buckets plus
+   one are ever allocated). */
 static capex_result capex__zero_lend(capex_zero *z, size_t k) {
     capex__zbucket *bk = &z->b[k];
     capex_result r;
     if (bk->grad) return CAPEX_OK;
+    if (!z->npool && (r = capex__zero_wait_oldest(z)) != CAPEX_OK) return r;
     if (z->npool) bk->grad = z->pool[--z->npool];
     else {
         if ((r = capex__comm_alloc(z->comm, &bk->grad, z->pool_bytes ? z->pool_bytes : 1)) != CAPEX_OK) return r;
@@ -10883,7 +11029,7 @@ CAPEX_API void *capex_zero_grad(capex_zero *z, size_t p) {
         return NULL;
     }
     bk = &z->b[z->bucket_of[p]];
-    if (z->d.stage == 2 && !bk->grad) {
+    if (z->d.stage == 2 && (!bk->grad || bk->launched)) {
         if (bk->launched) {
             (void)capex__fail(CAPEX_ERR_ORDER, "%s: parameter %zu's bucket was already reduced in this iteration (stage 2 "
                         "lends a bucket its buffer until then); call capex_zero_finalize first", fn, p);
@@ -10894,27 +11040,16 @@ CAPEX_API void *capex_zero_grad(capex_zero *z, size_t p) {
     return (char *)bk->grad + z->offset_of[p] * capex_dtype_size(z->params[p].dtype);
 }
 
-/* Reduce-scatters bucket k (synchronously): the shard lands in place (stage
-   1) or is added into gshard (stage 2), averaged as DDP does (sum, then
-   times f32(1/world)). */
-static capex_result capex__zero_launch(capex_zero *z, size_t k) {
+/* After bucket k's reduce-scatter: the shard averaged as DDP does (sum,
+   then times f32(1/world)); stage 2 copies or adds it into gshard and gives
+   the lent buffer back to the pool. */
+static capex_result capex__zero_post(capex_zero *z, size_t k) {
     capex__zbucket *bk = &z->b[k];
     capex_comm *c = z->comm;
-    size_t W = (size_t)c->world_size, es = capex_dtype_size(bk->dtype), lo = (size_t)c->rank * bk->shard, i;
-    size_t counts_small[8], *counts = counts_small;
+    size_t W = (size_t)c->world_size, es = capex_dtype_size(bk->dtype);
+    void *mine = (char *)bk->grad + (size_t)c->rank * bk->shard * es;
     capex_result r = CAPEX_OK;
-    void *mine;
-    bk->launched = 1;
-    if (!bk->shard) return CAPEX_OK;
-    if (z->d.stage == 2 && (r = capex__zero_lend(z, k)) != CAPEX_OK) return r; /* a bucket nobody wrote */
-    if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W)))
-        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero: out of memory");
-    for (i = 0; i < W; i++) counts[i] = bk->shard;
-    mine = (char *)bk->grad + lo * es;
-    r = capex_comm_reduce_scatter(c, bk->grad, mine, counts, bk->dtype, CAPEX_REDUCE_SUM);
-    if (counts != counts_small) capex__free(NULL, counts);
-    if (r == CAPEX_OK && z->d.gradient_average && W > 1)
-        r = capex__comm_scale(c, mine, bk->shard, bk->dtype, (float)(1.0 / (double)W));
+    if (z->d.gradient_average && W > 1) r = capex__comm_scale(c, mine, bk->shard, bk->dtype, (float)(1.0 / (double)W));
     if (r == CAPEX_OK && z->d.stage == 2) {
         if (!z->accumulated) r = capex__comm_copy(c, bk->gshard, mine, bk->shard * es, CAPEX_COPY_D2D);
         else {
@@ -10930,6 +11065,79 @@ static capex_result capex__zero_launch(capex_zero *z, size_t k) {
         bk->grad = NULL;
     }
     return r;
+}
+
+/* Starts bucket k's reduce-scatter: nonblocking where the comm has
+   ireduce_scatter (finished in order by capex__zero_wait_reduced), else
+   blocking and post-processed at once. */
+static capex_result capex__zero_launch(capex_zero *z, size_t k) {
+    capex__zbucket *bk = &z->b[k];
+    capex_comm *c = z->comm;
+    size_t W = (size_t)c->world_size, es = capex_dtype_size(bk->dtype), lo = (size_t)c->rank * bk->shard, i;
+    size_t counts_small[8], *counts = counts_small;
+    capex_result r = CAPEX_OK;
+    void *mine;
+    bk->launched = 1;
+    if (!bk->shard) return CAPEX_OK;
+    if (z->d.stage == 2 && (r = capex__zero_lend(z, k)) != CAPEX_OK) return r; /* a bucket nobody wrote */
+    mine = (char *)bk->grad + lo * es;
+    if (W > 1 && c->vt->ireduce_scatter && c->vt->wait) {
+        r = c->vt->ireduce_scatter(c, bk->grad, mine, bk->shard, bk->dtype, CAPEX_REDUCE_SUM, &bk->req);
+        if (r == CAPEX_OK) { bk->reducing = 1; return CAPEX_OK; }
+        if (r != CAPEX_ERR_UNSUPPORTED) return capex__comm_after(c, r);
+    }
+    if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W)))
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero: out of memory");
+    for (i = 0; i < W; i++) counts[i] = bk->shard;
+    r = capex_comm_reduce_scatter(c, bk->grad, mine, counts, bk->dtype, CAPEX_REDUCE_SUM);
+    if (counts != counts_small) capex__free(NULL, counts);
+    return r == CAPEX_OK ? capex__zero_post(z, k) : r;
+}
+
+/* Lets in-flight reduce-scatters progress (MPI moves data only inside MPI
+   calls): tests the oldest, in order, without blocking. */
+static capex_result capex__zero_progress(capex_zero *z) {
+    capex_comm *c = z->comm;
+    size_t k;
+    if (!c->vt->test) return CAPEX_OK;
+    for (k = 0; k < z->next_launch; k++) {
+        int done = 1;
+        capex_result r;
+        if (!z->b[k].reducing) continue;
+        if ((r = c->vt->test(c, &z->b[k].req, &done)) != CAPEX_OK) { z->failed = 1; return capex__comm_after(c, r); }
+        if (!done) break;
+    }
+    return CAPEX_OK;
+}
+
+/* Finishes the oldest in-flight reduce-scatter, if any. */
+static capex_result capex__zero_wait_oldest(capex_zero *z) {
+    capex_comm *c = z->comm;
+    size_t k;
+    capex_result r;
+    for (k = 0; k < z->nb; k++) {
+        if (!z->b[k].reducing) continue;
+        if ((r = capex__comm_after(c, c->vt->wait(c, &z->b[k].req, capex__deadline(c)))) != CAPEX_OK) { z->failed = 1; return r; }
+        z->b[k].reducing = 0;
+        if ((r = capex__zero_post(z, k)) != CAPEX_OK) { z->failed = 1; return r; }
+        return CAPEX_OK;
+    }
+    return CAPEX_OK;
+}
+
+/* Finishes every in-flight reduce-scatter, in bucket order. */
+static capex_result capex__zero_wait_reduced(capex_zero *z) {
+    capex_comm *c = z->comm;
+    double deadline = capex__deadline(c);
+    size_t k;
+    capex_result r;
+    for (k = 0; k < z->nb; k++) {
+        if (!z->b[k].reducing) continue;
+        if ((r = capex__comm_after(c, c->vt->wait(c, &z->b[k].req, deadline))) != CAPEX_OK) { z->failed = 1; return r; }
+        z->b[k].reducing = 0;
+        if ((r = capex__zero_post(z, k)) != CAPEX_OK) { z->failed = 1; return r; }
+    }
+    return CAPEX_OK;
 }
 
 static capex_result capex__zero_launch_ready(capex_zero *z) {
@@ -10952,7 +11160,8 @@ CAPEX_API capex_result capex_zero_grad_ready(capex_zero *z, size_t p) {
     z->ready[p] = 1;
     z->b[z->bucket_of[p]].pending--;
     if (!z->sync) return CAPEX_OK;
-    return capex__zero_launch_ready(z);
+    if ((r = capex__zero_launch_ready(z)) != CAPEX_OK) return r;
+    return capex__zero_progress(z);
 }
 
 CAPEX_API capex_result capex_zero_finalize(capex_zero *z) {
@@ -10967,6 +11176,7 @@ CAPEX_API capex_result capex_zero_finalize(capex_zero *z) {
                                "finalize again", fn, i);
     if (z->sync) {
         if ((r = capex__zero_launch_ready(z)) != CAPEX_OK) return r;
+        if ((r = capex__zero_wait_reduced(z)) != CAPEX_OK) return r;
         if (z->d.stage == 2) z->accumulated = 1;
     }
     memset(z->ready, 0, z->np + 1);
@@ -11005,34 +11215,81 @@ CAPEX_API capex_result capex_zero_grad_norm(capex_zero *z, int *found_inf, float
     return CAPEX_OK;
 }
 
-CAPEX_API capex_result capex_zero_step(capex_zero *z, float inv_scale, float clip_coef, int found_inf) {
-    static const char *fn = "capex_zero_step";
-    size_t k, j, W;
-    capex_result r = capex__zero_check(z, fn);
-    if (r) return r;
-    if ((r = capex_optim_step(z->opt, inv_scale, clip_coef, found_inf)) != CAPEX_OK) return r;
-    if (found_inf) return CAPEX_OK;
-    W = (size_t)z->comm->world_size;
-    for (k = 0; k < z->nb; k++) {
-        capex__zbucket *bk = &z->b[k];
-        size_t es = capex_dtype_size(bk->dtype), counts_small[8], *counts = counts_small, i;
-        if (W > 1 && bk->shard) {
-            if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W)))
-                return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-            for (i = 0; i < W; i++) counts[i] = bk->shard;
-            r = capex_comm_allgatherv(z->comm, (char *)bk->param + (size_t)z->comm->rank * bk->shard * es, bk->param,
-                                      counts, bk->dtype);
-            if (counts != counts_small) capex__free(NULL, counts);
-            if (r != CAPEX_OK) { z->failed = 1; return r; }
-        }
-        for (j = 0; j < bk->count; j++) {
-            size_t p = z->bparams[bk->first + j];
-            if ((r = capex__comm_copy(z->comm, z->params[p].data, (char *)bk->param + z->offset_of[p] * es,
-                                      z->params[p].numel * es, CAPEX_COPY_D2D)) != CAPEX_OK)
-                return r;
-        }
+/* Copies bucket k's params out of the flat buffer once its gather is done. */
+static capex_result capex__zero_finish_gather(capex_zero *z, size_t k, double deadline) {
+    capex__zbucket *bk = &z->b[k];
+    size_t es = capex_dtype_size(bk->dtype), j;
+    capex_result r;
+    if (!bk->gathering) return CAPEX_OK;
+    if (bk->req.active && (r = capex__comm_after(z->comm, z->comm->vt->wait(z->comm, &bk->req, deadline))) != CAPEX_OK) {
+        z->failed = 1;
+        return r;
+    }
+    bk->gathering = 0;
+    for (j = 0; j < bk->count; j++) {
+        size_t p = z->bparams[bk->first + j];
+        if ((r = capex__comm_copy(z->comm, z->params[p].data, (char *)bk->param + z->offset_of[p] * es,
+                                  z->params[p].numel * es, CAPEX_COPY_D2D)) != CAPEX_OK)
+            return r;
     }
     return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_wait_params(capex_zero *z) {
+    static const char *fn = "capex_zero_wait_params";
+    size_t k;
+    double deadline;
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    deadline = capex__deadline(z->comm);
+    for (k = z->nb; k-- > 0;) /* forward order */
+        if ((r = capex__zero_finish_gather(z, k, deadline)) != CAPEX_OK) return r;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_wait_param(capex_zero *z, size_t p) {
+    static const char *fn = "capex_zero_wait_param";
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    if (p >= z->np) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: unknown parameter %zu (there are %zu)", fn, p, z->np);
+    return capex__zero_finish_gather(z, z->bucket_of[p], capex__deadline(z->comm));
+}
+
+CAPEX_API capex_result capex_zero_step_async(capex_zero *z, float inv_scale, float clip_coef, int found_inf) {
+    static const char *fn = "capex_zero_step_async";
+    size_t k, W;
+    capex_comm *c;
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    c = z->comm;
+    if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r; /* the last step's gathers, if nobody waited */
+    if ((r = capex_optim_step(z->opt, inv_scale, clip_coef, found_inf)) != CAPEX_OK) return r;
+    if (found_inf) return CAPEX_OK;
+    W = (size_t)c->world_size;
+    for (k = z->nb; k-- > 0;) { /* the first layers' buckets first: the next forward needs them first */
+        capex__zbucket *bk = &z->b[k];
+        size_t es = capex_dtype_size(bk->dtype), counts_small[8], *counts = counts_small, i;
+        void *mine = (char *)bk->param + (size_t)c->rank * bk->shard * es;
+        bk->gathering = 1;
+        if (W == 1 || !bk->shard) continue;
+        if (c->vt->iallgather && c->vt->wait) {
+            r = c->vt->iallgather(c, mine, bk->param, bk->shard, bk->dtype, &bk->req);
+            if (r == CAPEX_OK) continue;
+            if (r != CAPEX_ERR_UNSUPPORTED) { z->failed = 1; return capex__comm_after(c, r); }
+        }
+        if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W)))
+            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        for (i = 0; i < W; i++) counts[i] = bk->shard;
+        r = capex_comm_allgatherv(c, mine, bk->param, counts, bk->dtype);
+        if (counts != counts_small) capex__free(NULL, counts);
+        if (r != CAPEX_OK) { z->failed = 1; return r; }
+    }
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_step(capex_zero *z, float inv_scale, float clip_coef, int found_inf) {
+    capex_result r = capex_zero_step_async(z, inv_scale, clip_coef, found_inf);
+    return r != CAPEX_OK ? r : capex_zero_wait_params(z);
 }
 
 CAPEX_API capex_result capex_zero_zero_grad(capex_zero *z) {
@@ -11107,13 +11364,6 @@ static capex_result capex__zero_full_optim(capex_zero *z, capex_optim **out, flo
     return r;
 }
 
-/* Param i's position in the full optimizer: its group and index there. */
-static size_t capex__zero_full_index(const capex_zero *z, size_t i) {
-    size_t j, k = 0;
-    for (j = 0; j < i; j++) k += z->params[j].group == z->params[i].group;
-    return k;
-}
-
 /* The buffer of state `what` (0 master/param, 1 exp_avg, 2 exp_avg_sq, 3 max)
    of tensor k of group g of optimizer o; NULL if it has none. */
 static float *capex__zero_state_ptr(const capex_optim *o, size_t g, size_t k, int what) {
@@ -11130,10 +11380,8 @@ static int64_t capex__zero_piece_numel(const capex_zero *z, size_t j) {
 
 /* Local piece j's group and index in z->opt. */
 static void capex__zero_piece_pos(const capex_zero *z, size_t j, size_t *g, size_t *k) {
-    size_t q, idx = 0, gg = z->params[z->piece_param[j]].group;
-    for (q = 0; q < j; q++) idx += z->params[z->piece_param[q]].group == gg;
-    *g = gg;
-    *k = idx;
+    *g = z->params[z->piece_param[j]].group;
+    *k = z->piece_k[j];
 }
 
 CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags) {
@@ -11147,6 +11395,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     c = z->comm;
     root = c->rank == 0;
     if (root && !w) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: rank 0 needs a writer (other ranks may pass NULL)", fn);
+    if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
     W = (size_t)c->world_size;
     capex_optim_destroy(z->save_tmp);
     capex__free(NULL, z->save_masters);
@@ -11188,6 +11437,19 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
                 if (dst && z->params[i].numel) memcpy(dst, full + z->offset_of[i], sizeof(float) * z->params[i].numel);
             }
         }
+    if (r == CAPEX_OK && z->opt->desc.kind == CAPEX_OPTIM_NOVOGRAD && z->np) {
+        /* v, one float per param: from the rank holding the param's first element */
+        double *vv = (double *)capex__alloc(NULL, sizeof(double) * z->np);
+        if (!vv) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        for (j = 0; r == CAPEX_OK && j < z->np; j++) vv[j] = 0.0;
+        for (j = 0; r == CAPEX_OK && j < z->npieces; j++)
+            if (z->piece_start[j] == 0) vv[z->piece_param[j]] = (double)z->opt->novo_v[j];
+        if (r == CAPEX_OK && W > 1) r = capex_comm_allreduce(c, vv, vv, z->np, CAPEX_F64, CAPEX_REDUCE_SUM);
+        for (j = 0; r == CAPEX_OK && root && j < z->np; j++)
+            z->save_tmp->novo_v[z->full_pos[2 * j + 1]] = (float)vv[j];
+        capex__free(NULL, vv);
+        if (r != CAPEX_OK) z->failed = 1;
+    }
     if (r == CAPEX_OK && root) {
         capex_optim *t = z->save_tmp;
         for (g = 0; g < z->ngroups; g++) {
@@ -11240,6 +11502,7 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
     capex_result r = capex__zero_check(z, fn);
     if (r) return r;
     if (!rd) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: reader is NULL", fn);
+    if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
     if ((r = capex__zero_full_optim(z, &full, &masters)) != CAPEX_OK) return r;
     /* the full optimizer checks everything before it changes anything; with
        CAPEX_OPTIM_STATE_PARAMS it writes the params' data (f32 params and
@@ -11253,6 +11516,7 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
     for (j = 0; j < z->npieces; j++) {
         size_t i = z->piece_param[j], gi, ki, fi = capex__zero_full_index(z, i);
         capex__zero_piece_pos(z, j, &gi, &ki);
+        if (z->opt->novo_v) z->opt->novo_v[j] = full->novo_v[full->groups[gi].first + fi];
         for (what = 1; what < 4; what++) {
             float *dst = capex__zero_state_ptr(z->opt, gi, ki, what);
             const float *src = capex__zero_state_ptr(full, gi, fi, what);

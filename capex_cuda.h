@@ -456,7 +456,9 @@ CAPEX_API capex_result capex_cuda_scaler_get_scale(capex_cuda_scaler *sc, float 
    capex_optim_param (param, grad, model, exp_avg, exp_avg_sq, max_exp_avg_sq).
    add_group allocates missing moment buffers on the device and zeroes all of
    them (Adagrad's sum: initial_accumulator_value). Every kind of capex.h:
-   Adam (amsgrad too), LAMB, SGD, Adagrad, NovoGrad. */
+   Adam (amsgrad too), LAMB, SGD, Adagrad, NovoGrad; pure_half (O3) params
+   are mirrored from the model copy by one exact multi-tensor scale per half
+   dtype at add_group and after every step. */
 typedef struct capex_cuda_optim capex_cuda_optim;
 CAPEX_API capex_result capex_cuda_optim_create(capex_cuda_context *ctx, const capex_optim_desc *desc,
                                                capex_cuda_optim **out);
@@ -1980,15 +1982,12 @@ CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_mat
 
 /* The launch structs, defined once: expanded as C (capex__go_args & co.,
    which the host fills) and, as text, into the kernels (capex_go_args & co.).
-   S names the struct; U64/I64/I32/U32 are the integer types on each side.
-   The ABI sizes are checked at compile time (capex__go_sizes_ok). */
-#define CAPEX__GO_STRUCTS(S, U64, I64, I32, U32)                                               \
-    S(args) {                                                                                   \
-        U64 chunk;                                                                              \
-        U64 ptr[6];                                                                             \
-        float val[2];                                                                           \
-        I32 flag[4];                                                                            \
-    };                                                                                          \
+   S names the struct; U64/I64/I32/U32 are the integer types on each side;
+   P(T) is a device pointer to T: `T *` in the kernels, U64 (a capex_cuda_ptr)
+   on the host, 8 bytes on both sides. The ABI sizes are checked at compile
+   time (capex__go_sizes_ok) and against the kernel text compiled on the host
+   (tests/test_gpuopt_emu.c) and the PTX (tests/test_gpuopt.c). */
+#define CAPEX__GO_STRUCTS(S, P, U64, I64, I32, U32)                                            \
     S(segs) {                                                                                   \
         I64 start[158], count[158], out[158]; /* CAPEX__GO_NSEG */                              \
         I32 n, pad;                                                                             \
@@ -2009,9 +2008,129 @@ CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_mat
         float scale, inv_scale, min_scale, max_scale;                                           \
         I32 dynamic, hysteresis, hysteresis_tracker;                                            \
         U32 found_inf;                                                                          \
+    };                                                                                          \
+    /* The argument of every optimizer kernel (after its metadata or segments,                  \
+       if any): chunk (elements per chunk: the multi-tensor kernels; set by                     \
+       capex__go_mta), then op.KERNEL, the kernel's own fields. A null pointer                  \
+       means "none" where a kernel says so. group: this launch's parameter                      \
+       group; groups: all of them (ngroups); seed: the bf16 stochastic                          \
+       rounding seed; model: the model copy's kind, 0 none, 1 f16, 2 bf16, 3                    \
+       bf16 stochastic rounding; tgroup: the group index of each tensor. */                     \
+    S(args) {                                                                                   \
+        U64 chunk;                                                                              \
+        union {                                                                                 \
+            struct { /* capex_go_scale_IN_OUT: out = in * *factor */                            \
+                P(const float) factor;                                                          \
+                P(unsigned) found_inf; /* set to 1 on an inf/NaN */                             \
+                I32 write_out;         /* 0: check only, no output */                           \
+                I32 clip_only;         /* do nothing unless *factor < 1 */                      \
+            } scale;                                                                            \
+            struct { P(double) partial; } sumsq; /* per-chunk sums of squares out */            \
+            struct { /* capex_go_reduce: fixed-order sums of partial[] ranges */                \
+                P(const double) partial;                                                        \
+                P(double) sumsq; /* sums out (0: none) */                                       \
+                P(float) norm;   /* float(sqrt(sum)) out (0: none) */                           \
+            } reduce;                                                                           \
+            struct { /* capex_go_clip_coef */                                                   \
+                P(const double) sumsq; /* the total sum of squares */                           \
+                P(float) total;        /* the norm out (0: none) */                             \
+                P(float) coef;         /* the clip factor out (0: none) */                      \
+                float max_norm;                                                                 \
+            } clip;                                                                             \
+            struct { /* capex_go_prepare: the step's constants */                               \
+                P(S(group)) groups;                                                             \
+                P(const unsigned) found_inf; /* 0: none */                                      \
+                P(const float) inv_scale;    /* 0: 1 */                                         \
+                P(const float) clip_coef;    /* 0: 1 */                                         \
+                P(const void) sched; /* 0 or capex__lr_p, then a float base lr per group */     \
+                I32 ngroups, wd_after_momentum, sgd;                                            \
+                I32 sched_groups; /* the groups below it follow sched */                        \
+            } prepare;                                                                          \
+            struct { P(S(scaler)) state; } scaler;                                              \
+            struct { P(const S(group)) group; U64 seed; I32 w_mode, model; } adam;              \
+            struct { /* Adam with amsgrad */                                                    \
+                P(const S(group)) group;                                                        \
+                U64 seed;                                                                       \
+                P(const U64) max_bufs; /* per tensor index: its max(v) buffer */                \
+                I32 w_mode, model;                                                              \
+            } adam_ams;                                                                         \
+            struct { P(const S(group)) group; U64 seed; I32 w_mode, model; } adagrad;           \
+            struct {                                                                            \
+                P(const S(group)) group;                                                        \
+                U64 seed;                                                                       \
+                I32 momentum; /* momentum buffers exist and momentum is on */                   \
+                I32 model;                                                                      \
+            } sgd;                                                                              \
+            struct { /* LAMB stage 1: per-chunk sums of p^2 and u^2 out */                      \
+                P(const S(group)) group;                                                        \
+                P(double) p_sumsq;                                                              \
+                P(double) u_sumsq;                                                              \
+                I32 w_mode;                                                                     \
+            } lamb1;                                                                            \
+            struct { /* LAMB global-norm clip */                                                \
+                P(S(group)) groups;                                                             \
+                P(const double) sumsq; /* of the unscaled grads */                              \
+                I32 ngroups;                                                                    \
+                float max_grad_norm;                                                            \
+            } lamb_clip;                                                                        \
+            struct { /* LAMB trust ratio per tensor */                                          \
+                P(const S(group)) groups;                                                       \
+                P(const double) p_sumsq;                                                        \
+                P(const double) u_sumsq;                                                        \
+                P(float) ratio; /* out */                                                       \
+                P(const I32) tgroup;                                                            \
+                I32 ntensors, use_nvlamb;                                                       \
+            } lamb_ratio;                                                                       \
+            struct { /* LAMB stage 2 */                                                         \
+                P(const S(group)) group;                                                        \
+                U64 seed;                                                                       \
+                P(const float) ratio; /* per tensor index */                                    \
+                I32 w_mode, model;                                                              \
+            } lamb2;                                                                            \
+            struct { /* NovoGrad pass 1: per-chunk sums of (g*gs)^2 out */                      \
+                P(const S(group)) group;                                                        \
+                P(double) partial;                                                              \
+            } novo1;                                                                            \
+            struct { /* NovoGrad per tensor, between the passes */                              \
+                P(const S(group)) groups;                                                       \
+                P(const double) sumsq; /* per tensor: sum (g*gs)^2 */                           \
+                P(float) v;            /* per tensor: the second moment (in, out) */            \
+                P(float) denom;        /* per tensor: out */                                    \
+                P(const I32) tgroup;                                                            \
+                I32 ntensors, init_zero;                                                        \
+            } novo_norm;                                                                        \
+            struct { /* NovoGrad pass 2 */                                                      \
+                P(const S(group)) group;                                                        \
+                U64 seed;                                                                       \
+                P(const float) denom; /* per tensor index */                                    \
+                I32 reg_inside_moment, model;                                                   \
+            } novo2;                                                                            \
+        } op;                                                                                   \
     };
+/* The address lists of the multi-tensor kernels (capex_go_meta<D>::addr[list][slot]),
+   defined once: CAPEX__GO_<KERNEL>_<LIST> on the host (capex__go_class fills
+   them, capex__go_mta launches _DEPTH of them), CAPEX_GO_<KERNEL>_<LIST> in
+   the kernel text. G grads, P params (fp32 master where there is a model
+   copy), M exp_avg (SGD: BUF, the momentum buffer; Adagrad: SUM, the sum of
+   squares), V exp_avg_sq, MODEL the f16/bf16 model copy (0: none), T each
+   tensor's index into the optimizer's tensors (a number, not an address).
+   Adam with amsgrad uses Adam's lists. */
+#define CAPEX__GO_LISTS(E)                                                                                 \
+    enum { E(SCALE_IN), E(SCALE_OUT), E(SCALE_DEPTH) };                                                    \
+    enum { E(SUMSQ_X), E(SUMSQ_DEPTH) };                                                                   \
+    enum { E(ADAM_G), E(ADAM_P), E(ADAM_M), E(ADAM_V), E(ADAM_MODEL), E(ADAM_T), E(ADAM_DEPTH) };          \
+    enum { E(SGD_G), E(SGD_P), E(SGD_BUF), E(SGD_MODEL), E(SGD_T), E(SGD_DEPTH) };                         \
+    enum { E(LAMB1_G), E(LAMB1_P), E(LAMB1_M), E(LAMB1_V), E(LAMB1_T), E(LAMB1_DEPTH) };                   \
+    enum { E(LAMB2_P), E(LAMB2_M), E(LAMB2_V), E(LAMB2_MODEL), E(LAMB2_T), E(LAMB2_DEPTH) };               \
+    enum { E(NOVO1_G), E(NOVO1_T), E(NOVO1_DEPTH) };                                                       \
+    enum { E(NOVO2_G), E(NOVO2_P), E(NOVO2_M), E(NOVO2_MODEL), E(NOVO2_T), E(NOVO2_DEPTH) };               \
+    enum { E(ADAGRAD_G), E(ADAGRAD_P), E(ADAGRAD_SUM), E(ADAGRAD_MODEL), E(ADAGRAD_T), E(ADAGRAD_DEPTH) };
+#define CAPEX__GO_KLIST(x) CAPEX_GO_##x
+#define CAPEX__GO_CLIST(x) CAPEX__GO_##x
 #define CAPEX__GO_KSTRUCT(x) struct capex_go_##x
 #define CAPEX__GO_CSTRUCT(x) struct capex__go_##x
+#define CAPEX__GO_KPTR(T) T *
+#define CAPEX__GO_CPTR(T) uint64_t
 
 static const char capex__cuda_frag_go0[] =
     "/* ---- fused multi-tensor kernels (GPUOPT) ----\n"
@@ -2032,11 +2151,13 @@ static const char capex__cuda_frag_go0[] =
     "    unsigned block_chunk[320];\n"
     "    unsigned char block_tensor[320];\n"
     "};\n"
-    "/* kernel-specific pointers, values and switches (see each kernel);\n"
-    "   the launch structs below are CAPEX__GO_STRUCTS (capex_cuda.h) */\n"
+    "/* the launch structs below are CAPEX__GO_STRUCTS (capex_cuda.h): each\n"
+    "   kernel's own arguments are capex_go_args::op.KERNEL */\n"
     "#define CAPEX_GO_NSEG 158\n"
-    CAPEX__OPT_XSTR(CAPEX__GO_STRUCTS(CAPEX__GO_KSTRUCT, capex_u64, long long, int, unsigned)) "\n";
+    CAPEX__OPT_XSTR(CAPEX__GO_STRUCTS(CAPEX__GO_KSTRUCT, CAPEX__GO_KPTR, capex_u64, long long, int, unsigned)) "\n";
 static const char capex__cuda_frag_go1[] =
+    "/* address lists: CAPEX__GO_LISTS (capex_cuda.h) */\n"
+    CAPEX__OPT_XSTR(CAPEX__GO_LISTS(CAPEX__GO_KLIST)) "\n"
     "template <int D> CAPEX_DEVICE int capex_go_block(const capex_go_meta<D> &m, capex_u64 chunk, capex_u64 *off,\n"
     "                                                 capex_u64 *n) {\n"
     "    int s = m.block_tensor[blockIdx.x];\n"
@@ -2090,21 +2211,21 @@ static const char capex__cuda_frag_go1[] =
 static const char capex__cuda_frag_go2[] =
     "/* Unscale + inf/NaN check (Apex multi_tensor_scale): out = float(in) * s\n"
     "   rounded to out's dtype; *found_inf = 1 if an input or stored output is\n"
-    "   inf/NaN. s = *ptr[0]; ptr[1]: found_inf (0: none); flag[0]: 0 = check only\n"
-    "   (no output); flag[1]: clip mode, do nothing unless s < 1. */\n"
-    "template <int I, int O> CAPEX_DEVICE void capex_go_scale(const capex_go_meta<2> &m, const capex_go_args &a) {\n"
+    "   inf/NaN. s = *a.op.scale.factor (capex_go_args: found_inf, write_out,\n"
+    "   clip_only). */\n"
+    "template <int I, int O> CAPEX_DEVICE void capex_go_scale(const capex_go_meta<CAPEX_GO_SCALE_DEPTH> &m, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<I>::T IT;\n"
     "    typedef typename capex_go_ty<O>::T OT;\n"
-    "    const float s = *(const float *)a.ptr[0];\n"
-    "    const int wr = a.flag[0];\n"
+    "    const float s = *a.op.scale.factor;\n"
+    "    const int wr = a.op.scale.write_out;\n"
     "    capex_u64 off, n, i, k;\n"
     "    unsigned bad = 0;\n"
-    "    if (a.flag[1] && !(s < 1.0f)) return;\n"
+    "    if (a.op.scale.clip_only && !(s < 1.0f)) return;\n"
     "    int slot = capex_go_block(m, a.chunk, &off, &n);\n"
-    "    const IT *in = (const IT *)m.addr[0][slot] + off;\n"
-    "    OT *out = (OT *)m.addr[1][slot] + off;\n"
-    "    capex_u64 nv = capex_go_al(m.addr[0][slot], off, sizeof(IT)) &&\n"
-    "                   (!wr || capex_go_al(m.addr[1][slot], off, sizeof(OT))) ? n / 4 : 0;\n"
+    "    const IT *in = (const IT *)m.addr[CAPEX_GO_SCALE_IN][slot] + off;\n"
+    "    OT *out = (OT *)m.addr[CAPEX_GO_SCALE_OUT][slot] + off;\n"
+    "    capex_u64 nv = capex_go_al(m.addr[CAPEX_GO_SCALE_IN][slot], off, sizeof(IT)) &&\n"
+    "                   (!wr || capex_go_al(m.addr[CAPEX_GO_SCALE_OUT][slot], off, sizeof(OT))) ? n / 4 : 0;\n"
     "    /* two vectors a thread, both loaded before either is converted: 2 loads in flight */\n"
     "    for (k = threadIdx.x; k < nv; k += 2ull * blockDim.x) {\n"
     "        IT x[8]; OT y[8];\n"
@@ -2125,17 +2246,17 @@ static const char capex__cuda_frag_go2[] =
     "        bad |= capex_go_nf(in[i], I) | capex_go_nf(y, O);\n"
     "        if (wr) out[i] = y;\n"
     "    }\n"
-    "    if (bad && a.ptr[1]) *(volatile unsigned *)a.ptr[1] = 1u;\n"
+    "    if (bad && a.op.scale.found_inf) *(volatile unsigned *)a.op.scale.found_inf = 1u;\n"
     "}\n"
-    "/* Sum of squares of each block's chunk in double -> ptr[0][blockIdx.x]. */\n"
-    "template <int I> CAPEX_DEVICE void capex_go_sumsq(const capex_go_meta<1> &m, const capex_go_args &a) {\n"
+    "/* Sum of squares of each block's chunk in double -> op.sumsq.partial[blockIdx.x]. */\n"
+    "template <int I> CAPEX_DEVICE void capex_go_sumsq(const capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> &m, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<I>::T IT;\n"
     "    __shared__ double sh[512];\n"
     "    capex_u64 off, n, i, k;\n"
     "    double acc = 0.0;\n"
     "    int slot = capex_go_block(m, a.chunk, &off, &n);\n"
-    "    const IT *x = (const IT *)m.addr[0][slot] + off;\n"
-    "    capex_u64 nv = capex_go_al(m.addr[0][slot], off, sizeof(IT)) ? n / 4 : 0, b = blockDim.x;\n"
+    "    const IT *x = (const IT *)m.addr[CAPEX_GO_SUMSQ_X][slot] + off;\n"
+    "    capex_u64 nv = capex_go_al(m.addr[CAPEX_GO_SUMSQ_X][slot], off, sizeof(IT)) ? n / 4 : 0, b = blockDim.x;\n"
     "    /* 4 strides loaded before any is summed: 4 loads in flight per thread\n"
     "       (tests/sass_gate.py holds it); same per-thread order as 1 at a time */\n"
     "    for (k = threadIdx.x; k + 3 * b < nv; k += 4 * b) {\n"
@@ -2167,14 +2288,14 @@ static const char capex__cuda_frag_go2[] =
     "        acc += d * d;\n"
     "    }\n"
     "    acc = capex_go_bsum(sh, acc);\n"
-    "    if (threadIdx.x == 0) ((double *)a.ptr[0])[blockIdx.x] = acc;\n"
+    "    if (threadIdx.x == 0) a.op.sumsq.partial[blockIdx.x] = acc;\n"
     "}\n";
 static const char capex__cuda_frag_go3[] =
-    "/* Segment b: sum of part[start .. start+count) (ptr[0]) in a fixed order;\n"
-    "   writes sumsq to ptr[1][out] and float(sqrt) to ptr[2][out] (0: none). */\n"
+    "/* Segment b: sum of partial[start .. start+count) in a fixed order; writes\n"
+    "   it to sumsq[out] and float(sqrt) to norm[out] (0: none) (op.reduce). */\n"
     "CAPEX_GK void capex_go_reduce(capex_go_segs sg, capex_go_args a) {\n"
     "    __shared__ double sh[512];\n"
-    "    const double *part = (const double *)a.ptr[0] + sg.start[blockIdx.x];\n"
+    "    const double *part = a.op.reduce.partial + sg.start[blockIdx.x];\n"
     "    double acc = 0.0;\n"
     "    long long i = threadIdx.x, c = sg.count[blockIdx.x], b = blockDim.x;\n"
     "    for (; i + 3 * b < c; i += 4 * b) { /* 4 loads in flight, same summation order */\n"
@@ -2184,45 +2305,47 @@ static const char capex__cuda_frag_go3[] =
     "    for (; i < c; i += b) acc += part[i];\n"
     "    acc = capex_go_bsum(sh, acc);\n"
     "    if (threadIdx.x == 0) {\n"
-    "        if (a.ptr[1]) ((double *)a.ptr[1])[sg.out[blockIdx.x]] = acc;\n"
-    "        if (a.ptr[2]) ((float *)a.ptr[2])[sg.out[blockIdx.x]] = (float)sqrt(acc);\n"
+    "        if (a.op.reduce.sumsq) a.op.reduce.sumsq[sg.out[blockIdx.x]] = acc;\n"
+    "        if (a.op.reduce.norm) a.op.reduce.norm[sg.out[blockIdx.x]] = (float)sqrt(acc);\n"
     "    }\n"
     "}\n"
-    "/* Clip by global norm (torch clip_grad_norm_, capex_clip_coef): total =\n"
-    "   float(sqrt(*ptr[0])) -> ptr[1]; coef = min(1, max_norm / (total + 1e-6f)),\n"
-    "   1 for a non-finite total -> ptr[2] (either 0: none). val[0]: max_norm. */\n"
+    "/* Clip by global norm (torch clip_grad_norm_, capex_clip_coef), op.clip:\n"
+    "   total = float(sqrt(*sumsq)); coef = min(1, max_norm / (total + 1e-6f)),\n"
+    "   1 for a non-finite total (either output 0: none). */\n"
     "CAPEX_GK void capex_go_clip_coef(capex_go_args a) {\n"
-    "    double sq = *(const double *)a.ptr[0];\n"
+    "    const float max_norm = a.op.clip.max_norm;\n"
+    "    double sq = *a.op.clip.sumsq;\n"
     "    float total = (float)sqrt(sq), coef = 1.0f;\n"
     "    if (total - total == 0.0f) {\n"
-    "        coef = a.val[0] / (total + 1e-6f);\n"
+    "        coef = max_norm / (total + 1e-6f);\n"
     "        if (!(coef < 1.0f)) coef = 1.0f;\n"
-    "    } else if (sq - sq == 0.0 && a.val[0] - a.val[0] == 0.0f) {\n"
+    "    } else if (sq - sq == 0.0 && max_norm - max_norm == 0.0f) {\n"
     "        coef = 0.0f; /* finite grads, norm beyond f32: PyTorch's max_norm / inf */\n"
     "    }\n"
-    "    if (a.ptr[1]) *(float *)a.ptr[1] = total;\n"
-    "    if (a.ptr[2]) *(float *)a.ptr[2] = coef;\n"
+    "    if (a.op.clip.total) *a.op.clip.total = total;\n"
+    "    if (a.op.clip.coef) *a.op.clip.coef = coef;\n"
     "}\n"
-    "/* One thread per step, before the update kernels: skip = found_inf (ptr[1])\n"
-    "   or a bad inv_scale (ptr[2]) / clip (ptr[3]); else step += 1 and the\n"
-    "   group constants as capex_optim_step computes them. ptr[0]: groups,\n"
-    "   flag[0]: count, flag[1]: wd_after_momentum, flag[2]: 1 for SGD. ptr[4]:\n"
-    "   an lr schedule (capex__lr_p, then a float base lr per group) for groups\n"
-    "   below flag[3]: lr = capex__lr_eval(base, steps taken), capex.h's text. */\n"
+    "/* One thread per step, before the update kernels (op.prepare): skip =\n"
+    "   found_inf or a bad inv_scale / clip_coef; else step += 1 and the group\n"
+    "   constants as capex_optim_step computes them. sched: an lr schedule for\n"
+    "   the groups below sched_groups: lr = capex__lr_eval(base, steps taken),\n"
+    "   capex.h's text. */\n"
     "CAPEX_GK void capex_go_prepare(capex_go_args a) {\n"
-    "    capex_go_group *gr = (capex_go_group *)a.ptr[0];\n"
-    "    float inv = a.ptr[2] ? *(const float *)a.ptr[2] : 1.0f, cl = a.ptr[3] ? *(const float *)a.ptr[3] : 1.0f;\n"
+    "    capex_go_group *gr = a.op.prepare.groups;\n"
+    "    const float *pi = a.op.prepare.inv_scale, *pc = a.op.prepare.clip_coef;\n"
+    "    const unsigned *fi = a.op.prepare.found_inf;\n"
+    "    float inv = pi ? *pi : 1.0f, cl = pc ? *pc : 1.0f;\n"
     "    float gs = inv * cl;\n"
-    "    unsigned skip = (a.ptr[1] && *(const unsigned *)a.ptr[1] != 0u) || !(inv > 0.0f) || !(cl >= 0.0f) ||\n"
+    "    unsigned skip = (fi && *fi != 0u) || !(inv > 0.0f) || !(cl >= 0.0f) ||\n"
     "                    !(gs - gs == 0.0f);\n"
     "    if (threadIdx.x != 0 || blockIdx.x != 0) return;\n"
-    "    for (int k = 0; k < a.flag[0]; k++) {\n"
+    "    for (int k = 0; k < a.op.prepare.ngroups; k++) {\n"
     "        capex_go_group *g = gr + k;\n"
     "        g->skip = skip;\n"
     "        g->gs = gs;\n"
     "        if (skip) continue;\n"
-    "        if (a.ptr[4] && k < a.flag[3]) {\n"
-    "            const capex__lr_p *lp = (const capex__lr_p *)a.ptr[4];\n"
+    "        if (a.op.prepare.sched && k < a.op.prepare.sched_groups) {\n"
+    "            const capex__lr_p *lp = (const capex__lr_p *)a.op.prepare.sched;\n"
     "            g->lr = (float)capex__lr_eval(lp, (double)((const float *)(lp + 1))[k], g->step);\n"
     "        }\n"
     "        long long s = g->step + 1;\n"
@@ -2232,10 +2355,10 @@ static const char capex__cuda_frag_go3[] =
     "        g->bc2 = g->bias_correction ? (float)(1.0 - pow((double)g->beta2, (double)s)) : 1.0f;\n"
     "        g->clip_div = 1.0f;\n"
     "        g->first = !g->mom_init ? ~0u : 0u;\n"
-    "        if (a.flag[2] && g->momentum != 0.0f) g->mom_init = 1;\n"
+    "        if (a.op.prepare.sgd && g->momentum != 0.0f) g->mom_init = 1;\n"
     "        g->wd_on = g->wd != 0.0f ? ~0u : 0u;\n"
-    "        g->wd_before = a.flag[1] ? 0u : g->wd_on;\n"
-    "        g->wd_after = a.flag[1] ? g->wd_on : 0u;\n"
+    "        g->wd_before = a.op.prepare.wd_after_momentum ? 0u : g->wd_on;\n"
+    "        g->wd_after = a.op.prepare.wd_after_momentum ? g->wd_on : 0u;\n"
     "        g->step_lo = (unsigned)((unsigned long long)s & 0xffffffffu);\n"
     "        g->step_hi = (unsigned)((unsigned long long)s >> 32);\n"
     "    }\n"
@@ -2256,22 +2379,24 @@ static const char capex__cuda_frag_go4[] =
     "    unsigned key = (unsigned)(e >> 32) == sr.hi0 ? sr.k0 : sr.k1;\n"
     "    return (capex_u16)capex__bf16_round_sr(p, capex__sr_bits(key, (unsigned)e));\n"
     "}\n"
-    "/* Adam/AdamW: lists g, p, m, v, model (0: none), tensor index. ptr[0]: the\n"
-    "   group, ptr[1]: seed, flag[0]: adam_w_mode, flag[1]: model kind. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_adam(const capex_go_meta<6> &mt, const capex_go_args &a) {\n"
+    "/* Adam/AdamW: lists g, p, m, v, model (0: none), tensor index; op.adam. */\n"
+    "template <int G> CAPEX_DEVICE void capex_go_adam(const capex_go_meta<CAPEX_GO_ADAM_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
-    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    const capex_go_group *g = a.op.adam.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.flag[0], mk = a.flag[1];\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
-    "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off, *v = (float *)mt.addr[3][s] + off;\n"
-    "    capex_u16 *h = (capex_u16 *)mt.addr[4][s] + off;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.adam.w_mode, mk = a.op.adam.model;\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAM_G][s] + off;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_ADAM_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_ADAM_M][s] + off;\n"
+    "    float *v = (float *)mt.addr[CAPEX_GO_ADAM_V][s] + off;\n"
+    "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_ADAM_MODEL][s] + off;\n"
     "    const float gs = g->gs, b1 = g->beta1, b2 = g->beta2, bc1 = g->bc1, bc2 = g->bc2, eps = g->eps, lr = g->lr, wd = g->wd;\n"
-    "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[5][s], off);\n"
-    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                   capex_go_al(mt.addr[2][s], off, 4) && capex_go_al(mt.addr[3][s], off, 4) &&\n"
-    "                   (!mk || capex_go_al(mt.addr[4][s], off, 2)) ? n / 4 : 0;\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.op.adam.seed, g, mt.addr[CAPEX_GO_ADAM_T][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_ADAM_G][s], off, sizeof(GT)) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_P][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_M][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_V][s], off, 4) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_ADAM_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "        GT gg[4]; float pp[4], mm[4], vv[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
     "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
@@ -2293,22 +2418,23 @@ static const char capex__cuda_frag_go4[] =
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go5[] =
-    "/* SGD: lists g, p, momentum buffer (0: none), model, tensor index. ptr[0]:\n"
-    "   group, ptr[1]: seed, flag[0]: momentum buffers exist, flag[1]: model kind. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_sgd(const capex_go_meta<5> &mt, const capex_go_args &a) {\n"
+    "/* SGD: lists g, p, momentum buffer (0: none), model, tensor index; op.sgd. */\n"
+    "template <int G> CAPEX_DEVICE void capex_go_sgd(const capex_go_meta<CAPEX_GO_SGD_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
-    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    const capex_go_group *g = a.op.sgd.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), mo = a.flag[0], mk = a.flag[1];\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
-    "    float *p = (float *)mt.addr[1][s] + off, *b = (float *)mt.addr[2][s] + off;\n"
-    "    capex_u16 *h = (capex_u16 *)mt.addr[3][s] + off;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), mo = a.op.sgd.momentum, mk = a.op.sgd.model;\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_SGD_G][s] + off;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_SGD_P][s] + off, *b = (float *)mt.addr[CAPEX_GO_SGD_BUF][s] + off;\n"
+    "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_SGD_MODEL][s] + off;\n"
     "    const float gs = g->gs, wd = g->wd, mom = g->momentum, damp = g->dampening, lr = g->lr;\n"
     "    const unsigned nes = g->nesterov ? ~0u : 0u, first = g->first, wb = g->wd_before, wa = g->wd_after, won = g->wd_on;\n"
-    "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[4][s], off);\n"
-    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                   (!mo || capex_go_al(mt.addr[2][s], off, 4)) && (!mk || capex_go_al(mt.addr[3][s], off, 2)) ? n / 4 : 0;\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.op.sgd.seed, g, mt.addr[CAPEX_GO_SGD_T][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_SGD_G][s], off, sizeof(GT)) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_SGD_P][s], off, 4) &&\n"
+    "                   (!mo || capex_go_al(mt.addr[CAPEX_GO_SGD_BUF][s], off, 4)) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_SGD_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "        GT gg[4]; float pp[4], bb[4] = {0, 0, 0, 0}; capex_u16 hh[4] = {0, 0, 0, 0};\n"
     "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp);\n"
@@ -2334,8 +2460,7 @@ static const char capex__cuda_frag_go5[] =
     "}\n";
 static const char capex__cuda_frag_go6[] =
     "/* LAMB stage 1: lists g, p, m, v. Moments, and per-chunk sums of p^2 (p\n"
-    "   before the update) and u^2 in double -> ptr[1][b], ptr[2][b]. ptr[0]:\n"
-    "   group, flag[0]: adam_w_mode. */\n"
+    "   before the update) and u^2 in double -> op.lamb1.p_sumsq[b], u_sumsq[b]. */\n"
     "CAPEX_DEVICE void capex_go_lamb1_elem(float gi, float pk, float *m, float *v, const capex_go_group *g, int w,\n"
     "                                      double *ap, double *au) {\n"
     "    gi = w ? capex__lamb_grad_w(gi, g->clip_div) : capex__lamb_grad_l2(gi, pk, g->clip_div, g->wd);\n"
@@ -2345,19 +2470,22 @@ static const char capex__cuda_frag_go6[] =
     "    *ap += (double)pk * pk;\n"
     "    *au += (double)u * u;\n"
     "}\n"
-    "template <int G> CAPEX_DEVICE void capex_go_lamb1(const capex_go_meta<5> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_lamb1(const capex_go_meta<CAPEX_GO_LAMB1_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    __shared__ double sh[512];\n"
-    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    const capex_go_group *g = a.op.lamb1.group;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.flag[0];\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
-    "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off, *v = (float *)mt.addr[3][s] + off;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.lamb1.w_mode;\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_LAMB1_G][s] + off;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_LAMB1_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_LAMB1_M][s] + off;\n"
+    "    float *v = (float *)mt.addr[CAPEX_GO_LAMB1_V][s] + off;\n"
     "    const float gs = g->gs;\n"
     "    double ap = 0.0, au = 0.0;\n"
     "    if (!g->skip) {\n"
-    "        capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                       capex_go_al(mt.addr[2][s], off, 4) && capex_go_al(mt.addr[3][s], off, 4) ? n / 4 : 0;\n"
+    "        capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_LAMB1_G][s], off, sizeof(GT)) &&\n"
+    "                       capex_go_al(mt.addr[CAPEX_GO_LAMB1_P][s], off, 4) &&\n"
+    "                       capex_go_al(mt.addr[CAPEX_GO_LAMB1_M][s], off, 4) &&\n"
+    "                       capex_go_al(mt.addr[CAPEX_GO_LAMB1_V][s], off, 4) ? n / 4 : 0;\n"
     "        for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "            GT gg[4]; float pp[4], mm[4], vv[4];\n"
     "            capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
@@ -2373,54 +2501,57 @@ static const char capex__cuda_frag_go6[] =
     "    ap = capex_go_bsum(sh, ap);\n"
     "    au = capex_go_bsum(sh, au);\n"
     "    if (threadIdx.x == 0) {\n"
-    "        ((double *)a.ptr[1])[blockIdx.x] = ap;\n"
-    "        ((double *)a.ptr[2])[blockIdx.x] = au;\n"
+    "        a.op.lamb1.p_sumsq[blockIdx.x] = ap;\n"
+    "        a.op.lamb1.u_sumsq[blockIdx.x] = au;\n"
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go7[] =
-    "/* LAMB global-norm clip (one thread): gnorm = float(sqrt(*ptr[1]) * gs);\n"
-    "   clip_div = gnorm / max_grad_norm (val[0]) when above it, else 1. */\n"
+    "/* LAMB global-norm clip (one thread), op.lamb_clip: gnorm =\n"
+    "   float(sqrt(*sumsq) * gs); clip_div = gnorm / max_grad_norm when above\n"
+    "   it, else 1. */\n"
     "CAPEX_GK void capex_go_lamb_clip(capex_go_args a) {\n"
-    "    capex_go_group *gr = (capex_go_group *)a.ptr[0];\n"
+    "    capex_go_group *gr = a.op.lamb_clip.groups;\n"
+    "    const float mx = a.op.lamb_clip.max_grad_norm;\n"
     "    if (threadIdx.x != 0 || blockIdx.x != 0) return;\n"
-    "    CAPEX_NO_UNROLL for (int k = 0; k < a.flag[0]; k++) {\n"
-    "        float gn = (float)(sqrt(*(const double *)a.ptr[1]) * (double)gr[k].gs), cd = 1.0f;\n"
-    "        if (a.val[0] > 0.0f && gn > a.val[0]) cd = gn / a.val[0];\n"
+    "    CAPEX_NO_UNROLL for (int k = 0; k < a.op.lamb_clip.ngroups; k++) {\n"
+    "        float gn = (float)(sqrt(*a.op.lamb_clip.sumsq) * (double)gr[k].gs), cd = 1.0f;\n"
+    "        if (mx > 0.0f && gn > mx) cd = gn / mx;\n"
     "        gr[k].clip_div = cd;\n"
     "    }\n"
     "}\n"
-    "/* LAMB trust ratio per tensor t: ptr[1], ptr[2]: sum p^2, u^2 (double);\n"
-    "   ptr[3]: ratio out; ptr[4]: group index per tensor (int); flag[0]: tensors,\n"
-    "   flag[1]: use_nvlamb. ratio = lr * |p| / |u| (Apex), lr where it is off. */\n"
+    "/* LAMB trust ratio per tensor t (op.lamb_ratio): ratio[t] = lr * |p| / |u|\n"
+    "   (Apex) from the sums p_sumsq[t], u_sumsq[t]; lr where it is off. */\n"
     "CAPEX_GK void capex_go_lamb_ratio(capex_go_args a) {\n"
-    "    const capex_go_group *gr = (const capex_go_group *)a.ptr[0];\n"
-    "    CAPEX_NO_UNROLL for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < a.flag[0]; t += (long long)gridDim.x * blockDim.x) {\n"
-    "        const capex_go_group *g = gr + ((const int *)a.ptr[4])[t];\n"
-    "        float pn = (float)sqrt(((const double *)a.ptr[1])[t]), un = (float)sqrt(((const double *)a.ptr[2])[t]);\n"
+    "    const capex_go_group *gr = a.op.lamb_ratio.groups;\n"
+    "    CAPEX_NO_UNROLL for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < a.op.lamb_ratio.ntensors; t += (long long)gridDim.x * blockDim.x) {\n"
+    "        const capex_go_group *g = gr + a.op.lamb_ratio.tgroup[t];\n"
+    "        float pn = (float)sqrt(a.op.lamb_ratio.p_sumsq[t]), un = (float)sqrt(a.op.lamb_ratio.u_sumsq[t]);\n"
     "        float r = g->lr;\n"
-    "        if (a.flag[1] || g->wd != 0.0f) r = (un != 0.0f && pn != 0.0f) ? g->lr * (pn / un) : g->lr;\n"
-    "        ((float *)a.ptr[3])[t] = r;\n"
+    "        if (a.op.lamb_ratio.use_nvlamb || g->wd != 0.0f) r = (un != 0.0f && pn != 0.0f) ? g->lr * (pn / un) : g->lr;\n"
+    "        a.op.lamb_ratio.ratio[t] = r;\n"
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go8[] =
     "/* LAMB stage 2: lists p, m, v, model, tensor index; p -= ratio[t] * u with u\n"
-    "   recomputed from the new m, v (capex.h's choice). ptr[0]: group, ptr[1]:\n"
-    "   seed, ptr[2]: ratios, flag[0]: adam_w_mode, flag[1]: model kind. */\n"
+    "   recomputed from the new m, v (capex.h's choice); op.lamb2. */\n"
     "CAPEX_DEVICE float capex_go_lamb2_elem(float p, float m, float v, const capex_go_group *g, int w, float r) {\n"
     "    float u = w ? capex__lamb_update_w(p, m, v, g->bc1, g->bc2, g->eps, g->wd) : capex__lamb_update_l2(p, m, v, g->bc1, g->bc2, g->eps);\n"
     "    return capex__lamb_apply(p, u, r);\n"
     "}\n"
-    "CAPEX_GK void capex_go_lamb2(capex_go_meta<5> mt, capex_go_args a) {\n"
-    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "CAPEX_GK void capex_go_lamb2(capex_go_meta<CAPEX_GO_LAMB2_DEPTH> mt, capex_go_args a) {\n"
+    "    const capex_go_group *g = a.op.lamb2.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.flag[0], mk = a.flag[1];\n"
-    "    float *p = (float *)mt.addr[0][s] + off, *m = (float *)mt.addr[1][s] + off, *v = (float *)mt.addr[2][s] + off;\n"
-    "    capex_u16 *h = (capex_u16 *)mt.addr[3][s] + off;\n"
-    "    const float r = ((const float *)a.ptr[2])[mt.addr[4][s]];\n"
-    "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[4][s], off);\n"
-    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, 4) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                   capex_go_al(mt.addr[2][s], off, 4) && (!mk || capex_go_al(mt.addr[3][s], off, 2)) ? n / 4 : 0;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.lamb2.w_mode, mk = a.op.lamb2.model;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_LAMB2_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_LAMB2_M][s] + off;\n"
+    "    float *v = (float *)mt.addr[CAPEX_GO_LAMB2_V][s] + off;\n"
+    "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_LAMB2_MODEL][s] + off;\n"
+    "    const float r = a.op.lamb2.ratio[mt.addr[CAPEX_GO_LAMB2_T][s]];\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.op.lamb2.seed, g, mt.addr[CAPEX_GO_LAMB2_T][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_LAMB2_P][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_LAMB2_M][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_LAMB2_V][s], off, 4) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_LAMB2_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "        float pp[4], mm[4], vv[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
     "        capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
@@ -2442,7 +2573,7 @@ static const char capex__cuda_frag_go8b[] =
     "   (capex__scaler_rule: growth, backoff, hysteresis, min/max), then steps,\n"
     "   inv_scale = f32(1 / f64(scale)) and found_inf cleared for the next step. */\n"
     "CAPEX_GK void capex_go_scaler_update(capex_go_args a) {\n"
-    "    capex_go_scaler *c = (capex_go_scaler *)a.ptr[0];\n"
+    "    capex_go_scaler *c = a.op.scaler.state;\n"
     "    if (threadIdx.x != 0 || blockIdx.x != 0) return;\n"
     "    unsigned fi = c->found_inf != 0u;\n"
     "    if (c->dynamic && fi) {\n"
@@ -2472,18 +2603,18 @@ static const char capex__cuda_frag_go8b[] =
     "}\n";
 static const char capex__cuda_frag_go10[] =
     "/* NovoGrad pass 1: lists g, tensor index. Per-chunk sum of (g*gs)^2 in\n"
-    "   double -> ptr[1][b] (0 on a skipped step). ptr[0]: group. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_novo1(const capex_go_meta<2> &mt, const capex_go_args &a) {\n"
+    "   double -> op.novo1.partial[b] (0 on a skipped step). */\n"
+    "template <int G> CAPEX_DEVICE void capex_go_novo1(const capex_go_meta<CAPEX_GO_NOVO1_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    __shared__ double sh[512];\n"
-    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    const capex_go_group *g = a.op.novo1.group;\n"
     "    capex_u64 off, n, i, k;\n"
     "    int s = capex_go_block(mt, a.chunk, &off, &n);\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_NOVO1_G][s] + off;\n"
     "    const float gs = g->gs;\n"
     "    double acc = 0.0;\n"
     "    if (!g->skip) {\n"
-    "        capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) ? n / 4 : 0;\n"
+    "        capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_NOVO1_G][s], off, sizeof(GT)) ? n / 4 : 0;\n"
     "        for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "            GT gg[4];\n"
     "            capex_go_ld4(gp + 4 * k, gg);\n"
@@ -2498,26 +2629,26 @@ static const char capex__cuda_frag_go10[] =
     "        }\n"
     "    }\n"
     "    acc = capex_go_bsum(sh, acc);\n"
-    "    if (threadIdx.x == 0) ((double *)a.ptr[1])[blockIdx.x] = acc;\n"
+    "    if (threadIdx.x == 0) a.op.novo1.partial[blockIdx.x] = acc;\n"
     "}\n";
 static const char capex__cuda_frag_go11[] =
-    "/* NovoGrad pass 2: lists g, p, m, model, tensor index. ptr[0]: group,\n"
-    "   ptr[1]: seed, ptr[2]: denom per tensor, flag[0]: reg_inside_moment,\n"
-    "   flag[1]: model kind. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_novo2(const capex_go_meta<5> &mt, const capex_go_args &a) {\n"
+    "/* NovoGrad pass 2: lists g, p, m, model, tensor index; op.novo2. */\n"
+    "template <int G> CAPEX_DEVICE void capex_go_novo2(const capex_go_meta<CAPEX_GO_NOVO2_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
-    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    const capex_go_group *g = a.op.novo2.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), reg = a.flag[0], mk = a.flag[1];\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
-    "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off;\n"
-    "    capex_u16 *h = (capex_u16 *)mt.addr[3][s] + off;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), reg = a.op.novo2.reg_inside_moment, mk = a.op.novo2.model;\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_NOVO2_G][s] + off;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_NOVO2_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_NOVO2_M][s] + off;\n"
+    "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_NOVO2_MODEL][s] + off;\n"
     "    const float gs = g->gs, b1 = g->beta1, b3 = g->beta3, bc1 = g->bc1, lr = g->lr, wd = g->wd;\n"
-    "    const float den = ((const float *)a.ptr[2])[mt.addr[4][s]];\n"
-    "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[4][s], off);\n"
-    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                   capex_go_al(mt.addr[2][s], off, 4) && (!mk || capex_go_al(mt.addr[3][s], off, 2)) ? n / 4 : 0;\n"
+    "    const float den = a.op.novo2.denom[mt.addr[CAPEX_GO_NOVO2_T][s]];\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.op.novo2.seed, g, mt.addr[CAPEX_GO_NOVO2_T][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_NOVO2_G][s], off, sizeof(GT)) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_NOVO2_P][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_NOVO2_M][s], off, 4) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_NOVO2_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "        GT gg[4]; float pp[4], mm[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
     "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm);\n"
@@ -2539,44 +2670,46 @@ static const char capex__cuda_frag_go11[] =
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go12[] =
-    "/* NovoGrad per tensor t, between the passes: n2 = ptr[1][t] (double), v =\n"
-    "   ptr[2][t] blended as Apex (first step: from init_zero ? 0 : |g|), denom\n"
-    "   -> ptr[3][t]; ptr[4]: group per tensor; flag[0]: tensors, flag[1]:\n"
-    "   init_zero. bias_correction2 = sqrt(1 - beta2^step) (a norm). */\n"
+    "/* NovoGrad per tensor t, between the passes (op.novo_norm): n2 = sumsq[t],\n"
+    "   v[t] blended as Apex (first step: from init_zero ? 0 : |g|), denom[t].\n"
+    "   bias_correction2 = sqrt(1 - beta2^step) (a norm). */\n"
     "CAPEX_GK void capex_go_novo_norm(capex_go_args a) {\n"
-    "    const capex_go_group *gr = (const capex_go_group *)a.ptr[0];\n"
-    "    CAPEX_NO_UNROLL for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < a.flag[0]; t += (long long)gridDim.x * blockDim.x) {\n"
-    "        const capex_go_group *g = gr + ((const int *)a.ptr[4])[t];\n"
+    "    const capex_go_group *gr = a.op.novo_norm.groups;\n"
+    "    CAPEX_NO_UNROLL for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < a.op.novo_norm.ntensors; t += (long long)gridDim.x * blockDim.x) {\n"
+    "        const capex_go_group *g = gr + a.op.novo_norm.tgroup[t];\n"
     "        if (g->skip) continue;\n"
-    "        float n2 = (float)((const double *)a.ptr[1])[t], v = ((float *)a.ptr[2])[t];\n"
+    "        float n2 = (float)a.op.novo_norm.sumsq[t], v = a.op.novo_norm.v[t];\n"
     "        float bc2 = g->bias_correction ? (float)sqrt(1.0 - pow((double)g->beta2, (double)g->step)) : 1.0f;\n"
-    "        if (g->step == 1) v = a.flag[1] ? 0.0f : sqrtf(n2);\n"
+    "        if (g->step == 1) v = a.op.novo_norm.init_zero ? 0.0f : sqrtf(n2);\n"
     "        v = capex__novo_blend(v, n2, g->beta2);\n"
-    "        ((float *)a.ptr[2])[t] = v;\n"
-    "        ((float *)a.ptr[3])[t] = capex__novo_denom(v, bc2, g->eps);\n"
+    "        a.op.novo_norm.v[t] = v;\n"
+    "        a.op.novo_norm.denom[t] = capex__novo_denom(v, bc2, g->eps);\n"
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go13[] =
     "/* Adam with amsgrad: Adam's lists (g, p, m, v, model, tensor index); the max\n"
-    "   buffer of tensor t is ((const capex_u64 *)ptr[2])[t] (a table: the lists\n"
-    "   stay 6 deep). ptr[0]: group, ptr[1]: seed, flag[0]: adam_w_mode, flag[1]:\n"
-    "   model kind. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_adam_ams(const capex_go_meta<6> &mt, const capex_go_args &a) {\n"
+    "   buffer of tensor t is op.adam_ams.max_bufs[t] (a table: the lists stay 6\n"
+    "   deep). */\n"
+    "template <int G> CAPEX_DEVICE void capex_go_adam_ams(const capex_go_meta<CAPEX_GO_ADAM_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
-    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    const capex_go_group *g = a.op.adam_ams.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.flag[0], mk = a.flag[1];\n"
-    "    capex_u64 xa = ((const capex_u64 *)a.ptr[2])[mt.addr[5][s]];\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
-    "    float *p = (float *)mt.addr[1][s] + off, *m = (float *)mt.addr[2][s] + off, *v = (float *)mt.addr[3][s] + off;\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.adam_ams.w_mode, mk = a.op.adam_ams.model;\n"
+    "    capex_u64 xa = a.op.adam_ams.max_bufs[mt.addr[CAPEX_GO_ADAM_T][s]];\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAM_G][s] + off;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_ADAM_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_ADAM_M][s] + off;\n"
+    "    float *v = (float *)mt.addr[CAPEX_GO_ADAM_V][s] + off;\n"
     "    float *x = (float *)xa + off;\n"
-    "    capex_u16 *h = mk ? (capex_u16 *)mt.addr[4][s] + off : (capex_u16 *)0; /* no offset on a null pointer */\n"
+    "    /* no offset on a null pointer */\n"
+    "    capex_u16 *h = mk ? (capex_u16 *)mt.addr[CAPEX_GO_ADAM_MODEL][s] + off : (capex_u16 *)0;\n"
     "    const float gs = g->gs, b1 = g->beta1, b2 = g->beta2, bc1 = g->bc1, bc2 = g->bc2, eps = g->eps, lr = g->lr, wd = g->wd;\n"
-    "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[5][s], off);\n"
-    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                   capex_go_al(mt.addr[2][s], off, 4) && capex_go_al(mt.addr[3][s], off, 4) && capex_go_al(xa, off, 4) &&\n"
-    "                   (!mk || capex_go_al(mt.addr[4][s], off, 2)) ? n / 4 : 0;\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.op.adam_ams.seed, g, mt.addr[CAPEX_GO_ADAM_T][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_ADAM_G][s], off, sizeof(GT)) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_P][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_M][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_V][s], off, 4) && capex_go_al(xa, off, 4) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_ADAM_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "        GT gg[4]; float pp[4], mm[4], vv[4], xx[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
     "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
@@ -2599,23 +2732,26 @@ static const char capex__cuda_frag_go13[] =
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go14[] =
-    "/* Adagrad: lists g, p, sum, model, tensor index. ptr[0]: group, ptr[1]: seed,\n"
-    "   flag[0]: adagrad_w_mode, flag[1]: model kind. clr as capex_optim_step:\n"
+    "/* Adagrad: lists g, p, sum, model, tensor index; op.adagrad (w_mode:\n"
+    "   adagrad_w_mode). clr as capex_optim_step:\n"
     "   f32(lr / (1 + (step-1)*lr_decay)) in double (step already counts this one). */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_adagrad(const capex_go_meta<5> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_adagrad(const capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> &mt, const capex_go_args &a) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
-    "    const capex_go_group *g = (const capex_go_group *)a.ptr[0];\n"
+    "    const capex_go_group *g = a.op.adagrad.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.flag[0], mk = a.flag[1];\n"
-    "    const GT *gp = (const GT *)mt.addr[0][s] + off;\n"
-    "    float *p = (float *)mt.addr[1][s] + off, *sm = (float *)mt.addr[2][s] + off;\n"
-    "    capex_u16 *h = mk ? (capex_u16 *)mt.addr[3][s] + off : (capex_u16 *)0; /* no offset on a null pointer */\n"
+    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.adagrad.w_mode, mk = a.op.adagrad.model;\n"
+    "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAGRAD_G][s] + off;\n"
+    "    float *p = (float *)mt.addr[CAPEX_GO_ADAGRAD_P][s] + off, *sm = (float *)mt.addr[CAPEX_GO_ADAGRAD_SUM][s] + off;\n"
+    "    /* no offset on a null pointer */\n"
+    "    capex_u16 *h = mk ? (capex_u16 *)mt.addr[CAPEX_GO_ADAGRAD_MODEL][s] + off : (capex_u16 *)0;\n"
     "    const float gs = g->gs, eps = g->eps, wd = g->wd;\n"
     "    const float clr = (float)((double)g->lr / (1.0 + (double)(g->step - 1) * (double)g->lr_decay));\n"
-    "    capex_go_sr sr = capex_go_sr_init(a.ptr[1], g, mt.addr[4][s], off);\n"
-    "    capex_u64 nv = capex_go_al(mt.addr[0][s], off, sizeof(GT)) && capex_go_al(mt.addr[1][s], off, 4) &&\n"
-    "                   capex_go_al(mt.addr[2][s], off, 4) && (!mk || capex_go_al(mt.addr[3][s], off, 2)) ? n / 4 : 0;\n"
+    "    capex_go_sr sr = capex_go_sr_init(a.op.adagrad.seed, g, mt.addr[CAPEX_GO_ADAGRAD_T][s], off);\n"
+    "    capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_ADAGRAD_G][s], off, sizeof(GT)) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAGRAD_P][s], off, 4) &&\n"
+    "                   capex_go_al(mt.addr[CAPEX_GO_ADAGRAD_SUM][s], off, 4) &&\n"
+    "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_ADAGRAD_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
     "        GT gg[4]; float pp[4], ss[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
     "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(sm + 4 * k, ss);\n"
@@ -2635,61 +2771,61 @@ static const char capex__cuda_frag_go14[] =
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go15_ams[] =
-    "CAPEX_GK void capex_go_adam_ams_f32(capex_go_meta<6> m, capex_go_args a) { capex_go_adam_ams<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_adam_ams_f16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam_ams<1>(m, a); }\n"
-    "CAPEX_GK void capex_go_adam_ams_bf16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam_ams<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_adam_ams_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam_ams<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_adam_ams_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam_ams<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_adam_ams_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam_ams<2>(m, a); }\n";
 static const char capex__cuda_frag_go15_adagrad[] =
-    "CAPEX_GK void capex_go_adagrad_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_adagrad<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_adagrad_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_adagrad<1>(m, a); }\n"
-    "CAPEX_GK void capex_go_adagrad_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_adagrad<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_adagrad_f32(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { capex_go_adagrad<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_adagrad_f16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { capex_go_adagrad<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_adagrad_bf16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { capex_go_adagrad<2>(m, a); }\n";
 /* Template instances: one fragment per part (see capex__cuda_parts). */
 /* One sum-of-squares kernel per dtype, each in its dtype's unscale part: a step
    on bf16 grads launches both, and the amp part stays small (first compile). */
 static const char capex__cuda_frag_go9_sumsq_f32[] =
-    "CAPEX_GK void capex_go_sumsq_f32(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<0>(m, a); }\n";
+    "CAPEX_GK void capex_go_sumsq_f32(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { capex_go_sumsq<0>(m, a); }\n";
 static const char capex__cuda_frag_go9_sumsq_f16[] =
-    "CAPEX_GK void capex_go_sumsq_f16(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<1>(m, a); }\n";
+    "CAPEX_GK void capex_go_sumsq_f16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { capex_go_sumsq<1>(m, a); }\n";
 static const char capex__cuda_frag_go9_sumsq_bf16[] =
-    "CAPEX_GK void capex_go_sumsq_bf16(capex_go_meta<1> m, capex_go_args a) { capex_go_sumsq<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_sumsq_bf16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { capex_go_sumsq<2>(m, a); }\n";
 static const char capex__cuda_frag_go9_scale_f32[] =
-    "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 0>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 1>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f32_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<0, 2>(m, a); }\n";
+    "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<0, 0>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<0, 1>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f32_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<0, 2>(m, a); }\n";
 static const char capex__cuda_frag_go9_scale_f16[] =
-    "CAPEX_GK void capex_go_scale_f16_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 0>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f16_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 1>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f16_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<1, 2>(m, a); }\n";
+    "CAPEX_GK void capex_go_scale_f16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<1, 0>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<1, 1>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_f16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<1, 2>(m, a); }\n";
 static const char capex__cuda_frag_go9_scale_bf16[] =
-    "CAPEX_GK void capex_go_scale_bf16_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 0>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 1>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_scale<2, 2>(m, a); }\n";
+    "CAPEX_GK void capex_go_scale_bf16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<2, 0>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<2, 1>(m, a); }\n"
+    "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<2, 2>(m, a); }\n";
 static const char capex__cuda_frag_go9_adam_f32[] =
-    "CAPEX_GK void capex_go_adam_f32(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<0>(m, a); }\n";
+    "CAPEX_GK void capex_go_adam_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam<0>(m, a); }\n";
 static const char capex__cuda_frag_go9_adam_f16[] =
-    "CAPEX_GK void capex_go_adam_f16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<1>(m, a); }\n";
+    "CAPEX_GK void capex_go_adam_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam<1>(m, a); }\n";
 static const char capex__cuda_frag_go9_adam_bf16[] =
-    "CAPEX_GK void capex_go_adam_bf16(capex_go_meta<6> m, capex_go_args a) { capex_go_adam<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_adam_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam<2>(m, a); }\n";
 static const char capex__cuda_frag_go9_sgd_f32[] =
-    "CAPEX_GK void capex_go_sgd_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<0>(m, a); }\n";
+    "CAPEX_GK void capex_go_sgd_f32(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { capex_go_sgd<0>(m, a); }\n";
 static const char capex__cuda_frag_go9_sgd_f16[] =
-    "CAPEX_GK void capex_go_sgd_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<1>(m, a); }\n";
+    "CAPEX_GK void capex_go_sgd_f16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { capex_go_sgd<1>(m, a); }\n";
 static const char capex__cuda_frag_go9_sgd_bf16[] =
-    "CAPEX_GK void capex_go_sgd_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_sgd<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_sgd_bf16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { capex_go_sgd<2>(m, a); }\n";
 static const char capex__cuda_frag_go9_lamb1_f32[] =
-    "CAPEX_GK void capex_go_lamb1_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<0>(m, a); }\n";
+    "CAPEX_GK void capex_go_lamb1_f32(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { capex_go_lamb1<0>(m, a); }\n";
 static const char capex__cuda_frag_go9_lamb1_f16[] =
-    "CAPEX_GK void capex_go_lamb1_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<1>(m, a); }\n";
+    "CAPEX_GK void capex_go_lamb1_f16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { capex_go_lamb1<1>(m, a); }\n";
 static const char capex__cuda_frag_go9_lamb1_bf16[] =
-    "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_lamb1<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { capex_go_lamb1<2>(m, a); }\n";
 static const char capex__cuda_frag_go9_novo_f32[] =
-    "CAPEX_GK void capex_go_novo1_f32(capex_go_meta<2> m, capex_go_args a) { capex_go_novo1<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_novo2_f32(capex_go_meta<5> m, capex_go_args a) { capex_go_novo2<0>(m, a); }\n";
+    "CAPEX_GK void capex_go_novo1_f32(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { capex_go_novo1<0>(m, a); }\n"
+    "CAPEX_GK void capex_go_novo2_f32(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { capex_go_novo2<0>(m, a); }\n";
 static const char capex__cuda_frag_go9_novo_f16[] =
-    "CAPEX_GK void capex_go_novo1_f16(capex_go_meta<2> m, capex_go_args a) { capex_go_novo1<1>(m, a); }\n"
-    "CAPEX_GK void capex_go_novo2_f16(capex_go_meta<5> m, capex_go_args a) { capex_go_novo2<1>(m, a); }\n";
+    "CAPEX_GK void capex_go_novo1_f16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { capex_go_novo1<1>(m, a); }\n"
+    "CAPEX_GK void capex_go_novo2_f16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { capex_go_novo2<1>(m, a); }\n";
 static const char capex__cuda_frag_go9_novo_bf16[] =
-    "CAPEX_GK void capex_go_novo1_bf16(capex_go_meta<2> m, capex_go_args a) { capex_go_novo1<2>(m, a); }\n"
-    "CAPEX_GK void capex_go_novo2_bf16(capex_go_meta<5> m, capex_go_args a) { capex_go_novo2<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_novo1_bf16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { capex_go_novo1<2>(m, a); }\n"
+    "CAPEX_GK void capex_go_novo2_bf16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { capex_go_novo2<2>(m, a); }\n";
 
 CAPEX__PRIVATE const char *capex__cuda_frag_go0_fn(void) { return capex__cuda_frag_go0; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go1_fn(void) { return capex__cuda_frag_go1; }
@@ -4365,17 +4501,28 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
    fixed-width fields in the same order (checked by size here and, against
    the kernel text compiled on the host, by tests/test_gpuopt_emu.c). */
 #define CAPEX__GO_NSEG 158
-CAPEX__GO_STRUCTS(CAPEX__GO_CSTRUCT, uint64_t, int64_t, int32_t, uint32_t)
+CAPEX__GO_STRUCTS(CAPEX__GO_CSTRUCT, CAPEX__GO_CPTR, uint64_t, int64_t, int32_t, uint32_t)
+CAPEX__GO_LISTS(CAPEX__GO_CLIST)
+typedef char capex__go_depths_ok[(CAPEX__GO_SCALE_DEPTH == 2 && CAPEX__GO_SUMSQ_DEPTH == 1 && CAPEX__GO_ADAM_DEPTH == 6 &&
+                                  CAPEX__GO_SGD_DEPTH == 5 && CAPEX__GO_LAMB1_DEPTH == 5 && CAPEX__GO_LAMB2_DEPTH == 5 &&
+                                  CAPEX__GO_NOVO1_DEPTH == 2 && CAPEX__GO_NOVO2_DEPTH == 5 &&
+                                  CAPEX__GO_ADAGRAD_DEPTH == 5 && CAPEX__GO_ADAM_DEPTH <= CAPEX_MTA_MAX_DEPTH) ? 1 : -1];
 typedef struct capex__go_args capex__go_args;
 typedef struct capex__go_segs capex__go_segs;
 typedef struct capex__go_group capex__go_group;
 typedef struct capex__go_scaler capex__go_scaler;
 CAPEX_MTA_META_STRUCT(capex__go_meta5, 5);
-typedef char capex__go_sizes_ok[(sizeof(capex__go_args) == 80 && sizeof(capex__go_segs) == 3800 &&
+/* args: chunk, then the union of the kernels' own fields, the largest
+   capex_go_prepare's (5 pointers, 4 ints): 8 + 56 bytes (80 before, as six
+   untyped pointers, two floats and four ints). A field is at the same offset on both sides when the
+   sizes match: fixed-width types and 8-byte pointers only. */
+typedef char capex__go_sizes_ok[(sizeof(capex__go_args) == 64 && sizeof(((capex__go_args *)0)->op) == 56 &&
+                                 offsetof(capex__go_args, op) == 8 && sizeof(capex__go_segs) == 3800 &&
                                  sizeof(capex__go_group) == 104 && sizeof(capex__go_scaler) == 80) ? 1 : -1];
 /* every launch's parameters (metadata or segments, then the args) fit 4096 bytes */
-typedef char capex__go_params_fit[(CAPEX_MTA_META_SIZE(6) + 80 <= 4096 && CAPEX_MTA_META_SIZE(1) + 80 <= 4096 &&
-                                   3800 + 80 <= 4096) ? 1 : -1];
+typedef char capex__go_params_fit[(CAPEX_MTA_META_SIZE(6) + sizeof(capex__go_args) <= 4096 &&
+                                   CAPEX_MTA_META_SIZE(1) + sizeof(capex__go_args) <= 4096 &&
+                                   sizeof(capex__go_segs) + sizeof(capex__go_args) <= 4096) ? 1 : -1];
 /* capex__go_pack writes the CAPEX_MTA_META_STRUCT layout by offsets */
 typedef char capex__go_layout_ok[(offsetof(capex__go_meta5, numel) == 8 * 5 * CAPEX_MTA_MAX_TENSORS(5) &&
                                   offsetof(capex__go_meta5, ntensors) == 8 * 6 * CAPEX_MTA_MAX_TENSORS(5) &&
@@ -4508,32 +4655,33 @@ CAPEX__PRIVATE void capex__go_pack(uint64_t *meta, int depth, const capex_chunk_
 }
 
 /* Runs kernel k over `count` tensors (numel from shape[], addresses from
-   ten[]) launch by launch. part >= 0: a->ptr[part] (and ptr[part + 1] when
-   two is set) are per-chunk double outputs, advanced to each launch's first
-   chunk. *chunks (may be NULL) gets the plan's chunk count. */
+   ten[]) launch by launch. out0, out1 (each may be NULL): fields of *a that
+   address per-chunk double outputs (a->op.sumsq.partial, ...), advanced to
+   each launch's first chunk and restored at the end. *chunks (may be NULL)
+   gets the plan's chunk count. */
 CAPEX__PRIVATE capex_result capex__go_mta(const capex__go_exec *ex, int k, int depth, const capex_tensor *shape,
                                           const capex__go_ten *ten, size_t count, int64_t chunk, capex__go_args *a,
-                                          int part, int two, capex_cuda_stream s, int64_t *chunks) {
+                                          uint64_t *out0, uint64_t *out1, capex_cuda_stream s, int64_t *chunks) {
     capex_chunk_plan plan;
     capex_chunk_launch L;
     uint64_t meta[CAPEX_MTA_META_BYTES / 8];
-    uint64_t b0 = part >= 0 ? a->ptr[part] : 0, b1 = part >= 0 && two ? a->ptr[part + 1] : 0;
+    uint64_t b0 = out0 ? *out0 : 0, b1 = out1 ? *out1 : 0;
     capex_result r = capex_chunk_plan_init(&plan, shape, count, chunk, capex_mta_max_tensors(depth), 0);
     if (r != CAPEX_OK) return r;
     a->chunk = (uint64_t)plan.chunk_size;
     while (r == CAPEX_OK && capex_chunk_plan_next(&plan, &L)) {
         void *args[2];
         capex__go_pack(meta, depth, &L, ten);
-        if (part >= 0) a->ptr[part] = b0 + 8u * (uint64_t)L.first_chunk;
-        if (part >= 0 && two) a->ptr[part + 1] = b1 + 8u * (uint64_t)L.first_chunk;
+        if (out0) *out0 = b0 + 8u * (uint64_t)L.first_chunk;
+        if (out1) *out1 = b1 + 8u * (uint64_t)L.first_chunk;
         args[0] = meta;
         args[1] = a;
         /* LAMB stage 1 holds more registers: 256 threads keep all 320 blocks resident */
         r = ex->launch(ex->user, k, (unsigned)L.nblocks,
                        k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB_CLIP ? 256u : CAPEX__GO_THREADS, args, s);
     }
-    if (part >= 0) a->ptr[part] = b0;
-    if (part >= 0 && two) a->ptr[part + 1] = b1;
+    if (out0) *out0 = b0;
+    if (out1) *out1 = b1;
     if (chunks) *chunks = plan.total_chunks;
     return r;
 }
@@ -4556,9 +4704,9 @@ CAPEX__PRIVATE capex_result capex__go_reduce(const capex__go_exec *ex, capex_cud
     size_t i = 0, j;
     capex_result r = CAPEX_OK;
     memset(&a, 0, sizeof a);
-    a.ptr[0] = part;
-    a.ptr[1] = sumsq;
-    a.ptr[2] = norm;
+    a.op.reduce.partial = part;
+    a.op.reduce.sumsq = sumsq;
+    a.op.reduce.norm = norm;
     while (r == CAPEX_OK && i < n) {
         void *args[2];
         memset(&sg, 0, sizeof sg);
@@ -4611,16 +4759,17 @@ CAPEX__PRIVATE capex_result capex__go_scale(const capex__go_exec *ex, const char
     ten = (capex__go_ten *)capex__alloc(NULL, in->count * sizeof *ten);
     if (!ten) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     for (i = 0; i < in->count; i++) {
-        ten[i].addr[0] = (uint64_t)(uintptr_t)in->tensors[i].data;
-        ten[i].addr[1] = out ? (uint64_t)(uintptr_t)out->tensors[i].data : 0u;
+        ten[i].addr[CAPEX__GO_SCALE_IN] = (uint64_t)(uintptr_t)in->tensors[i].data;
+        ten[i].addr[CAPEX__GO_SCALE_OUT] = out ? (uint64_t)(uintptr_t)out->tensors[i].data : 0u;
     }
     memset(&a, 0, sizeof a);
-    a.ptr[0] = scale;
-    a.ptr[1] = found_inf;
-    a.flag[0] = out != NULL;
-    a.flag[1] = clip_mode;
-    r = capex__go_mta(ex, CAPEX__GO_K_SCALE + 3 * (int)in->dtype + (int)(out ? out->dtype : in->dtype), 2, in->tensors,
-                      ten, in->count, capex__go_chunk_of(desc), &a, -1, 0, s, NULL);
+    a.op.scale.factor = scale;
+    a.op.scale.found_inf = found_inf;
+    a.op.scale.write_out = out != NULL;
+    a.op.scale.clip_only = clip_mode;
+    r = capex__go_mta(ex, CAPEX__GO_K_SCALE + 3 * (int)in->dtype + (int)(out ? out->dtype : in->dtype),
+                      CAPEX__GO_SCALE_DEPTH, in->tensors, ten, in->count, capex__go_chunk_of(desc), &a, NULL, NULL, s,
+                      NULL);
     capex__free(NULL, ten);
     return r;
 }
@@ -4679,11 +4828,11 @@ CAPEX__PRIVATE capex_result capex__go_sumsq_lists(const capex__go_exec *ex, cons
         if (x->count == 0) continue;
         ten = (capex__go_ten *)capex__alloc(NULL, x->count * sizeof *ten);
         if (!ten) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "multi-tensor norm: out of host memory");
-        for (i = 0; i < x->count; i++) ten[i].addr[0] = (uint64_t)(uintptr_t)x->tensors[i].data;
+        for (i = 0; i < x->count; i++) ten[i].addr[CAPEX__GO_SUMSQ_X] = (uint64_t)(uintptr_t)x->tensors[i].data;
         memset(&a, 0, sizeof a);
-        a.ptr[0] = ws + 8u * (uint64_t)off;
-        r = capex__go_mta(ex, CAPEX__GO_K_SUMSQ + (int)x->dtype, 1, x->tensors, ten, x->count, capex__go_chunk_of(desc),
-                          &a, 0, 0, s, &c);
+        a.op.sumsq.partial = ws + 8u * (uint64_t)off;
+        r = capex__go_mta(ex, CAPEX__GO_K_SUMSQ + (int)x->dtype, CAPEX__GO_SUMSQ_DEPTH, x->tensors, ten, x->count,
+                          capex__go_chunk_of(desc), &a, &a.op.sumsq.partial, NULL, s, &c);
         capex__free(NULL, ten);
         off += c;
     }
@@ -4739,10 +4888,10 @@ CAPEX__PRIVATE capex_result capex__go_clip(const capex__go_exec *ex, const capex
     /* the partials are dead after the total: the factor may live at ws[0] */
     if (!coef && apply) coef = ws;
     memset(&a, 0, sizeof a);
-    a.ptr[0] = ws + 8u * (uint64_t)chunks;
-    a.ptr[1] = total;
-    a.ptr[2] = coef;
-    a.val[0] = max_norm;
+    a.op.clip.sumsq = ws + 8u * (uint64_t)chunks;
+    a.op.clip.total = total;
+    a.op.clip.coef = coef;
+    a.op.clip.max_norm = max_norm;
     if ((r = capex__go_small(ex, CAPEX__GO_K_CLIP, 1, 1, &a, s)) != CAPEX_OK) return r;
     for (l = 0; apply && l < nlists && r == CAPEX_OK; l++)
         r = capex__go_scale(ex, fn, desc, &grads[l], &grads[l], coef, 0, 1, s);
@@ -4875,7 +5024,7 @@ CAPEX_API capex_result capex_cuda_scaler_update(capex_cuda_scaler *sc, capex_cud
     capex__go_args a;
     if (!sc) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_scaler_update: scaler is NULL");
     memset(&a, 0, sizeof a);
-    a.ptr[0] = sc->d;
+    a.op.scaler.state = sc->d;
     return capex__go_small(&sc->ex, CAPEX__GO_K_SCALER, 1, 1, &a, stream);
 }
 
@@ -4951,6 +5100,8 @@ struct capex_cuda_optim {
     capex_cuda_ptr dsched;   /* capex__lr_p, then float base lr per group (dsched_groups of them) */
     size_t dsched_groups, dsched_cap;
     capex_cuda_ptr dvm;      /* Adam amsgrad: u64[nt], each tensor's max_exp_avg_sq (0: none); 0 without amsgrad */
+    capex_cuda_ptr one;      /* pure_half: a device float 1.0f (the mirror's scale factor) */
+    size_t n_pure;           /* tensors with pure_half */
 };
 CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream);
 
@@ -5012,6 +5163,7 @@ CAPEX_API void capex_cuda_optim_destroy(capex_cuda_optim *o) {
     if (o->dlamb) o->ex.release(o->ex.user, o->dlamb);
     if (o->dnovo) o->ex.release(o->ex.user, o->dnovo);
     if (o->dsched) o->ex.release(o->ex.user, o->dsched);
+    if (o->one) o->ex.release(o->ex.user, o->one);
     capex__free(NULL, o->hp);
     capex__free(NULL, o->t);
     capex__free(NULL, o->shape);
@@ -5048,6 +5200,44 @@ CAPEX__PRIVATE size_t capex__go_novo_at(int64_t chunks, size_t nt, int k) {
     return k == 0 ? 8u * (size_t)chunks : at + 4u * nt * (size_t)(k - 1);
 }
 
+/* pure_half tensors among t[0..n): param = f32(model), one multi-tensor
+   scale by 1.0f per model dtype (exact), enqueued on s. */
+CAPEX__PRIVATE capex_result capex__go_mirror(capex_cuda_optim *o, const capex__go_t *t, size_t n, const char *fn,
+                                             capex_cuda_stream s) {
+    capex_tensor *in, *out;
+    size_t k, m;
+    int dt;
+    capex_result r = CAPEX_OK;
+    for (k = 0, m = 0; k < n; k++) m += t[k].p.pure_half && t[k].p.numel;
+    if (!m) return CAPEX_OK;
+    if (!o->one) {
+        float one = 1.0f;
+        if ((r = o->ex.alloc(o->ex.user, 4, &o->one)) != CAPEX_OK) return r;
+        if ((r = o->ex.htod(o->ex.user, o->one, &one, 4, NULL)) != CAPEX_OK) return r;
+    }
+    in = (capex_tensor *)capex__alloc(NULL, 2 * m * sizeof *in);
+    if (!in) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    out = in + m;
+    for (dt = (int)CAPEX_F16; r == CAPEX_OK && dt <= (int)CAPEX_BF16; dt++) {
+        capex_tensor_list li, lo;
+        size_t c = 0;
+        for (k = 0; k < n; k++)
+            if (t[k].p.pure_half && t[k].p.numel && (int)t[k].p.model_dtype == dt) {
+                in[c].data = t[k].p.model;
+                in[c].numel = t[k].p.numel;
+                out[c].data = t[k].p.param;
+                out[c].numel = t[k].p.numel;
+                c++;
+            }
+        if (!c) continue;
+        li = capex_tensor_list_make((capex_dtype)dt, in, c);
+        lo = capex_tensor_list_make(CAPEX_F32, out, c);
+        r = capex__go_scale(&o->ex, fn, NULL, &li, &lo, o->one, 0, 0, s);
+    }
+    capex__free(NULL, in);
+    return r;
+}
+
 CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const capex_optim_hparams *hp,
                                                   const capex_optim_param *params, size_t n, size_t *group_index) {
     const char *fn = "capex_cuda_optim_add_group";
@@ -5068,9 +5258,6 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
     for (k = 0; k < n; k++) {
         if ((r = capex__optim_check_param(&o->desc, &params[k], k)) != CAPEX_OK) return r;
-        if (params[k].pure_half)
-            return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: params[%zu].pure_half (O3 without master weights) is not "
-                               "supported on the GPU yet; keep fp32 masters (O2) there", fn, k);
         chunks += capex__go_nchunks(params[k].numel, o->chunk);
         if (capex__go_nchunks(params[k].numel, o->chunk) > (int64_t)UINT32_MAX + 1)
             return capex__fail(CAPEX_ERR_LIMIT, "%s: params[%zu] needs more than 2^32 chunks; raise desc.exec.chunk_size", fn, k);
@@ -5174,6 +5361,8 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
         if ((r = o->ex.htod(o->ex.user, dlamb + capex__go_lamb_bytes(o->chunks + chunks, nt) - 4u * nt, tg, 4u * nt, NULL)) != CAPEX_OK)
             goto fail;
     }
+    /* pure_half (O3): the fp32 params start as the model copy's values */
+    if ((r = capex__go_mirror(o, nt_t + o->nt, n, fn, NULL)) != CAPEX_OK) goto fail;
     /* the zeroing and copies are done before a step on any stream reads them */
     if ((r = capex__go_sync(&o->ex)) != CAPEX_OK) goto fail;
     if (o->ngroups) memcpy(nhp, o->hp, o->ngroups * sizeof *nhp);
@@ -5199,6 +5388,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     o->seg = seg;
     o->nt = nt;
     o->chunks += chunks;
+    for (k = 0; k < n; k++) o->n_pure += params[k].pure_half && params[k].numel;
     if (group_index) *group_index = o->ngroups;
     o->ngroups++;
     capex__free(NULL, bufs);
@@ -5246,7 +5436,8 @@ fail:
 
 /* After a pass over the c tensors gathered by capex__go_class: tensor t's
    chunk partials start at `at` and lie consecutive in plan order; slot is
-   the address list holding the tensor index. Read by capex__go_reduce. */
+   the address list holding the tensor index (CAPEX__GO_*_T). Read by
+   capex__go_reduce. */
 CAPEX__PRIVATE void capex__go_record_segs(capex_cuda_optim *o, size_t c, int slot, int64_t at) {
     size_t k, nt = o->nt;
     for (k = 0; k < c; k++) {
@@ -5264,11 +5455,10 @@ CAPEX__PRIVATE unsigned capex__go_tensor_grid(size_t nt) {
 }
 
 /* Gathers the tensors of one class (group, grad dtype or -1 for any, model
-   kind or -1) into o->shape / o->ten with the given address layout; returns
-   the count. layout: 0 Adam (g p m v h idx), 1 SGD and NovoGrad pass 2 (g p
-   buf h idx), 2 LAMB stage 1 (g p m v idx), 3 LAMB stage 2 (p m v h idx), 4
-   grads only, 5 NovoGrad pass 1 (g idx), 6 Adagrad (g p sum h idx). */
-CAPEX__PRIVATE size_t capex__go_class(capex_cuda_optim *o, size_t group, int gd, int mk, int layout) {
+   kind or -1) into o->shape / o->ten with the address lists (CAPEX__GO_LISTS)
+   of kernel family `kernel` (CAPEX__GO_K_ADAM, ..., the f32 one); returns
+   the count. CAPEX__GO_K_SUMSQ: the grads only. */
+CAPEX__PRIVATE size_t capex__go_class(capex_cuda_optim *o, size_t group, int gd, int mk, int kernel) {
     size_t k, c = 0;
     for (k = 0; k < o->nt; k++) {
         const capex__go_t *t = &o->t[k];
@@ -5280,14 +5470,34 @@ CAPEX__PRIVATE size_t capex__go_class(capex_cuda_optim *o, size_t group, int gd,
             (mk >= 0 && t->mk != mk))
             continue;
         memset(a, 0, sizeof o->ten[c].addr);
-        switch (layout) {
-        case 0: a[0] = g; a[1] = p; a[2] = m; a[3] = v; a[4] = h; a[5] = k; break;
-        case 1: a[0] = g; a[1] = p; a[2] = m; a[3] = h; a[4] = k; break;
-        case 2: a[0] = g; a[1] = p; a[2] = m; a[3] = v; a[4] = k; break;
-        case 3: a[0] = p; a[1] = m; a[2] = v; a[3] = h; a[4] = k; break;
-        case 5: a[0] = g; a[1] = k; break;
-        case 6: a[0] = g; a[1] = p; a[2] = v; a[3] = h; a[4] = k; break; /* Adagrad: v is the sum */
-        default: a[0] = g; break;
+        switch (kernel) {
+        case CAPEX__GO_K_ADAM:
+        case CAPEX__GO_K_ADAM_AMS:
+            a[CAPEX__GO_ADAM_G] = g; a[CAPEX__GO_ADAM_P] = p; a[CAPEX__GO_ADAM_M] = m; a[CAPEX__GO_ADAM_V] = v;
+            a[CAPEX__GO_ADAM_MODEL] = h; a[CAPEX__GO_ADAM_T] = k;
+            break;
+        case CAPEX__GO_K_SGD: /* exp_avg is the momentum buffer */
+            a[CAPEX__GO_SGD_G] = g; a[CAPEX__GO_SGD_P] = p; a[CAPEX__GO_SGD_BUF] = m; a[CAPEX__GO_SGD_MODEL] = h;
+            a[CAPEX__GO_SGD_T] = k;
+            break;
+        case CAPEX__GO_K_LAMB1:
+            a[CAPEX__GO_LAMB1_G] = g; a[CAPEX__GO_LAMB1_P] = p; a[CAPEX__GO_LAMB1_M] = m; a[CAPEX__GO_LAMB1_V] = v;
+            a[CAPEX__GO_LAMB1_T] = k;
+            break;
+        case CAPEX__GO_K_LAMB2:
+            a[CAPEX__GO_LAMB2_P] = p; a[CAPEX__GO_LAMB2_M] = m; a[CAPEX__GO_LAMB2_V] = v; a[CAPEX__GO_LAMB2_MODEL] = h;
+            a[CAPEX__GO_LAMB2_T] = k;
+            break;
+        case CAPEX__GO_K_NOVO1: a[CAPEX__GO_NOVO1_G] = g; a[CAPEX__GO_NOVO1_T] = k; break;
+        case CAPEX__GO_K_NOVO2:
+            a[CAPEX__GO_NOVO2_G] = g; a[CAPEX__GO_NOVO2_P] = p; a[CAPEX__GO_NOVO2_M] = m; a[CAPEX__GO_NOVO2_MODEL] = h;
+            a[CAPEX__GO_NOVO2_T] = k;
+            break;
+        case CAPEX__GO_K_ADAGRAD: /* exp_avg_sq is the sum of squares */
+            a[CAPEX__GO_ADAGRAD_G] = g; a[CAPEX__GO_ADAGRAD_P] = p; a[CAPEX__GO_ADAGRAD_SUM] = v;
+            a[CAPEX__GO_ADAGRAD_MODEL] = h; a[CAPEX__GO_ADAGRAD_T] = k;
+            break;
+        default: a[CAPEX__GO_SUMSQ_X] = g; break;
         }
         o->shape[c].data = NULL;
         o->shape[c].numel = t->p.numel;
@@ -5308,59 +5518,62 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
     /* 1. global grad norm: per-chunk partials of every grad, one fixed-order total */
     for (gd = 0; gd < 3 && r == CAPEX_OK; gd++) {
         int64_t ch = 0;
-        if (!(c = capex__go_class(o, (size_t)-1, gd, -1, 4))) continue;
+        if (!(c = capex__go_class(o, (size_t)-1, gd, -1, CAPEX__GO_K_SUMSQ))) continue;
         memset(&a, 0, sizeof a);
-        a.ptr[0] = part + 8u * (uint64_t)off;
-        r = capex__go_mta(&o->ex, CAPEX__GO_K_SUMSQ + gd, 1, o->shape, o->ten, c, o->chunk, &a, 0, 0, s, &ch);
+        a.op.sumsq.partial = part + 8u * (uint64_t)off;
+        r = capex__go_mta(&o->ex, CAPEX__GO_K_SUMSQ + gd, CAPEX__GO_SUMSQ_DEPTH, o->shape, o->ten, c, o->chunk, &a,
+                          &a.op.sumsq.partial, NULL, s, &ch);
         off += ch;
     }
     total = off;
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, &zero, &total, 1, g2, 0, s);
     memset(&a, 0, sizeof a);
-    a.ptr[0] = o->dgroups;
-    a.ptr[1] = g2;
-    a.flag[0] = (int32_t)o->ngroups;
-    a.val[0] = o->desc.max_grad_norm;
+    a.op.lamb_clip.groups = o->dgroups;
+    a.op.lamb_clip.sumsq = g2;
+    a.op.lamb_clip.ngroups = (int32_t)o->ngroups;
+    a.op.lamb_clip.max_grad_norm = o->desc.max_grad_norm;
     if (r == CAPEX_OK) r = capex__go_small(&o->ex, CAPEX__GO_K_LAMB_CLIP, 1, 1, &a, s);
     /* 2. stage 1 per (group, grad dtype): moments, |p|^2 and |u|^2 partials */
     off = 0;
     for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
         for (gd = 0; gd < 3 && r == CAPEX_OK; gd++) {
             int64_t ch = 0, at = off;
-            if (!(c = capex__go_class(o, g, gd, -1, 2))) continue;
+            if (!(c = capex__go_class(o, g, gd, -1, CAPEX__GO_K_LAMB1))) continue;
             memset(&a, 0, sizeof a);
-            a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
-            a.ptr[1] = part + 8u * (uint64_t)off;
-            a.ptr[2] = part + 8u * (uint64_t)(o->chunks + off);
-            a.flag[0] = w;
-            r = capex__go_mta(&o->ex, CAPEX__GO_K_LAMB1 + gd, 5, o->shape, o->ten, c, o->chunk, &a, 1, 1, s, &ch);
-            capex__go_record_segs(o, c, 4, at);
+            a.op.lamb1.group = o->dgroups + g * sizeof(capex__go_group);
+            a.op.lamb1.p_sumsq = part + 8u * (uint64_t)off;
+            a.op.lamb1.u_sumsq = part + 8u * (uint64_t)(o->chunks + off);
+            a.op.lamb1.w_mode = w;
+            r = capex__go_mta(&o->ex, CAPEX__GO_K_LAMB1 + gd, CAPEX__GO_LAMB1_DEPTH, o->shape, o->ten, c, o->chunk, &a,
+                              &a.op.lamb1.p_sumsq, &a.op.lamb1.u_sumsq, s, &ch);
+            capex__go_record_segs(o, c, CAPEX__GO_LAMB1_T, at);
             off += ch;
         }
     /* 3. per-tensor norms, trust ratios */
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, o->seg, o->seg + nt, nt, sp, 0, s);
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part + 8u * (uint64_t)o->chunks, o->seg, o->seg + nt, nt, su, 0, s);
     memset(&a, 0, sizeof a);
-    a.ptr[0] = o->dgroups;
-    a.ptr[1] = sp;
-    a.ptr[2] = su;
-    a.ptr[3] = ratio;
-    a.ptr[4] = tgroup;
-    a.flag[0] = (int32_t)nt;
-    a.flag[1] = o->desc.use_nvlamb != 0;
+    a.op.lamb_ratio.groups = o->dgroups;
+    a.op.lamb_ratio.p_sumsq = sp;
+    a.op.lamb_ratio.u_sumsq = su;
+    a.op.lamb_ratio.ratio = ratio;
+    a.op.lamb_ratio.tgroup = tgroup;
+    a.op.lamb_ratio.ntensors = (int32_t)nt;
+    a.op.lamb_ratio.use_nvlamb = o->desc.use_nvlamb != 0;
     if (r == CAPEX_OK && nt)
         r = capex__go_small(&o->ex, CAPEX__GO_K_LAMB_RATIO, capex__go_tensor_grid(nt), 256, &a, s);
     /* 4. stage 2 per (group, model kind) */
     for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
         for (mk = 0; mk < 4 && r == CAPEX_OK; mk++) {
-            if (!(c = capex__go_class(o, g, -1, mk, 3))) continue;
+            if (!(c = capex__go_class(o, g, -1, mk, CAPEX__GO_K_LAMB2))) continue;
             memset(&a, 0, sizeof a);
-            a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
-            a.ptr[1] = o->desc.seed;
-            a.ptr[2] = ratio;
-            a.flag[0] = w;
-            a.flag[1] = mk;
-            r = capex__go_mta(&o->ex, CAPEX__GO_K_LAMB2, 5, o->shape, o->ten, c, o->chunk, &a, -1, 0, s, NULL);
+            a.op.lamb2.group = o->dgroups + g * sizeof(capex__go_group);
+            a.op.lamb2.seed = o->desc.seed;
+            a.op.lamb2.ratio = ratio;
+            a.op.lamb2.w_mode = w;
+            a.op.lamb2.model = mk;
+            r = capex__go_mta(&o->ex, CAPEX__GO_K_LAMB2, CAPEX__GO_LAMB2_DEPTH, o->shape, o->ten, c, o->chunk, &a, NULL,
+                              NULL, s, NULL);
         }
     return r;
 }
@@ -5379,36 +5592,38 @@ CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_
     for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
         for (gd = 0; gd < 3 && r == CAPEX_OK; gd++) {
             int64_t ch = 0, at = off;
-            if (!(c = capex__go_class(o, g, gd, -1, 5))) continue;
+            if (!(c = capex__go_class(o, g, gd, -1, CAPEX__GO_K_NOVO1))) continue;
             memset(&a, 0, sizeof a);
-            a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
-            a.ptr[1] = part + 8u * (uint64_t)off;
-            r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO1 + gd, 2, o->shape, o->ten, c, o->chunk, &a, 1, 0, s, &ch);
-            capex__go_record_segs(o, c, 1, at);
+            a.op.novo1.group = o->dgroups + g * sizeof(capex__go_group);
+            a.op.novo1.partial = part + 8u * (uint64_t)off;
+            r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO1 + gd, CAPEX__GO_NOVO1_DEPTH, o->shape, o->ten, c, o->chunk, &a,
+                              &a.op.novo1.partial, NULL, s, &ch);
+            capex__go_record_segs(o, c, CAPEX__GO_NOVO1_T, at);
             off += ch;
         }
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, o->seg, o->seg + nt, nt, n2, 0, s);
     memset(&a, 0, sizeof a);
-    a.ptr[0] = o->dgroups;
-    a.ptr[1] = n2;
-    a.ptr[2] = v;
-    a.ptr[3] = denom;
-    a.ptr[4] = tgroup;
-    a.flag[0] = (int32_t)nt;
-    a.flag[1] = o->desc.init_zero != 0;
+    a.op.novo_norm.groups = o->dgroups;
+    a.op.novo_norm.sumsq = n2;
+    a.op.novo_norm.v = v;
+    a.op.novo_norm.denom = denom;
+    a.op.novo_norm.tgroup = tgroup;
+    a.op.novo_norm.ntensors = (int32_t)nt;
+    a.op.novo_norm.init_zero = o->desc.init_zero != 0;
     if (r == CAPEX_OK && nt)
         r = capex__go_small(&o->ex, CAPEX__GO_K_NOVO_NORM, capex__go_tensor_grid(nt), 256, &a, s);
     for (g = 0; g < o->ngroups && r == CAPEX_OK; g++)
         for (gd = 0; gd < 3 && r == CAPEX_OK; gd++)
             for (mk = 0; mk < 4 && r == CAPEX_OK; mk++) {
-                if (!(c = capex__go_class(o, g, gd, mk, 1))) continue;
+                if (!(c = capex__go_class(o, g, gd, mk, CAPEX__GO_K_NOVO2))) continue;
                 memset(&a, 0, sizeof a);
-                a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
-                a.ptr[1] = o->desc.seed;
-                a.ptr[2] = denom;
-                a.flag[0] = o->desc.reg_inside_moment != 0;
-                a.flag[1] = mk;
-                r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO2 + gd, 5, o->shape, o->ten, c, o->chunk, &a, -1, 0, s, NULL);
+                a.op.novo2.group = o->dgroups + g * sizeof(capex__go_group);
+                a.op.novo2.seed = o->desc.seed;
+                a.op.novo2.denom = denom;
+                a.op.novo2.reg_inside_moment = o->desc.reg_inside_moment != 0;
+                a.op.novo2.model = mk;
+                r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO2 + gd, CAPEX__GO_NOVO2_DEPTH, o->shape, o->ten, c, o->chunk, &a,
+                                  NULL, NULL, s, NULL);
             }
     return r;
 }
@@ -5468,8 +5683,20 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
     return r;
 }
 
+static capex_result capex__go_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                    capex_cuda_ptr found_inf, capex_cuda_stream stream);
+
 CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
                                              capex_cuda_ptr found_inf, capex_cuda_stream stream) {
+    capex_result r = capex__go_step(o, inv_scale, clip_coef, found_inf, stream);
+    /* O3: the weights are the rounded model copy (after a skipped step it is
+       unchanged, and so is this) */
+    if (r == CAPEX_OK && o->n_pure) r = capex__go_mirror(o, o->t, o->nt, "capex_cuda_optim_step", stream);
+    return r;
+}
+
+static capex_result capex__go_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                    capex_cuda_ptr found_inf, capex_cuda_stream stream) {
     capex__go_args a;
     capex_result r;
     size_t g, c, k;
@@ -5481,15 +5708,15 @@ CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr
     if (o->ngroups == 0) return CAPEX_OK;
     /* the step's constants, on the device: nothing is read back */
     memset(&a, 0, sizeof a);
-    a.ptr[0] = o->dgroups;
-    a.ptr[1] = found_inf;
-    a.ptr[2] = inv_scale;
-    a.ptr[3] = clip_coef;
-    a.flag[0] = (int32_t)o->ngroups;
-    a.flag[1] = o->desc.wd_after_momentum != 0;
-    a.flag[2] = o->desc.kind == CAPEX_OPTIM_SGD;
-    a.ptr[4] = o->has_sched ? o->dsched : 0;
-    a.flag[3] = o->has_sched ? (int32_t)o->dsched_groups : 0;
+    a.op.prepare.groups = o->dgroups;
+    a.op.prepare.found_inf = found_inf;
+    a.op.prepare.inv_scale = inv_scale;
+    a.op.prepare.clip_coef = clip_coef;
+    a.op.prepare.ngroups = (int32_t)o->ngroups;
+    a.op.prepare.wd_after_momentum = o->desc.wd_after_momentum != 0;
+    a.op.prepare.sgd = o->desc.kind == CAPEX_OPTIM_SGD;
+    a.op.prepare.sched = o->has_sched ? o->dsched : 0;
+    a.op.prepare.sched_groups = o->has_sched ? (int32_t)o->dsched_groups : 0;
     if ((r = capex__go_small(&o->ex, CAPEX__GO_K_PREPARE, 1, 1, &a, stream)) != CAPEX_OK) return r;
     if (o->desc.kind == CAPEX_OPTIM_LAMB) return capex__go_step_lamb(o, stream);
     if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) return capex__go_step_novo(o, stream);
@@ -5499,27 +5726,43 @@ CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr
                 int adam = o->desc.kind == CAPEX_OPTIM_ADAM;
                 if (o->desc.kind == CAPEX_OPTIM_ADAGRAD || (adam && o->hp[g].amsgrad)) {
                     int ada = !adam;
-                    if (!(c = capex__go_class(o, g, gd, mk, ada ? 6 : 0))) continue;
+                    if (!(c = capex__go_class(o, g, gd, mk, ada ? CAPEX__GO_K_ADAGRAD : CAPEX__GO_K_ADAM_AMS))) continue;
                     memset(&a, 0, sizeof a);
-                    a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
-                    a.ptr[1] = o->desc.seed;
-                    a.ptr[2] = o->dvm;
-                    a.flag[0] = o->desc.adam_w_mode != 0;
-                    a.flag[1] = mk;
-                    r = capex__go_mta(&o->ex, (ada ? CAPEX__GO_K_ADAGRAD : CAPEX__GO_K_ADAM_AMS) + gd, ada ? 5 : 6, o->shape,
-                                      o->ten, c, o->chunk, &a, -1, 0, stream, NULL);
+                    if (ada) { /* adam_w_mode is Adagrad's adagrad_w_mode (capex_optim_desc) */
+                        a.op.adagrad.group = o->dgroups + g * sizeof(capex__go_group);
+                        a.op.adagrad.seed = o->desc.seed;
+                        a.op.adagrad.w_mode = o->desc.adam_w_mode != 0;
+                        a.op.adagrad.model = mk;
+                    } else {
+                        a.op.adam_ams.group = o->dgroups + g * sizeof(capex__go_group);
+                        a.op.adam_ams.seed = o->desc.seed;
+                        a.op.adam_ams.max_bufs = o->dvm;
+                        a.op.adam_ams.w_mode = o->desc.adam_w_mode != 0;
+                        a.op.adam_ams.model = mk;
+                    }
+                    r = capex__go_mta(&o->ex, (ada ? CAPEX__GO_K_ADAGRAD : CAPEX__GO_K_ADAM_AMS) + gd,
+                                      ada ? (int)CAPEX__GO_ADAGRAD_DEPTH : (int)CAPEX__GO_ADAM_DEPTH, o->shape, o->ten, c,
+                                      o->chunk, &a, NULL, NULL, stream, NULL);
                     continue;
                 }
-                if (!(c = capex__go_class(o, g, gd, mk, adam ? 0 : 1))) continue;
+                if (!(c = capex__go_class(o, g, gd, mk, adam ? CAPEX__GO_K_ADAM : CAPEX__GO_K_SGD))) continue;
                 memset(&a, 0, sizeof a);
-                a.ptr[0] = o->dgroups + g * sizeof(capex__go_group);
-                a.ptr[1] = o->desc.seed;
-                a.flag[0] = adam ? o->desc.adam_w_mode != 0 : 0;
-                /* momentum buffers, and momentum on now (Apex: if (momentum != 0); a group may turn it off) */
-                for (k = 0; !adam && o->hp[g].momentum != 0.0f && k < c; k++) a.flag[0] |= o->ten[k].addr[2] != 0;
-                a.flag[1] = mk;
-                r = capex__go_mta(&o->ex, (adam ? CAPEX__GO_K_ADAM : CAPEX__GO_K_SGD) + gd, adam ? 6 : 5, o->shape,
-                                  o->ten, c, o->chunk, &a, -1, 0, stream, NULL);
+                if (adam) {
+                    a.op.adam.group = o->dgroups + g * sizeof(capex__go_group);
+                    a.op.adam.seed = o->desc.seed;
+                    a.op.adam.w_mode = o->desc.adam_w_mode != 0;
+                    a.op.adam.model = mk;
+                } else {
+                    a.op.sgd.group = o->dgroups + g * sizeof(capex__go_group);
+                    a.op.sgd.seed = o->desc.seed;
+                    /* momentum buffers, and momentum on now (Apex: if (momentum != 0); a group may turn it off) */
+                    for (k = 0; o->hp[g].momentum != 0.0f && k < c; k++)
+                        a.op.sgd.momentum |= o->ten[k].addr[CAPEX__GO_SGD_BUF] != 0;
+                    a.op.sgd.model = mk;
+                }
+                r = capex__go_mta(&o->ex, (adam ? CAPEX__GO_K_ADAM : CAPEX__GO_K_SGD) + gd,
+                                  adam ? (int)CAPEX__GO_ADAM_DEPTH : (int)CAPEX__GO_SGD_DEPTH, o->shape, o->ten, c, o->chunk,
+                                  &a, NULL, NULL, stream, NULL);
             }
     return r;
 }
@@ -6325,7 +6568,7 @@ static const capex_comm_vtable capex__nccl_vt = {
     "nccl", capex__nccl_allreduce, capex__nccl_broadcast, capex__nccl_allgather, capex__nccl_barrier,
     capex__nccl_iallreduce, capex__nccl_wait, capex__nccl_poll_error, capex__nccl_abort, capex__nccl_destroy,
     capex__nccl_mem_alloc, capex__nccl_mem_free, capex__nccl_mem_copy, capex__nccl_mem_zero, capex__nccl_scale,
-    capex__nccl_convert, capex__nccl_test, capex__nccl_reduce_scatter, capex__nccl_allgatherv};
+    capex__nccl_convert, capex__nccl_test, capex__nccl_reduce_scatter, capex__nccl_allgatherv, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
                                                const capex_nccl_desc *d) {

@@ -285,6 +285,7 @@ typedef struct run_cfg {
     int quiet;
     size_t bucket_bytes;
     int delay_allreduce;
+    int zero;              /* 1, 2: ZeRO stage (sharded optimizer state) instead of DDP; 0: DDP */
 } run_cfg;
 
 #define MAX_POINTS 512
@@ -446,6 +447,8 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     capex_ddp_desc dd;
     capex_ddp *ddp = NULL;
     capex_ddp_param dp[P_COUNT];
+    capex_zero *zr = NULL; /* --zero: DDP + the optimizer, sharded */
+    capex_optim *lr_opt;   /* the optimizer whose lr the schedule drives */
     capex_tensor gt[P_COUNT], g32t[P_COUNT];
     capex_tensor_list grads, grads32;
     capex_sampler smp;
@@ -460,6 +463,10 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     memset(res, 0, sizeof *res);
     CHECK(amp_setup(c, rank, &amp, &act));
     grad_dtype = amp.model_dtype; /* grads have the dtype of the weights they belong to */
+    if (c->zero && amp.model_dtype != CAPEX_F32 && !amp.use_master_weights) {
+        fprintf(stderr, "--zero keeps fp32 master shards: use O0-O2 (O3 has no master weights)\n");
+        return 0;
+    }
 
     if (!model_init(&m, d->vocab, c->ctx, c->emb, c->hidden, c->batch, act)) goto oom;
     model_ok = 1;
@@ -486,30 +493,43 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     dd.broadcast_parameters = 0; /* done above, on the fp32 master weights */
     if (c->bucket_bytes) dd.bucket_bytes = dd.first_bucket_bytes = c->bucket_bytes;
     dd.delay_allreduce = c->delay_allreduce;
-    CHECK(capex_ddp_create(&ddp, comm, dp, P_COUNT, &dd));
+    if (!c->zero) CHECK(capex_ddp_create(&ddp, comm, dp, P_COUNT, &dd));
 
     capex_optim_desc_init(&od, c->optim);
     od.defaults.lr = c->lr;
     od.defaults.weight_decay = c->wd;
     if (c->optim == CAPEX_OPTIM_SGD) od.defaults.momentum = 0.9f;
     if (c->optim == CAPEX_OPTIM_LAMB) od.max_grad_norm = c->clip; /* LAMB clips by the global norm itself */
-    CHECK(capex_optim_create(&od, &opt));
-    for (i = 0; i < P_COUNT; i++) {
+    if (c->zero) { /* ZeRO: the same buckets, each rank owning a shard of masters and moments */
+        capex_zero_param zp[P_COUNT];
+        capex_zero_desc zd;
+        for (i = 0; i < P_COUNT; i++) { zp[i].data = dp[i].data; zp[i].numel = dp[i].numel; zp[i].dtype = grad_dtype; zp[i].group = 0; }
+        capex_zero_desc_init(&zd);
+        zd.stage = c->zero;
+        zd.broadcast_parameters = 0; /* done above */
+        if (c->bucket_bytes) zd.bucket_bytes = c->bucket_bytes;
+        CHECK(capex_zero_create(&zr, comm, zp, P_COUNT, &od, NULL, 1, &zd));
+    } else
+        CHECK(capex_optim_create(&od, &opt));
+    lr_opt = zr ? capex_zero_optim(zr) : opt;
+    for (i = 0; i < P_COUNT && !zr; i++) {
         /* the opt level's wiring: fp32 weights (O0/O1), fp32 masters writing the half
            copy (O2), or the half weights alone (O3: pure_half keeps w32 = f32(wh)) */
         capex_optim_param_init(&op[i]);
         CHECK(capex_optim_param_from_amp(&amp, w32 + m.off[i], wh + m.off[i], capex_ddp_grad(ddp, (size_t)i),
                                          m.off[i + 1] - m.off[i], &op[i]));
-        gt[i].data = capex_ddp_grad(ddp, (size_t)i);
-        gt[i].numel = op[i].numel;
+    }
+    for (i = 0; i < P_COUNT; i++) {
+        gt[i].data = zr ? NULL : capex_ddp_grad(ddp, (size_t)i); /* ZeRO: asked for every step */
+        gt[i].numel = m.off[i + 1] - m.off[i];
         g32t[i].data = g32 + m.off[i];
-        g32t[i].numel = op[i].numel;
+        g32t[i].numel = gt[i].numel;
     }
     grads = capex_tensor_list_make(grad_dtype, gt, P_COUNT);
     grads32 = capex_tensor_list_make(CAPEX_F32, g32t, P_COUNT);
-    CHECK(capex_optim_add_group(opt, NULL, op, P_COUNT, NULL));
+    if (!zr) CHECK(capex_optim_add_group(opt, NULL, op, P_COUNT, NULL));
     CHECK(lr_schedule_for(c, &lrs));
-    CHECK(capex_optim_set_lr_schedule(opt, &lrs));
+    CHECK(capex_optim_set_lr_schedule(lr_opt, &lrs));
 
     scaler_desc_for(&amp, c->quiet ? 0 : 200, &sd);
     CHECK(capex_scaler_init(&sc, &sd));
@@ -519,7 +539,9 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
         capex_state_reader *rd = NULL;
         capex_result r = capex_state_reader_open_file(c->resume_path, 0, NULL, &rd);
         if (r == CAPEX_OK) r = load_position(rd, &step, &epoch, &pos);
-        if (r == CAPEX_OK) r = capex_optim_load(opt, rd, "optim", CAPEX_OPTIM_STATE_PARAMS);
+        /* a ZeRO checkpoint is the unsharded optimizer's: either loads either */
+        if (r == CAPEX_OK) r = zr ? capex_zero_load(zr, rd, "optim", CAPEX_OPTIM_STATE_PARAMS)
+                                  : capex_optim_load(opt, rd, "optim", CAPEX_OPTIM_STATE_PARAMS);
         if (r == CAPEX_OK) r = capex_scaler_load(&sc, rd, "scaler.0.");
         capex_state_reader_close(rd);
         if (!resumed(c, r, rank, step)) goto fail;
@@ -548,18 +570,28 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
             capex_tensor_list one_out = capex_tensor_list_make(grad_dtype, &gt[i], 1);
             int inf_unused = 0;
             if (act != CAPEX_F32 && grad_dtype == CAPEX_F32) round_array(g32 + m.off[i], m.off[i + 1] - m.off[i], act); /* O1: half matmul grads */
+            if (zr && !(gt[i].data = capex_zero_grad(zr, (size_t)i))) CHECK(CAPEX_ERR_ORDER);
             CHECK(capex_multi_tensor_scale(NULL, &one_in, &one_out, 1.0f, &inf_unused));
-            CHECK(capex_ddp_grad_ready(ddp, (size_t)i));
+            CHECK(zr ? capex_zero_grad_ready(zr, (size_t)i) : capex_ddp_grad_ready(ddp, (size_t)i));
         }
-        CHECK(capex_ddp_finalize(ddp));
         (void)grads32;
-        /* one pass over the (still scaled) grads: global norm, and inf/NaN show up in it */
-        CHECK(capex_multi_tensor_l2norm(NULL, &grads, &norm, NULL));
-        found_inf = !isfinite(norm);
+        if (zr) { /* this rank's shard is reduced; one allreduce gives the global norm and found_inf */
+            CHECK(capex_zero_finalize(zr));
+            CHECK(capex_zero_grad_norm(zr, &found_inf, &norm));
+        } else {
+            CHECK(capex_ddp_finalize(ddp));
+            /* one pass over the (still scaled) grads: global norm, and inf/NaN show up in it */
+            CHECK(capex_multi_tensor_l2norm(NULL, &grads, &norm, NULL));
+            found_inf = !isfinite(norm);
+        }
         CHECK(capex_scaler_unscale(&sc, 0, found_inf, &inv_scale));
         if (!found_inf && c->clip > 0 && c->optim != CAPEX_OPTIM_LAMB) clip_coef = capex_clip_coef(norm * inv_scale, c->clip);
         CHECK(capex_scaler_step(&sc, 0, &do_step));
-        CHECK(capex_optim_step(opt, inv_scale, clip_coef, !do_step));
+        if (zr) { /* the shard steps, then every rank gets the updated weights */
+            CHECK(capex_zero_step(zr, inv_scale, clip_coef, !do_step));
+            CHECK(capex_zero_zero_grad(zr));
+        } else
+            CHECK(capex_optim_step(opt, inv_scale, clip_coef, !do_step));
         CHECK(capex_scaler_update(&sc));
         tokens += (double)c->batch * world;
         ema = step == 0 ? loss : 0.98 * ema + 0.02 * loss;
@@ -569,7 +601,7 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
             capex_scaler_state st;
             memset(&st, 0, sizeof st);
             capex_scaler_get_state(&sc, &st);
-            capex_optim_get_lr(opt, 0, &next_lr);
+            capex_optim_get_lr(lr_opt, 0, &next_lr);
             printf("[%s] step %5d  loss %.4f  scale %-9g skipped %lld  lr %.2e  %.0f tok/s\n", c->label, step, loss, cur_scale,
                    (long long)st.skipped_steps, next_lr, el > 0 ? tokens / el : 0.0);
         }
@@ -582,17 +614,19 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
             vl = evaluate(&m, weff, d, c->eval_windows);
             record_point(c, res, rank, step + 1, (float)ema, vl);
         }
-        if (c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps) && rank == 0) {
+        if (c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps) && (rank == 0 || zr)) {
             capex_state_writer *w = NULL;
-            capex_result r;
-            CHECK(capex_state_writer_create(NULL, &w));
-            r = save_position(w, step + 1, epoch, pos);
-            if (r == CAPEX_OK) r = capex_optim_save(opt, w, "optim", CAPEX_OPTIM_STATE_PARAMS);
-            if (r == CAPEX_OK) r = capex_scaler_save(&sc, w, "scaler.0.");
-            if (r == CAPEX_OK) r = capex_state_write_file(w, c->save_path);
+            capex_result r = CAPEX_OK;
+            if (rank == 0) CHECK(capex_state_writer_create(NULL, &w));
+            if (rank == 0) r = save_position(w, step + 1, epoch, pos);
+            /* ZeRO: every rank takes part (shards are gathered); rank 0 writes */
+            if (r == CAPEX_OK) r = zr ? capex_zero_save(zr, w, "optim", CAPEX_OPTIM_STATE_PARAMS)
+                                      : capex_optim_save(opt, w, "optim", CAPEX_OPTIM_STATE_PARAMS);
+            if (r == CAPEX_OK && rank == 0) r = capex_scaler_save(&sc, w, "scaler.0.");
+            if (r == CAPEX_OK && rank == 0) r = capex_state_write_file(w, c->save_path);
             capex_state_writer_destroy(w);
             CHECK(r);
-            if (!c->quiet) printf("[%s] checkpoint written to %s after step %d\n", c->label, c->save_path, step + 1);
+            if (!c->quiet && rank == 0) printf("[%s] checkpoint written to %s after step %d\n", c->label, c->save_path, step + 1);
         }
     }
     res->seconds = capex_dist_now() - t0;
@@ -609,6 +643,9 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     else memcpy(weff, w32, (size_t)m.n_params * 4);
     if (act != CAPEX_F32 && amp.model_dtype == CAPEX_F32) round_array(weff, m.n_params, act);
     res->val_loss = evaluate(&m, weff, d, c->eval_windows);
+    /* ZeRO with a half model: the fp32 masters are sharded across ranks; the
+       fingerprint is then of the gathered half weights */
+    if (zr && amp.model_dtype != CAPEX_F32) memcpy(w32, weff, (size_t)m.n_params * 4);
     res->weights_crc = capex_crc32(0, w32, (size_t)m.n_params * sizeof(float));
     ok = 1;
     goto done;
@@ -618,6 +655,7 @@ fail:
 done:
     capex_optim_destroy(opt);
     capex_ddp_destroy(ddp);
+    capex_zero_destroy(zr);
     if (model_ok) model_free(&m);
     free(w32); free(weff); free(g32); free(wh); free(tok);
     return ok;
@@ -1020,13 +1058,11 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     if (c->optim == CAPEX_OPTIM_SGD) od.defaults.momentum = 0.9f;
     if (c->optim == CAPEX_OPTIM_LAMB) od.max_grad_norm = c->clip;
     CHECK(capex_cuda_optim_create(ctx, &od, &opt));
-    for (i = 0; i < P_COUNT; i++) {
+    for (i = 0; i < P_COUNT; i++) { /* the same wiring as the CPU path, device pointers */
         capex_optim_param_init(&op[i]);
-        op[i].param = (float *)(uintptr_t)(w32 + (capex_cuda_ptr)m.off[i] * 4);
-        op[i].numel = m.off[i + 1] - m.off[i];
-        op[i].grad = (const void *)(uintptr_t)grad[i];
-        op[i].grad_dtype = grad_dtype;
-        if (wh) { op[i].model = (void *)(uintptr_t)(wh + (capex_cuda_ptr)m.off[i] * 2); op[i].model_dtype = amp.model_dtype; }
+        CHECK(capex_optim_param_from_amp(&amp, (float *)(uintptr_t)(w32 + (capex_cuda_ptr)m.off[i] * 4),
+                                         wh ? (void *)(uintptr_t)(wh + (capex_cuda_ptr)m.off[i] * 2) : NULL,
+                                         (const void *)(uintptr_t)grad[i], m.off[i + 1] - m.off[i], &op[i]));
     }
     CHECK(capex_cuda_optim_add_group(opt, NULL, op, P_COUNT, NULL));
     CHECK(lr_schedule_for(c, &lrs));
@@ -1077,8 +1113,6 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
             CHECK(capex_cuda_optim_step(opt, inv, dcoef, found, stream)); /* skipped on the device after an overflow */
         }
         CHECK(capex_cuda_scaler_update(sc, stream));
-        if (wh && !amp.use_master_weights) /* O3: the fp32 copy follows the half weights */
-            CHECK(capex_cuda_convert(ctx, w32, CAPEX_F32, wh, amp.model_dtype, (size_t)m.n_params, stream));
         tokens += (double)c->batch * world;
 
         if ((c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) ||
@@ -1203,7 +1237,7 @@ static void write_svg(const char *path, const run_cfg *cfgs, const run_result *r
 
 static int run_one(const run_cfg *c, const text_data *d, capex_cuda_context *ctx, capex_comm *comm, int rank, int world,
                    run_result *res) {
-    return ctx ? train_gpu(c, d, ctx, comm, rank, world, res) : train(c, d, comm, rank, world, res);
+    return ctx && !c->zero ? train_gpu(c, d, ctx, comm, rank, world, res) : train(c, d, comm, rank, world, res);
 }
 
 /* One float per rank; NCCL moves device buffers only. */
@@ -1247,6 +1281,8 @@ static void usage(void) {
            "  --svg FILE            chart path for --compare (default loss_curve.svg)\n"
            "  --tol X               allowed |val(level) - val(O0)| for --compare (default 0.05)\n"
            "  --bucket-kb N --delay-allreduce   DDP settings\n"
+           "  --zero 1|2            ZeRO stage 1/2 instead of DDP: optimizer state (2: and\n"
+           "                        gradients) sharded across ranks; CPU path, O0-O2\n"
            "  --device auto|cpu|gpu  where to train (default auto: the GPU when one is usable)\n"
            "  --log-every N --eval-every N --eval-windows N --quiet\n"
            "Launch several ranks with mpirun (build with CAPEX_MPI) or torchrun --no-python.\n");
@@ -1302,6 +1338,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--svg")) svg = v;
         else if (!strcmp(a, "--tol")) tol = (float)atof(v);
         else if (!strcmp(a, "--bucket-kb")) cfg.bucket_bytes = (size_t)atol(v) * 1024;
+        else if (!strcmp(a, "--zero")) {
+            cfg.zero = atoi(v);
+            if (cfg.zero < 1 || cfg.zero > 2) { fprintf(stderr, "--zero takes 1 or 2\n"); return 2; }
+        }
         else if (!strcmp(a, "--log-every")) cfg.log_every = atoi(v);
         else if (!strcmp(a, "--eval-every")) cfg.eval_every = atoi(v);
         else if (!strcmp(a, "--eval-windows")) cfg.eval_windows = atoi(v);

@@ -2,12 +2,14 @@
    in plain C and trained with capex: opt levels O0-O3 with fp16 or bf16,
    dynamic loss scaling, fp32 master weights, fused AdamW or LAMB, gradient
    clipping, a warmup + cosine learning-rate schedule, DDP over TCP or MPI,
-   checkpoints that resume bit-identically, and text sampled at the end.
+   checkpoints that resume bit-identically, and text sampled at the end; on
+   the CPU, or on one GPU (--device gpu; default auto: the GPU when usable).
 
      make gpt                # O2 fp16, 1000 steps: val ~1.6 nats/byte (make run: 1.86)
      build/examples/train_gpt --opt O2 --half bf16 --optim lamb
      build/examples/train_gpt --save ckpt.safetensors --save-at 200
      build/examples/train_gpt --resume ckpt.safetensors
+     build/examples/train_gpt --device gpu   # kernels JIT-compiled by capex (NVRTC)
      WORLD_SIZE=2 RANK=r MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 build/examples/train_gpt  # each rank
 
    Model (llm.c's GPT-2 in miniature): byte tokens (vocab 256), token +
@@ -15,11 +17,14 @@
    with causal multi-head self-attention and a GELU (tanh) MLP, a final norm
    and an output head tied to the token embedding. The norms are capex's
    fused LayerNorm (or RMSNorm with --norm rms). Forward and backward are
-   plain C loops behind a two-function backend (gpt_backend) so a GPU backend
-   can replace them; the training loop only sees flat weight and gradient
-   vectors. */
-#define CAPEX_IMPLEMENTATION
-#include "../capex.h"
+   plain C loops behind a two-function backend (gpt_backend); the training
+   loop only sees flat weight and gradient vectors. The GPU path ("GPU path"
+   below) is the same two calls as CUDA kernels on device vectors
+   (gpu_forward, gpu_backward) in train_gpu, whose optimizer, loss scaler and
+   clipping run on the device too (capex_cuda.h); without a usable GPU it
+   says why and the CPU trains. Its checkpoints are the CPU's format. */
+#define CAPEX_CUDA_IMPLEMENTATION /* the CUDA backend (run-time loaded) and capex.h's implementation */
+#include "../capex_cuda.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,10 +148,11 @@ static void gpt_free(gpt *m) {
     for (i = 0; i < sizeof bufs / sizeof bufs[0]; i++) { free(*bufs[i]); *bufs[i] = NULL; }
 }
 
-static int gpt_init(gpt *m, const gpt_config *cfg, int batch, capex_dtype act) {
-    const int64_t T = cfg->seq, L = cfg->layers, C = cfg->channels, NH = cfg->heads, BT = (int64_t)batch * T;
+/* The configuration and the flat weight layout (off, n_params); no buffers. */
+static int gpt_layout(gpt *m, const gpt_config *cfg, int batch, capex_dtype act) {
+    const int64_t T = cfg->seq, L = cfg->layers, C = cfg->channels, NH = cfg->heads;
     int64_t sizes[P_COUNT];
-    int i, ok = 1;
+    int i;
     memset(m, 0, sizeof *m);
     if (T < 1 || L < 1 || C < 1 || NH < 1 || C % NH != 0 || batch < 1) {
         fprintf(stderr, "model: seq, layers, heads, channels and batch must be positive, channels a multiple of heads\n");
@@ -164,6 +170,13 @@ static int gpt_init(gpt *m, const gpt_config *cfg, int batch, capex_dtype act) {
     m->off[0] = 0;
     for (i = 0; i < P_COUNT; i++) m->off[i + 1] = m->off[i] + sizes[i];
     m->n_params = m->off[P_COUNT];
+    return 1;
+}
+
+static int gpt_init(gpt *m, const gpt_config *cfg, int batch, capex_dtype act) {
+    const int64_t T = cfg->seq, L = cfg->layers, C = cfg->channels, NH = cfg->heads, BT = (int64_t)batch * T;
+    int ok = 1;
+    if (!gpt_layout(m, cfg, batch, act)) return 0;
 #define ALLOC(p, n) ok &= ((p) = (float *)calloc((size_t)(n), sizeof(float))) != NULL
     ALLOC(m->encoded, BT * C);
     ALLOC(m->ln1, L * BT * C); ALLOC(m->ln1_mean, L * BT); ALLOC(m->ln1_rstd, L * BT);
@@ -551,7 +564,9 @@ static int gpt_backward(gpt *m, const float *w, const unsigned char *tokens, flo
     return 1;
 }
 
-/* The seam for other backends (item 3: the same two calls as GPU kernels). */
+/* The seam for other backends. The GPU path implements the same two calls on
+   device pointers (gpu_forward, gpu_backward) with its own loop (train_gpu):
+   there the weights, gradients, optimizer and scaler never leave the GPU. */
 typedef struct gpt_backend {
     const char *name;
     float (*forward)(gpt *m, const float *w, const unsigned char *tokens);
@@ -807,12 +822,11 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
     if (c->optim == CAPEX_OPTIM_LAMB) od.max_grad_norm = c->clip; /* LAMB clips by the global norm itself */
     CHECK(capex_optim_create(&od, &opt));
     for (i = 0; i < P_COUNT; i++) {
+        /* the opt level's wiring: fp32 weights, fp32 masters writing the half copy (O2),
+           or the half weights alone (O3: pure_half keeps w32 equal to them) */
         capex_optim_param_init(&op[i]);
-        op[i].param = w32 + m.off[i];
-        op[i].numel = m.off[i + 1] - m.off[i];
-        op[i].grad = capex_ddp_grad(ddp, (size_t)i);
-        op[i].grad_dtype = grad_dtype;
-        if (amp.model_dtype != CAPEX_F32) { op[i].model = wh + m.off[i]; op[i].model_dtype = amp.model_dtype; }
+        CHECK(capex_optim_param_from_amp(&amp, w32 + m.off[i], wh + m.off[i], capex_ddp_grad(ddp, (size_t)i),
+                                         m.off[i + 1] - m.off[i], &op[i]));
         gt[i].data = capex_ddp_grad(ddp, (size_t)i);
         gt[i].numel = op[i].numel;
         g32t[i].data = g32 + m.off[i];
@@ -883,10 +897,6 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
         CHECK(capex_scaler_step(&sc, 0, &do_step));
         CHECK(capex_optim_step(opt, inv_scale, clip_coef, !do_step));
         CHECK(capex_scaler_update(&sc));
-        if (do_step && amp.model_dtype != CAPEX_F32 && !amp.use_master_weights) { /* O3: pure half weights */
-            if (amp.model_dtype == CAPEX_F16) capex_f16_to_f32_array(wh, w32, (size_t)m.n_params);
-            else capex_bf16_to_f32_array(wh, w32, (size_t)m.n_params);
-        }
         if (lf) fprintf(lf, "%d %.9g\n", step, loss);
         tokens += (double)c->batch * c->model.seq * world;
         ema = step == 0 ? loss : 0.95 * ema + 0.05 * loss;
@@ -957,6 +967,813 @@ done:
     return ok;
 }
 
+/* ---- GPU path: the same model as CUDA kernels, compiled at run time -------
+   The kernels below are plain CUDA C++ text that capex's public JIT
+   (capex_cuda_module_compile) compiles for this GPU on first use, then loads
+   from the disk cache: no nvcc, no cuBLAS. The norms are capex's fused
+   LayerNorm/RMSNorm kernels (capex_cuda_layer_norm_*), the residual adds
+   capex_cuda_add_f32, the half copies capex_cuda_convert; the optimizer,
+   loss scaler, gradient norm and clipping stay on the device
+   (capex_cuda_optim, capex_cuda_scaler, capex_cuda_multi_tensor_l2norm).
+   The kernels mirror the CPU loops above: every output has one thread and
+   sums in the CPU's order (the tiled matmul too: each thread adds its
+   products in k order), with the same half rounding points (`act`), and
+   NVRTC runs with --fmad=false. So in fp32 a GPU step differs from the CPU
+   step only where the GPU's own expf/tanhf/log and capex's GPU norms (their
+   row reductions run in another order) differ from the CPU's, by a few ulps.
+   Simple on purpose: correct and deterministic, not cuBLAS-fast. */
+static const char *const gpt_kernels_parts[] = { /* each under C99's 4095-character literal limit */
+    "typedef unsigned short u16;\n"
+    "__device__ float h2f(u16 h) {\n"
+    "    unsigned s = (unsigned)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;\n"
+    "    if (e == 0) { float f = (float)m * 5.9604644775390625e-8f; return s ? -f : f; }\n"
+    "    return __uint_as_float(s | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13)));\n"
+    "}\n"
+    "__device__ u16 f2h(float f) { /* round to nearest even */\n"
+    "    unsigned x = __float_as_uint(f), s = (x >> 16) & 0x8000u;\n"
+    "    x &= 0x7fffffffu;\n"
+    "    if (x >= 0x7f800000u) return (u16)(s | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0u));\n"
+    "    if (x >= 0x477ff000u) return (u16)(s | 0x7c00u);\n"
+    "    if (x < 0x38800000u) return (u16)(s | (__float_as_uint(__uint_as_float(x) + 0.5f) - 0x3f000000u));\n"
+    "    x += 0xc8000fffu + ((x >> 13) & 1u);\n"
+    "    return (u16)(s | (x >> 13));\n"
+    "}\n"
+    "__device__ float b2f(u16 b) { return __uint_as_float((unsigned)b << 16); }\n"
+    "__device__ u16 f2b(float f) {\n"
+    "    unsigned x = __float_as_uint(f);\n"
+    "    if ((x & 0x7fffffffu) > 0x7f800000u) return (u16)((x >> 16) | 0x40u);\n"
+    "    return (u16)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);\n"
+    "}\n"
+    "/* act: 0 fp32 (nothing rounded), 1 fp16, 2 bf16 (the CPU's round_to) */\n"
+    "__device__ float rnd(float v, int t) { return t == 1 ? h2f(f2h(v)) : t == 2 ? b2f(f2b(v)) : v; }\n"
+    "#define GPT_R(v) rnd((v), act)\n"
+    "#define GPT_FOR_EACH(i, n) for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)\n"
+    "#define GPT_TILE 16\n"
+    "extern \"C\" __global__ void gpt_round(float *x, long long n, int act) { GPT_FOR_EACH(i, n) x[i] = GPT_R(x[i]); }\n"
+    "/* x[bt][c] = wte[token][c] + wpe[t][c] */\n"
+    "extern \"C\" __global__ void gpt_encode(const unsigned char *tok, const float *wte, const float *wpe, float *x, int B, int T, int C) {\n"
+    "    GPT_FOR_EACH(i, (long long)B * T * C) {\n"
+    "        long long bt = i / C, c = i % C, b = bt / T, t = bt % T;\n"
+    "        x[i] = wte[(long long)tok[b * (T + 1) + t] * C + c] + wpe[t * C + c];\n"
+    "    }\n"
+    "}\n"
+    "/* out[m][n] = GPT_R(sum_k A(m,k) B(k,n) (+ bias[n], or + 0 when bias is NULL, if add)),\n"
+    "   A(m,k) = A[m*am + k*ak], B(k,n) = Bw[k*bk + n*bn]: the strides give the three\n"
+    "   matmuls of a linear layer (forward, dinp, dweight). 16x16 tiles in shared\n"
+    "   memory; each thread adds its products in k order (the CPU's). */\n"
+    "extern \"C\" __global__ void gpt_matmul(float *out, const float *A, long long am, long long ak, const float *Bw,\n"
+    "                                       long long bk, long long bn, const float *bias, int M, int N, int K, int add, int act) {\n"
+    "    __shared__ float As[GPT_TILE][GPT_TILE], Bs[GPT_TILE][GPT_TILE + 1];\n"
+    "    const int tx = threadIdx.x, ty = threadIdx.y;\n"
+    "    const long long m = (long long)blockIdx.y * GPT_TILE + ty, n = (long long)blockIdx.x * GPT_TILE + tx;\n"
+    "    float acc = 0.0f;\n"
+    "    for (int k0 = 0; k0 < K; k0 += GPT_TILE) {\n"
+    "        const long long ka = k0 + tx, kb = k0 + ty;\n"
+    "        const int kn = K - k0 < GPT_TILE ? K - k0 : GPT_TILE;\n"
+    "        As[ty][tx] = m < M && ka < K ? A[m * am + ka * ak] : 0.0f;\n"
+    "        Bs[ty][tx] = kb < K && n < N ? Bw[kb * bk + n * bn] : 0.0f;\n"
+    "        __syncthreads();\n"
+    "        for (int kk = 0; kk < kn; kk++) acc += As[ty][kk] * Bs[kk][tx];\n"
+    "        __syncthreads();\n"
+    "    }\n"
+    "    if (m < M && n < N) out[m * N + n] = GPT_R(add ? acc + (bias ? bias[n] : 0.0f) : acc);\n"
+    "}\n"
+    "/* db[o] = GPT_R(sum_bt dout[bt][o]), in bt order */\n"
+    "extern \"C\" __global__ void gpt_bias_grad(const float *dout, float *db, long long BT, int OC, int act) {\n"
+    "    GPT_FOR_EACH(o, OC) {\n"
+    "        float s = 0.0f;\n"
+    "        for (long long b = 0; b < BT; b++) s += dout[b * OC + o];\n"
+    "        db[o] = GPT_R(s);\n"
+    "    }\n"
+    "}\n",
+    "/* Causal self-attention, one thread per (b, t, head): att = softmax(q.k / sqrt(hs)) over\n"
+    "   keys 0..t (fp32), out = att v; qkv is [BT, 3C] (q | k | v), att [B, NH, T, T]. */\n"
+    "extern \"C\" __global__ void gpt_attn_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH, int act) {\n"
+    "    const int hs = C / NH, C3 = 3 * C;\n"
+    "    const float sc = 1.0f / sqrtf((float)hs);\n"
+    "    GPT_FOR_EACH(j, (long long)B * T * NH) {\n"
+    "        const long long h = j % NH, t = (j / NH) % T, b = j / ((long long)NH * T);\n"
+    "        const float *q = qkv + (b * T + t) * C3 + h * hs;\n"
+    "        float *a = att + ((b * NH + h) * T + t) * T, mx = -__uint_as_float(0x7f800000u), sum = 0.0f;\n"
+    "        float *o = out + (b * T + t) * C + h * hs;\n"
+    "        for (long long t2 = 0; t2 <= t; t2++) {\n"
+    "            const float *k = qkv + (b * T + t2) * C3 + C + h * hs;\n"
+    "            float v = 0.0f;\n"
+    "            for (int i = 0; i < hs; i++) v += q[i] * k[i];\n"
+    "            v = GPT_R(GPT_R(v) * sc);\n"
+    "            a[t2] = v;\n"
+    "            if (v > mx) mx = v;\n"
+    "        }\n"
+    "        for (long long t2 = 0; t2 <= t; t2++) { a[t2] = expf(a[t2] - mx); sum += a[t2]; }\n"
+    "        for (long long t2 = 0; t2 <= t; t2++) a[t2] = GPT_R(a[t2] / sum);\n"
+    "        for (long long t2 = t + 1; t2 < T; t2++) a[t2] = 0.0f;\n"
+    "        for (int i = 0; i < hs; i++) o[i] = 0.0f;\n"
+    "        for (long long t2 = 0; t2 <= t; t2++) {\n"
+    "            const float *v = qkv + (b * T + t2) * C3 + 2 * C + h * hs, w = a[t2];\n"
+    "            for (int i = 0; i < hs; i++) o[i] += w * v[i];\n"
+    "        }\n"
+    "        for (int i = 0; i < hs; i++) o[i] = GPT_R(o[i]);\n"
+    "    }\n"
+    "}\n"
+    "/* Backward, pass 1 (per query row t): datt (scratch [B, NH, T, T]) and dq. */\n"
+    "extern \"C\" __global__ void gpt_attn_bwd_q(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,\n"
+    "                                           int B, int T, int C, int NH, int act) {\n"
+    "    const int hs = C / NH, C3 = 3 * C;\n"
+    "    const float sc = 1.0f / sqrtf((float)hs);\n"
+    "    GPT_FOR_EACH(j, (long long)B * T * NH) {\n"
+    "        const long long h = j % NH, t = (j / NH) % T, b = j / ((long long)NH * T);\n"
+    "        const float *a = att + ((b * NH + h) * T + t) * T, *d = dout + (b * T + t) * C + h * hs;\n"
+    "        float *da = datt + ((b * NH + h) * T + t) * T, dot = 0.0f;\n"
+    "        float *dq = dqkv + (b * T + t) * C3 + h * hs;\n"
+    "        for (long long t2 = 0; t2 <= t; t2++) {\n"
+    "            const float *v = qkv + (b * T + t2) * C3 + 2 * C + h * hs;\n"
+    "            float s = 0.0f;\n"
+    "            for (int i = 0; i < hs; i++) s += d[i] * v[i];\n"
+    "            da[t2] = GPT_R(s);\n"
+    "        }\n"
+    "        for (long long t2 = 0; t2 <= t; t2++) dot += a[t2] * da[t2];\n"
+    "        for (long long t2 = 0; t2 <= t; t2++) da[t2] = GPT_R(a[t2] * (da[t2] - dot) * sc);\n"
+    "        for (int i = 0; i < hs; i++) dq[i] = 0.0f;\n"
+    "        for (long long t2 = 0; t2 <= t; t2++) {\n"
+    "            const float *k = qkv + (b * T + t2) * C3 + C + h * hs;\n"
+    "            for (int i = 0; i < hs; i++) dq[i] += da[t2] * k[i];\n"
+    "        }\n"
+    "        for (int i = 0; i < hs; i++) dq[i] = GPT_R(dq[i]);\n"
+    "    }\n"
+    "}\n",
+    "/* Backward, pass 2 (per key row t): dk and dv, summed over the queries that see it, in order. */\n"
+    "extern \"C\" __global__ void gpt_attn_bwd_kv(float *dqkv, const float *datt, const float *dout, const float *qkv, const float *att,\n"
+    "                                            int B, int T, int C, int NH, int act) {\n"
+    "    const int hs = C / NH, C3 = 3 * C;\n"
+    "    GPT_FOR_EACH(j, (long long)B * T * NH) {\n"
+    "        const long long h = j % NH, t = (j / NH) % T, b = j / ((long long)NH * T);\n"
+    "        float *dk = dqkv + (b * T + t) * C3 + C + h * hs, *dv = dk + C;\n"
+    "        for (int i = 0; i < hs; i++) { dk[i] = 0.0f; dv[i] = 0.0f; }\n"
+    "        for (long long tq = t; tq < T; tq++) {\n"
+    "            const float *q = qkv + (b * T + tq) * C3 + h * hs, *d = dout + (b * T + tq) * C + h * hs;\n"
+    "            const float da = datt[((b * NH + h) * T + tq) * T + t], a = att[((b * NH + h) * T + tq) * T + t];\n"
+    "            for (int i = 0; i < hs; i++) { dk[i] += da * q[i]; dv[i] += a * d[i]; }\n"
+    "        }\n"
+    "        for (int i = 0; i < hs; i++) { dk[i] = GPT_R(dk[i]); dv[i] = GPT_R(dv[i]); }\n"
+    "    }\n"
+    "}\n"
+    "/* GELU, tanh approximation (GPT-2), and its derivative */\n"
+    "#define GPT_GELU_S 0.7978845608028654f\n"
+    "extern \"C\" __global__ void gpt_gelu_fwd(float *out, const float *x, long long n, int act) {\n"
+    "    GPT_FOR_EACH(i, n) {\n"
+    "        const float v = x[i];\n"
+    "        out[i] = GPT_R(0.5f * v * (1.0f + tanhf(GPT_GELU_S * (v + 0.044715f * v * v * v))));\n"
+    "    }\n"
+    "}\n"
+    "extern \"C\" __global__ void gpt_gelu_bwd(float *dx, const float *x, const float *dout, long long n, int act) {\n"
+    "    GPT_FOR_EACH(i, n) {\n"
+    "        const float v = x[i], u = GPT_GELU_S * (v + 0.044715f * v * v * v), th = tanhf(u);\n"
+    "        const float du = GPT_GELU_S * (1.0f + 3.0f * 0.044715f * v * v);\n"
+    "        dx[i] = GPT_R(dout[i] * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du));\n"
+    "    }\n"
+    "}\n"
+    "/* One thread per row: logits -> probabilities (fp32, in place), row loss -log p[target] */\n"
+    "extern \"C\" __global__ void gpt_softmax_loss(float *probs, const unsigned char *tok, double *row_loss, long long BT, int T, int V) {\n"
+    "    GPT_FOR_EACH(bt, BT) {\n"
+    "        float *p = probs + bt * V, mx = -__uint_as_float(0x7f800000u), sum = 0.0f;\n"
+    "        for (int v = 0; v < V; v++) if (p[v] > mx) mx = p[v];\n"
+    "        for (int v = 0; v < V; v++) { p[v] = expf(p[v] - mx); sum += p[v]; }\n"
+    "        for (int v = 0; v < V; v++) p[v] /= sum;\n"
+    "        row_loss[bt] = -log((double)p[tok[(bt / T) * (T + 1) + bt % T + 1]] + 1e-30);\n"
+    "    }\n"
+    "}\n"
+    "/* mean loss over the rows (in row order) -> out[0]; acc != 0: also acc[0] += loss * B (evaluation) */\n"
+    "extern \"C\" __global__ void gpt_loss(const double *row_loss, long long BT, int B, float *out, double *acc) {\n"
+    "    if (blockIdx.x != 0 || threadIdx.x != 0) return;\n"
+    "    double s = 0.0;\n"
+    "    for (long long i = 0; i < BT; i++) s += row_loss[i];\n"
+    "    float l = (float)(s / (double)BT);\n"
+    "    if (out) out[0] = l;\n"
+    "    if (acc) acc[0] += (double)l * B;\n"
+    "}\n",
+    "/* dlogits = GPT_R((p - onehot) * (loss scale / BT)), in place; the scale is read on the device */\n"
+    "extern \"C\" __global__ void gpt_dlogits(float *probs, const unsigned char *tok, const float *scale, long long BT, int T, int V, int act) {\n"
+    "    const float k = *scale / (float)BT;\n"
+    "    GPT_FOR_EACH(i, BT * V) {\n"
+    "        const long long bt = i / V, v = i % V;\n"
+    "        probs[i] = GPT_R((probs[i] - (v == tok[(bt / T) * (T + 1) + bt % T + 1] ? 1.0f : 0.0f)) * k);\n"
+    "    }\n"
+    "}\n"
+    "/* Embeddings (fp32): gwte[v] (holding the tied head's gradient) += dx of every position\n"
+    "   holding token v, gwpe[t] = sum over the batch of dx at position t; in position order. */\n"
+    "extern \"C\" __global__ void gpt_embed_bwd(const unsigned char *tok, const float *dx, float *gwte, float *gwpe, int B, int T, int C, int V) {\n"
+    "    GPT_FOR_EACH(i, (long long)(V + T) * C) {\n"
+    "        const long long r = i / C, c = i % C;\n"
+    "        if (r < V) {\n"
+    "            float acc = gwte[i];\n"
+    "            for (long long bt = 0; bt < (long long)B * T; bt++)\n"
+    "                if (tok[(bt / T) * (T + 1) + bt % T] == r) acc += dx[bt * C + c];\n"
+    "            gwte[i] = acc;\n"
+    "        } else {\n"
+    "            float acc = 0.0f;\n"
+    "            for (long long b = 0; b < B; b++) acc += dx[(b * T + (r - V)) * C + c];\n"
+    "            gwpe[(r - V) * C + c] = acc;\n"
+    "        }\n"
+    "    }\n"
+    "}\n"
+    "/* inf/NaN in the (scaled) grads shows in their norm: flag it for the scaler;\n"
+    "   clip factor from the unscaled norm (capex_clip_coef) */\n"
+    "extern \"C\" __global__ void gpt_clip(const float *norm, const float *inv_scale, unsigned *found_inf, float *coef, float max_norm) {\n"
+    "    float n = *norm, c = 1.0f;\n"
+    "    if (blockIdx.x != 0 || threadIdx.x != 0) return;\n"
+    "    if (!(n - n == 0.0f)) *found_inf = 1u;\n"
+    "    else if (max_norm > 0.0f) {\n"
+    "        float t = n * *inv_scale;\n"
+    "        if (t - t == 0.0f) { c = max_norm / (t + 1e-6f); if (!(c < 1.0f)) c = 1.0f; }\n"
+    "    }\n"
+    "    *coef = c;\n"
+    "}\n"};
+
+enum {
+    K_ROUND, K_ENCODE, K_MATMUL, K_BIAS_GRAD, K_ATTN_FWD, K_ATTN_BWD_Q, K_ATTN_BWD_KV, K_GELU_FWD, K_GELU_BWD,
+    K_SOFTMAX_LOSS, K_LOSS, K_DLOGITS, K_EMBED_BWD, K_CLIP, N_KERNELS
+};
+static const char *const gpt_kernel_names[N_KERNELS] = {
+    "gpt_round",    "gpt_encode",   "gpt_matmul",       "gpt_bias_grad", "gpt_attn_fwd",  "gpt_attn_bwd_q",  "gpt_attn_bwd_kv",
+    "gpt_gelu_fwd", "gpt_gelu_bwd", "gpt_softmax_loss", "gpt_loss",      "gpt_dlogits",   "gpt_embed_bwd",   "gpt_clip"};
+
+/* The model on the GPU: the CPU struct's activations as device buffers. */
+enum {
+    G_TOK, G_ENC, G_LN1, G_LN1M, G_LN1R, G_QKV, G_ATT, G_ATTY, G_RES2, G_LN2, G_LN2M, G_LN2R, G_FCH, G_FCHG, G_RES3,
+    G_LNF, G_LNFM, G_LNFR, G_PROBS, G_WTEH, G_ROWLOSS, G_DRES, G_DA, G_DB, G_DBIG, G_DBIG2, G_DQKV, G_DATT, G_NORMWS,
+    G_COUNT
+};
+typedef struct gpu_model {
+    capex_cuda_context *ctx;
+    capex_cuda_stream stream;
+    capex_cuda_function fn[N_KERNELS];
+    gpt m;   /* layout only (gpt_layout): no host buffers */
+    int act; /* the kernels' rounding code: 0 fp32, 1 fp16, 2 bf16 */
+    capex_cuda_ptr buf[G_COUNT];
+} gpu_model;
+
+static int act_code(capex_dtype t) { return t == CAPEX_F16 ? 1 : t == CAPEX_BF16 ? 2 : 0; }
+
+static capex_result gpu_launch(gpu_model *g, int k, int64_t threads, void **args) {
+    unsigned grid[3] = {1, 1, 1}, block[3] = {256, 1, 1};
+    int64_t blocks = (threads + 255) / 256;
+    grid[0] = (unsigned)(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
+    return capex_cuda_launch(&g->fn[k], grid, block, 0, g->stream, args);
+}
+
+/* The whole kernel text, as capex_cuda_module_compile gets it (malloc'd; NULL: out of memory). */
+static char *gpt_kernels_source(void) {
+    const size_t n_parts = sizeof gpt_kernels_parts / sizeof gpt_kernels_parts[0];
+    size_t i, len = 1;
+    char *src;
+    for (i = 0; i < n_parts; i++) len += strlen(gpt_kernels_parts[i]);
+    if (!(src = (char *)malloc(len))) return NULL;
+    src[0] = '\0';
+    for (i = 0; i < n_parts; i++) strcat(src, gpt_kernels_parts[i]);
+    return src;
+}
+static const char *const gpt_kernels_options[1] = {"--fmad=false"}; /* multiply and add rounded apart, as in the CPU code */
+
+/* Compiles the kernels through capex's JIT (disk-cached) and allocates the activations. */
+static capex_result gpu_model_init(gpu_model *g, capex_cuda_context *ctx, capex_cuda_stream stream, const gpt_config *cfg,
+                                   int batch, capex_dtype act) {
+    int64_t T, L, C, NH, BT;
+    size_t sizes[G_COUNT];
+    capex_cuda_module *mod = NULL;
+    capex_result r;
+    char *src;
+    int i;
+    memset(g, 0, sizeof *g);
+    if (!gpt_layout(&g->m, cfg, batch, act)) return capex__fail(CAPEX_ERR_INVALID_ARG, "GPT: bad model configuration");
+    g->ctx = ctx; g->stream = stream; g->act = act_code(act);
+    T = cfg->seq; L = cfg->layers; C = cfg->channels; NH = cfg->heads; BT = (int64_t)batch * T;
+    if (!(src = gpt_kernels_source())) return CAPEX_ERR_OUT_OF_MEMORY;
+    r = capex_cuda_module_compile(ctx, src, "gpt_kernels", gpt_kernels_options, 1, &mod); /* compiled once, then cached */
+    free(src);
+    for (i = 0; r == CAPEX_OK && i < N_KERNELS; i++) r = capex_cuda_module_get_function(mod, gpt_kernel_names[i], &g->fn[i]);
+    sizes[G_TOK] = (size_t)batch * (size_t)(T + 1);
+    sizes[G_ENC] = sizes[G_LNF] = sizes[G_DRES] = sizes[G_DA] = sizes[G_DB] = (size_t)(BT * C) * 4;
+    sizes[G_LN1] = sizes[G_ATTY] = sizes[G_RES2] = sizes[G_LN2] = sizes[G_RES3] = (size_t)(L * BT * C) * 4;
+    sizes[G_LN1M] = sizes[G_LN1R] = sizes[G_LN2M] = sizes[G_LN2R] = (size_t)(L * BT) * 4;
+    sizes[G_QKV] = (size_t)(L * BT * 3 * C) * 4;
+    sizes[G_ATT] = (size_t)(L * batch * NH * T * T) * 4;
+    sizes[G_FCH] = sizes[G_FCHG] = (size_t)(L * BT * 4 * C) * 4;
+    sizes[G_LNFM] = sizes[G_LNFR] = (size_t)BT * 4;
+    sizes[G_PROBS] = (size_t)(BT * VOCAB) * 4;
+    sizes[G_WTEH] = (size_t)(VOCAB * C) * 4;
+    sizes[G_ROWLOSS] = (size_t)BT * 8;
+    sizes[G_DBIG] = sizes[G_DBIG2] = (size_t)(BT * 4 * C) * 4;
+    sizes[G_DQKV] = (size_t)(BT * 3 * C) * 4;
+    sizes[G_DATT] = (size_t)(batch * NH * T * T) * 4;
+    sizes[G_NORMWS] = capex_cuda_norm_workspace_bytes(BT, C);
+    for (i = 0; r == CAPEX_OK && i < G_COUNT; i++) r = capex_cuda_malloc(ctx, sizes[i] ? sizes[i] : 4, &g->buf[i]);
+    return r;
+}
+
+static void gpu_model_free(gpu_model *g) {
+    int i;
+    if (g->ctx)
+        for (i = 0; i < G_COUNT; i++) capex_cuda_free(g->ctx, g->buf[i]);
+}
+
+/* out = R(inp W^T + bias): the CPU's matmul_forward (bias 0: none). */
+static capex_result gpu_matmul(gpu_model *g, capex_cuda_ptr out, capex_cuda_ptr A, long long am, long long ak, capex_cuda_ptr Bw,
+                               long long bk, long long bn, capex_cuda_ptr bias, int M, int N, int K, int add) {
+    unsigned grid[3] = {1, 1, 1}, block[3] = {16, 16, 1};
+    void *a[] = {&out, &A, &am, &ak, &Bw, &bk, &bn, &bias, &M, &N, &K, &add, &g->act};
+    grid[0] = (unsigned)((N + 15) / 16);
+    grid[1] = (unsigned)((M + 15) / 16);
+    if (grid[1] > 65535) return capex__fail(CAPEX_ERR_INVALID_ARG, "GPT GPU matmul: %d rows (batch * seq) is over 16 * 65535", M);
+    return capex_cuda_launch(&g->fn[K_MATMUL], grid, block, 0, g->stream, a);
+}
+static capex_result gpu_linear_forward(gpu_model *g, capex_cuda_ptr out, capex_cuda_ptr inp, capex_cuda_ptr w, capex_cuda_ptr bias,
+                                       int64_t BT, int IC, int OC) {
+    return gpu_matmul(g, out, inp, IC, 1, w, 1, IC, bias, (int)BT, OC, IC, 1);
+}
+/* dinp = R(dout W), dweight = R(dout^T inp), dbias = R(column sums of dout) (dbias 0: none) */
+static capex_result gpu_linear_backward(gpu_model *g, capex_cuda_ptr dinp, capex_cuda_ptr dweight, capex_cuda_ptr dbias,
+                                        capex_cuda_ptr dout, capex_cuda_ptr inp, capex_cuda_ptr w, int64_t BT, int IC, int OC) {
+    capex_result r = gpu_matmul(g, dinp, dout, OC, 1, w, IC, 1, 0, (int)BT, IC, OC, 0);
+    if (r == CAPEX_OK) r = gpu_matmul(g, dweight, dout, 1, OC, inp, IC, 1, 0, OC, IC, (int)BT, 0);
+    if (r == CAPEX_OK && dbias) {
+        long long bt = BT;
+        void *a[] = {&dout, &dbias, &bt, &OC, &g->act};
+        r = gpu_launch(g, K_BIAS_GRAD, OC, a);
+    }
+    return r;
+}
+static capex_result gpu_round(gpu_model *g, capex_cuda_ptr x, int64_t n) {
+    long long nn = n;
+    void *a[] = {&x, &nn, &g->act};
+    return g->act ? gpu_launch(g, K_ROUND, n, a) : CAPEX_OK;
+}
+
+/* capex's fused norm on the device, output rounded to act (it feeds a matmul). */
+static capex_result gpu_norm_forward(gpu_model *g, capex_cuda_ptr y, capex_cuda_ptr mean, capex_cuda_ptr rstd, capex_cuda_ptr x,
+                                     capex_cuda_ptr w, capex_cuda_ptr b, int64_t rows) {
+    capex_cuda_norm_args a;
+    capex_result r;
+    capex_cuda_norm_args_init(&a);
+    a.rows = rows; a.cols = g->m.cfg.channels;
+    a.x_dtype = a.y_dtype = a.param_dtype = CAPEX_F32;
+    a.x = x; a.weight = w; a.bias = g->m.cfg.rms ? 0 : b; a.y = y; a.mean = mean; a.rstd = rstd;
+    r = g->m.cfg.rms ? capex_cuda_rms_norm_forward(g->ctx, NULL, &a, g->stream) : capex_cuda_layer_norm_forward(g->ctx, NULL, &a, g->stream);
+    return r == CAPEX_OK ? gpu_round(g, y, rows * g->m.cfg.channels) : r;
+}
+static capex_result gpu_norm_backward(gpu_model *g, capex_cuda_ptr dx, capex_cuda_ptr dw, capex_cuda_ptr db, capex_cuda_ptr dy,
+                                      capex_cuda_ptr x, capex_cuda_ptr mean, capex_cuda_ptr rstd, capex_cuda_ptr w, int64_t rows) {
+    capex_cuda_norm_args a;
+    capex_cuda_norm_args_init(&a);
+    a.rows = rows; a.cols = g->m.cfg.channels;
+    a.x_dtype = a.y_dtype = a.param_dtype = CAPEX_F32;
+    a.x = x; a.weight = w; a.mean = mean; a.rstd = rstd; a.dy = dy; a.dx = dx; a.dweight = dw;
+    a.workspace = g->buf[G_NORMWS];
+    if (g->m.cfg.rms) {
+        capex_result r = capex_cuda_memset_u8(g->ctx, db, 0, (size_t)g->m.cfg.channels * 4, g->stream);
+        return r == CAPEX_OK ? capex_cuda_rms_norm_backward(g->ctx, NULL, &a, g->stream) : r;
+    }
+    a.dbias = db;
+    return capex_cuda_layer_norm_backward(g->ctx, NULL, &a, g->stream);
+}
+
+/* gpt_forward on the device: tokens in buf[G_TOK], fp32 weights w (device).
+   The mean loss goes to *loss_out (device float; 0: none) and loss * batch
+   is added to *loss_acc (device double; 0: none). Nothing is read back. */
+static capex_result gpu_forward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr loss_out, capex_cuda_ptr loss_acc) {
+    const gpt *m = &g->m;
+    int B = m->batch, T = m->cfg.seq, C = m->cfg.channels, L = m->cfg.layers, NH = m->cfg.heads, V = VOCAB;
+    const int64_t BT = (int64_t)B * T;
+    capex_cuda_ptr *bf = g->buf, res = bf[G_ENC];
+#define WP(p) (w + (capex_cuda_ptr)m->off[p] * 4)
+    long long bt = BT;
+    capex_result r;
+    int l;
+    {
+        capex_cuda_ptr wte = WP(P_WTE), wpe = WP(P_WPE);
+        void *a[] = {&bf[G_TOK], &wte, &wpe, &bf[G_ENC], &B, &T, &C};
+        if ((r = gpu_launch(g, K_ENCODE, BT * C, a)) != CAPEX_OK) return r;
+    }
+    for (l = 0; l < L; l++) {
+        const capex_cuda_ptr a4 = (capex_cuda_ptr)l * BT * C * 4, s4 = (capex_cuda_ptr)l * BT * 4;
+        capex_cuda_ptr ln1 = bf[G_LN1] + a4, qkv = bf[G_QKV] + 3 * a4, atty = bf[G_ATTY] + a4, res2 = bf[G_RES2] + a4;
+        capex_cuda_ptr ln2 = bf[G_LN2] + a4, fch = bf[G_FCH] + 4 * a4, fchg = bf[G_FCHG] + 4 * a4, res3 = bf[G_RES3] + a4;
+        capex_cuda_ptr att = bf[G_ATT] + (capex_cuda_ptr)l * B * NH * T * T * 4;
+        long long n4 = BT * 4 * C;
+        if ((r = gpu_norm_forward(g, ln1, bf[G_LN1M] + s4, bf[G_LN1R] + s4, res, WP(P_LN1W) + (capex_cuda_ptr)l * C * 4,
+                                  WP(P_LN1B) + (capex_cuda_ptr)l * C * 4, BT)) != CAPEX_OK) return r;
+        if ((r = gpu_linear_forward(g, qkv, ln1, WP(P_QKVW) + (capex_cuda_ptr)l * 3 * C * C * 4, WP(P_QKVB) + (capex_cuda_ptr)l * 3 * C * 4,
+                                    BT, C, 3 * C)) != CAPEX_OK) return r;
+        {
+            void *a[] = {&atty, &att, &qkv, &B, &T, &C, &NH, &g->act};
+            if ((r = gpu_launch(g, K_ATTN_FWD, BT * NH, a)) != CAPEX_OK) return r;
+        }
+        if ((r = gpu_linear_forward(g, bf[G_DA], atty, WP(P_ATTPROJW) + (capex_cuda_ptr)l * C * C * 4, WP(P_ATTPROJB) + (capex_cuda_ptr)l * C * 4,
+                                    BT, C, C)) != CAPEX_OK) return r;
+        if ((r = capex_cuda_add_f32(g->ctx, res2, res, bf[G_DA], (size_t)(BT * C), g->stream)) != CAPEX_OK) return r;
+        if ((r = gpu_norm_forward(g, ln2, bf[G_LN2M] + s4, bf[G_LN2R] + s4, res2, WP(P_LN2W) + (capex_cuda_ptr)l * C * 4,
+                                  WP(P_LN2B) + (capex_cuda_ptr)l * C * 4, BT)) != CAPEX_OK) return r;
+        if ((r = gpu_linear_forward(g, fch, ln2, WP(P_FCW) + (capex_cuda_ptr)l * 4 * C * C * 4, WP(P_FCB) + (capex_cuda_ptr)l * 4 * C * 4,
+                                    BT, C, 4 * C)) != CAPEX_OK) return r;
+        {
+            void *a[] = {&fchg, &fch, &n4, &g->act};
+            if ((r = gpu_launch(g, K_GELU_FWD, n4, a)) != CAPEX_OK) return r;
+        }
+        if ((r = gpu_linear_forward(g, bf[G_DA], fchg, WP(P_FCPROJW) + (capex_cuda_ptr)l * 4 * C * C * 4, WP(P_FCPROJB) + (capex_cuda_ptr)l * C * 4,
+                                    BT, 4 * C, C)) != CAPEX_OK) return r;
+        if ((r = capex_cuda_add_f32(g->ctx, res3, res2, bf[G_DA], (size_t)(BT * C), g->stream)) != CAPEX_OK) return r;
+        res = res3;
+    }
+    if ((r = gpu_norm_forward(g, bf[G_LNF], bf[G_LNFM], bf[G_LNFR], res, WP(P_LNFW), WP(P_LNFB), BT)) != CAPEX_OK) return r;
+    /* the tied head reads the embedding rounded to act */
+    if ((r = capex_cuda_memcpy_dtod(g->ctx, bf[G_WTEH], WP(P_WTE), (size_t)VOCAB * C * 4, g->stream)) != CAPEX_OK) return r;
+    if ((r = gpu_round(g, bf[G_WTEH], (int64_t)VOCAB * C)) != CAPEX_OK) return r;
+    if ((r = gpu_linear_forward(g, bf[G_PROBS], bf[G_LNF], bf[G_WTEH], 0, BT, C, VOCAB)) != CAPEX_OK) return r; /* logits */
+    {
+        void *a[] = {&bf[G_PROBS], &bf[G_TOK], &bf[G_ROWLOSS], &bt, &T, &V};
+        if ((r = gpu_launch(g, K_SOFTMAX_LOSS, BT, a)) != CAPEX_OK) return r;
+    }
+    {
+        void *a[] = {&bf[G_ROWLOSS], &bt, &B, &loss_out, &loss_acc};
+        return gpu_launch(g, K_LOSS, 1, a);
+    }
+}
+
+/* gpt_backward on the device: the fp32 gradient of (loss * *scale) into gw
+   (device, n_params floats, every element written). Needs gpu_forward's
+   activations of the same tokens and weights. */
+static capex_result gpu_backward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr scale, capex_cuda_ptr gw) {
+    const gpt *m = &g->m;
+    int B = m->batch, T = m->cfg.seq, C = m->cfg.channels, L = m->cfg.layers, NH = m->cfg.heads, V = VOCAB;
+    const int64_t BT = (int64_t)B * T;
+    capex_cuda_ptr *bf = g->buf, dres = bf[G_DRES];
+#define GP(p) (gw + (capex_cuda_ptr)m->off[p] * 4)
+    long long bt = BT;
+    capex_result r;
+    int l;
+    {
+        void *a[] = {&bf[G_PROBS], &bf[G_TOK], &scale, &bt, &T, &V, &g->act};
+        if ((r = gpu_launch(g, K_DLOGITS, BT * V, a)) != CAPEX_OK) return r; /* dlogits overwrite probs */
+    }
+    /* tied head: d lnf, and its weight gradient into the wte slot (the embedding's part is added at the end) */
+    if ((r = gpu_linear_backward(g, bf[G_DA], GP(P_WTE), 0, bf[G_PROBS], bf[G_LNF], bf[G_WTEH], BT, C, VOCAB)) != CAPEX_OK) return r;
+    if ((r = gpu_norm_backward(g, dres, GP(P_LNFW), GP(P_LNFB), bf[G_DA], bf[G_RES3] + (capex_cuda_ptr)(L - 1) * BT * C * 4,
+                               bf[G_LNFM], bf[G_LNFR], WP(P_LNFW), BT)) != CAPEX_OK) return r;
+    for (l = L - 1; l >= 0; l--) {
+        const capex_cuda_ptr a4 = (capex_cuda_ptr)l * BT * C * 4, s4 = (capex_cuda_ptr)l * BT * 4;
+        const capex_cuda_ptr res = l == 0 ? bf[G_ENC] : bf[G_RES3] + a4 - (capex_cuda_ptr)BT * C * 4;
+        capex_cuda_ptr att = bf[G_ATT] + (capex_cuda_ptr)l * B * NH * T * T * 4, qkv = bf[G_QKV] + 3 * a4;
+        long long n4 = BT * 4 * C;
+        /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
+        if ((r = gpu_linear_backward(g, bf[G_DBIG], GP(P_FCPROJW) + (capex_cuda_ptr)l * 4 * C * C * 4, GP(P_FCPROJB) + (capex_cuda_ptr)l * C * 4,
+                                     dres, bf[G_FCHG] + 4 * a4, WP(P_FCPROJW) + (capex_cuda_ptr)l * 4 * C * C * 4, BT, 4 * C, C)) != CAPEX_OK) return r;
+        {
+            capex_cuda_ptr fch = bf[G_FCH] + 4 * a4;
+            void *a[] = {&bf[G_DBIG2], &fch, &bf[G_DBIG], &n4, &g->act};
+            if ((r = gpu_launch(g, K_GELU_BWD, n4, a)) != CAPEX_OK) return r;
+        }
+        if ((r = gpu_linear_backward(g, bf[G_DA], GP(P_FCW) + (capex_cuda_ptr)l * 4 * C * C * 4, GP(P_FCB) + (capex_cuda_ptr)l * 4 * C * 4,
+                                     bf[G_DBIG2], bf[G_LN2] + a4, WP(P_FCW) + (capex_cuda_ptr)l * 4 * C * C * 4, BT, C, 4 * C)) != CAPEX_OK) return r;
+        if ((r = gpu_norm_backward(g, bf[G_DB], GP(P_LN2W) + (capex_cuda_ptr)l * C * 4, GP(P_LN2B) + (capex_cuda_ptr)l * C * 4, bf[G_DA],
+                                   bf[G_RES2] + a4, bf[G_LN2M] + s4, bf[G_LN2R] + s4, WP(P_LN2W) + (capex_cuda_ptr)l * C * 4, BT)) != CAPEX_OK) return r;
+        if ((r = capex_cuda_add_f32(g->ctx, dres, dres, bf[G_DB], (size_t)(BT * C), g->stream)) != CAPEX_OK) return r;
+        /* attention: res2 = res + attproj(attn(qkv(ln1(res)))) */
+        if ((r = gpu_linear_backward(g, bf[G_DA], GP(P_ATTPROJW) + (capex_cuda_ptr)l * C * C * 4, GP(P_ATTPROJB) + (capex_cuda_ptr)l * C * 4,
+                                     dres, bf[G_ATTY] + a4, WP(P_ATTPROJW) + (capex_cuda_ptr)l * C * C * 4, BT, C, C)) != CAPEX_OK) return r;
+        {
+            void *a[] = {&bf[G_DQKV], &bf[G_DATT], &bf[G_DA], &qkv, &att, &B, &T, &C, &NH, &g->act};
+            if ((r = gpu_launch(g, K_ATTN_BWD_Q, BT * NH, a)) != CAPEX_OK) return r;
+            if ((r = gpu_launch(g, K_ATTN_BWD_KV, BT * NH, a)) != CAPEX_OK) return r;
+        }
+        if ((r = gpu_linear_backward(g, bf[G_DA], GP(P_QKVW) + (capex_cuda_ptr)l * 3 * C * C * 4, GP(P_QKVB) + (capex_cuda_ptr)l * 3 * C * 4,
+                                     bf[G_DQKV], bf[G_LN1] + a4, WP(P_QKVW) + (capex_cuda_ptr)l * 3 * C * C * 4, BT, C, 3 * C)) != CAPEX_OK) return r;
+        if ((r = gpu_norm_backward(g, bf[G_DB], GP(P_LN1W) + (capex_cuda_ptr)l * C * 4, GP(P_LN1B) + (capex_cuda_ptr)l * C * 4, bf[G_DA],
+                                   res, bf[G_LN1M] + s4, bf[G_LN1R] + s4, WP(P_LN1W) + (capex_cuda_ptr)l * C * 4, BT)) != CAPEX_OK) return r;
+        if ((r = capex_cuda_add_f32(g->ctx, dres, dres, bf[G_DB], (size_t)(BT * C), g->stream)) != CAPEX_OK) return r;
+    }
+    {
+        capex_cuda_ptr gwte = GP(P_WTE), gwpe = GP(P_WPE);
+        void *a[] = {&bf[G_TOK], &dres, &gwte, &gwpe, &B, &T, &C, &V};
+        return gpu_launch(g, K_EMBED_BWD, (int64_t)(V + T) * C, a);
+    }
+#undef GP
+#undef WP
+}
+
+/* evaluate() on the device: the same windows; one read-back at the end. */
+static float gpu_evaluate(gpu_model *g, capex_cuda_ptr w, const text_data *d, int windows, capex_cuda_ptr acc) {
+    const int B = g->m.batch, T = g->m.cfg.seq;
+    size_t first = d->n_train, span = d->n - d->n_train - (size_t)T - 1;
+    unsigned char *tok = (unsigned char *)malloc((size_t)B * (T + 1));
+    double sum = 0;
+    int i, done = 0;
+    capex_result r = tok ? capex_cuda_memset_u8(g->ctx, acc, 0, 8, g->stream) : CAPEX_ERR_OUT_OF_MEMORY;
+    while (r == CAPEX_OK && done < windows) {
+        for (i = 0; i < B; i++) {
+            size_t start = first + (size_t)(((uint64_t)(done + i) * span) / (uint64_t)windows);
+            memcpy(tok + (size_t)i * (T + 1), d->bytes + start, (size_t)T + 1);
+        }
+        /* from pageable memory the copy has consumed tok when it returns */
+        r = capex_cuda_memcpy_htod(g->ctx, g->buf[G_TOK], tok, (size_t)B * (T + 1), g->stream);
+        if (r == CAPEX_OK) r = gpu_forward(g, w, 0, acc);
+        done += B;
+    }
+    if (r == CAPEX_OK) r = capex_cuda_memcpy_dtoh(g->ctx, &sum, acc, 8, g->stream);
+    if (r == CAPEX_OK) r = capex_cuda_stream_synchronize(g->ctx, g->stream);
+    if (r != CAPEX_OK) fprintf(stderr, "GPU evaluation failed: %s\n", capex_last_error());
+    free(tok);
+    return r == CAPEX_OK ? (float)(sum / done) : NAN;
+}
+
+/* sample_text on the device (a B = 1 model, fp32 weights w32): the same
+   context handling and draws; each byte reads back one row of probabilities. */
+static int gpu_sample_text(capex_cuda_context *ctx, capex_cuda_stream stream, const gpt_config *cfg, capex_cuda_ptr w32,
+                           const char *prompt, int n, uint64_t seed, FILE *out) {
+    gpu_model g1;
+    const int T = cfg->seq;
+    unsigned char *ctxb = (unsigned char *)malloc((size_t)T + 1);
+    float p[VOCAB];
+    size_t len = strlen(prompt);
+    int i, have, ok = 0;
+    capex_result r;
+    memset(&g1, 0, sizeof g1);
+    r = ctxb ? gpu_model_init(&g1, ctx, stream, cfg, 1, CAPEX_F32) : CAPEX_ERR_OUT_OF_MEMORY;
+    if (r != CAPEX_OK) goto done;
+    have = len > (size_t)T ? T : (int)len;
+    memset(ctxb, ' ', (size_t)T + 1);
+    memcpy(ctxb, prompt + len - (size_t)have, (size_t)have);
+    if (have == 0) { ctxb[0] = '\n'; have = 1; }
+    fputs(prompt, out);
+    for (i = 0; i < n; i++) {
+        double u = rng_unit(&seed), cum = 0.0;
+        int v = 0;
+        r = capex_cuda_memcpy_htod(ctx, g1.buf[G_TOK], ctxb, (size_t)T + 1, stream);
+        if (r == CAPEX_OK) r = gpu_forward(&g1, w32, 0, 0);
+        if (r == CAPEX_OK) r = capex_cuda_memcpy_dtoh(ctx, p, g1.buf[G_PROBS] + (capex_cuda_ptr)(have - 1) * VOCAB * 4, sizeof p, stream);
+        if (r == CAPEX_OK) r = capex_cuda_stream_synchronize(ctx, stream);
+        if (r != CAPEX_OK) goto done;
+        for (v = 0; v < VOCAB - 1; v++) { cum += p[v]; if (u < cum) break; }
+        fputc(v, out);
+        if (have < T) ctxb[have++] = (unsigned char)v;
+        else { memmove(ctxb, ctxb + 1, (size_t)T - 1); ctxb[T - 1] = (unsigned char)v; }
+    }
+    fputc('\n', out);
+    ok = 1;
+done:
+    if (!ok) fprintf(stderr, "GPU sampling failed: %s\n", capex_last_error());
+    gpu_model_free(&g1);
+    free(ctxb);
+    return ok;
+}
+
+/* compute_weights on the device: weff = the half model copy in fp32 (O2,
+   O3), or w32 with the matmul weights rounded to act (O1); O0 reads w32. */
+static capex_result gpu_compute_weights(gpu_model *g, const capex_amp_config *amp, capex_cuda_ptr w32, capex_cuda_ptr wh,
+                                        capex_cuda_ptr weff) {
+    capex_result r = CAPEX_OK;
+    int p;
+    if (amp->model_dtype != CAPEX_F32) return capex_cuda_convert(g->ctx, weff, CAPEX_F32, wh, amp->model_dtype, (size_t)g->m.n_params, g->stream);
+    if (weff == w32) return CAPEX_OK;
+    r = capex_cuda_memcpy_dtod(g->ctx, weff, w32, (size_t)g->m.n_params * 4, g->stream);
+    for (p = 0; p < P_COUNT && r == CAPEX_OK; p++)
+        if (is_matmul_param(p)) r = gpu_round(g, weff + (capex_cuda_ptr)g->m.off[p] * 4, g->m.off[p + 1] - g->m.off[p]);
+    return r;
+}
+
+/* The GPU training run (one rank): train()'s loop with the model kernels
+   above, and capex's device-side optimizer, loss scaler, gradient norm and
+   clip factor, so a step needs no host synchronisation; losses stay on the
+   GPU and are read back at log and evaluation points. Checkpoints have the
+   CPU run's format (either resumes the other's). */
+static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *ctx, run_result *res) {
+    capex_amp_config amp;
+    capex_dtype act = CAPEX_F32, grad_dtype = CAPEX_F32;
+    capex_scaler_desc sd;
+    capex_cuda_scaler *sc = NULL;
+    capex_scaler host_sc;
+    capex_optim_desc od;
+    capex_cuda_optim *opt = NULL;
+    capex_optim_param op[P_COUNT];
+    capex_tensor gt[P_COUNT];
+    capex_tensor_list grads;
+    capex_sampler smp;
+    capex_cuda_stream stream = NULL;
+    gpu_model g;
+    float *w32h = NULL, *losses = NULL;
+    unsigned char *tok = NULL;
+    FILE *lf = NULL, *bf = NULL;
+    capex_cuda_ptr w32 = 0, wh = 0, weff = 0, weff_own = 0, g32 = 0, gh = 0, norm_ws = 0, scratch = 0;
+    size_t ws_bytes = 0, n = 0;
+    int step = 0, i, ok = 0, logged = 0;
+    uint64_t epoch = 0, pos = 0;
+    double t0, ema = 0, tokens = 0;
+
+    memset(res, 0, sizeof *res);
+    memset(&g, 0, sizeof g);
+    CHECK(amp_setup(c, 0, &amp, &act));
+    grad_dtype = amp.model_dtype; /* grads have the dtype of the weights they belong to */
+    if (d->n_train < (size_t)c->model.seq + 2 + (size_t)c->batch || d->n - d->n_train < (size_t)c->model.seq + 2) {
+        fprintf(stderr, "text too short for seq %d and batch %d\n", c->model.seq, c->batch);
+        return 0;
+    }
+    CHECK(capex_cuda_stream_create(ctx, &stream));
+    CHECK(gpu_model_init(&g, ctx, stream, &c->model, c->batch, act));
+    n = (size_t)g.m.n_params;
+    w32h = (float *)malloc(n * sizeof(float));
+    losses = (float *)malloc((size_t)c->steps * sizeof(float));
+    tok = (unsigned char *)malloc((size_t)c->batch * (c->model.seq + 1));
+    if (!w32h || !losses || !tok) goto oom;
+    gpt_init_weights(&g.m, w32h, c->seed); /* the CPU run's initial weights */
+    if (c->init_path && !c->resume_path) CHECK(save_init(&g.m, w32h, c->init_path));
+    if (amp.model_dtype != CAPEX_F32 && !amp.use_master_weights) /* O3: the fp32 copy holds half values only */
+        round_array(w32h, (int64_t)n, amp.model_dtype);
+
+    /* device buffers: fp32 weights (master under O2), the half model copy, the
+       weights as the kernels read them, fp32 grads (and their half copy), one
+       scratch area (clip norm, clip factor, eval sum, the loss history) */
+    CHECK(capex_cuda_malloc(ctx, n * 4, &w32));
+    CHECK(capex_cuda_memcpy_htod(ctx, w32, w32h, n * 4, NULL));
+    if (amp.model_dtype != CAPEX_F32) {
+        CHECK(capex_cuda_malloc(ctx, n * 2, &wh));
+        CHECK(capex_cuda_convert(ctx, wh, amp.model_dtype, w32, CAPEX_F32, n, stream));
+    }
+    if (amp.model_dtype == CAPEX_F32 && act == CAPEX_F32) weff = w32; /* O0 */
+    else { CHECK(capex_cuda_malloc(ctx, n * 4, &weff_own)); weff = weff_own; }
+    CHECK(capex_cuda_malloc(ctx, n * 4, &g32));
+    if (grad_dtype != CAPEX_F32) CHECK(capex_cuda_malloc(ctx, n * 2, &gh));
+    CHECK(capex_cuda_malloc(ctx, 16 + (size_t)c->steps * 4, &scratch));
+    for (i = 0; i < P_COUNT; i++) {
+        gt[i].data = (void *)(uintptr_t)(gh ? gh + (capex_cuda_ptr)g.m.off[i] * 2 : g32 + (capex_cuda_ptr)g.m.off[i] * 4);
+        gt[i].numel = g.m.off[i + 1] - g.m.off[i];
+    }
+    grads = capex_tensor_list_make(grad_dtype, gt, P_COUNT);
+    CHECK(capex_cuda_multi_tensor_workspace_size(NULL, &grads, 1, &ws_bytes));
+    CHECK(capex_cuda_malloc(ctx, ws_bytes, &norm_ws));
+
+    capex_optim_desc_init(&od, c->optim);
+    od.defaults.lr = c->lr;
+    od.defaults.weight_decay = c->wd;
+    if (c->optim == CAPEX_OPTIM_LAMB) od.max_grad_norm = c->clip; /* LAMB clips by the global norm itself */
+    CHECK(capex_cuda_optim_create(ctx, &od, &opt));
+    for (i = 0; i < P_COUNT; i++) { /* the CPU path's wiring, device pointers */
+        capex_optim_param_init(&op[i]);
+        CHECK(capex_optim_param_from_amp(&amp, (float *)(uintptr_t)(w32 + (capex_cuda_ptr)g.m.off[i] * 4),
+                                         wh ? (void *)(uintptr_t)(wh + (capex_cuda_ptr)g.m.off[i] * 2) : NULL, gt[i].data,
+                                         g.m.off[i + 1] - g.m.off[i], &op[i]));
+    }
+    CHECK(capex_cuda_optim_add_group(opt, NULL, op, P_COUNT, NULL));
+
+    CHECK(capex_scaler_desc_from_amp(&amp, &sd)); /* O1/O2 fp16: dynamic from 2^16; else static */
+    sd.log_interval = c->quiet ? 0 : 200;
+    CHECK(capex_cuda_scaler_create(ctx, &sd, &sc));
+    CHECK(capex_scaler_init(&host_sc, &sd)); /* for checkpoints: the CPU run's format */
+    CHECK(sampler_for(c, d, 0, 1, &smp));
+
+    if (c->resume_path) {
+        capex_state_reader *rd = NULL;
+        capex_optim *h = NULL;
+        capex_scaler_state st;
+        int64_t v[3] = {0, 0, 0};
+        capex_result r = capex_state_reader_open_file(c->resume_path, 0, NULL, &rd);
+        if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.step", &v[0]);
+        if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.epoch", &v[1]);
+        if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.pos", &v[2]);
+        if (r == CAPEX_OK) r = capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, stream, &h);
+        if (r == CAPEX_OK) r = capex_optim_load(h, rd, "optim", CAPEX_OPTIM_STATE_PARAMS);
+        if (r == CAPEX_OK) r = capex_cuda_optim_from_host(opt, h, CAPEX_OPTIM_STATE_PARAMS, stream);
+        if (r == CAPEX_OK) r = capex_scaler_load(&host_sc, rd, "scaler.0.");
+        if (r == CAPEX_OK) r = capex_scaler_get_state(&host_sc, &st);
+        if (r == CAPEX_OK) r = capex_cuda_scaler_set_state(sc, &st, stream);
+        capex_optim_destroy(h);
+        capex_state_reader_close(rd);
+        if (r != CAPEX_OK) { fprintf(stderr, "resume from %s failed: %s\n", c->resume_path, capex_last_error()); goto fail; }
+        if (v[0] < 0 || v[0] > c->steps) { fprintf(stderr, "resume from %s: step %lld is past --steps %d\n", c->resume_path, (long long)v[0], c->steps); goto fail; }
+        step = (int)v[0]; epoch = (uint64_t)v[1]; pos = (uint64_t)v[2];
+        if (!c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
+    }
+    capex_sampler_set_epoch(&smp, epoch);
+    res->start_step = step;
+    if (c->losses_path && !(lf = fopen(c->losses_path, "w"))) {
+        fprintf(stderr, "cannot write %s\n", c->losses_path);
+        goto fail;
+    }
+    if (c->batches_path && !(bf = fopen(c->batches_path, "wb"))) {
+        fprintf(stderr, "cannot write %s\n", c->batches_path);
+        goto fail;
+    }
+
+    t0 = capex_dist_now();
+    logged = step;
+    for (; step < c->steps; step++) {
+        const capex_cuda_ptr dnorm = scratch, dcoef = scratch + 4, dloss = scratch + 16 + (capex_cuda_ptr)step * 4;
+        const int log_now = c->log_every && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1);
+        const int eval_now = c->eval_every && ((step + 1) % c->eval_every == 0 || step == c->steps - 1) && res->n_points < MAX_POINTS;
+        CHECK(next_batch(c, d, &smp, &epoch, &pos, tok));
+        if (bf && fwrite(tok, 1, (size_t)c->batch * (c->model.seq + 1), bf) != (size_t)c->batch * (c->model.seq + 1)) {
+            fprintf(stderr, "cannot write %s\n", c->batches_path);
+            goto fail;
+        }
+        /* from pageable memory the copy has consumed tok when it returns */
+        CHECK(capex_cuda_memcpy_htod(ctx, g.buf[G_TOK], tok, (size_t)c->batch * (c->model.seq + 1), stream));
+        CHECK(capex_cuda_optim_set_lr(opt, 0, lr_at(c, step), stream));
+        CHECK(gpu_compute_weights(&g, &amp, w32, wh, weff));
+        CHECK(gpu_forward(&g, weff, dloss, 0));
+        CHECK(gpu_backward(&g, weff, capex_cuda_scaler_scale_ptr(sc), g32));
+        if (gh) CHECK(capex_cuda_convert(ctx, gh, grad_dtype, g32, CAPEX_F32, n, stream)); /* grads in the weights' dtype */
+        /* one pass over the (still scaled) grads: global norm; inf/NaN show up in it */
+        CHECK(capex_cuda_multi_tensor_l2norm(ctx, NULL, &grads, norm_ws, ws_bytes, dnorm, 0, stream));
+        {
+            capex_cuda_ptr inv = capex_cuda_scaler_inv_scale_ptr(sc), found = capex_cuda_scaler_found_inf_ptr(sc);
+            float max_norm = c->optim == CAPEX_OPTIM_LAMB ? 0.0f : c->clip; /* LAMB clips by itself */
+            void *a[] = {(void *)&dnorm, &inv, &found, (void *)&dcoef, &max_norm};
+            CHECK(gpu_launch(&g, K_CLIP, 1, a));
+            CHECK(capex_cuda_optim_step(opt, inv, dcoef, found, stream)); /* skipped on the device after an overflow */
+        }
+        CHECK(capex_cuda_scaler_update(sc, stream));
+        tokens += (double)c->batch * c->model.seq;
+
+        if (log_now || eval_now || step == c->steps - 1) {
+            /* read the losses since the last read (the only host sync besides checkpoints) */
+            CHECK(capex_cuda_memcpy_dtoh(ctx, losses + logged, scratch + 16 + (capex_cuda_ptr)logged * 4,
+                                         (size_t)(step + 1 - logged) * 4, stream));
+            CHECK(capex_cuda_stream_synchronize(ctx, stream));
+            for (; logged <= step; logged++) {
+                ema = logged == 0 ? losses[0] : 0.95 * ema + 0.05 * losses[logged];
+                if (lf) fprintf(lf, "%d %.9g\n", logged, losses[logged]);
+            }
+        }
+        if (log_now) {
+            double el = capex_dist_now() - t0;
+            capex_scaler_state st;
+            CHECK(capex_cuda_scaler_get_state(sc, &st, stream));
+            printf("[%s] step %5d  loss %.4f  scale %-9g skipped %lld  lr %.2e  %.0f tok/s\n", c->label, step, losses[step],
+                   st.scale, (long long)st.skipped_steps, lr_at(c, step), el > 0 ? tokens / el : 0.0);
+        }
+        if (eval_now) {
+            float vl;
+            CHECK(gpu_compute_weights(&g, &amp, w32, wh, weff)); /* after this step's update */
+            vl = gpu_evaluate(&g, weff, d, c->eval_windows, scratch + 8);
+            res->pt_step[res->n_points] = step + 1;
+            res->pt_train[res->n_points] = (float)ema;
+            res->pt_val[res->n_points] = vl;
+            res->n_points++;
+            if (!c->quiet) printf("[%s] step %5d  val loss %.4f\n", c->label, step + 1, vl);
+        }
+        if (c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps)) {
+            capex_state_writer *w = NULL;
+            capex_optim *h = NULL;
+            capex_scaler_state st;
+            capex_result r = capex_state_writer_create(NULL, &w);
+            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.step", step + 1);
+            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.epoch", (int64_t)epoch);
+            if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.pos", (int64_t)pos);
+            if (r == CAPEX_OK) r = capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, stream, &h);
+            if (r == CAPEX_OK) r = capex_optim_save(h, w, "optim", CAPEX_OPTIM_STATE_PARAMS);
+            if (r == CAPEX_OK) r = capex_cuda_scaler_get_state(sc, &st, stream);
+            if (r == CAPEX_OK) r = capex_scaler_set_state(&host_sc, &st);
+            if (r == CAPEX_OK) r = capex_scaler_save(&host_sc, w, "scaler.0.");
+            if (r == CAPEX_OK) r = capex_state_write_file(w, c->save_path);
+            capex_state_writer_destroy(w);
+            capex_optim_destroy(h);
+            CHECK(r);
+            if (!c->quiet) printf("[%s] checkpoint written to %s after step %d\n", c->label, c->save_path, step + 1);
+        }
+    }
+    CHECK(capex_cuda_stream_synchronize(ctx, stream));
+    res->seconds = capex_dist_now() - t0;
+    res->tokens_per_s = res->seconds > 0 ? tokens / res->seconds : 0;
+    {
+        capex_scaler_state st;
+        CHECK(capex_cuda_scaler_get_state(sc, &st, stream));
+        res->skipped = st.skipped_steps;
+    }
+    res->train_loss = (float)ema;
+    CHECK(gpu_compute_weights(&g, &amp, w32, wh, weff));
+    res->val_loss = gpu_evaluate(&g, weff, d, c->eval_windows, scratch + 8);
+    CHECK(capex_cuda_memcpy_dtoh(ctx, w32h, w32, n * 4, NULL));
+    res->weights_crc = capex_crc32(0, w32h, n * sizeof(float));
+    if (c->sample_len > 0) { /* the inference half: fp32 weights, as an engine would load them */
+        printf("---- sample (%d bytes) ----\n", c->sample_len);
+        if (!gpu_sample_text(ctx, stream, &c->model, w32, c->prompt ? c->prompt : "", c->sample_len, c->seed + 1, stdout)) goto fail;
+        printf("----\n");
+    }
+    ok = 1;
+    goto done;
+oom:
+    fprintf(stderr, "out of memory\n");
+fail:
+done:
+    if (lf) fclose(lf);
+    if (bf) fclose(bf);
+    capex_cuda_optim_destroy(opt);
+    capex_cuda_scaler_destroy(sc);
+    gpu_model_free(&g);
+    capex_cuda_free(ctx, w32); capex_cuda_free(ctx, wh); capex_cuda_free(ctx, weff_own);
+    capex_cuda_free(ctx, g32); capex_cuda_free(ctx, gh); capex_cuda_free(ctx, norm_ws); capex_cuda_free(ctx, scratch);
+    if (stream) capex_cuda_stream_destroy(ctx, stream);
+    free(w32h); free(losses); free(tok);
+    return ok;
+}
+
 /* ---- command line -------------------------------------------------------- */
 
 static void run_cfg_default(run_cfg *c) {
@@ -969,11 +1786,38 @@ static void run_cfg_default(run_cfg *c) {
     c->sample_len = 300; c->prompt = "This License";
 }
 
+/* The device for --device auto|cpu|gpu: this rank's GPU ($LOCAL_RANK), or
+   NULL for the CPU. Without a usable GPU (driver, device or NVRTC missing),
+   auto says why and trains on the CPU; gpu fails (*fail = 1) with the
+   loader's message. The GPU path trains one rank: with several, auto stays
+   on the CPU (DDP over TCP or MPI) and gpu fails. */
+static capex_cuda_context *open_device(const char *device, int rank, int world, int *fail) {
+    capex_cuda_context *ctx = NULL;
+    int major = 0, minor = 0; /* the kernels need NVRTC (on a fresh machine: nothing cached yet) */
+    *fail = 0;
+    if (!strcmp(device, "cpu")) return NULL;
+    if (world > 1) {
+        if (!strcmp(device, "gpu")) {
+            fprintf(stderr, "--device gpu: the GPU path trains one rank, %d were launched (--device cpu for DDP)\n", world);
+            *fail = 1;
+        } else if (rank == 0) printf("%d ranks: the GPU path trains one rank, training on the CPU\n", world);
+        return NULL;
+    }
+    if (capex_cuda_context_create(NULL, &ctx) != CAPEX_OK || capex_cuda_nvrtc_version(&major, &minor) != CAPEX_OK) {
+        capex_cuda_context_destroy(ctx);
+        ctx = NULL;
+        if (!strcmp(device, "gpu")) { fprintf(stderr, "--device gpu: %s\n", capex_last_error()); *fail = 1; }
+        else if (rank == 0) printf("no usable GPU, training on the CPU (%s)\n", capex_last_error());
+    }
+    return ctx;
+}
+
 #ifndef TRAIN_GPT_NO_MAIN
 static void usage(void) {
     printf("usage: train_gpt [options]\n"
            "  --opt O0|O1|O2|O3     opt level (default O2)\n"
            "  --half fp16|bf16      half type for O1-O3 (default fp16)\n"
+           "  --device auto|cpu|gpu where to train (default auto: the GPU when one is usable)\n"
            "  --optim adamw|lamb    (default adamw, lr 3e-3; lamb: lr 3e-2)\n"
            "  --steps N --batch B --lr X --wd X --clip X --warmup N --seed N\n"
            "  --seq T --layers L --heads H --channels C --norm layer|rms   model size\n"
@@ -995,8 +1839,9 @@ int main(int argc, char **argv) {
     text_data data;
     capex_dist_env env;
     capex_comm comm;
-    const char *data_path = NULL;
-    int i, rc = 1, have_comm = 0, lr_given = 0;
+    capex_cuda_context *ctx = NULL;
+    const char *data_path = NULL, *device = "auto";
+    int i, rc = 1, have_comm = 0, lr_given = 0, dev_fail = 0;
     run_cfg_default(&cfg);
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1010,6 +1855,10 @@ int main(int argc, char **argv) {
             if (!strcmp(v, "adamw") || !strcmp(v, "adam")) cfg.optim = CAPEX_OPTIM_ADAM;
             else if (!strcmp(v, "lamb")) cfg.optim = CAPEX_OPTIM_LAMB;
             else { fprintf(stderr, "--optim: adamw or lamb\n"); return 2; }
+        }
+        else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "gpu")) { fprintf(stderr, "--device: auto, cpu or gpu\n"); return 2; }
+            device = v;
         }
         else if (!strcmp(a, "--norm")) {
             if (!strcmp(v, "layer")) cfg.model.rms = 0;
@@ -1060,6 +1909,8 @@ int main(int argc, char **argv) {
         goto out;
     }
     capex_dist_log_init(&env);
+    ctx = open_device(device, env.rank, env.world_size, &dev_fail);
+    if (dev_fail) goto out;
     if (capex_comm_init_auto(&comm, &env) != CAPEX_OK) {
         fprintf(stderr, "distributed setup failed: %s\n", capex_last_error());
         goto out;
@@ -1069,19 +1920,24 @@ int main(int argc, char **argv) {
     if (env.rank == 0) {
         gpt probe;
         int64_t n_params = 0;
-        if (gpt_init(&probe, &cfg.model, 1, CAPEX_F32)) { n_params = probe.n_params; gpt_free(&probe); }
+        const capex_cuda_device_info *di = ctx ? capex_cuda_context_device(ctx) : NULL;
+        char where[300];
+        if (di) snprintf(where, sizeof where, "GPU %s (sm_%d%d)", di->name, di->cc_major, di->cc_minor);
+        else snprintf(where, sizeof where, "the CPU");
+        if (gpt_layout(&probe, &cfg.model, 1, CAPEX_F32)) n_params = probe.n_params;
         printf("capex %s  GPT: %d layers, %d heads, %d channels, seq %d, %s, %lld parameters; %zu bytes of text "
-               "(%zu train / %zu validation), %d rank(s) via %s\n",
+               "(%zu train / %zu validation), %d rank(s) via %s, on %s\n",
                CAPEX_VERSION_STRING, cfg.model.layers, cfg.model.heads, cfg.model.channels, cfg.model.seq,
                cfg.model.rms ? "RMSNorm" : "LayerNorm", (long long)n_params, data.n, data.n_train, data.n - data.n_train,
-               env.world_size, capex_launcher_name(env.launcher));
+               env.world_size, capex_launcher_name(env.launcher), where);
     }
     {
         run_result res;
         float mine, *all = (float *)malloc((size_t)env.world_size * sizeof(float));
         int same = 1;
         cfg.label = capex_opt_level_name(cfg.level);
-        if (!all || !train(&cfg, &gpt_cpu_backend, &data, &comm, env.rank, env.world_size, &res)) { free(all); goto out_data; }
+        if (!all || !(ctx ? train_gpu(&cfg, &data, ctx, &res)
+                          : train(&cfg, &gpt_cpu_backend, &data, &comm, env.rank, env.world_size, &res))) { free(all); goto out_data; }
         /* DDP keeps replicas bit-identical: compare every rank's weight checksum
            (allgather moves bits, so the crc travels as the bits of a float). */
         memcpy(&mine, &res.weights_crc, sizeof mine);
@@ -1103,6 +1959,7 @@ out_data:
     free(data.bytes);
 out:
     if (have_comm) capex_comm_destroy(&comm);
+    capex_cuda_context_destroy(ctx);
 #ifdef CAPEX_MPI
     MPI_Finalize();
 #endif

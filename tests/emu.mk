@@ -17,6 +17,8 @@ EMU_LIB := $(EMU_DIR)/libcuda.so.1
 EMU_KERNEL_SOURCES += $(EMU_DIR)/test_kernels.cu
 # The training example's model kernels (its GPU path; tests/example.mk runs it here).
 EMU_KERNEL_SOURCES += $(EMU_DIR)/charlm_kernels.cu
+# The GPT example's model kernels (its GPU path; tests/gpt.mk runs it here).
+EMU_KERNEL_SOURCES += $(EMU_DIR)/gpt_kernels.cu
 
 $(EMU_DIR)/emu_gen: tests/emu_gen.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -52,12 +54,12 @@ $(BUILD)/tests/test_emu: $(EMU_LIB) tests/gpu_test_kernels.h tests/cuda_test_uti
 # compiles the built-in program cold on purpose, ~8 s).
 EMU_RUN = CAPEX_LIBCUDA_PATH=$(abspath $(EMU_LIB)) CAPEX_CACHE_DIR=$(abspath $(EMU_DIR)/cache) \
           CAPEX_NCCL_PATH=$(abspath $(BUILD)/fake/libnccl.so.2)
-EMU_GPU_TESTS := test_cuda_gpu:0 test_gpuopt_gpu:1 test_norm_gpu:0 test_nccl_gpu:1 \
-                 test_gpuopt_gpu:1:reverse test_norm_gpu:0:reverse
+EMU_GPU_TESTS := test_cuda_gpu:0 test_gpuopt_gpu:1 test_norm_gpu:0 test_nccl_gpu:1 test_gpt_gpu:0 \
+                 test_gpuopt_gpu:1:reverse test_norm_gpu:0:reverse test_gpt_gpu:0:reverse
 .PHONY: emu-test
 ci-extra:: emu-test
 emu-test: $(EMU_LIB) $(BUILD)/tests/test_cuda_gpu $(BUILD)/tests/test_gpuopt_gpu $(BUILD)/tests/test_norm_gpu \
-           $(BUILD)/tests/test_nccl_gpu $(BUILD)/fake/libnccl.so.2 $(BUILD)/tests/test_emu
+           $(BUILD)/tests/test_nccl_gpu $(BUILD)/tests/test_gpt_gpu $(BUILD)/fake/libnccl.so.2 $(BUILD)/tests/test_emu
 	@echo "emu: the GPU tests on the CPU emulator driver ($(EMU_LIB)): real kernels, no GPU"
 	@out=$$($(BUILD)/tests/test_emu 2>&1); echo "emu: test_emu: $$(echo "$$out" | tail -n 1)"; \
 	  echo "$$out" | tail -n 1 | grep -qE '^[1-9][0-9]* passed, 0 failed, 0 skipped$$' || { echo "$$out"; exit 1; }
@@ -73,4 +75,11 @@ $(EMU_DIR)/example_kernels_gen: tests/example_kernels_gen.c examples/train_charl
 	$(CC) -std=c99 -O1 $(WARN) $< -o $@ $(LDLIBS)
 
 $(EMU_DIR)/charlm_kernels.cu: $(EMU_DIR)/example_kernels_gen
+	$< > $@.tmp && mv $@.tmp $@
+
+$(EMU_DIR)/gpt_kernels_gen: tests/gpt_kernels_gen.c examples/train_gpt.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O1 $(WARN) $< -o $@ $(LDLIBS)
+
+$(EMU_DIR)/gpt_kernels.cu: $(EMU_DIR)/gpt_kernels_gen
 	$< > $@.tmp && mv $@.tmp $@

@@ -17,7 +17,7 @@ field() { # file, word after which the value stands on the "final:" line
 }
 close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= t) }'; }
 
-for lvl in "O2 --half fp16" "O0"; do
+for lvl in "O2 --half fp16" "O0" "O3 --half bf16"; do
     # shellcheck disable=SC2086
     "$exe" --device cpu --opt $lvl "${common[@]}" >"$tmp/cpu.txt" 2>&1 || { cat "$tmp/cpu.txt"; fail=1; continue; }
     # shellcheck disable=SC2086

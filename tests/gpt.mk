@@ -2,9 +2,12 @@
 # texts (O2 fp16, AdamW, 1000 steps; estimated ~2 min on an idle 2-core box from
 # a 9.3k tok/s single-thread burst, 7-8.5 min measured while the box was shared)
 # and samples text;
-# tests/test_gpt.c compiles the example in (TRAIN_GPT_NO_MAIN).
-.PHONY: gpt
-$(BUILD)/tests/test_gpt: examples/train_gpt.c
+# tests/test_gpt.c compiles the example in (TRAIN_GPT_NO_MAIN); so does
+# tests/test_gpt_gpu.c (its GPU model against its CPU model, one step at every
+# activation dtype: skips without a GPU, runs on the emulator in `make emu-test`).
+.PHONY: gpt gpt-emu
+$(BUILD)/tests/test_gpt: examples/train_gpt.c tests/cuda_test_util.h
+$(BUILD)/tests/test_gpt_gpu: examples/train_gpt.c
 
 $(BUILD)/examples/train_gpt: examples/train_gpt.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -19,3 +22,11 @@ $(BUILD)/examples/train_gpt_mpi: examples/train_gpt.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(MPICC) -std=c99 $(EXAMPLE_OPT) $(WARN) -DCAPEX_MPI $< -o $@ $(LDLIBS)
 endif
+
+# The GPU path (--device gpu) on the CPU emulator driver (tests/emu.mk): step
+# losses track the CPU run's (fp32 within 1e-4, O2 fp16 within 2e-3), the
+# sample equals the CPU's, resume is bit-identical, a GPU checkpoint resumes on
+# the CPU, and without a driver auto falls back (tests/gpt_emu.sh). ~20 s.
+ci-extra:: gpt-emu
+gpt-emu: $(BUILD)/examples/train_gpt $(EMU_LIB)
+	@tests/gpt_emu.sh $(BUILD)/examples/train_gpt $(abspath $(EMU_LIB)) $(abspath $(EMU_DIR)/cache)

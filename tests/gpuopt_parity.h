@@ -474,6 +474,9 @@ static void par_opt_free(env *e, par_opt *o) {
     memset(o, 0, sizeof *o);
 }
 
+/* 1: every tensor with a model copy is pure_half (O3, no master weights) */
+static int par_pure_half;
+
 /* Tensors of every grad dtype and model kind, odd sizes, misaligned, in two
    groups (the second with other hyperparameters). */
 static int par_opt_make(env *e, par_opt *o, const capex_optim_desc *d, int ntens, int64_t big) {
@@ -508,6 +511,12 @@ static int par_opt_make(env *e, par_opt *o, const capex_optim_desc *d, int ntens
         capex_optim_param_init(&cp[i]);
         cp[i].param = t->p; cp[i].grad = t->g; cp[i].grad_dtype = t->gd; cp[i].numel = t->numel;
         if (t->model) { cp[i].model = t->h; cp[i].model_dtype = t->model == 1 ? CAPEX_F16 : CAPEX_BF16; }
+        if (t->model && par_pure_half) { /* the weights live in the model copy: the same on both sides */
+            cp[i].pure_half = 1;
+            if (t->model == 1) capex_f32_to_f16_array(t->p, (uint16_t *)t->h, (size_t)t->numel);
+            else capex_f32_to_bf16_array(t->p, (uint16_t *)t->h, (size_t)t->numel);
+            if (!par_up(e, t->dh, t->h, (size_t)t->numel * 2)) return 0;
+        }
         dp[i] = cp[i];
         dp[i].param = (float *)(uintptr_t)t->dp;
         dp[i].grad = (const void *)(uintptr_t)t->dg;
@@ -675,6 +684,22 @@ static void par_adam(ct_state *ct, env *e) {
     capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
     d.exec.chunk_size = 256;
     par_opt_run(ct, e, &d, 100, 0, 0, "AdamW, 100 tensors");
+}
+
+/* O3's pure_half: fp32 params mirror the model copy after add_group and
+   every step, on the device as on the CPU (bit for bit); the CPU side is
+   checked against hand mirroring in tests/test_optim.c. */
+static void par_pure_half_steps(ct_state *ct, env *e) {
+    capex_optim_desc d;
+    int k;
+    for (k = 0; k < 3 && !ct->failed; k++) {
+        capex_optim_desc_init(&d, k == 0 ? CAPEX_OPTIM_ADAM : k == 1 ? CAPEX_OPTIM_SGD : CAPEX_OPTIM_ADAGRAD);
+        d.defaults.momentum = k == 1 ? 0.9f : 0.0f;
+        d.defaults.weight_decay = 0.01f;
+        par_pure_half = 1;
+        par_opt_run(ct, e, &d, 24, 0, 0, k == 0 ? "AdamW pure_half" : k == 1 ? "SGD pure_half" : "Adagrad pure_half");
+        par_pure_half = 0;
+    }
 }
 
 static void par_sgd(ct_state *ct, env *e) {

@@ -9,6 +9,7 @@
 #include "../examples/train_gpt.c"
 #include "capex_test.h"
 #include "two_ranks.h"
+#include "cuda_test_util.h"
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -431,6 +432,119 @@ CT_TEST(two_ddp_ranks_stay_bit_identical) {
     CT_CHECK(crc0 != crc_single, "two ranks ended with the single-rank weights");
 }
 
+/* The GPU path's kernels (the model, through capex's public JIT) compile with
+   NVRTC for the oldest and newest supported archs, and each kernel is in the image. */
+CT_TEST(gpu_kernels_compile_with_nvrtc) {
+    static const int archs[2] = {75, 120};
+    char *src = gpt_kernels_source();
+    size_t i;
+    int v, k;
+    CT_CHECK(src != NULL, "out of memory");
+    for (i = 0; i < sizeof gpt_kernels_parts / sizeof gpt_kernels_parts[0]; i++)
+        CT_CHECK(strlen(gpt_kernels_parts[i]) <= 4095, "part %d: %d characters, over C99's 4095", (int)i, (int)strlen(gpt_kernels_parts[i]));
+    for (v = 0; v < 2 && !ct->failed; v++) {
+        capex_cuda_target t;
+        capex_cuda_image im;
+        capex_result r;
+        t.kind = CAPEX_CUDA_IMAGE_PTX; /* PTX names every entry in plain text */
+        t.arch = archs[v];
+        r = capex_cuda_nvrtc_compile(src, "gpt_kernels", gpt_kernels_options, 1, t, &im);
+        if (r == CAPEX_ERR_NO_NVRTC) { free(src); CT_SKIP("NVRTC not found: %s", capex_last_error()); }
+        CT_CHECK(r == CAPEX_OK, "sm_%d: %s", archs[v], capex_last_error());
+        if (r != CAPEX_OK) break;
+        for (k = 0; k < N_KERNELS; k++) {
+            char entry[64];
+            snprintf(entry, sizeof entry, ".entry %s(", gpt_kernel_names[k]);
+            CT_CHECK(strstr((const char *)im.data, entry) != NULL, "sm_%d: kernel %s missing", archs[v], gpt_kernel_names[k]);
+        }
+        capex_cuda_image_free(&im);
+    }
+    free(src);
+}
+
+/* --device gpu without a usable GPU: fails with the driver loader's message;
+   --device auto falls back to the CPU (NULL, no failure); several ranks stay on
+   the CPU under auto and fail under gpu. In a fresh process (the driver loads
+   once per process: here it must not have been loaded yet). Rank 1 for auto:
+   rank 0 prints its message, and the child's stdout carries the result. */
+static void child_no_driver(const char *path, child_result *res) {
+    capex_cuda_context *ctx;
+    int fail = -1;
+    res->code = 0;
+    setenv("CAPEX_LIBCUDA_PATH", path, 1);
+    ctx = open_device("gpu", 0, 1, &fail);
+    if (ctx || fail != 1) res->code |= 1;
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    if (!strstr(capex_last_error(), path)) res->code |= 2;
+    ctx = open_device("auto", 1, 1, &fail);
+    if (ctx || fail != 0) res->code |= 4;
+    ctx = open_device("cpu", 0, 1, &fail);
+    if (ctx || fail != 0) res->code |= 8;
+    ctx = open_device("gpu", 0, 2, &fail);
+    if (ctx || fail != 1) res->code |= 16;
+    ctx = open_device("auto", 1, 2, &fail);
+    if (ctx || fail != 0) res->code |= 32;
+}
+static const child_entry children[] = {{"no_driver", child_no_driver}};
+
+CT_TEST(gpu_requested_without_a_gpu_fails_cleanly) {
+    child_result r = run_child("no_driver", "/nonexistent/libcuda.so.1");
+    CT_CHECK(r.exited_ok, "child exit (code %d)", r.code);
+    CT_CHECK(!(r.code & 1), "--device gpu without a driver did not fail");
+    CT_CHECK(!(r.code & 2), "message does not name what was tried: %s", r.message);
+    CT_CHECK(!(r.code & 4), "--device auto without a driver did not fall back to the CPU");
+    CT_CHECK(!(r.code & 8), "--device cpu opened a device or failed");
+    CT_CHECK(!(r.code & 16), "--device gpu with 2 ranks did not fail");
+    CT_CHECK(!(r.code & 32), "--device auto with 2 ranks did not stay on the CPU");
+}
+
+/* Reads "step loss" lines; returns the count (at most cap). */
+static int read_losses(const char *path, float *loss, int cap) {
+    FILE *f = fopen(path, "r");
+    int s, k = 0;
+    float v;
+    if (!f) return 0;
+    while (k < cap && fscanf(f, "%d %f", &s, &v) == 2) { if (s != k) break; loss[k++] = v; }
+    fclose(f);
+    return k;
+}
+
+/* With a GPU (skips without one; tests/test_gpt_gpu.c and tests/gpt_emu.sh run
+   the GPU path on the emulator in CI): 20 fp32 steps of train_gpu track the
+   CPU's step losses within 1e-4 (tests/gpt_emu.sh says why), val loss too. */
+CT_TEST(gpu_training_tracks_cpu) {
+    capex_cuda_context *ctx = NULL;
+    run_cfg c;
+    run_result rc, rg;
+    char pc[64], pg[64];
+    float lc[20], lg[20];
+    int n = 0, k, ok;
+    double worst = 0;
+    capex_result r;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses (Debian base-files)");
+    r = capex_cuda_device_count(&n);
+    if (r != CAPEX_OK || n == 0) CT_SKIP("no GPU (%s): %.90s", capex_result_string(r), r == CAPEX_OK ? "0 devices" : capex_last_error());
+    CT_CHECK(capex_cuda_context_create(NULL, &ctx) == CAPEX_OK, "context: %s", capex_last_error());
+    snprintf(pc, sizeof pc, "/tmp/capex_gpt_cpu_%d.loss", (int)getpid());
+    snprintf(pg, sizeof pg, "/tmp/capex_gpt_gpu_%d.loss", (int)getpid());
+    tiny_cfg(&c, CAPEX_O0, CAPEX_F16, 20);
+    c.losses_path = pc;
+    ok = train_single(&c, &rc);
+    c.losses_path = pg;
+    ok = ok && train_gpu(&c, data_or_null(), ctx, &rg);
+    capex_cuda_context_destroy(ctx);
+    CT_CHECK(ok, "training: %s", capex_last_error());
+    CT_CHECK(read_losses(pc, lc, 20) == 20 && read_losses(pg, lg, 20) == 20, "20 losses each");
+    remove(pc); remove(pg);
+    for (k = 0; k < 20; k++) {
+        double d = fabs((double)lg[k] - (double)lc[k]);
+        if (!(d <= worst)) worst = d;
+        CT_CHECK(d <= 1e-4, "step %d: loss GPU %.9g, CPU %.9g", k, (double)lg[k], (double)lc[k]);
+    }
+    CT_CHECK(fabs((double)rg.val_loss - (double)rc.val_loss) <= 1e-4, "val loss GPU %.6f, CPU %.6f", (double)rg.val_loss, (double)rc.val_loss);
+    printf("    GPU vs CPU, 20 fp32 steps: largest loss difference %.3g\n", worst);
+}
+
 static const ct_case cases[] = {
     CT_CASE(matmul_backward_matches_finite_differences),
     CT_CASE(attention_backward_matches_finite_differences),
@@ -447,9 +561,13 @@ static const ct_case cases[] = {
     CT_CASE(o0_tracks_torch_fp32_curve),
     CT_CASE(o2_fp16_tracks_torch_amp_curve),
     CT_CASE(two_ddp_ranks_stay_bit_identical),
+    CT_CASE(gpu_kernels_compile_with_nvrtc),
+    CT_CASE(gpu_requested_without_a_gpu_fails_cleanly),
+    CT_CASE(gpu_training_tracks_cpu),
 };
 
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--rank1") == 0) return two_ranks_child_main(ddp_train_rank, argv[2], argv[3]);
+    if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
 }

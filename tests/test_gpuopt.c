@@ -317,12 +317,15 @@ CT_TEST(kernel_parameters_match_the_host) {
         const char *name = capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k];
         long sz[4] = {0, 0, 0, 0}, want0;
         int np = ptx_params((const char *)img.data, name, sz, 4), depth;
-        if (k < CAPEX__GO_K_SUMSQ) depth = 2;
-        else if (k < CAPEX__GO_K_REDUCE) depth = 1;
-        else if (k >= CAPEX__GO_K_ADAM && k < CAPEX__GO_K_SGD) depth = 6;
-        else if ((k >= CAPEX__GO_K_SGD && k < CAPEX__GO_K_LAMB_CLIP) || k == CAPEX__GO_K_LAMB2) depth = 5;
-        else if (k >= CAPEX__GO_K_NOVO1 && k < CAPEX__GO_K_NOVO2) depth = 2;
-        else if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO_NORM) depth = 5;
+        /* the host launches each with its CAPEX__GO_LISTS depth */
+        if (k < CAPEX__GO_K_SUMSQ) depth = CAPEX__GO_SCALE_DEPTH;
+        else if (k < CAPEX__GO_K_REDUCE) depth = CAPEX__GO_SUMSQ_DEPTH;
+        else if (k >= CAPEX__GO_K_ADAM && k < CAPEX__GO_K_SGD) depth = CAPEX__GO_ADAM_DEPTH;
+        else if (k >= CAPEX__GO_K_SGD && k < CAPEX__GO_K_LAMB1) depth = CAPEX__GO_SGD_DEPTH;
+        else if (k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB_CLIP) depth = CAPEX__GO_LAMB1_DEPTH;
+        else if (k == CAPEX__GO_K_LAMB2) depth = CAPEX__GO_LAMB2_DEPTH;
+        else if (k >= CAPEX__GO_K_NOVO1 && k < CAPEX__GO_K_NOVO2) depth = CAPEX__GO_NOVO1_DEPTH;
+        else if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO_NORM) depth = CAPEX__GO_NOVO2_DEPTH;
         else depth = 0;
         want0 = depth ? (long)CAPEX_MTA_META_SIZE(depth) : k == CAPEX__GO_K_REDUCE ? (long)sizeof(capex__go_segs) : 0;
         if (want0)
@@ -333,9 +336,10 @@ CT_TEST(kernel_parameters_match_the_host) {
             CT_CHECK(np == 1 && sz[0] == (long)sizeof(capex__go_args), "%s: %d params of %ld bytes; the host passes %zu",
                      name, np, sz[0], sizeof(capex__go_args));
     }
-    for (k = CAPEX__GO_K_ADAM_AMS; k < CAPEX__GO_NK_ALL; k++) { /* amsgrad: depth 6, Adagrad: 5 */
+    for (k = CAPEX__GO_K_ADAM_AMS; k < CAPEX__GO_NK_ALL; k++) { /* amsgrad: Adam's lists */
         const char *name = capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k];
-        long sz[4] = {0, 0, 0, 0}, want0 = (long)CAPEX_MTA_META_SIZE(k < CAPEX__GO_K_ADAGRAD ? 6 : 5);
+        long sz[4] = {0, 0, 0, 0};
+        long want0 = (long)CAPEX_MTA_META_SIZE(k < CAPEX__GO_K_ADAGRAD ? (int)CAPEX__GO_ADAM_DEPTH : (int)CAPEX__GO_ADAGRAD_DEPTH);
         int np = ptx_params((const char *)img.data, name, sz, 4);
         CT_CHECK(np == 2 && sz[0] == want0 && sz[1] == (long)sizeof(capex__go_args),
                  "%s: %d params of %ld, %ld bytes; the host passes %ld, %zu", name, np, sz[0], sz[1], want0,

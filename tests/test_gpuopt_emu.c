@@ -226,8 +226,17 @@ CT_TEST(layouts_match_the_kernels) {
     CT_CHECK(offsetof(capex_go_meta<5>, block_tensor) == offsetof(capex__go_meta5, block_tensor) &&
                  offsetof(capex_go_meta<5>, numel) == offsetof(capex__go_meta5, numel),
              "metadata layout");
-    CT_CHECK(sizeof(capex_go_args) == sizeof(capex__go_args) && offsetof(capex_go_args, flag) == offsetof(capex__go_args, flag),
+    /* every kernel's own fields: the last of each (and the pointers before it) */
+#define ARGS_AT(f) (offsetof(capex_go_args, op.f) == offsetof(capex__go_args, op.f))
+    CT_CHECK(sizeof(capex_go_args) == sizeof(capex__go_args) && sizeof(capex_go_args) == 64 && ARGS_AT(scale.clip_only) &&
+                 ARGS_AT(sumsq.partial) && ARGS_AT(reduce.norm) && ARGS_AT(clip.max_norm) && ARGS_AT(prepare.sched) &&
+                 ARGS_AT(prepare.sched_groups) && ARGS_AT(scaler.state) && ARGS_AT(adam.model) &&
+                 ARGS_AT(adam_ams.max_bufs) && ARGS_AT(adam_ams.model) && ARGS_AT(adagrad.model) && ARGS_AT(sgd.model) &&
+                 ARGS_AT(lamb1.w_mode) && ARGS_AT(lamb_clip.max_grad_norm) && ARGS_AT(lamb_ratio.tgroup) &&
+                 ARGS_AT(lamb_ratio.use_nvlamb) && ARGS_AT(lamb2.model) && ARGS_AT(novo1.partial) &&
+                 ARGS_AT(novo_norm.init_zero) && ARGS_AT(novo2.model),
              "args");
+#undef ARGS_AT
     CT_CHECK(sizeof(capex_go_segs) == sizeof(capex__go_segs) && offsetof(capex_go_segs, n) == offsetof(capex__go_segs, n),
              "segments");
     CT_CHECK(sizeof(capex_go_group) == sizeof(capex__go_group) &&
@@ -259,10 +268,11 @@ CT_TEST(emu_novograd) { env e = emu_env(11); par_novograd(ct, &e); }
 CT_TEST(emu_lr_schedule) { env e = emu_env(12); par_schedule(ct, &e, 1); }
 CT_TEST(emu_adagrad) { env e = emu_env(13); par_adagrad(ct, &e); }
 CT_TEST(emu_adam_amsgrad) { env e = emu_env(14); par_adam_amsgrad(ct, &e); }
+CT_TEST(emu_pure_half) { env e = emu_env(15); par_pure_half_steps(ct, &e); }
 
 static const ct_case cases[] = {
     CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_many_tensors),
-    CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
+    CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_pure_half), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
     CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
     CT_CASE(emu_lr_schedule),
     CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad),

@@ -26,6 +26,7 @@ typedef struct zero_case {
     int micro;              /* micro-batches per step (1, 2) */
     int clip;               /* 1: clip by the global norm */
     int inf_step;           /* a step where the last rank's gradient holds an inf; -1: none */
+    int sr;                 /* 1: bf16 model copies with stochastic rounding */
     int steps;
     const char *load;       /* a checkpoint both paths load first (NULL: none) */
     const char *save;       /* where both save at the end (rank 0 writes; the DDP
@@ -81,11 +82,14 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
 #define ZC_FAIL(...) do { snprintf(why, why_n, __VA_ARGS__); fail = __LINE__; goto out; } while (0)
     memset(pz, 0, sizeof pz); memset(pd, 0, sizeof pd); memset(master, 0, sizeof master);
     capex_optim_desc_init(&od, zc->kind);
+    od.stochastic_rounding = zc->sr;
+    od.seed = 0x5eed0123456789abull;
     hp[0] = hp[1] = od.defaults;
     if (zc->kind == CAPEX_OPTIM_ADAM) { hp[0].lr = 1e-2f; hp[0].weight_decay = 0.1f; hp[1].lr = 3e-3f; }
     if (zc->kind == CAPEX_OPTIM_SGD) { hp[0].lr = 0.05f; hp[0].momentum = 0.9f; hp[0].nesterov = 1; hp[1].lr = 0.02f; hp[1].momentum = 0.5f; hp[1].weight_decay = 0.01f; }
     if (zc->kind == CAPEX_OPTIM_ADAGRAD) { hp[0].lr = 0.05f; hp[1].lr = 0.01f; hp[1].weight_decay = 0.05f; }
     if (zc->kind == CAPEX_OPTIM_LAMB) { hp[0].lr = 1e-2f; hp[1].lr = 5e-3f; hp[1].weight_decay = 0.0f; od.max_grad_norm = 2.0f; }
+    if (zc->kind == CAPEX_OPTIM_NOVOGRAD) { hp[0].lr = 1e-2f; hp[0].weight_decay = 0.01f; hp[1].lr = 5e-3f; }
     for (i = 0; i < ZC_NP; i++) {
         capex_dtype t = zc_dtype(zc, i);
         size_t es = capex_dtype_size(t), n = zc_numel[i];
@@ -176,13 +180,21 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
         max_norm = zc->clip && zc->kind != CAPEX_OPTIM_LAMB ? 0.5f * dnorm * inv : INFINITY; /* LAMB clips itself */
         if (!zinf) { clip_z = capex_clip_coef(znorm * inv, max_norm); clip_d = capex_clip_coef(dnorm * inv, max_norm); }
         do_step = !zinf;
-        if (capex_zero_step(z, inv, clip_z, !do_step) != CAPEX_OK) ZC_FAIL("zero step: %.300s", capex_last_error());
+        if (zc->stage == 1) {
+            if (capex_zero_step(z, inv, clip_z, !do_step) != CAPEX_OK) ZC_FAIL("zero step: %.300s", capex_last_error());
+        } else { /* the two halves, waiting param by param in forward order as an engine would */
+            float before = ((float *)pz[0])[0];
+            if (capex_zero_step_async(z, inv, clip_z, !do_step) != CAPEX_OK) ZC_FAIL("step_async: %.300s", capex_last_error());
+            if (memcmp(&before, pz[0], 4) != 0) ZC_FAIL("step %d: param 0 changed before its wait", s);
+            for (i = 0; i < ZC_NP; i++)
+                if (capex_zero_wait_param(z, (size_t)i) != CAPEX_OK) ZC_FAIL("wait_param %d: %.300s", i, capex_last_error());
+        }
         if (capex_optim_step(ref, inv, clip_d, !do_step) != CAPEX_OK) ZC_FAIL("ref step: %.300s", capex_last_error());
         if (capex_zero_zero_grad(z) != CAPEX_OK || capex_ddp_zero_grad(ddp) != CAPEX_OK) ZC_FAIL("zero_grad: %.300s", capex_last_error());
         for (i = 0; i < ZC_NP; i++) {
             size_t es = capex_dtype_size(zc_dtype(zc, i));
             for (e = 0; e < zc_numel[i]; e++)
-                if (zc->kind == CAPEX_OPTIM_LAMB) { /* sums of |p|^2, |u|^2 in another order: within an ulp or so */
+                if (zc->kind == CAPEX_OPTIM_LAMB || zc->kind == CAPEX_OPTIM_NOVOGRAD) { /* per-tensor sums in another order */
                     capex_dtype t = zc_dtype(zc, i);
                     double a = t == CAPEX_F32 ? ((float *)pz[i])[e] : t == CAPEX_F16 ? capex_f16_to_f32(((uint16_t *)pz[i])[e]) : capex_bf16_to_f32(((uint16_t *)pz[i])[e]);
                     double b = t == CAPEX_F32 ? ((float *)pd[i])[e] : t == CAPEX_F16 ? capex_f16_to_f32(((uint16_t *)pd[i])[e]) : capex_bf16_to_f32(((uint16_t *)pd[i])[e]);
@@ -217,6 +229,7 @@ static int zero_equiv(capex_comm *c, const zero_case *zc, char *why, size_t why_
         int64_t zs = -1, ds = -2;
         double tot[3];
         size_t floats = zc->kind == CAPEX_OPTIM_ADAM ? 2 : zc->kind == CAPEX_OPTIM_LAMB ? 3 : 1, real = 0, half = 0;
+        if (zc->kind == CAPEX_OPTIM_NOVOGRAD) floats = 1; /* m; v is one float per tensor */
         capex_optim_get_step(capex_zero_optim(z), 0, &zs);
         capex_optim_get_step(ref, 0, &ds);
         if (zs != ds) ZC_FAIL("step counts %lld vs %lld", (long long)zs, (long long)ds);
@@ -251,7 +264,7 @@ out:
 }
 
 /* A checkpoint round: load `load` (if given) into both paths, train 3 steps,
-   save to `save` (if given); AdamW or SGD, mixed dtypes, exact gradients. */
+   save to `save` (if given); any kind, mixed dtypes, exact gradients. */
 static int zero_check_ckpt(capex_comm *c, int stage, capex_optim_kind kind, const char *load, const char *save, char *why,
                            size_t why_n) {
     zero_case zc;
@@ -263,16 +276,22 @@ static int zero_check_ckpt(capex_comm *c, int stage, capex_optim_kind kind, cons
 
 /* The set of cases every comm runs; 0 or the failing line, why filled. */
 static int zero_check_all(capex_comm *c, char *why, size_t why_n) {
-    static const capex_optim_kind kinds[4] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_SGD, CAPEX_OPTIM_ADAGRAD, CAPEX_OPTIM_LAMB};
+    static const capex_optim_kind kinds[5] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_SGD, CAPEX_OPTIM_ADAGRAD, CAPEX_OPTIM_LAMB,
+                                              CAPEX_OPTIM_NOVOGRAD};
     int stage, k, line;
     for (stage = 1; stage <= 2; stage++)
-        for (k = 0; k < 4; k++) {
+        for (k = 0; k < 5; k++) {
             zero_case zc;
             memset(&zc, 0, sizeof zc);
             zc.stage = stage; zc.kind = kinds[k]; zc.halves = 1; zc.exact = 1; zc.clip = 1; zc.inf_step = 2; zc.steps = 5;
             /* stage 2 averages each micro-batch before adding: exact only when 1/W is a power of two */
             zc.micro = (stage == 1 || (c->world_size & (c->world_size - 1)) == 0) ? 2 : 1;
             if ((line = zero_equiv(c, &zc, why, why_n)) != 0) return line;
+            if (k == 0) { /* AdamW with stochastic rounding: keyed by the unsharded tensor and element */
+                zc.sr = 1;
+                if ((line = zero_equiv(c, &zc, why, why_n)) != 0) return line;
+                zc.sr = 0;
+            }
             if (c->world_size <= 2) { /* random f32 gradients: a sum of two is order-free */
                 zc.halves = 0; zc.exact = 0; zc.clip = 0; zc.micro = 1;
                 if ((line = zero_equiv(c, &zc, why, why_n)) != 0) return line;

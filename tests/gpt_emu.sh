@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The GPT example's GPU path (examples/train_gpt.c --device gpu) on the CPU
+# emulator driver (no GPU): the model kernels (through capex's JIT), capex's
+# GPU norms, capex_cuda_optim, the device scaler and checkpoints run for real.
+# Checks, on a tiny config (2 layers, 2 heads, 32 channels, seq 16, batch 4):
+#  - fp32 (O0 and O0 with RMSNorm): every one of 20 steps' training losses and
+#    the validation loss within 1e-4 of the CPU run's. Both are fp32 and the
+#    kernels mirror the CPU loops (same summation order, --fmad=false), so
+#    what differs is only the norms' row reductions (capex's GPU norms reduce
+#    in another order) and the gradient norm's (the clip factor): fp32
+#    rounding, ~1e-7 relative per op. 1e-4 is ~200 fp32 ulps of a loss near 5,
+#    room for 20 optimizer steps to carry such differences forward, and far
+#    below what a wrong kernel gives (a wrong index or a missing term moves the
+#    loss by 1e-2 or more within a step or two). On the emulator (host libm)
+#    they match to the last bit here.
+#  - O2 fp16: within 2e-3: a norm output one fp32 ulp away from the CPU's can
+#    round to the neighbouring fp16 value (2^-11 relative in that element).
+#  - the sampled text equals the CPU run's (fp32 inference, same draws);
+#  - a resumed GPU run is bit-identical to the uninterrupted one, and the GPU
+#    checkpoint resumes on the CPU;
+#  - without a driver, --device auto trains on the CPU and says so, and
+#    --device gpu exits 1 naming what it tried.
+#   tests/gpt_emu.sh TRAIN_GPT_BINARY EMULATOR_LIBCUDA CACHE_DIR
+set -u
+exe=$1 emu=$2 cache=$3
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/capex-gptemu.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+common=(--steps 20 --batch 4 --seq 16 --layers 2 --heads 2 --channels 32 --eval-every 0 --eval-windows 64
+        --log-every 0 --sample 0 --quiet)
+fail=0
+gpu() { CAPEX_LIBCUDA_PATH=$emu CAPEX_CACHE_DIR=$cache "$exe" --device gpu "$@"; }
+field() { # file, word after which the value stands on the "final:" line
+    awk -v k="$2" '/^final:/ { for (i = 1; i < NF; i++) if ($i == k) { print $(i + ($i == "val" ? 2 : 1)); exit } }' "$1"
+}
+close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= t) }'; }
+# per-step losses: "step loss" lines; prints the largest difference, fails beyond the tolerance or on a missing step
+steps_close() {
+    awk -v t="$3" 'NR == FNR { c[$1] = $2; n++; next } { if (!($1 in c)) exit 1; d = c[$1] - $2; if (d < 0) d = -d; if (d > m) m = d; k++ }
+                   END { printf "%.3g", m + 0; exit !(k == n && n > 0 && m <= t) }' "$1" "$2"
+}
+
+for run in "O0:--opt O0:1e-4" "O0 RMSNorm:--opt O0 --norm rms:1e-4" "O2 fp16:--opt O2 --half fp16:2e-3" "O3 bf16:--opt O3 --half bf16:2e-2"; do
+    name=${run%%:*} rest=${run#*:} args=${rest%%:*} tol=${rest##*:}
+    # shellcheck disable=SC2086
+    "$exe" --device cpu $args "${common[@]}" --losses "$tmp/cpu.loss" >"$tmp/cpu.txt" 2>&1 || { cat "$tmp/cpu.txt"; fail=1; continue; }
+    # shellcheck disable=SC2086
+    gpu $args "${common[@]}" --losses "$tmp/gpu.loss" >"$tmp/gpu.txt" 2>&1 || { echo "gpt-emu: GPU run failed:"; cat "$tmp/gpu.txt"; fail=1; continue; }
+    grep -q "on GPU capex CPU emulator" "$tmp/gpu.txt" || { echo "gpt-emu: did not run on the emulated GPU"; cat "$tmp/gpu.txt"; fail=1; }
+    if m=$(steps_close "$tmp/cpu.loss" "$tmp/gpu.loss" "$tol"); then echo "gpt-emu: $name: 20 step losses within $tol of the CPU's (largest difference $m)"
+    else echo "gpt-emu: $name: step losses differ from the CPU's by up to $m (tolerance $tol)"; paste "$tmp/cpu.loss" "$tmp/gpu.loss"; fail=1; fi
+    c=$(field "$tmp/cpu.txt" val) g=$(field "$tmp/gpu.txt" val)
+    if close "$c" "$g" "$tol"; then echo "gpt-emu: $name: val loss GPU $g, CPU $c: ok"
+    else echo "gpt-emu: $name: val loss GPU '$g' vs CPU '$c' (tolerance $tol)"; fail=1; fi
+done
+
+# sampling on the GPU draws the CPU's bytes
+sample=(--opt O0 --steps 20 --batch 4 --seq 16 --layers 2 --heads 2 --channels 32 --eval-every 0 --eval-windows 64
+        --log-every 0 --sample 64 --prompt "This License" --quiet)
+"$exe" --device cpu "${sample[@]}" 2>&1 | sed -n '/^---- sample/,/^----$/p' >"$tmp/cpu.smp"
+gpu "${sample[@]}" 2>&1 | sed -n '/^---- sample/,/^----$/p' >"$tmp/gpu.smp"
+if [ -s "$tmp/cpu.smp" ] && cmp -s "$tmp/cpu.smp" "$tmp/gpu.smp"; then echo "gpt-emu: GPU sample equals the CPU's ($(wc -c <"$tmp/gpu.smp") bytes)"
+else echo "gpt-emu: GPU sample differs from the CPU's:"; cat "$tmp/cpu.smp" "$tmp/gpu.smp"; fail=1; fi
+
+# resume on the GPU is bit-identical; the GPU checkpoint resumes on the CPU
+gpu --opt O2 "${common[@]}" --save "$tmp/ck.capex" --save-at 10 >"$tmp/full.txt" 2>&1 || { cat "$tmp/full.txt"; fail=1; }
+gpu --opt O2 "${common[@]}" --resume "$tmp/ck.capex" >"$tmp/res.txt" 2>&1 || { cat "$tmp/res.txt"; fail=1; }
+a=$(field "$tmp/full.txt" crc32) b=$(field "$tmp/res.txt" crc32)
+if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "gpt-emu: resumed GPU run bit-identical (weights crc32 $a)"
+else echo "gpt-emu: resumed weights crc32 '$b', uninterrupted '$a'"; fail=1; fi
+"$exe" --device cpu --opt O2 "${common[@]}" --resume "$tmp/ck.capex" >"$tmp/cpu_res.txt" 2>&1 || { cat "$tmp/cpu_res.txt"; fail=1; }
+c=$(field "$tmp/cpu_res.txt" val) g=$(field "$tmp/full.txt" val)
+if close "$c" "$g" 2e-3; then echo "gpt-emu: GPU checkpoint resumed on the CPU: val loss $c (GPU $g): ok"
+else echo "gpt-emu: GPU checkpoint resumed on the CPU: val loss '$c' vs GPU '$g'"; fail=1; fi
+
+# no driver: auto falls back to the CPU and says so; gpu fails cleanly
+CAPEX_LIBCUDA_PATH=/nonexistent/libcuda.so.1 "$exe" --device auto --opt O0 "${common[@]}" --steps 2 >"$tmp/auto.txt" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "no usable GPU, training on the CPU" "$tmp/auto.txt" && grep -q "on the CPU$" "$tmp/auto.txt"; then
+    echo "gpt-emu: no driver, --device auto: trained on the CPU, said why"
+else echo "gpt-emu: no driver, --device auto: exit $rc"; cat "$tmp/auto.txt"; fail=1; fi
+CAPEX_LIBCUDA_PATH=/nonexistent/libcuda.so.1 "$exe" --device gpu --opt O0 "${common[@]}" --steps 2 >"$tmp/gpu_nodrv.txt" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -q "/nonexistent/libcuda.so.1" "$tmp/gpu_nodrv.txt"; then echo "gpt-emu: no driver, --device gpu: exit 1 naming the driver tried"
+else echo "gpt-emu: no driver, --device gpu: exit $rc"; cat "$tmp/gpu_nodrv.txt"; fail=1; fi
+exit $fail
