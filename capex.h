@@ -10766,7 +10766,7 @@ static capex_result capex__zero_plan(capex_zero *z) {
 }
 
 /* Param i's index within its group in the full (unsharded) optimizer. */
-static size_t capex__zero_full_index(const capex_zero *z, size_t i) { return z->full_pos[2 * i]; }
+CAPEX__PRIVATE size_t capex__zero_full_index(const capex_zero *z, size_t i) { return z->full_pos[2 * i]; }
 
 /* Sharded LAMB's sums across ranks (capex_optim's reduce_fn). */
 static capex_result capex__zero_reduce(void *user, int what, double *vals, size_t n) {
