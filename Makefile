@@ -55,7 +55,8 @@ sanitize:
 	$(MAKE) --no-print-directory BUILD=build-san CC=clang OPENMP= \
 	  CFLAGS="-std=c99 -O1 -g $(WARN) -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
 
-# Headers compiled as C99, C11 and C++11 under gcc and clang, warnings as errors.
+# Headers compiled as C99, C11 and C++11 under gcc and clang, warnings as errors;
+# then with CAPEX_NO_DIST / CAPEX_NO_STATE (tests/compile_check_min.c, _removed.c).
 compile-check:
 	@mkdir -p $(BUILD)/cc
 	@for c in gcc clang; do for s in c99 c11; do \
@@ -68,6 +69,31 @@ compile-check:
 	@for c in g++ clang++; do for s in c++11 c++17; do \
 	  echo "$$c -std=$$s"; $$c -x c++ -std=$$s $(WARN) -Werror -c tests/compile_check.c -o $(BUILD)/cc/$$c-$$s.o || exit 1; \
 	done; done
+	@for d in "-DCAPEX_NO_DIST" "-DCAPEX_NO_STATE" "-DCAPEX_NO_DIST -DCAPEX_NO_STATE" \
+	          "-DCAPEX_NO_DIST -DCAPEX_NO_STATE -DCAPEX_STATIC"; do \
+	  for c in gcc clang; do echo "$$c -std=c99 $$d"; \
+	    $$c -std=c99 $(WARN) -Werror $$d -c tests/compile_check.c -o $(BUILD)/cc/sw.o || exit 1; done; \
+	  for c in g++ clang++; do echo "$$c -std=c++11 $$d"; \
+	    $$c -x c++ -std=c++11 $(WARN) -Werror $$d -c tests/compile_check.c -o $(BUILD)/cc/sw.o || exit 1; done; \
+	done
+	@# What each switch keeps links and runs (C with gcc, C++ with clang++) ...
+	@for d in "" "-DCAPEX_NO_DIST" "-DCAPEX_NO_STATE" "-DCAPEX_NO_DIST -DCAPEX_NO_STATE"; do \
+	  gcc -std=c99 $(WARN) -Werror $$d tests/compile_check_min.c -o $(BUILD)/cc/min $(LDLIBS) && \
+	    $(BUILD)/cc/min || exit 1; \
+	  clang++ -x c++ -std=c++11 $(WARN) -Werror $$d tests/compile_check_min.c -o $(BUILD)/cc/min $(LDLIBS) && \
+	    $(BUILD)/cc/min || exit 1; \
+	done
+	@# ... and what it removes is undeclared: each function compiles without the switch, not with it.
+	@for t in NO_DIST:capex_comm_init_single NO_DIST:capex_comm_allreduce NO_DIST:capex_dist_env_read \
+	          NO_DIST:capex_rendezvous_broadcast NO_DIST:capex_ddp_create NO_DIST:capex_zero_create \
+	          NO_DIST:capex_comm_init_nccl NO_STATE:capex_state_writer_create NO_STATE:capex_crc32 \
+	          NO_STATE:capex_scaler_save NO_STATE:capex_optim_load_file NO_STATE:capex_zero_save_file; do \
+	  s=$${t%%:*}; f=$${t#*:}; \
+	  gcc -std=c99 $(WARN) -Werror -fsyntax-only -DCAPEX_CHECK_FN=$$f tests/compile_check_removed.c || exit 1; \
+	  if gcc -std=c99 $(WARN) -Werror -fsyntax-only -DCAPEX_$$s -DCAPEX_CHECK_FN=$$f tests/compile_check_removed.c \
+	       2>$(BUILD)/cc/removed.log; then echo "CAPEX_$$s keeps $$f"; exit 1; fi; \
+	  grep -q "$$f" $(BUILD)/cc/removed.log || { cat $(BUILD)/cc/removed.log; exit 1; }; \
+	done; echo "CAPEX_NO_DIST / CAPEX_NO_STATE remove their functions"
 	@echo "compile-check: ok"
 
 clean:

@@ -33,6 +33,24 @@
                              then has the single-process and MPI backends)
        CAPEX_MPI             build the MPI comm backend (compile with mpicc; adds
                              capex_comm_init_mpi)
+       CAPEX_NO_SIMD         portable code only: no F16C/AVX fp16 conversions
+                             (same results; without it they are picked by cpuid)
+       CAPEX_NO_DIST         leave out data parallel: launcher env, comm vtable and
+                             backends (single, MPI, TCP), rendezvous, DDP, ZeRO,
+                             SyncBatchNorm, and in capex_cuda.h the NCCL communicator
+                             and the GPU SyncBatchNorm. Stays: capex_dist_now, the
+                             distributed sampler, BatchNorm (CPU and GPU) with comm
+                             NULL (capex_comm is then an incomplete type), all else
+       CAPEX_NO_STATE        leave out the state files (safetensors writer and reader,
+                             capex_crc32) and every save/load on them: capex_scaler_,
+                             capex_optim_ (with its lr schedule) and capex_zero_
+                             save/load(_file). Stays: capex_scaler_get/set_state,
+                             capex_optim_get_state, capex_cuda_optim_to_host/from_host
+                             (CAPEX_OPTIM_STATE_PARAMS), all else. The two switches
+                             change declarations too: define them in every file
+                             (elsewhere a removed function fails only at link time);
+                             both together work and cut the implementation's -O2
+                             compile by about a third (bench/RESULTS.md)
        CAPEX_SCALER_MAX_OPTIMIZERS  optimizers per loss scaler (default 8); part of
                              the struct layout: define it alike in every file
    capex_cuda.h's CAPEX_CUDA_IMPLEMENTATION also provides this implementation.
@@ -601,6 +619,8 @@ CAPEX_API capex_result capex_scaler_get_state(const capex_scaler *sc, capex_scal
 CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scaler_state *state);
 
 /* ==== state files: declarations ==== */
+#ifndef CAPEX_NO_STATE /* CAPEX_NO_STATE leaves out the state files (safetensors writer, reader,
+                          capex_crc32) and every save/load built on them */
 /* ---------------------------------------------------------------------------
    State files
 
@@ -750,6 +770,7 @@ CAPEX_API capex_result capex_state_get_meta(const capex_state_reader *r, const c
 #define CAPEX_SCALER_STATE_FORMAT "capex-scaler/1"
 CAPEX_API capex_result capex_scaler_save(const capex_scaler *sc, capex_state_writer *w, const char *prefix);
 CAPEX_API capex_result capex_scaler_load(capex_scaler *sc, capex_state_reader *r, const char *prefix);
+#endif /* CAPEX_NO_STATE */
 
 /* ==== tensor lists, chunk planner, fused ops: declarations ==== */
 /* ---------------------------------------------------------------------------
@@ -1125,6 +1146,10 @@ CAPEX_API capex_result capex_optim_get_novograd_norm(const capex_optim *opt, siz
 CAPEX_API capex_result capex_optim_get_max_exp_avg_sq(const capex_optim *opt, size_t group, size_t index,
                                                       float **max_exp_avg_sq);
 
+/* Flag of the optimizer save/load functions below, capex_zero_save/load and
+   capex_cuda_optim_to_host/from_host: the weights too (kept under CAPEX_NO_STATE). */
+#define CAPEX_OPTIM_STATE_PARAMS 1u
+#ifndef CAPEX_NO_STATE /* CAPEX_NO_STATE: no optimizer save/load (they need the state files) */
 /* ---- optimizer state save/restore (State files container) -----------------
 
    Saved under names "<prefix>.*" (prefix NULL: "optim"): kind and modes,
@@ -1154,13 +1179,13 @@ CAPEX_API capex_result capex_optim_get_max_exp_avg_sq(const capex_optim *opt, si
    optimizer half-loaded; it then refuses to step (CAPEX_ERR_ORDER) until a
    load succeeds. save keeps pointers into the optimizer: write the file
    before the next step. Not thread-safe with a concurrent step. */
-#define CAPEX_OPTIM_STATE_PARAMS 1u
 CAPEX_API capex_result capex_optim_save(const capex_optim *opt, capex_state_writer *w, const char *prefix,
                                         unsigned flags);
 CAPEX_API capex_result capex_optim_load(capex_optim *opt, capex_state_reader *r, const char *prefix, unsigned flags);
 /* One-call versions: a file holding only this optimizer (prefix "optim"). */
 CAPEX_API capex_result capex_optim_save_file(const capex_optim *opt, const char *path, unsigned flags);
 CAPEX_API capex_result capex_optim_load_file(capex_optim *opt, const char *path, unsigned flags);
+#endif /* CAPEX_NO_STATE */
 
 /* ==== learning-rate schedules: declarations ==== */
 /* ---------------------------------------------------------------------------
@@ -1255,6 +1280,12 @@ CAPEX_API capex_result capex_optim_get_lr_schedule(const capex_optim *opt, capex
 CAPEX_API capex_result capex_optim_get_lr(const capex_optim *opt, size_t group, float *lr);
 
 /* ==== data parallel: declarations ==== */
+#ifdef CAPEX_NO_DIST /* CAPEX_NO_DIST leaves out launcher env, comms, rendezvous, TCP, DDP, ZeRO and
+                        SyncBatchNorm; the clock and the distributed sampler stay */
+typedef struct capex_comm capex_comm; /* incomplete: batch norm's comm argument must be NULL */
+/* Seconds on a monotonic clock. */
+CAPEX_API double capex_dist_now(void);
+#else
 
 /* ---------------------------------------------------------------------------
    Data parallel (DIST)
@@ -1740,6 +1771,7 @@ CAPEX_API capex_result capex_zero_set_sync(capex_zero *z, int sync);
 CAPEX_API capex_optim *capex_zero_optim(capex_zero *z);
 /* All zeros for NULL. */
 CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
+#ifndef CAPEX_NO_STATE /* CAPEX_NO_STATE: no ZeRO checkpoints */
 /* Checkpoints in capex_optim's own format, as the unsharded optimizer
    (params group by group, in index order, over whole tensors) would save
    them: independent of the world size (load into any number of ranks: a
@@ -1759,6 +1791,8 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
 /* One file holding only this optimizer (prefix "optim"); rank 0 writes it. */
 CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags);
 CAPEX_API capex_result capex_zero_load_file(capex_zero *z, const char *path, unsigned flags);
+#endif /* CAPEX_NO_STATE */
+#endif /* CAPEX_NO_DIST */
 
 /* -- distributed sampler (PyTorch DistributedSampler) -- */
 typedef struct capex_sampler_desc {
@@ -1788,7 +1822,7 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
 /* The shuffle: a bijection of [0, n) keyed by `key` (seed + epoch). */
 CAPEX_API uint64_t capex_permute_index(uint64_t i, uint64_t n, uint64_t key);
 
-#ifdef CAPEX_MPI
+#if defined(CAPEX_MPI) && !defined(CAPEX_NO_DIST)
 #  ifdef __cplusplus
 }
 #  endif
@@ -3392,6 +3426,7 @@ CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scal
 }
 
 /* ==== state files: implementation ==== */
+#ifndef CAPEX_NO_STATE /* CAPEX_NO_STATE: no state files, scaler save/load */
 /* ---- state files -------------------------------------------------------- */
 /* Layout and rules: see the "State files" manual in the declarations. The
    parser is schema-directed (top object -> entry object -> array of integers,
@@ -4924,6 +4959,7 @@ CAPEX_API capex_result capex_scaler_load(capex_scaler *sc, capex_state_reader *r
     }
     return capex_scaler_set_state(sc, &st); /* validates; sc untouched on error */
 }
+#endif /* CAPEX_NO_STATE */
 
 /* ==== tensor lists, chunk planner, fused ops: implementation ==== */
 /* ---- tensor lists ------------------------------------------------------- */
@@ -7309,6 +7345,7 @@ CAPEX_API capex_result capex_optim_get_max_exp_avg_sq(const capex_optim *o, size
 }
 
 /* ---- optimizer state save/restore ---- */
+#ifndef CAPEX_NO_STATE /* CAPEX_NO_STATE: no optimizer save/load */
 
 #define CAPEX__OPT_NAME_MAX 160
 
@@ -7774,6 +7811,7 @@ CAPEX_API capex_result capex_optim_load_file(capex_optim *o, const char *path, u
     capex_state_reader_close(rd);
     return r;
 }
+#endif /* CAPEX_NO_STATE */
 
 /* ==== data parallel: implementation ==== */
 
@@ -7781,8 +7819,8 @@ CAPEX_API capex_result capex_optim_load_file(capex_optim *o, const char *path, u
 /* POSIX pieces (clock, sockets) are guarded: a build where they are hidden
    (strict -std=c99 with a system header included before capex.h) falls back
    to time() and numeric IPv4 addresses; CAPEX_NO_SOCKETS leaves the
-   rendezvous out entirely. */
-#if (defined(__unix__) || defined(__APPLE__)) && !defined(CAPEX_NO_SOCKETS)
+   rendezvous out entirely (CAPEX_NO_DIST all of data parallel but this clock). */
+#if (defined(__unix__) || defined(__APPLE__)) && !defined(CAPEX_NO_SOCKETS) && !defined(CAPEX_NO_DIST)
 #  define CAPEX__HAVE_SOCKETS 1
 #  include <errno.h>
 #  include <fcntl.h>
@@ -7823,6 +7861,7 @@ CAPEX__PRIVATE void capex__sleep_s(double s) {
 #endif
 }
 
+#ifndef CAPEX_NO_DIST /* CAPEX_NO_DIST: from here to the sampler, all of data parallel */
 /* ---- data parallel: launcher environment -------------------------------- */
 
 static const char *capex__getenv_default(const char *name, void *user) {
@@ -10728,7 +10767,7 @@ static capex_result capex__zero_plan(capex_zero *z) {
 }
 
 /* Param i's index within its group in the full (unsharded) optimizer. */
-static size_t capex__zero_full_index(const capex_zero *z, size_t i) { return z->full_pos[2 * i]; }
+CAPEX__PRIVATE size_t capex__zero_full_index(const capex_zero *z, size_t i) { return z->full_pos[2 * i]; }
 
 /* Sharded LAMB's sums across ranks (capex_optim's reduce_fn). */
 static capex_result capex__zero_reduce(void *user, int what, double *vals, size_t n) {
@@ -11287,6 +11326,7 @@ CAPEX_API capex_result capex_zero_set_sync(capex_zero *z, int sync) {
     return CAPEX_OK;
 }
 
+#ifndef CAPEX_NO_STATE /* CAPEX_NO_STATE: no ZeRO checkpoints */
 /* ---- ZeRO checkpoints: the unsharded capex_optim format ---- */
 
 /* An unsharded optimizer over the whole params (group by group, params in
@@ -11520,6 +11560,7 @@ CAPEX_API capex_result capex_zero_load_file(capex_zero *z, const char *path, uns
     capex_state_reader_close(rd);
     return r;
 }
+#endif /* CAPEX_NO_STATE */
 
 CAPEX_API capex_optim *capex_zero_optim(capex_zero *z) { return z ? z->opt : NULL; }
 
@@ -11529,6 +11570,8 @@ CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z) {
     memset(&m, 0, sizeof m);
     return m;
 }
+
+#endif /* CAPEX_NO_DIST */
 
 /* ---- data parallel: distributed sampler --------------------------------- */
 
@@ -12306,6 +12349,27 @@ CAPEX_API float capex_batch_norm_momentum(const capex_batch_norm_desc *d, int64_
     return d ? d->momentum : 0.1f;
 }
 
+/* SyncBatchNorm's comm: its world size (1 without one) and its two collectives
+   (gather: n floats per rank allgathered; else n floats summed in place). With
+   CAPEX_NO_DIST there is no comm: the world is 1 and they are never called. */
+CAPEX__PRIVATE int capex__bn_world(const capex_comm *comm) {
+#ifdef CAPEX_NO_DIST
+    (void)comm;
+    return 1;
+#else
+    return comm ? comm->world_size : 1;
+#endif
+}
+CAPEX__PRIVATE capex_result capex__bn_collective(capex_comm *comm, int gather, const float *send, float *recv, size_t n) {
+#ifdef CAPEX_NO_DIST
+    (void)comm; (void)gather; (void)send; (void)recv; (void)n;
+    return capex__fail(CAPEX_ERR_UNSUPPORTED, "SyncBatchNorm: built with CAPEX_NO_DIST");
+#else
+    if (gather) return capex_comm_allgather(comm, send, recv, n, CAPEX_F32);
+    return capex_comm_allreduce(comm, send, recv, n, CAPEX_F32, CAPEX_REDUCE_SUM);
+#endif
+}
+
 static capex_result capex__bn_check(const char *fn, const capex_batch_norm_desc *d, capex_comm *comm,
                                     const capex_batch_norm_args *a, int bwd) {
     capex_result r;
@@ -12332,11 +12396,16 @@ static capex_result capex__bn_check(const char *fn, const capex_batch_norm_desc 
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: layout must be CAPEX_BN_NCS or CAPEX_BN_NSC", fn);
     if (!capex__nm_dtype_ok(a->x_dtype) || !capex__nm_dtype_ok(a->y_dtype) || !capex__nm_dtype_ok(a->param_dtype))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: x_dtype, y_dtype and param_dtype must be CAPEX_F32/F16/BF16", fn);
+#ifdef CAPEX_NO_DIST
+    if (comm)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: built with CAPEX_NO_DIST (no SyncBatchNorm): pass comm NULL", fn);
+#else
     if (comm && (!comm->vt || comm->world_size < 1))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: comm is not initialised", fn);
     if (comm && comm->device_buffers && comm->world_size > 1)
         return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: comm '%s' takes device buffers; use the GPU SyncBatchNorm "
                            "(capex_cuda.h) or a host comm (MPI, TCP)", fn, comm->vt->name ? comm->vt->name : "?");
+#endif
     if (!a->running_mean != !a->running_var)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: give both running_mean and running_var, or neither", fn);
     need = a->n > 0;
@@ -12412,7 +12481,7 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
     capex__bn_ctx c;
     capex__bn_mem m;
     capex_result r;
-    int world = comm ? comm->world_size : 1, use_batch;
+    int world = capex__bn_world(comm), use_batch;
     int64_t C, rows, ch, total = 0, local;
     const float *wf, *bf;
     if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
@@ -12459,7 +12528,7 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
         pk[2 * C] = (float)(local >> 24);
         pk[2 * C + 1] = (float)(local & 0xffffff);
         if (world > 1) {
-            r = capex_comm_allgather(comm, pk, m.gath, capex_syncbn_pack_floats(C), CAPEX_F32);
+            r = capex__bn_collective(comm, 1, pk, m.gath, capex_syncbn_pack_floats(C));
             if (r != CAPEX_OK) { capex__free(d->allocator, m.all); return r; }
         } else {
             memcpy(m.gath, pk, capex_syncbn_pack_floats(C) * sizeof(float));
@@ -12511,7 +12580,7 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
     capex__bn_ctx c;
     capex__bn_mem m;
     capex_result r;
-    int world = comm ? comm->world_size : 1, use_batch;
+    int world = capex__bn_world(comm), use_batch;
     int64_t C, rows, ch;
     const float *wf, *bf;
     float *sdy, *sdyx;
@@ -12558,7 +12627,7 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
         if (a->dbias) capex__nm_store_one(a->dbias, a->param_dtype, ch, sdy[ch]);
     }
     if (use_batch && world > 1) {
-        r = capex_comm_allreduce(comm, m.red, m.red, 2u * (size_t)C, CAPEX_F32, CAPEX_REDUCE_SUM);
+        r = capex__bn_collective(comm, 0, m.red, m.red, 2u * (size_t)C);
         if (r != CAPEX_OK) { capex__free(d->allocator, m.all); return r; }
     }
     if (a->dx && rows > 0) {

@@ -25,7 +25,14 @@
        capex_cuda_launch(&f, grid, block, 0, NULL, args);
        capex_cuda_context_destroy(ctx);
 
-   CONFIGURATION: those of capex.h (CAPEX_STATIC, CAPEX_API, CAPEX_MALLOC, ...).
+   CONFIGURATION: those of capex.h (CAPEX_STATIC, CAPEX_API, CAPEX_MALLOC, ...;
+   capex_cuda.h tests no macro of its own besides CAPEX_CUDA_IMPLEMENTATION).
+       CAPEX_NO_DIST     also leaves out the NCCL communicator (capex_nccl_*,
+                         capex_comm_init_nccl*, capex_comm_is_nccl) and the GPU
+                         SyncBatchNorm: capex_cuda_batch_norm_* take comm NULL only.
+                         capex_cuda_nccl_version (the loader's report) stays.
+       CAPEX_NO_STATE    nothing here needs the state files: capex_cuda_optim_to_host
+                         / from_host stay (save the host copy elsewhere, or not at all).
 
    ENVIRONMENT
        LOCAL_RANK        GPU ordinal when capex_cuda_context_desc.device is -1
@@ -521,6 +528,7 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const c
                                                   capex_cuda_stream stream);
 
 /* ==== NCCL communicator: declarations ==== */
+#ifndef CAPEX_NO_DIST /* CAPEX_NO_DIST (capex.h) leaves out the NCCL communicator */
 
 /* ---- NCCL communicator: a capex_comm on device buffers ---------------------
 
@@ -584,6 +592,7 @@ CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_u
 CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stream user_stream);
 /* 1 when c is an NCCL communicator. */
 CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
+#endif /* CAPEX_NO_DIST */
 
 /* ==== GPU LayerNorm/RMSNorm/SyncBatchNorm: declarations ==== */
 /* ---------------------------------------------------------------------------
@@ -6009,6 +6018,7 @@ done:
 }
 
 /* ==== NCCL communicator: implementation ==== */
+#ifndef CAPEX_NO_DIST /* CAPEX_NO_DIST: no NCCL communicator */
 
 /* NCCL's ABI, declared here (nccl.h is never included: runtime loading).
    tests/test_nccl_abi.c checks every value against the real nccl.h. */
@@ -6662,6 +6672,7 @@ CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stre
     capex__nccl_of(c)->user = user_stream;
     return CAPEX_OK;
 }
+#endif /* CAPEX_NO_DIST */
 
 /* ==== GPU LayerNorm/RMSNorm/SyncBatchNorm: implementation ==== */
 CAPEX__PRIVATE capex_result capex__cuda_norm_fn(capex_cuda_context *ctx, const char *name, capex_cuda_function *fn) {
@@ -6829,7 +6840,9 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_check(const char *fn, capex_cuda_cont
                                                  capex_comm *comm, const capex_cuda_batch_norm_args *a, int bwd,
                                                  capex_cuda_stream stream) {
     capex_batch_norm_args h;
+#ifndef CAPEX_NO_DIST
     capex_comm hc;
+#endif
     capex_result r;
     if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
     if (!a) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: args is NULL", fn);
@@ -6846,16 +6859,23 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_check(const char *fn, capex_cuda_cont
     h.save_mean = (float *)(uintptr_t)a->save_mean; h.save_invstd = (float *)(uintptr_t)a->save_invstd;
     h.dy = (const void *)(uintptr_t)a->dy; h.dx = (void *)(uintptr_t)a->dx;
     h.dweight = (void *)(uintptr_t)a->dweight; h.dbias = (void *)(uintptr_t)a->dbias;
+#ifdef CAPEX_NO_DIST /* no SyncBatchNorm: capex__bn_check refuses a comm */
+    (void)stream;
+    if ((r = capex__bn_check(fn, d, comm, &h, bwd)) != CAPEX_OK) return r;
+#else
     if (comm) { hc = *comm; hc.device_buffers = 0; } /* device comms are fine here */
     if ((r = capex__bn_check(fn, d, comm ? &hc : NULL, &h, bwd)) != CAPEX_OK) return r;
+#endif
     if (!a->save_mean || !a->save_invstd || !a->workspace)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: save_mean, save_invstd and workspace (capex_cuda_batch_norm_"
                            "workspace_bytes) are required on the GPU", fn);
     if (a->workspace & 7u) /* it starts with doubles: a misaligned one faults the context */
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: workspace 0x%llx is not 8-byte aligned", fn, (unsigned long long)a->workspace);
+#ifndef CAPEX_NO_DIST
     if (comm && comm->device_buffers && comm->world_size > 1 && comm->stream != stream)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: a device-buffer comm orders work on comm->stream; pass it as "
                            "`stream`", fn);
+#endif
     return CAPEX_OK;
 }
 
@@ -6863,6 +6883,10 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_check(const char *fn, capex_cuda_cont
 CAPEX__PRIVATE capex_result capex__cuda_bn_collective(capex_cuda_context *ctx, capex_comm *comm, int gather,
                                                       capex_cuda_ptr send, capex_cuda_ptr recv, size_t count,
                                                       capex_cuda_stream stream) {
+#ifdef CAPEX_NO_DIST /* no comm exists: the world is 1, never called */
+    (void)ctx; (void)gather; (void)send; (void)recv; (void)count; (void)stream;
+    return capex__bn_collective(comm, 0, NULL, NULL, 0);
+#else
     capex_result r;
     float *h;
     size_t out = gather ? count * (size_t)comm->world_size : count;
@@ -6882,6 +6906,7 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_collective(capex_cuda_context *ctx, c
     if (r == CAPEX_OK) r = capex_cuda_stream_synchronize(ctx, stream); /* h is freed next */
     capex__free(comm->allocator, h);
     return r;
+#endif
 }
 
 CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
@@ -6897,7 +6922,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
     if ((r = capex__cuda_bn_check(fn, ctx, d, comm, a, 0, stream)) != CAPEX_OK) return r;
     use_batch = d->training || !a->running_mean;
     /* eval without running stats: this rank's batch unless sync_eval_batch_stats (capex.h, torch) */
-    world = use_batch && comm && (d->training || d->sync_eval_batch_stats) ? comm->world_size : 1;
+    world = use_batch && (d->training || d->sync_eval_batch_stats) ? capex__bn_world(comm) : 1;
     N = (unsigned long long)a->n; C = (unsigned long long)a->c; S = (unsigned long long)a->s;
     total = N * C * S; P = capex_syncbn_pack_floats(a->c);
     xt = (int)a->x_dtype; yt = (int)a->y_dtype; pt = (int)a->param_dtype; nsc = a->layout == CAPEX_BN_NSC;
@@ -6960,12 +6985,12 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
     if ((r = capex__cuda_bn_check(fn, ctx, d, comm, a, 1, stream)) != CAPEX_OK) return r;
     use_batch = d->training || !a->running_mean;
     /* eval without running stats: this rank's batch unless sync_eval_batch_stats (capex.h, torch) */
-    world = use_batch && comm && (d->training || d->sync_eval_batch_stats) ? comm->world_size : 1;
+    world = use_batch && (d->training || d->sync_eval_batch_stats) ? capex__bn_world(comm) : 1;
     N = (unsigned long long)a->n; C = (unsigned long long)a->c; S = (unsigned long long)a->s;
     total = N * C * S; P = capex_syncbn_pack_floats(a->c);
     xt = (int)a->x_dtype; yt = (int)a->y_dtype; pt = (int)a->param_dtype; nsc = a->layout == CAPEX_BN_NSC;
     ws_total = a->workspace;
-    ws_sums = a->workspace + 8u + 4u * (P + (unsigned long long)(comm ? comm->world_size : 1) * P);
+    ws_sums = a->workspace + 8u + 4u * (P + (unsigned long long)capex__bn_world(comm) * P);
     if (C > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many channels for one grid", fn);
     args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->save_mean;
     args[5] = (void *)&a->save_invstd; args[6] = &N; args[7] = &C; args[8] = &S; args[9] = &nsc; args[10] = &ws_sums;
