@@ -10,7 +10,8 @@ writes an SVG overlay of both curves.
 
 The C run writes its initial weights (--save-init, a safetensors file), every
 step's tokens (--batches) and its per-step losses (--losses). Torch then trains
-with torch.optim.AdamW (same lr schedule, wd, clipping); for O1-O3 under
+with torch.optim.AdamW (same lr schedule, advanced by the steps taken as capex
+does, wd, clipping); for O1-O3 under
 torch.autocast(dtype) with torch.amp.GradScaler (fp16) and fp32 parameters:
 torch's native AMP is Apex O1, so it is the reference for capex's O1 and O2.
 Needs torch (CPU is enough) and numpy; safetensors is read by hand.
@@ -87,12 +88,18 @@ class GPT(torch.nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, 256), targets.reshape(-1))
 
 
-def lr_at(step, lr, steps, warmup, min_frac=0.1):  # examples/train_gpt.c lr_at
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    t = (step - warmup) / (steps - warmup if steps > warmup else 1)
-    mn = lr * min_frac
-    return mn + 0.5 * (lr - mn) * (1.0 + math.cos(math.pi * min(t, 1.0)))
+def lr_at(taken, lr, steps, warmup, min_frac=0.1):
+    """examples/train_gpt.c's capex_lr_schedule (COSINE after a LinearLR warmup from
+    1/warmup) at `taken` steps taken, in float64 from the C run's float values, as
+    capex_lr_at; the optimizer then uses it as a float."""
+    base, eta_frac = float(np.float32(lr)), float(np.float32(min_frac))
+    total = steps if steps > warmup else warmup + 1
+    if taken < warmup:
+        start = 1.0 / warmup
+        return base * (start + (1.0 - start) * taken / warmup)
+    t, T = min(taken - warmup, total - warmup), total - warmup
+    eta = base * eta_frac
+    return eta + (base - eta) * (1.0 + math.cos(3.141592653589793 * t / T)) / 2.0
 
 
 def train_torch(init, batches, a):
@@ -110,9 +117,10 @@ def train_torch(init, batches, a):
     B = data.size // (a.steps * (T + 1))
     data = torch.from_numpy(data.reshape(a.steps, B, T + 1).astype(np.int64))
     losses = []
+    taken = 0  # capex's schedule follows the steps taken: a skipped (overflow) step does not advance it
     for step in range(a.steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, a.lr, a.steps, a.warmup)
+            g["lr"] = float(np.float32(lr_at(taken, a.lr, a.steps, a.warmup)))
         idx, tgt = data[step, :, :-1], data[step, :, 1:]
         with torch.autocast("cpu", dtype=dtype, enabled=half):
             loss = model(idx, tgt)
@@ -120,8 +128,11 @@ def train_torch(init, batches, a):
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(params, a.clip)
+        before = scaler.get_scale() if scaler.is_enabled() else 1.0
         scaler.step(opt)
         scaler.update()
+        if not scaler.is_enabled() or scaler.get_scale() >= before:
+            taken += 1
         losses.append(loss.item())
     return losses
 

@@ -641,12 +641,17 @@ static float evaluate(const gpt_backend *be, gpt *m, const float *w, const text_
     return (float)(sum / done);
 }
 
-/* Linear warmup, then cosine decay to min_lr_frac * lr (GPT / llm.c). */
-static float lr_at(const run_cfg *c, int step) {
-    float min_lr = c->lr * c->min_lr_frac, t;
-    if (step < c->warmup) return c->lr * (float)(step + 1) / (float)c->warmup;
-    t = (float)(step - c->warmup) / (float)(c->steps > c->warmup ? c->steps - c->warmup : 1);
-    return min_lr + 0.5f * (c->lr - min_lr) * (1.0f + cosf(3.14159265f * (t > 1 ? 1 : t)));
+/* Linear warmup, then cosine decay to min_lr_frac * lr, as capex_lr_schedule
+   (torch's LinearLR from 1/warmup, then CosineAnnealingLR): attached to the
+   optimizer, it follows the steps taken (an overflow-skipped step does not
+   consume schedule) and is saved with its state. */
+static capex_result lr_schedule_for(const run_cfg *c, capex_lr_schedule *s) {
+    capex_lr_schedule_init(s, CAPEX_LR_COSINE);
+    s->warmup_steps = c->warmup > 0 ? c->warmup : 0;
+    s->warmup_start_factor = c->warmup > 0 ? 1.0 / c->warmup : 1.0;
+    s->total_steps = c->steps > s->warmup_steps ? c->steps : s->warmup_steps + 1;
+    s->min_factor = c->min_lr_frac;
+    return capex_lr_schedule_check(s);
 }
 
 /* The opt level's configuration (printed on rank 0) and the matmul dtype. */
@@ -758,6 +763,7 @@ static capex_result save_init(const gpt *m, const float *w, const char *path) {
 
 static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, capex_comm *comm, int rank, int world,
                  run_result *res) {
+    capex_lr_schedule lrs;
     capex_amp_config amp;
     capex_dtype act = CAPEX_F32, grad_dtype = CAPEX_F32;
     capex_scaler_desc sd;
@@ -834,6 +840,8 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
     }
     grads = capex_tensor_list_make(grad_dtype, gt, P_COUNT);
     CHECK(capex_optim_add_group(opt, NULL, op, P_COUNT, NULL));
+    CHECK(lr_schedule_for(c, &lrs));
+    CHECK(capex_optim_set_lr_schedule(opt, &lrs)); /* a checkpoint's schedule replaces it on resume */
 
     CHECK(capex_scaler_desc_from_amp(&amp, &sd)); /* O1/O2 fp16: dynamic from 2^16; else static */
     sd.log_interval = c->quiet ? 0 : 200;
@@ -874,7 +882,6 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
             fprintf(stderr, "cannot write %s\n", c->batches_path);
             goto fail;
         }
-        CHECK(capex_optim_set_lr(opt, 0, lr_at(c, step)));
         compute_weights(&m, &amp, act, w32, wh, weff);
 
         CHECK(capex_scaler_scale(&sc, &scale));
@@ -905,9 +912,11 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
             float cur_scale = capex_scaler_get_scale(&sc);
             capex_scaler_state st;
             memset(&st, 0, sizeof st);
+            float next_lr = 0.0f;
             capex_scaler_get_state(&sc, &st);
+            capex_optim_get_lr(opt, 0, &next_lr);
             printf("[%s] step %5d  loss %.4f  scale %-9g skipped %lld  lr %.2e  %.0f tok/s\n", c->label, step, loss,
-                   cur_scale, (long long)st.skipped_steps, lr_at(c, step), el > 0 ? tokens / el : 0.0);
+                   cur_scale, (long long)st.skipped_steps, next_lr, el > 0 ? tokens / el : 0.0);
         }
         if (c->eval_every && ((step + 1) % c->eval_every == 0 || step == c->steps - 1) && res->n_points < MAX_POINTS) {
             float vl;
@@ -1545,6 +1554,7 @@ static capex_result gpu_compute_weights(gpu_model *g, const capex_amp_config *am
    GPU and are read back at log and evaluation points. Checkpoints have the
    CPU run's format (either resumes the other's). */
 static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *ctx, run_result *res) {
+    capex_lr_schedule lrs;
     capex_amp_config amp;
     capex_dtype act = CAPEX_F32, grad_dtype = CAPEX_F32;
     capex_scaler_desc sd;
@@ -1621,6 +1631,8 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
                                          g.m.off[i + 1] - g.m.off[i], &op[i]));
     }
     CHECK(capex_cuda_optim_add_group(opt, NULL, op, P_COUNT, NULL));
+    CHECK(lr_schedule_for(c, &lrs));
+    CHECK(capex_cuda_optim_set_lr_schedule(opt, &lrs, stream)); /* the device computes each step's lr */
 
     CHECK(capex_scaler_desc_from_amp(&amp, &sd)); /* O1/O2 fp16: dynamic from 2^16; else static */
     sd.log_interval = c->quiet ? 0 : 200;
@@ -1674,7 +1686,6 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         }
         /* from pageable memory the copy has consumed tok when it returns */
         CHECK(capex_cuda_memcpy_htod(ctx, g.buf[G_TOK], tok, (size_t)c->batch * (c->model.seq + 1), stream));
-        CHECK(capex_cuda_optim_set_lr(opt, 0, lr_at(c, step), stream));
         CHECK(gpu_compute_weights(&g, &amp, w32, wh, weff));
         CHECK(gpu_forward(&g, weff, dloss, 0));
         CHECK(gpu_backward(&g, weff, capex_cuda_scaler_scale_ptr(sc), g32));
@@ -1704,9 +1715,11 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         if (log_now) {
             double el = capex_dist_now() - t0;
             capex_scaler_state st;
+            int64_t taken = 0;
             CHECK(capex_cuda_scaler_get_state(sc, &st, stream));
+            CHECK(capex_cuda_optim_get_step(opt, 0, &taken, stream));
             printf("[%s] step %5d  loss %.4f  scale %-9g skipped %lld  lr %.2e  %.0f tok/s\n", c->label, step, losses[step],
-                   st.scale, (long long)st.skipped_steps, lr_at(c, step), el > 0 ? tokens / el : 0.0);
+                   st.scale, (long long)st.skipped_steps, (float)capex_lr_at(&lrs, c->lr, taken), el > 0 ? tokens / el : 0.0);
         }
         if (eval_now) {
             float vl;

@@ -248,8 +248,11 @@ CT_TEST(loss_falls_below_bound_o2_fp16) {
 }
 
 /* Every level and half type, and LAMB, learn (below the unigram's 3.29) and
-   land near fp32 (within 0.05; O3, without master weights, within 0.15)
-   after the same 100 steps. */
+   land near fp32 (within 0.10; O3, without master weights, within 0.15)
+   after the same 100 steps. 100 tiny steps at lr 1e-2 are near the unigram
+   plateau, where runs fan out: measured spread with the capex_lr_schedule
+   warmup (2026-11-25) up to 0.07 (O2 fp16 3.149 vs fp32 3.220); 0.04 with
+   llm.c's warmup before. */
 CT_TEST(every_level_tracks_fp32) {
     static const struct { capex_opt_level l; capex_dtype h; capex_optim_kind o; const char *name; } runs[] = {
         {CAPEX_O0, CAPEX_F16, CAPEX_OPTIM_ADAM, "O0 adamw"},   {CAPEX_O1, CAPEX_F16, CAPEX_OPTIM_ADAM, "O1 fp16"},
@@ -271,7 +274,7 @@ CT_TEST(every_level_tracks_fp32) {
         printf("    %-13s val loss %.4f  train %.4f  skipped %lld\n", runs[i].name, (double)r.val_loss, (double)r.train_loss, (long long)r.skipped);
         CT_CHECK(r.val_loss < 3.29f, "%s: val loss %.4f not below the unigram's 3.29", runs[i].name, (double)r.val_loss);
         /* O3 keeps no fp32 master: updates below half an ulp of a weight are lost, so it trails */
-        CT_CHECK(fabsf(val[i] - val[runs[i].o == CAPEX_OPTIM_LAMB ? 7 : 0]) < (runs[i].l == CAPEX_O3 ? 0.15f : 0.05f),
+        CT_CHECK(fabsf(val[i] - val[runs[i].o == CAPEX_OPTIM_LAMB ? 7 : 0]) < (runs[i].l == CAPEX_O3 ? 0.15f : 0.10f),
                  "%s val %.4f vs fp32 %.4f", runs[i].name, (double)val[i], (double)val[runs[i].o == CAPEX_OPTIM_LAMB ? 7 : 0]);
     }
 }
