@@ -8589,6 +8589,19 @@ static capex_result capex__mpi_barrier(capex_comm *c, double deadline) {
 
 /* req: p[0] = f32 staging (half types) or NULL, p[1] = recv, n[0] = count,
    n[1] = dtype, n[2] = op; handle = the MPI_Request. */
+/* Records a started MPI request and what wait must do with it: convert the
+   f32 staging p[0] (n elements) into recv as t, divide for AVG. */
+static capex_result capex__mpi_req_started(capex_comm_req *req, MPI_Request q, void *recv, size_t n, capex_dtype t,
+                                           capex_reduce_op op) {
+    memcpy(req->handle.bytes, &q, sizeof q);
+    req->p[1] = recv;
+    req->n[0] = n;
+    req->n[1] = (size_t)t;
+    req->n[2] = (size_t)op;
+    req->active = 1;
+    return CAPEX_OK;
+}
+
 static capex_result capex__mpi_iallreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
                                          capex_reduce_op op, capex_comm_req *req) {
     MPI_Request q;
@@ -8612,13 +8625,7 @@ static capex_result capex__mpi_iallreduce(capex_comm *c, const void *send, void 
         req->p[0] = NULL;
         return capex__mpi_err(rc, "MPI_Iallreduce");
     }
-    memcpy(req->handle.bytes, &q, sizeof q);
-    req->p[1] = recv;
-    req->n[0] = n;
-    req->n[1] = (size_t)t;
-    req->n[2] = (size_t)op;
-    req->active = 1;
-    return CAPEX_OK;
+    return capex__mpi_req_started(req, q, recv, n, t, op);
 }
 
 /* MPI_Ireduce_scatter_block in f32 into an f32 staging block (MPI_IN_PLACE
@@ -8653,13 +8660,7 @@ static capex_result capex__mpi_ireduce_scatter(capex_comm *c, const void *send, 
         memset(req, 0, sizeof *req);
         return capex__mpi_err(rc, "MPI_Ireduce_scatter_block");
     }
-    memcpy(req->handle.bytes, &q, sizeof q);
-    req->p[1] = recv;
-    req->n[0] = count;
-    req->n[1] = (size_t)t;
-    req->n[2] = (size_t)op;
-    req->active = 1;
-    return CAPEX_OK;
+    return capex__mpi_req_started(req, q, recv, count, t, op);
 }
 
 static capex_result capex__mpi_iallgather(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
@@ -8672,13 +8673,7 @@ static capex_result capex__mpi_iallgather(capex_comm *c, const void *send, void 
     rc = MPI_Iallgather((const char *)send == (const char *)recv + (size_t)c->rank * bytes ? MPI_IN_PLACE : send,
                         (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c), &q);
     if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallgather");
-    memcpy(req->handle.bytes, &q, sizeof q);
-    req->p[1] = recv;
-    req->n[0] = count;
-    req->n[1] = (size_t)t;
-    req->n[2] = (size_t)CAPEX_REDUCE_SUM; /* nothing to divide */
-    req->active = 1;
-    return CAPEX_OK;
+    return capex__mpi_req_started(req, q, recv, count, t, CAPEX_REDUCE_SUM); /* nothing to convert or divide */
 }
 
 static capex_result capex__mpi_wait(capex_comm *c, capex_comm_req *req, double deadline) {
