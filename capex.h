@@ -10674,6 +10674,7 @@ struct capex_zero {
     capex_optim *save_tmp;  /* rank 0: the unsharded state of the last save */
     float *save_masters;
     double *lamb_sums;      /* LAMB: |p|^2, |u|^2 per param, summed across ranks */
+    size_t *counts;         /* world_size entries: the equal shard counts of a collective */
     capex_zero_memory mem;
 };
 
@@ -10698,18 +10699,17 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
     capex_optim_destroy(z->save_tmp);
     capex__free(NULL, z->save_masters);
     capex__free(NULL, z->lamb_sums);
+    capex__free(NULL, z->counts);
     capex__free(NULL, z->piece_param);
     capex__free(NULL, z->piece_start);
     capex__free(NULL, z->piece_k);
     capex__free(NULL, z->full_pos);
     for (i = 0; z->b && i < z->nb; i++) {
-        if (z->d.stage == 1) capex__comm_free(z->comm, z->b[i].grad);
+        capex__comm_free(z->comm, z->b[i].grad); /* stage 1's own buffer, or stage 2's lent one */
         capex__comm_free(z->comm, z->b[i].gshard);
         capex__comm_free(z->comm, z->b[i].param);
         capex__free(NULL, z->b[i].master);
     }
-    for (i = 0; z->b && z->d.stage == 2 && i < z->nb; i++) /* lent buffers */
-        if (z->b[i].grad) capex__comm_free(z->comm, z->b[i].grad);
     for (i = 0; i < z->npool; i++) capex__comm_free(z->comm, z->pool[i]);
     capex__free(NULL, z->pool);
     capex__free(NULL, z->b);
@@ -10912,8 +10912,9 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
     z->piece_start = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
     z->piece_k = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
     z->full_pos = (size_t *)capex__alloc(NULL, sizeof(size_t) * (2 * np + 1));
+    z->counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W);
     if (!z->params || !z->bucket_of || !z->offset_of || !z->bparams || !z->ready || !z->piece_param || !z->piece_start ||
-        !z->piece_k || !z->full_pos) {
+        !z->piece_k || !z->full_pos || !z->counts) {
         capex_zero_destroy(z);
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
@@ -10987,6 +10988,13 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
     return CAPEX_OK;
 }
 
+/* The counts of a collective over equal shards of `shard` elements. */
+static const size_t *capex__zero_counts(capex_zero *z, size_t shard) {
+    int q;
+    for (q = 0; q < z->comm->world_size; q++) z->counts[q] = shard;
+    return z->counts;
+}
+
 static capex_result capex__zero_check(capex_zero *z, const char *fn) {
     capex_result r;
     if (!z) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: zero is NULL", fn);
@@ -10996,7 +11004,7 @@ static capex_result capex__zero_check(capex_zero *z, const char *fn) {
     return CAPEX_OK;
 }
 
-static capex_result capex__zero_wait_oldest(capex_zero *z);
+static capex_result capex__zero_finish_reduces(capex_zero *z, int all);
 
 /* Stage 2: lends bucket k a zeroed full-size buffer: from the pool; else the
    oldest in-flight reduce-scatter is finished first to free its buffer; a
@@ -11006,7 +11014,7 @@ static capex_result capex__zero_lend(capex_zero *z, size_t k) {
     capex__zbucket *bk = &z->b[k];
     capex_result r;
     if (bk->grad) return CAPEX_OK;
-    if (!z->npool && (r = capex__zero_wait_oldest(z)) != CAPEX_OK) return r;
+    if (!z->npool && (r = capex__zero_finish_reduces(z, 0)) != CAPEX_OK) return r;
     if (z->npool) bk->grad = z->pool[--z->npool];
     else {
         if ((r = capex__comm_alloc(z->comm, &bk->grad, z->pool_bytes ? z->pool_bytes : 1)) != CAPEX_OK) return r;
@@ -11065,13 +11073,12 @@ static capex_result capex__zero_post(capex_zero *z, size_t k) {
 }
 
 /* Starts bucket k's reduce-scatter: nonblocking where the comm has
-   ireduce_scatter (finished in order by capex__zero_wait_reduced), else
+   ireduce_scatter (finished in order by capex__zero_finish_reduces), else
    blocking and post-processed at once. */
 static capex_result capex__zero_launch(capex_zero *z, size_t k) {
     capex__zbucket *bk = &z->b[k];
     capex_comm *c = z->comm;
-    size_t W = (size_t)c->world_size, es = capex_dtype_size(bk->dtype), lo = (size_t)c->rank * bk->shard, i;
-    size_t counts_small[8], *counts = counts_small;
+    size_t W = (size_t)c->world_size, es = capex_dtype_size(bk->dtype), lo = (size_t)c->rank * bk->shard;
     capex_result r = CAPEX_OK;
     void *mine;
     bk->launched = 1;
@@ -11083,11 +11090,7 @@ static capex_result capex__zero_launch(capex_zero *z, size_t k) {
         if (r == CAPEX_OK) { bk->reducing = 1; return CAPEX_OK; }
         if (r != CAPEX_ERR_UNSUPPORTED) return capex__comm_after(c, r);
     }
-    if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W)))
-        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero: out of memory");
-    for (i = 0; i < W; i++) counts[i] = bk->shard;
-    r = capex_comm_reduce_scatter(c, bk->grad, mine, counts, bk->dtype, CAPEX_REDUCE_SUM);
-    if (counts != counts_small) capex__free(NULL, counts);
+    r = capex_comm_reduce_scatter(c, bk->grad, mine, capex__zero_counts(z, bk->shard), bk->dtype, CAPEX_REDUCE_SUM);
     return r == CAPEX_OK ? capex__zero_post(z, k) : r;
 }
 
@@ -11107,23 +11110,9 @@ static capex_result capex__zero_progress(capex_zero *z) {
     return CAPEX_OK;
 }
 
-/* Finishes the oldest in-flight reduce-scatter, if any. */
-static capex_result capex__zero_wait_oldest(capex_zero *z) {
-    capex_comm *c = z->comm;
-    size_t k;
-    capex_result r;
-    for (k = 0; k < z->nb; k++) {
-        if (!z->b[k].reducing) continue;
-        if ((r = capex__comm_after(c, c->vt->wait(c, &z->b[k].req, capex__deadline(c)))) != CAPEX_OK) { z->failed = 1; return r; }
-        z->b[k].reducing = 0;
-        if ((r = capex__zero_post(z, k)) != CAPEX_OK) { z->failed = 1; return r; }
-        return CAPEX_OK;
-    }
-    return CAPEX_OK;
-}
-
-/* Finishes every in-flight reduce-scatter, in bucket order. */
-static capex_result capex__zero_wait_reduced(capex_zero *z) {
+/* Finishes in-flight reduce-scatters in bucket order: the oldest only
+   (`all` 0), or every one. */
+static capex_result capex__zero_finish_reduces(capex_zero *z, int all) {
     capex_comm *c = z->comm;
     double deadline = capex__deadline(c);
     size_t k;
@@ -11133,6 +11122,7 @@ static capex_result capex__zero_wait_reduced(capex_zero *z) {
         if ((r = capex__comm_after(c, c->vt->wait(c, &z->b[k].req, deadline))) != CAPEX_OK) { z->failed = 1; return r; }
         z->b[k].reducing = 0;
         if ((r = capex__zero_post(z, k)) != CAPEX_OK) { z->failed = 1; return r; }
+        if (!all) break;
     }
     return CAPEX_OK;
 }
@@ -11173,7 +11163,7 @@ CAPEX_API capex_result capex_zero_finalize(capex_zero *z) {
                                "finalize again", fn, i);
     if (z->sync) {
         if ((r = capex__zero_launch_ready(z)) != CAPEX_OK) return r;
-        if ((r = capex__zero_wait_reduced(z)) != CAPEX_OK) return r;
+        if ((r = capex__zero_finish_reduces(z, 1)) != CAPEX_OK) return r;
         if (z->d.stage == 2) z->accumulated = 1;
     }
     memset(z->ready, 0, z->np + 1);
@@ -11265,7 +11255,7 @@ CAPEX_API capex_result capex_zero_step_async(capex_zero *z, float inv_scale, flo
     W = (size_t)c->world_size;
     for (k = z->nb; k-- > 0;) { /* the first layers' buckets first: the next forward needs them first */
         capex__zbucket *bk = &z->b[k];
-        size_t es = capex_dtype_size(bk->dtype), counts_small[8], *counts = counts_small, i;
+        size_t es = capex_dtype_size(bk->dtype);
         void *mine = (char *)bk->param + (size_t)c->rank * bk->shard * es;
         bk->gathering = 1;
         if (W == 1 || !bk->shard) continue;
@@ -11274,11 +11264,7 @@ CAPEX_API capex_result capex_zero_step_async(capex_zero *z, float inv_scale, flo
             if (r == CAPEX_OK) continue;
             if (r != CAPEX_ERR_UNSUPPORTED) { z->failed = 1; return capex__comm_after(c, r); }
         }
-        if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W)))
-            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-        for (i = 0; i < W; i++) counts[i] = bk->shard;
-        r = capex_comm_allgatherv(c, mine, bk->param, counts, bk->dtype);
-        if (counts != counts_small) capex__free(NULL, counts);
+        r = capex_comm_allgatherv(c, mine, bk->param, capex__zero_counts(z, bk->shard), bk->dtype);
         if (r != CAPEX_OK) { z->failed = 1; return r; }
     }
     return CAPEX_OK;
@@ -11407,7 +11393,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     for (what = 0; r == CAPEX_OK && what < 4; what++)
         for (k = 0; r == CAPEX_OK && k < z->nb; k++) {
             capex__zbucket *bk = &z->b[k];
-            size_t lo = (size_t)c->rank * bk->shard, counts_small[8], *counts = counts_small, q;
+            size_t lo = (size_t)c->rank * bk->shard;
             if (!bk->shard || (what == 0 && bk->dtype == CAPEX_F32)) continue; /* f32 params are the data */
             memset(pack, 0, sizeof(float) * bk->shard);
             for (j = 0; j < z->npieces; j++) {
@@ -11420,13 +11406,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
             }
             /* every kind of every bucket, zeros where a piece has none: the same
                collectives on every rank without agreeing on anything first */
-            if (W > 8 && !(counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W))) {
-                r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-                break;
-            }
-            for (q = 0; q < W; q++) counts[q] = bk->shard;
-            r = capex_comm_allgatherv(c, pack, full, counts, CAPEX_F32);
-            if (counts != counts_small) capex__free(NULL, counts);
+            r = capex_comm_allgatherv(c, pack, full, capex__zero_counts(z, bk->shard), CAPEX_F32);
             if (r != CAPEX_OK) { z->failed = 1; break; }
             for (j = 0; root && j < bk->count; j++) {
                 size_t i = z->bparams[bk->first + j];
