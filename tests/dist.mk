@@ -4,6 +4,8 @@
 MPICC ?= mpicc
 DIST_HAVE_MPICC := $(shell command -v $(MPICC) 2>/dev/null)
 
+$(BUILD)/tests/test_dist: tests/fork_world.h tests/free_port.h
+
 ifneq ($(DIST_HAVE_MPICC),)
 $(BUILD)/tests/test_dist_mpirun: $(BUILD)/tests/mpi/test_dist_mpi
 $(BUILD)/tests/mpi/test_dist_mpi: tests/mpi/test_dist_mpi.c tests/dist_shards.h tests/zero_check.h capex.h

@@ -9,7 +9,7 @@
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
 #include "capex_test.h"
-#include "free_port.h"
+#include "fork_world.h"
 #include "dist_shards.h"
 #include <unistd.h>
 #include <sys/types.h>
@@ -1497,22 +1497,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
     return 0;
 }
 
-static int tcp_world(int world, int mode, int *child_codes) {
-    pid_t pids[8];
-    int port = free_port(), r, i;
-    fflush(stdout);
-    for (i = 1; i < world; i++) {
-        pids[i] = fork();
-        if (pids[i] == 0) _exit(tcp_body(i, world, port, mode) ? 1 : 0);
-    }
-    r = tcp_body(0, world, port, mode);
-    for (i = 1; i < world; i++) {
-        int st = 0;
-        waitpid(pids[i], &st, 0);
-        child_codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
-    }
-    return r;
-}
+static int tcp_world(int world, int mode, int *codes) { return fork_world(world, mode, codes, tcp_body); }
 
 CT_TEST(tcp_comm_collectives_and_ddp) {
     int codes[8], r = tcp_world(3, 0, codes);

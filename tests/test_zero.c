@@ -6,7 +6,7 @@
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
 #include "capex_test.h"
-#include "free_port.h"
+#include "fork_world.h"
 #include "zero_check.h"
 #include <sys/wait.h>
 
@@ -228,23 +228,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
     return line;
 }
 
-static int tcp_world(int world, int mode, int *codes) {
-    pid_t pids[8];
-    int port = free_port(), r, i;
-    fflush(stdout);
-    fflush(stderr);
-    for (i = 1; i < world; i++) {
-        pids[i] = fork();
-        if (pids[i] == 0) _exit(tcp_body(i, world, port, mode) ? 1 : 0);
-    }
-    r = tcp_body(0, world, port, mode);
-    for (i = 1; i < world; i++) {
-        int st = 0;
-        waitpid(pids[i], &st, 0);
-        codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
-    }
-    return r;
-}
+static int tcp_world(int world, int mode, int *codes) { return fork_world(world, mode, codes, tcp_body); }
 
 CT_TEST(tcp_worlds_match_ddp_and_optim) {
     int world, codes[8], r, i;
