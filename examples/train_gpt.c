@@ -606,6 +606,7 @@ typedef struct run_result {
     int start_step; /* 0, or the checkpoint's step on resume */
     double tokens_per_s, seconds;
     uint32_t weights_crc; /* fingerprint of the final fp32 weights */
+    uint64_t ddp_launches, ddp_in_backward; /* GPU data parallel: bucket all-reduces, those started during backward */
     int n_points;
     int pt_step[MAX_POINTS];
     float pt_train[MAX_POINTS], pt_val[MAX_POINTS];
@@ -1840,6 +1841,12 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     res->val_loss = gpu_evaluate(&g, weff, d, c->eval_windows, scratch + 8);
     CHECK(capex_cuda_memcpy_dtoh(ctx, w32h, w32, n * 4, NULL));
     res->weights_crc = capex_crc32(0, w32h, n * sizeof(float));
+    if (ddp) {
+        capex_ddp_stats ds;
+        capex_ddp_get_stats(ddp, &ds);
+        res->ddp_launches = ds.launches;
+        res->ddp_in_backward = ds.launched_in_backward;
+    }
     if (c->sample_len > 0 && rank == 0) { /* the inference half: fp32 weights, as an engine would load them */
         printf("---- sample (%d bytes) ----\n", c->sample_len);
         if (!gpu_sample_text(ctx, stream, &c->model, w32, c->prompt ? c->prompt : "", c->sample_len, c->seed + 1, stdout)) goto fail;
@@ -2073,6 +2080,9 @@ int main(int argc, char **argv) {
             printf("final: val loss %.4f  train loss %.4f  skipped %lld  %.0f tok/s  %.1f s  weights crc32 %08x\n",
                    res.val_loss, res.train_loss, (long long)res.skipped, res.tokens_per_s, res.seconds, (unsigned)res.weights_crc);
             if (env.world_size > 1) printf("replicas: %d ranks, weights %s\n", env.world_size, same ? "bit-identical" : "DIFFER");
+            if (res.ddp_launches) /* GPU path over NCCL */
+                printf("ddp: %llu bucket all-reduces over NCCL, %llu of them started during backward\n",
+                       (unsigned long long)res.ddp_launches, (unsigned long long)res.ddp_in_backward);
         }
         rc = same ? 0 : 1;
     }
