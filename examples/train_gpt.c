@@ -592,6 +592,7 @@ typedef struct run_cfg {
     const char *resume_path;
     const char *init_path; /* the initial weights as safetensors (for bench/gpt_torch.py) */
     const char *losses_path; /* per-step training loss, one line each (rank 0) */
+    const char *norms_path;  /* per-step global gradient norm (unscaled, before clipping; of the reduced grads) (rank 0) */
     const char *batches_path; /* every step's tokens, B*(T+1) bytes each (rank 0; the torch bench's input) */
     int sample_len;        /* bytes sampled after training (rank 0) */
     const char *prompt;
@@ -782,7 +783,7 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
     float *w32 = NULL, *weff = NULL, *g32 = NULL;
     uint16_t *wh = NULL;
     unsigned char *tok = NULL;
-    FILE *lf = NULL, *bf = NULL;
+    FILE *lf = NULL, *bf = NULL, *nf = NULL;
     int step = 0, i, ok = 0, model_ok = 0;
     uint64_t epoch = 0, pos = 0;
     double t0, ema = 0, tokens = 0;
@@ -869,6 +870,10 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
         fprintf(stderr, "cannot write %s\n", c->losses_path);
         goto fail;
     }
+    if (c->norms_path && rank == 0 && !(nf = fopen(c->norms_path, "w"))) {
+        fprintf(stderr, "cannot write %s\n", c->norms_path);
+        goto fail;
+    }
     if (c->batches_path && rank == 0 && !(bf = fopen(c->batches_path, "wb"))) {
         fprintf(stderr, "cannot write %s\n", c->batches_path);
         goto fail;
@@ -906,6 +911,7 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
         CHECK(capex_optim_step(opt, inv_scale, clip_coef, !do_step));
         CHECK(capex_scaler_update(&sc));
         if (lf) fprintf(lf, "%d %.9g\n", step, loss);
+        if (nf) fprintf(nf, "%d %.9g\n", step, norm * inv_scale); /* the norm the clip factor saw */
         tokens += (double)c->batch * c->model.seq * world;
         ema = step == 0 ? loss : 0.95 * ema + 0.05 * loss;
         if (c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) {
@@ -969,6 +975,7 @@ oom:
 fail:
 done:
     if (lf) fclose(lf);
+    if (nf) fclose(nf);
     if (bf) fclose(bf);
     capex_optim_destroy(opt);
     capex_ddp_destroy(ddp);
@@ -1620,10 +1627,10 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     capex_ddp_desc dd;
     gpu_grad_sink sink;
     gpu_model g;
-    float *w32h = NULL, *losses = NULL;
+    float *w32h = NULL, *losses = NULL, *norms = NULL;
     unsigned char *tok = NULL;
-    FILE *lf = NULL, *bf = NULL;
-    capex_cuda_ptr w32 = 0, wh = 0, weff = 0, weff_own = 0, g32 = 0, gh = 0, norm_ws = 0, scratch = 0;
+    FILE *lf = NULL, *bf = NULL, *nf = NULL;
+    capex_cuda_ptr w32 = 0, wh = 0, weff = 0, weff_own = 0, g32 = 0, gh = 0, norm_ws = 0, scratch = 0, norm_hist = 0;
     size_t ws_bytes = 0, n = 0;
     int step = 0, i, ok = 0, logged = 0;
     uint64_t epoch = 0, pos = 0;
@@ -1665,6 +1672,10 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     else { CHECK(capex_cuda_malloc(ctx, n * 4, &weff_own)); weff = weff_own; }
     CHECK(capex_cuda_malloc(ctx, n * 4, &g32));
     CHECK(capex_cuda_malloc(ctx, 16 + (size_t)c->steps * 4, &scratch));
+    if (c->norms_path) { /* each step's (norm of the scaled grads, 1/scale) */
+        CHECK(capex_cuda_malloc(ctx, (size_t)c->steps * 8, &norm_hist));
+        if (!(norms = (float *)malloc((size_t)c->steps * 8))) goto oom;
+    }
     if (nccl) { /* the grads the optimizer reads: DDP's bucket views (reduced), in the weights' dtype */
         for (i = 0; i < P_COUNT; i++) {
             dp[i].data = (void *)(uintptr_t)(wh ? wh + (capex_cuda_ptr)g.m.off[i] * 2 : w32 + (capex_cuda_ptr)g.m.off[i] * 4);
@@ -1737,6 +1748,10 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         fprintf(stderr, "cannot write %s\n", c->losses_path);
         goto fail;
     }
+    if (c->norms_path && rank == 0 && !(nf = fopen(c->norms_path, "w"))) {
+        fprintf(stderr, "cannot write %s\n", c->norms_path);
+        goto fail;
+    }
     if (c->batches_path && rank == 0 && !(bf = fopen(c->batches_path, "wb"))) {
         fprintf(stderr, "cannot write %s\n", c->batches_path);
         goto fail;
@@ -1769,6 +1784,10 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
             void *a[] = {(void *)&dnorm, &inv, &found, (void *)&dcoef, &max_norm};
             CHECK(gpu_launch(&g, K_CLIP, 1, a));
             CHECK(capex_cuda_optim_step(opt, inv, dcoef, found, stream)); /* skipped on the device after an overflow */
+            if (norm_hist) { /* before the update changes the scale */
+                CHECK(capex_cuda_memcpy_dtod(ctx, norm_hist + (capex_cuda_ptr)step * 8, dnorm, 4, stream));
+                CHECK(capex_cuda_memcpy_dtod(ctx, norm_hist + (capex_cuda_ptr)step * 8 + 4, inv, 4, stream));
+            }
         }
         CHECK(capex_cuda_scaler_update(sc, stream));
         tokens += (double)c->batch * c->model.seq * world;
@@ -1783,10 +1802,14 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
             }
             CHECK(capex_cuda_memcpy_dtoh(ctx, losses + logged, scratch + 16 + (capex_cuda_ptr)logged * 4,
                                          (size_t)(step + 1 - logged) * 4, stream));
+            if (norm_hist)
+                CHECK(capex_cuda_memcpy_dtoh(ctx, norms + 2 * logged, norm_hist + (capex_cuda_ptr)logged * 8,
+                                             (size_t)(step + 1 - logged) * 8, stream));
             CHECK(capex_cuda_stream_synchronize(ctx, stream));
             for (; logged <= step; logged++) {
                 ema = logged == 0 ? losses[0] : 0.95 * ema + 0.05 * losses[logged];
                 if (lf) fprintf(lf, "%d %.9g\n", logged, losses[logged]);
+                if (nf) fprintf(nf, "%d %.9g\n", logged, norms[2 * logged] * norms[2 * logged + 1]); /* as gpt_clip computes it */
             }
         }
         if (log_now && rank == 0) {
@@ -1859,6 +1882,7 @@ oom:
 fail:
 done:
     if (lf) fclose(lf);
+    if (nf) fclose(nf);
     if (bf) fclose(bf);
     capex_cuda_optim_destroy(opt);
     capex_cuda_scaler_destroy(sc);
@@ -1866,9 +1890,10 @@ done:
     gpu_model_free(&g);
     capex_cuda_free(ctx, w32); capex_cuda_free(ctx, wh); capex_cuda_free(ctx, weff_own);
     capex_cuda_free(ctx, g32); capex_cuda_free(ctx, gh); capex_cuda_free(ctx, norm_ws); capex_cuda_free(ctx, scratch);
+    capex_cuda_free(ctx, norm_hist);
     if (stream && nccl) capex_nccl_set_user_stream(nccl, NULL); /* before the stream goes */
     if (stream) capex_cuda_stream_destroy(ctx, stream);
-    free(w32h); free(losses); free(tok);
+    free(w32h); free(losses); free(norms); free(tok);
     return ok;
 }
 
@@ -1916,6 +1941,7 @@ static void usage(void) {
            "  --save FILE [--save-at STEP]  checkpoint;  --resume FILE  continue from one\n"
            "  --save-init FILE      initial weights as safetensors (bench/gpt_torch.py reads them)\n"
            "  --losses FILE         per-step training loss, \"step loss\" per line\n"
+           "  --norms FILE          per-step gradient norm (before clipping), \"step norm\" per line\n"
            "  --batches FILE        every step's tokens (B rows of T+1 bytes), for bench/gpt_torch.py\n"
            "  --sample N --prompt TEXT   bytes sampled after training (default 300; 0: none)\n"
            "  --bucket-kb N         DDP bucket size\n"
@@ -1991,6 +2017,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--resume")) cfg.resume_path = v;
         else if (!strcmp(a, "--save-init")) cfg.init_path = v;
         else if (!strcmp(a, "--losses")) cfg.losses_path = v;
+        else if (!strcmp(a, "--norms")) cfg.norms_path = v;
         else if (!strcmp(a, "--batches")) cfg.batches_path = v;
         else if (!strcmp(a, "--sample")) cfg.sample_len = atoi(v);
         else if (!strcmp(a, "--prompt")) cfg.prompt = v;

@@ -60,13 +60,15 @@ steps_close() {
 for run in "O0:--opt O0:1e-4" "O0 RMSNorm:--opt O0 --norm rms:1e-4" "O2 fp16:--opt O2 --half fp16:2e-3" "O3 bf16:--opt O3 --half bf16:2e-2"; do
     name=${run%%:*} rest=${run#*:} args=${rest%%:*} tol=${rest##*:}
     # shellcheck disable=SC2086
-    "$exe" --device cpu $args "${common[@]}" --losses "$tmp/cpu.loss" >"$tmp/cpu.txt" 2>&1 || { cat "$tmp/cpu.txt"; fail=1; continue; }
+    "$exe" --device cpu $args "${common[@]}" --losses "$tmp/cpu.loss" --norms "$tmp/cpu.norm" >"$tmp/cpu.txt" 2>&1 || { cat "$tmp/cpu.txt"; fail=1; continue; }
     # shellcheck disable=SC2086
-    gpu $args "${common[@]}" --losses "$tmp/gpu.loss" >"$tmp/gpu.txt" 2>&1 || { echo "gpt-emu: GPU run failed:"; cat "$tmp/gpu.txt"; fail=1; continue; }
+    gpu $args "${common[@]}" --losses "$tmp/gpu.loss" --norms "$tmp/gpu.norm" >"$tmp/gpu.txt" 2>&1 || { echo "gpt-emu: GPU run failed:"; cat "$tmp/gpu.txt"; fail=1; continue; }
     grep -q "on GPU capex CPU emulator" "$tmp/gpu.txt" || { echo "gpt-emu: did not run on the emulated GPU"; cat "$tmp/gpu.txt"; fail=1; }
-    cp "$tmp/gpu.loss" "$tmp/gpu_${args//[^A-Za-z0-9]/_}.loss"; cp "$tmp/gpu.txt" "$tmp/gpu_${args//[^A-Za-z0-9]/_}.txt"
+    for f in loss norm txt; do cp "$tmp/gpu.$f" "$tmp/gpu_${args//[^A-Za-z0-9]/_}.$f"; done
     if m=$(steps_close "$tmp/cpu.loss" "$tmp/gpu.loss" "$tol"); then echo "gpt-emu: $name: 20 step losses within $tol of the CPU's (largest difference $m)"
     else echo "gpt-emu: $name: step losses differ from the CPU's by up to $m (tolerance $tol)"; paste "$tmp/cpu.loss" "$tmp/gpu.loss"; fail=1; fi
+    if m=$(steps_close "$tmp/cpu.norm" "$tmp/gpu.norm" "$tol"); then echo "gpt-emu: $name: 20 gradient norms within $tol of the CPU's (largest difference $m)"
+    else echo "gpt-emu: $name: gradient norms differ from the CPU's by up to $m (tolerance $tol)"; paste "$tmp/cpu.norm" "$tmp/gpu.norm"; fail=1; fi
     c=$(field "$tmp/cpu.txt" val) g=$(field "$tmp/gpu.txt" val)
     if close "$c" "$g" "$tol"; then echo "gpt-emu: $name: val loss GPU $g, CPU $c: ok"
     else echo "gpt-emu: $name: val loss GPU '$g' vs CPU '$c' (tolerance $tol)"; fail=1; fi
@@ -127,12 +129,14 @@ two() { # output prefix, args...: both ranks; rank 0's output in $1.0, rank 1's 
     port=$((port + 2))
     return $rc
 }
-two "$tmp/d2" --opt O0 "${common[@]}" --batch 2 --bucket-kb 16 --losses "$tmp/d2.loss" --save "$tmp/d2.ck" --save-at 10 ||
+two "$tmp/d2" --opt O0 "${common[@]}" --batch 2 --bucket-kb 16 --losses "$tmp/d2.loss" --norms "$tmp/d2.norm" --save "$tmp/d2.ck" --save-at 10 ||
     { echo "gpt-emu: 2 GPU ranks failed:"; cat "$tmp/d2.0" "$tmp/d2.1"; fail=1; }
 if grep -q "replicas: 2 ranks, weights bit-identical" "$tmp/d2.0"; then echo "gpt-emu: 2 GPU ranks over NCCL: replicas bit-identical (crc32 $(field "$tmp/d2.0" crc32))"
 else echo "gpt-emu: 2 GPU ranks: replicas not identical"; cat "$tmp/d2.0" "$tmp/d2.1"; fail=1; fi
 if m=$(steps_close "$tmp/gpu___opt_O0.loss" "$tmp/d2.loss" 1e-5); then echo "gpt-emu: 2 ranks x batch 2 vs 1 rank x batch 4 (O0): 20 step losses within 1e-5 (largest difference $m)"
 else echo "gpt-emu: 2 ranks x batch 2 vs 1 rank x batch 4: step losses differ by up to $m (tolerance 1e-5)"; paste "$tmp/gpu___opt_O0.loss" "$tmp/d2.loss"; fail=1; fi
+if m=$(steps_close "$tmp/gpu___opt_O0.norm" "$tmp/d2.norm" 1e-5); then echo "gpt-emu: 2 ranks x batch 2 vs 1 rank x batch 4 (O0): 20 gradient norms (of the averaged grads) within 1e-5 (largest difference $m)"
+else echo "gpt-emu: 2 ranks x batch 2 vs 1 rank x batch 4: gradient norms differ by up to $m (tolerance 1e-5)"; paste "$tmp/gpu___opt_O0.norm" "$tmp/d2.norm"; fail=1; fi
 c=$(field "$tmp/gpu___opt_O0.txt" val) g=$(field "$tmp/d2.0" val)
 if close "$c" "$g" 1e-5; then echo "gpt-emu: 2 ranks: val loss $g, 1 rank $c: ok"
 else echo "gpt-emu: 2 ranks: val loss '$g' vs 1 rank '$c' (tolerance 1e-5)"; fail=1; fi
