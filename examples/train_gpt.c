@@ -3,7 +3,8 @@
    dynamic loss scaling, fp32 master weights, fused AdamW or LAMB, gradient
    clipping, a warmup + cosine learning-rate schedule, DDP over TCP or MPI,
    checkpoints that resume bit-identically, and text sampled at the end; on
-   the CPU, or on one GPU (--device gpu; default auto: the GPU when usable).
+   the CPU, or on GPUs (--device gpu; default auto: the GPU when usable), one
+   per rank, data parallel over NCCL with several.
 
      make gpt                # O2 fp16, 1000 steps: val ~1.6 nats/byte (make run: 1.86)
      build/examples/train_gpt --opt O2 --half bf16 --optim lamb
@@ -11,6 +12,7 @@
      build/examples/train_gpt --resume ckpt.safetensors
      build/examples/train_gpt --device gpu   # kernels JIT-compiled by capex (NVRTC)
      WORLD_SIZE=2 RANK=r MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 build/examples/train_gpt  # each rank
+     torchrun --no-python --nproc-per-node 8 build/examples/train_gpt --device gpu  # 8 GPUs, NCCL
 
    Model (llm.c's GPT-2 in miniature): byte tokens (vocab 256), token +
    position embeddings, L pre-norm blocks x += attn(ln1(x)); x += mlp(ln2(x))
@@ -21,7 +23,8 @@
    loop only sees flat weight and gradient vectors. The GPU path ("GPU path"
    below) is the same two calls as CUDA kernels on device vectors
    (gpu_forward, gpu_backward) in train_gpu, whose optimizer, loss scaler and
-   clipping run on the device too (capex_cuda.h); without a usable GPU it
+   clipping run on the device too (capex_cuda.h), and whose gradients go
+   through capex_ddp on NCCL with several ranks; without a usable GPU it
    says why and the CPU trains. Its checkpoints are the CPU's format. */
 #define CAPEX_CUDA_IMPLEMENTATION /* the CUDA backend (run-time loaded) and capex.h's implementation */
 #include "../capex_cuda.h"
