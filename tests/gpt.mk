@@ -29,7 +29,8 @@ endif
 # the CPU, and without a driver auto falls back; data parallel over the
 # stand-in NCCL: one rank through DDP equals the plain run, 2 ranks of half
 # the batch track 1 rank of the whole, stay bit-identical and resume
-# bit-identically (tests/gpt_emu.sh). ~45 s.
+# bit-identically (tests/gpt_emu.sh). ~55 CPU-seconds, ~9 of them the data
+# parallel checks.
 ci-extra:: gpt-emu
 gpt-emu: $(BUILD)/examples/train_gpt $(EMU_LIB) $(BUILD)/fake/libnccl.so.2
 	@tests/gpt_emu.sh $(BUILD)/examples/train_gpt $(abspath $(EMU_LIB)) $(abspath $(EMU_DIR)/cache) $(abspath $(BUILD)/fake/libnccl.so.2)
