@@ -3,7 +3,8 @@
    dynamic loss scaling, fp32 master weights, fused AdamW or LAMB, gradient
    clipping, a warmup + cosine learning-rate schedule, DDP over TCP or MPI,
    checkpoints that resume bit-identically, and text sampled at the end; on
-   the CPU, or on one GPU (--device gpu; default auto: the GPU when usable).
+   the CPU, or on GPUs (--device gpu; default auto: the GPU when usable), one
+   per rank, data parallel over NCCL with several.
 
      make gpt                # O2 fp16, 1000 steps: val ~1.6 nats/byte (make run: 1.86)
      build/examples/train_gpt --opt O2 --half bf16 --optim lamb
@@ -11,6 +12,7 @@
      build/examples/train_gpt --resume ckpt.safetensors
      build/examples/train_gpt --device gpu   # kernels JIT-compiled by capex (NVRTC)
      WORLD_SIZE=2 RANK=r MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 build/examples/train_gpt  # each rank
+     torchrun --no-python --nproc-per-node 8 build/examples/train_gpt --device gpu  # 8 GPUs, NCCL
 
    Model (llm.c's GPT-2 in miniature): byte tokens (vocab 256), token +
    position embeddings, L pre-norm blocks x += attn(ln1(x)); x += mlp(ln2(x))
@@ -21,7 +23,8 @@
    loop only sees flat weight and gradient vectors. The GPU path ("GPU path"
    below) is the same two calls as CUDA kernels on device vectors
    (gpu_forward, gpu_backward) in train_gpu, whose optimizer, loss scaler and
-   clipping run on the device too (capex_cuda.h); without a usable GPU it
+   clipping run on the device too (capex_cuda.h), and whose gradients go
+   through capex_ddp on NCCL with several ranks; without a usable GPU it
    says why and the CPU trains. Its checkpoints are the CPU's format. */
 #define CAPEX_CUDA_IMPLEMENTATION /* the CUDA backend (run-time loaded) and capex.h's implementation */
 #include "../capex_cuda.h"
@@ -592,6 +595,7 @@ typedef struct run_cfg {
     const char *resume_path;
     const char *init_path; /* the initial weights as safetensors (for bench/gpt_torch.py) */
     const char *losses_path; /* per-step training loss, one line each (rank 0) */
+    const char *norms_path;  /* per-step global gradient norm (unscaled, before clipping; of the reduced grads) (rank 0) */
     const char *batches_path; /* every step's tokens, B*(T+1) bytes each (rank 0; the torch bench's input) */
     int sample_len;        /* bytes sampled after training (rank 0) */
     const char *prompt;
@@ -606,6 +610,7 @@ typedef struct run_result {
     int start_step; /* 0, or the checkpoint's step on resume */
     double tokens_per_s, seconds;
     uint32_t weights_crc; /* fingerprint of the final fp32 weights */
+    uint64_t ddp_launches, ddp_in_backward; /* GPU data parallel: bucket all-reduces, those started during backward */
     int n_points;
     int pt_step[MAX_POINTS];
     float pt_train[MAX_POINTS], pt_val[MAX_POINTS];
@@ -781,7 +786,7 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
     float *w32 = NULL, *weff = NULL, *g32 = NULL;
     uint16_t *wh = NULL;
     unsigned char *tok = NULL;
-    FILE *lf = NULL, *bf = NULL;
+    FILE *lf = NULL, *bf = NULL, *nf = NULL;
     int step = 0, i, ok = 0, model_ok = 0;
     uint64_t epoch = 0, pos = 0;
     double t0, ema = 0, tokens = 0;
@@ -868,6 +873,10 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
         fprintf(stderr, "cannot write %s\n", c->losses_path);
         goto fail;
     }
+    if (c->norms_path && rank == 0 && !(nf = fopen(c->norms_path, "w"))) {
+        fprintf(stderr, "cannot write %s\n", c->norms_path);
+        goto fail;
+    }
     if (c->batches_path && rank == 0 && !(bf = fopen(c->batches_path, "wb"))) {
         fprintf(stderr, "cannot write %s\n", c->batches_path);
         goto fail;
@@ -905,6 +914,7 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
         CHECK(capex_optim_step(opt, inv_scale, clip_coef, !do_step));
         CHECK(capex_scaler_update(&sc));
         if (lf) fprintf(lf, "%d %.9g\n", step, loss);
+        if (nf) fprintf(nf, "%d %.9g\n", step, norm * inv_scale); /* the norm the clip factor saw */
         tokens += (double)c->batch * c->model.seq * world;
         ema = step == 0 ? loss : 0.95 * ema + 0.05 * loss;
         if (c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) {
@@ -968,6 +978,7 @@ oom:
 fail:
 done:
     if (lf) fclose(lf);
+    if (nf) fclose(nf);
     if (bf) fclose(bf);
     capex_optim_destroy(opt);
     capex_ddp_destroy(ddp);
@@ -1407,10 +1418,37 @@ static capex_result gpu_forward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr l
     }
 }
 
+/* Data parallel (train_gpu with an NCCL comm): gpu_backward hands each
+   tensor's gradient to DDP as soon as it is final, in backward order (P_LNFB
+   first, P_WTE last: DDP's bucket order), converted to the bucket's dtype, so
+   a full bucket's all-reduce runs on the comm stream while backward goes on.
+   The per-layer tensors are stacked (llm.c's layout), so they become final
+   in layer 0's backward: what overlaps is layer 0 and the embeddings. */
+typedef struct gpu_grad_sink {
+    capex_ddp *ddp;    /* tensor p's gradient goes to capex_ddp_grad(ddp, p) */
+    capex_dtype dtype; /* of DDP's gradients (the weights' dtype) */
+} gpu_grad_sink;
+
+/* Tensors hi, hi-1, ..., lo are final in gw: to DDP (nothing without a sink). */
+static capex_result gpu_grads_final(gpu_model *g, capex_cuda_ptr gw, const gpu_grad_sink *sink, int hi, int lo) {
+    capex_result r = CAPEX_OK;
+    int p;
+    for (p = hi; sink && p >= lo && r == CAPEX_OK; p--) {
+        const capex_cuda_ptr src = gw + (capex_cuda_ptr)g->m.off[p] * 4, dst = (capex_cuda_ptr)(uintptr_t)capex_ddp_grad(sink->ddp, (size_t)p);
+        const size_t n = (size_t)(g->m.off[p + 1] - g->m.off[p]);
+        r = sink->dtype == CAPEX_F32 ? capex_cuda_memcpy_dtod(g->ctx, dst, src, n * 4, g->stream)
+                                     : capex_cuda_convert(g->ctx, dst, sink->dtype, src, CAPEX_F32, n, g->stream);
+        if (r == CAPEX_OK) r = capex_ddp_grad_ready(sink->ddp, (size_t)p);
+    }
+    return r;
+}
+
 /* gpt_backward on the device: the fp32 gradient of (loss * *scale) into gw
    (device, n_params floats, every element written). Needs gpu_forward's
-   activations of the same tokens and weights. */
-static capex_result gpu_backward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr scale, capex_cuda_ptr gw) {
+   activations of the same tokens and weights. With a sink, each tensor goes
+   to DDP as it becomes final (gpu_grads_final). */
+static capex_result gpu_backward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr scale, capex_cuda_ptr gw,
+                                 const gpu_grad_sink *sink) {
     const gpt *m = &g->m;
     int B = m->batch, T = m->cfg.seq, C = m->cfg.channels, L = m->cfg.layers, NH = m->cfg.heads, V = VOCAB;
     const int64_t BT = (int64_t)B * T;
@@ -1427,6 +1465,7 @@ static capex_result gpu_backward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr 
     if ((r = gpu_linear_backward(g, bf[G_DA], GP(P_WTE), 0, bf[G_PROBS], bf[G_LNF], bf[G_WTEH], BT, C, VOCAB)) != CAPEX_OK) return r;
     if ((r = gpu_norm_backward(g, dres, GP(P_LNFW), GP(P_LNFB), bf[G_DA], bf[G_RES3] + (capex_cuda_ptr)(L - 1) * BT * C * 4,
                                bf[G_LNFM], bf[G_LNFR], WP(P_LNFW), BT)) != CAPEX_OK) return r;
+    if ((r = gpu_grads_final(g, gw, sink, P_LNFB, P_LNFW)) != CAPEX_OK) return r;
     for (l = L - 1; l >= 0; l--) {
         const capex_cuda_ptr a4 = (capex_cuda_ptr)l * BT * C * 4, s4 = (capex_cuda_ptr)l * BT * 4;
         const capex_cuda_ptr res = l == 0 ? bf[G_ENC] : bf[G_RES3] + a4 - (capex_cuda_ptr)BT * C * 4;
@@ -1435,6 +1474,7 @@ static capex_result gpu_backward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr 
         /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
         if ((r = gpu_linear_backward(g, bf[G_DBIG], GP(P_FCPROJW) + (capex_cuda_ptr)l * 4 * C * C * 4, GP(P_FCPROJB) + (capex_cuda_ptr)l * C * 4,
                                      dres, bf[G_FCHG] + 4 * a4, WP(P_FCPROJW) + (capex_cuda_ptr)l * 4 * C * C * 4, BT, 4 * C, C)) != CAPEX_OK) return r;
+        if (l == 0 && (r = gpu_grads_final(g, gw, sink, P_FCPROJB, P_FCPROJW)) != CAPEX_OK) return r;
         {
             capex_cuda_ptr fch = bf[G_FCH] + 4 * a4;
             void *a[] = {&bf[G_DBIG2], &fch, &bf[G_DBIG], &n4, &g->act};
@@ -1442,12 +1482,15 @@ static capex_result gpu_backward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr 
         }
         if ((r = gpu_linear_backward(g, bf[G_DA], GP(P_FCW) + (capex_cuda_ptr)l * 4 * C * C * 4, GP(P_FCB) + (capex_cuda_ptr)l * 4 * C * 4,
                                      bf[G_DBIG2], bf[G_LN2] + a4, WP(P_FCW) + (capex_cuda_ptr)l * 4 * C * C * 4, BT, C, 4 * C)) != CAPEX_OK) return r;
+        if (l == 0 && (r = gpu_grads_final(g, gw, sink, P_FCB, P_FCW)) != CAPEX_OK) return r;
         if ((r = gpu_norm_backward(g, bf[G_DB], GP(P_LN2W) + (capex_cuda_ptr)l * C * 4, GP(P_LN2B) + (capex_cuda_ptr)l * C * 4, bf[G_DA],
                                    bf[G_RES2] + a4, bf[G_LN2M] + s4, bf[G_LN2R] + s4, WP(P_LN2W) + (capex_cuda_ptr)l * C * 4, BT)) != CAPEX_OK) return r;
+        if (l == 0 && (r = gpu_grads_final(g, gw, sink, P_LN2B, P_LN2W)) != CAPEX_OK) return r;
         if ((r = capex_cuda_add_f32(g->ctx, dres, dres, bf[G_DB], (size_t)(BT * C), g->stream)) != CAPEX_OK) return r;
         /* attention: res2 = res + attproj(attn(qkv(ln1(res)))) */
         if ((r = gpu_linear_backward(g, bf[G_DA], GP(P_ATTPROJW) + (capex_cuda_ptr)l * C * C * 4, GP(P_ATTPROJB) + (capex_cuda_ptr)l * C * 4,
                                      dres, bf[G_ATTY] + a4, WP(P_ATTPROJW) + (capex_cuda_ptr)l * C * C * 4, BT, C, C)) != CAPEX_OK) return r;
+        if (l == 0 && (r = gpu_grads_final(g, gw, sink, P_ATTPROJB, P_ATTPROJW)) != CAPEX_OK) return r;
         {
             void *a[] = {&bf[G_DQKV], &bf[G_DATT], &bf[G_DA], &qkv, &att, &B, &T, &C, &NH, &g->act};
             if ((r = gpu_launch(g, K_ATTN_BWD_Q, BT * NH, a)) != CAPEX_OK) return r;
@@ -1455,14 +1498,17 @@ static capex_result gpu_backward(gpu_model *g, capex_cuda_ptr w, capex_cuda_ptr 
         }
         if ((r = gpu_linear_backward(g, bf[G_DA], GP(P_QKVW) + (capex_cuda_ptr)l * 3 * C * C * 4, GP(P_QKVB) + (capex_cuda_ptr)l * 3 * C * 4,
                                      bf[G_DQKV], bf[G_LN1] + a4, WP(P_QKVW) + (capex_cuda_ptr)l * 3 * C * C * 4, BT, C, 3 * C)) != CAPEX_OK) return r;
+        if (l == 0 && (r = gpu_grads_final(g, gw, sink, P_QKVB, P_QKVW)) != CAPEX_OK) return r;
         if ((r = gpu_norm_backward(g, bf[G_DB], GP(P_LN1W) + (capex_cuda_ptr)l * C * 4, GP(P_LN1B) + (capex_cuda_ptr)l * C * 4, bf[G_DA],
                                    res, bf[G_LN1M] + s4, bf[G_LN1R] + s4, WP(P_LN1W) + (capex_cuda_ptr)l * C * 4, BT)) != CAPEX_OK) return r;
+        if (l == 0 && (r = gpu_grads_final(g, gw, sink, P_LN1B, P_LN1W)) != CAPEX_OK) return r;
         if ((r = capex_cuda_add_f32(g->ctx, dres, dres, bf[G_DB], (size_t)(BT * C), g->stream)) != CAPEX_OK) return r;
     }
     {
         capex_cuda_ptr gwte = GP(P_WTE), gwpe = GP(P_WPE);
         void *a[] = {&bf[G_TOK], &dres, &gwte, &gwpe, &B, &T, &C, &V};
-        return gpu_launch(g, K_EMBED_BWD, (int64_t)(V + T) * C, a);
+        if ((r = gpu_launch(g, K_EMBED_BWD, (int64_t)(V + T) * C, a)) != CAPEX_OK) return r;
+        return gpu_grads_final(g, gw, sink, P_WPE, P_WTE);
     }
 #undef GP
 #undef WP
@@ -1548,12 +1594,24 @@ static capex_result gpu_compute_weights(gpu_model *g, const capex_amp_config *am
     return r;
 }
 
-/* The GPU training run (one rank): train()'s loop with the model kernels
-   above, and capex's device-side optimizer, loss scaler, gradient norm and
-   clip factor, so a step needs no host synchronisation; losses stay on the
-   GPU and are read back at log and evaluation points. Checkpoints have the
-   CPU run's format (either resumes the other's). */
-static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *ctx, run_result *res) {
+/* The GPU training run: train()'s loop with the model kernels above, and
+   capex's device-side optimizer, loss scaler, gradient norm and clip factor,
+   so a step needs no host synchronisation; losses stay on the GPU and are
+   read back at log and evaluation points. Checkpoints have the CPU run's
+   format (either resumes the other's).
+   Data parallel when nccl is an NCCL comm (rank of world; NULL: one GPU on
+   its own): rank 0's weights are broadcast at the start, each rank trains on
+   its shard (the CPU path's sampler), the gradients go through capex_ddp on
+   device buckets while backward runs (gpu_grad_sink), averaged over the
+   ranks, and the global norm, the clip factor and the scaler's overflow flag
+   come from the reduced gradients, equal on every rank: so every rank takes
+   the same step and the replicas stay bit-identical with no other collective.
+   The logged losses are the mean over the ranks (one all-reduce of the loss
+   history per read-back, as llm.c does). Rank 0 writes the losses, batches,
+   checkpoints and the sample; every rank evaluates (same windows, same
+   weights) and resumes from the same checkpoint. */
+static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *ctx, capex_comm *nccl, int rank, int world,
+                     run_result *res) {
     capex_lr_schedule lrs;
     capex_amp_config amp;
     capex_dtype act = CAPEX_F32, grad_dtype = CAPEX_F32;
@@ -1567,11 +1625,15 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     capex_tensor_list grads;
     capex_sampler smp;
     capex_cuda_stream stream = NULL;
+    capex_ddp *ddp = NULL;
+    capex_ddp_param dp[P_COUNT];
+    capex_ddp_desc dd;
+    gpu_grad_sink sink;
     gpu_model g;
-    float *w32h = NULL, *losses = NULL;
+    float *w32h = NULL, *losses = NULL, *norms = NULL;
     unsigned char *tok = NULL;
-    FILE *lf = NULL, *bf = NULL;
-    capex_cuda_ptr w32 = 0, wh = 0, weff = 0, weff_own = 0, g32 = 0, gh = 0, norm_ws = 0, scratch = 0;
+    FILE *lf = NULL, *bf = NULL, *nf = NULL;
+    capex_cuda_ptr w32 = 0, wh = 0, weff = 0, weff_own = 0, g32 = 0, gh = 0, norm_ws = 0, scratch = 0, norm_hist = 0;
     size_t ws_bytes = 0, n = 0;
     int step = 0, i, ok = 0, logged = 0;
     uint64_t epoch = 0, pos = 0;
@@ -1579,13 +1641,15 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
 
     memset(res, 0, sizeof *res);
     memset(&g, 0, sizeof g);
-    CHECK(amp_setup(c, 0, &amp, &act));
+    CHECK(amp_setup(c, rank, &amp, &act));
     grad_dtype = amp.model_dtype; /* grads have the dtype of the weights they belong to */
-    if (d->n_train < (size_t)c->model.seq + 2 + (size_t)c->batch || d->n - d->n_train < (size_t)c->model.seq + 2) {
-        fprintf(stderr, "text too short for seq %d and batch %d\n", c->model.seq, c->batch);
+    if (d->n_train < (size_t)c->model.seq + 2 + (size_t)c->batch * world || d->n - d->n_train < (size_t)c->model.seq + 2) {
+        fprintf(stderr, "text too short for seq %d and batch %d x %d ranks\n", c->model.seq, c->batch, world);
         return 0;
     }
+    if (!nccl && world != 1) { fprintf(stderr, "train_gpu: %d ranks need an NCCL comm\n", world); return 0; }
     CHECK(capex_cuda_stream_create(ctx, &stream));
+    if (nccl) CHECK(capex_nccl_set_user_stream(nccl, stream)); /* collectives wait for what this stream wrote */
     CHECK(gpu_model_init(&g, ctx, stream, &c->model, c->batch, act));
     n = (size_t)g.m.n_params;
     w32h = (float *)malloc(n * sizeof(float));
@@ -1593,7 +1657,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     tok = (unsigned char *)malloc((size_t)c->batch * (c->model.seq + 1));
     if (!w32h || !losses || !tok) goto oom;
     gpt_init_weights(&g.m, w32h, c->seed); /* the CPU run's initial weights */
-    if (c->init_path && !c->resume_path) CHECK(save_init(&g.m, w32h, c->init_path));
+    if (c->init_path && rank == 0 && !c->resume_path) CHECK(save_init(&g.m, w32h, c->init_path));
     if (amp.model_dtype != CAPEX_F32 && !amp.use_master_weights) /* O3: the fp32 copy holds half values only */
         round_array(w32h, (int64_t)n, amp.model_dtype);
 
@@ -1602,6 +1666,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
        scratch area (clip norm, clip factor, eval sum, the loss history) */
     CHECK(capex_cuda_malloc(ctx, n * 4, &w32));
     CHECK(capex_cuda_memcpy_htod(ctx, w32, w32h, n * 4, NULL));
+    if (nccl) CHECK(capex_comm_broadcast(nccl, (void *)(uintptr_t)w32, n, CAPEX_F32, 0)); /* DDP's start: rank 0's weights */
     if (amp.model_dtype != CAPEX_F32) {
         CHECK(capex_cuda_malloc(ctx, n * 2, &wh));
         CHECK(capex_cuda_convert(ctx, wh, amp.model_dtype, w32, CAPEX_F32, n, stream));
@@ -1609,10 +1674,28 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     if (amp.model_dtype == CAPEX_F32 && act == CAPEX_F32) weff = w32; /* O0 */
     else { CHECK(capex_cuda_malloc(ctx, n * 4, &weff_own)); weff = weff_own; }
     CHECK(capex_cuda_malloc(ctx, n * 4, &g32));
-    if (grad_dtype != CAPEX_F32) CHECK(capex_cuda_malloc(ctx, n * 2, &gh));
     CHECK(capex_cuda_malloc(ctx, 16 + (size_t)c->steps * 4, &scratch));
+    if (c->norms_path) { /* each step's (norm of the scaled grads, 1/scale) */
+        CHECK(capex_cuda_malloc(ctx, (size_t)c->steps * 8, &norm_hist));
+        if (!(norms = (float *)malloc((size_t)c->steps * 8))) goto oom;
+    }
+    if (nccl) { /* the grads the optimizer reads: DDP's bucket views (reduced), in the weights' dtype */
+        for (i = 0; i < P_COUNT; i++) {
+            dp[i].data = (void *)(uintptr_t)(wh ? wh + (capex_cuda_ptr)g.m.off[i] * 2 : w32 + (capex_cuda_ptr)g.m.off[i] * 4);
+            dp[i].numel = (size_t)(g.m.off[i + 1] - g.m.off[i]);
+            dp[i].dtype = grad_dtype;
+            dp[i].grad = NULL;
+        }
+        capex_ddp_desc_init(&dd);
+        dd.broadcast_parameters = 0; /* done above, on the fp32 weights */
+        if (c->bucket_bytes) dd.bucket_bytes = dd.first_bucket_bytes = c->bucket_bytes;
+        CHECK(capex_ddp_create(&ddp, nccl, dp, P_COUNT, &dd));
+        sink.ddp = ddp;
+        sink.dtype = grad_dtype;
+    } else if (grad_dtype != CAPEX_F32) CHECK(capex_cuda_malloc(ctx, n * 2, &gh)); /* one GPU: the grads' half copy */
     for (i = 0; i < P_COUNT; i++) {
-        gt[i].data = (void *)(uintptr_t)(gh ? gh + (capex_cuda_ptr)g.m.off[i] * 2 : g32 + (capex_cuda_ptr)g.m.off[i] * 4);
+        gt[i].data = ddp ? capex_ddp_grad(ddp, (size_t)i)
+                         : (void *)(uintptr_t)(gh ? gh + (capex_cuda_ptr)g.m.off[i] * 2 : g32 + (capex_cuda_ptr)g.m.off[i] * 4);
         gt[i].numel = g.m.off[i + 1] - g.m.off[i];
     }
     grads = capex_tensor_list_make(grad_dtype, gt, P_COUNT);
@@ -1638,7 +1721,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     sd.log_interval = c->quiet ? 0 : 200;
     CHECK(capex_cuda_scaler_create(ctx, &sd, &sc));
     CHECK(capex_scaler_init(&host_sc, &sd)); /* for checkpoints: the CPU run's format */
-    CHECK(sampler_for(c, d, 0, 1, &smp));
+    CHECK(sampler_for(c, d, rank, world, &smp));
 
     if (c->resume_path) {
         capex_state_reader *rd = NULL;
@@ -1660,15 +1743,19 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         if (r != CAPEX_OK) { fprintf(stderr, "resume from %s failed: %s\n", c->resume_path, capex_last_error()); goto fail; }
         if (v[0] < 0 || v[0] > c->steps) { fprintf(stderr, "resume from %s: step %lld is past --steps %d\n", c->resume_path, (long long)v[0], c->steps); goto fail; }
         step = (int)v[0]; epoch = (uint64_t)v[1]; pos = (uint64_t)v[2];
-        if (!c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
+        if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
     }
     capex_sampler_set_epoch(&smp, epoch);
     res->start_step = step;
-    if (c->losses_path && !(lf = fopen(c->losses_path, "w"))) {
+    if (c->losses_path && rank == 0 && !(lf = fopen(c->losses_path, "w"))) {
         fprintf(stderr, "cannot write %s\n", c->losses_path);
         goto fail;
     }
-    if (c->batches_path && !(bf = fopen(c->batches_path, "wb"))) {
+    if (c->norms_path && rank == 0 && !(nf = fopen(c->norms_path, "w"))) {
+        fprintf(stderr, "cannot write %s\n", c->norms_path);
+        goto fail;
+    }
+    if (c->batches_path && rank == 0 && !(bf = fopen(c->batches_path, "wb"))) {
         fprintf(stderr, "cannot write %s\n", c->batches_path);
         goto fail;
     }
@@ -1677,6 +1764,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     logged = step;
     for (; step < c->steps; step++) {
         const capex_cuda_ptr dnorm = scratch, dcoef = scratch + 4, dloss = scratch + 16 + (capex_cuda_ptr)step * 4;
+        /* the same on every rank: a read-back all-reduces the losses */
         const int log_now = c->log_every && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1);
         const int eval_now = c->eval_every && ((step + 1) % c->eval_every == 0 || step == c->steps - 1) && res->n_points < MAX_POINTS;
         CHECK(next_batch(c, d, &smp, &epoch, &pos, tok));
@@ -1688,7 +1776,8 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         CHECK(capex_cuda_memcpy_htod(ctx, g.buf[G_TOK], tok, (size_t)c->batch * (c->model.seq + 1), stream));
         CHECK(gpu_compute_weights(&g, &amp, w32, wh, weff));
         CHECK(gpu_forward(&g, weff, dloss, 0));
-        CHECK(gpu_backward(&g, weff, capex_cuda_scaler_scale_ptr(sc), g32));
+        CHECK(gpu_backward(&g, weff, capex_cuda_scaler_scale_ptr(sc), g32, ddp ? &sink : NULL));
+        if (ddp) CHECK(capex_ddp_finalize(ddp)); /* the last buckets; the stream waits for every reduce */
         if (gh) CHECK(capex_cuda_convert(ctx, gh, grad_dtype, g32, CAPEX_F32, n, stream)); /* grads in the weights' dtype */
         /* one pass over the (still scaled) grads: global norm; inf/NaN show up in it */
         CHECK(capex_cuda_multi_tensor_l2norm(ctx, NULL, &grads, norm_ws, ws_bytes, dnorm, 0, stream));
@@ -1698,21 +1787,35 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
             void *a[] = {(void *)&dnorm, &inv, &found, (void *)&dcoef, &max_norm};
             CHECK(gpu_launch(&g, K_CLIP, 1, a));
             CHECK(capex_cuda_optim_step(opt, inv, dcoef, found, stream)); /* skipped on the device after an overflow */
+            if (norm_hist) { /* before the update changes the scale */
+                CHECK(capex_cuda_memcpy_dtod(ctx, norm_hist + (capex_cuda_ptr)step * 8, dnorm, 4, stream));
+                CHECK(capex_cuda_memcpy_dtod(ctx, norm_hist + (capex_cuda_ptr)step * 8 + 4, inv, 4, stream));
+            }
         }
         CHECK(capex_cuda_scaler_update(sc, stream));
-        tokens += (double)c->batch * c->model.seq;
+        tokens += (double)c->batch * c->model.seq * world;
 
         if (log_now || eval_now || step == c->steps - 1) {
-            /* read the losses since the last read (the only host sync besides checkpoints) */
+            /* read the losses since the last read (the only host sync besides checkpoints);
+               with several ranks their mean */
+            if (nccl) {
+                const capex_cuda_ptr since = scratch + 16 + (capex_cuda_ptr)logged * 4;
+                CHECK(capex_comm_allreduce(nccl, (const void *)(uintptr_t)since, (void *)(uintptr_t)since, (size_t)(step + 1 - logged),
+                                           CAPEX_F32, CAPEX_REDUCE_AVG));
+            }
             CHECK(capex_cuda_memcpy_dtoh(ctx, losses + logged, scratch + 16 + (capex_cuda_ptr)logged * 4,
                                          (size_t)(step + 1 - logged) * 4, stream));
+            if (norm_hist)
+                CHECK(capex_cuda_memcpy_dtoh(ctx, norms + 2 * logged, norm_hist + (capex_cuda_ptr)logged * 8,
+                                             (size_t)(step + 1 - logged) * 8, stream));
             CHECK(capex_cuda_stream_synchronize(ctx, stream));
             for (; logged <= step; logged++) {
                 ema = logged == 0 ? losses[0] : 0.95 * ema + 0.05 * losses[logged];
                 if (lf) fprintf(lf, "%d %.9g\n", logged, losses[logged]);
+                if (nf) fprintf(nf, "%d %.9g\n", logged, norms[2 * logged] * norms[2 * logged + 1]); /* as gpt_clip computes it */
             }
         }
-        if (log_now) {
+        if (log_now && rank == 0) {
             double el = capex_dist_now() - t0;
             capex_scaler_state st;
             int64_t taken = 0;
@@ -1729,9 +1832,9 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
             res->pt_train[res->n_points] = (float)ema;
             res->pt_val[res->n_points] = vl;
             res->n_points++;
-            if (!c->quiet) printf("[%s] step %5d  val loss %.4f\n", c->label, step + 1, vl);
+            if (rank == 0 && !c->quiet) printf("[%s] step %5d  val loss %.4f\n", c->label, step + 1, vl);
         }
-        if (c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps)) {
+        if (c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps) && rank == 0) { /* replicas: one writes */
             capex_state_writer *w = NULL;
             capex_optim *h = NULL;
             capex_scaler_state st;
@@ -1764,7 +1867,13 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     res->val_loss = gpu_evaluate(&g, weff, d, c->eval_windows, scratch + 8);
     CHECK(capex_cuda_memcpy_dtoh(ctx, w32h, w32, n * 4, NULL));
     res->weights_crc = capex_crc32(0, w32h, n * sizeof(float));
-    if (c->sample_len > 0) { /* the inference half: fp32 weights, as an engine would load them */
+    if (ddp) {
+        capex_ddp_stats ds;
+        capex_ddp_get_stats(ddp, &ds);
+        res->ddp_launches = ds.launches;
+        res->ddp_in_backward = ds.launched_in_backward;
+    }
+    if (c->sample_len > 0 && rank == 0) { /* the inference half: fp32 weights, as an engine would load them */
         printf("---- sample (%d bytes) ----\n", c->sample_len);
         if (!gpu_sample_text(ctx, stream, &c->model, w32, c->prompt ? c->prompt : "", c->sample_len, c->seed + 1, stdout)) goto fail;
         printf("----\n");
@@ -1776,14 +1885,18 @@ oom:
 fail:
 done:
     if (lf) fclose(lf);
+    if (nf) fclose(nf);
     if (bf) fclose(bf);
     capex_cuda_optim_destroy(opt);
     capex_cuda_scaler_destroy(sc);
+    capex_ddp_destroy(ddp);
     gpu_model_free(&g);
     capex_cuda_free(ctx, w32); capex_cuda_free(ctx, wh); capex_cuda_free(ctx, weff_own);
     capex_cuda_free(ctx, g32); capex_cuda_free(ctx, gh); capex_cuda_free(ctx, norm_ws); capex_cuda_free(ctx, scratch);
+    capex_cuda_free(ctx, norm_hist);
+    if (stream && nccl) capex_nccl_set_user_stream(nccl, NULL); /* before the stream goes */
     if (stream) capex_cuda_stream_destroy(ctx, stream);
-    free(w32h); free(losses); free(tok);
+    free(w32h); free(losses); free(norms); free(tok);
     return ok;
 }
 
@@ -1802,20 +1915,13 @@ static void run_cfg_default(run_cfg *c) {
 /* The device for --device auto|cpu|gpu: this rank's GPU ($LOCAL_RANK), or
    NULL for the CPU. Without a usable GPU (driver, device or NVRTC missing),
    auto says why and trains on the CPU; gpu fails (*fail = 1) with the
-   loader's message. The GPU path trains one rank: with several, auto stays
-   on the CPU (DDP over TCP or MPI) and gpu fails. */
-static capex_cuda_context *open_device(const char *device, int rank, int world, int *fail) {
+   loader's message. Several ranks on GPUs train data parallel over NCCL
+   (main), one GPU each. */
+static capex_cuda_context *open_device(const char *device, int rank, int *fail) {
     capex_cuda_context *ctx = NULL;
     int major = 0, minor = 0; /* the kernels need NVRTC (on a fresh machine: nothing cached yet) */
     *fail = 0;
     if (!strcmp(device, "cpu")) return NULL;
-    if (world > 1) {
-        if (!strcmp(device, "gpu")) {
-            fprintf(stderr, "--device gpu: the GPU path trains one rank, %d were launched (--device cpu for DDP)\n", world);
-            *fail = 1;
-        } else if (rank == 0) printf("%d ranks: the GPU path trains one rank, training on the CPU\n", world);
-        return NULL;
-    }
     if (capex_cuda_context_create(NULL, &ctx) != CAPEX_OK || capex_cuda_nvrtc_version(&major, &minor) != CAPEX_OK) {
         capex_cuda_context_destroy(ctx);
         ctx = NULL;
@@ -1838,12 +1944,30 @@ static void usage(void) {
            "  --save FILE [--save-at STEP]  checkpoint;  --resume FILE  continue from one\n"
            "  --save-init FILE      initial weights as safetensors (bench/gpt_torch.py reads them)\n"
            "  --losses FILE         per-step training loss, \"step loss\" per line\n"
+           "  --norms FILE          per-step gradient norm (before clipping), \"step norm\" per line\n"
            "  --batches FILE        every step's tokens (B rows of T+1 bytes), for bench/gpt_torch.py\n"
            "  --sample N --prompt TEXT   bytes sampled after training (default 300; 0: none)\n"
            "  --bucket-kb N         DDP bucket size\n"
+           "  --nccl                GPU: gradients through DDP over NCCL even with one rank (tests;\n"
+           "                        several GPU ranks always are)\n"
            "  --log-every N --eval-every N --eval-windows N --quiet\n"
            "Several ranks: the launcher environment (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT;\n"
-           "torchrun --no-python) over TCP, or mpirun with the CAPEX_MPI build.\n");
+           "torchrun --no-python) over TCP, or mpirun with the CAPEX_MPI build; on GPUs (one per\n"
+           "rank, $LOCAL_RANK) over NCCL.\n");
+}
+
+/* One float per rank; NCCL moves device buffers only. */
+static capex_result allgather_f32(capex_comm *comm, capex_cuda_context *ctx, const float *mine, float *all, int world) {
+    capex_cuda_ptr dbuf = 0;
+    capex_result r;
+    if (!capex_comm_is_nccl(comm)) return capex_comm_allgather(comm, mine, all, 1, CAPEX_F32);
+    r = capex_cuda_malloc(ctx, (size_t)(world + 1) * 4, &dbuf);
+    if (r == CAPEX_OK) r = capex_cuda_memcpy_htod(ctx, dbuf, mine, 4, NULL);
+    if (r == CAPEX_OK) r = capex_comm_allgather(comm, (const void *)(uintptr_t)dbuf, (void *)(uintptr_t)(dbuf + 4), 1, CAPEX_F32);
+    if (r == CAPEX_OK) r = capex_cuda_context_synchronize(ctx);
+    if (r == CAPEX_OK) r = capex_cuda_memcpy_dtoh(ctx, all, dbuf + 4, (size_t)world * 4, NULL);
+    capex_cuda_free(ctx, dbuf);
+    return r;
 }
 
 
@@ -1851,16 +1975,17 @@ int main(int argc, char **argv) {
     run_cfg cfg;
     text_data data;
     capex_dist_env env;
-    capex_comm comm;
+    capex_comm host_comm, nccl_comm, *comm = &host_comm;
     capex_cuda_context *ctx = NULL;
     const char *data_path = NULL, *device = "auto";
-    int i, rc = 1, have_comm = 0, lr_given = 0, dev_fail = 0;
+    int i, rc = 1, have_host = 0, have_nccl = 0, force_nccl = 0, lr_given = 0, dev_fail = 0;
     run_cfg_default(&cfg);
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int used = 1;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 0; }
         else if (!strcmp(a, "--quiet")) { cfg.quiet = 1; used = 0; }
+        else if (!strcmp(a, "--nccl")) { force_nccl = 1; used = 0; }
         else if (!v) { fprintf(stderr, "%s needs a value (--help)\n", a); return 2; }
         else if (!strcmp(a, "--opt")) { if (capex_opt_level_parse(v, &cfg.level) != CAPEX_OK) { fprintf(stderr, "%s\n", capex_last_error()); return 2; } }
         else if (!strcmp(a, "--half")) { if (capex_half_type_parse(v, &cfg.half) != CAPEX_OK) { fprintf(stderr, "%s\n", capex_last_error()); return 2; } }
@@ -1895,6 +2020,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--resume")) cfg.resume_path = v;
         else if (!strcmp(a, "--save-init")) cfg.init_path = v;
         else if (!strcmp(a, "--losses")) cfg.losses_path = v;
+        else if (!strcmp(a, "--norms")) cfg.norms_path = v;
         else if (!strcmp(a, "--batches")) cfg.batches_path = v;
         else if (!strcmp(a, "--sample")) cfg.sample_len = atoi(v);
         else if (!strcmp(a, "--prompt")) cfg.prompt = v;
@@ -1922,13 +2048,32 @@ int main(int argc, char **argv) {
         goto out;
     }
     capex_dist_log_init(&env);
-    ctx = open_device(device, env.rank, env.world_size, &dev_fail);
+    ctx = open_device(device, env.rank, &dev_fail);
     if (dev_fail) goto out;
-    if (capex_comm_init_auto(&comm, &env) != CAPEX_OK) {
+    /* The host comm (MPI, TCP or single) for the CPU path and to bootstrap
+       NCCL under MPI; NCCL for several GPUs (its id over TCP without MPI). */
+#ifdef CAPEX_MPI
+    have_host = 1;
+#else
+    have_host = !ctx || env.world_size == 1;
+#endif
+    if (have_host && capex_comm_init_auto(&host_comm, &env) != CAPEX_OK) {
+        have_host = 0;
         fprintf(stderr, "distributed setup failed: %s\n", capex_last_error());
         goto out;
     }
-    have_comm = 1;
+    if (ctx && (env.world_size > 1 || force_nccl)) {
+        capex_nccl_desc nd;
+        capex_nccl_desc_init(&nd);
+        nd.ctx = ctx;
+        nd.bootstrap = have_host ? &host_comm : NULL;
+        if (capex_comm_init_nccl(&nccl_comm, &env, &nd) != CAPEX_OK) {
+            fprintf(stderr, "NCCL setup failed: %s (--device cpu trains on the CPU)\n", capex_last_error());
+            goto out;
+        }
+        have_nccl = 1;
+        comm = &nccl_comm;
+    }
     if (!load_text(data_path, 0.1, &data)) goto out;
     if (env.rank == 0) {
         gpt probe;
@@ -1949,12 +2094,12 @@ int main(int argc, char **argv) {
         float mine, *all = (float *)malloc((size_t)env.world_size * sizeof(float));
         int same = 1;
         cfg.label = capex_opt_level_name(cfg.level);
-        if (!all || !(ctx ? train_gpu(&cfg, &data, ctx, &res)
-                          : train(&cfg, &gpt_cpu_backend, &data, &comm, env.rank, env.world_size, &res))) { free(all); goto out_data; }
+        if (!all || !(ctx ? train_gpu(&cfg, &data, ctx, have_nccl ? comm : NULL, env.rank, env.world_size, &res)
+                          : train(&cfg, &gpt_cpu_backend, &data, comm, env.rank, env.world_size, &res))) { free(all); goto out_data; }
         /* DDP keeps replicas bit-identical: compare every rank's weight checksum
            (allgather moves bits, so the crc travels as the bits of a float). */
         memcpy(&mine, &res.weights_crc, sizeof mine);
-        if (capex_comm_allgather(&comm, &mine, all, 1, CAPEX_F32) != CAPEX_OK) {
+        if (allgather_f32(comm, ctx, &mine, all, env.world_size) != CAPEX_OK) {
             fprintf(stderr, "replica check failed: %s\n", capex_last_error());
             free(all);
             goto out_data;
@@ -1965,13 +2110,17 @@ int main(int argc, char **argv) {
             printf("final: val loss %.4f  train loss %.4f  skipped %lld  %.0f tok/s  %.1f s  weights crc32 %08x\n",
                    res.val_loss, res.train_loss, (long long)res.skipped, res.tokens_per_s, res.seconds, (unsigned)res.weights_crc);
             if (env.world_size > 1) printf("replicas: %d ranks, weights %s\n", env.world_size, same ? "bit-identical" : "DIFFER");
+            if (res.ddp_launches) /* GPU path over NCCL */
+                printf("ddp: %llu bucket all-reduces over NCCL, %llu of them started during backward\n",
+                       (unsigned long long)res.ddp_launches, (unsigned long long)res.ddp_in_backward);
         }
         rc = same ? 0 : 1;
     }
 out_data:
     free(data.bytes);
 out:
-    if (have_comm) capex_comm_destroy(&comm);
+    if (have_nccl) capex_comm_destroy(&nccl_comm);
+    if (have_host) capex_comm_destroy(&host_comm);
     capex_cuda_context_destroy(ctx);
 #ifdef CAPEX_MPI
     MPI_Finalize();

@@ -15,20 +15,42 @@
 #    they match to the last bit here.
 #  - O2 fp16: within 2e-3: a norm output one fp32 ulp away from the CPU's can
 #    round to the neighbouring fp16 value (2^-11 relative in that element).
+#  - each step's gradient norm (--norms: before clipping) within the same
+#    tolerance of the CPU's (measured 2.4e-7 at O0, 4.9e-5 at O2 fp16);
 #  - the sampled text equals the CPU run's (fp32 inference, same draws);
 #  - a resumed GPU run is bit-identical to the uninterrupted one, and the GPU
 #    checkpoint resumes on the CPU;
 #  - without a driver, --device auto trains on the CPU and says so, and
-#    --device gpu exits 1 naming what it tried.
-#   tests/gpt_emu.sh TRAIN_GPT_BINARY EMULATOR_LIBCUDA CACHE_DIR
+#    --device gpu exits 1 naming what it tried;
+#  - data parallel over NCCL (the stand-in tests/fake_libnccl.c: ranks are
+#    processes meeting in a shared file; one emulated GPU each):
+#    - one rank through DDP (--nccl, 16 KB buckets: several, reduced while
+#      backward runs) is bit-identical to the plain GPU run (O2 fp16: the
+#      grads go to fp16 buckets, the norm and clip read them there);
+#    - 2 ranks of batch 2 against 1 rank of batch 4 (O0): each step's batch
+#      is the same 4 windows (the sampler deals rank r windows r, r+2 of the
+#      4), the loss is the mean over the ranks and the gradient their average
+#      (x 1/2, exact): equal in exact arithmetic. What differs is fp32
+#      summation order (each rank sums its 2*16 rows, then the two halves are
+#      added): ~1e-7 relative per reduction, carried through 20 AdamW steps.
+#      Tolerance 1e-5 on each step's loss (the mean over the ranks), its
+#      gradient norm (--norms) and the val loss (measured: 4.8e-7, 2.4e-7, and
+#      val losses equal as printed).
+#      The norm is what shows a missing average: the clip at 1.0 (every
+#      step here) and AdamW are blind to the grads' scale, so the summed
+#      grads leave the losses within 5e-7 but the norms 2.75 away;
+#    - the replicas end bit-identical (main's crc32 allgather), and a 2-rank
+#      run resumed from rank 0's checkpoint ends bit-identical to the
+#      uninterrupted one.
+#   tests/gpt_emu.sh TRAIN_GPT_BINARY EMULATOR_LIBCUDA CACHE_DIR STANDIN_LIBNCCL
 set -u
-exe=$1 emu=$2 cache=$3
+exe=$1 emu=$2 cache=$3 nccl=$4
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/capex-gptemu.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 common=(--steps 20 --batch 4 --seq 16 --layers 2 --heads 2 --channels 32 --eval-every 0 --eval-windows 64
         --log-every 0 --sample 0 --quiet)
 fail=0
-gpu() { CAPEX_LIBCUDA_PATH=$emu CAPEX_CACHE_DIR=$cache "$exe" --device gpu "$@"; }
+gpu() { CAPEX_LIBCUDA_PATH=$emu CAPEX_CACHE_DIR=$cache CAPEX_NCCL_PATH=$nccl "$exe" --device gpu "$@"; }
 field() { # file, word after which the value stands on the "final:" line
     awk -v k="$2" '/^final:/ { for (i = 1; i < NF; i++) if ($i == k) { print $(i + ($i == "val" ? 2 : 1)); exit } }' "$1"
 }
@@ -42,12 +64,15 @@ steps_close() {
 for run in "O0:--opt O0:1e-4" "O0 RMSNorm:--opt O0 --norm rms:1e-4" "O2 fp16:--opt O2 --half fp16:2e-3" "O3 bf16:--opt O3 --half bf16:2e-2"; do
     name=${run%%:*} rest=${run#*:} args=${rest%%:*} tol=${rest##*:}
     # shellcheck disable=SC2086
-    "$exe" --device cpu $args "${common[@]}" --losses "$tmp/cpu.loss" >"$tmp/cpu.txt" 2>&1 || { cat "$tmp/cpu.txt"; fail=1; continue; }
+    "$exe" --device cpu $args "${common[@]}" --losses "$tmp/cpu.loss" --norms "$tmp/cpu.norm" >"$tmp/cpu.txt" 2>&1 || { cat "$tmp/cpu.txt"; fail=1; continue; }
     # shellcheck disable=SC2086
-    gpu $args "${common[@]}" --losses "$tmp/gpu.loss" >"$tmp/gpu.txt" 2>&1 || { echo "gpt-emu: GPU run failed:"; cat "$tmp/gpu.txt"; fail=1; continue; }
+    gpu $args "${common[@]}" --losses "$tmp/gpu.loss" --norms "$tmp/gpu.norm" >"$tmp/gpu.txt" 2>&1 || { echo "gpt-emu: GPU run failed:"; cat "$tmp/gpu.txt"; fail=1; continue; }
     grep -q "on GPU capex CPU emulator" "$tmp/gpu.txt" || { echo "gpt-emu: did not run on the emulated GPU"; cat "$tmp/gpu.txt"; fail=1; }
+    for f in loss norm txt; do cp "$tmp/gpu.$f" "$tmp/gpu_${args//[^A-Za-z0-9]/_}.$f"; done
     if m=$(steps_close "$tmp/cpu.loss" "$tmp/gpu.loss" "$tol"); then echo "gpt-emu: $name: 20 step losses within $tol of the CPU's (largest difference $m)"
     else echo "gpt-emu: $name: step losses differ from the CPU's by up to $m (tolerance $tol)"; paste "$tmp/cpu.loss" "$tmp/gpu.loss"; fail=1; fi
+    if m=$(steps_close "$tmp/cpu.norm" "$tmp/gpu.norm" "$tol"); then echo "gpt-emu: $name: 20 gradient norms within $tol of the CPU's (largest difference $m)"
+    else echo "gpt-emu: $name: gradient norms differ from the CPU's by up to $m (tolerance $tol)"; paste "$tmp/cpu.norm" "$tmp/gpu.norm"; fail=1; fi
     c=$(field "$tmp/cpu.txt" val) g=$(field "$tmp/gpu.txt" val)
     if close "$c" "$g" "$tol"; then echo "gpt-emu: $name: val loss GPU $g, CPU $c: ok"
     else echo "gpt-emu: $name: val loss GPU '$g' vs CPU '$c' (tolerance $tol)"; fail=1; fi
@@ -82,4 +107,46 @@ CAPEX_LIBCUDA_PATH=/nonexistent/libcuda.so.1 "$exe" --device gpu --opt O0 "${com
 rc=$?
 if [ $rc -eq 1 ] && grep -q "/nonexistent/libcuda.so.1" "$tmp/gpu_nodrv.txt"; then echo "gpt-emu: no driver, --device gpu: exit 1 naming the driver tried"
 else echo "gpt-emu: no driver, --device gpu: exit $rc"; cat "$tmp/gpu_nodrv.txt"; fail=1; fi
+# one rank through DDP over NCCL equals the plain GPU run
+gpu --nccl --opt O2 --half fp16 "${common[@]}" --bucket-kb 16 --losses "$tmp/n1.loss" >"$tmp/n1.txt" 2>&1 || { cat "$tmp/n1.txt"; fail=1; }
+a=$(field "$tmp/gpu___opt_O2___half_fp16.txt" crc32) b=$(field "$tmp/n1.txt" crc32)
+l=$(awk '/^ddp:/ { print $2, $7 }' "$tmp/n1.txt")
+if [ -n "$a" ] && [ "$a" = "$b" ] && cmp -s "$tmp/gpu___opt_O2___half_fp16.loss" "$tmp/n1.loss" && [ "${l% *}" -gt 1 ] && [ "${l% *}" = "${l#* }" ]; then
+    echo "gpt-emu: 1 rank over NCCL (O2 fp16, ${l% *} bucket all-reduces, all started in backward) bit-identical to the plain GPU run (crc32 $a)"
+else echo "gpt-emu: 1 rank over NCCL: crc32 '$b' vs plain '$a', bucket all-reduces '$l'"; cat "$tmp/n1.txt"; fail=1; fi
+
+# 2 ranks (processes; the id over the TCP rendezvous at a free port pair)
+port=0
+for try in 1 2 3 4 5 6 7 8; do
+    p=$((20000 + (RANDOM * 7 + $$ + try * 101) % 40000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && ! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 1))") 2>/dev/null; then port=$p; break; fi
+done
+two() { # output prefix, args...: both ranks; rank 0's output in $1.0, rank 1's in $1.1
+    local out=$1 r pids=() rc=0
+    shift
+    for r in 0 1; do
+        CAPEX_LIBCUDA_PATH=$emu CAPEX_CACHE_DIR=$cache CAPEX_NCCL_PATH=$nccl FAKE_NCCL_TIMEOUT=30 WORLD_SIZE=2 RANK=$r \
+            MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$exe" --device gpu "$@" >"$out.$r" 2>&1 &
+        pids+=($!)
+    done
+    for r in 0 1; do wait "${pids[$r]}" || rc=1; done
+    port=$((port + 2))
+    return $rc
+}
+two "$tmp/d2" --opt O0 "${common[@]}" --batch 2 --bucket-kb 16 --losses "$tmp/d2.loss" --norms "$tmp/d2.norm" --save "$tmp/d2.ck" --save-at 10 ||
+    { echo "gpt-emu: 2 GPU ranks failed:"; cat "$tmp/d2.0" "$tmp/d2.1"; fail=1; }
+if grep -q "replicas: 2 ranks, weights bit-identical" "$tmp/d2.0"; then echo "gpt-emu: 2 GPU ranks over NCCL: replicas bit-identical (crc32 $(field "$tmp/d2.0" crc32))"
+else echo "gpt-emu: 2 GPU ranks: replicas not identical"; cat "$tmp/d2.0" "$tmp/d2.1"; fail=1; fi
+if m=$(steps_close "$tmp/gpu___opt_O0.loss" "$tmp/d2.loss" 1e-5); then echo "gpt-emu: 2 ranks x batch 2 vs 1 rank x batch 4 (O0): 20 step losses within 1e-5 (largest difference $m)"
+else echo "gpt-emu: 2 ranks x batch 2 vs 1 rank x batch 4: step losses differ by up to $m (tolerance 1e-5)"; paste "$tmp/gpu___opt_O0.loss" "$tmp/d2.loss"; fail=1; fi
+if m=$(steps_close "$tmp/gpu___opt_O0.norm" "$tmp/d2.norm" 1e-5); then echo "gpt-emu: 2 ranks x batch 2 vs 1 rank x batch 4 (O0): 20 gradient norms (of the averaged grads) within 1e-5 (largest difference $m)"
+else echo "gpt-emu: 2 ranks x batch 2 vs 1 rank x batch 4: gradient norms differ by up to $m (tolerance 1e-5)"; paste "$tmp/gpu___opt_O0.norm" "$tmp/d2.norm"; fail=1; fi
+c=$(field "$tmp/gpu___opt_O0.txt" val) g=$(field "$tmp/d2.0" val)
+if close "$c" "$g" 1e-5; then echo "gpt-emu: 2 ranks: val loss $g, 1 rank $c: ok"
+else echo "gpt-emu: 2 ranks: val loss '$g' vs 1 rank '$c' (tolerance 1e-5)"; fail=1; fi
+two "$tmp/r2" --opt O0 "${common[@]}" --batch 2 --bucket-kb 16 --resume "$tmp/d2.ck" ||
+    { echo "gpt-emu: 2 GPU ranks resuming failed:"; cat "$tmp/r2.0" "$tmp/r2.1"; fail=1; }
+a=$(field "$tmp/d2.0" crc32) b=$(field "$tmp/r2.0" crc32)
+if [ -n "$a" ] && [ "$a" = "$b" ] && grep -q "weights bit-identical" "$tmp/r2.0"; then echo "gpt-emu: 2 ranks resumed from rank 0's checkpoint: bit-identical (crc32 $a)"
+else echo "gpt-emu: 2 ranks resumed: crc32 '$b', uninterrupted '$a'"; cat "$tmp/r2.0"; fail=1; fi
 exit $fail

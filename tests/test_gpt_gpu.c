@@ -92,7 +92,7 @@ static void compare(ct_state *ct, capex_cuda_context *ctx, capex_dtype act, int 
     CT_CHECK(gpu_forward(&g, dw, dscal + 4, 0) == CAPEX_OK, "GPU forward: %s", capex_last_error());
     capex_cuda_memcpy_dtoh(ctx, pg, g.buf[G_PROBS], (size_t)BT * VOCAB * 4, stream); /* backward overwrites them */
     capex_cuda_memcpy_dtoh(ctx, &loss_g, dscal + 4, 4, stream);
-    CT_CHECK(gpu_backward(&g, dw, dscal, dg) == CAPEX_OK, "GPU backward: %s", capex_last_error());
+    CT_CHECK(gpu_backward(&g, dw, dscal, dg, NULL) == CAPEX_OK, "GPU backward: %s", capex_last_error());
     capex_cuda_memcpy_dtoh(ctx, gg, dg, (size_t)n * 4, stream);
     CT_CHECK(capex_cuda_stream_synchronize(ctx, stream) == CAPEX_OK, "%s", capex_last_error());
     if (ct->failed) goto done;
