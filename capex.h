@@ -11891,11 +11891,30 @@ static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *
     *sg = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
     *sgx = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
 }
+/* dx of one LayerNorm row. stream: non-temporal 16-byte stores (SSE, part of
+   x86-64) for an f32 dx too large to stay cached: a plain store first reads
+   the line it writes (write-allocate), a third more memory traffic in a
+   pass that reads x and dy and writes dx. Values are computed as in the plain
+   loop (into t[], then copied), so the bits do not depend on the path. */
 static void capex__nm_bwd_dx(const float *CAPEX__OPT_RESTRICT x, const float *CAPEX__OPT_RESTRICT dy,
                              const float *CAPEX__OPT_RESTRICT wf, float *CAPEX__OPT_RESTRICT dx, float mean, float rstd,
-                             float mg, float mgx, int64_t n) {
-    int64_t i;
-    for (i = 0; i < n; i++) dx[i] = capex__nm_ln_dx(dy[i] * wf[i], (x[i] - mean) * rstd, mg, mgx, rstd);
+                             float mg, float mgx, int64_t n, int stream) {
+    int64_t i = 0;
+#ifdef CAPEX__F16C
+    if (stream) {
+        float t[64];
+        int j;
+        for (; i < n && ((uintptr_t)(dx + i) & 15) != 0; i++) /* up to the first 16-byte boundary */
+            dx[i] = capex__nm_ln_dx(dy[i] * wf[i], (x[i] - mean) * rstd, mg, mgx, rstd);
+        for (; i + 64 <= n; i += 64) {
+            for (j = 0; j < 64; j++) t[j] = capex__nm_ln_dx(dy[i + j] * wf[i + j], (x[i + j] - mean) * rstd, mg, mgx, rstd);
+            for (j = 0; j < 64; j += 4) _mm_stream_ps(dx + i + j, _mm_loadu_ps(t + j));
+        }
+    }
+#else
+    (void)stream;
+#endif
+    for (; i < n; i++) dx[i] = capex__nm_ln_dx(dy[i] * wf[i], (x[i] - mean) * rstd, mg, mgx, rstd);
 }
 
 static int capex__nm_dtype_ok(capex_dtype t) { return t == CAPEX_F32 || t == CAPEX_F16 || t == CAPEX_BF16; }
@@ -11932,7 +11951,13 @@ typedef struct capex__nm_ctx {
     const float *wf, *bf;   /* params as f32 (1 / 0 when absent) */
     float *pw, *pb;         /* backward: per-block partial dweight / dbias, or NULL */
     int64_t brows;          /* backward: rows per block */
+    int stream_dx;          /* backward: f32 dx of >= CAPEX__NM_STREAM_BYTES, non-temporal stores */
 } capex__nm_ctx;
+/* dx at least this large is written with non-temporal stores: a quarter of a
+   typical server L3 and far past any L2; LayerNorm backward reads twice as
+   many bytes of x and dy as it writes, so a dx this size would mostly be
+   evicted before the next layer reads it anyway. */
+#define CAPEX__NM_STREAM_BYTES ((int64_t)8 << 20)
 
 static capex_result capex__nm_check(const char *fn, const capex_norm_desc *d, const capex_norm_args *a, int rms,
                                     int bwd) {
@@ -12018,7 +12043,7 @@ static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *sc
             if (pw && pb && a->dx && !c->rms) { /* LayerNorm with all outputs: two passes */
                 float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 4 * n);
                 capex__nm_bwd_pass(x, dy, wf, pw, pb, mean, rstd, n, &mg, &mgx);
-                capex__nm_bwd_dx(x, dy, wf, dx, mean, rstd, mg / (float)n, mgx / (float)n, n);
+                capex__nm_bwd_dx(x, dy, wf, dx, mean, rstd, mg / (float)n, mgx / (float)n, n, c->stream_dx);
                 capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
                 continue;
             }
@@ -12035,6 +12060,9 @@ static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *sc
             }
         }
     }
+#ifdef CAPEX__F16C
+    if (c->stream_dx) _mm_sfence(); /* non-temporal stores are weakly ordered: done before the join */
+#endif
 }
 
 /* Sums per-block partials [nblk][n] in block order in float64 into out (dtype t). */
@@ -12064,6 +12092,7 @@ static capex_result capex__nm_norm(const char *fn, const capex_norm_desc *d, con
     c.a = a; c.eps = d->eps; c.rms = rms;
     if (bwd) {
         /* fixed blocks (from rows alone): the same partials for any thread count */
+        c.stream_dx = a->dx && a->x_dtype == CAPEX_F32 && a->rows * n >= CAPEX__NM_STREAM_BYTES / 4;
         c.brows = (a->rows + 63) / 64;
         if (c.brows < 16) c.brows = 16;
         nblk = (a->rows + c.brows - 1) / c.brows;

@@ -477,6 +477,43 @@ CT_TEST(bits_independent_of_thread_count) {
              (unsigned long long)h2, (unsigned long long)h3, (unsigned long long)h0);
 }
 
+/* An f32 dx of 8 MiB or more is written with non-temporal stores (x86-64);
+   the same rows in calls under that size use plain stores. Odd width: rows
+   start off 16-byte alignment, so the head loop runs too. Threads 1 and 2.
+   dx must be the same bits either way. */
+CT_TEST(layer_norm_backward_large_dx_same_bits_as_small_calls) {
+    const int64_t R = 2100, C = 1003, N = R * C, part = 525; /* N * 4 >= 8 MiB; part * C * 4 < 8 MiB */
+    float *x = (float *)malloc((size_t)N * 4), *y = (float *)malloc((size_t)N * 4), *dy = (float *)malloc((size_t)N * 4);
+    float *dx = (float *)malloc((size_t)N * 4), *dx2 = (float *)malloc((size_t)N * 4);
+    float w[1003], b[1003], dw[1003], db[1003], *mean = (float *)malloc(R * 4), *rstd = (float *)malloc(R * 4);
+    capex_norm_desc nd;
+    capex_norm_args a;
+    int64_t i, r0;
+    int nt;
+    CT_CHECK(x && y && dy && dx && dx2 && mean && rstd, "out of memory");
+    for (i = 0; i < N; i++) { x[i] = (float)(rng_sym() * 2 + 0.5); dy[i] = (float)rng_sym(); }
+    for (i = 0; i < C; i++) { w[i] = (float)(1 + 0.5 * rng_sym()); b[i] = (float)rng_sym(); }
+    for (nt = 1; nt <= 2; nt++) {
+        capex_norm_desc_init(&nd);
+        nd.num_threads = nt;
+        capex_norm_args_init(&a);
+        a.rows = R; a.cols = C; a.x = x; a.y = y; a.weight = w; a.bias = b; a.mean = mean; a.rstd = rstd;
+        a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = db;
+        CT_CHECK(capex_layer_norm_forward(&nd, &a) == CAPEX_OK, "%s", capex_last_error());
+        memset(dx, 0xff, (size_t)N * 4);
+        CT_CHECK(capex_layer_norm_backward(&nd, &a) == CAPEX_OK, "%s", capex_last_error());
+        for (r0 = 0; r0 < R; r0 += part) {
+            a.rows = part; a.x = x + r0 * C; a.y = y + r0 * C; a.mean = mean + r0; a.rstd = rstd + r0;
+            a.dy = dy + r0 * C; a.dx = dx2 + r0 * C;
+            CT_CHECK(capex_layer_norm_backward(&nd, &a) == CAPEX_OK, "%s", capex_last_error());
+        }
+        for (i = 0; i < N && memcmp(dx + i, dx2 + i, 4) == 0; i++) {}
+        CT_CHECK(i == N, "threads %d: dx[%lld] %.9g (one call) != %.9g (calls under 8 MiB)", nt, (long long)i,
+                 (double)dx[i < N ? i : 0], (double)dx2[i < N ? i : 0]);
+    }
+    free(x); free(y); free(dy); free(dx); free(dx2); free(mean); free(rstd);
+}
+
 CT_TEST(layer_norm_errors_are_clear_and_write_nothing) {
     float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8], w[4] = {1, 1, 1, 1}, rstd[2], mean[2];
     char mis[20];
@@ -1084,7 +1121,7 @@ static const ct_case cases[] = {
     CT_CASE(finite_differences),
     CT_CASE(pytorch_semantics_small),
     CT_CASE(matches_pytorch_golden_vectors),
-    CT_CASE(bits_independent_of_thread_count),
+    CT_CASE(bits_independent_of_thread_count), CT_CASE(layer_norm_backward_large_dx_same_bits_as_small_calls),
     CT_CASE(layer_norm_errors_are_clear_and_write_nothing),
     CT_CASE(batch_norm_layouts_dtypes_eval),
     CT_CASE(batch_norm_finite_differences),
