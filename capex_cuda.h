@@ -592,6 +592,77 @@ CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_u
 CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stream user_stream);
 /* 1 when c is an NCCL communicator. */
 CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
+
+/* ---- ZeRO on the GPU: sharded optimizer state over NCCL ---------------------
+   capex.h's capex_zero (stage 1 and 2: same buckets, shards, padding,
+   reduce-scatter, all-gather and checkpoint format) with device params and a
+   capex_cuda_optim over this rank's pieces (fp32 master shards of half
+   params in device memory). Every per-step value stays on the device: the
+   global norm, found_inf (agreed by all ranks through the allreduced sum of
+   squares) and the clip factor are written by a one-thread kernel that the
+   optimizer step reads, so no value crosses to the host (the NCCL comm's
+   blocking entries do wait for their collective, with its deadline).
+
+       capex_cuda_zero *zg;   // params[i].data: DEVICE pointers; comm: capex_comm_init_nccl
+       capex_cuda_zero_create(&zg, &comm, zp, N, &od, NULL, 1, &zd);
+       capex_zero *z = capex_cuda_zero_base(zg);   // grad, grad_ready, finalize, zero_grad, save, load
+       for (;;) {  // forward scaled by *capex_cuda_scaler_scale_ptr(sc), on the comm's user stream
+           // backward: grads into capex_zero_grad(z, i), capex_zero_grad_ready(z, i); then
+           capex_zero_finalize(z);
+           capex_cuda_zero_grad_norm(zg, capex_cuda_scaler_inv_scale_ptr(sc), max_norm,
+                                     capex_cuda_scaler_found_inf_ptr(sc), 0, capex_cuda_zero_clip_coef_ptr(zg));
+           capex_cuda_zero_step(zg, capex_cuda_scaler_inv_scale_ptr(sc), capex_cuda_zero_clip_coef_ptr(zg),
+                                capex_cuda_scaler_found_inf_ptr(sc));   // skipped on the device on inf
+           capex_cuda_scaler_update(sc, user_stream);
+           capex_zero_zero_grad(z);
+       }
+
+   Kernels run on the comm's user stream (capex_nccl_desc.user_stream).
+   Adam/AdamW (amsgrad too), SGD and Adagrad: the update is elementwise, so
+   weights are bit-identical to DDP + capex_cuda_optim given the same reduced
+   gradients and clip factor (tested on the CPU emulator with the stand-in
+   NCCL). Not yet: LAMB and NovoGrad (their per-tensor sums across ranks in
+   the device step), bf16 stochastic rounding, stage 2 accumulation of
+   f16/bf16 grads over several finalize calls (create or finalize refuse
+   them with a message). Checkpoints: capex_zero_save/load on the base (the
+   unsharded capex_optim format: they load on the CPU, into plain optimizers
+   and into any world size); they copy through the host and wait. Thread
+   safety: one thread at a time per zero. */
+typedef struct capex_cuda_zero capex_cuda_zero;
+/* As capex_zero_create, for a comm on device buffers (NCCL) and device
+   params. Collective. */
+CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm *comm, const capex_zero_param *params,
+                                              size_t num_params, const capex_optim_desc *od,
+                                              const capex_optim_hparams *hparams, size_t num_groups,
+                                              const capex_zero_desc *d);
+CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *z); /* NULL is fine */
+/* The capex_zero inside: capex_zero_grad, _grad_ready, _finalize,
+   _zero_grad, _set_sync, _wait_param(s), _save, _load, _memory_info. Its
+   grad_norm and step refuse: use the two below. */
+CAPEX_API capex_zero *capex_cuda_zero_base(capex_cuda_zero *z);
+/* The device optimizer over this rank's pieces (set_lr, schedules, get_step). */
+CAPEX_API capex_cuda_optim *capex_cuda_zero_optim(capex_cuda_zero *z);
+/* A device float owned by z, for grad_norm's clip factor (1.0 at create). */
+CAPEX_API capex_cuda_ptr capex_cuda_zero_clip_coef_ptr(const capex_cuda_zero *z);
+/* After finalize: the shards' sums of squares (f64, fixed order), one NCCL
+   allreduce of that double, then one thread writes: *found_inf = 1 when the
+   sum is not finite (uint32; never cleared here: the scaler's flag),
+   *total_norm = float(sqrt(sum)) of the grads as they are (scaled), and
+   *clip_coef = capex_clip_coef(total * *inv_scale, max_norm) (1 on inf;
+   max_norm inf: 1). Device addresses; inv_scale 0 means 1, the others 0
+   mean "not written". Collective. */
+CAPEX_API capex_result capex_cuda_zero_grad_norm(capex_cuda_zero *z, capex_cuda_ptr inv_scale, float max_norm,
+                                                 capex_cuda_ptr found_inf, capex_cuda_ptr total_norm,
+                                                 capex_cuda_ptr clip_coef);
+/* The shard step (capex_cuda_optim_step with these device pointers: skipped
+   on the device when *found_inf != 0) and the all-gather of the parameters
+   into every params[i].data (also after a skipped step: the host does not
+   know). _async leaves the copies out to capex_zero_wait_param(s) on the
+   base. Collective. */
+CAPEX_API capex_result capex_cuda_zero_step(capex_cuda_zero *z, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                            capex_cuda_ptr found_inf);
+CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *z, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                                  capex_cuda_ptr found_inf);
 #endif /* CAPEX_NO_DIST */
 
 /* ==== GPU LayerNorm/RMSNorm/SyncBatchNorm: declarations ==== */
@@ -2037,6 +2108,14 @@ CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_mat
                 P(float) coef;         /* the clip factor out (0: none) */                      \
                 float max_norm;                                                                 \
             } clip;                                                                             \
+            struct { /* capex_go_zero_norm */                                                   \
+                P(const double) sumsq;    /* over every rank's shard */                         \
+                P(const float) inv_scale; /* 0: 1 */                                            \
+                P(unsigned) found_inf;    /* set to 1 when sumsq is not finite (0: none) */     \
+                P(float) total;           /* float(sqrt(sumsq)) out (0: none) */                \
+                P(float) coef;            /* the clip factor out (0: none) */                   \
+                float max_norm;                                                                 \
+            } znorm;                                                                            \
             struct { /* capex_go_prepare: the step's constants */                               \
                 P(S(group)) groups;                                                             \
                 P(const unsigned) found_inf; /* 0: none */                                      \
@@ -2600,6 +2679,26 @@ static const char capex__cuda_frag_go8b[] =
     "    if (fi) c->skipped_steps++;\n"
     "    c->inv_scale = (float)(1.0 / (double)c->scale);\n"
     "    c->found_inf = 0u;\n"
+    "}\n\n"
+    "/* ZeRO's global gradient norm (op.znorm), one thread: sumsq is the sum of\n"
+    "   squares of the scaled grads over every rank's shard (allreduced).\n"
+    "   Non-finite: found_inf = 1 and coef 1; else total = float(sqrt(sumsq)) and\n"
+    "   coef = capex_clip_coef(total * inv_scale, max_norm) (capex.h's rule). */\n"
+    "CAPEX_GK void capex_go_zero_norm(capex_go_args a) {\n"
+    "    double sq = *a.op.znorm.sumsq;\n"
+    "    float inv = a.op.znorm.inv_scale ? *a.op.znorm.inv_scale : 1.0f;\n"
+    "    float total = (float)sqrt(sq), coef = 1.0f;\n"
+    "    if (!(sq - sq == 0.0)) {\n"
+    "        if (a.op.znorm.found_inf) *a.op.znorm.found_inf = 1u;\n"
+    "    } else {\n"
+    "        float t = total * inv;\n"
+    "        if (t - t == 0.0f) {\n"
+    "            coef = a.op.znorm.max_norm / (t + 1e-6f);\n"
+    "            if (!(coef < 1.0f)) coef = 1.0f;\n"
+    "        }\n"
+    "    }\n"
+    "    if (a.op.znorm.total) *a.op.znorm.total = total;\n"
+    "    if (a.op.znorm.coef) *a.op.znorm.coef = coef;\n"
     "}\n";
 static const char capex__cuda_frag_go10[] =
     "/* NovoGrad pass 1: lists g, tensor index. Per-chunk sum of (g*gs)^2 in\n"
@@ -3358,7 +3457,9 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
     X(GO_ADAM_AMS_BF16, "capex_go_adam_ams_bf16", ADAM_AMS) \
     X(GO_ADAGRAD_F32, "capex_go_adagrad_f32", ADAGRAD) \
     X(GO_ADAGRAD_F16, "capex_go_adagrad_f16", ADAGRAD) \
-    X(GO_ADAGRAD_BF16, "capex_go_adagrad_bf16", ADAGRAD)
+    X(GO_ADAGRAD_BF16, "capex_go_adagrad_bf16", ADAGRAD) \
+    /* ZeRO (capex_cuda_zero) */ \
+    X(GO_ZERO_NORM, "capex_go_zero_norm", AMP)
 
 enum {
 #define CAPEX__CK_ID(id, name, part) CAPEX__CK_##id,
@@ -4547,6 +4648,7 @@ enum {
     CAPEX__GO_K_NOVO_NORM = CAPEX__GO_K(GO_NOVO_NORM),
     CAPEX__GO_NK = CAPEX__GO_K(NORM_FWD), /* the first family ends where the norm kernels start */
     CAPEX__GO_K_ADAM_AMS = CAPEX__GO_K(GO_ADAM_AMS_F32), CAPEX__GO_K_ADAGRAD = CAPEX__GO_K(GO_ADAGRAD_F32), /* + grad dtype */
+    CAPEX__GO_K_ZERO_NORM = CAPEX__GO_K(GO_ZERO_NORM),
     CAPEX__GO_NK_ALL = CAPEX__CK_COUNT - CAPEX__GO_KBASE
 };
 /* the dtype-indexed families are consecutive f32, f16, bf16 in the list */
@@ -6671,6 +6773,183 @@ CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stre
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_nccl_set_user_stream: not an NCCL communicator");
     capex__nccl_of(c)->user = user_stream;
     return CAPEX_OK;
+}
+
+/* ---- ZeRO on the GPU ---------------------------------------------------------
+   capex.h's capex_zero in device mode (capex__zero_create with hooks): it
+   plans, reduce-scatters, all-gathers and checkpoints; the hooks below give it
+   a capex_cuda_optim over the pieces and the device ops it lacks. */
+struct capex_cuda_zero {
+    capex_zero *z;
+    capex_comm *comm;
+    capex_cuda_context *ctx;
+    capex_cuda_optim *opt;
+    capex_tensor *shards;    /* per bucket with elements: this rank's reduced shard, by dtype */
+    capex_tensor_list lists[3];
+    size_t nlists;
+    int64_t chunks;          /* of the shards, at the default chunk size */
+    capex_cuda_ptr ws;       /* per-chunk partials, then the total (double) */
+    size_t ws_bytes;
+    capex_cuda_ptr coef;     /* float, capex_cuda_zero_clip_coef_ptr */
+    capex_cuda_ptr inv_scale, clip_coef, found_inf; /* the step's, for the step hook */
+};
+
+CAPEX__PRIVATE capex_cuda_stream capex__czero_stream(const capex_cuda_zero *zg) { return capex__nccl_of(zg->comm)->user; }
+
+CAPEX__PRIVATE capex_result capex__czero_add_group(void *user, const capex_optim_hparams *hp, const capex_optim_param *pp,
+                                                  size_t n) {
+    return capex_cuda_optim_add_group(((capex_cuda_zero *)user)->opt, hp, pp, n, NULL);
+}
+CAPEX__PRIVATE capex_result capex__czero_step(void *user) {
+    capex_cuda_zero *zg = (capex_cuda_zero *)user;
+    return capex_cuda_optim_step(zg->opt, zg->inv_scale, zg->clip_coef, zg->found_inf, capex__czero_stream(zg));
+}
+/* Stage 2, a second finalize before zero_grad: gshard += this reduce. */
+CAPEX__PRIVATE capex_result capex__czero_add(void *user, void *y, const void *x, size_t n, capex_dtype t) {
+    capex_cuda_zero *zg = (capex_cuda_zero *)user;
+    if (t != CAPEX_F32)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_zero_finalize: stage 2 on the GPU accumulates several backward "
+                           "passes (finalize before zero_grad) only for f32 grads yet; use stage 1 for %s micro-batches",
+                           t == CAPEX_F16 ? "f16" : "bf16");
+    return capex_cuda_add_f32(zg->ctx, (capex_cuda_ptr)(uintptr_t)y, (capex_cuda_ptr)(uintptr_t)y,
+                              (capex_cuda_ptr)(uintptr_t)x, n, capex__czero_stream(zg));
+}
+CAPEX__PRIVATE capex_result capex__czero_to_host(void *user, unsigned flags, capex_optim **host) {
+    capex_cuda_zero *zg = (capex_cuda_zero *)user;
+    return capex_cuda_optim_to_host(zg->opt, flags, capex__czero_stream(zg), host);
+}
+CAPEX__PRIVATE capex_result capex__czero_from_host(void *user, const capex_optim *host) {
+    capex_cuda_zero *zg = (capex_cuda_zero *)user;
+    return capex_cuda_optim_from_host(zg->opt, host, 0, capex__czero_stream(zg));
+}
+
+CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *zg) {
+    if (!zg) return;
+    capex_zero_destroy(zg->z); /* waits for its collectives */
+    capex_cuda_optim_destroy(zg->opt);
+    if (zg->ctx) {
+        if (zg->ws) capex_cuda_free(zg->ctx, zg->ws);
+        if (zg->coef) capex_cuda_free(zg->ctx, zg->coef);
+    }
+    capex__free(NULL, zg->shards);
+    capex__free(NULL, zg);
+}
+
+CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm *comm, const capex_zero_param *params,
+                                              size_t np, const capex_optim_desc *od, const capex_optim_hparams *hp,
+                                              size_t ngroups, const capex_zero_desc *d) {
+    static const char *fn = "capex_cuda_zero_create";
+    capex_cuda_zero *zg;
+    capex__zero_dev dev;
+    capex_result r;
+    size_t k, t, n;
+    float one = 1.0f;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((r = capex__comm_check(comm, fn)) != CAPEX_OK) return r;
+    if (!capex_comm_is_nccl(comm) || !comm->impl)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the comm is %s on host buffers; device params need an NCCL comm "
+                           "(capex_comm_init_nccl), host params capex_zero_create", fn, comm->vt->name);
+    if (!od) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: od is NULL; make one with capex_optim_desc_init", fn);
+    zg = (capex_cuda_zero *)capex__alloc(NULL, sizeof *zg);
+    if (!zg) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    memset(zg, 0, sizeof *zg);
+    zg->comm = comm;
+    zg->ctx = capex__nccl_of(comm)->ctx;
+    if ((r = capex_cuda_optim_create(zg->ctx, od, &zg->opt)) != CAPEX_OK) { capex__free(NULL, zg); return r; }
+    memset(&dev, 0, sizeof dev);
+    dev.user = zg;
+    dev.add_group = capex__czero_add_group;
+    dev.step = capex__czero_step;
+    dev.add = capex__czero_add;
+    dev.to_host = capex__czero_to_host;
+    dev.from_host = capex__czero_from_host;
+    if ((r = capex__zero_create(&zg->z, comm, params, np, od, hp, ngroups, d, &dev, fn)) != CAPEX_OK) {
+        capex_cuda_zero_destroy(zg);
+        return r;
+    }
+    /* this rank's reduced shards (stable for the zero's life), one list per dtype */
+    zg->shards = (capex_tensor *)capex__alloc(NULL, sizeof(capex_tensor) * (zg->z->nb + 1));
+    if (!zg->shards) { capex_cuda_zero_destroy(zg); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn); }
+    for (t = 0, n = 0; t < 3; t++) {
+        size_t first = n;
+        for (k = 0; k < zg->z->nb; k++) {
+            const capex__zbucket *bk = &zg->z->b[k];
+            if ((size_t)bk->dtype != t || !bk->shard) continue;
+            zg->shards[n].data = zg->z->d.stage == 1
+                                     ? (char *)bk->grad + (size_t)comm->rank * bk->shard * capex_dtype_size(bk->dtype)
+                                     : bk->gshard;
+            zg->shards[n++].numel = (int64_t)bk->shard;
+        }
+        if (n > first) zg->lists[zg->nlists++] = capex_tensor_list_make((capex_dtype)t, zg->shards + first, n - first);
+    }
+    r = capex__go_ws_size(fn, NULL, zg->lists, zg->nlists, &zg->chunks, &zg->ws_bytes);
+    if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, zg->ws_bytes, &zg->ws);
+    if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, sizeof(float), &zg->coef);
+    if (r == CAPEX_OK) r = capex_cuda_memcpy_htod(zg->ctx, zg->coef, &one, sizeof one, NULL);
+    if (r != CAPEX_OK) { capex_cuda_zero_destroy(zg); return r; }
+    *out = zg;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_zero *capex_cuda_zero_base(capex_cuda_zero *zg) { return zg ? zg->z : NULL; }
+CAPEX_API capex_cuda_optim *capex_cuda_zero_optim(capex_cuda_zero *zg) { return zg ? zg->opt : NULL; }
+CAPEX_API capex_cuda_ptr capex_cuda_zero_clip_coef_ptr(const capex_cuda_zero *zg) { return zg ? zg->coef : 0; }
+
+CAPEX_API capex_result capex_cuda_zero_grad_norm(capex_cuda_zero *zg, capex_cuda_ptr inv_scale, float max_norm,
+                                                 capex_cuda_ptr found_inf, capex_cuda_ptr total_norm,
+                                                 capex_cuda_ptr clip_coef) {
+    static const char *fn = "capex_cuda_zero_grad_norm";
+    capex__go_exec ex;
+    capex__go_args a;
+    capex_cuda_ptr sum;
+    capex_cuda_stream s;
+    capex_result r;
+    if (!zg) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: zero is NULL", fn);
+    if ((r = capex__zero_check(zg->z, fn)) != CAPEX_OK) return r;
+    if (max_norm != max_norm || max_norm < 0.0f)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: max_norm is %g; it must be >= 0 (inf: no clipping)", fn,
+                           (double)max_norm);
+    if ((inv_scale & 3u) || (found_inf & 3u) || (total_norm & 3u) || (clip_coef & 3u))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: inv_scale, found_inf, total_norm and clip_coef must be 4-byte "
+                           "aligned device addresses (or 0)", fn);
+    if ((r = capex__go_dev_exec(zg->ctx, fn, &ex)) != CAPEX_OK) return r;
+    s = capex__czero_stream(zg);
+    sum = zg->ws + 8u * (uint64_t)zg->chunks;
+    if ((r = capex__go_sumsq_lists(&ex, NULL, zg->lists, zg->nlists, zg->ws, zg->chunks, s)) != CAPEX_OK) return r;
+    /* the shards' sums to every rank: after the kernels (the comm waits for its user stream) */
+    if (zg->comm->world_size > 1 &&
+        (r = capex_comm_allreduce(zg->comm, (void *)(uintptr_t)sum, (void *)(uintptr_t)sum, 1, CAPEX_F64,
+                                  CAPEX_REDUCE_SUM)) != CAPEX_OK) {
+        zg->z->failed = 1;
+        return r;
+    }
+    memset(&a, 0, sizeof a);
+    a.op.znorm.sumsq = sum;
+    a.op.znorm.inv_scale = inv_scale;
+    a.op.znorm.found_inf = found_inf;
+    a.op.znorm.total = total_norm;
+    a.op.znorm.coef = clip_coef;
+    a.op.znorm.max_norm = max_norm;
+    return capex__go_small(&ex, CAPEX__GO_K_ZERO_NORM, 1, 1, &a, s);
+}
+
+CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *zg, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                                  capex_cuda_ptr found_inf) {
+    static const char *fn = "capex_cuda_zero_step_async";
+    capex_result r;
+    if (!zg) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: zero is NULL", fn);
+    if ((r = capex__zero_check(zg->z, fn)) != CAPEX_OK) return r;
+    zg->inv_scale = inv_scale;
+    zg->clip_coef = clip_coef;
+    zg->found_inf = found_inf;
+    return capex__zero_step_start(zg->z, 1.0f, 1.0f, 0);
+}
+
+CAPEX_API capex_result capex_cuda_zero_step(capex_cuda_zero *zg, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                            capex_cuda_ptr found_inf) {
+    capex_result r = capex_cuda_zero_step_async(zg, inv_scale, clip_coef, found_inf);
+    return r != CAPEX_OK ? r : capex_zero_wait_params(zg->z);
 }
 #endif /* CAPEX_NO_DIST */
 
