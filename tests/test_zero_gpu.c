@@ -75,6 +75,7 @@ typedef struct cfg {
     float max_norm;  /* inf: no clipping */
     int inf_step;    /* -1: none */
     int steps;
+    int micro;       /* backward passes per step (stage 2, f32: accumulated in the shard) */
 } cfg;
 
 static capex_dtype dt_of(const cfg *c, int i) {
@@ -96,6 +97,16 @@ static float init_at(int p, size_t e) { return (float)((int)((p * 131 + (int)e *
 static void put(void *buf, capex_dtype t, size_t e, float v) {
     if (t == CAPEX_F32) ((float *)buf)[e] = v;
     else ((uint16_t *)buf)[e] = t == CAPEX_F16 ? capex_f32_to_f16(v) : capex_f32_to_bf16(v);
+}
+/* micro-batch m's gradient; a step's is their sum (exact) */
+static float grad_micro(const cfg *c, int step, int m, int p, size_t e) {
+    return m == 0 ? grad_at(c, step, p, e) : grad_at(c, step + 100 * m, p, e);
+}
+static float grad_sum(const cfg *c, int step, int p, size_t e) {
+    float v = 0.0f;
+    int m;
+    for (m = 0; m < (c->micro > 1 ? c->micro : 1); m++) v += grad_micro(c, step, m, p, e);
+    return v;
 }
 static size_t bytes_of(const cfg *c, int i) { return zp_numel[i] * capex_dtype_size(dt_of(c, i)); }
 
@@ -175,15 +186,18 @@ static void gpu_steps(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream u
     size_t e;
     static unsigned char buf[300 * 4];
     for (s = from; s < to; s++) {
+        int m;
         OK(capex_cuda_memcpy_htod(ctx, g->found, &zero, 4, NULL));
-        for (i = NP; i-- > 0;) { /* backward order */
-            void *gp = capex_zero_grad(z, (size_t)i);
-            CT_CHECK(gp != NULL, "grad %d: %s", i, capex_last_error());
-            for (e = 0; e < zp_numel[i]; e++) put(buf, dt_of(c, i), e, grad_at(c, s, i, e));
-            if (zp_numel[i]) OK(capex_cuda_memcpy_htod(ctx, (capex_cuda_ptr)(uintptr_t)gp, buf, bytes_of(c, i), user));
-            OK(capex_zero_grad_ready(z, (size_t)i));
+        for (m = 0; m < (c->micro > 1 ? c->micro : 1); m++) {
+            for (i = NP; i-- > 0;) { /* backward order */
+                void *gp = capex_zero_grad(z, (size_t)i);
+                CT_CHECK(gp != NULL, "grad %d: %s", i, capex_last_error());
+                for (e = 0; e < zp_numel[i]; e++) put(buf, dt_of(c, i), e, grad_micro(c, s, m, i, e));
+                if (zp_numel[i]) OK(capex_cuda_memcpy_htod(ctx, (capex_cuda_ptr)(uintptr_t)gp, buf, bytes_of(c, i), user));
+                OK(capex_zero_grad_ready(z, (size_t)i));
+            }
+            OK(capex_zero_finalize(z));
         }
-        OK(capex_zero_finalize(z));
         OK(capex_cuda_zero_grad_norm(g->zg, g->inv, c->max_norm, g->found, g->total, capex_cuda_zero_clip_coef_ptr(g->zg)));
         OK(capex_cuda_zero_step(g->zg, g->inv, capex_cuda_zero_clip_coef_ptr(g->zg), g->found));
         OK(capex_cuda_stream_synchronize(ctx, user));
@@ -245,13 +259,16 @@ static void host_steps(ct_state *ct, const cfg *c, host_run *hr, int from, int t
     size_t e;
     float norm, inv = 1.0f / SCALE, clip;
     for (s = from; s < to; s++) {
-        for (i = NP; i-- > 0;) {
-            void *gp = capex_zero_grad(hr->z, (size_t)i);
-            CT_CHECK(gp != NULL, "grad %d: %s", i, capex_last_error());
-            for (e = 0; e < zp_numel[i]; e++) put(gp, dt_of(c, i), e, grad_at(c, s, i, e));
-            OK(capex_zero_grad_ready(hr->z, (size_t)i));
+        int m;
+        for (m = 0; m < (c->micro > 1 ? c->micro : 1); m++) {
+            for (i = NP; i-- > 0;) {
+                void *gp = capex_zero_grad(hr->z, (size_t)i);
+                CT_CHECK(gp != NULL, "grad %d: %s", i, capex_last_error());
+                for (e = 0; e < zp_numel[i]; e++) put(gp, dt_of(c, i), e, grad_micro(c, s, m, i, e));
+                OK(capex_zero_grad_ready(hr->z, (size_t)i));
+            }
+            OK(capex_zero_finalize(hr->z));
         }
-        OK(capex_zero_finalize(hr->z));
         OK(capex_zero_grad_norm(hr->z, &fi, &norm));
         clip = fi ? 1.0f : capex_clip_coef(norm * inv, c->max_norm);
         hr->coef[s] = clip;
@@ -314,7 +331,7 @@ static void ref_run(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream use
     for (s = 0; s < c->steps; s++) {
         unsigned fi = s == c->inf_step;
         for (i = 0; i < NP; i++) {
-            for (e = 0; e < zp_numel[i]; e++) put(buf, dt_of(c, i), e, grad_at(c, s, i, e));
+            for (e = 0; e < zp_numel[i]; e++) put(buf, dt_of(c, i), e, grad_sum(c, s, i, e));
             if (zp_numel[i]) OK(capex_cuda_memcpy_htod(ctx, gr[i], buf, bytes_of(c, i), NULL));
         }
         OK(capex_cuda_memcpy_htod(ctx, dcoef, &coef[s], 4, NULL));
@@ -389,12 +406,13 @@ static void equivalence(ct_state *ct, const cfg *c) {
     CLOSE(ctx, comm, user);
 }
 
-CT_TEST(adamw_stage1_f32) { cfg c = {1, CAPEX_OPTIM_ADAM, 0, INFINITY, 2, 4}; equivalence(ct, &c); }
-CT_TEST(adamw_stage2_halves) { cfg c = {2, CAPEX_OPTIM_ADAM, 1, INFINITY, 1, 4}; equivalence(ct, &c); }
-CT_TEST(adamw_stage1_halves_clip) { cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 2, 4}; equivalence(ct, &c); }
-CT_TEST(sgd_stage1_halves) { cfg c = {1, CAPEX_OPTIM_SGD, 1, INFINITY, 2, 4}; equivalence(ct, &c); }
-CT_TEST(sgd_stage2_clip) { cfg c = {2, CAPEX_OPTIM_SGD, 0, 5.0f, -1, 3}; equivalence(ct, &c); }
-CT_TEST(adagrad_stage2) { cfg c = {2, CAPEX_OPTIM_ADAGRAD, 1, INFINITY, -1, 3}; equivalence(ct, &c); }
+CT_TEST(adamw_stage1_f32) { cfg c = {1, CAPEX_OPTIM_ADAM, 0, INFINITY, 2, 4, 1}; equivalence(ct, &c); }
+CT_TEST(adamw_stage2_halves) { cfg c = {2, CAPEX_OPTIM_ADAM, 1, INFINITY, 1, 4, 1}; equivalence(ct, &c); }
+CT_TEST(adamw_stage1_halves_clip) { cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 2, 4, 1}; equivalence(ct, &c); }
+CT_TEST(sgd_stage1_halves) { cfg c = {1, CAPEX_OPTIM_SGD, 1, INFINITY, 2, 4, 1}; equivalence(ct, &c); }
+CT_TEST(sgd_stage2_clip) { cfg c = {2, CAPEX_OPTIM_SGD, 0, 5.0f, -1, 3, 1}; equivalence(ct, &c); }
+CT_TEST(adagrad_stage2) { cfg c = {2, CAPEX_OPTIM_ADAGRAD, 1, INFINITY, -1, 3, 1}; equivalence(ct, &c); }
+CT_TEST(adamw_stage2_two_micro_batches) { cfg c = {2, CAPEX_OPTIM_ADAM, 0, 5.0f, 1, 3, 2}; equivalence(ct, &c); }
 
 /* The norm kernel's values against hand-computed ones, one case each. */
 static void norm_case(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, const float *g, size_t n, float inv,
@@ -492,7 +510,7 @@ CT_TEST(checkpoint_matches_host_and_loads) {
     capex_cuda_context *ctx = NULL;
     capex_cuda_stream user = NULL;
     capex_comm comm;
-    cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3};
+    cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 1};
     gpu_run g, g2;
     host_run hr, hr2;
     hostp h, zeros, a, b;
@@ -616,6 +634,7 @@ CT_TEST(refusals) {
 
 static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_halves), CT_CASE(adamw_stage1_halves_clip),
                                 CT_CASE(sgd_stage1_halves), CT_CASE(sgd_stage2_clip), CT_CASE(adagrad_stage2),
+                                CT_CASE(adamw_stage2_two_micro_batches),
                                 CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads),
                                 CT_CASE(refusals)};
 CT_MAIN(cases)
