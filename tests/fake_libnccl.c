@@ -1,23 +1,60 @@
-/* fake_libnccl.c - a stand-in for libnccl.so.2 (world size 1) that runs on the
-   CPU next to tests/fake_libcuda.c, whose "device" pointers are host memory.
-   Built as build/fake/libnccl.so.2 by tests/nccl.mk and loaded through
-   CAPEX_NCCL_PATH by tests/test_nccl.c, so capex_cuda.h's NCCL backend (symbol
-   loading, init, every collective entry, DDP on device buckets, async-error
-   polling, abort) runs in CI without a GPU. It checks dtype and op values
-   against NCCL's ABI (bf16 and ncclAvg only from "2.10"), counts calls, and
-   plays failures:
+/* fake_libnccl.c - a stand-in for libnccl.so.2 that runs on the CPU next to
+   tests/fake_libcuda.c or the emulator (tests/emu_libcuda.cc), whose "device"
+   pointers are host memory. Built as build/fake/libnccl.so.2 by tests/nccl.mk
+   and loaded through CAPEX_NCCL_PATH, so capex_cuda.h's NCCL backend (symbol
+   loading, init, every collective entry, DDP and ZeRO on device buckets,
+   async-error polling, abort) runs in CI without a GPU. It checks dtype and
+   op values against NCCL's ABI (bf16 and ncclAvg only from "2.10"), counts
+   calls, and plays failures:
      FAKE_NCCL_VERSION=n      what ncclGetVersion reports (default 22809)
      FAKE_NCCL_ASYNC_ERROR=1  collectives do nothing and the comm's async
                               error becomes ncclRemoteError (a dead peer)
      FAKE_NCCL_INIT_FAIL=1    ncclCommInitRank fails (ncclSystemError)
-   Not NCCL: it only proves the host code. */
+     FAKE_NCCL_TIMEOUT=s      seconds a rank waits for its peers (default 60)
+   World size 1: every collective is a copy. Several ranks (processes, e.g.
+   forked, each with its own comm; or threads): ncclGetUniqueId names a shared
+   file (/dev/shm or /tmp) that ncclCommInitRank maps; each collective runs
+   when called (kernels of the stand-in drivers are synchronous too) as a
+   rendezvous: every rank copies its input into its slot, then reads what it
+   needs from all slots, in pieces of FAKE_SLOT bytes. Sums go in rank order
+   0, 1, ..., rounding to the dtype after each addition (f16/bf16 via f32), as
+   a ring that starts at rank 0 would; AVG divides the sum by nranks in f32
+   (f64 for f64). A rank that exits or stalls past the timeout makes its
+   peers' collectives fail as NCCL's do: nothing written, async error
+   ncclRemoteError. Not NCCL: it only proves the host code. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 #define FAKE_API __attribute__((visibility("default")))
 
 typedef struct { char internal[128]; } ncclUniqueId;
-typedef struct fake_comm { int magic, nranks, rank, async_err; } fake_comm;
+
+enum { FAKE_MAX_RANKS = 16, FAKE_SLOT = 1 << 20 };
+/* The shared file of a world of several ranks: this header, then one slot of
+   FAKE_SLOT bytes per rank. */
+typedef struct fake_world {
+    int nranks, joined, left;
+    int pid[FAKE_MAX_RANKS];
+    int arrived, generation; /* the barrier */
+    int broken;              /* a rank timed out or died: every later collective fails */
+} fake_world;
+enum { FAKE_HEADER = 4096 };
+
+typedef struct fake_comm {
+    int magic, nranks, rank, async_err;
+    fake_world *w;           /* NULL for world size 1 */
+    size_t map_bytes;
+} fake_comm;
 
 static int counters[10]; /* 0 allreduce, 1 broadcast, 2 allgather, 3 abort, 4 destroy, 5 init, 6 avg, 7 bad,
                             8 reduce, 9 group depth errors (an End without a Start) */
@@ -29,6 +66,15 @@ static int version(void) {
     return v && v[0] ? atoi(v) : 22809;
 }
 static int env1(const char *n) { const char *v = getenv(n); return v && v[0] == '1'; }
+static double timeout_s(void) {
+    const char *v = getenv("FAKE_NCCL_TIMEOUT");
+    return v && v[0] ? atof(v) : 60.0;
+}
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 static size_t type_size(int t) {
     switch (t) {
     case 0: case 1: return 1;
@@ -55,20 +101,111 @@ FAKE_API const char *ncclGetErrorString(int r) {
     return r >= 0 && r < 8 ? s[r] : "unknown result code";
 }
 FAKE_API const char *ncclGetLastError(void *comm) { (void)comm; return last_error; }
+/* The id: a fixed pattern (byte 0 nonzero) with the shared file's name from
+   byte 8, unique per call, so a world of several ranks knows where to meet. */
 FAKE_API int ncclGetUniqueId(ncclUniqueId *id) {
+    static int calls;
+    struct timespec ts;
     int i;
     if (!id) return 4;
     for (i = 0; i < 128; i++) id->internal[i] = (char)(i * 7 + 1);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(id->internal + 8, 120, "%s/capex-fake-nccl-%ld-%d-%ld", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp",
+             (long)getpid(), ++calls, (long)ts.tv_nsec);
     return 0;
 }
+
+static void world_break(fake_comm *c, const char *why) {
+    if (c->w) __atomic_store_n(&c->w->broken, 1, __ATOMIC_SEQ_CST);
+    c->async_err = 6; /* ncclRemoteError */
+    snprintf(last_error, sizeof last_error, "fake NCCL: %s", why);
+}
+/* 1 when a peer's process is gone or a zombie (forked ranks; threads share
+   our pid). */
+static int peer_dead(fake_world *w) {
+    int r;
+    for (r = 0; r < w->nranks; r++) {
+        int pid = __atomic_load_n(&w->pid[r], __ATOMIC_SEQ_CST);
+        char path[64], buf[256], *p;
+        FILE *f;
+        if (pid <= 0 || pid == getpid()) continue;
+        if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        if (!(f = fopen(path, "r"))) continue;
+        p = fgets(buf, sizeof buf, f) ? strrchr(buf, ')') : NULL; /* "pid (comm) S ..." */
+        fclose(f);
+        if (p && p[1] == ' ' && p[2] == 'Z') return 1;
+    }
+    return 0;
+}
+/* Sense-reversing barrier over the shared header; 0 when every rank came. */
+static int world_barrier(fake_comm *c) {
+    fake_world *w = c->w;
+    int gen = __atomic_load_n(&w->generation, __ATOMIC_SEQ_CST);
+    double deadline = now_s() + timeout_s();
+    unsigned spins = 0;
+    if (__atomic_load_n(&w->broken, __ATOMIC_SEQ_CST)) { world_break(c, "a peer failed earlier"); return 1; }
+    if (__atomic_add_fetch(&w->arrived, 1, __ATOMIC_SEQ_CST) == w->nranks) {
+        __atomic_store_n(&w->arrived, 0, __ATOMIC_SEQ_CST);
+        __atomic_add_fetch(&w->generation, 1, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+    while (__atomic_load_n(&w->generation, __ATOMIC_SEQ_CST) == gen) {
+        if (__atomic_load_n(&w->broken, __ATOMIC_SEQ_CST)) { world_break(c, "a peer failed"); return 1; }
+        if (++spins % 1024 == 0) {
+            if (peer_dead(w)) { world_break(c, "a peer process exited"); return 1; }
+            if (now_s() > deadline) { world_break(c, "peers did not reach the collective in time"); return 1; }
+        }
+        if (spins > 64) sched_yield();
+    }
+    return 0;
+}
+
 FAKE_API int ncclCommInitRank(void **comm, int nranks, ncclUniqueId id, int rank) {
     fake_comm *c;
-    if (!comm || nranks != 1 || rank != 0 || id.internal[0] == 0) { strcpy(last_error, "fake NCCL: world size 1 only"); return 4; }
+    if (!comm || nranks < 1 || nranks > FAKE_MAX_RANKS || rank < 0 || rank >= nranks || id.internal[0] == 0) {
+        strcpy(last_error, "fake NCCL: bad rank, world size (1-16) or id");
+        return 4;
+    }
     if (env1("FAKE_NCCL_INIT_FAIL")) { strcpy(last_error, "fake NCCL: bootstrap failed"); return 2; }
     c = (fake_comm *)calloc(1, sizeof *c);
+    if (!c) return 2;
     c->magic = 0x4e43;
     c->nranks = nranks;
     c->rank = rank;
+    if (nranks > 1) {
+        char name[121];
+        int fd;
+        void *m;
+        double deadline = now_s() + timeout_s();
+        memcpy(name, id.internal + 8, 120);
+        name[120] = 0;
+        c->map_bytes = FAKE_HEADER + (size_t)nranks * FAKE_SLOT;
+        fd = open(name, O_RDWR | O_CREAT, 0600); /* whichever rank comes first creates it, zero-filled */
+        if (fd < 0 || ftruncate(fd, (off_t)c->map_bytes) != 0) {
+            snprintf(last_error, sizeof last_error, "fake NCCL: cannot create %s", name);
+            if (fd >= 0) close(fd);
+            free(c);
+            return 2;
+        }
+        m = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (m == MAP_FAILED) { strcpy(last_error, "fake NCCL: mmap failed"); free(c); return 2; }
+        c->w = (fake_world *)m;
+        __atomic_store_n(&c->w->nranks, nranks, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&c->w->pid[rank], (int)getpid(), __ATOMIC_SEQ_CST);
+        if (__atomic_add_fetch(&c->w->joined, 1, __ATOMIC_SEQ_CST) == nranks) unlink(name); /* all mapped it */
+        while (__atomic_load_n(&c->w->joined, __ATOMIC_SEQ_CST) < nranks) { /* NCCL's init blocks for every rank */
+            if (now_s() > deadline) {
+                snprintf(last_error, sizeof last_error, "fake NCCL: only %d of %d ranks joined",
+                         __atomic_load_n(&c->w->joined, __ATOMIC_SEQ_CST), nranks);
+                munmap(m, c->map_bytes);
+                free(c);
+                return 6;
+            }
+            sched_yield();
+        }
+    }
     *comm = c;
     counters[5]++;
     return 0;
@@ -80,24 +217,21 @@ FAKE_API int ncclCommGetAsyncError(void *comm, int *err) {
     *err = c->async_err;
     return 0;
 }
+static int comm_free(fake_comm *c, int counter) {
+    if (!c) return 0;
+    if (check_comm(c)) return 4;
+    c->magic = 0;
+    if (c->w) munmap(c->w, c->map_bytes);
+    free(c);
+    counters[counter]++;
+    return 0;
+}
 FAKE_API int ncclCommAbort(void *comm) {
     fake_comm *c = (fake_comm *)comm;
-    if (!c) return 0;
-    if (check_comm(c)) return 4;
-    c->magic = 0;
-    free(c);
-    counters[3]++;
-    return 0;
+    if (c && !check_comm(c) && c->w) __atomic_store_n(&c->w->broken, 1, __ATOMIC_SEQ_CST); /* peers stop waiting */
+    return comm_free(c, 3);
 }
-FAKE_API int ncclCommDestroy(void *comm) {
-    fake_comm *c = (fake_comm *)comm;
-    if (!c) return 0;
-    if (check_comm(c)) return 4;
-    c->magic = 0;
-    free(c);
-    counters[4]++;
-    return 0;
-}
+FAKE_API int ncclCommDestroy(void *comm) { return comm_free((fake_comm *)comm, 4); }
 FAKE_API int ncclGroupStart(void) { group_depth++; return 0; }
 FAKE_API int ncclGroupEnd(void) {
     if (group_depth <= 0) { counters[9]++; return 5; } /* ncclInvalidUsage */
@@ -105,37 +239,144 @@ FAKE_API int ncclGroupEnd(void) {
     return 0;
 }
 
-/* World of one: every collective is a copy (or nothing, in place). */
-static int collective(fake_comm *c, const void *send, void *recv, size_t count, int dt, int which) {
+/* Element conversions for the sums (round to nearest even). */
+static float h2f(uint16_t h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 1024), e - 25);
+    return h & 0x8000 ? -v : v;
+}
+static uint16_t f2h(float f) {
+    uint32_t x, sign, mant;
+    int e;
+    memcpy(&x, &f, 4);
+    sign = (x >> 16) & 0x8000;
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)(sign | 0x7e00);
+    e = (int)((x >> 23) & 255) - 127;
+    if (e > 15) return (uint16_t)(sign | 0x7c00);
+    if (e < -25) return (uint16_t)sign;
+    mant = (x & 0x7fffff) | 0x800000;
+    {
+        int shift = e < -14 ? 13 + (-14 - e) : 13; /* subnormal halves drop more bits */
+        uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        uint32_t r;
+        if (rem > half || (rem == half && (q & 1))) q++;
+        r = e < -14 ? q : (((uint32_t)(e + 15) << 10) + (q - 1024));
+        if (e >= -14 && q == 2048) r = ((uint32_t)(e + 16) << 10);
+        return (uint16_t)(sign | (r > 0x7c00 ? 0x7c00 : r));
+    }
+}
+static float b2f(uint16_t b) { uint32_t x = (uint32_t)b << 16; float f; memcpy(&f, &x, 4); return f; }
+static uint16_t f2b(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
+    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+/* acc[i] += v[i] in dtype dt, rounded to it (halves through f32). */
+static void add_elem(void *acc, const void *v, size_t i, int dt) {
+    switch (dt) {
+    case 0: ((int8_t *)acc)[i] = (int8_t)(((int8_t *)acc)[i] + ((const int8_t *)v)[i]); break;
+    case 1: ((uint8_t *)acc)[i] = (uint8_t)(((uint8_t *)acc)[i] + ((const uint8_t *)v)[i]); break;
+    case 2: ((int32_t *)acc)[i] = (int32_t)((uint32_t)((int32_t *)acc)[i] + (uint32_t)((const int32_t *)v)[i]); break;
+    case 3: ((uint32_t *)acc)[i] += ((const uint32_t *)v)[i]; break;
+    case 4: ((int64_t *)acc)[i] = (int64_t)((uint64_t)((int64_t *)acc)[i] + (uint64_t)((const int64_t *)v)[i]); break;
+    case 5: ((uint64_t *)acc)[i] += ((const uint64_t *)v)[i]; break;
+    case 6: ((uint16_t *)acc)[i] = f2h(h2f(((uint16_t *)acc)[i]) + h2f(((const uint16_t *)v)[i])); break;
+    case 7: ((float *)acc)[i] += ((const float *)v)[i]; break;
+    case 8: ((double *)acc)[i] += ((const double *)v)[i]; break;
+    case 9: ((uint16_t *)acc)[i] = f2b(b2f(((uint16_t *)acc)[i]) + b2f(((const uint16_t *)v)[i])); break;
+    }
+}
+static void div_elem(void *acc, size_t i, int dt, int n) {
+    switch (dt) {
+    case 0: ((int8_t *)acc)[i] = (int8_t)(((int8_t *)acc)[i] / n); break;
+    case 1: ((uint8_t *)acc)[i] = (uint8_t)(((uint8_t *)acc)[i] / n); break;
+    case 2: ((int32_t *)acc)[i] /= n; break;
+    case 3: ((uint32_t *)acc)[i] /= (uint32_t)n; break;
+    case 4: ((int64_t *)acc)[i] /= n; break;
+    case 5: ((uint64_t *)acc)[i] /= (uint64_t)n; break;
+    case 6: ((uint16_t *)acc)[i] = f2h(h2f(((uint16_t *)acc)[i]) / (float)n); break;
+    case 7: ((float *)acc)[i] /= (float)n; break;
+    case 8: ((double *)acc)[i] /= (double)n; break;
+    case 9: ((uint16_t *)acc)[i] = f2b(b2f(((uint16_t *)acc)[i]) / (float)n); break;
+    }
+}
+
+enum { K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_REDUCE };
+/* One collective of a world of several ranks, piece by piece through the
+   slots. count: elements of send (allgather: per rank). */
+static int world_collective(fake_comm *c, const void *send, void *recv, size_t count, int dt, int op, int root,
+                            int kind) {
+    fake_world *w = c->w;
+    size_t es = type_size(dt), per = FAKE_SLOT / es, o, i;
+    char *slot0 = (char *)w + FAKE_HEADER;
+    int r;
+    for (o = 0; o < count || (o == 0 && count == 0); o += per) {
+        size_t n = count - o < per ? count - o : per;
+        char *mine = slot0 + (size_t)c->rank * FAKE_SLOT;
+        if (n) memcpy(mine, (const char *)send + o * es, n * es);
+        if (world_barrier(c)) return 0; /* the async error says it */
+        switch (kind) {
+        case K_ALLGATHER:
+            for (r = 0; r < c->nranks; r++)
+                if (n) memcpy((char *)recv + ((size_t)r * count + o) * es, slot0 + (size_t)r * FAKE_SLOT, n * es);
+            break;
+        case K_BROADCAST:
+            if (n) memcpy((char *)recv + o * es, slot0 + (size_t)root * FAKE_SLOT, n * es);
+            break;
+        case K_ALLREDUCE:
+        case K_REDUCE:
+            if (kind == K_REDUCE && c->rank != root) break;
+            if (!n) break;
+            {
+                char *acc = (char *)recv + o * es;
+                memmove(acc, slot0, n * es);
+                for (r = 1; r < c->nranks; r++)
+                    for (i = 0; i < n; i++) add_elem(acc, slot0 + (size_t)r * FAKE_SLOT, i, dt);
+                if (op == 4)
+                    for (i = 0; i < n; i++) div_elem(acc, i, dt, c->nranks);
+            }
+            break;
+        }
+        if (world_barrier(c)) return 0; /* nobody refills a slot still being read */
+        if (count == 0) break;
+    }
+    return 0;
+}
+
+static int collective(fake_comm *c, const void *send, void *recv, size_t count, int dt, int op, int root, int kind,
+                      int which) {
     int r = check_comm(c);
     size_t es = type_size(dt);
     if (r) return r;
     if (!es) { counters[7]++; strcpy(last_error, "fake NCCL: invalid datatype"); return 4; }
-    if (count && (!send || !recv)) { counters[7]++; return 4; }
+    if (count && (!send || (!recv && !(kind == K_REDUCE && c->rank != root)))) { counters[7]++; return 4; }
+    if (root < 0 || root >= c->nranks) { counters[7]++; strcpy(last_error, "fake NCCL: invalid root"); return 4; }
     counters[which]++;
     if (env1("FAKE_NCCL_ASYNC_ERROR")) { c->async_err = 6; return 0; }
-    if (count && send != recv) memmove(recv, send, count * es);
+    if (c->async_err) return 0; /* a failed world does nothing more */
+    if (c->w) return world_collective(c, send, recv, count, dt, op, root, kind);
+    if (count && send != recv) memmove(recv, send, count * es); /* world of one: a copy */
+    return 0;
+}
+static int check_op(int op) {
+    if (op != 0 && !(op == 4 && version() >= 21000)) { counters[7]++; strcpy(last_error, "fake NCCL: invalid op"); return 4; }
+    if (op == 4) counters[6]++;
     return 0;
 }
 FAKE_API int ncclAllReduce(const void *send, void *recv, size_t count, int dt, int op, void *comm, void *stream) {
     (void)stream;
-    if (op != 0 && !(op == 4 && version() >= 21000)) { counters[7]++; strcpy(last_error, "fake NCCL: invalid op"); return 4; }
-    if (op == 4) counters[6]++;
-    return collective((fake_comm *)comm, send, recv, count, dt, 0);
+    return check_op(op) ? 4 : collective((fake_comm *)comm, send, recv, count, dt, op, 0, K_ALLREDUCE, 0);
 }
 FAKE_API int ncclBroadcast(const void *send, void *recv, size_t count, int dt, int root, void *comm, void *stream) {
     (void)stream;
-    if (root != 0) { counters[7]++; return 4; }
-    return collective((fake_comm *)comm, send, recv, count, dt, 1);
+    return collective((fake_comm *)comm, send, recv, count, dt, 0, root, K_BROADCAST, 1);
 }
 FAKE_API int ncclAllGather(const void *send, void *recv, size_t count, int dt, void *comm, void *stream) {
     (void)stream;
-    return collective((fake_comm *)comm, send, recv, count, dt, 2);
+    return collective((fake_comm *)comm, send, recv, count, dt, 0, 0, K_ALLGATHER, 2);
 }
 FAKE_API int ncclReduce(const void *send, void *recv, size_t count, int dt, int op, int root, void *comm, void *stream) {
     (void)stream;
-    if (root != 0) { counters[7]++; return 4; }
-    if (op != 0 && !(op == 4 && version() >= 21000)) { counters[7]++; strcpy(last_error, "fake NCCL: invalid op"); return 4; }
-    if (op == 4) counters[6]++;
-    return collective((fake_comm *)comm, send, recv, count, dt, 8);
+    return check_op(op) ? 4 : collective((fake_comm *)comm, send, recv, count, dt, op, root, K_REDUCE, 8);
 }

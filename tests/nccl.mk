@@ -2,13 +2,13 @@
 # ABI check against the real nccl.h, GPU tests, and the CPU data-parallel
 # benchmark (make bench-dp).
 
-# A CPU stand-in for libnccl.so.2 (world size 1) used with the stand-in driver
+# A CPU stand-in for libnccl.so.2 (one rank, or forked worlds) used with the stand-in driver
 # by tests/test_nccl.c; `make test` builds both.
 $(BUILD)/fake/libnccl.so.2: tests/fake_libnccl.c
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu99 -O1 -g -Wall -Wextra -shared -fPIC $< -o $@
+	$(CC) -std=gnu99 -O1 -g -Wall -Wextra -shared -fPIC $< -o $@ -lm
 
-$(BUILD)/tests/test_nccl: $(BUILD)/fake/libcuda.so.1 $(BUILD)/fake/libnccl.so.2
+$(BUILD)/tests/test_nccl: $(BUILD)/fake/libcuda.so.1 $(BUILD)/fake/libnccl.so.2 tests/nccl_world.h
 
 # tests/test_nccl_abi.c against the real nccl.h when one is found (it needs
 # cuda_runtime.h next to it or in the toolkit). Without it the test SKIPs.

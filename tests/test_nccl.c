@@ -5,7 +5,8 @@
      forked ranks: success, a late rank, an intruder with a foreign nonce, a
      missing rank (deadline), rank 0 failing to make the id.
    - The whole backend on the stand-in driver (tests/fake_libcuda.c) and a
-     stand-in NCCL (tests/fake_libnccl.c, world size 1): every collective and
+     stand-in NCCL (tests/fake_libnccl.c, world size 1 and forked worlds of 2
+     and 3: tests/nccl_world.h): every collective and
      dtype on "device" buffers checked against host references, ncclAvg vs the
      pre-2.10 sum-then-scale path, DDP over NCCL with device buckets
      (predivide, always-fp32 f16 buckets, copy mode), the async-error path
@@ -23,7 +24,9 @@
 #include "capex_test.h"
 #include "free_port.h"
 #include "cuda_test_util.h"
+#define SHARDS_ROUND_EACH_ADD 1 /* NCCL sums halves in the dtype */
 #include "dist_shards.h"
+#include "nccl_world.h"
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -386,11 +389,102 @@ static void child_real_nccl_fake_driver(const char *arg, child_result *res) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* Several ranks on the stand-in NCCL (forked, one shared file): every
+   collective and dtype against float64 through tests/dist_shards.h, pieces
+   past the stand-in's 1 MiB slot, broadcast from the last rank, and DDP over
+   device buckets averaging rank-dependent gradients. */
+static int world_checks(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    char why[400] = "";
+    int line, i, it;
+    float w[2][700], gf[700], out[700];
+    uint16_t wb[300], gb[300], outb[300];
+    capex_ddp *ddp = NULL;
+    capex_ddp_param ps[2];
+    capex_ddp_desc dd;
+    void *a;
+    (void)user;
+    if (c->world_size != world || c->rank != rank) return 1;
+    if ((line = shards_check_all(c, 301, why, sizeof why)) != 0) { fprintf(stderr, "dist_shards.h:%d: %s\n", line, why); return 2; }
+    if ((line = shards_allreduce_check(c, 302, 300000, why, sizeof why)) != 0) {
+        fprintf(stderr, "dist_shards.h:%d: %s\n", line, why);
+        return 3;
+    }
+    a = dev(ctx, sizeof gf);
+    for (i = 0; i < 700; i++) gf[i] = (float)(rank * 1000 + i);
+    if (capex_cuda_memcpy_htod(ctx, D(a), gf, sizeof gf, NULL) != CAPEX_OK) return 4;
+    if (capex_comm_broadcast(c, a, 700, CAPEX_F32, world - 1) != CAPEX_OK) return 5;
+    if (capex_cuda_memcpy_dtoh(ctx, out, D(a), sizeof out, NULL) != CAPEX_OK) return 6;
+    for (i = 0; i < 700; i++) if (out[i] != (float)((world - 1) * 1000 + i)) { fprintf(stderr, "broadcast [%d] %g\n", i, (double)out[i]); return 7; }
+    /* DDP: grads k/16 + rank (exact in any order); the average is their mean */
+    for (i = 0; i < 700; i++) w[0][i] = (float)i;
+    for (i = 0; i < 300; i++) wb[i] = capex_f32_to_bf16((float)i);
+    ps[0].data = dev(ctx, sizeof w[0]); ps[0].numel = 700; ps[0].dtype = CAPEX_F32; ps[0].grad = NULL;
+    ps[1].data = dev(ctx, sizeof wb); ps[1].numel = 300; ps[1].dtype = CAPEX_BF16; ps[1].grad = NULL;
+    if (capex_cuda_memcpy_htod(ctx, D(ps[0].data), w[0], sizeof w[0], NULL) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(ctx, D(ps[1].data), wb, sizeof wb, NULL) != CAPEX_OK) return 8;
+    capex_ddp_desc_init(&dd);
+    dd.first_bucket_bytes = 256; dd.bucket_bytes = 1024;
+    if (capex_ddp_create(&ddp, c, ps, 2, &dd) != CAPEX_OK) return 9;
+    for (it = 0; it < 2; it++) {
+        double mean;
+        for (i = 0; i < 300; i++) gb[i] = capex_f32_to_bf16((float)(i % 16) / 16.0f + (float)(rank + it));
+        for (i = 0; i < 700; i++) gf[i] = (float)(i % 64) / 16.0f - (float)(rank * (it + 1));
+        if (capex_cuda_memcpy_htod(ctx, D(capex_ddp_grad(ddp, 1)), gb, sizeof gb, NULL) != CAPEX_OK ||
+            capex_ddp_grad_ready(ddp, 1) != CAPEX_OK ||
+            capex_cuda_memcpy_htod(ctx, D(capex_ddp_grad(ddp, 0)), gf, sizeof gf, NULL) != CAPEX_OK ||
+            capex_ddp_grad_ready(ddp, 0) != CAPEX_OK || capex_ddp_finalize(ddp) != CAPEX_OK) return 10;
+        if (capex_cuda_memcpy_dtoh(ctx, out, D(capex_ddp_grad(ddp, 0)), sizeof out, NULL) != CAPEX_OK ||
+            capex_cuda_memcpy_dtoh(ctx, outb, D(capex_ddp_grad(ddp, 1)), sizeof outb, NULL) != CAPEX_OK) return 11;
+        mean = (double)(world - 1) / 2.0; /* mean rank */
+        for (i = 0; i < 700; i++)
+            if ((double)out[i] != (double)(i % 64) / 16.0 - mean * (it + 1)) {
+                fprintf(stderr, "ddp f32 it %d [%d]: %g\n", it, i, (double)out[i]);
+                return 12;
+            }
+        for (i = 0; i < 300; i++)
+            if (outb[i] != capex_f32_to_bf16((float)((double)(i % 16) / 16.0 + mean + it))) {
+                fprintf(stderr, "ddp bf16 it %d [%d]: %g\n", it, i, (double)capex_bf16_to_f32(outb[i]));
+                return 13;
+            }
+        if (capex_ddp_zero_grad(ddp) != CAPEX_OK) return 14;
+    }
+    capex_ddp_destroy(ddp);
+    return 0;
+}
+/* The last rank leaves after init: the others' next collective fails with
+   CAPEX_ERR_COMM (the stand-in's async error), well before any deadline. */
+static int world_dead_peer(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    void *a = dev(ctx, 64);
+    capex_result r;
+    double t0 = capex_dist_now();
+    (void)user;
+    if (rank == world - 1) return 0;
+    r = capex_comm_allreduce(c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM);
+    if (r != CAPEX_ERR_COMM || !strstr(capex_last_error(), "remote process")) {
+        fprintf(stderr, "rank %d: %s: %s\n", rank, capex_result_string(r), capex_last_error());
+        return 20;
+    }
+    if (capex_dist_now() - t0 > 8.0) { fprintf(stderr, "took %.1f s\n", capex_dist_now() - t0); return 21; }
+    return capex_comm_allreduce(c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_COMM ? 0 : 22;
+}
+static void child_fake_world(const char *arg, child_result *res) {
+    char cu[1200], nc[1200];
+    int codes[16] = {0}, world = atoi(arg ? arg : "2"), dead = arg && strstr(arg, "dead") != NULL, i, r;
+    FAIL_IF(!fake_path("libcuda.so.1", cu, sizeof cu) || !fake_path("libnccl.so.2", nc, sizeof nc), "stand-ins not built");
+    setenv("CAPEX_LIBCUDA_PATH", cu, 1);
+    setenv("CAPEX_NCCL_PATH", nc, 1);
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
+    r = nccl_world_run(world, dead ? world_dead_peer : world_checks, NULL, codes);
+    for (i = 0; i < world; i++) FAIL_IF(codes[i] != 0, "world %d: rank %d failed (%d; its stderr says why)", world, i, codes[i]);
+    FAIL_IF(r != 0, "rank 0 failed");
+    set_result(res, CAPEX_OK, 1);
+}
+
 static const child_entry children[] = {
     {"no_nccl", child_no_nccl}, {"real_id", child_real_id}, {"fake_collectives", child_fake_collectives},
     {"fake_old_nccl", child_fake_old_nccl}, {"fake_shards", child_fake_shards}, {"fake_ddp", child_fake_ddp}, {"fake_async", child_fake_async_error},
     {"fake_timeout", child_fake_timeout}, {"fake_init_fail", child_fake_init_fail},
-    {"real_nccl_fake_driver", child_real_nccl_fake_driver}};
+    {"real_nccl_fake_driver", child_real_nccl_fake_driver}, {"fake_world", child_fake_world}};
 
 /* --------------------------------------------------------------- tests -- */
 
@@ -423,6 +517,12 @@ CT_TEST(fake_driver_reduce_scatter_allgatherv_vs_float64) { NEED_FAKES(); CHILD_
 CT_TEST(fake_driver_nccl_before_2_10) { NEED_FAKES(); CHILD_OK("fake_old_nccl", NULL); }
 CT_TEST(fake_driver_ddp_device_buckets) { NEED_FAKES(); CHILD_OK("fake_ddp", NULL); }
 CT_TEST(fake_driver_async_error_aborts) { NEED_FAKES(); CHILD_OK("fake_async", NULL); CHILD_OK("fake_async", "ddp"); }
+CT_TEST(fake_world_collectives_and_ddp) {
+    NEED_FAKES();
+    CHILD_OK("fake_world", "2");
+    CHILD_OK("fake_world", "3");
+}
+CT_TEST(fake_world_dead_peer) { NEED_FAKES(); CHILD_OK("fake_world", "3 dead"); }
 CT_TEST(fake_driver_stuck_collective_times_out) { NEED_FAKES(); CHILD_OK("fake_timeout", NULL); }
 
 CT_TEST(fake_driver_init_failure) {
@@ -682,6 +782,7 @@ static const ct_case cases[] = {
     CT_CASE(fake_driver_collectives_all_dtypes), CT_CASE(fake_driver_reduce_scatter_allgatherv_vs_float64),
     CT_CASE(fake_driver_nccl_before_2_10),
     CT_CASE(fake_driver_ddp_device_buckets), CT_CASE(fake_driver_async_error_aborts),
+    CT_CASE(fake_world_collectives_and_ddp), CT_CASE(fake_world_dead_peer),
     CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_init_failure),
     CT_CASE(real_nccl_refuses_stand_in_driver), CT_CASE(argument_validation), CT_CASE(unique_id_exchange_tcp),
     CT_CASE(unique_id_exchange_foreign_nonce), CT_CASE(unique_id_exchange_missing_rank),
