@@ -28,6 +28,8 @@
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include "capex_test.h"
+#include "cuda_test_util.h"
+#include "nccl_world.h"
 
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "protect_shadow_gap=0:detect_leaks=0"; }
@@ -88,10 +90,31 @@ static uint64_t mix(uint64_t x) {
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
 }
-/* the scaled gradient: k/16 * SCALE, |k| <= 15; an inf at the inf step */
+/* This process's rank and world (forked ranks set them); g_avg_of > 0: the
+   gradient is the average of that many ranks' (a world of 1 stepping as the
+   whole world did). */
+static int g_rank = 0, g_world = 1, g_avg_of = 0;
+/* rank q's scaled gradient: k/16 * SCALE, |k| <= 15 (sums of up to 4 ranks and
+   their squares are exact in every dtype); the last rank has an inf at the
+   inf step */
+static float grad_q(const cfg *c, int q, int world, int step, int p, size_t e) {
+    if (step == c->inf_step && q == world - 1 && p == 3 && e == 5) return INFINITY;
+    return (float)((int)(mix(((uint64_t)q << 52) ^ ((uint64_t)step << 40) ^ ((uint64_t)p << 24) ^ e) % 31) - 15) / 16.0f * SCALE;
+}
 static float grad_at(const cfg *c, int step, int p, size_t e) {
-    if (step == c->inf_step && p == 3 && e == 5) return INFINITY;
-    return (float)((int)(mix(((uint64_t)step << 40) ^ ((uint64_t)p << 24) ^ e) % 31) - 15) / 16.0f * SCALE;
+    float v = 0.0f;
+    int q;
+    if (g_avg_of <= 0) return grad_q(c, g_rank, g_world, step, p, e);
+    for (q = 0; q < g_avg_of; q++) v += grad_q(c, q, g_avg_of, step, p, e);
+    return v / (float)g_avg_of;
+}
+/* the reduced (averaged) gradient the step sees, in f64 (exact) */
+static double grad_avg(const cfg *c, int step, int p, size_t e) {
+    double v = 0.0;
+    int q, m, nm = c->micro > 1 ? c->micro : 1;
+    for (m = 0; m < nm; m++)
+        for (q = 0; q < g_world; q++) v += grad_q(c, q, g_world, m == 0 ? step : step + 100 * m, p, e);
+    return v / g_world;
 }
 static float init_at(int p, size_t e) { return (float)((int)((p * 131 + (int)e * 7) % 97) - 48) / 97.0f; }
 static void put(void *buf, capex_dtype t, size_t e, float v) {
@@ -285,11 +308,14 @@ static void host_free(host_run *hr) {
     hostp_free(&hr->p);
 }
 
-/* The unsharded device optimizer over whole params, stepped with the given
-   factors (what DDP + capex_cuda_optim does with one rank). */
-static void ref_run(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream user, const cfg *c, const hostp *h,
-                    const float *coef, hostp *out) {
+/* DDP + capex_cuda_optim over whole device params (the unsharded path),
+   stepped with the given clip factors; found_inf from the known inf step. */
+static void ref_run(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream user, capex_comm *comm, const cfg *c,
+                    const hostp *h, const float *coef, hostp *out) {
     capex_cuda_optim *o;
+    capex_ddp *ddp;
+    capex_ddp_param dp[NP];
+    capex_ddp_desc dd;
     capex_optim_desc od;
     capex_optim_hparams hp[2];
     capex_optim_param pp[2][NP];
@@ -309,6 +335,10 @@ static void ref_run(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream use
         OK(capex_cuda_memcpy_htod(ctx, p[i], h->d[i], bytes_of(c, i), NULL));
         OK(capex_cuda_malloc(ctx, zp_numel[i] * 4 + 4, &m[i]));
         OK(capex_cuda_malloc(ctx, bytes_of(c, i) + 4, &gr[i]));
+        dp[i].data = (void *)(uintptr_t)p[i];
+        dp[i].numel = zp_numel[i];
+        dp[i].dtype = t;
+        dp[i].grad = (void *)(uintptr_t)gr[i]; /* own buffers: the optimizer's grad pointers stay valid */
         capex_optim_param_init(q);
         q->numel = (int64_t)zp_numel[i];
         q->grad = (void *)(uintptr_t)gr[i];
@@ -323,6 +353,10 @@ static void ref_run(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream use
             q->model_dtype = t;
         }
     }
+    capex_ddp_desc_init(&dd);
+    dd.first_bucket_bytes = 256;
+    dd.bucket_bytes = 512;
+    OK(capex_ddp_create(&ddp, comm, dp, NP, &dd));
     for (g = 0; g < 2; g++) OK(capex_cuda_optim_add_group(o, &hp[g], pp[g], n[g], NULL));
     OK(capex_cuda_malloc(ctx, 4, &dinv));
     OK(capex_cuda_malloc(ctx, 4, &dcoef));
@@ -330,18 +364,24 @@ static void ref_run(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream use
     OK(capex_cuda_memcpy_htod(ctx, dinv, &inv, 4, NULL));
     for (s = 0; s < c->steps; s++) {
         unsigned fi = s == c->inf_step;
-        for (i = 0; i < NP; i++) {
+        for (i = NP; i-- > 0;) {
             for (e = 0; e < zp_numel[i]; e++) put(buf, dt_of(c, i), e, grad_sum(c, s, i, e));
             if (zp_numel[i]) OK(capex_cuda_memcpy_htod(ctx, gr[i], buf, bytes_of(c, i), NULL));
+            OK(capex_ddp_grad_ready(ddp, (size_t)i));
         }
+        OK(capex_ddp_finalize(ddp));
         OK(capex_cuda_memcpy_htod(ctx, dcoef, &coef[s], 4, NULL));
         OK(capex_cuda_memcpy_htod(ctx, dfound, &fi, 4, NULL));
         OK(capex_cuda_optim_step(o, dinv, dcoef, dfound, user));
         OK(capex_cuda_stream_synchronize(ctx, user));
+        OK(capex_ddp_zero_grad(ddp));
     }
     for (i = 0; i < NP; i++) {
         out->d[i] = (unsigned char *)calloc(1, bytes_of(c, i) + 4);
         OK(capex_cuda_memcpy_dtoh(ctx, out->d[i], p[i], bytes_of(c, i), NULL));
+    }
+    capex_ddp_destroy(ddp);
+    for (i = 0; i < NP; i++) {
         capex_cuda_free(ctx, p[i]);
         capex_cuda_free(ctx, m[i]);
         capex_cuda_free(ctx, gr[i]);
@@ -359,50 +399,90 @@ static void same_params(ct_state *ct, const cfg *c, const hostp *a, const hostp 
                  capex_dtype_name(dt_of(c, i)), zp_numel[i]);
 }
 
-/* ZeRO-GPU vs the unsharded device optimizer and vs the host zero. */
-static void equivalence(ct_state *ct, const cfg *c) {
-    capex_cuda_context *ctx = NULL;
-    capex_cuda_stream user = NULL;
-    capex_comm comm;
-    gpu_run g;
-    host_run hr;
-    hostp h, gout, rout;
-    int s;
-    OPEN(ctx, comm, user);
-    hostp_init(c, &h);
-    gpu_create(ct, ctx, &comm, c, &g, &h);
-    gpu_steps(ct, ctx, user, c, &g, 0, c->steps);
-    gpu_read(ct, ctx, c, &g, &gout);
-    host_create(ct, c, &hr, &h);
-    host_steps(ct, c, &hr, 0, c->steps);
+/* Per step: found_inf and the clip factor against f64 hand references
+   (from the exact reduced gradients). */
+static void check_factors(ct_state *ct, const cfg *c, const gpu_run *g) {
+    int s, i;
+    size_t e;
     for (s = 0; s < c->steps; s++) {
-        CT_CHECK(g.fi[s] == (unsigned)(s == c->inf_step), "step %d: found_inf %u", s, g.fi[s]);
-        CT_CHECK(hr.fi[s] == (s == c->inf_step), "host step %d: found_inf %d", s, hr.fi[s]);
-        CT_CHECK(memcmp(&g.coef[s], &hr.coef[s], 4) == 0, "step %d: clip factor %.9g on the GPU, %.9g on the host", s,
-                 (double)g.coef[s], (double)hr.coef[s]);
-        CT_CHECK(memcmp(&g.norm[s], &hr.norm[s], 4) == 0 || (s == c->inf_step && g.norm[s] != g.norm[s] && hr.norm[s] != hr.norm[s]),
-                 "step %d: norm %.9g on the GPU, %.9g on the host", s, (double)g.norm[s], (double)hr.norm[s]);
-        if (c->max_norm < 1e30f && s != c->inf_step) CT_CHECK(g.coef[s] < 1.0f, "step %d: clipping is active (%g)", s, (double)g.coef[s]);
+        double sq = 0.0;
+        float total, want;
+        for (i = 0; i < NP; i++)
+            for (e = 0; e < zp_numel[i]; e++) { double v = grad_avg(c, s, i, e); sq += v * v; }
+        total = (float)sqrt(sq);
+        want = s == c->inf_step ? 1.0f : capex_clip_coef(total * (1.0f / SCALE), c->max_norm);
+        CT_CHECK(g->fi[s] == (unsigned)(s == c->inf_step), "rank %d step %d: found_inf %u", g_rank, s, g->fi[s]);
+        CT_CHECK(memcmp(&g->coef[s], &want, 4) == 0, "rank %d step %d: clip factor %.9g, want %.9g (f64 reference)",
+                 g_rank, s, (double)g->coef[s], (double)want);
+        CT_CHECK(s == c->inf_step || memcmp(&g->norm[s], &total, 4) == 0, "rank %d step %d: norm %.9g, want %.9g", g_rank,
+                 s, (double)g->norm[s], (double)total);
+        if (c->max_norm < 1e30f && s != c->inf_step) CT_CHECK(g->coef[s] < 1.0f, "step %d: clipping is active (%g)", s, (double)g->coef[s]);
     }
-    ref_run(ct, ctx, user, c, &h, g.coef, &rout);
-    same_params(ct, c, &gout, &rout, "ZeRO-GPU vs the unsharded device optimizer");
-    same_params(ct, c, &gout, &hr.p, "ZeRO-GPU vs the host capex_zero");
+}
+
+/* ZeRO-GPU on comm vs DDP + capex_cuda_optim (and, with one rank, vs the
+   host capex_zero). */
+static void equivalence_on(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream user, capex_comm *comm, const cfg *c) {
+    gpu_run g;
+    hostp h, gout, rout;
+    hostp_init(c, &h);
+    gpu_create(ct, ctx, comm, c, &g, &h);
+    if (ct->failed) return;
+    gpu_steps(ct, ctx, user, c, &g, 0, c->steps);
+    if (ct->failed) return;
+    gpu_read(ct, ctx, c, &g, &gout);
+    check_factors(ct, c, &g);
+    if (ct->failed) return;
+    ref_run(ct, ctx, user, comm, c, &h, g.coef, &rout);
+    if (ct->failed) return;
+    same_params(ct, c, &gout, &rout, "ZeRO-GPU vs DDP + capex_cuda_optim");
+    if (ct->failed) return;
     {   /* the optimizer's step count: the inf step did not count */
         int64_t st = -1;
         OK(capex_cuda_optim_get_step(capex_cuda_zero_optim(g.zg), 0, &st, user));
         CT_CHECK(st == c->steps - (c->inf_step >= 0 && c->inf_step < c->steps), "step count %lld", (long long)st);
     }
-    {   /* the same plan: the same memory report as the host zero's */
-        capex_zero_memory a = capex_zero_memory_info(capex_cuda_zero_base(g.zg)), b = capex_zero_memory_info(hr.z);
-        CT_CHECK(memcmp(&a, &b, sizeof a) == 0, "memory info differs (optimizer state %zu vs %zu)", a.optimizer_state_bytes,
-                 b.optimizer_state_bytes);
-        CT_CHECK(a.optimizer_state_bytes == a.master_bytes + a.moment_bytes && a.moment_bytes > 0, "memory info");
+    if (comm->world_size == 1) {
+        host_run hr;
+        int s;
+        host_create(ct, c, &hr, &h);
+        if (ct->failed) return;
+        host_steps(ct, c, &hr, 0, c->steps);
+        if (ct->failed) return;
+        for (s = 0; s < c->steps; s++)
+            CT_CHECK(memcmp(&g.coef[s], &hr.coef[s], 4) == 0 && g.fi[s] == (unsigned)hr.fi[s], "step %d: clip factor "
+                     "%.9g on the GPU, %.9g on the host", s, (double)g.coef[s], (double)hr.coef[s]);
+        same_params(ct, c, &gout, &hr.p, "ZeRO-GPU vs the host capex_zero");
+        if (ct->failed) return;
+        {   /* the same plan: the same memory report as the host zero's */
+            capex_zero_memory a = capex_zero_memory_info(capex_cuda_zero_base(g.zg)), b = capex_zero_memory_info(hr.z);
+            CT_CHECK(memcmp(&a, &b, sizeof a) == 0, "memory info differs (optimizer state %zu vs %zu)",
+                     a.optimizer_state_bytes, b.optimizer_state_bytes);
+        }
+        host_free(&hr);
     }
-    host_free(&hr);
+    {   /* optimizer state per rank: this rank's share of the elements (padding aside) */
+        capex_zero_memory a = capex_zero_memory_info(capex_cuda_zero_base(g.zg));
+        size_t total = 0, i;
+        for (i = 0; i < NP; i++) total += zp_numel[i];
+        CT_CHECK(a.optimizer_state_bytes == a.master_bytes + a.moment_bytes && a.moment_bytes > 0, "memory info");
+        CT_CHECK(a.shard_elements - a.padding_elements <= total / (size_t)comm->world_size + 64 &&
+                 a.shard_elements - a.padding_elements + 64 >= total / (size_t)comm->world_size,
+                 "rank %d holds %zu of %zu elements in a world of %d", g_rank, a.shard_elements - a.padding_elements,
+                 total, comm->world_size);
+    }
     hostp_free(&gout);
     hostp_free(&rout);
     hostp_free(&h);
     gpu_free(ctx, &g);
+}
+
+static void equivalence(ct_state *ct, const cfg *c) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm comm;
+    OPEN(ctx, comm, user);
+    equivalence_on(ct, ctx, user, &comm, c);
     CLOSE(ctx, comm, user);
 }
 
@@ -632,9 +712,176 @@ CT_TEST(refusals) {
     CLOSE(ctx, comm, user);
 }
 
+/* ---- worlds of several ranks (forked, on the stand-in NCCL) ---------------- */
+
+typedef struct world_job {
+    cfg c;
+    char save[200]; /* "": equivalence; else the checkpoint path */
+    int load;       /* 1: load save (written by a world of load_world ranks), step once, compare */
+    int load_world;
+} world_job;
+
+static void write_params(ct_state *ct, const cfg *c, const hostp *hp, const char *path) {
+    FILE *f = fopen(path, "wb");
+    int i;
+    CT_CHECK(f != NULL, "cannot write %s", path);
+    for (i = 0; i < NP; i++) fwrite(hp->d[i], 1, bytes_of(c, i), f);
+    fclose(f);
+}
+static void same_as_file(ct_state *ct, const cfg *c, const hostp *hp, const char *path, const char *what) {
+    FILE *f = fopen(path, "rb");
+    static unsigned char buf[300 * 4];
+    int i;
+    CT_CHECK(f != NULL, "cannot read %s", path);
+    for (i = 0; i < NP; i++) {
+        size_t n = fread(buf, 1, bytes_of(c, i), f);
+        if (n != bytes_of(c, i) || memcmp(buf, hp->d[i], n) != 0) {
+            fclose(f);
+            CT_CHECK(0, "%s: param %d (%s) differs from %s", what, i, capex_dtype_name(dt_of(c, i)), path);
+        }
+    }
+    fclose(f);
+}
+
+/* Saves after c->steps, steps once more and (rank 0) writes the params to
+   save.params; or (load) loads save into zeros, checks a resave is the same
+   file, steps once with the other world's average gradient and compares. */
+static void ckpt_on(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, const world_job *j) {
+    const cfg *c = &j->c;
+    gpu_run g;
+    hostp h, out;
+    char pp[220], again[220];
+    int i;
+    snprintf(pp, sizeof pp, "%s.params", j->save);
+    snprintf(again, sizeof again, "%s.w%d", j->save, comm->world_size);
+    hostp_init(c, &h);
+    if (j->load) for (i = 0; i < NP; i++) memset(h.d[i], 0, bytes_of(c, i));
+    gpu_create(ct, ctx, comm, c, &g, &h);
+    if (ct->failed) return;
+    if (!j->load) {
+        gpu_steps(ct, ctx, NULL, c, &g, 0, c->steps);
+        if (ct->failed) return;
+        OK(capex_zero_save_file(capex_cuda_zero_base(g.zg), j->save, CAPEX_OPTIM_STATE_PARAMS));
+    } else {
+        OK(capex_zero_load_file(capex_cuda_zero_base(g.zg), j->save, CAPEX_OPTIM_STATE_PARAMS));
+        OK(capex_zero_save_file(capex_cuda_zero_base(g.zg), again, CAPEX_OPTIM_STATE_PARAMS));
+        if (comm->rank == 0) CT_CHECK(same_file(j->save, again), "a world of %d resaves a world of %d's checkpoint differently",
+                                      comm->world_size, j->load_world);
+        g_avg_of = j->load_world; /* every rank: the saving world's average gradient */
+    }
+    gpu_steps(ct, ctx, NULL, c, &g, c->steps, c->steps + 1);
+    if (ct->failed) return;
+    gpu_read(ct, ctx, c, &g, &out);
+    if (comm->rank == 0 && !j->load) write_params(ct, c, &out, pp);
+    if (j->load) same_as_file(ct, c, &out, pp, "the step after the load");
+    if (j->load && comm->rank == 0) remove(again);
+    hostp_free(&out);
+    hostp_free(&h);
+    gpu_free(ctx, &g);
+}
+
+static int world_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
+    const world_job *j = (const world_job *)user;
+    ct_state st;
+    memset(&st, 0, sizeof st);
+    g_rank = rank;
+    g_world = world;
+    if (j->save[0]) ckpt_on(&st, ctx, comm, j);
+    else equivalence_on(&st, ctx, NULL, comm, &j->c);
+    if (st.failed) { fprintf(stderr, "rank %d of %d: %s\n", rank, world, st.why); return 1; }
+    return 0;
+}
+
+static int run_world(int world, const world_job *j, child_result *res) {
+    int codes[16] = {0}, r, q;
+    r = nccl_world_run(world, world_body, (void *)j, codes);
+    for (q = 0; q < world; q++)
+        if (codes[q]) {
+            res->code = 1;
+            snprintf(res->message, sizeof res->message, "world of %d: rank %d failed (%d; its stderr says why)", world, q,
+                     codes[q]);
+            return 1;
+        }
+    if (r) { res->code = 1; snprintf(res->message, sizeof res->message, "world of %d: rank 0 failed", world); }
+    return r;
+}
+
+/* arg: "world stage kind halves max_norm inf_step" */
+static void child_world(const char *arg, child_result *res) {
+    world_job j;
+    int world = 2, kind = 0;
+    memset(&j, 0, sizeof j);
+    j.c.steps = 4;
+    j.c.micro = 1;
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
+    if (!arg || sscanf(arg, "%d %d %d %d %f %d", &world, &j.c.stage, &kind, &j.c.halves, &j.c.max_norm, &j.c.inf_step) != 6) {
+        res->code = 2;
+        return;
+    }
+    j.c.kind = (capex_optim_kind)kind;
+    if (run_world(world, &j, res) == 0) res->code = 0;
+}
+
+/* A world of 2 saves; worlds of 1 and 4 load, resave the same file, and step
+   as the world of 2 did. */
+static void child_ckpt(const char *arg, child_result *res) {
+    world_job j;
+    cfg c = {2, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 1};
+    (void)arg;
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1);
+    memset(&j, 0, sizeof j);
+    j.c = c;
+    snprintf(j.save, sizeof j.save, "/tmp/capex_zgpu_world_%d.ckpt", (int)getpid());
+    if (run_world(2, &j, res)) return;
+    j.load = 1;
+    j.load_world = 2;
+    if (run_world(1, &j, res)) return;
+    if (run_world(4, &j, res)) return;
+    {
+        char pp[220];
+        snprintf(pp, sizeof pp, "%s.params", j.save);
+        remove(pp);
+        remove(j.save);
+    }
+    res->code = 0;
+}
+
+static const child_entry children[] = {{"world", child_world}, {"ckpt", child_ckpt}};
+
+#define NEED_FAKE_WORLD()                                                                                   \
+    do {                                                                                                    \
+        const char *np_ = getenv("CAPEX_NCCL_PATH"), *lp_ = getenv("CAPEX_LIBCUDA_PATH");                   \
+        if (!np_ || !strstr(np_, "fake")) CT_SKIP("several ranks need a GPU each; the stand-in NCCL runs them on the emulator"); \
+        if (!lp_ || strstr(lp_, "fake")) CT_SKIP("kernels need the emulator driver (CAPEX_LIBCUDA_PATH)");  \
+    } while (0)
+
+static void world_case(ct_state *ct, const char *arg) {
+    child_result r;
+    NEED_FAKE_WORLD();
+    r = run_child("world", arg);
+    CT_CHECK(r.exited_ok && r.code == 0, "world %s: %s (code %d)", arg, r.message, r.code);
+}
+CT_TEST(world2_adamw_stage1_halves_clip_inf) { world_case(ct, "2 1 0 1 5 2"); }
+CT_TEST(world2_adamw_stage2_halves_inf) { world_case(ct, "2 2 0 1 inf 1"); }
+CT_TEST(world2_sgd_stage2_clip) { world_case(ct, "2 2 2 0 5 -1"); }
+CT_TEST(world4_adamw_stage2_halves_clip_inf) { world_case(ct, "4 2 0 1 5 2"); }
+CT_TEST(world4_sgd_stage1_halves_inf) { world_case(ct, "4 1 2 1 inf 1"); }
+CT_TEST(checkpoint_across_world_sizes) {
+    child_result r;
+    NEED_FAKE_WORLD();
+    r = run_child("ckpt", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s (code %d)", r.message, r.code);
+}
+
 static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_halves), CT_CASE(adamw_stage1_halves_clip),
                                 CT_CASE(sgd_stage1_halves), CT_CASE(sgd_stage2_clip), CT_CASE(adagrad_stage2),
                                 CT_CASE(adamw_stage2_two_micro_batches),
                                 CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads),
-                                CT_CASE(refusals)};
-CT_MAIN(cases)
+                                CT_CASE(refusals), CT_CASE(world2_adamw_stage1_halves_clip_inf),
+                                CT_CASE(world2_adamw_stage2_halves_inf), CT_CASE(world2_sgd_stage2_clip),
+                                CT_CASE(world4_adamw_stage2_halves_clip_inf), CT_CASE(world4_sgd_stage1_halves_inf),
+                                CT_CASE(checkpoint_across_world_sizes)};
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
+    return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
+}
