@@ -1685,8 +1685,9 @@ CAPEX_API void capex_ddp_get_stats(const capex_ddp *ddp, capex_ddp_stats *out);
    ulps (tested). NovoGrad's v (one float per tensor) is kept alike by every
    rank holding a piece. bf16 stochastic rounding draws the unsharded
    optimizer's bits (each piece keyed by its tensor's index and element
-   offset; tensors under 2^32 elements). Not yet: device (NCCL) buffers;
-   create refuses them with a message. */
+   offset; tensors under 2^32 elements). Device (NCCL) params:
+   capex_cuda_zero in capex_cuda.h runs this code with a device optimizer
+   (capex_zero_create refuses a device comm with a message). */
 typedef struct capex_zero capex_zero;
 
 typedef struct capex_zero_param {
