@@ -10892,10 +10892,10 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     if (!od) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: od is NULL; make one with capex_optim_desc_init", fn);
     if ((r = capex__desc_check(od->init_tag, CAPEX__OPTIM_DESC_TAG, fn, "capex_optim_desc", "capex_optim_desc_init")) != CAPEX_OK)
         return r;
-    if (dev && (od->kind == CAPEX_OPTIM_LAMB || od->kind == CAPEX_OPTIM_NOVOGRAD))
-        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: %s on the GPU needs per-tensor sums across ranks inside the device "
-                           "step, not there yet; use Adam/AdamW, SGD or Adagrad, or the host capex_zero", fn,
-                           od->kind == CAPEX_OPTIM_LAMB ? "LAMB" : "NovoGrad");
+    if (dev && od->kind == CAPEX_OPTIM_NOVOGRAD)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: NovoGrad on the GPU needs its per-tensor norms and v across ranks "
+                           "inside the device step, not there yet; use Adam/AdamW, SGD, Adagrad or LAMB, or the host "
+                           "capex_zero", fn);
     if (dev && od->stochastic_rounding)
         return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: bf16 stochastic rounding with sharding on the GPU is not "
                            "supported yet", fn);

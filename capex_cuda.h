@@ -4797,10 +4797,11 @@ CAPEX__PRIVATE capex_result capex__go_small(const capex__go_exec *ex, int k, uns
 }
 
 /* Fixed-order sums of partial ranges: segment i sums part[start_i ..
-   start_i + count_i) into sumsq[out_i] / norm[out_i] (0: not written). */
-CAPEX__PRIVATE capex_result capex__go_reduce(const capex__go_exec *ex, capex_cuda_ptr part, const int64_t *start,
-                                             const int64_t *count, size_t n, capex_cuda_ptr sumsq, capex_cuda_ptr norm,
-                                             capex_cuda_stream s) {
+   start_i + count_i) into sumsq[out_i] / norm[out_i] (0: not written);
+   out NULL: out_i = i. */
+CAPEX__PRIVATE capex_result capex__go_reduce_to(const capex__go_exec *ex, capex_cuda_ptr part, const int64_t *start,
+                                                const int64_t *count, const int64_t *out, size_t n, capex_cuda_ptr sumsq,
+                                                capex_cuda_ptr norm, capex_cuda_stream s) {
     capex__go_segs sg;
     capex__go_args a;
     size_t i = 0, j;
@@ -4815,7 +4816,7 @@ CAPEX__PRIVATE capex_result capex__go_reduce(const capex__go_exec *ex, capex_cud
         for (j = 0; j < CAPEX__GO_NSEG && i < n; j++, i++) {
             sg.start[j] = start[i];
             sg.count[j] = count[i];
-            sg.out[j] = (int64_t)i;
+            sg.out[j] = out ? out[i] : (int64_t)i;
         }
         sg.n = (int32_t)j;
         args[0] = &sg;
@@ -4823,6 +4824,11 @@ CAPEX__PRIVATE capex_result capex__go_reduce(const capex__go_exec *ex, capex_cud
         r = ex->launch(ex->user, CAPEX__GO_K_REDUCE, (unsigned)j, CAPEX__GO_THREADS, args, s);
     }
     return r;
+}
+CAPEX__PRIVATE capex_result capex__go_reduce(const capex__go_exec *ex, capex_cuda_ptr part, const int64_t *start,
+                                             const int64_t *count, size_t n, capex_cuda_ptr sumsq, capex_cuda_ptr norm,
+                                             capex_cuda_stream s) {
+    return capex__go_reduce_to(ex, part, start, count, NULL, n, sumsq, norm, s);
 }
 
 CAPEX__PRIVATE int64_t capex__go_nchunks(int64_t numel, int64_t chunk) { return numel / chunk + (numel % chunk != 0); }
@@ -5204,6 +5210,13 @@ struct capex_cuda_optim {
     capex_cuda_ptr dvm;      /* Adam amsgrad: u64[nt], each tensor's max_exp_avg_sq (0: none); 0 without amsgrad */
     capex_cuda_ptr one;      /* pure_half: a device float 1.0f (the mirror's scale factor) */
     size_t n_pure;           /* tensors with pure_half */
+    /* Sharded LAMB (capex_cuda_zero): where this optimizer's tensors are
+       pieces of tensors split across ranks, the step hands its sums to
+       reduce_fn on the device, in place, on the step's stream: what 0: the
+       squared global grad norm (1 double); what 1: |p|^2 per tensor then
+       |u|^2 per tensor (2 * n doubles, n = tensors). NULL: not sharded. */
+    capex_result (*reduce_fn)(void *user, int what, capex_cuda_ptr vals, size_t n, capex_cuda_stream s);
+    void *reduce_user;
 };
 CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream);
 
@@ -5629,6 +5642,7 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
     }
     total = off;
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, &zero, &total, 1, g2, 0, s);
+    if (r == CAPEX_OK && o->reduce_fn) r = o->reduce_fn(o->reduce_user, 0, g2, 1, s); /* sharded: every rank's */
     memset(&a, 0, sizeof a);
     a.op.lamb_clip.groups = o->dgroups;
     a.op.lamb_clip.sumsq = g2;
@@ -5654,6 +5668,7 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
     /* 3. per-tensor norms, trust ratios */
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, o->seg, o->seg + nt, nt, sp, 0, s);
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part + 8u * (uint64_t)o->chunks, o->seg, o->seg + nt, nt, su, 0, s);
+    if (r == CAPEX_OK && o->reduce_fn && nt) r = o->reduce_fn(o->reduce_user, 1, sp, nt, s); /* su follows sp */
     memset(&a, 0, sizeof a);
     a.op.lamb_ratio.groups = o->dgroups;
     a.op.lamb_ratio.p_sumsq = sp;
@@ -6792,6 +6807,8 @@ struct capex_cuda_zero {
     size_t ws_bytes;
     capex_cuda_ptr coef;     /* float, capex_cuda_zero_clip_coef_ptr */
     capex_cuda_ptr inv_scale, clip_coef, found_inf; /* the step's, for the step hook */
+    capex_cuda_ptr lamb;     /* LAMB: |p|^2 then |u|^2 per param (2 * np doubles), summed across ranks */
+    int64_t *lamb_idx;       /* LAMB: per piece k: k, 1 (a one-element segment), its param */
 };
 
 CAPEX__PRIVATE capex_cuda_stream capex__czero_stream(const capex_cuda_zero *zg) { return capex__nccl_of(zg->comm)->user; }
@@ -6814,6 +6831,35 @@ CAPEX__PRIVATE capex_result capex__czero_add(void *user, void *y, const void *x,
     return capex_cuda_add_f32(zg->ctx, (capex_cuda_ptr)(uintptr_t)y, (capex_cuda_ptr)(uintptr_t)y,
                               (capex_cuda_ptr)(uintptr_t)x, n, capex__czero_stream(zg));
 }
+/* Sharded LAMB's sums across ranks, on the device (capex_cuda_optim's
+   reduce_fn): the global norm's one double is allreduced in place; the
+   per-piece |p|^2, |u|^2 are moved to their params' slots of a zeroed
+   per-param array (one-element segments of the fixed-order reduce kernel),
+   allreduced, and moved back. Each allreduce waits for its collective (the
+   NCCL comm's blocking entry), no value goes through the host. */
+CAPEX__PRIVATE capex_result capex__czero_reduce(void *user, int what, capex_cuda_ptr vals, size_t n, capex_cuda_stream s) {
+    capex_cuda_zero *zg = (capex_cuda_zero *)user;
+    size_t np = zg->z->np;
+    const int64_t *k = zg->lamb_idx, *one = k + n, *param = k + 2 * n;
+    const capex__go_exec *ex = &zg->opt->ex;
+    capex_cuda_ptr A = zg->lamb, B = zg->lamb + 8u * (uint64_t)np;
+    capex_result r;
+    if (zg->comm->world_size == 1) return CAPEX_OK;
+    if (what == 0) r = capex_comm_allreduce(zg->comm, (void *)(uintptr_t)vals, (void *)(uintptr_t)vals, n, CAPEX_F64, CAPEX_REDUCE_SUM);
+    else {
+        if (n != zg->z->npieces) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_zero: LAMB sums of %zu tensors, %zu pieces", n, zg->z->npieces);
+        r = ex->zero(ex->user, A, 16u * np, s);
+        if (r == CAPEX_OK) r = capex__go_reduce_to(ex, vals, k, one, param, n, A, 0, s);
+        if (r == CAPEX_OK) r = capex__go_reduce_to(ex, vals + 8u * (uint64_t)n, k, one, param, n, B, 0, s);
+        if (r == CAPEX_OK)
+            r = capex_comm_allreduce(zg->comm, (void *)(uintptr_t)A, (void *)(uintptr_t)A, 2 * np, CAPEX_F64, CAPEX_REDUCE_SUM);
+        if (r == CAPEX_OK) r = capex__go_reduce_to(ex, A, param, one, k, n, vals, 0, s);
+        if (r == CAPEX_OK) r = capex__go_reduce_to(ex, B, param, one, k, n, vals + 8u * (uint64_t)n, 0, s);
+    }
+    if (r != CAPEX_OK) zg->z->failed = 1;
+    return r;
+}
+
 CAPEX__PRIVATE capex_result capex__czero_to_host(void *user, unsigned flags, capex_optim **host) {
     capex_cuda_zero *zg = (capex_cuda_zero *)user;
     return capex_cuda_optim_to_host(zg->opt, flags, capex__czero_stream(zg), host);
@@ -6828,10 +6874,12 @@ CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *zg) {
     capex_zero_destroy(zg->z); /* waits for its collectives */
     capex_cuda_optim_destroy(zg->opt);
     if (zg->ctx) {
+        if (zg->lamb) capex_cuda_free(zg->ctx, zg->lamb);
         if (zg->ws) capex_cuda_free(zg->ctx, zg->ws);
         if (zg->coef) capex_cuda_free(zg->ctx, zg->coef);
     }
     capex__free(NULL, zg->shards);
+    capex__free(NULL, zg->lamb_idx);
     capex__free(NULL, zg);
 }
 
@@ -6887,6 +6935,19 @@ CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm 
     if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, zg->ws_bytes, &zg->ws);
     if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, sizeof(float), &zg->coef);
     if (r == CAPEX_OK) r = capex_cuda_memcpy_htod(zg->ctx, zg->coef, &one, sizeof one, NULL);
+    if (r == CAPEX_OK && od->kind == CAPEX_OPTIM_LAMB) { /* the per-param sums across ranks (capex__czero_reduce) */
+        size_t j, npc = zg->z->npieces;
+        if (!(zg->lamb_idx = (int64_t *)capex__alloc(NULL, sizeof(int64_t) * (3 * npc + 1))))
+            r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        for (j = 0; r == CAPEX_OK && j < npc; j++) {
+            zg->lamb_idx[j] = (int64_t)j;
+            zg->lamb_idx[npc + j] = 1;
+            zg->lamb_idx[2 * npc + j] = (int64_t)zg->z->piece_param[j];
+        }
+        if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, 16u * (zg->z->np + 1), &zg->lamb);
+        zg->opt->reduce_fn = capex__czero_reduce;
+        zg->opt->reduce_user = zg;
+    }
     if (r != CAPEX_OK) { capex_cuda_zero_destroy(zg); return r; }
     *out = zg;
     return CAPEX_OK;

@@ -399,6 +399,27 @@ static void same_params(ct_state *ct, const cfg *c, const hostp *a, const hostp 
                  capex_dtype_name(dt_of(c, i)), zp_numel[i]);
 }
 
+/* LAMB: its global norm and per-tensor |p|, |u| are sums over pieces on
+   every rank, in another order than the unsharded ones: within 1e-5
+   relative (f32) or an ulp of the half type. */
+static float as_f32(const void *buf, capex_dtype t, size_t e) {
+    if (t == CAPEX_F32) return ((const float *)buf)[e];
+    return t == CAPEX_F16 ? capex_f16_to_f32(((const uint16_t *)buf)[e]) : capex_bf16_to_f32(((const uint16_t *)buf)[e]);
+}
+static void close_params(ct_state *ct, const cfg *c, const hostp *a, const hostp *b, const char *what, double *worst) {
+    int i;
+    size_t e;
+    for (i = 0; i < NP; i++) {
+        capex_dtype t = dt_of(c, i);
+        double tol = t == CAPEX_F32 ? 1e-5 : t == CAPEX_F16 ? 1.0 / 1024 : 1.0 / 128;
+        for (e = 0; e < zp_numel[i]; e++) {
+            double x = as_f32(a->d[i], t, e), y = as_f32(b->d[i], t, e), d = fabs(x - y) / (fabs(y) > 1e-3 ? fabs(y) : 1e-3);
+            if (t == CAPEX_F32 && d > *worst) *worst = d;
+            CT_CHECK(d <= tol, "%s: param %d (%s) [%zu]: %.9g vs %.9g (%.3g relative)", what, i, capex_dtype_name(t), e, x, y, d);
+        }
+    }
+}
+
 /* Per step: found_inf and the clip factor against f64 hand references
    (from the exact reduced gradients). */
 static void check_factors(ct_state *ct, const cfg *c, const gpu_run *g) {
@@ -435,7 +456,13 @@ static void equivalence_on(ct_state *ct, capex_cuda_context *ctx, capex_cuda_str
     if (ct->failed) return;
     ref_run(ct, ctx, user, comm, c, &h, g.coef, &rout);
     if (ct->failed) return;
-    same_params(ct, c, &gout, &rout, "ZeRO-GPU vs DDP + capex_cuda_optim");
+    if (c->kind == CAPEX_OPTIM_LAMB) {
+        double worst = 0.0;
+        close_params(ct, c, &gout, &rout, "LAMB: ZeRO-GPU vs DDP + capex_cuda_optim", &worst);
+        if (ct->failed) return;
+        if (g_rank == 0 && getenv("ZGPU_VERBOSE")) fprintf(stderr, "LAMB world %d: worst f32 relative difference %.3g\n", g_world, worst);
+    } else
+        same_params(ct, c, &gout, &rout, "ZeRO-GPU vs DDP + capex_cuda_optim");
     if (ct->failed) return;
     {   /* the optimizer's step count: the inf step did not count */
         int64_t st = -1;
@@ -452,7 +479,11 @@ static void equivalence_on(ct_state *ct, capex_cuda_context *ctx, capex_cuda_str
         for (s = 0; s < c->steps; s++)
             CT_CHECK(memcmp(&g.coef[s], &hr.coef[s], 4) == 0 && g.fi[s] == (unsigned)hr.fi[s], "step %d: clip factor "
                      "%.9g on the GPU, %.9g on the host", s, (double)g.coef[s], (double)hr.coef[s]);
-        same_params(ct, c, &gout, &hr.p, "ZeRO-GPU vs the host capex_zero");
+        if (c->kind == CAPEX_OPTIM_LAMB) {
+            double worst = 0.0;
+            close_params(ct, c, &gout, &hr.p, "LAMB: ZeRO-GPU vs the host capex_zero", &worst);
+        } else
+            same_params(ct, c, &gout, &hr.p, "ZeRO-GPU vs the host capex_zero");
         if (ct->failed) return;
         {   /* the same plan: the same memory report as the host zero's */
             capex_zero_memory a = capex_zero_memory_info(capex_cuda_zero_base(g.zg)), b = capex_zero_memory_info(hr.z);
@@ -492,6 +523,7 @@ CT_TEST(adamw_stage1_halves_clip) { cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 2, 4,
 CT_TEST(sgd_stage1_halves) { cfg c = {1, CAPEX_OPTIM_SGD, 1, INFINITY, 2, 4, 1}; equivalence(ct, &c); }
 CT_TEST(sgd_stage2_clip) { cfg c = {2, CAPEX_OPTIM_SGD, 0, 5.0f, -1, 3, 1}; equivalence(ct, &c); }
 CT_TEST(adagrad_stage2) { cfg c = {2, CAPEX_OPTIM_ADAGRAD, 1, INFINITY, -1, 3, 1}; equivalence(ct, &c); }
+CT_TEST(lamb_stage1_halves_clip) { cfg c = {1, CAPEX_OPTIM_LAMB, 1, 5.0f, 2, 4, 1}; equivalence(ct, &c); }
 CT_TEST(adamw_stage2_two_micro_batches) { cfg c = {2, CAPEX_OPTIM_ADAM, 0, 5.0f, 1, 3, 2}; equivalence(ct, &c); }
 
 /* The norm kernel's values against hand-computed ones, one case each. */
@@ -672,9 +704,9 @@ CT_TEST(refusals) {
              CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "host buffers"), "device mode on a host comm: %s",
              capex_last_error());
     capex_comm_destroy(&single);
-    capex_optim_desc_init(&od, CAPEX_OPTIM_LAMB);
+    capex_optim_desc_init(&od, CAPEX_OPTIM_NOVOGRAD);
     CT_CHECK(capex_cuda_zero_create(&zg, &comm, zp, 1, &od, NULL, 1, NULL) == CAPEX_ERR_UNSUPPORTED &&
-             strstr(capex_last_error(), "LAMB"), "LAMB: %s", capex_last_error());
+             strstr(capex_last_error(), "NovoGrad"), "NovoGrad: %s", capex_last_error());
     CT_CHECK(zg == NULL, "no zero on error");
     capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
     OK(capex_cuda_zero_create(&zg, &comm, zp, 1, &od, NULL, 1, NULL));
@@ -866,6 +898,8 @@ CT_TEST(world2_adamw_stage2_halves_inf) { world_case(ct, "2 2 0 1 inf 1"); }
 CT_TEST(world2_sgd_stage2_clip) { world_case(ct, "2 2 2 0 5 -1"); }
 CT_TEST(world4_adamw_stage2_halves_clip_inf) { world_case(ct, "4 2 0 1 5 2"); }
 CT_TEST(world4_sgd_stage1_halves_inf) { world_case(ct, "4 1 2 1 inf 1"); }
+CT_TEST(world2_lamb_stage2_halves_clip_inf) { world_case(ct, "2 2 1 1 5 2"); }
+CT_TEST(world4_lamb_stage1_f32) { world_case(ct, "4 1 1 0 inf -1"); }
 CT_TEST(checkpoint_across_world_sizes) {
     child_result r;
     NEED_FAKE_WORLD();
@@ -875,11 +909,12 @@ CT_TEST(checkpoint_across_world_sizes) {
 
 static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_halves), CT_CASE(adamw_stage1_halves_clip),
                                 CT_CASE(sgd_stage1_halves), CT_CASE(sgd_stage2_clip), CT_CASE(adagrad_stage2),
-                                CT_CASE(adamw_stage2_two_micro_batches),
+                                CT_CASE(adamw_stage2_two_micro_batches), CT_CASE(lamb_stage1_halves_clip),
                                 CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads),
                                 CT_CASE(refusals), CT_CASE(world2_adamw_stage1_halves_clip_inf),
                                 CT_CASE(world2_adamw_stage2_halves_inf), CT_CASE(world2_sgd_stage2_clip),
                                 CT_CASE(world4_adamw_stage2_halves_clip_inf), CT_CASE(world4_sgd_stage1_halves_inf),
+                                CT_CASE(world2_lamb_stage2_halves_clip_inf), CT_CASE(world4_lamb_stage1_f32),
                                 CT_CASE(checkpoint_across_world_sizes)};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
