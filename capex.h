@@ -11014,6 +11014,7 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
             const capex__zbucket *bk = &z->b[z->bucket_of[i]];
             size_t lo = (size_t)comm->rank * bk->shard, hi = lo + bk->shard, a = z->offset_of[i] > lo ? z->offset_of[i] : lo;
             size_t e = z->offset_of[i] + params[i].numel, f = capex__zero_floats(od, hparams ? &hparams[params[i].group] : &od->defaults);
+            if (z->has_dev && od->kind == CAPEX_OPTIM_LAMB && !od->lamb_low_memory) f--; /* the device LAMB keeps no update */
             if (e > hi) e = hi;
             if (a < e) { m->moment_bytes += f * (e - a) * sizeof(float); m->padding_elements -= e - a; }
             m->unsharded_state_bytes += (f + (params[i].dtype != CAPEX_F32)) * params[i].numel * sizeof(float);
