@@ -625,10 +625,10 @@ CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
    tensor's |p|^2, |u|^2 are summed over the pieces on every rank inside the
    device step (two f64 NCCL allreduces per step; the step waits for them,
    values stay on the device), so they match the unsharded sums to ~1e-15
-   relative and the weights within a few ulps (tested: 1e-5). Not yet:
-   NovoGrad, bf16 stochastic rounding, stage 2 accumulation of f16/bf16
-   grads over several finalize calls (create or grad_ready/finalize refuse
-   them with a message). Checkpoints: capex_zero_save/load on the base (the
+   relative and the weights within a few ulps (tested: 1e-5). Stage 2
+   accumulates micro-batches (several finalize calls before zero_grad) in the
+   shard as the host does (f32 sum, one rounding to f16/bf16). Not yet:
+   NovoGrad, bf16 stochastic rounding (create refuses them with a message). Checkpoints: capex_zero_save/load on the base (the
    unsharded capex_optim format: they load on the CPU, into plain optimizers
    and into any world size); they copy through the host and wait. Thread
    safety: one thread at a time per zero. */
@@ -6813,6 +6813,8 @@ struct capex_cuda_zero {
     capex_cuda_ptr inv_scale, clip_coef, found_inf; /* the step's, for the step hook */
     capex_cuda_ptr lamb;     /* LAMB: |p|^2 then |u|^2 per param (2 * np doubles), summed across ranks */
     int64_t *lamb_idx;       /* LAMB: per piece k: k, 1 (a one-element segment), its param */
+    capex_cuda_ptr acc;      /* stage 2, half grads: two f32 scratch shards of acc_n floats (first accumulation) */
+    size_t acc_n;
 };
 
 CAPEX__PRIVATE capex_cuda_stream capex__czero_stream(const capex_cuda_zero *zg) { return capex__nccl_of(zg->comm)->user; }
@@ -6825,15 +6827,28 @@ CAPEX__PRIVATE capex_result capex__czero_step(void *user) {
     capex_cuda_zero *zg = (capex_cuda_zero *)user;
     return capex_cuda_optim_step(zg->opt, zg->inv_scale, zg->clip_coef, zg->found_inf, capex__czero_stream(zg));
 }
-/* Stage 2, a second finalize before zero_grad: gshard += this reduce. */
+/* Stage 2, a second finalize before zero_grad: gshard += this reduce, as
+   the host's axpby(1, x, 1, y): f32 sum, rounded once to a half dtype
+   (exact conversions, through two f32 scratch shards). */
 CAPEX__PRIVATE capex_result capex__czero_add(void *user, void *y, const void *x, size_t n, capex_dtype t) {
     capex_cuda_zero *zg = (capex_cuda_zero *)user;
-    if (t != CAPEX_F32)
-        return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_zero_finalize: stage 2 on the GPU accumulates several backward "
-                           "passes (finalize before zero_grad) only for f32 grads yet; use stage 1 for %s micro-batches",
-                           t == CAPEX_F16 ? "f16" : "bf16");
-    return capex_cuda_add_f32(zg->ctx, (capex_cuda_ptr)(uintptr_t)y, (capex_cuda_ptr)(uintptr_t)y,
-                              (capex_cuda_ptr)(uintptr_t)x, n, capex__czero_stream(zg));
+    capex_cuda_stream s = capex__czero_stream(zg);
+    capex_cuda_ptr Y = (capex_cuda_ptr)(uintptr_t)y, X = (capex_cuda_ptr)(uintptr_t)x, ty, tx;
+    capex_result r = CAPEX_OK;
+    if (t == CAPEX_F32) return capex_cuda_add_f32(zg->ctx, Y, Y, X, n, s);
+    if (!zg->acc) {
+        size_t k, most = 0;
+        for (k = 0; k < zg->z->nb; k++) if (zg->z->b[k].shard > most) most = zg->z->b[k].shard;
+        if ((r = capex_cuda_malloc(zg->ctx, 8u * (most + 1), &zg->acc)) != CAPEX_OK) return r;
+        zg->acc_n = most + 1;
+    }
+    ty = zg->acc;
+    tx = zg->acc + 4u * (uint64_t)zg->acc_n;
+    r = capex_cuda_convert(zg->ctx, ty, CAPEX_F32, Y, t, n, s);
+    if (r == CAPEX_OK) r = capex_cuda_convert(zg->ctx, tx, CAPEX_F32, X, t, n, s);
+    if (r == CAPEX_OK) r = capex_cuda_add_f32(zg->ctx, ty, ty, tx, n, s);
+    if (r == CAPEX_OK) r = capex_cuda_convert(zg->ctx, Y, t, ty, CAPEX_F32, n, s);
+    return r;
 }
 /* Sharded LAMB's sums across ranks, on the device (capex_cuda_optim's
    reduce_fn): the global norm's one double is allreduced in place; the
@@ -6879,6 +6894,7 @@ CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *zg) {
     capex_cuda_optim_destroy(zg->opt);
     if (zg->ctx) {
         if (zg->lamb) capex_cuda_free(zg->ctx, zg->lamb);
+        if (zg->acc) capex_cuda_free(zg->ctx, zg->acc);
         if (zg->ws) capex_cuda_free(zg->ctx, zg->ws);
         if (zg->coef) capex_cuda_free(zg->ctx, zg->coef);
     }
