@@ -10892,10 +10892,6 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     if (!od) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: od is NULL; make one with capex_optim_desc_init", fn);
     if ((r = capex__desc_check(od->init_tag, CAPEX__OPTIM_DESC_TAG, fn, "capex_optim_desc", "capex_optim_desc_init")) != CAPEX_OK)
         return r;
-    if (dev && od->kind == CAPEX_OPTIM_NOVOGRAD)
-        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: NovoGrad on the GPU needs its per-tensor norms and v across ranks "
-                           "inside the device step, not there yet; use Adam/AdamW, SGD, Adagrad or LAMB, or the host "
-                           "capex_zero", fn);
     if (dev && od->stochastic_rounding)
         return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: bf16 stochastic rounding with sharding on the GPU is not "
                            "supported yet", fn);
@@ -11522,7 +11518,15 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
         for (j = 0; r == CAPEX_OK && j < z->np; j++) vv[j] = 0.0;
         for (j = 0; r == CAPEX_OK && j < z->npieces; j++)
             if (z->piece_start[j] == 0) vv[z->piece_param[j]] = (double)z->opt->novo_v[j];
-        if (r == CAPEX_OK && W > 1) r = capex_comm_allreduce(c, vv, vv, z->np, CAPEX_F64, CAPEX_REDUCE_SUM);
+        if (r == CAPEX_OK && W > 1 && !z->has_dev) r = capex_comm_allreduce(c, vv, vv, z->np, CAPEX_F64, CAPEX_REDUCE_SUM);
+        if (r == CAPEX_OK && W > 1 && z->has_dev) { /* the collective on device memory */
+            void *dv = NULL;
+            if ((r = capex__comm_alloc(c, &dv, sizeof(double) * z->np)) == CAPEX_OK &&
+                (r = capex__comm_copy(c, dv, vv, sizeof(double) * z->np, CAPEX_COPY_H2D)) == CAPEX_OK &&
+                (r = capex_comm_allreduce(c, dv, dv, z->np, CAPEX_F64, CAPEX_REDUCE_SUM)) == CAPEX_OK)
+                r = capex__comm_copy(c, vv, dv, sizeof(double) * z->np, CAPEX_COPY_D2H);
+            capex__comm_free(c, dv);
+        }
         for (j = 0; r == CAPEX_OK && root && j < z->np; j++)
             z->save_tmp->novo_v[z->full_pos[2 * j + 1]] = (float)vv[j];
         capex__free(NULL, vv);

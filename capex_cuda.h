@@ -625,10 +625,12 @@ CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
    tensor's |p|^2, |u|^2 are summed over the pieces on every rank inside the
    device step (two f64 NCCL allreduces per step; the step waits for them,
    values stay on the device), so they match the unsharded sums to ~1e-15
-   relative and the weights within a few ulps (tested: 1e-5). Stage 2
+   relative and the weights within a few ulps (tested: 1e-5); NovoGrad's
+   per-tensor grad norms alike (one allreduce), its v (one float per tensor)
+   kept alike by every rank holding a piece. Stage 2
    accumulates micro-batches (several finalize calls before zero_grad) in the
-   shard as the host does (f32 sum, one rounding to f16/bf16). Not yet:
-   NovoGrad, bf16 stochastic rounding (create refuses them with a message). Checkpoints: capex_zero_save/load on the base (the
+   shard as the host does (f32 sum, one rounding to f16/bf16). Not yet: bf16
+   stochastic rounding (create refuses it with a message). Checkpoints: capex_zero_save/load on the base (the
    unsharded capex_optim format: they load on the CPU, into plain optimizers
    and into any world size); they copy through the host and wait. Thread
    safety: one thread at a time per zero. */
@@ -5218,7 +5220,8 @@ struct capex_cuda_optim {
        pieces of tensors split across ranks, the step hands its sums to
        reduce_fn on the device, in place, on the step's stream: what 0: the
        squared global grad norm (1 double); what 1: |p|^2 per tensor then
-       |u|^2 per tensor (2 * n doubles, n = tensors). NULL: not sharded. */
+       |u|^2 per tensor (2 * n doubles, n = tensors); what 2: NovoGrad's
+       per-tensor sum of squared grads (n doubles). NULL: not sharded. */
     capex_result (*reduce_fn)(void *user, int what, capex_cuda_ptr vals, size_t n, capex_cuda_stream s);
     void *reduce_user;
 };
@@ -5723,6 +5726,7 @@ CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_
             off += ch;
         }
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, o->seg, o->seg + nt, nt, n2, 0, s);
+    if (r == CAPEX_OK && o->reduce_fn && nt) r = o->reduce_fn(o->reduce_user, 2, n2, nt, s); /* sharded: whole tensors' */
     memset(&a, 0, sizeof a);
     a.op.novo_norm.groups = o->dgroups;
     a.op.novo_norm.sumsq = n2;
@@ -6850,11 +6854,12 @@ CAPEX__PRIVATE capex_result capex__czero_add(void *user, void *y, const void *x,
     if (r == CAPEX_OK) r = capex_cuda_convert(zg->ctx, Y, t, ty, CAPEX_F32, n, s);
     return r;
 }
-/* Sharded LAMB's sums across ranks, on the device (capex_cuda_optim's
-   reduce_fn): the global norm's one double is allreduced in place; the
-   per-piece |p|^2, |u|^2 are moved to their params' slots of a zeroed
-   per-param array (one-element segments of the fixed-order reduce kernel),
-   allreduced, and moved back. Each allreduce waits for its collective (the
+/* Sharded LAMB's and NovoGrad's sums across ranks, on the device
+   (capex_cuda_optim's reduce_fn): the global norm's one double is allreduced
+   in place; per-piece sums (LAMB's |p|^2 and |u|^2, NovoGrad's grad sum of
+   squares) are moved to their params' slots of a zeroed per-param array
+   (one-element segments of the fixed-order reduce kernel), allreduced, and
+   moved back. Each allreduce waits for its collective (the
    NCCL comm's blocking entry), no value goes through the host. */
 CAPEX__PRIVATE capex_result capex__czero_reduce(void *user, int what, capex_cuda_ptr vals, size_t n, capex_cuda_stream s) {
     capex_cuda_zero *zg = (capex_cuda_zero *)user;
@@ -6866,14 +6871,15 @@ CAPEX__PRIVATE capex_result capex__czero_reduce(void *user, int what, capex_cuda
     if (zg->comm->world_size == 1) return CAPEX_OK;
     if (what == 0) r = capex_comm_allreduce(zg->comm, (void *)(uintptr_t)vals, (void *)(uintptr_t)vals, n, CAPEX_F64, CAPEX_REDUCE_SUM);
     else {
-        if (n != zg->z->npieces) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_zero: LAMB sums of %zu tensors, %zu pieces", n, zg->z->npieces);
-        r = ex->zero(ex->user, A, 16u * np, s);
+        size_t halves = what == 1 ? 2 : 1; /* LAMB: |p|^2 then |u|^2; NovoGrad: one sum */
+        if (n != zg->z->npieces) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_zero: sums of %zu tensors, %zu pieces", n, zg->z->npieces);
+        r = ex->zero(ex->user, A, 8u * halves * np, s);
         if (r == CAPEX_OK) r = capex__go_reduce_to(ex, vals, k, one, param, n, A, 0, s);
-        if (r == CAPEX_OK) r = capex__go_reduce_to(ex, vals + 8u * (uint64_t)n, k, one, param, n, B, 0, s);
+        if (r == CAPEX_OK && halves == 2) r = capex__go_reduce_to(ex, vals + 8u * (uint64_t)n, k, one, param, n, B, 0, s);
         if (r == CAPEX_OK)
-            r = capex_comm_allreduce(zg->comm, (void *)(uintptr_t)A, (void *)(uintptr_t)A, 2 * np, CAPEX_F64, CAPEX_REDUCE_SUM);
+            r = capex_comm_allreduce(zg->comm, (void *)(uintptr_t)A, (void *)(uintptr_t)A, halves * np, CAPEX_F64, CAPEX_REDUCE_SUM);
         if (r == CAPEX_OK) r = capex__go_reduce_to(ex, A, param, one, k, n, vals, 0, s);
-        if (r == CAPEX_OK) r = capex__go_reduce_to(ex, B, param, one, k, n, vals + 8u * (uint64_t)n, 0, s);
+        if (r == CAPEX_OK && halves == 2) r = capex__go_reduce_to(ex, B, param, one, k, n, vals + 8u * (uint64_t)n, 0, s);
     }
     if (r != CAPEX_OK) zg->z->failed = 1;
     return r;
@@ -6955,7 +6961,7 @@ CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm 
     if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, zg->ws_bytes, &zg->ws);
     if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, sizeof(float), &zg->coef);
     if (r == CAPEX_OK) r = capex_cuda_memcpy_htod(zg->ctx, zg->coef, &one, sizeof one, NULL);
-    if (r == CAPEX_OK && od->kind == CAPEX_OPTIM_LAMB) { /* the per-param sums across ranks (capex__czero_reduce) */
+    if (r == CAPEX_OK && (od->kind == CAPEX_OPTIM_LAMB || od->kind == CAPEX_OPTIM_NOVOGRAD)) { /* capex__czero_reduce */
         size_t j, npc = zg->z->npieces;
         if (!(zg->lamb_idx = (int64_t *)capex__alloc(NULL, sizeof(int64_t) * (3 * npc + 1))))
             r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);

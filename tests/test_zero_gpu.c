@@ -456,11 +456,11 @@ static void equivalence_on(ct_state *ct, capex_cuda_context *ctx, capex_cuda_str
     if (ct->failed) return;
     ref_run(ct, ctx, user, comm, c, &h, g.coef, &rout);
     if (ct->failed) return;
-    if (c->kind == CAPEX_OPTIM_LAMB) {
+    if (c->kind == CAPEX_OPTIM_LAMB || c->kind == CAPEX_OPTIM_NOVOGRAD) {
         double worst = 0.0;
-        close_params(ct, c, &gout, &rout, "LAMB: ZeRO-GPU vs DDP + capex_cuda_optim", &worst);
+        close_params(ct, c, &gout, &rout, "LAMB/NovoGrad: ZeRO-GPU vs DDP + capex_cuda_optim", &worst);
         if (ct->failed) return;
-        if (g_rank == 0 && getenv("ZGPU_VERBOSE")) fprintf(stderr, "LAMB world %d: worst f32 relative difference %.3g\n", g_world, worst);
+        if (g_rank == 0 && getenv("ZGPU_VERBOSE")) fprintf(stderr, "kind %d world %d: worst f32 relative difference %.3g\n", (int)c->kind, g_world, worst);
     } else
         same_params(ct, c, &gout, &rout, "ZeRO-GPU vs DDP + capex_cuda_optim");
     if (ct->failed) return;
@@ -479,9 +479,9 @@ static void equivalence_on(ct_state *ct, capex_cuda_context *ctx, capex_cuda_str
         for (s = 0; s < c->steps; s++)
             CT_CHECK(memcmp(&g.coef[s], &hr.coef[s], 4) == 0 && g.fi[s] == (unsigned)hr.fi[s], "step %d: clip factor "
                      "%.9g on the GPU, %.9g on the host", s, (double)g.coef[s], (double)hr.coef[s]);
-        if (c->kind == CAPEX_OPTIM_LAMB) {
+        if (c->kind == CAPEX_OPTIM_LAMB || c->kind == CAPEX_OPTIM_NOVOGRAD) {
             double worst = 0.0;
-            close_params(ct, c, &gout, &hr.p, "LAMB: ZeRO-GPU vs the host capex_zero", &worst);
+            close_params(ct, c, &gout, &hr.p, "LAMB/NovoGrad: ZeRO-GPU vs the host capex_zero", &worst);
         } else
             same_params(ct, c, &gout, &hr.p, "ZeRO-GPU vs the host capex_zero");
         if (ct->failed) return;
@@ -530,6 +530,7 @@ CT_TEST(adamw_stage1_halves_clip) { cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 2, 4,
 CT_TEST(sgd_stage1_halves) { cfg c = {1, CAPEX_OPTIM_SGD, 1, INFINITY, 2, 4, 1}; equivalence(ct, &c); }
 CT_TEST(sgd_stage2_clip) { cfg c = {2, CAPEX_OPTIM_SGD, 0, 5.0f, -1, 3, 1}; equivalence(ct, &c); }
 CT_TEST(adagrad_stage2) { cfg c = {2, CAPEX_OPTIM_ADAGRAD, 1, INFINITY, -1, 3, 1}; equivalence(ct, &c); }
+CT_TEST(novograd_stage2_halves) { cfg c = {2, CAPEX_OPTIM_NOVOGRAD, 1, 5.0f, 2, 4, 1}; equivalence(ct, &c); }
 CT_TEST(adamw_stage2_halves_two_micro_batches) { cfg c = {2, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 2}; equivalence(ct, &c); }
 CT_TEST(lamb_stage1_halves_clip) { cfg c = {1, CAPEX_OPTIM_LAMB, 1, 5.0f, 2, 4, 1}; equivalence(ct, &c); }
 CT_TEST(adamw_stage2_two_micro_batches) { cfg c = {2, CAPEX_OPTIM_ADAM, 0, 5.0f, 1, 3, 2}; equivalence(ct, &c); }
@@ -687,6 +688,7 @@ static void checkpoint_case(ct_state *ct, cfg c) {
 
 CT_TEST(checkpoint_matches_host_and_loads) { cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 1}; checkpoint_case(ct, c); }
 CT_TEST(checkpoint_lamb_stage2) { cfg c = {2, CAPEX_OPTIM_LAMB, 1, 5.0f, -1, 3, 1}; checkpoint_case(ct, c); }
+CT_TEST(checkpoint_novograd_stage1) { cfg c = {1, CAPEX_OPTIM_NOVOGRAD, 1, 5.0f, -1, 3, 1}; checkpoint_case(ct, c); }
 
 CT_TEST(refusals) {
     capex_cuda_context *ctx = NULL;
@@ -713,9 +715,9 @@ CT_TEST(refusals) {
              CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "host buffers"), "device mode on a host comm: %s",
              capex_last_error());
     capex_comm_destroy(&single);
-    capex_optim_desc_init(&od, CAPEX_OPTIM_NOVOGRAD);
+    od.stochastic_rounding = 1;
     CT_CHECK(capex_cuda_zero_create(&zg, &comm, zp, 1, &od, NULL, 1, NULL) == CAPEX_ERR_UNSUPPORTED &&
-             strstr(capex_last_error(), "NovoGrad"), "NovoGrad: %s", capex_last_error());
+             strstr(capex_last_error(), "stochastic rounding"), "stochastic rounding: %s", capex_last_error());
     CT_CHECK(zg == NULL, "no zero on error");
     capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
     OK(capex_cuda_zero_create(&zg, &comm, zp, 1, &od, NULL, 1, NULL));
@@ -850,7 +852,7 @@ static void child_world(const char *arg, child_result *res) {
 static void child_ckpt(const char *arg, child_result *res) {
     world_job j;
     cfg c = {2, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 1};
-    (void)arg;
+    if (arg) c.kind = (capex_optim_kind)atoi(arg); /* the file must carry its state (NovoGrad: v per tensor) */
     setenv("FAKE_NCCL_TIMEOUT", "30", 1);
     memset(&j, 0, sizeof j);
     j.c = c;
@@ -891,25 +893,30 @@ CT_TEST(world4_adamw_stage2_halves_clip_inf) { world_case(ct, "4 2 0 1 5 2"); }
 CT_TEST(world4_sgd_stage1_halves_inf) { world_case(ct, "4 1 2 1 inf 1"); }
 CT_TEST(world2_lamb_stage2_halves_clip_inf) { world_case(ct, "2 2 1 1 5 2"); }
 CT_TEST(world4_lamb_stage1_f32) { world_case(ct, "4 1 1 0 inf -1"); }
+CT_TEST(world2_novograd_stage1_halves_clip_inf) { world_case(ct, "2 1 4 1 5 2"); }
+CT_TEST(world4_novograd_stage2_f32) { world_case(ct, "4 2 4 0 inf -1"); }
 CT_TEST(world2_adamw_stage2_halves_two_micro_batches) { world_case(ct, "2 2 0 1 5 1 2"); }
-CT_TEST(checkpoint_across_world_sizes) {
+static void ckpt_worlds(ct_state *ct, const char *kind) {
     child_result r;
     NEED_FAKE_WORLD();
-    r = run_child("ckpt", NULL);
+    r = run_child("ckpt", kind);
     CT_CHECK(r.exited_ok && r.code == 0, "%s (code %d)", r.message, r.code);
 }
+CT_TEST(checkpoint_across_world_sizes) { ckpt_worlds(ct, "0"); }
+CT_TEST(checkpoint_across_world_sizes_novograd) { ckpt_worlds(ct, "4"); }
 
 static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_halves), CT_CASE(adamw_stage1_halves_clip),
                                 CT_CASE(sgd_stage1_halves), CT_CASE(sgd_stage2_clip), CT_CASE(adagrad_stage2),
                                 CT_CASE(adamw_stage2_two_micro_batches), CT_CASE(lamb_stage1_halves_clip),
-                                CT_CASE(adamw_stage2_halves_two_micro_batches),
-                                CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads), CT_CASE(checkpoint_lamb_stage2),
+                                CT_CASE(adamw_stage2_halves_two_micro_batches), CT_CASE(novograd_stage2_halves),
+                                CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads), CT_CASE(checkpoint_lamb_stage2), CT_CASE(checkpoint_novograd_stage1),
                                 CT_CASE(refusals), CT_CASE(world2_adamw_stage1_halves_clip_inf),
                                 CT_CASE(world2_adamw_stage2_halves_inf), CT_CASE(world2_sgd_stage2_clip),
                                 CT_CASE(world4_adamw_stage2_halves_clip_inf), CT_CASE(world4_sgd_stage1_halves_inf),
                                 CT_CASE(world2_lamb_stage2_halves_clip_inf), CT_CASE(world4_lamb_stage1_f32),
                                 CT_CASE(world2_adamw_stage2_halves_two_micro_batches),
-                                CT_CASE(checkpoint_across_world_sizes)};
+                                CT_CASE(world2_novograd_stage1_halves_clip_inf), CT_CASE(world4_novograd_stage2_f32),
+                                CT_CASE(checkpoint_across_world_sizes), CT_CASE(checkpoint_across_world_sizes_novograd)};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
