@@ -1685,8 +1685,9 @@ CAPEX_API void capex_ddp_get_stats(const capex_ddp *ddp, capex_ddp_stats *out);
    ulps (tested). NovoGrad's v (one float per tensor) is kept alike by every
    rank holding a piece. bf16 stochastic rounding draws the unsharded
    optimizer's bits (each piece keyed by its tensor's index and element
-   offset; tensors under 2^32 elements). Not yet: device (NCCL) buffers;
-   create refuses them with a message. */
+   offset; tensors under 2^32 elements). Device (NCCL) params:
+   capex_cuda_zero in capex_cuda.h runs this code with a device optimizer
+   (capex_zero_create refuses a device comm with a message). */
 typedef struct capex_zero capex_zero;
 
 typedef struct capex_zero_param {
@@ -10655,8 +10656,24 @@ typedef struct capex__zbucket {
     capex_comm_req req;
 } capex__zbucket;
 
+/* Device mode (capex_cuda.h's capex_cuda_zero): capex_zero plans, buckets,
+   reduce-scatters, all-gathers and checkpoints as on the host; the optimizer
+   over this rank's pieces is the device's, behind these hooks (z->opt stays
+   NULL but during save/load, where it is a host copy from to_host). */
+typedef struct capex__zero_dev {
+    void *user;
+    capex_result (*add_group)(void *user, const capex_optim_hparams *hp, const capex_optim_param *pp, size_t n);
+    capex_result (*step)(void *user);                                           /* enqueues the shard step */
+    capex_result (*add)(void *user, void *y, const void *x, size_t n, capex_dtype t); /* y += x (stage 2) */
+    capex_result (*to_host)(void *user, unsigned flags, capex_optim **host);    /* host copy of the pieces' state */
+    capex_result (*from_host)(void *user, const capex_optim *host);             /* moments, steps, hparams back */
+} capex__zero_dev;
+
 struct capex_zero {
     capex_comm *comm;
+    int has_dev;           /* device mode: dev's optimizer, masters in comm memory */
+    capex__zero_dev dev;
+    unsigned char *save_host; /* device mode, rank 0: host copies of the params of the last save */
     capex_zero_desc d;
     size_t np, nb, ngroups;
     capex_zero_param *params;
@@ -10698,6 +10715,7 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
     capex_optim_destroy(z->opt);
     capex_optim_destroy(z->save_tmp);
     capex__free(NULL, z->save_masters);
+    capex__free(NULL, z->save_host);
     capex__free(NULL, z->lamb_sums);
     capex__free(NULL, z->counts);
     capex__free(NULL, z->piece_param);
@@ -10708,7 +10726,8 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
         capex__comm_free(z->comm, z->b[i].grad); /* stage 1's own buffer, or stage 2's lent one */
         capex__comm_free(z->comm, z->b[i].gshard);
         capex__comm_free(z->comm, z->b[i].param);
-        capex__free(NULL, z->b[i].master);
+        if (z->has_dev) capex__comm_free(z->comm, z->b[i].master);
+        else capex__free(NULL, z->b[i].master);
     }
     for (i = 0; i < z->npool; i++) capex__comm_free(z->comm, z->pool[i]);
     capex__free(NULL, z->pool);
@@ -10793,7 +10812,7 @@ static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_des
     capex_optim_param *pp = (capex_optim_param *)capex__alloc(NULL, sizeof(capex_optim_param) * (z->np + 1));
     capex_result res = CAPEX_OK;
     if (!pp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero_create: out of memory");
-    if ((res = capex_optim_create(od, &z->opt)) != CAPEX_OK) { capex__free(NULL, pp); return res; }
+    if (!z->has_dev && (res = capex_optim_create(od, &z->opt)) != CAPEX_OK) { capex__free(NULL, pp); return res; }
     for (g = 0; res == CAPEX_OK && g < z->ngroups; g++) {
         for (k = 0, n = 0; k < z->nb; k++) {
             capex__zbucket *bk = &z->b[k];
@@ -10821,9 +10840,11 @@ static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_des
                 n++;
             }
         }
-        res = capex_optim_add_group(z->opt, hp ? &hp[g] : NULL, pp, n, NULL);
+        if (z->has_dev) res = z->dev.add_group(z->dev.user, hp ? &hp[g] : NULL, pp, n);
+        else res = capex_optim_add_group(z->opt, hp ? &hp[g] : NULL, pp, n, NULL);
     }
     capex__free(NULL, pp);
+    if (z->has_dev) return res; /* no stochastic rounding, LAMB or NovoGrad there (create refuses them) */
     if (res == CAPEX_OK) { /* stochastic rounding keyed as the unsharded optimizer's tensors and elements */
         size_t j;
         for (j = 0; j < z->npieces; j++) {
@@ -10849,10 +10870,11 @@ static size_t capex__zero_floats(const capex_optim_desc *od, const capex_optim_h
     return 2 + (hp->amsgrad != 0);
 }
 
-CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
-                                         size_t np, const capex_optim_desc *od, const capex_optim_hparams *hparams,
-                                         size_t ngroups, const capex_zero_desc *desc) {
-    static const char *fn = "capex_zero_create";
+/* capex_zero_create, and capex_cuda_zero_create's device mode (dev non-NULL). */
+CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
+                                              size_t np, const capex_optim_desc *od, const capex_optim_hparams *hparams,
+                                              size_t ngroups, const capex_zero_desc *desc, const capex__zero_dev *dev,
+                                              const char *fn) {
     capex_zero *z;
     capex_zero_desc dd;
     capex_result r;
@@ -10860,12 +10882,19 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: out is NULL", fn);
     *out = NULL;
     if ((r = capex__comm_check(comm, fn)) != CAPEX_OK) return r;
-    if (comm->device_buffers)
-        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: device (NCCL) buffers are not supported yet; use DDP there", fn);
+    if (comm->device_buffers && !dev)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the comm works on device (NCCL) buffers; the sharded optimizer "
+                           "for device params is capex_cuda_zero_create (capex_cuda.h)", fn);
+    if (!comm->device_buffers && dev)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the comm works on host buffers (%s); device params need an NCCL "
+                           "comm (capex_comm_init_nccl), host params capex_zero_create", fn, comm->vt->name);
     if (np && !params) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: params is NULL with num_params %zu", fn, np);
     if (!od) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: od is NULL; make one with capex_optim_desc_init", fn);
     if ((r = capex__desc_check(od->init_tag, CAPEX__OPTIM_DESC_TAG, fn, "capex_optim_desc", "capex_optim_desc_init")) != CAPEX_OK)
         return r;
+    if (dev && od->stochastic_rounding)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: bf16 stochastic rounding with sharding on the GPU is not "
+                           "supported yet", fn);
     if (!desc) { capex_zero_desc_init(&dd); desc = &dd; }
     if ((r = capex__desc_check(desc->init_tag, CAPEX__TAG_ZERO_DESC, fn, "capex_zero_desc", "capex_zero_desc_init")) != CAPEX_OK)
         return r;
@@ -10899,6 +10928,7 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
     if (!z) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     memset(z, 0, sizeof *z);
     z->comm = comm;
+    if (dev) { z->has_dev = 1; z->dev = *dev; }
     z->d = *desc;
     z->np = np;
     z->ngroups = ngroups;
@@ -10956,9 +10986,11 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
                                  CAPEX_COPY_D2D);
         }
         if (r == CAPEX_OK && bk->dtype != CAPEX_F32) {
-            bk->master = (float *)capex__alloc(NULL, sizeof(float) * (bk->shard ? bk->shard : 1));
-            if (!bk->master) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory (master weights)", fn);
-            else r = capex__comm_convert(comm, bk->master, CAPEX_F32, (char *)bk->param + lo * es, bk->dtype, bk->shard);
+            if (z->has_dev) r = capex__comm_alloc(comm, (void **)&bk->master, sizeof(float) * (bk->shard ? bk->shard : 1));
+            else if (!(bk->master = (float *)capex__alloc(NULL, sizeof(float) * (bk->shard ? bk->shard : 1))))
+                r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory (master weights)", fn);
+            if (r == CAPEX_OK)
+                r = capex__comm_convert(comm, bk->master, CAPEX_F32, (char *)bk->param + lo * es, bk->dtype, bk->shard);
         }
         if (r != CAPEX_OK) { capex_zero_destroy(z); return r; }
     }
@@ -10978,6 +11010,7 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
             const capex__zbucket *bk = &z->b[z->bucket_of[i]];
             size_t lo = (size_t)comm->rank * bk->shard, hi = lo + bk->shard, a = z->offset_of[i] > lo ? z->offset_of[i] : lo;
             size_t e = z->offset_of[i] + params[i].numel, f = capex__zero_floats(od, hparams ? &hparams[params[i].group] : &od->defaults);
+            if (z->has_dev && od->kind == CAPEX_OPTIM_LAMB && !od->lamb_low_memory) f--; /* the device LAMB keeps no update */
             if (e > hi) e = hi;
             if (a < e) { m->moment_bytes += f * (e - a) * sizeof(float); m->padding_elements -= e - a; }
             m->unsharded_state_bytes += (f + (params[i].dtype != CAPEX_F32)) * params[i].numel * sizeof(float);
@@ -10986,6 +11019,12 @@ CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, con
     }
     *out = z;
     return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
+                                         size_t np, const capex_optim_desc *od, const capex_optim_hparams *hparams,
+                                         size_t ngroups, const capex_zero_desc *desc) {
+    return capex__zero_create(out, comm, params, np, od, hparams, ngroups, desc, NULL, "capex_zero_create");
 }
 
 /* The counts of a collective over equal shards of `shard` elements. */
@@ -11057,6 +11096,7 @@ static capex_result capex__zero_post(capex_zero *z, size_t k) {
     if (z->d.gradient_average && W > 1) r = capex__comm_scale(c, mine, bk->shard, bk->dtype, (float)(1.0 / (double)W));
     if (r == CAPEX_OK && z->d.stage == 2) {
         if (!z->accumulated) r = capex__comm_copy(c, bk->gshard, mine, bk->shard * es, CAPEX_COPY_D2D);
+        else if (z->has_dev) r = z->dev.add(z->dev.user, bk->gshard, mine, bk->shard, bk->dtype);
         else {
             capex_tensor tx = {0, 0}, ty = {0, 0};
             capex_tensor_list lx, ly;
@@ -11178,6 +11218,9 @@ CAPEX_API capex_result capex_zero_grad_norm(capex_zero *z, int *found_inf, float
     double sum = 0.0;
     capex_result r = capex__zero_check(z, fn);
     if (r) return r;
+    if (z->has_dev)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: this zero's gradients are on the device; use "
+                           "capex_cuda_zero_grad_norm (found_inf and clip factor stay on the device)", fn);
     for (k = 0; k < z->nb; k++) {
         const capex__zbucket *bk = &z->b[k];
         capex_tensor t;
@@ -11242,16 +11285,17 @@ CAPEX_API capex_result capex_zero_wait_param(capex_zero *z, size_t p) {
     return capex__zero_finish_gather(z, z->bucket_of[p], capex__deadline(z->comm));
 }
 
-CAPEX_API capex_result capex_zero_step_async(capex_zero *z, float inv_scale, float clip_coef, int found_inf) {
-    static const char *fn = "capex_zero_step_async";
+/* The shard step (host optimizer, or the device's: found_inf is on the
+   device then, and every step gathers) and the start of the all-gathers. */
+CAPEX__PRIVATE capex_result capex__zero_step_start(capex_zero *z, float inv_scale, float clip_coef, int found_inf) {
     size_t k, W;
-    capex_comm *c;
-    capex_result r = capex__zero_check(z, fn);
-    if (r) return r;
-    c = z->comm;
+    capex_comm *c = z->comm;
+    capex_result r;
     if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r; /* the last step's gathers, if nobody waited */
-    if ((r = capex_optim_step(z->opt, inv_scale, clip_coef, found_inf)) != CAPEX_OK) return r;
-    if (found_inf) return CAPEX_OK;
+    if (z->has_dev) r = z->dev.step(z->dev.user);
+    else r = capex_optim_step(z->opt, inv_scale, clip_coef, found_inf);
+    if (r != CAPEX_OK) return r;
+    if (found_inf && !z->has_dev) return CAPEX_OK;
     W = (size_t)c->world_size;
     for (k = z->nb; k-- > 0;) { /* the first layers' buckets first: the next forward needs them first */
         capex__zbucket *bk = &z->b[k];
@@ -11268,6 +11312,16 @@ CAPEX_API capex_result capex_zero_step_async(capex_zero *z, float inv_scale, flo
         if (r != CAPEX_OK) { z->failed = 1; return r; }
     }
     return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_zero_step_async(capex_zero *z, float inv_scale, float clip_coef, int found_inf) {
+    static const char *fn = "capex_zero_step_async";
+    capex_result r = capex__zero_check(z, fn);
+    if (r) return r;
+    if (z->has_dev)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: this zero steps on the device; use capex_cuda_zero_step(_async) "
+                           "with device inv_scale / clip_coef / found_inf", fn);
+    return capex__zero_step_start(z, inv_scale, clip_coef, found_inf);
 }
 
 CAPEX_API capex_result capex_zero_step(capex_zero *z, float inv_scale, float clip_coef, int found_inf) {
@@ -11312,38 +11366,70 @@ CAPEX_API capex_result capex_zero_set_sync(capex_zero *z, int sync) {
 
 /* An unsharded optimizer over the whole params (group by group, params in
    index order): f32 params are params[i].data, half params an fp32 master
-   (in *masters) with data as the model copy. Its moments are its own. */
-static capex_result capex__zero_full_optim(capex_zero *z, capex_optim **out, float **masters) {
+   (in *masters) with data as the model copy. Its moments are its own. In
+   device mode the data are host copies of the params (in *host, params in
+   index order, 4-byte aligned). */
+static capex_result capex__zero_full_optim(capex_zero *z, capex_optim **out, float **masters, unsigned char **host) {
     capex_optim_desc d = z->opt->desc;
     capex_optim_param *pp = NULL;
-    size_t i, g, n, half = 0, at = 0;
-    capex_result r;
+    size_t i, g, n, half = 0, at = 0, hb = 0, *hoff = NULL;
+    capex_result r = CAPEX_OK;
     *out = NULL;
     *masters = NULL;
+    *host = NULL;
     for (i = 0; i < z->np; i++) if (z->params[i].dtype != CAPEX_F32) half += z->params[i].numel;
     pp = (capex_optim_param *)capex__alloc(NULL, sizeof(capex_optim_param) * (z->np + 1));
     *masters = (float *)capex__alloc(NULL, sizeof(float) * (half + 1));
-    if (!pp || !*masters) { capex__free(NULL, pp); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero: out of memory (checkpoint)"); }
+    if (z->has_dev && pp && *masters) {
+        hoff = (size_t *)capex__alloc(NULL, sizeof(size_t) * (z->np + 1));
+        for (i = 0; hoff && i < z->np; i++) {
+            hoff[i] = hb;
+            hb += (z->params[i].numel * capex_dtype_size(z->params[i].dtype) + 3) / 4 * 4;
+        }
+        if (hoff) *host = (unsigned char *)capex__alloc(NULL, hb + 4);
+        if (!hoff || !*host) { capex__free(NULL, *masters); *masters = NULL; } /* reported below */
+        for (i = 0; *host && r == CAPEX_OK && i < z->np; i++)
+            r = capex__comm_copy(z->comm, *host + hoff[i], z->params[i].data,
+                                 z->params[i].numel * capex_dtype_size(z->params[i].dtype), CAPEX_COPY_D2H);
+    }
+    if (!pp || !*masters || r != CAPEX_OK) {
+        capex__free(NULL, pp);
+        capex__free(NULL, hoff);
+        capex__free(NULL, *masters);
+        capex__free(NULL, *host);
+        *masters = NULL;
+        *host = NULL;
+        return r != CAPEX_OK ? r : capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero: out of memory (checkpoint)");
+    }
     d.allocator = NULL;
     d.lamb_low_memory = 1; /* never stepped: no update buffer */
-    if ((r = capex_optim_create(&d, out)) != CAPEX_OK) { capex__free(NULL, pp); return r; }
+    if ((r = capex_optim_create(&d, out)) == CAPEX_OK)
     for (g = 0; r == CAPEX_OK && g < z->ngroups; g++) {
         capex_optim_hparams hp;
         for (i = 0, n = 0; i < z->np; i++) {
             const capex_zero_param *zp = &z->params[i];
+            void *data = *host ? (void *)(*host + hoff[i]) : zp->data;
             if (zp->group != g) continue;
             capex_optim_param_init(&pp[n]);
             pp[n].numel = (int64_t)zp->numel;
-            pp[n].grad = zp->data; /* never stepped: any readable buffer of the grad dtype */
+            pp[n].grad = data; /* never stepped: any readable buffer of the grad dtype */
             pp[n].grad_dtype = zp->dtype;
-            if (zp->dtype == CAPEX_F32) pp[n].param = (float *)zp->data;
-            else { pp[n].param = *masters + at; at += zp->numel; pp[n].model = zp->data; pp[n].model_dtype = zp->dtype; }
+            if (zp->dtype == CAPEX_F32) pp[n].param = (float *)data;
+            else { pp[n].param = *masters + at; at += zp->numel; pp[n].model = data; pp[n].model_dtype = zp->dtype; }
             n++;
         }
         if ((r = capex_optim_get_hparams(z->opt, g, &hp)) == CAPEX_OK) r = capex_optim_add_group(*out, &hp, pp, n, NULL);
     }
     capex__free(NULL, pp);
-    if (r != CAPEX_OK) { capex_optim_destroy(*out); *out = NULL; capex__free(NULL, *masters); *masters = NULL; }
+    capex__free(NULL, hoff);
+    if (r != CAPEX_OK) {
+        capex_optim_destroy(*out);
+        *out = NULL;
+        capex__free(NULL, *masters);
+        *masters = NULL;
+        capex__free(NULL, *host);
+        *host = NULL;
+    }
     return r;
 }
 
@@ -11373,6 +11459,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     size_t k, j, g, W, maxshard = 0;
     int what, root;
     float *pack = NULL, *full = NULL;
+    void *dpack = NULL, *dfull = NULL; /* device mode: the collective's buffers */
     capex_result r = capex__zero_check(z, fn);
     if (r) return r;
     c = z->comm;
@@ -11382,13 +11469,19 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     W = (size_t)c->world_size;
     capex_optim_destroy(z->save_tmp);
     capex__free(NULL, z->save_masters);
+    capex__free(NULL, z->save_host);
     z->save_tmp = NULL;
     z->save_masters = NULL;
-    if (root && (r = capex__zero_full_optim(z, &z->save_tmp, &z->save_masters)) != CAPEX_OK) return r;
+    z->save_host = NULL;
+    if (z->has_dev && (r = z->dev.to_host(z->dev.user, CAPEX_OPTIM_STATE_PARAMS, &z->opt)) != CAPEX_OK) return r;
+    if (root && (r = capex__zero_full_optim(z, &z->save_tmp, &z->save_masters, &z->save_host)) != CAPEX_OK) goto done;
     for (k = 0; k < z->nb; k++) if (z->b[k].shard > maxshard) maxshard = z->b[k].shard;
     pack = (float *)capex__alloc(NULL, sizeof(float) * (maxshard + 1));
     full = (float *)capex__alloc(NULL, sizeof(float) * (maxshard * W + 1));
     if (!pack || !full) { r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn); goto done; }
+    if (z->has_dev && ((r = capex__comm_alloc(c, &dpack, sizeof(float) * (maxshard + 1))) != CAPEX_OK ||
+                       (r = capex__comm_alloc(c, &dfull, sizeof(float) * (maxshard * W + 1))) != CAPEX_OK))
+        goto done;
     /* every state buffer, bucket by bucket: shards packed, all-gathered, unpacked by rank 0 */
     for (what = 0; r == CAPEX_OK && what < 4; what++)
         for (k = 0; r == CAPEX_OK && k < z->nb; k++) {
@@ -11406,7 +11499,11 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
             }
             /* every kind of every bucket, zeros where a piece has none: the same
                collectives on every rank without agreeing on anything first */
-            r = capex_comm_allgatherv(c, pack, full, capex__zero_counts(z, bk->shard), CAPEX_F32);
+            if (!z->has_dev) r = capex_comm_allgatherv(c, pack, full, capex__zero_counts(z, bk->shard), CAPEX_F32);
+            else if ((r = capex__comm_copy(c, dpack, pack, sizeof(float) * bk->shard, CAPEX_COPY_H2D)) == CAPEX_OK &&
+                     (r = capex_comm_allgatherv(c, dpack, dfull, capex__zero_counts(z, bk->shard), CAPEX_F32)) == CAPEX_OK &&
+                     root)
+                r = capex__comm_copy(c, full, dfull, sizeof(float) * bk->shard * W, CAPEX_COPY_D2H);
             if (r != CAPEX_OK) { z->failed = 1; break; }
             for (j = 0; root && j < bk->count; j++) {
                 size_t i = z->bparams[bk->first + j];
@@ -11421,7 +11518,15 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
         for (j = 0; r == CAPEX_OK && j < z->np; j++) vv[j] = 0.0;
         for (j = 0; r == CAPEX_OK && j < z->npieces; j++)
             if (z->piece_start[j] == 0) vv[z->piece_param[j]] = (double)z->opt->novo_v[j];
-        if (r == CAPEX_OK && W > 1) r = capex_comm_allreduce(c, vv, vv, z->np, CAPEX_F64, CAPEX_REDUCE_SUM);
+        if (r == CAPEX_OK && W > 1 && !z->has_dev) r = capex_comm_allreduce(c, vv, vv, z->np, CAPEX_F64, CAPEX_REDUCE_SUM);
+        if (r == CAPEX_OK && W > 1 && z->has_dev) { /* the collective on device memory */
+            void *dv = NULL;
+            if ((r = capex__comm_alloc(c, &dv, sizeof(double) * z->np)) == CAPEX_OK &&
+                (r = capex__comm_copy(c, dv, vv, sizeof(double) * z->np, CAPEX_COPY_H2D)) == CAPEX_OK &&
+                (r = capex_comm_allreduce(c, dv, dv, z->np, CAPEX_F64, CAPEX_REDUCE_SUM)) == CAPEX_OK)
+                r = capex__comm_copy(c, vv, dv, sizeof(double) * z->np, CAPEX_COPY_D2H);
+            capex__comm_free(c, dv);
+        }
         for (j = 0; r == CAPEX_OK && root && j < z->np; j++)
             z->save_tmp->novo_v[z->full_pos[2 * j + 1]] = (float)vv[j];
         capex__free(NULL, vv);
@@ -11439,6 +11544,9 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
 done:
     capex__free(NULL, pack);
     capex__free(NULL, full);
+    capex__comm_free(c, dpack);
+    capex__comm_free(c, dfull);
+    if (z->has_dev) { capex_optim_destroy(z->opt); z->opt = NULL; }
     return r;
 }
 
@@ -11464,8 +11572,8 @@ static capex_result capex__zero_refresh(capex_zero *z, const capex_optim *full) 
         const float *src;
         if (z->params[i].dtype == CAPEX_F32) continue;
         src = capex__zero_state_ptr(full, z->params[i].group, capex__zero_full_index(z, i), 0) + z->piece_start[j];
-        memcpy(z->b[k2].master + (z->offset_of[i] + z->piece_start[j] - (size_t)z->comm->rank * z->b[k2].shard), src,
-               sizeof(float) * (size_t)capex__zero_piece_numel(z, j));
+        r = capex__comm_copy(z->comm, z->b[k2].master + (z->offset_of[i] + z->piece_start[j] - (size_t)z->comm->rank * z->b[k2].shard),
+                             src, sizeof(float) * (size_t)capex__zero_piece_numel(z, j), CAPEX_COPY_H2D);
     }
     return r;
 }
@@ -11474,13 +11582,15 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
     static const char *fn = "capex_zero_load";
     capex_optim *full = NULL;
     float *masters = NULL;
+    unsigned char *host = NULL;
     size_t j, g;
     int what;
     capex_result r = capex__zero_check(z, fn);
     if (r) return r;
     if (!rd) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: reader is NULL", fn);
     if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
-    if ((r = capex__zero_full_optim(z, &full, &masters)) != CAPEX_OK) return r;
+    if (z->has_dev && (r = z->dev.to_host(z->dev.user, 0, &z->opt)) != CAPEX_OK) return r;
+    if ((r = capex__zero_full_optim(z, &full, &masters, &host)) != CAPEX_OK) goto done;
     /* the full optimizer checks everything before it changes anything; with
        CAPEX_OPTIM_STATE_PARAMS it writes the params' data (f32 params and
        half model copies) directly */
@@ -11508,10 +11618,22 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
     z->opt->desc.adam_w_mode = full->desc.adam_w_mode;
     z->opt->desc.wd_after_momentum = full->desc.wd_after_momentum;
     if (full->has_sched) (void)capex_optim_set_lr_schedule(z->opt, &full->sched);
+    if (z->has_dev) { /* the pieces' state to the device; loaded params (host copies) back to params[i].data */
+        size_t i, hb = 0;
+        if ((r = z->dev.from_host(z->dev.user, z->opt)) != CAPEX_OK) goto done;
+        for (i = 0; (flags & CAPEX_OPTIM_STATE_PARAMS) && r == CAPEX_OK && i < z->np; i++) {
+            size_t bytes = z->params[i].numel * capex_dtype_size(z->params[i].dtype);
+            r = capex__comm_copy(z->comm, z->params[i].data, host + hb, bytes, CAPEX_COPY_H2D);
+            hb += (bytes + 3) / 4 * 4;
+        }
+        if (r != CAPEX_OK) goto done;
+    }
     r = capex__zero_refresh(z, (flags & CAPEX_OPTIM_STATE_PARAMS) ? full : NULL);
 done:
     capex_optim_destroy(full);
     capex__free(NULL, masters);
+    capex__free(NULL, host);
+    if (z->has_dev) { capex_optim_destroy(z->opt); z->opt = NULL; }
     return r;
 }
 

@@ -592,6 +592,83 @@ CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_u
 CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stream user_stream);
 /* 1 when c is an NCCL communicator. */
 CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
+
+/* ---- ZeRO on the GPU: sharded optimizer state over NCCL ---------------------
+   capex.h's capex_zero (stage 1 and 2: same buckets, shards, padding,
+   reduce-scatter, all-gather and checkpoint format) with device params and a
+   capex_cuda_optim over this rank's pieces (fp32 master shards of half
+   params in device memory). Every per-step value stays on the device: the
+   global norm, found_inf (agreed by all ranks through the allreduced sum of
+   squares) and the clip factor are written by a one-thread kernel that the
+   optimizer step reads, so no value crosses to the host (the NCCL comm's
+   blocking entries do wait for their collective, with its deadline).
+
+       capex_cuda_zero *zg;   // params[i].data: DEVICE pointers; comm: capex_comm_init_nccl
+       capex_cuda_zero_create(&zg, &comm, zp, N, &od, NULL, 1, &zd);
+       capex_zero *z = capex_cuda_zero_base(zg);   // grad, grad_ready, finalize, zero_grad, save, load
+       for (;;) {  // forward scaled by *capex_cuda_scaler_scale_ptr(sc), on the comm's user stream
+           // backward: grads into capex_zero_grad(z, i), capex_zero_grad_ready(z, i); then
+           capex_zero_finalize(z);
+           capex_cuda_zero_grad_norm(zg, capex_cuda_scaler_inv_scale_ptr(sc), max_norm,
+                                     capex_cuda_scaler_found_inf_ptr(sc), 0, capex_cuda_zero_clip_coef_ptr(zg));
+           capex_cuda_zero_step(zg, capex_cuda_scaler_inv_scale_ptr(sc), capex_cuda_zero_clip_coef_ptr(zg),
+                                capex_cuda_scaler_found_inf_ptr(sc));   // skipped on the device on inf
+           capex_cuda_scaler_update(sc, user_stream);
+           capex_zero_zero_grad(z);
+       }
+
+   Kernels run on the comm's user stream (capex_nccl_desc.user_stream).
+   Adam/AdamW (amsgrad too), SGD and Adagrad: the update is elementwise, so
+   weights are bit-identical to DDP + capex_cuda_optim given the same reduced
+   gradients and clip factor (tested in worlds of 1, 2 and 4 on the CPU
+   emulator with the stand-in NCCL). LAMB: its global grad norm and each
+   tensor's |p|^2, |u|^2 are summed over the pieces on every rank inside the
+   device step (two f64 NCCL allreduces per step; the step waits for them,
+   values stay on the device), so they match the unsharded sums to ~1e-15
+   relative and the weights within a few ulps (tested: 1e-5); NovoGrad's
+   per-tensor grad norms alike (one allreduce), its v (one float per tensor)
+   kept alike by every rank holding a piece. Stage 2
+   accumulates micro-batches (several finalize calls before zero_grad) in the
+   shard as the host does (f32 sum, one rounding to f16/bf16). Not yet: bf16
+   stochastic rounding (create refuses it with a message). Checkpoints: capex_zero_save/load on the base (the
+   unsharded capex_optim format: they load on the CPU, into plain optimizers
+   and into any world size); they copy through the host and wait. Thread
+   safety: one thread at a time per zero. */
+typedef struct capex_cuda_zero capex_cuda_zero;
+/* As capex_zero_create, for a comm on device buffers (NCCL) and device
+   params. Collective. */
+CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm *comm, const capex_zero_param *params,
+                                              size_t num_params, const capex_optim_desc *od,
+                                              const capex_optim_hparams *hparams, size_t num_groups,
+                                              const capex_zero_desc *d);
+CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *z); /* NULL is fine */
+/* The capex_zero inside: capex_zero_grad, _grad_ready, _finalize,
+   _zero_grad, _set_sync, _wait_param(s), _save, _load, _memory_info. Its
+   grad_norm and step refuse: use the two below. */
+CAPEX_API capex_zero *capex_cuda_zero_base(capex_cuda_zero *z);
+/* The device optimizer over this rank's pieces (set_lr, schedules, get_step). */
+CAPEX_API capex_cuda_optim *capex_cuda_zero_optim(capex_cuda_zero *z);
+/* A device float owned by z, for grad_norm's clip factor (1.0 at create). */
+CAPEX_API capex_cuda_ptr capex_cuda_zero_clip_coef_ptr(const capex_cuda_zero *z);
+/* After finalize: the shards' sums of squares (f64, fixed order), one NCCL
+   allreduce of that double, then one thread writes: *found_inf = 1 when the
+   sum is not finite (uint32; never cleared here: the scaler's flag),
+   *total_norm = float(sqrt(sum)) of the grads as they are (scaled), and
+   *clip_coef = capex_clip_coef(total * *inv_scale, max_norm) (1 on inf;
+   max_norm inf: 1). Device addresses; inv_scale 0 means 1, the others 0
+   mean "not written". Collective. */
+CAPEX_API capex_result capex_cuda_zero_grad_norm(capex_cuda_zero *z, capex_cuda_ptr inv_scale, float max_norm,
+                                                 capex_cuda_ptr found_inf, capex_cuda_ptr total_norm,
+                                                 capex_cuda_ptr clip_coef);
+/* The shard step (capex_cuda_optim_step with these device pointers: skipped
+   on the device when *found_inf != 0) and the all-gather of the parameters
+   into every params[i].data (also after a skipped step: the host does not
+   know). _async leaves the copies out to capex_zero_wait_param(s) on the
+   base. Collective. */
+CAPEX_API capex_result capex_cuda_zero_step(capex_cuda_zero *z, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                            capex_cuda_ptr found_inf);
+CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *z, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                                  capex_cuda_ptr found_inf);
 #endif /* CAPEX_NO_DIST */
 
 /* ==== GPU LayerNorm/RMSNorm/SyncBatchNorm: declarations ==== */
@@ -2037,6 +2114,14 @@ CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_mat
                 P(float) coef;         /* the clip factor out (0: none) */                      \
                 float max_norm;                                                                 \
             } clip;                                                                             \
+            struct { /* capex_go_zero_norm */                                                   \
+                P(const double) sumsq;    /* over every rank's shard */                         \
+                P(const float) inv_scale; /* 0: 1 */                                            \
+                P(unsigned) found_inf;    /* set to 1 when sumsq is not finite (0: none) */     \
+                P(float) total;           /* float(sqrt(sumsq)) out (0: none) */                \
+                P(float) coef;            /* the clip factor out (0: none) */                   \
+                float max_norm;                                                                 \
+            } znorm;                                                                            \
             struct { /* capex_go_prepare: the step's constants */                               \
                 P(S(group)) groups;                                                             \
                 P(const unsigned) found_inf; /* 0: none */                                      \
@@ -2600,6 +2685,26 @@ static const char capex__cuda_frag_go8b[] =
     "    if (fi) c->skipped_steps++;\n"
     "    c->inv_scale = (float)(1.0 / (double)c->scale);\n"
     "    c->found_inf = 0u;\n"
+    "}\n\n"
+    "/* ZeRO's global gradient norm (op.znorm), one thread: sumsq is the sum of\n"
+    "   squares of the scaled grads over every rank's shard (allreduced).\n"
+    "   Non-finite: found_inf = 1 and coef 1; else total = float(sqrt(sumsq)) and\n"
+    "   coef = capex_clip_coef(total * inv_scale, max_norm) (capex.h's rule). */\n"
+    "CAPEX_GK void capex_go_zero_norm(capex_go_args a) {\n"
+    "    double sq = *a.op.znorm.sumsq;\n"
+    "    float inv = a.op.znorm.inv_scale ? *a.op.znorm.inv_scale : 1.0f;\n"
+    "    float total = (float)sqrt(sq), coef = 1.0f;\n"
+    "    if (!(sq - sq == 0.0)) {\n"
+    "        if (a.op.znorm.found_inf) *a.op.znorm.found_inf = 1u;\n"
+    "    } else {\n"
+    "        float t = total * inv;\n"
+    "        if (t - t == 0.0f) {\n"
+    "            coef = a.op.znorm.max_norm / (t + 1e-6f);\n"
+    "            if (!(coef < 1.0f)) coef = 1.0f;\n"
+    "        }\n"
+    "    }\n"
+    "    if (a.op.znorm.total) *a.op.znorm.total = total;\n"
+    "    if (a.op.znorm.coef) *a.op.znorm.coef = coef;\n"
     "}\n";
 static const char capex__cuda_frag_go10[] =
     "/* NovoGrad pass 1: lists g, tensor index. Per-chunk sum of (g*gs)^2 in\n"
@@ -3358,7 +3463,9 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
     X(GO_ADAM_AMS_BF16, "capex_go_adam_ams_bf16", ADAM_AMS) \
     X(GO_ADAGRAD_F32, "capex_go_adagrad_f32", ADAGRAD) \
     X(GO_ADAGRAD_F16, "capex_go_adagrad_f16", ADAGRAD) \
-    X(GO_ADAGRAD_BF16, "capex_go_adagrad_bf16", ADAGRAD)
+    X(GO_ADAGRAD_BF16, "capex_go_adagrad_bf16", ADAGRAD) \
+    /* ZeRO (capex_cuda_zero) */ \
+    X(GO_ZERO_NORM, "capex_go_zero_norm", AMP)
 
 enum {
 #define CAPEX__CK_ID(id, name, part) CAPEX__CK_##id,
@@ -4547,6 +4654,7 @@ enum {
     CAPEX__GO_K_NOVO_NORM = CAPEX__GO_K(GO_NOVO_NORM),
     CAPEX__GO_NK = CAPEX__GO_K(NORM_FWD), /* the first family ends where the norm kernels start */
     CAPEX__GO_K_ADAM_AMS = CAPEX__GO_K(GO_ADAM_AMS_F32), CAPEX__GO_K_ADAGRAD = CAPEX__GO_K(GO_ADAGRAD_F32), /* + grad dtype */
+    CAPEX__GO_K_ZERO_NORM = CAPEX__GO_K(GO_ZERO_NORM),
     CAPEX__GO_NK_ALL = CAPEX__CK_COUNT - CAPEX__GO_KBASE
 };
 /* the dtype-indexed families are consecutive f32, f16, bf16 in the list */
@@ -4695,10 +4803,11 @@ CAPEX__PRIVATE capex_result capex__go_small(const capex__go_exec *ex, int k, uns
 }
 
 /* Fixed-order sums of partial ranges: segment i sums part[start_i ..
-   start_i + count_i) into sumsq[out_i] / norm[out_i] (0: not written). */
-CAPEX__PRIVATE capex_result capex__go_reduce(const capex__go_exec *ex, capex_cuda_ptr part, const int64_t *start,
-                                             const int64_t *count, size_t n, capex_cuda_ptr sumsq, capex_cuda_ptr norm,
-                                             capex_cuda_stream s) {
+   start_i + count_i) into sumsq[out_i] / norm[out_i] (0: not written);
+   out NULL: out_i = i. */
+CAPEX__PRIVATE capex_result capex__go_reduce_to(const capex__go_exec *ex, capex_cuda_ptr part, const int64_t *start,
+                                                const int64_t *count, const int64_t *out, size_t n, capex_cuda_ptr sumsq,
+                                                capex_cuda_ptr norm, capex_cuda_stream s) {
     capex__go_segs sg;
     capex__go_args a;
     size_t i = 0, j;
@@ -4713,7 +4822,7 @@ CAPEX__PRIVATE capex_result capex__go_reduce(const capex__go_exec *ex, capex_cud
         for (j = 0; j < CAPEX__GO_NSEG && i < n; j++, i++) {
             sg.start[j] = start[i];
             sg.count[j] = count[i];
-            sg.out[j] = (int64_t)i;
+            sg.out[j] = out ? out[i] : (int64_t)i;
         }
         sg.n = (int32_t)j;
         args[0] = &sg;
@@ -4721,6 +4830,11 @@ CAPEX__PRIVATE capex_result capex__go_reduce(const capex__go_exec *ex, capex_cud
         r = ex->launch(ex->user, CAPEX__GO_K_REDUCE, (unsigned)j, CAPEX__GO_THREADS, args, s);
     }
     return r;
+}
+CAPEX__PRIVATE capex_result capex__go_reduce(const capex__go_exec *ex, capex_cuda_ptr part, const int64_t *start,
+                                             const int64_t *count, size_t n, capex_cuda_ptr sumsq, capex_cuda_ptr norm,
+                                             capex_cuda_stream s) {
+    return capex__go_reduce_to(ex, part, start, count, NULL, n, sumsq, norm, s);
 }
 
 CAPEX__PRIVATE int64_t capex__go_nchunks(int64_t numel, int64_t chunk) { return numel / chunk + (numel % chunk != 0); }
@@ -5102,6 +5216,14 @@ struct capex_cuda_optim {
     capex_cuda_ptr dvm;      /* Adam amsgrad: u64[nt], each tensor's max_exp_avg_sq (0: none); 0 without amsgrad */
     capex_cuda_ptr one;      /* pure_half: a device float 1.0f (the mirror's scale factor) */
     size_t n_pure;           /* tensors with pure_half */
+    /* Sharded LAMB (capex_cuda_zero): where this optimizer's tensors are
+       pieces of tensors split across ranks, the step hands its sums to
+       reduce_fn on the device, in place, on the step's stream: what 0: the
+       squared global grad norm (1 double); what 1: |p|^2 per tensor then
+       |u|^2 per tensor (2 * n doubles, n = tensors); what 2: NovoGrad's
+       per-tensor sum of squared grads (n doubles). NULL: not sharded. */
+    capex_result (*reduce_fn)(void *user, int what, capex_cuda_ptr vals, size_t n, capex_cuda_stream s);
+    void *reduce_user;
 };
 CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream);
 
@@ -5527,6 +5649,7 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
     }
     total = off;
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, &zero, &total, 1, g2, 0, s);
+    if (r == CAPEX_OK && o->reduce_fn) r = o->reduce_fn(o->reduce_user, 0, g2, 1, s); /* sharded: every rank's */
     memset(&a, 0, sizeof a);
     a.op.lamb_clip.groups = o->dgroups;
     a.op.lamb_clip.sumsq = g2;
@@ -5552,6 +5675,7 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
     /* 3. per-tensor norms, trust ratios */
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, o->seg, o->seg + nt, nt, sp, 0, s);
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part + 8u * (uint64_t)o->chunks, o->seg, o->seg + nt, nt, su, 0, s);
+    if (r == CAPEX_OK && o->reduce_fn && nt) r = o->reduce_fn(o->reduce_user, 1, sp, nt, s); /* su follows sp */
     memset(&a, 0, sizeof a);
     a.op.lamb_ratio.groups = o->dgroups;
     a.op.lamb_ratio.p_sumsq = sp;
@@ -5602,6 +5726,7 @@ CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_
             off += ch;
         }
     if (r == CAPEX_OK) r = capex__go_reduce(&o->ex, part, o->seg, o->seg + nt, nt, n2, 0, s);
+    if (r == CAPEX_OK && o->reduce_fn && nt) r = o->reduce_fn(o->reduce_user, 2, n2, nt, s); /* sharded: whole tensors' */
     memset(&a, 0, sizeof a);
     a.op.novo_norm.groups = o->dgroups;
     a.op.novo_norm.sumsq = n2;
@@ -6671,6 +6796,247 @@ CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stre
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_nccl_set_user_stream: not an NCCL communicator");
     capex__nccl_of(c)->user = user_stream;
     return CAPEX_OK;
+}
+
+/* ---- ZeRO on the GPU ---------------------------------------------------------
+   capex.h's capex_zero in device mode (capex__zero_create with hooks): it
+   plans, reduce-scatters, all-gathers and checkpoints; the hooks below give it
+   a capex_cuda_optim over the pieces and the device ops it lacks. */
+struct capex_cuda_zero {
+    capex_zero *z;
+    capex_comm *comm;
+    capex_cuda_context *ctx;
+    capex_cuda_optim *opt;
+    capex_tensor *shards;    /* per bucket with elements: this rank's reduced shard, by dtype */
+    capex_tensor_list lists[3];
+    size_t nlists;
+    int64_t chunks;          /* of the shards, at the default chunk size */
+    capex_cuda_ptr ws;       /* per-chunk partials, then the total (double) */
+    size_t ws_bytes;
+    capex_cuda_ptr coef;     /* float, capex_cuda_zero_clip_coef_ptr */
+    capex_cuda_ptr inv_scale, clip_coef, found_inf; /* the step's, for the step hook */
+    capex_cuda_ptr lamb;     /* LAMB: |p|^2 then |u|^2 per param (2 * np doubles), summed across ranks */
+    int64_t *lamb_idx;       /* LAMB: per piece k: k, 1 (a one-element segment), its param */
+    capex_cuda_ptr acc;      /* stage 2, half grads: two f32 scratch shards of acc_n floats (first accumulation) */
+    size_t acc_n;
+};
+
+CAPEX__PRIVATE capex_cuda_stream capex__czero_stream(const capex_cuda_zero *zg) { return capex__nccl_of(zg->comm)->user; }
+
+CAPEX__PRIVATE capex_result capex__czero_add_group(void *user, const capex_optim_hparams *hp, const capex_optim_param *pp,
+                                                  size_t n) {
+    return capex_cuda_optim_add_group(((capex_cuda_zero *)user)->opt, hp, pp, n, NULL);
+}
+CAPEX__PRIVATE capex_result capex__czero_step(void *user) {
+    capex_cuda_zero *zg = (capex_cuda_zero *)user;
+    return capex_cuda_optim_step(zg->opt, zg->inv_scale, zg->clip_coef, zg->found_inf, capex__czero_stream(zg));
+}
+/* Stage 2, a second finalize before zero_grad: gshard += this reduce, as
+   the host's axpby(1, x, 1, y): f32 sum, rounded once to a half dtype
+   (exact conversions, through two f32 scratch shards). */
+CAPEX__PRIVATE capex_result capex__czero_add(void *user, void *y, const void *x, size_t n, capex_dtype t) {
+    capex_cuda_zero *zg = (capex_cuda_zero *)user;
+    capex_cuda_stream s = capex__czero_stream(zg);
+    capex_cuda_ptr Y = (capex_cuda_ptr)(uintptr_t)y, X = (capex_cuda_ptr)(uintptr_t)x, ty, tx;
+    capex_result r = CAPEX_OK;
+    if (t == CAPEX_F32) return capex_cuda_add_f32(zg->ctx, Y, Y, X, n, s);
+    if (!zg->acc) {
+        size_t k, most = 0;
+        for (k = 0; k < zg->z->nb; k++) if (zg->z->b[k].shard > most) most = zg->z->b[k].shard;
+        if ((r = capex_cuda_malloc(zg->ctx, 8u * (most + 1), &zg->acc)) != CAPEX_OK) return r;
+        zg->acc_n = most + 1;
+    }
+    ty = zg->acc;
+    tx = zg->acc + 4u * (uint64_t)zg->acc_n;
+    r = capex_cuda_convert(zg->ctx, ty, CAPEX_F32, Y, t, n, s);
+    if (r == CAPEX_OK) r = capex_cuda_convert(zg->ctx, tx, CAPEX_F32, X, t, n, s);
+    if (r == CAPEX_OK) r = capex_cuda_add_f32(zg->ctx, ty, ty, tx, n, s);
+    if (r == CAPEX_OK) r = capex_cuda_convert(zg->ctx, Y, t, ty, CAPEX_F32, n, s);
+    return r;
+}
+/* Sharded LAMB's and NovoGrad's sums across ranks, on the device
+   (capex_cuda_optim's reduce_fn): the global norm's one double is allreduced
+   in place; per-piece sums (LAMB's |p|^2 and |u|^2, NovoGrad's grad sum of
+   squares) are moved to their params' slots of a zeroed per-param array
+   (one-element segments of the fixed-order reduce kernel), allreduced, and
+   moved back. Each allreduce waits for its collective (the
+   NCCL comm's blocking entry), no value goes through the host. */
+CAPEX__PRIVATE capex_result capex__czero_reduce(void *user, int what, capex_cuda_ptr vals, size_t n, capex_cuda_stream s) {
+    capex_cuda_zero *zg = (capex_cuda_zero *)user;
+    size_t np = zg->z->np;
+    const int64_t *k = zg->lamb_idx, *one = k + n, *param = k + 2 * n;
+    const capex__go_exec *ex = &zg->opt->ex;
+    capex_cuda_ptr A = zg->lamb, B = zg->lamb + 8u * (uint64_t)np;
+    capex_result r;
+    if (zg->comm->world_size == 1) return CAPEX_OK;
+    if (what == 0) r = capex_comm_allreduce(zg->comm, (void *)(uintptr_t)vals, (void *)(uintptr_t)vals, n, CAPEX_F64, CAPEX_REDUCE_SUM);
+    else {
+        size_t halves = what == 1 ? 2 : 1; /* LAMB: |p|^2 then |u|^2; NovoGrad: one sum */
+        if (n != zg->z->npieces) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_zero: sums of %zu tensors, %zu pieces", n, zg->z->npieces);
+        r = ex->zero(ex->user, A, 8u * halves * np, s);
+        if (r == CAPEX_OK) r = capex__go_reduce_to(ex, vals, k, one, param, n, A, 0, s);
+        if (r == CAPEX_OK && halves == 2) r = capex__go_reduce_to(ex, vals + 8u * (uint64_t)n, k, one, param, n, B, 0, s);
+        if (r == CAPEX_OK)
+            r = capex_comm_allreduce(zg->comm, (void *)(uintptr_t)A, (void *)(uintptr_t)A, halves * np, CAPEX_F64, CAPEX_REDUCE_SUM);
+        if (r == CAPEX_OK) r = capex__go_reduce_to(ex, A, param, one, k, n, vals, 0, s);
+        if (r == CAPEX_OK && halves == 2) r = capex__go_reduce_to(ex, B, param, one, k, n, vals + 8u * (uint64_t)n, 0, s);
+    }
+    if (r != CAPEX_OK) zg->z->failed = 1;
+    return r;
+}
+
+CAPEX__PRIVATE capex_result capex__czero_to_host(void *user, unsigned flags, capex_optim **host) {
+    capex_cuda_zero *zg = (capex_cuda_zero *)user;
+    return capex_cuda_optim_to_host(zg->opt, flags, capex__czero_stream(zg), host);
+}
+CAPEX__PRIVATE capex_result capex__czero_from_host(void *user, const capex_optim *host) {
+    capex_cuda_zero *zg = (capex_cuda_zero *)user;
+    return capex_cuda_optim_from_host(zg->opt, host, 0, capex__czero_stream(zg));
+}
+
+CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *zg) {
+    if (!zg) return;
+    capex_zero_destroy(zg->z); /* waits for its collectives */
+    capex_cuda_optim_destroy(zg->opt);
+    if (zg->ctx) {
+        if (zg->lamb) capex_cuda_free(zg->ctx, zg->lamb);
+        if (zg->acc) capex_cuda_free(zg->ctx, zg->acc);
+        if (zg->ws) capex_cuda_free(zg->ctx, zg->ws);
+        if (zg->coef) capex_cuda_free(zg->ctx, zg->coef);
+    }
+    capex__free(NULL, zg->shards);
+    capex__free(NULL, zg->lamb_idx);
+    capex__free(NULL, zg);
+}
+
+CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm *comm, const capex_zero_param *params,
+                                              size_t np, const capex_optim_desc *od, const capex_optim_hparams *hp,
+                                              size_t ngroups, const capex_zero_desc *d) {
+    static const char *fn = "capex_cuda_zero_create";
+    capex_cuda_zero *zg;
+    capex__zero_dev dev;
+    capex_result r;
+    size_t k, t, n;
+    float one = 1.0f;
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((r = capex__comm_check(comm, fn)) != CAPEX_OK) return r;
+    if (!capex_comm_is_nccl(comm) || !comm->impl)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the comm is %s on host buffers; device params need an NCCL comm "
+                           "(capex_comm_init_nccl), host params capex_zero_create", fn, comm->vt->name);
+    if (!od) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: od is NULL; make one with capex_optim_desc_init", fn);
+    zg = (capex_cuda_zero *)capex__alloc(NULL, sizeof *zg);
+    if (!zg) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    memset(zg, 0, sizeof *zg);
+    zg->comm = comm;
+    zg->ctx = capex__nccl_of(comm)->ctx;
+    if ((r = capex_cuda_optim_create(zg->ctx, od, &zg->opt)) != CAPEX_OK) { capex__free(NULL, zg); return r; }
+    memset(&dev, 0, sizeof dev);
+    dev.user = zg;
+    dev.add_group = capex__czero_add_group;
+    dev.step = capex__czero_step;
+    dev.add = capex__czero_add;
+    dev.to_host = capex__czero_to_host;
+    dev.from_host = capex__czero_from_host;
+    if ((r = capex__zero_create(&zg->z, comm, params, np, od, hp, ngroups, d, &dev, fn)) != CAPEX_OK) {
+        capex_cuda_zero_destroy(zg);
+        return r;
+    }
+    /* this rank's reduced shards (stable for the zero's life), one list per dtype */
+    zg->shards = (capex_tensor *)capex__alloc(NULL, sizeof(capex_tensor) * (zg->z->nb + 1));
+    if (!zg->shards) { capex_cuda_zero_destroy(zg); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn); }
+    for (t = 0, n = 0; t < 3; t++) {
+        size_t first = n;
+        for (k = 0; k < zg->z->nb; k++) {
+            const capex__zbucket *bk = &zg->z->b[k];
+            if ((size_t)bk->dtype != t || !bk->shard) continue;
+            zg->shards[n].data = zg->z->d.stage == 1
+                                     ? (char *)bk->grad + (size_t)comm->rank * bk->shard * capex_dtype_size(bk->dtype)
+                                     : bk->gshard;
+            zg->shards[n++].numel = (int64_t)bk->shard;
+        }
+        if (n > first) zg->lists[zg->nlists++] = capex_tensor_list_make((capex_dtype)t, zg->shards + first, n - first);
+    }
+    r = capex__go_ws_size(fn, NULL, zg->lists, zg->nlists, &zg->chunks, &zg->ws_bytes);
+    if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, zg->ws_bytes, &zg->ws);
+    if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, sizeof(float), &zg->coef);
+    if (r == CAPEX_OK) r = capex_cuda_memcpy_htod(zg->ctx, zg->coef, &one, sizeof one, NULL);
+    if (r == CAPEX_OK && (od->kind == CAPEX_OPTIM_LAMB || od->kind == CAPEX_OPTIM_NOVOGRAD)) { /* capex__czero_reduce */
+        size_t j, npc = zg->z->npieces;
+        if (!(zg->lamb_idx = (int64_t *)capex__alloc(NULL, sizeof(int64_t) * (3 * npc + 1))))
+            r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        for (j = 0; r == CAPEX_OK && j < npc; j++) {
+            zg->lamb_idx[j] = (int64_t)j;
+            zg->lamb_idx[npc + j] = 1;
+            zg->lamb_idx[2 * npc + j] = (int64_t)zg->z->piece_param[j];
+        }
+        if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, 16u * (zg->z->np + 1), &zg->lamb);
+        zg->opt->reduce_fn = capex__czero_reduce;
+        zg->opt->reduce_user = zg;
+    }
+    if (r != CAPEX_OK) { capex_cuda_zero_destroy(zg); return r; }
+    *out = zg;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_zero *capex_cuda_zero_base(capex_cuda_zero *zg) { return zg ? zg->z : NULL; }
+CAPEX_API capex_cuda_optim *capex_cuda_zero_optim(capex_cuda_zero *zg) { return zg ? zg->opt : NULL; }
+CAPEX_API capex_cuda_ptr capex_cuda_zero_clip_coef_ptr(const capex_cuda_zero *zg) { return zg ? zg->coef : 0; }
+
+CAPEX_API capex_result capex_cuda_zero_grad_norm(capex_cuda_zero *zg, capex_cuda_ptr inv_scale, float max_norm,
+                                                 capex_cuda_ptr found_inf, capex_cuda_ptr total_norm,
+                                                 capex_cuda_ptr clip_coef) {
+    static const char *fn = "capex_cuda_zero_grad_norm";
+    capex__go_exec ex;
+    capex__go_args a;
+    capex_cuda_ptr sum;
+    capex_cuda_stream s;
+    capex_result r;
+    if (!zg) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: zero is NULL", fn);
+    if ((r = capex__zero_check(zg->z, fn)) != CAPEX_OK) return r;
+    if (max_norm != max_norm || max_norm < 0.0f)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: max_norm is %g; it must be >= 0 (inf: no clipping)", fn,
+                           (double)max_norm);
+    if ((inv_scale & 3u) || (found_inf & 3u) || (total_norm & 3u) || (clip_coef & 3u))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: inv_scale, found_inf, total_norm and clip_coef must be 4-byte "
+                           "aligned device addresses (or 0)", fn);
+    if ((r = capex__go_dev_exec(zg->ctx, fn, &ex)) != CAPEX_OK) return r;
+    s = capex__czero_stream(zg);
+    sum = zg->ws + 8u * (uint64_t)zg->chunks;
+    if ((r = capex__go_sumsq_lists(&ex, NULL, zg->lists, zg->nlists, zg->ws, zg->chunks, s)) != CAPEX_OK) return r;
+    /* the shards' sums to every rank: after the kernels (the comm waits for its user stream) */
+    if (zg->comm->world_size > 1 &&
+        (r = capex_comm_allreduce(zg->comm, (void *)(uintptr_t)sum, (void *)(uintptr_t)sum, 1, CAPEX_F64,
+                                  CAPEX_REDUCE_SUM)) != CAPEX_OK) {
+        zg->z->failed = 1;
+        return r;
+    }
+    memset(&a, 0, sizeof a);
+    a.op.znorm.sumsq = sum;
+    a.op.znorm.inv_scale = inv_scale;
+    a.op.znorm.found_inf = found_inf;
+    a.op.znorm.total = total_norm;
+    a.op.znorm.coef = clip_coef;
+    a.op.znorm.max_norm = max_norm;
+    return capex__go_small(&ex, CAPEX__GO_K_ZERO_NORM, 1, 1, &a, s);
+}
+
+CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *zg, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                                  capex_cuda_ptr found_inf) {
+    static const char *fn = "capex_cuda_zero_step_async";
+    capex_result r;
+    if (!zg) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: zero is NULL", fn);
+    if ((r = capex__zero_check(zg->z, fn)) != CAPEX_OK) return r;
+    zg->inv_scale = inv_scale;
+    zg->clip_coef = clip_coef;
+    zg->found_inf = found_inf;
+    return capex__zero_step_start(zg->z, 1.0f, 1.0f, 0);
+}
+
+CAPEX_API capex_result capex_cuda_zero_step(capex_cuda_zero *zg, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                            capex_cuda_ptr found_inf) {
+    capex_result r = capex_cuda_zero_step_async(zg, inv_scale, clip_coef, found_inf);
+    return r != CAPEX_OK ? r : capex_zero_wait_params(zg->z);
 }
 #endif /* CAPEX_NO_DIST */
 

@@ -157,7 +157,7 @@ static capex_result emu_launch(void *user, int k, unsigned grid, unsigned block,
     else if (k >= CAPEX__GO_K_NOVO1 && k < CAPEX__GO_K_NOVO2) emu_mta<2>(novo1[k - CAPEX__GO_K_NOVO1], args, grid);
     else if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO_NORM) emu_mta<5>(novo2[k - CAPEX__GO_K_NOVO2], args, grid);
     else if (k >= CAPEX__GO_K_ADAM_AMS && k < CAPEX__GO_K_ADAGRAD) emu_mta<6>(ams[k - CAPEX__GO_K_ADAM_AMS], args, grid);
-    else if (k >= CAPEX__GO_K_ADAGRAD && k < CAPEX__GO_NK_ALL) emu_mta<5>(adagrad[k - CAPEX__GO_K_ADAGRAD], args, grid);
+    else if (k >= CAPEX__GO_K_ADAGRAD && k < CAPEX__GO_K_ADAGRAD + 3) emu_mta<5>(adagrad[k - CAPEX__GO_K_ADAGRAD], args, grid);
     else {
         emu_small_call c;
         c.args = args;
@@ -168,6 +168,7 @@ static capex_result emu_launch(void *user, int k, unsigned grid, unsigned block,
         case CAPEX__GO_K_LAMB_RATIO: c.k = capex_go_lamb_ratio; break;
         case CAPEX__GO_K_SCALER: c.k = capex_go_scaler_update; break;
         case CAPEX__GO_K_NOVO_NORM: c.k = capex_go_novo_norm; break;
+        case CAPEX__GO_K_ZERO_NORM: c.k = capex_go_zero_norm; break;
         default: return capex__fail(CAPEX_ERR_INTERNAL, "emu: unknown kernel %d", k);
         }
         emu_grid(emu_small_thunk, &c, grid);

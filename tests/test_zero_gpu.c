@@ -1,0 +1,923 @@
+/* ZeRO on the GPU (capex_cuda_zero, capex_cuda.h) over NCCL, world size 1:
+   on a real GPU with NCCL (`make gpu-test`), and in `make emu-test` on the
+   CPU emulator driver with the stand-in NCCL. SKIPs without either.
+   - three paths from the same params and gradients, bit for bit: ZeRO-GPU;
+     the unsharded device optimizer it replaces (capex_cuda_optim over whole
+     device params: with one rank, DDP's reduce is the identity) stepped with
+     the same inv_scale, clip factor and found_inf; and the host capex_zero on
+     a single-process comm. Adam (AdamW), SGD (momentum, nesterov), Adagrad;
+     stage 1 and 2; f32 and f16/bf16 params (fp32 master shards); two groups;
+     small buckets (params straddle buckets; an empty param); an inf step
+     (skipped on the device: weights, model copies, step counts unchanged);
+     clipping by the global norm;
+   - the norm kernel on its own against hand-computed values: the clip factor
+     and norm from an exact f64 sum, zero gradients (norm 0, factor 1), a NaN
+     (found_inf, factor 1), finite gradients whose norm overflows f32 (no
+     found_inf, factor 1, as capex_clip_coef), no elements at all;
+   - checkpoints: ZeRO-GPU's file is byte-identical to the host capex_zero's
+     after the same steps; it loads into a fresh host zero and a fresh GPU
+     zero and the next step agrees bit for bit;
+   - memory info equal to the host zero's (same plan);
+   - refusals: host params API on an NCCL comm, a host comm for the GPU zero,
+     LAMB, the base's grad_norm/step, stage-2 f16 accumulation.
+   Gradients are k/16 * 1024 (|k| <= 15): exact in every dtype and every sum
+   of squares exact, so the host and device norms agree to the bit. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#define CAPEX_CUDA_IMPLEMENTATION
+#include "../capex_cuda.h"
+#include "capex_test.h"
+#include "cuda_test_util.h"
+#include "nccl_world.h"
+
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "protect_shadow_gap=0:detect_leaks=0"; }
+
+#define OK(call) CT_CHECK((call) == CAPEX_OK, "%s: %s", #call, capex_last_error())
+
+/* A context, its user stream and a world-1 NCCL comm, or SKIP with the reason. */
+#define OPEN(ctx, comm, user)                                                                         \
+    do {                                                                                             \
+        capex_result r_;                                                                             \
+        int n_ = 0, v_ = 0;                                                                          \
+        capex_dist_env env_;                                                                         \
+        capex_nccl_desc nd_;                                                                         \
+        const char *lp_ = getenv("CAPEX_LIBCUDA_PATH");                                              \
+        if (lp_ && strstr(lp_, "fake")) CT_SKIP("stand-in driver: kernels need a GPU or the emulator"); \
+        r_ = capex_cuda_device_count(&n_);                                                           \
+        if (r_ != CAPEX_OK || n_ == 0) CT_SKIP("no GPU (%s): %.100s", capex_result_string(r_), r_ ? capex_last_error() : "0 devices"); \
+        if (capex_cuda_nccl_version(&v_) != CAPEX_OK) CT_SKIP("no NCCL: %.160s", capex_last_error()); \
+        if (capex_cuda_nvrtc_version(&n_, &v_) != CAPEX_OK) CT_SKIP("no NVRTC: %.160s", capex_last_error()); \
+        OK(capex_cuda_context_create(NULL, &(ctx)));                                                 \
+        OK(capex_cuda_stream_create((ctx), &(user)));                                                \
+        memset(&env_, 0, sizeof env_);                                                               \
+        env_.world_size = 1;                                                                         \
+        capex_nccl_desc_init(&nd_);                                                                  \
+        nd_.ctx = (ctx);                                                                             \
+        nd_.user_stream = (user);                                                                    \
+        OK(capex_comm_init_nccl(&(comm), &env_, &nd_));                                              \
+    } while (0)
+
+#define CLOSE(ctx, comm, user)                          \
+    do {                                                \
+        capex_comm_destroy(&(comm));                    \
+        capex_cuda_stream_destroy((ctx), (user));       \
+        capex_cuda_context_destroy(ctx);                \
+    } while (0)
+
+#define NP 8
+static const size_t zp_numel[NP] = {37, 64, 0, 130, 1, 77, 16, 300};
+#define SCALE 1024.0f
+
+typedef struct cfg {
+    int stage;
+    capex_optim_kind kind;
+    int halves;
+    float max_norm;  /* inf: no clipping */
+    int inf_step;    /* -1: none */
+    int steps;
+    int micro;       /* backward passes per step (stage 2, f32: accumulated in the shard) */
+} cfg;
+
+static capex_dtype dt_of(const cfg *c, int i) {
+    if (!c->halves) return CAPEX_F32;
+    return i % 3 == 0 ? CAPEX_F32 : i % 3 == 1 ? CAPEX_BF16 : CAPEX_F16;
+}
+static uint64_t mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+/* This process's rank and world (forked ranks set them); g_avg_of > 0: the
+   gradient is the average of that many ranks' (a world of 1 stepping as the
+   whole world did). */
+static int g_rank = 0, g_world = 1, g_avg_of = 0;
+/* rank q's scaled gradient: k/16 * SCALE, |k| <= 15 (sums of up to 4 ranks and
+   their squares are exact in every dtype); the last rank has an inf at the
+   inf step */
+static float grad_q(const cfg *c, int q, int world, int step, int p, size_t e) {
+    if (step == c->inf_step && q == world - 1 && p == 3 && e == 5) return INFINITY;
+    return (float)((int)(mix(((uint64_t)q << 52) ^ ((uint64_t)step << 40) ^ ((uint64_t)p << 24) ^ e) % 31) - 15) / 16.0f * SCALE;
+}
+static float grad_at(const cfg *c, int step, int p, size_t e) {
+    float v = 0.0f;
+    int q;
+    if (g_avg_of <= 0) return grad_q(c, g_rank, g_world, step, p, e);
+    for (q = 0; q < g_avg_of; q++) v += grad_q(c, q, g_avg_of, step, p, e);
+    return v / (float)g_avg_of;
+}
+/* the reduced (averaged) gradient the step sees, in f64 (exact) */
+static double grad_avg(const cfg *c, int step, int p, size_t e) {
+    double v = 0.0;
+    int q, m, nm = c->micro > 1 ? c->micro : 1;
+    for (m = 0; m < nm; m++)
+        for (q = 0; q < g_world; q++) v += grad_q(c, q, g_world, m == 0 ? step : step + 100 * m, p, e);
+    return v / g_world;
+}
+static float init_at(int p, size_t e) { return (float)((int)((p * 131 + (int)e * 7) % 97) - 48) / 97.0f; }
+static void put(void *buf, capex_dtype t, size_t e, float v) {
+    if (t == CAPEX_F32) ((float *)buf)[e] = v;
+    else ((uint16_t *)buf)[e] = t == CAPEX_F16 ? capex_f32_to_f16(v) : capex_f32_to_bf16(v);
+}
+/* micro-batch m's gradient; a step's is their sum (exact) */
+static float grad_micro(const cfg *c, int step, int m, int p, size_t e) {
+    return m == 0 ? grad_at(c, step, p, e) : grad_at(c, step + 100 * m, p, e);
+}
+static float grad_sum(const cfg *c, int step, int p, size_t e) {
+    float v = 0.0f;
+    int m;
+    for (m = 0; m < (c->micro > 1 ? c->micro : 1); m++) v += grad_micro(c, step, m, p, e);
+    return v;
+}
+static size_t bytes_of(const cfg *c, int i) { return zp_numel[i] * capex_dtype_size(dt_of(c, i)); }
+
+static void od_of(const cfg *c, capex_optim_desc *od, capex_optim_hparams hp[2]) {
+    capex_optim_desc_init(od, c->kind);
+    if (c->kind == CAPEX_OPTIM_SGD) { od->defaults.momentum = 0.9f; od->defaults.nesterov = 1; }
+    od->defaults.lr = 1e-2f;
+    od->defaults.weight_decay = 0.1f;
+    hp[0] = od->defaults;
+    hp[1] = od->defaults;
+    hp[1].lr = 3e-3f;
+    hp[1].weight_decay = 0.0f;
+}
+
+/* Host copies of the params: the same initial values on every path. */
+typedef struct hostp { unsigned char *d[NP]; } hostp;
+static void hostp_init(const cfg *c, hostp *h) {
+    int i;
+    size_t e;
+    for (i = 0; i < NP; i++) {
+        h->d[i] = (unsigned char *)calloc(1, bytes_of(c, i) + 4);
+        for (e = 0; e < zp_numel[i]; e++) put(h->d[i], dt_of(c, i), e, init_at(i, e));
+    }
+}
+static void hostp_free(hostp *h) { int i; for (i = 0; i < NP; i++) free(h->d[i]); }
+
+static void zparams(const cfg *c, capex_zero_param *zp, void *const *data) {
+    int i;
+    for (i = 0; i < NP; i++) {
+        zp[i].data = data[i];
+        zp[i].numel = zp_numel[i];
+        zp[i].dtype = dt_of(c, i);
+        zp[i].group = (size_t)(i % 2);
+    }
+}
+
+/* ZeRO-GPU: steps on device params; per step, the clip factor and found_inf
+   it computed (read back). Leaves the zero and its params for more. */
+typedef struct gpu_run {
+    capex_cuda_zero *zg;
+    capex_cuda_ptr p[NP], inv, found, total;
+    float coef[16], norm[16];
+    unsigned fi[16];
+} gpu_run;
+
+static void gpu_create(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, const cfg *c, gpu_run *g, const hostp *h) {
+    capex_zero_param zp[NP];
+    capex_zero_desc zd;
+    capex_optim_desc od;
+    capex_optim_hparams hp[2];
+    void *data[NP];
+    float inv = 1.0f / SCALE;
+    int i;
+    memset(g, 0, sizeof *g);
+    for (i = 0; i < NP; i++) {
+        OK(capex_cuda_malloc(ctx, bytes_of(c, i) + 4, &g->p[i]));
+        OK(capex_cuda_memcpy_htod(ctx, g->p[i], h->d[i], bytes_of(c, i), NULL));
+        data[i] = (void *)(uintptr_t)g->p[i];
+    }
+    OK(capex_cuda_malloc(ctx, 4, &g->inv));
+    OK(capex_cuda_malloc(ctx, 4, &g->found));
+    OK(capex_cuda_malloc(ctx, 4, &g->total));
+    OK(capex_cuda_memcpy_htod(ctx, g->inv, &inv, 4, NULL));
+    zparams(c, zp, data);
+    capex_zero_desc_init(&zd);
+    zd.stage = c->stage;
+    zd.bucket_bytes = 256; /* several buckets, params straddling none (one rank: one shard each) */
+    od_of(c, &od, hp);
+    OK(capex_cuda_zero_create(&g->zg, comm, zp, NP, &od, hp, 2, &zd));
+}
+
+static void gpu_steps(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream user, const cfg *c, gpu_run *g, int from,
+                      int to) {
+    capex_zero *z = capex_cuda_zero_base(g->zg);
+    unsigned zero = 0;
+    int s, i;
+    size_t e;
+    static unsigned char buf[300 * 4];
+    for (s = from; s < to; s++) {
+        int m;
+        OK(capex_cuda_memcpy_htod(ctx, g->found, &zero, 4, NULL));
+        for (m = 0; m < (c->micro > 1 ? c->micro : 1); m++) {
+            for (i = NP; i-- > 0;) { /* backward order */
+                void *gp = capex_zero_grad(z, (size_t)i);
+                CT_CHECK(gp != NULL, "grad %d: %s", i, capex_last_error());
+                for (e = 0; e < zp_numel[i]; e++) put(buf, dt_of(c, i), e, grad_micro(c, s, m, i, e));
+                if (zp_numel[i]) OK(capex_cuda_memcpy_htod(ctx, (capex_cuda_ptr)(uintptr_t)gp, buf, bytes_of(c, i), user));
+                OK(capex_zero_grad_ready(z, (size_t)i));
+            }
+            OK(capex_zero_finalize(z));
+        }
+        OK(capex_cuda_zero_grad_norm(g->zg, g->inv, c->max_norm, g->found, g->total, capex_cuda_zero_clip_coef_ptr(g->zg)));
+        OK(capex_cuda_zero_step(g->zg, g->inv, capex_cuda_zero_clip_coef_ptr(g->zg), g->found));
+        OK(capex_cuda_stream_synchronize(ctx, user));
+        OK(capex_cuda_memcpy_dtoh(ctx, &g->coef[s], capex_cuda_zero_clip_coef_ptr(g->zg), 4, NULL));
+        OK(capex_cuda_memcpy_dtoh(ctx, &g->norm[s], g->total, 4, NULL));
+        OK(capex_cuda_memcpy_dtoh(ctx, &g->fi[s], g->found, 4, NULL));
+        OK(capex_zero_zero_grad(z));
+    }
+}
+
+static void gpu_read(ct_state *ct, capex_cuda_context *ctx, const cfg *c, const gpu_run *g, hostp *out) {
+    int i;
+    for (i = 0; i < NP; i++) {
+        out->d[i] = (unsigned char *)calloc(1, bytes_of(c, i) + 4);
+        OK(capex_cuda_memcpy_dtoh(ctx, out->d[i], g->p[i], bytes_of(c, i), NULL));
+    }
+}
+
+static void gpu_free(capex_cuda_context *ctx, gpu_run *g) {
+    int i;
+    capex_cuda_zero_destroy(g->zg);
+    for (i = 0; i < NP; i++) capex_cuda_free(ctx, g->p[i]);
+    capex_cuda_free(ctx, g->inv);
+    capex_cuda_free(ctx, g->found);
+    capex_cuda_free(ctx, g->total);
+}
+
+/* The host capex_zero on a single-process comm, the same loop. */
+typedef struct host_run {
+    capex_comm comm;
+    capex_zero *z;
+    hostp p;
+    float coef[16], norm[16];
+    int fi[16];
+} host_run;
+
+static void host_create(ct_state *ct, const cfg *c, host_run *hr, const hostp *h) {
+    capex_zero_param zp[NP];
+    capex_zero_desc zd;
+    capex_optim_desc od;
+    capex_optim_hparams hp[2];
+    int i;
+    memset(hr, 0, sizeof *hr);
+    for (i = 0; i < NP; i++) {
+        hr->p.d[i] = (unsigned char *)calloc(1, bytes_of(c, i) + 4);
+        memcpy(hr->p.d[i], h->d[i], bytes_of(c, i));
+    }
+    OK(capex_comm_init_single(&hr->comm));
+    zparams(c, zp, (void *const *)hr->p.d);
+    capex_zero_desc_init(&zd);
+    zd.stage = c->stage;
+    zd.bucket_bytes = 256;
+    od_of(c, &od, hp);
+    OK(capex_zero_create(&hr->z, &hr->comm, zp, NP, &od, hp, 2, &zd));
+}
+
+static void host_steps(ct_state *ct, const cfg *c, host_run *hr, int from, int to) {
+    int s, i, fi;
+    size_t e;
+    float norm, inv = 1.0f / SCALE, clip;
+    for (s = from; s < to; s++) {
+        int m;
+        for (m = 0; m < (c->micro > 1 ? c->micro : 1); m++) {
+            for (i = NP; i-- > 0;) {
+                void *gp = capex_zero_grad(hr->z, (size_t)i);
+                CT_CHECK(gp != NULL, "grad %d: %s", i, capex_last_error());
+                for (e = 0; e < zp_numel[i]; e++) put(gp, dt_of(c, i), e, grad_micro(c, s, m, i, e));
+                OK(capex_zero_grad_ready(hr->z, (size_t)i));
+            }
+            OK(capex_zero_finalize(hr->z));
+        }
+        OK(capex_zero_grad_norm(hr->z, &fi, &norm));
+        clip = fi ? 1.0f : capex_clip_coef(norm * inv, c->max_norm);
+        hr->coef[s] = clip;
+        hr->norm[s] = norm;
+        hr->fi[s] = fi;
+        OK(capex_zero_step(hr->z, inv, clip, fi));
+        OK(capex_zero_zero_grad(hr->z));
+    }
+}
+
+static void host_free(host_run *hr) {
+    capex_zero_destroy(hr->z);
+    capex_comm_destroy(&hr->comm);
+    hostp_free(&hr->p);
+}
+
+/* DDP + capex_cuda_optim over whole device params (the unsharded path),
+   stepped with the given clip factors; found_inf from the known inf step. */
+static void ref_run(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream user, capex_comm *comm, const cfg *c,
+                    const hostp *h, const float *coef, hostp *out) {
+    capex_cuda_optim *o;
+    capex_ddp *ddp;
+    capex_ddp_param dp[NP];
+    capex_ddp_desc dd;
+    capex_optim_desc od;
+    capex_optim_hparams hp[2];
+    capex_optim_param pp[2][NP];
+    size_t n[2] = {0, 0};
+    capex_cuda_ptr p[NP], m[NP], gr[NP], dinv, dcoef, dfound;
+    float inv = 1.0f / SCALE;
+    static unsigned char buf[300 * 4];
+    static float f32[300];
+    int i, s, g;
+    size_t e;
+    od_of(c, &od, hp);
+    OK(capex_cuda_optim_create(ctx, &od, &o));
+    for (i = 0; i < NP; i++) {
+        capex_optim_param *q = &pp[i % 2][n[i % 2]++];
+        capex_dtype t = dt_of(c, i);
+        OK(capex_cuda_malloc(ctx, bytes_of(c, i) + 4, &p[i]));
+        OK(capex_cuda_memcpy_htod(ctx, p[i], h->d[i], bytes_of(c, i), NULL));
+        OK(capex_cuda_malloc(ctx, zp_numel[i] * 4 + 4, &m[i]));
+        OK(capex_cuda_malloc(ctx, bytes_of(c, i) + 4, &gr[i]));
+        dp[i].data = (void *)(uintptr_t)p[i];
+        dp[i].numel = zp_numel[i];
+        dp[i].dtype = t;
+        dp[i].grad = (void *)(uintptr_t)gr[i]; /* own buffers: the optimizer's grad pointers stay valid */
+        capex_optim_param_init(q);
+        q->numel = (int64_t)zp_numel[i];
+        q->grad = (void *)(uintptr_t)gr[i];
+        q->grad_dtype = t;
+        if (t == CAPEX_F32) q->param = (float *)(uintptr_t)p[i];
+        else {
+            for (e = 0; e < zp_numel[i]; e++)
+                f32[e] = t == CAPEX_F16 ? capex_f16_to_f32(((uint16_t *)h->d[i])[e]) : capex_bf16_to_f32(((uint16_t *)h->d[i])[e]);
+            OK(capex_cuda_memcpy_htod(ctx, m[i], f32, zp_numel[i] * 4, NULL));
+            q->param = (float *)(uintptr_t)m[i];
+            q->model = (void *)(uintptr_t)p[i];
+            q->model_dtype = t;
+        }
+    }
+    capex_ddp_desc_init(&dd);
+    dd.first_bucket_bytes = 256;
+    dd.bucket_bytes = 512;
+    OK(capex_ddp_create(&ddp, comm, dp, NP, &dd));
+    for (g = 0; g < 2; g++) OK(capex_cuda_optim_add_group(o, &hp[g], pp[g], n[g], NULL));
+    OK(capex_cuda_malloc(ctx, 4, &dinv));
+    OK(capex_cuda_malloc(ctx, 4, &dcoef));
+    OK(capex_cuda_malloc(ctx, 4, &dfound));
+    OK(capex_cuda_memcpy_htod(ctx, dinv, &inv, 4, NULL));
+    for (s = 0; s < c->steps; s++) {
+        unsigned fi = s == c->inf_step;
+        for (i = NP; i-- > 0;) {
+            for (e = 0; e < zp_numel[i]; e++) put(buf, dt_of(c, i), e, grad_sum(c, s, i, e));
+            if (zp_numel[i]) OK(capex_cuda_memcpy_htod(ctx, gr[i], buf, bytes_of(c, i), NULL));
+            OK(capex_ddp_grad_ready(ddp, (size_t)i));
+        }
+        OK(capex_ddp_finalize(ddp));
+        OK(capex_cuda_memcpy_htod(ctx, dcoef, &coef[s], 4, NULL));
+        OK(capex_cuda_memcpy_htod(ctx, dfound, &fi, 4, NULL));
+        OK(capex_cuda_optim_step(o, dinv, dcoef, dfound, user));
+        OK(capex_cuda_stream_synchronize(ctx, user));
+        OK(capex_ddp_zero_grad(ddp));
+    }
+    for (i = 0; i < NP; i++) {
+        out->d[i] = (unsigned char *)calloc(1, bytes_of(c, i) + 4);
+        OK(capex_cuda_memcpy_dtoh(ctx, out->d[i], p[i], bytes_of(c, i), NULL));
+    }
+    capex_ddp_destroy(ddp);
+    for (i = 0; i < NP; i++) {
+        capex_cuda_free(ctx, p[i]);
+        capex_cuda_free(ctx, m[i]);
+        capex_cuda_free(ctx, gr[i]);
+    }
+    capex_cuda_free(ctx, dinv);
+    capex_cuda_free(ctx, dcoef);
+    capex_cuda_free(ctx, dfound);
+    capex_cuda_optim_destroy(o);
+}
+
+static void same_params(ct_state *ct, const cfg *c, const hostp *a, const hostp *b, const char *what) {
+    int i;
+    for (i = 0; i < NP; i++)
+        CT_CHECK(memcmp(a->d[i], b->d[i], bytes_of(c, i)) == 0, "%s: param %d (%s, %zu elements) differs", what, i,
+                 capex_dtype_name(dt_of(c, i)), zp_numel[i]);
+}
+
+/* LAMB: its global norm and per-tensor |p|, |u| are sums over pieces on
+   every rank, in another order than the unsharded ones: within 1e-5
+   relative (f32) or an ulp of the half type. */
+static float as_f32(const void *buf, capex_dtype t, size_t e) {
+    if (t == CAPEX_F32) return ((const float *)buf)[e];
+    return t == CAPEX_F16 ? capex_f16_to_f32(((const uint16_t *)buf)[e]) : capex_bf16_to_f32(((const uint16_t *)buf)[e]);
+}
+static void close_params(ct_state *ct, const cfg *c, const hostp *a, const hostp *b, const char *what, double *worst) {
+    int i;
+    size_t e;
+    for (i = 0; i < NP; i++) {
+        capex_dtype t = dt_of(c, i);
+        double tol = t == CAPEX_F32 ? 1e-5 : t == CAPEX_F16 ? 1.0 / 1024 : 1.0 / 128;
+        for (e = 0; e < zp_numel[i]; e++) {
+            double x = as_f32(a->d[i], t, e), y = as_f32(b->d[i], t, e), d = fabs(x - y) / (fabs(y) > 1e-3 ? fabs(y) : 1e-3);
+            if (t == CAPEX_F32 && d > *worst) *worst = d;
+            CT_CHECK(d <= tol, "%s: param %d (%s) [%zu]: %.9g vs %.9g (%.3g relative)", what, i, capex_dtype_name(t), e, x, y, d);
+        }
+    }
+}
+
+/* Per step: found_inf and the clip factor against f64 hand references
+   (from the exact reduced gradients). */
+static void check_factors(ct_state *ct, const cfg *c, const gpu_run *g) {
+    int s, i;
+    size_t e;
+    for (s = 0; s < c->steps; s++) {
+        double sq = 0.0;
+        float total, want;
+        for (i = 0; i < NP; i++)
+            for (e = 0; e < zp_numel[i]; e++) { double v = grad_avg(c, s, i, e); sq += v * v; }
+        total = (float)sqrt(sq);
+        want = s == c->inf_step ? 1.0f : capex_clip_coef(total * (1.0f / SCALE), c->max_norm);
+        CT_CHECK(g->fi[s] == (unsigned)(s == c->inf_step), "rank %d step %d: found_inf %u", g_rank, s, g->fi[s]);
+        CT_CHECK(memcmp(&g->coef[s], &want, 4) == 0, "rank %d step %d: clip factor %.9g, want %.9g (f64 reference)",
+                 g_rank, s, (double)g->coef[s], (double)want);
+        CT_CHECK(s == c->inf_step || memcmp(&g->norm[s], &total, 4) == 0, "rank %d step %d: norm %.9g, want %.9g", g_rank,
+                 s, (double)g->norm[s], (double)total);
+        if (c->max_norm < 1e30f && s != c->inf_step) CT_CHECK(g->coef[s] < 1.0f, "step %d: clipping is active (%g)", s, (double)g->coef[s]);
+    }
+}
+
+/* ZeRO-GPU on comm vs DDP + capex_cuda_optim (and, with one rank, vs the
+   host capex_zero). */
+static void equivalence_on(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream user, capex_comm *comm, const cfg *c) {
+    gpu_run g;
+    hostp h, gout, rout;
+    hostp_init(c, &h);
+    gpu_create(ct, ctx, comm, c, &g, &h);
+    if (ct->failed) return;
+    gpu_steps(ct, ctx, user, c, &g, 0, c->steps);
+    if (ct->failed) return;
+    gpu_read(ct, ctx, c, &g, &gout);
+    check_factors(ct, c, &g);
+    if (ct->failed) return;
+    ref_run(ct, ctx, user, comm, c, &h, g.coef, &rout);
+    if (ct->failed) return;
+    if (c->kind == CAPEX_OPTIM_LAMB || c->kind == CAPEX_OPTIM_NOVOGRAD) {
+        double worst = 0.0;
+        close_params(ct, c, &gout, &rout, "LAMB/NovoGrad: ZeRO-GPU vs DDP + capex_cuda_optim", &worst);
+        if (ct->failed) return;
+        if (g_rank == 0 && getenv("ZGPU_VERBOSE")) fprintf(stderr, "kind %d world %d: worst f32 relative difference %.3g\n", (int)c->kind, g_world, worst);
+    } else
+        same_params(ct, c, &gout, &rout, "ZeRO-GPU vs DDP + capex_cuda_optim");
+    if (ct->failed) return;
+    {   /* the optimizer's step count: the inf step did not count */
+        int64_t st = -1;
+        OK(capex_cuda_optim_get_step(capex_cuda_zero_optim(g.zg), 0, &st, user));
+        CT_CHECK(st == c->steps - (c->inf_step >= 0 && c->inf_step < c->steps), "step count %lld", (long long)st);
+    }
+    if (comm->world_size == 1) {
+        host_run hr;
+        int s;
+        host_create(ct, c, &hr, &h);
+        if (ct->failed) return;
+        host_steps(ct, c, &hr, 0, c->steps);
+        if (ct->failed) return;
+        for (s = 0; s < c->steps; s++)
+            CT_CHECK(memcmp(&g.coef[s], &hr.coef[s], 4) == 0 && g.fi[s] == (unsigned)hr.fi[s], "step %d: clip factor "
+                     "%.9g on the GPU, %.9g on the host", s, (double)g.coef[s], (double)hr.coef[s]);
+        if (c->kind == CAPEX_OPTIM_LAMB || c->kind == CAPEX_OPTIM_NOVOGRAD) {
+            double worst = 0.0;
+            close_params(ct, c, &gout, &hr.p, "LAMB/NovoGrad: ZeRO-GPU vs the host capex_zero", &worst);
+        } else
+            same_params(ct, c, &gout, &hr.p, "ZeRO-GPU vs the host capex_zero");
+        if (ct->failed) return;
+        {   /* the same plan: the same memory report as the host zero's */
+            capex_zero_memory a = capex_zero_memory_info(capex_cuda_zero_base(g.zg)), b = capex_zero_memory_info(hr.z);
+            if (c->kind == CAPEX_OPTIM_LAMB) { /* the host LAMB keeps its update u (3 floats), the device's m, v */
+                CT_CHECK(a.moment_bytes * 3 == b.moment_bytes * 2, "LAMB moments %zu vs %zu", a.moment_bytes, b.moment_bytes);
+                b.moment_bytes = a.moment_bytes;
+                b.optimizer_state_bytes = b.master_bytes + b.moment_bytes;
+                CT_CHECK(a.unsharded_state_bytes < b.unsharded_state_bytes, "LAMB unsharded state");
+                b.unsharded_state_bytes = a.unsharded_state_bytes;
+            }
+            CT_CHECK(memcmp(&a, &b, sizeof a) == 0, "memory info differs (optimizer state %zu vs %zu)",
+                     a.optimizer_state_bytes, b.optimizer_state_bytes);
+        }
+        host_free(&hr);
+    }
+    {   /* optimizer state per rank: this rank's share of the elements (padding aside) */
+        capex_zero_memory a = capex_zero_memory_info(capex_cuda_zero_base(g.zg));
+        size_t total = 0, i;
+        for (i = 0; i < NP; i++) total += zp_numel[i];
+        CT_CHECK(a.optimizer_state_bytes == a.master_bytes + a.moment_bytes && a.moment_bytes > 0, "memory info");
+        CT_CHECK(a.shard_elements - a.padding_elements <= total / (size_t)comm->world_size + 64 &&
+                 a.shard_elements - a.padding_elements + 64 >= total / (size_t)comm->world_size,
+                 "rank %d holds %zu of %zu elements in a world of %d", g_rank, a.shard_elements - a.padding_elements,
+                 total, comm->world_size);
+    }
+    hostp_free(&gout);
+    hostp_free(&rout);
+    hostp_free(&h);
+    gpu_free(ctx, &g);
+}
+
+static void equivalence(ct_state *ct, const cfg *c) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm comm;
+    OPEN(ctx, comm, user);
+    equivalence_on(ct, ctx, user, &comm, c);
+    CLOSE(ctx, comm, user);
+}
+
+CT_TEST(adamw_stage1_f32) { cfg c = {1, CAPEX_OPTIM_ADAM, 0, INFINITY, 2, 4, 1}; equivalence(ct, &c); }
+CT_TEST(adamw_stage2_halves) { cfg c = {2, CAPEX_OPTIM_ADAM, 1, INFINITY, 1, 4, 1}; equivalence(ct, &c); }
+CT_TEST(adamw_stage1_halves_clip) { cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 2, 4, 1}; equivalence(ct, &c); }
+CT_TEST(sgd_stage1_halves) { cfg c = {1, CAPEX_OPTIM_SGD, 1, INFINITY, 2, 4, 1}; equivalence(ct, &c); }
+CT_TEST(sgd_stage2_clip) { cfg c = {2, CAPEX_OPTIM_SGD, 0, 5.0f, -1, 3, 1}; equivalence(ct, &c); }
+CT_TEST(adagrad_stage2) { cfg c = {2, CAPEX_OPTIM_ADAGRAD, 1, INFINITY, -1, 3, 1}; equivalence(ct, &c); }
+CT_TEST(novograd_stage2_halves) { cfg c = {2, CAPEX_OPTIM_NOVOGRAD, 1, 5.0f, 2, 4, 1}; equivalence(ct, &c); }
+CT_TEST(adamw_stage2_halves_two_micro_batches) { cfg c = {2, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 2}; equivalence(ct, &c); }
+CT_TEST(lamb_stage1_halves_clip) { cfg c = {1, CAPEX_OPTIM_LAMB, 1, 5.0f, 2, 4, 1}; equivalence(ct, &c); }
+CT_TEST(adamw_stage2_two_micro_batches) { cfg c = {2, CAPEX_OPTIM_ADAM, 0, 5.0f, 1, 3, 2}; equivalence(ct, &c); }
+
+/* The norm kernel's values against hand-computed ones, one case each. */
+static void norm_case(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, const float *g, size_t n, float inv,
+                      float max_norm, unsigned want_fi, float want_total, float want_coef, const char *what) {
+    capex_zero_param zp[2];
+    capex_cuda_zero *zg;
+    capex_zero *z;
+    capex_optim_desc od;
+    capex_cuda_ptr p, dinv, found, total, coef;
+    unsigned fi = 0;
+    float t = -1.0f, cf = -1.0f;
+    OK(capex_cuda_malloc(ctx, n * 4 + 4, &p));
+    OK(capex_cuda_memset_u8(ctx, p, 0, n * 4 + 4, NULL));
+    OK(capex_cuda_malloc(ctx, 4, &dinv));
+    OK(capex_cuda_malloc(ctx, 4, &found));
+    OK(capex_cuda_malloc(ctx, 4, &total));
+    OK(capex_cuda_malloc(ctx, 4, &coef));
+    OK(capex_cuda_memcpy_htod(ctx, dinv, &inv, 4, NULL));
+    OK(capex_cuda_memcpy_htod(ctx, found, &fi, 4, NULL));
+    zp[0].data = (void *)(uintptr_t)p; zp[0].numel = n; zp[0].dtype = CAPEX_F32; zp[0].group = 0;
+    zp[1] = zp[0]; zp[1].numel = 0; /* an empty tensor beside it */
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    OK(capex_cuda_zero_create(&zg, comm, zp, 2, &od, NULL, 1, NULL));
+    z = capex_cuda_zero_base(zg);
+    if (n) OK(capex_cuda_memcpy_htod(ctx, (capex_cuda_ptr)(uintptr_t)capex_zero_grad(z, 0), g, n * 4, NULL));
+    OK(capex_zero_grad_ready(z, 0));
+    OK(capex_zero_grad_ready(z, 1));
+    OK(capex_zero_finalize(z));
+    OK(capex_cuda_zero_grad_norm(zg, dinv, max_norm, found, total, coef));
+    OK(capex_cuda_memcpy_dtoh(ctx, &fi, found, 4, NULL));
+    OK(capex_cuda_memcpy_dtoh(ctx, &t, total, 4, NULL));
+    OK(capex_cuda_memcpy_dtoh(ctx, &cf, coef, 4, NULL));
+    CT_CHECK(fi == want_fi, "%s: found_inf %u, want %u", what, fi, want_fi);
+    CT_CHECK(memcmp(&t, &want_total, 4) == 0 || (t != t && want_total != want_total), "%s: norm %.9g, want %.9g", what,
+             (double)t, (double)want_total);
+    CT_CHECK(memcmp(&cf, &want_coef, 4) == 0, "%s: clip factor %.9g, want %.9g", what, (double)cf, (double)want_coef);
+    capex_cuda_zero_destroy(zg);
+    capex_cuda_free(ctx, p);
+    capex_cuda_free(ctx, dinv);
+    capex_cuda_free(ctx, found);
+    capex_cuda_free(ctx, total);
+    capex_cuda_free(ctx, coef);
+}
+
+CT_TEST(norm_kernel_edge_cases) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm comm;
+    static float g[1000];
+    double sq = 0.0;
+    float total, coef;
+    size_t i;
+    OPEN(ctx, comm, user);
+    /* exact squares: 3, 4 (scaled by 8) -> norm 40, unscaled 5; max 2: 2 / (5 + 1e-6) */
+    g[0] = 24.0f; g[1] = 32.0f;
+    norm_case(ct, ctx, &comm, g, 2, 0.125f, 2.0f, 0, 40.0f, 2.0f / (5.0f + 1e-6f), "3-4-5 clipped");
+    norm_case(ct, ctx, &comm, g, 2, 0.125f, 100.0f, 0, 40.0f, 1.0f, "3-4-5 not clipped (factor > 1 -> 1)");
+    norm_case(ct, ctx, &comm, g, 2, 0.125f, INFINITY, 0, 40.0f, 1.0f, "max_norm inf");
+    norm_case(ct, ctx, &comm, g, 2, 0.125f, 0.0f, 0, 40.0f, 0.0f, "max_norm 0");
+    /* many chunks' partials (1000 elements), against an f64 sum */
+    for (i = 0; i < 1000; i++) { g[i] = (float)((int)(mix(i) % 2001) - 1000) / 64.0f; sq += (double)g[i] * g[i]; }
+    total = (float)sqrt(sq);
+    coef = 3.0f / (total * 0.5f + 1e-6f);
+    norm_case(ct, ctx, &comm, g, 1000, 0.5f, 3.0f, 0, total, coef, "1000 elements vs f64");
+    memset(g, 0, sizeof g);
+    norm_case(ct, ctx, &comm, g, 1000, 1.0f, 1.0f, 0, 0.0f, 1.0f, "zero gradients");
+    g[7] = NAN;
+    norm_case(ct, ctx, &comm, g, 1000, 1.0f, 1.0f, 1, NAN, 1.0f, "a NaN");
+    g[7] = -INFINITY;
+    norm_case(ct, ctx, &comm, g, 1000, 1.0f, 1.0f, 1, INFINITY, 1.0f, "an -inf");
+    for (i = 0; i < 20; i++) g[i] = 3e38f; /* finite, but the norm is beyond f32 */
+    norm_case(ct, ctx, &comm, g, 20, 1.0f, 1.0f, 0, INFINITY, 1.0f, "norm overflows f32");
+    norm_case(ct, ctx, &comm, g, 0, 1.0f, 1.0f, 0, 0.0f, 1.0f, "no elements");
+    CLOSE(ctx, comm, user);
+}
+
+static int same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int ca, cb, same = fa && fb;
+    while (same) {
+        ca = fgetc(fa);
+        cb = fgetc(fb);
+        if (ca != cb) same = 0;
+        if (ca == EOF || cb == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+/* Save after steps: the same file as the host zero's; it loads into a fresh
+   host zero and a fresh GPU zero (other initial values) and the next step
+   agrees with the original ones. */
+static void checkpoint_case(ct_state *ct, cfg c) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm comm;
+    gpu_run g, g2;
+    host_run hr, hr2;
+    hostp h, zeros, a, b;
+    char fg[64], fh[64];
+    int i;
+    OPEN(ctx, comm, user);
+    snprintf(fg, sizeof fg, "/tmp/capex_zgpu_%d.ckpt", (int)getpid());
+    snprintf(fh, sizeof fh, "/tmp/capex_zgpu_%d.host", (int)getpid());
+    hostp_init(&c, &h);
+    hostp_init(&c, &zeros);
+    for (i = 0; i < NP; i++) memset(zeros.d[i], 0, bytes_of(&c, i));
+    gpu_create(ct, ctx, &comm, &c, &g, &h);
+    gpu_steps(ct, ctx, user, &c, &g, 0, 3);
+    host_create(ct, &c, &hr, &h);
+    host_steps(ct, &c, &hr, 0, 3);
+    OK(capex_zero_save_file(capex_cuda_zero_base(g.zg), fg, CAPEX_OPTIM_STATE_PARAMS));
+    OK(capex_zero_save_file(hr.z, fh, CAPEX_OPTIM_STATE_PARAMS));
+    CT_CHECK(same_file(fg, fh), "the GPU zero's checkpoint differs from the host zero's");
+    /* fresh zeros from other values, loaded */
+    gpu_create(ct, ctx, &comm, &c, &g2, &zeros);
+    host_create(ct, &c, &hr2, &zeros);
+    OK(capex_zero_load_file(capex_cuda_zero_base(g2.zg), fg, CAPEX_OPTIM_STATE_PARAMS));
+    OK(capex_zero_load_file(hr2.z, fg, CAPEX_OPTIM_STATE_PARAMS));
+    gpu_read(ct, ctx, &c, &g2, &a);
+    same_params(ct, &c, &a, &hr.p, "loaded GPU params");
+    same_params(ct, &c, &hr2.p, &hr.p, "loaded host params");
+    hostp_free(&a);
+    /* one more step on all four */
+    gpu_steps(ct, ctx, user, &c, &g, 3, 4);
+    gpu_steps(ct, ctx, user, &c, &g2, 3, 4);
+    host_steps(ct, &c, &hr, 3, 4);
+    host_steps(ct, &c, &hr2, 3, 4);
+    gpu_read(ct, ctx, &c, &g, &a);
+    gpu_read(ct, ctx, &c, &g2, &b);
+    same_params(ct, &c, &a, &hr.p, "GPU vs host after the next step");
+    same_params(ct, &c, &b, &a, "resumed GPU vs GPU");
+    same_params(ct, &c, &hr2.p, &a, "resumed host (GPU checkpoint) vs GPU");
+    {   /* and the resumed GPU zero saves the same file again */
+        OK(capex_zero_save_file(capex_cuda_zero_base(g2.zg), fg, CAPEX_OPTIM_STATE_PARAMS));
+        OK(capex_zero_save_file(hr.z, fh, CAPEX_OPTIM_STATE_PARAMS));
+        CT_CHECK(same_file(fg, fh), "resumed GPU zero's checkpoint differs from the host zero's");
+    }
+    remove(fg);
+    remove(fh);
+    hostp_free(&a);
+    hostp_free(&b);
+    host_free(&hr);
+    host_free(&hr2);
+    hostp_free(&h);
+    hostp_free(&zeros);
+    gpu_free(ctx, &g);
+    gpu_free(ctx, &g2);
+    CLOSE(ctx, comm, user);
+}
+
+CT_TEST(checkpoint_matches_host_and_loads) { cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 1}; checkpoint_case(ct, c); }
+CT_TEST(checkpoint_lamb_stage2) { cfg c = {2, CAPEX_OPTIM_LAMB, 1, 5.0f, -1, 3, 1}; checkpoint_case(ct, c); }
+CT_TEST(checkpoint_novograd_stage1) { cfg c = {1, CAPEX_OPTIM_NOVOGRAD, 1, 5.0f, -1, 3, 1}; checkpoint_case(ct, c); }
+
+CT_TEST(refusals) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm comm, single;
+    capex_zero_param zp[1];
+    capex_optim_desc od;
+    capex_zero *z = NULL;
+    capex_cuda_zero *zg = NULL;
+    capex_cuda_ptr p;
+    int fi;
+    float norm;
+    OPEN(ctx, comm, user);
+    OK(capex_cuda_malloc(ctx, 64, &p));
+    OK(capex_cuda_memset_u8(ctx, p, 0, 64, NULL));
+    zp[0].data = (void *)(uintptr_t)p; zp[0].numel = 16; zp[0].dtype = CAPEX_F32; zp[0].group = 0;
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    CT_CHECK(capex_zero_create(&z, &comm, zp, 1, &od, NULL, 1, NULL) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "capex_cuda_zero_create"), "host API on an NCCL comm: %s", capex_last_error());
+    OK(capex_comm_init_single(&single));
+    CT_CHECK(capex_cuda_zero_create(&zg, &single, zp, 1, &od, NULL, 1, NULL) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "NCCL"), "GPU zero on a host comm: %s", capex_last_error());
+    CT_CHECK(capex__zero_create(&z, &single, zp, 1, &od, NULL, 1, NULL, (const capex__zero_dev *)&od, "x") ==
+             CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "host buffers"), "device mode on a host comm: %s",
+             capex_last_error());
+    capex_comm_destroy(&single);
+    od.stochastic_rounding = 1;
+    CT_CHECK(capex_cuda_zero_create(&zg, &comm, zp, 1, &od, NULL, 1, NULL) == CAPEX_ERR_UNSUPPORTED &&
+             strstr(capex_last_error(), "stochastic rounding"), "stochastic rounding: %s", capex_last_error());
+    CT_CHECK(zg == NULL, "no zero on error");
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    OK(capex_cuda_zero_create(&zg, &comm, zp, 1, &od, NULL, 1, NULL));
+    z = capex_cuda_zero_base(zg);
+    OK(capex_zero_grad_ready(z, 0));
+    OK(capex_zero_finalize(z));
+    CT_CHECK(capex_zero_grad_norm(z, &fi, &norm) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "capex_cuda_zero_grad_norm"), "base grad_norm: %s", capex_last_error());
+    CT_CHECK(capex_zero_step(z, 1.0f, 1.0f, 0) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "capex_cuda_zero_step"), "base step: %s", capex_last_error());
+    CT_CHECK(capex_zero_optim(z) == NULL, "no host optimizer");
+    CT_CHECK(capex_cuda_zero_grad_norm(zg, 0, -1.0f, 0, 0, 0) == CAPEX_ERR_INVALID_ARG, "negative max_norm");
+    CT_CHECK(capex_cuda_zero_grad_norm(zg, 2, 1.0f, 0, 0, 0) == CAPEX_ERR_INVALID_ARG, "misaligned inv_scale");
+    capex_cuda_zero_destroy(zg);
+    capex_cuda_free(ctx, p);
+    CLOSE(ctx, comm, user);
+}
+
+/* ---- worlds of several ranks (forked, on the stand-in NCCL) ---------------- */
+
+typedef struct world_job {
+    cfg c;
+    char save[200]; /* "": equivalence; else the checkpoint path */
+    int load;       /* 1: load save (written by a world of load_world ranks), step once, compare */
+    int load_world;
+} world_job;
+
+static void write_params(ct_state *ct, const cfg *c, const hostp *hp, const char *path) {
+    FILE *f = fopen(path, "wb");
+    int i;
+    CT_CHECK(f != NULL, "cannot write %s", path);
+    for (i = 0; i < NP; i++) fwrite(hp->d[i], 1, bytes_of(c, i), f);
+    fclose(f);
+}
+static void same_as_file(ct_state *ct, const cfg *c, const hostp *hp, const char *path, const char *what) {
+    FILE *f = fopen(path, "rb");
+    static unsigned char buf[300 * 4];
+    int i;
+    CT_CHECK(f != NULL, "cannot read %s", path);
+    for (i = 0; i < NP; i++) {
+        size_t n = fread(buf, 1, bytes_of(c, i), f);
+        if (n != bytes_of(c, i) || memcmp(buf, hp->d[i], n) != 0) {
+            fclose(f);
+            CT_CHECK(0, "%s: param %d (%s) differs from %s", what, i, capex_dtype_name(dt_of(c, i)), path);
+        }
+    }
+    fclose(f);
+}
+
+/* Saves after c->steps, steps once more and (rank 0) writes the params to
+   save.params; or (load) loads save into zeros, checks a resave is the same
+   file, steps once with the other world's average gradient and compares. */
+static void ckpt_on(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, const world_job *j) {
+    const cfg *c = &j->c;
+    gpu_run g;
+    hostp h, out;
+    char pp[220], again[220];
+    int i;
+    snprintf(pp, sizeof pp, "%s.params", j->save);
+    snprintf(again, sizeof again, "%s.w%d", j->save, comm->world_size);
+    hostp_init(c, &h);
+    if (j->load) for (i = 0; i < NP; i++) memset(h.d[i], 0, bytes_of(c, i));
+    gpu_create(ct, ctx, comm, c, &g, &h);
+    if (ct->failed) return;
+    if (!j->load) {
+        gpu_steps(ct, ctx, NULL, c, &g, 0, c->steps);
+        if (ct->failed) return;
+        OK(capex_zero_save_file(capex_cuda_zero_base(g.zg), j->save, CAPEX_OPTIM_STATE_PARAMS));
+    } else {
+        OK(capex_zero_load_file(capex_cuda_zero_base(g.zg), j->save, CAPEX_OPTIM_STATE_PARAMS));
+        OK(capex_zero_save_file(capex_cuda_zero_base(g.zg), again, CAPEX_OPTIM_STATE_PARAMS));
+        if (comm->rank == 0) CT_CHECK(same_file(j->save, again), "a world of %d resaves a world of %d's checkpoint differently",
+                                      comm->world_size, j->load_world);
+        g_avg_of = j->load_world; /* every rank: the saving world's average gradient */
+    }
+    gpu_steps(ct, ctx, NULL, c, &g, c->steps, c->steps + 1);
+    if (ct->failed) return;
+    gpu_read(ct, ctx, c, &g, &out);
+    if (comm->rank == 0 && !j->load) write_params(ct, c, &out, pp);
+    if (j->load) same_as_file(ct, c, &out, pp, "the step after the load");
+    if (j->load && comm->rank == 0) remove(again);
+    hostp_free(&out);
+    hostp_free(&h);
+    gpu_free(ctx, &g);
+}
+
+static int world_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
+    const world_job *j = (const world_job *)user;
+    ct_state st;
+    memset(&st, 0, sizeof st);
+    g_rank = rank;
+    g_world = world;
+    if (j->save[0]) ckpt_on(&st, ctx, comm, j);
+    else equivalence_on(&st, ctx, NULL, comm, &j->c);
+    if (st.failed) { fprintf(stderr, "rank %d of %d: %s\n", rank, world, st.why); return 1; }
+    return 0;
+}
+
+static int run_world(int world, const world_job *j, child_result *res) {
+    int codes[16] = {0}, r, q;
+    r = nccl_world_run(world, world_body, (void *)j, codes);
+    for (q = 0; q < world; q++)
+        if (codes[q]) {
+            res->code = 1;
+            snprintf(res->message, sizeof res->message, "world of %d: rank %d failed (%d; its stderr says why)", world, q,
+                     codes[q]);
+            return 1;
+        }
+    if (r) { res->code = 1; snprintf(res->message, sizeof res->message, "world of %d: rank 0 failed", world); }
+    return r;
+}
+
+/* arg: "world stage kind halves max_norm inf_step [micro]" */
+static void child_world(const char *arg, child_result *res) {
+    world_job j;
+    int world = 2, kind = 0;
+    memset(&j, 0, sizeof j);
+    j.c.steps = 4;
+    j.c.micro = 1;
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
+    if (!arg || sscanf(arg, "%d %d %d %d %f %d %d", &world, &j.c.stage, &kind, &j.c.halves, &j.c.max_norm, &j.c.inf_step,
+                       &j.c.micro) < 6) {
+        res->code = 2;
+        return;
+    }
+    j.c.kind = (capex_optim_kind)kind;
+    if (run_world(world, &j, res) == 0) res->code = 0;
+}
+
+/* A world of 2 saves; worlds of 1 and 4 load, resave the same file, and step
+   as the world of 2 did. */
+static void child_ckpt(const char *arg, child_result *res) {
+    world_job j;
+    cfg c = {2, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 1};
+    if (arg) c.kind = (capex_optim_kind)atoi(arg); /* the file must carry its state (NovoGrad: v per tensor) */
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1);
+    memset(&j, 0, sizeof j);
+    j.c = c;
+    snprintf(j.save, sizeof j.save, "/tmp/capex_zgpu_world_%d.ckpt", (int)getpid());
+    if (run_world(2, &j, res)) return;
+    j.load = 1;
+    j.load_world = 2;
+    if (run_world(1, &j, res)) return;
+    if (run_world(4, &j, res)) return;
+    {
+        char pp[220];
+        snprintf(pp, sizeof pp, "%s.params", j.save);
+        remove(pp);
+        remove(j.save);
+    }
+    res->code = 0;
+}
+
+static const child_entry children[] = {{"world", child_world}, {"ckpt", child_ckpt}};
+
+#define NEED_FAKE_WORLD()                                                                                   \
+    do {                                                                                                    \
+        const char *np_ = getenv("CAPEX_NCCL_PATH"), *lp_ = getenv("CAPEX_LIBCUDA_PATH");                   \
+        if (!np_ || !strstr(np_, "fake")) CT_SKIP("several ranks need a GPU each; the stand-in NCCL runs them on the emulator"); \
+        if (!lp_ || strstr(lp_, "fake")) CT_SKIP("kernels need the emulator driver (CAPEX_LIBCUDA_PATH)");  \
+    } while (0)
+
+static void world_case(ct_state *ct, const char *arg) {
+    child_result r;
+    NEED_FAKE_WORLD();
+    r = run_child("world", arg);
+    CT_CHECK(r.exited_ok && r.code == 0, "world %s: %s (code %d)", arg, r.message, r.code);
+}
+CT_TEST(world2_adamw_stage1_halves_clip_inf) { world_case(ct, "2 1 0 1 5 2"); }
+CT_TEST(world2_adamw_stage2_halves_inf) { world_case(ct, "2 2 0 1 inf 1"); }
+CT_TEST(world2_sgd_stage2_clip) { world_case(ct, "2 2 2 0 5 -1"); }
+CT_TEST(world4_adamw_stage2_halves_clip_inf) { world_case(ct, "4 2 0 1 5 2"); }
+CT_TEST(world4_sgd_stage1_halves_inf) { world_case(ct, "4 1 2 1 inf 1"); }
+CT_TEST(world2_lamb_stage2_halves_clip_inf) { world_case(ct, "2 2 1 1 5 2"); }
+CT_TEST(world4_lamb_stage1_f32) { world_case(ct, "4 1 1 0 inf -1"); }
+CT_TEST(world2_novograd_stage1_halves_clip_inf) { world_case(ct, "2 1 4 1 5 2"); }
+CT_TEST(world4_novograd_stage2_f32) { world_case(ct, "4 2 4 0 inf -1"); }
+CT_TEST(world2_adamw_stage2_halves_two_micro_batches) { world_case(ct, "2 2 0 1 5 1 2"); }
+static void ckpt_worlds(ct_state *ct, const char *kind) {
+    child_result r;
+    NEED_FAKE_WORLD();
+    r = run_child("ckpt", kind);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s (code %d)", r.message, r.code);
+}
+CT_TEST(checkpoint_across_world_sizes) { ckpt_worlds(ct, "0"); }
+CT_TEST(checkpoint_across_world_sizes_novograd) { ckpt_worlds(ct, "4"); }
+
+static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_halves), CT_CASE(adamw_stage1_halves_clip),
+                                CT_CASE(sgd_stage1_halves), CT_CASE(sgd_stage2_clip), CT_CASE(adagrad_stage2),
+                                CT_CASE(adamw_stage2_two_micro_batches), CT_CASE(lamb_stage1_halves_clip),
+                                CT_CASE(adamw_stage2_halves_two_micro_batches), CT_CASE(novograd_stage2_halves),
+                                CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads), CT_CASE(checkpoint_lamb_stage2), CT_CASE(checkpoint_novograd_stage1),
+                                CT_CASE(refusals), CT_CASE(world2_adamw_stage1_halves_clip_inf),
+                                CT_CASE(world2_adamw_stage2_halves_inf), CT_CASE(world2_sgd_stage2_clip),
+                                CT_CASE(world4_adamw_stage2_halves_clip_inf), CT_CASE(world4_sgd_stage1_halves_inf),
+                                CT_CASE(world2_lamb_stage2_halves_clip_inf), CT_CASE(world4_lamb_stage1_f32),
+                                CT_CASE(world2_adamw_stage2_halves_two_micro_batches),
+                                CT_CASE(world2_novograd_stage1_halves_clip_inf), CT_CASE(world4_novograd_stage2_f32),
+                                CT_CASE(checkpoint_across_world_sizes), CT_CASE(checkpoint_across_world_sizes_novograd)};
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
+    return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
+}
