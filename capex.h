@@ -1447,8 +1447,9 @@ typedef struct capex_comm_vtable {
     /* Optional, nonblocking, equal shards of count elements (ZeRO's buckets;
        NULL or CAPEX_ERR_UNSUPPORTED: the caller goes blocking); finished by
        wait, progressed by test. reduce_scatter: rank r gets elements
-       [r*count, (r+1)*count) of the sum (half types summed in f32, rounded
-       once); in place when recv == send + r*count. allgather: send is this
+       [r*count, (r+1)*count) of the sum (half types summed as the backend's
+       allreduce sums them: MPI, TCP in f32, rounded once; NCCL in the
+       dtype); in place when recv == send + r*count. allgather: send is this
        rank's count elements, in place when send == recv + r*count. */
     capex_result (*ireduce_scatter)(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
                                     capex_reduce_op op, capex_comm_req *req);

@@ -6472,9 +6472,12 @@ static capex_result capex__nccl_allgather(capex_comm *c, const void *send, void 
    elements) in a group. ncclReduceScatter needs equal counts; padding would
    copy the whole buffer, the grouped reduces move what a ring reduce-scatter
    moves. Sums in the dtype, as ncclAllReduce; AVG via ncclAvg, else this
-   rank's slice is scaled after. */
-static capex_result capex__nccl_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
-                                              capex_dtype t, capex_reduce_op op, double deadline) {
+   rank's slice is scaled after. Queued on our stream after the engine's,
+   then `done` is recorded (blocking entry below; ZeRO's nonblocking one
+   passes equal counts). */
+CAPEX__PRIVATE capex_result capex__nccl_enqueue_reduce_scatter(capex_comm *c, const void *send, void *recv,
+                                                              const size_t *counts, capex_dtype t, capex_reduce_op op,
+                                                              capex_cuda_event done) {
     capex__nccl *n = capex__nccl_of(c);
     size_t es = capex_comm_dtype_size(t), off = 0;
     capex_result r;
@@ -6503,14 +6506,19 @@ static capex_result capex__nccl_reduce_scatter(capex_comm *c, const void *send, 
     if (post && counts[c->rank])
         if ((r = capex__nccl_scale_enqueue(c, recv, counts[c->rank], t, (float)(1.0 / (double)c->world_size))) != CAPEX_OK)
             return r;
-    if ((r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream)) != CAPEX_OK) return r;
-    return capex__nccl_poll(c, n->ev_done, deadline, "ncclReduce (reduce-scatter)");
+    return capex_cuda_event_record(n->ctx, done, n->stream);
+}
+static capex_result capex__nccl_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                              capex_dtype t, capex_reduce_op op, double deadline) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r = capex__nccl_enqueue_reduce_scatter(c, send, recv, counts, t, op, n->ev_done);
+    return r != CAPEX_OK ? r : capex__nccl_poll(c, n->ev_done, deadline, "ncclReduce (reduce-scatter)");
 }
 
 /* Uneven allgather: one ncclBroadcast of bytes per rank (root p) in a group,
-   as PyTorch's ProcessGroupNCCL does for uneven shards. */
-static capex_result capex__nccl_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
-                                          double deadline) {
+   as PyTorch's ProcessGroupNCCL does for uneven shards; `done` recorded after. */
+CAPEX__PRIVATE capex_result capex__nccl_enqueue_allgatherv(capex_comm *c, const void *send, void *recv,
+                                                          const size_t *counts, capex_dtype t, capex_cuda_event done) {
     capex__nccl *n = capex__nccl_of(c);
     size_t es = capex_comm_dtype_size(t), off = 0;
     capex_result r;
@@ -6530,8 +6538,13 @@ static capex_result capex__nccl_allgatherv(capex_comm *c, const void *send, void
     ge = n->api.GroupEnd();
     if (e != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, e, "ncclBroadcast (allgatherv)");
     if (ge != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, ge, "ncclGroupEnd (allgatherv)");
-    if ((r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream)) != CAPEX_OK) return r;
-    return capex__nccl_poll(c, n->ev_done, deadline, "ncclBroadcast (allgatherv)");
+    return capex_cuda_event_record(n->ctx, done, n->stream);
+}
+static capex_result capex__nccl_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
+                                          double deadline) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r = capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, n->ev_done);
+    return r != CAPEX_OK ? r : capex__nccl_poll(c, n->ev_done, deadline, "ncclBroadcast (allgatherv)");
 }
 
 /* A one-word allreduce: returns when every rank reached it. */
@@ -6561,12 +6574,47 @@ static capex_result capex__nccl_iallreduce(capex_comm *c, const void *send, void
     return CAPEX_OK;
 }
 
+/* ZeRO's nonblocking reduce-scatter / all-gather of equal shards: the same
+   grouped calls as the blocking entries, with their own event in the req.
+   The all-gather's send is this rank's slice of recv, as in place. */
+static capex_result capex__nccl_ishards(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                        capex_reduce_op op, capex_comm_req *req, int gather) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_cuda_event e = NULL;
+    capex_result r;
+    size_t *counts;
+    int p;
+    memset(req, 0, sizeof *req);
+    if (!(counts = (size_t *)capex__alloc(c->allocator, sizeof(size_t) * (size_t)c->world_size)))
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL %s: no memory", gather ? "iallgather" : "ireduce_scatter");
+    for (p = 0; p < c->world_size; p++) counts[p] = count;
+    if ((r = capex_cuda_event_create(n->ctx, 0, &e)) == CAPEX_OK)
+        r = gather ? capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, e)
+                   : capex__nccl_enqueue_reduce_scatter(c, send, recv, counts, t, op, e);
+    capex__free(c->allocator, counts);
+    if (r != CAPEX_OK) {
+        if (e) capex_cuda_event_destroy(n->ctx, e);
+        return r;
+    }
+    req->handle.ptr = e;
+    req->active = 1;
+    return CAPEX_OK;
+}
+static capex_result capex__nccl_ireduce_scatter(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                                capex_reduce_op op, capex_comm_req *req) {
+    return capex__nccl_ishards(c, send, recv, count, t, op, req, 0);
+}
+static capex_result capex__nccl_iallgather(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                           capex_comm_req *req) {
+    return capex__nccl_ishards(c, send, recv, count, t, CAPEX_REDUCE_SUM, req, 1);
+}
+
 static capex_result capex__nccl_wait(capex_comm *c, capex_comm_req *req, double deadline) {
     capex__nccl *n = capex__nccl_of(c);
     capex_result r;
     if (!req->active) return CAPEX_OK;
     if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
-    r = capex__nccl_poll(c, (capex_cuda_event)req->handle.ptr, deadline, "ncclAllReduce (bucket)");
+    r = capex__nccl_poll(c, (capex_cuda_event)req->handle.ptr, deadline, "bucket collective (ncclAllReduce, grouped ncclReduce or ncclBroadcast)");
     if (r != CAPEX_OK) return r; /* the event stays: the kernel may still run until the abort */
     capex_cuda_event_destroy(n->ctx, (capex_cuda_event)req->handle.ptr);
     req->handle.ptr = NULL;
@@ -6693,7 +6741,8 @@ static const capex_comm_vtable capex__nccl_vt = {
     "nccl", capex__nccl_allreduce, capex__nccl_broadcast, capex__nccl_allgather, capex__nccl_barrier,
     capex__nccl_iallreduce, capex__nccl_wait, capex__nccl_poll_error, capex__nccl_abort, capex__nccl_destroy,
     capex__nccl_mem_alloc, capex__nccl_mem_free, capex__nccl_mem_copy, capex__nccl_mem_zero, capex__nccl_scale,
-    capex__nccl_convert, capex__nccl_test, capex__nccl_reduce_scatter, capex__nccl_allgatherv, NULL, NULL};
+    capex__nccl_convert, capex__nccl_test, capex__nccl_reduce_scatter, capex__nccl_allgatherv, capex__nccl_ireduce_scatter,
+    capex__nccl_iallgather};
 
 CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
                                                const capex_nccl_desc *d) {

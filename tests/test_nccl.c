@@ -409,6 +409,47 @@ static int world_checks(capex_cuda_context *ctx, capex_comm *c, int rank, int wo
         fprintf(stderr, "dist_shards.h:%d: %s\n", line, why);
         return 3;
     }
+    { /* ZeRO's nonblocking entries (equal shards of 300): in place and not, f32 and bf16 */
+        float *buf = (float *)dev(ctx, 4 * 300 * (size_t)world), *mine = (float *)dev(ctx, 4 * 300), hb[300];
+        uint16_t *hbuf = (uint16_t *)dev(ctx, 2 * 300 * (size_t)world), hh[300];
+        capex_comm_req q;
+        int ip, k;
+        if (!c->vt->ireduce_scatter || !c->vt->iallgather) return 30;
+        for (ip = 0; ip < 2; ip++) {
+            float *fs = (float *)malloc(4 * 300 * (size_t)world);
+            uint16_t *hs = (uint16_t *)malloc(2 * 300 * (size_t)world);
+            for (k = 0; k < 300 * world; k++) { fs[k] = (float)(k % 97) * 0.25f + (float)rank; hs[k] = capex_f32_to_bf16(fs[k]); }
+            if (capex_cuda_memcpy_htod(ctx, D(buf), fs, 4 * 300 * (size_t)world, NULL) != CAPEX_OK ||
+                capex_cuda_memcpy_htod(ctx, D(hbuf), hs, 2 * 300 * (size_t)world, NULL) != CAPEX_OK) return 31;
+            if (c->vt->ireduce_scatter(c, buf, ip ? (void *)(buf + 300 * rank) : (void *)mine, 300, CAPEX_F32,
+                                       CAPEX_REDUCE_SUM, &q) != CAPEX_OK || c->vt->wait(c, &q, capex_dist_now() + 30) != CAPEX_OK)
+                return 32;
+            if (capex_cuda_memcpy_dtoh(ctx, hb, D(ip ? buf + 300 * rank : mine), sizeof hb, NULL) != CAPEX_OK) return 33;
+            for (k = 0; k < 300; k++) { /* sum over ranks q of (j % 97) / 4 + q, j = rank * 300 + k: exact */
+                double want = world * (double)((rank * 300 + k) % 97) * 0.25 + world * (world - 1) / 2.0;
+                if ((double)hb[k] != want) { fprintf(stderr, "ireduce_scatter f32 [%d]: %g vs %g\n", k, (double)hb[k], want); return 34; }
+            }
+            if (c->vt->ireduce_scatter(c, hbuf, hbuf + 300 * rank, 300, CAPEX_BF16, CAPEX_REDUCE_SUM, &q) != CAPEX_OK ||
+                c->vt->wait(c, &q, capex_dist_now() + 30) != CAPEX_OK ||
+                capex_cuda_memcpy_dtoh(ctx, hh, D(hbuf + 300 * rank), sizeof hh, NULL) != CAPEX_OK) return 35;
+            for (k = 0; k < 300; k++) { /* rank order, rounded after each addition (the stand-in, as NCCL) */
+                float acc = capex_bf16_to_f32(capex_f32_to_bf16((float)((rank * 300 + k) % 97) * 0.25f)); /* rank 0's */
+                int qq;
+                for (qq = 1; qq < world; qq++)
+                    acc = capex_bf16_to_f32(capex_f32_to_bf16(acc + capex_bf16_to_f32(capex_f32_to_bf16((float)((rank * 300 + k) % 97) * 0.25f + (float)qq))));
+                if (hh[k] != capex_f32_to_bf16(acc)) { fprintf(stderr, "ireduce_scatter bf16 [%d]\n", k); return 36; }
+            }
+            /* all-gather: each rank's slice k + 1000 * rank */
+            for (k = 0; k < 300; k++) hb[k] = (float)(k + 1000 * rank);
+            if (capex_cuda_memcpy_htod(ctx, D(ip ? buf + 300 * rank : mine), hb, sizeof hb, NULL) != CAPEX_OK) return 37;
+            if (c->vt->iallgather(c, ip ? (void *)(buf + 300 * rank) : (void *)mine, buf, 300, CAPEX_F32, &q) != CAPEX_OK ||
+                c->vt->wait(c, &q, capex_dist_now() + 30) != CAPEX_OK ||
+                capex_cuda_memcpy_dtoh(ctx, fs, D(buf), 4 * 300 * (size_t)world, NULL) != CAPEX_OK) return 38;
+            for (k = 0; k < 300 * world; k++)
+                if (fs[k] != (float)(k % 300 + 1000 * (k / 300))) { fprintf(stderr, "iallgather [%d] %g\n", k, (double)fs[k]); return 39; }
+            free(fs); free(hs);
+        }
+    }
     a = dev(ctx, sizeof gf);
     for (i = 0; i < 700; i++) gf[i] = (float)(rank * 1000 + i);
     if (capex_cuda_memcpy_htod(ctx, D(a), gf, sizeof gf, NULL) != CAPEX_OK) return 4;
