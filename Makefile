@@ -57,7 +57,11 @@ sanitize:
 
 # Headers compiled as C99, C11 and C++11 under gcc and clang, warnings as errors;
 # then with CAPEX_NO_DIST / CAPEX_NO_STATE (tests/compile_check_min.c, _removed.c).
-compile-check:
+# Five independent groups, so `make -j2 compile-check` runs them side by side.
+.PHONY: cc-c cc-cxx cc-switch-c cc-switch-cxx cc-switch-run
+compile-check: cc-c cc-cxx cc-switch-c cc-switch-cxx cc-switch-run
+	@echo "compile-check: ok"
+cc-c:
 	@mkdir -p $(BUILD)/cc
 	@for c in gcc clang; do for s in c99 c11; do \
 	  echo "$$c -std=$$s"; $$c -std=$$s $(WARN) -Werror -c tests/compile_check.c -o $(BUILD)/cc/$$c-$$s.o || exit 1; \
@@ -66,24 +70,31 @@ compile-check:
 	  echo "$$c -std=c99, a system header first (POSIX hidden)"; $$c -std=c99 $(WARN) -Werror -include stdio.h -c tests/compile_check.c -o $(BUILD)/cc/$$c-sysfirst.o || exit 1; \
 	  echo "$$c -std=c99 -D_POSIX_C_SOURCE=199309L"; $$c -std=c99 $(WARN) -Werror -D_POSIX_C_SOURCE=199309L -c tests/compile_check.c -o $(BUILD)/cc/$$c-posix93.o || exit 1; \
 	done
+cc-cxx:
+	@mkdir -p $(BUILD)/cc
 	@for c in g++ clang++; do for s in c++11 c++17; do \
 	  echo "$$c -std=$$s"; $$c -x c++ -std=$$s $(WARN) -Werror -c tests/compile_check.c -o $(BUILD)/cc/$$c-$$s.o || exit 1; \
 	done; done
-	@for d in "-DCAPEX_NO_DIST" "-DCAPEX_NO_STATE" "-DCAPEX_NO_DIST -DCAPEX_NO_STATE" \
-	          "-DCAPEX_NO_DIST -DCAPEX_NO_STATE -DCAPEX_STATIC"; do \
-	  for c in gcc clang; do echo "$$c -std=c99 $$d"; \
-	    $$c -std=c99 $(WARN) -Werror $$d -c tests/compile_check.c -o $(BUILD)/cc/sw.o || exit 1; done; \
-	  for c in g++ clang++; do echo "$$c -std=c++11 $$d"; \
-	    $$c -x c++ -std=c++11 $(WARN) -Werror $$d -c tests/compile_check.c -o $(BUILD)/cc/sw.o || exit 1; done; \
-	done
-	@# What each switch keeps links and runs (C with gcc, C++ with clang++) ...
+CC_SWITCHES := "-DCAPEX_NO_DIST" "-DCAPEX_NO_STATE" "-DCAPEX_NO_DIST -DCAPEX_NO_STATE" \
+               "-DCAPEX_NO_DIST -DCAPEX_NO_STATE -DCAPEX_STATIC"
+cc-switch-c:
+	@mkdir -p $(BUILD)/cc
+	@for d in $(CC_SWITCHES); do for c in gcc clang; do echo "$$c -std=c99 $$d"; \
+	    $$c -std=c99 $(WARN) -Werror $$d -c tests/compile_check.c -o $(BUILD)/cc/sw-c.o || exit 1; done; done
+cc-switch-cxx:
+	@mkdir -p $(BUILD)/cc
+	@for d in $(CC_SWITCHES); do for c in g++ clang++; do echo "$$c -std=c++11 $$d"; \
+	    $$c -x c++ -std=c++11 $(WARN) -Werror $$d -c tests/compile_check.c -o $(BUILD)/cc/sw-cxx.o || exit 1; done; done
+# What each switch keeps links and runs (C with gcc, C++ with clang++), and
+# what it removes is undeclared: each function compiles without the switch, not with it.
+cc-switch-run:
+	@mkdir -p $(BUILD)/cc
 	@for d in "" "-DCAPEX_NO_DIST" "-DCAPEX_NO_STATE" "-DCAPEX_NO_DIST -DCAPEX_NO_STATE"; do \
 	  gcc -std=c99 $(WARN) -Werror $$d tests/compile_check_min.c -o $(BUILD)/cc/min $(LDLIBS) && \
 	    $(BUILD)/cc/min || exit 1; \
 	  clang++ -x c++ -std=c++11 $(WARN) -Werror $$d tests/compile_check_min.c -o $(BUILD)/cc/min $(LDLIBS) && \
 	    $(BUILD)/cc/min || exit 1; \
 	done
-	@# ... and what it removes is undeclared: each function compiles without the switch, not with it.
 	@for t in NO_DIST:capex_comm_init_single NO_DIST:capex_comm_allreduce NO_DIST:capex_dist_env_read \
 	          NO_DIST:capex_rendezvous_broadcast NO_DIST:capex_ddp_create NO_DIST:capex_zero_create \
 	          NO_DIST:capex_comm_init_nccl NO_STATE:capex_state_writer_create NO_STATE:capex_crc32 \
@@ -94,7 +105,6 @@ compile-check:
 	       2>$(BUILD)/cc/removed.log; then echo "CAPEX_$$s keeps $$f"; exit 1; fi; \
 	  grep -q "$$f" $(BUILD)/cc/removed.log || { cat $(BUILD)/cc/removed.log; exit 1; }; \
 	done; echo "CAPEX_NO_DIST / CAPEX_NO_STATE remove their functions"
-	@echo "compile-check: ok"
 
 clean:
 	rm -rf build build-san build-tsan
