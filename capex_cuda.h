@@ -381,11 +381,17 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
    differs). LAMB inherits that (trust ratios within 1e-6 relative), and so
    does NovoGrad (its per-tensor norm average v within a few ulps).
 
-   Work is cut by capex.h's chunk planner (capex_chunk_plan_*, chunk size
-   desc.exec.chunk_size, default 65536) into launches whose metadata is passed
-   by value (under the 4 KB parameter limit, 64-bit sizes); 4-element vector
-   loads/stores (16 bytes of f32) where the pointers are aligned, scalar tail
-   otherwise. Tensor lists hold DEVICE pointers in capex_tensor.data.
+   Work is cut into capex.h's chunks (chunk size desc.exec.chunk_size,
+   default 65536; the same chunks and order as capex_chunk_plan_*). A launch
+   takes the next tensors, all their chunks, with metadata passed by value
+   (under the 4 KB parameter limit, 64-bit sizes): 59 tensors a launch for
+   Adam (6 lists) .. 159 for a norm (1 list). Its grid is sized from the
+   device (SMs x cuOccupancyMaxActiveBlocksPerMultiprocessor; 320 blocks when
+   the driver cannot say) and each block walks chunks blockIdx.x, +gridDim.x,
+   ...; per-chunk partials make every result independent of the grid.
+   4-element vector loads/stores (16 bytes of f32) where the pointers are
+   aligned, scalar tail otherwise. Tensor lists hold DEVICE pointers in
+   capex_tensor.data.
 
    Device scalars are capex_cuda_ptr addresses of: float scale / inv_scale /
    clip coefficient / norm, uint32 found_inf (kernels only ever store 1 into
@@ -2163,6 +2169,12 @@ static const char capex__cuda_frag_go0[] =
     "#ifndef CAPEX_GK\n"
     "#define CAPEX_GK extern \"C\" __global__\n"
     "#endif\n"
+    "/* the launch structs below are CAPEX__GO_STRUCTS (capex_cuda.h): each\n"
+    "   kernel's own arguments are capex_go_args::op.KERNEL */\n"
+    "#define CAPEX_GO_NSEG 158\n"
+    CAPEX__OPT_XSTR(CAPEX__GO_STRUCTS(CAPEX__GO_KSTRUCT, CAPEX__GO_KPTR, capex_u64, long long, int, unsigned)) "\n";
+/* the multi-tensor launch metadata (CAPEX__GO_TDEF) and the chunk loop */
+static const char capex__cuda_frag_go0b[] =
     "/* CAPEX_GO_META: bytes of launch metadata (capex__go_meta_bytes; the host\n"
     "   passes -DCAPEX_GO_META=... for the large-parameter build) */\n"
     "#ifndef CAPEX_GO_META\n"
@@ -2175,12 +2187,12 @@ static const char capex__cuda_frag_go0[] =
     "    long long cend[CAPEX_GO_T(D)]; /* the launch's chunks up to the end of slot s */\n"
     "    int ntensors, pad;\n"
     "};\n"
+    "/* resident blocks of 512 threads a multi-tensor kernel keeps (its registers\n"
+    "   under the chunk loop: tests/data/sass_table.txt, no spills): 3 or 4 */\n"
+    "#define CAPEX_GK_OCC3 CAPEX_GK __launch_bounds__(512, 3)\n"
+    "#define CAPEX_GK_OCC4 CAPEX_GK __launch_bounds__(512, 4)\n"
     "/* a block's chunks: c = blockIdx.x, + gridDim.x, ... (grid sized from the device) */\n"
-    "#define CAPEX_GO_CHUNKS(m) for (long long c = blockIdx.x, ce_ = (m).cend[(m).ntensors - 1]; c < ce_; c += gridDim.x)\n"
-    "/* the launch structs below are CAPEX__GO_STRUCTS (capex_cuda.h): each\n"
-    "   kernel's own arguments are capex_go_args::op.KERNEL */\n"
-    "#define CAPEX_GO_NSEG 158\n"
-    CAPEX__OPT_XSTR(CAPEX__GO_STRUCTS(CAPEX__GO_KSTRUCT, CAPEX__GO_KPTR, capex_u64, long long, int, unsigned)) "\n";
+    "#define CAPEX_GO_CHUNKS(m) CAPEX_NO_UNROLL for (long long c = blockIdx.x; c < (m).cend[(m).ntensors - 1]; c += gridDim.x)\n";
 static const char capex__cuda_frag_go1[] =
     "/* address lists: CAPEX__GO_LISTS (capex_cuda.h) */\n"
     CAPEX__OPT_XSTR(CAPEX__GO_LISTS(CAPEX__GO_KLIST)) "\n"
@@ -2599,7 +2611,7 @@ static const char capex__cuda_frag_go8[] =
     "        if (mk) h[i] = capex_go_half(pi, mk, sr, off + i);\n"
     "    }\n"
     "}\n"
-    "CAPEX_GK void capex_go_lamb2(capex_go_meta<CAPEX_GO_LAMB2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb2c(m, a, c); }\n";
+    "CAPEX_GK_OCC3 void capex_go_lamb2(capex_go_meta<CAPEX_GO_LAMB2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb2c(m, a, c); }\n";
 static const char capex__cuda_frag_go8b[] =
     "/* Loss scaler update on the device (one thread): capex.h's rule\n"
     "   (capex__scaler_rule: growth, backoff, hysteresis, min/max), then steps,\n"
@@ -2807,18 +2819,18 @@ static const char capex__cuda_frag_go15_ams[] =
     "CAPEX_GK void capex_go_adam_ams_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam_ams<1>(m, a, c); }\n"
     "CAPEX_GK void capex_go_adam_ams_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam_ams<2>(m, a, c); }\n";
 static const char capex__cuda_frag_go15_adagrad[] =
-    "CAPEX_GK void capex_go_adagrad_f32(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<0>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_adagrad_f16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<1>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_adagrad_bf16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<2>(m, a, c); }\n";
+    "CAPEX_GK_OCC3 void capex_go_adagrad_f32(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<0>(m, a, c); }\n"
+    "CAPEX_GK_OCC3 void capex_go_adagrad_f16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<1>(m, a, c); }\n"
+    "CAPEX_GK_OCC3 void capex_go_adagrad_bf16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<2>(m, a, c); }\n";
 /* Template instances: one fragment per part (see capex__cuda_parts). */
 /* One sum-of-squares kernel per dtype, each in its dtype's unscale part: a step
    on bf16 grads launches both, and the amp part stays small (first compile). */
 static const char capex__cuda_frag_go9_sumsq_f32[] =
-    "CAPEX_GK void capex_go_sumsq_f32(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<0>(m, a, c); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sumsq_f32(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<0>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sumsq_f16[] =
-    "CAPEX_GK void capex_go_sumsq_f16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<1>(m, a, c); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sumsq_f16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<1>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sumsq_bf16[] =
-    "CAPEX_GK void capex_go_sumsq_bf16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<2>(m, a, c); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sumsq_bf16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<2>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_scale_f32[] =
     "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 0>(m, a, c); }\n"
     "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 1>(m, a, c); }\n"
@@ -2832,17 +2844,17 @@ static const char capex__cuda_frag_go9_scale_bf16[] =
     "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 1>(m, a, c); }\n"
     "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 2>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_adam_f32[] =
-    "CAPEX_GK void capex_go_adam_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<0>(m, a, c); }\n";
+    "CAPEX_GK_OCC3 void capex_go_adam_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<0>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_adam_f16[] =
-    "CAPEX_GK void capex_go_adam_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<1>(m, a, c); }\n";
+    "CAPEX_GK_OCC3 void capex_go_adam_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<1>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_adam_bf16[] =
-    "CAPEX_GK void capex_go_adam_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<2>(m, a, c); }\n";
+    "CAPEX_GK_OCC3 void capex_go_adam_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<2>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sgd_f32[] =
-    "CAPEX_GK void capex_go_sgd_f32(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<0>(m, a, c); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sgd_f32(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<0>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sgd_f16[] =
-    "CAPEX_GK void capex_go_sgd_f16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<1>(m, a, c); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sgd_f16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<1>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sgd_bf16[] =
-    "CAPEX_GK void capex_go_sgd_bf16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<2>(m, a, c); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sgd_bf16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<2>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_lamb1_f32[] =
     "CAPEX_GK void capex_go_lamb1_f32(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb1<0>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_lamb1_f16[] =
@@ -2850,16 +2862,17 @@ static const char capex__cuda_frag_go9_lamb1_f16[] =
 static const char capex__cuda_frag_go9_lamb1_bf16[] =
     "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb1<2>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_novo_f32[] =
-    "CAPEX_GK void capex_go_novo1_f32(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<0>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_novo2_f32(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<0>(m, a, c); }\n";
+    "CAPEX_GK_OCC4 void capex_go_novo1_f32(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<0>(m, a, c); }\n"
+    "CAPEX_GK_OCC3 void capex_go_novo2_f32(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<0>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_novo_f16[] =
-    "CAPEX_GK void capex_go_novo1_f16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<1>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_novo2_f16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<1>(m, a, c); }\n";
+    "CAPEX_GK_OCC4 void capex_go_novo1_f16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<1>(m, a, c); }\n"
+    "CAPEX_GK_OCC3 void capex_go_novo2_f16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<1>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_novo_bf16[] =
-    "CAPEX_GK void capex_go_novo1_bf16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<2>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_novo2_bf16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<2>(m, a, c); }\n";
+    "CAPEX_GK_OCC4 void capex_go_novo1_bf16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<2>(m, a, c); }\n"
+    "CAPEX_GK_OCC3 void capex_go_novo2_bf16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<2>(m, a, c); }\n";
 
 CAPEX__PRIVATE const char *capex__cuda_frag_go0_fn(void) { return capex__cuda_frag_go0; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go0b_fn(void) { return capex__cuda_frag_go0b; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go1_fn(void) { return capex__cuda_frag_go1; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go2_fn(void) { return capex__cuda_frag_go2; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go3_fn(void) { return capex__cuda_frag_go3; }
@@ -2899,7 +2912,7 @@ CAPEX__PRIVATE const char *capex__cuda_frag_go15_adagrad_fn(void) { return capex
 CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n) {
     static const capex__cuda_fragment_fn f[] = {
         capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
-        capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn, capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn,
+        capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn, capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn,
         capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
         capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
         capex__cuda_frag_go9_sumsq_f32_fn, capex__cuda_frag_go9_sumsq_f16_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
@@ -3223,7 +3236,7 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     /* optimizer fragments */
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
     capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,
-    capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn,
+    capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn,
     capex__cuda_frag_go5_fn, capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
     capex__cuda_frag_go9_sumsq_f32_fn, capex__cuda_frag_go9_sumsq_f16_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
         capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn,
@@ -3262,7 +3275,7 @@ enum {
 #define CAPEX__CP_GO                                                                                          \
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn,                    \
         capex__cuda_frag_gomath3_fn, capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,               \
-        capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn
+        capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn
 #define CAPEX__CP_NORM capex__norm_math_cuda, capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn
 static const capex__cuda_fragment_fn capex__cuda_pf_basic[] = {capex__cuda_frag_basic_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_amp[] = {CAPEX__CP_GO, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn,

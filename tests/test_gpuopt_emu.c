@@ -41,6 +41,7 @@ struct alignas(8) uint2 { unsigned x, y; };
 #define __forceinline__ inline
 #define __shared__ static
 #define CAPEX_GK static
+#define __launch_bounds__(...)
 /* the kernels twice: with the 4 KB metadata (the default) and with the large
    one (what the host compiles with -DCAPEX_GO_META=... where the driver takes
    32764 bytes of parameters) */
