@@ -1990,7 +1990,7 @@ typedef char capex__go_math_parts_are_8[sizeof capex__optim_math_parts / sizeof 
 CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_math_source; }
 
 /* The multi-tensor launch metadata (capex_go_meta<D> in the kernels, written
-   by capex__go_pack), defined once: B bytes hold T = CAPEX__GO_TDEF(B, D)
+   by capex__go_mta), defined once: B bytes hold T = CAPEX__GO_TDEF(B, D)
    slots, each D addresses (addr[D][T]), numel[T] and cend[T] (the launch's
    chunks up to the end of the slot), then ntensors and a pad (int32 each).
    No table per block: a launch may hold any number of chunks and its grid is
