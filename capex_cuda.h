@@ -381,11 +381,17 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
    differs). LAMB inherits that (trust ratios within 1e-6 relative), and so
    does NovoGrad (its per-tensor norm average v within a few ulps).
 
-   Work is cut by capex.h's chunk planner (capex_chunk_plan_*, chunk size
-   desc.exec.chunk_size, default 65536) into launches whose metadata is passed
-   by value (under the 4 KB parameter limit, 64-bit sizes); 4-element vector
-   loads/stores (16 bytes of f32) where the pointers are aligned, scalar tail
-   otherwise. Tensor lists hold DEVICE pointers in capex_tensor.data.
+   Work is cut into capex.h's chunks (chunk size desc.exec.chunk_size,
+   default 65536; the same chunks and order as capex_chunk_plan_*). A launch
+   takes the next tensors, all their chunks, with metadata passed by value
+   (under the 4 KB parameter limit, 64-bit sizes): 59 tensors a launch for
+   Adam (6 lists) .. 159 for a norm (1 list). Its grid is sized from the
+   device (SMs x cuOccupancyMaxActiveBlocksPerMultiprocessor; 320 blocks when
+   the driver cannot say) and each block walks chunks blockIdx.x, +gridDim.x,
+   ...; per-chunk partials make every result independent of the grid.
+   4-element vector loads/stores (16 bytes of f32) where the pointers are
+   aligned, scalar tail otherwise. Tensor lists hold DEVICE pointers in
+   capex_tensor.data.
 
    Device scalars are capex_cuda_ptr addresses of: float scale / inv_scale /
    clip coefficient / norm, uint32 found_inf (kernels only ever store 1 into
@@ -958,6 +964,7 @@ typedef struct capex__cuda_driver_lib {
     /* optional */
     capex__CUresult (*cuEventElapsedTime)(float *, void *, void *);
     capex__CUresult (*cuFuncSetAttribute)(void *, int, int);
+    capex__CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *, void *, int, size_t);
 } capex__cuda_driver_lib;
 
 static capex__cuda_driver_lib capex__cuda_drv;
@@ -1003,6 +1010,8 @@ CAPEX__PRIVATE void capex__cuda_drv_load(void) {
     CAPEX__CUDA_SYM(d->lib, d->cuEventElapsedTime, "cuEventElapsedTime_v2");
     if (!d->cuEventElapsedTime) CAPEX__CUDA_SYM(d->lib, d->cuEventElapsedTime, "cuEventElapsedTime");
     CAPEX__CUDA_SYM(d->lib, d->cuFuncSetAttribute, "cuFuncSetAttribute");
+    /* sizes the multi-tensor grids (capex__go_dev_grid); without it: fixed grids */
+    CAPEX__CUDA_SYM(d->lib, d->cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     if (missing) {
         d->status = CAPEX_ERR_NO_DRIVER;
         capex__cuda_fmt(d->message, sizeof d->message,
@@ -2057,6 +2066,22 @@ typedef char capex__go_math_parts_are_8[sizeof capex__optim_math_parts / sizeof 
 /* capex.h's lr schedule math (CAPEX__LR_MATH), for capex_go_prepare */
 CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_math_source; }
 
+/* The multi-tensor launch metadata (capex_go_meta<D> in the kernels, written
+   by capex__go_mta), defined once: B bytes hold T = CAPEX__GO_TDEF(B, D)
+   slots, each D addresses (addr[D][T]), numel[T] and cend[T] (the launch's
+   chunks up to the end of the slot), then ntensors and a pad (int32 each).
+   No table per block: a launch may hold any number of chunks and its grid is
+   sized from the device. B: CAPEX__GO_META_SMALL under the 4096-byte kernel
+   parameter limit (256 bytes left for the args), CAPEX__GO_META_LARGE under
+   the 32764 bytes of drivers from CUDA 12.1 on Volta and newer. */
+#define CAPEX__GO_TDEF(B, d) (((B) - 8) / (8 * ((d) + 2)))
+/* sizeof(capex_go_meta<d>) in B bytes (<= B) */
+#define CAPEX__GO_META_SIZE(B, d) (8 * ((d) + 2) * CAPEX__GO_TDEF(B, d) + 8)
+#define CAPEX__GO_META_SMALL 3840
+#define CAPEX__GO_META_LARGE 32512
+/* The grid when the device's occupancy is unknown: the fixed grids of old */
+#define CAPEX__GO_GRID_DEFAULT 320
+
 /* The launch structs, defined once: expanded as C (capex__go_args & co.,
    which the host fills) and, as text, into the kernels (capex_go_args & co.).
    S names the struct; U64/I64/I32/U32 are the integer types on each side;
@@ -2219,8 +2244,9 @@ CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_mat
 
 static const char capex__cuda_frag_go0[] =
     "/* ---- fused multi-tensor kernels (GPUOPT) ----\n"
-    "   Launch metadata: capex.h's CAPEX_MTA_META_STRUCT layout, by value. Block b\n"
-    "   owns chunk block_chunk[b] of slot block_tensor[b]; 64-bit element indices.\n"
+    "   Launch metadata (capex_go_meta) by value: per slot its addresses, numel\n"
+    "   and cend; a block walks chunks c = blockIdx.x + k*gridDim.x (slot found by\n"
+    "   binary search in cend); 64-bit element indices.\n"
     "   4-element vectors (16 bytes of f32, 8 of f16/bf16) where every pointer of\n"
     "   the block is aligned, scalar tail otherwise. Reductions: one double per\n"
     "   thread in a fixed order, a fixed shared-memory tree per block (blockDim a\n"
@@ -2228,25 +2254,42 @@ static const char capex__cuda_frag_go0[] =
     "#ifndef CAPEX_GK\n"
     "#define CAPEX_GK extern \"C\" __global__\n"
     "#endif\n"
-    "#define CAPEX_GO_T(d) ((3840 - 8 - 5 * 320) / (8 * ((d) + 1)))\n"
-    "template <int D> struct capex_go_meta {\n"
-    "    capex_u64 addr[D][CAPEX_GO_T(D)];\n"
-    "    long long numel[CAPEX_GO_T(D)];\n"
-    "    int ntensors, nblocks;\n"
-    "    unsigned block_chunk[320];\n"
-    "    unsigned char block_tensor[320];\n"
-    "};\n"
     "/* the launch structs below are CAPEX__GO_STRUCTS (capex_cuda.h): each\n"
     "   kernel's own arguments are capex_go_args::op.KERNEL */\n"
     "#define CAPEX_GO_NSEG 158\n"
     CAPEX__OPT_XSTR(CAPEX__GO_STRUCTS(CAPEX__GO_KSTRUCT, CAPEX__GO_KPTR, capex_u64, long long, int, unsigned)) "\n";
+/* the multi-tensor launch metadata (CAPEX__GO_TDEF) and the chunk loop */
+static const char capex__cuda_frag_go0b[] =
+    "/* CAPEX_GO_META: bytes of launch metadata (capex__go_meta_bytes; the host\n"
+    "   passes -DCAPEX_GO_META=... for the large-parameter build) */\n"
+    "#ifndef CAPEX_GO_META\n"
+    "#define CAPEX_GO_META " CAPEX__OPT_XSTR(CAPEX__GO_META_SMALL) "\n"
+    "#endif\n"
+    "#define CAPEX_GO_T(d) " CAPEX__OPT_XSTR(CAPEX__GO_TDEF(CAPEX_GO_META, d)) "\n"
+    "template <int D> struct capex_go_meta {\n"
+    "    capex_u64 addr[D][CAPEX_GO_T(D)];\n"
+    "    long long numel[CAPEX_GO_T(D)];\n"
+    "    long long cend[CAPEX_GO_T(D)]; /* the launch's chunks up to the end of slot s */\n"
+    "    int ntensors, pad;\n"
+    "};\n"
+    "/* resident blocks of 512 threads a multi-tensor kernel keeps (its registers\n"
+    "   under the chunk loop: tests/data/sass_table.txt, no spills): 3 or 4 */\n"
+    "#define CAPEX_GK_OCC3 CAPEX_GK __launch_bounds__(512, 3)\n"
+    "#define CAPEX_GK_OCC4 CAPEX_GK __launch_bounds__(512, 4)\n"
+    "/* a block's chunks: c = blockIdx.x, + gridDim.x, ... (grid sized from the device) */\n"
+    "#define CAPEX_GO_CHUNKS(m) CAPEX_NO_UNROLL for (long long c = blockIdx.x; c < (m).cend[(m).ntensors - 1]; c += gridDim.x)\n";
 static const char capex__cuda_frag_go1[] =
     "/* address lists: CAPEX__GO_LISTS (capex_cuda.h) */\n"
     CAPEX__OPT_XSTR(CAPEX__GO_LISTS(CAPEX__GO_KLIST)) "\n"
-    "template <int D> CAPEX_DEVICE int capex_go_block(const capex_go_meta<D> &m, capex_u64 chunk, capex_u64 *off,\n"
-    "                                                 capex_u64 *n) {\n"
-    "    int s = m.block_tensor[blockIdx.x];\n"
-    "    capex_u64 o = (capex_u64)m.block_chunk[blockIdx.x] * chunk, left = (capex_u64)m.numel[s] - o;\n"
+    "/* chunk c of the launch: its slot (first with cend > c), first element and count */\n"
+    "template <int D> CAPEX_DEVICE int capex_go_block(const capex_go_meta<D> &m, capex_u64 chunk, long long c,\n"
+    "                                                 capex_u64 *off, capex_u64 *n) {\n"
+    "    int s = 0, hi = m.ntensors - 1;\n"
+    "    while (s < hi) {\n"
+    "        int mid = (s + hi) >> 1;\n"
+    "        if (m.cend[mid] <= c) s = mid + 1; else hi = mid;\n"
+    "    }\n"
+    "    capex_u64 o = (capex_u64)(c - (s ? m.cend[s - 1] : 0)) * chunk, left = (capex_u64)m.numel[s] - o;\n"
     "    *off = o;\n"
     "    *n = left < chunk ? left : chunk;\n"
     "    return s;\n"
@@ -2298,7 +2341,7 @@ static const char capex__cuda_frag_go2[] =
     "   rounded to out's dtype; *found_inf = 1 if an input or stored output is\n"
     "   inf/NaN. s = *a.op.scale.factor (capex_go_args: found_inf, write_out,\n"
     "   clip_only). */\n"
-    "template <int I, int O> CAPEX_DEVICE void capex_go_scale(const capex_go_meta<CAPEX_GO_SCALE_DEPTH> &m, const capex_go_args &a) {\n"
+    "template <int I, int O> CAPEX_DEVICE void capex_go_scale(const capex_go_meta<CAPEX_GO_SCALE_DEPTH> &m, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<I>::T IT;\n"
     "    typedef typename capex_go_ty<O>::T OT;\n"
     "    const float s = *a.op.scale.factor;\n"
@@ -2306,7 +2349,7 @@ static const char capex__cuda_frag_go2[] =
     "    capex_u64 off, n, i, k;\n"
     "    unsigned bad = 0;\n"
     "    if (a.op.scale.clip_only && !(s < 1.0f)) return;\n"
-    "    int slot = capex_go_block(m, a.chunk, &off, &n);\n"
+    "    int slot = capex_go_block(m, a.chunk, c, &off, &n);\n"
     "    const IT *in = (const IT *)m.addr[CAPEX_GO_SCALE_IN][slot] + off;\n"
     "    OT *out = (OT *)m.addr[CAPEX_GO_SCALE_OUT][slot] + off;\n"
     "    capex_u64 nv = capex_go_al(m.addr[CAPEX_GO_SCALE_IN][slot], off, sizeof(IT)) &&\n"
@@ -2333,13 +2376,13 @@ static const char capex__cuda_frag_go2[] =
     "    }\n"
     "    if (bad && a.op.scale.found_inf) *(volatile unsigned *)a.op.scale.found_inf = 1u;\n"
     "}\n"
-    "/* Sum of squares of each block's chunk in double -> op.sumsq.partial[blockIdx.x]. */\n"
-    "template <int I> CAPEX_DEVICE void capex_go_sumsq(const capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> &m, const capex_go_args &a) {\n"
+    "/* Sum of squares of chunk c in double -> op.sumsq.partial[c]. */\n"
+    "template <int I> CAPEX_DEVICE void capex_go_sumsq(const capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> &m, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<I>::T IT;\n"
     "    __shared__ double sh[512];\n"
     "    capex_u64 off, n, i, k;\n"
     "    double acc = 0.0;\n"
-    "    int slot = capex_go_block(m, a.chunk, &off, &n);\n"
+    "    int slot = capex_go_block(m, a.chunk, c, &off, &n);\n"
     "    const IT *x = (const IT *)m.addr[CAPEX_GO_SUMSQ_X][slot] + off;\n"
     "    capex_u64 nv = capex_go_al(m.addr[CAPEX_GO_SUMSQ_X][slot], off, sizeof(IT)) ? n / 4 : 0, b = blockDim.x;\n"
     "    /* 4 strides loaded before any is summed: 4 loads in flight per thread\n"
@@ -2373,7 +2416,7 @@ static const char capex__cuda_frag_go2[] =
     "        acc += d * d;\n"
     "    }\n"
     "    acc = capex_go_bsum(sh, acc);\n"
-    "    if (threadIdx.x == 0) a.op.sumsq.partial[blockIdx.x] = acc;\n"
+    "    if (threadIdx.x == 0) a.op.sumsq.partial[c] = acc;\n"
     "}\n";
 static const char capex__cuda_frag_go3[] =
     "/* Segment b: sum of partial[start .. start+count) in a fixed order; writes\n"
@@ -2465,12 +2508,12 @@ static const char capex__cuda_frag_go4[] =
     "    return (capex_u16)capex__bf16_round_sr(p, capex__sr_bits(key, (unsigned)e));\n"
     "}\n"
     "/* Adam/AdamW: lists g, p, m, v, model (0: none), tensor index; op.adam. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_adam(const capex_go_meta<CAPEX_GO_ADAM_DEPTH> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_adam(const capex_go_meta<CAPEX_GO_ADAM_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.adam.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.adam.w_mode, mk = a.op.adam.model;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = a.op.adam.w_mode, mk = a.op.adam.model;\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAM_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_ADAM_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_ADAM_M][s] + off;\n"
     "    float *v = (float *)mt.addr[CAPEX_GO_ADAM_V][s] + off;\n"
@@ -2504,12 +2547,12 @@ static const char capex__cuda_frag_go4[] =
     "}\n";
 static const char capex__cuda_frag_go5[] =
     "/* SGD: lists g, p, momentum buffer (0: none), model, tensor index; op.sgd. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_sgd(const capex_go_meta<CAPEX_GO_SGD_DEPTH> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_sgd(const capex_go_meta<CAPEX_GO_SGD_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.sgd.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), mo = a.op.sgd.momentum, mk = a.op.sgd.model;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), mo = a.op.sgd.momentum, mk = a.op.sgd.model;\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_SGD_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_SGD_P][s] + off, *b = (float *)mt.addr[CAPEX_GO_SGD_BUF][s] + off;\n"
     "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_SGD_MODEL][s] + off;\n"
@@ -2555,12 +2598,12 @@ static const char capex__cuda_frag_go6[] =
     "    *ap += (double)pk * pk;\n"
     "    *au += (double)u * u;\n"
     "}\n"
-    "template <int G> CAPEX_DEVICE void capex_go_lamb1(const capex_go_meta<CAPEX_GO_LAMB1_DEPTH> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_lamb1(const capex_go_meta<CAPEX_GO_LAMB1_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    __shared__ double sh[512];\n"
     "    const capex_go_group *g = a.op.lamb1.group;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.lamb1.w_mode;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = a.op.lamb1.w_mode;\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_LAMB1_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_LAMB1_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_LAMB1_M][s] + off;\n"
     "    float *v = (float *)mt.addr[CAPEX_GO_LAMB1_V][s] + off;\n"
@@ -2586,8 +2629,8 @@ static const char capex__cuda_frag_go6[] =
     "    ap = capex_go_bsum(sh, ap);\n"
     "    au = capex_go_bsum(sh, au);\n"
     "    if (threadIdx.x == 0) {\n"
-    "        a.op.lamb1.p_sumsq[blockIdx.x] = ap;\n"
-    "        a.op.lamb1.u_sumsq[blockIdx.x] = au;\n"
+    "        a.op.lamb1.p_sumsq[c] = ap;\n"
+    "        a.op.lamb1.u_sumsq[c] = au;\n"
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go7[] =
@@ -2623,11 +2666,11 @@ static const char capex__cuda_frag_go8[] =
     "    float u = w ? capex__lamb_update_w(p, m, v, g->bc1, g->bc2, g->eps, g->wd) : capex__lamb_update_l2(p, m, v, g->bc1, g->bc2, g->eps);\n"
     "    return capex__lamb_apply(p, u, r);\n"
     "}\n"
-    "CAPEX_GK void capex_go_lamb2(capex_go_meta<CAPEX_GO_LAMB2_DEPTH> mt, capex_go_args a) {\n"
+    "CAPEX_DEVICE void capex_go_lamb2c(const capex_go_meta<CAPEX_GO_LAMB2_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    const capex_go_group *g = a.op.lamb2.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.lamb2.w_mode, mk = a.op.lamb2.model;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = a.op.lamb2.w_mode, mk = a.op.lamb2.model;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_LAMB2_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_LAMB2_M][s] + off;\n"
     "    float *v = (float *)mt.addr[CAPEX_GO_LAMB2_V][s] + off;\n"
     "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_LAMB2_MODEL][s] + off;\n"
@@ -2652,7 +2695,8 @@ static const char capex__cuda_frag_go8[] =
     "        p[i] = pi;\n"
     "        if (mk) h[i] = capex_go_half(pi, mk, sr, off + i);\n"
     "    }\n"
-    "}\n";
+    "}\n"
+    "CAPEX_GK_OCC3 void capex_go_lamb2(capex_go_meta<CAPEX_GO_LAMB2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb2c(m, a, c); }\n";
 static const char capex__cuda_frag_go8b[] =
     "/* Loss scaler update on the device (one thread): capex.h's rule\n"
     "   (capex__scaler_rule: growth, backoff, hysteresis, min/max), then steps,\n"
@@ -2709,12 +2753,12 @@ static const char capex__cuda_frag_go8b[] =
 static const char capex__cuda_frag_go10[] =
     "/* NovoGrad pass 1: lists g, tensor index. Per-chunk sum of (g*gs)^2 in\n"
     "   double -> op.novo1.partial[b] (0 on a skipped step). */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_novo1(const capex_go_meta<CAPEX_GO_NOVO1_DEPTH> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_novo1(const capex_go_meta<CAPEX_GO_NOVO1_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    __shared__ double sh[512];\n"
     "    const capex_go_group *g = a.op.novo1.group;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n);\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n);\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_NOVO1_G][s] + off;\n"
     "    const float gs = g->gs;\n"
     "    double acc = 0.0;\n"
@@ -2734,16 +2778,16 @@ static const char capex__cuda_frag_go10[] =
     "        }\n"
     "    }\n"
     "    acc = capex_go_bsum(sh, acc);\n"
-    "    if (threadIdx.x == 0) a.op.novo1.partial[blockIdx.x] = acc;\n"
+    "    if (threadIdx.x == 0) a.op.novo1.partial[c] = acc;\n"
     "}\n";
 static const char capex__cuda_frag_go11[] =
     "/* NovoGrad pass 2: lists g, p, m, model, tensor index; op.novo2. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_novo2(const capex_go_meta<CAPEX_GO_NOVO2_DEPTH> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_novo2(const capex_go_meta<CAPEX_GO_NOVO2_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.novo2.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), reg = a.op.novo2.reg_inside_moment, mk = a.op.novo2.model;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), reg = a.op.novo2.reg_inside_moment, mk = a.op.novo2.model;\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_NOVO2_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_NOVO2_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_NOVO2_M][s] + off;\n"
     "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_NOVO2_MODEL][s] + off;\n"
@@ -2795,12 +2839,12 @@ static const char capex__cuda_frag_go13[] =
     "/* Adam with amsgrad: Adam's lists (g, p, m, v, model, tensor index); the max\n"
     "   buffer of tensor t is op.adam_ams.max_bufs[t] (a table: the lists stay 6\n"
     "   deep). */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_adam_ams(const capex_go_meta<CAPEX_GO_ADAM_DEPTH> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_adam_ams(const capex_go_meta<CAPEX_GO_ADAM_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.adam_ams.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.adam_ams.w_mode, mk = a.op.adam_ams.model;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = a.op.adam_ams.w_mode, mk = a.op.adam_ams.model;\n"
     "    capex_u64 xa = a.op.adam_ams.max_bufs[mt.addr[CAPEX_GO_ADAM_T][s]];\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAM_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_ADAM_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_ADAM_M][s] + off;\n"
@@ -2840,12 +2884,12 @@ static const char capex__cuda_frag_go14[] =
     "/* Adagrad: lists g, p, sum, model, tensor index; op.adagrad (w_mode:\n"
     "   adagrad_w_mode). clr as capex_optim_step:\n"
     "   f32(lr / (1 + (step-1)*lr_decay)) in double (step already counts this one). */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_adagrad(const capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> &mt, const capex_go_args &a) {\n"
+    "template <int G> CAPEX_DEVICE void capex_go_adagrad(const capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.adagrad.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, &off, &n), w = a.op.adagrad.w_mode, mk = a.op.adagrad.model;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = a.op.adagrad.w_mode, mk = a.op.adagrad.model;\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAGRAD_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_ADAGRAD_P][s] + off, *sm = (float *)mt.addr[CAPEX_GO_ADAGRAD_SUM][s] + off;\n"
     "    /* no offset on a null pointer */\n"
@@ -2876,63 +2920,64 @@ static const char capex__cuda_frag_go14[] =
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go15_ams[] =
-    "CAPEX_GK void capex_go_adam_ams_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam_ams<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_adam_ams_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam_ams<1>(m, a); }\n"
-    "CAPEX_GK void capex_go_adam_ams_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam_ams<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_adam_ams_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam_ams<0>(m, a, c); }\n"
+    "CAPEX_GK void capex_go_adam_ams_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam_ams<1>(m, a, c); }\n"
+    "CAPEX_GK void capex_go_adam_ams_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam_ams<2>(m, a, c); }\n";
 static const char capex__cuda_frag_go15_adagrad[] =
-    "CAPEX_GK void capex_go_adagrad_f32(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { capex_go_adagrad<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_adagrad_f16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { capex_go_adagrad<1>(m, a); }\n"
-    "CAPEX_GK void capex_go_adagrad_bf16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { capex_go_adagrad<2>(m, a); }\n";
+    "CAPEX_GK_OCC3 void capex_go_adagrad_f32(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<0>(m, a, c); }\n"
+    "CAPEX_GK_OCC3 void capex_go_adagrad_f16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<1>(m, a, c); }\n"
+    "CAPEX_GK_OCC3 void capex_go_adagrad_bf16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<2>(m, a, c); }\n";
 /* Template instances: one fragment per part (see capex__cuda_parts). */
 /* One sum-of-squares kernel per dtype, each in its dtype's unscale part: a step
    on bf16 grads launches both, and the amp part stays small (first compile). */
 static const char capex__cuda_frag_go9_sumsq_f32[] =
-    "CAPEX_GK void capex_go_sumsq_f32(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { capex_go_sumsq<0>(m, a); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sumsq_f32(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<0>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sumsq_f16[] =
-    "CAPEX_GK void capex_go_sumsq_f16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { capex_go_sumsq<1>(m, a); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sumsq_f16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<1>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sumsq_bf16[] =
-    "CAPEX_GK void capex_go_sumsq_bf16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { capex_go_sumsq<2>(m, a); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sumsq_bf16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<2>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_scale_f32[] =
-    "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<0, 0>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<0, 1>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f32_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<0, 2>(m, a); }\n";
+    "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 0>(m, a, c); }\n"
+    "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 1>(m, a, c); }\n"
+    "CAPEX_GK void capex_go_scale_f32_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 2>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_scale_f16[] =
-    "CAPEX_GK void capex_go_scale_f16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<1, 0>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<1, 1>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_f16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<1, 2>(m, a); }\n";
+    "CAPEX_GK void capex_go_scale_f16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 0>(m, a, c); }\n"
+    "CAPEX_GK void capex_go_scale_f16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 1>(m, a, c); }\n"
+    "CAPEX_GK void capex_go_scale_f16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 2>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_scale_bf16[] =
-    "CAPEX_GK void capex_go_scale_bf16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<2, 0>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<2, 1>(m, a); }\n"
-    "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { capex_go_scale<2, 2>(m, a); }\n";
+    "CAPEX_GK void capex_go_scale_bf16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 0>(m, a, c); }\n"
+    "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 1>(m, a, c); }\n"
+    "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 2>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_adam_f32[] =
-    "CAPEX_GK void capex_go_adam_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam<0>(m, a); }\n";
+    "CAPEX_GK_OCC3 void capex_go_adam_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<0>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_adam_f16[] =
-    "CAPEX_GK void capex_go_adam_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam<1>(m, a); }\n";
+    "CAPEX_GK_OCC3 void capex_go_adam_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<1>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_adam_bf16[] =
-    "CAPEX_GK void capex_go_adam_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { capex_go_adam<2>(m, a); }\n";
+    "CAPEX_GK_OCC3 void capex_go_adam_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<2>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sgd_f32[] =
-    "CAPEX_GK void capex_go_sgd_f32(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { capex_go_sgd<0>(m, a); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sgd_f32(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<0>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sgd_f16[] =
-    "CAPEX_GK void capex_go_sgd_f16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { capex_go_sgd<1>(m, a); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sgd_f16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<1>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sgd_bf16[] =
-    "CAPEX_GK void capex_go_sgd_bf16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { capex_go_sgd<2>(m, a); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sgd_bf16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<2>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_lamb1_f32[] =
-    "CAPEX_GK void capex_go_lamb1_f32(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { capex_go_lamb1<0>(m, a); }\n";
+    "CAPEX_GK void capex_go_lamb1_f32(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb1<0>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_lamb1_f16[] =
-    "CAPEX_GK void capex_go_lamb1_f16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { capex_go_lamb1<1>(m, a); }\n";
+    "CAPEX_GK void capex_go_lamb1_f16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb1<1>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_lamb1_bf16[] =
-    "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { capex_go_lamb1<2>(m, a); }\n";
+    "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb1<2>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_novo_f32[] =
-    "CAPEX_GK void capex_go_novo1_f32(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { capex_go_novo1<0>(m, a); }\n"
-    "CAPEX_GK void capex_go_novo2_f32(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { capex_go_novo2<0>(m, a); }\n";
+    "CAPEX_GK_OCC4 void capex_go_novo1_f32(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<0>(m, a, c); }\n"
+    "CAPEX_GK_OCC3 void capex_go_novo2_f32(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<0>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_novo_f16[] =
-    "CAPEX_GK void capex_go_novo1_f16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { capex_go_novo1<1>(m, a); }\n"
-    "CAPEX_GK void capex_go_novo2_f16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { capex_go_novo2<1>(m, a); }\n";
+    "CAPEX_GK_OCC4 void capex_go_novo1_f16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<1>(m, a, c); }\n"
+    "CAPEX_GK_OCC3 void capex_go_novo2_f16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<1>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_novo_bf16[] =
-    "CAPEX_GK void capex_go_novo1_bf16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { capex_go_novo1<2>(m, a); }\n"
-    "CAPEX_GK void capex_go_novo2_bf16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { capex_go_novo2<2>(m, a); }\n";
+    "CAPEX_GK_OCC4 void capex_go_novo1_bf16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<2>(m, a, c); }\n"
+    "CAPEX_GK_OCC3 void capex_go_novo2_bf16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<2>(m, a, c); }\n";
 
 CAPEX__PRIVATE const char *capex__cuda_frag_go0_fn(void) { return capex__cuda_frag_go0; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go0b_fn(void) { return capex__cuda_frag_go0b; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go1_fn(void) { return capex__cuda_frag_go1; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go2_fn(void) { return capex__cuda_frag_go2; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go3_fn(void) { return capex__cuda_frag_go3; }
@@ -2972,7 +3017,7 @@ CAPEX__PRIVATE const char *capex__cuda_frag_go15_adagrad_fn(void) { return capex
 CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n) {
     static const capex__cuda_fragment_fn f[] = {
         capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
-        capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn, capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn,
+        capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn, capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn,
         capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
         capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
         capex__cuda_frag_go9_sumsq_f32_fn, capex__cuda_frag_go9_sumsq_f16_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
@@ -3296,7 +3341,7 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     /* optimizer fragments */
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
     capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,
-    capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn,
+    capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn,
     capex__cuda_frag_go5_fn, capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
     capex__cuda_frag_go9_sumsq_f32_fn, capex__cuda_frag_go9_sumsq_f16_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
         capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn,
@@ -3335,7 +3380,7 @@ enum {
 #define CAPEX__CP_GO                                                                                          \
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn,                    \
         capex__cuda_frag_gomath3_fn, capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,               \
-        capex__cuda_frag_go0_fn, capex__cuda_frag_go1_fn
+        capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn
 #define CAPEX__CP_NORM capex__norm_math_cuda, capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn
 static const capex__cuda_fragment_fn capex__cuda_pf_basic[] = {capex__cuda_frag_basic_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_amp[] = {CAPEX__CP_GO, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn,
@@ -3740,6 +3785,7 @@ struct capex_cuda_context {
     capex_cuda_module *modules;
     capex_cuda_module *part[CAPEX__CUDA_N_PARTS]; /* built-in parts loaded so far */
     void *builtin_fn[CAPEX__CUDA_N_BUILTIN];      /* set for the kernels of loaded parts */
+    int builtin_occ[CAPEX__CUDA_N_BUILTIN];       /* resident blocks per SM (capex__go_dev_grid): 0 not asked, -1 unknown */
     capex__cuda_bg bg;           /* background compiles (capex_cuda_precompile_async) */
 };
 
@@ -4618,7 +4664,6 @@ typedef struct capex__go_args capex__go_args;
 typedef struct capex__go_segs capex__go_segs;
 typedef struct capex__go_group capex__go_group;
 typedef struct capex__go_scaler capex__go_scaler;
-CAPEX_MTA_META_STRUCT(capex__go_meta5, 5);
 /* args: chunk, then the union of the kernels' own fields, the largest
    capex_go_prepare's (5 pointers, 4 ints): 8 + 56 bytes (80 before, as six
    untyped pointers, two floats and four ints). A field is at the same offset on both sides when the
@@ -4626,16 +4671,13 @@ CAPEX_MTA_META_STRUCT(capex__go_meta5, 5);
 typedef char capex__go_sizes_ok[(sizeof(capex__go_args) == 64 && sizeof(((capex__go_args *)0)->op) == 56 &&
                                  offsetof(capex__go_args, op) == 8 && sizeof(capex__go_segs) == 3800 &&
                                  sizeof(capex__go_group) == 104 && sizeof(capex__go_scaler) == 80) ? 1 : -1];
-/* every launch's parameters (metadata or segments, then the args) fit 4096 bytes */
-typedef char capex__go_params_fit[(CAPEX_MTA_META_SIZE(6) + sizeof(capex__go_args) <= 4096 &&
-                                   CAPEX_MTA_META_SIZE(1) + sizeof(capex__go_args) <= 4096 &&
+/* every launch's parameters (metadata or segments, then the args) fit 4096
+   bytes (32764 with the large metadata); every depth has room for a slot */
+typedef char capex__go_params_fit[(CAPEX__GO_META_SMALL + sizeof(capex__go_args) <= 4096 &&
+                                   CAPEX__GO_META_LARGE + sizeof(capex__go_args) <= 32764 &&
+                                   CAPEX__GO_META_SMALL % 8 == 0 && CAPEX__GO_META_LARGE % 8 == 0 &&
+                                   CAPEX__GO_TDEF(CAPEX__GO_META_SMALL, CAPEX_MTA_MAX_DEPTH) >= 32 &&
                                    sizeof(capex__go_segs) + sizeof(capex__go_args) <= 4096) ? 1 : -1];
-/* capex__go_pack writes the CAPEX_MTA_META_STRUCT layout by offsets */
-typedef char capex__go_layout_ok[(offsetof(capex__go_meta5, numel) == 8 * 5 * CAPEX_MTA_MAX_TENSORS(5) &&
-                                  offsetof(capex__go_meta5, ntensors) == 8 * 6 * CAPEX_MTA_MAX_TENSORS(5) &&
-                                  offsetof(capex__go_meta5, block_chunk) == 8 * 6 * CAPEX_MTA_MAX_TENSORS(5) + 8 &&
-                                  offsetof(capex__go_meta5, block_tensor) ==
-                                      8 * 6 * CAPEX_MTA_MAX_TENSORS(5) + 8 + 4 * CAPEX_MTA_MAX_BLOCKS) ? 1 : -1];
 
 /* Optimizer kernel ids: positions in CAPEX__CUDA_KERNELS counted from its
    first optimizer kernel (what capex__go_exec launches take). */
@@ -4681,6 +4723,12 @@ typedef struct capex__go_exec {
        stream use the NULL stream, which is not ordered against the caller's
        non-blocking streams) */
     capex_result (*sync)(void *user);
+    /* optional: the blocks of `block` threads of kernel k the device keeps
+       resident (SMs x occupancy); 0: unknown (CAPEX__GO_GRID_DEFAULT) */
+    unsigned (*grid)(void *user, int kernel, unsigned block);
+    /* the metadata size the kernels were compiled for: CAPEX__GO_META_SMALL
+       (0 means it too) or CAPEX__GO_META_LARGE */
+    int meta_bytes;
     void *user;
 } capex__go_exec;
 
@@ -4719,6 +4767,31 @@ CAPEX__PRIVATE void capex__go_dev_prefetch(void *user, const int *kernels, int n
     capex__cuda_bg_request((capex_cuda_context *)user, want, 0);
 }
 
+/* SMs x the blocks of `block` threads of kernel k one SM keeps resident
+   (cuOccupancyMaxActiveBlocksPerMultiprocessor, asked once per kernel and
+   context); 0 when the driver cannot say (the caller's default then). */
+CAPEX__PRIVATE unsigned capex__go_dev_grid(void *user, int k, unsigned block) {
+    capex_cuda_context *ctx = (capex_cuda_context *)user;
+    size_t id = CAPEX__GO_KBASE + (size_t)k;
+    capex_cuda_function fn;
+    int occ;
+    if (id >= CAPEX__CUDA_N_BUILTIN || ctx->info.sm_count <= 0) return 0;
+    pthread_mutex_lock(&ctx->lock);
+    occ = ctx->builtin_occ[id];
+    pthread_mutex_unlock(&ctx->lock);
+    if (occ == 0) {
+        int n = 0;
+        occ = -1;
+        if (capex__cuda_drv.cuOccupancyMaxActiveBlocksPerMultiprocessor && capex__cuda_builtin_get(ctx, id, &fn) == CAPEX_OK &&
+            capex__cuda_drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn.handle, (int)block, 0) == 0 && n > 0)
+            occ = n;
+        pthread_mutex_lock(&ctx->lock);
+        ctx->builtin_occ[id] = occ;
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    return occ > 0 ? (unsigned)occ * (unsigned)ctx->info.sm_count : 0u;
+}
+
 CAPEX__PRIVATE capex_result capex__go_dev_sync(void *user) {
     return capex_cuda_context_synchronize((capex_cuda_context *)user);
 }
@@ -4735,6 +4808,8 @@ CAPEX__PRIVATE capex_result capex__go_dev_exec(capex_cuda_context *ctx, const ch
     ex->zero = capex__go_dev_zero;
     ex->prefetch = capex__go_dev_prefetch;
     ex->sync = capex__go_dev_sync;
+    ex->grid = capex__go_dev_grid;
+    ex->meta_bytes = CAPEX__GO_META_SMALL;
     ex->user = ctx;
     return CAPEX_OK;
 }
@@ -4744,53 +4819,74 @@ typedef struct capex__go_ten {
     uint64_t addr[CAPEX_MTA_MAX_DEPTH];
 } capex__go_ten;
 
-/* Writes launch L as the by-value metadata of a depth-`depth` kernel. */
-CAPEX__PRIVATE void capex__go_pack(uint64_t *meta, int depth, const capex_chunk_launch *L, const capex__go_ten *ten) {
-    size_t T = (size_t)CAPEX_MTA_MAX_TENSORS(depth), s;
-    unsigned char *b = (unsigned char *)meta;
-    int32_t nt = L->ntensors, nb = L->nblocks;
-    int d;
-    memset(meta, 0, CAPEX_MTA_META_SIZE(depth));
-    for (s = 0; s < (size_t)nt; s++) {
-        for (d = 0; d < depth; d++) meta[(size_t)d * T + s] = ten[L->tensor[s]].addr[d];
-        memcpy(b + 8 * (size_t)depth * T + 8 * s, &L->numel[s], 8);
-    }
-    b += 8 * ((size_t)depth + 1) * T;
-    memcpy(b, &nt, 4);
-    memcpy(b + 4, &nb, 4);
-    memcpy(b + 8, L->block_chunk, 4 * (size_t)nb);
-    memcpy(b + 8 + 4 * CAPEX_MTA_MAX_BLOCKS, L->block_tensor, (size_t)nb);
+/* Bytes of launch metadata the exec's kernels take. */
+CAPEX__PRIVATE size_t capex__go_meta_bytes(const capex__go_exec *ex) {
+    return ex->meta_bytes == CAPEX__GO_META_LARGE ? CAPEX__GO_META_LARGE : CAPEX__GO_META_SMALL;
+}
+
+/* The grid of a multi-tensor launch of `chunks` chunks: the blocks the
+   device keeps resident (SMs x occupancy, ex->grid), the default when it
+   cannot say, never more than the chunks. Each block loops over its chunks. */
+CAPEX__PRIVATE unsigned capex__go_grid(const capex__go_exec *ex, int k, unsigned block, int64_t chunks) {
+    unsigned cap = ex->grid ? ex->grid(ex->user, k, block) : 0u;
+    if (cap == 0) cap = CAPEX__GO_GRID_DEFAULT;
+    return chunks < (int64_t)cap ? (unsigned)chunks : cap;
 }
 
 /* Runs kernel k over `count` tensors (numel from shape[], addresses from
-   ten[]) launch by launch. out0, out1 (each may be NULL): fields of *a that
-   address per-chunk double outputs (a->op.sumsq.partial, ...), advanced to
-   each launch's first chunk and restored at the end. *chunks (may be NULL)
-   gets the plan's chunk count. */
+   ten[]) launch by launch: a launch takes the next tensors (empty ones
+   skipped) until its slots are full, all their chunks, in tensor then offset
+   order (capex.h's chunk order). The metadata (capex_go_meta, layout at
+   CAPEX__GO_TDEF) is written in place. out0, out1 (each may be NULL): fields
+   of *a that address per-chunk double outputs (a->op.sumsq.partial, ...),
+   advanced to each launch's first chunk and restored at the end. *chunks
+   (may be NULL) gets the chunk count. */
 CAPEX__PRIVATE capex_result capex__go_mta(const capex__go_exec *ex, int k, int depth, const capex_tensor *shape,
                                           const capex__go_ten *ten, size_t count, int64_t chunk, capex__go_args *a,
                                           uint64_t *out0, uint64_t *out1, capex_cuda_stream s, int64_t *chunks) {
-    capex_chunk_plan plan;
-    capex_chunk_launch L;
-    uint64_t meta[CAPEX_MTA_META_BYTES / 8];
+    uint64_t small[CAPEX__GO_META_SMALL / 8], *meta = small;
+    size_t i = 0, bytes = capex__go_meta_bytes(ex), T = (size_t)CAPEX__GO_TDEF(bytes, depth);
+    int64_t done = 0;
     uint64_t b0 = out0 ? *out0 : 0, b1 = out1 ? *out1 : 0;
-    capex_result r = capex_chunk_plan_init(&plan, shape, count, chunk, capex_mta_max_tensors(depth), 0);
-    if (r != CAPEX_OK) return r;
-    a->chunk = (uint64_t)plan.chunk_size;
-    while (r == CAPEX_OK && capex_chunk_plan_next(&plan, &L)) {
+    /* LAMB stage 1 holds more registers: 256 threads a block */
+    unsigned block = k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB_CLIP ? 256u : CAPEX__GO_THREADS;
+    capex_result r = CAPEX_OK;
+    if (chunk <= 0) chunk = CAPEX_CHUNK_SIZE_DEFAULT;
+    a->chunk = (uint64_t)chunk;
+    if (bytes > sizeof small && !(meta = (uint64_t *)capex__alloc(NULL, bytes)))
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda: out of host memory for %zu bytes of launch metadata", bytes);
+    while (r == CAPEX_OK && i < count) {
+        int32_t nt = 0;
+        int64_t c = 0;
+        int d;
         void *args[2];
-        capex__go_pack(meta, depth, &L, ten);
-        if (out0) *out0 = b0 + 8u * (uint64_t)L.first_chunk;
-        if (out1) *out1 = b1 + 8u * (uint64_t)L.first_chunk;
+        memset(meta, 0, bytes);
+        for (; i < count && nt < (int32_t)T; i++) {
+            int64_t n = shape[i].numel;
+            if (n <= 0) continue;
+            c += n / chunk + (n % chunk != 0);
+            for (d = 0; d < depth; d++) meta[(size_t)d * T + (size_t)nt] = ten[i].addr[d];
+            memcpy(meta + (size_t)depth * T + (size_t)nt, &n, 8);            /* numel[nt] */
+            memcpy(meta + ((size_t)depth + 1) * T + (size_t)nt, &c, 8);      /* cend[nt] */
+            nt++;
+        }
+        if (nt == 0) break;
+        memcpy(meta + ((size_t)depth + 2) * T, &nt, 4); /* ntensors */
+        if (out0) *out0 = b0 + 8u * (uint64_t)done;
+        if (out1) *out1 = b1 + 8u * (uint64_t)done;
         args[0] = meta;
         args[1] = a;
-        /* LAMB stage 1 holds more registers: 256 threads keep all 320 blocks resident */
-        r = ex->launch(ex->user, k, (unsigned)L.nblocks,
-                       k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB_CLIP ? 256u : CAPEX__GO_THREADS, args, s);
+        r = ex->launch(ex->user, k, capex__go_grid(ex, k, block, c), block, args, s);
+        done += c;
     }
+    if (meta != small) capex__free(NULL, meta);
     if (out0) *out0 = b0;
     if (out1) *out1 = b1;
-    if (chunks) *chunks = plan.total_chunks;
+    if (chunks) {
+        for (done = 0, i = 0; i < count; i++)
+            if (shape[i].numel > 0) done += shape[i].numel / chunk + (shape[i].numel % chunk != 0);
+        *chunks = done;
+    }
     return r;
 }
 

@@ -27,7 +27,8 @@ GPUS = [
 ]
 LATENCY_NS = (700.0, 1000.0)  # ASSUMED: DRAM latency, idle-ish (600-800 ns) and loaded
 COPY_EFF = 0.90      # ASSUMED: device-to-device copy reaches 90% of the spec bandwidth
-GRID = 320           # blocks per launch (capex_go_meta: block_chunk[320])
+GRID = 0             # blocks per launch: 0 = sized from the device (SMs x blocks per SM,
+                     # capex__go_grid); --grid 320 models the fixed grids of old
 REGS_PER_SM, THREADS_PER_SM, BLOCKS_PER_SM = 65536, 2048, 32
 
 # kernel -> (block threads, bytes read, bytes written per element), from the lists
@@ -56,7 +57,9 @@ def blocks_per_sm(reg, block):
 
 def predict(f, gpu, block, rd, wr, lat_ns):
     _, _, sms, tbs, _ = gpu
-    res = min(GRID, sms * blocks_per_sm(f["reg"], block))
+    res = sms * blocks_per_sm(f["reg"], block)
+    if GRID:
+        res = min(GRID, res)
     inflight = res * block * f.get("infl_bits", f["infl"] * f["vec"]) / 8.0  # bytes
     copy = tbs * 1e12 * COPY_EFF
     moved = inflight / (lat_ns * 1e-9) * (rd + wr) / rd  # load bandwidth x bytes moved per byte loaded
@@ -64,8 +67,12 @@ def predict(f, gpu, block, rd, wr, lat_ns):
 
 
 def main():
+    global GRID
+    if len(sys.argv) == 4 and sys.argv[2] == "--grid":
+        GRID = int(sys.argv[3])
+        del sys.argv[2:]
     if len(sys.argv) != 2:
-        sys.exit("usage: gpu_model.py build/sass/facts.json  (from `make sass-gate`)")
+        sys.exit("usage: gpu_model.py build/sass/facts.json [--grid N]  (facts from `make sass-gate`)")
     facts = json.load(open(sys.argv[1]))
     out = ["| kernel | bytes/elem r+w | regs sm_90 | in flight/thread sm_90 | " +
            " | ".join("%s predicted" % g[0] for g in GPUS) + " | measured (H100) |",

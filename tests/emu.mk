@@ -54,6 +54,11 @@ $(BUILD)/tests/test_emu: $(EMU_LIB) tests/gpu_test_kernels.h tests/cuda_test_uti
 # compiles the built-in program cold on purpose, ~8 s).
 EMU_RUN = CAPEX_LIBCUDA_PATH=$(abspath $(EMU_LIB)) CAPEX_CACHE_DIR=$(abspath $(EMU_DIR)/cache) \
           CAPEX_NCCL_PATH=$(abspath $(BUILD)/fake/libnccl.so.2)
+# The device's shape (the multi-tensor grids are sized from it): the optimizer
+# tests again on an H100-sized device (132 SMs x 4 blocks: grids of 528), and
+# the grid check without cuOccupancyMaxActiveBlocksPerMultiprocessor (the fixed
+# default of 320 blocks). Entries are VAR=VALUE[,VAR=VALUE]:test:skips[:case].
+EMU_GPU_SHAPES := CAPEX_EMU_SMS=132:test_gpuopt_gpu:1 CAPEX_EMU_OCCUPANCY=0:test_gpuopt_gpu:0:gpu_grid_from_device
 EMU_GPU_TESTS := test_cuda_gpu:0 test_gpuopt_gpu:1 test_norm_gpu:0 test_nccl_gpu:1 test_gpt_gpu:0 \
                  test_gpuopt_gpu:1:reverse test_norm_gpu:0:reverse test_gpt_gpu:0:reverse
 .PHONY: emu-test
@@ -69,6 +74,11 @@ emu-test: $(EMU_LIB) $(BUILD)/tests/test_cuda_gpu $(BUILD)/tests/test_gpuopt_gpu
 	  if [ $$rc -ne 0 ] || ! echo "$$last" | grep -qE "^[1-9][0-9]* passed, 0 failed, $$sk skipped$$"; then \
 	    echo "$$out"; echo "emu: $$t failed on the emulator"; exit 1; fi; \
 	  echo "$$out" | grep '^SKIP' | sed 's/^/emu:   /' || true; done
+	@for shape in $(EMU_GPU_SHAPES); do envs=$${shape%%:*}; r=$${shape#*:}; t=$${r%%:*}; r=$${r#*:}; sk=$${r%%:*}; only=$${r#$$sk}; only=$${only#:}; \
+	  out=$$(env $$(echo $$envs | tr ',' ' ') $(EMU_RUN) $(BUILD)/tests/$$t $$only 2>&1); rc=$$?; \
+	  last=$$(echo "$$out" | tail -n 1); echo "emu: $$t ($$envs$${only:+, $$only}): $$last"; \
+	  if [ $$rc -ne 0 ] || ! echo "$$last" | grep -qE "^[1-9][0-9]* passed, 0 failed, $$sk skipped$$"; then \
+	    echo "$$out"; echo "emu: $$t failed on the emulator ($$envs)"; exit 1; fi; done
 
 $(EMU_DIR)/example_kernels_gen: tests/example_kernels_gen.c examples/train_charlm.c $(HEADERS)
 	@mkdir -p $(dir $@)

@@ -4,7 +4,8 @@
    NVRTC compiles) and every file named on the command line (CUDA text, e.g.
    an example's model kernels), inside its own C++ namespace, followed by the
    table of its kernels (name -> thunk), found in the text itself:
-   `__global__ void NAME(`, `CAPEX_KERNEL void NAME(`, `CAPEX_GK void NAME(`.
+   `__global__ void NAME(`, `CAPEX_KERNEL void NAME(`, `CAPEX_GK void NAME(`,
+   `CAPEX_GK_OCC<n> void NAME(` (CAPEX_GK with launch bounds).
 
    Two rewrites make CUDA text host C++, both mechanical:
    - `extern "C"` is dropped (a kernel's C linkage would put every set's
@@ -76,13 +77,13 @@ static void emit_text(const char *t) {
     }
 }
 
-/* Kernel names: after __global__ / CAPEX_KERNEL / CAPEX_GK (not in a #define
+/* Kernel names: after __global__ / CAPEX_KERNEL / CAPEX_GK[_OCC<n>] (not in a #define
    or template line), `void NAME (`. */
 static int find_kernels(const char *t, const char **names, size_t *lens, int cap) {
-    static const char *const marks[] = {"__global__", "CAPEX_KERNEL", "CAPEX_GK"};
+    static const char *const marks[] = {"__global__", "CAPEX_KERNEL", "CAPEX_GK", "CAPEX_GK_OCC3", "CAPEX_GK_OCC4"};
     int n = 0;
     for (const char *p = t; *p; p++) {
-        for (size_t m = 0; m < 3; m++) {
+        for (size_t m = 0; m < sizeof marks / sizeof marks[0]; m++) {
             const char *q, *line = p, *id;
             int skip = 0;
             if (!word_at(p, t, marks[m])) continue;

@@ -726,7 +726,26 @@ EMU_API CUresult cuInit(unsigned flags) {
     inited = 1;
     return OK;
 }
-EMU_API CUresult cuDriverGetVersion(int *v) { if (!v) return INVALID_VALUE; *v = 13000; return OK; }
+/* The device's shape, from the environment (the multi-tensor grids are sized
+   from it: tests/emu.mk runs the GPU tests with few SMs and with many):
+   CAPEX_EMU_SMS (default 4), CAPEX_EMU_OCCUPANCY (resident blocks per SM;
+   default 2048 threads / block size; 0: cuOccupancyMaxActiveBlocksPerMultiprocessor
+   fails, as without the symbol), CAPEX_EMU_DRIVER_VERSION (default 13000). */
+namespace {
+int env_int(const char *name, int dflt, int lo, int hi) {
+    const char *e = getenv(name);
+    char *end;
+    long v;
+    if (!e || !e[0]) return dflt;
+    v = strtol(e, &end, 10);
+    return *end || v < lo || v > hi ? dflt : (int)v;
+}
+} // namespace
+EMU_API CUresult cuDriverGetVersion(int *v) {
+    if (!v) return INVALID_VALUE;
+    *v = env_int("CAPEX_EMU_DRIVER_VERSION", 13000, 1000, 99999);
+    return OK;
+}
 
 namespace {
 static const struct { int code; const char *name, *text; } err_table[] = {
@@ -780,7 +799,7 @@ EMU_API CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
     switch (attr) {
     case 75: *v = 9; return OK;   /* compute capability 9.0: NVRTC builds a real sm_90 CUBIN */
     case 76: *v = 0; return OK;
-    case 16: *v = 4; return OK;   /* SMs: few, so grid-stride loops take several passes */
+    case 16: *v = env_int("CAPEX_EMU_SMS", 4, 1, 1024); return OK; /* SMs: few by default, so grid-stride loops take several passes */
     case 36: *v = 1000000; return OK; /* "memory clock" and "bus width": a nominal 16 GB/s */
     case 37: *v = 64; return OK;
     }
@@ -1029,6 +1048,16 @@ EMU_API CUresult cuFuncSetAttribute(void *f, int attr, int v) {
     NEED_CTX();
     if (!f || attr != 8 || v < 0 || v > 227 * 1024) return INVALID_VALUE;
     ((function *)f)->max_dyn_shmem = v;
+    return OK;
+}
+
+EMU_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, void *fn, int block, size_t dyn_smem) {
+    int occ = env_int("CAPEX_EMU_OCCUPANCY", -1, 0, 64);
+    NEED_CTX();
+    if (!n || !fn || block <= 0 || block > 1024) return INVALID_VALUE;
+    (void)dyn_smem;
+    if (occ == 0) return NOT_SUPPORTED;
+    *n = occ > 0 ? occ : 2048 / block;
     return OK;
 }
 

@@ -17,7 +17,9 @@ Facts per kernel and arch:
           address order); what one thread keeps outstanding per iteration
   infl_bits  their total width (facts JSON only; bench/gpu_model.py uses it)
 The main loop is the backward branch's range [target, branch] with the most
-LDG bits per iteration (ties: the first). Kernels without a loop have vec/ldg/infl 0.
+LDG bits per iteration (ties: the first); in the multi-tensor kernels
+(MTA_KERNEL) only innermost ranges count: their loop over a block's chunks
+holds the element loops. Kernels without a loop have vec/ldg/infl 0.
 
 Rules (the table is the baseline; regenerate with `make sass-table`, commit):
   every kernel: reg, stack, local, lmem <= table values,
@@ -103,16 +105,26 @@ def parse_sass(text):
     return funcs
 
 
-def loop_facts(ins):
+# The multi-tensor kernels: a loop over the block's chunks (CAPEX_GO_CHUNKS)
+# around the element loops; their main loop is an innermost one.
+MTA_KERNEL = re.compile(r"^capex_go_(scale_|sumsq_|adam_|sgd_|lamb1_|lamb2$|novo1_|novo2_|adagrad_)")
+
+
+def loop_facts(ins, innermost=False):
     """vec, ldg, infl of the main loop (see the module doc)."""
     best = (0, 0, 0, 0, 0)  # bits per iteration, vec, ldg, infl, bits of those infl loads
+    loops = []
     for addr, op, args in ins:
         if not op.startswith("BRA"):
             continue
         m = re.search(r"(0x[0-9a-f]+)", args)  # BRA.U may name a uniform predicate first: "UP1, 0x560"
-        if not m or int(m.group(1), 16) > addr:
+        if m and int(m.group(1), 16) <= addr:
+            loops.append((int(m.group(1), 16), addr))
+    for lo, addr in loops:
+        # innermost loops only: the multi-tensor kernels' loop over a block's
+        # chunks (CAPEX_GO_CHUNKS) holds the element loops, it is not one
+        if innermost and any(lo <= lo2 and hi2 <= addr and (lo2, hi2) != (lo, addr) for lo2, hi2 in loops):
             continue
-        lo = int(m.group(1), 16)
         body = [i for i in ins if lo <= i[0] <= addr]
         ldgs = [i for i in body if i[1].startswith("LDG")]
         bits = sum(ldg_bits(i[1]) for i in ldgs)
@@ -156,7 +168,7 @@ def facts_for(cubin_dir, cuobjdump):
             for k, ins in sass.items():
                 row = dict(res.get(k, {"reg": -1, "stack": -1, "local": -1}))
                 row["lmem"] = sum(1 for i in ins if i[1].startswith(("LDL", "STL")))
-                row.update(loop_facts(ins))
+                row.update(loop_facts(ins, innermost=bool(MTA_KERNEL.match(k))))
                 row["class"] = klass(k)
                 row["part"] = f[:-6]
                 facts[(arch, k)] = row
@@ -263,13 +275,21 @@ SELF_TEST = [  # (SASS, vec, ldg, infl): the main-loop rules on small hand-made 
         /*0010*/                   LDG.E.128 R8, desc[UR4][R12.64] ;
         /*0020*/                   FADD R16, R4, R8 ;
         /*0030*/                   BRA.U UP1, 0x0 ;""", 128, 2, 2),
+    # a loop around a loop (a block's chunks): the inner one is the main loop
+    ("""        /*0000*/                   LDC.64 R2, c[0x0][0x380] ;
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/                   LDG.E.128 R8, desc[UR4][R12.64] ;
+        /*0030*/                   FADD R16, R4, R8 ;
+        /*0040*/              @!P0 BRA 0x10 ;
+        /*0050*/                   LDG.E R20, desc[UR4][R14.64] ;
+        /*0060*/              @!P1 BRA 0x0 ;""", 128, 2, 2),
 ]
 
 
 def self_test():
     bad = 0
     for text, vec, ldg, infl in SELF_TEST:
-        got = loop_facts(parse_sass("Function : k\n" + text)["k"])
+        got = loop_facts(parse_sass("Function : k\n" + text)["k"], innermost=True)
         if (got["vec"], got["ldg"], got["infl"]) != (vec, ldg, infl):
             print("sass gate self-test: FAIL: %s, want vec=%d ldg=%d infl=%d\n%s" % (got, vec, ldg, infl, text))
             bad += 1

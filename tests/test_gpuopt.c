@@ -92,40 +92,86 @@ CT_TEST(kernel_table_matches_ids) {
     CT_CHECK(strstr(capex_cuda_builtin_source(), "capex__adam_w_elem"), "the optimizer math is in the program");
 }
 
-/* Packing: decode the bytes with capex.h's CAPEX_MTA_META_STRUCT type. */
+/* Packing: capex__go_mta's launches decoded by the capex_go_meta layout
+   (CAPEX__GO_TDEF), at both metadata sizes and several device grids: slots
+   in tensor order, empty tensors skipped, cend the running chunk count, the
+   grid min(chunks, the device's resident blocks or 320). */
+static struct { int n; uint64_t meta[8][CAPEX__GO_META_LARGE / 8]; unsigned grid[8]; } cap_rec;
+static unsigned cap_grid_value;
+static size_t cap_bytes;
+static capex_result cap_launch(void *u, int k, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
+    (void)u; (void)k; (void)block; (void)s;
+    if (cap_rec.n < 8) {
+        memcpy(cap_rec.meta[cap_rec.n], args[0], cap_bytes);
+        cap_rec.grid[cap_rec.n] = grid;
+    }
+    cap_rec.n++;
+    return CAPEX_OK;
+}
+static unsigned cap_grid(void *u, int k, unsigned block) { (void)u; (void)k; (void)block; return cap_grid_value; }
 CT_TEST(launch_metadata_packing) {
-    capex_tensor shape[300];
-    capex__go_ten ten[300];
-    capex_chunk_plan plan;
-    capex_chunk_launch L;
-    uint64_t meta[CAPEX_MTA_META_BYTES / 8];
-    int64_t seen = 0, total = 0;
+    static capex_tensor shape[300];
+    static capex__go_ten ten[300];
+    const int64_t chunk = 4096;
+    int mode;
     size_t i;
     for (i = 0; i < 300; i++) {
         int d;
         shape[i].data = NULL;
         shape[i].numel = i == 7 ? ((int64_t)1 << 33) + 5 : (int64_t)(i % 13) * 1000 + (i % 3 == 0 ? 0 : 1);
-        total += shape[i].numel;
         for (d = 0; d < 6; d++) ten[i].addr[d] = 0x100000000000ull * (uint64_t)(d + 1) + 4096u * i;
     }
-    CT_CHECK(CAPEX_MTA_META_SIZE(5) + sizeof(capex__go_args) <= 4096, "params under 4 KB");
-    CT_CHECK(capex_chunk_plan_init(&plan, shape, 300, 4096, capex_mta_max_tensors(5), 0) == CAPEX_OK, "plan");
-    while (capex_chunk_plan_next(&plan, &L)) {
-        const capex__go_meta5 *m = (const capex__go_meta5 *)(const void *)meta;
-        int b;
-        capex__go_pack(meta, 5, &L, ten);
-        CT_CHECK(m->ntensors == L.ntensors && m->nblocks == L.nblocks && L.ntensors <= capex_mta_max_tensors(5), "counts");
-        for (b = 0; b < m->nblocks; b++) {
-            size_t t;
-            int64_t off, cnt;
-            int s = m->block_tensor[b], d;
-            capex_chunk_launch_block(&plan, &L, b, &t, &off, &cnt);
-            CT_CHECK((int64_t)m->block_chunk[b] * 4096 == off && m->numel[s] == shape[t].numel, "block %d", b);
-            for (d = 0; d < 5; d++) CT_CHECK(m->addr[d][s] == ten[t].addr[d], "address list %d slot %d", d, s);
-            seen += cnt;
+    CT_CHECK(CAPEX__GO_META_SMALL + sizeof(capex__go_args) <= 4096, "params under 4 KB");
+    CT_CHECK(CAPEX__GO_META_LARGE + sizeof(capex__go_args) <= 32764, "params under 32764 bytes");
+    for (mode = 0; mode < 4; mode++) {
+        capex__go_exec e;
+        capex__go_args a;
+        size_t bytes = mode & 1 ? CAPEX__GO_META_LARGE : CAPEX__GO_META_SMALL, T = CAPEX__GO_TDEF(bytes, 5), next = 0;
+        int64_t total = 0, chunks = -1;
+        int l, want_launches;
+        const int64_t cap = mode == 3 ? 528 : 320;
+        memset(&e, 0, sizeof e);
+        memset(&a, 0, sizeof a);
+        e.launch = cap_launch;
+        e.meta_bytes = (int)bytes;
+        if (mode & 2) e.grid = cap_grid;
+        cap_grid_value = mode == 2 ? 0u : 528u; /* 0: "unknown", the default 320 */
+        cap_rec.n = 0;
+        cap_bytes = bytes;
+        CT_CHECK(capex__go_mta(&e, CAPEX__GO_K_SGD, 5, shape, ten, 300, chunk, &a, NULL, NULL, NULL, &chunks) == CAPEX_OK,
+                 "mta");
+        want_launches = 0;
+        for (i = 0, l = 0; i < 300; i++) l += shape[i].numel > 0;
+        want_launches = (int)((size_t)l + T - 1) / (int)T;
+        CT_CHECK(cap_rec.n == want_launches && cap_rec.n <= 8, "mode %d: %d launches, want %d (%zu slots)", mode, cap_rec.n,
+                 want_launches, T);
+        CT_CHECK(a.chunk == (uint64_t)chunk, "chunk");
+        for (l = 0; l < cap_rec.n && l < 8; l++) {
+            const uint64_t *m = cap_rec.meta[l];
+            int32_t nt;
+            int64_t c = 0;
+            size_t s;
+            memcpy(&nt, m + 7 * T, 4);
+            CT_CHECK(nt >= 1 && (size_t)nt <= T, "ntensors %d", nt);
+            for (s = 0; s < (size_t)nt; s++, next++) {
+                int64_t numel, cend;
+                int d;
+                while (shape[next].numel == 0) next++;
+                memcpy(&numel, m + 5 * T + s, 8);
+                memcpy(&cend, m + 6 * T + s, 8);
+                c += numel / chunk + (numel % chunk != 0);
+                CT_CHECK(numel == shape[next].numel && cend == c, "launch %d slot %zu: numel %lld cend %lld", l, s,
+                         (long long)numel, (long long)cend);
+                for (d = 0; d < 5; d++) CT_CHECK(m[(size_t)d * T + s] == ten[next].addr[d], "address list %d slot %zu", d, s);
+                total += numel;
+            }
+            CT_CHECK(cap_rec.grid[l] == (unsigned)(c < cap ? c : cap),
+                     "mode %d launch %d: grid %u for %lld chunks", mode, l, cap_rec.grid[l], (long long)c);
         }
+        for (i = 0; i < 300; i++) total -= shape[i].numel;
+        CT_CHECK(total == 0 && next <= 300, "every tensor in exactly one slot");
+        CT_CHECK(chunks > ((int64_t)1 << 21), "chunk count %lld", (long long)chunks);
     }
-    CT_CHECK(seen == total, "every element in exactly one chunk: %lld of %lld", (long long)seen, (long long)total);
 }
 
 CT_TEST(no_context_is_a_clear_error) {
@@ -327,7 +373,7 @@ CT_TEST(kernel_parameters_match_the_host) {
         else if (k >= CAPEX__GO_K_NOVO1 && k < CAPEX__GO_K_NOVO2) depth = CAPEX__GO_NOVO1_DEPTH;
         else if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO_NORM) depth = CAPEX__GO_NOVO2_DEPTH;
         else depth = 0;
-        want0 = depth ? (long)CAPEX_MTA_META_SIZE(depth) : k == CAPEX__GO_K_REDUCE ? (long)sizeof(capex__go_segs) : 0;
+        want0 = depth ? (long)CAPEX__GO_META_SIZE(CAPEX__GO_META_SMALL, depth) : k == CAPEX__GO_K_REDUCE ? (long)sizeof(capex__go_segs) : 0;
         if (want0)
             CT_CHECK(np == 2 && sz[0] == want0 && sz[1] == (long)sizeof(capex__go_args),
                      "%s: %d params of %ld, %ld bytes; the host passes %ld, %zu", name, np, sz[0], sz[1], want0,
@@ -339,7 +385,7 @@ CT_TEST(kernel_parameters_match_the_host) {
     for (k = CAPEX__GO_K_ADAM_AMS; k < CAPEX__GO_NK_ALL; k++) { /* amsgrad: Adam's lists */
         const char *name = capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k];
         long sz[4] = {0, 0, 0, 0};
-        long want0 = (long)CAPEX_MTA_META_SIZE(k < CAPEX__GO_K_ADAGRAD ? (int)CAPEX__GO_ADAM_DEPTH : (int)CAPEX__GO_ADAGRAD_DEPTH);
+        long want0 = (long)CAPEX__GO_META_SIZE(CAPEX__GO_META_SMALL, k < CAPEX__GO_K_ADAGRAD ? (int)CAPEX__GO_ADAM_DEPTH : (int)CAPEX__GO_ADAGRAD_DEPTH);
         int np = ptx_params((const char *)img.data, name, sz, 4);
         if (k == CAPEX__GO_K_ZERO_NORM) { /* one thread, the args only */
             CT_CHECK(np == 1 && sz[0] == (long)sizeof(capex__go_args), "%s: %d params of %ld bytes; the host passes %zu",

@@ -23,7 +23,7 @@
 #include <stddef.h>
 
 /* ---- the CUDA shim ---- */
-namespace capex_emu {
+namespace capex_emu_shim {
 struct dim3_ { unsigned x, y, z; };
 static thread_local dim3_ threadIdx, blockIdx;
 static dim3_ blockDim, gridDim;
@@ -35,14 +35,27 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
+} // namespace capex_emu_shim
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
 #define CAPEX_GK static
+#define __launch_bounds__(...)
+/* the kernels twice: with the 4 KB metadata (the default) and with the large
+   one (what the host compiles with -DCAPEX_GO_META=... where the driver takes
+   32764 bytes of parameters) */
+namespace capex_emu {
+using namespace capex_emu_shim;
 #include "go_kernels.inc"
-#undef __shared__
 } // namespace capex_emu
+#undef CAPEX_GO_META
+#define CAPEX_GO_META CAPEX__GO_META_LARGE
+namespace capex_emu_big {
+using namespace capex_emu_shim;
+#include "go_kernels.inc"
+} // namespace capex_emu_big
+#undef __shared__
 
 /* ---- a pool of EMU_THREADS workers = the threads of one block ---- */
 #ifndef EMU_THREADS
@@ -60,13 +73,13 @@ static struct {
 
 static void *emu_worker(void *p) {
     unsigned id = (unsigned)(size_t)p;
-    capex_emu::threadIdx.x = id;
-    capex_emu::threadIdx.y = capex_emu::threadIdx.z = 0;
+    capex_emu_shim::threadIdx.x = id;
+    capex_emu_shim::threadIdx.y = capex_emu_shim::threadIdx.z = 0;
     for (;;) {
         pthread_barrier_wait(&pool.start);
         if (pool.quit) break;
-        capex_emu::blockIdx.x = pool.bx;
-        capex_emu::blockIdx.y = capex_emu::blockIdx.z = 0;
+        capex_emu_shim::blockIdx.x = pool.bx;
+        capex_emu_shim::blockIdx.y = capex_emu_shim::blockIdx.z = 0;
         pool.fn(pool.arg);
         pthread_barrier_wait(&pool.end);
     }
@@ -76,7 +89,7 @@ static void emu_start(void) {
     if (pool.started) return;
     pthread_barrier_init(&pool.start, NULL, EMU_THREADS + 1);
     pthread_barrier_init(&pool.end, NULL, EMU_THREADS + 1);
-    pthread_barrier_init(&capex_emu::sync_bar, NULL, EMU_THREADS);
+    pthread_barrier_init(&capex_emu_shim::sync_bar, NULL, EMU_THREADS);
     for (size_t i = 0; i < EMU_THREADS; i++) pthread_create(&pool.th[i], NULL, emu_worker, (void *)i);
     pool.started = 1;
 }
@@ -90,10 +103,10 @@ static void emu_stop(void) {
 /* Runs every block of the grid, one after the other. */
 static void emu_grid(emu_thunk fn, void *arg, unsigned grid) {
     emu_start();
-    capex_emu::blockDim.x = EMU_THREADS;
-    capex_emu::blockDim.y = capex_emu::blockDim.z = 1;
-    capex_emu::gridDim.x = grid;
-    capex_emu::gridDim.y = capex_emu::gridDim.z = 1;
+    capex_emu_shim::blockDim.x = EMU_THREADS;
+    capex_emu_shim::blockDim.y = capex_emu_shim::blockDim.z = 1;
+    capex_emu_shim::gridDim.x = grid;
+    capex_emu_shim::gridDim.y = capex_emu_shim::gridDim.z = 1;
     pool.fn = fn;
     pool.arg = arg;
     for (unsigned b = 0; b < grid; b++) {
@@ -104,76 +117,95 @@ static void emu_grid(emu_thunk fn, void *arg, unsigned grid) {
 }
 
 /* Thunks: unpack cuLaunchKernel-style args (pointers to each parameter). */
-template <int D> struct emu_mta_call {
-    void (*k)(capex_emu::capex_go_meta<D>, capex_emu::capex_go_args);
+template <class M, class A> struct emu_mta_call {
+    void (*k)(M, A);
     void **args;
 };
-template <int D> static void emu_mta_thunk(void *p) {
-    emu_mta_call<D> *c = (emu_mta_call<D> *)p;
-    c->k(*(const capex_emu::capex_go_meta<D> *)c->args[0], *(const capex_emu::capex_go_args *)c->args[1]);
+template <class M, class A> static void emu_mta_thunk(void *p) {
+    emu_mta_call<M, A> *c = (emu_mta_call<M, A> *)p;
+    c->k(*(const M *)c->args[0], *(const A *)c->args[1]);
 }
-template <int D> static void emu_mta(void (*k)(capex_emu::capex_go_meta<D>, capex_emu::capex_go_args), void **args,
-                                     unsigned grid) {
-    emu_mta_call<D> c = {k, args};
-    emu_grid(emu_mta_thunk<D>, &c, grid);
+template <class M, class A> static void emu_mta(void (*k)(M, A), void **args, unsigned grid) {
+    emu_mta_call<M, A> c = {k, args};
+    emu_grid(emu_mta_thunk<M, A>, &c, grid);
 }
-struct emu_small_call { void (*k)(capex_emu::capex_go_args); void **args; };
-static void emu_small_thunk(void *p) {
-    emu_small_call *c = (emu_small_call *)p;
-    c->k(*(const capex_emu::capex_go_args *)c->args[0]);
+template <class A> struct emu_small_call { void (*k)(A); void **args; };
+template <class A> static void emu_small_thunk(void *p) {
+    emu_small_call<A> *c = (emu_small_call<A> *)p;
+    c->k(*(const A *)c->args[0]);
 }
-static void emu_reduce_thunk(void *p) {
-    void **args = (void **)p;
-    capex_emu::capex_go_reduce(*(const capex_emu::capex_go_segs *)args[0], *(const capex_emu::capex_go_args *)args[1]);
+template <class S, class A> struct emu_reduce_call { void (*k)(S, A); void **args; };
+template <class S, class A> static void emu_reduce_thunk(void *p) {
+    emu_reduce_call<S, A> *c = (emu_reduce_call<S, A> *)p;
+    c->k(*(const S *)c->args[0], *(const A *)c->args[1]);
 }
 
 /* ---- the exec: host memory as device memory; counts what a step must not do ---- */
-static struct { int launches, copies; } stats;
+static struct { int launches, copies; unsigned max_grid; } stats;
+/* where the exec's kernels run: ex.user points to one (NULL: small, default grid) */
+typedef struct emu_mode { int large; unsigned grid; } emu_mode;
+
+/* kernel k of one namespace's set (capex_emu or capex_emu_big) */
+#define EMU_DISPATCH(NS)                                                                                                  \
+    static capex_result emu_launch_##NS(int k, unsigned grid, void **args) {                                             \
+        using namespace NS;                                                                                               \
+        static void (*const scale[9])(capex_go_meta<2>, capex_go_args) = {                                                \
+            capex_go_scale_f32_f32, capex_go_scale_f32_f16, capex_go_scale_f32_bf16, capex_go_scale_f16_f32,              \
+            capex_go_scale_f16_f16, capex_go_scale_f16_bf16, capex_go_scale_bf16_f32, capex_go_scale_bf16_f16,            \
+            capex_go_scale_bf16_bf16};                                                                                    \
+        static void (*const sumsq[3])(capex_go_meta<1>, capex_go_args) = {capex_go_sumsq_f32, capex_go_sumsq_f16, capex_go_sumsq_bf16}; \
+        static void (*const adam[3])(capex_go_meta<6>, capex_go_args) = {capex_go_adam_f32, capex_go_adam_f16, capex_go_adam_bf16}; \
+        static void (*const sgd[3])(capex_go_meta<5>, capex_go_args) = {capex_go_sgd_f32, capex_go_sgd_f16, capex_go_sgd_bf16}; \
+        static void (*const lamb1[3])(capex_go_meta<5>, capex_go_args) = {capex_go_lamb1_f32, capex_go_lamb1_f16, capex_go_lamb1_bf16}; \
+        static void (*const novo1[3])(capex_go_meta<2>, capex_go_args) = {capex_go_novo1_f32, capex_go_novo1_f16, capex_go_novo1_bf16}; \
+        static void (*const novo2[3])(capex_go_meta<5>, capex_go_args) = {capex_go_novo2_f32, capex_go_novo2_f16, capex_go_novo2_bf16}; \
+        static void (*const ams[3])(capex_go_meta<6>, capex_go_args) = {capex_go_adam_ams_f32, capex_go_adam_ams_f16, capex_go_adam_ams_bf16}; \
+        static void (*const adagrad[3])(capex_go_meta<5>, capex_go_args) = {capex_go_adagrad_f32, capex_go_adagrad_f16, capex_go_adagrad_bf16}; \
+        if (k >= CAPEX__GO_K_SCALE && k < CAPEX__GO_K_SUMSQ) emu_mta(scale[k - CAPEX__GO_K_SCALE], args, grid);          \
+        else if (k < CAPEX__GO_K_REDUCE) emu_mta(sumsq[k - CAPEX__GO_K_SUMSQ], args, grid);                              \
+        else if (k == CAPEX__GO_K_REDUCE) {                                                                               \
+            emu_reduce_call<capex_go_segs, capex_go_args> c = {capex_go_reduce, args};                                    \
+            emu_grid(emu_reduce_thunk<capex_go_segs, capex_go_args>, &c, grid);                                           \
+        } else if (k >= CAPEX__GO_K_ADAM && k < CAPEX__GO_K_SGD) emu_mta(adam[k - CAPEX__GO_K_ADAM], args, grid);         \
+        else if (k >= CAPEX__GO_K_SGD && k < CAPEX__GO_K_LAMB1) emu_mta(sgd[k - CAPEX__GO_K_SGD], args, grid);            \
+        else if (k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB_CLIP) emu_mta(lamb1[k - CAPEX__GO_K_LAMB1], args, grid);  \
+        else if (k == CAPEX__GO_K_LAMB2) emu_mta(capex_go_lamb2, args, grid);                                            \
+        else if (k >= CAPEX__GO_K_NOVO1 && k < CAPEX__GO_K_NOVO2) emu_mta(novo1[k - CAPEX__GO_K_NOVO1], args, grid);      \
+        else if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO_NORM) emu_mta(novo2[k - CAPEX__GO_K_NOVO2], args, grid);  \
+        else if (k >= CAPEX__GO_K_ADAM_AMS && k < CAPEX__GO_K_ADAGRAD) emu_mta(ams[k - CAPEX__GO_K_ADAM_AMS], args, grid); \
+        else if (k >= CAPEX__GO_K_ADAGRAD && k < CAPEX__GO_K_ADAGRAD + 3) emu_mta(adagrad[k - CAPEX__GO_K_ADAGRAD], args, grid); \
+        else {                                                                                                            \
+            emu_small_call<capex_go_args> c;                                                                              \
+            c.args = args;                                                                                                \
+            switch (k) {                                                                                                  \
+            case CAPEX__GO_K_CLIP: c.k = capex_go_clip_coef; break;                                                       \
+            case CAPEX__GO_K_PREPARE: c.k = capex_go_prepare; break;                                                      \
+            case CAPEX__GO_K_LAMB_CLIP: c.k = capex_go_lamb_clip; break;                                                  \
+            case CAPEX__GO_K_LAMB_RATIO: c.k = capex_go_lamb_ratio; break;                                                \
+            case CAPEX__GO_K_SCALER: c.k = capex_go_scaler_update; break;                                                 \
+            case CAPEX__GO_K_NOVO_NORM: c.k = capex_go_novo_norm; break;                                                  \
+            case CAPEX__GO_K_ZERO_NORM: c.k = capex_go_zero_norm; break;                                                  \
+            default: return capex__fail(CAPEX_ERR_INTERNAL, "emu: unknown kernel %d", k);                                \
+            }                                                                                                             \
+            emu_grid(emu_small_thunk<capex_go_args>, &c, grid);                                                           \
+        }                                                                                                                 \
+        return CAPEX_OK;                                                                                                  \
+    }
+EMU_DISPATCH(capex_emu)
+EMU_DISPATCH(capex_emu_big)
 
 static capex_result emu_launch(void *user, int k, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
-    using namespace capex_emu;
-    static void (*const scale[9])(capex_go_meta<2>, capex_go_args) = {
-        capex_go_scale_f32_f32, capex_go_scale_f32_f16, capex_go_scale_f32_bf16, capex_go_scale_f16_f32, capex_go_scale_f16_f16,
-        capex_go_scale_f16_bf16, capex_go_scale_bf16_f32, capex_go_scale_bf16_f16, capex_go_scale_bf16_bf16};
-    static void (*const sumsq[3])(capex_go_meta<1>, capex_go_args) = {capex_go_sumsq_f32, capex_go_sumsq_f16, capex_go_sumsq_bf16};
-    static void (*const adam[3])(capex_go_meta<6>, capex_go_args) = {capex_go_adam_f32, capex_go_adam_f16, capex_go_adam_bf16};
-    static void (*const sgd[3])(capex_go_meta<5>, capex_go_args) = {capex_go_sgd_f32, capex_go_sgd_f16, capex_go_sgd_bf16};
-    static void (*const lamb1[3])(capex_go_meta<5>, capex_go_args) = {capex_go_lamb1_f32, capex_go_lamb1_f16, capex_go_lamb1_bf16};
-    static void (*const novo1[3])(capex_go_meta<2>, capex_go_args) = {capex_go_novo1_f32, capex_go_novo1_f16, capex_go_novo1_bf16};
-    static void (*const novo2[3])(capex_go_meta<5>, capex_go_args) = {capex_go_novo2_f32, capex_go_novo2_f16, capex_go_novo2_bf16};
-    static void (*const ams[3])(capex_go_meta<6>, capex_go_args) = {capex_go_adam_ams_f32, capex_go_adam_ams_f16, capex_go_adam_ams_bf16};
-    static void (*const adagrad[3])(capex_go_meta<5>, capex_go_args) = {capex_go_adagrad_f32, capex_go_adagrad_f16, capex_go_adagrad_bf16};
-    (void)user; (void)s;
+    const emu_mode *m = (const emu_mode *)user;
+    (void)s;
     stats.launches++;
+    if (grid > stats.max_grid) stats.max_grid = grid;
     if (grid == 0 || block == 0 || block > 1024 || (block & (block - 1)))
         return capex__fail(CAPEX_ERR_INTERNAL, "emu: bad launch shape grid %u block %u", grid, block);
-    if (k >= CAPEX__GO_K_SCALE && k < CAPEX__GO_K_SUMSQ) emu_mta<2>(scale[k - CAPEX__GO_K_SCALE], args, grid);
-    else if (k < CAPEX__GO_K_REDUCE) emu_mta<1>(sumsq[k - CAPEX__GO_K_SUMSQ], args, grid);
-    else if (k == CAPEX__GO_K_REDUCE) emu_grid(emu_reduce_thunk, args, grid);
-    else if (k >= CAPEX__GO_K_ADAM && k < CAPEX__GO_K_SGD) emu_mta<6>(adam[k - CAPEX__GO_K_ADAM], args, grid);
-    else if (k >= CAPEX__GO_K_SGD && k < CAPEX__GO_K_LAMB1) emu_mta<5>(sgd[k - CAPEX__GO_K_SGD], args, grid);
-    else if (k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB_CLIP) emu_mta<5>(lamb1[k - CAPEX__GO_K_LAMB1], args, grid);
-    else if (k == CAPEX__GO_K_LAMB2) emu_mta<5>(capex_go_lamb2, args, grid);
-    else if (k >= CAPEX__GO_K_NOVO1 && k < CAPEX__GO_K_NOVO2) emu_mta<2>(novo1[k - CAPEX__GO_K_NOVO1], args, grid);
-    else if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO_NORM) emu_mta<5>(novo2[k - CAPEX__GO_K_NOVO2], args, grid);
-    else if (k >= CAPEX__GO_K_ADAM_AMS && k < CAPEX__GO_K_ADAGRAD) emu_mta<6>(ams[k - CAPEX__GO_K_ADAM_AMS], args, grid);
-    else if (k >= CAPEX__GO_K_ADAGRAD && k < CAPEX__GO_K_ADAGRAD + 3) emu_mta<5>(adagrad[k - CAPEX__GO_K_ADAGRAD], args, grid);
-    else {
-        emu_small_call c;
-        c.args = args;
-        switch (k) {
-        case CAPEX__GO_K_CLIP: c.k = capex_go_clip_coef; break;
-        case CAPEX__GO_K_PREPARE: c.k = capex_go_prepare; break;
-        case CAPEX__GO_K_LAMB_CLIP: c.k = capex_go_lamb_clip; break;
-        case CAPEX__GO_K_LAMB_RATIO: c.k = capex_go_lamb_ratio; break;
-        case CAPEX__GO_K_SCALER: c.k = capex_go_scaler_update; break;
-        case CAPEX__GO_K_NOVO_NORM: c.k = capex_go_novo_norm; break;
-        case CAPEX__GO_K_ZERO_NORM: c.k = capex_go_zero_norm; break;
-        default: return capex__fail(CAPEX_ERR_INTERNAL, "emu: unknown kernel %d", k);
-        }
-        emu_grid(emu_small_thunk, &c, grid);
-    }
-    return CAPEX_OK;
+    return m && m->large ? emu_launch_capex_emu_big(k, grid, args) : emu_launch_capex_emu(k, grid, args);
+}
+static unsigned emu_grid_of(void *user, int k, unsigned block) {
+    (void)k; (void)block;
+    return user ? ((const emu_mode *)user)->grid : 0u;
 }
 static capex_result emu_alloc(void *user, size_t bytes, capex_cuda_ptr *out) {
     void *p = NULL;
@@ -205,9 +237,15 @@ static capex_result emu_zero(void *user, capex_cuda_ptr dst, size_t bytes, capex
 
 #include "gpuopt_parity.h"
 
-static env emu_env(uint64_t seed) {
+/* The default: the 4 KB metadata on a "device" that keeps 3 blocks resident
+   (grids of 3: every block walks several chunks). */
+static emu_mode mode_small3 = {0, 3}, mode_small_default = {0, 0}, mode_large_h100 = {1, 528}, mode_large1 = {1, 1};
+static env emu_env_mode(uint64_t seed, emu_mode *m) {
     env e;
     memset(&e, 0, sizeof e);
+    e.ex.user = m;
+    e.ex.grid = emu_grid_of;
+    e.ex.meta_bytes = m->large ? CAPEX__GO_META_LARGE : CAPEX__GO_META_SMALL;
     e.ex.launch = emu_launch;
     e.ex.alloc = emu_alloc;
     e.ex.release = emu_release;
@@ -217,16 +255,24 @@ static env emu_env(uint64_t seed) {
     e.seed = seed;
     return e;
 }
+static env emu_env(uint64_t seed) { return emu_env_mode(seed, &mode_small3); }
 
 /* ---- the kernel structs are the host mirrors, field for field ---- */
 CT_TEST(layouts_match_the_kernels) {
     using namespace capex_emu;
-    CT_CHECK(sizeof(capex_go_meta<1>) == CAPEX_MTA_META_SIZE(1) && sizeof(capex_go_meta<2>) == CAPEX_MTA_META_SIZE(2) &&
-                 sizeof(capex_go_meta<5>) == CAPEX_MTA_META_SIZE(5) && sizeof(capex_go_meta<6>) == CAPEX_MTA_META_SIZE(6),
-             "metadata sizes");
-    CT_CHECK(offsetof(capex_go_meta<5>, block_tensor) == offsetof(capex__go_meta5, block_tensor) &&
-                 offsetof(capex_go_meta<5>, numel) == offsetof(capex__go_meta5, numel),
-             "metadata layout");
+    /* the metadata: capex__go_mta writes it by CAPEX__GO_TDEF's offsets */
+#define META_OK(NS, B, D)                                                                                          \
+    (sizeof(NS::capex_go_meta<D>) == CAPEX__GO_META_SIZE(B, D) && sizeof(NS::capex_go_meta<D>) <= (B) &&             \
+     offsetof(NS::capex_go_meta<D>, numel) == 8 * (D) * CAPEX__GO_TDEF(B, D) &&                                      \
+     offsetof(NS::capex_go_meta<D>, cend) == 8 * ((D) + 1) * CAPEX__GO_TDEF(B, D) &&                                 \
+     offsetof(NS::capex_go_meta<D>, ntensors) == 8 * ((D) + 2) * CAPEX__GO_TDEF(B, D))
+    CT_CHECK(META_OK(capex_emu, CAPEX__GO_META_SMALL, 1) && META_OK(capex_emu, CAPEX__GO_META_SMALL, 2) &&
+                 META_OK(capex_emu, CAPEX__GO_META_SMALL, 5) && META_OK(capex_emu, CAPEX__GO_META_SMALL, 6),
+             "4 KB metadata layout");
+    CT_CHECK(META_OK(capex_emu_big, CAPEX__GO_META_LARGE, 1) && META_OK(capex_emu_big, CAPEX__GO_META_LARGE, 2) &&
+                 META_OK(capex_emu_big, CAPEX__GO_META_LARGE, 5) && META_OK(capex_emu_big, CAPEX__GO_META_LARGE, 6),
+             "large metadata layout");
+#undef META_OK
     /* every kernel's own fields: the last of each (and the pointers before it) */
 #define ARGS_AT(f) (offsetof(capex_go_args, op.f) == offsetof(capex__go_args, op.f))
     CT_CHECK(sizeof(capex_go_args) == sizeof(capex__go_args) && sizeof(capex_go_args) == 64 && ARGS_AT(scale.clip_only) &&
@@ -271,12 +317,121 @@ CT_TEST(emu_adagrad) { env e = emu_env(13); par_adagrad(ct, &e); }
 CT_TEST(emu_adam_amsgrad) { env e = emu_env(14); par_adam_amsgrad(ct, &e); }
 CT_TEST(emu_pure_half) { env e = emu_env(15); par_pure_half_steps(ct, &e); }
 
+/* The large metadata (32 KB of parameters) on an H100-sized grid, and on a
+   grid of 1 (one block walks every chunk); the 4 KB metadata with the default
+   grid: the same CPU parity, the same bits. */
+CT_TEST(emu_large_params) {
+    env e = emu_env_mode(21, &mode_large_h100), e1 = emu_env_mode(22, &mode_large1), e2 = emu_env_mode(23, &mode_small_default);
+    par_scale_many(ct, &e);
+    par_norms(ct, &e);
+    par_sumsq_order(ct, &e, EMU_THREADS);
+    par_sumsq_order(ct, &e1, EMU_THREADS);
+    par_sumsq_order(ct, &e2, EMU_THREADS);
+    par_adam(ct, &e);
+    par_lamb(ct, &e1);
+    par_novograd(ct, &e);
+}
+
+/* 500 small tensors (1 .. ~4100 elements, some misaligned, 30 empty):
+   launches per op = ceil(470 / slots): unscale 4 (4 KB) or 1 (large), sum of
+   squares 3 or 1 (the old layout: 93 and 139 tensors a launch, 6 and 4
+   launches); the unscaled outputs equal the CPU's bit for bit and the sums of
+   squares (per-chunk partials, the total) have the same bits whatever the
+   metadata size and grid. */
+CT_TEST(emu_many_small_tensors) {
+    enum { N = 500 };
+    static capex_tensor hin[N], hout[N], din[N], dout[N];
+    static emu_mode *const modes[4] = {&mode_small3, &mode_small_default, &mode_large_h100, &mode_large1};
+    double part0[N + 8], tot0 = 0.0;
+    size_t i, nonempty = 0;
+    int mi, found = 0;
+    uint64_t seed = 31;
+    capex_tensor_list hi, ho;
+    for (i = 0; i < N; i++) {
+        int64_t n = i % 17 == 5 ? 0 : (int64_t)(par_rng(&seed) % 4100) + 1;
+        size_t off = i % 3 == 1 ? 2 : 0; /* bf16: one element past 16-byte alignment */
+        void *pin = NULL;
+        CT_CHECK(posix_memalign(&pin, 64, (size_t)n * 2 + 64) == 0, "alloc");
+        hin[i].numel = din[i].numel = hout[i].numel = dout[i].numel = n;
+        hin[i].data = (char *)pin + off;
+        din[i].data = hin[i].data;
+        par_fill(&seed, CAPEX_BF16, hin[i].data, n, 4.0f, 0);
+        hout[i].data = malloc((size_t)n * 4 + 4);
+        dout[i].data = malloc((size_t)n * 4 + 4);
+        CT_CHECK(hout[i].data && dout[i].data, "alloc");
+        nonempty += n > 0;
+    }
+    hi = capex_tensor_list_make(CAPEX_BF16, hin, N);
+    ho = capex_tensor_list_make(CAPEX_F32, hout, N);
+    CT_CHECK(capex_multi_tensor_scale(NULL, &hi, &ho, 0.25f, &found) == CAPEX_OK && !found, "cpu");
+    for (mi = 0; mi < 4; mi++) {
+        env e = emu_env_mode(40 + (uint64_t)mi, modes[mi]);
+        size_t bytes = (size_t)e.ex.meta_bytes, ws_bytes = 0;
+        capex_tensor_list di = capex_tensor_list_make(CAPEX_BF16, din, N), dl = capex_tensor_list_make(CAPEX_F32, dout, N);
+        capex_cuda_ptr dscale = par_alloc(&e, 4), ws, dtot = par_alloc(&e, 8);
+        float s = 0.25f;
+        double part[N + 8], tot;
+        int64_t nch = 0, zero = 0;
+        int want;
+        CT_CHECK(dscale && dtot && par_up(&e, dscale, &s, 4), "alloc");
+        for (i = 0; i < N; i++) memset(dout[i].data, 0xA5, (size_t)dout[i].numel * 4);
+        stats.launches = 0;
+        stats.max_grid = 0;
+        CT_CHECK(capex__go_scale(&e.ex, "t", NULL, &di, &dl, dscale, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+        want = (int)((nonempty + CAPEX__GO_TDEF(bytes, 2) - 1) / CAPEX__GO_TDEF(bytes, 2));
+        CT_CHECK(stats.launches == want && want == (modes[mi]->large ? 1 : 4), "mode %d: unscale of %zu tensors in %d launches, "
+                 "want %d", mi, nonempty, stats.launches, want);
+        { /* each tensor is one chunk: a launch's grid is min(its tensors, the device's blocks or 320) */
+            size_t per = nonempty < CAPEX__GO_TDEF(bytes, 2) ? nonempty : CAPEX__GO_TDEF(bytes, 2);
+            unsigned cap = modes[mi]->grid ? modes[mi]->grid : 320u;
+            CT_CHECK(stats.max_grid == (per < cap ? (unsigned)per : cap), "mode %d: grid %u", mi, stats.max_grid);
+        }
+        for (i = 0; i < N; i++)
+            CT_CHECK(!memcmp(dout[i].data, hout[i].data, (size_t)hout[i].numel * 4), "mode %d: tensor %zu differs from the CPU", mi, i);
+        /* sums of squares: partials per chunk, then the fixed-order total */
+        CT_CHECK(capex_cuda_multi_tensor_workspace_size(NULL, &di, 1, &ws_bytes) == CAPEX_OK && ws_bytes <= sizeof part, "ws");
+        ws = par_alloc(&e, ws_bytes);
+        CT_CHECK(ws, "alloc");
+        stats.launches = 0;
+        CT_CHECK(capex__go_l2norm(&e.ex, NULL, &di, ws, ws_bytes, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+        want = (int)((nonempty + CAPEX__GO_TDEF(bytes, 1) - 1) / CAPEX__GO_TDEF(bytes, 1));
+        CT_CHECK(stats.launches >= want && want == (modes[mi]->large ? 1 : 3), "mode %d: sum of squares %d launches", mi, want);
+        for (i = 0; i < N; i++) nch += capex__go_nchunks(din[i].numel, CAPEX_CHUNK_SIZE_DEFAULT);
+        CT_CHECK(par_down(&e, part, ws, (size_t)nch * 8), "down");
+        CT_CHECK(capex__go_reduce(&e.ex, ws, &zero, &nch, 1, dtot, 0, NULL) == CAPEX_OK && par_down(&e, &tot, dtot, 8), "reduce");
+        if (mi == 0) {
+            double ref = 0.0;
+            memcpy(part0, part, (size_t)nch * 8);
+            tot0 = tot;
+            for (i = 0; i < N; i++) {
+                int64_t j;
+                for (j = 0; j < hin[i].numel; j++) {
+                    double v = (double)capex_bf16_to_f32(((const uint16_t *)hin[i].data)[j]);
+                    ref += v * v;
+                }
+            }
+            CT_CHECK(fabs(tot - ref) <= 1e-12 * ref, "total %.17g, float64 %.17g", tot, ref);
+        } else {
+            CT_CHECK(!memcmp(part, part0, (size_t)nch * 8), "mode %d: per-chunk partials differ from mode 0", mi);
+            CT_CHECK(!memcmp(&tot, &tot0, 8), "mode %d: total %.17g, mode 0 %.17g", mi, tot, tot0);
+        }
+        par_free(&e, ws);
+        par_free(&e, dscale);
+        par_free(&e, dtot);
+    }
+    for (i = 0; i < N; i++) {
+        free((char *)hin[i].data - (i % 3 == 1 ? 2 : 0));
+        free(hout[i].data);
+        free(dout[i].data);
+    }
+}
+
 static const ct_case cases[] = {
     CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_many_tensors),
     CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_pure_half), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
     CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
     CT_CASE(emu_lr_schedule),
-    CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad),
+    CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad), CT_CASE(emu_large_params), CT_CASE(emu_many_small_tensors),
 };
 
 int main(int argc, char **argv) {

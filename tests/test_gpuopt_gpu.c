@@ -57,6 +57,32 @@ static capex_cuda_context *open_gpu(void) {
         e.seed = (seed_);                                                                  \
     } while (0)
 
+/* Multi-tensor grids are sized from the device: SMs x the kernel's resident
+   blocks (cuOccupancyMaxActiveBlocksPerMultiprocessor), 0 (the fixed default)
+   when the driver cannot say. On the emulator: CAPEX_EMU_SMS and
+   CAPEX_EMU_OCCUPANCY (tests/emu.mk runs both shapes and the fallback). */
+CT_TEST(gpu_grid_from_device) {
+    const char *occ_env = getenv("CAPEX_EMU_OCCUPANCY");
+    unsigned g512, g256;
+    GPU_ENV(e, 30);
+    CT_CHECK(e.ex.grid != NULL, "the device exec sizes grids");
+    g512 = e.ex.grid(e.ex.user, CAPEX__GO_K_ADAM, 512);
+    g256 = e.ex.grid(e.ex.user, CAPEX__GO_K_LAMB1, 256);
+    CT_CHECK(g512 == e.ex.grid(e.ex.user, CAPEX__GO_K_ADAM, 512), "asked once, the same again");
+    if (occ_env && !strcmp(occ_env, "0")) {
+        CT_CHECK(g512 == 0 && g256 == 0, "no occupancy: the default grid (got %u, %u)", g512, g256);
+    } else {
+        capex_cuda_device_info info;
+        int sms;
+        CT_CHECK(capex_cuda_device_get_info(0, &info) == CAPEX_OK, "info");
+        sms = info.sm_count;
+        CT_CHECK(g512 > 0 && g512 % (unsigned)sms == 0 && g512 / (unsigned)sms <= 4u, "Adam: %u blocks on %d SMs", g512, sms);
+        CT_CHECK(g256 > 0 && g256 % (unsigned)sms == 0 && g256 / (unsigned)sms <= 8u, "LAMB1: %u blocks on %d SMs", g256, sms);
+        if (strstr(info.name, "capex CPU emulator"))
+            CT_CHECK(g512 == (unsigned)sms * (occ_env && occ_env[0] ? (unsigned)atoi(occ_env) : 4u), "emulator: %u", g512);
+    }
+}
+
 CT_TEST(gpu_scale_every_dtype_pair) { GPU_ENV(e, 11); par_scale(ct, &e); }
 CT_TEST(gpu_scale_many_tensors) { GPU_ENV(e, 12); par_scale_many(ct, &e); }
 CT_TEST(gpu_l2norm) { GPU_ENV(e, 13); par_norms(ct, &e); }
@@ -248,7 +274,7 @@ CT_TEST(gpu_tensor_over_2g_elements) {
 }
 
 static const ct_case cases[] = {
-    CT_CASE(gpu_scale_every_dtype_pair), CT_CASE(gpu_scale_many_tensors), CT_CASE(gpu_l2norm), CT_CASE(gpu_sumsq_order), CT_CASE(gpu_clip),
+    CT_CASE(gpu_grid_from_device), CT_CASE(gpu_scale_every_dtype_pair), CT_CASE(gpu_scale_many_tensors), CT_CASE(gpu_l2norm), CT_CASE(gpu_sumsq_order), CT_CASE(gpu_clip),
     CT_CASE(gpu_adam), CT_CASE(gpu_sgd), CT_CASE(gpu_lamb), CT_CASE(gpu_novograd), CT_CASE(gpu_scaler), CT_CASE(gpu_amp_loop_inf_skips), CT_CASE(gpu_checkpoint_roundtrip),
     CT_CASE(gpu_lr_schedule),
     CT_CASE(gpu_graph_replay), CT_CASE(gpu_tensor_over_2g_elements),
