@@ -9,7 +9,7 @@ CFLAGS  ?= -std=c99 $(OPT) $(WARN) $(OPENMP)
 LDLIBS  := -ldl -lpthread -lm
 BUILD   ?= build
 # Seconds each libFuzzer target runs in ci-extra (`make ci-extra FUZZ_TIME=14400` for hours).
-FUZZ_TIME ?= 20
+FUZZ_TIME ?= 10
 # 1 when clang links libFuzzer here; fuzz targets skip (saying so) otherwise,
 # and where it is present a harness that fails to compile fails CI.
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
@@ -51,9 +51,14 @@ run: $(BUILD)/examples/train_charlm
 	$(BUILD)/examples/train_charlm --compare --svg $(BUILD)/loss_curve.svg
 
 # All tests again under AddressSanitizer + UndefinedBehaviorSanitizer (clang).
+# Line tables only: the reports name file and line, and the big test programs
+# compile faster than with full debug info. The CPU emulator driver is not
+# instrumented, so both builds share $(BUILD)/emu (build-san/emu links to it).
 sanitize:
-	$(MAKE) --no-print-directory BUILD=build-san CC=clang OPENMP= \
-	  CFLAGS="-std=c99 -O1 -g $(WARN) -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
+	@mkdir -p build-san $(BUILD)/emu && { [ -L build-san/emu ] || rm -rf build-san/emu; } && \
+	  ln -sfn $(abspath $(BUILD))/emu build-san/emu
+	$(MAKE) --no-print-directory BUILD=build-san EMU_DIR=$(BUILD)/emu CC=clang OPENMP= \
+	  CFLAGS="-std=c99 -O1 -gline-tables-only $(WARN) -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
 
 # Headers compiled as C99, C11 and C++11 under gcc and clang, warnings as errors;
 # then with CAPEX_NO_DIST / CAPEX_NO_STATE (tests/compile_check_min.c, _removed.c).

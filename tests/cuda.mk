@@ -77,7 +77,7 @@ ci-extra:: $(BUILD)/examples/capex_info $(BUILD)/fake/libcuda.so.1
 
 # Fuzz the kernel-cache entry reader (the parser and the file reader) from the
 # seeds in tests/corpus/cache_entry with clang's libFuzzer, for FUZZ_TIME
-# seconds (20 in CI; `make fuzz-cache-entry FUZZ_TIME=14400` for hours). New
+# seconds (10 in CI; `make fuzz-cache-entry FUZZ_TIME=14400` for hours). New
 # inputs collect in $(BUILD)/fuzz_cache_entry_corpus, a failing input in
 # $(BUILD)/fuzz_cache_entry-crash-*. Skipped where clang cannot link -fsanitize=fuzzer.
 .PHONY: fuzz-cache-entry fuzz-corpus-cache-entry

@@ -12,7 +12,8 @@
 # passes to NVRTC as -D options are not seen: define them in the file.
 # A kernel found in an NVRTC image but in no set fails its launch with
 # CUDA_ERROR_NOT_SUPPORTED and names the kernel on stderr.
-EMU_DIR := $(BUILD)/emu
+# ?=: sanitize passes the main build's (the emulator is not instrumented).
+EMU_DIR ?= $(BUILD)/emu
 EMU_LIB := $(EMU_DIR)/libcuda.so.1
 EMU_KERNEL_SOURCES += $(EMU_DIR)/test_kernels.cu
 # The training example's model kernels (its GPU path; tests/example.mk runs it here).
