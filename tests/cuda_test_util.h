@@ -104,4 +104,29 @@ static __attribute__((unused)) int contains_bytes(const void *hay, size_t n, con
         if (h[i] == needle[0] && memcmp(h + i, needle, m) == 0) return 1;
     return 0;
 }
+/* A context, a user stream and a world-1 NCCL comm on it (tests of the real
+   NCCL and the emulator), or SKIP with the reason. fake_why: the skip
+   message under the stand-in driver; need_nvrtc: also SKIP without NVRTC. */
+#define CT_OPEN_NCCL1(ctx, comm, user, fake_why, need_nvrtc)                                          \
+    do {                                                                                             \
+        capex_result r_;                                                                             \
+        int n_ = 0, v_ = 0;                                                                          \
+        capex_dist_env env_;                                                                         \
+        capex_nccl_desc nd_;                                                                         \
+        const char *lp_ = getenv("CAPEX_LIBCUDA_PATH");                                              \
+        if (lp_ && strstr(lp_, "fake")) CT_SKIP("stand-in driver: %s", fake_why);                   \
+        r_ = capex_cuda_device_count(&n_);                                                           \
+        if (r_ != CAPEX_OK || n_ == 0) CT_SKIP("no GPU (%s): %.100s", capex_result_string(r_), r_ ? capex_last_error() : "0 devices"); \
+        if (capex_cuda_nccl_version(&v_) != CAPEX_OK) CT_SKIP("no NCCL: %.160s", capex_last_error()); \
+        if ((need_nvrtc) && capex_cuda_nvrtc_version(&n_, &v_) != CAPEX_OK) CT_SKIP("no NVRTC: %.160s", capex_last_error()); \
+        CT_CHECK(capex_cuda_context_create(NULL, &(ctx)) == CAPEX_OK, "context: %s", capex_last_error()); \
+        CT_CHECK(capex_cuda_stream_create((ctx), &(user)) == CAPEX_OK, "stream: %s", capex_last_error()); \
+        memset(&env_, 0, sizeof env_);                                                               \
+        env_.world_size = 1;                                                                         \
+        capex_nccl_desc_init(&nd_);                                                                  \
+        nd_.ctx = (ctx);                                                                             \
+        nd_.user_stream = (user);                                                                    \
+        CT_CHECK(capex_comm_init_nccl(&(comm), &env_, &nd_) == CAPEX_OK, "NCCL: %s", capex_last_error()); \
+    } while (0)
+
 #endif

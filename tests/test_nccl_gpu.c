@@ -29,27 +29,7 @@ const char *__asan_default_options(void) { return "protect_shadow_gap=0:detect_l
 
 #define OK(call) CT_CHECK((call) == CAPEX_OK, "%s: %s", #call, capex_last_error())
 
-/* A context and a world-1 NCCL comm, or SKIP with the reason. */
-#define OPEN(ctx, comm, user)                                                                         \
-    do {                                                                                             \
-        capex_result r_;                                                                             \
-        int n_ = 0, v_ = 0;                                                                          \
-        capex_dist_env env_;                                                                         \
-        capex_nccl_desc nd_;                                                                         \
-        const char *lp_ = getenv("CAPEX_LIBCUDA_PATH");                                              \
-        if (lp_ && strstr(lp_, "fake")) CT_SKIP("stand-in driver: real NCCL needs a GPU");          \
-        r_ = capex_cuda_device_count(&n_);                                                           \
-        if (r_ != CAPEX_OK || n_ == 0) CT_SKIP("no GPU (%s): %.100s", capex_result_string(r_), r_ ? capex_last_error() : "0 devices"); \
-        if (capex_cuda_nccl_version(&v_) != CAPEX_OK) CT_SKIP("no NCCL: %.160s", capex_last_error()); \
-        OK(capex_cuda_context_create(NULL, &(ctx)));                                                 \
-        OK(capex_cuda_stream_create((ctx), &(user)));                                                \
-        memset(&env_, 0, sizeof env_);                                                               \
-        env_.world_size = 1;                                                                         \
-        capex_nccl_desc_init(&nd_);                                                                  \
-        nd_.ctx = (ctx);                                                                             \
-        nd_.user_stream = (user);                                                                    \
-        OK(capex_comm_init_nccl(&(comm), &env_, &nd_));                                              \
-    } while (0)
+#define OPEN(ctx, comm, user) CT_OPEN_NCCL1(ctx, comm, user, "real NCCL needs a GPU", 0)
 
 static uint64_t seed = 12345;
 static double rnd(void) { /* splitmix64 -> [-1, 1) */
