@@ -512,7 +512,7 @@ static int read_losses(const char *path, float *loss, int cap) {
    evaluation of the same weights (the GPU's checkpoint, resumed on the CPU
    at its last step: no step left, only the final evaluation) within 1e-5
    (the emulator: equal; a window start one byte off on the GPU: 6.5e-3).
-   The two runs' own val losses are compared only loosely (1e-2): they come
+   The two runs' own val losses are compared only loosely (2e-2): they come
    from weights that differ by fp32 rounding, and with tiny_cfg's 256
    windows the validation set holds a row on a knife edge (window 147, "EN"
    then ' ': p = 9e-6 with the CPU run's weights, 0.17 with the GPU run's,
@@ -523,7 +523,9 @@ static int read_losses(const char *path, float *loss, int cap) {
    (layer 0's key bias and key weights: softmax ignores a shift of the
    scores) into lr-sized steps, so the weights part at the 1e-4 level (1e-3
    in layer 0's key weights) while every step's loss agrees within 1.2e-5.
-   64 windows here: the check needs no more, and it halves the case's time. */
+   64 windows here: the check needs no more, and it halves the case's time
+   (2048 rows: a row flipping by 10 nats moves the mean by 5e-3; 2e-2 leaves
+   room for a few where a real GPU's expf/tanhf part the runs otherwise). */
 CT_TEST(gpu_training_tracks_cpu) {
     capex_cuda_context *ctx = NULL;
     run_cfg c;
@@ -562,7 +564,7 @@ CT_TEST(gpu_training_tracks_cpu) {
              "the GPU ended with %08x", rx.start_step, (unsigned)rx.weights_crc, (unsigned)rg.weights_crc);
     CT_CHECK(fabs((double)rg.val_loss - (double)rx.val_loss) <= 1e-5, "val loss of the same weights: GPU %.7f, CPU %.7f",
              (double)rg.val_loss, (double)rx.val_loss);
-    CT_CHECK(fabs((double)rg.val_loss - (double)rc.val_loss) <= 1e-2, "val loss GPU run %.6f, CPU run %.6f",
+    CT_CHECK(fabs((double)rg.val_loss - (double)rc.val_loss) <= 2e-2, "val loss GPU run %.6f, CPU run %.6f",
              (double)rg.val_loss, (double)rc.val_loss);
     printf("    GPU vs CPU, 20 fp32 steps: largest loss difference %.3g; val loss GPU %.7f, CPU on the GPU's weights "
            "%.7f, CPU run %.7f\n", worst, (double)rg.val_loss, (double)rx.val_loss, (double)rc.val_loss);
