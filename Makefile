@@ -51,14 +51,14 @@ run: $(BUILD)/examples/train_charlm
 	$(BUILD)/examples/train_charlm --compare --svg $(BUILD)/loss_curve.svg
 
 # All tests again under AddressSanitizer + UndefinedBehaviorSanitizer (clang).
-# Line tables only: the reports name file and line, and the big test programs
+# -g1 (line tables): the reports name file and line, and the big test programs
 # compile faster than with full debug info. The CPU emulator driver is not
 # instrumented, so both builds share $(BUILD)/emu (build-san/emu links to it).
 sanitize:
 	@mkdir -p build-san $(BUILD)/emu && { [ -L build-san/emu ] || rm -rf build-san/emu; } && \
 	  ln -sfn $(abspath $(BUILD))/emu build-san/emu
 	$(MAKE) --no-print-directory BUILD=build-san EMU_DIR=$(BUILD)/emu CC=clang OPENMP= \
-	  CFLAGS="-std=c99 -O1 -gline-tables-only $(WARN) -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
+	  CFLAGS="-std=c99 -O1 -g1 $(WARN) -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
 
 # Headers compiled as C99, C11 and C++11 under gcc and clang, warnings as errors;
 # then with CAPEX_NO_DIST / CAPEX_NO_STATE (tests/compile_check_min.c, _removed.c).

@@ -10845,7 +10845,7 @@ static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_des
         else res = capex_optim_add_group(z->opt, hp ? &hp[g] : NULL, pp, n, NULL);
     }
     capex__free(NULL, pp);
-    if (z->has_dev) return res; /* no stochastic rounding, LAMB or NovoGrad there (create refuses them) */
+    if (z->has_dev) return res; /* the device optimizer: no stochastic rounding (create refuses it); capex_cuda_zero hooks LAMB/NovoGrad sums */
     if (res == CAPEX_OK) { /* stochastic rounding keyed as the unsharded optimizer's tensors and elements */
         size_t j;
         for (j = 0; j < z->npieces; j++) {
