@@ -93,7 +93,7 @@
                         over an hour old that a killed writer left.
        Built-in kernels  fill, scale, add and f32<->f16/bf16 conversion (bit-exact with
                         capex.h's CPU conversions), the fused optimizers and the norms, in
-                        20 parts (capex_cuda_builtin_part_name), each its own program,
+                        27 parts (capex_cuda_builtin_part_name), each its own program,
                         cache entry and module, compiled when one of its kernels is first
                         launched; capex_cuda_precompile (or context desc.precompile = 1)
                         compiles all missing parts at once on threads;
@@ -2455,9 +2455,9 @@ static const char capex__cuda_frag_go3[] =
     "}\n"
     "/* One thread per step, before the update kernels (op.prepare): skip =\n"
     "   found_inf or a bad inv_scale / clip_coef; else step += 1 and the group\n"
-    "   constants as capex_optim_step computes them. sched: an lr schedule for\n"
-    "   the groups below sched_groups: lr = capex__lr_eval(base, steps taken),\n"
-    "   capex.h's text. */\n"
+    "   constants as capex_optim_step computes them. An lr schedule is\n"
+    "   capex_go_lr_sched's, launched just before (its own part: the schedule\n"
+    "   math is most of this part's compile time). */\n"
     "CAPEX_GK void capex_go_prepare(capex_go_args a) {\n"
     "    capex_go_group *gr = a.op.prepare.groups;\n"
     "    const float *pi = a.op.prepare.inv_scale, *pc = a.op.prepare.clip_coef;\n"
@@ -2472,10 +2472,6 @@ static const char capex__cuda_frag_go3[] =
     "        g->skip = skip;\n"
     "        g->gs = gs;\n"
     "        if (skip) continue;\n"
-    "        if (a.op.prepare.sched && k < a.op.prepare.sched_groups) {\n"
-    "            const capex__lr_p *lp = (const capex__lr_p *)a.op.prepare.sched;\n"
-    "            g->lr = (float)capex__lr_eval(lp, (double)((const float *)(lp + 1))[k], g->step);\n"
-    "        }\n"
     "        long long s = g->step + 1;\n"
     "        g->step = s;\n"
     "        g->beta3 = g->grad_averaging ? 1.0f - g->beta1 : 1.0f;\n"
@@ -2489,6 +2485,24 @@ static const char capex__cuda_frag_go3[] =
     "        g->wd_after = a.op.prepare.wd_after_momentum ? g->wd_on : 0u;\n"
     "        g->step_lo = (unsigned)((unsigned long long)s & 0xffffffffu);\n"
     "        g->step_hi = (unsigned)((unsigned long long)s >> 32);\n"
+    "    }\n"
+    "}\n";
+/* The lr schedule (its own part, lr_sched): one thread, launched before
+   capex_go_prepare with the same arguments when a schedule is attached. */
+static const char capex__cuda_frag_golrk[] =
+    "/* op.prepare as capex_go_prepare sees it; on a step it will not skip,\n"
+    "   groups below sched_groups get lr = capex__lr_eval(base, steps taken)\n"
+    "   (capex.h's text), before prepare counts the step. */\n"
+    "CAPEX_GK void capex_go_lr_sched(capex_go_args a) {\n"
+    "    const float *pi = a.op.prepare.inv_scale, *pc = a.op.prepare.clip_coef;\n"
+    "    const unsigned *fi = a.op.prepare.found_inf;\n"
+    "    const capex__lr_p *lp = (const capex__lr_p *)a.op.prepare.sched;\n"
+    "    float inv = pi ? *pi : 1.0f, cl = pc ? *pc : 1.0f, gs = inv * cl;\n"
+    "    if (threadIdx.x != 0 || blockIdx.x != 0 || !lp) return;\n"
+    "    if ((fi && *fi != 0u) || !(inv > 0.0f) || !(cl >= 0.0f) || !(gs - gs == 0.0f)) return; /* prepare's skip */\n"
+    "    for (int k = 0; k < a.op.prepare.sched_groups && k < a.op.prepare.ngroups; k++) {\n"
+    "        capex_go_group *g = a.op.prepare.groups + k;\n"
+    "        g->lr = (float)capex__lr_eval(lp, (double)((const float *)(lp + 1))[k], g->step);\n"
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go4[] =
@@ -3010,6 +3024,7 @@ CAPEX__PRIVATE const char *capex__cuda_frag_go9_novo_f16_fn(void) { return capex
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_novo_bf16_fn(void) { return capex__cuda_frag_go9_novo_bf16; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go13_fn(void) { return capex__cuda_frag_go13; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go14_fn(void) { return capex__cuda_frag_go14; }
+CAPEX__PRIVATE const char *capex__cuda_frag_golrk_fn(void) { return capex__cuda_frag_golrk; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go15_ams_fn(void) { return capex__cuda_frag_go15_ams; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go15_adagrad_fn(void) { return capex__cuda_frag_go15_adagrad; }
 /* This section's fragments in program order (after the prelude), for tools
@@ -3018,7 +3033,7 @@ CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n
     static const capex__cuda_fragment_fn f[] = {
         capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
         capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn, capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn,
-        capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
+        capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_golrk_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
         capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
         capex__cuda_frag_go9_sumsq_f32_fn, capex__cuda_frag_go9_sumsq_f16_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
         capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn, capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn, capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn, capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn, capex__cuda_frag_go9_lamb1_bf16_fn,
@@ -3341,7 +3356,7 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     /* optimizer fragments */
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
     capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,
-    capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_go4_fn,
+    capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_golrk_fn, capex__cuda_frag_go4_fn,
     capex__cuda_frag_go5_fn, capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
     capex__cuda_frag_go9_sumsq_f32_fn, capex__cuda_frag_go9_sumsq_f16_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
         capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn,
@@ -3375,7 +3390,7 @@ enum {
     CAPEX__CP_SGD_BF16, CAPEX__CP_LAMB1_F32, CAPEX__CP_LAMB1_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB_RATIO,
     CAPEX__CP_LAMB2, CAPEX__CP_NORM_FWD, CAPEX__CP_NORM_BWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_BWD,
     CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16, CAPEX__CP_NOVO_BF16, CAPEX__CP_NOVO_NORM,
-    CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAGRAD, CAPEX__CUDA_N_PARTS
+    CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAGRAD, CAPEX__CP_LR_SCHED, CAPEX__CUDA_N_PARTS
 };
 #define CAPEX__CP_GO                                                                                          \
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn,                    \
@@ -3383,7 +3398,8 @@ enum {
         capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn
 #define CAPEX__CP_NORM capex__norm_math_cuda, capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn
 static const capex__cuda_fragment_fn capex__cuda_pf_basic[] = {capex__cuda_frag_basic_fn, NULL};
-static const capex__cuda_fragment_fn capex__cuda_pf_amp[] = {CAPEX__CP_GO, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn,
+static const capex__cuda_fragment_fn capex__cuda_pf_lr_sched[] = {CAPEX__CP_GO, capex__cuda_frag_golr_fn, capex__cuda_frag_golrk_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_amp[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn,
                                                              capex__cuda_frag_go8b_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_sumsq_f32_fn,
     capex__cuda_frag_go9_scale_f32_fn, NULL};
@@ -3439,6 +3455,7 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
     {"novo_f32", capex__cuda_pf_novo_f32},     {"novo_f16", capex__cuda_pf_novo_f16},
     {"novo_bf16", capex__cuda_pf_novo_bf16},   {"novo_norm", capex__cuda_pf_novo_norm},
     {"adam_ams", capex__cuda_pf_adam_ams},     {"adagrad", capex__cuda_pf_adagrad},
+    {"lr_sched", capex__cuda_pf_lr_sched},
 };
 
 /* The built-in kernels, defined once: (id, kernel name, part that defines it).
@@ -3510,7 +3527,8 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
     X(GO_ADAGRAD_F16, "capex_go_adagrad_f16", ADAGRAD) \
     X(GO_ADAGRAD_BF16, "capex_go_adagrad_bf16", ADAGRAD) \
     /* ZeRO (capex_cuda_zero) */ \
-    X(GO_ZERO_NORM, "capex_go_zero_norm", AMP)
+    X(GO_ZERO_NORM, "capex_go_zero_norm", AMP) \
+    X(GO_LR_SCHED, "capex_go_lr_sched", LR_SCHED)
 
 enum {
 #define CAPEX__CK_ID(id, name, part) CAPEX__CK_##id,
@@ -3606,7 +3624,8 @@ CAPEX_API int capex_cuda_builtin_kernel_part(const char *kernel) {
 static const unsigned char capex__cuda_part_order[CAPEX__CUDA_N_PARTS] = {
     CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAGRAD, /* three kernels each */
     CAPEX__CP_NORM_FWD, CAPEX__CP_LAMB2, CAPEX__CP_BN_FWD, CAPEX__CP_ADAM_BF16, CAPEX__CP_ADAM_F16, CAPEX__CP_ADAM_F32,
-    CAPEX__CP_NORM_BWD, CAPEX__CP_SGD_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_AMP, CAPEX__CP_UNSCALE_F16, CAPEX__CP_LAMB1_F16,
+    CAPEX__CP_NORM_BWD, CAPEX__CP_SGD_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_LR_SCHED, CAPEX__CP_AMP, CAPEX__CP_UNSCALE_F16,
+    CAPEX__CP_LAMB1_F16,
     CAPEX__CP_LAMB_RATIO, CAPEX__CP_BN_BWD, CAPEX__CP_SGD_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB1_F32,
     CAPEX__CP_UNSCALE_BF16, CAPEX__CP_UNSCALE_F32, CAPEX__CP_BASIC, CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16,
     CAPEX__CP_NOVO_BF16, CAPEX__CP_NOVO_NORM};
@@ -4697,6 +4716,7 @@ enum {
     CAPEX__GO_NK = CAPEX__GO_K(NORM_FWD), /* the first family ends where the norm kernels start */
     CAPEX__GO_K_ADAM_AMS = CAPEX__GO_K(GO_ADAM_AMS_F32), CAPEX__GO_K_ADAGRAD = CAPEX__GO_K(GO_ADAGRAD_F32), /* + grad dtype */
     CAPEX__GO_K_ZERO_NORM = CAPEX__GO_K(GO_ZERO_NORM),
+    CAPEX__GO_K_LR_SCHED = CAPEX__GO_K(GO_LR_SCHED),
     CAPEX__GO_NK_ALL = CAPEX__CK_COUNT - CAPEX__GO_KBASE
 };
 /* the dtype-indexed families are consecutive f32, f16, bf16 in the list */
@@ -5901,6 +5921,10 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
     o->sched = *s;
     o->has_sched = 1;
     if ((r = capex__go_sched_upload(o, stream)) != CAPEX_OK) { o->sched = old; o->has_sched = had; }
+    if (r == CAPEX_OK && !had && o->ex.prefetch) { /* its kernel's part compiles in the background meanwhile */
+        int k = CAPEX__GO_K_LR_SCHED;
+        o->ex.prefetch(o->ex.user, &k, 1);
+    }
     return r;
 }
 
@@ -5938,6 +5962,7 @@ static capex_result capex__go_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale
     a.op.prepare.sgd = o->desc.kind == CAPEX_OPTIM_SGD;
     a.op.prepare.sched = o->has_sched ? o->dsched : 0;
     a.op.prepare.sched_groups = o->has_sched ? (int32_t)o->dsched_groups : 0;
+    if (o->has_sched && (r = capex__go_small(&o->ex, CAPEX__GO_K_LR_SCHED, 1, 1, &a, stream)) != CAPEX_OK) return r;
     if ((r = capex__go_small(&o->ex, CAPEX__GO_K_PREPARE, 1, 1, &a, stream)) != CAPEX_OK) return r;
     if (o->desc.kind == CAPEX_OPTIM_LAMB) return capex__go_step_lamb(o, stream);
     if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) return capex__go_step_novo(o, stream);

@@ -873,7 +873,7 @@ static void par_checkpoint(ct_state *ct, env *e) {
 }
 
 /* ---- lr schedules: the device computes each step's lr from its own step
-   count (capex_go_prepare, capex.h's formula text) --------------------------
+   count (capex_go_lr_sched before capex_go_prepare, capex.h's formula text) --------------------------
    Two groups (base lrs differ), warmup + cosine, a skipped step (which must
    not advance the schedule), a base-lr change mid-run (set_lr re-uploads the
    base), then a checkpoint through to_host (the host copy carries the

@@ -159,6 +159,12 @@ CT_TEST(builtin_parts_split_the_program) {
         }
         CT_CHECK(defs == 1, "%s defined %d times", capex__cuda_builtin_kernels[k], defs);
     }
+    { /* the compile order (heaviest first) names every part once */
+        int seen[CAPEX__CUDA_N_PARTS] = {0};
+        for (p = 0; p < CAPEX__CUDA_N_PARTS; p++) seen[capex__cuda_part_order[p]]++;
+        for (p = 0; p < CAPEX__CUDA_N_PARTS; p++)
+            CT_CHECK(seen[p] == 1, "part %s is %d times in capex__cuda_part_order", capex_cuda_builtin_part_name(p), seen[p]);
+    }
     /* every part has a kernel */
     for (p = 0; p < np; p++) {
         int n = 0;

@@ -75,10 +75,11 @@ CT_TEST(kernel_table_matches_ids) {
     for (k = 0; k < CAPEX__GO_NK; k++)
         CT_CHECK(!strcmp(capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k], want[k]), "kernel id %d is %s, want %s", k,
                  capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k], want[k]);
-    {   /* kernels appended after the norm kernels: Adam amsgrad, Adagrad (+ grad dtype), ZeRO's norm */
+    {   /* kernels appended after the norm kernels: Adam amsgrad, Adagrad (+ grad dtype), ZeRO's norm, the lr schedule */
         static const char *const more[CAPEX__GO_NK_ALL - CAPEX__GO_K_ADAM_AMS] = {
             "capex_go_adam_ams_f32", "capex_go_adam_ams_f16", "capex_go_adam_ams_bf16",
-            "capex_go_adagrad_f32", "capex_go_adagrad_f16", "capex_go_adagrad_bf16", "capex_go_zero_norm"};
+            "capex_go_adagrad_f32", "capex_go_adagrad_f16", "capex_go_adagrad_bf16", "capex_go_zero_norm",
+            "capex_go_lr_sched"};
         CT_CHECK(CAPEX__CUDA_N_BUILTIN == CAPEX__GO_KBASE + CAPEX__GO_NK_ALL, "table size %d", (int)CAPEX__CUDA_N_BUILTIN);
         for (k = CAPEX__GO_K_ADAM_AMS; k < CAPEX__GO_NK_ALL; k++)
             CT_CHECK(!strcmp(capex__cuda_builtin_kernels[CAPEX__GO_KBASE + k], more[k - CAPEX__GO_K_ADAM_AMS]),
@@ -387,7 +388,7 @@ CT_TEST(kernel_parameters_match_the_host) {
         long sz[4] = {0, 0, 0, 0};
         long want0 = (long)CAPEX__GO_META_SIZE(CAPEX__GO_META_SMALL, k < CAPEX__GO_K_ADAGRAD ? (int)CAPEX__GO_ADAM_DEPTH : (int)CAPEX__GO_ADAGRAD_DEPTH);
         int np = ptx_params((const char *)img.data, name, sz, 4);
-        if (k == CAPEX__GO_K_ZERO_NORM) { /* one thread, the args only */
+        if (k == CAPEX__GO_K_ZERO_NORM || k == CAPEX__GO_K_LR_SCHED) { /* one thread, the args only */
             CT_CHECK(np == 1 && sz[0] == (long)sizeof(capex__go_args), "%s: %d params of %ld bytes; the host passes %zu",
                      name, np, sz[0], sizeof(capex__go_args));
             continue;

@@ -185,6 +185,7 @@ typedef struct emu_mode { int large; unsigned grid; } emu_mode;
             case CAPEX__GO_K_SCALER: c.k = capex_go_scaler_update; break;                                                 \
             case CAPEX__GO_K_NOVO_NORM: c.k = capex_go_novo_norm; break;                                                  \
             case CAPEX__GO_K_ZERO_NORM: c.k = capex_go_zero_norm; break;                                                  \
+            case CAPEX__GO_K_LR_SCHED: c.k = capex_go_lr_sched; break;                                                    \
             default: return capex__fail(CAPEX_ERR_INTERNAL, "emu: unknown kernel %d", k);                                \
             }                                                                                                             \
             emu_grid(emu_small_thunk<capex_go_args>, &c, grid);                                                           \
