@@ -1924,7 +1924,12 @@ CAPEX_API void capex_cuda_compile_desc_init(capex_cuda_compile_desc *desc) {
 }
 
 /* The cache-aware compile. skip_read: the caller found the cached image unusable. */
-CAPEX__PRIVATE capex_result capex__cuda_compile(const capex_cuda_compile_desc *d, int skip_read, capex_cuda_image *out) {
+/* Source -> image through the cache. builtin: a built-in unit, compiled with
+   NVRTC's -minimal where NVRTC has it (12.4 on): it skips NVRTC's built-in
+   headers, which the kernels do not use (-3% CPU per program, the same
+   images: tests/test_cuda_jit.c), so it is not part of the cache key. */
+CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc *d, int skip_read, int builtin,
+                                                   capex_cuda_image *out) {
     unsigned char key[32];
     char path[1200];
     capex_result r;
@@ -1962,7 +1967,15 @@ CAPEX__PRIVATE capex_result capex__cuda_compile(const capex_cuda_compile_desc *d
     n = capex__cuda_nvrtc(&r);
     if (!n) return r;
     if ((r = capex_cuda_select_target(n->archs, n->n_archs, d->device_cc, &target)) != CAPEX_OK) return r;
-    if ((r = capex_cuda_nvrtc_compile(d->source, d->name, d->options, d->n_options, target, out)) != CAPEX_OK) return r;
+    if (builtin && d->n_options < 16 && (n->major > 12 || (n->major == 12 && n->minor >= 4))) {
+        const char *o[17];
+        for (i = 0; i < d->n_options; i++) o[i] = d->options[i];
+        o[d->n_options] = "-minimal";
+        r = capex_cuda_nvrtc_compile(d->source, d->name, o, d->n_options + 1, target, out);
+    } else {
+        r = capex_cuda_nvrtc_compile(d->source, d->name, d->options, d->n_options, target, out);
+    }
+    if (r != CAPEX_OK) return r;
     /* an image over the reader's cap is not stored (it would never be read) */
     if (use_cache && out->size <= CAPEX__CACHE_MAX_PAYLOAD && capex__cuda_cache_write(d->cache, key, out) != CAPEX_OK) {
         if (!d->cache->warned) capex_log(CAPEX_LOG_WARN, "%s; running without the kernel cache (set CAPEX_CACHE_DIR)", capex_last_error());
@@ -1970,6 +1983,10 @@ CAPEX__PRIVATE capex_result capex__cuda_compile(const capex_cuda_compile_desc *d
         capex_clear_error();
     }
     return CAPEX_OK;
+}
+
+CAPEX__PRIVATE capex_result capex__cuda_compile(const capex_cuda_compile_desc *d, int skip_read, capex_cuda_image *out) {
+    return capex__cuda_compile_ex(d, skip_read, 0, out);
 }
 
 CAPEX_API capex_result capex_cuda_compile(const capex_cuda_compile_desc *desc, capex_cuda_image *out) {
@@ -2277,7 +2294,17 @@ static const char capex__cuda_frag_go0b[] =
     "#define CAPEX_GK_OCC3 CAPEX_GK __launch_bounds__(512, 3)\n"
     "#define CAPEX_GK_OCC4 CAPEX_GK __launch_bounds__(512, 4)\n"
     "/* a block's chunks: c = blockIdx.x, + gridDim.x, ... (grid sized from the device) */\n"
-    "#define CAPEX_GO_CHUNKS(m) CAPEX_NO_UNROLL for (long long c = blockIdx.x; c < (m).cend[(m).ntensors - 1]; c += gridDim.x)\n";
+    "#define CAPEX_GO_CHUNKS(m) CAPEX_NO_UNROLL for (long long c = blockIdx.x; c < (m).cend[(m).ntensors - 1]; c += gridDim.x)\n"
+    "/* Variants (capex__cuda_unit_desc): -DCAPEX_V_SEL=mask keeps only the kernels\n"
+    "   of those selection bits (CAPEX_GO_SEL); -DCAPEX_V_W/_MK/_WR/_CLIP fix a\n"
+    "   kernel's run-time switch (w_mode, model, write_out, clip_only) at compile\n"
+    "   time, so NVVM and ptxas see only the code it takes. -1: the generic kernel. */\n"
+    "#ifndef CAPEX_V_SEL\n#define CAPEX_V_SEL 0xff\n#endif\n"
+    "#define CAPEX_GO_SEL(b) (((CAPEX_V_SEL) >> (b)) & 1)\n"
+    "#ifndef CAPEX_V_W\n#define CAPEX_V_W -1\n#endif\n"
+    "#ifndef CAPEX_V_MK\n#define CAPEX_V_MK -1\n#endif\n"
+    "#ifndef CAPEX_V_WR\n#define CAPEX_V_WR -1\n#endif\n"
+    "#ifndef CAPEX_V_CLIP\n#define CAPEX_V_CLIP -1\n#endif\n";
 static const char capex__cuda_frag_go1[] =
     "/* address lists: CAPEX__GO_LISTS (capex_cuda.h) */\n"
     CAPEX__OPT_XSTR(CAPEX__GO_LISTS(CAPEX__GO_KLIST)) "\n"
@@ -2341,14 +2368,15 @@ static const char capex__cuda_frag_go2[] =
     "   rounded to out's dtype; *found_inf = 1 if an input or stored output is\n"
     "   inf/NaN. s = *a.op.scale.factor (capex_go_args: found_inf, write_out,\n"
     "   clip_only). */\n"
-    "template <int I, int O> CAPEX_DEVICE void capex_go_scale(const capex_go_meta<CAPEX_GO_SCALE_DEPTH> &m, const capex_go_args &a, long long c) {\n"
+    "template <int I, int O, int VWR = -1, int VCLIP = -1>\n"
+    "CAPEX_DEVICE void capex_go_scale(const capex_go_meta<CAPEX_GO_SCALE_DEPTH> &m, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<I>::T IT;\n"
     "    typedef typename capex_go_ty<O>::T OT;\n"
     "    const float s = *a.op.scale.factor;\n"
-    "    const int wr = a.op.scale.write_out;\n"
+    "    const int wr = VWR >= 0 ? VWR : a.op.scale.write_out;\n"
     "    capex_u64 off, n, i, k;\n"
     "    unsigned bad = 0;\n"
-    "    if (a.op.scale.clip_only && !(s < 1.0f)) return;\n"
+    "    if ((VCLIP >= 0 ? VCLIP != 0 : a.op.scale.clip_only != 0) && !(s < 1.0f)) return;\n"
     "    int slot = capex_go_block(m, a.chunk, c, &off, &n);\n"
     "    const IT *in = (const IT *)m.addr[CAPEX_GO_SCALE_IN][slot] + off;\n"
     "    OT *out = (OT *)m.addr[CAPEX_GO_SCALE_OUT][slot] + off;\n"
@@ -2419,6 +2447,7 @@ static const char capex__cuda_frag_go2[] =
     "    if (threadIdx.x == 0) a.op.sumsq.partial[c] = acc;\n"
     "}\n";
 static const char capex__cuda_frag_go3[] =
+    "#if CAPEX_GO_SEL(1) /* amp's norm kernels (capex__cuda_kernel_sel) */\n"
     "/* Segment b: sum of partial[start .. start+count) in a fixed order; writes\n"
     "   it to sumsq[out] and float(sqrt) to norm[out] (0: none) (op.reduce). */\n"
     "CAPEX_GK void capex_go_reduce(capex_go_segs sg, capex_go_args a) {\n"
@@ -2453,6 +2482,8 @@ static const char capex__cuda_frag_go3[] =
     "    if (a.op.clip.total) *a.op.clip.total = total;\n"
     "    if (a.op.clip.coef) *a.op.clip.coef = coef;\n"
     "}\n"
+    "#endif\n"
+    "#if CAPEX_GO_SEL(0) /* the step's */\n"
     "/* One thread per step, before the update kernels (op.prepare): skip =\n"
     "   found_inf or a bad inv_scale / clip_coef; else step += 1 and the group\n"
     "   constants as capex_optim_step computes them. An lr schedule is\n"
@@ -2486,7 +2517,8 @@ static const char capex__cuda_frag_go3[] =
     "        g->step_lo = (unsigned)((unsigned long long)s & 0xffffffffu);\n"
     "        g->step_hi = (unsigned)((unsigned long long)s >> 32);\n"
     "    }\n"
-    "}\n";
+    "}\n"
+    "#endif\n";
 /* The lr schedule (its own part, lr_sched): one thread, launched before
    capex_go_prepare with the same arguments when a schedule is attached. */
 static const char capex__cuda_frag_golrk[] =
@@ -2522,12 +2554,14 @@ static const char capex__cuda_frag_go4[] =
     "    return (capex_u16)capex__bf16_round_sr(p, capex__sr_bits(key, (unsigned)e));\n"
     "}\n"
     "/* Adam/AdamW: lists g, p, m, v, model (0: none), tensor index; op.adam. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_adam(const capex_go_meta<CAPEX_GO_ADAM_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
+    "template <int G, int VW = -1, int VMK = -1>\n"
+    "CAPEX_DEVICE void capex_go_adam(const capex_go_meta<CAPEX_GO_ADAM_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.adam.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = a.op.adam.w_mode, mk = a.op.adam.model;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = VW >= 0 ? VW : a.op.adam.w_mode;\n"
+    "    int mk = VMK >= 0 ? VMK : a.op.adam.model;\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAM_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_ADAM_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_ADAM_M][s] + off;\n"
     "    float *v = (float *)mt.addr[CAPEX_GO_ADAM_V][s] + off;\n"
@@ -2715,6 +2749,7 @@ static const char capex__cuda_frag_go8b[] =
     "/* Loss scaler update on the device (one thread): capex.h's rule\n"
     "   (capex__scaler_rule: growth, backoff, hysteresis, min/max), then steps,\n"
     "   inv_scale = f32(1 / f64(scale)) and found_inf cleared for the next step. */\n"
+    "#if CAPEX_GO_SEL(0)\n"
     "CAPEX_GK void capex_go_scaler_update(capex_go_args a) {\n"
     "    capex_go_scaler *c = a.op.scaler.state;\n"
     "    if (threadIdx.x != 0 || blockIdx.x != 0) return;\n"
@@ -2743,7 +2778,9 @@ static const char capex__cuda_frag_go8b[] =
     "    if (fi) c->skipped_steps++;\n"
     "    c->inv_scale = (float)(1.0 / (double)c->scale);\n"
     "    c->found_inf = 0u;\n"
-    "}\n\n"
+    "}\n"
+    "#endif\n"
+    "#if CAPEX_GO_SEL(1)\n"
     "/* ZeRO's global gradient norm (op.znorm), one thread: sumsq is the sum of\n"
     "   squares of the scaled grads over every rank's shard (allreduced).\n"
     "   Non-finite: found_inf = 1 and coef 1; else total = float(sqrt(sumsq)) and\n"
@@ -2763,7 +2800,8 @@ static const char capex__cuda_frag_go8b[] =
     "    }\n"
     "    if (a.op.znorm.total) *a.op.znorm.total = total;\n"
     "    if (a.op.znorm.coef) *a.op.znorm.coef = coef;\n"
-    "}\n";
+    "}\n"
+    "#endif\n";
 static const char capex__cuda_frag_go10[] =
     "/* NovoGrad pass 1: lists g, tensor index. Per-chunk sum of (g*gs)^2 in\n"
     "   double -> op.novo1.partial[b] (0 on a skipped step). */\n"
@@ -2945,29 +2983,53 @@ static const char capex__cuda_frag_go15_adagrad[] =
 /* One sum-of-squares kernel per dtype, each in its dtype's unscale part: a step
    on bf16 grads launches both, and the amp part stays small (first compile). */
 static const char capex__cuda_frag_go9_sumsq_f32[] =
-    "CAPEX_GK_OCC4 void capex_go_sumsq_f32(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<0>(m, a, c); }\n";
+    "#if CAPEX_GO_SEL(0)\n"
+    "CAPEX_GK_OCC4 void capex_go_sumsq_f32(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<0>(m, a, c); }\n"
+    "#endif\n";
 static const char capex__cuda_frag_go9_sumsq_f16[] =
-    "CAPEX_GK_OCC4 void capex_go_sumsq_f16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<1>(m, a, c); }\n";
+    "#if CAPEX_GO_SEL(0)\n"
+    "CAPEX_GK_OCC4 void capex_go_sumsq_f16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<1>(m, a, c); }\n"
+    "#endif\n";
 static const char capex__cuda_frag_go9_sumsq_bf16[] =
-    "CAPEX_GK_OCC4 void capex_go_sumsq_bf16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<2>(m, a, c); }\n";
+    "#if CAPEX_GO_SEL(0)\n"
+    "CAPEX_GK_OCC4 void capex_go_sumsq_bf16(capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sumsq<2>(m, a, c); }\n"
+    "#endif\n";
 static const char capex__cuda_frag_go9_scale_f32[] =
-    "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 0>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 1>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_scale_f32_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 2>(m, a, c); }\n";
+    "#if CAPEX_GO_SEL(1)\n"
+    "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 0, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "#endif\n"
+    "#if CAPEX_GO_SEL(2)\n"
+    "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 1, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "#endif\n"
+    "#if CAPEX_GO_SEL(3)\n"
+    "CAPEX_GK void capex_go_scale_f32_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 2, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "#endif\n";
 static const char capex__cuda_frag_go9_scale_f16[] =
-    "CAPEX_GK void capex_go_scale_f16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 0>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_scale_f16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 1>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_scale_f16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 2>(m, a, c); }\n";
+    "#if CAPEX_GO_SEL(1)\n"
+    "CAPEX_GK void capex_go_scale_f16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 0, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "#endif\n"
+    "#if CAPEX_GO_SEL(2)\n"
+    "CAPEX_GK void capex_go_scale_f16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 1, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "#endif\n"
+    "#if CAPEX_GO_SEL(3)\n"
+    "CAPEX_GK void capex_go_scale_f16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 2, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "#endif\n";
 static const char capex__cuda_frag_go9_scale_bf16[] =
-    "CAPEX_GK void capex_go_scale_bf16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 0>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 1>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 2>(m, a, c); }\n";
+    "#if CAPEX_GO_SEL(1)\n"
+    "CAPEX_GK void capex_go_scale_bf16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 0, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "#endif\n"
+    "#if CAPEX_GO_SEL(2)\n"
+    "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 1, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "#endif\n"
+    "#if CAPEX_GO_SEL(3)\n"
+    "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 2, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "#endif\n";
 static const char capex__cuda_frag_go9_adam_f32[] =
-    "CAPEX_GK_OCC3 void capex_go_adam_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<0>(m, a, c); }\n";
+    "CAPEX_GK_OCC3 void capex_go_adam_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<0, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_adam_f16[] =
-    "CAPEX_GK_OCC3 void capex_go_adam_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<1>(m, a, c); }\n";
+    "CAPEX_GK_OCC3 void capex_go_adam_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<1, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_adam_bf16[] =
-    "CAPEX_GK_OCC3 void capex_go_adam_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<2>(m, a, c); }\n";
+    "CAPEX_GK_OCC3 void capex_go_adam_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<2, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sgd_f32[] =
     "CAPEX_GK_OCC4 void capex_go_sgd_f32(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<0>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sgd_f16[] =
@@ -3575,6 +3637,7 @@ CAPEX__PRIVATE char *capex__cuda_join(const capex__cuda_fragment_fn *f, size_t n
     return s;
 }
 
+CAPEX__PRIVATE void capex__cuda_variants_build(void); /* below, with the variants */
 CAPEX__PRIVATE void capex__cuda_builtin_build(void) {
     size_t p, n;
     capex__cuda_builtin_text = capex__cuda_join(capex__cuda_fragments, CAPEX__CUDA_N_FRAGMENTS, 0);
@@ -3583,6 +3646,7 @@ CAPEX__PRIVATE void capex__cuda_builtin_build(void) {
         capex__cuda_part_text[p] = capex__cuda_join(capex__cuda_parts[p].frags, n, 1);
         capex__cuda_fmt(capex__cuda_part_prog[p], sizeof capex__cuda_part_prog[p], "capex_builtin_%s", capex__cuda_parts[p].name);
     }
+    capex__cuda_variants_build();
 }
 
 CAPEX_API const char *capex_cuda_builtin_source(void) {
@@ -3617,6 +3681,118 @@ CAPEX_API int capex_cuda_builtin_kernel_part(const char *kernel) {
     return -1;
 }
 
+/* ---- variants: a part specialized to one launch's switches -------------------
+   A step's first use of a part compiles a variant instead of the whole part
+   (unless the part is loaded or being compiled already): the part's text with
+   -D options (capex__cuda_frag_go0b: CAPEX_V_*) that keep only the kernels a
+   launch needs and fix its run-time switches, so NVVM and ptxas see far less
+   code (first AdamW step on bf16 grads: issue 18). Same text, same math: the
+   same bits (tests/test_gpuopt_emu.c runs each variant's template instance).
+   A unit is a part (0 .. CAPEX__CUDA_N_PARTS-1) or a variant (after them),
+   each its own program, disk-cache entry and module; capex_cuda_precompile
+   and the public part API compile whole parts only. */
+enum {
+    CAPEX__CV_ADAM = 0,    /* + 8 grad dtype + 4 w_mode + model (0..3): capex_go_adam_* */
+    CAPEX__CV_SCALE = 24,  /* + 4 (3 in + out dtype) + 2 write_out + clip_only: capex_go_scale_* */
+    CAPEX__CV_SUMSQ = 60,  /* + dtype: capex_go_sumsq_* alone */
+    CAPEX__CV_AMP = 63,    /* + 0: prepare and scaler_update (every step); + 1: reduce, clip_coef, zero_norm */
+    CAPEX__CUDA_N_VARIANTS = 65
+};
+#define CAPEX__CUDA_N_UNITS (CAPEX__CUDA_N_PARTS + CAPEX__CUDA_N_VARIANTS)
+/* A launch's switches for capex__cuda_kernel_unit, packed: 0 none (the whole
+   part); else 1 | w_mode << 1 | model << 2 | write_out << 4 | clip_only << 5. */
+#define CAPEX__CUDA_VB(w, mk, wr, clip) (1u | (unsigned)(w) << 1 | (unsigned)(mk) << 2 | (unsigned)(wr) << 4 | (unsigned)(clip) << 5)
+
+typedef struct capex__cuda_vdef {
+    int part, sel;           /* sel: CAPEX_V_SEL, the kernels' selection bits (capex__cuda_kernel_sel) */
+    int w, mk, wr, clip;     /* -1: not fixed */
+} capex__cuda_vdef;
+
+CAPEX__PRIVATE capex__cuda_vdef capex__cuda_variant_def(int v) {
+    capex__cuda_vdef d;
+    d.part = -1; d.sel = 0; d.w = d.mk = d.wr = d.clip = -1;
+    if (v >= CAPEX__CV_ADAM && v < CAPEX__CV_SCALE) {
+        int i = v - CAPEX__CV_ADAM;
+        d.part = CAPEX__CP_ADAM_F32 + i / 8; d.sel = 1; d.w = (i / 4) % 2; d.mk = i % 4;
+    } else if (v >= CAPEX__CV_SCALE && v < CAPEX__CV_SUMSQ) {
+        int i = v - CAPEX__CV_SCALE, pair = i / 4;
+        d.part = CAPEX__CP_UNSCALE_F32 + pair / 3; d.sel = 1 << (1 + pair % 3); d.wr = (i / 2) % 2; d.clip = i % 2;
+    } else if (v >= CAPEX__CV_SUMSQ && v < CAPEX__CV_AMP) {
+        d.part = CAPEX__CP_UNSCALE_F32 + (v - CAPEX__CV_SUMSQ); d.sel = 1;
+    } else if (v >= CAPEX__CV_AMP && v < CAPEX__CUDA_N_VARIANTS) {
+        d.part = CAPEX__CP_AMP; d.sel = 1 << (v - CAPEX__CV_AMP);
+    }
+    return d;
+}
+
+/* Kernel k's selection bit in its part (the CAPEX_GO_SEL guards of its text). */
+CAPEX__PRIVATE int capex__cuda_kernel_sel(size_t k) {
+    if (k >= CAPEX__CK_GO_SCALE_F32_F32 && k <= CAPEX__CK_GO_SCALE_BF16_BF16) return 1 + (int)(k - CAPEX__CK_GO_SCALE_F32_F32) % 3;
+    if (k == CAPEX__CK_GO_REDUCE || k == CAPEX__CK_GO_CLIP_COEF || k == CAPEX__CK_GO_ZERO_NORM) return 1;
+    return 0;
+}
+
+CAPEX__PRIVATE int capex__cuda_unit_part(int u) {
+    return u < CAPEX__CUDA_N_PARTS ? u : capex__cuda_variant_def(u - CAPEX__CUDA_N_PARTS).part;
+}
+
+/* Whether unit u defines built-in kernel k. */
+CAPEX__PRIVATE int capex__cuda_unit_has(int u, size_t k) {
+    if (k >= CAPEX__CUDA_N_BUILTIN || capex__cuda_builtin_kernel_part[k] != capex__cuda_unit_part(u)) return 0;
+    return u < CAPEX__CUDA_N_PARTS || ((capex__cuda_variant_def(u - CAPEX__CUDA_N_PARTS).sel >> capex__cuda_kernel_sel(k)) & 1);
+}
+
+/* The variant unit a launch of kernel k with switches vb compiles, or its
+   part when k has no variant (or vb is 0). */
+CAPEX__PRIVATE int capex__cuda_kernel_unit(size_t k, unsigned vb) {
+    int v = -1, w = (vb >> 1) & 1, mk = (vb >> 2) & 3, wr = (vb >> 4) & 1, clip = (vb >> 5) & 1;
+    if (k >= CAPEX__CUDA_N_BUILTIN) return -1;
+    if (!vb) return capex__cuda_builtin_kernel_part[k];
+    if (k >= CAPEX__CK_GO_ADAM_F32 && k <= CAPEX__CK_GO_ADAM_BF16) v = CAPEX__CV_ADAM + 8 * (int)(k - CAPEX__CK_GO_ADAM_F32) + 4 * w + mk;
+    else if (k >= CAPEX__CK_GO_SCALE_F32_F32 && k <= CAPEX__CK_GO_SCALE_BF16_BF16)
+        v = CAPEX__CV_SCALE + 4 * (int)(k - CAPEX__CK_GO_SCALE_F32_F32) + 2 * wr + clip;
+    else if (k >= CAPEX__CK_GO_SUMSQ_F32 && k <= CAPEX__CK_GO_SUMSQ_BF16) v = CAPEX__CV_SUMSQ + (int)(k - CAPEX__CK_GO_SUMSQ_F32);
+    else if (capex__cuda_builtin_kernel_part[k] == CAPEX__CP_AMP) v = CAPEX__CV_AMP + capex__cuda_kernel_sel(k);
+    return v < 0 ? capex__cuda_builtin_kernel_part[k] : CAPEX__CUDA_N_PARTS + v;
+}
+
+/* The variants' -D options and program names, made once (capex__cuda_builtin_build). */
+static char capex__cuda_var_def[CAPEX__CUDA_N_VARIANTS][5][24];
+static char capex__cuda_var_prog[CAPEX__CUDA_N_VARIANTS][48];
+CAPEX__PRIVATE void capex__cuda_variants_build(void) {
+    int v;
+    for (v = 0; v < CAPEX__CUDA_N_VARIANTS; v++) {
+        capex__cuda_vdef d = capex__cuda_variant_def(v);
+        const int val[5] = {d.sel, d.w, d.mk, d.wr, d.clip};
+        static const char *const name[5] = {"SEL", "W", "MK", "WR", "CLIP"};
+        int i;
+        for (i = 0; i < 5; i++)
+            if (val[i] >= 0) capex__cuda_fmt(capex__cuda_var_def[v][i], sizeof capex__cuda_var_def[v][i], "-DCAPEX_V_%s=%d", name[i], val[i]);
+        capex__cuda_fmt(capex__cuda_var_prog[v], sizeof capex__cuda_var_prog[v], "capex_builtin_%s_v%d", capex__cuda_parts[d.part].name, v);
+    }
+}
+
+/* A unit's NVRTC options: the built-in ones, then the variant's -D options
+   (the one place that makes a built-in compile's option list). */
+typedef struct capex__cuda_unit_opts {
+    const char *opt[16];
+    int n;
+} capex__cuda_unit_opts;
+CAPEX__PRIVATE void capex__cuda_unit_options(int u, capex__cuda_unit_opts *o) {
+    int n = 0, i;
+    const char *const *base = capex_cuda_builtin_options(&n);
+    o->n = 0;
+    for (i = 0; i < n; i++) o->opt[o->n++] = base[i];
+    if (u >= CAPEX__CUDA_N_PARTS)
+        for (i = 0; i < 5; i++)
+            if (capex__cuda_var_def[u - CAPEX__CUDA_N_PARTS][i][0]) o->opt[o->n++] = capex__cuda_var_def[u - CAPEX__CUDA_N_PARTS][i];
+}
+
+CAPEX__PRIVATE const char *capex__cuda_unit_name(int u) {
+    pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
+    return u < CAPEX__CUDA_N_PARTS ? capex__cuda_parts[u].name : capex__cuda_var_prog[u - CAPEX__CUDA_N_PARTS] + 14;
+}
+
 /* ---- compiling parts on threads ------------------------------------------------
    NVRTC compiles different programs concurrently (its API is thread-safe per
    program). The calling thread works too; parts are taken heaviest first
@@ -3631,7 +3807,7 @@ static const unsigned char capex__cuda_part_order[CAPEX__CUDA_N_PARTS] = {
     CAPEX__CP_NOVO_BF16, CAPEX__CP_NOVO_NORM};
 
 typedef struct capex__cuda_pjob {
-    int part;
+    int part;                    /* the unit: a part, or a variant (capex__cuda_kernel_unit) */
     capex_cuda_cache cache;      /* private copy: the warn-once flag is not thread-safe */
     int use_cache, skip_read;
     capex_cuda_image img;
@@ -3645,14 +3821,17 @@ typedef struct capex__cuda_pool {
     pthread_mutex_t lock;
 } capex__cuda_pool;
 
-/* The compile of built-in part p for device_cc, through cache (NULL: none). */
-CAPEX__PRIVATE void capex__cuda_part_desc(int p, int device_cc, capex_cuda_cache *cache, capex_cuda_compile_desc *d) {
-    int n_opts = 0;
+/* The compile of built-in unit u (a part or a variant) for device_cc, through
+   cache (NULL: none); o holds the options while d is used. */
+CAPEX__PRIVATE void capex__cuda_unit_desc(int u, int device_cc, capex_cuda_cache *cache, capex__cuda_unit_opts *o,
+                                          capex_cuda_compile_desc *d) {
+    int p = capex__cuda_unit_part(u);
     capex_cuda_compile_desc_init(d);
+    capex__cuda_unit_options(u, o);
     d->source = capex__cuda_part_text[p];
-    d->name = capex__cuda_part_prog[p];
-    d->options = capex_cuda_builtin_options(&n_opts);
-    d->n_options = n_opts;
+    d->name = u < CAPEX__CUDA_N_PARTS ? capex__cuda_part_prog[p] : capex__cuda_var_prog[u - CAPEX__CUDA_N_PARTS];
+    d->options = o->opt;
+    d->n_options = o->n;
     d->device_cc = device_cc;
     d->cache = cache;
 }
@@ -3660,8 +3839,9 @@ CAPEX__PRIVATE void capex__cuda_part_desc(int p, int device_cc, capex_cuda_cache
 /* Compiles (or reads from the disk cache) job j's part: NVRTC only, no CUDA call. */
 CAPEX__PRIVATE void capex__cuda_pjob_run(capex__cuda_pjob *j, int device_cc) {
     capex_cuda_compile_desc d;
-    capex__cuda_part_desc(j->part, device_cc, j->use_cache ? &j->cache : NULL, &d);
-    j->r = d.source ? capex__cuda_compile(&d, j->skip_read, &j->img)
+    capex__cuda_unit_opts o;
+    capex__cuda_unit_desc(j->part, device_cc, j->use_cache ? &j->cache : NULL, &o, &d);
+    j->r = d.source ? capex__cuda_compile_ex(&d, j->skip_read, 1, &j->img)
                     : capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "could not assemble the built-in kernel source");
     if (j->r != CAPEX_OK) capex__cuda_fmt(j->err, sizeof j->err, "%s", capex_last_error());
 }
@@ -3736,10 +3916,10 @@ CAPEX__PRIVATE capex_result capex__cuda_pool_status(capex__cuda_pjob *jobs, int 
         capex_clear_error();
         cache->warned = 1;
     }
-    for (p = 0; p < CAPEX__CUDA_N_PARTS; p++)
+    for (p = 0; p < CAPEX__CUDA_N_UNITS; p++)
         for (i = 0; i < n; i++)
             if (jobs[i].part == p && jobs[i].r != CAPEX_OK)
-                return capex__fail(jobs[i].r, "built-in part '%s': %s", capex__cuda_parts[p].name, jobs[i].err);
+                return capex__fail(jobs[i].r, "built-in part '%s': %s", capex__cuda_unit_name(p), jobs[i].err);
     return CAPEX_OK;
 }
 
@@ -3784,10 +3964,10 @@ enum { CAPEX__BG_NONE, CAPEX__BG_QUEUED, CAPEX__BG_RUNNING, CAPEX__BG_DONE };
 typedef struct capex__cuda_bg {
     pthread_mutex_t lock;
     pthread_cond_t cv;                       /* a part finished, or a worker left */
-    unsigned char state[CAPEX__CUDA_N_PARTS];
-    unsigned seq[CAPEX__CUDA_N_PARTS];       /* queue order (lowest first) */
+    unsigned char state[CAPEX__CUDA_N_UNITS]; /* per unit: parts, then variants */
+    unsigned seq[CAPEX__CUDA_N_UNITS];       /* queue order (lowest first) */
     unsigned next_seq;
-    capex__cuda_pjob job[CAPEX__CUDA_N_PARTS]; /* of RUNNING and DONE parts */
+    capex__cuda_pjob job[CAPEX__CUDA_N_UNITS]; /* of RUNNING and DONE units */
     pthread_t thread[CAPEX__BG_MAX_THREADS];
     int n_threads, active, stop;             /* threads started (not joined), still working; destroying */
 } capex__cuda_bg;
@@ -3802,9 +3982,11 @@ struct capex_cuda_context {
     capex_cuda_cache cache;
     pthread_mutex_t lock;        /* guards modules, part, builtin_fn and cache.warned */
     capex_cuda_module *modules;
-    capex_cuda_module *part[CAPEX__CUDA_N_PARTS]; /* built-in parts loaded so far */
+    capex_cuda_module *part[CAPEX__CUDA_N_UNITS]; /* built-in units loaded so far: parts, then variants */
     void *builtin_fn[CAPEX__CUDA_N_BUILTIN];      /* set for the kernels of loaded parts */
     int builtin_occ[CAPEX__CUDA_N_BUILTIN];       /* resident blocks per SM (capex__go_dev_grid): 0 not asked, -1 unknown */
+    void *var_fn[CAPEX__CUDA_N_VARIANTS][3];      /* a loaded variant's kernels (capex__cuda_unit_slot) */
+    int var_occ[CAPEX__CUDA_N_VARIANTS][3];       /* as builtin_occ, per variant kernel */
     capex__cuda_bg bg;           /* background compiles (capex_cuda_precompile_async) */
 };
 
@@ -3818,7 +4000,7 @@ struct capex_cuda_context {
 
 CAPEX__PRIVATE int capex__cuda_bg_next_locked(capex__cuda_bg *bg) {
     int p, best = -1;
-    for (p = 0; p < CAPEX__CUDA_N_PARTS; p++)
+    for (p = 0; p < CAPEX__CUDA_N_UNITS; p++)
         if (bg->state[p] == CAPEX__BG_QUEUED && (best < 0 || bg->seq[p] < bg->seq[best])) best = p;
     return best;
 }
@@ -3855,15 +4037,15 @@ CAPEX__PRIVATE void *capex__cuda_bg_work(void *arg) {
     return NULL;
 }
 
-/* Queues the parts with want[p] set that are neither loaded nor queued and
-   starts threads for them. Called without ctx->lock. */
+/* Queues the units (parts, then variants) with want[u] set that are neither
+   loaded nor queued and starts threads for them. Called without ctx->lock. */
 CAPEX__PRIVATE void capex__cuda_bg_request(capex_cuda_context *ctx, const int *want, int n_threads) {
     capex__cuda_bg *bg = &ctx->bg;
     capex_cuda_cache cache;
-    int loaded[CAPEX__CUDA_N_PARTS], i, queued = 0;
+    int loaded[CAPEX__CUDA_N_UNITS], i, queued = 0;
     pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
     pthread_mutex_lock(&ctx->lock);
-    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) loaded[i] = ctx->part[i] != NULL;
+    for (i = 0; i < CAPEX__CUDA_N_UNITS; i++) loaded[i] = ctx->part[i] != NULL;
     cache = ctx->cache;
     pthread_mutex_unlock(&ctx->lock);
     if (n_threads <= 0) {
@@ -3875,14 +4057,14 @@ CAPEX__PRIVATE void capex__cuda_bg_request(capex_cuda_context *ctx, const int *w
         pthread_mutex_unlock(&bg->lock);
         return;
     }
-    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) {
-        int p = capex__cuda_part_order[i];
+    for (i = 0; i < CAPEX__CUDA_N_UNITS; i++) { /* parts heaviest first; variants (lighter) after */
+        int p = i < CAPEX__CUDA_N_PARTS ? capex__cuda_part_order[i] : i;
         if (!want[p] || loaded[p] || bg->state[p] != CAPEX__BG_NONE) continue;
         capex__cuda_pjob_init(&bg->job[p], p, &cache);
         bg->state[p] = CAPEX__BG_QUEUED;
         bg->seq[p] = bg->next_seq++;
     }
-    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) queued += bg->state[i] == CAPEX__BG_QUEUED;
+    for (i = 0; i < CAPEX__CUDA_N_UNITS; i++) queued += bg->state[i] == CAPEX__BG_QUEUED;
     if (bg->active == 0) { /* every earlier worker has left its loop: reclaim their handles */
         for (i = 0; i < bg->n_threads; i++) pthread_join(bg->thread[i], NULL);
         bg->n_threads = 0;
@@ -3922,7 +4104,7 @@ CAPEX__PRIVATE void capex__cuda_bg_stop(capex__cuda_bg *bg) {
     while (bg->active > 0) pthread_cond_wait(&bg->cv, &bg->lock);
     for (i = 0; i < bg->n_threads; i++) pthread_join(bg->thread[i], NULL);
     bg->n_threads = 0;
-    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++)
+    for (i = 0; i < CAPEX__CUDA_N_UNITS; i++)
         if (bg->state[i] == CAPEX__BG_DONE) capex_cuda_image_free(&bg->job[i].img);
     pthread_mutex_unlock(&bg->lock);
 }
@@ -4428,57 +4610,89 @@ CAPEX_API capex_result capex_cuda_launch(const capex_cuda_function *fn, const un
 
 /* ---- built-in kernels ------------------------------------------------------------ */
 
-/* Looks up part p's kernels in its module m and records the part as loaded.
+/* Kernel k's index among the kernels of variant unit u (id order): var_fn's slot. */
+CAPEX__PRIVATE int capex__cuda_unit_slot(int u, size_t k) {
+    size_t j;
+    int slot = 0;
+    for (j = 0; j < k; j++) slot += capex__cuda_unit_has(u, j);
+    return slot;
+}
+
+/* Looks up unit u's kernels in its module m and records the unit as loaded.
    Called with ctx->lock held. */
-CAPEX__PRIVATE capex_result capex__cuda_part_attach_locked(capex_cuda_context *ctx, int p, capex_cuda_module *m) {
+CAPEX__PRIVATE capex_result capex__cuda_part_attach_locked(capex_cuda_context *ctx, int u, capex_cuda_module *m) {
     size_t k;
     void *fn[CAPEX__CUDA_N_BUILTIN];
     for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) {
         capex__CUresult cr;
-        if (capex__cuda_builtin_kernel_part[k] != p) continue;
+        if (!capex__cuda_unit_has(u, k)) continue;
         cr = capex__cuda_drv.cuModuleGetFunction(&fn[k], m->handle, capex__cuda_builtin_kernels[k]);
         if (cr != 0) return capex__cu_fail(cr, "cuModuleGetFunction", capex__cuda_builtin_kernels[k]);
     }
-    for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++)
-        if (capex__cuda_builtin_kernel_part[k] == p) ctx->builtin_fn[k] = fn[k];
-    ctx->part[p] = m;
+    for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) {
+        if (!capex__cuda_unit_has(u, k)) continue;
+        if (u < CAPEX__CUDA_N_PARTS) ctx->builtin_fn[k] = fn[k];
+        else ctx->var_fn[u - CAPEX__CUDA_N_PARTS][capex__cuda_unit_slot(u, k)] = fn[k];
+    }
+    ctx->part[u] = m;
     return CAPEX_OK;
 }
 
-/* Loads part p from img (taken: freed), compiled by a pool or background job;
+/* Loads unit u from img (taken: freed), compiled by a pool or background job;
    a module with the same key already loaded is used instead. Called with ctx->lock held. */
-CAPEX__PRIVATE capex_result capex__cuda_part_load_image_locked(capex_cuda_context *ctx, int p, capex_cuda_image *img) {
+CAPEX__PRIVATE capex_result capex__cuda_part_load_image_locked(capex_cuda_context *ctx, int u, capex_cuda_image *img) {
     capex_cuda_compile_desc d;
+    capex__cuda_unit_opts o;
     capex_cuda_module *m = NULL;
     unsigned char key[32];
     capex_result r = CAPEX_OK;
-    capex__cuda_part_desc(p, ctx->device_cc, &ctx->cache, &d);
+    capex__cuda_unit_desc(u, ctx->device_cc, &ctx->cache, &o, &d);
     capex__cuda_cache_key(d.source, d.name, d.options, d.n_options, ctx->device_cc, key);
     if ((m = capex__cuda_module_find_locked(ctx, key)) != NULL) capex_cuda_image_free(img);
     else r = capex__cuda_module_load_locked(ctx, key, &d, img, &m);
-    return r == CAPEX_OK ? capex__cuda_part_attach_locked(ctx, p, m) : r;
+    return r == CAPEX_OK ? capex__cuda_part_attach_locked(ctx, u, m) : r;
 }
 
 /* Compiles (or finds in the disk cache, or takes from a background compile)
-   and loads part p. Called with ctx->lock held. */
-CAPEX__PRIVATE capex_result capex__cuda_part_load_locked(capex_cuda_context *ctx, unsigned p) {
+   and loads unit u (a part or a variant). Called with ctx->lock held. */
+CAPEX__PRIVATE capex_result capex__cuda_part_load_locked(capex_cuda_context *ctx, unsigned u) {
+    capex_cuda_compile_desc d;
+    capex__cuda_unit_opts o;
+    unsigned char key[32];
     capex_cuda_module *m = NULL;
     capex_result r;
-    int n_opts = 0;
-    const char *const *opts;
-    const char *src;
     capex__cuda_pjob job;
-    if (p >= CAPEX__CUDA_N_PARTS) return capex__fail(CAPEX_ERR_INTERNAL, "built-in part %u does not exist", p);
-    if (ctx->part[p]) return CAPEX_OK;
-    if (capex__cuda_bg_claim(ctx, (int)p, &job)) {
+    if (u >= CAPEX__CUDA_N_UNITS) return capex__fail(CAPEX_ERR_INTERNAL, "built-in unit %u does not exist", u);
+    if (ctx->part[u]) return CAPEX_OK;
+    if (capex__cuda_bg_claim(ctx, (int)u, &job)) {
         if ((r = capex__cuda_pool_status(&job, 1, &ctx->cache)) != CAPEX_OK) return r;
-        return capex__cuda_part_load_image_locked(ctx, (int)p, &job.img);
+        return capex__cuda_part_load_image_locked(ctx, (int)u, &job.img);
     }
-    opts = capex_cuda_builtin_options(&n_opts);
-    src = capex_cuda_builtin_part_source((int)p);
-    if (!src) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda: could not assemble the built-in kernel source");
-    if ((r = capex__cuda_module_compile_locked(ctx, src, capex__cuda_part_prog[p], opts, n_opts, &m)) != CAPEX_OK) return r;
-    return capex__cuda_part_attach_locked(ctx, (int)p, m);
+    pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
+    capex__cuda_unit_desc((int)u, ctx->device_cc, &ctx->cache, &o, &d);
+    if (!d.source) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda: could not assemble the built-in kernel source");
+    capex__cuda_cache_key(d.source, d.name, d.options, d.n_options, ctx->device_cc, key);
+    if ((m = capex__cuda_module_find_locked(ctx, key)) == NULL) {
+        capex_cuda_image img;
+        if ((r = capex__cuda_compile_ex(&d, 0, 1, &img)) != CAPEX_OK) return r;
+        if ((r = capex__cuda_module_load_locked(ctx, key, &d, &img, &m)) != CAPEX_OK) return r;
+    }
+    return capex__cuda_part_attach_locked(ctx, (int)u, m);
+}
+
+/* The unit a launch of kernel k with switches vb (CAPEX__CUDA_VB, 0: none)
+   uses: its part when loaded or being compiled (capex_cuda_precompile and
+   friends), else the variant. Called with ctx->lock held. */
+CAPEX__PRIVATE int capex__cuda_pick_unit_locked(capex_cuda_context *ctx, size_t k, unsigned vb) {
+    int u = capex__cuda_kernel_unit(k, vb), p, busy;
+    if (u < 0) return 0; /* not reached: callers pass built-in kernels */
+    if (u < CAPEX__CUDA_N_PARTS || ctx->part[u]) return u;
+    p = capex__cuda_unit_part(u);
+    if (ctx->part[p]) return p;
+    pthread_mutex_lock(&ctx->bg.lock);
+    busy = ctx->bg.state[p] != CAPEX__BG_NONE;
+    pthread_mutex_unlock(&ctx->bg.lock);
+    return busy ? p : u;
 }
 
 CAPEX_API capex_result capex_cuda_builtin_part_module(capex_cuda_context *ctx, int part, capex_cuda_module **out) {
@@ -4546,11 +4760,11 @@ CAPEX_API capex_result capex_cuda_precompile(capex_cuda_context *ctx, int n_thre
 
 CAPEX_API capex_result capex_cuda_precompile_async(capex_cuda_context *ctx, const char *const *kernels, int n_kernels,
                                                    int n_threads) {
-    int want[CAPEX__CUDA_N_PARTS], i;
+    int want[CAPEX__CUDA_N_UNITS], i;
     if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_precompile_async: context is NULL");
     if (n_kernels < 0 || (n_kernels > 0 && !kernels))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_precompile_async: kernels NULL with n_kernels %d", n_kernels);
-    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) want[i] = kernels == NULL;
+    for (i = 0; i < CAPEX__CUDA_N_UNITS; i++) want[i] = kernels == NULL && i < CAPEX__CUDA_N_PARTS; /* whole parts */
     for (i = 0; kernels && i < n_kernels; i++) {
         int p = kernels[i] ? capex_cuda_builtin_kernel_part(kernels[i]) : -1;
         if (p < 0)
@@ -4571,13 +4785,13 @@ CAPEX_API capex_result capex_cuda_precompile_wait(capex_cuda_context *ctx) {
     pthread_mutex_lock(&bg->lock);
     while (busy) {
         busy = 0;
-        for (p = 0; p < CAPEX__CUDA_N_PARTS; p++)
+        for (p = 0; p < CAPEX__CUDA_N_UNITS; p++)
             busy |= bg->state[p] == CAPEX__BG_RUNNING || (bg->state[p] == CAPEX__BG_QUEUED && bg->active > 0);
         if (busy) pthread_cond_wait(&bg->cv, &bg->lock);
     }
-    for (p = 0; p < CAPEX__CUDA_N_PARTS && r == CAPEX_OK; p++)
+    for (p = 0; p < CAPEX__CUDA_N_UNITS && r == CAPEX_OK; p++)
         if (bg->state[p] == CAPEX__BG_DONE && bg->job[p].r != CAPEX_OK)
-            r = capex__fail(bg->job[p].r, "built-in part '%s': %s", capex__cuda_parts[p].name, bg->job[p].err);
+            r = capex__fail(bg->job[p].r, "built-in part '%s': %s", capex__cuda_unit_name(p), bg->job[p].err);
     pthread_mutex_unlock(&bg->lock);
     return r;
 }
@@ -4590,20 +4804,35 @@ CAPEX_API capex_result capex_cuda_builtin_module(capex_cuda_context *ctx, capex_
     return capex_cuda_builtin_part_module(ctx, CAPEX__CP_BASIC, out);
 }
 
-/* Built-in kernel k (an index of capex__cuda_builtin_kernels), its part compiled
-   and loaded on first use. Thread-safe. */
-CAPEX__PRIVATE capex_result capex__cuda_builtin_get(capex_cuda_context *ctx, size_t k, capex_cuda_function *fn) {
+/* Built-in kernel k (an index of capex__cuda_builtin_kernels) for a launch
+   with switches vb (CAPEX__CUDA_VB; 0: from its part), its unit compiled and
+   loaded on first use; *occ_at (may be NULL) gets where the kernel's
+   occupancy is kept (read and written under ctx->lock). Thread-safe. */
+CAPEX__PRIVATE capex_result capex__cuda_builtin_get_vb(capex_cuda_context *ctx, size_t k, unsigned vb, capex_cuda_function *fn,
+                                                       int **occ_at) {
     capex_result r;
+    int u;
     fn->handle = NULL;
     fn->ctx = NULL;
     if (k >= CAPEX__CUDA_N_BUILTIN) return capex__fail(CAPEX_ERR_INTERNAL, "built-in kernel %zu does not exist", k);
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     pthread_mutex_lock(&ctx->lock);
-    r = capex__cuda_part_load_locked(ctx, capex__cuda_builtin_kernel_part[k]);
-    fn->handle = ctx->builtin_fn[k];
+    u = capex__cuda_pick_unit_locked(ctx, k, vb);
+    r = capex__cuda_part_load_locked(ctx, (unsigned)u);
+    if (u < CAPEX__CUDA_N_PARTS) {
+        fn->handle = ctx->builtin_fn[k];
+        if (occ_at) *occ_at = &ctx->builtin_occ[k];
+    } else {
+        int slot = capex__cuda_unit_slot(u, k);
+        fn->handle = ctx->var_fn[u - CAPEX__CUDA_N_PARTS][slot];
+        if (occ_at) *occ_at = &ctx->var_occ[u - CAPEX__CUDA_N_PARTS][slot];
+    }
     pthread_mutex_unlock(&ctx->lock);
     if (r == CAPEX_OK) fn->ctx = ctx;
     return r;
+}
+CAPEX__PRIVATE capex_result capex__cuda_builtin_get(capex_cuda_context *ctx, size_t k, capex_cuda_function *fn) {
+    return capex__cuda_builtin_get_vb(ctx, k, 0, fn, NULL);
 }
 
 /* Launches built-in kernel k over n elements (grid-stride, at most 32 blocks per SM). */
@@ -4731,33 +4960,36 @@ typedef char capex__go_kernel_ids_ok[(CAPEX__CK_GO_ADAM_BF16 == CAPEX__CK_GO_ADA
 /* Where the kernels run: the GPU (capex__go_dev_exec), or in tests a CPU
    emulation of the same kernel source. dtoh waits for the copy. */
 typedef struct capex__go_exec {
-    capex_result (*launch)(void *user, int kernel, unsigned grid, unsigned block, void **args, capex_cuda_stream s);
+    /* vb: the launch's switches (CAPEX__CUDA_VB, capex__go_vb): which variant of the kernel runs it */
+    capex_result (*launch)(void *user, int kernel, unsigned vb, unsigned grid, unsigned block, void **args, capex_cuda_stream s);
     capex_result (*alloc)(void *user, size_t bytes, capex_cuda_ptr *out);
     void (*release)(void *user, capex_cuda_ptr p);
     capex_result (*htod)(void *user, capex_cuda_ptr dst, const void *src, size_t bytes, capex_cuda_stream s);
     capex_result (*dtoh)(void *user, void *dst, capex_cuda_ptr src, size_t bytes, capex_cuda_stream s);
     capex_result (*zero)(void *user, capex_cuda_ptr dst, size_t bytes, capex_cuda_stream s);
-    /* optional: start compiling these kernels (CAPEX__GO_K_*) in the background */
-    void (*prefetch)(void *user, const int *kernels, int n);
+    /* optional: start compiling these kernels (CAPEX__GO_K_*, each with its
+       launch's switches vb[i]) in the background */
+    void (*prefetch)(void *user, const int *kernels, const unsigned *vb, int n);
     /* optional: wait for all work on every stream (the copies above without a
        stream use the NULL stream, which is not ordered against the caller's
        non-blocking streams) */
     capex_result (*sync)(void *user);
     /* optional: the blocks of `block` threads of kernel k the device keeps
        resident (SMs x occupancy); 0: unknown (CAPEX__GO_GRID_DEFAULT) */
-    unsigned (*grid)(void *user, int kernel, unsigned block);
+    unsigned (*grid)(void *user, int kernel, unsigned vb, unsigned block);
     /* the metadata size the kernels were compiled for: CAPEX__GO_META_SMALL
        (0 means it too) or CAPEX__GO_META_LARGE */
     int meta_bytes;
     void *user;
 } capex__go_exec;
 
-CAPEX__PRIVATE capex_result capex__go_dev_launch(void *user, int k, unsigned grid, unsigned block, void **args,
+CAPEX__PRIVATE capex_result capex__go_dev_launch(void *user, int k, unsigned vb, unsigned grid, unsigned block, void **args,
                                                  capex_cuda_stream s) {
     capex_cuda_context *ctx = (capex_cuda_context *)user;
     capex_cuda_function fn;
     unsigned g[3], b[3];
-    capex_result r = capex__cuda_builtin_get(ctx, CAPEX__GO_KBASE + (size_t)k, &fn); /* compiles its part on first use */
+    /* compiles its variant (or part) on first use */
+    capex_result r = capex__cuda_builtin_get_vb(ctx, CAPEX__GO_KBASE + (size_t)k, vb, &fn, NULL);
     if (r != CAPEX_OK) return r;
     g[0] = grid; g[1] = 1; g[2] = 1;
     b[0] = block; b[1] = 1; b[2] = 1;
@@ -4780,33 +5012,38 @@ CAPEX__PRIVATE capex_result capex__go_dev_dtoh(void *user, void *dst, capex_cuda
 CAPEX__PRIVATE capex_result capex__go_dev_zero(void *user, capex_cuda_ptr dst, size_t bytes, capex_cuda_stream s) {
     return capex_cuda_memset_u8((capex_cuda_context *)user, dst, 0, bytes, s);
 }
-CAPEX__PRIVATE void capex__go_dev_prefetch(void *user, const int *kernels, int n) {
-    int want[CAPEX__CUDA_N_PARTS], i;
+CAPEX__PRIVATE void capex__go_dev_prefetch(void *user, const int *kernels, const unsigned *vb, int n) {
+    capex_cuda_context *ctx = (capex_cuda_context *)user;
+    int want[CAPEX__CUDA_N_UNITS], i;
     memset(want, 0, sizeof want);
-    for (i = 0; i < n; i++) want[capex__cuda_builtin_kernel_part[CAPEX__GO_KBASE + kernels[i]]] = 1;
-    capex__cuda_bg_request((capex_cuda_context *)user, want, 0);
+    pthread_mutex_lock(&ctx->lock);
+    for (i = 0; i < n; i++) want[capex__cuda_pick_unit_locked(ctx, CAPEX__GO_KBASE + (size_t)kernels[i], vb[i])] = 1;
+    pthread_mutex_unlock(&ctx->lock);
+    capex__cuda_bg_request(ctx, want, 0);
 }
 
 /* SMs x the blocks of `block` threads of kernel k one SM keeps resident
    (cuOccupancyMaxActiveBlocksPerMultiprocessor, asked once per kernel and
    context); 0 when the driver cannot say (the caller's default then). */
-CAPEX__PRIVATE unsigned capex__go_dev_grid(void *user, int k, unsigned block) {
+CAPEX__PRIVATE unsigned capex__go_dev_grid(void *user, int k, unsigned vb, unsigned block) {
     capex_cuda_context *ctx = (capex_cuda_context *)user;
     size_t id = CAPEX__GO_KBASE + (size_t)k;
     capex_cuda_function fn;
-    int occ;
+    int occ = -1, *at = NULL;
     if (id >= CAPEX__CUDA_N_BUILTIN || ctx->info.sm_count <= 0) return 0;
+    /* the launch's own kernel (variant or part): compiled here on first use */
+    if (capex__cuda_builtin_get_vb(ctx, id, vb, &fn, &at) != CAPEX_OK) return 0; /* the launch will say why */
     pthread_mutex_lock(&ctx->lock);
-    occ = ctx->builtin_occ[id];
+    occ = *at;
     pthread_mutex_unlock(&ctx->lock);
     if (occ == 0) {
         int n = 0;
         occ = -1;
-        if (capex__cuda_drv.cuOccupancyMaxActiveBlocksPerMultiprocessor && capex__cuda_builtin_get(ctx, id, &fn) == CAPEX_OK &&
+        if (capex__cuda_drv.cuOccupancyMaxActiveBlocksPerMultiprocessor &&
             capex__cuda_drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn.handle, (int)block, 0) == 0 && n > 0)
             occ = n;
         pthread_mutex_lock(&ctx->lock);
-        ctx->builtin_occ[id] = occ;
+        *at = occ;
         pthread_mutex_unlock(&ctx->lock);
     }
     return occ > 0 ? (unsigned)occ * (unsigned)ctx->info.sm_count : 0u;
@@ -4847,8 +5084,17 @@ CAPEX__PRIVATE size_t capex__go_meta_bytes(const capex__go_exec *ex) {
 /* The grid of a multi-tensor launch of `chunks` chunks: the blocks the
    device keeps resident (SMs x occupancy, ex->grid), the default when it
    cannot say, never more than the chunks. Each block loops over its chunks. */
-CAPEX__PRIVATE unsigned capex__go_grid(const capex__go_exec *ex, int k, unsigned block, int64_t chunks) {
-    unsigned cap = ex->grid ? ex->grid(ex->user, k, block) : 0u;
+/* A launch's switches for the variant that runs it (capex__cuda_kernel_unit):
+   the fields a kernel tests by truth only are packed as 0/1; model is 0..3. */
+CAPEX__PRIVATE unsigned capex__go_vb(int k, const capex__go_args *a) {
+    if (k >= CAPEX__GO_K_ADAM && k < CAPEX__GO_K_ADAM + 3) return CAPEX__CUDA_VB(a->op.adam.w_mode != 0, a->op.adam.model & 3, 0, 0);
+    if (k >= CAPEX__GO_K_SCALE && k < CAPEX__GO_K_SUMSQ)
+        return CAPEX__CUDA_VB(0, 0, a->op.scale.write_out != 0, a->op.scale.clip_only != 0);
+    return CAPEX__CUDA_VB(0, 0, 0, 0);
+}
+
+CAPEX__PRIVATE unsigned capex__go_grid(const capex__go_exec *ex, int k, unsigned vb, unsigned block, int64_t chunks) {
+    unsigned cap = ex->grid ? ex->grid(ex->user, k, vb, block) : 0u;
     if (cap == 0) cap = CAPEX__GO_GRID_DEFAULT;
     return chunks < (int64_t)cap ? (unsigned)chunks : cap;
 }
@@ -4868,6 +5114,7 @@ CAPEX__PRIVATE capex_result capex__go_mta(const capex__go_exec *ex, int k, int d
     size_t i = 0, bytes = capex__go_meta_bytes(ex), T = (size_t)CAPEX__GO_TDEF(bytes, depth);
     int64_t done = 0;
     uint64_t b0 = out0 ? *out0 : 0, b1 = out1 ? *out1 : 0;
+    const unsigned vb = capex__go_vb(k, a);
     /* LAMB stage 1 holds more registers: 256 threads a block */
     unsigned block = k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB_CLIP ? 256u : CAPEX__GO_THREADS;
     capex_result r = CAPEX_OK;
@@ -4896,7 +5143,7 @@ CAPEX__PRIVATE capex_result capex__go_mta(const capex__go_exec *ex, int k, int d
         if (out1) *out1 = b1 + 8u * (uint64_t)done;
         args[0] = meta;
         args[1] = a;
-        r = ex->launch(ex->user, k, capex__go_grid(ex, k, block, c), block, args, s);
+        r = ex->launch(ex->user, k, vb, capex__go_grid(ex, k, vb, block, c), block, args, s);
         done += c;
     }
     if (meta != small) capex__free(NULL, meta);
@@ -4915,7 +5162,7 @@ CAPEX__PRIVATE capex_result capex__go_small(const capex__go_exec *ex, int k, uns
                                             capex__go_args *a, capex_cuda_stream s) {
     void *args[1];
     args[0] = a;
-    return ex->launch(ex->user, k, grid, block, args, s);
+    return ex->launch(ex->user, k, capex__go_vb(k, a), grid, block, args, s);
 }
 
 /* Fixed-order sums of partial ranges: segment i sums part[start_i ..
@@ -4943,7 +5190,7 @@ CAPEX__PRIVATE capex_result capex__go_reduce_to(const capex__go_exec *ex, capex_
         sg.n = (int32_t)j;
         args[0] = &sg;
         args[1] = &a;
-        r = ex->launch(ex->user, CAPEX__GO_K_REDUCE, (unsigned)j, CAPEX__GO_THREADS, args, s);
+        r = ex->launch(ex->user, CAPEX__GO_K_REDUCE, capex__go_vb(CAPEX__GO_K_REDUCE, &a), (unsigned)j, CAPEX__GO_THREADS, args, s);
     }
     return r;
 }
@@ -5221,7 +5468,8 @@ CAPEX_API capex_result capex_cuda_scaler_create(capex_cuda_context *ctx, const c
     if ((r = capex__go_dev_exec(ctx, "capex_cuda_scaler_create", &ex)) != CAPEX_OK) return r;
     if ((r = capex__go_scaler_create(&ex, desc, out)) == CAPEX_OK) {
         int k = CAPEX__GO_K_SCALER; /* its update kernel compiles in the background meanwhile */
-        ex.prefetch(ex.user, &k, 1);
+        unsigned vb = CAPEX__CUDA_VB(0, 0, 0, 0);
+        ex.prefetch(ex.user, &k, &vb, 1);
     }
     return r;
 }
@@ -5632,23 +5880,28 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     capex__free(NULL, bufs);
     capex__free(NULL, groups);
     if (o->ex.prefetch) { /* what a step launches compiles in the background meanwhile */
-        int ks[8], nk = 0, seen[3] = {0, 0, 0};
+        int ks[20], nk = 0, seen[3][4];
+        unsigned vbs[20];
+        memset(seen, 0, sizeof seen);
+        for (k = 0; k < 20; k++) vbs[k] = CAPEX__CUDA_VB(0, 0, 0, 0);
         ks[nk++] = CAPEX__GO_K_PREPARE;
         if (o->desc.kind == CAPEX_OPTIM_LAMB) {
             ks[nk++] = CAPEX__GO_K_LAMB_RATIO;
             ks[nk++] = CAPEX__GO_K_LAMB2;
         }
         if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) ks[nk++] = CAPEX__GO_K_NOVO_NORM;
-        for (k = 0; k < n; k++) {
-            int gd = (int)params[k].grad_dtype;
-            if (gd < 0 || gd > 2 || seen[gd]) continue;
-            seen[gd] = 1;
+        for (k = 0; k < n; k++) { /* the step's launches per grad dtype and model copy kind (capex__go_step) */
+            const capex__go_t *t = &o->t[o->nt - n + k];
+            int gd = (int)t->p.grad_dtype, mk = t->mk;
+            if (gd < 0 || gd > 2 || mk < 0 || mk > 3 || seen[gd][mk]) continue;
+            seen[gd][mk] = 1;
+            vbs[nk] = CAPEX__CUDA_VB(o->desc.adam_w_mode != 0, mk, 0, 0); /* Adam's variant; the others have none */
             ks[nk++] = (o->desc.kind == CAPEX_OPTIM_ADAM ? (need_vm ? (int)CAPEX__GO_K_ADAM_AMS : (int)CAPEX__GO_K_ADAM)
                         : o->desc.kind == CAPEX_OPTIM_SGD ? (int)CAPEX__GO_K_SGD
                         : o->desc.kind == CAPEX_OPTIM_NOVOGRAD ? (int)CAPEX__GO_K_NOVO2 /* pass 1 is in its part */
                         : o->desc.kind == CAPEX_OPTIM_ADAGRAD ? (int)CAPEX__GO_K_ADAGRAD : (int)CAPEX__GO_K_LAMB1) + gd;
         }
-        o->ex.prefetch(o->ex.user, ks, nk);
+        o->ex.prefetch(o->ex.user, ks, vbs, nk);
     }
     if (o->has_sched && (r = capex__go_sched_upload(o, NULL)) != CAPEX_OK) /* steps leave the group unscheduled */
         return capex__fail(r, "%s: group %zu was added, but the lr schedule could not take its base lr (%s); call "
@@ -5923,7 +6176,8 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
     if ((r = capex__go_sched_upload(o, stream)) != CAPEX_OK) { o->sched = old; o->has_sched = had; }
     if (r == CAPEX_OK && !had && o->ex.prefetch) { /* its kernel's part compiles in the background meanwhile */
         int k = CAPEX__GO_K_LR_SCHED;
-        o->ex.prefetch(o->ex.user, &k, 1);
+        unsigned vb = CAPEX__CUDA_VB(0, 0, 0, 0);
+        o->ex.prefetch(o->ex.user, &k, &vb, 1);
     }
     return r;
 }

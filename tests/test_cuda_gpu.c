@@ -328,8 +328,9 @@ CT_TEST(builtin_parts_compile_in_background) {
     OK(capex_cuda_module_info(m, NULL, &from_cache));
     CT_CHECK(!from_cache && count_entries(dir) == 2, "norm_fwd: the thread's image (from_cache %d, %d entries)", from_cache,
              count_entries(dir));
-    /* an optimizer's add_group starts what its step launches: the amp part (new)
-       and adam_bf16 (done already, not loaded yet); the scaler's part is amp */
+    /* an optimizer's add_group starts what its step launches: the variant of
+       amp with prepare and scaler_update (new; the scaler's kernel is there
+       too) and the adam_bf16 part (done already, not loaded yet: taken as it is) */
     capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
     capex_optim_param_init(&pa);
     OK(capex_cuda_malloc(ctx, 256 * sizeof(float), &x));
@@ -345,12 +346,15 @@ CT_TEST(builtin_parts_compile_in_background) {
     capex_scaler_desc_init(&sd);
     OK(capex_cuda_scaler_create(ctx, &sd, &sc));
     OK(capex_cuda_precompile_wait(ctx));
-    CT_CHECK(count_entries(dir) == 3, "after add_group: %d cache entries (want 3: + amp)", count_entries(dir));
-    OK(capex_cuda_builtin_part_module(ctx, capex_cuda_builtin_kernel_part("capex_go_prepare"), &m));
-    OK(capex_cuda_module_info(m, NULL, &from_cache));
-    CT_CHECK(!from_cache, "amp: compiled by a thread");
-    OK(capex_cuda_builtin_part_module(ctx, capex_cuda_builtin_kernel_part("capex_go_adam_bf16"), &m));
-    CT_CHECK(count_entries(dir) == 3, "adam_bf16: the earlier request's image, not compiled again (%d entries)", count_entries(dir));
+    CT_CHECK(count_entries(dir) == 3, "after add_group: %d cache entries (want 3: + amp's step variant)", count_entries(dir));
+    OK(capex_cuda_optim_step(opt, 0, 0, 0, NULL));
+    OK(capex_cuda_scaler_update(sc, NULL));
+    OK(capex_cuda_context_synchronize(ctx));
+    m = ctx->part[CAPEX__CUDA_N_PARTS + CAPEX__CV_AMP];
+    CT_CHECK(m && capex_cuda_module_info(m, NULL, &from_cache) == CAPEX_OK && !from_cache, "amp's variant: compiled by a thread");
+    CT_CHECK(!capex_cuda_builtin_part_loaded(ctx, capex_cuda_builtin_kernel_part("capex_go_prepare")), "not the whole amp part");
+    CT_CHECK(capex_cuda_builtin_part_loaded(ctx, capex_cuda_builtin_kernel_part("capex_go_adam_bf16")) && count_entries(dir) == 3,
+             "adam_bf16: the earlier request's part, not a variant compiled again (%d entries)", count_entries(dir));
     capex_cuda_scaler_destroy(sc);
     capex_cuda_optim_destroy(opt);
     capex_cuda_free(ctx, g);
@@ -371,6 +375,86 @@ CT_TEST(builtin_parts_compile_in_background) {
     CT_CHECK(loaded == np, "precompile after precompile = 2: %d of %d parts loaded", loaded, np);
     capex_cuda_free(ctx, x);
     capex_cuda_context_destroy(ctx);
+}
+
+/* A step compiles variants (capex__cuda_kernel_unit), not whole parts: an
+   AdamW step on bf16 grads with a bf16 model copy and a dynamic scaler
+   (unscale in place, step, update) loads amp's step variant, the bf16 in-place
+   unscale variant and the adam_bf16 variant of (W mode, bf16 copy), one cache
+   entry each, and no part. Once the parts are loaded (capex_cuda_precompile),
+   a launch with other switches takes its part: no new variant. */
+CT_TEST(builtin_step_compiles_variants) {
+    enum { N = 1000 };
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_context_desc cd;
+    capex_cuda_optim *opt = NULL, *opt2 = NULL;
+    capex_cuda_scaler *sc = NULL;
+    capex_optim_desc od;
+    capex_scaler_desc sd;
+    capex_optim_param pa;
+    capex_tensor gt;
+    capex_tensor_list gl;
+    capex_cuda_ptr w = 0, g = 0, h = 0;
+    char dir[] = "/tmp/capex_var_XXXXXX";
+    const int uv_amp = CAPEX__CUDA_N_PARTS + CAPEX__CV_AMP;
+    const int uv_scale = capex__cuda_kernel_unit(CAPEX__CK_GO_SCALE_BF16_BF16, CAPEX__CUDA_VB(0, 0, 1, 0));
+    const int uv_adam = capex__cuda_kernel_unit(CAPEX__CK_GO_ADAM_BF16, CAPEX__CUDA_VB(1, 2, 0, 0));
+    const int uv_adam0 = capex__cuda_kernel_unit(CAPEX__CK_GO_ADAM_BF16, CAPEX__CUDA_VB(1, 0, 0, 0));
+    int u, loaded = 0;
+    OPEN_CTX(ctx); /* skips without a GPU */
+    capex_cuda_context_destroy(ctx);
+    CT_NEED_NVRTC();
+    CT_CHECK(mkdtemp(dir) != NULL, "temp dir");
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.cache_dir = dir;
+    OK(capex_cuda_context_create(&cd, &ctx));
+    OK(capex_cuda_malloc(ctx, N * 4, &w));
+    OK(capex_cuda_malloc(ctx, N * 2, &g));
+    OK(capex_cuda_malloc(ctx, N * 2, &h));
+    OK(capex_cuda_memset_u8(ctx, w, 0, N * 4, NULL));
+    OK(capex_cuda_memset_u8(ctx, g, 0, N * 2, NULL));
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    od.adam_w_mode = 1;
+    capex_optim_param_init(&pa);
+    pa.param = (float *)(uintptr_t)w;
+    pa.grad = (const void *)(uintptr_t)g;
+    pa.grad_dtype = CAPEX_BF16;
+    pa.model = (void *)(uintptr_t)h;
+    pa.model_dtype = CAPEX_BF16;
+    pa.numel = N;
+    capex_scaler_desc_init(&sd);
+    OK(capex_cuda_scaler_create(ctx, &sd, &sc));
+    OK(capex_cuda_optim_create(ctx, &od, &opt));
+    OK(capex_cuda_optim_add_group(opt, NULL, &pa, 1, NULL));
+    gt.data = (void *)(uintptr_t)g;
+    gt.numel = N;
+    gl = capex_tensor_list_make(CAPEX_BF16, &gt, 1);
+    OK(capex_cuda_scaler_unscale(sc, NULL, &gl, &gl, NULL));
+    OK(capex_cuda_optim_step(opt, capex_cuda_scaler_inv_scale_ptr(sc), 0, capex_cuda_scaler_found_inf_ptr(sc), NULL));
+    OK(capex_cuda_scaler_update(sc, NULL));
+    OK(capex_cuda_context_synchronize(ctx));
+    for (u = 0; u < CAPEX__CUDA_N_PARTS; u++) loaded += capex_cuda_builtin_part_loaded(ctx, u);
+    CT_CHECK(loaded == 0, "%d whole parts loaded", loaded);
+    CT_CHECK(ctx->part[uv_amp] && ctx->part[uv_scale] && ctx->part[uv_adam], "variants loaded: amp %d, scale %d, adam %d",
+             ctx->part[uv_amp] != NULL, ctx->part[uv_scale] != NULL, ctx->part[uv_adam] != NULL);
+    CT_CHECK(count_entries(dir) == 3, "%d cache entries (want 3)", count_entries(dir));
+    /* every part now; a step without a model copy (another Adam variant) takes the part */
+    OK(capex_cuda_precompile(ctx, 2));
+    pa.model = NULL;
+    OK(capex_cuda_optim_create(ctx, &od, &opt2));
+    OK(capex_cuda_optim_add_group(opt2, NULL, &pa, 1, NULL));
+    OK(capex_cuda_optim_step(opt2, 0, 0, 0, NULL));
+    OK(capex_cuda_context_synchronize(ctx));
+    CT_CHECK(!ctx->part[uv_adam0], "after precompile the part runs it, not a new variant");
+    capex_cuda_optim_destroy(opt2);
+    capex_cuda_optim_destroy(opt);
+    capex_cuda_scaler_destroy(sc);
+    capex_cuda_free(ctx, h);
+    capex_cuda_free(ctx, g);
+    capex_cuda_free(ctx, w);
+    capex_cuda_context_destroy(ctx);
+    rm_dir(dir);
 }
 
 CT_TEST(builtin_kernels_exact) {
@@ -680,7 +764,7 @@ static const ct_case cases[] = {
     CT_CASE(device_and_context),
     CT_CASE(cold_compile_cache_and_warm_reload_without_nvrtc),
     CT_CASE(builtin_parts_load_lazily),
-    CT_CASE(builtin_parts_compile_in_background),
+    CT_CASE(builtin_parts_compile_in_background), CT_CASE(builtin_step_compiles_variants),
     CT_CASE(builtin_kernels_exact),
     CT_CASE(conversions_match_cpu_bit_exact),
     CT_CASE(user_kernel_raw_kernel_style),

@@ -230,6 +230,81 @@ CT_TEST(builtin_parts_compile_cubin_for_every_ci_arch) {
     }
 }
 
+/* Variants (capex__cuda_kernel_unit): every launch's switches map to a
+   variant of the kernel's part that defines it; every variant is reached; each
+   compiles (all for sm_90, one per family for the lowest and highest CI arch;
+   the generic parts above cover every arch) and its image holds exactly its
+   kernels. NVRTC's -minimal (used from 12.4 on, outside the cache key) gives
+   the same image. */
+CT_TEST(builtin_variants_compile) {
+    int reached[CAPEX__CUDA_N_VARIANTS], v, u, i, n = 0;
+    size_t k;
+    unsigned vb;
+    capex__cuda_pjob *jobs;
+    static const int few[] = {CAPEX__CV_ADAM + 23, CAPEX__CV_SCALE + 35, CAPEX__CV_SUMSQ + 2, CAPEX__CV_AMP, CAPEX__CV_AMP + 1};
+    memset(reached, 0, sizeof reached);
+    for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) {
+        CT_CHECK(capex__cuda_kernel_unit(k, 0) == capex__cuda_builtin_kernel_part[k], "%s: vb 0 is its part",
+                 capex__cuda_builtin_kernels[k]);
+        for (vb = 1; vb < 64; vb += 2) {
+            u = capex__cuda_kernel_unit(k, vb);
+            CT_CHECK(u >= 0 && u < CAPEX__CUDA_N_UNITS && capex__cuda_unit_has(u, k), "%s vb %u: unit %d lacks it",
+                     capex__cuda_builtin_kernels[k], vb, u);
+            CT_CHECK(capex__cuda_unit_part(u) == capex__cuda_builtin_kernel_part[k], "%s: a variant of its own part",
+                     capex__cuda_builtin_kernels[k]);
+            if (u >= CAPEX__CUDA_N_PARTS) reached[u - CAPEX__CUDA_N_PARTS] = 1;
+        }
+    }
+    for (v = 0; v < CAPEX__CUDA_N_VARIANTS; v++) {
+        capex__cuda_vdef d = capex__cuda_variant_def(v);
+        CT_CHECK(reached[v], "variant %d is never picked", v);
+        CT_CHECK(d.part >= 0 && d.part < CAPEX__CUDA_N_PARTS && d.sel > 0, "variant %d: part %d sel %d", v, d.part, d.sel);
+    }
+    CT_CHECK(capex__cuda_kernel_unit(CAPEX__CUDA_N_BUILTIN, 1) == -1, "no such kernel");
+    CT_NEED_NVRTC();
+    jobs = (capex__cuda_pjob *)malloc(sizeof *jobs * CAPEX__CUDA_N_VARIANTS);
+    CT_CHECK(jobs != NULL, "alloc");
+    pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
+    for (i = 0; i < 3 && !ct->failed; i++) {
+        const int arch = i == 0 ? 90 : i == 1 ? ci_archs[0] : ci_archs[sizeof ci_archs / sizeof ci_archs[0] - 1];
+        n = i == 0 ? CAPEX__CUDA_N_VARIANTS : (int)(sizeof few / sizeof few[0]);
+        for (v = 0; v < n; v++) capex__cuda_pjob_init(&jobs[v], CAPEX__CUDA_N_PARTS + (i == 0 ? v : few[v]), NULL);
+        capex__cuda_pool_run(jobs, n, arch, 2);
+        for (v = 0; v < n; v++) {
+            const capex_cuda_image *img = &jobs[v].img;
+            u = jobs[v].part;
+            CT_CHECK(jobs[v].r == CAPEX_OK && img->data && img->arch == arch, "sm_%d %s: %s", arch, capex__cuda_unit_name(u),
+                     jobs[v].err);
+            for (k = 0; k < CAPEX__CUDA_N_BUILTIN && img->data; k++) {
+                int want = capex__cuda_unit_has(u, k);
+                CT_CHECK(image_has_name(img, capex__cuda_builtin_kernels[k]) == want, "sm_%d %s: %s %s", arch,
+                         capex__cuda_unit_name(u), capex__cuda_builtin_kernels[k], want ? "missing" : "present");
+            }
+        }
+        for (v = 0; v < n; v++) capex_cuda_image_free(&jobs[v].img);
+    }
+    free(jobs);
+    {
+        int major = 0, minor = 0, no = 0, p = CAPEX__CP_ADAM_BF16;
+        const char *const *bo = capex_cuda_builtin_options(&no);
+        const char *o[16];
+        capex_cuda_target t;
+        capex_cuda_image a, b;
+        CT_CHECK(capex_cuda_nvrtc_version(&major, &minor) == CAPEX_OK && no < 15, "version");
+        if (major < 12 || (major == 12 && minor < 4)) return; /* no -minimal */
+        for (i = 0; i < no; i++) o[i] = bo[i];
+        o[no] = "-minimal";
+        t.kind = CAPEX_CUDA_IMAGE_CUBIN;
+        t.arch = 90;
+        CT_CHECK(capex_cuda_nvrtc_compile(capex_cuda_builtin_part_source(p), "m", o, no, t, &a) == CAPEX_OK &&
+                     capex_cuda_nvrtc_compile(capex_cuda_builtin_part_source(p), "m", o, no + 1, t, &b) == CAPEX_OK,
+                 "%s", capex_last_error());
+        CT_CHECK(a.size == b.size && !memcmp(a.data, b.data, a.size), "-minimal changed the image: %zu vs %zu bytes", a.size, b.size);
+        capex_cuda_image_free(&a);
+        capex_cuda_image_free(&b);
+    }
+}
+
 CT_TEST(builtin_compiles_ptx_for_highest_arch) {
     int archs[64], n_archs = 0, hi = 0, n = 0, i;
     const char *const *opts = capex_cuda_builtin_options(&n);
@@ -761,7 +836,7 @@ static const ct_case cases[] = {
     CT_CASE(select_target_table),
     CT_CASE(builtin_source_is_self_contained),
     CT_CASE(builtin_parts_split_the_program),
-    CT_CASE(builtin_parts_compile_cubin_for_every_ci_arch),
+    CT_CASE(builtin_parts_compile_cubin_for_every_ci_arch), CT_CASE(builtin_variants_compile),
     CT_CASE(builtin_compiles_ptx_for_highest_arch),
     CT_CASE(compile_selects_target_from_device_cc),
     CT_CASE(broken_source_returns_nvrtc_log),

@@ -27,8 +27,8 @@ const char *__lsan_default_suppressions(void) { return "leak:libnvrtc\nleak:libn
 
 /* An exec that records launches and refuses nothing; "device" memory is host memory. */
 static struct { int launches, kernels[64], grids[64]; } rec;
-static capex_result r_launch(void *u, int k, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
-    (void)u; (void)args; (void)s; (void)block;
+static capex_result r_launch(void *u, int k, unsigned vb, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
+    (void)u; (void)args; (void)s; (void)block; (void)vb;
     if (rec.launches < 64) { rec.kernels[rec.launches] = k; rec.grids[rec.launches] = (int)grid; }
     rec.launches++;
     return CAPEX_OK;
@@ -100,8 +100,8 @@ CT_TEST(kernel_table_matches_ids) {
 static struct { int n; uint64_t meta[8][CAPEX__GO_META_LARGE / 8]; unsigned grid[8]; } cap_rec;
 static unsigned cap_grid_value;
 static size_t cap_bytes;
-static capex_result cap_launch(void *u, int k, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
-    (void)u; (void)k; (void)block; (void)s;
+static capex_result cap_launch(void *u, int k, unsigned vb, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
+    (void)u; (void)k; (void)block; (void)s; (void)vb;
     if (cap_rec.n < 8) {
         memcpy(cap_rec.meta[cap_rec.n], args[0], cap_bytes);
         cap_rec.grid[cap_rec.n] = grid;
@@ -109,7 +109,10 @@ static capex_result cap_launch(void *u, int k, unsigned grid, unsigned block, vo
     cap_rec.n++;
     return CAPEX_OK;
 }
-static unsigned cap_grid(void *u, int k, unsigned block) { (void)u; (void)k; (void)block; return cap_grid_value; }
+static unsigned cap_grid(void *u, int k, unsigned vb, unsigned block) {
+    (void)u; (void)k; (void)vb; (void)block;
+    return cap_grid_value;
+}
 CT_TEST(launch_metadata_packing) {
     static capex_tensor shape[300];
     static capex__go_ten ten[300];

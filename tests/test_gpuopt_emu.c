@@ -57,6 +57,26 @@ using namespace capex_emu_shim;
 } // namespace capex_emu_big
 #undef __shared__
 
+/* The variants (capex__cuda_kernel_unit): each kernel's template instance
+   with its switches fixed, as NVRTC compiles them under -DCAPEX_V_*; the
+   "variants" mode below runs them in place of the generic kernels. */
+namespace capex_emu {
+template <int G, int W, int MK> static void adam_v(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) {
+    CAPEX_GO_CHUNKS(m) capex_go_adam<G, W, MK>(m, a, c);
+}
+template <int I, int O, int WR, int CL> static void scale_v(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) {
+    CAPEX_GO_CHUNKS(m) capex_go_scale<I, O, WR, CL>(m, a, c);
+}
+#define EMU_A4(G, W) adam_v<G, W, 0>, adam_v<G, W, 1>, adam_v<G, W, 2>, adam_v<G, W, 3>
+static void (*const adam_var[3][2][4])(capex_go_meta<CAPEX_GO_ADAM_DEPTH>, capex_go_args) = {
+    {{EMU_A4(0, 0)}, {EMU_A4(0, 1)}}, {{EMU_A4(1, 0)}, {EMU_A4(1, 1)}}, {{EMU_A4(2, 0)}, {EMU_A4(2, 1)}}};
+#define EMU_S4(I, O) {{scale_v<I, O, 0, 0>, scale_v<I, O, 0, 1>}, {scale_v<I, O, 1, 0>, scale_v<I, O, 1, 1>}}
+static void (*const scale_var[9][2][2])(capex_go_meta<CAPEX_GO_SCALE_DEPTH>, capex_go_args) = {
+    EMU_S4(0, 0), EMU_S4(0, 1), EMU_S4(0, 2), EMU_S4(1, 0), EMU_S4(1, 1), EMU_S4(1, 2), EMU_S4(2, 0), EMU_S4(2, 1), EMU_S4(2, 2)};
+#undef EMU_A4
+#undef EMU_S4
+} // namespace capex_emu
+
 /* ---- a pool of EMU_THREADS workers = the threads of one block ---- */
 #ifndef EMU_THREADS
 #define EMU_THREADS 16 /* any power of two <= 512 (16: fewest barrier wake-ups on a small CI machine); -DEMU_THREADS=512 mirrors the GPU launches */
@@ -143,7 +163,9 @@ template <class S, class A> static void emu_reduce_thunk(void *p) {
 /* ---- the exec: host memory as device memory; counts what a step must not do ---- */
 static struct { int launches, copies; unsigned max_grid; } stats;
 /* where the exec's kernels run: ex.user points to one (NULL: small, default grid) */
-typedef struct emu_mode { int large; unsigned grid; } emu_mode;
+typedef struct emu_mode { int large; unsigned grid; int variants; } emu_mode;
+/* launches each variant ran (the variants mode) */
+static int var_runs[CAPEX__CUDA_N_VARIANTS];
 
 /* kernel k of one namespace's set (capex_emu or capex_emu_big) */
 #define EMU_DISPATCH(NS)                                                                                                  \
@@ -195,17 +217,47 @@ typedef struct emu_mode { int large; unsigned grid; } emu_mode;
 EMU_DISPATCH(capex_emu)
 EMU_DISPATCH(capex_emu_big)
 
-static capex_result emu_launch(void *user, int k, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
+/* The variant the device would compile for this launch (the same functions
+   that make its -D options), run as its template instance; kernels whose
+   variant only drops other kernels run as they are. */
+static capex_result emu_launch_variant(int k, unsigned vb, unsigned grid, void **args, int *ran) {
+    size_t id = CAPEX__GO_KBASE + (size_t)k;
+    int u = capex__cuda_kernel_unit(id, vb);
+    capex__cuda_vdef d;
+    *ran = 0;
+    if (u < CAPEX__CUDA_N_PARTS) return CAPEX_OK;
+    if (!capex__cuda_unit_has(u, id))
+        return capex__fail(CAPEX_ERR_INTERNAL, "emu: variant %s lacks %s", capex__cuda_unit_name(u), capex__cuda_builtin_kernels[id]);
+    d = capex__cuda_variant_def(u - CAPEX__CUDA_N_PARTS);
+    var_runs[u - CAPEX__CUDA_N_PARTS]++;
+    if (k >= CAPEX__GO_K_ADAM && k < CAPEX__GO_K_ADAM + 3) {
+        if (d.w < 0 || d.mk < 0) return capex__fail(CAPEX_ERR_INTERNAL, "emu: adam variant without switches");
+        emu_mta(capex_emu::adam_var[k - CAPEX__GO_K_ADAM][d.w][d.mk], args, grid);
+        *ran = 1;
+    } else if (k >= CAPEX__GO_K_SCALE && k < CAPEX__GO_K_SUMSQ) {
+        if (d.wr < 0 || d.clip < 0) return capex__fail(CAPEX_ERR_INTERNAL, "emu: scale variant without switches");
+        emu_mta(capex_emu::scale_var[k - CAPEX__GO_K_SCALE][d.wr][d.clip], args, grid);
+        *ran = 1;
+    }
+    return CAPEX_OK;
+}
+
+static capex_result emu_launch(void *user, int k, unsigned vb, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
     const emu_mode *m = (const emu_mode *)user;
     (void)s;
     stats.launches++;
     if (grid > stats.max_grid) stats.max_grid = grid;
     if (grid == 0 || block == 0 || block > 1024 || (block & (block - 1)))
         return capex__fail(CAPEX_ERR_INTERNAL, "emu: bad launch shape grid %u block %u", grid, block);
+    if (m && m->variants) {
+        int ran = 0;
+        capex_result r = emu_launch_variant(k, vb, grid, args, &ran);
+        if (r != CAPEX_OK || ran) return r;
+    }
     return m && m->large ? emu_launch_capex_emu_big(k, grid, args) : emu_launch_capex_emu(k, grid, args);
 }
-static unsigned emu_grid_of(void *user, int k, unsigned block) {
-    (void)k; (void)block;
+static unsigned emu_grid_of(void *user, int k, unsigned vb, unsigned block) {
+    (void)k; (void)vb; (void)block;
     return user ? ((const emu_mode *)user)->grid : 0u;
 }
 static capex_result emu_alloc(void *user, size_t bytes, capex_cuda_ptr *out) {
@@ -240,7 +292,8 @@ static capex_result emu_zero(void *user, capex_cuda_ptr dst, size_t bytes, capex
 
 /* The default: the 4 KB metadata on a "device" that keeps 3 blocks resident
    (grids of 3: every block walks several chunks). */
-static emu_mode mode_small3 = {0, 3}, mode_small_default = {0, 0}, mode_large_h100 = {1, 528}, mode_large1 = {1, 1};
+static emu_mode mode_small3 = {0, 3, 0}, mode_small_default = {0, 0, 0}, mode_large_h100 = {1, 528, 0}, mode_large1 = {1, 1, 0};
+static emu_mode mode_variants = {0, 3, 1};
 static env emu_env_mode(uint64_t seed, emu_mode *m) {
     env e;
     memset(&e, 0, sizeof e);
@@ -317,6 +370,37 @@ CT_TEST(emu_lr_schedule) { env e = emu_env(12); par_schedule(ct, &e, 1); }
 CT_TEST(emu_adagrad) { env e = emu_env(13); par_adagrad(ct, &e); }
 CT_TEST(emu_adam_amsgrad) { env e = emu_env(14); par_adam_amsgrad(ct, &e); }
 CT_TEST(emu_pure_half) { env e = emu_env(15); par_pure_half_steps(ct, &e); }
+
+/* Every launch through the variant the device would compile for it (its
+   switches fixed at compile time): the same CPU parity, bit for bit (Adam,
+   unscale; the other kernels' variants only drop kernels). Each Adam variant
+   (3 grad dtypes x W/L2 x model none/f16/bf16/bf16 stochastic rounding) and
+   the scale variants the unscale, clip and pure_half paths take must run. */
+CT_TEST(emu_variants_bit_exact) {
+    env e = emu_env_mode(31, &mode_variants);
+    int v, adam = 0, scale = 0;
+    memset(var_runs, 0, sizeof var_runs);
+    par_scale(ct, &e);
+    if (!ct->failed) par_scale_many(ct, &e);
+    if (!ct->failed) par_clip(ct, &e);
+    if (!ct->failed) par_adam(ct, &e);
+    if (!ct->failed) par_amp_loop(ct, &e, emu_count);
+    if (!ct->failed) par_pure_half_steps(ct, &e);
+    if (ct->failed) return; /* the first failure's message */
+    for (v = CAPEX__CV_ADAM; v < CAPEX__CV_SCALE; v++) adam += var_runs[v] > 0;
+    CT_CHECK(adam == 24, "%d of the 24 Adam variants ran", adam);
+    for (v = CAPEX__CV_SCALE; v < CAPEX__CV_SUMSQ; v++) {
+        capex__cuda_vdef d = capex__cuda_variant_def(v);
+        int pair = (v - CAPEX__CV_SCALE) / 4, in = pair / 3, out = pair % 3;
+        /* written out: every pair; check only and clip (in place): in == out */
+        int want = d.wr == 1 ? (d.clip == 0 || in == out) : (in == out && d.clip == 0);
+        scale += var_runs[v] > 0;
+        CT_CHECK(!want || var_runs[v] > 0, "scale variant %s (wr %d clip %d) did not run", capex__cuda_unit_name(CAPEX__CUDA_N_PARTS + v),
+                 d.wr, d.clip);
+    }
+    CT_CHECK(var_runs[CAPEX__CV_AMP] > 0 && var_runs[CAPEX__CV_AMP + 1] > 0 && var_runs[CAPEX__CV_SUMSQ + 2] > 0,
+             "the amp and sum-of-squares variants were picked");
+}
 
 /* The large metadata (32 KB of parameters) on an H100-sized grid, and on a
    grid of 1 (one block walks every chunk); the 4 KB metadata with the default
@@ -429,7 +513,7 @@ CT_TEST(emu_many_small_tensors) {
 
 static const ct_case cases[] = {
     CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_many_tensors),
-    CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_pure_half), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
+    CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_pure_half), CT_CASE(emu_variants_bit_exact), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
     CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
     CT_CASE(emu_lr_schedule),
     CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad), CT_CASE(emu_large_params), CT_CASE(emu_many_small_tensors),

@@ -66,9 +66,9 @@ CT_TEST(gpu_grid_from_device) {
     unsigned g512, g256;
     GPU_ENV(e, 30);
     CT_CHECK(e.ex.grid != NULL, "the device exec sizes grids");
-    g512 = e.ex.grid(e.ex.user, CAPEX__GO_K_ADAM, 512);
-    g256 = e.ex.grid(e.ex.user, CAPEX__GO_K_LAMB1, 256);
-    CT_CHECK(g512 == e.ex.grid(e.ex.user, CAPEX__GO_K_ADAM, 512), "asked once, the same again");
+    g512 = e.ex.grid(e.ex.user, CAPEX__GO_K_ADAM, 0, 512);
+    g256 = e.ex.grid(e.ex.user, CAPEX__GO_K_LAMB1, 0, 256);
+    CT_CHECK(g512 == e.ex.grid(e.ex.user, CAPEX__GO_K_ADAM, 0, 512), "asked once, the same again");
     if (occ_env && !strcmp(occ_env, "0")) {
         CT_CHECK(g512 == 0 && g256 == 0, "no occupancy: the default grid (got %u, %u)", g512, g256);
     } else {
