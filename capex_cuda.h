@@ -965,6 +965,7 @@ typedef struct capex__cuda_driver_lib {
     capex__CUresult (*cuEventElapsedTime)(float *, void *, void *);
     capex__CUresult (*cuFuncSetAttribute)(void *, int, int);
     capex__CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *, void *, int, size_t);
+    capex__CUresult (*cuFuncGetAttribute)(int *, int, void *);
 } capex__cuda_driver_lib;
 
 static capex__cuda_driver_lib capex__cuda_drv;
@@ -1012,6 +1013,8 @@ CAPEX__PRIVATE void capex__cuda_drv_load(void) {
     CAPEX__CUDA_SYM(d->lib, d->cuFuncSetAttribute, "cuFuncSetAttribute");
     /* sizes the multi-tensor grids (capex__go_dev_grid); without it: fixed grids */
     CAPEX__CUDA_SYM(d->lib, d->cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+    /* a variant that spills is not used (capex__cuda_part_attach_locked); without it: no check */
+    CAPEX__CUDA_SYM(d->lib, d->cuFuncGetAttribute, "cuFuncGetAttribute");
     if (missing) {
         d->status = CAPEX_ERR_NO_DRIVER;
         capex__cuda_fmt(d->message, sizeof d->message,
@@ -3986,6 +3989,7 @@ struct capex_cuda_context {
     void *builtin_fn[CAPEX__CUDA_N_BUILTIN];      /* set for the kernels of loaded parts */
     int builtin_occ[CAPEX__CUDA_N_BUILTIN];       /* resident blocks per SM (capex__go_dev_grid): 0 not asked, -1 unknown */
     void *var_fn[CAPEX__CUDA_N_VARIANTS][3];      /* a loaded variant's kernels (capex__cuda_unit_slot) */
+    unsigned char var_spills[CAPEX__CUDA_N_VARIANTS]; /* its image uses local memory here: the part runs it */
     int var_occ[CAPEX__CUDA_N_VARIANTS][3];       /* as builtin_occ, per variant kernel */
     capex__cuda_bg bg;           /* background compiles (capex_cuda_precompile_async) */
 };
@@ -4625,9 +4629,22 @@ CAPEX__PRIVATE capex_result capex__cuda_part_attach_locked(capex_cuda_context *c
     void *fn[CAPEX__CUDA_N_BUILTIN];
     for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) {
         capex__CUresult cr;
+        int local = 0;
         if (!capex__cuda_unit_has(u, k)) continue;
         cr = capex__cuda_drv.cuModuleGetFunction(&fn[k], m->handle, capex__cuda_builtin_kernels[k]);
         if (cr != 0) return capex__cu_fail(cr, "cuModuleGetFunction", capex__cuda_builtin_kernels[k]);
+        /* Fixed switches change ptxas's schedule: under the launch bounds' register
+           cap some variants spill (4-20 bytes of local memory on sm_80/90/100 for
+           some Adam dtype and model combinations) where the part's kernel (SASS
+           gate: no local memory) does not. Such a variant is not used: kernel
+           speed before compile time. */
+        if (u >= CAPEX__CUDA_N_PARTS && capex__cuda_drv.cuFuncGetAttribute &&
+            capex__cuda_drv.cuFuncGetAttribute(&local, 3 /* CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES */, fn[k]) == 0 && local > 0) {
+            capex_log(CAPEX_LOG_INFO, "built-in variant %s: %s uses %d bytes of local memory; running the part %s instead",
+                      capex__cuda_unit_name(u), capex__cuda_builtin_kernels[k], local, capex__cuda_unit_name(capex__cuda_unit_part(u)));
+            ctx->var_spills[u - CAPEX__CUDA_N_PARTS] = 1;
+            return CAPEX_OK; /* not attached: capex__cuda_pick_unit_locked now says the part */
+        }
     }
     for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) {
         if (!capex__cuda_unit_has(u, k)) continue;
@@ -4688,6 +4705,7 @@ CAPEX__PRIVATE int capex__cuda_pick_unit_locked(capex_cuda_context *ctx, size_t 
     if (u < 0) return 0; /* not reached: callers pass built-in kernels */
     if (u < CAPEX__CUDA_N_PARTS || ctx->part[u]) return u;
     p = capex__cuda_unit_part(u);
+    if (ctx->var_spills[u - CAPEX__CUDA_N_PARTS]) return p;
     if (ctx->part[p]) return p;
     pthread_mutex_lock(&ctx->bg.lock);
     busy = ctx->bg.state[p] != CAPEX__BG_NONE;
@@ -4819,6 +4837,10 @@ CAPEX__PRIVATE capex_result capex__cuda_builtin_get_vb(capex_cuda_context *ctx, 
     pthread_mutex_lock(&ctx->lock);
     u = capex__cuda_pick_unit_locked(ctx, k, vb);
     r = capex__cuda_part_load_locked(ctx, (unsigned)u);
+    if (r == CAPEX_OK && !ctx->part[u]) { /* a variant that spills: its part */
+        u = capex__cuda_unit_part(u);
+        r = capex__cuda_part_load_locked(ctx, (unsigned)u);
+    }
     if (u < CAPEX__CUDA_N_PARTS) {
         fn->handle = ctx->builtin_fn[k];
         if (occ_at) *occ_at = &ctx->builtin_occ[k];

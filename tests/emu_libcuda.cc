@@ -1051,6 +1051,18 @@ EMU_API CUresult cuFuncSetAttribute(void *f, int attr, int v) {
     return OK;
 }
 
+/* Attributes capex asks for: CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES (3) is 0 (no
+   spills here) unless CAPEX_EMU_LOCAL_KERNEL names the kernel (then 16: as if
+   ptxas had spilled it; tests capex's refusal of spilling variants). */
+EMU_API CUresult cuFuncGetAttribute(int *v, int attr, void *fn) {
+    const char *spill = getenv("CAPEX_EMU_LOCAL_KERNEL");
+    NEED_CTX();
+    if (!v || !fn) return INVALID_VALUE;
+    if (attr != 3) return NOT_SUPPORTED;
+    *v = spill && ((function *)fn)->name == spill ? 16 : 0;
+    return OK;
+}
+
 EMU_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, void *fn, int block, size_t dyn_smem) {
     int occ = env_int("CAPEX_EMU_OCCUPANCY", -1, 0, 64);
     NEED_CTX();

@@ -347,9 +347,12 @@ CT_TEST(builtin_parts_compile_in_background) {
     OK(capex_cuda_scaler_create(ctx, &sd, &sc));
     OK(capex_cuda_precompile_wait(ctx));
     CT_CHECK(count_entries(dir) == 3, "after add_group: %d cache entries (want 3: + amp's step variant)", count_entries(dir));
-    OK(capex_cuda_optim_step(opt, 0, 0, 0, NULL));
-    OK(capex_cuda_scaler_update(sc, NULL));
-    OK(capex_cuda_context_synchronize(ctx));
+    { /* what the step's launches take (no launch: the stand-in driver runs none) */
+        capex_cuda_function f;
+        OK(capex__cuda_builtin_get_vb(ctx, CAPEX__CK_GO_PREPARE, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+        OK(capex__cuda_builtin_get_vb(ctx, CAPEX__CK_GO_ADAM_BF16, CAPEX__CUDA_VB(1, 0, 0, 0), &f, NULL));
+        OK(capex__cuda_builtin_get_vb(ctx, CAPEX__CK_GO_SCALER_UPDATE, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+    }
     m = ctx->part[CAPEX__CUDA_N_PARTS + CAPEX__CV_AMP];
     CT_CHECK(m && capex_cuda_module_info(m, NULL, &from_cache) == CAPEX_OK && !from_cache, "amp's variant: compiled by a thread");
     CT_CHECK(!capex_cuda_builtin_part_loaded(ctx, capex_cuda_builtin_kernel_part("capex_go_prepare")), "not the whole amp part");
@@ -381,25 +384,30 @@ CT_TEST(builtin_parts_compile_in_background) {
    AdamW step on bf16 grads with a bf16 model copy and a dynamic scaler
    (unscale in place, step, update) loads amp's step variant, the bf16 in-place
    unscale variant and the adam_bf16 variant of (W mode, bf16 copy), one cache
-   entry each, and no part. Once the parts are loaded (capex_cuda_precompile),
-   a launch with other switches takes its part: no new variant. */
+   entry each, and no part. A variant whose kernel uses local memory (spills;
+   the emulator says so for CAPEX_EMU_LOCAL_KERNEL) is not used: its part
+   runs the step. Once the parts are loaded (capex_cuda_precompile), a launch
+   with other switches takes its part: no new variant. */
 CT_TEST(builtin_step_compiles_variants) {
     enum { N = 1000 };
     capex_cuda_context *ctx = NULL;
     capex_cuda_context_desc cd;
-    capex_cuda_optim *opt = NULL, *opt2 = NULL;
+    capex_cuda_optim *opt = NULL, *opt2 = NULL, *opt3 = NULL;
     capex_cuda_scaler *sc = NULL;
     capex_optim_desc od;
     capex_scaler_desc sd;
     capex_optim_param pa;
     capex_tensor gt;
     capex_tensor_list gl;
-    capex_cuda_ptr w = 0, g = 0, h = 0;
+    capex_cuda_ptr w = 0, g = 0, h = 0, g32 = 0;
     char dir[] = "/tmp/capex_var_XXXXXX";
     const int uv_amp = CAPEX__CUDA_N_PARTS + CAPEX__CV_AMP;
     const int uv_scale = capex__cuda_kernel_unit(CAPEX__CK_GO_SCALE_BF16_BF16, CAPEX__CUDA_VB(0, 0, 1, 0));
     const int uv_adam = capex__cuda_kernel_unit(CAPEX__CK_GO_ADAM_BF16, CAPEX__CUDA_VB(1, 2, 0, 0));
     const int uv_adam0 = capex__cuda_kernel_unit(CAPEX__CK_GO_ADAM_BF16, CAPEX__CUDA_VB(1, 0, 0, 0));
+    const int uv_f32 = capex__cuda_kernel_unit(CAPEX__CK_GO_ADAM_F32, CAPEX__CUDA_VB(1, 0, 0, 0));
+    int emu = 0, fake = 0;
+    capex_cuda_function f;
     int u, loaded = 0;
     OPEN_CTX(ctx); /* skips without a GPU */
     capex_cuda_context_destroy(ctx);
@@ -412,6 +420,8 @@ CT_TEST(builtin_step_compiles_variants) {
     OK(capex_cuda_malloc(ctx, N * 4, &w));
     OK(capex_cuda_malloc(ctx, N * 2, &g));
     OK(capex_cuda_malloc(ctx, N * 2, &h));
+    OK(capex_cuda_malloc(ctx, N * 4, &g32));
+    OK(capex_cuda_memset_u8(ctx, g32, 0, N * 4, NULL));
     OK(capex_cuda_memset_u8(ctx, w, 0, N * 4, NULL));
     OK(capex_cuda_memset_u8(ctx, g, 0, N * 2, NULL));
     capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
@@ -430,26 +440,56 @@ CT_TEST(builtin_step_compiles_variants) {
     gt.data = (void *)(uintptr_t)g;
     gt.numel = N;
     gl = capex_tensor_list_make(CAPEX_BF16, &gt, 1);
-    OK(capex_cuda_scaler_unscale(sc, NULL, &gl, &gl, NULL));
-    OK(capex_cuda_optim_step(opt, capex_cuda_scaler_inv_scale_ptr(sc), 0, capex_cuda_scaler_found_inf_ptr(sc), NULL));
-    OK(capex_cuda_scaler_update(sc, NULL));
-    OK(capex_cuda_context_synchronize(ctx));
+    fake = !strncmp(capex_cuda_context_device(ctx)->name, "capex fake", 10);
+    emu = strstr(capex_cuda_context_device(ctx)->name, "capex CPU emulator") != NULL;
+    if (!fake) {
+        OK(capex_cuda_scaler_unscale(sc, NULL, &gl, &gl, NULL));
+        OK(capex_cuda_optim_step(opt, capex_cuda_scaler_inv_scale_ptr(sc), 0, capex_cuda_scaler_found_inf_ptr(sc), NULL));
+        OK(capex_cuda_scaler_update(sc, NULL));
+        OK(capex_cuda_context_synchronize(ctx));
+    } else { /* the stand-in driver runs no optimizer kernel: what the launches would take */
+        OK(capex__cuda_builtin_get_vb(ctx, CAPEX__CK_GO_SCALE_BF16_BF16, CAPEX__CUDA_VB(0, 0, 1, 0), &f, NULL));
+        OK(capex__cuda_builtin_get_vb(ctx, CAPEX__CK_GO_PREPARE, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+        OK(capex__cuda_builtin_get_vb(ctx, CAPEX__CK_GO_ADAM_BF16, CAPEX__CUDA_VB(1, 2, 0, 0), &f, NULL));
+        OK(capex__cuda_builtin_get_vb(ctx, CAPEX__CK_GO_SCALER_UPDATE, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+    }
     for (u = 0; u < CAPEX__CUDA_N_PARTS; u++) loaded += capex_cuda_builtin_part_loaded(ctx, u);
     CT_CHECK(loaded == 0, "%d whole parts loaded", loaded);
     CT_CHECK(ctx->part[uv_amp] && ctx->part[uv_scale] && ctx->part[uv_adam], "variants loaded: amp %d, scale %d, adam %d",
              ctx->part[uv_amp] != NULL, ctx->part[uv_scale] != NULL, ctx->part[uv_adam] != NULL);
     CT_CHECK(count_entries(dir) == 3, "%d cache entries (want 3)", count_entries(dir));
+    /* a variant that spills (on the emulator: as it says) gives way to its part */
+    if (emu) {
+        setenv("CAPEX_EMU_LOCAL_KERNEL", "capex_go_adam_f32", 1);
+        pa.model = NULL;
+        pa.grad = (const void *)(uintptr_t)g32;
+        pa.grad_dtype = CAPEX_F32;
+        OK(capex_cuda_optim_create(ctx, &od, &opt3));
+        OK(capex_cuda_optim_add_group(opt3, NULL, &pa, 1, NULL));
+        OK(capex_cuda_optim_step(opt3, 0, 0, 0, NULL));
+        OK(capex_cuda_context_synchronize(ctx));
+        unsetenv("CAPEX_EMU_LOCAL_KERNEL");
+        CT_CHECK(!ctx->part[uv_f32] && ctx->var_spills[uv_f32 - CAPEX__CUDA_N_PARTS] &&
+                     capex_cuda_builtin_part_loaded(ctx, CAPEX__CP_ADAM_F32),
+                 "spilling variant: part loaded %d, variant %d", capex_cuda_builtin_part_loaded(ctx, CAPEX__CP_ADAM_F32),
+                 ctx->part[uv_f32] != NULL);
+        pa.grad = (const void *)(uintptr_t)g;
+        pa.grad_dtype = CAPEX_BF16;
+    }
     /* every part now; a step without a model copy (another Adam variant) takes the part */
     OK(capex_cuda_precompile(ctx, 2));
     pa.model = NULL;
     OK(capex_cuda_optim_create(ctx, &od, &opt2));
     OK(capex_cuda_optim_add_group(opt2, NULL, &pa, 1, NULL));
-    OK(capex_cuda_optim_step(opt2, 0, 0, 0, NULL));
+    if (!fake) OK(capex_cuda_optim_step(opt2, 0, 0, 0, NULL));
+    else OK(capex__cuda_builtin_get_vb(ctx, CAPEX__CK_GO_ADAM_BF16, CAPEX__CUDA_VB(1, 0, 0, 0), &f, NULL));
     OK(capex_cuda_context_synchronize(ctx));
     CT_CHECK(!ctx->part[uv_adam0], "after precompile the part runs it, not a new variant");
+    capex_cuda_optim_destroy(opt3);
     capex_cuda_optim_destroy(opt2);
     capex_cuda_optim_destroy(opt);
     capex_cuda_scaler_destroy(sc);
+    capex_cuda_free(ctx, g32);
     capex_cuda_free(ctx, h);
     capex_cuda_free(ctx, g);
     capex_cuda_free(ctx, w);
