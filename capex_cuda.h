@@ -94,11 +94,15 @@
        Built-in kernels  fill, scale, add and f32<->f16/bf16 conversion (bit-exact with
                         capex.h's CPU conversions), the fused optimizers and the norms, in
                         27 parts (capex_cuda_builtin_part_name), each its own program,
-                        cache entry and module, compiled when one of its kernels is first
-                        launched; capex_cuda_precompile (or context desc.precompile = 1)
-                        compiles all missing parts at once on threads;
+                        cache entry and module; capex_cuda_precompile (or context
+                        desc.precompile = 1) compiles all missing parts at once on threads;
                         capex_cuda_precompile_async (desc.precompile = 2, and optimizers
                         and scalers for what their step launches) on background threads.
+                        A launch whose part is neither loaded nor compiling compiles a
+                        variant instead: the part specialized to that launch (its kernel
+                        only, its dtypes and switches fixed by -D options; about half the
+                        NVRTC time of a first AdamW step), cached like a part; a variant
+                        that spills on the device is not used (its part runs).
 
    Thread safety: the loaders are thread-safe. A context may be used from several
    threads (its module cache is locked; capex_cuda_module_compile runs NVRTC
