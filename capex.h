@@ -6310,14 +6310,13 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
 /* LAMB stage 1: moments, and |p|^2 (before the update) and |u|^2 partials in
    double, lane i%8, lanes combined by the 8-lane tree (capex_multi_tensor_sumsq
    now uses 16 lanes; these partials are internal to LAMB). */
-#define CAPEX__OPT_LAMB1_ELEM(GN, MODE, k, gk)                                 \
+#define CAPEX__OPT_LAMB1_ELEM(GN, MODE, P, M, V, k, gk)                        \
     do {                                                                       \
         float gi = CAPEX__OPT_BLD_##GN(gk) * gs;                               \
-        float pk = p[k];                                                       \
+        float pk = P[k];                                                       \
         gi = CAPEX__OPT_LAMB_G_##MODE(gi, pk, c);                              \
-        capex__lamb_moments_elem(gi, &m[k], &v[k], c.beta1, c.beta2, c.beta3); \
-        uu = CAPEX__OPT_LAMB_U_##MODE(pk, m[k], v[k], c);                      \
-        pp = pk;                                                               \
+        capex__lamb_moments_elem(gi, &M[k], &V[k], c.beta1, c.beta2, c.beta3); \
+        uu = CAPEX__OPT_LAMB_U_##MODE(pk, M[k], V[k], c);                      \
     } while (0)
 #define CAPEX__OPT_LAMB_G_l2(gi, pk, c) capex__lamb_grad_l2(gi, pk, (c).clip_div, (c).wd)
 #define CAPEX__OPT_LAMB_G_w(gi, pk, c) capex__lamb_grad_w(gi, (c).clip_div)
@@ -6335,7 +6334,33 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
 #define CAPEX__OPT_BLD_f32(x) (x)
 #define CAPEX__OPT_BLD_f16(x) (x)
 #define CAPEX__OPT_BLD_bf16(x) capex__b16_load(x)
+/* The two halves' update loop: restrict parameters (not block-scope
+   pointers, which GCC does not trust, nor inlined ones, whose restrict GCC
+   drops) let it vectorise both chains. */
+#if defined(__GNUC__) || defined(__clang__)
+#  define CAPEX__OPT_NOINLINE __attribute__((noinline))
+#else
+#  define CAPEX__OPT_NOINLINE
+#endif
+#define CAPEX__OPT_K_LAMB1_UPD(GN, MODE)                                       \
+    CAPEX__OPT_NOINLINE CAPEX__PRIVATE void capex__lamb1_upd_##MODE##_##GN(    \
+        const CAPEX__OPT_BT_##GN *CAPEX__OPT_RESTRICT g0, const CAPEX__OPT_BT_##GN *CAPEX__OPT_RESTRICT g1, \
+        float *CAPEX__OPT_RESTRICT p0, float *CAPEX__OPT_RESTRICT p1, float *CAPEX__OPT_RESTRICT m0, \
+        float *CAPEX__OPT_RESTRICT m1, float *CAPEX__OPT_RESTRICT v0, float *CAPEX__OPT_RESTRICT v1, \
+        float *CAPEX__OPT_RESTRICT u0, float *CAPEX__OPT_RESTRICT u1, int64_t h2, \
+        const capex__optim_gc *cp, float gs) {                                 \
+        const capex__optim_gc c = *cp;                                         \
+        int64_t l;                                                             \
+        CAPEX__OPT_SIMD for (l = 0; l < h2; l++) {                             \
+            float uu;                                                          \
+            CAPEX__OPT_LAMB1_ELEM(GN, MODE, p0, m0, v0, l, g0[l]);             \
+            u0[l] = uu;                                                        \
+            CAPEX__OPT_LAMB1_ELEM(GN, MODE, p1, m1, v1, l, g1[l]);             \
+            u1[l] = uu;                                                        \
+        }                                                                      \
+    }
 #define CAPEX__OPT_K_LAMB1(GN)                                                 \
+    CAPEX__OPT_K_LAMB1_UPD(GN, l2) CAPEX__OPT_K_LAMB1_UPD(GN, w)               \
     CAPEX__OPT_K_LAMB1_MODE(GN, l2) CAPEX__OPT_K_LAMB1_MODE(GN, w)
 #define CAPEX__OPT_K_LAMB1_MODE(GN, MODE)                                      \
     CAPEX__PRIVATE void capex__k_lamb1_##MODE##_##GN(const capex__optim_job *j) { \
@@ -6345,16 +6370,21 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
         float ub[256], gbuf[256];                                              \
         /* blocks of up to 256: the update loop and the squares loop each run  \
            long enough to vectorise and overlap; lane l still sums elements l, \
-           l+8, ... in order (the bits of one 8-wide loop) */                  \
+           l+8, ... in order (the bits of one 8-wide loop). The update loop    \
+           walks the block's two halves side by side: two independent chains  \
+           of 4 divisions and a square root per iteration keep the divider     \
+           busy (one chain left f32/fp16 gradients 1.3x slower than bf16,      \
+           whose narrow loads made GCC do two vectors per iteration). */       \
         for (i = 0; i < n;) {                                                  \
-            int64_t nb = n - i < 256 ? n - i : 256, b;                         \
+            int64_t nb = n - i < 256 ? n - i : 256, b, h2 = nb / 2;            \
             float *CAPEX__OPT_RESTRICT u = j->u ? j->u + i : ub;               \
             const CAPEX__OPT_BT_##GN *CAPEX__OPT_RESTRICT gb = CAPEX__OPT_BLK_##GN(g, i, nb, gbuf); \
-            CAPEX__OPT_SIMD for (l = 0; l < nb; l++) {                         \
-                float uu, pp;                                                  \
-                CAPEX__OPT_LAMB1_ELEM(GN, MODE, i + l, gb[l]);                 \
-                u[l] = uu;                                                     \
-                (void)pp;                                                      \
+            capex__lamb1_upd_##MODE##_##GN(gb, gb + h2, p + i, p + i + h2, m + i, m + i + h2, v + i, v + i + h2, \
+                                           u, u + h2, h2, &c, gs);             \
+            if (nb & 1) {                                                      \
+                float uu;                                                      \
+                CAPEX__OPT_LAMB1_ELEM(GN, MODE, p, m, v, i + nb - 1, gb[nb - 1]); \
+                u[nb - 1] = uu;                                                \
             }                                                                  \
             for (b = 0; b + 8 <= nb; b += 8)                                   \
                 for (l = 0; l < 8; l++) {                                      \
