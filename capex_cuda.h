@@ -3657,7 +3657,7 @@ typedef struct capex__cuda_pool {
    that is the large size. The options are in the cache key: a context never
    finds (in memory or on disk) a module built for the other size. */
 static const char *const capex__cuda_builtin_opts_large[] = {
-    "-default-device", "--std=c++17", "--fmad=false", "-DCAPEX_GO_META=" CAPEX__OPT_XSTR(CAPEX__GO_META_LARGE)};
+    "-default-device", "--std=c++17", "--fmad=false", ("-DCAPEX_GO_META=" CAPEX__OPT_XSTR(CAPEX__GO_META_LARGE))};
 CAPEX__PRIVATE const char *const *capex__cuda_part_options(int p, int meta_bytes, int *n_options) {
     const capex__cuda_fragment_fn *f;
     if (meta_bytes == CAPEX__GO_META_LARGE)
