@@ -69,7 +69,9 @@
        Contexts ....... capex_cuda_context = one GPU's primary context (shared with the
                         CUDA runtime and PyTorch in the same process), its module cache
                         and disk-cache settings. Calls make it current on the calling
-                        thread. Several contexts (GPUs) may live in one process.
+                        thread. Several contexts (GPUs) may live in one process. Creating
+                        one fixes its kernel-parameter size (CAPEX_CUDA_PARAMS), loading
+                        NVRTC for its version where the driver and GPU take 32 KB.
        JIT ............ one NVRTC program per source; CUBIN for the GPU's exact sm_XY when
                         NVRTC supports it, else PTX for the highest supported arch below
                         it (the driver finishes it), CAPEX_ERR_ARCH below the lowest. The
