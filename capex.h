@@ -828,7 +828,9 @@ CAPEX_API int64_t capex_tensor_list_numel(const capex_tensor_list *list);
    46, 39 (Apex: 110, 64, 48, 36, 30 with 32-bit sizes). Every element of every
    tensor is in exactly one chunk; chunks come in tensor order then offset
    order; a tensor larger than a chunk spans chunks and may span launches;
-   empty tensors get no chunk. */
+   empty tensors get no chunk. This is the layout for your own kernels;
+   capex_cuda.h's kernels use their own (no per-block table, 32 KB of
+   parameters where the driver takes them). */
 #define CAPEX_CHUNK_SIZE_DEFAULT 65536
 #define CAPEX_MTA_MAX_DEPTH 6
 #define CAPEX_MTA_MAX_BLOCKS 320
