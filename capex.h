@@ -828,7 +828,9 @@ CAPEX_API int64_t capex_tensor_list_numel(const capex_tensor_list *list);
    46, 39 (Apex: 110, 64, 48, 36, 30 with 32-bit sizes). Every element of every
    tensor is in exactly one chunk; chunks come in tensor order then offset
    order; a tensor larger than a chunk spans chunks and may span launches;
-   empty tensors get no chunk. */
+   empty tensors get no chunk. This is the layout for your own kernels;
+   capex_cuda.h's kernels use their own (no per-block table, 32 KB of
+   parameters where the driver takes them). */
 #define CAPEX_CHUNK_SIZE_DEFAULT 65536
 #define CAPEX_MTA_MAX_DEPTH 6
 #define CAPEX_MTA_MAX_BLOCKS 320
@@ -5351,6 +5353,31 @@ static double capex__sumsq_lanes_total(const double *s) {
 #define CAPEX__SQ_ADD_FMA(d, a) _mm256_fmadd_pd((d), (d), (a))
 CAPEX__SUMSQ_AVX(avx, "avx", CAPEX__SQ_ADD_AVX)
 CAPEX__SUMSQ_AVX(fma, "avx,fma", CAPEX__SQ_ADD_FMA)
+/* fp16 lanes: vcvtph2ps in registers, then as f32 (lanes 0-7 from the first
+   8 codes, 8-15 from the next). vcvtph2ps quiets a signalling NaN where the
+   software codec keeps it, but vcvtps2pd quiets it the same way next, so the
+   double is the same either way (test_f16c sumsq_same_bits has both NaNs).
+   Converting into a buffer first cost 1.5x the bf16 sum (Zen 4). */
+#define CAPEX__SUMSQ_F16C(SFX, TARGET, MADD)                                                                      \
+    __attribute__((target(TARGET))) CAPEX__PRIVATE void capex__sumsq_f16_lanes_##SFX(const uint16_t *x,        \
+                                                                                    int64_t n, double *s) {     \
+        __m256d a0 = _mm256_loadu_pd(s), a1 = _mm256_loadu_pd(s + 4), a2 = _mm256_loadu_pd(s + 8),            \
+                a3 = _mm256_loadu_pd(s + 12);                                                                   \
+        int64_t i;                                                                                              \
+        for (i = 0; i < n; i += 16) {                                                                           \
+            __m128i h0 = _mm_loadu_si128((const __m128i *)(const void *)(x + i));                               \
+            __m128i h1 = _mm_loadu_si128((const __m128i *)(const void *)(x + i + 8));                           \
+            __m256 f0 = _mm256_cvtph_ps(h0), f1 = _mm256_cvtph_ps(h1);                                         \
+            a0 = MADD(_mm256_cvtps_pd(_mm256_castps256_ps128(f0)), a0);                                         \
+            a1 = MADD(_mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1)), a1);                                       \
+            a2 = MADD(_mm256_cvtps_pd(_mm256_castps256_ps128(f1)), a2);                                         \
+            a3 = MADD(_mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1)), a3);                                       \
+        }                                                                                                       \
+        _mm256_storeu_pd(s, a0); _mm256_storeu_pd(s + 4, a1); _mm256_storeu_pd(s + 8, a2);                     \
+        _mm256_storeu_pd(s + 12, a3);                                                                           \
+    }
+CAPEX__SUMSQ_F16C(avx, "avx,f16c", CAPEX__SQ_ADD_AVX)
+CAPEX__SUMSQ_F16C(fma, "avx,fma,f16c", CAPEX__SQ_ADD_FMA)
 #endif
 static void capex__sumsq_f32_lanes(const float *x, int64_t n, double *s) {
     int64_t i;
@@ -5394,13 +5421,26 @@ CAPEX__PRIVATE double capex__sumsq_BF16(const void *x_, int64_t n) {
     }
     return capex__sumsq_lanes_total(s);
 }
-/* fp16: blocks of 256 converted first (F16C where the CPU has it), then the
-   f32 lanes; blocks are whole lane rounds, so the same order as f32. */
+/* fp16: F16C in registers where the CPU has it; elsewhere blocks of 256
+   converted first, then the f32 lanes; blocks are whole lane rounds, so the
+   same order as f32 either way. */
 CAPEX__PRIVATE double capex__sumsq_F16(const void *x_, int64_t n) {
     const uint16_t *x = (const uint16_t *)x_;
     double s[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     float b[256];
     int64_t i = 0, k;
+#ifdef CAPEX__F16C
+    if (CAPEX__F16C_ON() && CAPEX__AVX_ON()) {
+        i = n / 16 * 16;
+        if (CAPEX__FMA_ON()) capex__sumsq_f16_lanes_fma(x, i, s);
+        else capex__sumsq_f16_lanes_avx(x, i, s);
+        for (k = i; k < n; k++) {
+            double v = (double)capex__f16_to_f32_v(x[k]);
+            s[k & 15] += v * v;
+        }
+        return capex__sumsq_lanes_total(s);
+    }
+#endif
     while (i < n) {
         int64_t nb = n - i < 256 ? n - i : 256, m = nb / 16 * 16;
         capex__f16_load_n(x + i, b, (size_t)nb);
@@ -6310,14 +6350,13 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
 /* LAMB stage 1: moments, and |p|^2 (before the update) and |u|^2 partials in
    double, lane i%8, lanes combined by the 8-lane tree (capex_multi_tensor_sumsq
    now uses 16 lanes; these partials are internal to LAMB). */
-#define CAPEX__OPT_LAMB1_ELEM(GN, MODE, k, gk)                                 \
+#define CAPEX__OPT_LAMB1_ELEM(GN, MODE, P, M, V, k, gk)                        \
     do {                                                                       \
         float gi = CAPEX__OPT_BLD_##GN(gk) * gs;                               \
-        float pk = p[k];                                                       \
+        float pk = P[k];                                                       \
         gi = CAPEX__OPT_LAMB_G_##MODE(gi, pk, c);                              \
-        capex__lamb_moments_elem(gi, &m[k], &v[k], c.beta1, c.beta2, c.beta3); \
-        uu = CAPEX__OPT_LAMB_U_##MODE(pk, m[k], v[k], c);                      \
-        pp = pk;                                                               \
+        capex__lamb_moments_elem(gi, &M[k], &V[k], c.beta1, c.beta2, c.beta3); \
+        uu = CAPEX__OPT_LAMB_U_##MODE(pk, M[k], V[k], c);                      \
     } while (0)
 #define CAPEX__OPT_LAMB_G_l2(gi, pk, c) capex__lamb_grad_l2(gi, pk, (c).clip_div, (c).wd)
 #define CAPEX__OPT_LAMB_G_w(gi, pk, c) capex__lamb_grad_w(gi, (c).clip_div)
@@ -6335,7 +6374,33 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
 #define CAPEX__OPT_BLD_f32(x) (x)
 #define CAPEX__OPT_BLD_f16(x) (x)
 #define CAPEX__OPT_BLD_bf16(x) capex__b16_load(x)
+/* The two halves' update loop: restrict parameters (not block-scope
+   pointers, which GCC does not trust, nor inlined ones, whose restrict GCC
+   drops) let it vectorise both chains. */
+#if defined(__GNUC__) || defined(__clang__)
+#  define CAPEX__OPT_NOINLINE __attribute__((noinline))
+#else
+#  define CAPEX__OPT_NOINLINE
+#endif
+#define CAPEX__OPT_K_LAMB1_UPD(GN, MODE)                                       \
+    CAPEX__OPT_NOINLINE CAPEX__PRIVATE void capex__lamb1_upd_##MODE##_##GN(    \
+        const CAPEX__OPT_BT_##GN *CAPEX__OPT_RESTRICT g0, const CAPEX__OPT_BT_##GN *CAPEX__OPT_RESTRICT g1, \
+        float *CAPEX__OPT_RESTRICT p0, float *CAPEX__OPT_RESTRICT p1, float *CAPEX__OPT_RESTRICT m0, \
+        float *CAPEX__OPT_RESTRICT m1, float *CAPEX__OPT_RESTRICT v0, float *CAPEX__OPT_RESTRICT v1, \
+        float *CAPEX__OPT_RESTRICT u0, float *CAPEX__OPT_RESTRICT u1, int64_t h2, \
+        const capex__optim_gc *cp, float gs) {                                 \
+        const capex__optim_gc c = *cp;                                         \
+        int64_t l;                                                             \
+        CAPEX__OPT_SIMD for (l = 0; l < h2; l++) {                             \
+            float uu;                                                          \
+            CAPEX__OPT_LAMB1_ELEM(GN, MODE, p0, m0, v0, l, g0[l]);             \
+            u0[l] = uu;                                                        \
+            CAPEX__OPT_LAMB1_ELEM(GN, MODE, p1, m1, v1, l, g1[l]);             \
+            u1[l] = uu;                                                        \
+        }                                                                      \
+    }
 #define CAPEX__OPT_K_LAMB1(GN)                                                 \
+    CAPEX__OPT_K_LAMB1_UPD(GN, l2) CAPEX__OPT_K_LAMB1_UPD(GN, w)               \
     CAPEX__OPT_K_LAMB1_MODE(GN, l2) CAPEX__OPT_K_LAMB1_MODE(GN, w)
 #define CAPEX__OPT_K_LAMB1_MODE(GN, MODE)                                      \
     CAPEX__PRIVATE void capex__k_lamb1_##MODE##_##GN(const capex__optim_job *j) { \
@@ -6345,16 +6410,21 @@ typedef void (*capex__optim_kfn)(const capex__optim_job *j);
         float ub[256], gbuf[256];                                              \
         /* blocks of up to 256: the update loop and the squares loop each run  \
            long enough to vectorise and overlap; lane l still sums elements l, \
-           l+8, ... in order (the bits of one 8-wide loop) */                  \
+           l+8, ... in order (the bits of one 8-wide loop). The update loop    \
+           walks the block's two halves side by side: two independent chains  \
+           of 4 divisions and a square root per iteration keep the divider     \
+           busy (one chain left f32/fp16 gradients 1.3x slower than bf16,      \
+           whose narrow loads made GCC do two vectors per iteration). */       \
         for (i = 0; i < n;) {                                                  \
-            int64_t nb = n - i < 256 ? n - i : 256, b;                         \
+            int64_t nb = n - i < 256 ? n - i : 256, b, h2 = nb / 2;            \
             float *CAPEX__OPT_RESTRICT u = j->u ? j->u + i : ub;               \
             const CAPEX__OPT_BT_##GN *CAPEX__OPT_RESTRICT gb = CAPEX__OPT_BLK_##GN(g, i, nb, gbuf); \
-            CAPEX__OPT_SIMD for (l = 0; l < nb; l++) {                         \
-                float uu, pp;                                                  \
-                CAPEX__OPT_LAMB1_ELEM(GN, MODE, i + l, gb[l]);                 \
-                u[l] = uu;                                                     \
-                (void)pp;                                                      \
+            capex__lamb1_upd_##MODE##_##GN(gb, gb + h2, p + i, p + i + h2, m + i, m + i + h2, v + i, v + i + h2, \
+                                           u, u + h2, h2, &c, gs);             \
+            if (nb & 1) {                                                      \
+                float uu;                                                      \
+                CAPEX__OPT_LAMB1_ELEM(GN, MODE, p, m, v, i + nb - 1, gb[nb - 1]); \
+                u[nb - 1] = uu;                                                \
             }                                                                  \
             for (b = 0; b + 8 <= nb; b += 8)                                   \
                 for (l = 0; l < 8; l++) {                                      \

@@ -53,6 +53,11 @@
        CAPEX_NCCL_PATH   load exactly this NCCL library instead of libnccl.so.2.
        CAPEX_CACHE_DIR   kernel cache directory; set but empty disables the disk cache.
                          Default $XDG_CACHE_HOME/capex, else $HOME/.cache/capex.
+       CAPEX_CUDA_PARAMS 4096: the multi-tensor launches pass at most 4 KB of kernel
+                         parameters, as before CUDA 12.1 (for a driver that mishandles
+                         larger ones); auto (or unset): 32 KB where the driver (12.1+),
+                         the GPU (sm_70+) and NVRTC (12.1+) take them, else 4 KB. Read
+                         when a context is created; other values are CAPEX_ERR_CONFIG.
 
    TOPICS
        Loading ........ nothing is loaded until a capex_cuda_* call needs it; each
@@ -64,7 +69,9 @@
        Contexts ....... capex_cuda_context = one GPU's primary context (shared with the
                         CUDA runtime and PyTorch in the same process), its module cache
                         and disk-cache settings. Calls make it current on the calling
-                        thread. Several contexts (GPUs) may live in one process.
+                        thread. Several contexts (GPUs) may live in one process. Creating
+                        one fixes its kernel-parameter size (CAPEX_CUDA_PARAMS), loading
+                        NVRTC for its version where the driver and GPU take 32 KB.
        JIT ............ one NVRTC program per source; CUBIN for the GPU's exact sm_XY when
                         NVRTC supports it, else PTX for the highest supported arch below
                         it (the driver finishes it), CAPEX_ERR_ARCH below the lowest. The
@@ -233,7 +240,8 @@ CAPEX_API int capex_cuda_builtin_kernel_part(const char *kernel); /* the part de
 /* Compiles every part for device_cc through cache (NULL: no disk cache) on up to
    n_threads threads (<= 0: one per online CPU); images[i] receives part i (an array of
    capex_cuda_builtin_part_count() images; free each). No GPU needed. Thread-safe with
-   its own cache struct; sets LC_NUMERIC to "C" around the compiles (see Thread safety). */
+   its own cache struct; sets LC_NUMERIC to "C" around the compiles (see Thread safety).
+   The images are the 4 KB-parameter build (CAPEX_CUDA_PARAMS=4096 contexts). */
 CAPEX_API capex_result capex_cuda_builtin_compile_parts(int device_cc, capex_cuda_cache *cache, int n_threads,
                                                         capex_cuda_image *images);
 
@@ -2822,8 +2830,17 @@ static const char capex__cuda_frag_go10[] =
     "    const float gs = g->gs;\n"
     "    double acc = 0.0;\n"
     "    if (!g->skip) {\n"
-    "        capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_NOVO1_G][s], off, sizeof(GT)) ? n / 4 : 0;\n"
-    "        for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "        capex_u64 nv = capex_go_al(mt.addr[CAPEX_GO_NOVO1_G][s], off, sizeof(GT)) ? n / 4 : 0, b = blockDim.x;\n"
+    "        /* as capex_go_sumsq: 4 strides in flight, the same per-thread order */\n"
+    "        for (k = threadIdx.x; k + 3 * b < nv; k += 4 * b) {\n"
+    "            GT gg[16];\n"
+    "            for (int u = 0; u < 4; u++) capex_go_ld4(gp + 4 * (k + u * b), gg + 4 * u);\n"
+    "            for (int j = 0; j < 16; j++) {\n"
+    "                double d = (double)(capex_go_tof(gg[j], G) * gs);\n"
+    "                acc += d * d;\n"
+    "            }\n"
+    "        }\n"
+    "        for (; k < nv; k += b) {\n"
     "            GT gg[4];\n"
     "            capex_go_ld4(gp + 4 * k, gg);\n"
     "            for (int j = 0; j < 4; j++) {\n"
@@ -2831,7 +2848,15 @@ static const char capex__cuda_frag_go10[] =
     "                acc += d * d;\n"
     "            }\n"
     "        }\n"
-    "        for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
+    "        for (i = 4 * nv + threadIdx.x; i + 3 * b < n; i += 4 * b) {\n"
+    "            GT gg[4];\n"
+    "            for (int u = 0; u < 4; u++) gg[u] = gp[i + u * b];\n"
+    "            for (int u = 0; u < 4; u++) {\n"
+    "                double d = (double)(capex_go_tof(gg[u], G) * gs);\n"
+    "                acc += d * d;\n"
+    "            }\n"
+    "        }\n"
+    "        for (; i < n; i += b) {\n"
     "            double d = (double)(capex_go_tof(gp[i], G) * gs);\n"
     "            acc += d * d;\n"
     "        }\n"
@@ -3779,22 +3804,6 @@ CAPEX__PRIVATE void capex__cuda_variants_build(void) {
     }
 }
 
-/* A unit's NVRTC options: the built-in ones, then the variant's -D options
-   (the one place that makes a built-in compile's option list). */
-typedef struct capex__cuda_unit_opts {
-    const char *opt[16];
-    int n;
-} capex__cuda_unit_opts;
-CAPEX__PRIVATE void capex__cuda_unit_options(int u, capex__cuda_unit_opts *o) {
-    int n = 0, i;
-    const char *const *base = capex_cuda_builtin_options(&n);
-    o->n = 0;
-    for (i = 0; i < n; i++) o->opt[o->n++] = base[i];
-    if (u >= CAPEX__CUDA_N_PARTS)
-        for (i = 0; i < 5; i++)
-            if (capex__cuda_var_def[u - CAPEX__CUDA_N_PARTS][i][0]) o->opt[o->n++] = capex__cuda_var_def[u - CAPEX__CUDA_N_PARTS][i];
-}
-
 CAPEX__PRIVATE const char *capex__cuda_unit_name(int u) {
     pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
     return u < CAPEX__CUDA_N_PARTS ? capex__cuda_parts[u].name : capex__cuda_var_prog[u - CAPEX__CUDA_N_PARTS] + 14;
@@ -3824,17 +3833,53 @@ typedef struct capex__cuda_pjob {
 
 typedef struct capex__cuda_pool {
     capex__cuda_pjob *jobs;
-    int n, next, device_cc;
+    int n, next, device_cc, meta_bytes;
     pthread_mutex_t lock;
 } capex__cuda_pool;
 
-/* The compile of built-in unit u (a part or a variant) for device_cc, through
-   cache (NULL: none); o holds the options while d is used. */
-CAPEX__PRIVATE void capex__cuda_unit_desc(int u, int device_cc, capex_cuda_cache *cache, capex__cuda_unit_opts *o,
-                                          capex_cuda_compile_desc *d) {
+/* The options of built-in part p for a context whose launches carry
+   meta_bytes of multi-tensor metadata: the built-in options, and for a part
+   with the metadata type (capex__cuda_frag_go0b) -DCAPEX_GO_META=<large> where
+   that is the large size. The options are in the cache key: a context never
+   finds (in memory or on disk) a module built for the other size. */
+static const char *const capex__cuda_builtin_opts_large[] = {
+    "-default-device", "--std=c++17", "--fmad=false", ("-DCAPEX_GO_META=" CAPEX__OPT_XSTR(CAPEX__GO_META_LARGE))};
+CAPEX__PRIVATE const char *const *capex__cuda_part_options(int p, int meta_bytes, int *n_options) {
+    const capex__cuda_fragment_fn *f;
+    if (meta_bytes == CAPEX__GO_META_LARGE)
+        for (f = capex__cuda_parts[p].frags; *f; f++)
+            if (*f == capex__cuda_frag_go0b_fn) {
+                *n_options = (int)(sizeof capex__cuda_builtin_opts_large / sizeof capex__cuda_builtin_opts_large[0]);
+                return capex__cuda_builtin_opts_large;
+            }
+    return capex_cuda_builtin_options(n_options);
+}
+
+/* A unit's NVRTC options: its part's (capex__cuda_part_options: the built-in
+   ones, and the context's metadata size), then the variant's -D options. The
+   one place that makes a built-in compile's option list. */
+typedef struct capex__cuda_unit_opts {
+    const char *opt[16];
+    int n;
+} capex__cuda_unit_opts;
+CAPEX__PRIVATE void capex__cuda_unit_options(int u, int meta_bytes, capex__cuda_unit_opts *o) {
+    int n = 0, i;
+    const char *const *base = capex__cuda_part_options(capex__cuda_unit_part(u), meta_bytes, &n);
+    o->n = 0;
+    for (i = 0; i < n && i < 10; i++) o->opt[o->n++] = base[i];
+    if (u >= CAPEX__CUDA_N_PARTS)
+        for (i = 0; i < 5; i++)
+            if (capex__cuda_var_def[u - CAPEX__CUDA_N_PARTS][i][0]) o->opt[o->n++] = capex__cuda_var_def[u - CAPEX__CUDA_N_PARTS][i];
+}
+
+/* The compile of built-in unit u (a part or a variant) for device_cc and
+   meta_bytes of launch metadata, through cache (NULL: none); o holds the
+   options while d is used. */
+CAPEX__PRIVATE void capex__cuda_unit_desc(int u, int device_cc, int meta_bytes, capex_cuda_cache *cache,
+                                          capex__cuda_unit_opts *o, capex_cuda_compile_desc *d) {
     int p = capex__cuda_unit_part(u);
     capex_cuda_compile_desc_init(d);
-    capex__cuda_unit_options(u, o);
+    capex__cuda_unit_options(u, meta_bytes, o);
     d->source = capex__cuda_part_text[p];
     d->name = u < CAPEX__CUDA_N_PARTS ? capex__cuda_part_prog[p] : capex__cuda_var_prog[u - CAPEX__CUDA_N_PARTS];
     d->options = o->opt;
@@ -3844,10 +3889,10 @@ CAPEX__PRIVATE void capex__cuda_unit_desc(int u, int device_cc, capex_cuda_cache
 }
 
 /* Compiles (or reads from the disk cache) job j's part: NVRTC only, no CUDA call. */
-CAPEX__PRIVATE void capex__cuda_pjob_run(capex__cuda_pjob *j, int device_cc) {
+CAPEX__PRIVATE void capex__cuda_pjob_run(capex__cuda_pjob *j, int device_cc, int meta_bytes) {
     capex_cuda_compile_desc d;
     capex__cuda_unit_opts o;
-    capex__cuda_unit_desc(j->part, device_cc, j->use_cache ? &j->cache : NULL, &o, &d);
+    capex__cuda_unit_desc(j->part, device_cc, meta_bytes, j->use_cache ? &j->cache : NULL, &o, &d);
     j->r = d.source ? capex__cuda_compile_ex(&d, j->skip_read, 1, &j->img)
                     : capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "could not assemble the built-in kernel source");
     if (j->r != CAPEX_OK) capex__cuda_fmt(j->err, sizeof j->err, "%s", capex_last_error());
@@ -3861,12 +3906,12 @@ CAPEX__PRIVATE void *capex__cuda_pool_work(void *arg) {
         j = pool->next < pool->n ? &pool->jobs[pool->next++] : NULL;
         pthread_mutex_unlock(&pool->lock);
         if (!j) return NULL;
-        capex__cuda_pjob_run(j, pool->device_cc);
+        capex__cuda_pjob_run(j, pool->device_cc, pool->meta_bytes);
     }
 }
 
 /* Runs jobs[0..n) on up to n_threads threads (<= 0: one per online CPU). */
-CAPEX__PRIVATE void capex__cuda_pool_run(capex__cuda_pjob *jobs, int n, int device_cc, int n_threads) {
+CAPEX__PRIVATE void capex__cuda_pool_run(capex__cuda_pjob *jobs, int n, int device_cc, int meta_bytes, int n_threads) {
     capex__cuda_pool pool;
     pthread_t th[64];
     int i, started = 0;
@@ -3880,6 +3925,7 @@ CAPEX__PRIVATE void capex__cuda_pool_run(capex__cuda_pjob *jobs, int n, int devi
     pool.n = n;
     pool.next = 0;
     pool.device_cc = device_cc;
+    pool.meta_bytes = meta_bytes;
     pthread_mutex_init(&pool.lock, NULL);
     for (i = 1; i < n_threads; i++)
         if (pthread_create(&th[started], NULL, capex__cuda_pool_work, &pool) == 0) started++;
@@ -3944,7 +3990,7 @@ CAPEX_API capex_result capex_cuda_builtin_compile_parts(int device_cc, capex_cud
     if (!jobs) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_builtin_compile_parts: out of memory");
     for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) want[i] = 1;
     n = capex__cuda_pool_jobs(jobs, want, cache);
-    capex__cuda_pool_run(jobs, n, device_cc, n_threads);
+    capex__cuda_pool_run(jobs, n, device_cc, CAPEX__GO_META_SMALL, n_threads); /* no context: the 4 KB build */
     r = capex__cuda_pool_status(jobs, n, cache);
     for (i = 0; i < n; i++) {
         if (r == CAPEX_OK) images[jobs[i].part] = jobs[i].img;
@@ -3995,6 +4041,7 @@ struct capex_cuda_context {
     void *var_fn[CAPEX__CUDA_N_VARIANTS][3];      /* a loaded variant's kernels (capex__cuda_unit_slot) */
     unsigned char var_spills[CAPEX__CUDA_N_VARIANTS]; /* its image uses local memory here: the part runs it */
     int var_occ[CAPEX__CUDA_N_VARIANTS][3];       /* as builtin_occ, per variant kernel */
+    int meta_bytes;              /* multi-tensor launch metadata: CAPEX__GO_META_SMALL or _LARGE (capex__cuda_params_choose) */
     capex__cuda_bg bg;           /* background compiles (capex_cuda_precompile_async) */
 };
 
@@ -4034,7 +4081,7 @@ CAPEX__PRIVATE void *capex__cuda_bg_work(void *arg) {
         if (p < 0 || bg->stop) break;
         bg->state[p] = CAPEX__BG_RUNNING;
         pthread_mutex_unlock(&bg->lock);
-        capex__cuda_pjob_run(&bg->job[p], ctx->device_cc);
+        capex__cuda_pjob_run(&bg->job[p], ctx->device_cc, ctx->meta_bytes);
         pthread_mutex_lock(&bg->lock);
         bg->state[p] = CAPEX__BG_DONE;
         pthread_cond_broadcast(&bg->cv);
@@ -4135,6 +4182,39 @@ CAPEX__PRIVATE capex_result capex__cuda_enter(capex_cuda_context *ctx) {
     return CAPEX_OK;
 }
 
+/* The multi-tensor launch metadata of a context: CAPEX__GO_META_LARGE (32 KB
+   of kernel parameters) where the driver (12.1+: driver >= 12010), the GPU
+   (sm_70+) and NVRTC (12.1+; older ones refuse kernels over 4 KB of
+   parameters) all take it, else CAPEX__GO_META_SMALL. env: CAPEX_CUDA_PARAMS
+   ("4096": small whatever the driver; NULL, "" or "auto": as above). nvrtc:
+   major * 1000 + minor * 10, 0 when NVRTC is not there (only the disk cache
+   can serve then, and large-parameter entries come from a capable NVRTC). */
+CAPEX__PRIVATE capex_result capex__cuda_params_choose(const char *env, int driver, int cc, int nvrtc, int *meta_bytes) {
+    *meta_bytes = CAPEX__GO_META_SMALL;
+    if (env && env[0] && strcmp(env, "auto") != 0) {
+        if (!strcmp(env, "4096")) return CAPEX_OK;
+        return capex__fail(CAPEX_ERR_CONFIG, "CAPEX_CUDA_PARAMS='%s': want 4096 (4 KB kernel parameters, as before CUDA "
+                           "12.1) or auto (32 KB where the driver, the GPU and NVRTC take them)", env);
+    }
+    if (driver >= 12010 && cc >= 70 && (nvrtc == 0 || nvrtc >= 12010)) *meta_bytes = CAPEX__GO_META_LARGE;
+    return CAPEX_OK;
+}
+
+/* capex__cuda_params_choose for ctx; NVRTC is loaded only when the rest allows 32 KB. */
+CAPEX__PRIVATE capex_result capex__cuda_params_pick(capex_cuda_context *ctx) {
+    const char *env = getenv("CAPEX_CUDA_PARAMS");
+    capex__cuda_nvrtc_lib *n;
+    capex_result r = capex__cuda_params_choose(env, capex__cuda_drv.version, ctx->device_cc, 0, &ctx->meta_bytes);
+    if (r != CAPEX_OK || ctx->meta_bytes == CAPEX__GO_META_SMALL) return r;
+    if ((n = capex__cuda_nvrtc(&r)) == NULL) capex_clear_error(); /* compiles report it */
+    r = capex__cuda_params_choose(env, capex__cuda_drv.version, ctx->device_cc, n ? n->major * 1000 + n->minor * 10 : 0,
+                                  &ctx->meta_bytes);
+    capex_log(CAPEX_LOG_INFO, "capex_cuda: multi-tensor launches take %d bytes of kernel parameters (driver %d, sm_%d, NVRTC %d)",
+              ctx->meta_bytes == CAPEX__GO_META_LARGE ? 32764 : 4096, capex__cuda_drv.version, ctx->device_cc,
+              n ? n->major * 1000 + n->minor * 10 : 0);
+    return r;
+}
+
 CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *desc, capex_cuda_context **out) {
     capex_cuda_context_desc def;
     capex_cuda_context *ctx;
@@ -4191,6 +4271,10 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
         return r;
     }
     ctx->device_cc = ctx->info.cc_major * 10 + ctx->info.cc_minor;
+    if ((r = capex__cuda_params_pick(ctx)) != CAPEX_OK) {
+        capex__free(desc->allocator, ctx);
+        return r;
+    }
     if ((cr = capex__cuda_drv.cuDeviceGet(&ctx->device, ordinal)) != 0) {
         capex__free(desc->allocator, ctx);
         return capex__cu_fail(cr, "cuDeviceGet", "");
@@ -4667,7 +4751,7 @@ CAPEX__PRIVATE capex_result capex__cuda_part_load_image_locked(capex_cuda_contex
     capex_cuda_module *m = NULL;
     unsigned char key[32];
     capex_result r = CAPEX_OK;
-    capex__cuda_unit_desc(u, ctx->device_cc, &ctx->cache, &o, &d);
+    capex__cuda_unit_desc(u, ctx->device_cc, ctx->meta_bytes, &ctx->cache, &o, &d);
     capex__cuda_cache_key(d.source, d.name, d.options, d.n_options, ctx->device_cc, key);
     if ((m = capex__cuda_module_find_locked(ctx, key)) != NULL) capex_cuda_image_free(img);
     else r = capex__cuda_module_load_locked(ctx, key, &d, img, &m);
@@ -4690,7 +4774,7 @@ CAPEX__PRIVATE capex_result capex__cuda_part_load_locked(capex_cuda_context *ctx
         return capex__cuda_part_load_image_locked(ctx, (int)u, &job.img);
     }
     pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
-    capex__cuda_unit_desc((int)u, ctx->device_cc, &ctx->cache, &o, &d);
+    capex__cuda_unit_desc((int)u, ctx->device_cc, ctx->meta_bytes, &ctx->cache, &o, &d);
     if (!d.source) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda: could not assemble the built-in kernel source");
     capex__cuda_cache_key(d.source, d.name, d.options, d.n_options, ctx->device_cc, key);
     if ((m = capex__cuda_module_find_locked(ctx, key)) == NULL) {
@@ -4766,7 +4850,7 @@ CAPEX_API capex_result capex_cuda_precompile(capex_cuda_context *ctx, int n_thre
     jobs = (capex__cuda_pjob *)CAPEX_MALLOC(sizeof *jobs * CAPEX__CUDA_N_PARTS);
     if (!jobs) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_precompile: out of memory");
     n = capex__cuda_pool_jobs(jobs, want, &cache);
-    capex__cuda_pool_run(jobs, n, ctx->device_cc, n_threads);
+    capex__cuda_pool_run(jobs, n, ctx->device_cc, ctx->meta_bytes, n_threads);
     pthread_mutex_lock(&ctx->lock);
     r = capex__cuda_pool_status(jobs, n, &ctx->cache);
     for (i = 0; i < n; i++) {
@@ -5092,7 +5176,7 @@ CAPEX__PRIVATE capex_result capex__go_dev_exec(capex_cuda_context *ctx, const ch
     ex->prefetch = capex__go_dev_prefetch;
     ex->sync = capex__go_dev_sync;
     ex->grid = capex__go_dev_grid;
-    ex->meta_bytes = CAPEX__GO_META_SMALL;
+    ex->meta_bytes = ctx->meta_bytes; /* what its parts were compiled for (capex__cuda_part_options) */
     ex->user = ctx;
     return CAPEX_OK;
 }

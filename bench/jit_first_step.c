@@ -2,9 +2,12 @@
    step on bf16 gradients with a dynamic loss scaler launches (issue 18 item 6).
    Built twice by bench/jit_first_step.sh: against this tree's capex_cuda.h,
    and with -DJIT_OLD against an older commit's headers (a576c64 by default),
-   whose first step compiled the whole parts amp, unscale_bf16 and adam_bf16.
+   whose first step compiled the whole parts amp, unscale_bf16 and adam_bf16
+   (4 KB of launch metadata, the only size then).
    This tree compiles the variants capex__cuda_kernel_unit picks for the same
-   launches (the path capex__go_dev_launch takes), without a cache, for sm_90.
+   launches (the path capex__go_dev_launch takes), without a cache, for sm_90,
+   with 32 KB of launch metadata as a context on a CUDA 12.1+ driver and NVRTC
+   compiles them (JIT_META=4096: the 4 KB build).
    CPU time of the compiling thread (getrusage RUSAGE_THREAD: NVRTC runs on the
    caller's thread), best of --reps per program; the machine may be loaded.
 
@@ -96,7 +99,10 @@ int main(int argc, char **argv) {
         /* the launches: unscale in place (capex_cuda_scaler_unscale(grads, grads)),
            prepare, AdamW on bf16 grads with an fp32 master and a bf16 model copy
            (O2; JIT_MODEL=0: no model copy, as capex_info's step), scaler update */
-        const char *mk_env = getenv("JIT_MODEL");
+        const char *mk_env = getenv("JIT_MODEL"), *meta_env = getenv("JIT_META");
+        /* the metadata size a context picks: 32 KB with driver and NVRTC 12.1+ on sm_70+
+           (JIT_META=4096: the 4 KB build, a576c64's only one) */
+        const int meta = meta_env && atoi(meta_env) == 4096 ? CAPEX__GO_META_SMALL : CAPEX__GO_META_LARGE;
         int mk = mk_env ? atoi(mk_env) & 3 : 2, seen[CAPEX__CUDA_N_UNITS], k;
         const size_t ks[4] = {CAPEX__CK_GO_SCALE_BF16_BF16, CAPEX__CK_GO_PREPARE, CAPEX__CK_GO_ADAM_BF16, CAPEX__CK_GO_SCALER_UPDATE};
         const unsigned vbs[4] = {CAPEX__CUDA_VB(0, 0, 1, 0), CAPEX__CUDA_VB(0, 0, 0, 0), CAPEX__CUDA_VB(1, mk, 0, 0),
@@ -110,7 +116,7 @@ int main(int argc, char **argv) {
             size_t bytes = 0;
             double ms;
             if (seen[u]++) continue;
-            capex__cuda_unit_desc(u, cc, NULL, &o, &d);
+            capex__cuda_unit_desc(u, cc, meta, NULL, &o, &d);
             ms = best_of(d.source, d.name, d.options, d.n_options, t, reps, &bytes, &d);
             printf("unit %-24s %8.1f ms %8zu bytes\n", capex__cuda_unit_name(u), ms, bytes);
             total += ms;

@@ -9,7 +9,8 @@
 # (a file of CUDA text; when the kernels live in a C string, a make target that
 # prints them, like $(EMU_DIR)/test_kernels.cu below), then run the program with
 # CAPEX_LIBCUDA_PATH=$(abspath build/emu/libcuda.so.1). Macros the program
-# passes to NVRTC as -D options are not seen: define them in the file.
+# passes to NVRTC as -D options are not seen: define them in the file (the
+# built-in program alone comes twice, for capex's -DCAPEX_GO_META=<large>).
 # A kernel found in an NVRTC image but in no set fails its launch with
 # CUDA_ERROR_NOT_SUPPORTED and names the kernel on stderr.
 # ?=: sanitize passes the main build's (the emulator is not instrumented).
@@ -58,8 +59,12 @@ EMU_RUN = CAPEX_LIBCUDA_PATH=$(abspath $(EMU_LIB)) CAPEX_CACHE_DIR=$(abspath $(E
 # The device's shape (the multi-tensor grids are sized from it): the optimizer
 # tests again on an H100-sized device (132 SMs x 4 blocks: grids of 528), and
 # the grid check without cuOccupancyMaxActiveBlocksPerMultiprocessor (the fixed
-# default of 320 blocks). Entries are VAR=VALUE[,VAR=VALUE]:test:skips[:case].
-EMU_GPU_SHAPES := CAPEX_EMU_SMS=132:test_gpuopt_gpu:1 CAPEX_EMU_OCCUPANCY=0:test_gpuopt_gpu:0:gpu_grid_from_device
+# default of 320 blocks). The emulated driver is 13.0 (32 KB kernel parameters:
+# the multi-tensor launches carry the large metadata); the optimizer tests
+# again on a 12.0 driver (4 KB, the fallback). Entries are
+# VAR=VALUE[,VAR=VALUE]:test:skips[:case].
+EMU_GPU_SHAPES := CAPEX_EMU_SMS=132:test_gpuopt_gpu:1 CAPEX_EMU_OCCUPANCY=0:test_gpuopt_gpu:0:gpu_grid_from_device \
+                  CAPEX_EMU_DRIVER_VERSION=12000:test_gpuopt_gpu:1
 EMU_GPU_TESTS := test_cuda_gpu:0 test_gpuopt_gpu:1 test_norm_gpu:0 test_nccl_gpu:1 test_gpt_gpu:0 \
                  test_gpuopt_gpu:1:reverse test_norm_gpu:0:reverse test_gpt_gpu:0:reverse
 .PHONY: emu-test

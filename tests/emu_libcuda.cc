@@ -34,7 +34,9 @@
    What it cannot show: the GPU memory model (everything here is sequentially
    consistent), warp scheduling and divergence (lanes run one after another),
    NVRTC's code generation, -D options given to NVRTC (the text here is
-   compiled once, without them), speed. */
+   compiled once, without them; only the built-in program comes twice, for
+   capex's -DCAPEX_GO_META=<large> build, picked by the parameter bytes the
+   image declares), speed. */
 #include "cuda_image.h"
 #include <algorithm>
 #include <atomic>
@@ -198,6 +200,7 @@ struct kernel_entry {
     void (*pack)(void **params, void *out);           /* params[i] -> tuple (placement new) */
     void (*run)(const void *args);                    /* one CUDA thread: the kernel with a copy of the arguments */
     int (*pointers)(const void *args, uint64_t *out); /* the pointer-typed arguments' values */
+    size_t param_bytes;                               /* the parameters as the CUDA ABI lays them out */
 };
 struct kernel_set { const char *source; const kernel_entry *k; size_t n; };
 
@@ -221,6 +224,13 @@ template <typename... A, void (*F)(A...)> struct thunk<F> {
         return n;
     }
     static int pointers(const void *a, uint64_t *out) { return ptrs_at(a, out, std::index_sequence_for<A...>{}); }
+    /* each parameter at its alignment, in order: what the image declares (EIATTR_CBANK_PARAM_SIZE) */
+    static constexpr size_t param_bytes() {
+        size_t off = 0;
+        ((off = (off + alignof(typename std::decay<A>::type) - 1) / alignof(typename std::decay<A>::type) *
+                    alignof(typename std::decay<A>::type) + sizeof(typename std::decay<A>::type)), ...);
+        return off;
+    }
     static_assert((std::is_trivially_copyable<typename std::decay<A>::type>::value && ...), "kernel arguments must be trivially copyable");
 };
 } // namespace capex_emu
@@ -228,7 +238,8 @@ template <typename... A, void (*F)(A...)> struct thunk<F> {
 #define CAPEX_EMU_ENTRY(ns, name)                                                                                   \
     {                                                                                                               \
         #name, sizeof(capex_emu::thunk<&ns::name>::tup), capex_emu::thunk<&ns::name>::pack,                         \
-            capex_emu::thunk<&ns::name>::run, capex_emu::thunk<&ns::name>::pointers                                 \
+            capex_emu::thunk<&ns::name>::run, capex_emu::thunk<&ns::name>::pointers,                                \
+            capex_emu::thunk<&ns::name>::param_bytes()                                                              \
     }
 
 #include "kernels.inc"
@@ -592,11 +603,88 @@ void on_fault(int sig, siginfo_t *si, void *) {
 struct function { const capex_emu::kernel_entry *k; std::string name; int max_dyn_shmem; };
 struct module { std::vector<unsigned char> img; std::vector<std::unique_ptr<function>> funcs; };
 
-const capex_emu::kernel_entry *find_kernel(const char *name) {
+/* The kernel called name whose parameters take param_bytes (the image's; < 0:
+   unknown, the first of that name): the built-in kernels come in two sets,
+   4 KB and 32 KB of launch metadata (tests/emu_gen.c). */
+const capex_emu::kernel_entry *find_kernel(const char *name, long param_bytes = -1) {
+    const capex_emu::kernel_entry *first = nullptr;
     for (const capex_emu::kernel_set &s : capex_emu_sets)
         for (size_t i = 0; i < s.n; i++)
-            if (!strcmp(s.k[i].name, name)) return &s.k[i];
-    return nullptr;
+            if (!strcmp(s.k[i].name, name)) {
+                if (param_bytes < 0 || (long)s.k[i].param_bytes == param_bytes) return &s.k[i];
+                if (!first) first = &s.k[i];
+            }
+    return first;
+}
+
+/* Bytes of kernel parameters that kernel `name` takes in the image: a CUBIN's
+   .nv.info.NAME EIATTR_CBANK_PARAM_SIZE (format 3, attribute 0x19), a PTX
+   .entry's .param list laid out at each one's alignment; -1: not found. */
+long cubin_param_bytes(const unsigned char *p, size_t n, const char *name) {
+    uint64_t shoff, stroff;
+    uint16_t shentsize, shnum, shstrndx;
+    std::string want = std::string(".nv.info.") + name;
+    memcpy(&shoff, p + 40, 8);
+    memcpy(&shentsize, p + 58, 2);
+    memcpy(&shnum, p + 60, 2);
+    memcpy(&shstrndx, p + 62, 2);
+    if (shstrndx >= shnum || shoff + (uint64_t)shentsize * shnum > n) return -1;
+    memcpy(&stroff, p + shoff + (uint64_t)shstrndx * shentsize + 24, 8);
+    for (unsigned i = 0; i < shnum; i++) {
+        const unsigned char *h = p + shoff + (uint64_t)i * shentsize;
+        uint32_t nm;
+        uint64_t off, sz;
+        memcpy(&nm, h, 4);
+        memcpy(&off, h + 24, 8);
+        memcpy(&sz, h + 32, 8);
+        if (stroff + nm >= n || off + sz > n || strncmp((const char *)p + stroff + nm, want.c_str(), n - stroff - nm) != 0)
+            continue;
+        for (const unsigned char *q = p + off, *e = q + sz; q + 4 <= e;) {
+            uint16_t v;
+            memcpy(&v, q + 2, 2);
+            if (q[0] == 3 && q[1] == 0x19) return v;
+            q += q[0] == 4 ? 4u + v : 4u; /* EIFMT_SVAL: u16 size, then the data; the others: 4 bytes */
+        }
+        return -1;
+    }
+    return -1;
+}
+long ptx_param_bytes(const char *t, const char *name) {
+    std::string key = std::string(".entry ") + name + "(";
+    const char *p = strstr(t, key.c_str()), *end;
+    long off = 0;
+    if (!p) return -1;
+    p += key.size();
+    if (!(end = strchr(p, ')'))) return -1;
+    while (p < end) {
+        const char *c = (const char *)memchr(p, ',', (size_t)(end - p)), *stop = c ? c : end;
+        std::string item(p, stop);
+        static const struct { const char *t; long size; } types[] = {
+            {".b8", 1}, {".u8", 1}, {".s8", 1}, {".b16", 2}, {".u16", 2}, {".s16", 2}, {".f16", 2}, {".b32", 4}, {".u32", 4},
+            {".s32", 4}, {".f32", 4}, {".b64", 8}, {".u64", 8}, {".s64", 8}, {".f64", 8}};
+        long size = 0, align = 0;
+        for (const auto &ty : types) {
+            size_t at = item.find(std::string(ty.t) + " ");
+            if (at != std::string::npos) { size = ty.size; break; }
+        }
+        if (size == 0) return -1;
+        size_t br = item.find('[');
+        if (br != std::string::npos) { /* .param .align N .b8 name[COUNT] */
+            size_t al = item.find(".align ");
+            align = al != std::string::npos ? atol(item.c_str() + al + 7) : size;
+            size *= atol(item.c_str() + br + 1);
+        } else {
+            align = size; /* a scalar (a pointer's ".ptr .align" is its target's) */
+        }
+        if (align <= 0) return -1;
+        off = (off + align - 1) / align * align + size;
+        p = stop + 1;
+    }
+    return off;
+}
+long image_param_bytes(const std::vector<unsigned char> &img, const char *name) {
+    if (img.size() >= 64 && !memcmp(img.data(), "\177ELF", 4)) return cubin_param_bytes(img.data(), img.size(), name);
+    return ptx_param_bytes((const char *)img.data(), name);
 }
 
 /* The blocks of a grid; a fault (SIGSEGV/SIGBUS) lands back here. Plain data
@@ -730,7 +818,10 @@ EMU_API CUresult cuInit(unsigned flags) {
    from it: tests/emu.mk runs the GPU tests with few SMs and with many):
    CAPEX_EMU_SMS (default 4), CAPEX_EMU_OCCUPANCY (resident blocks per SM;
    default 2048 threads / block size; 0: cuOccupancyMaxActiveBlocksPerMultiprocessor
-   fails, as without the symbol), CAPEX_EMU_DRIVER_VERSION (default 13000). */
+   fails, as without the symbol), CAPEX_EMU_DRIVER_VERSION (default 13000),
+   CAPEX_EMU_CC (compute capability, default 90). Launches over 4096 bytes of
+   parameters fail with CUDA_ERROR_INVALID_VALUE below driver 12010 or cc 70,
+   as on a real driver (CUDA 12.1 raised the limit to 32764 on Volta and newer). */
 namespace {
 int env_int(const char *name, int dflt, int lo, int hi) {
     const char *e = getenv(name);
@@ -740,10 +831,12 @@ int env_int(const char *name, int dflt, int lo, int hi) {
     v = strtol(e, &end, 10);
     return *end || v < lo || v > hi ? dflt : (int)v;
 }
+int emu_driver_version() { return env_int("CAPEX_EMU_DRIVER_VERSION", 13000, 1000, 99999); }
+int emu_cc() { return env_int("CAPEX_EMU_CC", 90, 30, 199); }
 } // namespace
 EMU_API CUresult cuDriverGetVersion(int *v) {
     if (!v) return INVALID_VALUE;
-    *v = env_int("CAPEX_EMU_DRIVER_VERSION", 13000, 1000, 99999);
+    *v = emu_driver_version();
     return OK;
 }
 
@@ -797,8 +890,8 @@ EMU_API CUresult cuDeviceGetName(char *name, int len, int dev) {
 EMU_API CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
     if (dev != 0) return INVALID_DEVICE;
     switch (attr) {
-    case 75: *v = 9; return OK;   /* compute capability 9.0: NVRTC builds a real sm_90 CUBIN */
-    case 76: *v = 0; return OK;
+    case 75: *v = emu_cc() / 10; return OK; /* default 9.0: NVRTC builds a real sm_90 CUBIN */
+    case 76: *v = emu_cc() % 10; return OK;
     case 16: *v = env_int("CAPEX_EMU_SMS", 4, 1, 1024); return OK; /* SMs: few by default, so grid-stride loops take several passes */
     case 36: *v = 1000000; return OK; /* "memory clock" and "bus width": a nominal 16 GB/s */
     case 37: *v = 64; return OK;
@@ -1040,7 +1133,7 @@ EMU_API CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
     for (auto &fn : mod->funcs)
         if (fn->name == name) { *f = fn.get(); return OK; }
     /* found in the image but maybe not compiled into the emulator: launching it says so */
-    mod->funcs.emplace_back(new function{find_kernel(name), name, 0});
+    mod->funcs.emplace_back(new function{find_kernel(name, image_param_bytes(mod->img, name)), name, 0});
     *f = mod->funcs.back().get();
     return OK;
 }
@@ -1088,6 +1181,7 @@ EMU_API CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz,
         return NOT_SUPPORTED;
     }
     if (!params && f->k->args_size > 1) return INVALID_VALUE;
+    if (f->k->param_bytes > 4096 && (emu_driver_version() < 12010 || emu_cc() < 70)) return INVALID_VALUE;
     op o = make_op(0);
     o.k = f->k;
     o.g[0] = gx; o.g[1] = gy; o.g[2] = gz;

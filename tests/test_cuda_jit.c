@@ -269,7 +269,7 @@ CT_TEST(builtin_variants_compile) {
         const int arch = i == 0 ? 90 : i == 1 ? ci_archs[0] : ci_archs[sizeof ci_archs / sizeof ci_archs[0] - 1];
         n = i == 0 ? CAPEX__CUDA_N_VARIANTS : (int)(sizeof few / sizeof few[0]);
         for (v = 0; v < n; v++) capex__cuda_pjob_init(&jobs[v], CAPEX__CUDA_N_PARTS + (i == 0 ? v : few[v]), NULL);
-        capex__cuda_pool_run(jobs, n, arch, 2);
+        capex__cuda_pool_run(jobs, n, arch, i == 0 ? CAPEX__GO_META_LARGE : CAPEX__GO_META_SMALL, 2);
         for (v = 0; v < n; v++) {
             const capex_cuda_image *img = &jobs[v].img;
             u = jobs[v].part;
@@ -832,6 +832,116 @@ CT_TEST(invalid_arguments) {
     CT_CHECK(capex_cuda_context_device(NULL) == NULL, "device of NULL");
 }
 
+/* ---- 32 KB kernel parameters: the choice and the options it gives parts ---- */
+CT_TEST(params_choice_and_part_options) {
+    static const struct { const char *env; int drv, cc, nvrtc, code, large; } rows[] = {
+        {NULL, 13000, 90, 13000, CAPEX_OK, 1},  {"", 12010, 70, 12010, CAPEX_OK, 1},  /* the minimums */
+        {"auto", 12080, 80, 12080, CAPEX_OK, 1}, {NULL, 12000, 90, 13000, CAPEX_OK, 0}, /* driver 12.0 */
+        {NULL, 13000, 61, 13000, CAPEX_OK, 0},  {NULL, 12090, 90, 12000, CAPEX_OK, 0}, /* Pascal; NVRTC 12.0 */
+        {NULL, 13000, 90, 0, CAPEX_OK, 1},      /* no NVRTC: the disk cache alone serves */
+        {"4096", 13000, 90, 13000, CAPEX_OK, 0}, {"32764", 13000, 90, 13000, CAPEX_ERR_CONFIG, 0},
+        {"4096 ", 13000, 90, 13000, CAPEX_ERR_CONFIG, 0}};
+    unsigned char ks[32], kl[32];
+    int i, p, n_small, n_large, meta = -1, go_parts = 0;
+    for (i = 0; i < (int)(sizeof rows / sizeof rows[0]); i++) {
+        capex_result r = capex__cuda_params_choose(rows[i].env, rows[i].drv, rows[i].cc, rows[i].nvrtc, &meta);
+        CT_CHECK(r == rows[i].code && meta == (rows[i].large ? CAPEX__GO_META_LARGE : CAPEX__GO_META_SMALL),
+                 "row %d: %d, %d bytes", i, (int)r, meta);
+        if (r != CAPEX_OK) CT_CHECK(strstr(capex_last_error(), "CAPEX_CUDA_PARAMS") && strstr(capex_last_error(), "4096"), "%s",
+                                    capex_last_error());
+    }
+    /* the large build adds its -D to the parts with the launch metadata only, and changes their keys */
+    for (p = 0; p < CAPEX__CUDA_N_PARTS; p++) {
+        const char *const *os = capex__cuda_part_options(p, CAPEX__GO_META_SMALL, &n_small);
+        const char *const *ol = capex__cuda_part_options(p, CAPEX__GO_META_LARGE, &n_large);
+        const char *src = capex_cuda_builtin_part_source(p);
+        int has_meta = strstr(src, "struct capex_go_meta") != NULL;
+        int n0 = 0;
+        CT_CHECK(os == capex_cuda_builtin_options(&n0) && n_small == n0, "part %d: 4 KB options are the built-in ones", p);
+        CT_CHECK(n_large == n_small + has_meta, "part %s: %d options", capex_cuda_builtin_part_name(p), n_large);
+        if (has_meta) CT_CHECK(!strcmp(ol[n_large - 1], "-DCAPEX_GO_META=32512"), "%s", ol[n_large - 1]);
+        capex__cuda_cache_key(src, capex__cuda_part_prog[p], os, n_small, 90, ks);
+        capex__cuda_cache_key(src, capex__cuda_part_prog[p], ol, n_large, 90, kl);
+        CT_CHECK((memcmp(ks, kl, 32) != 0) == has_meta, "part %d keys", p);
+        go_parts += has_meta;
+    }
+    CT_CHECK(go_parts >= 20 && strstr(capex_cuda_builtin_part_source(CAPEX__CP_ADAM_F32), "struct capex_go_meta") &&
+             !strstr(capex_cuda_builtin_part_source(CAPEX__CP_NORM_FWD), "struct capex_go_meta"), "%d parts with metadata", go_parts);
+    /* NVRTC builds the large variant (PTX ISA 8.1+) for the lowest and the H100 arch */
+    CT_NEED_NVRTC();
+    {
+        static const int archs[2] = {75, 90};
+        int a;
+        for (a = 0; a < 2; a++) {
+            capex_cuda_compile_desc d;
+            capex__cuda_unit_opts o;
+            capex_cuda_image img;
+            const char *ptx;
+            capex__cuda_unit_desc(CAPEX__CP_ADAM_F32, archs[a], CAPEX__GO_META_LARGE, NULL, &o, &d);
+            CT_CHECK(d.n_options == n_small + 1, "desc options");
+            {
+                capex_cuda_target t;
+                t.kind = CAPEX_CUDA_IMAGE_PTX;
+                t.arch = archs[a];
+                CT_CHECK(capex_cuda_nvrtc_compile(d.source, d.name, d.options, d.n_options, t, &img) == CAPEX_OK, "sm_%d: %s",
+                         archs[a], capex_last_error());
+            }
+            ptx = (const char *)img.data;
+            /* capex_go_adam_f32's metadata: 8 * (6 + 2) * 507 + 8 bytes */
+            CT_CHECK(strstr(ptx, "capex_go_adam_f32_param_0[32456]") != NULL, "sm_%d: the large metadata parameter", archs[a]);
+            capex_cuda_image_free(&img);
+        }
+    }
+}
+
+/* The choice on the stand-in driver (tests/fake_libcuda.c: a context, no
+   GPU), one process per driver version (it is read once): arg "DRIVER NVRTC
+   PARAMS" (NVRTC "none": no library; PARAMS "-": unset). value: the
+   context's metadata bytes. */
+static void child_params(const char *arg, child_result *res) {
+    char drv[1024], nv[1024], dv[16], nvv[16], pv[16];
+    capex_cuda_context_desc cd;
+    capex_cuda_context *ctx = NULL;
+    capex__go_exec ex;
+    res->code = -1;
+    if (sscanf(arg, "%15s %15s %15s", dv, nvv, pv) != 3 || !sibling_path("fake", "libcuda.so.1", drv, sizeof drv) ||
+        !sibling_path("fake", "nvrtc_ok/lib64/libnvrtc.so.12", nv, sizeof nv))
+        return;
+    setenv("CAPEX_LIBCUDA_PATH", drv, 1);
+    setenv("FAKE_CUDA_DRIVER_VERSION", dv, 1);
+    if (!strcmp(nvv, "none")) setenv("CAPEX_NVRTC_PATH", "/nonexistent/libnvrtc.so", 1);
+    else {
+        setenv("CAPEX_NVRTC_PATH", nv, 1);
+        setenv("FAKE_NVRTC_VERSION", nvv, 1);
+    }
+    if (strcmp(pv, "-") != 0) setenv("CAPEX_CUDA_PARAMS", pv, 1);
+    else unsetenv("CAPEX_CUDA_PARAMS");
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.disk_cache = 0;
+    res->code = capex_cuda_context_create(&cd, &ctx);
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    if (res->code != CAPEX_OK) return;
+    res->value = capex__go_dev_exec(ctx, "test", &ex) == CAPEX_OK && ex.meta_bytes == ctx->meta_bytes ? ctx->meta_bytes : -1;
+    capex_cuda_context_destroy(ctx);
+}
+
+CT_TEST(params_on_the_stand_in_driver) {
+    static const struct { const char *arg; int code, meta; } rows[] = {
+        {"13000 13.0 -", CAPEX_OK, CAPEX__GO_META_LARGE},    {"12010 12.1 -", CAPEX_OK, CAPEX__GO_META_LARGE},
+        {"12000 13.0 -", CAPEX_OK, CAPEX__GO_META_SMALL},    {"13000 12.0 -", CAPEX_OK, CAPEX__GO_META_SMALL},
+        {"13000 none -", CAPEX_OK, CAPEX__GO_META_LARGE},    {"13000 13.0 4096", CAPEX_OK, CAPEX__GO_META_SMALL},
+        {"13000 13.0 auto", CAPEX_OK, CAPEX__GO_META_LARGE}, {"13000 13.0 4k", CAPEX_ERR_CONFIG, 0}};
+    int i;
+    for (i = 0; i < (int)(sizeof rows / sizeof rows[0]); i++) {
+        child_result r = run_child("params", rows[i].arg);
+        CT_CHECK(r.exited_ok && r.code != -1, "%s: child failed: %s", rows[i].arg, r.message);
+        CT_CHECK(r.code == rows[i].code && (r.code != CAPEX_OK || r.value == rows[i].meta), "%s: %d, %d bytes: %s", rows[i].arg,
+                 r.code, r.value, r.message);
+        if (r.code == CAPEX_ERR_CONFIG) CT_CHECK(strstr(r.message, "CAPEX_CUDA_PARAMS='4k'"), "%s", r.message);
+    }
+}
+
 static const ct_case cases[] = {
     CT_CASE(select_target_table),
     CT_CASE(builtin_source_is_self_contained),
@@ -851,6 +961,8 @@ static const ct_case cases[] = {
     CT_CASE(module_cache_offline_fill_and_load_errors),
     CT_CASE(nccl_status),
     CT_CASE(invalid_arguments),
+    CT_CASE(params_choice_and_part_options),
+    CT_CASE(params_on_the_stand_in_driver),
 };
 static const child_entry children[] = {{"driver", child_driver},
                                        {"nvrtc", child_nvrtc},
@@ -858,7 +970,8 @@ static const child_entry children[] = {{"driver", child_driver},
                                        {"locale_threads", child_locale_threads},
                                        {"compile_unlocked", child_compile_unlocked},
                                        {"module_cache", child_module_cache},
-                                       {"nccl", child_nccl}};
+                                       {"nccl", child_nccl},
+                                       {"params", child_params}};
 
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);

@@ -11,7 +11,10 @@
      whose threads wait at barriers that cannot open, and a full-mask shuffle
      after lanes have returned, give CUDA_ERROR_LAUNCH_FAILED instead of a hang
      or garbage, a kernel in the image but not
-     in the emulator fails its launch with CUDA_ERROR_NOT_SUPPORTED.
+     in the emulator fails its launch with CUDA_ERROR_NOT_SUPPORTED;
+   - launches over 4 KB of parameters run (the built-in kernels' 32 KB build,
+     found by the image's parameter bytes, CUBIN or PTX) and fail with
+     CUDA_ERROR_INVALID_VALUE below driver 12.1 or sm_70.
    Needs NVRTC (the emulator loads real images); skips without the library. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -256,9 +259,102 @@ CT_TEST(faults_are_sticky_errors) {
     }
 }
 
+/* ---- kernel parameters over 4 KB: CUDA 12.1+ drivers on sm_70+ only ----
+   A context on the default emulated driver (13.0, sm_90) builds its
+   multi-tensor parts for 32 KB of parameters; the emulator picks the kernel
+   set by the parameter bytes the image declares (CUBIN, or PTX where NVRTC has
+   no CUBIN for the arch) and refuses such launches, like a real driver, when
+   it plays a driver before 12.1 or a GPU before sm_70. */
+static capex_result emu_scale(capex_cuda_context *ctx, int *right) {
+    static const int64_t n[3] = {5, 1, 700};
+    float h[706], back[706], half = 0.5f;
+    capex_tensor in[3], out[3];
+    capex_tensor_list li, lo;
+    capex__go_exec ex;
+    capex_cuda_ptr d = 0, s = 0;
+    capex_result r;
+    int i, at = 0;
+    *right = 0;
+    for (i = 0; i < 706; i++) h[i] = (float)i - 300.0f;
+    if ((r = capex__go_dev_exec(ctx, "test", &ex)) != CAPEX_OK || (r = capex_cuda_malloc(ctx, 2 * sizeof h, &d)) != CAPEX_OK ||
+        (r = capex_cuda_malloc(ctx, 4, &s)) != CAPEX_OK || (r = capex_cuda_memcpy_htod(ctx, s, &half, 4, NULL)) != CAPEX_OK ||
+        (r = capex_cuda_memcpy_htod(ctx, d, h, sizeof h, NULL)) != CAPEX_OK)
+        goto out;
+    for (i = 0; i < 3; i++) {
+        in[i].numel = out[i].numel = n[i];
+        in[i].data = (void *)(uintptr_t)(d + (uint64_t)at * 4);
+        out[i].data = (void *)(uintptr_t)(d + sizeof h + (uint64_t)at * 4);
+        at += (int)n[i];
+    }
+    li = capex_tensor_list_make(CAPEX_F32, in, 3);
+    lo = capex_tensor_list_make(CAPEX_F32, out, 3);
+    if ((r = capex__go_scale(&ex, "t", NULL, &li, &lo, s, 0, 0, NULL)) != CAPEX_OK ||
+        (r = capex_cuda_memcpy_dtoh(ctx, back, d + sizeof h, sizeof back, NULL)) != CAPEX_OK)
+        goto out;
+    *right = 1;
+    for (i = 0; i < 706; i++) *right &= back[i] == h[i] * 0.5f;
+out:
+    capex_cuda_free(ctx, d);
+    capex_cuda_free(ctx, s);
+    return r;
+}
+
+CT_TEST(large_params_need_driver_12_1_and_volta) {
+    capex_cuda_context *ctx = NULL, *small = NULL, *ptx = NULL;
+    capex_cuda_module *m = NULL, *unused = NULL;
+    capex_cuda_target t;
+    int right = 0, M = 0, mi = 0;
+    capex_result r;
+    memset(&t, 0, sizeof t);
+    OPEN(ctx, m, gpu_test_emu_src);
+    CT_CHECK(capex_cuda_nvrtc_version(&M, &mi) == CAPEX_OK, "%s", capex_last_error());
+    if (M * 1000 + mi * 10 < 12010) CT_SKIP("NVRTC %d.%d builds no kernel over 4 KB of parameters", M, mi);
+    CT_CHECK(ctx->meta_bytes == CAPEX__GO_META_LARGE, "driver 13.0, sm_90: %d bytes of metadata", ctx->meta_bytes);
+    OK(emu_scale(ctx, &right));
+    CT_CHECK(right, "32 KB launch: wrong values");
+    setenv("CAPEX_EMU_QUIET", "1", 1);
+    setenv("CAPEX_EMU_DRIVER_VERSION", "12000", 1); /* read at every call */
+    r = emu_scale(ctx, &right);
+    CT_CHECK(r == CAPEX_ERR_CUDA && strstr(capex_last_error(), "CUDA_ERROR_INVALID_VALUE"), "driver 12.0: %d %s", r,
+             capex_last_error());
+    unsetenv("CAPEX_EMU_DRIVER_VERSION");
+    setenv("CAPEX_EMU_CC", "61", 1);
+    r = emu_scale(ctx, &right);
+    CT_CHECK(r == CAPEX_ERR_CUDA && strstr(capex_last_error(), "CUDA_ERROR_INVALID_VALUE"), "sm_61: %d %s", r, capex_last_error());
+    unsetenv("CAPEX_EMU_CC");
+    OK(capex_cuda_context_synchronize(ctx)); /* not sticky */
+    OK(emu_scale(ctx, &right));
+    CT_CHECK(right, "again");
+    /* a 4 KB context runs where the driver is 12.0 */
+    setenv("CAPEX_CUDA_PARAMS", "4096", 1);
+    r = open_emu(&small, &unused, gpu_test_emu_src);
+    unsetenv("CAPEX_CUDA_PARAMS");
+    OK(r);
+    CT_CHECK(small->meta_bytes == CAPEX__GO_META_SMALL, "CAPEX_CUDA_PARAMS=4096: %d", small->meta_bytes);
+    setenv("CAPEX_EMU_DRIVER_VERSION", "12000", 1);
+    r = emu_scale(small, &right);
+    unsetenv("CAPEX_EMU_DRIVER_VERSION");
+    OK(r);
+    CT_CHECK(right, "4 KB launch on driver 12.0: wrong values");
+    /* sm_91: NVRTC has no CUBIN for it, PTX for sm_90: the emulator reads the PTX .entry's parameters */
+    setenv("CAPEX_EMU_CC", "91", 1);
+    r = open_emu(&ptx, &unused, gpu_test_emu_src);
+    if (r == CAPEX_OK) r = emu_scale(ptx, &right);
+    if (r == CAPEX_OK) r = capex_cuda_builtin_part_module(ptx, CAPEX__CP_UNSCALE_F32, &m);
+    unsetenv("CAPEX_EMU_CC");
+    unsetenv("CAPEX_EMU_QUIET");
+    OK(r);
+    CT_CHECK(capex_cuda_module_info(m, &t, NULL) == CAPEX_OK && t.kind == CAPEX_CUDA_IMAGE_PTX, "sm_91: image kind %d", (int)t.kind);
+    CT_CHECK(ptx->meta_bytes == CAPEX__GO_META_LARGE && right, "PTX, 32 KB: %d bytes, values right %d", ptx->meta_bytes, right);
+    capex_cuda_context_destroy(ptx);
+    capex_cuda_context_destroy(small);
+    capex_cuda_context_destroy(ctx);
+}
+
 static const ct_case cases[] = {
     CT_CASE(every_builtin_kernel_is_compiled_in), CT_CASE(block_sum_and_scan_need_barriers_and_shuffles),
     CT_CASE(shuffle_modes_and_thread_numbering), CT_CASE(kernel_not_compiled_in_is_refused), CT_CASE(faults_are_sticky_errors),
+    CT_CASE(large_params_need_driver_12_1_and_volta),
 };
 static const child_entry children[] = {{"fault", child_fault}};
 

@@ -195,15 +195,15 @@ CT_TEST(f16_grads_equal_f32_grads) {
         }
 }
 
-/* The sums of squares of f32 and bf16 data (AVX lanes with FMA, AVX without
-   it, and the plain loop), odd sizes and offsets, values over many decades,
-   inf and NaN. */
+/* The sums of squares of f32, bf16 and fp16 data (AVX lanes with FMA, AVX
+   without it, and the plain loop; fp16 also F16C off), odd sizes and offsets,
+   values over many decades (fp16 subnormals included), inf and NaN. */
 CT_TEST(sumsq_same_bits) {
 #ifndef CAPEX__F16C
     CT_SKIP("built without x86 SIMD paths");
 #else
     static float x[70001];
-    static uint16_t b[70001];
+    static uint16_t b[70001], h[70001];
     int64_t i, n, off;
     force_portable(0);
     if (!capex__avx_ok()) CT_SKIP("this CPU has no AVX");
@@ -211,14 +211,18 @@ CT_TEST(sumsq_same_bits) {
     for (i = 0; i < 70001; i++) {
         x[i] = urand() * (float)(1u << (rnd32() % 24)) / 4096.0f;
         b[i] = capex_f32_to_bf16(x[i]);
+        h[i] = capex_f32_to_f16(x[i]);
     }
+    h[4000] = 0x7c01; /* a signalling NaN (kept by the software path) */
+    h[9001] = 0xfe03; /* a quiet NaN with a payload */
     for (n = 0; n < 300; n++)
         for (off = 0; off < 3; off++) {
-            double p32, a32, p16, a16;
+            double p32, a32, p16, a16, ph, ah;
             int fma;
             force_portable(1);
             p32 = capex__sumsq_F32(x + off, n * 233 + off);
             p16 = capex__sumsq_BF16(b + off, n * 233 + off);
+            ph = capex__sumsq_F16(h + off, n * 233 + off);
             for (fma = 0; fma < 2; fma++) { /* AVX alone, then AVX+FMA where the CPU has it */
                 force_portable(0);
                 __atomic_store_n(&capex__fma_state, fma ? 0 : 1, __ATOMIC_RELAXED);
@@ -228,7 +232,16 @@ CT_TEST(sumsq_same_bits) {
                          (long long)(n * 233 + off), p32, a32);
                 CT_CHECK(same_bits(&p16, &a16, 1, 8), "bf16 fma %d n %lld: %.17g vs %.17g", fma,
                          (long long)(n * 233 + off), p16, a16);
+                ah = capex__sumsq_F16(h + off, n * 233 + off);
+                CT_CHECK(same_bits(&ph, &ah, 1, 8), "fp16 fma %d n %lld: %.17g vs %.17g", fma,
+                         (long long)(n * 233 + off), ph, ah);
+                __atomic_store_n(&capex__f16c_state, 1, __ATOMIC_RELAXED); /* fp16 blocks converted in software */
+                ah = capex__sumsq_F16(h + off, n * 233 + off);
+                CT_CHECK(same_bits(&ph, &ah, 1, 8), "fp16 no F16C fma %d n %lld: %.17g vs %.17g", fma,
+                         (long long)(n * 233 + off), ph, ah);
+                __atomic_store_n(&capex__f16c_state, 0, __ATOMIC_RELAXED);
             }
+            if (ct->failed) return;
         }
     CT_CHECK(capex__fma_ok() == !!__builtin_cpu_supports("fma"), "FMA probe");
     x[5] = INFINITY; b[17] = 0x7fc1;

@@ -273,12 +273,282 @@ CT_TEST(gpu_tensor_over_2g_elements) {
     capex_cuda_free(e.ctx, df);
 }
 
+/* ---- 32 KB kernel parameters where the driver takes them ----
+   A context decides once (CAPEX_CUDA_PARAMS; driver 12.1+, sm_70+, NVRTC
+   12.1+: capex__cuda_params_choose) and builds its multi-tensor parts for that
+   metadata size: -DCAPEX_GO_META=<large> is in the cache key, so a context of
+   the other size never finds (in memory or on disk) such a module. Four
+   contexts in one process on one fresh cache directory: the default, one
+   forced to 4 KB (CAPEX_CUDA_PARAMS=4096), then both again from the cache.
+   Each runs two Adam steps over 300 small tensors, launches counted, weights
+   and moments bit-identical to the CPU's. On the emulator the driver is
+   12.1+ (large) unless CAPEX_EMU_DRIVER_VERSION says otherwise
+   (tests/emu.mk runs 12.0 too). */
+enum { BIG_N = 300, BIG_MANY = 2500 };
+static int big_launches, big_adam_launches, big_scale_launches;
+static capex_result big_count_launch(void *user, int k, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
+    big_launches++;
+    big_adam_launches += k >= CAPEX__GO_K_ADAM && k < CAPEX__GO_K_ADAM + 3;
+    big_scale_launches += k >= CAPEX__GO_K_SCALE && k < CAPEX__GO_K_SCALE + 9;
+    return capex__go_dev_launch(user, k, grid, block, args, s);
+}
+
+typedef struct big_case {
+    int64_t off[BIG_N + 1]; /* tensor i: elements [off[i], off[i] + numel[i]) of the flat arrays */
+    int64_t numel[BIG_N];
+    float *p0, *g, *p, *m, *v; /* initial weights, grads; the CPU's results */
+} big_case;
+
+/* A context on cache dir `dir` with CAPEX_CUDA_PARAMS = params (NULL: the
+   environment's own), the variable restored after. */
+static capex_cuda_context *big_ctx(const char *params, const char *dir) {
+    capex_cuda_context_desc cd;
+    capex_cuda_context *c = NULL;
+    const char *old = getenv("CAPEX_CUDA_PARAMS");
+    char keep[64];
+    int had = old != NULL;
+    snprintf(keep, sizeof keep, "%s", old ? old : "");
+    if (params) setenv("CAPEX_CUDA_PARAMS", params, 1);
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.cache_dir = dir;
+    if (capex_cuda_context_create(&cd, &c) != CAPEX_OK) c = NULL;
+    if (params) {
+        if (had) setenv("CAPEX_CUDA_PARAMS", keep, 1);
+        else unsetenv("CAPEX_CUDA_PARAMS");
+    }
+    return c;
+}
+
+/* CT_CHECK that does not return (for the helpers that clean up and return a value) */
+#define BIG_CHECK(cond, ...)                                                  \
+    do {                                                                      \
+        if (!(cond) && !ct->failed) ct_fail(ct, __FILE__, __LINE__, #cond, __VA_ARGS__); \
+    } while (0)
+
+/* Two Adam steps on c; *launches: the first step's (all kernels, Adam's). 1: ran and matched the CPU bit for bit. */
+static int big_run(ct_state *ct, capex_cuda_context *c, const big_case *b, int *launches, int *adam) {
+    capex__go_exec ex;
+    capex_optim_desc d;
+    capex_optim_param dp[BIG_N];
+    capex_cuda_optim *opt = NULL;
+    capex_cuda_ptr dpar = 0, dgrad = 0;
+    size_t bytes = (size_t)b->off[BIG_N] * 4;
+    float *back = (float *)malloc(bytes + 4);
+    int i, ok = 0, s;
+    int64_t k;
+    if (!back || capex__go_dev_exec(c, "test", &ex) != CAPEX_OK || capex_cuda_malloc(c, bytes, &dpar) != CAPEX_OK ||
+        capex_cuda_malloc(c, bytes, &dgrad) != CAPEX_OK || capex_cuda_memcpy_htod(c, dpar, b->p0, bytes, NULL) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(c, dgrad, b->g, bytes, NULL) != CAPEX_OK)
+        goto out;
+    ex.launch = big_count_launch;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.defaults.lr = 1e-2f;
+    d.defaults.weight_decay = 0.01f;
+    for (i = 0; i < BIG_N; i++) {
+        capex_optim_param_init(&dp[i]);
+        dp[i].param = (float *)(uintptr_t)(dpar + (uint64_t)b->off[i] * 4);
+        dp[i].grad = (const void *)(uintptr_t)(dgrad + (uint64_t)b->off[i] * 4);
+        dp[i].numel = b->numel[i];
+    }
+    if (capex__go_optim_create(&ex, &d, &opt) != CAPEX_OK || capex_cuda_optim_add_group(opt, NULL, dp, BIG_N, NULL) != CAPEX_OK)
+        goto out;
+    for (s = 0; s < 2; s++) {
+        big_launches = big_adam_launches = 0;
+        if (capex_cuda_optim_step(opt, 0, 0, 0, NULL) != CAPEX_OK) goto out;
+        if (s == 0) { *launches = big_launches; *adam = big_adam_launches; }
+    }
+    if (capex_cuda_memcpy_dtoh(c, back, dpar, bytes, NULL) != CAPEX_OK) goto out;
+    ok = 1;
+    for (k = 0; k < b->off[BIG_N]; k++) ok &= par_f2u(back[k]) == par_f2u(b->p[k]);
+    BIG_CHECK(ok, "weights differ from the CPU's");
+    for (i = 0; ok && i < BIG_N; i++) {
+        capex_cuda_ptr dm = 0, dv = 0;
+        float mv[2][700];
+        ok = capex_cuda_optim_get_state(opt, 0, (size_t)i, &dm, &dv) == CAPEX_OK &&
+             capex_cuda_memcpy_dtoh(c, mv[0], dm, (size_t)b->numel[i] * 4, NULL) == CAPEX_OK &&
+             capex_cuda_memcpy_dtoh(c, mv[1], dv, (size_t)b->numel[i] * 4, NULL) == CAPEX_OK;
+        for (k = 0; ok && k < b->numel[i]; k++)
+            ok = par_f2u(mv[0][k]) == par_f2u(b->m[b->off[i] + k]) && par_f2u(mv[1][k]) == par_f2u(b->v[b->off[i] + k]);
+        BIG_CHECK(ok, "tensor %d: moments differ from the CPU's", i);
+    }
+out:
+    BIG_CHECK(ok, "%s", capex_last_error());
+    capex_cuda_optim_destroy(opt);
+    capex_cuda_free(c, dpar);
+    capex_cuda_free(c, dgrad);
+    free(back);
+    return ok;
+}
+
+/* capex__go_scale over BIG_MANY tiny tensors (more than one launch holds even
+   with the large metadata) on c, bit-identical to the CPU; its launches. */
+static int big_scale_many(ct_state *ct, capex_cuda_context *c) {
+    static capex_tensor hin[BIG_MANY], hout[BIG_MANY], din[BIG_MANY], dout[BIG_MANY];
+    static float src[BIG_MANY * 3], ref[BIG_MANY * 3], back[BIG_MANY * 3];
+    capex_tensor_list li, lo, di, dl;
+    capex__go_exec ex;
+    capex_cuda_ptr dbuf = 0, dscale = 0;
+    uint64_t seed = 7;
+    float sc = 0.75f;
+    int64_t at = 0, total;
+    int i, found = 0, n = -1;
+    for (i = 0; i < BIG_MANY; i++) {
+        int64_t ne = i % 5 == 4 ? 0 : 1 + i % 3; /* some empty */
+        hin[i].numel = hout[i].numel = din[i].numel = dout[i].numel = ne;
+        hin[i].data = src + at;
+        hout[i].data = ref + at;
+        at += ne;
+    }
+    total = at;
+    par_fill(&seed, CAPEX_F32, src, at, 4.0f, 0);
+    li = capex_tensor_list_make(CAPEX_F32, hin, BIG_MANY);
+    lo = capex_tensor_list_make(CAPEX_F32, hout, BIG_MANY);
+    BIG_CHECK(capex_multi_tensor_scale(NULL, &li, &lo, sc, &found) == CAPEX_OK, "cpu");
+    if (capex__go_dev_exec(c, "test", &ex) != CAPEX_OK || capex_cuda_malloc(c, (size_t)at * 8, &dbuf) != CAPEX_OK ||
+        capex_cuda_malloc(c, 4, &dscale) != CAPEX_OK || capex_cuda_memcpy_htod(c, dscale, &sc, 4, NULL) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(c, dbuf, src, (size_t)at * 4, NULL) != CAPEX_OK)
+        goto out;
+    for (at = 0, i = 0; i < BIG_MANY; i++) {
+        din[i].data = (void *)(uintptr_t)(dbuf + (uint64_t)at * 4);
+        dout[i].data = (void *)(uintptr_t)(dbuf + (uint64_t)(total + at) * 4);
+        at += din[i].numel;
+    }
+    ex.launch = big_count_launch;
+    big_scale_launches = 0;
+    di = capex_tensor_list_make(CAPEX_F32, din, BIG_MANY);
+    dl = capex_tensor_list_make(CAPEX_F32, dout, BIG_MANY);
+    if (capex__go_scale(&ex, "t", NULL, &di, &dl, dscale, 0, 0, NULL) != CAPEX_OK ||
+        capex_cuda_memcpy_dtoh(c, back, dbuf + (uint64_t)total * 4, (size_t)total * 4, NULL) != CAPEX_OK)
+        goto out;
+    n = big_scale_launches;
+    BIG_CHECK(!memcmp(back, ref, (size_t)at * 4), "scale of %d tensors differs from the CPU's", BIG_MANY);
+out:
+    BIG_CHECK(n >= 0, "scale: %s", capex_last_error());
+    capex_cuda_free(c, dbuf);
+    capex_cuda_free(c, dscale);
+    return n;
+}
+
+static int big_entries(const char *dir) {
+    char cmd[300];
+    FILE *f;
+    int n = -1;
+    snprintf(cmd, sizeof cmd, "ls %s | grep -c '\\.capexjit$'", dir);
+    f = popen(cmd, "r");
+    if (f && fscanf(f, "%d", &n) != 1) n = -1;
+    if (f) pclose(f);
+    return n;
+}
+
+CT_TEST(gpu_large_params) {
+    big_case b;
+    capex_cuda_context *cx[4] = {NULL, NULL, NULL, NULL};
+    capex_cuda_module *ma = NULL, *mb = NULL;
+    capex_optim *cpu = NULL;
+    capex_optim_desc d;
+    capex_optim_param cp[BIG_N];
+    char dir[64] = "/tmp/capex_bigparam_XXXXXX", cmd[128];
+    int launches[4] = {0, 0, 0, 0}, adam[4] = {0, 0, 0, 0}, entries[4] = {0, 0, 0, 0}, want, drv = 0, M = 0, mi = 0, i;
+    int from_cache = 0, expect_large, t_big, t_small, sl, ss;
+    uint64_t seed = 41;
+    if (!open_gpu()) CT_SKIP("%s", gpu_why);
+    /* what the default context should pick, from the same inputs */
+    CT_CHECK(capex_cuda_driver_version(&drv) == CAPEX_OK && capex_cuda_nvrtc_version(&M, &mi) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex__cuda_params_choose(getenv("CAPEX_CUDA_PARAMS"), drv, gpu_ctx->device_cc, M * 1000 + mi * 10, &want) == CAPEX_OK,
+             "%s", capex_last_error());
+    expect_large = want == CAPEX__GO_META_LARGE;
+    CT_CHECK(gpu_ctx->meta_bytes == want, "the test's context: %d bytes of metadata, want %d", gpu_ctx->meta_bytes, want);
+    memset(&b, 0, sizeof b);
+    for (i = 0; i < BIG_N; i++) {
+        b.numel[i] = 1 + (i * 37) % 700;
+        b.off[i + 1] = b.off[i] + b.numel[i] + (i % 3 == 1); /* every third next one misaligned */
+    }
+    b.p0 = (float *)calloc((size_t)b.off[BIG_N] + 1, 4);
+    b.g = (float *)calloc((size_t)b.off[BIG_N] + 1, 4);
+    b.p = (float *)calloc((size_t)b.off[BIG_N] + 1, 4);
+    CT_CHECK(b.p0 && b.g && b.p, "malloc");
+    par_fill(&seed, CAPEX_F32, b.p0, b.off[BIG_N], 1.0f, 0);
+    par_fill(&seed, CAPEX_F32, b.g, b.off[BIG_N], 3.0f, 0);
+    memcpy(b.p, b.p0, (size_t)b.off[BIG_N] * 4);
+    /* the CPU's two steps, its moments kept in place (valid while cpu lives) */
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.defaults.lr = 1e-2f;
+    d.defaults.weight_decay = 0.01f;
+    for (i = 0; i < BIG_N; i++) {
+        capex_optim_param_init(&cp[i]);
+        cp[i].param = b.p + b.off[i];
+        cp[i].grad = b.g + b.off[i];
+        cp[i].numel = b.numel[i];
+    }
+    CT_CHECK(capex_optim_create(&d, &cpu) == CAPEX_OK && capex_optim_add_group(cpu, NULL, cp, BIG_N, NULL) == CAPEX_OK &&
+             capex_optim_step(cpu, 1.0f, 1.0f, 0) == CAPEX_OK && capex_optim_step(cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu");
+    b.m = (float *)calloc((size_t)b.off[BIG_N] + 1, 4);
+    b.v = (float *)calloc((size_t)b.off[BIG_N] + 1, 4);
+    CT_CHECK(b.m && b.v, "malloc");
+    for (i = 0; i < BIG_N; i++) {
+        float *m = NULL, *v = NULL;
+        CT_CHECK(capex_optim_get_state(cpu, 0, (size_t)i, &m, &v) == CAPEX_OK && m && v, "cpu state");
+        memcpy(b.m + b.off[i], m, (size_t)b.numel[i] * 4);
+        memcpy(b.v + b.off[i], v, (size_t)b.numel[i] * 4);
+    }
+    CT_CHECK(mkdtemp(dir) != NULL, "temp dir");
+    /* 0: the environment's choice, 1: forced 4 KB, then both again: from the cache */
+    for (i = 0; i < 4 && !ct->failed; i++) {
+        cx[i] = big_ctx(i % 2 ? "4096" : NULL, dir);
+        CT_CHECK(cx[i] != NULL, "context %d: %s", i, capex_last_error());
+        CT_CHECK(cx[i]->meta_bytes == (i % 2 ? CAPEX__GO_META_SMALL : want), "context %d: %d bytes of metadata", i,
+                 cx[i]->meta_bytes);
+        if (!big_run(ct, cx[i], &b, &launches[i], &adam[i])) break;
+        entries[i] = big_entries(dir);
+    }
+    t_big = CAPEX__GO_TDEF(CAPEX__GO_META_LARGE, CAPEX__GO_ADAM_DEPTH);
+    t_small = CAPEX__GO_TDEF(CAPEX__GO_META_SMALL, CAPEX__GO_ADAM_DEPTH);
+    if (!ct->failed) {
+        if (getenv("CT_VERBOSE"))
+            printf("note: Adam step of %d tensors: %d launches (%d Adam) with %d bytes of metadata, %d (%d) with %d\n", BIG_N,
+                   launches[0], adam[0], want, launches[1], adam[1], CAPEX__GO_META_SMALL);
+        CT_CHECK(adam[0] == (BIG_N + (expect_large ? t_big : t_small) - 1) / (expect_large ? t_big : t_small) &&
+                 adam[1] == (BIG_N + t_small - 1) / t_small, "Adam launches %d and %d (slots %d / %d)", adam[0], adam[1], t_big, t_small);
+        CT_CHECK(expect_large ? launches[0] < launches[1] : launches[0] == launches[1], "launches per step %d (default), %d (4 KB)",
+                 launches[0], launches[1]);
+        CT_CHECK(launches[2] == launches[0] && launches[3] == launches[1], "again: %d, %d", launches[2], launches[3]);
+        /* the forced context built its own multi-tensor parts (new entries) unless both are 4 KB; the
+           second pair compiled nothing */
+        CT_CHECK(entries[0] > 0 && (expect_large ? entries[1] > entries[0] : entries[1] == entries[0]) &&
+                 entries[2] == entries[1] && entries[3] == entries[1], "cache entries %d %d %d %d", entries[0], entries[1],
+                 entries[2], entries[3]);
+        for (i = 0; i < 4; i++) {
+            CT_CHECK(capex_cuda_builtin_part_module(cx[i], CAPEX__CP_ADAM_F32, &ma) == CAPEX_OK &&
+                     capex_cuda_module_info(ma, NULL, &from_cache) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(from_cache == (i >= 2 || (i == 1 && !expect_large)), "context %d: Adam part from_cache %d", i, from_cache);
+        }
+        CT_CHECK(capex_cuda_builtin_part_module(cx[0], CAPEX__CP_ADAM_F32, &ma) == CAPEX_OK &&
+                 capex_cuda_builtin_part_module(cx[1], CAPEX__CP_ADAM_F32, &mb) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK((memcmp(ma->key, mb->key, 32) != 0) == expect_large, "the two sizes' Adam modules have %s keys",
+                 expect_large ? "the same" : "different");
+        /* more tensors than one launch holds, both sizes */
+        sl = big_scale_many(ct, cx[0]);
+        ss = big_scale_many(ct, cx[1]);
+        want = (BIG_MANY - BIG_MANY / 5 + CAPEX__GO_TDEF(cx[0]->meta_bytes, CAPEX__GO_SCALE_DEPTH) - 1) /
+               CAPEX__GO_TDEF(cx[0]->meta_bytes, CAPEX__GO_SCALE_DEPTH);
+        if (getenv("CT_VERBOSE")) printf("note: scale of %d tensors: %d launches (%d bytes), %d (4 KB)\n", BIG_MANY, sl, cx[0]->meta_bytes, ss);
+        CT_CHECK(sl == want && sl >= 2, "scale: %d launches, want %d", sl, want);
+        CT_CHECK(expect_large ? ss > sl : ss == sl, "scale: %d launches with 4 KB", ss);
+    }
+    for (i = 0; i < 4; i++) capex_cuda_context_destroy(cx[i]);
+    capex_optim_destroy(cpu);
+    free(b.p0); free(b.g); free(b.p); free(b.m); free(b.v);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CT_CHECK(system(cmd) == 0, "clean up");
+}
+
 static const ct_case cases[] = {
     CT_CASE(gpu_grid_from_device), CT_CASE(gpu_scale_every_dtype_pair), CT_CASE(gpu_scale_many_tensors), CT_CASE(gpu_l2norm), CT_CASE(gpu_sumsq_order), CT_CASE(gpu_clip),
     CT_CASE(gpu_adam), CT_CASE(gpu_sgd), CT_CASE(gpu_lamb), CT_CASE(gpu_novograd), CT_CASE(gpu_scaler), CT_CASE(gpu_amp_loop_inf_skips), CT_CASE(gpu_checkpoint_roundtrip),
     CT_CASE(gpu_lr_schedule),
     CT_CASE(gpu_graph_replay), CT_CASE(gpu_tensor_over_2g_elements),
-    CT_CASE(gpu_adagrad), CT_CASE(gpu_adam_amsgrad), CT_CASE(gpu_pure_half),
+    CT_CASE(gpu_adagrad), CT_CASE(gpu_adam_amsgrad), CT_CASE(gpu_pure_half), CT_CASE(gpu_large_params),
 };
 
 int main(int argc, char **argv) {
