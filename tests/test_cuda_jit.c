@@ -230,6 +230,14 @@ CT_TEST(builtin_parts_compile_cubin_for_every_ci_arch) {
     }
 }
 
+/* whether part p has the launch metadata type (its options depend on the size) */
+static int part_has_meta(int p) {
+    const capex__cuda_fragment_fn *f;
+    for (f = capex__cuda_parts[p].frags; *f; f++)
+        if (*f == capex__cuda_frag_go0b_fn) return 1;
+    return 0;
+}
+
 /* Variants (capex__cuda_kernel_unit): every launch's switches map to a
    variant of the kernel's part that defines it; every variant is reached; each
    compiles (all for sm_90, one per family for the lowest and highest CI arch;
@@ -261,6 +269,25 @@ CT_TEST(builtin_variants_compile) {
         CT_CHECK(d.part >= 0 && d.part < CAPEX__CUDA_N_PARTS && d.sel > 0, "variant %d: part %d sel %d", v, d.part, d.sel);
     }
     CT_CHECK(capex__cuda_kernel_unit(CAPEX__CUDA_N_BUILTIN, 1) == -1, "no such kernel");
+    { /* every unit (part or variant) has its own cache key, for either metadata size */
+        static unsigned char keys[2 * CAPEX__CUDA_N_UNITS][32];
+        int a, b;
+        pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
+        for (a = 0; a < 2 * CAPEX__CUDA_N_UNITS; a++) {
+            capex_cuda_compile_desc d;
+            capex__cuda_unit_opts o;
+            capex__cuda_unit_desc(a % CAPEX__CUDA_N_UNITS, 90, a < CAPEX__CUDA_N_UNITS ? CAPEX__GO_META_SMALL : CAPEX__GO_META_LARGE,
+                                  NULL, &o, &d);
+            capex__cuda_cache_key(d.source, d.name, d.options, d.n_options, 90, keys[a]);
+        }
+        for (a = 0; a < 2 * CAPEX__CUDA_N_UNITS; a++)
+            for (b = 0; b < a; b++) {
+                int same_unit_no_meta = a % CAPEX__CUDA_N_UNITS == b % CAPEX__CUDA_N_UNITS &&
+                                        !part_has_meta(capex__cuda_unit_part(a % CAPEX__CUDA_N_UNITS));
+                CT_CHECK(same_unit_no_meta == !memcmp(keys[a], keys[b], 32), "units %d and %d: keys %s", a, b,
+                         same_unit_no_meta ? "differ" : "equal");
+            }
+    }
     CT_NEED_NVRTC();
     jobs = (capex__cuda_pjob *)malloc(sizeof *jobs * CAPEX__CUDA_N_VARIANTS);
     CT_CHECK(jobs != NULL, "alloc");

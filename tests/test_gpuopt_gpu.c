@@ -286,11 +286,12 @@ CT_TEST(gpu_tensor_over_2g_elements) {
    (tests/emu.mk runs 12.0 too). */
 enum { BIG_N = 300, BIG_MANY = 2500 };
 static int big_launches, big_adam_launches, big_scale_launches;
-static capex_result big_count_launch(void *user, int k, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
+static capex_result big_count_launch(void *user, int k, unsigned vb, unsigned grid, unsigned block, void **args,
+                                     capex_cuda_stream s) {
     big_launches++;
     big_adam_launches += k >= CAPEX__GO_K_ADAM && k < CAPEX__GO_K_ADAM + 3;
     big_scale_launches += k >= CAPEX__GO_K_SCALE && k < CAPEX__GO_K_SCALE + 9;
-    return capex__go_dev_launch(user, k, grid, block, args, s);
+    return capex__go_dev_launch(user, k, vb, grid, block, args, s);
 }
 
 typedef struct big_case {
