@@ -3725,7 +3725,7 @@ CAPEX_API int capex_cuda_builtin_kernel_part(const char *kernel) {
    and the public part API compile whole parts only. */
 enum {
     CAPEX__CV_ADAM = 0,    /* + 8 grad dtype + 4 w_mode + model (0..3): capex_go_adam_* */
-    CAPEX__CV_SCALE = 24,  /* + 4 (3 in + out dtype) + 2 write_out + clip_only: capex_go_scale_* */
+    CAPEX__CV_SCALE = 24,  /* + 4 (3 in + out dtype) + 2 write_out + clip_only: capex_go_scale_* (write_out 0: not fixed) */
     CAPEX__CV_SUMSQ = 60,  /* + dtype: capex_go_sumsq_* alone */
     CAPEX__CV_AMP = 63,    /* + 0: prepare and scaler_update (every step); + 1: reduce, clip_coef, zero_norm */
     CAPEX__CUDA_N_VARIANTS = 65
@@ -3748,7 +3748,9 @@ CAPEX__PRIVATE capex__cuda_vdef capex__cuda_variant_def(int v) {
         d.part = CAPEX__CP_ADAM_F32 + i / 8; d.sel = 1; d.w = (i / 4) % 2; d.mk = i % 4;
     } else if (v >= CAPEX__CV_SCALE && v < CAPEX__CV_SUMSQ) {
         int i = v - CAPEX__CV_SCALE, pair = i / 4;
-        d.part = CAPEX__CP_UNSCALE_F32 + pair / 3; d.sel = 1 << (1 + pair % 3); d.wr = (i / 2) % 2; d.clip = i % 2;
+        /* write_out 0 (check only) stays a run-time switch: fixed, ptxas keeps one
+           load in flight instead of two (SASS gate's infl, sm_80/90/100) */
+        d.part = CAPEX__CP_UNSCALE_F32 + pair / 3; d.sel = 1 << (1 + pair % 3); d.wr = (i / 2) % 2 ? 1 : -1; d.clip = i % 2;
     } else if (v >= CAPEX__CV_SUMSQ && v < CAPEX__CV_AMP) {
         d.part = CAPEX__CP_UNSCALE_F32 + (v - CAPEX__CV_SUMSQ); d.sel = 1;
     } else if (v >= CAPEX__CV_AMP && v < CAPEX__CUDA_N_VARIANTS) {

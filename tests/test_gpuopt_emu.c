@@ -70,7 +70,8 @@ template <int I, int O, int WR, int CL> static void scale_v(capex_go_meta<CAPEX_
 #define EMU_A4(G, W) adam_v<G, W, 0>, adam_v<G, W, 1>, adam_v<G, W, 2>, adam_v<G, W, 3>
 static void (*const adam_var[3][2][4])(capex_go_meta<CAPEX_GO_ADAM_DEPTH>, capex_go_args) = {
     {{EMU_A4(0, 0)}, {EMU_A4(0, 1)}}, {{EMU_A4(1, 0)}, {EMU_A4(1, 1)}}, {{EMU_A4(2, 0)}, {EMU_A4(2, 1)}}};
-#define EMU_S4(I, O) {{scale_v<I, O, 0, 0>, scale_v<I, O, 0, 1>}, {scale_v<I, O, 1, 0>, scale_v<I, O, 1, 1>}}
+/* [write_out fixed to 1][clip_only]: a check-only launch's variant keeps write_out at run time (-1) */
+#define EMU_S4(I, O) {{scale_v<I, O, -1, 0>, scale_v<I, O, -1, 1>}, {scale_v<I, O, 1, 0>, scale_v<I, O, 1, 1>}}
 static void (*const scale_var[9][2][2])(capex_go_meta<CAPEX_GO_SCALE_DEPTH>, capex_go_args) = {
     EMU_S4(0, 0), EMU_S4(0, 1), EMU_S4(0, 2), EMU_S4(1, 0), EMU_S4(1, 1), EMU_S4(1, 2), EMU_S4(2, 0), EMU_S4(2, 1), EMU_S4(2, 2)};
 #undef EMU_A4
@@ -235,8 +236,8 @@ static capex_result emu_launch_variant(int k, unsigned vb, unsigned grid, void *
         emu_mta(capex_emu::adam_var[k - CAPEX__GO_K_ADAM][d.w][d.mk], args, grid);
         *ran = 1;
     } else if (k >= CAPEX__GO_K_SCALE && k < CAPEX__GO_K_SUMSQ) {
-        if (d.wr < 0 || d.clip < 0) return capex__fail(CAPEX_ERR_INTERNAL, "emu: scale variant without switches");
-        emu_mta(capex_emu::scale_var[k - CAPEX__GO_K_SCALE][d.wr][d.clip], args, grid);
+        if (d.wr == 0 || d.clip < 0) return capex__fail(CAPEX_ERR_INTERNAL, "emu: scale variant switches wr %d clip %d", d.wr, d.clip);
+        emu_mta(capex_emu::scale_var[k - CAPEX__GO_K_SCALE][d.wr > 0][d.clip], args, grid);
         *ran = 1;
     }
     return CAPEX_OK;
