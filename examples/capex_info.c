@@ -42,9 +42,10 @@ static void remove_dir(const char *dir) {
 }
 
 /* The first AdamW step on bf16 gradients in a fresh cache: add_group starts
-   compiling the two parts its step launches (amp, adam_bf16) on threads, so
-   the step waits for the slower one; before, first use compiled one after the
-   other (timed here with capex_cuda_builtin_part_module). */
+   compiling what its step launches on threads (the variants of amp and
+   adam_bf16 for its kernels and switches), so the step waits for the slower
+   one; before, first use compiled the two whole parts one after the other
+   (timed here with capex_cuda_builtin_part_module). */
 static void first_step(void) {
     enum { N = 1 << 20 };
     const char *kernels[] = {"capex_go_prepare", "capex_go_adam_bf16"};
@@ -95,8 +96,8 @@ static void first_step(void) {
         t3 = now_ms();
         if (r == CAPEX_OK) r = capex_cuda_builtin_part_module(ctx, capex_cuda_builtin_kernel_part(kernels[0]), &m);
         if (r == CAPEX_OK) r = capex_cuda_builtin_part_module(ctx, capex_cuda_builtin_kernel_part(kernels[1]), &m);
-        printf("first AdamW step (2^20 params, bf16 grads, cold cache): %.1f ms from add_group (its parts compile on "
-               "threads from add_group); the same 2 parts one after another: %.1f ms\n",
+        printf("first AdamW step (2^20 params, bf16 grads, cold cache): %.1f ms from add_group (its variants compile on "
+               "threads from add_group); the 2 whole parts one after another: %.1f ms\n",
                t2 - t0, r == CAPEX_OK ? now_ms() - t3 : -1.0);
         capex_cuda_context_destroy(ctx);
     }
