@@ -396,8 +396,9 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
    Work is cut into capex.h's chunks (chunk size desc.exec.chunk_size,
    default 65536; the same chunks and order as capex_chunk_plan_*). A launch
    takes the next tensors, all their chunks, with metadata passed by value
-   (under the 4 KB parameter limit, 64-bit sizes): 59 tensors a launch for
-   Adam (6 lists) .. 159 for a norm (1 list). Its grid is sized from the
+   (64-bit sizes): under the 4 KB parameter limit 59 tensors a launch for
+   Adam (6 lists) .. 159 for a norm (1 list); with 32 KB parameters (driver
+   12.1+, sm_70+; CAPEX_CUDA_PARAMS) about 8.5 times as many. Its grid is sized from the
    device (SMs x cuOccupancyMaxActiveBlocksPerMultiprocessor; 320 blocks when
    the driver cannot say) and each block walks chunks blockIdx.x, +gridDim.x,
    ...; per-chunk partials make every result independent of the grid.
@@ -3686,7 +3687,9 @@ CAPEX_API const char *capex_cuda_builtin_source(void) {
     return capex__cuda_builtin_text;
 }
 
-static const char *const capex__cuda_builtin_opts[] = {"-default-device", "--std=c++17", "--fmad=false"};
+/* one list for both metadata sizes (capex__cuda_builtin_opts_large adds the -D) */
+#define CAPEX__CUDA_BUILTIN_OPTS "-default-device", "--std=c++17", "--fmad=false"
+static const char *const capex__cuda_builtin_opts[] = {CAPEX__CUDA_BUILTIN_OPTS};
 
 CAPEX_API const char *const *capex_cuda_builtin_options(int *n_options) {
     if (n_options) *n_options = (int)(sizeof capex__cuda_builtin_opts / sizeof capex__cuda_builtin_opts[0]);
@@ -3845,7 +3848,7 @@ typedef struct capex__cuda_pool {
    that is the large size. The options are in the cache key: a context never
    finds (in memory or on disk) a module built for the other size. */
 static const char *const capex__cuda_builtin_opts_large[] = {
-    "-default-device", "--std=c++17", "--fmad=false", ("-DCAPEX_GO_META=" CAPEX__OPT_XSTR(CAPEX__GO_META_LARGE))};
+    CAPEX__CUDA_BUILTIN_OPTS, ("-DCAPEX_GO_META=" CAPEX__OPT_XSTR(CAPEX__GO_META_LARGE))};
 CAPEX__PRIVATE const char *const *capex__cuda_part_options(int p, int meta_bytes, int *n_options) {
     const capex__cuda_fragment_fn *f;
     if (meta_bytes == CAPEX__GO_META_LARGE)
@@ -4941,6 +4944,9 @@ CAPEX__PRIVATE capex_result capex__cuda_builtin_get_vb(capex_cuda_context *ctx, 
     }
     pthread_mutex_unlock(&ctx->lock);
     if (r == CAPEX_OK) fn->ctx = ctx;
+    else if (r == CAPEX_ERR_NO_NVRTC && ctx->meta_bytes == CAPEX__GO_META_LARGE) /* a cache of 4 KB builds cannot serve */
+        r = capex__fail(r, "%s (this context takes 32 KB kernel parameters: kernels cached by CAPEX_CUDA_PARAMS=4096 "
+                        "runs are found only with that setting)", capex_last_error());
     return r;
 }
 CAPEX__PRIVATE capex_result capex__cuda_builtin_get(capex_cuda_context *ctx, size_t k, capex_cuda_function *fn) {

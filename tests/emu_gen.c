@@ -139,6 +139,7 @@ int main(int argc, char **argv) {
                set < 2 ? "capex_cuda_builtin_source()" : argv[set - 1], set);
         if (set == 1) fputs(EMU_LARGE_DEFINE, stdout);
         emit_text(text);
+        if (set == 1) fputs("\n#undef CAPEX_GO_META\n", stdout); /* the later sets get their own default */
         printf("\n} /* namespace */\n} /* namespace capex_emu_set%d */\n", set);
         printf("static const capex_emu::kernel_entry capex_emu_table%d[] = {\n", set);
         for (k = 0; k < n; k++) printf("    CAPEX_EMU_ENTRY(capex_emu_set%d, %.*s),\n", set, (int)lens[k], names[k]);

@@ -605,16 +605,20 @@ struct module { std::vector<unsigned char> img; std::vector<std::unique_ptr<func
 
 /* The kernel called name whose parameters take param_bytes (the image's; < 0:
    unknown, the first of that name): the built-in kernels come in two sets,
-   4 KB and 32 KB of launch metadata (tests/emu_gen.c). */
+   4 KB and 32 KB of launch metadata (tests/emu_gen.c). NULL when the sets
+   differ for this name and none matches: running the other layout would give
+   wrong values, not an error. */
 const capex_emu::kernel_entry *find_kernel(const char *name, long param_bytes = -1) {
     const capex_emu::kernel_entry *first = nullptr;
+    bool differ = false;
     for (const capex_emu::kernel_set &s : capex_emu_sets)
         for (size_t i = 0; i < s.n; i++)
             if (!strcmp(s.k[i].name, name)) {
                 if (param_bytes < 0 || (long)s.k[i].param_bytes == param_bytes) return &s.k[i];
                 if (!first) first = &s.k[i];
+                else if (first->param_bytes != s.k[i].param_bytes) differ = true;
             }
-    return first;
+    return differ ? nullptr : first;
 }
 
 /* Bytes of kernel parameters that kernel `name` takes in the image: a CUBIN's
