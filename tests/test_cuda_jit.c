@@ -950,6 +950,14 @@ static void child_params(const char *arg, child_result *res) {
     snprintf(res->message, sizeof res->message, "%s", capex_last_error());
     if (res->code != CAPEX_OK) return;
     res->value = capex__go_dev_exec(ctx, "test", &ex) == CAPEX_OK && ex.meta_bytes == ctx->meta_bytes ? ctx->meta_bytes : -1;
+    if (!strcmp(nvv, "none") && ctx->meta_bytes == CAPEX__GO_META_LARGE) { /* no compiler, no cache: the error names the way out */
+        capex_cuda_function fn;
+        capex_result g = capex__cuda_builtin_get(ctx, CAPEX__GO_KBASE, &fn);
+        if (g != CAPEX_ERR_NO_NVRTC || !strstr(capex_last_error(), "CAPEX_CUDA_PARAMS=4096")) {
+            res->value = -2;
+            snprintf(res->message, sizeof res->message, "built-in kernel without NVRTC: %d: %s", (int)g, capex_last_error());
+        }
+    }
     capex_cuda_context_destroy(ctx);
 }
 
