@@ -4944,9 +4944,12 @@ CAPEX__PRIVATE capex_result capex__cuda_builtin_get_vb(capex_cuda_context *ctx, 
     }
     pthread_mutex_unlock(&ctx->lock);
     if (r == CAPEX_OK) fn->ctx = ctx;
-    else if (r == CAPEX_ERR_NO_NVRTC && ctx->meta_bytes == CAPEX__GO_META_LARGE) /* a cache of 4 KB builds cannot serve */
+    else if (r == CAPEX_ERR_NO_NVRTC && ctx->meta_bytes == CAPEX__GO_META_LARGE) { /* a cache of 4 KB builds cannot serve */
+        char why[1024];
+        capex__cuda_fmt(why, sizeof why, "%s", capex_last_error());
         r = capex__fail(r, "%s (this context takes 32 KB kernel parameters: kernels cached by CAPEX_CUDA_PARAMS=4096 "
-                        "runs are found only with that setting)", capex_last_error());
+                        "runs are found only with that setting)", why);
+    }
     return r;
 }
 CAPEX__PRIVATE capex_result capex__cuda_builtin_get(capex_cuda_context *ctx, size_t k, capex_cuda_function *fn) {

@@ -953,7 +953,8 @@ static void child_params(const char *arg, child_result *res) {
     if (!strcmp(nvv, "none") && ctx->meta_bytes == CAPEX__GO_META_LARGE) { /* no compiler, no cache: the error names the way out */
         capex_cuda_function fn;
         capex_result g = capex__cuda_builtin_get(ctx, CAPEX__GO_KBASE, &fn);
-        if (g != CAPEX_ERR_NO_NVRTC || !strstr(capex_last_error(), "CAPEX_CUDA_PARAMS=4096")) {
+        if (g != CAPEX_ERR_NO_NVRTC || !strstr(capex_last_error(), "CAPEX_CUDA_PARAMS=4096") ||
+            !strstr(capex_last_error(), "NVRTC")) { /* NVRTC's own message kept */
             res->value = -2;
             snprintf(res->message, sizeof res->message, "built-in kernel without NVRTC: %d: %s", (int)g, capex_last_error());
         }
