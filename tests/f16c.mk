@@ -24,7 +24,7 @@ ci-extra:: $(BUILD)/f16c/test_half_native $(BUILD)/f16c/test_half_nosimd $(BUILD
 	$(BUILD)/f16c/test_tensor_nosimd
 
 # The capex side of the capex-vs-torch CPU table (bench/bench_cpu_torch.py
-# runs it; `make bench-table-torch` prints the table). Built like bench-optim.
+# runs it; `make bench-table-torch` prints the table). Built like bench-cpu.
 .PHONY: bench-table bench-table-torch
 bench-table: $(BUILD)/bench/bench_table
 $(BUILD)/bench/bench_table: bench/bench_table.c capex.h

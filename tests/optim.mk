@@ -13,13 +13,9 @@ ci-extra:: $(BUILD)/optim/optim_cuda_src
 	  $(NVCC) -x cu -c -arch=sm_75 $(BUILD)/optim/optim_math.cu -o $(BUILD)/optim/optim_math.o && \
 	  echo "optim: optimizer math compiles as CUDA (nvcc, sm_75)"; fi
 
-# The CPU benchmark (bench/bench_cpu.c, tensor's) with -fno-math-errno, which
-# the Adam/LAMB loops need to vectorise (see the optimizer rows of bench/RESULTS.md).
+# bench-optim: the old name of bench-cpu (bench_cpu is built with -fno-math-errno now).
 .PHONY: bench-optim
-bench-optim: $(BUILD)/bench/bench_cpu_nomatherrno
-$(BUILD)/bench/bench_cpu_nomatherrno: bench/bench_cpu.c capex.h
-	@mkdir -p $(dir $@)
-	$(CC) -std=c99 -O3 $(BENCH_MARCH) -fno-math-errno -fno-tree-loop-distribute-patterns $(WARN) $(OPENMP) $< -o $@ $(LDLIBS)
+bench-optim: bench-cpu
 
 # The CPU optimizer tests share tests/optim_test_util.h.
 $(BUILD)/tests/test_optim $(BUILD)/tests/test_optim_adagrad $(BUILD)/tests/test_novograd: tests/optim_test_util.h
