@@ -3,6 +3,11 @@
 
     make bench-table-torch
     python3 bench/bench_cpu_torch.py --capex build/bench/bench_table [--elements 48000000] [--reps 5] [--threads 1]
+                                     [--huge-pages]
+
+--huge-pages puts both sides' buffers on 2 MB pages where the kernel's THP mode
+is madvise (capex: CAPEX_BENCH_HUGE_PAGES=1; torch: THP_MEM_ALLOC_ENABLE=1):
+memory-bound rows otherwise compare page sizes as much as loops.
 
 Runs build/bench/bench_table (the capex side: 48M parameters in 12 tensors,
 LayerNorm 4096x1024) and the torch peers below on the same sizes and thread
@@ -21,6 +26,7 @@ torch peers (what a torch CPU user runs for the same work):
   ln_fwd_f32 / ln_bwd_f32  torch.ops.aten.native_layer_norm(_backward)
 """
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -132,13 +138,17 @@ def main(argv):
     ap.add_argument("--elements", type=int, default=48_000_000)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--huge-pages", action="store_true", help="2 MB pages on both sides (see above)")
     a = ap.parse_args(argv)
+    if a.huge_pages:  # before torch is imported: its allocator reads this once
+        os.environ["CAPEX_BENCH_HUGE_PAGES"] = "1"
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
     cx, head = capex_rows(a.capex, a.elements, a.reps, a.threads)
     try:
         tx, tv = torch_rows(a.elements, a.reps, a.threads)
     except ImportError:
         tx, tv = {}, "not installed"
-    print(f"{head}; torch {tv}, {a.threads} thread(s)")
+    print(f"{head}; torch {tv}, {a.threads} thread(s){', 2 MB pages' if a.huge_pages else ''}")
     print("| op | capex ms (wall / cpu) | torch ms (wall / cpu) | torch/capex (cpu) |")
     print("|---|---:|---:|---:|")
     for key, label in LABELS:

@@ -13,13 +13,17 @@
      l2norm_f32/bf16/f16  per-tensor and total L2 norm (capex_multi_tensor_l2norm)
      unscale_f16  fp16 grads * (1/1024) into fp32 master grads, inf check
      ln_fwd_f32 / ln_bwd_f32  LayerNorm 4096 x 1024 forward / backward (dx, dw, db) */
-#define _POSIX_C_SOURCE 199309L
+#define _DEFAULT_SOURCE /* madvise's MADV_HUGEPAGE (glibc) */
+#define _POSIX_C_SOURCE 200112L
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 #define NT 12
 
@@ -44,8 +48,17 @@ static void tm_stop(timer *t) {
     if (w < t->best_w) t->best_w = w;
     if (c < t->best_c) t->best_c = c;
 }
+/* CAPEX_BENCH_HUGE_PAGES=1: 2 MB-aligned buffers advised onto huge pages
+   (bench_cpu_torch.py --huge-pages gives torch's tensors the same). */
 static void *xmalloc(size_t n) {
-    void *p = malloc(n);
+    void *p = NULL;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (getenv("CAPEX_BENCH_HUGE_PAGES") && n >= (2u << 20)) {
+        if (posix_memalign(&p, 2u << 20, n) != 0) p = NULL;
+        else (void)madvise(p, n, MADV_HUGEPAGE);
+    } else
+#endif
+        p = malloc(n);
     if (!p) { fprintf(stderr, "bench_table: out of memory\n"); exit(1); }
     return p;
 }
