@@ -71,6 +71,19 @@ static char cache_dir[64];
         cd_.cache_dir = cache_dir;                                                               \
         CT_CHECK(capex_cuda_context_create(&cd_, &(ctx)) == CAPEX_OK, "%s", capex_last_error()); \
     } while (0)
+/* A context on GPU 0 whose kernel cache is a new temporary directory (dir: a
+   mkdtemp template); skips without a GPU or NVRTC. cd stays set for reuse. */
+#define OPEN_CTX_NEW_CACHE(ctx, cd, dir)                                                         \
+    do {                                                                                         \
+        OPEN_CTX(ctx); /* skips without a GPU */                                                 \
+        capex_cuda_context_destroy(ctx);                                                         \
+        CT_NEED_NVRTC();                                                                         \
+        CT_CHECK(mkdtemp(dir) != NULL, "temp dir");                                              \
+        capex_cuda_context_desc_init(&(cd));                                                     \
+        (cd).device = 0;                                                                         \
+        (cd).cache_dir = (dir);                                                                  \
+        OK(capex_cuda_context_create(&(cd), &(ctx)));                                            \
+    } while (0)
 
 #define OK(call) CT_CHECK((call) == CAPEX_OK, "%s: %s", #call, capex_last_error())
 
@@ -237,14 +250,7 @@ CT_TEST(builtin_parts_load_lazily) {
     char dir[] = "/tmp/capex_lazy_XXXXXX";
     float host[256];
     int p, np = capex_cuda_builtin_part_count(), nf = capex_cuda_builtin_kernel_part("capex_norm_fwd"), loaded = 0, fc = 0, warm;
-    OPEN_CTX(ctx); /* skips without a GPU */
-    capex_cuda_context_destroy(ctx);
-    CT_NEED_NVRTC();
-    CT_CHECK(mkdtemp(dir) != NULL, "temp dir");
-    capex_cuda_context_desc_init(&cd);
-    cd.device = 0;
-    cd.cache_dir = dir;
-    OK(capex_cuda_context_create(&cd, &ctx));
+    OPEN_CTX_NEW_CACHE(ctx, cd, dir);
     for (p = 0; p < np; p++) loaded += capex_cuda_builtin_part_loaded(ctx, p);
     CT_CHECK(loaded == 0 && count_entries(dir) == 0, "a new context has compiled nothing (%d)", loaded);
     OK(capex_cuda_malloc(ctx, sizeof host, &x));
@@ -409,14 +415,7 @@ CT_TEST(builtin_step_compiles_variants) {
     int emu = 0, fake = 0;
     capex_cuda_function f;
     int u, loaded = 0;
-    OPEN_CTX(ctx); /* skips without a GPU */
-    capex_cuda_context_destroy(ctx);
-    CT_NEED_NVRTC();
-    CT_CHECK(mkdtemp(dir) != NULL, "temp dir");
-    capex_cuda_context_desc_init(&cd);
-    cd.device = 0;
-    cd.cache_dir = dir;
-    OK(capex_cuda_context_create(&cd, &ctx));
+    OPEN_CTX_NEW_CACHE(ctx, cd, dir);
     OK(capex_cuda_malloc(ctx, N * 4, &w));
     OK(capex_cuda_malloc(ctx, N * 2, &g));
     OK(capex_cuda_malloc(ctx, N * 2, &h));
