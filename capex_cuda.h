@@ -108,7 +108,8 @@
                         A launch whose part is neither loaded nor compiling compiles a
                         variant instead: the part specialized to that launch (its kernel
                         only, its dtypes and switches fixed by -D options; about half the
-                        NVRTC time of a first AdamW step), cached like a part; a variant
+                        NVRTC time of a first AdamW step, a third for amsgrad and Adagrad,
+                        whose parts hold three kernels), cached like a part; a variant
                         that spills on the device is not used (its part runs).
 
    Thread safety: the loaders are thread-safe. A context may be used from several
@@ -2924,12 +2925,14 @@ static const char capex__cuda_frag_go13[] =
     "/* Adam with amsgrad: Adam's lists (g, p, m, v, model, tensor index); the max\n"
     "   buffer of tensor t is op.adam_ams.max_bufs[t] (a table: the lists stay 6\n"
     "   deep). */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_adam_ams(const capex_go_meta<CAPEX_GO_ADAM_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
+    "template <int G, int VW = -1, int VMK = -1>\n"
+    "CAPEX_DEVICE void capex_go_adam_ams(const capex_go_meta<CAPEX_GO_ADAM_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.adam_ams.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = a.op.adam_ams.w_mode, mk = a.op.adam_ams.model;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = VW >= 0 ? VW : a.op.adam_ams.w_mode;\n"
+    "    int mk = VMK >= 0 ? VMK : a.op.adam_ams.model;\n"
     "    capex_u64 xa = a.op.adam_ams.max_bufs[mt.addr[CAPEX_GO_ADAM_T][s]];\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAM_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_ADAM_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_ADAM_M][s] + off;\n"
@@ -2969,12 +2972,14 @@ static const char capex__cuda_frag_go14[] =
     "/* Adagrad: lists g, p, sum, model, tensor index; op.adagrad (w_mode:\n"
     "   adagrad_w_mode). clr as capex_optim_step:\n"
     "   f32(lr / (1 + (step-1)*lr_decay)) in double (step already counts this one). */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_adagrad(const capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
+    "template <int G, int VW = -1, int VMK = -1>\n"
+    "CAPEX_DEVICE void capex_go_adagrad(const capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.adagrad.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = a.op.adagrad.w_mode, mk = a.op.adagrad.model;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = VW >= 0 ? VW : a.op.adagrad.w_mode;\n"
+    "    int mk = VMK >= 0 ? VMK : a.op.adagrad.model;\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAGRAD_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_ADAGRAD_P][s] + off, *sm = (float *)mt.addr[CAPEX_GO_ADAGRAD_SUM][s] + off;\n"
     "    /* no offset on a null pointer */\n"
@@ -3005,13 +3010,25 @@ static const char capex__cuda_frag_go14[] =
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go15_ams[] =
-    "CAPEX_GK void capex_go_adam_ams_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam_ams<0>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_adam_ams_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam_ams<1>(m, a, c); }\n"
-    "CAPEX_GK void capex_go_adam_ams_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam_ams<2>(m, a, c); }\n";
+    "#if CAPEX_GO_SEL(0)\n"
+    "CAPEX_GK void capex_go_adam_ams_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam_ams<0, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n"
+    "#endif\n"
+    "#if CAPEX_GO_SEL(1)\n"
+    "CAPEX_GK void capex_go_adam_ams_f16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam_ams<1, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n"
+    "#endif\n"
+    "#if CAPEX_GO_SEL(2)\n"
+    "CAPEX_GK void capex_go_adam_ams_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam_ams<2, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n"
+    "#endif\n";
 static const char capex__cuda_frag_go15_adagrad[] =
-    "CAPEX_GK_OCC3 void capex_go_adagrad_f32(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<0>(m, a, c); }\n"
-    "CAPEX_GK_OCC3 void capex_go_adagrad_f16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<1>(m, a, c); }\n"
-    "CAPEX_GK_OCC3 void capex_go_adagrad_bf16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<2>(m, a, c); }\n";
+    "#if CAPEX_GO_SEL(0)\n"
+    "CAPEX_GK_OCC3 void capex_go_adagrad_f32(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<0, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n"
+    "#endif\n"
+    "#if CAPEX_GO_SEL(1)\n"
+    "CAPEX_GK_OCC3 void capex_go_adagrad_f16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<1, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n"
+    "#endif\n"
+    "#if CAPEX_GO_SEL(2)\n"
+    "CAPEX_GK_OCC3 void capex_go_adagrad_bf16(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adagrad<2, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n"
+    "#endif\n";
 /* Template instances: one fragment per part (see capex__cuda_parts). */
 /* One sum-of-squares kernel per dtype, each in its dtype's unscale part: a step
    on bf16 grads launches both, and the amp part stays small (first compile). */
@@ -3731,7 +3748,9 @@ enum {
     CAPEX__CV_SCALE = 24,  /* + 4 (3 in + out dtype) + 2 write_out + clip_only: capex_go_scale_* (write_out 0: not fixed) */
     CAPEX__CV_SUMSQ = 60,  /* + dtype: capex_go_sumsq_* alone */
     CAPEX__CV_AMP = 63,    /* + 0: prepare and scaler_update (every step); + 1: reduce, clip_coef, zero_norm */
-    CAPEX__CUDA_N_VARIANTS = 65
+    CAPEX__CV_AMS = 65,    /* + 8 grad dtype + 4 w_mode + model: capex_go_adam_ams_* (one of the part's three) */
+    CAPEX__CV_ADAGRAD = 89, /* the same for capex_go_adagrad_* */
+    CAPEX__CUDA_N_VARIANTS = 113
 };
 #define CAPEX__CUDA_N_UNITS (CAPEX__CUDA_N_PARTS + CAPEX__CUDA_N_VARIANTS)
 /* A launch's switches for capex__cuda_kernel_unit, packed: 0 none (the whole
@@ -3756,8 +3775,11 @@ CAPEX__PRIVATE capex__cuda_vdef capex__cuda_variant_def(int v) {
         d.part = CAPEX__CP_UNSCALE_F32 + pair / 3; d.sel = 1 << (1 + pair % 3); d.wr = (i / 2) % 2 ? 1 : -1; d.clip = i % 2;
     } else if (v >= CAPEX__CV_SUMSQ && v < CAPEX__CV_AMP) {
         d.part = CAPEX__CP_UNSCALE_F32 + (v - CAPEX__CV_SUMSQ); d.sel = 1;
-    } else if (v >= CAPEX__CV_AMP && v < CAPEX__CUDA_N_VARIANTS) {
+    } else if (v >= CAPEX__CV_AMP && v < CAPEX__CV_AMS) {
         d.part = CAPEX__CP_AMP; d.sel = 1 << (v - CAPEX__CV_AMP);
+    } else if (v >= CAPEX__CV_AMS && v < CAPEX__CUDA_N_VARIANTS) {
+        int i = (v - CAPEX__CV_AMS) % 24;
+        d.part = v < CAPEX__CV_ADAGRAD ? CAPEX__CP_ADAM_AMS : CAPEX__CP_ADAGRAD; d.sel = 1 << (i / 8); d.w = (i / 4) % 2; d.mk = i % 4;
     }
     return d;
 }
@@ -3766,6 +3788,8 @@ CAPEX__PRIVATE capex__cuda_vdef capex__cuda_variant_def(int v) {
 CAPEX__PRIVATE int capex__cuda_kernel_sel(size_t k) {
     if (k >= CAPEX__CK_GO_SCALE_F32_F32 && k <= CAPEX__CK_GO_SCALE_BF16_BF16) return 1 + (int)(k - CAPEX__CK_GO_SCALE_F32_F32) % 3;
     if (k == CAPEX__CK_GO_REDUCE || k == CAPEX__CK_GO_CLIP_COEF || k == CAPEX__CK_GO_ZERO_NORM) return 1;
+    if (k >= CAPEX__CK_GO_ADAM_AMS_F32 && k <= CAPEX__CK_GO_ADAM_AMS_BF16) return (int)(k - CAPEX__CK_GO_ADAM_AMS_F32);
+    if (k >= CAPEX__CK_GO_ADAGRAD_F32 && k <= CAPEX__CK_GO_ADAGRAD_BF16) return (int)(k - CAPEX__CK_GO_ADAGRAD_F32);
     return 0;
 }
 
@@ -3790,6 +3814,10 @@ CAPEX__PRIVATE int capex__cuda_kernel_unit(size_t k, unsigned vb) {
         v = CAPEX__CV_SCALE + 4 * (int)(k - CAPEX__CK_GO_SCALE_F32_F32) + 2 * wr + clip;
     else if (k >= CAPEX__CK_GO_SUMSQ_F32 && k <= CAPEX__CK_GO_SUMSQ_BF16) v = CAPEX__CV_SUMSQ + (int)(k - CAPEX__CK_GO_SUMSQ_F32);
     else if (capex__cuda_builtin_kernel_part[k] == CAPEX__CP_AMP) v = CAPEX__CV_AMP + capex__cuda_kernel_sel(k);
+    else if (k >= CAPEX__CK_GO_ADAM_AMS_F32 && k <= CAPEX__CK_GO_ADAM_AMS_BF16)
+        v = CAPEX__CV_AMS + 8 * (int)(k - CAPEX__CK_GO_ADAM_AMS_F32) + 4 * w + mk;
+    else if (k >= CAPEX__CK_GO_ADAGRAD_F32 && k <= CAPEX__CK_GO_ADAGRAD_BF16)
+        v = CAPEX__CV_ADAGRAD + 8 * (int)(k - CAPEX__CK_GO_ADAGRAD_F32) + 4 * w + mk;
     return v < 0 ? capex__cuda_builtin_kernel_part[k] : CAPEX__CUDA_N_PARTS + v;
 }
 
@@ -5209,6 +5237,10 @@ CAPEX__PRIVATE size_t capex__go_meta_bytes(const capex__go_exec *ex) {
    the fields a kernel tests by truth only are packed as 0/1; model is 0..3. */
 CAPEX__PRIVATE unsigned capex__go_vb(int k, const capex__go_args *a) {
     if (k >= CAPEX__GO_K_ADAM && k < CAPEX__GO_K_ADAM + 3) return CAPEX__CUDA_VB(a->op.adam.w_mode != 0, a->op.adam.model & 3, 0, 0);
+    if (k >= CAPEX__GO_K_ADAM_AMS && k < CAPEX__GO_K_ADAM_AMS + 3)
+        return CAPEX__CUDA_VB(a->op.adam_ams.w_mode != 0, a->op.adam_ams.model & 3, 0, 0);
+    if (k >= CAPEX__GO_K_ADAGRAD && k < CAPEX__GO_K_ADAGRAD + 3)
+        return CAPEX__CUDA_VB(a->op.adagrad.w_mode != 0, a->op.adagrad.model & 3, 0, 0);
     if (k >= CAPEX__GO_K_SCALE && k < CAPEX__GO_K_SUMSQ)
         return CAPEX__CUDA_VB(0, 0, a->op.scale.write_out != 0, a->op.scale.clip_only != 0);
     return CAPEX__CUDA_VB(0, 0, 0, 0);
@@ -6016,7 +6048,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
             int gd = (int)t->p.grad_dtype, mk = t->mk;
             if (gd < 0 || gd > 2 || mk < 0 || mk > 3 || seen[gd][mk]) continue;
             seen[gd][mk] = 1;
-            vbs[nk] = CAPEX__CUDA_VB(o->desc.adam_w_mode != 0, mk, 0, 0); /* Adam's variant; the others have none */
+            vbs[nk] = CAPEX__CUDA_VB(o->desc.adam_w_mode != 0, mk, 0, 0); /* Adam's, amsgrad's, Adagrad's variant; the others have none */
             ks[nk++] = (o->desc.kind == CAPEX_OPTIM_ADAM ? (need_vm ? (int)CAPEX__GO_K_ADAM_AMS : (int)CAPEX__GO_K_ADAM)
                         : o->desc.kind == CAPEX_OPTIM_SGD ? (int)CAPEX__GO_K_SGD
                         : o->desc.kind == CAPEX_OPTIM_NOVOGRAD ? (int)CAPEX__GO_K_NOVO2 /* pass 1 is in its part */

@@ -8,6 +8,8 @@
    launches (the path capex__go_dev_launch takes), without a cache, for sm_90,
    with 32 KB of launch metadata as a context on a CUDA 12.1+ driver and NVRTC
    compiles them (JIT_META=4096: the 4 KB build).
+   JIT_OPT=ams or adagrad: the first step of Adam with amsgrad or of Adagrad
+   instead (this tree's build only: compare with BASE_TREE=1 in the script).
    CPU time of the compiling thread (getrusage RUSAGE_THREAD: NVRTC runs on the
    caller's thread), best of --reps per program; the machine may be loaded.
 
@@ -80,6 +82,10 @@ int main(int argc, char **argv) {
         best_of(warm, "warm", NULL, 0, t, 1, &b, NULL);
     }
 #ifdef JIT_OLD
+    if (getenv("JIT_OPT") && strcmp(getenv("JIT_OPT"), "adam")) {
+        fprintf(stderr, "jit_first_step: JIT_OPT=%s needs a baseline built as a tree (BASE_TREE=1)\n", getenv("JIT_OPT"));
+        return 1;
+    }
     {
         static const char *const parts[] = {"amp", "unscale_bf16", "adam_bf16"};
         int n_opts = 0, p, k;
@@ -99,12 +105,16 @@ int main(int argc, char **argv) {
         /* the launches: unscale in place (capex_cuda_scaler_unscale(grads, grads)),
            prepare, AdamW on bf16 grads with an fp32 master and a bf16 model copy
            (O2; JIT_MODEL=0: no model copy, as capex_info's step), scaler update */
-        const char *mk_env = getenv("JIT_MODEL"), *meta_env = getenv("JIT_META");
+        const char *mk_env = getenv("JIT_MODEL"), *meta_env = getenv("JIT_META"), *opt = getenv("JIT_OPT");
         /* the metadata size a context picks: 32 KB with driver and NVRTC 12.1+ on sm_70+
            (JIT_META=4096: the 4 KB build, a576c64's only one) */
         const int meta = meta_env && atoi(meta_env) == 4096 ? CAPEX__GO_META_SMALL : CAPEX__GO_META_LARGE;
         int mk = mk_env ? atoi(mk_env) & 3 : 2, seen[CAPEX__CUDA_N_UNITS], k;
-        const size_t ks[4] = {CAPEX__CK_GO_SCALE_BF16_BF16, CAPEX__CK_GO_PREPARE, CAPEX__CK_GO_ADAM_BF16, CAPEX__CK_GO_SCALER_UPDATE};
+        const size_t ks[4] = {CAPEX__CK_GO_SCALE_BF16_BF16, CAPEX__CK_GO_PREPARE,
+                              opt && !strcmp(opt, "ams")       ? (size_t)CAPEX__CK_GO_ADAM_AMS_BF16
+                              : opt && !strcmp(opt, "adagrad") ? (size_t)CAPEX__CK_GO_ADAGRAD_BF16
+                                                               : (size_t)CAPEX__CK_GO_ADAM_BF16,
+                              CAPEX__CK_GO_SCALER_UPDATE};
         const unsigned vbs[4] = {CAPEX__CUDA_VB(0, 0, 1, 0), CAPEX__CUDA_VB(0, 0, 0, 0), CAPEX__CUDA_VB(1, mk, 0, 0),
                                  CAPEX__CUDA_VB(0, 0, 0, 0)};
         memset(seen, 0, sizeof seen);

@@ -8,6 +8,9 @@
 #
 #   bench/jit_first_step.sh [RUNS]     env: BASE=commit REPS=3 JIT_MODEL=2 CC_ARCH=90
 #   JIT_MODEL: the step's model copy, 2 bf16 (O2, the default), 0 none.
+#   JIT_OPT=ams|adagrad: Adam with amsgrad or Adagrad instead of AdamW; needs
+#   BASE_TREE=1 and a BASE that has their parts (e.g. BASE=7e1e0dd): the
+#   baseline is then built as a tree (what that commit's first step compiles).
 set -e
 cd "$(dirname "$0")/.."
 BASE=${BASE:-a576c64}
@@ -18,10 +21,10 @@ out=build/bench/jit_first_step
 mkdir -p "$out/base"
 git show "$BASE:capex.h" > "$out/base/capex.h"
 git show "$BASE:capex_cuda.h" > "$out/base/capex_cuda.h"
-${CC:-cc} -std=c99 -O1 -DJIT_OLD -I"$out/base" bench/jit_first_step.c -o "$out/base_step" -ldl -lpthread -lm
+${CC:-cc} -std=c99 -O1 $([ "${BASE_TREE:-0}" = 1 ] || echo -DJIT_OLD) -I"$out/base" bench/jit_first_step.c -o "$out/base_step" -ldl -lpthread -lm
 ${CC:-cc} -std=c99 -O1 -I. bench/jit_first_step.c -o "$out/tree_step" -ldl -lpthread -lm
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "baseline $BASE vs this tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD -- capex.h capex_cuda.h || echo '+changes')), sm_$CC_ARCH, model copy $([ "${JIT_MODEL:-2}" = 0 ] && echo none || echo bf16), best of $REPS per program"
+echo "baseline $BASE vs this tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD -- capex.h capex_cuda.h || echo '+changes')), sm_$CC_ARCH, ${JIT_OPT:-adam}, model copy $([ "${JIT_MODEL:-2}" = 0 ] && echo none || echo bf16), best of $REPS per program"
 "$out/tree_step" --reps 1 --cc "$CC_ARCH" | sed -n 's/^unit /  this tree: /p'
 "$out/base_step" --reps 1 --cc "$CC_ARCH" | sed -n 's/^unit /  baseline:  /p'
 printf '%-4s %10s %10s %7s\n' run base_ms tree_ms ratio

@@ -64,17 +64,26 @@ namespace capex_emu {
 template <int G, int W, int MK> static void adam_v(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) {
     CAPEX_GO_CHUNKS(m) capex_go_adam<G, W, MK>(m, a, c);
 }
+template <int G, int W, int MK> static void ams_v(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) {
+    CAPEX_GO_CHUNKS(m) capex_go_adam_ams<G, W, MK>(m, a, c);
+}
+template <int G, int W, int MK> static void adagrad_v(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH> m, capex_go_args a) {
+    CAPEX_GO_CHUNKS(m) capex_go_adagrad<G, W, MK>(m, a, c);
+}
 template <int I, int O, int WR, int CL> static void scale_v(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) {
     CAPEX_GO_CHUNKS(m) capex_go_scale<I, O, WR, CL>(m, a, c);
 }
-#define EMU_A4(G, W) adam_v<G, W, 0>, adam_v<G, W, 1>, adam_v<G, W, 2>, adam_v<G, W, 3>
-static void (*const adam_var[3][2][4])(capex_go_meta<CAPEX_GO_ADAM_DEPTH>, capex_go_args) = {
-    {{EMU_A4(0, 0)}, {EMU_A4(0, 1)}}, {{EMU_A4(1, 0)}, {EMU_A4(1, 1)}}, {{EMU_A4(2, 0)}, {EMU_A4(2, 1)}}};
+#define EMU_A4(F, G, W) F<G, W, 0>, F<G, W, 1>, F<G, W, 2>, F<G, W, 3>
+#define EMU_A24(F) {{{EMU_A4(F, 0, 0)}, {EMU_A4(F, 0, 1)}}, {{EMU_A4(F, 1, 0)}, {EMU_A4(F, 1, 1)}}, {{EMU_A4(F, 2, 0)}, {EMU_A4(F, 2, 1)}}}
+static void (*const adam_var[3][2][4])(capex_go_meta<CAPEX_GO_ADAM_DEPTH>, capex_go_args) = EMU_A24(adam_v);
+static void (*const ams_var[3][2][4])(capex_go_meta<CAPEX_GO_ADAM_DEPTH>, capex_go_args) = EMU_A24(ams_v);
+static void (*const adagrad_var[3][2][4])(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH>, capex_go_args) = EMU_A24(adagrad_v);
 /* [write_out fixed to 1][clip_only]: a check-only launch's variant keeps write_out at run time (-1) */
 #define EMU_S4(I, O) {{scale_v<I, O, -1, 0>, scale_v<I, O, -1, 1>}, {scale_v<I, O, 1, 0>, scale_v<I, O, 1, 1>}}
 static void (*const scale_var[9][2][2])(capex_go_meta<CAPEX_GO_SCALE_DEPTH>, capex_go_args) = {
     EMU_S4(0, 0), EMU_S4(0, 1), EMU_S4(0, 2), EMU_S4(1, 0), EMU_S4(1, 1), EMU_S4(1, 2), EMU_S4(2, 0), EMU_S4(2, 1), EMU_S4(2, 2)};
 #undef EMU_A4
+#undef EMU_A24
 #undef EMU_S4
 } // namespace capex_emu
 
@@ -235,6 +244,11 @@ static capex_result emu_launch_variant(int k, unsigned vb, unsigned grid, void *
         if (d.w < 0 || d.mk < 0) return capex__fail(CAPEX_ERR_INTERNAL, "emu: adam variant without switches");
         emu_mta(capex_emu::adam_var[k - CAPEX__GO_K_ADAM][d.w][d.mk], args, grid);
         *ran = 1;
+    } else if ((k >= CAPEX__GO_K_ADAM_AMS && k < CAPEX__GO_K_ADAM_AMS + 3) || (k >= CAPEX__GO_K_ADAGRAD && k < CAPEX__GO_K_ADAGRAD + 3)) {
+        if (d.w < 0 || d.mk < 0) return capex__fail(CAPEX_ERR_INTERNAL, "emu: amsgrad/Adagrad variant without switches");
+        if (k < CAPEX__GO_K_ADAGRAD) emu_mta(capex_emu::ams_var[k - CAPEX__GO_K_ADAM_AMS][d.w][d.mk], args, grid);
+        else emu_mta(capex_emu::adagrad_var[k - CAPEX__GO_K_ADAGRAD][d.w][d.mk], args, grid);
+        *ran = 1;
     } else if (k >= CAPEX__GO_K_SCALE && k < CAPEX__GO_K_SUMSQ) {
         if (d.wr == 0 || d.clip < 0) return capex__fail(CAPEX_ERR_INTERNAL, "emu: scale variant switches wr %d clip %d", d.wr, d.clip);
         emu_mta(capex_emu::scale_var[k - CAPEX__GO_K_SCALE][d.wr > 0][d.clip], args, grid);
@@ -374,12 +388,13 @@ CT_TEST(emu_pure_half) { env e = emu_env(15); par_pure_half_steps(ct, &e); }
 
 /* Every launch through the variant the device would compile for it (its
    switches fixed at compile time): the same CPU parity, bit for bit (Adam,
-   unscale; the other kernels' variants only drop kernels). Each Adam variant
-   (3 grad dtypes x W/L2 x model none/f16/bf16/bf16 stochastic rounding) and
-   the scale variants the unscale, clip and pure_half paths take must run. */
+   unscale, amsgrad, Adagrad; the other kernels' variants only drop kernels).
+   Each Adam, amsgrad and Adagrad variant (3 grad dtypes x W/L2 x model
+   none/f16/bf16/bf16 stochastic rounding) and the scale variants the unscale,
+   clip and pure_half paths take must run. */
 CT_TEST(emu_variants_bit_exact) {
     env e = emu_env_mode(31, &mode_variants);
-    int v, adam = 0, scale = 0;
+    int v, adam = 0, ams = 0, adagrad = 0, scale = 0;
     memset(var_runs, 0, sizeof var_runs);
     par_scale(ct, &e);
     if (!ct->failed) par_scale_many(ct, &e);
@@ -387,9 +402,15 @@ CT_TEST(emu_variants_bit_exact) {
     if (!ct->failed) par_adam(ct, &e);
     if (!ct->failed) par_amp_loop(ct, &e, emu_count);
     if (!ct->failed) par_pure_half_steps(ct, &e);
+    if (!ct->failed) par_adam_amsgrad(ct, &e);
+    if (!ct->failed) par_adagrad(ct, &e);
     if (ct->failed) return; /* the first failure's message */
-    for (v = CAPEX__CV_ADAM; v < CAPEX__CV_SCALE; v++) adam += var_runs[v] > 0;
-    CT_CHECK(adam == 24, "%d of the 24 Adam variants ran", adam);
+    for (v = 0; v < 24; v++) {
+        adam += var_runs[CAPEX__CV_ADAM + v] > 0;
+        ams += var_runs[CAPEX__CV_AMS + v] > 0;
+        adagrad += var_runs[CAPEX__CV_ADAGRAD + v] > 0;
+    }
+    CT_CHECK(adam == 24 && ams == 24 && adagrad == 24, "of 24 variants each ran: Adam %d, amsgrad %d, Adagrad %d", adam, ams, adagrad);
     for (v = CAPEX__CV_SCALE; v < CAPEX__CV_SUMSQ; v++) {
         capex__cuda_vdef d = capex__cuda_variant_def(v);
         int pair = (v - CAPEX__CV_SCALE) / 4, in = pair / 3, out = pair % 3;
