@@ -107,9 +107,10 @@
                         and scalers for what their step launches) on background threads.
                         A launch whose part is neither loaded nor compiling compiles a
                         variant instead: the part specialized to that launch (its kernel
-                        only, its dtypes and switches fixed by -D options; about half the
-                        NVRTC time of a first AdamW step, a third for amsgrad and Adagrad,
-                        whose parts hold three kernels), cached like a part; a variant
+                        only, its dtypes and switches fixed by -D options: Adam, amsgrad,
+                        Adagrad, SGD, LAMB, unscale, the amp kernels; a first AdamW step
+                        compiles in about half the NVRTC time of whole parts, amsgrad and
+                        Adagrad in a third), cached like a part; a variant
                         that spills on the device is not used (its part runs).
 
    Thread safety: the loaders are thread-safe. A context may be used from several
@@ -2612,12 +2613,14 @@ static const char capex__cuda_frag_go4[] =
     "}\n";
 static const char capex__cuda_frag_go5[] =
     "/* SGD: lists g, p, momentum buffer (0: none), model, tensor index; op.sgd. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_sgd(const capex_go_meta<CAPEX_GO_SGD_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
+    "template <int G, int VMO = -1, int VMK = -1>\n"
+    "CAPEX_DEVICE void capex_go_sgd(const capex_go_meta<CAPEX_GO_SGD_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.sgd.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), mo = a.op.sgd.momentum, mk = a.op.sgd.model;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), mo = VMO >= 0 ? VMO : a.op.sgd.momentum;\n"
+    "    int mk = VMK >= 0 ? VMK : a.op.sgd.model;\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_SGD_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_SGD_P][s] + off, *b = (float *)mt.addr[CAPEX_GO_SGD_BUF][s] + off;\n"
     "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_SGD_MODEL][s] + off;\n"
@@ -2663,12 +2666,13 @@ static const char capex__cuda_frag_go6[] =
     "    *ap += (double)pk * pk;\n"
     "    *au += (double)u * u;\n"
     "}\n"
-    "template <int G> CAPEX_DEVICE void capex_go_lamb1(const capex_go_meta<CAPEX_GO_LAMB1_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
+    "template <int G, int VW = -1>\n"
+    "CAPEX_DEVICE void capex_go_lamb1(const capex_go_meta<CAPEX_GO_LAMB1_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    __shared__ double sh[512];\n"
     "    const capex_go_group *g = a.op.lamb1.group;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = a.op.lamb1.w_mode;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = VW >= 0 ? VW : a.op.lamb1.w_mode;\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_LAMB1_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_LAMB1_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_LAMB1_M][s] + off;\n"
     "    float *v = (float *)mt.addr[CAPEX_GO_LAMB1_V][s] + off;\n"
@@ -2731,11 +2735,13 @@ static const char capex__cuda_frag_go8[] =
     "    float u = w ? capex__lamb_update_w(p, m, v, g->bc1, g->bc2, g->eps, g->wd) : capex__lamb_update_l2(p, m, v, g->bc1, g->bc2, g->eps);\n"
     "    return capex__lamb_apply(p, u, r);\n"
     "}\n"
+    "template <int VW = -1, int VMK = -1>\n"
     "CAPEX_DEVICE void capex_go_lamb2c(const capex_go_meta<CAPEX_GO_LAMB2_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    const capex_go_group *g = a.op.lamb2.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = a.op.lamb2.w_mode, mk = a.op.lamb2.model;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = VW >= 0 ? VW : a.op.lamb2.w_mode;\n"
+    "    int mk = VMK >= 0 ? VMK : a.op.lamb2.model;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_LAMB2_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_LAMB2_M][s] + off;\n"
     "    float *v = (float *)mt.addr[CAPEX_GO_LAMB2_V][s] + off;\n"
     "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_LAMB2_MODEL][s] + off;\n"
@@ -2761,7 +2767,7 @@ static const char capex__cuda_frag_go8[] =
     "        if (mk) h[i] = capex_go_half(pi, mk, sr, off + i);\n"
     "    }\n"
     "}\n"
-    "CAPEX_GK_OCC3 void capex_go_lamb2(capex_go_meta<CAPEX_GO_LAMB2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb2c(m, a, c); }\n";
+    "CAPEX_GK_OCC3 void capex_go_lamb2(capex_go_meta<CAPEX_GO_LAMB2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb2c<CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n";
 static const char capex__cuda_frag_go8b[] =
     "/* Loss scaler update on the device (one thread): capex.h's rule\n"
     "   (capex__scaler_rule: growth, backoff, hysteresis, min/max), then steps,\n"
@@ -3081,17 +3087,17 @@ static const char capex__cuda_frag_go9_adam_f16[] =
 static const char capex__cuda_frag_go9_adam_bf16[] =
     "CAPEX_GK_OCC3 void capex_go_adam_bf16(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<2, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sgd_f32[] =
-    "CAPEX_GK_OCC4 void capex_go_sgd_f32(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<0>(m, a, c); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sgd_f32(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<0, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sgd_f16[] =
-    "CAPEX_GK_OCC4 void capex_go_sgd_f16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<1>(m, a, c); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sgd_f16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<1, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_sgd_bf16[] =
-    "CAPEX_GK_OCC4 void capex_go_sgd_bf16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<2>(m, a, c); }\n";
+    "CAPEX_GK_OCC4 void capex_go_sgd_bf16(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_sgd<2, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_lamb1_f32[] =
-    "CAPEX_GK void capex_go_lamb1_f32(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb1<0>(m, a, c); }\n";
+    "CAPEX_GK void capex_go_lamb1_f32(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb1<0, CAPEX_V_W>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_lamb1_f16[] =
-    "CAPEX_GK void capex_go_lamb1_f16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb1<1>(m, a, c); }\n";
+    "CAPEX_GK void capex_go_lamb1_f16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb1<1, CAPEX_V_W>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_lamb1_bf16[] =
-    "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb1<2>(m, a, c); }\n";
+    "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb1<2, CAPEX_V_W>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_novo_f32[] =
     "CAPEX_GK_OCC4 void capex_go_novo1_f32(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<0>(m, a, c); }\n"
     "CAPEX_GK_OCC3 void capex_go_novo2_f32(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<0>(m, a, c); }\n";
@@ -3750,7 +3756,10 @@ enum {
     CAPEX__CV_AMP = 63,    /* + 0: prepare and scaler_update (every step); + 1: reduce, clip_coef, zero_norm */
     CAPEX__CV_AMS = 65,    /* + 8 grad dtype + 4 w_mode + model: capex_go_adam_ams_* (one of the part's three) */
     CAPEX__CV_ADAGRAD = 89, /* the same for capex_go_adagrad_* */
-    CAPEX__CUDA_N_VARIANTS = 113
+    CAPEX__CV_SGD = 113,   /* + 8 grad dtype + 4 momentum on + model: capex_go_sgd_* */
+    CAPEX__CV_LAMB2 = 137, /* + 4 w_mode + model: capex_go_lamb2 */
+    CAPEX__CV_LAMB1 = 145, /* + 2 grad dtype + w_mode: capex_go_lamb1_* */
+    CAPEX__CUDA_N_VARIANTS = 151
 };
 #define CAPEX__CUDA_N_UNITS (CAPEX__CUDA_N_PARTS + CAPEX__CUDA_N_VARIANTS)
 /* A launch's switches for capex__cuda_kernel_unit, packed: 0 none (the whole
@@ -3777,9 +3786,18 @@ CAPEX__PRIVATE capex__cuda_vdef capex__cuda_variant_def(int v) {
         d.part = CAPEX__CP_UNSCALE_F32 + (v - CAPEX__CV_SUMSQ); d.sel = 1;
     } else if (v >= CAPEX__CV_AMP && v < CAPEX__CV_AMS) {
         d.part = CAPEX__CP_AMP; d.sel = 1 << (v - CAPEX__CV_AMP);
-    } else if (v >= CAPEX__CV_AMS && v < CAPEX__CUDA_N_VARIANTS) {
+    } else if (v >= CAPEX__CV_AMS && v < CAPEX__CV_SGD) {
         int i = (v - CAPEX__CV_AMS) % 24;
         d.part = v < CAPEX__CV_ADAGRAD ? CAPEX__CP_ADAM_AMS : CAPEX__CP_ADAGRAD; d.sel = 1 << (i / 8); d.w = (i / 4) % 2; d.mk = i % 4;
+    } else if (v >= CAPEX__CV_SGD && v < CAPEX__CV_LAMB2) { /* w: momentum on */
+        int i = v - CAPEX__CV_SGD;
+        d.part = CAPEX__CP_SGD_F32 + i / 8; d.sel = 1; d.w = (i / 4) % 2; d.mk = i % 4;
+    } else if (v >= CAPEX__CV_LAMB2 && v < CAPEX__CV_LAMB1) {
+        int i = v - CAPEX__CV_LAMB2;
+        d.part = CAPEX__CP_LAMB2; d.sel = 1; d.w = i / 4; d.mk = i % 4;
+    } else if (v >= CAPEX__CV_LAMB1 && v < CAPEX__CUDA_N_VARIANTS) {
+        int i = v - CAPEX__CV_LAMB1;
+        d.part = CAPEX__CP_LAMB1_F32 + i / 2; d.sel = 1; d.w = i % 2;
     }
     return d;
 }
@@ -3818,6 +3836,9 @@ CAPEX__PRIVATE int capex__cuda_kernel_unit(size_t k, unsigned vb) {
         v = CAPEX__CV_AMS + 8 * (int)(k - CAPEX__CK_GO_ADAM_AMS_F32) + 4 * w + mk;
     else if (k >= CAPEX__CK_GO_ADAGRAD_F32 && k <= CAPEX__CK_GO_ADAGRAD_BF16)
         v = CAPEX__CV_ADAGRAD + 8 * (int)(k - CAPEX__CK_GO_ADAGRAD_F32) + 4 * w + mk;
+    else if (k >= CAPEX__CK_GO_SGD_F32 && k <= CAPEX__CK_GO_SGD_BF16) v = CAPEX__CV_SGD + 8 * (int)(k - CAPEX__CK_GO_SGD_F32) + 4 * w + mk;
+    else if (k == CAPEX__CK_GO_LAMB2) v = CAPEX__CV_LAMB2 + 4 * w + mk;
+    else if (k >= CAPEX__CK_GO_LAMB1_F32 && k <= CAPEX__CK_GO_LAMB1_BF16) v = CAPEX__CV_LAMB1 + 2 * (int)(k - CAPEX__CK_GO_LAMB1_F32) + w;
     return v < 0 ? capex__cuda_builtin_kernel_part[k] : CAPEX__CUDA_N_PARTS + v;
 }
 
@@ -5241,6 +5262,9 @@ CAPEX__PRIVATE unsigned capex__go_vb(int k, const capex__go_args *a) {
         return CAPEX__CUDA_VB(a->op.adam_ams.w_mode != 0, a->op.adam_ams.model & 3, 0, 0);
     if (k >= CAPEX__GO_K_ADAGRAD && k < CAPEX__GO_K_ADAGRAD + 3)
         return CAPEX__CUDA_VB(a->op.adagrad.w_mode != 0, a->op.adagrad.model & 3, 0, 0);
+    if (k >= CAPEX__GO_K_SGD && k < CAPEX__GO_K_SGD + 3) return CAPEX__CUDA_VB(a->op.sgd.momentum != 0, a->op.sgd.model & 3, 0, 0);
+    if (k == CAPEX__GO_K_LAMB2) return CAPEX__CUDA_VB(a->op.lamb2.w_mode != 0, a->op.lamb2.model & 3, 0, 0);
+    if (k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB1 + 3) return CAPEX__CUDA_VB(a->op.lamb1.w_mode != 0, 0, 0, 0);
     if (k >= CAPEX__GO_K_SCALE && k < CAPEX__GO_K_SUMSQ)
         return CAPEX__CUDA_VB(0, 0, a->op.scale.write_out != 0, a->op.scale.clip_only != 0);
     return CAPEX__CUDA_VB(0, 0, 0, 0);
@@ -6033,22 +6057,24 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     capex__free(NULL, bufs);
     capex__free(NULL, groups);
     if (o->ex.prefetch) { /* what a step launches compiles in the background meanwhile */
-        int ks[20], nk = 0, seen[3][4];
-        unsigned vbs[20];
+        int ks[32], nk = 0, seen[3][4], lamb2_seen[4] = {0, 0, 0, 0};
+        unsigned vbs[32];
         memset(seen, 0, sizeof seen);
-        for (k = 0; k < 20; k++) vbs[k] = CAPEX__CUDA_VB(0, 0, 0, 0);
+        for (k = 0; k < 32; k++) vbs[k] = CAPEX__CUDA_VB(0, 0, 0, 0);
         ks[nk++] = CAPEX__GO_K_PREPARE;
-        if (o->desc.kind == CAPEX_OPTIM_LAMB) {
-            ks[nk++] = CAPEX__GO_K_LAMB_RATIO;
-            ks[nk++] = CAPEX__GO_K_LAMB2;
-        }
+        if (o->desc.kind == CAPEX_OPTIM_LAMB) ks[nk++] = CAPEX__GO_K_LAMB_RATIO;
         if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) ks[nk++] = CAPEX__GO_K_NOVO_NORM;
         for (k = 0; k < n; k++) { /* the step's launches per grad dtype and model copy kind (capex__go_step) */
             const capex__go_t *t = &o->t[o->nt - n + k];
             int gd = (int)t->p.grad_dtype, mk = t->mk;
             if (gd < 0 || gd > 2 || mk < 0 || mk > 3 || seen[gd][mk]) continue;
             seen[gd][mk] = 1;
-            vbs[nk] = CAPEX__CUDA_VB(o->desc.adam_w_mode != 0, mk, 0, 0); /* Adam's, amsgrad's, Adagrad's variant; the others have none */
+            if (o->desc.kind == CAPEX_OPTIM_LAMB && !lamb2_seen[mk]++) { /* stage 2: a launch per model kind */
+                vbs[nk] = CAPEX__CUDA_VB(o->desc.adam_w_mode != 0, mk, 0, 0);
+                ks[nk++] = CAPEX__GO_K_LAMB2;
+            }
+            /* the variant's switches (capex__go_vb): SGD's first is momentum on; NovoGrad has none */
+            vbs[nk] = CAPEX__CUDA_VB(o->desc.kind == CAPEX_OPTIM_SGD ? hp->momentum != 0.0f : o->desc.adam_w_mode != 0, mk, 0, 0);
             ks[nk++] = (o->desc.kind == CAPEX_OPTIM_ADAM ? (need_vm ? (int)CAPEX__GO_K_ADAM_AMS : (int)CAPEX__GO_K_ADAM)
                         : o->desc.kind == CAPEX_OPTIM_SGD ? (int)CAPEX__GO_K_SGD
                         : o->desc.kind == CAPEX_OPTIM_NOVOGRAD ? (int)CAPEX__GO_K_NOVO2 /* pass 1 is in its part */

@@ -8,8 +8,9 @@
    launches (the path capex__go_dev_launch takes), without a cache, for sm_90,
    with 32 KB of launch metadata as a context on a CUDA 12.1+ driver and NVRTC
    compiles them (JIT_META=4096: the 4 KB build).
-   JIT_OPT=ams or adagrad: the first step of Adam with amsgrad or of Adagrad
-   instead (this tree's build only: compare with BASE_TREE=1 in the script).
+   JIT_OPT=ams, adagrad, sgd or lamb: the first step of Adam with amsgrad,
+   Adagrad, SGD with momentum or LAMB instead (this tree's build only: compare
+   with BASE_TREE=1 in the script).
    CPU time of the compiling thread (getrusage RUSAGE_THREAD: NVRTC runs on the
    caller's thread), best of --reps per program; the machine may be loaded.
 
@@ -109,17 +110,28 @@ int main(int argc, char **argv) {
         /* the metadata size a context picks: 32 KB with driver and NVRTC 12.1+ on sm_70+
            (JIT_META=4096: the 4 KB build, a576c64's only one) */
         const int meta = meta_env && atoi(meta_env) == 4096 ? CAPEX__GO_META_SMALL : CAPEX__GO_META_LARGE;
-        int mk = mk_env ? atoi(mk_env) & 3 : 2, seen[CAPEX__CUDA_N_UNITS], k;
-        const size_t ks[4] = {CAPEX__CK_GO_SCALE_BF16_BF16, CAPEX__CK_GO_PREPARE,
-                              opt && !strcmp(opt, "ams")       ? (size_t)CAPEX__CK_GO_ADAM_AMS_BF16
-                              : opt && !strcmp(opt, "adagrad") ? (size_t)CAPEX__CK_GO_ADAGRAD_BF16
-                                                               : (size_t)CAPEX__CK_GO_ADAM_BF16,
-                              CAPEX__CK_GO_SCALER_UPDATE};
-        const unsigned vbs[4] = {CAPEX__CUDA_VB(0, 0, 1, 0), CAPEX__CUDA_VB(0, 0, 0, 0), CAPEX__CUDA_VB(1, mk, 0, 0),
-                                 CAPEX__CUDA_VB(0, 0, 0, 0)};
+        int mk = mk_env ? atoi(mk_env) & 3 : 2, seen[CAPEX__CUDA_N_UNITS], k, nk = 4;
+        const int lamb = opt && !strcmp(opt, "lamb");
+        /* the optimizer's launches (LAMB: stage 1, clip, ratio, stage 2), then the scaler's update */
+        size_t ks[7] = {CAPEX__CK_GO_SCALE_BF16_BF16, CAPEX__CK_GO_PREPARE,
+                        opt && !strcmp(opt, "ams")       ? (size_t)CAPEX__CK_GO_ADAM_AMS_BF16
+                        : opt && !strcmp(opt, "adagrad") ? (size_t)CAPEX__CK_GO_ADAGRAD_BF16
+                        : opt && !strcmp(opt, "sgd")     ? (size_t)CAPEX__CK_GO_SGD_BF16
+                        : lamb                           ? (size_t)CAPEX__CK_GO_LAMB1_BF16
+                                                         : (size_t)CAPEX__CK_GO_ADAM_BF16,
+                        CAPEX__CK_GO_SCALER_UPDATE};
+        unsigned vbs[7] = {CAPEX__CUDA_VB(0, 0, 1, 0), CAPEX__CUDA_VB(0, 0, 0, 0), CAPEX__CUDA_VB(1, mk, 0, 0),
+                           CAPEX__CUDA_VB(0, 0, 0, 0)};
+        if (lamb) {
+            ks[3] = CAPEX__CK_GO_LAMB_CLIP; vbs[3] = CAPEX__CUDA_VB(0, 0, 0, 0);
+            ks[4] = CAPEX__CK_GO_LAMB_RATIO; vbs[4] = CAPEX__CUDA_VB(0, 0, 0, 0);
+            ks[5] = CAPEX__CK_GO_LAMB2; vbs[5] = CAPEX__CUDA_VB(1, mk, 0, 0);
+            ks[6] = CAPEX__CK_GO_SCALER_UPDATE; vbs[6] = CAPEX__CUDA_VB(0, 0, 0, 0);
+            nk = 7;
+        }
         memset(seen, 0, sizeof seen);
         pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
-        for (k = 0; k < 4; k++) {
+        for (k = 0; k < nk; k++) {
             int u = capex__cuda_kernel_unit(ks[k], vbs[k]);
             capex_cuda_compile_desc d;
             capex__cuda_unit_opts o;

@@ -705,15 +705,15 @@ static void par_pure_half_steps(ct_state *ct, env *e) {
 static void par_sgd(ct_state *ct, env *e) {
     capex_optim_desc d;
     int v;
-    for (v = 0; v < 4; v++) {
+    for (v = 0; v < 5; v++) { /* v 4: no momentum, stochastic rounding */
         capex_optim_desc_init(&d, CAPEX_OPTIM_SGD);
         d.defaults.lr = 0.1f;
-        d.defaults.momentum = v == 0 ? 0.0f : 0.9f;
+        d.defaults.momentum = v == 0 || v == 4 ? 0.0f : 0.9f;
         d.defaults.nesterov = v == 2;
         d.defaults.dampening = v == 3 ? 0.1f : 0.0f;
         d.defaults.weight_decay = 0.01f;
         d.wd_after_momentum = v == 3;
-        d.stochastic_rounding = v == 1;
+        d.stochastic_rounding = v == 1 || v == 4;
         d.seed = 42;
         d.exec.chunk_size = v == 2 ? 999 : 0;
         par_opt_run(ct, e, &d, 24, 0, 0, "SGD");
@@ -725,12 +725,12 @@ static void par_sgd(ct_state *ct, env *e) {
 static void par_lamb(ct_state *ct, env *e) {
     capex_optim_desc d;
     int v;
-    for (v = 0; v < 3; v++) {
+    for (v = 0; v < 4; v++) { /* v 3: L2 mode with stochastic rounding */
         capex_optim_desc_init(&d, CAPEX_OPTIM_LAMB);
-        d.adam_w_mode = v != 1;
+        d.adam_w_mode = v != 1 && v != 3;
         d.use_nvlamb = v == 2;
         d.max_grad_norm = v == 2 ? 0.0f : 1.0f;
-        d.stochastic_rounding = v == 0;
+        d.stochastic_rounding = v == 0 || v == 3;
         d.exec.chunk_size = v == 1 ? 1000 : 0;
         par_opt_run(ct, e, &d, 24, 0, 2e-6f, "LAMB");
         if (ct->failed) return;
