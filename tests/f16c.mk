@@ -33,3 +33,15 @@ $(BUILD)/bench/bench_table: bench/bench_table.c capex.h
 bench-table-torch: $(BUILD)/bench/bench_table
 	python3 bench/bench_cpu_torch.py --capex $(BUILD)/bench/bench_table
 ci-extra:: $(BUILD)/bench/bench_table
+
+# AdamW on fp16 grads three ways (blocked F16C, portable fused, a fused F16C
+# prototype), for the CPU where fp16 is slow (bench/f16_adam_probe.c says why).
+# CI builds it and runs it small: the three must give the same bits.
+.PHONY: f16-adam-probe
+$(BUILD)/bench/f16_adam_probe: bench/f16_adam_probe.c capex.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O3 $(BENCH_MARCH) -fno-math-errno $(WARN) $< -o $@ $(LDLIBS)
+f16-adam-probe: $(BUILD)/bench/f16_adam_probe
+	$(BUILD)/bench/f16_adam_probe 1000000 15
+ci-extra:: $(BUILD)/bench/f16_adam_probe
+	@$(BUILD)/bench/f16_adam_probe 100003 2 | tee $(BUILD)/bench/f16_adam_probe.txt; ! grep -q 'DIFFERENT BITS' $(BUILD)/bench/f16_adam_probe.txt
