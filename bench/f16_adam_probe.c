@@ -5,9 +5,10 @@
                copy converted)
      portable  the fused fp16 kernel with the select-only conversions (what
                capex runs without F16C)
-     fused16   a prototype: 16 grads converted by vcvtph2ps in the loop, the
-               same per-element formula (capex__adam_w_elem), 16 copies stored
-               by vcvtps2ph
+     fused16   a prototype: 16 grads converted by vcvtph2ps in the loop (a
+               group of 8 holding a NaN by capex's portable load, which keeps
+               its bits, as capex__f16_load_f16c does), the same per-element
+               formula (capex__adam_w_elem), 16 copies stored by vcvtps2ph
    Issue 17 left one row open: AdamW fp16 was 1.28-1.33x bf16 on a Zen 3 VM
    (2026-11-25), where the blocked passes stalled; on Zen 4 the fused
    prototype was within 5% of blocked (bench/RESULTS.md). Run this where that
@@ -32,8 +33,13 @@ CAPEX__F16C_FN static void fused16(const capex__optim_job *j) {
     int64_t i, k;
     for (i = 0; i + 16 <= j->n; i += 16) {
         float gb[16], pb[16];
-        _mm256_storeu_ps(gb, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(g + i))));
-        _mm256_storeu_ps(gb + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(g + i + 8))));
+        for (k = 0; k < 16; k += 8) {
+            const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(g + i + k));
+            if (_mm_movemask_epi8(_mm_cmpgt_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x7c00))))
+                capex__f16_load_port(g + i + k, gb + k, 8);
+            else
+                _mm256_storeu_ps(gb + k, _mm256_cvtph_ps(x));
+        }
         for (k = 0; k < 16; k++) {
             pb[k] = capex__adam_w_elem(j->p[i + k], gb[k] * j->gs, &j->m[i + k], &j->v[i + k], c.beta1, c.beta2, c.bc1, c.bc2,
                                        c.eps, c.lr, c.wd);
@@ -91,6 +97,7 @@ int main(int argc, char **argv) {
     for (r = 0; r < n; r++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         g[r] = (uint16_t)(0x2000u + (unsigned)(s >> 40) % 0x3000u) | (uint16_t)((s >> 33) & 0x8000u);
+        if (r % 9973 == 17) g[r] = r % 3 ? (uint16_t)0x7c00u : (uint16_t)(0x7d01u + r % 0x100); /* inf, signalling NaNs */
         p[0][r] = (float)((s >> 20) % 2000) / 1000.0f - 1.0f; m[0][r] = 0.01f; v[0][r] = 0.001f;
     }
     for (k = 1; k < 3; k++) { memcpy(p[k], p[0], (size_t)n * 4); memcpy(m[k], m[0], (size_t)n * 4); memcpy(v[k], v[0], (size_t)n * 4); }

@@ -113,21 +113,23 @@ int main(int argc, char **argv) {
         int mk = mk_env ? atoi(mk_env) & 3 : 2, seen[CAPEX__CUDA_N_UNITS], k, nk = 4;
         const int lamb = opt && !strcmp(opt, "lamb");
         /* the optimizer's launches (LAMB: stage 1, clip, ratio, stage 2), then the scaler's update */
-        size_t ks[7] = {CAPEX__CK_GO_SCALE_BF16_BF16, CAPEX__CK_GO_PREPARE,
+        size_t ks[9] = {CAPEX__CK_GO_SCALE_BF16_BF16, CAPEX__CK_GO_PREPARE,
                         opt && !strcmp(opt, "ams")       ? (size_t)CAPEX__CK_GO_ADAM_AMS_BF16
                         : opt && !strcmp(opt, "adagrad") ? (size_t)CAPEX__CK_GO_ADAGRAD_BF16
                         : opt && !strcmp(opt, "sgd")     ? (size_t)CAPEX__CK_GO_SGD_BF16
                         : lamb                           ? (size_t)CAPEX__CK_GO_LAMB1_BF16
                                                          : (size_t)CAPEX__CK_GO_ADAM_BF16,
                         CAPEX__CK_GO_SCALER_UPDATE};
-        unsigned vbs[7] = {CAPEX__CUDA_VB(0, 0, 1, 0), CAPEX__CUDA_VB(0, 0, 0, 0), CAPEX__CUDA_VB(1, mk, 0, 0),
+        unsigned vbs[9] = {CAPEX__CUDA_VB(0, 0, 1, 0), CAPEX__CUDA_VB(0, 0, 0, 0), CAPEX__CUDA_VB(1, mk, 0, 0),
                            CAPEX__CUDA_VB(0, 0, 0, 0)};
-        if (lamb) {
-            ks[3] = CAPEX__CK_GO_LAMB_CLIP; vbs[3] = CAPEX__CUDA_VB(0, 0, 0, 0);
-            ks[4] = CAPEX__CK_GO_LAMB_RATIO; vbs[4] = CAPEX__CUDA_VB(0, 0, 0, 0);
-            ks[5] = CAPEX__CK_GO_LAMB2; vbs[5] = CAPEX__CUDA_VB(1, mk, 0, 0);
-            ks[6] = CAPEX__CK_GO_SCALER_UPDATE; vbs[6] = CAPEX__CUDA_VB(0, 0, 0, 0);
-            nk = 7;
+        if (lamb) { /* + the global grad norm (sum of squares, reduce) before LAMB's clip */
+            ks[3] = CAPEX__CK_GO_SUMSQ_BF16; vbs[3] = CAPEX__CUDA_VB(0, 0, 0, 0);
+            ks[4] = CAPEX__CK_GO_REDUCE; vbs[4] = CAPEX__CUDA_VB(0, 0, 0, 0);
+            ks[5] = CAPEX__CK_GO_LAMB_CLIP; vbs[5] = CAPEX__CUDA_VB(0, 0, 0, 0);
+            ks[6] = CAPEX__CK_GO_LAMB_RATIO; vbs[6] = CAPEX__CUDA_VB(0, 0, 0, 0);
+            ks[7] = CAPEX__CK_GO_LAMB2; vbs[7] = CAPEX__CUDA_VB(1, mk, 0, 0);
+            ks[8] = CAPEX__CK_GO_SCALER_UPDATE; vbs[8] = CAPEX__CUDA_VB(0, 0, 0, 0);
+            nk = 9;
         }
         memset(seen, 0, sizeof seen);
         pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
