@@ -4074,7 +4074,7 @@ typedef struct capex__cuda_bg {
     unsigned char state[CAPEX__CUDA_N_UNITS]; /* per unit: parts, then variants */
     unsigned seq[CAPEX__CUDA_N_UNITS];       /* queue order (lowest first) */
     unsigned next_seq;
-    capex__cuda_pjob job[CAPEX__CUDA_N_UNITS]; /* of RUNNING and DONE units */
+    capex__cuda_pjob *job[CAPEX__CUDA_N_UNITS]; /* of QUEUED, RUNNING and DONE units (~3 KB each: allocated when queued) */
     pthread_t thread[CAPEX__BG_MAX_THREADS];
     int n_threads, active, stop;             /* threads started (not joined), still working; destroying */
 } capex__cuda_bg;
@@ -4132,10 +4132,12 @@ CAPEX__PRIVATE void *capex__cuda_bg_work(void *arg) {
     pthread_mutex_lock(&bg->lock);
     for (;;) {
         int p = c_ok ? capex__cuda_bg_next_locked(bg) : -1;
+        capex__cuda_pjob *job;
         if (p < 0 || bg->stop) break;
         bg->state[p] = CAPEX__BG_RUNNING;
+        job = bg->job[p]; /* freed only once DONE (claim, stop) */
         pthread_mutex_unlock(&bg->lock);
-        capex__cuda_pjob_run(&bg->job[p], ctx->device_cc, ctx->meta_bytes);
+        capex__cuda_pjob_run(job, ctx->device_cc, ctx->meta_bytes);
         pthread_mutex_lock(&bg->lock);
         bg->state[p] = CAPEX__BG_DONE;
         pthread_cond_broadcast(&bg->cv);
@@ -4169,7 +4171,8 @@ CAPEX__PRIVATE void capex__cuda_bg_request(capex_cuda_context *ctx, const int *w
     for (i = 0; i < CAPEX__CUDA_N_UNITS; i++) { /* parts heaviest first; variants (lighter) after */
         int p = i < CAPEX__CUDA_N_PARTS ? capex__cuda_part_order[i] : i;
         if (!want[p] || loaded[p] || bg->state[p] != CAPEX__BG_NONE) continue;
-        capex__cuda_pjob_init(&bg->job[p], p, &cache);
+        if (!bg->job[p] && (bg->job[p] = (capex__cuda_pjob *)capex__alloc(NULL, sizeof *bg->job[p])) == NULL) continue; /* first use compiles it */
+        capex__cuda_pjob_init(bg->job[p], p, &cache);
         bg->state[p] = CAPEX__BG_QUEUED;
         bg->seq[p] = bg->next_seq++;
     }
@@ -4196,11 +4199,10 @@ CAPEX__PRIVATE int capex__cuda_bg_claim(capex_cuda_context *ctx, int p, capex__c
     if (bg->state[p] == CAPEX__BG_QUEUED) bg->state[p] = CAPEX__BG_NONE;
     while (bg->state[p] == CAPEX__BG_RUNNING) pthread_cond_wait(&bg->cv, &bg->lock);
     got = bg->state[p] == CAPEX__BG_DONE;
-    if (got) {
-        *job = bg->job[p];
-        memset(&bg->job[p].img, 0, sizeof bg->job[p].img);
-        bg->state[p] = CAPEX__BG_NONE;
-    }
+    if (got) *job = *bg->job[p]; /* the image is now the caller's */
+    bg->state[p] = CAPEX__BG_NONE;
+    capex__free(NULL, bg->job[p]);
+    bg->job[p] = NULL;
     pthread_mutex_unlock(&bg->lock);
     return got;
 }
@@ -4213,8 +4215,12 @@ CAPEX__PRIVATE void capex__cuda_bg_stop(capex__cuda_bg *bg) {
     while (bg->active > 0) pthread_cond_wait(&bg->cv, &bg->lock);
     for (i = 0; i < bg->n_threads; i++) pthread_join(bg->thread[i], NULL);
     bg->n_threads = 0;
-    for (i = 0; i < CAPEX__CUDA_N_UNITS; i++)
-        if (bg->state[i] == CAPEX__BG_DONE) capex_cuda_image_free(&bg->job[i].img);
+    for (i = 0; i < CAPEX__CUDA_N_UNITS; i++) {
+        if (bg->state[i] == CAPEX__BG_DONE) capex_cuda_image_free(&bg->job[i]->img);
+        capex__free(NULL, bg->job[i]);
+        bg->job[i] = NULL;
+        bg->state[i] = CAPEX__BG_NONE;
+    }
     pthread_mutex_unlock(&bg->lock);
 }
 
@@ -4950,8 +4956,8 @@ CAPEX_API capex_result capex_cuda_precompile_wait(capex_cuda_context *ctx) {
         if (busy) pthread_cond_wait(&bg->cv, &bg->lock);
     }
     for (p = 0; p < CAPEX__CUDA_N_UNITS && r == CAPEX_OK; p++)
-        if (bg->state[p] == CAPEX__BG_DONE && bg->job[p].r != CAPEX_OK)
-            r = capex__fail(bg->job[p].r, "built-in part '%s': %s", capex__cuda_unit_name(p), bg->job[p].err);
+        if (bg->state[p] == CAPEX__BG_DONE && bg->job[p]->r != CAPEX_OK)
+            r = capex__fail(bg->job[p]->r, "built-in part '%s': %s", capex__cuda_unit_name(p), bg->job[p]->err);
     pthread_mutex_unlock(&bg->lock);
     return r;
 }
