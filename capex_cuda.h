@@ -3771,13 +3771,35 @@ typedef struct capex__cuda_vdef {
     int w, mk, wr, clip;     /* -1: not fixed */
 } capex__cuda_vdef;
 
+/* The optimizers whose 24 variants are grad dtype x W (SGD: momentum on) x
+   model kind, v = base + 8 dtype + 4 w + model: their three kernels (one per
+   grad dtype) are each alone in a part (part0 + dtype), or all three in part0,
+   told apart by selection bit dtype. */
+static const struct { size_t k0; int base, part0, one_part; } capex__cuda_vfam[] = {
+    {CAPEX__CK_GO_ADAM_F32, CAPEX__CV_ADAM, CAPEX__CP_ADAM_F32, 0},
+    {CAPEX__CK_GO_ADAM_AMS_F32, CAPEX__CV_AMS, CAPEX__CP_ADAM_AMS, 1},
+    {CAPEX__CK_GO_ADAGRAD_F32, CAPEX__CV_ADAGRAD, CAPEX__CP_ADAGRAD, 1},
+    {CAPEX__CK_GO_SGD_F32, CAPEX__CV_SGD, CAPEX__CP_SGD_F32, 0}};
+#define CAPEX__CUDA_N_VFAM (sizeof capex__cuda_vfam / sizeof capex__cuda_vfam[0])
+/* The family of kernel k (one of its three), or -1. */
+CAPEX__PRIVATE int capex__cuda_vfam_of(size_t k) {
+    size_t f;
+    for (f = 0; f < CAPEX__CUDA_N_VFAM; f++)
+        if (k >= capex__cuda_vfam[f].k0 && k < capex__cuda_vfam[f].k0 + 3) return (int)f;
+    return -1;
+}
+
 CAPEX__PRIVATE capex__cuda_vdef capex__cuda_variant_def(int v) {
     capex__cuda_vdef d;
+    size_t f;
     d.part = -1; d.sel = 0; d.w = d.mk = d.wr = d.clip = -1;
-    if (v >= CAPEX__CV_ADAM && v < CAPEX__CV_SCALE) {
-        int i = v - CAPEX__CV_ADAM;
-        d.part = CAPEX__CP_ADAM_F32 + i / 8; d.sel = 1; d.w = (i / 4) % 2; d.mk = i % 4;
-    } else if (v >= CAPEX__CV_SCALE && v < CAPEX__CV_SUMSQ) {
+    for (f = 0; f < CAPEX__CUDA_N_VFAM; f++)
+        if (v >= capex__cuda_vfam[f].base && v < capex__cuda_vfam[f].base + 24) {
+            int i = v - capex__cuda_vfam[f].base, one = capex__cuda_vfam[f].one_part;
+            d.part = capex__cuda_vfam[f].part0 + (one ? 0 : i / 8); d.sel = one ? 1 << (i / 8) : 1; d.w = (i / 4) % 2; d.mk = i % 4;
+            return d;
+        }
+    if (v >= CAPEX__CV_SCALE && v < CAPEX__CV_SUMSQ) {
         int i = v - CAPEX__CV_SCALE, pair = i / 4;
         /* write_out 0 (check only) stays a run-time switch: fixed, ptxas keeps one
            load in flight instead of two (SASS gate's infl, sm_80/90/100) */
@@ -3786,12 +3808,6 @@ CAPEX__PRIVATE capex__cuda_vdef capex__cuda_variant_def(int v) {
         d.part = CAPEX__CP_UNSCALE_F32 + (v - CAPEX__CV_SUMSQ); d.sel = 1;
     } else if (v >= CAPEX__CV_AMP && v < CAPEX__CV_AMS) {
         d.part = CAPEX__CP_AMP; d.sel = 1 << (v - CAPEX__CV_AMP);
-    } else if (v >= CAPEX__CV_AMS && v < CAPEX__CV_SGD) {
-        int i = (v - CAPEX__CV_AMS) % 24;
-        d.part = v < CAPEX__CV_ADAGRAD ? CAPEX__CP_ADAM_AMS : CAPEX__CP_ADAGRAD; d.sel = 1 << (i / 8); d.w = (i / 4) % 2; d.mk = i % 4;
-    } else if (v >= CAPEX__CV_SGD && v < CAPEX__CV_LAMB2) { /* w: momentum on */
-        int i = v - CAPEX__CV_SGD;
-        d.part = CAPEX__CP_SGD_F32 + i / 8; d.sel = 1; d.w = (i / 4) % 2; d.mk = i % 4;
     } else if (v >= CAPEX__CV_LAMB2 && v < CAPEX__CV_LAMB1) {
         int i = v - CAPEX__CV_LAMB2;
         d.part = CAPEX__CP_LAMB2; d.sel = 1; d.w = i / 4; d.mk = i % 4;
@@ -3805,9 +3821,9 @@ CAPEX__PRIVATE capex__cuda_vdef capex__cuda_variant_def(int v) {
 /* Kernel k's selection bit in its part (the CAPEX_GO_SEL guards of its text). */
 CAPEX__PRIVATE int capex__cuda_kernel_sel(size_t k) {
     if (k >= CAPEX__CK_GO_SCALE_F32_F32 && k <= CAPEX__CK_GO_SCALE_BF16_BF16) return 1 + (int)(k - CAPEX__CK_GO_SCALE_F32_F32) % 3;
+    int f = capex__cuda_vfam_of(k);
     if (k == CAPEX__CK_GO_REDUCE || k == CAPEX__CK_GO_CLIP_COEF || k == CAPEX__CK_GO_ZERO_NORM) return 1;
-    if (k >= CAPEX__CK_GO_ADAM_AMS_F32 && k <= CAPEX__CK_GO_ADAM_AMS_BF16) return (int)(k - CAPEX__CK_GO_ADAM_AMS_F32);
-    if (k >= CAPEX__CK_GO_ADAGRAD_F32 && k <= CAPEX__CK_GO_ADAGRAD_BF16) return (int)(k - CAPEX__CK_GO_ADAGRAD_F32);
+    if (f >= 0 && capex__cuda_vfam[f].one_part) return (int)(k - capex__cuda_vfam[f].k0);
     return 0;
 }
 
@@ -3824,19 +3840,14 @@ CAPEX__PRIVATE int capex__cuda_unit_has(int u, size_t k) {
 /* The variant unit a launch of kernel k with switches vb compiles, or its
    part when k has no variant (or vb is 0). */
 CAPEX__PRIVATE int capex__cuda_kernel_unit(size_t k, unsigned vb) {
-    int v = -1, w = (vb >> 1) & 1, mk = (vb >> 2) & 3, wr = (vb >> 4) & 1, clip = (vb >> 5) & 1;
+    int v = -1, w = (vb >> 1) & 1, mk = (vb >> 2) & 3, wr = (vb >> 4) & 1, clip = (vb >> 5) & 1, f;
     if (k >= CAPEX__CUDA_N_BUILTIN) return -1;
     if (!vb) return capex__cuda_builtin_kernel_part[k];
-    if (k >= CAPEX__CK_GO_ADAM_F32 && k <= CAPEX__CK_GO_ADAM_BF16) v = CAPEX__CV_ADAM + 8 * (int)(k - CAPEX__CK_GO_ADAM_F32) + 4 * w + mk;
+    if ((f = capex__cuda_vfam_of(k)) >= 0) v = capex__cuda_vfam[f].base + 8 * (int)(k - capex__cuda_vfam[f].k0) + 4 * w + mk;
     else if (k >= CAPEX__CK_GO_SCALE_F32_F32 && k <= CAPEX__CK_GO_SCALE_BF16_BF16)
         v = CAPEX__CV_SCALE + 4 * (int)(k - CAPEX__CK_GO_SCALE_F32_F32) + 2 * wr + clip;
     else if (k >= CAPEX__CK_GO_SUMSQ_F32 && k <= CAPEX__CK_GO_SUMSQ_BF16) v = CAPEX__CV_SUMSQ + (int)(k - CAPEX__CK_GO_SUMSQ_F32);
     else if (capex__cuda_builtin_kernel_part[k] == CAPEX__CP_AMP) v = CAPEX__CV_AMP + capex__cuda_kernel_sel(k);
-    else if (k >= CAPEX__CK_GO_ADAM_AMS_F32 && k <= CAPEX__CK_GO_ADAM_AMS_BF16)
-        v = CAPEX__CV_AMS + 8 * (int)(k - CAPEX__CK_GO_ADAM_AMS_F32) + 4 * w + mk;
-    else if (k >= CAPEX__CK_GO_ADAGRAD_F32 && k <= CAPEX__CK_GO_ADAGRAD_BF16)
-        v = CAPEX__CV_ADAGRAD + 8 * (int)(k - CAPEX__CK_GO_ADAGRAD_F32) + 4 * w + mk;
-    else if (k >= CAPEX__CK_GO_SGD_F32 && k <= CAPEX__CK_GO_SGD_BF16) v = CAPEX__CV_SGD + 8 * (int)(k - CAPEX__CK_GO_SGD_F32) + 4 * w + mk;
     else if (k == CAPEX__CK_GO_LAMB2) v = CAPEX__CV_LAMB2 + 4 * w + mk;
     else if (k >= CAPEX__CK_GO_LAMB1_F32 && k <= CAPEX__CK_GO_LAMB1_BF16) v = CAPEX__CV_LAMB1 + 2 * (int)(k - CAPEX__CK_GO_LAMB1_F32) + w;
     return v < 0 ? capex__cuda_builtin_kernel_part[k] : CAPEX__CUDA_N_PARTS + v;
