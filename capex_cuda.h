@@ -3230,6 +3230,18 @@ static const char capex__cuda_frag_norm_a[] =
     "}\n";
 
 static const char capex__cuda_frag_norm_b0[] =
+    "/* Variants (capex__cuda_unit_desc): -DCAPEX_V_XT/_PT/_YT (dtypes) and _RMS fix the\n"
+    "   LayerNorm/RMSNorm kernels' arguments of those names to the values the launch\n"
+    "   passes (capex__cuda_norm_vb); the tag names them in the image, where the CPU\n"
+    "   emulator checks each launch's arguments against it. */\n"
+    "#ifndef CAPEX_V_XT\n#define CAPEX_V_XT -1\n#endif\n#ifndef CAPEX_V_PT\n#define CAPEX_V_PT -1\n#endif\n"
+    "#ifndef CAPEX_V_YT\n#define CAPEX_V_YT -1\n#endif\n#ifndef CAPEX_V_RMS\n#define CAPEX_V_RMS -1\n#endif\n"
+    "#if CAPEX_V_XT >= 0\n"
+    "#define CAPEX__NM_TAG2(a, b, c, d) capex_vnorm_##a##_##b##_##c##_##d\n"
+    "#define CAPEX__NM_TAG(a, b, c, d) CAPEX__NM_TAG2(a, b, c, d)\n"
+    "extern \"C\" __device__ int CAPEX__NM_TAG(CAPEX_V_XT, CAPEX_V_PT, CAPEX_V_YT, CAPEX_V_RMS) = 1;\n"
+    "#endif\n"
+    "#define CAPEX_NM_FIX(arg, v) arg = (v) >= 0 ? (v) : arg\n"
     "CAPEX_DEVICE void capex__nm_reduce2(float *a, float *b) {\n"
     "    __shared__ float sh2[2][33];\n"
     "    for (int off = 16; off > 0; off >>= 1) { *a += __shfl_down_sync(0xffffffffu, *a, off); *b += __shfl_down_sync(0xffffffffu, *b, off); }\n"
@@ -3253,6 +3265,7 @@ static const char capex__cuda_frag_norm_b1[] =
     "                                 float *mean_out, float *rstd_out, capex_u64 rows, capex_u64 cols, float eps, int rms, int vec) {\n"
     "    capex_u64 row = (capex_u64)blockIdx.x * blockDim.y + threadIdx.y, base, j;\n"
     "    float n = 0.0f, m = 0.0f, q = 0.0f, z = 0.0f, var, rstd, v[4];\n"
+    "    CAPEX_NM_FIX(xt, CAPEX_V_XT); CAPEX_NM_FIX(pt, CAPEX_V_PT); CAPEX_NM_FIX(yt, CAPEX_V_YT); CAPEX_NM_FIX(rms, CAPEX_V_RMS);\n"
     "    if (row >= rows) return; /* uniform per warp (warp per row) or per block (blockDim.y == 1) */\n"
     "    base = row * cols;\n"
     "    if (vec) {\n"
@@ -3300,6 +3313,7 @@ static const char capex__cuda_frag_norm_c[] =
     "                                    int vec) {\n"
     "    capex_u64 row = (capex_u64)blockIdx.x * blockDim.y + threadIdx.y, base, j;\n"
     "    float mu, rs, sg = 0.0f, sgx = 0.0f, mg, mgx, xv[4], dv[4], wv[4] = {1.0f, 1.0f, 1.0f, 1.0f};\n"
+    "    CAPEX_NM_FIX(xt, CAPEX_V_XT); CAPEX_NM_FIX(pt, CAPEX_V_PT); CAPEX_NM_FIX(yt, CAPEX_V_YT); CAPEX_NM_FIX(rms, CAPEX_V_RMS);\n"
     "    if (row >= rows) return;\n"
     "    base = row * cols; mu = rms ? 0.0f : mean[row]; rs = rstd[row];\n"
     "    if (vec) {\n"
@@ -3331,12 +3345,14 @@ static const char capex__cuda_frag_norm_c[] =
     "        float xh = (capex__nm_ld(x, xt, base + j) - mu) * rs;\n"
     "        capex__nm_st(dx, xt, base + j, capex__nm_ln_dx(g, xh, mg, mgx, rs));\n"
     "    }\n"
-    "}\n"
+    "}\n";
+static const char capex__cuda_frag_norm_c1[] =
     "CAPEX_KERNEL void capex_norm_bwd_gamma_part(const void *x, int xt, const void *dy, int yt, const float *mean,\n"
     "                                            const float *rstd, float *part_w, float *part_b, capex_u64 rows,\n"
     "                                            capex_u64 cols, capex_u64 rpp, int rms, int vec) {\n"
     "    capex_u64 col = (capex_u64)blockIdx.x * blockDim.x + threadIdx.x, r, r0 = (capex_u64)blockIdx.y * rpp, r1;\n"
     "    float sw = 0.0f, sb = 0.0f;\n"
+    "    CAPEX_NM_FIX(xt, CAPEX_V_XT); CAPEX_NM_FIX(yt, CAPEX_V_YT); CAPEX_NM_FIX(rms, CAPEX_V_RMS);\n"
     "    r1 = r0 + rpp < rows ? r0 + rpp : rows;\n"
     "    if (vec) {\n"
     "        float vw[4] = {0.0f, 0.0f, 0.0f, 0.0f}, vb[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[4], xv[4];\n"
@@ -3362,6 +3378,7 @@ static const char capex__cuda_frag_norm_c[] =
     "}\n"
     "CAPEX_KERNEL void capex_norm_bwd_gamma_final(const float *part_w, const float *part_b, capex_u64 nparts,\n"
     "                                             capex_u64 cols, void *dw, void *db, int pt) {\n"
+    "    CAPEX_NM_FIX(pt, CAPEX_V_PT);\n"
     "    CAPEX_FOR_EACH(col, cols) {\n"
     "        float sw = 0.0f, sb = 0.0f;\n"
     "        for (capex_u64 p = 0; p < nparts; p++) { if (part_w) sw += part_w[p * cols + col]; if (part_b) sb += part_b[p * cols + col]; }\n"
@@ -3459,6 +3476,7 @@ CAPEX__PRIVATE const char *capex__cuda_frag_norm_a_fn(void) { return capex__cuda
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_b0_fn(void) { return capex__cuda_frag_norm_b0; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_b1_fn(void) { return capex__cuda_frag_norm_b1; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_c_fn(void) { return capex__cuda_frag_norm_c; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_c1_fn(void) { return capex__cuda_frag_norm_c1; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_d0_fn(void) { return capex__cuda_frag_norm_d0; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_d1_fn(void) { return capex__cuda_frag_norm_d1; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_e_fn(void) { return capex__cuda_frag_norm_e; }
@@ -3488,7 +3506,7 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     /* norm fragments */
     capex__norm_math_cuda, /* capex.h's CAPEX__NORM_MATH, the CPU backend's text */
     capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn, capex__cuda_frag_norm_b1_fn, capex__cuda_frag_norm_c_fn,
-    capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, capex__cuda_frag_norm_e_fn,
+    capex__cuda_frag_norm_c1_fn, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, capex__cuda_frag_norm_e_fn,
 };
 #define CAPEX__CUDA_N_FRAGMENTS (sizeof capex__cuda_fragments / sizeof capex__cuda_fragments[0])
 
@@ -3547,7 +3565,7 @@ static const capex__cuda_fragment_fn capex__cuda_pf_novo_bf16[] = {CAPEX__CP_GO,
     capex__cuda_frag_go10_fn, capex__cuda_frag_go11_fn, capex__cuda_frag_go9_novo_bf16_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_novo_norm[] = {CAPEX__CP_GO, capex__cuda_frag_gomath6_fn, capex__cuda_frag_go12_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_norm_fwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_b1_fn, NULL};
-static const capex__cuda_fragment_fn capex__cuda_pf_norm_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_c_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_norm_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_c_fn, capex__cuda_frag_norm_c1_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_bn_fwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_bn_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_e_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_adam_ams[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_gomath7_fn,
@@ -3759,16 +3777,22 @@ enum {
     CAPEX__CV_SGD = 113,   /* + 8 grad dtype + 4 momentum on + model: capex_go_sgd_* */
     CAPEX__CV_LAMB2 = 137, /* + 4 w_mode + model: capex_go_lamb2 */
     CAPEX__CV_LAMB1 = 145, /* + 2 grad dtype + w_mode: capex_go_lamb1_* */
-    CAPEX__CUDA_N_VARIANTS = 151
+    CAPEX__CV_NORM_FWD = 151, /* + 18 x dtype + 6 param dtype + 2 y (dy) dtype + rms: capex_norm_fwd */
+    CAPEX__CV_NORM_BWD = 205, /* the same for the three capex_norm_bwd_* kernels */
+    CAPEX__CUDA_N_VARIANTS = 259
 };
 #define CAPEX__CUDA_N_UNITS (CAPEX__CUDA_N_PARTS + CAPEX__CUDA_N_VARIANTS)
 /* A launch's switches for capex__cuda_kernel_unit, packed: 0 none (the whole
    part); else 1 | w_mode << 1 | model << 2 | write_out << 4 | clip_only << 5. */
 #define CAPEX__CUDA_VB(w, mk, wr, clip) (1u | (unsigned)(w) << 1 | (unsigned)(mk) << 2 | (unsigned)(wr) << 4 | (unsigned)(clip) << 5)
+/* The LayerNorm/RMSNorm kernels' switches: 1 | x dtype << 1 | param dtype << 3 |
+   y (dy) dtype << 5 | rms << 7, dtypes 0..2 (capex__cuda_norm_vb). */
+#define CAPEX__CUDA_NVB(xt, pt, yt, rms) (1u | (unsigned)(xt) << 1 | (unsigned)(pt) << 3 | (unsigned)(yt) << 5 | (unsigned)(rms) << 7)
 
 typedef struct capex__cuda_vdef {
     int part, sel;           /* sel: CAPEX_V_SEL, the kernels' selection bits (capex__cuda_kernel_sel) */
     int w, mk, wr, clip;     /* -1: not fixed */
+    int xt, pt, yt, rms;     /* the norm kernels' (-1: not fixed) */
 } capex__cuda_vdef;
 
 /* The optimizers whose 24 variants are grad dtype x W (SGD: momentum on) x
@@ -3792,7 +3816,7 @@ CAPEX__PRIVATE int capex__cuda_vfam_of(size_t k) {
 CAPEX__PRIVATE capex__cuda_vdef capex__cuda_variant_def(int v) {
     capex__cuda_vdef d;
     size_t f;
-    d.part = -1; d.sel = 0; d.w = d.mk = d.wr = d.clip = -1;
+    d.part = -1; d.sel = 0; d.w = d.mk = d.wr = d.clip = d.xt = d.pt = d.yt = d.rms = -1;
     for (f = 0; f < CAPEX__CUDA_N_VFAM; f++)
         if (v >= capex__cuda_vfam[f].base && v < capex__cuda_vfam[f].base + 24) {
             int i = v - capex__cuda_vfam[f].base, one = capex__cuda_vfam[f].one_part;
@@ -3811,9 +3835,13 @@ CAPEX__PRIVATE capex__cuda_vdef capex__cuda_variant_def(int v) {
     } else if (v >= CAPEX__CV_LAMB2 && v < CAPEX__CV_LAMB1) {
         int i = v - CAPEX__CV_LAMB2;
         d.part = CAPEX__CP_LAMB2; d.sel = 1; d.w = i / 4; d.mk = i % 4;
-    } else if (v >= CAPEX__CV_LAMB1 && v < CAPEX__CUDA_N_VARIANTS) {
+    } else if (v >= CAPEX__CV_LAMB1 && v < CAPEX__CV_NORM_FWD) {
         int i = v - CAPEX__CV_LAMB1;
         d.part = CAPEX__CP_LAMB1_F32 + i / 2; d.sel = 1; d.w = i % 2;
+    } else if (v >= CAPEX__CV_NORM_FWD && v < CAPEX__CUDA_N_VARIANTS) {
+        int i = (v - CAPEX__CV_NORM_FWD) % 54; /* every kernel of the part (selection bit 0) */
+        d.part = v < CAPEX__CV_NORM_BWD ? CAPEX__CP_NORM_FWD : CAPEX__CP_NORM_BWD; d.sel = 1;
+        d.xt = i / 18; d.pt = i / 6 % 3; d.yt = i / 2 % 3; d.rms = i % 2;
     }
     return d;
 }
@@ -3850,20 +3878,25 @@ CAPEX__PRIVATE int capex__cuda_kernel_unit(size_t k, unsigned vb) {
     else if (capex__cuda_builtin_kernel_part[k] == CAPEX__CP_AMP) v = CAPEX__CV_AMP + capex__cuda_kernel_sel(k);
     else if (k == CAPEX__CK_GO_LAMB2) v = CAPEX__CV_LAMB2 + 4 * w + mk;
     else if (k >= CAPEX__CK_GO_LAMB1_F32 && k <= CAPEX__CK_GO_LAMB1_BF16) v = CAPEX__CV_LAMB1 + 2 * (int)(k - CAPEX__CK_GO_LAMB1_F32) + w;
+    else if (k >= CAPEX__CK_NORM_FWD && k <= CAPEX__CK_NORM_BWD_GAMMA_FINAL) {
+        int xt = (vb >> 1) & 3, pt = (vb >> 3) & 3, yt = (vb >> 5) & 3;
+        if (xt < 3 && pt < 3 && yt < 3) /* else (not a dtype): the whole part */
+            v = (k == CAPEX__CK_NORM_FWD ? CAPEX__CV_NORM_FWD : CAPEX__CV_NORM_BWD) + 18 * xt + 6 * pt + 2 * yt + (int)((vb >> 7) & 1);
+    }
     return v < 0 ? capex__cuda_builtin_kernel_part[k] : CAPEX__CUDA_N_PARTS + v;
 }
 
 /* The variants' -D options and program names, made once (capex__cuda_builtin_build). */
-static char capex__cuda_var_def[CAPEX__CUDA_N_VARIANTS][5][24];
+static char capex__cuda_var_def[CAPEX__CUDA_N_VARIANTS][9][24];
 static char capex__cuda_var_prog[CAPEX__CUDA_N_VARIANTS][48];
 CAPEX__PRIVATE void capex__cuda_variants_build(void) {
     int v;
     for (v = 0; v < CAPEX__CUDA_N_VARIANTS; v++) {
         capex__cuda_vdef d = capex__cuda_variant_def(v);
-        const int val[5] = {d.sel, d.w, d.mk, d.wr, d.clip};
-        static const char *const name[5] = {"SEL", "W", "MK", "WR", "CLIP"};
+        const int val[9] = {d.sel, d.w, d.mk, d.wr, d.clip, d.xt, d.pt, d.yt, d.rms};
+        static const char *const name[9] = {"SEL", "W", "MK", "WR", "CLIP", "XT", "PT", "YT", "RMS"};
         int i;
-        for (i = 0; i < 5; i++)
+        for (i = 0; i < 9; i++)
             if (val[i] >= 0) capex__cuda_fmt(capex__cuda_var_def[v][i], sizeof capex__cuda_var_def[v][i], "-DCAPEX_V_%s=%d", name[i], val[i]);
         capex__cuda_fmt(capex__cuda_var_prog[v], sizeof capex__cuda_var_prog[v], "capex_builtin_%s_v%d", capex__cuda_parts[d.part].name, v);
     }
@@ -3924,7 +3957,7 @@ CAPEX__PRIVATE const char *const *capex__cuda_part_options(int p, int meta_bytes
    ones, and the context's metadata size), then the variant's -D options. The
    one place that makes a built-in compile's option list. */
 typedef struct capex__cuda_unit_opts {
-    const char *opt[16];
+    const char *opt[20];
     int n;
 } capex__cuda_unit_opts;
 CAPEX__PRIVATE void capex__cuda_unit_options(int u, int meta_bytes, capex__cuda_unit_opts *o) {
@@ -3933,7 +3966,7 @@ CAPEX__PRIVATE void capex__cuda_unit_options(int u, int meta_bytes, capex__cuda_
     o->n = 0;
     for (i = 0; i < n && i < 10; i++) o->opt[o->n++] = base[i];
     if (u >= CAPEX__CUDA_N_PARTS)
-        for (i = 0; i < 5; i++)
+        for (i = 0; i < 9; i++)
             if (capex__cuda_var_def[u - CAPEX__CUDA_N_PARTS][i][0]) o->opt[o->n++] = capex__cuda_var_def[u - CAPEX__CUDA_N_PARTS][i];
 }
 
@@ -7661,18 +7694,20 @@ CAPEX_API capex_result capex_cuda_zero_step(capex_cuda_zero *zg, capex_cuda_ptr 
 #endif /* CAPEX_NO_DIST */
 
 /* ==== GPU LayerNorm/RMSNorm/SyncBatchNorm: implementation ==== */
-CAPEX__PRIVATE capex_result capex__cuda_norm_fn(capex_cuda_context *ctx, const char *name, capex_cuda_function *fn) {
+/* vb: the launch's switches (CAPEX__CUDA_NVB for the LayerNorm/RMSNorm kernels,
+   0: none); the first use compiles the kernel's variant (or its part). */
+CAPEX__PRIVATE capex_result capex__cuda_norm_fn(capex_cuda_context *ctx, const char *name, unsigned vb, capex_cuda_function *fn) {
     size_t i;
     for (i = 0; i < CAPEX__CUDA_N_BUILTIN; i++)
-        if (!strcmp(capex__cuda_builtin_kernels[i], name)) return capex__cuda_builtin_get(ctx, i, fn); /* compiles its part on first use */
+        if (!strcmp(capex__cuda_builtin_kernels[i], name)) return capex__cuda_builtin_get_vb(ctx, i, vb, fn, NULL);
     return capex__fail(CAPEX_ERR_INTERNAL, "built-in kernel %s missing", name);
 }
-CAPEX__PRIVATE capex_result capex__cuda_norm_launch(capex_cuda_context *ctx, const char *name, unsigned gx, unsigned gy,
+CAPEX__PRIVATE capex_result capex__cuda_norm_launch(capex_cuda_context *ctx, const char *name, unsigned vb, unsigned gx, unsigned gy,
                                                     unsigned bx, unsigned by, capex_cuda_stream stream, void **args) {
     capex_cuda_function fn;
     unsigned grid[3], block[3];
     capex_result r;
-    if ((r = capex__cuda_norm_fn(ctx, name, &fn)) != CAPEX_OK) return r;
+    if ((r = capex__cuda_norm_fn(ctx, name, vb, &fn)) != CAPEX_OK) return r;
     grid[0] = gx; grid[1] = gy; grid[2] = 1;
     block[0] = bx; block[1] = by; block[2] = 1;
     return capex_cuda_launch(&fn, grid, block, 0, stream, args);
@@ -7735,7 +7770,7 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
     capex_norm_desc dd;
     capex_result r;
     unsigned long long rows, cols;
-    unsigned gx, bx, by;
+    unsigned gx, bx, by, vb;
     int xt, yt, pt, rm = rms;
     if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
     if (!d) { capex_norm_desc_init(&dd); d = &dd; }
@@ -7749,6 +7784,8 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: workspace 0x%llx is not 4-byte aligned", fn, (unsigned long long)a->workspace);
     rows = (unsigned long long)a->rows; cols = (unsigned long long)a->cols;
     xt = (int)a->x_dtype; yt = (int)a->y_dtype; pt = (int)a->param_dtype;
+    /* the variant fixes these values (the kernels' arguments of the same names) */
+    vb = CAPEX__CUDA_NVB(xt, pt, yt, rm); /* dtypes checked above: 0..2 */
     /* a warp per row (4 rows per block) up to 1024 columns, else a block of 256 per row */
     if (cols <= 1024) { bx = 32; by = 4; } else { bx = 256; by = 1; }
     if ((rows + by - 1) / by > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many rows for one grid", fn);
@@ -7762,7 +7799,7 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
         args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->weight; args[3] = (void *)&a->bias;
         args[4] = &pt; args[5] = (void *)&a->y; args[6] = &yt; args[7] = (void *)&a->mean; args[8] = (void *)&a->rstd;
         args[9] = &rows; args[10] = &cols; args[11] = &eps; args[12] = &rm; args[13] = &vec;
-        return capex__cuda_norm_launch(ctx, "capex_norm_fwd", gx, 1, bx, by, stream, args);
+        return capex__cuda_norm_launch(ctx, "capex_norm_fwd", vb, gx, 1, bx, by, stream, args);
     }
     {
         /* 4 columns per load where rows are 4-element aligned (x, dy, dx, weight) */
@@ -7774,7 +7811,7 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
             args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->weight;
             args[5] = &pt; args[6] = (void *)&a->mean; args[7] = (void *)&a->rstd; args[8] = (void *)&a->dx;
             args[9] = &rows; args[10] = &cols; args[11] = &rm; args[12] = &vec;
-            if ((r = capex__cuda_norm_launch(ctx, "capex_norm_bwd_dx", gx, 1, bx, by, stream, args)) != CAPEX_OK) return r;
+            if ((r = capex__cuda_norm_launch(ctx, "capex_norm_bwd_dx", vb, gx, 1, bx, by, stream, args)) != CAPEX_OK) return r;
         }
         if (a->dweight || a->dbias) {
             unsigned long long np = capex__cuda_norm_parts(a->rows), rpp = (rows + np - 1) / np;
@@ -7786,12 +7823,12 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
             args[5] = (void *)&a->rstd; args[6] = &pw; args[7] = &pb; args[8] = &rows; args[9] = &cols; args[10] = &rpp;
             args[11] = &rm; args[12] = &gvec;
             if ((threads + 255) / 256 > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many columns", fn);
-            r = capex__cuda_norm_launch(ctx, "capex_norm_bwd_gamma_part", (unsigned)((threads + 255) / 256), (unsigned)np,
+            r = capex__cuda_norm_launch(ctx, "capex_norm_bwd_gamma_part", vb, (unsigned)((threads + 255) / 256), (unsigned)np,
                                         256, 1, stream, args);
             if (r != CAPEX_OK) return r;
             args[0] = &pw; args[1] = &pb; args[2] = &np; args[3] = &cols; args[4] = (void *)&a->dweight;
             args[5] = (void *)&a->dbias; args[6] = &pt;
-            return capex__cuda_norm_launch(ctx, "capex_norm_bwd_gamma_final", capex__cuda_norm_blocks(ctx, cols), 1, 256, 1,
+            return capex__cuda_norm_launch(ctx, "capex_norm_bwd_gamma_final", vb, capex__cuda_norm_blocks(ctx, cols), 1, 256, 1,
                                            stream, args);
         }
     }
@@ -7923,7 +7960,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
                                (long long)(a->n * a->s)); }
         if (C > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many channels for one grid", fn);
         args[0] = (void *)&a->x; args[1] = &xt; args[2] = &N; args[3] = &C; args[4] = &S; args[5] = &nsc; args[6] = &ws_pack;
-        if ((r = capex__cuda_norm_launch(ctx, "capex_bn_stats", (unsigned)C, 1, 256, 1, stream, args)) != CAPEX_OK) return r;
+        if ((r = capex__cuda_norm_launch(ctx, "capex_bn_stats", 0, (unsigned)C, 1, 256, 1, stream, args)) != CAPEX_OK) return r;
         if (world > 1) {
             if ((r = capex__cuda_bn_collective(ctx, comm, 1, ws_pack, ws_gath, P, stream)) != CAPEX_OK) return r;
         } else {
@@ -7934,7 +7971,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
         args[0] = &ws_gath; args[1] = &w1; args[2] = &C; args[3] = &eps; args[4] = &mom; args[5] = &update;
         args[6] = (void *)&a->save_mean; args[7] = (void *)&a->save_invstd; args[8] = (void *)&a->running_mean;
         args[9] = (void *)&a->running_var; args[10] = &pt; args[11] = &ws_total;
-        if ((r = capex__cuda_norm_launch(ctx, "capex_bn_merge", capex__cuda_norm_blocks(ctx, C), 1, 256, 1, stream, args)) !=
+        if ((r = capex__cuda_norm_launch(ctx, "capex_bn_merge", 0, capex__cuda_norm_blocks(ctx, C), 1, 256, 1, stream, args)) !=
             CAPEX_OK)
             return r;
         if (update && a->running_mean && a->num_batches_tracked) *a->num_batches_tracked = nb;
@@ -7943,7 +7980,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
         void *args[7];
         args[0] = (void *)&a->running_mean; args[1] = (void *)&a->running_var; args[2] = &pt; args[3] = &eps;
         args[4] = (void *)&a->save_mean; args[5] = (void *)&a->save_invstd; args[6] = &C;
-        if ((r = capex__cuda_norm_launch(ctx, "capex_bn_eval_stats", capex__cuda_norm_blocks(ctx, C), 1, 256, 1, stream,
+        if ((r = capex__cuda_norm_launch(ctx, "capex_bn_eval_stats", 0, capex__cuda_norm_blocks(ctx, C), 1, 256, 1, stream,
                                          args)) != CAPEX_OK)
             return r;
     }
@@ -7952,7 +7989,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
         args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->y; args[3] = &yt; args[4] = (void *)&a->save_mean;
         args[5] = (void *)&a->save_invstd; args[6] = (void *)&a->weight; args[7] = (void *)&a->bias; args[8] = &pt;
         args[9] = &total; args[10] = &C; args[11] = &S; args[12] = &nsc;
-        return capex__cuda_norm_launch(ctx, "capex_bn_fwd", capex__cuda_norm_blocks(ctx, total), 1, 256, 1, stream, args);
+        return capex__cuda_norm_launch(ctx, "capex_bn_fwd", 0, capex__cuda_norm_blocks(ctx, total), 1, 256, 1, stream, args);
     }
     return CAPEX_OK;
 }
@@ -7981,7 +8018,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
     args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->save_mean;
     args[5] = (void *)&a->save_invstd; args[6] = &N; args[7] = &C; args[8] = &S; args[9] = &nsc; args[10] = &ws_sums;
     args[11] = (void *)&a->dweight; args[12] = (void *)&a->dbias; args[13] = &pt;
-    if ((r = capex__cuda_norm_launch(ctx, "capex_bn_bwd_reduce", (unsigned)C, 1, 256, 1, stream, args)) != CAPEX_OK) return r;
+    if ((r = capex__cuda_norm_launch(ctx, "capex_bn_bwd_reduce", 0, (unsigned)C, 1, 256, 1, stream, args)) != CAPEX_OK) return r;
     if (use_batch && world > 1 &&
         (r = capex__cuda_bn_collective(ctx, comm, 0, ws_sums, ws_sums, 2u * C, stream)) != CAPEX_OK)
         return r;
@@ -7990,7 +8027,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
     args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->dx;
     args[5] = (void *)&a->save_mean; args[6] = (void *)&a->save_invstd; args[7] = (void *)&a->weight; args[8] = &pt;
     args[9] = &ws_sums; args[10] = &tot_ptr; args[11] = &total; args[12] = &C; args[13] = &S; args[14] = &nsc;
-    return capex__cuda_norm_launch(ctx, "capex_bn_bwd_dx", capex__cuda_norm_blocks(ctx, total), 1, 256, 1, stream, args);
+    return capex__cuda_norm_launch(ctx, "capex_bn_bwd_dx", 0, capex__cuda_norm_blocks(ctx, total), 1, 256, 1, stream, args);
 }
 
 #ifdef __cplusplus

@@ -9,8 +9,9 @@
    with 32 KB of launch metadata as a context on a CUDA 12.1+ driver and NVRTC
    compiles them (JIT_META=4096: the 4 KB build).
    JIT_OPT=ams, adagrad, sgd or lamb: the first step of Adam with amsgrad,
-   Adagrad, SGD with momentum or LAMB instead (this tree's build only: compare
-   with BASE_TREE=1 in the script).
+   Adagrad, SGD with momentum or LAMB instead; JIT_OPT=norm (RMS=1: RMSNorm):
+   a LayerNorm's first forward and backward, bf16 x and dy, f32 parameters
+   (this tree's build only: compare with BASE_TREE=1 in the script).
    CPU time of the compiling thread (getrusage RUSAGE_THREAD: NVRTC runs on the
    caller's thread), best of --reps per program; the machine may be loaded.
 
@@ -122,6 +123,12 @@ int main(int argc, char **argv) {
                         CAPEX__CK_GO_SCALER_UPDATE};
         unsigned vbs[9] = {CAPEX__CUDA_VB(0, 0, 1, 0), CAPEX__CUDA_VB(0, 0, 0, 0), CAPEX__CUDA_VB(1, mk, 0, 0),
                            CAPEX__CUDA_VB(0, 0, 0, 0)};
+        if (opt && !strcmp(opt, "norm")) { /* the norm launches' switches: CAPEX__CUDA_NVB(bf16, f32, bf16, rms) */
+            const unsigned nvb = 1u | 2u << 1 | 0u << 3 | 2u << 5 | (getenv("RMS") && atoi(getenv("RMS")) ? 1u : 0u) << 7;
+            ks[0] = CAPEX__CK_NORM_FWD; ks[1] = CAPEX__CK_NORM_BWD_DX; ks[2] = CAPEX__CK_NORM_BWD_GAMMA_PART;
+            ks[3] = CAPEX__CK_NORM_BWD_GAMMA_FINAL;
+            vbs[0] = vbs[1] = vbs[2] = vbs[3] = nvb;
+        }
         if (lamb) { /* + the global grad norm (sum of squares, reduce) before LAMB's clip */
             ks[3] = CAPEX__CK_GO_SUMSQ_BF16; vbs[3] = CAPEX__CUDA_VB(0, 0, 0, 0);
             ks[4] = CAPEX__CK_GO_REDUCE; vbs[4] = CAPEX__CUDA_VB(0, 0, 0, 0);

@@ -600,7 +600,13 @@ void on_fault(int sig, siginfo_t *si, void *) {
     signal(sig, SIG_DFL); /* not ours: crash as usual */
 }
 
-struct function { const capex_emu::kernel_entry *k; std::string name; int max_dyn_shmem; };
+/* vtag: a LayerNorm/RMSNorm variant's fixed switches (x, param, y dtype, rms) from
+   the tag its image carries (capex_vnorm_X_P_Y_R, capex_cuda.h's norm text), or
+   vtag[0] < 0: none. The text here is compiled without the variant's -D options,
+   so a launch whose arguments differ from them would run the generic kernel and
+   hide the mismatch: cuLaunchKernel refuses it instead. vtext: k is the
+   variant's own text (compiled with its switches by tests/emu_gen.c). */
+struct function { const capex_emu::kernel_entry *k; std::string name; int max_dyn_shmem; int vtag[4]; int vtext; };
 struct module { std::vector<unsigned char> img; std::vector<std::unique_ptr<function>> funcs; };
 
 /* The kernel called name whose parameters take param_bytes (the image's; < 0:
@@ -1118,6 +1124,20 @@ EMU_API CUresult cuModuleUnload(void *m) {
     delete (module *)m;
     return OK;
 }
+/* The norm variant tag in m's image (see struct function): 1 and its four values, else 0. */
+static int image_vtag(const module *m, int v[4]) {
+    static const char pre[] = "capex_vnorm_";
+    const unsigned char *p = m->img.data();
+    size_t n = m->img.size(), k = sizeof pre - 1;
+    for (size_t i = 0; i + k + 7 <= n; i++)
+        if (!memcmp(p + i, pre, k)) {
+            const unsigned char *q = p + i + k;
+            int j;
+            for (j = 0; j < 4 && q[2 * j] >= '0' && q[2 * j] <= '2' && (j == 3 || q[2 * j + 1] == '_'); j++) v[j] = q[2 * j] - '0';
+            if (j == 4) return 1;
+        }
+    return 0;
+}
 static int image_has(const module *m, const char *name) {
     size_t k = strlen(name);
     const unsigned char *p = m->img.data();
@@ -1137,7 +1157,16 @@ EMU_API CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
     for (auto &fn : mod->funcs)
         if (fn->name == name) { *f = fn.get(); return OK; }
     /* found in the image but maybe not compiled into the emulator: launching it says so */
-    mod->funcs.emplace_back(new function{find_kernel(name, image_param_bytes(mod->img, name)), name, 0});
+    mod->funcs.emplace_back(new function{find_kernel(name, image_param_bytes(mod->img, name)), name, 0, {-1, -1, -1, -1}, 0});
+    function *fn = mod->funcs.back().get();
+    if (!image_vtag(mod, fn->vtag)) fn->vtag[0] = -1;
+    else { /* the variant's own text where tests/emu_gen.c compiled it with the same -D switches */
+        char label[32];
+        snprintf(label, sizeof label, "vnorm_%d_%d_%d_%d", fn->vtag[0], fn->vtag[1], fn->vtag[2], fn->vtag[3]);
+        for (const capex_emu::kernel_set &s : capex_emu_sets)
+            for (size_t i = 0; i < s.n && !strcmp(s.source, label); i++)
+                if (!strcmp(s.k[i].name, name)) { fn->k = &s.k[i]; fn->vtext = 1; }
+    }
     *f = mod->funcs.back().get();
     return OK;
 }
@@ -1170,6 +1199,32 @@ EMU_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, void *fn, i
     return OK;
 }
 
+/* Launches whose arguments were checked against a variant tag, and of those the
+   ones that ran the variant's own text (capex_emu_vtag_checks). */
+static std::atomic<int> vtag_checks{0}, vtag_runs{0};
+/* A launch of a tagged variant: its int arguments x dtype, param dtype, y (dy)
+   dtype and rms must equal the tag's values (parameter positions of each norm
+   kernel, -1: it has no such argument). 0 when they do. */
+static int vtag_mismatch(const function *f, void **params) {
+    static const struct { const char *name; int at[4]; } pos[] = {
+        {"capex_norm_fwd", {1, 4, 6, 12}}, {"capex_norm_bwd_dx", {1, 5, 3, 11}},
+        {"capex_norm_bwd_gamma_part", {1, -1, 3, 11}}, {"capex_norm_bwd_gamma_final", {-1, 6, -1, -1}}};
+    for (const auto &e : pos)
+        if (f->name == e.name) {
+            for (int j = 0; j < 4; j++)
+                if (e.at[j] >= 0 && *(const int *)params[e.at[j]] != f->vtag[j]) {
+                    emu_log("capex emu: %s launched with switch %d = %d, but its variant's image fixes %d\n", f->name.c_str(), j,
+                            *(const int *)params[e.at[j]], f->vtag[j]);
+                    return 1;
+                }
+            vtag_checks++;
+            if (f->vtext) vtag_runs++;
+            return 0;
+        }
+    emu_log("capex emu: %s is in a norm variant's image, but the emulator does not know its switch arguments\n", f->name.c_str());
+    return 1;
+}
+
 EMU_API CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                 unsigned shmem, void *st, void **params, void **extra) {
     function *f = (function *)fn;
@@ -1185,6 +1240,7 @@ EMU_API CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz,
         return NOT_SUPPORTED;
     }
     if (!params && f->k->args_size > 1) return INVALID_VALUE;
+    if (f->vtag[0] >= 0 && vtag_mismatch(f, params)) return INVALID_VALUE;
     if (f->k->param_bytes > 4096 && (emu_driver_version() < 12010 || emu_cc() < 70)) return INVALID_VALUE;
     op o = make_op(0);
     o.k = f->k;
@@ -1269,3 +1325,6 @@ EMU_API int capex_emu_kernel_count(void) {
     return n;
 }
 EMU_API int capex_emu_has_kernel(const char *name) { return find_kernel(name) != nullptr; }
+/* For tests/test_norm_gpu.c: launches checked against a norm variant's tag
+   (runs 0), and those that ran the variant's text compiled with its switches (runs 1). */
+EMU_API int capex_emu_vtag_checks(int runs) { return runs ? vtag_runs.load() : vtag_checks.load(); }

@@ -251,12 +251,12 @@ CT_TEST(builtin_variants_compile) {
     capex__cuda_pjob *jobs;
     static const int few[] = {CAPEX__CV_ADAM + 23, CAPEX__CV_SCALE + 35, CAPEX__CV_SUMSQ + 2, CAPEX__CV_AMP, CAPEX__CV_AMP + 1,
                               CAPEX__CV_AMS + 22, CAPEX__CV_ADAGRAD + 1, CAPEX__CV_SGD + 23, CAPEX__CV_LAMB1 + 5,
-                              CAPEX__CV_LAMB2 + 7};
+                              CAPEX__CV_LAMB2 + 7, CAPEX__CV_NORM_FWD + 53, CAPEX__CV_NORM_BWD + 22};
     memset(reached, 0, sizeof reached);
     for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) {
         CT_CHECK(capex__cuda_kernel_unit(k, 0) == capex__cuda_builtin_kernel_part[k], "%s: vb 0 is its part",
                  capex__cuda_builtin_kernels[k]);
-        for (vb = 1; vb < 64; vb += 2) {
+        for (vb = 1; vb < 256; vb += 2) { /* every switch bit (CAPEX__CUDA_VB, CAPEX__CUDA_NVB) */
             u = capex__cuda_kernel_unit(k, vb);
             CT_CHECK(u >= 0 && u < CAPEX__CUDA_N_UNITS && capex__cuda_unit_has(u, k), "%s vb %u: unit %d lacks it",
                      capex__cuda_builtin_kernels[k], vb, u);
@@ -271,6 +271,17 @@ CT_TEST(builtin_variants_compile) {
         CT_CHECK(d.part >= 0 && d.part < CAPEX__CUDA_N_PARTS && d.sel > 0, "variant %d: part %d sel %d", v, d.part, d.sel);
     }
     CT_CHECK(capex__cuda_kernel_unit(CAPEX__CUDA_N_BUILTIN, 1) == -1, "no such kernel");
+    for (i = 0; i < 4 * 54; i++) { /* a norm launch's variant fixes its own switches (the kernels' arguments) */
+        const int xt = i / 4 / 18, pt = i / 4 / 6 % 3, yt = i / 4 / 2 % 3, rms = i / 4 % 2;
+        capex__cuda_vdef d;
+        k = CAPEX__CK_NORM_FWD + (size_t)(i % 4);
+        u = capex__cuda_kernel_unit(k, CAPEX__CUDA_NVB(xt, pt, yt, rms));
+        d = capex__cuda_variant_def(u - CAPEX__CUDA_N_PARTS);
+        CT_CHECK(u >= CAPEX__CUDA_N_PARTS && d.xt == xt && d.pt == pt && d.yt == yt && d.rms == rms && d.w < 0 && d.mk < 0,
+                 "%s x %d p %d y %d rms %d: variant %d fixes %d %d %d %d", capex__cuda_builtin_kernels[k], xt, pt, yt, rms, u,
+                 d.xt, d.pt, d.yt, d.rms);
+    }
+    CT_CHECK(capex__cuda_kernel_unit(CAPEX__CK_NORM_FWD, CAPEX__CUDA_NVB(3, 0, 0, 0)) == CAPEX__CP_NORM_FWD, "no dtype 3: the part");
     { /* every unit (part or variant) has its own cache key, for either metadata size */
         static unsigned char keys[2 * CAPEX__CUDA_N_UNITS][32];
         int a, b;
@@ -308,6 +319,13 @@ CT_TEST(builtin_variants_compile) {
                 int want = capex__cuda_unit_has(u, k);
                 CT_CHECK(image_has_name(img, capex__cuda_builtin_kernels[k]) == want, "sm_%d %s: %s %s", arch,
                          capex__cuda_unit_name(u), capex__cuda_builtin_kernels[k], want ? "missing" : "present");
+            }
+            if (img->data) { /* a norm variant names its switches (the emulator checks launches against them) */
+                capex__cuda_vdef d = capex__cuda_variant_def(u - CAPEX__CUDA_N_PARTS);
+                char tag[32];
+                snprintf(tag, sizeof tag, "capex_vnorm_%d_%d_%d_%d", d.xt, d.pt, d.yt, d.rms);
+                CT_CHECK(image_has_name(img, tag) == (d.xt >= 0), "sm_%d %s: tag %s %s", arch, capex__cuda_unit_name(u), tag,
+                         d.xt >= 0 ? "missing" : "present");
             }
         }
         for (v = 0; v < n; v++) capex_cuda_image_free(&jobs[v].img);

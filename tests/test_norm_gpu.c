@@ -11,6 +11,7 @@
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include "capex_test.h"
+#include <dlfcn.h>
 #include <math.h>
 
 const char *__asan_default_options(void);
@@ -74,29 +75,31 @@ static capex_cuda_ptr up(capex_cuda_context *ctx, const void *h, size_t bytes) {
     return p;
 }
 
-static void ln_case(ct_state *ct, capex_cuda_context *ctx, int rms, int64_t R, int64_t C, capex_dtype xt, capex_dtype pt) {
+/* yt: y and dy (the variants fix x, param and y dtype and rms on their own) */
+static void ln_case(ct_state *ct, capex_cuda_context *ctx, int rms, int64_t R, int64_t C, capex_dtype xt, capex_dtype pt,
+                    capex_dtype yt) {
     const int64_t N = R * C;
-    const size_t xs = capex_dtype_size(xt), ps = capex_dtype_size(pt);
-    void *x = malloc(N * xs), *dy = malloc(N * xs), *w = malloc(C * ps), *b = malloc(C * ps);
-    void *y = malloc(N * xs), *dx = malloc(N * xs), *dw = malloc(C * ps), *db = malloc(C * ps);
-    void *gy = malloc(N * xs), *gdx = malloc(N * xs), *gdw = malloc(C * ps), *gdb = malloc(C * ps);
+    const size_t xs = capex_dtype_size(xt), ps = capex_dtype_size(pt), ys = capex_dtype_size(yt);
+    void *x = malloc(N * xs), *dy = malloc(N * ys), *w = malloc(C * ps), *b = malloc(C * ps);
+    void *y = malloc(N * ys), *dx = malloc(N * xs), *dw = malloc(C * ps), *db = malloc(C * ps);
+    void *gy = malloc(N * ys), *gdx = malloc(N * xs), *gdw = malloc(C * ps), *gdb = malloc(C * ps);
     float *mean = (float *)malloc(R * 4), *rstd = (float *)malloc(R * 4), *gm = (float *)malloc(R * 4),
           *gr = (float *)malloc(R * 4), err;
     capex_norm_args a;
     capex_cuda_norm_args g;
     int64_t i;
     size_t wsb = capex_cuda_norm_workspace_bytes(R, C);
-    for (i = 0; i < N; i++) { setv(xt, x, i, 1.0f + 2.0f * rnd()); setv(xt, dy, i, rnd()); }
+    for (i = 0; i < N; i++) { setv(xt, x, i, 1.0f + 2.0f * rnd()); setv(yt, dy, i, rnd()); }
     for (i = 0; i < C; i++) { setv(pt, w, i, 1.0f + 0.5f * rnd()); setv(pt, b, i, rnd()); }
     capex_norm_args_init(&a);
-    a.rows = R; a.cols = C; a.x_dtype = a.y_dtype = xt; a.param_dtype = pt; a.x = x; a.y = y; a.weight = w;
+    a.rows = R; a.cols = C; a.x_dtype = xt; a.y_dtype = yt; a.param_dtype = pt; a.x = x; a.y = y; a.weight = w;
     a.bias = rms ? NULL : b; a.mean = mean; a.rstd = rstd; a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = rms ? NULL : db;
     CT_CHECK((rms ? capex_rms_norm_forward(NULL, &a) : capex_layer_norm_forward(NULL, &a)) == CAPEX_OK, "cpu fwd");
     CT_CHECK((rms ? capex_rms_norm_backward(NULL, &a) : capex_layer_norm_backward(NULL, &a)) == CAPEX_OK, "cpu bwd");
     capex_cuda_norm_args_init(&g);
-    g.rows = R; g.cols = C; g.x_dtype = g.y_dtype = xt; g.param_dtype = pt;
-    g.x = up(ctx, x, N * xs); g.dy = up(ctx, dy, N * xs); g.weight = up(ctx, w, C * ps);
-    g.bias = rms ? 0 : up(ctx, b, C * ps); g.y = up(ctx, NULL, N * xs); g.dx = up(ctx, NULL, N * xs);
+    g.rows = R; g.cols = C; g.x_dtype = xt; g.y_dtype = yt; g.param_dtype = pt;
+    g.x = up(ctx, x, N * xs); g.dy = up(ctx, dy, N * ys); g.weight = up(ctx, w, C * ps);
+    g.bias = rms ? 0 : up(ctx, b, C * ps); g.y = up(ctx, NULL, N * ys); g.dx = up(ctx, NULL, N * xs);
     g.mean = up(ctx, NULL, R * 4); g.rstd = up(ctx, NULL, R * 4); g.dweight = up(ctx, NULL, C * ps);
     g.dbias = rms ? 0 : up(ctx, NULL, C * ps); g.workspace = up(ctx, NULL, wsb);
     CT_CHECK((rms ? capex_cuda_rms_norm_forward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL)) ==
@@ -104,14 +107,16 @@ static void ln_case(ct_state *ct, capex_cuda_context *ctx, int rms, int64_t R, i
     CT_CHECK((rms ? capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_backward(ctx, NULL, &g, NULL)) ==
              CAPEX_OK, "%s", capex_last_error());
     CT_CHECK(capex_cuda_context_synchronize(ctx) == CAPEX_OK, "%s", capex_last_error());
-    capex_cuda_memcpy_dtoh(ctx, gy, g.y, N * xs, NULL); capex_cuda_memcpy_dtoh(ctx, gdx, g.dx, N * xs, NULL);
+    capex_cuda_memcpy_dtoh(ctx, gy, g.y, N * ys, NULL); capex_cuda_memcpy_dtoh(ctx, gdx, g.dx, N * xs, NULL);
     capex_cuda_memcpy_dtoh(ctx, gm, g.mean, R * 4, NULL); capex_cuda_memcpy_dtoh(ctx, gr, g.rstd, R * 4, NULL);
     capex_cuda_memcpy_dtoh(ctx, gdw, g.dweight, C * ps, NULL);
     if (!rms) capex_cuda_memcpy_dtoh(ctx, gdb, g.dbias, C * ps, NULL);
-    CT_CHECK(same(xt, gy, y, N, tol_of(xt), &err), "rms=%d R=%lld C=%lld xt=%d y err %g", rms, (long long)R, (long long)C, xt, err);
+    CT_CHECK(same(yt, gy, y, N, tol_of(yt), &err), "rms=%d R=%lld C=%lld xt=%d pt=%d yt=%d y err %g", rms, (long long)R, (long long)C,
+             xt, pt, yt, err);
     CT_CHECK(same(CAPEX_F32, gr, rstd, R, 1e-4f, &err), "rstd err %g", err);
     CT_CHECK(rms || same(CAPEX_F32, gm, mean, R, 1e-5f, &err), "mean err %g", err);
-    CT_CHECK(same(xt, gdx, dx, N, 5 * tol_of(xt), &err), "rms=%d C=%lld dx err %g", rms, (long long)C, err);
+    CT_CHECK(same(xt, gdx, dx, N, 5 * tol_of(xt), &err), "rms=%d C=%lld dx err %g", rms,
+             (long long)C, err);
     CT_CHECK(same(pt, gdw, dw, C, 5 * tol_of(pt), &err), "dweight err %g", err);
     CT_CHECK(rms || same(pt, gdb, db, C, 5 * tol_of(pt), &err), "dbias err %g", err);
     capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias);
@@ -131,11 +136,67 @@ CT_TEST(gpu_layer_and_rms_norm_match_cpu) {
     for (rms = 0; rms < 2; rms++)
         for (wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
             for (ti = 0; ti < 3; ti++) {
-                ln_case(ct, ctx, rms, 37, widths[wi], ts[ti], CAPEX_F32);
+                ln_case(ct, ctx, rms, 37, widths[wi], ts[ti], CAPEX_F32, ts[ti]);
                 if (ct->failed) break;
-                ln_case(ct, ctx, rms, 5, widths[wi], ts[ti], ts[ti]);
+                ln_case(ct, ctx, rms, 5, widths[wi], ts[ti], ts[ti], ts[ti]);
                 if (ct->failed) break;
             }
+    capex_cuda_context_destroy(ctx);
+}
+
+/* Every LayerNorm/RMSNorm variant (x, param and y dtype x rms: 54 forward and
+   54 backward, CAPEX__CUDA_NVB), warp-per-row with and without the 4-element
+   loads, and block-per-row. On the CPU emulator each launch is also checked
+   against its variant's tag (the switches NVRTC fixed with -D), and two
+   variants run their text compiled with those switches (tests/emu_gen.c). */
+typedef int (*emu_count_fn)(int runs);
+static emu_count_fn emu_vtag_checks(void) {
+    const char *path = getenv("CAPEX_LIBCUDA_PATH");
+    void *lib = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL, *p = lib ? dlsym(lib, "capex_emu_vtag_checks") : NULL;
+    emu_count_fn f = NULL;
+    if (lib) dlclose(lib); /* still loaded by capex */
+    if (p) memcpy(&f, &p, sizeof p);
+    return f;
+}
+CT_TEST(gpu_norm_every_dtype_variant) {
+    static const int64_t widths[] = {64, 7, 1100};
+    capex_cuda_context *ctx = open_ctx(ct);
+    emu_count_fn checks = emu_vtag_checks();
+    int i, before, before_runs;
+    if (!ctx) return;
+    before = checks ? checks(0) : 0;
+    before_runs = checks ? checks(1) : 0;
+    for (i = 0; i < 54 && !ct->failed; i++)
+        ln_case(ct, ctx, i % 2, 6, widths[i % 3], (capex_dtype)(i / 18), (capex_dtype)(i / 6 % 3), (capex_dtype)(i / 2 % 3));
+    /* forward 1, backward 3 launches (dx, partial sums, final) per case */
+    if (checks) {
+        CT_CHECK(checks(0) - before == 54 * 4, "%d of %d launches checked against their variant", checks(0) - before, 54 * 4);
+        CT_CHECK(checks(1) - before_runs == 2 * 4, "%d of 8 launches ran a variant's own text", checks(1) - before_runs);
+    }
+    capex_cuda_context_destroy(ctx);
+}
+
+/* The emulator refuses a launch whose switches differ from its variant's
+   (a bf16 LayerNorm forward variant launched with f32 x): the check above
+   can fail. On a GPU the variant would compute with its fixed dtypes. */
+CT_TEST(gpu_norm_variant_mismatch_refused_on_emulator) {
+    capex_cuda_context *ctx;
+    capex_cuda_function fn;
+    capex_cuda_ptr buf = 0, nul = 0;
+    unsigned grid[3] = {1, 1, 1}, block[3] = {32, 4, 1};
+    unsigned long long rows = 1, cols = 4;
+    float eps = 1e-5f;
+    int xt = 0, pt = 0, yt = 2, rms = 0, vec = 1;
+    void *args[14];
+    if (!emu_vtag_checks()) CT_SKIP("not the CPU emulator (CAPEX_LIBCUDA_PATH=build/emu/libcuda.so.1 runs it)");
+    if (!(ctx = open_ctx(ct))) return;
+    CT_CHECK(capex__cuda_builtin_get_vb(ctx, CAPEX__CK_NORM_FWD, CAPEX__CUDA_NVB(2, 0, 2, 0), &fn, NULL) == CAPEX_OK, "%s",
+             capex_last_error());
+    CT_CHECK(capex_cuda_malloc(ctx, 64, &buf) == CAPEX_OK, "alloc");
+    args[0] = &buf; args[1] = &xt; args[2] = &nul; args[3] = &nul; args[4] = &pt; args[5] = &buf; args[6] = &yt;
+    args[7] = &nul; args[8] = &nul; args[9] = &rows; args[10] = &cols; args[11] = &eps; args[12] = &rms; args[13] = &vec;
+    CT_CHECK(capex_cuda_launch(&fn, grid, block, 0, NULL, args) != CAPEX_OK, "x dtype 0 launched on the bf16 variant");
+    capex_cuda_free(ctx, buf);
     capex_cuda_context_destroy(ctx);
 }
 
@@ -277,6 +338,8 @@ CT_TEST(gpu_norm_argument_errors) {
 static const ct_case cases[] = {
     CT_CASE(gpu_norm_argument_errors),
     CT_CASE(gpu_layer_and_rms_norm_match_cpu),
+    CT_CASE(gpu_norm_every_dtype_variant),
+    CT_CASE(gpu_norm_variant_mismatch_refused_on_emulator),
     CT_CASE(gpu_norm_backward_vector_and_scalar_paths_agree),
     CT_CASE(gpu_batch_norm_matches_cpu),
 };
