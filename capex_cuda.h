@@ -108,9 +108,10 @@
                         A launch whose part is neither loaded nor compiling compiles a
                         variant instead: the part specialized to that launch (its kernel
                         only, its dtypes and switches fixed by -D options: Adam, amsgrad,
-                        Adagrad, SGD, LAMB, unscale, the amp kernels; a first AdamW step
-                        compiles in about half the NVRTC time of whole parts, amsgrad and
-                        Adagrad in a third), cached like a part; a variant
+                        Adagrad, SGD, LAMB, unscale, the amp kernels, LayerNorm/RMSNorm; a
+                        first AdamW step compiles in about half the NVRTC time of whole
+                        parts, amsgrad and Adagrad in a third, a LayerNorm forward and
+                        backward in 0.55), cached like a part; a variant
                         that spills on the device is not used (its part runs).
 
    Thread safety: the loaders are thread-safe. A context may be used from several
@@ -3760,10 +3761,12 @@ CAPEX_API int capex_cuda_builtin_kernel_part(const char *kernel) {
 /* ---- variants: a part specialized to one launch's switches -------------------
    A step's first use of a part compiles a variant instead of the whole part
    (unless the part is loaded or being compiled already): the part's text with
-   -D options (capex__cuda_frag_go0b: CAPEX_V_*) that keep only the kernels a
-   launch needs and fix its run-time switches, so NVVM and ptxas see far less
-   code (first AdamW step on bf16 grads: issue 18). Same text, same math: the
-   same bits (tests/test_gpuopt_emu.c runs each variant's template instance).
+   -D options (capex__cuda_frag_go0b, capex__cuda_frag_norm_b0: CAPEX_V_*) that
+   keep only the kernels a launch needs and fix its run-time switches, so NVVM
+   and ptxas see far less code (first AdamW step on bf16 grads: issue 18). Same
+   text, same math: the same bits (tests/test_gpuopt_emu.c runs each optimizer
+   variant's template instance; the CPU emulator checks each norm launch against
+   its variant's tag and runs two norm variants' own text, tests/test_norm_gpu.c).
    A unit is a part (0 .. CAPEX__CUDA_N_PARTS-1) or a variant (after them),
    each its own program, disk-cache entry and module; capex_cuda_precompile
    and the public part API compile whole parts only. */
