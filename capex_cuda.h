@@ -108,11 +108,11 @@
                         A launch whose part is neither loaded nor compiling compiles a
                         variant instead: the part specialized to that launch (its kernel
                         only, its dtypes and switches fixed by -D options: Adam, amsgrad,
-                        Adagrad, SGD, LAMB, unscale, the amp kernels, LayerNorm/RMSNorm; a
-                        first AdamW step compiles in about half the NVRTC time of whole
-                        parts, amsgrad and Adagrad in a third, a LayerNorm forward and
-                        backward in 0.55), cached like a part; a variant
-                        that spills on the device is not used (its part runs).
+                        Adagrad, SGD, LAMB, NovoGrad, unscale, the amp kernels,
+                        LayerNorm/RMSNorm; a first AdamW step compiles in about half the
+                        NVRTC time of whole parts, amsgrad and Adagrad in a third, a
+                        LayerNorm forward and backward in 0.55), cached like a part; a
+                        variant that spills on the device is not used (its part runs).
 
    Thread safety: the loaders are thread-safe. A context may be used from several
    threads (its module cache is locked; capex_cuda_module_compile runs NVRTC
@@ -2236,6 +2236,7 @@ CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_mat
             struct { /* NovoGrad pass 1: per-chunk sums of (g*gs)^2 out */                      \
                 P(const S(group)) group;                                                        \
                 P(double) partial;                                                              \
+                I32 reg_inside_moment, model; /* pass 2's: it picks its variant */     \
             } novo1;                                                                            \
             struct { /* NovoGrad per tensor, between the passes */                              \
                 P(const S(group)) groups;                                                       \
@@ -2875,12 +2876,14 @@ static const char capex__cuda_frag_go10[] =
     "}\n";
 static const char capex__cuda_frag_go11[] =
     "/* NovoGrad pass 2: lists g, p, m, model, tensor index; op.novo2. */\n"
-    "template <int G> CAPEX_DEVICE void capex_go_novo2(const capex_go_meta<CAPEX_GO_NOVO2_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
+    "template <int G, int VW = -1, int VMK = -1>\n"
+    "CAPEX_DEVICE void capex_go_novo2(const capex_go_meta<CAPEX_GO_NOVO2_DEPTH> &mt, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<G>::T GT;\n"
     "    const capex_go_group *g = a.op.novo2.group;\n"
     "    if (g->skip) return;\n"
     "    capex_u64 off, n, i, k;\n"
-    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), reg = a.op.novo2.reg_inside_moment, mk = a.op.novo2.model;\n"
+    "    int s = capex_go_block(mt, a.chunk, c, &off, &n), reg = VW >= 0 ? VW : a.op.novo2.reg_inside_moment;\n"
+    "    int mk = VMK >= 0 ? VMK : a.op.novo2.model;\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_NOVO2_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_NOVO2_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_NOVO2_M][s] + off;\n"
     "    capex_u16 *h = (capex_u16 *)mt.addr[CAPEX_GO_NOVO2_MODEL][s] + off;\n"
@@ -3101,13 +3104,13 @@ static const char capex__cuda_frag_go9_lamb1_bf16[] =
     "CAPEX_GK void capex_go_lamb1_bf16(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_lamb1<2, CAPEX_V_W>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_novo_f32[] =
     "CAPEX_GK_OCC4 void capex_go_novo1_f32(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<0>(m, a, c); }\n"
-    "CAPEX_GK_OCC3 void capex_go_novo2_f32(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<0>(m, a, c); }\n";
+    "CAPEX_GK_OCC3 void capex_go_novo2_f32(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<0, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_novo_f16[] =
     "CAPEX_GK_OCC4 void capex_go_novo1_f16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<1>(m, a, c); }\n"
-    "CAPEX_GK_OCC3 void capex_go_novo2_f16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<1>(m, a, c); }\n";
+    "CAPEX_GK_OCC3 void capex_go_novo2_f16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<1, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n";
 static const char capex__cuda_frag_go9_novo_bf16[] =
     "CAPEX_GK_OCC4 void capex_go_novo1_bf16(capex_go_meta<CAPEX_GO_NOVO1_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo1<2>(m, a, c); }\n"
-    "CAPEX_GK_OCC3 void capex_go_novo2_bf16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<2>(m, a, c); }\n";
+    "CAPEX_GK_OCC3 void capex_go_novo2_bf16(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_novo2<2, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n";
 
 CAPEX__PRIVATE const char *capex__cuda_frag_go0_fn(void) { return capex__cuda_frag_go0; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go0b_fn(void) { return capex__cuda_frag_go0b; }
@@ -3782,7 +3785,8 @@ enum {
     CAPEX__CV_LAMB1 = 145, /* + 2 grad dtype + w_mode: capex_go_lamb1_* */
     CAPEX__CV_NORM_FWD = 151, /* + 18 x dtype + 6 param dtype + 2 y (dy) dtype + rms: capex_norm_fwd */
     CAPEX__CV_NORM_BWD = 205, /* the same for the three capex_norm_bwd_* kernels */
-    CAPEX__CUDA_N_VARIANTS = 259
+    CAPEX__CV_NOVO = 259,  /* + 8 grad dtype + 4 reg_inside_moment + model: capex_go_novo1_* and capex_go_novo2_* */
+    CAPEX__CUDA_N_VARIANTS = 283
 };
 #define CAPEX__CUDA_N_UNITS (CAPEX__CUDA_N_PARTS + CAPEX__CUDA_N_VARIANTS)
 /* A launch's switches for capex__cuda_kernel_unit, packed: 0 none (the whole
@@ -3798,15 +3802,19 @@ typedef struct capex__cuda_vdef {
     int xt, pt, yt, rms;     /* the norm kernels' (-1: not fixed) */
 } capex__cuda_vdef;
 
-/* The optimizers whose 24 variants are grad dtype x W (SGD: momentum on) x
-   model kind, v = base + 8 dtype + 4 w + model: their three kernels (one per
-   grad dtype) are each alone in a part (part0 + dtype), or all three in part0,
-   told apart by selection bit dtype. */
+/* The optimizers whose 24 variants are grad dtype x W (SGD: momentum on;
+   NovoGrad: reg_inside_moment) x model kind, v = base + 8 dtype + 4 w + model:
+   their three kernels (one per grad dtype) are each alone in a part (part0 +
+   dtype), or all three in part0, told apart by selection bit dtype. NovoGrad's
+   two passes are two entries with one base: a variant holds both (pass 1 is
+   launched with pass 2's switches). */
 static const struct { size_t k0; int base, part0, one_part; } capex__cuda_vfam[] = {
     {CAPEX__CK_GO_ADAM_F32, CAPEX__CV_ADAM, CAPEX__CP_ADAM_F32, 0},
     {CAPEX__CK_GO_ADAM_AMS_F32, CAPEX__CV_AMS, CAPEX__CP_ADAM_AMS, 1},
     {CAPEX__CK_GO_ADAGRAD_F32, CAPEX__CV_ADAGRAD, CAPEX__CP_ADAGRAD, 1},
-    {CAPEX__CK_GO_SGD_F32, CAPEX__CV_SGD, CAPEX__CP_SGD_F32, 0}};
+    {CAPEX__CK_GO_SGD_F32, CAPEX__CV_SGD, CAPEX__CP_SGD_F32, 0},
+    {CAPEX__CK_GO_NOVO1_F32, CAPEX__CV_NOVO, CAPEX__CP_NOVO_F32, 0},
+    {CAPEX__CK_GO_NOVO2_F32, CAPEX__CV_NOVO, CAPEX__CP_NOVO_F32, 0}};
 #define CAPEX__CUDA_N_VFAM (sizeof capex__cuda_vfam / sizeof capex__cuda_vfam[0])
 /* The family of kernel k (one of its three), or -1. */
 CAPEX__PRIVATE int capex__cuda_vfam_of(size_t k) {
@@ -3841,7 +3849,7 @@ CAPEX__PRIVATE capex__cuda_vdef capex__cuda_variant_def(int v) {
     } else if (v >= CAPEX__CV_LAMB1 && v < CAPEX__CV_NORM_FWD) {
         int i = v - CAPEX__CV_LAMB1;
         d.part = CAPEX__CP_LAMB1_F32 + i / 2; d.sel = 1; d.w = i % 2;
-    } else if (v >= CAPEX__CV_NORM_FWD && v < CAPEX__CUDA_N_VARIANTS) {
+    } else if (v >= CAPEX__CV_NORM_FWD && v < CAPEX__CV_NOVO) {
         int i = (v - CAPEX__CV_NORM_FWD) % 54; /* every kernel of the part (selection bit 0) */
         d.part = v < CAPEX__CV_NORM_BWD ? CAPEX__CP_NORM_FWD : CAPEX__CP_NORM_BWD; d.sel = 1;
         d.xt = i / 18; d.pt = i / 6 % 3; d.yt = i / 2 % 3; d.rms = i % 2;
@@ -5318,6 +5326,10 @@ CAPEX__PRIVATE unsigned capex__go_vb(int k, const capex__go_args *a) {
     if (k >= CAPEX__GO_K_SGD && k < CAPEX__GO_K_SGD + 3) return CAPEX__CUDA_VB(a->op.sgd.momentum != 0, a->op.sgd.model & 3, 0, 0);
     if (k == CAPEX__GO_K_LAMB2) return CAPEX__CUDA_VB(a->op.lamb2.w_mode != 0, a->op.lamb2.model & 3, 0, 0);
     if (k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB1 + 3) return CAPEX__CUDA_VB(a->op.lamb1.w_mode != 0, 0, 0, 0);
+    if (k >= CAPEX__GO_K_NOVO1 && k < CAPEX__GO_K_NOVO1 + 3)
+        return CAPEX__CUDA_VB(a->op.novo1.reg_inside_moment != 0, a->op.novo1.model & 3, 0, 0);
+    if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO2 + 3)
+        return CAPEX__CUDA_VB(a->op.novo2.reg_inside_moment != 0, a->op.novo2.model & 3, 0, 0);
     if (k >= CAPEX__GO_K_SCALE && k < CAPEX__GO_K_SUMSQ)
         return CAPEX__CUDA_VB(0, 0, a->op.scale.write_out != 0, a->op.scale.clip_only != 0);
     return CAPEX__CUDA_VB(0, 0, 0, 0);
@@ -6126,8 +6138,11 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
                 vbs[nk] = CAPEX__CUDA_VB(o->desc.adam_w_mode != 0, mk, 0, 0);
                 ks[nk++] = CAPEX__GO_K_LAMB2;
             }
-            /* the variant's switches (capex__go_vb): SGD's first is momentum on; NovoGrad has none */
-            vbs[nk] = CAPEX__CUDA_VB(o->desc.kind == CAPEX_OPTIM_SGD ? hp->momentum != 0.0f : o->desc.adam_w_mode != 0, mk, 0, 0);
+            /* the variant's switches (capex__go_vb): SGD's first is momentum on, NovoGrad's reg_inside_moment */
+            vbs[nk] = CAPEX__CUDA_VB(o->desc.kind == CAPEX_OPTIM_SGD        ? hp->momentum != 0.0f
+                                     : o->desc.kind == CAPEX_OPTIM_NOVOGRAD ? o->desc.reg_inside_moment != 0
+                                                                            : o->desc.adam_w_mode != 0,
+                                     mk, 0, 0);
             ks[nk++] = (o->desc.kind == CAPEX_OPTIM_ADAM ? (need_vm ? (int)CAPEX__GO_K_ADAM_AMS : (int)CAPEX__GO_K_ADAM)
                         : o->desc.kind == CAPEX_OPTIM_SGD ? (int)CAPEX__GO_K_SGD
                         : o->desc.kind == CAPEX_OPTIM_NOVOGRAD ? (int)CAPEX__GO_K_NOVO2 /* pass 1 is in its part */
@@ -6303,6 +6318,16 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
     return r;
 }
 
+/* The least model kind among group g's tensors with grad dtype gd (pass 2
+   launches model kinds in increasing order); 0 when there are none. */
+CAPEX__PRIVATE int capex__go_first_mk(const capex_cuda_optim *o, size_t g, int gd) {
+    size_t k;
+    int mk = 4;
+    for (k = 0; k < o->nt; k++)
+        if (o->t[k].group == g && (int)o->t[k].p.grad_dtype == gd && o->t[k].mk < mk) mk = o->t[k].mk;
+    return mk < 4 ? mk : 0;
+}
+
 /* NovoGrad: per-chunk sums of (g*gs)^2, per-tensor totals in a fixed order,
    v and denom per tensor, then the element update (capex.h's order). */
 CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_stream s) {
@@ -6321,6 +6346,9 @@ CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_
             memset(&a, 0, sizeof a);
             a.op.novo1.group = o->dgroups + g * sizeof(capex__go_group);
             a.op.novo1.partial = part + 8u * (uint64_t)off;
+            /* pass 2's switches for its first launch here: one variant holds both passes */
+            a.op.novo1.reg_inside_moment = o->desc.reg_inside_moment != 0;
+            a.op.novo1.model = capex__go_first_mk(o, g, gd);
             r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO1 + gd, CAPEX__GO_NOVO1_DEPTH, o->shape, o->ten, c, o->chunk, &a,
                               &a.op.novo1.partial, NULL, s, &ch);
             capex__go_record_segs(o, c, CAPEX__GO_NOVO1_T, at);

@@ -9,7 +9,7 @@
    with 32 KB of launch metadata as a context on a CUDA 12.1+ driver and NVRTC
    compiles them (JIT_META=4096: the 4 KB build).
    JIT_OPT=ams, adagrad, sgd or lamb: the first step of Adam with amsgrad,
-   Adagrad, SGD with momentum or LAMB instead; JIT_OPT=norm (RMS=1: RMSNorm):
+   Adagrad, SGD with momentum, LAMB or NovoGrad (novo) instead; JIT_OPT=norm (RMS=1: RMSNorm):
    a LayerNorm's first forward and backward, bf16 x and dy, f32 parameters
    (this tree's build only: compare with BASE_TREE=1 in the script).
    CPU time of the compiling thread (getrusage RUSAGE_THREAD: NVRTC runs on the
@@ -128,6 +128,14 @@ int main(int argc, char **argv) {
             ks[0] = CAPEX__CK_NORM_FWD; ks[1] = CAPEX__CK_NORM_BWD_DX; ks[2] = CAPEX__CK_NORM_BWD_GAMMA_PART;
             ks[3] = CAPEX__CK_NORM_BWD_GAMMA_FINAL;
             vbs[0] = vbs[1] = vbs[2] = vbs[3] = nvb;
+        }
+        if (opt && !strcmp(opt, "novo")) { /* pass 1, its per-tensor sums (reduce), v and denom, pass 2 */
+            ks[2] = CAPEX__CK_GO_NOVO1_BF16; vbs[2] = CAPEX__CUDA_VB(0, mk, 0, 0);
+            ks[3] = CAPEX__CK_GO_REDUCE; vbs[3] = CAPEX__CUDA_VB(0, 0, 0, 0);
+            ks[4] = CAPEX__CK_GO_NOVO_NORM; vbs[4] = CAPEX__CUDA_VB(0, 0, 0, 0);
+            ks[5] = CAPEX__CK_GO_NOVO2_BF16; vbs[5] = CAPEX__CUDA_VB(0, mk, 0, 0);
+            ks[6] = CAPEX__CK_GO_SCALER_UPDATE; vbs[6] = CAPEX__CUDA_VB(0, 0, 0, 0);
+            nk = 7;
         }
         if (lamb) { /* + the global grad norm (sum of squares, reduce) before LAMB's clip */
             ks[3] = CAPEX__CK_GO_SUMSQ_BF16; vbs[3] = CAPEX__CUDA_VB(0, 0, 0, 0);

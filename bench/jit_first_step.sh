@@ -8,8 +8,8 @@
 #
 #   bench/jit_first_step.sh [RUNS]     env: BASE=commit REPS=3 JIT_MODEL=2 CC_ARCH=90
 #   JIT_MODEL: the step's model copy, 2 bf16 (O2, the default), 0 none.
-#   JIT_OPT=ams|adagrad|sgd|lamb: Adam with amsgrad, Adagrad, SGD (momentum on)
-#   or LAMB instead of AdamW; JIT_OPT=norm: a LayerNorm forward + backward
+#   JIT_OPT=ams|adagrad|sgd|lamb|novo: Adam with amsgrad, Adagrad, SGD (momentum
+#   on), LAMB or NovoGrad instead of AdamW; JIT_OPT=norm: a LayerNorm forward + backward
 #   (bf16 x/dy, f32 parameters; RMS=1: RMSNorm); these need
 #   BASE_TREE=1 and a BASE that has their parts (e.g. BASE=7e1e0dd): the
 #   baseline is then built as a tree (what that commit's first step compiles).

@@ -753,7 +753,7 @@ static void par_novograd(ct_state *ct, env *e) {
         d.defaults.weight_decay = v & 1 ? 0.01f : 0.0f;
         d.reg_inside_moment = v & 1;
         d.init_zero = (v >> 1) & 1;
-        d.stochastic_rounding = v == 2;
+        d.stochastic_rounding = v >= 2; /* with either moment mode */
         d.seed = 9;
         d.exec.chunk_size = v == 3 ? 1000 : 0;
         par_opt_run(ct, e, &d, 24, 0, 2e-6f, "NovoGrad");

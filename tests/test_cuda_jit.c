@@ -251,7 +251,8 @@ CT_TEST(builtin_variants_compile) {
     capex__cuda_pjob *jobs;
     static const int few[] = {CAPEX__CV_ADAM + 23, CAPEX__CV_SCALE + 35, CAPEX__CV_SUMSQ + 2, CAPEX__CV_AMP, CAPEX__CV_AMP + 1,
                               CAPEX__CV_AMS + 22, CAPEX__CV_ADAGRAD + 1, CAPEX__CV_SGD + 23, CAPEX__CV_LAMB1 + 5,
-                              CAPEX__CV_LAMB2 + 7, CAPEX__CV_NORM_FWD + 53, CAPEX__CV_NORM_BWD + 22};
+                              CAPEX__CV_LAMB2 + 7, CAPEX__CV_NORM_FWD + 53, CAPEX__CV_NORM_BWD + 22,
+                              CAPEX__CV_NOVO + 23};
     memset(reached, 0, sizeof reached);
     for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) {
         CT_CHECK(capex__cuda_kernel_unit(k, 0) == capex__cuda_builtin_kernel_part[k], "%s: vb 0 is its part",

@@ -73,6 +73,9 @@ template <int G, int W, int MK> static void adagrad_v(capex_go_meta<CAPEX_GO_ADA
 template <int G, int MO, int MK> static void sgd_v(capex_go_meta<CAPEX_GO_SGD_DEPTH> m, capex_go_args a) {
     CAPEX_GO_CHUNKS(m) capex_go_sgd<G, MO, MK>(m, a, c);
 }
+template <int G, int W, int MK> static void novo2_v(capex_go_meta<CAPEX_GO_NOVO2_DEPTH> m, capex_go_args a) {
+    CAPEX_GO_CHUNKS(m) capex_go_novo2<G, W, MK>(m, a, c);
+}
 template <int G, int W> static void lamb1_v(capex_go_meta<CAPEX_GO_LAMB1_DEPTH> m, capex_go_args a) {
     CAPEX_GO_CHUNKS(m) capex_go_lamb1<G, W>(m, a, c);
 }
@@ -88,6 +91,7 @@ static void (*const adam_var[3][2][4])(capex_go_meta<CAPEX_GO_ADAM_DEPTH>, capex
 static void (*const ams_var[3][2][4])(capex_go_meta<CAPEX_GO_ADAM_DEPTH>, capex_go_args) = EMU_A24(ams_v);
 static void (*const adagrad_var[3][2][4])(capex_go_meta<CAPEX_GO_ADAGRAD_DEPTH>, capex_go_args) = EMU_A24(adagrad_v);
 static void (*const sgd_var[3][2][4])(capex_go_meta<CAPEX_GO_SGD_DEPTH>, capex_go_args) = EMU_A24(sgd_v); /* [dtype][momentum on][model] */
+static void (*const novo2_var[3][2][4])(capex_go_meta<CAPEX_GO_NOVO2_DEPTH>, capex_go_args) = EMU_A24(novo2_v); /* [dtype][reg][model] */
 static void (*const lamb2_var[2][4])(capex_go_meta<CAPEX_GO_LAMB2_DEPTH>, capex_go_args) = {
     {lamb2_v<0, 0>, lamb2_v<0, 1>, lamb2_v<0, 2>, lamb2_v<0, 3>}, {lamb2_v<1, 0>, lamb2_v<1, 1>, lamb2_v<1, 2>, lamb2_v<1, 3>}};
 static void (*const lamb1_var[3][2])(capex_go_meta<CAPEX_GO_LAMB1_DEPTH>, capex_go_args) = {
@@ -268,6 +272,10 @@ static capex_result emu_launch_variant(int k, unsigned vb, unsigned grid, void *
         if (k == CAPEX__GO_K_LAMB2) emu_mta(capex_emu::lamb2_var[d.w][d.mk], args, grid);
         else emu_mta(capex_emu::sgd_var[k - CAPEX__GO_K_SGD][d.w][d.mk], args, grid);
         *ran = 1;
+    } else if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO2 + 3) { /* pass 1 has no switch: it runs as it is */
+        if (d.w < 0 || d.mk < 0) return capex__fail(CAPEX_ERR_INTERNAL, "emu: NovoGrad variant without switches");
+        emu_mta(capex_emu::novo2_var[k - CAPEX__GO_K_NOVO2][d.w][d.mk], args, grid);
+        *ran = 1;
     } else if (k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB1 + 3) {
         if (d.w < 0) return capex__fail(CAPEX_ERR_INTERNAL, "emu: LAMB1 variant without its switch");
         emu_mta(capex_emu::lamb1_var[k - CAPEX__GO_K_LAMB1][d.w], args, grid);
@@ -415,11 +423,12 @@ CT_TEST(emu_pure_half) { env e = emu_env(15); par_pure_half_steps(ct, &e); }
    variants only drop kernels). Each Adam, amsgrad, Adagrad and SGD variant (3
    grad dtypes x W/L2 (SGD: momentum off/on) x model none/f16/bf16/bf16
    stochastic rounding), each LAMB variant (stage 1: grad dtype x W/L2; stage 2:
-   W/L2 x model) and the scale
-   variants the unscale, clip and pure_half paths take must run. */
+   W/L2 x model), each NovoGrad variant (grad dtype x reg_inside_moment x
+   model: pass 1 and 2 in one) and the scale variants the unscale, clip and
+   pure_half paths take must run. */
 CT_TEST(emu_variants_bit_exact) {
     env e = emu_env_mode(31, &mode_variants);
-    int v, adam = 0, ams = 0, adagrad = 0, sgd = 0, lamb1 = 0, lamb2 = 0, scale = 0;
+    int v, adam = 0, ams = 0, adagrad = 0, sgd = 0, lamb1 = 0, lamb2 = 0, novo = 0, scale = 0;
     memset(var_runs, 0, sizeof var_runs);
     par_scale(ct, &e);
     if (!ct->failed) par_scale_many(ct, &e);
@@ -431,18 +440,20 @@ CT_TEST(emu_variants_bit_exact) {
     if (!ct->failed) par_adagrad(ct, &e);
     if (!ct->failed) par_sgd(ct, &e);
     if (!ct->failed) par_lamb(ct, &e);
+    if (!ct->failed) par_novograd(ct, &e);
     if (ct->failed) return; /* the first failure's message */
     for (v = 0; v < 24; v++) {
         adam += var_runs[CAPEX__CV_ADAM + v] > 0;
         ams += var_runs[CAPEX__CV_AMS + v] > 0;
         adagrad += var_runs[CAPEX__CV_ADAGRAD + v] > 0;
         sgd += var_runs[CAPEX__CV_SGD + v] > 0;
+        novo += var_runs[CAPEX__CV_NOVO + v] > 0;
         lamb2 += v < 8 && var_runs[CAPEX__CV_LAMB2 + v] > 0;
         lamb1 += v < 6 && var_runs[CAPEX__CV_LAMB1 + v] > 0;
     }
-    CT_CHECK(adam == 24 && ams == 24 && adagrad == 24 && sgd == 24 && lamb1 == 6 && lamb2 == 8,
-             "variants that ran: Adam %d, amsgrad %d, Adagrad %d, SGD %d of 24 each, LAMB stage 1 %d of 6, stage 2 %d of 8", adam, ams,
-             adagrad, sgd, lamb1, lamb2);
+    CT_CHECK(adam == 24 && ams == 24 && adagrad == 24 && sgd == 24 && novo == 24 && lamb1 == 6 && lamb2 == 8,
+             "variants that ran: Adam %d, amsgrad %d, Adagrad %d, SGD %d, NovoGrad %d of 24 each, LAMB stage 1 %d of 6, stage 2 %d of 8",
+             adam, ams, adagrad, sgd, novo, lamb1, lamb2);
     for (v = CAPEX__CV_SCALE; v < CAPEX__CV_SUMSQ; v++) {
         capex__cuda_vdef d = capex__cuda_variant_def(v);
         int pair = (v - CAPEX__CV_SCALE) / 4, in = pair / 3, out = pair % 3;
