@@ -106,7 +106,7 @@
                         capex_cuda_precompile_async (desc.precompile = 2, and optimizers
                         and scalers for what their step launches) on background threads.
                         A launch whose part is neither loaded nor compiling compiles a
-                        variant instead: the part specialized to that launch (its kernel
+                        variant instead: the part specialized to that launch (its kernels
                         only, its dtypes and switches fixed by -D options: Adam, amsgrad,
                         Adagrad, SGD, LAMB, NovoGrad, unscale, the amp kernels,
                         LayerNorm/RMSNorm; a first AdamW step compiles in about half the
@@ -3236,7 +3236,7 @@ static const char capex__cuda_frag_norm_a[] =
 static const char capex__cuda_frag_norm_b0[] =
     "/* Variants (capex__cuda_unit_desc): -DCAPEX_V_XT/_PT/_YT (dtypes) and _RMS fix the\n"
     "   LayerNorm/RMSNorm kernels' arguments of those names to the values the launch\n"
-    "   passes (capex__cuda_norm_vb); the tag names them in the image, where the CPU\n"
+    "   passes (capex__cuda_norm); the tag names them in the image, where the CPU\n"
     "   emulator checks each launch's arguments against it. */\n"
     "#ifndef CAPEX_V_XT\n#define CAPEX_V_XT -1\n#endif\n#ifndef CAPEX_V_PT\n#define CAPEX_V_PT -1\n#endif\n"
     "#ifndef CAPEX_V_YT\n#define CAPEX_V_YT -1\n#endif\n#ifndef CAPEX_V_RMS\n#define CAPEX_V_RMS -1\n#endif\n"
@@ -3789,11 +3789,13 @@ enum {
     CAPEX__CUDA_N_VARIANTS = 283
 };
 #define CAPEX__CUDA_N_UNITS (CAPEX__CUDA_N_PARTS + CAPEX__CUDA_N_VARIANTS)
+/* The most kernels a variant holds (norm_bwd's three; tests/test_cuda_jit.c checks it). */
+#define CAPEX__CUDA_VAR_MAX_KERNELS 3
 /* A launch's switches for capex__cuda_kernel_unit, packed: 0 none (the whole
    part); else 1 | w_mode << 1 | model << 2 | write_out << 4 | clip_only << 5. */
 #define CAPEX__CUDA_VB(w, mk, wr, clip) (1u | (unsigned)(w) << 1 | (unsigned)(mk) << 2 | (unsigned)(wr) << 4 | (unsigned)(clip) << 5)
 /* The LayerNorm/RMSNorm kernels' switches: 1 | x dtype << 1 | param dtype << 3 |
-   y (dy) dtype << 5 | rms << 7, dtypes 0..2 (capex__cuda_norm_vb). */
+   y (dy) dtype << 5 | rms << 7, dtypes 0..2 (capex__cuda_norm). */
 #define CAPEX__CUDA_NVB(xt, pt, yt, rms) (1u | (unsigned)(xt) << 1 | (unsigned)(pt) << 3 | (unsigned)(yt) << 5 | (unsigned)(rms) << 7)
 
 typedef struct capex__cuda_vdef {
@@ -4147,9 +4149,9 @@ struct capex_cuda_context {
     capex_cuda_module *part[CAPEX__CUDA_N_UNITS]; /* built-in units loaded so far: parts, then variants */
     void *builtin_fn[CAPEX__CUDA_N_BUILTIN];      /* set for the kernels of loaded parts */
     int builtin_occ[CAPEX__CUDA_N_BUILTIN];       /* resident blocks per SM (capex__go_dev_grid): 0 not asked, -1 unknown */
-    void *var_fn[CAPEX__CUDA_N_VARIANTS][3];      /* a loaded variant's kernels (capex__cuda_unit_slot) */
+    void *var_fn[CAPEX__CUDA_N_VARIANTS][CAPEX__CUDA_VAR_MAX_KERNELS]; /* a loaded variant's kernels (capex__cuda_unit_slot) */
     unsigned char var_spills[CAPEX__CUDA_N_VARIANTS]; /* its image uses local memory here: the part runs it */
-    int var_occ[CAPEX__CUDA_N_VARIANTS][3];       /* as builtin_occ, per variant kernel */
+    int var_occ[CAPEX__CUDA_N_VARIANTS][CAPEX__CUDA_VAR_MAX_KERNELS]; /* as builtin_occ, per variant kernel */
     int meta_bytes;              /* multi-tensor launch metadata: CAPEX__GO_META_SMALL or _LARGE (capex__cuda_params_choose) */
     capex__cuda_bg bg;           /* background compiles (capex_cuda_precompile_async) */
 };
@@ -6145,7 +6147,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
                                      mk, 0, 0);
             ks[nk++] = (o->desc.kind == CAPEX_OPTIM_ADAM ? (need_vm ? (int)CAPEX__GO_K_ADAM_AMS : (int)CAPEX__GO_K_ADAM)
                         : o->desc.kind == CAPEX_OPTIM_SGD ? (int)CAPEX__GO_K_SGD
-                        : o->desc.kind == CAPEX_OPTIM_NOVOGRAD ? (int)CAPEX__GO_K_NOVO2 /* pass 1 is in its part */
+                        : o->desc.kind == CAPEX_OPTIM_NOVOGRAD ? (int)CAPEX__GO_K_NOVO2 /* its variant holds pass 1 too */
                         : o->desc.kind == CAPEX_OPTIM_ADAGRAD ? (int)CAPEX__GO_K_ADAGRAD : (int)CAPEX__GO_K_LAMB1) + gd;
         }
         o->ex.prefetch(o->ex.user, ks, vbs, nk);
@@ -6318,22 +6320,12 @@ CAPEX__PRIVATE capex_result capex__go_step_lamb(capex_cuda_optim *o, capex_cuda_
     return r;
 }
 
-/* The least model kind among group g's tensors with grad dtype gd (pass 2
-   launches model kinds in increasing order); 0 when there are none. */
-CAPEX__PRIVATE int capex__go_first_mk(const capex_cuda_optim *o, size_t g, int gd) {
-    size_t k;
-    int mk = 4;
-    for (k = 0; k < o->nt; k++)
-        if (o->t[k].group == g && (int)o->t[k].p.grad_dtype == gd && o->t[k].mk < mk) mk = o->t[k].mk;
-    return mk < 4 ? mk : 0;
-}
-
 /* NovoGrad: per-chunk sums of (g*gs)^2, per-tensor totals in a fixed order,
    v and denom per tensor, then the element update (capex.h's order). */
 CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_stream s) {
     capex__go_args a;
     capex_result r = CAPEX_OK;
-    size_t g, c, nt = o->nt;
+    size_t g, c, i, nt = o->nt;
     int gd, mk;
     int64_t off = 0;
     capex_cuda_ptr part = o->dnovo, n2 = part + capex__go_novo_at(o->chunks, nt, 0);
@@ -6346,9 +6338,14 @@ CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_
             memset(&a, 0, sizeof a);
             a.op.novo1.group = o->dgroups + g * sizeof(capex__go_group);
             a.op.novo1.partial = part + 8u * (uint64_t)off;
-            /* pass 2's switches for its first launch here: one variant holds both passes */
+            /* pass 2's switches for its first launch here (model kinds go in increasing
+               order): one variant holds both passes */
             a.op.novo1.reg_inside_moment = o->desc.reg_inside_moment != 0;
-            a.op.novo1.model = capex__go_first_mk(o, g, gd);
+            a.op.novo1.model = 3;
+            for (i = 0; i < c; i++) {
+                const int tmk = o->t[o->ten[i].addr[CAPEX__GO_NOVO1_T]].mk;
+                if (tmk < a.op.novo1.model) a.op.novo1.model = tmk;
+            }
             r = capex__go_mta(&o->ex, CAPEX__GO_K_NOVO1 + gd, CAPEX__GO_NOVO1_DEPTH, o->shape, o->ten, c, o->chunk, &a,
                               &a.op.novo1.partial, NULL, s, &ch);
             capex__go_record_segs(o, c, CAPEX__GO_NOVO1_T, at);

@@ -123,7 +123,7 @@ int main(int argc, char **argv) {
                         CAPEX__CK_GO_SCALER_UPDATE};
         unsigned vbs[9] = {CAPEX__CUDA_VB(0, 0, 1, 0), CAPEX__CUDA_VB(0, 0, 0, 0), CAPEX__CUDA_VB(1, mk, 0, 0),
                            CAPEX__CUDA_VB(0, 0, 0, 0)};
-        if (opt && !strcmp(opt, "norm")) { /* the norm launches' switches: CAPEX__CUDA_NVB(bf16, f32, bf16, rms) */
+        if (opt && !strcmp(opt, "norm")) { /* CAPEX__CUDA_NVB(bf16, f32, bf16, rms), spelled out: a BASE_TREE baseline lacks the macro */
             const unsigned nvb = 1u | 2u << 1 | 0u << 3 | 2u << 5 | (getenv("RMS") && atoi(getenv("RMS")) ? 1u : 0u) << 7;
             ks[0] = CAPEX__CK_NORM_FWD; ks[1] = CAPEX__CK_NORM_BWD_DX; ks[2] = CAPEX__CK_NORM_BWD_GAMMA_PART;
             ks[3] = CAPEX__CK_NORM_BWD_GAMMA_FINAL;

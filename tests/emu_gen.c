@@ -113,8 +113,9 @@ static int find_kernels(const char *t, const char **names, size_t *lens, int cap
 /* Norm variants compiled here with their -D switches (x, param, y dtype, rms),
    each of the two parts: the emulator runs them for a module whose image has
    the same tag, so a switch the kernel text applies to the wrong argument
-   shows (between the two, every swap of two switches changes a value). */
-static const int emu_norm_variants[][4] = {{2, 1, 0, 0}, {2, 0, 1, 0}};
+   shows: between the two, every argument given another switch's value gets
+   a different one (rms as a truth value), and RMSNorm's text runs too. */
+static const int emu_norm_variants[][4] = {{2, 1, 0, 0}, {1, 2, 0, 1}};
 #define EMU_N_NV (int)(sizeof emu_norm_variants / sizeof emu_norm_variants[0])
 static char nv_label[2 * EMU_N_NV][32];
 static const char *set_label(int set, int argc, char **argv) {

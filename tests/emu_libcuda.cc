@@ -33,13 +33,16 @@
 
    What it cannot show: the GPU memory model (everything here is sequentially
    consistent), warp scheduling and divergence (lanes run one after another),
-   NVRTC's code generation, -D options given to NVRTC (the text here is
-   compiled once, without them; only the built-in program comes twice, for
-   capex's -DCAPEX_GO_META=<large> build, picked by the parameter bytes the
-   image declares), speed. */
+   NVRTC's code generation, most -D options given to NVRTC (the text here is
+   compiled without them; the built-in program comes twice, for capex's
+   -DCAPEX_GO_META=<large> build, picked by the parameter bytes the image
+   declares; two LayerNorm/RMSNorm variants come with their -DCAPEX_V_*
+   switches, and every norm variant's launch is checked against the switches
+   its image names: struct function), speed. */
 #include "cuda_image.h"
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -1124,19 +1127,26 @@ EMU_API CUresult cuModuleUnload(void *m) {
     delete (module *)m;
     return OK;
 }
-/* The norm variant tag in m's image (see struct function): 1 and its four values, else 0. */
+/* The norm variant tag in m's image (see struct function): 1 and its four
+   values (dtypes 0..2, rms 0..1), 0 when there is none, -1 when the prefix is
+   there but the rest is not a tag (the launches are then refused, not run
+   unchecked). */
 static int image_vtag(const module *m, int v[4]) {
     static const char pre[] = "capex_vnorm_";
     const unsigned char *p = m->img.data();
     size_t n = m->img.size(), k = sizeof pre - 1;
-    for (size_t i = 0; i + k + 7 <= n; i++)
+    int found = 0;
+    for (size_t i = 0; i + k <= n; i++)
         if (!memcmp(p + i, pre, k)) {
             const unsigned char *q = p + i + k;
             int j;
-            for (j = 0; j < 4 && q[2 * j] >= '0' && q[2 * j] <= '2' && (j == 3 || q[2 * j + 1] == '_'); j++) v[j] = q[2 * j] - '0';
-            if (j == 4) return 1;
+            found = -1;
+            if (i + k + 8 > n) continue; /* 7 characters and the end of the name */
+            for (j = 0; j < 4 && q[2 * j] >= '0' && q[2 * j] <= (j == 3 ? '1' : '2') && (j == 3 || q[2 * j + 1] == '_'); j++)
+                v[j] = q[2 * j] - '0';
+            if (j == 4 && !isalnum(q[7]) && q[7] != '_') return 1;
         }
-    return 0;
+    return found;
 }
 static int image_has(const module *m, const char *name) {
     size_t k = strlen(name);
@@ -1159,7 +1169,12 @@ EMU_API CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
     /* found in the image but maybe not compiled into the emulator: launching it says so */
     mod->funcs.emplace_back(new function{find_kernel(name, image_param_bytes(mod->img, name)), name, 0, {-1, -1, -1, -1}, 0});
     function *fn = mod->funcs.back().get();
-    if (!image_vtag(mod, fn->vtag)) fn->vtag[0] = -1;
+    int tag = image_vtag(mod, fn->vtag);
+    if (tag < 0) {
+        emu_log("capex emu: %s: the image has a norm variant tag the emulator cannot read\n", name);
+        fn->k = nullptr; /* launching it fails */
+    }
+    if (tag <= 0) fn->vtag[0] = -1;
     else { /* the variant's own text where tests/emu_gen.c compiled it with the same -D switches */
         char label[32];
         snprintf(label, sizeof label, "vnorm_%d_%d_%d_%d", fn->vtag[0], fn->vtag[1], fn->vtag[2], fn->vtag[3]);

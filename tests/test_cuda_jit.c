@@ -204,6 +204,9 @@ CT_TEST(builtin_parts_compile_cubin_for_every_ci_arch) {
         if (r != CAPEX_OK) return;
         CT_CHECK(imgs[0].nvrtc_version >= 11020, "nvrtc version recorded: %d", imgs[0].nvrtc_version);
         check_part_images(ct, imgs, ci_archs[i], CAPEX_CUDA_IMAGE_CUBIN);
+        for (p = 0; p < CAPEX__CUDA_N_PARTS; p++) /* only norm variants carry a switch tag (the emulator's check) */
+            CT_CHECK(!contains_bytes(imgs[p].data, imgs[p].size, "capex_vnorm_"), "sm_%d part %s: a norm tag", ci_archs[i],
+                     capex_cuda_builtin_part_name(p));
         if (ci_archs[i] == 90) {
             CT_CHECK(capex_cuda_builtin_compile_parts(90, NULL, 1, serial) == CAPEX_OK, "%s", capex_last_error());
             for (p = 0; p < CAPEX__CUDA_N_PARTS; p++) {
@@ -268,6 +271,10 @@ CT_TEST(builtin_variants_compile) {
     }
     for (v = 0; v < CAPEX__CUDA_N_VARIANTS; v++) {
         capex__cuda_vdef d = capex__cuda_variant_def(v);
+        int nk = 0;
+        for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) nk += capex__cuda_unit_has(CAPEX__CUDA_N_PARTS + v, k);
+        CT_CHECK(nk >= 1 && nk <= CAPEX__CUDA_VAR_MAX_KERNELS, "variant %d holds %d kernels (the context keeps %d)", v, nk,
+                 CAPEX__CUDA_VAR_MAX_KERNELS);
         CT_CHECK(reached[v], "variant %d is never picked", v);
         CT_CHECK(d.part >= 0 && d.part < CAPEX__CUDA_N_PARTS && d.sel > 0, "variant %d: part %d sel %d", v, d.part, d.sel);
     }
@@ -321,12 +328,12 @@ CT_TEST(builtin_variants_compile) {
                 CT_CHECK(image_has_name(img, capex__cuda_builtin_kernels[k]) == want, "sm_%d %s: %s %s", arch,
                          capex__cuda_unit_name(u), capex__cuda_builtin_kernels[k], want ? "missing" : "present");
             }
-            if (img->data) { /* a norm variant names its switches (the emulator checks launches against them) */
+            if (img->data) { /* a norm variant names its switches (the emulator checks launches against them), no other unit a tag */
                 capex__cuda_vdef d = capex__cuda_variant_def(u - CAPEX__CUDA_N_PARTS);
                 char tag[32];
                 snprintf(tag, sizeof tag, "capex_vnorm_%d_%d_%d_%d", d.xt, d.pt, d.yt, d.rms);
-                CT_CHECK(image_has_name(img, tag) == (d.xt >= 0), "sm_%d %s: tag %s %s", arch, capex__cuda_unit_name(u), tag,
-                         d.xt >= 0 ? "missing" : "present");
+                if (d.xt >= 0) CT_CHECK(image_has_name(img, tag), "sm_%d %s: tag %s missing", arch, capex__cuda_unit_name(u), tag);
+                else CT_CHECK(!contains_bytes(img->data, img->size, "capex_vnorm_"), "sm_%d %s: a norm tag", arch, capex__cuda_unit_name(u));
             }
         }
         for (v = 0; v < n; v++) capex_cuda_image_free(&jobs[v].img);

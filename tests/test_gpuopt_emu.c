@@ -192,8 +192,19 @@ template <class S, class A> static void emu_reduce_thunk(void *p) {
 static struct { int launches, copies; unsigned max_grid; } stats;
 /* where the exec's kernels run: ex.user points to one (NULL: small, default grid) */
 typedef struct emu_mode { int large; unsigned grid; int variants; } emu_mode;
-/* launches each variant ran (the variants mode) */
-static int var_runs[CAPEX__CUDA_N_VARIANTS];
+/* launches each variant ran (the variants mode); NovoGrad: pass 2's launches
+   per variant, and per step (pass 1's launches, then pass 2's) the variants
+   each pass loaded: every one pass 1 loads must be one pass 2 loads too (one
+   compile for both); steps seen, and those where it was not */
+static int var_runs[CAPEX__CUDA_N_VARIANTS], novo2_runs[24], novo_in1[24], novo_in2[24], novo_steps, novo_steps_bad;
+static void novo_step_end(void) {
+    int v, bad = 0, any = 0;
+    for (v = 0; v < 24; v++) { any |= novo_in1[v]; bad |= novo_in1[v] && !novo_in2[v]; }
+    novo_steps += any;
+    novo_steps_bad += bad;
+    memset(novo_in1, 0, sizeof novo_in1);
+    memset(novo_in2, 0, sizeof novo_in2);
+}
 
 /* kernel k of one namespace's set (capex_emu or capex_emu_big) */
 #define EMU_DISPATCH(NS)                                                                                                  \
@@ -272,8 +283,15 @@ static capex_result emu_launch_variant(int k, unsigned vb, unsigned grid, void *
         if (k == CAPEX__GO_K_LAMB2) emu_mta(capex_emu::lamb2_var[d.w][d.mk], args, grid);
         else emu_mta(capex_emu::sgd_var[k - CAPEX__GO_K_SGD][d.w][d.mk], args, grid);
         *ran = 1;
-    } else if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO2 + 3) { /* pass 1 has no switch: it runs as it is */
+    } else if (k >= CAPEX__GO_K_NOVO1 && k < CAPEX__GO_K_NOVO1 + 3) { /* no switch: it runs as it is */
+        int v, in2 = 0;
+        for (v = 0; v < 24; v++) in2 |= novo_in2[v];
+        if (in2) novo_step_end(); /* pass 1 after pass 2: the next step */
+        novo_in1[u - CAPEX__CUDA_N_PARTS - CAPEX__CV_NOVO] = 1;
+    } else if (k >= CAPEX__GO_K_NOVO2 && k < CAPEX__GO_K_NOVO2 + 3) {
         if (d.w < 0 || d.mk < 0) return capex__fail(CAPEX_ERR_INTERNAL, "emu: NovoGrad variant without switches");
+        novo_in2[u - CAPEX__CUDA_N_PARTS - CAPEX__CV_NOVO] = 1;
+        novo2_runs[u - CAPEX__CUDA_N_PARTS - CAPEX__CV_NOVO]++;
         emu_mta(capex_emu::novo2_var[k - CAPEX__GO_K_NOVO2][d.w][d.mk], args, grid);
         *ran = 1;
     } else if (k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB1 + 3) {
@@ -424,12 +442,17 @@ CT_TEST(emu_pure_half) { env e = emu_env(15); par_pure_half_steps(ct, &e); }
    grad dtypes x W/L2 (SGD: momentum off/on) x model none/f16/bf16/bf16
    stochastic rounding), each LAMB variant (stage 1: grad dtype x W/L2; stage 2:
    W/L2 x model), each NovoGrad variant (grad dtype x reg_inside_moment x
-   model: pass 1 and 2 in one) and the scale variants the unscale, clip and
-   pure_half paths take must run. */
+   model: pass 2's launches; in each step pass 1 may only load variants pass
+   2 loads, one compile for both) and the scale variants the unscale, clip and
+   pure_half paths take must run. NovoGrad and LAMB are close to the CPU, not
+   bit-exact (other summation orders), as in their own tests. */
 CT_TEST(emu_variants_bit_exact) {
     env e = emu_env_mode(31, &mode_variants);
     int v, adam = 0, ams = 0, adagrad = 0, sgd = 0, lamb1 = 0, lamb2 = 0, novo = 0, scale = 0;
     memset(var_runs, 0, sizeof var_runs);
+    memset(novo2_runs, 0, sizeof novo2_runs);
+    novo_step_end();
+    novo_steps = novo_steps_bad = 0;
     par_scale(ct, &e);
     if (!ct->failed) par_scale_many(ct, &e);
     if (!ct->failed) par_clip(ct, &e);
@@ -442,18 +465,21 @@ CT_TEST(emu_variants_bit_exact) {
     if (!ct->failed) par_lamb(ct, &e);
     if (!ct->failed) par_novograd(ct, &e);
     if (ct->failed) return; /* the first failure's message */
+    novo_step_end();
     for (v = 0; v < 24; v++) {
         adam += var_runs[CAPEX__CV_ADAM + v] > 0;
         ams += var_runs[CAPEX__CV_AMS + v] > 0;
         adagrad += var_runs[CAPEX__CV_ADAGRAD + v] > 0;
         sgd += var_runs[CAPEX__CV_SGD + v] > 0;
-        novo += var_runs[CAPEX__CV_NOVO + v] > 0;
+        novo += novo2_runs[v] > 0;
         lamb2 += v < 8 && var_runs[CAPEX__CV_LAMB2 + v] > 0;
         lamb1 += v < 6 && var_runs[CAPEX__CV_LAMB1 + v] > 0;
     }
     CT_CHECK(adam == 24 && ams == 24 && adagrad == 24 && sgd == 24 && novo == 24 && lamb1 == 6 && lamb2 == 8,
              "variants that ran: Adam %d, amsgrad %d, Adagrad %d, SGD %d, NovoGrad %d of 24 each, LAMB stage 1 %d of 6, stage 2 %d of 8",
              adam, ams, adagrad, sgd, novo, lamb1, lamb2);
+    CT_CHECK(novo_steps > 0 && novo_steps_bad == 0, "NovoGrad: pass 1 loaded a variant pass 2 did not in %d of %d steps",
+             novo_steps_bad, novo_steps);
     for (v = CAPEX__CV_SCALE; v < CAPEX__CV_SUMSQ; v++) {
         capex__cuda_vdef d = capex__cuda_variant_def(v);
         int pair = (v - CAPEX__CV_SCALE) / 4, in = pair / 3, out = pair % 3;
