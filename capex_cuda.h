@@ -7722,20 +7722,15 @@ CAPEX_API capex_result capex_cuda_zero_step(capex_cuda_zero *zg, capex_cuda_ptr 
 #endif /* CAPEX_NO_DIST */
 
 /* ==== GPU LayerNorm/RMSNorm/SyncBatchNorm: implementation ==== */
-/* vb: the launch's switches (CAPEX__CUDA_NVB for the LayerNorm/RMSNorm kernels,
-   0: none); the first use compiles the kernel's variant (or its part). */
-CAPEX__PRIVATE capex_result capex__cuda_norm_fn(capex_cuda_context *ctx, const char *name, unsigned vb, capex_cuda_function *fn) {
-    size_t i;
-    for (i = 0; i < CAPEX__CUDA_N_BUILTIN; i++)
-        if (!strcmp(capex__cuda_builtin_kernels[i], name)) return capex__cuda_builtin_get_vb(ctx, i, vb, fn, NULL);
-    return capex__fail(CAPEX_ERR_INTERNAL, "built-in kernel %s missing", name);
-}
-CAPEX__PRIVATE capex_result capex__cuda_norm_launch(capex_cuda_context *ctx, const char *name, unsigned vb, unsigned gx, unsigned gy,
+/* Built-in kernel k (CAPEX__CK_*) with switches vb (CAPEX__CUDA_NVB for the
+   LayerNorm/RMSNorm kernels, 0: none): the first use compiles the kernel's
+   variant (or its part). */
+CAPEX__PRIVATE capex_result capex__cuda_norm_launch(capex_cuda_context *ctx, size_t k, unsigned vb, unsigned gx, unsigned gy,
                                                     unsigned bx, unsigned by, capex_cuda_stream stream, void **args) {
     capex_cuda_function fn;
     unsigned grid[3], block[3];
     capex_result r;
-    if ((r = capex__cuda_norm_fn(ctx, name, vb, &fn)) != CAPEX_OK) return r;
+    if ((r = capex__cuda_builtin_get_vb(ctx, k, vb, &fn, NULL)) != CAPEX_OK) return r;
     grid[0] = gx; grid[1] = gy; grid[2] = 1;
     block[0] = bx; block[1] = by; block[2] = 1;
     return capex_cuda_launch(&fn, grid, block, 0, stream, args);
@@ -7827,7 +7822,7 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
         args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->weight; args[3] = (void *)&a->bias;
         args[4] = &pt; args[5] = (void *)&a->y; args[6] = &yt; args[7] = (void *)&a->mean; args[8] = (void *)&a->rstd;
         args[9] = &rows; args[10] = &cols; args[11] = &eps; args[12] = &rm; args[13] = &vec;
-        return capex__cuda_norm_launch(ctx, "capex_norm_fwd", vb, gx, 1, bx, by, stream, args);
+        return capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_FWD, vb, gx, 1, bx, by, stream, args);
     }
     {
         /* 4 columns per load where rows are 4-element aligned (x, dy, dx, weight) */
@@ -7839,7 +7834,7 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
             args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->weight;
             args[5] = &pt; args[6] = (void *)&a->mean; args[7] = (void *)&a->rstd; args[8] = (void *)&a->dx;
             args[9] = &rows; args[10] = &cols; args[11] = &rm; args[12] = &vec;
-            if ((r = capex__cuda_norm_launch(ctx, "capex_norm_bwd_dx", vb, gx, 1, bx, by, stream, args)) != CAPEX_OK) return r;
+            if ((r = capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_BWD_DX, vb, gx, 1, bx, by, stream, args)) != CAPEX_OK) return r;
         }
         if (a->dweight || a->dbias) {
             unsigned long long np = capex__cuda_norm_parts(a->rows), rpp = (rows + np - 1) / np;
@@ -7851,12 +7846,12 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
             args[5] = (void *)&a->rstd; args[6] = &pw; args[7] = &pb; args[8] = &rows; args[9] = &cols; args[10] = &rpp;
             args[11] = &rm; args[12] = &gvec;
             if ((threads + 255) / 256 > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many columns", fn);
-            r = capex__cuda_norm_launch(ctx, "capex_norm_bwd_gamma_part", vb, (unsigned)((threads + 255) / 256), (unsigned)np,
+            r = capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_BWD_GAMMA_PART, vb, (unsigned)((threads + 255) / 256), (unsigned)np,
                                         256, 1, stream, args);
             if (r != CAPEX_OK) return r;
             args[0] = &pw; args[1] = &pb; args[2] = &np; args[3] = &cols; args[4] = (void *)&a->dweight;
             args[5] = (void *)&a->dbias; args[6] = &pt;
-            return capex__cuda_norm_launch(ctx, "capex_norm_bwd_gamma_final", vb, capex__cuda_norm_blocks(ctx, cols), 1, 256, 1,
+            return capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_BWD_GAMMA_FINAL, vb, capex__cuda_norm_blocks(ctx, cols), 1, 256, 1,
                                            stream, args);
         }
     }
@@ -7988,7 +7983,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
                                (long long)(a->n * a->s)); }
         if (C > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many channels for one grid", fn);
         args[0] = (void *)&a->x; args[1] = &xt; args[2] = &N; args[3] = &C; args[4] = &S; args[5] = &nsc; args[6] = &ws_pack;
-        if ((r = capex__cuda_norm_launch(ctx, "capex_bn_stats", 0, (unsigned)C, 1, 256, 1, stream, args)) != CAPEX_OK) return r;
+        if ((r = capex__cuda_norm_launch(ctx, CAPEX__CK_BN_STATS, 0, (unsigned)C, 1, 256, 1, stream, args)) != CAPEX_OK) return r;
         if (world > 1) {
             if ((r = capex__cuda_bn_collective(ctx, comm, 1, ws_pack, ws_gath, P, stream)) != CAPEX_OK) return r;
         } else {
@@ -7999,7 +7994,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
         args[0] = &ws_gath; args[1] = &w1; args[2] = &C; args[3] = &eps; args[4] = &mom; args[5] = &update;
         args[6] = (void *)&a->save_mean; args[7] = (void *)&a->save_invstd; args[8] = (void *)&a->running_mean;
         args[9] = (void *)&a->running_var; args[10] = &pt; args[11] = &ws_total;
-        if ((r = capex__cuda_norm_launch(ctx, "capex_bn_merge", 0, capex__cuda_norm_blocks(ctx, C), 1, 256, 1, stream, args)) !=
+        if ((r = capex__cuda_norm_launch(ctx, CAPEX__CK_BN_MERGE, 0, capex__cuda_norm_blocks(ctx, C), 1, 256, 1, stream, args)) !=
             CAPEX_OK)
             return r;
         if (update && a->running_mean && a->num_batches_tracked) *a->num_batches_tracked = nb;
@@ -8008,7 +8003,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
         void *args[7];
         args[0] = (void *)&a->running_mean; args[1] = (void *)&a->running_var; args[2] = &pt; args[3] = &eps;
         args[4] = (void *)&a->save_mean; args[5] = (void *)&a->save_invstd; args[6] = &C;
-        if ((r = capex__cuda_norm_launch(ctx, "capex_bn_eval_stats", 0, capex__cuda_norm_blocks(ctx, C), 1, 256, 1, stream,
+        if ((r = capex__cuda_norm_launch(ctx, CAPEX__CK_BN_EVAL_STATS, 0, capex__cuda_norm_blocks(ctx, C), 1, 256, 1, stream,
                                          args)) != CAPEX_OK)
             return r;
     }
@@ -8017,7 +8012,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
         args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->y; args[3] = &yt; args[4] = (void *)&a->save_mean;
         args[5] = (void *)&a->save_invstd; args[6] = (void *)&a->weight; args[7] = (void *)&a->bias; args[8] = &pt;
         args[9] = &total; args[10] = &C; args[11] = &S; args[12] = &nsc;
-        return capex__cuda_norm_launch(ctx, "capex_bn_fwd", 0, capex__cuda_norm_blocks(ctx, total), 1, 256, 1, stream, args);
+        return capex__cuda_norm_launch(ctx, CAPEX__CK_BN_FWD, 0, capex__cuda_norm_blocks(ctx, total), 1, 256, 1, stream, args);
     }
     return CAPEX_OK;
 }
@@ -8046,7 +8041,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
     args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->save_mean;
     args[5] = (void *)&a->save_invstd; args[6] = &N; args[7] = &C; args[8] = &S; args[9] = &nsc; args[10] = &ws_sums;
     args[11] = (void *)&a->dweight; args[12] = (void *)&a->dbias; args[13] = &pt;
-    if ((r = capex__cuda_norm_launch(ctx, "capex_bn_bwd_reduce", 0, (unsigned)C, 1, 256, 1, stream, args)) != CAPEX_OK) return r;
+    if ((r = capex__cuda_norm_launch(ctx, CAPEX__CK_BN_BWD_REDUCE, 0, (unsigned)C, 1, 256, 1, stream, args)) != CAPEX_OK) return r;
     if (use_batch && world > 1 &&
         (r = capex__cuda_bn_collective(ctx, comm, 0, ws_sums, ws_sums, 2u * C, stream)) != CAPEX_OK)
         return r;
@@ -8055,7 +8050,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
     args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->dx;
     args[5] = (void *)&a->save_mean; args[6] = (void *)&a->save_invstd; args[7] = (void *)&a->weight; args[8] = &pt;
     args[9] = &ws_sums; args[10] = &tot_ptr; args[11] = &total; args[12] = &C; args[13] = &S; args[14] = &nsc;
-    return capex__cuda_norm_launch(ctx, "capex_bn_bwd_dx", 0, capex__cuda_norm_blocks(ctx, total), 1, 256, 1, stream, args);
+    return capex__cuda_norm_launch(ctx, CAPEX__CK_BN_BWD_DX, 0, capex__cuda_norm_blocks(ctx, total), 1, 256, 1, stream, args);
 }
 
 #ifdef __cplusplus
