@@ -115,8 +115,7 @@ static void ln_case(ct_state *ct, capex_cuda_context *ctx, int rms, int64_t R, i
              xt, pt, yt, err);
     CT_CHECK(same(CAPEX_F32, gr, rstd, R, 1e-4f, &err), "rstd err %g", err);
     CT_CHECK(rms || same(CAPEX_F32, gm, mean, R, 1e-5f, &err), "mean err %g", err);
-    CT_CHECK(same(xt, gdx, dx, N, 5 * tol_of(xt), &err), "rms=%d C=%lld dx err %g", rms,
-             (long long)C, err);
+    CT_CHECK(same(xt, gdx, dx, N, 5 * tol_of(xt), &err), "rms=%d C=%lld dx err %g", rms, (long long)C, err);
     CT_CHECK(same(pt, gdw, dw, C, 5 * tol_of(pt), &err), "dweight err %g", err);
     CT_CHECK(rms || same(pt, gdb, db, C, 5 * tol_of(pt), &err), "dbias err %g", err);
     capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias);
@@ -145,10 +144,10 @@ CT_TEST(gpu_layer_and_rms_norm_match_cpu) {
 }
 
 /* Every LayerNorm/RMSNorm variant (x, param and y dtype x rms: 54 forward and
-   54 backward, CAPEX__CUDA_NVB), warp-per-row with and without the 4-element
-   loads, and block-per-row, each variant. On the CPU emulator each launch is also checked
-   against its variant's tag (the switches NVRTC fixed with -D), and two
-   variants run their text compiled with those switches (tests/emu_gen.c). */
+   54 backward, CAPEX__CUDA_NVB), each warp-per-row with and without the
+   4-element loads and block-per-row. On the CPU emulator each launch is also
+   checked against its variant's tag (the switches NVRTC fixed with -D), and
+   two variants run their text compiled with those switches (tests/emu_gen.c). */
 typedef int (*emu_count_fn)(int runs);
 static emu_count_fn emu_vtag_checks(void) {
     const char *path = getenv("CAPEX_LIBCUDA_PATH");
