@@ -7,7 +7,8 @@
    on a GPU also the module load and the first AdamW step in a fresh cache
    (its parts compiled in the background from add_group, against compiling
    them one after another). `capex_info --parts` also compiles each
-   built-in part alone (what its first use costs). Exits 0 whenever it could report.
+   built-in part alone (what its first use costs); `capex_info --parts --phases`
+   adds NVRTC's split of each (front end, NVVM optimizer, ptxas). Exits 0 whenever it could report.
 
        cc -O2 examples/capex_info.c -o capex_info -ldl -lm -lpthread   (or: make info) */
 #ifndef _GNU_SOURCE
@@ -39,6 +40,32 @@ static void remove_dir(const char *dir) {
     }
     if (d) closedir(d);
     rmdir(dir);
+}
+
+/* Reads the table NVRTC's --time=FILE wrote for one compile ("name, phase,
+   value, ms" lines), sums it into front end, NVVM optimizer and PTX to SASS,
+   then empties the file for the next compile. 0 when NVRTC wrote none (an
+   NVRTC without --time fails the compile instead). */
+static int read_phases(const char *path, double ph[3]) {
+    FILE *f = fopen(path, "r");
+    char line[512];
+    int any = 0;
+    ph[0] = ph[1] = ph[2] = 0.0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *c1 = strchr(line, ','), *c2 = c1 ? strchr(c1 + 1, ',') : NULL;
+        double v;
+        if (!c2 || sscanf(c2 + 1, "%lf", &v) != 1) continue; /* the header line has no number */
+        if (strstr(c1, "Frontend")) ph[0] += v;
+        else if (strstr(c1, "NVVM")) ph[1] += v;
+        else if (strstr(c1, "PTX")) ph[2] += v;
+        else continue;
+        any = 1;
+    }
+    fclose(f);
+    f = fopen(path, "w");
+    if (f) fclose(f);
+    return any;
 }
 
 /* The first AdamW step on bf16 gradients in a fresh cache: add_group starts
@@ -244,30 +271,56 @@ int main(int argc, char **argv) {
         }
         remove_dir(dir);
         if (have_gpu) first_step();
-        /* --parts: each part alone, serially, without a cache (what a lazy first use costs) */
+        /* --parts: each part alone, serially, without a cache (what a lazy first use costs);
+           --parts --phases adds NVRTC's own split of each compile (its --time option):
+           front end, NVVM optimizer, PTX to SASS (ptxas) */
         if (argc > 1 && !strcmp(argv[1], "--parts")) {
-            int n_opts = 0, p, np = capex_cuda_builtin_part_count();
-            const char *const *opts = capex_cuda_builtin_options(&n_opts);
+            int n_opts = 0, p, k, np = capex_cuda_builtin_part_count();
+            const char *const *builtin_opts = capex_cuda_builtin_options(&n_opts);
+            const char *opts[32];
+            char time_dir[] = "/tmp/capex_info_XXXXXX", time_opt[96] = "", time_path[64] = "";
+            int phases = argc > 2 && !strcmp(argv[2], "--phases");
             capex_cuda_target t;
-            double sum = 0.0;
+            double sum = 0.0, phase_sum[3] = {0.0, 0.0, 0.0};
             size_t total = 0;
             if (capex_cuda_select_target(archs, n_archs, target_cc ? target_cc : 90, &t) != CAPEX_OK) return 0;
+            if (n_opts > 31) n_opts = 31;
+            for (k = 0; k < n_opts; k++) opts[k] = builtin_opts[k];
+            if (phases && mkdtemp(time_dir)) {
+                snprintf(time_path, sizeof time_path, "%s/t.csv", time_dir);
+                snprintf(time_opt, sizeof time_opt, "--time=%s", time_path);
+                opts[n_opts++] = time_opt;
+            } else if (phases) {
+                printf("  --phases: no temporary directory\n");
+                phases = 0;
+            }
             for (p = 0; p < np; p++) {
                 capex_cuda_image img;
-                double t0 = now_ms(), t1;
+                double t0 = now_ms(), t1, ph[3];
                 r = capex_cuda_nvrtc_compile(capex_cuda_builtin_part_source(p), capex_cuda_builtin_part_name(p), opts, n_opts, t, &img);
                 t1 = now_ms();
                 if (r != CAPEX_OK) {
                     printf("part %s: %s\n", capex_cuda_builtin_part_name(p), capex_last_error());
                     continue;
                 }
-                printf("  part %-13s %6zu chars  cold %7.1f ms  %7zu bytes\n", capex_cuda_builtin_part_name(p),
+                printf("  part %-13s %6zu chars  cold %7.1f ms  %7zu bytes", capex_cuda_builtin_part_name(p),
                        strlen(capex_cuda_builtin_part_source(p)), t1 - t0, img.size);
+                if (phases && read_phases(time_path, ph)) {
+                    printf("  front end %5.0f  NVVM %5.0f  ptxas %5.0f ms", ph[0], ph[1], ph[2]);
+                    for (k = 0; k < 3; k++) phase_sum[k] += ph[k];
+                }
+                printf("\n");
                 sum += t1 - t0;
                 total += img.size;
                 capex_cuda_image_free(&img);
             }
             printf("  parts one after another: %.1f ms, %zu bytes\n", sum, total);
+            if (phases) {
+                printf("  NVRTC phases summed: front end %.0f ms, NVVM optimizer %.0f ms, PTX to SASS %.0f ms\n",
+                       phase_sum[0], phase_sum[1], phase_sum[2]);
+                unlink(time_path);
+                rmdir(time_dir);
+            }
         }
     }
     return 0;

@@ -74,6 +74,11 @@ ci-extra:: $(BUILD)/examples/capex_info $(BUILD)/fake/libcuda.so.1
 	@echo "cuda: capex_info without a driver, then on the stand-in driver"
 	@$(BUILD)/examples/capex_info >/dev/null
 	@CAPEX_LIBCUDA_PATH=$(abspath $(BUILD)/fake/libcuda.so.1) $(BUILD)/examples/capex_info | grep -E 'GPUs|compile|module load'
+	@echo "cuda: capex_info --parts --phases (NVRTC's split of each part's compile; skipped without NVRTC)"
+	@out=$$($(BUILD)/examples/capex_info --parts --phases 2>&1); \
+	  if echo "$$out" | grep -q 'no NVRTC'; then echo "skipped: no NVRTC"; else \
+	  echo "$$out" | grep -E 'parts one after another|NVRTC phases summed'; \
+	  echo "$$out" | grep -qE 'NVRTC phases summed: front end [1-9][0-9]* ms, NVVM optimizer [1-9][0-9]* ms, PTX to SASS [1-9]'; fi
 
 # Fuzz the kernel-cache entry reader (the parser and the file reader) from the
 # seeds in tests/corpus/cache_entry with clang's libFuzzer, for FUZZ_TIME
