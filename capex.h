@@ -12279,7 +12279,14 @@ static capex_result capex__nm_norm(const char *fn, const capex_norm_desc *d, con
     float *mem;
     if (!d) { capex_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__nm_check(fn, d, a, rms, bwd)) != CAPEX_OK) return r;
-    if (a->rows == 0) return CAPEX_OK;
+    if (a->rows == 0) { /* dweight/dbias are written, not accumulated: an empty batch's are 0 (torch) */
+        int64_t i;
+        for (i = 0; bwd && i < a->cols; i++) {
+            if (a->dweight) capex__nm_store_one(a->dweight, a->param_dtype, i, 0.0f);
+            if (a->dbias) capex__nm_store_one(a->dbias, a->param_dtype, i, 0.0f);
+        }
+        return CAPEX_OK;
+    }
     n = a->cols;
     memset(&c, 0, sizeof c);
     c.a = a; c.eps = d->eps; c.rms = rms;
