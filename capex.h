@@ -5055,8 +5055,11 @@ CAPEX__PRIVATE capex_result capex__check_alias(const char *fn, const char *nin, 
     qsort(v, n, sizeof *v, capex__ptr_at_cmp);
     for (i = 1; i < n && r == CAPEX_OK; i++) {
         const capex__ptr_at *a = &v[i - 1], *b = &v[i];
+        size_t k = i - 1;
         if (a->p != b->p || !b->is_out) continue; /* inputs may repeat: they are only read */
-        if (!a->is_out && a->i == b->i && in->dtype == out->dtype) continue; /* in place */
+        /* in place; every other input at this address (sorted before it) must be the same tensor too */
+        while (!a->is_out && a->i == b->i && in->dtype == out->dtype && k > 0 && v[k - 1].p == b->p) a = &v[--k];
+        if (!a->is_out && a->i == b->i && in->dtype == out->dtype) continue;
         if (a->is_out)
             r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] and %s[%zu] are the same memory", fn, nout, a->i, nout, b->i);
         else if (a->i != b->i)
