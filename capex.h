@@ -1178,8 +1178,8 @@ CAPEX_API capex_result capex_optim_get_max_exp_avg_sq(const capex_optim *opt, si
    copies the tensors in. Hyperparameters, modes and seed come from the file
    (torch's load_state_dict restores param_groups too). Only an I/O error
    during that copy (after the file's checksum was verified) can leave the
-   optimizer half-loaded; it then refuses to step (CAPEX_ERR_ORDER) until a
-   load succeeds. save keeps pointers into the optimizer: write the file
+   optimizer half-loaded; it then refuses to step and to save (CAPEX_ERR_ORDER)
+   until a load succeeds. save keeps pointers into the optimizer: write the file
    before the next step. Not thread-safe with a concurrent step. */
 CAPEX_API capex_result capex_optim_save(const capex_optim *opt, capex_state_writer *w, const char *prefix,
                                         unsigned flags);
@@ -7552,6 +7552,9 @@ CAPEX_API capex_result capex_optim_save(const capex_optim *o, capex_state_writer
     size_t g, k;
     int64_t shape;
     if (!o || !w) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_save: optimizer or writer is NULL");
+    if (o->broken) /* it holds part of the failed load's state and part of the old one */
+        return capex__fail(CAPEX_ERR_ORDER, "capex_optim_save: a state load failed part-way (I/O error); load the "
+                           "state again before saving");
     if (!prefix) prefix = "optim";
 #define CAPEX__OPT_TRY(x) do { if ((r = (x)) != CAPEX_OK) return r; } while (0)
     {
