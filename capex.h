@@ -1178,8 +1178,8 @@ CAPEX_API capex_result capex_optim_get_max_exp_avg_sq(const capex_optim *opt, si
    copies the tensors in. Hyperparameters, modes and seed come from the file
    (torch's load_state_dict restores param_groups too). Only an I/O error
    during that copy (after the file's checksum was verified) can leave the
-   optimizer half-loaded; it then refuses to step (CAPEX_ERR_ORDER) until a
-   load succeeds. save keeps pointers into the optimizer: write the file
+   optimizer half-loaded; it then refuses to step and to save (CAPEX_ERR_ORDER)
+   until a load succeeds. save keeps pointers into the optimizer: write the file
    before the next step. Not thread-safe with a concurrent step. */
 CAPEX_API capex_result capex_optim_save(const capex_optim *opt, capex_state_writer *w, const char *prefix,
                                         unsigned flags);
@@ -5055,8 +5055,11 @@ CAPEX__PRIVATE capex_result capex__check_alias(const char *fn, const char *nin, 
     qsort(v, n, sizeof *v, capex__ptr_at_cmp);
     for (i = 1; i < n && r == CAPEX_OK; i++) {
         const capex__ptr_at *a = &v[i - 1], *b = &v[i];
+        size_t k = i - 1;
         if (a->p != b->p || !b->is_out) continue; /* inputs may repeat: they are only read */
-        if (!a->is_out && a->i == b->i && in->dtype == out->dtype) continue; /* in place */
+        /* in place; every other input at this address (sorted before it) must be the same tensor too */
+        while (!a->is_out && a->i == b->i && in->dtype == out->dtype && k > 0 && v[k - 1].p == b->p) a = &v[--k];
+        if (!a->is_out && a->i == b->i && in->dtype == out->dtype) continue;
         if (a->is_out)
             r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] and %s[%zu] are the same memory", fn, nout, a->i, nout, b->i);
         else if (a->i != b->i)
@@ -7549,6 +7552,9 @@ CAPEX_API capex_result capex_optim_save(const capex_optim *o, capex_state_writer
     size_t g, k;
     int64_t shape;
     if (!o || !w) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_save: optimizer or writer is NULL");
+    if (o->broken) /* it holds part of the failed load's state and part of the old one */
+        return capex__fail(CAPEX_ERR_ORDER, "capex_optim_save: a state load failed part-way (I/O error); load the "
+                           "state again before saving");
     if (!prefix) prefix = "optim";
 #define CAPEX__OPT_TRY(x) do { if ((r = (x)) != CAPEX_OK) return r; } while (0)
     {
@@ -12279,7 +12285,14 @@ static capex_result capex__nm_norm(const char *fn, const capex_norm_desc *d, con
     float *mem;
     if (!d) { capex_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__nm_check(fn, d, a, rms, bwd)) != CAPEX_OK) return r;
-    if (a->rows == 0) return CAPEX_OK;
+    if (a->rows == 0) { /* dweight/dbias are written, not accumulated: an empty batch's are 0 (torch) */
+        int64_t i;
+        for (i = 0; bwd && i < a->cols; i++) {
+            if (a->dweight) capex__nm_store_one(a->dweight, a->param_dtype, i, 0.0f);
+            if (a->dbias) capex__nm_store_one(a->dbias, a->param_dtype, i, 0.0f);
+        }
+        return CAPEX_OK;
+    }
     n = a->cols;
     memset(&c, 0, sizeof c);
     c.a = a; c.eps = d->eps; c.rms = rms;

@@ -7798,7 +7798,12 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
     if (!ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
     if (!d) { capex_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__cuda_norm_check(fn, d, a, rms, bwd)) != CAPEX_OK) return r;
-    if (a->rows == 0) return CAPEX_OK;
+    if (a->rows == 0) { /* as the CPU: dweight/dbias are written, an empty batch's as 0 (all-zero bits) */
+        size_t pb = (size_t)a->cols * capex_dtype_size(a->param_dtype);
+        if (bwd && a->dweight && (r = capex_cuda_memset_u8(ctx, a->dweight, 0, pb, stream)) != CAPEX_OK) return r;
+        if (bwd && a->dbias && (r = capex_cuda_memset_u8(ctx, a->dbias, 0, pb, stream)) != CAPEX_OK) return r;
+        return CAPEX_OK;
+    }
     if (bwd && (a->dweight || a->dbias) && !a->workspace)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: dweight/dbias need a workspace of "
                            "capex_cuda_norm_workspace_bytes(rows, cols) = %zu bytes", fn,

@@ -514,6 +514,34 @@ CT_TEST(layer_norm_backward_large_dx_same_bits_as_small_calls) {
     free(x); free(y); free(dy); free(dx); free(dx2); free(mean); free(rstd);
 }
 
+/* Zero rows: dweight and dbias are still written ("written, not accumulated"),
+   as zeros (torch's layer_norm/rms_norm backward of an empty batch), in every
+   param dtype; stale values from an earlier call must not survive. */
+CT_TEST(norm_backward_zero_rows_writes_zero_param_grads) {
+    static const capex_dtype pts[3] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
+    float w[5] = {1, 2, 3, 4, 5}, dw[5], db[5];
+    capex_norm_desc nd;
+    capex_norm_args a;
+    int rms, k, i;
+    capex_norm_desc_init(&nd);
+    for (rms = 0; rms < 2; rms++)
+        for (k = 0; k < 3; k++) {
+            capex_norm_args_init(&a);
+            a.rows = 0; a.cols = 5; a.x_dtype = CAPEX_F32; a.y_dtype = CAPEX_F32; a.param_dtype = pts[k];
+            a.weight = w; a.dweight = dw; a.dbias = rms ? NULL : db;
+            memset(dw, 0x7f, sizeof dw); memset(db, 0x7f, sizeof db);
+            CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK,
+                     "%s", capex_last_error());
+            for (i = 0; i < 5; i++) {
+                CT_CHECK(getv(pts[k], dw, i) == 0.0, "%s %s: dweight[%d] = %g, want 0", rms ? "rms" : "layer",
+                         capex_dtype_name(pts[k]), i, getv(pts[k], dw, i));
+                if (!rms)
+                    CT_CHECK(getv(pts[k], db, i) == 0.0, "layer %s: dbias[%d] = %g, want 0",
+                             capex_dtype_name(pts[k]), i, getv(pts[k], db, i));
+            }
+        }
+}
+
 CT_TEST(layer_norm_errors_are_clear_and_write_nothing) {
     float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8], w[4] = {1, 1, 1, 1}, rstd[2], mean[2];
     char mis[20];
@@ -1122,7 +1150,7 @@ static const ct_case cases[] = {
     CT_CASE(pytorch_semantics_small),
     CT_CASE(matches_pytorch_golden_vectors),
     CT_CASE(bits_independent_of_thread_count), CT_CASE(layer_norm_backward_large_dx_same_bits_as_small_calls),
-    CT_CASE(layer_norm_errors_are_clear_and_write_nothing),
+    CT_CASE(layer_norm_errors_are_clear_and_write_nothing), CT_CASE(norm_backward_zero_rows_writes_zero_param_grads),
     CT_CASE(batch_norm_layouts_dtypes_eval),
     CT_CASE(batch_norm_finite_differences),
     CT_CASE(batch_norm_constant_channel_and_no_running_stats),

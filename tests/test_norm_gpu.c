@@ -325,6 +325,38 @@ CT_TEST(gpu_batch_norm_matches_cpu) {
 }
 
 /* Checked before any driver call: no GPU needed. */
+/* Zero rows: backward still writes dweight and dbias, as zeros (the CPU's
+   rule, test_norm's norm_backward_zero_rows_writes_zero_param_grads). */
+CT_TEST(gpu_norm_backward_zero_rows_writes_zero_param_grads) {
+    static const capex_dtype pts[3] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
+    capex_cuda_context *ctx = open_ctx(ct);
+    unsigned char hw[4 * 5], hb[4 * 5];
+    int rms, k, i;
+    if (!ctx) return;
+    for (rms = 0; rms < 2; rms++)
+        for (k = 0; k < 3; k++) {
+            capex_cuda_norm_args g;
+            size_t ps = capex_dtype_size(pts[k]);
+            capex_cuda_norm_args_init(&g);
+            g.rows = 0; g.cols = 5; g.x_dtype = CAPEX_F32; g.y_dtype = CAPEX_F32; g.param_dtype = pts[k];
+            g.weight = up(ctx, NULL, 5 * ps); g.dweight = up(ctx, NULL, 5 * ps); /* poisoned */
+            g.dbias = rms ? 0 : up(ctx, NULL, 5 * ps);
+            CT_CHECK((rms ? capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_backward(ctx, NULL, &g, NULL)) ==
+                     CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_cuda_context_synchronize(ctx) == CAPEX_OK, "%s", capex_last_error());
+            capex_cuda_memcpy_dtoh(ctx, hw, g.dweight, 5 * ps, NULL);
+            if (!rms) capex_cuda_memcpy_dtoh(ctx, hb, g.dbias, 5 * ps, NULL);
+            for (i = 0; i < 5; i++) {
+                CT_CHECK(getv(pts[k], hw, i) == 0.0f, "rms=%d pt=%d: dweight[%d] = %g, want 0", rms, (int)pts[k], i,
+                         (double)getv(pts[k], hw, i));
+                CT_CHECK(rms || getv(pts[k], hb, i) == 0.0f, "pt=%d: dbias[%d] = %g, want 0", (int)pts[k], i,
+                         (double)getv(pts[k], hb, i));
+            }
+            capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.dweight); capex_cuda_free(ctx, g.dbias);
+        }
+    capex_cuda_context_destroy(ctx);
+}
+
 CT_TEST(gpu_norm_argument_errors) {
     capex_cuda_norm_args g;
     capex_cuda_batch_norm_args b;
@@ -346,5 +378,6 @@ static const ct_case cases[] = {
     CT_CASE(gpu_norm_variant_mismatch_refused_on_emulator),
     CT_CASE(gpu_norm_backward_vector_and_scalar_paths_agree),
     CT_CASE(gpu_batch_norm_matches_cpu),
+    CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
 };
 CT_MAIN(cases)

@@ -785,6 +785,14 @@ CT_TEST(clip_overflow_aliases_and_early_checks) {
     CT_CHECK(a[0] == 1 && b[0] == 1, "nothing written");
     tb[0].data = a; tb[1].data = a;
     CT_CHECK(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, NULL) == CAPEX_ERR_INVALID_ARG, "one output twice refused");
+    /* in = {a, a}, out = {b, a}: out[1] is in[1] in place, but in[0] reads a too (chunks of both
+       tensors run in parallel): refused whichever input sorts next to the output */
+    ta[1].data = a; tb[0].data = b; tb[1].data = a;
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, NULL) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "out[1] is the memory of in[0]"), "repeated input written by another "
+             "tensor's output refused: %.300s", capex_last_error());
+    CT_CHECK(a[0] == 1 && b[0] == 1, "nothing written");
+    ta[1].data = b; tb[0].data = a;
     CT_CHECK(capex_multi_tensor_scale(NULL, &in, &in, 2.0f, NULL) == CAPEX_OK && a[1] == 4.0f && b[1] == 4.0f,
              "in place, tensor for tensor: %.300s", capex_last_error());
     /* a bad desc is refused before the per-tensor norms are written */
