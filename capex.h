@@ -10313,7 +10313,15 @@ static capex_result capex__ddp_alloc_buffers(capex_ddp *g) {
 }
 
 CAPEX_API void capex_ddp_destroy(capex_ddp *g) {
+    size_t i;
     if (!g) return;
+    /* buckets launched but not finalized: their collectives write into the
+       buffers freed below (and hold backend resources); a failed wait aborts
+       the comm, which stops them */
+    if (g->comm && g->comm->vt && g->comm->vt->wait && !g->comm->failed)
+        for (i = 0; i < g->nb && !g->comm->failed; i++)
+            if (g->b[i].req.active)
+                (void)capex__comm_after(g->comm, g->comm->vt->wait(g->comm, &g->b[i].req, capex__deadline(g->comm)));
     if (g->comm) capex__ddp_free_buckets(g), capex__ddp_free_retired(g);
     capex__free(NULL, g->params);
     capex__free(NULL, g->bucket_of);

@@ -350,13 +350,14 @@ CAPEX_API capex_result capex_cuda_builtin_module(capex_cuda_context *ctx, capex_
 /* x[i] = value */
 CAPEX_API capex_result capex_cuda_fill_f32(capex_cuda_context *ctx, capex_cuda_ptr x, float value, size_t n,
                                            capex_cuda_stream stream);
-/* y[i] = a * x[i] (y may equal x) */
+/* y[i] = a * x[i] (y may equal x; any other overlap: CAPEX_ERR_INVALID_ARG) */
 CAPEX_API capex_result capex_cuda_scale_f32(capex_cuda_context *ctx, capex_cuda_ptr y, capex_cuda_ptr x, float a,
                                             size_t n, capex_cuda_stream stream);
-/* c[i] = a[i] + b[i] */
+/* c[i] = a[i] + b[i] (c may equal a or b; any other overlap: CAPEX_ERR_INVALID_ARG) */
 CAPEX_API capex_result capex_cuda_add_f32(capex_cuda_context *ctx, capex_cuda_ptr c, capex_cuda_ptr a,
                                           capex_cuda_ptr b, size_t n, capex_cuda_stream stream);
-/* f32 -> f16/bf16 or f16/bf16 -> f32, bit-exact with capex.h's conversions. */
+/* f32 -> f16/bf16 or f16/bf16 -> f32, bit-exact with capex.h's conversions. dst and
+   src must not overlap (not in place either): CAPEX_ERR_INVALID_ARG. */
 CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_ptr dst, capex_dtype dst_type,
                                           capex_cuda_ptr src, capex_dtype src_type, size_t n,
                                           capex_cuda_stream stream);
@@ -4347,6 +4348,9 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
     if ((r = capex__desc_check(desc->init_tag, CAPEX__TAG_CUDA_CONTEXT_DESC, "capex_cuda_context_create",
                                "capex_cuda_context_desc", "capex_cuda_context_desc_init")) != CAPEX_OK)
         return r;
+    if (desc->precompile < 0 || desc->precompile > 2) /* before any driver use: a typo must not mean 0 */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: precompile %d (want 0: on first use, 1: all "
+                           "now, 2: all in the background)", desc->precompile);
     if ((r = capex_cuda_device_count(&count)) != CAPEX_OK) return r;
     if (count == 0) return capex__fail(CAPEX_ERR_NO_DEVICE, "the CUDA driver sees no GPU (check CUDA_VISIBLE_DEVICES and nvidia-smi)");
     ordinal = desc->device;
@@ -5081,6 +5085,23 @@ CAPEX__PRIVATE capex_result capex__cuda_builtin_launch(capex_cuda_context *ctx, 
     return capex_cuda_launch(&fn, grid, block, 0, stream, args);
 }
 
+/* An output [out, out + n * os) that overlaps an input [in, in + n * is)
+   other than exactly (same start, same element size) races: threads overwrite
+   elements that others have not read yet. */
+CAPEX__PRIVATE capex_result capex__cuda_check_overlap(const char *fn, capex_cuda_ptr out, size_t os, capex_cuda_ptr in,
+                                                      size_t is, size_t n) {
+    uint64_t ob = (uint64_t)n * os, ib = (uint64_t)n * is;
+    if ((out == in && os == is) || out >= in + ib || in >= out + ob) return CAPEX_OK;
+    return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the output 0x%llx (%llu bytes) and an input 0x%llx (%llu bytes) overlap; "
+                       "use separate buffers (only an identical same-type range may be shared)", fn,
+                       (unsigned long long)out, (unsigned long long)ob, (unsigned long long)in, (unsigned long long)ib);
+}
+/* n elements of up to 4 bytes must fit the address space (the byte counts above must not wrap). */
+CAPEX__PRIVATE capex_result capex__cuda_check_n(const char *fn, size_t n) {
+    if ((uint64_t)n > ((uint64_t)1 << 61)) return capex__fail(CAPEX_ERR_LIMIT, "%s: %zu elements do not fit the address space", fn, n);
+    return CAPEX_OK;
+}
+
 CAPEX_API capex_result capex_cuda_fill_f32(capex_cuda_context *ctx, capex_cuda_ptr x, float value, size_t n,
                                            capex_cuda_stream stream) {
     unsigned long long nn = n;
@@ -5095,8 +5116,12 @@ CAPEX_API capex_result capex_cuda_scale_f32(capex_cuda_context *ctx, capex_cuda_
                                             size_t n, capex_cuda_stream stream) {
     unsigned long long nn = n;
     void *args[4];
+    capex_result r;
     if (n == 0) return CAPEX_OK;
     if (!x || !y) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_scale_f32: NULL pointer");
+    if ((r = capex__cuda_check_n("capex_cuda_scale_f32", n)) != CAPEX_OK ||
+        (r = capex__cuda_check_overlap("capex_cuda_scale_f32", y, 4, x, 4, n)) != CAPEX_OK)
+        return r;
     args[0] = &y; args[1] = &x; args[2] = &a; args[3] = &nn;
     return capex__cuda_builtin_launch(ctx, 1, n, stream, args);
 }
@@ -5105,8 +5130,13 @@ CAPEX_API capex_result capex_cuda_add_f32(capex_cuda_context *ctx, capex_cuda_pt
                                           capex_cuda_ptr b, size_t n, capex_cuda_stream stream) {
     unsigned long long nn = n;
     void *args[4];
+    capex_result r;
     if (n == 0) return CAPEX_OK;
     if (!a || !b || !c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_add_f32: NULL pointer");
+    if ((r = capex__cuda_check_n("capex_cuda_add_f32", n)) != CAPEX_OK ||
+        (r = capex__cuda_check_overlap("capex_cuda_add_f32", c, 4, a, 4, n)) != CAPEX_OK ||
+        (r = capex__cuda_check_overlap("capex_cuda_add_f32", c, 4, b, 4, n)) != CAPEX_OK)
+        return r;
     args[0] = &c; args[1] = &a; args[2] = &b; args[3] = &nn;
     return capex__cuda_builtin_launch(ctx, 2, n, stream, args);
 }
@@ -5116,6 +5146,7 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
     unsigned long long nn = n;
     void *args[3];
     size_t k;
+    capex_result r;
     if (src_type == CAPEX_F32 && dst_type == CAPEX_F16) k = 3;
     else if (src_type == CAPEX_F16 && dst_type == CAPEX_F32) k = 4;
     else if (src_type == CAPEX_F32 && dst_type == CAPEX_BF16) k = 5;
@@ -5125,6 +5156,10 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
                            capex_dtype_name(src_type), capex_dtype_name(dst_type));
     if (n == 0) return CAPEX_OK;
     if (!dst || !src) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_convert: NULL pointer");
+    if ((r = capex__cuda_check_n("capex_cuda_convert", n)) != CAPEX_OK ||
+        (r = capex__cuda_check_overlap("capex_cuda_convert", dst, capex_dtype_size(dst_type), src, capex_dtype_size(src_type),
+                                       n)) != CAPEX_OK)
+        return r;
     args[0] = &dst; args[1] = &src; args[2] = &nn;
     return capex__cuda_builtin_launch(ctx, k, n, stream, args);
 }

@@ -549,6 +549,18 @@ CT_TEST(builtin_kernels_exact) {
     /* n = 0 is a no-op, bad pointers are refused */
     OK(capex_cuda_fill_f32(ctx, c, 1.0f, 0, NULL));
     CT_CHECK(capex_cuda_fill_f32(ctx, 0, 1.0f, 10, NULL) == CAPEX_ERR_INVALID_ARG, "NULL device pointer");
+    /* an output that overlaps an input anywhere but exactly (threads read what
+       others already wrote: silent garbage) is refused; exact aliasing is fine */
+    OK(capex_cuda_add_f32(ctx, c, c, b, 16, NULL));
+    OK(capex_cuda_add_f32(ctx, c, a, c, 16, NULL));
+    CT_CHECK(capex_cuda_add_f32(ctx, c + 4, c, b, 16, NULL) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "overlap"), "add into a shifted input: %s", capex_last_error());
+    CT_CHECK(capex_cuda_add_f32(ctx, c, a, c + 60, 16, NULL) == CAPEX_ERR_INVALID_ARG, "add from a shifted output");
+    CT_CHECK(capex_cuda_scale_f32(ctx, c, c + 4, 2.0f, 16, NULL) == CAPEX_ERR_INVALID_ARG, "scale into a shifted input");
+    OK(capex_cuda_add_f32(ctx, c + 64, c, b, 16, NULL)); /* adjacent, not overlapping */
+    if (sizeof(size_t) == 8) /* counts whose byte sizes or grid would wrap */
+        CT_CHECK(capex_cuda_add_f32(ctx, c, a, b, (size_t)1 << 62, NULL) == CAPEX_ERR_LIMIT &&
+                 capex_cuda_convert(ctx, c, CAPEX_F16, a, CAPEX_F32, ~(size_t)0, NULL) == CAPEX_ERR_LIMIT, "%s", capex_last_error());
     capex_cuda_free(ctx, a);
     capex_cuda_free(ctx, b);
     capex_cuda_free(ctx, c);
@@ -618,6 +630,12 @@ CT_TEST(conversions_match_cpu_bit_exact) {
         }
     }
     CT_CHECK(capex_cuda_convert(ctx, d16, CAPEX_F16, d32, CAPEX_BF16, 4, NULL) == CAPEX_ERR_UNSUPPORTED, "f16<-bf16 refused");
+    /* in place or overlapping: element sizes differ, so threads overwrite inputs others have not read */
+    CT_CHECK(capex_cuda_convert(ctx, d32, CAPEX_F16, d32, CAPEX_F32, 1024, NULL) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "overlap"), "f32 -> f16 in place: %s", capex_last_error());
+    CT_CHECK(capex_cuda_convert(ctx, d32, CAPEX_F32, d32 + 2048, CAPEX_BF16, 1024, NULL) == CAPEX_ERR_INVALID_ARG,
+             "bf16 -> f32 into its own tail");
+    OK(capex_cuda_convert(ctx, d32, CAPEX_F32, d32 + 4096, CAPEX_BF16, 1024, NULL)); /* adjacent */
     capex_cuda_free(ctx, d16);
     capex_cuda_free(ctx, d32);
     free(h16);

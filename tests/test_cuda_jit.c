@@ -877,6 +877,19 @@ CT_TEST(invalid_arguments) {
     CT_CHECK(capex_cuda_device_count(NULL) == CAPEX_ERR_INVALID_ARG, "device_count(NULL)");
     CT_CHECK(capex_cuda_nvrtc_supported_archs(NULL, 4, &n) == CAPEX_ERR_INVALID_ARG, "archs NULL");
     CT_CHECK(capex_cuda_context_create(NULL, NULL) == CAPEX_ERR_INVALID_ARG, "context out NULL");
+    { /* precompile outside 0..2 is refused before any driver use, not taken as 0 */
+        static const int bad[] = {3, -1, 100};
+        int b;
+        for (b = 0; b < 3; b++) {
+            capex_cuda_context_desc cd;
+            capex_cuda_context *ctx = NULL;
+            capex_cuda_context_desc_init(&cd);
+            cd.precompile = bad[b];
+            CT_CHECK(capex_cuda_context_create(&cd, &ctx) == CAPEX_ERR_INVALID_ARG && ctx == NULL &&
+                     strstr(capex_last_error(), "precompile"), "precompile %d: %s", bad[b], capex_last_error());
+            capex_cuda_context_destroy(ctx);
+        }
+    }
     memset(&f, 0, sizeof f);
     CT_CHECK(capex_cuda_launch(&f, g, g, 0, NULL, NULL) == CAPEX_ERR_INVALID_ARG, "launch of an unset function");
     CT_CHECK(capex_cuda_launch(NULL, g, g, 0, NULL, NULL) == CAPEX_ERR_INVALID_ARG, "launch NULL");

@@ -642,6 +642,21 @@ CT_TEST(tracker_later_bucket_waits_for_earlier) {
     capex_ddp_destroy(r.g);
 }
 
+/* A ddp destroyed mid-iteration (an error in backward, say) waits for the
+   buckets already launched: their collectives (MPI_Iallreduce on host
+   buffers, NCCL on device buffers, with an event to free) write into the
+   buffers it frees. */
+CT_TEST(tracker_destroy_waits_for_launched_buckets) {
+    rig r;
+    CT_CHECK(rig_make(&r, 2, 1, NULL, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    capex_ddp_grad_ready(r.g, 7); capex_ddp_grad_ready(r.g, 6); /* bucket 0 launches */
+    capex_ddp_grad_ready(r.g, 5); capex_ddp_grad_ready(r.g, 4); /* bucket 1 */
+    capex_ddp_grad_ready(r.g, 3);                              /* bucket 2 half full: not launched */
+    CT_CHECK(r.f.nlaunch == 2 && r.f.nwait == 0, "%d launches, %d waits", r.f.nlaunch, r.f.nwait);
+    capex_ddp_destroy(r.g);
+    CT_CHECK(r.f.nwait == 2 && r.f.waits[0] == 0 && r.f.waits[1] == 1, "destroy waited %d times", r.f.nwait);
+}
+
 CT_TEST(tracker_delay_allreduce_and_sync_backend) {
     rig r;
     capex_ddp_desc d;
@@ -1609,6 +1624,7 @@ static const ct_case cases[] = {
     CT_CASE(ddp_create_errors),
     CT_CASE(tracker_launches_in_order_during_backward),
     CT_CASE(tracker_later_bucket_waits_for_earlier),
+    CT_CASE(tracker_destroy_waits_for_launched_buckets),
     CT_CASE(tracker_delay_allreduce_and_sync_backend),
     CT_CASE(tracker_predivide_and_average),
     CT_CASE(tracker_allreduce_always_fp32_with_bf16),
