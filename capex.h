@@ -10104,10 +10104,13 @@ CAPEX_API capex_result capex_dist_broadcast_blob(const capex_dist_env *env, cape
     if (size && !blob) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_dist_broadcast_blob: blob is NULL");
     if (comm && comm->vt && comm->world_size > 1 && !comm->device_buffers) {
         /* broadcast moves bits: carry the bytes as f32 words */
-        size_t words = (size + 3) / 4;
-        float *tmp = (float *)capex__alloc(comm->allocator, words * 4);
+        size_t words = size / 4 + (size % 4 != 0); /* (size + 3) / 4 wraps near SIZE_MAX */
+        float *tmp;
         capex_result r;
         double saved = comm->timeout_s;
+        if (words > SIZE_MAX / 4)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_dist_broadcast_blob: size %zu: the byte size overflows size_t", size);
+        tmp = (float *)capex__alloc(comm->allocator, words * 4);
         if (!tmp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_dist_broadcast_blob: out of memory");
         memset(tmp, 0, words * 4);
         if (comm->rank == 0 && size) memcpy(tmp, blob, size);

@@ -1096,6 +1096,24 @@ CT_TEST(broadcast_blob_bootstrap) {
     CT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 got the blob (exit %d)", WEXITSTATUS(st));
 }
 
+/* A size whose word count wraps ((size + 3) / 4 near SIZE_MAX) is refused,
+   not copied into a one-word buffer, on rank 0 and on the others. */
+CT_TEST(broadcast_blob_size_that_wraps) {
+    capex_comm c;
+    fake f;
+    unsigned char id[16];
+    size_t bad[3] = {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 2};
+    int rank, i;
+    for (rank = 0; rank < 2; rank++)
+        for (i = 0; i < 3; i++) {
+            fake_comm(&c, &f, 2, 0);
+            c.rank = rank;
+            CT_CHECK(capex_dist_broadcast_blob(NULL, &c, id, bad[i], 1.0) == CAPEX_ERR_INVALID_ARG &&
+                         strstr(capex_last_error(), "overflow"),
+                     "rank %d, size SIZE_MAX - %d: %.200s", rank, i, capex_last_error());
+        }
+}
+
 /* ------------------------------------------------ rendezvous flood -- */
 
 /* Stray clients of MASTER_PORT, as an outside probe opened them: idle,
@@ -1624,6 +1642,7 @@ static const ct_case cases[] = {
     CT_CASE(rendezvous_bad_peer_of_this_run_fails),
     CT_CASE(rendezvous_arguments),
     CT_CASE(broadcast_blob_bootstrap),
+    CT_CASE(broadcast_blob_size_that_wraps),
     CT_CASE(rendezvous_flood_of_stray_connections),
     CT_CASE(rendezvous_out_of_descriptors),
     CT_CASE(rendezvous_peer_against_busy_or_fake_rank0),
