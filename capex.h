@@ -8032,7 +8032,7 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
     capex__envctx e;
     capex_dist_env r;
     capex_result res;
-    int found = 0, lr_found = 0, lw_found = 0, v = 0;
+    int found = 0, lr_found = 0, lw_found = 0, v = 0, slurm_list = 0;
     const char *rank_var = "", *size_var = "", *s;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_dist_env_read: out is NULL");
     if (!desc) { capex_dist_env_desc_init(&dd); desc = &dd; }
@@ -8097,6 +8097,7 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
                                                              "entry for SLURM_NODEID=%d", s, node);
                     r.local_world_size = t;
                     lw_found = 1;
+                    slurm_list = strchr(s, ',') != NULL;
                 }
             }
             r.launcher = kinds[k];
@@ -8122,7 +8123,11 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
     if (r.local_rank < 0 || r.local_rank >= r.local_world_size)
         return capex__fail(CAPEX_ERR_CONFIG, "local rank %d must be in [0, local world size %d)", r.local_rank,
                            r.local_world_size);
-    r.node_rank = r.world_size % r.local_world_size == 0 ? r.rank / r.local_world_size : -1;
+    /* uniform block placement only: a cyclic one (mpirun --map-by node,
+       srun -m cyclic) puts rank r at local rank != r % local world size,
+       and a Slurm list with several entries ("2(x2),4") is not uniform */
+    r.node_rank = r.world_size % r.local_world_size == 0 && r.local_rank == r.rank % r.local_world_size && !slurm_list
+                      ? r.rank / r.local_world_size : -1;
 
     s = desc->master_addr ? desc->master_addr : e.fn("MASTER_ADDR", e.user);
     if (s && strlen(s) >= sizeof r.master_addr)

@@ -88,6 +88,10 @@ CT_TEST(env_openmpi_pmi_slurm) {
               {"SLURM_TASKS_PER_NODE", "3,2(x2)"}, {"SLURM_NTASKS_PER_NODE", "3,2(x2)"}, {"SLURM_JOB_ID", "991"},
               {"SLURM_STEP_ID", "4"}, {NULL, NULL}};
     kv s2[] = {{"SLURM_PROCID", "3"}, {"SLURM_NPROCS", "4"}, {"SLURM_NTASKS_PER_NODE", "2"}, {NULL, NULL}};
+    kv cyc[] = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {NULL, NULL}};
+    kv het[] = {{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "2"},
+                {"SLURM_TASKS_PER_NODE", "2(x2),4"}, {NULL, NULL}};
     capex_dist_env e;
     CT_CHECK(read_env(o, &e) == CAPEX_OK, "%.300s", capex_last_error());
     CT_CHECK(e.launcher == CAPEX_LAUNCHER_OPENMPI && e.rank == 5 && e.world_size == 6 && e.local_rank == 1 &&
@@ -99,6 +103,12 @@ CT_TEST(env_openmpi_pmi_slurm) {
     CT_CHECK(e.launcher == CAPEX_LAUNCHER_SLURM && e.rank == 5 && e.world_size == 7 && e.local_rank == 1 &&
              e.local_world_size == 2 && e.node_rank == -1, "slurm local world %d", e.local_world_size);
     CT_CHECK(strcmp(e.run_id, "slurm-991.4") == 0, "slurm run id %s", e.run_id);
+    /* node_rank only for uniform block placement: mpirun --map-by node puts
+       ranks 0,2 on node 0 and 1,3 on node 1; Slurm "2(x2),4" is 2,2,4 */
+    CT_CHECK(read_env(cyc, &e) == CAPEX_OK && e.local_rank == 0 && e.local_world_size == 2 && e.node_rank == -1,
+             "cyclic placement: node_rank %d", e.node_rank);
+    CT_CHECK(read_env(het, &e) == CAPEX_OK && e.local_world_size == 4 && e.node_rank == -1,
+             "uneven Slurm nodes: node_rank %d (rank 4 is on node 2)", e.node_rank);
     CT_CHECK(read_env(s2, &e) == CAPEX_OK, "%.300s", capex_last_error());
     CT_CHECK(e.rank == 3 && e.world_size == 4 && e.local_world_size == 2 && e.local_rank == 1 && e.node_rank == 1,
              "SLURM_NPROCS / NTASKS_PER_NODE: local %d/%d", e.local_rank, e.local_world_size);
