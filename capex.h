@@ -11124,6 +11124,18 @@ static capex_result capex__zero_check(capex_zero *z, const char *fn) {
 
 static capex_result capex__zero_finish_reduces(capex_zero *z, int all);
 
+/* Between grad_ready and finalize the shards hold unreduced (or, with
+   nonblocking reduce-scatters, in-flight) gradients: reading them would
+   silently use the wrong values. */
+static capex_result capex__zero_between_iterations(const capex_zero *z, const char *fn) {
+    size_t i;
+    for (i = 0; i < z->np; i++)
+        if (z->ready[i])
+            return capex__fail(CAPEX_ERR_ORDER, "%s: parameter %zu was made ready but capex_zero_finalize was not called: "
+                               "the gradient shards are not reduced yet; finalize first", fn, i);
+    return CAPEX_OK;
+}
+
 /* Stage 2: lends bucket k a zeroed full-size buffer: from the pool; else the
    oldest in-flight reduce-scatter is finished first to free its buffer; a
    new one only when nothing is in flight (so at most the open buckets plus
@@ -11300,6 +11312,7 @@ CAPEX_API capex_result capex_zero_grad_norm(capex_zero *z, int *found_inf, float
     if (z->has_dev)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: this zero's gradients are on the device; use "
                            "capex_cuda_zero_grad_norm (found_inf and clip factor stay on the device)", fn);
+    if ((r = capex__zero_between_iterations(z, fn)) != CAPEX_OK) return r;
     for (k = 0; k < z->nb; k++) {
         const capex__zbucket *bk = &z->b[k];
         capex_tensor t;
@@ -11370,6 +11383,7 @@ CAPEX__PRIVATE capex_result capex__zero_step_start(capex_zero *z, float inv_scal
     size_t k, W;
     capex_comm *c = z->comm;
     capex_result r;
+    if ((r = capex__zero_between_iterations(z, "capex_zero_step")) != CAPEX_OK) return r;
     if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r; /* the last step's gathers, if nobody waited */
     if (z->has_dev) r = z->dev.step(z->dev.user);
     else r = capex_optim_step(z->opt, inv_scale, clip_coef, found_inf);

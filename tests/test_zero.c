@@ -103,8 +103,15 @@ CT_TEST(call_order_errors) {
                      capex_last_error());
         CT_CHECK(capex_zero_finalize(z) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "parameter 0"),
                  "missing param 0: %s", capex_last_error());
+        /* mid-iteration: param 0's shard is not reduced, param 1's may be in flight */
+        CT_CHECK(capex_zero_step(z, 1, 1, 0) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "finalize"),
+                 "step before finalize: %s", capex_last_error());
+        CT_CHECK(capex_zero_grad_norm(z, NULL, NULL) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "finalize"),
+                 "grad norm before finalize: %s", capex_last_error());
         CT_CHECK(capex_zero_grad_ready(z, 0) == CAPEX_OK, "ready 0 (unused: zero gradient)");
         CT_CHECK(capex_zero_finalize(z) == CAPEX_OK, "finalize: %s", capex_last_error());
+        CT_CHECK(capex_zero_grad_norm(z, NULL, NULL) == CAPEX_OK && capex_zero_step(z, 1, 1, 0) == CAPEX_OK,
+                 "norm and step after finalize: %s", capex_last_error());
         if (stage == 2)
             CT_CHECK(capex_zero_set_sync(z, 0) == CAPEX_ERR_CONFIG, "no_sync is stage 1's");
         else {
