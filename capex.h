@@ -11123,6 +11123,7 @@ static capex_result capex__zero_check(capex_zero *z, const char *fn) {
 }
 
 static capex_result capex__zero_finish_reduces(capex_zero *z, int all);
+static capex_result capex__zero_finish_gather(capex_zero *z, size_t k, double deadline);
 
 /* Between grad_ready and finalize the shards hold unreduced (or, with
    nonblocking reduce-scatters, in-flight) gradients: reading them would
@@ -11214,6 +11215,9 @@ static capex_result capex__zero_launch(capex_zero *z, size_t k) {
     void *mine;
     bk->launched = 1;
     if (!bk->shard) return CAPEX_OK;
+    /* the last step's all-gather of this bucket (params nobody waited for)
+       holds bk->req: finish it before the reduce-scatter takes the request */
+    if ((r = capex__zero_finish_gather(z, k, capex__deadline(c))) != CAPEX_OK) return r;
     if (z->d.stage == 2 && (r = capex__zero_lend(z, k)) != CAPEX_OK) return r; /* a bucket nobody wrote */
     mine = (char *)bk->grad + lo * es;
     if (W > 1 && c->vt->ireduce_scatter && c->vt->wait) {
