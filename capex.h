@@ -11813,7 +11813,7 @@ CAPEX_API void capex_sampler_desc_init(capex_sampler_desc *d) {
 }
 
 CAPEX_API capex_result capex_sampler_init(capex_sampler *s, const capex_sampler_desc *d) {
-    uint64_t n, rr;
+    uint64_t n, rr, ns;
     if (!s || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: NULL argument");
     if (d->init_tag != CAPEX__TAG_SAMPLER_DESC)
         return capex__desc_check(d->init_tag, CAPEX__TAG_SAMPLER_DESC, "capex_sampler_init", "capex_sampler_desc",
@@ -11823,14 +11823,18 @@ CAPEX_API capex_result capex_sampler_init(capex_sampler *s, const capex_sampler_
     if (d->rank < 0 || d->rank >= d->num_replicas) /* torch: "Invalid rank ..., rank should be in the interval" */
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: invalid rank %d, rank should be in the interval "
                                                   "[0, %d]", d->rank, d->num_replicas - 1);
-    memset(s, 0, sizeof *s);
-    s->d = *d;
     n = d->dataset_size;
     rr = (uint64_t)d->num_replicas;
     /* torch: drop_last and N % R != 0: ceil((N - R) / R) == floor(N / R);
        else ceil(N / R) */
-    s->num_samples = d->drop_last ? n / rr : n / rr + (n % rr != 0);
-    s->total_size = s->num_samples * rr;
+    ns = d->drop_last ? n / rr : n / rr + (n % rr != 0);
+    if (ns > UINT64_MAX / rr) /* the padded total (and rank + k * R) would wrap */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: dataset_size %llu padded to a multiple of %d "
+                           "overflows uint64; set drop_last", (unsigned long long)n, d->num_replicas);
+    memset(s, 0, sizeof *s);
+    s->d = *d;
+    s->num_samples = ns;
+    s->total_size = ns * rr;
     return CAPEX_OK;
 }
 

@@ -271,6 +271,17 @@ CT_TEST(sampler_torch_formulas_by_hand) {
     CT_CHECK(capex_sampler_index(&s, 0, &idx[0]) == CAPEX_OK && idx[0] == 1, "rank 3 of 4 on N=2 gets index 1");
     CT_CHECK(capex_sampler_index(&s, 1, &idx[0]) == CAPEX_ERR_INVALID_ARG, "k past num_samples");
     CT_CHECK(capex_sampler_indices(&s, idx, 0) == CAPEX_ERR_SIZE_MISMATCH, "cap too small");
+    /* N = 2^64 - 1 over 2 ranks pads to 2^64: refused, not a total of 0 */
+    d.dataset_size = UINT64_MAX; d.num_replicas = 2; d.rank = 1;
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "overflow"),
+             "padded total wraps: total_size %llu", (unsigned long long)s.total_size);
+    d.drop_last = 1;
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_OK && s.num_samples == UINT64_MAX / 2 && s.total_size == UINT64_MAX - 1 &&
+                 capex_sampler_index(&s, s.num_samples - 1, &idx[0]) == CAPEX_OK && idx[0] == UINT64_MAX - 2,
+             "drop_last: the last sample of rank 1: %.200s", capex_last_error());
+    d.num_replicas = 3; d.drop_last = 0; /* 2^64 - 1 = 3 * 6148914691236517205: no padding */
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_OK && s.total_size == UINT64_MAX, "3 ranks: %.200s", capex_last_error());
+    d.dataset_size = 2; d.num_replicas = 4;
     d.rank = 4;
     CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_ERR_INVALID_ARG, "rank >= num_replicas");
     d.rank = 0; d.num_replicas = 0;
