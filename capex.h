@@ -10051,6 +10051,9 @@ CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *
     d.world_size = env->world_size;
     d.nonce = capex_rendezvous_nonce(env->run_id);
     if (connect_timeout_s > 0) d.timeout_s = connect_timeout_s;
+    if (d.port < 1 || d.port > 65535) /* getaddrinfo takes "70000" as port 4464 */
+        return capex__fail(CAPEX_ERR_CONFIG, "capex_comm_init_tcp: port %d (env's rdv_port or master_port) is not in "
+                                             "[1, 65535]", d.port);
     if (d.rank < 0 || d.rank >= d.world_size) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_tcp: bad rank");
     t = (capex__tcp *)capex__alloc(NULL, sizeof *t);
     if (!t) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_comm_init_tcp: out of memory");

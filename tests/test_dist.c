@@ -1568,6 +1568,23 @@ CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
     }
 }
 
+/* A hand-filled env's port out of range is a configuration error, not a
+   listen on port & 0xffff (getaddrinfo reads "70000" as 4464). */
+CT_TEST(tcp_comm_port_out_of_range) {
+    capex_dist_env env;
+    capex_comm c;
+    int ports[3][2] = {{70000, 0}, {0, 65536}, {-5, 0}}, i;
+    for (i = 0; i < 3; i++) {
+        memset(&env, 0, sizeof env);
+        env.world_size = 2;
+        strcpy(env.master_addr, "127.0.0.1");
+        env.master_port = ports[i][0];
+        env.rdv_port = ports[i][1];
+        CT_CHECK(capex_comm_init_tcp(&c, &env, 0.3) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "65535"),
+                 "master_port %d, rdv_port %d: %.200s", ports[i][0], ports[i][1], capex_last_error());
+    }
+}
+
 CT_TEST(tcp_comm_reduce_scatter_allgatherv_vs_float64) {
     int world, mode, codes[8], r, i;
     for (mode = 6; mode <= 7; mode++)
@@ -1669,6 +1686,7 @@ static const ct_case cases[] = {
     CT_CASE(rendezvous_peer_against_busy_or_fake_rank0),
     CT_CASE(tcp_comm_collectives_and_ddp),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
+    CT_CASE(tcp_comm_port_out_of_range),
     CT_CASE(tcp_comm_reduce_scatter_allgatherv_vs_float64),
     CT_CASE(tcp_ring_dead_and_stalled_peers),
     CT_CASE(tcp_comm_refuses_sizes_that_wrap),
