@@ -10455,6 +10455,10 @@ CAPEX_API capex_result capex_ddp_zero_grad(capex_ddp *g) {
     size_t i;
     capex_result r;
     if (!g) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_zero_grad: ddp is NULL");
+    for (i = 0; i < g->np; i++) /* mid-backward the buckets are being reduced (MPI: in place, in flight) */
+        if (g->ready[i])
+            return capex__fail(CAPEX_ERR_ORDER, "capex_ddp_zero_grad: parameter %zu is ready in this iteration; zero "
+                               "the gradients between iterations (after capex_ddp_finalize)", i);
     capex__ddp_free_retired(g);
     for (i = 0; i < g->nb; i++)
         if ((r = capex__comm_zero(g->comm, g->b[i].buf, g->b[i].numel * capex_dtype_size(g->b[i].dtype))) != CAPEX_OK) return r;
@@ -11434,6 +11438,7 @@ CAPEX_API capex_result capex_zero_zero_grad(capex_zero *z) {
     size_t k, W;
     capex_result r = capex__zero_check(z, fn);
     if (r) return r;
+    if ((r = capex__zero_between_iterations(z, fn)) != CAPEX_OK) return r; /* reduce-scatters may read the buffers */
     W = (size_t)z->comm->world_size;
     for (k = 0; k < z->nb; k++) {
         capex__zbucket *bk = &z->b[k];

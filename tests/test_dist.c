@@ -786,8 +786,12 @@ CT_TEST(tracker_errors) {
     rig r;
     size_t p;
     CT_CHECK(rig_make(&r, 2, 1, NULL, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_ddp_zero_grad(r.g) == CAPEX_OK, "zero_grad between iterations");
     CT_CHECK(capex_ddp_grad_ready(r.g, 7) == CAPEX_OK, "first");
     CT_CHECK(capex_ddp_grad_ready(r.g, 7) == CAPEX_ERR_ORDER, "twice in one iteration");
+    /* mid-backward: a nonblocking comm may be reducing the buckets in place */
+    CT_CHECK(capex_ddp_zero_grad(r.g) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "finalize"),
+             "zero_grad mid-backward: %.200s", capex_last_error());
     CT_CHECK(capex_ddp_mark_unused(r.g, 7) == CAPEX_ERR_ORDER, "ready then unused");
     CT_CHECK(capex_ddp_grad_ready(r.g, NP) == CAPEX_ERR_INVALID_ARG, "unknown param");
     CT_CHECK(capex_ddp_grad_ready(NULL, 0) == CAPEX_ERR_INVALID_ARG, "NULL ddp");

@@ -108,6 +108,8 @@ CT_TEST(call_order_errors) {
                  "step before finalize: %s", capex_last_error());
         CT_CHECK(capex_zero_grad_norm(z, NULL, NULL) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "finalize"),
                  "grad norm before finalize: %s", capex_last_error());
+        CT_CHECK(capex_zero_zero_grad(z) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "finalize"),
+                 "zero_grad before finalize: %s", capex_last_error());
         CT_CHECK(capex_zero_grad_ready(z, 0) == CAPEX_OK, "ready 0 (unused: zero gradient)");
         CT_CHECK(capex_zero_finalize(z) == CAPEX_OK, "finalize: %s", capex_last_error());
         CT_CHECK(capex_zero_grad_norm(z, NULL, NULL) == CAPEX_OK && capex_zero_step(z, 1, 1, 0) == CAPEX_OK,
