@@ -1351,7 +1351,8 @@ typedef struct capex_dist_env {
     capex_launcher launcher;
     int rank, world_size;
     int local_rank, local_world_size;
-    int node_rank;          /* rank / local_world_size when uniform, else -1 */
+    int node_rank;          /* rank / local_world_size for uniform block
+                               placement (local_rank == rank % local size), else -1 */
     char master_addr[256];  /* "" when unknown                               */
     int master_port;        /* 0 when unknown                                */
     char run_id[128];       /* CAPEX_RUN_ID, TORCHELASTIC_RUN_ID, SLURM job  */
