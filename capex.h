@@ -1496,7 +1496,9 @@ CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *
    comm's rank and size agree with env. */
 CAPEX_API capex_result capex_comm_init_auto(capex_comm *c, const capex_dist_env *env);
 /* Checked front-ends: argument checks, deadline = now + timeout_s, failure
-   marking. send == recv (in place) is allowed. AVG = sum, then / world. */
+   marking. send == recv (in place) is allowed. AVG = sum, then / world.
+   No elements (count 0, or counts summing to 0) is still a collective on a
+   multi-rank host comm (a barrier): every rank must make the call. */
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count,
                                             capex_dtype t, capex_reduce_op op);
 CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root);
@@ -8303,6 +8305,15 @@ CAPEX__PRIVATE double capex__deadline(const capex_comm *c) {
     return capex_dist_now() + t;
 }
 
+/* A collective of no elements is still a collective on a multi-rank host
+   comm: a barrier, so that a rank passing 0 while the others pass n fails
+   with them (TCP: op mismatch) instead of returning at once and pairing
+   its next call with their data. */
+CAPEX__PRIVATE capex_result capex__comm_empty(capex_comm *c) {
+    if (c->world_size <= 1 || c->device_buffers) return CAPEX_OK;
+    return capex__comm_after(c, c->vt->barrier(c, capex__deadline(c)));
+}
+
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
                                             capex_reduce_op op) {
     capex_result r = capex__comm_check(c, "capex_comm_allreduce");
@@ -8313,7 +8324,7 @@ CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, voi
     if (op == CAPEX_REDUCE_AVG && t == CAPEX_I64)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: AVG of int64 is not defined; SUM and divide");
     if (count && (!send || !recv)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: NULL buffer");
-    if (!count) return CAPEX_OK;
+    if (!count) return capex__comm_empty(c);
     if ((r = capex__comm_size_check("capex_comm_allreduce", count, t, 1)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->allreduce(c, send, recv, count, t, op, capex__deadline(c)));
 }
@@ -8325,7 +8336,7 @@ CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t cou
     if (root < 0 || root >= c->world_size)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: root %d not in [0, %d)", root, c->world_size);
     if (count && !buf) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: NULL buffer");
-    if (!count) return CAPEX_OK;
+    if (!count) return capex__comm_empty(c);
     if ((r = capex__comm_size_check("capex_comm_broadcast", count, t, 1)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->broadcast(c, buf, count, t, root, capex__deadline(c)));
 }
@@ -8336,7 +8347,7 @@ CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, voi
     if (r) return r;
     if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: invalid dtype %d", (int)t);
     if (count_per_rank && (!send || !recv)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: NULL buffer");
-    if (!count_per_rank) return CAPEX_OK;
+    if (!count_per_rank) return capex__comm_empty(c);
     if ((r = capex__comm_size_check("capex_comm_allgather", count_per_rank, t, (size_t)c->world_size)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->allgather(c, send, recv, count_per_rank, t, capex__deadline(c)));
 }
@@ -8422,7 +8433,7 @@ CAPEX_API capex_result capex_comm_reduce_scatter(capex_comm *c, const void *send
     if ((r = capex__comm_counts(c, fn, counts, t, &total, &displ)) != CAPEX_OK) return r;
     if (total && !send) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: send is NULL", fn);
     if (counts[c->rank] && !recv) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: recv is NULL", fn);
-    if (!total) return CAPEX_OK;
+    if (!total) return capex__comm_empty(c);
     deadline = capex__deadline(c);
     if (!c->vt->reduce_scatter)
         return capex__comm_after(c, capex__comm_reduce_scatter_fallback(c, send, recv, counts, t, op, total, displ, deadline));
@@ -8441,7 +8452,7 @@ CAPEX_API capex_result capex_comm_allgatherv(capex_comm *c, const void *send, vo
     if ((r = capex__comm_counts(c, fn, counts, t, &total, &displ)) != CAPEX_OK) return r;
     if (counts[c->rank] && !send) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: send is NULL", fn);
     if (total && !recv) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: recv is NULL", fn);
-    if (!total) return CAPEX_OK;
+    if (!total) return capex__comm_empty(c);
     deadline = capex__deadline(c);
     if (!c->vt->allgatherv) return capex__comm_after(c, capex__comm_allgatherv_fallback(c, send, recv, counts, t, deadline));
     return capex__comm_after(c, c->vt->allgatherv(c, send, recv, counts, t, deadline));

@@ -1465,6 +1465,16 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_comm_destroy(&c);
         return 0;
     }
+    if (mode == 10) { /* count 0 on rank 0, 4 elsewhere: an error for both, not a pairing with the next call */
+        float b[4];
+        capex_result r1, r2;
+        for (i = 0; i < 4; i++) { f[i] = (float)(rank + 1); b[i] = 100.0f * (float)(rank + 1); }
+        r1 = capex_comm_allreduce(&c, f, f, rank == 0 ? 0 : 4, CAPEX_F32, CAPEX_REDUCE_SUM);
+        r2 = capex_comm_allreduce(&c, b, b, 4, CAPEX_F32, CAPEX_REDUCE_SUM);
+        capex_comm_destroy(&c);
+        if (rank == 0 && r2 == CAPEX_OK) fprintf(stderr, "rank 0: b[0] = %g (its 100 plus rank 1's first call)\n", (double)b[0]);
+        return r1 == CAPEX_ERR_COMM && r2 == CAPEX_ERR_COMM ? 0 : __LINE__;
+    }
     if (mode == 8 || mode == 9) { /* the ring (a large allreduce) with rank 1 dead (8) or stalled (9) */
         size_t n = 1 << 18;
         float *x = (float *)calloc(n, sizeof(float));
@@ -1574,6 +1584,14 @@ CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
 
 /* A hand-filled env's port out of range is a configuration error, not a
    listen on port & 0xffff (getaddrinfo reads "70000" as 4464). */
+/* A collective of no elements is still a collective: rank 0 passing 0
+   while rank 1 passes 4 fails both, instead of rank 0 returning at once and
+   pairing its next allreduce with rank 1's first one (silently wrong). */
+CT_TEST(tcp_comm_count_zero_against_n) {
+    int codes[8] = {0}, r = tcp_world(2, 10, codes);
+    CT_CHECK(r == 0 && codes[1] == 0, "rank 0 line %d, rank 1 exit %d: %.300s", r, codes[1], capex_last_error());
+}
+
 CT_TEST(tcp_comm_port_out_of_range) {
     capex_dist_env env;
     capex_comm c;
@@ -1691,6 +1709,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_comm_collectives_and_ddp),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
     CT_CASE(tcp_comm_port_out_of_range),
+    CT_CASE(tcp_comm_count_zero_against_n),
     CT_CASE(tcp_comm_reduce_scatter_allgatherv_vs_float64),
     CT_CASE(tcp_ring_dead_and_stalled_peers),
     CT_CASE(tcp_comm_refuses_sizes_that_wrap),
