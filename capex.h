@@ -1351,7 +1351,8 @@ typedef struct capex_dist_env {
     capex_launcher launcher;
     int rank, world_size;
     int local_rank, local_world_size;
-    int node_rank;          /* rank / local_world_size when uniform, else -1 */
+    int node_rank;          /* rank / local_world_size for uniform block
+                               placement (local_rank == rank % local size), else -1 */
     char master_addr[256];  /* "" when unknown                               */
     int master_port;        /* 0 when unknown                                */
     char run_id[128];       /* CAPEX_RUN_ID, TORCHELASTIC_RUN_ID, SLURM job  */
@@ -1495,7 +1496,9 @@ CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *
    comm's rank and size agree with env. */
 CAPEX_API capex_result capex_comm_init_auto(capex_comm *c, const capex_dist_env *env);
 /* Checked front-ends: argument checks, deadline = now + timeout_s, failure
-   marking. send == recv (in place) is allowed. AVG = sum, then / world. */
+   marking. send == recv (in place) is allowed. AVG = sum, then / world.
+   No elements (count 0, or counts summing to 0) is still a collective on a
+   multi-rank host comm (a barrier): every rank must make the call. */
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count,
                                             capex_dtype t, capex_reduce_op op);
 CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root);
@@ -8038,7 +8041,7 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
     capex__envctx e;
     capex_dist_env r;
     capex_result res;
-    int found = 0, lr_found = 0, lw_found = 0, v = 0;
+    int found = 0, lr_found = 0, lw_found = 0, v = 0, slurm_list = 0;
     const char *rank_var = "", *size_var = "", *s;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_dist_env_read: out is NULL");
     if (!desc) { capex_dist_env_desc_init(&dd); desc = &dd; }
@@ -8103,6 +8106,7 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
                                                              "entry for SLURM_NODEID=%d", s, node);
                     r.local_world_size = t;
                     lw_found = 1;
+                    slurm_list = strchr(s, ',') != NULL;
                 }
             }
             r.launcher = kinds[k];
@@ -8128,7 +8132,11 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
     if (r.local_rank < 0 || r.local_rank >= r.local_world_size)
         return capex__fail(CAPEX_ERR_CONFIG, "local rank %d must be in [0, local world size %d)", r.local_rank,
                            r.local_world_size);
-    r.node_rank = r.world_size % r.local_world_size == 0 ? r.rank / r.local_world_size : -1;
+    /* uniform block placement only: a cyclic one (mpirun --map-by node,
+       srun -m cyclic) puts rank r at local rank != r % local world size,
+       and a Slurm list with several entries ("2(x2),4") is not uniform */
+    r.node_rank = r.world_size % r.local_world_size == 0 && r.local_rank == r.rank % r.local_world_size && !slurm_list
+                      ? r.rank / r.local_world_size : -1;
 
     s = desc->master_addr ? desc->master_addr : e.fn("MASTER_ADDR", e.user);
     if (s && strlen(s) >= sizeof r.master_addr)
@@ -8303,6 +8311,15 @@ CAPEX__PRIVATE double capex__deadline(const capex_comm *c) {
     return capex_dist_now() + t;
 }
 
+/* A collective of no elements is still a collective on a multi-rank host
+   comm: a barrier, so that a rank passing 0 while the others pass n fails
+   with them (TCP: op mismatch) instead of returning at once and pairing
+   its next call with their data. */
+CAPEX__PRIVATE capex_result capex__comm_empty(capex_comm *c) {
+    if (c->world_size <= 1 || c->device_buffers) return CAPEX_OK;
+    return capex__comm_after(c, c->vt->barrier(c, capex__deadline(c)));
+}
+
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
                                             capex_reduce_op op) {
     capex_result r = capex__comm_check(c, "capex_comm_allreduce");
@@ -8313,7 +8330,7 @@ CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, voi
     if (op == CAPEX_REDUCE_AVG && t == CAPEX_I64)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: AVG of int64 is not defined; SUM and divide");
     if (count && (!send || !recv)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: NULL buffer");
-    if (!count) return CAPEX_OK;
+    if (!count) return capex__comm_empty(c);
     if ((r = capex__comm_size_check("capex_comm_allreduce", count, t, 1)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->allreduce(c, send, recv, count, t, op, capex__deadline(c)));
 }
@@ -8325,7 +8342,7 @@ CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t cou
     if (root < 0 || root >= c->world_size)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: root %d not in [0, %d)", root, c->world_size);
     if (count && !buf) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: NULL buffer");
-    if (!count) return CAPEX_OK;
+    if (!count) return capex__comm_empty(c);
     if ((r = capex__comm_size_check("capex_comm_broadcast", count, t, 1)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->broadcast(c, buf, count, t, root, capex__deadline(c)));
 }
@@ -8336,7 +8353,7 @@ CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, voi
     if (r) return r;
     if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: invalid dtype %d", (int)t);
     if (count_per_rank && (!send || !recv)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: NULL buffer");
-    if (!count_per_rank) return CAPEX_OK;
+    if (!count_per_rank) return capex__comm_empty(c);
     if ((r = capex__comm_size_check("capex_comm_allgather", count_per_rank, t, (size_t)c->world_size)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->allgather(c, send, recv, count_per_rank, t, capex__deadline(c)));
 }
@@ -8422,7 +8439,7 @@ CAPEX_API capex_result capex_comm_reduce_scatter(capex_comm *c, const void *send
     if ((r = capex__comm_counts(c, fn, counts, t, &total, &displ)) != CAPEX_OK) return r;
     if (total && !send) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: send is NULL", fn);
     if (counts[c->rank] && !recv) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: recv is NULL", fn);
-    if (!total) return CAPEX_OK;
+    if (!total) return capex__comm_empty(c);
     deadline = capex__deadline(c);
     if (!c->vt->reduce_scatter)
         return capex__comm_after(c, capex__comm_reduce_scatter_fallback(c, send, recv, counts, t, op, total, displ, deadline));
@@ -8441,7 +8458,7 @@ CAPEX_API capex_result capex_comm_allgatherv(capex_comm *c, const void *send, vo
     if ((r = capex__comm_counts(c, fn, counts, t, &total, &displ)) != CAPEX_OK) return r;
     if (counts[c->rank] && !send) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: send is NULL", fn);
     if (total && !recv) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: recv is NULL", fn);
-    if (!total) return CAPEX_OK;
+    if (!total) return capex__comm_empty(c);
     deadline = capex__deadline(c);
     if (!c->vt->allgatherv) return capex__comm_after(c, capex__comm_allgatherv_fallback(c, send, recv, counts, t, deadline));
     return capex__comm_after(c, c->vt->allgatherv(c, send, recv, counts, t, deadline));
@@ -10052,6 +10069,9 @@ CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *
     d.world_size = env->world_size;
     d.nonce = capex_rendezvous_nonce(env->run_id);
     if (connect_timeout_s > 0) d.timeout_s = connect_timeout_s;
+    if (d.port < 1 || d.port > 65535) /* getaddrinfo takes "70000" as port 4464 */
+        return capex__fail(CAPEX_ERR_CONFIG, "capex_comm_init_tcp: port %d (env's rdv_port or master_port) is not in "
+                                             "[1, 65535]", d.port);
     if (d.rank < 0 || d.rank >= d.world_size) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_tcp: bad rank");
     t = (capex__tcp *)capex__alloc(NULL, sizeof *t);
     if (!t) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_comm_init_tcp: out of memory");
@@ -10110,10 +10130,13 @@ CAPEX_API capex_result capex_dist_broadcast_blob(const capex_dist_env *env, cape
     if (size && !blob) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_dist_broadcast_blob: blob is NULL");
     if (comm && comm->vt && comm->world_size > 1 && !comm->device_buffers) {
         /* broadcast moves bits: carry the bytes as f32 words */
-        size_t words = (size + 3) / 4;
-        float *tmp = (float *)capex__alloc(comm->allocator, words * 4);
+        size_t words = size / 4 + (size % 4 != 0); /* (size + 3) / 4 wraps near SIZE_MAX */
+        float *tmp;
         capex_result r;
         double saved = comm->timeout_s;
+        if (words > SIZE_MAX / 4)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_dist_broadcast_blob: size %zu: the byte size overflows size_t", size);
+        tmp = (float *)capex__alloc(comm->allocator, words * 4);
         if (!tmp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_dist_broadcast_blob: out of memory");
         memset(tmp, 0, words * 4);
         if (comm->rank == 0 && size) memcpy(tmp, blob, size);
@@ -10458,6 +10481,10 @@ CAPEX_API capex_result capex_ddp_zero_grad(capex_ddp *g) {
     size_t i;
     capex_result r;
     if (!g) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_zero_grad: ddp is NULL");
+    for (i = 0; i < g->np; i++) /* mid-backward the buckets are being reduced (MPI: in place, in flight) */
+        if (g->ready[i])
+            return capex__fail(CAPEX_ERR_ORDER, "capex_ddp_zero_grad: parameter %zu is ready in this iteration; zero "
+                               "the gradients between iterations (after capex_ddp_finalize)", i);
     capex__ddp_free_retired(g);
     for (i = 0; i < g->nb; i++)
         if ((r = capex__comm_zero(g->comm, g->b[i].buf, g->b[i].numel * capex_dtype_size(g->b[i].dtype))) != CAPEX_OK) return r;
@@ -11129,6 +11156,19 @@ static capex_result capex__zero_check(capex_zero *z, const char *fn) {
 }
 
 static capex_result capex__zero_finish_reduces(capex_zero *z, int all);
+static capex_result capex__zero_finish_gather(capex_zero *z, size_t k, double deadline);
+
+/* Between grad_ready and finalize the shards hold unreduced (or, with
+   nonblocking reduce-scatters, in-flight) gradients: reading them would
+   silently use the wrong values. */
+static capex_result capex__zero_between_iterations(const capex_zero *z, const char *fn) {
+    size_t i;
+    for (i = 0; i < z->np; i++)
+        if (z->ready[i])
+            return capex__fail(CAPEX_ERR_ORDER, "%s: parameter %zu was made ready but capex_zero_finalize was not called: "
+                               "the gradient shards are not reduced yet; finalize first", fn, i);
+    return CAPEX_OK;
+}
 
 /* Stage 2: lends bucket k a zeroed full-size buffer: from the pool; else the
    oldest in-flight reduce-scatter is finished first to free its buffer; a
@@ -11208,6 +11248,9 @@ static capex_result capex__zero_launch(capex_zero *z, size_t k) {
     void *mine;
     bk->launched = 1;
     if (!bk->shard) return CAPEX_OK;
+    /* the last step's all-gather of this bucket (params nobody waited for)
+       holds bk->req: finish it before the reduce-scatter takes the request */
+    if ((r = capex__zero_finish_gather(z, k, capex__deadline(c))) != CAPEX_OK) return r;
     if (z->d.stage == 2 && (r = capex__zero_lend(z, k)) != CAPEX_OK) return r; /* a bucket nobody wrote */
     mine = (char *)bk->grad + lo * es;
     if (W > 1 && c->vt->ireduce_scatter && c->vt->wait) {
@@ -11306,6 +11349,7 @@ CAPEX_API capex_result capex_zero_grad_norm(capex_zero *z, int *found_inf, float
     if (z->has_dev)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: this zero's gradients are on the device; use "
                            "capex_cuda_zero_grad_norm (found_inf and clip factor stay on the device)", fn);
+    if ((r = capex__zero_between_iterations(z, fn)) != CAPEX_OK) return r;
     for (k = 0; k < z->nb; k++) {
         const capex__zbucket *bk = &z->b[k];
         capex_tensor t;
@@ -11376,6 +11420,7 @@ CAPEX__PRIVATE capex_result capex__zero_step_start(capex_zero *z, float inv_scal
     size_t k, W;
     capex_comm *c = z->comm;
     capex_result r;
+    if ((r = capex__zero_between_iterations(z, "capex_zero_step")) != CAPEX_OK) return r;
     if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r; /* the last step's gathers, if nobody waited */
     if (z->has_dev) r = z->dev.step(z->dev.user);
     else r = capex_optim_step(z->opt, inv_scale, clip_coef, found_inf);
@@ -11419,6 +11464,7 @@ CAPEX_API capex_result capex_zero_zero_grad(capex_zero *z) {
     size_t k, W;
     capex_result r = capex__zero_check(z, fn);
     if (r) return r;
+    if ((r = capex__zero_between_iterations(z, fn)) != CAPEX_OK) return r; /* reduce-scatters may read the buffers */
     W = (size_t)z->comm->world_size;
     for (k = 0; k < z->nb; k++) {
         capex__zbucket *bk = &z->b[k];
@@ -11801,7 +11847,7 @@ CAPEX_API void capex_sampler_desc_init(capex_sampler_desc *d) {
 }
 
 CAPEX_API capex_result capex_sampler_init(capex_sampler *s, const capex_sampler_desc *d) {
-    uint64_t n, rr;
+    uint64_t n, rr, ns;
     if (!s || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: NULL argument");
     if (d->init_tag != CAPEX__TAG_SAMPLER_DESC)
         return capex__desc_check(d->init_tag, CAPEX__TAG_SAMPLER_DESC, "capex_sampler_init", "capex_sampler_desc",
@@ -11811,14 +11857,18 @@ CAPEX_API capex_result capex_sampler_init(capex_sampler *s, const capex_sampler_
     if (d->rank < 0 || d->rank >= d->num_replicas) /* torch: "Invalid rank ..., rank should be in the interval" */
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: invalid rank %d, rank should be in the interval "
                                                   "[0, %d]", d->rank, d->num_replicas - 1);
-    memset(s, 0, sizeof *s);
-    s->d = *d;
     n = d->dataset_size;
     rr = (uint64_t)d->num_replicas;
     /* torch: drop_last and N % R != 0: ceil((N - R) / R) == floor(N / R);
        else ceil(N / R) */
-    s->num_samples = d->drop_last ? n / rr : n / rr + (n % rr != 0);
-    s->total_size = s->num_samples * rr;
+    ns = d->drop_last ? n / rr : n / rr + (n % rr != 0);
+    if (ns > UINT64_MAX / rr) /* the padded total (and rank + k * R) would wrap */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: dataset_size %llu padded to a multiple of %d "
+                           "overflows uint64; set drop_last", (unsigned long long)n, d->num_replicas);
+    memset(s, 0, sizeof *s);
+    s->d = *d;
+    s->num_samples = ns;
+    s->total_size = ns * rr;
     return CAPEX_OK;
 }
 

@@ -88,6 +88,10 @@ CT_TEST(env_openmpi_pmi_slurm) {
               {"SLURM_TASKS_PER_NODE", "3,2(x2)"}, {"SLURM_NTASKS_PER_NODE", "3,2(x2)"}, {"SLURM_JOB_ID", "991"},
               {"SLURM_STEP_ID", "4"}, {NULL, NULL}};
     kv s2[] = {{"SLURM_PROCID", "3"}, {"SLURM_NPROCS", "4"}, {"SLURM_NTASKS_PER_NODE", "2"}, {NULL, NULL}};
+    kv cyc[] = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {NULL, NULL}};
+    kv het[] = {{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "2"},
+                {"SLURM_TASKS_PER_NODE", "2(x2),4"}, {NULL, NULL}};
     capex_dist_env e;
     CT_CHECK(read_env(o, &e) == CAPEX_OK, "%.300s", capex_last_error());
     CT_CHECK(e.launcher == CAPEX_LAUNCHER_OPENMPI && e.rank == 5 && e.world_size == 6 && e.local_rank == 1 &&
@@ -99,6 +103,12 @@ CT_TEST(env_openmpi_pmi_slurm) {
     CT_CHECK(e.launcher == CAPEX_LAUNCHER_SLURM && e.rank == 5 && e.world_size == 7 && e.local_rank == 1 &&
              e.local_world_size == 2 && e.node_rank == -1, "slurm local world %d", e.local_world_size);
     CT_CHECK(strcmp(e.run_id, "slurm-991.4") == 0, "slurm run id %s", e.run_id);
+    /* node_rank only for uniform block placement: mpirun --map-by node puts
+       ranks 0,2 on node 0 and 1,3 on node 1; Slurm "2(x2),4" is 2,2,4 */
+    CT_CHECK(read_env(cyc, &e) == CAPEX_OK && e.local_rank == 0 && e.local_world_size == 2 && e.node_rank == -1,
+             "cyclic placement: node_rank %d", e.node_rank);
+    CT_CHECK(read_env(het, &e) == CAPEX_OK && e.local_world_size == 4 && e.node_rank == -1,
+             "uneven Slurm nodes: node_rank %d (rank 4 is on node 2)", e.node_rank);
     CT_CHECK(read_env(s2, &e) == CAPEX_OK, "%.300s", capex_last_error());
     CT_CHECK(e.rank == 3 && e.world_size == 4 && e.local_world_size == 2 && e.local_rank == 1 && e.node_rank == 1,
              "SLURM_NPROCS / NTASKS_PER_NODE: local %d/%d", e.local_rank, e.local_world_size);
@@ -261,6 +271,17 @@ CT_TEST(sampler_torch_formulas_by_hand) {
     CT_CHECK(capex_sampler_index(&s, 0, &idx[0]) == CAPEX_OK && idx[0] == 1, "rank 3 of 4 on N=2 gets index 1");
     CT_CHECK(capex_sampler_index(&s, 1, &idx[0]) == CAPEX_ERR_INVALID_ARG, "k past num_samples");
     CT_CHECK(capex_sampler_indices(&s, idx, 0) == CAPEX_ERR_SIZE_MISMATCH, "cap too small");
+    /* N = 2^64 - 1 over 2 ranks pads to 2^64: refused, not a total of 0 */
+    d.dataset_size = UINT64_MAX; d.num_replicas = 2; d.rank = 1;
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "overflow"),
+             "padded total wraps: total_size %llu", (unsigned long long)s.total_size);
+    d.drop_last = 1;
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_OK && s.num_samples == UINT64_MAX / 2 && s.total_size == UINT64_MAX - 1 &&
+                 capex_sampler_index(&s, s.num_samples - 1, &idx[0]) == CAPEX_OK && idx[0] == UINT64_MAX - 2,
+             "drop_last: the last sample of rank 1: %.200s", capex_last_error());
+    d.num_replicas = 3; d.drop_last = 0; /* 2^64 - 1 = 3 * 6148914691236517205: no padding */
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_OK && s.total_size == UINT64_MAX, "3 ranks: %.200s", capex_last_error());
+    d.dataset_size = 2; d.num_replicas = 4;
     d.rank = 4;
     CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_ERR_INVALID_ARG, "rank >= num_replicas");
     d.rank = 0; d.num_replicas = 0;
@@ -780,8 +801,12 @@ CT_TEST(tracker_errors) {
     rig r;
     size_t p;
     CT_CHECK(rig_make(&r, 2, 1, NULL, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_ddp_zero_grad(r.g) == CAPEX_OK, "zero_grad between iterations");
     CT_CHECK(capex_ddp_grad_ready(r.g, 7) == CAPEX_OK, "first");
     CT_CHECK(capex_ddp_grad_ready(r.g, 7) == CAPEX_ERR_ORDER, "twice in one iteration");
+    /* mid-backward: a nonblocking comm may be reducing the buckets in place */
+    CT_CHECK(capex_ddp_zero_grad(r.g) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "finalize"),
+             "zero_grad mid-backward: %.200s", capex_last_error());
     CT_CHECK(capex_ddp_mark_unused(r.g, 7) == CAPEX_ERR_ORDER, "ready then unused");
     CT_CHECK(capex_ddp_grad_ready(r.g, NP) == CAPEX_ERR_INVALID_ARG, "unknown param");
     CT_CHECK(capex_ddp_grad_ready(NULL, 0) == CAPEX_ERR_INVALID_ARG, "NULL ddp");
@@ -1111,6 +1136,24 @@ CT_TEST(broadcast_blob_bootstrap) {
     CT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 got the blob (exit %d)", WEXITSTATUS(st));
 }
 
+/* A size whose word count wraps ((size + 3) / 4 near SIZE_MAX) is refused,
+   not copied into a one-word buffer, on rank 0 and on the others. */
+CT_TEST(broadcast_blob_size_that_wraps) {
+    capex_comm c;
+    fake f;
+    unsigned char id[16];
+    size_t bad[3] = {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 2};
+    int rank, i;
+    for (rank = 0; rank < 2; rank++)
+        for (i = 0; i < 3; i++) {
+            fake_comm(&c, &f, 2, 0);
+            c.rank = rank;
+            CT_CHECK(capex_dist_broadcast_blob(NULL, &c, id, bad[i], 1.0) == CAPEX_ERR_INVALID_ARG &&
+                         strstr(capex_last_error(), "overflow"),
+                     "rank %d, size SIZE_MAX - %d: %.200s", rank, i, capex_last_error());
+        }
+}
+
 /* ------------------------------------------------ rendezvous flood -- */
 
 /* Stray clients of MASTER_PORT, as an outside probe opened them: idle,
@@ -1437,6 +1480,16 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_comm_destroy(&c);
         return 0;
     }
+    if (mode == 10) { /* count 0 on rank 0, 4 elsewhere: an error for both, not a pairing with the next call */
+        float b[4];
+        capex_result r1, r2;
+        for (i = 0; i < 4; i++) { f[i] = (float)(rank + 1); b[i] = 100.0f * (float)(rank + 1); }
+        r1 = capex_comm_allreduce(&c, f, f, rank == 0 ? 0 : 4, CAPEX_F32, CAPEX_REDUCE_SUM);
+        r2 = capex_comm_allreduce(&c, b, b, 4, CAPEX_F32, CAPEX_REDUCE_SUM);
+        capex_comm_destroy(&c);
+        if (rank == 0 && r2 == CAPEX_OK) fprintf(stderr, "rank 0: b[0] = %g (its 100 plus rank 1's first call)\n", (double)b[0]);
+        return r1 == CAPEX_ERR_COMM && r2 == CAPEX_ERR_COMM ? 0 : __LINE__;
+    }
     if (mode == 8 || mode == 9) { /* the ring (a large allreduce) with rank 1 dead (8) or stalled (9) */
         size_t n = 1 << 18;
         float *x = (float *)calloc(n, sizeof(float));
@@ -1544,6 +1597,31 @@ CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
     }
 }
 
+/* A hand-filled env's port out of range is a configuration error, not a
+   listen on port & 0xffff (getaddrinfo reads "70000" as 4464). */
+/* A collective of no elements is still a collective: rank 0 passing 0
+   while rank 1 passes 4 fails both, instead of rank 0 returning at once and
+   pairing its next allreduce with rank 1's first one (silently wrong). */
+CT_TEST(tcp_comm_count_zero_against_n) {
+    int codes[8] = {0}, r = tcp_world(2, 10, codes);
+    CT_CHECK(r == 0 && codes[1] == 0, "rank 0 line %d, rank 1 exit %d: %.300s", r, codes[1], capex_last_error());
+}
+
+CT_TEST(tcp_comm_port_out_of_range) {
+    capex_dist_env env;
+    capex_comm c;
+    int ports[3][2] = {{70000, 0}, {0, 65536}, {-5, 0}}, i;
+    for (i = 0; i < 3; i++) {
+        memset(&env, 0, sizeof env);
+        env.world_size = 2;
+        strcpy(env.master_addr, "127.0.0.1");
+        env.master_port = ports[i][0];
+        env.rdv_port = ports[i][1];
+        CT_CHECK(capex_comm_init_tcp(&c, &env, 0.3) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "65535"),
+                 "master_port %d, rdv_port %d: %.200s", ports[i][0], ports[i][1], capex_last_error());
+    }
+}
+
 CT_TEST(tcp_comm_reduce_scatter_allgatherv_vs_float64) {
     int world, mode, codes[8], r, i;
     for (mode = 6; mode <= 7; mode++)
@@ -1640,11 +1718,14 @@ static const ct_case cases[] = {
     CT_CASE(rendezvous_bad_peer_of_this_run_fails),
     CT_CASE(rendezvous_arguments),
     CT_CASE(broadcast_blob_bootstrap),
+    CT_CASE(broadcast_blob_size_that_wraps),
     CT_CASE(rendezvous_flood_of_stray_connections),
     CT_CASE(rendezvous_out_of_descriptors),
     CT_CASE(rendezvous_peer_against_busy_or_fake_rank0),
     CT_CASE(tcp_comm_collectives_and_ddp),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
+    CT_CASE(tcp_comm_port_out_of_range),
+    CT_CASE(tcp_comm_count_zero_against_n),
     CT_CASE(tcp_comm_reduce_scatter_allgatherv_vs_float64),
     CT_CASE(tcp_ring_dead_and_stalled_peers),
     CT_CASE(tcp_comm_refuses_sizes_that_wrap),

@@ -103,8 +103,17 @@ CT_TEST(call_order_errors) {
                      capex_last_error());
         CT_CHECK(capex_zero_finalize(z) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "parameter 0"),
                  "missing param 0: %s", capex_last_error());
+        /* mid-iteration: param 0's shard is not reduced, param 1's may be in flight */
+        CT_CHECK(capex_zero_step(z, 1, 1, 0) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "finalize"),
+                 "step before finalize: %s", capex_last_error());
+        CT_CHECK(capex_zero_grad_norm(z, NULL, NULL) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "finalize"),
+                 "grad norm before finalize: %s", capex_last_error());
+        CT_CHECK(capex_zero_zero_grad(z) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "finalize"),
+                 "zero_grad before finalize: %s", capex_last_error());
         CT_CHECK(capex_zero_grad_ready(z, 0) == CAPEX_OK, "ready 0 (unused: zero gradient)");
         CT_CHECK(capex_zero_finalize(z) == CAPEX_OK, "finalize: %s", capex_last_error());
+        CT_CHECK(capex_zero_grad_norm(z, NULL, NULL) == CAPEX_OK && capex_zero_step(z, 1, 1, 0) == CAPEX_OK,
+                 "norm and step after finalize: %s", capex_last_error());
         if (stage == 2)
             CT_CHECK(capex_zero_set_sync(z, 0) == CAPEX_ERR_CONFIG, "no_sync is stage 1's");
         else {
@@ -155,6 +164,99 @@ CT_TEST(stage2_memory_is_shards_plus_one_open_bucket) {
              m1.master_bytes, m1.moment_bytes, m1.padding_elements);
     capex_zero_destroy(z);
     capex_comm_destroy(&c);
+}
+
+/* ---- nonblocking collectives (as MPI's): one request per bucket ---- */
+
+/* Rank 0 of a world of 2 identical ranks whose ireduce_scatter and
+   iallgather complete at once but stay active until waited, and which
+   counts a request started over one still active (its handle lost). */
+typedef struct nb_fake { int outstanding, clobbered; } nb_fake;
+static capex_result nb_allreduce(capex_comm *c, const void *s, void *r, size_t n, capex_dtype t, capex_reduce_op op, double dl) {
+    size_t i;
+    (void)dl;
+    if (s != r) memmove(r, s, n * capex_comm_dtype_size(t));
+    for (i = 0; t == CAPEX_F32 && i < n; i++) ((float *)r)[i] *= op == CAPEX_REDUCE_SUM ? (float)c->world_size : 1.0f;
+    return CAPEX_OK;
+}
+static capex_result nb_bcast(capex_comm *c, void *b, size_t n, capex_dtype t, int root, double dl) {
+    (void)c; (void)b; (void)n; (void)t; (void)root; (void)dl;
+    return CAPEX_OK;
+}
+static capex_result nb_allgather(capex_comm *c, const void *s, void *r, size_t n, capex_dtype t, double dl) {
+    (void)dl;
+    memmove(r, s, n * capex_comm_dtype_size(t)); /* rank 0's slot; the other rank's stays */
+    (void)c;
+    return CAPEX_OK;
+}
+static capex_result nb_barrier(capex_comm *c, double dl) { (void)c; (void)dl; return CAPEX_OK; }
+static void nb_start(capex_comm *c, capex_comm_req *q) {
+    nb_fake *f = (nb_fake *)c->impl;
+    if (q->active) f->clobbered++;
+    memset(q, 0, sizeof *q);
+    q->active = 1;
+    f->outstanding++;
+}
+static capex_result nb_ireduce_scatter(capex_comm *c, const void *s, void *r, size_t n, capex_dtype t, capex_reduce_op op,
+                                       capex_comm_req *q) {
+    size_t i;
+    nb_start(c, q);
+    for (i = 0; i < n; i++) ((float *)r)[i] = ((const float *)s)[i] * (float)c->world_size; /* rank 0's slice */
+    (void)t; (void)op;
+    return CAPEX_OK;
+}
+static capex_result nb_iallgather(capex_comm *c, const void *s, void *r, size_t n, capex_dtype t, capex_comm_req *q) {
+    (void)s; (void)r; (void)n; (void)t; /* rank 0's shard is in place */
+    nb_start(c, q);
+    return CAPEX_OK;
+}
+static capex_result nb_wait(capex_comm *c, capex_comm_req *q, double dl) {
+    nb_fake *f = (nb_fake *)c->impl;
+    (void)dl;
+    if (q->active) f->outstanding--;
+    q->active = 0;
+    return CAPEX_OK;
+}
+static const capex_comm_vtable nb_vt = {"nb-fake", nb_allreduce, nb_bcast, nb_allgather, nb_barrier, NULL, nb_wait,
+                                        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                        nb_ireduce_scatter, nb_iallgather};
+
+/* step_async leaves a bucket's all-gather in flight when the forward never
+   waits for its params (an unused layer); the next backward's reduce-scatter
+   of that bucket must finish it first, not start over its request. */
+CT_TEST(reduce_scatter_after_unwaited_gather) {
+    capex_comm c;
+    nb_fake f = {0, 0};
+    capex_zero *z = NULL;
+    capex_zero_param p[2];
+    capex_zero_desc d;
+    capex_optim_desc od;
+    float w[8] = {0}, v[4] = {0};
+    int it;
+    size_t i;
+    memset(&c, 0, sizeof c);
+    c.vt = &nb_vt; c.impl = &f; c.rank = 0; c.world_size = 2; c.timeout_s = 10;
+    one_param(&p[0], w, 8); one_param(&p[1], v, 4);
+    capex_zero_desc_init(&d);
+    d.bucket_bytes = 16; /* bucket 0: param 1, bucket 1: param 0 */
+    capex_optim_desc_init(&od, CAPEX_OPTIM_SGD);
+    CT_CHECK(capex_zero_create(&z, &c, p, 2, &od, NULL, 1, &d) == CAPEX_OK, "create: %s", capex_last_error());
+    for (it = 0; it < 2; it++) {
+        for (i = 2; i-- > 0;) {
+            float *g = (float *)capex_zero_grad(z, i);
+            CT_CHECK(g != NULL, "grad %zu: %s", i, capex_last_error());
+            g[0] = 1.0f;
+            CT_CHECK(capex_zero_grad_ready(z, i) == CAPEX_OK, "ready %zu: %s", i, capex_last_error());
+        }
+        CT_CHECK(capex_zero_finalize(z) == CAPEX_OK, "finalize: %s", capex_last_error());
+        CT_CHECK(capex_zero_step_async(z, 1, 1, 0) == CAPEX_OK, "step: %s", capex_last_error());
+        CT_CHECK(capex_zero_wait_param(z, 1) == CAPEX_OK, "wait 1"); /* param 0 unused in the forward */
+        CT_CHECK(capex_zero_zero_grad(z) == CAPEX_OK, "zero_grad");
+    }
+    CT_CHECK(capex_zero_wait_params(z) == CAPEX_OK, "wait all");
+    CT_CHECK(f.clobbered == 0 && f.outstanding == 0, "%d requests started over active ones, %d never waited", f.clobbered,
+             f.outstanding);
+    capex_zero_destroy(z);
 }
 
 /* ---- TCP worlds (fork) ---- */
@@ -324,6 +426,7 @@ static const ct_case cases[] = {
     CT_CASE(create_refuses_bad_arguments),
     CT_CASE(call_order_errors),
     CT_CASE(stage2_memory_is_shards_plus_one_open_bucket),
+    CT_CASE(reduce_scatter_after_unwaited_gather),
     CT_CASE(tcp_worlds_match_ddp_and_optim),
     CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
     CT_CASE(checkpoints_reshard_across_world_sizes),
