@@ -7710,6 +7710,7 @@ CAPEX_API capex_result capex_cuda_zero_grad_norm(capex_cuda_zero *zg, capex_cuda
     capex_result r;
     if (!zg) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: zero is NULL", fn);
     if ((r = capex__zero_check(zg->z, fn)) != CAPEX_OK) return r;
+    if ((r = capex__zero_between_iterations(zg->z, fn)) != CAPEX_OK) return r; /* shards not reduced yet */
     if (max_norm != max_norm || max_norm < 0.0f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: max_norm is %g; it must be >= 0 (inf: no clipping)", fn,
                            (double)max_norm);

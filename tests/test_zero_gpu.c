@@ -702,6 +702,8 @@ CT_TEST(refusals) {
     OK(capex_cuda_zero_create(&zg, &comm, zp, 1, &od, NULL, 1, NULL));
     z = capex_cuda_zero_base(zg);
     OK(capex_zero_grad_ready(z, 0));
+    CT_CHECK(capex_cuda_zero_grad_norm(zg, 0, 1.0f, 0, 0, 0) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "finalize"),
+             "grad norm between grad_ready and finalize: %s", capex_last_error());
     OK(capex_zero_finalize(z));
     CT_CHECK(capex_zero_grad_norm(z, &fi, &norm) == CAPEX_ERR_INVALID_ARG &&
              strstr(capex_last_error(), "capex_cuda_zero_grad_norm"), "base grad_norm: %s", capex_last_error());
