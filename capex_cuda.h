@@ -2559,7 +2559,8 @@ static const char capex__cuda_frag_golrk[] =
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go4[] =
-    "/* model copy store: mk 1 f16, 2 bf16 (RNE), 3 bf16 stochastic rounding */\n"
+    "/* model copy store: mk 1 f16, 2 bf16 (RNE), 3 bf16 stochastic rounding; keys of\n"
+    "   the chunk's 2^32-element window and the next (capex__go_mta: chunks <= 2^32) */\n"
     "struct capex_go_sr { unsigned k0, k1, hi0; };\n"
     "CAPEX_DEVICE capex_go_sr capex_go_sr_init(capex_u64 seed, const capex_go_group *g, capex_u64 tensor, capex_u64 off) {\n"
     "    capex_go_sr r;\n"
@@ -5398,6 +5399,12 @@ CAPEX__PRIVATE capex_result capex__go_mta(const capex__go_exec *ex, int k, int d
     unsigned block = k >= CAPEX__GO_K_LAMB1 && k < CAPEX__GO_K_LAMB_CLIP ? 256u : CAPEX__GO_THREADS;
     capex_result r = CAPEX_OK;
     if (chunk <= 0) chunk = CAPEX_CHUNK_SIZE_DEFAULT;
+    /* Without per-chunk outputs the chunking does not change the results. A
+       chunk of at most 2^32 elements spans at most two 2^32-element windows:
+       the two stochastic-rounding keys a block holds (capex_go_sr); a longer
+       one gave the elements of a third window the second key (the CPU's items
+       stop at each 2^32 boundary). */
+    if (!out0 && !out1 && chunk > ((int64_t)1 << 32)) chunk = (int64_t)1 << 32;
     a->chunk = (uint64_t)chunk;
     if (bytes > sizeof small && !(meta = (uint64_t *)capex__alloc(NULL, bytes)))
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda: out of host memory for %zu bytes of launch metadata", bytes);

@@ -334,6 +334,62 @@ CT_TEST(optimizer_argument_errors) {
     }
 }
 
+/* Stochastic rounding to a bf16 model copy: a block holds the keys of its
+   chunk's first 2^32-element window and the next (capex_go_sr), so every
+   chunk the update kernels see must span at most two windows, whatever
+   desc.exec.chunk_size says (the CPU keys each element by its own window).
+   A 2^33 + 2^31-element SGD tensor (no buffers allocated), chunk_size 2^34:
+   each recorded SGD launch's chunks decoded as capex_go_block does. */
+static struct { int n; uint64_t chunk[4]; uint64_t meta[4][CAPEX__GO_META_SMALL / 8]; } sr_rec;
+static capex_result sr_launch(void *u, int k, unsigned vb, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
+    (void)u; (void)vb; (void)grid; (void)block; (void)s;
+    if (k != CAPEX__GO_K_SGD + (int)CAPEX_BF16) return CAPEX_OK; /* prepare */
+    if (sr_rec.n < 4) {
+        memcpy(sr_rec.meta[sr_rec.n], args[0], CAPEX__GO_META_SMALL);
+        sr_rec.chunk[sr_rec.n] = ((const capex__go_args *)args[1])->chunk;
+    }
+    sr_rec.n++;
+    return CAPEX_OK;
+}
+CT_TEST(sr_chunks_span_two_windows) {
+    capex__go_exec ex = rec_exec();
+    capex_cuda_optim *o = NULL;
+    capex_optim_desc d;
+    capex_optim_param p;
+    const int64_t numel = ((int64_t)1 << 33) + ((int64_t)1 << 31);
+    const size_t T = CAPEX__GO_TDEF(CAPEX__GO_META_SMALL, CAPEX__GO_SGD_DEPTH);
+    int64_t c, covered = 0, nchunks = 0;
+    int32_t nt = 0;
+    ex.launch = sr_launch;
+    memset(&sr_rec, 0, sizeof sr_rec);
+    capex_optim_desc_init(&d, CAPEX_OPTIM_SGD);
+    d.stochastic_rounding = 1;
+    d.exec.chunk_size = (int64_t)1 << 34;
+    CT_CHECK(capex__go_optim_create(&ex, &d, &o) == CAPEX_OK, "%s", capex_last_error());
+    capex_optim_param_init(&p);
+    p.param = (float *)(uintptr_t)0x100000000000ull; /* never dereferenced: the exec runs nothing */
+    p.grad = (const void *)(uintptr_t)0x200000000000ull;
+    p.grad_dtype = CAPEX_BF16;
+    p.model = (void *)(uintptr_t)0x300000000000ull;
+    p.model_dtype = CAPEX_BF16;
+    p.numel = numel;
+    CT_CHECK(capex_cuda_optim_add_group(o, NULL, &p, 1, NULL) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_cuda_optim_step(o, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(sr_rec.n == 1, "%d SGD launches", sr_rec.n);
+    memcpy(&nt, sr_rec.meta[0] + (CAPEX__GO_SGD_DEPTH + 2) * T, 4);
+    memcpy(&nchunks, sr_rec.meta[0] + (CAPEX__GO_SGD_DEPTH + 1) * T, 8);
+    CT_CHECK(nt == 1 && sr_rec.chunk[0] > 0, "ntensors %d chunk %llu", nt, (unsigned long long)sr_rec.chunk[0]);
+    for (c = 0; c < nchunks; c++) {
+        uint64_t off = (uint64_t)c * sr_rec.chunk[0], left = (uint64_t)numel - off;
+        uint64_t n = left < sr_rec.chunk[0] ? left : sr_rec.chunk[0];
+        CT_CHECK(((off + n - 1) >> 32) - (off >> 32) <= 1, "chunk %lld [%llu, +%llu) spans more than two 2^32 windows",
+                 (long long)c, (unsigned long long)off, (unsigned long long)n);
+        covered += (int64_t)n;
+    }
+    CT_CHECK(covered == numel, "chunks cover %lld of %lld elements", (long long)covered, (long long)numel);
+    capex_cuda_optim_destroy(o);
+}
+
 /* The ABI between host and kernels as NVRTC lays it out: each kernel's
    parameters in the PTX have exactly the sizes the host passes. */
 static int ptx_params(const char *ptx, const char *name, long *sizes, int cap) {
@@ -406,6 +462,6 @@ CT_TEST(kernel_parameters_match_the_host) {
 static const ct_case cases[] = {
     CT_CASE(kernel_parameters_match_the_host),
     CT_CASE(kernel_table_matches_ids), CT_CASE(launch_metadata_packing), CT_CASE(no_context_is_a_clear_error),
-    CT_CASE(op_argument_errors), CT_CASE(optimizer_argument_errors), CT_CASE(no_driver_status),
+    CT_CASE(op_argument_errors), CT_CASE(optimizer_argument_errors), CT_CASE(no_driver_status), CT_CASE(sr_chunks_span_two_windows),
 };
 CT_MAIN(cases)
