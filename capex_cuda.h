@@ -3402,9 +3402,10 @@ static const char capex__cuda_frag_norm_d0[] =
 static const char capex__cuda_frag_norm_d1[] =
     "/* Local per-channel (mean, biased var) and the count into pack [mean C, var C, count_hi, count_lo]. */\n"
     "CAPEX_KERNEL void capex_bn_stats(const void *x, int xt, capex_u64 N, capex_u64 C, capex_u64 S, int nsc, float *pack) {\n"
-    "    capex_u64 ch = blockIdx.x, M = N * S;\n"
+    "    capex_u64 ch = blockIdx.x, M = N * S, cnt = 0;\n"
     "    float n = 0.0f, m = 0.0f, q = 0.0f;\n"
-    "    for (capex_u64 k = threadIdx.x; k < M; k += blockDim.x) { n += 1.0f; capex__nm_welford(capex__nm_ld(x, xt, capex__bn_idx(k, ch, C, S, nsc)), 1.0f / n, &m, &q); }\n"
+    "    /* n = f32(count): n += 1.0f stops at 2^24 (a thread's share of over 2^32 values) */\n"
+    "    for (capex_u64 k = threadIdx.x; k < M; k += blockDim.x) { n = (float)++cnt; capex__nm_welford(capex__nm_ld(x, xt, capex__bn_idx(k, ch, C, S, nsc)), 1.0f / n, &m, &q); }\n"
     "    capex__nm_reduce3(&n, &m, &q);\n"
     "    if (threadIdx.x == 0) {\n"
     "        pack[ch] = m; pack[C + ch] = M ? q / (float)M : 0.0f;\n"
