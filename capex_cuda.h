@@ -7861,6 +7861,10 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
     /* a warp per row (4 rows per block) up to 1024 columns, else a block of 256 per row */
     if (cols <= 1024) { bx = 32; by = 4; } else { bx = 256; by = 1; }
     if ((rows + by - 1) / by > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many rows for one grid", fn);
+    /* LayerNorm forward counts each thread's values in a float (Welford: n += 1), exact up
+       to 2^24 of them: 2^32 columns at 256 threads a row; beyond, the mean would be wrong */
+    if (!bwd && !rms && cols > (1ull << 32))
+        return capex__fail(CAPEX_ERR_LIMIT, "%s: %llu columns; the GPU LayerNorm takes rows of at most 2^32", fn, cols);
     gx = (unsigned)((rows + by - 1) / by);
     if (!bwd) {
         float eps = d->eps;

@@ -371,8 +371,26 @@ CT_TEST(gpu_norm_argument_errors) {
     CT_CHECK(capex_cuda_batch_norm_forward(NULL, NULL, NULL, &b, NULL) == CAPEX_ERR_INVALID_ARG, "NULL ctx");
 }
 
+/* LayerNorm forward counts a thread's values in a float, exact up to 2^24 of
+   them: a row of over 2^32 columns is refused before anything is launched
+   (the pointers are never dereferenced). */
+CT_TEST(gpu_layer_norm_refuses_rows_over_2p32_columns) {
+    capex_cuda_context *ctx = open_ctx(ct);
+    capex_cuda_norm_args g;
+    if (!ctx) return;
+    capex_cuda_norm_args_init(&g);
+    g.rows = 1;
+    g.cols = ((int64_t)1 << 32) + 4;
+    g.x = (capex_cuda_ptr)0x100000000000ull;
+    g.y = (capex_cuda_ptr)0x200000000000ull;
+    CT_CHECK(capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL) == CAPEX_ERR_LIMIT, "%s", capex_last_error());
+    CT_CHECK(strstr(capex_last_error(), "at most 2^32"), "%s", capex_last_error());
+    capex_cuda_context_destroy(ctx);
+}
+
 static const ct_case cases[] = {
     CT_CASE(gpu_norm_argument_errors),
+    CT_CASE(gpu_layer_norm_refuses_rows_over_2p32_columns),
     CT_CASE(gpu_layer_and_rms_norm_match_cpu),
     CT_CASE(gpu_norm_every_dtype_variant),
     CT_CASE(gpu_norm_variant_mismatch_refused_on_emulator),
