@@ -701,7 +701,8 @@ CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *z, capex_cuda
    per-element math text as the CPU backend (capex.h CAPEX__NORM_MATH), so the
    CPU tests vouch for the formulas; reductions run in another order (a warp
    or block per row), so results match the CPU to rounding, not in bits.
-   Semantics, dtypes and argument rules: capex.h's Norms section.
+   Semantics, dtypes and argument rules: capex.h's Norms section. LayerNorm
+   forward takes rows of at most 2^32 columns (CAPEX_ERR_LIMIT beyond).
 
        capex_cuda_norm_args a; capex_cuda_norm_args_init(&a);
        a.rows = T; a.cols = D; a.x_dtype = a.y_dtype = CAPEX_BF16;
