@@ -1219,13 +1219,14 @@ done:
 
 /* ---- chart --------------------------------------------------------------- */
 
-static void write_svg(const char *path, const run_cfg *cfgs, const run_result *res, int n) {
+/* 1 when the whole chart reached the file */
+static int write_svg(const char *path, const run_cfg *cfgs, const run_result *res, int n) {
     static const char *colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd"};
     FILE *f = fopen(path, "w");
     float lo = INFINITY, hi = -INFINITY;
     int maxstep = 1, i, k;
     const int W = 720, H = 420, L = 60, R = 170, T = 30, Bm = 45;
-    if (!f) { fprintf(stderr, "cannot write %s\n", path); return; }
+    if (!f) { fprintf(stderr, "cannot write %s\n", path); return 0; }
     for (i = 0; i < n; i++)
         for (k = 0; k < res[i].n_points; k++) {
             float v[2];
@@ -1260,7 +1261,8 @@ static void write_svg(const char *path, const run_cfg *cfgs, const run_result *r
         fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"%s\">%s: val %.4f</text>\n", W - R + 10, T + 20 + 18 * i, colors[i % 4], cfgs[i].label, res[i].val_loss);
     }
     fprintf(f, "</svg>\n");
-    fclose(f);
+    if (ferror(f) | fclose(f)) { fprintf(stderr, "writing %s failed\n", path); return 0; }
+    return 1;
 }
 
 /* ---- command line -------------------------------------------------------- */
@@ -1501,8 +1503,8 @@ int main(int argc, char **argv) {
             printf("\n%-10s %10s %10s %8s %10s\n", "run", "val loss", "train", "skipped", "tok/s");
             for (i = 0; i < n_runs; i++)
                 printf("%-10s %10.4f %10.4f %8lld %10.0f\n", runs[i].label, res[i].val_loss, res[i].train_loss, (long long)res[i].skipped, res[i].tokens_per_s);
-            write_svg(svg, runs, res, n_runs);
-            printf("chart: %s\n", svg);
+            if (write_svg(svg, runs, res, n_runs)) printf("chart: %s\n", svg);
+            else worst = 1; /* no chart: a failed run, not a silent one */
             for (i = 1; i < n_runs; i++) {
                 float diff = fabsf(res[i].val_loss - res[0].val_loss);
                 int pass = diff <= tol; /* NaN fails */

@@ -458,11 +458,32 @@ CT_TEST(gpu_requested_without_a_gpu_fails_cleanly) {
     CT_CHECK(strstr(capex_last_error(), "/nonexistent/libcuda.so.1") != NULL, "message names what was tried: %s", capex_last_error());
 }
 
+/* --compare whose chart cannot be written: exit status 1 and no "chart: FILE"
+   line (it printed the line and exited 0); a writable path gets the chart. */
+CT_TEST(compare_chart_write_failure_is_reported) {
+    char svg[64], bad[] = "/nonexistent/dir/chart.svg";
+    char *argv[] = {(char *)"train_charlm", (char *)"--device", (char *)"cpu", (char *)"--compare", (char *)"--steps", (char *)"4",
+                    (char *)"--hidden", (char *)"8", (char *)"--batch", (char *)"4", (char *)"--eval-windows", (char *)"4",
+                    (char *)"--tol", (char *)"10", (char *)"--quiet", (char *)"--svg", NULL, NULL};
+    static char out[16384];
+    int rc;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses");
+    snprintf(svg, sizeof svg, "/tmp/capex_example_chart_%ld.svg", (long)getpid());
+    argv[16] = svg;
+    rc = main_captured(17, argv, out, sizeof out);
+    CT_CHECK(rc == 0 && strstr(out, "chart: ") && access(svg, F_OK) == 0, "writable chart: exit status %d: %.400s", rc, out);
+    remove(svg);
+    argv[16] = bad;
+    rc = main_captured(17, argv, out, sizeof out);
+    CT_CHECK(rc == 1, "unwritable chart: exit status %d, want 1", rc);
+    CT_CHECK(!strstr(out, "chart: "), "no chart line for a chart not written: %.400s", out);
+}
+
 static const ct_case cases[] = {
     CT_CASE(loss_falls_below_bound_o0_o2_fp16_bf16), CT_CASE(other_levels_and_optimizers_learn),
     CT_CASE(resume_from_checkpoint_is_bit_identical), CT_CASE(corrupt_or_missing_checkpoint_is_refused),
     CT_CASE(eval_windows_not_a_multiple_of_the_batch), CT_CASE(text_too_short_for_ctx_or_batch_is_refused),
-    CT_CASE(warmup_and_save_at_options_do_what_they_say),
+    CT_CASE(warmup_and_save_at_options_do_what_they_say), CT_CASE(compare_chart_write_failure_is_reported),
     CT_CASE(two_ddp_ranks_stay_bit_identical),
     CT_CASE(two_zero_ranks_match_ddp), CT_CASE(mpirun_two_ranks_identical_replicas),
     CT_CASE(gpu_model_kernels_compile_with_nvrtc), CT_CASE(gpu_requested_without_a_gpu_fails_cleanly),
