@@ -1394,6 +1394,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "--save-at %d: needs --save FILE and a step within --steps %d\n", cfg.save_at, cfg.steps);
         return 2;
     }
+    /* ZeRO is the CPU path: a GPU context would hand train() NCCL (device
+       buffers only) for its host arrays with several ranks */
+    if (cfg.zero && !strcmp(device, "gpu")) { fprintf(stderr, "--zero trains on the CPU: use --device cpu or auto\n"); return 2; }
+    if (cfg.zero) device = "cpu";
+    /* --compare runs three trainings from scratch: one checkpoint fits none of them */
+    if (compare && (cfg.save_path || cfg.resume_path)) { fprintf(stderr, "--compare does not take --save or --resume\n"); return 2; }
     /* the default warmup shrinks with a short run; a --warmup given is kept */
     if (!warmup_given && cfg.warmup > cfg.steps / 10) cfg.warmup = cfg.steps / 10 + 1;
 #ifdef CAPEX_MPI

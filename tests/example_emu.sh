@@ -48,4 +48,8 @@ else echo "example-emu: resumed train loss '$b', uninterrupted '$a'"; fail=1; fi
 c=$(field "$tmp/cpu_res.txt" val) g=$(field "$tmp/full.txt" val)
 if close "$c" "$g" 0.002; then echo "example-emu: GPU checkpoint resumed on the CPU: val loss $c (GPU $g): ok"
 else echo "example-emu: GPU checkpoint resumed on the CPU: val loss '$c' vs GPU '$g'"; fail=1; fi
+# --zero is the CPU path: with a (emulated) GPU present, auto trains on the CPU and says so
+CAPEX_LIBCUDA_PATH=$emu CAPEX_CACHE_DIR=$cache "$exe" --zero 1 --opt O2 "${common[@]}" >"$tmp/zero.txt" 2>&1 || { cat "$tmp/zero.txt"; fail=1; }
+if grep -q "on the CPU$" "$tmp/zero.txt" && [ -n "$(field "$tmp/zero.txt" crc32)" ]; then echo "example-emu: --zero 1 with a GPU present: trained on the CPU, said so"
+else echo "example-emu: --zero 1 with a GPU present:"; cat "$tmp/zero.txt"; fail=1; fi
 exit $fail

@@ -232,6 +232,19 @@ CT_TEST(warmup_and_save_at_options_do_what_they_say) {
     CT_CHECK(train_charlm_main(5, bad2) == 2, "--save-at without --save is refused");
 }
 
+/* Options that cannot work together are refused before any training (exit
+   status 2): --compare ignored --save (and resumed all three runs from one
+   file); --zero with --device gpu trained on the CPU while saying GPU, and
+   with several GPU ranks handed its host arrays to NCCL. */
+CT_TEST(conflicting_options_are_refused) {
+    char *cmp_save[] = {(char *)"train_charlm", (char *)"--compare", (char *)"--save", (char *)"/tmp/capex_never.capex", NULL};
+    char *cmp_resume[] = {(char *)"train_charlm", (char *)"--compare", (char *)"--resume", (char *)"/tmp/capex_never.capex", NULL};
+    char *zero_gpu[] = {(char *)"train_charlm", (char *)"--zero", (char *)"1", (char *)"--device", (char *)"gpu", NULL};
+    CT_CHECK(train_charlm_main(4, cmp_save) == 2, "--compare --save");
+    CT_CHECK(train_charlm_main(4, cmp_resume) == 2, "--compare --resume");
+    CT_CHECK(train_charlm_main(5, zero_gpu) == 2, "--zero 1 --device gpu");
+}
+
 CT_TEST(corrupt_or_missing_checkpoint_is_refused) {
     run_cfg c;
     run_result r;
@@ -484,6 +497,7 @@ static const ct_case cases[] = {
     CT_CASE(resume_from_checkpoint_is_bit_identical), CT_CASE(corrupt_or_missing_checkpoint_is_refused),
     CT_CASE(eval_windows_not_a_multiple_of_the_batch), CT_CASE(text_too_short_for_ctx_or_batch_is_refused),
     CT_CASE(warmup_and_save_at_options_do_what_they_say), CT_CASE(compare_chart_write_failure_is_reported),
+    CT_CASE(conflicting_options_are_refused),
     CT_CASE(two_ddp_ranks_stay_bit_identical),
     CT_CASE(two_zero_ranks_match_ddp), CT_CASE(mpirun_two_ranks_identical_replicas),
     CT_CASE(gpu_model_kernels_compile_with_nvrtc), CT_CASE(gpu_requested_without_a_gpu_fails_cleanly),
