@@ -13,6 +13,7 @@
    minute); every capex call it makes is the one a bigger engine makes. */
 #define CAPEX_CUDA_IMPLEMENTATION /* the CUDA backend (run-time loaded) and capex.h's implementation */
 #include "../capex_cuda.h"
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -312,7 +313,8 @@ typedef struct run_result {
 /* Whole batches only: the window count rounded up to a multiple of the batch,
    so every window evaluated lies inside the validation text and counts. */
 static int eval_window_count(int windows, int batch) {
-    return (int)(((int64_t)windows + batch - 1) / batch * batch);
+    int64_t up = ((int64_t)windows + batch - 1) / batch * batch;
+    return up <= INT_MAX - batch ? (int)up : (INT_MAX - batch) / batch * batch; /* the loop's count stays an int */
 }
 
 /* Validation loss on a fixed, evenly spaced set of windows (same on every rank). */

@@ -28,6 +28,7 @@
    says why and the CPU trains. Its checkpoints are the CPU's format. */
 #define CAPEX_CUDA_IMPLEMENTATION /* the CUDA backend (run-time loaded) and capex.h's implementation */
 #include "../capex_cuda.h"
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -639,7 +640,8 @@ static capex_result load_ema(capex_state_reader *rd, int64_t step, double *ema, 
 /* Whole batches only: the window count rounded up to a multiple of the batch,
    so every window evaluated lies inside the validation text and counts. */
 static int eval_window_count(int windows, int batch) {
-    return (int)(((int64_t)windows + batch - 1) / batch * batch);
+    int64_t up = ((int64_t)windows + batch - 1) / batch * batch;
+    return up <= INT_MAX - batch ? (int)up : (INT_MAX - batch) / batch * batch; /* the loop's count stays an int */
 }
 
 /* Validation loss on a fixed, evenly spaced set of windows (same on every rank). */

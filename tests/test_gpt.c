@@ -230,6 +230,9 @@ CT_TEST(eval_windows_not_a_multiple_of_the_batch) {
     CT_CHECK(isfinite(a) && fabsf(a - b) <= 1e-5f * fabsf(b), "4 windows in batches of 3: %.7f, the 6 windows one by one: %.7f",
              (double)a, (double)b);
     CT_CHECK(eval_window_count(512, 16) == 512 && eval_window_count(4, 3) == 6, "window counts");
+    /* near INT_MAX: rounded down instead, so the evaluation loop's int count cannot overflow */
+    CT_CHECK(eval_window_count(INT_MAX, 64) % 64 == 0 && eval_window_count(INT_MAX, 64) <= INT_MAX - 64, "INT_MAX windows: %d",
+             eval_window_count(INT_MAX, 64));
     gpt_free(&m3);
     gpt_free(&m1);
     free(w);
