@@ -458,7 +458,10 @@ static void record_point(const run_cfg *c, run_result *res, int rank, int step, 
 
 static int resumed(const run_cfg *c, capex_result r, int rank, int step) {
     if (r != CAPEX_OK) fprintf(stderr, "resume from %s failed: %s\n", c->resume_path, capex_last_error());
-    else if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
+    else if (step < 0 || step > c->steps) { /* else nothing would train, and the report would say 0 */
+        fprintf(stderr, "resume from %s: its step %d is past --steps %d\n", c->resume_path, step, c->steps);
+        return 0;
+    } else if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
     return r == CAPEX_OK;
 }
 

@@ -884,6 +884,10 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
         if (r == CAPEX_OK) r = capex_scaler_load(&sc, rd, "scaler.0.");
         capex_state_reader_close(rd);
         if (r != CAPEX_OK) { fprintf(stderr, "resume from %s failed: %s\n", c->resume_path, capex_last_error()); goto fail; }
+        if (v[0] < 0 || v[0] > c->steps) { /* else nothing would train, and the report would say 0 */
+            fprintf(stderr, "resume from %s: step %lld is past --steps %d\n", c->resume_path, (long long)v[0], c->steps);
+            goto fail;
+        }
         step = (int)v[0]; epoch = (uint64_t)v[1]; pos = (uint64_t)v[2];
         if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
     }

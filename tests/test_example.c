@@ -110,6 +110,10 @@ CT_TEST(resume_from_checkpoint_is_bit_identical) {
         /* the checkpoint carries the training loss average: the report continues, not restarts from 0 */
         CT_CHECK(second.train_loss == full.train_loss, "case %d: resumed train loss %.6f, uninterrupted %.6f", i,
                  second.train_loss, full.train_loss);
+        /* a checkpoint past --steps is refused (it trained nothing and reported a train loss of 0) */
+        c.steps = 20;
+        fflush(stdout);
+        CT_CHECK(!train_single(&c, &second), "case %d: resuming step 29 with --steps 20 must be refused", i);
     }
     remove(path);
 }

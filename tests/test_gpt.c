@@ -315,7 +315,7 @@ CT_TEST(every_level_tracks_fp32) {
 static void resume_check(ct_state *ct, capex_opt_level level, capex_dtype half, capex_optim_kind optim) {
     char path[64];
     run_cfg c;
-    run_result full, second;
+    run_result full, second, r_past;
     if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses (Debian base-files)");
     snprintf(path, sizeof path, "/tmp/capex_gpt_ckpt_%ld.safetensors", (long)getpid());
     tiny_cfg(&c, level, half, 40);
@@ -324,6 +324,10 @@ static void resume_check(ct_state *ct, capex_opt_level level, capex_dtype half, 
     CT_CHECK(train_single(&c, &full), "uninterrupted run: %s", capex_last_error());
     c.save_path = NULL; c.resume_path = path;
     CT_CHECK(train_single(&c, &second), "resumed: %s", capex_last_error());
+    c.steps = 10; /* a checkpoint past --steps is refused: nothing would train */
+    fflush(stdout);
+    CT_CHECK(!train_single(&c, &r_past), "resuming step 17 with --steps 10 must be refused");
+    c.steps = 40;
     remove(path);
     CT_CHECK(second.start_step == 17, "resumed at step %d, not 17", second.start_step);
     CT_CHECK(second.weights_crc == full.weights_crc, "resumed weights %08x, uninterrupted %08x", (unsigned)second.weights_crc,
