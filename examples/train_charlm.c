@@ -13,6 +13,7 @@
    minute); every capex call it makes is the one a bigger engine makes. */
 #define CAPEX_CUDA_IMPLEMENTATION /* the CUDA backend (run-time loaded) and capex.h's implementation */
 #include "../capex_cuda.h"
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -309,6 +310,13 @@ typedef struct run_result {
         }                                                                                          \
     } while (0)
 
+/* Whole batches only: the window count rounded up to a multiple of the batch,
+   so every window evaluated lies inside the validation text and counts. */
+static int eval_window_count(int windows, int batch) {
+    int64_t up = ((int64_t)windows + batch - 1) / batch * batch;
+    return up <= INT_MAX - batch ? (int)up : (INT_MAX - batch) / batch * batch; /* the loop's count stays an int */
+}
+
 /* Validation loss on a fixed, evenly spaced set of windows (same on every rank). */
 static float evaluate(model *m, const float *w, const text_data *d, int windows) {
     int B = m->batch, T = m->ctx, i, done = 0;
@@ -316,6 +324,7 @@ static float evaluate(model *m, const float *w, const text_data *d, int windows)
     unsigned char *tok = (unsigned char *)malloc((size_t)B * (T + 1));
     double sum = 0;
     if (!tok) return NAN;
+    windows = eval_window_count(windows, B);
     while (done < windows) {
         for (i = 0; i < B; i++) {
             size_t start = first + (size_t)(((uint64_t)(done + i) * span) / (uint64_t)windows);
@@ -377,6 +386,15 @@ static void scaler_desc_for(const capex_amp_config *amp, int log_interval, capex
     sd->log_interval = log_interval;
 }
 
+/* The text must hold a batch of training windows per rank and a validation
+   window: else the sampler and evaluate() would index past it. */
+static int text_fits(const run_cfg *c, const text_data *d, int world) {
+    if (d->n_train >= (size_t)c->ctx + 2 + (size_t)c->batch * (size_t)world && d->n - d->n_train >= (size_t)c->ctx + 2) return 1;
+    fprintf(stderr, "text too short for ctx %d and batch %d x %d ranks (%zu train / %zu validation bytes)\n", c->ctx, c->batch,
+            world, d->n_train, d->n - d->n_train);
+    return 0;
+}
+
 /* This rank's shard of the training windows (window i: tokens [i, i+ctx]). */
 static capex_result sampler_for(const run_cfg *c, const text_data *d, int rank, int world, capex_sampler *smp) {
     capex_sampler_desc smd;
@@ -404,19 +422,28 @@ static capex_result next_batch(const run_cfg *c, const text_data *d, capex_sampl
     return CAPEX_OK;
 }
 
-/* The loop's position in a checkpoint: step, epoch, sampler position. */
-static capex_result save_position(capex_state_writer *w, int step, uint64_t epoch, uint64_t pos) {
+/* The loop's position in a checkpoint: step, epoch, sampler position, and the
+   training loss average, so a resumed run reports the uninterrupted run's. */
+static capex_result save_position(capex_state_writer *w, int step, uint64_t epoch, uint64_t pos, double ema) {
     capex_result r = capex_state_add_i64(w, "train.step", step);
     if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.epoch", (int64_t)epoch);
     if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.pos", (int64_t)pos);
+    if (r == CAPEX_OK) r = capex_state_add_f64(w, "train.ema", ema);
     return r;
 }
-static capex_result load_position(capex_state_reader *rd, int *step, uint64_t *epoch, uint64_t *pos) {
+/* *ema_from: the step whose loss starts the average (the resumed step for a
+   checkpoint written before train.ema existed), -1 when the file had it. */
+static capex_result load_position(capex_state_reader *rd, int *step, uint64_t *epoch, uint64_t *pos, double *ema, int *ema_from) {
     int64_t v[3];
     capex_result r = capex_state_get_i64(rd, "train.step", &v[0]);
     if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.epoch", &v[1]);
     if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.pos", &v[2]);
     if (r == CAPEX_OK) { *step = (int)v[0]; *epoch = (uint64_t)v[1]; *pos = (uint64_t)v[2]; }
+    if (r == CAPEX_OK) {
+        r = capex_state_get_f64(rd, "train.ema", ema);
+        if (r == CAPEX_OK) *ema_from = -1;
+        else if (r == CAPEX_ERR_NOT_FOUND) { *ema = 0; *ema_from = *step; r = CAPEX_OK; }
+    }
     return r;
 }
 
@@ -431,7 +458,10 @@ static void record_point(const run_cfg *c, run_result *res, int rank, int step, 
 
 static int resumed(const run_cfg *c, capex_result r, int rank, int step) {
     if (r != CAPEX_OK) fprintf(stderr, "resume from %s failed: %s\n", c->resume_path, capex_last_error());
-    else if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
+    else if (step < 0 || step > c->steps) { /* else nothing would train, and the report would say 0 */
+        fprintf(stderr, "resume from %s: its step %d is past --steps %d\n", c->resume_path, step, c->steps);
+        return 0;
+    } else if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
     return r == CAPEX_OK;
 }
 
@@ -456,11 +486,12 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     float *w32 = NULL, *weff = NULL, *g32 = NULL;
     uint16_t *wh = NULL;
     unsigned char *tok = NULL;
-    int step = 0, i, ok = 0, model_ok = 0;
+    int step = 0, i, ok = 0, model_ok = 0, ema_from = 0;
     uint64_t epoch = 0, pos = 0;
     double t0, ema = 0, tokens = 0;
 
     memset(res, 0, sizeof *res);
+    if (!text_fits(c, d, world)) return 0;
     CHECK(amp_setup(c, rank, &amp, &act));
     grad_dtype = amp.model_dtype; /* grads have the dtype of the weights they belong to */
     if (c->zero && amp.model_dtype != CAPEX_F32 && !amp.use_master_weights) {
@@ -538,7 +569,7 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
     if (c->resume_path) {
         capex_state_reader *rd = NULL;
         capex_result r = capex_state_reader_open_file(c->resume_path, 0, NULL, &rd);
-        if (r == CAPEX_OK) r = load_position(rd, &step, &epoch, &pos);
+        if (r == CAPEX_OK) r = load_position(rd, &step, &epoch, &pos, &ema, &ema_from);
         /* a ZeRO checkpoint is the unsharded optimizer's: either loads either */
         if (r == CAPEX_OK) r = zr ? capex_zero_load(zr, rd, "optim", CAPEX_OPTIM_STATE_PARAMS)
                                   : capex_optim_load(opt, rd, "optim", CAPEX_OPTIM_STATE_PARAMS);
@@ -594,7 +625,7 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
             CHECK(capex_optim_step(opt, inv_scale, clip_coef, !do_step));
         CHECK(capex_scaler_update(&sc));
         tokens += (double)c->batch * world;
-        ema = step == 0 ? loss : 0.98 * ema + 0.02 * loss;
+        ema = step == ema_from ? loss : 0.98 * ema + 0.02 * loss;
         if (c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) {
             double el = capex_dist_now() - t0;
             float cur_scale = capex_scaler_get_scale(&sc), next_lr = 0.0f;
@@ -618,7 +649,7 @@ static int train(const run_cfg *c, const text_data *d, capex_comm *comm, int ran
             capex_state_writer *w = NULL;
             capex_result r = CAPEX_OK;
             if (rank == 0) CHECK(capex_state_writer_create(NULL, &w));
-            if (rank == 0) r = save_position(w, step + 1, epoch, pos);
+            if (rank == 0) r = save_position(w, step + 1, epoch, pos, ema);
             /* ZeRO: every rank takes part (shards are gathered); rank 0 writes */
             if (r == CAPEX_OK) r = zr ? capex_zero_save(zr, w, "optim", CAPEX_OPTIM_STATE_PARAMS)
                                       : capex_optim_save(opt, w, "optim", CAPEX_OPTIM_STATE_PARAMS);
@@ -946,6 +977,7 @@ static float gpu_evaluate(gpu_model *g, capex_cuda_ptr w, const text_data *d, in
     unsigned char *tok = (unsigned char *)malloc((size_t)B * (T + 1));
     double sum = 0;
     capex_result r = tok ? capex_cuda_memset_u8(g->ctx, acc, 0, 8, g->stream) : CAPEX_ERR_OUT_OF_MEMORY;
+    windows = eval_window_count(windows, B);
     while (r == CAPEX_OK && done < windows) {
         for (i = 0; i < B; i++) {
             size_t start = first + (size_t)(((uint64_t)(done + i) * span) / (uint64_t)windows);
@@ -991,13 +1023,14 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     unsigned char *tok = NULL;
     capex_cuda_ptr w32 = 0, wh = 0, gbuf = 0, grad[P_COUNT], norm_ws = 0, scratch = 0;
     size_t ws_bytes = 0;
-    int step = 0, i, ok = 0, model_ok = 0, logged = 0;
+    int step = 0, i, ok = 0, model_ok = 0, logged = 0, ema_from = 0;
     uint64_t epoch = 0, pos = 0;
     double t0, ema = 0, tokens = 0;
     const int loss_cap = c->steps + 1;
 
     memset(res, 0, sizeof *res);
     memset(&g, 0, sizeof g);
+    if (!text_fits(c, d, world)) return 0;
     CHECK(amp_setup(c, rank, &amp, &act));
     grad_dtype = amp.model_dtype;
     if (!model_init(&m, d->vocab, c->ctx, c->emb, c->hidden, c->batch, act)) goto oom;
@@ -1078,7 +1111,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         capex_optim *h = NULL;
         capex_scaler_state st;
         capex_result r = capex_state_reader_open_file(c->resume_path, 0, NULL, &rd);
-        if (r == CAPEX_OK) r = load_position(rd, &step, &epoch, &pos);
+        if (r == CAPEX_OK) r = load_position(rd, &step, &epoch, &pos, &ema, &ema_from);
         if (r == CAPEX_OK) r = capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, stream, &h);
         if (r == CAPEX_OK) r = capex_optim_load(h, rd, "optim", CAPEX_OPTIM_STATE_PARAMS);
         if (r == CAPEX_OK) r = capex_cuda_optim_from_host(opt, h, CAPEX_OPTIM_STATE_PARAMS, stream);
@@ -1097,6 +1130,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     for (; step < c->steps; step++) {
         const capex_cuda_ptr dnorm = scratch, dcoef = scratch + 4, dloss = scratch + 16 + (capex_cuda_ptr)step * 4;
         const capex_cuda_ptr wcompute = wh ? wh : w32;
+        const int saving = c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps) && rank == 0;
         CHECK(next_batch(c, d, &smp, &epoch, &pos, tok));
         CHECK(capex_cuda_memcpy_htod(ctx, g.buf[G_TOK], tok, (size_t)c->batch * (c->ctx + 1), stream));
 
@@ -1115,13 +1149,14 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         CHECK(capex_cuda_scaler_update(sc, stream));
         tokens += (double)c->batch * world;
 
-        if ((c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) ||
-            (c->eval_every && ((step + 1) % c->eval_every == 0 || step == c->steps - 1))) {
-            /* read the losses since the last read (the only host sync besides checkpoints) */
+        if ((c->log_every && rank == 0 && !c->quiet && step % c->log_every == 0) ||
+            (c->eval_every && (step + 1) % c->eval_every == 0) || step == c->steps - 1 || saving) {
+            /* read the losses since the last read (the only host sync besides checkpoints);
+               the last step and a checkpoint need the training loss average too */
             CHECK(capex_cuda_memcpy_dtoh(ctx, losses + logged, scratch + 16 + (capex_cuda_ptr)logged * 4,
                                          (size_t)(step + 1 - logged) * 4, stream));
             CHECK(capex_cuda_stream_synchronize(ctx, stream));
-            for (; logged <= step; logged++) ema = logged == 0 ? losses[0] : 0.98 * ema + 0.02 * losses[logged];
+            for (; logged <= step; logged++) ema = logged == ema_from ? losses[logged] : 0.98 * ema + 0.02 * losses[logged];
         }
         if (c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) {
             double el = capex_dist_now() - t0;
@@ -1136,12 +1171,12 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
             float vl = gpu_evaluate(&g, wcompute, d, c->eval_windows, scratch + 8);
             record_point(c, res, rank, step + 1, (float)ema, vl);
         }
-        if (c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps) && rank == 0) {
+        if (saving) {
             capex_state_writer *w = NULL;
             capex_optim *h = NULL;
             capex_scaler_state st;
             capex_result r = capex_state_writer_create(NULL, &w);
-            if (r == CAPEX_OK) r = save_position(w, step + 1, epoch, pos);
+            if (r == CAPEX_OK) r = save_position(w, step + 1, epoch, pos, ema);
             if (r == CAPEX_OK) r = capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, stream, &h);
             if (r == CAPEX_OK) r = capex_optim_save(h, w, "optim", CAPEX_OPTIM_STATE_PARAMS);
             if (r == CAPEX_OK) r = capex_cuda_scaler_get_state(sc, &st, stream);
@@ -1189,13 +1224,14 @@ done:
 
 /* ---- chart --------------------------------------------------------------- */
 
-static void write_svg(const char *path, const run_cfg *cfgs, const run_result *res, int n) {
+/* 1 when the whole chart reached the file */
+static int write_svg(const char *path, const run_cfg *cfgs, const run_result *res, int n) {
     static const char *colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd"};
     FILE *f = fopen(path, "w");
     float lo = INFINITY, hi = -INFINITY;
     int maxstep = 1, i, k;
     const int W = 720, H = 420, L = 60, R = 170, T = 30, Bm = 45;
-    if (!f) { fprintf(stderr, "cannot write %s\n", path); return; }
+    if (!f) { fprintf(stderr, "cannot write %s\n", path); return 0; }
     for (i = 0; i < n; i++)
         for (k = 0; k < res[i].n_points; k++) {
             float v[2];
@@ -1230,7 +1266,8 @@ static void write_svg(const char *path, const run_cfg *cfgs, const run_result *r
         fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"%s\">%s: val %.4f</text>\n", W - R + 10, T + 20 + 18 * i, colors[i % 4], cfgs[i].label, res[i].val_loss);
     }
     fprintf(f, "</svg>\n");
-    fclose(f);
+    if (ferror(f) | fclose(f)) { fprintf(stderr, "writing %s failed\n", path); return 0; }
+    return 1;
 }
 
 /* ---- command line -------------------------------------------------------- */
@@ -1271,7 +1308,8 @@ static void usage(void) {
            "  --steps N --batch B --lr X --wd X --clip X --seed N\n"
            "  --sched NAME          lr after the warmup: cosine (default), linear, poly, step,\n"
            "                        multistep, exp, constant, onecycle (decays to lr/10)\n"
-           "  --warmup N            linear warmup steps (default 50; onecycle: its rise)\n"
+           "  --warmup N            linear warmup steps (default 50, at most steps/10 + 1;\n"
+           "                        onecycle: its rise)\n"
            "  --ctx N --emb N --hidden N   model size\n"
            "  --data FILE           training text (default: /usr/share/common-licenses/*)\n"
            "  --save FILE [--save-at STEP]  checkpoint\n"
@@ -1295,7 +1333,7 @@ int main(int argc, char **argv) {
     capex_comm host_comm, nccl_comm, *comm = &host_comm;
     capex_cuda_context *ctx = NULL;
     const char *data_path = NULL, *svg = "loss_curve.svg", *device = "auto";
-    int compare = 0, half_given = 0, i, rc = 1, have_host = 0, have_nccl = 0;
+    int compare = 0, half_given = 0, warmup_given = 0, i, rc = 1, have_host = 0, have_nccl = 0;
     float tol = 0.05f;
     run_cfg_default(&cfg);
     for (i = 1; i < argc; i++) {
@@ -1317,7 +1355,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) cfg.steps = atoi(v);
         else if (!strcmp(a, "--batch")) cfg.batch = atoi(v);
         else if (!strcmp(a, "--lr")) cfg.lr = (float)atof(v);
-        else if (!strcmp(a, "--warmup")) cfg.warmup = atoi(v);
+        else if (!strcmp(a, "--warmup")) { cfg.warmup = atoi(v); warmup_given = 1; }
         else if (!strcmp(a, "--sched")) {
             static const char *const names[8] = {"constant", "cosine", "linear", "poly", "step", "multistep", "exp", "onecycle"};
             int k, found = -1;
@@ -1357,7 +1395,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "steps, batch, ctx, emb, hidden, eval-windows and lr must be positive (warmup >= 0)\n");
         return 2;
     }
-    if (cfg.warmup > cfg.steps / 10) cfg.warmup = cfg.steps / 10 + 1;
+    if (cfg.save_at > cfg.steps || (cfg.save_at > 0 && !cfg.save_path)) {
+        fprintf(stderr, "--save-at %d: needs --save FILE and a step within --steps %d\n", cfg.save_at, cfg.steps);
+        return 2;
+    }
+    /* ZeRO is the CPU path: a GPU context would hand train() NCCL (device
+       buffers only) for its host arrays with several ranks */
+    if (cfg.zero && !strcmp(device, "gpu")) { fprintf(stderr, "--zero trains on the CPU: use --device cpu or auto\n"); return 2; }
+    if (cfg.zero) device = "cpu";
+    /* --compare runs three trainings from scratch: one checkpoint fits none of them */
+    if (compare && (cfg.save_path || cfg.resume_path)) { fprintf(stderr, "--compare does not take --save or --resume\n"); return 2; }
+    /* the default warmup shrinks with a short run; a --warmup given is kept */
+    if (!warmup_given && cfg.warmup > cfg.steps / 10) cfg.warmup = cfg.steps / 10 + 1;
 #ifdef CAPEX_MPI
     MPI_Init(&argc, &argv);
 #endif
@@ -1465,8 +1514,8 @@ int main(int argc, char **argv) {
             printf("\n%-10s %10s %10s %8s %10s\n", "run", "val loss", "train", "skipped", "tok/s");
             for (i = 0; i < n_runs; i++)
                 printf("%-10s %10.4f %10.4f %8lld %10.0f\n", runs[i].label, res[i].val_loss, res[i].train_loss, (long long)res[i].skipped, res[i].tokens_per_s);
-            write_svg(svg, runs, res, n_runs);
-            printf("chart: %s\n", svg);
+            if (write_svg(svg, runs, res, n_runs)) printf("chart: %s\n", svg);
+            else worst = 1; /* no chart: a failed run, not a silent one */
             for (i = 1; i < n_runs; i++) {
                 float diff = fabsf(res[i].val_loss - res[0].val_loss);
                 int pass = diff <= tol; /* NaN fails */

@@ -28,6 +28,7 @@
    says why and the CPU trains. Its checkpoints are the CPU's format. */
 #define CAPEX_CUDA_IMPLEMENTATION /* the CUDA backend (run-time loaded) and capex.h's implementation */
 #include "../capex_cuda.h"
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -626,6 +627,23 @@ typedef struct run_result {
         }                                                                                          \
     } while (0)
 
+/* The training loss average a checkpoint keeps, so a resumed run reports the
+   uninterrupted run's; *ema_from: the step whose loss starts the average (the
+   resumed step for a file written before train.ema existed), -1 when loaded. */
+static capex_result load_ema(capex_state_reader *rd, int64_t step, double *ema, int *ema_from) {
+    capex_result r = capex_state_get_f64(rd, "train.ema", ema);
+    if (r == CAPEX_OK) *ema_from = -1;
+    else if (r == CAPEX_ERR_NOT_FOUND) { *ema = 0; *ema_from = (int)step; r = CAPEX_OK; }
+    return r;
+}
+
+/* Whole batches only: the window count rounded up to a multiple of the batch,
+   so every window evaluated lies inside the validation text and counts. */
+static int eval_window_count(int windows, int batch) {
+    int64_t up = ((int64_t)windows + batch - 1) / batch * batch;
+    return up <= INT_MAX - batch ? (int)up : (INT_MAX - batch) / batch * batch; /* the loop's count stays an int */
+}
+
 /* Validation loss on a fixed, evenly spaced set of windows (same on every rank). */
 static float evaluate(const gpt_backend *be, gpt *m, const float *w, const text_data *d, int windows) {
     const int B = m->batch, T = m->cfg.seq;
@@ -634,6 +652,7 @@ static float evaluate(const gpt_backend *be, gpt *m, const float *w, const text_
     double sum = 0;
     int i, done = 0;
     if (!tok) return NAN;
+    windows = eval_window_count(windows, B);
     while (done < windows) {
         for (i = 0; i < B; i++) {
             size_t start = first + (size_t)(((uint64_t)(done + i) * span) / (uint64_t)windows);
@@ -787,7 +806,7 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
     uint16_t *wh = NULL;
     unsigned char *tok = NULL;
     FILE *lf = NULL, *bf = NULL, *nf = NULL;
-    int step = 0, i, ok = 0, model_ok = 0;
+    int step = 0, i, ok = 0, model_ok = 0, ema_from = 0;
     uint64_t epoch = 0, pos = 0;
     double t0, ema = 0, tokens = 0;
 
@@ -860,10 +879,15 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
         if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.step", &v[0]);
         if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.epoch", &v[1]);
         if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.pos", &v[2]);
+        if (r == CAPEX_OK) r = load_ema(rd, v[0], &ema, &ema_from);
         if (r == CAPEX_OK) r = capex_optim_load(opt, rd, "optim", CAPEX_OPTIM_STATE_PARAMS);
         if (r == CAPEX_OK) r = capex_scaler_load(&sc, rd, "scaler.0.");
         capex_state_reader_close(rd);
         if (r != CAPEX_OK) { fprintf(stderr, "resume from %s failed: %s\n", c->resume_path, capex_last_error()); goto fail; }
+        if (v[0] < 0 || v[0] > c->steps) { /* else nothing would train, and the report would say 0 */
+            fprintf(stderr, "resume from %s: step %lld is past --steps %d\n", c->resume_path, (long long)v[0], c->steps);
+            goto fail;
+        }
         step = (int)v[0]; epoch = (uint64_t)v[1]; pos = (uint64_t)v[2];
         if (rank == 0 && !c->quiet) printf("resumed from %s at step %d\n", c->resume_path, step);
     }
@@ -916,7 +940,7 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
         if (lf) fprintf(lf, "%d %.9g\n", step, loss);
         if (nf) fprintf(nf, "%d %.9g\n", step, norm * inv_scale); /* the norm the clip factor saw */
         tokens += (double)c->batch * c->model.seq * world;
-        ema = step == 0 ? loss : 0.95 * ema + 0.05 * loss;
+        ema = step == ema_from ? loss : 0.95 * ema + 0.05 * loss;
         if (c->log_every && rank == 0 && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1)) {
             double el = capex_dist_now() - t0;
             float cur_scale = capex_scaler_get_scale(&sc);
@@ -945,6 +969,7 @@ static int train(const run_cfg *c, const gpt_backend *be, const text_data *d, ca
             r = capex_state_add_i64(w, "train.step", step + 1);
             if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.epoch", (int64_t)epoch);
             if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.pos", (int64_t)pos);
+            if (r == CAPEX_OK) r = capex_state_add_f64(w, "train.ema", ema);
             if (r == CAPEX_OK) r = capex_optim_save(opt, w, "optim", CAPEX_OPTIM_STATE_PARAMS);
             if (r == CAPEX_OK) r = capex_scaler_save(&sc, w, "scaler.0.");
             if (r == CAPEX_OK) r = capex_state_write_file(w, c->save_path);
@@ -1522,6 +1547,7 @@ static float gpu_evaluate(gpu_model *g, capex_cuda_ptr w, const text_data *d, in
     double sum = 0;
     int i, done = 0;
     capex_result r = tok ? capex_cuda_memset_u8(g->ctx, acc, 0, 8, g->stream) : CAPEX_ERR_OUT_OF_MEMORY;
+    windows = eval_window_count(windows, B);
     while (r == CAPEX_OK && done < windows) {
         for (i = 0; i < B; i++) {
             size_t start = first + (size_t)(((uint64_t)(done + i) * span) / (uint64_t)windows);
@@ -1635,7 +1661,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
     FILE *lf = NULL, *bf = NULL, *nf = NULL;
     capex_cuda_ptr w32 = 0, wh = 0, weff = 0, weff_own = 0, g32 = 0, gh = 0, norm_ws = 0, scratch = 0, norm_hist = 0;
     size_t ws_bytes = 0, n = 0;
-    int step = 0, i, ok = 0, logged = 0;
+    int step = 0, i, ok = 0, logged = 0, ema_from = 0;
     uint64_t epoch = 0, pos = 0;
     double t0, ema = 0, tokens = 0;
 
@@ -1732,6 +1758,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.step", &v[0]);
         if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.epoch", &v[1]);
         if (r == CAPEX_OK) r = capex_state_get_i64(rd, "train.pos", &v[2]);
+        if (r == CAPEX_OK) r = load_ema(rd, v[0], &ema, &ema_from);
         if (r == CAPEX_OK) r = capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, stream, &h);
         if (r == CAPEX_OK) r = capex_optim_load(h, rd, "optim", CAPEX_OPTIM_STATE_PARAMS);
         if (r == CAPEX_OK) r = capex_cuda_optim_from_host(opt, h, CAPEX_OPTIM_STATE_PARAMS, stream);
@@ -1767,6 +1794,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         /* the same on every rank: a read-back all-reduces the losses */
         const int log_now = c->log_every && !c->quiet && (step % c->log_every == 0 || step == c->steps - 1);
         const int eval_now = c->eval_every && ((step + 1) % c->eval_every == 0 || step == c->steps - 1) && res->n_points < MAX_POINTS;
+        const int save_now = c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps); /* every rank: the read below reduces */
         CHECK(next_batch(c, d, &smp, &epoch, &pos, tok));
         if (bf && fwrite(tok, 1, (size_t)c->batch * (c->model.seq + 1), bf) != (size_t)c->batch * (c->model.seq + 1)) {
             fprintf(stderr, "cannot write %s\n", c->batches_path);
@@ -1795,9 +1823,9 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
         CHECK(capex_cuda_scaler_update(sc, stream));
         tokens += (double)c->batch * c->model.seq * world;
 
-        if (log_now || eval_now || step == c->steps - 1) {
+        if (log_now || eval_now || save_now || step == c->steps - 1) {
             /* read the losses since the last read (the only host sync besides checkpoints);
-               with several ranks their mean */
+               with several ranks their mean; a checkpoint keeps their average */
             if (nccl) {
                 const capex_cuda_ptr since = scratch + 16 + (capex_cuda_ptr)logged * 4;
                 CHECK(capex_comm_allreduce(nccl, (const void *)(uintptr_t)since, (void *)(uintptr_t)since, (size_t)(step + 1 - logged),
@@ -1810,7 +1838,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
                                              (size_t)(step + 1 - logged) * 8, stream));
             CHECK(capex_cuda_stream_synchronize(ctx, stream));
             for (; logged <= step; logged++) {
-                ema = logged == 0 ? losses[0] : 0.95 * ema + 0.05 * losses[logged];
+                ema = logged == ema_from ? losses[logged] : 0.95 * ema + 0.05 * losses[logged];
                 if (lf) fprintf(lf, "%d %.9g\n", logged, losses[logged]);
                 if (nf) fprintf(nf, "%d %.9g\n", logged, norms[2 * logged] * norms[2 * logged + 1]); /* as gpt_clip computes it */
             }
@@ -1834,7 +1862,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
             res->n_points++;
             if (rank == 0 && !c->quiet) printf("[%s] step %5d  val loss %.4f\n", c->label, step + 1, vl);
         }
-        if (c->save_path && step + 1 == (c->save_at > 0 ? c->save_at : c->steps) && rank == 0) { /* replicas: one writes */
+        if (save_now && rank == 0) { /* replicas: one writes */
             capex_state_writer *w = NULL;
             capex_optim *h = NULL;
             capex_scaler_state st;
@@ -1842,6 +1870,7 @@ static int train_gpu(const run_cfg *c, const text_data *d, capex_cuda_context *c
             if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.step", step + 1);
             if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.epoch", (int64_t)epoch);
             if (r == CAPEX_OK) r = capex_state_add_i64(w, "train.pos", (int64_t)pos);
+            if (r == CAPEX_OK) r = capex_state_add_f64(w, "train.ema", ema);
             if (r == CAPEX_OK) r = capex_cuda_optim_to_host(opt, CAPEX_OPTIM_STATE_PARAMS, stream, &h);
             if (r == CAPEX_OK) r = capex_optim_save(h, w, "optim", CAPEX_OPTIM_STATE_PARAMS);
             if (r == CAPEX_OK) r = capex_cuda_scaler_get_state(sc, &st, stream);
@@ -2038,6 +2067,10 @@ int main(int argc, char **argv) {
         cfg.warmup < 0 || cfg.sample_len < 0) {
         fprintf(stderr, "steps, batch, seq, layers, heads, channels, eval-windows, lr must be positive, "
                         "channels a multiple of heads, warmup and sample >= 0\n");
+        return 2;
+    }
+    if (cfg.save_at > cfg.steps || (cfg.save_at > 0 && !cfg.save_path)) { /* else no checkpoint, silently */
+        fprintf(stderr, "--save-at %d: needs --save FILE and a step within --steps %d\n", cfg.save_at, cfg.steps);
         return 2;
     }
 #ifdef CAPEX_MPI

@@ -49,3 +49,7 @@ example-emu: $(BUILD)/examples/train_charlm $(EMU_LIB)
 
 # test_example and test_gpt run their two-rank DDP check through tests/two_ranks.h.
 $(BUILD)/tests/test_example $(BUILD)/tests/test_gpt: tests/two_ranks.h tests/free_port.h
+
+# test_example.c compiles the example in: an edit to it rebuilds the test
+# (without mpicc nothing else made it a prerequisite, and make test ran a stale one).
+$(BUILD)/tests/test_example: examples/train_charlm.c

@@ -2,8 +2,9 @@
 # The training example's GPU path on the CPU emulator driver (no GPU): the
 # model kernels (through capex's JIT), capex_cuda_optim, the device scaler and
 # checkpoints run for real. Checks: the GPU run tracks the CPU run (same
-# config, O2 fp16 and O0), resume from a GPU checkpoint is bit-identical, and
-# a GPU checkpoint resumes on the CPU.
+# config, O2 fp16 and O0; the train loss too), resume from a GPU checkpoint
+# is bit-identical (and reports the same train loss), and a GPU checkpoint
+# resumes on the CPU.
 #   tests/example_emu.sh EXAMPLE_BINARY EMULATOR_LIBCUDA CACHE_DIR
 set -u
 exe=$1 emu=$2 cache=$3
@@ -13,7 +14,7 @@ common=(--steps 40 --batch 16 --hidden 48 --eval-every 0 --eval-windows 256 --lo
 fail=0
 gpu() { CAPEX_LIBCUDA_PATH=$emu CAPEX_CACHE_DIR=$cache "$exe" --device gpu "$@"; }
 field() { # file, word after which the value stands on the "final:" line
-    awk -v k="$2" '/^final:/ { for (i = 1; i < NF; i++) if ($i == k) { print $(i + ($i == "val" ? 2 : 1)); exit } }' "$1"
+    awk -v k="$2" '/^final:/ { for (i = 1; i < NF; i++) if ($i == k) { print $(i + ($i == "val" || $i == "train" ? 2 : 1)); exit } }' "$1"
 }
 close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= t) }'; }
 
@@ -28,6 +29,10 @@ for lvl in "O2 --half fp16" "O0" "O3 --half bf16"; do
     [ "$(field "$tmp/cpu.txt" crc32)" = "$(field "$tmp/gpu.txt" crc32)" ] && same="weights bit-identical"
     if close "$c" "$g" 0.002; then echo "example-emu: --opt $lvl: val loss GPU $g, CPU $c ($same): ok"
     else echo "example-emu: --opt $lvl: val loss GPU '$g' vs CPU '$c' (tolerance 0.002)"; fail=1; fi
+    # the training loss average, also without log or evaluation points (it stayed 0 on the GPU)
+    c=$(field "$tmp/cpu.txt" train) g=$(field "$tmp/gpu.txt" train)
+    if close "$c" "$g" 0.002; then echo "example-emu: --opt $lvl: train loss GPU $g, CPU $c: ok"
+    else echo "example-emu: --opt $lvl: train loss GPU '$g' vs CPU '$c' (tolerance 0.002)"; fail=1; fi
 done
 
 # resume on the GPU is bit-identical; the GPU checkpoint resumes on the CPU
@@ -36,8 +41,15 @@ gpu --opt O2 "${common[@]}" --resume "$tmp/ck.capex" >"$tmp/res.txt" 2>&1 || { c
 a=$(field "$tmp/full.txt" crc32) b=$(field "$tmp/res.txt" crc32)
 if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "example-emu: resumed GPU run bit-identical (weights crc32 $a)"
 else echo "example-emu: resumed weights crc32 '$b', uninterrupted '$a'"; fail=1; fi
+a=$(field "$tmp/full.txt" train) b=$(field "$tmp/res.txt" train)
+if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "example-emu: resumed GPU run reports the same train loss ($a)"
+else echo "example-emu: resumed train loss '$b', uninterrupted '$a'"; fail=1; fi
 "$exe" --device cpu --opt O2 "${common[@]}" --resume "$tmp/ck.capex" >"$tmp/cpu_res.txt" 2>&1 || { cat "$tmp/cpu_res.txt"; fail=1; }
 c=$(field "$tmp/cpu_res.txt" val) g=$(field "$tmp/full.txt" val)
 if close "$c" "$g" 0.002; then echo "example-emu: GPU checkpoint resumed on the CPU: val loss $c (GPU $g): ok"
 else echo "example-emu: GPU checkpoint resumed on the CPU: val loss '$c' vs GPU '$g'"; fail=1; fi
+# --zero is the CPU path: with a (emulated) GPU present, auto trains on the CPU and says so
+CAPEX_LIBCUDA_PATH=$emu CAPEX_CACHE_DIR=$cache "$exe" --zero 1 --opt O2 "${common[@]}" >"$tmp/zero.txt" 2>&1 || { cat "$tmp/zero.txt"; fail=1; }
+if grep -q "on the CPU$" "$tmp/zero.txt" && [ -n "$(field "$tmp/zero.txt" crc32)" ]; then echo "example-emu: --zero 1 with a GPU present: trained on the CPU, said so"
+else echo "example-emu: --zero 1 with a GPU present:"; cat "$tmp/zero.txt"; fail=1; fi
 exit $fail

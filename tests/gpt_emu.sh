@@ -18,8 +18,8 @@
 #  - each step's gradient norm (--norms: before clipping) within the same
 #    tolerance of the CPU's (measured 2.4e-7 at O0, 4.9e-5 at O2 fp16);
 #  - the sampled text equals the CPU run's (fp32 inference, same draws);
-#  - a resumed GPU run is bit-identical to the uninterrupted one, and the GPU
-#    checkpoint resumes on the CPU;
+#  - a resumed GPU run is bit-identical to the uninterrupted one (and reports
+#    its train loss), and the GPU checkpoint resumes on the CPU;
 #  - without a driver, --device auto trains on the CPU and says so, and
 #    --device gpu exits 1 naming what it tried;
 #  - data parallel over NCCL (the stand-in tests/fake_libnccl.c: ranks are
@@ -52,7 +52,7 @@ common=(--steps 20 --batch 4 --seq 16 --layers 2 --heads 2 --channels 32 --eval-
 fail=0
 gpu() { CAPEX_LIBCUDA_PATH=$emu CAPEX_CACHE_DIR=$cache CAPEX_NCCL_PATH=$nccl "$exe" --device gpu "$@"; }
 field() { # file, word after which the value stands on the "final:" line
-    awk -v k="$2" '/^final:/ { for (i = 1; i < NF; i++) if ($i == k) { print $(i + ($i == "val" ? 2 : 1)); exit } }' "$1"
+    awk -v k="$2" '/^final:/ { for (i = 1; i < NF; i++) if ($i == k) { print $(i + ($i == "val" || $i == "train" ? 2 : 1)); exit } }' "$1"
 }
 close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= t) }'; }
 # per-step losses: "step loss" lines; prints the largest difference, fails beyond the tolerance or on a missing step
@@ -92,10 +92,19 @@ gpu --opt O2 "${common[@]}" --resume "$tmp/ck.capex" >"$tmp/res.txt" 2>&1 || { c
 a=$(field "$tmp/full.txt" crc32) b=$(field "$tmp/res.txt" crc32)
 if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "gpt-emu: resumed GPU run bit-identical (weights crc32 $a)"
 else echo "gpt-emu: resumed weights crc32 '$b', uninterrupted '$a'"; fail=1; fi
+# the checkpoint keeps the training loss average (it restarted from 0)
+a=$(field "$tmp/full.txt" train) b=$(field "$tmp/res.txt" train)
+if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "gpt-emu: resumed GPU run reports the same train loss ($a)"
+else echo "gpt-emu: resumed train loss '$b', uninterrupted '$a'"; fail=1; fi
 "$exe" --device cpu --opt O2 "${common[@]}" --resume "$tmp/ck.capex" >"$tmp/cpu_res.txt" 2>&1 || { cat "$tmp/cpu_res.txt"; fail=1; }
 c=$(field "$tmp/cpu_res.txt" val) g=$(field "$tmp/full.txt" val)
 if close "$c" "$g" 2e-3; then echo "gpt-emu: GPU checkpoint resumed on the CPU: val loss $c (GPU $g): ok"
 else echo "gpt-emu: GPU checkpoint resumed on the CPU: val loss '$c' vs GPU '$g'"; fail=1; fi
+
+# --save-at past --steps: refused (exit status 2), not a checkpoint silently never written
+"$exe" --device cpu "${common[@]}" --save "$tmp/never.capex" --save-at 30 >"$tmp/never.txt" 2>&1; rc=$?
+if [ $rc -eq 2 ] && [ ! -e "$tmp/never.capex" ]; then echo "gpt-emu: --save-at past --steps refused"
+else echo "gpt-emu: --save-at 30 of 20 steps: exit status $rc"; cat "$tmp/never.txt"; fail=1; fi
 
 # no driver: auto falls back to the CPU and says so; gpu fails cleanly
 CAPEX_LIBCUDA_PATH=/nonexistent/libcuda.so.1 "$exe" --device auto --opt O0 "${common[@]}" --steps 2 >"$tmp/auto.txt" 2>&1

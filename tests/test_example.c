@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <unistd.h>
+#include <fcntl.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -106,8 +107,149 @@ CT_TEST(resume_from_checkpoint_is_bit_identical) {
         CT_CHECK(second.weights_crc == full.weights_crc, "case %d: resumed weights %08x, uninterrupted %08x", i,
                  (unsigned)second.weights_crc, (unsigned)full.weights_crc);
         CT_CHECK(second.skipped == full.skipped, "skipped steps %lld vs %lld", (long long)second.skipped, (long long)full.skipped);
+        /* the checkpoint carries the training loss average: the report continues, not restarts from 0 */
+        CT_CHECK(second.train_loss == full.train_loss, "case %d: resumed train loss %.6f, uninterrupted %.6f", i,
+                 second.train_loss, full.train_loss);
+        /* a checkpoint past --steps is refused (it trained nothing and reported a train loss of 0) */
+        c.steps = 20;
+        fflush(stdout);
+        CT_CHECK(!train_single(&c, &second), "case %d: resuming step 29 with --steps 20 must be refused", i);
     }
     remove(path);
+}
+
+/* A small synthetic text (vocab 13), held exactly in its buffer so that a
+   read past its end is one (ASan sees it in make sanitize). */
+static int synthetic_text(text_data *d, size_t n, size_t n_train) {
+    size_t i;
+    memset(d, 0, sizeof *d);
+    if (!(d->bytes = (unsigned char *)malloc(n))) return 0;
+    for (i = 0; i < n; i++) d->bytes[i] = (unsigned char)((i * 7 + i / 13) % 13);
+    for (i = 0; i < 13; i++) d->chars[i] = (unsigned char)('a' + i);
+    d->n = n; d->n_train = n_train; d->vocab = 13;
+    return 1;
+}
+
+/* --eval-windows not a multiple of the batch: the count is rounded up to whole
+   batches and every window lies inside the validation text (the last batch
+   used to run past the text's end and average in what lay there). */
+CT_TEST(eval_windows_not_a_multiple_of_the_batch) {
+    text_data d;
+    model m3, m1;
+    float *w = NULL, a, b;
+    CT_CHECK(synthetic_text(&d, 600, 540), "out of memory");
+    CT_CHECK(model_init(&m3, 13, 4, 8, 16, 3, CAPEX_F32) && model_init(&m1, 13, 4, 8, 16, 1, CAPEX_F32), "out of memory");
+    w = (float *)malloc((size_t)m3.n_params * sizeof(float));
+    CT_CHECK(w != NULL, "out of memory");
+    model_init_weights(&m3, w, 7);
+    a = evaluate(&m3, w, &d, 4); /* batch 3: 6 windows */
+    b = evaluate(&m1, w, &d, 6); /* the same 6 windows one at a time */
+    CT_CHECK(isfinite(a) && fabsf(a - b) <= 1e-5f * fabsf(b), "4 windows in batches of 3: %.7f, the 6 windows one by one: %.7f", a, b);
+    CT_CHECK(eval_window_count(4096, 64) == 4096 && eval_window_count(4, 3) == 6 && eval_window_count(1, 5) == 5, "window counts");
+    /* near INT_MAX: rounded down instead, so the evaluation loop's int count cannot overflow */
+    CT_CHECK(eval_window_count(INT_MAX, 64) % 64 == 0 && eval_window_count(INT_MAX, 64) <= INT_MAX - 64, "INT_MAX windows: %d",
+             eval_window_count(INT_MAX, 64));
+    free(w);
+    model_free(&m3);
+    model_free(&m1);
+    free(d.bytes);
+}
+
+/* A text too short for the context (validation) or the batch (training) is
+   refused with a message, not read past its end (--ctx 600 on a 5 KB file
+   crashed). */
+CT_TEST(text_too_short_for_ctx_or_batch_is_refused) {
+    static const int ctxs[3] = {100, 4, 540}, batches[3] = {8, 600, 1};
+    text_data d;
+    int i;
+    CT_CHECK(synthetic_text(&d, 600, 540), "out of memory");
+    for (i = 0; i < 3; i++) {
+        capex_comm comm;
+        run_cfg c;
+        run_result r;
+        int ok;
+        small_cfg(&c, CAPEX_O0, CAPEX_F16, 2);
+        c.ctx = ctxs[i]; c.batch = batches[i]; c.hidden = 8; c.emb = 4; c.eval_windows = 4;
+        CT_CHECK(capex_comm_init_single(&comm) == CAPEX_OK, "comm");
+        fflush(stdout);
+        ok = train(&c, &d, &comm, 0, 1, &r);
+        capex_comm_destroy(&comm);
+        CT_CHECK(!ok, "ctx %d batch %d on 540 + 60 bytes must be refused", ctxs[i], batches[i]);
+    }
+    free(d.bytes);
+}
+
+/* main() with argv, its stdout in out (at most cap bytes); the exit status. */
+static int main_captured(int argc, char **argv, char *out, size_t cap) {
+    char path[64];
+    int fd, saved, rc;
+    FILE *f;
+    size_t n = 0;
+    snprintf(path, sizeof path, "/tmp/capex_example_out_%ld.txt", (long)getpid());
+    fflush(stdout);
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    saved = dup(1);
+    if (fd < 0 || saved < 0) return -1;
+    dup2(fd, 1);
+    close(fd);
+    rc = train_charlm_main(argc, argv);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    out[0] = '\0';
+    if ((f = fopen(path, "r")) != NULL) { n = fread(out, 1, cap - 1, f); fclose(f); }
+    out[n] = '\0';
+    remove(path);
+    return rc;
+}
+
+/* The learning rate the log shows at a step ("[O0] step    12  ... lr 1.23e-03"). */
+static double logged_lr(const char *out, int step) {
+    char key[32];
+    const char *p, *lr;
+    snprintf(key, sizeof key, "step %5d  loss", step);
+    if (!(p = strstr(out, key)) || !(lr = strstr(p, " lr "))) return -1;
+    return atof(lr + 4);
+}
+
+/* --warmup N is honoured as given (a default-sized clamp for short runs cut
+   --warmup 30 of 100 steps to 11, and the documented "--sched onecycle
+   --warmup 300" to 151); --save-at past --steps or without --save is an error,
+   not a checkpoint silently never written. */
+CT_TEST(warmup_and_save_at_options_do_what_they_say) {
+    char *argv[] = {(char *)"train_charlm", (char *)"--device", (char *)"cpu", (char *)"--opt", (char *)"O0",
+                    (char *)"--steps", (char *)"40", (char *)"--warmup", (char *)"30", (char *)"--sched", (char *)"linear",
+                    (char *)"--log-every", (char *)"5", (char *)"--eval-every", (char *)"0", (char *)"--hidden", (char *)"8",
+                    (char *)"--batch", (char *)"4", (char *)"--eval-windows", (char *)"4", NULL};
+    char *bad1[] = {(char *)"train_charlm", (char *)"--steps", (char *)"10", (char *)"--save", (char *)"/tmp/capex_never.capex",
+                    (char *)"--save-at", (char *)"20", NULL};
+    char *bad2[] = {(char *)"train_charlm", (char *)"--steps", (char *)"10", (char *)"--save-at", (char *)"5", NULL};
+    static char out[16384];
+    double lr10, lr25, lr35;
+    int rc;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses");
+    rc = main_captured(21, argv, out, sizeof out);
+    CT_CHECK(rc == 0, "exit status %d: %.300s", rc, out);
+    lr10 = logged_lr(out, 10); lr25 = logged_lr(out, 25); lr35 = logged_lr(out, 35);
+    CT_CHECK(lr10 > 0 && lr25 > 0 && lr35 > 0, "lr in the log: %.600s", out);
+    CT_CHECK(lr10 < lr25 && lr25 < 3e-3, "lr still rising through the 30 warmup steps: step 10 %g, step 25 %g", lr10, lr25);
+    CT_CHECK(lr35 < 3e-3, "after the warmup: step 35 %g", lr35);
+    CT_CHECK(train_charlm_main(7, bad1) == 2, "--save-at past --steps is refused");
+    CT_CHECK(access("/tmp/capex_never.capex", F_OK) != 0, "nothing written");
+    CT_CHECK(train_charlm_main(5, bad2) == 2, "--save-at without --save is refused");
+}
+
+/* Options that cannot work together are refused before any training (exit
+   status 2): --compare ignored --save (and resumed all three runs from one
+   file); --zero with --device gpu trained on the CPU while saying GPU, and
+   with several GPU ranks handed its host arrays to NCCL. */
+CT_TEST(conflicting_options_are_refused) {
+    char *cmp_save[] = {(char *)"train_charlm", (char *)"--compare", (char *)"--save", (char *)"/tmp/capex_never.capex", NULL};
+    char *cmp_resume[] = {(char *)"train_charlm", (char *)"--compare", (char *)"--resume", (char *)"/tmp/capex_never.capex", NULL};
+    char *zero_gpu[] = {(char *)"train_charlm", (char *)"--zero", (char *)"1", (char *)"--device", (char *)"gpu", NULL};
+    CT_CHECK(train_charlm_main(4, cmp_save) == 2, "--compare --save");
+    CT_CHECK(train_charlm_main(4, cmp_resume) == 2, "--compare --resume");
+    CT_CHECK(train_charlm_main(5, zero_gpu) == 2, "--zero 1 --device gpu");
 }
 
 CT_TEST(corrupt_or_missing_checkpoint_is_refused) {
@@ -336,9 +478,33 @@ CT_TEST(gpu_requested_without_a_gpu_fails_cleanly) {
     CT_CHECK(strstr(capex_last_error(), "/nonexistent/libcuda.so.1") != NULL, "message names what was tried: %s", capex_last_error());
 }
 
+/* --compare whose chart cannot be written: exit status 1 and no "chart: FILE"
+   line (it printed the line and exited 0); a writable path gets the chart. */
+CT_TEST(compare_chart_write_failure_is_reported) {
+    char svg[64], bad[] = "/nonexistent/dir/chart.svg";
+    char *argv[] = {(char *)"train_charlm", (char *)"--device", (char *)"cpu", (char *)"--compare", (char *)"--steps", (char *)"4",
+                    (char *)"--hidden", (char *)"8", (char *)"--batch", (char *)"4", (char *)"--eval-windows", (char *)"4",
+                    (char *)"--tol", (char *)"10", (char *)"--quiet", (char *)"--svg", NULL, NULL};
+    static char out[16384];
+    int rc;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses");
+    snprintf(svg, sizeof svg, "/tmp/capex_example_chart_%ld.svg", (long)getpid());
+    argv[16] = svg;
+    rc = main_captured(17, argv, out, sizeof out);
+    CT_CHECK(rc == 0 && strstr(out, "chart: ") && access(svg, F_OK) == 0, "writable chart: exit status %d: %.400s", rc, out);
+    remove(svg);
+    argv[16] = bad;
+    rc = main_captured(17, argv, out, sizeof out);
+    CT_CHECK(rc == 1, "unwritable chart: exit status %d, want 1", rc);
+    CT_CHECK(!strstr(out, "chart: "), "no chart line for a chart not written: %.400s", out);
+}
+
 static const ct_case cases[] = {
     CT_CASE(loss_falls_below_bound_o0_o2_fp16_bf16), CT_CASE(other_levels_and_optimizers_learn),
     CT_CASE(resume_from_checkpoint_is_bit_identical), CT_CASE(corrupt_or_missing_checkpoint_is_refused),
+    CT_CASE(eval_windows_not_a_multiple_of_the_batch), CT_CASE(text_too_short_for_ctx_or_batch_is_refused),
+    CT_CASE(warmup_and_save_at_options_do_what_they_say), CT_CASE(compare_chart_write_failure_is_reported),
+    CT_CASE(conflicting_options_are_refused),
     CT_CASE(two_ddp_ranks_stay_bit_identical),
     CT_CASE(two_zero_ranks_match_ddp), CT_CASE(mpirun_two_ranks_identical_replicas),
     CT_CASE(gpu_model_kernels_compile_with_nvrtc), CT_CASE(gpu_requested_without_a_gpu_fails_cleanly),

@@ -206,6 +206,39 @@ CT_TEST(initial_loss_is_ln_vocab) {
     free(w);
 }
 
+/* --eval-windows not a multiple of the batch: the count is rounded up to
+   whole batches and every window lies inside the validation text (the last
+   batch used to run past the text's end and average in what lay there). The
+   text sits exactly in its buffer, so ASan sees a read past it. */
+CT_TEST(eval_windows_not_a_multiple_of_the_batch) {
+    gpt_config cfg;
+    gpt m3, m1;
+    text_data d;
+    float *w, a, b;
+    size_t i;
+    cfg.seq = 8; cfg.layers = 1; cfg.heads = 2; cfg.channels = 16; cfg.rms = 0;
+    memset(&d, 0, sizeof d);
+    d.n = 400; d.n_train = 360;
+    CT_CHECK((d.bytes = (unsigned char *)malloc(d.n)) != NULL, "oom");
+    for (i = 0; i < d.n; i++) d.bytes[i] = (unsigned char)('a' + (i * 7 + i / 13) % 23);
+    CT_CHECK(gpt_init(&m3, &cfg, 3, CAPEX_F32) && gpt_init(&m1, &cfg, 1, CAPEX_F32), "init");
+    w = (float *)malloc((size_t)m3.n_params * 4);
+    CT_CHECK(w != NULL, "oom");
+    gpt_init_weights(&m3, w, 7);
+    a = evaluate(&gpt_cpu_backend, &m3, w, &d, 4); /* batch 3: 6 windows */
+    b = evaluate(&gpt_cpu_backend, &m1, w, &d, 6); /* the same 6 windows one at a time */
+    CT_CHECK(isfinite(a) && fabsf(a - b) <= 1e-5f * fabsf(b), "4 windows in batches of 3: %.7f, the 6 windows one by one: %.7f",
+             (double)a, (double)b);
+    CT_CHECK(eval_window_count(512, 16) == 512 && eval_window_count(4, 3) == 6, "window counts");
+    /* near INT_MAX: rounded down instead, so the evaluation loop's int count cannot overflow */
+    CT_CHECK(eval_window_count(INT_MAX, 64) % 64 == 0 && eval_window_count(INT_MAX, 64) <= INT_MAX - 64, "INT_MAX windows: %d",
+             eval_window_count(INT_MAX, 64));
+    gpt_free(&m3);
+    gpt_free(&m1);
+    free(w);
+    free(d.bytes);
+}
+
 /* ---- training ---- */
 static text_data corpus;
 static int corpus_ok = -1;
@@ -282,7 +315,7 @@ CT_TEST(every_level_tracks_fp32) {
 static void resume_check(ct_state *ct, capex_opt_level level, capex_dtype half, capex_optim_kind optim) {
     char path[64];
     run_cfg c;
-    run_result full, second;
+    run_result full, second, r_past;
     if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses (Debian base-files)");
     snprintf(path, sizeof path, "/tmp/capex_gpt_ckpt_%ld.safetensors", (long)getpid());
     tiny_cfg(&c, level, half, 40);
@@ -291,12 +324,18 @@ static void resume_check(ct_state *ct, capex_opt_level level, capex_dtype half, 
     CT_CHECK(train_single(&c, &full), "uninterrupted run: %s", capex_last_error());
     c.save_path = NULL; c.resume_path = path;
     CT_CHECK(train_single(&c, &second), "resumed: %s", capex_last_error());
+    c.steps = 10; /* a checkpoint past --steps is refused: nothing would train */
+    fflush(stdout);
+    CT_CHECK(!train_single(&c, &r_past), "resuming step 17 with --steps 10 must be refused");
+    c.steps = 40;
     remove(path);
     CT_CHECK(second.start_step == 17, "resumed at step %d, not 17", second.start_step);
     CT_CHECK(second.weights_crc == full.weights_crc, "resumed weights %08x, uninterrupted %08x", (unsigned)second.weights_crc,
              (unsigned)full.weights_crc);
     CT_CHECK(memcmp(&second.val_loss, &full.val_loss, sizeof(float)) == 0, "val %.9g vs %.9g", (double)second.val_loss, (double)full.val_loss);
     CT_CHECK(second.skipped == full.skipped, "skipped %lld vs %lld", (long long)second.skipped, (long long)full.skipped);
+    /* the checkpoint carries the training loss average: the report continues, not restarts from 0 */
+    CT_CHECK(second.train_loss == full.train_loss, "train loss %.9g vs %.9g", (double)second.train_loss, (double)full.train_loss);
 }
 CT_TEST(resume_is_bit_identical_o2_fp16_adamw) { resume_check(ct, CAPEX_O2, CAPEX_F16, CAPEX_OPTIM_ADAM); }
 CT_TEST(resume_is_bit_identical_o2_bf16_lamb) { resume_check(ct, CAPEX_O2, CAPEX_BF16, CAPEX_OPTIM_LAMB); }
@@ -580,6 +619,7 @@ static const ct_case cases[] = {
     CT_CASE(sampling_writes_bytes_from_the_model),
     CT_CASE(loss_falls_below_bound_o2_fp16),
     CT_CASE(every_level_tracks_fp32),
+    CT_CASE(eval_windows_not_a_multiple_of_the_batch),
     CT_CASE(resume_is_bit_identical_o2_fp16_adamw),
     CT_CASE(resume_is_bit_identical_o2_bf16_lamb),
     CT_CASE(corrupt_checkpoint_is_refused),
