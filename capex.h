@@ -11746,8 +11746,16 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
         z->opt->groups[g].step = full->groups[g].step;
         z->opt->groups[g].mom_init = full->groups[g].mom_init;
     }
+    /* every optimizer-wide setting the file holds, as capex_optim_load takes
+       them (the unsharded optimizer that loads this file steps with them) */
     z->opt->desc.adam_w_mode = full->desc.adam_w_mode;
     z->opt->desc.wd_after_momentum = full->desc.wd_after_momentum;
+    z->opt->desc.use_nvlamb = full->desc.use_nvlamb;
+    z->opt->desc.max_grad_norm = full->desc.max_grad_norm;
+    z->opt->desc.reg_inside_moment = full->desc.reg_inside_moment;
+    z->opt->desc.init_zero = full->desc.init_zero;
+    z->opt->desc.norm_type = full->desc.norm_type;
+    z->opt->desc.seed = full->desc.seed;
     if (full->has_sched) (void)capex_optim_set_lr_schedule(z->opt, &full->sched);
     if (z->has_dev) { /* the pieces' state to the device; loaded params (host copies) back to params[i].data */
         size_t i, hb = 0;

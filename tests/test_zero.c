@@ -421,6 +421,70 @@ CT_TEST(checkpoints_reshard_across_world_sizes) {
     }
 }
 
+/* A checkpoint's optimizer-wide settings (LAMB's max_grad_norm and
+   use_nvlamb, NovoGrad's moment modes) come from the file, as
+   capex_optim_load takes them: a zero built with other settings must then
+   step as the unsharded optimizer that loaded the same file. */
+CT_TEST(load_takes_the_files_optimizer_settings) {
+    static const float g0[5] = {3.0f, -4.0f, 0.5f, 2.0f, -1.0f}, g1[3] = {1.5f, -2.5f, 0.25f};
+    capex_comm c;
+    int kind;
+    char path[300];
+    snprintf(path, sizeof path, "/tmp/capex_zero_modes_%d", (int)getpid());
+    CT_CHECK(capex_comm_init_single(&c) == CAPEX_OK, "single");
+    for (kind = 0; kind < 2; kind++) {
+        capex_optim_desc sd, od;
+        capex_optim *saver = NULL, *ref = NULL;
+        capex_optim_param op[2];
+        capex_zero_param zp[2];
+        capex_zero_desc zd;
+        capex_zero *z = NULL;
+        float ws[8], wr[8], wz[8], gr[8];
+        void *gz;
+        int i, s;
+        capex_optim_desc_init(&sd, kind ? CAPEX_OPTIM_NOVOGRAD : CAPEX_OPTIM_LAMB);
+        od = sd; /* the run that resumes: built with the defaults */
+        if (kind == 0) { sd.max_grad_norm = 0.5f; sd.use_nvlamb = 1; sd.defaults.weight_decay = 0.0f; }
+        else { sd.reg_inside_moment = 1; sd.init_zero = 1; }
+        od.defaults.weight_decay = sd.defaults.weight_decay;
+        for (i = 0; i < 8; i++) ws[i] = wr[i] = wz[i] = 0.25f * (float)(i + 1) - 1.0f;
+        memcpy(gr, g0, sizeof g0); memcpy(gr + 5, g1, sizeof g1);
+        capex_optim_param_init(&op[0]); capex_optim_param_init(&op[1]);
+        op[0].param = ws; op[0].grad = gr; op[0].numel = 5;
+        op[1].param = ws + 5; op[1].grad = gr + 5; op[1].numel = 3;
+        CT_CHECK(capex_optim_create(&sd, &saver) == CAPEX_OK && capex_optim_add_group(saver, NULL, op, 2, NULL) == CAPEX_OK,
+                 "saver: %s", capex_last_error());
+        CT_CHECK(capex_optim_step(saver, 1.0f, 1.0f, 0) == CAPEX_OK, "saver step: %s", capex_last_error());
+        CT_CHECK(capex_optim_save_file(saver, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "save: %s", capex_last_error());
+        capex_optim_destroy(saver);
+        op[0].param = wr; op[1].param = wr + 5;
+        CT_CHECK(capex_optim_create(&od, &ref) == CAPEX_OK && capex_optim_add_group(ref, NULL, op, 2, NULL) == CAPEX_OK,
+                 "ref: %s", capex_last_error());
+        one_param(&zp[0], wz, 5); one_param(&zp[1], wz + 5, 3);
+        capex_zero_desc_init(&zd);
+        CT_CHECK(capex_zero_create(&z, &c, zp, 2, &od, NULL, 1, &zd) == CAPEX_OK, "zero: %s", capex_last_error());
+        CT_CHECK(capex_optim_load_file(ref, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "ref load: %s", capex_last_error());
+        CT_CHECK(capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "zero load: %s", capex_last_error());
+        for (s = 0; s < 2; s++) {
+            for (i = 1; i >= 0; i--) {
+                CT_CHECK((gz = capex_zero_grad(z, (size_t)i)) != NULL, "grad: %s", capex_last_error());
+                memcpy(gz, i ? g1 : g0, i ? sizeof g1 : sizeof g0);
+                CT_CHECK(capex_zero_grad_ready(z, (size_t)i) == CAPEX_OK, "ready: %s", capex_last_error());
+            }
+            CT_CHECK(capex_zero_finalize(z) == CAPEX_OK && capex_zero_step(z, 1.0f, 1.0f, 0) == CAPEX_OK &&
+                     capex_zero_zero_grad(z) == CAPEX_OK, "zero step: %s", capex_last_error());
+            CT_CHECK(capex_optim_step(ref, 1.0f, 1.0f, 0) == CAPEX_OK, "ref step: %s", capex_last_error());
+            for (i = 0; i < 8; i++)
+                CT_CHECK(memcmp(&wz[i], &wr[i], 4) == 0, "%s step %d: element %d: zero %.9g, unsharded %.9g",
+                         kind ? "NovoGrad" : "LAMB", s, i, (double)wz[i], (double)wr[i]);
+        }
+        capex_zero_destroy(z);
+        capex_optim_destroy(ref);
+    }
+    remove(path);
+    capex_comm_destroy(&c);
+}
+
 static const ct_case cases[] = {
     CT_CASE(single_comm_matches_ddp_and_optim),
     CT_CASE(create_refuses_bad_arguments),
@@ -430,5 +494,6 @@ static const ct_case cases[] = {
     CT_CASE(tcp_worlds_match_ddp_and_optim),
     CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
     CT_CASE(checkpoints_reshard_across_world_sizes),
+    CT_CASE(load_takes_the_files_optimizer_settings),
 };
 CT_MAIN(cases)
