@@ -226,8 +226,23 @@ static int al_same(const al_out *a, const al_out *b, int from, const char *what,
     return 0;
 }
 
-/* The scenario set on one comm; ckpt is a path prefix (rank 0 writes). */
-static int al_check_all(capex_comm *c, const char *ckpt, char *why, size_t why_n) {
+/* A checkpoint written by another world size (a resharding for ZeRO):
+   DDP, ZeRO 1 and ZeRO 2 resume it and must stay equal to each other. */
+static int al_check_resume_from(capex_comm *c, const char *path, char *why, size_t why_n) {
+    static al_out r[3];
+    int mode, line;
+    for (mode = 0; mode < 3; mode++) {
+        memset(&r[mode], 0, sizeof r[mode]);
+        if ((line = al_run(c, mode, 9, AL_STEPS, path, NULL, &r[mode], why, why_n)) != 0) return line;
+        if (mode && al_same(&r[mode], &r[0], 9, mode == 1 ? "resharded: ZeRO 1 vs DDP" : "resharded: ZeRO 2 vs DDP", why, why_n))
+            return __LINE__;
+    }
+    return 0;
+}
+
+/* The scenario set on one comm; ckpt is a path prefix (rank 0 writes); keep
+   (or NULL) receives ZeRO 2's checkpoint after step 9. */
+static int al_check_all(capex_comm *c, const char *ckpt, const char *keep, char *why, size_t why_n) {
     static al_out full[3], part, cross;
     char path[3][300];
     int mode, line, k, ki;
@@ -264,6 +279,7 @@ static int al_check_all(capex_comm *c, const char *ckpt, char *why, size_t why_n
     memset(&cross, 0, sizeof cross);
     if ((line = al_run(c, 2, k, AL_STEPS, path[0], NULL, &cross, why, why_n)) != 0) return line;
     if (al_same(&cross, &full[0], k, "DDP checkpoint resumed by ZeRO 2", why, why_n)) return __LINE__;
+    if (c->rank == 0 && keep && rename(path[2], keep) != 0) { snprintf(why, why_n, "rename to %.200s", keep); return __LINE__; }
     if (c->rank == 0) for (mode = 0; mode < 3; mode++) remove(path[mode]);
     return 0;
 }
