@@ -1691,7 +1691,8 @@ CAPEX_API void capex_ddp_get_stats(const capex_ddp *ddp, capex_ddp_stats *out);
    ulps (tested). NovoGrad's v (one float per tensor) is kept alike by every
    rank holding a piece. bf16 stochastic rounding draws the unsharded
    optimizer's bits (each piece keyed by its tensor's index and element
-   offset; tensors under 2^32 elements). Device (NCCL) params:
+   offset; tensors under 2^32 elements), also after a checkpoint (seed and
+   mode come from the file, as for every optimizer setting). Device (NCCL) params:
    capex_cuda_zero in capex_cuda.h runs this code with a device optimizer
    (capex_zero_create refuses a device comm with a message). */
 typedef struct capex_zero capex_zero;
@@ -11720,17 +11721,24 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
     if (r) return r;
     if (!rd) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: reader is NULL", fn);
     if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
+    {   /* stochastic rounding keys a piece by its element offset in 32 bits (create's
+           check), and the device zero has none: refused before anything changes */
+        char nm[CAPEX__OPT_NAME_MAX];
+        int64_t sr = 0;
+        size_t i, big = 0;
+        for (i = 0; i < z->np; i++) big |= (uint64_t)z->params[i].numel > 0xffffffffull;
+        if ((z->has_dev || big) && capex__optim_name(nm, prefix ? prefix : "optim", "stochastic_rounding", 0, NULL) == CAPEX_OK &&
+            capex_state_get_i64(rd, nm, &sr) == CAPEX_OK && sr)
+            return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: the file's optimizer uses stochastic rounding, which %s", fn,
+                               z->has_dev ? "the device zero does not support" : "sharding supports only for params under "
+                               "2^32 elements");
+    }
     if (z->has_dev && (r = z->dev.to_host(z->dev.user, 0, &z->opt)) != CAPEX_OK) return r;
     if ((r = capex__zero_full_optim(z, &full, &masters, &host)) != CAPEX_OK) goto done;
     /* the full optimizer checks everything before it changes anything; with
        CAPEX_OPTIM_STATE_PARAMS it writes the params' data (f32 params and
        half model copies) directly */
     if ((r = capex_optim_load(full, rd, prefix, flags)) != CAPEX_OK) goto done;
-    if (full->desc.stochastic_rounding) { /* checked after the load: it may have written params already */
-        r = capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: the file's optimizer uses stochastic rounding, which sharding does "
-                        "not support yet", fn);
-        goto done;
-    }
     for (j = 0; j < z->npieces; j++) {
         size_t i = z->piece_param[j], gi, ki, fi = capex__zero_full_index(z, i);
         capex__zero_piece_pos(z, j, &gi, &ki);
@@ -11756,6 +11764,7 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
     z->opt->desc.init_zero = full->desc.init_zero;
     z->opt->desc.norm_type = full->desc.norm_type;
     z->opt->desc.seed = full->desc.seed;
+    z->opt->desc.stochastic_rounding = full->desc.stochastic_rounding; /* keyed as the unsharded optimizer's */
     if (full->has_sched) (void)capex_optim_set_lr_schedule(z->opt, &full->sched);
     if (z->has_dev) { /* the pieces' state to the device; loaded params (host copies) back to params[i].data */
         size_t i, hb = 0;

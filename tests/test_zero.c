@@ -485,6 +485,62 @@ CT_TEST(load_takes_the_files_optimizer_settings) {
     capex_comm_destroy(&c);
 }
 
+/* bf16 stochastic rounding (supported by create) through a checkpoint: 4
+   steps == 2 + save + load into a fresh zero (built without it, another
+   seed: the file's count) + 2, bit for bit, as the unsharded optimizer
+   resumes. */
+CT_TEST(stochastic_rounding_resumes) {
+    capex_comm c;
+    capex_optim_desc od, od2;
+    capex_zero_desc zd;
+    capex_zero_param zp[2];
+    uint16_t full[2][40], part[2][40];
+    char path[300];
+    int run, s, i, e, n[2] = {40, 13};
+    snprintf(path, sizeof path, "/tmp/capex_zero_sr_%d", (int)getpid());
+    CT_CHECK(capex_comm_init_single(&c) == CAPEX_OK, "single");
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    od.stochastic_rounding = 1; od.seed = 0x1234567887654321ull; od.defaults.lr = 3e-2f;
+    capex_zero_desc_init(&zd);
+    zd.bucket_bytes = 32;
+    for (run = 0; run < 2; run++) { /* 0: 4 steps in one go; 1: 2, save, a fresh zero loads, 2 */
+        uint16_t (*w)[40] = run ? part : full;
+        capex_zero *z = NULL;
+        for (i = 0; i < 2; i++) {
+            for (e = 0; e < n[i]; e++) w[i][e] = capex_f32_to_bf16(0.01f * (float)(e * 7 % 23) - 0.1f);
+            zp[i].data = w[i]; zp[i].numel = (size_t)n[i]; zp[i].dtype = CAPEX_BF16; zp[i].group = 0;
+        }
+        CT_CHECK(capex_zero_create(&z, &c, zp, 2, &od, NULL, 1, &zd) == CAPEX_OK, "create: %s", capex_last_error());
+        for (s = 0; s < 4; s++) {
+            if (run && s == 2) {
+                CT_CHECK(capex_zero_save_file(z, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "save: %s", capex_last_error());
+                capex_zero_destroy(z);
+                z = NULL;
+                memset(part, 0, sizeof part); /* the file restores them, and the seed and mode: */
+                od2 = od; od2.stochastic_rounding = 0; od2.seed = 99;
+                CT_CHECK(capex_zero_create(&z, &c, zp, 2, &od2, NULL, 1, &zd) == CAPEX_OK, "create: %s", capex_last_error());
+                CT_CHECK(capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "load: %s %s",
+                         capex_result_string(capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS)), capex_last_error());
+            }
+            for (i = 1; i >= 0; i--) {
+                uint16_t *g = (uint16_t *)capex_zero_grad(z, (size_t)i);
+                CT_CHECK(g != NULL, "grad: %s", capex_last_error());
+                for (e = 0; e < n[i]; e++) g[e] = capex_f32_to_bf16(0.03f * (float)((e * 5 + s * 3 + i) % 11) - 0.15f);
+                CT_CHECK(capex_zero_grad_ready(z, (size_t)i) == CAPEX_OK, "ready: %s", capex_last_error());
+            }
+            CT_CHECK(capex_zero_finalize(z) == CAPEX_OK && capex_zero_step(z, 1.0f, 1.0f, 0) == CAPEX_OK &&
+                     capex_zero_zero_grad(z) == CAPEX_OK, "step: %s", capex_last_error());
+        }
+        capex_zero_destroy(z);
+    }
+    for (i = 0; i < 2; i++)
+        for (e = 0; e < n[i]; e++)
+            CT_CHECK(full[i][e] == part[i][e], "param %d element %d: 0x%04x uninterrupted, 0x%04x resumed", i, e, full[i][e],
+                     part[i][e]);
+    remove(path);
+    capex_comm_destroy(&c);
+}
+
 static const ct_case cases[] = {
     CT_CASE(single_comm_matches_ddp_and_optim),
     CT_CASE(create_refuses_bad_arguments),
@@ -495,5 +551,6 @@ static const ct_case cases[] = {
     CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
     CT_CASE(checkpoints_reshard_across_world_sizes),
     CT_CASE(load_takes_the_files_optimizer_settings),
+    CT_CASE(stochastic_rounding_resumes),
 };
 CT_MAIN(cases)
