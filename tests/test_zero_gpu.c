@@ -701,6 +701,29 @@ CT_TEST(refusals) {
     capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
     OK(capex_cuda_zero_create(&zg, &comm, zp, 1, &od, NULL, 1, NULL));
     z = capex_cuda_zero_base(zg);
+    {   /* a checkpoint with stochastic rounding: refused before anything changes */
+        capex_optim *h = NULL;
+        capex_optim_param hp;
+        capex_optim_desc sd = od;
+        float hw[16], hg[16], back[16];
+        char path[200];
+        int i;
+        for (i = 0; i < 16; i++) { hw[i] = 0.5f + (float)i; hg[i] = 0.25f; }
+        snprintf(path, sizeof path, "/tmp/capex_zgpu_sr_%d.ckpt", (int)getpid());
+        sd.stochastic_rounding = 1;
+        capex_optim_param_init(&hp);
+        hp.param = hw; hp.grad = hg; hp.numel = 16;
+        OK(capex_optim_create(&sd, &h));
+        OK(capex_optim_add_group(h, NULL, &hp, 1, NULL));
+        OK(capex_optim_step(h, 1.0f, 1.0f, 0));
+        OK(capex_optim_save_file(h, path, CAPEX_OPTIM_STATE_PARAMS));
+        capex_optim_destroy(h);
+        CT_CHECK(capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_ERR_UNSUPPORTED &&
+                 strstr(capex_last_error(), "device zero"), "stochastic rounding checkpoint: %s", capex_last_error());
+        remove(path);
+        OK(capex_cuda_memcpy_dtoh(ctx, back, p, sizeof back, NULL));
+        for (i = 0; i < 16; i++) CT_CHECK(back[i] == 0.0f, "param element %d changed by the refused load: %g", i, (double)back[i]);
+    }
     OK(capex_zero_grad_ready(z, 0));
     CT_CHECK(capex_cuda_zero_grad_norm(zg, 0, 1.0f, 0, 0, 0) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "finalize"),
              "grad norm between grad_ready and finalize: %s", capex_last_error());
