@@ -6,9 +6,10 @@
    f32/f16/bf16 grads and each model copy, tensors at odd element offsets and
    a step with NaN/inf/subnormal/huge grads, LayerNorm/RMSNorm (dtype mixes,
    tails mod 8/16, the streamed f32 dx against two unstreamed halves) and
-   BatchNorm (both layouts). Every output bit must match; only LayerNorm dx
-   computed by the other backward loop (without dweight/dbias) may differ in
-   NaN payloads (gcc -O3 -march=native orders the NaN operands differently). */
+   BatchNorm (both layouts), scale and axpby (every dtype mix, in place too).
+   Every output bit must match; only LayerNorm dx computed by the other
+   backward loop (without dweight/dbias) may differ in NaN payloads (gcc -O3
+   -march=native orders the NaN operands differently). */
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
 #include "capex_test.h"
@@ -435,6 +436,66 @@ CT_TEST(batch_norm) {
     force(0, 1);
 }
 
+/* scale (unscale) and axpby, every dtype combination, in place too: the same
+   bits and found_inf with the portable path forced and for threads 1/2/3. */
+CT_TEST(scale_axpby) {
+    enum { SN = 5, SCAP = 40000 };
+    static const capex_dtype dts[3] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
+    static unsigned char src[2][SCAP * 4], dst[2][SCAP * 4];
+    static float vals[SCAP];
+    int xi, oi, k, run, i;
+    rng = 5;
+    for (i = 0; i < SCAP; i++) vals[i] = (rnd32() % 32) ? urand() * 300.0f : spicy();
+    for (xi = 0; xi < 3; xi++)
+        for (oi = 0; oi < 3; oi++)
+            for (k = 0; k < 6; k++) { /* k: 0-1 scale, 2-3 axpby, 4 scale in place, 5 axpby in place */
+                size_t xe = capex_dtype_size(dts[xi]), oe = capex_dtype_size(dts[oi]);
+                capex_tensor xt[SN], ot[SN];
+                int64_t at = 0, lens[SN];
+                int inf[2] = {0, 0};
+                if (k >= 4 && xi != oi) continue;
+                for (i = 0; i < SN; i++) {
+                    lens[i] = k % 2 ? (int64_t)(rnd32() % 301) : (int64_t)(rnd32() % 7000);
+                    at += rnd32() % 16;
+                    xt[i].numel = ot[i].numel = lens[i];
+                    xt[i].data = (void *)(size_t)at; /* offsets for now */
+                    at += lens[i];
+                }
+                for (run = 0; run < 5; run++) {
+                    int r = run == 0 ? 0 : 1, th = run == 0 ? 1 : run < 4 ? run : 2, f = 0;
+                    capex_tensor xr[SN], orr[SN];
+                    capex_tensor_list xl, ol;
+                    capex_tensor_op_desc d;
+                    as_dtype(vals, src[r], dts[xi], at);
+                    memset(dst[r], 0x5a, sizeof dst[r]);
+                    if (k >= 4) as_dtype(vals, dst[r], dts[oi], at);
+                    for (i = 0; i < SN; i++) {
+                        size_t o = (size_t)xt[i].data;
+                        xr[i].numel = orr[i].numel = lens[i];
+                        xr[i].data = src[r] + o * xe;
+                        orr[i].data = dst[r] + o * oe;
+                        if (k >= 4) xr[i].data = orr[i].data;
+                    }
+                    xl = capex_tensor_list_make(dts[xi], xr, SN);
+                    ol = capex_tensor_list_make(dts[oi], orr, SN);
+                    capex_tensor_op_desc_init(&d);
+                    d.num_threads = th; d.parallel_min_elements = 1; d.chunk_size = k % 2 ? 37 : 1000;
+                    force(run == 4, 1);
+                    if (k == 0 || k == 1 || k == 4)
+                        CT_CHECK(capex_multi_tensor_scale(&d, &xl, &ol, 1.0f / 1024, &f) == CAPEX_OK, "%s", capex_last_error());
+                    else
+                        CT_CHECK(capex_multi_tensor_axpby(&d, 0.5f, &xl, -3.0f, k == 5 ? &ol : &xl, &ol, -1, &f) == CAPEX_OK,
+                                 "%s", capex_last_error());
+                    inf[r] = f;
+                    if (run)
+                        CT_CHECK(same(dst[0], dst[1], (size_t)at * oe) && inf[0] == inf[1],
+                                 "op %d %s -> %s run %d threads %d: found_inf %d vs %d", k, capex_dtype_name(dts[xi]),
+                                 capex_dtype_name(dts[oi]), run, th, inf[0], inf[1]);
+                }
+            }
+    force(0, 1);
+}
+
 static const ct_case cases[] = {CT_CASE(conversions), CT_CASE(norms), CT_CASE(optimizers), CT_CASE(layer_rms_norm),
-                                CT_CASE(batch_norm)};
+                                CT_CASE(batch_norm), CT_CASE(scale_axpby)};
 CT_MAIN(cases)
