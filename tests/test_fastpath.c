@@ -84,29 +84,39 @@ CT_TEST(norms) {
     static float x[70000];
     static uint16_t b[70000], hh[70000];
     static const capex_dtype dts[3] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
-    int n, off, di, path, th, i, t;
+    int n, off, di, path, th, i, t, round;
     rng = 2;
     for (i = 0; i < 70000; i++) {
         x[i] = (rnd32() % 8) ? urand() * (float)(1u << (rnd32() % 20)) : spicy();
         b[i] = capex_f32_to_bf16(x[i]);
         hh[i] = (rnd32() % 64) ? capex_f32_to_f16(x[i]) : (uint16_t)rnd32();
     }
-    for (n = 0; n <= 300; n++)
-        for (off = 0; off < 16; off++)
-            for (di = 0; di < 3; di++) {
-                void *base = dts[di] == CAPEX_F32 ? (void *)x : dts[di] == CAPEX_F16 ? (void *)hh : (void *)b;
-                size_t es = capex_dtype_size(dts[di]);
-                double ref = 0, s;
-                for (path = 0; path < 3; path++) {
-                    force(path == 0, path == 2);
-                    s = dts[di] == CAPEX_F32 ? capex__sumsq_F32((char *)base + off * es, n)
-                        : dts[di] == CAPEX_F16 ? capex__sumsq_F16((char *)base + off * es, n)
-                                               : capex__sumsq_BF16((char *)base + off * es, n);
-                    if (path == 0) ref = s;
-                    CT_CHECK(same(&ref, &s, 8), "sumsq %s n %d off %d path %d: %a vs %a", capex_dtype_name(dts[di]), n,
-                             off, path, ref, s);
-                }
+    for (round = 0; round < 2; round++) {
+        if (round) /* dense NaNs of both signs and payloads (several in one lane) */
+            for (i = 0; i < 70000; i++) {
+                uint32_t u = rnd32();
+                if (u % 8) continue;
+                x[i] = bits_f(0x7fc00000u | (u & 0x803fffffu));
+                b[i] = (uint16_t)(0x7fc0u | (u & 0x803fu));
+                hh[i] = (uint16_t)(0x7c01u | (u & 0x83ffu));
             }
+        for (n = 0; n <= 300; n++)
+            for (off = 0; off < 16; off++)
+                for (di = 0; di < 3; di++) {
+                    void *base = dts[di] == CAPEX_F32 ? (void *)x : dts[di] == CAPEX_F16 ? (void *)hh : (void *)b;
+                    size_t es = capex_dtype_size(dts[di]);
+                    double ref = 0, s;
+                    for (path = 0; path < 3; path++) {
+                        force(path == 0, path == 2);
+                        s = dts[di] == CAPEX_F32 ? capex__sumsq_F32((char *)base + off * es, n)
+                            : dts[di] == CAPEX_F16 ? capex__sumsq_F16((char *)base + off * es, n)
+                                                   : capex__sumsq_BF16((char *)base + off * es, n);
+                        if (path == 0) ref = s;
+                        CT_CHECK(same(&ref, &s, 8), "sumsq %s n %d off %d path %d round %d: %a vs %a",
+                                 capex_dtype_name(dts[di]), n, off, path, round, ref, s);
+                    }
+                }
+    }
     /* lists of tensors at odd offsets, small chunks, threads */
     for (di = 0; di < 3; di++)
         for (i = 0; i < 40; i++) {
