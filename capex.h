@@ -5300,10 +5300,14 @@ CAPEX__PRIVATE capex_result capex__for_chunks(const char *name, const capex_tens
    bounded 8. Squares of f32 values are exact in double, so FMA contraction
    cannot change a bit. */
 static double capex__sumsq_lanes_total(const double *s) {
-    double t[8];
+    double t[8], r;
     int j;
     for (j = 0; j < 8; j++) t[j] = s[j] + s[j + 8];
-    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+    r = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+    /* Which of two NaNs an add passes on (sign, payload) follows the operand
+       order the compiler picks, and it picks differently in the paths' lanes
+       and in each inlined copy of this tree: a NaN sum is one canonical NaN. */
+    return r == r ? r : (double)NAN;
 }
 /* lanes s[16] += squares of x[0, n), n a multiple of 16. With AVX, four
    4-double accumulators (lanes 0-3, 4-7, 8-11, 12-15): the same operations

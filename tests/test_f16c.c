@@ -249,6 +249,53 @@ CT_TEST(sumsq_same_bits) {
 #endif
 }
 
+/* Two NaNs of opposite sign in every pair of lanes (the same lane too), for
+   each dtype: every path gives the same NaN bits. Which input NaN an add
+   passes on follows the operand order the compiler picks, and gcc -O3
+   -march=native picks differently in the F16C branch (fp16 total -nan where
+   the portable loop gave nan) and within the AVX lanes; sums that are NaN
+   come out as one canonical NaN. */
+CT_TEST(sumsq_nan_pairs_same_bits) {
+#ifndef CAPEX__F16C
+    CT_SKIP("built without x86 SIMD paths");
+#else
+    static const int64_t ns[] = {32, 47, 300, 1999};
+    static float x[2000];
+    static uint16_t h[2000], b[2000];
+    const uint32_t qp = 0x7fc00001u, qn = 0xffc00003u;
+    int la, lb, k, dt, path;
+    int64_t i;
+    force_portable(0);
+    if (!capex__avx_ok()) CT_SKIP("this CPU has no AVX");
+    for (la = 0; la < 16; la++)
+        for (lb = 0; lb < 16; lb++)
+            for (k = 0; k < 4; k++) {
+                for (i = 0; i < 2000; i++) {
+                    x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+                    h[i] = capex_f32_to_f16(x[i]);
+                    b[i] = capex_f32_to_bf16(x[i]);
+                }
+                memcpy(&x[la], &qp, 4); memcpy(&x[16 + lb], &qn, 4);
+                h[la] = 0x7c01; h[16 + lb] = 0xfe03; /* a signalling and a negative quiet NaN */
+                b[la] = 0x7fc1; b[16 + lb] = 0xffc3;
+                for (dt = 0; dt < 3; dt++) {
+                    double ref = 0.0, s;
+                    for (path = 0; path < 4; path++) { /* portable; AVX; AVX+FMA; AVX with fp16 converted first */
+                        force_portable(path == 0);
+                        __atomic_store_n(&capex__fma_state, path == 2 ? 0 : 1, __ATOMIC_RELAXED);
+                        if (path == 3) __atomic_store_n(&capex__f16c_state, 1, __ATOMIC_RELAXED);
+                        s = dt == 0 ? capex__sumsq_F32(x, ns[k]) : dt == 1 ? capex__sumsq_F16(h, ns[k]) : capex__sumsq_BF16(b, ns[k]);
+                        if (path == 0) ref = s;
+                        CT_CHECK(s != s && same_bits(&ref, &s, 1, 8), "dtype %d lanes %d %d n %lld path %d: %a vs %a", dt,
+                                 la, lb, (long long)ns[k], path, ref, s);
+                    }
+                }
+            }
+    force_portable(0);
+    __atomic_store_n(&capex__fma_state, 0, __ATOMIC_RELAXED);
+#endif
+}
+
 /* LayerNorm / RMSNorm forward and backward on fp16 x, y, dy, dx. */
 CT_TEST(norms_fp16_same_bits) {
 #ifndef CAPEX__F16C
@@ -344,6 +391,6 @@ CT_TEST(tensor_ops_same_bits) {
 #endif
 }
 
-static const ct_case cases[] = {CT_CASE(optimizers_same_bits), CT_CASE(f16_grads_equal_f32_grads), CT_CASE(sumsq_same_bits),
+static const ct_case cases[] = {CT_CASE(optimizers_same_bits), CT_CASE(f16_grads_equal_f32_grads), CT_CASE(sumsq_same_bits), CT_CASE(sumsq_nan_pairs_same_bits),
                                 CT_CASE(norms_fp16_same_bits), CT_CASE(tensor_ops_same_bits)};
 CT_MAIN(cases)
