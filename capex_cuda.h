@@ -142,7 +142,11 @@ extern "C" {
 #endif
 
 /* Handles are plain pointers/integers so CUstream, CUevent and CUdeviceptr from
-   cuda.h pass straight in. A NULL stream is the context's default stream. */
+   cuda.h pass straight in. Streams from capex_cuda_stream_create are
+   non-blocking: the driver's NULL (legacy) stream does not wait for them. So a
+   copy or memset with stream NULL waits for the whole context and is done on
+   return; a kernel launched with stream NULL runs on the legacy stream, ordered
+   only against blocking streams. */
 typedef void *capex_cuda_stream;
 typedef void *capex_cuda_event;
 typedef unsigned long long capex_cuda_ptr;
@@ -274,7 +278,9 @@ CAPEX_API capex_result capex_cuda_context_synchronize(capex_cuda_context *ctx);
 /* ---- memory, streams, events (thin checked wrappers) ----------------------- */
 CAPEX_API capex_result capex_cuda_malloc(capex_cuda_context *ctx, size_t bytes, capex_cuda_ptr *out);
 CAPEX_API capex_result capex_cuda_free(capex_cuda_context *ctx, capex_cuda_ptr p);  /* 0 is a no-op */
-/* stream NULL: synchronous copy; else asynchronous on the stream. */
+/* Copies and memsets. Stream NULL: waits for all work queued on the context
+   (every stream), then copies, and returns when the copy is done; else
+   asynchronous on the stream. */
 CAPEX_API capex_result capex_cuda_memcpy_htod(capex_cuda_context *ctx, capex_cuda_ptr dst, const void *src,
                                               size_t bytes, capex_cuda_stream stream);
 CAPEX_API capex_result capex_cuda_memcpy_dtoh(capex_cuda_context *ctx, void *dst, capex_cuda_ptr src,
@@ -4467,6 +4473,13 @@ CAPEX_API capex_result capex_cuda_context_synchronize(capex_cuda_context *ctx) {
 
 /* ---- memory, streams, events ------------------------------------------------ */
 
+/* Stream NULL means "after all work on the context, and done on return". The
+   driver's own NULL (legacy) stream does not wait for capex's streams, which
+   are non-blocking: a plain cuMemcpyDtoH read results before the step that
+   writes them ran, and cuMemcpyHtoD / DtoD / cuMemset can land after later
+   work on those streams (seen on an H100: ZeRO-GPU vs DDP, 2026-11-28). */
+#define CAPEX__NULL_STREAM_HINT "an earlier kernel or copy failed (run under compute-sanitizer to find it)"
+
 CAPEX_API capex_result capex_cuda_malloc(capex_cuda_context *ctx, size_t bytes, capex_cuda_ptr *out) {
     capex_result r;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_malloc: out is NULL");
@@ -4492,7 +4505,11 @@ CAPEX_API capex_result capex_cuda_memcpy_htod(capex_cuda_context *ctx, capex_cud
     if (!dst || !src) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_memcpy_htod: NULL pointer");
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     if (stream) CAPEX__CU(cuMemcpyHtoDAsync_v2, (dst, src, bytes, stream), "");
-    else CAPEX__CU(cuMemcpyHtoD_v2, (dst, src, bytes), "");
+    else { /* the DMA from pageable memory may still be in flight when cuMemcpyHtoD returns */
+        CAPEX__CU(cuCtxSynchronize, (), CAPEX__NULL_STREAM_HINT);
+        CAPEX__CU(cuMemcpyHtoD_v2, (dst, src, bytes), "");
+        CAPEX__CU(cuCtxSynchronize, (), "");
+    }
     return CAPEX_OK;
 }
 
@@ -4503,7 +4520,10 @@ CAPEX_API capex_result capex_cuda_memcpy_dtoh(capex_cuda_context *ctx, void *dst
     if (!dst || !src) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_memcpy_dtoh: NULL pointer");
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     if (stream) CAPEX__CU(cuMemcpyDtoHAsync_v2, (dst, src, bytes, stream), "");
-    else CAPEX__CU(cuMemcpyDtoH_v2, (dst, src, bytes), "an earlier kernel may have failed");
+    else {
+        CAPEX__CU(cuCtxSynchronize, (), CAPEX__NULL_STREAM_HINT);
+        CAPEX__CU(cuMemcpyDtoH_v2, (dst, src, bytes), "an earlier kernel may have failed");
+    }
     return CAPEX_OK;
 }
 
@@ -4514,7 +4534,11 @@ CAPEX_API capex_result capex_cuda_memcpy_dtod(capex_cuda_context *ctx, capex_cud
     if (!dst || !src) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_memcpy_dtod: NULL pointer");
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     if (stream) CAPEX__CU(cuMemcpyDtoDAsync_v2, (dst, src, bytes, stream), "");
-    else CAPEX__CU(cuMemcpyDtoD_v2, (dst, src, bytes), "");
+    else { /* cuMemcpyDtoD returns before the copy is done */
+        CAPEX__CU(cuCtxSynchronize, (), CAPEX__NULL_STREAM_HINT);
+        CAPEX__CU(cuMemcpyDtoD_v2, (dst, src, bytes), "");
+        CAPEX__CU(cuCtxSynchronize, (), "");
+    }
     return CAPEX_OK;
 }
 
@@ -4525,7 +4549,11 @@ CAPEX_API capex_result capex_cuda_memset_u8(capex_cuda_context *ctx, capex_cuda_
     if (!dst) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_memset_u8: NULL pointer");
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     if (stream) CAPEX__CU(cuMemsetD8Async, (dst, value, count, stream), "");
-    else CAPEX__CU(cuMemsetD8_v2, (dst, value, count), "");
+    else { /* cuMemsetD8 on device memory returns before it is done */
+        CAPEX__CU(cuCtxSynchronize, (), CAPEX__NULL_STREAM_HINT);
+        CAPEX__CU(cuMemsetD8_v2, (dst, value, count), "");
+        CAPEX__CU(cuCtxSynchronize, (), "");
+    }
     return CAPEX_OK;
 }
 
@@ -4536,7 +4564,11 @@ CAPEX_API capex_result capex_cuda_memset_u32(capex_cuda_context *ctx, capex_cuda
     if (!dst || (dst & 3u)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_memset_u32: NULL or unaligned pointer");
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     if (stream) CAPEX__CU(cuMemsetD32Async, (dst, value, count, stream), "");
-    else CAPEX__CU(cuMemsetD32_v2, (dst, value, count), "");
+    else {
+        CAPEX__CU(cuCtxSynchronize, (), CAPEX__NULL_STREAM_HINT);
+        CAPEX__CU(cuMemsetD32_v2, (dst, value, count), "");
+        CAPEX__CU(cuCtxSynchronize, (), "");
+    }
     return CAPEX_OK;
 }
 

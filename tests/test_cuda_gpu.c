@@ -817,6 +817,94 @@ CT_TEST(threads_share_a_context) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* Stream NULL means after every stream's work and done on return. The
+   driver's legacy stream alone does not wait for capex's non-blocking streams:
+   a read raced the kernel before it, and a pageable upload or a memset could
+   land after the kernel queued behind it (ZeRO-GPU's H100 test, 2026-11-28).
+   The kernel spins ~0.05 s first, so an unordered copy loses every time. */
+static const char *order_src =
+    "extern \"C\" __global__ void spin_then_write(unsigned *p, unsigned v, long long cycles) {\n"
+    "    long long t0 = clock64();\n"
+    "    while (clock64() - t0 < cycles) {}\n"
+    "    *p = v;\n"
+    "}\n"
+    "extern \"C\" __global__ void spin_then_copy_last(unsigned *dst, const unsigned *src, unsigned long long n, long long cycles) {\n"
+    "    long long t0 = clock64();\n"
+    "    while (clock64() - t0 < cycles) {}\n"
+    "    *dst = src[n - 1];\n"
+    "}\n";
+
+CT_TEST(null_stream_copies_wait_for_every_stream) {
+    enum { BIG = 16 << 20 }; /* 64 MB of pageable memory: its DMA outlasts the call that starts it */
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL;
+    capex_cuda_function spin, spin_copy;
+    capex_cuda_stream st = NULL;
+    capex_cuda_ptr d = 0, big = 0, big2 = 0;
+    unsigned *host = NULL, got = 0, v;
+    unsigned long long n = BIG;
+    long long cycles = 100000000; /* ~0.05 s at 2 GHz */
+    unsigned one[3] = {1, 1, 1};
+    void *args[4];
+    int k;
+    OPEN_CTX(ctx);
+    if (!strncmp(capex_cuda_context_device(ctx)->name, "capex fake", 10) ||
+        strstr(capex_cuda_context_device(ctx)->name, "emulator") != NULL) {
+        capex_cuda_context_destroy(ctx);
+        CT_SKIP("needs a real GPU: the CPU drivers run every stream in order");
+    }
+    CT_NEED_NVRTC();
+    OK(capex_cuda_module_compile(ctx, order_src, "order.cu", NULL, 0, &m));
+    OK(capex_cuda_module_get_function(m, "spin_then_write", &spin));
+    OK(capex_cuda_module_get_function(m, "spin_then_copy_last", &spin_copy));
+    OK(capex_cuda_stream_create(ctx, &st));
+    OK(capex_cuda_malloc(ctx, 4, &d));
+    OK(capex_cuda_malloc(ctx, (size_t)BIG * 4, &big));
+    OK(capex_cuda_malloc(ctx, (size_t)BIG * 4, &big2));
+    host = (unsigned *)malloc((size_t)BIG * 4);
+    CT_CHECK(host != NULL, "host memory");
+    if (ct->failed) goto done;
+    for (k = 0; k < 3; k++) {
+        /* a read waits for the kernel before it */
+        v = 100u + (unsigned)k;
+        OK(capex_cuda_memset_u32(ctx, d, 0, 1, NULL));
+        args[0] = &d; args[1] = &v; args[2] = &cycles;
+        OK(capex_cuda_launch(&spin, one, one, 0, st, args));
+        OK(capex_cuda_memcpy_dtoh(ctx, &got, d, 4, NULL));
+        CT_CHECK(got == v, "round %d: dtoh(NULL) read %u before the kernel on a stream wrote %u", k, got, v);
+        /* a memset lands after the kernel before it */
+        OK(capex_cuda_launch(&spin, one, one, 0, st, args));
+        OK(capex_cuda_memset_u32(ctx, d, 9, 1, NULL));
+        OK(capex_cuda_stream_synchronize(ctx, st));
+        OK(capex_cuda_memcpy_dtoh(ctx, &got, d, 4, st));
+        OK(capex_cuda_stream_synchronize(ctx, st));
+        CT_CHECK(got == 9, "round %d: memset(NULL) ran before the kernel queued ahead of it (read %u)", k, got);
+        /* an upload from pageable memory is done before the next kernel reads it */
+        host[BIG - 1] = 0xC0DE0000u + (unsigned)k;
+        OK(capex_cuda_memcpy_htod(ctx, big, host, (size_t)BIG * 4, NULL));
+        cycles = 0;
+        args[0] = &d; args[1] = &big; args[2] = &n; args[3] = &cycles;
+        OK(capex_cuda_launch(&spin_copy, one, one, 0, st, args));
+        OK(capex_cuda_memcpy_dtoh(ctx, &got, d, 4, NULL));
+        CT_CHECK(got == host[BIG - 1], "round %d: a kernel after htod(NULL) read %#x, want %#x", k, got, host[BIG - 1]);
+        /* a device copy likewise */
+        OK(capex_cuda_memcpy_dtod(ctx, big2, big, (size_t)BIG * 4, NULL));
+        args[1] = &big2;
+        OK(capex_cuda_launch(&spin_copy, one, one, 0, st, args));
+        OK(capex_cuda_memcpy_dtoh(ctx, &got, d, 4, NULL));
+        CT_CHECK(got == host[BIG - 1], "round %d: a kernel after dtod(NULL) read %#x, want %#x", k, got, host[BIG - 1]);
+        cycles = 100000000;
+        if (ct->failed) break;
+    }
+done:
+    free(host);
+    if (st) capex_cuda_stream_destroy(ctx, st);
+    capex_cuda_free(ctx, d);
+    capex_cuda_free(ctx, big);
+    capex_cuda_free(ctx, big2);
+    capex_cuda_context_destroy(ctx);
+}
+
 static const ct_case cases[] = {
     CT_CASE(device_and_context),
     CT_CASE(cold_compile_cache_and_warm_reload_without_nvrtc),
@@ -825,6 +913,7 @@ static const ct_case cases[] = {
     CT_CASE(builtin_kernels_exact),
     CT_CASE(conversions_match_cpu_bit_exact),
     CT_CASE(user_kernel_raw_kernel_style),
+    CT_CASE(null_stream_copies_wait_for_every_stream),
     CT_CASE(driver_errors_are_reported),
     CT_CASE(threads_share_a_context),
 };

@@ -371,20 +371,26 @@ static void ref_run(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream use
     capex_cuda_optim_destroy(o);
 }
 
+static float as_f32(const void *buf, capex_dtype t, size_t e) {
+    if (t == CAPEX_F32) return ((const float *)buf)[e];
+    return t == CAPEX_F16 ? capex_f16_to_f32(((const uint16_t *)buf)[e]) : capex_bf16_to_f32(((const uint16_t *)buf)[e]);
+}
+
 static void same_params(ct_state *ct, const cfg *c, const hostp *a, const hostp *b, const char *what) {
     int i;
-    for (i = 0; i < NP; i++)
-        CT_CHECK(memcmp(a->d[i], b->d[i], bytes_of(c, i)) == 0, "%s: param %d (%s, %zu elements) differs", what, i,
-                 capex_dtype_name(dt_of(c, i)), zp_numel[i]);
+    for (i = 0; i < NP; i++) {
+        size_t e, first = 0, ndiff = 0, es = capex_dtype_size(dt_of(c, i));
+        for (e = 0; e < zp_numel[i]; e++)
+            if (memcmp(a->d[i] + e * es, b->d[i] + e * es, es) && !ndiff++) first = e;
+        CT_CHECK(ndiff == 0, "%s: param %d (%s, %zu elements) differs in %zu elements, first [%zu]: %.9g vs %.9g", what, i,
+                 capex_dtype_name(dt_of(c, i)), zp_numel[i], ndiff, first, (double)as_f32(a->d[i], dt_of(c, i), first),
+                 (double)as_f32(b->d[i], dt_of(c, i), first));
+    }
 }
 
 /* LAMB: its global norm and per-tensor |p|, |u| are sums over pieces on
    every rank, in another order than the unsharded ones: within 1e-5
    relative (f32) or an ulp of the half type. */
-static float as_f32(const void *buf, capex_dtype t, size_t e) {
-    if (t == CAPEX_F32) return ((const float *)buf)[e];
-    return t == CAPEX_F16 ? capex_f16_to_f32(((const uint16_t *)buf)[e]) : capex_bf16_to_f32(((const uint16_t *)buf)[e]);
-}
 static void close_params(ct_state *ct, const cfg *c, const hostp *a, const hostp *b, const char *what, double *worst) {
     int i;
     size_t e;
