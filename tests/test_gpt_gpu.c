@@ -150,8 +150,16 @@ CT_TEST(fp32_matches_cpu_layernorm_and_rmsnorm) {
    gradients up to 6.6e-4 / 2.2e-5. A rounding point the GPU left out (the
    attention output unrounded, tried) gives 2.0e-3 / 1.8e-2 in the
    probabilities: bf16, whose flips are rare here, is the case that catches
-   it (4e-3; the rounding code is one function for both half types); fp16 has
-   room for a real GPU's expf/tanhf to add flips (3e-3). */
+   it (the rounding code is one function for both half types); fp16 has
+   room for a real GPU's expf/tanhf to add flips (3e-3). On an H100 and an
+   H200 (2026-11-28) bf16 RMSNorm gave probabilities 6.0e-3 and dqkvw 4.4e-3
+   off, where the emulator (the CPU's libm) gives 0: the GPU's expf/tanhf/logf
+   (up to 2 ulps) flip a few bf16 roundings, each 2^-8 = 3.9e-3 in its
+   element. So bf16 on a real GPU gets 1.2e-2, still under the 1.8e-2 of the
+   missing rounding point; the emulator keeps 4e-3. */
+static double bf16_tol(capex_cuda_context *ctx) {
+    return strstr(capex_cuda_context_device(ctx)->name, "emulator") ? 4e-3 : 1.2e-2;
+}
 CT_TEST(fp16_activations_match_cpu) {
     capex_cuda_context *ctx = open_ctx(ct);
     double worst = 0;
@@ -165,8 +173,8 @@ CT_TEST(bf16_activations_match_cpu) {
     capex_cuda_context *ctx = open_ctx(ct);
     double worst = 0;
     if (!ctx) return;
-    compare(ct, ctx, CAPEX_BF16, 0, 4e-3, 4e-3, 4e-3, &worst);
-    compare(ct, ctx, CAPEX_BF16, 1, 4e-3, 4e-3, 4e-3, &worst);
+    compare(ct, ctx, CAPEX_BF16, 0, 4e-3, bf16_tol(ctx), bf16_tol(ctx), &worst);
+    compare(ct, ctx, CAPEX_BF16, 1, 4e-3, bf16_tol(ctx), bf16_tol(ctx), &worst);
     printf("    bf16: largest relative gradient error %.3g\n", worst);
     capex_cuda_context_destroy(ctx);
 }
