@@ -65,11 +65,12 @@ static void ct_skip(ct_state *ct, const char *fmt, ...) {
 static int ct_main(const char *file, const ct_case *cases, size_t n, int argc, char **argv) {
     size_t i;
     int passed = 0, failed = 0, skipped = 0;
-    const char *only = argc > 1 ? argv[1] : NULL;
+    /* argv[1]: run the cases whose name contains it; "-text": all but those */
+    const char *only = argc > 1 && argv[1][0] != '-' ? argv[1] : NULL, *skip = argc > 1 && argv[1][0] == '-' ? argv[1] + 1 : NULL;
     (void)ct_skip; /* used only by programs that skip */
     for (i = 0; i < n; i++) {
         ct_state st;
-        if (only && !strstr(cases[i].name, only)) continue;
+        if ((only && !strstr(cases[i].name, only)) || (skip && skip[0] && strstr(cases[i].name, skip))) continue;
         memset(&st, 0, sizeof st);
         cases[i].fn(&st);
         if (st.failed) { failed++; printf("FAIL %s/%s: %s\n", file, cases[i].name, st.why); }

@@ -39,11 +39,6 @@ ci-extra:: $(BUILD)/gpuopt/test_gpuopt_emu512
 
 $(BUILD)/tests/test_gpuopt_gpu: tests/gpuopt_parity.h
 
-# gpu-test (tests/cuda.mk) runs this first, as a prerequisite; a failure stops it.
-.PHONY: gpuopt-gpu-test
-gpu-test: gpuopt-gpu-test
-gpuopt-gpu-test: $(BUILD)/tests/test_gpuopt_gpu
-	@tests/run.sh $(BUILD)/tests/test_gpuopt_gpu
 
 # Host side of the GPU tests on the stand-in driver: must skip or pass, never crash.
 ci-extra:: $(BUILD)/tests/test_gpuopt_gpu
@@ -65,6 +60,13 @@ bench-gpu: $(BUILD)/bench/bench_gpu
 	python3 bench/bench_torch.py --report $(BUILD)/bench/gpu_capex.csv $(BUILD)/bench/gpu_torch.csv \
 	  --markdown $(BUILD)/bench/gpu_table.md --svg $(BUILD)/bench/gpu_chart.svg
 	@cat $(BUILD)/bench/gpu_table.md
+
+# LayerNorm / RMSNorm forward and backward, bf16, against PyTorch's (GPU machine).
+.PHONY: bench-gpu-norms
+bench-gpu-norms: $(BUILD)/bench/bench_gpu
+	@mkdir -p $(BUILD)/bench
+	$(BUILD)/bench/bench_gpu --norms --csv $(BUILD)/bench/gpu_norms_capex.csv
+	python3 bench/bench_torch.py --norms --csv $(BUILD)/bench/gpu_norms_torch.csv
 
 # CI: the benchmark builds warning-free; the Python side is valid syntax.
 ci-extra:: $(BUILD)/bench/bench_gpu

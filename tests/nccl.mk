@@ -24,11 +24,6 @@ $(BUILD)/tests/test_nccl_abi: tests/test_nccl_abi.c tests/capex_test.h $(HEADERS
 endif
 endif
 
-# `make gpu-test` also runs the NCCL GPU tests (they SKIP without a GPU/NCCL).
-.PHONY: nccl-gpu-test
-gpu-test: nccl-gpu-test
-nccl-gpu-test: $(BUILD)/tests/test_nccl_gpu
-	@tests/run.sh $(BUILD)/tests/test_nccl_gpu
 
 # CPU data-parallel benchmark over MPI (bench/bench_dp.c): np 2, then np 4
 # oversubscribed (quick sweep). About a minute; results go to bench/RESULTS.md.

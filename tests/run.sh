@@ -11,6 +11,10 @@ for p in "$@"; do [ -x "$p" ] && progs+=("$p"); done
 if [ $# -eq 0 ]; then for p in build/tests/test_*; do [ -x "$p" ] && progs+=("$p"); done; fi
 jobs=${CAPEX_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
 [ "$jobs" -ge 1 ] 2>/dev/null || jobs=1
+# CAPEX_TEST_TIMEOUT=S: a program still running after S seconds is killed (a
+# failure, exit 124/137), so one hang cannot hide the others' reports.
+limit=
+if [ -n "${CAPEX_TEST_TIMEOUT:-}" ]; then limit="timeout -k 5 $CAPEX_TEST_TIMEOUT"; fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/capex-tests.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 P=0; F=0; S=0; next=0
@@ -34,7 +38,7 @@ flush() { # report every finished program whose predecessors are reported
 
 for i in "${!progs[@]}"; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n 2>/dev/null || sleep 0.2; flush; done
-    ( "${progs[$i]}" >"$tmp/$i.out" 2>&1; echo $? >"$tmp/$i.rc.tmp"; mv "$tmp/$i.rc.tmp" "$tmp/$i.rc" ) &
+    ( $limit "${progs[$i]}" >"$tmp/$i.out" 2>&1; echo $? >"$tmp/$i.rc.tmp"; mv "$tmp/$i.rc.tmp" "$tmp/$i.rc" ) &
 done
 wait
 flush

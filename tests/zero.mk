@@ -8,7 +8,3 @@ $(BUILD)/tests/test_zero: tests/zero_check.h tests/fork_world.h tests/free_port.
 $(BUILD)/tests/test_zero_gpu: tests/cuda_test_util.h tests/nccl_world.h
 EMU_GPU_TESTS += test_zero_gpu:0
 emu-test: $(BUILD)/tests/test_zero_gpu
-.PHONY: zero-gpu-test
-gpu-test: zero-gpu-test
-zero-gpu-test: $(BUILD)/tests/test_zero_gpu
-	@tests/run.sh $(BUILD)/tests/test_zero_gpu
