@@ -9,6 +9,10 @@ Rows (same byte counts as bench_gpu.c, so GB/s compare directly):
                          torch.amp.GradScaler.unscale_ runs), f32 grads: 8
     torch_foreach_norm   torch._foreach_norm([g]) on f32 grads: 4
     torch_adamw_fused    torch.optim.AdamW(fused=True), f32 params and grads: 28
+Norms (bench_gpu --norms's shapes: 2^24 bf16 elements as rows x width):
+    bench_torch.py --norms --csv torch_norms.csv
+    torch.nn.functional.layer_norm / rms_norm forward, and their backward
+    (torch.autograd.grad for dx, dweight, dbias), bf16 activations and weights.
 Report (no GPU needed):
     bench_torch.py --report capex.csv torch.csv --markdown table.md --svg chart.svg
 writes a roofline-style table (GB/s and the ratio to the same run's copy
@@ -73,6 +77,64 @@ def measure(sizes, out_csv, iters_override=0):
         w.writerow(["kernel", "params", "bytes", "ms", "gbps", "ratio_to_copy"])
         for r in rows:
             w.writerow([r[0], r[1], f"{r[2]:.0f}", f"{r[3]:.6f}", f"{r[4]:.3f}", f"{r[5]:.4f}"])
+    print(f"bench_torch: {len(rows)} rows -> {out_csv} (torch {torch.__version__}, {torch.cuda.get_device_name()})")
+    return 0
+
+
+def measure_norms(out_csv, iters_override=0):
+    import torch
+    import torch.nn.functional as F
+
+    if not torch.cuda.is_available():
+        print("bench_torch: no CUDA device, nothing measured")
+        return 0
+    dev = torch.device("cuda")
+    total, iters = 1 << 24, iters_override or 50
+    rows = []
+
+    def timed(fn):
+        fn()
+        torch.cuda.synchronize()
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / iters
+
+    g = torch.Generator(device=dev).manual_seed(7)
+    for width in (768, 1024, 4096, 8192):
+        n = total // width
+        x = (torch.rand((n, width), device=dev, generator=g) * 4 - 2).to(torch.bfloat16).requires_grad_()
+        dy = (torch.rand((n, width), device=dev, generator=g) * 2 - 1).to(torch.bfloat16)
+        w = (torch.rand((width,), device=dev, generator=g) + 0.5).to(torch.bfloat16).requires_grad_()
+        b = (torch.rand((width,), device=dev, generator=g) - 0.5).to(torch.bfloat16).requires_grad_()
+        y2 = torch.empty_like(dy)
+        res = {"copy_bf16": (timed(lambda: y2.copy_(dy)), 4)}
+        with torch.no_grad():
+            res["layernorm_fwd"] = (timed(lambda: F.layer_norm(x, (width,), w, b, 1e-5)), 4)
+            res["rmsnorm_fwd"] = (timed(lambda: F.rms_norm(x, (width,), w, 1e-5)), 4)
+        y = F.layer_norm(x, (width,), w, b, 1e-5)
+        res["layernorm_bwd"] = (timed(lambda: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)), 6)
+        y = F.rms_norm(x, (width,), w, 1e-5)
+        res["rmsnorm_bwd"] = (timed(lambda: torch.autograd.grad(y, (x, w), dy, retain_graph=True)), 6)
+        copy_gbps = 4 * n * width / (res["copy_bf16"][0] * 1e-3) / 1e9
+        for k in ("copy_bf16", "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd"):
+            ms, bpe = res[k]
+            gbps = bpe * n * width / (ms * 1e-3) / 1e9
+            rows.append((f"torch_{k}_w{width}", n * width, bpe * n * width, ms, gbps, gbps / copy_gbps))
+        del x, dy, w, b, y, y2
+        torch.cuda.empty_cache()
+    print("| kernel | elements | us | GB/s | / copy |\n|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[3] * 1e3:.1f} | {r[4]:.1f} | {r[5]:.2f} |")
+    with open(out_csv, "w", newline="") as f:
+        wr = csv.writer(f)
+        wr.writerow(["kernel", "elements", "bytes", "ms", "gbps", "ratio_to_copy"])
+        for r in rows:
+            wr.writerow([r[0], r[1], f"{r[2]:.0f}", f"{r[3]:.6f}", f"{r[4]:.3f}", f"{r[5]:.4f}"])
     print(f"bench_torch: {len(rows)} rows -> {out_csv} (torch {torch.__version__}, {torch.cuda.get_device_name()})")
     return 0
 
@@ -160,7 +222,10 @@ def main(argv):
     ap.add_argument("--report", nargs="+", metavar="CSV")
     ap.add_argument("--markdown", default="gpu_table.md")
     ap.add_argument("--svg", default="gpu_chart.svg")
+    ap.add_argument("--norms", action="store_true")
     a = ap.parse_args(argv)
+    if a.norms:
+        return measure_norms(a.csv, a.iters)
     if a.report:
         return report(a.report, a.markdown, a.svg)
     return measure([int(s) for s in a.sizes.split(",") if s], a.csv, a.iters)
