@@ -5113,7 +5113,7 @@ CAPEX__PRIVATE capex_result capex__cuda_builtin_launch(capex_cuda_context *ctx, 
     capex_cuda_function fn;
     capex_result r;
     unsigned grid[3] = {1, 1, 1}, block[3] = {256, 1, 1};
-    size_t blocks = (n + 255) / 256, cap;
+    size_t blocks = n / 256 + (n % 256 != 0), cap; /* n + 255 would wrap near SIZE_MAX */
     if ((r = capex__cuda_builtin_get(ctx, k, &fn)) != CAPEX_OK) return r;
     cap = (size_t)(ctx->info.sm_count > 0 ? ctx->info.sm_count : 1) * 32u;
     grid[0] = (unsigned)(blocks < cap ? blocks : cap);
@@ -5141,8 +5141,10 @@ CAPEX_API capex_result capex_cuda_fill_f32(capex_cuda_context *ctx, capex_cuda_p
                                            capex_cuda_stream stream) {
     unsigned long long nn = n;
     void *args[3];
+    capex_result r;
     if (n == 0) return CAPEX_OK;
     if (!x) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_fill_f32: NULL pointer");
+    if ((r = capex__cuda_check_n("capex_cuda_fill_f32", n)) != CAPEX_OK) return r;
     args[0] = &x; args[1] = &value; args[2] = &nn;
     return capex__cuda_builtin_launch(ctx, 0, n, stream, args);
 }

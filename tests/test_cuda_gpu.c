@@ -560,7 +560,9 @@ CT_TEST(builtin_kernels_exact) {
     OK(capex_cuda_add_f32(ctx, c + 64, c, b, 16, NULL)); /* adjacent, not overlapping */
     if (sizeof(size_t) == 8) /* counts whose byte sizes or grid would wrap */
         CT_CHECK(capex_cuda_add_f32(ctx, c, a, b, (size_t)1 << 62, NULL) == CAPEX_ERR_LIMIT &&
-                 capex_cuda_convert(ctx, c, CAPEX_F16, a, CAPEX_F32, ~(size_t)0, NULL) == CAPEX_ERR_LIMIT, "%s", capex_last_error());
+                 capex_cuda_convert(ctx, c, CAPEX_F16, a, CAPEX_F32, ~(size_t)0, NULL) == CAPEX_ERR_LIMIT &&
+                 capex_cuda_fill_f32(ctx, c, 1.0f, ~(size_t)0, NULL) == CAPEX_ERR_LIMIT &&
+                 capex_cuda_scale_f32(ctx, c, a, 2.0f, ~(size_t)0 - 100, NULL) == CAPEX_ERR_LIMIT, "%s", capex_last_error());
     capex_cuda_free(ctx, a);
     capex_cuda_free(ctx, b);
     capex_cuda_free(ctx, c);
