@@ -13,6 +13,7 @@
    minute); every capex call it makes is the one a bigger engine makes. */
 #define CAPEX_CUDA_IMPLEMENTATION /* the CUDA backend (run-time loaded) and capex.h's implementation */
 #include "../capex_cuda.h"
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -1326,6 +1327,47 @@ static void usage(void) {
            "Launch several ranks with mpirun (build with CAPEX_MPI) or torchrun --no-python.\n");
 }
 
+/* Option values: the whole text a number in range, or exit status 2 saying
+   so (atoi read "10x" as 10 and "abc" as 0). */
+static int opt_int(const char *opt, const char *v, int *out) {
+    char *end;
+    long x;
+    errno = 0;
+    x = strtol(v, &end, 10);
+    if (end == v || *end || errno || x < INT_MIN || x > INT_MAX) {
+        fprintf(stderr, "%s: '%s' is not an integer\n", opt, v);
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+static int opt_float(const char *opt, const char *v, float *out) {
+    char *end;
+    double x;
+    errno = 0;
+    x = strtod(v, &end);
+    if (end == v || *end || errno || !(x == x) || x > 3.4e38 || x < -3.4e38) {
+        fprintf(stderr, "%s: '%s' is not a finite number\n", opt, v);
+        return 0;
+    }
+    *out = (float)x;
+    return 1;
+}
+static int opt_u64(const char *opt, const char *v, uint64_t *out) {
+    char *end;
+    unsigned long long x;
+    errno = 0;
+    x = strtoull(v, &end, 10);
+    if (end == v || *end || errno || v[0] == '-') {
+        fprintf(stderr, "%s: '%s' is not a non-negative integer\n", opt, v);
+        return 0;
+    }
+    *out = (uint64_t)x;
+    return 1;
+}
+#define OPT_INT(dst) do { if (!opt_int(a, v, &(dst))) return 2; } while (0)
+#define OPT_FLOAT(dst) do { if (!opt_float(a, v, &(dst))) return 2; } while (0)
+
 int main(int argc, char **argv) {
     run_cfg cfg;
     text_data data;
@@ -1352,10 +1394,10 @@ int main(int argc, char **argv) {
             else if (!strcmp(v, "sgd")) cfg.optim = CAPEX_OPTIM_SGD;
             else { fprintf(stderr, "--optim: adamw, lamb or sgd\n"); return 2; }
         }
-        else if (!strcmp(a, "--steps")) cfg.steps = atoi(v);
-        else if (!strcmp(a, "--batch")) cfg.batch = atoi(v);
-        else if (!strcmp(a, "--lr")) cfg.lr = (float)atof(v);
-        else if (!strcmp(a, "--warmup")) { cfg.warmup = atoi(v); warmup_given = 1; }
+        else if (!strcmp(a, "--steps")) OPT_INT(cfg.steps);
+        else if (!strcmp(a, "--batch")) OPT_INT(cfg.batch);
+        else if (!strcmp(a, "--lr")) OPT_FLOAT(cfg.lr);
+        else if (!strcmp(a, "--warmup")) { OPT_INT(cfg.warmup); warmup_given = 1; }
         else if (!strcmp(a, "--sched")) {
             static const char *const names[8] = {"constant", "cosine", "linear", "poly", "step", "multistep", "exp", "onecycle"};
             int k, found = -1;
@@ -1363,26 +1405,31 @@ int main(int argc, char **argv) {
             if (found < 0) { fprintf(stderr, "--sched: constant, cosine, linear, poly, step, multistep, exp or onecycle\n"); return 2; }
             cfg.sched = (capex_lr_kind)found; /* names[] is in capex_lr_kind's order */
         }
-        else if (!strcmp(a, "--wd")) cfg.wd = (float)atof(v);
-        else if (!strcmp(a, "--clip")) cfg.clip = (float)atof(v);
-        else if (!strcmp(a, "--seed")) cfg.seed = (uint64_t)strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--ctx")) cfg.ctx = atoi(v);
-        else if (!strcmp(a, "--emb")) cfg.emb = atoi(v);
-        else if (!strcmp(a, "--hidden")) cfg.hidden = atoi(v);
+        else if (!strcmp(a, "--wd")) OPT_FLOAT(cfg.wd);
+        else if (!strcmp(a, "--clip")) OPT_FLOAT(cfg.clip);
+        else if (!strcmp(a, "--seed")) { if (!opt_u64(a, v, &cfg.seed)) return 2; }
+        else if (!strcmp(a, "--ctx")) OPT_INT(cfg.ctx);
+        else if (!strcmp(a, "--emb")) OPT_INT(cfg.emb);
+        else if (!strcmp(a, "--hidden")) OPT_INT(cfg.hidden);
         else if (!strcmp(a, "--data")) data_path = v;
         else if (!strcmp(a, "--save")) cfg.save_path = v;
-        else if (!strcmp(a, "--save-at")) cfg.save_at = atoi(v);
+        else if (!strcmp(a, "--save-at")) OPT_INT(cfg.save_at);
         else if (!strcmp(a, "--resume")) cfg.resume_path = v;
         else if (!strcmp(a, "--svg")) svg = v;
-        else if (!strcmp(a, "--tol")) tol = (float)atof(v);
-        else if (!strcmp(a, "--bucket-kb")) cfg.bucket_bytes = (size_t)atol(v) * 1024;
+        else if (!strcmp(a, "--tol")) OPT_FLOAT(tol);
+        else if (!strcmp(a, "--bucket-kb")) {
+            uint64_t kb;
+            if (!opt_u64(a, v, &kb)) return 2;
+            if (kb > ((uint64_t)1 << 40)) { fprintf(stderr, "--bucket-kb: at most 2^40\n"); return 2; }
+            cfg.bucket_bytes = (size_t)kb * 1024;
+        }
         else if (!strcmp(a, "--zero")) {
-            cfg.zero = atoi(v);
+            OPT_INT(cfg.zero);
             if (cfg.zero < 1 || cfg.zero > 2) { fprintf(stderr, "--zero takes 1 or 2\n"); return 2; }
         }
-        else if (!strcmp(a, "--log-every")) cfg.log_every = atoi(v);
-        else if (!strcmp(a, "--eval-every")) cfg.eval_every = atoi(v);
-        else if (!strcmp(a, "--eval-windows")) cfg.eval_windows = atoi(v);
+        else if (!strcmp(a, "--log-every")) OPT_INT(cfg.log_every);
+        else if (!strcmp(a, "--eval-every")) OPT_INT(cfg.eval_every);
+        else if (!strcmp(a, "--eval-windows")) OPT_INT(cfg.eval_windows);
         else if (!strcmp(a, "--device")) {
             if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "gpu")) { fprintf(stderr, "--device: auto, cpu or gpu\n"); return 2; }
             device = v;

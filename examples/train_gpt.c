@@ -28,6 +28,7 @@
    says why and the CPU trains. Its checkpoints are the CPU's format. */
 #define CAPEX_CUDA_IMPLEMENTATION /* the CUDA backend (run-time loaded) and capex.h's implementation */
 #include "../capex_cuda.h"
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -2000,6 +2001,47 @@ static capex_result allgather_f32(capex_comm *comm, capex_cuda_context *ctx, con
 }
 
 
+/* Option values: the whole text a number in range, or exit status 2 saying
+   so (atoi read "10x" as 10 and "abc" as 0). */
+static int opt_int(const char *opt, const char *v, int *out) {
+    char *end;
+    long x;
+    errno = 0;
+    x = strtol(v, &end, 10);
+    if (end == v || *end || errno || x < INT_MIN || x > INT_MAX) {
+        fprintf(stderr, "%s: '%s' is not an integer\n", opt, v);
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+static int opt_float(const char *opt, const char *v, float *out) {
+    char *end;
+    double x;
+    errno = 0;
+    x = strtod(v, &end);
+    if (end == v || *end || errno || !(x == x) || x > 3.4e38 || x < -3.4e38) {
+        fprintf(stderr, "%s: '%s' is not a finite number\n", opt, v);
+        return 0;
+    }
+    *out = (float)x;
+    return 1;
+}
+static int opt_u64(const char *opt, const char *v, uint64_t *out) {
+    char *end;
+    unsigned long long x;
+    errno = 0;
+    x = strtoull(v, &end, 10);
+    if (end == v || *end || errno || v[0] == '-') {
+        fprintf(stderr, "%s: '%s' is not a non-negative integer\n", opt, v);
+        return 0;
+    }
+    *out = (uint64_t)x;
+    return 1;
+}
+#define OPT_INT(dst) do { if (!opt_int(a, v, &(dst))) return 2; } while (0)
+#define OPT_FLOAT(dst) do { if (!opt_float(a, v, &(dst))) return 2; } while (0)
+
 int main(int argc, char **argv) {
     run_cfg cfg;
     text_data data;
@@ -2032,31 +2074,36 @@ int main(int argc, char **argv) {
             else if (!strcmp(v, "rms")) cfg.model.rms = 1;
             else { fprintf(stderr, "--norm: layer or rms\n"); return 2; }
         }
-        else if (!strcmp(a, "--steps")) cfg.steps = atoi(v);
-        else if (!strcmp(a, "--batch")) cfg.batch = atoi(v);
-        else if (!strcmp(a, "--lr")) { cfg.lr = (float)atof(v); lr_given = 1; }
-        else if (!strcmp(a, "--wd")) cfg.wd = (float)atof(v);
-        else if (!strcmp(a, "--clip")) cfg.clip = (float)atof(v);
-        else if (!strcmp(a, "--warmup")) cfg.warmup = atoi(v);
-        else if (!strcmp(a, "--seed")) cfg.seed = (uint64_t)strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--seq")) cfg.model.seq = atoi(v);
-        else if (!strcmp(a, "--layers")) cfg.model.layers = atoi(v);
-        else if (!strcmp(a, "--heads")) cfg.model.heads = atoi(v);
-        else if (!strcmp(a, "--channels")) cfg.model.channels = atoi(v);
+        else if (!strcmp(a, "--steps")) OPT_INT(cfg.steps);
+        else if (!strcmp(a, "--batch")) OPT_INT(cfg.batch);
+        else if (!strcmp(a, "--lr")) { OPT_FLOAT(cfg.lr); lr_given = 1; }
+        else if (!strcmp(a, "--wd")) OPT_FLOAT(cfg.wd);
+        else if (!strcmp(a, "--clip")) OPT_FLOAT(cfg.clip);
+        else if (!strcmp(a, "--warmup")) OPT_INT(cfg.warmup);
+        else if (!strcmp(a, "--seed")) { if (!opt_u64(a, v, &cfg.seed)) return 2; }
+        else if (!strcmp(a, "--seq")) OPT_INT(cfg.model.seq);
+        else if (!strcmp(a, "--layers")) OPT_INT(cfg.model.layers);
+        else if (!strcmp(a, "--heads")) OPT_INT(cfg.model.heads);
+        else if (!strcmp(a, "--channels")) OPT_INT(cfg.model.channels);
         else if (!strcmp(a, "--data")) data_path = v;
         else if (!strcmp(a, "--save")) cfg.save_path = v;
-        else if (!strcmp(a, "--save-at")) cfg.save_at = atoi(v);
+        else if (!strcmp(a, "--save-at")) OPT_INT(cfg.save_at);
         else if (!strcmp(a, "--resume")) cfg.resume_path = v;
         else if (!strcmp(a, "--save-init")) cfg.init_path = v;
         else if (!strcmp(a, "--losses")) cfg.losses_path = v;
         else if (!strcmp(a, "--norms")) cfg.norms_path = v;
         else if (!strcmp(a, "--batches")) cfg.batches_path = v;
-        else if (!strcmp(a, "--sample")) cfg.sample_len = atoi(v);
+        else if (!strcmp(a, "--sample")) OPT_INT(cfg.sample_len);
         else if (!strcmp(a, "--prompt")) cfg.prompt = v;
-        else if (!strcmp(a, "--bucket-kb")) cfg.bucket_bytes = (size_t)atol(v) * 1024;
-        else if (!strcmp(a, "--log-every")) cfg.log_every = atoi(v);
-        else if (!strcmp(a, "--eval-every")) cfg.eval_every = atoi(v);
-        else if (!strcmp(a, "--eval-windows")) cfg.eval_windows = atoi(v);
+        else if (!strcmp(a, "--bucket-kb")) {
+            uint64_t kb;
+            if (!opt_u64(a, v, &kb)) return 2;
+            if (kb > ((uint64_t)1 << 40)) { fprintf(stderr, "--bucket-kb: at most 2^40\n"); return 2; }
+            cfg.bucket_bytes = (size_t)kb * 1024;
+        }
+        else if (!strcmp(a, "--log-every")) OPT_INT(cfg.log_every);
+        else if (!strcmp(a, "--eval-every")) OPT_INT(cfg.eval_every);
+        else if (!strcmp(a, "--eval-windows")) OPT_INT(cfg.eval_windows);
         else { fprintf(stderr, "unknown option %s (--help)\n", a); return 2; }
         i += used;
     }

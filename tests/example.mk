@@ -19,13 +19,17 @@ EXAMPLE_SRCS := $(wildcard examples/*.c)
 EXAMPLE_FULL := examples/train_gpt.c
 .PHONY: excheck-gcc excheck-clang excheck-cxx
 examples-check: excheck-gcc excheck-clang excheck-cxx
-	@echo "examples-check: ok (every example builds; minimal, port_before and port_after converge)"
+	@echo "examples-check: ok (every example builds; minimal, port_before and port_after converge; train_gpt refuses malformed numbers)"
 excheck-gcc:
 	@mkdir -p $(BUILD)/excheck
 	@for f in $(EXAMPLE_SRCS); do \
 	  gcc -std=c99 -O2 $(WARN) -Werror $$f -o $(BUILD)/excheck/$$(basename $$f .c)-gcc $(LDLIBS) || exit 1; done
 	@for e in minimal port_before port_after; do \
 	  $(BUILD)/excheck/$$e-gcc > /dev/null 2>&1 || { echo "examples-check: $$e.c did not converge"; exit 1; }; done
+	@for o in "--steps 10x" "--lr 1e-3x" "--clip abc" "--seed -1" "--bucket-kb 12q" "--sample 2.5" "--wd 1e999"; do \
+	  $(BUILD)/excheck/train_gpt-gcc $$o > $(BUILD)/excheck/opt.log 2>&1; rc=$$?; \
+	  if [ $$rc -ne 2 ] || ! grep -q "is not" $(BUILD)/excheck/opt.log; then \
+	    echo "examples-check: train_gpt $$o: exit $$rc, want 2 naming the value"; cat $(BUILD)/excheck/opt.log; exit 1; fi; done
 excheck-clang:
 	@mkdir -p $(BUILD)/excheck
 	@for f in $(EXAMPLE_SRCS); do case " $(EXAMPLE_FULL) " in *" $$f "*) \

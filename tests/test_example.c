@@ -252,6 +252,18 @@ CT_TEST(conflicting_options_are_refused) {
     CT_CHECK(train_charlm_main(5, zero_gpu) == 2, "--zero 1 --device gpu");
 }
 
+/* A number option must be a number, all of it (atoi took "10x" as 10 and
+   "abc" as 0: a run with no clipping or no weight decay, silently). */
+CT_TEST(malformed_numbers_are_refused) {
+    static const char *const bad[][2] = {{"--steps", "10x"}, {"--lr", "1e-3x"}, {"--clip", "abc"}, {"--wd", ""},
+                                         {"--seed", "-1"}, {"--bucket-kb", "12q"}, {"--tol", "0.05.1"}, {"--ctx", "99999999999"}};
+    size_t i;
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *argv[] = {(char *)"train_charlm", (char *)bad[i][0], (char *)bad[i][1], NULL};
+        CT_CHECK(train_charlm_main(3, argv) == 2, "%s '%s' was accepted", bad[i][0], bad[i][1]);
+    }
+}
+
 CT_TEST(corrupt_or_missing_checkpoint_is_refused) {
     run_cfg c;
     run_result r;
@@ -504,7 +516,7 @@ static const ct_case cases[] = {
     CT_CASE(resume_from_checkpoint_is_bit_identical), CT_CASE(corrupt_or_missing_checkpoint_is_refused),
     CT_CASE(eval_windows_not_a_multiple_of_the_batch), CT_CASE(text_too_short_for_ctx_or_batch_is_refused),
     CT_CASE(warmup_and_save_at_options_do_what_they_say), CT_CASE(compare_chart_write_failure_is_reported),
-    CT_CASE(conflicting_options_are_refused),
+    CT_CASE(conflicting_options_are_refused), CT_CASE(malformed_numbers_are_refused),
     CT_CASE(two_ddp_ranks_stay_bit_identical),
     CT_CASE(two_zero_ranks_match_ddp), CT_CASE(mpirun_two_ranks_identical_replicas),
     CT_CASE(gpu_model_kernels_compile_with_nvrtc), CT_CASE(gpu_requested_without_a_gpu_fails_cleanly),
