@@ -52,7 +52,12 @@ $(BUILD)/tests/test_emu: $(EMU_LIB) tests/gpu_test_kernels.h tests/cuda_test_uti
 #    before it returns: no stream can stay busy while a collective waits).
 # Then the optimizer and norm tests once more with threads and blocks in
 # reverse order (CAPEX_EMU_ORDER=reverse): a race would change their results.
-# Entries are test:skips[:order]. About a minute on 2 cores (test_cuda_gpu
+# Then every GPU test with lazy streams (CAPEX_EMU_STREAMS=lazy: stream work
+# runs when something waits for it, the legacy stream at once): a missing
+# wait between streams reads stale data. With the header before 2026-11-28
+# (copies with stream NULL on the legacy stream) test_zero_gpu failed 11
+# cases this way, the bug an H100 showed first.
+# Entries are test:skips[:order or lazy]. About a minute on 2 cores (test_cuda_gpu
 # compiles the built-in program cold on purpose, ~8 s).
 EMU_RUN = CAPEX_LIBCUDA_PATH=$(abspath $(EMU_LIB)) CAPEX_CACHE_DIR=$(abspath $(EMU_DIR)/cache) \
           CAPEX_NCCL_PATH=$(abspath $(BUILD)/fake/libnccl.so.2)
@@ -66,7 +71,8 @@ EMU_RUN = CAPEX_LIBCUDA_PATH=$(abspath $(EMU_LIB)) CAPEX_CACHE_DIR=$(abspath $(E
 EMU_GPU_SHAPES := CAPEX_EMU_SMS=132:test_gpuopt_gpu:1 CAPEX_EMU_OCCUPANCY=0:test_gpuopt_gpu:0:gpu_grid_from_device \
                   CAPEX_EMU_DRIVER_VERSION=12000:test_gpuopt_gpu:1
 EMU_GPU_TESTS := test_cuda_gpu:1 test_gpuopt_gpu:1 test_norm_gpu:0 test_nccl_gpu:1 test_gpt_gpu:0 \
-                 test_gpuopt_gpu:1:reverse test_norm_gpu:0:reverse test_gpt_gpu:0:reverse
+                 test_gpuopt_gpu:1:reverse test_norm_gpu:0:reverse test_gpt_gpu:0:reverse \
+                 test_cuda_gpu:1:lazy test_gpuopt_gpu:1:lazy test_norm_gpu:0:lazy test_nccl_gpu:1:lazy test_gpt_gpu:0:lazy
 .PHONY: emu-test
 ci-extra:: emu-test
 emu-test: $(EMU_LIB) $(BUILD)/tests/test_cuda_gpu $(BUILD)/tests/test_gpuopt_gpu $(BUILD)/tests/test_norm_gpu \
@@ -75,8 +81,9 @@ emu-test: $(EMU_LIB) $(BUILD)/tests/test_cuda_gpu $(BUILD)/tests/test_gpuopt_gpu
 	@out=$$($(BUILD)/tests/test_emu 2>&1); echo "emu: test_emu: $$(echo "$$out" | tail -n 1)"; \
 	  echo "$$out" | tail -n 1 | grep -qE '^[1-9][0-9]* passed, 0 failed, 0 skipped$$' || { echo "$$out"; exit 1; }
 	@for e in $(EMU_GPU_TESTS); do t=$${e%%:*}; r=$${e#*:}; sk=$${r%%:*}; order=$${r#$$sk}; order=$${order#:}; \
-	  out=$$($(EMU_RUN) CAPEX_EMU_ORDER=$$order $(BUILD)/tests/$$t 2>&1); rc=$$?; \
-	  last=$$(echo "$$out" | tail -n 1); echo "emu: $$t$${order:+ ($$order order)}: $$last"; \
+	  how=CAPEX_EMU_ORDER=$$order; [ "$$order" = lazy ] && how=CAPEX_EMU_STREAMS=lazy; \
+	  out=$$(env $$how $(EMU_RUN) $(BUILD)/tests/$$t 2>&1); rc=$$?; \
+	  last=$$(echo "$$out" | tail -n 1); echo "emu: $$t$${order:+ ($$how)}: $$last"; \
 	  if [ $$rc -ne 0 ] || ! echo "$$last" | grep -qE "^[1-9][0-9]* passed, 0 failed, $$sk skipped$$"; then \
 	    echo "$$out"; echo "emu: $$t failed on the emulator"; exit 1; fi; \
 	  echo "$$out" | grep '^SKIP' | sed 's/^/emu:   /' || true; done

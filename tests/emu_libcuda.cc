@@ -26,7 +26,16 @@
    outside every live allocation, or a kernel access that runs into a guard
    page (SIGSEGV while the kernel
    runs), gives the sticky CUDA_ERROR_ILLEGAL_ADDRESS like a real fault.
-   Streams and events: work runs synchronously at the call. Stream capture
+   Streams and events: work runs synchronously at the call, unless
+   CAPEX_EMU_STREAMS=lazy: then work on a stream from cuStreamCreate waits in
+   that stream's queue until something needs it (a synchronize of the stream,
+   an event or the context, a wait on an event recorded there, cuMemFree,
+   cuModuleUnload, a DtoH copy on that stream), the order a real GPU may
+   take at its latest. The legacy stream (NULL, and the synchronous copies
+   and memsets) runs at the call and waits only for blocking streams (flags
+   0), as on a GPU: work that reads another stream's result without an event
+   then reads it before it is written (a missing wait shows). Async uploads
+   copy the host data at the call (pageable memory). Stream capture
    (global mode) records kernel launches, async copies and memsets for graph
    replay; a synchronising call while capturing fails and invalidates the
    capture like the real driver (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
@@ -41,6 +50,7 @@
    its image names: struct function), speed. */
 #include "cuda_image.h"
 #include <algorithm>
+#include <deque>
 #include <atomic>
 #include <cctype>
 #include <cmath>
@@ -542,10 +552,13 @@ int in_bounds(CUdeviceptr p, size_t n) {
     } while (0)
 
 /* ---- stream capture and graphs ---- */
-struct stream { int magic; };
-struct event { int magic, timing, recorded; double t; };
+struct op;
+struct stream { int magic; unsigned flags; std::deque<op> *q; };
+/* gen: records enqueued; done: the last that ran (lazy streams); rs: its stream */
+struct event { int magic, timing, recorded; double t; stream *rs; unsigned long long gen, done; };
 struct op {
-    int kind = 0; /* 0 kernel, 1 memset8, 2 memset32, 3 HtoD, 4 DtoH, 5 DtoD, 6 event record */
+    int kind = 0; /* 0 kernel, 1 memset8, 2 memset32, 3 HtoD, 4 DtoH, 5 DtoD, 6 event record (n: its gen),
+                     7 wait for event ev's record n (lazy streams) */
     const capex_emu::kernel_entry *k = nullptr;
     unsigned g[3] = {0, 0, 0}, b[3] = {0, 0, 0}, shmem = 0;
     std::shared_ptr<unsigned char> args; /* packed kernel arguments, shared by graph copies */
@@ -805,18 +818,99 @@ CUresult run_op(const op &o) {
     case 4: if (!in_bounds(o.s, o.n)) return INVALID_VALUE; memcpy(o.hd, (const void *)(uintptr_t)o.s, o.n); return OK;
     case 5: if (!in_bounds(o.d, o.n) || !in_bounds(o.s, o.n)) return INVALID_VALUE;
         memmove((void *)(uintptr_t)o.d, (const void *)(uintptr_t)o.s, o.n); return OK;
-    case 6: o.ev->t = now_ms(); o.ev->recorded = 1; return OK;
+    case 6: o.ev->t = now_ms(); o.ev->recorded = 1; if (o.n > o.ev->done) o.ev->done = o.n; return OK;
+    case 7: return OK; /* run_lazy_op drains the recording stream first */
     }
     return INVALID_VALUE;
 }
-/* An async operation: recorded while its stream is captured, else done now. */
+
+/* ---- CAPEX_EMU_STREAMS=lazy: per-stream queues (see the top of the file) ---- */
+int lazy_streams() {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("CAPEX_EMU_STREAMS");
+        v = e && !strcmp(e, "lazy");
+    }
+    return v;
+}
+std::recursive_mutex qmu; /* the queues; held while draining (one drain at a time) */
+std::vector<stream *> live_streams;
+CUresult drain(stream *s, const event *until, unsigned long long gen);
+CUresult run_lazy_op(const op &o) {
+    if (o.kind == 7) {
+        if (o.ev->done < o.n && o.ev->rs) return drain(o.ev->rs, o.ev, o.n);
+        return OK;
+    }
+    return run_op(o);
+}
+/* Runs s's queue in order, up to event until's record gen (until NULL: all). An
+   error becomes the context's sticky error, like a fault in async work, and
+   the rest of the queue is dropped. */
+CUresult drain(stream *s, const event *until, unsigned long long gen) {
+    std::lock_guard<std::recursive_mutex> g(qmu);
+    while (!s->q->empty() && !(until && until->done >= gen)) {
+        op o = s->q->front();
+        s->q->pop_front();
+        CUresult r = sticky ? OK : run_lazy_op(o);
+        if (r != OK && !sticky) sticky = r;
+    }
+    return OK;
+}
+void drain_all(int blocking_only) {
+    std::lock_guard<std::recursive_mutex> g(qmu);
+    for (bool again = true; again;) { /* a wait drains other streams, so until all are empty */
+        again = false;
+        for (stream *s : live_streams)
+            if ((!blocking_only || s->flags == 0) && !s->q->empty()) { drain(s, nullptr, 0); again = true; }
+    }
+}
+/* The bounds a queued copy or memset would fault on, checked at the call as the driver does. */
+CUresult check_op(const op &o) {
+    switch (o.kind) {
+    case 1: return in_bounds(o.d, o.n) ? OK : INVALID_VALUE;
+    case 2: return !(o.d & 3) && in_bounds(o.d, o.n * 4) ? OK : INVALID_VALUE;
+    case 3: return in_bounds(o.d, o.n) ? OK : INVALID_VALUE;
+    case 4: return in_bounds(o.s, o.n) ? OK : INVALID_VALUE;
+    case 5: return in_bounds(o.d, o.n) && in_bounds(o.s, o.n) ? OK : INVALID_VALUE;
+    }
+    return OK;
+}
+/* Work on the legacy stream: after the blocking streams' work, done now. */
+CUresult run_legacy(const op &o) {
+    if (lazy_streams()) drain_all(1);
+    return run_op(o);
+}
+
+/* An async operation: recorded while its stream is captured; lazy: queued on
+   its stream (the legacy stream: run_legacy); else done now. */
 CUresult submit(const op &o, void *s) {
     CUresult r;
     if (captured_here(s, &r)) {
         if (r == OK) captured.push_back(o);
         return r;
     }
-    return run_op(o);
+    if (lazy_streams() && s) {
+        std::lock_guard<std::recursive_mutex> g(qmu);
+        stream *st = (stream *)s;
+        if ((r = check_op(o)) != OK) return r;
+        if (o.kind == 4) { /* into pageable memory: returns when done */
+            drain(st, nullptr, 0);
+            return run_op(o);
+        }
+        if (o.kind == 3) { /* from pageable memory: the data as it is now */
+            op c = o;
+            unsigned char *b = (unsigned char *)malloc(o.n ? o.n : 1);
+            if (!b) return OUT_OF_MEMORY;
+            memcpy(b, o.hs, o.n);
+            c.args = std::shared_ptr<unsigned char>(b, free);
+            c.hs = b;
+            st->q->push_back(c);
+            return OK;
+        }
+        st->q->push_back(o);
+        return OK;
+    }
+    return s ? run_op(o) : run_legacy(o);
 }
 op make_op(int kind) { op o; o.kind = kind; return o; }
 } // namespace
@@ -933,7 +1027,12 @@ EMU_API CUresult cuDevicePrimaryCtxRelease_v2(int dev) {
 }
 EMU_API CUresult cuCtxGetCurrent(void **ctx) { *ctx = current; return OK; }
 EMU_API CUresult cuCtxSetCurrent(void *ctx) { if (ctx && ctx != &the_ctx) return INVALID_CONTEXT; current = ctx; return OK; }
-EMU_API CUresult cuCtxSynchronize(void) { NEED_CTX(); CAPTURE_GUARD(CAPTURE_UNSUPPORTED); return OK; }
+EMU_API CUresult cuCtxSynchronize(void) {
+    NEED_CTX();
+    CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
+    if (lazy_streams()) drain_all(0);
+    return sticky.load();
+}
 
 /* Device memory: mmap'd, 256-byte aligned, ending at a PROT_NONE guard page. */
 EMU_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
@@ -961,6 +1060,7 @@ EMU_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 EMU_API CUresult cuMemFree_v2(CUdeviceptr p) {
     NEED_CTX();
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
+    if (lazy_streams()) drain_all(0); /* cuMemFree waits for the device */
     std::lock_guard<std::mutex> g(mu);
     auto it = allocs.find(p);
     if (it == allocs.end()) return INVALID_VALUE;
@@ -982,19 +1082,19 @@ EMU_API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) {
     NEED_CTX();
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
     op o = make_op(3); o.d = d; o.hs = s; o.n = n;
-    return run_op(o);
+    return run_legacy(o);
 }
 EMU_API CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) {
     NEED_CTX();
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
     op o = make_op(4); o.hd = d; o.s = s; o.n = n;
-    return run_op(o);
+    return run_legacy(o);
 }
 EMU_API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
     NEED_CTX();
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
     op o = make_op(5); o.d = d; o.s = s; o.n = n;
-    return run_op(o);
+    return run_legacy(o);
 }
 EMU_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) {
     NEED_CTX();
@@ -1014,12 +1114,14 @@ EMU_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, vo
 EMU_API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
     NEED_CTX();
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
-    return do_memset(d, v, n, 1);
+    op o = make_op(1); o.d = d; o.v = v; o.n = n;
+    return run_legacy(o);
 }
 EMU_API CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned v, size_t n) {
     NEED_CTX();
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
-    return do_memset(d, v, n, 4);
+    op o = make_op(2); o.d = d; o.v = v; o.n = n;
+    return run_legacy(o);
 }
 EMU_API CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void *s) {
     NEED_CTX();
@@ -1038,6 +1140,12 @@ EMU_API CUresult cuStreamCreate(void **s, unsigned flags) {
     if (flags > 1) return INVALID_VALUE;
     stream *p = new stream;
     p->magic = 0x5743;
+    p->flags = flags;
+    p->q = new std::deque<op>;
+    {
+        std::lock_guard<std::recursive_mutex> g(qmu);
+        live_streams.push_back(p);
+    }
     *s = p;
     return OK;
 }
@@ -1045,7 +1153,13 @@ EMU_API CUresult cuStreamDestroy_v2(void *s) {
     NEED_CTX();
     if (!s || ((stream *)s)->magic != 0x5743) return INVALID_HANDLE;
     if (s == capturing) return ILLEGAL_STATE;
+    {
+        std::lock_guard<std::recursive_mutex> g(qmu);
+        drain_all(0); /* its work, and waits elsewhere on events recorded there */
+        live_streams.erase(std::find(live_streams.begin(), live_streams.end(), (stream *)s));
+    }
     ((stream *)s)->magic = 0;
+    delete ((stream *)s)->q;
     delete (stream *)s;
     return OK;
 }
@@ -1053,13 +1167,26 @@ EMU_API CUresult cuStreamSynchronize(void *s) {
     NEED_CTX();
     if (s && ((stream *)s)->magic != 0x5743) return INVALID_HANDLE;
     if (capturing && (s == capturing || !s)) { capture_invalid = 1; return CAPTURE_UNSUPPORTED; }
-    return OK;
+    if (lazy_streams()) {
+        if (s) drain((stream *)s, nullptr, 0);
+        else drain_all(1);
+    }
+    return sticky.load();
 }
 EMU_API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) {
     NEED_CTX();
     (void)f;
     if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE;
     if (capturing && !s) { capture_invalid = 1; return CAPTURE_IMPLICIT; }
+    if (lazy_streams() && !(capturing && s == capturing)) {
+        event *ev = (event *)e;
+        std::lock_guard<std::recursive_mutex> g(qmu);
+        if (!s) { if (ev->rs && ev->done < ev->gen) drain(ev->rs, ev, ev->gen); return OK; }
+        op o = make_op(7);
+        o.ev = ev;
+        o.n = ev->gen;
+        ((stream *)s)->q->push_back(o);
+    }
     return OK;
 }
 EMU_API CUresult cuEventCreate(void **e, unsigned flags) {
@@ -1073,6 +1200,7 @@ EMU_API CUresult cuEventCreate(void **e, unsigned flags) {
 EMU_API CUresult cuEventDestroy_v2(void *e) {
     NEED_CTX();
     if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE;
+    if (lazy_streams()) drain_all(0); /* queued records and waits point at it */
     ((event *)e)->magic = 0;
     delete (event *)e;
     return OK;
@@ -1082,18 +1210,31 @@ EMU_API CUresult cuEventRecord(void *e, void *s) {
     if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE;
     op o = make_op(6);
     o.ev = (event *)e;
+    if (!capturing || (s && s != capturing)) { /* a captured record is replayed later, outside this count */
+        std::lock_guard<std::recursive_mutex> g(qmu);
+        o.n = ++o.ev->gen;
+        o.ev->rs = (stream *)s;
+    }
     return submit(o, s);
 }
 EMU_API CUresult cuEventSynchronize(void *e) {
     NEED_CTX();
     if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE;
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
-    return OK;
+    if (lazy_streams()) {
+        event *ev = (event *)e;
+        if (ev->rs && ev->done < ev->gen) drain(ev->rs, ev, ev->gen);
+    }
+    return sticky.load();
 }
 EMU_API CUresult cuEventQuery(void *e) {
     NEED_CTX();
     if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE;
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
+    if (lazy_streams()) { /* lazy: a query runs what the record waits for (a poll loop makes progress) */
+        event *ev = (event *)e;
+        if (ev->rs && ev->done < ev->gen) drain(ev->rs, ev, ev->gen);
+    }
     return OK; /* work is synchronous: a recorded event is complete */
 }
 EMU_API CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) {
@@ -1101,6 +1242,7 @@ EMU_API CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) {
     NEED_CTX();
     if (!x || !y || x->magic != 0xE7 || y->magic != 0xE7 || !x->timing || !y->timing || !x->recorded || !y->recorded)
         return INVALID_HANDLE;
+    if (x->done < x->gen || y->done < y->gen) return NOT_READY;
     *ms = (float)(y->t - x->t);
     return OK;
 }
@@ -1124,6 +1266,7 @@ EMU_API CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n_opts, 
 EMU_API CUresult cuModuleUnload(void *m) {
     NEED_CTX();
     if (!m) return INVALID_HANDLE;
+    if (lazy_streams()) drain_all(0);
     delete (module *)m;
     return OK;
 }
@@ -1312,7 +1455,12 @@ EMU_API CUresult cuGraphLaunch(void *exec, void *s) {
     NEED_CTX();
     graph *e = (graph *)exec;
     if (!e || e->magic != 0x6B) return INVALID_HANDLE;
-    (void)s;
+    if (lazy_streams() && s) { /* its nodes join the stream's queue */
+        std::lock_guard<std::recursive_mutex> g(qmu);
+        for (const op &o : e->ops) ((stream *)s)->q->push_back(o);
+        return OK;
+    }
+    if (lazy_streams()) drain_all(1);
     for (const op &o : e->ops) {
         CUresult r = run_op(o);
         if (r != OK) return r;

@@ -21,10 +21,15 @@
    a ring that starts at rank 0 would; AVG divides the sum by nranks in f32
    (f64 for f64). A rank that exits or stalls past the timeout makes its
    peers' collectives fail as NCCL's do: nothing written, async error
-   ncclRemoteError. Not NCCL: it only proves the host code. */
+   ncclRemoteError. Not NCCL: it only proves the host code. Under the
+   emulator's CAPEX_EMU_STREAMS=lazy (work waits in its stream's queue), a
+   collective first runs what was queued before it on its stream
+   (cuStreamSynchronize of the loaded emulator), then runs at the call. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -359,24 +364,38 @@ static int collective(fake_comm *c, const void *send, void *recv, size_t count, 
     if (count && send != recv) memmove(recv, send, count * es); /* world of one: a copy */
     return 0;
 }
+static int (*emu_stream_sync_fn)(void *);
+static void emu_stream_sync_find(void) {
+    const char *lib = getenv("CAPEX_LIBCUDA_PATH");
+    void *h = lib && lib[0] ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL, *f = h ? dlsym(h, "cuStreamSynchronize") : NULL;
+    memcpy(&emu_stream_sync_fn, &f, sizeof f); /* no object-to-function pointer cast */
+}
+/* The work queued before a collective on its stream (lazy emulator streams). */
+static void emu_stream_sync(void *stream) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    const char *e = getenv("CAPEX_EMU_STREAMS");
+    if (!stream || !e || strcmp(e, "lazy")) return;
+    pthread_once(&once, emu_stream_sync_find);
+    if (emu_stream_sync_fn) emu_stream_sync_fn(stream);
+}
 static int check_op(int op) {
     if (op != 0 && !(op == 4 && version() >= 21000)) { counters[7]++; strcpy(last_error, "fake NCCL: invalid op"); return 4; }
     if (op == 4) counters[6]++;
     return 0;
 }
 FAKE_API int ncclAllReduce(const void *send, void *recv, size_t count, int dt, int op, void *comm, void *stream) {
-    (void)stream;
+    emu_stream_sync(stream);
     return check_op(op) ? 4 : collective((fake_comm *)comm, send, recv, count, dt, op, 0, K_ALLREDUCE, 0);
 }
 FAKE_API int ncclBroadcast(const void *send, void *recv, size_t count, int dt, int root, void *comm, void *stream) {
-    (void)stream;
+    emu_stream_sync(stream);
     return collective((fake_comm *)comm, send, recv, count, dt, 0, root, K_BROADCAST, 1);
 }
 FAKE_API int ncclAllGather(const void *send, void *recv, size_t count, int dt, void *comm, void *stream) {
-    (void)stream;
+    emu_stream_sync(stream);
     return collective((fake_comm *)comm, send, recv, count, dt, 0, 0, K_ALLGATHER, 2);
 }
 FAKE_API int ncclReduce(const void *send, void *recv, size_t count, int dt, int op, int root, void *comm, void *stream) {
-    (void)stream;
+    emu_stream_sync(stream);
     return check_op(op) ? 4 : collective((fake_comm *)comm, send, recv, count, dt, op, root, K_REDUCE, 8);
 }

@@ -124,6 +124,17 @@ if [ -n "$a" ] && [ "$a" = "$b" ] && cmp -s "$tmp/gpu___opt_O2___half_fp16.loss"
     echo "gpt-emu: 1 rank over NCCL (O2 fp16, ${l% *} bucket all-reduces, all started in backward) bit-identical to the plain GPU run (crc32 $a)"
 else echo "gpt-emu: 1 rank over NCCL: crc32 '$b' vs plain '$a', bucket all-reduces '$l'"; cat "$tmp/n1.txt"; fail=1; fi
 
+# lazy streams (CAPEX_EMU_STREAMS=lazy: stream work runs only when something
+# waits for it): the same bits as the plain and the DDP run, so no kernel read
+# another stream's data before it was written
+CAPEX_EMU_STREAMS=lazy gpu --opt O2 --half fp16 "${common[@]}" --losses "$tmp/lz.loss" >"$tmp/lz.txt" 2>&1 || { cat "$tmp/lz.txt"; fail=1; }
+CAPEX_EMU_STREAMS=lazy gpu --nccl --opt O2 --half fp16 "${common[@]}" --bucket-kb 16 --losses "$tmp/lzn.loss" >"$tmp/lzn.txt" 2>&1 || { cat "$tmp/lzn.txt"; fail=1; }
+b=$(field "$tmp/lz.txt" crc32) c=$(field "$tmp/lzn.txt" crc32)
+if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && cmp -s "$tmp/gpu___opt_O2___half_fp16.loss" "$tmp/lz.loss" &&
+   cmp -s "$tmp/lz.loss" "$tmp/lzn.loss"; then
+    echo "gpt-emu: lazy streams: plain and 1-rank DDP runs bit-identical to the eager ones (crc32 $a)"
+else echo "gpt-emu: lazy streams: crc32 plain '$b', DDP '$c', eager '$a'"; paste "$tmp/gpu___opt_O2___half_fp16.loss" "$tmp/lz.loss" "$tmp/lzn.loss"; fail=1; fi
+
 # 2 ranks (processes; the id over the TCP rendezvous at a free port pair)
 port=0
 for try in 1 2 3 4 5 6 7 8; do

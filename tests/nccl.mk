@@ -6,7 +6,7 @@
 # by tests/test_nccl.c; `make test` builds both.
 $(BUILD)/fake/libnccl.so.2: tests/fake_libnccl.c
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu99 -O1 -g -Wall -Wextra -shared -fPIC $< -o $@ -lm
+	$(CC) -std=gnu99 -O1 -g -Wall -Wextra -shared -fPIC $< -o $@ -lm -ldl -lpthread
 
 $(BUILD)/tests/test_nccl: $(BUILD)/fake/libcuda.so.1 $(BUILD)/fake/libnccl.so.2 tests/nccl_world.h
 
