@@ -44,6 +44,11 @@ else echo "example-emu: resumed weights crc32 '$b', uninterrupted '$a'"; fail=1;
 a=$(field "$tmp/full.txt" train) b=$(field "$tmp/res.txt" train)
 if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "example-emu: resumed GPU run reports the same train loss ($a)"
 else echo "example-emu: resumed train loss '$b', uninterrupted '$a'"; fail=1; fi
+# lazy streams (CAPEX_EMU_STREAMS=lazy: stream work runs only when something waits for it): the same bits
+CAPEX_EMU_STREAMS=lazy gpu --opt O2 "${common[@]}" >"$tmp/lazy.txt" 2>&1 || { cat "$tmp/lazy.txt"; fail=1; }
+a=$(field "$tmp/full.txt" crc32) b=$(field "$tmp/lazy.txt" crc32)
+if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "example-emu: lazy streams: bit-identical to the eager run (weights crc32 $a)"
+else echo "example-emu: lazy streams: weights crc32 '$b', eager '$a'"; fail=1; fi
 "$exe" --device cpu --opt O2 "${common[@]}" --resume "$tmp/ck.capex" >"$tmp/cpu_res.txt" 2>&1 || { cat "$tmp/cpu_res.txt"; fail=1; }
 c=$(field "$tmp/cpu_res.txt" val) g=$(field "$tmp/full.txt" val)
 if close "$c" "$g" 0.002; then echo "example-emu: GPU checkpoint resumed on the CPU: val loss $c (GPU $g): ok"
