@@ -1821,6 +1821,8 @@ typedef struct capex_sampler {
 } capex_sampler;
 
 CAPEX_API void capex_sampler_desc_init(capex_sampler_desc *d);
+/* On error *s is zeroed: index/indices refuse it, as they refuse a sampler
+   whose sizes no longer match its desc (fields edited after init). */
 CAPEX_API capex_result capex_sampler_init(capex_sampler *s, const capex_sampler_desc *d);
 CAPEX_API void capex_sampler_set_epoch(capex_sampler *s, uint64_t epoch);
 /* The k-th index (k < num_samples) of this rank, O(1): no allocation. */
@@ -11867,29 +11869,43 @@ CAPEX_API void capex_sampler_desc_init(capex_sampler_desc *d) {
     d->drop_last = 0;
 }
 
-CAPEX_API capex_result capex_sampler_init(capex_sampler *s, const capex_sampler_desc *d) {
+/* Per-rank and padded sizes for d, with init's checks; fn names the caller. */
+CAPEX__PRIVATE capex_result capex__sampler_shape(const capex_sampler_desc *d, const char *fn, uint64_t *num_samples) {
     uint64_t n, rr, ns;
-    if (!s || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: NULL argument");
     if (d->init_tag != CAPEX__TAG_SAMPLER_DESC)
-        return capex__desc_check(d->init_tag, CAPEX__TAG_SAMPLER_DESC, "capex_sampler_init", "capex_sampler_desc",
-                                 "capex_sampler_desc_init");
+        return capex__desc_check(d->init_tag, CAPEX__TAG_SAMPLER_DESC, fn, "capex_sampler_desc", "capex_sampler_desc_init");
     if (d->num_replicas < 1)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: num_replicas %d must be >= 1", d->num_replicas);
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: num_replicas %d must be >= 1", fn, d->num_replicas);
     if (d->rank < 0 || d->rank >= d->num_replicas) /* torch: "Invalid rank ..., rank should be in the interval" */
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: invalid rank %d, rank should be in the interval "
-                                                  "[0, %d]", d->rank, d->num_replicas - 1);
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: invalid rank %d, rank should be in the interval [0, %d]", fn,
+                           d->rank, d->num_replicas - 1);
     n = d->dataset_size;
     rr = (uint64_t)d->num_replicas;
     /* torch: drop_last and N % R != 0: ceil((N - R) / R) == floor(N / R);
        else ceil(N / R) */
     ns = d->drop_last ? n / rr : n / rr + (n % rr != 0);
     if (ns > UINT64_MAX / rr) /* the padded total (and rank + k * R) would wrap */
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: dataset_size %llu padded to a multiple of %d "
-                           "overflows uint64; set drop_last", (unsigned long long)n, d->num_replicas);
-    memset(s, 0, sizeof *s);
-    s->d = *d;
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: dataset_size %llu padded to a multiple of %d overflows uint64; "
+                           "set drop_last", fn, (unsigned long long)n, d->num_replicas);
+    *num_samples = ns;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_sampler_init(capex_sampler *s, const capex_sampler_desc *d) {
+    capex_sampler_desc dd;
+    uint64_t ns = 0;
+    capex_result r;
+    if (!d) {
+        if (s) memset(s, 0, sizeof *s);
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: NULL argument");
+    }
+    dd = *d; /* d may be &s->d */
+    if (!s) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_init: NULL argument");
+    memset(s, 0, sizeof *s); /* a failed init leaves a sampler that index/indices refuse */
+    if ((r = capex__sampler_shape(&dd, "capex_sampler_init", &ns)) != CAPEX_OK) return r;
+    s->d = dd;
     s->num_samples = ns;
-    s->total_size = ns * rr;
+    s->total_size = ns * (uint64_t)dd.num_replicas;
     return CAPEX_OK;
 }
 
@@ -11897,26 +11913,46 @@ CAPEX_API void capex_sampler_set_epoch(capex_sampler *s, uint64_t epoch) {
     if (s) s->epoch = epoch;
 }
 
+/* The sampler as capex_sampler_init leaves it: its sizes still match its desc
+   (a zeroed, failed or edited sampler is refused, never divided by 0). */
+CAPEX__PRIVATE capex_result capex__sampler_ok(const capex_sampler *s, const char *fn) {
+    uint64_t ns = 0;
+    if (s->d.init_tag != CAPEX__TAG_SAMPLER_DESC || capex__sampler_shape(&s->d, fn, &ns) != CAPEX_OK ||
+        s->num_samples != ns || s->total_size != ns * (uint64_t)s->d.num_replicas)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the sampler is not initialised, its capex_sampler_init failed, or "
+                           "its fields were changed afterwards; call capex_sampler_init", fn);
+    return CAPEX_OK;
+}
+
+/* k < num_samples of a checked sampler, so dataset_size > 0 */
+CAPEX__PRIVATE uint64_t capex__sampler_at(const capex_sampler *s, uint64_t k) {
+    uint64_t n = s->d.dataset_size;
+    /* indices[rank : total_size : R]; positions past N repeat the start */
+    uint64_t j = ((uint64_t)s->d.rank + k * (uint64_t)s->d.num_replicas) % n;
+    return s->d.shuffle ? capex_permute_index(j, n, s->d.seed + s->epoch) : j;
+}
+
 CAPEX_API capex_result capex_sampler_index(const capex_sampler *s, uint64_t k, uint64_t *index) {
-    uint64_t j, n;
+    capex_result r;
     if (!s || !index) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_index: NULL argument");
+    if ((r = capex__sampler_ok(s, "capex_sampler_index")) != CAPEX_OK) return r;
     if (k >= s->num_samples)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_index: k=%llu but this rank has %llu samples",
                            (unsigned long long)k, (unsigned long long)s->num_samples);
-    n = s->d.dataset_size;
-    /* indices[rank : total_size : R]; positions past N repeat the start */
-    j = ((uint64_t)s->d.rank + k * (uint64_t)s->d.num_replicas) % n;
-    *index = s->d.shuffle ? capex_permute_index(j, n, s->d.seed + s->epoch) : j;
+    *index = capex__sampler_at(s, k);
     return CAPEX_OK;
 }
 
 CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *out, size_t cap) {
     uint64_t k;
-    if (!s || (!out && s && s->num_samples)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_indices: NULL argument");
+    capex_result r;
+    if (!s) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_indices: NULL argument");
+    if ((r = capex__sampler_ok(s, "capex_sampler_indices")) != CAPEX_OK) return r;
+    if (!out && s->num_samples) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_sampler_indices: NULL argument");
     if ((uint64_t)cap < s->num_samples)
         return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "capex_sampler_indices: room for %lu indices, need num_samples=%llu",
                            (unsigned long)cap, (unsigned long long)s->num_samples);
-    for (k = 0; k < s->num_samples; k++) capex_sampler_index(s, k, &out[k]);
+    for (k = 0; k < s->num_samples; k++) out[k] = capex__sampler_at(s, k);
     return CAPEX_OK;
 }
 

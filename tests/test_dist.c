@@ -288,6 +288,44 @@ CT_TEST(sampler_torch_formulas_by_hand) {
     CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_ERR_INVALID_ARG, "num_replicas 0");
 }
 
+/* A sampler that init did not make (init failed, zeroed, garbage) or whose
+   sizes no longer match its desc is refused: no stale shard from a previous
+   init, no division by a dataset_size of 0. */
+CT_TEST(sampler_refuses_failed_zeroed_or_edited) {
+    capex_sampler_desc d;
+    capex_sampler s, fresh;
+    uint64_t idx[4] = {0, 0, 0, 0}, want = 0;
+    capex_sampler_desc_init(&d);
+    d.dataset_size = 10; d.num_replicas = 2; d.rank = 1;
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_OK, "%.300s", capex_last_error());
+    d.rank = 2; /* a failed re-init (say, rank past a smaller world) must not leave the old shard usable */
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_ERR_INVALID_ARG, "rank 2 of 2");
+    CT_CHECK(capex_sampler_index(&s, 0, &idx[0]) == CAPEX_ERR_INVALID_ARG &&
+                 strstr(capex_last_error(), "capex_sampler_init"),
+             "index after a failed init: got %llu, %.200s", (unsigned long long)idx[0], capex_last_error());
+    CT_CHECK(capex_sampler_indices(&s, idx, 4) == CAPEX_ERR_INVALID_ARG, "indices after a failed init");
+    memset(&s, 0, sizeof s);
+    CT_CHECK(capex_sampler_indices(&s, NULL, 0) == CAPEX_ERR_INVALID_ARG, "zeroed sampler: an empty shard is not OK");
+    memset(&s, 0xA5, sizeof s);
+    CT_CHECK(capex_sampler_index(&s, 0, &idx[0]) == CAPEX_ERR_INVALID_ARG, "garbage sampler");
+    d.rank = 1; d.num_replicas = 4;
+    CT_CHECK(capex_sampler_init(&s, &d) == CAPEX_OK && s.num_samples == 3, "%.300s", capex_last_error());
+    s.d.dataset_size = 0; /* edited after init: was index % 0 */
+    CT_CHECK(capex_sampler_index(&s, 0, &idx[0]) == CAPEX_ERR_INVALID_ARG, "dataset_size edited to 0");
+    s.d.dataset_size = 7; /* 2 per rank now, num_samples still says 3 */
+    CT_CHECK(capex_sampler_index(&s, 2, &idx[0]) == CAPEX_ERR_INVALID_ARG, "dataset_size edited to 7");
+    s.d.dataset_size = 11; /* same sizes as 10 (3 per rank, total 12): a consistent sampler for 11 */
+    d.dataset_size = 11;
+    CT_CHECK(capex_sampler_init(&fresh, &d) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_sampler_index(&s, 2, &idx[0]) == CAPEX_OK && capex_sampler_index(&fresh, 2, &want) == CAPEX_OK &&
+                 idx[0] == want, "edited to 11: %llu vs %llu", (unsigned long long)idx[0], (unsigned long long)want);
+    s.d.rank = 0; /* re-init from its own desc */
+    CT_CHECK(capex_sampler_init(&s, &s.d) == CAPEX_OK && s.d.rank == 0 && s.num_samples == 3, "%.300s",
+             capex_last_error());
+    CT_CHECK(capex_sampler_init(&s, NULL) == CAPEX_ERR_INVALID_ARG &&
+                 capex_sampler_index(&s, 0, &idx[0]) == CAPEX_ERR_INVALID_ARG, "NULL desc leaves s refused");
+}
+
 CT_TEST(sampler_shards_disjoint_complete_and_epoch_dependent) {
     const uint64_t n = 1001;
     const int R = 4;
@@ -1696,6 +1734,7 @@ static const ct_case cases[] = {
     CT_CASE(env_errors_are_config_and_named),
     CT_CASE(sampler_matches_torch_transcription),
     CT_CASE(sampler_torch_formulas_by_hand),
+    CT_CASE(sampler_refuses_failed_zeroed_or_edited),
     CT_CASE(sampler_shards_disjoint_complete_and_epoch_dependent),
     CT_CASE(permutation_is_a_bijection),
     CT_CASE(bucket_layout_matches_pytorch_assignment),
