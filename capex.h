@@ -1269,7 +1269,8 @@ CAPEX_API capex_result capex_lr_schedule_check(const capex_lr_schedule *s);
    base_lr that is negative or not finite. */
 CAPEX_API double capex_lr_at(const capex_lr_schedule *s, double base_lr, int64_t step);
 /* Goyal et al. linear scaling rule: base_lr * global_batch / base_batch
-   (pair it with warmup). NaN (and capex_last_error) when a batch is <= 0. */
+   (pair it with warmup). NaN (and capex_last_error) when a batch is <= 0,
+   base_lr is negative or not finite, or the product overflows. */
 CAPEX_API double capex_lr_scale_linear(double base_lr, int64_t global_batch, int64_t base_batch);
 
 /* Attaches a copy of s to the optimizer (NULL: detach). Each step then uses
@@ -6195,12 +6196,24 @@ CAPEX_API double capex_lr_at(const capex_lr_schedule *s, double base_lr, int64_t
 }
 
 CAPEX_API double capex_lr_scale_linear(double base_lr, int64_t global_batch, int64_t base_batch) {
+    double v;
     if (global_batch <= 0 || base_batch <= 0) {
         (void)capex__fail(CAPEX_ERR_INVALID_ARG, "capex_lr_scale_linear: batches are %lld (global) and %lld (base); both "
                     "must be > 0", (long long)global_batch, (long long)base_batch);
         return NAN;
     }
-    return base_lr * (double)global_batch / (double)base_batch;
+    if (!(capex__lr_finite(base_lr) && base_lr >= 0.0)) {
+        (void)capex__fail(CAPEX_ERR_INVALID_ARG, "capex_lr_scale_linear: base_lr is %g; it must be finite and >= 0",
+                          base_lr);
+        return NAN;
+    }
+    v = base_lr * (double)global_batch / (double)base_batch;
+    if (!capex__lr_finite(v)) {
+        (void)capex__fail(CAPEX_ERR_INVALID_ARG, "capex_lr_scale_linear: base_lr %g * %lld / %lld overflows a double",
+                          base_lr, (long long)global_batch, (long long)base_batch);
+        return NAN;
+    }
+    return v;
 }
 
 /* ---- optimizer object ---- */

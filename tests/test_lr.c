@@ -280,6 +280,13 @@ CT_TEST(bad_input) {
     CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_ERR_INVALID_ARG, "div_factor 0");
     v = capex_lr_scale_linear(0.1, 0, 256);
     CT_CHECK(v != v && strstr(capex_last_error(), "batch"), "batch 0: %s", capex_last_error());
+    /* the base lr is checked as capex_lr_at checks it (was passed through: -0.2, NaN with no error) */
+    v = capex_lr_scale_linear(-0.1, 512, 256);
+    CT_CHECK(v != v && strstr(capex_last_error(), "base_lr"), "negative base_lr: %g, %s", v, capex_last_error());
+    v = capex_lr_scale_linear(NAN, 512, 256);
+    CT_CHECK(v != v && strstr(capex_last_error(), "base_lr"), "NaN base_lr: %s", capex_last_error());
+    v = capex_lr_scale_linear(1e300, INT64_MAX, 1);
+    CT_CHECK(v != v && strstr(capex_last_error(), "overflow"), "scaled lr overflows: %g, %s", v, capex_last_error());
 }
 
 /* ---- on the optimizer ---- */
