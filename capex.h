@@ -1265,8 +1265,9 @@ CAPEX_API void capex_lr_schedule_init(capex_lr_schedule *s, capex_lr_kind kind);
 /* CAPEX_OK, or the first bad field with a message saying what to set. */
 CAPEX_API capex_result capex_lr_schedule_check(const capex_lr_schedule *s);
 /* The lr of step `step` (0: the first step) for a group whose base lr is
-   base_lr. NaN (and capex_last_error) for a bad schedule, step < 0 or a
-   base_lr that is negative or not finite. */
+   base_lr. NaN (and capex_last_error) for a bad schedule, step < 0, a
+   base_lr that is negative or not finite, or an lr that overflows (gamma > 1
+   run long, tiny OneCycle div factors). */
 CAPEX_API double capex_lr_at(const capex_lr_schedule *s, double base_lr, int64_t step);
 /* Goyal et al. linear scaling rule: base_lr * global_batch / base_batch
    (pair it with warmup). NaN (and capex_last_error) when a batch is <= 0,
@@ -1275,7 +1276,10 @@ CAPEX_API double capex_lr_scale_linear(double base_lr, int64_t global_batch, int
 
 /* Attaches a copy of s to the optimizer (NULL: detach). Each step then uses
    lr = (float)capex_lr_at(s, group's hp.lr, group's step count); hp.lr stays
-   the base lr (capex_optim_set_lr changes the base). Validated first. */
+   the base lr (capex_optim_set_lr changes the base). Validated first. A step
+   whose lr is not a finite float fails (CAPEX_ERR_INVALID_ARG, nothing
+   changed) on the CPU; the CUDA optimizer computes it on the device and
+   cannot refuse. */
 CAPEX_API capex_result capex_optim_set_lr_schedule(capex_optim *opt, const capex_lr_schedule *s);
 /* *s = the attached schedule; *attached = 0 when none (then *s is untouched). */
 CAPEX_API capex_result capex_optim_get_lr_schedule(const capex_optim *opt, capex_lr_schedule *s, int *attached);
@@ -6182,6 +6186,7 @@ static void capex__lr_params(const capex_lr_schedule *s, capex__lr_p *p) {
 
 CAPEX_API double capex_lr_at(const capex_lr_schedule *s, double base_lr, int64_t step) {
     capex__lr_p p;
+    double v;
     if (capex_lr_schedule_check(s) != CAPEX_OK) return NAN;
     if (step < 0 || step > CAPEX_STEP_MAX) {
         (void)capex__fail(CAPEX_ERR_INVALID_ARG, "capex_lr_at: step is %lld; it must lie in [0, 2^53]", (long long)step);
@@ -6192,7 +6197,13 @@ CAPEX_API double capex_lr_at(const capex_lr_schedule *s, double base_lr, int64_t
         return NAN;
     }
     capex__lr_params(s, &p);
-    return capex__lr_eval(&p, base_lr, (long long)step);
+    v = capex__lr_eval(&p, base_lr, (long long)step);
+    if (!capex__lr_finite(v)) { /* gamma > 1 run long, or OneCycle's tiny div factors */
+        (void)capex__fail(CAPEX_ERR_INVALID_ARG, "capex_lr_at: the lr at step %lld overflows (%g with base_lr %g); "
+                          "check gamma, div_factor and final_div_factor", (long long)step, v, base_lr);
+        return NAN;
+    }
+    return v;
 }
 
 CAPEX_API double capex_lr_scale_linear(double base_lr, int64_t global_batch, int64_t base_batch) {
@@ -7188,6 +7199,10 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
         const capex_optim_hparams *hp = &g->hp;
         uint64_t s = (uint64_t)g->step + 1;
         c->lr = o->has_sched ? (float)capex__lr_eval(&o->sched_p, (double)hp->lr, (long long)g->step) : hp->lr;
+        if (!capex__opt_finite(c->lr)) /* only a schedule can get here: hp.lr is checked finite */
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_step: the lr schedule gives group %zu the lr %g at "
+                               "step %lld, not a finite float; nothing was changed", gidx, (double)c->lr,
+                               (long long)g->step);
         c->beta1 = hp->beta1;
         c->beta2 = hp->beta2;
         c->beta3 = hp->grad_averaging ? 1.0f - hp->beta1 : 1.0f;

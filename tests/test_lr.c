@@ -414,6 +414,45 @@ CT_TEST(optimizer_lr_values) {
     capex_optim_destroy(a.opt);
 }
 
+/* A schedule whose lr overflows (ExponentialLR with gamma > 1 run long, or
+   OneCycleLR with tiny div factors) gives NaN and an error from capex_lr_at,
+   and the optimizer refuses the step that would use a non-finite float lr
+   (was: inf/NaN weights, CAPEX_OK). */
+CT_TEST(overflowing_lr_is_refused) {
+    static run a;
+    capex_lr_schedule s;
+    int step, i, k;
+    int64_t n = -1;
+    double v;
+    capex_lr_schedule_init(&s, CAPEX_LR_EXPONENTIAL);
+    s.gamma = 1e10;
+    CT_CHECK(capex_lr_at(&s, 0.01, 5) == 0.01 * pow(1e10, 5.0), "1e48 is a finite double");
+    v = capex_lr_at(&s, 0.01, 40);
+    CT_CHECK(v != v && strstr(capex_last_error(), "overflow"), "0.01 * 1e400: %g, %s", v, capex_last_error());
+    CT_CHECK(make_run(&a, CAPEX_OPTIM_SGD, 0) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_optim_set_lr_schedule(a.opt, &s) == CAPEX_OK, "%s", capex_last_error());
+    for (step = 0; step < 6; step++) {
+        capex_result r;
+        for (k = 0; k < 2; k++)
+            for (i = 0; i < NP; i++) { a.p[k][i] = 0.0f; a.g[k][i] = 1.0f; }
+        r = capex_optim_step(a.opt, 1.0f, 1.0f, 0);
+        if (step < 5) { /* group 0's lr 1e38 at step 4 still fits a float */
+            CT_CHECK(r == CAPEX_OK && a.p[0][0] == -(float)capex_lr_at(&s, (double)0.01f, step), "step %d: %s", step,
+                     capex_last_error());
+        } else {
+            CT_CHECK(r == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "lr"), "step 5, lr 1e48: %d %.9g %s",
+                     (int)r, a.p[0][0], capex_last_error());
+            CT_CHECK(a.p[0][0] == 0.0f && a.p[1][NP - 1] == 0.0f, "nothing changed: %g", a.p[0][0]);
+            CT_CHECK(capex_optim_get_step(a.opt, 0, &n) == CAPEX_OK && n == 5, "step count kept: %lld", (long long)n);
+        }
+    }
+    capex_optim_destroy(a.opt);
+    capex_lr_schedule_init(&s, CAPEX_LR_ONECYCLE); /* initial lr base * 1e17, min lr / 1e-300: inf - inf */
+    s.total_steps = 17; s.pct_start = 0.25; s.three_phase = 1; s.div_factor = 1e-17; s.final_div_factor = 1e-300;
+    v = capex_lr_at(&s, 1.0, 9);
+    CT_CHECK(v != v && strstr(capex_last_error(), "overflow"), "one-cycle: %g, %s", v, capex_last_error());
+}
+
 static unsigned char *save_mem(const capex_optim *o, size_t *len) {
     capex_state_writer *w = NULL;
     unsigned char *buf = NULL;
@@ -538,6 +577,6 @@ CT_TEST(state_old_and_bad_files) {
 static const ct_case cases[] = {
     CT_CASE(torch_golden),          CT_CASE(float64_reference_random), CT_CASE(edges),
     CT_CASE(bad_input),             CT_CASE(optimizer_follows_schedule), CT_CASE(optimizer_lr_values),
-    CT_CASE(state_resume),          CT_CASE(state_old_and_bad_files),
+    CT_CASE(state_resume),          CT_CASE(state_old_and_bad_files), CT_CASE(overflowing_lr_is_refused),
 };
 CT_MAIN(cases)
