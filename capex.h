@@ -1283,7 +1283,8 @@ CAPEX_API double capex_lr_scale_linear(double base_lr, int64_t global_batch, int
 CAPEX_API capex_result capex_optim_set_lr_schedule(capex_optim *opt, const capex_lr_schedule *s);
 /* *s = the attached schedule; *attached = 0 when none (then *s is untouched). */
 CAPEX_API capex_result capex_optim_get_lr_schedule(const capex_optim *opt, capex_lr_schedule *s, int *attached);
-/* The lr the group's next step will use (its hp.lr without a schedule). */
+/* The lr the group's next step will use (its hp.lr without a schedule);
+   CAPEX_ERR_INVALID_ARG (*lr set) when the schedule's is not a finite float. */
 CAPEX_API capex_result capex_optim_get_lr(const capex_optim *opt, size_t group, float *lr);
 
 /* ==== data parallel: declarations ==== */
@@ -7445,6 +7446,9 @@ CAPEX_API capex_result capex_optim_get_lr(const capex_optim *o, size_t group, fl
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_lr: group %zu of %zu", group, o->ngroups);
     g = &o->groups[group];
     *lr = o->has_sched ? (float)capex__lr_eval(&o->sched_p, (double)g->hp.lr, (long long)g->step) : g->hp.lr;
+    if (!capex__opt_finite(*lr)) /* the step would refuse it */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_lr: the lr schedule gives group %zu the lr %g at "
+                           "step %lld, not a finite float", group, (double)*lr, (long long)g->step);
     return CAPEX_OK;
 }
 

@@ -424,6 +424,7 @@ CT_TEST(overflowing_lr_is_refused) {
     int step, i, k;
     int64_t n = -1;
     double v;
+    float lr = 0.0f;
     capex_lr_schedule_init(&s, CAPEX_LR_EXPONENTIAL);
     s.gamma = 1e10;
     CT_CHECK(capex_lr_at(&s, 0.01, 5) == 0.01 * pow(1e10, 5.0), "1e48 is a finite double");
@@ -435,6 +436,9 @@ CT_TEST(overflowing_lr_is_refused) {
         capex_result r;
         for (k = 0; k < 2; k++)
             for (i = 0; i < NP; i++) { a.p[k][i] = 0.0f; a.g[k][i] = 1.0f; }
+        if (step < 5)
+            CT_CHECK(capex_optim_get_lr(a.opt, 0, &lr) == CAPEX_OK && lr == (float)capex_lr_at(&s, (double)0.01f, step),
+                     "get_lr at step %d: %g", step, lr);
         r = capex_optim_step(a.opt, 1.0f, 1.0f, 0);
         if (step < 5) { /* group 0's lr 1e38 at step 4 still fits a float */
             CT_CHECK(r == CAPEX_OK && a.p[0][0] == -(float)capex_lr_at(&s, (double)0.01f, step), "step %d: %s", step,
@@ -444,6 +448,8 @@ CT_TEST(overflowing_lr_is_refused) {
                      (int)r, a.p[0][0], capex_last_error());
             CT_CHECK(a.p[0][0] == 0.0f && a.p[1][NP - 1] == 0.0f, "nothing changed: %g", a.p[0][0]);
             CT_CHECK(capex_optim_get_step(a.opt, 0, &n) == CAPEX_OK && n == 5, "step count kept: %lld", (long long)n);
+            CT_CHECK(capex_optim_get_lr(a.opt, 0, &lr) == CAPEX_ERR_INVALID_ARG && isinf(lr) &&
+                         strstr(capex_last_error(), "group 0"), "get_lr: %g %s", lr, capex_last_error());
         }
     }
     capex_optim_destroy(a.opt);
