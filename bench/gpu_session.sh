@@ -12,7 +12,7 @@
 #     norms     make bench-gpu-norms: LayerNorm/RMSNorm vs PyTorch
 #     gpt       the GPT example (examples/train_gpt.c) trained on the GPU
 #     bench     make bench-gpu: kernels vs copy bandwidth vs PyTorch
-#   default: build test info example bench
+#   default: build test info example bench norms
 #
 # Each stage has its own time limit (STAGE_TIMEOUT, seconds; default 240) so a
 # hang cannot eat the whole call. Exit status: the number of failed stages.
@@ -46,7 +46,7 @@ if [ -z "${CAPEX_NCCL_PATH:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl
 fi
 GPU_BINS="build/examples/train_gpt build/tests/test_cuda_gpu build/tests/test_gpuopt_gpu build/tests/test_norm_gpu build/tests/test_nccl_gpu build/tests/test_zero_gpu build/tests/test_gpt_gpu"
 
-[ $# -eq 0 ] && set -- build test info example bench
+[ $# -eq 0 ] && set -- build test info example bench norms
 for s in "$@"; do
     case $s in
     build) stage build "make -j$JOBS $GPU_BINS build/examples/capex_info build/examples/train_charlm build/bench/bench_gpu" ;;
