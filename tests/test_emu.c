@@ -14,7 +14,14 @@
      in the emulator fails its launch with CUDA_ERROR_NOT_SUPPORTED;
    - launches over 4 KB of parameters run (the built-in kernels' 32 KB build,
      found by the image's parameter bytes, CUBIN or PTX) and fail with
-     CUDA_ERROR_INVALID_VALUE below driver 12.1 or sm_70.
+     CUDA_ERROR_INVALID_VALUE below driver 12.1 or sm_70;
+   - CAPEX_EMU_STREAMS=lazy (in a child, against the same checks eager): a
+     kernel or memset on a non-blocking stream stays unseen by a synchronous
+     copy until its stream is synchronised, an event wait orders two streams
+     (and is for the record it saw, when the event is recorded again on
+     another stream), legacy-stream work drains a blocking stream (flags 0),
+     a queued timing record is CUDA_ERROR_NOT_READY, and cuEventQuery
+     reports a fault in the work it ran.
    Needs NVRTC (the emulator loads real images); skips without the library. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -259,6 +266,140 @@ CT_TEST(faults_are_sticky_errors) {
     }
 }
 
+/* ---- CAPEX_EMU_STREAMS=lazy (read once per process: each mode in a child) ----
+   Raw driver calls (capex's own copies with stream NULL synchronise the
+   context, which would hide what is tested here). */
+struct emu_drv {
+    int (*alloc)(capex_cuda_ptr *, size_t);
+    int (*memset32)(capex_cuda_ptr, unsigned, size_t);
+    int (*memset32_async)(capex_cuda_ptr, unsigned, size_t, void *);
+    int (*dtoh)(void *, capex_cuda_ptr, size_t);
+    int (*dtod_async)(capex_cuda_ptr, capex_cuda_ptr, size_t, void *);
+    int (*stream_create)(void **, unsigned);
+    int (*stream_sync)(void *);
+    int (*wait_event)(void *, void *, unsigned);
+    int (*event_create)(void **, unsigned);
+    int (*event_record)(void *, void *);
+    int (*event_query)(void *);
+    int (*elapsed)(float *, void *, void *);
+};
+static int emu_sym(void *lib, const char *name, void *fn) {
+    void *p = dlsym(lib, name);
+    memcpy(fn, &p, sizeof p); /* no object-to-function pointer cast */
+    return p != NULL;
+}
+/* The value of the first int at d, read by a synchronous copy (the legacy stream). */
+static int emu_peek(const struct emu_drv *D, capex_cuda_ptr d) {
+    int v = -1;
+    return D->dtoh(&v, d, sizeof v) == 0 ? v : -2;
+}
+#define LZ(cond, ...)                                                                   \
+    do {                                                                                \
+        if (!(cond)) {                                                                  \
+            res->code = __LINE__;                                                       \
+            snprintf(res->message, sizeof res->message, __VA_ARGS__);                   \
+            goto out;                                                                   \
+        }                                                                               \
+    } while (0)
+static void child_streams(const char *arg, child_result *res) {
+    struct emu_drv D;
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL;
+    capex_cuda_function f;
+    capex_cuda_ptr x = 0, y = 0, bad = 0x1000;
+    void *a = NULL, *b = NULL, *c = NULL, *blk = NULL, *e = NULL, *t0 = NULL, *t1 = NULL, *lib, *args[3];
+    unsigned grid[3] = {1, 1, 1}, block[3] = {32, 1, 1};
+    long long n = 4;
+    int v = 9, lazy = arg && !strcmp(arg, "lazy"), q;
+    float ms;
+    memset(&D, 0, sizeof D);
+    res->code = -1;
+    if ((res->code = open_emu(&ctx, &m, gpu_test_emu_src)) != CAPEX_OK) goto out;
+    res->code = -1;
+    lib = dlopen(emu_lib, RTLD_NOW | RTLD_NOLOAD);
+    LZ(lib && emu_sym(lib, "cuMemAlloc_v2", &D.alloc) && emu_sym(lib, "cuMemsetD32_v2", &D.memset32) &&
+           emu_sym(lib, "cuMemsetD32Async", &D.memset32_async) && emu_sym(lib, "cuMemcpyDtoH_v2", &D.dtoh) &&
+           emu_sym(lib, "cuMemcpyDtoDAsync_v2", &D.dtod_async) && emu_sym(lib, "cuStreamCreate", &D.stream_create) &&
+           emu_sym(lib, "cuStreamSynchronize", &D.stream_sync) && emu_sym(lib, "cuStreamWaitEvent", &D.wait_event) &&
+           emu_sym(lib, "cuEventCreate", &D.event_create) && emu_sym(lib, "cuEventRecord", &D.event_record) &&
+           emu_sym(lib, "cuEventQuery", &D.event_query) && emu_sym(lib, "cuEventElapsedTime_v2", &D.elapsed),
+       "the emulator's driver entry points");
+    LZ(D.alloc(&x, 64) == 0 && D.alloc(&y, 64) == 0, "cuMemAlloc");
+    LZ(D.stream_create(&a, 1) == 0 && D.stream_create(&b, 1) == 0 && D.stream_create(&c, 1) == 0 &&
+           D.stream_create(&blk, 0) == 0 && D.event_create(&e, 2) == 0 && D.event_create(&t0, 0) == 0 &&
+           D.event_create(&t1, 0) == 0,
+       "streams and events");
+    LZ(capex_cuda_module_get_function(m, "emu_fill", &f) == CAPEX_OK, "%s", capex_last_error());
+    /* 1. a kernel and a memset on a non-blocking stream: the legacy stream's copy does not wait for them */
+    LZ(D.memset32(x, 1, 4) == 0 && emu_peek(&D, x) == 1, "legacy memset");
+    args[0] = &x; args[1] = &n; args[2] = &v;
+    LZ(capex_cuda_launch(&f, grid, block, 0, a, args) == CAPEX_OK, "%s", capex_last_error());
+    q = emu_peek(&D, x);
+    LZ(q == (lazy ? 1 : 9), "kernel on a non-blocking stream, read without a wait: %d", q);
+    LZ(D.memset32_async(x, 2, 4, a) == 0, "memset");
+    q = emu_peek(&D, x);
+    LZ(q == (lazy ? 1 : 2), "memset on a non-blocking stream, read without a wait: %d", q);
+    LZ(D.stream_sync(a) == 0 && emu_peek(&D, x) == 2, "after cuStreamSynchronize");
+    /* 2. an event orders two streams; without it the reader is ahead */
+    LZ(D.memset32_async(x, 3, 4, a) == 0 && D.event_record(e, a) == 0 && D.wait_event(b, e, 0) == 0 &&
+           D.dtod_async(y, x, 16, b) == 0 && D.stream_sync(b) == 0,
+       "event wait");
+    q = emu_peek(&D, y);
+    LZ(q == 3, "b waited for a's memset: %d", q);
+    LZ(D.memset32_async(x, 4, 4, a) == 0 && D.dtod_async(y, x, 16, b) == 0 && D.stream_sync(b) == 0, "no wait");
+    q = emu_peek(&D, y);
+    LZ(q == (lazy ? 3 : 4), "b did not wait for a: %d", q);
+    LZ(D.stream_sync(a) == 0, "sync a");
+    /* 3. a blocking stream (flags 0): legacy-stream work waits for it */
+    LZ(D.memset32_async(x, 5, 4, blk) == 0, "memset on the blocking stream");
+    q = emu_peek(&D, x);
+    LZ(q == 5, "the legacy stream's copy after a blocking stream's memset: %d", q);
+    /* 4. a wait is for the record it saw: the event recorded again on another
+       stream (which runs first) does not release it */
+    LZ(D.memset32_async(x, 6, 4, a) == 0 && D.event_record(e, a) == 0 && D.wait_event(b, e, 0) == 0 &&
+           D.dtod_async(y, x, 16, b) == 0 && D.event_record(e, c) == 0 && D.stream_sync(c) == 0 && D.stream_sync(b) == 0,
+       "re-recorded event");
+    q = emu_peek(&D, y);
+    LZ(q == 6, "b waited for the record on a, then e was recorded on c: %d", q);
+    LZ(D.stream_sync(a) == 0, "sync a");
+    /* 5. elapsed time: a queued record is NOT_READY (600), not INVALID_HANDLE */
+    LZ(D.event_record(t0, a) == 0 && D.memset32_async(x, 7, 4, a) == 0 && D.event_record(t1, a) == 0, "timing records");
+    q = D.elapsed(&ms, t0, t1);
+    LZ(q == (lazy ? 600 : 0), "cuEventElapsedTime before the records ran: %d", q);
+    LZ(D.stream_sync(a) == 0 && D.elapsed(&ms, t0, t1) == 0 && ms >= 0, "cuEventElapsedTime after");
+    /* 6. a query that runs a faulting kernel reports the fault (CUDA_ERROR_ILLEGAL_ADDRESS, 700) */
+    setenv("CAPEX_EMU_QUIET", "1", 1); /* on purpose */
+    args[0] = &bad;
+    LZ(capex_cuda_launch(&f, grid, block, 0, a, args) == CAPEX_OK, "wild launch: %s", capex_last_error());
+    q = D.event_query(e); /* e's latest record is on c: complete */
+    if (lazy) {
+        LZ(D.event_record(e, a) == 0, "record after the wild kernel");
+        q = D.event_query(e);
+    }
+    LZ(q == 700, "cuEventQuery after a faulting kernel: %d", q);
+    res->code = 0;
+    res->value = lazy;
+out:
+    if (res->code) res->value = -1;
+    capex_cuda_context_destroy(ctx);
+}
+#undef LZ
+
+CT_TEST(lazy_streams_defer_and_order_like_a_gpu) {
+    static const char *const mode[2] = {"eager", "lazy"};
+    int i;
+    if (!emu_lib[0]) CT_SKIP("build/emu/libcuda.so.1 not built (tests/emu.mk)");
+    CT_NEED_NVRTC();
+    for (i = 0; i < 2; i++) {
+        child_result r;
+        if (i) setenv("CAPEX_EMU_STREAMS", "lazy", 1);
+        else unsetenv("CAPEX_EMU_STREAMS");
+        r = run_child("streams", mode[i]);
+        unsetenv("CAPEX_EMU_STREAMS");
+        CT_CHECK(r.exited_ok && r.code == 0 && r.value == i, "%s streams: check at line %d: %s", mode[i], r.code, r.message);
+    }
+}
+
 /* ---- kernel parameters over 4 KB: CUDA 12.1+ drivers on sm_70+ only ----
    A context on the default emulated driver (13.0, sm_90) builds its
    multi-tensor parts for 32 KB of parameters; the emulator picks the kernel
@@ -354,9 +495,9 @@ CT_TEST(large_params_need_driver_12_1_and_volta) {
 static const ct_case cases[] = {
     CT_CASE(every_builtin_kernel_is_compiled_in), CT_CASE(block_sum_and_scan_need_barriers_and_shuffles),
     CT_CASE(shuffle_modes_and_thread_numbering), CT_CASE(kernel_not_compiled_in_is_refused), CT_CASE(faults_are_sticky_errors),
-    CT_CASE(large_params_need_driver_12_1_and_volta),
+    CT_CASE(large_params_need_driver_12_1_and_volta), CT_CASE(lazy_streams_defer_and_order_like_a_gpu),
 };
-static const child_entry children[] = {{"fault", child_fault}};
+static const child_entry children[] = {{"fault", child_fault}, {"streams", child_streams}};
 
 int main(int argc, char **argv) {
     int rc;
