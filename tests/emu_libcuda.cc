@@ -30,8 +30,8 @@
    CAPEX_EMU_STREAMS=lazy: then work on a stream from cuStreamCreate waits in
    that stream's queue until something needs it (a synchronize of the stream,
    an event or the context, a wait on an event recorded there, cuMemFree,
-   cuModuleUnload, a DtoH copy on that stream), the order a real GPU may
-   take at its latest. The legacy stream (NULL, and the synchronous copies
+   cuModuleUnload, cuStreamDestroy, a DtoH copy on that stream), the order
+   a real GPU may take at its latest (cuEventDestroy runs nothing). The legacy stream (NULL, and the synchronous copies
    and memsets) runs at the call and waits only for blocking streams (flags
    0), as on a GPU: work that reads another stream's result without an event
    then reads it before it is written (a missing wait shows). Async uploads
@@ -857,6 +857,20 @@ CUresult run_lazy_op(const op &o) {
     if (o.kind == 7) { run_record(o.ev, o.ws, o.n); return OK; }
     return run_op(o);
 }
+/* Destroyed events (lazy): freed once no queued record or wait refers to them. */
+std::vector<event *> dead_events;
+void reap_events() {
+    std::lock_guard<std::recursive_mutex> g(qmu);
+    auto used = [](const event *ev) {
+        for (const stream *s : live_streams)
+            for (const op &o : *s->q)
+                if ((o.kind == 6 || o.kind == 7) && o.ev == ev) return true;
+        return false;
+    };
+    for (size_t i = 0; i < dead_events.size();)
+        if (!used(dead_events[i])) { delete dead_events[i]; dead_events[i] = dead_events.back(); dead_events.pop_back(); }
+        else i++;
+}
 /* Runs s's queue in order, through event until's record gen (until NULL: all). An
    error becomes the context's sticky error, like a fault in async work, and
    the rest of the queue is dropped. */
@@ -1216,8 +1230,13 @@ EMU_API CUresult cuEventCreate(void **e, unsigned flags) {
 EMU_API CUresult cuEventDestroy_v2(void *e) {
     NEED_CTX();
     if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE;
-    if (lazy_streams()) drain_all(0); /* queued records and waits point at it */
     ((event *)e)->magic = 0;
+    if (lazy_streams()) { /* runs nothing, as on a GPU: queued records and waits keep it until they ran */
+        std::lock_guard<std::recursive_mutex> g(qmu);
+        dead_events.push_back((event *)e);
+        reap_events();
+        return OK;
+    }
     delete (event *)e;
     return OK;
 }

@@ -280,6 +280,7 @@ struct emu_drv {
     int (*wait_event)(void *, void *, unsigned);
     int (*event_create)(void **, unsigned);
     int (*event_record)(void *, void *);
+    int (*event_destroy)(void *);
     int (*event_query)(void *);
     int (*elapsed)(float *, void *, void *);
 };
@@ -307,7 +308,7 @@ static void child_streams(const char *arg, child_result *res) {
     capex_cuda_module *m = NULL;
     capex_cuda_function f;
     capex_cuda_ptr x = 0, y = 0, bad = 0x1000;
-    void *a = NULL, *b = NULL, *c = NULL, *blk = NULL, *e = NULL, *t0 = NULL, *t1 = NULL, *lib, *args[3];
+    void *a = NULL, *b = NULL, *c = NULL, *blk = NULL, *e = NULL, *e2 = NULL, *t0 = NULL, *t1 = NULL, *lib, *args[3];
     unsigned grid[3] = {1, 1, 1}, block[3] = {32, 1, 1};
     long long n = 4;
     int v = 9, lazy = arg && !strcmp(arg, "lazy"), q;
@@ -322,11 +323,12 @@ static void child_streams(const char *arg, child_result *res) {
            emu_sym(lib, "cuMemcpyDtoDAsync_v2", &D.dtod_async) && emu_sym(lib, "cuStreamCreate", &D.stream_create) &&
            emu_sym(lib, "cuStreamSynchronize", &D.stream_sync) && emu_sym(lib, "cuStreamWaitEvent", &D.wait_event) &&
            emu_sym(lib, "cuEventCreate", &D.event_create) && emu_sym(lib, "cuEventRecord", &D.event_record) &&
+           emu_sym(lib, "cuEventDestroy_v2", &D.event_destroy) &&
            emu_sym(lib, "cuEventQuery", &D.event_query) && emu_sym(lib, "cuEventElapsedTime_v2", &D.elapsed),
        "the emulator's driver entry points");
     LZ(D.alloc(&x, 64) == 0 && D.alloc(&y, 64) == 0, "cuMemAlloc");
     LZ(D.stream_create(&a, 1) == 0 && D.stream_create(&b, 1) == 0 && D.stream_create(&c, 1) == 0 &&
-           D.stream_create(&blk, 0) == 0 && D.event_create(&e, 2) == 0 && D.event_create(&t0, 0) == 0 &&
+           D.stream_create(&blk, 0) == 0 && D.event_create(&e, 2) == 0 && D.event_create(&e2, 2) == 0 && D.event_create(&t0, 0) == 0 &&
            D.event_create(&t1, 0) == 0,
        "streams and events");
     LZ(capex_cuda_module_get_function(m, "emu_fill", &f) == CAPEX_OK, "%s", capex_last_error());
@@ -367,6 +369,15 @@ static void child_streams(const char *arg, child_result *res) {
     q = D.elapsed(&ms, t0, t1);
     LZ(q == (lazy ? 600 : 0), "cuEventElapsedTime before the records ran: %d", q);
     LZ(D.stream_sync(a) == 0 && D.elapsed(&ms, t0, t1) == 0 && ms >= 0, "cuEventElapsedTime after");
+    /* 7. destroying an event runs nothing (on a GPU it returns at once), and a
+       wait already queued on it still holds */
+    LZ(D.memset32_async(x, 8, 4, a) == 0 && D.event_record(e2, a) == 0 && D.wait_event(b, e2, 0) == 0 &&
+           D.dtod_async(y, x, 16, b) == 0 && D.event_destroy(e2) == 0,
+       "event destroyed with a wait on it queued");
+    q = emu_peek(&D, x);
+    LZ(q == (lazy ? 7 : 8), "a's memset after the event's destroy, read without a wait: %d", q);
+    LZ(D.stream_sync(b) == 0 && emu_peek(&D, y) == 8, "b waited for a's record of the destroyed event: %d", emu_peek(&D, y));
+    LZ(D.stream_sync(a) == 0, "sync a");
     /* 6. a query that runs a faulting kernel reports the fault (CUDA_ERROR_ILLEGAL_ADDRESS, 700) */
     setenv("CAPEX_EMU_QUIET", "1", 1); /* on purpose */
     args[0] = &bad;
