@@ -922,9 +922,9 @@ CUresult submit(const op &o, void *s) {
         std::lock_guard<std::recursive_mutex> g(qmu);
         stream *st = (stream *)s;
         if ((r = check_op(o)) != OK) return r;
-        if (o.kind == 4) { /* into pageable memory: returns when done */
+        if (o.kind == 4) { /* into pageable memory: returns when done, with the error of the work it waited for */
             drain(st, nullptr, 0);
-            return run_op(o);
+            return sticky ? sticky.load() : run_op(o);
         }
         if (o.kind == 3) { /* from pageable memory: the data as it is now */
             op c = o;
