@@ -42,7 +42,7 @@ $(EMU_LIB): tests/emu_libcuda.cc tests/cuda_image.h $(EMU_DIR)/kernels.inc
 	  -I$(EMU_DIR) $< -o $@ -lpthread
 
 # tests/test_emu.c (the emulator's own faithfulness test) loads it.
-$(BUILD)/tests/test_emu: $(EMU_LIB) tests/gpu_test_kernels.h tests/cuda_test_util.h
+$(BUILD)/tests/test_emu: $(EMU_LIB) tests/gpu_test_kernels.h tests/cuda_test_util.h $(BUILD)/fake/libnccl.so.2
 
 # The GPU tests on the emulator: they must pass, not skip, except
 #  - test_gpuopt_gpu's tensor over 2^31 elements (34 GB of "device" memory; the

@@ -20,7 +20,8 @@
      copy until its stream is synchronised, an event wait orders two streams
      (and is for the record it saw, when the event is recorded again on
      another stream), legacy-stream work drains a blocking stream (flags 0),
-     destroying an event runs nothing, a queued timing record is CUDA_ERROR_NOT_READY, and cuEventQuery and a
+     destroying an event runs nothing, a stand-in NCCL collective's result
+     lands in stream order, a queued timing record is CUDA_ERROR_NOT_READY, and cuEventQuery and a
      download from the stream report a fault in the work they ran.
    Needs NVRTC (the emulator loads real images); skips without the library. */
 #ifndef _GNU_SOURCE
@@ -40,7 +41,7 @@ const char *__asan_default_options(void) { return "detect_leaks=0"; }
 
 #define OK(call) CT_CHECK((call) == CAPEX_OK, "%s: %s", #call, capex_last_error())
 
-static char emu_lib[1100];
+static char emu_lib[1100], nccl_lib[1100];
 static char cache_dir[64];
 
 /* build/emu/libcuda.so.1 next to this binary (build/tests/test_emu). */
@@ -290,6 +291,14 @@ static int emu_sym(void *lib, const char *name, void *fn) {
     memcpy(fn, &p, sizeof p); /* no object-to-function pointer cast */
     return p != NULL;
 }
+/* The stand-in NCCL (tests/fake_libnccl.c): a world of one, for its lazy-stream result. */
+typedef struct { char internal[128]; } emu_nccl_id;
+struct emu_nccl {
+    int (*get_id)(emu_nccl_id *);
+    int (*init)(void **, int, emu_nccl_id, int);
+    int (*allreduce)(const void *, void *, size_t, int, int, void *, void *);
+    int (*destroy)(void *);
+};
 /* The value of the first int at d, read by a synchronous copy (the legacy stream). */
 static int emu_peek(const struct emu_drv *D, capex_cuda_ptr d) {
     int v = -1;
@@ -314,6 +323,9 @@ static void child_streams(const char *arg, child_result *res) {
     long long n = 4;
     int v = 9, lazy = arg && !strncmp(arg, "lazy", 4), q;
     float ms;
+    struct emu_nccl N;
+    emu_nccl_id id;
+    void *nlib, *comm = NULL;
     memset(&D, 0, sizeof D);
     res->code = -1;
     if ((res->code = open_emu(&ctx, &m, gpu_test_emu_src)) != CAPEX_OK) goto out;
@@ -380,6 +392,23 @@ static void child_streams(const char *arg, child_result *res) {
     LZ(q == (lazy ? 7 : 8), "a's memset after the event's destroy, read without a wait: %d", q);
     LZ(D.stream_sync(b) == 0 && emu_peek(&D, y) == 8, "b waited for a's record of the destroyed event: %d", emu_peek(&D, y));
     LZ(D.stream_sync(a) == 0, "sync a");
+    /* 8. a stand-in NCCL all-reduce (a world of one: a copy) on a: its result
+       lands when a runs that far, so b's read without a wait is stale */
+    nlib = dlopen(nccl_lib, RTLD_NOW | RTLD_LOCAL);
+    LZ(nlib && emu_sym(nlib, "ncclGetUniqueId", &N.get_id) && emu_sym(nlib, "ncclCommInitRank", &N.init) &&
+           emu_sym(nlib, "ncclAllReduce", &N.allreduce) && emu_sym(nlib, "ncclCommDestroy", &N.destroy),
+       "the stand-in NCCL %s: %s", nccl_lib, dlerror());
+    LZ(N.get_id(&id) == 0 && N.init(&comm, 1, id, 0) == 0, "a world of one");
+    LZ(D.memset32(x, 10, 4) == 0 && D.memset32(y, 11, 4) == 0 &&
+           N.allreduce((void *)(uintptr_t)x, (void *)(uintptr_t)y, 4, 7 /* ncclFloat32 */, 0, comm, a) == 0 &&
+           D.dtod_async(x, y, 16, b) == 0 && D.stream_sync(b) == 0,
+       "all-reduce on a, read on b");
+    q = emu_peek(&D, x);
+    LZ(q == (lazy ? 11 : 10), "b read the all-reduce's result without a wait: %d", q);
+    LZ(D.event_record(e, a) == 0 && D.wait_event(b, e, 0) == 0 && D.dtod_async(x, y, 16, b) == 0 && D.stream_sync(b) == 0 &&
+           emu_peek(&D, x) == 10,
+       "b waited for the all-reduce: %d", emu_peek(&D, x));
+    N.destroy(comm);
     /* 6. a query, or a download from the stream ("lazy-dtoh": the fault is
        sticky, so one per process), that runs a faulting kernel reports the
        fault (CUDA_ERROR_ILLEGAL_ADDRESS, 700) */
@@ -520,6 +549,7 @@ int main(int argc, char **argv) {
     int rc;
     if (find_emu()) setenv("CAPEX_LIBCUDA_PATH", emu_lib, 1);
     else emu_lib[0] = '\0';
+    if (!sibling_path("fake", "libnccl.so.2", nccl_lib, sizeof nccl_lib)) nccl_lib[0] = '\0';
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     /* one kernel cache for this run and its children (the test program compiles once) */
     snprintf(cache_dir, sizeof cache_dir, "/tmp/capex_emu_test_XXXXXX");
