@@ -328,8 +328,7 @@ static void child_streams(const char *arg, child_result *res) {
     void *nlib, *comm = NULL;
     memset(&D, 0, sizeof D);
     res->code = -1;
-    if ((res->code = open_emu(&ctx, &m, gpu_test_emu_src)) != CAPEX_OK) goto out;
-    res->code = -1;
+    LZ(open_emu(&ctx, &m, gpu_test_emu_src) == CAPEX_OK, "context and module: %s", capex_last_error());
     lib = dlopen(emu_lib, RTLD_NOW | RTLD_NOLOAD);
     LZ(lib && emu_sym(lib, "cuMemAlloc_v2", &D.alloc) && emu_sym(lib, "cuMemsetD32_v2", &D.memset32) &&
            emu_sym(lib, "cuMemsetD32Async", &D.memset32_async) && emu_sym(lib, "cuMemcpyDtoH_v2", &D.dtoh) &&
