@@ -30,8 +30,8 @@
    CAPEX_EMU_STREAMS=lazy: then work on a stream from cuStreamCreate waits in
    that stream's queue until something needs it (a synchronize of the stream,
    an event or the context, a wait on an event recorded there, cuMemFree,
-   cuModuleUnload, cuStreamDestroy, a DtoH copy on that stream), the order
-   a real GPU may take at its latest (cuEventDestroy runs nothing). The legacy stream (NULL, and the synchronous copies
+   cuModuleUnload, a DtoH copy on that stream, its cuStreamDestroy), the
+   order a real GPU may take at its latest (cuEventDestroy runs nothing). The legacy stream (NULL, and the synchronous copies
    and memsets) runs at the call and waits only for blocking streams (flags
    0), as on a GPU: work that reads another stream's result without an event
    then reads it before it is written (a missing wait shows). Async uploads
@@ -1184,7 +1184,7 @@ EMU_API CUresult cuStreamDestroy_v2(void *s) {
     if (s == capturing) return ILLEGAL_STATE;
     {
         std::lock_guard<std::recursive_mutex> g(qmu);
-        drain_all(0); /* its work, and waits elsewhere on events recorded there */
+        drain((stream *)s, nullptr, 0); /* its own work (and what it waits for), no other stream's */
         live_streams.erase(std::find(live_streams.begin(), live_streams.end(), (stream *)s));
     }
     ((stream *)s)->magic = 0;

@@ -20,7 +20,7 @@
      copy until its stream is synchronised, an event wait orders two streams
      (and is for the record it saw, when the event is recorded again on
      another stream), legacy-stream work drains a blocking stream (flags 0),
-     destroying an event runs nothing, a stand-in NCCL collective's result
+     destroying an event or a stream runs no other stream's work, a stand-in NCCL collective's result
      lands in stream order, a queued timing record is CUDA_ERROR_NOT_READY, and cuEventQuery and a
      download from the stream report a fault in the work they ran.
    Needs NVRTC (the emulator loads real images); skips without the library. */
@@ -279,6 +279,7 @@ struct emu_drv {
     int (*dtod_async)(capex_cuda_ptr, capex_cuda_ptr, size_t, void *);
     int (*stream_create)(void **, unsigned);
     int (*stream_sync)(void *);
+    int (*stream_destroy)(void *);
     int (*wait_event)(void *, void *, unsigned);
     int (*event_create)(void **, unsigned);
     int (*event_record)(void *, void *);
@@ -318,7 +319,7 @@ static void child_streams(const char *arg, child_result *res) {
     capex_cuda_module *m = NULL;
     capex_cuda_function f;
     capex_cuda_ptr x = 0, y = 0, bad = 0x1000;
-    void *a = NULL, *b = NULL, *c = NULL, *blk = NULL, *e = NULL, *e2 = NULL, *t0 = NULL, *t1 = NULL, *lib, *args[3];
+    void *a = NULL, *b = NULL, *c = NULL, *blk = NULL, *e = NULL, *e2 = NULL, *t0 = NULL, *t1 = NULL, *d = NULL, *lib, *args[3];
     unsigned grid[3] = {1, 1, 1}, block[3] = {32, 1, 1};
     long long n = 4;
     int v = 9, lazy = arg && !strncmp(arg, "lazy", 4), q;
@@ -334,7 +335,8 @@ static void child_streams(const char *arg, child_result *res) {
            emu_sym(lib, "cuMemsetD32Async", &D.memset32_async) && emu_sym(lib, "cuMemcpyDtoH_v2", &D.dtoh) &&
            emu_sym(lib, "cuMemcpyDtoHAsync_v2", &D.dtoh_async) &&
            emu_sym(lib, "cuMemcpyDtoDAsync_v2", &D.dtod_async) && emu_sym(lib, "cuStreamCreate", &D.stream_create) &&
-           emu_sym(lib, "cuStreamSynchronize", &D.stream_sync) && emu_sym(lib, "cuStreamWaitEvent", &D.wait_event) &&
+           emu_sym(lib, "cuStreamSynchronize", &D.stream_sync) &&
+           emu_sym(lib, "cuStreamDestroy_v2", &D.stream_destroy) && emu_sym(lib, "cuStreamWaitEvent", &D.wait_event) &&
            emu_sym(lib, "cuEventCreate", &D.event_create) && emu_sym(lib, "cuEventRecord", &D.event_record) &&
            emu_sym(lib, "cuEventDestroy_v2", &D.event_destroy) &&
            emu_sym(lib, "cuEventQuery", &D.event_query) && emu_sym(lib, "cuEventElapsedTime_v2", &D.elapsed),
@@ -390,6 +392,15 @@ static void child_streams(const char *arg, child_result *res) {
     q = emu_peek(&D, x);
     LZ(q == (lazy ? 7 : 8), "a's memset after the event's destroy, read without a wait: %d", q);
     LZ(D.stream_sync(b) == 0 && emu_peek(&D, y) == 8, "b waited for a's record of the destroyed event: %d", emu_peek(&D, y));
+    LZ(D.stream_sync(a) == 0, "sync a");
+    /* ... nor does destroying another stream */
+    LZ(D.memset32_async(x, 12, 4, a) == 0 && D.stream_create(&d, 1) == 0 && D.memset32_async(y, 13, 4, d) == 0 &&
+           D.stream_destroy(d) == 0,
+       "stream destroyed");
+    q = emu_peek(&D, x);
+    LZ(q == (lazy ? 8 : 12), "a's memset after another stream's destroy, read without a wait: %d", q);
+    q = emu_peek(&D, y);
+    LZ(q == 13, "the destroyed stream's own work ran: %d", q);
     LZ(D.stream_sync(a) == 0, "sync a");
     /* 8. a stand-in NCCL all-reduce (a world of one: a copy) on a: its result
        lands when a runs that far, so b's read without a wait is stale */
