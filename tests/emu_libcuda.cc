@@ -30,8 +30,8 @@
    CAPEX_EMU_STREAMS=lazy: then work on a stream from cuStreamCreate waits in
    that stream's queue until something needs it (a synchronize of the stream,
    an event or the context, a wait on an event recorded there, cuMemFree,
-   cuModuleUnload, a DtoH copy on that stream), the order a real GPU may
-   take at its latest. The legacy stream (NULL, and the synchronous copies
+   cuModuleUnload, a DtoH copy on that stream, its cuStreamDestroy), the
+   order a real GPU may take at its latest (cuEventDestroy runs nothing). The legacy stream (NULL, and the synchronous copies
    and memsets) runs at the call and waits only for blocking streams (flags
    0), as on a GPU: work that reads another stream's result without an event
    then reads it before it is written (a missing wait shows). Async uploads
@@ -558,7 +558,7 @@ struct stream { int magic; unsigned flags; std::deque<op> *q; };
 struct event { int magic, timing, recorded; double t; stream *rs; unsigned long long gen, done; };
 struct op {
     int kind = 0; /* 0 kernel, 1 memset8, 2 memset32, 3 HtoD, 4 DtoH, 5 DtoD, 6 event record (n: its gen),
-                     7 wait for event ev's record n (lazy streams) */
+                     7 wait for event ev's record n on stream ws (lazy streams) */
     const capex_emu::kernel_entry *k = nullptr;
     unsigned g[3] = {0, 0, 0}, b[3] = {0, 0, 0}, shmem = 0;
     std::shared_ptr<unsigned char> args; /* packed kernel arguments, shared by graph copies */
@@ -568,6 +568,7 @@ struct op {
     size_t n = 0;
     unsigned v = 0;
     event *ev = nullptr;
+    stream *ws = nullptr; /* kind 7: the stream that record n of ev was queued on */
 };
 struct graph { int magic; std::vector<op> ops; };
 stream *capturing;      /* the stream being captured (global mode), or null */
@@ -818,7 +819,9 @@ CUresult run_op(const op &o) {
     case 4: if (!in_bounds(o.s, o.n)) return INVALID_VALUE; memcpy(o.hd, (const void *)(uintptr_t)o.s, o.n); return OK;
     case 5: if (!in_bounds(o.d, o.n) || !in_bounds(o.s, o.n)) return INVALID_VALUE;
         memmove((void *)(uintptr_t)o.d, (const void *)(uintptr_t)o.s, o.n); return OK;
-    case 6: o.ev->t = now_ms(); o.ev->recorded = 1; if (o.n > o.ev->done) o.ev->done = o.n; return OK;
+    case 6: /* an older record (re-recorded on another stream) that runs late does not undo a newer one */
+        if (!o.n || o.n > o.ev->done) { o.ev->t = now_ms(); o.ev->recorded = 1; if (o.n) o.ev->done = o.n; }
+        return OK;
     case 7: return OK; /* run_lazy_op drains the recording stream first */
     }
     return INVALID_VALUE;
@@ -836,23 +839,49 @@ int lazy_streams() {
 std::recursive_mutex qmu; /* the queues; held while draining (one drain at a time) */
 std::vector<stream *> live_streams;
 CUresult drain(stream *s, const event *until, unsigned long long gen);
+/* Runs stream w up to record gen of ev, if that record still waits there. Per
+   record, not per event: a wait queued before ev was recorded again (on
+   another stream) still waits for the record it saw. */
+void run_record(const event *ev, stream *w, unsigned long long gen) {
+    std::lock_guard<std::recursive_mutex> g(qmu);
+    if (!w || !gen || std::find(live_streams.begin(), live_streams.end(), w) == live_streams.end()) return;
+    for (const op &o : *w->q)
+        if (o.kind == 6 && o.ev == ev && o.n == gen) { drain(w, ev, gen); return; }
+}
+/* Runs what ev's latest record waits for (its synchronize, query, a wait on the legacy stream). */
+void run_latest_record(const event *ev) {
+    std::lock_guard<std::recursive_mutex> g(qmu);
+    run_record(ev, ev->rs, ev->gen);
+}
 CUresult run_lazy_op(const op &o) {
-    if (o.kind == 7) {
-        if (o.ev->done < o.n && o.ev->rs) return drain(o.ev->rs, o.ev, o.n);
-        return OK;
-    }
+    if (o.kind == 7) { run_record(o.ev, o.ws, o.n); return OK; }
     return run_op(o);
 }
-/* Runs s's queue in order, up to event until's record gen (until NULL: all). An
+/* Destroyed events (lazy): freed once no queued record or wait refers to them. */
+std::vector<event *> dead_events;
+void reap_events() {
+    std::lock_guard<std::recursive_mutex> g(qmu);
+    auto used = [](const event *ev) {
+        for (const stream *s : live_streams)
+            for (const op &o : *s->q)
+                if ((o.kind == 6 || o.kind == 7) && o.ev == ev) return true;
+        return false;
+    };
+    for (size_t i = 0; i < dead_events.size();)
+        if (!used(dead_events[i])) { delete dead_events[i]; dead_events[i] = dead_events.back(); dead_events.pop_back(); }
+        else i++;
+}
+/* Runs s's queue in order, through event until's record gen (until NULL: all). An
    error becomes the context's sticky error, like a fault in async work, and
    the rest of the queue is dropped. */
 CUresult drain(stream *s, const event *until, unsigned long long gen) {
     std::lock_guard<std::recursive_mutex> g(qmu);
-    while (!s->q->empty() && !(until && until->done >= gen)) {
+    while (!s->q->empty()) {
         op o = s->q->front();
         s->q->pop_front();
         CUresult r = sticky ? OK : run_lazy_op(o);
         if (r != OK && !sticky) sticky = r;
+        if (until && o.kind == 6 && o.ev == until && o.n == gen) break;
     }
     return OK;
 }
@@ -893,9 +922,9 @@ CUresult submit(const op &o, void *s) {
         std::lock_guard<std::recursive_mutex> g(qmu);
         stream *st = (stream *)s;
         if ((r = check_op(o)) != OK) return r;
-        if (o.kind == 4) { /* into pageable memory: returns when done */
+        if (o.kind == 4) { /* into pageable memory: returns when done, with the error of the work it waited for */
             drain(st, nullptr, 0);
-            return run_op(o);
+            return sticky ? sticky.load() : run_op(o);
         }
         if (o.kind == 3) { /* from pageable memory: the data as it is now */
             op c = o;
@@ -1155,7 +1184,7 @@ EMU_API CUresult cuStreamDestroy_v2(void *s) {
     if (s == capturing) return ILLEGAL_STATE;
     {
         std::lock_guard<std::recursive_mutex> g(qmu);
-        drain_all(0); /* its work, and waits elsewhere on events recorded there */
+        drain((stream *)s, nullptr, 0); /* its own work (and what it waits for), no other stream's */
         live_streams.erase(std::find(live_streams.begin(), live_streams.end(), (stream *)s));
     }
     ((stream *)s)->magic = 0;
@@ -1181,10 +1210,11 @@ EMU_API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) {
     if (lazy_streams() && !(capturing && s == capturing)) {
         event *ev = (event *)e;
         std::lock_guard<std::recursive_mutex> g(qmu);
-        if (!s) { if (ev->rs && ev->done < ev->gen) drain(ev->rs, ev, ev->gen); return OK; }
+        if (!s) { run_latest_record(ev); return OK; }
         op o = make_op(7);
         o.ev = ev;
         o.n = ev->gen;
+        o.ws = ev->rs;
         ((stream *)s)->q->push_back(o);
     }
     return OK;
@@ -1200,8 +1230,13 @@ EMU_API CUresult cuEventCreate(void **e, unsigned flags) {
 EMU_API CUresult cuEventDestroy_v2(void *e) {
     NEED_CTX();
     if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE;
-    if (lazy_streams()) drain_all(0); /* queued records and waits point at it */
     ((event *)e)->magic = 0;
+    if (lazy_streams()) { /* runs nothing, as on a GPU: queued records and waits keep it until they ran */
+        std::lock_guard<std::recursive_mutex> g(qmu);
+        dead_events.push_back((event *)e);
+        reap_events();
+        return OK;
+    }
     delete (event *)e;
     return OK;
 }
@@ -1221,27 +1256,25 @@ EMU_API CUresult cuEventSynchronize(void *e) {
     NEED_CTX();
     if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE;
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
-    if (lazy_streams()) {
-        event *ev = (event *)e;
-        if (ev->rs && ev->done < ev->gen) drain(ev->rs, ev, ev->gen);
-    }
+    if (lazy_streams()) run_latest_record((event *)e);
     return sticky.load();
 }
 EMU_API CUresult cuEventQuery(void *e) {
     NEED_CTX();
     if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE;
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
-    if (lazy_streams()) { /* lazy: a query runs what the record waits for (a poll loop makes progress) */
-        event *ev = (event *)e;
-        if (ev->rs && ev->done < ev->gen) drain(ev->rs, ev, ev->gen);
-    }
-    return OK; /* work is synchronous: a recorded event is complete */
+    /* work is synchronous: a recorded event is complete; lazy: a query runs what
+       the record waits for (a poll loop makes progress), and reports its failure */
+    if (lazy_streams()) run_latest_record((event *)e);
+    return sticky.load();
 }
 EMU_API CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) {
     event *x = (event *)a, *y = (event *)b;
     NEED_CTX();
-    if (!x || !y || x->magic != 0xE7 || y->magic != 0xE7 || !x->timing || !y->timing || !x->recorded || !y->recorded)
-        return INVALID_HANDLE;
+    if (!x || !y || x->magic != 0xE7 || y->magic != 0xE7 || !x->timing || !y->timing || (!x->recorded && !x->gen) ||
+        (!y->recorded && !y->gen))
+        return INVALID_HANDLE; /* never recorded; recorded but still queued (lazy) is NOT_READY */
+    std::lock_guard<std::recursive_mutex> g(qmu);
     if (x->done < x->gen || y->done < y->gen) return NOT_READY;
     *ms = (float)(y->t - x->t);
     return OK;

@@ -11,6 +11,7 @@ int main(void) {
     fputs(gpu_test_user_src, stdout);
     fputs("#undef ALPHA\n", stdout);
     fputs(gpu_test_spin_src, stdout);
+    fputs(gpu_test_order_src, stdout);
     fputs(gpu_test_emu_src, stdout);
     return 0;
 }

@@ -44,11 +44,14 @@ else echo "example-emu: resumed weights crc32 '$b', uninterrupted '$a'"; fail=1;
 a=$(field "$tmp/full.txt" train) b=$(field "$tmp/res.txt" train)
 if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "example-emu: resumed GPU run reports the same train loss ($a)"
 else echo "example-emu: resumed train loss '$b', uninterrupted '$a'"; fail=1; fi
-# lazy streams (CAPEX_EMU_STREAMS=lazy: stream work runs only when something waits for it): the same bits
-CAPEX_EMU_STREAMS=lazy gpu --opt O2 "${common[@]}" >"$tmp/lazy.txt" 2>&1 || { cat "$tmp/lazy.txt"; fail=1; }
-a=$(field "$tmp/full.txt" crc32) b=$(field "$tmp/lazy.txt" crc32)
-if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "example-emu: lazy streams: bit-identical to the eager run (weights crc32 $a)"
-else echo "example-emu: lazy streams: weights crc32 '$b', eager '$a'"; fail=1; fi
+# lazy streams (CAPEX_EMU_STREAMS=lazy: stream work runs only when something waits for it): the same bits,
+# the same checkpoint bytes, and a lazy resume from the eager checkpoint
+CAPEX_EMU_STREAMS=lazy gpu --opt O2 "${common[@]}" --save "$tmp/ck_lazy.capex" --save-at 20 >"$tmp/lazy.txt" 2>&1 || { cat "$tmp/lazy.txt"; fail=1; }
+CAPEX_EMU_STREAMS=lazy gpu --opt O2 "${common[@]}" --resume "$tmp/ck.capex" >"$tmp/lazy_res.txt" 2>&1 || { cat "$tmp/lazy_res.txt"; fail=1; }
+a=$(field "$tmp/full.txt" crc32) b=$(field "$tmp/lazy.txt" crc32) c=$(field "$tmp/lazy_res.txt" crc32)
+if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && cmp -s "$tmp/ck.capex" "$tmp/ck_lazy.capex"; then
+    echo "example-emu: lazy streams: run and resume bit-identical to the eager run (weights crc32 $a), checkpoint byte-identical"
+else echo "example-emu: lazy streams: weights crc32 '$b', resumed '$c', eager '$a'; checkpoints: $(cmp "$tmp/ck.capex" "$tmp/ck_lazy.capex" 2>&1 || true)"; fail=1; fi
 "$exe" --device cpu --opt O2 "${common[@]}" --resume "$tmp/ck.capex" >"$tmp/cpu_res.txt" 2>&1 || { cat "$tmp/cpu_res.txt"; fail=1; }
 c=$(field "$tmp/cpu_res.txt" val) g=$(field "$tmp/full.txt" val)
 if close "$c" "$g" 0.002; then echo "example-emu: GPU checkpoint resumed on the CPU: val loss $c (GPU $g): ok"

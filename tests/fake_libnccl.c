@@ -24,7 +24,10 @@
    ncclRemoteError. Not NCCL: it only proves the host code. Under the
    emulator's CAPEX_EMU_STREAMS=lazy (work waits in its stream's queue), a
    collective first runs what was queued before it on its stream
-   (cuStreamSynchronize of the loaded emulator), then runs at the call. */
+   (cuStreamSynchronize of the loaded emulator), then runs at the call into
+   a host buffer, and its result lands in recv through an upload queued on
+   the stream (cuMemcpyHtoDAsync_v2): work on another stream that reads recv
+   without waiting for the collective reads it stale. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -307,6 +310,25 @@ static void div_elem(void *acc, size_t i, int dt, int n) {
     }
 }
 
+static int (*emu_stream_sync_fn)(void *);
+static int (*emu_upload_fn)(unsigned long long, const void *, size_t, void *);
+static void emu_stream_sync_find(void) {
+    const char *lib = getenv("CAPEX_LIBCUDA_PATH");
+    void *h = lib && lib[0] ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL, *f = h ? dlsym(h, "cuStreamSynchronize") : NULL;
+    void *u = h ? dlsym(h, "cuMemcpyHtoDAsync_v2") : NULL;
+    memcpy(&emu_stream_sync_fn, &f, sizeof f); /* no object-to-function pointer cast */
+    memcpy(&emu_upload_fn, &u, sizeof u);
+}
+/* The work queued before a collective on its stream (lazy emulator streams);
+   1 when the result is to be queued there too (emu_upload_fn). */
+static int emu_stream_sync(void *stream) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    const char *e = getenv("CAPEX_EMU_STREAMS");
+    if (!stream || !e || strcmp(e, "lazy")) return 0;
+    pthread_once(&once, emu_stream_sync_find);
+    if (emu_stream_sync_fn) emu_stream_sync_fn(stream);
+    return emu_stream_sync_fn && emu_upload_fn;
+}
 enum { K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_REDUCE };
 /* One collective of a world of several ranks, piece by piece through the
    slots. count: elements of send (allgather: per rank). */
@@ -350,9 +372,10 @@ static int world_collective(fake_comm *c, const void *send, void *recv, size_t c
 }
 
 static int collective(fake_comm *c, const void *send, void *recv, size_t count, int dt, int op, int root, int kind,
-                      int which) {
-    int r = check_comm(c);
-    size_t es = type_size(dt);
+                      int which, void *stream) {
+    int r = check_comm(c), lazy = emu_stream_sync(stream);
+    size_t es = type_size(dt), bytes;
+    void *tmp;
     if (r) return r;
     if (!es) { counters[7]++; strcpy(last_error, "fake NCCL: invalid datatype"); return 4; }
     if (count && (!send || (!recv && !(kind == K_REDUCE && c->rank != root)))) { counters[7]++; return 4; }
@@ -360,23 +383,19 @@ static int collective(fake_comm *c, const void *send, void *recv, size_t count, 
     counters[which]++;
     if (env1("FAKE_NCCL_ASYNC_ERROR")) { c->async_err = 6; return 0; }
     if (c->async_err) return 0; /* a failed world does nothing more */
+    bytes = kind == K_REDUCE && c->rank != root ? 0 : count * es * (kind == K_ALLGATHER ? (size_t)c->nranks : 1u);
+    if (lazy && bytes) { /* lazy emulator streams: the result lands when the stream runs that far (an upload queued there) */
+        if (!(tmp = malloc(bytes))) { strcpy(last_error, "fake NCCL: out of host memory"); return 2; }
+        memcpy(tmp, recv, bytes); /* in place, world of one: unchanged */
+        if (c->w) world_collective(c, send, tmp, count, dt, op, root, kind);
+        else if (send != recv) memmove(tmp, send, count * es);
+        if (!c->async_err) emu_upload_fn((unsigned long long)(uintptr_t)recv, tmp, bytes, stream); /* copies tmp at the call */
+        free(tmp);
+        return 0;
+    }
     if (c->w) return world_collective(c, send, recv, count, dt, op, root, kind);
     if (count && send != recv) memmove(recv, send, count * es); /* world of one: a copy */
     return 0;
-}
-static int (*emu_stream_sync_fn)(void *);
-static void emu_stream_sync_find(void) {
-    const char *lib = getenv("CAPEX_LIBCUDA_PATH");
-    void *h = lib && lib[0] ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL, *f = h ? dlsym(h, "cuStreamSynchronize") : NULL;
-    memcpy(&emu_stream_sync_fn, &f, sizeof f); /* no object-to-function pointer cast */
-}
-/* The work queued before a collective on its stream (lazy emulator streams). */
-static void emu_stream_sync(void *stream) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    const char *e = getenv("CAPEX_EMU_STREAMS");
-    if (!stream || !e || strcmp(e, "lazy")) return;
-    pthread_once(&once, emu_stream_sync_find);
-    if (emu_stream_sync_fn) emu_stream_sync_fn(stream);
 }
 static int check_op(int op) {
     if (op != 0 && !(op == 4 && version() >= 21000)) { counters[7]++; strcpy(last_error, "fake NCCL: invalid op"); return 4; }
@@ -384,18 +403,14 @@ static int check_op(int op) {
     return 0;
 }
 FAKE_API int ncclAllReduce(const void *send, void *recv, size_t count, int dt, int op, void *comm, void *stream) {
-    emu_stream_sync(stream);
-    return check_op(op) ? 4 : collective((fake_comm *)comm, send, recv, count, dt, op, 0, K_ALLREDUCE, 0);
+    return check_op(op) ? 4 : collective((fake_comm *)comm, send, recv, count, dt, op, 0, K_ALLREDUCE, 0, stream);
 }
 FAKE_API int ncclBroadcast(const void *send, void *recv, size_t count, int dt, int root, void *comm, void *stream) {
-    emu_stream_sync(stream);
-    return collective((fake_comm *)comm, send, recv, count, dt, 0, root, K_BROADCAST, 1);
+    return collective((fake_comm *)comm, send, recv, count, dt, 0, root, K_BROADCAST, 1, stream);
 }
 FAKE_API int ncclAllGather(const void *send, void *recv, size_t count, int dt, void *comm, void *stream) {
-    emu_stream_sync(stream);
-    return collective((fake_comm *)comm, send, recv, count, dt, 0, 0, K_ALLGATHER, 2);
+    return collective((fake_comm *)comm, send, recv, count, dt, 0, 0, K_ALLGATHER, 2, stream);
 }
 FAKE_API int ncclReduce(const void *send, void *recv, size_t count, int dt, int op, int root, void *comm, void *stream) {
-    emu_stream_sync(stream);
-    return check_op(op) ? 4 : collective((fake_comm *)comm, send, recv, count, dt, op, root, K_REDUCE, 8);
+    return check_op(op) ? 4 : collective((fake_comm *)comm, send, recv, count, dt, op, root, K_REDUCE, 8, stream);
 }

@@ -26,6 +26,19 @@ static const char gpu_test_spin_src[] =
     "  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += gridDim.x * 256ull) x[i] = v * (float)(i + 1);\n"
     "}\n";
 
+/* Spin ~cycles clocks, then write (tests/test_cuda_gpu.c: copies with stream NULL wait for them). */
+static const char gpu_test_order_src[] =
+    "extern \"C\" __global__ void spin_then_write(unsigned *p, unsigned v, long long cycles) {\n"
+    "    long long t0 = clock64();\n"
+    "    while (clock64() - t0 < cycles) {}\n"
+    "    *p = v;\n"
+    "}\n"
+    "extern \"C\" __global__ void spin_then_copy_last(unsigned *dst, const unsigned *src, unsigned long long n, long long cycles) {\n"
+    "    long long t0 = clock64();\n"
+    "    while (clock64() - t0 < cycles) {}\n"
+    "    *dst = src[n - 1];\n"
+    "}\n";
+
 /* The CPU emulator's own checks (tests/test_emu.c): results that depend on
    barriers, shuffles and the thread/block numbering being CUDA's. */
 static const char gpu_test_emu_src[] =

@@ -14,7 +14,15 @@
      in the emulator fails its launch with CUDA_ERROR_NOT_SUPPORTED;
    - launches over 4 KB of parameters run (the built-in kernels' 32 KB build,
      found by the image's parameter bytes, CUBIN or PTX) and fail with
-     CUDA_ERROR_INVALID_VALUE below driver 12.1 or sm_70.
+     CUDA_ERROR_INVALID_VALUE below driver 12.1 or sm_70;
+   - CAPEX_EMU_STREAMS=lazy (in a child, against the same checks eager): a
+     kernel or memset on a non-blocking stream stays unseen by a synchronous
+     copy until its stream is synchronised, an event wait orders two streams
+     (and is for the record it saw, when the event is recorded again on
+     another stream), legacy-stream work drains a blocking stream (flags 0),
+     destroying an event or a stream runs no other stream's work, a stand-in NCCL collective's result
+     lands in stream order, a queued timing record is CUDA_ERROR_NOT_READY, and cuEventQuery and a
+     download from the stream report a fault in the work they ran.
    Needs NVRTC (the emulator loads real images); skips without the library. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -33,7 +41,7 @@ const char *__asan_default_options(void) { return "detect_leaks=0"; }
 
 #define OK(call) CT_CHECK((call) == CAPEX_OK, "%s: %s", #call, capex_last_error())
 
-static char emu_lib[1100];
+static char emu_lib[1100], nccl_lib[1100];
 static char cache_dir[64];
 
 /* build/emu/libcuda.so.1 next to this binary (build/tests/test_emu). */
@@ -259,6 +267,195 @@ CT_TEST(faults_are_sticky_errors) {
     }
 }
 
+/* ---- CAPEX_EMU_STREAMS=lazy (read once per process: each mode in a child) ----
+   Raw driver calls (capex's own copies with stream NULL synchronise the
+   context, which would hide what is tested here). */
+struct emu_drv {
+    int (*alloc)(capex_cuda_ptr *, size_t);
+    int (*memset32)(capex_cuda_ptr, unsigned, size_t);
+    int (*memset32_async)(capex_cuda_ptr, unsigned, size_t, void *);
+    int (*dtoh)(void *, capex_cuda_ptr, size_t);
+    int (*dtoh_async)(void *, capex_cuda_ptr, size_t, void *);
+    int (*dtod_async)(capex_cuda_ptr, capex_cuda_ptr, size_t, void *);
+    int (*stream_create)(void **, unsigned);
+    int (*stream_sync)(void *);
+    int (*stream_destroy)(void *);
+    int (*wait_event)(void *, void *, unsigned);
+    int (*event_create)(void **, unsigned);
+    int (*event_record)(void *, void *);
+    int (*event_destroy)(void *);
+    int (*event_query)(void *);
+    int (*elapsed)(float *, void *, void *);
+};
+static int emu_sym(void *lib, const char *name, void *fn) {
+    void *p = dlsym(lib, name);
+    memcpy(fn, &p, sizeof p); /* no object-to-function pointer cast */
+    return p != NULL;
+}
+/* The stand-in NCCL (tests/fake_libnccl.c): a world of one, for its lazy-stream result. */
+typedef struct { char internal[128]; } emu_nccl_id;
+struct emu_nccl {
+    int (*get_id)(emu_nccl_id *);
+    int (*init)(void **, int, emu_nccl_id, int);
+    int (*allreduce)(const void *, void *, size_t, int, int, void *, void *);
+    int (*destroy)(void *);
+};
+/* The value of the first int at d, read by a synchronous copy (the legacy stream). */
+static int emu_peek(const struct emu_drv *D, capex_cuda_ptr d) {
+    int v = -1;
+    return D->dtoh(&v, d, sizeof v) == 0 ? v : -2;
+}
+#define LZ(cond, ...)                                                                   \
+    do {                                                                                \
+        if (!(cond)) {                                                                  \
+            res->code = __LINE__;                                                       \
+            snprintf(res->message, sizeof res->message, __VA_ARGS__);                   \
+            goto out;                                                                   \
+        }                                                                               \
+    } while (0)
+static void child_streams(const char *arg, child_result *res) {
+    struct emu_drv D;
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL;
+    capex_cuda_function f;
+    capex_cuda_ptr x = 0, y = 0, bad = 0x1000;
+    void *a = NULL, *b = NULL, *c = NULL, *blk = NULL, *e = NULL, *e2 = NULL, *t0 = NULL, *t1 = NULL, *d = NULL, *lib, *args[3];
+    unsigned grid[3] = {1, 1, 1}, block[3] = {32, 1, 1};
+    long long n = 4;
+    int v = 9, lazy = arg && !strncmp(arg, "lazy", 4), q;
+    float ms;
+    struct emu_nccl N;
+    emu_nccl_id id;
+    void *nlib, *comm = NULL;
+    memset(&D, 0, sizeof D);
+    res->code = -1;
+    LZ(open_emu(&ctx, &m, gpu_test_emu_src) == CAPEX_OK, "context and module: %s", capex_last_error());
+    lib = dlopen(emu_lib, RTLD_NOW | RTLD_NOLOAD);
+    LZ(lib && emu_sym(lib, "cuMemAlloc_v2", &D.alloc) && emu_sym(lib, "cuMemsetD32_v2", &D.memset32) &&
+           emu_sym(lib, "cuMemsetD32Async", &D.memset32_async) && emu_sym(lib, "cuMemcpyDtoH_v2", &D.dtoh) &&
+           emu_sym(lib, "cuMemcpyDtoHAsync_v2", &D.dtoh_async) &&
+           emu_sym(lib, "cuMemcpyDtoDAsync_v2", &D.dtod_async) && emu_sym(lib, "cuStreamCreate", &D.stream_create) &&
+           emu_sym(lib, "cuStreamSynchronize", &D.stream_sync) &&
+           emu_sym(lib, "cuStreamDestroy_v2", &D.stream_destroy) && emu_sym(lib, "cuStreamWaitEvent", &D.wait_event) &&
+           emu_sym(lib, "cuEventCreate", &D.event_create) && emu_sym(lib, "cuEventRecord", &D.event_record) &&
+           emu_sym(lib, "cuEventDestroy_v2", &D.event_destroy) &&
+           emu_sym(lib, "cuEventQuery", &D.event_query) && emu_sym(lib, "cuEventElapsedTime_v2", &D.elapsed),
+       "the emulator's driver entry points");
+    LZ(D.alloc(&x, 64) == 0 && D.alloc(&y, 64) == 0, "cuMemAlloc");
+    LZ(D.stream_create(&a, 1) == 0 && D.stream_create(&b, 1) == 0 && D.stream_create(&c, 1) == 0 &&
+           D.stream_create(&blk, 0) == 0 && D.event_create(&e, 2) == 0 && D.event_create(&e2, 2) == 0 && D.event_create(&t0, 0) == 0 &&
+           D.event_create(&t1, 0) == 0,
+       "streams and events");
+    LZ(capex_cuda_module_get_function(m, "emu_fill", &f) == CAPEX_OK, "%s", capex_last_error());
+    /* 1. a kernel and a memset on a non-blocking stream: the legacy stream's copy does not wait for them */
+    LZ(D.memset32(x, 1, 4) == 0 && emu_peek(&D, x) == 1, "legacy memset");
+    args[0] = &x; args[1] = &n; args[2] = &v;
+    LZ(capex_cuda_launch(&f, grid, block, 0, a, args) == CAPEX_OK, "%s", capex_last_error());
+    q = emu_peek(&D, x);
+    LZ(q == (lazy ? 1 : 9), "kernel on a non-blocking stream, read without a wait: %d", q);
+    LZ(D.memset32_async(x, 2, 4, a) == 0, "memset");
+    q = emu_peek(&D, x);
+    LZ(q == (lazy ? 1 : 2), "memset on a non-blocking stream, read without a wait: %d", q);
+    LZ(D.stream_sync(a) == 0 && emu_peek(&D, x) == 2, "after cuStreamSynchronize");
+    /* 2. an event orders two streams; without it the reader is ahead */
+    LZ(D.memset32_async(x, 3, 4, a) == 0 && D.event_record(e, a) == 0 && D.wait_event(b, e, 0) == 0 &&
+           D.dtod_async(y, x, 16, b) == 0 && D.stream_sync(b) == 0,
+       "event wait");
+    q = emu_peek(&D, y);
+    LZ(q == 3, "b waited for a's memset: %d", q);
+    LZ(D.memset32_async(x, 4, 4, a) == 0 && D.dtod_async(y, x, 16, b) == 0 && D.stream_sync(b) == 0, "no wait");
+    q = emu_peek(&D, y);
+    LZ(q == (lazy ? 3 : 4), "b did not wait for a: %d", q);
+    LZ(D.stream_sync(a) == 0, "sync a");
+    /* 3. a blocking stream (flags 0): legacy-stream work waits for it */
+    LZ(D.memset32_async(x, 5, 4, blk) == 0, "memset on the blocking stream");
+    q = emu_peek(&D, x);
+    LZ(q == 5, "the legacy stream's copy after a blocking stream's memset: %d", q);
+    /* 4. a wait is for the record it saw: the event recorded again on another
+       stream (which runs first) does not release it */
+    LZ(D.memset32_async(x, 6, 4, a) == 0 && D.event_record(e, a) == 0 && D.wait_event(b, e, 0) == 0 &&
+           D.dtod_async(y, x, 16, b) == 0 && D.event_record(e, c) == 0 && D.stream_sync(c) == 0 && D.stream_sync(b) == 0,
+       "re-recorded event");
+    q = emu_peek(&D, y);
+    LZ(q == 6, "b waited for the record on a, then e was recorded on c: %d", q);
+    LZ(D.stream_sync(a) == 0, "sync a");
+    /* 5. elapsed time: a queued record is NOT_READY (600), not INVALID_HANDLE */
+    LZ(D.event_record(t0, a) == 0 && D.memset32_async(x, 7, 4, a) == 0 && D.event_record(t1, a) == 0, "timing records");
+    q = D.elapsed(&ms, t0, t1);
+    LZ(q == (lazy ? 600 : 0), "cuEventElapsedTime before the records ran: %d", q);
+    LZ(D.stream_sync(a) == 0 && D.elapsed(&ms, t0, t1) == 0 && ms >= 0, "cuEventElapsedTime after");
+    /* 7. destroying an event runs nothing (on a GPU it returns at once), and a
+       wait already queued on it still holds */
+    LZ(D.memset32_async(x, 8, 4, a) == 0 && D.event_record(e2, a) == 0 && D.wait_event(b, e2, 0) == 0 &&
+           D.dtod_async(y, x, 16, b) == 0 && D.event_destroy(e2) == 0,
+       "event destroyed with a wait on it queued");
+    q = emu_peek(&D, x);
+    LZ(q == (lazy ? 7 : 8), "a's memset after the event's destroy, read without a wait: %d", q);
+    LZ(D.stream_sync(b) == 0 && emu_peek(&D, y) == 8, "b waited for a's record of the destroyed event: %d", emu_peek(&D, y));
+    LZ(D.stream_sync(a) == 0, "sync a");
+    /* ... nor does destroying another stream */
+    LZ(D.memset32_async(x, 12, 4, a) == 0 && D.stream_create(&d, 1) == 0 && D.memset32_async(y, 13, 4, d) == 0 &&
+           D.stream_destroy(d) == 0,
+       "stream destroyed");
+    q = emu_peek(&D, x);
+    LZ(q == (lazy ? 8 : 12), "a's memset after another stream's destroy, read without a wait: %d", q);
+    q = emu_peek(&D, y);
+    LZ(q == 13, "the destroyed stream's own work ran: %d", q);
+    LZ(D.stream_sync(a) == 0, "sync a");
+    /* 8. a stand-in NCCL all-reduce (a world of one: a copy) on a: its result
+       lands when a runs that far, so b's read without a wait is stale */
+    nlib = dlopen(nccl_lib, RTLD_NOW | RTLD_LOCAL);
+    LZ(nlib && emu_sym(nlib, "ncclGetUniqueId", &N.get_id) && emu_sym(nlib, "ncclCommInitRank", &N.init) &&
+           emu_sym(nlib, "ncclAllReduce", &N.allreduce) && emu_sym(nlib, "ncclCommDestroy", &N.destroy),
+       "the stand-in NCCL %s: %s", nccl_lib, dlerror());
+    LZ(N.get_id(&id) == 0 && N.init(&comm, 1, id, 0) == 0, "a world of one");
+    LZ(D.memset32(x, 10, 4) == 0 && D.memset32(y, 11, 4) == 0 &&
+           N.allreduce((void *)(uintptr_t)x, (void *)(uintptr_t)y, 4, 7 /* ncclFloat32 */, 0, comm, a) == 0 &&
+           D.dtod_async(x, y, 16, b) == 0 && D.stream_sync(b) == 0,
+       "all-reduce on a, read on b");
+    q = emu_peek(&D, x);
+    LZ(q == (lazy ? 11 : 10), "b read the all-reduce's result without a wait: %d", q);
+    LZ(D.event_record(e, a) == 0 && D.wait_event(b, e, 0) == 0 && D.dtod_async(x, y, 16, b) == 0 && D.stream_sync(b) == 0 &&
+           emu_peek(&D, x) == 10,
+       "b waited for the all-reduce: %d", emu_peek(&D, x));
+    N.destroy(comm);
+    /* 6. a query, or a download from the stream ("lazy-dtoh": the fault is
+       sticky, so one per process), that runs a faulting kernel reports the
+       fault (CUDA_ERROR_ILLEGAL_ADDRESS, 700) */
+    setenv("CAPEX_EMU_QUIET", "1", 1); /* on purpose */
+    args[0] = &bad;
+    LZ(capex_cuda_launch(&f, grid, block, 0, a, args) == CAPEX_OK, "wild launch: %s", capex_last_error());
+    q = D.event_query(e); /* e's latest record is on c: complete */
+    if (lazy && !strcmp(arg, "lazy-dtoh")) {
+        q = D.dtoh_async(&v, x, sizeof v, a);
+    } else if (lazy) {
+        LZ(D.event_record(e, a) == 0, "record after the wild kernel");
+        q = D.event_query(e);
+    }
+    LZ(q == 700, "cuEventQuery or cuMemcpyDtoHAsync after a faulting kernel: %d", q);
+    res->code = 0;
+    res->value = lazy;
+out:
+    if (res->code) res->value = -1;
+    capex_cuda_context_destroy(ctx);
+}
+#undef LZ
+
+CT_TEST(lazy_streams_defer_and_order_like_a_gpu) {
+    static const char *const mode[3] = {"eager", "lazy", "lazy-dtoh"};
+    int i;
+    if (!emu_lib[0]) CT_SKIP("build/emu/libcuda.so.1 not built (tests/emu.mk)");
+    CT_NEED_NVRTC();
+    for (i = 0; i < 3; i++) {
+        child_result r;
+        if (i) setenv("CAPEX_EMU_STREAMS", "lazy", 1);
+        else unsetenv("CAPEX_EMU_STREAMS");
+        r = run_child("streams", mode[i]);
+        unsetenv("CAPEX_EMU_STREAMS");
+        CT_CHECK(r.exited_ok && r.code == 0 && r.value == (i > 0), "%s streams: check at line %d: %s", mode[i], r.code, r.message);
+    }
+}
+
 /* ---- kernel parameters over 4 KB: CUDA 12.1+ drivers on sm_70+ only ----
    A context on the default emulated driver (13.0, sm_90) builds its
    multi-tensor parts for 32 KB of parameters; the emulator picks the kernel
@@ -354,14 +551,15 @@ CT_TEST(large_params_need_driver_12_1_and_volta) {
 static const ct_case cases[] = {
     CT_CASE(every_builtin_kernel_is_compiled_in), CT_CASE(block_sum_and_scan_need_barriers_and_shuffles),
     CT_CASE(shuffle_modes_and_thread_numbering), CT_CASE(kernel_not_compiled_in_is_refused), CT_CASE(faults_are_sticky_errors),
-    CT_CASE(large_params_need_driver_12_1_and_volta),
+    CT_CASE(large_params_need_driver_12_1_and_volta), CT_CASE(lazy_streams_defer_and_order_like_a_gpu),
 };
-static const child_entry children[] = {{"fault", child_fault}};
+static const child_entry children[] = {{"fault", child_fault}, {"streams", child_streams}};
 
 int main(int argc, char **argv) {
     int rc;
     if (find_emu()) setenv("CAPEX_LIBCUDA_PATH", emu_lib, 1);
     else emu_lib[0] = '\0';
+    if (!sibling_path("fake", "libnccl.so.2", nccl_lib, sizeof nccl_lib)) nccl_lib[0] = '\0';
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     /* one kernel cache for this run and its children (the test program compiles once) */
     snprintf(cache_dir, sizeof cache_dir, "/tmp/capex_emu_test_XXXXXX");
