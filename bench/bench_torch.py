@@ -25,6 +25,20 @@ import sys
 BYTES = {"copy": 8, "unscale_f32": 8, "foreach_norm": 4, "adamw_fused": 28}
 
 
+def timed_ms(torch, fn, iters):
+    """Mean ms per call of fn over iters calls, CUDA events, after one warm-up call."""
+    fn()
+    torch.cuda.synchronize()
+    a = torch.cuda.Event(enable_timing=True)
+    b = torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
 def measure(sizes, out_csv, iters_override=0):
     import torch  # only the measuring mode needs torch
 
@@ -33,18 +47,6 @@ def measure(sizes, out_csv, iters_override=0):
         return 0
     dev = torch.device("cuda")
     rows = []
-
-    def timed(fn, iters):
-        fn()
-        torch.cuda.synchronize()
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) / iters
 
     for n in sizes:
         iters = iters_override or (5 if n >= 500_000_000 else 20 if n >= 50_000_000 else 100)
@@ -57,15 +59,15 @@ def measure(sizes, out_csv, iters_override=0):
         g = torch.full((n,), 1e-3, device=dev, dtype=torch.float32)
         found = torch.zeros((), device=dev, dtype=torch.float32)
         inv = torch.ones((), device=dev, dtype=torch.float32)
-        copy_ms = timed(lambda: y.copy_(x), iters)
+        copy_ms = timed_ms(torch, lambda: y.copy_(x), iters)
         res = {"copy": copy_ms}
-        res["unscale_f32"] = timed(lambda: torch._amp_foreach_non_finite_check_and_unscale_([g], found, inv), iters)
-        res["foreach_norm"] = timed(lambda: torch._foreach_norm([g]), iters)
+        res["unscale_f32"] = timed_ms(torch, lambda: torch._amp_foreach_non_finite_check_and_unscale_([g], found, inv), iters)
+        res["foreach_norm"] = timed_ms(torch, lambda: torch._foreach_norm([g]), iters)
         del y
         p = torch.nn.Parameter(x)
         p.grad = g
         opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.01, fused=True)
-        res["adamw_fused"] = timed(opt.step, iters)
+        res["adamw_fused"] = timed_ms(torch, opt.step, iters)
         copy_gbps = BYTES["copy"] * n / (copy_ms * 1e-3) / 1e9
         for k, ms in res.items():
             gbps = BYTES[k] * n / (ms * 1e-3) / 1e9
@@ -93,16 +95,7 @@ def measure_norms(out_csv, iters_override=0):
     rows = []
 
     def timed(fn):
-        fn()
-        torch.cuda.synchronize()
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) / iters
+        return timed_ms(torch, fn, iters)
 
     g = torch.Generator(device=dev).manual_seed(7)
     for width in (768, 1024, 4096, 8192):
