@@ -4504,12 +4504,12 @@ CAPEX_API capex_result capex_cuda_context_synchronize(capex_cuda_context *ctx) {
 
 /* ---- memory, streams, events ------------------------------------------------ */
 
-/* Stream NULL means "after all work on the context, and done on return". The
-   driver's own NULL (legacy) stream does not wait for capex's streams, which
-   are non-blocking: a plain cuMemcpyDtoH read results before the step that
-   writes them ran, and cuMemcpyHtoD / DtoD / cuMemset can land after later
-   work on those streams (seen on an H100: ZeRO-GPU vs DDP, 2026-11-28). */
-#define CAPEX__NULL_STREAM_HINT "an earlier kernel or copy failed (run under compute-sanitizer to find it)"
+/* Stream NULL means "after all work on the context, and done on return"
+   (capex_cuda_context_synchronize before, and after where the call can return
+   early). The driver's own NULL (legacy) stream does not wait for capex's
+   streams, which are non-blocking: a plain cuMemcpyDtoH read results before the
+   step that writes them ran, and cuMemcpyHtoD / DtoD / cuMemset can land after
+   later work on those streams (seen on an H100: ZeRO-GPU vs DDP, 2026-11-28). */
 
 CAPEX_API capex_result capex_cuda_malloc(capex_cuda_context *ctx, size_t bytes, capex_cuda_ptr *out) {
     capex_result r;
@@ -4537,9 +4537,9 @@ CAPEX_API capex_result capex_cuda_memcpy_htod(capex_cuda_context *ctx, capex_cud
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     if (stream) CAPEX__CU(cuMemcpyHtoDAsync_v2, (dst, src, bytes, stream), "");
     else { /* the DMA from pageable memory may still be in flight when cuMemcpyHtoD returns */
-        CAPEX__CU(cuCtxSynchronize, (), CAPEX__NULL_STREAM_HINT);
+        if ((r = capex_cuda_context_synchronize(ctx)) != CAPEX_OK) return r;
         CAPEX__CU(cuMemcpyHtoD_v2, (dst, src, bytes), "");
-        CAPEX__CU(cuCtxSynchronize, (), "");
+        return capex_cuda_context_synchronize(ctx);
     }
     return CAPEX_OK;
 }
@@ -4552,7 +4552,7 @@ CAPEX_API capex_result capex_cuda_memcpy_dtoh(capex_cuda_context *ctx, void *dst
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     if (stream) CAPEX__CU(cuMemcpyDtoHAsync_v2, (dst, src, bytes, stream), "");
     else {
-        CAPEX__CU(cuCtxSynchronize, (), CAPEX__NULL_STREAM_HINT);
+        if ((r = capex_cuda_context_synchronize(ctx)) != CAPEX_OK) return r;
         CAPEX__CU(cuMemcpyDtoH_v2, (dst, src, bytes), "an earlier kernel may have failed");
     }
     return CAPEX_OK;
@@ -4566,9 +4566,9 @@ CAPEX_API capex_result capex_cuda_memcpy_dtod(capex_cuda_context *ctx, capex_cud
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     if (stream) CAPEX__CU(cuMemcpyDtoDAsync_v2, (dst, src, bytes, stream), "");
     else { /* cuMemcpyDtoD returns before the copy is done */
-        CAPEX__CU(cuCtxSynchronize, (), CAPEX__NULL_STREAM_HINT);
+        if ((r = capex_cuda_context_synchronize(ctx)) != CAPEX_OK) return r;
         CAPEX__CU(cuMemcpyDtoD_v2, (dst, src, bytes), "");
-        CAPEX__CU(cuCtxSynchronize, (), "");
+        return capex_cuda_context_synchronize(ctx);
     }
     return CAPEX_OK;
 }
@@ -4581,9 +4581,9 @@ CAPEX_API capex_result capex_cuda_memset_u8(capex_cuda_context *ctx, capex_cuda_
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     if (stream) CAPEX__CU(cuMemsetD8Async, (dst, value, count, stream), "");
     else { /* cuMemsetD8 on device memory returns before it is done */
-        CAPEX__CU(cuCtxSynchronize, (), CAPEX__NULL_STREAM_HINT);
+        if ((r = capex_cuda_context_synchronize(ctx)) != CAPEX_OK) return r;
         CAPEX__CU(cuMemsetD8_v2, (dst, value, count), "");
-        CAPEX__CU(cuCtxSynchronize, (), "");
+        return capex_cuda_context_synchronize(ctx);
     }
     return CAPEX_OK;
 }
@@ -4596,9 +4596,9 @@ CAPEX_API capex_result capex_cuda_memset_u32(capex_cuda_context *ctx, capex_cuda
     if ((r = capex__cuda_enter(ctx)) != CAPEX_OK) return r;
     if (stream) CAPEX__CU(cuMemsetD32Async, (dst, value, count, stream), "");
     else {
-        CAPEX__CU(cuCtxSynchronize, (), CAPEX__NULL_STREAM_HINT);
+        if ((r = capex_cuda_context_synchronize(ctx)) != CAPEX_OK) return r;
         CAPEX__CU(cuMemsetD32_v2, (dst, value, count), "");
-        CAPEX__CU(cuCtxSynchronize, (), "");
+        return capex_cuda_context_synchronize(ctx);
     }
     return CAPEX_OK;
 }
