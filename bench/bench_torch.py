@@ -39,6 +39,17 @@ def timed_ms(torch, fn, iters):
     return a.elapsed_time(b) / iters
 
 
+def write_rows(torch, rows, out_csv, count_name):
+    """rows of (kernel, count, bytes, ms, gbps, ratio) to out_csv, bench_gpu.c's columns."""
+    with open(out_csv, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["kernel", count_name, "bytes", "ms", "gbps", "ratio_to_copy"])
+        for r in rows:
+            w.writerow([r[0], r[1], f"{r[2]:.0f}", f"{r[3]:.6f}", f"{r[4]:.3f}", f"{r[5]:.4f}"])
+    print(f"bench_torch: {len(rows)} rows -> {out_csv} (torch {torch.__version__}, {torch.cuda.get_device_name()})")
+    return 0
+
+
 def measure(sizes, out_csv, iters_override=0):
     import torch  # only the measuring mode needs torch
 
@@ -74,13 +85,7 @@ def measure(sizes, out_csv, iters_override=0):
             rows.append(("torch_" + k, n, BYTES[k] * n, ms, gbps, gbps / copy_gbps))
         del opt, p, g, x
         torch.cuda.empty_cache()
-    with open(out_csv, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["kernel", "params", "bytes", "ms", "gbps", "ratio_to_copy"])
-        for r in rows:
-            w.writerow([r[0], r[1], f"{r[2]:.0f}", f"{r[3]:.6f}", f"{r[4]:.3f}", f"{r[5]:.4f}"])
-    print(f"bench_torch: {len(rows)} rows -> {out_csv} (torch {torch.__version__}, {torch.cuda.get_device_name()})")
-    return 0
+    return write_rows(torch, rows, out_csv, "params")
 
 
 def measure_norms(out_csv, iters_override=0):
@@ -123,13 +128,7 @@ def measure_norms(out_csv, iters_override=0):
     print("| kernel | elements | us | GB/s | / copy |\n|---|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[3] * 1e3:.1f} | {r[4]:.1f} | {r[5]:.2f} |")
-    with open(out_csv, "w", newline="") as f:
-        wr = csv.writer(f)
-        wr.writerow(["kernel", "elements", "bytes", "ms", "gbps", "ratio_to_copy"])
-        for r in rows:
-            wr.writerow([r[0], r[1], f"{r[2]:.0f}", f"{r[3]:.6f}", f"{r[4]:.3f}", f"{r[5]:.4f}"])
-    print(f"bench_torch: {len(rows)} rows -> {out_csv} (torch {torch.__version__}, {torch.cuda.get_device_name()})")
-    return 0
+    return write_rows(torch, rows, out_csv, "elements")
 
 
 def read_rows(paths):

@@ -803,22 +803,29 @@ CUresult run_grid(const capex_emu::kernel_entry *k, const unsigned g[3], const u
     return OK;
 }
 
-CUresult do_memset(CUdeviceptr d, unsigned v, size_t n, int width) {
-    if ((width == 4 && (d & 3)) || !in_bounds(d, n * (size_t)width)) return INVALID_VALUE;
-    if (width == 1) memset((void *)(uintptr_t)d, (int)v, n);
-    else for (size_t i = 0; i < n; i++) memcpy((unsigned char *)(uintptr_t)d + 4 * i, &v, 4);
+/* The bounds (and alignment) a copy or memset faults on: run_op checks them, and
+   lazy streams at the call, as the driver does, before queueing. */
+CUresult check_op(const op &o) {
+    switch (o.kind) {
+    case 1: return in_bounds(o.d, o.n) ? OK : INVALID_VALUE;
+    case 2: return !(o.d & 3) && in_bounds(o.d, o.n * 4) ? OK : INVALID_VALUE;
+    case 3: return in_bounds(o.d, o.n) ? OK : INVALID_VALUE;
+    case 4: return in_bounds(o.s, o.n) ? OK : INVALID_VALUE;
+    case 5: return in_bounds(o.d, o.n) && in_bounds(o.s, o.n) ? OK : INVALID_VALUE;
+    }
     return OK;
 }
 
 CUresult run_op(const op &o) {
+    CUresult r = check_op(o);
+    if (r != OK) return r;
     switch (o.kind) {
     case 0: return run_grid(o.k, o.g, o.b, o.shmem, o.args.get());
-    case 1: return do_memset(o.d, o.v, o.n, 1);
-    case 2: return do_memset(o.d, o.v, o.n, 4);
-    case 3: if (!in_bounds(o.d, o.n)) return INVALID_VALUE; memcpy((void *)(uintptr_t)o.d, o.hs, o.n); return OK;
-    case 4: if (!in_bounds(o.s, o.n)) return INVALID_VALUE; memcpy(o.hd, (const void *)(uintptr_t)o.s, o.n); return OK;
-    case 5: if (!in_bounds(o.d, o.n) || !in_bounds(o.s, o.n)) return INVALID_VALUE;
-        memmove((void *)(uintptr_t)o.d, (const void *)(uintptr_t)o.s, o.n); return OK;
+    case 1: memset((void *)(uintptr_t)o.d, (int)o.v, o.n); return OK;
+    case 2: for (size_t i = 0; i < o.n; i++) memcpy((unsigned char *)(uintptr_t)o.d + 4 * i, &o.v, 4); return OK;
+    case 3: memcpy((void *)(uintptr_t)o.d, o.hs, o.n); return OK;
+    case 4: memcpy(o.hd, (const void *)(uintptr_t)o.s, o.n); return OK;
+    case 5: memmove((void *)(uintptr_t)o.d, (const void *)(uintptr_t)o.s, o.n); return OK;
     case 6: /* an older record (re-recorded on another stream) that runs late does not undo a newer one */
         if (!o.n || o.n > o.ev->done) { o.ev->t = now_ms(); o.ev->recorded = 1; if (o.n) o.ev->done = o.n; }
         return OK;
@@ -892,17 +899,6 @@ void drain_all(int blocking_only) {
         for (stream *s : live_streams)
             if ((!blocking_only || s->flags == 0) && !s->q->empty()) { drain(s, nullptr, 0); again = true; }
     }
-}
-/* The bounds a queued copy or memset would fault on, checked at the call as the driver does. */
-CUresult check_op(const op &o) {
-    switch (o.kind) {
-    case 1: return in_bounds(o.d, o.n) ? OK : INVALID_VALUE;
-    case 2: return !(o.d & 3) && in_bounds(o.d, o.n * 4) ? OK : INVALID_VALUE;
-    case 3: return in_bounds(o.d, o.n) ? OK : INVALID_VALUE;
-    case 4: return in_bounds(o.s, o.n) ? OK : INVALID_VALUE;
-    case 5: return in_bounds(o.d, o.n) && in_bounds(o.s, o.n) ? OK : INVALID_VALUE;
-    }
-    return OK;
 }
 /* Work on the legacy stream: after the blocking streams' work, done now. */
 CUresult run_legacy(const op &o) {
