@@ -2410,8 +2410,19 @@ static const char capex__cuda_frag_go2[] =
     "    OT *out = (OT *)m.addr[CAPEX_GO_SCALE_OUT][slot] + off;\n"
     "    capex_u64 nv = capex_go_al(m.addr[CAPEX_GO_SCALE_IN][slot], off, sizeof(IT)) &&\n"
     "                   (!wr || capex_go_al(m.addr[CAPEX_GO_SCALE_OUT][slot], off, sizeof(OT))) ? n / 4 : 0;\n"
+    "    if (!wr) { /* check only: nothing to store, so latency-bound: 4 strides in flight */\n"
+    "        for (k = threadIdx.x; k + 3ull * blockDim.x < nv; k += 4ull * blockDim.x) {\n"
+    "            IT x[16];\n"
+    "            for (int u = 0; u < 4; u++) capex_go_ld4(in + 4 * (k + u * blockDim.x), x + 4 * u);\n"
+    "            for (int j = 0; j < 16; j++) {\n"
+    "                OT y;\n"
+    "                capex_go_from(capex_go_tof(x[j], I) * s, &y, O);\n"
+    "                bad |= capex_go_nf(x[j], I) | capex_go_nf(y, O);\n"
+    "            }\n"
+    "        }\n"
+    "    } else k = threadIdx.x;\n"
     "    /* two vectors a thread, both loaded before either is converted: 2 loads in flight */\n"
-    "    for (k = threadIdx.x; k < nv; k += 2ull * blockDim.x) {\n"
+    "    for (; k < nv; k += 2ull * blockDim.x) {\n"
     "        IT x[8]; OT y[8];\n"
     "        const int two = k + blockDim.x < nv;\n"
     "        const capex_u64 k2 = two ? k + blockDim.x : k; /* the last odd vector loads itself twice: no branch */\n"
@@ -2431,7 +2442,8 @@ static const char capex__cuda_frag_go2[] =
     "        if (wr) out[i] = y;\n"
     "    }\n"
     "    if (bad && a.op.scale.found_inf) *(volatile unsigned *)a.op.scale.found_inf = 1u;\n"
-    "}\n"
+    "}\n";
+static const char capex__cuda_frag_go2b[] =
     "/* Sum of squares of chunk c in double -> op.sumsq.partial[c]. */\n"
     "template <int I> CAPEX_DEVICE void capex_go_sumsq(const capex_go_meta<CAPEX_GO_SUMSQ_DEPTH> &m, const capex_go_args &a, long long c) {\n"
     "    typedef typename capex_go_ty<I>::T IT;\n"
@@ -3065,33 +3077,33 @@ static const char capex__cuda_frag_go9_sumsq_bf16[] =
     "#endif\n";
 static const char capex__cuda_frag_go9_scale_f32[] =
     "#if CAPEX_GO_SEL(1)\n"
-    "CAPEX_GK void capex_go_scale_f32_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 0, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "CAPEX_GK_OCC4 void capex_go_scale_f32_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 0, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
     "#endif\n"
     "#if CAPEX_GO_SEL(2)\n"
-    "CAPEX_GK void capex_go_scale_f32_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 1, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "CAPEX_GK_OCC4 void capex_go_scale_f32_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 1, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
     "#endif\n"
     "#if CAPEX_GO_SEL(3)\n"
-    "CAPEX_GK void capex_go_scale_f32_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 2, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "CAPEX_GK_OCC4 void capex_go_scale_f32_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<0, 2, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
     "#endif\n";
 static const char capex__cuda_frag_go9_scale_f16[] =
     "#if CAPEX_GO_SEL(1)\n"
-    "CAPEX_GK void capex_go_scale_f16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 0, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "CAPEX_GK_OCC4 void capex_go_scale_f16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 0, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
     "#endif\n"
     "#if CAPEX_GO_SEL(2)\n"
-    "CAPEX_GK void capex_go_scale_f16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 1, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "CAPEX_GK_OCC4 void capex_go_scale_f16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 1, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
     "#endif\n"
     "#if CAPEX_GO_SEL(3)\n"
-    "CAPEX_GK void capex_go_scale_f16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 2, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "CAPEX_GK_OCC4 void capex_go_scale_f16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<1, 2, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
     "#endif\n";
 static const char capex__cuda_frag_go9_scale_bf16[] =
     "#if CAPEX_GO_SEL(1)\n"
-    "CAPEX_GK void capex_go_scale_bf16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 0, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "CAPEX_GK_OCC4 void capex_go_scale_bf16_f32(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 0, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
     "#endif\n"
     "#if CAPEX_GO_SEL(2)\n"
-    "CAPEX_GK void capex_go_scale_bf16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 1, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "CAPEX_GK_OCC4 void capex_go_scale_bf16_f16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 1, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
     "#endif\n"
     "#if CAPEX_GO_SEL(3)\n"
-    "CAPEX_GK void capex_go_scale_bf16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 2, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
+    "CAPEX_GK_OCC4 void capex_go_scale_bf16_bf16(capex_go_meta<CAPEX_GO_SCALE_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_scale<2, 2, CAPEX_V_WR, CAPEX_V_CLIP>(m, a, c); }\n"
     "#endif\n";
 static const char capex__cuda_frag_go9_adam_f32[] =
     "CAPEX_GK_OCC3 void capex_go_adam_f32(capex_go_meta<CAPEX_GO_ADAM_DEPTH> m, capex_go_args a) { CAPEX_GO_CHUNKS(m) capex_go_adam<0, CAPEX_V_W, CAPEX_V_MK>(m, a, c); }\n";
@@ -3125,6 +3137,7 @@ CAPEX__PRIVATE const char *capex__cuda_frag_go0_fn(void) { return capex__cuda_fr
 CAPEX__PRIVATE const char *capex__cuda_frag_go0b_fn(void) { return capex__cuda_frag_go0b; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go1_fn(void) { return capex__cuda_frag_go1; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go2_fn(void) { return capex__cuda_frag_go2; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go2b_fn(void) { return capex__cuda_frag_go2b; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go3_fn(void) { return capex__cuda_frag_go3; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go4_fn(void) { return capex__cuda_frag_go4; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go5_fn(void) { return capex__cuda_frag_go5; }
@@ -3164,7 +3177,7 @@ CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n
     static const capex__cuda_fragment_fn f[] = {
         capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
         capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn, capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn,
-        capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_golrk_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
+        capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go2b_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_golrk_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
         capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
         capex__cuda_frag_go9_sumsq_f32_fn, capex__cuda_frag_go9_sumsq_f16_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
         capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn, capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn, capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn, capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn, capex__cuda_frag_go9_lamb1_bf16_fn,
@@ -3537,7 +3550,7 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     /* optimizer fragments */
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
     capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,
-    capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_golrk_fn, capex__cuda_frag_go4_fn,
+    capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go2b_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_golrk_fn, capex__cuda_frag_go4_fn,
     capex__cuda_frag_go5_fn, capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
     capex__cuda_frag_go9_sumsq_f32_fn, capex__cuda_frag_go9_sumsq_f16_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
         capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn,
@@ -3580,13 +3593,13 @@ enum {
 #define CAPEX__CP_NORM capex__norm_math_cuda, capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn
 static const capex__cuda_fragment_fn capex__cuda_pf_basic[] = {capex__cuda_frag_basic_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_lr_sched[] = {CAPEX__CP_GO, capex__cuda_frag_golr_fn, capex__cuda_frag_golrk_fn, NULL};
-static const capex__cuda_fragment_fn capex__cuda_pf_amp[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go3_fn,
+static const capex__cuda_fragment_fn capex__cuda_pf_amp[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go2b_fn, capex__cuda_frag_go3_fn,
                                                              capex__cuda_frag_go8b_fn, NULL};
-static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_sumsq_f32_fn,
+static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go2b_fn, capex__cuda_frag_go9_sumsq_f32_fn,
     capex__cuda_frag_go9_scale_f32_fn, NULL};
-static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f16[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_sumsq_f16_fn,
+static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f16[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go2b_fn, capex__cuda_frag_go9_sumsq_f16_fn,
     capex__cuda_frag_go9_scale_f16_fn, NULL};
-static const capex__cuda_fragment_fn capex__cuda_pf_unscale_bf16[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
+static const capex__cuda_fragment_fn capex__cuda_pf_unscale_bf16[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go2b_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
     capex__cuda_frag_go9_scale_bf16_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_adam_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go9_adam_f32_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_adam_f16[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_go9_adam_f16_fn, NULL};

@@ -12,6 +12,8 @@
 #     norms     make bench-gpu-norms: LayerNorm/RMSNorm vs PyTorch
 #     gpt       the GPT example (examples/train_gpt.c) trained on the GPU
 #     bench     make bench-gpu: kernels vs copy bandwidth vs PyTorch
+#     profile   the small-step floor (~33 us for AdamW): nsys over bench_gpu at 100K
+#               parameters, per-kernel GPU time and per-call driver time (needs nsys)
 #   default: build test info example bench norms
 #
 # Each stage has its own time limit (STAGE_TIMEOUT, seconds; default 240) so a
@@ -85,6 +87,12 @@ for s in "$@"; do
         stage gpt "build/examples/train_gpt --device gpu" ;;
     bench)
         stage bench "make bench-gpu && cp build/bench/gpu_table.md build/bench/gpu_chart.svg build/bench/gpu_capex.csv build/bench/gpu_torch.csv '$OUT/'" ;;
+    profile)
+        # where a small step's time goes: kernel durations (prepare vs update) and launch costs
+        stage profile "NSYS=\$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1); \
+            [ -n \"\$NSYS\" ] || { echo 'profile: no nsys on this machine'; exit 1; }; \
+            \$NSYS profile -t cuda --stats=true -f true -o build/profile_small build/bench/bench_gpu --sizes 100000 --iters 200 | \
+            grep -E 'capex_|cuLaunchKernel|cuEvent|cuStream|cuMemcpy|Time \\(%\\)'" ;;
     *) note "unknown stage $s"; failed=$((failed + 1)) ;;
     esac
 done

@@ -212,6 +212,54 @@ static void par_scale(ct_state *ct, env *e) {
     par_free(e, dfound);
 }
 
+/* ---- check only (no output): one bad element at each place the kernel reads
+   it from: each of the 4 strides a thread loads at once (first and second
+   round), the vectors after them, the scalar tail, a misaligned tensor. Bad
+   is an inf, a NaN, or a finite value whose product with the scale overflows
+   the dtype; threads: the launch's block size. ------------------------------ */
+static void par_scale_check_positions(ct_state *ct, env *e, int threads) {
+    const int64_t b = threads, n = 4 * (8 * b) + 4 * 3 + 3; /* two rounds of 4 strides, 3 vectors, 3 tail elements */
+    const int64_t at[] = {0, 3, 4 * b, 4 * b + 1, 8 * b + 2, 12 * b + 3, 16 * b, 24 * b + 5, 32 * b - 1, 32 * b, 32 * b + 11,
+                          n - 3, n - 1};
+    const size_t nat = sizeof at / sizeof at[0];
+    capex_cuda_ptr dscale = par_alloc(e, 4), dfound = par_alloc(e, 4);
+    int di, misalign;
+    size_t p;
+    CT_CHECK(dscale && dfound, "alloc");
+    for (di = 0; di < 3; di++)
+        for (misalign = 0; misalign < 2; misalign++)
+            for (p = 0; p <= nat; p++) { /* p == nat: nothing bad */
+                capex_dtype dt = (capex_dtype)di;
+                const int64_t sizes[2] = {5, n}; /* misaligned: tensor 1 starts one element late */
+                par_list in;
+                capex_tensor_list dl;
+                capex_tensor_op_desc desc;
+                int kind = (int)(p % 3); /* 0 inf, 1 NaN, 2 finite x with x * 2 over the dtype's largest */
+                float s = 2.0f;
+                uint32_t zero = 0, found = 0;
+                size_t es = capex_dtype_size(dt);
+                capex_tensor_op_desc_init(&desc);
+                CT_CHECK(par_list_make(e, &in, dt, sizes, 2, misalign, 4.0f, 1), "in");
+                if (p < nat) {
+                    float f = kind == 0 ? -INFINITY : kind == 1 ? NAN : dt == CAPEX_F16 ? 65504.0f : 3.0e38f;
+                    uint16_t h = dt == CAPEX_F16 ? capex_f32_to_f16(f) : capex_f32_to_bf16(f);
+                    void *src = dt == CAPEX_F32 ? (void *)&f : (void *)&h;
+                    memcpy((char *)in.h[1].data + (size_t)at[p] * es, src, es);
+                    CT_CHECK(par_up(e, (capex_cuda_ptr)(uintptr_t)in.d[1].data + (size_t)at[p] * es, src, es), "up");
+                }
+                dl = par_dl(&in);
+                CT_CHECK(par_up(e, dscale, &s, 4) && par_up(e, dfound, &zero, 4), "up");
+                CT_CHECK(capex__go_scale(&e->ex, "t", &desc, &dl, NULL, dscale, dfound, 0, NULL) == CAPEX_OK, "%s",
+                         capex_last_error());
+                CT_CHECK(par_down(e, &found, dfound, 4), "down");
+                CT_CHECK((found != 0) == (p < nat), "%s check only, misalign %d, bad kind %d at %lld of %lld: found_inf %u",
+                         capex_dtype_name(dt), misalign, kind, p < nat ? (long long)at[p] : -1LL, (long long)n, found);
+                par_list_free(e, &in);
+            }
+    par_free(e, dscale);
+    par_free(e, dfound);
+}
+
 /* ---- more tensors than one launch holds (depth 2: 93 per launch) --------- */
 static void par_scale_many(ct_state *ct, env *e) {
     int64_t sizes[200];

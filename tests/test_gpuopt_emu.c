@@ -418,6 +418,7 @@ CT_TEST(layouts_match_the_kernels) {
 }
 
 CT_TEST(emu_scale_every_dtype_pair) { env e = emu_env(1); par_scale(ct, &e); }
+CT_TEST(emu_scale_check_positions) { env e = emu_env(16); par_scale_check_positions(ct, &e, EMU_THREADS); }
 CT_TEST(emu_scale_many_tensors) { env e = emu_env(2); par_scale_many(ct, &e); }
 CT_TEST(emu_l2norm) { env e = emu_env(3); par_norms(ct, &e); }
 CT_TEST(emu_sumsq_order) { env e = emu_env(13); par_sumsq_order(ct, &e, EMU_THREADS); }
@@ -603,7 +604,7 @@ CT_TEST(emu_many_small_tensors) {
 }
 
 static const ct_case cases[] = {
-    CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_many_tensors),
+    CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_check_positions), CT_CASE(emu_scale_many_tensors),
     CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_pure_half), CT_CASE(emu_variants_bit_exact), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
     CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
     CT_CASE(emu_lr_schedule),

@@ -84,6 +84,7 @@ CT_TEST(gpu_grid_from_device) {
 }
 
 CT_TEST(gpu_scale_every_dtype_pair) { GPU_ENV(e, 11); par_scale(ct, &e); }
+CT_TEST(gpu_scale_check_positions) { GPU_ENV(e, 32); par_scale_check_positions(ct, &e, CAPEX__GO_THREADS); }
 CT_TEST(gpu_scale_many_tensors) { GPU_ENV(e, 12); par_scale_many(ct, &e); }
 CT_TEST(gpu_l2norm) { GPU_ENV(e, 13); par_norms(ct, &e); }
 CT_TEST(gpu_sumsq_order) { GPU_ENV(e, 31); par_sumsq_order(ct, &e, CAPEX__GO_THREADS); }
@@ -545,7 +546,7 @@ CT_TEST(gpu_large_params) {
 }
 
 static const ct_case cases[] = {
-    CT_CASE(gpu_grid_from_device), CT_CASE(gpu_scale_every_dtype_pair), CT_CASE(gpu_scale_many_tensors), CT_CASE(gpu_l2norm), CT_CASE(gpu_sumsq_order), CT_CASE(gpu_clip),
+    CT_CASE(gpu_grid_from_device), CT_CASE(gpu_scale_every_dtype_pair), CT_CASE(gpu_scale_check_positions), CT_CASE(gpu_scale_many_tensors), CT_CASE(gpu_l2norm), CT_CASE(gpu_sumsq_order), CT_CASE(gpu_clip),
     CT_CASE(gpu_adam), CT_CASE(gpu_sgd), CT_CASE(gpu_lamb), CT_CASE(gpu_novograd), CT_CASE(gpu_scaler), CT_CASE(gpu_amp_loop_inf_skips), CT_CASE(gpu_checkpoint_roundtrip),
     CT_CASE(gpu_lr_schedule),
     CT_CASE(gpu_graph_replay), CT_CASE(gpu_tensor_over_2g_elements),
