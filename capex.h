@@ -328,7 +328,11 @@ typedef struct capex_amp_overrides {
     uint32_t init_tag;                     /* set by capex_amp_overrides_init (see "Descriptors") */
 } capex_amp_overrides;
 
-/* The resolved properties (Apex's Properties.options) plus what they imply. */
+/* The resolved properties (Apex's Properties.options) plus what they imply.
+   Every function taking one refuses a config that capex_amp_resolve cannot
+   return (CAPEX_ERR_CONFIG naming the Apex rule it breaks, else
+   CAPEX_ERR_INVALID_ARG, e.g. derived fields stale after an edit): change the
+   overrides and resolve again. Only loss_scale_mode/loss_scale may be edited. */
 typedef struct capex_amp_config {
     int enabled;                           /* 0: amp is off (Apex enabled=False) */
     capex_opt_level opt_level;
@@ -2787,6 +2791,48 @@ CAPEX__PRIVATE void capex__sb_table(capex__strbuf *sb, const capex_amp_config *c
     capex__sb_row(sb, "half_type", half);
 }
 
+/* A config in range must also be one capex_amp_resolve can return: edited
+   afterwards, its derived fields would be stale (weights wired one way,
+   reported another) or an Apex rule bypassed (Apex checks its rules on every
+   later assignment to amp's properties too). Editing the loss scale alone
+   stays allowed: nothing is derived from it. */
+CAPEX__PRIVATE capex_result capex__check_config_state(const capex_amp_config *c, const char *who) {
+    static const char *again = "edit the overrides and call capex_amp_resolve again instead of editing its output";
+    capex_amp_config d = *c;
+    const char *rule = NULL;
+    if ((c->enabled != 0 && c->enabled != 1) || (c->patch_torch_functions != 0 && c->patch_torch_functions != 1))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cfg.enabled %d / patch_torch_functions %d must be 0 or 1; fill it "
+                           "with capex_amp_resolve", who, c->enabled, c->patch_torch_functions);
+    if (!c->enabled) {
+        if (c->cast_model_type != CAPEX_CAST_MODEL_NONE || c->patch_torch_functions ||
+            c->keep_batchnorm_fp32 != CAPEX_TRI_NONE || c->master_weights != CAPEX_TRI_NONE ||
+            c->loss_scale_mode != CAPEX_LOSS_SCALE_STATIC || c->loss_scale != 1.0)
+            return capex__fail(CAPEX_ERR_CONFIG, "%s: cfg is disabled (enabled=0) but not inert (Apex's disabled amp casts "
+                               "nothing and scales by 1.0); %s", who, again);
+    } else if (c->opt_level == CAPEX_O1 && c->cast_model_type == CAPEX_CAST_MODEL_HALF) {
+        rule = "cast_model_type must be None or float32 under O1";
+    } else if (c->opt_level != CAPEX_O1 && c->patch_torch_functions) {
+        rule = "patch_torch_functions=True only with O1";
+    } else if (c->opt_level == CAPEX_O1 && c->keep_batchnorm_fp32 != CAPEX_TRI_NONE) {
+        rule = "keep_batchnorm_fp32 must be None under O1";
+    } else if (c->opt_level == CAPEX_O1 && c->master_weights != CAPEX_TRI_NONE) {
+        rule = "master_weights must be None under O1";
+    }
+    if (rule) return capex__fail(CAPEX_ERR_CONFIG, "%s: cfg breaks an Apex rule (rule: %s); %s", who, rule, again);
+    if (c->loss_scale_mode == CAPEX_LOSS_SCALE_STATIC) {
+        capex_result r = capex__check_loss_scale(c->loss_scale, who);
+        if (r != CAPEX_OK) return r;
+    }
+    capex__amp_derive(&d);
+    if (d.model_dtype != c->model_dtype || d.batchnorm_dtype != c->batchnorm_dtype ||
+        d.use_master_weights != c->use_master_weights)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cfg's model_dtype %d, batchnorm_dtype %d, use_master_weights %d do not "
+                           "follow from its properties (want %d, %d, %d): it was edited after capex_amp_resolve; %s",
+                           who, (int)c->model_dtype, (int)c->batchnorm_dtype, c->use_master_weights, (int)d.model_dtype,
+                           (int)d.batchnorm_dtype, d.use_master_weights, again);
+    return CAPEX_OK;
+}
+
 CAPEX__PRIVATE capex_result capex__check_config(const capex_amp_config *c, const char *who) {
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cfg is NULL; pass a config from capex_amp_resolve", who);
     if ((int)c->opt_level < 0 || (int)c->opt_level > 3 || (c->half_type != CAPEX_F16 && c->half_type != CAPEX_BF16) ||
@@ -2794,7 +2840,7 @@ CAPEX__PRIVATE capex_result capex__check_config(const capex_amp_config *c, const
         !capex__tri_ok(c->master_weights) ||
         (c->loss_scale_mode != CAPEX_LOSS_SCALE_DYNAMIC && c->loss_scale_mode != CAPEX_LOSS_SCALE_STATIC))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cfg has out-of-range fields; fill it with capex_amp_resolve", who);
-    return CAPEX_OK;
+    return capex__check_config_state(c, who);
 }
 
 CAPEX_API capex_result capex_amp_report(const capex_amp_config *cfg, char *buf, size_t cap, size_t *needed) {
@@ -3063,15 +3109,13 @@ CAPEX_API capex_result capex_scaler_desc_from_amp(const capex_amp_config *cfg, c
     capex_scaler_desc t;
     capex_result r;
     if (!cfg || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_desc_from_amp: NULL argument");
+    if ((r = capex__check_config(cfg, "capex_scaler_desc_from_amp")) != CAPEX_OK) return r;
     capex_scaler_desc_init(&t);
     if (cfg->loss_scale_mode == CAPEX_LOSS_SCALE_DYNAMIC) {
         t.dynamic = 1;
-    } else if (cfg->loss_scale_mode == CAPEX_LOSS_SCALE_STATIC) {
+    } else { /* STATIC: capex__check_config allows nothing else */
         t.dynamic = 0;
         t.init_scale = (float)cfg->loss_scale;
-    } else {
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_desc_from_amp: loss_scale_mode %d is neither DYNAMIC nor "
-                           "STATIC: pass a config made by capex_amp_resolve", (int)cfg->loss_scale_mode);
     }
     if ((r = capex_scaler_desc_check(&t)) != CAPEX_OK) return r;
     *d = t;

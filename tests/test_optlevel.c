@@ -629,6 +629,65 @@ CT_TEST(cast_queries_reject_bad_arguments) {
 #undef P
 #undef N
 
+/* A config is resolve's output: one edited afterwards into a state resolve
+   cannot produce (derived fields stale, an Apex rule broken, disabled but not
+   inert) is refused by every consumer instead of trusted. Apex checks its
+   rules on every later assignment to amp's properties too. */
+CT_TEST(edited_config_is_refused) {
+    enum { NEDIT = 12 };
+    static const char *what[NEDIT] = {
+        "O2 master_weights=False (use_master_weights stale)", "O2 cast_model_type=float32 (model_dtype stale)",
+        "O2 keep_batchnorm_fp32=False (batchnorm_dtype stale)", "O2 half_type bf16 (model_dtype stale)",
+        "O2 model_dtype fp32", "O2 batchnorm_dtype 77", "O1 cast_model_type=half (rule)",
+        "O1 master_weights=True (rule, derived refreshed)", "O2 patch_torch_functions (rule)",
+        "disabled with O2's properties", "enabled 2", "patch_torch_functions 5"};
+    int e;
+    for (e = 0; e < NEDIT; e++) {
+        capex_amp_config c, keep;
+        capex_cast_policy p = CAPEX_CAST_NONE;
+        capex_dtype d = CAPEX_F32;
+        capex_scaler_desc sd, sd0;
+        char buf[2048];
+        CT_CHECK(capex_amp_resolve(e == 6 || e == 7 ? CAPEX_O1 : CAPEX_O2, CAPEX_F16, NULL, &c) == CAPEX_OK, "resolve");
+        switch (e) {
+        case 0: c.master_weights = CAPEX_TRI_FALSE; break;
+        case 1: c.cast_model_type = CAPEX_CAST_MODEL_FLOAT32; break;
+        case 2: c.keep_batchnorm_fp32 = CAPEX_TRI_FALSE; break;
+        case 3: c.half_type = CAPEX_BF16; break;
+        case 4: c.model_dtype = CAPEX_F32; break;
+        case 5: c.batchnorm_dtype = (capex_dtype)77; break;
+        case 6: c.cast_model_type = CAPEX_CAST_MODEL_HALF; c.model_dtype = CAPEX_F16; c.batchnorm_dtype = CAPEX_F16; break;
+        case 7: c.master_weights = CAPEX_TRI_TRUE; c.use_master_weights = 1; break;
+        case 8: c.patch_torch_functions = 1; break;
+        case 9: c.enabled = 0; break;
+        case 10: c.enabled = 2; break;
+        default: c.patch_torch_functions = 5; break;
+        }
+        keep = c;
+        CT_CHECK(capex_amp_report(&c, buf, sizeof buf, NULL) != CAPEX_OK, "%s: report accepted it", what[e]);
+        CT_CHECK(capex_amp_cast_op(&c, CAPEX_OP_BATCH_NORM, &p) != CAPEX_OK, "%s: cast_op accepted it", what[e]);
+        CT_CHECK(capex_amp_op_dtype(&c, CAPEX_OP_LINEAR, CAPEX_F16, &d) != CAPEX_OK, "%s: op_dtype accepted it", what[e]);
+        capex_scaler_desc_init(&sd);
+        sd0 = sd;
+        CT_CHECK(capex_scaler_desc_from_amp(&c, &sd) != CAPEX_OK && memcmp(&sd, &sd0, sizeof sd) == 0,
+                 "%s: scaler_desc_from_amp accepted it", what[e]);
+        CT_CHECK(strstr(capex_last_error(), "capex_amp_resolve") != NULL, "%s: message %s", what[e], capex_last_error());
+        CT_CHECK(memcmp(&c, &keep, sizeof c) == 0, "%s: cfg changed", what[e]);
+    }
+    {
+        /* edits resolve could have made stay accepted: a static loss scale */
+        capex_amp_config c;
+        capex_scaler_desc sd;
+        CT_CHECK(capex_amp_resolve(CAPEX_O2, CAPEX_F16, NULL, &c) == CAPEX_OK, "resolve");
+        c.loss_scale_mode = CAPEX_LOSS_SCALE_STATIC;
+        c.loss_scale = 128.0;
+        CT_CHECK(capex_scaler_desc_from_amp(&c, &sd) == CAPEX_OK && !sd.dynamic && sd.init_scale == 128.0f, "%s",
+                 capex_last_error());
+        c.loss_scale = -1.0; /* but not a bad one */
+        CT_CHECK(capex_scaler_desc_from_amp(&c, &sd) == CAPEX_ERR_INVALID_ARG, "negative static loss scale");
+    }
+}
+
 /* ---- parsers -------------------------------------------------------------- */
 
 CT_TEST(parse_opt_level) {
@@ -783,6 +842,7 @@ static const ct_case cases[] = {
     CT_CASE(cast_policy_by_apex_names),
     CT_CASE(promote_and_names),
     CT_CASE(cast_queries_reject_bad_arguments),
+    CT_CASE(edited_config_is_refused),
     CT_CASE(parse_opt_level),
     CT_CASE(parse_loss_scale),
     CT_CASE(parse_loss_scale_exact_on_integers_and_powers_of_two),
