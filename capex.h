@@ -283,8 +283,9 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
    class (capex_amp_cast_op): HALF, FP32, or PROMOTE (run in the widest input
    type), from Apex's lists/{functional,torch,tensor}_overrides.py. Without
    patching (O0, O2, O3, disabled) every op runs as its inputs are
-   (CAPEX_CAST_NONE), except batch norm when the model was cast to half with
-   keep_batchnorm_fp32=True (O2): FP32, as Apex keeps those layers fp32.
+   (CAPEX_CAST_NONE), batch norm included: keep_batchnorm_fp32=True (O2)
+   keeps only its parameters fp32 (cfg.batchnorm_dtype), and like cuDNN's
+   mixed batch norm in Apex it maps a half x to a half y.
 
    All functions here are pure (no state) and thread-safe.
    ------------------------------------------------------------------------- */
@@ -1998,8 +1999,9 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
 
 /* Opt-level policy: param_dtype = cfg->batchnorm_dtype (f32 under
    keep_batchnorm_fp32, whatever the input); y_dtype = the type the cast
-   policy runs batch norm in for this input (capex_amp_op_dtype). Either
-   output may be NULL. */
+   policy runs batch norm in for this input (capex_amp_op_dtype: f32 under
+   O1, else the input's type, so O2 keeps half activations as Apex does).
+   Either output may be NULL. */
 CAPEX_API capex_result capex_batch_norm_amp_dtypes(const capex_amp_config *cfg, capex_dtype input,
                                                    capex_dtype *param_dtype, capex_dtype *y_dtype);
 
@@ -3008,9 +3010,10 @@ CAPEX_API capex_result capex_amp_cast_op(const capex_amp_config *cfg, capex_op_c
         *out = op <= CAPEX_OP_PRELU ? CAPEX_CAST_HALF
              : op <= CAPEX_OP_INTERPOLATE ? CAPEX_CAST_FP32
              : op <= CAPEX_OP_PAIRWISE ? CAPEX_CAST_PROMOTE : CAPEX_CAST_NONE;
-    } else if (op == CAPEX_OP_BATCH_NORM && cfg->batchnorm_dtype == CAPEX_F32 && cfg->model_dtype != CAPEX_F32) {
-        *out = CAPEX_CAST_FP32; /* keep_batchnorm_fp32 left these layers' weights fp32 */
     } else {
+        /* Nothing is patched. keep_batchnorm_fp32 (O2) keeps batchnorm's
+           parameters fp32 (cfg->batchnorm_dtype), not its activations: cuDNN's
+           batch norm takes a half x with fp32 parameters and returns a half y. */
         *out = CAPEX_CAST_NONE;
     }
     return CAPEX_OK;
