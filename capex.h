@@ -1097,8 +1097,9 @@ typedef struct capex_optim_param {
     float *exp_avg_sq;       /* optional user buffer: Adam/LAMB v, Adagrad's sum (torch "sum"); NovoGrad: unused */
     float *max_exp_avg_sq;   /* optional user buffer: Adam with amsgrad, max of v so far */
     int pure_half;           /* 1: no master weights (Apex O3): param is kept equal to the model
-                                copy's values (set from it at add_group, rounded to it after every
-                                step), so the weights are the fp16/bf16 model alone; needs model */
+                                copy's values (set from it at add_group and before every step,
+                                rounded to it after every step), so the weights are the fp16/bf16
+                                model alone and may be written between steps; needs model */
     uint32_t init_tag; /* set by capex_optim_param_init (see "Descriptors") */
 } capex_optim_param;
 
@@ -7277,6 +7278,12 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
            scheduled (a torch scheduler sets group['lr'], and capex_go_prepare sets g->lr) */
         c->clr = (float)((double)c->lr / (1.0 + (double)(s - 1) * (double)hp->lr_decay));
     }
+    /* O3: the weights are the model copy (Apex steps the half model itself),
+       which the engine may have written since add_group or the last step
+       (restored or pretrained weights): start from it. Exact, and a no-op
+       when nobody did. */
+    for (k = 0; k < o->ntensors; k++)
+        if (o->tensors[k].p.pure_half && o->tensors[k].p.numel) capex__optim_mirror_model(&o->tensors[k].p);
     if (o->desc.kind == CAPEX_OPTIM_LAMB) {
         double g2 = 0.0;
         float gnorm, clip_div = 1.0f;
