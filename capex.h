@@ -580,7 +580,9 @@ CAPEX_API capex_result capex_scaler_desc_check(const capex_scaler_desc *desc);
 /* The scaler an opt level asks for (what Apex's amp.initialize builds from
    loss_scale): capex_scaler_desc_init's defaults, then dynamic for "dynamic",
    else static at cfg->loss_scale (O0, O3, bf16 and disabled amp: 1.0).
-   Change other fields afterwards as usual. */
+   Change other fields afterwards as usual; a dynamic init_scale must lie in
+   [min_scale, max_scale], so a max_scale below 65536 needs init_scale lowered
+   too (Apex's max_loss_scale starts the scale at min(max_loss_scale, 2^16)). */
 CAPEX_API capex_result capex_scaler_desc_from_amp(const capex_amp_config *cfg, capex_scaler_desc *desc);
 /* Validates desc; on error sc is left unusable (every call on it fails). */
 CAPEX_API capex_result capex_scaler_init(capex_scaler *sc, const capex_scaler_desc *desc);

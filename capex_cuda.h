@@ -457,7 +457,10 @@ CAPEX_API capex_result capex_cuda_clip_grad_norm(capex_cuda_context *ctx, const 
    hysteresis, min/max: bit for bit) as a one-thread kernel. Its found_inf
    flag collects unscale checks until update(), which applies the rule, sets
    inv_scale = f32(1 / f64(scale)) and clears found_inf. The per-optimizer
-   call-order state machine of capex_scaler is the caller's job here. */
+   call-order state machine of capex_scaler is the caller's job here: one
+   found_inf skips every optimizer stepped with it, and set_state clears a
+   found_inf not yet consumed by update(). Nothing is logged (desc's
+   log_interval and id are unused): read skipped_steps with get_state. */
 typedef struct capex_cuda_scaler capex_cuda_scaler;
 /* desc NULL: capex_scaler_desc_init's defaults. Allocates 80 device bytes. */
 CAPEX_API capex_result capex_cuda_scaler_create(capex_cuda_context *ctx, const capex_scaler_desc *desc,
