@@ -283,8 +283,9 @@ CAPEX_API void capex_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n
    class (capex_amp_cast_op): HALF, FP32, or PROMOTE (run in the widest input
    type), from Apex's lists/{functional,torch,tensor}_overrides.py. Without
    patching (O0, O2, O3, disabled) every op runs as its inputs are
-   (CAPEX_CAST_NONE), except batch norm when the model was cast to half with
-   keep_batchnorm_fp32=True (O2): FP32, as Apex keeps those layers fp32.
+   (CAPEX_CAST_NONE), batch norm included: keep_batchnorm_fp32=True (O2)
+   keeps only its parameters fp32 (cfg.batchnorm_dtype), and like cuDNN's
+   mixed batch norm in Apex it maps a half x to a half y.
 
    All functions here are pure (no state) and thread-safe.
    ------------------------------------------------------------------------- */
@@ -328,7 +329,11 @@ typedef struct capex_amp_overrides {
     uint32_t init_tag;                     /* set by capex_amp_overrides_init (see "Descriptors") */
 } capex_amp_overrides;
 
-/* The resolved properties (Apex's Properties.options) plus what they imply. */
+/* The resolved properties (Apex's Properties.options) plus what they imply.
+   Every function taking one refuses a config that capex_amp_resolve cannot
+   return (CAPEX_ERR_CONFIG naming the Apex rule it breaks, else
+   CAPEX_ERR_INVALID_ARG, e.g. derived fields stale after an edit): change the
+   overrides and resolve again. Only loss_scale_mode/loss_scale may be edited. */
 typedef struct capex_amp_config {
     int enabled;                           /* 0: amp is off (Apex enabled=False) */
     capex_opt_level opt_level;
@@ -575,7 +580,9 @@ CAPEX_API capex_result capex_scaler_desc_check(const capex_scaler_desc *desc);
 /* The scaler an opt level asks for (what Apex's amp.initialize builds from
    loss_scale): capex_scaler_desc_init's defaults, then dynamic for "dynamic",
    else static at cfg->loss_scale (O0, O3, bf16 and disabled amp: 1.0).
-   Change other fields afterwards as usual. */
+   Change other fields afterwards as usual; a dynamic init_scale must lie in
+   [min_scale, max_scale], so a max_scale below 65536 needs init_scale lowered
+   too (Apex's max_loss_scale starts the scale at min(max_loss_scale, 2^16)). */
 CAPEX_API capex_result capex_scaler_desc_from_amp(const capex_amp_config *cfg, capex_scaler_desc *desc);
 /* Validates desc; on error sc is left unusable (every call on it fails). */
 CAPEX_API capex_result capex_scaler_init(capex_scaler *sc, const capex_scaler_desc *desc);
@@ -1092,8 +1099,9 @@ typedef struct capex_optim_param {
     float *exp_avg_sq;       /* optional user buffer: Adam/LAMB v, Adagrad's sum (torch "sum"); NovoGrad: unused */
     float *max_exp_avg_sq;   /* optional user buffer: Adam with amsgrad, max of v so far */
     int pure_half;           /* 1: no master weights (Apex O3): param is kept equal to the model
-                                copy's values (set from it at add_group, rounded to it after every
-                                step), so the weights are the fp16/bf16 model alone; needs model */
+                                copy's values (set from it at add_group and before every step,
+                                rounded to it after every step), so the weights are the fp16/bf16
+                                model alone and may be written between steps; needs model */
     uint32_t init_tag; /* set by capex_optim_param_init (see "Descriptors") */
 } capex_optim_param;
 
@@ -1994,8 +2002,9 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
 
 /* Opt-level policy: param_dtype = cfg->batchnorm_dtype (f32 under
    keep_batchnorm_fp32, whatever the input); y_dtype = the type the cast
-   policy runs batch norm in for this input (capex_amp_op_dtype). Either
-   output may be NULL. */
+   policy runs batch norm in for this input (capex_amp_op_dtype: f32 under
+   O1, else the input's type, so O2 keeps half activations as Apex does).
+   Either output may be NULL. */
 CAPEX_API capex_result capex_batch_norm_amp_dtypes(const capex_amp_config *cfg, capex_dtype input,
                                                    capex_dtype *param_dtype, capex_dtype *y_dtype);
 
@@ -2787,6 +2796,48 @@ CAPEX__PRIVATE void capex__sb_table(capex__strbuf *sb, const capex_amp_config *c
     capex__sb_row(sb, "half_type", half);
 }
 
+/* A config in range must also be one capex_amp_resolve can return: edited
+   afterwards, its derived fields would be stale (weights wired one way,
+   reported another) or an Apex rule bypassed (Apex checks its rules on every
+   later assignment to amp's properties too). Editing the loss scale alone
+   stays allowed: nothing is derived from it. */
+CAPEX__PRIVATE capex_result capex__check_config_state(const capex_amp_config *c, const char *who) {
+    static const char *again = "edit the overrides and call capex_amp_resolve again instead of editing its output";
+    capex_amp_config d = *c;
+    const char *rule = NULL;
+    if ((c->enabled != 0 && c->enabled != 1) || (c->patch_torch_functions != 0 && c->patch_torch_functions != 1))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cfg.enabled %d / patch_torch_functions %d must be 0 or 1; fill it "
+                           "with capex_amp_resolve", who, c->enabled, c->patch_torch_functions);
+    if (!c->enabled) {
+        if (c->cast_model_type != CAPEX_CAST_MODEL_NONE || c->patch_torch_functions ||
+            c->keep_batchnorm_fp32 != CAPEX_TRI_NONE || c->master_weights != CAPEX_TRI_NONE ||
+            c->loss_scale_mode != CAPEX_LOSS_SCALE_STATIC || c->loss_scale != 1.0)
+            return capex__fail(CAPEX_ERR_CONFIG, "%s: cfg is disabled (enabled=0) but not inert (Apex's disabled amp casts "
+                               "nothing and scales by 1.0); %s", who, again);
+    } else if (c->opt_level == CAPEX_O1 && c->cast_model_type == CAPEX_CAST_MODEL_HALF) {
+        rule = "cast_model_type must be None or float32 under O1";
+    } else if (c->opt_level != CAPEX_O1 && c->patch_torch_functions) {
+        rule = "patch_torch_functions=True only with O1";
+    } else if (c->opt_level == CAPEX_O1 && c->keep_batchnorm_fp32 != CAPEX_TRI_NONE) {
+        rule = "keep_batchnorm_fp32 must be None under O1";
+    } else if (c->opt_level == CAPEX_O1 && c->master_weights != CAPEX_TRI_NONE) {
+        rule = "master_weights must be None under O1";
+    }
+    if (rule) return capex__fail(CAPEX_ERR_CONFIG, "%s: cfg breaks an Apex rule (rule: %s); %s", who, rule, again);
+    if (c->loss_scale_mode == CAPEX_LOSS_SCALE_STATIC) {
+        capex_result r = capex__check_loss_scale(c->loss_scale, who);
+        if (r != CAPEX_OK) return r;
+    }
+    capex__amp_derive(&d);
+    if (d.model_dtype != c->model_dtype || d.batchnorm_dtype != c->batchnorm_dtype ||
+        d.use_master_weights != c->use_master_weights)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cfg's model_dtype %d, batchnorm_dtype %d, use_master_weights %d do not "
+                           "follow from its properties (want %d, %d, %d): it was edited after capex_amp_resolve; %s",
+                           who, (int)c->model_dtype, (int)c->batchnorm_dtype, c->use_master_weights, (int)d.model_dtype,
+                           (int)d.batchnorm_dtype, d.use_master_weights, again);
+    return CAPEX_OK;
+}
+
 CAPEX__PRIVATE capex_result capex__check_config(const capex_amp_config *c, const char *who) {
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cfg is NULL; pass a config from capex_amp_resolve", who);
     if ((int)c->opt_level < 0 || (int)c->opt_level > 3 || (c->half_type != CAPEX_F16 && c->half_type != CAPEX_BF16) ||
@@ -2794,7 +2845,7 @@ CAPEX__PRIVATE capex_result capex__check_config(const capex_amp_config *c, const
         !capex__tri_ok(c->master_weights) ||
         (c->loss_scale_mode != CAPEX_LOSS_SCALE_DYNAMIC && c->loss_scale_mode != CAPEX_LOSS_SCALE_STATIC))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: cfg has out-of-range fields; fill it with capex_amp_resolve", who);
-    return CAPEX_OK;
+    return capex__check_config_state(c, who);
 }
 
 CAPEX_API capex_result capex_amp_report(const capex_amp_config *cfg, char *buf, size_t cap, size_t *needed) {
@@ -2962,9 +3013,10 @@ CAPEX_API capex_result capex_amp_cast_op(const capex_amp_config *cfg, capex_op_c
         *out = op <= CAPEX_OP_PRELU ? CAPEX_CAST_HALF
              : op <= CAPEX_OP_INTERPOLATE ? CAPEX_CAST_FP32
              : op <= CAPEX_OP_PAIRWISE ? CAPEX_CAST_PROMOTE : CAPEX_CAST_NONE;
-    } else if (op == CAPEX_OP_BATCH_NORM && cfg->batchnorm_dtype == CAPEX_F32 && cfg->model_dtype != CAPEX_F32) {
-        *out = CAPEX_CAST_FP32; /* keep_batchnorm_fp32 left these layers' weights fp32 */
     } else {
+        /* Nothing is patched. keep_batchnorm_fp32 (O2) keeps batchnorm's
+           parameters fp32 (cfg->batchnorm_dtype), not its activations: cuDNN's
+           batch norm takes a half x with fp32 parameters and returns a half y. */
         *out = CAPEX_CAST_NONE;
     }
     return CAPEX_OK;
@@ -3063,15 +3115,13 @@ CAPEX_API capex_result capex_scaler_desc_from_amp(const capex_amp_config *cfg, c
     capex_scaler_desc t;
     capex_result r;
     if (!cfg || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_desc_from_amp: NULL argument");
+    if ((r = capex__check_config(cfg, "capex_scaler_desc_from_amp")) != CAPEX_OK) return r;
     capex_scaler_desc_init(&t);
     if (cfg->loss_scale_mode == CAPEX_LOSS_SCALE_DYNAMIC) {
         t.dynamic = 1;
-    } else if (cfg->loss_scale_mode == CAPEX_LOSS_SCALE_STATIC) {
+    } else { /* STATIC: capex__check_config allows nothing else */
         t.dynamic = 0;
         t.init_scale = (float)cfg->loss_scale;
-    } else {
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_scaler_desc_from_amp: loss_scale_mode %d is neither DYNAMIC nor "
-                           "STATIC: pass a config made by capex_amp_resolve", (int)cfg->loss_scale_mode);
     }
     if ((r = capex_scaler_desc_check(&t)) != CAPEX_OK) return r;
     *d = t;
@@ -7230,6 +7280,12 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
            scheduled (a torch scheduler sets group['lr'], and capex_go_prepare sets g->lr) */
         c->clr = (float)((double)c->lr / (1.0 + (double)(s - 1) * (double)hp->lr_decay));
     }
+    /* O3: the weights are the model copy (Apex steps the half model itself),
+       which the engine may have written since add_group or the last step
+       (restored or pretrained weights): start from it. Exact, and a no-op
+       when nobody did. */
+    for (k = 0; k < o->ntensors; k++)
+        if (o->tensors[k].p.pure_half && o->tensors[k].p.numel) capex__optim_mirror_model(&o->tensors[k].p);
     if (o->desc.kind == CAPEX_OPTIM_LAMB) {
         double g2 = 0.0;
         float gnorm, clip_div = 1.0f;

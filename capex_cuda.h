@@ -457,7 +457,10 @@ CAPEX_API capex_result capex_cuda_clip_grad_norm(capex_cuda_context *ctx, const 
    hysteresis, min/max: bit for bit) as a one-thread kernel. Its found_inf
    flag collects unscale checks until update(), which applies the rule, sets
    inv_scale = f32(1 / f64(scale)) and clears found_inf. The per-optimizer
-   call-order state machine of capex_scaler is the caller's job here. */
+   call-order state machine of capex_scaler is the caller's job here: one
+   found_inf skips every optimizer stepped with it, and set_state clears a
+   found_inf not yet consumed by update(). Nothing is logged (desc's
+   log_interval and id are unused): read skipped_steps with get_state. */
 typedef struct capex_cuda_scaler capex_cuda_scaler;
 /* desc NULL: capex_scaler_desc_init's defaults. Allocates 80 device bytes. */
 CAPEX_API capex_result capex_cuda_scaler_create(capex_cuda_context *ctx, const capex_scaler_desc *desc,
@@ -487,7 +490,7 @@ CAPEX_API capex_result capex_cuda_scaler_get_scale(capex_cuda_scaler *sc, float 
    them (Adagrad's sum: initial_accumulator_value). Every kind of capex.h:
    Adam (amsgrad too), LAMB, SGD, Adagrad, NovoGrad; pure_half (O3) params
    are mirrored from the model copy by one exact multi-tensor scale per half
-   dtype at add_group and after every step. */
+   dtype at add_group and before and after every step. */
 typedef struct capex_cuda_optim capex_cuda_optim;
 CAPEX_API capex_result capex_cuda_optim_create(capex_cuda_context *ctx, const capex_optim_desc *desc,
                                                capex_cuda_optim **out);
@@ -6584,6 +6587,9 @@ static capex_result capex__go_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_step: inv_scale, clip_coef and found_inf must be "
                            "4-byte aligned device addresses (or 0)");
     if (o->ngroups == 0) return CAPEX_OK;
+    /* O3: the weights are the model copy, which the engine may have written
+       since the last step (restored weights): start from it, as capex_optim_step */
+    if (o->n_pure && (r = capex__go_mirror(o, o->t, o->nt, "capex_cuda_optim_step", stream)) != CAPEX_OK) return r;
     /* the step's constants, on the device: nothing is read back */
     memset(&a, 0, sizeof a);
     a.op.prepare.groups = o->dgroups;

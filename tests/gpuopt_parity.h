@@ -770,6 +770,33 @@ static void par_pure_half_steps(ct_state *ct, env *e) {
         par_opt_run(ct, e, &d, 24, 0, 0, k == 0 ? "AdamW pure_half" : k == 1 ? "SGD pure_half" : "Adagrad pure_half");
         par_pure_half = 0;
     }
+    for (k = 0; k < 2 && !ct->failed; k++) {
+        /* the model copy written after add_group (restored weights) is what
+           the next step updates, on both sides (test_optim checks the CPU's
+           result against an optimizer built on those weights) */
+        par_opt o;
+        int i;
+        capex_optim_desc_init(&d, k == 0 ? CAPEX_OPTIM_ADAM : CAPEX_OPTIM_SGD);
+        d.defaults.momentum = k == 1 ? 0.9f : 0.0f;
+        par_pure_half = 1;
+        CT_CHECK(par_opt_make(e, &o, &d, 8, 0), "setup: %s", capex_last_error());
+        par_pure_half = 0;
+        for (i = 0; i < o.n && !ct->failed; i++) {
+            par_param *t = &o.t[i];
+            int64_t j;
+            if (!t->model || !t->numel) continue;
+            for (j = 0; j < t->numel; j++) {
+                float v = (float)(j % 7) - 3.5f;
+                ((uint16_t *)t->h)[j] = t->model == 1 ? capex_f32_to_f16(v) : capex_f32_to_bf16(v);
+            }
+            CT_CHECK(par_up(e, t->dh, t->h, (size_t)t->numel * 2), "up");
+        }
+        CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu step: %s", capex_last_error());
+        CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+        if (!ct->failed) par_opt_compare(ct, e, &o, 0, k == 0 ? "AdamW pure_half, model written after add_group"
+                                                              : "SGD pure_half, model written after add_group");
+        par_opt_free(e, &o);
+    }
 }
 
 static void par_sgd(ct_state *ct, env *e) {

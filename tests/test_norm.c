@@ -903,7 +903,7 @@ CT_TEST(amp_dtypes_keep_batchnorm_fp32) {
     capex_dtype p, y;
     CT_CHECK(capex_amp_resolve(CAPEX_O2, CAPEX_F16, NULL, &cfg) == CAPEX_OK, "O2");
     CT_CHECK(capex_batch_norm_amp_dtypes(&cfg, CAPEX_F16, &p, &y) == CAPEX_OK, "%s", capex_last_error());
-    CT_CHECK(p == CAPEX_F32, "O2 keeps batchnorm params fp32");
+    CT_CHECK(p == CAPEX_F32 && y == CAPEX_F16, "O2: fp32 params, half y like cuDNN's mixed batch norm (p %d y %d)", p, y);
     capex_amp_overrides_init(&ov);
     ov.keep_batchnorm_fp32 = CAPEX_TRI_FALSE;
     CT_CHECK(capex_amp_resolve(CAPEX_O2, CAPEX_BF16, &ov, &cfg) == CAPEX_OK, "O2 override");

@@ -1360,6 +1360,58 @@ CT_TEST(amp_wiring_and_pure_half) {
     }
 }
 
+/* O3 has no master weights (Apex steps the half model itself), so the model
+   copy is the weights: one written after add_group (a restored model
+   checkpoint, pretrained weights loaded late) is what the next step updates,
+   the same bits as an optimizer built on it. On main a step reverted it to
+   the weights of add_group time. */
+CT_TEST(pure_half_steps_the_model_as_written) {
+    enum { N = 37 };
+    int kind, hi, i, step;
+    for (kind = 0; kind < 3; kind++)
+        for (hi = 0; hi < 2; hi++) {
+            capex_optim_kind k = kind == 0 ? CAPEX_OPTIM_ADAM : kind == 1 ? CAPEX_OPTIM_SGD : CAPEX_OPTIM_LAMB;
+            capex_dtype ht = hi ? CAPEX_BF16 : CAPEX_F16;
+            float w[N], wref[N];
+            uint16_t h[N], href[N], gh[N];
+            capex_optim_desc d;
+            capex_optim_param p, pr;
+            capex_optim *o = NULL, *ref = NULL;
+            capex_amp_config cfg;
+            CT_CHECK(capex_amp_resolve(CAPEX_O3, ht, NULL, &cfg) == CAPEX_OK, "resolve");
+            for (i = 0; i < N; i++) {
+                h[i] = hi ? capex_f32_to_bf16(0.25f * (float)i) : capex_f32_to_f16(0.25f * (float)i); /* init */
+                gh[i] = hi ? capex_f32_to_bf16((float)sin(0.7 * i)) : capex_f32_to_f16((float)sin(0.7 * i));
+            }
+            capex_optim_desc_init(&d, k);
+            d.defaults.lr = 1e-2f;
+            d.defaults.momentum = 0.9f;
+            capex_optim_param_init(&p);
+            CT_CHECK(capex_optim_param_from_amp(&cfg, w, h, gh, N, &p) == CAPEX_OK && p.pure_half, "%s", capex_last_error());
+            CT_CHECK(capex_optim_create(&d, &o) == CAPEX_OK && capex_optim_add_group(o, NULL, &p, 1, NULL) == CAPEX_OK, "add");
+            for (i = 0; i < N; i++) { /* the restored weights, written after add_group */
+                float v = (float)cos(0.3 * i) - 2.0f;
+                h[i] = href[i] = hi ? capex_f32_to_bf16(v) : capex_f32_to_f16(v);
+            }
+            pr = p;
+            pr.param = wref;
+            pr.model = href;
+            CT_CHECK(capex_optim_create(&d, &ref) == CAPEX_OK && capex_optim_add_group(ref, NULL, &pr, 1, NULL) == CAPEX_OK,
+                     "ref");
+            for (step = 0; step < 3; step++) {
+                CT_CHECK(capex_optim_step(o, 1.0f, 1.0f, step == 1) == CAPEX_OK && capex_optim_step(ref, 1.0f, 1.0f, step == 1) == CAPEX_OK,
+                         "step: %s", capex_last_error());
+                CT_CHECK(memcmp(h, href, sizeof h) == 0 && memcmp(w, wref, sizeof w) == 0,
+                         "kind %d %s step %d: the step did not start from the model copy written after add_group (model[1] "
+                         "%g, want %g)", kind, capex_dtype_name(ht), step,
+                         (double)(hi ? capex_bf16_to_f32(h[1]) : capex_f16_to_f32(h[1])),
+                         (double)(hi ? capex_bf16_to_f32(href[1]) : capex_f16_to_f32(href[1])));
+            }
+            capex_optim_destroy(o);
+            capex_optim_destroy(ref);
+        }
+}
+
 static const ct_case cases[] = {
     CT_CASE(adam_vs_float64), CT_CASE(lamb_vs_float64), CT_CASE(sgd_vs_float64), CT_CASE(apex_order_bitexact),
     CT_CASE(golden_torch_adamw), CT_CASE(golden_torch_adam_l2), CT_CASE(golden_torch_sgd), CT_CASE(golden_apex_lamb),
@@ -1373,6 +1425,6 @@ static const ct_case cases[] = {
     CT_CASE(sgd_momentum_turned_off_later),
     CT_CASE(huge_chunk_sizes),
     CT_CASE(aliased_params_and_buffers_are_refused), CT_CASE(math_source_for_cuda),
-    CT_CASE(amp_wiring_and_pure_half),
+    CT_CASE(amp_wiring_and_pure_half), CT_CASE(pure_half_steps_the_model_as_written),
 };
 CT_MAIN(cases)

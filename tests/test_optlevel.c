@@ -476,7 +476,7 @@ CT_TEST(cast_policy_every_op_every_level) {
                 capex_cast_policy p = (capex_cast_policy)99, want;
                 capex_dtype d = (capex_dtype)99, dw;
                 int in;
-                want = l == 1 ? O1_POLICY[op] : (l == 2 && op == CAPEX_OP_BATCH_NORM) ? F : N;
+                want = l == 1 ? O1_POLICY[op] : N; /* O2's batch norm too: see keep_batchnorm_fp32_keeps_activations_half */
                 CT_CHECK(capex_amp_cast_op(&c, (capex_op_class)op, &p) == CAPEX_OK, "%s", capex_last_error());
                 CT_CHECK(p == want, "O%d %s %s: got %s want %s", l, capex_dtype_name(HALVES[h]), capex_op_class_name((capex_op_class)op),
                          capex_cast_policy_name(p), capex_cast_policy_name(want));
@@ -509,12 +509,13 @@ CT_TEST(cast_policy_follows_overrides) {
     /* O3 with keep_batchnorm_fp32=True (an Apex example) and O0 cast to half with it */
     ov.keep_batchnorm_fp32 = CAPEX_TRI_TRUE;
     CT_CHECK(capex_amp_resolve(CAPEX_O3, CAPEX_F16, &ov, &c) == CAPEX_OK, "resolve");
-    CT_CHECK(capex_amp_cast_op(&c, CAPEX_OP_BATCH_NORM, &p) == CAPEX_OK && p == F, "O3 bn=True");
+    CT_CHECK(c.batchnorm_dtype == CAPEX_F32, "O3 bn=True: bn params fp32");
+    CT_CHECK(capex_amp_cast_op(&c, CAPEX_OP_BATCH_NORM, &p) == CAPEX_OK && p == N, "O3 bn=True: activations as they are");
     CT_CHECK(capex_amp_cast_op(&c, CAPEX_OP_LAYER_NORM, &p) == CAPEX_OK && p == N, "O3 layer norm");
     ov.cast_model_type = CAPEX_CAST_MODEL_HALF;
     CT_CHECK(capex_amp_resolve(CAPEX_O0, CAPEX_F16, &ov, &c) == CAPEX_OK, "resolve");
     CT_CHECK(c.model_dtype == CAPEX_F16 && c.batchnorm_dtype == CAPEX_F32, "O0 cast to half, bn fp32");
-    CT_CHECK(capex_amp_cast_op(&c, CAPEX_OP_BATCH_NORM, &p) == CAPEX_OK && p == F, "O0 half bn=True");
+    CT_CHECK(capex_amp_cast_op(&c, CAPEX_OP_BATCH_NORM, &p) == CAPEX_OK && p == N, "O0 half bn=True");
     /* O2 with master weights off, cast float32: fp32 model */
     capex_amp_overrides_init(&ov);
     ov.master_weights = CAPEX_TRI_FALSE;
@@ -522,6 +523,34 @@ CT_TEST(cast_policy_follows_overrides) {
     CT_CHECK(capex_amp_resolve(CAPEX_O2, CAPEX_F16, &ov, &c) == CAPEX_OK, "resolve");
     CT_CHECK(c.model_dtype == CAPEX_F32 && c.batchnorm_dtype == CAPEX_F32 && !c.use_master_weights, "O2 fp32");
     CT_CHECK(capex_amp_cast_op(&c, CAPEX_OP_BATCH_NORM, &p) == CAPEX_OK && p == N, "fp32 model bn");
+}
+
+/* keep_batchnorm_fp32 keeps the batchnorm layers' parameters fp32, not their
+   activations: Apex's O2 patches no function, and cuDNN's batch norm takes a
+   half x with fp32 weight/bias/running stats and returns a half y. So in an
+   O2 or O3 net conv -> batch norm -> conv every op stays in the half type
+   (were y fp32, the next conv would run in fp32 against half weights). */
+CT_TEST(keep_batchnorm_fp32_keeps_activations_half) {
+    static const struct { capex_opt_level lv; capex_dtype half; capex_tri bn; } k[] = {
+        {CAPEX_O2, CAPEX_F16, CAPEX_TRI_NONE}, {CAPEX_O2, CAPEX_BF16, CAPEX_TRI_NONE},
+        {CAPEX_O3, CAPEX_F16, CAPEX_TRI_TRUE}, {CAPEX_O3, CAPEX_BF16, CAPEX_TRI_FALSE}};
+    size_t i;
+    for (i = 0; i < sizeof k / sizeof *k; i++) {
+        capex_amp_overrides ov;
+        capex_amp_config c;
+        capex_cast_policy p = (capex_cast_policy)99;
+        capex_dtype x = k[i].half, y = (capex_dtype)99, z = (capex_dtype)99;
+        capex_amp_overrides_init(&ov);
+        ov.keep_batchnorm_fp32 = k[i].bn;
+        CT_CHECK(capex_amp_resolve(k[i].lv, k[i].half, &ov, &c) == CAPEX_OK, "resolve: %s", capex_last_error());
+        CT_CHECK(c.model_dtype == k[i].half, "case %zu: half model", i);
+        CT_CHECK(capex_amp_cast_op(&c, CAPEX_OP_BATCH_NORM, &p) == CAPEX_OK && p == N,
+                 "case %zu: batch norm policy %s, want none (no function is patched)", i, capex_cast_policy_name(p));
+        CT_CHECK(capex_amp_op_dtype(&c, CAPEX_OP_BATCH_NORM, x, &y) == CAPEX_OK && y == x,
+                 "case %zu: batch norm y %s, want the input's %s", i, capex_dtype_name(y), capex_dtype_name(x));
+        CT_CHECK(capex_amp_op_dtype(&c, CAPEX_OP_CONV, y, &z) == CAPEX_OK && z == k[i].half,
+                 "case %zu: the conv after it runs in %s", i, capex_dtype_name(z));
+    }
 }
 
 /* Every name in Apex's lists/{functional,torch,tensor}_overrides.py, by list. */
@@ -560,8 +589,7 @@ CT_TEST(cast_policy_by_apex_names) {
             CT_CHECK(capex_op_class_from_name(lists[k][i], &oc) == CAPEX_OK, "%s: %s", lists[k][i], capex_last_error());
             CT_CHECK(capex_amp_cast_op_name(&c1, lists[k][i], &p) == CAPEX_OK && p == want[k], "O1 %s: %s", lists[k][i],
                      capex_cast_policy_name(p));
-            CT_CHECK(capex_amp_cast_op_name(&c2, lists[k][i], &p) == CAPEX_OK &&
-                     p == (oc == CAPEX_OP_BATCH_NORM ? F : N), "O2 %s", lists[k][i]);
+            CT_CHECK(capex_amp_cast_op_name(&c2, lists[k][i], &p) == CAPEX_OK && p == N, "O2 %s", lists[k][i]);
         }
     /* every class name maps back to its class */
     for (op = 0; op < CAPEX_OP_COUNT; op++) {
@@ -628,6 +656,65 @@ CT_TEST(cast_queries_reject_bad_arguments) {
 #undef F
 #undef P
 #undef N
+
+/* A config is resolve's output: one edited afterwards into a state resolve
+   cannot produce (derived fields stale, an Apex rule broken, disabled but not
+   inert) is refused by every consumer instead of trusted. Apex checks its
+   rules on every later assignment to amp's properties too. */
+CT_TEST(edited_config_is_refused) {
+    enum { NEDIT = 12 };
+    static const char *what[NEDIT] = {
+        "O2 master_weights=False (use_master_weights stale)", "O2 cast_model_type=float32 (model_dtype stale)",
+        "O2 keep_batchnorm_fp32=False (batchnorm_dtype stale)", "O2 half_type bf16 (model_dtype stale)",
+        "O2 model_dtype fp32", "O2 batchnorm_dtype 77", "O1 cast_model_type=half (rule)",
+        "O1 master_weights=True (rule, derived refreshed)", "O2 patch_torch_functions (rule)",
+        "disabled with O2's properties", "enabled 2", "patch_torch_functions 5"};
+    int e;
+    for (e = 0; e < NEDIT; e++) {
+        capex_amp_config c, keep;
+        capex_cast_policy p = CAPEX_CAST_NONE;
+        capex_dtype d = CAPEX_F32;
+        capex_scaler_desc sd, sd0;
+        char buf[2048];
+        CT_CHECK(capex_amp_resolve(e == 6 || e == 7 ? CAPEX_O1 : CAPEX_O2, CAPEX_F16, NULL, &c) == CAPEX_OK, "resolve");
+        switch (e) {
+        case 0: c.master_weights = CAPEX_TRI_FALSE; break;
+        case 1: c.cast_model_type = CAPEX_CAST_MODEL_FLOAT32; break;
+        case 2: c.keep_batchnorm_fp32 = CAPEX_TRI_FALSE; break;
+        case 3: c.half_type = CAPEX_BF16; break;
+        case 4: c.model_dtype = CAPEX_F32; break;
+        case 5: c.batchnorm_dtype = (capex_dtype)77; break;
+        case 6: c.cast_model_type = CAPEX_CAST_MODEL_HALF; c.model_dtype = CAPEX_F16; c.batchnorm_dtype = CAPEX_F16; break;
+        case 7: c.master_weights = CAPEX_TRI_TRUE; c.use_master_weights = 1; break;
+        case 8: c.patch_torch_functions = 1; break;
+        case 9: c.enabled = 0; break;
+        case 10: c.enabled = 2; break;
+        default: c.patch_torch_functions = 5; break;
+        }
+        keep = c;
+        CT_CHECK(capex_amp_report(&c, buf, sizeof buf, NULL) != CAPEX_OK, "%s: report accepted it", what[e]);
+        CT_CHECK(capex_amp_cast_op(&c, CAPEX_OP_BATCH_NORM, &p) != CAPEX_OK, "%s: cast_op accepted it", what[e]);
+        CT_CHECK(capex_amp_op_dtype(&c, CAPEX_OP_LINEAR, CAPEX_F16, &d) != CAPEX_OK, "%s: op_dtype accepted it", what[e]);
+        capex_scaler_desc_init(&sd);
+        sd0 = sd;
+        CT_CHECK(capex_scaler_desc_from_amp(&c, &sd) != CAPEX_OK && memcmp(&sd, &sd0, sizeof sd) == 0,
+                 "%s: scaler_desc_from_amp accepted it", what[e]);
+        CT_CHECK(strstr(capex_last_error(), "capex_amp_resolve") != NULL, "%s: message %s", what[e], capex_last_error());
+        CT_CHECK(memcmp(&c, &keep, sizeof c) == 0, "%s: cfg changed", what[e]);
+    }
+    {
+        /* edits resolve could have made stay accepted: a static loss scale */
+        capex_amp_config c;
+        capex_scaler_desc sd;
+        CT_CHECK(capex_amp_resolve(CAPEX_O2, CAPEX_F16, NULL, &c) == CAPEX_OK, "resolve");
+        c.loss_scale_mode = CAPEX_LOSS_SCALE_STATIC;
+        c.loss_scale = 128.0;
+        CT_CHECK(capex_scaler_desc_from_amp(&c, &sd) == CAPEX_OK && !sd.dynamic && sd.init_scale == 128.0f, "%s",
+                 capex_last_error());
+        c.loss_scale = -1.0; /* but not a bad one */
+        CT_CHECK(capex_scaler_desc_from_amp(&c, &sd) == CAPEX_ERR_INVALID_ARG, "negative static loss scale");
+    }
+}
 
 /* ---- parsers -------------------------------------------------------------- */
 
@@ -780,9 +867,11 @@ static const ct_case cases[] = {
     CT_CASE(log_report_one_info_message_per_line),
     CT_CASE(cast_policy_every_op_every_level),
     CT_CASE(cast_policy_follows_overrides),
+    CT_CASE(keep_batchnorm_fp32_keeps_activations_half),
     CT_CASE(cast_policy_by_apex_names),
     CT_CASE(promote_and_names),
     CT_CASE(cast_queries_reject_bad_arguments),
+    CT_CASE(edited_config_is_refused),
     CT_CASE(parse_opt_level),
     CT_CASE(parse_loss_scale),
     CT_CASE(parse_loss_scale_exact_on_integers_and_powers_of_two),
