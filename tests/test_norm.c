@@ -801,6 +801,44 @@ CT_TEST(layer_norm_bias_without_weight) {
              (double)db[1], (double)db[2]);
 }
 
+/* Eval backward is dx = dy * invstd * w (torch: the batch terms do not exist
+   in eval). An inf or NaN in dy or x stays where it is: the other values of
+   its channel are dy * invstd * w, exactly, in both layouts. Seen failing:
+   the batch terms computed as 0 * sum, NaN when a sum is not finite, spread
+   NaN over the whole channel. */
+CT_TEST(batch_norm_eval_backward_nonfinite_stays_local) {
+    enum { N = 3, C = 2, S = 4, E = N * C * S };
+    float x[E], y[E], dy[E], dx[E], w[C] = {1.5f, -0.75f}, b[C] = {0.25f, 1}, rm[C] = {0.5f, -1}, rv[C] = {2, 0.5f};
+    float sm[C], si[C], dw[C], db[C];
+    capex_batch_norm_desc d;
+    capex_batch_norm_args a;
+    int lay, bad, i;
+    capex_batch_norm_desc_init(&d);
+    d.training = 0;
+    for (lay = 0; lay < 2; lay++)
+        for (bad = 0; bad < 3; bad++) { /* 0: inf in dy, 1: NaN in dy, 2: inf in x */
+            const int at = 5; /* channel of element 5: NCS (5 / S) % C = 1, NSC 5 % C = 1 */
+            for (i = 0; i < E; i++) { x[i] = (float)sin(0.9 * i) * 3.0f; dy[i] = (float)cos(1.7 * i); dx[i] = -99.0f; }
+            if (bad == 0) dy[at] = INFINITY;
+            else if (bad == 1) dy[at] = NAN;
+            else x[at] = INFINITY;
+            capex_batch_norm_args_init(&a);
+            a.n = N; a.c = C; a.s = S; a.layout = (capex_bn_layout)lay; a.x = x; a.y = y; a.weight = w; a.bias = b;
+            a.running_mean = rm; a.running_var = rv; a.save_mean = sm; a.save_invstd = si;
+            CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+            a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = db;
+            CT_CHECK(capex_batch_norm_backward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+            for (i = 0; i < E; i++) {
+                const int ch = lay == CAPEX_BN_NSC ? i % C : (i / S) % C;
+                const float want = dy[i] * (si[ch] * w[ch]);
+                if (i == at && bad < 2) CT_CHECK(want != want || isinf(dx[i]), "layout %d case %d: dx[%d] = %g", lay, bad, i, (double)dx[i]);
+                else CT_CHECK(dx[i] == want, "layout %d case %d: dx[%d] = %g, dy * invstd * w = %g", lay, bad, i,
+                              (double)dx[i], (double)want);
+            }
+            CT_CHECK(dx[at] != dx[at] || bad != 1, "NaN dy gave dx %g", (double)dx[at]);
+        }
+}
+
 /* torch momentum=None: after k training batches the running statistics are
    the plain mean of the k batch means and unbiased variances; the counter
    (num_batches_tracked) counts every training forward, in either mode. */
@@ -1154,6 +1192,7 @@ static const ct_case cases[] = {
     CT_CASE(batch_norm_layouts_dtypes_eval),
     CT_CASE(batch_norm_finite_differences),
     CT_CASE(batch_norm_constant_channel_and_no_running_stats),
+    CT_CASE(batch_norm_eval_backward_nonfinite_stays_local),
     CT_CASE(layer_norm_bias_without_weight),
     CT_CASE(batch_norm_cumulative_average_momentum_none), CT_CASE(batch_norm_errors),
     CT_CASE(amp_dtypes_keep_batchnorm_fp32),

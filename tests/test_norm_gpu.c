@@ -324,6 +324,51 @@ CT_TEST(gpu_batch_norm_matches_cpu) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* Eval backward: dx = dy * invstd * w, the CPU's bits, with an inf in dy or
+   in x staying local (test_norm's batch_norm_eval_backward_nonfinite_stays_local).
+   Seen failing: the kernel's 0 * sum made the whole channel NaN. */
+CT_TEST(gpu_batch_norm_eval_backward_nonfinite_stays_local) {
+    enum { N = 3, C = 2, S = 4, E = N * C * S };
+    float x[E], y[E], dy[E], dx[E], gdx[E], w[C] = {1.5f, -0.75f}, b[C] = {0.25f, 1}, rm[C] = {0.5f, -1}, rv[C] = {2, 0.5f};
+    float sm[C], si[C];
+    capex_batch_norm_desc d;
+    capex_batch_norm_args a;
+    capex_cuda_batch_norm_args g;
+    capex_cuda_context *ctx = open_ctx(ct);
+    int lay, bad, i;
+    if (!ctx) return;
+    capex_batch_norm_desc_init(&d);
+    d.training = 0;
+    for (lay = 0; lay < 2 && !ct->failed; lay++)
+        for (bad = 0; bad < 2 && !ct->failed; bad++) { /* 0: inf in dy, 1: inf in x */
+            for (i = 0; i < E; i++) { x[i] = (float)sin(0.9 * i) * 3.0f; dy[i] = (float)cos(1.7 * i); }
+            if (bad == 0) dy[5] = INFINITY;
+            else x[5] = INFINITY;
+            capex_batch_norm_args_init(&a);
+            a.n = N; a.c = C; a.s = S; a.layout = (capex_bn_layout)lay; a.x = x; a.y = y; a.weight = w; a.bias = b;
+            a.running_mean = rm; a.running_var = rv; a.save_mean = sm; a.save_invstd = si; a.dy = dy; a.dx = dx;
+            CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK && capex_batch_norm_backward(&d, NULL, &a) == CAPEX_OK,
+                     "%s", capex_last_error());
+            capex_cuda_batch_norm_args_init(&g);
+            g.n = N; g.c = C; g.s = S; g.layout = (capex_bn_layout)lay;
+            g.x = up(ctx, x, sizeof x); g.dy = up(ctx, dy, sizeof dy); g.y = up(ctx, NULL, sizeof y); g.dx = up(ctx, NULL, sizeof dx);
+            g.weight = up(ctx, w, sizeof w); g.bias = up(ctx, b, sizeof b); g.running_mean = up(ctx, rm, sizeof rm);
+            g.running_var = up(ctx, rv, sizeof rv); g.save_mean = up(ctx, NULL, C * 4); g.save_invstd = up(ctx, NULL, C * 4);
+            g.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(C, 1));
+            CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_cuda_batch_norm_backward(ctx, &d, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_cuda_memcpy_dtoh(ctx, gdx, g.dx, sizeof gdx, NULL) == CAPEX_OK, "%s", capex_last_error());
+            for (i = 0; i < E; i++)
+                CT_CHECK(memcmp(&gdx[i], &dx[i], 4) == 0, "layout %d case %d: dx[%d] GPU %g, CPU %g", lay, bad, i,
+                         (double)gdx[i], (double)dx[i]);
+            capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.dx);
+            capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias); capex_cuda_free(ctx, g.running_mean);
+            capex_cuda_free(ctx, g.running_var); capex_cuda_free(ctx, g.save_mean); capex_cuda_free(ctx, g.save_invstd);
+            capex_cuda_free(ctx, g.workspace);
+        }
+    capex_cuda_context_destroy(ctx);
+}
+
 /* Checked before any driver call: no GPU needed. */
 /* Zero rows: backward still writes dweight and dbias, as zeros (the CPU's
    rule, test_norm's norm_backward_zero_rows_writes_zero_param_grads). */
@@ -396,6 +441,7 @@ static const ct_case cases[] = {
     CT_CASE(gpu_norm_variant_mismatch_refused_on_emulator),
     CT_CASE(gpu_norm_backward_vector_and_scalar_paths_agree),
     CT_CASE(gpu_batch_norm_matches_cpu),
+    CT_CASE(gpu_batch_norm_eval_backward_nonfinite_stays_local),
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
 };
 CT_MAIN(cases)
