@@ -8098,8 +8098,10 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
         float eps = d->eps, mom = d->momentum;
         int64_t nb = a->num_batches_tracked ? *a->num_batches_tracked : 0; /* committed once the update is enqueued */
         void *args[12];
-        if (!comm || world == 1) { if (a->n * a->s < 2 && d->training)
-            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %lld value(s) per channel; training needs more than 1", fn,
+        /* use_batch, not only training: eval without running stats takes the batch's
+           statistics and torch (bn_training) and the CPU refuse one value there too */
+        if (!comm || world == 1) { if (a->n * a->s < 2)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %lld value(s) per channel; batch statistics need more than 1", fn,
                                (long long)(a->n * a->s)); }
         if (C > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many channels for one grid", fn);
         args[0] = (void *)&a->x; args[1] = &xt; args[2] = &N; args[3] = &C; args[4] = &S; args[5] = &nsc; args[6] = &ws_pack;

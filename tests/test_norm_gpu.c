@@ -369,6 +369,38 @@ CT_TEST(gpu_batch_norm_eval_backward_nonfinite_stays_local) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* Eval without running statistics uses the batch's (torch: bn_training), so one
+   value per channel is refused as in training and as on the CPU (test_norm's
+   batch_norm_constant_channel_and_no_running_stats), nothing written. Seen
+   failing: the GPU checked the count in training only and normalised by a
+   variance of 0. */
+CT_TEST(gpu_batch_norm_eval_without_running_stats_needs_two_values) {
+    float x[2] = {3, -1}, x4[4] = {3, -1, 5, 2}, poison[2] = {-99, -99}, y[2];
+    capex_batch_norm_desc d;
+    capex_cuda_batch_norm_args g;
+    capex_cuda_context *ctx = open_ctx(ct);
+    capex_result r;
+    if (!ctx) return;
+    capex_batch_norm_desc_init(&d);
+    d.training = 0;
+    capex_cuda_batch_norm_args_init(&g);
+    g.n = 1; g.c = 2; g.s = 1;
+    g.x = up(ctx, x, sizeof x); g.y = up(ctx, poison, sizeof poison); g.save_mean = up(ctx, poison, sizeof poison);
+    g.save_invstd = up(ctx, poison, sizeof poison); g.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(2, 1));
+    r = capex_cuda_batch_norm_forward(ctx, &d, NULL, &g, NULL);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "more than 1"), "%s: %s", capex_result_string(r),
+             capex_last_error());
+    CT_CHECK(capex_cuda_memcpy_dtoh(ctx, y, g.y, sizeof y, NULL) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(y[0] == -99.0f && y[1] == -99.0f, "y written by a refused call: %g %g", (double)y[0], (double)y[1]);
+    g.n = 2; /* two values: fine */
+    capex_cuda_free(ctx, g.x); g.x = up(ctx, x4, sizeof x4);
+    capex_cuda_free(ctx, g.y); g.y = up(ctx, NULL, 16);
+    CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+    capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.save_mean); capex_cuda_free(ctx, g.save_invstd);
+    capex_cuda_free(ctx, g.workspace);
+    capex_cuda_context_destroy(ctx);
+}
+
 /* Checked before any driver call: no GPU needed. */
 /* Zero rows: backward still writes dweight and dbias, as zeros (the CPU's
    rule, test_norm's norm_backward_zero_rows_writes_zero_param_grads). */
@@ -442,6 +474,7 @@ static const ct_case cases[] = {
     CT_CASE(gpu_norm_backward_vector_and_scalar_paths_agree),
     CT_CASE(gpu_batch_norm_matches_cpu),
     CT_CASE(gpu_batch_norm_eval_backward_nonfinite_stays_local),
+    CT_CASE(gpu_batch_norm_eval_without_running_stats_needs_two_values),
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
 };
 CT_MAIN(cases)
