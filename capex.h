@@ -12002,7 +12002,8 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
    Welford (1962) per lane: d = x - mean; mean += d * (1/n); m2 += d * (x - mean)
    (1/n once per step for all lanes: a multiply, not a divide, on the chain).
    Chan et al. (1979) merge of (na, ma, qa) and (nb, mb, qb):
-   n = na + nb; d = mb - ma; ma += d * nb / n; qa += qb + d^2 * na * nb / n.
+   n = na + nb; d = mb - ma; ma += d * nb / n; qa += qb + d^2 * na * nb / n; an empty
+   (nb = 0) side is skipped, not multiplied by 0: d^2 overflows past |d| ~ 1.8e19.
    LayerNorm backward, xhat = (x - mean) * rstd, g = dy * w:
    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); RMSNorm drops mean(g).
    BatchNorm backward (PyTorch batch_norm_backward_elemt):
@@ -12014,8 +12015,9 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
         *m2 = *m2 + d * (x - *mean);                                                           \
     }                                                                                          \
     Q void capex__nm_chan(float *na, float *ma, float *qa, float nb, float mb, float qb) {      \
-        float n = *na + nb, d = mb - *ma;                                                      \
-        float f = nb / (n > 0.0f ? n : 1.0f);                                                  \
+        float n = *na + nb, d = mb - *ma, f;                                                   \
+        if (nb == 0.0f) return; /* empty side: d * d * 0 is NaN where d * d overflows */       \
+        f = nb / n;                                                                            \
         *ma = *ma + d * f;                                                                     \
         *qa = *qa + qb + d * d * *na * f;                                                      \
         *na = n;                                                                               \

@@ -401,6 +401,58 @@ CT_TEST(gpu_batch_norm_eval_without_running_stats_needs_two_values) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* Finite values past 1.8e19 with a small spread: LayerNorm rows of 1..40
+   columns (empty lanes of a warp and of a block) and a BatchNorm channel of 8
+   values (empty threads of the stats block) stay finite and match the CPU
+   (test_norm's huge_f32_values_short_rows_stay_finite checks it against
+   float64). Seen failing: Chan's merge with an empty side, d * d * 0 = NaN. */
+CT_TEST(gpu_norm_huge_f32_values_stay_finite) {
+    float x[2 * 1100], y[2 * 1100], gy[2 * 1100], mean[2], rstd[2], err;
+    static const int64_t widths[] = {1, 3, 17, 40, 1100};
+    capex_norm_args a;
+    capex_cuda_norm_args g;
+    capex_cuda_context *ctx = open_ctx(ct);
+    size_t k;
+    int64_t i;
+    if (!ctx) return;
+    for (k = 0; k < sizeof widths / sizeof widths[0] && !ct->failed; k++) {
+        const int64_t C = widths[k];
+        for (i = 0; i < 2 * C; i++) x[i] = 1e20f * (1.0f + 1e-4f * (float)sin(1.3 * (double)i));
+        capex_norm_args_init(&a);
+        a.rows = 2; a.cols = C; a.x = x; a.y = y; a.mean = mean; a.rstd = rstd;
+        CT_CHECK(capex_layer_norm_forward(NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+        capex_cuda_norm_args_init(&g);
+        g.rows = 2; g.cols = C; g.x = up(ctx, x, 8 * C); g.y = up(ctx, NULL, 8 * C);
+        CT_CHECK(capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_cuda_memcpy_dtoh(ctx, gy, g.y, 8 * C, NULL) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(same(CAPEX_F32, gy, y, 2 * C, 1e-2f, &err), "LayerNorm cols %lld: GPU y[0] %g, CPU %g (err %g)", (long long)C,
+                 (double)gy[0], (double)y[0], err);
+        capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.y);
+    }
+    if (!ct->failed) {
+        float sm[1], si[1], gsm[1], gsi[1];
+        capex_batch_norm_desc d;
+        capex_batch_norm_args b;
+        capex_cuda_batch_norm_args gb;
+        capex_batch_norm_desc_init(&d);
+        for (i = 0; i < 8; i++) x[i] = 1e20f * (1.0f + 1e-4f * (float)sin(0.7 * (double)i));
+        capex_batch_norm_args_init(&b);
+        b.n = 8; b.c = 1; b.s = 1; b.x = x; b.y = y; b.save_mean = sm; b.save_invstd = si;
+        CT_CHECK(capex_batch_norm_forward(&d, NULL, &b) == CAPEX_OK, "%s", capex_last_error());
+        capex_cuda_batch_norm_args_init(&gb);
+        gb.n = 8; gb.c = 1; gb.s = 1; gb.x = up(ctx, x, 32); gb.y = up(ctx, NULL, 32); gb.save_mean = up(ctx, NULL, 4);
+        gb.save_invstd = up(ctx, NULL, 4); gb.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(1, 1));
+        CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, NULL, &gb, NULL) == CAPEX_OK, "%s", capex_last_error());
+        capex_cuda_memcpy_dtoh(ctx, gy, gb.y, 32, NULL); capex_cuda_memcpy_dtoh(ctx, gsm, gb.save_mean, 4, NULL);
+        CT_CHECK(capex_cuda_memcpy_dtoh(ctx, gsi, gb.save_invstd, 4, NULL) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(gsi[0] == gsi[0] && same(CAPEX_F32, gy, y, 8, 1e-2f, &err), "BatchNorm: GPU invstd %g y[0] %g, CPU %g %g",
+                 (double)gsi[0], (double)gy[0], (double)si[0], (double)y[0]);
+        capex_cuda_free(ctx, gb.x); capex_cuda_free(ctx, gb.y); capex_cuda_free(ctx, gb.save_mean);
+        capex_cuda_free(ctx, gb.save_invstd); capex_cuda_free(ctx, gb.workspace);
+    }
+    capex_cuda_context_destroy(ctx);
+}
+
 /* Checked before any driver call: no GPU needed. */
 /* Zero rows: backward still writes dweight and dbias, as zeros (the CPU's
    rule, test_norm's norm_backward_zero_rows_writes_zero_param_grads). */
@@ -475,6 +527,7 @@ static const ct_case cases[] = {
     CT_CASE(gpu_batch_norm_matches_cpu),
     CT_CASE(gpu_batch_norm_eval_backward_nonfinite_stays_local),
     CT_CASE(gpu_batch_norm_eval_without_running_stats_needs_two_values),
+    CT_CASE(gpu_norm_huge_f32_values_stay_finite),
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
 };
 CT_MAIN(cases)
