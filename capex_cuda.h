@@ -727,9 +727,11 @@ CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *z, capex_cuda
    stream synchronisation per collective). The workspace
    (capex_cuda_batch_norm_workspace_bytes) carries the statistics and the
    total count from forward to backward: keep it. Unlike the CPU path, a
-   global batch of one value per channel is not reported (it would need a
-   host synchronisation): running_var becomes inf, as the unbiased variance
-   n/(n-1) says. Thread safety: as capex_cuda_launch (streams follow CUDA).
+   global batch of fewer than 2 values per channel over several ranks is not
+   reported (it would need a host synchronisation); as in torch's
+   SyncBatchNorm, one value makes running_var NaN (the unbiased variance
+   0 * 1/0) and none moves both running statistics toward 0. Thread safety:
+   as capex_cuda_launch (streams follow CUDA).
    ------------------------------------------------------------------------- */
 typedef struct capex_cuda_norm_args {
     int64_t rows, cols;
