@@ -12058,7 +12058,8 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
    Welford (1962) per lane: d = x - mean; mean += d * (1/n); m2 += d * (x - mean)
    (1/n once per step for all lanes: a multiply, not a divide, on the chain).
    Chan et al. (1979) merge of (na, ma, qa) and (nb, mb, qb):
-   n = na + nb; d = mb - ma; ma += d * nb / n; qa += qb + d^2 * na * nb / n.
+   n = na + nb; d = mb - ma; ma += d * nb / n; qa += qb + d^2 * na * nb / n; an empty
+   (nb = 0) side is skipped, not multiplied by 0: d^2 overflows past |d| ~ 1.8e19.
    LayerNorm backward, xhat = (x - mean) * rstd, g = dy * w:
    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); RMSNorm drops mean(g).
    BatchNorm backward (PyTorch batch_norm_backward_elemt):
@@ -12070,8 +12071,9 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
         *m2 = *m2 + d * (x - *mean);                                                           \
     }                                                                                          \
     Q void capex__nm_chan(float *na, float *ma, float *qa, float nb, float mb, float qb) {      \
-        float n = *na + nb, d = mb - *ma;                                                      \
-        float f = nb / (n > 0.0f ? n : 1.0f);                                                  \
+        float n = *na + nb, d = mb - *ma, f;                                                   \
+        if (nb == 0.0f) return; /* empty side: d * d * 0 is NaN where d * d overflows */       \
+        f = nb / n;                                                                            \
         *ma = *ma + d * f;                                                                     \
         *qa = *qa + qb + d * d * *na * f;                                                      \
         *na = n;                                                                               \
@@ -12611,6 +12613,7 @@ typedef struct capex__bn_ctx {
     double *s0, *s1;                /* NCS backward: per-channel sums */
     const float *mean, *invstd, *wf, *bf;
     float mdy_scale;                /* 1/total (training backward) or 0 */
+    int eval;                       /* backward by running stats: dx = dy * invstd * w */
     const float *sdy, *sdyx;        /* reduced sums (backward) */
     int64_t brows, rows;            /* NSC: rows per block, rows = N*S */
 } capex__bn_ctx;
@@ -12734,7 +12737,8 @@ static void capex__bn_dx_ncs(void *vc, int64_t b, int64_t e, float *buf) {
         float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, it * S, buf + 2 * S);
         const float m = c->mean[ch], is = c->invstd[ch], w = c->wf[ch];
         const float mdy = c->sdy[ch] * c->mdy_scale, mdyx = c->sdyx[ch] * c->mdy_scale;
-        for (i = 0; i < S; i++) dx[i] = capex__nm_bn_dx(dy[i], x[i] - m, is, w, mdy, mdyx);
+        if (c->eval) for (i = 0; i < S; i++) dx[i] = dy[i] * (is * w);
+        else for (i = 0; i < S; i++) dx[i] = capex__nm_bn_dx(dy[i], x[i] - m, is, w, mdy, mdyx);
         capex__nm_store(a->dx, a->x_dtype, it * S, S, dx);
     }
 }
@@ -12750,7 +12754,8 @@ static void capex__bn_dx_nsc(void *vc, int64_t b, int64_t e, float *buf) {
         const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
         const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * C, C, buf + C);
         float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * C, buf + 2 * C);
-        for (i = 0; i < C; i++) dx[i] = capex__nm_bn_dx(dy[i], x[i] - m[i], is[i], w[i], sdy[i] * k, sdyx[i] * k);
+        if (c->eval) for (i = 0; i < C; i++) dx[i] = dy[i] * (is[i] * w[i]);
+        else for (i = 0; i < C; i++) dx[i] = capex__nm_bn_dx(dy[i], x[i] - m[i], is[i], w[i], sdy[i] * k, sdyx[i] * k);
         capex__nm_store(a->dx, a->x_dtype, row * C, C, dx);
     }
 }
@@ -13049,6 +13054,9 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
         if (T > m.T) T = m.T;
         c.sdy = sdy; c.sdyx = sdyx;
         c.mdy_scale = use_batch ? (float)(1.0 / (double)a->total_count) : 0.0f;
+        /* eval has no batch terms (torch): not 0 * sum, NaN for a non-finite sum (one inf in the
+           channel's dy or x would make all its dx NaN). Same bits as the formula otherwise. */
+        c.eval = !use_batch;
         capex__nm_run(T, items, a->layout == CAPEX_BN_NCS ? capex__bn_dx_ncs : capex__bn_dx_nsc, &c, m.work, m.per);
     }
     capex__free(d->allocator, m.all);

@@ -730,9 +730,11 @@ CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *z, capex_cuda
    stream synchronisation per collective). The workspace
    (capex_cuda_batch_norm_workspace_bytes) carries the statistics and the
    total count from forward to backward: keep it. Unlike the CPU path, a
-   global batch of one value per channel is not reported (it would need a
-   host synchronisation): running_var becomes inf, as the unbiased variance
-   n/(n-1) says. Thread safety: as capex_cuda_launch (streams follow CUDA).
+   global batch of fewer than 2 values per channel over several ranks is not
+   reported (it would need a host synchronisation); as in torch's
+   SyncBatchNorm, one value makes running_var NaN (the unbiased variance
+   0 * 1/0) and none moves both running statistics toward 0. Thread safety:
+   as capex_cuda_launch (streams follow CUDA).
    ------------------------------------------------------------------------- */
 typedef struct capex_cuda_norm_args {
     int64_t rows, cols;
@@ -3520,16 +3522,17 @@ static const char capex__cuda_frag_norm_e[] =
     "        if (db) capex__nm_st(db, pt, ch, s0);\n"
     "    }\n"
     "}\n"
-    "/* dx from the (reduced) sums; total NULL: eval (mean_dy = mean_dy_xmu = 0). */\n"
+    "/* dx from the (reduced) sums; total NULL: eval, dy * invstd * w (no batch terms: 0 * sum is NaN\n"
+    "   for a non-finite sum, which would spread one inf over the channel). */\n"
     "CAPEX_KERNEL void capex_bn_bwd_dx(const void *x, int xt, const void *dy, int yt, void *dx, const float *mean,\n"
     "                                  const float *invstd, const void *w, int pt, const float *sums, const double *total,\n"
     "                                  capex_u64 count, capex_u64 C, capex_u64 S, int nsc) {\n"
     "    float k = total ? (float)(1.0 / *total) : 0.0f;\n"
     "    CAPEX_FOR_EACH(i, count) {\n"
     "        capex_u64 ch = capex__bn_ch(i, C, S, nsc);\n"
-    "        float wv = w ? capex__nm_ld(w, pt, ch) : 1.0f;\n"
-    "        capex__nm_st(dx, xt, i, capex__nm_bn_dx(capex__nm_ld(dy, yt, i), capex__nm_ld(x, xt, i) - mean[ch], invstd[ch], wv,\n"
-    "                                               sums[ch] * k, sums[C + ch] * k));\n"
+    "        float wv = w ? capex__nm_ld(w, pt, ch) : 1.0f, g = capex__nm_ld(dy, yt, i);\n"
+    "        capex__nm_st(dx, xt, i, total ? capex__nm_bn_dx(g, capex__nm_ld(x, xt, i) - mean[ch], invstd[ch], wv, sums[ch] * k,\n"
+    "                                                        sums[C + ch] * k) : g * (invstd[ch] * wv));\n"
     "    }\n"
     "}\n";
 
@@ -8116,8 +8119,10 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
         float eps = d->eps, mom = d->momentum;
         int64_t nb = a->num_batches_tracked ? *a->num_batches_tracked : 0; /* committed once the update is enqueued */
         void *args[12];
-        if (!comm || world == 1) { if (a->n * a->s < 2 && d->training)
-            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %lld value(s) per channel; training needs more than 1", fn,
+        /* use_batch, not only training: eval without running stats takes the batch's
+           statistics and torch (bn_training) and the CPU refuse one value there too */
+        if (!comm || world == 1) { if (a->n * a->s < 2)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %lld value(s) per channel; batch statistics need more than 1", fn,
                                (long long)(a->n * a->s)); }
         if (C > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many channels for one grid", fn);
         args[0] = (void *)&a->x; args[1] = &xt; args[2] = &N; args[3] = &C; args[4] = &S; args[5] = &nsc; args[6] = &ws_pack;

@@ -767,6 +767,55 @@ CT_TEST(batch_norm_finite_differences) {
     }
 }
 
+/* Finite f32 values past 1.8e19 (their square overflows) with a small spread:
+   LayerNorm rows of 1..20 columns and BatchNorm channels of 4 and 12 values in
+   both layouts give the float64 results, not NaN. Seen failing: the Welford
+   lane merge computed d * d * n * 0 = inf * 0 for an empty lane (rows under 16
+   columns, NCS segments under 16 values), NaN; NSC gave finite values for the
+   same batch. */
+CT_TEST(huge_f32_values_short_rows_stay_finite) {
+    float x[40], y[40], mean[2], rstd[2], sm[2], si[2], rm[2], rv[2];
+    double xd[40], yr[40], mr[2], vr[2], wd[2] = {1, 1}, bd[2] = {0, 0}, err;
+    capex_norm_args a;
+    capex_batch_norm_desc d;
+    capex_batch_norm_args b;
+    int64_t cols, i, S, lay;
+    for (cols = 1; cols <= 20; cols++) {
+        for (i = 0; i < 2 * cols; i++) { x[i] = 1e20f * (1.0f + 1e-4f * (float)sin(1.3 * (double)i)); xd[i] = x[i]; }
+        capex_norm_args_init(&a);
+        a.rows = 2; a.cols = cols; a.x = x; a.y = y; a.mean = mean; a.rstd = rstd;
+        CT_CHECK(capex_layer_norm_forward(NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+        ref_norm(0, 2, cols, xd, NULL, NULL, 1e-5, yr, NULL, NULL);
+        CT_CHECK(close_to_s(CAPEX_F32, y, yr, 2 * cols, 1e-2, 1.0, &err), "LayerNorm cols %lld: y err %g (y[0] = %g)",
+                 (long long)cols, err, (double)y[0]);
+        CT_CHECK(mean[0] == mean[0] && rstd[0] == rstd[0] && rstd[1] == rstd[1], "cols %lld: mean %g rstd %g", (long long)cols,
+                 (double)mean[0], (double)rstd[0]);
+    }
+    capex_batch_norm_desc_init(&d);
+    for (S = 1; S <= 3; S += 2)
+        for (lay = 0; lay < 2; lay++) {
+            const int64_t T = 4 * 2 * S;
+            for (i = 0; i < T; i++) { x[i] = 1e20f * (1.0f + 1e-4f * (float)sin(0.7 * (double)i)); xd[i] = x[i]; }
+            ref_bn(4, 2, S, xd, wd, bd, 1e-5, NULL, yr, mr, vr, NULL, NULL, NULL);
+            if (lay == CAPEX_BN_NSC) { /* the same values, channels last */
+                float t[40];
+                for (i = 0; i < T; i++) t[nsc(i, 2, S)] = x[i];
+                memcpy(x, t, sizeof t);
+            }
+            rm[0] = rm[1] = 0.0f; rv[0] = rv[1] = 1.0f;
+            capex_batch_norm_args_init(&b);
+            b.n = 4; b.c = 2; b.s = S; b.layout = (capex_bn_layout)lay; b.x = x; b.y = y; b.save_mean = sm; b.save_invstd = si;
+            b.running_mean = rm; b.running_var = rv;
+            CT_CHECK(capex_batch_norm_forward(&d, NULL, &b) == CAPEX_OK, "%s", capex_last_error());
+            for (i = 0; i < T; i++) {
+                const double got = y[lay == CAPEX_BN_NSC ? nsc(i, 2, S) : i];
+                CT_CHECK(fabs(got - yr[i]) <= 1e-2, "BatchNorm S %lld layout %lld: y[%lld] = %g, float64 %g", (long long)S,
+                         (long long)lay, (long long)i, got, yr[i]);
+            }
+            CT_CHECK(fabs(rv[0] - (0.9 + 0.1 * vr[0] * 4 * S / (4 * S - 1))) <= 1e-2 * rv[0], "running_var %g", (double)rv[0]);
+        }
+}
+
 CT_TEST(batch_norm_constant_channel_and_no_running_stats) {
     float x[12], y[12], sm[2], si[2];
     capex_batch_norm_args a;
@@ -799,6 +848,44 @@ CT_TEST(layer_norm_bias_without_weight) {
     CT_CHECK(capex_layer_norm_backward(NULL, &a) == CAPEX_OK, "%s", capex_last_error());
     CT_CHECK(db[0] == 5.0f && db[1] == 7.0f && db[2] == 9.0f, "dbias = column sums of dy: %g %g %g", (double)db[0],
              (double)db[1], (double)db[2]);
+}
+
+/* Eval backward is dx = dy * invstd * w (torch: the batch terms do not exist
+   in eval). An inf or NaN in dy or x stays where it is: the other values of
+   its channel are dy * invstd * w, exactly, in both layouts. Seen failing:
+   the batch terms computed as 0 * sum, NaN when a sum is not finite, spread
+   NaN over the whole channel. */
+CT_TEST(batch_norm_eval_backward_nonfinite_stays_local) {
+    enum { N = 3, C = 2, S = 4, E = N * C * S };
+    float x[E], y[E], dy[E], dx[E], w[C] = {1.5f, -0.75f}, b[C] = {0.25f, 1}, rm[C] = {0.5f, -1}, rv[C] = {2, 0.5f};
+    float sm[C], si[C], dw[C], db[C];
+    capex_batch_norm_desc d;
+    capex_batch_norm_args a;
+    int lay, bad, i;
+    capex_batch_norm_desc_init(&d);
+    d.training = 0;
+    for (lay = 0; lay < 2; lay++)
+        for (bad = 0; bad < 3; bad++) { /* 0: inf in dy, 1: NaN in dy, 2: inf in x */
+            const int at = 5; /* channel of element 5: NCS (5 / S) % C = 1, NSC 5 % C = 1 */
+            for (i = 0; i < E; i++) { x[i] = (float)sin(0.9 * i) * 3.0f; dy[i] = (float)cos(1.7 * i); dx[i] = -99.0f; }
+            if (bad == 0) dy[at] = INFINITY;
+            else if (bad == 1) dy[at] = NAN;
+            else x[at] = INFINITY;
+            capex_batch_norm_args_init(&a);
+            a.n = N; a.c = C; a.s = S; a.layout = (capex_bn_layout)lay; a.x = x; a.y = y; a.weight = w; a.bias = b;
+            a.running_mean = rm; a.running_var = rv; a.save_mean = sm; a.save_invstd = si;
+            CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+            a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = db;
+            CT_CHECK(capex_batch_norm_backward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+            for (i = 0; i < E; i++) {
+                const int ch = lay == CAPEX_BN_NSC ? i % C : (i / S) % C;
+                const float want = dy[i] * (si[ch] * w[ch]);
+                if (i == at && bad < 2) CT_CHECK(want != want || isinf(dx[i]), "layout %d case %d: dx[%d] = %g", lay, bad, i, (double)dx[i]);
+                else CT_CHECK(dx[i] == want, "layout %d case %d: dx[%d] = %g, dy * invstd * w = %g", lay, bad, i,
+                              (double)dx[i], (double)want);
+            }
+            CT_CHECK(dx[at] != dx[at] || bad != 1, "NaN dy gave dx %g", (double)dx[at]);
+        }
 }
 
 /* torch momentum=None: after k training batches the running statistics are
@@ -1145,6 +1232,7 @@ static const ct_case cases[] = {
     CT_CASE(layer_and_rms_norm_odd_widths_f32),
     CT_CASE(mixed_dtypes_all_combinations),
     CT_CASE(huge_fp16_inputs_do_not_overflow),
+    CT_CASE(huge_f32_values_short_rows_stay_finite),
     CT_CASE(constant_rows_and_one_element_rows),
     CT_CASE(finite_differences),
     CT_CASE(pytorch_semantics_small),
@@ -1154,6 +1242,7 @@ static const ct_case cases[] = {
     CT_CASE(batch_norm_layouts_dtypes_eval),
     CT_CASE(batch_norm_finite_differences),
     CT_CASE(batch_norm_constant_channel_and_no_running_stats),
+    CT_CASE(batch_norm_eval_backward_nonfinite_stays_local),
     CT_CASE(layer_norm_bias_without_weight),
     CT_CASE(batch_norm_cumulative_average_momentum_none), CT_CASE(batch_norm_errors),
     CT_CASE(amp_dtypes_keep_batchnorm_fp32),

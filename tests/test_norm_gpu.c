@@ -11,6 +11,8 @@
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include "capex_test.h"
+#include "cuda_test_util.h"
+#include "nccl_world.h"
 #include <dlfcn.h>
 #include <math.h>
 
@@ -324,6 +326,248 @@ CT_TEST(gpu_batch_norm_matches_cpu) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* Eval backward: dx = dy * invstd * w, the CPU's bits, with an inf in dy or
+   in x staying local (test_norm's batch_norm_eval_backward_nonfinite_stays_local).
+   Seen failing: the kernel's 0 * sum made the whole channel NaN. */
+CT_TEST(gpu_batch_norm_eval_backward_nonfinite_stays_local) {
+    enum { N = 3, C = 2, S = 4, E = N * C * S };
+    float x[E], y[E], dy[E], dx[E], gdx[E], w[C] = {1.5f, -0.75f}, b[C] = {0.25f, 1}, rm[C] = {0.5f, -1}, rv[C] = {2, 0.5f};
+    float sm[C], si[C];
+    capex_batch_norm_desc d;
+    capex_batch_norm_args a;
+    capex_cuda_batch_norm_args g;
+    capex_cuda_context *ctx = open_ctx(ct);
+    int lay, bad, i;
+    if (!ctx) return;
+    capex_batch_norm_desc_init(&d);
+    d.training = 0;
+    for (lay = 0; lay < 2 && !ct->failed; lay++)
+        for (bad = 0; bad < 2 && !ct->failed; bad++) { /* 0: inf in dy, 1: inf in x */
+            for (i = 0; i < E; i++) { x[i] = (float)sin(0.9 * i) * 3.0f; dy[i] = (float)cos(1.7 * i); }
+            if (bad == 0) dy[5] = INFINITY;
+            else x[5] = INFINITY;
+            capex_batch_norm_args_init(&a);
+            a.n = N; a.c = C; a.s = S; a.layout = (capex_bn_layout)lay; a.x = x; a.y = y; a.weight = w; a.bias = b;
+            a.running_mean = rm; a.running_var = rv; a.save_mean = sm; a.save_invstd = si; a.dy = dy; a.dx = dx;
+            CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK && capex_batch_norm_backward(&d, NULL, &a) == CAPEX_OK,
+                     "%s", capex_last_error());
+            capex_cuda_batch_norm_args_init(&g);
+            g.n = N; g.c = C; g.s = S; g.layout = (capex_bn_layout)lay;
+            g.x = up(ctx, x, sizeof x); g.dy = up(ctx, dy, sizeof dy); g.y = up(ctx, NULL, sizeof y); g.dx = up(ctx, NULL, sizeof dx);
+            g.weight = up(ctx, w, sizeof w); g.bias = up(ctx, b, sizeof b); g.running_mean = up(ctx, rm, sizeof rm);
+            g.running_var = up(ctx, rv, sizeof rv); g.save_mean = up(ctx, NULL, C * 4); g.save_invstd = up(ctx, NULL, C * 4);
+            g.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(C, 1));
+            CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_cuda_batch_norm_backward(ctx, &d, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_cuda_memcpy_dtoh(ctx, gdx, g.dx, sizeof gdx, NULL) == CAPEX_OK, "%s", capex_last_error());
+            for (i = 0; i < E; i++)
+                CT_CHECK(memcmp(&gdx[i], &dx[i], 4) == 0, "layout %d case %d: dx[%d] GPU %g, CPU %g", lay, bad, i,
+                         (double)gdx[i], (double)dx[i]);
+            capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.dx);
+            capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias); capex_cuda_free(ctx, g.running_mean);
+            capex_cuda_free(ctx, g.running_var); capex_cuda_free(ctx, g.save_mean); capex_cuda_free(ctx, g.save_invstd);
+            capex_cuda_free(ctx, g.workspace);
+        }
+    capex_cuda_context_destroy(ctx);
+}
+
+/* Eval without running statistics uses the batch's (torch: bn_training), so one
+   value per channel is refused as in training and as on the CPU (test_norm's
+   batch_norm_constant_channel_and_no_running_stats), nothing written. Seen
+   failing: the GPU checked the count in training only and normalised by a
+   variance of 0. */
+CT_TEST(gpu_batch_norm_eval_without_running_stats_needs_two_values) {
+    float x[2] = {3, -1}, x4[4] = {3, -1, 5, 2}, poison[2] = {-99, -99}, y[2];
+    capex_batch_norm_desc d;
+    capex_cuda_batch_norm_args g;
+    capex_cuda_context *ctx = open_ctx(ct);
+    capex_result r;
+    if (!ctx) return;
+    capex_batch_norm_desc_init(&d);
+    d.training = 0;
+    capex_cuda_batch_norm_args_init(&g);
+    g.n = 1; g.c = 2; g.s = 1;
+    g.x = up(ctx, x, sizeof x); g.y = up(ctx, poison, sizeof poison); g.save_mean = up(ctx, poison, sizeof poison);
+    g.save_invstd = up(ctx, poison, sizeof poison); g.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(2, 1));
+    r = capex_cuda_batch_norm_forward(ctx, &d, NULL, &g, NULL);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "more than 1"), "%s: %s", capex_result_string(r),
+             capex_last_error());
+    CT_CHECK(capex_cuda_memcpy_dtoh(ctx, y, g.y, sizeof y, NULL) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(y[0] == -99.0f && y[1] == -99.0f, "y written by a refused call: %g %g", (double)y[0], (double)y[1]);
+    g.n = 2; /* two values: fine */
+    capex_cuda_free(ctx, g.x); g.x = up(ctx, x4, sizeof x4);
+    capex_cuda_free(ctx, g.y); g.y = up(ctx, NULL, 16);
+    CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+    capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.save_mean); capex_cuda_free(ctx, g.save_invstd);
+    capex_cuda_free(ctx, g.workspace);
+    capex_cuda_context_destroy(ctx);
+}
+
+/* Finite values past 1.8e19 with a small spread: LayerNorm rows of 1..40
+   columns (empty lanes of a warp and of a block) and a BatchNorm channel of 8
+   values (empty threads of the stats block) stay finite and match the CPU
+   (test_norm's huge_f32_values_short_rows_stay_finite checks it against
+   float64). Seen failing: Chan's merge with an empty side, d * d * 0 = NaN. */
+CT_TEST(gpu_norm_huge_f32_values_stay_finite) {
+    float x[2 * 1100], y[2 * 1100], gy[2 * 1100], mean[2], rstd[2], err;
+    static const int64_t widths[] = {1, 3, 17, 40, 1100};
+    capex_norm_args a;
+    capex_cuda_norm_args g;
+    capex_cuda_context *ctx = open_ctx(ct);
+    size_t k;
+    int64_t i;
+    if (!ctx) return;
+    for (k = 0; k < sizeof widths / sizeof widths[0] && !ct->failed; k++) {
+        const int64_t C = widths[k];
+        for (i = 0; i < 2 * C; i++) x[i] = 1e20f * (1.0f + 1e-4f * (float)sin(1.3 * (double)i));
+        capex_norm_args_init(&a);
+        a.rows = 2; a.cols = C; a.x = x; a.y = y; a.mean = mean; a.rstd = rstd;
+        CT_CHECK(capex_layer_norm_forward(NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+        capex_cuda_norm_args_init(&g);
+        g.rows = 2; g.cols = C; g.x = up(ctx, x, 8 * C); g.y = up(ctx, NULL, 8 * C);
+        CT_CHECK(capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_cuda_memcpy_dtoh(ctx, gy, g.y, 8 * C, NULL) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(same(CAPEX_F32, gy, y, 2 * C, 1e-2f, &err), "LayerNorm cols %lld: GPU y[0] %g, CPU %g (err %g)", (long long)C,
+                 (double)gy[0], (double)y[0], err);
+        capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.y);
+    }
+    if (!ct->failed) {
+        float sm[1], si[1], gsm[1], gsi[1];
+        capex_batch_norm_desc d;
+        capex_batch_norm_args b;
+        capex_cuda_batch_norm_args gb;
+        capex_batch_norm_desc_init(&d);
+        for (i = 0; i < 8; i++) x[i] = 1e20f * (1.0f + 1e-4f * (float)sin(0.7 * (double)i));
+        capex_batch_norm_args_init(&b);
+        b.n = 8; b.c = 1; b.s = 1; b.x = x; b.y = y; b.save_mean = sm; b.save_invstd = si;
+        CT_CHECK(capex_batch_norm_forward(&d, NULL, &b) == CAPEX_OK, "%s", capex_last_error());
+        capex_cuda_batch_norm_args_init(&gb);
+        gb.n = 8; gb.c = 1; gb.s = 1; gb.x = up(ctx, x, 32); gb.y = up(ctx, NULL, 32); gb.save_mean = up(ctx, NULL, 4);
+        gb.save_invstd = up(ctx, NULL, 4); gb.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(1, 1));
+        CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, NULL, &gb, NULL) == CAPEX_OK, "%s", capex_last_error());
+        capex_cuda_memcpy_dtoh(ctx, gy, gb.y, 32, NULL); capex_cuda_memcpy_dtoh(ctx, gsm, gb.save_mean, 4, NULL);
+        CT_CHECK(capex_cuda_memcpy_dtoh(ctx, gsi, gb.save_invstd, 4, NULL) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(gsi[0] == gsi[0] && same(CAPEX_F32, gy, y, 8, 1e-2f, &err), "BatchNorm: GPU invstd %g y[0] %g, CPU %g %g",
+                 (double)gsi[0], (double)gy[0], (double)si[0], (double)y[0]);
+        capex_cuda_free(ctx, gb.x); capex_cuda_free(ctx, gb.y); capex_cuda_free(ctx, gb.save_mean);
+        capex_cuda_free(ctx, gb.save_invstd); capex_cuda_free(ctx, gb.workspace);
+    }
+    capex_cuda_context_destroy(ctx);
+}
+
+/* SyncBatchNorm over a world of 2-3 ranks on the stand-in NCCL (each rank a
+   process with its own emulator context, device buffers, comm->stream): each
+   rank's y, dx and running statistics equal the CPU's BatchNorm of the whole
+   (concatenated) batch, its dweight/dbias are its own share (float64 from the
+   global statistics), in both layouts, with unequal and empty ranks. A global
+   batch of one value is not refused on the GPU (capex_cuda.h): running_var
+   becomes NaN (torch's 0/0), running_mean moves as usual. */
+typedef struct syncbn_job { int lay, world, nb[4]; int64_t S; } syncbn_job;
+#define SBN_C 3
+static float sbn_x(int64_t n, int64_t c, int64_t s) { return (float)sin(0.37 * (double)(n * 31 + c * 7 + s)) * 2.0f + (float)c; }
+static int syncbn_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
+    const syncbn_job *j = (const syncbn_job *)user;
+    const int64_t C = SBN_C, S = j->S;
+    int64_t N = 0, off = 0, L, i, n, c, s, tr = 0, gtr = 0;
+    float *xa, *ya, *dya, *dxa, *gy, *gdx, w[SBN_C], b[SBN_C], rm[SBN_C], rv[SBN_C], grm[SBN_C], grv[SBN_C], sm[SBN_C], si[SBN_C];
+    float gdw[SBN_C], gdb[SBN_C];
+    double sdy[SBN_C] = {0}, sdyx[SBN_C] = {0};
+    capex_batch_norm_desc d;
+    capex_batch_norm_args a;
+    capex_cuda_batch_norm_args g;
+    capex_result rc, rg;
+    int bad = 0;
+    for (i = 0; i < world; i++) { if (i < rank) off += j->nb[i]; N += j->nb[i]; }
+    L = j->nb[rank] * C * S;
+    xa = malloc(4 * (size_t)(N * C * S + 1)); ya = malloc(4 * (size_t)(N * C * S + 1));
+    dya = malloc(4 * (size_t)(N * C * S + 1)); dxa = malloc(4 * (size_t)(N * C * S + 1));
+    gy = malloc(4 * (size_t)(L + 1)); gdx = malloc(4 * (size_t)(L + 1));
+    for (n = 0; n < N; n++)
+        for (c = 0; c < C; c++)
+            for (s = 0; s < S; s++) {
+                int64_t k = j->lay ? (n * S + s) * C + c : (n * C + c) * S + s;
+                xa[k] = sbn_x(n, c, s); dya[k] = (float)cos(0.11 * (double)k);
+            }
+    for (c = 0; c < C; c++) { w[c] = 1 + 0.1f * (float)c; b[c] = 0.5f * (float)c; rm[c] = grm[c] = 0.2f; rv[c] = grv[c] = 1.5f; }
+    capex_batch_norm_desc_init(&d);
+    capex_batch_norm_args_init(&a);
+    a.n = N; a.c = C; a.s = S; a.layout = (capex_bn_layout)j->lay; a.x = xa; a.y = ya; a.weight = w; a.bias = b;
+    a.running_mean = rm; a.running_var = rv; a.save_mean = sm; a.save_invstd = si; a.num_batches_tracked = &tr;
+    a.dy = dya; a.dx = dxa;
+    rc = capex_batch_norm_forward(&d, NULL, &a);
+    if (rc == CAPEX_OK) rc = capex_batch_norm_backward(&d, NULL, &a);
+    capex_cuda_batch_norm_args_init(&g);
+    g.n = j->nb[rank]; g.c = C; g.s = S; g.layout = (capex_bn_layout)j->lay;
+    g.x = up(ctx, xa + off * C * S, 4 * (size_t)L); g.dy = up(ctx, dya + off * C * S, 4 * (size_t)L);
+    g.y = up(ctx, NULL, 4 * (size_t)L); g.dx = up(ctx, NULL, 4 * (size_t)L); g.weight = up(ctx, w, sizeof w);
+    g.bias = up(ctx, b, sizeof b); g.running_mean = up(ctx, grm, sizeof grm); g.running_var = up(ctx, grv, sizeof grv);
+    g.save_mean = up(ctx, NULL, 4 * C); g.save_invstd = up(ctx, NULL, 4 * C); g.dweight = up(ctx, NULL, 4 * C);
+    g.dbias = up(ctx, NULL, 4 * C); g.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(C, world));
+    g.num_batches_tracked = &gtr;
+    rg = capex_cuda_batch_norm_forward(ctx, &d, comm, &g, comm->stream);
+    if (rg == CAPEX_OK) rg = capex_cuda_batch_norm_backward(ctx, &d, comm, &g, comm->stream);
+    if (rg == CAPEX_OK) rg = capex_cuda_context_synchronize(ctx);
+    if (rg != CAPEX_OK) { fprintf(stderr, "rank %d: GPU: %s\n", rank, capex_last_error()); return 1; }
+    capex_cuda_memcpy_dtoh(ctx, gy, g.y, 4 * (size_t)L, NULL); capex_cuda_memcpy_dtoh(ctx, gdx, g.dx, 4 * (size_t)L, NULL);
+    capex_cuda_memcpy_dtoh(ctx, grm, g.running_mean, sizeof grm, NULL); capex_cuda_memcpy_dtoh(ctx, grv, g.running_var, sizeof grv, NULL);
+    capex_cuda_memcpy_dtoh(ctx, gdw, g.dweight, sizeof gdw, NULL); capex_cuda_memcpy_dtoh(ctx, gdb, g.dbias, sizeof gdb, NULL);
+    if (gtr != 1) { fprintf(stderr, "rank %d: num_batches_tracked %lld\n", rank, (long long)gtr); bad = 1; }
+    if (N * S < 2) { /* the CPU refuses; the GPU's documented result */
+        if (rc == CAPEX_OK) { fprintf(stderr, "rank %d: the CPU took %lld values\n", rank, (long long)(N * S)); bad = 1; }
+        for (c = 0; c < C; c++)
+            if (grv[c] == grv[c] || fabsf(grm[c] - (0.9f * 0.2f + 0.1f * sbn_x(0, c, 0))) > 1e-6f) {
+                fprintf(stderr, "rank %d: running stats %g %g for one value\n", rank, (double)grm[c], (double)grv[c]);
+                bad = 1;
+            }
+        return bad;
+    }
+    if (rc != CAPEX_OK) { fprintf(stderr, "rank %d: CPU: %s\n", rank, capex_last_error()); return 1; }
+    for (i = 0; i < L; i++) {
+        const int64_t k = off * C * S + i, ch = j->lay ? i % C : (i / S) % C;
+        if (!(fabsf(gy[i] - ya[k]) <= 1e-5f * (1 + fabsf(ya[k]))) || !(fabsf(gdx[i] - dxa[k]) <= 1e-5f * (1 + fabsf(dxa[k])))) {
+            fprintf(stderr, "rank %d: y[%lld] %g vs %g, dx %g vs %g\n", rank, (long long)i, (double)gy[i], (double)ya[k],
+                    (double)gdx[i], (double)dxa[k]);
+            return 1;
+        }
+        sdy[ch] += dya[k];
+        sdyx[ch] += (double)dya[k] * ((double)xa[k] - sm[ch]) * si[ch];
+    }
+    for (c = 0; c < C; c++)
+        if (!(fabsf(grm[c] - rm[c]) <= 1e-6f && fabsf(grv[c] - rv[c]) <= 1e-5f * rv[c]) || !(fabs(gdw[c] - sdyx[c]) <= 1e-4 * (1 + fabs(sdyx[c]))) ||
+            !(fabs(gdb[c] - sdy[c]) <= 1e-4 * (1 + fabs(sdy[c])))) {
+            fprintf(stderr, "rank %d ch %lld: running %g %g vs %g %g, dweight %g vs %g, dbias %g vs %g\n", rank, (long long)c,
+                    (double)grm[c], (double)grv[c], (double)rm[c], (double)rv[c], (double)gdw[c], sdyx[c], (double)gdb[c], sdy[c]);
+            bad = 1;
+        }
+    return bad;
+}
+/* arg: "layout S nb0 nb1 [nb2]" */
+static void child_syncbn(const char *arg, child_result *res) {
+    syncbn_job j;
+    int codes[16] = {0}, q, got;
+    long long S = 1;
+    memset(&j, 0, sizeof j);
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck rank fails instead of hanging */
+    got = arg ? sscanf(arg, "%d %lld %d %d %d", &j.lay, &S, &j.nb[0], &j.nb[1], &j.nb[2]) : 0;
+    if (got < 4) { res->code = 2; return; }
+    j.S = S; j.world = got - 2;
+    res->code = nccl_world_run(j.world, syncbn_body, &j, codes) ? 1 : 0;
+    for (q = 1; q < j.world; q++) if (codes[q]) res->code = 1;
+    snprintf(res->message, sizeof res->message, "world of %d (%s): a rank failed; its stderr says why", j.world, arg);
+}
+static const child_entry children[] = {{"syncbn", child_syncbn}};
+CT_TEST(gpu_sync_batch_norm_world_matches_cpu_whole_batch) {
+    static const char *runs[] = {"0 5 3 2", "1 5 3 2", "0 4 2 0 3", "1 1 1 0 2", "0 1 1 0"};
+    const char *np = getenv("CAPEX_NCCL_PATH"), *lp = getenv("CAPEX_LIBCUDA_PATH");
+    size_t k;
+    if (!np || !strstr(np, "fake")) CT_SKIP("several ranks need a GPU each; the stand-in NCCL runs them on the emulator");
+    if (!lp || strstr(lp, "fake")) CT_SKIP("kernels need the emulator driver (CAPEX_LIBCUDA_PATH)");
+    for (k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        child_result r = run_child("syncbn", runs[k]);
+        CT_CHECK(r.exited_ok && r.code == 0, "%s: %s (code %d)", runs[k], r.message, r.code);
+    }
+}
+
 /* Checked before any driver call: no GPU needed. */
 /* Zero rows: backward still writes dweight and dbias, as zeros (the CPU's
    rule, test_norm's norm_backward_zero_rows_writes_zero_param_grads). */
@@ -396,6 +640,13 @@ static const ct_case cases[] = {
     CT_CASE(gpu_norm_variant_mismatch_refused_on_emulator),
     CT_CASE(gpu_norm_backward_vector_and_scalar_paths_agree),
     CT_CASE(gpu_batch_norm_matches_cpu),
+    CT_CASE(gpu_batch_norm_eval_backward_nonfinite_stays_local),
+    CT_CASE(gpu_batch_norm_eval_without_running_stats_needs_two_values),
+    CT_CASE(gpu_norm_huge_f32_values_stay_finite),
+    CT_CASE(gpu_sync_batch_norm_world_matches_cpu_whole_batch),
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
 };
-CT_MAIN(cases)
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
+    return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
+}
