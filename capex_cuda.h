@@ -719,7 +719,9 @@ CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *z, capex_cuda
        capex_cuda_rms_norm_backward(ctx, NULL, &a, stream);
 
    SyncBatchNorm: comm NULL (or a world of one) is BatchNorm. A comm with
-   device buffers (NCCL) must use `stream` (comm->stream): the gather and the
+   device buffers (NCCL) must use `stream` (comm->stream), ordered like the
+   comm's collectives: after the work queued on its user stream, which then
+   waits for the call's kernels on the GPU. The gather and the
    merge stay on the device (no copies through the host), but the call waits
    for each collective to finish (polled against the comm's deadline, so a
    dead peer gives a status, not a hang). A host comm (MPI, TCP)
@@ -8074,9 +8076,23 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_collective(capex_cuda_context *ctx, c
 #endif
 }
 
-CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
-                                                     capex_comm *comm, const capex_cuda_batch_norm_args *a,
-                                                     capex_cuda_stream stream) {
+/* SyncBatchNorm on an NCCL comm runs on comm->stream: like the comm's own
+   entries, it starts after the work queued on the comm's user stream (x, dy,
+   the parameters) and the user stream waits on the GPU for it (y, dx, the
+   statistics). after 0: before the call's first launch; 1: after its last. */
+CAPEX__PRIVATE capex_result capex__cuda_bn_order(capex_comm *comm, capex_cuda_stream stream, int after) {
+#ifdef CAPEX_NO_DIST
+    (void)comm; (void)stream; (void)after;
+    return CAPEX_OK;
+#else
+    if (!capex_comm_is_nccl(comm) || !comm->impl || stream != comm->stream) return CAPEX_OK;
+    return after ? capex__nccl_user_after(capex__nccl_of(comm)) : capex__nccl_after_user(capex__nccl_of(comm));
+#endif
+}
+
+CAPEX__PRIVATE capex_result capex__cuda_batch_norm_forward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                          capex_comm *comm, const capex_cuda_batch_norm_args *a,
+                                                          capex_cuda_stream stream) {
     static const char *fn = "capex_cuda_batch_norm_forward";
     capex_batch_norm_desc dd;
     capex_result r;
@@ -8085,6 +8101,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
     capex_cuda_ptr ws_total, ws_pack, ws_gath;
     if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__cuda_bn_check(fn, ctx, d, comm, a, 0, stream)) != CAPEX_OK) return r;
+    if ((r = capex__cuda_bn_order(comm, stream, 0)) != CAPEX_OK) return r;
     use_batch = d->training || !a->running_mean;
     /* eval without running stats: this rank's batch unless sync_eval_batch_stats (capex.h, torch) */
     world = use_batch && (d->training || d->sync_eval_batch_stats) ? capex__bn_world(comm) : 1;
@@ -8136,9 +8153,16 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
     return CAPEX_OK;
 }
 
-CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
-                                                      capex_comm *comm, const capex_cuda_batch_norm_args *a,
-                                                      capex_cuda_stream stream) {
+CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                     capex_comm *comm, const capex_cuda_batch_norm_args *a,
+                                                     capex_cuda_stream stream) {
+    capex_result r = capex__cuda_batch_norm_forward(ctx, d, comm, a, stream);
+    return r != CAPEX_OK ? r : capex__cuda_bn_order(comm, stream, 1);
+}
+
+CAPEX__PRIVATE capex_result capex__cuda_batch_norm_backward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                           capex_comm *comm, const capex_cuda_batch_norm_args *a,
+                                                           capex_cuda_stream stream) {
     static const char *fn = "capex_cuda_batch_norm_backward";
     capex_batch_norm_desc dd;
     capex_result r;
@@ -8148,6 +8172,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
     void *args[16];
     if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__cuda_bn_check(fn, ctx, d, comm, a, 1, stream)) != CAPEX_OK) return r;
+    if ((r = capex__cuda_bn_order(comm, stream, 0)) != CAPEX_OK) return r;
     use_batch = d->training || !a->running_mean;
     /* eval without running stats: this rank's batch unless sync_eval_batch_stats (capex.h, torch) */
     world = use_batch && (d->training || d->sync_eval_batch_stats) ? capex__bn_world(comm) : 1;
@@ -8170,6 +8195,13 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
     args[5] = (void *)&a->save_mean; args[6] = (void *)&a->save_invstd; args[7] = (void *)&a->weight; args[8] = &pt;
     args[9] = &ws_sums; args[10] = &tot_ptr; args[11] = &total; args[12] = &C; args[13] = &S; args[14] = &nsc;
     return capex__cuda_norm_launch(ctx, CAPEX__CK_BN_BWD_DX, 0, capex__cuda_norm_blocks(ctx, total), 1, 256, 1, stream, args);
+}
+
+CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                      capex_comm *comm, const capex_cuda_batch_norm_args *a,
+                                                      capex_cuda_stream stream) {
+    capex_result r = capex__cuda_batch_norm_backward(ctx, d, comm, a, stream);
+    return r != CAPEX_OK ? r : capex__cuda_bn_order(comm, stream, 1);
 }
 
 #ifdef __cplusplus
