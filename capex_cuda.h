@@ -7112,11 +7112,14 @@ CAPEX__PRIVATE capex_result capex__nccl_scratch(capex_comm *c, size_t bytes) {
     if (n->scratch_bytes >= bytes) return CAPEX_OK;
     if (n->scratch) {
         /* queued kernels may still read it: wait for the stream, but under the
-           comm's deadline (a collective queued before them may never end) */
+           comm's deadline (a collective queued before them may never end);
+           a dead peer or the deadline poisons and aborts the comm here too
+           (the memory entries that get here have no capex__comm_after) */
         capex_cuda_event e = NULL;
         if ((r = capex_cuda_event_create(n->ctx, 0, &e)) != CAPEX_OK) return r;
         r = capex_cuda_event_record(n->ctx, e, n->stream);
-        if (r == CAPEX_OK) r = capex__nccl_poll(c, e, capex__deadline(c), "growing the NCCL comm's scratch buffer");
+        if (r == CAPEX_OK)
+            r = capex__comm_after(c, capex__nccl_poll(c, e, capex__deadline(c), "growing the NCCL comm's scratch buffer"));
         capex_cuda_event_destroy(n->ctx, e);
         if (r != CAPEX_OK) return r;
         capex_cuda_free(n->ctx, n->scratch);

@@ -340,6 +340,44 @@ static void child_fake_async_error(const char *arg, child_result *res) {
     set_result(res, CAPEX_OK, 1);
 }
 
+/* A peer fails while DDP's first bucket reduces; the next bucket's predivide
+   (bf16 in place, through the comm's f32 scratch) grows the scratch, which
+   waits for the comm's stream and sees the async error: CAPEX_ERR_COMM,
+   and the comm is aborted and marked failed there, as every collective does. */
+static void child_fake_scratch_async(const char *arg, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    capex_comm c;
+    capex_ddp *ddp = NULL;
+    capex_ddp_param ps[2];
+    capex_ddp_desc dd;
+    capex_result r;
+    char msg[1024];
+    (void)arg;
+    RUN(fake_open(&ctx, &c, 0));
+    ps[0].data = dev(ctx, 600); ps[0].numel = 300; ps[0].dtype = CAPEX_BF16; ps[0].grad = NULL; /* the last bucket */
+    ps[1].data = dev(ctx, 16); ps[1].numel = 8; ps[1].dtype = CAPEX_BF16; ps[1].grad = NULL;    /* the first, small */
+    FAIL_IF(!ps[0].data || !ps[1].data, "malloc");
+    capex_ddp_desc_init(&dd);
+    dd.first_bucket_bytes = 16; dd.bucket_bytes = 4096; dd.gradient_predivide_factor = 2.0f;
+    RUN(capex_ddp_create(&ddp, &c, ps, 2, &dd));
+    FAIL_IF(capex_ddp_num_buckets(ddp) != 2, "%d buckets", (int)capex_ddp_num_buckets(ddp));
+    RUN(capex_cuda_memset_u8(ctx, D(capex_ddp_grad(ddp, 0)), 0, 600, NULL));
+    RUN(capex_cuda_memset_u8(ctx, D(capex_ddp_grad(ddp, 1)), 0, 16, NULL));
+    setenv("FAKE_NCCL_ASYNC_ERROR", "1", 1);
+    RUN(capex_ddp_grad_ready(ddp, 1)); /* bucket 0: its allreduce fails on the "GPU" */
+    r = capex_ddp_grad_ready(ddp, 0);  /* bucket 1: the scratch grows */
+    snprintf(msg, sizeof msg, "%s", capex_last_error());
+    FAIL_IF(r != CAPEX_ERR_COMM || !strstr(msg, "scratch"), "expected CAPEX_ERR_COMM growing the scratch, got %s: %s",
+            capex_result_string(r), msg);
+    FAIL_IF(!c.failed || fake_counter(C_ABORT) != 1, "comm failed %d, aborted %d times", c.failed, fake_counter(C_ABORT));
+    capex_ddp_destroy(ddp);
+    capex_comm_destroy(&c);
+    FAIL_IF(fake_counter(C_DESTROY) != 0 || fake_counter(C_ABORT) != 1, "destroy %d abort %d", fake_counter(C_DESTROY),
+            fake_counter(C_ABORT));
+    capex_cuda_context_destroy(ctx);
+    set_result(res, CAPEX_OK, 1);
+}
+
 /* A collective that never completes: CAPEX_ERR_TIMEOUT at the deadline, abort. */
 static void child_fake_timeout(const char *arg, child_result *res) {
     capex_cuda_context *ctx = NULL;
@@ -524,7 +562,7 @@ static void child_fake_world(const char *arg, child_result *res) {
 static const child_entry children[] = {
     {"no_nccl", child_no_nccl}, {"real_id", child_real_id}, {"fake_collectives", child_fake_collectives},
     {"fake_old_nccl", child_fake_old_nccl}, {"fake_shards", child_fake_shards}, {"fake_ddp", child_fake_ddp}, {"fake_async", child_fake_async_error},
-    {"fake_timeout", child_fake_timeout}, {"fake_init_fail", child_fake_init_fail},
+    {"fake_timeout", child_fake_timeout}, {"fake_scratch_async", child_fake_scratch_async}, {"fake_init_fail", child_fake_init_fail},
     {"real_nccl_fake_driver", child_real_nccl_fake_driver}, {"fake_world", child_fake_world}};
 
 /* --------------------------------------------------------------- tests -- */
@@ -565,6 +603,7 @@ CT_TEST(fake_world_collectives_and_ddp) {
 }
 CT_TEST(fake_world_dead_peer) { NEED_FAKES(); CHILD_OK("fake_world", "3 dead"); }
 CT_TEST(fake_driver_stuck_collective_times_out) { NEED_FAKES(); CHILD_OK("fake_timeout", NULL); }
+CT_TEST(fake_driver_scratch_growth_async_error_aborts) { NEED_FAKES(); CHILD_OK("fake_scratch_async", NULL); }
 
 CT_TEST(fake_driver_init_failure) {
     child_result r;
@@ -824,7 +863,8 @@ static const ct_case cases[] = {
     CT_CASE(fake_driver_nccl_before_2_10),
     CT_CASE(fake_driver_ddp_device_buckets), CT_CASE(fake_driver_async_error_aborts),
     CT_CASE(fake_world_collectives_and_ddp), CT_CASE(fake_world_dead_peer),
-    CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_init_failure),
+    CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_scratch_growth_async_error_aborts),
+    CT_CASE(fake_driver_init_failure),
     CT_CASE(real_nccl_refuses_stand_in_driver), CT_CASE(argument_validation), CT_CASE(unique_id_exchange_tcp),
     CT_CASE(unique_id_exchange_foreign_nonce), CT_CASE(unique_id_exchange_missing_rank),
     CT_CASE(unique_id_exchange_rank0_failed), CT_CASE(unique_id_exchange_beside_torchrun_store), CT_CASE(wide_dtypes_single_backend), CT_CASE(wide_dtypes_tcp_backend)};
