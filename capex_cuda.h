@@ -580,7 +580,11 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const c
    f16, bf16 (NCCL >= 2.10), and CAPEX_F64 / CAPEX_I64. AVG is ncclAvg on
    NCCL >= 2.10, else a sum then a scale by 1/world. Thread safety: one thread
    at a time per comm (like every capex_comm). If rank 0 cannot make the id (no
-   NCCL there) it sends zeros and the others fail at once with CAPEX_ERR_COMM.
+   NCCL there) it sends zeros and the others fail at once with CAPEX_ERR_COMM;
+   another rank that fails on its own (no NCCL, no stream) does so before the
+   exchange, so the others fail at its deadline (init_timeout_s) instead of
+   waiting in ncclCommInitRank, which has none. A rank that dies after the
+   exchange still leaves the others there (NCCL's blocking init).
 
    Launching, one process per GPU (LOCAL_RANK picks it):
        torchrun --no-python --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0:29500 ./train
@@ -7490,29 +7494,24 @@ static const capex_comm_vtable capex__nccl_vt = {
     capex__nccl_convert, capex__nccl_test, capex__nccl_reduce_scatter, capex__nccl_allgatherv, capex__nccl_ireduce_scatter,
     capex__nccl_iallgather};
 
-CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
-                                               const capex_nccl_desc *d) {
+/* Everything of the init that can fail on this rank alone: the desc, NCCL's
+   symbols, the driver's cuEventQuery, our stream and events; c holds them
+   (vt set, comm NULL) on success, is zeroed on failure. It runs before the
+   unique-id exchange: a rank that fails after the id went round leaves its
+   peers in ncclCommInitRank, which waits for every rank with no deadline. */
+CAPEX__PRIVATE capex_result capex__nccl_prepare(capex_comm *c, const capex_nccl_desc *d, const char *fn) {
     capex__nccl *n;
-    capex__ncclUniqueId u;
-    capex__ncclResult e;
     capex_result r;
     void *q = NULL;
-    if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: comm is NULL");
-    memset(c, 0, sizeof *c);
-    if (!id || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: id or desc is NULL");
-    if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_NCCL_DESC, "capex_comm_init_nccl_id", "capex_nccl_desc",
-                               "capex_nccl_desc_init")) != CAPEX_OK)
+    if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_NCCL_DESC, fn, "capex_nccl_desc", "capex_nccl_desc_init")) != CAPEX_OK)
         return r;
-    if (!d->ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: desc.ctx is NULL; create a "
-                                                           "capex_cuda_context for this rank's GPU first");
-    if (world_size < 1 || rank < 0 || rank >= world_size)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: rank %d / world size %d invalid", rank, world_size);
+    if (!d->ctx)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: desc.ctx is NULL; create a capex_cuda_context for this rank's GPU first",
+                           fn);
     if (!(d->timeout_s >= 0) || d->timeout_s > 1e9)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: timeout_s %g invalid (0: 1800 s)", d->timeout_s);
-    if (capex__nccl_id_zero(id))
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: the unique id is all zeros (not from ncclGetUniqueId)");
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: timeout_s %g invalid (0: 1800 s)", fn, d->timeout_s);
     n = (capex__nccl *)capex__alloc(NULL, sizeof *n);
-    if (!n) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_comm_init_nccl_id: out of memory");
+    if (!n) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     memset(n, 0, sizeof *n);
     n->ctx = d->ctx;
     n->user = d->user_stream;
@@ -7534,9 +7533,19 @@ CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_u
         capex_comm_destroy(c);
         return r;
     }
+    return CAPEX_OK;
+}
+
+/* ncclCommInitRank on a prepared c; destroys c on failure. Blocking: every
+   rank already passed the id exchange and its own preparation. */
+CAPEX__PRIVATE capex_result capex__nccl_init_rank(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
+                                                 double timeout_s) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex__ncclUniqueId u;
+    capex__ncclResult e;
+    capex_result r;
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) { capex_comm_destroy(c); return r; }
     memcpy(u.internal, id->bytes, sizeof u.internal);
-    /* Blocking init: every rank already passed the id exchange, so the others
-       are alive; NCCL's own bootstrap times out if one dies now. */
     if ((e = n->api.CommInitRank(&n->comm, world_size, u, rank)) != CAPEX__NCCL_SUCCESS) {
         capex_result fr = capex__nccl_fail(&n->api, NULL, e, "ncclCommInitRank");
         n->comm = NULL;
@@ -7547,13 +7556,34 @@ CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_u
     c->world_size = world_size;
     c->device_buffers = 1;
     c->stream = n->stream;
-    c->timeout_s = d->timeout_s > 0 ? d->timeout_s : 1800.0;
+    c->timeout_s = timeout_s > 0 ? timeout_s : 1800.0;
     return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
+                                               const capex_nccl_desc *d) {
+    capex_result r;
+    if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: comm is NULL");
+    memset(c, 0, sizeof *c);
+    if (!id || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: id or desc is NULL");
+    if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_NCCL_DESC, "capex_comm_init_nccl_id", "capex_nccl_desc",
+                               "capex_nccl_desc_init")) != CAPEX_OK)
+        return r;
+    if (!d->ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: desc.ctx is NULL; create a "
+                                                           "capex_cuda_context for this rank's GPU first");
+    if (world_size < 1 || rank < 0 || rank >= world_size)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: rank %d / world size %d invalid", rank, world_size);
+    if (!(d->timeout_s >= 0) || d->timeout_s > 1e9)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: timeout_s %g invalid (0: 1800 s)", d->timeout_s);
+    if (capex__nccl_id_zero(id))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: the unique id is all zeros (not from ncclGetUniqueId)");
+    if ((r = capex__nccl_prepare(c, d, "capex_comm_init_nccl_id")) != CAPEX_OK) return r;
+    return capex__nccl_init_rank(c, id, rank, world_size, d->timeout_s);
 }
 
 CAPEX_API capex_result capex_comm_init_nccl(capex_comm *c, const capex_dist_env *env, const capex_nccl_desc *d) {
     capex_nccl_unique_id id;
-    capex_result r, made = CAPEX_OK;
+    capex_result r, made;
     char why[512];
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: comm is NULL");
     memset(c, 0, sizeof *c);
@@ -7563,27 +7593,34 @@ CAPEX_API capex_result capex_comm_init_nccl(capex_comm *c, const capex_dist_env 
         return r;
     if (!d->ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: desc.ctx is NULL; create a "
                                                            "capex_cuda_context for this rank's GPU first");
+    if (!(d->timeout_s >= 0) || d->timeout_s > 1e9)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: timeout_s %g invalid (0: 1800 s)", d->timeout_s);
     if (env->world_size < 1 || env->rank < 0 || env->rank >= env->world_size)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: rank %d / world size %d invalid", env->rank,
                            env->world_size);
+    if (env->world_size > 1 && (d->rendezvous_port < 0 || d->rendezvous_port > 65535))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: rendezvous_port %d not in [0, 65535]",
+                           d->rendezvous_port);
     memset(&id, 0, sizeof id);
     why[0] = '\0';
-    if (env->rank == 0 && (made = capex_nccl_get_unique_id(&id)) != CAPEX_OK) {
+    /* this rank's own part first (capex__nccl_prepare), then the id on rank 0 */
+    made = capex__nccl_prepare(c, d, "capex_comm_init_nccl");
+    if (made == CAPEX_OK && env->rank == 0) made = capex_nccl_get_unique_id(&id);
+    if (made != CAPEX_OK) {
         capex__cuda_fmt(why, sizeof why, "%s", capex_last_error());
-        memset(&id, 0, sizeof id); /* still exchanged: peers then fail at once, not at their deadline */
+        memset(&id, 0, sizeof id);
+        capex_comm_destroy(c);
+        /* rank 0 still sends the zeros (its peers fail at once); another rank
+           stays out of the exchange (its peers fail at the exchange's deadline) */
+        if (env->rank != 0 || env->world_size == 1) return capex__fail(made, "%s", why);
     }
     if (env->world_size > 1) {
-        if (d->rendezvous_port < 0 || d->rendezvous_port > 65535)
-            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: rendezvous_port %d not in [0, 65535]",
-                               d->rendezvous_port);
         r = capex__nccl_exchange(env, d->bootstrap, &id, d->init_timeout_s > 0 ? d->init_timeout_s : 300.0,
                                  d->rendezvous_port);
         if (made != CAPEX_OK) return capex__fail(made, "%s", why);
-        if (r != CAPEX_OK) return r;
-    } else if (made != CAPEX_OK) {
-        return capex__fail(made, "%s", why);
+        if (r != CAPEX_OK) { capex_comm_destroy(c); return r; }
     }
-    return capex_comm_init_nccl_id(c, &id, env->rank, env->world_size, d);
+    return capex__nccl_init_rank(c, &id, env->rank, env->world_size, d->timeout_s);
 }
 
 CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stream user_stream) {
