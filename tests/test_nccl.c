@@ -559,22 +559,25 @@ static void child_fake_world(const char *arg, child_result *res) {
     set_result(res, CAPEX_OK, 1);
 }
 
-/* Rank 1 of 2 has no NCCL (a node without it), rank 0 has the stand-in.
-   Rank 1 must fail before it takes part in the unique-id exchange: once the
-   id has gone round, rank 0 is in ncclCommInitRank, which waits for every
-   rank with no deadline (the stand-in gives up after FAKE_NCCL_TIMEOUT; the
-   real NCCL never does). So rank 0 fails at the exchange's deadline with the
-   rendezvous' status instead. Exit codes: 0 as expected, 1 rank 0 reached
-   ncclCommInitRank, 2 rank 1 not CAPEX_ERR_NO_NCCL, 3 rank 0 succeeded,
-   4 setup. */
-static int missing_rank(int rank, int port, const char *cu, const char *nc) {
+/* One rank of 2 has no NCCL (a node without it), the other the stand-in.
+   arg "1": rank 1 lacks it and must fail before it takes part in the
+   unique-id exchange: once the id has gone round, rank 0 is in
+   ncclCommInitRank, which waits for every rank with no deadline (the
+   stand-in gives up after FAKE_NCCL_TIMEOUT; the real NCCL never does), so
+   rank 0 fails at the exchange's deadline with the rendezvous' status
+   instead. arg "0": rank 0 lacks it, still sends the all-zero id, and rank 1
+   fails at once with CAPEX_ERR_COMM. Exit codes: 0 as expected, 1 reached
+   ncclCommInitRank or the wrong status, 2 the rank without NCCL not
+   CAPEX_ERR_NO_NCCL, 3 succeeded, 4 setup. */
+static int missing_rank(int rank, int missing, int port, const char *cu, const char *nc) {
     capex_cuda_context *ctx = NULL;
     capex_dist_env env;
     capex_nccl_desc nd;
     capex_comm c;
     capex_result r;
+    int entered;
     setenv("CAPEX_LIBCUDA_PATH", cu, 1);
-    setenv("CAPEX_NCCL_PATH", rank == 0 ? nc : "/nonexistent/libnccl.so.2", 1);
+    setenv("CAPEX_NCCL_PATH", rank != missing ? nc : "/nonexistent/libnccl.so.2", 1);
     if (capex_cuda_context_create(NULL, &ctx) != CAPEX_OK) return 4;
     memset(&env, 0, sizeof env);
     env.rank = rank; env.world_size = 2;
@@ -586,30 +589,32 @@ static int missing_rank(int rank, int port, const char *cu, const char *nc) {
     r = capex_comm_init_nccl(&c, &env, &nd);
     fprintf(stderr, "rank %d: %s: %s\n", rank, capex_result_string(r), r ? capex_last_error() : "");
     capex_cuda_context_destroy(ctx);
-    if (rank == 1) return r == CAPEX_ERR_NO_NCCL && c.vt == NULL ? 0 : 2;
+    if (rank == missing) return r == CAPEX_ERR_NO_NCCL && c.vt == NULL ? 0 : 2;
     if (r == CAPEX_OK) { capex_comm_destroy(&c); return 3; }
-    return strstr(capex_last_error(), "ncclCommInitRank") || c.vt ? 1 : 0;
+    entered = strstr(capex_last_error(), "ncclCommInitRank") != NULL || c.vt != NULL;
+    if (missing == 0) return !entered && r == CAPEX_ERR_COMM && strstr(capex_last_error(), "rank 0 could not") ? 0 : 1;
+    return entered ? 1 : 0;
 }
 static void child_missing_nccl_rank(const char *arg, child_result *res) {
     char cu[1200], nc[1200];
-    int port = free_port(), codes[2], i;
+    int port = free_port(), codes[2], i, missing = arg ? atoi(arg) : 1;
     pid_t pids[2];
-    (void)arg;
     FAIL_IF(!fake_path("libcuda.so.1", cu, sizeof cu) || !fake_path("libnccl.so.2", nc, sizeof nc), "stand-ins not built");
     setenv("FAKE_NCCL_TIMEOUT", "8", 1);
     fflush(stdout);
     fflush(stderr);
     for (i = 0; i < 2; i++) {
         pids[i] = fork();
-        if (pids[i] == 0) _exit(missing_rank(i, port, cu, nc));
+        if (pids[i] == 0) _exit(missing_rank(i, missing, port, cu, nc));
     }
     for (i = 0; i < 2; i++) {
         int st = 0;
         waitpid(pids[i], &st, 0);
         codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
     }
-    FAIL_IF(codes[1] != 0, "rank 1 (no NCCL): code %d (its stderr says why)", codes[1]);
-    FAIL_IF(codes[0] != 0, "rank 0: code %d (1: it waited in ncclCommInitRank for a rank that had failed)", codes[0]);
+    FAIL_IF(codes[missing] != 0, "rank %d (no NCCL): code %d (its stderr says why)", missing, codes[missing]);
+    FAIL_IF(codes[1 - missing] != 0, "rank %d: code %d (1: it waited in ncclCommInitRank for a rank that had failed, or "
+            "did not fail at once)", 1 - missing, codes[1 - missing]);
     set_result(res, CAPEX_OK, 1);
 }
 
@@ -659,7 +664,11 @@ CT_TEST(fake_world_collectives_and_ddp) {
 CT_TEST(fake_world_dead_peer) { NEED_FAKES(); CHILD_OK("fake_world", "3 dead"); }
 CT_TEST(fake_driver_stuck_collective_times_out) { NEED_FAKES(); CHILD_OK("fake_timeout", NULL); }
 CT_TEST(fake_driver_scratch_growth_async_error_aborts) { NEED_FAKES(); CHILD_OK("fake_scratch_async", NULL); }
-CT_TEST(rank_without_nccl_fails_before_the_id_exchange) { NEED_FAKES(); CHILD_OK("missing_nccl_rank", NULL); }
+CT_TEST(rank_without_nccl_fails_before_the_id_exchange) {
+    NEED_FAKES();
+    CHILD_OK("missing_nccl_rank", "1");
+    CHILD_OK("missing_nccl_rank", "0");
+}
 
 CT_TEST(fake_driver_init_failure) {
     child_result r;
