@@ -7416,10 +7416,18 @@ static void capex__nccl_destroy(capex_comm *c) {
     if (!n) return;
     if (capex__cuda_enter(n->ctx) == CAPEX_OK) {
         if (n->comm) {
-            /* finished streams first: destroy must not race in-flight collectives */
-            capex_cuda_stream_synchronize(n->ctx, n->stream);
-            n->api.CommDestroy(n->comm);
-            n->comm = NULL;
+            /* finished streams first: destroy must not race in-flight
+               collectives. Waited for as every collective (deadline, NCCL's
+               async error): a comm whose peer is gone is aborted, as NCCL
+               asks, not destroyed (ncclCommDestroy would wait for the peer) */
+            capex_result r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream);
+            if (r == CAPEX_OK) r = capex__nccl_poll(c, n->ev_done, capex__deadline(c), "destroying the NCCL comm");
+            if (r == CAPEX_OK) {
+                n->api.CommDestroy(n->comm);
+                n->comm = NULL;
+            } else {
+                capex__nccl_abort(c);
+            }
         }
         if (!n->aborted) capex_cuda_stream_synchronize(n->ctx, n->stream);
         if (n->scratch) capex_cuda_free(n->ctx, n->scratch);

@@ -546,6 +546,26 @@ static int world_dead_peer(capex_cuda_context *ctx, capex_comm *c, int rank, int
     if (capex_dist_now() - t0 > 8.0) { fprintf(stderr, "took %.1f s\n", capex_dist_now() - t0); return 21; }
     return capex_comm_allreduce(c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_COMM ? 0 : 22;
 }
+/* The last rank leaves after init, with nothing in flight; rank 0 waits
+   until NCCL (the stand-in with FAKE_NCCL_WATCH_PEERS) reports the dead
+   peer as an async error, then destroys its comm: that must be
+   ncclCommAbort, not ncclCommDestroy (which waits for the peer: NCCL's
+   contract is to abort a comm with an async error). */
+static int world_exit_then_destroy(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    double t0 = capex_dist_now();
+    (void)ctx; (void)user;
+    if (rank == world - 1) return 0;
+    while (c->vt->poll_error(c) == CAPEX_OK)
+        if (capex_dist_now() - t0 > 60.0) { fprintf(stderr, "rank %d: no async error after 60 s\n", rank); return 23; }
+    if (c->failed) return 24; /* the poll alone marks nothing: only the destroy below sees the state */
+    capex_comm_destroy(c);
+    if (fake_counter(C_ABORT) != 1 || fake_counter(C_DESTROY) != 0) {
+        fprintf(stderr, "rank %d: destroy of a comm with an async error: %d aborts, %d ncclCommDestroy\n", rank,
+                fake_counter(C_ABORT), fake_counter(C_DESTROY));
+        return 25;
+    }
+    return 0;
+}
 static void child_fake_world(const char *arg, child_result *res) {
     char cu[1200], nc[1200];
     int codes[16] = {0}, world = atoi(arg ? arg : "2"), dead = arg && strstr(arg, "dead") != NULL, i, r;
@@ -553,7 +573,9 @@ static void child_fake_world(const char *arg, child_result *res) {
     setenv("CAPEX_LIBCUDA_PATH", cu, 1);
     setenv("CAPEX_NCCL_PATH", nc, 1);
     setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
-    r = nccl_world_run(world, dead ? world_dead_peer : world_checks, NULL, codes);
+    if (arg && strstr(arg, "exit")) setenv("FAKE_NCCL_WATCH_PEERS", "1", 1);
+    r = nccl_world_run(world, arg && strstr(arg, "exit") ? world_exit_then_destroy : dead ? world_dead_peer : world_checks,
+                       NULL, codes);
     for (i = 0; i < world; i++) FAIL_IF(codes[i] != 0, "world %d: rank %d failed (%d; its stderr says why)", world, i, codes[i]);
     FAIL_IF(r != 0, "rank 0 failed");
     set_result(res, CAPEX_OK, 1);
@@ -662,6 +684,7 @@ CT_TEST(fake_world_collectives_and_ddp) {
     CHILD_OK("fake_world", "3");
 }
 CT_TEST(fake_world_dead_peer) { NEED_FAKES(); CHILD_OK("fake_world", "3 dead"); }
+CT_TEST(fake_world_destroy_after_peer_exit_aborts) { NEED_FAKES(); CHILD_OK("fake_world", "2 exit"); }
 CT_TEST(fake_driver_stuck_collective_times_out) { NEED_FAKES(); CHILD_OK("fake_timeout", NULL); }
 CT_TEST(fake_driver_scratch_growth_async_error_aborts) { NEED_FAKES(); CHILD_OK("fake_scratch_async", NULL); }
 CT_TEST(rank_without_nccl_fails_before_the_id_exchange) {
@@ -927,7 +950,7 @@ static const ct_case cases[] = {
     CT_CASE(fake_driver_collectives_all_dtypes), CT_CASE(fake_driver_reduce_scatter_allgatherv_vs_float64),
     CT_CASE(fake_driver_nccl_before_2_10),
     CT_CASE(fake_driver_ddp_device_buckets), CT_CASE(fake_driver_async_error_aborts),
-    CT_CASE(fake_world_collectives_and_ddp), CT_CASE(fake_world_dead_peer),
+    CT_CASE(fake_world_collectives_and_ddp), CT_CASE(fake_world_dead_peer), CT_CASE(fake_world_destroy_after_peer_exit_aborts),
     CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_scratch_growth_async_error_aborts),
     CT_CASE(rank_without_nccl_fails_before_the_id_exchange),
     CT_CASE(fake_driver_init_failure),
