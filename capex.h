@@ -10916,9 +10916,13 @@ CAPEX_API void capex_zero_desc_init(capex_zero_desc *d) {
 CAPEX_API void capex_zero_destroy(capex_zero *z) {
     size_t i;
     if (!z) return;
-    if (!z->failed && z->b && z->comm->vt) /* requests in flight write into buffers freed below */
-        for (i = 0; i < z->nb; i++)
-            if (z->b[i].req.active && z->comm->vt->wait) (void)z->comm->vt->wait(z->comm, &z->b[i].req, capex__deadline(z->comm));
+    /* requests in flight write into buffers freed below; a failed wait aborts
+       the comm (as capex_ddp_destroy), which stops them: a live NCCL comm's
+       destroy and cuMemFree would wait for kernels a dead peer never ends */
+    if (z->b && z->comm->vt && z->comm->vt->wait && !z->comm->failed)
+        for (i = 0; i < z->nb && !z->comm->failed; i++)
+            if (z->b[i].req.active)
+                (void)capex__comm_after(z->comm, z->comm->vt->wait(z->comm, &z->b[i].req, capex__deadline(z->comm)));
     capex_optim_destroy(z->opt);
     capex_optim_destroy(z->save_tmp);
     capex__free(NULL, z->save_masters);

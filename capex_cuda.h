@@ -583,7 +583,11 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const c
    f16, bf16 (NCCL >= 2.10), and CAPEX_F64 / CAPEX_I64. AVG is ncclAvg on
    NCCL >= 2.10, else a sum then a scale by 1/world. Thread safety: one thread
    at a time per comm (like every capex_comm). If rank 0 cannot make the id (no
-   NCCL there) it sends zeros and the others fail at once with CAPEX_ERR_COMM.
+   NCCL there) it sends zeros and the others fail at once with CAPEX_ERR_COMM;
+   another rank that fails on its own (no NCCL, no stream) does so before the
+   exchange, so the others fail at its deadline (init_timeout_s) instead of
+   waiting in ncclCommInitRank, which has none. A rank that dies after the
+   exchange still leaves the others there (NCCL's blocking init).
 
    Launching, one process per GPU (LOCAL_RANK picks it):
        torchrun --no-python --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0:29500 ./train
@@ -722,7 +726,9 @@ CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *z, capex_cuda
        capex_cuda_rms_norm_backward(ctx, NULL, &a, stream);
 
    SyncBatchNorm: comm NULL (or a world of one) is BatchNorm. A comm with
-   device buffers (NCCL) must use `stream` (comm->stream): the gather and the
+   device buffers (NCCL) must use `stream` (comm->stream), ordered like the
+   comm's collectives: after the work queued on its user stream, which then
+   waits for the call's kernels on the GPU. The gather and the
    merge stay on the device (no copies through the host), but the call waits
    for each collective to finish (polled against the comm's deadline, so a
    dead peer gives a status, not a hang). A host comm (MPI, TCP)
@@ -7132,11 +7138,14 @@ CAPEX__PRIVATE capex_result capex__nccl_scratch(capex_comm *c, size_t bytes) {
     if (n->scratch_bytes >= bytes) return CAPEX_OK;
     if (n->scratch) {
         /* queued kernels may still read it: wait for the stream, but under the
-           comm's deadline (a collective queued before them may never end) */
+           comm's deadline (a collective queued before them may never end);
+           a dead peer or the deadline poisons and aborts the comm here too
+           (the memory entries that get here have no capex__comm_after) */
         capex_cuda_event e = NULL;
         if ((r = capex_cuda_event_create(n->ctx, 0, &e)) != CAPEX_OK) return r;
         r = capex_cuda_event_record(n->ctx, e, n->stream);
-        if (r == CAPEX_OK) r = capex__nccl_poll(c, e, capex__deadline(c), "growing the NCCL comm's scratch buffer");
+        if (r == CAPEX_OK)
+            r = capex__comm_after(c, capex__nccl_poll(c, e, capex__deadline(c), "growing the NCCL comm's scratch buffer"));
         capex_cuda_event_destroy(n->ctx, e);
         if (r != CAPEX_OK) return r;
         capex_cuda_free(n->ctx, n->scratch);
@@ -7429,10 +7438,18 @@ static void capex__nccl_destroy(capex_comm *c) {
     if (!n) return;
     if (capex__cuda_enter(n->ctx) == CAPEX_OK) {
         if (n->comm) {
-            /* finished streams first: destroy must not race in-flight collectives */
-            capex_cuda_stream_synchronize(n->ctx, n->stream);
-            n->api.CommDestroy(n->comm);
-            n->comm = NULL;
+            /* finished streams first: destroy must not race in-flight
+               collectives. Waited for as every collective (deadline, NCCL's
+               async error): a comm whose peer is gone is aborted, as NCCL
+               asks, not destroyed (ncclCommDestroy would wait for the peer) */
+            capex_result r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream);
+            if (r == CAPEX_OK) r = capex__nccl_poll(c, n->ev_done, capex__deadline(c), "destroying the NCCL comm");
+            if (r == CAPEX_OK) {
+                n->api.CommDestroy(n->comm);
+                n->comm = NULL;
+            } else {
+                capex__nccl_abort(c);
+            }
         }
         if (!n->aborted) capex_cuda_stream_synchronize(n->ctx, n->stream);
         if (n->scratch) capex_cuda_free(n->ctx, n->scratch);
@@ -7507,29 +7524,24 @@ static const capex_comm_vtable capex__nccl_vt = {
     capex__nccl_convert, capex__nccl_test, capex__nccl_reduce_scatter, capex__nccl_allgatherv, capex__nccl_ireduce_scatter,
     capex__nccl_iallgather};
 
-CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
-                                               const capex_nccl_desc *d) {
+/* Everything of the init that can fail on this rank alone: the desc, NCCL's
+   symbols, the driver's cuEventQuery, our stream and events; c holds them
+   (vt set, comm NULL) on success, is zeroed on failure. It runs before the
+   unique-id exchange: a rank that fails after the id went round leaves its
+   peers in ncclCommInitRank, which waits for every rank with no deadline. */
+CAPEX__PRIVATE capex_result capex__nccl_prepare(capex_comm *c, const capex_nccl_desc *d, const char *fn) {
     capex__nccl *n;
-    capex__ncclUniqueId u;
-    capex__ncclResult e;
     capex_result r;
     void *q = NULL;
-    if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: comm is NULL");
-    memset(c, 0, sizeof *c);
-    if (!id || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: id or desc is NULL");
-    if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_NCCL_DESC, "capex_comm_init_nccl_id", "capex_nccl_desc",
-                               "capex_nccl_desc_init")) != CAPEX_OK)
+    if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_NCCL_DESC, fn, "capex_nccl_desc", "capex_nccl_desc_init")) != CAPEX_OK)
         return r;
-    if (!d->ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: desc.ctx is NULL; create a "
-                                                           "capex_cuda_context for this rank's GPU first");
-    if (world_size < 1 || rank < 0 || rank >= world_size)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: rank %d / world size %d invalid", rank, world_size);
+    if (!d->ctx)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: desc.ctx is NULL; create a capex_cuda_context for this rank's GPU first",
+                           fn);
     if (!(d->timeout_s >= 0) || d->timeout_s > 1e9)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: timeout_s %g invalid (0: 1800 s)", d->timeout_s);
-    if (capex__nccl_id_zero(id))
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: the unique id is all zeros (not from ncclGetUniqueId)");
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: timeout_s %g invalid (0: 1800 s)", fn, d->timeout_s);
     n = (capex__nccl *)capex__alloc(NULL, sizeof *n);
-    if (!n) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_comm_init_nccl_id: out of memory");
+    if (!n) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     memset(n, 0, sizeof *n);
     n->ctx = d->ctx;
     n->user = d->user_stream;
@@ -7551,9 +7563,19 @@ CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_u
         capex_comm_destroy(c);
         return r;
     }
+    return CAPEX_OK;
+}
+
+/* ncclCommInitRank on a prepared c; destroys c on failure. Blocking: every
+   rank already passed the id exchange and its own preparation. */
+CAPEX__PRIVATE capex_result capex__nccl_init_rank(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
+                                                 double timeout_s) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex__ncclUniqueId u;
+    capex__ncclResult e;
+    capex_result r;
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) { capex_comm_destroy(c); return r; }
     memcpy(u.internal, id->bytes, sizeof u.internal);
-    /* Blocking init: every rank already passed the id exchange, so the others
-       are alive; NCCL's own bootstrap times out if one dies now. */
     if ((e = n->api.CommInitRank(&n->comm, world_size, u, rank)) != CAPEX__NCCL_SUCCESS) {
         capex_result fr = capex__nccl_fail(&n->api, NULL, e, "ncclCommInitRank");
         n->comm = NULL;
@@ -7564,13 +7586,34 @@ CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_u
     c->world_size = world_size;
     c->device_buffers = 1;
     c->stream = n->stream;
-    c->timeout_s = d->timeout_s > 0 ? d->timeout_s : 1800.0;
+    c->timeout_s = timeout_s > 0 ? timeout_s : 1800.0;
     return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
+                                               const capex_nccl_desc *d) {
+    capex_result r;
+    if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: comm is NULL");
+    memset(c, 0, sizeof *c);
+    if (!id || !d) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: id or desc is NULL");
+    if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_NCCL_DESC, "capex_comm_init_nccl_id", "capex_nccl_desc",
+                               "capex_nccl_desc_init")) != CAPEX_OK)
+        return r;
+    if (!d->ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: desc.ctx is NULL; create a "
+                                                           "capex_cuda_context for this rank's GPU first");
+    if (world_size < 1 || rank < 0 || rank >= world_size)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: rank %d / world size %d invalid", rank, world_size);
+    if (!(d->timeout_s >= 0) || d->timeout_s > 1e9)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: timeout_s %g invalid (0: 1800 s)", d->timeout_s);
+    if (capex__nccl_id_zero(id))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: the unique id is all zeros (not from ncclGetUniqueId)");
+    if ((r = capex__nccl_prepare(c, d, "capex_comm_init_nccl_id")) != CAPEX_OK) return r;
+    return capex__nccl_init_rank(c, id, rank, world_size, d->timeout_s);
 }
 
 CAPEX_API capex_result capex_comm_init_nccl(capex_comm *c, const capex_dist_env *env, const capex_nccl_desc *d) {
     capex_nccl_unique_id id;
-    capex_result r, made = CAPEX_OK;
+    capex_result r, made;
     char why[512];
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: comm is NULL");
     memset(c, 0, sizeof *c);
@@ -7580,27 +7623,34 @@ CAPEX_API capex_result capex_comm_init_nccl(capex_comm *c, const capex_dist_env 
         return r;
     if (!d->ctx) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: desc.ctx is NULL; create a "
                                                            "capex_cuda_context for this rank's GPU first");
+    if (!(d->timeout_s >= 0) || d->timeout_s > 1e9)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: timeout_s %g invalid (0: 1800 s)", d->timeout_s);
     if (env->world_size < 1 || env->rank < 0 || env->rank >= env->world_size)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: rank %d / world size %d invalid", env->rank,
                            env->world_size);
+    if (env->world_size > 1 && (d->rendezvous_port < 0 || d->rendezvous_port > 65535))
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: rendezvous_port %d not in [0, 65535]",
+                           d->rendezvous_port);
     memset(&id, 0, sizeof id);
     why[0] = '\0';
-    if (env->rank == 0 && (made = capex_nccl_get_unique_id(&id)) != CAPEX_OK) {
+    /* this rank's own part first (capex__nccl_prepare), then the id on rank 0 */
+    made = capex__nccl_prepare(c, d, "capex_comm_init_nccl");
+    if (made == CAPEX_OK && env->rank == 0) made = capex_nccl_get_unique_id(&id);
+    if (made != CAPEX_OK) {
         capex__cuda_fmt(why, sizeof why, "%s", capex_last_error());
-        memset(&id, 0, sizeof id); /* still exchanged: peers then fail at once, not at their deadline */
+        memset(&id, 0, sizeof id);
+        capex_comm_destroy(c);
+        /* rank 0 still sends the zeros (its peers fail at once); another rank
+           stays out of the exchange (its peers fail at the exchange's deadline) */
+        if (env->rank != 0 || env->world_size == 1) return capex__fail(made, "%s", why);
     }
     if (env->world_size > 1) {
-        if (d->rendezvous_port < 0 || d->rendezvous_port > 65535)
-            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl: rendezvous_port %d not in [0, 65535]",
-                               d->rendezvous_port);
         r = capex__nccl_exchange(env, d->bootstrap, &id, d->init_timeout_s > 0 ? d->init_timeout_s : 300.0,
                                  d->rendezvous_port);
         if (made != CAPEX_OK) return capex__fail(made, "%s", why);
-        if (r != CAPEX_OK) return r;
-    } else if (made != CAPEX_OK) {
-        return capex__fail(made, "%s", why);
+        if (r != CAPEX_OK) { capex_comm_destroy(c); return r; }
     }
-    return capex_comm_init_nccl_id(c, &id, env->rank, env->world_size, d);
+    return capex__nccl_init_rank(c, &id, env->rank, env->world_size, d->timeout_s);
 }
 
 CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stream user_stream) {
@@ -8096,9 +8146,23 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_collective(capex_cuda_context *ctx, c
 #endif
 }
 
-CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
-                                                     capex_comm *comm, const capex_cuda_batch_norm_args *a,
-                                                     capex_cuda_stream stream) {
+/* SyncBatchNorm on an NCCL comm runs on comm->stream: like the comm's own
+   entries, it starts after the work queued on the comm's user stream (x, dy,
+   the parameters) and the user stream waits on the GPU for it (y, dx, the
+   statistics). after 0: before the call's first launch; 1: after its last. */
+CAPEX__PRIVATE capex_result capex__cuda_bn_order(capex_comm *comm, capex_cuda_stream stream, int after) {
+#ifdef CAPEX_NO_DIST
+    (void)comm; (void)stream; (void)after;
+    return CAPEX_OK;
+#else
+    if (!capex_comm_is_nccl(comm) || !comm->impl || stream != comm->stream) return CAPEX_OK;
+    return after ? capex__nccl_user_after(capex__nccl_of(comm)) : capex__nccl_after_user(capex__nccl_of(comm));
+#endif
+}
+
+CAPEX__PRIVATE capex_result capex__cuda_batch_norm_forward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                          capex_comm *comm, const capex_cuda_batch_norm_args *a,
+                                                          capex_cuda_stream stream) {
     static const char *fn = "capex_cuda_batch_norm_forward";
     capex_batch_norm_desc dd;
     capex_result r;
@@ -8107,6 +8171,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
     capex_cuda_ptr ws_total, ws_pack, ws_gath;
     if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__cuda_bn_check(fn, ctx, d, comm, a, 0, stream)) != CAPEX_OK) return r;
+    if ((r = capex__cuda_bn_order(comm, stream, 0)) != CAPEX_OK) return r;
     use_batch = d->training || !a->running_mean;
     /* eval without running stats: this rank's batch unless sync_eval_batch_stats (capex.h, torch) */
     world = use_batch && (d->training || d->sync_eval_batch_stats) ? capex__bn_world(comm) : 1;
@@ -8160,9 +8225,16 @@ CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, co
     return CAPEX_OK;
 }
 
-CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
-                                                      capex_comm *comm, const capex_cuda_batch_norm_args *a,
-                                                      capex_cuda_stream stream) {
+CAPEX_API capex_result capex_cuda_batch_norm_forward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                     capex_comm *comm, const capex_cuda_batch_norm_args *a,
+                                                     capex_cuda_stream stream) {
+    capex_result r = capex__cuda_batch_norm_forward(ctx, d, comm, a, stream);
+    return r != CAPEX_OK ? r : capex__cuda_bn_order(comm, stream, 1);
+}
+
+CAPEX__PRIVATE capex_result capex__cuda_batch_norm_backward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                           capex_comm *comm, const capex_cuda_batch_norm_args *a,
+                                                           capex_cuda_stream stream) {
     static const char *fn = "capex_cuda_batch_norm_backward";
     capex_batch_norm_desc dd;
     capex_result r;
@@ -8172,6 +8244,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
     void *args[16];
     if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__cuda_bn_check(fn, ctx, d, comm, a, 1, stream)) != CAPEX_OK) return r;
+    if ((r = capex__cuda_bn_order(comm, stream, 0)) != CAPEX_OK) return r;
     use_batch = d->training || !a->running_mean;
     /* eval without running stats: this rank's batch unless sync_eval_batch_stats (capex.h, torch) */
     world = use_batch && (d->training || d->sync_eval_batch_stats) ? capex__bn_world(comm) : 1;
@@ -8194,6 +8267,13 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
     args[5] = (void *)&a->save_mean; args[6] = (void *)&a->save_invstd; args[7] = (void *)&a->weight; args[8] = &pt;
     args[9] = &ws_sums; args[10] = &tot_ptr; args[11] = &total; args[12] = &C; args[13] = &S; args[14] = &nsc;
     return capex__cuda_norm_launch(ctx, CAPEX__CK_BN_BWD_DX, 0, capex__cuda_norm_blocks(ctx, total), 1, 256, 1, stream, args);
+}
+
+CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, const capex_batch_norm_desc *d,
+                                                      capex_comm *comm, const capex_cuda_batch_norm_args *a,
+                                                      capex_cuda_stream stream) {
+    capex_result r = capex__cuda_batch_norm_backward(ctx, d, comm, a, stream);
+    return r != CAPEX_OK ? r : capex__cuda_bn_order(comm, stream, 1);
 }
 
 #ifdef __cplusplus

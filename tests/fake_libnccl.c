@@ -11,6 +11,10 @@
                               error becomes ncclRemoteError (a dead peer)
      FAKE_NCCL_INIT_FAIL=1    ncclCommInitRank fails (ncclSystemError)
      FAKE_NCCL_TIMEOUT=s      seconds a rank waits for its peers (default 60)
+     FAKE_NCCL_WATCH_PEERS=1  ncclCommGetAsyncError reports ncclRemoteError
+                              once a peer's process is gone, as NCCL's proxy
+                              does when a connection closes (off by default:
+                              ranks of the tests exit at different times)
    World size 1: every collective is a copy. Several ranks (processes, e.g.
    forked, each with its own comm; or threads): ncclGetUniqueId names a shared
    file (/dev/shm or /tmp) that ncclCommInitRank maps; each collective runs
@@ -222,6 +226,7 @@ FAKE_API int ncclCommGetAsyncError(void *comm, int *err) {
     fake_comm *c = (fake_comm *)comm;
     int r = check_comm(c);
     if (r) return r;
+    if (c->w && !c->async_err && env1("FAKE_NCCL_WATCH_PEERS") && peer_dead(c->w)) world_break(c, "a peer process exited");
     *err = c->async_err;
     return 0;
 }

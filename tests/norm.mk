@@ -44,3 +44,6 @@ ci-extra::
 	  echo "norm: tests/data/norm_ref.txt matches torch $$(python3 -c 'import torch; print(torch.__version__)')" || \
 	  { echo "norm: tests/data/norm_ref.txt differs from torch's output"; exit 1; }; \
 	else echo "norm: torch (with rms_norm) not importable, golden-file regeneration skipped"; fi
+
+# The GPU SyncBatchNorm over a forked world of 2 on the stand-in NCCL (emulator only).
+$(BUILD)/tests/test_norm_gpu: tests/cuda_test_util.h tests/nccl_world.h

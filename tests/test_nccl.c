@@ -340,6 +340,44 @@ static void child_fake_async_error(const char *arg, child_result *res) {
     set_result(res, CAPEX_OK, 1);
 }
 
+/* A peer fails while DDP's first bucket reduces; the next bucket's predivide
+   (bf16 in place, through the comm's f32 scratch) grows the scratch, which
+   waits for the comm's stream and sees the async error: CAPEX_ERR_COMM,
+   and the comm is aborted and marked failed there, as every collective does. */
+static void child_fake_scratch_async(const char *arg, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    capex_comm c;
+    capex_ddp *ddp = NULL;
+    capex_ddp_param ps[2];
+    capex_ddp_desc dd;
+    capex_result r;
+    char msg[1024];
+    (void)arg;
+    RUN(fake_open(&ctx, &c, 0));
+    ps[0].data = dev(ctx, 600); ps[0].numel = 300; ps[0].dtype = CAPEX_BF16; ps[0].grad = NULL; /* the last bucket */
+    ps[1].data = dev(ctx, 16); ps[1].numel = 8; ps[1].dtype = CAPEX_BF16; ps[1].grad = NULL;    /* the first, small */
+    FAIL_IF(!ps[0].data || !ps[1].data, "malloc");
+    capex_ddp_desc_init(&dd);
+    dd.first_bucket_bytes = 16; dd.bucket_bytes = 4096; dd.gradient_predivide_factor = 2.0f;
+    RUN(capex_ddp_create(&ddp, &c, ps, 2, &dd));
+    FAIL_IF(capex_ddp_num_buckets(ddp) != 2, "%d buckets", (int)capex_ddp_num_buckets(ddp));
+    RUN(capex_cuda_memset_u8(ctx, D(capex_ddp_grad(ddp, 0)), 0, 600, NULL));
+    RUN(capex_cuda_memset_u8(ctx, D(capex_ddp_grad(ddp, 1)), 0, 16, NULL));
+    setenv("FAKE_NCCL_ASYNC_ERROR", "1", 1);
+    RUN(capex_ddp_grad_ready(ddp, 1)); /* bucket 0: its allreduce fails on the "GPU" */
+    r = capex_ddp_grad_ready(ddp, 0);  /* bucket 1: the scratch grows */
+    snprintf(msg, sizeof msg, "%s", capex_last_error());
+    FAIL_IF(r != CAPEX_ERR_COMM || !strstr(msg, "scratch"), "expected CAPEX_ERR_COMM growing the scratch, got %s: %s",
+            capex_result_string(r), msg);
+    FAIL_IF(!c.failed || fake_counter(C_ABORT) != 1, "comm failed %d, aborted %d times", c.failed, fake_counter(C_ABORT));
+    capex_ddp_destroy(ddp);
+    capex_comm_destroy(&c);
+    FAIL_IF(fake_counter(C_DESTROY) != 0 || fake_counter(C_ABORT) != 1, "destroy %d abort %d", fake_counter(C_DESTROY),
+            fake_counter(C_ABORT));
+    capex_cuda_context_destroy(ctx);
+    set_result(res, CAPEX_OK, 1);
+}
+
 /* A collective that never completes: CAPEX_ERR_TIMEOUT at the deadline, abort. */
 static void child_fake_timeout(const char *arg, child_result *res) {
     capex_cuda_context *ctx = NULL;
@@ -508,6 +546,26 @@ static int world_dead_peer(capex_cuda_context *ctx, capex_comm *c, int rank, int
     if (capex_dist_now() - t0 > 8.0) { fprintf(stderr, "took %.1f s\n", capex_dist_now() - t0); return 21; }
     return capex_comm_allreduce(c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_COMM ? 0 : 22;
 }
+/* The last rank leaves after init, with nothing in flight; rank 0 waits
+   until NCCL (the stand-in with FAKE_NCCL_WATCH_PEERS) reports the dead
+   peer as an async error, then destroys its comm: that must be
+   ncclCommAbort, not ncclCommDestroy (which waits for the peer: NCCL's
+   contract is to abort a comm with an async error). */
+static int world_exit_then_destroy(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    double t0 = capex_dist_now();
+    (void)ctx; (void)user;
+    if (rank == world - 1) return 0;
+    while (c->vt->poll_error(c) == CAPEX_OK)
+        if (capex_dist_now() - t0 > 60.0) { fprintf(stderr, "rank %d: no async error after 60 s\n", rank); return 23; }
+    if (c->failed) return 24; /* the poll alone marks nothing: only the destroy below sees the state */
+    capex_comm_destroy(c);
+    if (fake_counter(C_ABORT) != 1 || fake_counter(C_DESTROY) != 0) {
+        fprintf(stderr, "rank %d: destroy of a comm with an async error: %d aborts, %d ncclCommDestroy\n", rank,
+                fake_counter(C_ABORT), fake_counter(C_DESTROY));
+        return 25;
+    }
+    return 0;
+}
 static void child_fake_world(const char *arg, child_result *res) {
     char cu[1200], nc[1200];
     int codes[16] = {0}, world = atoi(arg ? arg : "2"), dead = arg && strstr(arg, "dead") != NULL, i, r;
@@ -515,16 +573,78 @@ static void child_fake_world(const char *arg, child_result *res) {
     setenv("CAPEX_LIBCUDA_PATH", cu, 1);
     setenv("CAPEX_NCCL_PATH", nc, 1);
     setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
-    r = nccl_world_run(world, dead ? world_dead_peer : world_checks, NULL, codes);
+    if (arg && strstr(arg, "exit")) setenv("FAKE_NCCL_WATCH_PEERS", "1", 1);
+    r = nccl_world_run(world, arg && strstr(arg, "exit") ? world_exit_then_destroy : dead ? world_dead_peer : world_checks,
+                       NULL, codes);
     for (i = 0; i < world; i++) FAIL_IF(codes[i] != 0, "world %d: rank %d failed (%d; its stderr says why)", world, i, codes[i]);
     FAIL_IF(r != 0, "rank 0 failed");
+    set_result(res, CAPEX_OK, 1);
+}
+
+/* One rank of 2 has no NCCL (a node without it), the other the stand-in.
+   arg "1": rank 1 lacks it and must fail before it takes part in the
+   unique-id exchange: once the id has gone round, rank 0 is in
+   ncclCommInitRank, which waits for every rank with no deadline (the
+   stand-in gives up after FAKE_NCCL_TIMEOUT; the real NCCL never does), so
+   rank 0 fails at the exchange's deadline with the rendezvous' status
+   instead. arg "0": rank 0 lacks it, still sends the all-zero id, and rank 1
+   fails at once with CAPEX_ERR_COMM. Exit codes: 0 as expected, 1 reached
+   ncclCommInitRank or the wrong status, 2 the rank without NCCL not
+   CAPEX_ERR_NO_NCCL, 3 succeeded, 4 setup. */
+static int missing_rank(int rank, int missing, int port, const char *cu, const char *nc) {
+    capex_cuda_context *ctx = NULL;
+    capex_dist_env env;
+    capex_nccl_desc nd;
+    capex_comm c;
+    capex_result r;
+    int entered;
+    setenv("CAPEX_LIBCUDA_PATH", cu, 1);
+    setenv("CAPEX_NCCL_PATH", rank != missing ? nc : "/nonexistent/libnccl.so.2", 1);
+    if (capex_cuda_context_create(NULL, &ctx) != CAPEX_OK) return 4;
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = 2;
+    strcpy(env.master_addr, "127.0.0.1"); env.master_port = port;
+    snprintf(env.run_id, sizeof env.run_id, "missing-nccl");
+    capex_nccl_desc_init(&nd);
+    nd.ctx = ctx;
+    nd.init_timeout_s = 2.0;
+    r = capex_comm_init_nccl(&c, &env, &nd);
+    fprintf(stderr, "rank %d: %s: %s\n", rank, capex_result_string(r), r ? capex_last_error() : "");
+    capex_cuda_context_destroy(ctx);
+    if (rank == missing) return r == CAPEX_ERR_NO_NCCL && c.vt == NULL ? 0 : 2;
+    if (r == CAPEX_OK) { capex_comm_destroy(&c); return 3; }
+    entered = strstr(capex_last_error(), "ncclCommInitRank") != NULL || c.vt != NULL;
+    if (missing == 0) return !entered && r == CAPEX_ERR_COMM && strstr(capex_last_error(), "rank 0 could not") ? 0 : 1;
+    return entered ? 1 : 0;
+}
+static void child_missing_nccl_rank(const char *arg, child_result *res) {
+    char cu[1200], nc[1200];
+    int port = free_port(), codes[2], i, missing = arg ? atoi(arg) : 1;
+    pid_t pids[2];
+    FAIL_IF(!fake_path("libcuda.so.1", cu, sizeof cu) || !fake_path("libnccl.so.2", nc, sizeof nc), "stand-ins not built");
+    setenv("FAKE_NCCL_TIMEOUT", "8", 1);
+    fflush(stdout);
+    fflush(stderr);
+    for (i = 0; i < 2; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) _exit(missing_rank(i, missing, port, cu, nc));
+    }
+    for (i = 0; i < 2; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
+    FAIL_IF(codes[missing] != 0, "rank %d (no NCCL): code %d (its stderr says why)", missing, codes[missing]);
+    FAIL_IF(codes[1 - missing] != 0, "rank %d: code %d (1: it waited in ncclCommInitRank for a rank that had failed, or "
+            "did not fail at once)", 1 - missing, codes[1 - missing]);
     set_result(res, CAPEX_OK, 1);
 }
 
 static const child_entry children[] = {
     {"no_nccl", child_no_nccl}, {"real_id", child_real_id}, {"fake_collectives", child_fake_collectives},
     {"fake_old_nccl", child_fake_old_nccl}, {"fake_shards", child_fake_shards}, {"fake_ddp", child_fake_ddp}, {"fake_async", child_fake_async_error},
-    {"fake_timeout", child_fake_timeout}, {"fake_init_fail", child_fake_init_fail},
+    {"fake_timeout", child_fake_timeout}, {"fake_scratch_async", child_fake_scratch_async},
+    {"missing_nccl_rank", child_missing_nccl_rank}, {"fake_init_fail", child_fake_init_fail},
     {"real_nccl_fake_driver", child_real_nccl_fake_driver}, {"fake_world", child_fake_world}};
 
 /* --------------------------------------------------------------- tests -- */
@@ -564,7 +684,14 @@ CT_TEST(fake_world_collectives_and_ddp) {
     CHILD_OK("fake_world", "3");
 }
 CT_TEST(fake_world_dead_peer) { NEED_FAKES(); CHILD_OK("fake_world", "3 dead"); }
+CT_TEST(fake_world_destroy_after_peer_exit_aborts) { NEED_FAKES(); CHILD_OK("fake_world", "2 exit"); }
 CT_TEST(fake_driver_stuck_collective_times_out) { NEED_FAKES(); CHILD_OK("fake_timeout", NULL); }
+CT_TEST(fake_driver_scratch_growth_async_error_aborts) { NEED_FAKES(); CHILD_OK("fake_scratch_async", NULL); }
+CT_TEST(rank_without_nccl_fails_before_the_id_exchange) {
+    NEED_FAKES();
+    CHILD_OK("missing_nccl_rank", "1");
+    CHILD_OK("missing_nccl_rank", "0");
+}
 
 CT_TEST(fake_driver_init_failure) {
     child_result r;
@@ -823,8 +950,10 @@ static const ct_case cases[] = {
     CT_CASE(fake_driver_collectives_all_dtypes), CT_CASE(fake_driver_reduce_scatter_allgatherv_vs_float64),
     CT_CASE(fake_driver_nccl_before_2_10),
     CT_CASE(fake_driver_ddp_device_buckets), CT_CASE(fake_driver_async_error_aborts),
-    CT_CASE(fake_world_collectives_and_ddp), CT_CASE(fake_world_dead_peer),
-    CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_init_failure),
+    CT_CASE(fake_world_collectives_and_ddp), CT_CASE(fake_world_dead_peer), CT_CASE(fake_world_destroy_after_peer_exit_aborts),
+    CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_scratch_growth_async_error_aborts),
+    CT_CASE(rank_without_nccl_fails_before_the_id_exchange),
+    CT_CASE(fake_driver_init_failure),
     CT_CASE(real_nccl_refuses_stand_in_driver), CT_CASE(argument_validation), CT_CASE(unique_id_exchange_tcp),
     CT_CASE(unique_id_exchange_foreign_nonce), CT_CASE(unique_id_exchange_missing_rank),
     CT_CASE(unique_id_exchange_rank0_failed), CT_CASE(unique_id_exchange_beside_torchrun_store), CT_CASE(wide_dtypes_single_backend), CT_CASE(wide_dtypes_tcp_backend)};

@@ -23,6 +23,7 @@
 #include "capex_test.h"
 #include "cuda_test_util.h"
 #include "gpu_test_kernels.h"
+#include "nccl_world.h"
 
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "protect_shadow_gap=0:detect_leaks=0"; }
@@ -164,7 +165,6 @@ CT_TEST(stuck_stream_times_out_and_aborts) {
     capex_result r;
     double t0, dt;
     char msg[600];
-    (void)run_child; (void)child_main; /* cuda_test_util.h's, unused here */
     OPEN(ctx, c, user);
     if (strstr(capex_cuda_context_device(ctx)->name, "emulator")) { /* tests/emu_libcuda.cc */
         capex_comm_destroy(&c);
@@ -194,6 +194,101 @@ CT_TEST(stuck_stream_times_out_and_aborts) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* DDP over a world of 2 (forked ranks, the stand-in NCCL on the emulator):
+   grads written and read on the comm's user stream, ready in an order that
+   is not the registration order (rebuild_buckets moves them after the first
+   step), f32/bf16/f16 params through f32 buckets, predivide 2, one param in
+   copy mode, one unused every other step (find_unused_parameters). The
+   grads k/16 + rank + it average exactly in every dtype. */
+enum { W_NP = 4 };
+static const size_t w_numel[W_NP] = {500, 300, 200, 100};
+static const capex_dtype w_dt[W_NP] = {CAPEX_F32, CAPEX_BF16, CAPEX_F32, CAPEX_F16};
+static float w_grad(int rank, int it, int p, size_t e) { return (float)((e + (size_t)p) % 16) / 16.0f + (float)rank + (float)it; }
+static void w_put(capex_dtype t, void *b, size_t e, float v) {
+    if (t == CAPEX_F32) ((float *)b)[e] = v;
+    else ((uint16_t *)b)[e] = t == CAPEX_F16 ? capex_f32_to_f16(v) : capex_f32_to_bf16(v);
+}
+static float w_get(capex_dtype t, const void *b, size_t e) {
+    if (t == CAPEX_F32) return ((const float *)b)[e];
+    return t == CAPEX_F16 ? capex_f16_to_f32(((const uint16_t *)b)[e]) : capex_bf16_to_f32(((const uint16_t *)b)[e]);
+}
+static int ddp_world_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    static const int order[W_NP] = {1, 0, 3, 2};
+    capex_cuda_stream st = NULL;
+    capex_ddp *ddp = NULL;
+    capex_ddp_param ps[W_NP];
+    capex_ddp_desc dd;
+    capex_cuda_ptr data[W_NP], own = 0;
+    static unsigned char buf[500 * 4];
+    int it, k, p;
+    size_t e;
+    (void)user;
+    if (capex_cuda_stream_create(ctx, &st) != CAPEX_OK || capex_nccl_set_user_stream(c, st) != CAPEX_OK) return 30;
+    for (p = 0; p < W_NP; p++) {
+        if (capex_cuda_malloc(ctx, w_numel[p] * 4, &data[p]) != CAPEX_OK ||
+            capex_cuda_memset_u8(ctx, data[p], 0, w_numel[p] * 4, NULL) != CAPEX_OK) return 31;
+        ps[p].data = (void *)(uintptr_t)data[p]; ps[p].numel = w_numel[p]; ps[p].dtype = w_dt[p]; ps[p].grad = NULL;
+    }
+    if (capex_cuda_malloc(ctx, w_numel[2] * 4, &own) != CAPEX_OK) return 32;
+    ps[2].grad = (void *)(uintptr_t)own;
+    capex_ddp_desc_init(&dd);
+    dd.first_bucket_bytes = 512; dd.bucket_bytes = 1024; dd.rebuild_buckets = 1; dd.allreduce_always_fp32 = 1;
+    dd.gradient_predivide_factor = 2.0f; dd.find_unused_parameters = 1;
+    if (capex_ddp_create(&ddp, c, ps, W_NP, &dd) != CAPEX_OK) return 33;
+    for (it = 0; it < 4; it++) {
+        for (k = 0; k < W_NP; k++) {
+            p = order[k];
+            if (p == 3 && (it & 1)) continue; /* unused this step: zero grad */
+            for (e = 0; e < w_numel[p]; e++) w_put(w_dt[p], buf, e, w_grad(rank, it, p, e));
+            if (capex_cuda_memcpy_htod(ctx, (capex_cuda_ptr)(uintptr_t)capex_ddp_grad(ddp, (size_t)p), buf,
+                                       w_numel[p] * capex_dtype_size(w_dt[p]), st) != CAPEX_OK ||
+                capex_ddp_grad_ready(ddp, (size_t)p) != CAPEX_OK) return 34;
+        }
+        if (capex_ddp_finalize(ddp) != CAPEX_OK) return 35;
+        for (p = 0; p < W_NP; p++) {
+            if (capex_cuda_memcpy_dtoh(ctx, buf, (capex_cuda_ptr)(uintptr_t)capex_ddp_grad(ddp, (size_t)p),
+                                       w_numel[p] * capex_dtype_size(w_dt[p]), st) != CAPEX_OK ||
+                capex_cuda_stream_synchronize(ctx, st) != CAPEX_OK) return 36;
+            for (e = 0; e < w_numel[p]; e++) {
+                float want = p == 3 && (it & 1) ? 0.0f : (w_grad(0, it, p, e) + w_grad(1, it, p, e)) / 2.0f;
+                if (w_get(w_dt[p], buf, e) != want) {
+                    fprintf(stderr, "rank %d it %d param %d [%zu]: %g, want %g\n", rank, it, p, e,
+                            (double)w_get(w_dt[p], buf, e), (double)want);
+                    return 37;
+                }
+            }
+        }
+        if (capex_ddp_zero_grad(ddp) != CAPEX_OK) return 38;
+    }
+    if (world != 2 || capex_ddp_layout_version(ddp) != 1) return 39; /* rebuilt once */
+    capex_ddp_destroy(ddp);
+    for (p = 0; p < W_NP; p++) capex_cuda_free(ctx, data[p]);
+    capex_cuda_free(ctx, own);
+    capex_nccl_set_user_stream(c, NULL);
+    capex_cuda_stream_destroy(ctx, st);
+    return 0;
+}
+static void child_ddp_world(const char *arg, child_result *res) {
+    int codes[16] = {0}, r;
+    (void)arg;
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
+    r = nccl_world_run(2, ddp_world_rank, NULL, codes);
+    res->code = r || codes[1] ? 1 : 0;
+    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
+}
+CT_TEST(ddp_world2_user_stream_rebuild) {
+    child_result r;
+    const char *np = getenv("CAPEX_NCCL_PATH"), *lp = getenv("CAPEX_LIBCUDA_PATH");
+    if (!np || !strstr(np, "fake")) CT_SKIP("two ranks need a GPU each; the stand-in NCCL runs them on the emulator");
+    if (!lp || strstr(lp, "fake")) CT_SKIP("kernels need the emulator driver (CAPEX_LIBCUDA_PATH)");
+    r = run_child("ddp_world", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
+}
+
 static const ct_case cases[] = {CT_CASE(collectives_on_device), CT_CASE(ddp_one_rank_stream_order),
-                                CT_CASE(stuck_stream_times_out_and_aborts)};
-CT_MAIN(cases)
+                                CT_CASE(stuck_stream_times_out_and_aborts), CT_CASE(ddp_world2_user_stream_rebuild)};
+static const child_entry children[] = {{"ddp_world", child_ddp_world}};
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
+    return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
+}

@@ -3,8 +3,11 @@
    forward and backward for warp-per-row and block-per-row widths, vectorised
    and scalar loads, f32/f16/bf16 inputs with f32 or half parameters;
    BatchNorm (both layouts, train and eval, running statistics) and
-   SyncBatchNorm over a world of one. Outputs are poisoned first. Every GPU
-   test skips without a GPU; the argument checks run everywhere. */
+   SyncBatchNorm over a world of one, and over an NCCL comm of two forked
+   ranks (the stand-in NCCL on the emulator: inputs written and outputs read
+   on the comm's user stream, as the NCCL section promises). Outputs are
+   poisoned first. Every GPU test skips without a GPU; the argument checks
+   run everywhere. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -632,6 +635,90 @@ CT_TEST(gpu_layer_norm_refuses_rows_over_2p32_columns) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* SyncBatchNorm over an NCCL comm of 2 ranks with 3 and 4 rows: x, dy and
+   the parameters are written on the comm's user stream (uploads queued
+   there), the calls run on comm->stream as documented, y, dx and the
+   running statistics are read back on the user stream. Each rank's slice
+   of y and dx, and the statistics, against BatchNorm on the whole batch on
+   the CPU. Under CAPEX_EMU_STREAMS=lazy a missing order between the two
+   streams reads the poisoned buffers. */
+enum { SB_C = 3, SB_S = 5, SB_N = 7 };
+static int syncbn_rank(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
+    static const int64_t rows[2] = {3, 4};
+    const int64_t n0 = rank ? rows[0] : 0, nr = rows[rank], per = SB_C * SB_S;
+    static float x[SB_N * SB_C * SB_S], dy[SB_N * SB_C * SB_S], y[SB_N * SB_C * SB_S], dx[SB_N * SB_C * SB_S];
+    static float gy[SB_N * SB_C * SB_S], gdx[SB_N * SB_C * SB_S];
+    float w[SB_C], b[SB_C], rm[SB_C], rv[SB_C], grm[SB_C], grv[SB_C], sm[SB_C], si[SB_C], err;
+    capex_batch_norm_desc d;
+    capex_batch_norm_args a;
+    capex_cuda_batch_norm_args g;
+    capex_cuda_stream st = NULL;
+    int64_t i;
+    (void)user;
+    if (world != 2) return 40;
+    for (i = 0; i < SB_N * per; i++) { x[i] = 2.0f + 3.0f * rnd(); dy[i] = rnd(); }
+    for (i = 0; i < SB_C; i++) { w[i] = 1.0f + 0.5f * rnd(); b[i] = rnd(); rm[i] = grm[i] = 0.1f * rnd(); rv[i] = grv[i] = 1.0f + 0.5f * rnd(); }
+    capex_batch_norm_desc_init(&d);
+    d.training = 1;
+    capex_batch_norm_args_init(&a);
+    a.n = SB_N; a.c = SB_C; a.s = SB_S; a.layout = CAPEX_BN_NCS; a.x_dtype = a.y_dtype = CAPEX_F32;
+    a.x = x; a.y = y; a.weight = w; a.bias = b; a.running_mean = rm; a.running_var = rv; a.save_mean = sm;
+    a.save_invstd = si; a.dy = dy; a.dx = dx;
+    if (capex_batch_norm_forward(&d, NULL, &a) != CAPEX_OK || capex_batch_norm_backward(&d, NULL, &a) != CAPEX_OK) return 41;
+    if (capex_cuda_stream_create(ctx, &st) != CAPEX_OK || capex_nccl_set_user_stream(comm, st) != CAPEX_OK) return 42;
+    capex_cuda_batch_norm_args_init(&g);
+    g.n = nr; g.c = SB_C; g.s = SB_S; g.layout = CAPEX_BN_NCS; g.x_dtype = g.y_dtype = CAPEX_F32;
+    g.x = up(ctx, NULL, (size_t)(nr * per) * 4); g.dy = up(ctx, NULL, (size_t)(nr * per) * 4);
+    g.y = up(ctx, NULL, (size_t)(nr * per) * 4); g.dx = up(ctx, NULL, (size_t)(nr * per) * 4);
+    g.weight = up(ctx, NULL, SB_C * 4); g.bias = up(ctx, NULL, SB_C * 4); g.running_mean = up(ctx, NULL, SB_C * 4);
+    g.running_var = up(ctx, NULL, SB_C * 4); g.save_mean = up(ctx, NULL, SB_C * 4); g.save_invstd = up(ctx, NULL, SB_C * 4);
+    g.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(SB_C, world));
+    /* the model's work: on the user stream, not waited for here */
+    if (capex_cuda_memcpy_htod(ctx, g.x, x + n0 * per, (size_t)(nr * per) * 4, st) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(ctx, g.dy, dy + n0 * per, (size_t)(nr * per) * 4, st) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(ctx, g.weight, w, sizeof w, st) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(ctx, g.bias, b, sizeof b, st) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(ctx, g.running_mean, grm, sizeof grm, st) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(ctx, g.running_var, grv, sizeof grv, st) != CAPEX_OK) return 43;
+    if (capex_cuda_batch_norm_forward(ctx, &d, comm, &g, comm->stream) != CAPEX_OK) return 44;
+    if (capex_cuda_batch_norm_backward(ctx, &d, comm, &g, comm->stream) != CAPEX_OK) return 45;
+    if (capex_cuda_memcpy_dtoh(ctx, gy, g.y, (size_t)(nr * per) * 4, st) != CAPEX_OK ||
+        capex_cuda_memcpy_dtoh(ctx, gdx, g.dx, (size_t)(nr * per) * 4, st) != CAPEX_OK ||
+        capex_cuda_memcpy_dtoh(ctx, grm, g.running_mean, sizeof grm, st) != CAPEX_OK ||
+        capex_cuda_memcpy_dtoh(ctx, grv, g.running_var, sizeof grv, st) != CAPEX_OK ||
+        capex_cuda_stream_synchronize(ctx, st) != CAPEX_OK) return 46;
+    if (!same(CAPEX_F32, gy, y + n0 * per, nr * per, 1e-4f, &err)) { fprintf(stderr, "rank %d: y err %g\n", rank, err); return 47; }
+    if (!same(CAPEX_F32, gdx, dx + n0 * per, nr * per, 5e-4f, &err)) { fprintf(stderr, "rank %d: dx err %g\n", rank, err); return 48; }
+    if (!same(CAPEX_F32, grm, rm, SB_C, 1e-5f, &err) || !same(CAPEX_F32, grv, rv, SB_C, 1e-5f, &err)) {
+        fprintf(stderr, "rank %d: running statistics err %g\n", rank, err);
+        return 49;
+    }
+    if (capex_cuda_context_synchronize(ctx) != CAPEX_OK) return 50;
+    capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.dx);
+    capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias); capex_cuda_free(ctx, g.running_mean);
+    capex_cuda_free(ctx, g.running_var); capex_cuda_free(ctx, g.save_mean); capex_cuda_free(ctx, g.save_invstd);
+    capex_cuda_free(ctx, g.workspace);
+    capex_nccl_set_user_stream(comm, NULL);
+    capex_cuda_stream_destroy(ctx, st);
+    return 0;
+}
+static void child_syncbn(const char *arg, child_result *res) {
+    int codes[16] = {0}, r;
+    (void)arg;
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
+    r = nccl_world_run(2, syncbn_rank, NULL, codes);
+    res->code = r || codes[1] ? 1 : 0;
+    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
+}
+CT_TEST(gpu_sync_batch_norm_nccl_world2_orders_user_stream) {
+    child_result r;
+    const char *np = getenv("CAPEX_NCCL_PATH"), *lp = getenv("CAPEX_LIBCUDA_PATH");
+    if (!np || !strstr(np, "fake")) CT_SKIP("two ranks need a GPU each; the stand-in NCCL runs them on the emulator");
+    if (!lp || strstr(lp, "fake")) CT_SKIP("kernels need the emulator driver (CAPEX_LIBCUDA_PATH)");
+    r = run_child("syncbn", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
+}
+
 static const ct_case cases[] = {
     CT_CASE(gpu_norm_argument_errors),
     CT_CASE(gpu_layer_norm_refuses_rows_over_2p32_columns),
@@ -645,7 +732,9 @@ static const ct_case cases[] = {
     CT_CASE(gpu_norm_huge_f32_values_stay_finite),
     CT_CASE(gpu_sync_batch_norm_world_matches_cpu_whole_batch),
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
+    CT_CASE(gpu_sync_batch_norm_nccl_world2_orders_user_stream),
 };
+static const child_entry children[] = {{"syncbn", child_syncbn}};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);

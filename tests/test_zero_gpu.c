@@ -753,6 +753,7 @@ typedef struct world_job {
     char save[200]; /* "": equivalence; else the checkpoint path */
     int load;       /* 1: load save (written by a world of load_world ranks), step once, compare */
     int load_world;
+    int dead_peer;  /* 1: destroy_in_flight_on instead */
 } world_job;
 
 static void write_params(ct_state *ct, const cfg *c, const hostp *hp, const char *path) {
@@ -814,13 +815,35 @@ static void ckpt_on(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, con
     gpu_free(ctx, &g);
 }
 
+/* The last rank leaves after create; rank 0's reduce-scatters (launched by
+   grad_ready, in flight) meet the stand-in's async error for a dead peer.
+   Destroying the zero then waits for them, fails, and must abort the NCCL
+   comm as capex_ddp_destroy does: a live comm's destroy (ncclCommDestroy,
+   cuMemFree) waits for kernels that a dead peer never lets finish. */
+static void destroy_in_flight_on(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, const cfg *c) {
+    gpu_run g;
+    hostp h;
+    int i;
+    hostp_init(c, &h);
+    gpu_create(ct, ctx, comm, c, &g, &h);
+    if (!ct->failed && comm->rank == 0) {
+        capex_zero *z = capex_cuda_zero_base(g.zg);
+        for (i = NP; i-- > 0;) OK(capex_zero_grad_ready(z, (size_t)i)); /* nonblocking: in flight */
+        CT_CHECK(!comm->failed, "the comm failed before the destroy (the case needs collectives in flight)");
+    }
+    gpu_free(ctx, &g);
+    if (comm->rank == 0) CT_CHECK(comm->failed, "capex_cuda_zero_destroy: a failed in-flight collective left the NCCL comm unaborted");
+    hostp_free(&h);
+}
+
 static int world_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
     const world_job *j = (const world_job *)user;
     ct_state st;
     memset(&st, 0, sizeof st);
     g_rank = rank;
     g_world = world;
-    if (j->save[0]) ckpt_on(&st, ctx, comm, j);
+    if (j->dead_peer) destroy_in_flight_on(&st, ctx, comm, &j->c);
+    else if (j->save[0]) ckpt_on(&st, ctx, comm, j);
     else equivalence_on(&st, ctx, NULL, comm, &j->c);
     if (st.failed) { fprintf(stderr, "rank %d of %d: %s\n", rank, world, st.why); return 1; }
     return 0;
@@ -881,7 +904,18 @@ static void child_ckpt(const char *arg, child_result *res) {
     res->code = 0;
 }
 
-static const child_entry children[] = {{"world", child_world}, {"ckpt", child_ckpt}};
+static void child_dead_peer(const char *arg, child_result *res) {
+    world_job j;
+    cfg c = {1, CAPEX_OPTIM_ADAM, 1, INFINITY, -1, 1, 1};
+    (void)arg;
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1);
+    memset(&j, 0, sizeof j);
+    j.c = c;
+    j.dead_peer = 1;
+    if (run_world(2, &j, res) == 0) res->code = 0;
+}
+
+static const child_entry children[] = {{"world", child_world}, {"ckpt", child_ckpt}, {"dead_peer", child_dead_peer}};
 
 #define NEED_FAKE_WORLD()                                                                                   \
     do {                                                                                                    \
@@ -914,6 +948,12 @@ static void ckpt_worlds(ct_state *ct, const char *kind) {
 }
 CT_TEST(checkpoint_across_world_sizes) { ckpt_worlds(ct, "0"); }
 CT_TEST(checkpoint_across_world_sizes_novograd) { ckpt_worlds(ct, "4"); }
+CT_TEST(world2_destroy_in_flight_dead_peer_aborts) {
+    child_result r;
+    NEED_FAKE_WORLD();
+    r = run_child("dead_peer", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s (code %d)", r.message, r.code);
+}
 
 static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_halves), CT_CASE(adamw_stage1_halves_clip),
                                 CT_CASE(sgd_stage1_halves), CT_CASE(sgd_stage2_clip), CT_CASE(adagrad_stage2),
@@ -926,7 +966,8 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(world2_lamb_stage2_halves_clip_inf), CT_CASE(world4_lamb_stage1_f32),
                                 CT_CASE(world2_adamw_stage2_halves_two_micro_batches),
                                 CT_CASE(world2_novograd_stage1_halves_clip_inf), CT_CASE(world4_novograd_stage2_f32),
-                                CT_CASE(checkpoint_across_world_sizes), CT_CASE(checkpoint_across_world_sizes_novograd)};
+                                CT_CASE(checkpoint_across_world_sizes), CT_CASE(checkpoint_across_world_sizes_novograd),
+                                CT_CASE(world2_destroy_in_flight_dead_peer_aborts)};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
