@@ -558,7 +558,6 @@ static void child_syncbn(const char *arg, child_result *res) {
     for (q = 1; q < j.world; q++) if (codes[q]) res->code = 1;
     snprintf(res->message, sizeof res->message, "world of %d (%s): a rank failed; its stderr says why", j.world, arg);
 }
-static const child_entry children[] = {{"syncbn", child_syncbn}};
 CT_TEST(gpu_sync_batch_norm_world_matches_cpu_whole_batch) {
     static const char *runs[] = {"0 5 3 2", "1 5 3 2", "0 4 2 0 3", "1 1 1 0 2", "0 1 1 0"};
     const char *np = getenv("CAPEX_NCCL_PATH"), *lp = getenv("CAPEX_LIBCUDA_PATH");
@@ -702,7 +701,7 @@ static int syncbn_rank(capex_cuda_context *ctx, capex_comm *comm, int rank, int 
     capex_cuda_stream_destroy(ctx, st);
     return 0;
 }
-static void child_syncbn(const char *arg, child_result *res) {
+static void child_syncbn_stream(const char *arg, child_result *res) {
     int codes[16] = {0}, r;
     (void)arg;
     setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
@@ -715,7 +714,7 @@ CT_TEST(gpu_sync_batch_norm_nccl_world2_orders_user_stream) {
     const char *np = getenv("CAPEX_NCCL_PATH"), *lp = getenv("CAPEX_LIBCUDA_PATH");
     if (!np || !strstr(np, "fake")) CT_SKIP("two ranks need a GPU each; the stand-in NCCL runs them on the emulator");
     if (!lp || strstr(lp, "fake")) CT_SKIP("kernels need the emulator driver (CAPEX_LIBCUDA_PATH)");
-    r = run_child("syncbn", NULL);
+    r = run_child("syncbn_stream", NULL);
     CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
 }
 
@@ -734,7 +733,7 @@ static const ct_case cases[] = {
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
     CT_CASE(gpu_sync_batch_norm_nccl_world2_orders_user_stream),
 };
-static const child_entry children[] = {{"syncbn", child_syncbn}};
+static const child_entry children[] = {{"syncbn", child_syncbn}, {"syncbn_stream", child_syncbn_stream}};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
