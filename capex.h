@@ -8700,6 +8700,20 @@ static capex_result capex__mpi_broadcast(capex_comm *c, void *buf, size_t n, cap
     return CAPEX_OK;
 }
 
+/* MPI's gathers take this rank's data in place (MPI_IN_PLACE) only at its
+   slot of recv and forbid any other overlap; the front-ends allow send ==
+   recv, which on ranks > 0 is not that slot (MPI then gathered garbage), so
+   send elsewhere inside recv is first moved to the slot. */
+static const void *capex__mpi_gather_send(const void *send, void *recv, size_t slot, size_t bytes, size_t total) {
+    char *at = (char *)recv + slot;
+    if ((const char *)send == at) return MPI_IN_PLACE;
+    if (bytes && (const char *)send < (char *)recv + total && (const char *)send + bytes > (char *)recv) {
+        memmove(at, send, bytes);
+        return MPI_IN_PLACE;
+    }
+    return send;
+}
+
 static capex_result capex__mpi_allgather(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
                                         double deadline) {
     size_t bytes = n * capex_comm_dtype_size(t);
@@ -8708,8 +8722,8 @@ static capex_result capex__mpi_allgather(capex_comm *c, const void *send, void *
         return capex__fail(CAPEX_ERR_LIMIT, "MPI allgather: %lu bytes per rank exceed INT_MAX; gather in pieces",
                            (unsigned long)bytes);
     if ((rc = capex__mpi_arrive(c, deadline, "MPI allgather (waiting for every rank)")) != CAPEX_OK) return (capex_result)rc;
-    rc = MPI_Allgather(send == (const char *)recv + bytes * (size_t)c->rank ? MPI_IN_PLACE : send, (int)bytes, MPI_BYTE,
-                       recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c));
+    rc = MPI_Allgather(capex__mpi_gather_send(send, recv, bytes * (size_t)c->rank, bytes, bytes * (size_t)c->world_size),
+                       (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c));
     if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Allgather");
     return CAPEX_OK;
 }
@@ -8804,7 +8818,7 @@ static capex_result capex__mpi_iallgather(capex_comm *c, const void *send, void 
     int rc;
     if (bytes > (size_t)INT_MAX || bytes * (size_t)c->world_size > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED;
     memset(req, 0, sizeof *req);
-    rc = MPI_Iallgather((const char *)send == (const char *)recv + (size_t)c->rank * bytes ? MPI_IN_PLACE : send,
+    rc = MPI_Iallgather(capex__mpi_gather_send(send, recv, (size_t)c->rank * bytes, bytes, bytes * (size_t)c->world_size),
                         (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c), &q);
     if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallgather");
     return capex__mpi_req_started(req, q, recv, count, t, CAPEX_REDUCE_SUM); /* nothing to convert or divide */
@@ -8932,9 +8946,9 @@ static capex_result capex__mpi_allgatherv(capex_comm *c, const void *send, void 
     if (r != CAPEX_OK) return r;
     r = capex__mpi_arrive(c, deadline, "MPI allgatherv (waiting for every rank)");
     if (r == CAPEX_OK) {
-        const char *at = (const char *)recv + (size_t)cnt[c->world_size + c->rank];
-        rc = MPI_Allgatherv(send == (const void *)at ? MPI_IN_PLACE : send, cnt[c->rank], MPI_BYTE, recv, cnt,
-                            cnt + c->world_size, MPI_BYTE, capex__mpi_comm(c));
+        size_t all = (size_t)cnt[2 * c->world_size - 1] + (size_t)cnt[c->world_size - 1]; /* last displ + count */
+        rc = MPI_Allgatherv(capex__mpi_gather_send(send, recv, (size_t)cnt[c->world_size + c->rank], (size_t)cnt[c->rank], all),
+                            cnt[c->rank], MPI_BYTE, recv, cnt, cnt + c->world_size, MPI_BYTE, capex__mpi_comm(c));
         if (rc != MPI_SUCCESS) r = capex__mpi_err(rc, "MPI_Allgatherv");
     }
     capex__free(NULL, cnt);

@@ -33,6 +33,8 @@
 static int g_rank, g_world, g_layout;
 static char g_why[512];
 #define CHECK(cond, ...) do { if (!(cond)) { snprintf(g_why, sizeof g_why, __VA_ARGS__); return 1; } } while (0)
+/* Records the first failure and goes on, so every rank still makes each collective. */
+#define NOTE(cond, ...) do { if (!(cond) && !g_why[0]) snprintf(g_why, sizeof g_why, __VA_ARGS__); } while (0)
 
 /* ---- data ---- */
 #define D 40
@@ -398,6 +400,56 @@ static int t_shards(void) {
     return 0;
 }
 
+/* The front-ends allow send == recv: for the gathers that is not MPI's
+   in-place slot (recv + rank's displacement) on ranks > 0, and handing MPI
+   the aliased buffers silently gathered garbage (np 2). Also send at another
+   rank's slot, for allgather, allgatherv and the nonblocking allgather. */
+static int t_gather_aliased(void) {
+    static const size_t ns[3] = {4, 1000, 100000};
+    capex_comm c;
+    size_t counts[64], total, displ, i, k;
+    int p, shift;
+    float *g;
+    comm_make(&c, 30.0);
+    c.vt = orig_vt;
+    for (k = 0; k < 3; k++)
+        for (shift = 0; shift < 2; shift++) {
+            size_t n = ns[k], me = shift ? (size_t)((g_rank + 1) % g_world) * n : 0; /* where send sits in recv */
+            capex_comm_req q;
+            capex_result r;
+            int mode;
+            g = (float *)malloc(n * (size_t)g_world * sizeof(float));
+            if (!g) { fprintf(stderr, "oom\n"); exit(2); }
+            for (mode = 0; mode < 2; mode++) {
+                for (i = 0; i < n * (size_t)g_world; i++) g[i] = -1.0f;
+                for (i = 0; i < n; i++) g[me + i] = (float)(g_rank * 1000003 + (int)i);
+                if (mode == 0) r = capex_comm_allgather(&c, g + me, g, n, CAPEX_F32);
+                else if ((r = c.vt->iallgather(&c, g + me, g, n, CAPEX_F32, &q)) == CAPEX_OK)
+                    r = c.vt->wait(&c, &q, capex_dist_now() + 30.0);
+                NOTE(r == CAPEX_OK, "%s n %zu: %.300s", mode ? "iallgather" : "allgather", n, capex_last_error());
+                for (i = 0; i < n * (size_t)g_world; i++)
+                    NOTE(g[i] == (float)((int)(i / n) * 1000003 + (int)(i % n)), "%s n %zu send at %zu: element %zu is %g",
+                          mode ? "iallgather" : "allgather", n, me, i, (double)g[i]);
+            }
+            /* uneven: odd ranks give one element fewer (send at recv's start or at the next rank's slot) */
+            for (p = 0, total = 0, displ = 0; p < g_world; p++) {
+                counts[p] = n - (size_t)p % 2;
+                if (p == (shift ? (g_rank + 1) % g_world : 0)) displ = total;
+                total += counts[p];
+            }
+            for (i = 0; i < total; i++) g[i] = -1.0f;
+            for (i = 0; i < counts[g_rank]; i++) g[displ + i] = (float)(g_rank * 1000003 + (int)i);
+            NOTE(capex_comm_allgatherv(&c, g + displ, g, counts, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+            for (p = 0, total = 0; p < g_world; total += counts[p], p++)
+                for (i = 0; i < counts[p]; i++)
+                    NOTE(g[total + i] == (float)(p * 1000003 + (int)i), "allgatherv n %zu send at %zu: rank %d's element %zu is %g",
+                          n, displ, p, i, (double)g[total + i]);
+            free(g);
+        }
+    capex_comm_destroy(&c);
+    return g_why[0] != '\0';
+}
+
 /* The sharded optimizer (ZeRO stage 1 and 2) bit for bit against DDP +
    capex_optim over MPI (tests/zero_check.h). */
 static int t_zero(void) {
@@ -480,6 +532,7 @@ int main(int argc, char **argv) {
         {"train_bf16_grads_allreduce_always_fp32", t_train_bf16_fp32_reduce},
         {"train_rebuild_buckets", t_train_rebuild},
         {"zero_stage1_and_2_match_ddp_and_optim", t_zero},
+        {"gathers_with_send_aliasing_recv", t_gather_aliased},
     };
     int i, passed = 0, failed = 0;
     MPI_Init(&argc, &argv);
