@@ -8968,6 +8968,10 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
     if (!init || fin) return capex__fail(CAPEX_ERR_ORDER, "capex_comm_init_mpi: call MPI_Init first (and not after MPI_Finalize)");
+    /* MPI calls on MPI_COMM_NULL raise MPI_COMM_WORLD's handler: by default, abort the job */
+    if (mc == MPI_COMM_NULL)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_mpi: the communicator is MPI_COMM_NULL (this rank is "
+                                                  "not in it: MPI_Comm_split with MPI_UNDEFINED?)");
     m = (capex__mpi *)capex__alloc(NULL, sizeof *m);
     if (!m) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_comm_init_mpi: out of memory");
     {

@@ -450,6 +450,19 @@ static int t_gather_aliased(void) {
     return g_why[0] != '\0';
 }
 
+/* capex_comm_init_mpi on a communicator it cannot use returns an error,
+   the comm left zeroed: MPI_COMM_NULL (what MPI_Comm_split gives a rank
+   with MPI_UNDEFINED) made MPI's default handler abort the job. */
+static int t_init_bad_comm(void) {
+    capex_comm c;
+    memset(&c, 0xA5, sizeof c);
+    CHECK(capex_comm_init_mpi(&c, MPI_COMM_NULL) == CAPEX_ERR_INVALID_ARG, "MPI_COMM_NULL: %.300s", capex_last_error());
+    CHECK(strstr(capex_last_error(), "MPI_COMM_NULL") != NULL, "message: %.300s", capex_last_error());
+    CHECK(c.vt == NULL && c.impl == NULL, "comm not zeroed");
+    capex_comm_destroy(&c); /* harmless on the zeroed comm */
+    return 0;
+}
+
 /* The sharded optimizer (ZeRO stage 1 and 2) bit for bit against DDP +
    capex_optim over MPI (tests/zero_check.h). */
 static int t_zero(void) {
@@ -533,6 +546,7 @@ int main(int argc, char **argv) {
         {"train_rebuild_buckets", t_train_rebuild},
         {"zero_stage1_and_2_match_ddp_and_optim", t_zero},
         {"gathers_with_send_aliasing_recv", t_gather_aliased},
+        {"init_mpi_refuses_unusable_communicators", t_init_bad_comm},
     };
     int i, passed = 0, failed = 0;
     MPI_Init(&argc, &argv);
