@@ -1483,7 +1483,8 @@ CAPEX_API double capex_dist_now(void);
 CAPEX_API capex_result capex_comm_init_single(capex_comm *c);
 /* MPI over MPI_COMM_WORLD (duplicated, errors return instead of aborting).
    MPI must be initialised by the caller. Without CAPEX_MPI: CAPEX_ERR_NO_MPI.
-   With CAPEX_MPI, capex_comm_init_mpi(c, MPI_Comm) takes any communicator. */
+   With CAPEX_MPI, capex_comm_init_mpi(c, MPI_Comm) takes any intracommunicator
+   (MPI_COMM_NULL and intercommunicators: CAPEX_ERR_INVALID_ARG). */
 CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c);
 CAPEX_API void capex_comm_destroy(capex_comm *c);
 /* TCP through rank 0 at env's MASTER_ADDR:MASTER_PORT (nonce from env's
@@ -8972,6 +8973,13 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     if (mc == MPI_COMM_NULL)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_mpi: the communicator is MPI_COMM_NULL (this rank is "
                                                   "not in it: MPI_Comm_split with MPI_UNDEFINED?)");
+    {
+        int inter = 0; /* rank and size would be the local group's, the sums the remote group's */
+        MPI_Comm_test_inter(mc, &inter);
+        if (inter)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_mpi: the communicator is an intercommunicator; "
+                                                      "give an intracommunicator (MPI_Intercomm_merge)");
+    }
     m = (capex__mpi *)capex__alloc(NULL, sizeof *m);
     if (!m) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_comm_init_mpi: out of memory");
     {

@@ -452,7 +452,9 @@ static int t_gather_aliased(void) {
 
 /* capex_comm_init_mpi on a communicator it cannot use returns an error,
    the comm left zeroed: MPI_COMM_NULL (what MPI_Comm_split gives a rank
-   with MPI_UNDEFINED) made MPI's default handler abort the job. */
+   with MPI_UNDEFINED) made MPI's default handler abort the job, and an
+   intercommunicator was taken (rank and size of the local group, but its
+   allreduce is the remote group's sum; Open MPI then aborted on MPI_IN_PLACE). */
 static int t_init_bad_comm(void) {
     capex_comm c;
     memset(&c, 0xA5, sizeof c);
@@ -460,6 +462,18 @@ static int t_init_bad_comm(void) {
     CHECK(strstr(capex_last_error(), "MPI_COMM_NULL") != NULL, "message: %.300s", capex_last_error());
     CHECK(c.vt == NULL && c.impl == NULL, "comm not zeroed");
     capex_comm_destroy(&c); /* harmless on the zeroed comm */
+    if (g_world >= 2) { /* an intercommunicator: its collectives reduce the other group's data */
+        MPI_Comm half, inter;
+        capex_result r;
+        MPI_Comm_split(MPI_COMM_WORLD, g_rank % 2, g_rank, &half);
+        MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, g_rank % 2 ? 0 : 1, 77, &inter);
+        r = capex_comm_init_mpi(&c, inter);
+        if (r == CAPEX_OK) capex_comm_destroy(&c);
+        MPI_Comm_free(&inter);
+        MPI_Comm_free(&half);
+        CHECK(r == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "intercommunicator"), "intercommunicator: %s: %.300s",
+              capex_result_string(r), r ? capex_last_error() : "");
+    }
     return 0;
 }
 
