@@ -8570,7 +8570,9 @@ CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
 
 /* Blocking collectives: every rank first enters an MPI_Ibarrier polled with
    MPI_Test until the deadline (a stuck or absent peer gives CAPEX_ERR_TIMEOUT
-   rather than a hang), then runs MPI's blocking collective. The blocking call
+   rather than a hang), checks that every rank called the same collective
+   (capex__mpi_arrive: ranks that disagree get CAPEX_ERR_COMM), then runs
+   MPI's blocking collective. The blocking call
    uses MPI's tuned algorithms and progress loop: the nonblocking twins
    (Open MPI's libnbc) polled with MPI_Test ran 1.4-1.8x slower at 64 KiB-64 MiB
    on np 2 (bench/RESULTS.md), and far worse when the polling rank competed
@@ -8620,19 +8622,56 @@ static capex_result capex__mpi_poll(MPI_Request *req, double deadline, const cha
     }
 }
 
-/* Every rank of the comm has reached this collective, or the deadline passed. */
-static capex_result capex__mpi_arrive(capex_comm *c, double deadline, const char *what) {
+/* Every rank of the comm has reached this collective (an MPI_Ibarrier
+   polled against the deadline), then every rank checks that all called the
+   same one: a blocking MAX-allreduce of this call's key (kind, size, detail)
+   and of its complement (so the minimum too). A rank whose call differs
+   (another count or dtype or root, no elements, which the front-ends make a
+   barrier, or another order) fails every rank with CAPEX_ERR_COMM, as over
+   TCP; the barrier alone matched any call, returned CAPEX_OK on that rank
+   and left the others in MPI's blocking collective with no deadline. (The
+   key goes after the barrier: a polled MPI_Iallreduce cost ~4 us a call, a
+   blocking one after the barrier ~1 us, np 2.) */
+enum { CAPEX__MPI_ALLREDUCE = 1, CAPEX__MPI_BROADCAST = 2, CAPEX__MPI_ALLGATHER = 3, CAPEX__MPI_BARRIER = 4,
+       CAPEX__MPI_REDUCE_SCATTER = 5, CAPEX__MPI_ALLGATHERV = 6 };
+static capex_result capex__mpi_arrive(capex_comm *c, double deadline, const char *what, unsigned kind, uint64_t size,
+                                      uint64_t detail) {
+    static const char *names[7] = {"?", "allreduce", "broadcast", "allgather", "barrier", "reduce-scatter", "allgatherv"};
+    uint64_t mine[6], all[6];
     MPI_Request q;
-    int rc = MPI_Ibarrier(capex__mpi_comm(c), &q);
+    capex_result r;
+    int i, rc = MPI_Ibarrier(capex__mpi_comm(c), &q);
     if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Ibarrier");
-    return capex__mpi_poll(&q, deadline, what);
+    if ((r = capex__mpi_poll(&q, deadline, what)) != CAPEX_OK) return r;
+    mine[0] = kind; mine[1] = size; mine[2] = detail;
+    for (i = 0; i < 3; i++) mine[3 + i] = ~mine[i];
+    rc = MPI_Allreduce(mine, all, 6, MPI_UINT64_T, MPI_MAX, capex__mpi_comm(c));
+    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Allreduce (arrival check)");
+    if (memcmp(mine, all, sizeof mine) != 0)
+        return capex__fail(CAPEX_ERR_COMM, "MPI %s: the ranks called different collectives or sizes (this rank: %s of "
+                                           "%llu, detail %llu; across ranks: kinds %llu..%llu, sizes %llu..%llu; a call "
+                                           "with no elements is a barrier): every rank must make the same calls in the "
+                                           "same order", names[kind < 7 ? kind : 0], names[kind < 7 ? kind : 0],
+                           (unsigned long long)size, (unsigned long long)detail, (unsigned long long)~all[3],
+                           (unsigned long long)all[0], (unsigned long long)~all[4], (unsigned long long)all[1]);
+    return CAPEX_OK;
 }
 
-static capex_result capex__mpi_allreduce_f32(capex_comm *c, const float *send, float *recv, size_t n, double deadline) {
+/* FNV-1a of the counts array (reduce-scatter / allgatherv: every rank must pass the same). */
+static uint64_t capex__mpi_counts_hash(const size_t *counts, int n) {
+    uint64_t h = 14695981039346656037ull;
+    int p;
+    for (p = 0; p < n; p++) { h ^= (uint64_t)counts[p]; h *= 1099511628211ull; }
+    return h;
+}
+
+static capex_result capex__mpi_allreduce_f32(capex_comm *c, const float *send, float *recv, size_t n, uint64_t detail,
+                                            double deadline) {
     size_t off;
     for (off = 0; off < n; off += CAPEX__MPI_CHUNK) {
         int m = (int)(n - off < CAPEX__MPI_CHUNK ? n - off : CAPEX__MPI_CHUNK), rc;
-        if ((rc = capex__mpi_arrive(c, deadline, "MPI allreduce (waiting for every rank)")) != CAPEX_OK)
+        if ((rc = capex__mpi_arrive(c, deadline, "MPI allreduce (waiting for every rank)", CAPEX__MPI_ALLREDUCE, (uint64_t)m,
+                                    detail)) != CAPEX_OK)
             return (capex_result)rc;
         rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : (const void *)(send + off), recv + off, m, MPI_FLOAT, MPI_SUM,
                            capex__mpi_comm(c));
@@ -8643,12 +8682,13 @@ static capex_result capex__mpi_allreduce_f32(capex_comm *c, const float *send, f
 
 /* f64 / int64: native MPI sums, chunked like f32. */
 static capex_result capex__mpi_allreduce_wide(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
-                                             double deadline) {
+                                             uint64_t detail, double deadline) {
     size_t off;
     MPI_Datatype dt = t == CAPEX_F64 ? MPI_DOUBLE : MPI_INT64_T;
     for (off = 0; off < n; off += CAPEX__MPI_CHUNK) {
         int m = (int)(n - off < CAPEX__MPI_CHUNK ? n - off : CAPEX__MPI_CHUNK), rc;
-        if ((rc = capex__mpi_arrive(c, deadline, "MPI allreduce (waiting for every rank)")) != CAPEX_OK)
+        if ((rc = capex__mpi_arrive(c, deadline, "MPI allreduce (waiting for every rank)", CAPEX__MPI_ALLREDUCE, (uint64_t)m,
+                                    detail)) != CAPEX_OK)
             return (capex_result)rc;
         rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : (const void *)((const char *)send + off * 8),
                            (char *)recv + off * 8, m, dt, MPI_SUM, capex__mpi_comm(c));
@@ -8660,15 +8700,16 @@ static capex_result capex__mpi_allreduce_wide(capex_comm *c, const void *send, v
 static capex_result capex__mpi_allreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
                                         capex_reduce_op op, double deadline) {
     capex_result r;
+    uint64_t detail = (uint64_t)t | (uint64_t)op << 8;
     if (capex__comm_wide(t)) {
         size_t i;
-        r = capex__mpi_allreduce_wide(c, send, recv, n, t, deadline);
+        r = capex__mpi_allreduce_wide(c, send, recv, n, t, detail, deadline);
         if (r == CAPEX_OK && op == CAPEX_REDUCE_AVG && t == CAPEX_F64)
             for (i = 0; i < n; i++) ((double *)recv)[i] /= (double)c->world_size;
         return r;
     }
     if (t == CAPEX_F32) {
-        r = capex__mpi_allreduce_f32(c, (const float *)send, (float *)recv, n, deadline);
+        r = capex__mpi_allreduce_f32(c, (const float *)send, (float *)recv, n, detail, deadline);
     } else {
         size_t bytes;
         float *tmp;
@@ -8677,7 +8718,7 @@ static capex_result capex__mpi_allreduce(capex_comm *c, const void *send, void *
         tmp = (float *)capex__alloc(c->allocator, bytes);
         if (!tmp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "MPI allreduce: no memory for the f32 staging buffer");
         capex__host_convert(tmp, CAPEX_F32, send, t, n);
-        r = capex__mpi_allreduce_f32(c, tmp, tmp, n, deadline);
+        r = capex__mpi_allreduce_f32(c, tmp, tmp, n, detail, deadline);
         if (r == CAPEX_OK) {
             if (op == CAPEX_REDUCE_AVG) capex__host_div(tmp, n, CAPEX_F32, (float)c->world_size);
             capex__host_convert(recv, t, tmp, CAPEX_F32, n);
@@ -8693,7 +8734,8 @@ static capex_result capex__mpi_broadcast(capex_comm *c, void *buf, size_t n, cap
     size_t bytes = n * capex_comm_dtype_size(t), off;
     for (off = 0; off < bytes; off += CAPEX__MPI_CHUNK) {
         int m = (int)(bytes - off < CAPEX__MPI_CHUNK ? bytes - off : CAPEX__MPI_CHUNK), rc;
-        if ((rc = capex__mpi_arrive(c, deadline, "MPI broadcast (waiting for every rank)")) != CAPEX_OK)
+        if ((rc = capex__mpi_arrive(c, deadline, "MPI broadcast (waiting for every rank)", CAPEX__MPI_BROADCAST, (uint64_t)m,
+                                    (uint64_t)root)) != CAPEX_OK)
             return (capex_result)rc;
         rc = MPI_Bcast((char *)buf + off, m, MPI_BYTE, root, capex__mpi_comm(c));
         if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Bcast");
@@ -8722,7 +8764,9 @@ static capex_result capex__mpi_allgather(capex_comm *c, const void *send, void *
     if (bytes > (size_t)INT_MAX)
         return capex__fail(CAPEX_ERR_LIMIT, "MPI allgather: %lu bytes per rank exceed INT_MAX; gather in pieces",
                            (unsigned long)bytes);
-    if ((rc = capex__mpi_arrive(c, deadline, "MPI allgather (waiting for every rank)")) != CAPEX_OK) return (capex_result)rc;
+    if ((rc = capex__mpi_arrive(c, deadline, "MPI allgather (waiting for every rank)", CAPEX__MPI_ALLGATHER, (uint64_t)bytes,
+                                0)) != CAPEX_OK)
+        return (capex_result)rc;
     rc = MPI_Allgather(capex__mpi_gather_send(send, recv, bytes * (size_t)c->rank, bytes, bytes * (size_t)c->world_size),
                        (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c));
     if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Allgather");
@@ -8730,10 +8774,7 @@ static capex_result capex__mpi_allgather(capex_comm *c, const void *send, void *
 }
 
 static capex_result capex__mpi_barrier(capex_comm *c, double deadline) {
-    MPI_Request q;
-    int rc = MPI_Ibarrier(capex__mpi_comm(c), &q);
-    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Ibarrier");
-    return capex__mpi_poll(&q, deadline, "MPI barrier");
+    return capex__mpi_arrive(c, deadline, "MPI barrier", CAPEX__MPI_BARRIER, 0, 0);
 }
 
 /* req: p[0] = f32 staging (half types) or NULL, p[1] = recv, n[0] = count,
@@ -8917,7 +8958,8 @@ static capex_result capex__mpi_reduce_scatter(capex_comm *c, const void *send, v
         if (!stage) { capex__free(NULL, cnt); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: no memory for scratch", what); }
         out = stage;
     }
-    r = capex__mpi_arrive(c, deadline, "MPI reduce-scatter (waiting for every rank)");
+    r = capex__mpi_arrive(c, deadline, "MPI reduce-scatter (waiting for every rank)", CAPEX__MPI_REDUCE_SCATTER, (uint64_t)total,
+                          capex__mpi_counts_hash(counts, c->world_size) ^ ((uint64_t)t | (uint64_t)op << 8));
     if (r == CAPEX_OK) {
         rc = MPI_Reduce_scatter(in, out, cnt, t == CAPEX_F64 ? MPI_DOUBLE : t == CAPEX_I64 ? MPI_INT64_T : MPI_FLOAT,
                                 MPI_SUM, capex__mpi_comm(c));
@@ -8945,7 +8987,9 @@ static capex_result capex__mpi_allgatherv(capex_comm *c, const void *send, void 
     int *cnt = NULL, rc;
     capex_result r = capex__mpi_int_counts(c, "MPI allgatherv", counts, es, &cnt);
     if (r != CAPEX_OK) return r;
-    r = capex__mpi_arrive(c, deadline, "MPI allgatherv (waiting for every rank)");
+    r = capex__mpi_arrive(c, deadline, "MPI allgatherv (waiting for every rank)", CAPEX__MPI_ALLGATHERV,
+                          (uint64_t)cnt[2 * c->world_size - 1] + (uint64_t)cnt[c->world_size - 1],
+                          capex__mpi_counts_hash(counts, c->world_size) ^ (uint64_t)t);
     if (r == CAPEX_OK) {
         size_t all = (size_t)cnt[2 * c->world_size - 1] + (size_t)cnt[c->world_size - 1]; /* last displ + count */
         rc = MPI_Allgatherv(capex__mpi_gather_send(send, recv, (size_t)cnt[c->world_size + c->rank], (size_t)cnt[c->rank], all),

@@ -477,6 +477,38 @@ static int t_init_bad_comm(void) {
     return 0;
 }
 
+/* Ranks that disagree on a blocking collective all get CAPEX_ERR_COMM
+   (as over TCP) instead of some returning CAPEX_OK and the rest waiting in
+   MPI's blocking call with no deadline: rank 0 passing 0 elements (the
+   front-ends make that a barrier, which paired with the others' arrival
+   barrier), other counts, another dtype, another broadcast root, other
+   reduce-scatter counts. One fresh comm per case: a failed one stays failed. */
+static int t_mismatch(void) {
+    static const char *what[6] = {"allreduce count 0", "allreduce 5 vs 4", "allreduce f16 vs f32", "broadcast root",
+                                  "reduce-scatter counts", "allgatherv counts"};
+    float x[64] = {0}, y[64];
+    size_t counts[64];
+    int k, p;
+    for (k = 0; k < 6; k++) {
+        capex_comm c;
+        capex_result r;
+        comm_make(&c, 20.0);
+        c.vt = orig_vt;
+        for (p = 0; p < g_world; p++) counts[p] = p == 0 && g_rank == 0 ? 2 : 1;
+        r = k == 0 ? capex_comm_allreduce(&c, x, x, g_rank == 0 ? 0 : 4, CAPEX_F32, CAPEX_REDUCE_SUM)
+          : k == 1 ? capex_comm_allreduce(&c, x, x, g_rank == 0 ? 5 : 4, CAPEX_F32, CAPEX_REDUCE_SUM)
+          : k == 2 ? capex_comm_allreduce(&c, x, x, 4, g_rank == 0 ? CAPEX_F16 : CAPEX_F32, CAPEX_REDUCE_SUM)
+          : k == 3 ? capex_comm_broadcast(&c, x, 4, CAPEX_F32, g_rank == 0 ? 0 : 1)
+          : k == 4 ? capex_comm_reduce_scatter(&c, x, y, counts, CAPEX_F32, CAPEX_REDUCE_SUM)
+                   : capex_comm_allgatherv(&c, x, y, counts, CAPEX_F32);
+        NOTE(r == CAPEX_ERR_COMM && strstr(capex_last_error(), "different"), "%s: %s: %.300s", what[k],
+             capex_result_string(r), r ? capex_last_error() : "");
+        NOTE(capex_comm_barrier(&c) == CAPEX_ERR_COMM, "%s: the comm must stay failed", what[k]);
+        capex_comm_destroy(&c);
+    }
+    return g_why[0] != '\0';
+}
+
 /* The sharded optimizer (ZeRO stage 1 and 2) bit for bit against DDP +
    capex_optim over MPI (tests/zero_check.h). */
 static int t_zero(void) {
@@ -561,6 +593,7 @@ int main(int argc, char **argv) {
         {"zero_stage1_and_2_match_ddp_and_optim", t_zero},
         {"gathers_with_send_aliasing_recv", t_gather_aliased},
         {"init_mpi_refuses_unusable_communicators", t_init_bad_comm},
+        {"mismatched_calls_fail_on_every_rank", t_mismatch},
     };
     int i, passed = 0, failed = 0;
     MPI_Init(&argc, &argv);
