@@ -8337,6 +8337,13 @@ CAPEX__PRIVATE capex_result capex__comm_after(capex_comm *c, capex_result r) {
     return r;
 }
 
+/* A collective still in flight on a failed comm that had no abort entry to
+   stop it (MPI cannot cancel a collective) may yet read or write its buffers
+   when a late peer turns up: owners leak those buffers instead of freeing them. */
+CAPEX__PRIVATE int capex__req_orphaned(const capex_comm *c, const capex_comm_req *q) {
+    return q->active && c && c->failed && !(c->vt && c->vt->abort);
+}
+
 /* count elements of t, times `copies` (allgather: world), must fit size_t. */
 CAPEX__PRIVATE capex_result capex__comm_size_check(const char *fn, size_t count, capex_dtype t, size_t copies) {
     size_t bytes;
@@ -10353,6 +10360,7 @@ static void capex__ddp_free_bucket_array(capex_ddp *g, capex__bucket *b, size_t 
     size_t i;
     if (!b) return;
     for (i = 0; i < nb; i++) {
+        if (capex__req_orphaned(g->comm, &b[i].req)) continue; /* leaked: MPI may still write it */
         capex__comm_free(g->comm, b[i].buf);
         capex__comm_free(g->comm, b[i].buf32);
     }
@@ -10449,7 +10457,7 @@ CAPEX_API void capex_ddp_destroy(capex_ddp *g) {
     if (!g) return;
     /* buckets launched but not finalized: their collectives write into the
        buffers freed below (and hold backend resources); a failed wait aborts
-       the comm, which stops them */
+       the comm, which stops them (NCCL), or their buffers are leaked (MPI) */
     if (g->comm && g->comm->vt && g->comm->vt->wait && !g->comm->failed)
         for (i = 0; i < g->nb && !g->comm->failed; i++)
             if (g->b[i].req.active)
@@ -10944,6 +10952,7 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
     capex__free(NULL, z->piece_k);
     capex__free(NULL, z->full_pos);
     for (i = 0; z->b && i < z->nb; i++) {
+        if (capex__req_orphaned(z->comm, &z->b[i].req)) continue; /* leaked: MPI may still use them */
         capex__comm_free(z->comm, z->b[i].grad); /* stage 1's own buffer, or stage 2's lent one */
         capex__comm_free(z->comm, z->b[i].gshard);
         capex__comm_free(z->comm, z->b[i].param);

@@ -5,7 +5,8 @@
    stalls mid-step (the others return CAPEX_ERR_TIMEOUT within the 2 s
    deadline and apply no step), and a rank SIGKILLed mid-step (the job ends
    instead of hanging; with --enable-recovery the survivors themselves report
-   the failure within the deadline). SKIPs, with the reason, when mpirun or
+   the failure within the deadline), and DDP / ZeRO buffers whose collective
+   timed out are not freed (MPI still completes it when the peer turns up). SKIPs, with the reason, when mpirun or
    the MPI test binary is missing. */
 #define _POSIX_C_SOURCE 200809L
 #include "capex_test.h"
@@ -155,6 +156,26 @@ CT_TEST(mpi_killed_rank_survivors_fail_within_deadline) {
     free(out);
 }
 
+static void late(ct_state *ct, const char *mode, const char *timed_out) {
+    char args[1200];
+    int rc;
+    char *out;
+    if (!ready(ct)) return;
+    snprintf(args, sizeof args, "-np 2 '%s' %s", g_bin, mode);
+    rc = run(args, 60);
+    out = slurp();
+    CT_CHECK(out != NULL, "no output");
+    if (rc != 0 || !out || !strstr(out, "freed buffers intact")) show(out);
+    CT_CHECK(rc == 0, "mpirun exit %d", rc);
+    CT_CHECK(out && strstr(out, timed_out), "rank 0 must time out (%s)", timed_out);
+    CT_CHECK(out && strstr(out, "freed buffers intact"), "the late collective wrote into a buffer %s had freed", mode);
+    free(out);
+}
+/* rank 0 times out and destroys its DDP / ZeRO; rank 1 arrives late and the
+   collective MPI could not cancel completes into rank 0's buffer */
+CT_TEST(mpi_abandoned_ddp_bucket_not_freed) { late(ct, "late", "rank 0: finalize -> CAPEX_ERR_TIMEOUT"); }
+CT_TEST(mpi_abandoned_zero_gather_not_freed) { late(ct, "late_zero", "rank 0: wait_params -> CAPEX_ERR_TIMEOUT"); }
+
 static const ct_case cases[] = {
     CT_CASE(mpi_np2),
     CT_CASE(mpi_np4_oversubscribe),
@@ -162,6 +183,8 @@ static const ct_case cases[] = {
     CT_CASE(mpi_stalled_rank_blocking_collectives_time_out),
     CT_CASE(mpi_killed_rank_job_ends),
     CT_CASE(mpi_killed_rank_survivors_fail_within_deadline),
+    CT_CASE(mpi_abandoned_ddp_bucket_not_freed),
+    CT_CASE(mpi_abandoned_zero_gather_not_freed),
 };
 
 int main(int argc, char **argv) {
