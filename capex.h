@@ -1484,7 +1484,8 @@ CAPEX_API capex_result capex_comm_init_single(capex_comm *c);
 /* MPI over MPI_COMM_WORLD (duplicated, errors return instead of aborting).
    MPI must be initialised by the caller. Without CAPEX_MPI: CAPEX_ERR_NO_MPI.
    With CAPEX_MPI, capex_comm_init_mpi(c, MPI_Comm) takes any intracommunicator
-   (MPI_COMM_NULL and intercommunicators: CAPEX_ERR_INVALID_ARG). */
+   (MPI_COMM_NULL and intercommunicators: CAPEX_ERR_INVALID_ARG). Destroy
+   it before MPI_Finalize; calls after that return CAPEX_ERR_ORDER. */
 CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c);
 CAPEX_API void capex_comm_destroy(capex_comm *c);
 /* TCP through rank 0 at env's MASTER_ADDR:MASTER_PORT (nonce from env's
@@ -8601,6 +8602,16 @@ static capex_result capex__mpi_err(int code, const char *what) {
     return capex__fail(CAPEX_ERR_COMM, "%s failed: %s (a peer probably died or the network failed)", what, msg);
 }
 
+/* MPI aborts the process on nearly any call after MPI_Finalize: a comm
+   used then gets CAPEX_ERR_ORDER instead (a request left in flight is
+   finished, so wait and test clear it). */
+static capex_result capex__mpi_live(const char *what) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (fin) return capex__fail(CAPEX_ERR_ORDER, "%s: MPI_Finalize was called: destroy capex comms (and DDP / ZeRO) first", what);
+    return CAPEX_OK;
+}
+
 /* Polls req until done or the deadline: spins briefly, then yields the CPU
    between tests after 2 ms so oversubscribed ranks let their peers run. (A 50 us sleep
    here throttled large messages to ~0.13 GB/s: MPI moves one fragment per
@@ -8646,8 +8657,10 @@ static capex_result capex__mpi_arrive(capex_comm *c, double deadline, const char
     static const char *names[7] = {"?", "allreduce", "broadcast", "allgather", "barrier", "reduce-scatter", "allgatherv"};
     uint64_t mine[6], all[6];
     MPI_Request q;
-    capex_result r;
-    int i, rc = MPI_Ibarrier(capex__mpi_comm(c), &q);
+    capex_result r = capex__mpi_live(what);
+    int i, rc;
+    if (r != CAPEX_OK) return r;
+    rc = MPI_Ibarrier(capex__mpi_comm(c), &q);
     if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Ibarrier");
     if ((r = capex__mpi_poll(&q, deadline, what)) != CAPEX_OK) return r;
     mine[0] = kind; mine[1] = size; mine[2] = detail;
@@ -8807,6 +8820,7 @@ static capex_result capex__mpi_iallreduce(capex_comm *c, const void *send, void 
     typedef char capex__request_fits[sizeof(MPI_Request) <= sizeof req->handle ? 1 : -1];
     (void)sizeof(capex__request_fits);
     if (n > (size_t)INT_MAX || capex__comm_wide(t)) return CAPEX_ERR_UNSUPPORTED; /* caller: blocking path */
+    if (capex__mpi_live("MPI iallreduce") != CAPEX_OK) return CAPEX_ERR_ORDER;
     memset(req, 0, sizeof *req);
     if (t != CAPEX_F32) {
         buf = (float *)capex__alloc(c->allocator, n * sizeof(float));
@@ -8837,6 +8851,7 @@ static capex_result capex__mpi_ireduce_scatter(capex_comm *c, const void *send, 
     int rc;
     if (t != CAPEX_F32 && t != CAPEX_F16 && t != CAPEX_BF16) return CAPEX_ERR_UNSUPPORTED;
     if (total > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED; /* caller: blocking path, which chunks */
+    if (capex__mpi_live("MPI ireduce_scatter") != CAPEX_OK) return CAPEX_ERR_ORDER;
     memset(req, 0, sizeof *req);
     out = (float *)capex__alloc(c->allocator, count * sizeof(float) + 1);
     if (t != CAPEX_F32) in = (float *)capex__alloc(c->allocator, total * sizeof(float) + 1);
@@ -8866,6 +8881,7 @@ static capex_result capex__mpi_iallgather(capex_comm *c, const void *send, void 
     MPI_Request q;
     int rc;
     if (bytes > (size_t)INT_MAX || bytes * (size_t)c->world_size > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED;
+    if (capex__mpi_live("MPI iallgather") != CAPEX_OK) return CAPEX_ERR_ORDER;
     memset(req, 0, sizeof *req);
     rc = MPI_Iallgather(capex__mpi_gather_send(send, recv, (size_t)c->rank * bytes, bytes, bytes * (size_t)c->world_size),
                         (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c), &q);
@@ -8878,6 +8894,7 @@ static capex_result capex__mpi_wait(capex_comm *c, capex_comm_req *req, double d
     capex_result r;
     capex_dtype t = (capex_dtype)req->n[1];
     if (!req->active) return CAPEX_OK;
+    if ((r = capex__mpi_live("MPI wait")) != CAPEX_OK) { req->active = 0; return r; } /* MPI is gone: nothing writes now */
     memcpy(&q, req->handle.bytes, sizeof q);
     r = capex__mpi_poll(&q, deadline, "MPI allreduce (bucket)");
     if (r != CAPEX_OK) return r; /* the staging buffer stays: MPI may still write it */
@@ -8903,6 +8920,7 @@ static capex_result capex__mpi_test(capex_comm *c, capex_comm_req *req, int *don
     (void)c;
     *done = 1;
     if (!req->active) return CAPEX_OK;
+    if (capex__mpi_live("MPI test") != CAPEX_OK) return CAPEX_ERR_ORDER; /* wait clears the request */
     memcpy(&q, req->handle.bytes, sizeof q);
     rc = MPI_Test(&q, &flag, MPI_STATUS_IGNORE); /* drives progress; wait finishes the job */
     if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Test (bucket)");

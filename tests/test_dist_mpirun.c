@@ -176,6 +176,24 @@ static void late(ct_state *ct, const char *mode, const char *timed_out) {
 CT_TEST(mpi_abandoned_ddp_bucket_not_freed) { late(ct, "late", "rank 0: finalize -> CAPEX_ERR_TIMEOUT"); }
 CT_TEST(mpi_abandoned_zero_gather_not_freed) { late(ct, "late_zero", "rank 0: wait_params -> CAPEX_ERR_TIMEOUT"); }
 
+CT_TEST(mpi_comm_after_finalize_is_an_order_error) {
+    char args[1200];
+    int rc;
+    char *out;
+    if (!ready(ct)) return;
+    snprintf(args, sizeof args, "-np 2 '%s' after_finalize", g_bin);
+    rc = run(args, 60);
+    out = slurp();
+    CT_CHECK(out != NULL, "no output");
+    if (rc != 0 || !out || count(out, "after finalize: CAPEX_ERR_ORDER CAPEX_ERR_ORDER CAPEX_ERR_ORDER CAPEX_ERR_ORDER "
+                                      "CAPEX_ERR_ORDER: ") != 2)
+        show(out);
+    CT_CHECK(rc == 0, "mpirun exit %d", rc);
+    CT_CHECK(out && count(out, "after finalize: CAPEX_ERR_ORDER CAPEX_ERR_ORDER CAPEX_ERR_ORDER CAPEX_ERR_ORDER "
+                               "CAPEX_ERR_ORDER: ") == 2, "every call on both ranks must return CAPEX_ERR_ORDER");
+    free(out);
+}
+
 static const ct_case cases[] = {
     CT_CASE(mpi_np2),
     CT_CASE(mpi_np4_oversubscribe),
@@ -185,6 +203,7 @@ static const ct_case cases[] = {
     CT_CASE(mpi_killed_rank_survivors_fail_within_deadline),
     CT_CASE(mpi_abandoned_ddp_bucket_not_freed),
     CT_CASE(mpi_abandoned_zero_gather_not_freed),
+    CT_CASE(mpi_comm_after_finalize_is_an_order_error),
 };
 
 int main(int argc, char **argv) {

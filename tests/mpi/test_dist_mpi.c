@@ -9,6 +9,8 @@
    `test_dist_mpi late`, `late_zero`  rank 0's DDP allreduce / ZeRO all-gather
                           times out and rank 0 destroys it before rank 1 turns
                           up: what rank 0 freed must not be written (np 2)
+   `test_dist_mpi after_finalize`  every comm call after MPI_Finalize must
+                          return CAPEX_ERR_ORDER, not abort the process
    `test_dist_mpi stall_blocking`  rank 1 never enters the blocking
                           collectives: the others' allreduce, broadcast,
                           allgather, reduce-scatter and allgatherv must
@@ -664,6 +666,35 @@ static int run_late(void) {
     return 0;
 }
 
+/* `after_finalize`: a comm used after MPI_Finalize returns CAPEX_ERR_ORDER
+   (MPI aborts the process on any call but a few after finalize). Prints
+   "rank R: after finalize: ..." for each call. */
+static int run_after_finalize(void) {
+    capex_comm c;
+    capex_comm_req q;
+    float x[4] = {1, 2, 3, 4}, all[64];
+    size_t counts[64];
+    int p, done = 0;
+    capex_result r[5];
+    for (p = 0; p < g_world; p++) counts[p] = 1;
+    comm_make(&c, 30.0);
+    c.vt = orig_vt;
+    MPI_Finalize();
+    r[0] = capex_comm_allreduce(&c, x, x, 4, CAPEX_F32, CAPEX_REDUCE_SUM);
+    r[1] = capex_comm_barrier(&c);
+    r[2] = capex_comm_allgatherv(&c, x, all, counts, CAPEX_F32);
+    r[3] = c.vt->iallreduce(&c, x, x, 4, CAPEX_F32, CAPEX_REDUCE_SUM, &q);
+    memset(&q, 0, sizeof q);
+    q.active = 1; /* as a bucket launched before MPI_Finalize */
+    r[4] = c.vt->test(&c, &q, &done);
+    if (r[4] == CAPEX_ERR_ORDER) r[4] = c.vt->wait(&c, &q, capex_dist_now() + 1.0);
+    printf("rank %d: after finalize: %s %s %s %s %s: %s\n", g_rank, capex_result_string(r[0]), capex_result_string(r[1]),
+           capex_result_string(r[2]), capex_result_string(r[3]), capex_result_string(r[4]), capex_last_error());
+    fflush(stdout);
+    capex_comm_destroy(&c);
+    return 0;
+}
+
 static int run_failure_mode(const char *mode) {
     opts o;
     model m;
@@ -706,6 +737,7 @@ int main(int argc, char **argv) {
     make_data();
     if (argc > 1 && strcmp(argv[1], "stall_blocking") == 0) return run_stall_blocking();
     if (argc > 1 && strcmp(argv[1], "late") == 0) return run_late();
+    if (argc > 1 && strcmp(argv[1], "after_finalize") == 0) return run_after_finalize();
     if (argc > 1 && strcmp(argv[1], "late_zero") == 0) return run_late_zero();
     if (argc > 1) return run_failure_mode(argv[1]);
     for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
