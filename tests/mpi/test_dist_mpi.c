@@ -616,7 +616,7 @@ static int run_late_zero(void) {
     r = capex_zero_grad_ready(z, 0);
     if (r == CAPEX_OK) r = capex_zero_finalize(z);
     if (r != CAPEX_OK) { printf("rank %d: finalize: %s\n", g_rank, capex_last_error()); return 2; }
-    if (g_rank == 1) sleep(2);
+    if (g_rank == 1) sleep(3); /* well past rank 0's 0.5 s deadline, even on a loaded machine */
     else c.timeout_s = 0.5;
     r = capex_zero_step_async(z, 1.0f, 1.0f, 0);
     if (r == CAPEX_OK) r = capex_zero_wait_params(z);
@@ -648,7 +648,7 @@ static int run_late(void) {
     ps[0].data = w; ps[0].numel = LATE_N; ps[0].dtype = CAPEX_F32; ps[0].grad = NULL;
     capex_ddp_desc_init(&d);
     if (capex_ddp_create(&g, &c, ps, 1, &d) != CAPEX_OK) { printf("create: %s\n", capex_last_error()); return 2; }
-    if (g_rank == 1) sleep(2);
+    if (g_rank == 1) sleep(3); /* well past rank 0's 0.5 s deadline, even on a loaded machine */
     else c.timeout_s = 0.5;
     gr = (float *)capex_ddp_grad(g, 0);
     for (i = 0; i < LATE_N; i++) gr[i] = 1.0f;
