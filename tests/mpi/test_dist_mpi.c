@@ -6,9 +6,9 @@
    `test_dist_mpi kill`   rank 1 is SIGKILLed mid-step: the job must end
    `test_dist_mpi stall`  rank 1 stops mid-step: the others must return
                           CAPEX_ERR_TIMEOUT from finalize within the deadline
-   `test_dist_mpi late`, `late_zero`  rank 0's DDP allreduce / ZeRO all-gather
-                          times out and rank 0 destroys it before rank 1 turns
-                          up: what rank 0 freed must not be written (np 2)
+   `test_dist_mpi late`   rank 0's DDP allreduce and ZeRO all-gather time
+                          out and rank 0 destroys both before rank 1 turns up:
+                          what rank 0 freed must not be written (np 2)
    `test_dist_mpi after_finalize`  every comm call after MPI_Finalize must
                           return CAPEX_ERR_ORDER, not abort the process
    `test_dist_mpi stall_blocking`  rank 1 never enters the blocking
@@ -566,13 +566,13 @@ static int run_stall_blocking(void) {
     exit(4);
 }
 
-/* `late` (np 2): rank 0's bucket allreduce times out (rank 1 is late) and
-   rank 0 destroys its DDP; MPI cannot cancel the collective, so when rank 1
-   turns up the reduction still lands in rank 0's bucket. The comm's
-   allocator here poisons what it is handed back instead of freeing it, and
-   what rank 0 handed back must not change afterwards (else a write into
-   freed heap memory). Rank 0 prints "freed buffers intact" or "FREED BUFFER
-   WRITTEN". */
+/* `late` (np 2): rank 0's DDP bucket allreduce and ZeRO parameter
+   all-gather (step_async) time out (rank 1 is late) and rank 0 destroys the
+   DDP and the ZeRO; MPI cannot cancel a collective, so when rank 1 turns up
+   both still land in rank 0's buffers. The comms' allocator here poisons
+   what it is handed back instead of freeing it, and what rank 0 handed back
+   must not change afterwards (else a write into freed heap memory). Rank 0
+   prints "freed buffers intact" or "FREED BUFFER WRITTEN". */
 #define LATE_N 4096
 static unsigned char *late_freed[64];
 static size_t late_size[64];
@@ -590,12 +590,13 @@ static void late_free(void *q, void *u) {
     memset(q, 0x5A, *p); /* kept, poisoned */
     if (late_nfreed < 64) { late_freed[late_nfreed] = (unsigned char *)q; late_size[late_nfreed++] = *p; }
 }
-/* `late_zero`: the same for ZeRO, whose parameter all-gather (step_async)
-   rank 0 abandons after wait_params times out. */
-static int run_late_zero(void) {
-    static float w[LATE_N];
+static int run_late(void) {
+    static float w[LATE_N], zw[LATE_N];
     static capex_allocator al = {late_alloc, late_free, NULL};
-    capex_comm c;
+    capex_comm c, zc;
+    capex_ddp *g = NULL;
+    capex_ddp_param ps[1];
+    capex_ddp_desc d;
     capex_zero *z = NULL;
     capex_zero_param zp[1];
     capex_zero_desc zd;
@@ -605,63 +606,43 @@ static int run_late_zero(void) {
     int i, bad = 0;
     size_t k;
     comm_make(&c, 30.0);
-    c.vt = orig_vt;
     c.allocator = &al;
-    zp[0].data = w; zp[0].numel = LATE_N; zp[0].dtype = CAPEX_F32; zp[0].group = 0;
+    comm_make(&zc, 30.0);
+    zc.vt = orig_vt;
+    zc.allocator = &al;
+    ps[0].data = w; ps[0].numel = LATE_N; ps[0].dtype = CAPEX_F32; ps[0].grad = NULL;
+    capex_ddp_desc_init(&d);
+    zp[0].data = zw; zp[0].numel = LATE_N; zp[0].dtype = CAPEX_F32; zp[0].group = 0;
     capex_zero_desc_init(&zd);
     capex_optim_desc_init(&od, CAPEX_OPTIM_SGD);
-    if (capex_zero_create(&z, &c, zp, 1, &od, NULL, 1, &zd) != CAPEX_OK) { printf("create: %s\n", capex_last_error()); return 2; }
-    gr = (float *)capex_zero_grad(z, 0);
+    if (capex_ddp_create(&g, &c, ps, 1, &d) != CAPEX_OK || capex_zero_create(&z, &zc, zp, 1, &od, NULL, 1, &zd) != CAPEX_OK) {
+        printf("create: %s\n", capex_last_error());
+        return 2;
+    }
+    gr = (float *)capex_zero_grad(z, 0); /* a ZeRO step needs reduced grads: both ranks here */
     for (i = 0; i < LATE_N; i++) gr[i] = 1.0f;
     r = capex_zero_grad_ready(z, 0);
     if (r == CAPEX_OK) r = capex_zero_finalize(z);
-    if (r != CAPEX_OK) { printf("rank %d: finalize: %s\n", g_rank, capex_last_error()); return 2; }
+    if (r != CAPEX_OK) { printf("rank %d: zero finalize: %s\n", g_rank, capex_last_error()); return 2; }
     if (g_rank == 1) sleep(3); /* well past rank 0's 0.5 s deadline, even on a loaded machine */
-    else c.timeout_s = 0.5;
-    r = capex_zero_step_async(z, 1.0f, 1.0f, 0);
-    if (r == CAPEX_OK) r = capex_zero_wait_params(z);
-    printf("rank %d: wait_params -> %s\n", g_rank, capex_result_string(r));
-    capex_zero_destroy(z);
-    MPI_Barrier(MPI_COMM_WORLD); /* progresses rank 0's abandoned all-gather once rank 1 joins it */
-    for (k = 0; g_rank == 0 && k < (size_t)late_nfreed; k++)
-        for (i = 0; i < (int)late_size[k]; i++) bad |= late_freed[k][i] != 0x5A;
-    if (g_rank == 0) printf("rank 0: %s (%d buffers handed back)\n", bad ? "FREED BUFFER WRITTEN" : "freed buffers intact", late_nfreed);
-    fflush(stdout);
-    capex_comm_destroy(&c);
-    MPI_Finalize();
-    return 0;
-}
-
-static int run_late(void) {
-    static float w[LATE_N];
-    static capex_allocator al = {late_alloc, late_free, NULL};
-    capex_comm c;
-    capex_ddp *g = NULL;
-    capex_ddp_param ps[1];
-    capex_ddp_desc d;
-    capex_result r;
-    float *gr;
-    int i, bad = 0;
-    size_t k;
-    comm_make(&c, 30.0);
-    c.allocator = &al;
-    ps[0].data = w; ps[0].numel = LATE_N; ps[0].dtype = CAPEX_F32; ps[0].grad = NULL;
-    capex_ddp_desc_init(&d);
-    if (capex_ddp_create(&g, &c, ps, 1, &d) != CAPEX_OK) { printf("create: %s\n", capex_last_error()); return 2; }
-    if (g_rank == 1) sleep(3); /* well past rank 0's 0.5 s deadline, even on a loaded machine */
-    else c.timeout_s = 0.5;
+    else c.timeout_s = zc.timeout_s = 0.5;
     gr = (float *)capex_ddp_grad(g, 0);
     for (i = 0; i < LATE_N; i++) gr[i] = 1.0f;
     r = capex_ddp_grad_ready(g, 0);
     if (r == CAPEX_OK) r = capex_ddp_finalize(g);
     printf("rank %d: finalize -> %s\n", g_rank, capex_result_string(r));
+    r = capex_zero_step_async(z, 1.0f, 1.0f, 0);
+    if (r == CAPEX_OK) r = capex_zero_wait_params(z);
+    printf("rank %d: wait_params -> %s\n", g_rank, capex_result_string(r));
     capex_ddp_destroy(g);
-    MPI_Barrier(MPI_COMM_WORLD); /* progresses rank 0's abandoned allreduce once rank 1 joins it */
+    capex_zero_destroy(z);
+    MPI_Barrier(MPI_COMM_WORLD); /* progresses rank 0's abandoned collectives once rank 1 joins them */
     for (k = 0; g_rank == 0 && k < (size_t)late_nfreed; k++)
         for (i = 0; i < (int)late_size[k]; i++) bad |= late_freed[k][i] != 0x5A;
     if (g_rank == 0) printf("rank 0: %s (%d buffers handed back)\n", bad ? "FREED BUFFER WRITTEN" : "freed buffers intact", late_nfreed);
     fflush(stdout);
     capex_comm_destroy(&c);
+    capex_comm_destroy(&zc);
     MPI_Finalize();
     return 0;
 }
@@ -738,7 +719,6 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "stall_blocking") == 0) return run_stall_blocking();
     if (argc > 1 && strcmp(argv[1], "late") == 0) return run_late();
     if (argc > 1 && strcmp(argv[1], "after_finalize") == 0) return run_after_finalize();
-    if (argc > 1 && strcmp(argv[1], "late_zero") == 0) return run_late_zero();
     if (argc > 1) return run_failure_mode(argv[1]);
     for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         int f, anyf = 0, who = -1, r;
