@@ -8850,7 +8850,7 @@ static capex_result capex__mpi_ireduce_scatter(capex_comm *c, const void *send, 
     MPI_Request q;
     int rc;
     if (t != CAPEX_F32 && t != CAPEX_F16 && t != CAPEX_BF16) return CAPEX_ERR_UNSUPPORTED;
-    if (total > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED; /* caller: blocking path, which chunks */
+    if (total > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED; /* caller: blocking path (CAPEX_ERR_LIMIT there) */
     if (capex__mpi_live("MPI ireduce_scatter") != CAPEX_OK) return CAPEX_ERR_ORDER;
     memset(req, 0, sizeof *req);
     out = (float *)capex__alloc(c->allocator, count * sizeof(float) + 1);
