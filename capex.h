@@ -8127,29 +8127,32 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
             if ((res = capex__env_int(&e, names[k][2], &r.local_rank, &lr_found)) != CAPEX_OK) return res;
             s = e.fn(names[k][3], e.user);
             if (k == 3 && s && !capex__parse_int(s, &v)) {
-                /* SLURM_NTASKS_PER_NODE may be a list like "2(x3)" or "2,1": use
-                   SLURM_TASKS_PER_NODE and SLURM_NODEID instead below */
+                /* SLURM_NTASKS_PER_NODE may be a list like "2(x3)" or "2,1": only
+                   SLURM_TASKS_PER_NODE and SLURM_NODEID (below) can be used */
                 if (!strchr(s, '(') && !strchr(s, ','))
                     return capex__fail(CAPEX_ERR_CONFIG, "SLURM_NTASKS_PER_NODE='%.64s' is neither a task count nor a "
                                                          "Slurm list like 2(x3),1", s);
                 s = NULL;
             }
-            if (s) {
-                if ((res = capex__env_int(&e, names[k][3], &r.local_world_size, &lw_found)) != CAPEX_OK) return res;
-            } else if (k == 3) {
+            if (k == 3) {
+                /* the layout (SLURM_TASKS_PER_NODE's entry for SLURM_NODEID) wins
+                   over SLURM_NTASKS_PER_NODE, only the --ntasks-per-node request:
+                   a node may hold fewer (the last of -n 5 at 2 a node) */
                 int node = 0, nf = 0;
+                const char *tl = e.fn("SLURM_TASKS_PER_NODE", e.user);
                 if ((res = capex__env_int(&e, "SLURM_NODEID", &node, &nf)) != CAPEX_OK) return res;
-                s = e.fn("SLURM_TASKS_PER_NODE", e.user);
-                if (nf && s) {
-                    int t = capex__slurm_tasks_on_node(s, node);
+                if (nf && tl) {
+                    int t = capex__slurm_tasks_on_node(tl, node);
                     if (t <= 0)
                         return capex__fail(CAPEX_ERR_CONFIG, "SLURM_TASKS_PER_NODE='%.64s' is malformed or has no "
-                                                             "entry for SLURM_NODEID=%d", s, node);
+                                                             "entry for SLURM_NODEID=%d", tl, node);
                     r.local_world_size = t;
                     lw_found = 1;
-                    slurm_list = strchr(s, ',') != NULL;
+                    slurm_list = strchr(tl, ',') != NULL;
+                    s = NULL;
                 }
             }
+            if (s && (res = capex__env_int(&e, names[k][3], &r.local_world_size, &lw_found)) != CAPEX_OK) return res;
             r.launcher = kinds[k];
             break;
         }

@@ -112,6 +112,19 @@ CT_TEST(env_openmpi_pmi_slurm) {
     CT_CHECK(read_env(s2, &e) == CAPEX_OK, "%.300s", capex_last_error());
     CT_CHECK(e.rank == 3 && e.world_size == 4 && e.local_world_size == 2 && e.local_rank == 1 && e.node_rank == 1,
              "SLURM_NPROCS / NTASKS_PER_NODE: local %d/%d", e.local_rank, e.local_world_size);
+    { /* SLURM_NTASKS_PER_NODE is the --ntasks-per-node request; the layout
+         (SLURM_TASKS_PER_NODE on SLURM_NODEID) wins: 4 tasks on 4 nodes asked
+         at 4 per node (a real job's variables), and -n 5 at 2 per node, whose
+         last node holds 1 */
+        kv req[] = {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "1"},
+                    {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_TASKS_PER_NODE", "1(x4)"}, {NULL, NULL}};
+        kv last[] = {{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "5"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "2"},
+                     {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_TASKS_PER_NODE", "2(x2),1"}, {NULL, NULL}};
+        CT_CHECK(read_env(req, &e) == CAPEX_OK && e.local_rank == 0 && e.local_world_size == 1 && e.node_rank == 1,
+                 "one task a node: local %d/%d, node %d", e.local_rank, e.local_world_size, e.node_rank);
+        CT_CHECK(read_env(last, &e) == CAPEX_OK && e.local_rank == 0 && e.local_world_size == 1,
+                 "last node of -n 5 at 2 per node: local %d/%d", e.local_rank, e.local_world_size);
+    }
 }
 
 CT_TEST(env_slurm_tasks_per_node_parser) {
