@@ -8800,14 +8800,16 @@ static capex_result capex__mpi_barrier(capex_comm *c, double deadline) {
     return capex__mpi_arrive(c, deadline, "MPI barrier", CAPEX__MPI_BARRIER, 0, 0);
 }
 
-/* req: p[0] = f32 staging (half types) or NULL, p[1] = recv, n[0] = count,
-   n[1] = dtype, n[2] = op; handle = the MPI_Request. */
+/* req: p[0] = f32 staging (half types) or NULL, p[1] = recv, p[2] =
+   ireduce_scatter's f32 send staging, p[3] = the collective's name (a string
+   literal), n[0] = count, n[1] = dtype, n[2] = op; handle = the MPI_Request. */
 /* Records a started MPI request and what wait must do with it: convert the
    f32 staging p[0] (n elements) into recv as t, divide for AVG. */
 static capex_result capex__mpi_req_started(capex_comm_req *req, MPI_Request q, void *recv, size_t n, capex_dtype t,
-                                           capex_reduce_op op) {
+                                           capex_reduce_op op, const char *what) {
     memcpy(req->handle.bytes, &q, sizeof q);
     req->p[1] = recv;
+    req->p[3] = (void *)(uintptr_t)what; /* names the collective in wait's timeout message */
     req->n[0] = n;
     req->n[1] = (size_t)t;
     req->n[2] = (size_t)op;
@@ -8839,7 +8841,7 @@ static capex_result capex__mpi_iallreduce(capex_comm *c, const void *send, void 
         req->p[0] = NULL;
         return capex__mpi_err(rc, "MPI_Iallreduce");
     }
-    return capex__mpi_req_started(req, q, recv, n, t, op);
+    return capex__mpi_req_started(req, q, recv, n, t, op, "MPI allreduce (bucket)");
 }
 
 /* MPI_Ireduce_scatter_block in f32 into an f32 staging block (MPI_IN_PLACE
@@ -8875,7 +8877,7 @@ static capex_result capex__mpi_ireduce_scatter(capex_comm *c, const void *send, 
         memset(req, 0, sizeof *req);
         return capex__mpi_err(rc, "MPI_Ireduce_scatter_block");
     }
-    return capex__mpi_req_started(req, q, recv, count, t, op);
+    return capex__mpi_req_started(req, q, recv, count, t, op, "MPI reduce-scatter (bucket)");
 }
 
 static capex_result capex__mpi_iallgather(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
@@ -8889,7 +8891,8 @@ static capex_result capex__mpi_iallgather(capex_comm *c, const void *send, void 
     rc = MPI_Iallgather(capex__mpi_gather_send(send, recv, (size_t)c->rank * bytes, bytes, bytes * (size_t)c->world_size),
                         (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c), &q);
     if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallgather");
-    return capex__mpi_req_started(req, q, recv, count, t, CAPEX_REDUCE_SUM); /* nothing to convert or divide */
+    return capex__mpi_req_started(req, q, recv, count, t, CAPEX_REDUCE_SUM, /* nothing to convert or divide */
+                                  "MPI all-gather (bucket)");
 }
 
 static capex_result capex__mpi_wait(capex_comm *c, capex_comm_req *req, double deadline) {
@@ -8899,7 +8902,7 @@ static capex_result capex__mpi_wait(capex_comm *c, capex_comm_req *req, double d
     if (!req->active) return CAPEX_OK;
     if ((r = capex__mpi_live("MPI wait")) != CAPEX_OK) { req->active = 0; return r; } /* MPI is gone: nothing writes now */
     memcpy(&q, req->handle.bytes, sizeof q);
-    r = capex__mpi_poll(&q, deadline, "MPI allreduce (bucket)");
+    r = capex__mpi_poll(&q, deadline, req->p[3] ? (const char *)req->p[3] : "MPI collective (bucket)");
     if (r != CAPEX_OK) return r; /* the staging buffer stays: MPI may still write it */
     memcpy(req->handle.bytes, &q, sizeof q);
     req->active = 0;

@@ -630,10 +630,10 @@ static int run_late(void) {
     for (i = 0; i < LATE_N; i++) gr[i] = 1.0f;
     r = capex_ddp_grad_ready(g, 0);
     if (r == CAPEX_OK) r = capex_ddp_finalize(g);
-    printf("rank %d: finalize -> %s\n", g_rank, capex_result_string(r));
+    printf("rank %d: finalize -> %s (%.200s)\n", g_rank, capex_result_string(r), r ? capex_last_error() : "");
     r = capex_zero_step_async(z, 1.0f, 1.0f, 0);
     if (r == CAPEX_OK) r = capex_zero_wait_params(z);
-    printf("rank %d: wait_params -> %s\n", g_rank, capex_result_string(r));
+    printf("rank %d: wait_params -> %s (%.200s)\n", g_rank, capex_result_string(r), r ? capex_last_error() : "");
     capex_ddp_destroy(g);
     capex_zero_destroy(z);
     MPI_Barrier(MPI_COMM_WORLD); /* progresses rank 0's abandoned collectives once rank 1 joins them */
