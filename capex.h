@@ -1376,7 +1376,9 @@ CAPEX_API void capex_dist_env_desc_init(capex_dist_env_desc *d);
    match wins: explicit desc fields > torchrun (RANK) > Open MPI
    (OMPI_COMM_WORLD_RANK) > PMI (PMI_RANK) > Slurm (SLURM_PROCID) > single
    process. Numbers parse strictly (decimal digits only); rank < world etc. are
-   validated; errors are CAPEX_ERR_CONFIG naming the variable. Reentrant. */
+   validated; errors are CAPEX_ERR_CONFIG naming the variable. PMI without
+   MPI_LOCALRANKID (srun --mpi=pmi2) takes local ranks from Slurm's variables
+   when they describe the same task. Reentrant. */
 CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *d, capex_dist_env *out);
 CAPEX_API const char *capex_launcher_name(capex_launcher l);
 /* Sets the log rank (capex_log_set_rank) so default warnings print once. */
@@ -8111,7 +8113,7 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
             {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", NULL}};
         static const capex_launcher kinds[4] = {CAPEX_LAUNCHER_TORCHRUN, CAPEX_LAUNCHER_OPENMPI, CAPEX_LAUNCHER_PMI,
                                                 CAPEX_LAUNCHER_SLURM};
-        int k;
+        int k, lk; /* lk: whose local variables (PMI under srun: Slurm's) */
         for (k = 0; k < 4; k++) {
             if (!e.fn(names[k][0], e.user)) continue;
             rank_var = names[k][0]; size_var = names[k][1];
@@ -8124,9 +8126,19 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
             if (!found)
                 return capex__fail(CAPEX_ERR_CONFIG, "%s is set but %s is not: the %s launch is incomplete; set both",
                                    names[k][0], names[k][1], capex_launcher_name(kinds[k]));
-            if ((res = capex__env_int(&e, names[k][2], &r.local_rank, &lr_found)) != CAPEX_OK) return res;
-            s = e.fn(names[k][3], e.user);
-            if (k == 3 && s && !capex__parse_int(s, &v)) {
+            lk = k;
+            if (k == 2 && !e.fn(names[2][2], e.user) && !e.fn(names[2][3], e.user)) {
+                /* srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE but no local
+                   variables: Slurm's, when they describe this same task */
+                int sp = -1, sn = -1;
+                const char *n = e.fn("SLURM_NTASKS", e.user);
+                if (capex__parse_int(e.fn("SLURM_PROCID", e.user), &sp) &&
+                    capex__parse_int(n ? n : e.fn("SLURM_NPROCS", e.user), &sn) && sp == r.rank && sn == r.world_size)
+                    lk = 3;
+            }
+            if ((res = capex__env_int(&e, names[lk][2], &r.local_rank, &lr_found)) != CAPEX_OK) return res;
+            s = e.fn(names[lk][3], e.user);
+            if (lk == 3 && s && !capex__parse_int(s, &v)) {
                 /* SLURM_NTASKS_PER_NODE may be a list like "2(x3)" or "2,1": only
                    SLURM_TASKS_PER_NODE and SLURM_NODEID (below) can be used */
                 if (!strchr(s, '(') && !strchr(s, ','))
@@ -8134,7 +8146,7 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
                                                          "Slurm list like 2(x3),1", s);
                 s = NULL;
             }
-            if (k == 3) {
+            if (lk == 3) {
                 /* the layout (SLURM_TASKS_PER_NODE's entry for SLURM_NODEID) wins
                    over SLURM_NTASKS_PER_NODE, only the --ntasks-per-node request:
                    a node may hold fewer (the last of -n 5 at 2 a node) */
@@ -8152,7 +8164,7 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
                     s = NULL;
                 }
             }
-            if (s && (res = capex__env_int(&e, names[k][3], &r.local_world_size, &lw_found)) != CAPEX_OK) return res;
+            if (s && (res = capex__env_int(&e, names[lk][3], &r.local_world_size, &lw_found)) != CAPEX_OK) return res;
             r.launcher = kinds[k];
             break;
         }
