@@ -1384,7 +1384,9 @@ CAPEX_API void capex_dist_env_desc_init(capex_dist_env_desc *d);
    match wins: explicit desc fields > torchrun (RANK) > Open MPI
    (OMPI_COMM_WORLD_RANK) > PMI (PMI_RANK) > Slurm (SLURM_PROCID) > single
    process. Numbers parse strictly (decimal digits only); rank < world etc. are
-   validated; errors are CAPEX_ERR_CONFIG naming the variable. Reentrant. */
+   validated; errors are CAPEX_ERR_CONFIG naming the variable. PMI without
+   MPI_LOCALRANKID (srun --mpi=pmi2) takes local ranks from Slurm's variables
+   when they describe the same task. Reentrant. */
 CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *d, capex_dist_env *out);
 CAPEX_API const char *capex_launcher_name(capex_launcher l);
 /* Sets the log rank (capex_log_set_rank) so default warnings print once. */
@@ -1491,7 +1493,9 @@ CAPEX_API double capex_dist_now(void);
 CAPEX_API capex_result capex_comm_init_single(capex_comm *c);
 /* MPI over MPI_COMM_WORLD (duplicated, errors return instead of aborting).
    MPI must be initialised by the caller. Without CAPEX_MPI: CAPEX_ERR_NO_MPI.
-   With CAPEX_MPI, capex_comm_init_mpi(c, MPI_Comm) takes any communicator. */
+   With CAPEX_MPI, capex_comm_init_mpi(c, MPI_Comm) takes any intracommunicator
+   (MPI_COMM_NULL and intercommunicators: CAPEX_ERR_INVALID_ARG). Destroy
+   it before MPI_Finalize; calls after that return CAPEX_ERR_ORDER. */
 CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c);
 CAPEX_API void capex_comm_destroy(capex_comm *c);
 /* TCP through rank 0 at env's MASTER_ADDR:MASTER_PORT (nonce from env's
@@ -8165,7 +8169,7 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
             {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", NULL}};
         static const capex_launcher kinds[4] = {CAPEX_LAUNCHER_TORCHRUN, CAPEX_LAUNCHER_OPENMPI, CAPEX_LAUNCHER_PMI,
                                                 CAPEX_LAUNCHER_SLURM};
-        int k;
+        int k, lk; /* lk: whose local variables (PMI under srun: Slurm's) */
         for (k = 0; k < 4; k++) {
             if (!e.fn(names[k][0], e.user)) continue;
             rank_var = names[k][0]; size_var = names[k][1];
@@ -8178,32 +8182,45 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
             if (!found)
                 return capex__fail(CAPEX_ERR_CONFIG, "%s is set but %s is not: the %s launch is incomplete; set both",
                                    names[k][0], names[k][1], capex_launcher_name(kinds[k]));
-            if ((res = capex__env_int(&e, names[k][2], &r.local_rank, &lr_found)) != CAPEX_OK) return res;
-            s = e.fn(names[k][3], e.user);
-            if (k == 3 && s && !capex__parse_int(s, &v)) {
-                /* SLURM_NTASKS_PER_NODE may be a list like "2(x3)" or "2,1": use
-                   SLURM_TASKS_PER_NODE and SLURM_NODEID instead below */
+            lk = k;
+            if (k == 2 && !e.fn(names[2][2], e.user) && !e.fn(names[2][3], e.user)) {
+                /* srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE but no local
+                   variables: Slurm's, when they describe this same task */
+                int sp = -1, sn = -1;
+                const char *n = e.fn("SLURM_NTASKS", e.user);
+                if (capex__parse_int(e.fn("SLURM_PROCID", e.user), &sp) &&
+                    capex__parse_int(n ? n : e.fn("SLURM_NPROCS", e.user), &sn) && sp == r.rank && sn == r.world_size)
+                    lk = 3;
+            }
+            if ((res = capex__env_int(&e, names[lk][2], &r.local_rank, &lr_found)) != CAPEX_OK) return res;
+            s = e.fn(names[lk][3], e.user);
+            if (lk == 3 && s && !capex__parse_int(s, &v)) {
+                /* SLURM_NTASKS_PER_NODE may be a list like "2(x3)" or "2,1": only
+                   SLURM_TASKS_PER_NODE and SLURM_NODEID (below) can be used */
                 if (!strchr(s, '(') && !strchr(s, ','))
                     return capex__fail(CAPEX_ERR_CONFIG, "SLURM_NTASKS_PER_NODE='%.64s' is neither a task count nor a "
                                                          "Slurm list like 2(x3),1", s);
                 s = NULL;
             }
-            if (s) {
-                if ((res = capex__env_int(&e, names[k][3], &r.local_world_size, &lw_found)) != CAPEX_OK) return res;
-            } else if (k == 3) {
+            if (lk == 3) {
+                /* the layout (SLURM_TASKS_PER_NODE's entry for SLURM_NODEID) wins
+                   over SLURM_NTASKS_PER_NODE, only the --ntasks-per-node request:
+                   a node may hold fewer (the last of -n 5 at 2 a node) */
                 int node = 0, nf = 0;
+                const char *tl = e.fn("SLURM_TASKS_PER_NODE", e.user);
                 if ((res = capex__env_int(&e, "SLURM_NODEID", &node, &nf)) != CAPEX_OK) return res;
-                s = e.fn("SLURM_TASKS_PER_NODE", e.user);
-                if (nf && s) {
-                    int t = capex__slurm_tasks_on_node(s, node);
+                if (nf && tl) {
+                    int t = capex__slurm_tasks_on_node(tl, node);
                     if (t <= 0)
                         return capex__fail(CAPEX_ERR_CONFIG, "SLURM_TASKS_PER_NODE='%.64s' is malformed or has no "
-                                                             "entry for SLURM_NODEID=%d", s, node);
+                                                             "entry for SLURM_NODEID=%d", tl, node);
                     r.local_world_size = t;
                     lw_found = 1;
-                    slurm_list = strchr(s, ',') != NULL;
+                    slurm_list = strchr(tl, ',') != NULL;
+                    s = NULL;
                 }
             }
+            if (s && (res = capex__env_int(&e, names[lk][3], &r.local_world_size, &lw_found)) != CAPEX_OK) return res;
             r.launcher = kinds[k];
             break;
         }
@@ -8390,6 +8407,13 @@ CAPEX__PRIVATE capex_result capex__comm_after(capex_comm *c, capex_result r) {
         c->failed = 1;
     }
     return r;
+}
+
+/* A collective still in flight on a failed comm that had no abort entry to
+   stop it (MPI cannot cancel a collective) may yet read or write its buffers
+   when a late peer turns up: owners leak those buffers instead of freeing them. */
+CAPEX__PRIVATE int capex__req_orphaned(const capex_comm *c, const capex_comm_req *q) {
+    return q->active && c && c->failed && !(c->vt && c->vt->abort);
 }
 
 /* count elements of t, times `copies` (allgather: world), must fit size_t. */
@@ -8625,7 +8649,9 @@ CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
 
 /* Blocking collectives: every rank first enters an MPI_Ibarrier polled with
    MPI_Test until the deadline (a stuck or absent peer gives CAPEX_ERR_TIMEOUT
-   rather than a hang), then runs MPI's blocking collective. The blocking call
+   rather than a hang), checks that every rank called the same collective
+   (capex__mpi_arrive: ranks that disagree get CAPEX_ERR_COMM), then runs
+   MPI's blocking collective. The blocking call
    uses MPI's tuned algorithms and progress loop: the nonblocking twins
    (Open MPI's libnbc) polled with MPI_Test ran 1.4-1.8x slower at 64 KiB-64 MiB
    on np 2 (bench/RESULTS.md), and far worse when the polling rank competed
@@ -8645,6 +8671,16 @@ static capex_result capex__mpi_err(int code, const char *what) {
     msg[0] = '\0';
     MPI_Error_string(code, msg, &len);
     return capex__fail(CAPEX_ERR_COMM, "%s failed: %s (a peer probably died or the network failed)", what, msg);
+}
+
+/* MPI aborts the process on nearly any call after MPI_Finalize: a comm
+   used then gets CAPEX_ERR_ORDER instead (a request left in flight is
+   finished, so wait and test clear it). */
+static capex_result capex__mpi_live(const char *what) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (fin) return capex__fail(CAPEX_ERR_ORDER, "%s: MPI_Finalize was called: destroy capex comms (and DDP / ZeRO) first", what);
+    return CAPEX_OK;
 }
 
 /* Polls req until done or the deadline: spins briefly, then yields the CPU
@@ -8675,19 +8711,58 @@ static capex_result capex__mpi_poll(MPI_Request *req, double deadline, const cha
     }
 }
 
-/* Every rank of the comm has reached this collective, or the deadline passed. */
-static capex_result capex__mpi_arrive(capex_comm *c, double deadline, const char *what) {
+/* Every rank of the comm has reached this collective (an MPI_Ibarrier
+   polled against the deadline), then every rank checks that all called the
+   same one: a blocking MAX-allreduce of this call's key (kind, size, detail)
+   and of its complement (so the minimum too). A rank whose call differs
+   (another count or dtype or root, no elements, which the front-ends make a
+   barrier, or another order) fails every rank with CAPEX_ERR_COMM, as over
+   TCP; the barrier alone matched any call, returned CAPEX_OK on that rank
+   and left the others in MPI's blocking collective with no deadline. (The
+   key goes after the barrier: a polled MPI_Iallreduce cost ~4 us a call, a
+   blocking one after the barrier ~1 us, np 2.) */
+enum { CAPEX__MPI_ALLREDUCE = 1, CAPEX__MPI_BROADCAST = 2, CAPEX__MPI_ALLGATHER = 3, CAPEX__MPI_BARRIER = 4,
+       CAPEX__MPI_REDUCE_SCATTER = 5, CAPEX__MPI_ALLGATHERV = 6 };
+static capex_result capex__mpi_arrive(capex_comm *c, double deadline, const char *what, unsigned kind, uint64_t size,
+                                      uint64_t detail) {
+    static const char *names[7] = {"?", "allreduce", "broadcast", "allgather", "barrier", "reduce-scatter", "allgatherv"};
+    uint64_t mine[6], all[6];
     MPI_Request q;
-    int rc = MPI_Ibarrier(capex__mpi_comm(c), &q);
+    capex_result r = capex__mpi_live(what);
+    int i, rc;
+    if (r != CAPEX_OK) return r;
+    rc = MPI_Ibarrier(capex__mpi_comm(c), &q);
     if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Ibarrier");
-    return capex__mpi_poll(&q, deadline, what);
+    if ((r = capex__mpi_poll(&q, deadline, what)) != CAPEX_OK) return r;
+    mine[0] = kind; mine[1] = size; mine[2] = detail;
+    for (i = 0; i < 3; i++) mine[3 + i] = ~mine[i];
+    rc = MPI_Allreduce(mine, all, 6, MPI_UINT64_T, MPI_MAX, capex__mpi_comm(c));
+    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Allreduce (arrival check)");
+    if (memcmp(mine, all, sizeof mine) != 0)
+        return capex__fail(CAPEX_ERR_COMM, "MPI %s: the ranks called different collectives or sizes (this rank: %s of "
+                                           "%llu, detail %llu; across ranks: kinds %llu..%llu, sizes %llu..%llu; a call "
+                                           "with no elements is a barrier): every rank must make the same calls in the "
+                                           "same order", names[kind < 7 ? kind : 0], names[kind < 7 ? kind : 0],
+                           (unsigned long long)size, (unsigned long long)detail, (unsigned long long)~all[3],
+                           (unsigned long long)all[0], (unsigned long long)~all[4], (unsigned long long)all[1]);
+    return CAPEX_OK;
 }
 
-static capex_result capex__mpi_allreduce_f32(capex_comm *c, const float *send, float *recv, size_t n, double deadline) {
+/* FNV-1a of the counts array (reduce-scatter / allgatherv: every rank must pass the same). */
+static uint64_t capex__mpi_counts_hash(const size_t *counts, int n) {
+    uint64_t h = 14695981039346656037ull;
+    int p;
+    for (p = 0; p < n; p++) { h ^= (uint64_t)counts[p]; h *= 1099511628211ull; }
+    return h;
+}
+
+static capex_result capex__mpi_allreduce_f32(capex_comm *c, const float *send, float *recv, size_t n, uint64_t detail,
+                                            double deadline) {
     size_t off;
     for (off = 0; off < n; off += CAPEX__MPI_CHUNK) {
         int m = (int)(n - off < CAPEX__MPI_CHUNK ? n - off : CAPEX__MPI_CHUNK), rc;
-        if ((rc = capex__mpi_arrive(c, deadline, "MPI allreduce (waiting for every rank)")) != CAPEX_OK)
+        if ((rc = capex__mpi_arrive(c, deadline, "MPI allreduce (waiting for every rank)", CAPEX__MPI_ALLREDUCE, (uint64_t)m,
+                                    detail)) != CAPEX_OK)
             return (capex_result)rc;
         rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : (const void *)(send + off), recv + off, m, MPI_FLOAT, MPI_SUM,
                            capex__mpi_comm(c));
@@ -8698,12 +8773,13 @@ static capex_result capex__mpi_allreduce_f32(capex_comm *c, const float *send, f
 
 /* f64 / int64: native MPI sums, chunked like f32. */
 static capex_result capex__mpi_allreduce_wide(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
-                                             double deadline) {
+                                             uint64_t detail, double deadline) {
     size_t off;
     MPI_Datatype dt = t == CAPEX_F64 ? MPI_DOUBLE : MPI_INT64_T;
     for (off = 0; off < n; off += CAPEX__MPI_CHUNK) {
         int m = (int)(n - off < CAPEX__MPI_CHUNK ? n - off : CAPEX__MPI_CHUNK), rc;
-        if ((rc = capex__mpi_arrive(c, deadline, "MPI allreduce (waiting for every rank)")) != CAPEX_OK)
+        if ((rc = capex__mpi_arrive(c, deadline, "MPI allreduce (waiting for every rank)", CAPEX__MPI_ALLREDUCE, (uint64_t)m,
+                                    detail)) != CAPEX_OK)
             return (capex_result)rc;
         rc = MPI_Allreduce(send == recv ? MPI_IN_PLACE : (const void *)((const char *)send + off * 8),
                            (char *)recv + off * 8, m, dt, MPI_SUM, capex__mpi_comm(c));
@@ -8715,15 +8791,16 @@ static capex_result capex__mpi_allreduce_wide(capex_comm *c, const void *send, v
 static capex_result capex__mpi_allreduce(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
                                         capex_reduce_op op, double deadline) {
     capex_result r;
+    uint64_t detail = (uint64_t)t | (uint64_t)op << 8;
     if (capex__comm_wide(t)) {
         size_t i;
-        r = capex__mpi_allreduce_wide(c, send, recv, n, t, deadline);
+        r = capex__mpi_allreduce_wide(c, send, recv, n, t, detail, deadline);
         if (r == CAPEX_OK && op == CAPEX_REDUCE_AVG && t == CAPEX_F64)
             for (i = 0; i < n; i++) ((double *)recv)[i] /= (double)c->world_size;
         return r;
     }
     if (t == CAPEX_F32) {
-        r = capex__mpi_allreduce_f32(c, (const float *)send, (float *)recv, n, deadline);
+        r = capex__mpi_allreduce_f32(c, (const float *)send, (float *)recv, n, detail, deadline);
     } else {
         size_t bytes;
         float *tmp;
@@ -8732,7 +8809,7 @@ static capex_result capex__mpi_allreduce(capex_comm *c, const void *send, void *
         tmp = (float *)capex__alloc(c->allocator, bytes);
         if (!tmp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "MPI allreduce: no memory for the f32 staging buffer");
         capex__host_convert(tmp, CAPEX_F32, send, t, n);
-        r = capex__mpi_allreduce_f32(c, tmp, tmp, n, deadline);
+        r = capex__mpi_allreduce_f32(c, tmp, tmp, n, detail, deadline);
         if (r == CAPEX_OK) {
             if (op == CAPEX_REDUCE_AVG) capex__host_div(tmp, n, CAPEX_F32, (float)c->world_size);
             capex__host_convert(recv, t, tmp, CAPEX_F32, n);
@@ -8748,12 +8825,27 @@ static capex_result capex__mpi_broadcast(capex_comm *c, void *buf, size_t n, cap
     size_t bytes = n * capex_comm_dtype_size(t), off;
     for (off = 0; off < bytes; off += CAPEX__MPI_CHUNK) {
         int m = (int)(bytes - off < CAPEX__MPI_CHUNK ? bytes - off : CAPEX__MPI_CHUNK), rc;
-        if ((rc = capex__mpi_arrive(c, deadline, "MPI broadcast (waiting for every rank)")) != CAPEX_OK)
+        if ((rc = capex__mpi_arrive(c, deadline, "MPI broadcast (waiting for every rank)", CAPEX__MPI_BROADCAST, (uint64_t)m,
+                                    (uint64_t)root)) != CAPEX_OK)
             return (capex_result)rc;
         rc = MPI_Bcast((char *)buf + off, m, MPI_BYTE, root, capex__mpi_comm(c));
         if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Bcast");
     }
     return CAPEX_OK;
+}
+
+/* MPI's gathers take this rank's data in place (MPI_IN_PLACE) only at its
+   slot of recv and forbid any other overlap; the front-ends allow send ==
+   recv, which on ranks > 0 is not that slot (MPI then gathered garbage), so
+   send elsewhere inside recv is first moved to the slot. */
+static const void *capex__mpi_gather_send(const void *send, void *recv, size_t slot, size_t bytes, size_t total) {
+    char *at = (char *)recv + slot;
+    if ((const char *)send == at) return MPI_IN_PLACE;
+    if (bytes && (const char *)send < (char *)recv + total && (const char *)send + bytes > (char *)recv) {
+        memmove(at, send, bytes);
+        return MPI_IN_PLACE;
+    }
+    return send;
 }
 
 static capex_result capex__mpi_allgather(capex_comm *c, const void *send, void *recv, size_t n, capex_dtype t,
@@ -8763,28 +8855,29 @@ static capex_result capex__mpi_allgather(capex_comm *c, const void *send, void *
     if (bytes > (size_t)INT_MAX)
         return capex__fail(CAPEX_ERR_LIMIT, "MPI allgather: %lu bytes per rank exceed INT_MAX; gather in pieces",
                            (unsigned long)bytes);
-    if ((rc = capex__mpi_arrive(c, deadline, "MPI allgather (waiting for every rank)")) != CAPEX_OK) return (capex_result)rc;
-    rc = MPI_Allgather(send == (const char *)recv + bytes * (size_t)c->rank ? MPI_IN_PLACE : send, (int)bytes, MPI_BYTE,
-                       recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c));
+    if ((rc = capex__mpi_arrive(c, deadline, "MPI allgather (waiting for every rank)", CAPEX__MPI_ALLGATHER, (uint64_t)bytes,
+                                0)) != CAPEX_OK)
+        return (capex_result)rc;
+    rc = MPI_Allgather(capex__mpi_gather_send(send, recv, bytes * (size_t)c->rank, bytes, bytes * (size_t)c->world_size),
+                       (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c));
     if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Allgather");
     return CAPEX_OK;
 }
 
 static capex_result capex__mpi_barrier(capex_comm *c, double deadline) {
-    MPI_Request q;
-    int rc = MPI_Ibarrier(capex__mpi_comm(c), &q);
-    if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Ibarrier");
-    return capex__mpi_poll(&q, deadline, "MPI barrier");
+    return capex__mpi_arrive(c, deadline, "MPI barrier", CAPEX__MPI_BARRIER, 0, 0);
 }
 
-/* req: p[0] = f32 staging (half types) or NULL, p[1] = recv, n[0] = count,
-   n[1] = dtype, n[2] = op; handle = the MPI_Request. */
+/* req: p[0] = f32 staging (half types) or NULL, p[1] = recv, p[2] =
+   ireduce_scatter's f32 send staging, p[3] = the collective's name (a string
+   literal), n[0] = count, n[1] = dtype, n[2] = op; handle = the MPI_Request. */
 /* Records a started MPI request and what wait must do with it: convert the
    f32 staging p[0] (n elements) into recv as t, divide for AVG. */
 static capex_result capex__mpi_req_started(capex_comm_req *req, MPI_Request q, void *recv, size_t n, capex_dtype t,
-                                           capex_reduce_op op) {
+                                           capex_reduce_op op, const char *what) {
     memcpy(req->handle.bytes, &q, sizeof q);
     req->p[1] = recv;
+    req->p[3] = (void *)(uintptr_t)what; /* names the collective in wait's timeout message */
     req->n[0] = n;
     req->n[1] = (size_t)t;
     req->n[2] = (size_t)op;
@@ -8800,6 +8893,7 @@ static capex_result capex__mpi_iallreduce(capex_comm *c, const void *send, void 
     typedef char capex__request_fits[sizeof(MPI_Request) <= sizeof req->handle ? 1 : -1];
     (void)sizeof(capex__request_fits);
     if (n > (size_t)INT_MAX || capex__comm_wide(t)) return CAPEX_ERR_UNSUPPORTED; /* caller: blocking path */
+    if (capex__mpi_live("MPI iallreduce") != CAPEX_OK) return CAPEX_ERR_ORDER;
     memset(req, 0, sizeof *req);
     if (t != CAPEX_F32) {
         buf = (float *)capex__alloc(c->allocator, n * sizeof(float));
@@ -8815,7 +8909,7 @@ static capex_result capex__mpi_iallreduce(capex_comm *c, const void *send, void 
         req->p[0] = NULL;
         return capex__mpi_err(rc, "MPI_Iallreduce");
     }
-    return capex__mpi_req_started(req, q, recv, n, t, op);
+    return capex__mpi_req_started(req, q, recv, n, t, op, "MPI allreduce (bucket)");
 }
 
 /* MPI_Ireduce_scatter_block in f32 into an f32 staging block (MPI_IN_PLACE
@@ -8829,7 +8923,8 @@ static capex_result capex__mpi_ireduce_scatter(capex_comm *c, const void *send, 
     MPI_Request q;
     int rc;
     if (t != CAPEX_F32 && t != CAPEX_F16 && t != CAPEX_BF16) return CAPEX_ERR_UNSUPPORTED;
-    if (total > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED; /* caller: blocking path, which chunks */
+    if (total > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED; /* caller: blocking path (CAPEX_ERR_LIMIT there) */
+    if (capex__mpi_live("MPI ireduce_scatter") != CAPEX_OK) return CAPEX_ERR_ORDER;
     memset(req, 0, sizeof *req);
     out = (float *)capex__alloc(c->allocator, count * sizeof(float) + 1);
     if (t != CAPEX_F32) in = (float *)capex__alloc(c->allocator, total * sizeof(float) + 1);
@@ -8850,7 +8945,7 @@ static capex_result capex__mpi_ireduce_scatter(capex_comm *c, const void *send, 
         memset(req, 0, sizeof *req);
         return capex__mpi_err(rc, "MPI_Ireduce_scatter_block");
     }
-    return capex__mpi_req_started(req, q, recv, count, t, op);
+    return capex__mpi_req_started(req, q, recv, count, t, op, "MPI reduce-scatter (bucket)");
 }
 
 static capex_result capex__mpi_iallgather(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
@@ -8859,11 +8954,13 @@ static capex_result capex__mpi_iallgather(capex_comm *c, const void *send, void 
     MPI_Request q;
     int rc;
     if (bytes > (size_t)INT_MAX || bytes * (size_t)c->world_size > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED;
+    if (capex__mpi_live("MPI iallgather") != CAPEX_OK) return CAPEX_ERR_ORDER;
     memset(req, 0, sizeof *req);
-    rc = MPI_Iallgather((const char *)send == (const char *)recv + (size_t)c->rank * bytes ? MPI_IN_PLACE : send,
+    rc = MPI_Iallgather(capex__mpi_gather_send(send, recv, (size_t)c->rank * bytes, bytes, bytes * (size_t)c->world_size),
                         (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, capex__mpi_comm(c), &q);
     if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Iallgather");
-    return capex__mpi_req_started(req, q, recv, count, t, CAPEX_REDUCE_SUM); /* nothing to convert or divide */
+    return capex__mpi_req_started(req, q, recv, count, t, CAPEX_REDUCE_SUM, /* nothing to convert or divide */
+                                  "MPI all-gather (bucket)");
 }
 
 static capex_result capex__mpi_wait(capex_comm *c, capex_comm_req *req, double deadline) {
@@ -8871,8 +8968,9 @@ static capex_result capex__mpi_wait(capex_comm *c, capex_comm_req *req, double d
     capex_result r;
     capex_dtype t = (capex_dtype)req->n[1];
     if (!req->active) return CAPEX_OK;
+    if ((r = capex__mpi_live("MPI wait")) != CAPEX_OK) { req->active = 0; return r; } /* MPI is gone: nothing writes now */
     memcpy(&q, req->handle.bytes, sizeof q);
-    r = capex__mpi_poll(&q, deadline, "MPI allreduce (bucket)");
+    r = capex__mpi_poll(&q, deadline, req->p[3] ? (const char *)req->p[3] : "MPI collective (bucket)");
     if (r != CAPEX_OK) return r; /* the staging buffer stays: MPI may still write it */
     memcpy(req->handle.bytes, &q, sizeof q);
     req->active = 0;
@@ -8896,6 +8994,7 @@ static capex_result capex__mpi_test(capex_comm *c, capex_comm_req *req, int *don
     (void)c;
     *done = 1;
     if (!req->active) return CAPEX_OK;
+    if (capex__mpi_live("MPI test") != CAPEX_OK) return CAPEX_ERR_ORDER; /* wait clears the request */
     memcpy(&q, req->handle.bytes, sizeof q);
     rc = MPI_Test(&q, &flag, MPI_STATUS_IGNORE); /* drives progress; wait finishes the job */
     if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Test (bucket)");
@@ -8958,7 +9057,8 @@ static capex_result capex__mpi_reduce_scatter(capex_comm *c, const void *send, v
         if (!stage) { capex__free(NULL, cnt); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: no memory for scratch", what); }
         out = stage;
     }
-    r = capex__mpi_arrive(c, deadline, "MPI reduce-scatter (waiting for every rank)");
+    r = capex__mpi_arrive(c, deadline, "MPI reduce-scatter (waiting for every rank)", CAPEX__MPI_REDUCE_SCATTER, (uint64_t)total,
+                          capex__mpi_counts_hash(counts, c->world_size) ^ ((uint64_t)t | (uint64_t)op << 8));
     if (r == CAPEX_OK) {
         rc = MPI_Reduce_scatter(in, out, cnt, t == CAPEX_F64 ? MPI_DOUBLE : t == CAPEX_I64 ? MPI_INT64_T : MPI_FLOAT,
                                 MPI_SUM, capex__mpi_comm(c));
@@ -8986,11 +9086,13 @@ static capex_result capex__mpi_allgatherv(capex_comm *c, const void *send, void 
     int *cnt = NULL, rc;
     capex_result r = capex__mpi_int_counts(c, "MPI allgatherv", counts, es, &cnt);
     if (r != CAPEX_OK) return r;
-    r = capex__mpi_arrive(c, deadline, "MPI allgatherv (waiting for every rank)");
+    r = capex__mpi_arrive(c, deadline, "MPI allgatherv (waiting for every rank)", CAPEX__MPI_ALLGATHERV,
+                          (uint64_t)cnt[2 * c->world_size - 1] + (uint64_t)cnt[c->world_size - 1],
+                          capex__mpi_counts_hash(counts, c->world_size) ^ (uint64_t)t);
     if (r == CAPEX_OK) {
-        const char *at = (const char *)recv + (size_t)cnt[c->world_size + c->rank];
-        rc = MPI_Allgatherv(send == (const void *)at ? MPI_IN_PLACE : send, cnt[c->rank], MPI_BYTE, recv, cnt,
-                            cnt + c->world_size, MPI_BYTE, capex__mpi_comm(c));
+        size_t all = (size_t)cnt[2 * c->world_size - 1] + (size_t)cnt[c->world_size - 1]; /* last displ + count */
+        rc = MPI_Allgatherv(capex__mpi_gather_send(send, recv, (size_t)cnt[c->world_size + c->rank], (size_t)cnt[c->rank], all),
+                            cnt[c->rank], MPI_BYTE, recv, cnt, cnt + c->world_size, MPI_BYTE, capex__mpi_comm(c));
         if (rc != MPI_SUCCESS) r = capex__mpi_err(rc, "MPI_Allgatherv");
     }
     capex__free(NULL, cnt);
@@ -9010,6 +9112,17 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
     if (!init || fin) return capex__fail(CAPEX_ERR_ORDER, "capex_comm_init_mpi: call MPI_Init first (and not after MPI_Finalize)");
+    /* MPI calls on MPI_COMM_NULL raise MPI_COMM_WORLD's handler: by default, abort the job */
+    if (mc == MPI_COMM_NULL)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_mpi: the communicator is MPI_COMM_NULL (this rank is "
+                                                  "not in it: MPI_Comm_split with MPI_UNDEFINED?)");
+    {
+        int inter = 0; /* rank and size would be the local group's, the sums the remote group's */
+        MPI_Comm_test_inter(mc, &inter);
+        if (inter)
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_mpi: the communicator is an intercommunicator; "
+                                                      "give an intracommunicator (MPI_Intercomm_merge)");
+    }
     m = (capex__mpi *)capex__alloc(NULL, sizeof *m);
     if (!m) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_comm_init_mpi: out of memory");
     {
@@ -10339,6 +10452,7 @@ static void capex__ddp_free_bucket_array(capex_ddp *g, capex__bucket *b, size_t 
     size_t i;
     if (!b) return;
     for (i = 0; i < nb; i++) {
+        if (capex__req_orphaned(g->comm, &b[i].req)) continue; /* leaked: MPI may still write it */
         capex__comm_free(g->comm, b[i].buf);
         capex__comm_free(g->comm, b[i].buf32);
     }
@@ -10435,7 +10549,7 @@ CAPEX_API void capex_ddp_destroy(capex_ddp *g) {
     if (!g) return;
     /* buckets launched but not finalized: their collectives write into the
        buffers freed below (and hold backend resources); a failed wait aborts
-       the comm, which stops them */
+       the comm, which stops them (NCCL), or their buffers are leaked (MPI) */
     if (g->comm && g->comm->vt && g->comm->vt->wait && !g->comm->failed)
         for (i = 0; i < g->nb && !g->comm->failed; i++)
             if (g->b[i].req.active)
@@ -10934,6 +11048,7 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
     capex__free(NULL, z->piece_k);
     capex__free(NULL, z->full_pos);
     for (i = 0; z->b && i < z->nb; i++) {
+        if (capex__req_orphaned(z->comm, &z->b[i].req)) continue; /* leaked: MPI may still use them */
         capex__comm_free(z->comm, z->b[i].grad); /* stage 1's own buffer, or stage 2's lent one */
         capex__comm_free(z->comm, z->b[i].gshard);
         capex__comm_free(z->comm, z->b[i].param);

@@ -112,6 +112,33 @@ CT_TEST(env_openmpi_pmi_slurm) {
     CT_CHECK(read_env(s2, &e) == CAPEX_OK, "%.300s", capex_last_error());
     CT_CHECK(e.rank == 3 && e.world_size == 4 && e.local_world_size == 2 && e.local_rank == 1 && e.node_rank == 1,
              "SLURM_NPROCS / NTASKS_PER_NODE: local %d/%d", e.local_rank, e.local_world_size);
+    { /* srun --mpi=pmi2 (Slurm's mpi/pmi2 plugin) sets PMI_RANK and PMI_SIZE but
+         no local variables: Slurm's describe the same task (rank 5 of 8, 4 a
+         node, is local rank 1 on node 1); not when they are another task's */
+        kv pmi2[] = {{"PMI_RANK", "5"}, {"PMI_SIZE", "8"}, {"PMI_FD", "7"}, {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
+                     {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"}, {"SLURM_TASKS_PER_NODE", "4(x2)"}, {NULL, NULL}};
+        kv other[] = {{"PMI_RANK", "5"}, {"PMI_SIZE", "8"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"},
+                      {"SLURM_LOCALID", "0"}, {NULL, NULL}};
+        CT_CHECK(read_env(pmi2, &e) == CAPEX_OK && e.launcher == CAPEX_LAUNCHER_PMI && e.rank == 5 && e.local_rank == 1 &&
+                     e.local_world_size == 4 && e.node_rank == 1,
+                 "srun --mpi=pmi2: %s local %d/%d, node %d", capex_launcher_name(e.launcher), e.local_rank,
+                 e.local_world_size, e.node_rank);
+        CT_CHECK(read_env(other, &e) == CAPEX_OK && e.local_rank == 5 && e.local_world_size == 8,
+                 "a batch step's Slurm variables are not this task's: local %d/%d", e.local_rank, e.local_world_size);
+    }
+    { /* SLURM_NTASKS_PER_NODE is the --ntasks-per-node request; the layout
+         (SLURM_TASKS_PER_NODE on SLURM_NODEID) wins: 4 tasks on 4 nodes asked
+         at 4 per node (a real job's variables), and -n 5 at 2 per node, whose
+         last node holds 1 */
+        kv req[] = {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "1"},
+                    {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_TASKS_PER_NODE", "1(x4)"}, {NULL, NULL}};
+        kv last[] = {{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "5"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "2"},
+                     {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_TASKS_PER_NODE", "2(x2),1"}, {NULL, NULL}};
+        CT_CHECK(read_env(req, &e) == CAPEX_OK && e.local_rank == 0 && e.local_world_size == 1 && e.node_rank == 1,
+                 "one task a node: local %d/%d, node %d", e.local_rank, e.local_world_size, e.node_rank);
+        CT_CHECK(read_env(last, &e) == CAPEX_OK && e.local_rank == 0 && e.local_world_size == 1,
+                 "last node of -n 5 at 2 per node: local %d/%d", e.local_rank, e.local_world_size);
+    }
 }
 
 CT_TEST(env_slurm_tasks_per_node_parser) {

@@ -5,7 +5,8 @@
    stalls mid-step (the others return CAPEX_ERR_TIMEOUT within the 2 s
    deadline and apply no step), and a rank SIGKILLed mid-step (the job ends
    instead of hanging; with --enable-recovery the survivors themselves report
-   the failure within the deadline). SKIPs, with the reason, when mpirun or
+   the failure within the deadline), and DDP / ZeRO buffers whose collective
+   timed out are not freed (MPI still completes it when the peer turns up). SKIPs, with the reason, when mpirun or
    the MPI test binary is missing. */
 #define _POSIX_C_SOURCE 200809L
 #include "capex_test.h"
@@ -74,7 +75,7 @@ static void suite(ct_state *ct, int np) {
     snprintf(args, sizeof args, "-np %d '%s'", np, g_bin);
     rc = run(args, 120);
     out = slurp();
-    snprintf(want, sizeof want, "mpi-summary: 12 passed, 0 failed");
+    snprintf(want, sizeof want, "mpi-summary: 15 passed, 0 failed");
     if (rc != 0 || !out || !strstr(out, want)) show(out);
     CT_CHECK(out && strstr(out, want), "np %d: no '%s' (exit %d)", np, want, rc);
     CT_CHECK(rc == 0, "np %d: mpirun exit %d", np, rc);
@@ -155,6 +156,47 @@ CT_TEST(mpi_killed_rank_survivors_fail_within_deadline) {
     free(out);
 }
 
+/* rank 0 times out and destroys its DDP and ZeRO; rank 1 arrives late and
+   the collectives MPI could not cancel complete into rank 0's buffers */
+CT_TEST(mpi_abandoned_ddp_and_zero_buffers_not_freed) {
+    char args[1200];
+    int rc;
+    char *out;
+    if (!ready(ct)) return;
+    snprintf(args, sizeof args, "-np 2 '%s' late", g_bin);
+    rc = run(args, 60);
+    out = slurp();
+    CT_CHECK(out != NULL, "no output");
+    if (rc != 0 || !out || !strstr(out, "freed buffers intact")) show(out);
+    CT_CHECK(rc == 0, "mpirun exit %d", rc);
+    CT_CHECK(out && strstr(out, "rank 0: finalize -> CAPEX_ERR_TIMEOUT (MPI allreduce (bucket) did not complete"),
+             "rank 0's DDP finalize must time out, naming the allreduce");
+    CT_CHECK(out && strstr(out, "rank 0: wait_params -> CAPEX_ERR_TIMEOUT (MPI all-gather (bucket) did not complete"),
+             "rank 0's ZeRO all-gather must time out, naming the all-gather (not an allreduce)");
+    CT_CHECK(out && strstr(out, "rank 1: finalize -> CAPEX_OK") && strstr(out, "rank 1: wait_params -> CAPEX_OK"),
+             "rank 1 completes both");
+    CT_CHECK(out && strstr(out, "freed buffers intact"), "a late collective wrote into a buffer DDP or ZeRO had freed");
+    free(out);
+}
+
+CT_TEST(mpi_comm_after_finalize_is_an_order_error) {
+    char args[1200];
+    int rc;
+    char *out;
+    if (!ready(ct)) return;
+    snprintf(args, sizeof args, "-np 2 '%s' after_finalize", g_bin);
+    rc = run(args, 60);
+    out = slurp();
+    CT_CHECK(out != NULL, "no output");
+    if (rc != 0 || !out || count(out, "after finalize: CAPEX_ERR_ORDER CAPEX_ERR_ORDER CAPEX_ERR_ORDER CAPEX_ERR_ORDER "
+                                      "CAPEX_ERR_ORDER: ") != 2)
+        show(out);
+    CT_CHECK(rc == 0, "mpirun exit %d", rc);
+    CT_CHECK(out && count(out, "after finalize: CAPEX_ERR_ORDER CAPEX_ERR_ORDER CAPEX_ERR_ORDER CAPEX_ERR_ORDER "
+                               "CAPEX_ERR_ORDER: ") == 2, "every call on both ranks must return CAPEX_ERR_ORDER");
+    free(out);
+}
+
 static const ct_case cases[] = {
     CT_CASE(mpi_np2),
     CT_CASE(mpi_np4_oversubscribe),
@@ -162,6 +204,8 @@ static const ct_case cases[] = {
     CT_CASE(mpi_stalled_rank_blocking_collectives_time_out),
     CT_CASE(mpi_killed_rank_job_ends),
     CT_CASE(mpi_killed_rank_survivors_fail_within_deadline),
+    CT_CASE(mpi_abandoned_ddp_and_zero_buffers_not_freed),
+    CT_CASE(mpi_comm_after_finalize_is_an_order_error),
 };
 
 int main(int argc, char **argv) {

@@ -6,6 +6,11 @@
    `test_dist_mpi kill`   rank 1 is SIGKILLed mid-step: the job must end
    `test_dist_mpi stall`  rank 1 stops mid-step: the others must return
                           CAPEX_ERR_TIMEOUT from finalize within the deadline
+   `test_dist_mpi late`   rank 0's DDP allreduce and ZeRO all-gather time
+                          out and rank 0 destroys both before rank 1 turns up:
+                          what rank 0 freed must not be written (np 2)
+   `test_dist_mpi after_finalize`  every comm call after MPI_Finalize must
+                          return CAPEX_ERR_ORDER, not abort the process
    `test_dist_mpi stall_blocking`  rank 1 never enters the blocking
                           collectives: the others' allreduce, broadcast,
                           allgather, reduce-scatter and allgatherv must
@@ -33,6 +38,8 @@
 static int g_rank, g_world, g_layout;
 static char g_why[512];
 #define CHECK(cond, ...) do { if (!(cond)) { snprintf(g_why, sizeof g_why, __VA_ARGS__); return 1; } } while (0)
+/* Records the first failure and goes on, so every rank still makes each collective. */
+#define NOTE(cond, ...) do { if (!(cond) && !g_why[0]) snprintf(g_why, sizeof g_why, __VA_ARGS__); } while (0)
 
 /* ---- data ---- */
 #define D 40
@@ -398,6 +405,115 @@ static int t_shards(void) {
     return 0;
 }
 
+/* The front-ends allow send == recv: for the gathers that is not MPI's
+   in-place slot (recv + rank's displacement) on ranks > 0, and handing MPI
+   the aliased buffers silently gathered garbage (np 2). Also send at another
+   rank's slot, for allgather, allgatherv and the nonblocking allgather. */
+static int t_gather_aliased(void) {
+    static const size_t ns[3] = {4, 1000, 100000};
+    capex_comm c;
+    size_t counts[64], total, displ, i, k;
+    int p, shift;
+    float *g;
+    comm_make(&c, 30.0);
+    c.vt = orig_vt;
+    for (k = 0; k < 3; k++)
+        for (shift = 0; shift < 2; shift++) {
+            size_t n = ns[k], me = shift ? (size_t)((g_rank + 1) % g_world) * n : 0; /* where send sits in recv */
+            capex_comm_req q;
+            capex_result r;
+            int mode;
+            g = (float *)malloc(n * (size_t)g_world * sizeof(float));
+            if (!g) { fprintf(stderr, "oom\n"); exit(2); }
+            for (mode = 0; mode < 2; mode++) {
+                for (i = 0; i < n * (size_t)g_world; i++) g[i] = -1.0f;
+                for (i = 0; i < n; i++) g[me + i] = (float)(g_rank * 1000003 + (int)i);
+                if (mode == 0) r = capex_comm_allgather(&c, g + me, g, n, CAPEX_F32);
+                else if ((r = c.vt->iallgather(&c, g + me, g, n, CAPEX_F32, &q)) == CAPEX_OK)
+                    r = c.vt->wait(&c, &q, capex_dist_now() + 30.0);
+                NOTE(r == CAPEX_OK, "%s n %zu: %.300s", mode ? "iallgather" : "allgather", n, capex_last_error());
+                for (i = 0; i < n * (size_t)g_world; i++)
+                    NOTE(g[i] == (float)((int)(i / n) * 1000003 + (int)(i % n)), "%s n %zu send at %zu: element %zu is %g",
+                          mode ? "iallgather" : "allgather", n, me, i, (double)g[i]);
+            }
+            /* uneven: odd ranks give one element fewer (send at recv's start or at the next rank's slot) */
+            for (p = 0, total = 0, displ = 0; p < g_world; p++) {
+                counts[p] = n - (size_t)p % 2;
+                if (p == (shift ? (g_rank + 1) % g_world : 0)) displ = total;
+                total += counts[p];
+            }
+            for (i = 0; i < total; i++) g[i] = -1.0f;
+            for (i = 0; i < counts[g_rank]; i++) g[displ + i] = (float)(g_rank * 1000003 + (int)i);
+            NOTE(capex_comm_allgatherv(&c, g + displ, g, counts, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+            for (p = 0, total = 0; p < g_world; total += counts[p], p++)
+                for (i = 0; i < counts[p]; i++)
+                    NOTE(g[total + i] == (float)(p * 1000003 + (int)i), "allgatherv n %zu send at %zu: rank %d's element %zu is %g",
+                          n, displ, p, i, (double)g[total + i]);
+            free(g);
+        }
+    capex_comm_destroy(&c);
+    return g_why[0] != '\0';
+}
+
+/* capex_comm_init_mpi on a communicator it cannot use returns an error,
+   the comm left zeroed: MPI_COMM_NULL (what MPI_Comm_split gives a rank
+   with MPI_UNDEFINED) made MPI's default handler abort the job, and an
+   intercommunicator was taken (rank and size of the local group, but its
+   allreduce is the remote group's sum; Open MPI then aborted on MPI_IN_PLACE). */
+static int t_init_bad_comm(void) {
+    capex_comm c;
+    memset(&c, 0xA5, sizeof c);
+    CHECK(capex_comm_init_mpi(&c, MPI_COMM_NULL) == CAPEX_ERR_INVALID_ARG, "MPI_COMM_NULL: %.300s", capex_last_error());
+    CHECK(strstr(capex_last_error(), "MPI_COMM_NULL") != NULL, "message: %.300s", capex_last_error());
+    CHECK(c.vt == NULL && c.impl == NULL, "comm not zeroed");
+    capex_comm_destroy(&c); /* harmless on the zeroed comm */
+    if (g_world >= 2) { /* an intercommunicator: its collectives reduce the other group's data */
+        MPI_Comm half, inter;
+        capex_result r;
+        MPI_Comm_split(MPI_COMM_WORLD, g_rank % 2, g_rank, &half);
+        MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, g_rank % 2 ? 0 : 1, 77, &inter);
+        r = capex_comm_init_mpi(&c, inter);
+        if (r == CAPEX_OK) capex_comm_destroy(&c);
+        MPI_Comm_free(&inter);
+        MPI_Comm_free(&half);
+        CHECK(r == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "intercommunicator"), "intercommunicator: %s: %.300s",
+              capex_result_string(r), r ? capex_last_error() : "");
+    }
+    return 0;
+}
+
+/* Ranks that disagree on a blocking collective all get CAPEX_ERR_COMM
+   (as over TCP) instead of some returning CAPEX_OK and the rest waiting in
+   MPI's blocking call with no deadline: rank 0 passing 0 elements (the
+   front-ends make that a barrier, which paired with the others' arrival
+   barrier), other counts, another dtype, another broadcast root, other
+   reduce-scatter counts. One fresh comm per case: a failed one stays failed. */
+static int t_mismatch(void) {
+    static const char *what[6] = {"allreduce count 0", "allreduce 5 vs 4", "allreduce f16 vs f32", "broadcast root",
+                                  "reduce-scatter counts", "allgatherv counts"};
+    float x[64] = {0}, y[64];
+    size_t counts[64];
+    int k, p;
+    for (k = 0; k < 6; k++) {
+        capex_comm c;
+        capex_result r;
+        comm_make(&c, 20.0);
+        c.vt = orig_vt;
+        for (p = 0; p < g_world; p++) counts[p] = p == 0 && g_rank == 0 ? 2 : 1;
+        r = k == 0 ? capex_comm_allreduce(&c, x, x, g_rank == 0 ? 0 : 4, CAPEX_F32, CAPEX_REDUCE_SUM)
+          : k == 1 ? capex_comm_allreduce(&c, x, x, g_rank == 0 ? 5 : 4, CAPEX_F32, CAPEX_REDUCE_SUM)
+          : k == 2 ? capex_comm_allreduce(&c, x, x, 4, g_rank == 0 ? CAPEX_F16 : CAPEX_F32, CAPEX_REDUCE_SUM)
+          : k == 3 ? capex_comm_broadcast(&c, x, 4, CAPEX_F32, g_rank == 0 ? 0 : 1)
+          : k == 4 ? capex_comm_reduce_scatter(&c, x, y, counts, CAPEX_F32, CAPEX_REDUCE_SUM)
+                   : capex_comm_allgatherv(&c, x, y, counts, CAPEX_F32);
+        NOTE(r == CAPEX_ERR_COMM && strstr(capex_last_error(), "different"), "%s: %s: %.300s", what[k],
+             capex_result_string(r), r ? capex_last_error() : "");
+        NOTE(capex_comm_barrier(&c) == CAPEX_ERR_COMM, "%s: the comm must stay failed", what[k]);
+        capex_comm_destroy(&c);
+    }
+    return g_why[0] != '\0';
+}
+
 /* The sharded optimizer (ZeRO stage 1 and 2) bit for bit against DDP +
    capex_optim over MPI (tests/zero_check.h). */
 static int t_zero(void) {
@@ -450,6 +566,116 @@ static int run_stall_blocking(void) {
     exit(4);
 }
 
+/* `late` (np 2): rank 0's DDP bucket allreduce and ZeRO parameter
+   all-gather (step_async) time out (rank 1 is late) and rank 0 destroys the
+   DDP and the ZeRO; MPI cannot cancel a collective, so when rank 1 turns up
+   both still land in rank 0's buffers. The comms' allocator here poisons
+   what it is handed back instead of freeing it, and what rank 0 handed back
+   must not change afterwards (else a write into freed heap memory). Rank 0
+   prints "freed buffers intact" or "FREED BUFFER WRITTEN". */
+#define LATE_N 4096
+static unsigned char *late_freed[64];
+static size_t late_size[64];
+static int late_nfreed;
+static void *late_alloc(size_t n, void *u) {
+    size_t *p = (size_t *)malloc(n + sizeof(size_t));
+    (void)u;
+    if (!p) return NULL;
+    *p = n;
+    return p + 1;
+}
+static void late_free(void *q, void *u) {
+    size_t *p = (size_t *)q - 1;
+    (void)u;
+    memset(q, 0x5A, *p); /* kept, poisoned */
+    if (late_nfreed < 64) { late_freed[late_nfreed] = (unsigned char *)q; late_size[late_nfreed++] = *p; }
+}
+static int run_late(void) {
+    static float w[LATE_N], zw[LATE_N];
+    static capex_allocator al = {late_alloc, late_free, NULL};
+    capex_comm c, zc;
+    capex_ddp *g = NULL;
+    capex_ddp_param ps[1];
+    capex_ddp_desc d;
+    capex_zero *z = NULL;
+    capex_zero_param zp[1];
+    capex_zero_desc zd;
+    capex_optim_desc od;
+    capex_result r;
+    float *gr;
+    int i, bad = 0;
+    size_t k;
+    comm_make(&c, 30.0);
+    c.allocator = &al;
+    comm_make(&zc, 30.0);
+    zc.vt = orig_vt;
+    zc.allocator = &al;
+    ps[0].data = w; ps[0].numel = LATE_N; ps[0].dtype = CAPEX_F32; ps[0].grad = NULL;
+    capex_ddp_desc_init(&d);
+    zp[0].data = zw; zp[0].numel = LATE_N; zp[0].dtype = CAPEX_F32; zp[0].group = 0;
+    capex_zero_desc_init(&zd);
+    capex_optim_desc_init(&od, CAPEX_OPTIM_SGD);
+    if (capex_ddp_create(&g, &c, ps, 1, &d) != CAPEX_OK || capex_zero_create(&z, &zc, zp, 1, &od, NULL, 1, &zd) != CAPEX_OK) {
+        printf("create: %s\n", capex_last_error());
+        return 2;
+    }
+    gr = (float *)capex_zero_grad(z, 0); /* a ZeRO step needs reduced grads: both ranks here */
+    for (i = 0; i < LATE_N; i++) gr[i] = 1.0f;
+    r = capex_zero_grad_ready(z, 0);
+    if (r == CAPEX_OK) r = capex_zero_finalize(z);
+    if (r != CAPEX_OK) { printf("rank %d: zero finalize: %s\n", g_rank, capex_last_error()); return 2; }
+    if (g_rank == 1) sleep(3); /* well past rank 0's 0.5 s deadline, even on a loaded machine */
+    else c.timeout_s = zc.timeout_s = 0.5;
+    gr = (float *)capex_ddp_grad(g, 0);
+    for (i = 0; i < LATE_N; i++) gr[i] = 1.0f;
+    r = capex_ddp_grad_ready(g, 0);
+    if (r == CAPEX_OK) r = capex_ddp_finalize(g);
+    printf("rank %d: finalize -> %s (%.200s)\n", g_rank, capex_result_string(r), r ? capex_last_error() : "");
+    r = capex_zero_step_async(z, 1.0f, 1.0f, 0);
+    if (r == CAPEX_OK) r = capex_zero_wait_params(z);
+    printf("rank %d: wait_params -> %s (%.200s)\n", g_rank, capex_result_string(r), r ? capex_last_error() : "");
+    capex_ddp_destroy(g);
+    capex_zero_destroy(z);
+    MPI_Barrier(MPI_COMM_WORLD); /* progresses rank 0's abandoned collectives once rank 1 joins them */
+    for (k = 0; g_rank == 0 && k < (size_t)late_nfreed; k++)
+        for (i = 0; i < (int)late_size[k]; i++) bad |= late_freed[k][i] != 0x5A;
+    if (g_rank == 0) printf("rank 0: %s (%d buffers handed back)\n", bad ? "FREED BUFFER WRITTEN" : "freed buffers intact", late_nfreed);
+    fflush(stdout);
+    capex_comm_destroy(&c);
+    capex_comm_destroy(&zc);
+    MPI_Finalize();
+    return 0;
+}
+
+/* `after_finalize`: a comm used after MPI_Finalize returns CAPEX_ERR_ORDER
+   (MPI aborts the process on any call but a few after finalize). Prints
+   "rank R: after finalize: ..." for each call. */
+static int run_after_finalize(void) {
+    capex_comm c;
+    capex_comm_req q;
+    float x[4] = {1, 2, 3, 4}, all[64];
+    size_t counts[64];
+    int p, done = 0;
+    capex_result r[5];
+    for (p = 0; p < g_world; p++) counts[p] = 1;
+    comm_make(&c, 30.0);
+    c.vt = orig_vt;
+    MPI_Finalize();
+    r[0] = capex_comm_allreduce(&c, x, x, 4, CAPEX_F32, CAPEX_REDUCE_SUM);
+    r[1] = capex_comm_barrier(&c);
+    r[2] = capex_comm_allgatherv(&c, x, all, counts, CAPEX_F32);
+    r[3] = c.vt->iallreduce(&c, x, x, 4, CAPEX_F32, CAPEX_REDUCE_SUM, &q);
+    memset(&q, 0, sizeof q);
+    q.active = 1; /* as a bucket launched before MPI_Finalize */
+    r[4] = c.vt->test(&c, &q, &done);
+    if (r[4] == CAPEX_ERR_ORDER) r[4] = c.vt->wait(&c, &q, capex_dist_now() + 1.0);
+    printf("rank %d: after finalize: %s %s %s %s %s: %s\n", g_rank, capex_result_string(r[0]), capex_result_string(r[1]),
+           capex_result_string(r[2]), capex_result_string(r[3]), capex_result_string(r[4]), capex_last_error());
+    fflush(stdout);
+    capex_comm_destroy(&c);
+    return 0;
+}
+
 static int run_failure_mode(const char *mode) {
     opts o;
     model m;
@@ -480,6 +706,9 @@ int main(int argc, char **argv) {
         {"train_bf16_grads_allreduce_always_fp32", t_train_bf16_fp32_reduce},
         {"train_rebuild_buckets", t_train_rebuild},
         {"zero_stage1_and_2_match_ddp_and_optim", t_zero},
+        {"gathers_with_send_aliasing_recv", t_gather_aliased},
+        {"init_mpi_refuses_unusable_communicators", t_init_bad_comm},
+        {"mismatched_calls_fail_on_every_rank", t_mismatch},
     };
     int i, passed = 0, failed = 0;
     MPI_Init(&argc, &argv);
@@ -488,6 +717,8 @@ int main(int argc, char **argv) {
     capex_log_set_rank(g_rank);
     make_data();
     if (argc > 1 && strcmp(argv[1], "stall_blocking") == 0) return run_stall_blocking();
+    if (argc > 1 && strcmp(argv[1], "late") == 0) return run_late();
+    if (argc > 1 && strcmp(argv[1], "after_finalize") == 0) return run_after_finalize();
     if (argc > 1) return run_failure_mode(argv[1]);
     for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         int f, anyf = 0, who = -1, r;
