@@ -7225,19 +7225,51 @@ static capex_result capex__nccl_broadcast(capex_comm *c, void *buf, size_t count
     return capex__nccl_poll(c, n->ev_done, deadline, "ncclBroadcast");
 }
 
+/* NCCL gathers run in place only when send is this rank's slot of recv
+   (bytes at offset slot); any other overlap is undefined there (a ring reads
+   send while the peers' data lands on it). The front-ends allow send ==
+   recv, which on ranks > 0 is not that slot, so send elsewhere inside recv
+   is first copied to the slot on our stream (capex__mpi_gather_send's twin).
+   A send overlapping the slot goes through a temporary buffer (*tmp; the
+   caller frees it once the gather is done; NULL tmp: refused). Call after
+   capex__nccl_after_user. */
+static capex_result capex__nccl_gather_send(capex__nccl *n, const void **send, void *recv, size_t slot, size_t bytes,
+                                           size_t total, capex_cuda_ptr *tmp) {
+    const char *s = (const char *)*send, *at = (const char *)recv + slot;
+    capex_result r;
+    if (s == at || !bytes || !(s < (const char *)recv + total && s + bytes > (const char *)recv)) return CAPEX_OK;
+    *send = at;
+    if (!(s < at + bytes && s + bytes > at)) return capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(at), CAPEX__NCCL_PTR(s), bytes, n->stream);
+    /* shifted onto itself: the device copy has no memmove */
+    if (!tmp) return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL gather: send overlaps this rank's slot of recv");
+    if ((r = capex_cuda_malloc(n->ctx, bytes, tmp)) != CAPEX_OK) return r;
+    if ((r = capex_cuda_memcpy_dtod(n->ctx, *tmp, CAPEX__NCCL_PTR(s), bytes, n->stream)) != CAPEX_OK) return r;
+    return capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(at), *tmp, bytes, n->stream);
+}
+/* After a gather: its temporary buffer is freed once the gather is done; if
+   it failed, the stream may still read it, so it is left (the comm is dead). */
+static capex_result capex__nccl_gather_done(capex__nccl *n, capex_cuda_ptr tmp, capex_result r) {
+    if (tmp && r == CAPEX_OK) capex_cuda_free(n->ctx, tmp);
+    return r;
+}
+
 static capex_result capex__nccl_allgather(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
                                          double deadline) {
     capex__nccl *n = capex__nccl_of(c);
+    size_t bytes = count * capex_comm_dtype_size(t);
+    capex_cuda_ptr tmp = 0;
     capex_result r;
     capex__ncclResult e;
     if (!n->comm) return capex__fail(CAPEX_ERR_COMM, "NCCL comm was aborted; restart the job");
     if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
     if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
-    if ((e = n->api.AllGather(send, recv, count * capex_comm_dtype_size(t), CAPEX__NCCL_UINT8, n->comm, n->stream)) !=
-        CAPEX__NCCL_SUCCESS)
+    if ((r = capex__nccl_gather_send(n, &send, recv, (size_t)c->rank * bytes, bytes, (size_t)c->world_size * bytes, &tmp)) !=
+        CAPEX_OK)
+        return r;
+    if ((e = n->api.AllGather(send, recv, bytes, CAPEX__NCCL_UINT8, n->comm, n->stream)) != CAPEX__NCCL_SUCCESS)
         return capex__nccl_fail(&n->api, n->comm, e, "ncclAllGather");
     if ((r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream)) != CAPEX_OK) return r;
-    return capex__nccl_poll(c, n->ev_done, deadline, "ncclAllGather");
+    return capex__nccl_gather_done(n, tmp, capex__nccl_poll(c, n->ev_done, deadline, "ncclAllGather"));
 }
 
 /* Uneven reduce-scatter: one ncclReduce per rank (root p, its counts[p]
@@ -7290,15 +7322,21 @@ static capex_result capex__nccl_reduce_scatter(capex_comm *c, const void *send, 
 /* Uneven allgather: one ncclBroadcast of bytes per rank (root p) in a group,
    as PyTorch's ProcessGroupNCCL does for uneven shards; `done` recorded after. */
 CAPEX__PRIVATE capex_result capex__nccl_enqueue_allgatherv(capex_comm *c, const void *send, void *recv,
-                                                          const size_t *counts, capex_dtype t, capex_cuda_event done) {
+                                                          const size_t *counts, capex_dtype t, capex_cuda_event done,
+                                                          capex_cuda_ptr *tmp) {
     capex__nccl *n = capex__nccl_of(c);
-    size_t es = capex_comm_dtype_size(t), off = 0;
+    size_t es = capex_comm_dtype_size(t), off = 0, slot = 0, total = 0;
     capex_result r;
     capex__ncclResult e = CAPEX__NCCL_SUCCESS, ge;
     int p;
     if (!n->comm) return capex__fail(CAPEX_ERR_COMM, "NCCL comm was aborted; restart the job");
     if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
     if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
+    for (p = 0; p < c->world_size; p++) {
+        if (p == c->rank) slot = total;
+        total += counts[p];
+    }
+    if ((r = capex__nccl_gather_send(n, &send, recv, slot * es, counts[c->rank] * es, total * es, tmp)) != CAPEX_OK) return r;
     if ((e = n->api.GroupStart()) != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, e, "ncclGroupStart");
     for (p = 0; p < c->world_size; off += counts[p], p++) {
         char *dst = (char *)recv + off * es;
@@ -7315,8 +7353,9 @@ CAPEX__PRIVATE capex_result capex__nccl_enqueue_allgatherv(capex_comm *c, const 
 static capex_result capex__nccl_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
                                           double deadline) {
     capex__nccl *n = capex__nccl_of(c);
-    capex_result r = capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, n->ev_done);
-    return r != CAPEX_OK ? r : capex__nccl_poll(c, n->ev_done, deadline, "ncclBroadcast (allgatherv)");
+    capex_cuda_ptr tmp = 0;
+    capex_result r = capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, n->ev_done, &tmp);
+    return r != CAPEX_OK ? r : capex__nccl_gather_done(n, tmp, capex__nccl_poll(c, n->ev_done, deadline, "ncclBroadcast (allgatherv)"));
 }
 
 /* A one-word allreduce: returns when every rank reached it. */
@@ -7361,7 +7400,7 @@ static capex_result capex__nccl_ishards(capex_comm *c, const void *send, void *r
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL %s: no memory", gather ? "iallgather" : "ireduce_scatter");
     for (p = 0; p < c->world_size; p++) counts[p] = count;
     if ((r = capex_cuda_event_create(n->ctx, 0, &e)) == CAPEX_OK)
-        r = gather ? capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, e)
+        r = gather ? capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, e, NULL) /* in place */
                    : capex__nccl_enqueue_reduce_scatter(c, send, recv, counts, t, op, e);
     capex__free(c->allocator, counts);
     if (r != CAPEX_OK) {

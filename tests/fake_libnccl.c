@@ -414,7 +414,16 @@ FAKE_API int ncclBroadcast(const void *send, void *recv, size_t count, int dt, i
     return collective((fake_comm *)comm, send, recv, count, dt, 0, root, K_BROADCAST, 1, stream);
 }
 FAKE_API int ncclAllGather(const void *send, void *recv, size_t count, int dt, void *comm, void *stream) {
-    return collective((fake_comm *)comm, send, recv, count, dt, 0, 0, K_ALLGATHER, 2, stream);
+    fake_comm *c = (fake_comm *)comm;
+    size_t b = count * type_size(dt);
+    /* NCCL: in place only when send is this rank's slot of recv; any other overlap is undefined (refused here) */
+    if (b && !check_comm(c) && send && recv && (const char *)send != (const char *)recv + (size_t)c->rank * b &&
+        (const char *)send < (const char *)recv + b * (size_t)c->nranks && (const char *)send + b > (const char *)recv) {
+        counters[7]++;
+        strcpy(last_error, "fake NCCL: allgather sendbuff overlaps recvbuff outside this rank's slot");
+        return 4;
+    }
+    return collective(c, send, recv, count, dt, 0, 0, K_ALLGATHER, 2, stream);
 }
 FAKE_API int ncclReduce(const void *send, void *recv, size_t count, int dt, int op, int root, void *comm, void *stream) {
     return check_op(op) ? 4 : collective((fake_comm *)comm, send, recv, count, dt, op, root, K_REDUCE, 8, stream);

@@ -285,9 +285,82 @@ CT_TEST(ddp_world2_user_stream_rebuild) {
     CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
 }
 
+/* Gathers whose send lies inside recv but not at this rank's slot (send ==
+   recv on rank 1, the other rank's slot, allgatherv's uneven slots): NCCL is
+   in place only at the slot and undefined otherwise (the stand-in refuses
+   such an allgather; its grouped broadcasts overwrite such a send), so capex
+   moves send to the slot first, through a temporary buffer where send
+   overlaps the slot (uneven counts, a shifted send). */
+static int ga_check(capex_cuda_context *ctx, capex_cuda_ptr a, const size_t *counts, int code) {
+    static float h[2000];
+    size_t p, e, off = 0;
+    if (capex_cuda_memcpy_dtoh(ctx, h, a, (counts[0] + counts[1]) * 4, NULL) != CAPEX_OK) return code;
+    for (p = 0; p < 2; off += counts[p], p++)
+        for (e = 0; e < counts[p]; e++)
+            if (h[off + e] != (float)(p * 10000 + e)) {
+                fprintf(stderr, "check %d: element %zu of rank %zu's part is %g\n", code, e, p, (double)h[off + e]);
+                return code;
+            }
+    return 0;
+}
+static int gather_alias_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    static float h[1000];
+    const size_t even[2] = {1000, 1000}, uneven[2] = {300, 700};
+    const size_t other = (size_t)(1 - rank) * 1000 * 4;
+    capex_cuda_ptr a = 0;
+    capex_result r;
+    size_t e;
+    int bad;
+    (void)user;
+    for (e = 0; e < 1000; e++) h[e] = (float)((size_t)rank * 10000 + e);
+    if (world != 2 || capex_cuda_malloc(ctx, 2000 * 4, &a) != CAPEX_OK) return 40;
+    /* send == recv */
+    if (capex_cuda_memset_u8(ctx, a, 0xa5, 2000 * 4, NULL) != CAPEX_OK || capex_cuda_memcpy_htod(ctx, a, h, 1000 * 4, NULL) != CAPEX_OK ||
+        capex_comm_allgather(c, (void *)(uintptr_t)a, (void *)(uintptr_t)a, 1000, CAPEX_F32) != CAPEX_OK) return 41;
+    if ((bad = ga_check(ctx, a, even, 42)) != 0) return bad;
+    /* send at the other rank's slot */
+    if (capex_cuda_memset_u8(ctx, a, 0xa5, 2000 * 4, NULL) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(ctx, a + other, h, 1000 * 4, NULL) != CAPEX_OK ||
+        capex_comm_allgather(c, (void *)(uintptr_t)(a + other), (void *)(uintptr_t)a, 1000, CAPEX_F32) != CAPEX_OK) return 43;
+    if ((bad = ga_check(ctx, a, even, 44)) != 0) return bad;
+    /* allgatherv, send == recv, uneven counts */
+    if (capex_cuda_memset_u8(ctx, a, 0xa5, 2000 * 4, NULL) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(ctx, a, h, uneven[rank] * 4, NULL) != CAPEX_OK ||
+        capex_comm_allgatherv(c, (void *)(uintptr_t)a, (void *)(uintptr_t)a, uneven, CAPEX_F32) != CAPEX_OK) return 45;
+    if ((bad = ga_check(ctx, a, uneven, 46)) != 0) return bad;
+    /* send half a slot into recv on both ranks: it overlaps this rank's slot (through a temporary buffer) */
+    if (capex_cuda_memset_u8(ctx, a, 0xa5, 2000 * 4, NULL) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(ctx, a + 2000, h, 1000 * 4, NULL) != CAPEX_OK) return 47;
+    r = capex_comm_allgather(c, (void *)(uintptr_t)(a + 2000), (void *)(uintptr_t)a, 1000, CAPEX_F32);
+    if (r != CAPEX_OK) {
+        fprintf(stderr, "rank %d: shifted send: %s (%s)\n", rank, capex_result_string(r), capex_last_error());
+        return 48;
+    }
+    if ((bad = ga_check(ctx, a, even, 49)) != 0) return bad;
+    capex_cuda_free(ctx, a);
+    return 0;
+}
+static void child_gather_alias(const char *arg, child_result *res) {
+    int codes[16] = {0}, r;
+    (void)arg;
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
+    r = nccl_world_run(2, gather_alias_rank, NULL, codes);
+    res->code = r || codes[1] ? 1 : 0;
+    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
+}
+CT_TEST(world2_gathers_with_send_inside_recv) {
+    child_result r;
+    const char *np = getenv("CAPEX_NCCL_PATH"), *lp = getenv("CAPEX_LIBCUDA_PATH");
+    if (!np || !strstr(np, "fake")) CT_SKIP("two ranks need a GPU each; the stand-in NCCL runs them on the emulator");
+    if (!lp || strstr(lp, "fake")) CT_SKIP("device buffers need the emulator driver (CAPEX_LIBCUDA_PATH)");
+    r = run_child("gather_alias", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
+}
+
 static const ct_case cases[] = {CT_CASE(collectives_on_device), CT_CASE(ddp_one_rank_stream_order),
-                                CT_CASE(stuck_stream_times_out_and_aborts), CT_CASE(ddp_world2_user_stream_rebuild)};
-static const child_entry children[] = {{"ddp_world", child_ddp_world}};
+                                CT_CASE(stuck_stream_times_out_and_aborts), CT_CASE(ddp_world2_user_stream_rebuild),
+                                CT_CASE(world2_gathers_with_send_inside_recv)};
+static const child_entry children[] = {{"ddp_world", child_ddp_world}, {"gather_alias", child_gather_alias}};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
