@@ -1907,9 +1907,15 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
    them). Parameters and running statistics use param_dtype
    (capex_batch_norm_amp_dtypes: f32 under keep_batchnorm_fp32).
 
+   An empty batch (n = 0) without a collective is torch's: an empty output,
+   the running statistics left as they are (*num_batches_tracked still counts
+   it), save_mean 0, save_invstd 1/sqrt(eps), total_count 0; its backward
+   writes dweight and dbias as 0.
+
    Errors: zero columns/channels, NULL pointers, NaN or negative eps,
-   momentum outside [0, 1], bad dtypes, a training batch of fewer than 2
-   values per channel (PyTorch's error) give CAPEX_ERR_INVALID_ARG /
+   momentum outside [0, 1], bad dtypes, a batch of exactly 1 value per channel
+   taking batch statistics (PyTorch's error), a SyncBatchNorm batch empty on
+   every rank give CAPEX_ERR_INVALID_ARG /
    CAPEX_ERR_SIZE_MISMATCH with the reason; nothing is written then.
    Results are identical with and without OpenMP and for any thread count
    (fixed reduction blocks). Thread safety: reentrant; concurrent calls need
@@ -1968,7 +1974,7 @@ typedef struct capex_batch_norm_desc {
 CAPEX_API void capex_batch_norm_desc_init(capex_batch_norm_desc *d);
 
 typedef struct capex_batch_norm_args {
-    int64_t n, c, s;          /* this rank's batch (n may be 0 with a comm), channels >= 1, spatial >= 1 */
+    int64_t n, c, s;          /* this rank's batch (n >= 0), channels >= 1, spatial >= 1 */
     capex_bn_layout layout;
     capex_dtype x_dtype;      /* x and dx */
     capex_dtype y_dtype;      /* y and dy */
@@ -13071,15 +13077,20 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
             memcpy(m.gath, pk, capex_syncbn_pack_floats(C) * sizeof(float));
         }
         r = capex_syncbn_merge(m.gath, world, C, m.mean, m.red, &total);
-        if (r == CAPEX_OK && total < 2) /* use_batch: torch's batch-statistics path checks this in eval too */
+        /* torch: an empty batch without a collective gives an empty output and leaves the
+           running statistics (it still counts the batch); SyncBatchNorm has no global
+           statistics when every rank is empty */
+        if (r == CAPEX_OK && total < 1 && world > 1)
+            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the batch is empty on every rank: no statistics", fn);
+        if (r == CAPEX_OK && total == 1) /* use_batch: torch's batch-statistics path checks this in eval too */
             r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %lld value(s) per channel over all ranks; training needs "
                             "more than 1 (PyTorch: 'Expected more than 1 value per channel when training')", fn,
                             (long long)total);
-        if (r == CAPEX_OK && total < 1)
-            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: an empty batch has no statistics", fn);
         if (r != CAPEX_OK) { capex__free(d->allocator, m.all); return r; }
         for (ch = 0; ch < C; ch++) m.invstd[ch] = capex__nm_rstd(m.red[ch], d->eps);
-        if (d->training && a->running_mean) {
+        if (d->training && a->running_mean && total == 0) {
+            if (a->num_batches_tracked) ++*a->num_batches_tracked;
+        } else if (d->training && a->running_mean) {
             const float mo = capex_batch_norm_momentum(d, a->num_batches_tracked);
             for (ch = 0; ch < C; ch++) {
                 double unbiased = (double)m.red[ch] * (double)total / (double)(total - 1);
@@ -13124,11 +13135,11 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
     if (!d) { capex_batch_norm_desc_init(&dd); d = &dd; }
     if ((r = capex__bn_check(fn, d, comm, a, 1)) != CAPEX_OK) return r;
     use_batch = d->training || !a->running_mean;
-    if (use_batch && a->total_count < 1)
+    if (!use_batch || world < 1 || !(d->training || d->sync_eval_batch_stats)) world = 1; /* as forward */
+    C = a->c; rows = a->n * a->s;
+    if (use_batch && a->total_count < 1 && !(rows == 0 && world == 1)) /* an empty batch's forward writes 0 */
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: total_count %lld: pass the args forward filled in (it "
                            "writes total_count)", fn, (long long)a->total_count);
-    if (!use_batch || !(d->training || d->sync_eval_batch_stats)) world = 1; /* as forward */
-    C = a->c; rows = a->n * a->s;
     if ((r = capex__bn_alloc(fn, a, world, d->num_threads, a->layout == CAPEX_BN_NCS ? C : rows,
                              d->allocator, &m)) != CAPEX_OK)
         return r;
@@ -13159,8 +13170,9 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
         }
     }
     /* PyTorch: grad_weight/grad_bias from this rank's sums (DDP reduces them) */
-    for (ch = 0; ch < C; ch++) {
-        if (a->dweight) capex__nm_store_one(a->dweight, a->param_dtype, ch, sdyx[ch] * a->save_invstd[ch]);
+    for (ch = 0; ch < C; ch++) { /* an empty batch alone: 0 (torch), not 0 * inf for eps 0 */
+        if (a->dweight)
+            capex__nm_store_one(a->dweight, a->param_dtype, ch, rows == 0 && world == 1 ? 0.0f : sdyx[ch] * a->save_invstd[ch]);
         if (a->dbias) capex__nm_store_one(a->dbias, a->param_dtype, ch, sdy[ch]);
     }
     if (use_batch && world > 1) {

@@ -8225,9 +8225,9 @@ CAPEX__PRIVATE capex_result capex__cuda_batch_norm_forward(capex_cuda_context *c
         void *args[12];
         /* use_batch, not only training: eval without running stats takes the batch's
            statistics and torch (bn_training) and the CPU refuse one value there too */
-        if (!comm || world == 1) { if (a->n * a->s < 2)
-            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %lld value(s) per channel; batch statistics need more than 1", fn,
-                               (long long)(a->n * a->s)); }
+        if (world == 1 && a->n * a->s == 1) /* empty: as torch and the CPU, no statistics, no running update */
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: 1 value per channel; batch statistics need more than 1 (PyTorch: "
+                               "'Expected more than 1 value per channel when training')", fn);
         if (C > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many channels for one grid", fn);
         args[0] = (void *)&a->x; args[1] = &xt; args[2] = &N; args[3] = &C; args[4] = &S; args[5] = &nsc; args[6] = &ws_pack;
         if ((r = capex__cuda_norm_launch(ctx, CAPEX__CK_BN_STATS, 0, (unsigned)C, 1, 256, 1, stream, args)) != CAPEX_OK) return r;
@@ -8236,15 +8236,15 @@ CAPEX__PRIVATE capex_result capex__cuda_batch_norm_forward(capex_cuda_context *c
         } else {
             ws_gath = ws_pack;
         }
-        update = d->training;
-        if (update && a->running_mean) mom = capex_batch_norm_momentum(d, a->num_batches_tracked ? &nb : NULL);
+        update = d->training && (world > 1 || a->n > 0); /* torch counts an empty batch (nb) but updates nothing */
+        if (d->training && a->running_mean) mom = capex_batch_norm_momentum(d, a->num_batches_tracked ? &nb : NULL);
         args[0] = &ws_gath; args[1] = &w1; args[2] = &C; args[3] = &eps; args[4] = &mom; args[5] = &update;
         args[6] = (void *)&a->save_mean; args[7] = (void *)&a->save_invstd; args[8] = (void *)&a->running_mean;
         args[9] = (void *)&a->running_var; args[10] = &pt; args[11] = &ws_total;
         if ((r = capex__cuda_norm_launch(ctx, CAPEX__CK_BN_MERGE, 0, capex__cuda_norm_blocks(ctx, C), 1, 256, 1, stream, args)) !=
             CAPEX_OK)
             return r;
-        if (update && a->running_mean && a->num_batches_tracked) *a->num_batches_tracked = nb;
+        if (d->training && a->running_mean && a->num_batches_tracked) *a->num_batches_tracked = nb;
     } else {
         float eps = d->eps;
         void *args[7];
@@ -8293,6 +8293,12 @@ CAPEX__PRIVATE capex_result capex__cuda_batch_norm_backward(capex_cuda_context *
     ws_total = a->workspace;
     ws_sums = a->workspace + 8u + 4u * (P + (unsigned long long)capex__bn_world(comm) * P);
     if (C > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many channels for one grid", fn);
+    if (world == 1 && N * S == 0) { /* as the CPU: 0 (torch), not 0 * inf for eps 0; all-zero bits */
+        size_t pb = (size_t)C * capex_dtype_size(a->param_dtype);
+        if (a->dweight && (r = capex_cuda_memset_u8(ctx, a->dweight, 0, pb, stream)) != CAPEX_OK) return r;
+        if (a->dbias && (r = capex_cuda_memset_u8(ctx, a->dbias, 0, pb, stream)) != CAPEX_OK) return r;
+        return CAPEX_OK;
+    }
     args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->save_mean;
     args[5] = (void *)&a->save_invstd; args[6] = &N; args[7] = &C; args[8] = &S; args[9] = &nsc; args[10] = &ws_sums;
     args[11] = (void *)&a->dweight; args[12] = (void *)&a->dbias; args[13] = &pt;

@@ -836,6 +836,71 @@ CT_TEST(batch_norm_constant_channel_and_no_running_stats) {
              "eval without running stats, 1 value per channel: %s", capex_last_error());
 }
 
+/* An empty batch (n = 0) without a collective, as torch 2.15's nn.BatchNorm1d/2d
+   (checked with tests/gen_norm_ref.py's torch): an empty output, running
+   statistics untouched, num_batches_tracked +1 in training with running stats
+   only, dweight/dbias 0 from the backward; in training and eval, with and
+   without running stats, both layouts, comm NULL and a world-of-one comm, eps 0
+   too (dweight 0, not 0 * inf). Seen failing: refused with "more than 1 value
+   per channel" (torch's message for one value, not zero). */
+CT_TEST(batch_norm_empty_batch_as_torch) {
+    float w[3] = {1.5f, 2, 3}, b[3] = {0.1f, 0.2f, 0.3f}, rm[3], rv[3], sm[3], si[3], dw[3], db[3];
+    capex_batch_norm_args a;
+    capex_batch_norm_desc d;
+    capex_comm single;
+    int64_t tracked;
+    int lay, training, track, use_comm, e, i;
+    CT_CHECK(capex_comm_init_single(&single) == CAPEX_OK, "single: %s", capex_last_error());
+    for (lay = 0; lay < 2; lay++)
+        for (training = 0; training < 2; training++)
+            for (track = 0; track < 2; track++)
+                for (use_comm = 0; use_comm < 2; use_comm++)
+                    for (e = 0; e < 2; e++) {
+                        capex_batch_norm_desc_init(&d);
+                        d.training = training; d.eps = e ? 0.0f : 1e-5f;
+                        capex_batch_norm_args_init(&a);
+                        a.n = 0; a.c = 3; a.s = 4; a.layout = (capex_bn_layout)lay; a.weight = w; a.bias = b;
+                        for (i = 0; i < 3; i++) { rm[i] = 0.5f; rv[i] = 2.0f; sm[i] = si[i] = dw[i] = db[i] = -99.0f; }
+                        if (track) { a.running_mean = rm; a.running_var = rv; }
+                        tracked = 7; a.num_batches_tracked = &tracked;
+                        a.save_mean = sm; a.save_invstd = si; a.total_count = -5;
+                        if (track && !training) continue; /* eval with running stats below */
+                        CT_CHECK(capex_batch_norm_forward(&d, use_comm ? &single : NULL, &a) == CAPEX_OK,
+                                 "lay %d training %d track %d comm %d: %s", lay, training, track, use_comm, capex_last_error());
+                        if (ct->failed) return;
+                        CT_CHECK(tracked == (training && track ? 8 : 7), "num_batches_tracked %lld", (long long)tracked);
+                        CT_CHECK(a.total_count == 0, "total_count %lld", (long long)a.total_count);
+                        for (i = 0; i < 3; i++) {
+                            CT_CHECK(rm[i] == 0.5f && rv[i] == 2.0f, "running stats moved: %g %g", (double)rm[i], (double)rv[i]);
+                            CT_CHECK(sm[i] == 0.0f && si[i] == 1.0f / sqrtf(d.eps), "save %g %g", (double)sm[i], (double)si[i]);
+                        }
+                        a.dweight = dw; a.dbias = db;
+                        CT_CHECK(capex_batch_norm_backward(&d, use_comm ? &single : NULL, &a) == CAPEX_OK, "backward: %s",
+                                 capex_last_error());
+                        for (i = 0; i < 3; i++)
+                            CT_CHECK(dw[i] == 0.0f && db[i] == 0.0f, "eps %g: dweight %g dbias %g", (double)d.eps, (double)dw[i],
+                                     (double)db[i]);
+                        if (ct->failed) return;
+                    }
+    /* eval with running statistics: already the running ones */
+    capex_batch_norm_desc_init(&d);
+    d.training = 0;
+    capex_batch_norm_args_init(&a);
+    a.n = 0; a.c = 3; a.s = 4; a.weight = w; a.running_mean = rm; a.running_var = rv; a.save_mean = sm; a.save_invstd = si;
+    tracked = 7; a.num_batches_tracked = &tracked;
+    CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK && tracked == 7 && sm[0] == 0.5f, "eval: %s",
+             capex_last_error());
+    a.dweight = dw; dw[0] = -99.0f;
+    CT_CHECK(capex_batch_norm_backward(&d, NULL, &a) == CAPEX_OK && dw[0] == 0.0f, "eval backward: %s", capex_last_error());
+    /* one value stays torch's error; a forward that never ran (total_count 0 with values) stays refused */
+    capex_batch_norm_desc_init(&d);
+    a.running_mean = a.running_var = NULL; a.n = 1; a.s = 1; a.x = w; a.y = dw;
+    EXPECT_ERR(capex_batch_norm_forward(&d, NULL, &a), CAPEX_ERR_INVALID_ARG, "more than 1 value per channel");
+    a.total_count = 0; a.dy = w;
+    EXPECT_ERR(capex_batch_norm_backward(&d, NULL, &a), CAPEX_ERR_INVALID_ARG, "total_count");
+    capex_comm_destroy(&single);
+}
+
 /* torch.nn.functional.layer_norm(x, shape, weight=None, bias=b): the bias has a
    gradient, sum over rows of dy; dx as without affine. */
 CT_TEST(layer_norm_bias_without_weight) {
@@ -1056,6 +1121,7 @@ typedef struct rank_job {
     capex_batch_norm_args a;
     capex_result rf, rb;
     const capex_batch_norm_desc *d; /* NULL: the defaults */
+    char err[200];                  /* the thread's capex_last_error() after a failure */
 } rank_job;
 static void *rank_main(void *p) {
     rank_job *j = (rank_job *)p;
@@ -1064,6 +1130,7 @@ static void *rank_main(void *p) {
     else capex_batch_norm_desc_init(&d);
     j->rf = capex_batch_norm_forward(&d, &j->comm, &j->a);
     j->rb = j->rf == CAPEX_OK ? capex_batch_norm_backward(&d, &j->comm, &j->a) : j->rf;
+    if (j->rb != CAPEX_OK) snprintf(j->err, sizeof j->err, "%.150s", capex_last_error());
     return NULL;
 }
 
@@ -1161,6 +1228,42 @@ CT_TEST(sync_batch_norm_threads_unequal_batches) {
     }
 }
 
+/* SyncBatchNorm with every rank empty has no global statistics: refused on
+   every rank with that reason, running statistics untouched (one empty rank
+   among others is sync_case's b3e). */
+CT_TEST(sync_batch_norm_every_rank_empty_is_refused) {
+    static capex_comm_vtable vt;
+    tcomm_shared sh;
+    rank_job jobs[2];
+    pthread_t th[2];
+    float rm[2][2] = {{1, 1}, {1, 1}}, rv[2][2] = {{3, 3}, {3, 3}}, sm[2][2], si[2][2];
+    int r;
+    memset(&vt, 0, sizeof vt);
+    vt.name = "threads"; vt.allreduce = t_allreduce; vt.allgather = t_allgather; vt.broadcast = t_bcast;
+    vt.barrier = t_barrier;
+    memset(&sh, 0, sizeof sh);
+    pthread_mutex_init(&sh.mu, NULL);
+    pthread_cond_init(&sh.cv, NULL);
+    sh.world = 2;
+    for (r = 0; r < 2; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        jobs[r].comm.vt = &vt; jobs[r].comm.impl = &sh; jobs[r].comm.rank = r; jobs[r].comm.world_size = 2;
+        jobs[r].comm.timeout_s = 60;
+        capex_batch_norm_args_init(&jobs[r].a);
+        jobs[r].a.n = 0; jobs[r].a.c = 2; jobs[r].a.s = 3; jobs[r].a.running_mean = rm[r]; jobs[r].a.running_var = rv[r];
+        jobs[r].a.save_mean = sm[r]; jobs[r].a.save_invstd = si[r];
+    }
+    for (r = 0; r < 2; r++) pthread_create(&th[r], NULL, rank_main, &jobs[r]);
+    for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    pthread_mutex_destroy(&sh.mu);
+    pthread_cond_destroy(&sh.cv);
+    for (r = 0; r < 2; r++) {
+        CT_CHECK(jobs[r].rf == CAPEX_ERR_INVALID_ARG && strstr(jobs[r].err, "empty on every rank"), "rank %d: %s: %s", r,
+                 capex_result_string(jobs[r].rf), jobs[r].err);
+        CT_CHECK(rm[r][0] == 1.0f && rv[r][1] == 3.0f, "rank %d: running stats moved", r);
+    }
+}
+
 /* Eval without running statistics: torch's SyncBatchNorm does not sync there
    (F.batch_norm on the local batch), so each rank's y and dx are BatchNorm of
    its own batch (float64 reference); sync_eval_batch_stats = 1 gives the
@@ -1241,12 +1344,12 @@ static const ct_case cases[] = {
     CT_CASE(layer_norm_errors_are_clear_and_write_nothing), CT_CASE(norm_backward_zero_rows_writes_zero_param_grads),
     CT_CASE(batch_norm_layouts_dtypes_eval),
     CT_CASE(batch_norm_finite_differences),
-    CT_CASE(batch_norm_constant_channel_and_no_running_stats),
+    CT_CASE(batch_norm_constant_channel_and_no_running_stats), CT_CASE(batch_norm_empty_batch_as_torch),
     CT_CASE(batch_norm_eval_backward_nonfinite_stays_local),
     CT_CASE(layer_norm_bias_without_weight),
     CT_CASE(batch_norm_cumulative_average_momentum_none), CT_CASE(batch_norm_errors),
     CT_CASE(amp_dtypes_keep_batchnorm_fp32),
-    CT_CASE(sync_batch_norm_threads_unequal_batches),
+    CT_CASE(sync_batch_norm_threads_unequal_batches), CT_CASE(sync_batch_norm_every_rank_empty_is_refused),
     CT_CASE(sync_batch_norm_eval_without_running_stats_is_local),
 };
 

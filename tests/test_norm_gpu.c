@@ -406,6 +406,61 @@ CT_TEST(gpu_batch_norm_eval_without_running_stats_needs_two_values) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* An empty batch (n = 0) with no collective, as torch and the CPU
+   (test_norm's batch_norm_empty_batch_as_torch): accepted in training and in
+   eval without running stats, both layouts, comm NULL; running statistics
+   untouched, num_batches_tracked +1 in training only, save_mean 0 and
+   save_invstd 1/sqrt(eps) as the CPU, dweight/dbias 0 from the backward (eps 0
+   too). Seen failing: refused as "1 value per channel" for zero values. */
+CT_TEST(gpu_batch_norm_empty_batch_as_torch) {
+    float w[3] = {1.5f, 2, 3}, rs[3] = {0.5f, 0.5f, 0.5f}, rv[3] = {2, 2, 2}, poison[3] = {-99, -99, -99}, h[3], hv[3];
+    capex_batch_norm_desc d;
+    capex_cuda_batch_norm_args g;
+    capex_cuda_context *ctx = open_ctx(ct);
+    int64_t tracked;
+    int lay, training, e, i;
+    if (!ctx) return;
+    for (lay = 0; lay < 2; lay++)
+        for (training = 0; training < 2; training++)
+            for (e = 0; e < 2; e++) {
+                capex_batch_norm_desc_init(&d);
+                d.training = training; d.eps = e ? 0.0f : 1e-5f;
+                capex_cuda_batch_norm_args_init(&g);
+                g.n = 0; g.c = 3; g.s = 4; g.layout = (capex_bn_layout)lay;
+                g.weight = up(ctx, w, sizeof w); g.bias = up(ctx, w, sizeof w);
+                if (training) { g.running_mean = up(ctx, rs, sizeof rs); g.running_var = up(ctx, rv, sizeof rv); }
+                tracked = 7; g.num_batches_tracked = &tracked;
+                g.save_mean = up(ctx, poison, sizeof poison); g.save_invstd = up(ctx, poison, sizeof poison);
+                g.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(3, 1));
+                CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, NULL, &g, NULL) == CAPEX_OK, "lay %d training %d: %s", lay,
+                         training, capex_last_error());
+                CT_CHECK(tracked == (training ? 8 : 7), "num_batches_tracked %lld", (long long)tracked);
+                if (training) {
+                    CT_CHECK(capex_cuda_memcpy_dtoh(ctx, h, g.running_mean, sizeof h, NULL) == CAPEX_OK &&
+                             capex_cuda_memcpy_dtoh(ctx, hv, g.running_var, sizeof hv, NULL) == CAPEX_OK, "%s", capex_last_error());
+                    for (i = 0; i < 3; i++)
+                        CT_CHECK(h[i] == 0.5f && hv[i] == 2.0f, "running stats moved: %g %g", (double)h[i], (double)hv[i]);
+                }
+                CT_CHECK(capex_cuda_memcpy_dtoh(ctx, h, g.save_mean, sizeof h, NULL) == CAPEX_OK &&
+                         capex_cuda_memcpy_dtoh(ctx, hv, g.save_invstd, sizeof hv, NULL) == CAPEX_OK, "%s", capex_last_error());
+                for (i = 0; i < 3; i++)
+                    CT_CHECK(h[i] == 0.0f && hv[i] == 1.0f / sqrtf(d.eps), "save %g %g (the CPU's 0 and 1/sqrt(eps))",
+                             (double)h[i], (double)hv[i]);
+                g.dweight = up(ctx, poison, sizeof poison); g.dbias = up(ctx, poison, sizeof poison);
+                CT_CHECK(capex_cuda_batch_norm_backward(ctx, &d, NULL, &g, NULL) == CAPEX_OK, "backward: %s", capex_last_error());
+                CT_CHECK(capex_cuda_memcpy_dtoh(ctx, h, g.dweight, sizeof h, NULL) == CAPEX_OK &&
+                         capex_cuda_memcpy_dtoh(ctx, hv, g.dbias, sizeof hv, NULL) == CAPEX_OK, "%s", capex_last_error());
+                for (i = 0; i < 3; i++)
+                    CT_CHECK(h[i] == 0.0f && hv[i] == 0.0f, "eps %g: dweight %g dbias %g", (double)d.eps, (double)h[i],
+                             (double)hv[i]);
+                capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias); capex_cuda_free(ctx, g.running_mean);
+                capex_cuda_free(ctx, g.running_var); capex_cuda_free(ctx, g.save_mean); capex_cuda_free(ctx, g.save_invstd);
+                capex_cuda_free(ctx, g.workspace); capex_cuda_free(ctx, g.dweight); capex_cuda_free(ctx, g.dbias);
+                if (ct->failed) { capex_cuda_context_destroy(ctx); return; }
+            }
+    capex_cuda_context_destroy(ctx);
+}
+
 /* Finite values past 1.8e19 with a small spread: LayerNorm rows of 1..40
    columns (empty lanes of a warp and of a block) and a BatchNorm channel of 8
    values (empty threads of the stats block) stay finite and match the CPU
@@ -728,6 +783,7 @@ static const ct_case cases[] = {
     CT_CASE(gpu_batch_norm_matches_cpu),
     CT_CASE(gpu_batch_norm_eval_backward_nonfinite_stays_local),
     CT_CASE(gpu_batch_norm_eval_without_running_stats_needs_two_values),
+    CT_CASE(gpu_batch_norm_empty_batch_as_torch),
     CT_CASE(gpu_norm_huge_f32_values_stay_finite),
     CT_CASE(gpu_sync_batch_norm_world_matches_cpu_whole_batch),
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
