@@ -726,9 +726,11 @@ CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *z, capex_cuda
        capex_cuda_rms_norm_backward(ctx, NULL, &a, stream);
 
    SyncBatchNorm: comm NULL (or a world of one) is BatchNorm. A comm with
-   device buffers (NCCL) must use `stream` (comm->stream), ordered like the
-   comm's collectives: after the work queued on its user stream, which then
-   waits for the call's kernels on the GPU. The gather and the
+   device buffers (NCCL) must use `stream` (comm->stream) where a collective
+   runs (training; eval with sync_eval_batch_stats and no running statistics),
+   ordered like the comm's collectives: after the work queued on its user
+   stream, which then waits for the call's kernels on the GPU. Eval without a
+   collective may run on any stream, as plain work queued there. The gather and the
    merge stay on the device (no copies through the host), but the call waits
    for each collective to finish (polled against the comm's deadline, so a
    dead peer gives a status, not a hang). A host comm (MPI, TCP)
@@ -8148,9 +8150,12 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_check(const char *fn, capex_cuda_cont
     if (a->workspace & 7u) /* it starts with doubles: a misaligned one faults the context */
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: workspace 0x%llx is not 8-byte aligned", fn, (unsigned long long)a->workspace);
 #ifndef CAPEX_NO_DIST
-    if (comm && comm->device_buffers && comm->world_size > 1 && comm->stream != stream)
+    /* only where a collective runs (training, or synced eval batch statistics): eval with
+       running statistics, or this rank's batch, is local work on any stream */
+    if (comm && comm->device_buffers && comm->world_size > 1 && comm->stream != stream &&
+        (d->training || (!a->running_mean && d->sync_eval_batch_stats)))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: a device-buffer comm orders work on comm->stream; pass it as "
-                           "`stream`", fn);
+                           "`stream` (training and synced batch statistics)", fn);
 #endif
     return CAPEX_OK;
 }

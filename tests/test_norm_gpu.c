@@ -695,7 +695,10 @@ CT_TEST(gpu_layer_norm_refuses_rows_over_2p32_columns) {
    running statistics are read back on the user stream. Each rank's slice
    of y and dx, and the statistics, against BatchNorm on the whole batch on
    the CPU. Under CAPEX_EMU_STREAMS=lazy a missing order between the two
-   streams reads the poisoned buffers. */
+   streams reads the poisoned buffers. Then training on the user stream is
+   refused (its collective runs on comm->stream), and eval with running
+   statistics (no collective) runs on the user stream and matches the CPU's
+   eval. Seen failing: eval was refused off comm->stream too. */
 enum { SB_C = 3, SB_S = 5, SB_N = 7 };
 static int syncbn_rank(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
     static const int64_t rows[2] = {3, 4};
@@ -746,6 +749,24 @@ static int syncbn_rank(capex_cuda_context *ctx, capex_comm *comm, int rank, int 
     if (!same(CAPEX_F32, grm, rm, SB_C, 1e-5f, &err) || !same(CAPEX_F32, grv, rv, SB_C, 1e-5f, &err)) {
         fprintf(stderr, "rank %d: running statistics err %g\n", rank, err);
         return 49;
+    }
+    /* training on another stream is refused (the collective orders work on comm->stream);
+       eval with running statistics has no collective: the user's stream is fine */
+    if (capex_cuda_batch_norm_forward(ctx, &d, comm, &g, st) != CAPEX_ERR_INVALID_ARG || !strstr(capex_last_error(), "comm->stream"))
+        return 51;
+    d.training = 0;
+    if (capex_batch_norm_forward(&d, NULL, &a) != CAPEX_OK || capex_batch_norm_backward(&d, NULL, &a) != CAPEX_OK) return 52;
+    if (capex_cuda_batch_norm_forward(ctx, &d, comm, &g, st) != CAPEX_OK ||
+        capex_cuda_batch_norm_backward(ctx, &d, comm, &g, st) != CAPEX_OK) {
+        fprintf(stderr, "rank %d: eval with running statistics on the user stream: %s\n", rank, capex_last_error());
+        return 53;
+    }
+    if (capex_cuda_memcpy_dtoh(ctx, gy, g.y, (size_t)(nr * per) * 4, st) != CAPEX_OK ||
+        capex_cuda_memcpy_dtoh(ctx, gdx, g.dx, (size_t)(nr * per) * 4, st) != CAPEX_OK ||
+        capex_cuda_stream_synchronize(ctx, st) != CAPEX_OK) return 54;
+    if (!same(CAPEX_F32, gy, y + n0 * per, nr * per, 1e-4f, &err) || !same(CAPEX_F32, gdx, dx + n0 * per, nr * per, 1e-4f, &err)) {
+        fprintf(stderr, "rank %d: eval y/dx err %g\n", rank, err);
+        return 55;
     }
     if (capex_cuda_context_synchronize(ctx) != CAPEX_OK) return 50;
     capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.dx);
