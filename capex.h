@@ -1474,6 +1474,10 @@ typedef struct capex_comm_vtable {
                                     capex_reduce_op op, capex_comm_req *req);
     capex_result (*iallgather)(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
                                capex_comm_req *req);
+    /* Optional (NULL: every dtype): CAPEX_OK when the reductions take dtype t,
+       else the status and the reason (NCCL before 2.10 has no bf16). DDP and
+       ZeRO ask at create, so a missing type fails there, not mid-backward. */
+    capex_result (*check_dtype)(capex_comm *c, capex_dtype t);
 } capex_comm_vtable;
 
 struct capex_comm {
@@ -8405,6 +8409,18 @@ CAPEX__PRIVATE capex_result capex__comm_check(const capex_comm *c, const char *w
     return CAPEX_OK;
 }
 
+/* The comm's answer for param i's reduction dtype (capex_comm_vtable.check_dtype), its reason
+   prefixed with fn and the param and followed by hint. */
+CAPEX__PRIVATE capex_result capex__comm_dtype_check(capex_comm *c, capex_dtype t, const char *fn, size_t i,
+                                                    const char *hint) {
+    char why[256];
+    capex_result r;
+    if (!c->vt->check_dtype || (r = c->vt->check_dtype(c, t)) == CAPEX_OK) return CAPEX_OK;
+    snprintf(why, sizeof why, "%.200s", capex_last_error()); /* the message buffer is rewritten next */
+    return capex__fail(r, "%s: param %zu reduces in %s, which comm '%s' cannot: %s%s", fn, i, capex_dtype_name(t),
+                       c->vt->name ? c->vt->name : "?", why, hint);
+}
+
 /* A timeout or peer failure poisons the communicator (in-flight MPI/NCCL
    collectives cannot be cancelled); abort lets NCCL tear down its kernels. */
 CAPEX__PRIVATE capex_result capex__comm_after(capex_comm *c, capex_result r) {
@@ -8638,7 +8654,7 @@ static capex_result capex__single_allgatherv(capex_comm *c, const void *send, vo
 static const capex_comm_vtable capex__single_vt = {
     "single", capex__single_allreduce, capex__single_broadcast, capex__single_allgather, capex__single_barrier,
     capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__single_reduce_scatter, capex__single_allgatherv, NULL, NULL};
+    capex__single_reduce_scatter, capex__single_allgatherv, NULL, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_single: comm is NULL");
@@ -9108,7 +9124,7 @@ static capex_result capex__mpi_allgatherv(capex_comm *c, const void *send, void 
 static const capex_comm_vtable capex__mpi_vt = {
     "mpi", capex__mpi_allreduce, capex__mpi_broadcast, capex__mpi_allgather, capex__mpi_barrier,
     capex__mpi_iallreduce, capex__mpi_wait, NULL, NULL, capex__mpi_destroy, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv, capex__mpi_ireduce_scatter, capex__mpi_iallgather};
+    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv, capex__mpi_ireduce_scatter, capex__mpi_iallgather, NULL};
 
 CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     int init = 0, fin = 0, rc;
@@ -10094,7 +10110,7 @@ static void capex__tcp_abort(capex_comm *c) {
 static const capex_comm_vtable capex__tcp_vt = {
     "tcp", capex__tcp_allreduce, capex__tcp_broadcast, capex__tcp_allgather, capex__tcp_barrier,
     NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__tcp_reduce_scatter, capex__tcp_allgatherv, NULL, NULL};
+    capex__tcp_reduce_scatter, capex__tcp_allgatherv, NULL, NULL, NULL};
 #endif /* CAPEX__HAVE_SOCKETS */
 
 #ifdef CAPEX__HAVE_SOCKETS
@@ -10606,6 +10622,10 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
         if (params[i].numel && desc->broadcast_parameters && !params[i].data)
             return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: param %lu has no data pointer to broadcast",
                                (unsigned long)i);
+        /* the dtype its bucket is reduced in: here, not at the first launch mid-backward */
+        if ((r = capex__comm_dtype_check(comm, desc->allreduce_always_fp32 ? CAPEX_F32 : params[i].dtype, "capex_ddp_create",
+                                         i, "; set allreduce_always_fp32 to reduce half grads in f32")) != CAPEX_OK)
+            return r;
     }
     /* plus at most 7 alignment elements per view (np * 8 fits: np < SIZE_MAX / sizeof(capex_ddp_param)) */
     if (capex__size_add(total, np * 8, &total) || capex__size_mul(total, sizeof(float), &bytes))
@@ -11246,6 +11266,9 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
         if (params[i].group >= ngroups)
             return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: param %zu is in group %zu of %zu (num_groups)", fn, i,
                                params[i].group, ngroups);
+        if ((r = capex__comm_dtype_check(comm, params[i].dtype, fn, i, " (ZeRO reduces each gradient in its own "
+                                         "dtype)")) != CAPEX_OK)
+            return r;
         if (od->stochastic_rounding && (uint64_t)params[i].numel > 0xffffffffull) /* items would cross 2^32 */
             return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: param %zu has 2^32 elements or more; stochastic rounding "
                                "with sharding takes smaller tensors", fn, i);

@@ -7558,12 +7558,22 @@ static capex_result capex__nccl_convert(capex_comm *c, void *dst, capex_dtype ds
     return capex__nccl_user_after(n);
 }
 
+/* DDP and ZeRO ask at create (capex_comm_vtable.check_dtype); the collectives check again. */
+CAPEX__PRIVATE capex_result capex__nccl_check_dtype(capex_comm *c, capex_dtype t) {
+    int nt;
+    if (!c->impl) return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL comm: not initialised");
+    if ((int)t == 2 && !capex__nccl_of(c)->has_bf16)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "NCCL %d has no bfloat16 (needs NCCL >= 2.10)", capex__nccl_of(c)->api.version);
+    return capex__nccl_dtype(capex__nccl_of(c), t, &nt);
+}
+
 static const capex_comm_vtable capex__nccl_vt = {
     "nccl", capex__nccl_allreduce, capex__nccl_broadcast, capex__nccl_allgather, capex__nccl_barrier,
     capex__nccl_iallreduce, capex__nccl_wait, capex__nccl_poll_error, capex__nccl_abort, capex__nccl_destroy,
     capex__nccl_mem_alloc, capex__nccl_mem_free, capex__nccl_mem_copy, capex__nccl_mem_zero, capex__nccl_scale,
     capex__nccl_convert, capex__nccl_test, capex__nccl_reduce_scatter, capex__nccl_allgatherv, capex__nccl_ireduce_scatter,
-    capex__nccl_iallgather};
+    capex__nccl_iallgather,
+    capex__nccl_check_dtype};
 
 /* Everything of the init that can fail on this rank alone: the desc, NCCL's
    symbols, the driver's cuEventQuery, our stream and events; c holds them

@@ -216,7 +216,9 @@ static void child_fake_shards(const char *arg, child_result *res) {
     set_result(res, CAPEX_OK, 1);
 }
 
-/* NCCL "2.9.7": no ncclAvg (sum, then scale on the device), no bf16. */
+/* NCCL "2.9.7": no ncclAvg (sum, then scale on the device), no bf16: bf16 DDP
+   (without allreduce_always_fp32) and bf16 ZeRO refused at create with the
+   reason (they failed at the first bucket launch, mid-backward). */
 static void child_fake_old_nccl(const char *arg, child_result *res) {
     capex_cuda_context *ctx = NULL;
     capex_comm c;
@@ -234,6 +236,38 @@ static void child_fake_old_nccl(const char *arg, child_result *res) {
     r = capex_comm_allreduce(&c, a, a, 3, CAPEX_BF16, CAPEX_REDUCE_SUM);
     FAIL_IF(r != CAPEX_ERR_UNSUPPORTED || !strstr(capex_last_error(), "2.10"), "bf16 on old NCCL: %d %s", (int)r, capex_last_error());
     FAIL_IF(fake_counter(C_BAD) != 0, "bad arguments reached NCCL");
+    { /* bf16 DDP and ZeRO are refused at create, not at the first bucket mid-backward;
+         allreduce_always_fp32 reduces in f32 and works */
+        capex_ddp *ddp = NULL;
+        capex_ddp_param p;
+        capex_ddp_desc dd;
+        capex_cuda_zero *zg = NULL;
+        capex_zero_param zp;
+        capex_optim_desc od;
+        uint16_t gb[3] = {0x3f80, 0x4000, 0x4040}, go[3]; /* bf16 1, 2, 3 */
+        memset(&p, 0, sizeof p);
+        p.data = a; p.numel = 3; p.dtype = CAPEX_BF16;
+        capex_ddp_desc_init(&dd);
+        dd.gradient_average = 0;
+        r = capex_ddp_create(&ddp, &c, &p, 1, &dd);
+        FAIL_IF(r != CAPEX_ERR_UNSUPPORTED || ddp || !strstr(capex_last_error(), "capex_ddp_create: param 0") ||
+                !strstr(capex_last_error(), "2.10") || !strstr(capex_last_error(), "allreduce_always_fp32"),
+                "bf16 DDP on old NCCL: %d %s", (int)r, capex_last_error());
+        dd.allreduce_always_fp32 = 1;
+        RUN(capex_ddp_create(&ddp, &c, &p, 1, &dd));
+        RUN(capex_cuda_memcpy_htod(ctx, D(capex_ddp_grad(ddp, 0)), gb, sizeof gb, NULL));
+        RUN(capex_ddp_grad_ready(ddp, 0));
+        RUN(capex_ddp_finalize(ddp));
+        RUN(capex_cuda_memcpy_dtoh(ctx, go, D(capex_ddp_grad(ddp, 0)), sizeof go, NULL));
+        FAIL_IF(memcmp(gb, go, sizeof gb) != 0, "bf16 through f32 on a world of one");
+        capex_ddp_destroy(ddp);
+        memset(&zp, 0, sizeof zp);
+        zp.data = a; zp.numel = 3; zp.dtype = CAPEX_BF16;
+        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+        r = capex_cuda_zero_create(&zg, &c, &zp, 1, &od, NULL, 1, NULL);
+        FAIL_IF(r != CAPEX_ERR_UNSUPPORTED || zg || !strstr(capex_last_error(), "capex_cuda_zero_create: param 0") ||
+                !strstr(capex_last_error(), "2.10"), "bf16 ZeRO on old NCCL: %d %s", (int)r, capex_last_error());
+    }
     capex_comm_destroy(&c);
     capex_cuda_context_destroy(ctx);
     set_result(res, CAPEX_OK, 1);

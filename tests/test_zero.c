@@ -219,7 +219,7 @@ static capex_result nb_wait(capex_comm *c, capex_comm_req *q, double dl) {
 }
 static const capex_comm_vtable nb_vt = {"nb-fake", nb_allreduce, nb_bcast, nb_allgather, nb_barrier, NULL, nb_wait,
                                         NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                        nb_ireduce_scatter, nb_iallgather};
+                                        nb_ireduce_scatter, nb_iallgather, NULL};
 
 /* step_async leaves a bucket's all-gather in flight when the forward never
    waits for its params (an unused layer); the next backward's reduce-scatter
