@@ -9149,9 +9149,10 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     if (!m) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_comm_init_mpi: out of memory");
     {
         /* the duplicate is a collective: nonblocking and polled against the
-           default deadline, so a rank that never arrives gives CAPEX_ERR_TIMEOUT
-           instead of a hang; errors come back from the caller's communicator
-           for its duration only (its own handler is put back) */
+           comm's default timeout_s (init takes no other), so a rank that never
+           arrives gives CAPEX_ERR_TIMEOUT instead of a hang; errors come back
+           from the caller's communicator for its duration only (its own
+           handler is put back) */
         MPI_Errhandler user_eh;
         MPI_Request q;
         capex_result r = CAPEX_OK;
@@ -9162,7 +9163,10 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
         else r = capex__mpi_poll(&q, capex_dist_now() + 1800.0, "MPI_Comm_idup (capex_comm_init_mpi)");
         MPI_Comm_set_errhandler(mc, user_eh);
         MPI_Errhandler_free(&user_eh);
-        if (r != CAPEX_OK) { capex__free(NULL, m); return r; }
+        /* timed out: the idup is still in flight and writes m->comm when it
+           completes (MPI cannot cancel it), so m is left to process exit */
+        if (r != CAPEX_OK && r != CAPEX_ERR_TIMEOUT) capex__free(NULL, m);
+        if (r != CAPEX_OK) return r;
     }
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(m->comm, &c->rank);
