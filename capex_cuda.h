@@ -593,7 +593,8 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const c
    aborted. The comm then stays non-blocking: each NCCL call that says
    ncclInProgress is polled to its end under comm->timeout_s. NCCL < 2.14
    has no such init: its blocking ncclCommInitRank waits for a missing rank
-   for ever, and init_timeout_s bounds only the exchange.
+   for ever, and init_timeout_s bounds only the exchange; so does
+   NCCL_COMM_BLOCKING=1 in the environment (it overrides the config).
 
    Launching, one process per GPU (LOCAL_RANK picks it):
        torchrun --no-python --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0:29500 ./train
@@ -7016,7 +7017,6 @@ typedef struct capex__nccl {
     capex_cuda_ptr scratch;      /* f32 staging (half scale), barrier word      */
     size_t scratch_bytes;
     int use_avg, has_bf16, aborted;
-    int nonblocking;             /* made by ncclCommInitRankConfig, blocking = 0 */
 } capex__nccl;
 
 static void capex__nccl_destroy(capex_comm *c); /* identifies an NCCL comm */
@@ -7139,12 +7139,14 @@ CAPEX__PRIVATE capex_result capex__nccl_poll(capex_comm *c, capex_cuda_event e, 
     }
 }
 
-/* A call on a non-blocking comm (n->nonblocking) that returned ncclInProgress
-   goes on in NCCL's own thread, and NCCL takes no other call on the comm
-   until ncclCommGetAsyncError stops saying ncclInProgress. NCCL has no way to
-   make a comm blocking again after its init, so every call on it settles
-   here, bounded by the deadline (CAPEX_ERR_TIMEOUT; the caller aborts). Any
-   other result is the call's own: ncclSuccess is CAPEX_OK. */
+/* A call that returned ncclInProgress (a non-blocking comm, see
+   capex__nccl_init_rank) goes on in NCCL's own thread, and NCCL takes no
+   other call on the comm until ncclCommGetAsyncError stops saying
+   ncclInProgress. NCCL has no way to make a comm blocking again after its
+   init, so every call on it settles here, bounded by the deadline
+   (CAPEX_ERR_TIMEOUT; the caller aborts). An error read there is
+   CAPEX_ERR_COMM; any other result is the call's own (ncclSuccess:
+   CAPEX_OK). Blocking comms never return ncclInProgress. */
 CAPEX__PRIVATE capex_result capex__nccl_settle(capex__nccl *n, capex__ncclResult e, double deadline, const char *call) {
     long spins = 0;
     capex__ncclResult ae = e, ge;
@@ -7682,7 +7684,6 @@ CAPEX__PRIVATE capex_result capex__nccl_init_rank(capex_comm *c, const capex_ncc
         cfg.magic = CAPEX__NCCL_CONFIG_MAGIC;
         cfg.version = CAPEX__NCCL_V2_14;
         cfg.blocking = 0;
-        n->nonblocking = 1;
         e = n->api.CommInitRankConfig(&n->comm, world_size, u, rank, &cfg);
         if (e != CAPEX__NCCL_SUCCESS && e != CAPEX__NCCL_IN_PROGRESS) {
             /* failed before it started: NCCL freed the comm */
