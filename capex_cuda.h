@@ -585,9 +585,16 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const c
    at a time per comm (like every capex_comm). If rank 0 cannot make the id (no
    NCCL there) it sends zeros and the others fail at once with CAPEX_ERR_COMM;
    another rank that fails on its own (no NCCL, no stream) does so before the
-   exchange, so the others fail at its deadline (init_timeout_s) instead of
-   waiting in ncclCommInitRank, which has none. A rank that dies after the
-   exchange still leaves the others there (NCCL's blocking init).
+   exchange, so the others fail at its deadline (init_timeout_s). A rank that
+   dies (or never comes) after the exchange: with NCCL >= 2.14 the comm is
+   made non-blocking (ncclCommInitRankConfig, blocking = 0) and polled, so the
+   others return CAPEX_ERR_TIMEOUT after init_timeout_s (CAPEX_ERR_COMM /
+   CAPEX_ERR_NCCL when NCCL reports the failure first), the half-made comm
+   aborted. The comm then stays non-blocking: each NCCL call that says
+   ncclInProgress is polled to its end under comm->timeout_s. NCCL < 2.14
+   has no such init: its blocking ncclCommInitRank waits for a missing rank
+   for ever, and init_timeout_s bounds only the exchange; so does
+   NCCL_COMM_BLOCKING=1 in the environment (it overrides the config).
 
    Launching, one process per GPU (LOCAL_RANK picks it):
        torchrun --no-python --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0:29500 ./train
@@ -600,7 +607,7 @@ typedef struct capex_nccl_desc {
     capex_cuda_context *ctx;       /* required: this rank's GPU                         */
     capex_cuda_stream user_stream; /* where grads are produced (NULL: default stream)   */
     capex_comm *bootstrap;         /* host comm (MPI) for the unique id; NULL: TCP      */
-    double init_timeout_s;         /* unique-id exchange deadline (default 300 s)       */
+    double init_timeout_s;         /* id exchange and NCCL init deadline (300 s)        */
     double timeout_s;              /* deadline of each collective (default 1800 s)      */
     int use_nccl_avg;              /* 1 (default): ncclAvg when NCCL >= 2.10            */
     int rendezvous_port;           /* TCP bootstrap port; 0: auto (see below)          */
@@ -6928,6 +6935,19 @@ enum { CAPEX__NCCL_UINT8 = 1, CAPEX__NCCL_INT64 = 4, CAPEX__NCCL_FLOAT16 = 6, CA
        CAPEX__NCCL_FLOAT64 = 8, CAPEX__NCCL_BFLOAT16 = 9 };
 enum { CAPEX__NCCL_SUM = 0, CAPEX__NCCL_AVG = 4 };
 #define CAPEX__NCCL_V2_10 21000 /* NCCL_VERSION(2,10,0): major*10000 + minor*100 + patch since 2.9 */
+#define CAPEX__NCCL_V2_14 21400 /* ncclCommInitRankConfig, ncclConfig_t.blocking, ncclInProgress */
+/* ncclConfig_t as NCCL 2.14 declared it (newer NCCL: more fields after
+   blocking). The struct is versioned: NCCL copies min(size, its own size)
+   bytes, checks magic, and gives every field newer than `version` its
+   default, so this prefix with version 2.14 is what NCCL_CONFIG_INITIALIZER
+   of 2.14 made, with blocking = 0 instead of NCCL_CONFIG_UNDEF_INT. */
+typedef struct capex__ncclConfig {
+    size_t size;
+    unsigned int magic;   /* CAPEX__NCCL_CONFIG_MAGIC */
+    unsigned int version; /* CAPEX__NCCL_V2_14 */
+    int blocking;
+} capex__ncclConfig;
+#define CAPEX__NCCL_CONFIG_MAGIC 0xcafebeefu
 #define CAPEX__CUDA_ERROR_NOT_READY 600
 
 typedef struct capex__nccl_api {
@@ -6945,6 +6965,7 @@ typedef struct capex__nccl_api {
     capex__ncclResult (*GroupEnd)(void);
     const char *(*GetErrorString)(capex__ncclResult);
     const char *(*GetLastError)(void *); /* optional (NCCL 2.13+) */
+    capex__ncclResult (*CommInitRankConfig)(void **, int, capex__ncclUniqueId, int, capex__ncclConfig *); /* 2.14+ */
 } capex__nccl_api;
 
 /* Looks every symbol up (NCCL itself is loaded once by capex__cuda_nccl_sym). */
@@ -6970,6 +6991,8 @@ CAPEX__PRIVATE capex_result capex__nccl_api_load(capex__nccl_api *a) {
     p = dlsym(capex__cuda_nccl.lib, "ncclGetLastError");
     memcpy(&a->GetLastError, &p, sizeof p);
     a->version = capex__cuda_nccl.version;
+    p = a->version >= CAPEX__NCCL_V2_14 ? dlsym(capex__cuda_nccl.lib, "ncclCommInitRankConfig") : NULL;
+    memcpy(&a->CommInitRankConfig, &p, sizeof p);
     return CAPEX_OK;
 }
 
@@ -7118,6 +7141,37 @@ CAPEX__PRIVATE capex_result capex__nccl_poll(capex_comm *c, capex_cuda_event e, 
     }
 }
 
+/* A call that returned ncclInProgress (a non-blocking comm, see
+   capex__nccl_init_rank) goes on in NCCL's own thread, and NCCL takes no
+   other call on the comm until ncclCommGetAsyncError stops saying
+   ncclInProgress. NCCL has no way to make a comm blocking again after its
+   init, so every call on it settles here, bounded by the deadline
+   (CAPEX_ERR_TIMEOUT; the caller aborts). An error read there is
+   CAPEX_ERR_COMM; any other result is the call's own (ncclSuccess:
+   CAPEX_OK). Blocking comms never return ncclInProgress. */
+CAPEX__PRIVATE capex_result capex__nccl_settle(capex__nccl *n, capex__ncclResult e, double deadline, const char *call) {
+    long spins = 0;
+    capex__ncclResult ae = e, ge;
+    if (e != CAPEX__NCCL_IN_PROGRESS) return e == CAPEX__NCCL_SUCCESS ? CAPEX_OK : capex__nccl_fail(&n->api, n->comm, e, call);
+    for (;;) {
+        if ((ge = n->api.CommGetAsyncError(n->comm, &ae)) != CAPEX__NCCL_SUCCESS)
+            return capex__nccl_fail(&n->api, n->comm, ge, "ncclCommGetAsyncError");
+        if (ae == CAPEX__NCCL_SUCCESS) return CAPEX_OK;
+        if (ae != CAPEX__NCCL_IN_PROGRESS) { /* it failed in NCCL's thread: the comm is broken */
+            char msg[700];
+            capex__nccl_fail(&n->api, n->comm, ae, "ncclCommGetAsyncError reported");
+            capex__cuda_fmt(msg, sizeof msg, "%s", capex_last_error());
+            return capex__fail(CAPEX_ERR_COMM, "%s: %s", call, msg);
+        }
+        if (++spins > 100) {
+            if (capex_dist_now() > deadline)
+                return capex__fail(CAPEX_ERR_TIMEOUT, "%s was still in progress at the deadline: a peer is stuck or dead; "
+                                                      "the NCCL communicator is aborted", call);
+            capex__sleep_s(20e-6);
+        }
+    }
+}
+
 CAPEX__PRIVATE capex_result capex__nccl_dtype(const capex__nccl *n, capex_dtype t, int *out) {
     switch ((int)t) {
     case 0: *out = CAPEX__NCCL_FLOAT32; return CAPEX_OK;
@@ -7198,8 +7252,8 @@ CAPEX__PRIVATE capex_result capex__nccl_enqueue_allreduce(capex_comm *c, const v
         return capex__fail(CAPEX_ERR_UNSUPPORTED, "NCCL comm: AVG of float64 needs ncclAvg (NCCL >= 2.10, use_nccl_avg)");
     if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
     if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
-    if ((e = n->api.AllReduce(send, recv, count, dt, nop, n->comm, n->stream)) != CAPEX__NCCL_SUCCESS)
-        return capex__nccl_fail(&n->api, n->comm, e, "ncclAllReduce");
+    e = n->api.AllReduce(send, recv, count, dt, nop, n->comm, n->stream);
+    if ((r = capex__nccl_settle(n, e, capex__deadline(c), "ncclAllReduce")) != CAPEX_OK) return r;
     if (post && c->world_size > 1)
         if ((r = capex__nccl_scale_enqueue(c, recv, count, t, (float)(1.0 / (double)c->world_size))) != CAPEX_OK) return r;
     return capex_cuda_event_record(n->ctx, done, n->stream);
@@ -7220,9 +7274,8 @@ static capex_result capex__nccl_broadcast(capex_comm *c, void *buf, size_t count
     if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
     if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
     /* bits, not values: bytes as ncclUint8 (any dtype, any NCCL version) */
-    if ((e = n->api.Broadcast(buf, buf, count * capex_comm_dtype_size(t), CAPEX__NCCL_UINT8, root, n->comm, n->stream)) !=
-        CAPEX__NCCL_SUCCESS)
-        return capex__nccl_fail(&n->api, n->comm, e, "ncclBroadcast");
+    e = n->api.Broadcast(buf, buf, count * capex_comm_dtype_size(t), CAPEX__NCCL_UINT8, root, n->comm, n->stream);
+    if ((r = capex__nccl_settle(n, e, deadline, "ncclBroadcast")) != CAPEX_OK) return r;
     if ((r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream)) != CAPEX_OK) return r;
     return capex__nccl_poll(c, n->ev_done, deadline, "ncclBroadcast");
 }
@@ -7268,8 +7321,8 @@ static capex_result capex__nccl_allgather(capex_comm *c, const void *send, void 
     if ((r = capex__nccl_gather_send(n, &send, recv, (size_t)c->rank * bytes, bytes, (size_t)c->world_size * bytes, &tmp)) !=
         CAPEX_OK)
         return r;
-    if ((e = n->api.AllGather(send, recv, bytes, CAPEX__NCCL_UINT8, n->comm, n->stream)) != CAPEX__NCCL_SUCCESS)
-        return capex__nccl_fail(&n->api, n->comm, e, "ncclAllGather");
+    e = n->api.AllGather(send, recv, bytes, CAPEX__NCCL_UINT8, n->comm, n->stream);
+    if ((r = capex__nccl_settle(n, e, deadline, "ncclAllGather")) != CAPEX_OK) return r;
     if ((r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream)) != CAPEX_OK) return r;
     return capex__nccl_gather_done(n, tmp, capex__nccl_poll(c, n->ev_done, deadline, "ncclAllGather"));
 }
@@ -7304,11 +7357,12 @@ CAPEX__PRIVATE capex_result capex__nccl_enqueue_reduce_scatter(capex_comm *c, co
         if (!counts[p]) continue; /* every rank skips the same roots */
         e = n->api.Reduce((const char *)send + off * es, p == c->rank ? recv : (void *)((char *)(uintptr_t)send + off * es),
                           counts[p], dt, nop, p, n->comm, n->stream);
-        if (e != CAPEX__NCCL_SUCCESS) break;
+        if (e != CAPEX__NCCL_SUCCESS && e != CAPEX__NCCL_IN_PROGRESS) break; /* in a group: settled at its end */
     }
     ge = n->api.GroupEnd(); /* closes the group even after a failed call */
-    if (e != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, e, "ncclReduce (reduce-scatter)");
-    if (ge != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, ge, "ncclGroupEnd (reduce-scatter)");
+    if (e != CAPEX__NCCL_SUCCESS && e != CAPEX__NCCL_IN_PROGRESS)
+        return capex__nccl_fail(&n->api, n->comm, e, "ncclReduce (reduce-scatter)");
+    if ((r = capex__nccl_settle(n, ge, capex__deadline(c), "ncclGroupEnd (reduce-scatter)")) != CAPEX_OK) return r;
     if (post && counts[c->rank])
         if ((r = capex__nccl_scale_enqueue(c, recv, counts[c->rank], t, (float)(1.0 / (double)c->world_size))) != CAPEX_OK)
             return r;
@@ -7345,11 +7399,12 @@ CAPEX__PRIVATE capex_result capex__nccl_enqueue_allgatherv(capex_comm *c, const 
         if (!counts[p]) continue;
         e = n->api.Broadcast(p == c->rank ? send : (const void *)dst, dst, counts[p] * es, CAPEX__NCCL_UINT8, p, n->comm,
                              n->stream);
-        if (e != CAPEX__NCCL_SUCCESS) break;
+        if (e != CAPEX__NCCL_SUCCESS && e != CAPEX__NCCL_IN_PROGRESS) break; /* in a group: settled at its end */
     }
     ge = n->api.GroupEnd();
-    if (e != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, e, "ncclBroadcast (allgatherv)");
-    if (ge != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, ge, "ncclGroupEnd (allgatherv)");
+    if (e != CAPEX__NCCL_SUCCESS && e != CAPEX__NCCL_IN_PROGRESS)
+        return capex__nccl_fail(&n->api, n->comm, e, "ncclBroadcast (allgatherv)");
+    if ((r = capex__nccl_settle(n, ge, capex__deadline(c), "ncclGroupEnd (allgatherv)")) != CAPEX_OK) return r;
     return capex_cuda_event_record(n->ctx, done, n->stream);
 }
 static capex_result capex__nccl_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
@@ -7617,17 +7672,57 @@ CAPEX__PRIVATE capex_result capex__nccl_prepare(capex_comm *c, const capex_nccl_
     return CAPEX_OK;
 }
 
-/* ncclCommInitRank on a prepared c; destroys c on failure. Blocking: every
-   rank already passed the id exchange and its own preparation. */
+/* The comm on a prepared c; destroys c on failure. NCCL >= 2.14: non-blocking
+   ncclCommInitRankConfig, polled until init_timeout_s: a rank that dies (or
+   never comes) after the unique-id exchange would otherwise keep its peers
+   in NCCL's init for ever (NVIDIA/nccl#289); at the deadline or on NCCL's
+   async error the comm is aborted (ncclCommAbort stops NCCL's init thread).
+   The comm stays non-blocking (capex__nccl_settle). Older NCCL: the blocking
+   ncclCommInitRank, which has no deadline. */
 CAPEX__PRIVATE capex_result capex__nccl_init_rank(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
-                                                 double timeout_s) {
+                                                 double timeout_s, double init_timeout_s) {
     capex__nccl *n = capex__nccl_of(c);
     capex__ncclUniqueId u;
     capex__ncclResult e;
     capex_result r;
     if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) { capex_comm_destroy(c); return r; }
     memcpy(u.internal, id->bytes, sizeof u.internal);
-    if ((e = n->api.CommInitRank(&n->comm, world_size, u, rank)) != CAPEX__NCCL_SUCCESS) {
+    if (init_timeout_s <= 0) init_timeout_s = 300.0;
+    if (n->api.CommInitRankConfig) {
+        capex__ncclConfig cfg;
+        double deadline = capex_dist_now() + init_timeout_s;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.size = sizeof cfg;
+        cfg.magic = CAPEX__NCCL_CONFIG_MAGIC;
+        cfg.version = CAPEX__NCCL_V2_14;
+        cfg.blocking = 0;
+        e = n->api.CommInitRankConfig(&n->comm, world_size, u, rank, &cfg);
+        if (e != CAPEX__NCCL_SUCCESS && e != CAPEX__NCCL_IN_PROGRESS) {
+            /* failed before it started: NCCL freed the comm */
+            capex_result fr = capex__nccl_fail(&n->api, NULL, e, "ncclCommInitRankConfig");
+            n->comm = NULL;
+            capex_comm_destroy(c);
+            return fr;
+        }
+        if (!n->comm) {
+            capex_comm_destroy(c);
+            return capex__fail(CAPEX_ERR_NCCL, "ncclCommInitRankConfig returned %d but no communicator", (int)e);
+        }
+        if ((r = capex__nccl_settle(n, e, deadline, "ncclCommInitRankConfig")) != CAPEX_OK) {
+            char msg[700];
+            capex__cuda_fmt(msg, sizeof msg, "%s", capex_last_error());
+            n->api.CommAbort(n->comm);
+            n->comm = NULL;
+            n->aborted = 1;
+            capex_comm_destroy(c);
+            if (r == CAPEX_ERR_TIMEOUT)
+                return capex__fail(CAPEX_ERR_TIMEOUT, "NCCL init (ncclCommInitRankConfig, rank %d of %d) did not complete "
+                                                      "within init_timeout_s (%.1f s): a rank is missing (it died or never "
+                                                      "started after the unique-id exchange); the communicator was aborted",
+                                   rank, world_size, init_timeout_s);
+            return capex__fail(r, "NCCL init (rank %d of %d) failed, the communicator was aborted: %s", rank, world_size, msg);
+        }
+    } else if ((e = n->api.CommInitRank(&n->comm, world_size, u, rank)) != CAPEX__NCCL_SUCCESS) {
         capex_result fr = capex__nccl_fail(&n->api, NULL, e, "ncclCommInitRank");
         n->comm = NULL;
         capex_comm_destroy(c);
@@ -7659,7 +7754,7 @@ CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_u
     if (capex__nccl_id_zero(id))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: the unique id is all zeros (not from ncclGetUniqueId)");
     if ((r = capex__nccl_prepare(c, d, "capex_comm_init_nccl_id")) != CAPEX_OK) return r;
-    return capex__nccl_init_rank(c, id, rank, world_size, d->timeout_s);
+    return capex__nccl_init_rank(c, id, rank, world_size, d->timeout_s, d->init_timeout_s);
 }
 
 CAPEX_API capex_result capex_comm_init_nccl(capex_comm *c, const capex_dist_env *env, const capex_nccl_desc *d) {
@@ -7701,7 +7796,7 @@ CAPEX_API capex_result capex_comm_init_nccl(capex_comm *c, const capex_dist_env 
         if (made != CAPEX_OK) return capex__fail(made, "%s", why);
         if (r != CAPEX_OK) { capex_comm_destroy(c); return r; }
     }
-    return capex__nccl_init_rank(c, &id, env->rank, env->world_size, d->timeout_s);
+    return capex__nccl_init_rank(c, &id, env->rank, env->world_size, d->timeout_s, d->init_timeout_s);
 }
 
 CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stream user_stream) {

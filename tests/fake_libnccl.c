@@ -9,12 +9,22 @@
      FAKE_NCCL_VERSION=n      what ncclGetVersion reports (default 22809)
      FAKE_NCCL_ASYNC_ERROR=1  collectives do nothing and the comm's async
                               error becomes ncclRemoteError (a dead peer)
-     FAKE_NCCL_INIT_FAIL=1    ncclCommInitRank fails (ncclSystemError)
+     FAKE_NCCL_INIT_FAIL=1    ncclCommInitRank fails (ncclSystemError); a
+                              non-blocking init fails later, as its async error
      FAKE_NCCL_TIMEOUT=s      seconds a rank waits for its peers (default 60)
      FAKE_NCCL_WATCH_PEERS=1  ncclCommGetAsyncError reports ncclRemoteError
                               once a peer's process is gone, as NCCL's proxy
                               does when a connection closes (off by default:
                               ranks of the tests exit at different times)
+   ncclCommInitRankConfig (NCCL >= 2.14 only: below, a call is counted as
+   bad) checks the versioned ncclConfig_t (size, magic, version); with
+   blocking = 0 it returns ncclInProgress and ncclCommGetAsyncError says
+   ncclInProgress until every rank has joined (ncclRemoteError past
+   FAKE_NCCL_TIMEOUT), and each later call on that comm returns
+   ncclInProgress too (a group: its ncclGroupEnd); the comm then reads
+   ncclInProgress twice more. A call on a comm that has not read
+   ncclSuccess since (init, collective, ncclCommDestroy) is ncclInvalidUsage
+   and counted as bad, as NCCL refuses it.
    World size 1: every collective is a copy. Several ranks (processes, e.g.
    forked, each with its own comm; or threads): ncclGetUniqueId names a shared
    file (/dev/shm or /tmp) that ncclCommInitRank maps; each collective runs
@@ -35,6 +45,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -64,13 +75,17 @@ enum { FAKE_HEADER = 4096 };
 
 typedef struct fake_comm {
     int magic, nranks, rank, async_err;
+    int nonblocking, joining, joined_all, pending; /* pending: reads of ncclInProgress left */
+    double join_deadline;
     fake_world *w;           /* NULL for world size 1 */
     size_t map_bytes;
 } fake_comm;
 
-static int counters[10]; /* 0 allreduce, 1 broadcast, 2 allgather, 3 abort, 4 destroy, 5 init, 6 avg, 7 bad,
-                            8 reduce, 9 group depth errors (an End without a Start) */
+static int counters[12]; /* 0 allreduce, 1 broadcast, 2 allgather, 3 abort, 4 destroy, 5 init, 6 avg, 7 bad,
+                            8 reduce, 9 group depth errors (an End without a Start), 10 non-blocking inits
+                            (ncclCommInitRankConfig, blocking = 0), 11 ncclInProgress returned by a call */
 static int group_depth;
+static struct fake_comm *group_comm; /* a non-blocking comm with work in the open group */
 static char last_error[256];
 
 static int version(void) {
@@ -104,7 +119,14 @@ static int check_comm(fake_comm *c) {
     return 0;
 }
 
-FAKE_API int fake_nccl_counter(int i) { return i >= 0 && i < 10 ? counters[i] : -1; }
+FAKE_API int fake_nccl_counter(int i) { return i >= 0 && i < 12 ? counters[i] : -1; }
+/* NCCL refuses a call on a non-blocking comm still in progress. */
+static int busy(fake_comm *c) {
+    if (!c->joining && !c->pending) return 0;
+    counters[7]++;
+    strcpy(last_error, "fake NCCL: communicator used before ncclCommGetAsyncError returned ncclSuccess");
+    return 1;
+}
 FAKE_API int ncclGetVersion(int *v) { if (!v) return 4; *v = version(); return 0; }
 FAKE_API const char *ncclGetErrorString(int r) {
     static const char *s[] = {"no error", "unhandled cuda error", "unhandled system error", "internal error",
@@ -173,23 +195,24 @@ static int world_barrier(fake_comm *c) {
     return 0;
 }
 
-FAKE_API int ncclCommInitRank(void **comm, int nranks, ncclUniqueId id, int rank) {
+/* Creates the comm and joins the world; wait: block until every rank joined. */
+static int comm_open(void **comm, int nranks, ncclUniqueId id, int rank, int wait) {
     fake_comm *c;
     if (!comm || nranks < 1 || nranks > FAKE_MAX_RANKS || rank < 0 || rank >= nranks || id.internal[0] == 0) {
         strcpy(last_error, "fake NCCL: bad rank, world size (1-16) or id");
         return 4;
     }
-    if (env1("FAKE_NCCL_INIT_FAIL")) { strcpy(last_error, "fake NCCL: bootstrap failed"); return 2; }
+    if (wait && env1("FAKE_NCCL_INIT_FAIL")) { strcpy(last_error, "fake NCCL: bootstrap failed"); return 2; }
     c = (fake_comm *)calloc(1, sizeof *c);
     if (!c) return 2;
     c->magic = 0x4e43;
     c->nranks = nranks;
     c->rank = rank;
+    c->join_deadline = now_s() + timeout_s();
     if (nranks > 1) {
         char name[121];
         int fd;
         void *m;
-        double deadline = now_s() + timeout_s();
         memcpy(name, id.internal + 8, 120);
         name[120] = 0;
         c->map_bytes = FAKE_HEADER + (size_t)nranks * FAKE_SLOT;
@@ -207,8 +230,8 @@ FAKE_API int ncclCommInitRank(void **comm, int nranks, ncclUniqueId id, int rank
         __atomic_store_n(&c->w->nranks, nranks, __ATOMIC_SEQ_CST);
         __atomic_store_n(&c->w->pid[rank], (int)getpid(), __ATOMIC_SEQ_CST);
         if (__atomic_add_fetch(&c->w->joined, 1, __ATOMIC_SEQ_CST) == nranks) unlink(name); /* all mapped it */
-        while (__atomic_load_n(&c->w->joined, __ATOMIC_SEQ_CST) < nranks) { /* NCCL's init blocks for every rank */
-            if (now_s() > deadline) {
+        while (wait && __atomic_load_n(&c->w->joined, __ATOMIC_SEQ_CST) < nranks) { /* NCCL's init blocks for every rank */
+            if (now_s() > c->join_deadline) {
                 snprintf(last_error, sizeof last_error, "fake NCCL: only %d of %d ranks joined",
                          __atomic_load_n(&c->w->joined, __ATOMIC_SEQ_CST), nranks);
                 munmap(m, c->map_bytes);
@@ -219,13 +242,65 @@ FAKE_API int ncclCommInitRank(void **comm, int nranks, ncclUniqueId id, int rank
         }
     }
     *comm = c;
-    counters[5]++;
+    if (wait) counters[5]++;
     return 0;
+}
+FAKE_API int ncclCommInitRank(void **comm, int nranks, ncclUniqueId id, int rank) { return comm_open(comm, nranks, id, rank, 1); }
+
+/* ncclConfig_t of NCCL 2.14: the fields every later version starts with. */
+typedef struct { size_t size; unsigned int magic, version; int blocking; } fake_config;
+FAKE_API int ncclCommInitRankConfig(void **comm, int nranks, ncclUniqueId id, int rank, fake_config *cfg) {
+    fake_comm *c;
+    int r;
+    if (version() < 21400) { counters[7]++; strcpy(last_error, "fake NCCL: no ncclCommInitRankConfig before 2.14"); return 5; }
+    if (!cfg || cfg->size < sizeof(fake_config) || cfg->magic != 0xcafebeefu || cfg->version < 21400 ||
+        (cfg->blocking != 0 && cfg->blocking != 1 && cfg->blocking != INT_MIN)) { /* INT_MIN: NCCL_CONFIG_UNDEF_INT */
+        counters[7]++;
+        strcpy(last_error, "fake NCCL: ncclConfig_t not made by NCCL_CONFIG_INITIALIZER");
+        return 4;
+    }
+    if (cfg->blocking != 0) return comm_open(comm, nranks, id, rank, 1);
+    if ((r = comm_open(comm, nranks, id, rank, 0)) != 0) return r;
+    c = (fake_comm *)*comm;
+    c->nonblocking = c->joining = 1;
+    if (env1("FAKE_NCCL_INIT_FAIL")) { /* fails in NCCL's init thread: the async error says it */
+        c->joining = 0;
+        c->async_err = 2;
+        strcpy(last_error, "fake NCCL: bootstrap failed");
+    }
+    counters[10]++;
+    counters[11]++;
+    return 7;
 }
 FAKE_API int ncclCommGetAsyncError(void *comm, int *err) {
     fake_comm *c = (fake_comm *)comm;
     int r = check_comm(c);
     if (r) return r;
+    if (c->joining) { /* non-blocking init: in progress until every rank joined, then two reads more */
+        if (!c->joined_all) {
+            if (!c->w || __atomic_load_n(&c->w->joined, __ATOMIC_SEQ_CST) >= c->nranks) {
+                c->joined_all = 1;
+                c->pending = 2;
+                counters[5]++;
+            } else if (now_s() > c->join_deadline) {
+                c->joining = 0;
+                c->async_err = 6;
+                snprintf(last_error, sizeof last_error, "fake NCCL: only %d of %d ranks joined",
+                         __atomic_load_n(&c->w->joined, __ATOMIC_SEQ_CST), c->nranks);
+                *err = 6;
+                return 0;
+            }
+        }
+        if (!c->joined_all || c->pending) {
+            if (c->pending) c->pending--;
+            *err = 7;
+            return 0;
+        }
+        c->joining = 0; /* the init's ncclSuccess: peers are watched only after it */
+        *err = c->async_err;
+        return 0;
+    }
+    if (c->pending) { c->pending--; *err = 7; return 0; }
     if (c->w && !c->async_err && env1("FAKE_NCCL_WATCH_PEERS") && peer_dead(c->w)) world_break(c, "a peer process exited");
     *err = c->async_err;
     return 0;
@@ -244,11 +319,20 @@ FAKE_API int ncclCommAbort(void *comm) {
     if (c && !check_comm(c) && c->w) __atomic_store_n(&c->w->broken, 1, __ATOMIC_SEQ_CST); /* peers stop waiting */
     return comm_free(c, 3);
 }
-FAKE_API int ncclCommDestroy(void *comm) { return comm_free((fake_comm *)comm, 4); }
+FAKE_API int ncclCommDestroy(void *comm) {
+    fake_comm *c = (fake_comm *)comm;
+    if (c && !check_comm(c) && busy(c)) return 5;
+    return comm_free(c, 4);
+}
 FAKE_API int ncclGroupStart(void) { group_depth++; return 0; }
 FAKE_API int ncclGroupEnd(void) {
     if (group_depth <= 0) { counters[9]++; return 5; } /* ncclInvalidUsage */
-    group_depth--;
+    if (--group_depth == 0 && group_comm) { /* a non-blocking comm's group: launched in the background */
+        group_comm->pending = 2;
+        group_comm = NULL;
+        counters[11]++;
+        return 7;
+    }
     return 0;
 }
 
@@ -376,8 +460,8 @@ static int world_collective(fake_comm *c, const void *send, void *recv, size_t c
     return 0;
 }
 
-static int collective(fake_comm *c, const void *send, void *recv, size_t count, int dt, int op, int root, int kind,
-                      int which, void *stream) {
+static int collective_run(fake_comm *c, const void *send, void *recv, size_t count, int dt, int op, int root, int kind,
+                          int which, void *stream) {
     int r = check_comm(c), lazy = emu_stream_sync(stream);
     size_t es = type_size(dt), bytes;
     void *tmp;
@@ -401,6 +485,20 @@ static int collective(fake_comm *c, const void *send, void *recv, size_t count, 
     if (c->w) return world_collective(c, send, recv, count, dt, op, root, kind);
     if (count && send != recv) memmove(recv, send, count * es); /* world of one: a copy */
     return 0;
+}
+/* The call; on a non-blocking comm it "goes on in the background": its
+   result is ncclInProgress (in a group: the group's end). */
+static int collective(fake_comm *c, const void *send, void *recv, size_t count, int dt, int op, int root, int kind,
+                      int which, void *stream) {
+    int r = check_comm(c);
+    if (r) return r;
+    if (busy(c)) return 5;
+    if ((r = collective_run(c, send, recv, count, dt, op, root, kind, which, stream)) != 0 || !c->nonblocking) return r;
+    if (c->async_err) return 0; /* failed "on the GPU": the launch itself went through */
+    if (group_depth > 0) { group_comm = c; return 0; }
+    c->pending = 2;
+    counters[11]++;
+    return 7;
 }
 static int check_op(int op) {
     if (op != 0 && !(op == 4 && version() >= 21000)) { counters[7]++; strcpy(last_error, "fake NCCL: invalid op"); return 4; }

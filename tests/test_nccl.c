@@ -104,7 +104,7 @@ static int fake_counter(int i) {
     return fn ? fn(i) : -3;
 }
 enum { C_ALLREDUCE = 0, C_BROADCAST = 1, C_ALLGATHER = 2, C_ABORT = 3, C_DESTROY = 4, C_INIT = 5, C_AVG = 6, C_BAD = 7,
-       C_REDUCE = 8, C_GROUP_BAD = 9 };
+       C_REDUCE = 8, C_GROUP_BAD = 9, C_NB_INIT = 10, C_IN_PROGRESS = 11 };
 
 #define FAIL_IF(cond, ...) do { if (cond) { (void)capex__fail(CAPEX_ERR_INTERNAL, __VA_ARGS__); set_result(res, CAPEX_ERR_INTERNAL, 0); return; } } while (0)
 #define RUN(call) do { capex_result r_ = (call); if (r_ != CAPEX_OK) { set_result(res, r_, __LINE__); return; } } while (0)
@@ -438,14 +438,18 @@ static void child_fake_timeout(const char *arg, child_result *res) {
     set_result(res, CAPEX_OK, 1);
 }
 
+/* arg "old": NCCL 2.13, whose blocking ncclCommInitRank fails; else the
+   non-blocking init fails later (its async error) and is aborted. */
 static void child_fake_init_fail(const char *arg, child_result *res) {
     capex_cuda_context *ctx = NULL;
     capex_comm c;
     capex_result r;
-    (void)arg;
+    int old = arg && !strcmp(arg, "old");
     setenv("FAKE_NCCL_INIT_FAIL", "1", 1);
+    if (old) setenv("FAKE_NCCL_VERSION", "21303", 1);
     r = fake_open(&ctx, &c, 0);
-    set_result(res, r, c.vt == NULL && fake_counter(C_INIT) == 0);
+    set_result(res, r, c.vt == NULL && fake_counter(C_INIT) == 0 && fake_counter(C_BAD) == 0 &&
+                       fake_counter(C_NB_INIT) == !old && fake_counter(C_ABORT) == !old);
     capex_cuda_context_destroy(ctx);
 }
 
@@ -600,15 +604,35 @@ static int world_exit_then_destroy(capex_cuda_context *ctx, capex_comm *c, int r
     }
     return 0;
 }
+/* world_checks, then which init and how many ncclInProgress this rank saw:
+   NCCL >= 2.14 a non-blocking comm (init, each ungrouped collective and each
+   group's end say ncclInProgress, every one settled: nothing counted bad),
+   older the blocking ncclCommInitRank and no ncclInProgress. */
+static int world_checks_counted(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    int e = world_checks(ctx, c, rank, world, user), old = atoi(getenv("FAKE_NCCL_VERSION") ? getenv("FAKE_NCCL_VERSION") : "0");
+    int nb = fake_counter(C_NB_INIT), ip = fake_counter(C_IN_PROGRESS), calls;
+    if (e) return e;
+    calls = fake_counter(C_ALLREDUCE) + fake_counter(C_ALLGATHER);
+    if (fake_counter(C_INIT) != 1 || fake_counter(C_BAD) != 0 || fake_counter(C_GROUP_BAD) != 0 ||
+        (old ? nb != 0 || ip != 0 : nb != 1 || ip < 1 + calls)) {
+        fprintf(stderr, "rank %d (NCCL %d): %d inits, %d non-blocking, %d ncclInProgress for %d allreduce/allgather, "
+                "%d bad calls\n", rank, old, fake_counter(C_INIT), nb, ip, calls, fake_counter(C_BAD));
+        return 26;
+    }
+    return 0;
+}
 static void child_fake_world(const char *arg, child_result *res) {
     char cu[1200], nc[1200];
     int codes[16] = {0}, world = atoi(arg ? arg : "2"), dead = arg && strstr(arg, "dead") != NULL, i, r;
+    nccl_world_body body = world_checks;
     FAIL_IF(!fake_path("libcuda.so.1", cu, sizeof cu) || !fake_path("libnccl.so.2", nc, sizeof nc), "stand-ins not built");
     setenv("CAPEX_LIBCUDA_PATH", cu, 1);
     setenv("CAPEX_NCCL_PATH", nc, 1);
     setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
     if (arg && strstr(arg, "exit")) setenv("FAKE_NCCL_WATCH_PEERS", "1", 1);
-    r = nccl_world_run(world, arg && strstr(arg, "exit") ? world_exit_then_destroy : dead ? world_dead_peer : world_checks,
+    if (arg && strstr(arg, "counted")) body = world_checks_counted;
+    if (arg && strstr(arg, "old")) setenv("FAKE_NCCL_VERSION", "21303", 1); /* before ncclCommInitRankConfig */
+    r = nccl_world_run(world, arg && strstr(arg, "exit") ? world_exit_then_destroy : dead ? world_dead_peer : body,
                        NULL, codes);
     for (i = 0; i < world; i++) FAIL_IF(codes[i] != 0, "world %d: rank %d failed (%d; its stderr says why)", world, i, codes[i]);
     FAIL_IF(r != 0, "rank 0 failed");
@@ -674,12 +698,77 @@ static void child_missing_nccl_rank(const char *arg, child_result *res) {
     set_result(res, CAPEX_OK, 1);
 }
 
+/* A world of 3 over the TCP rendezvous where rank 2 takes the unique id
+   and exits (NVIDIA/nccl#289: its peers would wait in NCCL's init for
+   ever). Ranks 0 and 1 must return CAPEX_ERR_TIMEOUT from the non-blocking
+   init at init_timeout_s, the half-made comm aborted. The stand-in's own
+   wait ends after FAKE_NCCL_TIMEOUT (8 s) with ncclRemoteError, so an init
+   without a deadline fails with CAPEX_ERR_COMM instead; alarm() ends a rank
+   that hangs (exit 100). Exit codes: 0 as expected, 1 wrong status or
+   message, 2 comm not zeroed or not aborted once, 3 setup. */
+static int dead_after_exchange_rank(int rank, int port, const char *cu, const char *nc) {
+    capex_cuda_context *ctx = NULL;
+    capex_dist_env env;
+    capex_nccl_desc nd;
+    capex_comm c;
+    capex_result r;
+    alarm(30);
+    setenv("CAPEX_LIBCUDA_PATH", cu, 1);
+    setenv("CAPEX_NCCL_PATH", nc, 1);
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = 3;
+    strcpy(env.master_addr, "127.0.0.1"); env.master_port = port;
+    snprintf(env.run_id, sizeof env.run_id, "dead-after-exchange");
+    if (rank == 2) { /* takes the id, then dies */
+        capex_nccl_unique_id id;
+        memset(&id, 0, sizeof id);
+        return capex_nccl_exchange_unique_id(&env, NULL, &id, 10.0) == CAPEX_OK ? 0 : 3;
+    }
+    if (capex_cuda_context_create(NULL, &ctx) != CAPEX_OK) return 3;
+    capex_nccl_desc_init(&nd);
+    nd.ctx = ctx;
+    nd.init_timeout_s = 2.0; /* the exchange's deadline too: the three start together */
+    r = capex_comm_init_nccl(&c, &env, &nd);
+    fprintf(stderr, "rank %d: %s: %s\n", rank, capex_result_string(r), r ? capex_last_error() : "");
+    if (r == CAPEX_OK) capex_comm_destroy(&c);
+    capex_cuda_context_destroy(ctx);
+    if (r != CAPEX_ERR_TIMEOUT || !strstr(capex_last_error(), "ncclCommInitRankConfig") ||
+        !strstr(capex_last_error(), "init_timeout_s"))
+        return 1;
+    return c.vt == NULL && fake_counter(C_ABORT) == 1 && fake_counter(C_NB_INIT) == 1 && fake_counter(C_INIT) == 0 ? 0 : 2;
+}
+static void child_dead_after_exchange(const char *arg, child_result *res) {
+    char cu[1200], nc[1200];
+    int port = free_port(), codes[3], i;
+    pid_t pids[3];
+    (void)arg;
+    FAIL_IF(!fake_path("libcuda.so.1", cu, sizeof cu) || !fake_path("libnccl.so.2", nc, sizeof nc), "stand-ins not built");
+    setenv("FAKE_NCCL_TIMEOUT", "8", 1);
+    fflush(stdout);
+    fflush(stderr);
+    for (i = 0; i < 3; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) _exit(dead_after_exchange_rank(i, port, cu, nc));
+    }
+    for (i = 0; i < 3; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
+    FAIL_IF(codes[2] != 0, "rank 2 (takes the id, then exits): code %d", codes[2]);
+    for (i = 0; i < 2; i++)
+        FAIL_IF(codes[i] != 0, "rank %d: code %d (1: not CAPEX_ERR_TIMEOUT from ncclCommInitRankConfig at init_timeout_s, "
+                "2: comm not zeroed or not aborted once, 100: hung; its stderr says why)", i, codes[i]);
+    set_result(res, CAPEX_OK, 1);
+}
+
 static const child_entry children[] = {
     {"no_nccl", child_no_nccl}, {"real_id", child_real_id}, {"fake_collectives", child_fake_collectives},
     {"fake_old_nccl", child_fake_old_nccl}, {"fake_shards", child_fake_shards}, {"fake_ddp", child_fake_ddp}, {"fake_async", child_fake_async_error},
     {"fake_timeout", child_fake_timeout}, {"fake_scratch_async", child_fake_scratch_async},
     {"missing_nccl_rank", child_missing_nccl_rank}, {"fake_init_fail", child_fake_init_fail},
-    {"real_nccl_fake_driver", child_real_nccl_fake_driver}, {"fake_world", child_fake_world}};
+    {"real_nccl_fake_driver", child_real_nccl_fake_driver}, {"fake_world", child_fake_world},
+    {"dead_after_exchange", child_dead_after_exchange}};
 
 /* --------------------------------------------------------------- tests -- */
 
@@ -727,13 +816,24 @@ CT_TEST(rank_without_nccl_fails_before_the_id_exchange) {
     CHILD_OK("missing_nccl_rank", "0");
 }
 
+CT_TEST(rank_dead_after_the_id_exchange_times_out_the_init) { NEED_FAKES(); CHILD_OK("dead_after_exchange", NULL); }
+CT_TEST(fake_world_init_nonblocking_and_blocking) {
+    NEED_FAKES();
+    CHILD_OK("fake_world", "2 counted");
+    CHILD_OK("fake_world", "2 counted old");
+}
+
 CT_TEST(fake_driver_init_failure) {
     child_result r;
+    int old;
     NEED_FAKES();
-    r = run_child("fake_init_fail", NULL);
-    CT_CHECK(r.exited_ok && r.code == CAPEX_ERR_COMM, "code %d: %s", r.code, r.message);
-    CT_CHECK(strstr(r.message, "ncclCommInitRank") && strstr(r.message, "bootstrap failed"), "message: %s", r.message);
-    CT_CHECK(r.value == 1, "comm left zeroed");
+    for (old = 0; old < 2; old++) {
+        r = run_child("fake_init_fail", old ? "old" : NULL);
+        CT_CHECK(r.exited_ok && r.code == CAPEX_ERR_COMM, "code %d: %s", r.code, r.message);
+        CT_CHECK(strstr(r.message, old ? "ncclCommInitRank failed" : "ncclCommInitRankConfig") &&
+                 strstr(r.message, "bootstrap failed"), "message: %s", r.message);
+        CT_CHECK(r.value == 1, "comm left zeroed; the non-blocking comm aborted (old NCCL %d)", old);
+    }
 }
 
 CT_TEST(real_nccl_refuses_stand_in_driver) {
@@ -745,7 +845,7 @@ CT_TEST(real_nccl_refuses_stand_in_driver) {
     r = run_child("real_nccl_fake_driver", NULL);
     CT_CHECK(r.exited_ok, "child crashed");
     CT_CHECK(r.code == CAPEX_ERR_NCCL || r.code == CAPEX_ERR_COMM, "code %d: %s", r.code, r.message);
-    CT_CHECK(strstr(r.message, "ncclCommInitRank failed"), "names the call: %s", r.message);
+    CT_CHECK(strstr(r.message, "ncclCommInitRank"), "names the call: %s", r.message); /* ...Config on NCCL >= 2.14 */
     CT_CHECK(r.value == 1, "comm left zeroed");
 }
 
@@ -986,7 +1086,8 @@ static const ct_case cases[] = {
     CT_CASE(fake_driver_ddp_device_buckets), CT_CASE(fake_driver_async_error_aborts),
     CT_CASE(fake_world_collectives_and_ddp), CT_CASE(fake_world_dead_peer), CT_CASE(fake_world_destroy_after_peer_exit_aborts),
     CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_scratch_growth_async_error_aborts),
-    CT_CASE(rank_without_nccl_fails_before_the_id_exchange),
+    CT_CASE(rank_without_nccl_fails_before_the_id_exchange), CT_CASE(rank_dead_after_the_id_exchange_times_out_the_init),
+    CT_CASE(fake_world_init_nonblocking_and_blocking),
     CT_CASE(fake_driver_init_failure),
     CT_CASE(real_nccl_refuses_stand_in_driver), CT_CASE(argument_validation), CT_CASE(unique_id_exchange_tcp),
     CT_CASE(unique_id_exchange_foreign_nonce), CT_CASE(unique_id_exchange_missing_rank),

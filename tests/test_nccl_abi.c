@@ -9,6 +9,9 @@
 #include "../capex_cuda.h"
 #include "capex_test.h"
 
+#include <limits.h>
+#include <stddef.h>
+
 #define EQ(a, b) ((int)(a) == (int)(b))
 
 CT_TEST(values_match_nccl_h) {
@@ -31,7 +34,21 @@ CT_TEST(values_match_nccl_h) {
     typedef char ver[NCCL_VERSION(2, 10, 0) == CAPEX__NCCL_V2_10 ? 1 : -1];
     typedef char comm_is_ptr[sizeof(ncclComm_t) == sizeof(void *) ? 1 : -1];
     (void)sizeof(id_size); (void)sizeof(id_public); (void)sizeof(res); (void)sizeof(types); (void)sizeof(ops);
-    (void)sizeof(enums_are_ints); (void)sizeof(ver); (void)sizeof(comm_is_ptr);
+    /* ncclConfig_t: capex declares the 2.14 prefix (size, magic, version, blocking); every later layout starts with it */
+    typedef char cfg_prefix[offsetof(ncclConfig_t, size) == offsetof(capex__ncclConfig, size) &&
+                            offsetof(ncclConfig_t, magic) == offsetof(capex__ncclConfig, magic) &&
+                            offsetof(ncclConfig_t, version) == offsetof(capex__ncclConfig, version) &&
+                            offsetof(ncclConfig_t, blocking) == offsetof(capex__ncclConfig, blocking) &&
+                            sizeof(capex__ncclConfig) <= sizeof(ncclConfig_t) ? 1 : -1];
+    typedef char cfg_ver[NCCL_VERSION(2, 14, 0) == CAPEX__NCCL_V2_14 && NCCL_CONFIG_UNDEF_INT == INT_MIN ? 1 : -1];
+    (void)sizeof(enums_are_ints); (void)sizeof(ver); (void)sizeof(comm_is_ptr); (void)sizeof(cfg_prefix); (void)sizeof(cfg_ver);
+    {   /* what NCCL_CONFIG_INITIALIZER writes where capex writes its own */
+        ncclConfig_t ref = NCCL_CONFIG_INITIALIZER;
+        CT_CHECK(ref.magic == CAPEX__NCCL_CONFIG_MAGIC, "magic 0x%x", ref.magic);
+        CT_CHECK(ref.size == sizeof(ncclConfig_t) && ref.version == NCCL_VERSION_CODE && ref.version >= CAPEX__NCCL_V2_14,
+                 "size %zu version %u", ref.size, ref.version);
+        CT_CHECK(ref.blocking == NCCL_CONFIG_UNDEF_INT, "blocking left to NCCL (capex sets 0)");
+    }
     /* run time too, so the test reports what it compared */
     CT_CHECK(ncclFloat32 == 7 && ncclBfloat16 == 9 && ncclAvg == 4, "values");
     {   /* the prototypes capex casts its dlsym results to (sizeof: type-checked, not linked) */
@@ -41,6 +58,8 @@ CT_TEST(values_match_nccl_h) {
         ncclResult_t (*ag)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
         ncclResult_t (*ae)(ncclComm_t, ncclResult_t *);
         ncclResult_t (*rd)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t);
+        ncclResult_t (*initc)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
+        (void)sizeof(1 ? initc : ncclCommInitRankConfig);
         (void)sizeof(1 ? rd : ncclReduce);
         (void)sizeof(1 ? ar : ncclAllReduce); (void)sizeof(1 ? init : ncclCommInitRank); (void)sizeof(1 ? bc : ncclBroadcast);
         (void)sizeof(1 ? ag : ncclAllGather); (void)sizeof(1 ? ae : ncclCommGetAsyncError);
