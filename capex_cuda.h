@@ -5650,7 +5650,14 @@ CAPEX__PRIVATE capex_result capex__go_ws_size(const char *fn, const capex_tensor
     for (l = 0; l < nlists; l++) {
         snprintf(name, sizeof name, "lists[%zu]", l);
         if ((r = capex__check_list(fn, name, &lists[l])) != CAPEX_OK) return r;
-        for (i = 0; i < lists[l].count; i++) c += capex__go_nchunks(lists[l].tensors[i].numel, chunk);
+        for (i = 0; i < lists[l].count; i++) {
+            int64_t n = capex__go_nchunks(lists[l].tensors[i].numel, chunk);
+            /* 8 * (chunks + 1) bytes must fit size_t: a wrapped size would pass the workspace check */
+            if ((uint64_t)n > (uint64_t)(SIZE_MAX / 8u - 1u) - (uint64_t)c || n > INT64_MAX - c)
+                return capex__fail(CAPEX_ERR_LIMIT, "%s: %s[%zu] brings the lists past %zu chunks of %lld; raise "
+                                   "desc.chunk_size", fn, name, i, (size_t)(SIZE_MAX / 8u - 1u), (long long)chunk);
+            c += n;
+        }
     }
     *chunks = c;
     *bytes = 8u * ((size_t)c + 1u);
