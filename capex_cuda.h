@@ -5755,6 +5755,13 @@ CAPEX__PRIVATE capex_result capex__go_clip(const capex__go_exec *ex, const capex
                            (double)max_norm);
     if ((total & 3u) || (coef & 3u)) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: outputs must be float addresses", fn);
     if ((r = capex__go_ws_check(fn, ws, ws_bytes, need)) != CAPEX_OK) return r;
+    /* the in-place scale's check, before anything is launched: the host never sees the
+       factor, so a list that cannot be scaled in place would fail after the writes */
+    for (l = 0; apply && l < nlists; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "grads[%zu]", l);
+        if ((r = capex__check_alias(fn, name, &grads[l], name, &grads[l])) != CAPEX_OK) return r;
+    }
     if ((r = capex__go_sumsq_lists(ex, desc, grads, nlists, ws, chunks, s)) != CAPEX_OK) return r;
     /* the partials are dead after the total: the factor may live at ws[0] */
     if (!coef && apply) coef = ws;
