@@ -8106,8 +8106,9 @@ CAPEX__PRIVATE uint64_t capex__cuda_norm_parts(int64_t rows) {
     return p > 256u ? 256u : p;
 }
 CAPEX_API size_t capex_cuda_norm_workspace_bytes(int64_t rows, int64_t cols) {
-    if (rows < 0 || cols < 1) return 0;
-    return (size_t)(2u * capex__cuda_norm_parts(rows) * (uint64_t)cols * 4u);
+    uint64_t parts = capex__cuda_norm_parts(rows);
+    if (rows < 0 || cols < 1 || (uint64_t)cols > (uint64_t)SIZE_MAX / 8u / parts) return 0; /* 0, not a wrapped size */
+    return (size_t)(2u * parts * (uint64_t)cols * 4u);
 }
 
 /* Host-side checks: the CPU rules on a struct of device pointers. Pointers
@@ -8229,7 +8230,8 @@ CAPEX_API capex_result capex_cuda_rms_norm_backward(capex_cuda_context *ctx, con
 /* BatchNorm workspace: [total f64][pack P][gathered world * P][sums 2C] (floats after the double). */
 CAPEX_API size_t capex_cuda_batch_norm_workspace_bytes(int64_t channels, int world) {
     size_t P = capex_syncbn_pack_floats(channels);
-    if (!P || world < 1) return 0;
+    /* floats: (world + 1) * P + 2 * channels < 2 * (world + 1) * P; 0, not a wrapped size */
+    if (!P || world < 1 || P > (SIZE_MAX - 8u) / 8u / ((size_t)world + 1u)) return 0;
     return 8u + 4u * (P + (size_t)world * P + 2u * (size_t)channels);
 }
 

@@ -668,6 +668,13 @@ CT_TEST(gpu_norm_argument_errors) {
     CT_CHECK(capex_cuda_norm_workspace_bytes(100, 8) == 2u * 2u * 8u * 4u, "workspace %zu", capex_cuda_norm_workspace_bytes(100, 8));
     CT_CHECK(capex_cuda_norm_workspace_bytes(1, 0) == 0, "bad shape: 0 bytes");
     CT_CHECK(capex_cuda_batch_norm_workspace_bytes(4, 2) == 8u + 4u * (10u + 20u + 8u), "bn workspace");
+    /* sizes past size_t are 0 (a bad shape), not the few bytes the product wraps to */
+    CT_CHECK(capex_cuda_norm_workspace_bytes(65, ((int64_t)1 << 60) + 1) == 0, "norm workspace wraps to %zu",
+             capex_cuda_norm_workspace_bytes(65, ((int64_t)1 << 60) + 1));
+    CT_CHECK(capex_cuda_batch_norm_workspace_bytes((int64_t)1 << 61, 1) == 0, "bn workspace wraps to %zu",
+             capex_cuda_batch_norm_workspace_bytes((int64_t)1 << 61, 1));
+    CT_CHECK(capex_cuda_batch_norm_workspace_bytes(((int64_t)1 << 31) - 1, 0x7fffffff) == 0,
+             "bn workspace (world) wraps to %zu", capex_cuda_batch_norm_workspace_bytes(((int64_t)1 << 31) - 1, 0x7fffffff));
     capex_cuda_batch_norm_args_init(&b);
     CT_CHECK(capex_cuda_batch_norm_forward(NULL, NULL, NULL, &b, NULL) == CAPEX_ERR_INVALID_ARG, "NULL ctx");
 }
