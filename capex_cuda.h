@@ -8181,6 +8181,11 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
         size_t xs = capex_dtype_size(a->x_dtype), ys = capex_dtype_size(a->y_dtype), ps = capex_dtype_size(a->param_dtype);
         int vec = cols % 4 == 0 && a->x % (4 * xs) == 0 && a->dy % (4 * ys) == 0 && a->dx % (4 * xs) == 0 &&
                   a->weight % (4 * ps) == 0;
+        int gvec = vec && a->workspace % 16 == 0; /* float4 partial stores */
+        unsigned long long threads = gvec ? cols / 4 : cols;
+        /* the dweight/dbias grid, checked before dx is written */
+        if ((a->dweight || a->dbias) && (threads + 255) / 256 > 0x7fffffffull)
+            return capex__fail(CAPEX_ERR_LIMIT, "%s: too many columns", fn);
         if (a->dx) {
             void *args[13];
             args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->weight;
@@ -8190,14 +8195,11 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
         }
         if (a->dweight || a->dbias) {
             unsigned long long np = capex__cuda_norm_parts(a->rows), rpp = (rows + np - 1) / np;
-            int gvec = vec && a->workspace % 16 == 0; /* float4 partial stores */
-            unsigned long long threads = gvec ? cols / 4 : cols;
             capex_cuda_ptr pw = a->dweight ? a->workspace : 0, pb = a->dbias ? a->workspace + np * cols * 4u : 0;
             void *args[13];
             args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->mean;
             args[5] = (void *)&a->rstd; args[6] = &pw; args[7] = &pb; args[8] = &rows; args[9] = &cols; args[10] = &rpp;
             args[11] = &rm; args[12] = &gvec;
-            if ((threads + 255) / 256 > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many columns", fn);
             r = capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_BWD_GAMMA_PART, vb, (unsigned)((threads + 255) / 256), (unsigned)np,
                                         256, 1, stream, args);
             if (r != CAPEX_OK) return r;
