@@ -521,7 +521,7 @@ CAPEX_API capex_cuda_ptr capex_cuda_optim_lr_ptr(const capex_cuda_optim *opt, si
    steps taken) on the device from its own step count (capex.h's formula
    text; no host round trip, skipped steps do not advance it). hp.lr stays the
    base; a schedule overrides lrs written through capex_cuda_optim_lr_ptr.
-   Enqueued on stream. to_host hands the schedule to the host copy and
+   Detaching sets every group's lr back to its hp.lr. Enqueued on stream. to_host hands the schedule to the host copy and
    from_host takes the host's (keeping this one when the host has none).
    CUDA's double cos/pow may differ from libm by an ulp: the float lr then
    rarely differs from the CPU's by one ulp; the emulator is bit-exact. */
@@ -6578,9 +6578,12 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
     capex_lr_schedule old;
     int had;
     if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_set_lr_schedule: optimizer is NULL");
-    if (!s) {
-        o->has_sched = 0;
-        return CAPEX_OK;
+    if (!s) { /* the steps wrote scheduled lrs into the groups: back to the base (hp.lr), as the CPU */
+        size_t g;
+        for (g = 0, r = CAPEX_OK; o->has_sched && g < o->ngroups && r == CAPEX_OK; g++)
+            r = o->ex.htod(o->ex.user, capex_cuda_optim_lr_ptr(o, g), &o->hp[g].lr, sizeof(float), stream);
+        if (r == CAPEX_OK) o->has_sched = 0;
+        return r;
     }
     if ((r = capex_lr_schedule_check(s)) != CAPEX_OK) return r;
     old = o->sched;
