@@ -514,7 +514,8 @@ CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *opt, size_
 CAPEX_API capex_result capex_cuda_optim_set_lr(capex_cuda_optim *opt, size_t group, float lr,
                                                capex_cuda_stream stream);
 /* Device address of the group's float lr, which each step reads: a schedule
-   kernel of yours may write it (no host round trip). 0 for a bad group. */
+   kernel of yours may write it (no host round trip). 0 for a bad group.
+   add_group moves the group table: ask again after it. */
 CAPEX_API capex_cuda_ptr capex_cuda_optim_lr_ptr(const capex_cuda_optim *opt, size_t group);
 /* Attaches an lr schedule (capex.h's capex_lr_schedule; NULL detaches): each
    step, capex_go_prepare sets every group's lr to capex_lr_at(s, hp.lr,
