@@ -514,14 +514,15 @@ CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *opt, size_
 CAPEX_API capex_result capex_cuda_optim_set_lr(capex_cuda_optim *opt, size_t group, float lr,
                                                capex_cuda_stream stream);
 /* Device address of the group's float lr, which each step reads: a schedule
-   kernel of yours may write it (no host round trip). 0 for a bad group. */
+   kernel of yours may write it (no host round trip). 0 for a bad group.
+   add_group moves the group table: ask again after it. */
 CAPEX_API capex_cuda_ptr capex_cuda_optim_lr_ptr(const capex_cuda_optim *opt, size_t group);
 /* Attaches an lr schedule (capex.h's capex_lr_schedule; NULL detaches): each
    step, capex_go_prepare sets every group's lr to capex_lr_at(s, hp.lr,
    steps taken) on the device from its own step count (capex.h's formula
    text; no host round trip, skipped steps do not advance it). hp.lr stays the
    base; a schedule overrides lrs written through capex_cuda_optim_lr_ptr.
-   Enqueued on stream. to_host hands the schedule to the host copy and
+   Detaching sets every group's lr back to its hp.lr. Enqueued on stream. to_host hands the schedule to the host copy and
    from_host takes the host's (keeping this one when the host has none).
    CUDA's double cos/pow may differ from libm by an ulp: the float lr then
    rarely differs from the CPU's by one ulp; the emulator is bit-exact. */
@@ -5650,7 +5651,14 @@ CAPEX__PRIVATE capex_result capex__go_ws_size(const char *fn, const capex_tensor
     for (l = 0; l < nlists; l++) {
         snprintf(name, sizeof name, "lists[%zu]", l);
         if ((r = capex__check_list(fn, name, &lists[l])) != CAPEX_OK) return r;
-        for (i = 0; i < lists[l].count; i++) c += capex__go_nchunks(lists[l].tensors[i].numel, chunk);
+        for (i = 0; i < lists[l].count; i++) {
+            int64_t n = capex__go_nchunks(lists[l].tensors[i].numel, chunk);
+            /* 8 * (chunks + 1) bytes must fit size_t: a wrapped size would pass the workspace check */
+            if ((uint64_t)n > (uint64_t)(SIZE_MAX / 8u - 1u) - (uint64_t)c || n > INT64_MAX - c)
+                return capex__fail(CAPEX_ERR_LIMIT, "%s: %s[%zu] brings the lists past %zu chunks of %lld; raise "
+                                   "desc.chunk_size", fn, name, i, (size_t)(SIZE_MAX / 8u - 1u), (long long)chunk);
+            c += n;
+        }
     }
     *chunks = c;
     *bytes = 8u * ((size_t)c + 1u);
@@ -5748,6 +5756,13 @@ CAPEX__PRIVATE capex_result capex__go_clip(const capex__go_exec *ex, const capex
                            (double)max_norm);
     if ((total & 3u) || (coef & 3u)) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: outputs must be float addresses", fn);
     if ((r = capex__go_ws_check(fn, ws, ws_bytes, need)) != CAPEX_OK) return r;
+    /* the in-place scale's check, before anything is launched: the host never sees the
+       factor, so a list that cannot be scaled in place would fail after the writes */
+    for (l = 0; apply && l < nlists; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "grads[%zu]", l);
+        if ((r = capex__check_alias(fn, name, &grads[l], name, &grads[l])) != CAPEX_OK) return r;
+    }
     if ((r = capex__go_sumsq_lists(ex, desc, grads, nlists, ws, chunks, s)) != CAPEX_OK) return r;
     /* the partials are dead after the total: the factor may live at ws[0] */
     if (!coef && apply) coef = ws;
@@ -6564,9 +6579,12 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
     capex_lr_schedule old;
     int had;
     if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_set_lr_schedule: optimizer is NULL");
-    if (!s) {
-        o->has_sched = 0;
-        return CAPEX_OK;
+    if (!s) { /* the steps wrote scheduled lrs into the groups: back to the base (hp.lr), as the CPU */
+        size_t g;
+        for (g = 0, r = CAPEX_OK; o->has_sched && g < o->ngroups && r == CAPEX_OK; g++)
+            r = o->ex.htod(o->ex.user, capex_cuda_optim_lr_ptr(o, g), &o->hp[g].lr, sizeof(float), stream);
+        if (r == CAPEX_OK) o->has_sched = 0;
+        return r;
     }
     if ((r = capex_lr_schedule_check(s)) != CAPEX_OK) return r;
     old = o->sched;
@@ -8092,8 +8110,9 @@ CAPEX__PRIVATE uint64_t capex__cuda_norm_parts(int64_t rows) {
     return p > 256u ? 256u : p;
 }
 CAPEX_API size_t capex_cuda_norm_workspace_bytes(int64_t rows, int64_t cols) {
-    if (rows < 0 || cols < 1) return 0;
-    return (size_t)(2u * capex__cuda_norm_parts(rows) * (uint64_t)cols * 4u);
+    uint64_t parts = capex__cuda_norm_parts(rows);
+    if (rows < 0 || cols < 1 || (uint64_t)cols > (uint64_t)SIZE_MAX / 8u / parts) return 0; /* 0, not a wrapped size */
+    return (size_t)(2u * parts * (uint64_t)cols * 4u);
 }
 
 /* Host-side checks: the CPU rules on a struct of device pointers. Pointers
@@ -8166,6 +8185,11 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
         size_t xs = capex_dtype_size(a->x_dtype), ys = capex_dtype_size(a->y_dtype), ps = capex_dtype_size(a->param_dtype);
         int vec = cols % 4 == 0 && a->x % (4 * xs) == 0 && a->dy % (4 * ys) == 0 && a->dx % (4 * xs) == 0 &&
                   a->weight % (4 * ps) == 0;
+        int gvec = vec && a->workspace % 16 == 0; /* float4 partial stores */
+        unsigned long long threads = gvec ? cols / 4 : cols;
+        /* the dweight/dbias grid, checked before dx is written */
+        if ((a->dweight || a->dbias) && (threads + 255) / 256 > 0x7fffffffull)
+            return capex__fail(CAPEX_ERR_LIMIT, "%s: too many columns", fn);
         if (a->dx) {
             void *args[13];
             args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->weight;
@@ -8175,14 +8199,11 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
         }
         if (a->dweight || a->dbias) {
             unsigned long long np = capex__cuda_norm_parts(a->rows), rpp = (rows + np - 1) / np;
-            int gvec = vec && a->workspace % 16 == 0; /* float4 partial stores */
-            unsigned long long threads = gvec ? cols / 4 : cols;
             capex_cuda_ptr pw = a->dweight ? a->workspace : 0, pb = a->dbias ? a->workspace + np * cols * 4u : 0;
             void *args[13];
             args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->mean;
             args[5] = (void *)&a->rstd; args[6] = &pw; args[7] = &pb; args[8] = &rows; args[9] = &cols; args[10] = &rpp;
             args[11] = &rm; args[12] = &gvec;
-            if ((threads + 255) / 256 > 0x7fffffffull) return capex__fail(CAPEX_ERR_LIMIT, "%s: too many columns", fn);
             r = capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_BWD_GAMMA_PART, vb, (unsigned)((threads + 255) / 256), (unsigned)np,
                                         256, 1, stream, args);
             if (r != CAPEX_OK) return r;
@@ -8215,7 +8236,8 @@ CAPEX_API capex_result capex_cuda_rms_norm_backward(capex_cuda_context *ctx, con
 /* BatchNorm workspace: [total f64][pack P][gathered world * P][sums 2C] (floats after the double). */
 CAPEX_API size_t capex_cuda_batch_norm_workspace_bytes(int64_t channels, int world) {
     size_t P = capex_syncbn_pack_floats(channels);
-    if (!P || world < 1) return 0;
+    /* floats: (world + 1) * P + 2 * channels < 2 * (world + 1) * P; 0, not a wrapped size */
+    if (!P || world < 1 || P > (SIZE_MAX - 8u) / 8u / ((size_t)world + 1u)) return 0;
     return 8u + 4u * (P + (size_t)world * P + 2u * (size_t)channels);
 }
 

@@ -1075,6 +1075,55 @@ static void par_schedule_groups(ct_state *ct, env *e, int exact) {
     par_free(e, dp[0]);
     par_free(e, dp[1]);
 }
+/* Detaching a schedule: the next steps use each group's base lr (hp.lr), as
+   capex_optim_set_lr_schedule(o, NULL) on the CPU, not the last scheduled lr
+   the device's lr field still held. Plain SGD from 0 with gradient 1
+   accumulates -lr exactly; the CPU optimizer runs alongside. Seen failing:
+   after the detach the device kept stepping with the warmup's 0.25 * base. */
+static void par_schedule_detach(ct_state *ct, env *e, int exact) {
+    capex_optim_desc d;
+    capex_cuda_optim *dev = NULL;
+    capex_optim *cpu = NULL;
+    capex_lr_schedule s;
+    capex_optim_param p;
+    capex_cuda_ptr dp = par_alloc(e, 64), dg = par_alloc(e, 64);
+    float one[16], zero[16], got[16], cw[16], prev;
+    int step, i;
+    for (i = 0; i < 16; i++) { one[i] = 1.0f; zero[i] = 0.0f; cw[i] = 0.0f; }
+    CT_CHECK(dp && dg && par_up(e, dg, one, 64) && par_up(e, dp, zero, 64), "setup");
+    capex_optim_desc_init(&d, CAPEX_OPTIM_SGD);
+    d.defaults.lr = 0.5f;
+    capex_lr_schedule_init(&s, CAPEX_LR_CONSTANT);
+    s.warmup_steps = 4;
+    s.warmup_start_factor = 0.25;
+    CT_CHECK(e->ctx ? capex_cuda_optim_create(e->ctx, &d, &dev) == CAPEX_OK : capex__go_optim_create(&e->ex, &d, &dev) == CAPEX_OK,
+             "create: %s", capex_last_error());
+    CT_CHECK(capex_optim_create(&d, &cpu) == CAPEX_OK, "%s", capex_last_error());
+    capex_optim_param_init(&p);
+    p.param = cw; p.grad = one; p.numel = 16;
+    CT_CHECK(capex_optim_add_group(cpu, NULL, &p, 1, NULL) == CAPEX_OK, "%s", capex_last_error());
+    p.param = (float *)(uintptr_t)dp; p.grad = (const void *)(uintptr_t)dg;
+    CT_CHECK(capex_cuda_optim_add_group(dev, NULL, &p, 1, NULL) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_optim_set_lr_schedule(cpu, &s) == CAPEX_OK && capex_cuda_optim_set_lr_schedule(dev, &s, NULL) == CAPEX_OK,
+             "attach: %s", capex_last_error());
+    for (step = 0; step < 4 && !ct->failed; step++) {
+        if (step == 2)
+            CT_CHECK(capex_optim_set_lr_schedule(cpu, NULL) == CAPEX_OK && capex_cuda_optim_set_lr_schedule(dev, NULL, NULL) == CAPEX_OK,
+                     "detach: %s", capex_last_error());
+        prev = cw[15];
+        CT_CHECK(capex_optim_step(cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu step: %s", capex_last_error());
+        CT_CHECK(step < 2 || cw[15] == prev - 0.5f, "CPU step %d after the detach: %.9g -> %.9g, not the base lr", step,
+                 (double)prev, (double)cw[15]);
+        CT_CHECK(capex_cuda_optim_step(dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(par_down(e, got, dp, 64), "down");
+        CT_CHECK(exact ? got[15] == cw[15] : par_close(got[15], cw[15], 1e-6f, 0), "step %d: device %.9g, CPU %.9g", step,
+                 (double)got[15], (double)cw[15]);
+    }
+    capex_optim_destroy(cpu);
+    capex_cuda_optim_destroy(dev);
+    par_free(e, dg);
+    par_free(e, dp);
+}
 /* exact: the emulator (host libm); a GPU's double cos/pow may move an lr by an ulp */
 static void par_schedule(ct_state *ct, env *e, int exact) {
     capex_optim_desc d;
@@ -1096,6 +1145,7 @@ static void par_schedule(ct_state *ct, env *e, int exact) {
     d.defaults.amsgrad = 1;
     if (!ct->failed) par_schedule_one(ct, e, &d, t, exact, "Adam amsgrad + cosine schedule");
     if (!ct->failed) par_schedule_groups(ct, e, exact);
+    if (!ct->failed) par_schedule_detach(ct, e, exact);
 }
 
 /* Adagrad (lr_decay, initial_accumulator_value, both modes) and Adam amsgrad:

@@ -262,6 +262,51 @@ CT_TEST(op_argument_errors) {
              "clip launches %d: %d %d %d %d", rec.launches, rec.kernels[0], rec.kernels[1], rec.kernels[2], rec.kernels[3]);
 }
 
+/* A chunk count whose workspace bytes (8 * (chunks + 1)) wrap size_t is refused,
+   not reported as a few bytes that l2norm and clip then accept. */
+CT_TEST(workspace_size_does_not_wrap) {
+    capex__go_exec ex = rec_exec();
+    uint16_t h[4];
+    double ws[8];
+    capex_tensor big[3] = {{h, (int64_t)1 << 61}, {h, ((int64_t)1 << 62) - 1}, {h, ((int64_t)1 << 62) - 1}};
+    capex_tensor_list l1 = capex_tensor_list_make(CAPEX_F16, big, 1), l3 = capex_tensor_list_make(CAPEX_F16, big + 1, 2);
+    capex_tensor_op_desc d;
+    size_t need = 1;
+    capex_result r;
+    capex_tensor_op_desc_init(&d);
+    d.chunk_size = 1;
+    r = capex_cuda_multi_tensor_workspace_size(&d, &l1, 1, &need);
+    CT_CHECK(r == CAPEX_ERR_LIMIT, "2^61 chunks: got %s, %zu bytes", capex_result_string(r), need);
+    r = capex_cuda_multi_tensor_workspace_size(&d, &l3, 1, &need); /* int64 chunk sum past 2^63 */
+    CT_CHECK(r == CAPEX_ERR_LIMIT, "2^63 chunks: got %s, %zu bytes", capex_result_string(r), need);
+    r = capex__go_l2norm(&ex, &d, &l1, (capex_cuda_ptr)(uintptr_t)ws, sizeof ws, 0, 0, NULL);
+    CT_CHECK(r == CAPEX_ERR_LIMIT, "l2norm: got %s", capex_result_string(r));
+    r = capex__go_clip(&ex, &d, &l1, 1, 1.0f, (capex_cuda_ptr)(uintptr_t)ws, sizeof ws, 0, 0, 1, NULL);
+    CT_CHECK(r == CAPEX_ERR_LIMIT, "clip: got %s", capex_result_string(r));
+    CT_CHECK(rec.launches == 0, "nothing launched (%d)", rec.launches);
+}
+
+/* clip_grad_norm with apply scales each list in place: a list that cannot be
+   (one tensor twice) is refused before the norm is launched, not after the
+   total, the factor and the earlier lists were written. */
+CT_TEST(clip_in_place_refused_before_launch) {
+    capex__go_exec ex = rec_exec();
+    float a[8], b[8];
+    double ws[8];
+    capex_tensor ok[1] = {{b, 8}}, dup[2] = {{a, 8}, {a, 8}};
+    capex_tensor_list l[2];
+    capex_result r;
+    l[0] = capex_tensor_list_make(CAPEX_F32, ok, 1);
+    l[1] = capex_tensor_list_make(CAPEX_F32, dup, 2);
+    r = capex__go_clip(&ex, NULL, l, 2, 1.0f, (capex_cuda_ptr)(uintptr_t)ws, sizeof ws, 0, 0, 1, NULL);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG, "got %s", capex_result_string(r));
+    CT_CHECK(strstr(capex_last_error(), "capex_cuda_clip_grad_norm: grads[1][") != NULL, "%s", capex_last_error());
+    CT_CHECK(rec.launches == 0, "%d launches before the error (norm, factor, list 0 scaled)", rec.launches);
+    /* apply 0 writes no grads: the repeat is only read twice, as the CPU's norm */
+    CT_CHECK(capex__go_clip(&ex, NULL, l, 2, 1.0f, (capex_cuda_ptr)(uintptr_t)ws, sizeof ws, 0,
+                            (capex_cuda_ptr)(uintptr_t)ws, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+}
+
 CT_TEST(optimizer_argument_errors) {
     capex__go_exec ex = rec_exec();
     capex_cuda_optim *o = NULL;
@@ -462,6 +507,7 @@ CT_TEST(kernel_parameters_match_the_host) {
 static const ct_case cases[] = {
     CT_CASE(kernel_parameters_match_the_host),
     CT_CASE(kernel_table_matches_ids), CT_CASE(launch_metadata_packing), CT_CASE(no_context_is_a_clear_error),
-    CT_CASE(op_argument_errors), CT_CASE(optimizer_argument_errors), CT_CASE(no_driver_status), CT_CASE(sr_chunks_span_two_windows),
+    CT_CASE(op_argument_errors), CT_CASE(workspace_size_does_not_wrap), CT_CASE(clip_in_place_refused_before_launch),
+    CT_CASE(optimizer_argument_errors), CT_CASE(no_driver_status), CT_CASE(sr_chunks_span_two_windows),
 };
 CT_MAIN(cases)

@@ -668,6 +668,13 @@ CT_TEST(gpu_norm_argument_errors) {
     CT_CHECK(capex_cuda_norm_workspace_bytes(100, 8) == 2u * 2u * 8u * 4u, "workspace %zu", capex_cuda_norm_workspace_bytes(100, 8));
     CT_CHECK(capex_cuda_norm_workspace_bytes(1, 0) == 0, "bad shape: 0 bytes");
     CT_CHECK(capex_cuda_batch_norm_workspace_bytes(4, 2) == 8u + 4u * (10u + 20u + 8u), "bn workspace");
+    /* sizes past size_t are 0 (a bad shape), not the few bytes the product wraps to */
+    CT_CHECK(capex_cuda_norm_workspace_bytes(65, ((int64_t)1 << 60) + 1) == 0, "norm workspace wraps to %zu",
+             capex_cuda_norm_workspace_bytes(65, ((int64_t)1 << 60) + 1));
+    CT_CHECK(capex_cuda_batch_norm_workspace_bytes((int64_t)1 << 61, 1) == 0, "bn workspace wraps to %zu",
+             capex_cuda_batch_norm_workspace_bytes((int64_t)1 << 61, 1));
+    CT_CHECK(capex_cuda_batch_norm_workspace_bytes(((int64_t)1 << 31) - 1, 0x7fffffff) == 0,
+             "bn workspace (world) wraps to %zu", capex_cuda_batch_norm_workspace_bytes(((int64_t)1 << 31) - 1, 0x7fffffff));
     capex_cuda_batch_norm_args_init(&b);
     CT_CHECK(capex_cuda_batch_norm_forward(NULL, NULL, NULL, &b, NULL) == CAPEX_ERR_INVALID_ARG, "NULL ctx");
 }
@@ -686,6 +693,29 @@ CT_TEST(gpu_layer_norm_refuses_rows_over_2p32_columns) {
     g.y = (capex_cuda_ptr)0x200000000000ull;
     CT_CHECK(capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL) == CAPEX_ERR_LIMIT, "%s", capex_last_error());
     CT_CHECK(strstr(capex_last_error(), "at most 2^32"), "%s", capex_last_error());
+    capex_cuda_context_destroy(ctx);
+}
+
+/* Backward with dweight: a row too long for the partial-sums grid is refused
+   before dx is launched, not after (the pointers are never dereferenced; a
+   launch with them faults the context, which the sync then reports). */
+CT_TEST(gpu_norm_backward_refuses_long_rows_before_dx) {
+    capex_cuda_context *ctx = open_ctx(ct);
+    capex_cuda_norm_args g;
+    capex_result r;
+    if (!ctx) return;
+    capex_cuda_norm_args_init(&g);
+    g.rows = 1;
+    g.cols = ((int64_t)1 << 42) + 1; /* 2^34 blocks of 256 for the dweight partials */
+    g.x = (capex_cuda_ptr)0x100000000000ull; g.dy = (capex_cuda_ptr)0x200000000000ull;
+    g.mean = (capex_cuda_ptr)0x300000000000ull; g.rstd = (capex_cuda_ptr)0x300000001000ull;
+    g.weight = (capex_cuda_ptr)0x400000000000ull; g.dweight = (capex_cuda_ptr)0x500000000000ull;
+    g.dx = (capex_cuda_ptr)0x600000000000ull; g.workspace = (capex_cuda_ptr)0x700000000000ull;
+    r = capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL);
+    CT_CHECK(r == CAPEX_ERR_LIMIT && strstr(capex_last_error(), "too many columns"), "%s: %s", capex_result_string(r),
+             capex_last_error());
+    r = capex_cuda_context_synchronize(ctx);
+    CT_CHECK(r == CAPEX_OK, "dx was launched before the refusal: %s", capex_last_error());
     capex_cuda_context_destroy(ctx);
 }
 
@@ -796,7 +826,7 @@ CT_TEST(gpu_sync_batch_norm_nccl_world2_orders_user_stream) {
 
 static const ct_case cases[] = {
     CT_CASE(gpu_norm_argument_errors),
-    CT_CASE(gpu_layer_norm_refuses_rows_over_2p32_columns),
+    CT_CASE(gpu_layer_norm_refuses_rows_over_2p32_columns), CT_CASE(gpu_norm_backward_refuses_long_rows_before_dx),
     CT_CASE(gpu_layer_and_rms_norm_match_cpu),
     CT_CASE(gpu_norm_every_dtype_variant),
     CT_CASE(gpu_norm_variant_mismatch_refused_on_emulator),
