@@ -259,7 +259,7 @@ typedef struct capex_cuda_context_desc {
     int device;                  /* GPU ordinal; -1 (default): $LOCAL_RANK, else 0; < -1 is an error */
     const char *cache_dir;       /* NULL (default): environment default; "": none */
     int disk_cache;              /* 1 (default); 0 disables the disk cache */
-    const capex_allocator *allocator;  /* host allocations; NULL: CAPEX_MALLOC */
+    const capex_allocator *allocator;  /* host allocations (both functions set); NULL: CAPEX_MALLOC */
     int precompile;              /* 0 (default): each built-in part on first use; 1: all of
                                     them in capex_cuda_context_create, one thread per CPU;
                                     2: all of them on background threads (returns at once;
@@ -4425,6 +4425,8 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
     if (desc->precompile < 0 || desc->precompile > 2) /* before any driver use: a typo must not mean 0 */
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: precompile %d (want 0: on first use, 1: all "
                            "now, 2: all in the background)", desc->precompile);
+    if (desc->allocator && (!desc->allocator->alloc || !desc->allocator->free)) /* else one family frees the other's */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: allocator needs both alloc and free");
     if ((r = capex_cuda_device_count(&count)) != CAPEX_OK) return r;
     if (count == 0) return capex__fail(CAPEX_ERR_NO_DEVICE, "the CUDA driver sees no GPU (check CUDA_VISIBLE_DEVICES and nvidia-smi)");
     ordinal = desc->device;

@@ -154,6 +154,41 @@ CT_TEST(device_and_context) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* A context's allocator needs both functions, as capex_optim_create's: with
+   only one, memory from one family would be released by the other (free() on
+   an arena block). Refused before any driver use, so this runs without a GPU. */
+static int alloc_calls, free_calls;
+static void *count_alloc(size_t n, void *u) { (void)u; alloc_calls++; return malloc(n); }
+static void count_free(void *p, void *u) { (void)u; free_calls++; free(p); }
+CT_TEST(context_allocator_needs_both_functions) {
+    capex_cuda_context_desc cd;
+    capex_cuda_context *ctx = NULL;
+    capex_allocator half = {count_alloc, NULL, NULL}, other = {NULL, count_free, NULL}, both = {count_alloc, count_free, NULL};
+    capex_result r;
+    int n = 0;
+    capex_cuda_context_desc_init(&cd);
+    cd.disk_cache = 0;
+    cd.allocator = &half;
+    r = capex_cuda_context_create(&cd, &ctx);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG && ctx == NULL && strstr(capex_last_error(), "alloc and free"),
+             "alloc without free: %s: %s", capex_result_string(r), capex_last_error());
+    capex_cuda_context_destroy(ctx); /* what main returned: free() of the allocator's block */
+    ctx = NULL;
+    cd.allocator = &other;
+    r = capex_cuda_context_create(&cd, &ctx);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG && ctx == NULL, "free without alloc: %s: %s", capex_result_string(r),
+             capex_last_error());
+    capex_cuda_context_destroy(ctx);
+    ctx = NULL;
+    r = capex_cuda_device_count(&n);
+    if (r != CAPEX_OK || n == 0) CT_SKIP("no GPU for the allocator's round trip (%s)", capex_result_string(r));
+    alloc_calls = free_calls = 0;
+    cd.allocator = &both;
+    OK(capex_cuda_context_create(&cd, &ctx));
+    capex_cuda_context_destroy(ctx);
+    CT_CHECK(alloc_calls > 0 && alloc_calls == free_calls, "allocator used: %d allocs, %d frees", alloc_calls, free_calls);
+}
+
 /* The child: a fresh process that must not (and cannot) load NVRTC. */
 static void child_warm(const char *dir, child_result *res) {
     capex_cuda_context_desc cd;
@@ -900,6 +935,7 @@ done:
 
 static const ct_case cases[] = {
     CT_CASE(device_and_context),
+    CT_CASE(context_allocator_needs_both_functions),
     CT_CASE(cold_compile_cache_and_warm_reload_without_nvrtc),
     CT_CASE(builtin_parts_load_lazily),
     CT_CASE(builtin_parts_compile_in_background), CT_CASE(builtin_step_compiles_variants),
