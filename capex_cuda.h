@@ -95,7 +95,10 @@
                         only the driver runs from a cache filled elsewhere. The NVRTC
                         version is recorded, not keyed: after a toolkit upgrade old entries
                         (valid code for the same GPU) are kept; delete the directory to
-                        rebuild them. An unwritable directory (or a path over 1023
+                        rebuild them. The key does not cover files NVRTC reads: a
+                        source with a #include "file" (or a macro #include), or
+                        options with include paths (-I), pre-includes or PCH, is
+                        compiled without the disk cache. An unwritable directory (or a path over 1023
                         bytes) warns once and runs uncached. Writes remove temp files
                         over an hour old that a killed writer left.
        Built-in kernels  fill, scale, add and f32<->f16/bf16 conversion (bit-exact with
@@ -1970,6 +1973,36 @@ CAPEX_API void capex_cuda_compile_desc_init(capex_cuda_compile_desc *desc) {
     desc->name = "capex_program";
 }
 
+/* 1 when NVRTC may read files for this compile, which the cache key cannot
+   see: a #include not of the <...> form (a quoted name is found next to the
+   program name, a macro may expand to one), or an option that names include
+   paths, pre-included files or precompiled headers. Without such options NVRTC
+   has no search directories, so <...> reads nothing. Errs towards 1. */
+CAPEX__PRIVATE int capex__cuda_reads_files(const char *source, const char *const *options, int n_options) {
+    const char *s = source;
+    int i;
+    for (i = 0; i < n_options; i++) {
+        const char *o = options[i];
+        if (!strncmp(o, "-D", 2) || !strncmp(o, "-U", 2)) continue; /* a macro may be named anything */
+        if (!strncmp(o, "-I", 2) || strstr(o, "include") || strstr(o, "pch")) return 1;
+    }
+    while (*s) { /* each line: optional blanks, '#', blanks, "include", blanks, then not '<' */
+        while (*s == ' ' || *s == '\t') s++;
+        if (*s == '#') {
+            s++;
+            while (*s == ' ' || *s == '\t') s++;
+            if (!strncmp(s, "include", 7)) {
+                s += 7;
+                while (*s == ' ' || *s == '\t') s++;
+                if (*s != '<') return 1;
+            }
+        }
+        while (*s && *s != '\n') s++;
+        if (*s) s++;
+    }
+    return 0;
+}
+
 /* The cache-aware compile. skip_read: the caller found the cached image unusable. */
 /* Source -> image through the cache. builtin: a built-in unit, compiled with
    NVRTC's -minimal where NVRTC has it (12.4 on): it skips NVRTC's built-in
@@ -1994,7 +2027,8 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc
         if (!d->options[i]) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: options[%d] is NULL", i);
     if (d->device_cc <= 0)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: device_cc %d (want e.g. 90 for sm_90)", d->device_cc);
-    use_cache = d->cache && d->cache->enabled && d->cache->dir[0];
+    use_cache = d->cache && d->cache->enabled && d->cache->dir[0] &&
+                !capex__cuda_reads_files(d->source, d->options, d->n_options); /* an edited header must not hit */
     if (use_cache) {
         capex__cuda_cache_key(d->source, d->name, d->options, d->n_options, d->device_cc, key);
         capex__cuda_cache_path(d->cache, key, path, sizeof path);
