@@ -325,7 +325,7 @@ CAPEX_API capex_result capex_cuda_module_get_function(capex_cuda_module *module,
 CAPEX_API capex_result capex_cuda_module_info(const capex_cuda_module *module, capex_cuda_target *target,
                                               int *from_cache);
 /* Launches fn; args[i] points at the i-th kernel argument. shmem above 48 KiB opts the
-   kernel in to large dynamic shared memory first. Errors inside the kernel surface at
+   kernel in to large dynamic shared memory first (raised, never lowered). Errors inside the kernel surface at
    the next synchronizing call. */
 CAPEX_API capex_result capex_cuda_launch(const capex_cuda_function *fn, const unsigned grid[3],
                                          const unsigned block[3], unsigned shmem, capex_cuda_stream stream,
@@ -4946,10 +4946,21 @@ CAPEX_API capex_result capex_cuda_launch(const capex_cuda_function *fn, const un
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_launch: %u bytes of dynamic shared memory (no GPU has 2 GiB per block)", shmem);
     if ((r = capex__cuda_enter(fn->ctx)) != CAPEX_OK) return r;
     if (shmem > 48u * 1024u) {
+        /* The opt-in is one attribute of the function for every thread: it is
+           only ever raised, so that a launch with less cannot lower it between
+           another thread's opt-in and that thread's launch. */
+        static pthread_mutex_t opt_in_lock = PTHREAD_MUTEX_INITIALIZER;
+        capex__CUresult cr = 0;
+        int cur = -1;
         if (!capex__cuda_drv.cuFuncSetAttribute)
             return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_cuda_launch: %u bytes of shared memory need cuFuncSetAttribute", shmem);
-        CAPEX__CU(cuFuncSetAttribute, (fn->handle, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */, (int)shmem),
-                  "the GPU offers less dynamic shared memory per block");
+        pthread_mutex_lock(&opt_in_lock);
+        if (!capex__cuda_drv.cuFuncGetAttribute || capex__cuda_drv.cuFuncGetAttribute(&cur, 8, fn->handle) != 0 ||
+            cur < (int)shmem)
+            cr = capex__cuda_drv.cuFuncSetAttribute(fn->handle, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */,
+                                                    (int)shmem);
+        pthread_mutex_unlock(&opt_in_lock);
+        if (cr != 0) return capex__cu_fail(cr, "cuFuncSetAttribute", "the GPU offers less dynamic shared memory per block");
     }
     capex__cuda_fmt(what, sizeof what, "grid (%u,%u,%u), block (%u,%u,%u), %u bytes shared", grid[0], grid[1], grid[2],
              block[0], block[1], block[2], shmem);
