@@ -316,7 +316,9 @@ typedef struct capex_cuda_function {
 
 /* Compiles (or finds in the memory/disk cache) and loads source for the context's
    GPU. Kernels should be extern "C" so they keep their names. The module lives
-   until the context is destroyed; compiling the same source again returns it. */
+   until the context is destroyed; compiling the same source again returns it (even
+   after a header it includes changed: NVRTC finds a quoted #include next to name,
+   a path, or in the working directory for a bare name). */
 CAPEX_API capex_result capex_cuda_module_compile(capex_cuda_context *ctx, const char *source, const char *name,
                                                  const char *const *options, int n_options, capex_cuda_module **out);
 CAPEX_API capex_result capex_cuda_module_get_function(capex_cuda_module *module, const char *kernel,
