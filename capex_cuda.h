@@ -1986,7 +1986,8 @@ CAPEX__PRIVATE int capex__cuda_reads_files(const char *source, const char *const
     for (i = 0; i < n_options; i++) {
         const char *o = options[i];
         if (!strncmp(o, "-D", 2) || !strncmp(o, "-U", 2)) continue; /* a macro may be named anything */
-        if (!strncmp(o, "-I", 2) || strstr(o, "include") || strstr(o, "pch")) return 1;
+        while (*o == '-') o++; /* -I, --include-path, -include, --pre-include, PCH options */
+        if (*o == 'I' || !strncmp(o, "include", 7) || !strncmp(o, "pre-include", 11) || strstr(o, "pch")) return 1;
     }
     while (*s) { /* each line: optional blanks, '#', blanks, "include", blanks, then not '<' */
         while (*s == ' ' || *s == '\t') s++;

@@ -390,7 +390,7 @@ CT_TEST(compiles_that_read_files_skip_the_disk_cache) {
                                 "extern \"C\" __global__ void put(int *x) { x[threadIdx.x] = ALPHA; }\n";
     static const char *plain = "extern \"C\" __global__ void put(int *x) { x[threadIdx.x] = ALPHA; }\n";
     char dir[64], hdr_dir[64], hdr[200], name[200], inc[200], pre[240];
-    const char *opts_i[1], *opts_pre[2], *opts_def[1] = {"-Dmy_include_pch=1"}; /* a macro name is no path */
+    const char *opts_i[1], *opts_pre[2], *opts_def[2] = {"-Dmy_include_pch=1", "--no-source-include"}; /* reads nothing */
     capex_cuda_cache c;
     capex_cuda_compile_desc d;
     capex_cuda_image img;
@@ -432,7 +432,7 @@ CT_TEST(compiles_that_read_files_skip_the_disk_cache) {
     d.device_cc = 90;
     d.cache = &c;
     d.options = opts_def;
-    d.n_options = 1;
+    d.n_options = 2;
     d.source = "#define ALPHA 5 /* not a directive: #include \"x.h\" */\n"
                "extern \"C\" __global__ void put(int *x) { x[threadIdx.x] = ALPHA; }\n";
     CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK, "%s", capex_last_error());
