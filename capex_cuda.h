@@ -296,6 +296,9 @@ CAPEX_API capex_result capex_cuda_memset_u32(capex_cuda_context *ctx, capex_cuda
                                              size_t count, capex_cuda_stream stream);
 CAPEX_API capex_result capex_cuda_mem_info(capex_cuda_context *ctx, size_t *free_bytes, size_t *total_bytes);
 
+/* Unlike copies, these take stream NULL as the driver does: the legacy stream alone,
+   which does not wait for capex's streams (capex_cuda_context_synchronize waits for
+   all). An event recorded on stream NULL thus does not follow their work. */
 CAPEX_API capex_result capex_cuda_stream_create(capex_cuda_context *ctx, capex_cuda_stream *out); /* non-blocking */
 CAPEX_API capex_result capex_cuda_stream_destroy(capex_cuda_context *ctx, capex_cuda_stream s);
 CAPEX_API capex_result capex_cuda_stream_synchronize(capex_cuda_context *ctx, capex_cuda_stream s);
