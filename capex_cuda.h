@@ -281,7 +281,8 @@ CAPEX_API capex_result capex_cuda_context_synchronize(capex_cuda_context *ctx);
 /* ---- memory, streams, events (thin checked wrappers) ----------------------- */
 CAPEX_API capex_result capex_cuda_malloc(capex_cuda_context *ctx, size_t bytes, capex_cuda_ptr *out);
 CAPEX_API capex_result capex_cuda_free(capex_cuda_context *ctx, capex_cuda_ptr p);  /* 0 is a no-op */
-/* Copies and memsets. Stream NULL: waits for all work queued on the context
+/* Copies and memsets (bytes; memset_u32's count is of 4-byte words, dst 4-aligned).
+   Stream NULL: waits for all work queued on the context
    (every stream), then copies, and returns when the copy is done; else
    asynchronous on the stream. */
 CAPEX_API capex_result capex_cuda_memcpy_htod(capex_cuda_context *ctx, capex_cuda_ptr dst, const void *src,
