@@ -95,7 +95,10 @@
                         only the driver runs from a cache filled elsewhere. The NVRTC
                         version is recorded, not keyed: after a toolkit upgrade old entries
                         (valid code for the same GPU) are kept; delete the directory to
-                        rebuild them. An unwritable directory (or a path over 1023
+                        rebuild them. The key does not cover files NVRTC reads: a
+                        source with a #include "file" (or a macro #include), or
+                        options with include paths (-I), pre-includes or PCH, is
+                        compiled without the disk cache. An unwritable directory (or a path over 1023
                         bytes) warns once and runs uncached. Writes remove temp files
                         over an hour old that a killed writer left.
        Built-in kernels  fill, scale, add and f32<->f16/bf16 conversion (bit-exact with
@@ -259,7 +262,7 @@ typedef struct capex_cuda_context_desc {
     int device;                  /* GPU ordinal; -1 (default): $LOCAL_RANK, else 0; < -1 is an error */
     const char *cache_dir;       /* NULL (default): environment default; "": none */
     int disk_cache;              /* 1 (default); 0 disables the disk cache */
-    const capex_allocator *allocator;  /* host allocations; NULL: CAPEX_MALLOC */
+    const capex_allocator *allocator;  /* host allocations (both functions set); NULL: CAPEX_MALLOC */
     int precompile;              /* 0 (default): each built-in part on first use; 1: all of
                                     them in capex_cuda_context_create, one thread per CPU;
                                     2: all of them on background threads (returns at once;
@@ -278,7 +281,8 @@ CAPEX_API capex_result capex_cuda_context_synchronize(capex_cuda_context *ctx);
 /* ---- memory, streams, events (thin checked wrappers) ----------------------- */
 CAPEX_API capex_result capex_cuda_malloc(capex_cuda_context *ctx, size_t bytes, capex_cuda_ptr *out);
 CAPEX_API capex_result capex_cuda_free(capex_cuda_context *ctx, capex_cuda_ptr p);  /* 0 is a no-op */
-/* Copies and memsets. Stream NULL: waits for all work queued on the context
+/* Copies and memsets (bytes; memset_u32's count is of 4-byte words, dst 4-aligned).
+   Stream NULL: waits for all work queued on the context
    (every stream), then copies, and returns when the copy is done; else
    asynchronous on the stream. */
 CAPEX_API capex_result capex_cuda_memcpy_htod(capex_cuda_context *ctx, capex_cuda_ptr dst, const void *src,
@@ -293,6 +297,9 @@ CAPEX_API capex_result capex_cuda_memset_u32(capex_cuda_context *ctx, capex_cuda
                                              size_t count, capex_cuda_stream stream);
 CAPEX_API capex_result capex_cuda_mem_info(capex_cuda_context *ctx, size_t *free_bytes, size_t *total_bytes);
 
+/* Unlike copies, these take stream NULL as the driver does: the legacy stream alone,
+   which does not wait for capex's streams (capex_cuda_context_synchronize waits for
+   all). An event recorded on stream NULL thus does not follow their work. */
 CAPEX_API capex_result capex_cuda_stream_create(capex_cuda_context *ctx, capex_cuda_stream *out); /* non-blocking */
 CAPEX_API capex_result capex_cuda_stream_destroy(capex_cuda_context *ctx, capex_cuda_stream s);
 CAPEX_API capex_result capex_cuda_stream_synchronize(capex_cuda_context *ctx, capex_cuda_stream s);
@@ -313,7 +320,9 @@ typedef struct capex_cuda_function {
 
 /* Compiles (or finds in the memory/disk cache) and loads source for the context's
    GPU. Kernels should be extern "C" so they keep their names. The module lives
-   until the context is destroyed; compiling the same source again returns it. */
+   until the context is destroyed; compiling the same source again returns it (even
+   after a header it includes changed: NVRTC finds a quoted #include next to name,
+   a path, or in the working directory for a bare name). */
 CAPEX_API capex_result capex_cuda_module_compile(capex_cuda_context *ctx, const char *source, const char *name,
                                                  const char *const *options, int n_options, capex_cuda_module **out);
 CAPEX_API capex_result capex_cuda_module_get_function(capex_cuda_module *module, const char *kernel,
@@ -322,7 +331,7 @@ CAPEX_API capex_result capex_cuda_module_get_function(capex_cuda_module *module,
 CAPEX_API capex_result capex_cuda_module_info(const capex_cuda_module *module, capex_cuda_target *target,
                                               int *from_cache);
 /* Launches fn; args[i] points at the i-th kernel argument. shmem above 48 KiB opts the
-   kernel in to large dynamic shared memory first. Errors inside the kernel surface at
+   kernel in to large dynamic shared memory first (raised, never lowered). Errors inside the kernel surface at
    the next synchronizing call. */
 CAPEX_API capex_result capex_cuda_launch(const capex_cuda_function *fn, const unsigned grid[3],
                                          const unsigned block[3], unsigned shmem, capex_cuda_stream stream,
@@ -1971,6 +1980,37 @@ CAPEX_API void capex_cuda_compile_desc_init(capex_cuda_compile_desc *desc) {
     desc->name = "capex_program";
 }
 
+/* 1 when NVRTC may read files for this compile, which the cache key cannot
+   see: a #include not of the <...> form (a quoted name is found next to the
+   program name, a macro may expand to one), or an option that names include
+   paths, pre-included files or precompiled headers. Without such options NVRTC
+   has no search directories, so <...> reads nothing. Errs towards 1. */
+CAPEX__PRIVATE int capex__cuda_reads_files(const char *source, const char *const *options, int n_options) {
+    const char *s = source;
+    int i;
+    for (i = 0; i < n_options; i++) {
+        const char *o = options[i];
+        if (!strncmp(o, "-D", 2) || !strncmp(o, "-U", 2)) continue; /* a macro may be named anything */
+        while (*o == '-') o++; /* -I, --include-path, -include, --pre-include, PCH options */
+        if (*o == 'I' || !strncmp(o, "include", 7) || !strncmp(o, "pre-include", 11) || strstr(o, "pch")) return 1;
+    }
+    while (*s) { /* each line: optional blanks, '#', blanks, "include", blanks, then not '<' */
+        while (*s == ' ' || *s == '\t') s++;
+        if (*s == '#') {
+            s++;
+            while (*s == ' ' || *s == '\t') s++;
+            if (!strncmp(s, "include", 7)) {
+                s += 7;
+                while (*s == ' ' || *s == '\t') s++;
+                if (*s != '<') return 1;
+            }
+        }
+        while (*s && *s != '\n') s++;
+        if (*s) s++;
+    }
+    return 0;
+}
+
 /* The cache-aware compile. skip_read: the caller found the cached image unusable. */
 /* Source -> image through the cache. builtin: a built-in unit, compiled with
    NVRTC's -minimal where NVRTC has it (12.4 on): it skips NVRTC's built-in
@@ -1995,7 +2035,8 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc
         if (!d->options[i]) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: options[%d] is NULL", i);
     if (d->device_cc <= 0)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: device_cc %d (want e.g. 90 for sm_90)", d->device_cc);
-    use_cache = d->cache && d->cache->enabled && d->cache->dir[0];
+    use_cache = d->cache && d->cache->enabled && d->cache->dir[0] &&
+                !capex__cuda_reads_files(d->source, d->options, d->n_options); /* an edited header must not hit */
     if (use_cache) {
         capex__cuda_cache_key(d->source, d->name, d->options, d->n_options, d->device_cc, key);
         capex__cuda_cache_path(d->cache, key, path, sizeof path);
@@ -4426,6 +4467,8 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
     if (desc->precompile < 0 || desc->precompile > 2) /* before any driver use: a typo must not mean 0 */
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: precompile %d (want 0: on first use, 1: all "
                            "now, 2: all in the background)", desc->precompile);
+    if (desc->allocator && (!desc->allocator->alloc || !desc->allocator->free)) /* else one family frees the other's */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: allocator needs both alloc and free");
     if ((r = capex_cuda_device_count(&count)) != CAPEX_OK) return r;
     if (count == 0) return capex__fail(CAPEX_ERR_NO_DEVICE, "the CUDA driver sees no GPU (check CUDA_VISIBLE_DEVICES and nvidia-smi)");
     ordinal = desc->device;
@@ -4911,10 +4954,21 @@ CAPEX_API capex_result capex_cuda_launch(const capex_cuda_function *fn, const un
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_launch: %u bytes of dynamic shared memory (no GPU has 2 GiB per block)", shmem);
     if ((r = capex__cuda_enter(fn->ctx)) != CAPEX_OK) return r;
     if (shmem > 48u * 1024u) {
+        /* The opt-in is one attribute of the function for every thread: it is
+           only ever raised, so that a launch with less cannot lower it between
+           another thread's opt-in and that thread's launch. */
+        static pthread_mutex_t opt_in_lock = PTHREAD_MUTEX_INITIALIZER;
+        capex__CUresult cr = 0;
+        int cur = -1;
         if (!capex__cuda_drv.cuFuncSetAttribute)
             return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_cuda_launch: %u bytes of shared memory need cuFuncSetAttribute", shmem);
-        CAPEX__CU(cuFuncSetAttribute, (fn->handle, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */, (int)shmem),
-                  "the GPU offers less dynamic shared memory per block");
+        pthread_mutex_lock(&opt_in_lock);
+        if (!capex__cuda_drv.cuFuncGetAttribute || capex__cuda_drv.cuFuncGetAttribute(&cur, 8, fn->handle) != 0 ||
+            cur < (int)shmem)
+            cr = capex__cuda_drv.cuFuncSetAttribute(fn->handle, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */,
+                                                    (int)shmem);
+        pthread_mutex_unlock(&opt_in_lock);
+        if (cr != 0) return capex__cu_fail(cr, "cuFuncSetAttribute", "the GPU offers less dynamic shared memory per block");
     }
     capex__cuda_fmt(what, sizeof what, "grid (%u,%u,%u), block (%u,%u,%u), %u bytes shared", grid[0], grid[1], grid[2],
              block[0], block[1], block[2], shmem);

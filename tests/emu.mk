@@ -72,9 +72,9 @@ EMU_RUN = CAPEX_LIBCUDA_PATH=$(abspath $(EMU_LIB)) CAPEX_CACHE_DIR=$(abspath $(E
 # VAR=VALUE[,VAR=VALUE]:test:skips[:case].
 EMU_GPU_SHAPES := CAPEX_EMU_SMS=132:test_gpuopt_gpu:1 CAPEX_EMU_OCCUPANCY=0:test_gpuopt_gpu:0:gpu_grid_from_device \
                   CAPEX_EMU_DRIVER_VERSION=12000:test_gpuopt_gpu:1
-EMU_GPU_TESTS := test_cuda_gpu:1 test_gpuopt_gpu:1 test_norm_gpu:0 test_nccl_gpu:1 test_gpt_gpu:0 \
+EMU_GPU_TESTS := test_cuda_gpu:2 test_gpuopt_gpu:1 test_norm_gpu:0 test_nccl_gpu:1 test_gpt_gpu:0 \
                  test_gpuopt_gpu:1:reverse test_norm_gpu:0:reverse test_gpt_gpu:0:reverse \
-                 test_cuda_gpu:0:lazy test_gpuopt_gpu:1:lazy test_norm_gpu:0:lazy test_nccl_gpu:1:lazy test_gpt_gpu:0:lazy
+                 test_cuda_gpu:1:lazy test_gpuopt_gpu:1:lazy test_norm_gpu:0:lazy test_nccl_gpu:1:lazy test_gpt_gpu:0:lazy
 .PHONY: emu-test
 ci-extra:: emu-test
 emu-test: $(EMU_LIB) $(BUILD)/tests/test_cuda_gpu $(BUILD)/tests/test_gpuopt_gpu $(BUILD)/tests/test_norm_gpu \

@@ -1364,13 +1364,18 @@ EMU_API CUresult cuFuncSetAttribute(void *f, int attr, int v) {
     return OK;
 }
 
-/* Attributes capex asks for: CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES (3) is 0 (no
+/* Attributes capex asks for: the shared memory opt-in (8) as set;
+   CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES (3) is 0 (no
    spills here) unless CAPEX_EMU_LOCAL_KERNEL names the kernel (then 16: as if
    ptxas had spilled it; tests capex's refusal of spilling variants). */
 EMU_API CUresult cuFuncGetAttribute(int *v, int attr, void *fn) {
     const char *spill = getenv("CAPEX_EMU_LOCAL_KERNEL");
     NEED_CTX();
     if (!v || !fn) return INVALID_VALUE;
+    if (attr == 8) { /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, as set */
+        *v = ((function *)fn)->max_dyn_shmem;
+        return OK;
+    }
     if (attr != 3) return NOT_SUPPORTED;
     *v = spill && ((function *)fn)->name == spill ? 16 : 0;
     return OK;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <pthread.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -318,6 +319,40 @@ FAKE_API CUresult cuFuncSetAttribute(void *f, int attr, int v) {
     return OK;
 }
 
+/* Attributes capex asks for: the dynamic shared memory opt-in (8) as set, no local memory (3). */
+FAKE_API CUresult cuFuncGetAttribute(int *v, int attr, void *f) {
+    NEED_CTX();
+    if (!v || !f || (attr != 8 && attr != 3)) return INVALID_VALUE;
+    *v = attr == 8 ? ((function *)f)->max_dyn_shmem : 0;
+    return OK;
+}
+
+/* FAKE_CUDA_PAIR_BIG_LAUNCHES=1: the first launch with over 48 KiB of shared
+   memory waits, after entering the driver, until a second such launch has
+   entered; fake_wait_parked() returns once the first one waits. A test thus
+   interleaves two threads' launches of one function deterministically (the
+   attribute is checked when the first launch goes on). */
+static pthread_mutex_t pair_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pair_cv = PTHREAD_COND_INITIALIZER;
+static int pair_entered;
+FAKE_API void fake_wait_parked(void) {
+    pthread_mutex_lock(&pair_lock);
+    while (pair_entered < 1) pthread_cond_wait(&pair_cv, &pair_lock);
+    pthread_mutex_unlock(&pair_lock);
+}
+static void pair_big_launch(void) {
+    const char *e = getenv("FAKE_CUDA_PAIR_BIG_LAUNCHES");
+    if (!e || e[0] != '1') return;
+    pthread_mutex_lock(&pair_lock);
+    if (++pair_entered == 1) {
+        pthread_cond_broadcast(&pair_cv);
+        while (pair_entered < 2) pthread_cond_wait(&pair_cv, &pair_lock);
+    } else {
+        pthread_cond_broadcast(&pair_cv);
+    }
+    pthread_mutex_unlock(&pair_lock);
+}
+
 #define P(i, T) (*(T *)params[i])
 FAKE_API CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                  unsigned shmem, void *stream, void **params, void **extra) {
@@ -328,6 +363,7 @@ FAKE_API CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz
     if (!f || extra || !params) return INVALID_VALUE;
     if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024 || gy > 65535 || gz > 65535)
         return INVALID_VALUE;
+    if (shmem > 48u * 1024u) pair_big_launch();
     if (shmem > 48u * 1024u && (int)shmem > f->max_dyn_shmem) return INVALID_VALUE;
     if (gy != 1 || gz != 1 || by != 1 || bz != 1) return INVALID_VALUE; /* the fake runs 1-D grids only */
     stride = (unsigned long long)gx * bx;

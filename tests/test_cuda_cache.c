@@ -376,6 +376,75 @@ CT_TEST(compile_through_cache_recompiles_bad_entries) {
     rm_dir(dir);
 }
 
+/* The key covers source, name and options, not the files NVRTC reads: a quoted
+   #include (found next to the program name) or an include/PCH option. Such
+   compiles skip the disk cache, else an edited header runs the old kernel. */
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(text, f); fclose(f); }
+}
+CT_TEST(compiles_that_read_files_skip_the_disk_cache) {
+    static const char *quoted = "#include \"capex_alpha.h\"\n"
+                                "extern \"C\" __global__ void put(int *x) { x[threadIdx.x] = ALPHA; }\n";
+    static const char *angled = "#  include <capex_alpha.h>\n"
+                                "extern \"C\" __global__ void put(int *x) { x[threadIdx.x] = ALPHA; }\n";
+    static const char *plain = "extern \"C\" __global__ void put(int *x) { x[threadIdx.x] = ALPHA; }\n";
+    char dir[64], hdr_dir[64], hdr[200], name[200], inc[200], pre[240];
+    const char *opts_i[1], *opts_pre[2], *opts_def[2] = {"-Dmy_include_pch=1", "--no-source-include"}; /* reads nothing */
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    capex_result r;
+    int round;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    make_dir(hdr_dir, sizeof hdr_dir);
+    CT_CHECK(dir[0] && hdr_dir[0], "temp dirs");
+    snprintf(hdr, sizeof hdr, "%s/capex_alpha.h", hdr_dir);
+    snprintf(name, sizeof name, "%s/user.cu", hdr_dir); /* quoted includes resolve next to it */
+    snprintf(inc, sizeof inc, "-I%s", hdr_dir);
+    snprintf(pre, sizeof pre, "--pre-include=%s", hdr);
+    opts_i[0] = inc;
+    opts_pre[0] = "-DUNUSED=1";
+    opts_pre[1] = pre;
+    capex_cuda_cache_init(&c, dir);
+    for (round = 0; round < 3; round++) {
+        capex_cuda_compile_desc_init(&d);
+        d.device_cc = 90;
+        d.cache = &c;
+        if (round == 0) { d.source = quoted; d.name = name; }
+        else if (round == 1) { d.source = angled; d.options = opts_i; d.n_options = 1; }
+        else { d.source = plain; d.options = opts_pre; d.n_options = 2; }
+        write_file(hdr, "#define ALPHA 3\n");
+        r = capex_cuda_compile(&d, &img);
+        CT_CHECK(r == CAPEX_OK && !img.from_cache, "round %d: first compile: %s", round, capex_last_error());
+        capex_cuda_image_free(&img);
+        CT_CHECK(count_files(dir, ".capexjit") == 0, "round %d: stored an entry keyed without the header", round);
+        write_file(hdr, "#error capex_alpha.h changed\n");
+        r = capex_cuda_compile(&d, &img);
+        CT_CHECK(r == CAPEX_ERR_NVRTC && strstr(capex_last_error(), "capex_alpha.h changed"),
+                 "round %d: the edited header was not read (%s, from_cache %d)", round, capex_result_string(r), img.from_cache);
+        capex_cuda_image_free(&img);
+    }
+    /* a source without a file include keeps the cache (an angled include alone
+       reads nothing: NVRTC has no search directories without -I) */
+    capex_cuda_compile_desc_init(&d);
+    d.device_cc = 90;
+    d.cache = &c;
+    d.options = opts_def;
+    d.n_options = 2;
+    d.source = "#define ALPHA 5 /* not a directive: #include \"x.h\" */\n"
+               "extern \"C\" __global__ void put(int *x) { x[threadIdx.x] = ALPHA; }\n";
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK, "%s", capex_last_error());
+    capex_cuda_image_free(&img);
+    CT_CHECK(count_files(dir, ".capexjit") == 1, "a plain source is cached");
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && img.from_cache, "and hits: %s", capex_last_error());
+    capex_cuda_image_free(&img);
+    unlink(hdr);
+    rm_dir(hdr_dir);
+    rm_dir(dir);
+}
+
 /* In a fresh process whose NVRTC path points nowhere: a hit works, a miss fails. */
 static void child_hit_without_nvrtc(const char *dir, child_result *res) {
     static const char *opts[] = {"-DVALUE=78"};
@@ -968,6 +1037,7 @@ static const ct_case cases[] = {
     CT_CASE(entry_round_trip_and_damage),
     CT_CASE(cache_dir_from_environment),
     CT_CASE(compile_through_cache_recompiles_bad_entries),
+    CT_CASE(compiles_that_read_files_skip_the_disk_cache),
     CT_CASE(hit_needs_no_nvrtc),
     CT_CASE(concurrent_writers_and_reader),
     CT_CASE(concurrent_compiles),

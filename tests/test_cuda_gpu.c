@@ -154,6 +154,41 @@ CT_TEST(device_and_context) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* A context's allocator needs both functions, as capex_optim_create's: with
+   only one, memory from one family would be released by the other (free() on
+   an arena block). Refused before any driver use, so this runs without a GPU. */
+static int alloc_calls, free_calls;
+static void *count_alloc(size_t n, void *u) { (void)u; alloc_calls++; return malloc(n); }
+static void count_free(void *p, void *u) { (void)u; free_calls++; free(p); }
+CT_TEST(context_allocator_needs_both_functions) {
+    capex_cuda_context_desc cd;
+    capex_cuda_context *ctx = NULL;
+    capex_allocator half = {count_alloc, NULL, NULL}, other = {NULL, count_free, NULL}, both = {count_alloc, count_free, NULL};
+    capex_result r;
+    int n = 0;
+    capex_cuda_context_desc_init(&cd);
+    cd.disk_cache = 0;
+    cd.allocator = &half;
+    r = capex_cuda_context_create(&cd, &ctx);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG && ctx == NULL && strstr(capex_last_error(), "alloc and free"),
+             "alloc without free: %s: %s", capex_result_string(r), capex_last_error());
+    capex_cuda_context_destroy(ctx); /* what main returned: free() of the allocator's block */
+    ctx = NULL;
+    cd.allocator = &other;
+    r = capex_cuda_context_create(&cd, &ctx);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG && ctx == NULL, "free without alloc: %s: %s", capex_result_string(r),
+             capex_last_error());
+    capex_cuda_context_destroy(ctx);
+    ctx = NULL;
+    r = capex_cuda_device_count(&n);
+    if (r != CAPEX_OK || n == 0) CT_SKIP("no GPU for the allocator's round trip (%s)", capex_result_string(r));
+    alloc_calls = free_calls = 0;
+    cd.allocator = &both;
+    OK(capex_cuda_context_create(&cd, &ctx));
+    capex_cuda_context_destroy(ctx);
+    CT_CHECK(alloc_calls > 0 && alloc_calls == free_calls, "allocator used: %d allocs, %d frees", alloc_calls, free_calls);
+}
+
 /* The child: a fresh process that must not (and cannot) load NVRTC. */
 static void child_warm(const char *dir, child_result *res) {
     capex_cuda_context_desc cd;
@@ -819,6 +854,65 @@ CT_TEST(threads_share_a_context) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* The dynamic shared memory opt-in is one attribute of the function, shared by
+   every thread: a launch with less (64 KiB) between another thread's opt-in
+   (100 KiB) and its launch must not lower it under that launch. The stand-in
+   driver orders the two launches (FAKE_CUDA_PAIR_BIG_LAUNCHES): the first
+   waits inside the driver until the second has entered. Fake driver only. */
+typedef struct shmem_job { capex_cuda_function *f; capex_cuda_ptr y, x; capex_result r; void (*wait_parked)(void); } shmem_job;
+static void *small_shmem_launch(void *arg) {
+    shmem_job *j = (shmem_job *)arg;
+    unsigned g[3] = {4, 1, 1}, b[3] = {1000, 1, 1};
+    void *a[2];
+    a[0] = &j->y; a[1] = &j->x;
+    j->wait_parked();
+    j->r = capex_cuda_launch(j->f, g, b, 64u * 1024u, NULL, a);
+    return NULL;
+}
+CT_TEST(shared_memory_opt_in_is_never_lowered_under_a_launch) {
+    static const char *opts[] = {"-DALPHA=1.0f"};
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL;
+    capex_cuda_function rev;
+    shmem_job job;
+    pthread_t th;
+    unsigned g[3] = {4, 1, 1}, b[3] = {1000, 1, 1};
+    void *a[2], *lib;
+    const char *path = getenv("CAPEX_LIBCUDA_PATH");
+    capex_result r;
+    OPEN_CTX(ctx);
+    if (strncmp(capex_cuda_context_device(ctx)->name, "capex fake", 10) != 0) {
+        capex_cuda_context_destroy(ctx);
+        CT_SKIP("needs the stand-in driver's launch pairing (tests/fake_libcuda.c)");
+    }
+    CT_NEED_NVRTC();
+    memset(&job, 0, sizeof job);
+    lib = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    {
+        void *sym = lib ? dlsym(lib, "fake_wait_parked") : NULL;
+        if (sym) memcpy(&job.wait_parked, &sym, sizeof sym);
+    }
+    CT_CHECK(job.wait_parked != NULL, "the stand-in driver exports fake_wait_parked");
+    OK(capex_cuda_module_compile(ctx, user_src, "user.cu", opts, 1, &m));
+    OK(capex_cuda_module_get_function(m, "user_reverse", &rev));
+    OK(capex_cuda_malloc(ctx, 4000 * 4, &job.y));
+    OK(capex_cuda_malloc(ctx, 4000 * 4, &job.x));
+    job.f = &rev;
+    setenv("FAKE_CUDA_PAIR_BIG_LAUNCHES", "1", 1);
+    CT_CHECK(pthread_create(&th, NULL, small_shmem_launch, &job) == 0, "pthread_create");
+    a[0] = &job.y; a[1] = &job.x;
+    r = capex_cuda_launch(&rev, g, b, 100u * 1024u, NULL, a);
+    pthread_join(th, NULL);
+    unsetenv("FAKE_CUDA_PAIR_BIG_LAUNCHES");
+    CT_CHECK(job.r == CAPEX_OK, "64 KiB launch: %s", capex_result_string(job.r));
+    CT_CHECK(r == CAPEX_OK, "100 KiB launch, the other thread's 64 KiB opt-in landed before it: %s", capex_last_error());
+    OK(capex_cuda_context_synchronize(ctx));
+    capex_cuda_free(ctx, job.x);
+    capex_cuda_free(ctx, job.y);
+    if (lib) dlclose(lib);
+    capex_cuda_context_destroy(ctx);
+}
+
 /* Stream NULL means after every stream's work and done on return. The
    driver's legacy stream alone does not wait for capex's non-blocking streams:
    a read raced the kernel before it, and a pageable upload or a memset could
@@ -900,6 +994,7 @@ done:
 
 static const ct_case cases[] = {
     CT_CASE(device_and_context),
+    CT_CASE(context_allocator_needs_both_functions),
     CT_CASE(cold_compile_cache_and_warm_reload_without_nvrtc),
     CT_CASE(builtin_parts_load_lazily),
     CT_CASE(builtin_parts_compile_in_background), CT_CASE(builtin_step_compiles_variants),
@@ -908,6 +1003,7 @@ static const ct_case cases[] = {
     CT_CASE(user_kernel_raw_kernel_style),
     CT_CASE(null_stream_copies_wait_for_every_stream),
     CT_CASE(driver_errors_are_reported),
+    CT_CASE(shared_memory_opt_in_is_never_lowered_under_a_launch),
     CT_CASE(threads_share_a_context),
 };
 static const child_entry children[] = {{"warm", child_warm}};
