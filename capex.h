@@ -202,7 +202,9 @@ CAPEX_API void capex_log(capex_log_level level, const char *fmt, ...)
 
    Objects that allocate take an optional const capex_allocator* (NULL: the
    CAPEX_MALLOC family, by default malloc). alloc must return memory aligned to
-   at least 16 bytes; capex aligns its own large buffers on top of that.
+   at least 16 bytes; capex aligns its own large buffers on top of that. Give
+   both alloc and free: creators refuse one without the other (CAPEX_ERR_INVALID_ARG),
+   and a half-set one is never used to allocate or free.
    ------------------------------------------------------------------------- */
 typedef struct capex_allocator {
     void *(*alloc)(size_t size, void *user_data);
@@ -2189,14 +2191,18 @@ CAPEX_API void capex_log(capex_log_level level, const char *fmt, ...) {
 
 /* ---- allocation --------------------------------------------------------- */
 
+/* An allocator is used only when it has both functions: the entry points that
+   take one refuse a half-set one, and nothing frees a block with the other
+   family's function where one does not (e.g. a norm desc's scratch). */
+CAPEX__PRIVATE int capex__allocator_ok(const capex_allocator *a) { return !a || (a->alloc && a->free) || (!a->alloc && !a->free); }
 CAPEX__PRIVATE void *capex__alloc(const capex_allocator *a, size_t size) {
     if (size == 0) size = 1;
-    if (a && a->alloc) return a->alloc(size, a->user_data);
+    if (a && a->alloc && a->free) return a->alloc(size, a->user_data);
     return CAPEX_MALLOC(size);
 }
 CAPEX__PRIVATE void capex__free(const capex_allocator *a, void *p) {
     if (!p) return;
-    if (a && a->free) a->free(p, a->user_data);
+    if (a && a->alloc && a->free) a->free(p, a->user_data);
     else CAPEX_FREE(p);
 }
 
@@ -3755,6 +3761,7 @@ CAPEX_API capex_result capex_state_writer_create(const capex_allocator *alloc, c
     capex_state_writer *w;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_writer_create: out is NULL");
     *out = NULL;
+    if (!capex__allocator_ok(alloc)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_writer_create: allocator needs both alloc and free");
     w = (capex_state_writer *)capex__alloc(alloc, sizeof *w);
     if (!w) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_state_writer_create: out of memory");
     memset(w, 0, sizeof *w);
@@ -4676,7 +4683,9 @@ CAPEX__PRIVATE capex_result capex__st_crc_fail(uint32_t got, const char *want) {
 }
 
 CAPEX__PRIVATE capex_result capex__st_reader_new(const capex_allocator *alloc, capex_state_reader **out) {
-    capex_state_reader *r = (capex_state_reader *)capex__alloc(alloc, sizeof *r);
+    capex_state_reader *r;
+    if (!capex__allocator_ok(alloc)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_reader_open: allocator needs both alloc and free");
+    r = (capex_state_reader *)capex__alloc(alloc, sizeof *r);
     if (!r) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_state_reader_open: out of memory");
     memset(r, 0, sizeof *r);
     if (alloc) r->alloc = *alloc;

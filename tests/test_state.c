@@ -118,6 +118,32 @@ static void c_free(void *p, void *u) { ((counts *)u)->frees++; free(p); }
 
 /* ---- tests ---- */
 
+/* An allocator with only alloc or only free would mix families (a user's
+   arena block passed to free()): the writer and the readers refuse it. */
+static void *st_only_alloc(size_t n, void *u) { (void)u; return malloc(n); }
+static void st_only_free(void *p, void *u) { (void)u; free(p); }
+CT_TEST(half_set_allocator_is_refused) {
+    capex_allocator a;
+    capex_state_writer *w = NULL;
+    capex_state_reader *r = NULL;
+    unsigned char buf[64];
+    int k;
+    memset(buf, 0, sizeof buf);
+    buf[0] = 2; /* header length 2: "{}" */
+    buf[8] = '{'; buf[9] = '}';
+    for (k = 0; k < 2; k++) {
+        memset(&a, 0, sizeof a);
+        if (k == 0) a.alloc = st_only_alloc; else a.free = st_only_free;
+        CT_CHECK(capex_state_writer_create(&a, &w) == CAPEX_ERR_INVALID_ARG && !w && strstr(capex_last_error(), "both"),
+                 "writer, only %s: %s", k ? "free" : "alloc", capex_last_error());
+        CT_CHECK(capex_state_reader_open_memory(buf, 10, CAPEX_STATE_OPEN_FOREIGN, &a, &r) == CAPEX_ERR_INVALID_ARG && !r,
+                 "reader, only %s: %s", k ? "free" : "alloc", capex_last_error());
+    }
+    CT_CHECK(capex_state_reader_open_memory(buf, 10, CAPEX_STATE_OPEN_FOREIGN, NULL, &r) == CAPEX_OK && r, "the same bytes open with no allocator: %s",
+             capex_last_error());
+    capex_state_reader_close(r);
+}
+
 CT_TEST(crc32_known_vectors) {
     unsigned char buf[1000];
     capex__crc8 t;
@@ -785,6 +811,6 @@ static const ct_case cases[] = {
     CT_CASE(stale_temp_file_does_not_block_writes),
     CT_CASE(stale_temps_of_killed_saves_are_removed),
     CT_CASE(python_interop),
-    CT_CASE(cleanup_temp_dir),
+    CT_CASE(cleanup_temp_dir), CT_CASE(half_set_allocator_is_refused),
 };
 CT_MAIN(cases)
