@@ -8,6 +8,7 @@
 #define CAPEX_TEST_NCCL_WORLD_H
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,5 +63,27 @@ static int nccl_world_run(int world, nccl_world_body body, void *user, int *code
         codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
     }
     return r;
+}
+
+#ifdef __GNUC__
+#define NCCL_WORLD_UNUSED __attribute__((unused))
+#else
+#define NCCL_WORLD_UNUSED
+#endif
+/* A child entry's work (cuda_test_util.h's run_child; include it first): body
+   on a world of 2 on the stand-in NCCL; res->code 0 when both ranks pass. */
+NCCL_WORLD_UNUSED static void nccl_world2_child(nccl_world_body body, child_result *res) {
+    int codes[16] = {0}, r;
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
+    r = nccl_world_run(2, body, NULL, codes);
+    res->code = r || codes[1] ? 1 : 0;
+    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
+}
+/* Why a world test on the emulator cannot run here, or NULL. */
+NCCL_WORLD_UNUSED static const char *nccl_world_skip_reason(void) {
+    const char *np = getenv("CAPEX_NCCL_PATH"), *lp = getenv("CAPEX_LIBCUDA_PATH");
+    if (!np || !strstr(np, "fake")) return "two ranks need a GPU each; the stand-in NCCL runs them on the emulator";
+    if (!lp || strstr(lp, "fake")) return "kernels and device buffers need the emulator driver (CAPEX_LIBCUDA_PATH)";
+    return NULL;
 }
 #endif

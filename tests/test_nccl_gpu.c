@@ -268,19 +268,11 @@ static int ddp_world_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int 
     capex_cuda_stream_destroy(ctx, st);
     return 0;
 }
-static void child_ddp_world(const char *arg, child_result *res) {
-    int codes[16] = {0}, r;
-    (void)arg;
-    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
-    r = nccl_world_run(2, ddp_world_rank, NULL, codes);
-    res->code = r || codes[1] ? 1 : 0;
-    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
-}
+static void child_ddp_world(const char *arg, child_result *res) { (void)arg; nccl_world2_child(ddp_world_rank, res); }
 CT_TEST(ddp_world2_user_stream_rebuild) {
     child_result r;
-    const char *np = getenv("CAPEX_NCCL_PATH"), *lp = getenv("CAPEX_LIBCUDA_PATH");
-    if (!np || !strstr(np, "fake")) CT_SKIP("two ranks need a GPU each; the stand-in NCCL runs them on the emulator");
-    if (!lp || strstr(lp, "fake")) CT_SKIP("kernels need the emulator driver (CAPEX_LIBCUDA_PATH)");
+    const char *why = nccl_world_skip_reason();
+    if (why) CT_SKIP("%s", why);
     r = run_child("ddp_world", NULL);
     CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
 }
@@ -340,19 +332,11 @@ static int gather_alias_rank(capex_cuda_context *ctx, capex_comm *c, int rank, i
     capex_cuda_free(ctx, a);
     return 0;
 }
-static void child_gather_alias(const char *arg, child_result *res) {
-    int codes[16] = {0}, r;
-    (void)arg;
-    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
-    r = nccl_world_run(2, gather_alias_rank, NULL, codes);
-    res->code = r || codes[1] ? 1 : 0;
-    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
-}
+static void child_gather_alias(const char *arg, child_result *res) { (void)arg; nccl_world2_child(gather_alias_rank, res); }
 CT_TEST(world2_gathers_with_send_inside_recv) {
     child_result r;
-    const char *np = getenv("CAPEX_NCCL_PATH"), *lp = getenv("CAPEX_LIBCUDA_PATH");
-    if (!np || !strstr(np, "fake")) CT_SKIP("two ranks need a GPU each; the stand-in NCCL runs them on the emulator");
-    if (!lp || strstr(lp, "fake")) CT_SKIP("device buffers need the emulator driver (CAPEX_LIBCUDA_PATH)");
+    const char *why = nccl_world_skip_reason();
+    if (why) CT_SKIP("%s", why);
     r = run_child("gather_alias", NULL);
     CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
 }

@@ -807,19 +807,11 @@ static int syncbn_rank(capex_cuda_context *ctx, capex_comm *comm, int rank, int 
     capex_cuda_stream_destroy(ctx, st);
     return 0;
 }
-static void child_syncbn_stream(const char *arg, child_result *res) {
-    int codes[16] = {0}, r;
-    (void)arg;
-    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
-    r = nccl_world_run(2, syncbn_rank, NULL, codes);
-    res->code = r || codes[1] ? 1 : 0;
-    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
-}
+static void child_syncbn_stream(const char *arg, child_result *res) { (void)arg; nccl_world2_child(syncbn_rank, res); }
 CT_TEST(gpu_sync_batch_norm_nccl_world2_orders_user_stream) {
     child_result r;
-    const char *np = getenv("CAPEX_NCCL_PATH"), *lp = getenv("CAPEX_LIBCUDA_PATH");
-    if (!np || !strstr(np, "fake")) CT_SKIP("two ranks need a GPU each; the stand-in NCCL runs them on the emulator");
-    if (!lp || strstr(lp, "fake")) CT_SKIP("kernels need the emulator driver (CAPEX_LIBCUDA_PATH)");
+    const char *why = nccl_world_skip_reason();
+    if (why) CT_SKIP("%s", why);
     r = run_child("syncbn_stream", NULL);
     CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
 }
