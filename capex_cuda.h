@@ -7453,17 +7453,14 @@ CAPEX__PRIVATE capex_result capex__nccl_enqueue_allgatherv(capex_comm *c, const 
                                                           const size_t *counts, capex_dtype t, capex_cuda_event done,
                                                           capex_cuda_ptr *tmp) {
     capex__nccl *n = capex__nccl_of(c);
-    size_t es = capex_comm_dtype_size(t), off = 0, slot = 0, total = 0;
+    size_t es = capex_comm_dtype_size(t), off = 0, slot, total;
     capex_result r;
     capex__ncclResult e = CAPEX__NCCL_SUCCESS, ge;
     int p;
     if (!n->comm) return capex__fail(CAPEX_ERR_COMM, "NCCL comm was aborted; restart the job");
     if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
     if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
-    for (p = 0; p < c->world_size; p++) {
-        if (p == c->rank) slot = total;
-        total += counts[p];
-    }
+    if ((r = capex__comm_counts(c, "NCCL allgatherv", counts, t, &total, &slot)) != CAPEX_OK) return r;
     if ((r = capex__nccl_gather_send(n, &send, recv, slot * es, counts[c->rank] * es, total * es, tmp)) != CAPEX_OK) return r;
     if ((e = n->api.GroupStart()) != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, e, "ncclGroupStart");
     for (p = 0; p < c->world_size; off += counts[p], p++) {
