@@ -7756,7 +7756,7 @@ CAPEX__PRIVATE capex_result capex__nccl_init_rank(capex_comm *c, const capex_ncc
     capex_result r;
     if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) { capex_comm_destroy(c); return r; }
     memcpy(u.internal, id->bytes, sizeof u.internal);
-    if (init_timeout_s <= 0) init_timeout_s = 300.0;
+    if (!(init_timeout_s > 0)) init_timeout_s = 300.0; /* as the id exchange takes it (NaN too) */
     if (n->api.CommInitRankConfig) {
         capex__ncclConfig cfg;
         double deadline = capex_dist_now() + init_timeout_s;
