@@ -203,7 +203,7 @@ CAPEX_API void capex_log(capex_log_level level, const char *fmt, ...)
    Objects that allocate take an optional const capex_allocator* (NULL: the
    CAPEX_MALLOC family, by default malloc). alloc must return memory aligned to
    at least 16 bytes; capex aligns its own large buffers on top of that. Give
-   both alloc and free: creators refuse one without the other (CAPEX_ERR_INVALID_ARG),
+   both alloc and free: creators refuse an allocator without both (CAPEX_ERR_INVALID_ARG),
    and a half-set one is never used to allocate or free.
    ------------------------------------------------------------------------- */
 typedef struct capex_allocator {
@@ -2194,7 +2194,7 @@ CAPEX_API void capex_log(capex_log_level level, const char *fmt, ...) {
 /* An allocator is used only when it has both functions: the entry points that
    take one refuse a half-set one, and nothing frees a block with the other
    family's function where one does not (e.g. a norm desc's scratch). */
-CAPEX__PRIVATE int capex__allocator_ok(const capex_allocator *a) { return !a || (a->alloc && a->free) || (!a->alloc && !a->free); }
+CAPEX__PRIVATE int capex__allocator_ok(const capex_allocator *a) { return !a || (a->alloc && a->free); }
 CAPEX__PRIVATE void *capex__alloc(const capex_allocator *a, size_t size) {
     if (size == 0) size = 1;
     if (a && a->alloc && a->free) return a->alloc(size, a->user_data);
@@ -6763,7 +6763,7 @@ static capex_result capex__optim_check_desc(const capex_optim_desc *d) {
         return capex__fail(CAPEX_ERR_INVALID_ARG, "LAMB: max_grad_norm is %g; it must be finite and >= 0 (0: no clip)",
                            (double)d->max_grad_norm);
     if (capex__check_desc("capex_optim_create (desc.exec)", &d->exec) != CAPEX_OK) return CAPEX_ERR_INVALID_ARG;
-    if (d->allocator && (!d->allocator->alloc || !d->allocator->free))
+    if (!capex__allocator_ok(d->allocator))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "optimizer: allocator needs both alloc and free");
     return capex__optim_check_hp(d, &d->defaults);
 }

@@ -4467,7 +4467,7 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
     if (desc->precompile < 0 || desc->precompile > 2) /* before any driver use: a typo must not mean 0 */
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: precompile %d (want 0: on first use, 1: all "
                            "now, 2: all in the background)", desc->precompile);
-    if (desc->allocator && (!desc->allocator->alloc || !desc->allocator->free)) /* else one family frees the other's */
+    if (!capex__allocator_ok(desc->allocator)) /* else one family frees the other's */
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: allocator needs both alloc and free");
     if ((r = capex_cuda_device_count(&count)) != CAPEX_OK) return r;
     if (count == 0) return capex__fail(CAPEX_ERR_NO_DEVICE, "the CUDA driver sees no GPU (check CUDA_VISIBLE_DEVICES and nvidia-smi)");
