@@ -7090,6 +7090,10 @@ typedef struct capex__nccl {
     capex__CUresult (*cuEventQuery)(void *);
     capex_cuda_ptr scratch;      /* f32 staging (half scale), barrier word      */
     size_t scratch_bytes;
+    /* events of nonblocking requests not yet waited: a request whose wait
+       failed is never waited again, so destroy frees what is left */
+    capex_cuda_event *req_events;
+    size_t n_req_events, req_events_cap;
     int use_avg, has_bf16, aborted;
 } capex__nccl;
 
@@ -7494,6 +7498,36 @@ static capex_result capex__nccl_barrier(capex_comm *c, double deadline) {
                                  CAPEX_REDUCE_SUM, deadline);
 }
 
+/* A request's event, kept in n->req_events until its wait succeeds. */
+static capex_result capex__nccl_req_keep(capex_comm *c, capex_comm_req *req, capex_cuda_event e) {
+    capex__nccl *n = capex__nccl_of(c);
+    if (n->n_req_events == n->req_events_cap) {
+        size_t cap = n->req_events_cap ? 2 * n->req_events_cap : 16;
+        capex_cuda_event *p = (capex_cuda_event *)capex__alloc(NULL, cap * sizeof *p);
+        if (!p) {
+            capex_cuda_event_destroy(n->ctx, e);
+            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL: no memory to track a request");
+        }
+        if (n->n_req_events) memcpy(p, n->req_events, n->n_req_events * sizeof *p);
+        capex__free(NULL, n->req_events);
+        n->req_events = p;
+        n->req_events_cap = cap;
+    }
+    n->req_events[n->n_req_events++] = e;
+    req->handle.ptr = e;
+    req->active = 1;
+    return CAPEX_OK;
+}
+static void capex__nccl_req_done(capex__nccl *n, capex_cuda_event e) {
+    size_t i;
+    for (i = 0; i < n->n_req_events; i++)
+        if (n->req_events[i] == e) {
+            n->req_events[i] = n->req_events[--n->n_req_events];
+            break;
+        }
+    capex_cuda_event_destroy(n->ctx, e);
+}
+
 /* Bucket reduce: the event lives in req->handle.ptr until wait. */
 static capex_result capex__nccl_iallreduce(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
                                           capex_reduce_op op, capex_comm_req *req) {
@@ -7506,9 +7540,7 @@ static capex_result capex__nccl_iallreduce(capex_comm *c, const void *send, void
         capex_cuda_event_destroy(n->ctx, e);
         return r;
     }
-    req->handle.ptr = e;
-    req->active = 1;
-    return CAPEX_OK;
+    return capex__nccl_req_keep(c, req, e);
 }
 
 /* ZeRO's nonblocking reduce-scatter / all-gather of equal shards: the same
@@ -7533,9 +7565,7 @@ static capex_result capex__nccl_ishards(capex_comm *c, const void *send, void *r
         if (e) capex_cuda_event_destroy(n->ctx, e);
         return r;
     }
-    req->handle.ptr = e;
-    req->active = 1;
-    return CAPEX_OK;
+    return capex__nccl_req_keep(c, req, e);
 }
 static capex_result capex__nccl_ireduce_scatter(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
                                                 capex_reduce_op op, capex_comm_req *req) {
@@ -7552,8 +7582,8 @@ static capex_result capex__nccl_wait(capex_comm *c, capex_comm_req *req, double 
     if (!req->active) return CAPEX_OK;
     if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
     r = capex__nccl_poll(c, (capex_cuda_event)req->handle.ptr, deadline, "bucket collective (ncclAllReduce, grouped ncclReduce or ncclBroadcast)");
-    if (r != CAPEX_OK) return r; /* the event stays: the kernel may still run until the abort */
-    capex_cuda_event_destroy(n->ctx, (capex_cuda_event)req->handle.ptr);
+    if (r != CAPEX_OK) return r; /* the event stays (destroy frees it): the kernel may still run until the abort */
+    capex__nccl_req_done(n, (capex_cuda_event)req->handle.ptr);
     req->handle.ptr = NULL;
     req->active = 0;
     return CAPEX_OK;
@@ -7618,10 +7648,12 @@ static void capex__nccl_destroy(capex_comm *c) {
         }
         if (!n->aborted) capex_cuda_stream_synchronize(n->ctx, n->stream);
         if (n->scratch) capex_cuda_free(n->ctx, n->scratch);
+        while (n->n_req_events) capex_cuda_event_destroy(n->ctx, n->req_events[--n->n_req_events]);
         capex_cuda_event_destroy(n->ctx, n->ev_user);
         capex_cuda_event_destroy(n->ctx, n->ev_done);
         capex_cuda_stream_destroy(n->ctx, n->stream);
     }
+    capex__free(NULL, n->req_events);
     capex__free(NULL, n);
     c->impl = NULL;
 }

@@ -218,6 +218,10 @@ FAKE_API CUresult cuStreamDestroy_v2(void *s) {
 FAKE_API CUresult cuStreamSynchronize(void *s) { NEED_CTX(); if (s && ((stream *)s)->magic != 0x5743) return INVALID_HANDLE; return OK; }
 typedef struct event { int magic, timing, recorded; double t; } event;
 FAKE_API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { NEED_CTX(); (void)s; (void)f; return e ? OK : INVALID_HANDLE; }
+/* Events created and not yet destroyed: a test checks that none is left
+   after the comm and the context are gone (leaks on failure paths). */
+static int live_events;
+FAKE_API int fake_live_events(void) { return __atomic_load_n(&live_events, __ATOMIC_SEQ_CST); }
 FAKE_API CUresult cuEventCreate(void **e, unsigned flags) {
     event *p;
     NEED_CTX();
@@ -225,9 +229,17 @@ FAKE_API CUresult cuEventCreate(void **e, unsigned flags) {
     p->magic = 0xE7;
     p->timing = !(flags & 2u);
     *e = p;
+    __atomic_add_fetch(&live_events, 1, __ATOMIC_SEQ_CST);
     return OK;
 }
-FAKE_API CUresult cuEventDestroy_v2(void *e) { NEED_CTX(); if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE; free(e); return OK; }
+FAKE_API CUresult cuEventDestroy_v2(void *e) {
+    NEED_CTX();
+    if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE;
+    ((event *)e)->magic = 0;
+    free(e);
+    __atomic_sub_fetch(&live_events, 1, __ATOMIC_SEQ_CST);
+    return OK;
+}
 FAKE_API CUresult cuEventRecord(void *e, void *s) {
     struct timespec t;
     (void)s;

@@ -103,6 +103,17 @@ static int fake_counter(int i) {
     memcpy(&fn, &p, sizeof p);
     return fn ? fn(i) : -3;
 }
+/* Events the stand-in driver holds (fake_libcuda's count). */
+static int fake_live_events(void) {
+    char lc[1200];
+    void *h, *p;
+    int (*fn)(void);
+    if (!fake_path("libcuda.so.1", lc, sizeof lc)) return -1;
+    if (!(h = dlopen(lc, RTLD_NOW | RTLD_NOLOAD))) return -2;
+    p = dlsym(h, "fake_live_events");
+    memcpy(&fn, &p, sizeof p);
+    return fn ? fn() : -3;
+}
 enum { C_ALLREDUCE = 0, C_BROADCAST = 1, C_ALLGATHER = 2, C_ABORT = 3, C_DESTROY = 4, C_INIT = 5, C_AVG = 6, C_BAD = 7,
        C_REDUCE = 8, C_GROUP_BAD = 9, C_NB_INIT = 10, C_IN_PROGRESS = 11 };
 
@@ -371,6 +382,8 @@ static void child_fake_async_error(const char *arg, child_result *res) {
     capex_comm_destroy(&c);
     FAIL_IF(fake_counter(C_DESTROY) != 0 || fake_counter(C_BAD) != 0, "no destroy after abort");
     capex_cuda_context_destroy(ctx);
+    /* the failed bucket's event goes with the comm, not leaked */
+    FAIL_IF(fake_live_events() != 0, "%d CUDA events left after destroy", fake_live_events());
     set_result(res, CAPEX_OK, 1);
 }
 
@@ -409,6 +422,7 @@ static void child_fake_scratch_async(const char *arg, child_result *res) {
     FAIL_IF(fake_counter(C_DESTROY) != 0 || fake_counter(C_ABORT) != 1, "destroy %d abort %d", fake_counter(C_DESTROY),
             fake_counter(C_ABORT));
     capex_cuda_context_destroy(ctx);
+    FAIL_IF(fake_live_events() != 0, "%d CUDA events left after destroy", fake_live_events());
     set_result(res, CAPEX_OK, 1);
 }
 
@@ -435,6 +449,7 @@ static void child_fake_timeout(const char *arg, child_result *res) {
     FAIL_IF(capex_comm_allreduce(&c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_ERR_COMM, "fails fast after");
     capex_comm_destroy(&c);
     capex_cuda_context_destroy(ctx);
+    FAIL_IF(fake_live_events() != 0, "%d CUDA events left after destroy", fake_live_events());
     set_result(res, CAPEX_OK, 1);
 }
 
