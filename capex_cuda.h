@@ -1404,8 +1404,9 @@ CAPEX_API capex_result capex_cuda_device_get_info(int ordinal, capex_cuda_device
     int n = 0, dev = 0;
     if (!info) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_device_get_info: info is NULL");
     memset(info, 0, sizeof *info);
+    if (ordinal < 0) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_device_get_info: ordinal %d (GPUs count from 0)", ordinal);
     if ((r = capex_cuda_device_count(&n)) != CAPEX_OK) return r;
-    if (ordinal < 0 || ordinal >= n)
+    if (ordinal >= n)
         return capex__fail(CAPEX_ERR_NO_DEVICE, "GPU %d requested but %d visible (check CUDA_VISIBLE_DEVICES)", ordinal, n);
     CAPEX__CU(cuDeviceGet, (&dev, ordinal), "");
     info->ordinal = ordinal;
@@ -4467,6 +4468,9 @@ CAPEX_API capex_result capex_cuda_context_create(const capex_cuda_context_desc *
     if (desc->precompile < 0 || desc->precompile > 2) /* before any driver use: a typo must not mean 0 */
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: precompile %d (want 0: on first use, 1: all "
                            "now, 2: all in the background)", desc->precompile);
+    if (desc->disk_cache != 0 && desc->disk_cache != 1)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: disk_cache %d (want 1: on, 0: off)",
+                           desc->disk_cache);
     if (!capex__allocator_ok(desc->allocator)) /* else one family frees the other's */
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_context_create: allocator needs both alloc and free");
     if ((r = capex_cuda_device_count(&count)) != CAPEX_OK) return r;

@@ -889,6 +889,21 @@ CT_TEST(invalid_arguments) {
                      strstr(capex_last_error(), "precompile"), "precompile %d: %s", bad[b], capex_last_error());
             capex_cuda_context_destroy(ctx);
         }
+        for (b = 0; b < 3; b++) { /* disk_cache is 0 or 1: a 2 or -1 is a typo, not "on" */
+            capex_cuda_context_desc cd;
+            capex_cuda_context *ctx = NULL;
+            capex_cuda_context_desc_init(&cd);
+            cd.disk_cache = bad[b] == 3 ? 2 : bad[b];
+            CT_CHECK(capex_cuda_context_create(&cd, &ctx) == CAPEX_ERR_INVALID_ARG && ctx == NULL &&
+                     strstr(capex_last_error(), "disk_cache"), "disk_cache %d: %s", cd.disk_cache, capex_last_error());
+            capex_cuda_context_destroy(ctx);
+        }
+    }
+    { /* a negative ordinal is a bad argument, not a missing GPU */
+        capex_cuda_device_info info;
+        capex_result r = capex_cuda_device_get_info(-1, &info);
+        CT_CHECK(r == CAPEX_ERR_INVALID_ARG, "device_get_info(-1): %s: %s",
+                 capex_result_string(r), capex_last_error());
     }
     memset(&f, 0, sizeof f);
     CT_CHECK(capex_cuda_launch(&f, g, g, 0, NULL, NULL) == CAPEX_ERR_INVALID_ARG, "launch of an unset function");
