@@ -588,8 +588,8 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const c
    so they see every grad written there; blocking entries poll an event and
    ncclCommGetAsyncError until comm->timeout_s, then return CAPEX_ERR_TIMEOUT /
    CAPEX_ERR_COMM and the communicator is aborted (ncclCommAbort) instead of
-   hanging. The scale/convert/zero/copy entries are ordered on the comm stream
-   and user_stream waits for them on the GPU (no host sync). dtypes: f32,
+   hanging. The scale/convert/zero/copy entries (DDP's and ZeRO's staging) run
+   on user_stream itself, so it never waits for the comm stream. dtypes: f32,
    f16, bf16 (NCCL >= 2.10), and CAPEX_F64 / CAPEX_I64. AVG is ncclAvg on
    NCCL >= 2.10, else a sum then a scale by 1/world. Thread safety: one thread
    at a time per comm (like every capex_comm). If rank 0 cannot make the id (no
@@ -7094,6 +7094,8 @@ typedef struct capex__nccl {
     capex__CUresult (*cuEventQuery)(void *);
     capex_cuda_ptr scratch;      /* f32 staging (half scale), barrier word      */
     size_t scratch_bytes;
+    capex_cuda_ptr uscratch;     /* the same for the memory entries, which run on user */
+    size_t uscratch_bytes;
     /* events of nonblocking requests not yet waited: a request whose wait
        failed is never waited again, so destroy frees what is left */
     capex_cuda_event *req_events;
@@ -7267,48 +7269,56 @@ CAPEX__PRIVATE capex_result capex__nccl_dtype(const capex__nccl *n, capex_dtype 
     return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL comm: invalid dtype %d", (int)t);
 }
 
-/* Device scratch of at least `bytes` (grown; old contents dropped). */
-CAPEX__PRIVATE capex_result capex__nccl_scratch(capex_comm *c, size_t bytes) {
+/* Device scratch of at least `bytes` (grown; old contents dropped): the
+   comm stream's (user 0) or the user stream's, each used only on its stream. */
+CAPEX__PRIVATE capex_result capex__nccl_scratch_of(capex_comm *c, size_t bytes, int user) {
     capex__nccl *n = capex__nccl_of(c);
+    capex_cuda_ptr *p = user ? &n->uscratch : &n->scratch;
+    size_t *have = user ? &n->uscratch_bytes : &n->scratch_bytes;
     capex_result r;
-    if (n->scratch_bytes >= bytes) return CAPEX_OK;
-    if (n->scratch) {
-        /* queued kernels may still read it: wait for the stream, but under the
+    if (*have >= bytes) return CAPEX_OK;
+    if (*p) {
+        /* queued kernels may still read it: wait for its stream, but under the
            comm's deadline (a collective queued before them may never end);
            a dead peer or the deadline poisons and aborts the comm here too
            (the memory entries that get here have no capex__comm_after) */
         capex_cuda_event e = NULL;
         if ((r = capex_cuda_event_create(n->ctx, 0, &e)) != CAPEX_OK) return r;
-        r = capex_cuda_event_record(n->ctx, e, n->stream);
+        r = capex_cuda_event_record(n->ctx, e, user ? n->user : n->stream);
         if (r == CAPEX_OK)
             r = capex__comm_after(c, capex__nccl_poll(c, e, capex__deadline(c), "growing the NCCL comm's scratch buffer"));
         capex_cuda_event_destroy(n->ctx, e);
         if (r != CAPEX_OK) return r;
-        capex_cuda_free(n->ctx, n->scratch);
-        n->scratch = 0;
-        n->scratch_bytes = 0;
+        capex_cuda_free(n->ctx, *p);
+        *p = 0;
+        *have = 0;
     }
-    if ((r = capex_cuda_malloc(n->ctx, bytes < 256 ? 256 : bytes, &n->scratch)) != CAPEX_OK) return r;
-    n->scratch_bytes = bytes < 256 ? 256 : bytes;
+    if ((r = capex_cuda_malloc(n->ctx, bytes < 256 ? 256 : bytes, p)) != CAPEX_OK) return r;
+    *have = bytes < 256 ? 256 : bytes;
     return CAPEX_OK;
 }
+CAPEX__PRIVATE capex_result capex__nccl_scratch(capex_comm *c, size_t bytes) { return capex__nccl_scratch_of(c, bytes, 0); }
 
-/* x *= f on our stream, in f32 and rounded back for halfs (capex.h's
-   capex__host_scale, bit for bit: the built-in conversions are exact twins). */
-CAPEX__PRIVATE capex_result capex__nccl_scale_enqueue(capex_comm *c, void *buf, size_t count, capex_dtype t, float f) {
+/* x *= f on our stream (user 1: on the user stream), in f32 and rounded back
+   for halfs (capex.h's capex__host_scale, bit for bit: the built-in
+   conversions are exact twins). */
+CAPEX__PRIVATE capex_result capex__nccl_scale_enqueue(capex_comm *c, void *buf, size_t count, capex_dtype t, float f,
+                                                      int user) {
     capex__nccl *n = capex__nccl_of(c);
-    capex_cuda_ptr x = CAPEX__NCCL_PTR(buf);
+    capex_cuda_ptr x = CAPEX__NCCL_PTR(buf), sc;
+    capex_cuda_stream s = user ? n->user : n->stream;
     capex_result r;
-    if (t == CAPEX_F32) return capex_cuda_scale_f32(n->ctx, x, x, f, count, n->stream);
+    if (t == CAPEX_F32) return capex_cuda_scale_f32(n->ctx, x, x, f, count, s);
     if (t == CAPEX_F16 || t == CAPEX_BF16) {
         size_t bytes; /* f32 staging: twice the (checked) size of the buffer */
         if (capex__size_mul(count, 4, &bytes))
             return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL comm: %zu elements: the f32 scratch byte size overflows size_t",
                                count);
-        if ((r = capex__nccl_scratch(c, bytes)) != CAPEX_OK) return r;
-        if ((r = capex_cuda_convert(n->ctx, n->scratch, CAPEX_F32, x, t, count, n->stream)) != CAPEX_OK) return r;
-        if ((r = capex_cuda_scale_f32(n->ctx, n->scratch, n->scratch, f, count, n->stream)) != CAPEX_OK) return r;
-        return capex_cuda_convert(n->ctx, x, t, n->scratch, CAPEX_F32, count, n->stream);
+        if ((r = capex__nccl_scratch_of(c, bytes, user)) != CAPEX_OK) return r;
+        sc = user ? n->uscratch : n->scratch;
+        if ((r = capex_cuda_convert(n->ctx, sc, CAPEX_F32, x, t, count, s)) != CAPEX_OK) return r;
+        if ((r = capex_cuda_scale_f32(n->ctx, sc, sc, f, count, s)) != CAPEX_OK) return r;
+        return capex_cuda_convert(n->ctx, x, t, sc, CAPEX_F32, count, s);
     }
     return capex__fail(CAPEX_ERR_UNSUPPORTED, "NCCL comm: scaling %s on the device is not supported (AVG of float64 "
                                               "needs NCCL >= 2.10's ncclAvg)", t == CAPEX_F64 ? "float64" : "int64");
@@ -7335,7 +7345,7 @@ CAPEX__PRIVATE capex_result capex__nccl_enqueue_allreduce(capex_comm *c, const v
     e = n->api.AllReduce(send, recv, count, dt, nop, n->comm, n->stream);
     if ((r = capex__nccl_settle(n, e, capex__deadline(c), "ncclAllReduce")) != CAPEX_OK) return r;
     if (post && c->world_size > 1)
-        if ((r = capex__nccl_scale_enqueue(c, recv, count, t, (float)(1.0 / (double)c->world_size))) != CAPEX_OK) return r;
+        if ((r = capex__nccl_scale_enqueue(c, recv, count, t, (float)(1.0 / (double)c->world_size), 0)) != CAPEX_OK) return r;
     return capex_cuda_event_record(n->ctx, done, n->stream);
 }
 
@@ -7444,7 +7454,7 @@ CAPEX__PRIVATE capex_result capex__nccl_enqueue_reduce_scatter(capex_comm *c, co
         return capex__nccl_fail(&n->api, n->comm, e, "ncclReduce (reduce-scatter)");
     if ((r = capex__nccl_settle(n, ge, capex__deadline(c), "ncclGroupEnd (reduce-scatter)")) != CAPEX_OK) return r;
     if (post && counts[c->rank])
-        if ((r = capex__nccl_scale_enqueue(c, recv, counts[c->rank], t, (float)(1.0 / (double)c->world_size))) != CAPEX_OK)
+        if ((r = capex__nccl_scale_enqueue(c, recv, counts[c->rank], t, (float)(1.0 / (double)c->world_size), 0)) != CAPEX_OK)
             return r;
     return capex_cuda_event_record(n->ctx, done, n->stream);
 }
@@ -7652,6 +7662,7 @@ static void capex__nccl_destroy(capex_comm *c) {
         }
         if (!n->aborted) capex_cuda_stream_synchronize(n->ctx, n->stream);
         if (n->scratch) capex_cuda_free(n->ctx, n->scratch);
+        if (n->uscratch) capex_cuda_free(n->ctx, n->uscratch);
         while (n->n_req_events) capex_cuda_event_destroy(n->ctx, n->req_events[--n->n_req_events]);
         capex_cuda_event_destroy(n->ctx, n->ev_user);
         capex_cuda_event_destroy(n->ctx, n->ev_done);
@@ -7662,7 +7673,14 @@ static void capex__nccl_destroy(capex_comm *c) {
     c->impl = NULL;
 }
 
-/* -- memory entries: device memory, ordered after the engine's stream -- */
+/* -- memory entries: device memory, on the engine's stream --
+   They run where the engine's own work runs, in its order, and make no
+   stream wait for another: a DDP bucket's f32 staging, predivide or copy
+   during backward (and ZeRO's lent buffers) would otherwise make the
+   engine's stream wait for ours, behind every allreduce already in flight,
+   and hide none of them. Safe because each collective waits for the engine's
+   stream before it starts (capex__nccl_after_user), and the front-ends touch
+   a collective's buffers only after its wait returned on the host. */
 
 static capex_result capex__nccl_mem_alloc(capex_comm *c, void **ptr, size_t bytes) {
     capex__nccl *n = capex__nccl_of(c);
@@ -7680,42 +7698,31 @@ static void capex__nccl_mem_free(capex_comm *c, void *ptr) {
 static capex_result capex__nccl_mem_copy(capex_comm *c, void *dst, const void *src, size_t bytes, capex_copy_kind kind) {
     capex__nccl *n = capex__nccl_of(c);
     capex_result r;
-    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
-    if (kind == CAPEX_COPY_H2D) r = capex_cuda_memcpy_htod(n->ctx, CAPEX__NCCL_PTR(dst), src, bytes, n->stream);
-    else if (kind == CAPEX_COPY_D2H) r = capex_cuda_memcpy_dtoh(n->ctx, dst, CAPEX__NCCL_PTR(src), bytes, n->stream);
-    else r = capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(dst), CAPEX__NCCL_PTR(src), bytes, n->stream);
+    if (kind == CAPEX_COPY_H2D) r = capex_cuda_memcpy_htod(n->ctx, CAPEX__NCCL_PTR(dst), src, bytes, n->user);
+    else if (kind == CAPEX_COPY_D2H) r = capex_cuda_memcpy_dtoh(n->ctx, dst, CAPEX__NCCL_PTR(src), bytes, n->user);
+    else r = capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(dst), CAPEX__NCCL_PTR(src), bytes, n->user);
     if (r != CAPEX_OK) return r;
     /* host memory takes part: finish before returning (rebuild only, once) */
-    if (kind != CAPEX_COPY_D2D) return capex_cuda_stream_synchronize(n->ctx, n->stream);
-    return capex__nccl_user_after(n);
+    if (kind != CAPEX_COPY_D2D) return capex_cuda_stream_synchronize(n->ctx, n->user);
+    return CAPEX_OK;
 }
 
 static capex_result capex__nccl_mem_zero(capex_comm *c, void *dst, size_t bytes) {
     capex__nccl *n = capex__nccl_of(c);
-    capex_result r;
-    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
-    if ((r = capex_cuda_memset_u8(n->ctx, CAPEX__NCCL_PTR(dst), 0, bytes, n->stream)) != CAPEX_OK) return r;
-    return capex__nccl_user_after(n);
+    return capex_cuda_memset_u8(n->ctx, CAPEX__NCCL_PTR(dst), 0, bytes, n->user);
 }
 
 static capex_result capex__nccl_scale(capex_comm *c, void *buf, size_t count, capex_dtype t, float factor) {
-    capex__nccl *n = capex__nccl_of(c);
-    capex_result r;
-    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
-    if ((r = capex__nccl_scale_enqueue(c, buf, count, t, factor)) != CAPEX_OK) return r;
-    return capex__nccl_user_after(n);
+    return capex__nccl_scale_enqueue(c, buf, count, t, factor, 1);
 }
 
 static capex_result capex__nccl_convert(capex_comm *c, void *dst, capex_dtype dst_t, const void *src, capex_dtype src_t,
                                        size_t count) {
     capex__nccl *n = capex__nccl_of(c);
-    capex_result r;
-    if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
-    if (dst_t == src_t) r = capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(dst), CAPEX__NCCL_PTR(src),
-                                                   count * capex_comm_dtype_size(src_t), n->stream);
-    else r = capex_cuda_convert(n->ctx, CAPEX__NCCL_PTR(dst), dst_t, CAPEX__NCCL_PTR(src), src_t, count, n->stream);
-    if (r != CAPEX_OK) return r;
-    return capex__nccl_user_after(n);
+    if (dst_t == src_t)
+        return capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(dst), CAPEX__NCCL_PTR(src), count * capex_comm_dtype_size(src_t),
+                                      n->user);
+    return capex_cuda_convert(n->ctx, CAPEX__NCCL_PTR(dst), dst_t, CAPEX__NCCL_PTR(src), src_t, count, n->user);
 }
 
 /* DDP and ZeRO ask at create (capex_comm_vtable.check_dtype); the collectives check again. */

@@ -217,7 +217,17 @@ FAKE_API CUresult cuStreamDestroy_v2(void *s) {
 }
 FAKE_API CUresult cuStreamSynchronize(void *s) { NEED_CTX(); if (s && ((stream *)s)->magic != 0x5743) return INVALID_HANDLE; return OK; }
 typedef struct event { int magic, timing, recorded; double t; } event;
-FAKE_API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { NEED_CTX(); (void)s; (void)f; return e ? OK : INVALID_HANDLE; }
+/* Waits queued on the legacy (NULL) stream, the engine's stream of the NCCL
+   tests: a test checks that backward's bucket staging makes it wait for none. */
+static int null_stream_waits;
+FAKE_API int fake_null_stream_waits(void) { return __atomic_load_n(&null_stream_waits, __ATOMIC_SEQ_CST); }
+FAKE_API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) {
+    NEED_CTX();
+    (void)f;
+    if (!e) return INVALID_HANDLE;
+    if (!s) __atomic_add_fetch(&null_stream_waits, 1, __ATOMIC_SEQ_CST);
+    return OK;
+}
 /* Events created and not yet destroyed: a test checks that none is left
    after the comm and the context are gone (leaks on failure paths). */
 static int live_events;

@@ -114,6 +114,16 @@ static int fake_live_events(void) {
     memcpy(&fn, &p, sizeof p);
     return fn ? fn() : -3;
 }
+static int fake_null_stream_waits(void) {
+    char lc[1200];
+    void *h, *p;
+    int (*fn)(void);
+    if (!fake_path("libcuda.so.1", lc, sizeof lc)) return -1;
+    if (!(h = dlopen(lc, RTLD_NOW | RTLD_NOLOAD))) return -2;
+    p = dlsym(h, "fake_null_stream_waits");
+    memcpy(&fn, &p, sizeof p);
+    return fn ? fn() : -3;
+}
 enum { C_ALLREDUCE = 0, C_BROADCAST = 1, C_ALLGATHER = 2, C_ABORT = 3, C_DESTROY = 4, C_INIT = 5, C_AVG = 6, C_BAD = 7,
        C_REDUCE = 8, C_GROUP_BAD = 9, C_NB_INIT = 10, C_IN_PROGRESS = 11 };
 
@@ -423,6 +433,46 @@ static void child_fake_scratch_async(const char *arg, child_result *res) {
             fake_counter(C_ABORT));
     capex_cuda_context_destroy(ctx);
     FAIL_IF(fake_live_events() != 0, "%d CUDA events left after destroy", fake_live_events());
+    set_result(res, CAPEX_OK, 1);
+}
+
+/* Overlap: during backward, a bucket's f32 staging, predivide and copy of an
+   own-grad param run on the engine's stream and make it wait for nothing, so
+   its next kernels do not queue behind the allreduces already in flight on
+   the comm's stream. arg "zero": ZeRO stage 2 lends buckets the same way. */
+static void child_fake_overlap(const char *arg, child_result *res) {
+    capex_cuda_context *ctx = NULL;
+    capex_comm c;
+    capex_ddp_param ps[3];
+    capex_result r;
+    int w0, w1;
+    (void)arg;
+    RUN(fake_open(&ctx, &c, 0));
+    ps[0].data = dev(ctx, 600); ps[0].numel = 300; ps[0].dtype = CAPEX_BF16; ps[0].grad = NULL;
+    ps[1].data = dev(ctx, 64); ps[1].numel = 32; ps[1].dtype = CAPEX_BF16; ps[1].grad = NULL;
+    ps[2].data = dev(ctx, 64); ps[2].numel = 32; ps[2].dtype = CAPEX_BF16; ps[2].grad = dev(ctx, 64); /* copy mode */
+    FAIL_IF(!ps[0].data || !ps[1].data || !ps[2].data || !ps[2].grad, "malloc");
+    {
+        capex_ddp *ddp = NULL;
+        capex_ddp_desc dd;
+        capex_ddp_desc_init(&dd);
+        dd.first_bucket_bytes = 64; dd.bucket_bytes = 256;
+        dd.gradient_predivide_factor = 2.0f; dd.allreduce_always_fp32 = 1;
+        RUN(capex_ddp_create(&ddp, &c, ps, 3, &dd));
+        FAIL_IF(capex_ddp_num_buckets(ddp) < 2, "%d buckets", (int)capex_ddp_num_buckets(ddp));
+        RUN(capex_ddp_zero_grad(ddp));
+        w0 = fake_null_stream_waits();
+        RUN(capex_ddp_grad_ready(ddp, 2));
+        RUN(capex_ddp_grad_ready(ddp, 1));
+        RUN(capex_ddp_grad_ready(ddp, 0));
+        w1 = fake_null_stream_waits();
+        FAIL_IF(w0 < 0 || w1 != w0, "the engine's stream waited %d times for the comm's stream during backward", w1 - w0);
+        r = capex_ddp_finalize(ddp);
+        FAIL_IF(r != CAPEX_OK, "finalize: %s", capex_last_error());
+        capex_ddp_destroy(ddp);
+    }
+    capex_comm_destroy(&c);
+    capex_cuda_context_destroy(ctx);
     set_result(res, CAPEX_OK, 1);
 }
 
@@ -781,6 +831,7 @@ static const child_entry children[] = {
     {"no_nccl", child_no_nccl}, {"real_id", child_real_id}, {"fake_collectives", child_fake_collectives},
     {"fake_old_nccl", child_fake_old_nccl}, {"fake_shards", child_fake_shards}, {"fake_ddp", child_fake_ddp}, {"fake_async", child_fake_async_error},
     {"fake_timeout", child_fake_timeout}, {"fake_scratch_async", child_fake_scratch_async},
+    {"fake_overlap", child_fake_overlap},
     {"missing_nccl_rank", child_missing_nccl_rank}, {"fake_init_fail", child_fake_init_fail},
     {"real_nccl_fake_driver", child_real_nccl_fake_driver}, {"fake_world", child_fake_world},
     {"dead_after_exchange", child_dead_after_exchange}};
@@ -824,6 +875,7 @@ CT_TEST(fake_world_collectives_and_ddp) {
 CT_TEST(fake_world_dead_peer) { NEED_FAKES(); CHILD_OK("fake_world", "3 dead"); }
 CT_TEST(fake_world_destroy_after_peer_exit_aborts) { NEED_FAKES(); CHILD_OK("fake_world", "2 exit"); }
 CT_TEST(fake_driver_stuck_collective_times_out) { NEED_FAKES(); CHILD_OK("fake_timeout", NULL); }
+CT_TEST(fake_driver_ddp_backward_never_waits_for_comm_stream) { NEED_FAKES(); CHILD_OK("fake_overlap", NULL); }
 CT_TEST(fake_driver_scratch_growth_async_error_aborts) { NEED_FAKES(); CHILD_OK("fake_scratch_async", NULL); }
 CT_TEST(rank_without_nccl_fails_before_the_id_exchange) {
     NEED_FAKES();
@@ -1101,6 +1153,7 @@ static const ct_case cases[] = {
     CT_CASE(fake_driver_ddp_device_buckets), CT_CASE(fake_driver_async_error_aborts),
     CT_CASE(fake_world_collectives_and_ddp), CT_CASE(fake_world_dead_peer), CT_CASE(fake_world_destroy_after_peer_exit_aborts),
     CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_scratch_growth_async_error_aborts),
+    CT_CASE(fake_driver_ddp_backward_never_waits_for_comm_stream),
     CT_CASE(rank_without_nccl_fails_before_the_id_exchange), CT_CASE(rank_dead_after_the_id_exchange_times_out_the_init),
     CT_CASE(fake_world_init_nonblocking_and_blocking),
     CT_CASE(fake_driver_init_failure),
