@@ -439,7 +439,7 @@ static void child_fake_scratch_async(const char *arg, child_result *res) {
 /* Overlap: during backward, a bucket's f32 staging, predivide and copy of an
    own-grad param run on the engine's stream and make it wait for nothing, so
    its next kernels do not queue behind the allreduces already in flight on
-   the comm's stream. arg "zero": ZeRO stage 2 lends buckets the same way. */
+   the comm's stream (ZeRO's lent buffers take the same memory entries). */
 static void child_fake_overlap(const char *arg, child_result *res) {
     capex_cuda_context *ctx = NULL;
     capex_comm c;
