@@ -640,8 +640,9 @@ CAPEX_API capex_result capex_comm_init_nccl(capex_comm *c, const capex_dist_env 
 /* ncclCommInitRank with an id you distributed yourself. */
 CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_unique_id *id, int rank, int world_size,
                                                const capex_nccl_desc *d);
-/* Changes the stream collectives wait for (e.g. per step). Not during a DDP
-   backward pass with buckets in flight. */
+/* Changes the stream collectives wait for and DDP's/ZeRO's staging runs on
+   (e.g. per step; order the old stream before the new one yourself). Not
+   during a DDP backward pass with buckets in flight. */
 CAPEX_API capex_result capex_nccl_set_user_stream(capex_comm *c, capex_cuda_stream user_stream);
 /* 1 when c is an NCCL communicator. */
 CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
