@@ -48,8 +48,9 @@ $(BUILD)/tests/test_emu: $(EMU_LIB) tests/gpu_test_kernels.h tests/cuda_test_uti
 #  - test_gpuopt_gpu's tensor over 2^31 elements (34 GB of "device" memory; the
 #    emulator offers at most 16 GiB, CAPEX_EMU_MEMORY_GB, so the test skips for
 #    memory: at the emulator's speed it would run for many minutes anyway);
-#  - test_nccl_gpu's stuck-stream timeout (every launch runs to completion
-#    before it returns: no stream can stay busy while a collective waits).
+#  - test_nccl_gpu's stuck-stream timeout and its DDP overlap check (every
+#    launch runs to completion before it returns: no stream can stay busy
+#    while a collective waits, no two streams run at once).
 # Then the optimizer and norm tests once more with threads and blocks in
 # reverse order (CAPEX_EMU_ORDER=reverse): a race would change their results.
 # Then every GPU test with lazy streams (CAPEX_EMU_STREAMS=lazy: stream work
@@ -72,9 +73,9 @@ EMU_RUN = CAPEX_LIBCUDA_PATH=$(abspath $(EMU_LIB)) CAPEX_CACHE_DIR=$(abspath $(E
 # VAR=VALUE[,VAR=VALUE]:test:skips[:case].
 EMU_GPU_SHAPES := CAPEX_EMU_SMS=132:test_gpuopt_gpu:1 CAPEX_EMU_OCCUPANCY=0:test_gpuopt_gpu:0:gpu_grid_from_device \
                   CAPEX_EMU_DRIVER_VERSION=12000:test_gpuopt_gpu:1
-EMU_GPU_TESTS := test_cuda_gpu:2 test_gpuopt_gpu:1 test_norm_gpu:0 test_nccl_gpu:1 test_gpt_gpu:0 \
+EMU_GPU_TESTS := test_cuda_gpu:2 test_gpuopt_gpu:1 test_norm_gpu:0 test_nccl_gpu:2 test_gpt_gpu:0 \
                  test_gpuopt_gpu:1:reverse test_norm_gpu:0:reverse test_gpt_gpu:0:reverse \
-                 test_cuda_gpu:1:lazy test_gpuopt_gpu:1:lazy test_norm_gpu:0:lazy test_nccl_gpu:1:lazy test_gpt_gpu:0:lazy
+                 test_cuda_gpu:1:lazy test_gpuopt_gpu:1:lazy test_norm_gpu:0:lazy test_nccl_gpu:2:lazy test_gpt_gpu:0:lazy
 .PHONY: emu-test
 ci-extra:: emu-test
 emu-test: $(EMU_LIB) $(BUILD)/tests/test_cuda_gpu $(BUILD)/tests/test_gpuopt_gpu $(BUILD)/tests/test_norm_gpu \

@@ -12,6 +12,7 @@ int main(void) {
     fputs("#undef ALPHA\n", stdout);
     fputs(gpu_test_spin_src, stdout);
     fputs(gpu_test_order_src, stdout);
+    fputs(gpu_test_flag_src, stdout);
     fputs(gpu_test_emu_src, stdout);
     return 0;
 }

@@ -39,6 +39,18 @@ static const char gpu_test_order_src[] =
     "    *dst = src[n - 1];\n"
     "}\n";
 
+/* A stand-in for a long allreduce on the comm's stream that ends early once
+   the engine's stream has run set_flag: *seen says whether it did (1) or the
+   wait ran out of cycles (0) because the engine's stream was held behind it
+   (tests/test_nccl_gpu.c, real GPUs only). */
+static const char gpu_test_flag_src[] =
+    "extern \"C\" __global__ void wait_flag(volatile unsigned *flag, unsigned *seen, long long cycles) {\n"
+    "    long long t0 = clock64();\n"
+    "    while (*flag == 0u && clock64() - t0 < cycles) {}\n"
+    "    *seen = *flag;\n"
+    "}\n"
+    "extern \"C\" __global__ void set_flag(volatile unsigned *flag) { *flag = 1u; __threadfence(); }\n";
+
 /* The CPU emulator's own checks (tests/test_emu.c): results that depend on
    barriers, shuffles and the thread/block numbering being CUDA's. */
 static const char gpu_test_emu_src[] =

@@ -194,6 +194,80 @@ CT_TEST(stuck_stream_times_out_and_aborts) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* Overlap on a real GPU: DDP's staging of a bucket during backward (f32
+   copy, predivide) must not make the engine's stream wait for the comm's
+   stream, where earlier allreduces may still run. A kernel on the comm's
+   stream stands in for such an allreduce: it waits (up to ~2 s) for a flag
+   that the engine's stream sets after two buckets' grad_ready. If the
+   engine's stream were held behind it, the flag would come too late. */
+static capex_result flag_fns(capex_cuda_context *ctx, capex_cuda_function *wait_fn, capex_cuda_function *set_fn) {
+    capex_cuda_module *m;
+    capex_result r;
+    if ((r = capex_cuda_module_compile(ctx, gpu_test_flag_src, "flag.cu", NULL, 0, &m)) != CAPEX_OK) return r;
+    if ((r = capex_cuda_module_get_function(m, "wait_flag", wait_fn)) != CAPEX_OK) return r;
+    return capex_cuda_module_get_function(m, "set_flag", set_fn);
+}
+CT_TEST(ddp_backward_overlaps_inflight_allreduce) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm c;
+    capex_ddp *ddp = NULL;
+    capex_ddp_param ps[2];
+    capex_ddp_desc dd;
+    capex_cuda_function wait_fn, set_fn;
+    capex_cuda_ptr w0 = 0, w1 = 0, flag = 0, seen = 0;
+    unsigned one[3] = {1, 1, 1}, got = 7;
+    long long cycles = 4000000000LL; /* ~2 s at 2 GHz: only a bound, met when the overlap is lost */
+    int it;
+    OPEN(ctx, c, user);
+    CT_NEED_NVRTC();
+    OK(flag_fns(ctx, &wait_fn, &set_fn)); /* loaded before: a module load may wait for the device */
+    if (strstr(capex_cuda_context_device(ctx)->name, "emulator")) { /* tests/emu_libcuda.cc */
+        capex_comm_destroy(&c);
+        capex_cuda_stream_destroy(ctx, user);
+        capex_cuda_context_destroy(ctx);
+        CT_SKIP("the CPU emulator runs each launch to completion before returning: two streams never run at once "
+                "(the kernels compiled)");
+    }
+    OK(capex_cuda_malloc(ctx, 2048 * 2, &w0));
+    OK(capex_cuda_malloc(ctx, 2048 * 2, &w1));
+    OK(capex_cuda_malloc(ctx, 8, &flag));
+    seen = flag + 4;
+    OK(capex_cuda_memset_u8(ctx, w0, 0, 2048 * 2, NULL));
+    OK(capex_cuda_memset_u8(ctx, w1, 0, 2048 * 2, NULL));
+    ps[0].data = (void *)(uintptr_t)w0; ps[0].numel = 2048; ps[0].dtype = CAPEX_BF16; ps[0].grad = NULL;
+    ps[1].data = (void *)(uintptr_t)w1; ps[1].numel = 2048; ps[1].dtype = CAPEX_BF16; ps[1].grad = NULL;
+    capex_ddp_desc_init(&dd);
+    dd.gradient_predivide_factor = 2.0f; dd.allreduce_always_fp32 = 1;
+    dd.first_bucket_bytes = 4096; dd.bucket_bytes = 4096;
+    OK(capex_ddp_create(&ddp, &c, ps, 2, &dd));
+    CT_CHECK(capex_ddp_num_buckets(ddp) == 2, "%d buckets", (int)capex_ddp_num_buckets(ddp));
+    for (it = 0; it < 2; it++) { /* the first loads the kernels and sizes the scratch */
+        void *wargs[3], *sargs[1];
+        OK(capex_cuda_memset_u8(ctx, flag, 0, 8, NULL));
+        OK(capex_cuda_stream_synchronize(ctx, NULL)); /* the comm's stream does not order after the legacy one */
+        wargs[0] = &flag; wargs[1] = &seen; wargs[2] = &cycles;
+        sargs[0] = &flag;
+        if (it == 1) OK(capex_cuda_launch(&wait_fn, one, one, 0, (capex_cuda_stream)c.stream, wargs));
+        OK(capex_ddp_grad_ready(ddp, 1));
+        OK(capex_ddp_grad_ready(ddp, 0));
+        OK(capex_cuda_launch(&set_fn, one, one, 0, user, sargs));
+        OK(capex_ddp_finalize(ddp));
+        OK(capex_cuda_stream_synchronize(ctx, user));
+        OK(capex_ddp_zero_grad(ddp));
+    }
+    OK(capex_cuda_memcpy_dtoh(ctx, &got, seen, 4, NULL));
+    CT_CHECK(got == 1, "the engine's stream set the flag only after the comm stream's kernel gave up waiting (%u): "
+                       "bucket staging made it wait for the comm stream", got);
+    capex_ddp_destroy(ddp);
+    capex_comm_destroy(&c);
+    capex_cuda_free(ctx, w0);
+    capex_cuda_free(ctx, w1);
+    capex_cuda_free(ctx, flag);
+    capex_cuda_stream_destroy(ctx, user);
+    capex_cuda_context_destroy(ctx);
+}
+
 /* DDP over a world of 2 (forked ranks, the stand-in NCCL on the emulator):
    grads written and read on the comm's user stream, ready in an order that
    is not the registration order (rebuild_buckets moves them after the first
@@ -343,7 +417,7 @@ CT_TEST(world2_gathers_with_send_inside_recv) {
 
 static const ct_case cases[] = {CT_CASE(collectives_on_device), CT_CASE(ddp_one_rank_stream_order),
                                 CT_CASE(stuck_stream_times_out_and_aborts), CT_CASE(ddp_world2_user_stream_rebuild),
-                                CT_CASE(world2_gathers_with_send_inside_recv)};
+                                CT_CASE(world2_gathers_with_send_inside_recv), CT_CASE(ddp_backward_overlaps_inflight_allreduce)};
 static const child_entry children[] = {{"ddp_world", child_ddp_world}, {"gather_alias", child_gather_alias}};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
