@@ -1799,7 +1799,8 @@ CAPEX_API capex_result capex_zero_zero_grad(capex_zero *z);
 /* Stage 1 only: sync = 0 is DDP's no_sync (finalize reduces nothing). */
 CAPEX_API capex_result capex_zero_set_sync(capex_zero *z, int sync);
 /* This rank's optimizer over its pieces (set_lr, lr schedules, get_step;
-   not add_group). Its tensors are pieces of params, not params. */
+   add_group is refused: CAPEX_ERR_UNSUPPORTED). Its tensors are pieces of
+   params, not params. */
 CAPEX_API capex_optim *capex_zero_optim(capex_zero *z);
 /* All zeros for NULL. */
 CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
@@ -6366,6 +6367,7 @@ struct capex_optim {
        (|p|^2, |u|^2 of tensor k) become those of k's whole parameter. */
     capex_result (*reduce_fn)(void *user, int what, double *vals, size_t n);
     void *reduce_user;
+    int sealed; /* capex_zero's: its tensors are shard pieces, so add_group is refused */
 };
 
 typedef struct capex__optim_job {
@@ -6996,6 +6998,9 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
     int need_m, need_v, need_vm;
     float **bufs;
     if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: optimizer is NULL");
+    if (o->sealed)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_optim_add_group: this is capex_zero_optim's optimizer, over "
+                           "this rank's shard pieces; give every param and group to capex_zero_create instead");
     if (!params && n) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: params is NULL with n = %zu", n);
     if (!hp) hp = &o->desc.defaults;
     if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
@@ -11209,6 +11214,7 @@ static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_des
         else res = capex_optim_add_group(z->opt, hp ? &hp[g] : NULL, pp, n, NULL);
     }
     capex__free(NULL, pp);
+    if (!z->has_dev && res == CAPEX_OK) z->opt->sealed = 1;
     if (z->has_dev) return res; /* the device optimizer: no stochastic rounding (create refuses it); capex_cuda_zero hooks LAMB/NovoGrad sums */
     if (res == CAPEX_OK) { /* stochastic rounding keyed as the unsharded optimizer's tensors and elements */
         size_t j;

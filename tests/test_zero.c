@@ -259,6 +259,37 @@ CT_TEST(reduce_scatter_after_unwaited_gather) {
     capex_zero_destroy(z);
 }
 
+/* torch's ZeroRedundancyOptimizer has add_param_group; capex_zero's
+   optimizer steps shard pieces, so a group added to it has no reduced
+   gradients, and sharded LAMB/NovoGrad index their per-param sums by piece
+   (a world of 2 read past them and crashed): refused, the zero unchanged. */
+CT_TEST(optim_add_group_is_refused) {
+    capex_comm c;
+    nb_fake f = {0, 0};
+    capex_zero *z = NULL;
+    capex_zero_param p[1];
+    capex_optim_param op;
+    capex_optim_desc od;
+    float w[8] = {1, 2, 3, 4, 5, 6, 7, 8}, x[4] = {1, 1, 1, 1}, gx[4] = {1, 1, 1, 1};
+    int kind;
+    memset(&c, 0, sizeof c);
+    c.vt = &nb_vt; c.impl = &f; c.rank = 0; c.world_size = 2; c.timeout_s = 10;
+    for (kind = 0; kind < 2; kind++) {
+        one_param(&p[0], w, 8);
+        capex_optim_desc_init(&od, kind ? CAPEX_OPTIM_NOVOGRAD : CAPEX_OPTIM_LAMB);
+        CT_CHECK(capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) == CAPEX_OK, "create: %s", capex_last_error());
+        capex_optim_param_init(&op);
+        op.param = x; op.grad = gx; op.numel = 4;
+        CT_CHECK(capex_optim_add_group(capex_zero_optim(z), NULL, &op, 1, NULL) == CAPEX_ERR_UNSUPPORTED &&
+                 strstr(capex_last_error(), "capex_zero_create"), "add_group on the zero's optimizer: %s", capex_last_error());
+        CT_CHECK(capex_optim_num_groups(capex_zero_optim(z)) == 1, "groups %zu", capex_optim_num_groups(capex_zero_optim(z)));
+        CT_CHECK(capex_zero_grad_ready(z, 0) == CAPEX_OK && capex_zero_finalize(z) == CAPEX_OK &&
+                 capex_zero_step(z, 1, 1, 0) == CAPEX_OK, "step: %s", capex_last_error());
+        capex_zero_destroy(z);
+        z = NULL;
+    }
+}
+
 /* ---- TCP worlds (fork) ---- */
 
 static int tcp_comm(capex_comm *c, int rank, int world, int port) {
@@ -547,6 +578,7 @@ static const ct_case cases[] = {
     CT_CASE(call_order_errors),
     CT_CASE(stage2_memory_is_shards_plus_one_open_bucket),
     CT_CASE(reduce_scatter_after_unwaited_gather),
+    CT_CASE(optim_add_group_is_refused),
     CT_CASE(tcp_worlds_match_ddp_and_optim),
     CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
     CT_CASE(checkpoints_reshard_across_world_sizes),
