@@ -11509,7 +11509,10 @@ static capex_result capex__zero_launch(capex_zero *z, size_t k) {
     capex_result r = CAPEX_OK;
     void *mine;
     bk->launched = 1;
-    if (!bk->shard) return CAPEX_OK;
+    if (!bk->shard) { /* empty params only: nothing to reduce; a lent buffer goes back to the pool */
+        if (bk->grad && z->d.stage == 2) { z->pool[z->npool++] = bk->grad; bk->grad = NULL; }
+        return CAPEX_OK;
+    }
     /* the last step's all-gather of this bucket (params nobody waited for)
        holds bk->req: finish it before the reduce-scatter takes the request */
     if ((r = capex__zero_finish_gather(z, k, capex__deadline(c))) != CAPEX_OK) return r;

@@ -166,6 +166,42 @@ CT_TEST(stage2_memory_is_shards_plus_one_open_bucket) {
     capex_comm_destroy(&c);
 }
 
+/* A bucket of empty params only (here the one f32 param, numel 0) has no
+   shard: its lent buffer goes back to the pool like any other's, so one
+   buffer still serves both buckets instead of the empty one keeping a
+   full-size buffer for good. */
+CT_TEST(stage2_empty_bucket_returns_its_buffer) {
+    capex_comm c;
+    capex_zero *z = NULL;
+    capex_zero_param p[2];
+    capex_zero_desc d;
+    capex_optim_desc od;
+    uint16_t h[256];
+    float e[1];
+    int it, i;
+    CT_CHECK(capex_comm_init_single(&c) == CAPEX_OK, "single");
+    memset(h, 0, sizeof h);
+    p[0].data = h; p[0].numel = 256; p[0].dtype = CAPEX_F16; p[0].group = 0;
+    p[1].data = e; p[1].numel = 0; p[1].dtype = CAPEX_F32; p[1].group = 0;
+    capex_zero_desc_init(&d);
+    d.stage = 2;
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    CT_CHECK(capex_zero_create(&z, &c, p, 2, &od, NULL, 1, &d) == CAPEX_OK, "create: %s", capex_last_error());
+    CT_CHECK(capex_zero_memory_info(z).buckets == 2, "buckets %zu", capex_zero_memory_info(z).buckets);
+    for (it = 0; it < 3; it++) {
+        for (i = 1; i >= 0; i--) {
+            CT_CHECK(capex_zero_grad(z, (size_t)i) != NULL, "grad %d: %s", i, capex_last_error());
+            CT_CHECK(capex_zero_grad_ready(z, (size_t)i) == CAPEX_OK, "ready %d: %s", i, capex_last_error());
+        }
+        CT_CHECK(capex_zero_finalize(z) == CAPEX_OK && capex_zero_step(z, 1, 1, 0) == CAPEX_OK &&
+                 capex_zero_zero_grad(z) == CAPEX_OK, "step: %s", capex_last_error());
+    }
+    CT_CHECK(capex_zero_memory_info(z).lent_buffers == 1, "%zu full-size buffers lent, want 1",
+             capex_zero_memory_info(z).lent_buffers);
+    capex_zero_destroy(z);
+    capex_comm_destroy(&c);
+}
+
 /* ---- nonblocking collectives (as MPI's): one request per bucket ---- */
 
 /* Rank 0 of a world of 2 identical ranks whose ireduce_scatter and
@@ -577,6 +613,7 @@ static const ct_case cases[] = {
     CT_CASE(create_refuses_bad_arguments),
     CT_CASE(call_order_errors),
     CT_CASE(stage2_memory_is_shards_plus_one_open_bucket),
+    CT_CASE(stage2_empty_bucket_returns_its_buffer),
     CT_CASE(reduce_scatter_after_unwaited_gather),
     CT_CASE(optim_add_group_is_refused),
     CT_CASE(tcp_worlds_match_ddp_and_optim),
