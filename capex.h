@@ -1821,7 +1821,8 @@ CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
    params' data as they are. */
 CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags);
 CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags);
-/* One file holding only this optimizer (prefix "optim"); rank 0 writes it. */
+/* One file holding only this optimizer (prefix "optim"); rank 0 writes it,
+   then frees the unsharded copy (save's) at once. */
 CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags);
 CAPEX_API capex_result capex_zero_load_file(capex_zero *z, const char *path, unsigned flags);
 #endif /* CAPEX_NO_STATE */
@@ -11849,6 +11850,16 @@ static void capex__zero_piece_pos(const capex_zero *z, size_t j, size_t *g, size
     *k = z->piece_k[j];
 }
 
+/* Frees rank 0's unsharded copy of the last save (the writer pointed into it). */
+static void capex__zero_save_drop(capex_zero *z) {
+    capex_optim_destroy(z->save_tmp);
+    capex__free(NULL, z->save_masters);
+    capex__free(NULL, z->save_host);
+    z->save_tmp = NULL;
+    z->save_masters = NULL;
+    z->save_host = NULL;
+}
+
 CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags) {
     static const char *fn = "capex_zero_save";
     capex_comm *c;
@@ -11863,12 +11874,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     if (root && !w) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: rank 0 needs a writer (other ranks may pass NULL)", fn);
     if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
     W = (size_t)c->world_size;
-    capex_optim_destroy(z->save_tmp);
-    capex__free(NULL, z->save_masters);
-    capex__free(NULL, z->save_host);
-    z->save_tmp = NULL;
-    z->save_masters = NULL;
-    z->save_host = NULL;
+    capex__zero_save_drop(z);
     if (z->has_dev && (r = z->dev.to_host(z->dev.user, CAPEX_OPTIM_STATE_PARAMS, &z->opt)) != CAPEX_OK) return r;
     if (root && (r = capex__zero_full_optim(z, &z->save_tmp, &z->save_masters, &z->save_host)) != CAPEX_OK) goto done;
     for (k = 0; k < z->nb; k++) if (z->b[k].shard > maxshard) maxshard = z->b[k].shard;
@@ -12057,6 +12063,7 @@ CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, uns
     r = capex_zero_save(z, w, NULL, flags);
     if (r == CAPEX_OK && w) r = capex_state_write_file(w, path);
     capex_state_writer_destroy(w);
+    capex__zero_save_drop(z); /* written: rank 0 need not hold the whole state until the next save */
     return r;
 }
 

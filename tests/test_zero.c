@@ -552,6 +552,43 @@ CT_TEST(load_takes_the_files_optimizer_settings) {
     capex_comm_destroy(&c);
 }
 
+/* capex_zero_save keeps rank 0's unsharded copy (the writer points into
+   it) until the next save; capex_zero_save_file has written the file when it
+   returns, so it must not leave the whole model's masters and moments on
+   rank 0 for the rest of the run (what ZeRO saves, given back). */
+CT_TEST(save_file_frees_the_unsharded_copy) {
+    capex_comm c;
+    capex_zero *z = NULL;
+    capex_zero_param p[2];
+    capex_optim_desc od;
+    capex_state_writer *w = NULL;
+    float a[40];
+    uint16_t b[24];
+    char path[300];
+    int i;
+    snprintf(path, sizeof path, "/tmp/capex_zero_savefree_%d", (int)getpid());
+    CT_CHECK(capex_comm_init_single(&c) == CAPEX_OK, "single");
+    for (i = 0; i < 40; i++) a[i] = 0.5f * (float)i;
+    for (i = 0; i < 24; i++) b[i] = capex_f32_to_bf16(0.25f * (float)i);
+    one_param(&p[0], a, 40);
+    p[1].data = b; p[1].numel = 24; p[1].dtype = CAPEX_BF16; p[1].group = 0;
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    CT_CHECK(capex_zero_create(&z, &c, p, 2, &od, NULL, 1, NULL) == CAPEX_OK, "create: %s", capex_last_error());
+    CT_CHECK(capex_zero_save_file(z, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "save_file: %s", capex_last_error());
+    CT_CHECK(z->save_tmp == NULL && z->save_masters == NULL, "the unsharded copy outlived save_file");
+    CT_CHECK(capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "load: %s", capex_last_error());
+    /* capex_zero_save with the caller's writer: kept until the caller has written */
+    CT_CHECK(capex_state_writer_create(NULL, &w) == CAPEX_OK, "writer");
+    CT_CHECK(capex_zero_save(z, w, NULL, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK && z->save_tmp != NULL, "save: %s",
+             capex_last_error());
+    CT_CHECK(capex_state_write_file(w, path) == CAPEX_OK, "write: %s", capex_last_error());
+    capex_state_writer_destroy(w);
+    CT_CHECK(capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "load: %s", capex_last_error());
+    capex_zero_destroy(z);
+    capex_comm_destroy(&c);
+    remove(path);
+}
+
 /* bf16 stochastic rounding (supported by create) through a checkpoint: 4
    steps == 2 + save + load into a fresh zero (built without it, another
    seed: the file's count) + 2, bit for bit, as the unsharded optimizer
@@ -620,6 +657,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
     CT_CASE(checkpoints_reshard_across_world_sizes),
     CT_CASE(load_takes_the_files_optimizer_settings),
+    CT_CASE(save_file_frees_the_unsharded_copy),
     CT_CASE(stochastic_rounding_resumes),
 };
 CT_MAIN(cases)
