@@ -1822,7 +1822,8 @@ CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
 CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags);
 CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags);
 /* One file holding only this optimizer (prefix "optim"); rank 0 writes it,
-   then frees the unsharded copy (save's) at once. */
+   then frees the unsharded copy (save's) at once. Every rank returns rank
+   0's status, once the file is written (one more broadcast). */
 CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags);
 CAPEX_API capex_result capex_zero_load_file(capex_zero *z, const char *path, unsigned flags);
 #endif /* CAPEX_NO_STATE */
@@ -11055,6 +11056,7 @@ struct capex_zero {
     size_t *piece_k;        /* piece j's index within its group of opt                  */
     size_t *full_pos;       /* per param: index in its group, tensor index (unsharded)  */
     capex_optim *save_tmp;  /* rank 0: the unsharded state of the last save */
+    int save_synced;        /* the last save's collectives ran on every rank */
     float *save_masters;
     double *lamb_sums;      /* LAMB: |p|^2, |u|^2 per param, summed across ranks */
     size_t *counts;         /* world_size entries: the equal shard counts of a collective */
@@ -11934,6 +11936,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
         capex__free(NULL, vv);
         if (r != CAPEX_OK) z->failed = 1;
     }
+    if (r == CAPEX_OK) z->save_synced = 1;
     if (r == CAPEX_OK && root) {
         capex_optim *t = z->save_tmp;
         for (g = 0; g < z->ngroups; g++) {
@@ -12055,15 +12058,40 @@ done:
     return r;
 }
 
+/* save_file: rank 0's status after its write, to every rank: all return
+   it, and none returns before the file is there (a load may follow). */
+static capex_result capex__zero_save_status(capex_zero *z, capex_result r, const char *path) {
+    capex_comm *c = z->comm;
+    double v = (double)r;
+    void *d = NULL;
+    capex_result b;
+    if (!c->device_buffers) b = capex_comm_broadcast(c, &v, 1, CAPEX_F64, 0);
+    else if ((b = capex__comm_alloc(c, &d, sizeof v)) == CAPEX_OK &&
+             (b = capex__comm_copy(c, d, &v, sizeof v, CAPEX_COPY_H2D)) == CAPEX_OK &&
+             (b = capex_comm_broadcast(c, d, 1, CAPEX_F64, 0)) == CAPEX_OK)
+        b = capex__comm_copy(c, &v, d, sizeof v, CAPEX_COPY_D2H);
+    capex__comm_free(c, d);
+    if (b != CAPEX_OK) {
+        z->failed = 1;
+        return r != CAPEX_OK ? r : b;
+    }
+    if (c->rank != 0 && v != 0.0)
+        return capex__fail((capex_result)(int)v, "capex_zero_save_file: rank 0 could not save '%s' (%s; its log says why)",
+                           path, capex_result_string((capex_result)(int)v));
+    return r;
+}
+
 CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags) {
     capex_state_writer *w = NULL;
     capex_result r;
     if (!z || !path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_zero_save_file: zero or path is NULL");
     if (z->comm->rank == 0 && (r = capex_state_writer_create(NULL, &w)) != CAPEX_OK) return r;
+    z->save_synced = 0;
     r = capex_zero_save(z, w, NULL, flags);
     if (r == CAPEX_OK && w) r = capex_state_write_file(w, path);
     capex_state_writer_destroy(w);
     capex__zero_save_drop(z); /* written: rank 0 need not hold the whole state until the next save */
+    if (z->save_synced && z->comm->world_size > 1) r = capex__zero_save_status(z, r, path);
     return r;
 }
 

@@ -369,6 +369,33 @@ static int tcp_body(int rank, int world, int port, int mode) {
             if (!line) line = zero_check_ckpt(&c, 1, CAPEX_OPTIM_NOVOGRAD, novo_in, novo_out, why, sizeof why);
         }
         if (line) fprintf(stderr, "rank %d of %d (mode %d): zero_check.h:%d: %s\n", rank, world, mode, line, why);
+    } else if (mode == 4) { /* save_file: every rank gets rank 0's status once the file is there */
+        float w[40];
+        capex_zero_param p[1];
+        capex_optim_desc od;
+        capex_zero *z = NULL;
+        capex_result r;
+        char path[300];
+        int i;
+        for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
+        one_param(&p[0], w, 40);
+        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+        snprintf(path, sizeof path, "%.250s.sf", g_ckpt[0]);
+        if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
+        if (!line && (r = capex_zero_save_file(z, "/nonexistent-capex-dir/zero.ckpt", 0)) == CAPEX_OK) {
+            fprintf(stderr, "rank %d: save_file into a missing directory returned OK\n", rank);
+            line = __LINE__;
+        }
+        for (i = 0; !line && i < 3; i++) { /* saved, then read by every rank at once */
+            if ((r = capex_zero_save_file(z, path, CAPEX_OPTIM_STATE_PARAMS)) != CAPEX_OK ||
+                (r = capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS)) != CAPEX_OK) {
+                fprintf(stderr, "rank %d: save then load: %s\n", rank, capex_last_error());
+                line = __LINE__;
+            }
+            if (!line && capex_comm_barrier(&c) != CAPEX_OK) line = __LINE__; /* every load done: the next save makes it anew */
+            if (rank == 0) remove(path);
+        }
+        capex_zero_destroy(z);
     } else {
         float w[4][300];
         capex_zero_param p[4];
@@ -415,6 +442,18 @@ CT_TEST(tcp_dead_rank_fails_the_others_within_the_deadline) {
     r = tcp_world(3, 1, codes);
     CT_CHECK(r == 0, "rank 0: line %d: %.300s", r, capex_last_error());
     for (i = 2; i < 3; i++) CT_CHECK(codes[i] == 0, "rank %d exit %d", i, codes[i]);
+}
+
+/* rank 0 writes capex_zero_save_file's file: a failed write must fail
+   every rank (not only rank 0, the others going on as if saved), and no
+   rank may return before the file is there (a load may follow at once). */
+CT_TEST(tcp_save_file_status_on_every_rank) {
+    int codes[8], r;
+    memset(codes, 0, sizeof codes);
+    snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_sf", (int)getpid());
+    r = tcp_world(3, 4, codes);
+    CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "rank 0 line %d, ranks 1, 2 exit %d %d (stderr says why)", r,
+             codes[1], codes[2]);
 }
 
 /* Saved by 3 ranks, loaded by 1 and by 2 (resharding), each time checked
@@ -655,6 +694,7 @@ static const ct_case cases[] = {
     CT_CASE(optim_add_group_is_refused),
     CT_CASE(tcp_worlds_match_ddp_and_optim),
     CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
+    CT_CASE(tcp_save_file_status_on_every_rank),
     CT_CASE(checkpoints_reshard_across_world_sizes),
     CT_CASE(load_takes_the_files_optimizer_settings),
     CT_CASE(save_file_frees_the_unsharded_copy),
