@@ -1771,9 +1771,11 @@ CAPEX_API void capex_zero_destroy(capex_zero *z);
 CAPEX_API void *capex_zero_grad(capex_zero *z, size_t param);
 /* Param i's gradient is complete; full buckets reduce-scatter, in order. */
 CAPEX_API capex_result capex_zero_grad_ready(capex_zero *z, size_t param);
-/* Reduces what is left; params never made ready count as zero gradients
-   (find_unused_parameters). After it, this rank's shards hold the reduced
-   (averaged) gradients; the rest of the stage-1 buffers is undefined. */
+/* Reduces what is left. Every param must have been made ready (an unused
+   one: grad_ready without writing its gradient, which is then zero); one
+   never made ready is CAPEX_ERR_ORDER and finalize changes nothing: ready it
+   and call finalize again. After it, this rank's shards hold the reduced (averaged)
+   gradients; the rest of the stage-1 buffers is undefined. */
 CAPEX_API capex_result capex_zero_finalize(capex_zero *z);
 /* One f64 allreduce of the shards' sums of squares: *found_inf = 1 when some
    reduced gradient on some rank is inf/NaN (then *norm is inf or NaN), and
