@@ -1771,9 +1771,11 @@ CAPEX_API void capex_zero_destroy(capex_zero *z);
 CAPEX_API void *capex_zero_grad(capex_zero *z, size_t param);
 /* Param i's gradient is complete; full buckets reduce-scatter, in order. */
 CAPEX_API capex_result capex_zero_grad_ready(capex_zero *z, size_t param);
-/* Reduces what is left; params never made ready count as zero gradients
-   (find_unused_parameters). After it, this rank's shards hold the reduced
-   (averaged) gradients; the rest of the stage-1 buffers is undefined. */
+/* Reduces what is left. Every param must have been made ready (an unused
+   one: grad_ready without writing its gradient, which is then zero); one
+   never made ready is CAPEX_ERR_ORDER and finalize changes nothing: ready it
+   and call finalize again. After it, this rank's shards hold the reduced (averaged)
+   gradients; the rest of the stage-1 buffers is undefined. */
 CAPEX_API capex_result capex_zero_finalize(capex_zero *z);
 /* One f64 allreduce of the shards' sums of squares: *found_inf = 1 when some
    reduced gradient on some rank is inf/NaN (then *norm is inf or NaN), and
@@ -1799,7 +1801,8 @@ CAPEX_API capex_result capex_zero_zero_grad(capex_zero *z);
 /* Stage 1 only: sync = 0 is DDP's no_sync (finalize reduces nothing). */
 CAPEX_API capex_result capex_zero_set_sync(capex_zero *z, int sync);
 /* This rank's optimizer over its pieces (set_lr, lr schedules, get_step;
-   not add_group). Its tensors are pieces of params, not params. */
+   add_group is refused: CAPEX_ERR_UNSUPPORTED). Its tensors are pieces of
+   params, not params. */
 CAPEX_API capex_optim *capex_zero_optim(capex_zero *z);
 /* All zeros for NULL. */
 CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
@@ -1820,7 +1823,9 @@ CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
    params' data as they are. */
 CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags);
 CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags);
-/* One file holding only this optimizer (prefix "optim"); rank 0 writes it. */
+/* One file holding only this optimizer (prefix "optim"); rank 0 writes it,
+   then frees the unsharded copy (save's) at once. Every rank returns rank
+   0's status, once the file is written (one more broadcast). */
 CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags);
 CAPEX_API capex_result capex_zero_load_file(capex_zero *z, const char *path, unsigned flags);
 #endif /* CAPEX_NO_STATE */
@@ -6366,6 +6371,7 @@ struct capex_optim {
        (|p|^2, |u|^2 of tensor k) become those of k's whole parameter. */
     capex_result (*reduce_fn)(void *user, int what, double *vals, size_t n);
     void *reduce_user;
+    int sealed; /* capex_zero's: its tensors are shard pieces, so add_group is refused */
 };
 
 typedef struct capex__optim_job {
@@ -6996,6 +7002,9 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
     int need_m, need_v, need_vm;
     float **bufs;
     if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: optimizer is NULL");
+    if (o->sealed)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_optim_add_group: this is capex_zero_optim's optimizer, over "
+                           "this rank's shard pieces; give every param and group to capex_zero_create instead");
     if (!params && n) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_add_group: params is NULL with n = %zu", n);
     if (!hp) hp = &o->desc.defaults;
     if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
@@ -11049,6 +11058,7 @@ struct capex_zero {
     size_t *piece_k;        /* piece j's index within its group of opt                  */
     size_t *full_pos;       /* per param: index in its group, tensor index (unsharded)  */
     capex_optim *save_tmp;  /* rank 0: the unsharded state of the last save */
+    int save_synced;        /* the last save's collectives ran on every rank */
     float *save_masters;
     double *lamb_sums;      /* LAMB: |p|^2, |u|^2 per param, summed across ranks */
     size_t *counts;         /* world_size entries: the equal shard counts of a collective */
@@ -11209,6 +11219,7 @@ static capex_result capex__zero_build_optim(capex_zero *z, const capex_optim_des
         else res = capex_optim_add_group(z->opt, hp ? &hp[g] : NULL, pp, n, NULL);
     }
     capex__free(NULL, pp);
+    if (!z->has_dev && res == CAPEX_OK) z->opt->sealed = 1;
     if (z->has_dev) return res; /* the device optimizer: no stochastic rounding (create refuses it); capex_cuda_zero hooks LAMB/NovoGrad sums */
     if (res == CAPEX_OK) { /* stochastic rounding keyed as the unsharded optimizer's tensors and elements */
         size_t j;
@@ -11503,7 +11514,10 @@ static capex_result capex__zero_launch(capex_zero *z, size_t k) {
     capex_result r = CAPEX_OK;
     void *mine;
     bk->launched = 1;
-    if (!bk->shard) return CAPEX_OK;
+    if (!bk->shard) { /* empty params only: nothing to reduce; a lent buffer goes back to the pool */
+        if (bk->grad && z->d.stage == 2) { z->pool[z->npool++] = bk->grad; bk->grad = NULL; }
+        return CAPEX_OK;
+    }
     /* the last step's all-gather of this bucket (params nobody waited for)
        holds bk->req: finish it before the reduce-scatter takes the request */
     if ((r = capex__zero_finish_gather(z, k, capex__deadline(c))) != CAPEX_OK) return r;
@@ -11840,6 +11854,16 @@ static void capex__zero_piece_pos(const capex_zero *z, size_t j, size_t *g, size
     *k = z->piece_k[j];
 }
 
+/* Frees rank 0's unsharded copy of the last save (the writer pointed into it). */
+static void capex__zero_save_drop(capex_zero *z) {
+    capex_optim_destroy(z->save_tmp);
+    capex__free(NULL, z->save_masters);
+    capex__free(NULL, z->save_host);
+    z->save_tmp = NULL;
+    z->save_masters = NULL;
+    z->save_host = NULL;
+}
+
 CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags) {
     static const char *fn = "capex_zero_save";
     capex_comm *c;
@@ -11854,12 +11878,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     if (root && !w) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: rank 0 needs a writer (other ranks may pass NULL)", fn);
     if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
     W = (size_t)c->world_size;
-    capex_optim_destroy(z->save_tmp);
-    capex__free(NULL, z->save_masters);
-    capex__free(NULL, z->save_host);
-    z->save_tmp = NULL;
-    z->save_masters = NULL;
-    z->save_host = NULL;
+    capex__zero_save_drop(z);
     if (z->has_dev && (r = z->dev.to_host(z->dev.user, CAPEX_OPTIM_STATE_PARAMS, &z->opt)) != CAPEX_OK) return r;
     if (root && (r = capex__zero_full_optim(z, &z->save_tmp, &z->save_masters, &z->save_host)) != CAPEX_OK) goto done;
     for (k = 0; k < z->nb; k++) if (z->b[k].shard > maxshard) maxshard = z->b[k].shard;
@@ -11919,6 +11938,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
         capex__free(NULL, vv);
         if (r != CAPEX_OK) z->failed = 1;
     }
+    if (r == CAPEX_OK) z->save_synced = 1;
     if (r == CAPEX_OK && root) {
         capex_optim *t = z->save_tmp;
         for (g = 0; g < z->ngroups; g++) {
@@ -12040,14 +12060,40 @@ done:
     return r;
 }
 
+/* save_file: rank 0's status after its write, to every rank: all return
+   it, and none returns before the file is there (a load may follow). */
+static capex_result capex__zero_save_status(capex_zero *z, capex_result r, const char *path) {
+    capex_comm *c = z->comm;
+    double v = (double)r;
+    void *d = NULL;
+    capex_result b;
+    if (!c->device_buffers) b = capex_comm_broadcast(c, &v, 1, CAPEX_F64, 0);
+    else if ((b = capex__comm_alloc(c, &d, sizeof v)) == CAPEX_OK &&
+             (b = capex__comm_copy(c, d, &v, sizeof v, CAPEX_COPY_H2D)) == CAPEX_OK &&
+             (b = capex_comm_broadcast(c, d, 1, CAPEX_F64, 0)) == CAPEX_OK)
+        b = capex__comm_copy(c, &v, d, sizeof v, CAPEX_COPY_D2H);
+    capex__comm_free(c, d);
+    if (b != CAPEX_OK) {
+        z->failed = 1;
+        return r != CAPEX_OK ? r : b;
+    }
+    if (c->rank != 0 && v != 0.0)
+        return capex__fail((capex_result)(int)v, "capex_zero_save_file: rank 0 could not save '%s' (%s; its log says why)",
+                           path, capex_result_string((capex_result)(int)v));
+    return r;
+}
+
 CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags) {
     capex_state_writer *w = NULL;
     capex_result r;
     if (!z || !path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_zero_save_file: zero or path is NULL");
     if (z->comm->rank == 0 && (r = capex_state_writer_create(NULL, &w)) != CAPEX_OK) return r;
+    z->save_synced = 0;
     r = capex_zero_save(z, w, NULL, flags);
     if (r == CAPEX_OK && w) r = capex_state_write_file(w, path);
     capex_state_writer_destroy(w);
+    capex__zero_save_drop(z); /* written: rank 0 need not hold the whole state until the next save */
+    if (z->save_synced && z->comm->world_size > 1) r = capex__zero_save_status(z, r, path);
     return r;
 }
 

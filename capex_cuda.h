@@ -700,7 +700,8 @@ CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *z); /* NULL is fine */
    _zero_grad, _set_sync, _wait_param(s), _save, _load, _memory_info. Its
    grad_norm and step refuse: use the two below. */
 CAPEX_API capex_zero *capex_cuda_zero_base(capex_cuda_zero *z);
-/* The device optimizer over this rank's pieces (set_lr, schedules, get_step). */
+/* The device optimizer over this rank's pieces (set_lr, schedules, get_step;
+   add_group is refused: CAPEX_ERR_UNSUPPORTED). */
 CAPEX_API capex_cuda_optim *capex_cuda_zero_optim(capex_cuda_zero *z);
 /* A device float owned by z, for grad_norm's clip factor (1.0 at create). */
 CAPEX_API capex_cuda_ptr capex_cuda_zero_clip_coef_ptr(const capex_cuda_zero *z);
@@ -6049,6 +6050,7 @@ struct capex_cuda_optim {
        per-tensor sum of squared grads (n doubles). NULL: not sharded. */
     capex_result (*reduce_fn)(void *user, int what, capex_cuda_ptr vals, size_t n, capex_cuda_stream s);
     void *reduce_user;
+    int sealed; /* capex_cuda_zero's: its tensors are shard pieces, so add_group is refused */
 };
 CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream);
 
@@ -6200,6 +6202,9 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     capex__go_ten *ten = NULL;
     int64_t *seg = NULL;
     if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: optimizer is NULL", fn);
+    if (o->sealed)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: this is capex_cuda_zero_optim's optimizer, over this rank's shard "
+                           "pieces; give every param and group to capex_cuda_zero_create instead", fn);
     if (!params && n) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: params is NULL with n = %zu", fn, n);
     if (!hp) hp = &o->desc.defaults;
     if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
@@ -8063,6 +8068,7 @@ CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm 
         capex_cuda_zero_destroy(zg);
         return r;
     }
+    zg->opt->sealed = 1;
     /* this rank's reduced shards (stable for the zero's life), one list per dtype */
     zg->shards = (capex_tensor *)capex__alloc(NULL, sizeof(capex_tensor) * (zg->z->nb + 1));
     if (!zg->shards) { capex_cuda_zero_destroy(zg); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn); }

@@ -166,6 +166,42 @@ CT_TEST(stage2_memory_is_shards_plus_one_open_bucket) {
     capex_comm_destroy(&c);
 }
 
+/* A bucket of empty params only (here the one f32 param, numel 0) has no
+   shard: its lent buffer goes back to the pool like any other's, so one
+   buffer still serves both buckets instead of the empty one keeping a
+   full-size buffer for good. */
+CT_TEST(stage2_empty_bucket_returns_its_buffer) {
+    capex_comm c;
+    capex_zero *z = NULL;
+    capex_zero_param p[2];
+    capex_zero_desc d;
+    capex_optim_desc od;
+    uint16_t h[256];
+    float e[1];
+    int it, i;
+    CT_CHECK(capex_comm_init_single(&c) == CAPEX_OK, "single");
+    memset(h, 0, sizeof h);
+    p[0].data = h; p[0].numel = 256; p[0].dtype = CAPEX_F16; p[0].group = 0;
+    p[1].data = e; p[1].numel = 0; p[1].dtype = CAPEX_F32; p[1].group = 0;
+    capex_zero_desc_init(&d);
+    d.stage = 2;
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    CT_CHECK(capex_zero_create(&z, &c, p, 2, &od, NULL, 1, &d) == CAPEX_OK, "create: %s", capex_last_error());
+    CT_CHECK(capex_zero_memory_info(z).buckets == 2, "buckets %zu", capex_zero_memory_info(z).buckets);
+    for (it = 0; it < 3; it++) {
+        for (i = 1; i >= 0; i--) {
+            CT_CHECK(capex_zero_grad(z, (size_t)i) != NULL, "grad %d: %s", i, capex_last_error());
+            CT_CHECK(capex_zero_grad_ready(z, (size_t)i) == CAPEX_OK, "ready %d: %s", i, capex_last_error());
+        }
+        CT_CHECK(capex_zero_finalize(z) == CAPEX_OK && capex_zero_step(z, 1, 1, 0) == CAPEX_OK &&
+                 capex_zero_zero_grad(z) == CAPEX_OK, "step: %s", capex_last_error());
+    }
+    CT_CHECK(capex_zero_memory_info(z).lent_buffers == 1, "%zu full-size buffers lent, want 1",
+             capex_zero_memory_info(z).lent_buffers);
+    capex_zero_destroy(z);
+    capex_comm_destroy(&c);
+}
+
 /* ---- nonblocking collectives (as MPI's): one request per bucket ---- */
 
 /* Rank 0 of a world of 2 identical ranks whose ireduce_scatter and
@@ -259,6 +295,37 @@ CT_TEST(reduce_scatter_after_unwaited_gather) {
     capex_zero_destroy(z);
 }
 
+/* torch's ZeroRedundancyOptimizer has add_param_group; capex_zero's
+   optimizer steps shard pieces, so a group added to it has no reduced
+   gradients, and sharded LAMB/NovoGrad index their per-param sums by piece
+   (a world of 2 read past them and crashed): refused, the zero unchanged. */
+CT_TEST(optim_add_group_is_refused) {
+    capex_comm c;
+    nb_fake f = {0, 0};
+    capex_zero *z = NULL;
+    capex_zero_param p[1];
+    capex_optim_param op;
+    capex_optim_desc od;
+    float w[8] = {1, 2, 3, 4, 5, 6, 7, 8}, x[4] = {1, 1, 1, 1}, gx[4] = {1, 1, 1, 1};
+    int kind;
+    memset(&c, 0, sizeof c);
+    c.vt = &nb_vt; c.impl = &f; c.rank = 0; c.world_size = 2; c.timeout_s = 10;
+    for (kind = 0; kind < 2; kind++) {
+        one_param(&p[0], w, 8);
+        capex_optim_desc_init(&od, kind ? CAPEX_OPTIM_NOVOGRAD : CAPEX_OPTIM_LAMB);
+        CT_CHECK(capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) == CAPEX_OK, "create: %s", capex_last_error());
+        capex_optim_param_init(&op);
+        op.param = x; op.grad = gx; op.numel = 4;
+        CT_CHECK(capex_optim_add_group(capex_zero_optim(z), NULL, &op, 1, NULL) == CAPEX_ERR_UNSUPPORTED &&
+                 strstr(capex_last_error(), "capex_zero_create"), "add_group on the zero's optimizer: %s", capex_last_error());
+        CT_CHECK(capex_optim_num_groups(capex_zero_optim(z)) == 1, "groups %zu", capex_optim_num_groups(capex_zero_optim(z)));
+        CT_CHECK(capex_zero_grad_ready(z, 0) == CAPEX_OK && capex_zero_finalize(z) == CAPEX_OK &&
+                 capex_zero_step(z, 1, 1, 0) == CAPEX_OK, "step: %s", capex_last_error());
+        capex_zero_destroy(z);
+        z = NULL;
+    }
+}
+
 /* ---- TCP worlds (fork) ---- */
 
 static int tcp_comm(capex_comm *c, int rank, int world, int port) {
@@ -302,6 +369,33 @@ static int tcp_body(int rank, int world, int port, int mode) {
             if (!line) line = zero_check_ckpt(&c, 1, CAPEX_OPTIM_NOVOGRAD, novo_in, novo_out, why, sizeof why);
         }
         if (line) fprintf(stderr, "rank %d of %d (mode %d): zero_check.h:%d: %s\n", rank, world, mode, line, why);
+    } else if (mode == 4) { /* save_file: every rank gets rank 0's status once the file is there */
+        float w[40];
+        capex_zero_param p[1];
+        capex_optim_desc od;
+        capex_zero *z = NULL;
+        capex_result r;
+        char path[300];
+        int i;
+        for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
+        one_param(&p[0], w, 40);
+        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+        snprintf(path, sizeof path, "%.250s.sf", g_ckpt[0]);
+        if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
+        if (!line && (r = capex_zero_save_file(z, "/nonexistent-capex-dir/zero.ckpt", 0)) == CAPEX_OK) {
+            fprintf(stderr, "rank %d: save_file into a missing directory returned OK\n", rank);
+            line = __LINE__;
+        }
+        for (i = 0; !line && i < 3; i++) { /* saved, then read by every rank at once */
+            if ((r = capex_zero_save_file(z, path, CAPEX_OPTIM_STATE_PARAMS)) != CAPEX_OK ||
+                (r = capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS)) != CAPEX_OK) {
+                fprintf(stderr, "rank %d: save then load: %s\n", rank, capex_last_error());
+                line = __LINE__;
+            }
+            if (!line && capex_comm_barrier(&c) != CAPEX_OK) line = __LINE__; /* every load done: the next save makes it anew */
+            if (rank == 0) remove(path);
+        }
+        capex_zero_destroy(z);
     } else {
         float w[4][300];
         capex_zero_param p[4];
@@ -348,6 +442,18 @@ CT_TEST(tcp_dead_rank_fails_the_others_within_the_deadline) {
     r = tcp_world(3, 1, codes);
     CT_CHECK(r == 0, "rank 0: line %d: %.300s", r, capex_last_error());
     for (i = 2; i < 3; i++) CT_CHECK(codes[i] == 0, "rank %d exit %d", i, codes[i]);
+}
+
+/* rank 0 writes capex_zero_save_file's file: a failed write must fail
+   every rank (not only rank 0, the others going on as if saved), and no
+   rank may return before the file is there (a load may follow at once). */
+CT_TEST(tcp_save_file_status_on_every_rank) {
+    int codes[8], r;
+    memset(codes, 0, sizeof codes);
+    snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_sf", (int)getpid());
+    r = tcp_world(3, 4, codes);
+    CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "rank 0 line %d, ranks 1, 2 exit %d %d (stderr says why)", r,
+             codes[1], codes[2]);
 }
 
 /* Saved by 3 ranks, loaded by 1 and by 2 (resharding), each time checked
@@ -485,6 +591,43 @@ CT_TEST(load_takes_the_files_optimizer_settings) {
     capex_comm_destroy(&c);
 }
 
+/* capex_zero_save keeps rank 0's unsharded copy (the writer points into
+   it) until the next save; capex_zero_save_file has written the file when it
+   returns, so it must not leave the whole model's masters and moments on
+   rank 0 for the rest of the run (what ZeRO saves, given back). */
+CT_TEST(save_file_frees_the_unsharded_copy) {
+    capex_comm c;
+    capex_zero *z = NULL;
+    capex_zero_param p[2];
+    capex_optim_desc od;
+    capex_state_writer *w = NULL;
+    float a[40];
+    uint16_t b[24];
+    char path[300];
+    int i;
+    snprintf(path, sizeof path, "/tmp/capex_zero_savefree_%d", (int)getpid());
+    CT_CHECK(capex_comm_init_single(&c) == CAPEX_OK, "single");
+    for (i = 0; i < 40; i++) a[i] = 0.5f * (float)i;
+    for (i = 0; i < 24; i++) b[i] = capex_f32_to_bf16(0.25f * (float)i);
+    one_param(&p[0], a, 40);
+    p[1].data = b; p[1].numel = 24; p[1].dtype = CAPEX_BF16; p[1].group = 0;
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    CT_CHECK(capex_zero_create(&z, &c, p, 2, &od, NULL, 1, NULL) == CAPEX_OK, "create: %s", capex_last_error());
+    CT_CHECK(capex_zero_save_file(z, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "save_file: %s", capex_last_error());
+    CT_CHECK(z->save_tmp == NULL && z->save_masters == NULL, "the unsharded copy outlived save_file");
+    CT_CHECK(capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "load: %s", capex_last_error());
+    /* capex_zero_save with the caller's writer: kept until the caller has written */
+    CT_CHECK(capex_state_writer_create(NULL, &w) == CAPEX_OK, "writer");
+    CT_CHECK(capex_zero_save(z, w, NULL, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK && z->save_tmp != NULL, "save: %s",
+             capex_last_error());
+    CT_CHECK(capex_state_write_file(w, path) == CAPEX_OK, "write: %s", capex_last_error());
+    capex_state_writer_destroy(w);
+    CT_CHECK(capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "load: %s", capex_last_error());
+    capex_zero_destroy(z);
+    capex_comm_destroy(&c);
+    remove(path);
+}
+
 /* bf16 stochastic rounding (supported by create) through a checkpoint: 4
    steps == 2 + save + load into a fresh zero (built without it, another
    seed: the file's count) + 2, bit for bit, as the unsharded optimizer
@@ -546,11 +689,15 @@ static const ct_case cases[] = {
     CT_CASE(create_refuses_bad_arguments),
     CT_CASE(call_order_errors),
     CT_CASE(stage2_memory_is_shards_plus_one_open_bucket),
+    CT_CASE(stage2_empty_bucket_returns_its_buffer),
     CT_CASE(reduce_scatter_after_unwaited_gather),
+    CT_CASE(optim_add_group_is_refused),
     CT_CASE(tcp_worlds_match_ddp_and_optim),
     CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
+    CT_CASE(tcp_save_file_status_on_every_rank),
     CT_CASE(checkpoints_reshard_across_world_sizes),
     CT_CASE(load_takes_the_files_optimizer_settings),
+    CT_CASE(save_file_frees_the_unsharded_copy),
     CT_CASE(stochastic_rounding_resumes),
 };
 CT_MAIN(cases)

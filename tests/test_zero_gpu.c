@@ -739,6 +739,15 @@ CT_TEST(refusals) {
     CT_CHECK(capex_zero_step(z, 1.0f, 1.0f, 0) == CAPEX_ERR_INVALID_ARG &&
              strstr(capex_last_error(), "capex_cuda_zero_step"), "base step: %s", capex_last_error());
     CT_CHECK(capex_zero_optim(z) == NULL, "no host optimizer");
+    {   /* its optimizer steps shard pieces: a group added to it would have no reduced grads */
+        capex_optim_param xp;
+        capex_optim_param_init(&xp);
+        xp.param = (float *)(uintptr_t)p; xp.grad = (void *)(uintptr_t)(p + 32); xp.numel = 4;
+        CT_CHECK(capex_cuda_optim_add_group(capex_cuda_zero_optim(zg), NULL, &xp, 1, NULL) == CAPEX_ERR_UNSUPPORTED &&
+                 strstr(capex_last_error(), "capex_cuda_zero_create"), "add_group on the zero's optimizer: %s",
+                 capex_last_error());
+        CT_CHECK(capex_cuda_optim_num_groups(capex_cuda_zero_optim(zg)) == 1, "groups");
+    }
     CT_CHECK(capex_cuda_zero_grad_norm(zg, 0, -1.0f, 0, 0, 0) == CAPEX_ERR_INVALID_ARG, "negative max_norm");
     CT_CHECK(capex_cuda_zero_grad_norm(zg, 2, 1.0f, 0, 0, 0) == CAPEX_ERR_INVALID_ARG, "misaligned inv_scale");
     capex_cuda_zero_destroy(zg);
