@@ -1522,7 +1522,11 @@ CAPEX_API capex_result capex_comm_init_auto(capex_comm *c, const capex_dist_env 
 /* Checked front-ends: argument checks, deadline = now + timeout_s, failure
    marking. send == recv (in place) is allowed. AVG = sum, then / world.
    No elements (count 0, or counts summing to 0) is still a collective on a
-   multi-rank host comm (a barrier): every rank must make the call. */
+   multi-rank host comm (a barrier): every rank must make the call. So is a
+   call refused with CAPEX_ERR_INVALID_ARG: ranks refusing alike keep the
+   comm, peers that made the call fail at once (TCP: CAPEX_ERR_COMM). A rank
+   failing alone mid-call (TCP: no memory for its scratch) returns its status,
+   fails the comm and its peers (CAPEX_ERR_COMM) at once. */
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count,
                                             capex_dtype t, capex_reduce_op op);
 CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root);
@@ -8470,8 +8474,23 @@ CAPEX__PRIVATE capex_result capex__comm_empty(capex_comm *c) {
     return capex__comm_after(c, c->vt->barrier(c, capex__deadline(c)));
 }
 
-CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
-                                            capex_reduce_op op) {
+/* A call this rank refuses (CAPEX_ERR_INVALID_ARG: its arguments, or a size
+   the backend refuses before any traffic) is still a collective on a
+   multi-rank host comm: a barrier stands in for it, as for no elements, so
+   that peers making the real call fail at once (TCP: op mismatch) instead of
+   waiting out their deadline, and this rank's next call cannot pair with
+   their pending one. Ranks that all refuse alike meet in the barrier and the
+   comm stays usable. Keeps r and its message. */
+CAPEX__PRIVATE capex_result capex__comm_refused(capex_comm *c, capex_result r) {
+    char why[sizeof capex__error_message];
+    if (r != CAPEX_ERR_INVALID_ARG || !c || !c->vt || c->failed || c->world_size <= 1 || c->device_buffers) return r;
+    memcpy(why, capex__error_message, sizeof why);
+    (void)capex__comm_empty(c);
+    return capex__fail(r, "%s", why);
+}
+
+CAPEX__PRIVATE capex_result capex__comm_allreduce_checked(capex_comm *c, const void *send, void *recv, size_t count,
+                                                          capex_dtype t, capex_reduce_op op) {
     capex_result r = capex__comm_check(c, "capex_comm_allreduce");
     if (r) return r;
     if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: invalid dtype %d", (int)t);
@@ -8485,7 +8504,12 @@ CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, voi
     return capex__comm_after(c, c->vt->allreduce(c, send, recv, count, t, op, capex__deadline(c)));
 }
 
-CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root) {
+CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                            capex_reduce_op op) {
+    return capex__comm_refused(c, capex__comm_allreduce_checked(c, send, recv, count, t, op));
+}
+
+CAPEX__PRIVATE capex_result capex__comm_broadcast_checked(capex_comm *c, void *buf, size_t count, capex_dtype t, int root) {
     capex_result r = capex__comm_check(c, "capex_comm_broadcast");
     if (r) return r;
     if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: invalid dtype %d", (int)t);
@@ -8497,8 +8521,12 @@ CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t cou
     return capex__comm_after(c, c->vt->broadcast(c, buf, count, t, root, capex__deadline(c)));
 }
 
-CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, void *recv, size_t count_per_rank,
-                                            capex_dtype t) {
+CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root) {
+    return capex__comm_refused(c, capex__comm_broadcast_checked(c, buf, count, t, root));
+}
+
+CAPEX__PRIVATE capex_result capex__comm_allgather_checked(capex_comm *c, const void *send, void *recv,
+                                                          size_t count_per_rank, capex_dtype t) {
     capex_result r = capex__comm_check(c, "capex_comm_allgather");
     if (r) return r;
     if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: invalid dtype %d", (int)t);
@@ -8506,6 +8534,11 @@ CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, voi
     if (!count_per_rank) return capex__comm_empty(c);
     if ((r = capex__comm_size_check("capex_comm_allgather", count_per_rank, t, (size_t)c->world_size)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->allgather(c, send, recv, count_per_rank, t, capex__deadline(c)));
+}
+
+CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, void *recv, size_t count_per_rank,
+                                            capex_dtype t) {
+    return capex__comm_refused(c, capex__comm_allgather_checked(c, send, recv, count_per_rank, t));
 }
 
 CAPEX_API capex_result capex_comm_barrier(capex_comm *c) {
@@ -8573,8 +8606,8 @@ CAPEX__PRIVATE capex_result capex__comm_allgatherv_fallback(capex_comm *c, const
     return r;
 }
 
-CAPEX_API capex_result capex_comm_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
-                                                 capex_dtype t, capex_reduce_op op) {
+CAPEX__PRIVATE capex_result capex__comm_reduce_scatter_checked(capex_comm *c, const void *send, void *recv,
+                                                               const size_t *counts, capex_dtype t, capex_reduce_op op) {
     const char *fn = "capex_comm_reduce_scatter";
     size_t total = 0, displ = 0;
     double deadline;
@@ -8596,8 +8629,13 @@ CAPEX_API capex_result capex_comm_reduce_scatter(capex_comm *c, const void *send
     return capex__comm_after(c, c->vt->reduce_scatter(c, send, recv, counts, t, op, deadline));
 }
 
-CAPEX_API capex_result capex_comm_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts,
-                                             capex_dtype t) {
+CAPEX_API capex_result capex_comm_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                                 capex_dtype t, capex_reduce_op op) {
+    return capex__comm_refused(c, capex__comm_reduce_scatter_checked(c, send, recv, counts, t, op));
+}
+
+CAPEX__PRIVATE capex_result capex__comm_allgatherv_checked(capex_comm *c, const void *send, void *recv,
+                                                           const size_t *counts, capex_dtype t) {
     const char *fn = "capex_comm_allgatherv";
     size_t total = 0, displ = 0;
     double deadline;
@@ -8612,6 +8650,11 @@ CAPEX_API capex_result capex_comm_allgatherv(capex_comm *c, const void *send, vo
     deadline = capex__deadline(c);
     if (!c->vt->allgatherv) return capex__comm_after(c, capex__comm_allgatherv_fallback(c, send, recv, counts, t, deadline));
     return capex__comm_after(c, c->vt->allgatherv(c, send, recv, counts, t, deadline));
+}
+
+CAPEX_API capex_result capex_comm_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                             capex_dtype t) {
+    return capex__comm_refused(c, capex__comm_allgatherv_checked(c, send, recv, counts, t));
 }
 
 CAPEX_API void capex_comm_destroy(capex_comm *c) {
@@ -9704,6 +9747,17 @@ static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op
     return CAPEX_OK;
 }
 
+static void capex__tcp_abort(capex_comm *c);
+/* A failure of this rank alone after its sequence number moved on (no
+   memory for the scratch): its peers are already in the collective, waiting
+   on it. Shut the sockets down so they fail at once (CAPEX_ERR_COMM) instead
+   of at their deadline, and mark the comm failed: this rank is out of step. */
+static capex_result capex__tcp_local_fail(capex_comm *c, capex_result r) {
+    capex__tcp_abort(c);
+    c->failed = 1;
+    return r;
+}
+
 /* Rank 0's scratch per element: an accumulator and one peer's values. It is
    larger than the dtype, so the front's size check is not enough; every rank
    checks it (before any traffic) so that all refuse the same call alike. */
@@ -9714,14 +9768,16 @@ static capex_result capex__tcp_scratch(capex_comm *c, size_t n, size_t elem_byte
     capex__tcp *t = (capex__tcp *)c->impl;
     size_t bytes;
     *out = NULL;
-    if (capex__size_mul(n, elem_bytes, &bytes))
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: the scratch byte size overflows size_t", n);
+    if (capex__size_mul(n, elem_bytes, &bytes)) /* called mid-collective: see capex__tcp_local_fail */
+        return capex__tcp_local_fail(c, capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: the scratch byte "
+                                                                           "size overflows size_t", n));
     if (t->tmp_bytes < bytes) {
         capex__free(c->allocator, t->tmp);
         t->tmp = capex__alloc(c->allocator, bytes);
         t->tmp_bytes = t->tmp ? bytes : 0;
     }
-    if (!t->tmp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: no memory for %zu elements", n);
+    if (!t->tmp)
+        return capex__tcp_local_fail(c, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: no memory for %zu elements", n));
     *out = t->tmp;
     return CAPEX_OK;
 }
@@ -9865,7 +9921,8 @@ static capex_result capex__tcp_ring_work(capex_comm *c, size_t total, size_t max
     void *mem;
     capex_result r;
     if (capex__size_mul(total, wes, &a) || capex__size_mul(maxchunk, wes, &b) || a > SIZE_MAX - b)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: the ring's scratch byte size overflows size_t", total);
+        return capex__tcp_local_fail(c, capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: the ring's scratch "
+                                                                           "byte size overflows size_t", total));
     if ((r = capex__tcp_scratch(c, a + b, 1, &mem)) != CAPEX_OK) return r;
     *work = mem;
     *stage = (char *)mem + a;
@@ -9903,7 +9960,7 @@ static capex_result capex__tcp_ring_allreduce(capex_comm *c, const void *send, v
     capex_result r;
     if (W > 256) {
         cnt = (size_t *)capex__alloc(NULL, sizeof(size_t) * (size_t)W);
-        if (!cnt) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: out of memory");
+        if (!cnt) return capex__tcp_local_fail(c, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: out of memory"));
     }
     for (p = 0; p < W; p++) { cnt[p] = n / (size_t)W + ((size_t)p < n % (size_t)W); if (cnt[p] > maxc) maxc = cnt[p]; }
     r = capex__tcp_ring_work(c, n, maxc, ty, &work, &stage);

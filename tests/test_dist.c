@@ -1472,6 +1472,10 @@ CT_TEST(rendezvous_peer_against_busy_or_fake_rank0) {
 
 /* ---------------------------------------------------------- TCP comm -- */
 
+static void *tcp_no_alloc(size_t size, void *user) { (void)size; (void)user; return NULL; }
+static void tcp_no_free(void *p, void *user) { (void)p; (void)user; }
+static int tcp_local_fail_pipe[2] = {-1, -1};
+
 /* The body run by every rank of a TCP world; returns 0 or a failing line. */
 static int tcp_body(int rank, int world, int port, int mode) {
     capex_dist_env env;
@@ -1558,6 +1562,37 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_comm_destroy(&c);
         if (rank == 0 && r2 == CAPEX_OK) fprintf(stderr, "rank 0: b[0] = %g (its 100 plus rank 1's first call)\n", (double)b[0]);
         return r1 == CAPEX_ERR_COMM && r2 == CAPEX_ERR_COMM ? 0 : __LINE__;
+    }
+    if (mode >= 11 && mode <= 13) { /* a local failure on one rank mid-collective: the others learn at once */
+        /* 11: rank 1 out of memory for the ring's scratch (large allreduce);
+           12: rank 0 out of memory for the star's scratch (small allreduce);
+           13: rank 1 passes a NULL buffer the others do not */
+        static const capex_allocator no_mem = {tcp_no_alloc, tcp_no_free, NULL};
+        size_t n = mode == 11 ? (size_t)1 << 18 : 5;
+        float *x = (float *)calloc(n, sizeof(float)), *y = rank == 1 && mode == 13 ? NULL : x;
+        int bad = rank == (mode == 12 ? 0 : 1), line = 0;
+        capex_result r, want = mode == 13 ? CAPEX_ERR_INVALID_ARG : CAPEX_ERR_OUT_OF_MEMORY;
+        c.timeout_s = 60.0; /* a hang guard only: the peers must not need it */
+        if (bad && mode != 13) c.allocator = &no_mem;
+        r = capex_comm_allreduce(&c, x, y, n, CAPEX_F32, CAPEX_REDUCE_SUM);
+        if (r != (bad ? want : CAPEX_ERR_COMM)) {
+            fprintf(stderr, "rank %d (mode %d): %s\n", rank, mode, capex_last_error());
+            line = __LINE__;
+        }
+        /* the comm is gone on every rank: a next call fails instead of pairing with a peer's pending one */
+        r = capex_comm_allreduce(&c, x, x, n, CAPEX_F32, CAPEX_REDUCE_SUM);
+        if (r != CAPEX_ERR_COMM) {
+            fprintf(stderr, "rank %d (mode %d), next call: %s\n", rank, mode, capex_last_error());
+            if (!line) line = __LINE__;
+        }
+        /* the failing rank keeps its sockets open until every other rank has
+           returned (the pipe's EOF), so only the library can have told them */
+        close(tcp_local_fail_pipe[1]);
+        if (bad) { char ch; while (read(tcp_local_fail_pipe[0], &ch, 1) > 0) {} }
+        c.allocator = NULL;
+        capex_comm_destroy(&c);
+        free(x);
+        return line;
     }
     if (mode == 8 || mode == 9) { /* the ring (a large allreduce) with rank 1 dead (8) or stalled (9) */
         size_t n = 1 << 18;
@@ -1712,6 +1747,23 @@ CT_TEST(tcp_ring_dead_and_stalled_peers) {
     CT_CHECK(r == 0 && codes[2] == 0, "rank 1 stalled mid-ring: rank 0 line %d, rank 2 exit %d (want a timeout)", r, codes[2]);
 }
 
+/* A rank that fails on its own mid-collective (no memory for its scratch, a
+   NULL buffer only it passes) must not leave the others waiting out their
+   deadline: they get CAPEX_ERR_COMM at once (60 s timeouts are hang guards),
+   the failing rank its own status, and every later call fails on all ranks. */
+CT_TEST(tcp_comm_local_failure_on_one_rank_fails_the_others) {
+    int mode, world, codes[8], r, i;
+    for (mode = 11; mode <= 13; mode++)
+        for (world = 2; world <= 3; world++) {
+            for (i = 0; i < 8; i++) codes[i] = 0;
+            CT_CHECK(pipe(tcp_local_fail_pipe) == 0, "pipe");
+            r = tcp_world(world, mode, codes);
+            close(tcp_local_fail_pipe[0]);
+            CT_CHECK(r == 0, "mode %d world %d: rank 0 line %d: %.300s", mode, world, r, capex_last_error());
+            for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "mode %d world %d: rank %d exit %d", mode, world, i, codes[i]);
+        }
+}
+
 CT_TEST(tcp_comm_refuses_sizes_that_wrap) {
     int codes[8], r = tcp_world(2, 5, codes);
     CT_CHECK(r == 0, "rank 0 failed at line %d: %.300s", r, capex_last_error());
@@ -1799,6 +1851,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_comm_reduce_scatter_allgatherv_vs_float64),
     CT_CASE(tcp_ring_dead_and_stalled_peers),
     CT_CASE(tcp_comm_refuses_sizes_that_wrap),
+    CT_CASE(tcp_comm_local_failure_on_one_rank_fails_the_others),
     CT_CASE(torchrun_style_launch_auto_comm),
 };
 CT_MAIN(cases)
