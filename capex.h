@@ -1346,7 +1346,8 @@ typedef enum capex_launcher {
     CAPEX_LAUNCHER_TORCHRUN = 2, /* RANK, WORLD_SIZE, LOCAL_RANK, ...          */
     CAPEX_LAUNCHER_OPENMPI = 3,  /* OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_*     */
     CAPEX_LAUNCHER_PMI = 4,      /* MPICH / Intel MPI: PMI_RANK, PMI_SIZE      */
-    CAPEX_LAUNCHER_SLURM = 5     /* srun: SLURM_PROCID, SLURM_NTASKS, ...      */
+    CAPEX_LAUNCHER_SLURM = 5,    /* srun: SLURM_PROCID, SLURM_NTASKS, ...      */
+    CAPEX_LAUNCHER_FLUX = 6      /* flux run: FLUX_TASK_RANK, FLUX_JOB_SIZE, ... */
 } capex_launcher;
 
 /* getenv-like lookup: return the value or NULL. Injectable for tests. */
@@ -1384,11 +1385,13 @@ typedef struct capex_dist_env {
 CAPEX_API void capex_dist_env_desc_init(capex_dist_env_desc *d);
 /* Reads the launcher's variables (d may be NULL: defaults). Precedence, first
    match wins: explicit desc fields > torchrun (RANK) > Open MPI
-   (OMPI_COMM_WORLD_RANK) > PMI (PMI_RANK) > Slurm (SLURM_PROCID) > single
-   process. Numbers parse strictly (decimal digits only); rank < world etc. are
-   validated; errors are CAPEX_ERR_CONFIG naming the variable. PMI without
-   MPI_LOCALRANKID (srun --mpi=pmi2) takes local ranks from Slurm's variables
-   when they describe the same task. Reentrant. */
+   (OMPI_COMM_WORLD_RANK) > PMI (PMI_RANK) > Flux (FLUX_TASK_RANK,
+   FLUX_JOB_SIZE, FLUX_TASK_LOCAL_ID; no local size: taken as the world's) >
+   Slurm (SLURM_PROCID) > single process. Numbers parse strictly (decimal
+   digits only); rank < world etc. are validated; errors are CAPEX_ERR_CONFIG
+   naming the variable. PMI without MPI_LOCALRANKID (srun --mpi=pmi2, Flux's
+   PMI) takes local ranks from Flux's, else Slurm's variables when they
+   describe the same task. Reentrant. */
 CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *d, capex_dist_env *out);
 CAPEX_API const char *capex_launcher_name(capex_launcher l);
 /* Sets the log rank (capex_log_set_rank) so default warnings print once. */
@@ -8092,6 +8095,7 @@ CAPEX_API const char *capex_launcher_name(capex_launcher l) {
     case CAPEX_LAUNCHER_OPENMPI: return "Open MPI";
     case CAPEX_LAUNCHER_PMI: return "PMI (MPICH/Intel MPI)";
     case CAPEX_LAUNCHER_SLURM: return "Slurm";
+    case CAPEX_LAUNCHER_FLUX: return "Flux";
     }
     return "unknown launcher";
 }
@@ -8184,21 +8188,24 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
         rank_var = "desc.rank"; size_var = "desc.world_size";
     } else {
         /* torchrun before MPI and Slurm: torchrun inside an srun/mpirun step
-           spawns several workers per task and RANK is theirs. */
-        static const char *const names[4][5] = {
+           spawns several workers per task and RANK is theirs. Flux before
+           Slurm: the tasks of a Flux instance started by srun inherit its
+           broker's Slurm variables. Flux has no local size variable (NULL). */
+        static const char *const names[5][5] = {
             {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", NULL},
             {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL},
             {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", NULL},
+            {"FLUX_TASK_RANK", "FLUX_JOB_SIZE", "FLUX_TASK_LOCAL_ID", NULL, NULL},
             {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", NULL}};
-        static const capex_launcher kinds[4] = {CAPEX_LAUNCHER_TORCHRUN, CAPEX_LAUNCHER_OPENMPI, CAPEX_LAUNCHER_PMI,
-                                                CAPEX_LAUNCHER_SLURM};
-        int k, lk; /* lk: whose local variables (PMI under srun: Slurm's) */
-        for (k = 0; k < 4; k++) {
+        static const capex_launcher kinds[5] = {CAPEX_LAUNCHER_TORCHRUN, CAPEX_LAUNCHER_OPENMPI, CAPEX_LAUNCHER_PMI,
+                                                CAPEX_LAUNCHER_FLUX, CAPEX_LAUNCHER_SLURM};
+        int k, lk; /* lk: whose local variables (PMI under srun or Flux: Slurm's or Flux's); 4 is Slurm */
+        for (k = 0; k < 5; k++) {
             if (!e.fn(names[k][0], e.user)) continue;
             rank_var = names[k][0]; size_var = names[k][1];
             if ((res = capex__env_int(&e, names[k][0], &r.rank, &found)) != CAPEX_OK) return res;
             if ((res = capex__env_int(&e, names[k][1], &r.world_size, &found)) != CAPEX_OK) return res;
-            if (!found && k == 3) {
+            if (!found && k == 4) {
                 if ((res = capex__env_int(&e, "SLURM_NPROCS", &r.world_size, &found)) != CAPEX_OK) return res;
                 size_var = "SLURM_NPROCS";
             }
@@ -8207,17 +8214,22 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
                                    names[k][0], names[k][1], capex_launcher_name(kinds[k]));
             lk = k;
             if (k == 2 && !e.fn(names[2][2], e.user) && !e.fn(names[2][3], e.user)) {
-                /* srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE but no local
-                   variables: Slurm's, when they describe this same task */
+                /* srun --mpi=pmi2 and Flux's PMI set PMI_RANK and PMI_SIZE but
+                   no local variables: Flux's or Slurm's, when they describe
+                   this same task */
                 int sp = -1, sn = -1;
                 const char *n = e.fn("SLURM_NTASKS", e.user);
-                if (capex__parse_int(e.fn("SLURM_PROCID", e.user), &sp) &&
-                    capex__parse_int(n ? n : e.fn("SLURM_NPROCS", e.user), &sn) && sp == r.rank && sn == r.world_size)
+                if (capex__parse_int(e.fn("FLUX_TASK_RANK", e.user), &sp) &&
+                    capex__parse_int(e.fn("FLUX_JOB_SIZE", e.user), &sn) && sp == r.rank && sn == r.world_size)
                     lk = 3;
+                else if (capex__parse_int(e.fn("SLURM_PROCID", e.user), &sp) &&
+                         capex__parse_int(n ? n : e.fn("SLURM_NPROCS", e.user), &sn) && sp == r.rank &&
+                         sn == r.world_size)
+                    lk = 4;
             }
             if ((res = capex__env_int(&e, names[lk][2], &r.local_rank, &lr_found)) != CAPEX_OK) return res;
-            s = e.fn(names[lk][3], e.user);
-            if (lk == 3 && s && !capex__parse_int(s, &v)) {
+            s = names[lk][3] ? e.fn(names[lk][3], e.user) : NULL;
+            if (lk == 4 && s && !capex__parse_int(s, &v)) {
                 /* SLURM_NTASKS_PER_NODE may be a list like "2(x3)" or "2,1": only
                    SLURM_TASKS_PER_NODE and SLURM_NODEID (below) can be used */
                 if (!strchr(s, '(') && !strchr(s, ','))
@@ -8225,7 +8237,7 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
                                                          "Slurm list like 2(x3),1", s);
                 s = NULL;
             }
-            if (lk == 3) {
+            if (lk == 4) {
                 /* the layout (SLURM_TASKS_PER_NODE's entry for SLURM_NODEID) wins
                    over SLURM_NTASKS_PER_NODE, only the --ntasks-per-node request:
                    a node may hold fewer (the last of -n 5 at 2 a node) */
@@ -8303,7 +8315,12 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
     else if ((s = e.fn("CAPEX_RUN_ID", e.user)) != NULL) { }
     else if ((s = e.fn("TORCHELASTIC_RUN_ID", e.user)) != NULL) { }
     else if ((s = e.fn("OMPI_MCA_ess_base_jobid", e.user)) != NULL) { }
-    else if ((s = e.fn("SLURM_JOB_ID", e.user)) != NULL) {
+    else if ((s = e.fn("FLUX_JOB_ID", e.user)) != NULL) { /* before Slurm's: Flux may run inside a Slurm job */
+        char buf[128];
+        snprintf(buf, sizeof buf, "flux-%.100s", s);
+        capex__copy_str(r.run_id, sizeof r.run_id, buf);
+        s = NULL;
+    } else if ((s = e.fn("SLURM_JOB_ID", e.user)) != NULL) {
         const char *step = e.fn("SLURM_STEP_ID", e.user);
         char buf[128];
         snprintf(buf, sizeof buf, "slurm-%.60s.%.60s", s, step ? step : "");

@@ -141,6 +141,43 @@ CT_TEST(env_openmpi_pmi_slurm) {
     }
 }
 
+/* Flux (flux-core's job shell, src/shell/task.c): FLUX_TASK_RANK (global),
+   FLUX_JOB_SIZE, FLUX_TASK_LOCAL_ID (index on this node); no local size.
+   Its PMI plugin also sets PMI_RANK/PMI_SIZE (no MPI_LOCALRANKID): PMI wins,
+   and takes the local rank from Flux when Flux's variables are this task's. */
+CT_TEST(env_flux) {
+    kv f[] = {{"FLUX_TASK_RANK", "5"}, {"FLUX_JOB_SIZE", "8"}, {"FLUX_TASK_LOCAL_ID", "1"}, {"FLUX_JOB_NNODES", "2"},
+              {"FLUX_JOB_ID", "1234"}, {NULL, NULL}};
+    kv fp[] = {{"PMI_RANK", "5"}, {"PMI_SIZE", "8"}, {"PMI_FD", "9"}, {"FLUX_TASK_RANK", "5"}, {"FLUX_JOB_SIZE", "8"},
+               {"FLUX_TASK_LOCAL_ID", "1"}, {NULL, NULL}};
+    /* mpiexec (hydra, without local variables) run as one Flux task: Flux's are the mpiexec's */
+    kv hy[] = {{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"FLUX_TASK_RANK", "0"}, {"FLUX_JOB_SIZE", "1"},
+               {"FLUX_TASK_LOCAL_ID", "0"}, {NULL, NULL}};
+    /* a Flux instance started by srun: the job's tasks inherit the broker's Slurm variables */
+    kv fs[] = {{"FLUX_TASK_RANK", "6"}, {"FLUX_JOB_SIZE", "8"}, {"FLUX_TASK_LOCAL_ID", "2"}, {"FLUX_JOB_ID", "77"},
+               {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_JOB_ID", "5"}, {NULL, NULL}};
+    kv half[] = {{"FLUX_TASK_RANK", "1"}, {NULL, NULL}};
+    kv bad[] = {{"FLUX_TASK_RANK", "1"}, {"FLUX_JOB_SIZE", "2"}, {"FLUX_TASK_LOCAL_ID", "x"}, {NULL, NULL}};
+    capex_dist_env e;
+    CT_CHECK(read_env(f, &e) == CAPEX_OK && e.launcher == CAPEX_LAUNCHER_FLUX && e.rank == 5 && e.world_size == 8 &&
+                 e.local_rank == 1 && e.local_world_size == 8 && e.node_rank == -1,
+             "flux: %s %d/%d local %d/%d node %d: %.200s", capex_launcher_name(e.launcher), e.rank, e.world_size,
+             e.local_rank, e.local_world_size, e.node_rank, capex_last_error());
+    CT_CHECK(strcmp(e.run_id, "flux-1234") == 0, "flux run id %s", e.run_id);
+    CT_CHECK(strcmp(capex_launcher_name(CAPEX_LAUNCHER_FLUX), "Flux") == 0, "name");
+    CT_CHECK(read_env(fp, &e) == CAPEX_OK && e.launcher == CAPEX_LAUNCHER_PMI && e.rank == 5 && e.local_rank == 1,
+             "flux with its PMI: %s local %d", capex_launcher_name(e.launcher), e.local_rank);
+    CT_CHECK(read_env(hy, &e) == CAPEX_OK && e.launcher == CAPEX_LAUNCHER_PMI && e.rank == 3 && e.local_rank == 3 &&
+                 e.local_world_size == 4, "another task's Flux variables: local %d/%d", e.local_rank, e.local_world_size);
+    CT_CHECK(read_env(fs, &e) == CAPEX_OK && e.launcher == CAPEX_LAUNCHER_FLUX && e.rank == 6 && e.local_rank == 2,
+             "flux under srun: %s rank %d local %d", capex_launcher_name(e.launcher), e.rank, e.local_rank);
+    CT_CHECK(strcmp(e.run_id, "flux-77") == 0, "the Flux job's id, not the enclosing Slurm job's: %s", e.run_id);
+    CT_CHECK(read_env(half, &e) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "FLUX_JOB_SIZE"), "%.200s",
+             capex_last_error());
+    CT_CHECK(read_env(bad, &e) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "FLUX_TASK_LOCAL_ID"), "%.200s",
+             capex_last_error());
+}
+
 CT_TEST(env_slurm_tasks_per_node_parser) {
     CT_CHECK(capex__slurm_tasks_on_node("2(x3),1", 0) == 2 && capex__slurm_tasks_on_node("2(x3),1", 2) == 2, "rep");
     CT_CHECK(capex__slurm_tasks_on_node("2(x3),1", 3) == 1, "tail");
@@ -1813,6 +1850,7 @@ static const ct_case cases[] = {
     CT_CASE(env_torchrun), CT_CASE(env_rendezvous_port_beside_torchrun_store),
     CT_CASE(env_openmpi_pmi_slurm),
     CT_CASE(env_slurm_tasks_per_node_parser),
+    CT_CASE(env_flux),
     CT_CASE(env_overrides_and_run_id_precedence),
     CT_CASE(env_errors_are_config_and_named),
     CT_CASE(sampler_matches_torch_transcription),
