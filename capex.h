@@ -9713,8 +9713,9 @@ static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, 
    Large allreduce / reduce-scatter / allgatherv use the ring (below).
    Meant for a node or a few, not for large clusters (use MPI or NCCL there).
    Synchronous: buckets reduce when they fill, without overlap. Each message
-   carries an op and a sequence number, so ranks calling collectives in
-   different orders get CAPEX_ERR_COMM instead of garbage. */
+   carries an op, a sequence number, its size and a reduction's dtype and
+   reduce op, so ranks calling collectives in different orders, sizes, dtypes
+   or reduce ops get CAPEX_ERR_COMM instead of garbage. */
 #define CAPEX__TCP_MAGIC 0x43585043u
 enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER = 3, CAPEX__TCP_BARRIER = 4,
        CAPEX__TCP_REDUCE_SCATTER = 5, CAPEX__TCP_ALLGATHERV = 6 };
@@ -9722,6 +9723,7 @@ enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER 
 typedef struct capex__tcp {
     int *fds;      /* rank 0: socket of each peer (fds[0] unused); else fds[0] = rank 0 */
     uint32_t seq;
+    uint32_t tag;  /* the reduction's dtype and op (capex__tcp_tag), 0 for the others: in every header */
     void *tmp;
     size_t tmp_bytes;
     /* Ring (set up by capex_comm_init_tcp; ring = 0 keeps everything on the
@@ -9735,6 +9737,13 @@ static capex_result capex__tcp_io_fail(int e, int peer, const char *what) {
     return capex__fail(CAPEX_ERR_COMM, "TCP comm: %s: rank %d closed the connection (it died or failed)", what, peer);
 }
 
+/* A reduction's dtype and op, so that ranks reducing the same bytes as
+   another type (f32 x4, f16 x8) or with another op (SUM, AVG) fail instead
+   of summing one type's bits as another's or averaging on some ranks only. */
+CAPEX__PRIVATE uint32_t capex__tcp_tag(capex_dtype ty, capex_reduce_op op) {
+    return 1u + (uint32_t)ty + ((uint32_t)op << 8);
+}
+
 static capex_result capex__tcp_send(capex_comm *c, int fd, int peer, uint32_t op, const void *data, size_t bytes, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     unsigned char h[24];
@@ -9742,7 +9751,7 @@ static capex_result capex__tcp_send(capex_comm *c, int fd, int peer, uint32_t op
     capex__put32(h, CAPEX__TCP_MAGIC);
     capex__put32(h + 4, op);
     capex__put32(h + 8, t->seq);
-    capex__put32(h + 12, 0);
+    capex__put32(h + 12, t->tag);
     capex__put64(h + 16, (uint64_t)bytes);
     e = capex__io_all(fd, h, 24, 1, deadline);
     if (e == 0 && bytes) e = capex__io_all(fd, (void *)(uintptr_t)data, bytes, 1, deadline);
@@ -9755,11 +9764,13 @@ static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op
     int e = capex__io_all(fd, h, 24, 0, deadline);
     if (e) return capex__tcp_io_fail(e, peer, "receive");
     if (capex__get32(h) != CAPEX__TCP_MAGIC || capex__get32(h + 4) != op || capex__get32(h + 8) != t->seq ||
-        capex__get64(h + 16) != (uint64_t)bytes)
-        return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u of %llu bytes, expected op %u #%u of %llu "
-                                           "bytes: ranks called collectives in different orders or sizes", peer,
-                           (unsigned)capex__get32(h + 4), (unsigned)capex__get32(h + 8),
-                           (unsigned long long)capex__get64(h + 16), (unsigned)op, (unsigned)t->seq, (unsigned long long)bytes);
+        capex__get32(h + 12) != t->tag || capex__get64(h + 16) != (uint64_t)bytes)
+        return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (dtype/op tag %#x) of %llu bytes, expected "
+                                           "op %u #%u (tag %#x) of %llu bytes: ranks called collectives in different "
+                                           "orders, sizes, dtypes or reduce ops", peer,
+                           (unsigned)capex__get32(h + 4), (unsigned)capex__get32(h + 8), (unsigned)capex__get32(h + 12),
+                           (unsigned long long)capex__get64(h + 16), (unsigned)op, (unsigned)t->seq, (unsigned)t->tag,
+                           (unsigned long long)bytes);
     if (bytes && (e = capex__io_all(fd, data, bytes, 0, deadline)) != 0) return capex__tcp_io_fail(e, peer, "receive");
     return CAPEX_OK;
 }
@@ -9828,7 +9839,7 @@ static capex_result capex__tcp_duplex(capex_comm *c, int fd_out, int peer_out, c
     capex__put32(sh, CAPEX__TCP_MAGIC);
     capex__put32(sh + 4, op);
     capex__put32(sh + 8, t->seq);
-    capex__put32(sh + 12, 0);
+    capex__put32(sh + 12, t->tag);
     capex__put64(sh + 16, (uint64_t)sbytes);
     while (sdone < stot || rdone < rtot) {
         struct pollfd pf[2];
@@ -9864,12 +9875,15 @@ static capex_result capex__tcp_duplex(capex_comm *c, int fd_out, int peer_out, c
             if (g > 0) {
                 rdone += (size_t)g;
                 if (rdone == 24 && (capex__get32(rh) != CAPEX__TCP_MAGIC || capex__get32(rh + 4) != op ||
-                                    capex__get32(rh + 8) != t->seq || capex__get64(rh + 16) != (uint64_t)rbytes))
-                    return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u of %llu bytes on the ring, "
-                                                       "expected op %u #%u of %llu bytes: ranks called collectives in "
-                                                       "different orders or sizes", peer_in, (unsigned)capex__get32(rh + 4),
-                                       (unsigned)capex__get32(rh + 8), (unsigned long long)capex__get64(rh + 16),
-                                       (unsigned)op, (unsigned)t->seq, (unsigned long long)rbytes);
+                                    capex__get32(rh + 8) != t->seq || capex__get32(rh + 12) != t->tag ||
+                                    capex__get64(rh + 16) != (uint64_t)rbytes))
+                    return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (dtype/op tag %#x) of %llu "
+                                                       "bytes on the ring, expected op %u #%u (tag %#x) of %llu bytes: "
+                                                       "ranks called collectives in different orders, sizes, dtypes or "
+                                                       "reduce ops", peer_in, (unsigned)capex__get32(rh + 4),
+                                       (unsigned)capex__get32(rh + 8), (unsigned)capex__get32(rh + 12),
+                                       (unsigned long long)capex__get64(rh + 16), (unsigned)op, (unsigned)t->seq,
+                                       (unsigned)t->tag, (unsigned long long)rbytes);
             }
         }
     }
@@ -10047,6 +10061,7 @@ static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *
     if (capex__size_mul(n, capex__tcp_scratch_elem(ty), &i))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", n);
     t->seq++;
+    t->tag = capex__tcp_tag(ty, op);
     if (t->ring && n * es >= CAPEX__TCP_RING_MIN_BYTES) return capex__tcp_ring_allreduce(c, send, recv, n, ty, op, deadline);
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, send, n * es, deadline)) != CAPEX_OK) return r;
@@ -10072,6 +10087,7 @@ static capex_result capex__tcp_reduce_scatter(capex_comm *c, const void *send, v
     if (capex__size_mul(total, capex__tcp_scratch_elem(ty), &i))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", total);
     t->seq++;
+    t->tag = capex__tcp_tag(ty, op);
     if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES)
         return capex__tcp_ring_reduce_scatter(c, send, recv, counts, ty, op, CAPEX__TCP_REDUCE_SCATTER, deadline);
     if (c->rank != 0) {
@@ -10099,6 +10115,7 @@ static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void 
     int p;
     for (p = 0; p < c->world_size; p++) total += counts[p];
     t->seq++;
+    t->tag = 0;
     if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES) {
         size_t d = capex__ring_displ(counts, c->rank);
         if (counts[c->rank]) memmove((char *)recv + d * es, send, counts[c->rank] * es);
@@ -10125,6 +10142,7 @@ static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, cap
     capex_result r;
     int p;
     t->seq++;
+    t->tag = 0;
     if (c->rank != 0) {
         if (c->rank == root) return capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
@@ -10141,6 +10159,7 @@ static capex_result capex__tcp_allgather(capex_comm *c, const void *send, void *
     capex_result r;
     int p;
     t->seq++;
+    t->tag = 0;
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLGATHER, send, bytes, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLGATHER, recv, all, deadline);
@@ -10159,6 +10178,7 @@ static capex_result capex__tcp_barrier(capex_comm *c, double deadline) {
     capex_result r;
     int p;
     t->seq++;
+    t->tag = 0;
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BARRIER, NULL, 0, deadline);
@@ -10218,6 +10238,7 @@ static capex_result capex__tcp_ring_setup(capex_comm *c, uint64_t nonce, double 
     t->prev_fd = r == 0 ? t->fds[W - 1] : r == 1 ? t->fds[0] : -1;
     if (W == 2) { t->ring = 1; return CAPEX_OK; }
     t->seq++;
+    t->tag = 0;
     if (r >= 2) { /* listen where the star socket's local address is */
         struct sockaddr_storage ss;
         socklen_t sl = (socklen_t)sizeof ss;

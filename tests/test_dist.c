@@ -1631,6 +1631,23 @@ static int tcp_body(int rank, int world, int port, int mode) {
         free(x);
         return line;
     }
+    if (mode >= 14 && mode <= 17) { /* rank 0 reduces another dtype or op of the same byte size as the others */
+        /* 14: f32 x4 against f16 x8 (star); 15: SUM against AVG (star);
+           16: SUM against AVG (ring); 17: int64 against f64 (ring) */
+        size_t n = mode >= 16 ? (size_t)1 << 16 : 4;
+        double *x = (double *)calloc(2 * n, sizeof(double));
+        capex_dtype ty = mode == 17 ? (rank ? CAPEX_F64 : CAPEX_I64) : CAPEX_F32;
+        capex_reduce_op op = (mode == 15 || mode == 16) && rank ? CAPEX_REDUCE_AVG : CAPEX_REDUCE_SUM;
+        size_t cnt = mode == 17 ? 2 * n : mode == 16 ? 4 * n : n;
+        capex_result r;
+        if (mode == 14 && rank) { ty = CAPEX_F16; cnt = 2 * n; }
+        c.timeout_s = 60.0; /* a hang guard only */
+        r = capex_comm_allreduce(&c, x, x, cnt, ty, op);
+        if (r != CAPEX_ERR_COMM) fprintf(stderr, "rank %d (mode %d): %s: %s\n", rank, mode, capex_result_string(r), capex_last_error());
+        capex_comm_destroy(&c);
+        free(x);
+        return r == CAPEX_ERR_COMM ? 0 : __LINE__;
+    }
     if (mode == 8 || mode == 9) { /* the ring (a large allreduce) with rank 1 dead (8) or stalled (9) */
         size_t n = 1 << 18;
         float *x = (float *)calloc(n, sizeof(float));
@@ -1801,6 +1818,21 @@ CT_TEST(tcp_comm_local_failure_on_one_rank_fails_the_others) {
         }
 }
 
+/* Ranks reducing the same number of bytes as different dtypes (f32 x4 and
+   f16 x8, int64 and f64) or with different ops (SUM and AVG) fail with
+   CAPEX_ERR_COMM on every rank, on the star and on the ring, instead of
+   summing one type's bits as another's or dividing on some ranks only. */
+CT_TEST(tcp_comm_dtype_or_op_mismatch_fails) {
+    int mode, world, codes[8], r, i;
+    for (mode = 14; mode <= 17; mode++)
+        for (world = 2; world <= 3; world++) {
+            for (i = 0; i < 8; i++) codes[i] = 0;
+            r = tcp_world(world, mode, codes);
+            CT_CHECK(r == 0, "mode %d world %d: rank 0 line %d: %.300s", mode, world, r, capex_last_error());
+            for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "mode %d world %d: rank %d exit %d", mode, world, i, codes[i]);
+        }
+}
+
 CT_TEST(tcp_comm_refuses_sizes_that_wrap) {
     int codes[8], r = tcp_world(2, 5, codes);
     CT_CHECK(r == 0, "rank 0 failed at line %d: %.300s", r, capex_last_error());
@@ -1890,6 +1922,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_ring_dead_and_stalled_peers),
     CT_CASE(tcp_comm_refuses_sizes_that_wrap),
     CT_CASE(tcp_comm_local_failure_on_one_rank_fails_the_others),
+    CT_CASE(tcp_comm_dtype_or_op_mismatch_fails),
     CT_CASE(torchrun_style_launch_auto_comm),
 };
 CT_MAIN(cases)
