@@ -1525,8 +1525,26 @@ static int tcp_body(int rank, int world, int port, int mode) {
     strcpy(env.master_addr, "127.0.0.1");
     env.master_port = port;
     strcpy(env.run_id, "tcp-test");
+    if (mode == 18) strcpy(env.master_addr, "::1"); /* IPv6 loopback: the star and the ring's links */
     if (capex_comm_init_tcp(&c, &env, 5.0) != CAPEX_OK) return __LINE__;
     c.timeout_s = 5.0;
+    if (mode == 18) {
+        size_t n = (size_t)1 << 17, k;
+        float *x = (float *)malloc(n * sizeof(float));
+        int line = 0;
+        if (!x) return __LINE__;
+        c.timeout_s = 60.0; /* a hang guard only */
+        for (k = 0; k < n; k++) x[k] = (float)(rank + 1) * (float)(k % 7);
+        if (capex_comm_allreduce(&c, x, x, 5, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) line = __LINE__; /* star */
+        else if (x[3] != (float)(world * (world + 1) / 2 * 3)) line = __LINE__;
+        for (k = 0; !line && k < n; k++) x[k] = (float)(rank + 1) * (float)(k % 7);
+        if (!line && capex_comm_allreduce(&c, x, x, n, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) line = __LINE__; /* ring */
+        for (k = 0; !line && k < n; k++) if (x[k] != (float)(world * (world + 1) / 2) * (float)(k % 7)) line = __LINE__;
+        if (line) fprintf(stderr, "rank %d over ::1: line %d: %s\n", rank, line, capex_last_error());
+        free(x);
+        capex_comm_destroy(&c);
+        return line;
+    }
     if (mode == 1) { /* failure modes: rank 1 dies, stalls or goes out of order */
         capex_result r;
         if (rank == 1) { capex_comm_destroy(&c); return 0; }         /* dies (closes its socket) */
@@ -1833,6 +1851,26 @@ CT_TEST(tcp_comm_dtype_or_op_mismatch_fails) {
         }
 }
 
+/* MASTER_ADDR "::1": the rendezvous, the star and the ring's links (ranks
+   2.. listen where their IPv6 star socket is) carry a star and a ring
+   allreduce in worlds 2 and 3. Skipped where ::1 cannot be bound. */
+CT_TEST(tcp_comm_over_ipv6_loopback) {
+    struct sockaddr_in6 a;
+    int s6 = socket(AF_INET6, SOCK_STREAM, 0), ok, world, codes[8], r, i;
+    memset(&a, 0, sizeof a);
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    ok = s6 >= 0 && bind(s6, (struct sockaddr *)&a, sizeof a) == 0;
+    if (s6 >= 0) close(s6);
+    if (!ok) CT_SKIP("no IPv6 loopback here");
+    for (world = 2; world <= 3; world++) {
+        for (i = 0; i < 8; i++) codes[i] = 0;
+        r = tcp_world(world, 18, codes);
+        CT_CHECK(r == 0, "world %d: rank 0 line %d: %.300s", world, r, capex_last_error());
+        for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "world %d: rank %d exit %d", world, i, codes[i]);
+    }
+}
+
 CT_TEST(tcp_comm_refuses_sizes_that_wrap) {
     int codes[8], r = tcp_world(2, 5, codes);
     CT_CHECK(r == 0, "rank 0 failed at line %d: %.300s", r, capex_last_error());
@@ -1923,6 +1961,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_comm_refuses_sizes_that_wrap),
     CT_CASE(tcp_comm_local_failure_on_one_rank_fails_the_others),
     CT_CASE(tcp_comm_dtype_or_op_mismatch_fails),
+    CT_CASE(tcp_comm_over_ipv6_loopback),
     CT_CASE(torchrun_style_launch_auto_comm),
 };
 CT_MAIN(cases)
