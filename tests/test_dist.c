@@ -21,6 +21,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/resource.h>
+#include <sys/time.h>
+#include <signal.h>
 
 /* ---------------------------------------------------------------- env -- */
 
@@ -1512,6 +1514,7 @@ CT_TEST(rendezvous_peer_against_busy_or_fake_rank0) {
 static void *tcp_no_alloc(size_t size, void *user) { (void)size; (void)user; return NULL; }
 static void tcp_no_free(void *p, void *user) { (void)p; (void)user; }
 static int tcp_local_fail_pipe[2] = {-1, -1};
+static void tcp_kill_self(int sig) { (void)sig; kill(getpid(), SIGKILL); }
 
 /* The body run by every rank of a TCP world; returns 0 or a failing line. */
 static int tcp_body(int rank, int world, int port, int mode) {
@@ -1648,6 +1651,25 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_comm_destroy(&c);
         free(x);
         return line;
+    }
+    if (mode == 19) { /* rank 1 is SIGKILLed at a moment of its own (mostly mid-ring): the others get CAPEX_ERR_COMM */
+        size_t n = (size_t)1 << 17;
+        float *x = (float *)calloc(n, sizeof(float));
+        capex_result r = CAPEX_OK;
+        int it;
+        c.timeout_s = 60.0; /* a hang guard only */
+        if (rank == 1) {
+            struct itimerval tv;
+            memset(&tv, 0, sizeof tv);
+            tv.it_value.tv_usec = 50000;
+            signal(SIGALRM, tcp_kill_self);
+            setitimer(ITIMER_REAL, &tv, NULL);
+        }
+        for (it = 0; it < 1000000 && r == CAPEX_OK; it++) r = capex_comm_allreduce(&c, x, x, n, CAPEX_F32, CAPEX_REDUCE_SUM);
+        if (r != CAPEX_ERR_COMM) fprintf(stderr, "rank %d (mode 19), call %d: %s\n", rank, it, capex_last_error());
+        capex_comm_destroy(&c);
+        free(x);
+        return r == CAPEX_ERR_COMM ? 0 : __LINE__;
     }
     if (mode >= 14 && mode <= 17) { /* rank 0 reduces another dtype or op of the same byte size as the others */
         /* 14: f32 x4 against f16 x8 (star); 15: SUM against AVG (star);
@@ -1871,6 +1893,15 @@ CT_TEST(tcp_comm_over_ipv6_loopback) {
     }
 }
 
+/* kill -9 of a rank during a stream of ring allreduces (its timer fires
+   after 50 ms; where it lands does not matter): every other rank returns
+   CAPEX_ERR_COMM, none waits out its 60 s hang guard. */
+CT_TEST(tcp_comm_rank_killed_mid_collective) {
+    int codes[8] = {0}, r = tcp_world(3, 19, codes);
+    CT_CHECK(r == 0 && codes[2] == 0, "rank 0 line %d, rank 2 exit %d: %.300s", r, codes[2], capex_last_error());
+    CT_CHECK(codes[1] == 100, "rank 1 was killed (exit %d)", codes[1]);
+}
+
 CT_TEST(tcp_comm_refuses_sizes_that_wrap) {
     int codes[8], r = tcp_world(2, 5, codes);
     CT_CHECK(r == 0, "rank 0 failed at line %d: %.300s", r, capex_last_error());
@@ -1962,6 +1993,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_comm_local_failure_on_one_rank_fails_the_others),
     CT_CASE(tcp_comm_dtype_or_op_mismatch_fails),
     CT_CASE(tcp_comm_over_ipv6_loopback),
+    CT_CASE(tcp_comm_rank_killed_mid_collective),
     CT_CASE(torchrun_style_launch_auto_comm),
 };
 CT_MAIN(cases)
