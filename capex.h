@@ -1526,8 +1526,9 @@ CAPEX_API capex_result capex_comm_init_auto(capex_comm *c, const capex_dist_env 
    marking. send == recv (in place) is allowed. AVG = sum, then / world.
    No elements (count 0, or counts summing to 0) is still a collective on a
    multi-rank host comm (a barrier): every rank must make the call. So is a
-   call refused with CAPEX_ERR_INVALID_ARG: ranks refusing alike keep the
-   comm, peers that made the call fail at once (TCP: CAPEX_ERR_COMM). A rank
+   call refused with CAPEX_ERR_INVALID_ARG, or failing before any traffic
+   with CAPEX_ERR_OUT_OF_MEMORY or CAPEX_ERR_LIMIT: ranks refusing alike keep
+   the comm, peers that made the call fail at once (CAPEX_ERR_COMM). A rank
    failing alone mid-call (TCP: no memory for its scratch) returns its status,
    fails the comm and its peers (CAPEX_ERR_COMM) at once. */
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count,
@@ -8491,16 +8492,21 @@ CAPEX__PRIVATE capex_result capex__comm_empty(capex_comm *c) {
     return capex__comm_after(c, c->vt->barrier(c, capex__deadline(c)));
 }
 
-/* A call this rank refuses (CAPEX_ERR_INVALID_ARG: its arguments, or a size
-   the backend refuses before any traffic) is still a collective on a
-   multi-rank host comm: a barrier stands in for it, as for no elements, so
-   that peers making the real call fail at once (TCP: op mismatch) instead of
-   waiting out their deadline, and this rank's next call cannot pair with
-   their pending one. Ranks that all refuse alike meet in the barrier and the
-   comm stays usable. Keeps r and its message. */
+/* A call this rank refuses or cannot start (CAPEX_ERR_INVALID_ARG: its
+   arguments, or a size the backend refuses; CAPEX_ERR_OUT_OF_MEMORY or
+   CAPEX_ERR_LIMIT before any traffic: the fallbacks' scratch, MPI's staging
+   and int counts) is still a collective on a multi-rank host comm: a barrier
+   stands in for it, as for no elements, so that peers making the real call
+   fail at once (TCP: op mismatch; MPI: the arrival check) instead of waiting
+   out their deadline, and this rank's next call cannot pair with their
+   pending one. Ranks that all refuse alike meet in the barrier and the comm
+   stays usable. A failure after traffic began has failed the comm (TCP:
+   capex__tcp_local_fail) and is left alone. Keeps r and its message. */
 CAPEX__PRIVATE capex_result capex__comm_refused(capex_comm *c, capex_result r) {
     char why[sizeof capex__error_message];
-    if (r != CAPEX_ERR_INVALID_ARG || !c || !c->vt || c->failed || c->world_size <= 1 || c->device_buffers) return r;
+    if ((r != CAPEX_ERR_INVALID_ARG && r != CAPEX_ERR_OUT_OF_MEMORY && r != CAPEX_ERR_LIMIT) || !c || !c->vt || c->failed ||
+        c->world_size <= 1 || c->device_buffers)
+        return r;
     memcpy(why, capex__error_message, sizeof why);
     (void)capex__comm_empty(c);
     return capex__fail(r, "%s", why);

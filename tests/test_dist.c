@@ -1621,18 +1621,30 @@ static int tcp_body(int rank, int world, int port, int mode) {
         if (rank == 0 && r2 == CAPEX_OK) fprintf(stderr, "rank 0: b[0] = %g (its 100 plus rank 1's first call)\n", (double)b[0]);
         return r1 == CAPEX_ERR_COMM && r2 == CAPEX_ERR_COMM ? 0 : __LINE__;
     }
-    if (mode >= 11 && mode <= 13) { /* a local failure on one rank mid-collective: the others learn at once */
+    if ((mode >= 11 && mode <= 13) || mode == 20) { /* a local failure on one rank mid-collective: the others learn at once */
         /* 11: rank 1 out of memory for the ring's scratch (large allreduce);
            12: rank 0 out of memory for the star's scratch (small allreduce);
-           13: rank 1 passes a NULL buffer the others do not */
+           13: rank 1 passes a NULL buffer the others do not;
+           20: rank 1 out of memory for the front-end's reduce-scatter
+               fallback scratch (a backend without the entry), before any traffic */
         static const capex_allocator no_mem = {tcp_no_alloc, tcp_no_free, NULL};
-        size_t n = mode == 11 ? (size_t)1 << 18 : 5;
+        static capex_comm_vtable plain;
+        const capex_comm_vtable *orig = c.vt;
+        size_t n = mode == 11 ? (size_t)1 << 18 : 6, counts[3] = {2, 2, 2};
         float *x = (float *)calloc(n, sizeof(float)), *y = rank == 1 && mode == 13 ? NULL : x;
         int bad = rank == (mode == 12 ? 0 : 1), line = 0;
         capex_result r, want = mode == 13 ? CAPEX_ERR_INVALID_ARG : CAPEX_ERR_OUT_OF_MEMORY;
         c.timeout_s = 60.0; /* a hang guard only: the peers must not need it */
         if (bad && mode != 13) c.allocator = &no_mem;
-        r = capex_comm_allreduce(&c, x, y, n, CAPEX_F32, CAPEX_REDUCE_SUM);
+        if (mode == 20) {
+            plain = *c.vt;
+            plain.reduce_scatter = NULL;
+            c.vt = &plain;
+            counts[0] = n - 2 * (size_t)(world - 1);
+            r = capex_comm_reduce_scatter(&c, x, x, counts, CAPEX_F32, CAPEX_REDUCE_SUM);
+        } else {
+            r = capex_comm_allreduce(&c, x, y, n, CAPEX_F32, CAPEX_REDUCE_SUM);
+        }
         if (r != (bad ? want : CAPEX_ERR_COMM)) {
             fprintf(stderr, "rank %d (mode %d): %s\n", rank, mode, capex_last_error());
             line = __LINE__;
@@ -1648,6 +1660,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
         close(tcp_local_fail_pipe[1]);
         if (bad) { char ch; while (read(tcp_local_fail_pipe[0], &ch, 1) > 0) {} }
         c.allocator = NULL;
+        c.vt = orig; /* destroy through the backend's own entries */
         capex_comm_destroy(&c);
         free(x);
         return line;
@@ -1846,9 +1859,10 @@ CT_TEST(tcp_ring_dead_and_stalled_peers) {
    deadline: they get CAPEX_ERR_COMM at once (60 s timeouts are hang guards),
    the failing rank its own status, and every later call fails on all ranks. */
 CT_TEST(tcp_comm_local_failure_on_one_rank_fails_the_others) {
-    int mode, world, codes[8], r, i;
-    for (mode = 11; mode <= 13; mode++)
-        for (world = 2; world <= 3; world++) {
+    static const int modes[4] = {11, 12, 13, 20};
+    int m, mode, world, codes[8], r, i;
+    for (m = 0; m < 4; m++)
+        for (mode = modes[m], world = 2; world <= 3; world++) {
             for (i = 0; i < 8; i++) codes[i] = 0;
             CT_CHECK(pipe(tcp_local_fail_pipe) == 0, "pipe");
             r = tcp_world(world, mode, codes);
