@@ -1346,7 +1346,8 @@ typedef enum capex_launcher {
     CAPEX_LAUNCHER_TORCHRUN = 2, /* RANK, WORLD_SIZE, LOCAL_RANK, ...          */
     CAPEX_LAUNCHER_OPENMPI = 3,  /* OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_*     */
     CAPEX_LAUNCHER_PMI = 4,      /* MPICH / Intel MPI: PMI_RANK, PMI_SIZE      */
-    CAPEX_LAUNCHER_SLURM = 5     /* srun: SLURM_PROCID, SLURM_NTASKS, ...      */
+    CAPEX_LAUNCHER_SLURM = 5,    /* srun: SLURM_PROCID, SLURM_NTASKS, ...      */
+    CAPEX_LAUNCHER_FLUX = 6      /* flux run: FLUX_TASK_RANK, FLUX_JOB_SIZE, ... */
 } capex_launcher;
 
 /* getenv-like lookup: return the value or NULL. Injectable for tests. */
@@ -1384,11 +1385,13 @@ typedef struct capex_dist_env {
 CAPEX_API void capex_dist_env_desc_init(capex_dist_env_desc *d);
 /* Reads the launcher's variables (d may be NULL: defaults). Precedence, first
    match wins: explicit desc fields > torchrun (RANK) > Open MPI
-   (OMPI_COMM_WORLD_RANK) > PMI (PMI_RANK) > Slurm (SLURM_PROCID) > single
-   process. Numbers parse strictly (decimal digits only); rank < world etc. are
-   validated; errors are CAPEX_ERR_CONFIG naming the variable. PMI without
-   MPI_LOCALRANKID (srun --mpi=pmi2) takes local ranks from Slurm's variables
-   when they describe the same task. Reentrant. */
+   (OMPI_COMM_WORLD_RANK) > PMI (PMI_RANK) > Flux (FLUX_TASK_RANK,
+   FLUX_JOB_SIZE, FLUX_TASK_LOCAL_ID; no local size: taken as the world's) >
+   Slurm (SLURM_PROCID) > single process. Numbers parse strictly (decimal
+   digits only); rank < world etc. are validated; errors are CAPEX_ERR_CONFIG
+   naming the variable. PMI without MPI_LOCALRANKID (srun --mpi=pmi2, Flux's
+   PMI) takes local ranks from Flux's, else Slurm's variables when they
+   describe the same task. Reentrant. */
 CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *d, capex_dist_env *out);
 CAPEX_API const char *capex_launcher_name(capex_launcher l);
 /* Sets the log rank (capex_log_set_rank) so default warnings print once. */
@@ -1522,7 +1525,12 @@ CAPEX_API capex_result capex_comm_init_auto(capex_comm *c, const capex_dist_env 
 /* Checked front-ends: argument checks, deadline = now + timeout_s, failure
    marking. send == recv (in place) is allowed. AVG = sum, then / world.
    No elements (count 0, or counts summing to 0) is still a collective on a
-   multi-rank host comm (a barrier): every rank must make the call. */
+   multi-rank host comm (a barrier): every rank must make the call. So is a
+   call refused with CAPEX_ERR_INVALID_ARG, or failing before any traffic
+   with CAPEX_ERR_OUT_OF_MEMORY or CAPEX_ERR_LIMIT: ranks refusing alike keep
+   the comm, peers that made the call fail at once (CAPEX_ERR_COMM). A rank
+   failing alone mid-call (TCP: no memory for its scratch) returns its status,
+   fails the comm and its peers (CAPEX_ERR_COMM) at once. */
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count,
                                             capex_dtype t, capex_reduce_op op);
 CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root);
@@ -8097,6 +8105,7 @@ CAPEX_API const char *capex_launcher_name(capex_launcher l) {
     case CAPEX_LAUNCHER_OPENMPI: return "Open MPI";
     case CAPEX_LAUNCHER_PMI: return "PMI (MPICH/Intel MPI)";
     case CAPEX_LAUNCHER_SLURM: return "Slurm";
+    case CAPEX_LAUNCHER_FLUX: return "Flux";
     }
     return "unknown launcher";
 }
@@ -8189,21 +8198,24 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
         rank_var = "desc.rank"; size_var = "desc.world_size";
     } else {
         /* torchrun before MPI and Slurm: torchrun inside an srun/mpirun step
-           spawns several workers per task and RANK is theirs. */
-        static const char *const names[4][5] = {
+           spawns several workers per task and RANK is theirs. Flux before
+           Slurm: the tasks of a Flux instance started by srun inherit its
+           broker's Slurm variables. Flux has no local size variable (NULL). */
+        static const char *const names[5][5] = {
             {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", NULL},
             {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL},
             {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", NULL},
+            {"FLUX_TASK_RANK", "FLUX_JOB_SIZE", "FLUX_TASK_LOCAL_ID", NULL, NULL},
             {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", NULL}};
-        static const capex_launcher kinds[4] = {CAPEX_LAUNCHER_TORCHRUN, CAPEX_LAUNCHER_OPENMPI, CAPEX_LAUNCHER_PMI,
-                                                CAPEX_LAUNCHER_SLURM};
-        int k, lk; /* lk: whose local variables (PMI under srun: Slurm's) */
-        for (k = 0; k < 4; k++) {
+        static const capex_launcher kinds[5] = {CAPEX_LAUNCHER_TORCHRUN, CAPEX_LAUNCHER_OPENMPI, CAPEX_LAUNCHER_PMI,
+                                                CAPEX_LAUNCHER_FLUX, CAPEX_LAUNCHER_SLURM};
+        int k, lk; /* lk: whose local variables (PMI under srun or Flux: Slurm's or Flux's); 4 is Slurm */
+        for (k = 0; k < 5; k++) {
             if (!e.fn(names[k][0], e.user)) continue;
             rank_var = names[k][0]; size_var = names[k][1];
             if ((res = capex__env_int(&e, names[k][0], &r.rank, &found)) != CAPEX_OK) return res;
             if ((res = capex__env_int(&e, names[k][1], &r.world_size, &found)) != CAPEX_OK) return res;
-            if (!found && k == 3) {
+            if (!found && k == 4) {
                 if ((res = capex__env_int(&e, "SLURM_NPROCS", &r.world_size, &found)) != CAPEX_OK) return res;
                 size_var = "SLURM_NPROCS";
             }
@@ -8212,17 +8224,22 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
                                    names[k][0], names[k][1], capex_launcher_name(kinds[k]));
             lk = k;
             if (k == 2 && !e.fn(names[2][2], e.user) && !e.fn(names[2][3], e.user)) {
-                /* srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE but no local
-                   variables: Slurm's, when they describe this same task */
+                /* srun --mpi=pmi2 and Flux's PMI set PMI_RANK and PMI_SIZE but
+                   no local variables: Flux's or Slurm's, when they describe
+                   this same task */
                 int sp = -1, sn = -1;
                 const char *n = e.fn("SLURM_NTASKS", e.user);
-                if (capex__parse_int(e.fn("SLURM_PROCID", e.user), &sp) &&
-                    capex__parse_int(n ? n : e.fn("SLURM_NPROCS", e.user), &sn) && sp == r.rank && sn == r.world_size)
+                if (capex__parse_int(e.fn("FLUX_TASK_RANK", e.user), &sp) &&
+                    capex__parse_int(e.fn("FLUX_JOB_SIZE", e.user), &sn) && sp == r.rank && sn == r.world_size)
                     lk = 3;
+                else if (capex__parse_int(e.fn("SLURM_PROCID", e.user), &sp) &&
+                         capex__parse_int(n ? n : e.fn("SLURM_NPROCS", e.user), &sn) && sp == r.rank &&
+                         sn == r.world_size)
+                    lk = 4;
             }
             if ((res = capex__env_int(&e, names[lk][2], &r.local_rank, &lr_found)) != CAPEX_OK) return res;
-            s = e.fn(names[lk][3], e.user);
-            if (lk == 3 && s && !capex__parse_int(s, &v)) {
+            s = names[lk][3] ? e.fn(names[lk][3], e.user) : NULL;
+            if (lk == 4 && s && !capex__parse_int(s, &v)) {
                 /* SLURM_NTASKS_PER_NODE may be a list like "2(x3)" or "2,1": only
                    SLURM_TASKS_PER_NODE and SLURM_NODEID (below) can be used */
                 if (!strchr(s, '(') && !strchr(s, ','))
@@ -8230,7 +8247,7 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
                                                          "Slurm list like 2(x3),1", s);
                 s = NULL;
             }
-            if (lk == 3) {
+            if (lk == 4) {
                 /* the layout (SLURM_TASKS_PER_NODE's entry for SLURM_NODEID) wins
                    over SLURM_NTASKS_PER_NODE, only the --ntasks-per-node request:
                    a node may hold fewer (the last of -n 5 at 2 a node) */
@@ -8308,7 +8325,12 @@ CAPEX_API capex_result capex_dist_env_read(const capex_dist_env_desc *desc, cape
     else if ((s = e.fn("CAPEX_RUN_ID", e.user)) != NULL) { }
     else if ((s = e.fn("TORCHELASTIC_RUN_ID", e.user)) != NULL) { }
     else if ((s = e.fn("OMPI_MCA_ess_base_jobid", e.user)) != NULL) { }
-    else if ((s = e.fn("SLURM_JOB_ID", e.user)) != NULL) {
+    else if ((s = e.fn("FLUX_JOB_ID", e.user)) != NULL) { /* before Slurm's: Flux may run inside a Slurm job */
+        char buf[128];
+        snprintf(buf, sizeof buf, "flux-%.100s", s);
+        capex__copy_str(r.run_id, sizeof r.run_id, buf);
+        s = NULL;
+    } else if ((s = e.fn("SLURM_JOB_ID", e.user)) != NULL) {
         const char *step = e.fn("SLURM_STEP_ID", e.user);
         char buf[128];
         snprintf(buf, sizeof buf, "slurm-%.60s.%.60s", s, step ? step : "");
@@ -8479,8 +8501,28 @@ CAPEX__PRIVATE capex_result capex__comm_empty(capex_comm *c) {
     return capex__comm_after(c, c->vt->barrier(c, capex__deadline(c)));
 }
 
-CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
-                                            capex_reduce_op op) {
+/* A call this rank refuses or cannot start (CAPEX_ERR_INVALID_ARG: its
+   arguments, or a size the backend refuses; CAPEX_ERR_OUT_OF_MEMORY or
+   CAPEX_ERR_LIMIT before any traffic: the fallbacks' scratch, MPI's staging
+   and int counts) is still a collective on a multi-rank host comm: a barrier
+   stands in for it, as for no elements, so that peers making the real call
+   fail at once (TCP: op mismatch; MPI: the arrival check) instead of waiting
+   out their deadline, and this rank's next call cannot pair with their
+   pending one. Ranks that all refuse alike meet in the barrier and the comm
+   stays usable. A failure after traffic began has failed the comm (TCP:
+   capex__tcp_local_fail) and is left alone. Keeps r and its message. */
+CAPEX__PRIVATE capex_result capex__comm_refused(capex_comm *c, capex_result r) {
+    char why[sizeof capex__error_message];
+    if ((r != CAPEX_ERR_INVALID_ARG && r != CAPEX_ERR_OUT_OF_MEMORY && r != CAPEX_ERR_LIMIT) || !c || !c->vt || c->failed ||
+        c->world_size <= 1 || c->device_buffers)
+        return r;
+    memcpy(why, capex__error_message, sizeof why);
+    (void)capex__comm_empty(c);
+    return capex__fail(r, "%s", why);
+}
+
+CAPEX__PRIVATE capex_result capex__comm_allreduce_checked(capex_comm *c, const void *send, void *recv, size_t count,
+                                                          capex_dtype t, capex_reduce_op op) {
     capex_result r = capex__comm_check(c, "capex_comm_allreduce");
     if (r) return r;
     if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allreduce: invalid dtype %d", (int)t);
@@ -8494,7 +8536,12 @@ CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, voi
     return capex__comm_after(c, c->vt->allreduce(c, send, recv, count, t, op, capex__deadline(c)));
 }
 
-CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root) {
+CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
+                                            capex_reduce_op op) {
+    return capex__comm_refused(c, capex__comm_allreduce_checked(c, send, recv, count, t, op));
+}
+
+CAPEX__PRIVATE capex_result capex__comm_broadcast_checked(capex_comm *c, void *buf, size_t count, capex_dtype t, int root) {
     capex_result r = capex__comm_check(c, "capex_comm_broadcast");
     if (r) return r;
     if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_broadcast: invalid dtype %d", (int)t);
@@ -8506,8 +8553,12 @@ CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t cou
     return capex__comm_after(c, c->vt->broadcast(c, buf, count, t, root, capex__deadline(c)));
 }
 
-CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, void *recv, size_t count_per_rank,
-                                            capex_dtype t) {
+CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root) {
+    return capex__comm_refused(c, capex__comm_broadcast_checked(c, buf, count, t, root));
+}
+
+CAPEX__PRIVATE capex_result capex__comm_allgather_checked(capex_comm *c, const void *send, void *recv,
+                                                          size_t count_per_rank, capex_dtype t) {
     capex_result r = capex__comm_check(c, "capex_comm_allgather");
     if (r) return r;
     if (!capex__comm_dtype_ok(t)) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_allgather: invalid dtype %d", (int)t);
@@ -8515,6 +8566,11 @@ CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, voi
     if (!count_per_rank) return capex__comm_empty(c);
     if ((r = capex__comm_size_check("capex_comm_allgather", count_per_rank, t, (size_t)c->world_size)) != CAPEX_OK) return r;
     return capex__comm_after(c, c->vt->allgather(c, send, recv, count_per_rank, t, capex__deadline(c)));
+}
+
+CAPEX_API capex_result capex_comm_allgather(capex_comm *c, const void *send, void *recv, size_t count_per_rank,
+                                            capex_dtype t) {
+    return capex__comm_refused(c, capex__comm_allgather_checked(c, send, recv, count_per_rank, t));
 }
 
 CAPEX_API capex_result capex_comm_barrier(capex_comm *c) {
@@ -8582,8 +8638,8 @@ CAPEX__PRIVATE capex_result capex__comm_allgatherv_fallback(capex_comm *c, const
     return r;
 }
 
-CAPEX_API capex_result capex_comm_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
-                                                 capex_dtype t, capex_reduce_op op) {
+CAPEX__PRIVATE capex_result capex__comm_reduce_scatter_checked(capex_comm *c, const void *send, void *recv,
+                                                               const size_t *counts, capex_dtype t, capex_reduce_op op) {
     const char *fn = "capex_comm_reduce_scatter";
     size_t total = 0, displ = 0;
     double deadline;
@@ -8605,8 +8661,13 @@ CAPEX_API capex_result capex_comm_reduce_scatter(capex_comm *c, const void *send
     return capex__comm_after(c, c->vt->reduce_scatter(c, send, recv, counts, t, op, deadline));
 }
 
-CAPEX_API capex_result capex_comm_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts,
-                                             capex_dtype t) {
+CAPEX_API capex_result capex_comm_reduce_scatter(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                                 capex_dtype t, capex_reduce_op op) {
+    return capex__comm_refused(c, capex__comm_reduce_scatter_checked(c, send, recv, counts, t, op));
+}
+
+CAPEX__PRIVATE capex_result capex__comm_allgatherv_checked(capex_comm *c, const void *send, void *recv,
+                                                           const size_t *counts, capex_dtype t) {
     const char *fn = "capex_comm_allgatherv";
     size_t total = 0, displ = 0;
     double deadline;
@@ -8621,6 +8682,11 @@ CAPEX_API capex_result capex_comm_allgatherv(capex_comm *c, const void *send, vo
     deadline = capex__deadline(c);
     if (!c->vt->allgatherv) return capex__comm_after(c, capex__comm_allgatherv_fallback(c, send, recv, counts, t, deadline));
     return capex__comm_after(c, c->vt->allgatherv(c, send, recv, counts, t, deadline));
+}
+
+CAPEX_API capex_result capex_comm_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts,
+                                             capex_dtype t) {
+    return capex__comm_refused(c, capex__comm_allgatherv_checked(c, send, recv, counts, t));
 }
 
 CAPEX_API void capex_comm_destroy(capex_comm *c) {
@@ -9662,8 +9728,9 @@ static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, 
    Large allreduce / reduce-scatter / allgatherv use the ring (below).
    Meant for a node or a few, not for large clusters (use MPI or NCCL there).
    Synchronous: buckets reduce when they fill, without overlap. Each message
-   carries an op and a sequence number, so ranks calling collectives in
-   different orders get CAPEX_ERR_COMM instead of garbage. */
+   carries an op, a sequence number, its size and a reduction's dtype and
+   reduce op, so ranks calling collectives in different orders, sizes, dtypes
+   or reduce ops get CAPEX_ERR_COMM instead of garbage. */
 #define CAPEX__TCP_MAGIC 0x43585043u
 enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER = 3, CAPEX__TCP_BARRIER = 4,
        CAPEX__TCP_REDUCE_SCATTER = 5, CAPEX__TCP_ALLGATHERV = 6 };
@@ -9671,6 +9738,7 @@ enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER 
 typedef struct capex__tcp {
     int *fds;      /* rank 0: socket of each peer (fds[0] unused); else fds[0] = rank 0 */
     uint32_t seq;
+    uint32_t tag;  /* the reduction's dtype and op (capex__tcp_tag), 0 for the others: in every header */
     void *tmp;
     size_t tmp_bytes;
     /* Ring (set up by capex_comm_init_tcp; ring = 0 keeps everything on the
@@ -9684,6 +9752,13 @@ static capex_result capex__tcp_io_fail(int e, int peer, const char *what) {
     return capex__fail(CAPEX_ERR_COMM, "TCP comm: %s: rank %d closed the connection (it died or failed)", what, peer);
 }
 
+/* A reduction's dtype and op, so that ranks reducing the same bytes as
+   another type (f32 x4, f16 x8) or with another op (SUM, AVG) fail instead
+   of summing one type's bits as another's or averaging on some ranks only. */
+CAPEX__PRIVATE uint32_t capex__tcp_tag(capex_dtype ty, capex_reduce_op op) {
+    return 1u + (uint32_t)ty + ((uint32_t)op << 8);
+}
+
 static capex_result capex__tcp_send(capex_comm *c, int fd, int peer, uint32_t op, const void *data, size_t bytes, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     unsigned char h[24];
@@ -9691,7 +9766,7 @@ static capex_result capex__tcp_send(capex_comm *c, int fd, int peer, uint32_t op
     capex__put32(h, CAPEX__TCP_MAGIC);
     capex__put32(h + 4, op);
     capex__put32(h + 8, t->seq);
-    capex__put32(h + 12, 0);
+    capex__put32(h + 12, t->tag);
     capex__put64(h + 16, (uint64_t)bytes);
     e = capex__io_all(fd, h, 24, 1, deadline);
     if (e == 0 && bytes) e = capex__io_all(fd, (void *)(uintptr_t)data, bytes, 1, deadline);
@@ -9704,13 +9779,26 @@ static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op
     int e = capex__io_all(fd, h, 24, 0, deadline);
     if (e) return capex__tcp_io_fail(e, peer, "receive");
     if (capex__get32(h) != CAPEX__TCP_MAGIC || capex__get32(h + 4) != op || capex__get32(h + 8) != t->seq ||
-        capex__get64(h + 16) != (uint64_t)bytes)
-        return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u of %llu bytes, expected op %u #%u of %llu "
-                                           "bytes: ranks called collectives in different orders or sizes", peer,
-                           (unsigned)capex__get32(h + 4), (unsigned)capex__get32(h + 8),
-                           (unsigned long long)capex__get64(h + 16), (unsigned)op, (unsigned)t->seq, (unsigned long long)bytes);
+        capex__get32(h + 12) != t->tag || capex__get64(h + 16) != (uint64_t)bytes)
+        return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (dtype/op tag %#x) of %llu bytes, expected "
+                                           "op %u #%u (tag %#x) of %llu bytes: ranks called collectives in different "
+                                           "orders, sizes, dtypes or reduce ops", peer,
+                           (unsigned)capex__get32(h + 4), (unsigned)capex__get32(h + 8), (unsigned)capex__get32(h + 12),
+                           (unsigned long long)capex__get64(h + 16), (unsigned)op, (unsigned)t->seq, (unsigned)t->tag,
+                           (unsigned long long)bytes);
     if (bytes && (e = capex__io_all(fd, data, bytes, 0, deadline)) != 0) return capex__tcp_io_fail(e, peer, "receive");
     return CAPEX_OK;
+}
+
+static void capex__tcp_abort(capex_comm *c);
+/* A failure of this rank alone after its sequence number moved on (no
+   memory for the scratch): its peers are already in the collective, waiting
+   on it. Shut the sockets down so they fail at once (CAPEX_ERR_COMM) instead
+   of at their deadline, and mark the comm failed: this rank is out of step. */
+static capex_result capex__tcp_local_fail(capex_comm *c, capex_result r) {
+    capex__tcp_abort(c);
+    c->failed = 1;
+    return r;
 }
 
 /* Rank 0's scratch per element: an accumulator and one peer's values. It is
@@ -9723,14 +9811,16 @@ static capex_result capex__tcp_scratch(capex_comm *c, size_t n, size_t elem_byte
     capex__tcp *t = (capex__tcp *)c->impl;
     size_t bytes;
     *out = NULL;
-    if (capex__size_mul(n, elem_bytes, &bytes))
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: the scratch byte size overflows size_t", n);
+    if (capex__size_mul(n, elem_bytes, &bytes)) /* called mid-collective: see capex__tcp_local_fail */
+        return capex__tcp_local_fail(c, capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: the scratch byte "
+                                                                           "size overflows size_t", n));
     if (t->tmp_bytes < bytes) {
         capex__free(c->allocator, t->tmp);
         t->tmp = capex__alloc(c->allocator, bytes);
         t->tmp_bytes = t->tmp ? bytes : 0;
     }
-    if (!t->tmp) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: no memory for %zu elements", n);
+    if (!t->tmp)
+        return capex__tcp_local_fail(c, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: no memory for %zu elements", n));
     *out = t->tmp;
     return CAPEX_OK;
 }
@@ -9764,7 +9854,7 @@ static capex_result capex__tcp_duplex(capex_comm *c, int fd_out, int peer_out, c
     capex__put32(sh, CAPEX__TCP_MAGIC);
     capex__put32(sh + 4, op);
     capex__put32(sh + 8, t->seq);
-    capex__put32(sh + 12, 0);
+    capex__put32(sh + 12, t->tag);
     capex__put64(sh + 16, (uint64_t)sbytes);
     while (sdone < stot || rdone < rtot) {
         struct pollfd pf[2];
@@ -9800,12 +9890,15 @@ static capex_result capex__tcp_duplex(capex_comm *c, int fd_out, int peer_out, c
             if (g > 0) {
                 rdone += (size_t)g;
                 if (rdone == 24 && (capex__get32(rh) != CAPEX__TCP_MAGIC || capex__get32(rh + 4) != op ||
-                                    capex__get32(rh + 8) != t->seq || capex__get64(rh + 16) != (uint64_t)rbytes))
-                    return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u of %llu bytes on the ring, "
-                                                       "expected op %u #%u of %llu bytes: ranks called collectives in "
-                                                       "different orders or sizes", peer_in, (unsigned)capex__get32(rh + 4),
-                                       (unsigned)capex__get32(rh + 8), (unsigned long long)capex__get64(rh + 16),
-                                       (unsigned)op, (unsigned)t->seq, (unsigned long long)rbytes);
+                                    capex__get32(rh + 8) != t->seq || capex__get32(rh + 12) != t->tag ||
+                                    capex__get64(rh + 16) != (uint64_t)rbytes))
+                    return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (dtype/op tag %#x) of %llu "
+                                                       "bytes on the ring, expected op %u #%u (tag %#x) of %llu bytes: "
+                                                       "ranks called collectives in different orders, sizes, dtypes or "
+                                                       "reduce ops", peer_in, (unsigned)capex__get32(rh + 4),
+                                       (unsigned)capex__get32(rh + 8), (unsigned)capex__get32(rh + 12),
+                                       (unsigned long long)capex__get64(rh + 16), (unsigned)op, (unsigned)t->seq,
+                                       (unsigned)t->tag, (unsigned long long)rbytes);
             }
         }
     }
@@ -9874,7 +9967,8 @@ static capex_result capex__tcp_ring_work(capex_comm *c, size_t total, size_t max
     void *mem;
     capex_result r;
     if (capex__size_mul(total, wes, &a) || capex__size_mul(maxchunk, wes, &b) || a > SIZE_MAX - b)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: the ring's scratch byte size overflows size_t", total);
+        return capex__tcp_local_fail(c, capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: the ring's scratch "
+                                                                           "byte size overflows size_t", total));
     if ((r = capex__tcp_scratch(c, a + b, 1, &mem)) != CAPEX_OK) return r;
     *work = mem;
     *stage = (char *)mem + a;
@@ -9912,7 +10006,7 @@ static capex_result capex__tcp_ring_allreduce(capex_comm *c, const void *send, v
     capex_result r;
     if (W > 256) {
         cnt = (size_t *)capex__alloc(NULL, sizeof(size_t) * (size_t)W);
-        if (!cnt) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: out of memory");
+        if (!cnt) return capex__tcp_local_fail(c, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "TCP comm: out of memory"));
     }
     for (p = 0; p < W; p++) { cnt[p] = n / (size_t)W + ((size_t)p < n % (size_t)W); if (cnt[p] > maxc) maxc = cnt[p]; }
     r = capex__tcp_ring_work(c, n, maxc, ty, &work, &stage);
@@ -9982,6 +10076,7 @@ static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *
     if (capex__size_mul(n, capex__tcp_scratch_elem(ty), &i))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", n);
     t->seq++;
+    t->tag = capex__tcp_tag(ty, op);
     if (t->ring && n * es >= CAPEX__TCP_RING_MIN_BYTES) return capex__tcp_ring_allreduce(c, send, recv, n, ty, op, deadline);
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, send, n * es, deadline)) != CAPEX_OK) return r;
@@ -10007,6 +10102,7 @@ static capex_result capex__tcp_reduce_scatter(capex_comm *c, const void *send, v
     if (capex__size_mul(total, capex__tcp_scratch_elem(ty), &i))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", total);
     t->seq++;
+    t->tag = capex__tcp_tag(ty, op);
     if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES)
         return capex__tcp_ring_reduce_scatter(c, send, recv, counts, ty, op, CAPEX__TCP_REDUCE_SCATTER, deadline);
     if (c->rank != 0) {
@@ -10034,6 +10130,7 @@ static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void 
     int p;
     for (p = 0; p < c->world_size; p++) total += counts[p];
     t->seq++;
+    t->tag = 0;
     if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES) {
         size_t d = capex__ring_displ(counts, c->rank);
         if (counts[c->rank]) memmove((char *)recv + d * es, send, counts[c->rank] * es);
@@ -10060,6 +10157,7 @@ static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, cap
     capex_result r;
     int p;
     t->seq++;
+    t->tag = 0;
     if (c->rank != 0) {
         if (c->rank == root) return capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
@@ -10076,6 +10174,7 @@ static capex_result capex__tcp_allgather(capex_comm *c, const void *send, void *
     capex_result r;
     int p;
     t->seq++;
+    t->tag = 0;
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLGATHER, send, bytes, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLGATHER, recv, all, deadline);
@@ -10094,6 +10193,7 @@ static capex_result capex__tcp_barrier(capex_comm *c, double deadline) {
     capex_result r;
     int p;
     t->seq++;
+    t->tag = 0;
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BARRIER, NULL, 0, deadline);
@@ -10153,6 +10253,7 @@ static capex_result capex__tcp_ring_setup(capex_comm *c, uint64_t nonce, double 
     t->prev_fd = r == 0 ? t->fds[W - 1] : r == 1 ? t->fds[0] : -1;
     if (W == 2) { t->ring = 1; return CAPEX_OK; }
     t->seq++;
+    t->tag = 0;
     if (r >= 2) { /* listen where the star socket's local address is */
         struct sockaddr_storage ss;
         socklen_t sl = (socklen_t)sizeof ss;

@@ -11,7 +11,8 @@
 static const char *const names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                                     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
                                     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODEID", "SLURM_TASKS_PER_NODE",
-                                    "SLURM_NTASKS_PER_NODE", "CAPEX_RUN_ID"};
+                                    "SLURM_NTASKS_PER_NODE", "CAPEX_RUN_ID", "FLUX_TASK_RANK", "FLUX_JOB_SIZE",
+                                    "FLUX_TASK_LOCAL_ID", "FLUX_JOB_ID", "MPI_LOCALRANKID", "SLURM_LOCALID"};
 #define NV (sizeof names / sizeof names[0])
 typedef struct tab { const char *v[NV]; } tab;
 
@@ -35,10 +36,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     buf[size] = '\0';
     (void)capex__slurm_tasks_on_node(buf, (int)(size % 7));
     memset(&t, 0, sizeof t);
-    /* first byte: which variables are set (bit i of a 16-bit mask) */
+    /* first three bytes: which variables are set (bit i of a 24-bit mask) */
     for (p = buf; i < NV && p <= buf + size; i++) {
         size_t len = strlen(p);
-        if (size >= 2 && ((data[0] | (data[1] << 8)) >> i) & 1) t.v[i] = p;
+        if (size >= 3 && (((unsigned long)data[0] | (unsigned long)data[1] << 8 | (unsigned long)data[2] << 16) >> i) & 1)
+            t.v[i] = p;
         p += len + 1;
     }
     capex_dist_env_desc_init(&d);

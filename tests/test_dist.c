@@ -21,6 +21,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/resource.h>
+#include <sys/time.h>
+#include <signal.h>
 
 /* ---------------------------------------------------------------- env -- */
 
@@ -139,6 +141,43 @@ CT_TEST(env_openmpi_pmi_slurm) {
         CT_CHECK(read_env(last, &e) == CAPEX_OK && e.local_rank == 0 && e.local_world_size == 1,
                  "last node of -n 5 at 2 per node: local %d/%d", e.local_rank, e.local_world_size);
     }
+}
+
+/* Flux (flux-core's job shell, src/shell/task.c): FLUX_TASK_RANK (global),
+   FLUX_JOB_SIZE, FLUX_TASK_LOCAL_ID (index on this node); no local size.
+   Its PMI plugin also sets PMI_RANK/PMI_SIZE (no MPI_LOCALRANKID): PMI wins,
+   and takes the local rank from Flux when Flux's variables are this task's. */
+CT_TEST(env_flux) {
+    kv f[] = {{"FLUX_TASK_RANK", "5"}, {"FLUX_JOB_SIZE", "8"}, {"FLUX_TASK_LOCAL_ID", "1"}, {"FLUX_JOB_NNODES", "2"},
+              {"FLUX_JOB_ID", "1234"}, {NULL, NULL}};
+    kv fp[] = {{"PMI_RANK", "5"}, {"PMI_SIZE", "8"}, {"PMI_FD", "9"}, {"FLUX_TASK_RANK", "5"}, {"FLUX_JOB_SIZE", "8"},
+               {"FLUX_TASK_LOCAL_ID", "1"}, {NULL, NULL}};
+    /* mpiexec (hydra, without local variables) run as one Flux task: Flux's are the mpiexec's */
+    kv hy[] = {{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"FLUX_TASK_RANK", "0"}, {"FLUX_JOB_SIZE", "1"},
+               {"FLUX_TASK_LOCAL_ID", "0"}, {NULL, NULL}};
+    /* a Flux instance started by srun: the job's tasks inherit the broker's Slurm variables */
+    kv fs[] = {{"FLUX_TASK_RANK", "6"}, {"FLUX_JOB_SIZE", "8"}, {"FLUX_TASK_LOCAL_ID", "2"}, {"FLUX_JOB_ID", "77"},
+               {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_JOB_ID", "5"}, {NULL, NULL}};
+    kv half[] = {{"FLUX_TASK_RANK", "1"}, {NULL, NULL}};
+    kv bad[] = {{"FLUX_TASK_RANK", "1"}, {"FLUX_JOB_SIZE", "2"}, {"FLUX_TASK_LOCAL_ID", "x"}, {NULL, NULL}};
+    capex_dist_env e;
+    CT_CHECK(read_env(f, &e) == CAPEX_OK && e.launcher == CAPEX_LAUNCHER_FLUX && e.rank == 5 && e.world_size == 8 &&
+                 e.local_rank == 1 && e.local_world_size == 8 && e.node_rank == -1,
+             "flux: %s %d/%d local %d/%d node %d: %.200s", capex_launcher_name(e.launcher), e.rank, e.world_size,
+             e.local_rank, e.local_world_size, e.node_rank, capex_last_error());
+    CT_CHECK(strcmp(e.run_id, "flux-1234") == 0, "flux run id %s", e.run_id);
+    CT_CHECK(strcmp(capex_launcher_name(CAPEX_LAUNCHER_FLUX), "Flux") == 0, "name");
+    CT_CHECK(read_env(fp, &e) == CAPEX_OK && e.launcher == CAPEX_LAUNCHER_PMI && e.rank == 5 && e.local_rank == 1,
+             "flux with its PMI: %s local %d", capex_launcher_name(e.launcher), e.local_rank);
+    CT_CHECK(read_env(hy, &e) == CAPEX_OK && e.launcher == CAPEX_LAUNCHER_PMI && e.rank == 3 && e.local_rank == 3 &&
+                 e.local_world_size == 4, "another task's Flux variables: local %d/%d", e.local_rank, e.local_world_size);
+    CT_CHECK(read_env(fs, &e) == CAPEX_OK && e.launcher == CAPEX_LAUNCHER_FLUX && e.rank == 6 && e.local_rank == 2,
+             "flux under srun: %s rank %d local %d", capex_launcher_name(e.launcher), e.rank, e.local_rank);
+    CT_CHECK(strcmp(e.run_id, "flux-77") == 0, "the Flux job's id, not the enclosing Slurm job's: %s", e.run_id);
+    CT_CHECK(read_env(half, &e) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "FLUX_JOB_SIZE"), "%.200s",
+             capex_last_error());
+    CT_CHECK(read_env(bad, &e) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "FLUX_TASK_LOCAL_ID"), "%.200s",
+             capex_last_error());
 }
 
 CT_TEST(env_slurm_tasks_per_node_parser) {
@@ -1472,6 +1511,11 @@ CT_TEST(rendezvous_peer_against_busy_or_fake_rank0) {
 
 /* ---------------------------------------------------------- TCP comm -- */
 
+static void *tcp_no_alloc(size_t size, void *user) { (void)size; (void)user; return NULL; }
+static void tcp_no_free(void *p, void *user) { (void)p; (void)user; }
+static int tcp_local_fail_pipe[2] = {-1, -1};
+static void tcp_kill_self(int sig) { (void)sig; kill(getpid(), SIGKILL); }
+
 /* The body run by every rank of a TCP world; returns 0 or a failing line. */
 static int tcp_body(int rank, int world, int port, int mode) {
     capex_dist_env env;
@@ -1484,8 +1528,26 @@ static int tcp_body(int rank, int world, int port, int mode) {
     strcpy(env.master_addr, "127.0.0.1");
     env.master_port = port;
     strcpy(env.run_id, "tcp-test");
+    if (mode == 18) strcpy(env.master_addr, "::1"); /* IPv6 loopback: the star and the ring's links */
     if (capex_comm_init_tcp(&c, &env, 5.0) != CAPEX_OK) return __LINE__;
     c.timeout_s = 5.0;
+    if (mode == 18) {
+        size_t n = (size_t)1 << 17, k;
+        float *x = (float *)malloc(n * sizeof(float));
+        int line = 0;
+        if (!x) return __LINE__;
+        c.timeout_s = 60.0; /* a hang guard only */
+        for (k = 0; k < n; k++) x[k] = (float)(rank + 1) * (float)(k % 7);
+        if (capex_comm_allreduce(&c, x, x, 5, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) line = __LINE__; /* star */
+        else if (x[3] != (float)(world * (world + 1) / 2 * 3)) line = __LINE__;
+        for (k = 0; !line && k < n; k++) x[k] = (float)(rank + 1) * (float)(k % 7);
+        if (!line && capex_comm_allreduce(&c, x, x, n, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) line = __LINE__; /* ring */
+        for (k = 0; !line && k < n; k++) if (x[k] != (float)(world * (world + 1) / 2) * (float)(k % 7)) line = __LINE__;
+        if (line) fprintf(stderr, "rank %d over ::1: line %d: %s\n", rank, line, capex_last_error());
+        free(x);
+        capex_comm_destroy(&c);
+        return line;
+    }
     if (mode == 1) { /* failure modes: rank 1 dies, stalls or goes out of order */
         capex_result r;
         if (rank == 1) { capex_comm_destroy(&c); return 0; }         /* dies (closes its socket) */
@@ -1558,6 +1620,86 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_comm_destroy(&c);
         if (rank == 0 && r2 == CAPEX_OK) fprintf(stderr, "rank 0: b[0] = %g (its 100 plus rank 1's first call)\n", (double)b[0]);
         return r1 == CAPEX_ERR_COMM && r2 == CAPEX_ERR_COMM ? 0 : __LINE__;
+    }
+    if ((mode >= 11 && mode <= 13) || mode == 20) { /* a local failure on one rank mid-collective: the others learn at once */
+        /* 11: rank 1 out of memory for the ring's scratch (large allreduce);
+           12: rank 0 out of memory for the star's scratch (small allreduce);
+           13: rank 1 passes a NULL buffer the others do not;
+           20: rank 1 out of memory for the front-end's reduce-scatter
+               fallback scratch (a backend without the entry), before any traffic */
+        static const capex_allocator no_mem = {tcp_no_alloc, tcp_no_free, NULL};
+        static capex_comm_vtable plain;
+        const capex_comm_vtable *orig = c.vt;
+        size_t n = mode == 11 ? (size_t)1 << 18 : 6, counts[3] = {2, 2, 2};
+        float *x = (float *)calloc(n, sizeof(float)), *y = rank == 1 && mode == 13 ? NULL : x;
+        int bad = rank == (mode == 12 ? 0 : 1), line = 0;
+        capex_result r, want = mode == 13 ? CAPEX_ERR_INVALID_ARG : CAPEX_ERR_OUT_OF_MEMORY;
+        c.timeout_s = 60.0; /* a hang guard only: the peers must not need it */
+        if (bad && mode != 13) c.allocator = &no_mem;
+        if (mode == 20) {
+            plain = *c.vt;
+            plain.reduce_scatter = NULL;
+            c.vt = &plain;
+            counts[0] = n - 2 * (size_t)(world - 1);
+            r = capex_comm_reduce_scatter(&c, x, x, counts, CAPEX_F32, CAPEX_REDUCE_SUM);
+        } else {
+            r = capex_comm_allreduce(&c, x, y, n, CAPEX_F32, CAPEX_REDUCE_SUM);
+        }
+        if (r != (bad ? want : CAPEX_ERR_COMM)) {
+            fprintf(stderr, "rank %d (mode %d): %s\n", rank, mode, capex_last_error());
+            line = __LINE__;
+        }
+        /* the comm is gone on every rank: a next call fails instead of pairing with a peer's pending one */
+        r = capex_comm_allreduce(&c, x, x, n, CAPEX_F32, CAPEX_REDUCE_SUM);
+        if (r != CAPEX_ERR_COMM) {
+            fprintf(stderr, "rank %d (mode %d), next call: %s\n", rank, mode, capex_last_error());
+            if (!line) line = __LINE__;
+        }
+        /* the failing rank keeps its sockets open until every other rank has
+           returned (the pipe's EOF), so only the library can have told them */
+        close(tcp_local_fail_pipe[1]);
+        if (bad) { char ch; while (read(tcp_local_fail_pipe[0], &ch, 1) > 0) {} }
+        c.allocator = NULL;
+        c.vt = orig; /* destroy through the backend's own entries */
+        capex_comm_destroy(&c);
+        free(x);
+        return line;
+    }
+    if (mode == 19) { /* rank 1 is SIGKILLed at a moment of its own (mostly mid-ring): the others get CAPEX_ERR_COMM */
+        size_t n = (size_t)1 << 17;
+        float *x = (float *)calloc(n, sizeof(float));
+        capex_result r = CAPEX_OK;
+        int it;
+        c.timeout_s = 60.0; /* a hang guard only */
+        if (rank == 1) {
+            struct itimerval tv;
+            memset(&tv, 0, sizeof tv);
+            tv.it_value.tv_usec = 50000;
+            signal(SIGALRM, tcp_kill_self);
+            setitimer(ITIMER_REAL, &tv, NULL);
+        }
+        for (it = 0; it < 1000000 && r == CAPEX_OK; it++) r = capex_comm_allreduce(&c, x, x, n, CAPEX_F32, CAPEX_REDUCE_SUM);
+        if (r != CAPEX_ERR_COMM) fprintf(stderr, "rank %d (mode 19), call %d: %s\n", rank, it, capex_last_error());
+        capex_comm_destroy(&c);
+        free(x);
+        return r == CAPEX_ERR_COMM ? 0 : __LINE__;
+    }
+    if (mode >= 14 && mode <= 17) { /* rank 0 reduces another dtype or op of the same byte size as the others */
+        /* 14: f32 x4 against f16 x8 (star); 15: SUM against AVG (star);
+           16: SUM against AVG (ring); 17: int64 against f64 (ring) */
+        size_t n = mode >= 16 ? (size_t)1 << 16 : 4;
+        double *x = (double *)calloc(2 * n, sizeof(double));
+        capex_dtype ty = mode == 17 ? (rank ? CAPEX_F64 : CAPEX_I64) : CAPEX_F32;
+        capex_reduce_op op = (mode == 15 || mode == 16) && rank ? CAPEX_REDUCE_AVG : CAPEX_REDUCE_SUM;
+        size_t cnt = mode == 17 ? 2 * n : mode == 16 ? 4 * n : n;
+        capex_result r;
+        if (mode == 14 && rank) { ty = CAPEX_F16; cnt = 2 * n; }
+        c.timeout_s = 60.0; /* a hang guard only */
+        r = capex_comm_allreduce(&c, x, x, cnt, ty, op);
+        if (r != CAPEX_ERR_COMM) fprintf(stderr, "rank %d (mode %d): %s: %s\n", rank, mode, capex_result_string(r), capex_last_error());
+        capex_comm_destroy(&c);
+        free(x);
+        return r == CAPEX_ERR_COMM ? 0 : __LINE__;
     }
     if (mode == 8 || mode == 9) { /* the ring (a large allreduce) with rank 1 dead (8) or stalled (9) */
         size_t n = 1 << 18;
@@ -1712,6 +1854,68 @@ CT_TEST(tcp_ring_dead_and_stalled_peers) {
     CT_CHECK(r == 0 && codes[2] == 0, "rank 1 stalled mid-ring: rank 0 line %d, rank 2 exit %d (want a timeout)", r, codes[2]);
 }
 
+/* A rank that fails on its own mid-collective (no memory for its scratch, a
+   NULL buffer only it passes) must not leave the others waiting out their
+   deadline: they get CAPEX_ERR_COMM at once (60 s timeouts are hang guards),
+   the failing rank its own status, and every later call fails on all ranks. */
+CT_TEST(tcp_comm_local_failure_on_one_rank_fails_the_others) {
+    static const int modes[4] = {11, 12, 13, 20};
+    int m, mode, world, codes[8], r, i;
+    for (m = 0; m < 4; m++)
+        for (mode = modes[m], world = 2; world <= 3; world++) {
+            for (i = 0; i < 8; i++) codes[i] = 0;
+            CT_CHECK(pipe(tcp_local_fail_pipe) == 0, "pipe");
+            r = tcp_world(world, mode, codes);
+            close(tcp_local_fail_pipe[0]);
+            CT_CHECK(r == 0, "mode %d world %d: rank 0 line %d: %.300s", mode, world, r, capex_last_error());
+            for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "mode %d world %d: rank %d exit %d", mode, world, i, codes[i]);
+        }
+}
+
+/* Ranks reducing the same number of bytes as different dtypes (f32 x4 and
+   f16 x8, int64 and f64) or with different ops (SUM and AVG) fail with
+   CAPEX_ERR_COMM on every rank, on the star and on the ring, instead of
+   summing one type's bits as another's or dividing on some ranks only. */
+CT_TEST(tcp_comm_dtype_or_op_mismatch_fails) {
+    int mode, world, codes[8], r, i;
+    for (mode = 14; mode <= 17; mode++)
+        for (world = 2; world <= 3; world++) {
+            for (i = 0; i < 8; i++) codes[i] = 0;
+            r = tcp_world(world, mode, codes);
+            CT_CHECK(r == 0, "mode %d world %d: rank 0 line %d: %.300s", mode, world, r, capex_last_error());
+            for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "mode %d world %d: rank %d exit %d", mode, world, i, codes[i]);
+        }
+}
+
+/* MASTER_ADDR "::1": the rendezvous, the star and the ring's links (ranks
+   2.. listen where their IPv6 star socket is) carry a star and a ring
+   allreduce in worlds 2 and 3. Skipped where ::1 cannot be bound. */
+CT_TEST(tcp_comm_over_ipv6_loopback) {
+    struct sockaddr_in6 a;
+    int s6 = socket(AF_INET6, SOCK_STREAM, 0), ok, world, codes[8], r, i;
+    memset(&a, 0, sizeof a);
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    ok = s6 >= 0 && bind(s6, (struct sockaddr *)&a, sizeof a) == 0;
+    if (s6 >= 0) close(s6);
+    if (!ok) CT_SKIP("no IPv6 loopback here");
+    for (world = 2; world <= 3; world++) {
+        for (i = 0; i < 8; i++) codes[i] = 0;
+        r = tcp_world(world, 18, codes);
+        CT_CHECK(r == 0, "world %d: rank 0 line %d: %.300s", world, r, capex_last_error());
+        for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "world %d: rank %d exit %d", world, i, codes[i]);
+    }
+}
+
+/* kill -9 of a rank during a stream of ring allreduces (its timer fires
+   after 50 ms; where it lands does not matter): every other rank returns
+   CAPEX_ERR_COMM, none waits out its 60 s hang guard. */
+CT_TEST(tcp_comm_rank_killed_mid_collective) {
+    int codes[8] = {0}, r = tcp_world(3, 19, codes);
+    CT_CHECK(r == 0 && codes[2] == 0, "rank 0 line %d, rank 2 exit %d: %.300s", r, codes[2], capex_last_error());
+    CT_CHECK(codes[1] == 100, "rank 1 was killed (exit %d)", codes[1]);
+}
+
 CT_TEST(tcp_comm_refuses_sizes_that_wrap) {
     int codes[8], r = tcp_world(2, 5, codes);
     CT_CHECK(r == 0, "rank 0 failed at line %d: %.300s", r, capex_last_error());
@@ -1761,6 +1965,7 @@ static const ct_case cases[] = {
     CT_CASE(env_torchrun), CT_CASE(env_rendezvous_port_beside_torchrun_store),
     CT_CASE(env_openmpi_pmi_slurm),
     CT_CASE(env_slurm_tasks_per_node_parser),
+    CT_CASE(env_flux),
     CT_CASE(env_overrides_and_run_id_precedence),
     CT_CASE(env_errors_are_config_and_named),
     CT_CASE(sampler_matches_torch_transcription),
@@ -1799,6 +2004,10 @@ static const ct_case cases[] = {
     CT_CASE(tcp_comm_reduce_scatter_allgatherv_vs_float64),
     CT_CASE(tcp_ring_dead_and_stalled_peers),
     CT_CASE(tcp_comm_refuses_sizes_that_wrap),
+    CT_CASE(tcp_comm_local_failure_on_one_rank_fails_the_others),
+    CT_CASE(tcp_comm_dtype_or_op_mismatch_fails),
+    CT_CASE(tcp_comm_over_ipv6_loopback),
+    CT_CASE(tcp_comm_rank_killed_mid_collective),
     CT_CASE(torchrun_style_launch_auto_comm),
 };
 CT_MAIN(cases)

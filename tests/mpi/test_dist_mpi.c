@@ -487,27 +487,46 @@ static int t_init_bad_comm(void) {
    MPI's blocking call with no deadline: rank 0 passing 0 elements (the
    front-ends make that a barrier, which paired with the others' arrival
    barrier), other counts, another dtype, another broadcast root, other
-   reduce-scatter counts. One fresh comm per case: a failed one stays failed. */
+   reduce-scatter counts; rank 0 refusing its call (a NULL buffer only it
+   passes: its refusal stands in a barrier, so the others fail at once
+   instead of at their deadline; rank 0 makes no other call until they have
+   returned), or failing to start it (no memory for its f16 staging).
+   One fresh comm per case: a failed one stays failed. */
+static void *mm_no_alloc(size_t size, void *user) { (void)size; (void)user; return NULL; }
+static void mm_no_free(void *p, void *user) { (void)p; (void)user; }
 static int t_mismatch(void) {
-    static const char *what[6] = {"allreduce count 0", "allreduce 5 vs 4", "allreduce f16 vs f32", "broadcast root",
-                                  "reduce-scatter counts", "allgatherv counts"};
+    static const char *what[8] = {"allreduce count 0", "allreduce 5 vs 4", "allreduce f16 vs f32", "broadcast root",
+                                  "reduce-scatter counts", "allgatherv counts", "NULL buffer on rank 0 only",
+                                  "no memory for f16 staging on rank 0 only"};
+    static const capex_allocator no_mem = {mm_no_alloc, mm_no_free, NULL};
     float x[64] = {0}, y[64];
     size_t counts[64];
     int k, p;
-    for (k = 0; k < 6; k++) {
+    for (k = 0; k < 8; k++) {
         capex_comm c;
         capex_result r;
         comm_make(&c, 20.0);
         c.vt = orig_vt;
         for (p = 0; p < g_world; p++) counts[p] = p == 0 && g_rank == 0 ? 2 : 1;
+        if (k == 7 && g_rank == 0) c.allocator = &no_mem;
         r = k == 0 ? capex_comm_allreduce(&c, x, x, g_rank == 0 ? 0 : 4, CAPEX_F32, CAPEX_REDUCE_SUM)
           : k == 1 ? capex_comm_allreduce(&c, x, x, g_rank == 0 ? 5 : 4, CAPEX_F32, CAPEX_REDUCE_SUM)
           : k == 2 ? capex_comm_allreduce(&c, x, x, 4, g_rank == 0 ? CAPEX_F16 : CAPEX_F32, CAPEX_REDUCE_SUM)
           : k == 3 ? capex_comm_broadcast(&c, x, 4, CAPEX_F32, g_rank == 0 ? 0 : 1)
           : k == 4 ? capex_comm_reduce_scatter(&c, x, y, counts, CAPEX_F32, CAPEX_REDUCE_SUM)
-                   : capex_comm_allgatherv(&c, x, y, counts, CAPEX_F32);
-        NOTE(r == CAPEX_ERR_COMM && strstr(capex_last_error(), "different"), "%s: %s: %.300s", what[k],
-             capex_result_string(r), r ? capex_last_error() : "");
+          : k == 5 ? capex_comm_allgatherv(&c, x, y, counts, CAPEX_F32)
+          : k == 6 ? capex_comm_allreduce(&c, x, g_rank == 0 ? NULL : y, 4, CAPEX_F32, CAPEX_REDUCE_SUM)
+                   : capex_comm_allreduce(&c, x, x, 4, CAPEX_F16, CAPEX_REDUCE_SUM);
+        if (k >= 6) {
+            MPI_Barrier(MPI_COMM_WORLD); /* not the comm's: rank 0's first call after the refusal */
+            if (g_rank == 0)
+                NOTE(r == (k == 6 ? CAPEX_ERR_INVALID_ARG : CAPEX_ERR_OUT_OF_MEMORY), "%s: rank 0 got %s", what[k],
+                     capex_result_string(r));
+            c.allocator = NULL;
+        }
+        if (k < 6 || g_rank != 0)
+            NOTE(r == CAPEX_ERR_COMM && strstr(capex_last_error(), "different"), "%s: %s: %.300s", what[k],
+                 capex_result_string(r), r ? capex_last_error() : "");
         NOTE(capex_comm_barrier(&c) == CAPEX_ERR_COMM, "%s: the comm must stay failed", what[k]);
         capex_comm_destroy(&c);
     }
