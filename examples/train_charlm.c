@@ -1365,7 +1365,30 @@ static int opt_u64(const char *opt, const char *v, uint64_t *out) {
     *out = (uint64_t)x;
     return 1;
 }
+/* Counts where 0 means off or the default: a negative one is refused (-1
+   meant "every step" to --log-every's modulo). */
+static int opt_count(const char *opt, const char *v, int *out) {
+    if (!opt_int(opt, v, out)) return 0;
+    if (*out >= 0) return 1;
+    fprintf(stderr, "%s: '%s' is not a non-negative integer\n", opt, v);
+    return 0;
+}
+/* --save's directory must take a file now, not after the whole run: the
+   writer creates a temporary file next to the path, then renames it. */
+static int save_path_writable(const char *path) {
+    size_t n = strlen(path) + sizeof ".probe";
+    char *probe = (char *)malloc(n);
+    FILE *f;
+    int ok;
+    if (!probe) { fprintf(stderr, "--save: out of memory\n"); return 0; }
+    snprintf(probe, n, "%s.probe", path);
+    if ((ok = (f = fopen(probe, "wb")) != NULL)) { fclose(f); remove(probe); }
+    else fprintf(stderr, "--save %s: cannot create a file there (%s)\n", path, strerror(errno));
+    free(probe);
+    return ok;
+}
 #define OPT_INT(dst) do { if (!opt_int(a, v, &(dst))) return 2; } while (0)
+#define OPT_COUNT(dst) do { if (!opt_count(a, v, &(dst))) return 2; } while (0)
 #define OPT_FLOAT(dst) do { if (!opt_float(a, v, &(dst))) return 2; } while (0)
 
 int main(int argc, char **argv) {
@@ -1413,7 +1436,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--hidden")) OPT_INT(cfg.hidden);
         else if (!strcmp(a, "--data")) data_path = v;
         else if (!strcmp(a, "--save")) cfg.save_path = v;
-        else if (!strcmp(a, "--save-at")) OPT_INT(cfg.save_at);
+        else if (!strcmp(a, "--save-at")) OPT_COUNT(cfg.save_at);
         else if (!strcmp(a, "--resume")) cfg.resume_path = v;
         else if (!strcmp(a, "--svg")) svg = v;
         else if (!strcmp(a, "--tol")) OPT_FLOAT(tol);
@@ -1427,8 +1450,8 @@ int main(int argc, char **argv) {
             OPT_INT(cfg.zero);
             if (cfg.zero < 1 || cfg.zero > 2) { fprintf(stderr, "--zero takes 1 or 2\n"); return 2; }
         }
-        else if (!strcmp(a, "--log-every")) OPT_INT(cfg.log_every);
-        else if (!strcmp(a, "--eval-every")) OPT_INT(cfg.eval_every);
+        else if (!strcmp(a, "--log-every")) OPT_COUNT(cfg.log_every);
+        else if (!strcmp(a, "--eval-every")) OPT_COUNT(cfg.eval_every);
         else if (!strcmp(a, "--eval-windows")) OPT_INT(cfg.eval_windows);
         else if (!strcmp(a, "--device")) {
             if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "gpu")) { fprintf(stderr, "--device: auto, cpu or gpu\n"); return 2; }
@@ -1454,6 +1477,7 @@ int main(int argc, char **argv) {
     if (compare && (cfg.save_path || cfg.resume_path)) { fprintf(stderr, "--compare does not take --save or --resume\n"); return 2; }
     /* the default warmup shrinks with a short run; a --warmup given is kept */
     if (!warmup_given && cfg.warmup > cfg.steps / 10) cfg.warmup = cfg.steps / 10 + 1;
+    if (cfg.save_path && !save_path_writable(cfg.save_path)) return 2;
 #ifdef CAPEX_MPI
     MPI_Init(&argc, &argv);
 #endif
