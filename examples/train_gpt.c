@@ -163,6 +163,14 @@ static int gpt_layout(gpt *m, const gpt_config *cfg, int batch, capex_dtype act)
         fprintf(stderr, "model: seq, layers, heads, channels and batch must be positive, channels a multiple of heads\n");
         return 0;
     }
+    /* the int64 sizes below (and gpt_init's) would overflow long before an
+       allocation could succeed: refuse over 2^40 parameters or activations */
+    if ((double)L * 12 * C * C + (double)C * (double)(VOCAB + T + 13 * L + 2) > 1099511627776.0 ||
+        (double)L * batch * T * ((double)NH * T + 4.0 * C) > 1099511627776.0) {
+        fprintf(stderr, "model: %d layers of %d channels, seq %d, batch %d: over 2^40 parameters or activations\n",
+                cfg->layers, cfg->channels, cfg->seq, batch);
+        return 0;
+    }
     m->cfg = *cfg; m->batch = batch; m->act = act;
     sizes[P_WTE] = VOCAB * C; sizes[P_WPE] = T * C;
     sizes[P_LN1W] = L * C; sizes[P_LN1B] = L * C;
@@ -2142,6 +2150,10 @@ int main(int argc, char **argv) {
     if (cfg.save_at > cfg.steps || (cfg.save_at > 0 && !cfg.save_path)) { /* else no checkpoint, silently */
         fprintf(stderr, "--save-at %d: needs --save FILE and a step within --steps %d\n", cfg.save_at, cfg.steps);
         return 2;
+    }
+    {
+        gpt probe; /* a model too large to exist (its message) */
+        if (!gpt_layout(&probe, &cfg.model, cfg.batch, CAPEX_F32)) return 2;
     }
     if (cfg.save_path && !save_path_writable(cfg.save_path)) return 2;
 #ifdef CAPEX_MPI
