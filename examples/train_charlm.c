@@ -109,10 +109,18 @@ static void round_array(float *a, int64_t n, capex_dtype t) {
     for (i = 0; i < n; i++) a[i] = round_to(a[i], t);
 }
 
+/* The CPU loops index a window's inputs in int (D = ctx * emb). */
+static int model_size_ok(int ctx, int emb) {
+    if ((int64_t)ctx * emb <= INT_MAX) return 1;
+    fprintf(stderr, "model: ctx %d x emb %d inputs is over 2^31 - 1\n", ctx, emb);
+    return 0;
+}
+
 static int model_init(model *m, int vocab, int ctx, int emb, int hidden, int batch, capex_dtype act) {
     int64_t sizes[P_COUNT];
     int i;
     memset(m, 0, sizeof *m);
+    if (!model_size_ok(ctx, emb)) return 0;
     m->vocab = vocab; m->ctx = ctx; m->emb = emb; m->hidden = hidden; m->batch = batch; m->act = act;
     sizes[P_EMB] = (int64_t)vocab * emb;
     sizes[P_W1] = (int64_t)hidden * ctx * emb;
@@ -1465,6 +1473,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "steps, batch, ctx, emb, hidden, eval-windows and lr must be positive (warmup >= 0)\n");
         return 2;
     }
+    if (!model_size_ok(cfg.ctx, cfg.emb)) return 2;
     if (cfg.save_at > cfg.steps || (cfg.save_at > 0 && !cfg.save_path)) {
         fprintf(stderr, "--save-at %d: needs --save FILE and a step within --steps %d\n", cfg.save_at, cfg.steps);
         return 2;

@@ -299,6 +299,17 @@ CT_TEST(unwritable_checkpoint_path_is_refused_before_training) {
     CT_CHECK(!strstr(out, "step"), "no training before the refusal: %.300s", out);
 }
 
+/* ctx * emb over INT_MAX overflowed the CPU loops' int window size (D),
+   after allocating the model; now refused by model_init and by main. */
+CT_TEST(window_over_int_max_is_refused) {
+    model m;
+    char *argv[] = {(char *)"train_charlm", (char *)"--ctx", (char *)"20000", (char *)"--emb", (char *)"110000", NULL};
+    int ok = model_init(&m, 86, 20000, 110000, 1, 1, CAPEX_F32);
+    if (ok) model_free(&m);
+    CT_CHECK(!ok, "ctx 20000 x emb 110000 accepted");
+    CT_CHECK(train_charlm_main(5, argv) == 2, "refused as an option error");
+}
+
 CT_TEST(corrupt_or_missing_checkpoint_is_refused) {
     run_cfg c;
     run_result r;
@@ -552,7 +563,8 @@ static const ct_case cases[] = {
     CT_CASE(eval_windows_not_a_multiple_of_the_batch), CT_CASE(text_too_short_for_ctx_or_batch_is_refused),
     CT_CASE(warmup_and_save_at_options_do_what_they_say), CT_CASE(compare_chart_write_failure_is_reported),
     CT_CASE(conflicting_options_are_refused), CT_CASE(malformed_numbers_are_refused),
-    CT_CASE(negative_counts_are_refused), CT_CASE(unwritable_checkpoint_path_is_refused_before_training),
+    CT_CASE(negative_counts_are_refused), CT_CASE(window_over_int_max_is_refused),
+    CT_CASE(unwritable_checkpoint_path_is_refused_before_training),
     CT_CASE(two_ddp_ranks_stay_bit_identical),
     CT_CASE(two_zero_ranks_match_ddp), CT_CASE(mpirun_two_ranks_identical_replicas),
     CT_CASE(gpu_model_kernels_compile_with_nvrtc), CT_CASE(gpu_requested_without_a_gpu_fails_cleanly),
