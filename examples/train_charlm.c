@@ -1390,9 +1390,14 @@ static int save_path_writable(const char *path) {
     int ok;
     if (!probe) { fprintf(stderr, "--save: out of memory\n"); return 0; }
     snprintf(probe, n, "%s.probe", path);
-    if ((ok = (f = fopen(probe, "wb")) != NULL)) { fclose(f); remove(probe); }
-    else fprintf(stderr, "--save %s: cannot create a file there (%s)\n", path, strerror(errno));
+    if ((ok = path[0] && (f = fopen(probe, "wb")) != NULL)) { fclose(f); remove(probe); }
+    else fprintf(stderr, "--save '%s': cannot create a file there (%s)\n", path, path[0] ? strerror(errno) : "empty path");
     free(probe);
+    /* a directory opens but does not read: the final rename onto it would fail */
+    if (ok && (f = fopen(path, "rb")) != NULL) {
+        if (fgetc(f) == EOF && ferror(f)) { fprintf(stderr, "--save '%s': not a file\n", path); ok = 0; }
+        fclose(f);
+    }
     return ok;
 }
 #define OPT_INT(dst) do { if (!opt_int(a, v, &(dst))) return 2; } while (0)
@@ -1437,7 +1442,10 @@ int main(int argc, char **argv) {
             cfg.sched = (capex_lr_kind)found; /* names[] is in capex_lr_kind's order */
         }
         else if (!strcmp(a, "--wd")) OPT_FLOAT(cfg.wd);
-        else if (!strcmp(a, "--clip")) OPT_FLOAT(cfg.clip);
+        else if (!strcmp(a, "--clip")) {
+            OPT_FLOAT(cfg.clip); /* a negative one silently skipped clipping (AdamW, SGD) or failed LAMB's setup */
+            if (cfg.clip < 0) { fprintf(stderr, "--clip: '%s' is not >= 0 (0: no clipping)\n", v); return 2; }
+        }
         else if (!strcmp(a, "--seed")) { if (!opt_u64(a, v, &cfg.seed)) return 2; }
         else if (!strcmp(a, "--ctx")) OPT_INT(cfg.ctx);
         else if (!strcmp(a, "--emb")) OPT_INT(cfg.emb);

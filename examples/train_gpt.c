@@ -2064,9 +2064,14 @@ static int save_path_writable(const char *path) {
     int ok;
     if (!probe) { fprintf(stderr, "--save: out of memory\n"); return 0; }
     snprintf(probe, n, "%s.probe", path);
-    if ((ok = (f = fopen(probe, "wb")) != NULL)) { fclose(f); remove(probe); }
-    else fprintf(stderr, "--save %s: cannot create a file there (%s)\n", path, strerror(errno));
+    if ((ok = path[0] && (f = fopen(probe, "wb")) != NULL)) { fclose(f); remove(probe); }
+    else fprintf(stderr, "--save '%s': cannot create a file there (%s)\n", path, path[0] ? strerror(errno) : "empty path");
     free(probe);
+    /* a directory opens but does not read: the final rename onto it would fail */
+    if (ok && (f = fopen(path, "rb")) != NULL) {
+        if (fgetc(f) == EOF && ferror(f)) { fprintf(stderr, "--save '%s': not a file\n", path); ok = 0; }
+        fclose(f);
+    }
     return ok;
 }
 #define OPT_INT(dst) do { if (!opt_int(a, v, &(dst))) return 2; } while (0)
@@ -2109,7 +2114,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--batch")) OPT_INT(cfg.batch);
         else if (!strcmp(a, "--lr")) { OPT_FLOAT(cfg.lr); lr_given = 1; }
         else if (!strcmp(a, "--wd")) OPT_FLOAT(cfg.wd);
-        else if (!strcmp(a, "--clip")) OPT_FLOAT(cfg.clip);
+        else if (!strcmp(a, "--clip")) {
+            OPT_FLOAT(cfg.clip); /* a negative one silently skipped clipping (AdamW, SGD) or failed LAMB's setup */
+            if (cfg.clip < 0) { fprintf(stderr, "--clip: '%s' is not >= 0 (0: no clipping)\n", v); return 2; }
+        }
         else if (!strcmp(a, "--warmup")) OPT_INT(cfg.warmup);
         else if (!strcmp(a, "--seed")) { if (!opt_u64(a, v, &cfg.seed)) return 2; }
         else if (!strcmp(a, "--seq")) OPT_INT(cfg.model.seq);

@@ -31,7 +31,7 @@ excheck-gcc:
 	  if [ $$rc -ne 2 ] || ! grep -q "is not" $(BUILD)/excheck/opt.log; then \
 	    echo "examples-check: train_gpt $$o: exit $$rc, want 2 naming the value"; cat $(BUILD)/excheck/opt.log; exit 1; fi; done
 	@small="--device cpu --steps 2 --batch 1 --seq 8 --eval-windows 1 --sample 0 --quiet"; \
-	for o in "--log-every -1" "--eval-every -1" "--save-at -3" "--save /nonexistent/dir/ckpt.capex" "--channels 2000000000 --heads 1"; do \
+	for o in "--log-every -1" "--eval-every -1" "--save-at -3" "--clip -1" "--save /nonexistent/dir/ckpt.capex" "--save /tmp/" "--channels 2000000000 --heads 1"; do \
 	  $(BUILD)/excheck/train_gpt-gcc $$small $$o > $(BUILD)/excheck/opt.log 2>&1; rc=$$?; \
 	  if [ $$rc -ne 2 ] || grep -q "val loss" $(BUILD)/excheck/opt.log; then \
 	    echo "examples-check: train_gpt $$o: exit $$rc, want 2 before any training"; cat $(BUILD)/excheck/opt.log; exit 1; fi; done

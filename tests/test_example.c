@@ -266,9 +266,10 @@ CT_TEST(malformed_numbers_are_refused) {
 
 /* A negative count is an error, not a silent meaning: --log-every -1 logged
    every step (step % -1 == 0), --eval-every -1 evaluated only at the end and
-   --save-at -3 with --save saved at the last step. */
+   --save-at -3 with --save saved at the last step; --clip -1 did not clip
+   (AdamW, SGD) or failed LAMB's setup after loading the text. */
 CT_TEST(negative_counts_are_refused) {
-    static const char *const bad[][2] = {{"--log-every", "-1"}, {"--eval-every", "-1"}, {"--save-at", "-3"}};
+    static const char *const bad[][2] = {{"--log-every", "-1"}, {"--eval-every", "-1"}, {"--save-at", "-3"}, {"--clip", "-1"}};
     static char out[16384];
     char save[64];
     size_t i;
@@ -286,17 +287,21 @@ CT_TEST(negative_counts_are_refused) {
 }
 
 /* A checkpoint path that cannot be written is refused before training (it
-   trained every step, then failed at the save with exit status 1). */
+   trained every step, then failed at the save with exit status 1): a missing
+   directory, an empty path, a directory. */
 CT_TEST(unwritable_checkpoint_path_is_refused_before_training) {
-    char *argv[] = {(char *)"train_charlm", (char *)"--device", (char *)"cpu", (char *)"--steps", (char *)"3",
-                    (char *)"--hidden", (char *)"8", (char *)"--batch", (char *)"4", (char *)"--eval-windows", (char *)"4",
-                    (char *)"--save", (char *)"/nonexistent/dir/ckpt.capex", NULL};
+    static const char *const bad[] = {"/nonexistent/dir/ckpt.capex", "", "/tmp/", "/tmp"};
     static char out[16384];
-    int rc;
+    size_t i;
     if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses");
-    rc = main_captured(13, argv, out, sizeof out);
-    CT_CHECK(rc == 2, "exit status %d, want 2: %.300s", rc, out);
-    CT_CHECK(!strstr(out, "step"), "no training before the refusal: %.300s", out);
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *argv[] = {(char *)"train_charlm", (char *)"--device", (char *)"cpu", (char *)"--steps", (char *)"3",
+                        (char *)"--hidden", (char *)"8", (char *)"--batch", (char *)"4", (char *)"--eval-windows", (char *)"4",
+                        (char *)"--save", (char *)bad[i], NULL};
+        int rc = main_captured(13, argv, out, sizeof out);
+        CT_CHECK(rc == 2, "--save '%s': exit status %d, want 2: %.300s", bad[i], rc, out);
+        CT_CHECK(!strstr(out, "step"), "--save '%s': no training before the refusal: %.300s", bad[i], out);
+    }
 }
 
 /* ctx * emb over INT_MAX overflowed the CPU loops' int window size (D),
