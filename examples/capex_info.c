@@ -134,9 +134,24 @@ static void first_step(void) {
 
 int main(int argc, char **argv) {
     int drv = 0, nv_major = 0, nv_minor = 0, nccl = 0, n_dev = 0, archs[64], n_archs = 0, i;
-    int have_nvrtc, have_gpu = 0, target_cc = 0;
+    int have_nvrtc, have_gpu = 0, target_cc = 0, parts = 0, phases = 0;
     capex_cuda_cache cache;
     capex_result r;
+
+    /* a typo is an error, not a full report (with cold compiles) that ignored it */
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--parts")) parts = 1;
+        else if (!strcmp(argv[i], "--phases")) phases = 1;
+        else {
+            int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+            if (!help) fprintf(stderr, "capex_info: unknown option %s\n", argv[i]);
+            fprintf(help ? stdout : stderr, "usage: capex_info [--parts [--phases]]\n"
+                    "  --parts    also compile each built-in kernel part alone (its first-use cost)\n"
+                    "  --phases   with --parts: NVRTC's front end / NVVM / ptxas split of each\n");
+            return help ? 0 : 2;
+        }
+    }
+    if (phases && !parts) { fprintf(stderr, "capex_info: --phases goes with --parts\n"); return 2; }
 
     printf("capex %s\n", CAPEX_VERSION_STRING);
 
@@ -274,12 +289,11 @@ int main(int argc, char **argv) {
         /* --parts: each part alone, serially, without a cache (what a lazy first use costs);
            --parts --phases adds NVRTC's own split of each compile (its --time option):
            front end, NVVM optimizer, PTX to SASS (ptxas) */
-        if (argc > 1 && !strcmp(argv[1], "--parts")) {
+        if (parts) {
             int n_opts = 0, p, k, np = capex_cuda_builtin_part_count();
             const char *const *builtin_opts = capex_cuda_builtin_options(&n_opts);
             const char *opts[32];
             char time_dir[] = "/tmp/capex_info_XXXXXX", time_opt[96] = "", time_path[64] = "";
-            int phases = argc > 2 && !strcmp(argv[2], "--phases");
             capex_cuda_target t;
             double sum = 0.0, phase_sum[3] = {0.0, 0.0, 0.0};
             size_t total = 0;

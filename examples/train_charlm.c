@@ -109,10 +109,18 @@ static void round_array(float *a, int64_t n, capex_dtype t) {
     for (i = 0; i < n; i++) a[i] = round_to(a[i], t);
 }
 
+/* The CPU loops index a window's inputs in int (D = ctx * emb). */
+static int model_size_ok(int ctx, int emb) {
+    if ((int64_t)ctx * emb <= INT_MAX) return 1;
+    fprintf(stderr, "model: ctx %d x emb %d inputs is over 2^31 - 1\n", ctx, emb);
+    return 0;
+}
+
 static int model_init(model *m, int vocab, int ctx, int emb, int hidden, int batch, capex_dtype act) {
     int64_t sizes[P_COUNT];
     int i;
     memset(m, 0, sizeof *m);
+    if (!model_size_ok(ctx, emb)) return 0;
     m->vocab = vocab; m->ctx = ctx; m->emb = emb; m->hidden = hidden; m->batch = batch; m->act = act;
     sizes[P_EMB] = (int64_t)vocab * emb;
     sizes[P_W1] = (int64_t)hidden * ctx * emb;
@@ -1365,7 +1373,35 @@ static int opt_u64(const char *opt, const char *v, uint64_t *out) {
     *out = (uint64_t)x;
     return 1;
 }
+/* Counts where 0 means off or the default: a negative one is refused (-1
+   meant "every step" to --log-every's modulo). */
+static int opt_count(const char *opt, const char *v, int *out) {
+    if (!opt_int(opt, v, out)) return 0;
+    if (*out >= 0) return 1;
+    fprintf(stderr, "%s: '%s' is not a non-negative integer\n", opt, v);
+    return 0;
+}
+/* --save's directory must take a file now, not after the whole run: the
+   writer creates a temporary file next to the path, then renames it. */
+static int save_path_writable(const char *path) {
+    size_t n = strlen(path) + sizeof ".probe";
+    char *probe = (char *)malloc(n);
+    FILE *f;
+    int ok;
+    if (!probe) { fprintf(stderr, "--save: out of memory\n"); return 0; }
+    snprintf(probe, n, "%s.probe", path);
+    if ((ok = path[0] && (f = fopen(probe, "wb")) != NULL)) { fclose(f); remove(probe); }
+    else fprintf(stderr, "--save '%s': cannot create a file there (%s)\n", path, path[0] ? strerror(errno) : "empty path");
+    free(probe);
+    /* a directory opens but does not read: the final rename onto it would fail */
+    if (ok && (f = fopen(path, "rb")) != NULL) {
+        if (fgetc(f) == EOF && ferror(f)) { fprintf(stderr, "--save '%s': not a file\n", path); ok = 0; }
+        fclose(f);
+    }
+    return ok;
+}
 #define OPT_INT(dst) do { if (!opt_int(a, v, &(dst))) return 2; } while (0)
+#define OPT_COUNT(dst) do { if (!opt_count(a, v, &(dst))) return 2; } while (0)
 #define OPT_FLOAT(dst) do { if (!opt_float(a, v, &(dst))) return 2; } while (0)
 
 int main(int argc, char **argv) {
@@ -1406,14 +1442,17 @@ int main(int argc, char **argv) {
             cfg.sched = (capex_lr_kind)found; /* names[] is in capex_lr_kind's order */
         }
         else if (!strcmp(a, "--wd")) OPT_FLOAT(cfg.wd);
-        else if (!strcmp(a, "--clip")) OPT_FLOAT(cfg.clip);
+        else if (!strcmp(a, "--clip")) {
+            OPT_FLOAT(cfg.clip); /* a negative one silently skipped clipping (AdamW, SGD) or failed LAMB's setup */
+            if (cfg.clip < 0) { fprintf(stderr, "--clip: '%s' is not >= 0 (0: no clipping)\n", v); return 2; }
+        }
         else if (!strcmp(a, "--seed")) { if (!opt_u64(a, v, &cfg.seed)) return 2; }
         else if (!strcmp(a, "--ctx")) OPT_INT(cfg.ctx);
         else if (!strcmp(a, "--emb")) OPT_INT(cfg.emb);
         else if (!strcmp(a, "--hidden")) OPT_INT(cfg.hidden);
         else if (!strcmp(a, "--data")) data_path = v;
         else if (!strcmp(a, "--save")) cfg.save_path = v;
-        else if (!strcmp(a, "--save-at")) OPT_INT(cfg.save_at);
+        else if (!strcmp(a, "--save-at")) OPT_COUNT(cfg.save_at);
         else if (!strcmp(a, "--resume")) cfg.resume_path = v;
         else if (!strcmp(a, "--svg")) svg = v;
         else if (!strcmp(a, "--tol")) OPT_FLOAT(tol);
@@ -1427,8 +1466,8 @@ int main(int argc, char **argv) {
             OPT_INT(cfg.zero);
             if (cfg.zero < 1 || cfg.zero > 2) { fprintf(stderr, "--zero takes 1 or 2\n"); return 2; }
         }
-        else if (!strcmp(a, "--log-every")) OPT_INT(cfg.log_every);
-        else if (!strcmp(a, "--eval-every")) OPT_INT(cfg.eval_every);
+        else if (!strcmp(a, "--log-every")) OPT_COUNT(cfg.log_every);
+        else if (!strcmp(a, "--eval-every")) OPT_COUNT(cfg.eval_every);
         else if (!strcmp(a, "--eval-windows")) OPT_INT(cfg.eval_windows);
         else if (!strcmp(a, "--device")) {
             if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "gpu")) { fprintf(stderr, "--device: auto, cpu or gpu\n"); return 2; }
@@ -1442,6 +1481,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "steps, batch, ctx, emb, hidden, eval-windows and lr must be positive (warmup >= 0)\n");
         return 2;
     }
+    if (!model_size_ok(cfg.ctx, cfg.emb)) return 2;
     if (cfg.save_at > cfg.steps || (cfg.save_at > 0 && !cfg.save_path)) {
         fprintf(stderr, "--save-at %d: needs --save FILE and a step within --steps %d\n", cfg.save_at, cfg.steps);
         return 2;
@@ -1454,6 +1494,7 @@ int main(int argc, char **argv) {
     if (compare && (cfg.save_path || cfg.resume_path)) { fprintf(stderr, "--compare does not take --save or --resume\n"); return 2; }
     /* the default warmup shrinks with a short run; a --warmup given is kept */
     if (!warmup_given && cfg.warmup > cfg.steps / 10) cfg.warmup = cfg.steps / 10 + 1;
+    if (cfg.save_path && !save_path_writable(cfg.save_path)) return 2;
 #ifdef CAPEX_MPI
     MPI_Init(&argc, &argv);
 #endif

@@ -163,6 +163,14 @@ static int gpt_layout(gpt *m, const gpt_config *cfg, int batch, capex_dtype act)
         fprintf(stderr, "model: seq, layers, heads, channels and batch must be positive, channels a multiple of heads\n");
         return 0;
     }
+    /* the int64 sizes below (and gpt_init's) would overflow long before an
+       allocation could succeed: refuse over 2^40 parameters or activations */
+    if ((double)L * 12 * C * C + (double)C * (double)(VOCAB + T + 13 * L + 2) > 1099511627776.0 ||
+        (double)L * batch * T * ((double)NH * T + 4.0 * C) > 1099511627776.0) {
+        fprintf(stderr, "model: %d layers of %d channels, seq %d, batch %d: over 2^40 parameters or activations\n",
+                cfg->layers, cfg->channels, cfg->seq, batch);
+        return 0;
+    }
     m->cfg = *cfg; m->batch = batch; m->act = act;
     sizes[P_WTE] = VOCAB * C; sizes[P_WPE] = T * C;
     sizes[P_LN1W] = L * C; sizes[P_LN1B] = L * C;
@@ -2039,7 +2047,35 @@ static int opt_u64(const char *opt, const char *v, uint64_t *out) {
     *out = (uint64_t)x;
     return 1;
 }
+/* Counts where 0 means off or the default: a negative one is refused (-1
+   meant "every step" to --log-every's modulo). */
+static int opt_count(const char *opt, const char *v, int *out) {
+    if (!opt_int(opt, v, out)) return 0;
+    if (*out >= 0) return 1;
+    fprintf(stderr, "%s: '%s' is not a non-negative integer\n", opt, v);
+    return 0;
+}
+/* --save's directory must take a file now, not after the whole run: the
+   writer creates a temporary file next to the path, then renames it. */
+static int save_path_writable(const char *path) {
+    size_t n = strlen(path) + sizeof ".probe";
+    char *probe = (char *)malloc(n);
+    FILE *f;
+    int ok;
+    if (!probe) { fprintf(stderr, "--save: out of memory\n"); return 0; }
+    snprintf(probe, n, "%s.probe", path);
+    if ((ok = path[0] && (f = fopen(probe, "wb")) != NULL)) { fclose(f); remove(probe); }
+    else fprintf(stderr, "--save '%s': cannot create a file there (%s)\n", path, path[0] ? strerror(errno) : "empty path");
+    free(probe);
+    /* a directory opens but does not read: the final rename onto it would fail */
+    if (ok && (f = fopen(path, "rb")) != NULL) {
+        if (fgetc(f) == EOF && ferror(f)) { fprintf(stderr, "--save '%s': not a file\n", path); ok = 0; }
+        fclose(f);
+    }
+    return ok;
+}
 #define OPT_INT(dst) do { if (!opt_int(a, v, &(dst))) return 2; } while (0)
+#define OPT_COUNT(dst) do { if (!opt_count(a, v, &(dst))) return 2; } while (0)
 #define OPT_FLOAT(dst) do { if (!opt_float(a, v, &(dst))) return 2; } while (0)
 
 int main(int argc, char **argv) {
@@ -2078,7 +2114,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--batch")) OPT_INT(cfg.batch);
         else if (!strcmp(a, "--lr")) { OPT_FLOAT(cfg.lr); lr_given = 1; }
         else if (!strcmp(a, "--wd")) OPT_FLOAT(cfg.wd);
-        else if (!strcmp(a, "--clip")) OPT_FLOAT(cfg.clip);
+        else if (!strcmp(a, "--clip")) {
+            OPT_FLOAT(cfg.clip); /* a negative one silently skipped clipping (AdamW, SGD) or failed LAMB's setup */
+            if (cfg.clip < 0) { fprintf(stderr, "--clip: '%s' is not >= 0 (0: no clipping)\n", v); return 2; }
+        }
         else if (!strcmp(a, "--warmup")) OPT_INT(cfg.warmup);
         else if (!strcmp(a, "--seed")) { if (!opt_u64(a, v, &cfg.seed)) return 2; }
         else if (!strcmp(a, "--seq")) OPT_INT(cfg.model.seq);
@@ -2087,7 +2126,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--channels")) OPT_INT(cfg.model.channels);
         else if (!strcmp(a, "--data")) data_path = v;
         else if (!strcmp(a, "--save")) cfg.save_path = v;
-        else if (!strcmp(a, "--save-at")) OPT_INT(cfg.save_at);
+        else if (!strcmp(a, "--save-at")) OPT_COUNT(cfg.save_at);
         else if (!strcmp(a, "--resume")) cfg.resume_path = v;
         else if (!strcmp(a, "--save-init")) cfg.init_path = v;
         else if (!strcmp(a, "--losses")) cfg.losses_path = v;
@@ -2101,8 +2140,8 @@ int main(int argc, char **argv) {
             if (kb > ((uint64_t)1 << 40)) { fprintf(stderr, "--bucket-kb: at most 2^40\n"); return 2; }
             cfg.bucket_bytes = (size_t)kb * 1024;
         }
-        else if (!strcmp(a, "--log-every")) OPT_INT(cfg.log_every);
-        else if (!strcmp(a, "--eval-every")) OPT_INT(cfg.eval_every);
+        else if (!strcmp(a, "--log-every")) OPT_COUNT(cfg.log_every);
+        else if (!strcmp(a, "--eval-every")) OPT_COUNT(cfg.eval_every);
         else if (!strcmp(a, "--eval-windows")) OPT_INT(cfg.eval_windows);
         else { fprintf(stderr, "unknown option %s (--help)\n", a); return 2; }
         i += used;
@@ -2120,6 +2159,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "--save-at %d: needs --save FILE and a step within --steps %d\n", cfg.save_at, cfg.steps);
         return 2;
     }
+    {
+        gpt probe; /* a model too large to exist (its message) */
+        if (!gpt_layout(&probe, &cfg.model, cfg.batch, CAPEX_F32)) return 2;
+    }
+    if (cfg.save_path && !save_path_writable(cfg.save_path)) return 2;
 #ifdef CAPEX_MPI
     MPI_Init(&argc, &argv);
 #endif

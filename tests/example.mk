@@ -19,7 +19,7 @@ EXAMPLE_SRCS := $(wildcard examples/*.c)
 EXAMPLE_FULL := examples/train_gpt.c
 .PHONY: excheck-gcc excheck-clang excheck-cxx
 examples-check: excheck-gcc excheck-clang excheck-cxx
-	@echo "examples-check: ok (every example builds; minimal, port_before and port_after converge; train_gpt refuses malformed numbers)"
+	@echo "examples-check: ok (every example builds; minimal, port_before and port_after converge; train_gpt refuses malformed numbers, negative counts and an unwritable --save; capex_info refuses unknown options)"
 excheck-gcc:
 	@mkdir -p $(BUILD)/excheck
 	@for f in $(EXAMPLE_SRCS); do \
@@ -30,6 +30,16 @@ excheck-gcc:
 	  $(BUILD)/excheck/train_gpt-gcc $$o > $(BUILD)/excheck/opt.log 2>&1; rc=$$?; \
 	  if [ $$rc -ne 2 ] || ! grep -q "is not" $(BUILD)/excheck/opt.log; then \
 	    echo "examples-check: train_gpt $$o: exit $$rc, want 2 naming the value"; cat $(BUILD)/excheck/opt.log; exit 1; fi; done
+	@small="--device cpu --steps 2 --batch 1 --seq 8 --eval-windows 1 --sample 0 --quiet"; \
+	for o in "--log-every -1" "--eval-every -1" "--save-at -3" "--clip -1" "--save /nonexistent/dir/ckpt.capex" "--save /tmp/" "--channels 2000000000 --heads 1"; do \
+	  $(BUILD)/excheck/train_gpt-gcc $$small $$o > $(BUILD)/excheck/opt.log 2>&1; rc=$$?; \
+	  if [ $$rc -ne 2 ] || grep -q "val loss" $(BUILD)/excheck/opt.log; then \
+	    echo "examples-check: train_gpt $$o: exit $$rc, want 2 before any training"; cat $(BUILD)/excheck/opt.log; exit 1; fi; done
+	@for o in "--bogus" "--phases" "--parts --part"; do $(BUILD)/excheck/capex_info-gcc $$o > $(BUILD)/excheck/opt.log 2>&1; rc=$$?; \
+	  if [ $$rc -ne 2 ] || grep -q "CUDA driver" $(BUILD)/excheck/opt.log; then \
+	    echo "examples-check: capex_info $$o: exit $$rc, want 2 before any report"; cat $(BUILD)/excheck/opt.log; exit 1; fi; done
+	@$(BUILD)/excheck/capex_info-gcc --help > $(BUILD)/excheck/opt.log 2>&1 && grep -q "^usage: capex_info" $(BUILD)/excheck/opt.log && \
+	  ! grep -q "CUDA driver" $(BUILD)/excheck/opt.log || { echo "examples-check: capex_info --help: want the usage only"; exit 1; }
 excheck-clang:
 	@mkdir -p $(BUILD)/excheck
 	@for f in $(EXAMPLE_SRCS); do case " $(EXAMPLE_FULL) " in *" $$f "*) \

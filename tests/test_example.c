@@ -264,6 +264,57 @@ CT_TEST(malformed_numbers_are_refused) {
     }
 }
 
+/* A negative count is an error, not a silent meaning: --log-every -1 logged
+   every step (step % -1 == 0), --eval-every -1 evaluated only at the end and
+   --save-at -3 with --save saved at the last step; --clip -1 did not clip
+   (AdamW, SGD) or failed LAMB's setup after loading the text. */
+CT_TEST(negative_counts_are_refused) {
+    static const char *const bad[][2] = {{"--log-every", "-1"}, {"--eval-every", "-1"}, {"--save-at", "-3"}, {"--clip", "-1"}};
+    static char out[16384];
+    char save[64];
+    size_t i;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses");
+    snprintf(save, sizeof save, "/tmp/capex_example_neg_%ld.capex", (long)getpid());
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *argv[] = {(char *)"train_charlm", (char *)"--device", (char *)"cpu", (char *)"--steps", (char *)"2",
+                        (char *)"--hidden", (char *)"8", (char *)"--batch", (char *)"4", (char *)"--eval-windows",
+                        (char *)"4", (char *)"--save", save, (char *)bad[i][0], (char *)bad[i][1], NULL};
+        int rc = main_captured(15, argv, out, sizeof out);
+        CT_CHECK(rc == 2, "%s %s: exit status %d, want 2: %.300s", bad[i][0], bad[i][1], rc, out);
+        CT_CHECK(access(save, F_OK) != 0, "%s %s: nothing written", bad[i][0], bad[i][1]);
+        remove(save);
+    }
+}
+
+/* A checkpoint path that cannot be written is refused before training (it
+   trained every step, then failed at the save with exit status 1): a missing
+   directory, an empty path, a directory. */
+CT_TEST(unwritable_checkpoint_path_is_refused_before_training) {
+    static const char *const bad[] = {"/nonexistent/dir/ckpt.capex", "", "/tmp/", "/tmp"};
+    static char out[16384];
+    size_t i;
+    if (!data_or_null()) CT_SKIP("no text under /usr/share/common-licenses");
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *argv[] = {(char *)"train_charlm", (char *)"--device", (char *)"cpu", (char *)"--steps", (char *)"3",
+                        (char *)"--hidden", (char *)"8", (char *)"--batch", (char *)"4", (char *)"--eval-windows", (char *)"4",
+                        (char *)"--save", (char *)bad[i], NULL};
+        int rc = main_captured(13, argv, out, sizeof out);
+        CT_CHECK(rc == 2, "--save '%s': exit status %d, want 2: %.300s", bad[i], rc, out);
+        CT_CHECK(!strstr(out, "step"), "--save '%s': no training before the refusal: %.300s", bad[i], out);
+    }
+}
+
+/* ctx * emb over INT_MAX overflowed the CPU loops' int window size (D),
+   after allocating the model; now refused by model_init and by main. */
+CT_TEST(window_over_int_max_is_refused) {
+    model m;
+    char *argv[] = {(char *)"train_charlm", (char *)"--ctx", (char *)"20000", (char *)"--emb", (char *)"110000", NULL};
+    int ok = model_init(&m, 86, 20000, 110000, 1, 1, CAPEX_F32);
+    if (ok) model_free(&m);
+    CT_CHECK(!ok, "ctx 20000 x emb 110000 accepted");
+    CT_CHECK(train_charlm_main(5, argv) == 2, "refused as an option error");
+}
+
 CT_TEST(corrupt_or_missing_checkpoint_is_refused) {
     run_cfg c;
     run_result r;
@@ -517,6 +568,8 @@ static const ct_case cases[] = {
     CT_CASE(eval_windows_not_a_multiple_of_the_batch), CT_CASE(text_too_short_for_ctx_or_batch_is_refused),
     CT_CASE(warmup_and_save_at_options_do_what_they_say), CT_CASE(compare_chart_write_failure_is_reported),
     CT_CASE(conflicting_options_are_refused), CT_CASE(malformed_numbers_are_refused),
+    CT_CASE(negative_counts_are_refused), CT_CASE(window_over_int_max_is_refused),
+    CT_CASE(unwritable_checkpoint_path_is_refused_before_training),
     CT_CASE(two_ddp_ranks_stay_bit_identical),
     CT_CASE(two_zero_ranks_match_ddp), CT_CASE(mpirun_two_ranks_identical_replicas),
     CT_CASE(gpu_model_kernels_compile_with_nvrtc), CT_CASE(gpu_requested_without_a_gpu_fails_cleanly),

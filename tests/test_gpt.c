@@ -206,6 +206,25 @@ CT_TEST(initial_loss_is_ln_vocab) {
     free(w);
 }
 
+/* A model too large to exist is refused by its layout: the int64 sizes
+   overflowed (undefined behaviour; --channels 2000000000 printed
+   3766280231452241920 parameters before running out of memory). The default
+   model is 120k parameters, as README.md says. */
+CT_TEST(oversized_model_is_refused_by_the_layout) {
+    static const int bad[][4] = {{64, 2, 1, 2000000000}, {2000000000, 2, 4, 64}, {64, 2000000000, 4, 64}, {64, 2, 1, 1 << 30}};
+    gpt_config cfg;
+    gpt m;
+    size_t i;
+    cfg.seq = 64; cfg.layers = 2; cfg.heads = 4; cfg.channels = 64; cfg.rms = 0;
+    CT_CHECK(gpt_layout(&m, &cfg, 16, CAPEX_F32) && m.n_params == 120576, "default model: %lld parameters",
+             (long long)m.n_params);
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cfg.seq = bad[i][0]; cfg.layers = bad[i][1]; cfg.heads = bad[i][2]; cfg.channels = bad[i][3];
+        CT_CHECK(!gpt_layout(&m, &cfg, 16, CAPEX_F32), "seq %d layers %d heads %d channels %d accepted (%lld parameters)",
+                 cfg.seq, cfg.layers, cfg.heads, cfg.channels, (long long)m.n_params);
+    }
+}
+
 /* --eval-windows not a multiple of the batch: the count is rounded up to
    whole batches and every window lies inside the validation text (the last
    batch used to run past the text's end and average in what lay there). The
@@ -616,6 +635,7 @@ static const ct_case cases[] = {
     CT_CASE(model_backward_matches_finite_differences_layernorm),
     CT_CASE(model_backward_matches_finite_differences_rmsnorm),
     CT_CASE(initial_loss_is_ln_vocab),
+    CT_CASE(oversized_model_is_refused_by_the_layout),
     CT_CASE(sampling_writes_bytes_from_the_model),
     CT_CASE(loss_falls_below_bound_o2_fp16),
     CT_CASE(every_level_tracks_fp32),
