@@ -24,7 +24,6 @@
    CONFIGURATION (define before including, in the implementation file)
        CAPEX_STATIC          all functions static (private copy per translation unit)
        CAPEX_API             linkage of public functions (default: extern)
-       CAPEX_ASSERT(x)       internal invariant checks (default: assert(x))
        CAPEX_MALLOC(sz)      \  allocator used when no runtime capex_allocator is
        CAPEX_REALLOC(p,sz)    > given; define all three or none
        CAPEX_FREE(p)         /
@@ -2071,11 +2070,6 @@ CAPEX_API capex_result capex_syncbn_merge(const float *gathered, int world, int6
 #  define CAPEX_FREE(p) free(p)
 #else
 #  error "capex: define all of CAPEX_MALLOC, CAPEX_REALLOC and CAPEX_FREE, or none"
-#endif
-
-#ifndef CAPEX_ASSERT
-#  include <assert.h>
-#  define CAPEX_ASSERT(x) assert(x)
 #endif
 
 /* Private functions are static; CAPEX_STATIC builds mark them unused-ok. */
