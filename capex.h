@@ -1133,8 +1133,9 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *opt, const capex_optim
                                              const capex_optim_param *params, size_t n, size_t *group_index);
 /* One step over every group. g = grad * inv_scale * clip_coef (inv_scale =
    1/loss_scale, clip_coef e.g. from clipping by global norm; pass 1, 1 for
-   neither). found_inf != 0 skips the step: no weight, moment, model copy or
-   step count changes (Apex: skipped step on overflow). */
+   neither; their product must be a finite float). found_inf != 0 skips the
+   step: no weight, moment, model copy or step count changes (Apex: skipped
+   step on overflow). */
 CAPEX_API capex_result capex_optim_step(capex_optim *opt, float inv_scale, float clip_coef, int found_inf);
 
 CAPEX_API size_t capex_optim_num_groups(const capex_optim *opt);
@@ -7267,6 +7268,9 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
     if (!capex__opt_finite(clip_coef) || clip_coef < 0.0f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_step: clip_coef is %g; it must be finite and >= 0 "
                            "(1: no clipping)", (double)clip_coef);
+    if (!capex__opt_finite(inv_scale * clip_coef)) /* g * inf would turn every weight to NaN */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_step: inv_scale %g * clip_coef %g overflows a float; "
+                           "nothing was changed", (double)inv_scale, (double)clip_coef);
     if (o->broken)
         return capex__fail(CAPEX_ERR_ORDER, "capex_optim_step: a state load failed part-way (I/O error); load the "
                            "state again before stepping");

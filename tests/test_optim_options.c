@@ -440,10 +440,42 @@ CT_TEST(adagrad_groups_lr_decay_accumulator) {
 }
 
 
+/* inv_scale and clip_coef each valid, their product not finite (1e20 * 1e20
+   overflows f32): refused before anything moves, for every kind, instead of
+   stepping with g * inf (NaN weights). */
+CT_TEST(step_refuses_scale_product_that_overflows) {
+    static const capex_optim_kind kinds[5] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_LAMB, CAPEX_OPTIM_SGD,
+                                              CAPEX_OPTIM_NOVOGRAD, CAPEX_OPTIM_ADAGRAD};
+    int k;
+    for (k = 0; k < 5; k++) {
+        float p[3] = {1.0f, -2.0f, 0.5f}, g[3] = {0.25f, 0.0f, -1.0f}, p0[3];
+        capex_optim_desc d;
+        capex_optim *opt = NULL;
+        capex_optim_param ps;
+        int64_t st = -1;
+        capex_result r;
+        memcpy(p0, p, sizeof p);
+        capex_optim_desc_init(&d, kinds[k]);
+        d.defaults.momentum = 0.9f;
+        CT_CHECK(capex_optim_create(&d, &opt) == CAPEX_OK, "%s", capex_last_error());
+        capex_optim_param_init(&ps);
+        ps.param = p; ps.grad = g; ps.numel = 3;
+        CT_CHECK(capex_optim_add_group(opt, NULL, &ps, 1, NULL) == CAPEX_OK, "%s", capex_last_error());
+        r = capex_optim_step(opt, 1e20f, 1e20f, 0);
+        capex_optim_get_step(opt, 0, &st);
+        capex_optim_destroy(opt);
+        CT_CHECK(r == CAPEX_ERR_INVALID_ARG, "kind %d: step with inv_scale*clip_coef = inf returned %d, params %g %g %g",
+                 (int)kinds[k], (int)r, (double)p[0], (double)p[1], (double)p[2]);
+        CT_CHECK(!memcmp(p, p0, sizeof p) && st == 0, "kind %d: a refused step changed the params or the count",
+                 (int)kinds[k]);
+        CT_CHECK(strstr(capex_last_error(), "clip_coef") != NULL, "kind %d: message '%s'", (int)kinds[k],
+                 capex_last_error());
+    }
+}
 
 static const ct_case cases[] = {
     CT_CASE(adam_groups_amsgrad_bias_correction_l2_w), CT_CASE(lamb_groups_clip_nvlamb_averaging),
     CT_CASE(sgd_groups_momentum_nesterov_dampening_toggled), CT_CASE(novograd_groups_modes),
-    CT_CASE(adagrad_groups_lr_decay_accumulator),
+    CT_CASE(adagrad_groups_lr_decay_accumulator), CT_CASE(step_refuses_scale_product_that_overflows),
 };
 CT_MAIN(cases)
