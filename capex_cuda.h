@@ -6881,8 +6881,21 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
         while (k < o->nt && o->t[k].group == g) k++;
         /* lr as the device has it: a kernel may drive it (capex_cuda_optim_lr_ptr) */
         if (!o->has_sched) o->hp[g].lr = groups[g].lr; /* scheduled: hp.lr is the base */
-        r = capex_optim_add_group(h, &o->hp[g], ps + first, k - first, NULL);
-        if (r == CAPEX_OK) { h->groups[g].step = groups[g].step; h->groups[g].mom_init = groups[g].mom_init != 0; }
+        {
+            /* SGD with momentum turned off since add_group keeps its buffers (momentum
+               resumes from them): add the host group with momentum on so that it has
+               them too, then give it the real hyperparameters */
+            capex_optim_hparams ah = o->hp[g];
+            size_t j;
+            for (j = first; o->desc.kind == CAPEX_OPTIM_SGD && ah.momentum == 0.0f && j < k; j++)
+                if (o->t[j].p.exp_avg) ah.momentum = 1.0f;
+            r = capex_optim_add_group(h, &ah, ps + first, k - first, NULL);
+        }
+        if (r == CAPEX_OK) {
+            h->groups[g].hp = o->hp[g];
+            h->groups[g].step = groups[g].step;
+            h->groups[g].mom_init = groups[g].mom_init != 0;
+        }
     }
     for (k = 0; k < o->nt && r == CAPEX_OK; k++) {
         const capex_optim_param *d = &o->t[k].p;

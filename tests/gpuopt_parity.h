@@ -718,6 +718,33 @@ static void par_opt_run(ct_state *ct, env *e, const capex_optim_desc *d, int nte
         CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu");
         CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
         par_opt_compare(ct, e, &o, tol, "SGD, momentum turned off");
+        if (!ct->failed) {
+            /* its checkpoint keeps the buffers momentum resumes from (the CPU's
+               does: they exist), and goes back onto the device */
+            capex_optim *hc = NULL;
+            capex_result rr = capex_cuda_optim_to_host(o.dev, 0, NULL, &hc);
+            int t;
+            CT_CHECK(rr == CAPEX_OK, "SGD momentum off: to_host: %s", capex_last_error());
+            for (t = 0; t < o.n / 2 && rr == CAPEX_OK; t++) {
+                float *hm = NULL, *cm = NULL;
+                int64_t k;
+                capex_optim_get_state(hc, 0, (size_t)t, &hm, NULL);
+                capex_optim_get_state(o.cpu, 0, (size_t)t, &cm, NULL);
+                if (!o.t[t].numel) continue;
+                if (!hm || !cm) rr = CAPEX_ERR_SIZE_MISMATCH;
+                for (k = 0; rr == CAPEX_OK && k < o.t[t].numel; k++)
+                    if (tol == 0 ? par_f2u(hm[k]) != par_f2u(cm[k]) : !par_close(hm[k], cm[k], tol, 1e-30f))
+                        rr = CAPEX_ERR_SIZE_MISMATCH;
+                if (rr != CAPEX_OK) {
+                    capex_optim_destroy(hc);
+                    CT_CHECK(0, "SGD momentum off: the checkpoint's momentum buffer of tensor %d is %s", t,
+                             hm ? "not the CPU's" : "missing");
+                }
+            }
+            rr = capex_cuda_optim_from_host(o.dev, hc, 0, NULL);
+            capex_optim_destroy(hc);
+            CT_CHECK(rr == CAPEX_OK, "SGD momentum off: from_host of its own checkpoint: %s", capex_last_error());
+        }
     }
     if (!ct->failed) {
         /* a kernel-driven lr (written through lr_ptr) is what a checkpoint saves */
