@@ -11061,6 +11061,8 @@ struct capex_zero {
     size_t npieces, *piece_param, *piece_start; /* the optimizer's tensors, in its order */
     size_t *piece_k;        /* piece j's index within its group of opt                  */
     size_t *full_pos;       /* per param: index in its group, tensor index (unsharded)  */
+    unsigned char *mom_bufs; /* SGD, per group: created with momentum, so it has momentum buffers
+                                (kept when set_hparams turns momentum off: checkpoints carry them) */
     capex_optim *save_tmp;  /* rank 0: the unsharded state of the last save */
     int save_synced;        /* the last save's collectives ran on every rank */
     float *save_masters;
@@ -11100,6 +11102,7 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
     capex__free(NULL, z->piece_start);
     capex__free(NULL, z->piece_k);
     capex__free(NULL, z->full_pos);
+    capex__free(NULL, z->mom_bufs);
     for (i = 0; z->b && i < z->nb; i++) {
         if (capex__req_orphaned(z->comm, &z->b[i].req)) continue; /* leaked: MPI may still use them */
         capex__comm_free(z->comm, z->b[i].grad); /* stage 1's own buffer, or stage 2's lent one */
@@ -11326,11 +11329,14 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     z->piece_k = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
     z->full_pos = (size_t *)capex__alloc(NULL, sizeof(size_t) * (2 * np + 1));
     z->counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W);
+    z->mom_bufs = (unsigned char *)capex__alloc(NULL, ngroups);
     if (!z->params || !z->bucket_of || !z->offset_of || !z->bparams || !z->ready || !z->piece_param || !z->piece_start ||
-        !z->piece_k || !z->full_pos || !z->counts) {
+        !z->piece_k || !z->full_pos || !z->counts || !z->mom_bufs) {
         capex_zero_destroy(z);
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
+    for (i = 0; i < ngroups; i++) /* as capex_optim_add_group decides */
+        z->mom_bufs[i] = od->kind == CAPEX_OPTIM_SGD && (hparams ? hparams[i].momentum : od->defaults.momentum) != 0.0f;
     if (np) memcpy(z->params, params, sizeof(capex_zero_param) * np);
     memset(z->ready, 0, np + 1);
     {   /* the unsharded optimizer's order: group by group, params in index order */
@@ -11823,7 +11829,11 @@ static capex_result capex__zero_full_optim(capex_zero *z, capex_optim **out, flo
             else { pp[n].param = *masters + at; at += zp->numel; pp[n].model = data; pp[n].model_dtype = zp->dtype; }
             n++;
         }
-        if ((r = capex_optim_get_hparams(z->opt, g, &hp)) == CAPEX_OK) r = capex_optim_add_group(*out, &hp, pp, n, NULL);
+        if ((r = capex_optim_get_hparams(z->opt, g, &hp)) == CAPEX_OK) {
+            capex_optim_hparams ah = hp; /* momentum on where the pieces have buffers, so that the copy has them */
+            if (z->mom_bufs[g] && ah.momentum == 0.0f) ah.momentum = 1.0f;
+            if ((r = capex_optim_add_group(*out, &ah, pp, n, NULL)) == CAPEX_OK) (*out)->groups[g].hp = hp;
+        }
     }
     capex__free(NULL, pp);
     capex__free(NULL, hoff);
