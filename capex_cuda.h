@@ -512,8 +512,9 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *opt, const c
 /* One step, enqueued: g = grad * (*inv_scale) * (*clip_coef); the step is
    skipped on the device (no weight, moment, model copy or step count changes)
    when *found_inf != 0. Device addresses (float, float, uint32); 0 means 1, 1
-   and 0. A non-finite or non-positive inv_scale, or a negative or non-finite
-   clip_coef, also skips (the device cannot report an error). */
+   and 0. A non-finite or non-positive inv_scale, a negative or non-finite
+   clip_coef, or a product of the two that is not finite also skips (the
+   device cannot report an error; capex_optim_step refuses them). */
 CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *opt, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
                                              capex_cuda_ptr found_inf, capex_cuda_stream stream);
 CAPEX_API size_t capex_cuda_optim_num_groups(const capex_cuda_optim *opt);
