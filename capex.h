@@ -1049,12 +1049,15 @@ typedef struct capex_optim_hparams {
     float weight_decay;    /* Adam 0, LAMB 0.01, SGD 0 (torch.optim.AdamW's is 0.01: set it) */
     int bias_correction;   /* Adam, LAMB: 1 */
     int grad_averaging;    /* LAMB: 1 (beta3 = 1-beta1), 0: beta3 = 1 */
-    float momentum;        /* SGD: 0 */
+    float momentum;        /* SGD: 0. A group added with 0 has no momentum buffers: set_hparams
+                              cannot turn it on later (CAPEX_ERR_CONFIG); one added with
+                              momentum keeps its buffers while set to 0 (saved, resumed) */
     float dampening;       /* SGD: 0 */
     int nesterov;          /* SGD: 0 (needs momentum > 0 and dampening 0) */
     /* Adagrad (torch.optim.Adagrad's; Apex FusedAdagrad has neither: 0, 0) */
     float lr_decay;        /* step t uses lr / (1 + (t-1)*lr_decay); 0 */
-    float initial_accumulator_value; /* the sum buffer's start value; 0 */
+    float initial_accumulator_value; /* the sum buffer's start value; 0 (read by add_group only:
+                                        a later change has no effect, as torch's) */
     int amsgrad;           /* Adam: 1 keeps max(v) and divides by it (torch's amsgrad); 0.
                               Fixed when the group is added (the max buffer exists only then) */
 } capex_optim_hparams;
