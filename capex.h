@@ -1048,12 +1048,15 @@ typedef struct capex_optim_hparams {
     float weight_decay;    /* Adam 0, LAMB 0.01, SGD 0 (torch.optim.AdamW's is 0.01: set it) */
     int bias_correction;   /* Adam, LAMB: 1 */
     int grad_averaging;    /* LAMB: 1 (beta3 = 1-beta1), 0: beta3 = 1 */
-    float momentum;        /* SGD: 0 */
+    float momentum;        /* SGD: 0. A group added with 0 has no momentum buffers: set_hparams
+                              cannot turn it on later (CAPEX_ERR_CONFIG); one added with
+                              momentum keeps its buffers while set to 0 (saved, resumed) */
     float dampening;       /* SGD: 0 */
     int nesterov;          /* SGD: 0 (needs momentum > 0 and dampening 0) */
     /* Adagrad (torch.optim.Adagrad's; Apex FusedAdagrad has neither: 0, 0) */
     float lr_decay;        /* step t uses lr / (1 + (t-1)*lr_decay); 0 */
-    float initial_accumulator_value; /* the sum buffer's start value; 0 */
+    float initial_accumulator_value; /* the sum buffer's start value; 0 (read by add_group only:
+                                        a later change has no effect, as torch's) */
     int amsgrad;           /* Adam: 1 keeps max(v) and divides by it (torch's amsgrad); 0.
                               Fixed when the group is added (the max buffer exists only then) */
 } capex_optim_hparams;
@@ -1132,8 +1135,9 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *opt, const capex_optim
                                              const capex_optim_param *params, size_t n, size_t *group_index);
 /* One step over every group. g = grad * inv_scale * clip_coef (inv_scale =
    1/loss_scale, clip_coef e.g. from clipping by global norm; pass 1, 1 for
-   neither). found_inf != 0 skips the step: no weight, moment, model copy or
-   step count changes (Apex: skipped step on overflow). */
+   neither; their product must be a finite float). found_inf != 0 skips the
+   step: no weight, moment, model copy or step count changes (Apex: skipped
+   step on overflow). */
 CAPEX_API capex_result capex_optim_step(capex_optim *opt, float inv_scale, float clip_coef, int found_inf);
 
 CAPEX_API size_t capex_optim_num_groups(const capex_optim *opt);
@@ -7269,6 +7273,9 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
     if (!capex__opt_finite(clip_coef) || clip_coef < 0.0f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_step: clip_coef is %g; it must be finite and >= 0 "
                            "(1: no clipping)", (double)clip_coef);
+    if (!capex__opt_finite(inv_scale * clip_coef)) /* g * inf would turn every weight to NaN */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_step: inv_scale %g * clip_coef %g overflows a float; "
+                           "nothing was changed", (double)inv_scale, (double)clip_coef);
     if (o->broken)
         return capex__fail(CAPEX_ERR_ORDER, "capex_optim_step: a state load failed part-way (I/O error); load the "
                            "state again before stepping");
@@ -11152,6 +11159,8 @@ struct capex_zero {
     size_t npieces, *piece_param, *piece_start; /* the optimizer's tensors, in its order */
     size_t *piece_k;        /* piece j's index within its group of opt                  */
     size_t *full_pos;       /* per param: index in its group, tensor index (unsharded)  */
+    unsigned char *mom_bufs; /* SGD, per group: created with momentum, so it has momentum buffers
+                                (kept when set_hparams turns momentum off: checkpoints carry them) */
     capex_optim *save_tmp;  /* rank 0: the unsharded state of the last save */
     int save_synced;        /* the last save's collectives ran on every rank */
     float *save_masters;
@@ -11191,6 +11200,7 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
     capex__free(NULL, z->piece_start);
     capex__free(NULL, z->piece_k);
     capex__free(NULL, z->full_pos);
+    capex__free(NULL, z->mom_bufs);
     for (i = 0; z->b && i < z->nb; i++) {
         if (capex__req_orphaned(z->comm, &z->b[i].req)) continue; /* leaked: MPI may still use them */
         capex__comm_free(z->comm, z->b[i].grad); /* stage 1's own buffer, or stage 2's lent one */
@@ -11417,11 +11427,14 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     z->piece_k = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
     z->full_pos = (size_t *)capex__alloc(NULL, sizeof(size_t) * (2 * np + 1));
     z->counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * W);
+    z->mom_bufs = (unsigned char *)capex__alloc(NULL, ngroups);
     if (!z->params || !z->bucket_of || !z->offset_of || !z->bparams || !z->ready || !z->piece_param || !z->piece_start ||
-        !z->piece_k || !z->full_pos || !z->counts) {
+        !z->piece_k || !z->full_pos || !z->counts || !z->mom_bufs) {
         capex_zero_destroy(z);
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
+    for (i = 0; i < ngroups; i++) /* as capex_optim_add_group decides */
+        z->mom_bufs[i] = od->kind == CAPEX_OPTIM_SGD && (hparams ? hparams[i].momentum : od->defaults.momentum) != 0.0f;
     if (np) memcpy(z->params, params, sizeof(capex_zero_param) * np);
     memset(z->ready, 0, np + 1);
     {   /* the unsharded optimizer's order: group by group, params in index order */
@@ -11914,7 +11927,11 @@ static capex_result capex__zero_full_optim(capex_zero *z, capex_optim **out, flo
             else { pp[n].param = *masters + at; at += zp->numel; pp[n].model = data; pp[n].model_dtype = zp->dtype; }
             n++;
         }
-        if ((r = capex_optim_get_hparams(z->opt, g, &hp)) == CAPEX_OK) r = capex_optim_add_group(*out, &hp, pp, n, NULL);
+        if ((r = capex_optim_get_hparams(z->opt, g, &hp)) == CAPEX_OK) {
+            capex_optim_hparams ah = hp; /* momentum on where the pieces have buffers, so that the copy has them */
+            if (z->mom_bufs[g] && ah.momentum == 0.0f) ah.momentum = 1.0f;
+            if ((r = capex_optim_add_group(*out, &ah, pp, n, NULL)) == CAPEX_OK) (*out)->groups[g].hp = hp;
+        }
     }
     capex__free(NULL, pp);
     capex__free(NULL, hoff);

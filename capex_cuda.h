@@ -512,8 +512,9 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *opt, const c
 /* One step, enqueued: g = grad * (*inv_scale) * (*clip_coef); the step is
    skipped on the device (no weight, moment, model copy or step count changes)
    when *found_inf != 0. Device addresses (float, float, uint32); 0 means 1, 1
-   and 0. A non-finite or non-positive inv_scale, or a negative or non-finite
-   clip_coef, also skips (the device cannot report an error). */
+   and 0. A non-finite or non-positive inv_scale, a negative or non-finite
+   clip_coef, or a product of the two that is not finite also skips (the
+   device cannot report an error; capex_optim_step refuses them). */
 CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *opt, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
                                              capex_cuda_ptr found_inf, capex_cuda_stream stream);
 CAPEX_API size_t capex_cuda_optim_num_groups(const capex_cuda_optim *opt);
@@ -6881,8 +6882,21 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
         while (k < o->nt && o->t[k].group == g) k++;
         /* lr as the device has it: a kernel may drive it (capex_cuda_optim_lr_ptr) */
         if (!o->has_sched) o->hp[g].lr = groups[g].lr; /* scheduled: hp.lr is the base */
-        r = capex_optim_add_group(h, &o->hp[g], ps + first, k - first, NULL);
-        if (r == CAPEX_OK) { h->groups[g].step = groups[g].step; h->groups[g].mom_init = groups[g].mom_init != 0; }
+        {
+            /* SGD with momentum turned off since add_group keeps its buffers (momentum
+               resumes from them): add the host group with momentum on so that it has
+               them too, then give it the real hyperparameters */
+            capex_optim_hparams ah = o->hp[g];
+            size_t j;
+            for (j = first; o->desc.kind == CAPEX_OPTIM_SGD && ah.momentum == 0.0f && j < k; j++)
+                if (o->t[j].p.exp_avg) ah.momentum = 1.0f;
+            r = capex_optim_add_group(h, &ah, ps + first, k - first, NULL);
+        }
+        if (r == CAPEX_OK) {
+            h->groups[g].hp = o->hp[g];
+            h->groups[g].step = groups[g].step;
+            h->groups[g].mom_init = groups[g].mom_init != 0;
+        }
     }
     for (k = 0; k < o->nt && r == CAPEX_OK; k++) {
         const capex_optim_param *d = &o->t[k].p;

@@ -718,6 +718,33 @@ static void par_opt_run(ct_state *ct, env *e, const capex_optim_desc *d, int nte
         CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "cpu");
         CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
         par_opt_compare(ct, e, &o, tol, "SGD, momentum turned off");
+        if (!ct->failed) {
+            /* its checkpoint keeps the buffers momentum resumes from (the CPU's
+               does: they exist), and goes back onto the device */
+            capex_optim *hc = NULL;
+            capex_result rr = capex_cuda_optim_to_host(o.dev, 0, NULL, &hc);
+            int t;
+            CT_CHECK(rr == CAPEX_OK, "SGD momentum off: to_host: %s", capex_last_error());
+            for (t = 0; t < o.n / 2 && rr == CAPEX_OK; t++) {
+                float *hm = NULL, *cm = NULL;
+                int64_t k;
+                capex_optim_get_state(hc, 0, (size_t)t, &hm, NULL);
+                capex_optim_get_state(o.cpu, 0, (size_t)t, &cm, NULL);
+                if (!o.t[t].numel) continue;
+                if (!hm || !cm) rr = CAPEX_ERR_SIZE_MISMATCH;
+                for (k = 0; rr == CAPEX_OK && k < o.t[t].numel; k++)
+                    if (tol == 0 ? par_f2u(hm[k]) != par_f2u(cm[k]) : !par_close(hm[k], cm[k], tol, 1e-30f))
+                        rr = CAPEX_ERR_SIZE_MISMATCH;
+                if (rr != CAPEX_OK) {
+                    capex_optim_destroy(hc);
+                    CT_CHECK(0, "SGD momentum off: the checkpoint's momentum buffer of tensor %d is %s", t,
+                             hm ? "not the CPU's" : "missing");
+                }
+            }
+            rr = capex_cuda_optim_from_host(o.dev, hc, 0, NULL);
+            capex_optim_destroy(hc);
+            CT_CHECK(rr == CAPEX_OK, "SGD momentum off: from_host of its own checkpoint: %s", capex_last_error());
+        }
     }
     if (!ct->failed) {
         /* a kernel-driven lr (written through lr_ptr) is what a checkpoint saves */
@@ -1227,6 +1254,198 @@ static void par_adam_amsgrad(ct_state *ct, env *e) {
     d.defaults.amsgrad = 1;
     d.defaults.weight_decay = 0.01f;
     if (!ct->failed) par_checkpoint_one(ct, e, &d, 1, "AdamW amsgrad");
+}
+
+/* ---- options changed mid-training, on both sides ----------------------------
+   Per kind: three groups with different hyperparameters (amsgrad on and off,
+   bias correction on and off, grad averaging, nesterov, dampening, lr_decay,
+   initial accumulators, betas, eps), two steps, then set_hparams toggles
+   those on every group and a fourth group is added after the steps (its own
+   first step: SGD's buffer init, NovoGrad's norm init); four more steps. Every
+   weight and buffer against the CPU after every step: bit for bit, LAMB and
+   NovoGrad close (their sums' order). */
+#define PAR_OT 3 /* tensors per group */
+typedef struct par_ot { int64_t n; float *p, *g; uint16_t *h; capex_cuda_ptr dp, dg, dh; } par_ot;
+
+static int par_opts_group(env *e, capex_optim *cpu, capex_cuda_optim *dev, par_ot *t, const capex_optim_hparams *hp) {
+    static const int64_t sz[PAR_OT] = {37, 0, 1003};
+    capex_optim_param cp[PAR_OT], dp[PAR_OT];
+    int k;
+    for (k = 0; k < PAR_OT; k++) {
+        par_ot *x = &t[k];
+        x->n = sz[k];
+        x->p = (float *)malloc((size_t)x->n * 4 + 4);
+        x->g = (float *)malloc((size_t)x->n * 4 + 4);
+        x->h = (uint16_t *)malloc((size_t)x->n * 2 + 4);
+        x->dp = par_alloc(e, (size_t)x->n * 4);
+        x->dg = par_alloc(e, (size_t)x->n * 4);
+        x->dh = par_alloc(e, (size_t)x->n * 2);
+        if (!x->p || !x->g || !x->h || !x->dp || !x->dg || !x->dh) return 0;
+        par_fill(&e->seed, CAPEX_F32, x->p, x->n, 1.0f, 0);
+        if (!par_up(e, x->dp, x->p, (size_t)x->n * 4)) return 0;
+        capex_optim_param_init(&cp[k]);
+        cp[k].param = x->p; cp[k].grad = x->g; cp[k].numel = x->n;
+        if (k == 2) { cp[k].model = x->h; cp[k].model_dtype = CAPEX_BF16; }
+        dp[k] = cp[k];
+        dp[k].param = (float *)(uintptr_t)x->dp;
+        dp[k].grad = (const void *)(uintptr_t)x->dg;
+        dp[k].model = k == 2 ? (void *)(uintptr_t)x->dh : NULL;
+    }
+    return capex_optim_add_group(cpu, hp, cp, PAR_OT, NULL) == CAPEX_OK &&
+           capex_cuda_optim_add_group(dev, hp, dp, PAR_OT, NULL) == CAPEX_OK;
+}
+
+static int par_opts_cmp(const float *a, const float *b, int64_t n, float tol) {
+    int64_t k;
+    for (k = 0; k < n; k++)
+        if (tol == 0 ? par_f2u(a[k]) != par_f2u(b[k]) : !par_close(a[k], b[k], tol, 1e-30f)) return (int)k + 1;
+    return 0;
+}
+
+static void par_options_one(ct_state *ct, env *e, const capex_optim_desc *d, const capex_optim_hparams h[7], float tol,
+                            const char *what) {
+    par_ot t[4 * PAR_OT];
+    capex_optim *cpu = NULL;
+    capex_cuda_optim *dev = NULL;
+    float *buf = (float *)malloc(1003 * 4 + 4);
+    uint16_t *hb = (uint16_t *)malloc(1003 * 2 + 4);
+    int nt = 0, g, s, k, bad = 0;
+    memset(t, 0, sizeof t);
+    if (!buf || !hb || capex_optim_create(d, &cpu) != CAPEX_OK ||
+        (e->ctx ? capex_cuda_optim_create(e->ctx, d, &dev) : capex__go_optim_create(&e->ex, d, &dev)) != CAPEX_OK)
+        bad = 1;
+    for (g = 0; g < 3 && !bad; g++, nt += PAR_OT) bad = !par_opts_group(e, cpu, dev, t + nt, &h[g]);
+    if (bad) ct_fail(ct, __FILE__, __LINE__, "setup", "%s: %s", what, capex_last_error());
+    for (s = 1; s <= 6 && !ct->failed; s++) {
+        if (s == 3) { /* toggles on every group, then a group added after the steps */
+            for (g = 0; g < 3 && !bad; g++)
+                bad = capex_optim_set_hparams(cpu, (size_t)g, &h[3 + g]) != CAPEX_OK ||
+                      capex_cuda_optim_set_hparams(dev, (size_t)g, &h[3 + g], NULL) != CAPEX_OK;
+            if (!bad) bad = !par_opts_group(e, cpu, dev, t + nt, &h[6]);
+            nt += PAR_OT;
+            if (bad) { ct_fail(ct, __FILE__, __LINE__, "set_hparams / add_group", "%s: %s", what, capex_last_error()); break; }
+        }
+        for (k = 0; k < nt && !bad; k++) {
+            par_fill(&e->seed, CAPEX_F32, t[k].g, t[k].n, s == 4 ? 2.0f : 0.1f, 0);
+            if (k % PAR_OT == 1) continue; /* the empty one */
+            if (k == 0) memset(t[k].g, 0, (size_t)t[k].n * 4); /* zero grads: LAMB's |u| = 0 where wd is */
+            bad = !par_up(e, t[k].dg, t[k].g, (size_t)t[k].n * 4);
+        }
+        if (!bad) bad = capex_optim_step(cpu, 1.0f, 1.0f, 0) != CAPEX_OK || capex_cuda_optim_step(dev, 0, 0, 0, NULL) != CAPEX_OK;
+        if (bad) { ct_fail(ct, __FILE__, __LINE__, "step", "%s step %d: %s", what, s, capex_last_error()); break; }
+        for (k = 0; k < nt && !ct->failed; k++) {
+            size_t gi = (size_t)(k / PAR_OT), ix = (size_t)(k % PAR_OT);
+            float *cb[3] = {NULL, NULL, NULL};
+            capex_cuda_ptr db[3] = {0, 0, 0};
+            int b, at;
+            if (!t[k].n) continue;
+            capex_optim_get_state(cpu, gi, ix, &cb[0], &cb[1]);
+            capex_optim_get_max_exp_avg_sq(cpu, gi, ix, &cb[2]);
+            capex_cuda_optim_get_state(dev, gi, ix, &db[0], &db[1]);
+            capex_cuda_optim_get_max_exp_avg_sq(dev, gi, ix, &db[2]);
+            if (!par_down(e, buf, t[k].dp, (size_t)t[k].n * 4)) { ct_fail(ct, __FILE__, __LINE__, "down", "%s", what); break; }
+            if ((at = par_opts_cmp(buf, t[k].p, t[k].n, tol)) != 0)
+                ct_fail(ct, __FILE__, __LINE__, "param", "%s step %d group %zu tensor %zu: param[%d] = %.9g, CPU %.9g", what, s,
+                        gi, ix, at - 1, (double)buf[at - 1], (double)t[k].p[at - 1]);
+            for (b = 0; b < 3 && !ct->failed; b++) {
+                if ((cb[b] == NULL) != (db[b] == 0)) {
+                    ct_fail(ct, __FILE__, __LINE__, "buffers", "%s step %d group %zu tensor %zu: buffer %d exists on one side",
+                            what, s, gi, ix, b);
+                    break;
+                }
+                if (!cb[b]) continue;
+                if (!par_down(e, buf, db[b], (size_t)t[k].n * 4)) { ct_fail(ct, __FILE__, __LINE__, "down", "%s", what); break; }
+                if ((at = par_opts_cmp(buf, cb[b], t[k].n, tol)) != 0)
+                    ct_fail(ct, __FILE__, __LINE__, "buffer", "%s step %d group %zu tensor %zu: buffer %d [%d] = %.9g, CPU %.9g",
+                            what, s, gi, ix, b, at - 1, (double)buf[at - 1], (double)cb[b][at - 1]);
+            }
+            if (!ct->failed && ix == 2 && tol == 0) {
+                int64_t j;
+                if (!par_down(e, hb, t[k].dh, (size_t)t[k].n * 2)) { ct_fail(ct, __FILE__, __LINE__, "down", "%s", what); break; }
+                for (j = 0; j < t[k].n && !ct->failed; j++)
+                    if (hb[j] != t[k].h[j])
+                        ct_fail(ct, __FILE__, __LINE__, "model", "%s step %d group %zu: model[%lld] 0x%04x, CPU 0x%04x", what, s,
+                                gi, (long long)j, hb[j], t[k].h[j]);
+            }
+        }
+    }
+    capex_optim_destroy(cpu);
+    capex_cuda_optim_destroy(dev);
+    for (k = 0; k < 4 * PAR_OT; k++) {
+        free(t[k].p); free(t[k].g); free(t[k].h);
+        par_free(e, t[k].dp); par_free(e, t[k].dg); par_free(e, t[k].dh);
+    }
+    free(buf);
+    free(hb);
+}
+
+static void par_options(ct_state *ct, env *e) {
+    int kind, mode;
+    for (kind = 0; kind < 5 && !ct->failed; kind++)
+        for (mode = 0; mode < 2 && !ct->failed; mode++) {
+            capex_optim_desc d;
+            capex_optim_hparams h[7];
+            char what[80];
+            int k;
+            float tol = 0;
+            capex_optim_desc_init(&d, (capex_optim_kind)kind);
+            for (k = 0; k < 7; k++) h[k] = d.defaults;
+            switch ((capex_optim_kind)kind) {
+            case CAPEX_OPTIM_ADAM:
+                d.adam_w_mode = mode;
+                h[0].amsgrad = 1; h[0].weight_decay = 0.05f;
+                h[1].bias_correction = 0; h[1].beta1 = 0.8f; h[1].beta2 = 0.99f;
+                h[2].amsgrad = 1; h[2].bias_correction = 0; h[2].eps = 1e-3f;
+                h[3] = h[0]; h[3].bias_correction = 0; h[3].lr = 5e-3f; h[3].beta2 = 0.9f;
+                h[4] = h[1]; h[4].bias_correction = 1; h[4].beta1 = 0.0f; h[4].weight_decay = 0.02f;
+                h[5] = h[2]; h[5].bias_correction = 1; h[5].eps = 1e-8f;
+                h[6].amsgrad = 1; h[6].bias_correction = 0;
+                break;
+            case CAPEX_OPTIM_LAMB:
+                d.use_nvlamb = mode; d.max_grad_norm = mode ? 0.05f : 0.0f;
+                h[1].weight_decay = 0.0f; h[1].bias_correction = 0; h[1].grad_averaging = 0;
+                h[2].weight_decay = 0.1f; h[2].beta1 = 0.0f;
+                h[3] = h[0]; h[3].grad_averaging = 0; h[3].weight_decay = 0.0f;
+                h[4] = h[1]; h[4].weight_decay = 0.02f; h[4].bias_correction = 1;
+                h[5] = h[2]; h[5].bias_correction = 0; h[5].beta2 = 0.9f;
+                h[6].weight_decay = 0.0f;
+                tol = 2e-6f;
+                break;
+            case CAPEX_OPTIM_SGD:
+                d.wd_after_momentum = mode;
+                for (k = 0; k < 7; k++) h[k].lr = 0.05f;
+                h[0].momentum = 0.9f; h[0].dampening = 0.1f; h[0].weight_decay = 0.01f;
+                h[1].momentum = 0.9f; h[1].nesterov = 1; h[1].weight_decay = 0.001f;
+                h[2].weight_decay = 0.02f;
+                h[3] = h[0]; h[3].momentum = 0.5f; h[3].dampening = 0.0f; h[3].nesterov = 1;
+                h[4] = h[1]; h[4].nesterov = 0; h[4].dampening = 0.3f;
+                h[5] = h[2]; h[5].lr = 0.01f;
+                h[6].momentum = 0.5f; h[6].dampening = 0.5f; h[6].weight_decay = 0.03f;
+                break;
+            case CAPEX_OPTIM_ADAGRAD:
+                d.adam_w_mode = mode;
+                h[0].lr_decay = 0.1f; h[0].initial_accumulator_value = 0.1f; h[0].weight_decay = 0.01f;
+                h[1].eps = 1e-3f;
+                h[2].initial_accumulator_value = 1.0f; h[2].weight_decay = 0.1f;
+                h[3] = h[0]; h[3].lr_decay = 0.5f;
+                h[4] = h[1]; h[4].lr_decay = 0.01f; h[4].weight_decay = 0.02f;
+                h[5] = h[2]; h[5].initial_accumulator_value = 5.0f;
+                h[6].initial_accumulator_value = 0.25f; h[6].lr_decay = 1.0f;
+                break;
+            default: /* NovoGrad */
+                d.reg_inside_moment = mode; d.init_zero = !mode;
+                h[0].weight_decay = 0.01f;
+                h[1].beta2 = 0.5f; h[1].bias_correction = 0; h[1].grad_averaging = 0;
+                h[2].beta1 = 0.0f; h[2].eps = 1e-3f;
+                h[3] = h[0]; h[3].beta2 = 0.9f; h[3].grad_averaging = 0;
+                h[4] = h[1]; h[4].bias_correction = 1; h[4].weight_decay = 0.05f;
+                h[5] = h[2]; h[5].lr = 3e-2f;
+                h[6].weight_decay = 0.001f; h[6].beta2 = 0.95f;
+                tol = 2e-6f;
+            }
+            snprintf(what, sizeof what, "options: kind %d mode %d", kind, mode);
+            par_options_one(ct, e, &d, h, tol, what);
+        }
 }
 
 /* ---- the device loss scaler against capex_scaler, step by step ----------- */

@@ -435,6 +435,7 @@ CT_TEST(emu_lr_schedule) { env e = emu_env(12); par_schedule(ct, &e, 1); }
 CT_TEST(emu_adagrad) { env e = emu_env(13); par_adagrad(ct, &e); }
 CT_TEST(emu_adam_amsgrad) { env e = emu_env(14); par_adam_amsgrad(ct, &e); }
 CT_TEST(emu_pure_half) { env e = emu_env(15); par_pure_half_steps(ct, &e); }
+CT_TEST(emu_options_mid_training) { env e = emu_env(32); par_options(ct, &e); }
 
 /* Every launch through the variant the device would compile for it (its
    switches fixed at compile time): the same CPU parity, bit for bit (Adam,
@@ -605,7 +606,7 @@ CT_TEST(emu_many_small_tensors) {
 
 static const ct_case cases[] = {
     CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_check_positions), CT_CASE(emu_scale_many_tensors),
-    CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_pure_half), CT_CASE(emu_variants_bit_exact), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
+    CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_pure_half), CT_CASE(emu_options_mid_training), CT_CASE(emu_variants_bit_exact), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
     CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
     CT_CASE(emu_lr_schedule),
     CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad), CT_CASE(emu_large_params), CT_CASE(emu_many_small_tensors),

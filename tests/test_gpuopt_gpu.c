@@ -100,6 +100,7 @@ CT_TEST(gpu_lr_schedule) { GPU_ENV(e, 21); par_schedule(ct, &e, 0); }
 CT_TEST(gpu_adagrad) { GPU_ENV(e, 22); par_adagrad(ct, &e); }
 CT_TEST(gpu_adam_amsgrad) { GPU_ENV(e, 23); par_adam_amsgrad(ct, &e); }
 CT_TEST(gpu_pure_half) { GPU_ENV(e, 24); par_pure_half_steps(ct, &e); }
+CT_TEST(gpu_options_mid_training) { GPU_ENV(e, 25); par_options(ct, &e); }
 
 /* ---- a step captured in a CUDA graph and replayed ---- */
 typedef int (*cu_begin_t)(void *, int);
@@ -550,7 +551,8 @@ static const ct_case cases[] = {
     CT_CASE(gpu_adam), CT_CASE(gpu_sgd), CT_CASE(gpu_lamb), CT_CASE(gpu_novograd), CT_CASE(gpu_scaler), CT_CASE(gpu_amp_loop_inf_skips), CT_CASE(gpu_checkpoint_roundtrip),
     CT_CASE(gpu_lr_schedule),
     CT_CASE(gpu_graph_replay), CT_CASE(gpu_tensor_over_2g_elements),
-    CT_CASE(gpu_adagrad), CT_CASE(gpu_adam_amsgrad), CT_CASE(gpu_pure_half), CT_CASE(gpu_large_params),
+    CT_CASE(gpu_adagrad), CT_CASE(gpu_adam_amsgrad), CT_CASE(gpu_pure_half), CT_CASE(gpu_options_mid_training),
+    CT_CASE(gpu_large_params),
 };
 
 int main(int argc, char **argv) {

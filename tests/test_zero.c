@@ -684,6 +684,97 @@ CT_TEST(stochastic_rounding_resumes) {
     capex_comm_destroy(&c);
 }
 
+/* SGD whose momentum is turned off after create (set_hparams on
+   capex_zero_optim) keeps its momentum buffers, as capex_optim does: the
+   checkpoint holds them (a plain optimizer built with momentum loads it, the
+   same buffers), and capex_zero_load restores them from a plain optimizer's
+   file, so momentum turned on again resumes from them on both. */
+static int zsgd_step(capex_zero *z, capex_optim *ref, float *gr, int s) {
+    int i, e;
+    for (e = 0; e < 8; e++) gr[e] = 0.125f * (float)((e * 5 + s * 3) % 7) - 0.375f;
+    for (i = 1; i >= 0; i--) {
+        float *g = (float *)capex_zero_grad(z, (size_t)i);
+        if (!g) return 1;
+        memcpy(g, gr + (i ? 5 : 0), (i ? 3 : 5) * sizeof(float));
+        if (capex_zero_grad_ready(z, (size_t)i) != CAPEX_OK) return 1;
+    }
+    return capex_zero_finalize(z) != CAPEX_OK || capex_zero_step(z, 1.0f, 1.0f, 0) != CAPEX_OK ||
+           capex_zero_zero_grad(z) != CAPEX_OK || capex_optim_step(ref, 1.0f, 1.0f, 0) != CAPEX_OK;
+}
+static int zsgd_momentum(capex_optim *o, float mom) {
+    capex_optim_hparams h;
+    if (capex_optim_get_hparams(o, 0, &h) != CAPEX_OK) return 1;
+    h.momentum = mom;
+    return capex_optim_set_hparams(o, 0, &h) != CAPEX_OK;
+}
+CT_TEST(sgd_momentum_turned_off_keeps_buffers_in_checkpoints) {
+    capex_comm c;
+    capex_optim_desc od;
+    capex_zero_desc zd;
+    capex_zero_param zp[2];
+    capex_zero *z = NULL;
+    capex_optim *ref = NULL, *plain = NULL;
+    capex_optim_param op[2];
+    float wz[8], wr[8], wp[8], gr[8];
+    char pz[300], pr[300];
+    int i, s;
+    snprintf(pz, sizeof pz, "/tmp/capex_zero_mom_z_%d", (int)getpid());
+    snprintf(pr, sizeof pr, "/tmp/capex_zero_mom_r_%d", (int)getpid());
+    CT_CHECK(capex_comm_init_single(&c) == CAPEX_OK, "single");
+    capex_optim_desc_init(&od, CAPEX_OPTIM_SGD);
+    od.defaults.lr = 0.1f; od.defaults.momentum = 0.9f;
+    for (i = 0; i < 8; i++) wz[i] = wr[i] = wp[i] = 0.25f * (float)(i + 1) - 1.0f;
+    capex_optim_param_init(&op[0]); capex_optim_param_init(&op[1]);
+    op[0].param = wr; op[0].grad = gr; op[0].numel = 5;
+    op[1].param = wr + 5; op[1].grad = gr + 5; op[1].numel = 3;
+    CT_CHECK(capex_optim_create(&od, &ref) == CAPEX_OK && capex_optim_add_group(ref, NULL, op, 2, NULL) == CAPEX_OK,
+             "ref: %s", capex_last_error());
+    one_param(&zp[0], wz, 5); one_param(&zp[1], wz + 5, 3);
+    capex_zero_desc_init(&zd);
+    CT_CHECK(capex_zero_create(&z, &c, zp, 2, &od, NULL, 1, &zd) == CAPEX_OK, "zero: %s", capex_last_error());
+    for (s = 0; s < 3; s++) {
+        if (s == 2) CT_CHECK(!zsgd_momentum(capex_zero_optim(z), 0.0f) && !zsgd_momentum(ref, 0.0f), "momentum off: %s",
+                             capex_last_error());
+        CT_CHECK(!zsgd_step(z, ref, gr, s), "step %d: %s", s, capex_last_error());
+    }
+    CT_CHECK(capex_zero_save_file(z, pz, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "zero save: %s", capex_last_error());
+    CT_CHECK(capex_optim_save_file(ref, pr, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "ref save: %s", capex_last_error());
+    /* the zero's file into a plain optimizer built with momentum: its buffers are the unsharded one's */
+    op[0].param = wp; op[1].param = wp + 5;
+    CT_CHECK(capex_optim_create(&od, &plain) == CAPEX_OK && capex_optim_add_group(plain, NULL, op, 2, NULL) == CAPEX_OK,
+             "plain: %s", capex_last_error());
+    CT_CHECK(capex_optim_load_file(plain, pz, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "plain load of the zero's file: %s",
+             capex_last_error());
+    for (i = 0; i < 2; i++) {
+        float *mp = NULL, *mr = NULL;
+        capex_optim_get_state(plain, 0, (size_t)i, &mp, NULL);
+        capex_optim_get_state(ref, 0, (size_t)i, &mr, NULL);
+        CT_CHECK(mp && mr && !memcmp(mp, mr, (i ? 3 : 5) * sizeof(float)), "param %d: momentum buffer from the zero's file "
+                 "differs from the unsharded optimizer's", i);
+    }
+    capex_optim_destroy(plain);
+    /* a fresh zero, its momentum off too, loads the plain optimizer's file; momentum on again on both */
+    capex_zero_destroy(z);
+    z = NULL;
+    for (i = 0; i < 8; i++) wz[i] = 0.0f;
+    CT_CHECK(capex_zero_create(&z, &c, zp, 2, &od, NULL, 1, &zd) == CAPEX_OK, "zero: %s", capex_last_error());
+    CT_CHECK(!zsgd_momentum(capex_zero_optim(z), 0.0f), "momentum off: %s", capex_last_error());
+    CT_CHECK(capex_zero_load_file(z, pr, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "zero load: %s", capex_last_error());
+    CT_CHECK(!zsgd_momentum(capex_zero_optim(z), 0.9f) && !zsgd_momentum(ref, 0.9f), "momentum on: %s",
+             capex_last_error());
+    for (s = 3; s < 5; s++) {
+        CT_CHECK(!zsgd_step(z, ref, gr, s), "step %d: %s", s, capex_last_error());
+        for (i = 0; i < 8; i++)
+            CT_CHECK(!memcmp(&wz[i], &wr[i], 4), "step %d element %d: zero %.9g, unsharded %.9g", s, i, (double)wz[i],
+                     (double)wr[i]);
+    }
+    capex_zero_destroy(z);
+    capex_optim_destroy(ref);
+    remove(pz);
+    remove(pr);
+    capex_comm_destroy(&c);
+}
+
 static const ct_case cases[] = {
     CT_CASE(single_comm_matches_ddp_and_optim),
     CT_CASE(create_refuses_bad_arguments),
@@ -699,5 +790,6 @@ static const ct_case cases[] = {
     CT_CASE(load_takes_the_files_optimizer_settings),
     CT_CASE(save_file_frees_the_unsharded_copy),
     CT_CASE(stochastic_rounding_resumes),
+    CT_CASE(sgd_momentum_turned_off_keeps_buffers_in_checkpoints),
 };
 CT_MAIN(cases)

@@ -609,6 +609,19 @@ static int same_file(const char *a, const char *b) {
     return same;
 }
 
+/* 1: SGD's momentum is turned off on group 0 (all four zeros) before the last
+   step before the save, and on again after the step that follows the load:
+   the buffers go through the checkpoint (they did not before 2026-11-28) */
+static int g_mom_off;
+static void set_momentum(ct_state *ct, gpu_run *g, host_run *hr, float mom) {
+    capex_optim_hparams hp;
+    OK(capex_optim_get_hparams(capex_zero_optim(hr->z), 0, &hp));
+    hp.momentum = mom;
+    hp.nesterov = mom != 0.0f;
+    OK(capex_optim_set_hparams(capex_zero_optim(hr->z), 0, &hp));
+    OK(capex_cuda_optim_set_hparams(capex_cuda_zero_optim(g->zg), 0, &hp, NULL));
+}
+
 /* Save after steps: the same file as the host zero's; it loads into a fresh
    host zero and a fresh GPU zero (other initial values) and the next step
    agrees with the original ones. */
@@ -628,9 +641,12 @@ static void checkpoint_case(ct_state *ct, cfg c) {
     hostp_init(&c, &zeros);
     for (i = 0; i < NP; i++) memset(zeros.d[i], 0, bytes_of(&c, i));
     gpu_create(ct, ctx, &comm, &c, &g, &h);
-    gpu_steps(ct, ctx, user, &c, &g, 0, 3);
     host_create(ct, &c, &hr, &h);
-    host_steps(ct, &c, &hr, 0, 3);
+    gpu_steps(ct, ctx, user, &c, &g, 0, 2);
+    host_steps(ct, &c, &hr, 0, 2);
+    if (g_mom_off) set_momentum(ct, &g, &hr, 0.0f);
+    gpu_steps(ct, ctx, user, &c, &g, 2, 3);
+    host_steps(ct, &c, &hr, 2, 3);
     OK(capex_zero_save_file(capex_cuda_zero_base(g.zg), fg, CAPEX_OPTIM_STATE_PARAMS));
     OK(capex_zero_save_file(hr.z, fh, CAPEX_OPTIM_STATE_PARAMS));
     CT_CHECK(same_file(fg, fh), "the GPU zero's checkpoint differs from the host zero's");
@@ -653,6 +669,21 @@ static void checkpoint_case(ct_state *ct, cfg c) {
     same_params(ct, &c, &a, &hr.p, "GPU vs host after the next step");
     same_params(ct, &c, &b, &a, "resumed GPU vs GPU");
     same_params(ct, &c, &hr2.p, &a, "resumed host (GPU checkpoint) vs GPU");
+    if (g_mom_off) { /* momentum on again: from the buffers the checkpoint carried */
+        set_momentum(ct, &g, &hr, 0.9f);
+        set_momentum(ct, &g2, &hr2, 0.9f);
+        gpu_steps(ct, ctx, user, &c, &g, 4, 5);
+        gpu_steps(ct, ctx, user, &c, &g2, 4, 5);
+        host_steps(ct, &c, &hr, 4, 5);
+        host_steps(ct, &c, &hr2, 4, 5);
+        hostp_free(&a);
+        hostp_free(&b);
+        gpu_read(ct, ctx, &c, &g, &a);
+        gpu_read(ct, ctx, &c, &g2, &b);
+        same_params(ct, &c, &a, &hr.p, "momentum on again: GPU vs host");
+        same_params(ct, &c, &b, &a, "momentum on again: resumed GPU vs GPU");
+        same_params(ct, &c, &hr2.p, &a, "momentum on again: resumed host vs GPU");
+    }
     {   /* and the resumed GPU zero saves the same file again */
         OK(capex_zero_save_file(capex_cuda_zero_base(g2.zg), fg, CAPEX_OPTIM_STATE_PARAMS));
         OK(capex_zero_save_file(hr.z, fh, CAPEX_OPTIM_STATE_PARAMS));
@@ -674,6 +705,12 @@ static void checkpoint_case(ct_state *ct, cfg c) {
 CT_TEST(checkpoint_matches_host_and_loads) { cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 1}; checkpoint_case(ct, c); }
 CT_TEST(checkpoint_lamb_stage2) { cfg c = {2, CAPEX_OPTIM_LAMB, 1, 5.0f, -1, 3, 1}; checkpoint_case(ct, c); }
 CT_TEST(checkpoint_novograd_stage1) { cfg c = {1, CAPEX_OPTIM_NOVOGRAD, 1, 5.0f, -1, 3, 1}; checkpoint_case(ct, c); }
+CT_TEST(checkpoint_sgd_momentum_turned_off) {
+    cfg c = {1, CAPEX_OPTIM_SGD, 1, 5.0f, -1, 3, 1};
+    g_mom_off = 1;
+    checkpoint_case(ct, c);
+    g_mom_off = 0;
+}
 
 CT_TEST(refusals) {
     capex_cuda_context *ctx = NULL;
@@ -968,7 +1005,7 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(sgd_stage1_halves), CT_CASE(sgd_stage2_clip), CT_CASE(adagrad_stage2),
                                 CT_CASE(adamw_stage2_two_micro_batches), CT_CASE(lamb_stage1_halves_clip),
                                 CT_CASE(adamw_stage2_halves_two_micro_batches), CT_CASE(novograd_stage2_halves),
-                                CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads), CT_CASE(checkpoint_lamb_stage2), CT_CASE(checkpoint_novograd_stage1),
+                                CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads), CT_CASE(checkpoint_lamb_stage2), CT_CASE(checkpoint_novograd_stage1), CT_CASE(checkpoint_sgd_momentum_turned_off),
                                 CT_CASE(refusals), CT_CASE(world2_adamw_stage1_halves_clip_inf),
                                 CT_CASE(world2_adamw_stage2_halves_inf), CT_CASE(world2_sgd_stage2_clip),
                                 CT_CASE(world4_adamw_stage2_halves_clip_inf), CT_CASE(world4_sgd_stage1_halves_inf),
