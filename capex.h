@@ -959,7 +959,8 @@ CAPEX_API capex_result capex_multi_tensor_axpby(const capex_tensor_op_desc *desc
    Returns total in *total_norm (may be NULL). Differs from PyTorch when a
    grad is inf/NaN: grads are left untouched (PyTorch would write NaN/0); the
    loss scaler skips that step anyway. Finite grads whose norm overflows f32
-   (total = inf) get coef 0, as in PyTorch. max_norm: >= 0, not NaN (inf: never clip). */
+   (total = inf) get coef 0, as in PyTorch. max_norm: >= 0, not NaN (inf: never clip).
+   A list holding one tensor twice is refused (it would be scaled twice). */
 CAPEX_API capex_result capex_clip_grad_norm(const capex_tensor_op_desc *desc, const capex_tensor_list *grads,
                                             size_t nlists, float max_norm, float *total_norm);
 /* The same, computing only: *clip_coef = min(1, coef) (1 when a grad is
@@ -5796,6 +5797,8 @@ CAPEX__PRIVATE capex_result capex__clip(const char *fn, const capex_tensor_op_de
         char name[32];
         snprintf(name, sizeof name, "grads[%zu]", l);
         if ((r = capex__check_list(fn, name, &grads[l])) != CAPEX_OK) return r;
+        /* in place: a tensor listed twice would be scaled twice (as on the GPU) */
+        if (apply && (r = capex__check_alias(fn, name, &grads[l], name, &grads[l])) != CAPEX_OK) return r;
     }
     for (l = 0; l < nlists; l++) {
         double s = 0.0;

@@ -804,6 +804,26 @@ CT_TEST(clip_overflow_aliases_and_early_checks) {
     CT_CHECK(capex_tensor_list_numel(&l) == -1, "numel of a list with a bad dtype");
 }
 
+/* Clipping in place over a list that holds one tensor twice would scale it
+   twice (by coef^2): refused before anything is written, as the GPU's
+   capex_cuda_clip_grad_norm does; computing only (no writes) is fine. */
+CT_TEST(clip_in_place_refuses_repeated_tensor) {
+    float a[4] = {3, 3, 3, 3}, b[4] = {1, 1, 1, 1}, total = -1, coef = -1;
+    capex_tensor ok[1], dup[2];
+    capex_tensor_list l[2];
+    ok[0].data = b; ok[0].numel = 4;
+    dup[0].data = a; dup[0].numel = 4; dup[1].data = a; dup[1].numel = 4;
+    l[0] = capex_tensor_list_make(CAPEX_F32, ok, 1);
+    l[1] = capex_tensor_list_make(CAPEX_F32, dup, 2);
+    CT_CHECK(capex_clip_grad_norm(NULL, l, 2, 1.0f, &total) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "capex_clip_grad_norm: grads[1][") != NULL, "repeat refused: %.300s",
+             capex_last_error());
+    CT_CHECK(a[0] == 3.0f && b[0] == 1.0f && total == -1.0f, "nothing written (a %g, b %g, total %g)", (double)a[0],
+             (double)b[0], (double)total);
+    CT_CHECK(capex_clip_grad_norm_coef(NULL, l, 2, 1.0f, &total, &coef) == CAPEX_OK && total == (float)sqrt(76.0) && a[0] == 3.0f,
+             "computing only reads the repeat twice: %.300s", capex_last_error());
+}
+
 CT_TEST(bad_input_ops) {
     float a[8], b[8];
     uint16_t h[8];
@@ -922,5 +942,6 @@ static const ct_case cases[] = {
     CT_CASE(bad_input_lists),
     CT_CASE(clip_overflow_aliases_and_early_checks),
     CT_CASE(bad_input_ops),
+    CT_CASE(clip_in_place_refuses_repeated_tensor),
 };
 CT_MAIN(cases)
