@@ -937,8 +937,8 @@ CAPEX_API capex_result capex_multi_tensor_l2norm(const capex_tensor_op_desc *des
    f32 master grads, or in place (out == in, same dtype). Sets *found_inf = 1
    if any input or stored output is inf or NaN (never clears it, so calls
    accumulate: start from 0); found_inf may be NULL. Every element is written
-   even when found_inf is set. scale must be finite. Tensors of out must not
-   partially overlap those of in. */
+   even when found_inf is set. scale must be finite. An out tensor may be its
+   own in tensor (same dtype); any other overlap with in or out is refused. */
 CAPEX_API capex_result capex_multi_tensor_scale(const capex_tensor_op_desc *desc, const capex_tensor_list *in,
                                                 const capex_tensor_list *out, float scale, int *found_inf);
 
@@ -947,7 +947,7 @@ CAPEX_API capex_result capex_multi_tensor_scale(const capex_tensor_op_desc *desc
    rounding, so no dependence on FMA contraction), rounded RNE to out's dtype.
    arg_to_check: -1 checks x and y, 0 only x, 1 only y for inf/NaN (inputs, as
    Apex); sets *found_inf = 1 when found (may be NULL). a, b must be finite.
-   out may be x or y (same dtype), not a partial overlap. */
+   out may be x or y (same dtype); any other overlap is refused. */
 CAPEX_API capex_result capex_multi_tensor_axpby(const capex_tensor_op_desc *desc, float a, const capex_tensor_list *x,
                                                 float b, const capex_tensor_list *y, const capex_tensor_list *out,
                                                 int arg_to_check, int *found_inf);
@@ -5117,7 +5117,7 @@ CAPEX__PRIVATE capex_result capex__check_same(const char *fn, const char *na, co
     return CAPEX_OK;
 }
 
-typedef struct capex__ptr_at { uintptr_t p; size_t i; int is_out; } capex__ptr_at;
+typedef struct capex__ptr_at { uintptr_t p, e; size_t i; int is_out; } capex__ptr_at; /* [p, e) */
 static int capex__ptr_at_cmp(const void *x, const void *y) {
     const capex__ptr_at *a = (const capex__ptr_at *)x, *b = (const capex__ptr_at *)y;
     return a->p < b->p ? -1 : a->p > b->p ? 1 : a->is_out - b->is_out;
@@ -5126,7 +5126,9 @@ static int capex__ptr_at_cmp(const void *x, const void *y) {
 /* out may alias in exactly (in place) only tensor for tensor (out[i] is
    in[i]) and only when both have the same dtype; out[i] starting where in[j]
    or out[j] (j != i) starts would read what another tensor already wrote.
-   Partial overlaps are the caller's to avoid. */
+   Any other overlap of an output with an input or another output is refused
+   too (chunks would read elements other chunks already wrote); inputs may
+   overlap each other. */
 CAPEX__PRIVATE capex_result capex__check_alias(const char *fn, const char *nin, const capex_tensor_list *in,
                                                const char *nout, const capex_tensor_list *out) {
     size_t i, n = 0, cap = in->count + out->count;
@@ -5134,10 +5136,16 @@ CAPEX__PRIVATE capex_result capex__check_alias(const char *fn, const char *nin, 
     capex_result r = CAPEX_OK;
     if (!cap) return CAPEX_OK;
     if (!(v = (capex__ptr_at *)capex__alloc(NULL, cap * sizeof *v))) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    for (i = 0; i < in->count; i++)
-        if (in->tensors[i].numel > 0) { v[n].p = (uintptr_t)in->tensors[i].data; v[n].i = i; v[n].is_out = 0; n++; }
-    for (i = 0; i < out->count; i++)
-        if (out->tensors[i].numel > 0) { v[n].p = (uintptr_t)out->tensors[i].data; v[n].i = i; v[n].is_out = 1; n++; }
+    for (i = 0; i < in->count + out->count; i++) {
+        const capex_tensor *t = i < in->count ? &in->tensors[i] : &out->tensors[i - in->count];
+        uintptr_t bytes = (uintptr_t)t->numel * capex_dtype_size(i < in->count ? in->dtype : out->dtype);
+        if (t->numel <= 0) continue;
+        v[n].p = (uintptr_t)t->data;
+        v[n].e = v[n].p > UINTPTR_MAX - bytes ? UINTPTR_MAX : v[n].p + bytes;
+        v[n].is_out = i >= in->count;
+        v[n].i = v[n].is_out ? i - in->count : i;
+        n++;
+    }
     qsort(v, n, sizeof *v, capex__ptr_at_cmp);
     for (i = 1; i < n && r == CAPEX_OK; i++) {
         const capex__ptr_at *a = &v[i - 1], *b = &v[i];
@@ -5155,6 +5163,27 @@ CAPEX__PRIVATE capex_result capex__check_alias(const char *fn, const char *nin, 
             r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] (%s) and %s[%zu] (%s) are the same memory; in-place "
                             "needs one dtype, use a separate output buffer", fn, nin, a->i,
                             capex_dtype_name(in->dtype), nout, b->i, capex_dtype_name(out->dtype));
+    }
+    /* Partial overlaps, in address order: an entry starting before the end of
+       an earlier output, or an output starting before the end of an input
+       that starts earlier. Inputs at an output's own address passed above (its
+       in-place twin, same extent); inputs sort before outputs at one address. */
+    {
+        uintptr_t in_end = 0, grp_end = 0, out_end = 0;
+        size_t in_i = 0, grp_i = 0, out_i = 0;
+        for (i = 0; i < n && r == CAPEX_OK; i++) {
+            const capex__ptr_at *b = &v[i];
+            if (i > 0 && v[i - 1].p != b->p && grp_end > in_end) { in_end = grp_end; in_i = grp_i; }
+            if (i > 0 && v[i - 1].p != b->p) grp_end = 0;
+            if (b->p < out_end)
+                r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] and %s[%zu] overlap in part; an output may only be "
+                                "exactly its own input", fn, b->is_out ? nout : nin, b->i, nout, out_i);
+            else if (b->is_out && b->p < in_end)
+                r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] and %s[%zu] overlap in part; an output may only be "
+                                "exactly its own input", fn, nin, in_i, nout, b->i);
+            if (b->is_out && b->e > out_end) { out_end = b->e; out_i = b->i; }
+            if (!b->is_out && b->e > grp_end) { grp_end = b->e; grp_i = b->i; }
+        }
     }
     capex__free(NULL, v);
     return r;

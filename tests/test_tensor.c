@@ -824,6 +824,77 @@ CT_TEST(clip_in_place_refuses_repeated_tensor) {
              "computing only reads the repeat twice: %.300s", capex_last_error());
 }
 
+/* An output overlapping an input or another output in part (not exactly in
+   place) read elements another chunk had already written: out = in + 1
+   element gave 0 0 0 ... instead of 2*in. Refused now, nothing written, for
+   scale, axpby and in-place clipping; exact in place, inputs overlapping
+   inputs and adjacent tensors stay fine. */
+CT_TEST(partial_overlaps_refused) {
+    float a[24], a0[24], total = 0;
+    capex_tensor ti[2], to[2], ty[2];
+    capex_tensor_list in, out, y;
+    int i, fi = 0;
+    for (i = 0; i < 24; i++) a0[i] = (float)i;
+#define PO_RESET() memcpy(a, a0, sizeof a)
+#define PO_REFUSED(call, what)                                                                               \
+    do {                                                                                                     \
+        PO_RESET();                                                                                          \
+        CT_CHECK((call) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "overlap") != NULL,           \
+                 "%s refused: %.300s", what, capex_last_error());                                            \
+        CT_CHECK(memcmp(a, a0, sizeof a) == 0 && fi == 0, "%s: nothing written", what);                      \
+    } while (0)
+    ti[0].data = a; ti[0].numel = 8; to[0].data = a + 1; to[0].numel = 8;
+    in = capex_tensor_list_make(CAPEX_F32, ti, 1);
+    out = capex_tensor_list_make(CAPEX_F32, to, 1);
+    PO_REFUSED(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &fi), "out = in + 1");
+    to[0].data = a + 7; /* output starts inside the input's last element */
+    PO_REFUSED(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &fi), "out = in + 7");
+    ti[0].data = a + 4; to[0].data = a; /* output ends inside the input */
+    PO_REFUSED(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &fi), "in = out + 4");
+    /* in place, but the list's tensors overlap each other */
+    ti[0].data = a; ti[0].numel = 8; ti[1].data = a + 4; ti[1].numel = 8;
+    in = capex_tensor_list_make(CAPEX_F32, ti, 2);
+    PO_REFUSED(capex_multi_tensor_scale(NULL, &in, &in, 2.0f, &fi), "in place, overlapping tensors");
+    PO_REFUSED(capex_clip_grad_norm(NULL, &in, 1, 1.0f, &total), "clip in place, overlapping tensors");
+    /* two outputs overlapping in part, distinct inputs */
+    ty[0].data = a + 16; ty[0].numel = 4; ty[1].data = a + 20; ty[1].numel = 4;
+    to[0].data = a; to[0].numel = 4; to[1].data = a + 2; to[1].numel = 4;
+    in = capex_tensor_list_make(CAPEX_F32, ty, 2);
+    out = capex_tensor_list_make(CAPEX_F32, to, 2);
+    PO_REFUSED(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &fi), "outputs overlapping");
+    /* f16 output inside an f32 input (different starts, different sizes) */
+    ti[0].data = a; ti[0].numel = 4;
+    to[0].data = (uint16_t *)(void *)a + 3; to[0].numel = 4;
+    in = capex_tensor_list_make(CAPEX_F32, ti, 1);
+    out = capex_tensor_list_make(CAPEX_F16, to, 1);
+    PO_REFUSED(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &fi), "f16 output inside an f32 input");
+    /* axpby: out overlapping y in part */
+    ti[0].data = a; ti[0].numel = 4; ty[0].data = a + 8; ty[0].numel = 4; to[0].data = a + 9; to[0].numel = 4;
+    in = capex_tensor_list_make(CAPEX_F32, ti, 1);
+    y = capex_tensor_list_make(CAPEX_F32, ty, 1);
+    out = capex_tensor_list_make(CAPEX_F32, to, 1);
+    PO_REFUSED(capex_multi_tensor_axpby(NULL, 1.0f, &in, 1.0f, &y, &out, -1, &fi), "axpby out = y + 1");
+    /* still fine: inputs overlapping inputs, adjacent tensors, exact in place */
+    PO_RESET();
+    ti[0].data = a; ti[0].numel = 8; ti[1].data = a + 4; ti[1].numel = 8;
+    to[0].data = a + 12; to[0].numel = 8; to[1].data = a + 20; to[1].numel = 4; /* adjacent outputs */
+    ti[1].numel = 4;
+    in = capex_tensor_list_make(CAPEX_F32, ti, 2);
+    out = capex_tensor_list_make(CAPEX_F32, to, 2);
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &fi) == CAPEX_OK, "overlapping inputs: %.300s",
+             capex_last_error());
+    CT_CHECK(a[12] == 0.0f && a[19] == 14.0f && a[20] == 8.0f && a[23] == 14.0f, "values");
+    PO_RESET();
+    ti[0].data = a; ti[0].numel = 8; ti[1].data = a + 8; ti[1].numel = 8;
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &in, 2.0f, &fi) == CAPEX_OK && a[7] == 14.0f && a[8] == 16.0f &&
+             a[15] == 30.0f && a[16] == 16.0f, "adjacent, in place: %.300s", capex_last_error());
+    PO_RESET();
+    CT_CHECK(capex_multi_tensor_axpby(NULL, 1.0f, &in, 1.0f, &in, &in, -1, &fi) == CAPEX_OK && a[3] == 6.0f,
+             "axpby in place on x and y: %.300s", capex_last_error());
+#undef PO_REFUSED
+#undef PO_RESET
+}
+
 CT_TEST(bad_input_ops) {
     float a[8], b[8];
     uint16_t h[8];
@@ -943,5 +1014,6 @@ static const ct_case cases[] = {
     CT_CASE(clip_overflow_aliases_and_early_checks),
     CT_CASE(bad_input_ops),
     CT_CASE(clip_in_place_refuses_repeated_tensor),
+    CT_CASE(partial_overlaps_refused),
 };
 CT_MAIN(cases)
