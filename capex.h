@@ -898,7 +898,8 @@ CAPEX_API capex_result capex_chunk_plan_init(capex_chunk_plan *plan, const capex
                                              int64_t chunk_size, int max_tensors, int max_blocks);
 /* Fills *launch with the next launch; returns 1, or 0 when the plan is done. */
 CAPEX_API int capex_chunk_plan_next(capex_chunk_plan *plan, capex_chunk_launch *launch);
-/* Block b of a launch: index in the lists, first element and element count. */
+/* Block b of a launch: index in the lists, first element and element count
+   (all 0 for b outside [0, nblocks) or a NULL plan or launch). */
 CAPEX_API void capex_chunk_launch_block(const capex_chunk_plan *plan, const capex_chunk_launch *launch, int b,
                                         size_t *tensor, int64_t *offset, int64_t *count);
 
@@ -5285,7 +5286,14 @@ CAPEX_API int capex_chunk_plan_next(capex_chunk_plan *plan, capex_chunk_launch *
 
 CAPEX_API void capex_chunk_launch_block(const capex_chunk_plan *plan, const capex_chunk_launch *launch, int b,
                                         size_t *tensor, int64_t *offset, int64_t *count) {
-    int slot = launch->block_tensor[b];
+    int slot;
+    if (!plan || !launch || b < 0 || b >= launch->nblocks) { /* no such block: an empty range */
+        if (tensor) *tensor = 0;
+        if (offset) *offset = 0;
+        if (count) *count = 0;
+        return;
+    }
+    slot = launch->block_tensor[b];
     int64_t off = (int64_t)launch->block_chunk[b] * plan->chunk_size;
     int64_t left = launch->numel[slot] - off;
     if (tensor) *tensor = launch->tensor[slot];

@@ -289,6 +289,29 @@ CT_TEST(planner_empty_and_bad_input) {
     CT_CHECK(capex_chunk_plan_init(&p, ts, 3, 1, 0, 0) == CAPEX_ERR_LIMIT, "chunk index overflow");
     ts[1].numel = 4294967296LL;
     CT_CHECK(capex_chunk_plan_init(&p, ts, 3, 1, 0, 0) == CAPEX_OK, "2^32 chunks fit");
+    /* a block outside the launch (or NULL) is an empty range, not a read past the launch's tables */
+    {
+        size_t t = 77;
+        int64_t off = 77, cnt = 77;
+        int b;
+        ts[0].numel = 10; ts[1].numel = 0; ts[2].numel = 0;
+        memset(&L, 0xA5, sizeof L);
+        CT_CHECK(capex_chunk_plan_init(&p, ts, 3, 4, 0, 0) == CAPEX_OK && capex_chunk_plan_next(&p, &L) == 1 &&
+                 L.nblocks == 3, "10 elements in chunks of 4");
+        capex_chunk_launch_block(&p, &L, 2, &t, &off, &cnt);
+        CT_CHECK(t == 0 && off == 8 && cnt == 2, "last block: %zu %lld %lld", t, (long long)off, (long long)cnt);
+        for (b = -1; b <= 3; b += 4) {
+            t = 77; off = 77; cnt = 77;
+            capex_chunk_launch_block(&p, &L, b, &t, &off, &cnt);
+            CT_CHECK(t == 0 && off == 0 && cnt == 0, "block %d of 3: %zu %lld %lld", b, t, (long long)off, (long long)cnt);
+        }
+        cnt = 77;
+        capex_chunk_launch_block(NULL, &L, 0, NULL, NULL, &cnt);
+        CT_CHECK(cnt == 0, "NULL plan");
+        cnt = 77;
+        capex_chunk_launch_block(&p, NULL, 0, NULL, NULL, &cnt);
+        CT_CHECK(cnt == 0, "NULL launch");
+    }
 }
 
 /* ======================================================================= */
