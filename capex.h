@@ -961,7 +961,7 @@ CAPEX_API capex_result capex_multi_tensor_axpby(const capex_tensor_op_desc *desc
    grad is inf/NaN: grads are left untouched (PyTorch would write NaN/0); the
    loss scaler skips that step anyway. Finite grads whose norm overflows f32
    (total = inf) get coef 0, as in PyTorch. max_norm: >= 0, not NaN (inf: never clip).
-   A list holding one tensor twice is refused (it would be scaled twice). */
+   A tensor listed twice, or overlapping another, is refused (it would be scaled twice). */
 CAPEX_API capex_result capex_clip_grad_norm(const capex_tensor_op_desc *desc, const capex_tensor_list *grads,
                                             size_t nlists, float max_norm, float *total_norm);
 /* The same, computing only: *clip_coef = min(1, coef) (1 when a grad is
@@ -5190,6 +5190,38 @@ CAPEX__PRIVATE capex_result capex__check_alias(const char *fn, const char *nin, 
     return r;
 }
 
+/* No tensor of list a overlaps one of list b (any dtypes): clipping in place
+   over several lists would scale memory in two of them twice. */
+CAPEX__PRIVATE capex_result capex__check_disjoint(const char *fn, const char *na, const capex_tensor_list *a,
+                                                  const char *nb, const capex_tensor_list *b) {
+    size_t i, n = 0, cap = a->count + b->count, ai = 0, bi = 0;
+    uintptr_t a_end = 0, b_end = 0;
+    capex__ptr_at *v;
+    capex_result r = CAPEX_OK;
+    if (!cap) return CAPEX_OK;
+    if (!(v = (capex__ptr_at *)capex__alloc(NULL, cap * sizeof *v))) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    for (i = 0; i < cap; i++) {
+        const capex_tensor *t = i < a->count ? &a->tensors[i] : &b->tensors[i - a->count];
+        uintptr_t bytes = (uintptr_t)t->numel * capex_dtype_size(i < a->count ? a->dtype : b->dtype);
+        if (t->numel <= 0) continue;
+        v[n].p = (uintptr_t)t->data;
+        v[n].e = v[n].p > UINTPTR_MAX - bytes ? UINTPTR_MAX : v[n].p + bytes;
+        v[n].is_out = i >= a->count; /* here: in list b */
+        v[n].i = v[n].is_out ? i - a->count : i;
+        n++;
+    }
+    qsort(v, n, sizeof *v, capex__ptr_at_cmp);
+    for (i = 0; i < n && r == CAPEX_OK; i++) {
+        if (v[i].is_out ? v[i].p < a_end : v[i].p < b_end)
+            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] and %s[%zu] overlap; in place, that memory would be "
+                            "scaled twice", fn, na, v[i].is_out ? ai : v[i].i, nb, v[i].is_out ? v[i].i : bi);
+        if (v[i].is_out && v[i].e > b_end) { b_end = v[i].e; bi = v[i].i; }
+        if (!v[i].is_out && v[i].e > a_end) { a_end = v[i].e; ai = v[i].i; }
+    }
+    capex__free(NULL, v);
+    return r;
+}
+
 CAPEX_API capex_result capex_tensor_list_check(const capex_tensor_list *list) {
     return capex__check_list("capex_tensor_list_check", "list", list);
 }
@@ -5824,7 +5856,7 @@ CAPEX__PRIVATE capex_result capex__clip(const char *fn, const capex_tensor_op_de
                                         float *total_norm, float *clip_coef, int apply) {
     double sq = 0.0;
     float total, coef;
-    size_t l;
+    size_t l, m;
     capex_result r;
     if (nlists > 0 && !grads) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: grads is NULL with nlists %zu", fn, nlists);
     if (max_norm != max_norm || max_norm < 0.0f)
@@ -5836,6 +5868,11 @@ CAPEX__PRIVATE capex_result capex__clip(const char *fn, const capex_tensor_op_de
         if ((r = capex__check_list(fn, name, &grads[l])) != CAPEX_OK) return r;
         /* in place: a tensor listed twice would be scaled twice (as on the GPU) */
         if (apply && (r = capex__check_alias(fn, name, &grads[l], name, &grads[l])) != CAPEX_OK) return r;
+        for (m = 0; apply && m < l; m++) {
+            char mname[32];
+            snprintf(mname, sizeof mname, "grads[%zu]", m);
+            if ((r = capex__check_disjoint(fn, mname, &grads[m], name, &grads[l])) != CAPEX_OK) return r;
+        }
     }
     for (l = 0; l < nlists; l++) {
         double s = 0.0;

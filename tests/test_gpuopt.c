@@ -324,6 +324,16 @@ CT_TEST(partial_overlap_refused_before_launch) {
     r = capex__go_clip(&ex, NULL, &l, 1, 1.0f, (capex_cuda_ptr)(uintptr_t)ws, sizeof ws, 0, 0, 1, NULL);
     CT_CHECK(r == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "capex_cuda_clip_grad_norm: grads[0]["),
              "clip over overlapping tensors: %s (%s)", capex_result_string(r), capex_last_error());
+    /* one tensor in two lists would be scaled twice */
+    {
+        capex_tensor t0[1] = {{a, 4}}, t1[2] = {{a + 8, 4}, {a + 2, 4}};
+        capex_tensor_list two[2];
+        two[0] = capex_tensor_list_make(CAPEX_F32, t0, 1);
+        two[1] = capex_tensor_list_make(CAPEX_F32, t1, 2);
+        r = capex__go_clip(&ex, NULL, two, 2, 1.0f, (capex_cuda_ptr)(uintptr_t)ws, sizeof ws, 0, 0, 1, NULL);
+        CT_CHECK(r == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "grads[0][0] and grads[1][1] overlap"),
+                 "across lists: %s (%s)", capex_result_string(r), capex_last_error());
+    }
     CT_CHECK(rec.launches == 0, "%d launches before the errors", rec.launches);
 }
 

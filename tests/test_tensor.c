@@ -845,6 +845,31 @@ CT_TEST(clip_in_place_refuses_repeated_tensor) {
              (double)b[0], (double)total);
     CT_CHECK(capex_clip_grad_norm_coef(NULL, l, 2, 1.0f, &total, &coef) == CAPEX_OK && total == (float)sqrt(76.0) && a[0] == 3.0f,
              "computing only reads the repeat twice: %.300s", capex_last_error());
+    /* the same tensor in two lists (or an f16 view of an f32 one) is scaled twice just the same */
+    {
+        capex_tensor one[1], two[2], half[1];
+        one[0].data = a; one[0].numel = 4;
+        two[0].data = b; two[0].numel = 4; two[1].data = a; two[1].numel = 4;
+        half[0].data = (uint16_t *)(void *)b + 6; half[0].numel = 2;
+        l[0] = capex_tensor_list_make(CAPEX_F32, one, 1);
+        l[1] = capex_tensor_list_make(CAPEX_F32, two, 2);
+        total = -1;
+        CT_CHECK(capex_clip_grad_norm(NULL, l, 2, 1.0f, &total) == CAPEX_ERR_INVALID_ARG &&
+                 strstr(capex_last_error(), "grads[0][0] and grads[1][1] overlap") != NULL, "repeat across lists: %.300s",
+                 capex_last_error());
+        CT_CHECK(a[0] == 3.0f && b[0] == 1.0f && total == -1.0f, "nothing written");
+        two[1].data = b + 2; two[1].numel = 1; two[0].numel = 2; /* b[0..2), b[2]: disjoint */
+        l[1] = capex_tensor_list_make(CAPEX_F32, two, 2);
+        l[0] = capex_tensor_list_make(CAPEX_F16, half, 1); /* b[3] as two f16 codes */
+        CT_CHECK(capex_clip_grad_norm(NULL, l, 2, 1e30f, &total) == CAPEX_OK, "adjacent across lists: %.300s",
+                 capex_last_error());
+        half[0].data = (uint16_t *)(void *)b + 5;
+        CT_CHECK(capex_clip_grad_norm(NULL, l, 2, 1.0f, &total) == CAPEX_ERR_INVALID_ARG &&
+                 strstr(capex_last_error(), "grads[0][0] and grads[1][1] overlap") != NULL, "f16 view across lists: %.300s",
+                 capex_last_error());
+        CT_CHECK(capex_clip_grad_norm_coef(NULL, l, 2, 1.0f, &total, &coef) == CAPEX_OK, "computing only: %.300s",
+                 capex_last_error());
+    }
 }
 
 /* An output overlapping an input or another output in part (not exactly in
