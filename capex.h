@@ -5858,6 +5858,7 @@ CAPEX__PRIVATE capex_result capex__clip(const char *fn, const capex_tensor_op_de
     float total, coef;
     size_t l, m;
     capex_result r;
+    if (desc && (r = capex__check_desc(fn, desc)) != CAPEX_OK) return r; /* also with no lists (no sum checks it) */
     if (nlists > 0 && !grads) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: grads is NULL with nlists %zu", fn, nlists);
     if (max_norm != max_norm || max_norm < 0.0f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: max_norm is %g; it must be >= 0 (inf: no clipping)", fn,

@@ -778,6 +778,14 @@ CT_TEST(clip_grad_norm_matches_pytorch_formula) {
     CT_CHECK(capex_clip_grad_norm(NULL, lists, 2, -1.0f, &total) == CAPEX_ERR_INVALID_ARG, "negative max_norm");
     CT_CHECK(capex_clip_grad_norm(NULL, NULL, 2, 1.0f, &total) == CAPEX_ERR_INVALID_ARG, "null grads");
     CT_CHECK(capex_clip_grad_norm(NULL, NULL, 0, 1.0f, &total) == CAPEX_OK && total == 0.0f, "no lists: norm 0");
+    {   /* a bad desc is refused with no lists too (the GPU's clip refuses it first) */
+        capex_tensor_op_desc bd;
+        memset(&bd, 0xA5, sizeof bd);
+        total = -1.0f;
+        CT_CHECK(capex_clip_grad_norm(&bd, NULL, 0, 1.0f, &total) == CAPEX_ERR_INVALID_ARG && total == -1.0f,
+                 "bad desc, no lists: %.300s", capex_last_error());
+        CT_CHECK(capex_clip_grad_norm_coef(&bd, NULL, 0, 1.0f, &total, NULL) == CAPEX_ERR_INVALID_ARG, "coef, bad desc");
+    }
     lists[1].tensors = NULL;
     CT_CHECK(capex_clip_grad_norm(NULL, lists, 2, 1.0f, &total) == CAPEX_ERR_INVALID_ARG, "bad second list");
     CT_CHECK(strstr(capex_last_error(), "grads[1]") != NULL, "message names the list: %.300s", capex_last_error());
