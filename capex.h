@@ -897,7 +897,8 @@ CAPEX_API capex_result capex_chunk_plan_init(capex_chunk_plan *plan, const capex
                                              int64_t chunk_size, int max_tensors, int max_blocks);
 /* Fills *launch with the next launch; returns 1, or 0 when the plan is done. */
 CAPEX_API int capex_chunk_plan_next(capex_chunk_plan *plan, capex_chunk_launch *launch);
-/* Block b of a launch: index in the lists, first element and element count. */
+/* Block b of a launch: index in the lists, first element and element count
+   (all 0 for b outside [0, nblocks) or a NULL plan or launch). */
 CAPEX_API void capex_chunk_launch_block(const capex_chunk_plan *plan, const capex_chunk_launch *launch, int b,
                                         size_t *tensor, int64_t *offset, int64_t *count);
 
@@ -936,8 +937,8 @@ CAPEX_API capex_result capex_multi_tensor_l2norm(const capex_tensor_op_desc *des
    f32 master grads, or in place (out == in, same dtype). Sets *found_inf = 1
    if any input or stored output is inf or NaN (never clears it, so calls
    accumulate: start from 0); found_inf may be NULL. Every element is written
-   even when found_inf is set. scale must be finite. Tensors of out must not
-   partially overlap those of in. */
+   even when found_inf is set. scale must be finite. An out tensor may be its
+   own in tensor (same dtype); any other overlap with in or out is refused. */
 CAPEX_API capex_result capex_multi_tensor_scale(const capex_tensor_op_desc *desc, const capex_tensor_list *in,
                                                 const capex_tensor_list *out, float scale, int *found_inf);
 
@@ -946,7 +947,7 @@ CAPEX_API capex_result capex_multi_tensor_scale(const capex_tensor_op_desc *desc
    rounding, so no dependence on FMA contraction), rounded RNE to out's dtype.
    arg_to_check: -1 checks x and y, 0 only x, 1 only y for inf/NaN (inputs, as
    Apex); sets *found_inf = 1 when found (may be NULL). a, b must be finite.
-   out may be x or y (same dtype), not a partial overlap. */
+   out may be x or y (same dtype); any other overlap is refused. */
 CAPEX_API capex_result capex_multi_tensor_axpby(const capex_tensor_op_desc *desc, float a, const capex_tensor_list *x,
                                                 float b, const capex_tensor_list *y, const capex_tensor_list *out,
                                                 int arg_to_check, int *found_inf);
@@ -958,7 +959,8 @@ CAPEX_API capex_result capex_multi_tensor_axpby(const capex_tensor_op_desc *desc
    Returns total in *total_norm (may be NULL). Differs from PyTorch when a
    grad is inf/NaN: grads are left untouched (PyTorch would write NaN/0); the
    loss scaler skips that step anyway. Finite grads whose norm overflows f32
-   (total = inf) get coef 0, as in PyTorch. max_norm: >= 0, not NaN (inf: never clip). */
+   (total = inf) get coef 0, as in PyTorch. max_norm: >= 0, not NaN (inf: never clip).
+   A tensor listed twice, or overlapping another, is refused (it would be scaled twice). */
 CAPEX_API capex_result capex_clip_grad_norm(const capex_tensor_op_desc *desc, const capex_tensor_list *grads,
                                             size_t nlists, float max_norm, float *total_norm);
 /* The same, computing only: *clip_coef = min(1, coef) (1 when a grad is
@@ -5127,7 +5129,7 @@ CAPEX__PRIVATE capex_result capex__check_same(const char *fn, const char *na, co
     return CAPEX_OK;
 }
 
-typedef struct capex__ptr_at { uintptr_t p; size_t i; int is_out; } capex__ptr_at;
+typedef struct capex__ptr_at { uintptr_t p, e; size_t i; int is_out; } capex__ptr_at; /* [p, e) */
 static int capex__ptr_at_cmp(const void *x, const void *y) {
     const capex__ptr_at *a = (const capex__ptr_at *)x, *b = (const capex__ptr_at *)y;
     return a->p < b->p ? -1 : a->p > b->p ? 1 : a->is_out - b->is_out;
@@ -5136,7 +5138,9 @@ static int capex__ptr_at_cmp(const void *x, const void *y) {
 /* out may alias in exactly (in place) only tensor for tensor (out[i] is
    in[i]) and only when both have the same dtype; out[i] starting where in[j]
    or out[j] (j != i) starts would read what another tensor already wrote.
-   Partial overlaps are the caller's to avoid. */
+   Any other overlap of an output with an input or another output is refused
+   too (chunks would read elements other chunks already wrote); inputs may
+   overlap each other. */
 CAPEX__PRIVATE capex_result capex__check_alias(const char *fn, const char *nin, const capex_tensor_list *in,
                                                const char *nout, const capex_tensor_list *out) {
     size_t i, n = 0, cap = in->count + out->count;
@@ -5144,10 +5148,16 @@ CAPEX__PRIVATE capex_result capex__check_alias(const char *fn, const char *nin, 
     capex_result r = CAPEX_OK;
     if (!cap) return CAPEX_OK;
     if (!(v = (capex__ptr_at *)capex__alloc(NULL, cap * sizeof *v))) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    for (i = 0; i < in->count; i++)
-        if (in->tensors[i].numel > 0) { v[n].p = (uintptr_t)in->tensors[i].data; v[n].i = i; v[n].is_out = 0; n++; }
-    for (i = 0; i < out->count; i++)
-        if (out->tensors[i].numel > 0) { v[n].p = (uintptr_t)out->tensors[i].data; v[n].i = i; v[n].is_out = 1; n++; }
+    for (i = 0; i < in->count + out->count; i++) {
+        const capex_tensor *t = i < in->count ? &in->tensors[i] : &out->tensors[i - in->count];
+        uintptr_t bytes = (uintptr_t)t->numel * capex_dtype_size(i < in->count ? in->dtype : out->dtype);
+        if (t->numel <= 0) continue;
+        v[n].p = (uintptr_t)t->data;
+        v[n].e = v[n].p > UINTPTR_MAX - bytes ? UINTPTR_MAX : v[n].p + bytes;
+        v[n].is_out = i >= in->count;
+        v[n].i = v[n].is_out ? i - in->count : i;
+        n++;
+    }
     qsort(v, n, sizeof *v, capex__ptr_at_cmp);
     for (i = 1; i < n && r == CAPEX_OK; i++) {
         const capex__ptr_at *a = &v[i - 1], *b = &v[i];
@@ -5165,6 +5175,59 @@ CAPEX__PRIVATE capex_result capex__check_alias(const char *fn, const char *nin, 
             r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] (%s) and %s[%zu] (%s) are the same memory; in-place "
                             "needs one dtype, use a separate output buffer", fn, nin, a->i,
                             capex_dtype_name(in->dtype), nout, b->i, capex_dtype_name(out->dtype));
+    }
+    /* Partial overlaps, in address order: an entry starting before the end of
+       an earlier output, or an output starting before the end of an input
+       that starts earlier. Inputs at an output's own address passed above (its
+       in-place twin, same extent); inputs sort before outputs at one address. */
+    {
+        uintptr_t in_end = 0, grp_end = 0, out_end = 0;
+        size_t in_i = 0, grp_i = 0, out_i = 0;
+        for (i = 0; i < n && r == CAPEX_OK; i++) {
+            const capex__ptr_at *b = &v[i];
+            if (i > 0 && v[i - 1].p != b->p && grp_end > in_end) { in_end = grp_end; in_i = grp_i; }
+            if (i > 0 && v[i - 1].p != b->p) grp_end = 0;
+            if (b->p < out_end)
+                r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] and %s[%zu] overlap in part; an output may only be "
+                                "exactly its own input", fn, b->is_out ? nout : nin, b->i, nout, out_i);
+            else if (b->is_out && b->p < in_end)
+                r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] and %s[%zu] overlap in part; an output may only be "
+                                "exactly its own input", fn, nin, in_i, nout, b->i);
+            if (b->is_out && b->e > out_end) { out_end = b->e; out_i = b->i; }
+            if (!b->is_out && b->e > grp_end) { grp_end = b->e; grp_i = b->i; }
+        }
+    }
+    capex__free(NULL, v);
+    return r;
+}
+
+/* No tensor of list a overlaps one of list b (any dtypes): clipping in place
+   over several lists would scale memory in two of them twice. */
+CAPEX__PRIVATE capex_result capex__check_disjoint(const char *fn, const char *na, const capex_tensor_list *a,
+                                                  const char *nb, const capex_tensor_list *b) {
+    size_t i, n = 0, cap = a->count + b->count, ai = 0, bi = 0;
+    uintptr_t a_end = 0, b_end = 0;
+    capex__ptr_at *v;
+    capex_result r = CAPEX_OK;
+    if (!cap) return CAPEX_OK;
+    if (!(v = (capex__ptr_at *)capex__alloc(NULL, cap * sizeof *v))) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    for (i = 0; i < cap; i++) {
+        const capex_tensor *t = i < a->count ? &a->tensors[i] : &b->tensors[i - a->count];
+        uintptr_t bytes = (uintptr_t)t->numel * capex_dtype_size(i < a->count ? a->dtype : b->dtype);
+        if (t->numel <= 0) continue;
+        v[n].p = (uintptr_t)t->data;
+        v[n].e = v[n].p > UINTPTR_MAX - bytes ? UINTPTR_MAX : v[n].p + bytes;
+        v[n].is_out = i >= a->count; /* here: in list b */
+        v[n].i = v[n].is_out ? i - a->count : i;
+        n++;
+    }
+    qsort(v, n, sizeof *v, capex__ptr_at_cmp);
+    for (i = 0; i < n && r == CAPEX_OK; i++) {
+        if (v[i].is_out ? v[i].p < a_end : v[i].p < b_end)
+            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s[%zu] and %s[%zu] overlap; in place, that memory would be "
+                            "scaled twice", fn, na, v[i].is_out ? ai : v[i].i, nb, v[i].is_out ? v[i].i : bi);
+        if (v[i].is_out && v[i].e > b_end) { b_end = v[i].e; bi = v[i].i; }
+        if (!v[i].is_out && v[i].e > a_end) { a_end = v[i].e; ai = v[i].i; }
     }
     capex__free(NULL, v);
     return r;
@@ -5266,7 +5329,14 @@ CAPEX_API int capex_chunk_plan_next(capex_chunk_plan *plan, capex_chunk_launch *
 
 CAPEX_API void capex_chunk_launch_block(const capex_chunk_plan *plan, const capex_chunk_launch *launch, int b,
                                         size_t *tensor, int64_t *offset, int64_t *count) {
-    int slot = launch->block_tensor[b];
+    int slot;
+    if (!plan || !launch || b < 0 || b >= launch->nblocks) { /* no such block: an empty range */
+        if (tensor) *tensor = 0;
+        if (offset) *offset = 0;
+        if (count) *count = 0;
+        return;
+    }
+    slot = launch->block_tensor[b];
     int64_t off = (int64_t)launch->block_chunk[b] * plan->chunk_size;
     int64_t left = launch->numel[slot] - off;
     if (tensor) *tensor = launch->tensor[slot];
@@ -5797,8 +5867,9 @@ CAPEX__PRIVATE capex_result capex__clip(const char *fn, const capex_tensor_op_de
                                         float *total_norm, float *clip_coef, int apply) {
     double sq = 0.0;
     float total, coef;
-    size_t l;
+    size_t l, m;
     capex_result r;
+    if (desc && (r = capex__check_desc(fn, desc)) != CAPEX_OK) return r; /* also with no lists (no sum checks it) */
     if (nlists > 0 && !grads) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: grads is NULL with nlists %zu", fn, nlists);
     if (max_norm != max_norm || max_norm < 0.0f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: max_norm is %g; it must be >= 0 (inf: no clipping)", fn,
@@ -5807,6 +5878,13 @@ CAPEX__PRIVATE capex_result capex__clip(const char *fn, const capex_tensor_op_de
         char name[32];
         snprintf(name, sizeof name, "grads[%zu]", l);
         if ((r = capex__check_list(fn, name, &grads[l])) != CAPEX_OK) return r;
+        /* in place: a tensor listed twice would be scaled twice (as on the GPU) */
+        if (apply && (r = capex__check_alias(fn, name, &grads[l], name, &grads[l])) != CAPEX_OK) return r;
+        for (m = 0; apply && m < l; m++) {
+            char mname[32];
+            snprintf(mname, sizeof mname, "grads[%zu]", m);
+            if ((r = capex__check_disjoint(fn, mname, &grads[m], name, &grads[l])) != CAPEX_OK) return r;
+        }
     }
     for (l = 0; l < nlists; l++) {
         double s = 0.0;

@@ -454,8 +454,10 @@ CAPEX_API capex_result capex_cuda_multi_tensor_l2norm(capex_cuda_context *ctx, c
                                                       capex_cuda_ptr per_tensor_norms, capex_cuda_stream stream);
 /* capex_clip_grad_norm on the device: total (float, 0: none) and the factor
    min(1, max_norm / (total + 1e-6)) (float, 0: none; 1 for a non-finite
-   total); apply != 0 also multiplies every grad by it where it is < 1. The
-   factor can go to capex_cuda_optim_step's clip_coef instead (apply = 0). */
+   total); apply != 0 also multiplies every grad by it where it is < 1 (a
+   tensor listed twice, or overlapping another, is refused: it would be
+   scaled twice). The factor can go to capex_cuda_optim_step's clip_coef
+   instead (apply = 0). */
 CAPEX_API capex_result capex_cuda_clip_grad_norm(capex_cuda_context *ctx, const capex_tensor_op_desc *desc,
                                                  const capex_tensor_list *grads, size_t nlists, float max_norm,
                                                  capex_cuda_ptr workspace, size_t workspace_bytes,
@@ -5820,9 +5822,14 @@ CAPEX__PRIVATE capex_result capex__go_clip(const capex__go_exec *ex, const capex
     /* the in-place scale's check, before anything is launched: the host never sees the
        factor, so a list that cannot be scaled in place would fail after the writes */
     for (l = 0; apply && l < nlists; l++) {
-        char name[32];
+        char name[32], mname[32];
+        size_t m;
         snprintf(name, sizeof name, "grads[%zu]", l);
         if ((r = capex__check_alias(fn, name, &grads[l], name, &grads[l])) != CAPEX_OK) return r;
+        for (m = 0; m < l; m++) { /* one tensor in two lists: scaled twice */
+            snprintf(mname, sizeof mname, "grads[%zu]", m);
+            if ((r = capex__check_disjoint(fn, mname, &grads[m], name, &grads[l])) != CAPEX_OK) return r;
+        }
     }
     if ((r = capex__go_sumsq_lists(ex, desc, grads, nlists, ws, chunks, s)) != CAPEX_OK) return r;
     /* the partials are dead after the total: the factor may live at ws[0] */

@@ -307,6 +307,36 @@ CT_TEST(clip_in_place_refused_before_launch) {
                             (capex_cuda_ptr)(uintptr_t)ws, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
 }
 
+/* Outputs overlapping inputs (or each other) in part are refused as on the
+   CPU (capex__check_alias), before anything is launched: scale out = in + 1
+   element, and in-place clipping of a list whose tensors overlap. */
+CT_TEST(partial_overlap_refused_before_launch) {
+    capex__go_exec ex = rec_exec();
+    float a[16], f = 2.0f;
+    double ws[8];
+    capex_tensor ti[1] = {{a, 8}}, to[1] = {{a + 1, 8}}, ov[2] = {{a, 8}, {a + 4, 8}};
+    capex_tensor_list in = capex_tensor_list_make(CAPEX_F32, ti, 1), out = capex_tensor_list_make(CAPEX_F32, to, 1);
+    capex_tensor_list l = capex_tensor_list_make(CAPEX_F32, ov, 2);
+    capex_cuda_ptr sp = (capex_cuda_ptr)(uintptr_t)&f;
+    capex_result r = capex__go_scale(&ex, "t", NULL, &in, &out, sp, 0, 0, NULL);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "overlap in part"), "out = in + 1: %s (%s)",
+             capex_result_string(r), capex_last_error());
+    r = capex__go_clip(&ex, NULL, &l, 1, 1.0f, (capex_cuda_ptr)(uintptr_t)ws, sizeof ws, 0, 0, 1, NULL);
+    CT_CHECK(r == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "capex_cuda_clip_grad_norm: grads[0]["),
+             "clip over overlapping tensors: %s (%s)", capex_result_string(r), capex_last_error());
+    /* one tensor in two lists would be scaled twice */
+    {
+        capex_tensor t0[1] = {{a, 4}}, t1[2] = {{a + 8, 4}, {a + 2, 4}};
+        capex_tensor_list two[2];
+        two[0] = capex_tensor_list_make(CAPEX_F32, t0, 1);
+        two[1] = capex_tensor_list_make(CAPEX_F32, t1, 2);
+        r = capex__go_clip(&ex, NULL, two, 2, 1.0f, (capex_cuda_ptr)(uintptr_t)ws, sizeof ws, 0, 0, 1, NULL);
+        CT_CHECK(r == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "grads[0][0] and grads[1][1] overlap"),
+                 "across lists: %s (%s)", capex_result_string(r), capex_last_error());
+    }
+    CT_CHECK(rec.launches == 0, "%d launches before the errors", rec.launches);
+}
+
 CT_TEST(optimizer_argument_errors) {
     capex__go_exec ex = rec_exec();
     capex_cuda_optim *o = NULL;
@@ -507,7 +537,7 @@ CT_TEST(kernel_parameters_match_the_host) {
 static const ct_case cases[] = {
     CT_CASE(kernel_parameters_match_the_host),
     CT_CASE(kernel_table_matches_ids), CT_CASE(launch_metadata_packing), CT_CASE(no_context_is_a_clear_error),
-    CT_CASE(op_argument_errors), CT_CASE(workspace_size_does_not_wrap), CT_CASE(clip_in_place_refused_before_launch),
+    CT_CASE(op_argument_errors), CT_CASE(workspace_size_does_not_wrap), CT_CASE(clip_in_place_refused_before_launch), CT_CASE(partial_overlap_refused_before_launch),
     CT_CASE(optimizer_argument_errors), CT_CASE(no_driver_status), CT_CASE(sr_chunks_span_two_windows),
 };
 CT_MAIN(cases)

@@ -289,6 +289,29 @@ CT_TEST(planner_empty_and_bad_input) {
     CT_CHECK(capex_chunk_plan_init(&p, ts, 3, 1, 0, 0) == CAPEX_ERR_LIMIT, "chunk index overflow");
     ts[1].numel = 4294967296LL;
     CT_CHECK(capex_chunk_plan_init(&p, ts, 3, 1, 0, 0) == CAPEX_OK, "2^32 chunks fit");
+    /* a block outside the launch (or NULL) is an empty range, not a read past the launch's tables */
+    {
+        size_t t = 77;
+        int64_t off = 77, cnt = 77;
+        int b;
+        ts[0].numel = 10; ts[1].numel = 0; ts[2].numel = 0;
+        memset(&L, 0xA5, sizeof L);
+        CT_CHECK(capex_chunk_plan_init(&p, ts, 3, 4, 0, 0) == CAPEX_OK && capex_chunk_plan_next(&p, &L) == 1 &&
+                 L.nblocks == 3, "10 elements in chunks of 4");
+        capex_chunk_launch_block(&p, &L, 2, &t, &off, &cnt);
+        CT_CHECK(t == 0 && off == 8 && cnt == 2, "last block: %zu %lld %lld", t, (long long)off, (long long)cnt);
+        for (b = -1; b <= 3; b += 4) {
+            t = 77; off = 77; cnt = 77;
+            capex_chunk_launch_block(&p, &L, b, &t, &off, &cnt);
+            CT_CHECK(t == 0 && off == 0 && cnt == 0, "block %d of 3: %zu %lld %lld", b, t, (long long)off, (long long)cnt);
+        }
+        cnt = 77;
+        capex_chunk_launch_block(NULL, &L, 0, NULL, NULL, &cnt);
+        CT_CHECK(cnt == 0, "NULL plan");
+        cnt = 77;
+        capex_chunk_launch_block(&p, NULL, 0, NULL, NULL, &cnt);
+        CT_CHECK(cnt == 0, "NULL launch");
+    }
 }
 
 /* ======================================================================= */
@@ -755,6 +778,14 @@ CT_TEST(clip_grad_norm_matches_pytorch_formula) {
     CT_CHECK(capex_clip_grad_norm(NULL, lists, 2, -1.0f, &total) == CAPEX_ERR_INVALID_ARG, "negative max_norm");
     CT_CHECK(capex_clip_grad_norm(NULL, NULL, 2, 1.0f, &total) == CAPEX_ERR_INVALID_ARG, "null grads");
     CT_CHECK(capex_clip_grad_norm(NULL, NULL, 0, 1.0f, &total) == CAPEX_OK && total == 0.0f, "no lists: norm 0");
+    {   /* a bad desc is refused with no lists too (the GPU's clip refuses it first) */
+        capex_tensor_op_desc bd;
+        memset(&bd, 0xA5, sizeof bd);
+        total = -1.0f;
+        CT_CHECK(capex_clip_grad_norm(&bd, NULL, 0, 1.0f, &total) == CAPEX_ERR_INVALID_ARG && total == -1.0f,
+                 "bad desc, no lists: %.300s", capex_last_error());
+        CT_CHECK(capex_clip_grad_norm_coef(&bd, NULL, 0, 1.0f, &total, NULL) == CAPEX_ERR_INVALID_ARG, "coef, bad desc");
+    }
     lists[1].tensors = NULL;
     CT_CHECK(capex_clip_grad_norm(NULL, lists, 2, 1.0f, &total) == CAPEX_ERR_INVALID_ARG, "bad second list");
     CT_CHECK(strstr(capex_last_error(), "grads[1]") != NULL, "message names the list: %.300s", capex_last_error());
@@ -802,6 +833,122 @@ CT_TEST(clip_overflow_aliases_and_early_checks) {
              "nothing written on a bad desc (%g %g)", (double)per[0], (double)per[1]);
     l.dtype = (capex_dtype)7;
     CT_CHECK(capex_tensor_list_numel(&l) == -1, "numel of a list with a bad dtype");
+}
+
+/* Clipping in place over a list that holds one tensor twice would scale it
+   twice (by coef^2): refused before anything is written, as the GPU's
+   capex_cuda_clip_grad_norm does; computing only (no writes) is fine. */
+CT_TEST(clip_in_place_refuses_repeated_tensor) {
+    float a[4] = {3, 3, 3, 3}, b[4] = {1, 1, 1, 1}, total = -1, coef = -1;
+    capex_tensor ok[1], dup[2];
+    capex_tensor_list l[2];
+    ok[0].data = b; ok[0].numel = 4;
+    dup[0].data = a; dup[0].numel = 4; dup[1].data = a; dup[1].numel = 4;
+    l[0] = capex_tensor_list_make(CAPEX_F32, ok, 1);
+    l[1] = capex_tensor_list_make(CAPEX_F32, dup, 2);
+    CT_CHECK(capex_clip_grad_norm(NULL, l, 2, 1.0f, &total) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "capex_clip_grad_norm: grads[1][") != NULL, "repeat refused: %.300s",
+             capex_last_error());
+    CT_CHECK(a[0] == 3.0f && b[0] == 1.0f && total == -1.0f, "nothing written (a %g, b %g, total %g)", (double)a[0],
+             (double)b[0], (double)total);
+    CT_CHECK(capex_clip_grad_norm_coef(NULL, l, 2, 1.0f, &total, &coef) == CAPEX_OK && total == (float)sqrt(76.0) && a[0] == 3.0f,
+             "computing only reads the repeat twice: %.300s", capex_last_error());
+    /* the same tensor in two lists (or an f16 view of an f32 one) is scaled twice just the same */
+    {
+        capex_tensor one[1], two[2], half[1];
+        one[0].data = a; one[0].numel = 4;
+        two[0].data = b; two[0].numel = 4; two[1].data = a; two[1].numel = 4;
+        half[0].data = (uint16_t *)(void *)b + 6; half[0].numel = 2;
+        l[0] = capex_tensor_list_make(CAPEX_F32, one, 1);
+        l[1] = capex_tensor_list_make(CAPEX_F32, two, 2);
+        total = -1;
+        CT_CHECK(capex_clip_grad_norm(NULL, l, 2, 1.0f, &total) == CAPEX_ERR_INVALID_ARG &&
+                 strstr(capex_last_error(), "grads[0][0] and grads[1][1] overlap") != NULL, "repeat across lists: %.300s",
+                 capex_last_error());
+        CT_CHECK(a[0] == 3.0f && b[0] == 1.0f && total == -1.0f, "nothing written");
+        two[1].data = b + 2; two[1].numel = 1; two[0].numel = 2; /* b[0..2), b[2]: disjoint */
+        l[1] = capex_tensor_list_make(CAPEX_F32, two, 2);
+        l[0] = capex_tensor_list_make(CAPEX_F16, half, 1); /* b[3] as two f16 codes */
+        CT_CHECK(capex_clip_grad_norm(NULL, l, 2, 1e30f, &total) == CAPEX_OK, "adjacent across lists: %.300s",
+                 capex_last_error());
+        half[0].data = (uint16_t *)(void *)b + 5;
+        CT_CHECK(capex_clip_grad_norm(NULL, l, 2, 1.0f, &total) == CAPEX_ERR_INVALID_ARG &&
+                 strstr(capex_last_error(), "grads[0][0] and grads[1][1] overlap") != NULL, "f16 view across lists: %.300s",
+                 capex_last_error());
+        CT_CHECK(capex_clip_grad_norm_coef(NULL, l, 2, 1.0f, &total, &coef) == CAPEX_OK, "computing only: %.300s",
+                 capex_last_error());
+    }
+}
+
+/* An output overlapping an input or another output in part (not exactly in
+   place) read elements another chunk had already written: out = in + 1
+   element gave 0 0 0 ... instead of 2*in. Refused now, nothing written, for
+   scale, axpby and in-place clipping; exact in place, inputs overlapping
+   inputs and adjacent tensors stay fine. */
+CT_TEST(partial_overlaps_refused) {
+    float a[24], a0[24], total = 0;
+    capex_tensor ti[2], to[2], ty[2];
+    capex_tensor_list in, out, y;
+    int i, fi = 0;
+    for (i = 0; i < 24; i++) a0[i] = (float)i;
+#define PO_RESET() memcpy(a, a0, sizeof a)
+#define PO_REFUSED(call, what)                                                                               \
+    do {                                                                                                     \
+        PO_RESET();                                                                                          \
+        CT_CHECK((call) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "overlap") != NULL,           \
+                 "%s refused: %.300s", what, capex_last_error());                                            \
+        CT_CHECK(memcmp(a, a0, sizeof a) == 0 && fi == 0, "%s: nothing written", what);                      \
+    } while (0)
+    ti[0].data = a; ti[0].numel = 8; to[0].data = a + 1; to[0].numel = 8;
+    in = capex_tensor_list_make(CAPEX_F32, ti, 1);
+    out = capex_tensor_list_make(CAPEX_F32, to, 1);
+    PO_REFUSED(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &fi), "out = in + 1");
+    to[0].data = a + 7; /* output starts inside the input's last element */
+    PO_REFUSED(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &fi), "out = in + 7");
+    ti[0].data = a + 4; to[0].data = a; /* output ends inside the input */
+    PO_REFUSED(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &fi), "in = out + 4");
+    /* in place, but the list's tensors overlap each other */
+    ti[0].data = a; ti[0].numel = 8; ti[1].data = a + 4; ti[1].numel = 8;
+    in = capex_tensor_list_make(CAPEX_F32, ti, 2);
+    PO_REFUSED(capex_multi_tensor_scale(NULL, &in, &in, 2.0f, &fi), "in place, overlapping tensors");
+    PO_REFUSED(capex_clip_grad_norm(NULL, &in, 1, 1.0f, &total), "clip in place, overlapping tensors");
+    /* two outputs overlapping in part, distinct inputs */
+    ty[0].data = a + 16; ty[0].numel = 4; ty[1].data = a + 20; ty[1].numel = 4;
+    to[0].data = a; to[0].numel = 4; to[1].data = a + 2; to[1].numel = 4;
+    in = capex_tensor_list_make(CAPEX_F32, ty, 2);
+    out = capex_tensor_list_make(CAPEX_F32, to, 2);
+    PO_REFUSED(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &fi), "outputs overlapping");
+    /* f16 output inside an f32 input (different starts, different sizes) */
+    ti[0].data = a; ti[0].numel = 4;
+    to[0].data = (uint16_t *)(void *)a + 3; to[0].numel = 4;
+    in = capex_tensor_list_make(CAPEX_F32, ti, 1);
+    out = capex_tensor_list_make(CAPEX_F16, to, 1);
+    PO_REFUSED(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &fi), "f16 output inside an f32 input");
+    /* axpby: out overlapping y in part */
+    ti[0].data = a; ti[0].numel = 4; ty[0].data = a + 8; ty[0].numel = 4; to[0].data = a + 9; to[0].numel = 4;
+    in = capex_tensor_list_make(CAPEX_F32, ti, 1);
+    y = capex_tensor_list_make(CAPEX_F32, ty, 1);
+    out = capex_tensor_list_make(CAPEX_F32, to, 1);
+    PO_REFUSED(capex_multi_tensor_axpby(NULL, 1.0f, &in, 1.0f, &y, &out, -1, &fi), "axpby out = y + 1");
+    /* still fine: inputs overlapping inputs, adjacent tensors, exact in place */
+    PO_RESET();
+    ti[0].data = a; ti[0].numel = 8; ti[1].data = a + 4; ti[1].numel = 8;
+    to[0].data = a + 12; to[0].numel = 8; to[1].data = a + 20; to[1].numel = 4; /* adjacent outputs */
+    ti[1].numel = 4;
+    in = capex_tensor_list_make(CAPEX_F32, ti, 2);
+    out = capex_tensor_list_make(CAPEX_F32, to, 2);
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &out, 2.0f, &fi) == CAPEX_OK, "overlapping inputs: %.300s",
+             capex_last_error());
+    CT_CHECK(a[12] == 0.0f && a[19] == 14.0f && a[20] == 8.0f && a[23] == 14.0f, "values");
+    PO_RESET();
+    ti[0].data = a; ti[0].numel = 8; ti[1].data = a + 8; ti[1].numel = 8;
+    CT_CHECK(capex_multi_tensor_scale(NULL, &in, &in, 2.0f, &fi) == CAPEX_OK && a[7] == 14.0f && a[8] == 16.0f &&
+             a[15] == 30.0f && a[16] == 16.0f, "adjacent, in place: %.300s", capex_last_error());
+    PO_RESET();
+    CT_CHECK(capex_multi_tensor_axpby(NULL, 1.0f, &in, 1.0f, &in, &in, -1, &fi) == CAPEX_OK && a[3] == 6.0f,
+             "axpby in place on x and y: %.300s", capex_last_error());
+#undef PO_REFUSED
+#undef PO_RESET
 }
 
 CT_TEST(bad_input_ops) {
@@ -922,5 +1069,7 @@ static const ct_case cases[] = {
     CT_CASE(bad_input_lists),
     CT_CASE(clip_overflow_aliases_and_early_checks),
     CT_CASE(bad_input_ops),
+    CT_CASE(clip_in_place_refuses_repeated_tensor),
+    CT_CASE(partial_overlaps_refused),
 };
 CT_MAIN(cases)
