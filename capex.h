@@ -6893,52 +6893,67 @@ static capex_result capex__optim_check_param(const capex_optim_desc *d, const ca
     return CAPEX_OK;
 }
 
-static int capex__ptr_cmp(const void *x, const void *y) {
-    uintptr_t a = *(const uintptr_t *)x, b = *(const uintptr_t *)y;
-    return a < b ? -1 : a > b;
+/* The byte range [lo, hi) of one buffer an optimizer writes. */
+typedef struct capex__span { uintptr_t lo, hi; } capex__span;
+static int capex__span_cmp(const void *a, const void *b) {
+    uintptr_t x = ((const capex__span *)a)->lo, y = ((const capex__span *)b)->lo;
+    return x < y ? -1 : x > y;
+}
+/* p's written buffers (param, moments, model copy; sizes checked before) into
+   v[0..4]; returns how many. */
+static size_t capex__optim_spans(const capex_optim_param *p, capex__span *v) {
+    const void *pt[5];
+    static const uintptr_t es[5] = {4, 4, 4, 2, 4};
+    size_t j, c = 0;
+    if (p->numel <= 0) return 0;
+    pt[0] = p->param; pt[1] = p->exp_avg; pt[2] = p->exp_avg_sq; pt[3] = p->model; pt[4] = p->max_exp_avg_sq;
+    for (j = 0; j < 5; j++)
+        if (pt[j]) {
+            v[c].lo = (uintptr_t)pt[j];
+            v[c].hi = v[c].lo + (uintptr_t)p->numel * es[j];
+            c++;
+        }
+    return c;
 }
 
 /* torch.optim: "some parameters appear in more than one parameter group". A
    param, moment buffer or model copy given twice (in this group, or already in
    the optimizer) would be updated twice per step, or read as m and written as
-   v (the kernels declare them restrict). Exact repeats only: partial overlaps
-   are the caller's to avoid. */
+   v (the kernels declare them restrict); so would one overlapping another. */
 CAPEX__PRIVATE capex_result capex__optim_check_aliases(const void *old, size_t old_stride, size_t n_old,
                                                       const capex_allocator *a, const capex_optim_param *params, size_t n,
                                                       const char *fn) {
     size_t cap = 5 * (n_old + n), cnt = 0, i, k;
-    uintptr_t *v, dup = 0;
+    capex__span *v, dup = {0, 0}, mine[5];
+    uintptr_t end = 0;
     capex_result r = CAPEX_OK;
     if (!cap) return CAPEX_OK;
-    if (!(v = (uintptr_t *)capex__alloc(a, cap * sizeof *v))) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-#define CAPEX__OPT_PTRS(P)                                                   \
-    do {                                                                     \
-        if ((P).numel > 0) {                                                 \
-            v[cnt++] = (uintptr_t)(P).param;                                 \
-            if ((P).exp_avg) v[cnt++] = (uintptr_t)(P).exp_avg;              \
-            if ((P).exp_avg_sq) v[cnt++] = (uintptr_t)(P).exp_avg_sq;        \
-            if ((P).model) v[cnt++] = (uintptr_t)(P).model;                  \
-            if ((P).max_exp_avg_sq) v[cnt++] = (uintptr_t)(P).max_exp_avg_sq; \
-        }                                                                    \
-    } while (0)
+    if (!(v = (capex__span *)capex__alloc(a, cap * sizeof *v))) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     /* old: n_old records of old_stride bytes, each starting with a capex_optim_param */
-    for (k = 0; k < n_old; k++) CAPEX__OPT_PTRS(*(const capex_optim_param *)(const void *)((const char *)old + k * old_stride));
-    for (k = 0; k < n; k++) CAPEX__OPT_PTRS(params[k]);
-#undef CAPEX__OPT_PTRS
-    qsort(v, cnt, sizeof *v, capex__ptr_cmp);
-    for (i = 1; i < cnt && !dup; i++) if (v[i] == v[i - 1]) dup = v[i];
+    for (k = 0; k < n_old; k++)
+        cnt += capex__optim_spans((const capex_optim_param *)(const void *)((const char *)old + k * old_stride), v + cnt);
+    for (k = 0; k < n; k++) cnt += capex__optim_spans(&params[k], v + cnt);
+    qsort(v, cnt, sizeof *v, capex__span_cmp);
+    for (i = 0; i < cnt; i++) { /* sorted by start: one starting before the furthest end so far overlaps */
+        if (i > 0 && v[i].lo < end) { dup = v[i]; break; }
+        if (v[i].hi > end) end = v[i].hi;
+    }
     capex__free(a, v);
-    for (k = 0; dup && k < n; k++) {
-        const capex_optim_param *p = &params[k];
-        if (p->numel > 0 && ((uintptr_t)p->param == dup || (uintptr_t)p->exp_avg == dup ||
-                             (uintptr_t)p->exp_avg_sq == dup || (uintptr_t)p->model == dup ||
-                             (uintptr_t)p->max_exp_avg_sq == dup)) {
-            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: params[%zu] gives a param, moment buffer or model copy at %p "
-                            "that appears more than once (in this group or an earlier one); each tensor may belong "
-                            "to one group only", fn, k, (void *)dup);
+    for (k = 0; dup.hi && k < n; k++) {
+        size_t j, c = capex__optim_spans(&params[k], mine);
+        for (j = 0; j < c; j++)
+            if (mine[j].lo < dup.hi && dup.lo < mine[j].hi) break;
+        if (j < c) {
+            r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: params[%zu] gives a param, moment buffer or model copy that "
+                            "appears more than once or overlaps another (at %p, in this group or an earlier one); "
+                            "each tensor may belong to one group only and its buffers may not overlap", fn, k,
+                            (void *)dup.lo);
             break;
         }
     }
+    if (dup.hi && r == CAPEX_OK)
+        r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: a param, moment buffer or model copy overlaps another (at %p)", fn,
+                        (void *)dup.lo);
     return r;
 }
 
