@@ -8439,10 +8439,12 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_collective(capex_cuda_context *ctx, c
 #endif
 }
 
-/* SyncBatchNorm on an NCCL comm runs on comm->stream: like the comm's own
-   entries, it starts after the work queued on the comm's user stream (x, dy,
-   the parameters) and the user stream waits on the GPU for it (y, dx, the
-   statistics). after 0: before the call's first launch; 1: after its last. */
+/* SyncBatchNorm on an NCCL comm runs on comm->stream: like the comm's
+   collectives, it starts after the work queued on the comm's user stream (x,
+   dy, the parameters); unlike them (the host waits for those) the user stream
+   then waits on the GPU for it (y, dx, the statistics), behind whatever the
+   comm stream still runs. after 0: before the call's first launch; 1: after
+   its last. */
 CAPEX__PRIVATE capex_result capex__cuda_bn_order(capex_comm *comm, capex_cuda_stream stream, int after) {
 #ifdef CAPEX_NO_DIST
     (void)comm; (void)stream; (void)after;

@@ -60,7 +60,13 @@ $(BUILD)/tests/test_emu: $(EMU_LIB) tests/gpu_test_kernels.h tests/cuda_test_uti
 # cases this way, the bug an H100 showed first; test_cuda_gpu's
 # null_stream_copies_wait_for_every_stream (skipped eager) runs lazily and
 # failed its first check with that header.
-# Entries are test:skips[:order or lazy]. About a minute on 2 cores (test_cuda_gpu
+# Then the NCCL tests with streams that run ahead (CAPEX_EMU_STREAMS=ahead:
+# lazy, but a host wait on an event first runs every other stream's queued
+# work, and a first query finds the event busy): work queued on the user
+# stream before the host wait for a collective, that reads its result, reads
+# it stale. A finalize that scales a bucket before waiting for its allreduce
+# passes lazy and fails here (ddp_world2_half_buckets_scaled_on_user_stream).
+# Entries are test:skips[:order, lazy or ahead]. About a minute on 2 cores (test_cuda_gpu
 # compiles the built-in program cold on purpose, ~8 s).
 EMU_RUN = CAPEX_LIBCUDA_PATH=$(abspath $(EMU_LIB)) CAPEX_CACHE_DIR=$(abspath $(EMU_DIR)/cache) \
           CAPEX_NCCL_PATH=$(abspath $(BUILD)/fake/libnccl.so.2)
@@ -75,7 +81,8 @@ EMU_GPU_SHAPES := CAPEX_EMU_SMS=132:test_gpuopt_gpu:1 CAPEX_EMU_OCCUPANCY=0:test
                   CAPEX_EMU_DRIVER_VERSION=12000:test_gpuopt_gpu:1
 EMU_GPU_TESTS := test_cuda_gpu:2 test_gpuopt_gpu:1 test_norm_gpu:0 test_nccl_gpu:2 test_gpt_gpu:0 \
                  test_gpuopt_gpu:1:reverse test_norm_gpu:0:reverse test_gpt_gpu:0:reverse \
-                 test_cuda_gpu:1:lazy test_gpuopt_gpu:1:lazy test_norm_gpu:0:lazy test_nccl_gpu:2:lazy test_gpt_gpu:0:lazy
+                 test_cuda_gpu:1:lazy test_gpuopt_gpu:1:lazy test_norm_gpu:0:lazy test_nccl_gpu:2:lazy test_gpt_gpu:0:lazy \
+                 test_nccl_gpu:2:ahead
 .PHONY: emu-test
 ci-extra:: emu-test
 emu-test: $(EMU_LIB) $(BUILD)/tests/test_cuda_gpu $(BUILD)/tests/test_gpuopt_gpu $(BUILD)/tests/test_norm_gpu \
@@ -84,7 +91,7 @@ emu-test: $(EMU_LIB) $(BUILD)/tests/test_cuda_gpu $(BUILD)/tests/test_gpuopt_gpu
 	@out=$$($(BUILD)/tests/test_emu 2>&1); echo "emu: test_emu: $$(echo "$$out" | tail -n 1)"; \
 	  echo "$$out" | tail -n 1 | grep -qE '^[1-9][0-9]* passed, 0 failed, 0 skipped$$' || { echo "$$out"; exit 1; }
 	@for e in $(EMU_GPU_TESTS); do t=$${e%%:*}; r=$${e#*:}; sk=$${r%%:*}; order=$${r#$$sk}; order=$${order#:}; \
-	  how=CAPEX_EMU_ORDER=$$order; [ "$$order" = lazy ] && how=CAPEX_EMU_STREAMS=lazy; \
+	  how=CAPEX_EMU_ORDER=$$order; case $$order in lazy|ahead) how=CAPEX_EMU_STREAMS=$$order;; esac; \
 	  out=$$(env $$how $(EMU_RUN) $(BUILD)/tests/$$t 2>&1); rc=$$?; \
 	  last=$$(echo "$$out" | tail -n 1); echo "emu: $$t$${order:+ ($$how)}: $$last"; \
 	  if [ $$rc -ne 0 ] || ! echo "$$last" | grep -qE "^[1-9][0-9]* passed, 0 failed, $$sk skipped$$"; then \

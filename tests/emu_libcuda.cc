@@ -34,7 +34,13 @@
    order a real GPU may take at its latest (cuEventDestroy runs nothing). The legacy stream (NULL, and the synchronous copies
    and memsets) runs at the call and waits only for blocking streams (flags
    0), as on a GPU: work that reads another stream's result without an event
-   then reads it before it is written (a missing wait shows). Async uploads
+   then reads it before it is written (a missing wait shows).
+   CAPEX_EMU_STREAMS=ahead: lazy, but a host wait on an event (query,
+   synchronize) first runs every other stream's queued work, as a GPU may,
+   and the first query of a record still queued says NOT_READY: work queued
+   before the host wait that reads the waited-for result reads it stale
+   (lazy alone runs such work late, so a missing host wait shows only here;
+   a missing stream wait shows only under lazy). Async uploads
    copy the host data at the call (pageable memory). Stream capture
    (global mode) records kernel launches, async copies and memsets for graph
    replay; a synchronising call while capturing fails and invalidates the
@@ -555,7 +561,7 @@ int in_bounds(CUdeviceptr p, size_t n) {
 struct op;
 struct stream { int magic; unsigned flags; std::deque<op> *q; };
 /* gen: records enqueued; done: the last that ran (lazy streams); rs: its stream */
-struct event { int magic, timing, recorded; double t; stream *rs; unsigned long long gen, done; };
+struct event { int magic, timing, recorded; double t; stream *rs; unsigned long long gen, done, asked; };
 struct op {
     int kind = 0; /* 0 kernel, 1 memset8, 2 memset32, 3 HtoD, 4 DtoH, 5 DtoD, 6 event record (n: its gen),
                      7 wait for event ev's record n on stream ws (lazy streams) */
@@ -839,7 +845,16 @@ int lazy_streams() {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("CAPEX_EMU_STREAMS");
-        v = e && !strcmp(e, "lazy");
+        v = e && (!strcmp(e, "lazy") || !strcmp(e, "ahead"));
+    }
+    return v;
+}
+/* CAPEX_EMU_STREAMS=ahead: lazy streams that run ahead (host_wait_record). */
+int ahead_streams() {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("CAPEX_EMU_STREAMS");
+        v = e && !strcmp(e, "ahead");
     }
     return v;
 }
@@ -859,6 +874,22 @@ void run_record(const event *ev, stream *w, unsigned long long gen) {
 void run_latest_record(const event *ev) {
     std::lock_guard<std::recursive_mutex> g(qmu);
     run_record(ev, ev->rs, ev->gen);
+}
+/* A host wait on ev: under CAPEX_EMU_STREAMS=ahead the other streams' queued
+   work first, and a query of a record still queued says NOT_READY once
+   (a poll's first look finds the GPU busy) before it runs it. */
+CUresult host_wait_record(event *ev, int query) {
+    std::lock_guard<std::recursive_mutex> g(qmu);
+    if (ahead_streams()) {
+        for (size_t i = 0; i < live_streams.size(); i++)
+            if (live_streams[i] != ev->rs) drain(live_streams[i], nullptr, 0);
+        if (query && ev->done < ev->gen && ev->asked != ev->gen) {
+            ev->asked = ev->gen;
+            return NOT_READY;
+        }
+    }
+    run_latest_record(ev);
+    return OK;
 }
 CUresult run_lazy_op(const op &o) {
     if (o.kind == 7) { run_record(o.ev, o.ws, o.n); return OK; }
@@ -1252,7 +1283,7 @@ EMU_API CUresult cuEventSynchronize(void *e) {
     NEED_CTX();
     if (!e || ((event *)e)->magic != 0xE7) return INVALID_HANDLE;
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
-    if (lazy_streams()) run_latest_record((event *)e);
+    if (lazy_streams()) host_wait_record((event *)e, 0);
     return sticky.load();
 }
 EMU_API CUresult cuEventQuery(void *e) {
@@ -1261,7 +1292,7 @@ EMU_API CUresult cuEventQuery(void *e) {
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
     /* work is synchronous: a recorded event is complete; lazy: a query runs what
        the record waits for (a poll loop makes progress), and reports its failure */
-    if (lazy_streams()) run_latest_record((event *)e);
+    if (lazy_streams() && host_wait_record((event *)e, 1) != OK && !sticky) return NOT_READY;
     return sticky.load();
 }
 EMU_API CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) {

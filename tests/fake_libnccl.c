@@ -36,7 +36,7 @@
    (f64 for f64). A rank that exits or stalls past the timeout makes its
    peers' collectives fail as NCCL's do: nothing written, async error
    ncclRemoteError. Not NCCL: it only proves the host code. Under the
-   emulator's CAPEX_EMU_STREAMS=lazy (work waits in its stream's queue), a
+   emulator's CAPEX_EMU_STREAMS=lazy or ahead (work waits in its stream's queue), a
    collective first runs what was queued before it on its stream
    (cuStreamSynchronize of the loaded emulator), then runs at the call into
    a host buffer, and its result lands in recv through an upload queued on
@@ -413,7 +413,7 @@ static void emu_stream_sync_find(void) {
 static int emu_stream_sync(void *stream) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     const char *e = getenv("CAPEX_EMU_STREAMS");
-    if (!stream || !e || strcmp(e, "lazy")) return 0;
+    if (!stream || !e || (strcmp(e, "lazy") && strcmp(e, "ahead"))) return 0;
     pthread_once(&once, emu_stream_sync_find);
     if (emu_stream_sync_fn) emu_stream_sync_fn(stream);
     return emu_stream_sync_fn && emu_upload_fn;

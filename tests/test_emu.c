@@ -22,7 +22,10 @@
      another stream), legacy-stream work drains a blocking stream (flags 0),
      destroying an event or a stream runs no other stream's work, a stand-in NCCL collective's result
      lands in stream order, a queued timing record is CUDA_ERROR_NOT_READY, and cuEventQuery and a
-     download from the stream report a fault in the work they ran.
+     download from the stream report a fault in the work they ran;
+   - CAPEX_EMU_STREAMS=ahead (against lazy): a host query of an event first
+     runs the other streams' queued work (a read of a collective's result
+     queued before the host wait reads it stale) and says NOT_READY once.
    Needs NVRTC (the emulator loads real images); skips without the library. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -456,6 +459,79 @@ CT_TEST(lazy_streams_defer_and_order_like_a_gpu) {
     }
 }
 
+/* CAPEX_EMU_STREAMS=ahead against lazy (arg): a stand-in all-reduce on
+   stream a, then on stream b a read of its result without a wait, then a
+   host query of an event recorded on a after the all-reduce. */
+#define LZ(cond, ...)                                                                   \
+    do {                                                                                \
+        if (!(cond)) {                                                                  \
+            res->code = __LINE__;                                                       \
+            snprintf(res->message, sizeof res->message, __VA_ARGS__);                   \
+            goto out;                                                                   \
+        }                                                                               \
+    } while (0)
+static void child_ahead(const char *arg, child_result *res) {
+    struct emu_drv D;
+    struct emu_nccl N;
+    emu_nccl_id id;
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_module *m = NULL;
+    capex_cuda_ptr x = 0, y = 0, z = 0;
+    void *a = NULL, *b = NULL, *e = NULL, *lib, *nlib, *comm = NULL;
+    int ahead = arg && !strcmp(arg, "ahead"), q;
+    memset(&D, 0, sizeof D);
+    res->code = -1;
+    LZ(open_emu(&ctx, &m, gpu_test_emu_src) == CAPEX_OK, "context and module: %s", capex_last_error());
+    lib = dlopen(emu_lib, RTLD_NOW | RTLD_NOLOAD);
+    LZ(lib && emu_sym(lib, "cuMemAlloc_v2", &D.alloc) && emu_sym(lib, "cuMemsetD32_v2", &D.memset32) &&
+           emu_sym(lib, "cuMemcpyDtoH_v2", &D.dtoh) && emu_sym(lib, "cuMemcpyDtoDAsync_v2", &D.dtod_async) &&
+           emu_sym(lib, "cuStreamCreate", &D.stream_create) && emu_sym(lib, "cuStreamSynchronize", &D.stream_sync) &&
+           emu_sym(lib, "cuEventCreate", &D.event_create) && emu_sym(lib, "cuEventRecord", &D.event_record) &&
+           emu_sym(lib, "cuEventQuery", &D.event_query),
+       "the emulator's driver entry points");
+    nlib = dlopen(nccl_lib, RTLD_NOW | RTLD_LOCAL);
+    LZ(nlib && emu_sym(nlib, "ncclGetUniqueId", &N.get_id) && emu_sym(nlib, "ncclCommInitRank", &N.init) &&
+           emu_sym(nlib, "ncclAllReduce", &N.allreduce) && emu_sym(nlib, "ncclCommDestroy", &N.destroy),
+       "the stand-in NCCL %s: %s", nccl_lib, dlerror());
+    LZ(N.get_id(&id) == 0 && N.init(&comm, 1, id, 0) == 0, "a world of one");
+    LZ(D.alloc(&x, 64) == 0 && D.alloc(&y, 64) == 0 && D.alloc(&z, 64) == 0 && D.stream_create(&a, 1) == 0 &&
+           D.stream_create(&b, 1) == 0 && D.event_create(&e, 2) == 0,
+       "buffers, streams, event");
+    LZ(D.memset32(x, 10, 4) == 0 && D.memset32(y, 11, 4) == 0 && D.memset32(z, 12, 4) == 0 &&
+           N.allreduce((void *)(uintptr_t)x, (void *)(uintptr_t)y, 4, 7 /* ncclFloat32 */, 0, comm, a) == 0 &&
+           D.event_record(e, a) == 0 && D.dtod_async(z, y, 16, b) == 0,
+       "all-reduce and record on a, read on b");
+    q = D.event_query(e);
+    LZ(q == (ahead ? 600 : 0), "first query of the record: %d", q);
+    q = emu_peek(&D, z);
+    LZ(q == (ahead ? 11 : 12), "b's read before the host wait on a %s: %d", ahead ? "ran first (stale)" : "still queued", q);
+    LZ(D.event_query(e) == 0 && emu_peek(&D, y) == 10, "second query: the all-reduce's result landed: %d", emu_peek(&D, y));
+    LZ(D.stream_sync(b) == 0, "sync b");
+    q = emu_peek(&D, z);
+    LZ(q == (ahead ? 11 : 10), "b's read, run %s the all-reduce: %d", ahead ? "before" : "after", q);
+    N.destroy(comm);
+    res->code = 0;
+    res->value = ahead;
+out:
+    if (res->code) res->value = -1;
+    capex_cuda_context_destroy(ctx);
+}
+#undef LZ
+
+CT_TEST(ahead_streams_run_other_streams_before_a_host_wait) {
+    static const char *const mode[2] = {"lazy", "ahead"};
+    int i;
+    if (!emu_lib[0]) CT_SKIP("build/emu/libcuda.so.1 not built (tests/emu.mk)");
+    CT_NEED_NVRTC();
+    for (i = 0; i < 2; i++) {
+        child_result r;
+        setenv("CAPEX_EMU_STREAMS", mode[i], 1);
+        r = run_child("ahead", mode[i]);
+        unsetenv("CAPEX_EMU_STREAMS");
+        CT_CHECK(r.exited_ok && r.code == 0 && r.value == i, "%s streams: check at line %d: %s", mode[i], r.code, r.message);
+    }
+}
+
 /* ---- kernel parameters over 4 KB: CUDA 12.1+ drivers on sm_70+ only ----
    A context on the default emulated driver (13.0, sm_90) builds its
    multi-tensor parts for 32 KB of parameters; the emulator picks the kernel
@@ -552,8 +628,9 @@ static const ct_case cases[] = {
     CT_CASE(every_builtin_kernel_is_compiled_in), CT_CASE(block_sum_and_scan_need_barriers_and_shuffles),
     CT_CASE(shuffle_modes_and_thread_numbering), CT_CASE(kernel_not_compiled_in_is_refused), CT_CASE(faults_are_sticky_errors),
     CT_CASE(large_params_need_driver_12_1_and_volta), CT_CASE(lazy_streams_defer_and_order_like_a_gpu),
+    CT_CASE(ahead_streams_run_other_streams_before_a_host_wait),
 };
-static const child_entry children[] = {{"fault", child_fault}, {"streams", child_streams}};
+static const child_entry children[] = {{"fault", child_fault}, {"streams", child_streams}, {"ahead", child_ahead}};
 
 int main(int argc, char **argv) {
     int rc;

@@ -273,7 +273,10 @@ CT_TEST(ddp_backward_overlaps_inflight_allreduce) {
    is not the registration order (rebuild_buckets moves them after the first
    step), f32/bf16/f16 params through f32 buckets, predivide 2, one param in
    copy mode, one unused every other step (find_unused_parameters). The
-   grads k/16 + rank + it average exactly in every dtype. */
+   grads k/16 + rank + it average exactly in every dtype. g_half: half
+   buckets reduced in their dtype, predivide 4 (then times 2): the scales of
+   half buckets go through the comm's f32 scratch on the user stream. */
+static int g_half;
 enum { W_NP = 4 };
 static const size_t w_numel[W_NP] = {500, 300, 200, 100};
 static const capex_dtype w_dt[W_NP] = {CAPEX_F32, CAPEX_BF16, CAPEX_F32, CAPEX_F16};
@@ -306,8 +309,8 @@ static int ddp_world_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int 
     if (capex_cuda_malloc(ctx, w_numel[2] * 4, &own) != CAPEX_OK) return 32;
     ps[2].grad = (void *)(uintptr_t)own;
     capex_ddp_desc_init(&dd);
-    dd.first_bucket_bytes = 512; dd.bucket_bytes = 1024; dd.rebuild_buckets = 1; dd.allreduce_always_fp32 = 1;
-    dd.gradient_predivide_factor = 2.0f; dd.find_unused_parameters = 1;
+    dd.first_bucket_bytes = 512; dd.bucket_bytes = 1024; dd.rebuild_buckets = 1; dd.allreduce_always_fp32 = !g_half;
+    dd.gradient_predivide_factor = g_half ? 4.0f : 2.0f; dd.find_unused_parameters = 1;
     if (capex_ddp_create(&ddp, c, ps, W_NP, &dd) != CAPEX_OK) return 33;
     for (it = 0; it < 4; it++) {
         for (k = 0; k < W_NP; k++) {
@@ -342,12 +345,22 @@ static int ddp_world_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int 
     capex_cuda_stream_destroy(ctx, st);
     return 0;
 }
-static void child_ddp_world(const char *arg, child_result *res) { (void)arg; nccl_world2_child(ddp_world_rank, res); }
+static void child_ddp_world(const char *arg, child_result *res) {
+    g_half = arg && !strcmp(arg, "half");
+    nccl_world2_child(ddp_world_rank, res);
+}
 CT_TEST(ddp_world2_user_stream_rebuild) {
     child_result r;
     const char *why = nccl_world_skip_reason();
     if (why) CT_SKIP("%s", why);
     r = run_child("ddp_world", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
+}
+CT_TEST(ddp_world2_half_buckets_scaled_on_user_stream) {
+    child_result r;
+    const char *why = nccl_world_skip_reason();
+    if (why) CT_SKIP("%s", why);
+    r = run_child("ddp_world", "half");
     CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
 }
 
@@ -417,6 +430,7 @@ CT_TEST(world2_gathers_with_send_inside_recv) {
 
 static const ct_case cases[] = {CT_CASE(collectives_on_device), CT_CASE(ddp_one_rank_stream_order),
                                 CT_CASE(stuck_stream_times_out_and_aborts), CT_CASE(ddp_world2_user_stream_rebuild),
+                                CT_CASE(ddp_world2_half_buckets_scaled_on_user_stream),
                                 CT_CASE(world2_gathers_with_send_inside_recv), CT_CASE(ddp_backward_overlaps_inflight_allreduce)};
 static const child_entry children[] = {{"ddp_world", child_ddp_world}, {"gather_alias", child_gather_alias}};
 int main(int argc, char **argv) {

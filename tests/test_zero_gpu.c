@@ -17,6 +17,13 @@
    - checkpoints: ZeRO-GPU's file is byte-identical to the host capex_zero's
      after the same steps; it loads into a fresh host zero and a fresh GPU
      zero and the next step agrees bit for bit;
+   - forked worlds of 2 and 4 ranks (the stand-in NCCL on the emulator)
+     against DDP + capex_cuda_optim, each rank with a user stream of its own
+     (one case on the legacy stream): lazy emulator streams show a
+     collective that does not wait for the user stream; CAPEX_EMU_STREAMS=
+     ahead, a user-stream read of a collective's result queued before its
+     host wait. Two cases step with capex_cuda_zero_step_async, the next
+     backward finishing the all-gathers nobody waited for;
    - memory info equal to the host zero's (same plan);
    - refusals: host params API on an NCCL comm, a host comm for the GPU zero,
      LAMB, the base's grad_norm/step, stage-2 f16 accumulation.
@@ -73,6 +80,9 @@ static uint64_t mix(uint64_t x) {
    gradient is the average of that many ranks' (a world of 1 stepping as the
    whole world did). */
 static int g_rank = 0, g_world = 1, g_avg_of = 0;
+/* 1: gpu_steps steps with capex_cuda_zero_step_async and leaves the gathers to
+   the next backward (capex_zero_grad_ready's launch finishes them) */
+static int g_async = 0;
 /* rank q's scaled gradient: k/16 * SCALE, |k| <= 15 (sums of up to 4 ranks and
    their squares are exact in every dtype); the last rank has an inf at the
    inf step */
@@ -201,13 +211,15 @@ static void gpu_steps(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream u
             OK(capex_zero_finalize(z));
         }
         OK(capex_cuda_zero_grad_norm(g->zg, g->inv, c->max_norm, g->found, g->total, capex_cuda_zero_clip_coef_ptr(g->zg)));
-        OK(capex_cuda_zero_step(g->zg, g->inv, capex_cuda_zero_clip_coef_ptr(g->zg), g->found));
+        if (g_async) OK(capex_cuda_zero_step_async(g->zg, g->inv, capex_cuda_zero_clip_coef_ptr(g->zg), g->found));
+        else OK(capex_cuda_zero_step(g->zg, g->inv, capex_cuda_zero_clip_coef_ptr(g->zg), g->found));
         OK(capex_cuda_stream_synchronize(ctx, user));
         OK(capex_cuda_memcpy_dtoh(ctx, &g->coef[s], capex_cuda_zero_clip_coef_ptr(g->zg), 4, NULL));
         OK(capex_cuda_memcpy_dtoh(ctx, &g->norm[s], g->total, 4, NULL));
         OK(capex_cuda_memcpy_dtoh(ctx, &g->fi[s], g->found, 4, NULL));
         OK(capex_zero_zero_grad(z));
     }
+    if (g_async) OK(capex_zero_wait_params(z)); /* the last step's gathers */
 }
 
 static void gpu_read(ct_state *ct, capex_cuda_context *ctx, const cfg *c, const gpu_run *g, hostp *out) {
@@ -800,6 +812,7 @@ typedef struct world_job {
     int load;       /* 1: load save (written by a world of load_world ranks), step once, compare */
     int load_world;
     int dead_peer;  /* 1: destroy_in_flight_on instead */
+    int mode;       /* equivalence: bit 0: the legacy stream as the user stream (else one of its own); bit 1: step_async */
 } world_job;
 
 static void write_params(ct_state *ct, const cfg *c, const hostp *hp, const char *path) {
@@ -884,13 +897,21 @@ static void destroy_in_flight_on(ct_state *ct, capex_cuda_context *ctx, capex_co
 
 static int world_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
     const world_job *j = (const world_job *)user;
+    capex_cuda_stream us = NULL;
     ct_state st;
     memset(&st, 0, sizeof st);
     g_rank = rank;
     g_world = world;
+    g_async = (j->mode & 2) != 0;
     if (j->dead_peer) destroy_in_flight_on(&st, ctx, comm, &j->c);
     else if (j->save[0]) ckpt_on(&st, ctx, comm, j);
-    else equivalence_on(&st, ctx, NULL, comm, &j->c);
+    else if (j->mode & 1) equivalence_on(&st, ctx, NULL, comm, &j->c);
+    else { /* a stream of its own (non-blocking): lazy emulator streams show a missing wait against the comm's */
+        if (capex_cuda_stream_create(ctx, &us) != CAPEX_OK || capex_nccl_set_user_stream(comm, us) != CAPEX_OK) return 2;
+        equivalence_on(&st, ctx, us, comm, &j->c);
+        capex_nccl_set_user_stream(comm, NULL);
+        capex_cuda_stream_destroy(ctx, us);
+    }
     if (st.failed) { fprintf(stderr, "rank %d of %d: %s\n", rank, world, st.why); return 1; }
     return 0;
 }
@@ -909,7 +930,7 @@ static int run_world(int world, const world_job *j, child_result *res) {
     return r;
 }
 
-/* arg: "world stage kind halves max_norm inf_step [micro]" */
+/* arg: "world stage kind halves max_norm inf_step [micro [mode]]" (mode: world_job's) */
 static void child_world(const char *arg, child_result *res) {
     world_job j;
     int world = 2, kind = 0;
@@ -917,8 +938,8 @@ static void child_world(const char *arg, child_result *res) {
     j.c.steps = 4;
     j.c.micro = 1;
     setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
-    if (!arg || sscanf(arg, "%d %d %d %d %f %d %d", &world, &j.c.stage, &kind, &j.c.halves, &j.c.max_norm, &j.c.inf_step,
-                       &j.c.micro) < 6) {
+    if (!arg || sscanf(arg, "%d %d %d %d %f %d %d %d", &world, &j.c.stage, &kind, &j.c.halves, &j.c.max_norm, &j.c.inf_step,
+                       &j.c.micro, &j.mode) < 6) {
         res->code = 2;
         return;
     }
@@ -977,9 +998,9 @@ static void world_case(ct_state *ct, const char *arg) {
     CT_CHECK(r.exited_ok && r.code == 0, "world %s: %s (code %d)", arg, r.message, r.code);
 }
 CT_TEST(world2_adamw_stage1_halves_clip_inf) { world_case(ct, "2 1 0 1 5 2"); }
-CT_TEST(world2_adamw_stage2_halves_inf) { world_case(ct, "2 2 0 1 inf 1"); }
-CT_TEST(world2_sgd_stage2_clip) { world_case(ct, "2 2 2 0 5 -1"); }
-CT_TEST(world4_adamw_stage2_halves_clip_inf) { world_case(ct, "4 2 0 1 5 2"); }
+CT_TEST(world2_adamw_stage2_halves_inf_step_async) { world_case(ct, "2 2 0 1 inf 1 1 2"); }
+CT_TEST(world2_sgd_stage2_clip_legacy_stream) { world_case(ct, "2 2 2 0 5 -1 1 1"); }
+CT_TEST(world4_adamw_stage2_halves_clip_inf_step_async) { world_case(ct, "4 2 0 1 5 2 1 2"); }
 CT_TEST(world4_sgd_stage1_halves_inf) { world_case(ct, "4 1 2 1 inf 1"); }
 CT_TEST(world2_lamb_stage2_halves_clip_inf) { world_case(ct, "2 2 1 1 5 2"); }
 CT_TEST(world4_lamb_stage1_f32) { world_case(ct, "4 1 1 0 inf -1"); }
@@ -1007,8 +1028,8 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(adamw_stage2_halves_two_micro_batches), CT_CASE(novograd_stage2_halves),
                                 CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads), CT_CASE(checkpoint_lamb_stage2), CT_CASE(checkpoint_novograd_stage1), CT_CASE(checkpoint_sgd_momentum_turned_off),
                                 CT_CASE(refusals), CT_CASE(world2_adamw_stage1_halves_clip_inf),
-                                CT_CASE(world2_adamw_stage2_halves_inf), CT_CASE(world2_sgd_stage2_clip),
-                                CT_CASE(world4_adamw_stage2_halves_clip_inf), CT_CASE(world4_sgd_stage1_halves_inf),
+                                CT_CASE(world2_adamw_stage2_halves_inf_step_async), CT_CASE(world2_sgd_stage2_clip_legacy_stream),
+                                CT_CASE(world4_adamw_stage2_halves_clip_inf_step_async), CT_CASE(world4_sgd_stage1_halves_inf),
                                 CT_CASE(world2_lamb_stage2_halves_clip_inf), CT_CASE(world4_lamb_stage1_f32),
                                 CT_CASE(world2_adamw_stage2_halves_two_micro_batches),
                                 CT_CASE(world2_novograd_stage1_halves_clip_inf), CT_CASE(world4_novograd_stage2_f32),
