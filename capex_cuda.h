@@ -7722,21 +7722,28 @@ static void capex__nccl_mem_free(capex_comm *c, void *ptr) {
     if (ptr) capex_cuda_free(n->ctx, CAPEX__NCCL_PTR(ptr)); /* cuMemFree waits for queued work */
 }
 
+/* Copies and zeros go to the driver's async entries with the user stream as
+   it is: a NULL one is the legacy stream, still asynchronous and apart from
+   our non-blocking stream (capex_cuda_memcpy_* would synchronise the whole
+   context for NULL, NCCL's kernels in flight included, with no deadline). */
 static capex_result capex__nccl_mem_copy(capex_comm *c, void *dst, const void *src, size_t bytes, capex_copy_kind kind) {
     capex__nccl *n = capex__nccl_of(c);
     capex_result r;
-    if (kind == CAPEX_COPY_H2D) r = capex_cuda_memcpy_htod(n->ctx, CAPEX__NCCL_PTR(dst), src, bytes, n->user);
-    else if (kind == CAPEX_COPY_D2H) r = capex_cuda_memcpy_dtoh(n->ctx, dst, CAPEX__NCCL_PTR(src), bytes, n->user);
-    else r = capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(dst), CAPEX__NCCL_PTR(src), bytes, n->user);
-    if (r != CAPEX_OK) return r;
-    /* host memory takes part: finish before returning (rebuild only, once) */
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
+    if (kind == CAPEX_COPY_H2D) CAPEX__CU(cuMemcpyHtoDAsync_v2, (CAPEX__NCCL_PTR(dst), src, bytes, n->user), "");
+    else if (kind == CAPEX_COPY_D2H) CAPEX__CU(cuMemcpyDtoHAsync_v2, (dst, CAPEX__NCCL_PTR(src), bytes, n->user), "");
+    else CAPEX__CU(cuMemcpyDtoDAsync_v2, (CAPEX__NCCL_PTR(dst), CAPEX__NCCL_PTR(src), bytes, n->user), "");
+    /* host memory takes part: finish before returning (rebuild and checkpoints only) */
     if (kind != CAPEX_COPY_D2D) return capex_cuda_stream_synchronize(n->ctx, n->user);
     return CAPEX_OK;
 }
 
 static capex_result capex__nccl_mem_zero(capex_comm *c, void *dst, size_t bytes) {
     capex__nccl *n = capex__nccl_of(c);
-    return capex_cuda_memset_u8(n->ctx, CAPEX__NCCL_PTR(dst), 0, bytes, n->user);
+    capex_result r;
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
+    CAPEX__CU(cuMemsetD8Async, (CAPEX__NCCL_PTR(dst), 0, bytes, n->user), "");
+    return CAPEX_OK;
 }
 
 static capex_result capex__nccl_scale(capex_comm *c, void *buf, size_t count, capex_dtype t, float factor) {
@@ -7746,9 +7753,7 @@ static capex_result capex__nccl_scale(capex_comm *c, void *buf, size_t count, ca
 static capex_result capex__nccl_convert(capex_comm *c, void *dst, capex_dtype dst_t, const void *src, capex_dtype src_t,
                                        size_t count) {
     capex__nccl *n = capex__nccl_of(c);
-    if (dst_t == src_t)
-        return capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(dst), CAPEX__NCCL_PTR(src), count * capex_comm_dtype_size(src_t),
-                                      n->user);
+    if (dst_t == src_t) return capex__nccl_mem_copy(c, dst, src, count * capex_comm_dtype_size(src_t), CAPEX_COPY_D2D);
     return capex_cuda_convert(n->ctx, CAPEX__NCCL_PTR(dst), dst_t, CAPEX__NCCL_PTR(src), src_t, count, n->user);
 }
 

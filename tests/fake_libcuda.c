@@ -128,7 +128,11 @@ FAKE_API CUresult cuDevicePrimaryCtxRelease_v2(int dev) {
 }
 FAKE_API CUresult cuCtxGetCurrent(void **ctx) { *ctx = current; return OK; }
 FAKE_API CUresult cuCtxSetCurrent(void *ctx) { if (ctx && ctx != &the_ctx) return INVALID_CONTEXT; current = ctx; return OK; }
-FAKE_API CUresult cuCtxSynchronize(void) { NEED_CTX(); return OK; }
+/* Whole-context waits: a test checks that backward's bucket staging on the
+   legacy stream makes none (it would wait for NCCL's kernels in flight). */
+static int ctx_syncs;
+FAKE_API int fake_ctx_syncs(void) { return __atomic_load_n(&ctx_syncs, __ATOMIC_SEQ_CST); }
+FAKE_API CUresult cuCtxSynchronize(void) { NEED_CTX(); __atomic_add_fetch(&ctx_syncs, 1, __ATOMIC_SEQ_CST); return OK; }
 
 FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     size_t i;

@@ -104,26 +104,19 @@ static int fake_counter(int i) {
     return fn ? fn(i) : -3;
 }
 /* Events the stand-in driver holds (fake_libcuda's count). */
-static int fake_live_events(void) {
+static int fake_cuda_count(const char *name) {
     char lc[1200];
     void *h, *p;
     int (*fn)(void);
     if (!fake_path("libcuda.so.1", lc, sizeof lc)) return -1;
     if (!(h = dlopen(lc, RTLD_NOW | RTLD_NOLOAD))) return -2;
-    p = dlsym(h, "fake_live_events");
+    p = dlsym(h, name);
     memcpy(&fn, &p, sizeof p);
     return fn ? fn() : -3;
 }
-static int fake_null_stream_waits(void) {
-    char lc[1200];
-    void *h, *p;
-    int (*fn)(void);
-    if (!fake_path("libcuda.so.1", lc, sizeof lc)) return -1;
-    if (!(h = dlopen(lc, RTLD_NOW | RTLD_NOLOAD))) return -2;
-    p = dlsym(h, "fake_null_stream_waits");
-    memcpy(&fn, &p, sizeof p);
-    return fn ? fn() : -3;
-}
+static int fake_null_stream_waits(void) { return fake_cuda_count("fake_null_stream_waits"); }
+static int fake_ctx_syncs(void) { return fake_cuda_count("fake_ctx_syncs"); }
+static int fake_live_events(void) { return fake_cuda_count("fake_live_events"); }
 enum { C_ALLREDUCE = 0, C_BROADCAST = 1, C_ALLGATHER = 2, C_ABORT = 3, C_DESTROY = 4, C_INIT = 5, C_AVG = 6, C_BAD = 7,
        C_REDUCE = 8, C_GROUP_BAD = 9, C_NB_INIT = 10, C_IN_PROGRESS = 11 };
 
@@ -445,7 +438,7 @@ static void child_fake_overlap(const char *arg, child_result *res) {
     capex_comm c;
     capex_ddp_param ps[3];
     capex_result r;
-    int w0, w1;
+    int w0, w1, s0, s1;
     (void)arg;
     RUN(fake_open(&ctx, &c, 0));
     ps[0].data = dev(ctx, 600); ps[0].numel = 300; ps[0].dtype = CAPEX_BF16; ps[0].grad = NULL;
@@ -462,11 +455,15 @@ static void child_fake_overlap(const char *arg, child_result *res) {
         FAIL_IF(capex_ddp_num_buckets(ddp) < 2, "%d buckets", (int)capex_ddp_num_buckets(ddp));
         RUN(capex_ddp_zero_grad(ddp));
         w0 = fake_null_stream_waits();
+        s0 = fake_ctx_syncs();
         RUN(capex_ddp_grad_ready(ddp, 2));
         RUN(capex_ddp_grad_ready(ddp, 1));
         RUN(capex_ddp_grad_ready(ddp, 0));
         w1 = fake_null_stream_waits();
+        s1 = fake_ctx_syncs();
         FAIL_IF(w0 < 0 || w1 != w0, "the engine's stream waited %d times for the comm's stream during backward", w1 - w0);
+        /* the engine's stream is the legacy one here: its copies must not wait for the whole context */
+        FAIL_IF(s0 < 0 || s1 != s0, "backward synchronised the whole context %d times", s1 - s0);
         r = capex_ddp_finalize(ddp);
         FAIL_IF(r != CAPEX_OK, "finalize: %s", capex_last_error());
         capex_ddp_destroy(ddp);
