@@ -1658,7 +1658,8 @@ CAPEX_API capex_result capex_ddp_set_sync(capex_ddp *ddp, int sync);
    then any later full buckets, strictly in order). Twice in one iteration or
    an unknown index: CAPEX_ERR_ORDER / CAPEX_ERR_INVALID_ARG. */
 CAPEX_API capex_result capex_ddp_grad_ready(capex_ddp *ddp, size_t param);
-/* Param i takes no part in this iteration (its grad counts as zero). */
+/* Param i takes no part in this iteration (its grad counts as zero; what
+   grad_ready gave it under set_sync(0) still counts, as torch's no_sync). */
 CAPEX_API capex_result capex_ddp_mark_unused(capex_ddp *ddp, size_t param);
 /* Launches what is left (all of it with delay_allreduce), waits for every
    bucket, scales, and leaves averaged gradients in place. Not-ready params:
@@ -11137,8 +11138,7 @@ CAPEX_API capex_result capex_ddp_finalize(capex_ddp *g) {
     c = g->comm;
     if ((r = capex__comm_check(c, "capex_ddp_finalize")) != CAPEX_OK) { g->failed = 1; return r; }
     capex__ddp_free_retired(g);
-    if (!g->sync) { /* no_sync: grads stay local and keep accumulating */
-        for (i = 0; i < g->np; i++) if (g->ready[i]) g->accum[i] = 1;
+    if (!g->sync) { /* no_sync: grads stay local and keep accumulating (accum: set by grad_ready only) */
         capex__ddp_reset_iteration(g);
         return CAPEX_OK;
     }

@@ -1003,6 +1003,45 @@ CT_TEST(tracker_rebuild_from_ready_order) {
     capex_ddp_destroy(r.g);
 }
 
+/* A param only marked unused under no_sync accumulated nothing (torch's
+   local_used_map counts a param used only when its grad hook fired): in the
+   sync iteration where it is unused again its grad counts as zero, as when
+   the no_sync micro-step is left out. finalize under no_sync counted every
+   ready param as accumulated, mark_unused ones too, so a stale grad (the
+   last step's, not zeroed) was reduced instead. */
+CT_TEST(tracker_mark_unused_under_no_sync_accumulates_nothing) {
+    int with_micro;
+    float got[2];
+    for (with_micro = 0; with_micro < 2; with_micro++) {
+        rig r;
+        capex_ddp_desc d;
+        size_t p;
+        capex_ddp_desc_init(&d);
+        d.find_unused_parameters = with_micro; /* the sync step below: explicit mark, then implicit */
+        CT_CHECK(rig_make(&r, 4, 1, &d, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+        for (p = NP; p-- > 0;) { rig_fill(&r, p, 5.0f); capex_ddp_grad_ready(r.g, p); }
+        CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+        /* no zero_grad: the grads accumulate on top of the last reduced ones */
+        if (with_micro) {
+            CT_CHECK(capex_ddp_set_sync(r.g, 0) == CAPEX_OK, "no_sync");
+            for (p = NP; p-- > 0;)
+                CT_CHECK((p == 2 ? capex_ddp_mark_unused(r.g, p) : capex_ddp_grad_ready(r.g, p)) == CAPEX_OK, "%.300s",
+                         capex_last_error());
+            CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+            CT_CHECK(capex_ddp_set_sync(r.g, 1) == CAPEX_OK, "sync");
+        }
+        for (p = NP; p-- > 0;) if (p != 2) capex_ddp_grad_ready(r.g, p);
+        if (!with_micro) CT_CHECK(capex_ddp_mark_unused(r.g, 2) == CAPEX_OK, "%.300s", capex_last_error());
+        CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+        got[with_micro] = ((float *)capex_ddp_grad(r.g, 2))[3];
+        CT_CHECK(((float *)capex_ddp_grad(r.g, 5))[3] == 8.0f, "used grads keep accumulating: %g",
+                 (double)((float *)capex_ddp_grad(r.g, 5))[3]);
+        capex_ddp_destroy(r.g);
+    }
+    CT_CHECK(got[0] == 0.0f && got[1] == 0.0f, "unused in every micro-step: grad %g without the no_sync step, %g with it",
+             (double)got[0], (double)got[1]);
+}
+
 /* ---------------------------------------------------- single comm -- */
 
 CT_TEST(comm_single_and_errors) {
@@ -1960,6 +1999,7 @@ CT_TEST(torchrun_style_launch_auto_comm) {
     CT_CHECK(ok, "every simulated torchrun worker must finish its allreduce");
 }
 
+
 static const ct_case cases[] = {
     CT_CASE(env_none_is_single_process),
     CT_CASE(env_torchrun), CT_CASE(env_rendezvous_port_beside_torchrun_store),
@@ -1982,6 +2022,7 @@ static const ct_case cases[] = {
     CT_CASE(tracker_predivide_and_average),
     CT_CASE(tracker_allreduce_always_fp32_with_bf16),
     CT_CASE(tracker_no_sync_accumulates),
+    CT_CASE(tracker_mark_unused_under_no_sync_accumulates_nothing),
     CT_CASE(tracker_unused_parameters),
     CT_CASE(tracker_errors),
     CT_CASE(tracker_engine_owned_grads_are_copied),
