@@ -10810,6 +10810,9 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     if (!(desc->gradient_predivide_factor > 0.0f) || desc->gradient_predivide_factor > 3.0e38f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: gradient_predivide_factor %g must be finite and > 0",
                            (double)desc->gradient_predivide_factor);
+    if (1.0 / (double)desc->gradient_predivide_factor > CAPEX__FLT_MAX) /* the predivide x * (1/f) in f32 */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: gradient_predivide_factor %g: its reciprocal "
+                           "overflows float (every grad would become Inf or NaN)", (double)desc->gradient_predivide_factor);
     /* np + 1 entries of the largest bookkeeping struct */
     if (np >= SIZE_MAX / sizeof(capex_ddp_param))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: %zu params: the byte size overflows size_t", np);

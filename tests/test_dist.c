@@ -656,6 +656,14 @@ CT_TEST(ddp_create_errors) {
     CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_ERR_INVALID_ARG, "predivide 0");
     d.gradient_predivide_factor = (float)NAN;
     CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_ERR_INVALID_ARG, "predivide NaN");
+    /* 1/f overflows float: the predivide made every grad Inf (and zeros NaN) */
+    d.gradient_predivide_factor = 1e-39f;
+    CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_ERR_INVALID_ARG && g == NULL &&
+             strstr(capex_last_error(), "reciprocal"), "predivide 1e-39: %.300s", capex_last_error());
+    d.gradient_predivide_factor = 3e-38f; /* 1/f = 3.3e37 still fits */
+    CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_OK, "predivide 3e-38: %.300s", capex_last_error());
+    capex_ddp_destroy(g);
+    g = NULL;
     capex_ddp_desc_init(&d);
     d.bucket_bytes = 0;
     CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_ERR_INVALID_ARG, "zero limit");
