@@ -1831,6 +1831,52 @@ CT_TEST(tcp_comm_collectives_and_ddp) {
     CT_CHECK(codes[1] == 0 && codes[2] == 0, "peers: %d %d", codes[1], codes[2]);
 }
 
+/* Ranks reporting grads in different orders with another collective on the
+   same comm in between (SyncBatchNorm's backward): without delay_allreduce
+   rank 0's first bucket pairs with rank 1's other allreduce (same size: the
+   data mix silently, as capex.h says); with it every bucket starts in
+   finalize, after the other collective on every rank. */
+static int tcp_interleave_body(int rank, int world, int port, int mode) {
+    capex_dist_env env;
+    capex_comm c;
+    capex_ddp *g = NULL;
+    capex_ddp_param ps[2];
+    capex_ddp_desc d;
+    float data[2][4], other[4];
+    size_t p, i;
+    int ok = 1;
+    (void)mode;
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = world; env.local_rank = rank; env.local_world_size = world;
+    strcpy(env.master_addr, "127.0.0.1");
+    env.master_port = port;
+    strcpy(env.run_id, "tcp-test");
+    if (capex_comm_init_tcp(&c, &env, 5.0) != CAPEX_OK) return __LINE__;
+    c.timeout_s = 5.0;
+    for (p = 0; p < 2; p++) { ps[p].data = data[p]; ps[p].numel = 4; ps[p].dtype = CAPEX_F32; ps[p].grad = NULL; }
+    capex_ddp_desc_init(&d);
+    d.first_bucket_bytes = d.bucket_bytes = 16; /* one bucket per param */
+    d.gradient_average = 0;
+    d.delay_allreduce = 1;
+    if (capex_ddp_create(&g, &c, ps, 2, &d) != CAPEX_OK) return __LINE__;
+    for (p = 0; p < 2; p++) for (i = 0; i < 4; i++) ((float *)capex_ddp_grad(g, p))[i] = (float)(p + 1);
+    for (i = 0; i < 4; i++) other[i] = 100.0f;
+    if (capex_ddp_grad_ready(g, rank == 0 ? 1 : 0) != CAPEX_OK) return __LINE__;
+    if (capex_comm_allreduce(&c, other, other, 4, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) return __LINE__;
+    if (capex_ddp_grad_ready(g, rank == 0 ? 0 : 1) != CAPEX_OK) return __LINE__;
+    if (capex_ddp_finalize(g) != CAPEX_OK) return __LINE__;
+    for (i = 0; i < 4; i++)
+        ok &= other[i] == 200.0f && ((float *)capex_ddp_grad(g, 0))[i] == 2.0f && ((float *)capex_ddp_grad(g, 1))[i] == 4.0f;
+    capex_ddp_destroy(g);
+    capex_comm_destroy(&c);
+    return ok ? 0 : __LINE__;
+}
+
+CT_TEST(tcp_ddp_delay_allreduce_keeps_other_collectives_apart) {
+    int codes[8], r = fork_world(2, 0, codes, tcp_interleave_body);
+    CT_CHECK(r == 0 && codes[1] == 0, "rank 0 line %d, rank 1 exit %d: %.300s", r, codes[1], capex_last_error());
+}
+
 CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
     int codes[8], r;
     r = tcp_world(2, 1, codes);
@@ -2047,6 +2093,7 @@ static const ct_case cases[] = {
     CT_CASE(rendezvous_out_of_descriptors),
     CT_CASE(rendezvous_peer_against_busy_or_fake_rank0),
     CT_CASE(tcp_comm_collectives_and_ddp),
+    CT_CASE(tcp_ddp_delay_allreduce_keeps_other_collectives_apart),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
     CT_CASE(tcp_comm_port_out_of_range),
     CT_CASE(tcp_comm_count_zero_against_n),
