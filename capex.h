@@ -1614,7 +1614,7 @@ typedef struct capex_ddp_desc {
     float gradient_predivide_factor; /* 1.0 (Apex): x/f before, x*f/world after */
     int allreduce_always_fp32;  /* 0: half buckets reduced through f32 if 1    */
     int find_unused_parameters; /* 0: finalize fails if a param was not ready   */
-    int rebuild_buckets;        /* 0: rebuild once from rank 0's ready order    */
+    int rebuild_buckets;        /* 0 (1: rebuild once from rank 0's ready order) */
     int broadcast_parameters;   /* 1: rank 0's params to all at create          */
     uint32_t init_tag; /* set by capex_ddp_desc_init (see "Descriptors") */
 } capex_ddp_desc;
