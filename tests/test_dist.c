@@ -1050,6 +1050,97 @@ CT_TEST(tracker_mark_unused_under_no_sync_accumulates_nothing) {
              (double)got[0], (double)got[1]);
 }
 
+/* Random DDP runs (world 1/2/4, 0-6 params of f32/bf16, some empty, views or
+   engine-owned grads, random limits, message_size, delay, average,
+   predivide 1/2, always_fp32, find_unused, rebuild) of 6 iterations each:
+   random sync switches, each param ready (after adding small integers),
+   marked unused or (find_unused) left out, in a random order; zero_grad
+   half the time. A model of the grads: ready = what the engine wrote,
+   unused in a synced step = zero unless it got grads under no_sync, then
+   x / f * world (* f / world when averaging). Fails on the mark_unused under
+   no_sync bug (trial 3). */
+static uint64_t rnd_state;
+static unsigned rnd(unsigned n) {
+    rnd_state ^= rnd_state << 13; rnd_state ^= rnd_state >> 7; rnd_state ^= rnd_state << 17;
+    return (unsigned)(rnd_state % n);
+}
+CT_TEST(tracker_random_calls_against_a_model) {
+    static float data[6][40], eng[6][40];
+    int trial;
+    rnd_state = 88172645463325252ull;
+    for (trial = 0; trial < 3000; trial++) {
+        capex_comm c;
+        fake f;
+        capex_ddp *g = NULL;
+        capex_ddp_desc d;
+        capex_ddp_param ps[6];
+        capex_dtype dts[6];
+        size_t np = rnd(7), p, i, numel[6];
+        double V[6][40];
+        unsigned char accum[6];
+        int W = 1 << rnd(3), engine = (int)rnd(2), it, sync = 1;
+        float fac;
+        fake_comm(&c, &f, W, (int)rnd(2));
+        capex_ddp_desc_init(&d);
+        d.first_bucket_bytes = 1 + rnd(100);
+        d.bucket_bytes = 1 + rnd(200);
+        if (rnd(4) == 0) d.message_size = 1 + rnd(30);
+        d.delay_allreduce = (int)rnd(2);
+        d.gradient_average = (int)rnd(2);
+        fac = rnd(2) ? 1.0f : 2.0f;
+        d.gradient_predivide_factor = fac;
+        d.allreduce_always_fp32 = (int)rnd(2);
+        d.find_unused_parameters = (int)rnd(2);
+        d.rebuild_buckets = (int)rnd(2);
+        for (p = 0; p < np; p++) {
+            numel[p] = rnd(4) == 0 ? 0 : 1 + rnd(37);
+            dts[p] = rnd(3) == 0 ? CAPEX_BF16 : CAPEX_F32;
+            ps[p].data = data[p]; ps[p].numel = numel[p]; ps[p].dtype = dts[p]; ps[p].grad = engine ? eng[p] : NULL;
+            memset(eng[p], 0, sizeof eng[p]);
+            for (i = 0; i < 40; i++) V[p][i] = 0;
+            accum[p] = 0;
+        }
+        CT_CHECK(capex_ddp_create(&g, &c, ps, np, &d) == CAPEX_OK, "trial %d: %.300s", trial, capex_last_error());
+        f.ddp = g;
+        for (it = 0; it < 6; it++) {
+            size_t order[6];
+            unsigned char act[6]; /* 0 ready, 1 mark_unused, 2 left out (find_unused) */
+            if (rnd(3) == 0) { sync = !sync; CT_CHECK(capex_ddp_set_sync(g, sync) == CAPEX_OK, "set_sync"); }
+            for (p = 0; p < np; p++) { order[p] = p; act[p] = (unsigned char)rnd(d.find_unused_parameters ? 3 : 2); }
+            for (p = np; p > 1; p--) { size_t j = rnd((unsigned)p), t = order[p - 1]; order[p - 1] = order[j]; order[j] = t; }
+            for (i = 0; i < np; i++) {
+                size_t q = order[i], k;
+                void *gv = engine ? (void *)eng[q] : capex_ddp_grad(g, q);
+                if (act[q] == 1) CT_CHECK(capex_ddp_mark_unused(g, q) == CAPEX_OK, "trial %d: %.300s", trial, capex_last_error());
+                if (act[q] != 0) continue;
+                for (k = 0; k < numel[q]; k++) {
+                    capex__store(gv, dts[q], k, capex__load(gv, dts[q], k) + (float)((int)rnd(9) - 4));
+                    V[q][k] = capex__load(gv, dts[q], k);
+                }
+                CT_CHECK(capex_ddp_grad_ready(g, q) == CAPEX_OK, "trial %d: %.300s", trial, capex_last_error());
+                if (!sync) accum[q] = 1;
+            }
+            CT_CHECK(capex_ddp_finalize(g) == CAPEX_OK, "trial %d it %d: %.300s", trial, it, capex_last_error());
+            for (p = 0; sync && p < np; p++) {
+                void *gv = capex_ddp_grad(g, p);
+                for (i = 0; i < numel[p]; i++) {
+                    double want = (act[p] != 0 && !accum[p] ? 0.0 : V[p][i]) / fac * W, got = capex__load(gv, dts[p], i);
+                    if (d.gradient_average) want = want * fac / W;
+                    CT_CHECK(fabs(got - want) <= 0.02 * fabs(want), "trial %d it %d param %lu [%lu]: %g, want %g", trial, it, (unsigned long)p, (unsigned long)i,
+                             got, want);
+                    V[p][i] = got; /* carry its rounding */
+                }
+                accum[p] = 0;
+            }
+            if (rnd(2) == 0) {
+                CT_CHECK(capex_ddp_zero_grad(g) == CAPEX_OK, "zero_grad: %.300s", capex_last_error());
+                for (p = 0; p < np; p++) for (i = 0; i < numel[p]; i++) V[p][i] = 0;
+            }
+        }
+        capex_ddp_destroy(g);
+    }
+}
+
 /* ---------------------------------------------------- single comm -- */
 
 CT_TEST(comm_single_and_errors) {
@@ -2055,6 +2146,7 @@ CT_TEST(torchrun_style_launch_auto_comm) {
 
 
 static const ct_case cases[] = {
+
     CT_CASE(env_none_is_single_process),
     CT_CASE(env_torchrun), CT_CASE(env_rendezvous_port_beside_torchrun_store),
     CT_CASE(env_openmpi_pmi_slurm),
@@ -2077,6 +2169,7 @@ static const ct_case cases[] = {
     CT_CASE(tracker_allreduce_always_fp32_with_bf16),
     CT_CASE(tracker_no_sync_accumulates),
     CT_CASE(tracker_mark_unused_under_no_sync_accumulates_nothing),
+    CT_CASE(tracker_random_calls_against_a_model),
     CT_CASE(tracker_unused_parameters),
     CT_CASE(tracker_errors),
     CT_CASE(tracker_engine_owned_grads_are_copied),
