@@ -10884,6 +10884,8 @@ CAPEX_API capex_result capex_ddp_broadcast_parameters(capex_ddp *g) {
     size_t i;
     capex_result r;
     if (!g) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_broadcast_parameters: ddp is NULL");
+    if (g->failed) /* buckets may be in flight on a comm other ranks still use */
+        return capex__fail(CAPEX_ERR_COMM, "capex_ddp_broadcast_parameters: this ddp failed earlier; stop the job");
     if (g->comm->world_size == 1) return CAPEX_OK;
     for (i = 0; i < g->np; i++) {
         if (!g->params[i].numel) continue;
@@ -10927,6 +10929,8 @@ CAPEX_API capex_result capex_ddp_zero_grad(capex_ddp *g) {
     size_t i;
     capex_result r;
     if (!g) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_zero_grad: ddp is NULL");
+    if (g->failed) /* its buckets may still be in flight: leave them; say why, not "call finalize" */
+        return capex__fail(CAPEX_ERR_COMM, "capex_ddp_zero_grad: this ddp failed earlier; stop the job");
     for (i = 0; i < g->np; i++) /* mid-backward the buckets are being reduced (MPI: in place, in flight) */
         if (g->ready[i])
             return capex__fail(CAPEX_ERR_ORDER, "capex_ddp_zero_grad: parameter %zu is ready in this iteration; zero "
@@ -10944,6 +10948,7 @@ CAPEX_API capex_result capex_ddp_zero_grad(capex_ddp *g) {
 CAPEX_API capex_result capex_ddp_set_sync(capex_ddp *g, int sync) {
     size_t i;
     if (!g) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_set_sync: ddp is NULL");
+    if (g->failed) return capex__fail(CAPEX_ERR_COMM, "capex_ddp_set_sync: this ddp failed earlier; stop the job");
     for (i = 0; i < g->np; i++)
         if (g->ready[i])
             return capex__fail(CAPEX_ERR_ORDER, "capex_ddp_set_sync: change sync mode between iterations (after "

@@ -933,6 +933,11 @@ CT_TEST(tracker_errors) {
     CT_CHECK(r.c.failed, "comm poisoned");
     CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_ERR_COMM, "failed stays failed");
     CT_CHECK(capex_ddp_grad_ready(r.g, 0) == CAPEX_ERR_COMM, "no further use");
+    /* these said ORDER ("zero between iterations, after finalize"), which can never succeed now */
+    CT_CHECK(capex_ddp_zero_grad(r.g) == CAPEX_ERR_COMM && strstr(capex_last_error(), "failed"),
+             "zero_grad after the failure: %.200s", capex_last_error());
+    CT_CHECK(capex_ddp_set_sync(r.g, 0) == CAPEX_ERR_COMM, "set_sync after the failure: %.200s", capex_last_error());
+    CT_CHECK(capex_ddp_broadcast_parameters(r.g) == CAPEX_ERR_COMM, "broadcast after the failure");
     CT_CHECK(capex_comm_barrier(&r.c) == CAPEX_ERR_COMM, "the comm refuses too");
     capex_ddp_destroy(r.g);
     /* the comm failed outside DDP (a barrier, a metrics allreduce): DDP stops too */
