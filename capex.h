@@ -1659,9 +1659,10 @@ CAPEX_API capex_result capex_ddp_set_sync(capex_ddp *ddp, int sync);
    an unknown index: CAPEX_ERR_ORDER / CAPEX_ERR_INVALID_ARG. Ranks may report
    in different orders (buckets launch in bucket order everywhere), but then
    another collective on the same comm during backward (SyncBatchNorm's
-   backward, a metric) can pair with a bucket's allreduce on another rank and
-   silently mix the two when their sizes match (torch's caveat too): give it a
-   second comm, or set delay_allreduce (buckets then start in finalize). */
+   backward, a metric) can pair with a bucket's allreduce on another rank:
+   the data mix silently when the sizes match, else the collectives fail or
+   hang (torch's caveat too). Give it a second comm, or set delay_allreduce
+   (buckets then start in finalize). */
 CAPEX_API capex_result capex_ddp_grad_ready(capex_ddp *ddp, size_t param);
 /* Param i takes no part in this iteration (its grad counts as zero; what
    grad_ready gave it under set_sync(0) still counts, as torch's no_sync). */
