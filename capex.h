@@ -10640,6 +10640,7 @@ typedef struct capex__bucket {
     size_t pending;        /* params not yet ready this iteration            */
     int launched, waited;
     int sync_done;         /* reduced synchronously at launch                */
+    int test_done;         /* test said finished: not polled again          */
     capex_comm_req req;
 } capex__bucket;
 
@@ -11026,11 +11027,12 @@ static capex_result capex__ddp_progress(capex_ddp *g) {
         capex__bucket *bk = &g->b[k];
         int done = 1;
         capex_result r;
-        if (bk->sync_done || !bk->req.active) continue;
+        if (bk->sync_done || bk->test_done || !bk->req.active) continue;
         r = c->vt->test(c, &bk->req, &done);
         if (r != CAPEX_OK) { g->failed = 1; return capex__comm_after(c, r); }
         g->st.progress_polls++;
         if (!done) break;
+        bk->test_done = 1;
     }
     return CAPEX_OK;
 }
@@ -11069,7 +11071,7 @@ static void capex__ddp_reset_iteration(capex_ddp *g) {
     memset(g->ready, 0, g->np + 1);
     for (i = 0; i < g->nb; i++) {
         g->b[i].pending = g->b[i].count;
-        g->b[i].launched = g->b[i].waited = g->b[i].sync_done = 0;
+        g->b[i].launched = g->b[i].waited = g->b[i].sync_done = g->b[i].test_done = 0;
     }
     g->next_launch = 0;
 }
