@@ -461,6 +461,7 @@ typedef struct fake {
     capex_result fail_wait;       /* returned by the next wait if set      */
     int async;                    /* 0: no iallreduce entry (sync path)    */
     int ntest, test_done;         /* progress polls seen; what test says   */
+    int fail_launch_at;           /* > 0: that iallreduce (1-based) fails, COMM */
 } fake;
 
 static int fake_bucket_of(fake *f, const void *buf) {
@@ -484,6 +485,11 @@ static capex_result fake_allreduce(capex_comm *c, const void *s, void *r, size_t
 }
 static capex_result fake_iallreduce(capex_comm *c, const void *s, void *r, size_t n, capex_dtype t, capex_reduce_op op,
                                     capex_comm_req *q) {
+    fake *f = (fake *)c->impl;
+    if (f->fail_launch_at && f->nlaunch + 1 == f->fail_launch_at) {
+        f->nlaunch++;
+        return capex__fail(CAPEX_ERR_COMM, "fake comm: injected launch failure");
+    }
     q->active = 1;
     q->p[0] = r;
     return fake_allreduce(c, s, r, n, t, op, 0);
@@ -982,6 +988,26 @@ CT_TEST(tracker_errors) {
     r.f.fail_wait = CAPEX_ERR_TIMEOUT;
     CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_ERR_TIMEOUT, "timeout reaches finalize");
     capex_ddp_destroy(r.g);
+}
+
+/* A bucket's allreduce fails to start mid-backward (its peer is gone) with
+   two earlier buckets in flight: that grad_ready and every later call say
+   COMM, nothing else is launched, and destroy waits for nothing on the
+   failed comm and frees everything (ASan: no leak, no double free). */
+CT_TEST(tracker_launch_failure_mid_backward) {
+    rig r;
+    size_t p;
+    CT_CHECK(rig_make(&r, 2, 1, NULL, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    r.f.fail_launch_at = 3;
+    for (p = NP; p-- > 4;) CT_CHECK(capex_ddp_grad_ready(r.g, p) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_ddp_grad_ready(r.g, 3) == CAPEX_OK, "bucket 2 half full");
+    CT_CHECK(capex_ddp_grad_ready(r.g, 2) == CAPEX_ERR_COMM && r.c.failed, "its launch fails: %.200s", capex_last_error());
+    CT_CHECK(capex_ddp_grad_ready(r.g, 1) == CAPEX_ERR_COMM && capex_ddp_mark_unused(r.g, 0) == CAPEX_ERR_COMM, "later grads");
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_ERR_COMM && capex_ddp_zero_grad(r.g) == CAPEX_ERR_COMM &&
+             capex_ddp_set_sync(r.g, 0) == CAPEX_ERR_COMM, "finalize, zero_grad, set_sync");
+    CT_CHECK(r.f.nlaunch == 3 && r.f.nwait == 0, "%d launches, %d waits", r.f.nlaunch, r.f.nwait);
+    capex_ddp_destroy(r.g);
+    CT_CHECK(r.f.nwait == 0, "destroy waited on a failed comm");
 }
 
 CT_TEST(tracker_engine_owned_grads_are_copied) {
@@ -2208,6 +2234,7 @@ static const ct_case cases[] = {
     CT_CASE(tracker_random_calls_against_a_model),
     CT_CASE(tracker_unused_parameters),
     CT_CASE(tracker_errors),
+    CT_CASE(tracker_launch_failure_mid_backward),
     CT_CASE(tracker_engine_owned_grads_are_copied),
     CT_CASE(tracker_rebuild_from_ready_order),
     CT_CASE(comm_single_and_errors),
