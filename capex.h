@@ -1614,7 +1614,7 @@ typedef struct capex_ddp_desc {
     float gradient_predivide_factor; /* 1.0 (Apex): x/f before, x*f/world after */
     int allreduce_always_fp32;  /* 0: half buckets reduced through f32 if 1    */
     int find_unused_parameters; /* 0: finalize fails if a param was not ready   */
-    int rebuild_buckets;        /* 0: rebuild once from rank 0's ready order    */
+    int rebuild_buckets;        /* 0 (1: rebuild once from rank 0's ready order) */
     int broadcast_parameters;   /* 1: rank 0's params to all at create          */
     uint32_t init_tag; /* set by capex_ddp_desc_init (see "Descriptors") */
 } capex_ddp_desc;
@@ -1656,9 +1656,16 @@ CAPEX_API capex_result capex_ddp_set_sync(capex_ddp *ddp, int sync);
 /* Param i's gradient is complete for this iteration. When its bucket is full
    and every earlier bucket has launched, the bucket's allreduce starts (and
    then any later full buckets, strictly in order). Twice in one iteration or
-   an unknown index: CAPEX_ERR_ORDER / CAPEX_ERR_INVALID_ARG. */
+   an unknown index: CAPEX_ERR_ORDER / CAPEX_ERR_INVALID_ARG. Ranks may report
+   in different orders (buckets launch in bucket order everywhere), but then
+   another collective on the same comm during backward (SyncBatchNorm's
+   backward, a metric) can pair with a bucket's allreduce on another rank:
+   the data mix silently when the sizes match, else the collectives fail or
+   hang (torch's caveat too). Give it a second comm, or set delay_allreduce
+   (buckets then start in finalize). */
 CAPEX_API capex_result capex_ddp_grad_ready(capex_ddp *ddp, size_t param);
-/* Param i takes no part in this iteration (its grad counts as zero). */
+/* Param i takes no part in this iteration (its grad counts as zero; what
+   grad_ready gave it under set_sync(0) still counts, as torch's no_sync). */
 CAPEX_API capex_result capex_ddp_mark_unused(capex_ddp *ddp, size_t param);
 /* Launches what is left (all of it with delay_allreduce), waits for every
    bucket, scales, and leaves averaged gradients in place. Not-ready params:
@@ -10648,6 +10655,7 @@ typedef struct capex__bucket {
     size_t pending;        /* params not yet ready this iteration            */
     int launched, waited;
     int sync_done;         /* reduced synchronously at launch                */
+    int test_done;         /* test said finished: not polled again          */
     capex_comm_req req;
 } capex__bucket;
 
@@ -10824,6 +10832,9 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     if (!(desc->gradient_predivide_factor > 0.0f) || desc->gradient_predivide_factor > 3.0e38f)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: gradient_predivide_factor %g must be finite and > 0",
                            (double)desc->gradient_predivide_factor);
+    if (1.0 / (double)desc->gradient_predivide_factor > CAPEX__FLT_MAX) /* the predivide x * (1/f) in f32 */
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: gradient_predivide_factor %g: its reciprocal "
+                           "overflows float (every grad would become Inf or NaN)", (double)desc->gradient_predivide_factor);
     /* np + 1 entries of the largest bookkeeping struct */
     if (np >= SIZE_MAX / sizeof(capex_ddp_param))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: %zu params: the byte size overflows size_t", np);
@@ -10890,6 +10901,8 @@ CAPEX_API capex_result capex_ddp_broadcast_parameters(capex_ddp *g) {
     size_t i;
     capex_result r;
     if (!g) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_broadcast_parameters: ddp is NULL");
+    if (g->failed) /* buckets may be in flight on a comm other ranks still use */
+        return capex__fail(CAPEX_ERR_COMM, "capex_ddp_broadcast_parameters: this ddp failed earlier; stop the job");
     if (g->comm->world_size == 1) return CAPEX_OK;
     for (i = 0; i < g->np; i++) {
         if (!g->params[i].numel) continue;
@@ -10933,6 +10946,8 @@ CAPEX_API capex_result capex_ddp_zero_grad(capex_ddp *g) {
     size_t i;
     capex_result r;
     if (!g) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_zero_grad: ddp is NULL");
+    if (g->failed) /* its buckets may still be in flight: leave them; say why, not "call finalize" */
+        return capex__fail(CAPEX_ERR_COMM, "capex_ddp_zero_grad: this ddp failed earlier; stop the job");
     for (i = 0; i < g->np; i++) /* mid-backward the buckets are being reduced (MPI: in place, in flight) */
         if (g->ready[i])
             return capex__fail(CAPEX_ERR_ORDER, "capex_ddp_zero_grad: parameter %zu is ready in this iteration; zero "
@@ -10950,6 +10965,7 @@ CAPEX_API capex_result capex_ddp_zero_grad(capex_ddp *g) {
 CAPEX_API capex_result capex_ddp_set_sync(capex_ddp *g, int sync) {
     size_t i;
     if (!g) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_set_sync: ddp is NULL");
+    if (g->failed) return capex__fail(CAPEX_ERR_COMM, "capex_ddp_set_sync: this ddp failed earlier; stop the job");
     for (i = 0; i < g->np; i++)
         if (g->ready[i])
             return capex__fail(CAPEX_ERR_ORDER, "capex_ddp_set_sync: change sync mode between iterations (after "
@@ -11026,11 +11042,12 @@ static capex_result capex__ddp_progress(capex_ddp *g) {
         capex__bucket *bk = &g->b[k];
         int done = 1;
         capex_result r;
-        if (bk->sync_done || !bk->req.active) continue;
+        if (bk->sync_done || bk->test_done || !bk->req.active) continue;
         r = c->vt->test(c, &bk->req, &done);
         if (r != CAPEX_OK) { g->failed = 1; return capex__comm_after(c, r); }
         g->st.progress_polls++;
         if (!done) break;
+        bk->test_done = 1;
     }
     return CAPEX_OK;
 }
@@ -11069,7 +11086,7 @@ static void capex__ddp_reset_iteration(capex_ddp *g) {
     memset(g->ready, 0, g->np + 1);
     for (i = 0; i < g->nb; i++) {
         g->b[i].pending = g->b[i].count;
-        g->b[i].launched = g->b[i].waited = g->b[i].sync_done = 0;
+        g->b[i].launched = g->b[i].waited = g->b[i].sync_done = g->b[i].test_done = 0;
     }
     g->next_launch = 0;
 }
@@ -11152,8 +11169,7 @@ CAPEX_API capex_result capex_ddp_finalize(capex_ddp *g) {
     c = g->comm;
     if ((r = capex__comm_check(c, "capex_ddp_finalize")) != CAPEX_OK) { g->failed = 1; return r; }
     capex__ddp_free_retired(g);
-    if (!g->sync) { /* no_sync: grads stay local and keep accumulating */
-        for (i = 0; i < g->np; i++) if (g->ready[i]) g->accum[i] = 1;
+    if (!g->sync) { /* no_sync: grads stay local and keep accumulating (accum: set by grad_ready only) */
         capex__ddp_reset_iteration(g);
         return CAPEX_OK;
     }

@@ -461,6 +461,7 @@ typedef struct fake {
     capex_result fail_wait;       /* returned by the next wait if set      */
     int async;                    /* 0: no iallreduce entry (sync path)    */
     int ntest, test_done;         /* progress polls seen; what test says   */
+    int fail_launch_at;           /* > 0: that iallreduce (1-based) fails, COMM */
 } fake;
 
 static int fake_bucket_of(fake *f, const void *buf) {
@@ -484,6 +485,11 @@ static capex_result fake_allreduce(capex_comm *c, const void *s, void *r, size_t
 }
 static capex_result fake_iallreduce(capex_comm *c, const void *s, void *r, size_t n, capex_dtype t, capex_reduce_op op,
                                     capex_comm_req *q) {
+    fake *f = (fake *)c->impl;
+    if (f->fail_launch_at && f->nlaunch + 1 == f->fail_launch_at) {
+        f->nlaunch++;
+        return capex__fail(CAPEX_ERR_COMM, "fake comm: injected launch failure");
+    }
     q->active = 1;
     q->p[0] = r;
     return fake_allreduce(c, s, r, n, t, op, 0);
@@ -656,6 +662,14 @@ CT_TEST(ddp_create_errors) {
     CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_ERR_INVALID_ARG, "predivide 0");
     d.gradient_predivide_factor = (float)NAN;
     CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_ERR_INVALID_ARG, "predivide NaN");
+    /* 1/f overflows float: the predivide made every grad Inf (and zeros NaN) */
+    d.gradient_predivide_factor = 1e-39f;
+    CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_ERR_INVALID_ARG && g == NULL &&
+             strstr(capex_last_error(), "reciprocal"), "predivide 1e-39: %.300s", capex_last_error());
+    d.gradient_predivide_factor = 3e-38f; /* 1/f = 3.3e37 still fits */
+    CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_OK, "predivide 3e-38: %.300s", capex_last_error());
+    capex_ddp_destroy(g);
+    g = NULL;
     capex_ddp_desc_init(&d);
     d.bucket_bytes = 0;
     CT_CHECK(capex_ddp_create(&g, &c, &p, 1, &d) == CAPEX_ERR_INVALID_ARG, "zero limit");
@@ -746,6 +760,36 @@ CT_TEST(tracker_launches_in_order_during_backward) {
         for (k = 0; k < 16; k++) CT_CHECK(g[k] == (float)p + (float)k, "average of 4 equal grads is the grad");
     }
     capex_ddp_destroy(r.g);
+}
+
+/* grad_ready polls the in-flight buckets oldest first and stops at the first
+   unfinished one; one that test reported finished is not polled again in
+   that iteration (MPI_Test on it again is wasted work). It was: with B
+   buckets finishing at once, about B^2/2 polls per backward. */
+CT_TEST(tracker_progress_polls_each_finished_bucket_once) {
+    capex_comm c;
+    fake f;
+    capex_ddp *g = NULL;
+    capex_ddp_param ps[64];
+    capex_ddp_desc d;
+    capex_ddp_stats st;
+    float data[64][4];
+    size_t p;
+    int it;
+    fake_comm(&c, &f, 2, 1);
+    f.test_done = 1;
+    for (p = 0; p < 64; p++) { ps[p].data = data[p]; ps[p].numel = 4; ps[p].dtype = CAPEX_F32; ps[p].grad = NULL; }
+    capex_ddp_desc_init(&d);
+    d.first_bucket_bytes = d.bucket_bytes = 16; /* one bucket per param */
+    CT_CHECK(capex_ddp_create(&g, &c, ps, 64, &d) == CAPEX_OK, "%.300s", capex_last_error());
+    f.ddp = g;
+    for (it = 0; it < 2; it++) {
+        for (p = 64; p-- > 0;) CT_CHECK(capex_ddp_grad_ready(g, p) == CAPEX_OK, "%.300s", capex_last_error());
+        CT_CHECK(capex_ddp_finalize(g) == CAPEX_OK, "%.300s", capex_last_error());
+    }
+    capex_ddp_get_stats(g, &st);
+    CT_CHECK(f.ntest == 128 && st.progress_polls == 128, "%d polls for 2 x 64 buckets", f.ntest);
+    capex_ddp_destroy(g);
 }
 
 CT_TEST(tracker_later_bucket_waits_for_earlier) {
@@ -925,6 +969,11 @@ CT_TEST(tracker_errors) {
     CT_CHECK(r.c.failed, "comm poisoned");
     CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_ERR_COMM, "failed stays failed");
     CT_CHECK(capex_ddp_grad_ready(r.g, 0) == CAPEX_ERR_COMM, "no further use");
+    /* these said ORDER ("zero between iterations, after finalize"), which can never succeed now */
+    CT_CHECK(capex_ddp_zero_grad(r.g) == CAPEX_ERR_COMM && strstr(capex_last_error(), "failed"),
+             "zero_grad after the failure: %.200s", capex_last_error());
+    CT_CHECK(capex_ddp_set_sync(r.g, 0) == CAPEX_ERR_COMM, "set_sync after the failure: %.200s", capex_last_error());
+    CT_CHECK(capex_ddp_broadcast_parameters(r.g) == CAPEX_ERR_COMM, "broadcast after the failure");
     CT_CHECK(capex_comm_barrier(&r.c) == CAPEX_ERR_COMM, "the comm refuses too");
     capex_ddp_destroy(r.g);
     /* the comm failed outside DDP (a barrier, a metrics allreduce): DDP stops too */
@@ -939,6 +988,26 @@ CT_TEST(tracker_errors) {
     r.f.fail_wait = CAPEX_ERR_TIMEOUT;
     CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_ERR_TIMEOUT, "timeout reaches finalize");
     capex_ddp_destroy(r.g);
+}
+
+/* A bucket's allreduce fails to start mid-backward (its peer is gone) with
+   two earlier buckets in flight: that grad_ready and every later call say
+   COMM, nothing else is launched, and destroy waits for nothing on the
+   failed comm and frees everything (ASan: no leak, no double free). */
+CT_TEST(tracker_launch_failure_mid_backward) {
+    rig r;
+    size_t p;
+    CT_CHECK(rig_make(&r, 2, 1, NULL, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    r.f.fail_launch_at = 3;
+    for (p = NP; p-- > 4;) CT_CHECK(capex_ddp_grad_ready(r.g, p) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_ddp_grad_ready(r.g, 3) == CAPEX_OK, "bucket 2 half full");
+    CT_CHECK(capex_ddp_grad_ready(r.g, 2) == CAPEX_ERR_COMM && r.c.failed, "its launch fails: %.200s", capex_last_error());
+    CT_CHECK(capex_ddp_grad_ready(r.g, 1) == CAPEX_ERR_COMM && capex_ddp_mark_unused(r.g, 0) == CAPEX_ERR_COMM, "later grads");
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_ERR_COMM && capex_ddp_zero_grad(r.g) == CAPEX_ERR_COMM &&
+             capex_ddp_set_sync(r.g, 0) == CAPEX_ERR_COMM, "finalize, zero_grad, set_sync");
+    CT_CHECK(r.f.nlaunch == 3 && r.f.nwait == 0, "%d launches, %d waits", r.f.nlaunch, r.f.nwait);
+    capex_ddp_destroy(r.g);
+    CT_CHECK(r.f.nwait == 0, "destroy waited on a failed comm");
 }
 
 CT_TEST(tracker_engine_owned_grads_are_copied) {
@@ -1001,6 +1070,136 @@ CT_TEST(tracker_rebuild_from_ready_order) {
     for (p = 0; p < NP; p++) { capex_ddp_grad_ready(r.g, p); if (p == 1) CT_CHECK(r.f.nlaunch == 1, "launches early now"); }
     CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK && capex_ddp_layout_version(r.g) == 1, "only once");
     capex_ddp_destroy(r.g);
+}
+
+/* A param only marked unused under no_sync accumulated nothing (torch's
+   local_used_map counts a param used only when its grad hook fired): in the
+   sync iteration where it is unused again its grad counts as zero, as when
+   the no_sync micro-step is left out. finalize under no_sync counted every
+   ready param as accumulated, mark_unused ones too, so a stale grad (the
+   last step's, not zeroed) was reduced instead. */
+CT_TEST(tracker_mark_unused_under_no_sync_accumulates_nothing) {
+    int with_micro;
+    float got[2];
+    for (with_micro = 0; with_micro < 2; with_micro++) {
+        rig r;
+        capex_ddp_desc d;
+        size_t p;
+        capex_ddp_desc_init(&d);
+        d.find_unused_parameters = with_micro; /* the sync step below: explicit mark, then implicit */
+        CT_CHECK(rig_make(&r, 4, 1, &d, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+        for (p = NP; p-- > 0;) { rig_fill(&r, p, 5.0f); capex_ddp_grad_ready(r.g, p); }
+        CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+        /* no zero_grad: the grads accumulate on top of the last reduced ones */
+        if (with_micro) {
+            CT_CHECK(capex_ddp_set_sync(r.g, 0) == CAPEX_OK, "no_sync");
+            for (p = NP; p-- > 0;)
+                CT_CHECK((p == 2 ? capex_ddp_mark_unused(r.g, p) : capex_ddp_grad_ready(r.g, p)) == CAPEX_OK, "%.300s",
+                         capex_last_error());
+            CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+            CT_CHECK(capex_ddp_set_sync(r.g, 1) == CAPEX_OK, "sync");
+        }
+        for (p = NP; p-- > 0;) if (p != 2) capex_ddp_grad_ready(r.g, p);
+        if (!with_micro) CT_CHECK(capex_ddp_mark_unused(r.g, 2) == CAPEX_OK, "%.300s", capex_last_error());
+        CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+        got[with_micro] = ((float *)capex_ddp_grad(r.g, 2))[3];
+        CT_CHECK(((float *)capex_ddp_grad(r.g, 5))[3] == 8.0f, "used grads keep accumulating: %g",
+                 (double)((float *)capex_ddp_grad(r.g, 5))[3]);
+        capex_ddp_destroy(r.g);
+    }
+    CT_CHECK(got[0] == 0.0f && got[1] == 0.0f, "unused in every micro-step: grad %g without the no_sync step, %g with it",
+             (double)got[0], (double)got[1]);
+}
+
+/* Random DDP runs (world 1/2/4, 0-6 params of f32/bf16, some empty, views or
+   engine-owned grads, random limits, message_size, delay, average,
+   predivide 1/2, always_fp32, find_unused, rebuild) of 6 iterations each:
+   random sync switches, each param ready (after adding small integers),
+   marked unused or (find_unused) left out, in a random order; zero_grad
+   half the time. A model of the grads: ready = what the engine wrote,
+   unused in a synced step = zero unless it got grads under no_sync, then
+   x / f * world (* f / world when averaging). Fails on the mark_unused under
+   no_sync bug (trial 3). */
+static uint64_t rnd_state;
+static unsigned rnd(unsigned n) {
+    rnd_state ^= rnd_state << 13; rnd_state ^= rnd_state >> 7; rnd_state ^= rnd_state << 17;
+    return (unsigned)(rnd_state % n);
+}
+CT_TEST(tracker_random_calls_against_a_model) {
+    static float data[6][40], eng[6][40];
+    int trial;
+    rnd_state = 88172645463325252ull;
+    for (trial = 0; trial < 3000; trial++) {
+        capex_comm c;
+        fake f;
+        capex_ddp *g = NULL;
+        capex_ddp_desc d;
+        capex_ddp_param ps[6];
+        capex_dtype dts[6];
+        size_t np = rnd(7), p, i, numel[6];
+        double V[6][40];
+        unsigned char accum[6];
+        int W = 1 << rnd(3), engine = (int)rnd(2), it, sync = 1;
+        float fac;
+        fake_comm(&c, &f, W, (int)rnd(2));
+        capex_ddp_desc_init(&d);
+        d.first_bucket_bytes = 1 + rnd(100);
+        d.bucket_bytes = 1 + rnd(200);
+        if (rnd(4) == 0) d.message_size = 1 + rnd(30);
+        d.delay_allreduce = (int)rnd(2);
+        d.gradient_average = (int)rnd(2);
+        fac = rnd(2) ? 1.0f : 2.0f;
+        d.gradient_predivide_factor = fac;
+        d.allreduce_always_fp32 = (int)rnd(2);
+        d.find_unused_parameters = (int)rnd(2);
+        d.rebuild_buckets = (int)rnd(2);
+        for (p = 0; p < np; p++) {
+            numel[p] = rnd(4) == 0 ? 0 : 1 + rnd(37);
+            dts[p] = rnd(3) == 0 ? CAPEX_BF16 : CAPEX_F32;
+            ps[p].data = data[p]; ps[p].numel = numel[p]; ps[p].dtype = dts[p]; ps[p].grad = engine ? eng[p] : NULL;
+            memset(eng[p], 0, sizeof eng[p]);
+            for (i = 0; i < 40; i++) V[p][i] = 0;
+            accum[p] = 0;
+        }
+        CT_CHECK(capex_ddp_create(&g, &c, ps, np, &d) == CAPEX_OK, "trial %d: %.300s", trial, capex_last_error());
+        f.ddp = g;
+        for (it = 0; it < 6; it++) {
+            size_t order[6];
+            unsigned char act[6]; /* 0 ready, 1 mark_unused, 2 left out (find_unused) */
+            if (rnd(3) == 0) { sync = !sync; CT_CHECK(capex_ddp_set_sync(g, sync) == CAPEX_OK, "set_sync"); }
+            for (p = 0; p < np; p++) { order[p] = p; act[p] = (unsigned char)rnd(d.find_unused_parameters ? 3 : 2); }
+            for (p = np; p > 1; p--) { size_t j = rnd((unsigned)p), t = order[p - 1]; order[p - 1] = order[j]; order[j] = t; }
+            for (i = 0; i < np; i++) {
+                size_t q = order[i], k;
+                void *gv = engine ? (void *)eng[q] : capex_ddp_grad(g, q);
+                if (act[q] == 1) CT_CHECK(capex_ddp_mark_unused(g, q) == CAPEX_OK, "trial %d: %.300s", trial, capex_last_error());
+                if (act[q] != 0) continue;
+                for (k = 0; k < numel[q]; k++) {
+                    capex__store(gv, dts[q], k, capex__load(gv, dts[q], k) + (float)((int)rnd(9) - 4));
+                    V[q][k] = capex__load(gv, dts[q], k);
+                }
+                CT_CHECK(capex_ddp_grad_ready(g, q) == CAPEX_OK, "trial %d: %.300s", trial, capex_last_error());
+                if (!sync) accum[q] = 1;
+            }
+            CT_CHECK(capex_ddp_finalize(g) == CAPEX_OK, "trial %d it %d: %.300s", trial, it, capex_last_error());
+            for (p = 0; sync && p < np; p++) {
+                void *gv = capex_ddp_grad(g, p);
+                for (i = 0; i < numel[p]; i++) {
+                    double want = (act[p] != 0 && !accum[p] ? 0.0 : V[p][i]) / fac * W, got = capex__load(gv, dts[p], i);
+                    if (d.gradient_average) want = want * fac / W;
+                    CT_CHECK(fabs(got - want) <= 0.02 * fabs(want), "trial %d it %d param %lu [%lu]: %g, want %g", trial, it, (unsigned long)p, (unsigned long)i,
+                             got, want);
+                    V[p][i] = got; /* carry its rounding */
+                }
+                accum[p] = 0;
+            }
+            if (rnd(2) == 0) {
+                CT_CHECK(capex_ddp_zero_grad(g) == CAPEX_OK, "zero_grad: %.300s", capex_last_error());
+                for (p = 0; p < np; p++) for (i = 0; i < numel[p]; i++) V[p][i] = 0;
+            }
+        }
+        capex_ddp_destroy(g);
+    }
 }
 
 /* ---------------------------------------------------- single comm -- */
@@ -1784,6 +1983,52 @@ CT_TEST(tcp_comm_collectives_and_ddp) {
     CT_CHECK(codes[1] == 0 && codes[2] == 0, "peers: %d %d", codes[1], codes[2]);
 }
 
+/* Ranks reporting grads in different orders with another collective on the
+   same comm in between (SyncBatchNorm's backward): without delay_allreduce
+   rank 0's first bucket pairs with rank 1's other allreduce (same size: the
+   data mix silently, as capex.h says); with it every bucket starts in
+   finalize, after the other collective on every rank. */
+static int tcp_interleave_body(int rank, int world, int port, int mode) {
+    capex_dist_env env;
+    capex_comm c;
+    capex_ddp *g = NULL;
+    capex_ddp_param ps[2];
+    capex_ddp_desc d;
+    float data[2][4], other[4];
+    size_t p, i;
+    int ok = 1;
+    (void)mode;
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = world; env.local_rank = rank; env.local_world_size = world;
+    strcpy(env.master_addr, "127.0.0.1");
+    env.master_port = port;
+    strcpy(env.run_id, "tcp-test");
+    if (capex_comm_init_tcp(&c, &env, 5.0) != CAPEX_OK) return __LINE__;
+    c.timeout_s = 5.0;
+    for (p = 0; p < 2; p++) { ps[p].data = data[p]; ps[p].numel = 4; ps[p].dtype = CAPEX_F32; ps[p].grad = NULL; }
+    capex_ddp_desc_init(&d);
+    d.first_bucket_bytes = d.bucket_bytes = 16; /* one bucket per param */
+    d.gradient_average = 0;
+    d.delay_allreduce = 1;
+    if (capex_ddp_create(&g, &c, ps, 2, &d) != CAPEX_OK) return __LINE__;
+    for (p = 0; p < 2; p++) for (i = 0; i < 4; i++) ((float *)capex_ddp_grad(g, p))[i] = (float)(p + 1);
+    for (i = 0; i < 4; i++) other[i] = 100.0f;
+    if (capex_ddp_grad_ready(g, rank == 0 ? 1 : 0) != CAPEX_OK) return __LINE__;
+    if (capex_comm_allreduce(&c, other, other, 4, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) return __LINE__;
+    if (capex_ddp_grad_ready(g, rank == 0 ? 0 : 1) != CAPEX_OK) return __LINE__;
+    if (capex_ddp_finalize(g) != CAPEX_OK) return __LINE__;
+    for (i = 0; i < 4; i++)
+        ok &= other[i] == 200.0f && ((float *)capex_ddp_grad(g, 0))[i] == 2.0f && ((float *)capex_ddp_grad(g, 1))[i] == 4.0f;
+    capex_ddp_destroy(g);
+    capex_comm_destroy(&c);
+    return ok ? 0 : __LINE__;
+}
+
+CT_TEST(tcp_ddp_delay_allreduce_keeps_other_collectives_apart) {
+    int codes[8], r = fork_world(2, 0, codes, tcp_interleave_body);
+    CT_CHECK(r == 0 && codes[1] == 0, "rank 0 line %d, rank 1 exit %d: %.300s", r, codes[1], capex_last_error());
+}
+
 CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
     int codes[8], r;
     r = tcp_world(2, 1, codes);
@@ -1960,7 +2205,9 @@ CT_TEST(torchrun_style_launch_auto_comm) {
     CT_CHECK(ok, "every simulated torchrun worker must finish its allreduce");
 }
 
+
 static const ct_case cases[] = {
+
     CT_CASE(env_none_is_single_process),
     CT_CASE(env_torchrun), CT_CASE(env_rendezvous_port_beside_torchrun_store),
     CT_CASE(env_openmpi_pmi_slurm),
@@ -1977,13 +2224,17 @@ static const ct_case cases[] = {
     CT_CASE(ddp_create_errors),
     CT_CASE(tracker_launches_in_order_during_backward),
     CT_CASE(tracker_later_bucket_waits_for_earlier),
+    CT_CASE(tracker_progress_polls_each_finished_bucket_once),
     CT_CASE(tracker_destroy_waits_for_launched_buckets),
     CT_CASE(tracker_delay_allreduce_and_sync_backend),
     CT_CASE(tracker_predivide_and_average),
     CT_CASE(tracker_allreduce_always_fp32_with_bf16),
     CT_CASE(tracker_no_sync_accumulates),
+    CT_CASE(tracker_mark_unused_under_no_sync_accumulates_nothing),
+    CT_CASE(tracker_random_calls_against_a_model),
     CT_CASE(tracker_unused_parameters),
     CT_CASE(tracker_errors),
+    CT_CASE(tracker_launch_failure_mid_backward),
     CT_CASE(tracker_engine_owned_grads_are_copied),
     CT_CASE(tracker_rebuild_from_ready_order),
     CT_CASE(comm_single_and_errors),
@@ -1998,6 +2249,7 @@ static const ct_case cases[] = {
     CT_CASE(rendezvous_out_of_descriptors),
     CT_CASE(rendezvous_peer_against_busy_or_fake_rank0),
     CT_CASE(tcp_comm_collectives_and_ddp),
+    CT_CASE(tcp_ddp_delay_allreduce_keeps_other_collectives_apart),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
     CT_CASE(tcp_comm_port_out_of_range),
     CT_CASE(tcp_comm_count_zero_against_n),

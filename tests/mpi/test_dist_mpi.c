@@ -695,6 +695,81 @@ static int run_after_finalize(void) {
     return 0;
 }
 
+/* Every rank reports the grads in its own order (rank r starts r * 3 + step
+   params further on), leaves a different param out of each synced
+   micro-step (find_unused), accumulates one no_sync micro-step first, over
+   mixed dtypes (f32, bf16, f16, an empty param); with and without rebuild
+   (rank 0's order) and allreduce_always_fp32: buckets still launch in the
+   same order on every rank (MPI pairs collectives by order) and every grad
+   is the average of what the ranks gave (small integers: exact). */
+#define ONP 7
+static int t_rank_orders(void) {
+    static const size_t numel[ONP] = {5, 0, 9, 3, 40, 1, 7};
+    static const capex_dtype dt[ONP] = {CAPEX_F32, CAPEX_F32, CAPEX_BF16, CAPEX_F16, CAPEX_F32, CAPEX_BF16, CAPEX_F16};
+    int mode;
+    for (mode = 0; mode < 4; mode++) {
+        capex_comm c;
+        capex_ddp *g = NULL;
+        capex_ddp_param ps[ONP];
+        capex_ddp_desc d;
+        float data[ONP][64];
+        int step, q, micro;
+        size_t p, i;
+        capex_result r;
+        comm_make(&c, 30.0);
+        for (p = 0; p < ONP; p++) {
+            ps[p].data = data[p]; ps[p].numel = numel[p]; ps[p].dtype = dt[p]; ps[p].grad = NULL;
+            memset(data[p], 0, sizeof data[p]);
+        }
+        capex_ddp_desc_init(&d);
+        d.first_bucket_bytes = 16; d.bucket_bytes = 40;
+        d.find_unused_parameters = 1;
+        d.rebuild_buckets = mode & 1;
+        d.allreduce_always_fp32 = (mode >> 1) & 1;
+        d.gradient_predivide_factor = 2.0f;
+        r = capex_ddp_create(&g, &c, ps, ONP, &d);
+        CHECK(r == CAPEX_OK, "create: %.300s", capex_last_error());
+        for (step = 0; step < 4; step++) {
+            for (micro = 0; micro < 2; micro++) {
+                r = capex_ddp_set_sync(g, micro == 1);
+                CHECK(r == CAPEX_OK, "set_sync: %.300s", capex_last_error());
+                for (q = 0; q < ONP; q++) {
+                    void *gv;
+                    p = (size_t)((q + g_rank * 3 + step) % ONP);
+                    if ((int)p == (g_rank + step) % ONP && micro == 1) continue;
+                    gv = capex_ddp_grad(g, p);
+                    for (i = 0; i < numel[p]; i++)
+                        capex__store(gv, dt[p], i, capex__load(gv, dt[p], i) + (float)((g_rank + 1) * (int)(p + 1) + (int)i + micro));
+                    r = capex_ddp_grad_ready(g, p);
+                    CHECK(r == CAPEX_OK, "grad_ready: %.300s", capex_last_error());
+                }
+                r = capex_ddp_finalize(g);
+                CHECK(r == CAPEX_OK, "mode %d step %d finalize: %.300s", mode, step, capex_last_error());
+            }
+            for (p = 0; p < ONP; p++) {
+                void *gv = capex_ddp_grad(g, p);
+                for (i = 0; i < numel[p]; i++) {
+                    double want = 0;
+                    int k;
+                    for (k = 0; k < g_world; k++) {
+                        want += (double)((k + 1) * (int)(p + 1) + (int)i);
+                        if ((int)p != (k + step) % ONP) want += (double)((k + 1) * (int)(p + 1) + (int)i + 1);
+                    }
+                    want /= g_world;
+                    CHECK(fabs(capex__load(gv, dt[p], i) - want) <= 0.02 * want, "mode %d step %d param %d [%d]: %g, want %g",
+                          mode, step, (int)p, (int)i, (double)capex__load(gv, dt[p], i), want);
+                }
+            }
+            r = capex_ddp_zero_grad(g);
+            CHECK(r == CAPEX_OK, "zero_grad: %.300s", capex_last_error());
+        }
+        CHECK(capex_ddp_layout_version(g) == (mode & 1), "layout version %d", capex_ddp_layout_version(g));
+        capex_ddp_destroy(g);
+        capex_comm_destroy(&c);
+    }
+    return 0;
+}
+
 static int run_failure_mode(const char *mode) {
     opts o;
     model m;
@@ -724,6 +799,7 @@ int main(int argc, char **argv) {
         {"train_unused_param_found", t_train_unused_found},
         {"train_bf16_grads_allreduce_always_fp32", t_train_bf16_fp32_reduce},
         {"train_rebuild_buckets", t_train_rebuild},
+        {"ddp_rank_orders_unused_mixed_dtypes", t_rank_orders},
         {"zero_stage1_and_2_match_ddp_and_optim", t_zero},
         {"gathers_with_send_aliasing_recv", t_gather_aliased},
         {"init_mpi_refuses_unusable_communicators", t_init_bad_comm},
