@@ -1824,7 +1824,8 @@ CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
    resharding), and loadable by capex_optim_load into a plain optimizer built
    that way (and the other way round). save is collective: shards are
    all-gathered bucket by bucket and rank 0 (which must give a writer; the
-   others may pass NULL) adds the whole state; it holds that copy until the
+   others may pass NULL; rank 0 without one still takes part, then returns
+   CAPEX_ERR_INVALID_ARG) adds the whole state; it holds that copy until the
    next save or destroy, so write the file before the next step. load needs
    no communication: every rank reads the file, transiently holding the
    whole state, and takes its pieces; everything is checked before anything
@@ -11986,8 +11987,10 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     capex_result r = capex__zero_check(z, fn);
     if (r) return r;
     c = z->comm;
-    root = c->rank == 0;
-    if (root && !w) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: rank 0 needs a writer (other ranks may pass NULL)", fn);
+    /* rank 0 without a writer is refused only after the collectives, which it
+       joins as a non-root: returning first would leave its peers waiting in
+       them until the deadline, or pair them with its next collective */
+    root = c->rank == 0 && w;
     if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
     W = (size_t)c->world_size;
     capex__zero_save_drop(z);
@@ -12060,6 +12063,8 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
         if (z->opt->has_sched) r = capex_optim_set_lr_schedule(t, &z->opt->sched);
         if (r == CAPEX_OK) r = capex_optim_save(t, w, prefix, flags);
     }
+    if (r == CAPEX_OK && c->rank == 0 && !w)
+        r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: rank 0 needs a writer (other ranks may pass NULL)", fn);
 done:
     capex__free(NULL, pack);
     capex__free(NULL, full);
