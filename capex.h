@@ -65,7 +65,7 @@
        State files ............. versioned, checksummed save/restore (safetensors).
        Tensor lists ............ (pointer, numel) lists, the multi-tensor chunk
                                  planner, fused scale/unscale, axpby, L2 norms, clip.
-       Optimizers .............. Adam/AdamW, LAMB, SGD, NovoGrad (Apex math) with fp32 master
+       Optimizers .............. Adam/AdamW, LAMB, SGD, Adagrad, NovoGrad (Apex math), fp32 master
                                  weights writing the fp16/bf16 model copy.
        Data parallel ........... launcher env, comm vtable (single, MPI, TCP),
                                  rendezvous, DDP buckets, sampler, deadlines,
@@ -632,8 +632,8 @@ CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scal
 /* ---------------------------------------------------------------------------
    State files
 
-   Save/restore of training state (loss scaler now; optimizer moments and DDP
-   settings use the same container) as safetensors files: an 8-byte
+   Save/restore of training state (loss scaler, optimizer, ZeRO and your own
+   tensors, in one file or several) as safetensors files: an 8-byte
    little-endian header length N, N bytes of UTF-8 JSON naming each tensor's
    dtype, shape and byte range, then the tensors' bytes, little-endian, tightly
    packed. Python's `safetensors.numpy.load_file` and `head -c` read them.
@@ -971,7 +971,7 @@ CAPEX_API float capex_clip_coef(float total_norm, float max_norm);
 
 /* ==== optimizers: declarations ==== */
 /* ---------------------------------------------------------------------------
-   Optimizers (Apex FusedAdam / FusedLAMB / FusedSGD / FusedNovoGrad math, on the CPU)
+   Optimizers (Apex FusedAdam / FusedLAMB / FusedSGD / FusedAdagrad / FusedNovoGrad math, on the CPU)
 
    An optimizer owns parameter groups; each group has its own hyperparameters
    and its own step count (as Apex and torch.optim). A parameter is an fp32
@@ -1097,7 +1097,8 @@ typedef struct capex_optim_param {
     const void *grad;        /* gradient, numel elements of grad_dtype */
     capex_dtype grad_dtype;  /* CAPEX_F32 (default), CAPEX_F16, CAPEX_BF16 */
     void *model;             /* optional fp16/bf16 model copy written each step; NULL: none */
-    capex_dtype model_dtype; /* CAPEX_F16 or CAPEX_BF16 when model != NULL */
+    capex_dtype model_dtype; /* CAPEX_BF16 (default) or CAPEX_F16 when model != NULL: set it
+                                for an fp16 model (capex_optim_param_from_amp does) */
     int64_t numel;           /* elements; 0 is allowed (nothing to do) */
     float *exp_avg;          /* optional user buffer: Adam/LAMB/NovoGrad m, SGD momentum */
     float *exp_avg_sq;       /* optional user buffer: Adam/LAMB v, Adagrad's sum (torch "sum"); NovoGrad: unused */
@@ -1610,9 +1611,9 @@ typedef struct capex_ddp_desc {
     int delay_allreduce;        /* 0: launch buckets during backward           */
     int gradient_average;       /* 1: divide by world size                     */
     float gradient_predivide_factor; /* 1.0 (Apex): x/f before, x*f/world after */
-    int allreduce_always_fp32;  /* 0: half buckets reduced through f32 if 1    */
+    int allreduce_always_fp32;  /* 0; 1: half buckets reduced through f32       */
     int find_unused_parameters; /* 0: finalize fails if a param was not ready   */
-    int rebuild_buckets;        /* 0: rebuild once from rank 0's ready order    */
+    int rebuild_buckets;        /* 0; 1: rebuild once from rank 0's ready order */
     int broadcast_parameters;   /* 1: rank 0's params to all at create          */
     uint32_t init_tag; /* set by capex_ddp_desc_init (see "Descriptors") */
 } capex_ddp_desc;
@@ -1634,8 +1635,11 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
                                         size_t num_params, const capex_ddp_desc *d);
 CAPEX_API void capex_ddp_destroy(capex_ddp *ddp);
 /* Broadcasts every parameter's data from rank 0 (done by create unless
-   broadcast_parameters is 0; call again after loading a checkpoint on rank 0
-   only). Collective: every rank calls it. */
+   broadcast_parameters is 0; call again after loading weights on rank 0
+   only). Collective: every rank calls it. It sends params[i].data only: under
+   O2 that is the half model copy, so broadcast the fp32 master weights
+   yourself (capex_comm_broadcast) or start every rank from the same ones, and
+   load optimizer and scaler state on every rank. */
 CAPEX_API capex_result capex_ddp_broadcast_parameters(capex_ddp *ddp);
 /* Where param i's gradient lives (a view into its bucket; the engine's own
    buffer when it gave one). Changes once if rebuild_buckets rebuilds (in the
@@ -1649,7 +1653,10 @@ CAPEX_API size_t capex_ddp_num_buckets(const capex_ddp *ddp);
 CAPEX_API capex_result capex_ddp_bucket(const capex_ddp *ddp, size_t bucket, capex_ddp_bucket_info *out);
 /* Zeroes every gradient (bucket buffers and the engine's own grads). */
 CAPEX_API capex_result capex_ddp_zero_grad(capex_ddp *ddp);
-/* sync = 0 is PyTorch's no_sync(): grads accumulate, finalize reduces nothing. */
+/* sync = 0 is PyTorch's no_sync(): finalize reduces nothing. Between
+   iterations only (after finalize). Each micro-batch still makes every param
+   ready and finalizes; the grads stay in place, so add the next micro-batch's
+   into capex_ddp_grad (zero_grad clears them) and set sync = 1 for the last. */
 CAPEX_API capex_result capex_ddp_set_sync(capex_ddp *ddp, int sync);
 /* Param i's gradient is complete for this iteration. When its bucket is full
    and every earlier bucket has launched, the bucket's allreduce starts (and
