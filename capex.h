@@ -171,8 +171,9 @@ CAPEX_API void capex_clear_error(void);
    Logging
 
    Silent by default except warnings and errors, written to stderr by the
-   process whose log rank is 0 (capex_log_set_rank; data-parallel code sets it
-   from the launcher). A callback replaces the default sink for every rank.
+   process whose log rank is 0 (capex_log_set_rank, or capex_dist_log_init
+   from the launcher's env; comm creation does not set it, so until then every
+   process is rank 0 and prints). A callback replaces the default sink for every rank.
    These settings are process-wide: set them before starting threads.
    ------------------------------------------------------------------------- */
 typedef enum capex_log_level {
