@@ -1070,7 +1070,9 @@ typedef struct capex_optim_desc {
     int use_nvlamb;               /* LAMB: trust ratio also where wd == 0 (default 0) */
     float max_grad_norm;          /* LAMB: global-norm clip threshold (default 1.0; 0 = no clip) */
     int wd_after_momentum;        /* SGD: apply decay after momentum (default 0) */
-    int stochastic_rounding;      /* 1: bf16 model copies use stochastic rounding (default 0) */
+    int stochastic_rounding;      /* 1: bf16 model copies use stochastic rounding (default 0); a
+                                     copy then cannot be rebuilt from the masters: to resume
+                                     bit for bit, save with CAPEX_OPTIM_STATE_PARAMS */
     uint64_t seed;                /* stochastic rounding seed (default 0) */
     capex_tensor_op_desc exec;    /* threads, chunk size, parallel threshold (tensor ops' settings) */
     const capex_allocator *allocator; /* moments and bookkeeping; NULL: CAPEX_MALLOC */
@@ -1851,7 +1853,10 @@ CAPEX_API capex_result capex_zero_load_file(capex_zero *z, const char *path, uns
 #endif /* CAPEX_NO_STATE */
 #endif /* CAPEX_NO_DIST */
 
-/* -- distributed sampler (PyTorch DistributedSampler) -- */
+/* -- distributed sampler (PyTorch DistributedSampler) --
+   torch's sharding (rank r takes every num_replicas-th index), padding and
+   drop_last; the shuffle is capex_permute_index, not torch.randperm: the same
+   seed and epoch give a different order than a PyTorch run. */
 typedef struct capex_sampler_desc {
     uint64_t dataset_size;
     int num_replicas;   /* world size                                           */
