@@ -65,7 +65,7 @@
        State files ............. versioned, checksummed save/restore (safetensors).
        Tensor lists ............ (pointer, numel) lists, the multi-tensor chunk
                                  planner, fused scale/unscale, axpby, L2 norms, clip.
-       Optimizers .............. Adam/AdamW, LAMB, SGD, NovoGrad (Apex math) with fp32 master
+       Optimizers .............. Adam/AdamW, LAMB, SGD, Adagrad, NovoGrad (Apex math), fp32 master
                                  weights writing the fp16/bf16 model copy.
        Data parallel ........... launcher env, comm vtable (single, MPI, TCP),
                                  rendezvous, DDP buckets, sampler, deadlines,
@@ -171,8 +171,9 @@ CAPEX_API void capex_clear_error(void);
    Logging
 
    Silent by default except warnings and errors, written to stderr by the
-   process whose log rank is 0 (capex_log_set_rank; data-parallel code sets it
-   from the launcher). A callback replaces the default sink for every rank.
+   process whose log rank is 0 (capex_log_set_rank, or capex_dist_log_init
+   from the launcher's env; comm creation does not set it, so until then every
+   process is rank 0 and prints). A callback replaces the default sink for every rank.
    These settings are process-wide: set them before starting threads.
    ------------------------------------------------------------------------- */
 typedef enum capex_log_level {
@@ -632,8 +633,8 @@ CAPEX_API capex_result capex_scaler_set_state(capex_scaler *sc, const capex_scal
 /* ---------------------------------------------------------------------------
    State files
 
-   Save/restore of training state (loss scaler now; optimizer moments and DDP
-   settings use the same container) as safetensors files: an 8-byte
+   Save/restore of training state (loss scaler, optimizer, ZeRO and your own
+   tensors, in one file or several) as safetensors files: an 8-byte
    little-endian header length N, N bytes of UTF-8 JSON naming each tensor's
    dtype, shape and byte range, then the tensors' bytes, little-endian, tightly
    packed. Python's `safetensors.numpy.load_file` and `head -c` read them.
@@ -973,7 +974,7 @@ CAPEX_API float capex_clip_coef(float total_norm, float max_norm);
 
 /* ==== optimizers: declarations ==== */
 /* ---------------------------------------------------------------------------
-   Optimizers (Apex FusedAdam / FusedLAMB / FusedSGD / FusedNovoGrad math, on the CPU)
+   Optimizers (Apex FusedAdam / FusedLAMB / FusedSGD / FusedAdagrad / FusedNovoGrad math, on the CPU)
 
    An optimizer owns parameter groups; each group has its own hyperparameters
    and its own step count (as Apex and torch.optim). A parameter is an fp32
@@ -1071,7 +1072,9 @@ typedef struct capex_optim_desc {
     int use_nvlamb;               /* LAMB: trust ratio also where wd == 0 (default 0) */
     float max_grad_norm;          /* LAMB: global-norm clip threshold (default 1.0; 0 = no clip) */
     int wd_after_momentum;        /* SGD: apply decay after momentum (default 0) */
-    int stochastic_rounding;      /* 1: bf16 model copies use stochastic rounding (default 0) */
+    int stochastic_rounding;      /* 1: bf16 model copies use stochastic rounding (default 0); a
+                                     copy then cannot be rebuilt from the masters: to resume
+                                     bit for bit, save with CAPEX_OPTIM_STATE_PARAMS */
     uint64_t seed;                /* stochastic rounding seed (default 0) */
     capex_tensor_op_desc exec;    /* threads, chunk size, parallel threshold (tensor ops' settings) */
     const capex_allocator *allocator; /* moments and bookkeeping; NULL: CAPEX_MALLOC */
@@ -1099,7 +1102,8 @@ typedef struct capex_optim_param {
     const void *grad;        /* gradient, numel elements of grad_dtype */
     capex_dtype grad_dtype;  /* CAPEX_F32 (default), CAPEX_F16, CAPEX_BF16 */
     void *model;             /* optional fp16/bf16 model copy written each step; NULL: none */
-    capex_dtype model_dtype; /* CAPEX_F16 or CAPEX_BF16 when model != NULL */
+    capex_dtype model_dtype; /* CAPEX_BF16 (default) or CAPEX_F16 when model != NULL: set it
+                                for an fp16 model (capex_optim_param_from_amp does) */
     int64_t numel;           /* elements; 0 is allowed (nothing to do) */
     float *exp_avg;          /* optional user buffer: Adam/LAMB/NovoGrad m, SGD momentum */
     float *exp_avg_sq;       /* optional user buffer: Adam/LAMB v, Adagrad's sum (torch "sum"); NovoGrad: unused */
@@ -1612,9 +1616,9 @@ typedef struct capex_ddp_desc {
     int delay_allreduce;        /* 0: launch buckets during backward           */
     int gradient_average;       /* 1: divide by world size                     */
     float gradient_predivide_factor; /* 1.0 (Apex): x/f before, x*f/world after */
-    int allreduce_always_fp32;  /* 0: half buckets reduced through f32 if 1    */
+    int allreduce_always_fp32;  /* 0; 1: half buckets reduced through f32       */
     int find_unused_parameters; /* 0: finalize fails if a param was not ready   */
-    int rebuild_buckets;        /* 0 (1: rebuild once from rank 0's ready order) */
+    int rebuild_buckets;        /* 0; 1: rebuild once from rank 0's ready order */
     int broadcast_parameters;   /* 1: rank 0's params to all at create          */
     uint32_t init_tag; /* set by capex_ddp_desc_init (see "Descriptors") */
 } capex_ddp_desc;
@@ -1636,8 +1640,11 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
                                         size_t num_params, const capex_ddp_desc *d);
 CAPEX_API void capex_ddp_destroy(capex_ddp *ddp);
 /* Broadcasts every parameter's data from rank 0 (done by create unless
-   broadcast_parameters is 0; call again after loading a checkpoint on rank 0
-   only). Collective: every rank calls it. */
+   broadcast_parameters is 0; call again after loading weights on rank 0
+   only). Collective: every rank calls it. It sends params[i].data only: under
+   O2 that is the half model copy, so broadcast the fp32 master weights
+   yourself (capex_comm_broadcast) or start every rank from the same ones, and
+   load optimizer and scaler state on every rank. */
 CAPEX_API capex_result capex_ddp_broadcast_parameters(capex_ddp *ddp);
 /* Where param i's gradient lives (a view into its bucket; the engine's own
    buffer when it gave one). Changes once if rebuild_buckets rebuilds (in the
@@ -1651,7 +1658,10 @@ CAPEX_API size_t capex_ddp_num_buckets(const capex_ddp *ddp);
 CAPEX_API capex_result capex_ddp_bucket(const capex_ddp *ddp, size_t bucket, capex_ddp_bucket_info *out);
 /* Zeroes every gradient (bucket buffers and the engine's own grads). */
 CAPEX_API capex_result capex_ddp_zero_grad(capex_ddp *ddp);
-/* sync = 0 is PyTorch's no_sync(): grads accumulate, finalize reduces nothing. */
+/* sync = 0 is PyTorch's no_sync(): finalize reduces nothing. Between
+   iterations only (after finalize). Each micro-batch still makes every param
+   ready and finalizes; the grads stay in place, so add the next micro-batch's
+   into capex_ddp_grad (zero_grad clears them) and set sync = 1 for the last. */
 CAPEX_API capex_result capex_ddp_set_sync(capex_ddp *ddp, int sync);
 /* Param i's gradient is complete for this iteration. When its bucket is full
    and every earlier bucket has launched, the bucket's allreduce starts (and
@@ -1833,7 +1843,8 @@ CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
    resharding), and loadable by capex_optim_load into a plain optimizer built
    that way (and the other way round). save is collective: shards are
    all-gathered bucket by bucket and rank 0 (which must give a writer; the
-   others may pass NULL) adds the whole state; it holds that copy until the
+   others may pass NULL; rank 0 without one still takes part, then returns
+   CAPEX_ERR_INVALID_ARG) adds the whole state; it holds that copy until the
    next save or destroy, so write the file before the next step. load needs
    no communication: every rank reads the file, transiently holding the
    whole state, and takes its pieces; everything is checked before anything
@@ -1851,7 +1862,10 @@ CAPEX_API capex_result capex_zero_load_file(capex_zero *z, const char *path, uns
 #endif /* CAPEX_NO_STATE */
 #endif /* CAPEX_NO_DIST */
 
-/* -- distributed sampler (PyTorch DistributedSampler) -- */
+/* -- distributed sampler (PyTorch DistributedSampler) --
+   torch's sharding (rank r takes every num_replicas-th index), padding and
+   drop_last; the shuffle is capex_permute_index, not torch.randperm: the same
+   seed and epoch give a different order than a PyTorch run. */
 typedef struct capex_sampler_desc {
     uint64_t dataset_size;
     int num_replicas;   /* world size                                           */
@@ -12095,8 +12109,10 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     capex_result r = capex__zero_check(z, fn);
     if (r) return r;
     c = z->comm;
-    root = c->rank == 0;
-    if (root && !w) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: rank 0 needs a writer (other ranks may pass NULL)", fn);
+    /* rank 0 without a writer is refused only after the collectives, which it
+       joins as a non-root: returning first would leave its peers waiting in
+       them until the deadline, or pair them with its next collective */
+    root = c->rank == 0 && w;
     if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
     W = (size_t)c->world_size;
     capex__zero_save_drop(z);
@@ -12169,6 +12185,8 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
         if (z->opt->has_sched) r = capex_optim_set_lr_schedule(t, &z->opt->sched);
         if (r == CAPEX_OK) r = capex_optim_save(t, w, prefix, flags);
     }
+    if (r == CAPEX_OK && c->rank == 0 && !w)
+        r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: rank 0 needs a writer (other ranks may pass NULL)", fn);
 done:
     capex__free(NULL, pack);
     capex__free(NULL, full);

@@ -345,7 +345,8 @@ static char g_ckpt[3][256]; /* saved by worlds of 3, 1 and 2 */
 /* mode 0: the equivalence checks; 1: rank 1 dies after create, the others
    must fail within the deadline and then refuse every call; 2: save a
    checkpoint (AdamW, stage 2, then SGD into a second file); 3: load the
-   world of 3's into a world of 2 and save again. */
+   world of 3's into a world of 2 and save again; 4: save_file status;
+   5: capex_zero_save with no writer on rank 0. */
 static int tcp_body(int rank, int world, int port, int mode) {
     capex_comm c;
     char why[400] = "";
@@ -369,6 +370,31 @@ static int tcp_body(int rank, int world, int port, int mode) {
             if (!line) line = zero_check_ckpt(&c, 1, CAPEX_OPTIM_NOVOGRAD, novo_in, novo_out, why, sizeof why);
         }
         if (line) fprintf(stderr, "rank %d of %d (mode %d): zero_check.h:%d: %s\n", rank, world, mode, line, why);
+    } else if (mode == 5) { /* rank 0 calls capex_zero_save without a writer */
+        float w[40];
+        capex_zero_param p[1];
+        capex_optim_desc od;
+        capex_zero *z = NULL;
+        capex_result r;
+        char path[300];
+        int i;
+        for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
+        one_param(&p[0], w, 40);
+        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+        snprintf(path, sizeof path, "%.250s.nw", g_ckpt[0]);
+        c.timeout_s = 5.0;
+        if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
+        r = line ? CAPEX_OK : capex_zero_save(z, NULL, NULL, 0);
+        if (!line && (rank == 0 ? r != CAPEX_ERR_INVALID_ARG || !strstr(capex_last_error(), "needs a writer") : r != CAPEX_OK)) {
+            fprintf(stderr, "rank %d: save without a writer on rank 0: %s (%s)\n", rank, capex_result_string(r), capex_last_error());
+            line = __LINE__;
+        }
+        /* the refusal left every rank in step: collectives and a real save still work */
+        if (!line && (r = capex_comm_barrier(&c)) != CAPEX_OK) line = __LINE__;
+        if (!line && (r = capex_zero_save_file(z, path, 0)) != CAPEX_OK) line = __LINE__;
+        if (line && r != CAPEX_OK) fprintf(stderr, "rank %d: %s\n", rank, capex_last_error());
+        if (rank == 0) remove(path);
+        capex_zero_destroy(z);
     } else if (mode == 4) { /* save_file: every rank gets rank 0's status once the file is there */
         float w[40];
         capex_zero_param p[1];
@@ -452,6 +478,18 @@ CT_TEST(tcp_save_file_status_on_every_rank) {
     memset(codes, 0, sizeof codes);
     snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_sf", (int)getpid());
     r = tcp_world(3, 4, codes);
+    CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "rank 0 line %d, ranks 1, 2 exit %d %d (stderr says why)", r,
+             codes[1], codes[2]);
+}
+
+/* capex_zero_save refuses rank 0 without a writer after the collectives it
+   takes part in: refused at once, rank 0 left its peers waiting in the
+   save's all-gathers, to fail at the deadline or pair with its next call. */
+CT_TEST(tcp_save_without_writer_keeps_ranks_in_step) {
+    int codes[8], r;
+    memset(codes, 0, sizeof codes);
+    snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_nw", (int)getpid());
+    r = tcp_world(3, 5, codes);
     CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "rank 0 line %d, ranks 1, 2 exit %d %d (stderr says why)", r,
              codes[1], codes[2]);
 }
@@ -786,6 +824,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_worlds_match_ddp_and_optim),
     CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
     CT_CASE(tcp_save_file_status_on_every_rank),
+    CT_CASE(tcp_save_without_writer_keeps_ranks_in_step),
     CT_CASE(checkpoints_reshard_across_world_sizes),
     CT_CASE(load_takes_the_files_optimizer_settings),
     CT_CASE(save_file_frees_the_unsharded_copy),
