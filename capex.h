@@ -11246,6 +11246,7 @@ typedef struct capex__zbucket {
     float *master;         /* S floats (half buckets)                           */
     int launched;
     int reducing;          /* reduce-scatter in flight (req)                    */
+    int test_done;         /* test said that reduce-scatter finished: not polled again */
     int gathering;         /* step's all-gather started, params not copied out */
     capex_comm_req req;
 } capex__zbucket;
@@ -11756,7 +11757,7 @@ static capex_result capex__zero_launch(capex_zero *z, size_t k) {
     mine = (char *)bk->grad + lo * es;
     if (W > 1 && c->vt->ireduce_scatter && c->vt->wait) {
         r = c->vt->ireduce_scatter(c, bk->grad, mine, bk->shard, bk->dtype, CAPEX_REDUCE_SUM, &bk->req);
-        if (r == CAPEX_OK) { bk->reducing = 1; return CAPEX_OK; }
+        if (r == CAPEX_OK) { bk->reducing = 1; bk->test_done = 0; return CAPEX_OK; }
         if (r != CAPEX_ERR_UNSUPPORTED) return capex__comm_after(c, r);
     }
     r = capex_comm_reduce_scatter(c, bk->grad, mine, capex__zero_counts(z, bk->shard), bk->dtype, CAPEX_REDUCE_SUM);
@@ -11772,9 +11773,10 @@ static capex_result capex__zero_progress(capex_zero *z) {
     for (k = 0; k < z->next_launch; k++) {
         int done = 1;
         capex_result r;
-        if (!z->b[k].reducing) continue;
+        if (!z->b[k].reducing || z->b[k].test_done) continue;
         if ((r = c->vt->test(c, &z->b[k].req, &done)) != CAPEX_OK) { z->failed = 1; return capex__comm_after(c, r); }
         if (!done) break;
+        z->b[k].test_done = 1;
     }
     return CAPEX_OK;
 }
