@@ -8559,7 +8559,8 @@ CAPEX__PRIVATE capex_result capex__comm_convert(capex_comm *c, void *dst, capex_
 CAPEX__PRIVATE capex_result capex__comm_check(const capex_comm *c, const char *what) {
     if (!c || !c->vt) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: comm is NULL or not initialised", what);
     if (c->failed)
-        return capex__fail(CAPEX_ERR_COMM, "%s: this communicator failed earlier (timeout or dead peer); its state "
+        return capex__fail(CAPEX_ERR_COMM, "%s: this communicator failed earlier (a timeout, a dead or failing peer, "
+                                           "or a local failure mid-collective: the first error says which); its state "
                                            "is unknown: stop the job and restart from a checkpoint", what);
     return CAPEX_OK;
 }
