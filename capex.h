@@ -10693,6 +10693,162 @@ struct capex_ddp {
     capex_ddp_stats st;
 };
 
+/* ---- data parallel: the same model on every rank (checked at create) ----
+
+   capex_ddp_create and capex_zero_create (and capex_cuda_zero_create)
+   allgather one signature of CAPEX__SIG_N int64 per rank before their first
+   collective, as PyTorch DDP's _verify_param_shape_across_processes: whether
+   this rank refused its own arguments, which create it is, the param count
+   and elements, hashes of the per-param numels, dtypes (ZeRO: groups), and
+   the descriptor fields every rank must share (those that shape the buckets,
+   decide which collectives run or what they carry, or change the result).
+   Every rank sees every signature and takes the same decision: a mismatch
+   fails every rank at once with one message, where it used to hang (MPI,
+   NCCL), fail late (TCP) or give silently wrong results. The exchange
+   succeeded, so the comm stays usable. World size 1: nothing is sent. */
+enum {
+    CAPEX__SIG_API, CAPEX__SIG_REFUSED, CAPEX__SIG_NP, CAPEX__SIG_NUMEL, CAPEX__SIG_H_NUMEL, CAPEX__SIG_H_DTYPE,
+    CAPEX__SIG_H_GROUP, CAPEX__SIG_DESC, CAPEX__SIG_N = 16
+};
+#define CAPEX__SIG_MAGIC 0x4361705369670000ll /* "CapSig", then the API in the low byte */
+#define CAPEX__SIG_DDP (CAPEX__SIG_MAGIC | 1)
+#define CAPEX__SIG_ZERO (CAPEX__SIG_MAGIC | 2)
+
+/* An order-sensitive 64-bit hash step (boost's combine, then a multiply to spread the bits). */
+CAPEX__PRIVATE uint64_t capex__sig_mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdull;
+}
+
+/* desc[k] names signature slot CAPEX__SIG_DESC + k (NULL: unused); a name
+   starting with '#' is a hash (no values to print); float_slots: the slots
+   (bit k) holding f32 bits. */
+typedef struct capex__sig_names {
+    const char *api;  /* what the message calls the create */
+    const char *desc_type;
+    const char *desc[CAPEX__SIG_N - CAPEX__SIG_DESC];
+    unsigned float_slots;
+} capex__sig_names;
+
+CAPEX__PRIVATE void capex__sig_value(char *buf, size_t n, const capex__sig_names *nm, int k, int64_t v) {
+    if ((nm->float_slots >> k) & 1u) snprintf(buf, n, "%g", (double)capex__bits_f32((uint32_t)v));
+    else snprintf(buf, n, "%lld", (long long)v);
+}
+
+/* Allgathers this rank's signature (sig[CAPEX__SIG_N]) and checks every
+   rank's against rank 0's. local: this rank's verdict on its own arguments
+   (its message is kept); a refusing rank still takes part, so its peers fail
+   with it instead of waiting in the next collective. Returns local when it
+   failed; else CAPEX_ERR_COMM when a peer refused, CAPEX_ERR_SIZE_MISMATCH
+   when the models differ, CAPEX_ERR_CONFIG when the descriptors differ (the
+   same verdict and message on every rank). */
+CAPEX__PRIVATE capex_result capex__create_agree(capex_comm *c, int64_t *sig, capex_result local, const capex__sig_names *nm) {
+    char keep[sizeof capex__error_message], a[48], b[48], also[160];
+    const size_t N = CAPEX__SIG_N;
+    size_t W, k;
+    int64_t *all;
+    void *dev = NULL;
+    int p, first = -1, nbad = 0;
+    capex_result r;
+    if (c->world_size <= 1) return local;
+    W = (size_t)c->world_size;
+    if (local != CAPEX_OK) {
+        memcpy(keep, capex__error_message, sizeof keep);
+        for (k = 0; k < N; k++) sig[k] = 0; /* arguments not checked: only the refusal counts */
+        sig[CAPEX__SIG_API] = CAPEX__SIG_MAGIC;
+        sig[CAPEX__SIG_REFUSED] = 1;
+    }
+    all = (int64_t *)capex__alloc(NULL, sizeof(int64_t) * N * W);
+    if (!all) /* host comms: a barrier stands in, so the peers fail too */
+        r = capex__comm_refused(c, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory for the model check (%zu "
+                                               "ranks)", nm->api, W));
+    else if (c->device_buffers) { /* NCCL: through a device buffer, send slot after the W receive slots */
+        r = capex__comm_alloc(c, &dev, sizeof(int64_t) * N * (W + 1));
+        if (r == CAPEX_OK) r = capex__comm_copy(c, (int64_t *)dev + N * W, sig, sizeof(int64_t) * N, CAPEX_COPY_H2D);
+        if (r == CAPEX_OK) r = capex__comm_allgather_checked(c, (int64_t *)dev + N * W, dev, N, CAPEX_I64);
+        if (r == CAPEX_OK) r = capex__comm_copy(c, all, dev, sizeof(int64_t) * N * W, CAPEX_COPY_D2H);
+        if (r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, dev); /* else a transport may still write it */
+    } else r = capex__comm_refused(c, capex__comm_allgather_checked(c, sig, all, N, CAPEX_I64));
+    if (r != CAPEX_OK || local != CAPEX_OK) {
+        capex__free(NULL, all);
+        if (local != CAPEX_OK) return capex__fail(local, "%s", keep);
+        return r;
+    }
+    for (p = 0; p < (int)W; p++)
+        if (all[(size_t)p * N + CAPEX__SIG_REFUSED]) { if (first < 0) first = p; nbad++; }
+    if (first >= 0) {
+        capex__free(NULL, all);
+        return capex__fail(CAPEX_ERR_COMM, "%s: rank %d refused its arguments (%d of %zu ranks did; their own errors "
+                           "say why); no rank created it", nm->api, first, nbad, W);
+    }
+#define CAPEX__SIG(p, k) all[(size_t)(p) * N + (k)]
+    for (p = 1; p < (int)W && first < 0; p++)
+        if (CAPEX__SIG(p, CAPEX__SIG_API) != CAPEX__SIG(0, CAPEX__SIG_API)) first = p;
+    if (first >= 0) {
+        r = capex__fail(CAPEX_ERR_CONFIG, "%s: rank %d did not call the same create as rank 0 (every rank must call "
+                        "capex_ddp_create, or every rank the ZeRO create, at the same point)", nm->api, first);
+        goto done;
+    }
+    for (p = 1; p < (int)W && first < 0; p++)
+        if (CAPEX__SIG(p, CAPEX__SIG_NP) != CAPEX__SIG(0, CAPEX__SIG_NP) ||
+            CAPEX__SIG(p, CAPEX__SIG_NUMEL) != CAPEX__SIG(0, CAPEX__SIG_NUMEL)) first = p;
+    if (first >= 0) {
+        r = capex__fail(CAPEX_ERR_SIZE_MISMATCH, "%s: ranks hold different models: rank %d has %lld params (%lld "
+                        "elements), rank 0 has %lld (%lld); every rank must pass the same parameters", nm->api, first,
+                        (long long)CAPEX__SIG(first, CAPEX__SIG_NP), (long long)CAPEX__SIG(first, CAPEX__SIG_NUMEL),
+                        (long long)CAPEX__SIG(0, CAPEX__SIG_NP), (long long)CAPEX__SIG(0, CAPEX__SIG_NUMEL));
+        goto done;
+    }
+    for (p = 1; p < (int)W && first < 0; p++)
+        for (k = CAPEX__SIG_H_NUMEL; k <= CAPEX__SIG_H_GROUP; k++)
+            if (CAPEX__SIG(p, k) != CAPEX__SIG(0, k)) first = p;
+    if (first >= 0) {
+        int dn = CAPEX__SIG(first, CAPEX__SIG_H_NUMEL) != CAPEX__SIG(0, CAPEX__SIG_H_NUMEL);
+        int dt = CAPEX__SIG(first, CAPEX__SIG_H_DTYPE) != CAPEX__SIG(0, CAPEX__SIG_H_DTYPE);
+        int dg = CAPEX__SIG(first, CAPEX__SIG_H_GROUP) != CAPEX__SIG(0, CAPEX__SIG_H_GROUP);
+        r = capex__fail(CAPEX_ERR_SIZE_MISMATCH, "%s: ranks hold different models: same param count (%lld) and "
+                        "elements, but param %s%s%s%s%s differ from rank 0's (first differing rank %d)", nm->api,
+                        (long long)CAPEX__SIG(0, CAPEX__SIG_NP), dn ? "sizes" : "", dn && (dt || dg) ? " and " : "",
+                        dt ? "dtypes" : "", dt && dg ? " and " : "", dg ? "groups" : "", first);
+        goto done;
+    }
+    for (p = 1; p < (int)W && first < 0; p++)
+        for (k = CAPEX__SIG_DESC; k < N; k++)
+            if (CAPEX__SIG(p, k) != CAPEX__SIG(0, k)) first = p;
+    if (first >= 0) {
+        size_t k0 = N, used = 0;
+        also[0] = '\0';
+        for (k = CAPEX__SIG_DESC; k < N; k++) {
+            const char *name = nm->desc[k - CAPEX__SIG_DESC];
+            if (CAPEX__SIG(first, k) == CAPEX__SIG(0, k)) continue;
+            if (k0 == N) { k0 = k; continue; }
+            if (used < sizeof also - 1)
+                used += (size_t)snprintf(also + used, sizeof also - used, "%s%s", used ? ", " : "; also ",
+                                         name ? name + (name[0] == '#') : "?");
+        }
+        {
+            const char *name = nm->desc[k0 - CAPEX__SIG_DESC] ? nm->desc[k0 - CAPEX__SIG_DESC] : "?";
+            if (name[0] == '#')
+                r = capex__fail(CAPEX_ERR_CONFIG, "%s: descriptor fields differ across ranks: rank %d's %s differ from "
+                                "rank 0's%s (every rank must pass the same %s)", nm->api, first, name + 1, also,
+                                nm->desc_type);
+            else {
+                capex__sig_value(a, sizeof a, nm, (int)(k0 - CAPEX__SIG_DESC), CAPEX__SIG(first, k0));
+                capex__sig_value(b, sizeof b, nm, (int)(k0 - CAPEX__SIG_DESC), CAPEX__SIG(0, k0));
+                r = capex__fail(CAPEX_ERR_CONFIG, "%s: descriptor fields differ across ranks: rank %d has %s %s, rank 0 "
+                                "has %s%s (every rank must pass the same %s)", nm->api, first, name, a, b, also,
+                                nm->desc_type);
+            }
+        }
+        goto done;
+    }
+    r = CAPEX_OK;
+done:
+#undef CAPEX__SIG
+    capex__free(NULL, all);
+    return r;
+}
+
 #define CAPEX__TAG_DDP_DESC CAPEX__TAG('D', 'D', 'P', 'D')
 CAPEX_API void capex_ddp_desc_init(capex_ddp_desc *d) {
     if (!d) return;
@@ -10828,17 +10984,12 @@ CAPEX_API void capex_ddp_destroy(capex_ddp *g) {
     capex__free(NULL, g);
 }
 
-CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const capex_ddp_param *params, size_t np,
-                                        const capex_ddp_desc *desc) {
-    capex_ddp *g;
-    capex_ddp_desc dd;
+/* This rank's own checks of create's arguments (comm and desc are checked). */
+static capex_result capex__ddp_check_args(capex_comm *comm, const capex_ddp_param *params, size_t np,
+                                          const capex_ddp_desc *desc) {
     capex_result r;
-    size_t i, *order, total, bytes;
-    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: out is NULL");
-    *out = NULL;
-    if ((r = capex__comm_check(comm, "capex_ddp_create")) != CAPEX_OK) return r;
+    size_t i, total, bytes;
     if (np && !params) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: params is NULL");
-    if (!desc) { capex_ddp_desc_init(&dd); desc = &dd; }
     if ((r = capex__desc_check(desc->init_tag, CAPEX__TAG_DDP_DESC, "capex_ddp_create", "capex_ddp_desc",
                                "capex_ddp_desc_init")) != CAPEX_OK)
         return r;
@@ -10874,8 +11025,64 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     if (capex__size_add(total, np * 8, &total) || capex__size_mul(total, sizeof(float), &bytes))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: %lu params with their alignment hold more elements "
                            "than size_t bytes can address: the byte size overflows size_t", (unsigned long)np);
+    return CAPEX_OK;
+}
+
+/* The signature every rank must share (see capex__create_agree): the
+   bucket layout (limits; message_size replaces both), what the allreduces
+   carry and how they are scaled, which collectives run (rebuild's
+   broadcast, the parameter broadcast) and find_unused_parameters (without
+   it a rank fails before communicating where its peers reduce). Not
+   delay_allreduce: it moves the launches, not the collectives or their order. */
+static void capex__ddp_signature(int64_t *sig, const capex_ddp_param *params, size_t np, const capex_ddp_desc *d) {
+    uint64_t hn = 0, ht = 0, total = 0;
+    size_t i;
+    for (i = 0; i < np; i++) {
+        hn = capex__sig_mix(hn, (uint64_t)params[i].numel);
+        ht = capex__sig_mix(ht, (uint64_t)params[i].dtype);
+        total += (uint64_t)params[i].numel;
+    }
+    memset(sig, 0, sizeof(int64_t) * CAPEX__SIG_N);
+    sig[CAPEX__SIG_API] = CAPEX__SIG_DDP;
+    sig[CAPEX__SIG_NP] = (int64_t)np;
+    sig[CAPEX__SIG_NUMEL] = (int64_t)total;
+    sig[CAPEX__SIG_H_NUMEL] = (int64_t)hn;
+    sig[CAPEX__SIG_H_DTYPE] = (int64_t)ht;
+    sig[CAPEX__SIG_DESC + 0] = d->message_size ? 0 : (int64_t)d->first_bucket_bytes;
+    sig[CAPEX__SIG_DESC + 1] = d->message_size ? 0 : (int64_t)d->bucket_bytes;
+    sig[CAPEX__SIG_DESC + 2] = (int64_t)d->message_size;
+    sig[CAPEX__SIG_DESC + 3] = d->gradient_average != 0;
+    sig[CAPEX__SIG_DESC + 4] = (int64_t)capex__f32_bits(d->gradient_predivide_factor);
+    sig[CAPEX__SIG_DESC + 5] = d->allreduce_always_fp32 != 0;
+    sig[CAPEX__SIG_DESC + 6] = d->find_unused_parameters != 0;
+    sig[CAPEX__SIG_DESC + 7] = d->rebuild_buckets != 0;
+    sig[CAPEX__SIG_DESC + 8] = d->broadcast_parameters != 0;
+}
+static const capex__sig_names capex__ddp_sig_names = {
+    "capex_ddp_create", "capex_ddp_desc",
+    {"first_bucket_bytes", "bucket_bytes", "message_size", "gradient_average", "gradient_predivide_factor",
+     "allreduce_always_fp32", "find_unused_parameters", "rebuild_buckets", "broadcast_parameters"},
+    1u << 4};
+
+CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const capex_ddp_param *params, size_t np,
+                                        const capex_ddp_desc *desc) {
+    capex_ddp *g;
+    capex_ddp_desc dd;
+    capex_result r;
+    size_t i, *order;
+    int64_t sig[CAPEX__SIG_N];
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: out is NULL");
+    *out = NULL;
+    if ((r = capex__comm_check(comm, "capex_ddp_create")) != CAPEX_OK) return r;
+    if (!desc) { capex_ddp_desc_init(&dd); desc = &dd; }
+    /* a rank refusing its arguments still joins the model check, so its peers fail with it */
+    if ((r = capex__ddp_check_args(comm, params, np, desc)) != CAPEX_OK)
+        return capex__create_agree(comm, sig, r, &capex__ddp_sig_names);
+    capex__ddp_signature(sig, params, np, desc);
     g = (capex_ddp *)capex__alloc(NULL, sizeof *g);
-    if (!g) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_ddp_create: out of memory");
+    if (!g)
+        return capex__create_agree(comm, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_ddp_create: out of memory"),
+                                   &capex__ddp_sig_names);
     memset(g, 0, sizeof *g);
     g->comm = comm;
     g->d = *desc;
@@ -10892,7 +11099,8 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     if (!g->params || !g->bucket_of || !g->offset_of || !g->bparams || !g->boffsets || !g->ready || !g->accum ||
         !g->ready_order) {
         capex_ddp_destroy(g);
-        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_ddp_create: out of memory");
+        return capex__create_agree(comm, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_ddp_create: out of memory"),
+                                   &capex__ddp_sig_names);
     }
     if (np) memcpy(g->params, params, sizeof(capex_ddp_param) * np);
     memset(g->ready, 0, np + 1);
@@ -10900,7 +11108,10 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     /* backward produces grads roughly in reverse registration order */
     order = g->ready_order;
     for (i = 0; i < np; i++) order[i] = np - 1 - i;
-    if ((r = capex__ddp_plan(g, order)) != CAPEX_OK || (r = capex__ddp_alloc_buffers(g)) != CAPEX_OK) {
+    if ((r = capex__ddp_plan(g, order)) == CAPEX_OK) r = capex__ddp_alloc_buffers(g);
+    /* every rank's signature before the first collective (the broadcast): a
+       rank that failed above, or a mismatch, fails every rank here */
+    if ((r = capex__create_agree(comm, sig, r, &capex__ddp_sig_names)) != CAPEX_OK) {
         capex_ddp_destroy(g);
         return r;
     }
@@ -11476,18 +11687,12 @@ static size_t capex__zero_floats(const capex_optim_desc *od, const capex_optim_h
     return 2 + (hp->amsgrad != 0);
 }
 
-/* capex_zero_create, and capex_cuda_zero_create's device mode (dev non-NULL). */
-CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
-                                              size_t np, const capex_optim_desc *od, const capex_optim_hparams *hparams,
-                                              size_t ngroups, const capex_zero_desc *desc, const capex__zero_dev *dev,
-                                              const char *fn) {
-    capex_zero *z;
-    capex_zero_desc dd;
+/* This rank's own checks of create's arguments (comm checked; desc non-NULL). */
+static capex_result capex__zero_check_args(capex_comm *comm, const capex_zero_param *params, size_t np,
+                                           const capex_optim_desc *od, size_t ngroups, const capex_zero_desc *desc,
+                                           const capex__zero_dev *dev, const char *fn) {
     capex_result r;
-    size_t i, k, total = 0, bytes, W;
-    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: out is NULL", fn);
-    *out = NULL;
-    if ((r = capex__comm_check(comm, fn)) != CAPEX_OK) return r;
+    size_t i, total = 0, bytes, W;
     if (comm->device_buffers && !dev)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the comm works on device (NCCL) buffers; the sharded optimizer "
                            "for device params is capex_cuda_zero_create (capex_cuda.h)", fn);
@@ -11501,7 +11706,6 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     if (dev && od->stochastic_rounding)
         return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: bf16 stochastic rounding with sharding on the GPU is not "
                            "supported yet", fn);
-    if (!desc) { capex_zero_desc_init(&dd); desc = &dd; }
     if ((r = capex__desc_check(desc->init_tag, CAPEX__TAG_ZERO_DESC, fn, "capex_zero_desc", "capex_zero_desc_init")) != CAPEX_OK)
         return r;
     if (desc->stage != 1 && desc->stage != 2)
@@ -11533,8 +11737,88 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     if (capex__size_add(total, (np + 3) * 8, &total) || capex__size_mul(W * 8 + 8, np + 3, &bytes) ||
         capex__size_add(total, bytes, &total) || capex__size_mul(total, sizeof(float), &bytes))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the padded buffers' byte size overflows size_t", fn);
+    return CAPEX_OK;
+}
+
+/* The signature every rank must share (see capex__create_agree): params
+   with their groups, the stage, the bucket size (the shard layout), the
+   scaling, the parameter broadcast, and the optimizer: its kind (LAMB and
+   NovoGrad add allreduces), its settings and each group's hparams (every
+   rank steps its own shard with them). Not exec, allocator or
+   lamb_low_memory: local choices that give the same bits. */
+static void capex__zero_signature(int64_t *sig, const capex_zero_param *params, size_t np, const capex_optim_desc *od,
+                                  const capex_optim_hparams *hparams, size_t ngroups, const capex_zero_desc *d) {
+    uint64_t hn = 0, ht = 0, hg = 0, ho = 0, hh = 0, total = 0;
+    size_t i;
+    for (i = 0; i < np; i++) {
+        hn = capex__sig_mix(hn, (uint64_t)params[i].numel);
+        ht = capex__sig_mix(ht, (uint64_t)params[i].dtype);
+        hg = capex__sig_mix(hg, (uint64_t)params[i].group);
+        total += (uint64_t)params[i].numel;
+    }
+    ho = capex__sig_mix(ho, (uint64_t)od->adam_w_mode);
+    ho = capex__sig_mix(ho, (uint64_t)od->use_nvlamb);
+    ho = capex__sig_mix(ho, capex__f32_bits(od->max_grad_norm));
+    ho = capex__sig_mix(ho, (uint64_t)od->wd_after_momentum);
+    ho = capex__sig_mix(ho, (uint64_t)od->stochastic_rounding);
+    ho = capex__sig_mix(ho, od->seed);
+    ho = capex__sig_mix(ho, (uint64_t)od->reg_inside_moment);
+    ho = capex__sig_mix(ho, (uint64_t)od->init_zero);
+    ho = capex__sig_mix(ho, (uint64_t)od->norm_type);
+    for (i = 0; i < ngroups; i++) { /* the values each group runs with (NULL: od->defaults) */
+        const capex_optim_hparams *h = hparams ? &hparams[i] : &od->defaults;
+        const float f[10] = {h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->momentum, h->dampening, h->lr_decay,
+                             h->initial_accumulator_value, 0.0f};
+        size_t j;
+        for (j = 0; j < 9; j++) hh = capex__sig_mix(hh, capex__f32_bits(f[j]));
+        hh = capex__sig_mix(hh, (uint64_t)h->bias_correction);
+        hh = capex__sig_mix(hh, (uint64_t)h->grad_averaging);
+        hh = capex__sig_mix(hh, (uint64_t)h->nesterov);
+        hh = capex__sig_mix(hh, (uint64_t)h->amsgrad);
+    }
+    memset(sig, 0, sizeof(int64_t) * CAPEX__SIG_N);
+    sig[CAPEX__SIG_API] = CAPEX__SIG_ZERO;
+    sig[CAPEX__SIG_NP] = (int64_t)np;
+    sig[CAPEX__SIG_NUMEL] = (int64_t)total;
+    sig[CAPEX__SIG_H_NUMEL] = (int64_t)hn;
+    sig[CAPEX__SIG_H_DTYPE] = (int64_t)ht;
+    sig[CAPEX__SIG_H_GROUP] = (int64_t)hg;
+    sig[CAPEX__SIG_DESC + 0] = d->stage;
+    sig[CAPEX__SIG_DESC + 1] = (int64_t)d->bucket_bytes;
+    sig[CAPEX__SIG_DESC + 2] = d->gradient_average != 0;
+    sig[CAPEX__SIG_DESC + 3] = d->broadcast_parameters != 0;
+    sig[CAPEX__SIG_DESC + 4] = (int64_t)ngroups;
+    sig[CAPEX__SIG_DESC + 5] = (int64_t)od->kind;
+    sig[CAPEX__SIG_DESC + 6] = (int64_t)ho;
+    sig[CAPEX__SIG_DESC + 7] = (int64_t)hh;
+}
+
+/* capex_zero_create, and capex_cuda_zero_create's device mode (dev non-NULL). */
+CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
+                                              size_t np, const capex_optim_desc *od, const capex_optim_hparams *hparams,
+                                              size_t ngroups, const capex_zero_desc *desc, const capex__zero_dev *dev,
+                                              const char *fn) {
+    capex_zero *z;
+    capex_zero_desc dd;
+    capex_result r;
+    size_t i, k, W;
+    int64_t sig[CAPEX__SIG_N];
+    capex__sig_names nm = {NULL, "capex_zero_desc, optim desc and hparams",
+                           {"stage", "bucket_bytes", "gradient_average", "broadcast_parameters", "num_groups",
+                            "optimizer kind", "#optimizer settings (capex_optim_desc)", "#hparams", NULL},
+                           0u};
+    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    nm.api = fn;
+    if ((r = capex__comm_check(comm, fn)) != CAPEX_OK) return r;
+    if (!desc) { capex_zero_desc_init(&dd); desc = &dd; }
+    /* a rank refusing its arguments still joins the model check, so its peers fail with it */
+    if ((r = capex__zero_check_args(comm, params, np, od, ngroups, desc, dev, fn)) != CAPEX_OK)
+        return capex__create_agree(comm, sig, r, &nm);
+    capex__zero_signature(sig, params, np, od, hparams, ngroups, desc);
+    W = (size_t)comm->world_size;
     z = (capex_zero *)capex__alloc(NULL, sizeof *z);
-    if (!z) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    if (!z) return capex__create_agree(comm, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn), &nm);
     memset(z, 0, sizeof *z);
     z->comm = comm;
     if (dev) { z->has_dev = 1; z->dev = *dev; }
@@ -11556,7 +11840,7 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     if (!z->params || !z->bucket_of || !z->offset_of || !z->bparams || !z->ready || !z->piece_param || !z->piece_start ||
         !z->piece_k || !z->full_pos || !z->counts || !z->mom_bufs) {
         capex_zero_destroy(z);
-        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        return capex__create_agree(comm, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn), &nm);
     }
     for (i = 0; i < ngroups; i++) /* as capex_optim_add_group decides */
         z->mom_bufs[i] = od->kind == CAPEX_OPTIM_SGD && (hparams ? hparams[i].momentum : od->defaults.momentum) != 0.0f;
@@ -11564,14 +11848,20 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     memset(z->ready, 0, np + 1);
     {   /* the unsharded optimizer's order: group by group, params in index order */
         size_t *cnt = (size_t *)capex__alloc(NULL, sizeof(size_t) * (ngroups + 1)), g, first;
-        if (!cnt) { capex_zero_destroy(z); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn); }
+        if (!cnt) {
+            capex_zero_destroy(z);
+            return capex__create_agree(comm, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn), &nm);
+        }
         for (g = 0; g <= ngroups; g++) cnt[g] = 0;
         for (i = 0; i < np; i++) z->full_pos[2 * i] = cnt[params[i].group]++;
         for (g = 0, first = 0; g < ngroups; g++) { size_t c2 = cnt[g]; cnt[g] = first; first += c2; }
         for (i = 0; i < np; i++) z->full_pos[2 * i + 1] = cnt[params[i].group] + z->full_pos[2 * i];
         capex__free(NULL, cnt);
     }
-    if ((r = capex__zero_plan(z)) != CAPEX_OK) { capex_zero_destroy(z); return r; }
+    /* every rank's signature before the first collective (the broadcast): a
+       rank that failed above, or a mismatch, fails every rank here */
+    r = capex__zero_plan(z);
+    if ((r = capex__create_agree(comm, sig, r, &nm)) != CAPEX_OK) { capex_zero_destroy(z); return r; }
     /* rank 0's parameters everywhere, then into the flat buffers */
     for (i = 0; desc->broadcast_parameters && W > 1 && i < np; i++)
         if (params[i].numel && (r = capex_comm_broadcast(comm, params[i].data, params[i].numel, params[i].dtype, 0)) != CAPEX_OK) {

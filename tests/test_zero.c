@@ -220,9 +220,11 @@ static capex_result nb_bcast(capex_comm *c, void *b, size_t n, capex_dtype t, in
     return CAPEX_OK;
 }
 static capex_result nb_allgather(capex_comm *c, const void *s, void *r, size_t n, capex_dtype t, double dl) {
+    size_t bytes = n * capex_comm_dtype_size(t);
+    int p;
     (void)dl;
-    memmove(r, s, n * capex_comm_dtype_size(t)); /* rank 0's slot; the other rank's stays */
-    (void)c;
+    if ((const char *)s == (const char *)r) return CAPEX_OK; /* in place: rank 0's slot; the other rank's stays */
+    for (p = 0; p < c->world_size; p++) memmove((char *)r + (size_t)p * bytes, s, bytes); /* ranks alike (create's check) */
     return CAPEX_OK;
 }
 static capex_result nb_barrier(capex_comm *c, double dl) { (void)c; (void)dl; return CAPEX_OK; }
