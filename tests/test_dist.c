@@ -1987,6 +1987,140 @@ CT_TEST(tcp_comm_collectives_and_ddp) {
     CT_CHECK(codes[1] == 0 && codes[2] == 0, "peers: %d %d", codes[1], codes[2]);
 }
 
+/* Ranks passing different models or descriptors to capex_ddp_create /
+   capex_zero_create: every rank fails at create with one clear status and
+   message (on the header before the model check they hung in the parameter
+   broadcast, failed later with an op mismatch, or went on with different
+   buckets), the comm stays usable and a matching create after it works. The
+   odd rank is rank 1 in a world of 2 and rank 0 in a world of 3 (ranks 1 and
+   2 then both differ from rank 0; the message names the first, rank 1). The
+   comm's deadline is a hang guard only: the expected codes are not timeouts. */
+enum {
+    MC_OK, MC_NP, MC_SIZES, MC_NUMEL, MC_DTYPE, MC_BUCKET, MC_BCAST, MC_PREDIV, MC_REFUSE,
+    MC_Z_OK, MC_Z_NP, MC_Z_DTYPE, MC_Z_GROUP, MC_Z_STAGE, MC_Z_LR, MC_Z_BCAST, MC_Z_REFUSE, MC_N
+};
+static int model_check_body(int rank, int world, int port, int mode) {
+    capex_dist_env env;
+    capex_comm c;
+    float w[3][8], s[1];
+    capex_ddp_param ps[3];
+    capex_ddp_desc d;
+    capex_ddp *g = NULL;
+    capex_zero_param zp[3];
+    capex_zero_desc zd;
+    capex_optim_desc od;
+    capex_zero *z = NULL;
+    int odd = world == 2 ? 1 : 0, me = rank == odd, first = odd ? odd : 1, p, i, line = 0, zero = mode >= MC_Z_OK;
+    size_t np = 2, ngroups = 1;
+    capex_result r, want = CAPEX_OK;
+    char expect[160] = "";
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = world; env.local_rank = rank; env.local_world_size = world;
+    strcpy(env.master_addr, "127.0.0.1");
+    env.master_port = port;
+    strcpy(env.run_id, "tcp-model-check");
+    if (capex_comm_init_tcp(&c, &env, 5.0) != CAPEX_OK) return __LINE__;
+    c.timeout_s = 60.0; /* a hang guard only */
+    for (p = 0; p < 3; p++) for (i = 0; i < 8; i++) w[p][i] = (float)(rank * 100 + p * 10 + i);
+    for (p = 0; p < 3; p++) {
+        ps[p].data = w[p]; ps[p].numel = p ? 4 : 8; ps[p].dtype = CAPEX_F32; ps[p].grad = NULL;
+        zp[p].data = w[p]; zp[p].numel = p ? 4 : 8; zp[p].dtype = CAPEX_F32; zp[p].group = 0;
+    }
+    capex_ddp_desc_init(&d);
+    d.first_bucket_bytes = d.bucket_bytes = 16;
+    capex_zero_desc_init(&zd);
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    if (mode == MC_Z_GROUP) ngroups = 2;
+    if (me) switch (mode) {
+        case MC_NP: case MC_Z_NP: np = 3; break;
+        case MC_SIZES: ps[0].numel = 4; ps[1].numel = 8; break; /* same count and total */
+        case MC_NUMEL: ps[1].numel = 3; break;
+        case MC_DTYPE: ps[1].dtype = CAPEX_BF16; break;
+        case MC_Z_DTYPE: zp[1].dtype = CAPEX_BF16; break;
+        case MC_BUCKET: d.bucket_bytes = 32; break;
+        case MC_BCAST: d.broadcast_parameters = 0; break;
+        case MC_PREDIV: d.gradient_predivide_factor = 2.0f; break;
+        case MC_REFUSE: ps[1].dtype = (capex_dtype)99; break;
+        case MC_Z_GROUP: zp[1].group = 1; break;
+        case MC_Z_STAGE: zd.stage = 2; break;
+        case MC_Z_LR: od.defaults.lr = 0.5f; break;
+        case MC_Z_BCAST: zd.broadcast_parameters = 0; break;
+        case MC_Z_REFUSE: zp[1].group = 5; break;
+        default: break;
+    }
+    switch (mode) {
+        case MC_NP: case MC_Z_NP: case MC_NUMEL: {
+            int n_odd = mode == MC_NUMEL ? 2 : 3, e_odd = mode == MC_NUMEL ? 11 : 16;
+            want = CAPEX_ERR_SIZE_MISMATCH;
+            snprintf(expect, sizeof expect, "ranks hold different models: rank %d has %d params (%d elements), rank 0 has %d (%d)",
+                     first, odd ? n_odd : 2, odd ? e_odd : 12, odd ? 2 : n_odd, odd ? 12 : e_odd);
+            break;
+        }
+        case MC_SIZES: want = CAPEX_ERR_SIZE_MISMATCH; snprintf(expect, sizeof expect, "param sizes differ from rank 0's (first differing rank %d)", first); break;
+        case MC_DTYPE: case MC_Z_DTYPE: want = CAPEX_ERR_SIZE_MISMATCH; snprintf(expect, sizeof expect, "param dtypes differ from rank 0's (first differing rank %d)", first); break;
+        case MC_Z_GROUP: want = CAPEX_ERR_SIZE_MISMATCH; snprintf(expect, sizeof expect, "param groups differ from rank 0's (first differing rank %d)", first); break;
+        case MC_BUCKET: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d has bucket_bytes %d, rank 0 has %d", first, odd ? 32 : 16, odd ? 16 : 32); break;
+        case MC_BCAST: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d has broadcast_parameters %d, rank 0 has %d", first, !odd, odd ? 1 : 0); break;
+        case MC_Z_BCAST: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d has broadcast_parameters %d, rank 0 has %d", first, !odd, odd ? 1 : 0); break;
+        case MC_PREDIV: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d has gradient_predivide_factor %g, rank 0 has %g", first, odd ? 2.0 : 1.0, odd ? 1.0 : 2.0); break;
+        case MC_Z_STAGE: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d has stage %d, rank 0 has %d", first, odd ? 2 : 1, odd ? 1 : 2); break;
+        case MC_Z_LR: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d's hparams differ from rank 0's", first); break;
+        case MC_REFUSE: case MC_Z_REFUSE:
+            want = me ? CAPEX_ERR_INVALID_ARG : CAPEX_ERR_COMM;
+            if (me) snprintf(expect, sizeof expect, "%s", mode == MC_REFUSE ? "invalid dtype 99" : "group 5 of 1");
+            else snprintf(expect, sizeof expect, "rank %d refused its arguments (1 of %d ranks did", odd, world);
+            break;
+        default: break;
+    }
+    r = zero ? capex_zero_create(&z, &c, zp, np, &od, NULL, ngroups, &zd) : capex_ddp_create(&g, &c, ps, np, &d);
+    if (r != want || (r != CAPEX_OK) != (g == NULL && z == NULL) || !strstr(capex_last_error(), expect)) line = __LINE__;
+    else if (r == CAPEX_OK) { /* matching models: rank 0's parameters everywhere, then a reduction */
+        if (w[1][3] != 13.0f) line = __LINE__;
+        if (g) {
+            for (p = 2; !line && p-- > 0;) {
+                float *gr = (float *)capex_ddp_grad(g, (size_t)p);
+                for (i = 0; i < (p ? 4 : 8); i++) gr[i] = (float)(rank + 1);
+                if (capex_ddp_grad_ready(g, (size_t)p) != CAPEX_OK) line = __LINE__;
+            }
+            if (!line && capex_ddp_finalize(g) != CAPEX_OK) line = __LINE__;
+            if (!line && ((float *)capex_ddp_grad(g, 0))[7] != (float)(world + 1) / 2.0f) line = __LINE__;
+        }
+        if (z) {
+            for (p = 2; !line && p-- > 0;) {
+                float *gr = (float *)capex_zero_grad(z, (size_t)p);
+                for (i = 0; gr && i < (p ? 4 : 8); i++) gr[i] = 1.0f;
+                if (!gr || capex_zero_grad_ready(z, (size_t)p) != CAPEX_OK) line = __LINE__;
+            }
+            if (!line && (capex_zero_finalize(z) != CAPEX_OK || capex_zero_step(z, 1.0f, 1.0f, 0) != CAPEX_OK)) line = __LINE__;
+            for (p = 0; !line && p < 2; p++) /* Adam's first step: -lr * sign(g) on every element, every rank */
+                for (i = 0; i < (p ? 4 : 8); i++) if (w[p][i] != (float)(p * 10 + i) - od.defaults.lr) line = __LINE__;
+        }
+    } else { /* the comm still works, and so does a matching create */
+        s[0] = (float)(rank + 1);
+        if (capex_comm_allreduce(&c, s, s, 1, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK || s[0] != (float)(world * (world + 1) / 2))
+            line = __LINE__;
+        for (p = 0; p < 3; p++) { ps[p].numel = p ? 4 : 8; ps[p].dtype = CAPEX_F32; }
+        capex_ddp_desc_init(&d);
+        if (!line && (capex_ddp_create(&g, &c, ps, 2, &d) != CAPEX_OK || w[0][7] != 7.0f)) line = __LINE__;
+    }
+    if (line) fprintf(stderr, "model check, world %d mode %d, rank %d: line %d: %d %s\n", world, mode, rank, line, (int)r,
+                      capex_last_error());
+    capex_ddp_destroy(g);
+    capex_zero_destroy(z);
+    capex_comm_destroy(&c);
+    return line;
+}
+
+CT_TEST(tcp_create_refuses_different_models_on_every_rank) {
+    int world, mode, codes[8];
+    for (world = 2; world <= 3; world++)
+        for (mode = 0; mode < MC_N; mode++) {
+            int r = fork_world(world, mode, codes, model_check_body);
+            CT_CHECK(r == 0 && codes[1] == 0 && (world < 3 || codes[2] == 0),
+                     "world %d case %d: rank 0 line %d, peers exit %d %d", world, mode, r, codes[1], world > 2 ? codes[2] : 0);
+        }
+}
+
 /* Ranks reporting grads in different orders with another collective on the
    same comm in between (SyncBatchNorm's backward): without delay_allreduce
    rank 0's first bucket pairs with rank 1's other allreduce (same size: the
@@ -2253,6 +2387,7 @@ static const ct_case cases[] = {
     CT_CASE(rendezvous_out_of_descriptors),
     CT_CASE(rendezvous_peer_against_busy_or_fake_rank0),
     CT_CASE(tcp_comm_collectives_and_ddp),
+    CT_CASE(tcp_create_refuses_different_models_on_every_rank),
     CT_CASE(tcp_ddp_delay_allreduce_keeps_other_collectives_apart),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
     CT_CASE(tcp_comm_port_out_of_range),
