@@ -683,6 +683,65 @@ static int world_checks_counted(capex_cuda_context *ctx, capex_comm *c, int rank
     }
     return 0;
 }
+/* Ranks passing different models or descriptors to capex_ddp_create and
+   capex_cuda_zero_create over NCCL (the signatures go through a device
+   buffer): a different param count, bucket_bytes, a rank refusing its own
+   arguments, a different ZeRO model. The last rank is the odd one. Every rank
+   fails at create (before the check: a hang in the parameter broadcast or
+   different buckets), the comm still works after each, and a matching
+   create then works. */
+static int world_model_check(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    float h[8], s = (float)(rank + 1);
+    void *a = dev(ctx, 64), *b = dev(ctx, 64), *one = dev(ctx, 4);
+    capex_ddp_param ps[2];
+    capex_ddp_desc dd;
+    capex_ddp *ddp = NULL;
+    capex_zero_param zp[2];
+    capex_optim_desc od;
+    capex_cuda_zero *zg = NULL;
+    int me = rank == world - 1, mode, i;
+    char msg[160];
+    (void)user;
+    for (i = 0; i < 8; i++) h[i] = (float)(rank * 10 + i);
+    if (capex_cuda_memcpy_htod(ctx, D(a), h, sizeof h, NULL) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(ctx, D(b), h, sizeof h, NULL) != CAPEX_OK) return 40;
+    memset(ps, 0, sizeof ps);
+    memset(zp, 0, sizeof zp);
+    for (i = 0; i < 2; i++) {
+        ps[i].data = zp[i].data = i ? b : a;
+        ps[i].numel = zp[i].numel = 8;
+        ps[i].dtype = zp[i].dtype = CAPEX_F32;
+    }
+    for (mode = 0; mode < 4; mode++) {
+        capex_result r, want = mode == 1 ? CAPEX_ERR_CONFIG : mode == 2 ? (me ? CAPEX_ERR_INVALID_ARG : CAPEX_ERR_COMM)
+                                                                        : CAPEX_ERR_SIZE_MISMATCH;
+        if (mode == 0 || mode == 3)
+            snprintf(msg, sizeof msg, "ranks hold different models: rank %d has 1 params (8 elements), rank 0 has 2 (16)",
+                     world - 1);
+        else if (mode == 1) snprintf(msg, sizeof msg, "rank %d has bucket_bytes 64, rank 0 has 26214400", world - 1);
+        else snprintf(msg, sizeof msg, me ? "invalid dtype 99" : "rank %d refused its arguments", world - 1);
+        capex_ddp_desc_init(&dd);
+        if (me && mode == 1) dd.bucket_bytes = 64;
+        ps[1].dtype = me && mode == 2 ? (capex_dtype)99 : CAPEX_F32;
+        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+        r = mode < 3 ? capex_ddp_create(&ddp, c, ps, me && mode == 0 ? 1 : 2, &dd)
+                     : capex_cuda_zero_create(&zg, c, zp, me ? 1 : 2, &od, NULL, 1, NULL);
+        if (r != want || ddp || zg || !strstr(capex_last_error(), msg)) {
+            fprintf(stderr, "rank %d, model check %d: %d %s\n", rank, mode, (int)r, capex_last_error());
+            return 41 + mode;
+        }
+        s = (float)(rank + 1); /* the comm still works */
+        if (capex_cuda_memcpy_htod(ctx, D(one), &s, 4, NULL) != CAPEX_OK ||
+            capex_comm_allreduce(c, one, one, 1, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK ||
+            capex_cuda_memcpy_dtoh(ctx, &s, D(one), 4, NULL) != CAPEX_OK || s != (float)(world * (world + 1) / 2))
+            return 45;
+    }
+    capex_ddp_desc_init(&dd);
+    if (capex_ddp_create(&ddp, c, ps, 2, &dd) != CAPEX_OK) return 46;
+    if (capex_cuda_memcpy_dtoh(ctx, h, D(b), sizeof h, NULL) != CAPEX_OK || h[7] != 7.0f) return 47; /* rank 0's */
+    capex_ddp_destroy(ddp);
+    return 0;
+}
 static void child_fake_world(const char *arg, child_result *res) {
     char cu[1200], nc[1200];
     int codes[16] = {0}, world = atoi(arg ? arg : "2"), dead = arg && strstr(arg, "dead") != NULL, i, r;
@@ -693,6 +752,7 @@ static void child_fake_world(const char *arg, child_result *res) {
     setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
     if (arg && strstr(arg, "exit")) setenv("FAKE_NCCL_WATCH_PEERS", "1", 1);
     if (arg && strstr(arg, "counted")) body = world_checks_counted;
+    if (arg && strstr(arg, "models")) body = world_model_check;
     if (arg && strstr(arg, "old")) setenv("FAKE_NCCL_VERSION", "21303", 1); /* before ncclCommInitRankConfig */
     r = nccl_world_run(world, arg && strstr(arg, "exit") ? world_exit_then_destroy : dead ? world_dead_peer : body,
                        NULL, codes);
@@ -868,6 +928,11 @@ CT_TEST(fake_world_collectives_and_ddp) {
     NEED_FAKES();
     CHILD_OK("fake_world", "2");
     CHILD_OK("fake_world", "3");
+}
+CT_TEST(fake_world_create_refuses_different_models_on_every_rank) {
+    NEED_FAKES();
+    CHILD_OK("fake_world", "2 models");
+    CHILD_OK("fake_world", "3 models");
 }
 CT_TEST(fake_world_dead_peer) { NEED_FAKES(); CHILD_OK("fake_world", "3 dead"); }
 CT_TEST(fake_world_destroy_after_peer_exit_aborts) { NEED_FAKES(); CHILD_OK("fake_world", "2 exit"); }
@@ -1148,7 +1213,8 @@ static const ct_case cases[] = {
     CT_CASE(fake_driver_collectives_all_dtypes), CT_CASE(fake_driver_reduce_scatter_allgatherv_vs_float64),
     CT_CASE(fake_driver_nccl_before_2_10),
     CT_CASE(fake_driver_ddp_device_buckets), CT_CASE(fake_driver_async_error_aborts),
-    CT_CASE(fake_world_collectives_and_ddp), CT_CASE(fake_world_dead_peer), CT_CASE(fake_world_destroy_after_peer_exit_aborts),
+    CT_CASE(fake_world_collectives_and_ddp), CT_CASE(fake_world_create_refuses_different_models_on_every_rank),
+    CT_CASE(fake_world_dead_peer), CT_CASE(fake_world_destroy_after_peer_exit_aborts),
     CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_scratch_growth_async_error_aborts),
     CT_CASE(fake_driver_ddp_backward_never_waits_for_comm_stream),
     CT_CASE(rank_without_nccl_fails_before_the_id_exchange), CT_CASE(rank_dead_after_the_id_exchange_times_out_the_init),
