@@ -533,6 +533,52 @@ static int t_mismatch(void) {
     return g_why[0] != '\0';
 }
 
+/* Ranks passing different models or descriptors to capex_ddp_create /
+   capex_zero_create (the last rank is the odd one): every rank fails at create
+   with the same status (before the model check: MPI hung or failed in the
+   parameter broadcast, or ranks went on with different buckets), and the comm
+   stays usable. */
+static int t_model_mismatch(void) {
+    static const char *what[4] = {"param count", "bucket_bytes", "ZeRO dtype", "a refusing rank"};
+    float w[2][8], s;
+    int k, i, odd = g_rank == g_world - 1;
+    for (k = 0; k < 4; k++) {
+        capex_comm c;
+        capex_ddp_param ps[2];
+        capex_ddp_desc d;
+        capex_ddp *g = NULL;
+        capex_zero_param zp[2];
+        capex_zero_desc zd;
+        capex_optim_desc od;
+        capex_zero *z = NULL;
+        capex_result r, want = k == 1 ? CAPEX_ERR_CONFIG : k == 3 ? (odd ? CAPEX_ERR_INVALID_ARG : CAPEX_ERR_COMM)
+                                                                  : CAPEX_ERR_SIZE_MISMATCH;
+        comm_make(&c, 30.0);
+        c.vt = orig_vt;
+        for (i = 0; i < 2; i++) {
+            ps[i].data = zp[i].data = w[i]; ps[i].numel = zp[i].numel = 8; ps[i].dtype = zp[i].dtype = CAPEX_F32;
+            ps[i].grad = NULL; zp[i].group = 0;
+        }
+        capex_ddp_desc_init(&d);
+        capex_zero_desc_init(&zd);
+        capex_optim_desc_init(&od, CAPEX_OPTIM_SGD);
+        if (odd && k == 1) d.bucket_bytes = 64;
+        if (odd && k == 2) zp[1].dtype = CAPEX_F16;
+        if (odd && k == 3) ps[0].dtype = (capex_dtype)7;
+        r = k == 2 ? capex_zero_create(&z, &c, zp, 2, &od, NULL, 1, &zd) : capex_ddp_create(&g, &c, ps, odd && k == 0 ? 1 : 2, &d);
+        NOTE(r == want && !g && !z, "%s: %s: %.300s", what[k], capex_result_string(r), capex_last_error());
+        NOTE(k == 3 || strstr(capex_last_error(), k == 1 ? "bucket_bytes" : "ranks hold different models"), "%s: %.300s",
+             what[k], capex_last_error());
+        s = 1.0f;
+        NOTE(capex_comm_allreduce(&c, &s, &s, 1, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_OK && s == (float)g_world,
+             "%s: the comm must stay usable: %.300s", what[k], capex_last_error());
+        capex_ddp_destroy(g);
+        capex_zero_destroy(z);
+        capex_comm_destroy(&c);
+    }
+    return g_why[0] != '\0';
+}
+
 /* The sharded optimizer (ZeRO stage 1 and 2) bit for bit against DDP +
    capex_optim over MPI (tests/zero_check.h). */
 static int t_zero(void) {
@@ -804,6 +850,7 @@ int main(int argc, char **argv) {
         {"gathers_with_send_aliasing_recv", t_gather_aliased},
         {"init_mpi_refuses_unusable_communicators", t_init_bad_comm},
         {"mismatched_calls_fail_on_every_rank", t_mismatch},
+        {"different_models_fail_create_on_every_rank", t_model_mismatch},
     };
     int i, passed = 0, failed = 0;
     MPI_Init(&argc, &argv);
