@@ -1635,7 +1635,18 @@ typedef struct capex_ddp_bucket_info {
 CAPEX_API void capex_ddp_desc_init(capex_ddp_desc *d);
 /* Plans buckets (per dtype, params in reverse order: the order backward
    produces them), allocates their buffers and, if asked, broadcasts the
-   parameters from rank 0. comm must outlive the ddp. Not thread-safe. */
+   parameters from rank 0. comm must outlive the ddp. Not thread-safe.
+   Collective: before the broadcast every rank checks that all ranks pass
+   the same model and descriptor (PyTorch DDP's parameter shape check), in
+   one allgather of 16 int64 per rank (none in a world of 1). Every rank
+   then fails alike, with a message naming the ranks and what differs:
+   CAPEX_ERR_SIZE_MISMATCH for a different param count, elements, sizes or
+   dtypes; CAPEX_ERR_CONFIG for different bucket limits (first_bucket_bytes,
+   bucket_bytes, message_size), gradient_average, gradient_predivide_factor,
+   allreduce_always_fp32, find_unused_parameters, rebuild_buckets or
+   broadcast_parameters (delay_allreduce and grad pointers may differ); a
+   rank refusing its own arguments returns its error and the others
+   CAPEX_ERR_COMM. The comm stays usable after such a failure. */
 CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const capex_ddp_param *params,
                                         size_t num_params, const capex_ddp_desc *d);
 CAPEX_API void capex_ddp_destroy(capex_ddp *ddp);
@@ -1787,7 +1798,12 @@ CAPEX_API void capex_zero_desc_init(capex_zero_desc *d);
    params in its shards: group g gets hparams[g] (hparams NULL: od->defaults
    for every group; num_groups >= 1 + the largest params[i].group). comm
    must outlive z. Collective: every rank calls it with the same arguments
-   (pointers aside). */
+   (pointers aside), checked before the broadcast as capex_ddp_create does
+   (one allgather of 16 int64 per rank): params' numels, dtypes and groups
+   (CAPEX_ERR_SIZE_MISMATCH), stage, bucket_bytes, gradient_average,
+   broadcast_parameters, num_groups, od's kind and settings and each
+   group's hparams (CAPEX_ERR_CONFIG; od's exec, allocator and
+   lamb_low_memory may differ). Every rank fails alike; the comm stays usable. */
 CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
                                          size_t num_params, const capex_optim_desc *od,
                                          const capex_optim_hparams *hparams, size_t num_groups,

@@ -693,7 +693,8 @@ CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
    safety: one thread at a time per zero. */
 typedef struct capex_cuda_zero capex_cuda_zero;
 /* As capex_zero_create, for a comm on device buffers (NCCL) and device
-   params. Collective. */
+   params. Collective, with the same check that every rank passes the same
+   model and settings (its 16 int64 per rank go through a small device buffer). */
 CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm *comm, const capex_zero_param *params,
                                               size_t num_params, const capex_optim_desc *od,
                                               const capex_optim_hparams *hparams, size_t num_groups,
