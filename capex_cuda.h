@@ -8066,7 +8066,7 @@ CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm 
                                               size_t np, const capex_optim_desc *od, const capex_optim_hparams *hp,
                                               size_t ngroups, const capex_zero_desc *d) {
     static const char *fn = "capex_cuda_zero_create";
-    capex_cuda_zero *zg;
+    capex_cuda_zero *zg = NULL;
     capex__zero_dev dev;
     capex_result r;
     size_t k, t, n;
@@ -8074,16 +8074,26 @@ CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm 
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: out is NULL", fn);
     *out = NULL;
     if ((r = capex__comm_check(comm, fn)) != CAPEX_OK) return r;
+    /* a refusal here still joins capex__zero_create's model check, so the peers fail with this rank */
     if (!capex_comm_is_nccl(comm) || !comm->impl)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the comm is %s on host buffers; device params need an NCCL comm "
-                           "(capex_comm_init_nccl), host params capex_zero_create", fn, comm->vt->name);
-    if (!od) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: od is NULL; make one with capex_optim_desc_init", fn);
-    zg = (capex_cuda_zero *)capex__alloc(NULL, sizeof *zg);
-    if (!zg) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    memset(zg, 0, sizeof *zg);
-    zg->comm = comm;
-    zg->ctx = capex__nccl_of(comm)->ctx;
-    if ((r = capex_cuda_optim_create(zg->ctx, od, &zg->opt)) != CAPEX_OK) { capex__free(NULL, zg); return r; }
+        r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the comm is %s on host buffers; device params need an NCCL comm "
+                        "(capex_comm_init_nccl), host params capex_zero_create", fn, comm->vt->name);
+    else if (!od) r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: od is NULL; make one with capex_optim_desc_init", fn);
+    else if (!(zg = (capex_cuda_zero *)capex__alloc(NULL, sizeof *zg)))
+        r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    else {
+        memset(zg, 0, sizeof *zg);
+        zg->comm = comm;
+        zg->ctx = capex__nccl_of(comm)->ctx;
+        if ((r = capex_cuda_optim_create(zg->ctx, od, &zg->opt)) != CAPEX_OK) capex__free(NULL, zg);
+    }
+    if (r != CAPEX_OK) {
+        capex__sig_names nm;
+        int64_t sig[CAPEX__SIG_N];
+        memset(&nm, 0, sizeof nm);
+        nm.api = fn;
+        return capex__create_agree(comm, sig, r, &nm);
+    }
     memset(&dev, 0, sizeof dev);
     dev.user = zg;
     dev.add_group = capex__czero_add_group;

@@ -686,7 +686,8 @@ static int world_checks_counted(capex_cuda_context *ctx, capex_comm *c, int rank
 /* Ranks passing different models or descriptors to capex_ddp_create and
    capex_cuda_zero_create over NCCL (the signatures go through a device
    buffer): a different param count, bucket_bytes, a rank refusing its own
-   arguments, a different ZeRO model. The last rank is the odd one. Every rank
+   arguments, a different ZeRO model, a rank refusing capex_cuda_zero_create's
+   own arguments (od NULL). The last rank is the odd one. Every rank
    fails at create (before the check: a hang in the parameter broadcast or
    different buckets), the comm still works after each, and a matching
    create then works. */
@@ -712,20 +713,21 @@ static int world_model_check(capex_cuda_context *ctx, capex_comm *c, int rank, i
         ps[i].numel = zp[i].numel = 8;
         ps[i].dtype = zp[i].dtype = CAPEX_F32;
     }
-    for (mode = 0; mode < 4; mode++) {
-        capex_result r, want = mode == 1 ? CAPEX_ERR_CONFIG : mode == 2 ? (me ? CAPEX_ERR_INVALID_ARG : CAPEX_ERR_COMM)
-                                                                        : CAPEX_ERR_SIZE_MISMATCH;
+    for (mode = 0; mode < 5; mode++) {
+        capex_result r, want = mode == 1 ? CAPEX_ERR_CONFIG : mode == 2 || mode == 4 ? (me ? CAPEX_ERR_INVALID_ARG : CAPEX_ERR_COMM)
+                                                                                     : CAPEX_ERR_SIZE_MISMATCH;
         if (mode == 0 || mode == 3)
             snprintf(msg, sizeof msg, "ranks hold different models: rank %d has 1 params (8 elements), rank 0 has 2 (16)",
                      world - 1);
         else if (mode == 1) snprintf(msg, sizeof msg, "rank %d has bucket_bytes 64, rank 0 has 26214400", world - 1);
-        else snprintf(msg, sizeof msg, me ? "invalid dtype 99" : "rank %d refused its arguments", world - 1);
+        else if (me) snprintf(msg, sizeof msg, "%s", mode == 2 ? "invalid dtype 99" : "od is NULL");
+        else snprintf(msg, sizeof msg, "rank %d refused its arguments", world - 1);
         capex_ddp_desc_init(&dd);
         if (me && mode == 1) dd.bucket_bytes = 64;
         ps[1].dtype = me && mode == 2 ? (capex_dtype)99 : CAPEX_F32;
         capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
         r = mode < 3 ? capex_ddp_create(&ddp, c, ps, me && mode == 0 ? 1 : 2, &dd)
-                     : capex_cuda_zero_create(&zg, c, zp, me ? 1 : 2, &od, NULL, 1, NULL);
+                     : capex_cuda_zero_create(&zg, c, zp, me && mode == 3 ? 1 : 2, me && mode == 4 ? NULL : &od, NULL, 1, NULL);
         if (r != want || ddp || zg || !strstr(capex_last_error(), msg)) {
             fprintf(stderr, "rank %d, model check %d: %d %s\n", rank, mode, (int)r, capex_last_error());
             return 41 + mode;
