@@ -10790,14 +10790,23 @@ CAPEX__PRIVATE capex_result capex__create_agree(capex_comm *c, int64_t *sig, cap
         if (local != CAPEX_OK) return capex__fail(local, "%s", keep);
         return r;
     }
-    for (p = 0; p < (int)W; p++)
-        if (all[(size_t)p * N + CAPEX__SIG_REFUSED]) { if (first < 0) first = p; nbad++; }
-    if (first >= 0) {
-        capex__free(NULL, all);
-        return capex__fail(CAPEX_ERR_COMM, "%s: rank %d refused its arguments (%d of %zu ranks did; their own errors "
-                           "say why); no rank created it", nm->api, first, nbad, W);
-    }
 #define CAPEX__SIG(p, k) all[(size_t)(p) * N + (k)]
+    /* a rank that skipped create and made another collective paired with this one: its slot is no signature */
+    for (p = 0; p < (int)W && first < 0; p++)
+        if ((CAPEX__SIG(p, CAPEX__SIG_API) & ~(int64_t)0xff) != CAPEX__SIG_MAGIC) first = p;
+    if (first >= 0) {
+        r = capex__fail(CAPEX_ERR_CONFIG, "%s: rank %d sent no create signature: it made another collective here (it "
+                        "skipped or failed an earlier call, or runs another capex); every rank must make the same calls "
+                        "in the same order", nm->api, first);
+        goto done;
+    }
+    for (p = 0; p < (int)W; p++)
+        if (CAPEX__SIG(p, CAPEX__SIG_REFUSED)) { if (first < 0) first = p; nbad++; }
+    if (first >= 0) {
+        r = capex__fail(CAPEX_ERR_COMM, "%s: rank %d refused its arguments (%d of %zu ranks did; their own errors "
+                        "say why); no rank created it", nm->api, first, nbad, W);
+        goto done;
+    }
     for (p = 1; p < (int)W && first < 0; p++)
         if (CAPEX__SIG(p, CAPEX__SIG_API) != CAPEX__SIG(0, CAPEX__SIG_API)) first = p;
     if (first >= 0) {

@@ -651,6 +651,83 @@ CT_TEST(bucket_layout_matches_pytorch_assignment) {
     }
 }
 
+/* The model check's verdicts from peers' signatures as a fake world of 2
+   hands them over: rank 1's slot is this rank's signature edited, or no
+   signature at all (a rank that skipped create and made another collective
+   of the same size). No collective at all in a world of 1. */
+static int sig_edit_slot = -1, sig_edit_slot2 = -1;
+static int64_t sig_edit_value, sig_edit_value2;
+static int sig_gathers;
+static capex_result sig_allgather(capex_comm *c, const void *s, void *r, size_t n, capex_dtype t, double dl) {
+    size_t bytes = n * capex_comm_dtype_size(t);
+    (void)dl;
+    sig_gathers++;
+    memmove(r, s, bytes);
+    memmove((char *)r + bytes, s, bytes);
+    if (sig_edit_slot == -2) memset((char *)r + bytes, 0, bytes);
+    else if (sig_edit_slot >= 0) ((int64_t *)r)[n + (size_t)sig_edit_slot] = sig_edit_value;
+    if (sig_edit_slot2 >= 0) ((int64_t *)r)[n + (size_t)sig_edit_slot2] = sig_edit_value2;
+    (void)c;
+    return CAPEX_OK;
+}
+CT_TEST(create_model_check_verdicts) {
+    static capex_comm_vtable vt;
+    static const struct { int slot; int64_t value; int slot2; int64_t value2; capex_result want; const char *msg; } cases[] = {
+        {-1, 0, -1, 0, CAPEX_OK, ""},
+        {-2, 0, -1, 0, CAPEX_ERR_CONFIG, "rank 1 sent no create signature"},
+        {-2, 0, CAPEX__SIG_REFUSED, 1, CAPEX_ERR_CONFIG, "rank 1 sent no create signature"}, /* not a refusal */
+        {CAPEX__SIG_API, CAPEX__SIG_ZERO, -1, 0, CAPEX_ERR_CONFIG, "rank 1 did not call the same create as rank 0"},
+        {CAPEX__SIG_REFUSED, 1, CAPEX__SIG_NP, 0, CAPEX_ERR_COMM, "rank 1 refused its arguments (1 of 2 ranks did"},
+        {CAPEX__SIG_NP, 3, -1, 0, CAPEX_ERR_SIZE_MISMATCH, "rank 1 has 3 params (12 elements), rank 0 has 2 (12)"},
+        {CAPEX__SIG_NUMEL, 13, -1, 0, CAPEX_ERR_SIZE_MISMATCH, "rank 1 has 2 params (13 elements), rank 0 has 2 (12)"},
+        {CAPEX__SIG_H_NUMEL, 5, -1, 0, CAPEX_ERR_SIZE_MISMATCH, "param sizes differ from rank 0's (first differing rank 1)"},
+        {CAPEX__SIG_H_DTYPE, 5, -1, 0, CAPEX_ERR_SIZE_MISMATCH, "but param dtypes differ"},
+        {CAPEX__SIG_H_NUMEL, 5, CAPEX__SIG_H_DTYPE, 5, CAPEX_ERR_SIZE_MISMATCH, "param sizes and dtypes differ"},
+        {CAPEX__SIG_DESC + 0, 4096, -1, 0, CAPEX_ERR_CONFIG, "rank 1 has first_bucket_bytes 4096, rank 0 has 1048576"},
+        {CAPEX__SIG_DESC + 2, 64, -1, 0, CAPEX_ERR_CONFIG, "rank 1 has message_size 64, rank 0 has 0"},
+        {CAPEX__SIG_DESC + 3, 0, -1, 0, CAPEX_ERR_CONFIG, "rank 1 has gradient_average 0, rank 0 has 1"},
+        {CAPEX__SIG_DESC + 4, 0x40000000, -1, 0, CAPEX_ERR_CONFIG, "rank 1 has gradient_predivide_factor 2, rank 0 has 1"},
+        {CAPEX__SIG_DESC + 5, 1, CAPEX__SIG_DESC + 8, 0, CAPEX_ERR_CONFIG,
+         "rank 1 has allreduce_always_fp32 1, rank 0 has 0; also broadcast_parameters (every rank must pass the same capex_ddp_desc)"},
+        {CAPEX__SIG_DESC + 6, 1, -1, 0, CAPEX_ERR_CONFIG, "rank 1 has find_unused_parameters 1"},
+        {CAPEX__SIG_DESC + 7, 1, -1, 0, CAPEX_ERR_CONFIG, "rank 1 has rebuild_buckets 1"},
+    };
+    capex_comm c;
+    capex_ddp *g = NULL;
+    capex_ddp_param p[2];
+    capex_ddp_desc d;
+    float x[2][8];
+    size_t k;
+    fake f;
+    fake_comm(&c, &f, 2, 0);
+    vt = *c.vt;
+    vt.allgather = sig_allgather;
+    c.vt = &vt;
+    memset(x, 0, sizeof x);
+    for (k = 0; k < 2; k++) { p[k].data = x[k]; p[k].numel = k ? 4 : 8; p[k].dtype = CAPEX_F32; p[k].grad = NULL; }
+    capex_ddp_desc_init(&d);
+    for (k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        capex_result r;
+        sig_edit_slot = cases[k].slot;
+        sig_edit_value = cases[k].value;
+        sig_edit_slot2 = cases[k].slot2;
+        sig_edit_value2 = cases[k].value2;
+        sig_gathers = 0;
+        r = capex_ddp_create(&g, &c, p, 2, &d);
+        CT_CHECK(r == cases[k].want && (g != NULL) == (r == CAPEX_OK) && sig_gathers == 1 &&
+                 strstr(capex_last_error(), cases[k].msg), "case %zu: %d %s", k, (int)r, capex_last_error());
+        capex_ddp_destroy(g);
+        g = NULL;
+    }
+    sig_edit_slot2 = -1;
+    /* a world of 1 sends nothing */
+    c.world_size = 1;
+    sig_gathers = 0;
+    sig_edit_slot = -2;
+    CT_CHECK(capex_ddp_create(&g, &c, p, 2, &d) == CAPEX_OK && sig_gathers == 0, "world 1: %s", capex_last_error());
+    capex_ddp_destroy(g);
+}
+
 CT_TEST(ddp_create_errors) {
     capex_comm c;
     capex_ddp *g = (capex_ddp *)1;
@@ -2360,6 +2437,7 @@ static const ct_case cases[] = {
     CT_CASE(permutation_is_a_bijection),
     CT_CASE(bucket_layout_matches_pytorch_assignment),
     CT_CASE(ddp_create_errors),
+    CT_CASE(create_model_check_verdicts),
     CT_CASE(tracker_launches_in_order_during_backward),
     CT_CASE(tracker_later_bucket_waits_for_earlier),
     CT_CASE(tracker_progress_polls_each_finished_bucket_once),
