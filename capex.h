@@ -10304,6 +10304,12 @@ static capex_result capex__tcp_allgather(capex_comm *c, const void *send, void *
     return CAPEX_OK;
 }
 
+/* Rank 0 first tells every peer it has arrived, then waits for theirs, then
+   releases them. That first message makes a peer waiting to read from rank 0
+   in another call (a broadcast from rank 0, the ring's rank 1) fail at once
+   on the op mismatch when this barrier stands in for a call rank 0 alone
+   refused or had no elements for (capex__comm_refused, capex__comm_empty);
+   rank 0 reading first would wait for a message they never send. */
 static capex_result capex__tcp_barrier(capex_comm *c, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     capex_result r;
@@ -10312,8 +10318,11 @@ static capex_result capex__tcp_barrier(capex_comm *c, double deadline) {
     t->tag = 0;
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
+        if ((r = capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BARRIER, NULL, 0, deadline);
     }
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
     for (p = 1; p < c->world_size; p++)
         if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
     for (p = 1; p < c->world_size; p++)
