@@ -9392,7 +9392,10 @@ CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c) {
    nonce u64, size u64 (32 bytes); reply = magic, status, nonce u64, size u64
    (24 bytes), then the blob when status is 0. */
 #define CAPEX__RDV_MAGIC 0x52585043u
-#define CAPEX__RDV_VERSION 1u
+/* 2: the TCP comm's headers carry a reduction's dtype and op, and rank 0
+   opens each barrier; a rank speaking 1 is refused here ("protocol or version
+   mismatch") instead of failing a later reduction as a dtype/op mismatch. */
+#define CAPEX__RDV_VERSION 2u
 enum { CAPEX__RDV_OK = 0, CAPEX__RDV_BAD_NONCE = 1, CAPEX__RDV_BAD_WORLD = 2, CAPEX__RDV_BAD_RANK = 3,
        CAPEX__RDV_BAD_SIZE = 4, CAPEX__RDV_DUP_RANK = 5, CAPEX__RDV_BAD_PROTO = 6, CAPEX__RDV_BUSY = 7 };
 

@@ -1351,6 +1351,23 @@ CT_TEST(rendezvous_wrong_nonce_is_refused) {
     CT_CHECK(codes[0] == CODE(CAPEX_ERR_COMM), "foreign peer exit %d", codes[0]);
 }
 
+/* Version 1 hellos (builds whose TCP comm headers carry no dtype/op and
+   whose barrier rank 0 does not open) are refused at the rendezvous: such a
+   rank would otherwise fail a later reduction as a dtype or op mismatch, or
+   wait out a barrier. */
+CT_TEST(rendezvous_refuses_the_version_1_wire_format) {
+    unsigned char hello[32];
+    capex_rendezvous_desc f;
+    uint32_t rk = 0, wd = 0;
+    capex_rendezvous_desc_init(&f);
+    f.rank = 1; f.world_size = 2; f.nonce = RUN_A;
+    capex__rdv_put_hello(hello, &f, 128);
+    CT_CHECK(capex__rdv_parse_hello(hello, 32, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_OK && rk == 1, "own hello");
+    capex__put32(hello + 4, 1u);
+    CT_CHECK(capex__rdv_parse_hello(hello, 32, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_BAD_PROTO, "a version 1 hello");
+    CT_CHECK(capex__rdv_parse_hello(hello, 5, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_BAD_PROTO, "refused at its 5th byte");
+}
+
 CT_TEST(rendezvous_missing_rank_times_out) {
     int codes[8];
     spec s[1];
@@ -2279,6 +2296,7 @@ static const ct_case cases[] = {
     CT_CASE(comm_single_and_errors),
     CT_CASE(rendezvous_success_and_late_ranks),
     CT_CASE(rendezvous_wrong_nonce_is_refused),
+    CT_CASE(rendezvous_refuses_the_version_1_wire_format),
     CT_CASE(rendezvous_missing_rank_times_out),
     CT_CASE(rendezvous_bad_peer_of_this_run_fails),
     CT_CASE(rendezvous_arguments),
