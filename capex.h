@@ -6921,15 +6921,16 @@ static int capex__span_cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 /* p's written buffers (param, moments, model copy; sizes checked before) into
-   v[0..4]; returns how many. */
-static size_t capex__optim_spans(const capex_optim_param *p, capex__span *v) {
+   v[0..4]; returns how many. used: bit j for pt[j] below, the ones the kind
+   and hparams use (capex__optim_used); the others are ignored, as by add_group. */
+static size_t capex__optim_spans(const capex_optim_param *p, unsigned used, capex__span *v) {
     const void *pt[5];
     static const uintptr_t es[5] = {4, 4, 4, 2, 4};
     size_t j, c = 0;
     if (p->numel <= 0) return 0;
     pt[0] = p->param; pt[1] = p->exp_avg; pt[2] = p->exp_avg_sq; pt[3] = p->model; pt[4] = p->max_exp_avg_sq;
     for (j = 0; j < 5; j++)
-        if (pt[j]) {
+        if (pt[j] && (used >> j & 1u)) {
             v[c].lo = (uintptr_t)pt[j];
             v[c].hi = v[c].lo + (uintptr_t)p->numel * es[j];
             c++;
@@ -6941,19 +6942,31 @@ static size_t capex__optim_spans(const capex_optim_param *p, capex__span *v) {
    param, moment buffer or model copy given twice (in this group, or already in
    the optimizer) would be updated twice per step, or read as m and written as
    v (the kernels declare them restrict); so would one overlapping another. */
+/* The slots of capex__optim_spans that kind d with hparams hp reads and writes
+   (add_group allocates and keeps exactly these moments): param and model,
+   m (not Adagrad; SGD with momentum only), v (not SGD, NovoGrad), max v (amsgrad). */
+static unsigned capex__optim_used(const capex_optim_desc *d, const capex_optim_hparams *hp) {
+    int m = d->kind == CAPEX_OPTIM_SGD ? hp->momentum != 0.0f : d->kind != CAPEX_OPTIM_ADAGRAD;
+    int v = d->kind != CAPEX_OPTIM_SGD && d->kind != CAPEX_OPTIM_NOVOGRAD;
+    int vm = d->kind == CAPEX_OPTIM_ADAM && hp->amsgrad;
+    return 1u | 8u | (m ? 2u : 0u) | (v ? 4u : 0u) | (vm ? 16u : 0u);
+}
+
 CAPEX__PRIVATE capex_result capex__optim_check_aliases(const void *old, size_t old_stride, size_t n_old,
                                                       const capex_allocator *a, const capex_optim_param *params, size_t n,
+                                                      const capex_optim_desc *d, const capex_optim_hparams *hp,
                                                       const char *fn) {
     size_t cap = 5 * (n_old + n), cnt = 0, i, k;
     capex__span *v, dup = {0, 0}, mine[5];
     uintptr_t end = 0;
+    unsigned used = capex__optim_used(d, hp); /* old tensors: their unused slots are NULL already */
     capex_result r = CAPEX_OK;
     if (!cap) return CAPEX_OK;
     if (!(v = (capex__span *)capex__alloc(a, cap * sizeof *v))) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     /* old: n_old records of old_stride bytes, each starting with a capex_optim_param */
     for (k = 0; k < n_old; k++)
-        cnt += capex__optim_spans((const capex_optim_param *)(const void *)((const char *)old + k * old_stride), v + cnt);
-    for (k = 0; k < n; k++) cnt += capex__optim_spans(&params[k], v + cnt);
+        cnt += capex__optim_spans((const capex_optim_param *)(const void *)((const char *)old + k * old_stride), 31u, v + cnt);
+    for (k = 0; k < n; k++) cnt += capex__optim_spans(&params[k], used, v + cnt);
     qsort(v, cnt, sizeof *v, capex__span_cmp);
     for (i = 0; i < cnt; i++) { /* sorted by start: one starting before the furthest end so far overlaps */
         if (i > 0 && v[i].lo < end) { dup = v[i]; break; }
@@ -6961,7 +6974,7 @@ CAPEX__PRIVATE capex_result capex__optim_check_aliases(const void *old, size_t o
     }
     capex__free(a, v);
     for (k = 0; dup.hi && k < n; k++) {
-        size_t j, c = capex__optim_spans(&params[k], mine);
+        size_t j, c = capex__optim_spans(&params[k], used, mine);
         for (j = 0; j < c; j++)
             if (mine[j].lo < dup.hi && dup.lo < mine[j].hi) break;
         if (j < c) {
@@ -7137,7 +7150,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
                                "count past int64: the byte size overflows", k);
     }
     a = capex__optim_alloc(o);
-    if ((r = capex__optim_check_aliases(o->tensors, sizeof *o->tensors, o->ntensors, a, params, n,
+    if ((r = capex__optim_check_aliases(o->tensors, sizeof *o->tensors, o->ntensors, a, params, n, &o->desc, hp,
                                         "capex_optim_add_group")) != CAPEX_OK)
         return r;
     /* grow bookkeeping first (contents kept, so a failure leaves the optimizer as it was) */
