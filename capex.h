@@ -1854,9 +1854,10 @@ CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
    params' data as they are. */
 CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags);
 CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags);
-/* One file holding only this optimizer (prefix "optim"); rank 0 writes it,
-   then frees the unsharded copy (save's) at once. Every rank returns rank
-   0's status, once the file is written (one more broadcast). */
+/* One file holding only this optimizer (prefix "optim"); rank 0 writes it
+   to its path (the others may pass NULL), then frees the unsharded copy
+   (save's) at once. Every rank returns rank 0's status, once the file is
+   written (one more broadcast). */
 CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags);
 CAPEX_API capex_result capex_zero_load_file(capex_zero *z, const char *path, unsigned flags);
 #endif /* CAPEX_NO_STATE */
@@ -12346,14 +12347,17 @@ static capex_result capex__zero_save_status(capex_zero *z, capex_result r, const
     }
     if (c->rank != 0 && v != 0.0)
         return capex__fail((capex_result)(int)v, "capex_zero_save_file: rank 0 could not save '%s' (%s; its log says why)",
-                           path, capex_result_string((capex_result)(int)v));
+                           path ? path : "(rank 0's path)", capex_result_string((capex_result)(int)v));
     return r;
 }
 
 CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags) {
     capex_state_writer *w = NULL;
     capex_result r;
-    if (!z || !path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_zero_save_file: zero or path is NULL");
+    /* path is rank 0's only (the others write nothing): a NULL one is refused
+       by its write, after the collectives, so every rank gets that status
+       instead of its peers waiting in the save's all-gathers */
+    if (!z) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_zero_save_file: zero is NULL");
     if (z->comm->rank == 0 && (r = capex_state_writer_create(NULL, &w)) != CAPEX_OK) return r;
     z->save_synced = 0;
     r = capex_zero_save(z, w, NULL, flags);

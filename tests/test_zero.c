@@ -389,6 +389,7 @@ static int tcp_comm(capex_comm *c, int rank, int world, int port) {
 }
 
 static char g_ckpt[3][256]; /* saved by worlds of 3, 1 and 2 */
+static int g_null_path_rank; /* mode 6 */
 
 /* mode 0: the equivalence checks; 1: rank 1 dies after create, the others
    must fail within the deadline and then refuse every call; 2: save a
@@ -441,6 +442,31 @@ static int tcp_body(int rank, int world, int port, int mode) {
         if (!line && (r = capex_comm_barrier(&c)) != CAPEX_OK) line = __LINE__;
         if (!line && (r = capex_zero_save_file(z, path, 0)) != CAPEX_OK) line = __LINE__;
         if (line && r != CAPEX_OK) fprintf(stderr, "rank %d: %s\n", rank, capex_last_error());
+        if (rank == 0) remove(path);
+        capex_zero_destroy(z);
+    } else if (mode == 6) { /* save_file with a NULL path on one rank only (1 or 0) */
+        float w[40];
+        capex_zero_param p[1];
+        capex_optim_desc od;
+        capex_zero *z = NULL;
+        capex_result r, want;
+        char path[300];
+        int i, bad = g_null_path_rank;
+        for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
+        one_param(&p[0], w, 40);
+        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+        snprintf(path, sizeof path, "%.250s.np", g_ckpt[0]);
+        c.timeout_s = 5.0; /* the check: only a rank that left at once can make the others wait it out */
+        if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
+        r = line ? CAPEX_OK : capex_zero_save_file(z, rank == bad ? NULL : path, 0);
+        /* only rank 0 writes: a path elsewhere is not needed; rank 0's missing one fails every rank alike */
+        want = bad == 0 ? CAPEX_ERR_INVALID_ARG : CAPEX_OK;
+        if (!line && r != want) {
+            fprintf(stderr, "rank %d: save_file, NULL path on rank %d: %s (%s)\n", rank, bad, capex_result_string(r),
+                    capex_last_error());
+            line = __LINE__;
+        }
+        if (!line && (r = capex_comm_barrier(&c)) != CAPEX_OK) line = __LINE__; /* still in step */
         if (rank == 0) remove(path);
         capex_zero_destroy(z);
     } else if (mode == 4) { /* save_file: every rank gets rank 0's status once the file is there */
@@ -528,6 +554,22 @@ CT_TEST(tcp_save_file_status_on_every_rank) {
     r = tcp_world(3, 4, codes);
     CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "rank 0 line %d, ranks 1, 2 exit %d %d (stderr says why)", r,
              codes[1], codes[2]);
+}
+
+/* capex_zero_save_file with a NULL path on one rank only: a rank other than
+   0 needs none (it writes nothing) and saves with the others; rank 0 without
+   one fails every rank alike after the collectives. Either way no rank is
+   left waiting in the save's all-gathers (a NULL path on any rank was
+   refused at once, its peers timing out there). */
+CT_TEST(tcp_save_file_null_path_on_one_rank) {
+    int codes[8], r;
+    for (g_null_path_rank = 1; g_null_path_rank >= 0; g_null_path_rank--) {
+        memset(codes, 0, sizeof codes);
+        snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_np", (int)getpid());
+        r = tcp_world(3, 6, codes);
+        CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "NULL on rank %d: rank 0 line %d, ranks 1, 2 exit %d %d "
+                 "(stderr says why)", g_null_path_rank, r, codes[1], codes[2]);
+    }
 }
 
 /* capex_zero_save refuses rank 0 without a writer after the collectives it
@@ -872,6 +914,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_worlds_match_ddp_and_optim),
     CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
     CT_CASE(tcp_save_file_status_on_every_rank),
+    CT_CASE(tcp_save_file_null_path_on_one_rank),
     CT_CASE(tcp_save_without_writer_keeps_ranks_in_step),
     CT_CASE(checkpoints_reshard_across_world_sizes),
     CT_CASE(load_takes_the_files_optimizer_settings),
