@@ -9906,6 +9906,15 @@ static capex_result capex__tcp_send(capex_comm *c, int fd, int peer, uint32_t op
     return e ? capex__tcp_io_fail(e, peer, "send") : CAPEX_OK;
 }
 
+/* A mismatch where the peer sent a barrier (op 4) for another call: the
+   barrier that stands in for a call it refused or had no elements for. */
+static const char *capex__tcp_why(uint32_t got, uint32_t want) {
+    return got == CAPEX__TCP_BARRIER && want != CAPEX__TCP_BARRIER
+               ? " (its op 4 is the barrier standing in for a call that rank refused or had no elements for: its "
+                 "own error says why)"
+               : "";
+}
+
 static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op, void *data, size_t bytes, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     unsigned char h[24];
@@ -9915,10 +9924,10 @@ static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op
         capex__get32(h + 12) != t->tag || capex__get64(h + 16) != (uint64_t)bytes)
         return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (dtype/op tag %#x) of %llu bytes, expected "
                                            "op %u #%u (tag %#x) of %llu bytes: ranks called collectives in different "
-                                           "orders, sizes, dtypes or reduce ops", peer,
+                                           "orders, sizes, dtypes or reduce ops%s", peer,
                            (unsigned)capex__get32(h + 4), (unsigned)capex__get32(h + 8), (unsigned)capex__get32(h + 12),
                            (unsigned long long)capex__get64(h + 16), (unsigned)op, (unsigned)t->seq, (unsigned)t->tag,
-                           (unsigned long long)bytes);
+                           (unsigned long long)bytes, capex__tcp_why(capex__get32(h + 4), op));
     if (bytes && (e = capex__io_all(fd, data, bytes, 0, deadline)) != 0) return capex__tcp_io_fail(e, peer, "receive");
     return CAPEX_OK;
 }
@@ -10028,10 +10037,10 @@ static capex_result capex__tcp_duplex(capex_comm *c, int fd_out, int peer_out, c
                     return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (dtype/op tag %#x) of %llu "
                                                        "bytes on the ring, expected op %u #%u (tag %#x) of %llu bytes: "
                                                        "ranks called collectives in different orders, sizes, dtypes or "
-                                                       "reduce ops", peer_in, (unsigned)capex__get32(rh + 4),
+                                                       "reduce ops%s", peer_in, (unsigned)capex__get32(rh + 4),
                                        (unsigned)capex__get32(rh + 8), (unsigned)capex__get32(rh + 12),
                                        (unsigned long long)capex__get64(rh + 16), (unsigned)op, (unsigned)t->seq,
-                                       (unsigned)t->tag, (unsigned long long)rbytes);
+                                       (unsigned)t->tag, (unsigned long long)rbytes, capex__tcp_why(capex__get32(rh + 4), op));
             }
         }
     }
