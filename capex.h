@@ -12355,21 +12355,25 @@ static capex_result capex__zero_save_status(capex_zero *z, capex_result r, const
         return r != CAPEX_OK ? r : b;
     }
     if (c->rank != 0 && v != 0.0)
-        return capex__fail((capex_result)(int)v, "capex_zero_save_file: rank 0 could not save '%s' (%s; its log says why)",
+        return capex__fail((capex_result)(int)v, "capex_zero_save_file: rank 0 could not save '%s' (%s; its capex_last_error says why)",
                            path ? path : "(rank 0's path)", capex_result_string((capex_result)(int)v));
     return r;
 }
 
 CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags) {
     capex_state_writer *w = NULL;
-    capex_result r;
+    capex_result r, wr = CAPEX_OK;
+    char why[sizeof capex__error_message];
     /* path is rank 0's only (the others write nothing): a NULL one is refused
        by its write, after the collectives, so every rank gets that status
-       instead of its peers waiting in the save's all-gathers */
+       instead of its peers waiting in the save's all-gathers. So is rank 0
+       without memory for its writer: it takes part in the save without one */
     if (!z) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_zero_save_file: zero is NULL");
-    if (z->comm->rank == 0 && (r = capex_state_writer_create(NULL, &w)) != CAPEX_OK) return r;
+    if (z->comm->rank == 0 && (wr = capex_state_writer_create(NULL, &w)) != CAPEX_OK)
+        memcpy(why, capex__error_message, sizeof why);
     z->save_synced = 0;
     r = capex_zero_save(z, w, NULL, flags);
+    if (wr != CAPEX_OK && (r == CAPEX_OK || r == CAPEX_ERR_INVALID_ARG)) r = capex__fail(wr, "%s", why); /* not "needs a writer" */
     if (r == CAPEX_OK && w) r = capex_state_write_file(w, path);
     capex_state_writer_destroy(w);
     capex__zero_save_drop(z); /* written: rank 0 need not hold the whole state until the next save */
