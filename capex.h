@@ -1537,9 +1537,10 @@ CAPEX_API capex_result capex_comm_init_auto(capex_comm *c, const capex_dist_env 
    multi-rank host comm (a barrier): every rank must make the call. So is a
    call refused with CAPEX_ERR_INVALID_ARG, or failing before any traffic
    with CAPEX_ERR_OUT_OF_MEMORY or CAPEX_ERR_LIMIT: ranks refusing alike keep
-   the comm, peers that made the call fail at once (CAPEX_ERR_COMM). A rank
-   failing alone mid-call (TCP: no memory for its scratch) returns its status,
-   fails the comm and its peers (CAPEX_ERR_COMM) at once. */
+   the comm, peers that made the call fail at once (CAPEX_ERR_COMM; over TCP
+   a broadcast's root only sends, so it may return CAPEX_OK and fail at its
+   next call). A rank failing alone mid-call (TCP: no memory for its scratch)
+   returns its status, fails the comm and its peers (CAPEX_ERR_COMM) at once. */
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count,
                                             capex_dtype t, capex_reduce_op op);
 CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root);
