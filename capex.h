@@ -1537,9 +1537,10 @@ CAPEX_API capex_result capex_comm_init_auto(capex_comm *c, const capex_dist_env 
    multi-rank host comm (a barrier): every rank must make the call. So is a
    call refused with CAPEX_ERR_INVALID_ARG, or failing before any traffic
    with CAPEX_ERR_OUT_OF_MEMORY or CAPEX_ERR_LIMIT: ranks refusing alike keep
-   the comm, peers that made the call fail at once (CAPEX_ERR_COMM). A rank
-   failing alone mid-call (TCP: no memory for its scratch) returns its status,
-   fails the comm and its peers (CAPEX_ERR_COMM) at once. */
+   the comm, peers that made the call fail at once (CAPEX_ERR_COMM; over TCP
+   a broadcast's root only sends, so it may return CAPEX_OK and fail at its
+   next call). A rank failing alone mid-call (TCP: no memory for its scratch)
+   returns its status, fails the comm and its peers (CAPEX_ERR_COMM) at once. */
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count,
                                             capex_dtype t, capex_reduce_op op);
 CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root);
@@ -1870,9 +1871,10 @@ CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
    params' data as they are. */
 CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags);
 CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags);
-/* One file holding only this optimizer (prefix "optim"); rank 0 writes it,
-   then frees the unsharded copy (save's) at once. Every rank returns rank
-   0's status, once the file is written (one more broadcast). */
+/* One file holding only this optimizer (prefix "optim"); rank 0 writes it
+   to its path (the others may pass NULL), then frees the unsharded copy
+   (save's) at once. Every rank returns rank 0's status, once the file is
+   written (one more broadcast). */
 CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags);
 CAPEX_API capex_result capex_zero_load_file(capex_zero *z, const char *path, unsigned flags);
 #endif /* CAPEX_NO_STATE */
@@ -6937,15 +6939,16 @@ static int capex__span_cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 /* p's written buffers (param, moments, model copy; sizes checked before) into
-   v[0..4]; returns how many. */
-static size_t capex__optim_spans(const capex_optim_param *p, capex__span *v) {
+   v[0..4]; returns how many. used: bit j for pt[j] below, the ones the kind
+   and hparams use (capex__optim_used); the others are ignored, as by add_group. */
+static size_t capex__optim_spans(const capex_optim_param *p, unsigned used, capex__span *v) {
     const void *pt[5];
     static const uintptr_t es[5] = {4, 4, 4, 2, 4};
     size_t j, c = 0;
     if (p->numel <= 0) return 0;
     pt[0] = p->param; pt[1] = p->exp_avg; pt[2] = p->exp_avg_sq; pt[3] = p->model; pt[4] = p->max_exp_avg_sq;
     for (j = 0; j < 5; j++)
-        if (pt[j]) {
+        if (pt[j] && (used >> j & 1u)) {
             v[c].lo = (uintptr_t)pt[j];
             v[c].hi = v[c].lo + (uintptr_t)p->numel * es[j];
             c++;
@@ -6957,19 +6960,31 @@ static size_t capex__optim_spans(const capex_optim_param *p, capex__span *v) {
    param, moment buffer or model copy given twice (in this group, or already in
    the optimizer) would be updated twice per step, or read as m and written as
    v (the kernels declare them restrict); so would one overlapping another. */
+/* The slots of capex__optim_spans that kind d with hparams hp reads and writes
+   (add_group allocates and keeps exactly these moments): param and model,
+   m (not Adagrad; SGD with momentum only), v (not SGD, NovoGrad), max v (amsgrad). */
+static unsigned capex__optim_used(const capex_optim_desc *d, const capex_optim_hparams *hp) {
+    int m = d->kind == CAPEX_OPTIM_SGD ? hp->momentum != 0.0f : d->kind != CAPEX_OPTIM_ADAGRAD;
+    int v = d->kind != CAPEX_OPTIM_SGD && d->kind != CAPEX_OPTIM_NOVOGRAD;
+    int vm = d->kind == CAPEX_OPTIM_ADAM && hp->amsgrad;
+    return 1u | 8u | (m ? 2u : 0u) | (v ? 4u : 0u) | (vm ? 16u : 0u);
+}
+
 CAPEX__PRIVATE capex_result capex__optim_check_aliases(const void *old, size_t old_stride, size_t n_old,
                                                       const capex_allocator *a, const capex_optim_param *params, size_t n,
+                                                      const capex_optim_desc *d, const capex_optim_hparams *hp,
                                                       const char *fn) {
     size_t cap = 5 * (n_old + n), cnt = 0, i, k;
     capex__span *v, dup = {0, 0}, mine[5];
     uintptr_t end = 0;
+    unsigned used = capex__optim_used(d, hp); /* old tensors: their unused slots are NULL already */
     capex_result r = CAPEX_OK;
     if (!cap) return CAPEX_OK;
     if (!(v = (capex__span *)capex__alloc(a, cap * sizeof *v))) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     /* old: n_old records of old_stride bytes, each starting with a capex_optim_param */
     for (k = 0; k < n_old; k++)
-        cnt += capex__optim_spans((const capex_optim_param *)(const void *)((const char *)old + k * old_stride), v + cnt);
-    for (k = 0; k < n; k++) cnt += capex__optim_spans(&params[k], v + cnt);
+        cnt += capex__optim_spans((const capex_optim_param *)(const void *)((const char *)old + k * old_stride), 31u, v + cnt);
+    for (k = 0; k < n; k++) cnt += capex__optim_spans(&params[k], used, v + cnt);
     qsort(v, cnt, sizeof *v, capex__span_cmp);
     for (i = 0; i < cnt; i++) { /* sorted by start: one starting before the furthest end so far overlaps */
         if (i > 0 && v[i].lo < end) { dup = v[i]; break; }
@@ -6977,7 +6992,7 @@ CAPEX__PRIVATE capex_result capex__optim_check_aliases(const void *old, size_t o
     }
     capex__free(a, v);
     for (k = 0; dup.hi && k < n; k++) {
-        size_t j, c = capex__optim_spans(&params[k], mine);
+        size_t j, c = capex__optim_spans(&params[k], used, mine);
         for (j = 0; j < c; j++)
             if (mine[j].lo < dup.hi && dup.lo < mine[j].hi) break;
         if (j < c) {
@@ -7153,7 +7168,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
                                "count past int64: the byte size overflows", k);
     }
     a = capex__optim_alloc(o);
-    if ((r = capex__optim_check_aliases(o->tensors, sizeof *o->tensors, o->ntensors, a, params, n,
+    if ((r = capex__optim_check_aliases(o->tensors, sizeof *o->tensors, o->ntensors, a, params, n, &o->desc, hp,
                                         "capex_optim_add_group")) != CAPEX_OK)
         return r;
     /* grow bookkeeping first (contents kept, so a failure leaves the optimizer as it was) */
@@ -9408,7 +9423,10 @@ CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c) {
    nonce u64, size u64 (32 bytes); reply = magic, status, nonce u64, size u64
    (24 bytes), then the blob when status is 0. */
 #define CAPEX__RDV_MAGIC 0x52585043u
-#define CAPEX__RDV_VERSION 1u
+/* 2: the TCP comm's headers carry a reduction's dtype and op, and rank 0
+   opens each barrier; a rank speaking 1 is refused here ("protocol or version
+   mismatch") instead of failing a later reduction as a dtype/op mismatch. */
+#define CAPEX__RDV_VERSION 2u
 enum { CAPEX__RDV_OK = 0, CAPEX__RDV_BAD_NONCE = 1, CAPEX__RDV_BAD_WORLD = 2, CAPEX__RDV_BAD_RANK = 3,
        CAPEX__RDV_BAD_SIZE = 4, CAPEX__RDV_DUP_RANK = 5, CAPEX__RDV_BAD_PROTO = 6, CAPEX__RDV_BUSY = 7 };
 
@@ -9905,6 +9923,15 @@ static capex_result capex__tcp_send(capex_comm *c, int fd, int peer, uint32_t op
     return e ? capex__tcp_io_fail(e, peer, "send") : CAPEX_OK;
 }
 
+/* A mismatch where the peer sent a barrier (op 4) for another call: the
+   barrier that stands in for a call it refused or had no elements for. */
+static const char *capex__tcp_why(uint32_t got, uint32_t want) {
+    return got == CAPEX__TCP_BARRIER && want != CAPEX__TCP_BARRIER
+               ? " (its op 4 is the barrier standing in for a call that rank refused or had no elements for: its "
+                 "own error says why)"
+               : "";
+}
+
 static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op, void *data, size_t bytes, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     unsigned char h[24];
@@ -9914,10 +9941,10 @@ static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op
         capex__get32(h + 12) != t->tag || capex__get64(h + 16) != (uint64_t)bytes)
         return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (dtype/op tag %#x) of %llu bytes, expected "
                                            "op %u #%u (tag %#x) of %llu bytes: ranks called collectives in different "
-                                           "orders, sizes, dtypes or reduce ops", peer,
+                                           "orders, sizes, dtypes or reduce ops%s", peer,
                            (unsigned)capex__get32(h + 4), (unsigned)capex__get32(h + 8), (unsigned)capex__get32(h + 12),
                            (unsigned long long)capex__get64(h + 16), (unsigned)op, (unsigned)t->seq, (unsigned)t->tag,
-                           (unsigned long long)bytes);
+                           (unsigned long long)bytes, capex__tcp_why(capex__get32(h + 4), op));
     if (bytes && (e = capex__io_all(fd, data, bytes, 0, deadline)) != 0) return capex__tcp_io_fail(e, peer, "receive");
     return CAPEX_OK;
 }
@@ -10027,10 +10054,10 @@ static capex_result capex__tcp_duplex(capex_comm *c, int fd_out, int peer_out, c
                     return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (dtype/op tag %#x) of %llu "
                                                        "bytes on the ring, expected op %u #%u (tag %#x) of %llu bytes: "
                                                        "ranks called collectives in different orders, sizes, dtypes or "
-                                                       "reduce ops", peer_in, (unsigned)capex__get32(rh + 4),
+                                                       "reduce ops%s", peer_in, (unsigned)capex__get32(rh + 4),
                                        (unsigned)capex__get32(rh + 8), (unsigned)capex__get32(rh + 12),
                                        (unsigned long long)capex__get64(rh + 16), (unsigned)op, (unsigned)t->seq,
-                                       (unsigned)t->tag, (unsigned long long)rbytes);
+                                       (unsigned)t->tag, (unsigned long long)rbytes, capex__tcp_why(capex__get32(rh + 4), op));
             }
         }
     }
@@ -10320,6 +10347,12 @@ static capex_result capex__tcp_allgather(capex_comm *c, const void *send, void *
     return CAPEX_OK;
 }
 
+/* Rank 0 first tells every peer it has arrived, then waits for theirs, then
+   releases them. That first message makes a peer waiting to read from rank 0
+   in another call (a broadcast from rank 0, the ring's rank 1) fail at once
+   on the op mismatch when this barrier stands in for a call rank 0 alone
+   refused or had no elements for (capex__comm_refused, capex__comm_empty);
+   rank 0 reading first would wait for a message they never send. */
 static capex_result capex__tcp_barrier(capex_comm *c, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     capex_result r;
@@ -10328,8 +10361,11 @@ static capex_result capex__tcp_barrier(capex_comm *c, double deadline) {
     t->tag = 0;
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
+        if ((r = capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BARRIER, NULL, 0, deadline);
     }
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
     for (p = 1; p < c->world_size; p++)
         if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_BARRIER, NULL, 0, deadline)) != CAPEX_OK) return r;
     for (p = 1; p < c->world_size; p++)
@@ -12635,18 +12671,25 @@ static capex_result capex__zero_save_status(capex_zero *z, capex_result r, const
         return r != CAPEX_OK ? r : b;
     }
     if (c->rank != 0 && v != 0.0)
-        return capex__fail((capex_result)(int)v, "capex_zero_save_file: rank 0 could not save '%s' (%s; its log says why)",
-                           path, capex_result_string((capex_result)(int)v));
+        return capex__fail((capex_result)(int)v, "capex_zero_save_file: rank 0 could not save '%s' (%s; its capex_last_error says why)",
+                           path ? path : "(rank 0's path)", capex_result_string((capex_result)(int)v));
     return r;
 }
 
 CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, unsigned flags) {
     capex_state_writer *w = NULL;
-    capex_result r;
-    if (!z || !path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_zero_save_file: zero or path is NULL");
-    if (z->comm->rank == 0 && (r = capex_state_writer_create(NULL, &w)) != CAPEX_OK) return r;
+    capex_result r, wr = CAPEX_OK;
+    char why[sizeof capex__error_message];
+    /* path is rank 0's only (the others write nothing): a NULL one is refused
+       by its write, after the collectives, so every rank gets that status
+       instead of its peers waiting in the save's all-gathers. So is rank 0
+       without memory for its writer: it takes part in the save without one */
+    if (!z) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_zero_save_file: zero is NULL");
+    if (z->comm->rank == 0 && (wr = capex_state_writer_create(NULL, &w)) != CAPEX_OK)
+        memcpy(why, capex__error_message, sizeof why);
     z->save_synced = 0;
     r = capex_zero_save(z, w, NULL, flags);
+    if (wr != CAPEX_OK && (r == CAPEX_OK || r == CAPEX_ERR_INVALID_ARG)) r = capex__fail(wr, "%s", why); /* not "needs a writer" */
     if (r == CAPEX_OK && w) r = capex_state_write_file(w, path);
     capex_state_writer_destroy(w);
     capex__zero_save_drop(z); /* written: rank 0 need not hold the whole state until the next save */

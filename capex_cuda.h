@@ -6225,7 +6225,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     }
     if (o->ngroups + 1 > (size_t)INT32_MAX || o->nt + n > (size_t)INT32_MAX)
         return capex__fail(CAPEX_ERR_LIMIT, "%s: too many groups or tensors", fn);
-    if ((r = capex__optim_check_aliases(o->t, sizeof *o->t, o->nt, NULL, params, n, fn)) != CAPEX_OK) return r;
+    if ((r = capex__optim_check_aliases(o->t, sizeof *o->t, o->nt, NULL, params, n, &o->desc, hp, fn)) != CAPEX_OK) return r;
     need_m = o->desc.kind == CAPEX_OPTIM_SGD ? hp->momentum != 0.0f : o->desc.kind != CAPEX_OPTIM_ADAGRAD;
     need_v = o->desc.kind != CAPEX_OPTIM_SGD && o->desc.kind != CAPEX_OPTIM_NOVOGRAD; /* Adagrad: the sum */
     need_vm = o->desc.kind == CAPEX_OPTIM_ADAM && hp->amsgrad;

@@ -1432,6 +1432,23 @@ CT_TEST(rendezvous_wrong_nonce_is_refused) {
     CT_CHECK(codes[0] == CODE(CAPEX_ERR_COMM), "foreign peer exit %d", codes[0]);
 }
 
+/* Version 1 hellos (builds whose TCP comm headers carry no dtype/op and
+   whose barrier rank 0 does not open) are refused at the rendezvous: such a
+   rank would otherwise fail a later reduction as a dtype or op mismatch, or
+   wait out a barrier. */
+CT_TEST(rendezvous_refuses_the_version_1_wire_format) {
+    unsigned char hello[32];
+    capex_rendezvous_desc f;
+    uint32_t rk = 0, wd = 0;
+    capex_rendezvous_desc_init(&f);
+    f.rank = 1; f.world_size = 2; f.nonce = RUN_A;
+    capex__rdv_put_hello(hello, &f, 128);
+    CT_CHECK(capex__rdv_parse_hello(hello, 32, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_OK && rk == 1, "own hello");
+    capex__put32(hello + 4, 1u);
+    CT_CHECK(capex__rdv_parse_hello(hello, 32, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_BAD_PROTO, "a version 1 hello");
+    CT_CHECK(capex__rdv_parse_hello(hello, 5, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_BAD_PROTO, "refused at its 5th byte");
+}
+
 CT_TEST(rendezvous_missing_rank_times_out) {
     int codes[8];
     spec s[1];
@@ -1945,6 +1962,35 @@ static int tcp_body(int rank, int world, int port, int mode) {
         free(x);
         return line;
     }
+    if (mode >= 21 && mode <= 23) { /* rank 0 alone refuses a call whose peers first wait to read from it */
+        /* 21: a NULL buffer in a broadcast from rank 0 (peers only receive);
+           22: a NULL buffer in a ring allreduce (world 3: rank 1 reads rank 0 first);
+           23: count 0 on rank 0 against that ring allreduce. The peers' short
+           deadline is the check: only rank 0's stand-in can end it early, as
+           CAPEX_ERR_COMM; rank 0's own long one is a hang guard */
+        size_t n = mode == 21 ? 6 : (size_t)1 << 18;
+        float *x = (float *)calloc(n, sizeof(float));
+        capex_result r, want = rank ? CAPEX_ERR_COMM : mode == 23 ? CAPEX_ERR_COMM : CAPEX_ERR_INVALID_ARG;
+        int line = 0;
+        c.timeout_s = rank ? 5.0 : 60.0;
+        if (mode == 21) r = capex_comm_broadcast(&c, rank ? x : NULL, n, CAPEX_F32, 0);
+        else r = capex_comm_allreduce(&c, x, rank || mode == 23 ? x : NULL, rank || mode == 22 ? n : 0, CAPEX_F32,
+                                      CAPEX_REDUCE_SUM);
+        if (r != want) {
+            fprintf(stderr, "rank %d (mode %d): %s: %s\n", rank, mode, capex_result_string(r), capex_last_error());
+            line = __LINE__;
+        }
+        /* a peer reading rank 0's stand-in barrier is told what it is (rank 2 on the ring sees rank 1 leave) */
+        if (!line && rank && (mode == 21 || rank == 1) && !strstr(capex_last_error(), "standing in for a call")) {
+            fprintf(stderr, "rank %d (mode %d): %s\n", rank, mode, capex_last_error());
+            line = __LINE__;
+        }
+        /* the comm is gone on every rank: a next call fails instead of pairing */
+        if (capex_comm_allreduce(&c, x, x, 4, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_ERR_COMM && !line) line = __LINE__;
+        capex_comm_destroy(&c);
+        free(x);
+        return line;
+    }
     if (mode == 19) { /* rank 1 is SIGKILLed at a moment of its own (mostly mid-ring): the others get CAPEX_ERR_COMM */
         size_t n = (size_t)1 << 17;
         float *x = (float *)calloc(n, sizeof(float));
@@ -2332,6 +2378,21 @@ CT_TEST(tcp_comm_local_failure_on_one_rank_fails_the_others) {
         }
 }
 
+/* A call refused by rank 0 alone (a NULL buffer, count 0) where the peers
+   first wait to read from rank 0 (a broadcast from it; the ring, whose rank 1
+   reads rank 0 first): the peers get CAPEX_ERR_COMM at once, not at their
+   deadline (rank 0's stand-in barrier used to wait to read from them). */
+CT_TEST(tcp_comm_call_refused_by_rank0_fails_waiting_peers) {
+    int mode, world, codes[8], r, i;
+    for (mode = 21; mode <= 23; mode++)
+        for (world = mode == 21 ? 2 : 3; world <= 3; world++) {
+            for (i = 0; i < 8; i++) codes[i] = 0;
+            r = tcp_world(world, mode, codes);
+            CT_CHECK(r == 0, "mode %d world %d: rank 0 line %d: %.300s", mode, world, r, capex_last_error());
+            for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "mode %d world %d: rank %d exit %d", mode, world, i, codes[i]);
+        }
+}
+
 /* Ranks reducing the same number of bytes as different dtypes (f32 x4 and
    f16 x8, int64 and f64) or with different ops (SUM and AVG) fail with
    CAPEX_ERR_COMM on every rank, on the star and on the ring, instead of
@@ -2456,6 +2517,7 @@ static const ct_case cases[] = {
     CT_CASE(comm_single_and_errors),
     CT_CASE(rendezvous_success_and_late_ranks),
     CT_CASE(rendezvous_wrong_nonce_is_refused),
+    CT_CASE(rendezvous_refuses_the_version_1_wire_format),
     CT_CASE(rendezvous_missing_rank_times_out),
     CT_CASE(rendezvous_bad_peer_of_this_run_fails),
     CT_CASE(rendezvous_arguments),
@@ -2474,6 +2536,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_ring_dead_and_stalled_peers),
     CT_CASE(tcp_comm_refuses_sizes_that_wrap),
     CT_CASE(tcp_comm_local_failure_on_one_rank_fails_the_others),
+    CT_CASE(tcp_comm_call_refused_by_rank0_fails_waiting_peers),
     CT_CASE(tcp_comm_dtype_or_op_mismatch_fails),
     CT_CASE(tcp_comm_over_ipv6_loopback),
     CT_CASE(tcp_comm_rank_killed_mid_collective),

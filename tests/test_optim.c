@@ -1281,6 +1281,30 @@ CT_TEST(aliased_params_and_buffers_are_refused) {
         CT_CHECK(capex_optim_add_group(opt, NULL, ps, 2, NULL) == CAPEX_OK, "adjacent tensors: %.300s", capex_last_error());
         capex_optim_destroy(opt);
     }
+    { /* a buffer the kind does not use is ignored (NovoGrad's exp_avg_sq, Adam's max_exp_avg_sq
+         without amsgrad, SGD's exp_avg without momentum, Adagrad's exp_avg): not in the check
+         either, as before exact repeats of such a slot were the only refusal. Here per-tensor
+         floats v + k, as NovoGrad's v is per tensor */
+        static float big[32], v2[4], spare[8];
+        float gg[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+        static const capex_optim_kind kinds[4] = {CAPEX_OPTIM_NOVOGRAD, CAPEX_OPTIM_ADAM, CAPEX_OPTIM_SGD, CAPEX_OPTIM_ADAGRAD};
+        int c, k;
+        for (c = 0; c < 4; c++) {
+            capex_optim_desc_init(&d, kinds[c]);
+            CT_CHECK(capex_optim_create(&d, &opt) == CAPEX_OK, "%.300s", capex_last_error());
+            for (k = 0; k < 2; k++) {
+                capex_optim_param_init(&ps[k]); ps[k].param = big + 8 * k; ps[k].grad = gg; ps[k].numel = 8;
+                if (c == 0) ps[k].exp_avg_sq = v2 + k;
+                if (c == 1) ps[k].max_exp_avg_sq = spare + k;
+                if (c >= 2) ps[k].exp_avg = spare + k;
+            }
+            CT_CHECK(capex_optim_add_group(opt, NULL, ps, 2, NULL) == CAPEX_OK, "kind %d: an unused buffer: %.300s",
+                     (int)kinds[c], capex_last_error());
+            CT_CHECK(capex_optim_step(opt, 1, 1, 0) == CAPEX_OK, "%.300s", capex_last_error());
+            CT_CHECK(v2[0] == 0.0f && spare[0] == 0.0f, "kind %d: the unused buffer was left alone", (int)kinds[c]);
+            capex_optim_destroy(opt);
+        }
+    }
 }
 
 /* ---- the math, as CUDA source ---- */

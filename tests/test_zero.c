@@ -3,6 +3,17 @@
    2, 3 and 4 processes (tests/zero_check.h; MPI runs the same checks in
    tests/mpi/test_dist_mpi.c), the memory split, argument and call-order
    errors, and a rank that dies mid-step. */
+#include <stdlib.h>
+/* The next CAPEX_MALLOC of exactly this many bytes fails (0: none): an out of
+   memory at a chosen allocation (tcp_save_file_writer_oom). */
+static size_t g_fail_alloc_size;
+static void *zero_test_malloc(size_t sz) {
+    if (g_fail_alloc_size && sz == g_fail_alloc_size) { g_fail_alloc_size = 0; return NULL; }
+    return malloc(sz);
+}
+#define CAPEX_MALLOC(sz) zero_test_malloc(sz)
+#define CAPEX_REALLOC(p, sz) realloc(p, sz)
+#define CAPEX_FREE(p) free(p)
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
 #include "capex_test.h"
@@ -391,6 +402,7 @@ static int tcp_comm(capex_comm *c, int rank, int world, int port) {
 }
 
 static char g_ckpt[3][256]; /* saved by worlds of 3, 1 and 2 */
+static int g_null_path_rank; /* mode 6 */
 
 /* mode 0: the equivalence checks; 1: rank 1 dies after create, the others
    must fail within the deadline and then refuse every call; 2: save a
@@ -443,6 +455,59 @@ static int tcp_body(int rank, int world, int port, int mode) {
         if (!line && (r = capex_comm_barrier(&c)) != CAPEX_OK) line = __LINE__;
         if (!line && (r = capex_zero_save_file(z, path, 0)) != CAPEX_OK) line = __LINE__;
         if (line && r != CAPEX_OK) fprintf(stderr, "rank %d: %s\n", rank, capex_last_error());
+        if (rank == 0) remove(path);
+        capex_zero_destroy(z);
+    } else if (mode == 7) { /* save_file: rank 0 has no memory for its writer */
+        float w[40];
+        capex_zero_param p[1];
+        capex_optim_desc od;
+        capex_zero *z = NULL;
+        capex_result r;
+        char path[300];
+        int i;
+        for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
+        one_param(&p[0], w, 40);
+        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+        snprintf(path, sizeof path, "%.250s.oom", g_ckpt[0]);
+        c.timeout_s = 5.0; /* the check: only a rank that left at once can make the others wait it out */
+        if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
+        if (rank == 0) g_fail_alloc_size = sizeof(capex_state_writer);
+        r = line ? CAPEX_OK : capex_zero_save_file(z, path, 0);
+        g_fail_alloc_size = 0;
+        if (!line && (r != CAPEX_ERR_OUT_OF_MEMORY || !strstr(capex_last_error(), rank ? "rank 0 could not save" : "out of memory"))) {
+            fprintf(stderr, "rank %d: save_file, rank 0's writer out of memory: %s (%s)\n", rank, capex_result_string(r),
+                    capex_last_error());
+            line = __LINE__;
+        }
+        /* in step: a barrier and a real save work on every rank */
+        if (!line && (r = capex_comm_barrier(&c)) != CAPEX_OK) line = __LINE__;
+        if (!line && (r = capex_zero_save_file(z, path, 0)) != CAPEX_OK) line = __LINE__;
+        if (line && r != CAPEX_OK) fprintf(stderr, "rank %d: %s\n", rank, capex_last_error());
+        if (rank == 0) remove(path);
+        capex_zero_destroy(z);
+    } else if (mode == 6) { /* save_file with a NULL path on one rank only (1 or 0) */
+        float w[40];
+        capex_zero_param p[1];
+        capex_optim_desc od;
+        capex_zero *z = NULL;
+        capex_result r, want;
+        char path[300];
+        int i, bad = g_null_path_rank;
+        for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
+        one_param(&p[0], w, 40);
+        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+        snprintf(path, sizeof path, "%.250s.np", g_ckpt[0]);
+        c.timeout_s = 5.0; /* the check: only a rank that left at once can make the others wait it out */
+        if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
+        r = line ? CAPEX_OK : capex_zero_save_file(z, rank == bad ? NULL : path, 0);
+        /* only rank 0 writes: a path elsewhere is not needed; rank 0's missing one fails every rank alike */
+        want = bad == 0 ? CAPEX_ERR_INVALID_ARG : CAPEX_OK;
+        if (!line && r != want) {
+            fprintf(stderr, "rank %d: save_file, NULL path on rank %d: %s (%s)\n", rank, bad, capex_result_string(r),
+                    capex_last_error());
+            line = __LINE__;
+        }
+        if (!line && (r = capex_comm_barrier(&c)) != CAPEX_OK) line = __LINE__; /* still in step */
         if (rank == 0) remove(path);
         capex_zero_destroy(z);
     } else if (mode == 4) { /* save_file: every rank gets rank 0's status once the file is there */
@@ -528,6 +593,34 @@ CT_TEST(tcp_save_file_status_on_every_rank) {
     memset(codes, 0, sizeof codes);
     snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_sf", (int)getpid());
     r = tcp_world(3, 4, codes);
+    CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "rank 0 line %d, ranks 1, 2 exit %d %d (stderr says why)", r,
+             codes[1], codes[2]);
+}
+
+/* capex_zero_save_file with a NULL path on one rank only: a rank other than
+   0 needs none (it writes nothing) and saves with the others; rank 0 without
+   one fails every rank alike after the collectives. Either way no rank is
+   left waiting in the save's all-gathers (a NULL path on any rank was
+   refused at once, its peers timing out there). */
+CT_TEST(tcp_save_file_null_path_on_one_rank) {
+    int codes[8], r;
+    for (g_null_path_rank = 1; g_null_path_rank >= 0; g_null_path_rank--) {
+        memset(codes, 0, sizeof codes);
+        snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_np", (int)getpid());
+        r = tcp_world(3, 6, codes);
+        CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "NULL on rank %d: rank 0 line %d, ranks 1, 2 exit %d %d "
+                 "(stderr says why)", g_null_path_rank, r, codes[1], codes[2]);
+    }
+}
+
+/* capex_zero_save_file with no memory for rank 0's writer: every rank gets
+   rank 0's CAPEX_ERR_OUT_OF_MEMORY and the ranks stay in step (rank 0
+   returned at once and left its peers in the save's all-gathers). */
+CT_TEST(tcp_save_file_writer_oom) {
+    int codes[8], r;
+    memset(codes, 0, sizeof codes);
+    snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_oom", (int)getpid());
+    r = tcp_world(3, 7, codes);
     CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "rank 0 line %d, ranks 1, 2 exit %d %d (stderr says why)", r,
              codes[1], codes[2]);
 }
@@ -874,6 +967,8 @@ static const ct_case cases[] = {
     CT_CASE(tcp_worlds_match_ddp_and_optim),
     CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
     CT_CASE(tcp_save_file_status_on_every_rank),
+    CT_CASE(tcp_save_file_null_path_on_one_rank),
+    CT_CASE(tcp_save_file_writer_oom),
     CT_CASE(tcp_save_without_writer_keeps_ranks_in_step),
     CT_CASE(checkpoints_reshard_across_world_sizes),
     CT_CASE(load_takes_the_files_optimizer_settings),
