@@ -1804,7 +1804,10 @@ CAPEX_API void capex_zero_desc_init(capex_zero_desc *d);
    (CAPEX_ERR_SIZE_MISMATCH), stage, bucket_bytes, gradient_average,
    broadcast_parameters, num_groups, od's kind and settings and each
    group's hparams (CAPEX_ERR_CONFIG; od's exec, allocator and
-   lamb_low_memory may differ). Every rank fails alike; the comm stays usable. */
+   lamb_low_memory may differ). Every rank fails alike; the comm stays usable.
+   After the broadcast, one more small allreduce (2 int64): a rank that then
+   fails on its own (out of memory for its buckets or optimizer) fails every
+   rank (its peers: CAPEX_ERR_COMM naming it), none keeping a zero alone. */
 CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
                                          size_t num_params, const capex_optim_desc *od,
                                          const capex_optim_hparams *hparams, size_t num_groups,
@@ -1858,8 +1861,10 @@ CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
    (params group by group, in index order, over whole tensors) would save
    them: independent of the world size (load into any number of ranks: a
    resharding), and loadable by capex_optim_load into a plain optimizer built
-   that way (and the other way round). save is collective: shards are
-   all-gathered bucket by bucket and rank 0 (which must give a writer; the
+   that way (and the other way round). save is collective: one small
+   allreduce first (a rank failing its own part, e.g. out of memory, fails
+   every rank at once: its peers get CAPEX_ERR_COMM naming it), then shards
+   are all-gathered bucket by bucket and rank 0 (which must give a writer; the
    others may pass NULL; rank 0 without one still takes part, then returns
    CAPEX_ERR_INVALID_ARG) adds the whole state; it holds that copy until the
    next save or destroy, so write the file before the next step. load needs
@@ -10910,6 +10915,41 @@ done:
     return r;
 }
 
+/* One small allreduce that tells every rank whether any rank failed its
+   local part of a collective API (allocations, device copies) before the
+   traffic that needs every rank: a rank that failed still takes part, so its
+   peers fail at once with it instead of waiting out their deadline in the
+   next collective (or pairing it with the failed rank's next call). Returns
+   local when it failed (its message kept); CAPEX_ERR_COMM naming the rank
+   when a peer failed; the exchange's own error. Device comms go through a
+   16-byte device buffer: if that one cannot be allocated on a rank, its
+   peers wait until their deadline. World size 1: nothing is sent. */
+CAPEX__PRIVATE capex_result capex__comm_agree(capex_comm *c, capex_result local, const char *fn) {
+    char keep[sizeof capex__error_message];
+    int64_t v[2];
+    void *dev = NULL;
+    capex_result r;
+    if (c->world_size <= 1) return local;
+    if (local != CAPEX_OK) memcpy(keep, capex__error_message, sizeof keep);
+    v[0] = local != CAPEX_OK;          /* failing ranks */
+    v[1] = local != CAPEX_OK ? c->rank : 0; /* the failing rank when only one did */
+    if (!c->device_buffers) r = capex__comm_refused(c, capex__comm_allreduce_checked(c, v, v, 2, CAPEX_I64, CAPEX_REDUCE_SUM));
+    else {
+        r = capex__comm_alloc(c, &dev, sizeof v);
+        if (r == CAPEX_OK) r = capex__comm_copy(c, dev, v, sizeof v, CAPEX_COPY_H2D);
+        if (r == CAPEX_OK) r = capex__comm_allreduce_checked(c, dev, dev, 2, CAPEX_I64, CAPEX_REDUCE_SUM);
+        if (r == CAPEX_OK) r = capex__comm_copy(c, v, dev, sizeof v, CAPEX_COPY_D2H);
+        if (r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, dev); /* else a transport may still write it */
+    }
+    if (local != CAPEX_OK) return capex__fail(local, "%s", keep);
+    if (r != CAPEX_OK) return r;
+    if (v[0] == 1) return capex__fail(CAPEX_ERR_COMM, "%s: rank %lld failed (its own error says why); no rank went on",
+                                      fn, (long long)v[1]);
+    if (v[0]) return capex__fail(CAPEX_ERR_COMM, "%s: %lld of %d ranks failed (their own errors say why); no rank went on",
+                                 fn, (long long)v[0], c->world_size);
+    return CAPEX_OK;
+}
+
 #define CAPEX__TAG_DDP_DESC CAPEX__TAG('D', 'D', 'P', 'D')
 CAPEX_API void capex_ddp_desc_init(capex_ddp_desc *d) {
     if (!d) return;
@@ -11535,6 +11575,7 @@ typedef struct capex__zero_dev {
     capex_result (*add)(void *user, void *y, const void *x, size_t n, capex_dtype t); /* y += x (stage 2) */
     capex_result (*to_host)(void *user, unsigned flags, capex_optim **host);    /* host copy of the pieces' state */
     capex_result (*from_host)(void *user, const capex_optim *host);             /* moments, steps, hparams back */
+    capex_result (*finish)(void *user, capex_zero *z); /* optional: the device zero's own setup, before create's last agreement */
 } capex__zero_dev;
 
 struct capex_zero {
@@ -11929,7 +11970,7 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
             capex_zero_destroy(z);
             return r;
         }
-    for (k = 0; k < z->nb; k++) {
+    for (k = 0; r == CAPEX_OK && k < z->nb; k++) {
         capex__zbucket *bk = &z->b[k];
         size_t es = capex_dtype_size(bk->dtype), full = bk->shard * W, lo = (size_t)comm->rank * bk->shard, j;
         r = capex__comm_alloc(comm, &bk->param, full * es != 0 ? full * es : 1);
@@ -11955,9 +11996,13 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
             if (r == CAPEX_OK)
                 r = capex__comm_convert(comm, bk->master, CAPEX_F32, (char *)bk->param + lo * es, bk->dtype, bk->shard);
         }
-        if (r != CAPEX_OK) { capex_zero_destroy(z); return r; }
     }
-    if ((r = capex__zero_build_optim(z, od, hparams)) != CAPEX_OK) { capex_zero_destroy(z); return r; }
+    if (r == CAPEX_OK) r = capex__zero_build_optim(z, od, hparams);
+    if (r == CAPEX_OK && z->has_dev && z->dev.finish) r = z->dev.finish(z->dev.user, z);
+    /* a failure here (buffers, the optimizer) is this rank's alone: one more
+       small agreement, so that its peers fail with it instead of returning a
+       zero whose next collective pairs with something else */
+    if ((r = capex__comm_agree(comm, r, fn)) != CAPEX_OK) { capex_zero_destroy(z); return r; }
     {   /* memory report (the stage-2 pool's peak is added as buffers are lent) */
         capex_zero_memory *m = &z->mem;
         m->buckets = z->nb;
@@ -12470,15 +12515,20 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
     W = (size_t)c->world_size;
     capex__zero_save_drop(z);
-    if (z->has_dev && (r = z->dev.to_host(z->dev.user, CAPEX_OPTIM_STATE_PARAMS, &z->opt)) != CAPEX_OK) return r;
-    if (root && (r = capex__zero_full_optim(z, &z->save_tmp, &z->save_masters, &z->save_host)) != CAPEX_OK) goto done;
+    /* this rank's own part first (the device state to the host, rank 0's
+       unsharded copy, the buffers), then one small agreement: a rank that
+       failed here fails every rank at once, none left in the all-gathers */
+    if (z->has_dev) r = z->dev.to_host(z->dev.user, CAPEX_OPTIM_STATE_PARAMS, &z->opt);
+    if (r == CAPEX_OK && root) r = capex__zero_full_optim(z, &z->save_tmp, &z->save_masters, &z->save_host);
     for (k = 0; k < z->nb; k++) if (z->b[k].shard > maxshard) maxshard = z->b[k].shard;
-    pack = (float *)capex__alloc(NULL, sizeof(float) * (maxshard + 1));
-    full = (float *)capex__alloc(NULL, sizeof(float) * (maxshard * W + 1));
-    if (!pack || !full) { r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn); goto done; }
-    if (z->has_dev && ((r = capex__comm_alloc(c, &dpack, sizeof(float) * (maxshard + 1))) != CAPEX_OK ||
-                       (r = capex__comm_alloc(c, &dfull, sizeof(float) * (maxshard * W + 1))) != CAPEX_OK))
-        goto done;
+    if (r == CAPEX_OK) {
+        pack = (float *)capex__alloc(NULL, sizeof(float) * (maxshard + 1));
+        full = (float *)capex__alloc(NULL, sizeof(float) * (maxshard * W + 1));
+        if (!pack || !full) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    }
+    if (r == CAPEX_OK && z->has_dev && (r = capex__comm_alloc(c, &dpack, sizeof(float) * (maxshard + 1))) == CAPEX_OK)
+        r = capex__comm_alloc(c, &dfull, sizeof(float) * (maxshard * W + 1));
+    if ((r = capex__comm_agree(c, r, fn)) != CAPEX_OK) goto done;
     /* every state buffer, bucket by bucket: shards packed, all-gathered, unpacked by rank 0 */
     for (what = 0; r == CAPEX_OK && what < 4; what++)
         for (k = 0; r == CAPEX_OK && k < z->nb; k++) {

@@ -694,7 +694,8 @@ CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
 typedef struct capex_cuda_zero capex_cuda_zero;
 /* As capex_zero_create, for a comm on device buffers (NCCL) and device
    params. Collective, with the same check that every rank passes the same
-   model and settings (its 16 int64 per rank go through a small device buffer). */
+   model and settings (its 16 int64 per rank go through a small device buffer),
+   and the same last agreement, after this rank's device buffers and optimizer. */
 CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm *comm, const capex_zero_param *params,
                                               size_t num_params, const capex_optim_desc *od,
                                               const capex_optim_hparams *hparams, size_t num_groups,
@@ -7540,21 +7541,26 @@ static capex_result capex__nccl_barrier(capex_comm *c, double deadline) {
                                  CAPEX_REDUCE_SUM, deadline);
 }
 
-/* A request's event, kept in n->req_events until its wait succeeds. */
-static capex_result capex__nccl_req_keep(capex_comm *c, capex_comm_req *req, capex_cuda_event e) {
+/* Room in n->req_events for one more request, made before its collective is
+   queued: out of memory then refuses the call with nothing queued, never
+   leaves a queued collective untracked (its event destroyed under it, no
+   wait to find it failed). */
+static capex_result capex__nccl_req_reserve(capex_comm *c) {
     capex__nccl *n = capex__nccl_of(c);
     if (n->n_req_events == n->req_events_cap) {
         size_t cap = n->req_events_cap ? 2 * n->req_events_cap : 16;
         capex_cuda_event *p = (capex_cuda_event *)capex__alloc(NULL, cap * sizeof *p);
-        if (!p) {
-            capex_cuda_event_destroy(n->ctx, e);
-            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL: no memory to track a request");
-        }
+        if (!p) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL: no memory to track a request");
         if (n->n_req_events) memcpy(p, n->req_events, n->n_req_events * sizeof *p);
         capex__free(NULL, n->req_events);
         n->req_events = p;
         n->req_events_cap = cap;
     }
+    return CAPEX_OK;
+}
+/* A request's event, kept in n->req_events (room reserved) until its wait succeeds. */
+static capex_result capex__nccl_req_keep(capex_comm *c, capex_comm_req *req, capex_cuda_event e) {
+    capex__nccl *n = capex__nccl_of(c);
     n->req_events[n->n_req_events++] = e;
     req->handle.ptr = e;
     req->active = 1;
@@ -7577,6 +7583,7 @@ static capex_result capex__nccl_iallreduce(capex_comm *c, const void *send, void
     capex_cuda_event e = NULL;
     capex_result r;
     memset(req, 0, sizeof *req);
+    if ((r = capex__nccl_req_reserve(c)) != CAPEX_OK) return r;
     if ((r = capex_cuda_event_create(n->ctx, 0, &e)) != CAPEX_OK) return r;
     if ((r = capex__nccl_enqueue_allreduce(c, send, recv, count, t, op, e)) != CAPEX_OK) {
         capex_cuda_event_destroy(n->ctx, e);
@@ -7599,7 +7606,7 @@ static capex_result capex__nccl_ishards(capex_comm *c, const void *send, void *r
     if (!(counts = (size_t *)capex__alloc(c->allocator, sizeof(size_t) * (size_t)c->world_size)))
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL %s: no memory", gather ? "iallgather" : "ireduce_scatter");
     for (p = 0; p < c->world_size; p++) counts[p] = count;
-    if ((r = capex_cuda_event_create(n->ctx, 0, &e)) == CAPEX_OK)
+    if ((r = capex__nccl_req_reserve(c)) == CAPEX_OK && (r = capex_cuda_event_create(n->ctx, 0, &e)) == CAPEX_OK)
         r = gather ? capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, e, NULL) /* in place */
                    : capex__nccl_enqueue_reduce_scatter(c, send, recv, counts, t, op, e);
     capex__free(c->allocator, counts);
@@ -8062,6 +8069,54 @@ CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *zg) {
     capex__free(NULL, zg);
 }
 
+/* capex_cuda_zero_create's own setup once the base zero's buffers exist
+   (capex__zero_dev.finish): run inside capex__zero_create before its last
+   agreement, so a failure here on one rank fails every rank. zg->z is set
+   only when create succeeds: on failure the base zero is destroyed there. */
+static capex_result capex__czero_finish(void *user, capex_zero *z) {
+    static const char *fn = "capex_cuda_zero_create";
+    capex_cuda_zero *zg = (capex_cuda_zero *)user;
+    capex_result r;
+    capex_optim_kind kind;
+    size_t k, t, n;
+    float one = 1.0f;
+    zg->opt->sealed = 1;
+    /* this rank's reduced shards (stable for the zero's life), one list per dtype */
+    zg->shards = (capex_tensor *)capex__alloc(NULL, sizeof(capex_tensor) * (z->nb + 1));
+    if (!zg->shards) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    for (t = 0, n = 0; t < 3; t++) {
+        size_t first = n;
+        for (k = 0; k < z->nb; k++) {
+            const capex__zbucket *bk = &z->b[k];
+            if ((size_t)bk->dtype != t || !bk->shard) continue;
+            zg->shards[n].data = z->d.stage == 1
+                                     ? (char *)bk->grad + (size_t)z->comm->rank * bk->shard * capex_dtype_size(bk->dtype)
+                                     : bk->gshard;
+            zg->shards[n++].numel = (int64_t)bk->shard;
+        }
+        if (n > first) zg->lists[zg->nlists++] = capex_tensor_list_make((capex_dtype)t, zg->shards + first, n - first);
+    }
+    r = capex__go_ws_size(fn, NULL, zg->lists, zg->nlists, &zg->chunks, &zg->ws_bytes);
+    if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, zg->ws_bytes, &zg->ws);
+    if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, sizeof(float), &zg->coef);
+    if (r == CAPEX_OK) r = capex_cuda_memcpy_htod(zg->ctx, zg->coef, &one, sizeof one, NULL);
+    kind = zg->opt->desc.kind;
+    if (r == CAPEX_OK && (kind == CAPEX_OPTIM_LAMB || kind == CAPEX_OPTIM_NOVOGRAD)) { /* capex__czero_reduce */
+        size_t j, npc = z->npieces;
+        if (!(zg->lamb_idx = (int64_t *)capex__alloc(NULL, sizeof(int64_t) * (3 * npc + 1))))
+            r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        for (j = 0; r == CAPEX_OK && j < npc; j++) {
+            zg->lamb_idx[j] = (int64_t)j;
+            zg->lamb_idx[npc + j] = 1;
+            zg->lamb_idx[2 * npc + j] = (int64_t)z->piece_param[j];
+        }
+        if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, 16u * (z->np + 1), &zg->lamb);
+        zg->opt->reduce_fn = capex__czero_reduce;
+        zg->opt->reduce_user = zg;
+    }
+    return r;
+}
+
 CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm *comm, const capex_zero_param *params,
                                               size_t np, const capex_optim_desc *od, const capex_optim_hparams *hp,
                                               size_t ngroups, const capex_zero_desc *d) {
@@ -8069,8 +8124,6 @@ CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm 
     capex_cuda_zero *zg = NULL;
     capex__zero_dev dev;
     capex_result r;
-    size_t k, t, n;
-    float one = 1.0f;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: out is NULL", fn);
     *out = NULL;
     if ((r = capex__comm_check(comm, fn)) != CAPEX_OK) return r;
@@ -8101,44 +8154,11 @@ CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm 
     dev.add = capex__czero_add;
     dev.to_host = capex__czero_to_host;
     dev.from_host = capex__czero_from_host;
+    dev.finish = capex__czero_finish; /* the rest of this create, inside its last agreement */
     if ((r = capex__zero_create(&zg->z, comm, params, np, od, hp, ngroups, d, &dev, fn)) != CAPEX_OK) {
-        capex_cuda_zero_destroy(zg);
+        capex_cuda_zero_destroy(zg); /* zg->z NULL: the base zero is gone */
         return r;
     }
-    zg->opt->sealed = 1;
-    /* this rank's reduced shards (stable for the zero's life), one list per dtype */
-    zg->shards = (capex_tensor *)capex__alloc(NULL, sizeof(capex_tensor) * (zg->z->nb + 1));
-    if (!zg->shards) { capex_cuda_zero_destroy(zg); return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn); }
-    for (t = 0, n = 0; t < 3; t++) {
-        size_t first = n;
-        for (k = 0; k < zg->z->nb; k++) {
-            const capex__zbucket *bk = &zg->z->b[k];
-            if ((size_t)bk->dtype != t || !bk->shard) continue;
-            zg->shards[n].data = zg->z->d.stage == 1
-                                     ? (char *)bk->grad + (size_t)comm->rank * bk->shard * capex_dtype_size(bk->dtype)
-                                     : bk->gshard;
-            zg->shards[n++].numel = (int64_t)bk->shard;
-        }
-        if (n > first) zg->lists[zg->nlists++] = capex_tensor_list_make((capex_dtype)t, zg->shards + first, n - first);
-    }
-    r = capex__go_ws_size(fn, NULL, zg->lists, zg->nlists, &zg->chunks, &zg->ws_bytes);
-    if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, zg->ws_bytes, &zg->ws);
-    if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, sizeof(float), &zg->coef);
-    if (r == CAPEX_OK) r = capex_cuda_memcpy_htod(zg->ctx, zg->coef, &one, sizeof one, NULL);
-    if (r == CAPEX_OK && (od->kind == CAPEX_OPTIM_LAMB || od->kind == CAPEX_OPTIM_NOVOGRAD)) { /* capex__czero_reduce */
-        size_t j, npc = zg->z->npieces;
-        if (!(zg->lamb_idx = (int64_t *)capex__alloc(NULL, sizeof(int64_t) * (3 * npc + 1))))
-            r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-        for (j = 0; r == CAPEX_OK && j < npc; j++) {
-            zg->lamb_idx[j] = (int64_t)j;
-            zg->lamb_idx[npc + j] = 1;
-            zg->lamb_idx[2 * npc + j] = (int64_t)zg->z->piece_param[j];
-        }
-        if (r == CAPEX_OK) r = capex_cuda_malloc(zg->ctx, 16u * (zg->z->np + 1), &zg->lamb);
-        zg->opt->reduce_fn = capex__czero_reduce;
-        zg->opt->reduce_user = zg;
-    }
-    if (r != CAPEX_OK) { capex_cuda_zero_destroy(zg); return r; }
     *out = zg;
     return CAPEX_OK;
 }

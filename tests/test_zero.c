@@ -403,6 +403,17 @@ static int tcp_comm(capex_comm *c, int rank, int world, int port) {
 
 static char g_ckpt[3][256]; /* saved by worlds of 3, 1 and 2 */
 static int g_null_path_rank; /* mode 6 */
+static int g_oom_rank;       /* modes 8, 9: the rank whose allocation of g_oom_size bytes fails */
+static size_t g_oom_size;
+
+/* Modes 8 and 9: rank g_oom_rank's r must be CAPEX_ERR_OUT_OF_MEMORY, every
+   other rank's CAPEX_ERR_COMM naming it; 0 when so. */
+static int oom_verdict_ok(int rank, capex_result r) {
+    char want[32];
+    snprintf(want, sizeof want, "rank %d failed", g_oom_rank);
+    if (rank == g_oom_rank) return r == CAPEX_ERR_OUT_OF_MEMORY && strstr(capex_last_error(), "out of memory") != NULL;
+    return r == CAPEX_ERR_COMM && strstr(capex_last_error(), want) != NULL;
+}
 
 /* mode 0: the equivalence checks; 1: rank 1 dies after create, the others
    must fail within the deadline and then refuse every call; 2: save a
@@ -481,6 +492,40 @@ static int tcp_body(int rank, int world, int port, int mode) {
         }
         /* in step: a barrier and a real save work on every rank */
         if (!line && (r = capex_comm_barrier(&c)) != CAPEX_OK) line = __LINE__;
+        if (!line && (r = capex_zero_save_file(z, path, 0)) != CAPEX_OK) line = __LINE__;
+        if (line && r != CAPEX_OK) fprintf(stderr, "rank %d: %s\n", rank, capex_last_error());
+        if (rank == 0) remove(path);
+        capex_zero_destroy(z);
+    } else if (mode == 8 || mode == 9) { /* one rank out of memory: 8 in save before its all-gathers, 9 in create after its broadcast */
+        float w[40];
+        capex_zero_param p[1];
+        capex_optim_desc od;
+        capex_zero *z = NULL;
+        capex_result r = CAPEX_OK;
+        char path[300];
+        int i;
+        for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
+        one_param(&p[0], w, 40);
+        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+        snprintf(path, sizeof path, "%.250s.oom%d", g_ckpt[0], mode);
+        c.timeout_s = 5.0; /* the check: only a rank that left at once can make the others wait it out */
+        if (mode == 8 && capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
+        if (rank == g_oom_rank) g_fail_alloc_size = g_oom_size;
+        if (!line) r = mode == 8 ? capex_zero_save_file(z, path, 0) : capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL);
+        if (!line && g_fail_alloc_size) { /* the chosen allocation never came: the test is wrong, not the library */
+            fprintf(stderr, "rank %d: no allocation of %zu bytes (mode %d)\n", rank, g_oom_size, mode);
+            line = __LINE__;
+        }
+        g_fail_alloc_size = 0;
+        if (!line && !oom_verdict_ok(rank, r)) {
+            fprintf(stderr, "rank %d: rank %d out of memory (%zu bytes) in %s: %s (%s)\n", rank, g_oom_rank, g_oom_size,
+                    mode == 8 ? "save" : "create", capex_result_string(r), capex_last_error());
+            line = __LINE__;
+        }
+        if (!line && mode == 9 && z) line = __LINE__; /* no rank keeps a zero its peers lack */
+        /* in step: a barrier, then (9) a create and a real save work on every rank */
+        if (!line && (r = capex_comm_barrier(&c)) != CAPEX_OK) line = __LINE__;
+        if (!line && mode == 9 && (r = capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL)) != CAPEX_OK) line = __LINE__;
         if (!line && (r = capex_zero_save_file(z, path, 0)) != CAPEX_OK) line = __LINE__;
         if (line && r != CAPEX_OK) fprintf(stderr, "rank %d: %s\n", rank, capex_last_error());
         if (rank == 0) remove(path);
@@ -623,6 +668,54 @@ CT_TEST(tcp_save_file_writer_oom) {
     r = tcp_world(3, 7, codes);
     CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "rank 0 line %d, ranks 1, 2 exit %d %d (stderr says why)", r,
              codes[1], codes[2]);
+}
+
+/* One rank out of memory in capex_zero_save before its all-gathers (its
+   pack or gather buffer, or rank 0's unsharded copy): it returned at once,
+   leaving its peers waiting there until their deadline or pairing them with
+   its next call. Now a small agreement first: that rank gets
+   CAPEX_ERR_OUT_OF_MEMORY, its peers CAPEX_ERR_COMM naming it, all in step.
+   Sizes for one 40-float param on 3 ranks: shards of 16 floats. */
+CT_TEST(tcp_save_one_rank_out_of_memory_fails_every_rank) {
+    static const struct { int rank; size_t size; const char *what; } cases[] = {
+        {1, sizeof(float) * 17, "pack buffer"},
+        {2, sizeof(float) * (16 * 3 + 1), "gather buffer"},
+        {0, sizeof(capex_optim_param) * 2, "rank 0's unsharded copy"},
+    };
+    int codes[8], r;
+    size_t k;
+    for (k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        memset(codes, 0, sizeof codes);
+        g_oom_rank = cases[k].rank;
+        g_oom_size = cases[k].size;
+        snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_so", (int)getpid());
+        r = tcp_world(3, 8, codes);
+        CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "%s on rank %d: rank 0 line %d, ranks 1, 2 exit %d %d "
+                 "(stderr says why)", cases[k].what, cases[k].rank, r, codes[1], codes[2]);
+    }
+}
+
+/* One rank out of memory in capex_zero_create after the parameter
+   broadcast (its bucket buffer, its optimizer): it returned the error while
+   its peers returned OK with a zero whose next collective paired with
+   something else. Now every rank fails (the last agreement) and stays in step. */
+CT_TEST(tcp_create_one_rank_out_of_memory_after_broadcast) {
+    static const struct { int rank; size_t size; const char *what; } cases[] = {
+        {1, sizeof(float) * 16 * 3, "bucket buffer"},
+        {2, sizeof(capex_optim), "optimizer"},
+        {0, sizeof(float) * 16 * 2, "optimizer group"}, /* 128 bytes: add_group's bookkeeping */
+    };
+    int codes[8], r;
+    size_t k;
+    for (k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        memset(codes, 0, sizeof codes);
+        g_oom_rank = cases[k].rank;
+        g_oom_size = cases[k].size;
+        snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_co", (int)getpid());
+        r = tcp_world(3, 9, codes);
+        CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "%s on rank %d: rank 0 line %d, ranks 1, 2 exit %d %d "
+                 "(stderr says why)", cases[k].what, cases[k].rank, r, codes[1], codes[2]);
+    }
 }
 
 /* capex_zero_save refuses rank 0 without a writer after the collectives it
@@ -970,6 +1063,8 @@ static const ct_case cases[] = {
     CT_CASE(tcp_save_file_null_path_on_one_rank),
     CT_CASE(tcp_save_file_writer_oom),
     CT_CASE(tcp_save_without_writer_keeps_ranks_in_step),
+    CT_CASE(tcp_save_one_rank_out_of_memory_fails_every_rank),
+    CT_CASE(tcp_create_one_rank_out_of_memory_after_broadcast),
     CT_CASE(checkpoints_reshard_across_world_sizes),
     CT_CASE(load_takes_the_files_optimizer_settings),
     CT_CASE(save_file_frees_the_unsharded_copy),
