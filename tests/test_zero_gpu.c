@@ -32,6 +32,17 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <stdlib.h>
+/* The next CAPEX_MALLOC of exactly this many bytes fails (0: none): one
+   rank out of memory at a chosen host allocation (child_oom). */
+static size_t g_fail_alloc_size;
+static void *zgpu_test_malloc(size_t sz) {
+    if (g_fail_alloc_size && sz == g_fail_alloc_size) { g_fail_alloc_size = 0; return NULL; }
+    return malloc(sz);
+}
+#define CAPEX_MALLOC(sz) zgpu_test_malloc(sz)
+#define CAPEX_REALLOC(p, sz) realloc(p, sz)
+#define CAPEX_FREE(p) free(p)
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include "capex_test.h"
@@ -982,7 +993,58 @@ static void child_dead_peer(const char *arg, child_result *res) {
     if (run_world(2, &j, res) == 0) res->code = 0;
 }
 
-static const child_entry children[] = {{"world", child_world}, {"ckpt", child_ckpt}, {"dead_peer", child_dead_peer}};
+/* One rank (1) out of memory at a host allocation of its own: in
+   capex_cuda_zero_create after the broadcast (the shard list, which the
+   device zero makes after the base's buffers), or in capex_zero_save before
+   the all-gathers (the pack buffer: one 40-float param, shards of 20). Every
+   rank must fail (rank 1 CAPEX_ERR_OUT_OF_MEMORY, rank 0 CAPEX_ERR_COMM
+   naming it) and stay in step: rank 0 returned OK with a zero alone, or
+   waited in the all-gather. */
+static int oom_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
+    int save = *(const int *)user, i;
+    float h[40];
+    capex_cuda_ptr d = 0;
+    capex_zero_param p;
+    capex_optim_desc od;
+    capex_cuda_zero *zg = NULL;
+    capex_result r;
+    char path[200];
+    (void)world;
+    for (i = 0; i < 40; i++) h[i] = 0.125f * (float)i;
+    if (capex_cuda_malloc(ctx, sizeof h, &d) != CAPEX_OK || capex_cuda_memcpy_htod(ctx, d, h, sizeof h, NULL) != CAPEX_OK)
+        return 2;
+    memset(&p, 0, sizeof p);
+    p.data = (void *)(uintptr_t)d; p.numel = 40; p.dtype = CAPEX_F32; p.group = 0;
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    snprintf(path, sizeof path, "/tmp/capex_zgpu_oom_%d", rank ? (int)getppid() : (int)getpid()); /* rank 0 writes it */
+    if (save && capex_cuda_zero_create(&zg, comm, &p, 1, &od, NULL, 1, NULL) != CAPEX_OK) return 3;
+    if (rank == 1) g_fail_alloc_size = save ? sizeof(float) * 21 : sizeof(capex_tensor) * 2;
+    r = save ? capex_zero_save_file(capex_cuda_zero_base(zg), path, 0) : capex_cuda_zero_create(&zg, comm, &p, 1, &od, NULL, 1, NULL);
+    if (g_fail_alloc_size) { fprintf(stderr, "rank %d: the chosen allocation never came\n", rank); return 4; }
+    if (rank == 1 ? r != CAPEX_ERR_OUT_OF_MEMORY : r != CAPEX_ERR_COMM || !strstr(capex_last_error(), "rank 1 failed")) {
+        fprintf(stderr, "rank %d: rank 1 out of memory in %s: %s (%s)\n", rank, save ? "save" : "create",
+                capex_result_string(r), capex_last_error());
+        return 5;
+    }
+    if (!save && zg) return 6; /* no rank keeps a zero its peer lacks */
+    if (capex_comm_barrier(comm) != CAPEX_OK) return 7; /* in step */
+    if (!save && capex_cuda_zero_create(&zg, comm, &p, 1, &od, NULL, 1, NULL) != CAPEX_OK) return 8;
+    if (capex_zero_save_file(capex_cuda_zero_base(zg), path, 0) != CAPEX_OK) return 9;
+    if (rank == 0) remove(path);
+    capex_cuda_zero_destroy(zg);
+    capex_cuda_free(ctx, d);
+    return 0;
+}
+static void child_oom(const char *arg, child_result *res) {
+    int codes[16] = {0}, r, save = arg && atoi(arg);
+    setenv("FAKE_NCCL_TIMEOUT", "10", 1); /* a rank left waiting fails instead of hanging */
+    r = nccl_world_run(2, oom_body, &save, codes);
+    res->code = r || codes[1] ? 1 : 0;
+    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
+}
+
+static const child_entry children[] = {{"world", child_world}, {"ckpt", child_ckpt}, {"dead_peer", child_dead_peer},
+                                       {"oom", child_oom}};
 
 #define NEED_FAKE_WORLD()                                                                                   \
     do {                                                                                                    \
@@ -1021,6 +1083,14 @@ CT_TEST(world2_destroy_in_flight_dead_peer_aborts) {
     r = run_child("dead_peer", NULL);
     CT_CHECK(r.exited_ok && r.code == 0, "%s (code %d)", r.message, r.code);
 }
+CT_TEST(world2_one_rank_out_of_memory_fails_both) {
+    child_result r;
+    NEED_FAKE_WORLD();
+    r = run_child("oom", "0");
+    CT_CHECK(r.exited_ok && r.code == 0, "create: %s (code %d)", r.message, r.code);
+    r = run_child("oom", "1");
+    CT_CHECK(r.exited_ok && r.code == 0, "save: %s (code %d)", r.message, r.code);
+}
 
 static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_halves), CT_CASE(adamw_stage1_halves_clip),
                                 CT_CASE(sgd_stage1_halves), CT_CASE(sgd_stage2_clip), CT_CASE(adagrad_stage2),
@@ -1034,7 +1104,8 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(world2_adamw_stage2_halves_two_micro_batches),
                                 CT_CASE(world2_novograd_stage1_halves_clip_inf), CT_CASE(world4_novograd_stage2_f32),
                                 CT_CASE(checkpoint_across_world_sizes), CT_CASE(checkpoint_across_world_sizes_novograd),
-                                CT_CASE(world2_destroy_in_flight_dead_peer_aborts)};
+                                CT_CASE(world2_destroy_in_flight_dead_peer_aborts),
+                                CT_CASE(world2_one_rank_out_of_memory_fails_both)};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
