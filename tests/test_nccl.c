@@ -19,6 +19,17 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <stdlib.h>
+/* The next CAPEX_MALLOC of exactly this many bytes fails (0: none): out of
+   memory at a chosen host allocation (world_req_oom). */
+static size_t g_fail_alloc_size;
+static void *nccl_test_malloc(size_t sz) {
+    if (g_fail_alloc_size && sz == g_fail_alloc_size) { g_fail_alloc_size = 0; return NULL; }
+    return malloc(sz);
+}
+#define CAPEX_MALLOC(sz) nccl_test_malloc(sz)
+#define CAPEX_REALLOC(p, sz) realloc(p, sz)
+#define CAPEX_FREE(p) free(p)
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include "capex_test.h"
@@ -744,6 +755,43 @@ static int world_model_check(capex_cuda_context *ctx, capex_comm *c, int rank, i
     capex_ddp_destroy(ddp);
     return 0;
 }
+/* Rank 0 has no memory to track its first nonblocking allreduce (the
+   request list's first 16 slots): refused with nothing queued, so its retry
+   is the collective that pairs with rank 1's. The slot was taken after the
+   collective was queued: the untracked one paired with rank 1's, and the
+   retry waited for a peer collective that never came. */
+static int world_req_oom(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    float h[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    void *a = dev(ctx, sizeof h);
+    capex_comm_req req;
+    capex_result r;
+    int i;
+    (void)user;
+    for (i = 0; i < 4; i++) h[i] *= (float)(rank + 1);
+    if (capex_cuda_memcpy_htod(ctx, D(a), h, sizeof h, NULL) != CAPEX_OK) return 50;
+    if (rank == 0) {
+        g_fail_alloc_size = 16 * sizeof(capex_cuda_event);
+        r = c->vt->iallreduce(c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM, &req);
+        if (g_fail_alloc_size || r != CAPEX_ERR_OUT_OF_MEMORY || req.active) {
+            fprintf(stderr, "rank 0: iallreduce without memory to track it: %s (%s)\n", capex_result_string(r),
+                    capex_last_error());
+            g_fail_alloc_size = 0;
+            return 51;
+        }
+    }
+    if ((r = c->vt->iallreduce(c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM, &req)) != CAPEX_OK ||
+        (r = c->vt->wait(c, &req, capex_dist_now() + 20.0)) != CAPEX_OK) {
+        fprintf(stderr, "rank %d: iallreduce: %s\n", rank, capex_last_error());
+        return 52;
+    }
+    if (capex_cuda_memcpy_dtoh(ctx, h, D(a), sizeof h, NULL) != CAPEX_OK) return 53;
+    for (i = 0; i < 4; i++)
+        if (h[i] != (float)(i + 1) * (float)(world * (world + 1) / 2)) {
+            fprintf(stderr, "rank %d: element %d is %g\n", rank, i, (double)h[i]);
+            return 54;
+        }
+    return 0;
+}
 static void child_fake_world(const char *arg, child_result *res) {
     char cu[1200], nc[1200];
     int codes[16] = {0}, world = atoi(arg ? arg : "2"), dead = arg && strstr(arg, "dead") != NULL, i, r;
@@ -755,6 +803,7 @@ static void child_fake_world(const char *arg, child_result *res) {
     if (arg && strstr(arg, "exit")) setenv("FAKE_NCCL_WATCH_PEERS", "1", 1);
     if (arg && strstr(arg, "counted")) body = world_checks_counted;
     if (arg && strstr(arg, "models")) body = world_model_check;
+    if (arg && strstr(arg, "reqoom")) { body = world_req_oom; setenv("FAKE_NCCL_TIMEOUT", "10", 1); }
     if (arg && strstr(arg, "old")) setenv("FAKE_NCCL_VERSION", "21303", 1); /* before ncclCommInitRankConfig */
     r = nccl_world_run(world, arg && strstr(arg, "exit") ? world_exit_then_destroy : dead ? world_dead_peer : body,
                        NULL, codes);
@@ -936,6 +985,7 @@ CT_TEST(fake_world_create_refuses_different_models_on_every_rank) {
     CHILD_OK("fake_world", "2 models");
     CHILD_OK("fake_world", "3 models");
 }
+CT_TEST(fake_world_untracked_request_never_queued) { NEED_FAKES(); CHILD_OK("fake_world", "2 reqoom"); }
 CT_TEST(fake_world_dead_peer) { NEED_FAKES(); CHILD_OK("fake_world", "3 dead"); }
 CT_TEST(fake_world_destroy_after_peer_exit_aborts) { NEED_FAKES(); CHILD_OK("fake_world", "2 exit"); }
 CT_TEST(fake_driver_stuck_collective_times_out) { NEED_FAKES(); CHILD_OK("fake_timeout", NULL); }
@@ -1216,7 +1266,7 @@ static const ct_case cases[] = {
     CT_CASE(fake_driver_nccl_before_2_10),
     CT_CASE(fake_driver_ddp_device_buckets), CT_CASE(fake_driver_async_error_aborts),
     CT_CASE(fake_world_collectives_and_ddp), CT_CASE(fake_world_create_refuses_different_models_on_every_rank),
-    CT_CASE(fake_world_dead_peer), CT_CASE(fake_world_destroy_after_peer_exit_aborts),
+    CT_CASE(fake_world_untracked_request_never_queued), CT_CASE(fake_world_dead_peer), CT_CASE(fake_world_destroy_after_peer_exit_aborts),
     CT_CASE(fake_driver_stuck_collective_times_out), CT_CASE(fake_driver_scratch_growth_async_error_aborts),
     CT_CASE(fake_driver_ddp_backward_never_waits_for_comm_stream),
     CT_CASE(rank_without_nccl_fails_before_the_id_exchange), CT_CASE(rank_dead_after_the_id_exchange_times_out_the_init),
