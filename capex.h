@@ -10798,7 +10798,13 @@ CAPEX__PRIVATE void capex__sig_value(char *buf, size_t n, const capex__sig_names
    with it instead of waiting in the next collective. Returns local when it
    failed; else CAPEX_ERR_COMM when a peer refused, CAPEX_ERR_SIZE_MISMATCH
    when the models differ, CAPEX_ERR_CONFIG when the descriptors differ (the
-   same verdict and message on every rank). */
+   same verdict and message on every rank). Device comms (NCCL) exchange
+   through a device buffer of 128 (W + 1) bytes allocated here: a rank that
+   cannot allocate it cannot take part, and NCCL has no stand-in (no
+   barrier pairs with an allgather), so its peers fail only at their
+   deadline (CAPEX_ERR_TIMEOUT, the comm aborted). Left so: a comm-held
+   buffer would need a new vtable entry, for a failure of a small
+   allocation on an otherwise healthy device. */
 CAPEX__PRIVATE capex_result capex__create_agree(capex_comm *c, int64_t *sig, capex_result local, const capex__sig_names *nm) {
     char keep[sizeof capex__error_message], a[48], b[48], also[160];
     const size_t N = CAPEX__SIG_N;

@@ -695,7 +695,10 @@ typedef struct capex_cuda_zero capex_cuda_zero;
 /* As capex_zero_create, for a comm on device buffers (NCCL) and device
    params. Collective, with the same check that every rank passes the same
    model and settings (its 16 int64 per rank go through a small device buffer),
-   and the same last agreement, after this rank's device buffers and optimizer. */
+   and the same last agreement, after this rank's device buffers and optimizer.
+   Those exchanges need a small device buffer each (128 (world + 1) and 16
+   bytes): a rank that cannot allocate one leaves its peers to fail at their
+   deadline (CAPEX_ERR_TIMEOUT), as does capex_zero_save's first agreement. */
 CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm *comm, const capex_zero_param *params,
                                               size_t num_params, const capex_optim_desc *od,
                                               const capex_optim_hparams *hparams, size_t num_groups,
