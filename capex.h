@@ -12534,7 +12534,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     }
     if (r == CAPEX_OK && z->has_dev && (r = capex__comm_alloc(c, &dpack, sizeof(float) * (maxshard + 1))) == CAPEX_OK)
         r = capex__comm_alloc(c, &dfull, sizeof(float) * (maxshard * W + 1));
-    if ((r = capex__comm_agree(c, r, fn)) != CAPEX_OK) goto done;
+    if ((r = capex__comm_agree(c, r, fn)) != CAPEX_OK) { capex__zero_save_drop(z); goto done; } /* nothing points into it yet */
     /* every state buffer, bucket by bucket: shards packed, all-gathered, unpacked by rank 0 */
     for (what = 0; r == CAPEX_OK && what < 4; what++)
         for (k = 0; r == CAPEX_OK && k < z->nb; k++) {
