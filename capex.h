@@ -6447,6 +6447,8 @@ typedef struct capex__optim_group {
     capex_optim_hparams hp;
     int64_t step;
     int mom_init; /* SGD: momentum buffers hold a value (torch: buffer exists) */
+    int mom_bufs; /* SGD: added with momentum, so its tensors have buffers (from the config
+                     alone: a ZeRO rank holding no piece of the group decides as the others) */
     size_t first, count;
 } capex__optim_group;
 
@@ -7268,6 +7270,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
     capex__free(a, bufs);
     memset(&o->groups[o->ngroups], 0, sizeof o->groups[0]);
     o->groups[o->ngroups].hp = *hp;
+    o->groups[o->ngroups].mom_bufs = o->desc.kind == CAPEX_OPTIM_SGD && need_m;
     o->groups[o->ngroups].first = t0;
     o->groups[o->ngroups].count = n;
     if (group_index) *group_index = o->ngroups;
@@ -7582,8 +7585,7 @@ CAPEX_API capex_result capex_optim_set_hparams(capex_optim *o, size_t group, con
     if (group >= o->ngroups)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_set_hparams: group %zu of %zu", group, o->ngroups);
     if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
-    if (o->desc.kind == CAPEX_OPTIM_SGD && (hp->momentum != 0.0f) != (o->groups[group].hp.momentum != 0.0f) &&
-        o->groups[group].count > 0 && (hp->momentum != 0.0f) && !o->tensors[o->groups[group].first].p.exp_avg)
+    if (o->desc.kind == CAPEX_OPTIM_SGD && hp->momentum != 0.0f && !o->groups[group].mom_bufs)
         return capex__fail(CAPEX_ERR_CONFIG, "SGD: group %zu was created without momentum, so it has no momentum "
                            "buffers; create the group with momentum != 0 to turn momentum on later", group);
     if (o->desc.kind == CAPEX_OPTIM_ADAM && (hp->amsgrad != 0) != (o->groups[group].hp.amsgrad != 0))
@@ -8067,8 +8069,7 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
                             "file, %zu here", g, (long long)v, (long long)steps[2 * g], o->groups[g].count);
             goto done;
         }
-        if (o->desc.kind == CAPEX_OPTIM_SGD && hps[g].momentum != 0.0f && o->groups[g].count &&
-            !o->tensors[o->groups[g].first].p.exp_avg) {
+        if (o->desc.kind == CAPEX_OPTIM_SGD && hps[g].momentum != 0.0f && !o->groups[g].mom_bufs) {
             r = capex__fail(CAPEX_ERR_CONFIG, "optimizer state: group %zu uses momentum in the file but was created "
                             "here without it (no buffers)", g);
             goto done;
