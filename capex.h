@@ -1537,10 +1537,9 @@ CAPEX_API capex_result capex_comm_init_auto(capex_comm *c, const capex_dist_env 
    multi-rank host comm (a barrier): every rank must make the call. So is a
    call refused with CAPEX_ERR_INVALID_ARG, or failing before any traffic
    with CAPEX_ERR_OUT_OF_MEMORY or CAPEX_ERR_LIMIT: ranks refusing alike keep
-   the comm, peers that made the call fail at once (CAPEX_ERR_COMM; over TCP
-   a broadcast's root only sends, so it may return CAPEX_OK and fail at its
-   next call). A rank failing alone mid-call (TCP: no memory for its scratch)
-   returns its status, fails the comm and its peers (CAPEX_ERR_COMM) at once. */
+   the comm, peers that made the call fail at once (CAPEX_ERR_COMM). A rank
+   failing alone mid-call (TCP: no memory for its scratch) returns its status,
+   fails the comm and its peers (CAPEX_ERR_COMM) at once. */
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count,
                                             capex_dtype t, capex_reduce_op op);
 CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root);
@@ -9425,9 +9424,11 @@ CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c) {
    (24 bytes), then the blob when status is 0. */
 #define CAPEX__RDV_MAGIC 0x52585043u
 /* 2: the TCP comm's headers carry a reduction's dtype and op, and rank 0
-   opens each barrier; a rank speaking 1 is refused here ("protocol or version
-   mismatch") instead of failing a later reduction as a dtype/op mismatch. */
-#define CAPEX__RDV_VERSION 2u
+   opens each barrier; 3: a broadcast's root in its headers, every peer's word
+   to rank 0 first, and ring announcements. A rank speaking an older version is
+   refused here ("protocol or version mismatch") instead of failing or hanging
+   in a later collective. */
+#define CAPEX__RDV_VERSION 3u
 enum { CAPEX__RDV_OK = 0, CAPEX__RDV_BAD_NONCE = 1, CAPEX__RDV_BAD_WORLD = 2, CAPEX__RDV_BAD_RANK = 3,
        CAPEX__RDV_BAD_SIZE = 4, CAPEX__RDV_DUP_RANK = 5, CAPEX__RDV_BAD_PROTO = 6, CAPEX__RDV_BUSY = 7 };
 
@@ -9880,16 +9881,24 @@ static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, 
    Meant for a node or a few, not for large clusters (use MPI or NCCL there).
    Synchronous: buckets reduce when they fill, without overlap. Each message
    carries an op, a sequence number, its size and a reduction's dtype and
-   reduce op, so ranks calling collectives in different orders, sizes, dtypes
-   or reduce ops get CAPEX_ERR_COMM instead of garbage. */
+   reduce op (a broadcast's root), so ranks calling collectives in different
+   orders, sizes, dtypes, reduce ops or roots get CAPEX_ERR_COMM instead of
+   garbage. (The protocol is the rendezvous' version: CAPEX__RDV_VERSION.) */
 #define CAPEX__TCP_MAGIC 0x43585043u
 enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER = 3, CAPEX__TCP_BARRIER = 4,
        CAPEX__TCP_REDUCE_SCATTER = 5, CAPEX__TCP_ALLGATHERV = 6 };
+/* A broadcast's tag: its root. Rank 0's notice to its peers that it
+   refused a collective whose headers differed (so they fail saying so). A
+   ring collective's header-only announcement to rank 0 (op | VIA_RING). */
+#define CAPEX__TCP_TAG_ROOT 0x80000000u
+#define CAPEX__TCP_TAG_REFUSED 0xffffffffu
+#define CAPEX__TCP_VIA_RING 0x100u
 
 typedef struct capex__tcp {
     int *fds;      /* rank 0: socket of each peer (fds[0] unused); else fds[0] = rank 0 */
     uint32_t seq;
-    uint32_t tag;  /* the reduction's dtype and op (capex__tcp_tag), 0 for the others: in every header */
+    uint32_t tag;  /* the reduction's dtype and op (capex__tcp_tag), a broadcast's root, 0 for the others */
+    int bad_header; /* the last failed receive read a header that differed (not an I/O failure) */
     void *tmp;
     size_t tmp_bytes;
     /* Ring (set up by capex_comm_init_tcp; ring = 0 keeps everything on the
@@ -9910,18 +9919,12 @@ CAPEX__PRIVATE uint32_t capex__tcp_tag(capex_dtype ty, capex_reduce_op op) {
     return 1u + (uint32_t)ty + ((uint32_t)op << 8);
 }
 
-static capex_result capex__tcp_send(capex_comm *c, int fd, int peer, uint32_t op, const void *data, size_t bytes, double deadline) {
-    capex__tcp *t = (capex__tcp *)c->impl;
-    unsigned char h[24];
-    int e;
+CAPEX__PRIVATE void capex__tcp_put_header(unsigned char *h, const capex__tcp *t, uint32_t op, uint64_t bytes) {
     capex__put32(h, CAPEX__TCP_MAGIC);
     capex__put32(h + 4, op);
     capex__put32(h + 8, t->seq);
     capex__put32(h + 12, t->tag);
-    capex__put64(h + 16, (uint64_t)bytes);
-    e = capex__io_all(fd, h, 24, 1, deadline);
-    if (e == 0 && bytes) e = capex__io_all(fd, (void *)(uintptr_t)data, bytes, 1, deadline);
-    return e ? capex__tcp_io_fail(e, peer, "send") : CAPEX_OK;
+    capex__put64(h + 16, bytes);
 }
 
 /* A mismatch where the peer sent a barrier (op 4) for another call: the
@@ -9933,21 +9936,71 @@ static const char *capex__tcp_why(uint32_t got, uint32_t want) {
                : "";
 }
 
+/* CAPEX_OK when header h from `peer` is (op, this call's seq and tag,
+   bytes), else CAPEX_ERR_COMM saying what differs. */
+static capex_result capex__tcp_check_header(capex_comm *c, const unsigned char *h, int peer, uint32_t op, uint64_t bytes,
+                                           const char *where) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    uint32_t hop = capex__get32(h + 4), hseq = capex__get32(h + 8), htag = capex__get32(h + 12);
+    uint64_t hbytes = capex__get64(h + 16);
+    int same = capex__get32(h) == CAPEX__TCP_MAGIC && hseq == t->seq;
+    if (same && hop == op && htag == t->tag && hbytes == bytes) return CAPEX_OK;
+    t->bad_header = 1;
+    if (capex__get32(h) == CAPEX__TCP_MAGIC && htag == CAPEX__TCP_TAG_REFUSED)
+        return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank 0 refused collective #%u (this rank's #%u): the ranks called "
+                                           "it with different ops, sizes, dtypes, reduce ops or roots (rank 0's error says "
+                                           "which)", (unsigned)hseq, (unsigned)t->seq);
+    if (same && hop == op && op == CAPEX__TCP_BROADCAST && (htag & CAPEX__TCP_TAG_ROOT) && (t->tag & CAPEX__TCP_TAG_ROOT))
+        return capex__fail(CAPEX_ERR_COMM, "TCP comm: broadcast #%u: rank %d passed root %u, rank %d root %u: every rank "
+                                           "must pass the same root", (unsigned)hseq, peer,
+                           (unsigned)(htag & ~CAPEX__TCP_TAG_ROOT), c->rank, (unsigned)(t->tag & ~CAPEX__TCP_TAG_ROOT));
+    if (same && (hop ^ op) == CAPEX__TCP_VIA_RING && htag == t->tag)
+        return capex__fail(CAPEX_ERR_COMM, "TCP comm: collective #%u: rank %d's count (%llu bytes) goes over the %s, rank "
+                                           "%d's (%llu bytes) over the %s: every rank must pass the same count",
+                           (unsigned)hseq, peer, (unsigned long long)hbytes, (hop & CAPEX__TCP_VIA_RING) ? "ring" : "star",
+                           c->rank, (unsigned long long)bytes, (op & CAPEX__TCP_VIA_RING) ? "ring" : "star");
+    return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (tag %#x) of %llu bytes%s, expected op %u #%u "
+                                       "(tag %#x) of %llu bytes: ranks called collectives in different orders, sizes, "
+                                       "dtypes, reduce ops or roots%s", peer, (unsigned)hop, (unsigned)hseq, (unsigned)htag,
+                       (unsigned long long)hbytes, where, (unsigned)op, (unsigned)t->seq, (unsigned)t->tag,
+                       (unsigned long long)bytes, capex__tcp_why(hop, op));
+}
+
+static capex_result capex__tcp_send(capex_comm *c, int fd, int peer, uint32_t op, const void *data, size_t bytes, double deadline) {
+    unsigned char h[24];
+    int e;
+    capex__tcp_put_header(h, (const capex__tcp *)c->impl, op, (uint64_t)bytes);
+    e = capex__io_all(fd, h, 24, 1, deadline);
+    if (e == 0 && bytes) e = capex__io_all(fd, (void *)(uintptr_t)data, bytes, 1, deadline);
+    return e ? capex__tcp_io_fail(e, peer, "send") : CAPEX_OK;
+}
+
+
 static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op, void *data, size_t bytes, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     unsigned char h[24];
+    capex_result r;
     int e = capex__io_all(fd, h, 24, 0, deadline);
+    t->bad_header = 0;
     if (e) return capex__tcp_io_fail(e, peer, "receive");
-    if (capex__get32(h) != CAPEX__TCP_MAGIC || capex__get32(h + 4) != op || capex__get32(h + 8) != t->seq ||
-        capex__get32(h + 12) != t->tag || capex__get64(h + 16) != (uint64_t)bytes)
-        return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (dtype/op tag %#x) of %llu bytes, expected "
-                                           "op %u #%u (tag %#x) of %llu bytes: ranks called collectives in different "
-                                           "orders, sizes, dtypes or reduce ops%s", peer,
-                           (unsigned)capex__get32(h + 4), (unsigned)capex__get32(h + 8), (unsigned)capex__get32(h + 12),
-                           (unsigned long long)capex__get64(h + 16), (unsigned)op, (unsigned)t->seq, (unsigned)t->tag,
-                           (unsigned long long)bytes, capex__tcp_why(capex__get32(h + 4), op));
+    if ((r = capex__tcp_check_header(c, h, peer, op, (uint64_t)bytes, "")) != CAPEX_OK) return r;
     if (bytes && (e = capex__io_all(fd, data, bytes, 0, deadline)) != 0) return capex__tcp_io_fail(e, peer, "receive");
     return CAPEX_OK;
+}
+
+/* Rank 0, having refused a collective whose headers differed: a header-only
+   notice to every peer, which all wait on rank 0 in a broadcast (best
+   effort: the caller's abort follows and fails them anyway). */
+static void capex__tcp_notify_refused(capex_comm *c, uint32_t op, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    unsigned char h[24];
+    int p;
+    uint32_t tag = t->tag;
+    t->tag = CAPEX__TCP_TAG_REFUSED;
+    capex__tcp_put_header(h, t, op, 0);
+    t->tag = tag;
+    for (p = 1; p < c->world_size; p++)
+        if (t->fds[p] >= 0) (void)capex__io_all(t->fds[p], h, 24, 1, deadline);
 }
 
 static void capex__tcp_abort(capex_comm *c);
@@ -10011,11 +10064,7 @@ static capex_result capex__tcp_duplex(capex_comm *c, int fd_out, int peer_out, c
     capex__tcp *t = (capex__tcp *)c->impl;
     unsigned char sh[24], rh[24];
     size_t sdone = 0, rdone = 0, stot = 24 + sbytes, rtot = 24 + rbytes;
-    capex__put32(sh, CAPEX__TCP_MAGIC);
-    capex__put32(sh + 4, op);
-    capex__put32(sh + 8, t->seq);
-    capex__put32(sh + 12, t->tag);
-    capex__put64(sh + 16, (uint64_t)sbytes);
+    capex__tcp_put_header(sh, t, op, (uint64_t)sbytes);
     while (sdone < stot || rdone < rtot) {
         struct pollfd pf[2];
         int np = 0, ms = capex__ms_left(deadline), k, si = -1, ri = -1;
@@ -10049,16 +10098,10 @@ static capex_result capex__tcp_duplex(capex_comm *c, int fd_out, int peer_out, c
                 return capex__tcp_io_fail(-1, peer_in, "ring receive");
             if (g > 0) {
                 rdone += (size_t)g;
-                if (rdone == 24 && (capex__get32(rh) != CAPEX__TCP_MAGIC || capex__get32(rh + 4) != op ||
-                                    capex__get32(rh + 8) != t->seq || capex__get32(rh + 12) != t->tag ||
-                                    capex__get64(rh + 16) != (uint64_t)rbytes))
-                    return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (dtype/op tag %#x) of %llu "
-                                                       "bytes on the ring, expected op %u #%u (tag %#x) of %llu bytes: "
-                                                       "ranks called collectives in different orders, sizes, dtypes or "
-                                                       "reduce ops%s", peer_in, (unsigned)capex__get32(rh + 4),
-                                       (unsigned)capex__get32(rh + 8), (unsigned)capex__get32(rh + 12),
-                                       (unsigned long long)capex__get64(rh + 16), (unsigned)op, (unsigned)t->seq,
-                                       (unsigned)t->tag, (unsigned long long)rbytes, capex__tcp_why(capex__get32(rh + 4), op));
+                if (rdone == 24) {
+                    capex_result res = capex__tcp_check_header(c, rh, peer_in, op, (uint64_t)rbytes, " on the ring");
+                    if (res != CAPEX_OK) return res;
+                }
             }
         }
     }
@@ -10132,6 +10175,31 @@ static capex_result capex__tcp_ring_work(capex_comm *c, size_t total, size_t max
     if ((r = capex__tcp_scratch(c, a + b, 1, &mem)) != CAPEX_OK) return r;
     *work = mem;
     *stage = (char *)mem + a;
+    return CAPEX_OK;
+}
+
+/* World >= 3, before a ring collective: each peer announces it to rank 0
+   (a header only: op | VIA_RING, the collective's bytes), and rank 0 reads
+   every announcement before its own ring steps. Ranks passing different
+   counts may pick star and ring differently; without this a star rank and
+   the ring ranks wait on links nobody writes until the deadline. Rank 0
+   fails at once, and its abort fails the others (their links shut in turn).
+   World 2's ring runs on the star socket, where the headers already differ. */
+static capex_result capex__tcp_ring_announce(capex_comm *c, uint32_t op, size_t bytes, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    unsigned char h[24];
+    int p, e;
+    if (c->world_size < 3) return CAPEX_OK;
+    if (c->rank != 0) {
+        capex__tcp_put_header(h, t, op | CAPEX__TCP_VIA_RING, (uint64_t)bytes);
+        e = capex__io_all(t->fds[0], h, 24, 1, deadline);
+        return e ? capex__tcp_io_fail(e, 0, "send") : CAPEX_OK;
+    }
+    for (p = 1; p < c->world_size; p++) {
+        capex_result r;
+        if ((e = capex__io_all(t->fds[p], h, 24, 0, deadline)) != 0) return capex__tcp_io_fail(e, p, "receive");
+        if ((r = capex__tcp_check_header(c, h, p, op | CAPEX__TCP_VIA_RING, (uint64_t)bytes, "")) != CAPEX_OK) return r;
+    }
     return CAPEX_OK;
 }
 
@@ -10237,7 +10305,9 @@ static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *
         return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", n);
     t->seq++;
     t->tag = capex__tcp_tag(ty, op);
-    if (t->ring && n * es >= CAPEX__TCP_RING_MIN_BYTES) return capex__tcp_ring_allreduce(c, send, recv, n, ty, op, deadline);
+    if (t->ring && n * es >= CAPEX__TCP_RING_MIN_BYTES)
+        return (r = capex__tcp_ring_announce(c, CAPEX__TCP_ALLREDUCE, n * es, deadline)) != CAPEX_OK
+                   ? r : capex__tcp_ring_allreduce(c, send, recv, n, ty, op, deadline);
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, send, n * es, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline);
@@ -10264,7 +10334,8 @@ static capex_result capex__tcp_reduce_scatter(capex_comm *c, const void *send, v
     t->seq++;
     t->tag = capex__tcp_tag(ty, op);
     if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES)
-        return capex__tcp_ring_reduce_scatter(c, send, recv, counts, ty, op, CAPEX__TCP_REDUCE_SCATTER, deadline);
+        return (r = capex__tcp_ring_announce(c, CAPEX__TCP_REDUCE_SCATTER, total * es, deadline)) != CAPEX_OK
+                   ? r : capex__tcp_ring_reduce_scatter(c, send, recv, counts, ty, op, CAPEX__TCP_REDUCE_SCATTER, deadline);
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_REDUCE_SCATTER, send, total * es, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_REDUCE_SCATTER, recv, counts[c->rank] * es, deadline);
@@ -10293,6 +10364,7 @@ static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void 
     t->tag = 0;
     if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES) {
         size_t d = capex__ring_displ(counts, c->rank);
+        if ((r = capex__tcp_ring_announce(c, CAPEX__TCP_ALLGATHERV, total * es, deadline)) != CAPEX_OK) return r;
         if (counts[c->rank]) memmove((char *)recv + d * es, send, counts[c->rank] * es);
         return capex__tcp_ring_ag(c, recv, counts, es, CAPEX__TCP_ALLGATHERV, deadline);
     }
@@ -10311,18 +10383,32 @@ static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void 
     return CAPEX_OK;
 }
 
+/* Every peer first sends rank 0 an empty header naming its root; rank 0
+   reads them all before any data moves, so ranks passing different roots
+   all fail at once (rank 0 names the roots, its notice tells the peers)
+   instead of pairing with the next collective or waiting out the deadline.
+   A root other than 0 sends its data when rank 0 says go (an empty header). */
 static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, capex_dtype ty, int root, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     size_t bytes = n * capex_comm_dtype_size(ty);
     capex_result r;
     int p;
     t->seq++;
-    t->tag = 0;
+    t->tag = CAPEX__TCP_TAG_ROOT | (uint32_t)root;
     if (c->rank != 0) {
-        if (c->rank == root) return capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
-        return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
+        if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK) return r;
+        if (c->rank != root) return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
+        if ((r = capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK) return r;
+        return capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
     }
-    if (root != 0 && (r = capex__tcp_recv(c, t->fds[root], root, CAPEX__TCP_BROADCAST, buf, bytes, deadline)) != CAPEX_OK) return r;
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK) {
+            if (t->bad_header) capex__tcp_notify_refused(c, CAPEX__TCP_BROADCAST, deadline);
+            return r;
+        }
+    if (root != 0 && ((r = capex__tcp_send(c, t->fds[root], root, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK ||
+                      (r = capex__tcp_recv(c, t->fds[root], root, CAPEX__TCP_BROADCAST, buf, bytes, deadline)) != CAPEX_OK))
+        return r;
     for (p = 1; p < c->world_size; p++)
         if (p != root && (r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_BROADCAST, buf, bytes, deadline)) != CAPEX_OK) return r;
     return CAPEX_OK;
