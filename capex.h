@@ -2257,6 +2257,26 @@ CAPEX__PRIVATE void capex__free(const capex_allocator *a, void *p) {
     else CAPEX_FREE(p);
 }
 
+/* Grows *arr (its first `used` elements of es bytes kept) to hold at least
+   `need`, doubling from 16; the allocator has no realloc, so allocate, copy,
+   free. On failure *arr is unchanged and the message starts with `what`. */
+CAPEX__PRIVATE capex_result capex__grow(const capex_allocator *a, void **arr, size_t *cap, size_t used, size_t need,
+                                        size_t es, const char *what) {
+    size_t nc;
+    void *q;
+    if (need <= *cap) return CAPEX_OK;
+    for (nc = *cap ? *cap : 16; nc < need; nc *= 2)
+        if (nc > SIZE_MAX / 2) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: too many entries", what);
+    if (nc > SIZE_MAX / es) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: too many entries", what);
+    if (!(q = capex__alloc(a, nc * es)))
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory growing a table to %zu entries", what, nc);
+    if (*arr && used) memcpy(q, *arr, used * es);
+    capex__free(a, *arr);
+    *arr = q;
+    *cap = nc;
+    return CAPEX_OK;
+}
+
 /* Byte sizes from user counts: *out = a * b (or a + b); nonzero when the
    result wraps size_t (the caller refuses: a wrapped size means a short
    buffer and a heap overflow later). *out is left alone on overflow. */
@@ -3758,25 +3778,6 @@ CAPEX__PRIVATE int capex__st_utf8_valid(const char *s) {
 
 static const char *const capex__st_reserved[4] = {"format", "capex_format_version", "capex_version", "capex_crc32"};
 
-/* Grows a plain array to hold at least n+1 elements (the allocator has no
-   realloc, so allocate, copy, free). */
-CAPEX__PRIVATE capex_result capex__st_grow(const capex_allocator *a, void **arr, size_t *cap, size_t n, size_t es) {
-    size_t nc;
-    void *p;
-    if (n < *cap) return CAPEX_OK;
-    nc = *cap ? *cap * 2 : 16;
-    if (nc > SIZE_MAX / es) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "state: too many entries");
-    p = capex__alloc(a, nc * es);
-    if (!p) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "state: out of memory growing a table to %zu entries", nc);
-    if (*arr) {
-        memcpy(p, *arr, n * es);
-        capex__free(a, *arr);
-    }
-    *arr = p;
-    *cap = nc;
-    return CAPEX_OK;
-}
-
 CAPEX__PRIVATE char *capex__st_strdup(const capex_allocator *a, const char *s) {
     size_t n = strlen(s) + 1;
     char *p = (char *)capex__alloc(a, n);
@@ -3864,7 +3865,7 @@ CAPEX__PRIVATE capex_result capex__st_add(capex_state_writer *w, const char *nam
         return capex__fail(CAPEX_ERR_LIMIT, "capex_state_add_tensor('%s'): size overflows 64-bit byte counts", name);
     if (!data && !scalar && numel * es > 0)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_tensor('%s'): data is NULL", name);
-    r = capex__st_grow(&w->alloc, (void **)&w->t, &w->capt, w->nt, sizeof *w->t);
+    r = capex__grow(&w->alloc, (void **)&w->t, &w->capt, w->nt, w->nt + 1, sizeof *w->t, "state");
     if (r) return r;
     e = &w->t[w->nt];
     memset(e, 0, sizeof *e);
@@ -3907,7 +3908,7 @@ CAPEX_API capex_result capex_state_add_meta(capex_state_writer *w, const char *k
     for (i = 0; i < w->nm; i++)
         if (strcmp(key, w->m[i].key) == 0)
             return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_meta: key \"%s\" was already added", key);
-    r = capex__st_grow(&w->alloc, (void **)&w->m, &w->capm, w->nm, sizeof *w->m);
+    r = capex__grow(&w->alloc, (void **)&w->m, &w->capm, w->nm, w->nm + 1, sizeof *w->m, "state");
     if (r) return r;
     kv = &w->m[w->nm];
     kv->key = capex__st_strdup(&w->alloc, key);
@@ -4508,7 +4509,7 @@ CAPEX__PRIVATE capex_result capex__st_entry(capex__st_p *p, const char *name) {
     capex_result rc;
     int seen = 0, i, cnt = 0;
     uint64_t sh[CAPEX_STATE_MAX_NDIM], off[2];
-    if ((rc = capex__st_grow(&r->alloc, (void **)&r->t, &r->capt, r->nt, sizeof *r->t))) return rc;
+    if ((rc = capex__grow(&r->alloc, (void **)&r->t, &r->capt, r->nt, r->nt + 1, sizeof *r->t, "state"))) return rc;
     e = &r->t[r->nt];
     memset(e, 0, sizeof *e);
     e->name = name;
@@ -4571,7 +4572,7 @@ CAPEX__PRIVATE capex_result capex__st_meta(capex__st_p *p) {
     }
     for (;;) {
         capex__st_rkv *kv;
-        if ((rc = capex__st_grow(&r->alloc, (void **)&r->m, &r->capm, r->nm, sizeof *r->m))) return rc;
+        if ((rc = capex__grow(&r->alloc, (void **)&r->m, &r->capm, r->nm, r->nm + 1, sizeof *r->m, "state"))) return rc;
         kv = &r->m[r->nm];
         if ((rc = capex__st_string(p, &kv->key, NULL, NULL))) return rc;
         if ((rc = capex__st_expect(p, ':', "expected ':' after a metadata key"))) return rc;
@@ -7010,25 +7011,6 @@ CAPEX__PRIVATE capex_result capex__optim_check_aliases(const void *old, size_t o
     return r;
 }
 
-/* Grows *arr (elements of size es) to hold need; contents kept. */
-static capex_result capex__optim_grow(const capex_allocator *a, void **arr, size_t *cap, size_t used, size_t need,
-                                      size_t es) {
-    size_t nc;
-    void *q;
-    if (need <= *cap) return CAPEX_OK;
-    nc = *cap ? *cap : 4;
-    while (nc < need) nc *= 2;
-    if (nc > SIZE_MAX / es) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "optimizer: too many tensors or chunks");
-    q = capex__alloc(a, nc * es);
-    if (!q) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "optimizer: out of memory growing bookkeeping (%zu bytes)",
-                               nc * es);
-    if (*arr) memcpy(q, *arr, used * es);
-    capex__free(a, *arr);
-    *arr = q;
-    *cap = nc;
-    return CAPEX_OK;
-}
-
 /* Items never cross a multiple of 2^32 elements, so the stochastic-rounding
    key's high index word is constant within an item. */
 static int64_t capex__optim_item_len(int64_t numel, int64_t off, int64_t chunk) {
@@ -7173,9 +7155,10 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
                                         "capex_optim_add_group")) != CAPEX_OK)
         return r;
     /* grow bookkeeping first (contents kept, so a failure leaves the optimizer as it was) */
-    if ((r = capex__optim_grow(a, (void **)&o->groups, &o->cap_groups, o->ngroups, o->ngroups + 1, sizeof *o->groups)) ||
-        (r = capex__optim_grow(a, (void **)&o->tensors, &o->cap_tensors, o->ntensors, o->ntensors + n, sizeof *o->tensors)) ||
-        (r = capex__optim_grow(a, (void **)&o->items, &o->cap_items, o->nitems, o->nitems + nitems, sizeof *o->items)))
+    if ((r = capex__grow(a, (void **)&o->groups, &o->cap_groups, o->ngroups, o->ngroups + 1, sizeof *o->groups, "optimizer")) ||
+        (r = capex__grow(a, (void **)&o->tensors, &o->cap_tensors, o->ntensors, o->ntensors + n, sizeof *o->tensors,
+                         "optimizer")) ||
+        (r = capex__grow(a, (void **)&o->items, &o->cap_items, o->nitems, o->nitems + nitems, sizeof *o->items, "optimizer")))
         return r;
     {
         /* per-group constants, per-item partials, per-tensor ratios: resized to fit */

@@ -7548,17 +7548,11 @@ static capex_result capex__nccl_barrier(capex_comm *c, double deadline) {
 /* A request's event, kept in n->req_events until its wait succeeds. */
 static capex_result capex__nccl_req_keep(capex_comm *c, capex_comm_req *req, capex_cuda_event e) {
     capex__nccl *n = capex__nccl_of(c);
-    if (n->n_req_events == n->req_events_cap) {
-        size_t cap = n->req_events_cap ? 2 * n->req_events_cap : 16;
-        capex_cuda_event *p = (capex_cuda_event *)capex__alloc(NULL, cap * sizeof *p);
-        if (!p) {
-            capex_cuda_event_destroy(n->ctx, e);
-            return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL: no memory to track a request");
-        }
-        if (n->n_req_events) memcpy(p, n->req_events, n->n_req_events * sizeof *p);
-        capex__free(NULL, n->req_events);
-        n->req_events = p;
-        n->req_events_cap = cap;
+    capex_result r = capex__grow(NULL, (void **)&n->req_events, &n->req_events_cap, n->n_req_events, n->n_req_events + 1,
+                                 sizeof *n->req_events, "NCCL request events");
+    if (r != CAPEX_OK) {
+        capex_cuda_event_destroy(n->ctx, e);
+        return r;
     }
     n->req_events[n->n_req_events++] = e;
     req->handle.ptr = e;
