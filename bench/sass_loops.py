@@ -6,36 +6,49 @@ must leave the hot loops' machine code as it was. This script reads every
 kernel's SASS (cuobjdump -sass) in two CUBIN trees written by tests/sass_dump
 (<dir>/sm_<arch>/<part>.cubin) and compares the loops kernel by kernel.
 
-Loops: every backward branch's range [target, branch] (as tests/sass_gate.py).
-Each loop is normalised before comparing:
-  - the address column and branch targets: targets become offsets from the
-    loop's start (a loop moved within the kernel compares equal);
-  - registers are renamed in order of first appearance within the loop,
-    per file (R, UR, P, UP; RZ/URZ/PT/UPT kept; Rn.64 keeps its pair), so a
-    loop whose registers were only renumbered by the allocator compares equal,
-    a loop with another data flow does not;
+Loops: every backward branch's range [target, branch] (as tests/sass_gate.py),
+less the end-of-kernel BRA to itself. Each loop is normalised before comparing:
+  - no address column; branch targets (BRA, BSSY, CALL) inside the loop
+    become offsets from the loop's start, targets outside it (the IEEE
+    division's slow-path subroutine, the exit) "OUT"; a CALL's return address
+    (a MOV of an address inside the loop) is relative too: a loop that only
+    moved within the kernel compares equal;
+  - registers are renamed in order of first appearance within the loop, per
+    file (R, UR, P, UP, B; RZ/URZ/PT/UPT kept; Rn.64 keeps its pair): a loop
+    whose registers were only renumbered compares equal;
   - the scheduling bits of each instruction (stall cycles, yield, read and
-    write scoreboards, wait mask, operand reuse: bits 105-125 of the 128-bit
-    encoding, read from cuobjdump's hex column) are kept, scoreboard numbers
-    renamed in order of first appearance like registers: the same
-    instructions with other stalls or waits do not compare equal.
-Everything else (opcode, modifiers, immediates, constant-bank offsets, i.e.
-kernel parameter offsets) must match exactly.
+    write scoreboards, wait mask, operand reuse flags: bits 105-125 of the
+    128-bit encoding, read from cuobjdump's hex column) are kept, scoreboard
+    numbers renamed in order of first appearance: the same instructions with
+    other stalls or waits do not compare equal.
+Everything else (opcodes, modifiers, immediates, constant-bank offsets, i.e.
+kernel parameter offsets) must match exactly. A hot loop that differs is
+compared a second time by data flow (every definition a new name, each use the
+definition it reads): equal there means the same instructions, schedule and
+data flow with another register assignment (the allocator reused a register
+differently); reported as such, and a failure unless --allow-regalloc.
 
 Hot loops: the main loop the SASS gate picks (most LDG bits per iteration,
-innermost only in the multi-tensor kernels), plus every loop holding a global
-load or store of 64 or 128 bits (the vector bodies) or a warp shuffle (the
-reductions' combine loops). The rest (scalar tails, set-up loops, one-thread
-bookkeeping) is cold. Loops are matched between the trees by their normalised
-text: every hot loop of BEFORE must appear, unchanged, in AFTER (as many times
-as it appeared).
+innermost only in the multi-tensor kernels), plus every loop whose own body
+(less nested loops) holds two or more global loads or stores of 64 or 128 bits
+(the vector bodies) or a warp shuffle (the reductions' combine loops); never
+the multi-tensor kernels' loop over a block's chunks. The rest (scalar tails,
+set-up loops, one-thread bookkeeping, the per-chunk set-up) is cold. Scalar
+tails are the whole work of a tensor that is not 16-byte aligned, and the
+norm kernels' scalar loops that of rows whose width is not a multiple of 4:
+cold for the common case only. Loops are matched between the trees by their
+normalised text: every hot loop of BEFORE must appear in AFTER (as many times
+as it appeared); changed or removed cold loops are counted.
 
 Usage:
   sass_loops.py BEFORE_DIR AFTER_DIR     compare; exit 1 if a hot loop changed
-  sass_loops.py --table DIR              per part and kernel: instructions in
-                                         all, in hot loops, in cold loops
+  sass_loops.py --table DIR              per part and kernel: SASS instructions
+                                         in all, in hot loops, in cold loops
+                                         (the rest is outside any loop)
+  sass_loops.py --self-test               the comparison on hand-made loops
 Options: --arch sm_90 (repeatable; default: every sm_* in the trees),
-         --verbose (print a changed loop's before/after text).
+         --verbose (a changed loop's diff), --allow-regalloc.
+Typical use: `make sass-loops SASS_BASE=main` (tests/sass.mk).
 Needs cuobjdump and nvdisasm on PATH or under build/deps/cuobjdump (`make ci-deps`).
 """
 import difflib
@@ -59,8 +72,13 @@ def sass_of(path, cuobjdump):
                          universal_newlines=True)
     if out.returncode != 0:
         sys.exit("sass_loops: cuobjdump -sass %s failed:\n%s" % (path, out.stderr))
+    return parse_text(out.stdout)
+
+
+def parse_text(text):
+    """cuobjdump -sass output -> {kernel: [(addr, text, ctrl)]}"""
     funcs, cur, pend = {}, None, None
-    for line in out.stdout.splitlines():
+    for line in text.splitlines():
         m = re.match(r"\s*Function : (\S+)", line)
         if m:
             cur = funcs.setdefault(m.group(1), [])
@@ -206,16 +224,19 @@ def normalise(body, flow=False):
 
 
 def is_hot(body, main):
-    """main loop, or own instructions (body less nested loops) with a vector access or a shuffle"""
+    """main loop, or own instructions (body less nested loops) with two or more
+    64/128-bit global accesses (a vector body; one is often a group's two
+    floats, reloaded in a scalar tail) or a shuffle"""
     if main:
         return True
+    vec = 0
     for _, text, _ in body:
         _, op, _ = split(text)
         if op.startswith(("LDG", "STG")) and (".64" in op or ".128" in op):
-            return True
+            vec += 1
         if op.startswith("SHFL"):
             return True
-    return False
+    return vec >= 2
 
 
 def kernel_loops(name, ins):
@@ -358,8 +379,43 @@ def compare(before, after, archs, cuobjdump, verbose, allow_flow):
     return 1 if bad else 0
 
 
+def _sass(lines):
+    """hand-made cuobjdump text: (addr, instruction, control bits) per line"""
+    out = ["\t\tFunction : k"]
+    for addr, ins, ctrl in lines:
+        out.append("        /*%04x*/                   %s ;  /* 0x0000000000000000 */" % (addr, ins))
+        out.append("                                                 /* 0x%016x */" % (ctrl << 41))
+    return "\n".join(out)
+
+
+def self_test():
+    """the comparison on hand-made loops, no tools needed: exit 1 on a mismatch"""
+    s4 = 0x4 | (7 << 5) | (7 << 8)  # stall 4, no scoreboards
+    base = [(0x0, "LDG.E.128 R4, desc[UR4][R2.64]", s4), (0x10, "LDG.E.128 R8, desc[UR4][R12.64]", s4),
+            (0x20, "FADD R16, R4, R8", s4), (0x30, "STG.E.128 desc[UR4][R14.64], R16", s4),
+            (0x40, "@!P0 BRA 0x0", s4)]
+    moved = [(a + 0x100, t.replace("0x0", "0x100") if "BRA" in t else t.replace("R16", "R20"), c) for a, t, c in base]
+    stall = [(a, t, (c & ~0xF) | 5 if "FADD" in t else c) for a, t, c in base]
+    other = [(a, t.replace("FADD", "FMUL"), c) for a, t, c in base]
+    # R4 reused for the sum: same data flow, another assignment
+    regalloc = [(a, t.replace("FADD R16, R4, R8", "FADD R4, R4, R8").replace("], R16", "], R4"), c) for a, t, c in base]
+    cases = [(moved, "same"), (stall, "changed"), (other, "changed"), (regalloc, "regalloc")]
+    bad = 0
+    b = kernel_loops("k", parse_text(_sass(base))["k"])
+    for lines, want in cases:
+        a = kernel_loops("k", parse_text(_sass(lines))["k"])
+        got = "same" if a[0][3] == b[0][3] else "regalloc" if a[0][4] == b[0][4] else "changed"
+        if got != want or not b[0][2]:
+            print("sass_loops self-test: FAIL: %s, want %s (hot %s)\n%s" % (got, want, b[0][2], _sass(lines)))
+            bad += 1
+    print("sass_loops self-test: %d/%d loop pairs compared as expected" % (len(cases) - bad, len(cases)))
+    return 1 if bad else 0
+
+
 def main():
     args = sys.argv[1:]
+    if args == ["--self-test"]:
+        return self_test()
     archs, verbose, tab, allow_flow = [], False, False, False
     rest = []
     i = 0
