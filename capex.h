@@ -1524,7 +1524,10 @@ CAPEX_API void capex_comm_destroy(capex_comm *c);
    ..., k). Deterministic either way: the same bits on every rank and run to
    run. Synchronous; rank 0 carries the star's O(world) load, so meant for a
    node or a few. Ranks 2..W-1 also listen on an ephemeral port (the address
-   their connection to rank 0 uses) for their ring link. */
+   their connection to rank 0 uses) for their ring link. Ranks whose calls
+   differ (order, count, dtype, reduce op, broadcast root) get CAPEX_ERR_COMM
+   in that call; for that check a broadcast waits for a word from every peer
+   (a round trip through rank 0). */
 CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *env, double connect_timeout_s);
 /* The backend for how the job was launched: MPI when built with CAPEX_MPI
    and MPI is initialised (call MPI_Init first), else TCP when env has more
@@ -1537,10 +1540,9 @@ CAPEX_API capex_result capex_comm_init_auto(capex_comm *c, const capex_dist_env 
    multi-rank host comm (a barrier): every rank must make the call. So is a
    call refused with CAPEX_ERR_INVALID_ARG, or failing before any traffic
    with CAPEX_ERR_OUT_OF_MEMORY or CAPEX_ERR_LIMIT: ranks refusing alike keep
-   the comm, peers that made the call fail at once (CAPEX_ERR_COMM; over TCP
-   a broadcast's root only sends, so it may return CAPEX_OK and fail at its
-   next call). A rank failing alone mid-call (TCP: no memory for its scratch)
-   returns its status, fails the comm and its peers (CAPEX_ERR_COMM) at once. */
+   the comm, peers that made the call fail at once (CAPEX_ERR_COMM). A rank
+   failing alone mid-call (TCP: no memory for its scratch) returns its status,
+   fails the comm and its peers (CAPEX_ERR_COMM) at once. */
 CAPEX_API capex_result capex_comm_allreduce(capex_comm *c, const void *send, void *recv, size_t count,
                                             capex_dtype t, capex_reduce_op op);
 CAPEX_API capex_result capex_comm_broadcast(capex_comm *c, void *buf, size_t count, capex_dtype t, int root);
@@ -2261,6 +2263,26 @@ CAPEX__PRIVATE void capex__free(const capex_allocator *a, void *p) {
     if (!p) return;
     if (a && a->alloc && a->free) a->free(p, a->user_data);
     else CAPEX_FREE(p);
+}
+
+/* Grows *arr (its first `used` elements of es bytes kept) to hold at least
+   `need`, doubling from 16; the allocator has no realloc, so allocate, copy,
+   free. On failure *arr is unchanged and the message starts with `what`. */
+CAPEX__PRIVATE capex_result capex__grow(const capex_allocator *a, void **arr, size_t *cap, size_t used, size_t need,
+                                        size_t es, const char *what) {
+    size_t nc;
+    void *q;
+    if (need <= *cap) return CAPEX_OK;
+    for (nc = *cap ? *cap : 16; nc < need; nc *= 2)
+        if (nc > SIZE_MAX / 2) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: too many entries", what);
+    if (nc > SIZE_MAX / es) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: too many entries", what);
+    if (!(q = capex__alloc(a, nc * es)))
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory growing a table to %zu entries", what, nc);
+    if (*arr && used) memcpy(q, *arr, used * es);
+    capex__free(a, *arr);
+    *arr = q;
+    *cap = nc;
+    return CAPEX_OK;
 }
 
 /* Byte sizes from user counts: *out = a * b (or a + b); nonzero when the
@@ -3764,25 +3786,6 @@ CAPEX__PRIVATE int capex__st_utf8_valid(const char *s) {
 
 static const char *const capex__st_reserved[4] = {"format", "capex_format_version", "capex_version", "capex_crc32"};
 
-/* Grows a plain array to hold at least n+1 elements (the allocator has no
-   realloc, so allocate, copy, free). */
-CAPEX__PRIVATE capex_result capex__st_grow(const capex_allocator *a, void **arr, size_t *cap, size_t n, size_t es) {
-    size_t nc;
-    void *p;
-    if (n < *cap) return CAPEX_OK;
-    nc = *cap ? *cap * 2 : 16;
-    if (nc > SIZE_MAX / es) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "state: too many entries");
-    p = capex__alloc(a, nc * es);
-    if (!p) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "state: out of memory growing a table to %zu entries", nc);
-    if (*arr) {
-        memcpy(p, *arr, n * es);
-        capex__free(a, *arr);
-    }
-    *arr = p;
-    *cap = nc;
-    return CAPEX_OK;
-}
-
 CAPEX__PRIVATE char *capex__st_strdup(const capex_allocator *a, const char *s) {
     size_t n = strlen(s) + 1;
     char *p = (char *)capex__alloc(a, n);
@@ -3870,7 +3873,7 @@ CAPEX__PRIVATE capex_result capex__st_add(capex_state_writer *w, const char *nam
         return capex__fail(CAPEX_ERR_LIMIT, "capex_state_add_tensor('%s'): size overflows 64-bit byte counts", name);
     if (!data && !scalar && numel * es > 0)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_tensor('%s'): data is NULL", name);
-    r = capex__st_grow(&w->alloc, (void **)&w->t, &w->capt, w->nt, sizeof *w->t);
+    r = capex__grow(&w->alloc, (void **)&w->t, &w->capt, w->nt, w->nt + 1, sizeof *w->t, "state");
     if (r) return r;
     e = &w->t[w->nt];
     memset(e, 0, sizeof *e);
@@ -3913,7 +3916,7 @@ CAPEX_API capex_result capex_state_add_meta(capex_state_writer *w, const char *k
     for (i = 0; i < w->nm; i++)
         if (strcmp(key, w->m[i].key) == 0)
             return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_state_add_meta: key \"%s\" was already added", key);
-    r = capex__st_grow(&w->alloc, (void **)&w->m, &w->capm, w->nm, sizeof *w->m);
+    r = capex__grow(&w->alloc, (void **)&w->m, &w->capm, w->nm, w->nm + 1, sizeof *w->m, "state");
     if (r) return r;
     kv = &w->m[w->nm];
     kv->key = capex__st_strdup(&w->alloc, key);
@@ -4514,7 +4517,7 @@ CAPEX__PRIVATE capex_result capex__st_entry(capex__st_p *p, const char *name) {
     capex_result rc;
     int seen = 0, i, cnt = 0;
     uint64_t sh[CAPEX_STATE_MAX_NDIM], off[2];
-    if ((rc = capex__st_grow(&r->alloc, (void **)&r->t, &r->capt, r->nt, sizeof *r->t))) return rc;
+    if ((rc = capex__grow(&r->alloc, (void **)&r->t, &r->capt, r->nt, r->nt + 1, sizeof *r->t, "state"))) return rc;
     e = &r->t[r->nt];
     memset(e, 0, sizeof *e);
     e->name = name;
@@ -4577,7 +4580,7 @@ CAPEX__PRIVATE capex_result capex__st_meta(capex__st_p *p) {
     }
     for (;;) {
         capex__st_rkv *kv;
-        if ((rc = capex__st_grow(&r->alloc, (void **)&r->m, &r->capm, r->nm, sizeof *r->m))) return rc;
+        if ((rc = capex__grow(&r->alloc, (void **)&r->m, &r->capm, r->nm, r->nm + 1, sizeof *r->m, "state"))) return rc;
         kv = &r->m[r->nm];
         if ((rc = capex__st_string(p, &kv->key, NULL, NULL))) return rc;
         if ((rc = capex__st_expect(p, ':', "expected ':' after a metadata key"))) return rc;
@@ -6452,6 +6455,8 @@ typedef struct capex__optim_group {
     capex_optim_hparams hp;
     int64_t step;
     int mom_init; /* SGD: momentum buffers hold a value (torch: buffer exists) */
+    int mom_bufs; /* SGD: added with momentum, so its tensors have buffers (from the config
+                     alone: a ZeRO rank holding no piece of the group decides as the others) */
     size_t first, count;
 } capex__optim_group;
 
@@ -7014,25 +7019,6 @@ CAPEX__PRIVATE capex_result capex__optim_check_aliases(const void *old, size_t o
     return r;
 }
 
-/* Grows *arr (elements of size es) to hold need; contents kept. */
-static capex_result capex__optim_grow(const capex_allocator *a, void **arr, size_t *cap, size_t used, size_t need,
-                                      size_t es) {
-    size_t nc;
-    void *q;
-    if (need <= *cap) return CAPEX_OK;
-    nc = *cap ? *cap : 4;
-    while (nc < need) nc *= 2;
-    if (nc > SIZE_MAX / es) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "optimizer: too many tensors or chunks");
-    q = capex__alloc(a, nc * es);
-    if (!q) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "optimizer: out of memory growing bookkeeping (%zu bytes)",
-                               nc * es);
-    if (*arr) memcpy(q, *arr, used * es);
-    capex__free(a, *arr);
-    *arr = q;
-    *cap = nc;
-    return CAPEX_OK;
-}
-
 /* Items never cross a multiple of 2^32 elements, so the stochastic-rounding
    key's high index word is constant within an item. */
 static int64_t capex__optim_item_len(int64_t numel, int64_t off, int64_t chunk) {
@@ -7177,9 +7163,10 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
                                         "capex_optim_add_group")) != CAPEX_OK)
         return r;
     /* grow bookkeeping first (contents kept, so a failure leaves the optimizer as it was) */
-    if ((r = capex__optim_grow(a, (void **)&o->groups, &o->cap_groups, o->ngroups, o->ngroups + 1, sizeof *o->groups)) ||
-        (r = capex__optim_grow(a, (void **)&o->tensors, &o->cap_tensors, o->ntensors, o->ntensors + n, sizeof *o->tensors)) ||
-        (r = capex__optim_grow(a, (void **)&o->items, &o->cap_items, o->nitems, o->nitems + nitems, sizeof *o->items)))
+    if ((r = capex__grow(a, (void **)&o->groups, &o->cap_groups, o->ngroups, o->ngroups + 1, sizeof *o->groups, "optimizer")) ||
+        (r = capex__grow(a, (void **)&o->tensors, &o->cap_tensors, o->ntensors, o->ntensors + n, sizeof *o->tensors,
+                         "optimizer")) ||
+        (r = capex__grow(a, (void **)&o->items, &o->cap_items, o->nitems, o->nitems + nitems, sizeof *o->items, "optimizer")))
         return r;
     {
         /* per-group constants, per-item partials, per-tensor ratios: resized to fit */
@@ -7273,6 +7260,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *o, const capex_optim_h
     capex__free(a, bufs);
     memset(&o->groups[o->ngroups], 0, sizeof o->groups[0]);
     o->groups[o->ngroups].hp = *hp;
+    o->groups[o->ngroups].mom_bufs = o->desc.kind == CAPEX_OPTIM_SGD && need_m;
     o->groups[o->ngroups].first = t0;
     o->groups[o->ngroups].count = n;
     if (group_index) *group_index = o->ngroups;
@@ -7587,8 +7575,7 @@ CAPEX_API capex_result capex_optim_set_hparams(capex_optim *o, size_t group, con
     if (group >= o->ngroups)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_set_hparams: group %zu of %zu", group, o->ngroups);
     if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
-    if (o->desc.kind == CAPEX_OPTIM_SGD && (hp->momentum != 0.0f) != (o->groups[group].hp.momentum != 0.0f) &&
-        o->groups[group].count > 0 && (hp->momentum != 0.0f) && !o->tensors[o->groups[group].first].p.exp_avg)
+    if (o->desc.kind == CAPEX_OPTIM_SGD && hp->momentum != 0.0f && !o->groups[group].mom_bufs)
         return capex__fail(CAPEX_ERR_CONFIG, "SGD: group %zu was created without momentum, so it has no momentum "
                            "buffers; create the group with momentum != 0 to turn momentum on later", group);
     if (o->desc.kind == CAPEX_OPTIM_ADAM && (hp->amsgrad != 0) != (o->groups[group].hp.amsgrad != 0))
@@ -8072,8 +8059,7 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
                             "file, %zu here", g, (long long)v, (long long)steps[2 * g], o->groups[g].count);
             goto done;
         }
-        if (o->desc.kind == CAPEX_OPTIM_SGD && hps[g].momentum != 0.0f && o->groups[g].count &&
-            !o->tensors[o->groups[g].first].p.exp_avg) {
+        if (o->desc.kind == CAPEX_OPTIM_SGD && hps[g].momentum != 0.0f && !o->groups[g].mom_bufs) {
             r = capex__fail(CAPEX_ERR_CONFIG, "optimizer state: group %zu uses momentum in the file but was created "
                             "here without it (no buffers)", g);
             goto done;
@@ -9429,9 +9415,11 @@ CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c) {
    (24 bytes), then the blob when status is 0. */
 #define CAPEX__RDV_MAGIC 0x52585043u
 /* 2: the TCP comm's headers carry a reduction's dtype and op, and rank 0
-   opens each barrier; a rank speaking 1 is refused here ("protocol or version
-   mismatch") instead of failing a later reduction as a dtype/op mismatch. */
-#define CAPEX__RDV_VERSION 2u
+   opens each barrier; 3: a broadcast's root in its headers, every peer's word
+   to rank 0 first, and ring announcements. A rank speaking an older version is
+   refused here ("protocol or version mismatch") instead of failing or hanging
+   in a later collective. */
+#define CAPEX__RDV_VERSION 3u
 enum { CAPEX__RDV_OK = 0, CAPEX__RDV_BAD_NONCE = 1, CAPEX__RDV_BAD_WORLD = 2, CAPEX__RDV_BAD_RANK = 3,
        CAPEX__RDV_BAD_SIZE = 4, CAPEX__RDV_DUP_RANK = 5, CAPEX__RDV_BAD_PROTO = 6, CAPEX__RDV_BUSY = 7 };
 
@@ -9884,16 +9872,24 @@ static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, 
    Meant for a node or a few, not for large clusters (use MPI or NCCL there).
    Synchronous: buckets reduce when they fill, without overlap. Each message
    carries an op, a sequence number, its size and a reduction's dtype and
-   reduce op, so ranks calling collectives in different orders, sizes, dtypes
-   or reduce ops get CAPEX_ERR_COMM instead of garbage. */
+   reduce op (a broadcast's root), so ranks calling collectives in different
+   orders, sizes, dtypes, reduce ops or roots get CAPEX_ERR_COMM instead of
+   garbage. (The protocol is the rendezvous' version: CAPEX__RDV_VERSION.) */
 #define CAPEX__TCP_MAGIC 0x43585043u
 enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER = 3, CAPEX__TCP_BARRIER = 4,
        CAPEX__TCP_REDUCE_SCATTER = 5, CAPEX__TCP_ALLGATHERV = 6 };
+/* A broadcast's tag: its root. Rank 0's notice to its peers that it
+   refused a collective whose headers differed (so they fail saying so). A
+   ring collective's header-only announcement to rank 0 (op | VIA_RING). */
+#define CAPEX__TCP_TAG_ROOT 0x80000000u
+#define CAPEX__TCP_TAG_REFUSED 0xffffffffu
+#define CAPEX__TCP_VIA_RING 0x100u
 
 typedef struct capex__tcp {
     int *fds;      /* rank 0: socket of each peer (fds[0] unused); else fds[0] = rank 0 */
     uint32_t seq;
-    uint32_t tag;  /* the reduction's dtype and op (capex__tcp_tag), 0 for the others: in every header */
+    uint32_t tag;  /* the reduction's dtype and op (capex__tcp_tag), a broadcast's root, 0 for the others */
+    int bad_header; /* the last failed receive read a header that differed (not an I/O failure) */
     void *tmp;
     size_t tmp_bytes;
     /* Ring (set up by capex_comm_init_tcp; ring = 0 keeps everything on the
@@ -9914,18 +9910,12 @@ CAPEX__PRIVATE uint32_t capex__tcp_tag(capex_dtype ty, capex_reduce_op op) {
     return 1u + (uint32_t)ty + ((uint32_t)op << 8);
 }
 
-static capex_result capex__tcp_send(capex_comm *c, int fd, int peer, uint32_t op, const void *data, size_t bytes, double deadline) {
-    capex__tcp *t = (capex__tcp *)c->impl;
-    unsigned char h[24];
-    int e;
+CAPEX__PRIVATE void capex__tcp_put_header(unsigned char *h, const capex__tcp *t, uint32_t op, uint64_t bytes) {
     capex__put32(h, CAPEX__TCP_MAGIC);
     capex__put32(h + 4, op);
     capex__put32(h + 8, t->seq);
     capex__put32(h + 12, t->tag);
-    capex__put64(h + 16, (uint64_t)bytes);
-    e = capex__io_all(fd, h, 24, 1, deadline);
-    if (e == 0 && bytes) e = capex__io_all(fd, (void *)(uintptr_t)data, bytes, 1, deadline);
-    return e ? capex__tcp_io_fail(e, peer, "send") : CAPEX_OK;
+    capex__put64(h + 16, bytes);
 }
 
 /* A mismatch where the peer sent a barrier (op 4) for another call: the
@@ -9937,21 +9927,71 @@ static const char *capex__tcp_why(uint32_t got, uint32_t want) {
                : "";
 }
 
+/* CAPEX_OK when header h from `peer` is (op, this call's seq and tag,
+   bytes), else CAPEX_ERR_COMM saying what differs. */
+static capex_result capex__tcp_check_header(capex_comm *c, const unsigned char *h, int peer, uint32_t op, uint64_t bytes,
+                                           const char *where) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    uint32_t hop = capex__get32(h + 4), hseq = capex__get32(h + 8), htag = capex__get32(h + 12);
+    uint64_t hbytes = capex__get64(h + 16);
+    int same = capex__get32(h) == CAPEX__TCP_MAGIC && hseq == t->seq;
+    if (same && hop == op && htag == t->tag && hbytes == bytes) return CAPEX_OK;
+    t->bad_header = 1;
+    if (capex__get32(h) == CAPEX__TCP_MAGIC && htag == CAPEX__TCP_TAG_REFUSED)
+        return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank 0 refused collective #%u (this rank's #%u): the ranks called "
+                                           "it with different ops, sizes, dtypes, reduce ops or roots (rank 0's error says "
+                                           "which)", (unsigned)hseq, (unsigned)t->seq);
+    if (same && hop == op && op == CAPEX__TCP_BROADCAST && (htag & CAPEX__TCP_TAG_ROOT) && (t->tag & CAPEX__TCP_TAG_ROOT))
+        return capex__fail(CAPEX_ERR_COMM, "TCP comm: broadcast #%u: rank %d passed root %u, rank %d root %u: every rank "
+                                           "must pass the same root", (unsigned)hseq, peer,
+                           (unsigned)(htag & ~CAPEX__TCP_TAG_ROOT), c->rank, (unsigned)(t->tag & ~CAPEX__TCP_TAG_ROOT));
+    if (same && (hop ^ op) == CAPEX__TCP_VIA_RING && htag == t->tag)
+        return capex__fail(CAPEX_ERR_COMM, "TCP comm: collective #%u: rank %d's count (%llu bytes) goes over the %s, rank "
+                                           "%d's (%llu bytes) over the %s: every rank must pass the same count",
+                           (unsigned)hseq, peer, (unsigned long long)hbytes, (hop & CAPEX__TCP_VIA_RING) ? "ring" : "star",
+                           c->rank, (unsigned long long)bytes, (op & CAPEX__TCP_VIA_RING) ? "ring" : "star");
+    return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (tag %#x) of %llu bytes%s, expected op %u #%u "
+                                       "(tag %#x) of %llu bytes: ranks called collectives in different orders, sizes, "
+                                       "dtypes, reduce ops or roots%s", peer, (unsigned)hop, (unsigned)hseq, (unsigned)htag,
+                       (unsigned long long)hbytes, where, (unsigned)op, (unsigned)t->seq, (unsigned)t->tag,
+                       (unsigned long long)bytes, capex__tcp_why(hop, op));
+}
+
+static capex_result capex__tcp_send(capex_comm *c, int fd, int peer, uint32_t op, const void *data, size_t bytes, double deadline) {
+    unsigned char h[24];
+    int e;
+    capex__tcp_put_header(h, (const capex__tcp *)c->impl, op, (uint64_t)bytes);
+    e = capex__io_all(fd, h, 24, 1, deadline);
+    if (e == 0 && bytes) e = capex__io_all(fd, (void *)(uintptr_t)data, bytes, 1, deadline);
+    return e ? capex__tcp_io_fail(e, peer, "send") : CAPEX_OK;
+}
+
+
 static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op, void *data, size_t bytes, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     unsigned char h[24];
+    capex_result r;
     int e = capex__io_all(fd, h, 24, 0, deadline);
+    t->bad_header = 0;
     if (e) return capex__tcp_io_fail(e, peer, "receive");
-    if (capex__get32(h) != CAPEX__TCP_MAGIC || capex__get32(h + 4) != op || capex__get32(h + 8) != t->seq ||
-        capex__get32(h + 12) != t->tag || capex__get64(h + 16) != (uint64_t)bytes)
-        return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (dtype/op tag %#x) of %llu bytes, expected "
-                                           "op %u #%u (tag %#x) of %llu bytes: ranks called collectives in different "
-                                           "orders, sizes, dtypes or reduce ops%s", peer,
-                           (unsigned)capex__get32(h + 4), (unsigned)capex__get32(h + 8), (unsigned)capex__get32(h + 12),
-                           (unsigned long long)capex__get64(h + 16), (unsigned)op, (unsigned)t->seq, (unsigned)t->tag,
-                           (unsigned long long)bytes, capex__tcp_why(capex__get32(h + 4), op));
+    if ((r = capex__tcp_check_header(c, h, peer, op, (uint64_t)bytes, "")) != CAPEX_OK) return r;
     if (bytes && (e = capex__io_all(fd, data, bytes, 0, deadline)) != 0) return capex__tcp_io_fail(e, peer, "receive");
     return CAPEX_OK;
+}
+
+/* Rank 0, having refused a collective whose headers differed: a header-only
+   notice to every peer, which all wait on rank 0 in a broadcast (best
+   effort: the caller's abort follows and fails them anyway). */
+static void capex__tcp_notify_refused(capex_comm *c, uint32_t op, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    unsigned char h[24];
+    int p;
+    uint32_t tag = t->tag;
+    t->tag = CAPEX__TCP_TAG_REFUSED;
+    capex__tcp_put_header(h, t, op, 0);
+    t->tag = tag;
+    for (p = 1; p < c->world_size; p++)
+        if (t->fds[p] >= 0) (void)capex__io_all(t->fds[p], h, 24, 1, deadline);
 }
 
 static void capex__tcp_abort(capex_comm *c);
@@ -10015,11 +10055,7 @@ static capex_result capex__tcp_duplex(capex_comm *c, int fd_out, int peer_out, c
     capex__tcp *t = (capex__tcp *)c->impl;
     unsigned char sh[24], rh[24];
     size_t sdone = 0, rdone = 0, stot = 24 + sbytes, rtot = 24 + rbytes;
-    capex__put32(sh, CAPEX__TCP_MAGIC);
-    capex__put32(sh + 4, op);
-    capex__put32(sh + 8, t->seq);
-    capex__put32(sh + 12, t->tag);
-    capex__put64(sh + 16, (uint64_t)sbytes);
+    capex__tcp_put_header(sh, t, op, (uint64_t)sbytes);
     while (sdone < stot || rdone < rtot) {
         struct pollfd pf[2];
         int np = 0, ms = capex__ms_left(deadline), k, si = -1, ri = -1;
@@ -10053,16 +10089,10 @@ static capex_result capex__tcp_duplex(capex_comm *c, int fd_out, int peer_out, c
                 return capex__tcp_io_fail(-1, peer_in, "ring receive");
             if (g > 0) {
                 rdone += (size_t)g;
-                if (rdone == 24 && (capex__get32(rh) != CAPEX__TCP_MAGIC || capex__get32(rh + 4) != op ||
-                                    capex__get32(rh + 8) != t->seq || capex__get32(rh + 12) != t->tag ||
-                                    capex__get64(rh + 16) != (uint64_t)rbytes))
-                    return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (dtype/op tag %#x) of %llu "
-                                                       "bytes on the ring, expected op %u #%u (tag %#x) of %llu bytes: "
-                                                       "ranks called collectives in different orders, sizes, dtypes or "
-                                                       "reduce ops%s", peer_in, (unsigned)capex__get32(rh + 4),
-                                       (unsigned)capex__get32(rh + 8), (unsigned)capex__get32(rh + 12),
-                                       (unsigned long long)capex__get64(rh + 16), (unsigned)op, (unsigned)t->seq,
-                                       (unsigned)t->tag, (unsigned long long)rbytes, capex__tcp_why(capex__get32(rh + 4), op));
+                if (rdone == 24) {
+                    capex_result res = capex__tcp_check_header(c, rh, peer_in, op, (uint64_t)rbytes, " on the ring");
+                    if (res != CAPEX_OK) return res;
+                }
             }
         }
     }
@@ -10136,6 +10166,31 @@ static capex_result capex__tcp_ring_work(capex_comm *c, size_t total, size_t max
     if ((r = capex__tcp_scratch(c, a + b, 1, &mem)) != CAPEX_OK) return r;
     *work = mem;
     *stage = (char *)mem + a;
+    return CAPEX_OK;
+}
+
+/* World >= 3, before a ring collective: each peer announces it to rank 0
+   (a header only: op | VIA_RING, the collective's bytes), and rank 0 reads
+   every announcement before its own ring steps. Ranks passing different
+   counts may pick star and ring differently; without this a star rank and
+   the ring ranks wait on links nobody writes until the deadline. Rank 0
+   fails at once, and its abort fails the others (their links shut in turn).
+   World 2's ring runs on the star socket, where the headers already differ. */
+static capex_result capex__tcp_ring_announce(capex_comm *c, uint32_t op, size_t bytes, double deadline) {
+    capex__tcp *t = (capex__tcp *)c->impl;
+    unsigned char h[24];
+    int p, e;
+    if (c->world_size < 3) return CAPEX_OK;
+    if (c->rank != 0) {
+        capex__tcp_put_header(h, t, op | CAPEX__TCP_VIA_RING, (uint64_t)bytes);
+        e = capex__io_all(t->fds[0], h, 24, 1, deadline);
+        return e ? capex__tcp_io_fail(e, 0, "send") : CAPEX_OK;
+    }
+    for (p = 1; p < c->world_size; p++) {
+        capex_result r;
+        if ((e = capex__io_all(t->fds[p], h, 24, 0, deadline)) != 0) return capex__tcp_io_fail(e, p, "receive");
+        if ((r = capex__tcp_check_header(c, h, p, op | CAPEX__TCP_VIA_RING, (uint64_t)bytes, "")) != CAPEX_OK) return r;
+    }
     return CAPEX_OK;
 }
 
@@ -10241,7 +10296,9 @@ static capex_result capex__tcp_allreduce(capex_comm *c, const void *send, void *
         return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", n);
     t->seq++;
     t->tag = capex__tcp_tag(ty, op);
-    if (t->ring && n * es >= CAPEX__TCP_RING_MIN_BYTES) return capex__tcp_ring_allreduce(c, send, recv, n, ty, op, deadline);
+    if (t->ring && n * es >= CAPEX__TCP_RING_MIN_BYTES)
+        return (r = capex__tcp_ring_announce(c, CAPEX__TCP_ALLREDUCE, n * es, deadline)) != CAPEX_OK
+                   ? r : capex__tcp_ring_allreduce(c, send, recv, n, ty, op, deadline);
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, send, n * es, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_ALLREDUCE, recv, n * es, deadline);
@@ -10268,7 +10325,8 @@ static capex_result capex__tcp_reduce_scatter(capex_comm *c, const void *send, v
     t->seq++;
     t->tag = capex__tcp_tag(ty, op);
     if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES)
-        return capex__tcp_ring_reduce_scatter(c, send, recv, counts, ty, op, CAPEX__TCP_REDUCE_SCATTER, deadline);
+        return (r = capex__tcp_ring_announce(c, CAPEX__TCP_REDUCE_SCATTER, total * es, deadline)) != CAPEX_OK
+                   ? r : capex__tcp_ring_reduce_scatter(c, send, recv, counts, ty, op, CAPEX__TCP_REDUCE_SCATTER, deadline);
     if (c->rank != 0) {
         if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_REDUCE_SCATTER, send, total * es, deadline)) != CAPEX_OK) return r;
         return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_REDUCE_SCATTER, recv, counts[c->rank] * es, deadline);
@@ -10297,6 +10355,7 @@ static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void 
     t->tag = 0;
     if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES) {
         size_t d = capex__ring_displ(counts, c->rank);
+        if ((r = capex__tcp_ring_announce(c, CAPEX__TCP_ALLGATHERV, total * es, deadline)) != CAPEX_OK) return r;
         if (counts[c->rank]) memmove((char *)recv + d * es, send, counts[c->rank] * es);
         return capex__tcp_ring_ag(c, recv, counts, es, CAPEX__TCP_ALLGATHERV, deadline);
     }
@@ -10315,18 +10374,32 @@ static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void 
     return CAPEX_OK;
 }
 
+/* Every peer first sends rank 0 an empty header naming its root; rank 0
+   reads them all before any data moves, so ranks passing different roots
+   all fail at once (rank 0 names the roots, its notice tells the peers)
+   instead of pairing with the next collective or waiting out the deadline.
+   A root other than 0 sends its data when rank 0 says go (an empty header). */
 static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, capex_dtype ty, int root, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     size_t bytes = n * capex_comm_dtype_size(ty);
     capex_result r;
     int p;
     t->seq++;
-    t->tag = 0;
+    t->tag = CAPEX__TCP_TAG_ROOT | (uint32_t)root;
     if (c->rank != 0) {
-        if (c->rank == root) return capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
-        return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
+        if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK) return r;
+        if (c->rank != root) return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
+        if ((r = capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK) return r;
+        return capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
     }
-    if (root != 0 && (r = capex__tcp_recv(c, t->fds[root], root, CAPEX__TCP_BROADCAST, buf, bytes, deadline)) != CAPEX_OK) return r;
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK) {
+            if (t->bad_header) capex__tcp_notify_refused(c, CAPEX__TCP_BROADCAST, deadline);
+            return r;
+        }
+    if (root != 0 && ((r = capex__tcp_send(c, t->fds[root], root, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK ||
+                      (r = capex__tcp_recv(c, t->fds[root], root, CAPEX__TCP_BROADCAST, buf, bytes, deadline)) != CAPEX_OK))
+        return r;
     for (p = 1; p < c->world_size; p++)
         if (p != root && (r = capex__tcp_send(c, t->fds[p], p, CAPEX__TCP_BROADCAST, buf, bytes, deadline)) != CAPEX_OK) return r;
     return CAPEX_OK;

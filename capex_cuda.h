@@ -6038,6 +6038,8 @@ struct capex_cuda_optim {
     capex_optim_desc desc;
     int64_t chunk;
     capex_optim_hparams *hp; /* host copy per group (validation, get) */
+    unsigned char *mom_bufs; /* SGD, per group: added with momentum, so it has buffers (the
+                                group's config: every ZeRO rank decides alike, pieces or not) */
     size_t ngroups;
     capex_cuda_ptr dgroups;  /* capex__go_group per group */
     capex__go_t *t;
@@ -6127,6 +6129,7 @@ CAPEX_API void capex_cuda_optim_destroy(capex_cuda_optim *o) {
     if (o->dsched) o->ex.release(o->ex.user, o->dsched);
     if (o->one) o->ex.release(o->ex.user, o->one);
     capex__free(NULL, o->hp);
+    capex__free(NULL, o->mom_bufs);
     capex__free(NULL, o->t);
     capex__free(NULL, o->shape);
     capex__free(NULL, o->ten);
@@ -6210,6 +6213,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     capex_cuda_ptr *bufs = NULL, dgroups = 0, dlamb = 0, dnovo = 0, dvm = 0;
     capex__go_group *groups = NULL;
     capex_optim_hparams *nhp = NULL;
+    unsigned char *nmb = NULL;
     capex__go_t *nt_t = NULL;
     capex_tensor *shape = NULL;
     capex__go_ten *ten = NULL;
@@ -6238,11 +6242,12 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     bufs = (capex_cuda_ptr *)capex__alloc(NULL, 3 * (n ? n : 1) * sizeof *bufs);
     groups = (capex__go_group *)capex__alloc(NULL, (o->ngroups + 1) * sizeof *groups);
     nhp = (capex_optim_hparams *)capex__alloc(NULL, (o->ngroups + 1) * sizeof *nhp);
+    nmb = (unsigned char *)capex__alloc(NULL, o->ngroups + 1);
     nt_t = (capex__go_t *)capex__alloc(NULL, (nt ? nt : 1) * sizeof *nt_t);
     shape = (capex_tensor *)capex__alloc(NULL, (nt ? nt : 1) * sizeof *shape);
     ten = (capex__go_ten *)capex__alloc(NULL, (nt ? nt : 1) * sizeof *ten);
     seg = (int64_t *)capex__alloc(NULL, 2 * (nt ? nt : 1) * sizeof *seg);
-    if (!bufs || !groups || !nhp || !nt_t || !shape || !ten || !seg) {
+    if (!bufs || !groups || !nhp || !nmb || !nt_t || !shape || !ten || !seg) {
         r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
         goto fail;
     }
@@ -6332,12 +6337,15 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     if ((r = capex__go_sync(&o->ex)) != CAPEX_OK) goto fail;
     if (o->ngroups) memcpy(nhp, o->hp, o->ngroups * sizeof *nhp);
     nhp[o->ngroups] = *hp;
+    if (o->ngroups) memcpy(nmb, o->mom_bufs, o->ngroups);
+    nmb[o->ngroups] = o->desc.kind == CAPEX_OPTIM_SGD && need_m;
     /* commit */
     if (o->dgroups) o->ex.release(o->ex.user, o->dgroups);
     if (o->dlamb) o->ex.release(o->ex.user, o->dlamb);
     if (o->dnovo) o->ex.release(o->ex.user, o->dnovo);
     if (o->dvm) o->ex.release(o->ex.user, o->dvm);
     capex__free(NULL, o->hp);
+    capex__free(NULL, o->mom_bufs);
     capex__free(NULL, o->t);
     capex__free(NULL, o->shape);
     capex__free(NULL, o->ten);
@@ -6347,6 +6355,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     o->dnovo = dnovo;
     o->dvm = dvm;
     o->hp = nhp;
+    o->mom_bufs = nmb;
     o->t = nt_t;
     o->shape = shape;
     o->ten = ten;
@@ -6402,6 +6411,7 @@ fail:
     capex__free(NULL, bufs);
     capex__free(NULL, groups);
     capex__free(NULL, nhp);
+    capex__free(NULL, nmb);
     capex__free(NULL, nt_t);
     capex__free(NULL, shape);
     capex__free(NULL, ten);
@@ -6769,16 +6779,13 @@ CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t 
                                                     capex_cuda_stream stream) {
     capex__go_group g;
     capex_result r;
-    size_t k;
     if (!o || !hp) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_set_hparams: NULL argument");
     if (group >= o->ngroups)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_set_hparams: group %zu of %zu", group, o->ngroups);
     if ((r = capex__optim_check_hp(&o->desc, hp)) != CAPEX_OK) return r;
-    if (o->desc.kind == CAPEX_OPTIM_SGD && hp->momentum != 0.0f)
-        for (k = 0; k < o->nt; k++)
-            if (o->t[k].group == group && o->t[k].p.numel && !o->t[k].p.exp_avg)
-                return capex__fail(CAPEX_ERR_CONFIG, "SGD: group %zu was created without momentum, so it has no momentum "
-                                   "buffers; create the group with momentum != 0 to turn momentum on later", group);
+    if (o->desc.kind == CAPEX_OPTIM_SGD && hp->momentum != 0.0f && !o->mom_bufs[group])
+        return capex__fail(CAPEX_ERR_CONFIG, "SGD: group %zu was created without momentum, so it has no momentum "
+                           "buffers; create the group with momentum != 0 to turn momentum on later", group);
     if (o->desc.kind == CAPEX_OPTIM_ADAM && (hp->amsgrad != 0) != (o->hp[group].amsgrad != 0))
         return capex__fail(CAPEX_ERR_CONFIG, "Adam: group %zu was created with amsgrad %d; amsgrad is fixed when the "
                            "group is added (its max_exp_avg_sq buffers exist only then)", group, o->hp[group].amsgrad != 0);
@@ -6899,9 +6906,7 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
                resumes from them): add the host group with momentum on so that it has
                them too, then give it the real hyperparameters */
             capex_optim_hparams ah = o->hp[g];
-            size_t j;
-            for (j = first; o->desc.kind == CAPEX_OPTIM_SGD && ah.momentum == 0.0f && j < k; j++)
-                if (o->t[j].p.exp_avg) ah.momentum = 1.0f;
+            if (o->mom_bufs[g] && ah.momentum == 0.0f) ah.momentum = 1.0f;
             r = capex_optim_add_group(h, &ah, ps + first, k - first, NULL);
         }
         if (r == CAPEX_OK) {
@@ -7550,16 +7555,8 @@ static capex_result capex__nccl_barrier(capex_comm *c, double deadline) {
    wait to find it failed). */
 static capex_result capex__nccl_req_reserve(capex_comm *c) {
     capex__nccl *n = capex__nccl_of(c);
-    if (n->n_req_events == n->req_events_cap) {
-        size_t cap = n->req_events_cap ? 2 * n->req_events_cap : 16;
-        capex_cuda_event *p = (capex_cuda_event *)capex__alloc(NULL, cap * sizeof *p);
-        if (!p) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL: no memory to track a request");
-        if (n->n_req_events) memcpy(p, n->req_events, n->n_req_events * sizeof *p);
-        capex__free(NULL, n->req_events);
-        n->req_events = p;
-        n->req_events_cap = cap;
-    }
-    return CAPEX_OK;
+    return capex__grow(NULL, (void **)&n->req_events, &n->req_events_cap, n->n_req_events, n->n_req_events + 1,
+                       sizeof *n->req_events, "NCCL request events");
 }
 /* A request's event, kept in n->req_events (room reserved) until its wait succeeds. */
 static capex_result capex__nccl_req_keep(capex_comm *c, capex_comm_req *req, capex_cuda_event e) {

@@ -39,14 +39,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 /* An oracle independent of capex__tcp_recv: a stream that let the whole
    sequence succeed is a run of well-formed messages (magic, a known op,
-   rising sequence numbers, a payload that fits) up to the barrier, #8. */
+   sequence numbers that never fall (a broadcast's messages share one), a
+   payload that fits) up to the barrier, #8. */
 static int stream_well_formed(const uint8_t *p, size_t n) {
     size_t pos = 0;
     uint32_t last = 0;
     while (pos + 24 <= n) {
         uint32_t op = capex__get32(p + pos + 4), seq = capex__get32(p + pos + 8);
         uint64_t len = capex__get64(p + pos + 16);
-        if (capex__get32(p + pos) != CAPEX__TCP_MAGIC || op < 1 || op > 4 || seq <= last || len > n - pos - 24) return 0;
+        if (capex__get32(p + pos) != CAPEX__TCP_MAGIC || op < 1 || op > 4 || seq < last || len > n - pos - 24) return 0;
         if (seq == 8) return op == CAPEX__TCP_BARRIER;
         last = seq;
         pos += 24 + (size_t)len;

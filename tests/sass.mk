@@ -36,7 +36,7 @@ ci-extra:: sass-gate
 # The parser's self-test runs everywhere; the CUBINs are remade each time (a
 # stale one would hide a change), ~20 s of NVRTC on 2 cores, then ~40 s of cuobjdump.
 sass-gate: $(SASS_DIR)/sass_dump
-	@python3 tests/sass_gate.py --self-test
+	@python3 tests/sass_gate.py --self-test && python3 bench/sass_loops.py --self-test
 	@rm -rf $(SASS_DIR)/cubin; rc=0; $(SASS_DIR)/sass_dump $(SASS_DIR)/cubin $(SASS_ARCHS) || rc=$$?; \
 	  if [ $$rc -eq 2 ]; then echo "sass gate: SKIP: NVRTC could not be loaded (see above)"; exit 0; fi; \
 	  [ $$rc -eq 0 ] || exit 1; \
@@ -54,3 +54,18 @@ gpu-model: sass-gate
 	@mkdir -p $(BUILD)/bench
 	@if [ -f $(SASS_DIR)/facts.json ]; then python3 bench/gpu_model.py $(SASS_DIR)/facts.json | tee $(BUILD)/bench/gpu_model.md; \
 	else echo "gpu-model: no SASS facts (the gate skipped)"; fi
+
+# Hot loops unchanged against a base commit (bench/sass_loops.py): both trees'
+# parts compiled to CUBIN for SASS_LOOP_ARCHS, each kernel's hot loops compared
+# (registers renamed, scheduling bits kept). For changes to cold code only.
+#   make sass-loops [SASS_BASE=main] [SASS_LOOP_ARCHS="80 90"]
+SASS_BASE       ?= main
+SASS_LOOP_ARCHS ?= 80 90 100
+.PHONY: sass-loops
+sass-loops: $(SASS_DIR)/sass_dump
+	@d=$(SASS_DIR)/loops; rm -rf $$d && mkdir -p $$d/base/tests && \
+	  git show $(SASS_BASE):capex.h > $$d/base/capex.h && git show $(SASS_BASE):capex_cuda.h > $$d/base/capex_cuda.h && \
+	  git show $(SASS_BASE):tests/sass_dump.c > $$d/base/tests/sass_dump.c && \
+	  $(CC) -std=c99 -O1 $$d/base/tests/sass_dump.c -o $$d/base/sass_dump $(LDLIBS) && \
+	  $$d/base/sass_dump $$d/before $(SASS_LOOP_ARCHS) && $(SASS_DIR)/sass_dump $$d/after $(SASS_LOOP_ARCHS) && \
+	  python3 bench/sass_loops.py $$d/before $$d/after

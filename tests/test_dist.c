@@ -1435,7 +1435,8 @@ CT_TEST(rendezvous_wrong_nonce_is_refused) {
 /* Version 1 hellos (builds whose TCP comm headers carry no dtype/op and
    whose barrier rank 0 does not open) are refused at the rendezvous: such a
    rank would otherwise fail a later reduction as a dtype or op mismatch, or
-   wait out a barrier. */
+   wait out a barrier. So are version 2 hellos (no root in a broadcast's
+   headers, no ring announcements: a broadcast would wait out its deadline). */
 CT_TEST(rendezvous_refuses_the_version_1_wire_format) {
     unsigned char hello[32];
     capex_rendezvous_desc f;
@@ -1446,6 +1447,8 @@ CT_TEST(rendezvous_refuses_the_version_1_wire_format) {
     CT_CHECK(capex__rdv_parse_hello(hello, 32, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_OK && rk == 1, "own hello");
     capex__put32(hello + 4, 1u);
     CT_CHECK(capex__rdv_parse_hello(hello, 32, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_BAD_PROTO, "a version 1 hello");
+    capex__put32(hello + 4, 2u); /* its broadcasts send no root, nor its ring collectives an announcement */
+    CT_CHECK(capex__rdv_parse_hello(hello, 32, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_BAD_PROTO, "a version 2 hello");
     CT_CHECK(capex__rdv_parse_hello(hello, 5, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_BAD_PROTO, "refused at its 5th byte");
 }
 
@@ -2010,6 +2013,50 @@ static int tcp_body(int rank, int world, int port, int mode) {
         free(x);
         return r == CAPEX_ERR_COMM ? 0 : __LINE__;
     }
+    if (mode >= 31 && mode <= 33) { /* ranks pass different broadcast roots */
+        /* 31: rank 0 root 0, the others their own rank; 32: rank 0 root 1,
+           the others 0; 33: the last rank its own rank, the others 0 */
+        float b[4] = {1, 2, 3, 4};
+        int root = mode == 31 ? rank : mode == 32 ? (rank == 0) : rank == world - 1 ? rank : 0, line = 0;
+        capex_result r;
+        c.timeout_s = 60.0; /* a hang guard only */
+        r = capex_comm_broadcast(&c, b, 4, CAPEX_F32, root);
+        if (r != CAPEX_ERR_COMM) line = __LINE__;
+        else if (!strstr(capex_last_error(), rank == 0 ? "must pass the same root" : "rank 0 refused collective")) line = __LINE__;
+        if (line) fprintf(stderr, "rank %d (mode %d): %s: %s\n", rank, mode, capex_result_string(r), capex_last_error());
+        capex_comm_destroy(&c);
+        return line;
+    }
+    if (mode == 37) { /* the last rank refuses a broadcast from rank 0 (NULL buffer): the root fails in that call too */
+        float b[4] = {1, 2, 3, 4};
+        capex_result r, want = rank == world - 1 ? CAPEX_ERR_INVALID_ARG : CAPEX_ERR_COMM;
+        c.timeout_s = 60.0; /* a hang guard only */
+        r = capex_comm_broadcast(&c, rank == world - 1 ? NULL : b, 4, CAPEX_F32, 0);
+        if (r != want) fprintf(stderr, "rank %d (mode 37): %s: %s\n", rank, capex_result_string(r), capex_last_error());
+        capex_comm_destroy(&c);
+        return r == want ? 0 : __LINE__;
+    }
+    if (mode >= 34 && mode <= 36) { /* one rank's count takes the star, the others' the ring (world >= 3) */
+        /* 34: allreduce, 35: reduce-scatter, 36: allgatherv; the small count
+           on rank 0, 1, 2 (world 3) or 1, 2, 3 (world 4) */
+        size_t n = (size_t)1 << 17, counts[4], k;
+        float *x = (float *)calloc(n, sizeof(float)), *y = (float *)calloc(n, sizeof(float));
+        int small = rank == (mode - 34 + world - 3) % world, line = 0;
+        capex_result r = CAPEX_OK;
+        if (!x || !y) return __LINE__;
+        c.timeout_s = 30.0; /* a hang guard only: a timeout is the failure this mode shows */
+        for (k = 0; k < (size_t)world; k++) counts[k] = small ? 4 : n / (size_t)world;
+        if (mode == 34) r = capex_comm_allreduce(&c, x, x, small ? 4 : n, CAPEX_F32, CAPEX_REDUCE_SUM);
+        if (mode == 35) r = capex_comm_reduce_scatter(&c, x, y, counts, CAPEX_F32, CAPEX_REDUCE_SUM);
+        if (mode == 36) r = capex_comm_allgatherv(&c, y, x, counts, CAPEX_F32);
+        if (r != CAPEX_ERR_COMM) line = __LINE__;
+        else if (rank == 0 && !strstr(capex_last_error(), "must pass the same count")) line = __LINE__;
+        if (line) fprintf(stderr, "rank %d (mode %d): %s: %s\n", rank, mode, capex_result_string(r), capex_last_error());
+        capex_comm_destroy(&c);
+        free(x);
+        free(y);
+        return line;
+    }
     if (mode >= 14 && mode <= 17) { /* rank 0 reduces another dtype or op of the same byte size as the others */
         /* 14: f32 x4 against f16 x8 (star); 15: SUM against AVG (star);
            16: SUM against AVG (ring); 17: int64 against f64 (ring) */
@@ -2408,6 +2455,51 @@ CT_TEST(tcp_comm_dtype_or_op_mismatch_fails) {
         }
 }
 
+/* Ranks passing different roots to a broadcast fail with CAPEX_ERR_COMM on
+   every rank in that call: rank 0 names the roots, the peers get its notice.
+   Before, ranks that all only sent returned CAPEX_OK (the mismatch showed at
+   the next collective, or never), and ranks that all waited timed out. */
+CT_TEST(tcp_comm_broadcast_root_mismatch_fails) {
+    int mode, world, codes[8], r, i;
+    for (mode = 31; mode <= 33; mode++)
+        for (world = 2; world <= 3; world++) {
+            for (i = 0; i < 8; i++) codes[i] = 0;
+            r = tcp_world(world, mode, codes);
+            CT_CHECK(r == 0, "mode %d world %d: rank 0 line %d (its stderr says why)", mode, world, r);
+            for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "mode %d world %d: rank %d exit %d", mode, world, i, codes[i]);
+        }
+}
+
+/* A peer refusing a broadcast from rank 0 (a NULL buffer): rank 0, the
+   root, now waits for every peer's word and fails in that call
+   (CAPEX_ERR_COMM) with the others; it used to only send, return CAPEX_OK
+   and fail at its next call. Worlds 2 and 3. */
+CT_TEST(tcp_comm_broadcast_root_fails_with_a_refusing_peer) {
+    int world, codes[8], r, i;
+    for (world = 2; world <= 3; world++) {
+        for (i = 0; i < 8; i++) codes[i] = 0;
+        r = tcp_world(world, 37, codes);
+        CT_CHECK(r == 0, "world %d: rank 0 line %d (its stderr says why)", world, r);
+        for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "world %d: rank %d exit %d", world, i, codes[i]);
+    }
+}
+
+/* Worlds of 3 and 4 where one rank's count is under the ring's threshold
+   and the others' over it (allreduce, reduce-scatter, allgatherv): the
+   star rank and the ring ranks waited on links nobody wrote until the
+   deadline (CAPEX_ERR_TIMEOUT); now every rank gets CAPEX_ERR_COMM in that
+   call, rank 0's error saying which count went over which path. */
+CT_TEST(tcp_comm_star_ring_mismatch_fails) {
+    int mode, world, codes[8], r, i;
+    for (mode = 34; mode <= 36; mode++)
+        for (world = 3; world <= 4; world++) {
+            for (i = 0; i < 8; i++) codes[i] = 0;
+            r = tcp_world(world, mode, codes);
+            CT_CHECK(r == 0, "mode %d world %d: rank 0 line %d (its stderr says why)", mode, world, r);
+            for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "mode %d world %d: rank %d exit %d", mode, world, i, codes[i]);
+        }
+}
+
 /* MASTER_ADDR "::1": the rendezvous, the star and the ring's links (ranks
    2.. listen where their IPv6 star socket is) carry a star and a ring
    allreduce in worlds 2 and 3. Skipped where ::1 cannot be bound. */
@@ -2538,6 +2630,9 @@ static const ct_case cases[] = {
     CT_CASE(tcp_comm_local_failure_on_one_rank_fails_the_others),
     CT_CASE(tcp_comm_call_refused_by_rank0_fails_waiting_peers),
     CT_CASE(tcp_comm_dtype_or_op_mismatch_fails),
+    CT_CASE(tcp_comm_broadcast_root_mismatch_fails),
+    CT_CASE(tcp_comm_star_ring_mismatch_fails),
+    CT_CASE(tcp_comm_broadcast_root_fails_with_a_refusing_peer),
     CT_CASE(tcp_comm_over_ipv6_loopback),
     CT_CASE(tcp_comm_rank_killed_mid_collective),
     CT_CASE(torchrun_style_launch_auto_comm),

@@ -391,6 +391,13 @@ CT_TEST(optimizer_argument_errors) {
     CT_CHECK(rec.launches == 2 && rec.kernels[0] == CAPEX__GO_K_PREPARE && rec.kernels[1] == CAPEX__GO_K_SGD, "prepare + SGD f32");
     CT_CHECK(capex_cuda_optim_get_step(o, 0, &step, NULL) == CAPEX_OK && step == 0, "nothing ran: step %lld", (long long)step);
     CT_CHECK(capex_cuda_optim_get_step(o, 3, &step, NULL) == CAPEX_ERR_INVALID_ARG, "bad group");
+    /* the group's config decides, not its tensors: an empty group (a device ZeRO
+       rank holding no piece of it) and one of empty params refuse it too */
+    p.numel = 0;
+    CT_CHECK(capex_cuda_optim_add_group(o, NULL, &p, 0, NULL) == CAPEX_OK && capex_cuda_optim_add_group(o, NULL, &p, 1, NULL) ==
+             CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_cuda_optim_set_hparams(o, 1, &hp, NULL) == CAPEX_ERR_CONFIG, "momentum on, empty group");
+    CT_CHECK(capex_cuda_optim_set_hparams(o, 2, &hp, NULL) == CAPEX_ERR_CONFIG, "momentum on, a group of empty params");
     capex_cuda_optim_destroy(o);
     {
         capex_scaler_desc sd;

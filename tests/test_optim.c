@@ -899,6 +899,10 @@ CT_TEST(bad_input) {
     CT_CHECK(capex_optim_add_group(opt, NULL, &pa, 1, NULL) == CAPEX_OK, "%.300s", capex_last_error());
     h = d.defaults; h.momentum = 0.9f;
     CT_CHECK(capex_optim_set_hparams(opt, 0, &h) == CAPEX_ERR_CONFIG, "momentum on without buffers");
+    /* decided by the group's config, not by whether it holds tensors: an empty
+       group is a ZeRO rank's view of a group whose params sit on other ranks */
+    CT_CHECK(capex_optim_add_group(opt, NULL, &pa, 0, NULL) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_optim_set_hparams(opt, 1, &h) == CAPEX_ERR_CONFIG, "momentum on for an empty group without buffers");
     capex_optim_destroy(opt);
 }
 

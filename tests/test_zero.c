@@ -387,6 +387,46 @@ CT_TEST(optim_add_group_is_refused) {
     }
 }
 
+/* set_hparams turning momentum on for an SGD group created without it is
+   refused: the group has no momentum buffers. Every rank must decide the
+   same from the group's config; it was refused only on the rank holding a
+   piece of the group, while the other accepted it (ranks out of step: their
+   hparams, checkpoints and steps differ). Each rank of a world of 2 here. */
+CT_TEST(momentum_on_refused_on_every_rank) {
+    capex_comm c;
+    nb_fake f = {0, 0};
+    capex_zero_param p[2];
+    capex_optim_desc od;
+    capex_optim_hparams hp[2], h;
+    float w[8] = {1, 2, 3, 4, 5, 6, 7, 8}, v[1] = {1};
+    int rank, holders = 0;
+    capex_optim_desc_init(&od, CAPEX_OPTIM_SGD);
+    hp[0] = hp[1] = od.defaults;
+    hp[0].momentum = 0.9f; /* group 1: none, so no buffers */
+    for (rank = 0; rank < 2; rank++) {
+        capex_zero *z = NULL;
+        capex_optim *o;
+        memset(&c, 0, sizeof c);
+        c.vt = &nb_vt; c.impl = &f; c.rank = rank; c.world_size = 2; c.timeout_s = 10;
+        one_param(&p[0], w, 8); one_param(&p[1], v, 1);
+        p[1].group = 1;
+        CT_CHECK(capex_zero_create(&z, &c, p, 2, &od, hp, 2, NULL) == CAPEX_OK, "rank %d: create: %s", rank,
+                 capex_last_error());
+        o = capex_zero_optim(z);
+        holders += capex_optim_get_state(o, 1, 0, NULL, NULL) == CAPEX_OK; /* a piece of group 1 here */
+        h = hp[1]; h.momentum = 0.5f;
+        CT_CHECK(capex_optim_set_hparams(o, 1, &h) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "without momentum"),
+                 "rank %d: momentum on for group 1: %s", rank, capex_last_error());
+        CT_CHECK(capex_optim_get_hparams(o, 1, &h) == CAPEX_OK && h.momentum == 0.0f, "rank %d: group 1 changed", rank);
+        h = hp[0]; h.momentum = 0.0f; /* group 0 has buffers: off and on again everywhere */
+        CT_CHECK(capex_optim_set_hparams(o, 0, &h) == CAPEX_OK, "rank %d: momentum off: %s", rank, capex_last_error());
+        h.momentum = 0.5f;
+        CT_CHECK(capex_optim_set_hparams(o, 0, &h) == CAPEX_OK, "rank %d: momentum on: %s", rank, capex_last_error());
+        capex_zero_destroy(z);
+    }
+    CT_CHECK(holders == 1, "group 1's param should be on one rank only, %d hold it", holders);
+}
+
 /* ---- TCP worlds (fork) ---- */
 
 static int tcp_comm(capex_comm *c, int rank, int world, int port) {
@@ -703,7 +743,7 @@ CT_TEST(tcp_create_one_rank_out_of_memory_after_broadcast) {
     static const struct { int rank; size_t size; const char *what; } cases[] = {
         {1, sizeof(float) * 16 * 3, "bucket buffer"},
         {2, sizeof(capex_optim), "optimizer"},
-        {0, sizeof(float) * 16 * 2, "optimizer group"}, /* 128 bytes: add_group's bookkeeping */
+        {0, sizeof(capex_optim_param) * 2, "optimizer param list"},
     };
     int codes[8], r;
     size_t k;
@@ -1057,6 +1097,7 @@ static const ct_case cases[] = {
     CT_CASE(stage2_empty_bucket_returns_its_buffer),
     CT_CASE(reduce_scatter_after_unwaited_gather), CT_CASE(progress_polls_each_finished_bucket_once),
     CT_CASE(optim_add_group_is_refused),
+    CT_CASE(momentum_on_refused_on_every_rank),
     CT_CASE(tcp_worlds_match_ddp_and_optim),
     CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
     CT_CASE(tcp_save_file_status_on_every_rank),

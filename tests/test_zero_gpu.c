@@ -993,6 +993,45 @@ static void child_dead_peer(const char *arg, child_result *res) {
     if (run_world(2, &j, res) == 0) res->code = 0;
 }
 
+/* SGD momentum turned on for a group created without it: refused on every
+   rank, the one holding the group's only piece (its one element lands in
+   one rank's shard, as in test_zero.c's momentum_on_refused_on_every_rank)
+   and the one holding none, which accepted it before 2026-11-28. */
+static int momentum_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
+    capex_zero_param zp[2];
+    capex_optim_desc od;
+    capex_optim_hparams hp[2], h;
+    capex_cuda_zero *zg = NULL;
+    capex_cuda_optim *o;
+    capex_cuda_ptr p;
+    int bad = 0;
+    (void)world; (void)user;
+    if (capex_cuda_malloc(ctx, 64, &p) != CAPEX_OK || capex_cuda_memset_u8(ctx, p, 0, 64, NULL) != CAPEX_OK) return 2;
+    zp[0].data = (void *)(uintptr_t)p; zp[0].numel = 8; zp[0].dtype = CAPEX_F32; zp[0].group = 0;
+    zp[1] = zp[0]; zp[1].data = (void *)(uintptr_t)(p + 32); zp[1].numel = 1; zp[1].group = 1;
+    capex_optim_desc_init(&od, CAPEX_OPTIM_SGD);
+    hp[0] = hp[1] = od.defaults;
+    hp[0].momentum = 0.9f;
+    if (capex_cuda_zero_create(&zg, comm, zp, 2, &od, hp, 2, NULL) != CAPEX_OK) return 3;
+    o = capex_cuda_zero_optim(zg);
+    h = hp[1]; h.momentum = 0.5f;
+    if (capex_cuda_optim_set_hparams(o, 1, &h, NULL) != CAPEX_ERR_CONFIG || !strstr(capex_last_error(), "without momentum")) {
+        fprintf(stderr, "rank %d: momentum on for group 1 not refused: %s\n", rank, capex_last_error());
+        bad = 4;
+    }
+    h = hp[0]; h.momentum = 0.0f; /* group 0 has buffers: off and on again */
+    if (!bad && capex_cuda_optim_set_hparams(o, 0, &h, NULL) != CAPEX_OK) bad = 5;
+    h.momentum = 0.5f;
+    if (!bad && capex_cuda_optim_set_hparams(o, 0, &h, NULL) != CAPEX_OK) bad = 6;
+    capex_cuda_zero_destroy(zg);
+    capex_cuda_free(ctx, p);
+    return bad;
+}
+static void child_momentum(const char *arg, child_result *res) {
+    (void)arg;
+    nccl_world2_child(momentum_body, res);
+}
+
 /* One rank (1) out of memory at a host allocation of its own: in
    capex_cuda_zero_create after the broadcast (the shard list, which the
    device zero makes after the base's buffers), or in capex_zero_save before
@@ -1044,7 +1083,7 @@ static void child_oom(const char *arg, child_result *res) {
 }
 
 static const child_entry children[] = {{"world", child_world}, {"ckpt", child_ckpt}, {"dead_peer", child_dead_peer},
-                                       {"oom", child_oom}};
+                                       {"momentum", child_momentum}, {"oom", child_oom}};
 
 #define NEED_FAKE_WORLD()                                                                                   \
     do {                                                                                                    \
@@ -1077,6 +1116,12 @@ static void ckpt_worlds(ct_state *ct, const char *kind) {
 }
 CT_TEST(checkpoint_across_world_sizes) { ckpt_worlds(ct, "0"); }
 CT_TEST(checkpoint_across_world_sizes_novograd) { ckpt_worlds(ct, "4"); }
+CT_TEST(world2_momentum_on_refused_on_every_rank) {
+    child_result r;
+    NEED_FAKE_WORLD();
+    r = run_child("momentum", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s (code %d)", r.message, r.code);
+}
 CT_TEST(world2_destroy_in_flight_dead_peer_aborts) {
     child_result r;
     NEED_FAKE_WORLD();
@@ -1104,7 +1149,7 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(world2_adamw_stage2_halves_two_micro_batches),
                                 CT_CASE(world2_novograd_stage1_halves_clip_inf), CT_CASE(world4_novograd_stage2_f32),
                                 CT_CASE(checkpoint_across_world_sizes), CT_CASE(checkpoint_across_world_sizes_novograd),
-                                CT_CASE(world2_destroy_in_flight_dead_peer_aborts),
+                                CT_CASE(world2_destroy_in_flight_dead_peer_aborts), CT_CASE(world2_momentum_on_refused_on_every_rank),
                                 CT_CASE(world2_one_rank_out_of_memory_fails_both)};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
