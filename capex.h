@@ -9411,10 +9411,11 @@ CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c) {
 #define CAPEX__RDV_MAGIC 0x52585043u
 /* 2: the TCP comm's headers carry a reduction's dtype and op, and rank 0
    opens each barrier; 3: a broadcast's root in its headers, every peer's word
-   to rank 0 first, and ring announcements. A rank speaking an older version is
-   refused here ("protocol or version mismatch") instead of failing or hanging
-   in a later collective. */
-#define CAPEX__RDV_VERSION 3u
+   to rank 0 first, and ring announcements; 4: that word carries the
+   broadcast's byte count. A rank speaking an older version is refused here
+   ("protocol or version mismatch") instead of failing or hanging in a later
+   collective. */
+#define CAPEX__RDV_VERSION 4u
 enum { CAPEX__RDV_OK = 0, CAPEX__RDV_BAD_NONCE = 1, CAPEX__RDV_BAD_WORLD = 2, CAPEX__RDV_BAD_RANK = 3,
        CAPEX__RDV_BAD_SIZE = 4, CAPEX__RDV_DUP_RANK = 5, CAPEX__RDV_BAD_PROTO = 6, CAPEX__RDV_BUSY = 7 };
 
@@ -9936,7 +9937,8 @@ static capex_result capex__tcp_check_header(capex_comm *c, const unsigned char *
         return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank 0 refused collective #%u (this rank's #%u): the ranks called "
                                            "it with different ops, sizes, dtypes, reduce ops or roots (rank 0's error says "
                                            "which)", (unsigned)hseq, (unsigned)t->seq);
-    if (same && hop == op && op == CAPEX__TCP_BROADCAST && (htag & CAPEX__TCP_TAG_ROOT) && (t->tag & CAPEX__TCP_TAG_ROOT))
+    if (same && hop == op && op == CAPEX__TCP_BROADCAST && htag != t->tag && (htag & CAPEX__TCP_TAG_ROOT) &&
+        (t->tag & CAPEX__TCP_TAG_ROOT))
         return capex__fail(CAPEX_ERR_COMM, "TCP comm: broadcast #%u: rank %d passed root %u, rank %d root %u: every rank "
                                            "must pass the same root", (unsigned)hseq, peer,
                            (unsigned)(htag & ~CAPEX__TCP_TAG_ROOT), c->rank, (unsigned)(t->tag & ~CAPEX__TCP_TAG_ROOT));
@@ -9972,6 +9974,23 @@ static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op
     if ((r = capex__tcp_check_header(c, h, peer, op, (uint64_t)bytes, "")) != CAPEX_OK) return r;
     if (bytes && (e = capex__io_all(fd, data, bytes, 0, deadline)) != 0) return capex__tcp_io_fail(e, peer, "receive");
     return CAPEX_OK;
+}
+
+/* A header alone (no payload follows) naming `bytes`: a broadcast's word to
+   rank 0 and its go, a ring collective's announcement. */
+static capex_result capex__tcp_send_word(capex_comm *c, int fd, int peer, uint32_t op, size_t bytes, double deadline) {
+    unsigned char h[24];
+    int e;
+    capex__tcp_put_header(h, (const capex__tcp *)c->impl, op, (uint64_t)bytes);
+    e = capex__io_all(fd, h, 24, 1, deadline);
+    return e ? capex__tcp_io_fail(e, peer, "send") : CAPEX_OK;
+}
+static capex_result capex__tcp_recv_word(capex_comm *c, int fd, int peer, uint32_t op, size_t bytes, double deadline) {
+    unsigned char h[24];
+    int e = capex__io_all(fd, h, 24, 0, deadline);
+    ((capex__tcp *)c->impl)->bad_header = 0;
+    if (e) return capex__tcp_io_fail(e, peer, "receive");
+    return capex__tcp_check_header(c, h, peer, op, (uint64_t)bytes, "");
 }
 
 /* Rank 0, having refused a collective whose headers differed: a header-only
@@ -10173,19 +10192,12 @@ static capex_result capex__tcp_ring_work(capex_comm *c, size_t total, size_t max
    World 2's ring runs on the star socket, where the headers already differ. */
 static capex_result capex__tcp_ring_announce(capex_comm *c, uint32_t op, size_t bytes, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
-    unsigned char h[24];
-    int p, e;
+    capex_result r;
+    int p;
     if (c->world_size < 3) return CAPEX_OK;
-    if (c->rank != 0) {
-        capex__tcp_put_header(h, t, op | CAPEX__TCP_VIA_RING, (uint64_t)bytes);
-        e = capex__io_all(t->fds[0], h, 24, 1, deadline);
-        return e ? capex__tcp_io_fail(e, 0, "send") : CAPEX_OK;
-    }
-    for (p = 1; p < c->world_size; p++) {
-        capex_result r;
-        if ((e = capex__io_all(t->fds[p], h, 24, 0, deadline)) != 0) return capex__tcp_io_fail(e, p, "receive");
-        if ((r = capex__tcp_check_header(c, h, p, op | CAPEX__TCP_VIA_RING, (uint64_t)bytes, "")) != CAPEX_OK) return r;
-    }
+    if (c->rank != 0) return capex__tcp_send_word(c, t->fds[0], 0, op | CAPEX__TCP_VIA_RING, bytes, deadline);
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_recv_word(c, t->fds[p], p, op | CAPEX__TCP_VIA_RING, bytes, deadline)) != CAPEX_OK) return r;
     return CAPEX_OK;
 }
 
@@ -10369,11 +10381,12 @@ static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void 
     return CAPEX_OK;
 }
 
-/* Every peer first sends rank 0 an empty header naming its root; rank 0
-   reads them all before any data moves, so ranks passing different roots
-   all fail at once (rank 0 names the roots, its notice tells the peers)
-   instead of pairing with the next collective or waiting out the deadline.
-   A root other than 0 sends its data when rank 0 says go (an empty header). */
+/* Every peer first sends rank 0 a header alone naming its root and byte
+   count; rank 0 reads them all before any data moves, so ranks passing
+   different roots or counts all fail at once (rank 0 names what differs,
+   its notice tells the peers) instead of the root returning CAPEX_OK, the
+   others pairing with the next collective or waiting out the deadline. A
+   root other than 0 sends its data when rank 0 says go (a header alone). */
 static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, capex_dtype ty, int root, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     size_t bytes = n * capex_comm_dtype_size(ty);
@@ -10382,17 +10395,17 @@ static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, cap
     t->seq++;
     t->tag = CAPEX__TCP_TAG_ROOT | (uint32_t)root;
     if (c->rank != 0) {
-        if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK) return r;
+        if ((r = capex__tcp_send_word(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, bytes, deadline)) != CAPEX_OK) return r;
         if (c->rank != root) return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
-        if ((r = capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK) return r;
+        if ((r = capex__tcp_recv_word(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, bytes, deadline)) != CAPEX_OK) return r;
         return capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
     }
     for (p = 1; p < c->world_size; p++)
-        if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK) {
+        if ((r = capex__tcp_recv_word(c, t->fds[p], p, CAPEX__TCP_BROADCAST, bytes, deadline)) != CAPEX_OK) {
             if (t->bad_header) capex__tcp_notify_refused(c, CAPEX__TCP_BROADCAST, deadline);
             return r;
         }
-    if (root != 0 && ((r = capex__tcp_send(c, t->fds[root], root, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK ||
+    if (root != 0 && ((r = capex__tcp_send_word(c, t->fds[root], root, CAPEX__TCP_BROADCAST, bytes, deadline)) != CAPEX_OK ||
                       (r = capex__tcp_recv(c, t->fds[root], root, CAPEX__TCP_BROADCAST, buf, bytes, deadline)) != CAPEX_OK))
         return r;
     for (p = 1; p < c->world_size; p++)
