@@ -9412,7 +9412,8 @@ CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c) {
 /* 2: the TCP comm's headers carry a reduction's dtype and op, and rank 0
    opens each barrier; 3: a broadcast's root in its headers, every peer's word
    to rank 0 first, and ring announcements; 4: that word carries the
-   broadcast's byte count. A rank speaking an older version is refused here
+   broadcast's byte count, and reduce-scatter and allgatherv headers a hash
+   of their counts. A rank speaking an older version is refused here
    ("protocol or version mismatch") instead of failing or hanging in a later
    collective. */
 #define CAPEX__RDV_VERSION 4u
@@ -9868,9 +9869,9 @@ static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, 
    Meant for a node or a few, not for large clusters (use MPI or NCCL there).
    Synchronous: buckets reduce when they fill, without overlap. Each message
    carries an op, a sequence number, its size and a reduction's dtype and
-   reduce op (a broadcast's root), so ranks calling collectives in different
-   orders, sizes, dtypes, reduce ops or roots get CAPEX_ERR_COMM instead of
-   garbage. (The protocol is the rendezvous' version: CAPEX__RDV_VERSION.) */
+   reduce op (a broadcast's root; reduce-scatter and allgatherv: also their
+   counts' hash), so ranks calling collectives in different orders, sizes,
+   counts, dtypes, reduce ops or roots get CAPEX_ERR_COMM instead of garbage. (The protocol is the rendezvous' version: CAPEX__RDV_VERSION.) */
 #define CAPEX__TCP_MAGIC 0x43585043u
 enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER = 3, CAPEX__TCP_BARRIER = 4,
        CAPEX__TCP_REDUCE_SCATTER = 5, CAPEX__TCP_ALLGATHERV = 6 };
@@ -9884,7 +9885,8 @@ enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER 
 typedef struct capex__tcp {
     int *fds;      /* rank 0: socket of each peer (fds[0] unused); else fds[0] = rank 0 */
     uint32_t seq;
-    uint32_t tag;  /* the reduction's dtype and op (capex__tcp_tag), a broadcast's root, 0 for the others */
+    uint32_t tag;  /* the reduction's dtype and op (capex__tcp_tag), a broadcast's root, the counts' hash
+                      (reduce-scatter, allgatherv: capex__tcp_counts_tag), 0 for the others */
     int bad_header; /* the last failed receive read a header that differed (not an I/O failure) */
     void *tmp;
     size_t tmp_bytes;
@@ -9904,6 +9906,20 @@ static capex_result capex__tcp_io_fail(int e, int peer, const char *what) {
    of summing one type's bits as another's or averaging on some ranks only. */
 CAPEX__PRIVATE uint32_t capex__tcp_tag(capex_dtype ty, capex_reduce_op op) {
     return 1u + (uint32_t)ty + ((uint32_t)op << 8);
+}
+/* Reduce-scatter and allgatherv also carry a hash of their counts (tag bits
+   12-30: clear of the dtype/op, the root bit and the refusal), so ranks
+   passing different counts with the same total fail instead of cutting the
+   data at different offsets (the headers' byte sizes do not always differ). */
+#define CAPEX__TCP_TAG_COUNTS 0x7ffff000u
+CAPEX__PRIVATE uint32_t capex__tcp_counts_tag(const size_t *counts, int world) {
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    int p;
+    for (p = 0; p < world; p++) {
+        h = (h ^ (uint64_t)counts[p]) * 0xff51afd7ed558ccdull;
+        h ^= h >> 33;
+    }
+    return (uint32_t)(h >> 20) & CAPEX__TCP_TAG_COUNTS;
 }
 
 CAPEX__PRIVATE void capex__tcp_put_header(unsigned char *h, const capex__tcp *t, uint32_t op, uint64_t bytes) {
@@ -9942,14 +9958,14 @@ static capex_result capex__tcp_check_header(capex_comm *c, const unsigned char *
         return capex__fail(CAPEX_ERR_COMM, "TCP comm: broadcast #%u: rank %d passed root %u, rank %d root %u: every rank "
                                            "must pass the same root", (unsigned)hseq, peer,
                            (unsigned)(htag & ~CAPEX__TCP_TAG_ROOT), c->rank, (unsigned)(t->tag & ~CAPEX__TCP_TAG_ROOT));
-    if (same && (hop ^ op) == CAPEX__TCP_VIA_RING && htag == t->tag)
+    if (same && (hop ^ op) == CAPEX__TCP_VIA_RING && (htag & ~CAPEX__TCP_TAG_COUNTS) == (t->tag & ~CAPEX__TCP_TAG_COUNTS))
         return capex__fail(CAPEX_ERR_COMM, "TCP comm: collective #%u: rank %d's count (%llu bytes) goes over the %s, rank "
                                            "%d's (%llu bytes) over the %s: every rank must pass the same count",
                            (unsigned)hseq, peer, (unsigned long long)hbytes, (hop & CAPEX__TCP_VIA_RING) ? "ring" : "star",
                            c->rank, (unsigned long long)bytes, (op & CAPEX__TCP_VIA_RING) ? "ring" : "star");
     return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (tag %#x) of %llu bytes%s, expected op %u #%u "
                                        "(tag %#x) of %llu bytes: ranks called collectives in different orders, sizes, "
-                                       "dtypes, reduce ops or roots%s", peer, (unsigned)hop, (unsigned)hseq, (unsigned)htag,
+                                       "counts, dtypes, reduce ops or roots%s", peer, (unsigned)hop, (unsigned)hseq, (unsigned)htag,
                        (unsigned long long)hbytes, where, (unsigned)op, (unsigned)t->seq, (unsigned)t->tag,
                        (unsigned long long)bytes, capex__tcp_why(hop, op));
 }
@@ -10330,7 +10346,7 @@ static capex_result capex__tcp_reduce_scatter(capex_comm *c, const void *send, v
     if (capex__size_mul(total, capex__tcp_scratch_elem(ty), &i))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", total);
     t->seq++;
-    t->tag = capex__tcp_tag(ty, op);
+    t->tag = capex__tcp_tag(ty, op) | capex__tcp_counts_tag(counts, c->world_size);
     if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES)
         return (r = capex__tcp_ring_announce(c, CAPEX__TCP_REDUCE_SCATTER, total * es, deadline)) != CAPEX_OK
                    ? r : capex__tcp_ring_reduce_scatter(c, send, recv, counts, ty, op, CAPEX__TCP_REDUCE_SCATTER, deadline);
@@ -10359,7 +10375,7 @@ static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void 
     int p;
     for (p = 0; p < c->world_size; p++) total += counts[p];
     t->seq++;
-    t->tag = 0;
+    t->tag = capex__tcp_counts_tag(counts, c->world_size);
     if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES) {
         size_t d = capex__ring_displ(counts, c->rank);
         if ((r = capex__tcp_ring_announce(c, CAPEX__TCP_ALLGATHERV, total * es, deadline)) != CAPEX_OK) return r;
