@@ -9416,10 +9416,12 @@ CAPEX_API capex_result capex_comm_init_mpi_world(capex_comm *c) {
 #define CAPEX__RDV_MAGIC 0x52585043u
 /* 2: the TCP comm's headers carry a reduction's dtype and op, and rank 0
    opens each barrier; 3: a broadcast's root in its headers, every peer's word
-   to rank 0 first, and ring announcements. A rank speaking an older version is
-   refused here ("protocol or version mismatch") instead of failing or hanging
-   in a later collective. */
-#define CAPEX__RDV_VERSION 3u
+   to rank 0 first, and ring announcements; 4: that word carries the
+   broadcast's byte count, and reduce-scatter and allgatherv headers a hash
+   of their counts. A rank speaking an older version is refused here
+   ("protocol or version mismatch") instead of failing or hanging in a later
+   collective. */
+#define CAPEX__RDV_VERSION 4u
 enum { CAPEX__RDV_OK = 0, CAPEX__RDV_BAD_NONCE = 1, CAPEX__RDV_BAD_WORLD = 2, CAPEX__RDV_BAD_RANK = 3,
        CAPEX__RDV_BAD_SIZE = 4, CAPEX__RDV_DUP_RANK = 5, CAPEX__RDV_BAD_PROTO = 6, CAPEX__RDV_BUSY = 7 };
 
@@ -9872,9 +9874,9 @@ static capex_result capex__rdv_peer(const capex_rendezvous_desc *d, void *blob, 
    Meant for a node or a few, not for large clusters (use MPI or NCCL there).
    Synchronous: buckets reduce when they fill, without overlap. Each message
    carries an op, a sequence number, its size and a reduction's dtype and
-   reduce op (a broadcast's root), so ranks calling collectives in different
-   orders, sizes, dtypes, reduce ops or roots get CAPEX_ERR_COMM instead of
-   garbage. (The protocol is the rendezvous' version: CAPEX__RDV_VERSION.) */
+   reduce op (a broadcast's root; reduce-scatter and allgatherv: also their
+   counts' hash), so ranks calling collectives in different orders, sizes,
+   counts, dtypes, reduce ops or roots get CAPEX_ERR_COMM instead of garbage. (The protocol is the rendezvous' version: CAPEX__RDV_VERSION.) */
 #define CAPEX__TCP_MAGIC 0x43585043u
 enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER = 3, CAPEX__TCP_BARRIER = 4,
        CAPEX__TCP_REDUCE_SCATTER = 5, CAPEX__TCP_ALLGATHERV = 6 };
@@ -9888,7 +9890,8 @@ enum { CAPEX__TCP_ALLREDUCE = 1, CAPEX__TCP_BROADCAST = 2, CAPEX__TCP_ALLGATHER 
 typedef struct capex__tcp {
     int *fds;      /* rank 0: socket of each peer (fds[0] unused); else fds[0] = rank 0 */
     uint32_t seq;
-    uint32_t tag;  /* the reduction's dtype and op (capex__tcp_tag), a broadcast's root, 0 for the others */
+    uint32_t tag;  /* the reduction's dtype and op (capex__tcp_tag), a broadcast's root, the counts' hash
+                      (reduce-scatter, allgatherv: capex__tcp_counts_tag), 0 for the others */
     int bad_header; /* the last failed receive read a header that differed (not an I/O failure) */
     void *tmp;
     size_t tmp_bytes;
@@ -9908,6 +9911,20 @@ static capex_result capex__tcp_io_fail(int e, int peer, const char *what) {
    of summing one type's bits as another's or averaging on some ranks only. */
 CAPEX__PRIVATE uint32_t capex__tcp_tag(capex_dtype ty, capex_reduce_op op) {
     return 1u + (uint32_t)ty + ((uint32_t)op << 8);
+}
+/* Reduce-scatter and allgatherv also carry a hash of their counts (tag bits
+   12-30: clear of the dtype/op, the root bit and the refusal), so ranks
+   passing different counts with the same total fail instead of cutting the
+   data at different offsets (the headers' byte sizes do not always differ). */
+#define CAPEX__TCP_TAG_COUNTS 0x7ffff000u
+CAPEX__PRIVATE uint32_t capex__tcp_counts_tag(const size_t *counts, int world) {
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    int p;
+    for (p = 0; p < world; p++) {
+        h = (h ^ (uint64_t)counts[p]) * 0xff51afd7ed558ccdull;
+        h ^= h >> 33;
+    }
+    return (uint32_t)(h >> 20) & CAPEX__TCP_TAG_COUNTS;
 }
 
 CAPEX__PRIVATE void capex__tcp_put_header(unsigned char *h, const capex__tcp *t, uint32_t op, uint64_t bytes) {
@@ -9941,18 +9958,19 @@ static capex_result capex__tcp_check_header(capex_comm *c, const unsigned char *
         return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank 0 refused collective #%u (this rank's #%u): the ranks called "
                                            "it with different ops, sizes, dtypes, reduce ops or roots (rank 0's error says "
                                            "which)", (unsigned)hseq, (unsigned)t->seq);
-    if (same && hop == op && op == CAPEX__TCP_BROADCAST && (htag & CAPEX__TCP_TAG_ROOT) && (t->tag & CAPEX__TCP_TAG_ROOT))
+    if (same && hop == op && op == CAPEX__TCP_BROADCAST && htag != t->tag && (htag & CAPEX__TCP_TAG_ROOT) &&
+        (t->tag & CAPEX__TCP_TAG_ROOT))
         return capex__fail(CAPEX_ERR_COMM, "TCP comm: broadcast #%u: rank %d passed root %u, rank %d root %u: every rank "
                                            "must pass the same root", (unsigned)hseq, peer,
                            (unsigned)(htag & ~CAPEX__TCP_TAG_ROOT), c->rank, (unsigned)(t->tag & ~CAPEX__TCP_TAG_ROOT));
-    if (same && (hop ^ op) == CAPEX__TCP_VIA_RING && htag == t->tag)
+    if (same && (hop ^ op) == CAPEX__TCP_VIA_RING && (htag & ~CAPEX__TCP_TAG_COUNTS) == (t->tag & ~CAPEX__TCP_TAG_COUNTS))
         return capex__fail(CAPEX_ERR_COMM, "TCP comm: collective #%u: rank %d's count (%llu bytes) goes over the %s, rank "
                                            "%d's (%llu bytes) over the %s: every rank must pass the same count",
                            (unsigned)hseq, peer, (unsigned long long)hbytes, (hop & CAPEX__TCP_VIA_RING) ? "ring" : "star",
                            c->rank, (unsigned long long)bytes, (op & CAPEX__TCP_VIA_RING) ? "ring" : "star");
     return capex__fail(CAPEX_ERR_COMM, "TCP comm: rank %d sent op %u #%u (tag %#x) of %llu bytes%s, expected op %u #%u "
                                        "(tag %#x) of %llu bytes: ranks called collectives in different orders, sizes, "
-                                       "dtypes, reduce ops or roots%s", peer, (unsigned)hop, (unsigned)hseq, (unsigned)htag,
+                                       "counts, dtypes, reduce ops or roots%s", peer, (unsigned)hop, (unsigned)hseq, (unsigned)htag,
                        (unsigned long long)hbytes, where, (unsigned)op, (unsigned)t->seq, (unsigned)t->tag,
                        (unsigned long long)bytes, capex__tcp_why(hop, op));
 }
@@ -9977,6 +9995,23 @@ static capex_result capex__tcp_recv(capex_comm *c, int fd, int peer, uint32_t op
     if ((r = capex__tcp_check_header(c, h, peer, op, (uint64_t)bytes, "")) != CAPEX_OK) return r;
     if (bytes && (e = capex__io_all(fd, data, bytes, 0, deadline)) != 0) return capex__tcp_io_fail(e, peer, "receive");
     return CAPEX_OK;
+}
+
+/* A header alone (no payload follows) naming `bytes`: a broadcast's word to
+   rank 0 and its go, a ring collective's announcement. */
+static capex_result capex__tcp_send_word(capex_comm *c, int fd, int peer, uint32_t op, size_t bytes, double deadline) {
+    unsigned char h[24];
+    int e;
+    capex__tcp_put_header(h, (const capex__tcp *)c->impl, op, (uint64_t)bytes);
+    e = capex__io_all(fd, h, 24, 1, deadline);
+    return e ? capex__tcp_io_fail(e, peer, "send") : CAPEX_OK;
+}
+static capex_result capex__tcp_recv_word(capex_comm *c, int fd, int peer, uint32_t op, size_t bytes, double deadline) {
+    unsigned char h[24];
+    int e = capex__io_all(fd, h, 24, 0, deadline);
+    ((capex__tcp *)c->impl)->bad_header = 0;
+    if (e) return capex__tcp_io_fail(e, peer, "receive");
+    return capex__tcp_check_header(c, h, peer, op, (uint64_t)bytes, "");
 }
 
 /* Rank 0, having refused a collective whose headers differed: a header-only
@@ -10178,19 +10213,12 @@ static capex_result capex__tcp_ring_work(capex_comm *c, size_t total, size_t max
    World 2's ring runs on the star socket, where the headers already differ. */
 static capex_result capex__tcp_ring_announce(capex_comm *c, uint32_t op, size_t bytes, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
-    unsigned char h[24];
-    int p, e;
+    capex_result r;
+    int p;
     if (c->world_size < 3) return CAPEX_OK;
-    if (c->rank != 0) {
-        capex__tcp_put_header(h, t, op | CAPEX__TCP_VIA_RING, (uint64_t)bytes);
-        e = capex__io_all(t->fds[0], h, 24, 1, deadline);
-        return e ? capex__tcp_io_fail(e, 0, "send") : CAPEX_OK;
-    }
-    for (p = 1; p < c->world_size; p++) {
-        capex_result r;
-        if ((e = capex__io_all(t->fds[p], h, 24, 0, deadline)) != 0) return capex__tcp_io_fail(e, p, "receive");
-        if ((r = capex__tcp_check_header(c, h, p, op | CAPEX__TCP_VIA_RING, (uint64_t)bytes, "")) != CAPEX_OK) return r;
-    }
+    if (c->rank != 0) return capex__tcp_send_word(c, t->fds[0], 0, op | CAPEX__TCP_VIA_RING, bytes, deadline);
+    for (p = 1; p < c->world_size; p++)
+        if ((r = capex__tcp_recv_word(c, t->fds[p], p, op | CAPEX__TCP_VIA_RING, bytes, deadline)) != CAPEX_OK) return r;
     return CAPEX_OK;
 }
 
@@ -10323,7 +10351,7 @@ static capex_result capex__tcp_reduce_scatter(capex_comm *c, const void *send, v
     if (capex__size_mul(total, capex__tcp_scratch_elem(ty), &i))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "TCP comm: %zu elements: rank 0's scratch byte size overflows size_t", total);
     t->seq++;
-    t->tag = capex__tcp_tag(ty, op);
+    t->tag = capex__tcp_tag(ty, op) | capex__tcp_counts_tag(counts, c->world_size);
     if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES)
         return (r = capex__tcp_ring_announce(c, CAPEX__TCP_REDUCE_SCATTER, total * es, deadline)) != CAPEX_OK
                    ? r : capex__tcp_ring_reduce_scatter(c, send, recv, counts, ty, op, CAPEX__TCP_REDUCE_SCATTER, deadline);
@@ -10352,7 +10380,7 @@ static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void 
     int p;
     for (p = 0; p < c->world_size; p++) total += counts[p];
     t->seq++;
-    t->tag = 0;
+    t->tag = capex__tcp_counts_tag(counts, c->world_size);
     if (t->ring && total * es >= CAPEX__TCP_RING_MIN_BYTES) {
         size_t d = capex__ring_displ(counts, c->rank);
         if ((r = capex__tcp_ring_announce(c, CAPEX__TCP_ALLGATHERV, total * es, deadline)) != CAPEX_OK) return r;
@@ -10374,11 +10402,12 @@ static capex_result capex__tcp_allgatherv(capex_comm *c, const void *send, void 
     return CAPEX_OK;
 }
 
-/* Every peer first sends rank 0 an empty header naming its root; rank 0
-   reads them all before any data moves, so ranks passing different roots
-   all fail at once (rank 0 names the roots, its notice tells the peers)
-   instead of pairing with the next collective or waiting out the deadline.
-   A root other than 0 sends its data when rank 0 says go (an empty header). */
+/* Every peer first sends rank 0 a header alone naming its root and byte
+   count; rank 0 reads them all before any data moves, so ranks passing
+   different roots or counts all fail at once (rank 0 names what differs,
+   its notice tells the peers) instead of the root returning CAPEX_OK, the
+   others pairing with the next collective or waiting out the deadline. A
+   root other than 0 sends its data when rank 0 says go (a header alone). */
 static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, capex_dtype ty, int root, double deadline) {
     capex__tcp *t = (capex__tcp *)c->impl;
     size_t bytes = n * capex_comm_dtype_size(ty);
@@ -10387,17 +10416,17 @@ static capex_result capex__tcp_broadcast(capex_comm *c, void *buf, size_t n, cap
     t->seq++;
     t->tag = CAPEX__TCP_TAG_ROOT | (uint32_t)root;
     if (c->rank != 0) {
-        if ((r = capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK) return r;
+        if ((r = capex__tcp_send_word(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, bytes, deadline)) != CAPEX_OK) return r;
         if (c->rank != root) return capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
-        if ((r = capex__tcp_recv(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK) return r;
+        if ((r = capex__tcp_recv_word(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, bytes, deadline)) != CAPEX_OK) return r;
         return capex__tcp_send(c, t->fds[0], 0, CAPEX__TCP_BROADCAST, buf, bytes, deadline);
     }
     for (p = 1; p < c->world_size; p++)
-        if ((r = capex__tcp_recv(c, t->fds[p], p, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK) {
+        if ((r = capex__tcp_recv_word(c, t->fds[p], p, CAPEX__TCP_BROADCAST, bytes, deadline)) != CAPEX_OK) {
             if (t->bad_header) capex__tcp_notify_refused(c, CAPEX__TCP_BROADCAST, deadline);
             return r;
         }
-    if (root != 0 && ((r = capex__tcp_send(c, t->fds[root], root, CAPEX__TCP_BROADCAST, NULL, 0, deadline)) != CAPEX_OK ||
+    if (root != 0 && ((r = capex__tcp_send_word(c, t->fds[root], root, CAPEX__TCP_BROADCAST, bytes, deadline)) != CAPEX_OK ||
                       (r = capex__tcp_recv(c, t->fds[root], root, CAPEX__TCP_BROADCAST, buf, bytes, deadline)) != CAPEX_OK))
         return r;
     for (p = 1; p < c->world_size; p++)

@@ -54,7 +54,8 @@ static void root_side(const uint8_t *data, size_t size, size_t piece) {
     if (want == -1) want = -2; /* EOF before a whole hello */
     if (verbose) fprintf(stderr, "rank 0 read a hello: verdict %d\n", st);
     if (st != want) abort();
-    if (st == CAPEX__RDV_OK && (rk < 1 || rk > 3 || wd != 4 || rk != rk2 || memcmp(data, "CPXR\3\0\0\0", 8) != 0 ||
+    if (st == CAPEX__RDV_OK && (rk < 1 || rk > 3 || wd != 4 || rk != rk2 || memcmp(data, "CPXR", 4) != 0 ||
+                                capex__get32(data + 4) != CAPEX__RDV_VERSION ||
                                 capex__get64(data + 16) != d.nonce || capex__get64(data + 24) != 128))
         abort();
     /* garbage goes at its first wrong byte: no verdict waits for bytes past it */

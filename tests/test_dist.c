@@ -1436,7 +1436,8 @@ CT_TEST(rendezvous_wrong_nonce_is_refused) {
    whose barrier rank 0 does not open) are refused at the rendezvous: such a
    rank would otherwise fail a later reduction as a dtype or op mismatch, or
    wait out a barrier. So are version 2 hellos (no root in a broadcast's
-   headers, no ring announcements: a broadcast would wait out its deadline). */
+   headers, no ring announcements: a broadcast would wait out its deadline)
+   and version 3 ones (no byte count in a broadcast's word to rank 0). */
 CT_TEST(rendezvous_refuses_the_version_1_wire_format) {
     unsigned char hello[32];
     capex_rendezvous_desc f;
@@ -1449,6 +1450,8 @@ CT_TEST(rendezvous_refuses_the_version_1_wire_format) {
     CT_CHECK(capex__rdv_parse_hello(hello, 32, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_BAD_PROTO, "a version 1 hello");
     capex__put32(hello + 4, 2u); /* its broadcasts send no root, nor its ring collectives an announcement */
     CT_CHECK(capex__rdv_parse_hello(hello, 32, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_BAD_PROTO, "a version 2 hello");
+    capex__put32(hello + 4, 3u); /* its broadcast words carry no byte count */
+    CT_CHECK(capex__rdv_parse_hello(hello, 32, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_BAD_PROTO, "a version 3 hello");
     CT_CHECK(capex__rdv_parse_hello(hello, 5, RUN_A, 2, 128, &rk, &wd) == CAPEX__RDV_BAD_PROTO, "refused at its 5th byte");
 }
 
@@ -2036,6 +2039,46 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_comm_destroy(&c);
         return r == want ? 0 : __LINE__;
     }
+    if (mode >= 38 && mode <= 40) { /* one rank passes another broadcast count: every rank fails in that call */
+        /* 38: root 0, the last rank 8 elements (the root only sent: it returned CAPEX_OK);
+           39: root 1, the last rank 8 (the root sends when rank 0 says go: it returned CAPEX_OK);
+           40: root 0, rank 0 itself 8 (the peers failed on its data; rank 0 returned CAPEX_OK) */
+        float b[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        int odd = mode == 40 ? 0 : world - 1, root = mode == 39 ? 1 : 0, line;
+        capex_result r;
+        c.timeout_s = 60.0; /* a hang guard only */
+        r = capex_comm_broadcast(&c, b, rank == odd ? 8 : 4, CAPEX_F32, root);
+        line = r != CAPEX_ERR_COMM ? __LINE__ : strstr(capex_last_error(), "same root") ? __LINE__ : 0; /* the roots agree */
+        if (line)
+            fprintf(stderr, "rank %d (mode %d, world %d): %s: %s\n", rank, mode, world, capex_result_string(r), capex_last_error());
+        capex_comm_destroy(&c);
+        return line;
+    }
+    if (mode >= 41 && mode <= 44) { /* the last rank swaps two ranks' counts (the same total): every rank fails */
+        /* 41: allgatherv, 42: reduce-scatter (star); 43, 44: the same on the ring.
+           At world 3 the star allgatherv returned CAPEX_OK everywhere, the last
+           rank reading the shards at the wrong offsets; elsewhere some ranks did */
+        size_t unit = mode >= 43 ? (size_t)1 << 15 : 1, counts[3], k, total;
+        float *x, *y;
+        int line = 0;
+        capex_result r;
+        for (k = 0; k < (size_t)world; k++) counts[k] = (k + 1) * unit;
+        total = (size_t)world * (size_t)(world + 1) / 2 * unit;
+        if (rank == world - 1) { counts[0] = 2 * unit; counts[1] = unit; }
+        x = (float *)calloc(total, sizeof(float));
+        y = (float *)calloc(total, sizeof(float));
+        if (!x || !y) return __LINE__;
+        c.timeout_s = 60.0; /* a hang guard only */
+        if (mode == 41 || mode == 43) r = capex_comm_allgatherv(&c, y, x, counts, CAPEX_F32);
+        else r = capex_comm_reduce_scatter(&c, x, y, counts, CAPEX_F32, CAPEX_REDUCE_SUM);
+        if (r != CAPEX_ERR_COMM) line = __LINE__;
+        if (line)
+            fprintf(stderr, "rank %d (mode %d, world %d): %s: %s\n", rank, mode, world, capex_result_string(r), capex_last_error());
+        capex_comm_destroy(&c);
+        free(x);
+        free(y);
+        return line;
+    }
     if (mode >= 34 && mode <= 36) { /* one rank's count takes the star, the others' the ring (world >= 3) */
         /* 34: allreduce, 35: reduce-scatter, 36: allgatherv; the small count
            on rank 0, 1, 2 (world 3) or 1, 2, 3 (world 4) */
@@ -2470,6 +2513,37 @@ CT_TEST(tcp_comm_broadcast_root_mismatch_fails) {
         }
 }
 
+/* One rank passes another count to a broadcast (roots 0 and 1, the odd rank
+   a peer or rank 0): every rank fails in that call (CAPEX_ERR_COMM), as
+   capex_comm_init_tcp's manual says; the root used to send, return
+   CAPEX_OK and pair its next call with the peers' failure. Worlds 2, 3. */
+CT_TEST(tcp_comm_broadcast_count_mismatch_fails_every_rank) {
+    int mode, world, codes[8], r, i;
+    for (mode = 38; mode <= 40; mode++)
+        for (world = 2; world <= 3; world++) {
+            for (i = 0; i < 8; i++) codes[i] = 0;
+            r = tcp_world(world, mode, codes);
+            CT_CHECK(r == 0, "mode %d world %d: rank 0 line %d (its stderr says why)", mode, world, r);
+            for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "mode %d world %d: rank %d exit %d", mode, world, i, codes[i]);
+        }
+}
+
+/* The last rank passes a counts array with two ranks' counts swapped (the
+   same total) to allgatherv or reduce-scatter, star and ring: every rank
+   fails in that call (CAPEX_ERR_COMM). The headers carried only byte sizes,
+   so some ranks returned CAPEX_OK (all of them in a world of 3's star
+   allgatherv, the last one with its shards at the wrong offsets). */
+CT_TEST(tcp_comm_counts_mismatch_fails_every_rank) {
+    int mode, world, codes[8], r, i;
+    for (mode = 41; mode <= 44; mode++)
+        for (world = 2; world <= 3; world++) {
+            for (i = 0; i < 8; i++) codes[i] = 0;
+            r = tcp_world(world, mode, codes);
+            CT_CHECK(r == 0, "mode %d world %d: rank 0 line %d (its stderr says why)", mode, world, r);
+            for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "mode %d world %d: rank %d exit %d", mode, world, i, codes[i]);
+        }
+}
+
 /* A peer refusing a broadcast from rank 0 (a NULL buffer): rank 0, the
    root, now waits for every peer's word and fails in that call
    (CAPEX_ERR_COMM) with the others; it used to only send, return CAPEX_OK
@@ -2633,6 +2707,8 @@ static const ct_case cases[] = {
     CT_CASE(tcp_comm_broadcast_root_mismatch_fails),
     CT_CASE(tcp_comm_star_ring_mismatch_fails),
     CT_CASE(tcp_comm_broadcast_root_fails_with_a_refusing_peer),
+    CT_CASE(tcp_comm_broadcast_count_mismatch_fails_every_rank),
+    CT_CASE(tcp_comm_counts_mismatch_fails_every_rank),
     CT_CASE(tcp_comm_over_ipv6_loopback),
     CT_CASE(tcp_comm_rank_killed_mid_collective),
     CT_CASE(torchrun_style_launch_auto_comm),
