@@ -1805,8 +1805,8 @@ CAPEX_API void capex_zero_desc_init(capex_zero_desc *d);
    (one allgather of 16 int64 per rank): params' numels, dtypes and groups
    (CAPEX_ERR_SIZE_MISMATCH), stage, bucket_bytes, gradient_average,
    broadcast_parameters, num_groups, od's kind and settings and each
-   group's hparams (CAPEX_ERR_CONFIG; od's exec, allocator and
-   lamb_low_memory may differ). Every rank fails alike; the comm stays usable.
+   group's hparams, the fields the kind reads (CAPEX_ERR_CONFIG; od's exec,
+   allocator and lamb_low_memory may differ, and fields the kind ignores). Every rank fails alike; the comm stays usable.
    After the broadcast, one more small allreduce (2 int64): a rank that then
    fails on its own (out of memory for its buckets or optimizer) fails every
    rank (its peers: CAPEX_ERR_COMM naming it), none keeping a zero alone. */
@@ -11960,31 +11960,40 @@ static void capex__zero_signature(int64_t *sig, const capex_zero_param *params, 
                                   const capex_optim_hparams *hparams, size_t ngroups, const capex_zero_desc *d) {
     uint64_t hn = 0, ht = 0, hg = 0, ho = 0, hh = 0, total = 0;
     size_t i;
+    capex_optim_kind k;
+    int adam, lamb, sgd, novo, adagrad;
     for (i = 0; i < np; i++) {
         hn = capex__sig_mix(hn, (uint64_t)params[i].numel);
         ht = capex__sig_mix(ht, (uint64_t)params[i].dtype);
         hg = capex__sig_mix(hg, (uint64_t)params[i].group);
         total += (uint64_t)params[i].numel;
     }
-    ho = capex__sig_mix(ho, (uint64_t)od->adam_w_mode);
-    ho = capex__sig_mix(ho, (uint64_t)od->use_nvlamb);
-    ho = capex__sig_mix(ho, capex__f32_bits(od->max_grad_norm));
-    ho = capex__sig_mix(ho, (uint64_t)od->wd_after_momentum);
+    /* only what the kind reads: a field it ignores may differ (or be left unset) */
+    k = od->kind;
+    adam = k == CAPEX_OPTIM_ADAM, lamb = k == CAPEX_OPTIM_LAMB, sgd = k == CAPEX_OPTIM_SGD;
+    novo = k == CAPEX_OPTIM_NOVOGRAD, adagrad = k == CAPEX_OPTIM_ADAGRAD;
+    if (adam || lamb || adagrad) ho = capex__sig_mix(ho, (uint64_t)od->adam_w_mode);
+    if (lamb) ho = capex__sig_mix(ho, (uint64_t)od->use_nvlamb);
+    if (lamb) ho = capex__sig_mix(ho, capex__f32_bits(od->max_grad_norm));
+    if (sgd) ho = capex__sig_mix(ho, (uint64_t)od->wd_after_momentum);
     ho = capex__sig_mix(ho, (uint64_t)od->stochastic_rounding);
-    ho = capex__sig_mix(ho, od->seed);
-    ho = capex__sig_mix(ho, (uint64_t)od->reg_inside_moment);
-    ho = capex__sig_mix(ho, (uint64_t)od->init_zero);
-    ho = capex__sig_mix(ho, (uint64_t)od->norm_type);
+    if (od->stochastic_rounding) ho = capex__sig_mix(ho, od->seed);
+    if (novo) ho = capex__sig_mix(ho, (uint64_t)od->reg_inside_moment);
+    if (novo) ho = capex__sig_mix(ho, (uint64_t)od->init_zero);
+    if (novo) ho = capex__sig_mix(ho, (uint64_t)od->norm_type);
     for (i = 0; i < ngroups; i++) { /* the values each group runs with (NULL: od->defaults) */
         const capex_optim_hparams *h = hparams ? &hparams[i] : &od->defaults;
-        const float f[10] = {h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->momentum, h->dampening, h->lr_decay,
-                             h->initial_accumulator_value, 0.0f};
+        /* lr, beta1, beta2, eps, weight_decay, momentum, dampening, lr_decay, initial_accumulator_value */
+        const float f[9] = {h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->momentum, h->dampening, h->lr_decay,
+                            h->initial_accumulator_value};
+        const unsigned read = adam || lamb || novo ? 0x1Fu : sgd ? 0x71u : adagrad ? 0x199u : 0x1FFu;
         size_t j;
-        for (j = 0; j < 9; j++) hh = capex__sig_mix(hh, capex__f32_bits(f[j]));
-        hh = capex__sig_mix(hh, (uint64_t)h->bias_correction);
-        hh = capex__sig_mix(hh, (uint64_t)h->grad_averaging);
-        hh = capex__sig_mix(hh, (uint64_t)h->nesterov);
-        hh = capex__sig_mix(hh, (uint64_t)h->amsgrad);
+        for (j = 0; j < 9; j++)
+            if (read >> j & 1u) hh = capex__sig_mix(hh, capex__f32_bits(f[j]));
+        if (adam || lamb || novo) hh = capex__sig_mix(hh, (uint64_t)h->bias_correction);
+        if (lamb || novo) hh = capex__sig_mix(hh, (uint64_t)h->grad_averaging);
+        if (sgd) hh = capex__sig_mix(hh, (uint64_t)h->nesterov);
+        if (adam) hh = capex__sig_mix(hh, (uint64_t)h->amsgrad);
     }
     memset(sig, 0, sizeof(int64_t) * CAPEX__SIG_N);
     sig[CAPEX__SIG_API] = CAPEX__SIG_ZERO;

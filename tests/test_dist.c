@@ -2210,7 +2210,7 @@ CT_TEST(tcp_comm_collectives_and_ddp) {
    comm's deadline is a hang guard only: the expected codes are not timeouts. */
 enum {
     MC_OK, MC_NP, MC_SIZES, MC_NUMEL, MC_DTYPE, MC_BUCKET, MC_BCAST, MC_PREDIV, MC_REFUSE,
-    MC_Z_OK, MC_Z_NP, MC_Z_DTYPE, MC_Z_GROUP, MC_Z_STAGE, MC_Z_LR, MC_Z_BCAST, MC_Z_REFUSE, MC_N
+    MC_Z_OK, MC_Z_NP, MC_Z_DTYPE, MC_Z_GROUP, MC_Z_STAGE, MC_Z_LR, MC_Z_BCAST, MC_Z_REFUSE, MC_Z_UNUSED, MC_N
 };
 static int model_check_body(int rank, int world, int port, int mode) {
     capex_dist_env env;
@@ -2259,6 +2259,10 @@ static int model_check_body(int rank, int world, int port, int mode) {
         case MC_Z_LR: od.defaults.lr = 0.5f; break;
         case MC_Z_BCAST: zd.broadcast_parameters = 0; break;
         case MC_Z_REFUSE: zp[1].group = 5; break;
+        case MC_Z_UNUSED: /* fields Adam never reads may differ: no refusal */
+            od.defaults.momentum = 0.9f; od.defaults.nesterov = 1; od.defaults.lr_decay = 0.5f;
+            od.defaults.grad_averaging = 0; od.use_nvlamb = 1; od.wd_after_momentum = 1; od.seed = 7;
+            break;
         default: break;
     }
     switch (mode) {
