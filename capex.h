@@ -1641,13 +1641,13 @@ CAPEX_API void capex_ddp_desc_init(capex_ddp_desc *d);
    parameters from rank 0. comm must outlive the ddp. Not thread-safe.
    Collective: before the broadcast every rank checks that all ranks pass
    the same model and descriptor (PyTorch DDP's parameter shape check), in
-   one allgather of 16 int64 per rank (none in a world of 1). Every rank
+   one allgather of 18 int64 per rank (none in a world of 1). Every rank
    then fails alike, with a message naming the ranks and what differs:
    CAPEX_ERR_SIZE_MISMATCH for a different param count, elements, sizes or
    dtypes; CAPEX_ERR_CONFIG for different bucket limits (first_bucket_bytes,
    bucket_bytes, message_size), gradient_average, gradient_predivide_factor,
-   allreduce_always_fp32, find_unused_parameters, rebuild_buckets or
-   broadcast_parameters (delay_allreduce and grad pointers may differ); a
+   allreduce_always_fp32, find_unused_parameters, rebuild_buckets,
+   broadcast_parameters or delay_allreduce (grad pointers may differ); a
    rank refusing its own arguments returns its error and the others
    CAPEX_ERR_COMM. The comm stays usable after such a failure. */
 CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const capex_ddp_param *params,
@@ -1802,7 +1802,7 @@ CAPEX_API void capex_zero_desc_init(capex_zero_desc *d);
    for every group; num_groups >= 1 + the largest params[i].group). comm
    must outlive z. Collective: every rank calls it with the same arguments
    (pointers aside), checked before the broadcast as capex_ddp_create does
-   (one allgather of 16 int64 per rank): params' numels, dtypes and groups
+   (one allgather of 18 int64 per rank): params' numels, dtypes and groups
    (CAPEX_ERR_SIZE_MISMATCH), stage, bucket_bytes, gradient_average,
    broadcast_parameters, num_groups, od's kind and settings and each
    group's hparams, the fields the kind reads (CAPEX_ERR_CONFIG; od's exec,
@@ -10867,7 +10867,7 @@ struct capex_ddp {
    succeeded, so the comm stays usable. World size 1: nothing is sent. */
 enum {
     CAPEX__SIG_API, CAPEX__SIG_REFUSED, CAPEX__SIG_NP, CAPEX__SIG_NUMEL, CAPEX__SIG_H_NUMEL, CAPEX__SIG_H_DTYPE,
-    CAPEX__SIG_H_GROUP, CAPEX__SIG_DESC, CAPEX__SIG_N = 16
+    CAPEX__SIG_H_GROUP, CAPEX__SIG_DESC, CAPEX__SIG_N = 18
 };
 #define CAPEX__SIG_MAGIC 0x4361705369670000ll /* "CapSig", then the API in the low byte */
 #define CAPEX__SIG_DDP (CAPEX__SIG_MAGIC | 1)
@@ -11241,8 +11241,9 @@ static capex_result capex__ddp_check_args(capex_comm *comm, const capex_ddp_para
    bucket layout (limits; message_size replaces both), what the allreduces
    carry and how they are scaled, which collectives run (rebuild's
    broadcast, the parameter broadcast) and find_unused_parameters (without
-   it a rank fails before communicating where its peers reduce). Not
-   delay_allreduce: it moves the launches, not the collectives or their order. */
+   it a rank fails before communicating where its peers reduce), and
+   delay_allreduce: it moves the bucket launches behind or ahead of other
+   collectives made during backward (SyncBatchNorm's, a metric's). */
 static void capex__ddp_signature(int64_t *sig, const capex_ddp_param *params, size_t np, const capex_ddp_desc *d) {
     uint64_t hn = 0, ht = 0, total = 0;
     size_t i;
@@ -11266,11 +11267,12 @@ static void capex__ddp_signature(int64_t *sig, const capex_ddp_param *params, si
     sig[CAPEX__SIG_DESC + 6] = d->find_unused_parameters != 0;
     sig[CAPEX__SIG_DESC + 7] = d->rebuild_buckets != 0;
     sig[CAPEX__SIG_DESC + 8] = d->broadcast_parameters != 0;
+    sig[CAPEX__SIG_DESC + 9] = d->delay_allreduce != 0;
 }
 static const capex__sig_names capex__ddp_sig_names = {
     "capex_ddp_create", "capex_ddp_desc",
     {"first_bucket_bytes", "bucket_bytes", "message_size", "gradient_average", "gradient_predivide_factor",
-     "allreduce_always_fp32", "find_unused_parameters", "rebuild_buckets", "broadcast_parameters"},
+     "allreduce_always_fp32", "find_unused_parameters", "rebuild_buckets", "broadcast_parameters", "delay_allreduce"},
     1u << 4};
 
 CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const capex_ddp_param *params, size_t np,

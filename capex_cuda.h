@@ -694,7 +694,7 @@ CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
 typedef struct capex_cuda_zero capex_cuda_zero;
 /* As capex_zero_create, for a comm on device buffers (NCCL) and device
    params. Collective, with the same check that every rank passes the same
-   model and settings (its 16 int64 per rank go through a small device buffer),
+   model and settings (its 18 int64 per rank go through a small device buffer),
    and the same last agreement, after this rank's device buffers and optimizer.
    Those exchanges need a small device buffer each (128 (world + 1) and 16
    bytes): a rank that cannot allocate one leaves its peers to fail at their

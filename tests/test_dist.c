@@ -2209,7 +2209,7 @@ CT_TEST(tcp_comm_collectives_and_ddp) {
    2 then both differ from rank 0; the message names the first, rank 1). The
    comm's deadline is a hang guard only: the expected codes are not timeouts. */
 enum {
-    MC_OK, MC_NP, MC_SIZES, MC_NUMEL, MC_DTYPE, MC_BUCKET, MC_BCAST, MC_PREDIV, MC_REFUSE,
+    MC_OK, MC_NP, MC_SIZES, MC_NUMEL, MC_DTYPE, MC_BUCKET, MC_BCAST, MC_PREDIV, MC_REFUSE, MC_DELAY,
     MC_Z_OK, MC_Z_NP, MC_Z_DTYPE, MC_Z_GROUP, MC_Z_STAGE, MC_Z_LR, MC_Z_BCAST, MC_Z_REFUSE, MC_Z_UNUSED, MC_N
 };
 static int model_check_body(int rank, int world, int port, int mode) {
@@ -2253,6 +2253,7 @@ static int model_check_body(int rank, int world, int port, int mode) {
         case MC_BUCKET: d.bucket_bytes = 32; break;
         case MC_BCAST: d.broadcast_parameters = 0; break;
         case MC_PREDIV: d.gradient_predivide_factor = 2.0f; break;
+        case MC_DELAY: d.delay_allreduce = 1; break;
         case MC_REFUSE: ps[1].dtype = (capex_dtype)99; break;
         case MC_Z_GROUP: zp[1].group = 1; break;
         case MC_Z_STAGE: zd.stage = 2; break;
@@ -2279,6 +2280,7 @@ static int model_check_body(int rank, int world, int port, int mode) {
         case MC_BUCKET: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d has bucket_bytes %d, rank 0 has %d", first, odd ? 32 : 16, odd ? 16 : 32); break;
         case MC_BCAST: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d has broadcast_parameters %d, rank 0 has %d", first, !odd, odd ? 1 : 0); break;
         case MC_Z_BCAST: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d has broadcast_parameters %d, rank 0 has %d", first, !odd, odd ? 1 : 0); break;
+        case MC_DELAY: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d has delay_allreduce %d, rank 0 has %d", first, odd, !odd); break;
         case MC_PREDIV: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d has gradient_predivide_factor %g, rank 0 has %g", first, odd ? 2.0 : 1.0, odd ? 1.0 : 2.0); break;
         case MC_Z_STAGE: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d has stage %d, rank 0 has %d", first, odd ? 2 : 1, odd ? 1 : 2); break;
         case MC_Z_LR: want = CAPEX_ERR_CONFIG; snprintf(expect, sizeof expect, "rank %d's hparams differ from rank 0's", first); break;
