@@ -1525,8 +1525,9 @@ CAPEX_API void capex_comm_destroy(capex_comm *c);
    run. Synchronous; rank 0 carries the star's O(world) load, so meant for a
    node or a few. Ranks 2..W-1 also listen on an ephemeral port (the address
    their connection to rank 0 uses) for their ring link. Ranks whose calls
-   differ (order, count, dtype, reduce op, broadcast root) get CAPEX_ERR_COMM
-   in that call; for that check a broadcast waits for a word from every peer
+   differ (order, byte count, counts arrays, a reduction's dtype or op, a
+   broadcast's root) get CAPEX_ERR_COMM in that call (broadcast and
+   allgather move bits: f32 x 4 against f16 x 8 passes); for that check a broadcast waits for a word from every peer
    (a round trip through rank 0). */
 CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *env, double connect_timeout_s);
 /* The backend for how the job was launched: MPI when built with CAPEX_MPI
