@@ -58,10 +58,12 @@ run: $(BUILD)/examples/train_charlm
 # -g1 (line tables): the reports name file and line, and the big test programs
 # compile faster than with full debug info. The CPU emulator driver is not
 # instrumented, so both builds share $(BUILD)/emu (build-san/emu links to it).
+# CAPEX_TEST_SANITIZED=1: sweeps that repeat the same host code on other data
+# run a subset here (ct_sanitized in tests/capex_test.h); make test runs them whole.
 sanitize:
 	@mkdir -p build-san $(BUILD)/emu && { [ -L build-san/emu ] || rm -rf build-san/emu; } && \
 	  ln -sfn $(abspath $(BUILD))/emu build-san/emu
-	$(MAKE) --no-print-directory BUILD=build-san EMU_DIR=$(BUILD)/emu CC=clang OPENMP= \
+	CAPEX_TEST_SANITIZED=1 $(MAKE) --no-print-directory BUILD=build-san EMU_DIR=$(BUILD)/emu CC=clang OPENMP= \
 	  CFLAGS="-std=c99 -O1 -g1 $(WARN) -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
 
 # Headers compiled as C99, C11 and C++11 under gcc and clang, warnings as errors;
