@@ -15,7 +15,7 @@ TSAN_BUILD  ?= build-tsan
 TSAN_TESTS  := test_dist test_norm test_optim test_tensor test_cuda_jit test_cuda_gpu
 TSAN_CFLAGS := -std=c99 -O1 -g $(WARN) -fopenmp -fsanitize=thread -fno-omit-frame-pointer
 TSAN_ARCHER  = $(wildcard $(dir $(realpath $(shell command -v clang 2>/dev/null)))../lib/libarcher.so)
-TSAN_ENV     = TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1" \
+TSAN_ENV     = CAPEX_TEST_SANITIZED=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1" \
                $(if $(TSAN_ARCHER),OMP_TOOL_LIBRARIES=$(TSAN_ARCHER))
 
 .PHONY: tsan
