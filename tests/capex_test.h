@@ -19,6 +19,13 @@ typedef struct ct_case { const char *name; ct_fn fn; } ct_case;
 #define CT_TEST(name) static void name(ct_state *ct)
 #define CT_CASE(name) { #name, name }
 
+/* A comm or rendezvous deadline that only guards against a hang (the test
+   expects success or a non-timeout error): far above what a loaded CI
+   machine (sanitizers, parallel jobs, 2 cores) needs, so only a real hang
+   reaches it. Deadlines a test expects to fire stay short, with the peer
+   held so that slowness cannot end the wait some other way. */
+#define CT_HANG_GUARD_S 120.0
+
 /* Records a failure message (truncated to fit; vsnprintf keeps the compiler's
    format-truncation analysis out of every call site). */
 static void ct_fail(ct_state *ct, const char *file, int line, const char *cond, const char *fmt, ...)

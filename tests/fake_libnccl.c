@@ -176,7 +176,7 @@ static int peer_dead(fake_world *w) {
 static int world_barrier(fake_comm *c) {
     fake_world *w = c->w;
     int gen = __atomic_load_n(&w->generation, __ATOMIC_SEQ_CST);
-    double deadline = now_s() + timeout_s();
+    double deadline = now_s() + timeout_s(), next_check = 0.0;
     unsigned spins = 0;
     if (__atomic_load_n(&w->broken, __ATOMIC_SEQ_CST)) { world_break(c, "a peer failed earlier"); return 1; }
     if (__atomic_add_fetch(&w->arrived, 1, __ATOMIC_SEQ_CST) == w->nranks) {
@@ -186,7 +186,11 @@ static int world_barrier(fake_comm *c) {
     }
     while (__atomic_load_n(&w->generation, __ATOMIC_SEQ_CST) == gen) {
         if (__atomic_load_n(&w->broken, __ATOMIC_SEQ_CST)) { world_break(c, "a peer failed"); return 1; }
-        if (++spins % 1024 == 0) {
+        /* by the clock too, not only every 1024 spins: on a loaded machine
+           each sched_yield can take tens of ms, and 1024 of them delayed a
+           dead peer's report by half a minute */
+        if (++spins % 1024 == 0 || (spins > 64 && now_s() >= next_check)) {
+            next_check = now_s() + 0.01;
             if (peer_dead(w)) { world_break(c, "a peer process exited"); return 1; }
             if (now_s() > deadline) { world_break(c, "peers did not reach the collective in time"); return 1; }
         }

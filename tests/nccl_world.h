@@ -74,7 +74,7 @@ static int nccl_world_run(int world, nccl_world_body body, void *user, int *code
    on a world of 2 on the stand-in NCCL; res->code 0 when both ranks pass. */
 NCCL_WORLD_UNUSED static void nccl_world2_child(nccl_world_body body, child_result *res) {
     int codes[16] = {0}, r;
-    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
+    setenv("FAKE_NCCL_TIMEOUT", "120", 1); /* a hang guard: a stuck test fails instead of hanging */
     r = nccl_world_run(2, body, NULL, codes);
     res->code = r || codes[1] ? 1 : 0;
     snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);

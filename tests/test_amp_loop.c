@@ -21,8 +21,8 @@ static int tcp_body(int rank, int world, int port, int mode) {
     strcpy(env.master_addr, "127.0.0.1");
     env.master_port = port;
     strcpy(env.run_id, "amp-loop-test");
-    if (capex_comm_init_tcp(&c, &env, 10.0) != CAPEX_OK) { fprintf(stderr, "rank %d: %s\n", rank, capex_last_error()); return __LINE__; }
-    c.timeout_s = 20.0;
+    if (capex_comm_init_tcp(&c, &env, CT_HANG_GUARD_S) != CAPEX_OK) { fprintf(stderr, "rank %d: %s\n", rank, capex_last_error()); return __LINE__; }
+    c.timeout_s = CT_HANG_GUARD_S; /* a hang guard: every check expects success */
     /* mode 1: keep ZeRO 2's checkpoint; 2: resume it (another world size) */
     line = al_check_all(&c, g_path, mode == 1 ? g_keep : NULL, why, sizeof why);
     if (!line && mode == 2) line = al_check_resume_from(&c, g_keep, why, sizeof why);

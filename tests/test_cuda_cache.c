@@ -723,7 +723,7 @@ static void child_read_entry(const char *dir, child_result *res) {
     capex_cuda_image img;
     unsigned char key[32];
     char path[1200];
-    alarm(20);
+    alarm(60); /* a hang guard: a plain read takes milliseconds */
     capex_cuda_cache_init(&c, dir);
     capex__cuda_cache_key(user_src, "p", NULL, 0, 90, key);
     capex__cuda_cache_path(&c, key, path, sizeof path);
@@ -740,7 +740,7 @@ static void child_compile_user(const char *dir, child_result *res) {
     capex_cuda_cache c;
     capex_cuda_compile_desc d;
     capex_cuda_image img;
-    alarm(60);
+    alarm(120); /* a hang guard: NVRTC under sanitizers on a loaded machine is slow */
     capex_cuda_cache_init(&c, dir);
     user_desc(&d, &c, opts);
     res->code = capex_cuda_compile(&d, &img);

@@ -673,7 +673,7 @@ static void child_compile_unlocked(const char *arg, child_result *res) {
     setenv("CAPEX_LIBCUDA_PATH", drv, 1);
     setenv("CAPEX_NVRTC_PATH", nv, 1);
     setenv("FAKE_NVRTC_WAIT", wait, 1);
-    alarm(60); /* a compile that holds the context lock deadlocks this child */
+    alarm(120); /* a compile that holds the context lock deadlocks this child */
     capex_cuda_context_desc_init(&cd);
     cd.device = 0;
     cd.disk_cache = 0;
@@ -685,7 +685,7 @@ static void child_compile_unlocked(const char *arg, child_result *res) {
     }
     res->code = -2;
     if (pthread_create(&th, NULL, compile_waiting, ctx) != 0) return;
-    for (i = 0; i < 10000 && access(in, F_OK) != 0; i++) usleep(1000); /* the thread is inside NVRTC */
+    for (i = 0; i < 60000 && access(in, F_OK) != 0; i++) usleep(1000); /* the thread is inside NVRTC (60 s at least: a hang guard) */
     res->value = access(in, F_OK) == 0;
     /* the lock is free: a module already loaded, a new compile and a lookup go through */
     res->value += capex_cuda_module_compile(ctx, "extern \"C\" __global__ void fast() {}", "fast", NULL, 0, &a2) == CAPEX_OK && a2 == a;

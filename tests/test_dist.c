@@ -1374,7 +1374,7 @@ static capex_result rdv_run(const spec *sp, int n, int world, double root_timeou
     fflush(stdout);
     for (i = 0; i < n; i++) {
         pids[i] = fork();
-        if (pids[i] == 0) _exit(rdv_child(port, sp[i].rank, sp[i].world, sp[i].nonce, sp[i].timeout > 0 ? sp[i].timeout : 3.0, sp[i].delay));
+        if (pids[i] == 0) _exit(rdv_child(port, sp[i].rank, sp[i].world, sp[i].nonce, sp[i].timeout > 0 ? sp[i].timeout : CT_HANG_GUARD_S, sp[i].delay));
     }
     if (root_timeout > 0) {
         capex_rendezvous_desc d;
@@ -1403,12 +1403,12 @@ CT_TEST(rendezvous_success_and_late_ranks) {
     capex_result r;
     memset(s, 0, sizeof s);
     for (i = 0; i < 3; i++) { s[i].rank = i + 1; s[i].nonce = RUN_A; s[i].world = 4; s[i].delay = 0; }
-    r = rdv_run(s, 3, 4, 5.0, 0, codes);
+    r = rdv_run(s, 3, 4, CT_HANG_GUARD_S, 0, codes);
     CT_CHECK(r == CAPEX_OK, "rank 0: %s %.300s", capex_result_string(r), capex_last_error());
     for (i = 0; i < 3; i++) CT_CHECK(codes[i] == 0, "rank %d exit %d", i + 1, codes[i]);
     /* a late peer (0.4 s) and a late rank 0 (0.3 s: peers retry) */
     s[1].delay = 0.4;
-    r = rdv_run(s, 3, 4, 5.0, 0.3, codes);
+    r = rdv_run(s, 3, 4, CT_HANG_GUARD_S, 0.3, codes);
     CT_CHECK(r == CAPEX_OK, "late ranks: %s %.300s", capex_result_string(r), capex_last_error());
     for (i = 0; i < 3; i++) CT_CHECK(codes[i] == 0, "late: rank %d exit %d", i + 1, codes[i]);
 }
@@ -1422,12 +1422,13 @@ CT_TEST(rendezvous_wrong_nonce_is_refused) {
        CAPEX_ERR_COMM, the run itself succeeds */
     s[0].rank = 1; s[0].nonce = capex_rendezvous_nonce("run-B"); s[0].world = 2; s[0].delay = 0;
     s[1].rank = 1; s[1].nonce = RUN_A; s[1].world = 2; s[1].delay = 0.3;
-    r = rdv_run(s, 2, 2, 5.0, 0, codes);
+    r = rdv_run(s, 2, 2, CT_HANG_GUARD_S, 0, codes);
     CT_CHECK(r == CAPEX_OK, "rank 0: %s %.300s", capex_result_string(r), capex_last_error());
     CT_CHECK(codes[0] == CODE(CAPEX_ERR_COMM), "foreign peer exit %d", codes[0]);
     CT_CHECK(codes[1] == 0, "real peer exit %d", codes[1]);
-    /* only a foreign peer: rank 0 times out, naming the refusal */
-    r = rdv_run(s, 1, 2, 1.0, 0, codes);
+    /* only a foreign peer: rank 0 times out, naming the refusal (3 s: the
+       forked peer must have connected by then on a loaded machine) */
+    r = rdv_run(s, 1, 2, 3.0, 0, codes);
     CT_CHECK(r == CAPEX_ERR_TIMEOUT && strstr(capex_last_error(), "1 foreign"), "%s %.300s", capex_result_string(r), capex_last_error());
     CT_CHECK(codes[0] == CODE(CAPEX_ERR_COMM), "foreign peer exit %d", codes[0]);
 }
@@ -1462,7 +1463,7 @@ CT_TEST(rendezvous_missing_rank_times_out) {
     memset(s, 0, sizeof s);
     double t0 = capex_dist_now();
     s[0].rank = 1; s[0].nonce = RUN_A; s[0].world = 3; s[0].delay = 0;
-    r = rdv_run(s, 1, 3, 1.0, 0, codes);
+    r = rdv_run(s, 1, 3, 3.0, 0, codes); /* 3 s: rank 1 must have joined by then, or it is named missing too */
     CT_CHECK(r == CAPEX_ERR_TIMEOUT, "rank 0: %s", capex_result_string(r));
     CT_CHECK(strstr(capex_last_error(), "missing: 2") != NULL, "names the missing rank: %.300s", capex_last_error());
     CT_CHECK(codes[0] == CODE(CAPEX_ERR_COMM), "rank 1 learns rank 0 gave up: exit %d", codes[0]);
@@ -1479,7 +1480,7 @@ CT_TEST(rendezvous_bad_peer_of_this_run_fails) {
     capex_result r;
     memset(s, 0, sizeof s);
     s[0].rank = 1; s[0].nonce = RUN_A; s[0].world = 3; s[0].delay = 0; /* world 3 vs rank 0's 2 */
-    r = rdv_run(s, 1, 2, 3.0, 0, codes);
+    r = rdv_run(s, 1, 2, CT_HANG_GUARD_S, 0, codes);
     CT_CHECK(r == CAPEX_ERR_COMM && strstr(capex_last_error(), "world size"), "%s %.300s", capex_result_string(r), capex_last_error());
     CT_CHECK(codes[0] == CODE(CAPEX_ERR_COMM), "peer exit %d", codes[0]);
     {
@@ -1487,7 +1488,7 @@ CT_TEST(rendezvous_bad_peer_of_this_run_fails) {
         memset(t, 0, sizeof t);
         t[0].rank = 1; t[0].nonce = RUN_A; t[0].world = 3; t[0].delay = 0;
         t[1].rank = 1; t[1].nonce = RUN_A; t[1].world = 3; t[1].delay = 0.2; /* two processes claim rank 1 */
-        r = rdv_run(t, 2, 3, 3.0, 0, codes);
+        r = rdv_run(t, 2, 3, CT_HANG_GUARD_S, 0, codes);
         CT_CHECK(r == CAPEX_ERR_COMM && strstr(capex_last_error(), "already"), "%s %.300s", capex_result_string(r), capex_last_error());
     }
 }
@@ -1536,13 +1537,13 @@ CT_TEST(broadcast_blob_bootstrap) {
     if (pid == 0) {
         env.rank = 1;
         memset(id, 0, sizeof id);
-        if (capex_dist_broadcast_blob(&env, NULL, id, sizeof id, 5.0) != CAPEX_OK) _exit(2);
+        if (capex_dist_broadcast_blob(&env, NULL, id, sizeof id, CT_HANG_GUARD_S) != CAPEX_OK) _exit(2);
         for (k = 0; k < sizeof id; k++) if (id[k] != (unsigned char)(255 - k)) _exit(3);
         _exit(0);
     }
     env.rank = 0;
     for (k = 0; k < sizeof id; k++) id[k] = (unsigned char)(255 - k);
-    CT_CHECK(capex_dist_broadcast_blob(&env, NULL, id, sizeof id, 5.0) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_dist_broadcast_blob(&env, NULL, id, sizeof id, CT_HANG_GUARD_S) == CAPEX_OK, "%.300s", capex_last_error());
     waitpid(pid, &st, 0);
     CT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 got the blob (exit %d)", WEXITSTATUS(st));
 }
@@ -1574,7 +1575,7 @@ static int flood_open(int port, int n, int *fds) {
     struct sockaddr_in a;
     unsigned char hello[32];
     capex_rendezvous_desc f;
-    double until = capex_dist_now() + 5.0;
+    double until = capex_dist_now() + CT_HANG_GUARD_S; /* until rank 0 listens */
     int i, k = 0;
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
@@ -1817,6 +1818,16 @@ CT_TEST(rendezvous_peer_against_busy_or_fake_rank0) {
 static void *tcp_no_alloc(size_t size, void *user) { (void)size; (void)user; return NULL; }
 static void tcp_no_free(void *p, void *user) { (void)p; (void)user; }
 static int tcp_local_fail_pipe[2] = {-1, -1};
+
+/* Blocks until every other rank has closed its end of tcp_local_fail_pipe
+   (EOF), or for CT_HANG_GUARD_S should a rank never get that far. */
+static void tcp_wait_pipe_eof(void) {
+    struct pollfd pf;
+    char ch;
+    close(tcp_local_fail_pipe[1]);
+    pf.fd = tcp_local_fail_pipe[0]; pf.events = POLLIN; pf.revents = 0;
+    while (poll(&pf, 1, (int)(CT_HANG_GUARD_S * 1000)) == 1 && read(tcp_local_fail_pipe[0], &ch, 1) > 0) {}
+}
 static void tcp_kill_self(int sig) { (void)sig; kill(getpid(), SIGKILL); }
 
 /* The body run by every rank of a TCP world; returns 0 or a failing line. */
@@ -1832,14 +1843,14 @@ static int tcp_body(int rank, int world, int port, int mode) {
     env.master_port = port;
     strcpy(env.run_id, "tcp-test");
     if (mode == 18) strcpy(env.master_addr, "::1"); /* IPv6 loopback: the star and the ring's links */
-    if (capex_comm_init_tcp(&c, &env, 5.0) != CAPEX_OK) return __LINE__;
-    c.timeout_s = 5.0;
+    if (capex_comm_init_tcp(&c, &env, CT_HANG_GUARD_S) != CAPEX_OK) return __LINE__;
+    c.timeout_s = CT_HANG_GUARD_S; /* modes that expect a timeout set their own */
     if (mode == 18) {
         size_t n = (size_t)1 << 17, k;
         float *x = (float *)malloc(n * sizeof(float));
         int line = 0;
         if (!x) return __LINE__;
-        c.timeout_s = 60.0; /* a hang guard only */
+        c.timeout_s = CT_HANG_GUARD_S; /* a hang guard only */
         for (k = 0; k < n; k++) x[k] = (float)(rank + 1) * (float)(k % 7);
         if (capex_comm_allreduce(&c, x, x, 5, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) line = __LINE__; /* star */
         else if (x[3] != (float)(world * (world + 1) / 2 * 3)) line = __LINE__;
@@ -1860,18 +1871,24 @@ static int tcp_body(int rank, int world, int port, int mode) {
     }
     if (mode == 2) {
         capex_result r;
-        if (rank == 1) { capex__sleep_s(1.5); capex_comm_destroy(&c); return 0; } /* stalls */
+        /* rank 1 stalls until rank 0 has returned (the pipe's EOF), not for a
+           fixed time: a slow rank 0 cannot see it leave (COMM) instead */
+        if (rank == 1) { tcp_wait_pipe_eof(); capex_comm_destroy(&c); return 0; }
         c.timeout_s = 0.5;
         r = capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM);
+        close(tcp_local_fail_pipe[1]);
         capex_comm_destroy(&c);
         return r == CAPEX_ERR_TIMEOUT ? 0 : __LINE__;
     }
     if (mode == 4) { /* world 3: rank 2 dies; rank 0 sees it and must pass it on at once */
         capex_result r;
-        if (rank == 2) { capex_comm_destroy(&c); return 0; }
-        if (rank == 1) c.timeout_s = 2.0; /* rank 0 outlives this deadline: only an abort can end it with COMM */
+        /* rank 0 keeps its sockets open until rank 1 has returned (the
+           pipe's EOF): only its abort can end rank 1's wait with COMM (a
+           deadline gives TIMEOUT), however slow the machine */
+        if (rank == 2) { capex_comm_destroy(&c); return 0; } /* its exit closes its end of the pipe */
         r = capex_comm_allreduce(&c, f, f, 5, CAPEX_F32, CAPEX_REDUCE_SUM);
-        if (rank == 0) capex__sleep_s(4.0);
+        if (rank == 0) tcp_wait_pipe_eof();
+        else close(tcp_local_fail_pipe[1]);
         capex_comm_destroy(&c);
         return r == CAPEX_ERR_COMM ? 0 : __LINE__;
     }
@@ -1937,7 +1954,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
         float *x = (float *)calloc(n, sizeof(float)), *y = rank == 1 && mode == 13 ? NULL : x;
         int bad = rank == (mode == 12 ? 0 : 1), line = 0;
         capex_result r, want = mode == 13 ? CAPEX_ERR_INVALID_ARG : CAPEX_ERR_OUT_OF_MEMORY;
-        c.timeout_s = 60.0; /* a hang guard only: the peers must not need it */
+        c.timeout_s = CT_HANG_GUARD_S; /* a hang guard only: the peers must not need it */
         if (bad && mode != 13) c.allocator = &no_mem;
         if (mode == 20) {
             plain = *c.vt;
@@ -1971,14 +1988,13 @@ static int tcp_body(int rank, int world, int port, int mode) {
     if (mode >= 21 && mode <= 23) { /* rank 0 alone refuses a call whose peers first wait to read from it */
         /* 21: a NULL buffer in a broadcast from rank 0 (peers only receive);
            22: a NULL buffer in a ring allreduce (world 3: rank 1 reads rank 0 first);
-           23: count 0 on rank 0 against that ring allreduce. The peers' short
-           deadline is the check: only rank 0's stand-in can end it early, as
-           CAPEX_ERR_COMM; rank 0's own long one is a hang guard */
+           23: count 0 on rank 0 against that ring allreduce. Only rank 0's
+           stand-in can end the peers' wait as CAPEX_ERR_COMM (their deadline
+           gives TIMEOUT): every deadline here is a hang guard */
         size_t n = mode == 21 ? 6 : (size_t)1 << 18;
         float *x = (float *)calloc(n, sizeof(float));
         capex_result r, want = rank ? CAPEX_ERR_COMM : mode == 23 ? CAPEX_ERR_COMM : CAPEX_ERR_INVALID_ARG;
         int line = 0;
-        c.timeout_s = rank ? 5.0 : 60.0;
         if (mode == 21) r = capex_comm_broadcast(&c, rank ? x : NULL, n, CAPEX_F32, 0);
         else r = capex_comm_allreduce(&c, x, rank || mode == 23 ? x : NULL, rank || mode == 22 ? n : 0, CAPEX_F32,
                                       CAPEX_REDUCE_SUM);
@@ -2002,7 +2018,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
         float *x = (float *)calloc(n, sizeof(float));
         capex_result r = CAPEX_OK;
         int it;
-        c.timeout_s = 60.0; /* a hang guard only */
+        c.timeout_s = CT_HANG_GUARD_S; /* a hang guard only */
         if (rank == 1) {
             struct itimerval tv;
             memset(&tv, 0, sizeof tv);
@@ -2022,7 +2038,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
         float b[4] = {1, 2, 3, 4};
         int root = mode == 31 ? rank : mode == 32 ? (rank == 0) : rank == world - 1 ? rank : 0, line = 0;
         capex_result r;
-        c.timeout_s = 60.0; /* a hang guard only */
+        c.timeout_s = CT_HANG_GUARD_S; /* a hang guard only */
         r = capex_comm_broadcast(&c, b, 4, CAPEX_F32, root);
         if (r != CAPEX_ERR_COMM) line = __LINE__;
         else if (!strstr(capex_last_error(), rank == 0 ? "must pass the same root" : "rank 0 refused collective")) line = __LINE__;
@@ -2033,7 +2049,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
     if (mode == 37) { /* the last rank refuses a broadcast from rank 0 (NULL buffer): the root fails in that call too */
         float b[4] = {1, 2, 3, 4};
         capex_result r, want = rank == world - 1 ? CAPEX_ERR_INVALID_ARG : CAPEX_ERR_COMM;
-        c.timeout_s = 60.0; /* a hang guard only */
+        c.timeout_s = CT_HANG_GUARD_S; /* a hang guard only */
         r = capex_comm_broadcast(&c, rank == world - 1 ? NULL : b, 4, CAPEX_F32, 0);
         if (r != want) fprintf(stderr, "rank %d (mode 37): %s: %s\n", rank, capex_result_string(r), capex_last_error());
         capex_comm_destroy(&c);
@@ -2046,7 +2062,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
         float b[8] = {1, 2, 3, 4, 5, 6, 7, 8};
         int odd = mode == 40 ? 0 : world - 1, root = mode == 39 ? 1 : 0, line;
         capex_result r;
-        c.timeout_s = 60.0; /* a hang guard only */
+        c.timeout_s = CT_HANG_GUARD_S; /* a hang guard only */
         r = capex_comm_broadcast(&c, b, rank == odd ? 8 : 4, CAPEX_F32, root);
         line = r != CAPEX_ERR_COMM ? __LINE__ : strstr(capex_last_error(), "same root") ? __LINE__ : 0; /* the roots agree */
         if (line)
@@ -2068,7 +2084,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
         x = (float *)calloc(total, sizeof(float));
         y = (float *)calloc(total, sizeof(float));
         if (!x || !y) return __LINE__;
-        c.timeout_s = 60.0; /* a hang guard only */
+        c.timeout_s = CT_HANG_GUARD_S; /* a hang guard only */
         if (mode == 41 || mode == 43) r = capex_comm_allgatherv(&c, y, x, counts, CAPEX_F32);
         else r = capex_comm_reduce_scatter(&c, x, y, counts, CAPEX_F32, CAPEX_REDUCE_SUM);
         if (r != CAPEX_ERR_COMM) line = __LINE__;
@@ -2087,7 +2103,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
         int small = rank == (mode - 34 + world - 3) % world, line = 0;
         capex_result r = CAPEX_OK;
         if (!x || !y) return __LINE__;
-        c.timeout_s = 30.0; /* a hang guard only: a timeout is the failure this mode shows */
+        c.timeout_s = CT_HANG_GUARD_S; /* a hang guard only: a timeout is the failure this mode shows */
         for (k = 0; k < (size_t)world; k++) counts[k] = small ? 4 : n / (size_t)world;
         if (mode == 34) r = capex_comm_allreduce(&c, x, x, small ? 4 : n, CAPEX_F32, CAPEX_REDUCE_SUM);
         if (mode == 35) r = capex_comm_reduce_scatter(&c, x, y, counts, CAPEX_F32, CAPEX_REDUCE_SUM);
@@ -2110,7 +2126,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
         size_t cnt = mode == 17 ? 2 * n : mode == 16 ? 4 * n : n;
         capex_result r;
         if (mode == 14 && rank) { ty = CAPEX_F16; cnt = 2 * n; }
-        c.timeout_s = 60.0; /* a hang guard only */
+        c.timeout_s = CT_HANG_GUARD_S; /* a hang guard only */
         r = capex_comm_allreduce(&c, x, x, cnt, ty, op);
         if (r != CAPEX_ERR_COMM) fprintf(stderr, "rank %d (mode %d): %s: %s\n", rank, mode, capex_result_string(r), capex_last_error());
         capex_comm_destroy(&c);
@@ -2127,7 +2143,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
             free(x);
             return 0;
         }
-        c.timeout_s = mode == 8 ? 5.0 : 0.5;
+        if (mode == 9) c.timeout_s = 0.5; /* 8 expects COMM: the default is its hang guard */
         r = capex_comm_allreduce(&c, x, x, n, CAPEX_F32, CAPEX_REDUCE_SUM);
         capex_comm_destroy(&c);
         free(x);
@@ -2232,8 +2248,8 @@ static int model_check_body(int rank, int world, int port, int mode) {
     strcpy(env.master_addr, "127.0.0.1");
     env.master_port = port;
     strcpy(env.run_id, "tcp-model-check");
-    if (capex_comm_init_tcp(&c, &env, 5.0) != CAPEX_OK) return __LINE__;
-    c.timeout_s = 60.0; /* a hang guard only */
+    if (capex_comm_init_tcp(&c, &env, CT_HANG_GUARD_S) != CAPEX_OK) return __LINE__;
+    c.timeout_s = CT_HANG_GUARD_S;
     for (p = 0; p < 3; p++) for (i = 0; i < 8; i++) w[p][i] = (float)(rank * 100 + p * 10 + i);
     for (p = 0; p < 3; p++) {
         ps[p].data = w[p]; ps[p].numel = p ? 4 : 8; ps[p].dtype = CAPEX_F32; ps[p].grad = NULL;
@@ -2360,8 +2376,8 @@ static int tcp_interleave_body(int rank, int world, int port, int mode) {
     strcpy(env.master_addr, "127.0.0.1");
     env.master_port = port;
     strcpy(env.run_id, "tcp-test");
-    if (capex_comm_init_tcp(&c, &env, 5.0) != CAPEX_OK) return __LINE__;
-    c.timeout_s = 5.0;
+    if (capex_comm_init_tcp(&c, &env, CT_HANG_GUARD_S) != CAPEX_OK) return __LINE__;
+    c.timeout_s = CT_HANG_GUARD_S;
     for (p = 0; p < 2; p++) { ps[p].data = data[p]; ps[p].numel = 4; ps[p].dtype = CAPEX_F32; ps[p].grad = NULL; }
     capex_ddp_desc_init(&d);
     d.first_bucket_bytes = d.bucket_bytes = 16; /* one bucket per param */
@@ -2390,11 +2406,15 @@ CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
     int codes[8], r;
     r = tcp_world(2, 1, codes);
     CT_CHECK(r == 0, "dead peer -> CAPEX_ERR_COMM (line %d: %.300s)", r, capex_last_error());
+    CT_CHECK(pipe(tcp_local_fail_pipe) == 0, "pipe");
     r = tcp_world(2, 2, codes);
+    close(tcp_local_fail_pipe[0]);
     CT_CHECK(r == 0, "stalled peer -> CAPEX_ERR_TIMEOUT (line %d: %.300s)", r, capex_last_error());
     r = tcp_world(2, 3, codes);
     CT_CHECK(r == 0, "mismatch -> CAPEX_ERR_COMM (line %d: %.300s)", r, capex_last_error());
+    CT_CHECK(pipe(tcp_local_fail_pipe) == 0, "pipe");
     r = tcp_world(3, 4, codes);
+    close(tcp_local_fail_pipe[0]);
     CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0,
              "rank 2 dead: rank 0 CAPEX_ERR_COMM (line %d) and its abort fails rank 1 at once (exit %d, not a timeout)", r,
              codes[1]);

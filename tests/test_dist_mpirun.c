@@ -73,7 +73,7 @@ static void suite(ct_state *ct, int np) {
     char *out;
     if (!ready(ct)) return;
     snprintf(args, sizeof args, "-np %d '%s'", np, g_bin);
-    rc = run(args, 120);
+    rc = run(args, 600); /* a hang guard: np 4 oversubscribed on a loaded 2-core VM outran 120 s */
     out = slurp();
     snprintf(want, sizeof want, "mpi-summary: 17 passed, 0 failed");
     if (rc != 0 || !out || !strstr(out, want)) show(out);
@@ -91,7 +91,7 @@ CT_TEST(mpi_stalled_rank_others_time_out) {
     char *out;
     if (!ready(ct)) return;
     snprintf(args, sizeof args, "-np 4 '%s' stall", g_bin);
-    rc = run(args, 60);
+    rc = run(args, 300); /* a hang guard */
     out = slurp();
     CT_CHECK(out != NULL, "no output");
     n = count(out, "finalize -> CAPEX_ERR_TIMEOUT");
@@ -109,7 +109,7 @@ CT_TEST(mpi_stalled_rank_blocking_collectives_time_out) {
     char *out;
     if (!ready(ct)) return;
     snprintf(args, sizeof args, "-np 2 '%s' stall_blocking", g_bin);
-    rc = run(args, 60);
+    rc = run(args, 300); /* a hang guard */
     out = slurp();
     CT_CHECK(out != NULL, "no output");
     if (rc == 124 || !out || count(out, "-> CAPEX_ERR_TIMEOUT") != 5) show(out);
@@ -128,7 +128,7 @@ CT_TEST(mpi_killed_rank_job_ends) {
     char *out;
     if (!ready(ct)) return;
     snprintf(args, sizeof args, "-np 4 '%s' kill", g_bin);
-    rc = run(args, 60);
+    rc = run(args, 300); /* a hang guard */
     out = slurp();
     CT_CHECK(out != NULL, "no output");
     if (rc == 124 || rc == 0) show(out);
@@ -145,7 +145,7 @@ CT_TEST(mpi_killed_rank_survivors_fail_within_deadline) {
     /* --enable-recovery: mpirun keeps the survivors alive, so they must find
        out by themselves, through capex's deadline */
     snprintf(args, sizeof args, "--enable-recovery -np 4 '%s' kill", g_bin);
-    rc = run(args, 60);
+    rc = run(args, 300); /* a hang guard */
     out = slurp();
     CT_CHECK(out != NULL, "no output");
     n = count(out, "finalize -> CAPEX_ERR_TIMEOUT") + count(out, "finalize -> CAPEX_ERR_COMM");
@@ -164,7 +164,7 @@ CT_TEST(mpi_abandoned_ddp_and_zero_buffers_not_freed) {
     char *out;
     if (!ready(ct)) return;
     snprintf(args, sizeof args, "-np 2 '%s' late", g_bin);
-    rc = run(args, 60);
+    rc = run(args, 300); /* a hang guard */
     out = slurp();
     CT_CHECK(out != NULL, "no output");
     if (rc != 0 || !out || !strstr(out, "freed buffers intact")) show(out);
@@ -185,7 +185,7 @@ CT_TEST(mpi_comm_after_finalize_is_an_order_error) {
     char *out;
     if (!ready(ct)) return;
     snprintf(args, sizeof args, "-np 2 '%s' after_finalize", g_bin);
-    rc = run(args, 60);
+    rc = run(args, 300); /* a hang guard */
     out = slurp();
     CT_CHECK(out != NULL, "no output");
     if (rc != 0 || !out || count(out, "after finalize: CAPEX_ERR_ORDER CAPEX_ERR_ORDER CAPEX_ERR_ORDER CAPEX_ERR_ORDER "

@@ -780,7 +780,7 @@ static int world_req_oom(capex_cuda_context *ctx, capex_comm *c, int rank, int w
         }
     }
     if ((r = c->vt->iallreduce(c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM, &req)) != CAPEX_OK ||
-        (r = c->vt->wait(c, &req, capex_dist_now() + 20.0)) != CAPEX_OK) {
+        (r = c->vt->wait(c, &req, capex_dist_now() + CT_HANG_GUARD_S)) != CAPEX_OK) {
         fprintf(stderr, "rank %d: iallreduce: %s\n", rank, capex_last_error());
         return 52;
     }
@@ -799,11 +799,11 @@ static void child_fake_world(const char *arg, child_result *res) {
     FAIL_IF(!fake_path("libcuda.so.1", cu, sizeof cu) || !fake_path("libnccl.so.2", nc, sizeof nc), "stand-ins not built");
     setenv("CAPEX_LIBCUDA_PATH", cu, 1);
     setenv("CAPEX_NCCL_PATH", nc, 1);
-    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
+    setenv("FAKE_NCCL_TIMEOUT", "120", 1); /* a hang guard: a stuck test fails instead of hanging */
     if (arg && strstr(arg, "exit")) setenv("FAKE_NCCL_WATCH_PEERS", "1", 1);
     if (arg && strstr(arg, "counted")) body = world_checks_counted;
     if (arg && strstr(arg, "models")) body = world_model_check;
-    if (arg && strstr(arg, "reqoom")) { body = world_req_oom; setenv("FAKE_NCCL_TIMEOUT", "10", 1); }
+    if (arg && strstr(arg, "reqoom")) { body = world_req_oom; setenv("FAKE_NCCL_TIMEOUT", "60", 1); }
     if (arg && strstr(arg, "old")) setenv("FAKE_NCCL_VERSION", "21303", 1); /* before ncclCommInitRankConfig */
     r = nccl_world_run(world, arg && strstr(arg, "exit") ? world_exit_then_destroy : dead ? world_dead_peer : body,
                        NULL, codes);
@@ -838,7 +838,9 @@ static int missing_rank(int rank, int missing, int port, const char *cu, const c
     snprintf(env.run_id, sizeof env.run_id, "missing-nccl");
     capex_nccl_desc_init(&nd);
     nd.ctx = ctx;
-    nd.init_timeout_s = 2.0;
+    /* missing 1: rank 0 must time out in the exchange (rank 1 never joins);
+       missing 0: rank 1 fails on rank 0's zero id, its deadline a hang guard */
+    nd.init_timeout_s = missing == 1 ? 2.0 : CT_HANG_GUARD_S;
     r = capex_comm_init_nccl(&c, &env, &nd);
     fprintf(stderr, "rank %d: %s: %s\n", rank, capex_result_string(r), r ? capex_last_error() : "");
     capex_cuda_context_destroy(ctx);
@@ -875,7 +877,7 @@ static void child_missing_nccl_rank(const char *arg, child_result *res) {
    and exits (NVIDIA/nccl#289: its peers would wait in NCCL's init for
    ever). Ranks 0 and 1 must return CAPEX_ERR_TIMEOUT from the non-blocking
    init at init_timeout_s, the half-made comm aborted. The stand-in's own
-   wait ends after FAKE_NCCL_TIMEOUT (8 s) with ncclRemoteError, so an init
+   wait ends after FAKE_NCCL_TIMEOUT (20 s) with ncclRemoteError, so an init
    without a deadline fails with CAPEX_ERR_COMM instead; alarm() ends a rank
    that hangs (exit 100). Exit codes: 0 as expected, 1 wrong status or
    message, 2 comm not zeroed or not aborted once, 3 setup. */
@@ -885,7 +887,7 @@ static int dead_after_exchange_rank(int rank, int port, const char *cu, const ch
     capex_nccl_desc nd;
     capex_comm c;
     capex_result r;
-    alarm(30);
+    alarm(120);
     setenv("CAPEX_LIBCUDA_PATH", cu, 1);
     setenv("CAPEX_NCCL_PATH", nc, 1);
     memset(&env, 0, sizeof env);
@@ -895,12 +897,14 @@ static int dead_after_exchange_rank(int rank, int port, const char *cu, const ch
     if (rank == 2) { /* takes the id, then dies */
         capex_nccl_unique_id id;
         memset(&id, 0, sizeof id);
-        return capex_nccl_exchange_unique_id(&env, NULL, &id, 10.0) == CAPEX_OK ? 0 : 3;
+        return capex_nccl_exchange_unique_id(&env, NULL, &id, CT_HANG_GUARD_S) == CAPEX_OK ? 0 : 3;
     }
     if (capex_cuda_context_create(NULL, &ctx) != CAPEX_OK) return 3;
     capex_nccl_desc_init(&nd);
     nd.ctx = ctx;
-    nd.init_timeout_s = 2.0; /* the exchange's deadline too: the three start together */
+    /* the exchange's deadline too: 6 s lets a loaded machine bring all three
+       ranks to it; the stand-in's 20 s wait stays well behind */
+    nd.init_timeout_s = 6.0;
     r = capex_comm_init_nccl(&c, &env, &nd);
     fprintf(stderr, "rank %d: %s: %s\n", rank, capex_result_string(r), r ? capex_last_error() : "");
     if (r == CAPEX_OK) capex_comm_destroy(&c);
@@ -916,7 +920,7 @@ static void child_dead_after_exchange(const char *arg, child_result *res) {
     pid_t pids[3];
     (void)arg;
     FAIL_IF(!fake_path("libcuda.so.1", cu, sizeof cu) || !fake_path("libnccl.so.2", nc, sizeof nc), "stand-ins not built");
-    setenv("FAKE_NCCL_TIMEOUT", "8", 1);
+    setenv("FAKE_NCCL_TIMEOUT", "20", 1);
     fflush(stdout);
     fflush(stderr);
     for (i = 0; i < 3; i++) {
@@ -1239,8 +1243,8 @@ CT_TEST(wide_dtypes_tcp_backend) {
             memset(&ev, 0, sizeof ev);
             ev.rank = i; ev.world_size = 3; strcpy(ev.master_addr, "127.0.0.1"); ev.master_port = port;
             strcpy(ev.run_id, "wide");
-            if (capex_comm_init_tcp(&cc, &ev, 5.0)) _exit(50);
-            cc.timeout_s = 5.0;
+            if (capex_comm_init_tcp(&cc, &ev, CT_HANG_GUARD_S)) _exit(50);
+            cc.timeout_s = CT_HANG_GUARD_S;
             e = wide_checks(&cc);
             capex_comm_destroy(&cc);
             _exit(e);
@@ -1249,8 +1253,8 @@ CT_TEST(wide_dtypes_tcp_backend) {
     memset(&env, 0, sizeof env);
     env.rank = 0; env.world_size = 3; strcpy(env.master_addr, "127.0.0.1"); env.master_port = port;
     strcpy(env.run_id, "wide");
-    e = capex_comm_init_tcp(&c, &env, 5.0) ? 50 : 0;
-    if (!e) { c.timeout_s = 5.0; e = wide_checks(&c); capex_comm_destroy(&c); }
+    e = capex_comm_init_tcp(&c, &env, CT_HANG_GUARD_S) ? 50 : 0;
+    if (!e) { c.timeout_s = CT_HANG_GUARD_S; e = wide_checks(&c); capex_comm_destroy(&c); }
     for (i = 0; i < 2; i++) {
         int st = 0;
         waitpid(pids[i], &st, 0);

@@ -605,7 +605,7 @@ static void child_syncbn(const char *arg, child_result *res) {
     int codes[16] = {0}, q, got;
     long long S = 1;
     memset(&j, 0, sizeof j);
-    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck rank fails instead of hanging */
+    setenv("FAKE_NCCL_TIMEOUT", "120", 1); /* a stuck rank fails instead of hanging */
     got = arg ? sscanf(arg, "%d %lld %d %d %d", &j.lay, &S, &j.nb[0], &j.nb[1], &j.nb[2]) : 0;
     if (got < 4) { res->code = 2; return; }
     j.S = S; j.world = got - 2;

@@ -436,8 +436,8 @@ static int tcp_comm(capex_comm *c, int rank, int world, int port) {
     strcpy(env.master_addr, "127.0.0.1");
     env.master_port = port;
     strcpy(env.run_id, "zero-test");
-    if (capex_comm_init_tcp(c, &env, 10.0) != CAPEX_OK) return 0;
-    c->timeout_s = 20.0;
+    if (capex_comm_init_tcp(c, &env, CT_HANG_GUARD_S) != CAPEX_OK) return 0;
+    c->timeout_s = CT_HANG_GUARD_S; /* mode 1, which expects its deadline, sets its own */
     return 1;
 }
 
@@ -495,7 +495,6 @@ static int tcp_body(int rank, int world, int port, int mode) {
         one_param(&p[0], w, 40);
         capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
         snprintf(path, sizeof path, "%.250s.nw", g_ckpt[0]);
-        c.timeout_s = 5.0;
         if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
         r = line ? CAPEX_OK : capex_zero_save(z, NULL, NULL, 0);
         if (!line && (rank == 0 ? r != CAPEX_ERR_INVALID_ARG || !strstr(capex_last_error(), "needs a writer") : r != CAPEX_OK)) {
@@ -520,7 +519,8 @@ static int tcp_body(int rank, int world, int port, int mode) {
         one_param(&p[0], w, 40);
         capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
         snprintf(path, sizeof path, "%.250s.oom", g_ckpt[0]);
-        c.timeout_s = 5.0; /* the check: only a rank that left at once can make the others wait it out */
+        /* the comm's hang guard is the check's limit: only a rank that left at
+           once could leave the others waiting it out (CAPEX_ERR_TIMEOUT, a failure) */
         if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
         if (rank == 0) g_fail_alloc_size = sizeof(capex_state_writer);
         r = line ? CAPEX_OK : capex_zero_save_file(z, path, 0);
@@ -548,7 +548,8 @@ static int tcp_body(int rank, int world, int port, int mode) {
         one_param(&p[0], w, 40);
         capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
         snprintf(path, sizeof path, "%.250s.oom%d", g_ckpt[0], mode);
-        c.timeout_s = 5.0; /* the check: only a rank that left at once can make the others wait it out */
+        /* the comm's hang guard is the check's limit: only a rank that left at
+           once could leave the others waiting it out (CAPEX_ERR_TIMEOUT, a failure) */
         if (mode == 8 && capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
         if (rank == g_oom_rank) g_fail_alloc_size = g_oom_size;
         if (!line) r = mode == 8 ? capex_zero_save_file(z, path, 0) : capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL);
@@ -582,7 +583,8 @@ static int tcp_body(int rank, int world, int port, int mode) {
         one_param(&p[0], w, 40);
         capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
         snprintf(path, sizeof path, "%.250s.np", g_ckpt[0]);
-        c.timeout_s = 5.0; /* the check: only a rank that left at once can make the others wait it out */
+        /* the comm's hang guard is the check's limit: only a rank that left at
+           once could leave the others waiting it out (CAPEX_ERR_TIMEOUT, a failure) */
         if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
         r = line ? CAPEX_OK : capex_zero_save_file(z, rank == bad ? NULL : path, 0);
         /* only rank 0 writes: a path elsewhere is not needed; rank 0's missing one fails every rank alike */

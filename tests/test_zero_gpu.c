@@ -948,7 +948,7 @@ static void child_world(const char *arg, child_result *res) {
     memset(&j, 0, sizeof j);
     j.c.steps = 4;
     j.c.micro = 1;
-    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a stuck test fails instead of hanging */
+    setenv("FAKE_NCCL_TIMEOUT", "120", 1); /* a stuck test fails instead of hanging */
     if (!arg || sscanf(arg, "%d %d %d %d %f %d %d %d", &world, &j.c.stage, &kind, &j.c.halves, &j.c.max_norm, &j.c.inf_step,
                        &j.c.micro, &j.mode) < 6) {
         res->code = 2;
@@ -964,7 +964,7 @@ static void child_ckpt(const char *arg, child_result *res) {
     world_job j;
     cfg c = {2, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 1};
     if (arg) c.kind = (capex_optim_kind)atoi(arg); /* the file must carry its state (NovoGrad: v per tensor) */
-    setenv("FAKE_NCCL_TIMEOUT", "30", 1);
+    setenv("FAKE_NCCL_TIMEOUT", "120", 1);
     memset(&j, 0, sizeof j);
     j.c = c;
     snprintf(j.save, sizeof j.save, "/tmp/capex_zgpu_world_%d.ckpt", (int)getpid());
@@ -986,7 +986,7 @@ static void child_dead_peer(const char *arg, child_result *res) {
     world_job j;
     cfg c = {1, CAPEX_OPTIM_ADAM, 1, INFINITY, -1, 1, 1};
     (void)arg;
-    setenv("FAKE_NCCL_TIMEOUT", "30", 1);
+    setenv("FAKE_NCCL_TIMEOUT", "120", 1);
     memset(&j, 0, sizeof j);
     j.c = c;
     j.dead_peer = 1;
@@ -1076,7 +1076,7 @@ static int oom_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int wor
 }
 static void child_oom(const char *arg, child_result *res) {
     int codes[16] = {0}, r, save = arg && atoi(arg);
-    setenv("FAKE_NCCL_TIMEOUT", "10", 1); /* a rank left waiting fails instead of hanging */
+    setenv("FAKE_NCCL_TIMEOUT", "120", 1); /* a hang guard: a rank left waiting fails instead of hanging */
     r = nccl_world_run(2, oom_body, &save, codes);
     res->code = r || codes[1] ? 1 : 0;
     snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);

@@ -6,6 +6,7 @@
    capex_test.h. */
 #ifndef CAPEX_TEST_TWO_RANKS_H
 #define CAPEX_TEST_TWO_RANKS_H
+#include "capex_test.h" /* CT_HANG_GUARD_S */
 #include "free_port.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,8 +24,8 @@ static int two_ranks_rank(two_ranks_train_fn train_rank, int rank, int port, uin
     env.rank = rank; env.world_size = 2; env.local_rank = rank; env.local_world_size = 2;
     snprintf(env.master_addr, sizeof env.master_addr, "127.0.0.1");
     env.master_port = port;
-    if (capex_comm_init_tcp(&comm, &env, 20.0) != CAPEX_OK) return 0;
-    comm.timeout_s = 60.0; /* a dead or stuck peer fails the test instead of hanging it */
+    if (capex_comm_init_tcp(&comm, &env, CT_HANG_GUARD_S) != CAPEX_OK) return 0;
+    comm.timeout_s = CT_HANG_GUARD_S; /* a dead or stuck peer fails the test instead of hanging it */
     ok = train_rank(&comm, rank, crc);
     capex_comm_destroy(&comm);
     return ok;
