@@ -10880,6 +10880,17 @@ CAPEX__PRIVATE uint64_t capex__sig_mix(uint64_t h, uint64_t v) {
     return h * 0xff51afd7ed558ccdull;
 }
 
+/* The model's part of a signature; the rest (the descriptor's) zeroed. */
+CAPEX__PRIVATE void capex__sig_model(int64_t *sig, int64_t api, size_t np, uint64_t total, uint64_t h_numel,
+                                     uint64_t h_dtype) {
+    memset(sig, 0, sizeof(int64_t) * CAPEX__SIG_N);
+    sig[CAPEX__SIG_API] = api;
+    sig[CAPEX__SIG_NP] = (int64_t)np;
+    sig[CAPEX__SIG_NUMEL] = (int64_t)total;
+    sig[CAPEX__SIG_H_NUMEL] = (int64_t)h_numel;
+    sig[CAPEX__SIG_H_DTYPE] = (int64_t)h_dtype;
+}
+
 /* desc[k] names signature slot CAPEX__SIG_DESC + k (NULL: unused); a name
    starting with '#' is a hash (no values to print); float_slots: the slots
    (bit k) holding f32 bits. */
@@ -11253,12 +11264,7 @@ static void capex__ddp_signature(int64_t *sig, const capex_ddp_param *params, si
         ht = capex__sig_mix(ht, (uint64_t)params[i].dtype);
         total += (uint64_t)params[i].numel;
     }
-    memset(sig, 0, sizeof(int64_t) * CAPEX__SIG_N);
-    sig[CAPEX__SIG_API] = CAPEX__SIG_DDP;
-    sig[CAPEX__SIG_NP] = (int64_t)np;
-    sig[CAPEX__SIG_NUMEL] = (int64_t)total;
-    sig[CAPEX__SIG_H_NUMEL] = (int64_t)hn;
-    sig[CAPEX__SIG_H_DTYPE] = (int64_t)ht;
+    capex__sig_model(sig, CAPEX__SIG_DDP, np, total, hn, ht);
     sig[CAPEX__SIG_DESC + 0] = d->message_size ? 0 : (int64_t)d->first_bucket_bytes;
     sig[CAPEX__SIG_DESC + 1] = d->message_size ? 0 : (int64_t)d->bucket_bytes;
     sig[CAPEX__SIG_DESC + 2] = (int64_t)d->message_size;
@@ -11998,12 +12004,7 @@ static void capex__zero_signature(int64_t *sig, const capex_zero_param *params, 
         if (sgd) hh = capex__sig_mix(hh, (uint64_t)h->nesterov);
         if (adam) hh = capex__sig_mix(hh, (uint64_t)h->amsgrad);
     }
-    memset(sig, 0, sizeof(int64_t) * CAPEX__SIG_N);
-    sig[CAPEX__SIG_API] = CAPEX__SIG_ZERO;
-    sig[CAPEX__SIG_NP] = (int64_t)np;
-    sig[CAPEX__SIG_NUMEL] = (int64_t)total;
-    sig[CAPEX__SIG_H_NUMEL] = (int64_t)hn;
-    sig[CAPEX__SIG_H_DTYPE] = (int64_t)ht;
+    capex__sig_model(sig, CAPEX__SIG_ZERO, np, total, hn, ht);
     sig[CAPEX__SIG_H_GROUP] = (int64_t)hg;
     sig[CAPEX__SIG_DESC + 0] = d->stage;
     sig[CAPEX__SIG_DESC + 1] = (int64_t)d->bucket_bytes;

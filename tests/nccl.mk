@@ -8,7 +8,7 @@ $(BUILD)/fake/libnccl.so.2: tests/fake_libnccl.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu99 -O1 -g -Wall -Wextra -shared -fPIC $< -o $@ -lm -ldl -lpthread
 
-$(BUILD)/tests/test_nccl: $(BUILD)/fake/libcuda.so.1 $(BUILD)/fake/libnccl.so.2 tests/nccl_world.h
+$(BUILD)/tests/test_nccl: $(BUILD)/fake/libcuda.so.1 $(BUILD)/fake/libnccl.so.2 tests/nccl_world.h tests/fail_alloc.h
 # Its DDP world of 2 runs on the emulator with the stand-in NCCL (make emu-test).
 $(BUILD)/tests/test_nccl_gpu: tests/nccl_world.h tests/cuda_test_util.h
 

@@ -3,17 +3,7 @@
    2, 3 and 4 processes (tests/zero_check.h; MPI runs the same checks in
    tests/mpi/test_dist_mpi.c), the memory split, argument and call-order
    errors, and a rank that dies mid-step. */
-#include <stdlib.h>
-/* The next CAPEX_MALLOC of exactly this many bytes fails (0: none): an out of
-   memory at a chosen allocation (tcp_save_file_writer_oom). */
-static size_t g_fail_alloc_size;
-static void *zero_test_malloc(size_t sz) {
-    if (g_fail_alloc_size && sz == g_fail_alloc_size) { g_fail_alloc_size = 0; return NULL; }
-    return malloc(sz);
-}
-#define CAPEX_MALLOC(sz) zero_test_malloc(sz)
-#define CAPEX_REALLOC(p, sz) realloc(p, sz)
-#define CAPEX_FREE(p) free(p)
+#include "fail_alloc.h" /* g_fail_alloc_size: one chosen allocation fails */
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
 #include "capex_test.h"
@@ -718,23 +708,30 @@ CT_TEST(tcp_save_file_writer_oom) {
    its next call. Now a small agreement first: that rank gets
    CAPEX_ERR_OUT_OF_MEMORY, its peers CAPEX_ERR_COMM naming it, all in step.
    Sizes for one 40-float param on 3 ranks: shards of 16 floats. */
+typedef struct { int rank; size_t size; const char *what; } oom_case;
+/* Runs TCP world mode `mode` (3 ranks) once per case, that case's rank out
+   of memory at its allocation; every rank must pass (see the mode's body). */
+static void tcp_oom_cases(ct_state *ct, const oom_case *cases, size_t n, int mode, const char *tag) {
+    int codes[8], r;
+    size_t k;
+    for (k = 0; k < n; k++) {
+        memset(codes, 0, sizeof codes);
+        g_oom_rank = cases[k].rank;
+        g_oom_size = cases[k].size;
+        snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_%s", (int)getpid(), tag);
+        r = tcp_world(3, mode, codes);
+        CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "%s on rank %d: rank 0 line %d, ranks 1, 2 exit %d %d "
+                 "(stderr says why)", cases[k].what, cases[k].rank, r, codes[1], codes[2]);
+    }
+}
+
 CT_TEST(tcp_save_one_rank_out_of_memory_fails_every_rank) {
-    static const struct { int rank; size_t size; const char *what; } cases[] = {
+    static const oom_case cases[] = {
         {1, sizeof(float) * 17, "pack buffer"},
         {2, sizeof(float) * (16 * 3 + 1), "gather buffer"},
         {0, sizeof(capex_optim_param) * 2, "rank 0's unsharded copy"},
     };
-    int codes[8], r;
-    size_t k;
-    for (k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        memset(codes, 0, sizeof codes);
-        g_oom_rank = cases[k].rank;
-        g_oom_size = cases[k].size;
-        snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_so", (int)getpid());
-        r = tcp_world(3, 8, codes);
-        CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "%s on rank %d: rank 0 line %d, ranks 1, 2 exit %d %d "
-                 "(stderr says why)", cases[k].what, cases[k].rank, r, codes[1], codes[2]);
-    }
+    tcp_oom_cases(ct, cases, sizeof cases / sizeof cases[0], 8, "so");
 }
 
 /* One rank out of memory in capex_zero_create after the parameter
@@ -742,22 +739,12 @@ CT_TEST(tcp_save_one_rank_out_of_memory_fails_every_rank) {
    its peers returned OK with a zero whose next collective paired with
    something else. Now every rank fails (the last agreement) and stays in step. */
 CT_TEST(tcp_create_one_rank_out_of_memory_after_broadcast) {
-    static const struct { int rank; size_t size; const char *what; } cases[] = {
+    static const oom_case cases[] = {
         {1, sizeof(float) * 16 * 3, "bucket buffer"},
         {2, sizeof(capex_optim), "optimizer"},
         {0, sizeof(capex_optim_param) * 2, "optimizer param list"},
     };
-    int codes[8], r;
-    size_t k;
-    for (k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        memset(codes, 0, sizeof codes);
-        g_oom_rank = cases[k].rank;
-        g_oom_size = cases[k].size;
-        snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_co", (int)getpid());
-        r = tcp_world(3, 9, codes);
-        CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "%s on rank %d: rank 0 line %d, ranks 1, 2 exit %d %d "
-                 "(stderr says why)", cases[k].what, cases[k].rank, r, codes[1], codes[2]);
-    }
+    tcp_oom_cases(ct, cases, sizeof cases / sizeof cases[0], 9, "co");
 }
 
 /* capex_zero_save refuses rank 0 without a writer after the collectives it

@@ -32,17 +32,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <stdlib.h>
-/* The next CAPEX_MALLOC of exactly this many bytes fails (0: none): one
-   rank out of memory at a chosen host allocation (child_oom). */
-static size_t g_fail_alloc_size;
-static void *zgpu_test_malloc(size_t sz) {
-    if (g_fail_alloc_size && sz == g_fail_alloc_size) { g_fail_alloc_size = 0; return NULL; }
-    return malloc(sz);
-}
-#define CAPEX_MALLOC(sz) zgpu_test_malloc(sz)
-#define CAPEX_REALLOC(p, sz) realloc(p, sz)
-#define CAPEX_FREE(p) free(p)
+#include "fail_alloc.h" /* g_fail_alloc_size: one chosen allocation fails */
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include "capex_test.h"
