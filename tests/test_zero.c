@@ -450,6 +450,16 @@ static int oom_verdict_ok(int rank, capex_result r) {
    checkpoint (AdamW, stage 2, then SGD into a second file); 3: load the
    world of 3's into a world of 2 and save again; 4: save_file status;
    5: capex_zero_save with no writer on rank 0. */
+
+/* The save modes' model: one Adam param of 40 floats (0, 0.125, ...); path:
+   this run's checkpoint name plus suffix. */
+static void save_case_setup(float w[40], capex_zero_param *p, capex_optim_desc *od, char path[300], const char *suffix) {
+    int i;
+    for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
+    one_param(p, w, 40);
+    capex_optim_desc_init(od, CAPEX_OPTIM_ADAM);
+    snprintf(path, 300, "%.250s%s", g_ckpt[0], suffix);
+}
 static int tcp_body(int rank, int world, int port, int mode) {
     capex_comm c;
     char why[400] = "";
@@ -480,11 +490,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_zero *z = NULL;
         capex_result r;
         char path[300];
-        int i;
-        for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
-        one_param(&p[0], w, 40);
-        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
-        snprintf(path, sizeof path, "%.250s.nw", g_ckpt[0]);
+        save_case_setup(w, p, &od, path, ".nw");
         if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
         r = line ? CAPEX_OK : capex_zero_save(z, NULL, NULL, 0);
         if (!line && (rank == 0 ? r != CAPEX_ERR_INVALID_ARG || !strstr(capex_last_error(), "needs a writer") : r != CAPEX_OK)) {
@@ -504,11 +510,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_zero *z = NULL;
         capex_result r;
         char path[300];
-        int i;
-        for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
-        one_param(&p[0], w, 40);
-        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
-        snprintf(path, sizeof path, "%.250s.oom", g_ckpt[0]);
+        save_case_setup(w, p, &od, path, ".oom");
         /* the comm's hang guard is the check's limit: only a rank that left at
            once could leave the others waiting it out (CAPEX_ERR_TIMEOUT, a failure) */
         if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
@@ -532,12 +534,9 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_optim_desc od;
         capex_zero *z = NULL;
         capex_result r = CAPEX_OK;
-        char path[300];
-        int i;
-        for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
-        one_param(&p[0], w, 40);
-        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
-        snprintf(path, sizeof path, "%.250s.oom%d", g_ckpt[0], mode);
+        char path[300], suffix[8];
+        snprintf(suffix, sizeof suffix, ".oom%d", mode);
+        save_case_setup(w, p, &od, path, suffix);
         /* the comm's hang guard is the check's limit: only a rank that left at
            once could leave the others waiting it out (CAPEX_ERR_TIMEOUT, a failure) */
         if (mode == 8 && capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
@@ -568,11 +567,8 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_zero *z = NULL;
         capex_result r, want;
         char path[300];
-        int i, bad = g_null_path_rank;
-        for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
-        one_param(&p[0], w, 40);
-        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
-        snprintf(path, sizeof path, "%.250s.np", g_ckpt[0]);
+        int bad = g_null_path_rank;
+        save_case_setup(w, p, &od, path, ".np");
         /* the comm's hang guard is the check's limit: only a rank that left at
            once could leave the others waiting it out (CAPEX_ERR_TIMEOUT, a failure) */
         if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
@@ -595,10 +591,7 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_result r;
         char path[300];
         int i;
-        for (i = 0; i < 40; i++) w[i] = 0.125f * (float)i;
-        one_param(&p[0], w, 40);
-        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
-        snprintf(path, sizeof path, "%.250s.sf", g_ckpt[0]);
+        save_case_setup(w, p, &od, path, ".sf");
         if (capex_zero_create(&z, &c, p, 1, &od, NULL, 1, NULL) != CAPEX_OK) line = __LINE__;
         if (!line && (r = capex_zero_save_file(z, "/nonexistent-capex-dir/zero.ckpt", 0)) == CAPEX_OK) {
             fprintf(stderr, "rank %d: save_file into a missing directory returned OK\n", rank);
