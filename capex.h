@@ -10906,6 +10906,39 @@ CAPEX__PRIVATE void capex__sig_value(char *buf, size_t n, const capex__sig_names
     else snprintf(buf, n, "%lld", (long long)v);
 }
 
+/* A collective on a small host array (the model check, agreements, DDP's
+   ready order, ZeRO's save status), through a device buffer when the
+   transport needs one (NCCL). ALLGATHER: send holds count, recv
+   world_size x count; ALLREDUCE (sum) and BROADCAST work in place on recv.
+   On a timeout the device buffer is not freed: a transport may still
+   write it. */
+enum { CAPEX__HOST_ALLGATHER, CAPEX__HOST_ALLREDUCE, CAPEX__HOST_BROADCAST };
+CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, int kind, const void *send, void *recv, size_t count,
+                                             capex_dtype t, int root) {
+    size_t es = capex_comm_dtype_size(t), nout = kind == CAPEX__HOST_ALLGATHER ? count * (size_t)c->world_size : count;
+    void *dev = NULL, *in;
+    capex_result r;
+    if (!c->device_buffers) {
+        if (kind == CAPEX__HOST_ALLGATHER) r = capex__comm_allgather_checked(c, send, recv, count, t);
+        else if (kind == CAPEX__HOST_ALLREDUCE) r = capex__comm_allreduce_checked(c, recv, recv, count, t, CAPEX_REDUCE_SUM);
+        else r = capex__comm_broadcast_checked(c, recv, count, t, root);
+        return capex__comm_refused(c, r);
+    }
+    /* allgather: the send slot after the world_size receive slots */
+    r = capex__comm_alloc(c, &dev, es * (kind == CAPEX__HOST_ALLGATHER ? nout + count : nout));
+    if (r != CAPEX_OK) return r;
+    in = kind == CAPEX__HOST_ALLGATHER ? (char *)dev + es * nout : dev;
+    r = capex__comm_copy(c, in, kind == CAPEX__HOST_ALLGATHER ? send : recv, es * count, CAPEX_COPY_H2D);
+    if (r == CAPEX_OK) {
+        if (kind == CAPEX__HOST_ALLGATHER) r = capex__comm_allgather_checked(c, in, dev, count, t);
+        else if (kind == CAPEX__HOST_ALLREDUCE) r = capex__comm_allreduce_checked(c, dev, dev, count, t, CAPEX_REDUCE_SUM);
+        else r = capex__comm_broadcast_checked(c, dev, count, t, root);
+    }
+    if (r == CAPEX_OK) r = capex__comm_copy(c, recv, dev, es * nout, CAPEX_COPY_D2H);
+    if (r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, dev);
+    return r;
+}
+
 /* Allgathers this rank's signature (sig[CAPEX__SIG_N]) and checks every
    rank's against rank 0's. local: this rank's verdict on its own arguments
    (its message is kept); a refusing rank still takes part, so its peers fail
@@ -10924,7 +10957,6 @@ CAPEX__PRIVATE capex_result capex__create_agree(capex_comm *c, int64_t *sig, cap
     const size_t N = CAPEX__SIG_N;
     size_t W, k;
     int64_t *all;
-    void *dev = NULL;
     int p, first = -1, nbad = 0;
     capex_result r;
     if (c->world_size <= 1) return local;
@@ -10939,13 +10971,7 @@ CAPEX__PRIVATE capex_result capex__create_agree(capex_comm *c, int64_t *sig, cap
     if (!all) /* host comms: a barrier stands in, so the peers fail too */
         r = capex__comm_refused(c, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory for the model check (%zu "
                                                "ranks)", nm->api, W));
-    else if (c->device_buffers) { /* NCCL: through a device buffer, send slot after the W receive slots */
-        r = capex__comm_alloc(c, &dev, sizeof(int64_t) * N * (W + 1));
-        if (r == CAPEX_OK) r = capex__comm_copy(c, (int64_t *)dev + N * W, sig, sizeof(int64_t) * N, CAPEX_COPY_H2D);
-        if (r == CAPEX_OK) r = capex__comm_allgather_checked(c, (int64_t *)dev + N * W, dev, N, CAPEX_I64);
-        if (r == CAPEX_OK) r = capex__comm_copy(c, all, dev, sizeof(int64_t) * N * W, CAPEX_COPY_D2H);
-        if (r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, dev); /* else a transport may still write it */
-    } else r = capex__comm_refused(c, capex__comm_allgather_checked(c, sig, all, N, CAPEX_I64));
+    else r = capex__comm_host(c, CAPEX__HOST_ALLGATHER, sig, all, N, CAPEX_I64, 0);
     if (r != CAPEX_OK || local != CAPEX_OK) {
         capex__free(NULL, all);
         if (local != CAPEX_OK) return capex__fail(local, "%s", keep);
@@ -11047,20 +11073,12 @@ done:
 CAPEX__PRIVATE capex_result capex__comm_agree(capex_comm *c, capex_result local, const char *fn) {
     char keep[sizeof capex__error_message];
     int64_t v[2];
-    void *dev = NULL;
     capex_result r;
     if (c->world_size <= 1) return local;
     if (local != CAPEX_OK) memcpy(keep, capex__error_message, sizeof keep);
     v[0] = local != CAPEX_OK;          /* failing ranks */
     v[1] = local != CAPEX_OK ? c->rank : 0; /* the failing rank when only one did */
-    if (!c->device_buffers) r = capex__comm_refused(c, capex__comm_allreduce_checked(c, v, v, 2, CAPEX_I64, CAPEX_REDUCE_SUM));
-    else {
-        r = capex__comm_alloc(c, &dev, sizeof v);
-        if (r == CAPEX_OK) r = capex__comm_copy(c, dev, v, sizeof v, CAPEX_COPY_H2D);
-        if (r == CAPEX_OK) r = capex__comm_allreduce_checked(c, dev, dev, 2, CAPEX_I64, CAPEX_REDUCE_SUM);
-        if (r == CAPEX_OK) r = capex__comm_copy(c, v, dev, sizeof v, CAPEX_COPY_D2H);
-        if (r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, dev); /* else a transport may still write it */
-    }
+    r = capex__comm_host(c, CAPEX__HOST_ALLREDUCE, NULL, v, 2, CAPEX_I64, 0);
     if (local != CAPEX_OK) return capex__fail(local, "%s", keep);
     if (r != CAPEX_OK) return r;
     if (v[0] == 1) return capex__fail(CAPEX_ERR_COMM, "%s: rank %lld failed (its own error says why); no rank went on",
@@ -11541,7 +11559,6 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
     capex_comm *c = g->comm;
     size_t np = g->np, i, nb_old = g->nb;
     uint32_t *ord32 = NULL;
-    void *dev = NULL;
     size_t *order = NULL, *old_bucket = NULL, *old_offset = NULL;
     capex__bucket *old_b = g->b;
     capex_result r = CAPEX_OK;
@@ -11555,14 +11572,8 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
     seen = (unsigned char *)capex__alloc(NULL, np);
     if (!ord32 || !order || !old_bucket || !old_offset || !seen) { r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "ddp rebuild: out of memory"); goto done; }
     for (i = 0; i < np; i++) ord32[i] = (uint32_t)g->ready_order[i];
-    if (c->world_size > 1) {
-        if (c->device_buffers) {
-            if ((r = capex__comm_alloc(c, &dev, np * 4)) != CAPEX_OK) goto done;
-            if ((r = capex__comm_copy(c, dev, ord32, np * 4, CAPEX_COPY_H2D)) != CAPEX_OK) goto done;
-            if ((r = capex_comm_broadcast(c, dev, np, CAPEX_F32, 0)) != CAPEX_OK) goto done;
-            if ((r = capex__comm_copy(c, ord32, dev, np * 4, CAPEX_COPY_D2H)) != CAPEX_OK) goto done;
-        } else if ((r = capex_comm_broadcast(c, ord32, np, CAPEX_F32, 0)) != CAPEX_OK) goto done;
-    }
+    if (c->world_size > 1 && (r = capex__comm_host(c, CAPEX__HOST_BROADCAST, NULL, ord32, np, CAPEX_F32, 0)) != CAPEX_OK)
+        goto done;
     memset(seen, 0, np);
     for (i = 0; i < np; i++) {
         if (ord32[i] >= np || seen[ord32[i]]) { r = capex__fail(CAPEX_ERR_COMM, "ddp rebuild: rank 0's ready order is corrupt"); goto done; }
@@ -11593,7 +11604,6 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
     g->n_retired = nb_old;
     old_b = NULL;
 done:
-    if (dev) capex__comm_free(c, dev);
     capex__free(NULL, ord32);
     capex__free(NULL, order);
     capex__free(NULL, old_bucket);
@@ -12829,14 +12839,7 @@ done:
 static capex_result capex__zero_save_status(capex_zero *z, capex_result r, const char *path) {
     capex_comm *c = z->comm;
     double v = (double)r;
-    void *d = NULL;
-    capex_result b;
-    if (!c->device_buffers) b = capex_comm_broadcast(c, &v, 1, CAPEX_F64, 0);
-    else if ((b = capex__comm_alloc(c, &d, sizeof v)) == CAPEX_OK &&
-             (b = capex__comm_copy(c, d, &v, sizeof v, CAPEX_COPY_H2D)) == CAPEX_OK &&
-             (b = capex_comm_broadcast(c, d, 1, CAPEX_F64, 0)) == CAPEX_OK)
-        b = capex__comm_copy(c, &v, d, sizeof v, CAPEX_COPY_D2H);
-    capex__comm_free(c, d);
+    capex_result b = capex__comm_host(c, CAPEX__HOST_BROADCAST, NULL, &v, 1, CAPEX_F64, 0);
     if (b != CAPEX_OK) {
         z->failed = 1;
         return r != CAPEX_OK ? r : b;
