@@ -767,6 +767,76 @@ CT_TEST(batch_norm_finite_differences) {
     }
 }
 
+/* A large mean over a small spread (1e4 + 1e-2 * U(-1, 1) in f32: mean/std ~ 1.7e6), rows and
+   channels of up to 2^16 values, against float64 over the same f32 inputs: the mean within one
+   f32 ulp, rstd / invstd and the unbiased running_var within 1e-4. A plain f32 Welford chain
+   stalls here (d / n falls below half an ulp of the mean, which then stops moving): rstd was
+   1-4% off before 2026-11-28 (LayerNorm rows, BatchNorm NSC blocks and NCS rows). */
+static int within_ulp(float got, double want) { return fabs((double)got - want) <= fabs(want) * 1.2e-7; }
+CT_TEST(large_mean_small_noise_variance_vs_float64) {
+    static const int64_t widths[] = {17, 100, 4097, 65536};
+    static const int64_t shapes[][2] = {{4096, 1}, {1024, 16}, {8, 4096}, {2, 65536}}; /* BatchNorm N, S */
+    size_t k;
+    for (k = 0; k < sizeof widths / sizeof widths[0]; k++) {
+        const int64_t C = widths[k], R = 2;
+        float *x = (float *)talloc(CAPEX_F32, R * C), *y = (float *)talloc(CAPEX_F32, R * C), mean[2], rstd[2];
+        double *xd = dalloc(R * C), *yr = dalloc(R * C), mr[2], rr[2];
+        capex_norm_args a;
+        int64_t r, j;
+        fill(CAPEX_F32, x, xd, R * C, 1e4, 1e-2);
+        ref_norm(0, R, C, xd, NULL, NULL, 1e-5, yr, mr, rr);
+        capex_norm_args_init(&a);
+        a.rows = R; a.cols = C; a.x = x; a.y = y; a.mean = mean; a.rstd = rstd;
+        CT_CHECK(capex_layer_norm_forward(NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+        for (r = 0; r < R; r++) {
+            double ym = 0;
+            CT_CHECK(within_ulp(mean[r], mr[r]), "cols %lld: mean %.9g, float64 %.9g", (long long)C, (double)mean[r], mr[r]);
+            CT_CHECK(fabs(rstd[r] - rr[r]) <= 1e-4 * rr[r], "cols %lld: rstd %.7g, float64 %.7g (rel %.3g)", (long long)C,
+                     (double)rstd[r], rr[r], fabs(rstd[r] - rr[r]) / rr[r]);
+            /* y against float64 from capex's own (checked) f32 mean: that mean's rounding alone moves y by ~0.1 */
+            for (j = 0; j < C; j++) {
+                double e = fabs(y[r * C + j] - (xd[r * C + j] - (double)mean[r]) * rr[r]);
+                if (e > ym) ym = e;
+            }
+            CT_CHECK(ym <= 1e-3, "cols %lld: y off by %g", (long long)C, ym);
+        }
+        free(x); free(y); free(xd); free(yr);
+        if (ct->failed) return;
+    }
+    for (k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int lay;
+        for (lay = 0; lay < 2; lay++) {
+            const int64_t N = shapes[k][0], S = shapes[k][1], C = 2, T = N * C * S;
+            float *x = (float *)talloc(CAPEX_F32, T), *y = (float *)talloc(CAPEX_F32, T), sm[2], si[2], rm[2] = {0, 0},
+                  rv[2] = {0, 0};
+            double *tmp = dalloc(T), *xd = dalloc(T), *yr = dalloc(T), wd[2] = {1, 1}, bd[2] = {0, 0}, mr[2], vr[2];
+            capex_batch_norm_desc d;
+            capex_batch_norm_args b;
+            int64_t i, c;
+            fill(CAPEX_F32, x, tmp, T, 1e4, 1e-2);
+            for (i = 0; i < T; i++) xd[i] = x[lay == CAPEX_BN_NSC ? nsc(i, C, S) : i];
+            ref_bn(N, C, S, xd, wd, bd, 1e-5, NULL, yr, mr, vr, NULL, NULL, NULL);
+            capex_batch_norm_desc_init(&d);
+            d.momentum = 1.0f; /* running_var = the unbiased batch variance, exactly */
+            capex_batch_norm_args_init(&b);
+            b.n = N; b.c = C; b.s = S; b.layout = (capex_bn_layout)lay; b.x = x; b.y = y; b.save_mean = sm;
+            b.save_invstd = si; b.running_mean = rm; b.running_var = rv;
+            CT_CHECK(capex_batch_norm_forward(&d, NULL, &b) == CAPEX_OK, "%s", capex_last_error());
+            for (c = 0; c < C; c++) {
+                const double is = 1.0 / sqrt(vr[c] + 1e-5), unb = vr[c] * (double)(N * S) / (double)(N * S - 1);
+                CT_CHECK(within_ulp(sm[c], mr[c]), "BatchNorm N %lld S %lld layout %d: mean %.9g, float64 %.9g",
+                         (long long)N, (long long)S, lay, (double)sm[c], mr[c]);
+                CT_CHECK(fabs(si[c] - is) <= 1e-4 * is, "BatchNorm N %lld S %lld layout %d: invstd %.7g, float64 %.7g (rel %.3g)",
+                         (long long)N, (long long)S, lay, (double)si[c], is, fabs(si[c] - is) / is);
+                CT_CHECK(fabs(rv[c] - unb) <= 1e-4 * unb, "BatchNorm N %lld S %lld layout %d: running_var %.7g, float64 %.7g",
+                         (long long)N, (long long)S, lay, (double)rv[c], unb);
+            }
+            free(x); free(y); free(tmp); free(xd); free(yr);
+            if (ct->failed) return;
+        }
+    }
+}
+
 /* Finite f32 values past 1.8e19 (their square overflows) with a small spread:
    LayerNorm rows of 1..20 columns and BatchNorm channels of 4 and 12 values in
    both layouts give the float64 results, not NaN. Seen failing: the Welford
@@ -1336,6 +1406,7 @@ static const ct_case cases[] = {
     CT_CASE(mixed_dtypes_all_combinations),
     CT_CASE(huge_fp16_inputs_do_not_overflow),
     CT_CASE(huge_f32_values_short_rows_stay_finite),
+    CT_CASE(large_mean_small_noise_variance_vs_float64),
     CT_CASE(constant_rows_and_one_element_rows),
     CT_CASE(finite_differences),
     CT_CASE(pytorch_semantics_small),
