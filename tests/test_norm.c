@@ -973,6 +973,73 @@ CT_TEST(batch_norm_empty_batch_as_torch) {
 
 /* torch.nn.functional.layer_norm(x, shape, weight=None, bias=b): the bias has a
    gradient, sum over rows of dy; dx as without affine. */
+/* inf / NaN inputs stay where torch keeps them: a LayerNorm/RMSNorm row with one (first, middle
+   or last element) leaves every other row's y and dx bit-identical to a call without it (rows are
+   independent); in its own row LayerNorm's y is all NaN (mean or variance non-finite), RMSNorm's
+   y is x * rsqrt(inf) = 0 except the bad element (NaN) for an inf, all NaN for a NaN. BatchNorm
+   in training (both layouts): the other channel's y, save statistics and running statistics
+   are bit-identical to a clean call. */
+CT_TEST(nonfinite_inputs_stay_in_their_row_or_channel) {
+    static const float bad[3] = {INFINITY, -INFINITY, NAN};
+    enum { R = 3, C = 21 };
+    float x[R * C], xc[R * C], dy[R * C], y[R * C], yc[R * C], dx[R * C], dxc[R * C], m[R], rs[R];
+    int rms, bi, pos, i, j;
+    for (i = 0; i < R * C; i++) { xc[i] = (float)(1.0 + 0.5 * sin(0.9 * i)); dy[i] = (float)cos(1.7 * i); }
+    for (rms = 0; rms < 2; rms++) {
+        capex_norm_args a;
+        capex_norm_args_init(&a);
+        a.rows = R; a.cols = C; a.x = xc; a.y = yc; a.mean = m; a.rstd = rs; a.dy = dy; a.dx = dxc;
+        CT_CHECK((rms ? capex_rms_norm_forward(NULL, &a) : capex_layer_norm_forward(NULL, &a)) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK((rms ? capex_rms_norm_backward(NULL, &a) : capex_layer_norm_backward(NULL, &a)) == CAPEX_OK, "%s", capex_last_error());
+        for (bi = 0; bi < 3; bi++)
+            for (pos = 0; pos < C; pos += 10) { /* element 0, 10, 20 of row 1 */
+                memcpy(x, xc, sizeof x);
+                x[C + pos] = bad[bi];
+                a.x = x; a.y = y; a.dx = dx;
+                CT_CHECK((rms ? capex_rms_norm_forward(NULL, &a) : capex_layer_norm_forward(NULL, &a)) == CAPEX_OK, "fwd");
+                CT_CHECK((rms ? capex_rms_norm_backward(NULL, &a) : capex_layer_norm_backward(NULL, &a)) == CAPEX_OK, "bwd");
+                for (j = 0; j < C; j++) {
+                    const float v = y[C + j];
+                    CT_CHECK(!memcmp(&y[j], &yc[j], 4) && !memcmp(&y[2 * C + j], &yc[2 * C + j], 4) &&
+                             !memcmp(&dx[j], &dxc[j], 4) && !memcmp(&dx[2 * C + j], &dxc[2 * C + j], 4),
+                             "rms=%d bad %g at %d: clean rows changed at column %d", rms, (double)bad[bi], pos, j);
+                    if (!rms || bi == 2 || j == pos) CT_CHECK(v != v, "rms=%d bad %g at %d: y[%d] = %g, want NaN", rms, (double)bad[bi], pos, j, (double)v);
+                    else CT_CHECK(v == 0.0f, "rms=%d bad %g at %d: y[%d] = %g, want 0 (x * rsqrt(inf))", rms, (double)bad[bi], pos, j, (double)v);
+                }
+                if (ct->failed) return;
+            }
+    }
+    {
+        int lay;
+        for (lay = 0; lay < 2; lay++)
+            for (bi = 0; bi < 3; bi++) {
+                /* N = 4, C = 2, S = 3; the bad value in channel 0 of sample 1 */
+                float bx[24], bxc[24], by[24], byc[24], sm[2], si[2], smc[2], sic[2], rm[2] = {0, 0}, rv[2] = {1, 1},
+                      rmc[2] = {0, 0}, rvc[2] = {1, 1};
+                capex_batch_norm_args b;
+                for (i = 0; i < 24; i++) bxc[i] = (float)(2.0 + sin(1.1 * i));
+                memcpy(bx, bxc, sizeof bx);
+                bx[lay == CAPEX_BN_NSC ? (1 * 3 + 1) * 2 + 0 : (1 * 2 + 0) * 3 + 1] = bad[bi];
+                capex_batch_norm_args_init(&b);
+                b.n = 4; b.c = 2; b.s = 3; b.layout = (capex_bn_layout)lay; b.x = bxc; b.y = byc; b.save_mean = smc;
+                b.save_invstd = sic; b.running_mean = rmc; b.running_var = rvc;
+                CT_CHECK(capex_batch_norm_forward(NULL, NULL, &b) == CAPEX_OK, "%s", capex_last_error());
+                b.x = bx; b.y = by; b.save_mean = sm; b.save_invstd = si; b.running_mean = rm; b.running_var = rv;
+                CT_CHECK(capex_batch_norm_forward(NULL, NULL, &b) == CAPEX_OK, "%s", capex_last_error());
+                CT_CHECK(sm[1] == smc[1] && si[1] == sic[1] && rm[1] == rmc[1] && rv[1] == rvc[1] && sm[0] != sm[0] && rv[0] != rv[0],
+                         "layout %d bad %g: channel 1 mean %g/%g invstd %g/%g running %g/%g; channel 0 mean %g running_var %g",
+                         lay, (double)bad[bi], (double)sm[1], (double)smc[1], (double)si[1], (double)sic[1], (double)rv[1],
+                         (double)rvc[1], (double)sm[0], (double)rv[0]);
+                for (i = 0; i < 24; i++) {
+                    const int ch = lay == CAPEX_BN_NSC ? i % 2 : (i / 3) % 2;
+                    if (ch == 1) CT_CHECK(!memcmp(&by[i], &byc[i], 4), "layout %d: channel 1 y[%d] changed", lay, i);
+                    else CT_CHECK(by[i] != by[i], "layout %d bad %g: channel 0 y[%d] = %g, want NaN", lay, (double)bad[bi], i, (double)by[i]);
+                }
+                if (ct->failed) return;
+            }
+    }
+}
+
 CT_TEST(layer_norm_bias_without_weight) {
     float x[6] = {1, 2, 4, -1, 0, 3}, b[3] = {0.5f, -1, 2}, y[6], mean[2], rstd[2], dy[6] = {1, 2, 3, 4, 5, 6}, dx[6], db[3];
     capex_norm_args a;
@@ -1417,7 +1484,7 @@ static const ct_case cases[] = {
     CT_CASE(batch_norm_finite_differences),
     CT_CASE(batch_norm_constant_channel_and_no_running_stats), CT_CASE(batch_norm_empty_batch_as_torch),
     CT_CASE(batch_norm_eval_backward_nonfinite_stays_local),
-    CT_CASE(layer_norm_bias_without_weight),
+    CT_CASE(layer_norm_bias_without_weight), CT_CASE(nonfinite_inputs_stay_in_their_row_or_channel),
     CT_CASE(batch_norm_cumulative_average_momentum_none), CT_CASE(batch_norm_errors),
     CT_CASE(amp_dtypes_keep_batchnorm_fp32),
     CT_CASE(sync_batch_norm_threads_unequal_batches), CT_CASE(sync_batch_norm_every_rank_empty_is_refused),
