@@ -13179,9 +13179,14 @@ static void capex__nm_store_one(void *p, capex_dtype t, int64_t i, float v) {
 
 /* Mean and biased variance of x[0, n) (n >= 1): Welford in 16 lanes (lane l
    takes elements l, l+16, ...: 16 independent chains hide the latency),
-   lanes merged by Chan in a fixed tree. */
+   lanes merged by Chan in a fixed tree. Welford runs on x - x0 (shifted
+   data; the GPU kernels too) and *mean_s is the mean of x - x0: on a large
+   mean over a small spread (1e4 + 1e-2 noise) a chain's d / n falls below
+   half an ulp of the mean, which then stops moving (rstd was 1-4% off); the
+   shifted mean stays near the noise, and a caller merging several pieces
+   keeps it unrounded (x0 + mean_s in f32 would round it to the mean's ulp). */
 #define CAPEX__NM_LANES 16
-static void capex__nm_row_stats(const float *x, int64_t n, float *mean, float *var) {
+static void capex__nm_row_stats(const float *x, int64_t n, float x0, float *mean_s, float *var) {
     float mu[CAPEX__NM_LANES], q[CAPEX__NM_LANES], cnt[CAPEX__NM_LANES];
     int64_t K = n / CAPEX__NM_LANES, k;
     int l, r = (int)(n % CAPEX__NM_LANES), s;
@@ -13189,16 +13194,16 @@ static void capex__nm_row_stats(const float *x, int64_t n, float *mean, float *v
     for (k = 0; k < K; k++) {
         const float inv = 1.0f / (float)(k + 1);
         const float *xk = x + CAPEX__NM_LANES * k;
-        for (l = 0; l < CAPEX__NM_LANES; l++) capex__nm_welford(xk[l], inv, &mu[l], &q[l]);
+        for (l = 0; l < CAPEX__NM_LANES; l++) capex__nm_welford(xk[l] - x0, inv, &mu[l], &q[l]);
     }
     for (l = 0; l < r; l++) {
         cnt[l] += 1.0f;
-        capex__nm_welford(x[CAPEX__NM_LANES * K + l], 1.0f / cnt[l], &mu[l], &q[l]);
+        capex__nm_welford(x[CAPEX__NM_LANES * K + l] - x0, 1.0f / cnt[l], &mu[l], &q[l]);
     }
     for (s = 1; s < CAPEX__NM_LANES; s *= 2)
         for (l = 0; l < CAPEX__NM_LANES; l += 2 * s)
             capex__nm_chan(&cnt[l], &mu[l], &q[l], cnt[l + s], mu[l + s], q[l + s]);
-    *mean = mu[0];
+    *mean_s = mu[0];
     *var = q[0] / (float)n;
 }
 
@@ -13397,7 +13402,7 @@ static void capex__nm_fwd_rows(void *vc, int64_t begin, int64_t end, float *scra
         float *CAPEX__OPT_RESTRICT y = capex__nm_out(a->y, a->y_dtype, row * n, scratch + n);
         float mean = 0.0f, var, rstd;
         if (c->rms) var = capex__nm_dot(x, x, n) / (float)n;
-        else capex__nm_row_stats(x, n, &mean, &var);
+        else { capex__nm_row_stats(x, n, x[0], &mean, &var); mean = x[0] + mean; }
         rstd = capex__nm_rstd(var, c->eps);
         if (a->mean) a->mean[row] = mean;
         if (a->rstd) a->rstd[row] = rstd;
@@ -13587,6 +13592,12 @@ CAPEX_API capex_result capex_batch_norm_amp_dtypes(const capex_amp_config *cfg, 
     return CAPEX_OK;
 }
 
+static float capex__nm_get(const void *p, capex_dtype t, int64_t i) {
+    if (t == CAPEX_F32) return ((const float *)p)[i];
+    if (t == CAPEX_F16) return capex__h16_load(((const uint16_t *)p)[i]);
+    return capex__b16_load(((const uint16_t *)p)[i]);
+}
+
 typedef struct capex__bn_ctx {
     const capex_batch_norm_args *a;
     float *pk;                      /* local stats: pack [mean C, var C, count] */
@@ -13606,25 +13617,29 @@ static void capex__bn_stats_ncs(void *vc, int64_t b, int64_t e, float *buf) {
     int64_t ch, i;
     for (ch = b; ch < e; ch++) {
         double n = 0.0, m = 0.0, q = 0.0, nb = (double)a->s;
+        const float x0 = capex__nm_get(a->x, a->x_dtype, ch * a->s); /* one shift for the channel's rows */
         for (i = 0; i < a->n; i++) {
             float mu, v;
             double dd;
-            capex__nm_row_stats(capex__nm_load(a->x, a->x_dtype, (i * a->c + ch) * a->s, a->s, buf), a->s, &mu, &v);
+            capex__nm_row_stats(capex__nm_load(a->x, a->x_dtype, (i * a->c + ch) * a->s, a->s, buf), a->s, x0, &mu, &v);
             dd = (double)mu - m;
             m += dd * nb / (n + nb);
             q += (double)v * nb + dd * dd * n * nb / (n + nb);
             n += nb;
         }
-        c->pk[ch] = (float)m;
+        c->pk[ch] = (float)((double)x0 + m);
         c->pk[a->c + ch] = n > 0.0 ? (float)(q / n) : 0.0f;
     }
 }
-/* NSC forward stats: row blocks [b, e), per-block Welford vectorised over channels. */
+/* NSC forward stats: row blocks [b, e), per-block Welford vectorised over channels,
+   on x - (row 0) as capex__nm_row_stats; the block means stay shifted for the merge. */
 static void capex__bn_stats_nsc(void *vc, int64_t b, int64_t e, float *buf) {
     const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
     const capex_batch_norm_args *a = c->a;
     const int64_t C = a->c;
     int64_t blk, row, ch;
+    float *CAPEX__OPT_RESTRICT x0 = buf + C;
+    memcpy(x0, capex__nm_load(a->x, a->x_dtype, 0, C, buf), (size_t)C * sizeof(float));
     for (blk = b; blk < e; blk++) {
         float *CAPEX__OPT_RESTRICT pm = c->p0 + blk * C, *CAPEX__OPT_RESTRICT pq = c->p1 + blk * C;
         int64_t r0 = blk * c->brows, r1 = r0 + c->brows < c->rows ? r0 + c->brows : c->rows;
@@ -13632,7 +13647,7 @@ static void capex__bn_stats_nsc(void *vc, int64_t b, int64_t e, float *buf) {
         for (row = r0; row < r1; row++) {
             const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
             const float inv = 1.0f / (float)(row - r0 + 1);
-            for (ch = 0; ch < C; ch++) capex__nm_welford(x[ch], inv, &pm[ch], &pq[ch]);
+            for (ch = 0; ch < C; ch++) capex__nm_welford(x[ch] - x0[ch], inv, &pm[ch], &pq[ch]);
         }
     }
 }
@@ -13826,12 +13841,6 @@ static capex_result capex__bn_check(const char *fn, const capex_batch_norm_desc 
     return capex__nm_ptr(fn, "dbias", a->dbias, a->param_dtype, 0);
 }
 
-static float capex__nm_get(const void *p, capex_dtype t, int64_t i) {
-    if (t == CAPEX_F32) return ((const float *)p)[i];
-    if (t == CAPEX_F16) return capex__h16_load(((const uint16_t *)p)[i]);
-    return capex__b16_load(((const uint16_t *)p)[i]);
-}
-
 /* Scratch of a BN call: params (2C), mean/invstd (2C), pack (world * P),
    reduce (2C), NSC partials (2 * nblk * C), per-worker buffers (3 * max(S, C)),
    NCS sums (2C doubles). */
@@ -13920,7 +13929,7 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
                     q += (double)c.p1[b * C + ch] + dm * dm * n * nb / (n + nb);
                     n += nb;
                 }
-                pk[ch] = (float)mu;
+                pk[ch] = (float)((double)capex__nm_get(a->x, a->x_dtype, ch) + mu); /* the blocks' shift, row 0 */
                 pk[C + ch] = (float)(q / n);
             }
         }

@@ -767,6 +767,76 @@ CT_TEST(batch_norm_finite_differences) {
     }
 }
 
+/* A large mean over a small spread (1e4 + 1e-2 * U(-1, 1) in f32: mean/std ~ 1.7e6), rows and
+   channels of up to 2^16 values, against float64 over the same f32 inputs: the mean within one
+   f32 ulp, rstd / invstd and the unbiased running_var within 1e-4. A plain f32 Welford chain
+   stalls here (d / n falls below half an ulp of the mean, which then stops moving): rstd was
+   1-4% off before 2026-11-28 (LayerNorm rows, BatchNorm NSC blocks and NCS rows). */
+static int within_ulp(float got, double want) { return fabs((double)got - want) <= fabs(want) * 1.2e-7; }
+CT_TEST(large_mean_small_noise_variance_vs_float64) {
+    static const int64_t widths[] = {17, 100, 4097, 65536};
+    static const int64_t shapes[][2] = {{4096, 1}, {1024, 16}, {8, 4096}, {2, 65536}}; /* BatchNorm N, S */
+    size_t k;
+    for (k = 0; k < sizeof widths / sizeof widths[0]; k++) {
+        const int64_t C = widths[k], R = 2;
+        float *x = (float *)talloc(CAPEX_F32, R * C), *y = (float *)talloc(CAPEX_F32, R * C), mean[2], rstd[2];
+        double *xd = dalloc(R * C), *yr = dalloc(R * C), mr[2], rr[2];
+        capex_norm_args a;
+        int64_t r, j;
+        fill(CAPEX_F32, x, xd, R * C, 1e4, 1e-2);
+        ref_norm(0, R, C, xd, NULL, NULL, 1e-5, yr, mr, rr);
+        capex_norm_args_init(&a);
+        a.rows = R; a.cols = C; a.x = x; a.y = y; a.mean = mean; a.rstd = rstd;
+        CT_CHECK(capex_layer_norm_forward(NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+        for (r = 0; r < R; r++) {
+            double ym = 0;
+            CT_CHECK(within_ulp(mean[r], mr[r]), "cols %lld: mean %.9g, float64 %.9g", (long long)C, (double)mean[r], mr[r]);
+            CT_CHECK(fabs(rstd[r] - rr[r]) <= 1e-4 * rr[r], "cols %lld: rstd %.7g, float64 %.7g (rel %.3g)", (long long)C,
+                     (double)rstd[r], rr[r], fabs(rstd[r] - rr[r]) / rr[r]);
+            /* y against float64 from capex's own (checked) f32 mean: that mean's rounding alone moves y by ~0.1 */
+            for (j = 0; j < C; j++) {
+                double e = fabs(y[r * C + j] - (xd[r * C + j] - (double)mean[r]) * rr[r]);
+                if (e > ym) ym = e;
+            }
+            CT_CHECK(ym <= 1e-3, "cols %lld: y off by %g", (long long)C, ym);
+        }
+        free(x); free(y); free(xd); free(yr);
+        if (ct->failed) return;
+    }
+    for (k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int lay;
+        for (lay = 0; lay < 2; lay++) {
+            const int64_t N = shapes[k][0], S = shapes[k][1], C = 2, T = N * C * S;
+            float *x = (float *)talloc(CAPEX_F32, T), *y = (float *)talloc(CAPEX_F32, T), sm[2], si[2], rm[2] = {0, 0},
+                  rv[2] = {0, 0};
+            double *tmp = dalloc(T), *xd = dalloc(T), *yr = dalloc(T), wd[2] = {1, 1}, bd[2] = {0, 0}, mr[2], vr[2];
+            capex_batch_norm_desc d;
+            capex_batch_norm_args b;
+            int64_t i, c;
+            fill(CAPEX_F32, x, tmp, T, 1e4, 1e-2);
+            for (i = 0; i < T; i++) xd[i] = x[lay == CAPEX_BN_NSC ? nsc(i, C, S) : i];
+            ref_bn(N, C, S, xd, wd, bd, 1e-5, NULL, yr, mr, vr, NULL, NULL, NULL);
+            capex_batch_norm_desc_init(&d);
+            d.momentum = 1.0f; /* running_var = the unbiased batch variance, exactly */
+            capex_batch_norm_args_init(&b);
+            b.n = N; b.c = C; b.s = S; b.layout = (capex_bn_layout)lay; b.x = x; b.y = y; b.save_mean = sm;
+            b.save_invstd = si; b.running_mean = rm; b.running_var = rv;
+            CT_CHECK(capex_batch_norm_forward(&d, NULL, &b) == CAPEX_OK, "%s", capex_last_error());
+            for (c = 0; c < C; c++) {
+                const double is = 1.0 / sqrt(vr[c] + 1e-5), unb = vr[c] * (double)(N * S) / (double)(N * S - 1);
+                CT_CHECK(within_ulp(sm[c], mr[c]), "BatchNorm N %lld S %lld layout %d: mean %.9g, float64 %.9g",
+                         (long long)N, (long long)S, lay, (double)sm[c], mr[c]);
+                CT_CHECK(fabs(si[c] - is) <= 1e-4 * is, "BatchNorm N %lld S %lld layout %d: invstd %.7g, float64 %.7g (rel %.3g)",
+                         (long long)N, (long long)S, lay, (double)si[c], is, fabs(si[c] - is) / is);
+                CT_CHECK(fabs(rv[c] - unb) <= 1e-4 * unb, "BatchNorm N %lld S %lld layout %d: running_var %.7g, float64 %.7g",
+                         (long long)N, (long long)S, lay, (double)rv[c], unb);
+            }
+            free(x); free(y); free(tmp); free(xd); free(yr);
+            if (ct->failed) return;
+        }
+    }
+}
+
 /* Finite f32 values past 1.8e19 (their square overflows) with a small spread:
    LayerNorm rows of 1..20 columns and BatchNorm channels of 4 and 12 values in
    both layouts give the float64 results, not NaN. Seen failing: the Welford
@@ -903,6 +973,73 @@ CT_TEST(batch_norm_empty_batch_as_torch) {
 
 /* torch.nn.functional.layer_norm(x, shape, weight=None, bias=b): the bias has a
    gradient, sum over rows of dy; dx as without affine. */
+/* inf / NaN inputs stay where torch keeps them: a LayerNorm/RMSNorm row with one (first, middle
+   or last element) leaves every other row's y and dx bit-identical to a call without it (rows are
+   independent); in its own row LayerNorm's y is all NaN (mean or variance non-finite), RMSNorm's
+   y is x * rsqrt(inf) = 0 except the bad element (NaN) for an inf, all NaN for a NaN. BatchNorm
+   in training (both layouts): the other channel's y, save statistics and running statistics
+   are bit-identical to a clean call. */
+CT_TEST(nonfinite_inputs_stay_in_their_row_or_channel) {
+    static const float bad[3] = {INFINITY, -INFINITY, NAN};
+    enum { R = 3, C = 21 };
+    float x[R * C], xc[R * C], dy[R * C], y[R * C], yc[R * C], dx[R * C], dxc[R * C], m[R], rs[R];
+    int rms, bi, pos, i, j;
+    for (i = 0; i < R * C; i++) { xc[i] = (float)(1.0 + 0.5 * sin(0.9 * i)); dy[i] = (float)cos(1.7 * i); }
+    for (rms = 0; rms < 2; rms++) {
+        capex_norm_args a;
+        capex_norm_args_init(&a);
+        a.rows = R; a.cols = C; a.x = xc; a.y = yc; a.mean = m; a.rstd = rs; a.dy = dy; a.dx = dxc;
+        CT_CHECK((rms ? capex_rms_norm_forward(NULL, &a) : capex_layer_norm_forward(NULL, &a)) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK((rms ? capex_rms_norm_backward(NULL, &a) : capex_layer_norm_backward(NULL, &a)) == CAPEX_OK, "%s", capex_last_error());
+        for (bi = 0; bi < 3; bi++)
+            for (pos = 0; pos < C; pos += 10) { /* element 0, 10, 20 of row 1 */
+                memcpy(x, xc, sizeof x);
+                x[C + pos] = bad[bi];
+                a.x = x; a.y = y; a.dx = dx;
+                CT_CHECK((rms ? capex_rms_norm_forward(NULL, &a) : capex_layer_norm_forward(NULL, &a)) == CAPEX_OK, "fwd");
+                CT_CHECK((rms ? capex_rms_norm_backward(NULL, &a) : capex_layer_norm_backward(NULL, &a)) == CAPEX_OK, "bwd");
+                for (j = 0; j < C; j++) {
+                    const float v = y[C + j];
+                    CT_CHECK(!memcmp(&y[j], &yc[j], 4) && !memcmp(&y[2 * C + j], &yc[2 * C + j], 4) &&
+                             !memcmp(&dx[j], &dxc[j], 4) && !memcmp(&dx[2 * C + j], &dxc[2 * C + j], 4),
+                             "rms=%d bad %g at %d: clean rows changed at column %d", rms, (double)bad[bi], pos, j);
+                    if (!rms || bi == 2 || j == pos) CT_CHECK(v != v, "rms=%d bad %g at %d: y[%d] = %g, want NaN", rms, (double)bad[bi], pos, j, (double)v);
+                    else CT_CHECK(v == 0.0f, "rms=%d bad %g at %d: y[%d] = %g, want 0 (x * rsqrt(inf))", rms, (double)bad[bi], pos, j, (double)v);
+                }
+                if (ct->failed) return;
+            }
+    }
+    {
+        int lay;
+        for (lay = 0; lay < 2; lay++)
+            for (bi = 0; bi < 3; bi++) {
+                /* N = 4, C = 2, S = 3; the bad value in channel 0 of sample 1 */
+                float bx[24], bxc[24], by[24], byc[24], sm[2], si[2], smc[2], sic[2], rm[2] = {0, 0}, rv[2] = {1, 1},
+                      rmc[2] = {0, 0}, rvc[2] = {1, 1};
+                capex_batch_norm_args b;
+                for (i = 0; i < 24; i++) bxc[i] = (float)(2.0 + sin(1.1 * i));
+                memcpy(bx, bxc, sizeof bx);
+                bx[lay == CAPEX_BN_NSC ? (1 * 3 + 1) * 2 + 0 : (1 * 2 + 0) * 3 + 1] = bad[bi];
+                capex_batch_norm_args_init(&b);
+                b.n = 4; b.c = 2; b.s = 3; b.layout = (capex_bn_layout)lay; b.x = bxc; b.y = byc; b.save_mean = smc;
+                b.save_invstd = sic; b.running_mean = rmc; b.running_var = rvc;
+                CT_CHECK(capex_batch_norm_forward(NULL, NULL, &b) == CAPEX_OK, "%s", capex_last_error());
+                b.x = bx; b.y = by; b.save_mean = sm; b.save_invstd = si; b.running_mean = rm; b.running_var = rv;
+                CT_CHECK(capex_batch_norm_forward(NULL, NULL, &b) == CAPEX_OK, "%s", capex_last_error());
+                CT_CHECK(sm[1] == smc[1] && si[1] == sic[1] && rm[1] == rmc[1] && rv[1] == rvc[1] && sm[0] != sm[0] && rv[0] != rv[0],
+                         "layout %d bad %g: channel 1 mean %g/%g invstd %g/%g running %g/%g; channel 0 mean %g running_var %g",
+                         lay, (double)bad[bi], (double)sm[1], (double)smc[1], (double)si[1], (double)sic[1], (double)rv[1],
+                         (double)rvc[1], (double)sm[0], (double)rv[0]);
+                for (i = 0; i < 24; i++) {
+                    const int ch = lay == CAPEX_BN_NSC ? i % 2 : (i / 3) % 2;
+                    if (ch == 1) CT_CHECK(!memcmp(&by[i], &byc[i], 4), "layout %d: channel 1 y[%d] changed", lay, i);
+                    else CT_CHECK(by[i] != by[i], "layout %d bad %g: channel 0 y[%d] = %g, want NaN", lay, (double)bad[bi], i, (double)by[i]);
+                }
+                if (ct->failed) return;
+            }
+    }
+}
+
 CT_TEST(layer_norm_bias_without_weight) {
     float x[6] = {1, 2, 4, -1, 0, 3}, b[3] = {0.5f, -1, 2}, y[6], mean[2], rstd[2], dy[6] = {1, 2, 3, 4, 5, 6}, dx[6], db[3];
     capex_norm_args a;
@@ -1336,6 +1473,7 @@ static const ct_case cases[] = {
     CT_CASE(mixed_dtypes_all_combinations),
     CT_CASE(huge_fp16_inputs_do_not_overflow),
     CT_CASE(huge_f32_values_short_rows_stay_finite),
+    CT_CASE(large_mean_small_noise_variance_vs_float64),
     CT_CASE(constant_rows_and_one_element_rows),
     CT_CASE(finite_differences),
     CT_CASE(pytorch_semantics_small),
@@ -1346,7 +1484,7 @@ static const ct_case cases[] = {
     CT_CASE(batch_norm_finite_differences),
     CT_CASE(batch_norm_constant_channel_and_no_running_stats), CT_CASE(batch_norm_empty_batch_as_torch),
     CT_CASE(batch_norm_eval_backward_nonfinite_stays_local),
-    CT_CASE(layer_norm_bias_without_weight),
+    CT_CASE(layer_norm_bias_without_weight), CT_CASE(nonfinite_inputs_stay_in_their_row_or_channel),
     CT_CASE(batch_norm_cumulative_average_momentum_none), CT_CASE(batch_norm_errors),
     CT_CASE(amp_dtypes_keep_batchnorm_fp32),
     CT_CASE(sync_batch_norm_threads_unequal_batches), CT_CASE(sync_batch_norm_every_rank_empty_is_refused),

@@ -513,6 +513,92 @@ CT_TEST(gpu_norm_huge_f32_values_stay_finite) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* A large mean over a small spread (1e4 + 1e-2 * U(-1, 1) in f32) against float64 over the same
+   inputs (test_norm's large_mean_small_noise_variance_vs_float64): LayerNorm rows (warp and block
+   per row, vector and scalar loads) and BatchNorm channels (both layouts) give the mean within one
+   f32 ulp and rstd / invstd and the unbiased running_var within 1e-4. Before 2026-11-28 the
+   kernels' Welford ran on x itself: its mean stalls (d / n below half an ulp) and the lanes'
+   merges round it, rstd up to ~4% off. */
+static double d_mean(const float *x, int64_t n, int64_t stride) {
+    double m = 0;
+    int64_t i;
+    for (i = 0; i < n; i++) m += x[i * stride];
+    return m / (double)n;
+}
+static double d_var(const float *x, int64_t n, int64_t stride, double m) {
+    double v = 0;
+    int64_t i;
+    for (i = 0; i < n; i++) v += ((double)x[i * stride] - m) * ((double)x[i * stride] - m);
+    return v / (double)n;
+}
+CT_TEST(gpu_norm_large_mean_small_noise_vs_float64) {
+    static const int64_t widths[] = {100, 1024, 4096, 4097, 65536};
+    static const int64_t shapes[][2] = {{4096, 1}, {8, 4096}}; /* BatchNorm N, S */
+    capex_cuda_context *ctx = open_ctx(ct);
+    size_t k;
+    int64_t i, r;
+    if (!ctx) return;
+    for (k = 0; k < sizeof widths / sizeof widths[0] && !ct->failed; k++) {
+        const int64_t C = widths[k];
+        float *x = (float *)malloc(8 * C), mean[2], rstd[2];
+        capex_cuda_norm_args g;
+        for (i = 0; i < 2 * C; i++) x[i] = (float)(1e4 + 1e-2 * rnd());
+        capex_cuda_norm_args_init(&g);
+        g.rows = 2; g.cols = C; g.x = up(ctx, x, 8 * C); g.y = up(ctx, NULL, 8 * C); g.mean = up(ctx, NULL, 8);
+        g.rstd = up(ctx, NULL, 8);
+        CT_CHECK(capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+        capex_cuda_memcpy_dtoh(ctx, mean, g.mean, 8, NULL);
+        CT_CHECK(capex_cuda_memcpy_dtoh(ctx, rstd, g.rstd, 8, NULL) == CAPEX_OK, "%s", capex_last_error());
+        for (r = 0; r < 2; r++) {
+            const double m = d_mean(x + r * C, C, 1), rs = 1.0 / sqrt(d_var(x + r * C, C, 1, m) + 1e-5);
+            CT_CHECK(fabs(mean[r] - m) <= fabs(m) * 1.2e-7, "cols %lld: GPU mean %.9g, float64 %.9g", (long long)C,
+                     (double)mean[r], m);
+            CT_CHECK(fabs(rstd[r] - rs) <= 1e-4 * rs, "cols %lld: GPU rstd %.7g, float64 %.7g (rel %.3g)", (long long)C,
+                     (double)rstd[r], rs, fabs(rstd[r] - rs) / rs);
+        }
+        capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.mean); capex_cuda_free(ctx, g.rstd);
+        free(x);
+    }
+    for (k = 0; k < sizeof shapes / sizeof shapes[0] && !ct->failed; k++) {
+        int lay;
+        for (lay = 0; lay < 2 && !ct->failed; lay++) {
+            const int64_t N = shapes[k][0], S = shapes[k][1], C = 2, T = N * C * S;
+            float *x = (float *)malloc(4 * T), *xc = (float *)malloc(4 * N * S), sm[2], si[2], rm[2] = {0, 0}, rv[2] = {0, 0};
+            capex_batch_norm_desc d;
+            capex_cuda_batch_norm_args g;
+            int64_t c, n, s;
+            for (i = 0; i < T; i++) x[i] = (float)(1e4 + 1e-2 * rnd());
+            capex_batch_norm_desc_init(&d);
+            d.momentum = 1.0f; /* running_var = the unbiased batch variance */
+            capex_cuda_batch_norm_args_init(&g);
+            g.n = N; g.c = C; g.s = S; g.layout = (capex_bn_layout)lay; g.x = up(ctx, x, 4 * T); g.y = up(ctx, NULL, 4 * T);
+            g.running_mean = up(ctx, rm, 8); g.running_var = up(ctx, rv, 8); g.save_mean = up(ctx, NULL, 8);
+            g.save_invstd = up(ctx, NULL, 8); g.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(C, 1));
+            CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+            capex_cuda_memcpy_dtoh(ctx, sm, g.save_mean, 8, NULL); capex_cuda_memcpy_dtoh(ctx, si, g.save_invstd, 8, NULL);
+            CT_CHECK(capex_cuda_memcpy_dtoh(ctx, rv, g.running_var, 8, NULL) == CAPEX_OK, "%s", capex_last_error());
+            for (c = 0; c < C; c++) {
+                double m, v, unb;
+                for (n = 0; n < N; n++)
+                    for (s = 0; s < S; s++) xc[n * S + s] = x[lay == CAPEX_BN_NSC ? (n * S + s) * C + c : (n * C + c) * S + s];
+                m = d_mean(xc, N * S, 1); v = d_var(xc, N * S, 1, m); unb = v * (double)(N * S) / (double)(N * S - 1);
+                CT_CHECK(fabs(sm[c] - m) <= fabs(m) * 1.2e-7, "BatchNorm N %lld S %lld layout %d: GPU mean %.9g, float64 %.9g",
+                         (long long)N, (long long)S, lay, (double)sm[c], m);
+                CT_CHECK(fabs(si[c] - 1.0 / sqrt(v + 1e-5)) <= 1e-4 / sqrt(v + 1e-5),
+                         "BatchNorm N %lld S %lld layout %d: GPU invstd %.7g, float64 %.7g", (long long)N, (long long)S, lay,
+                         (double)si[c], 1.0 / sqrt(v + 1e-5));
+                CT_CHECK(fabs(rv[c] - unb) <= 1e-4 * unb, "BatchNorm N %lld S %lld layout %d: GPU running_var %.7g, float64 %.7g",
+                         (long long)N, (long long)S, lay, (double)rv[c], unb);
+            }
+            capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.running_mean);
+            capex_cuda_free(ctx, g.running_var); capex_cuda_free(ctx, g.save_mean); capex_cuda_free(ctx, g.save_invstd);
+            capex_cuda_free(ctx, g.workspace);
+            free(x); free(xc);
+        }
+    }
+    capex_cuda_context_destroy(ctx);
+}
+
 /* SyncBatchNorm over a world of 2-3 ranks on the stand-in NCCL (each rank a
    process with its own emulator context, device buffers, comm->stream): each
    rank's y, dx and running statistics equal the CPU's BatchNorm of the whole
@@ -827,7 +913,7 @@ static const ct_case cases[] = {
     CT_CASE(gpu_batch_norm_eval_backward_nonfinite_stays_local),
     CT_CASE(gpu_batch_norm_eval_without_running_stats_needs_two_values),
     CT_CASE(gpu_batch_norm_empty_batch_as_torch),
-    CT_CASE(gpu_norm_huge_f32_values_stay_finite),
+    CT_CASE(gpu_norm_huge_f32_values_stay_finite), CT_CASE(gpu_norm_large_mean_small_noise_vs_float64),
     CT_CASE(gpu_sync_batch_norm_world_matches_cpu_whole_batch),
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
     CT_CASE(gpu_sync_batch_norm_nccl_world2_orders_user_stream),
