@@ -1486,7 +1486,7 @@ static void par_options(ct_state *ct, env *e) {
 static void par_scaler(ct_state *ct, env *e) {
     static const int pattern[] = {0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
     int cfg;
-    for (cfg = 0; cfg < 3; cfg++) {
+    for (cfg = 0; cfg < 6; cfg++) {
         capex_scaler_desc sd;
         capex_scaler cpu;
         capex_cuda_scaler *dev = NULL;
@@ -1497,6 +1497,11 @@ static void par_scaler(ct_state *ct, env *e) {
         sd.log_interval = 0;
         if (cfg == 1) { sd.hysteresis = 2; sd.min_scale = 64.0f; sd.max_scale = 4096.0f; }
         if (cfg == 2) { sd.growth_factor = 3.0; sd.backoff_factor = 0.3; sd.max_scale = INFINITY; sd.hysteresis = 3; }
+        /* the float range's ends: underflow through subnormals to 0 (inv_scale inf), growth
+           stopping below inf (interval 1, no cap), and a static scale skipping overflows */
+        if (cfg == 3) { sd.init_scale = 1e-44f; sd.max_scale = INFINITY; }
+        if (cfg == 4) { sd.init_scale = 0x1p125f; sd.growth_interval = 1; sd.max_scale = INFINITY; }
+        if (cfg == 5) sd.dynamic = 0;
         CT_CHECK(capex_scaler_init(&cpu, &sd) == CAPEX_OK, "cpu init");
         CT_CHECK((e->ctx ? capex_cuda_scaler_create(e->ctx, &sd, &dev) : capex__go_scaler_create(&e->ex, &sd, &dev)) ==
                  CAPEX_OK, "%s", capex_last_error());
@@ -1526,7 +1531,7 @@ static void par_scaler(ct_state *ct, env *e) {
             CT_CHECK(capex_scaler_get_state(&cpu, &st) == CAPEX_OK, "get");
             st.growth_tracker = 99;
             CT_CHECK(capex_cuda_scaler_set_state(dev, &st, NULL) == CAPEX_ERR_INVALID_ARG, "bad tracker refused");
-            st.growth_tracker = 1;
+            st.growth_tracker = st.growth_interval > 1;
             st.scale = 256.0f;
             CT_CHECK(capex_cuda_scaler_set_state(dev, &st, NULL) == CAPEX_OK, "%s", capex_last_error());
             CT_CHECK(capex_cuda_scaler_get_scale(dev, &st.scale, NULL) == CAPEX_OK && st.scale == 256.0f, "restored scale");
