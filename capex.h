@@ -1245,6 +1245,8 @@ CAPEX_API capex_result capex_optim_load_file(capex_optim *opt, const char *path,
    On an optimizer the schedule is driven by each group's own step count,
    which skipped (overflow) steps do not advance, so a skipped step does not
    consume schedule; torch's scheduler.step() advances on skipped steps too.
+   For torch's curve, attach none and set each iteration i (skipped or not)
+   capex_optim_set_lr(opt, g, (float)capex_lr_at(&s, base_lr, i)).
    The CUDA optimizer computes the lr on the device from its step count.
    The schedule and step counts are saved with the optimizer's state, so a
    resumed run continues the curve exactly. Pure functions: thread-safe.

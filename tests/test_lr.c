@@ -667,10 +667,47 @@ CT_TEST(llmc_warmup_cosine) {
     capex_optim_destroy(b.opt);
 }
 
+/* The recipe in capex.h for torch's curve under skipped steps (torch calls
+   scheduler.step() every iteration, GradScaler skipping optimizer.step()):
+   no schedule attached, set_lr from the iteration count. Each step taken uses
+   torch's closed-form lr of its iteration; the attached schedule instead
+   resumes where the last taken step left off. */
+CT_TEST(torch_curve_with_skipped_steps) {
+    const capex_lr_golden *g = NULL;
+    static run a, b;
+    capex_lr_schedule s;
+    size_t c;
+    int i, k, j, taken = 0;
+    for (c = 0; c < sizeof capex_lr_goldens / sizeof capex_lr_goldens[0]; c++)
+        if (!strcmp(capex_lr_goldens[c].name, "cosine_warmup")) g = &capex_lr_goldens[c];
+    CT_CHECK(g != NULL, "golden case");
+    from_golden(g, &s);
+    CT_CHECK(make_run(&a, CAPEX_OPTIM_SGD, 0) == CAPEX_OK && make_run(&b, CAPEX_OPTIM_SGD, 0) == CAPEX_OK, "%s",
+             capex_last_error());
+    CT_CHECK(capex_optim_set_lr_schedule(b.opt, &s) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < 60; i++) {
+        int skip = i < 3 || i == 51; /* early overflows (scale 65536 too high) and one in the decay */
+        float want = (float)capex_lr_at(&s, g->base, i), want_b = (float)capex_lr_at(&s, (double)(float)g->base, taken);
+        CT_CHECK(want == (float)g->closed[i], "iteration %d: %.9g, torch %.9g", i, (double)want, g->closed[i]);
+        CT_CHECK(capex_optim_set_lr(a.opt, 0, want) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_optim_set_lr(b.opt, 0, (float)g->base) == CAPEX_OK, "%s", capex_last_error());
+        for (k = 0; k < 2; k++)
+            for (j = 0; j < NP; j++) { a.p[k][j] = b.p[k][j] = 0.0f; a.g[k][j] = b.g[k][j] = 1.0f; }
+        CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, skip) == CAPEX_OK && capex_optim_step(b.opt, 1.0f, 1.0f, skip) ==
+                 CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(a.p[0][0] == (skip ? 0.0f : -want), "iteration %d: %.9g, want %.9g", i, a.p[0][0], (double)-want);
+        CT_CHECK(b.p[0][0] == (skip ? 0.0f : -want_b), "attached, iteration %d: %.9g, want %.9g", i, b.p[0][0],
+                 (double)-want_b);
+        taken += !skip;
+    }
+    capex_optim_destroy(a.opt);
+    capex_optim_destroy(b.opt);
+}
+
 static const ct_case cases[] = {
     CT_CASE(torch_golden),          CT_CASE(float64_reference_random), CT_CASE(edges),
     CT_CASE(bad_input),             CT_CASE(optimizer_follows_schedule), CT_CASE(optimizer_lr_values),
     CT_CASE(state_resume),          CT_CASE(state_old_and_bad_files), CT_CASE(overflowing_lr_is_refused),
-    CT_CASE(llmc_warmup_cosine),
+    CT_CASE(llmc_warmup_cosine),       CT_CASE(torch_curve_with_skipped_steps),
 };
 CT_MAIN(cases)
