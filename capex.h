@@ -1221,7 +1221,10 @@ CAPEX_API capex_result capex_optim_load_file(capex_optim *opt, const char *path,
    lr(step) = capex_lr_at(&s, base_lr, step), float64, step = steps taken
    before this one. With warmup_steps W > 0, steps 0..W-1 are torch's
    LinearLR(start_factor=warmup_start_factor, total_iters=W) and the decay
-   runs on t = step - W (torch: SequentialLR([LinearLR, decay], milestones=[W])):
+   runs on t = step - W (torch: SequentialLR([LinearLR, decay], milestones=[W])).
+   warmup_llmc = 1 makes the warmup base*(step+1)/W instead (llm.c's and
+   nanoGPT's; no LinearLR start_factor gives it); with COSINE that is llm.c's
+   get_learning_rate, min_factor its final_learning_rate_frac:
      CONSTANT    base
      COSINE      eta + (base-eta)*(1+cos(pi*t/T))/2, eta = base*min_factor,
                  T = total_steps - W   (CosineAnnealingLR, T_max = T)
@@ -1242,6 +1245,8 @@ CAPEX_API capex_result capex_optim_load_file(capex_optim *opt, const char *path,
    On an optimizer the schedule is driven by each group's own step count,
    which skipped (overflow) steps do not advance, so a skipped step does not
    consume schedule; torch's scheduler.step() advances on skipped steps too.
+   For torch's curve, attach none and set each iteration i (skipped or not)
+   capex_optim_set_lr(opt, g, (float)capex_lr_at(&s, base_lr, i)).
    The CUDA optimizer computes the lr on the device from its step count.
    The schedule and step counts are saved with the optimizer's state, so a
    resumed run continues the curve exactly. Pure functions: thread-safe.
@@ -1276,6 +1281,8 @@ typedef struct capex_lr_schedule {
     double final_div_factor;      /* ONECYCLE: min lr = initial lr / final_div_factor (1e4) */
     int anneal_linear;            /* ONECYCLE: 0 cosine (torch 'cos', default), 1 'linear' */
     int three_phase;              /* ONECYCLE: torch three_phase (default 0) */
+    int warmup_llmc;              /* 1: warmup lr = base*(step+1)/W (llm.c, nanoGPT): the base lr at step
+                                     W-1, warmup_start_factor unused; 0: torch LinearLR (default) */
     uint32_t init_tag;            /* set by capex_lr_schedule_init; any other struct is refused */
 } capex_lr_schedule;
 
@@ -6222,7 +6229,7 @@ CAPEX__PRIVATE size_t capex__optim_math_source(char *dst, size_t cap) {
    in float64; pi is Python's math.pi. Kinds are capex_lr_kind's numbers. */
 #define CAPEX__LR_MATH(Q)                                                                    \
     typedef struct capex__lr_p {                                                             \
-        long long kind, warmup, total, step_size, nmil, anneal_linear, three_phase, pad;     \
+        long long kind, warmup, total, step_size, nmil, anneal_linear, three_phase, llmc;    \
         long long mil[16];                                                                   \
         double start_factor, min_factor, power, gamma, pct_start, div_factor, final_div, pad2; \
     } capex__lr_p;                                                                           \
@@ -6249,6 +6256,8 @@ CAPEX__PRIVATE size_t capex__optim_math_source(char *dst, size_t cap) {
             if (sn <= e1) return capex__lr_anneal(init, base, (sn - 0.0) / (e1 - 0.0), p->anneal_linear); \
             return capex__lr_anneal(base, mn, (sn - e1) / (e3 - e1), p->anneal_linear);      \
         }                                                                                    \
+        if (s < p->warmup && p->llmc) /* llm.c: lr * (step + 1) / warmup_iterations */       \
+            return base * (double)(s + 1) / (double)p->warmup;                               \
         if (s < p->warmup) /* LinearLR(start_factor, 1.0, total_iters=warmup) */             \
             return base * (p->start_factor + (1.0 - p->start_factor) * (double)s / (double)p->warmup); \
         t = s - p->warmup;                                                                   \
@@ -6311,6 +6320,9 @@ CAPEX_API capex_result capex_lr_schedule_check(const capex_lr_schedule *s) {
     if (s->warmup_steps < 0 || s->warmup_steps > CAPEX_STEP_MAX)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: warmup_steps is %lld; it must lie in [0, 2^53]",
                            (long long)s->warmup_steps);
+    if (s->warmup_llmc != 0 && s->warmup_llmc != 1)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: warmup_llmc is %d; use 0 (torch LinearLR warmup) or 1 "
+                           "(llm.c's (step+1)/W)", s->warmup_llmc);
     if (!(s->warmup_start_factor >= 0.0 && s->warmup_start_factor <= 1.0))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: warmup_start_factor is %g; it must lie in [0, 1]",
                            s->warmup_start_factor);
@@ -6385,6 +6397,7 @@ static void capex__lr_params(const capex_lr_schedule *s, capex__lr_p *p) {
     p->nmil = s->kind == CAPEX_LR_MULTISTEP ? s->num_milestones : 0;
     p->anneal_linear = s->anneal_linear != 0;
     p->three_phase = s->three_phase != 0;
+    p->llmc = s->warmup_llmc;
     for (k = 0; k < (int)p->nmil; k++) p->mil[k] = (long long)s->milestones[k];
     p->start_factor = s->warmup_start_factor;
     p->min_factor = s->min_factor;
@@ -7762,6 +7775,8 @@ static capex_result capex__optim_sched_save(const capex_optim *o, capex_state_wr
         if ((r = capex__lr_name(nm, prefix, capex__lr_f64_names[i])) != CAPEX_OK) return r;
         if ((r = capex_state_add_f64(w, nm, *capex__lr_f64(&s, i))) != CAPEX_OK) return r;
     }
+    if ((r = capex__lr_name(nm, prefix, "warmup_llmc")) != CAPEX_OK) return r;
+    if ((r = capex_state_add_i64(w, nm, s.warmup_llmc)) != CAPEX_OK) return r;
     if ((r = capex__lr_name(nm, prefix, "milestones")) != CAPEX_OK) return r;
     return capex_state_add_tensor(w, nm, CAPEX_STATE_I64, 1, &shape, o->sched.milestones);
 }
@@ -7791,6 +7806,13 @@ static capex_result capex__optim_sched_load(capex_state_reader *rd, const char *
         if ((r = capex__lr_name(nm, prefix, capex__lr_f64_names[i])) != CAPEX_OK) return r;
         if ((r = capex_state_get_f64(rd, nm, capex__lr_f64(s, i))) != CAPEX_OK)
             return capex__fail(r, "optimizer state: cannot read '%s'", nm);
+    }
+    /* absent in files from before it existed: 0, the warmup they were saved with */
+    if ((r = capex__lr_name(nm, prefix, "warmup_llmc")) != CAPEX_OK) return r;
+    if (capex_state_find(rd, nm, &info) == CAPEX_OK) {
+        int64_t v;
+        if ((r = capex__optim_get_i64(rd, nm, &v)) != CAPEX_OK) return r;
+        s->warmup_llmc = v == 0 || v == 1 ? (int)v : 2; /* 2: refused by the check below */
     }
     if ((r = capex__lr_name(nm, prefix, "milestones")) != CAPEX_OK) return r;
     if ((r = capex__optim_expect(rd, nm, CAPEX_STATE_I64, CAPEX_LR_MAX_MILESTONES)) != CAPEX_OK) return r;

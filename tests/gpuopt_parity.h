@@ -1152,6 +1152,39 @@ static void par_schedule_detach(ct_state *ct, env *e, int exact) {
     par_free(e, dp);
 }
 /* exact: the emulator (host libm); a GPU's double cos/pow may move an lr by an ulp */
+/* llm.c's warmup (warmup_llmc: lr*(step+1)/W) on the device: the same bits
+   as capex_optim_step (exact) through warmup, a skipped step and the decay. */
+static void par_schedule_llmc(ct_state *ct, env *e, int exact) {
+    capex_optim_desc d;
+    par_opt o;
+    capex_lr_schedule s;
+    capex_cuda_ptr dfound = par_alloc(e, 4);
+    int step;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.defaults.weight_decay = 0.1f;
+    capex_lr_schedule_init(&s, CAPEX_LR_COSINE);
+    s.warmup_steps = 3; s.warmup_llmc = 1; s.total_steps = 8; s.min_factor = 0.1;
+    CT_CHECK(dfound != 0, "alloc");
+    CT_CHECK(par_opt_make(e, &o, &d, 7, 0), "llm.c warmup: setup: %s", capex_last_error());
+    CT_CHECK(capex_optim_set_lr_schedule(o.cpu, &s) == CAPEX_OK && capex_cuda_optim_set_lr_schedule(o.dev, &s, NULL) ==
+             CAPEX_OK, "%s", capex_last_error());
+    for (step = 0; step < 10 && !ct->failed; step++) {
+        uint32_t found = step == 1;
+        float dlr = -1.0f, want = 0.0f;
+        CT_CHECK(par_up(e, dfound, &found, 4), "up");
+        CT_CHECK(capex_optim_get_lr(o.cpu, 0, &want) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, (int)found) == CAPEX_OK, "cpu step: %s", capex_last_error());
+        CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, dfound, NULL) == CAPEX_OK, "%s", capex_last_error());
+        par_opt_compare(ct, e, &o, exact ? 0.0f : 2e-6f, "AdamW + llm.c warmup");
+        if (!found)
+            CT_CHECK(par_down(e, &dlr, capex_cuda_optim_lr_ptr(o.dev, 0), 4) &&
+                     (exact ? dlr == want : par_close(dlr, want, 2e-7f, 0)), "step %d: device lr %.9g, CPU %.9g", step,
+                     (double)dlr, (double)want);
+    }
+    par_opt_free(e, &o);
+    par_free(e, dfound);
+}
+
 static void par_schedule(ct_state *ct, env *e, int exact) {
     capex_optim_desc d;
     const float t = exact ? 0.0f : 2e-6f;
@@ -1173,6 +1206,7 @@ static void par_schedule(ct_state *ct, env *e, int exact) {
     if (!ct->failed) par_schedule_one(ct, e, &d, t, exact, "Adam amsgrad + cosine schedule");
     if (!ct->failed) par_schedule_groups(ct, e, exact);
     if (!ct->failed) par_schedule_detach(ct, e, exact);
+    if (!ct->failed) par_schedule_llmc(ct, e, exact);
 }
 
 /* Adagrad (lr_decay, initial_accumulator_value, both modes) and Adam amsgrad:
@@ -1452,7 +1486,7 @@ static void par_options(ct_state *ct, env *e) {
 static void par_scaler(ct_state *ct, env *e) {
     static const int pattern[] = {0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
     int cfg;
-    for (cfg = 0; cfg < 3; cfg++) {
+    for (cfg = 0; cfg < 6; cfg++) {
         capex_scaler_desc sd;
         capex_scaler cpu;
         capex_cuda_scaler *dev = NULL;
@@ -1463,6 +1497,11 @@ static void par_scaler(ct_state *ct, env *e) {
         sd.log_interval = 0;
         if (cfg == 1) { sd.hysteresis = 2; sd.min_scale = 64.0f; sd.max_scale = 4096.0f; }
         if (cfg == 2) { sd.growth_factor = 3.0; sd.backoff_factor = 0.3; sd.max_scale = INFINITY; sd.hysteresis = 3; }
+        /* the float range's ends: underflow through subnormals to 0 (inv_scale inf), growth
+           stopping below inf (interval 1, no cap), and a static scale skipping overflows */
+        if (cfg == 3) { sd.init_scale = 1e-44f; sd.max_scale = INFINITY; }
+        if (cfg == 4) { sd.init_scale = 0x1p125f; sd.growth_interval = 1; sd.max_scale = INFINITY; }
+        if (cfg == 5) sd.dynamic = 0;
         CT_CHECK(capex_scaler_init(&cpu, &sd) == CAPEX_OK, "cpu init");
         CT_CHECK((e->ctx ? capex_cuda_scaler_create(e->ctx, &sd, &dev) : capex__go_scaler_create(&e->ex, &sd, &dev)) ==
                  CAPEX_OK, "%s", capex_last_error());
@@ -1492,7 +1531,7 @@ static void par_scaler(ct_state *ct, env *e) {
             CT_CHECK(capex_scaler_get_state(&cpu, &st) == CAPEX_OK, "get");
             st.growth_tracker = 99;
             CT_CHECK(capex_cuda_scaler_set_state(dev, &st, NULL) == CAPEX_ERR_INVALID_ARG, "bad tracker refused");
-            st.growth_tracker = 1;
+            st.growth_tracker = st.growth_interval > 1;
             st.scale = 256.0f;
             CT_CHECK(capex_cuda_scaler_set_state(dev, &st, NULL) == CAPEX_OK, "%s", capex_last_error());
             CT_CHECK(capex_cuda_scaler_get_scale(dev, &st.scale, NULL) == CAPEX_OK && st.scale == 256.0f, "restored scale");

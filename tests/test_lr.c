@@ -86,6 +86,7 @@ static double ref_lr(const capex_lr_schedule *s, double base, int64_t step) {
         if (s->anneal_linear) return a + (b - a) * f;
         return b + (a - b) * cos(pi * f / 2.0) * cos(pi * f / 2.0); /* (1+cos x)/2 = cos^2(x/2) */
     }
+    if (step < W && s->warmup_llmc) return base * ((double)(step + 1) / (double)W);
     if (step < W) {
         double f = (double)step / (double)W;
         return base * ((1.0 - f) * s->warmup_start_factor + f);
@@ -142,6 +143,7 @@ static void random_schedule(capex_lr_schedule *s) {
     s->min_factor = rnd() % 3 == 0 ? 0.0 : rnd01() * 0.5;
     s->power = rnd01() * 3.0;
     s->step_size = 1 + (int64_t)(rnd() % 300);
+    s->warmup_llmc = kind != CAPEX_LR_ONECYCLE && s->step_size % 4 == 0; /* from a draw: the stream stays as it was */
     s->gamma = 0.5 + 0.5 * rnd01();
     if (kind == CAPEX_LR_EXPONENTIAL) s->gamma = 0.99 + 0.01 * rnd01();
     s->num_milestones = (int)(rnd() % (CAPEX_LR_MAX_MILESTONES + 1));
@@ -580,9 +582,132 @@ CT_TEST(state_old_and_bad_files) {
     capex_optim_destroy(b.opt);
 }
 
+/* llm.c's schedule (train_gpt2.cu get_learning_rate_cosine): warmup
+   lr*(step+1)/W, reaching the base lr at step W-1, then cosine from the base
+   to lr*final_frac over (step-W)/(N-W). Values below: that formula in Python
+   float64 for lr 6e-4, W 4, N 12, final_frac 0.1 (not torch LinearLR's
+   start_factor + (1-start_factor)*step/W, which no start_factor makes equal). */
+CT_TEST(llmc_warmup_cosine) {
+    static const double want[14] = {0.00015, 0.0003, 0.00045, 0.0006, 0.0005999999999999998,
+                                     0.0005794474737780473, 0.0005209188309203677, 0.00043332452673857416,
+                                     0.00032999999999999994, 0.00022667547326142573, 0.00013908116907963218,
+                                     8.055252622195258e-05, 5.9999999999999995e-05, 5.9999999999999995e-05};
+    static const int64_t at[14] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 17}; /* 12, 17: past the end, held */
+    capex_lr_schedule s, got;
+    static run a, b;
+    unsigned char *buf;
+    size_t len = 0;
+    int i, att = 0;
+    capex_lr_schedule_init(&s, CAPEX_LR_COSINE);
+    CT_CHECK(s.warmup_llmc == 0, "torch's LinearLR warmup stays the default");
+    s.warmup_steps = 4; s.total_steps = 12; s.min_factor = 0.1; s.warmup_llmc = 1;
+    s.warmup_start_factor = 0.0; /* unused with warmup_llmc */
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < 14; i++) {
+        double v = capex_lr_at(&s, 6e-4, at[i]);
+        CT_CHECK(rel(v, want[i]) <= 4e-16, "step %lld: %.17g, llm.c %.17g", (long long)at[i], v, want[i]);
+    }
+    s.warmup_llmc = 2;
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "warmup_llmc"),
+             "warmup_llmc 2: %s", capex_last_error());
+    s.warmup_llmc = 1;
+    /* on the optimizer, through a state file: the flag travels */
+    CT_CHECK(make_run(&a, CAPEX_OPTIM_SGD, 0) == CAPEX_OK && make_run(&b, CAPEX_OPTIM_SGD, 0) == CAPEX_OK, "%s",
+             capex_last_error());
+    CT_CHECK(capex_optim_set_lr_schedule(a.opt, &s) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < 2; i++) {
+        int k, j;
+        for (k = 0; k < 2; k++)
+            for (j = 0; j < NP; j++) { a.p[k][j] = 0.0f; a.g[k][j] = 1.0f; }
+        CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, 0) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(a.p[0][0] == -(float)(0.01f * (double)(i + 1) / 4.0), "step %d: %.9g", i, a.p[0][0]);
+    }
+    buf = save_mem(a.opt, &len);
+    CT_CHECK(buf != NULL && load_mem(b.opt, buf, len) == CAPEX_OK, "round trip: %s", capex_last_error());
+    free(buf);
+    CT_CHECK(capex_optim_get_lr_schedule(b.opt, &got, &att) == CAPEX_OK && att == 1 && got.warmup_llmc == 1 &&
+             memcmp(&got, &s, sizeof s) == 0, "the flag came back");
+    /* a file from before the flag (no warmup_llmc entry) loads as 0; a bad value is refused */
+    for (i = 0; i < 2; i++) {
+        static const char *const in[7] = {"kind", "warmup_steps", "total_steps", "step_size", "num_milestones",
+                                          "anneal_linear", "three_phase"};
+        static const char *const fn[7] = {"warmup_start_factor", "min_factor", "power", "gamma", "pct_start",
+                                          "div_factor", "final_div_factor"};
+        static const int64_t iv[7] = {1, 4, 12, 1, 0, 0, 0};
+        static const int64_t mil[CAPEX_LR_MAX_MILESTONES] = {0};
+        int64_t shape = CAPEX_LR_MAX_MILESTONES;
+        capex_state_writer *w = NULL;
+        capex_result r;
+        char nm[96];
+        int j;
+        CT_CHECK(capex_optim_set_lr_schedule(a.opt, NULL) == CAPEX_OK && capex_state_writer_create(NULL, &w) == CAPEX_OK &&
+                 capex_optim_save(a.opt, w, NULL, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "%s", capex_last_error());
+        for (j = 0; j < 7; j++) {
+            snprintf(nm, sizeof nm, "optim.lr_schedule.%s", in[j]);
+            CT_CHECK(capex_state_add_i64(w, nm, iv[j]) == CAPEX_OK, "%s", capex_last_error());
+            snprintf(nm, sizeof nm, "optim.lr_schedule.%s", fn[j]);
+            CT_CHECK(capex_state_add_f64(w, nm, 0.5) == CAPEX_OK, "%s", capex_last_error());
+        }
+        if (i == 1) CT_CHECK(capex_state_add_i64(w, "optim.lr_schedule.warmup_llmc", 5) == CAPEX_OK, "add");
+        CT_CHECK(capex_state_add_tensor(w, "optim.lr_schedule.milestones", CAPEX_STATE_I64, 1, &shape, mil) == CAPEX_OK,
+                 "%s", capex_last_error());
+        CT_CHECK(capex_state_write_memory(w, NULL, 0, &len) == CAPEX_OK && (buf = (unsigned char *)malloc(len)) != NULL &&
+                 capex_state_write_memory(w, buf, len, &len) == CAPEX_OK, "write");
+        capex_state_writer_destroy(w);
+        r = load_mem(b.opt, buf, len);
+        free(buf);
+        if (i == 0)
+            CT_CHECK(r == CAPEX_OK && capex_optim_get_lr_schedule(b.opt, &got, &att) == CAPEX_OK && att == 1 &&
+                     got.warmup_llmc == 0 && got.warmup_steps == 4, "old file: %s", capex_last_error());
+        else
+            CT_CHECK(r == CAPEX_ERR_FORMAT && strstr(capex_last_error(), "warmup_llmc"), "warmup_llmc 5: %s",
+                     capex_last_error());
+    }
+    capex_optim_destroy(a.opt);
+    capex_optim_destroy(b.opt);
+}
+
+/* The recipe in capex.h for torch's curve under skipped steps (torch calls
+   scheduler.step() every iteration, GradScaler skipping optimizer.step()):
+   no schedule attached, set_lr from the iteration count. Each step taken uses
+   torch's closed-form lr of its iteration; the attached schedule instead
+   resumes where the last taken step left off. */
+CT_TEST(torch_curve_with_skipped_steps) {
+    const capex_lr_golden *g = NULL;
+    static run a, b;
+    capex_lr_schedule s;
+    size_t c;
+    int i, k, j, taken = 0;
+    for (c = 0; c < sizeof capex_lr_goldens / sizeof capex_lr_goldens[0]; c++)
+        if (!strcmp(capex_lr_goldens[c].name, "cosine_warmup")) g = &capex_lr_goldens[c];
+    CT_CHECK(g != NULL, "golden case");
+    from_golden(g, &s);
+    CT_CHECK(make_run(&a, CAPEX_OPTIM_SGD, 0) == CAPEX_OK && make_run(&b, CAPEX_OPTIM_SGD, 0) == CAPEX_OK, "%s",
+             capex_last_error());
+    CT_CHECK(capex_optim_set_lr_schedule(b.opt, &s) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < 60; i++) {
+        int skip = i < 3 || i == 51; /* early overflows (scale 65536 too high) and one in the decay */
+        float want = (float)capex_lr_at(&s, g->base, i), want_b = (float)capex_lr_at(&s, (double)(float)g->base, taken);
+        CT_CHECK(want == (float)g->closed[i], "iteration %d: %.9g, torch %.9g", i, (double)want, g->closed[i]);
+        CT_CHECK(capex_optim_set_lr(a.opt, 0, want) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_optim_set_lr(b.opt, 0, (float)g->base) == CAPEX_OK, "%s", capex_last_error());
+        for (k = 0; k < 2; k++)
+            for (j = 0; j < NP; j++) { a.p[k][j] = b.p[k][j] = 0.0f; a.g[k][j] = b.g[k][j] = 1.0f; }
+        CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, skip) == CAPEX_OK && capex_optim_step(b.opt, 1.0f, 1.0f, skip) ==
+                 CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(a.p[0][0] == (skip ? 0.0f : -want), "iteration %d: %.9g, want %.9g", i, a.p[0][0], (double)-want);
+        CT_CHECK(b.p[0][0] == (skip ? 0.0f : -want_b), "attached, iteration %d: %.9g, want %.9g", i, b.p[0][0],
+                 (double)-want_b);
+        taken += !skip;
+    }
+    capex_optim_destroy(a.opt);
+    capex_optim_destroy(b.opt);
+}
+
 static const ct_case cases[] = {
     CT_CASE(torch_golden),          CT_CASE(float64_reference_random), CT_CASE(edges),
     CT_CASE(bad_input),             CT_CASE(optimizer_follows_schedule), CT_CASE(optimizer_lr_values),
     CT_CASE(state_resume),          CT_CASE(state_old_and_bad_files), CT_CASE(overflowing_lr_is_refused),
+    CT_CASE(llmc_warmup_cosine),       CT_CASE(torch_curve_with_skipped_steps),
 };
 CT_MAIN(cases)
