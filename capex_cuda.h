@@ -213,9 +213,11 @@ typedef struct capex_cuda_cache {
     char dir[1024];
     int enabled;
     int warned;                  /* an unwritable or untrusted directory was reported */
+    uint32_t init_tag; /* set by capex_cuda_cache_init (capex.h "Descriptors") */
 } capex_cuda_cache;
 
-/* dir NULL: the environment default (see ENVIRONMENT); "" disables the cache. */
+/* dir NULL: the environment default (see ENVIRONMENT); "" disables the cache. A
+   capex_cuda_cache not made by it is refused (CAPEX_ERR_INVALID_ARG) by its consumers. */
 CAPEX_API void capex_cuda_cache_init(capex_cuda_cache *cache, const char *dir);
 
 typedef struct capex_cuda_compile_desc {
@@ -1623,11 +1625,13 @@ done:
 #define CAPEX__CACHE_MAX_PAYLOAD ((uint64_t)256 << 20)
 static const char capex__cache_magic[8] = {'C', 'A', 'P', 'E', 'X', 'J', 'I', 'T'};
 
+#define CAPEX__TAG_CUDA_CACHE CAPEX__TAG('C', 'C', 'H', 'E')
 CAPEX_API void capex_cuda_cache_init(capex_cuda_cache *cache, const char *dir) {
     const char *env, *base = "", *tail = "";
     int len;
     if (!cache) return;
     memset(cache, 0, sizeof *cache);
+    cache->init_tag = CAPEX__TAG_CUDA_CACHE;
     if (dir) {
         base = dir;
     } else if ((env = getenv("CAPEX_CACHE_DIR")) != NULL) {
@@ -2041,6 +2045,10 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: NULL desc or source, or options NULL with n_options > 0");
     if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_CUDA_COMPILE_DESC, "capex_cuda_compile", "capex_cuda_compile_desc",
                                "capex_cuda_compile_desc_init")) != CAPEX_OK)
+        return r;
+    /* a garbage cache's dir need not end within it: refused before it is read */
+    if (d->cache && (r = capex__desc_check(d->cache->init_tag, CAPEX__TAG_CUDA_CACHE, "capex_cuda_compile",
+                                           "capex_cuda_cache", "capex_cuda_cache_init")) != CAPEX_OK)
         return r;
     for (i = 0; i < d->n_options; i++)
         if (!d->options[i]) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: options[%d] is NULL", i);
@@ -4224,6 +4232,9 @@ CAPEX_API capex_result capex_cuda_builtin_compile_parts(int device_cc, capex_cud
     memset(images, 0, sizeof *images * CAPEX__CUDA_N_PARTS);
     if (device_cc <= 0)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_builtin_compile_parts: device_cc %d (want e.g. 90 for sm_90)", device_cc);
+    if (cache && (r = capex__desc_check(cache->init_tag, CAPEX__TAG_CUDA_CACHE, "capex_cuda_builtin_compile_parts",
+                                        "capex_cuda_cache", "capex_cuda_cache_init")) != CAPEX_OK)
+        return r;
     pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
     jobs = (capex__cuda_pjob *)CAPEX_MALLOC(sizeof *jobs * CAPEX__CUDA_N_PARTS);
     if (!jobs) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_builtin_compile_parts: out of memory");
