@@ -364,6 +364,8 @@ CAPEX_API capex_result capex_cuda_builtin_part_module(capex_cuda_context *ctx, i
 CAPEX_API int capex_cuda_builtin_part_loaded(capex_cuda_context *ctx, int part); /* 1: loaded in ctx */
 /* capex_cuda_precompile(ctx, 0), then the "basic" part's module (fill, scale, add, convert). */
 CAPEX_API capex_result capex_cuda_builtin_module(capex_cuda_context *ctx, capex_cuda_module **out);
+/* fill, scale, add and convert: each pointer aligned to its elements (4 bytes for
+   f32, 2 for f16/bf16), else CAPEX_ERR_INVALID_ARG before any launch. */
 /* x[i] = value */
 CAPEX_API capex_result capex_cuda_fill_f32(capex_cuda_context *ctx, capex_cuda_ptr x, float value, size_t n,
                                            capex_cuda_stream stream);
@@ -5282,6 +5284,14 @@ CAPEX__PRIVATE capex_result capex__cuda_check_n(const char *fn, size_t n) {
     return CAPEX_OK;
 }
 
+/* The kernels address p as elements of es bytes: a misaligned one is the
+   sticky CUDA_ERROR_MISALIGNED_ADDRESS on a GPU, which ends the context. */
+CAPEX__PRIVATE capex_result capex__cuda_check_aligned(const char *fn, const char *name, capex_cuda_ptr p, size_t es) {
+    if (p % es == 0) return CAPEX_OK;
+    return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s 0x%llx is not aligned to its %zu-byte elements (a misaligned "
+                       "access would fault the GPU and end the context)", fn, name, (unsigned long long)p, es);
+}
+
 CAPEX_API capex_result capex_cuda_fill_f32(capex_cuda_context *ctx, capex_cuda_ptr x, float value, size_t n,
                                            capex_cuda_stream stream) {
     unsigned long long nn = n;
@@ -5289,7 +5299,9 @@ CAPEX_API capex_result capex_cuda_fill_f32(capex_cuda_context *ctx, capex_cuda_p
     capex_result r;
     if (n == 0) return CAPEX_OK;
     if (!x) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_fill_f32: NULL pointer");
-    if ((r = capex__cuda_check_n("capex_cuda_fill_f32", n)) != CAPEX_OK) return r;
+    if ((r = capex__cuda_check_n("capex_cuda_fill_f32", n)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_fill_f32", "x", x, 4)) != CAPEX_OK)
+        return r;
     args[0] = &x; args[1] = &value; args[2] = &nn;
     return capex__cuda_builtin_launch(ctx, 0, n, stream, args);
 }
@@ -5302,6 +5314,8 @@ CAPEX_API capex_result capex_cuda_scale_f32(capex_cuda_context *ctx, capex_cuda_
     if (n == 0) return CAPEX_OK;
     if (!x || !y) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_scale_f32: NULL pointer");
     if ((r = capex__cuda_check_n("capex_cuda_scale_f32", n)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_scale_f32", "y", y, 4)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_scale_f32", "x", x, 4)) != CAPEX_OK ||
         (r = capex__cuda_check_overlap("capex_cuda_scale_f32", y, 4, x, 4, n)) != CAPEX_OK)
         return r;
     args[0] = &y; args[1] = &x; args[2] = &a; args[3] = &nn;
@@ -5316,6 +5330,9 @@ CAPEX_API capex_result capex_cuda_add_f32(capex_cuda_context *ctx, capex_cuda_pt
     if (n == 0) return CAPEX_OK;
     if (!a || !b || !c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_add_f32: NULL pointer");
     if ((r = capex__cuda_check_n("capex_cuda_add_f32", n)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_add_f32", "c", c, 4)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_add_f32", "a", a, 4)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_add_f32", "b", b, 4)) != CAPEX_OK ||
         (r = capex__cuda_check_overlap("capex_cuda_add_f32", c, 4, a, 4, n)) != CAPEX_OK ||
         (r = capex__cuda_check_overlap("capex_cuda_add_f32", c, 4, b, 4, n)) != CAPEX_OK)
         return r;
@@ -5339,6 +5356,8 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
     if (n == 0) return CAPEX_OK;
     if (!dst || !src) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_convert: NULL pointer");
     if ((r = capex__cuda_check_n("capex_cuda_convert", n)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_convert", "dst", dst, capex_dtype_size(dst_type))) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_convert", "src", src, capex_dtype_size(src_type))) != CAPEX_OK ||
         (r = capex__cuda_check_overlap("capex_cuda_convert", dst, capex_dtype_size(dst_type), src, capex_dtype_size(src_type),
                                        n)) != CAPEX_OK)
         return r;

@@ -805,6 +805,43 @@ CT_TEST(driver_errors_are_reported) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* fill, scale, add and convert address their elements as float or 16-bit
+   words: a pointer that is not aligned to its element faults a GPU with the
+   sticky CUDA_ERROR_MISALIGNED_ADDRESS, which ends the context. Each is
+   refused before any launch, naming the pointer; the context works after.
+   (Before: all were launched and returned CAPEX_OK; the stand-in driver and
+   the emulator, on host memory, do not fault on them.) */
+CT_TEST(builtin_ops_refuse_misaligned_pointers) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_ptr p = 0;
+    float host[4] = {0, 0, 0, 0};
+    OPEN_CTX(ctx);
+    OK(capex_cuda_malloc(ctx, 4096, &p));
+#define MISALIGNED(call, what)                                                                                    \
+    do {                                                                                                         \
+        capex_result r_ = (call);                                                                                \
+        CT_CHECK(r_ == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "aligned") &&                          \
+                     strstr(capex_last_error(), what), "%s: %s: %s", #call, capex_result_string(r_), capex_last_error()); \
+    } while (0)
+    MISALIGNED(capex_cuda_fill_f32(ctx, p + 2, 1.0f, 4, NULL), "x");
+    MISALIGNED(capex_cuda_scale_f32(ctx, p + 2, p + 1024, 2.0f, 4, NULL), "y");
+    MISALIGNED(capex_cuda_scale_f32(ctx, p + 1024, p + 1, 2.0f, 4, NULL), "x");
+    MISALIGNED(capex_cuda_add_f32(ctx, p + 6, p + 1024, p + 2048, 4, NULL), "c");
+    MISALIGNED(capex_cuda_add_f32(ctx, p, p + 1026, p + 2048, 4, NULL), "a");
+    MISALIGNED(capex_cuda_add_f32(ctx, p, p + 1024, p + 2049, 4, NULL), "b");
+    MISALIGNED(capex_cuda_convert(ctx, p + 1, CAPEX_F16, p + 1024, CAPEX_F32, 4, NULL), "dst");
+    MISALIGNED(capex_cuda_convert(ctx, p, CAPEX_BF16, p + 1026, CAPEX_F32, 4, NULL), "src");
+    MISALIGNED(capex_cuda_convert(ctx, p, CAPEX_F32, p + 1025, CAPEX_F16, 4, NULL), "src");
+#undef MISALIGNED
+    /* 2-byte alignment is enough for 16-bit data */
+    OK(capex_cuda_convert(ctx, p + 2050, CAPEX_F16, p + 1024, CAPEX_F32, 4, NULL));
+    OK(capex_cuda_fill_f32(ctx, p, 3.0f, 4, NULL));
+    OK(capex_cuda_memcpy_dtoh(ctx, host, p, sizeof host, NULL));
+    CT_CHECK(host[0] == 3.0f && host[3] == 3.0f, "the context works after the refusals: %g %g", host[0], host[3]);
+    OK(capex_cuda_free(ctx, p));
+    capex_cuda_context_destroy(ctx);
+}
+
 /* Several threads compile into one context at once: each gets a working module,
    equal requests share one module, and the built-in program is compiled once. */
 typedef struct thread_job { capex_cuda_context *ctx; int alpha; capex_result r; capex_cuda_module *m, *builtin; char err[256]; } thread_job;
@@ -1005,6 +1042,7 @@ static const ct_case cases[] = {
     CT_CASE(driver_errors_are_reported),
     CT_CASE(shared_memory_opt_in_is_never_lowered_under_a_launch),
     CT_CASE(threads_share_a_context),
+    CT_CASE(builtin_ops_refuse_misaligned_pointers),
 };
 static const child_entry children[] = {{"warm", child_warm}};
 
