@@ -6096,6 +6096,7 @@ struct capex_cuda_optim {
     capex_result (*reduce_fn)(void *user, int what, capex_cuda_ptr vals, size_t n, capex_cuda_stream s);
     void *reduce_user;
     int sealed; /* capex_cuda_zero's: its tensors are shard pieces, so add_group is refused */
+    int ready;  /* every kernel a step launches is loaded (capex__go_step_ready); reset by what changes them */
 };
 CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream);
 
@@ -6395,6 +6396,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     for (k = 0; k < n; k++) o->n_pure += params[k].pure_half && params[k].numel;
     if (group_index) *group_index = o->ngroups;
     o->ngroups++;
+    o->ready = 0;
     capex__free(NULL, bufs);
     capex__free(NULL, groups);
     if (o->ex.prefetch) { /* what a step launches compiles in the background meanwhile */
@@ -6708,6 +6710,7 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
     had = o->has_sched;
     o->sched = *s;
     o->has_sched = 1;
+    o->ready = 0; /* a step launches the schedule's kernel now */
     if ((r = capex__go_sched_upload(o, stream)) != CAPEX_OK) { o->sched = old; o->has_sched = had; }
     if (r == CAPEX_OK && !had && o->ex.prefetch) { /* its kernel's part compiles in the background meanwhile */
         int k = CAPEX__GO_K_LR_SCHED;
@@ -6720,9 +6723,49 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
 static capex_result capex__go_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
                                     capex_cuda_ptr found_inf, capex_cuda_stream stream);
 
+/* Launch hook of capex__go_step_ready: loads kernel k's unit, launches nothing. */
+CAPEX__PRIVATE capex_result capex__go_dev_load(void *user, int k, unsigned vb, unsigned grid, unsigned block, void **args,
+                                               capex_cuda_stream s) {
+    capex_cuda_function fn;
+    (void)grid, (void)block, (void)args, (void)s;
+    return capex__cuda_builtin_get_vb((capex_cuda_context *)user, CAPEX__GO_KBASE + (size_t)k, vb, &fn, NULL);
+}
+
+/* Loads every kernel the step launches before anything is enqueued: the step
+   once more with launches that only load (capex__go_dev_load) and no sharded
+   reduction (a collective). Else a kernel that cannot be had (no NVRTC and no
+   cache entry, an image the driver refuses, no memory) failed the step after
+   prepare had counted it on the device: weights untouched, step count (and
+   bias corrections) one ahead, one more per retry. Done once per change of
+   the step's kernels (o->ready). */
+CAPEX__PRIVATE capex_result capex__go_step_ready(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                                 capex_cuda_ptr found_inf) {
+    capex__go_exec real = o->ex;
+    capex_result (*reduce)(void *, int, capex_cuda_ptr, size_t, capex_cuda_stream) = o->reduce_fn;
+    capex_result r;
+    char why[1024];
+    o->ex.launch = capex__go_dev_load;
+    o->ex.grid = NULL;
+    o->reduce_fn = NULL;
+    r = capex__go_step(o, inv_scale, clip_coef, found_inf, NULL); /* the mirror's kernels (O3) come in it too */
+    o->ex = real;
+    o->reduce_fn = reduce;
+    if (r == CAPEX_OK) {
+        o->ready = 1;
+        return r;
+    }
+    capex__cuda_fmt(why, sizeof why, "%s", capex_last_error());
+    return capex__fail(r, "capex_cuda_optim_step: a kernel of the step could not be loaded; nothing was enqueued (the "
+                       "step was not taken): %s", why);
+}
+
 CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
                                              capex_cuda_ptr found_inf, capex_cuda_stream stream) {
-    capex_result r = capex__go_step(o, inv_scale, clip_coef, found_inf, stream);
+    capex_result r;
+    if (o && !o->ready && o->ex.launch == capex__go_dev_launch &&
+        (r = capex__go_step_ready(o, inv_scale, clip_coef, found_inf)) != CAPEX_OK)
+        return r;
+    r = capex__go_step(o, inv_scale, clip_coef, found_inf, stream);
     /* O3: the weights are the rounded model copy (after a skipped step it is
        unchanged, and so is this) */
     if (r == CAPEX_OK && o->n_pure) r = capex__go_mirror(o, o->t, o->nt, "capex_cuda_optim_step", stream);
@@ -6826,7 +6869,7 @@ CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t 
     if (r == CAPEX_OK) /* Adagrad's, outside the lr .. nesterov bytes */
         r = o->ex.htod(o->ex.user, o->dgroups + group * sizeof g + offsetof(capex__go_group, lr_decay), &g.lr_decay,
                        sizeof g.lr_decay, stream);
-    if (r == CAPEX_OK) o->hp[group] = *hp;
+    if (r == CAPEX_OK) o->hp[group] = *hp, o->ready = 0; /* SGD's momentum picks the variant */
     if (r == CAPEX_OK) r = capex__go_sched_upload(o, stream); /* the new base lr */
     return r;
 }
@@ -7052,6 +7095,7 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
     if (r == CAPEX_OK) r = capex__go_sync(&o->ex); /* landed before a step on any stream reads it */
     if (r == CAPEX_OK) {
         for (g = 0; g < o->ngroups; g++) o->hp[g] = h->groups[g].hp;
+        o->ready = 0;
         o->desc.max_grad_norm = h->desc.max_grad_norm; /* loaded with the state */
         o->desc.seed = h->desc.seed;
         if (h->has_sched) { o->sched = h->sched; o->has_sched = 1; }

@@ -842,6 +842,77 @@ CT_TEST(builtin_ops_refuse_misaligned_pointers) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* The child of step_that_cannot_load_a_kernel_changes_nothing: a process
+   without NVRTC whose cache (arg) holds the step's prepare kernel but not its
+   Adam kernel. res->code: the step's status; res->value: the group's step
+   count after it. */
+static void child_step_no_nvrtc(const char *dir, child_result *res) {
+    capex_cuda_context_desc cd;
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_optim *opt = NULL;
+    capex_optim_desc od;
+    capex_optim_param pa;
+    capex_cuda_ptr x = 0, g = 0;
+    int64_t step = -1;
+    capex_result r;
+    setenv("CAPEX_NVRTC_PATH", "/nonexistent/libnvrtc.so", 1);
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.cache_dir = dir;
+    res->value = -1;
+    if ((res->code = capex_cuda_context_create(&cd, &ctx)) != CAPEX_OK) goto out;
+    if ((res->code = capex_cuda_malloc(ctx, 256 * sizeof(float), &x)) != CAPEX_OK ||
+        (res->code = capex_cuda_malloc(ctx, 256 * sizeof(float), &g)) != CAPEX_OK ||
+        (res->code = capex_cuda_memset_u8(ctx, x, 0, 256 * sizeof(float), NULL)) != CAPEX_OK ||
+        (res->code = capex_cuda_memset_u8(ctx, g, 0, 256 * sizeof(float), NULL)) != CAPEX_OK)
+        goto out_ctx;
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    capex_optim_param_init(&pa);
+    pa.param = (float *)(uintptr_t)x;
+    pa.grad = (const void *)(uintptr_t)g;
+    pa.numel = 256;
+    if ((res->code = capex_cuda_optim_create(ctx, &od, &opt)) != CAPEX_OK ||
+        (res->code = capex_cuda_optim_add_group(opt, NULL, &pa, 1, NULL)) != CAPEX_OK)
+        goto out_ctx;
+    capex_cuda_precompile_wait(ctx); /* the Adam variant's background compile fails: no NVRTC */
+    r = capex_cuda_optim_step(opt, 0, 0, 0, NULL);
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    res->code = r;
+    if (capex_cuda_optim_get_step(opt, 0, &step, NULL) != CAPEX_OK || capex_cuda_context_synchronize(ctx) != CAPEX_OK)
+        snprintf(res->message, sizeof res->message, "get_step after the step: %s", capex_last_error());
+    res->value = (int)step;
+out_ctx:
+    capex_cuda_optim_destroy(opt);
+    capex_cuda_free(ctx, g);
+    capex_cuda_free(ctx, x);
+    capex_cuda_context_destroy(ctx);
+out:
+    if (res->code != CAPEX_OK && !res->message[0]) snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+}
+
+/* A step whose kernels cannot all be loaded (here: no NVRTC, and a disk cache
+   that holds prepare's unit but not Adam's) fails with nothing enqueued.
+   Before, prepare ran and counted the step on the device (step 1, weights
+   untouched), and each retry counted another: the bias corrections of every
+   later step were off. On the stand-in driver (which runs no optimizer kernel)
+   the step failed at prepare's launch instead of with CAPEX_ERR_NO_NVRTC. */
+CT_TEST(step_that_cannot_load_a_kernel_changes_nothing) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_context_desc cd;
+    capex_cuda_function f;
+    char dir[] = "/tmp/capex_half_step_XXXXXX";
+    child_result r;
+    OPEN_CTX_NEW_CACHE(ctx, cd, dir);
+    OK(capex__cuda_builtin_get_vb(ctx, CAPEX__CK_GO_PREPARE, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+    capex_cuda_context_destroy(ctx);
+    CT_CHECK(count_entries(dir) == 1, "the cache holds prepare's unit alone: %d entries", count_entries(dir));
+    r = run_child("step_no_nvrtc", dir);
+    rm_dir(dir);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_ERR_NO_NVRTC && r.value == 0,
+             "child: step %s (want CAPEX_ERR_NO_NVRTC), step count after it %d (want 0): %s",
+             capex_result_string((capex_result)r.code), r.value, r.message);
+}
+
 /* Several threads compile into one context at once: each gets a working module,
    equal requests share one module, and the built-in program is compiled once. */
 typedef struct thread_job { capex_cuda_context *ctx; int alpha; capex_result r; capex_cuda_module *m, *builtin; char err[256]; } thread_job;
@@ -1043,8 +1114,9 @@ static const ct_case cases[] = {
     CT_CASE(shared_memory_opt_in_is_never_lowered_under_a_launch),
     CT_CASE(threads_share_a_context),
     CT_CASE(builtin_ops_refuse_misaligned_pointers),
+    CT_CASE(step_that_cannot_load_a_kernel_changes_nothing),
 };
-static const child_entry children[] = {{"warm", child_warm}};
+static const child_entry children[] = {{"warm", child_warm}, {"step_no_nvrtc", child_step_no_nvrtc}};
 
 int main(int argc, char **argv) {
     int rc;
