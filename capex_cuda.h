@@ -5446,6 +5446,9 @@ typedef struct capex__go_exec {
     /* optional: the blocks of `block` threads of kernel k the device keeps
        resident (SMs x occupancy); 0: unknown (CAPEX__GO_GRID_DEFAULT) */
     unsigned (*grid)(void *user, int kernel, unsigned vb, unsigned block);
+    /* optional: load kernel k's unit for switches vb now, launching nothing
+       (so that an op fails before its first write, not halfway) */
+    capex_result (*load)(void *user, int kernel, unsigned vb);
     /* the metadata size the kernels were compiled for: CAPEX__GO_META_SMALL
        (0 means it too) or CAPEX__GO_META_LARGE */
     int meta_bytes;
@@ -5463,6 +5466,10 @@ CAPEX__PRIVATE capex_result capex__go_dev_launch(void *user, int k, unsigned vb,
     g[0] = grid; g[1] = 1; g[2] = 1;
     b[0] = block; b[1] = 1; b[2] = 1;
     return capex_cuda_launch(&fn, g, b, 0, s, args);
+}
+CAPEX__PRIVATE capex_result capex__go_dev_load(void *user, int k, unsigned vb) {
+    capex_cuda_function fn;
+    return capex__cuda_builtin_get_vb((capex_cuda_context *)user, CAPEX__GO_KBASE + (size_t)k, vb, &fn, NULL);
 }
 CAPEX__PRIVATE capex_result capex__go_dev_alloc(void *user, size_t bytes, capex_cuda_ptr *out) {
     return capex_cuda_malloc((capex_cuda_context *)user, bytes, out);
@@ -5535,6 +5542,7 @@ CAPEX__PRIVATE capex_result capex__go_dev_exec(capex_cuda_context *ctx, const ch
     ex->prefetch = capex__go_dev_prefetch;
     ex->sync = capex__go_dev_sync;
     ex->grid = capex__go_dev_grid;
+    ex->load = capex__go_dev_load;
     ex->meta_bytes = ctx->meta_bytes; /* what its parts were compiled for (capex__cuda_part_options) */
     ex->user = ctx;
     return CAPEX_OK;
@@ -5865,6 +5873,15 @@ CAPEX__PRIVATE capex_result capex__go_clip(const capex__go_exec *ex, const capex
             snprintf(mname, sizeof mname, "grads[%zu]", m);
             if ((r = capex__check_disjoint(fn, mname, &grads[m], name, &grads[l])) != CAPEX_OK) return r;
         }
+    }
+    /* each list's scale loaded first: one that cannot be had (no NVRTC, a refused
+       image) must fail the call before a list is scaled, not after some were */
+    for (l = 0; apply && ex->load && l < nlists; l++) {
+        size_t i;
+        for (i = 0; i < grads[l].count && grads[l].tensors[i].numel == 0; i++) continue;
+        if (i < grads[l].count &&
+            (r = ex->load(ex->user, CAPEX__GO_K_SCALE + 4 * (int)grads[l].dtype, CAPEX__CUDA_VB(0, 0, 1, 1))) != CAPEX_OK)
+            return r;
     }
     if ((r = capex__go_sumsq_lists(ex, desc, grads, nlists, ws, chunks, s)) != CAPEX_OK) return r;
     /* the partials are dead after the total: the factor may live at ws[0] */
@@ -6724,15 +6741,14 @@ static capex_result capex__go_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale
                                     capex_cuda_ptr found_inf, capex_cuda_stream stream);
 
 /* Launch hook of capex__go_step_ready: loads kernel k's unit, launches nothing. */
-CAPEX__PRIVATE capex_result capex__go_dev_load(void *user, int k, unsigned vb, unsigned grid, unsigned block, void **args,
-                                               capex_cuda_stream s) {
-    capex_cuda_function fn;
+CAPEX__PRIVATE capex_result capex__go_dev_load_only(void *user, int k, unsigned vb, unsigned grid, unsigned block,
+                                                    void **args, capex_cuda_stream s) {
     (void)grid, (void)block, (void)args, (void)s;
-    return capex__cuda_builtin_get_vb((capex_cuda_context *)user, CAPEX__GO_KBASE + (size_t)k, vb, &fn, NULL);
+    return capex__go_dev_load(user, k, vb);
 }
 
 /* Loads every kernel the step launches before anything is enqueued: the step
-   once more with launches that only load (capex__go_dev_load) and no sharded
+   once more with launches that only load (capex__go_dev_load_only) and no sharded
    reduction (a collective). Else a kernel that cannot be had (no NVRTC and no
    cache entry, an image the driver refuses, no memory) failed the step after
    prepare had counted it on the device: weights untouched, step count (and
@@ -6744,7 +6760,7 @@ CAPEX__PRIVATE capex_result capex__go_step_ready(capex_cuda_optim *o, capex_cuda
     capex_result (*reduce)(void *, int, capex_cuda_ptr, size_t, capex_cuda_stream) = o->reduce_fn;
     capex_result r;
     char why[1024];
-    o->ex.launch = capex__go_dev_load;
+    o->ex.launch = capex__go_dev_load_only;
     o->ex.grid = NULL;
     o->reduce_fn = NULL;
     r = capex__go_step(o, inv_scale, clip_coef, found_inf, NULL); /* the mirror's kernels (O3) come in it too */

@@ -913,6 +913,79 @@ CT_TEST(step_that_cannot_load_a_kernel_changes_nothing) {
              capex_result_string((capex_result)r.code), r.value, r.message);
 }
 
+/* The child of clip_that_cannot_load_a_kernel_scales_nothing: a process
+   without NVRTC whose cache holds every kernel of a clip over an f32 and an
+   f16 list but the f16 list's scale. res->code: the clip's status;
+   res->value: f32 grads no longer 1.0 after it. */
+static void child_clip_no_nvrtc(const char *dir, child_result *res) {
+    capex_cuda_context_desc cd;
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_ptr g32 = 0, g16 = 0, ws = 0;
+    capex_tensor t32, t16;
+    capex_tensor_list l[2];
+    float host[256];
+    unsigned short ones[256];
+    size_t need = 0;
+    int i;
+    setenv("CAPEX_NVRTC_PATH", "/nonexistent/libnvrtc.so", 1);
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.cache_dir = dir;
+    res->value = -1;
+    if ((res->code = capex_cuda_context_create(&cd, &ctx)) != CAPEX_OK) goto out;
+    for (i = 0; i < 256; i++) host[i] = 1.0f, ones[i] = 0x3c00; /* f16 1.0 */
+    if ((res->code = capex_cuda_malloc(ctx, sizeof host, &g32)) != CAPEX_OK ||
+        (res->code = capex_cuda_malloc(ctx, sizeof ones, &g16)) != CAPEX_OK ||
+        (res->code = capex_cuda_memcpy_htod(ctx, g32, host, sizeof host, NULL)) != CAPEX_OK ||
+        (res->code = capex_cuda_memcpy_htod(ctx, g16, ones, sizeof ones, NULL)) != CAPEX_OK)
+        goto out_ctx;
+    t32.data = (void *)(uintptr_t)g32; t32.numel = 256;
+    t16.data = (void *)(uintptr_t)g16; t16.numel = 256;
+    l[0].tensors = &t32; l[0].count = 1; l[0].dtype = CAPEX_F32;
+    l[1].tensors = &t16; l[1].count = 1; l[1].dtype = CAPEX_F16;
+    if ((res->code = capex_cuda_multi_tensor_workspace_size(NULL, l, 2, &need)) != CAPEX_OK ||
+        (res->code = capex_cuda_malloc(ctx, need, &ws)) != CAPEX_OK)
+        goto out_ctx;
+    res->code = capex_cuda_clip_grad_norm(ctx, NULL, l, 2, 0.5f, ws, need, 0, 0, 1, NULL); /* norm 32: factor 1/64 */
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    if (capex_cuda_memcpy_dtoh(ctx, host, g32, sizeof host, NULL) != CAPEX_OK) {
+        snprintf(res->message, sizeof res->message, "read back: %s", capex_last_error());
+        goto out_ctx;
+    }
+    for (res->value = 0, i = 0; i < 256; i++) res->value += host[i] != 1.0f;
+out_ctx:
+    capex_cuda_free(ctx, ws);
+    capex_cuda_free(ctx, g16);
+    capex_cuda_free(ctx, g32);
+    capex_cuda_context_destroy(ctx);
+out:
+    if (res->code != CAPEX_OK && !res->message[0]) snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+}
+
+/* Likewise a clip that applies its factor: when one list's scale cannot be
+   loaded it fails with no grad scaled. Before, the f32 list was scaled (by
+   1/64 on the emulator) and then the f16 list's scale failed: a retry scaled
+   the f32 grads twice. */
+CT_TEST(clip_that_cannot_load_a_kernel_scales_nothing) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_context_desc cd;
+    capex_cuda_function f;
+    char dir[] = "/tmp/capex_half_clip_XXXXXX";
+    child_result r;
+    OPEN_CTX_NEW_CACHE(ctx, cd, dir);
+    OK(capex__cuda_builtin_get_vb(ctx, CAPEX__GO_KBASE + CAPEX__GO_K_SUMSQ + CAPEX_F32, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+    OK(capex__cuda_builtin_get_vb(ctx, CAPEX__GO_KBASE + CAPEX__GO_K_SUMSQ + CAPEX_F16, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+    OK(capex__cuda_builtin_get_vb(ctx, CAPEX__GO_KBASE + CAPEX__GO_K_REDUCE, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+    OK(capex__cuda_builtin_get_vb(ctx, CAPEX__GO_KBASE + CAPEX__GO_K_CLIP, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+    OK(capex__cuda_builtin_get_vb(ctx, CAPEX__GO_KBASE + CAPEX__GO_K_SCALE + 4 * CAPEX_F32, CAPEX__CUDA_VB(0, 0, 1, 1), &f, NULL));
+    capex_cuda_context_destroy(ctx);
+    r = run_child("clip_no_nvrtc", dir);
+    rm_dir(dir);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_ERR_NO_NVRTC && r.value == 0,
+             "child: clip %s (want CAPEX_ERR_NO_NVRTC), %d f32 grads scaled (want 0): %s",
+             capex_result_string((capex_result)r.code), r.value, r.message);
+}
+
 /* Several threads compile into one context at once: each gets a working module,
    equal requests share one module, and the built-in program is compiled once. */
 typedef struct thread_job { capex_cuda_context *ctx; int alpha; capex_result r; capex_cuda_module *m, *builtin; char err[256]; } thread_job;
@@ -1115,8 +1188,10 @@ static const ct_case cases[] = {
     CT_CASE(threads_share_a_context),
     CT_CASE(builtin_ops_refuse_misaligned_pointers),
     CT_CASE(step_that_cannot_load_a_kernel_changes_nothing),
+    CT_CASE(clip_that_cannot_load_a_kernel_scales_nothing),
 };
-static const child_entry children[] = {{"warm", child_warm}, {"step_no_nvrtc", child_step_no_nvrtc}};
+static const child_entry children[] = {{"warm", child_warm}, {"step_no_nvrtc", child_step_no_nvrtc},
+                                       {"clip_no_nvrtc", child_clip_no_nvrtc}};
 
 int main(int argc, char **argv) {
     int rc;
