@@ -6766,13 +6766,10 @@ CAPEX__PRIVATE capex_result capex__go_step_ready(capex_cuda_optim *o, capex_cuda
     r = capex__go_step(o, inv_scale, clip_coef, found_inf, NULL); /* the mirror's kernels (O3) come in it too */
     o->ex = real;
     o->reduce_fn = reduce;
-    if (r == CAPEX_OK) {
-        o->ready = 1;
-        return r;
-    }
+    if (r == CAPEX_OK) o->ready = 1;
+    if (r == CAPEX_OK || r == CAPEX_ERR_INVALID_ARG) return r; /* an argument's message says it all */
     capex__cuda_fmt(why, sizeof why, "%s", capex_last_error());
-    return capex__fail(r, "capex_cuda_optim_step: a kernel of the step could not be loaded; nothing was enqueued (the "
-                       "step was not taken): %s", why);
+    return capex__fail(r, "capex_cuda_optim_step: the step was not taken (nothing was enqueued): %s", why);
 }
 
 CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
