@@ -1085,9 +1085,15 @@ CAPEX__PRIVATE void capex__cuda_drv_load(void) {
     CAPEX__CUDA_SYM(d->lib, d->cuFuncGetAttribute, "cuFuncGetAttribute");
     if (missing) {
         d->status = CAPEX_ERR_NO_DRIVER;
-        capex__cuda_fmt(d->message, sizeof d->message,
-                 "CUDA driver %s lacks %s: the driver is too old for capex (needs CUDA 11.0 or newer); "
-                 "update the NVIDIA driver", path, missing);
+        if (!d->cuInit) /* every CUDA driver has it: some other library (a toolkit's, a wrong path) */
+            capex__cuda_fmt(d->message, sizeof d->message,
+                     "%s%s is not a CUDA driver library (no cuInit): load libcuda.so.1, the NVIDIA driver's "
+                     "library%s", path, over && over[0] ? " (CAPEX_LIBCUDA_PATH)" : "",
+                     over && over[0] ? ", or unset CAPEX_LIBCUDA_PATH" : "");
+        else
+            capex__cuda_fmt(d->message, sizeof d->message,
+                     "CUDA driver %s lacks %s: the driver is too old for capex (needs CUDA 11.0 or newer); "
+                     "update the NVIDIA driver", path, missing);
         dlclose(d->lib);
         /* no pointer into the unmapped library may survive (capex__cu_fail tests them) */
         d->lib = NULL;
