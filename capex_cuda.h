@@ -213,9 +213,11 @@ typedef struct capex_cuda_cache {
     char dir[1024];
     int enabled;
     int warned;                  /* an unwritable or untrusted directory was reported */
+    uint32_t init_tag; /* set by capex_cuda_cache_init (capex.h "Descriptors") */
 } capex_cuda_cache;
 
-/* dir NULL: the environment default (see ENVIRONMENT); "" disables the cache. */
+/* dir NULL: the environment default (see ENVIRONMENT); "" disables the cache. A
+   capex_cuda_cache not made by it is refused (CAPEX_ERR_INVALID_ARG) by its consumers. */
 CAPEX_API void capex_cuda_cache_init(capex_cuda_cache *cache, const char *dir);
 
 typedef struct capex_cuda_compile_desc {
@@ -362,6 +364,8 @@ CAPEX_API capex_result capex_cuda_builtin_part_module(capex_cuda_context *ctx, i
 CAPEX_API int capex_cuda_builtin_part_loaded(capex_cuda_context *ctx, int part); /* 1: loaded in ctx */
 /* capex_cuda_precompile(ctx, 0), then the "basic" part's module (fill, scale, add, convert). */
 CAPEX_API capex_result capex_cuda_builtin_module(capex_cuda_context *ctx, capex_cuda_module **out);
+/* fill, scale, add and convert: each pointer aligned to its elements (4 bytes for
+   f32, 2 for f16/bf16), else CAPEX_ERR_INVALID_ARG before any launch. */
 /* x[i] = value */
 CAPEX_API capex_result capex_cuda_fill_f32(capex_cuda_context *ctx, capex_cuda_ptr x, float value, size_t n,
                                            capex_cuda_stream stream);
@@ -1081,9 +1085,15 @@ CAPEX__PRIVATE void capex__cuda_drv_load(void) {
     CAPEX__CUDA_SYM(d->lib, d->cuFuncGetAttribute, "cuFuncGetAttribute");
     if (missing) {
         d->status = CAPEX_ERR_NO_DRIVER;
-        capex__cuda_fmt(d->message, sizeof d->message,
-                 "CUDA driver %s lacks %s: the driver is too old for capex (needs CUDA 11.0 or newer); "
-                 "update the NVIDIA driver", path, missing);
+        if (!d->cuInit) /* every CUDA driver has it: some other library (a toolkit's, a wrong path) */
+            capex__cuda_fmt(d->message, sizeof d->message,
+                     "%s%s is not a CUDA driver library (no cuInit): load libcuda.so.1, the NVIDIA driver's "
+                     "library%s", path, over && over[0] ? " (CAPEX_LIBCUDA_PATH)" : "",
+                     over && over[0] ? ", or unset CAPEX_LIBCUDA_PATH" : "");
+        else
+            capex__cuda_fmt(d->message, sizeof d->message,
+                     "CUDA driver %s lacks %s: the driver is too old for capex (needs CUDA 11.0 or newer); "
+                     "update the NVIDIA driver", path, missing);
         dlclose(d->lib);
         /* no pointer into the unmapped library may survive (capex__cu_fail tests them) */
         d->lib = NULL;
@@ -1623,11 +1633,13 @@ done:
 #define CAPEX__CACHE_MAX_PAYLOAD ((uint64_t)256 << 20)
 static const char capex__cache_magic[8] = {'C', 'A', 'P', 'E', 'X', 'J', 'I', 'T'};
 
+#define CAPEX__TAG_CUDA_CACHE CAPEX__TAG('C', 'C', 'H', 'E')
 CAPEX_API void capex_cuda_cache_init(capex_cuda_cache *cache, const char *dir) {
     const char *env, *base = "", *tail = "";
     int len;
     if (!cache) return;
     memset(cache, 0, sizeof *cache);
+    cache->init_tag = CAPEX__TAG_CUDA_CACHE;
     if (dir) {
         base = dir;
     } else if ((env = getenv("CAPEX_CACHE_DIR")) != NULL) {
@@ -2041,6 +2053,10 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: NULL desc or source, or options NULL with n_options > 0");
     if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_CUDA_COMPILE_DESC, "capex_cuda_compile", "capex_cuda_compile_desc",
                                "capex_cuda_compile_desc_init")) != CAPEX_OK)
+        return r;
+    /* a garbage cache's dir need not end within it: refused before it is read */
+    if (d->cache && (r = capex__desc_check(d->cache->init_tag, CAPEX__TAG_CUDA_CACHE, "capex_cuda_compile",
+                                           "capex_cuda_cache", "capex_cuda_cache_init")) != CAPEX_OK)
         return r;
     for (i = 0; i < d->n_options; i++)
         if (!d->options[i]) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: options[%d] is NULL", i);
@@ -4225,6 +4241,9 @@ CAPEX_API capex_result capex_cuda_builtin_compile_parts(int device_cc, capex_cud
     memset(images, 0, sizeof *images * CAPEX__CUDA_N_PARTS);
     if (device_cc <= 0)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_builtin_compile_parts: device_cc %d (want e.g. 90 for sm_90)", device_cc);
+    if (cache && (r = capex__desc_check(cache->init_tag, CAPEX__TAG_CUDA_CACHE, "capex_cuda_builtin_compile_parts",
+                                        "capex_cuda_cache", "capex_cuda_cache_init")) != CAPEX_OK)
+        return r;
     pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
     jobs = (capex__cuda_pjob *)CAPEX_MALLOC(sizeof *jobs * CAPEX__CUDA_N_PARTS);
     if (!jobs) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_builtin_compile_parts: out of memory");
@@ -5272,6 +5291,14 @@ CAPEX__PRIVATE capex_result capex__cuda_check_n(const char *fn, size_t n) {
     return CAPEX_OK;
 }
 
+/* The kernels address p as elements of es bytes: a misaligned one is the
+   sticky CUDA_ERROR_MISALIGNED_ADDRESS on a GPU, which ends the context. */
+CAPEX__PRIVATE capex_result capex__cuda_check_aligned(const char *fn, const char *name, capex_cuda_ptr p, size_t es) {
+    if (p % es == 0) return CAPEX_OK;
+    return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s 0x%llx is not aligned to its %zu-byte elements (a misaligned "
+                       "access would fault the GPU and end the context)", fn, name, (unsigned long long)p, es);
+}
+
 CAPEX_API capex_result capex_cuda_fill_f32(capex_cuda_context *ctx, capex_cuda_ptr x, float value, size_t n,
                                            capex_cuda_stream stream) {
     unsigned long long nn = n;
@@ -5279,7 +5306,9 @@ CAPEX_API capex_result capex_cuda_fill_f32(capex_cuda_context *ctx, capex_cuda_p
     capex_result r;
     if (n == 0) return CAPEX_OK;
     if (!x) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_fill_f32: NULL pointer");
-    if ((r = capex__cuda_check_n("capex_cuda_fill_f32", n)) != CAPEX_OK) return r;
+    if ((r = capex__cuda_check_n("capex_cuda_fill_f32", n)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_fill_f32", "x", x, 4)) != CAPEX_OK)
+        return r;
     args[0] = &x; args[1] = &value; args[2] = &nn;
     return capex__cuda_builtin_launch(ctx, 0, n, stream, args);
 }
@@ -5292,6 +5321,8 @@ CAPEX_API capex_result capex_cuda_scale_f32(capex_cuda_context *ctx, capex_cuda_
     if (n == 0) return CAPEX_OK;
     if (!x || !y) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_scale_f32: NULL pointer");
     if ((r = capex__cuda_check_n("capex_cuda_scale_f32", n)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_scale_f32", "y", y, 4)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_scale_f32", "x", x, 4)) != CAPEX_OK ||
         (r = capex__cuda_check_overlap("capex_cuda_scale_f32", y, 4, x, 4, n)) != CAPEX_OK)
         return r;
     args[0] = &y; args[1] = &x; args[2] = &a; args[3] = &nn;
@@ -5306,6 +5337,9 @@ CAPEX_API capex_result capex_cuda_add_f32(capex_cuda_context *ctx, capex_cuda_pt
     if (n == 0) return CAPEX_OK;
     if (!a || !b || !c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_add_f32: NULL pointer");
     if ((r = capex__cuda_check_n("capex_cuda_add_f32", n)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_add_f32", "c", c, 4)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_add_f32", "a", a, 4)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_add_f32", "b", b, 4)) != CAPEX_OK ||
         (r = capex__cuda_check_overlap("capex_cuda_add_f32", c, 4, a, 4, n)) != CAPEX_OK ||
         (r = capex__cuda_check_overlap("capex_cuda_add_f32", c, 4, b, 4, n)) != CAPEX_OK)
         return r;
@@ -5329,6 +5363,8 @@ CAPEX_API capex_result capex_cuda_convert(capex_cuda_context *ctx, capex_cuda_pt
     if (n == 0) return CAPEX_OK;
     if (!dst || !src) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_convert: NULL pointer");
     if ((r = capex__cuda_check_n("capex_cuda_convert", n)) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_convert", "dst", dst, capex_dtype_size(dst_type))) != CAPEX_OK ||
+        (r = capex__cuda_check_aligned("capex_cuda_convert", "src", src, capex_dtype_size(src_type))) != CAPEX_OK ||
         (r = capex__cuda_check_overlap("capex_cuda_convert", dst, capex_dtype_size(dst_type), src, capex_dtype_size(src_type),
                                        n)) != CAPEX_OK)
         return r;
@@ -5417,6 +5453,9 @@ typedef struct capex__go_exec {
     /* optional: the blocks of `block` threads of kernel k the device keeps
        resident (SMs x occupancy); 0: unknown (CAPEX__GO_GRID_DEFAULT) */
     unsigned (*grid)(void *user, int kernel, unsigned vb, unsigned block);
+    /* optional: load kernel k's unit for switches vb now, launching nothing
+       (so that an op fails before its first write, not halfway) */
+    capex_result (*load)(void *user, int kernel, unsigned vb);
     /* the metadata size the kernels were compiled for: CAPEX__GO_META_SMALL
        (0 means it too) or CAPEX__GO_META_LARGE */
     int meta_bytes;
@@ -5434,6 +5473,10 @@ CAPEX__PRIVATE capex_result capex__go_dev_launch(void *user, int k, unsigned vb,
     g[0] = grid; g[1] = 1; g[2] = 1;
     b[0] = block; b[1] = 1; b[2] = 1;
     return capex_cuda_launch(&fn, g, b, 0, s, args);
+}
+CAPEX__PRIVATE capex_result capex__go_dev_load(void *user, int k, unsigned vb) {
+    capex_cuda_function fn;
+    return capex__cuda_builtin_get_vb((capex_cuda_context *)user, CAPEX__GO_KBASE + (size_t)k, vb, &fn, NULL);
 }
 CAPEX__PRIVATE capex_result capex__go_dev_alloc(void *user, size_t bytes, capex_cuda_ptr *out) {
     return capex_cuda_malloc((capex_cuda_context *)user, bytes, out);
@@ -5506,6 +5549,7 @@ CAPEX__PRIVATE capex_result capex__go_dev_exec(capex_cuda_context *ctx, const ch
     ex->prefetch = capex__go_dev_prefetch;
     ex->sync = capex__go_dev_sync;
     ex->grid = capex__go_dev_grid;
+    ex->load = capex__go_dev_load;
     ex->meta_bytes = ctx->meta_bytes; /* what its parts were compiled for (capex__cuda_part_options) */
     ex->user = ctx;
     return CAPEX_OK;
@@ -5837,6 +5881,15 @@ CAPEX__PRIVATE capex_result capex__go_clip(const capex__go_exec *ex, const capex
             if ((r = capex__check_disjoint(fn, mname, &grads[m], name, &grads[l])) != CAPEX_OK) return r;
         }
     }
+    /* each list's scale loaded first: one that cannot be had (no NVRTC, a refused
+       image) must fail the call before a list is scaled, not after some were */
+    for (l = 0; apply && ex->load && l < nlists; l++) {
+        size_t i;
+        for (i = 0; i < grads[l].count && grads[l].tensors[i].numel == 0; i++) continue;
+        if (i < grads[l].count &&
+            (r = ex->load(ex->user, CAPEX__GO_K_SCALE + 4 * (int)grads[l].dtype, CAPEX__CUDA_VB(0, 0, 1, 1))) != CAPEX_OK)
+            return r;
+    }
     if ((r = capex__go_sumsq_lists(ex, desc, grads, nlists, ws, chunks, s)) != CAPEX_OK) return r;
     /* the partials are dead after the total: the factor may live at ws[0] */
     if (!coef && apply) coef = ws;
@@ -6067,6 +6120,7 @@ struct capex_cuda_optim {
     capex_result (*reduce_fn)(void *user, int what, capex_cuda_ptr vals, size_t n, capex_cuda_stream s);
     void *reduce_user;
     int sealed; /* capex_cuda_zero's: its tensors are shard pieces, so add_group is refused */
+    int ready;  /* every kernel a step launches is loaded (capex__go_step_ready); reset by what changes them */
 };
 CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream);
 
@@ -6366,6 +6420,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
     for (k = 0; k < n; k++) o->n_pure += params[k].pure_half && params[k].numel;
     if (group_index) *group_index = o->ngroups;
     o->ngroups++;
+    o->ready = 0;
     capex__free(NULL, bufs);
     capex__free(NULL, groups);
     if (o->ex.prefetch) { /* what a step launches compiles in the background meanwhile */
@@ -6679,6 +6734,7 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
     had = o->has_sched;
     o->sched = *s;
     o->has_sched = 1;
+    o->ready = 0; /* a step launches the schedule's kernel now */
     if ((r = capex__go_sched_upload(o, stream)) != CAPEX_OK) { o->sched = old; o->has_sched = had; }
     if (r == CAPEX_OK && !had && o->ex.prefetch) { /* its kernel's part compiles in the background meanwhile */
         int k = CAPEX__GO_K_LR_SCHED;
@@ -6691,9 +6747,45 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
 static capex_result capex__go_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
                                     capex_cuda_ptr found_inf, capex_cuda_stream stream);
 
+/* Launch hook of capex__go_step_ready: loads kernel k's unit, launches nothing. */
+CAPEX__PRIVATE capex_result capex__go_dev_load_only(void *user, int k, unsigned vb, unsigned grid, unsigned block,
+                                                    void **args, capex_cuda_stream s) {
+    (void)grid, (void)block, (void)args, (void)s;
+    return capex__go_dev_load(user, k, vb);
+}
+
+/* Loads every kernel the step launches before anything is enqueued: the step
+   once more with launches that only load (capex__go_dev_load_only) and no sharded
+   reduction (a collective). Else a kernel that cannot be had (no NVRTC and no
+   cache entry, an image the driver refuses, no memory) failed the step after
+   prepare had counted it on the device: weights untouched, step count (and
+   bias corrections) one ahead, one more per retry. Done once per change of
+   the step's kernels (o->ready). */
+CAPEX__PRIVATE capex_result capex__go_step_ready(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                                 capex_cuda_ptr found_inf) {
+    capex__go_exec real = o->ex;
+    capex_result (*reduce)(void *, int, capex_cuda_ptr, size_t, capex_cuda_stream) = o->reduce_fn;
+    capex_result r;
+    char why[1024];
+    o->ex.launch = capex__go_dev_load_only;
+    o->ex.grid = NULL;
+    o->reduce_fn = NULL;
+    r = capex__go_step(o, inv_scale, clip_coef, found_inf, NULL); /* the mirror's kernels (O3) come in it too */
+    o->ex = real;
+    o->reduce_fn = reduce;
+    if (r == CAPEX_OK) o->ready = 1;
+    if (r == CAPEX_OK || r == CAPEX_ERR_INVALID_ARG) return r; /* an argument's message says it all */
+    capex__cuda_fmt(why, sizeof why, "%s", capex_last_error());
+    return capex__fail(r, "capex_cuda_optim_step: the step was not taken (nothing was enqueued): %s", why);
+}
+
 CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
                                              capex_cuda_ptr found_inf, capex_cuda_stream stream) {
-    capex_result r = capex__go_step(o, inv_scale, clip_coef, found_inf, stream);
+    capex_result r;
+    if (o && !o->ready && o->ex.launch == capex__go_dev_launch &&
+        (r = capex__go_step_ready(o, inv_scale, clip_coef, found_inf)) != CAPEX_OK)
+        return r;
+    r = capex__go_step(o, inv_scale, clip_coef, found_inf, stream);
     /* O3: the weights are the rounded model copy (after a skipped step it is
        unchanged, and so is this) */
     if (r == CAPEX_OK && o->n_pure) r = capex__go_mirror(o, o->t, o->nt, "capex_cuda_optim_step", stream);
@@ -6797,7 +6889,7 @@ CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t 
     if (r == CAPEX_OK) /* Adagrad's, outside the lr .. nesterov bytes */
         r = o->ex.htod(o->ex.user, o->dgroups + group * sizeof g + offsetof(capex__go_group, lr_decay), &g.lr_decay,
                        sizeof g.lr_decay, stream);
-    if (r == CAPEX_OK) o->hp[group] = *hp;
+    if (r == CAPEX_OK) o->hp[group] = *hp, o->ready = 0; /* SGD's momentum picks the variant */
     if (r == CAPEX_OK) r = capex__go_sched_upload(o, stream); /* the new base lr */
     return r;
 }
@@ -7023,6 +7115,7 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
     if (r == CAPEX_OK) r = capex__go_sync(&o->ex); /* landed before a step on any stream reads it */
     if (r == CAPEX_OK) {
         for (g = 0; g < o->ngroups; g++) o->hp[g] = h->groups[g].hp;
+        o->ready = 0;
         o->desc.max_grad_norm = h->desc.max_grad_norm; /* loaded with the state */
         o->desc.seed = h->desc.seed;
         if (h->has_sched) { o->sched = h->sched; o->has_sched = 1; }

@@ -805,6 +805,187 @@ CT_TEST(driver_errors_are_reported) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* fill, scale, add and convert address their elements as float or 16-bit
+   words: a pointer that is not aligned to its element faults a GPU with the
+   sticky CUDA_ERROR_MISALIGNED_ADDRESS, which ends the context. Each is
+   refused before any launch, naming the pointer; the context works after.
+   (Before: all were launched and returned CAPEX_OK; the stand-in driver and
+   the emulator, on host memory, do not fault on them.) */
+CT_TEST(builtin_ops_refuse_misaligned_pointers) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_ptr p = 0;
+    float host[4] = {0, 0, 0, 0};
+    OPEN_CTX(ctx);
+    OK(capex_cuda_malloc(ctx, 4096, &p));
+#define MISALIGNED(call, what)                                                                                    \
+    do {                                                                                                         \
+        capex_result r_ = (call);                                                                                \
+        CT_CHECK(r_ == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "aligned") &&                          \
+                     strstr(capex_last_error(), what), "%s: %s: %s", #call, capex_result_string(r_), capex_last_error()); \
+    } while (0)
+    MISALIGNED(capex_cuda_fill_f32(ctx, p + 2, 1.0f, 4, NULL), "x");
+    MISALIGNED(capex_cuda_scale_f32(ctx, p + 2, p + 1024, 2.0f, 4, NULL), "y");
+    MISALIGNED(capex_cuda_scale_f32(ctx, p + 1024, p + 1, 2.0f, 4, NULL), "x");
+    MISALIGNED(capex_cuda_add_f32(ctx, p + 6, p + 1024, p + 2048, 4, NULL), "c");
+    MISALIGNED(capex_cuda_add_f32(ctx, p, p + 1026, p + 2048, 4, NULL), "a");
+    MISALIGNED(capex_cuda_add_f32(ctx, p, p + 1024, p + 2049, 4, NULL), "b");
+    MISALIGNED(capex_cuda_convert(ctx, p + 1, CAPEX_F16, p + 1024, CAPEX_F32, 4, NULL), "dst");
+    MISALIGNED(capex_cuda_convert(ctx, p, CAPEX_BF16, p + 1026, CAPEX_F32, 4, NULL), "src");
+    MISALIGNED(capex_cuda_convert(ctx, p, CAPEX_F32, p + 1025, CAPEX_F16, 4, NULL), "src");
+#undef MISALIGNED
+    /* 2-byte alignment is enough for 16-bit data */
+    OK(capex_cuda_convert(ctx, p + 2050, CAPEX_F16, p + 1024, CAPEX_F32, 4, NULL));
+    OK(capex_cuda_fill_f32(ctx, p, 3.0f, 4, NULL));
+    OK(capex_cuda_memcpy_dtoh(ctx, host, p, sizeof host, NULL));
+    CT_CHECK(host[0] == 3.0f && host[3] == 3.0f, "the context works after the refusals: %g %g", host[0], host[3]);
+    OK(capex_cuda_free(ctx, p));
+    capex_cuda_context_destroy(ctx);
+}
+
+/* The child of step_that_cannot_load_a_kernel_changes_nothing: a process
+   without NVRTC whose cache (arg) holds the step's prepare kernel but not its
+   Adam kernel. res->code: the step's status; res->value: the group's step
+   count after it. */
+static void child_step_no_nvrtc(const char *dir, child_result *res) {
+    capex_cuda_context_desc cd;
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_optim *opt = NULL;
+    capex_optim_desc od;
+    capex_optim_param pa;
+    capex_cuda_ptr x = 0, g = 0;
+    int64_t step = -1;
+    capex_result r;
+    setenv("CAPEX_NVRTC_PATH", "/nonexistent/libnvrtc.so", 1);
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.cache_dir = dir;
+    res->value = -1;
+    if ((res->code = capex_cuda_context_create(&cd, &ctx)) != CAPEX_OK) goto out;
+    if ((res->code = capex_cuda_malloc(ctx, 256 * sizeof(float), &x)) != CAPEX_OK ||
+        (res->code = capex_cuda_malloc(ctx, 256 * sizeof(float), &g)) != CAPEX_OK ||
+        (res->code = capex_cuda_memset_u8(ctx, x, 0, 256 * sizeof(float), NULL)) != CAPEX_OK ||
+        (res->code = capex_cuda_memset_u8(ctx, g, 0, 256 * sizeof(float), NULL)) != CAPEX_OK)
+        goto out_ctx;
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    capex_optim_param_init(&pa);
+    pa.param = (float *)(uintptr_t)x;
+    pa.grad = (const void *)(uintptr_t)g;
+    pa.numel = 256;
+    if ((res->code = capex_cuda_optim_create(ctx, &od, &opt)) != CAPEX_OK ||
+        (res->code = capex_cuda_optim_add_group(opt, NULL, &pa, 1, NULL)) != CAPEX_OK)
+        goto out_ctx;
+    capex_cuda_precompile_wait(ctx); /* the Adam variant's background compile fails: no NVRTC */
+    r = capex_cuda_optim_step(opt, 0, 0, 0, NULL);
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    res->code = r;
+    if (capex_cuda_optim_get_step(opt, 0, &step, NULL) != CAPEX_OK || capex_cuda_context_synchronize(ctx) != CAPEX_OK)
+        snprintf(res->message, sizeof res->message, "get_step after the step: %s", capex_last_error());
+    res->value = (int)step;
+out_ctx:
+    capex_cuda_optim_destroy(opt);
+    capex_cuda_free(ctx, g);
+    capex_cuda_free(ctx, x);
+    capex_cuda_context_destroy(ctx);
+out:
+    if (res->code != CAPEX_OK && !res->message[0]) snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+}
+
+/* A step whose kernels cannot all be loaded (here: no NVRTC, and a disk cache
+   that holds prepare's unit but not Adam's) fails with nothing enqueued.
+   Before, prepare ran and counted the step on the device (step 1, weights
+   untouched), and each retry counted another: the bias corrections of every
+   later step were off. On the stand-in driver (which runs no optimizer kernel)
+   the step failed at prepare's launch instead of with CAPEX_ERR_NO_NVRTC. */
+CT_TEST(step_that_cannot_load_a_kernel_changes_nothing) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_context_desc cd;
+    capex_cuda_function f;
+    char dir[] = "/tmp/capex_half_step_XXXXXX";
+    child_result r;
+    OPEN_CTX_NEW_CACHE(ctx, cd, dir);
+    OK(capex__cuda_builtin_get_vb(ctx, CAPEX__CK_GO_PREPARE, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+    capex_cuda_context_destroy(ctx);
+    CT_CHECK(count_entries(dir) == 1, "the cache holds prepare's unit alone: %d entries", count_entries(dir));
+    r = run_child("step_no_nvrtc", dir);
+    rm_dir(dir);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_ERR_NO_NVRTC && r.value == 0 && strstr(r.message, "not taken"),
+             "child: step %s (want CAPEX_ERR_NO_NVRTC), step count after it %d (want 0): %s",
+             capex_result_string((capex_result)r.code), r.value, r.message);
+}
+
+/* The child of clip_that_cannot_load_a_kernel_scales_nothing: a process
+   without NVRTC whose cache holds every kernel of a clip over an f32 and an
+   f16 list but the f16 list's scale. res->code: the clip's status;
+   res->value: f32 grads no longer 1.0 after it. */
+static void child_clip_no_nvrtc(const char *dir, child_result *res) {
+    capex_cuda_context_desc cd;
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_ptr g32 = 0, g16 = 0, ws = 0;
+    capex_tensor t32, t16;
+    capex_tensor_list l[2];
+    float host[256];
+    unsigned short ones[256];
+    size_t need = 0;
+    int i;
+    setenv("CAPEX_NVRTC_PATH", "/nonexistent/libnvrtc.so", 1);
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.cache_dir = dir;
+    res->value = -1;
+    if ((res->code = capex_cuda_context_create(&cd, &ctx)) != CAPEX_OK) goto out;
+    for (i = 0; i < 256; i++) host[i] = 1.0f, ones[i] = 0x3c00; /* f16 1.0 */
+    if ((res->code = capex_cuda_malloc(ctx, sizeof host, &g32)) != CAPEX_OK ||
+        (res->code = capex_cuda_malloc(ctx, sizeof ones, &g16)) != CAPEX_OK ||
+        (res->code = capex_cuda_memcpy_htod(ctx, g32, host, sizeof host, NULL)) != CAPEX_OK ||
+        (res->code = capex_cuda_memcpy_htod(ctx, g16, ones, sizeof ones, NULL)) != CAPEX_OK)
+        goto out_ctx;
+    t32.data = (void *)(uintptr_t)g32; t32.numel = 256;
+    t16.data = (void *)(uintptr_t)g16; t16.numel = 256;
+    l[0].tensors = &t32; l[0].count = 1; l[0].dtype = CAPEX_F32;
+    l[1].tensors = &t16; l[1].count = 1; l[1].dtype = CAPEX_F16;
+    if ((res->code = capex_cuda_multi_tensor_workspace_size(NULL, l, 2, &need)) != CAPEX_OK ||
+        (res->code = capex_cuda_malloc(ctx, need, &ws)) != CAPEX_OK)
+        goto out_ctx;
+    res->code = capex_cuda_clip_grad_norm(ctx, NULL, l, 2, 0.5f, ws, need, 0, 0, 1, NULL); /* norm 32: factor 1/64 */
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    if (capex_cuda_memcpy_dtoh(ctx, host, g32, sizeof host, NULL) != CAPEX_OK) {
+        snprintf(res->message, sizeof res->message, "read back: %s", capex_last_error());
+        goto out_ctx;
+    }
+    for (res->value = 0, i = 0; i < 256; i++) res->value += host[i] != 1.0f;
+out_ctx:
+    capex_cuda_free(ctx, ws);
+    capex_cuda_free(ctx, g16);
+    capex_cuda_free(ctx, g32);
+    capex_cuda_context_destroy(ctx);
+out:
+    if (res->code != CAPEX_OK && !res->message[0]) snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+}
+
+/* Likewise a clip that applies its factor: when one list's scale cannot be
+   loaded it fails with no grad scaled. Before, the f32 list was scaled (by
+   1/64 on the emulator) and then the f16 list's scale failed: a retry scaled
+   the f32 grads twice. */
+CT_TEST(clip_that_cannot_load_a_kernel_scales_nothing) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_context_desc cd;
+    capex_cuda_function f;
+    char dir[] = "/tmp/capex_half_clip_XXXXXX";
+    child_result r;
+    OPEN_CTX_NEW_CACHE(ctx, cd, dir);
+    OK(capex__cuda_builtin_get_vb(ctx, CAPEX__GO_KBASE + CAPEX__GO_K_SUMSQ + CAPEX_F32, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+    OK(capex__cuda_builtin_get_vb(ctx, CAPEX__GO_KBASE + CAPEX__GO_K_SUMSQ + CAPEX_F16, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+    OK(capex__cuda_builtin_get_vb(ctx, CAPEX__GO_KBASE + CAPEX__GO_K_REDUCE, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+    OK(capex__cuda_builtin_get_vb(ctx, CAPEX__GO_KBASE + CAPEX__GO_K_CLIP, CAPEX__CUDA_VB(0, 0, 0, 0), &f, NULL));
+    OK(capex__cuda_builtin_get_vb(ctx, CAPEX__GO_KBASE + CAPEX__GO_K_SCALE + 4 * CAPEX_F32, CAPEX__CUDA_VB(0, 0, 1, 1), &f, NULL));
+    capex_cuda_context_destroy(ctx);
+    r = run_child("clip_no_nvrtc", dir);
+    rm_dir(dir);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_ERR_NO_NVRTC && r.value == 0,
+             "child: clip %s (want CAPEX_ERR_NO_NVRTC), %d f32 grads scaled (want 0): %s",
+             capex_result_string((capex_result)r.code), r.value, r.message);
+}
+
 /* Several threads compile into one context at once: each gets a working module,
    equal requests share one module, and the built-in program is compiled once. */
 typedef struct thread_job { capex_cuda_context *ctx; int alpha; capex_result r; capex_cuda_module *m, *builtin; char err[256]; } thread_job;
@@ -1005,8 +1186,12 @@ static const ct_case cases[] = {
     CT_CASE(driver_errors_are_reported),
     CT_CASE(shared_memory_opt_in_is_never_lowered_under_a_launch),
     CT_CASE(threads_share_a_context),
+    CT_CASE(builtin_ops_refuse_misaligned_pointers),
+    CT_CASE(step_that_cannot_load_a_kernel_changes_nothing),
+    CT_CASE(clip_that_cannot_load_a_kernel_scales_nothing),
 };
-static const child_entry children[] = {{"warm", child_warm}};
+static const child_entry children[] = {{"warm", child_warm}, {"step_no_nvrtc", child_step_no_nvrtc},
+                                       {"clip_no_nvrtc", child_clip_no_nvrtc}};
 
 int main(int argc, char **argv) {
     int rc;

@@ -515,6 +515,14 @@ CT_TEST(no_driver_status) {
     CT_CHECK(strstr(r.message, "/nonexistent/libcuda.so.1") && strstr(r.message, "CAPEX_LIBCUDA_PATH"),
              "names what was tried: %s", r.message);
     CT_CHECK(r.value, "every entry point reports NO_DRIVER and the CPU backend still works");
+    { /* a library that is no driver at all (the stand-in NVRTC) is called that, not "too old" */
+        char lib[600];
+        CT_CHECK(sibling_path("fake", "nvrtc_ok/lib64/libnvrtc.so.12", lib, sizeof lib), "stand-in NVRTC path");
+        r = run_child("driver", lib);
+        CT_CHECK(r.exited_ok && r.code == CAPEX_ERR_NO_DRIVER && r.value, "not a driver: %d %s", r.code, r.message);
+        CT_CHECK(strstr(r.message, "not a CUDA driver") && strstr(r.message, lib) && !strstr(r.message, "too old"),
+                 "says what the library is not: %s", r.message);
+    }
     /* without the override: this machine's real situation */
     {
         child_result d = run_child("driver", NULL);

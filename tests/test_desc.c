@@ -257,6 +257,19 @@ CT_TEST(cuda_descs) {
         cd.source = "extern \"C\" __global__ void k(void) {}";
         cd.n_options = 0; cd.options = NULL; cd.device_cc = 90;
         EXPECT_REFUSED(capex_cuda_compile(&cd, &img), "capex_cuda_compile_desc_init");
+        { /* the cache a compile desc points at has its _init too: a garbage one read its
+             unterminated dir out of bounds (ASan), a zeroed one ran uncached in silence */
+            capex_cuda_cache cc;
+            capex_cuda_image parts[CAPEX__CUDA_N_PARTS];
+            capex_cuda_compile_desc_init(&cd);
+            cd.source = "extern \"C\" __global__ void k(void) {}";
+            cd.device_cc = 90;
+            spoil(&cc, sizeof cc, fill);
+            cd.cache = &cc;
+            EXPECT_REFUSED(capex_cuda_compile(&cd, &img), "capex_cuda_cache_init");
+            CT_CHECK(img.data == NULL, "no image from a refused compile");
+            EXPECT_REFUSED(capex_cuda_builtin_compile_parts(90, &cc, 1, parts), "capex_cuda_cache_init");
+        }
         spoil(&xd, sizeof xd, fill);
         EXPECT_REFUSED(capex_cuda_context_create(&xd, &ctx), "capex_cuda_context_desc_init");
         spoil(&nd, sizeof nd, fill);
