@@ -1876,7 +1876,9 @@ CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
    changes (capex_optim_load's checks). With CAPEX_OPTIM_STATE_PARAMS the
    fp32 masters and params (and half model copies, into params[i].data) are
    restored bit for bit; without it the masters are rebuilt from the
-   params' data as they are. */
+   params' data as they are. An I/O error while the params' data is being
+   written (the host zero) leaves it half-loaded: step and save then return
+   CAPEX_ERR_ORDER until a load succeeds. */
 CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags);
 CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags);
 /* One file holding only this optimizer (prefix "optim"); rank 0 writes it
@@ -12640,6 +12642,9 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
        unsharded copy, the buffers), then one small agreement: a rank that
        failed here fails every rank at once, none left in the all-gathers */
     if (z->has_dev) r = z->dev.to_host(z->dev.user, CAPEX_OPTIM_STATE_PARAMS, &z->opt);
+    if (r == CAPEX_OK && !z->has_dev && z->opt->broken)
+        r = capex__fail(CAPEX_ERR_ORDER, "%s: a state load failed part-way (I/O error); load the state again before "
+                        "saving", fn);
     if (r == CAPEX_OK && root) r = capex__zero_full_optim(z, &z->save_tmp, &z->save_masters, &z->save_host);
     for (k = 0; k < z->nb; k++) if (z->b[k].shard > maxshard) maxshard = z->b[k].shard;
     if (r == CAPEX_OK) {
@@ -12777,7 +12782,13 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
     /* the full optimizer checks everything before it changes anything; with
        CAPEX_OPTIM_STATE_PARAMS it writes the params' data (f32 params and
        half model copies) directly */
-    if ((r = capex_optim_load(full, rd, prefix, flags)) != CAPEX_OK) goto done;
+    if ((r = capex_optim_load(full, rd, prefix, flags)) != CAPEX_OK) {
+        /* cut by an I/O error while it wrote the params' data: half loaded,
+           so the pieces refuse to step and save until a load succeeds */
+        if (full->broken && (flags & CAPEX_OPTIM_STATE_PARAMS) && !z->has_dev) z->opt->broken = 1;
+        goto done;
+    }
+    if (!z->has_dev) z->opt->broken = 0;
     for (j = 0; j < z->npieces; j++) {
         size_t i = z->piece_param[j], gi, ki, fi = capex__zero_full_index(z, i);
         capex__zero_piece_pos(z, j, &gi, &ki);

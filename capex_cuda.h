@@ -6991,6 +6991,12 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
                             h->groups[g].hp.amsgrad != 0, o->hp[g].amsgrad != 0);
             goto done;
         }
+        /* set_hparams' rule: the buffer check above has nothing to compare in a group of empty params */
+        if (o->desc.kind == CAPEX_OPTIM_SGD && h->groups[g].hp.momentum != 0.0f && !o->mom_bufs[g]) {
+            r = capex__fail(CAPEX_ERR_CONFIG, "%s: group %zu has momentum on the host, but the device group was created "
+                            "without it (no momentum buffers)", fn, g);
+            goto done;
+        }
         if (h->groups[g].step < 0 || h->groups[g].step > CAPEX_STEP_MAX) {
             r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: group %zu has step %lld, outside [0, CAPEX_STEP_MAX = 2^53]", fn,
                             g, (long long)h->groups[g].step);
