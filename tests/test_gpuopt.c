@@ -416,6 +416,12 @@ CT_TEST(optimizer_argument_errors) {
                  "momentum on from the host, an empty group: %s", capex_last_error());
         CT_CHECK(capex_optim_set_hparams(h, 1, &h0) == CAPEX_OK, "%s", capex_last_error());
         CT_CHECK(capex_cuda_optim_from_host(o, h, 0, NULL) == CAPEX_OK, "the same without momentum: %s", capex_last_error());
+        CT_CHECK(capex_cuda_optim_from_host(o, h, 4u, NULL) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "flags"),
+                 "from_host, unknown flags: %s", capex_last_error());
+        capex_optim_destroy(h);
+        h = (capex_optim *)1;
+        CT_CHECK(capex_cuda_optim_to_host(o, 4u, NULL, &h) == CAPEX_ERR_INVALID_ARG && !h && strstr(capex_last_error(), "flags"),
+                 "to_host, unknown flags: %s", capex_last_error());
         capex_optim_destroy(h);
     }
     capex_cuda_optim_destroy(o);

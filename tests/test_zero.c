@@ -976,6 +976,11 @@ CT_TEST(load_io_error_midway_refuses_step_and_save) {
     CT_CHECK(capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "load: %s", capex_last_error());
     CT_CHECK(capex_zero_step(z, 1.0f, 1.0f, 0) == CAPEX_OK, "step after a good load: %.300s", capex_last_error());
     CT_CHECK(capex_zero_save_file(z, cut, 0) == CAPEX_OK, "save after a good load: %.300s", capex_last_error());
+    /* flags it does not know: refused (every rank, before the save's collectives), not ignored */
+    CT_CHECK(capex_zero_save_file(z, cut, 2u) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "flags"),
+             "unknown save flags: %.300s", capex_last_error());
+    CT_CHECK(capex_zero_load_file(z, path, 2u | CAPEX_OPTIM_STATE_PARAMS) == CAPEX_ERR_INVALID_ARG &&
+             strstr(capex_last_error(), "flags"), "unknown load flags: %.300s", capex_last_error());
 out:
     capex_state_reader_close(rd);
     capex_zero_destroy(z);
