@@ -6960,13 +6960,24 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
     if ((flags & CAPEX_OPTIM_STATE_PARAMS) && h->host_block && !h->host_block_params)
         return capex__fail(CAPEX_ERR_ORDER, "%s: the host optimizer holds no weights (made by to_host without "
                            "CAPEX_OPTIM_STATE_PARAMS and not loaded with it); copying would zero the device weights", fn);
-    if (h->desc.kind != o->desc.kind || (h->desc.adam_w_mode != 0) != (o->desc.adam_w_mode != 0) ||
-        (h->desc.use_nvlamb != 0) != (o->desc.use_nvlamb != 0) ||
-        (h->desc.wd_after_momentum != 0) != (o->desc.wd_after_momentum != 0) ||
-        (h->desc.stochastic_rounding != 0) != (o->desc.stochastic_rounding != 0) ||
-        (h->desc.reg_inside_moment != 0) != (o->desc.reg_inside_moment != 0) ||
-        (h->desc.init_zero != 0) != (o->desc.init_zero != 0) || h->desc.norm_type != o->desc.norm_type)
-        return capex__fail(CAPEX_ERR_CONFIG, "%s: the host optimizer's kind or modes differ from the device optimizer's", fn);
+    {   /* named: a host copy that capex_optim_load filled has the file's modes */
+        const char *names[8] = {"kind", "adam_w_mode", "use_nvlamb", "wd_after_momentum", "stochastic_rounding",
+                                "reg_inside_moment", "init_zero", "norm_type"};
+        int hv[8], dv[8], i;
+        hv[0] = (int)h->desc.kind; dv[0] = (int)o->desc.kind;
+        hv[1] = h->desc.adam_w_mode != 0; dv[1] = o->desc.adam_w_mode != 0;
+        hv[2] = h->desc.use_nvlamb != 0; dv[2] = o->desc.use_nvlamb != 0;
+        hv[3] = h->desc.wd_after_momentum != 0; dv[3] = o->desc.wd_after_momentum != 0;
+        hv[4] = h->desc.stochastic_rounding != 0; dv[4] = o->desc.stochastic_rounding != 0;
+        hv[5] = h->desc.reg_inside_moment != 0; dv[5] = o->desc.reg_inside_moment != 0;
+        hv[6] = h->desc.init_zero != 0; dv[6] = o->desc.init_zero != 0;
+        hv[7] = h->desc.norm_type; dv[7] = o->desc.norm_type;
+        for (i = 0; i < 8; i++)
+            if (hv[i] != dv[i])
+                return capex__fail(CAPEX_ERR_CONFIG, "%s: the host optimizer has %s %d, the device optimizer %d; create the "
+                                   "device optimizer with the host's (a loaded file's) kind and modes", fn, names[i], hv[i],
+                                   dv[i]);
+    }
     if (h->ngroups != o->ngroups || h->ntensors != o->nt)
         return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "%s: host optimizer has %zu groups / %zu params, device %zu / %zu", fn,
                            h->ngroups, h->ntensors, o->ngroups, o->nt);
