@@ -1168,7 +1168,8 @@ CAPEX_API capex_result capex_optim_get_max_exp_avg_sq(const capex_optim *opt, si
                                                       float **max_exp_avg_sq);
 
 /* Flag of the optimizer save/load functions below, capex_zero_save/load and
-   capex_cuda_optim_to_host/from_host: the weights too (kept under CAPEX_NO_STATE). */
+   capex_cuda_optim_to_host/from_host: the weights too (kept under CAPEX_NO_STATE).
+   They refuse other bits (CAPEX_ERR_INVALID_ARG). */
 #define CAPEX_OPTIM_STATE_PARAMS 1u
 #ifndef CAPEX_NO_STATE /* CAPEX_NO_STATE: no optimizer save/load (they need the state files) */
 /* ---- optimizer state save/restore (State files container) -----------------
@@ -1883,7 +1884,9 @@ CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
    changes (capex_optim_load's checks). With CAPEX_OPTIM_STATE_PARAMS the
    fp32 masters and params (and half model copies, into params[i].data) are
    restored bit for bit; without it the masters are rebuilt from the
-   params' data as they are. */
+   params' data as they are. An I/O error while the params' data is being
+   written (the host zero) leaves it half-loaded: step and save then return
+   CAPEX_ERR_ORDER until a load succeeds. */
 CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags);
 CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags);
 /* One file holding only this optimizer (prefix "optim"); rank 0 writes it
@@ -7844,6 +7847,14 @@ static capex_result capex__optim_opt_f32(capex_state_reader *rd, const char *nm,
     return CAPEX_OK;
 }
 
+/* Bits this capex does not know are refused: a caller's mistake is not ignored. */
+static capex_result capex__optim_flags_ok(unsigned flags, const char *fn) {
+    if (flags & ~CAPEX_OPTIM_STATE_PARAMS)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: unknown flags 0x%x (only CAPEX_OPTIM_STATE_PARAMS)", fn,
+                           flags & ~CAPEX_OPTIM_STATE_PARAMS);
+    return CAPEX_OK;
+}
+
 CAPEX_API capex_result capex_optim_save(const capex_optim *o, capex_state_writer *w, const char *prefix,
                                         unsigned flags) {
     char nm[CAPEX__OPT_NAME_MAX];
@@ -7851,6 +7862,7 @@ CAPEX_API capex_result capex_optim_save(const capex_optim *o, capex_state_writer
     size_t g, k;
     int64_t shape;
     if (!o || !w) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_save: optimizer or writer is NULL");
+    if ((r = capex__optim_flags_ok(flags, "capex_optim_save")) != CAPEX_OK) return r;
     if (o->broken) /* it holds part of the failed load's state and part of the old one */
         return capex__fail(CAPEX_ERR_ORDER, "capex_optim_save: a state load failed part-way (I/O error); load the "
                            "state again before saving");
@@ -7977,6 +7989,7 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
     int64_t *steps = NULL;
     const capex_allocator *a;
     if (!o || !rd) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_load: optimizer or reader is NULL");
+    if ((r = capex__optim_flags_ok(flags, "capex_optim_load")) != CAPEX_OK) return r;
     if (!prefix) prefix = "optim";
     a = capex__optim_alloc(o);
     /* 1. optimizer-wide settings */
@@ -12672,6 +12685,10 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
        unsharded copy, the buffers), then one small agreement: a rank that
        failed here fails every rank at once, none left in the all-gathers */
     if (z->has_dev) r = z->dev.to_host(z->dev.user, CAPEX_OPTIM_STATE_PARAMS, &z->opt);
+    if (r == CAPEX_OK) r = capex__optim_flags_ok(flags, fn); /* before the agreement: every rank fails alike */
+    if (r == CAPEX_OK && !z->has_dev && z->opt->broken)
+        r = capex__fail(CAPEX_ERR_ORDER, "%s: a state load failed part-way (I/O error); load the state again before "
+                        "saving", fn);
     if (r == CAPEX_OK && root) r = capex__zero_full_optim(z, &z->save_tmp, &z->save_masters, &z->save_host);
     for (k = 0; k < z->nb; k++) if (z->b[k].shard > maxshard) maxshard = z->b[k].shard;
     if (r == CAPEX_OK) {
@@ -12791,6 +12808,7 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
     capex_result r = capex__zero_check(z, fn);
     if (r) return r;
     if (!rd) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: reader is NULL", fn);
+    if ((r = capex__optim_flags_ok(flags, fn)) != CAPEX_OK) return r;
     if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
     {   /* stochastic rounding keys a piece by its element offset in 32 bits (create's
            check), and the device zero has none: refused before anything changes */
@@ -12809,7 +12827,13 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
     /* the full optimizer checks everything before it changes anything; with
        CAPEX_OPTIM_STATE_PARAMS it writes the params' data (f32 params and
        half model copies) directly */
-    if ((r = capex_optim_load(full, rd, prefix, flags)) != CAPEX_OK) goto done;
+    if ((r = capex_optim_load(full, rd, prefix, flags)) != CAPEX_OK) {
+        /* cut by an I/O error while it wrote the params' data: half loaded,
+           so the pieces refuse to step and save until a load succeeds */
+        if (full->broken && (flags & CAPEX_OPTIM_STATE_PARAMS) && !z->has_dev) z->opt->broken = 1;
+        goto done;
+    }
+    if (!z->has_dev) z->opt->broken = 0;
     for (j = 0; j < z->npieces; j++) {
         size_t i = z->piece_param[j], gi, ki, fi = capex__zero_full_index(z, i);
         capex__zero_piece_pos(z, j, &gi, &ki);

@@ -171,9 +171,15 @@ static void check_loaded(int c, unsigned flags, frig *r) {
     snap_take(&a, r, 0);
     snap_take(&b, &r2, 0);
     CAPEX_FUZZ_REQUIRE(a.n == b.n && memcmp(a.b, b.b, a.n) == 0);
-    /* and it steps (at the bound: refused, nothing changes) */
-    rc = capex_optim_step(r->opt, 1.0f, 1.0f, 0);
-    CAPEX_FUZZ_REQUIRE(rc == CAPEX_OK || rc == CAPEX_ERR_LIMIT);
+    /* and it steps (at the bound, or where the file's lr schedule gives a
+       non-finite lr: refused, nothing changes) */
+    {
+        int lr_bad = 0;
+        float lr;
+        for (g = 0; g < o->ngroups; g++) lr_bad |= capex_optim_get_lr(o, g, &lr) != CAPEX_OK;
+        rc = capex_optim_step(r->opt, 1.0f, 1.0f, 0);
+        CAPEX_FUZZ_REQUIRE(rc == CAPEX_OK || rc == CAPEX_ERR_LIMIT || (lr_bad && rc == CAPEX_ERR_INVALID_ARG));
+    }
     capex_optim_destroy(r2.opt);
     free(a.b);
     free(b.b);
@@ -217,14 +223,15 @@ static void capex_fuzz_optim_load(const uint8_t *data, size_t size) {
 #ifdef CAPEX_FUZZ_GEN
 /* Seeds: each rig after a few steps, with and without the weights, in a
    file that also holds a loss scaler (a real checkpoint); one with a step
-   count just below the bound. Each must load into its rig and pass the
-   target's checks. */
+   count just below the bound; one with an lr schedule attached (a kind per
+   rig: the schedule's loader is fuzzed too). Each must load into its rig and
+   pass the target's checks. */
 int main(int argc, char **argv) {
     int c, f;
     const char *names[NRIG] = {"adam", "lamb", "sgd", "novograd", "adagrad", "amsgrad"};
     if (argc != 2) { fprintf(stderr, "usage: %s DIR\n", argv[0]); return 2; }
     for (c = 0; c < NRIG; c++)
-        for (f = 0; f < 3; f++) {
+        for (f = 0; f < 4; f++) {
             frig r;
             capex_state_writer *w = NULL;
             capex_state_reader *rd = NULL;
@@ -236,6 +243,18 @@ int main(int argc, char **argv) {
             char name[64];
             int s;
             frig_make(&r, c);
+            if (f == 3) {
+                static const capex_lr_kind kinds[NRIG] = {CAPEX_LR_COSINE, CAPEX_LR_ONECYCLE, CAPEX_LR_MULTISTEP,
+                                                          CAPEX_LR_POLYNOMIAL, CAPEX_LR_STEP, CAPEX_LR_EXPONENTIAL};
+                capex_lr_schedule ls;
+                capex_lr_schedule_init(&ls, kinds[c]);
+                ls.total_steps = 40;
+                if (kinds[c] != CAPEX_LR_ONECYCLE) { ls.warmup_steps = 2; ls.warmup_start_factor = 0.25; }
+                if (kinds[c] == CAPEX_LR_MULTISTEP) { ls.num_milestones = 2; ls.milestones[0] = 3; ls.milestones[1] = 9; }
+                if (kinds[c] == CAPEX_LR_STEP) ls.step_size = 2;
+                if (kinds[c] == CAPEX_LR_ONECYCLE) ls.three_phase = 1;
+                CAPEX_FUZZ_REQUIRE(capex_optim_set_lr_schedule(r.opt, &ls) == CAPEX_OK);
+            }
             for (s = 0; s < 3; s++) capex_optim_step(r.opt, 0.5f, 1.0f, 0);
             if (f == 2) r.opt->groups[0].step = CAPEX_STEP_MAX - 1; /* near the bound */
             capex_scaler_desc_init(&sd);
@@ -243,7 +262,7 @@ int main(int argc, char **argv) {
             capex_state_writer_create(NULL, &w);
             CAPEX_FUZZ_REQUIRE(capex_optim_save(r.opt, w, NULL, flags) == CAPEX_OK);
             CAPEX_FUZZ_REQUIRE(capex_scaler_save(&sc, w, "scaler.0.") == CAPEX_OK);
-            snprintf(name, sizeof name, "%s_%s.safetensors", names[c], f == 1 ? "moments" : f == 2 ? "bigstep" : "params");
+            snprintf(name, sizeof name, "%s_%s.safetensors", names[c], f == 1 ? "moments" : f == 2 ? "bigstep" : f == 3 ? "sched" : "params");
             buf = capex_fuzz_write_seed(w, argv[1], name, &len);
             capex_state_writer_destroy(w);
             capex_optim_destroy(r.opt);

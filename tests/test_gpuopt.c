@@ -398,6 +398,36 @@ CT_TEST(optimizer_argument_errors) {
              CAPEX_OK, "%s", capex_last_error());
     CT_CHECK(capex_cuda_optim_set_hparams(o, 1, &hp, NULL) == CAPEX_ERR_CONFIG, "momentum on, empty group");
     CT_CHECK(capex_cuda_optim_set_hparams(o, 2, &hp, NULL) == CAPEX_ERR_CONFIG, "momentum on, a group of empty params");
+    {   /* nor from_host: a host optimizer whose empty groups have momentum (no buffers to
+           compare) was taken before 2026-11-28, leaving momentum on where set_hparams refuses it */
+        capex_optim *h = NULL;
+        capex_optim_hparams h0 = d.defaults;
+        int g;
+        p.numel = 4;
+        CT_CHECK(capex_optim_create(&d, &h) == CAPEX_OK && capex_optim_add_group(h, &h0, &p, 1, NULL) == CAPEX_OK, "%s",
+                 capex_last_error());
+        p.numel = 0;
+        for (g = 1; g < 3 && !ct->failed; g++)
+            CT_CHECK(capex_optim_add_group(h, &hp, &p, g == 1 ? 0 : 1, NULL) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_cuda_optim_from_host(o, h, 0, NULL) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "momentum"),
+                 "momentum on from the host, empty groups: %s", capex_last_error());
+        CT_CHECK(capex_optim_set_hparams(h, 2, &h0) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_cuda_optim_from_host(o, h, 0, NULL) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "momentum"),
+                 "momentum on from the host, an empty group: %s", capex_last_error());
+        CT_CHECK(capex_optim_set_hparams(h, 1, &h0) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_cuda_optim_from_host(o, h, 0, NULL) == CAPEX_OK, "the same without momentum: %s", capex_last_error());
+        CT_CHECK(capex_cuda_optim_from_host(o, h, 4u, NULL) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "flags"),
+                 "from_host, unknown flags: %s", capex_last_error());
+        /* a mode that differs is named (capex_optim_load gives the host copy the file's modes) */
+        h->desc.wd_after_momentum = 1;
+        CT_CHECK(capex_cuda_optim_from_host(o, h, 0, NULL) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "wd_after_momentum 1"),
+                 "from_host, another mode: %s", capex_last_error());
+        capex_optim_destroy(h);
+        h = (capex_optim *)1;
+        CT_CHECK(capex_cuda_optim_to_host(o, 4u, NULL, &h) == CAPEX_ERR_INVALID_ARG && !h && strstr(capex_last_error(), "flags"),
+                 "to_host, unknown flags: %s", capex_last_error());
+        capex_optim_destroy(h);
+    }
     capex_cuda_optim_destroy(o);
     {
         capex_scaler_desc sd;

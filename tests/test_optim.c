@@ -992,7 +992,21 @@ CT_TEST(load_validates_before_changing) {
         capex_state_reader_open_memory(nopar, len2, 0, NULL, &rd);
         CT_CHECK(capex_optim_load(b.opt, rd, "other", 0) == CAPEX_ERR_NOT_FOUND, "prefix: %.300s", capex_last_error());
         CT_CHECK(capex_optim_load(NULL, rd, NULL, 0) == CAPEX_ERR_INVALID_ARG, "NULL optimizer");
+        /* flags it does not know are refused, not ignored (before 2026-11-28 they were: a
+           caller's mistaken bit, e.g. CAPEX_STATE_OPEN_FOREIGN's value 1 is ours, passed) */
+        CT_CHECK(capex_optim_load(b.opt, rd, NULL, 2u) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "flags"),
+                 "unknown load flags: %.300s", capex_last_error());
         capex_state_reader_close(rd);
+    }
+    {
+        capex_state_writer *w;
+        size_t n0 = 0, n1 = 1;
+        CT_CHECK(capex_state_writer_create(NULL, &w) == CAPEX_OK && capex_state_write_memory(w, NULL, 0, &n0) == CAPEX_OK,
+                 "%.300s", capex_last_error());
+        CT_CHECK(capex_optim_save(b.opt, w, NULL, 0x80u | CAPEX_OPTIM_STATE_PARAMS) == CAPEX_ERR_INVALID_ARG &&
+                 strstr(capex_last_error(), "flags"), "unknown save flags: %.300s", capex_last_error());
+        CT_CHECK(capex_state_write_memory(w, NULL, 0, &n1) == CAPEX_OK && n1 == n0, "a refused save added entries");
+        capex_state_writer_destroy(w);
     }
     /* file round trip */
     snprintf(path, sizeof path, "/tmp/capex_optim_test_%ld.safetensors", (long)(uintptr_t)&path % 100000);
