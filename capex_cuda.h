@@ -8407,7 +8407,9 @@ CAPEX__PRIVATE capex_result capex__cuda_norm_check(const char *fn, const capex_n
     h.mean = (float *)(uintptr_t)a->mean; h.rstd = (float *)(uintptr_t)a->rstd;
     h.dy = (const void *)(uintptr_t)a->dy; h.dx = (void *)(uintptr_t)a->dx;
     h.dweight = (void *)(uintptr_t)a->dweight; h.dbias = (void *)(uintptr_t)a->dbias;
-    return capex__nm_check(fn, d, &h, rms, bwd);
+    /* the workspace takes part in the aliasing rule where the call writes it */
+    return capex__nm_check_ws(fn, d, &h, rms, bwd, bwd && (a->dweight || a->dbias) ? a->workspace : 0,
+                              capex_cuda_norm_workspace_bytes(a->rows, a->cols));
 }
 
 CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char *fn, const capex_norm_desc *d,
@@ -8541,10 +8543,14 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_check(const char *fn, capex_cuda_cont
     h.dweight = (void *)(uintptr_t)a->dweight; h.dbias = (void *)(uintptr_t)a->dbias;
 #ifdef CAPEX_NO_DIST /* no SyncBatchNorm: capex__bn_check refuses a comm */
     (void)stream;
-    if ((r = capex__bn_check(fn, d, comm, &h, bwd)) != CAPEX_OK) return r;
+    if ((r = capex__bn_check_ws(fn, d, comm, &h, bwd, a->workspace, capex_cuda_batch_norm_workspace_bytes(a->c, 1))) !=
+        CAPEX_OK)
+        return r;
 #else
     if (comm) { hc = *comm; hc.device_buffers = 0; } /* device comms are fine here */
-    if ((r = capex__bn_check(fn, d, comm ? &hc : NULL, &h, bwd)) != CAPEX_OK) return r;
+    if ((r = capex__bn_check_ws(fn, d, comm ? &hc : NULL, &h, bwd, a->workspace,
+                                capex_cuda_batch_norm_workspace_bytes(a->c, capex__bn_world(comm)))) != CAPEX_OK)
+        return r;
 #endif
     if (!a->save_mean || !a->save_invstd || !a->workspace)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: save_mean, save_invstd and workspace (capex_cuda_batch_norm_"

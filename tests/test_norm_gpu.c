@@ -793,10 +793,11 @@ CT_TEST(gpu_norm_backward_refuses_long_rows_before_dx) {
     capex_cuda_norm_args_init(&g);
     g.rows = 1;
     g.cols = ((int64_t)1 << 42) + 1; /* 2^34 blocks of 256 for the dweight partials */
-    g.x = (capex_cuda_ptr)0x100000000000ull; g.dy = (capex_cuda_ptr)0x200000000000ull;
-    g.mean = (capex_cuda_ptr)0x300000000000ull; g.rstd = (capex_cuda_ptr)0x300000001000ull;
-    g.weight = (capex_cuda_ptr)0x400000000000ull; g.dweight = (capex_cuda_ptr)0x500000000000ull;
-    g.dx = (capex_cuda_ptr)0x600000000000ull; g.workspace = (capex_cuda_ptr)0x700000000000ull;
+    /* 2^45 apart: disjoint (x, dy, dx, weight, dweight are 2^44 + 4 bytes, the workspace 2^45 + 8) */
+    g.x = (capex_cuda_ptr)0x100000000000ull; g.dy = (capex_cuda_ptr)0x300000000000ull;
+    g.mean = (capex_cuda_ptr)0x500000000000ull; g.rstd = (capex_cuda_ptr)0x500000001000ull;
+    g.weight = (capex_cuda_ptr)0x700000000000ull; g.dweight = (capex_cuda_ptr)0x900000000000ull;
+    g.dx = (capex_cuda_ptr)0xb00000000000ull; g.workspace = (capex_cuda_ptr)0xd00000000000ull;
     r = capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL);
     CT_CHECK(r == CAPEX_ERR_LIMIT && strstr(capex_last_error(), "too many columns"), "%s: %s", capex_result_string(r),
              capex_last_error());
