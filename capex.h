@@ -1993,10 +1993,21 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
    it), save_mean 0, save_invstd 1/sqrt(eps), total_count 0; its backward
    writes dweight and dbias as 0.
 
+   Aliasing (every norm call, CPU and GPU): no output (y, mean, rstd,
+   save_mean, save_invstd, running statistics in training, dx, dweight,
+   dbias; the GPU workspace) may share a byte with an input the call reads or
+   with another output, partly or wholly; the one exception is forward in
+   place, y == x exactly with x_dtype == y_dtype (LayerNorm, RMSNorm,
+   BatchNorm), which gives the out-of-place bits: a row (BatchNorm: all of x)
+   is read before any of it is written. Backward never runs in place (the GPU
+   re-reads dy and x for dweight after writing dx). A violation is
+   CAPEX_ERR_INVALID_ARG naming both buffers; buffers a call ignores (y in
+   backward, dy in forward) do not count.
+
    Errors: zero columns/channels, NULL pointers, NaN or negative eps,
-   momentum outside [0, 1], bad dtypes, a batch of exactly 1 value per channel
-   taking batch statistics (PyTorch's error), a SyncBatchNorm batch empty on
-   every rank give CAPEX_ERR_INVALID_ARG /
+   momentum outside [0, 1], bad dtypes, overlapping buffers (above), a
+   batch of exactly 1 value per channel taking batch statistics (PyTorch's
+   error), a SyncBatchNorm batch empty on every rank give CAPEX_ERR_INVALID_ARG /
    CAPEX_ERR_SIZE_MISMATCH with the reason; nothing is written then.
    Results are identical with and without OpenMP and for any thread count
    (fixed reduction blocks). Thread safety: reentrant; concurrent calls need

@@ -747,6 +747,11 @@ CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *z, capex_cuda
    or block per row), so results match the CPU to rounding, not in bits.
    Semantics, dtypes and argument rules: capex.h's Norms section. LayerNorm
    forward takes rows of at most 2^32 columns (CAPEX_ERR_LIMIT beyond).
+   Aliasing as capex.h's (checked on the host, before any launch): outputs
+   overlap nothing, the workspace counts as an output, and only forward
+   y == x with x_dtype == y_dtype runs in place (the same bits: a warp or
+   block has read its whole row before the reduction's sync, and each y
+   element is then written by the thread that read its x).
 
        capex_cuda_norm_args a; capex_cuda_norm_args_init(&a);
        a.rows = T; a.cols = D; a.x_dtype = a.y_dtype = CAPEX_BF16;
