@@ -1999,8 +1999,9 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
    with another output, partly or wholly; the one exception is forward in
    place, y == x exactly with x_dtype == y_dtype (LayerNorm, RMSNorm,
    BatchNorm), which gives the out-of-place bits: a row (BatchNorm: all of x)
-   is read before any of it is written. Backward never runs in place (the GPU
-   re-reads dy and x for dweight after writing dx). A violation is
+   is read before any of it is written. Backward never runs in place (one
+   rule for all: the GPU LayerNorm/RMSNorm backward re-reads dy and x for
+   dweight after writing dx). A violation is
    CAPEX_ERR_INVALID_ARG naming both buffers; buffers a call ignores (y in
    backward, dy in forward) do not count.
 
