@@ -7,7 +7,9 @@
    path (outputs poisoned and checked untouched), bits independent of the
    thread count, and SyncBatchNorm over 2 and 3 in-process ranks (threads, a
    test comm) with unequal and empty batches equal to BatchNorm on the
-   concatenated batch. NORM_HASH=1 prints a checksum of fixed outputs
+   concatenated batch; the aliasing rule (every overlapping output refused
+   with nothing written; forward in place gives the out-of-place bits).
+   NORM_HASH=1 prints a checksum of fixed outputs
    (tests/norm.mk compares builds with and without OpenMP). */
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"

@@ -6,7 +6,8 @@
    SyncBatchNorm over a world of one, and over an NCCL comm of two forked
    ranks (the stand-in NCCL on the emulator: inputs written and outputs read
    on the comm's user stream, as the NCCL section promises). Outputs are
-   poisoned first. Every GPU test skips without a GPU; the argument checks
+   poisoned first. The aliasing rule: overlaps refused before any launch,
+   forward in place equal to out of place bit for bit. Every GPU test skips without a GPU; the argument checks
    run everywhere. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
