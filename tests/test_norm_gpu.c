@@ -1078,7 +1078,7 @@ CT_TEST(gpu_norm_forward_in_place_same_bits) {
                 const int64_t Nn = 5, C = 6, S = 9, N = Nn * C * S;
                 const size_t es = capex_dtype_size(t), wsb = capex_cuda_batch_norm_workspace_bytes(C, 1);
                 void *x = malloc((size_t)N * es), *y0 = malloc((size_t)N * es), *y1 = malloc((size_t)N * es);
-                float w[6], bb[6], rs[12], st0[24], st1[24];
+                float w[6], bb[6], rs[24] = {0}, st0[24], st1[24]; /* running mean, var; save mean, invstd */
                 capex_batch_norm_desc d;
                 capex_cuda_batch_norm_args g;
                 capex_cuda_ptr gx, gy, gi, s0, s1, ws0, ws1;
