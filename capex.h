@@ -1993,10 +1993,22 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
    it), save_mean 0, save_invstd 1/sqrt(eps), total_count 0; its backward
    writes dweight and dbias as 0.
 
+   Aliasing (every norm call, CPU and GPU): no output (y, mean, rstd,
+   save_mean, save_invstd, running statistics in training, dx, dweight,
+   dbias; the GPU workspace) may share a byte with an input the call reads or
+   with another output, partly or wholly; the one exception is forward in
+   place, y == x exactly with x_dtype == y_dtype (LayerNorm, RMSNorm,
+   BatchNorm), which gives the out-of-place bits: a row (BatchNorm: all of x)
+   is read before any of it is written. Backward never runs in place (one
+   rule for all: the GPU LayerNorm/RMSNorm backward re-reads dy and x for
+   dweight after writing dx). A violation is
+   CAPEX_ERR_INVALID_ARG naming both buffers; buffers a call ignores (y in
+   backward, dy in forward) do not count.
+
    Errors: zero columns/channels, NULL pointers, NaN or negative eps,
-   momentum outside [0, 1], bad dtypes, a batch of exactly 1 value per channel
-   taking batch statistics (PyTorch's error), a SyncBatchNorm batch empty on
-   every rank give CAPEX_ERR_INVALID_ARG /
+   momentum outside [0, 1], bad dtypes, overlapping buffers (above), a
+   batch of exactly 1 value per channel taking batch statistics (PyTorch's
+   error), a SyncBatchNorm batch empty on every rank give CAPEX_ERR_INVALID_ARG /
    CAPEX_ERR_SIZE_MISMATCH with the reason; nothing is written then.
    Results are identical with and without OpenMP and for any thread count
    (fixed reduction blocks). Thread safety: reentrant; concurrent calls need
@@ -13368,6 +13380,57 @@ static capex_result capex__nm_ptr(const char *fn, const char *name, const void *
                            capex_dtype_name(t));
     return CAPEX_OK;
 }
+/* The aliasing rule of every norm call (CPU and GPU): an output may share no
+   byte with an input or another output, except forward y == x exactly with
+   x_dtype == y_dtype (in place). Forward reads a whole row (LayerNorm/RMSNorm)
+   or all of x (BatchNorm's statistics pass) before writing any of y, and each
+   y element is computed from the x element at its own index only: in place
+   is safe there and nowhere else (partly overlapping rows race across threads;
+   the GPU backward re-reads dy and x for dweight after dx is written). Only
+   buffers the call reads or writes take part: [p, p + bytes), end clamped
+   against wrap. */
+typedef struct capex__nm_buf {
+    const char *name;
+    uint64_t p, bytes;
+    int out, in_place; /* in_place: y or x of a same-dtype forward */
+} capex__nm_buf;
+CAPEX__PRIVATE void capex__nm_buf_bytes(capex__nm_buf *b, int *n, const char *name, uint64_t p, uint64_t bytes, int out,
+                                        int in_place) {
+    if (!p || !bytes) return; /* absent or empty: shares no byte */
+    b[*n].name = name; b[*n].p = p; b[*n].bytes = bytes; b[*n].out = out; b[*n].in_place = in_place;
+    ++*n;
+}
+static void capex__nm_buf_add(capex__nm_buf *b, int *n, const char *name, const void *p, int64_t count, capex_dtype t,
+                              int out, int in_place) {
+    if (count > 0) /* counts checked by the caller: count * 4 does not wrap */
+        capex__nm_buf_bytes(b, n, name, (uint64_t)(uintptr_t)p, (uint64_t)count * capex_dtype_size(t), out, in_place);
+}
+CAPEX__PRIVATE capex_result capex__nm_overlap(const char *fn, const capex__nm_buf *b, int n) {
+    int i, j;
+    for (i = 0; i < n; i++) {
+        uint64_t ei = b[i].p > UINT64_MAX - b[i].bytes ? UINT64_MAX : b[i].p + b[i].bytes;
+        if (!b[i].out) continue;
+        for (j = 0; j < n; j++) {
+            uint64_t ej = b[j].p > UINT64_MAX - b[j].bytes ? UINT64_MAX : b[j].p + b[j].bytes;
+            if (j == i || (b[j].out && j < i)) continue; /* each pair of outputs once */
+            if (b[i].p >= ej || b[j].p >= ei) continue;
+            if (b[i].in_place && b[j].in_place && b[i].p == b[j].p && b[i].bytes == b[j].bytes) continue;
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: %s [0x%llx, +%llu bytes) overlaps %s [0x%llx, +%llu bytes); "
+                               "outputs may share no memory with an input or another output (only forward y == x "
+                               "with x_dtype == y_dtype runs in place)", fn, b[i].name, (unsigned long long)b[i].p,
+                               (unsigned long long)b[i].bytes, b[j].name, (unsigned long long)b[j].p,
+                               (unsigned long long)b[j].bytes);
+        }
+    }
+    return CAPEX_OK;
+}
+/* Row p[off, off+n) as f32, always a copy in buf: in place (y == x, f32) the
+   output row is then computed over memory no restrict pointer reads. */
+static const float *capex__nm_load_copy(const void *p, capex_dtype t, int64_t off, int64_t n, float *buf) {
+    if (t == CAPEX_F32) { memcpy(buf, (const float *)p + off, (size_t)n * sizeof(float)); return buf; }
+    return capex__nm_load(p, t, off, n, buf);
+}
+
 /* Params as f32 arrays (weight 1 and bias 0 when absent) in buf[2 * n]. */
 static void capex__nm_params(const void *w, const void *b, capex_dtype t, int64_t n, float *buf, const float **wf,
                              const float **bf) {
@@ -13388,6 +13451,7 @@ typedef struct capex__nm_ctx {
     float *pw, *pb;         /* backward: per-block partial dweight / dbias, or NULL */
     int64_t brows;          /* backward: rows per block */
     int stream_dx;          /* backward: f32 dx of >= CAPEX__NM_STREAM_BYTES, non-temporal stores */
+    int in_place;           /* forward y == x: each row read from a copy */
 } capex__nm_ctx;
 /* dx at least this large is written with non-temporal stores: a quarter of a
    typical server L3 and far past any L2; LayerNorm backward reads twice as
@@ -13395,10 +13459,13 @@ typedef struct capex__nm_ctx {
    evicted before the next layer reads it anyway. */
 #define CAPEX__NM_STREAM_BYTES ((int64_t)8 << 20)
 
-static capex_result capex__nm_check(const char *fn, const capex_norm_desc *d, const capex_norm_args *a, int rms,
-                                    int bwd) {
+/* ws, ws_bytes: the GPU backward's workspace (an output), else 0. */
+CAPEX__PRIVATE capex_result capex__nm_check_ws(const char *fn, const capex_norm_desc *d, const capex_norm_args *a, int rms,
+                                               int bwd, uint64_t ws, uint64_t ws_bytes) {
     capex_result r;
-    int need = a && a->rows > 0;
+    capex__nm_buf bl[9];
+    int need = a && a->rows > 0, nb = 0;
+    int64_t rc;
     if (!a) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: args is NULL", fn);
     if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_NORM_DESC, fn, "capex_norm_desc", "capex_norm_desc_init")) !=
             CAPEX_OK ||
@@ -13420,10 +13487,18 @@ static capex_result capex__nm_check(const char *fn, const capex_norm_desc *d, co
     if ((r = capex__nm_ptr(fn, "x", a->x, a->x_dtype, need)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "weight", a->weight, a->param_dtype, 0)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "bias", a->bias, a->param_dtype, 0)) != CAPEX_OK) return r;
+    rc = a->rows * a->cols;
+    capex__nm_buf_add(bl, &nb, "x", a->x, rc, a->x_dtype, 0, !bwd && a->x_dtype == a->y_dtype);
+    capex__nm_buf_add(bl, &nb, "weight", a->weight, a->cols, a->param_dtype, 0, 0);
     if (!bwd) {
         if ((r = capex__nm_ptr(fn, "y", a->y, a->y_dtype, need)) != CAPEX_OK) return r;
         if ((r = capex__nm_ptr(fn, "mean", a->mean, CAPEX_F32, 0)) != CAPEX_OK) return r;
-        return capex__nm_ptr(fn, "rstd", a->rstd, CAPEX_F32, 0);
+        if ((r = capex__nm_ptr(fn, "rstd", a->rstd, CAPEX_F32, 0)) != CAPEX_OK) return r;
+        capex__nm_buf_add(bl, &nb, "bias", a->bias, a->cols, a->param_dtype, 0, 0);
+        capex__nm_buf_add(bl, &nb, "y", a->y, rc, a->y_dtype, 1, a->x_dtype == a->y_dtype);
+        capex__nm_buf_add(bl, &nb, "mean", a->mean, a->rows, CAPEX_F32, 1, 0);
+        capex__nm_buf_add(bl, &nb, "rstd", a->rstd, a->rows, CAPEX_F32, 1, 0);
+        return capex__nm_overlap(fn, bl, nb);
     }
     if ((r = capex__nm_ptr(fn, "dy", a->dy, a->y_dtype, need)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "rstd (saved by forward)", a->rstd, CAPEX_F32, need)) != CAPEX_OK) return r;
@@ -13434,7 +13509,19 @@ static capex_result capex__nm_check(const char *fn, const capex_norm_desc *d, co
     if (a->dweight && !a->weight)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: dweight given without weight (no affine: pass dweight NULL)", fn);
     /* dbias without weight is fine: torch's layer_norm(weight=None, bias=b) has a bias grad, sum(dy) */
-    return CAPEX_OK;
+    /* backward reads x, dy, weight, rstd and (LayerNorm) mean; y and bias are not read */
+    capex__nm_buf_add(bl, &nb, "dy", a->dy, rc, a->y_dtype, 0, 0);
+    if (!rms) capex__nm_buf_add(bl, &nb, "mean", a->mean, a->rows, CAPEX_F32, 0, 0);
+    capex__nm_buf_add(bl, &nb, "rstd", a->rstd, a->rows, CAPEX_F32, 0, 0);
+    capex__nm_buf_add(bl, &nb, "dx", a->dx, rc, a->x_dtype, 1, 0);
+    capex__nm_buf_add(bl, &nb, "dweight", a->dweight, a->cols, a->param_dtype, 1, 0);
+    capex__nm_buf_add(bl, &nb, "dbias", a->dbias, a->cols, a->param_dtype, 1, 0);
+    capex__nm_buf_bytes(bl, &nb, "workspace", ws, ws_bytes, 1, 0);
+    return capex__nm_overlap(fn, bl, nb);
+}
+static capex_result capex__nm_check(const char *fn, const capex_norm_desc *d, const capex_norm_args *a, int rms,
+                                    int bwd) {
+    return capex__nm_check_ws(fn, d, a, rms, bwd, 0, 0);
 }
 
 static void capex__nm_fwd_rows(void *vc, int64_t begin, int64_t end, float *scratch) {
@@ -13444,7 +13531,8 @@ static void capex__nm_fwd_rows(void *vc, int64_t begin, int64_t end, float *scra
     const float *CAPEX__OPT_RESTRICT wf = c->wf, *CAPEX__OPT_RESTRICT bf = c->bf;
     int64_t row, i;
     for (row = begin; row < end; row++) {
-        const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * n, n, scratch);
+        const float *CAPEX__OPT_RESTRICT x = c->in_place ? capex__nm_load_copy(a->x, a->x_dtype, row * n, n, scratch)
+                                                         : capex__nm_load(a->x, a->x_dtype, row * n, n, scratch);
         float *CAPEX__OPT_RESTRICT y = capex__nm_out(a->y, a->y_dtype, row * n, scratch + n);
         float mean = 0.0f, var, rstd;
         if (c->rms) var = capex__nm_dot(x, x, n) / (float)n;
@@ -13532,7 +13620,7 @@ static capex_result capex__nm_norm(const char *fn, const capex_norm_desc *d, con
     }
     n = a->cols;
     memset(&c, 0, sizeof c);
-    c.a = a; c.eps = d->eps; c.rms = rms;
+    c.a = a; c.eps = d->eps; c.rms = rms; c.in_place = !bwd && a->y == a->x;
     if (bwd) {
         /* fixed blocks (from rows alone): the same partials for any thread count */
         c.stream_dx = a->dx && a->x_dtype == CAPEX_F32 && a->rows * n >= CAPEX__NM_STREAM_BYTES / 4;
@@ -13654,6 +13742,7 @@ typedef struct capex__bn_ctx {
     int eval;                       /* backward by running stats: dx = dy * invstd * w */
     const float *sdy, *sdyx;        /* reduced sums (backward) */
     int64_t brows, rows;            /* NSC: rows per block, rows = N*S */
+    int in_place;                   /* forward y == x: each segment read from a copy */
 } capex__bn_ctx;
 
 /* NCS forward stats: channels [b, e), scratch S floats. */
@@ -13705,7 +13794,8 @@ static void capex__bn_fwd_ncs(void *vc, int64_t b, int64_t e, float *buf) {
     int64_t it, i;
     for (it = b; it < e; it++) {
         const int64_t ch = it % a->c;
-        const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, it * S, S, buf);
+        const float *CAPEX__OPT_RESTRICT x = c->in_place ? capex__nm_load_copy(a->x, a->x_dtype, it * S, S, buf)
+                                                         : capex__nm_load(a->x, a->x_dtype, it * S, S, buf);
         float *CAPEX__OPT_RESTRICT y = capex__nm_out(a->y, a->y_dtype, it * S, buf + S);
         const float m = c->mean[ch], is = c->invstd[ch], w = c->wf[ch], bb = c->bf[ch];
         for (i = 0; i < S; i++) y[i] = capex__nm_ln_y(x[i], m, is, w, bb);
@@ -13720,7 +13810,8 @@ static void capex__bn_fwd_nsc(void *vc, int64_t b, int64_t e, float *buf) {
     const float *CAPEX__OPT_RESTRICT w = c->wf, *CAPEX__OPT_RESTRICT bb = c->bf;
     int64_t row, i;
     for (row = b; row < e; row++) {
-        const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
+        const float *CAPEX__OPT_RESTRICT x = c->in_place ? capex__nm_load_copy(a->x, a->x_dtype, row * C, C, buf)
+                                                         : capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
         float *CAPEX__OPT_RESTRICT y = capex__nm_out(a->y, a->y_dtype, row * C, buf + C);
         for (i = 0; i < C; i++) y[i] = capex__nm_ln_y(x[i], m[i], is[i], w[i], bb[i]);
         capex__nm_store(a->y, a->y_dtype, row * C, C, y);
@@ -13830,10 +13921,13 @@ CAPEX__PRIVATE capex_result capex__bn_collective(capex_comm *comm, int gather, c
 #endif
 }
 
-static capex_result capex__bn_check(const char *fn, const capex_batch_norm_desc *d, capex_comm *comm,
-                                    const capex_batch_norm_args *a, int bwd) {
+/* ws, ws_bytes: the GPU workspace (an output), else 0. */
+CAPEX__PRIVATE capex_result capex__bn_check_ws(const char *fn, const capex_batch_norm_desc *d, capex_comm *comm,
+                                               const capex_batch_norm_args *a, int bwd, uint64_t ws, uint64_t ws_bytes) {
     capex_result r;
-    int need;
+    capex__nm_buf bl[10];
+    int need, nb = 0, run_out;
+    int64_t nx;
     if (!a) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: args is NULL", fn);
     if ((r = capex__desc_check(d->init_tag, CAPEX__TAG_BATCH_NORM_DESC, fn, "capex_batch_norm_desc",
                                "capex_batch_norm_desc_init")) != CAPEX_OK ||
@@ -13874,17 +13968,42 @@ static capex_result capex__bn_check(const char *fn, const capex_batch_norm_desc 
     if ((r = capex__nm_ptr(fn, "bias", a->bias, a->param_dtype, 0)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "running_mean", a->running_mean, a->param_dtype, 0)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "running_var", a->running_var, a->param_dtype, 0)) != CAPEX_OK) return r;
+    nx = a->n * a->c * a->s;
+    capex__nm_buf_add(bl, &nb, "x", a->x, nx, a->x_dtype, 0, !bwd && a->x_dtype == a->y_dtype);
+    capex__nm_buf_add(bl, &nb, "weight", a->weight, a->c, a->param_dtype, 0, 0);
+    capex__nm_buf_bytes(bl, &nb, "workspace", ws, ws_bytes, 1, 0);
     if (!bwd) {
         if ((r = capex__nm_ptr(fn, "y", a->y, a->y_dtype, need)) != CAPEX_OK) return r;
         if ((r = capex__nm_ptr(fn, "save_mean", a->save_mean, CAPEX_F32, 0)) != CAPEX_OK) return r;
-        return capex__nm_ptr(fn, "save_invstd", a->save_invstd, CAPEX_F32, 0);
+        if ((r = capex__nm_ptr(fn, "save_invstd", a->save_invstd, CAPEX_F32, 0)) != CAPEX_OK) return r;
+        /* running statistics: updated in training, read in eval */
+        run_out = d->training != 0;
+        capex__nm_buf_add(bl, &nb, "bias", a->bias, a->c, a->param_dtype, 0, 0);
+        capex__nm_buf_add(bl, &nb, "running_mean", a->running_mean, a->c, a->param_dtype, run_out, 0);
+        capex__nm_buf_add(bl, &nb, "running_var", a->running_var, a->c, a->param_dtype, run_out, 0);
+        capex__nm_buf_add(bl, &nb, "y", a->y, nx, a->y_dtype, 1, a->x_dtype == a->y_dtype);
+        capex__nm_buf_add(bl, &nb, "save_mean", a->save_mean, a->c, CAPEX_F32, 1, 0);
+        capex__nm_buf_add(bl, &nb, "save_invstd", a->save_invstd, a->c, CAPEX_F32, 1, 0);
+        return capex__nm_overlap(fn, bl, nb);
     }
     if ((r = capex__nm_ptr(fn, "dy", a->dy, a->y_dtype, need)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "save_mean (from forward)", a->save_mean, CAPEX_F32, 1)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "save_invstd (from forward)", a->save_invstd, CAPEX_F32, 1)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "dx", a->dx, a->x_dtype, 0)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "dweight", a->dweight, a->param_dtype, 0)) != CAPEX_OK) return r;
-    return capex__nm_ptr(fn, "dbias", a->dbias, a->param_dtype, 0);
+    if ((r = capex__nm_ptr(fn, "dbias", a->dbias, a->param_dtype, 0)) != CAPEX_OK) return r;
+    /* backward reads x, dy, weight, save_mean, save_invstd (the running statistics only as present/absent) */
+    capex__nm_buf_add(bl, &nb, "dy", a->dy, nx, a->y_dtype, 0, 0);
+    capex__nm_buf_add(bl, &nb, "save_mean", a->save_mean, a->c, CAPEX_F32, 0, 0);
+    capex__nm_buf_add(bl, &nb, "save_invstd", a->save_invstd, a->c, CAPEX_F32, 0, 0);
+    capex__nm_buf_add(bl, &nb, "dx", a->dx, nx, a->x_dtype, 1, 0);
+    capex__nm_buf_add(bl, &nb, "dweight", a->dweight, a->c, a->param_dtype, 1, 0);
+    capex__nm_buf_add(bl, &nb, "dbias", a->dbias, a->c, a->param_dtype, 1, 0);
+    return capex__nm_overlap(fn, bl, nb);
+}
+static capex_result capex__bn_check(const char *fn, const capex_batch_norm_desc *d, capex_comm *comm,
+                                    const capex_batch_norm_args *a, int bwd) {
+    return capex__bn_check_ws(fn, d, comm, a, bwd, 0, 0);
 }
 
 /* Scratch of a BN call: params (2C), mean/invstd (2C), pack (world * P),
@@ -13949,7 +14068,7 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
                              a->layout == CAPEX_BN_NCS ? a->n * C : rows, d->allocator, &m)) != CAPEX_OK)
         return r;
     memset(&c, 0, sizeof c);
-    c.a = a; c.rows = rows;
+    c.a = a; c.rows = rows; c.in_place = a->y == a->x;
     capex__nm_params(a->weight, a->bias, a->param_dtype, C, m.wf, &wf, &bf);
     if (use_batch) {
         float *pk = m.pack;

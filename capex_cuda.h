@@ -747,6 +747,11 @@ CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *z, capex_cuda
    or block per row), so results match the CPU to rounding, not in bits.
    Semantics, dtypes and argument rules: capex.h's Norms section. LayerNorm
    forward takes rows of at most 2^32 columns (CAPEX_ERR_LIMIT beyond).
+   Aliasing as capex.h's (checked on the host, before any launch): outputs
+   overlap nothing, the workspace counts as an output, and only forward
+   y == x with x_dtype == y_dtype runs in place (the same bits: a warp or
+   block has read its whole row before the reduction's sync, and each y
+   element is then written by the thread that read its x).
 
        capex_cuda_norm_args a; capex_cuda_norm_args_init(&a);
        a.rows = T; a.cols = D; a.x_dtype = a.y_dtype = CAPEX_BF16;
@@ -8407,7 +8412,9 @@ CAPEX__PRIVATE capex_result capex__cuda_norm_check(const char *fn, const capex_n
     h.mean = (float *)(uintptr_t)a->mean; h.rstd = (float *)(uintptr_t)a->rstd;
     h.dy = (const void *)(uintptr_t)a->dy; h.dx = (void *)(uintptr_t)a->dx;
     h.dweight = (void *)(uintptr_t)a->dweight; h.dbias = (void *)(uintptr_t)a->dbias;
-    return capex__nm_check(fn, d, &h, rms, bwd);
+    /* the workspace takes part in the aliasing rule where the call writes it */
+    return capex__nm_check_ws(fn, d, &h, rms, bwd, bwd && (a->dweight || a->dbias) ? a->workspace : 0,
+                              capex_cuda_norm_workspace_bytes(a->rows, a->cols));
 }
 
 CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char *fn, const capex_norm_desc *d,
@@ -8541,10 +8548,14 @@ CAPEX__PRIVATE capex_result capex__cuda_bn_check(const char *fn, capex_cuda_cont
     h.dweight = (void *)(uintptr_t)a->dweight; h.dbias = (void *)(uintptr_t)a->dbias;
 #ifdef CAPEX_NO_DIST /* no SyncBatchNorm: capex__bn_check refuses a comm */
     (void)stream;
-    if ((r = capex__bn_check(fn, d, comm, &h, bwd)) != CAPEX_OK) return r;
+    if ((r = capex__bn_check_ws(fn, d, comm, &h, bwd, a->workspace, capex_cuda_batch_norm_workspace_bytes(a->c, 1))) !=
+        CAPEX_OK)
+        return r;
 #else
     if (comm) { hc = *comm; hc.device_buffers = 0; } /* device comms are fine here */
-    if ((r = capex__bn_check(fn, d, comm ? &hc : NULL, &h, bwd)) != CAPEX_OK) return r;
+    if ((r = capex__bn_check_ws(fn, d, comm ? &hc : NULL, &h, bwd, a->workspace,
+                                capex_cuda_batch_norm_workspace_bytes(a->c, capex__bn_world(comm)))) != CAPEX_OK)
+        return r;
 #endif
     if (!a->save_mean || !a->save_invstd || !a->workspace)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: save_mean, save_invstd and workspace (capex_cuda_batch_norm_"

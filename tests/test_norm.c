@@ -7,7 +7,9 @@
    path (outputs poisoned and checked untouched), bits independent of the
    thread count, and SyncBatchNorm over 2 and 3 in-process ranks (threads, a
    test comm) with unequal and empty batches equal to BatchNorm on the
-   concatenated batch. NORM_HASH=1 prints a checksum of fixed outputs
+   concatenated batch; the aliasing rule (every overlapping output refused
+   with nothing written; forward in place gives the out-of-place bits).
+   NORM_HASH=1 prints a checksum of fixed outputs
    (tests/norm.mk compares builds with and without OpenMP). */
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
@@ -1204,6 +1206,208 @@ CT_TEST(amp_dtypes_keep_batchnorm_fp32) {
     CT_CHECK(capex_batch_norm_amp_dtypes(NULL, CAPEX_F16, &p, &y) == CAPEX_ERR_INVALID_ARG, "NULL cfg");
 }
 
+/* ---- aliasing: one rule for every norm call (capex.h Norms, "Aliasing") ----
+   Every output placed over an input or another output it may not share (at
+   the same start, one element in, one element before) is refused with both
+   names in the message, and nothing in the arena changes. Slots live in
+   regions of REG floats of one arena, with a free region before the first and
+   after the last, so a wrongly accepted call stays inside it. */
+#define AL_REG 128
+enum { LN_X, LN_W, LN_B, LN_Y, LN_MEAN, LN_RSTD, LN_DY, LN_DX, LN_DW, LN_DB, LN_NSLOT };
+static const char *const ln_names[LN_NSLOT] = {"x", "weight", "bias", "y", "mean", "rstd", "dy", "dx", "dweight", "dbias"};
+static void ln_set(capex_norm_args *a, int s, char *p) {
+    switch (s) {
+    case LN_X: a->x = p; break;          case LN_W: a->weight = p; break;     case LN_B: a->bias = p; break;
+    case LN_Y: a->y = p; break;          case LN_MEAN: a->mean = (float *)(void *)p; break;
+    case LN_RSTD: a->rstd = (float *)(void *)p; break;                        case LN_DY: a->dy = p; break;
+    case LN_DX: a->dx = p; break;        case LN_DW: a->dweight = p; break;    default: a->dbias = p; break;
+    }
+}
+enum { BN_X, BN_W, BN_B, BN_RM, BN_RV, BN_Y, BN_SM, BN_SI, BN_DY, BN_DX, BN_DW, BN_DB, BN_NSLOT };
+static const char *const bn_names[BN_NSLOT] = {"x", "weight", "bias", "running_mean", "running_var", "y", "save_mean",
+                                               "save_invstd", "dy", "dx", "dweight", "dbias"};
+static void bn_set(capex_batch_norm_args *a, int s, char *p) {
+    switch (s) {
+    case BN_X: a->x = p; break;            case BN_W: a->weight = p; break;     case BN_B: a->bias = p; break;
+    case BN_RM: a->running_mean = p; break; case BN_RV: a->running_var = p; break; case BN_Y: a->y = p; break;
+    case BN_SM: a->save_mean = (float *)(void *)p; break;  case BN_SI: a->save_invstd = (float *)(void *)p; break;
+    case BN_DY: a->dy = p; break;          case BN_DX: a->dx = p; break;        case BN_DW: a->dweight = p; break;
+    default: a->dbias = p; break;
+    }
+}
+static int names_both(const char *msg, const char *p, const char *q) {
+    char s1[64], s2[64];
+    snprintf(s1, sizeof s1, " %s [", p); snprintf(s2, sizeof s2, " %s [", q);
+    return strstr(msg, s1) && strstr(msg, s2);
+}
+/* kind: 0..3 LayerNorm fwd, bwd, RMSNorm fwd, bwd; 4..6 BatchNorm fwd train, fwd eval, bwd */
+static capex_result al_call(int kind, capex_norm_args *na, capex_batch_norm_args *ba) {
+    capex_batch_norm_desc d;
+    capex_batch_norm_desc_init(&d);
+    switch (kind) {
+    case 0: return capex_layer_norm_forward(NULL, na);
+    case 1: return capex_layer_norm_backward(NULL, na);
+    case 2: return capex_rms_norm_forward(NULL, na);
+    case 3: return capex_rms_norm_backward(NULL, na);
+    case 4: return capex_batch_norm_forward(&d, NULL, ba);
+    case 5: d.training = 0; return capex_batch_norm_forward(&d, NULL, ba);
+    default: return capex_batch_norm_backward(&d, NULL, ba);
+    }
+}
+CT_TEST(norm_overlapping_outputs_refused_before_writing) {
+    /* outputs, then the inputs each call reads (and nothing it ignores) */
+    static const int outs[7][6] = {{LN_Y, LN_MEAN, LN_RSTD, -1}, {LN_DX, LN_DW, LN_DB, -1}, {LN_Y, LN_MEAN, LN_RSTD, -1},
+                                   {LN_DX, LN_DW, -1}, {BN_Y, BN_SM, BN_SI, BN_RM, BN_RV, -1}, {BN_Y, BN_SM, BN_SI, -1},
+                                   {BN_DX, BN_DW, BN_DB, -1}};
+    static const int ins[7][6] = {{LN_X, LN_W, LN_B, -1}, {LN_X, LN_DY, LN_W, LN_MEAN, LN_RSTD, -1}, {LN_X, LN_W, -1},
+                                  {LN_X, LN_DY, LN_W, LN_RSTD, -1}, {BN_X, BN_W, BN_B, -1},
+                                  {BN_X, BN_W, BN_B, BN_RM, BN_RV, -1}, {BN_X, BN_DY, BN_W, BN_SM, BN_SI, -1}};
+    const size_t bytes = (size_t)(BN_NSLOT + 2) * AL_REG * 4;
+    char *arena = (char *)malloc(bytes), *snap = (char *)malloc(bytes);
+    int kind, oi, ti, k, tried = 0, accepted = 0, unnamed = 0, written = 0;
+    char first[1200] = "";
+    for (k = 0; k < (int)(bytes / 4); k++) ((float *)(void *)arena)[k] = 1.0f + 0.25f * (float)(k % 7);
+    memcpy(snap, arena, bytes);
+    for (kind = 0; kind < 7; kind++) {
+        const int bn = kind >= 4, nslot = bn ? BN_NSLOT : LN_NSLOT;
+        const char *const *names = bn ? bn_names : ln_names;
+        capex_norm_args na;
+        capex_batch_norm_args ba;
+        capex_norm_args_init(&na); capex_batch_norm_args_init(&ba);
+        na.rows = 5; na.cols = 12;
+        ba.n = 2; ba.c = 3; ba.s = 5; ba.total_count = 10;
+        for (k = 0; k < nslot; k++) {
+            if (bn) bn_set(&ba, k, arena + (size_t)(k + 1) * AL_REG * 4);
+            else if (!(kind >= 2 && (k == LN_B || k == LN_DB))) ln_set(&na, k, arena + (size_t)(k + 1) * AL_REG * 4);
+        }
+        CT_CHECK(al_call(kind, &na, &ba) == CAPEX_OK, "kind %d, no overlap: %s", kind, capex_last_error());
+        memcpy(arena, snap, bytes);
+        for (oi = 0; outs[kind][oi] >= 0; oi++) {
+            const int o = outs[kind][oi];
+            for (ti = 0; ti < 12; ti++) {
+                const int t = ti < 6 ? ins[kind][ti] : outs[kind][ti - 6];
+                int off;
+                if (ti < 6 ? ins[kind][ti] < 0 : outs[kind][ti - 6] < 0) { if (ti < 6) ti = 5; else break; continue; }
+                if (t == o) continue;
+                for (off = -1; off <= 1; off++) {
+                    capex_result r;
+                    char *p = arena + (size_t)(t + 1) * AL_REG * 4 + off * 4;
+                    if (kind == 0 || kind == 2 || kind == 4 || kind == 5) /* forward y == x exactly: in place */
+                        if (o == (bn ? BN_Y : LN_Y) && t == (bn ? BN_X : LN_X) && off == 0) continue;
+                    if (bn) bn_set(&ba, o, p); else ln_set(&na, o, p);
+                    r = al_call(kind, &na, &ba);
+                    tried++;
+                    if (r != CAPEX_ERR_INVALID_ARG) {
+                        if (!accepted++) snprintf(first, sizeof first, "kind %d: %s = %s %+d element: %s", kind, names[o],
+                                                  names[t], off, r == CAPEX_OK ? "CAPEX_OK" : capex_last_error());
+                    } else if (!names_both(capex_last_error(), names[o], names[t])) {
+                        if (!unnamed++) snprintf(first, sizeof first, "%s", capex_last_error());
+                    }
+                    if (memcmp(arena, snap, bytes)) { written++; memcpy(arena, snap, bytes); }
+                    if (bn) bn_set(&ba, o, arena + (size_t)(o + 1) * AL_REG * 4);
+                    else ln_set(&na, o, arena + (size_t)(o + 1) * AL_REG * 4);
+                }
+            }
+        }
+    }
+    CT_CHECK(tried > 150, "only %d overlaps tried", tried);
+    CT_CHECK(!accepted, "%d of %d overlapping calls not refused, first: %s", accepted, tried, first);
+    CT_CHECK(!unnamed, "%d refusals do not name both buffers: %s", unnamed, first);
+    CT_CHECK(!written, "%d refused calls wrote memory", written);
+    free(arena); free(snap);
+}
+
+/* A y at x's address is in place only with x's dtype: else its elements sit
+   at other offsets than the x elements they come from. */
+CT_TEST(norm_in_place_needs_same_dtype) {
+    static float buf[64], st[8];
+    capex_norm_args a;
+    capex_batch_norm_args b;
+    capex_batch_norm_desc d;
+    int k;
+    for (k = 0; k < 64; k++) buf[k] = (float)k;
+    capex_norm_args_init(&a);
+    a.rows = 2; a.cols = 8; a.x = buf; a.y = buf; a.y_dtype = CAPEX_BF16;
+    CT_CHECK(capex_layer_norm_forward(NULL, &a) == CAPEX_ERR_INVALID_ARG, "LayerNorm f32 x, bf16 y in place accepted");
+    CT_CHECK(names_both(capex_last_error(), "y", "x"), "%s", capex_last_error());
+    CT_CHECK(capex_rms_norm_forward(NULL, &a) == CAPEX_ERR_INVALID_ARG, "RMSNorm f32 x, bf16 y in place accepted");
+    capex_batch_norm_args_init(&b); capex_batch_norm_desc_init(&d);
+    b.n = 2; b.c = 2; b.s = 4; b.x = buf; b.y = buf; b.x_dtype = CAPEX_F16; b.save_mean = st; b.save_invstd = st + 4;
+    CT_CHECK(capex_batch_norm_forward(&d, NULL, &b) == CAPEX_ERR_INVALID_ARG, "BatchNorm f16 x, f32 y in place accepted");
+    for (k = 0; k < 64; k++) CT_CHECK(buf[k] == (float)k, "buf[%d] written", k);
+}
+
+/* Forward in place (y == x, same dtype) gives the out-of-place bits: y, mean,
+   rstd / save statistics and running statistics, for 1 and 3 threads, rows
+   split across threads, every dtype, both BatchNorm layouts, train and eval. */
+CT_TEST(norm_forward_in_place_same_bits) {
+    static const capex_dtype dts[3] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
+    static const int64_t shapes[4][2] = {{1, 1}, {7, 33}, {64, 40}, {3, 1000}};
+    int di, si, rms, nt, lay, train;
+    for (di = 0; di < 3; di++)
+        for (si = 0; si < 4; si++)
+            for (rms = 0; rms < 2; rms++)
+                for (nt = 1; nt <= 3; nt += 2) {
+                    const capex_dtype t = dts[di];
+                    const int64_t R = shapes[si][0], C = shapes[si][1], N = R * C;
+                    const size_t es = capex_dtype_size(t);
+                    void *x = malloc((size_t)N * es), *y = malloc((size_t)N * es), *xi = malloc((size_t)N * es);
+                    float *w = (float *)malloc((size_t)C * 4), *bb = (float *)malloc((size_t)C * 4);
+                    float *m0 = (float *)malloc((size_t)R * 4), *r0 = (float *)malloc((size_t)R * 4);
+                    float *m1 = (float *)malloc((size_t)R * 4), *r1 = (float *)malloc((size_t)R * 4);
+                    capex_norm_desc nd;
+                    capex_norm_args a;
+                    int64_t i;
+                    for (i = 0; i < N; i++) setv(t, x, i, 3.0 + rng_sym());
+                    for (i = 0; i < C; i++) { w[i] = (float)(1.0 + 0.5 * rng_sym()); bb[i] = (float)rng_sym(); }
+                    memcpy(xi, x, (size_t)N * es);
+                    capex_norm_desc_init(&nd); nd.num_threads = nt;
+                    capex_norm_args_init(&a);
+                    a.rows = R; a.cols = C; a.x_dtype = a.y_dtype = t; a.x = x; a.y = y; a.weight = w;
+                    a.bias = rms ? NULL : bb; a.mean = m0; a.rstd = r0;
+                    CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "%s",
+                             capex_last_error());
+                    a.x = xi; a.y = xi; a.mean = m1; a.rstd = r1;
+                    CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK,
+                             "in place: %s", capex_last_error());
+                    CT_CHECK(!memcmp(xi, y, (size_t)N * es) && !memcmp(m0, m1, (size_t)R * 4) && !memcmp(r0, r1, (size_t)R * 4),
+                             "rms %d dtype %d %lldx%lld threads %d: in place differs", rms, (int)t, (long long)R,
+                             (long long)C, nt);
+                    free(x); free(y); free(xi); free(w); free(bb); free(m0); free(r0); free(m1); free(r1);
+                }
+    for (di = 0; di < 3; di++)
+        for (lay = 0; lay < 2; lay++)
+            for (train = 0; train < 2; train++)
+                for (nt = 1; nt <= 3; nt += 2) {
+                    const capex_dtype t = dts[di];
+                    const int64_t Nn = 5, C = 6, S = 9, N = Nn * C * S;
+                    const size_t es = capex_dtype_size(t);
+                    void *x = malloc((size_t)N * es), *y = malloc((size_t)N * es), *xi = malloc((size_t)N * es);
+                    float w[6], bb[6], rm0[6], rv0[6], rm1[6], rv1[6], sm0[6], si0[6], sm1[6], si1[6];
+                    capex_batch_norm_desc d;
+                    capex_batch_norm_args b;
+                    int64_t i;
+                    for (i = 0; i < N; i++) setv(t, x, i, (double)(i % C) + rng_sym());
+                    for (i = 0; i < C; i++) {
+                        w[i] = (float)(1.0 + 0.5 * rng_sym()); bb[i] = (float)rng_sym();
+                        rm0[i] = rm1[i] = (float)rng_sym(); rv0[i] = rv1[i] = (float)(1.0 + 0.5 * rng_sym());
+                    }
+                    memcpy(xi, x, (size_t)N * es);
+                    capex_batch_norm_desc_init(&d); d.num_threads = nt; d.training = train;
+                    capex_batch_norm_args_init(&b);
+                    b.n = Nn; b.c = C; b.s = S; b.layout = lay ? CAPEX_BN_NSC : CAPEX_BN_NCS; b.x_dtype = b.y_dtype = t;
+                    b.x = x; b.y = y; b.weight = w; b.bias = bb; b.running_mean = rm0; b.running_var = rv0;
+                    b.save_mean = sm0; b.save_invstd = si0;
+                    CT_CHECK(capex_batch_norm_forward(&d, NULL, &b) == CAPEX_OK, "%s", capex_last_error());
+                    b.x = xi; b.y = xi; b.running_mean = rm1; b.running_var = rv1; b.save_mean = sm1; b.save_invstd = si1;
+                    CT_CHECK(capex_batch_norm_forward(&d, NULL, &b) == CAPEX_OK, "in place: %s", capex_last_error());
+                    CT_CHECK(!memcmp(xi, y, (size_t)N * es) && !memcmp(sm0, sm1, sizeof sm0) &&
+                             !memcmp(si0, si1, sizeof si0) && !memcmp(rm0, rm1, sizeof rm0) && !memcmp(rv0, rv1, sizeof rv0),
+                             "batch norm dtype %d layout %d training %d threads %d: in place differs", (int)t, lay, train, nt);
+                    free(x); free(y); free(xi);
+                }
+}
+
 /* ---- SyncBatchNorm over in-process ranks (threads and a test comm) ---- */
 #define MAXW 4
 typedef struct tcomm_shared {
@@ -1489,6 +1693,8 @@ static const ct_case cases[] = {
     CT_CASE(amp_dtypes_keep_batchnorm_fp32),
     CT_CASE(sync_batch_norm_threads_unequal_batches), CT_CASE(sync_batch_norm_every_rank_empty_is_refused),
     CT_CASE(sync_batch_norm_eval_without_running_stats_is_local),
+    CT_CASE(norm_overlapping_outputs_refused_before_writing), CT_CASE(norm_in_place_needs_same_dtype),
+    CT_CASE(norm_forward_in_place_same_bits),
 };
 
 int main(int argc, char **argv) {

@@ -6,7 +6,8 @@
    SyncBatchNorm over a world of one, and over an NCCL comm of two forked
    ranks (the stand-in NCCL on the emulator: inputs written and outputs read
    on the comm's user stream, as the NCCL section promises). Outputs are
-   poisoned first. Every GPU test skips without a GPU; the argument checks
+   poisoned first. The aliasing rule: overlaps refused before any launch,
+   forward in place equal to out of place bit for bit. Every GPU test skips without a GPU; the argument checks
    run everywhere. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -793,10 +794,11 @@ CT_TEST(gpu_norm_backward_refuses_long_rows_before_dx) {
     capex_cuda_norm_args_init(&g);
     g.rows = 1;
     g.cols = ((int64_t)1 << 42) + 1; /* 2^34 blocks of 256 for the dweight partials */
-    g.x = (capex_cuda_ptr)0x100000000000ull; g.dy = (capex_cuda_ptr)0x200000000000ull;
-    g.mean = (capex_cuda_ptr)0x300000000000ull; g.rstd = (capex_cuda_ptr)0x300000001000ull;
-    g.weight = (capex_cuda_ptr)0x400000000000ull; g.dweight = (capex_cuda_ptr)0x500000000000ull;
-    g.dx = (capex_cuda_ptr)0x600000000000ull; g.workspace = (capex_cuda_ptr)0x700000000000ull;
+    /* 2^45 apart: disjoint (x, dy, dx, weight, dweight are 2^44 + 4 bytes, the workspace 2^45 + 8) */
+    g.x = (capex_cuda_ptr)0x100000000000ull; g.dy = (capex_cuda_ptr)0x300000000000ull;
+    g.mean = (capex_cuda_ptr)0x500000000000ull; g.rstd = (capex_cuda_ptr)0x500000001000ull;
+    g.weight = (capex_cuda_ptr)0x700000000000ull; g.dweight = (capex_cuda_ptr)0x900000000000ull;
+    g.dx = (capex_cuda_ptr)0xb00000000000ull; g.workspace = (capex_cuda_ptr)0xd00000000000ull;
     r = capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL);
     CT_CHECK(r == CAPEX_ERR_LIMIT && strstr(capex_last_error(), "too many columns"), "%s: %s", capex_result_string(r),
              capex_last_error());
@@ -902,6 +904,215 @@ CT_TEST(gpu_sync_batch_norm_nccl_world2_orders_user_stream) {
     CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
 }
 
+/* ---- aliasing (capex.h Norms: the aliasing rule), on device pointers ----
+   As test_norm's norm_overlapping_outputs_refused_before_writing, plus the
+   workspace (an output here): every forbidden overlap is refused with both
+   names before anything is launched (the arena's bytes are unchanged after a
+   synchronisation). */
+#define GAL_REG 128
+enum { GL_X, GL_W, GL_B, GL_Y, GL_MEAN, GL_RSTD, GL_DY, GL_DX, GL_DW, GL_DB, GL_WS, GL_NSLOT };
+static const char *const gl_names[GL_NSLOT] = {"x", "weight", "bias", "y", "mean", "rstd", "dy", "dx", "dweight", "dbias",
+                                               "workspace"};
+static void gl_set(capex_cuda_norm_args *a, int s, capex_cuda_ptr p) {
+    switch (s) {
+    case GL_X: a->x = p; break;        case GL_W: a->weight = p; break;   case GL_B: a->bias = p; break;
+    case GL_Y: a->y = p; break;        case GL_MEAN: a->mean = p; break;  case GL_RSTD: a->rstd = p; break;
+    case GL_DY: a->dy = p; break;      case GL_DX: a->dx = p; break;      case GL_DW: a->dweight = p; break;
+    case GL_DB: a->dbias = p; break;   default: a->workspace = p; break;
+    }
+}
+enum { GB_X, GB_W, GB_B, GB_RM, GB_RV, GB_Y, GB_SM, GB_SI, GB_DY, GB_DX, GB_DW, GB_DB, GB_WS, GB_NSLOT };
+static const char *const gb_names[GB_NSLOT] = {"x", "weight", "bias", "running_mean", "running_var", "y", "save_mean",
+                                               "save_invstd", "dy", "dx", "dweight", "dbias", "workspace"};
+static void gb_set(capex_cuda_batch_norm_args *a, int s, capex_cuda_ptr p) {
+    switch (s) {
+    case GB_X: a->x = p; break;             case GB_W: a->weight = p; break;       case GB_B: a->bias = p; break;
+    case GB_RM: a->running_mean = p; break; case GB_RV: a->running_var = p; break;  case GB_Y: a->y = p; break;
+    case GB_SM: a->save_mean = p; break;    case GB_SI: a->save_invstd = p; break;  case GB_DY: a->dy = p; break;
+    case GB_DX: a->dx = p; break;           case GB_DW: a->dweight = p; break;      case GB_DB: a->dbias = p; break;
+    default: a->workspace = p; break;
+    }
+}
+static int gnames_both(const char *msg, const char *p, const char *q) {
+    char s1[64], s2[64];
+    snprintf(s1, sizeof s1, " %s [", p); snprintf(s2, sizeof s2, " %s [", q);
+    return strstr(msg, s1) && strstr(msg, s2);
+}
+static capex_result gal_call(capex_cuda_context *ctx, int kind, capex_cuda_norm_args *na, capex_cuda_batch_norm_args *ba) {
+    capex_batch_norm_desc d;
+    capex_batch_norm_desc_init(&d);
+    switch (kind) {
+    case 0: return capex_cuda_layer_norm_forward(ctx, NULL, na, NULL);
+    case 1: return capex_cuda_layer_norm_backward(ctx, NULL, na, NULL);
+    case 2: return capex_cuda_rms_norm_forward(ctx, NULL, na, NULL);
+    case 3: return capex_cuda_rms_norm_backward(ctx, NULL, na, NULL);
+    case 4: return capex_cuda_batch_norm_forward(ctx, &d, NULL, ba, NULL);
+    case 5: d.training = 0; return capex_cuda_batch_norm_forward(ctx, &d, NULL, ba, NULL);
+    default: return capex_cuda_batch_norm_backward(ctx, &d, NULL, ba, NULL);
+    }
+}
+CT_TEST(gpu_norm_overlapping_outputs_refused_before_launch) {
+    static const int outs[7][7] = {{GL_Y, GL_MEAN, GL_RSTD, -1}, {GL_DX, GL_DW, GL_DB, GL_WS, -1},
+                                   {GL_Y, GL_MEAN, GL_RSTD, -1}, {GL_DX, GL_DW, GL_WS, -1},
+                                   {GB_Y, GB_SM, GB_SI, GB_RM, GB_RV, GB_WS, -1}, {GB_Y, GB_SM, GB_SI, GB_WS, -1},
+                                   {GB_DX, GB_DW, GB_DB, GB_WS, -1}};
+    static const int ins[7][6] = {{GL_X, GL_W, GL_B, -1}, {GL_X, GL_DY, GL_W, GL_MEAN, GL_RSTD, -1}, {GL_X, GL_W, -1},
+                                  {GL_X, GL_DY, GL_W, GL_RSTD, -1}, {GB_X, GB_W, GB_B, -1},
+                                  {GB_X, GB_W, GB_B, GB_RM, GB_RV, -1}, {GB_X, GB_DY, GB_W, GB_SM, GB_SI, -1}};
+    capex_cuda_context *ctx = open_ctx(ct);
+    const size_t bytes = (size_t)(GB_NSLOT + 2) * GAL_REG * 4;
+    float *h = (float *)malloc(bytes), *back = (float *)malloc(bytes);
+    capex_cuda_ptr arena;
+    int kind, oi, ti, k, tried = 0, accepted = 0, unnamed = 0, written = 0;
+    char first[1200] = "";
+    if (!ctx) { free(h); free(back); return; }
+    for (k = 0; k < (int)(bytes / 4); k++) h[k] = 1.0f + 0.25f * (float)(k % 7);
+    arena = up(ctx, h, bytes);
+    CT_CHECK(arena != 0, "arena");
+    for (kind = 0; kind < 7; kind++) {
+        const int bn = kind >= 4, nslot = bn ? GB_NSLOT : GL_NSLOT;
+        const char *const *names = bn ? gb_names : gl_names;
+        capex_cuda_norm_args na;
+        capex_cuda_batch_norm_args ba;
+        capex_cuda_norm_args_init(&na); capex_cuda_batch_norm_args_init(&ba);
+        na.rows = 5; na.cols = 12;
+        ba.n = 2; ba.c = 3; ba.s = 5;
+        for (k = 0; k < nslot; k++) {
+            if (bn) gb_set(&ba, k, arena + (size_t)(k + 1) * GAL_REG * 4);
+            else if (!(kind >= 2 && (k == GL_B || k == GL_DB))) gl_set(&na, k, arena + (size_t)(k + 1) * GAL_REG * 4);
+        }
+        for (oi = 0; outs[kind][oi] >= 0; oi++) {
+            const int o = outs[kind][oi];
+            for (ti = 0; ti < 13; ti++) {
+                int t, off;
+                if (ti < 6) { if (ins[kind][ti] < 0) { ti = 5; continue; } t = ins[kind][ti]; }
+                else { if (outs[kind][ti - 6] < 0) break; t = outs[kind][ti - 6]; }
+                if (t == o) continue;
+                for (off = -1; off <= 1; off++) {
+                    capex_result r;
+                    capex_cuda_ptr p = arena + (size_t)(t + 1) * GAL_REG * 4 + (int64_t)off * 8; /* 8: the workspace's doubles */
+                    if ((kind == 0 || kind == 2 || kind == 4 || kind == 5) && off == 0 &&
+                        o == (bn ? GB_Y : GL_Y) && t == (bn ? GB_X : GL_X))
+                        continue; /* forward y == x exactly: in place */
+                    if (bn) gb_set(&ba, o, p); else gl_set(&na, o, p);
+                    r = gal_call(ctx, kind, &na, &ba);
+                    tried++;
+                    if (r != CAPEX_ERR_INVALID_ARG) {
+                        if (!accepted++) snprintf(first, sizeof first, "kind %d: %s = %s %+d: %s", kind, names[o], names[t],
+                                                  off, r == CAPEX_OK ? "CAPEX_OK" : capex_last_error());
+                    } else if (!gnames_both(capex_last_error(), names[o], names[t])) {
+                        if (!unnamed++) snprintf(first, sizeof first, "%s", capex_last_error());
+                    }
+                    if (bn) gb_set(&ba, o, arena + (size_t)(o + 1) * GAL_REG * 4);
+                    else gl_set(&na, o, arena + (size_t)(o + 1) * GAL_REG * 4);
+                }
+            }
+        }
+        CT_CHECK(capex_cuda_context_synchronize(ctx) == CAPEX_OK, "%s", capex_last_error());
+        capex_cuda_memcpy_dtoh(ctx, back, arena, bytes, NULL);
+        if (memcmp(back, h, bytes)) { written++; capex_cuda_memcpy_htod(ctx, arena, h, bytes, NULL); }
+        /* and the same call without overlap runs */
+        CT_CHECK(gal_call(ctx, kind, &na, &ba) == CAPEX_OK, "kind %d, no overlap: %s", kind, capex_last_error());
+        CT_CHECK(capex_cuda_context_synchronize(ctx) == CAPEX_OK, "%s", capex_last_error());
+        capex_cuda_memcpy_htod(ctx, arena, h, bytes, NULL);
+    }
+    CT_CHECK(tried > 180, "only %d overlaps tried", tried);
+    CT_CHECK(!accepted, "%d of %d overlapping calls not refused, first: %s", accepted, tried, first);
+    CT_CHECK(!unnamed, "%d refusals do not name both buffers: %s", unnamed, first);
+    CT_CHECK(!written, "%d kinds of refused calls wrote the arena", written);
+    capex_cuda_free(ctx, arena);
+    free(h); free(back);
+    capex_cuda_context_destroy(ctx);
+}
+
+/* Forward in place (y == x, same dtype) on the GPU gives the out-of-place GPU
+   bits: warp-per-row (4 rows a block; 7 rows: a partial block) and
+   block-per-row widths, vectorised (cols % 4 == 0) and scalar, every dtype;
+   BatchNorm in both layouts, train and eval. */
+CT_TEST(gpu_norm_forward_in_place_same_bits) {
+    static const capex_dtype dts[3] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
+    static const int64_t shapes[4][2] = {{7, 64}, {7, 33}, {3, 2048}, {3, 1027}};
+    capex_cuda_context *ctx = open_ctx(ct);
+    int di, si, rms, lay, train;
+    if (!ctx) return;
+    for (di = 0; di < 3; di++)
+        for (si = 0; si < 4; si++)
+            for (rms = 0; rms < 2; rms++) {
+                const capex_dtype t = dts[di];
+                const int64_t R = shapes[si][0], C = shapes[si][1], N = R * C;
+                const size_t es = capex_dtype_size(t);
+                void *x = malloc((size_t)N * es), *y0 = malloc((size_t)N * es), *y1 = malloc((size_t)N * es);
+                float *w = (float *)malloc((size_t)C * 4), *bb = (float *)malloc((size_t)C * 4), st0[16], st1[16];
+                capex_cuda_norm_args g;
+                capex_cuda_ptr gx, gi, gs0, gs1;
+                int64_t i;
+                for (i = 0; i < N; i++) setv(t, x, i, 3.0f + rnd());
+                for (i = 0; i < C; i++) { w[i] = 1.0f + 0.5f * rnd(); bb[i] = rnd(); }
+                capex_cuda_norm_args_init(&g);
+                g.rows = R; g.cols = C; g.x_dtype = g.y_dtype = t;
+                g.weight = up(ctx, w, (size_t)C * 4); g.bias = rms ? 0 : up(ctx, bb, (size_t)C * 4);
+                gx = up(ctx, x, (size_t)N * es); gi = up(ctx, x, (size_t)N * es);
+                gs0 = up(ctx, NULL, 2 * 8 * 4); gs1 = up(ctx, NULL, 2 * 8 * 4);
+                g.x = gx; g.y = up(ctx, NULL, (size_t)N * es); g.mean = gs0; g.rstd = gs0 + 32;
+                CT_CHECK((rms ? capex_cuda_rms_norm_forward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL)) ==
+                         CAPEX_OK, "%s", capex_last_error());
+                capex_cuda_free(ctx, gx); /* keep y */
+                gx = g.y;
+                g.x = gi; g.y = gi; g.mean = gs1; g.rstd = gs1 + 32;
+                CT_CHECK((rms ? capex_cuda_rms_norm_forward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL)) ==
+                         CAPEX_OK, "in place: %s", capex_last_error());
+                CT_CHECK(capex_cuda_context_synchronize(ctx) == CAPEX_OK, "%s", capex_last_error());
+                capex_cuda_memcpy_dtoh(ctx, y0, gx, (size_t)N * es, NULL); capex_cuda_memcpy_dtoh(ctx, y1, gi, (size_t)N * es, NULL);
+                capex_cuda_memcpy_dtoh(ctx, st0, gs0, 64, NULL); capex_cuda_memcpy_dtoh(ctx, st1, gs1, 64, NULL);
+                CT_CHECK(!memcmp(y0, y1, (size_t)N * es) && !memcmp(st0, st1, 64), "rms %d dtype %d %lldx%lld: in place differs",
+                         rms, (int)t, (long long)R, (long long)C);
+                capex_cuda_free(ctx, gx); capex_cuda_free(ctx, gi); capex_cuda_free(ctx, gs0); capex_cuda_free(ctx, gs1);
+                capex_cuda_free(ctx, g.weight); if (g.bias) capex_cuda_free(ctx, g.bias);
+                free(x); free(y0); free(y1); free(w); free(bb);
+                if (ct->failed) goto done;
+            }
+    for (di = 0; di < 3; di++)
+        for (lay = 0; lay < 2; lay++)
+            for (train = 0; train < 2; train++) {
+                const capex_dtype t = dts[di];
+                const int64_t Nn = 5, C = 6, S = 9, N = Nn * C * S;
+                const size_t es = capex_dtype_size(t), wsb = capex_cuda_batch_norm_workspace_bytes(C, 1);
+                void *x = malloc((size_t)N * es), *y0 = malloc((size_t)N * es), *y1 = malloc((size_t)N * es);
+                float w[6], bb[6], rs[24] = {0}, st0[24], st1[24]; /* running mean, var; save mean, invstd */
+                capex_batch_norm_desc d;
+                capex_cuda_batch_norm_args g;
+                capex_cuda_ptr gx, gy, gi, s0, s1, ws0, ws1;
+                int64_t i;
+                for (i = 0; i < N; i++) setv(t, x, i, (float)(i % C) + rnd());
+                for (i = 0; i < C; i++) { w[i] = 1.0f + 0.5f * rnd(); bb[i] = rnd(); rs[i] = rnd(); rs[6 + i] = 1.0f + 0.5f * rnd(); }
+                capex_batch_norm_desc_init(&d); d.training = train;
+                capex_cuda_batch_norm_args_init(&g);
+                g.n = Nn; g.c = C; g.s = S; g.layout = lay ? CAPEX_BN_NSC : CAPEX_BN_NCS; g.x_dtype = g.y_dtype = t;
+                g.weight = up(ctx, w, 24); g.bias = up(ctx, bb, 24);
+                gx = up(ctx, x, (size_t)N * es); gy = up(ctx, NULL, (size_t)N * es); gi = up(ctx, x, (size_t)N * es);
+                s0 = up(ctx, rs, 96); s1 = up(ctx, rs, 96); /* running mean, var; save mean, invstd */
+                ws0 = up(ctx, NULL, wsb); ws1 = up(ctx, NULL, wsb);
+                g.x = gx; g.y = gy; g.running_mean = s0; g.running_var = s0 + 24; g.save_mean = s0 + 48; g.save_invstd = s0 + 72;
+                g.workspace = ws0;
+                CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, NULL, &g, NULL) == CAPEX_OK, "%s", capex_last_error());
+                g.x = gi; g.y = gi; g.running_mean = s1; g.running_var = s1 + 24; g.save_mean = s1 + 48; g.save_invstd = s1 + 72;
+                g.workspace = ws1;
+                CT_CHECK(capex_cuda_batch_norm_forward(ctx, &d, NULL, &g, NULL) == CAPEX_OK, "in place: %s", capex_last_error());
+                CT_CHECK(capex_cuda_context_synchronize(ctx) == CAPEX_OK, "%s", capex_last_error());
+                capex_cuda_memcpy_dtoh(ctx, y0, gy, (size_t)N * es, NULL); capex_cuda_memcpy_dtoh(ctx, y1, gi, (size_t)N * es, NULL);
+                capex_cuda_memcpy_dtoh(ctx, st0, s0, 96, NULL); capex_cuda_memcpy_dtoh(ctx, st1, s1, 96, NULL);
+                CT_CHECK(!memcmp(y0, y1, (size_t)N * es) && !memcmp(st0, st1, 96),
+                         "batch norm dtype %d layout %d training %d: in place differs", (int)t, lay, train);
+                capex_cuda_free(ctx, gx); capex_cuda_free(ctx, gy); capex_cuda_free(ctx, gi); capex_cuda_free(ctx, s0);
+                capex_cuda_free(ctx, s1); capex_cuda_free(ctx, ws0); capex_cuda_free(ctx, ws1);
+                capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias);
+                free(x); free(y0); free(y1);
+                if (ct->failed) goto done;
+            }
+done:
+    capex_cuda_context_destroy(ctx);
+}
+
 static const ct_case cases[] = {
     CT_CASE(gpu_norm_argument_errors),
     CT_CASE(gpu_layer_norm_refuses_rows_over_2p32_columns), CT_CASE(gpu_norm_backward_refuses_long_rows_before_dx),
@@ -917,6 +1128,7 @@ static const ct_case cases[] = {
     CT_CASE(gpu_sync_batch_norm_world_matches_cpu_whole_batch),
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
     CT_CASE(gpu_sync_batch_norm_nccl_world2_orders_user_stream),
+    CT_CASE(gpu_norm_overlapping_outputs_refused_before_launch), CT_CASE(gpu_norm_forward_in_place_same_bits),
 };
 static const child_entry children[] = {{"syncbn", child_syncbn}, {"syncbn_stream", child_syncbn_stream}};
 int main(int argc, char **argv) {
