@@ -1715,8 +1715,11 @@ static int starved_root(int port, int spare, double timeout, int expect_ok, int 
     g_rdv_hello_budget_s = 10 * CT_HANG_GUARD_S;
     g_rdv_polls = 0;
     ok = capex_rendezvous_broadcast(&d, blob, sizeof blob) == CAPEX_OK;
-    if (g_rdv_polls > max_polls) { printf("  rank 0 polled %ld times (at most %ld without a spin)\n", g_rdv_polls, max_polls); return 7; }
-    if (!ok && !strstr(capex_last_error(), strerror(EMFILE))) { printf("  rank 0: %s\n", capex_last_error()); return 3; }
+    if (g_rdv_polls > max_polls) { /* stderr: the caller _exits */
+        fprintf(stderr, "  rank 0 polled %ld times (at most %ld without a spin)\n", g_rdv_polls, max_polls);
+        return 7;
+    }
+    if (!ok && !strstr(capex_last_error(), strerror(EMFILE))) { fprintf(stderr, "  rank 0: %s\n", capex_last_error()); return 3; }
     return ok == expect_ok ? 0 : 2;
 }
 
