@@ -640,11 +640,17 @@ static int tcp_body(int rank, int world, int port, int mode) {
         if (rank == 1) _exit(0); /* dies without a word */
         if (world == 2) c.timeout_s = 0.5;
         for (i = 3, r = CAPEX_OK; i >= 0; i--) /* the TCP comm reduces a bucket when it fills: the first error counts */
-            if ((res = capex_zero_grad_ready(z, (size_t)i)) != CAPEX_OK && r == CAPEX_OK) r = res;
-        if ((res = capex_zero_finalize(z)) == CAPEX_OK || r == CAPEX_OK) r = res; /* OK after an error: wrong too */
+            if ((res = capex_zero_grad_ready(z, (size_t)i)) != CAPEX_OK && r == CAPEX_OK) {
+                r = res;
+                snprintf(why, sizeof why, "%.300s", capex_last_error());
+            }
+        if ((res = capex_zero_finalize(z)) == CAPEX_OK || r == CAPEX_OK) { /* OK after an error: wrong too */
+            r = res;
+            snprintf(why, sizeof why, "%.300s", capex_last_error());
+        }
         if (r != want) {
             fprintf(stderr, "rank %d: backward with rank 1 %s: %s: %s\n", rank, world == 2 ? "stalled" : "dead",
-                    capex_result_string(r), capex_last_error());
+                    capex_result_string(r), why);
             line = __LINE__;
         } else if (capex_zero_step(z, 1.0f, 1.0f, 0) != CAPEX_ERR_COMM) line = __LINE__; /* refused after the failure */
         capex_zero_destroy(z);
