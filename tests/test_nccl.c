@@ -636,7 +636,6 @@ static int world_checks(capex_cuda_context *ctx, capex_comm *c, int rank, int wo
 static int world_dead_peer(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
     void *a = dev(ctx, 64);
     capex_result r;
-    double t0 = capex_dist_now();
     (void)user;
     if (rank == world - 1) return 0;
     r = capex_comm_allreduce(c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM);
@@ -644,7 +643,12 @@ static int world_dead_peer(capex_cuda_context *ctx, capex_comm *c, int rank, int
         fprintf(stderr, "rank %d: %s: %s\n", rank, capex_result_string(r), capex_last_error());
         return 20;
     }
-    if (capex_dist_now() - t0 > 8.0) { fprintf(stderr, "took %.1f s\n", capex_dist_now() - t0); return 21; }
+    /* seen dead (the stand-in's words: its rank that noticed, then the rest),
+       not waited out: past FAKE_NCCL_TIMEOUT "peers did not reach the collective in time" */
+    if (!strstr(capex_last_error(), "a peer process exited") && !strstr(capex_last_error(), "a peer failed")) {
+        fprintf(stderr, "rank %d: not told by the peer's exit: %s\n", rank, capex_last_error());
+        return 21;
+    }
     return capex_comm_allreduce(c, a, a, 4, CAPEX_F32, CAPEX_REDUCE_SUM) == CAPEX_ERR_COMM ? 0 : 22;
 }
 /* The last rank leaves after init, with nothing in flight; rank 0 waits
@@ -657,7 +661,10 @@ static int world_exit_then_destroy(capex_cuda_context *ctx, capex_comm *c, int r
     (void)ctx; (void)user;
     if (rank == world - 1) return 0;
     while (c->vt->poll_error(c) == CAPEX_OK)
-        if (capex_dist_now() - t0 > 60.0) { fprintf(stderr, "rank %d: no async error after 60 s\n", rank); return 23; }
+        if (capex_dist_now() - t0 > CT_HANG_GUARD_S) { /* a hang guard */
+            fprintf(stderr, "rank %d: no async error after %.0f s\n", rank, CT_HANG_GUARD_S);
+            return 23;
+        }
     if (c->failed) return 24; /* the poll alone marks nothing: only the destroy below sees the state */
     capex_comm_destroy(c);
     if (fake_counter(C_ABORT) != 1 || fake_counter(C_DESTROY) != 0) {

@@ -183,8 +183,9 @@ CT_TEST(stuck_stream_times_out_and_aborts) {
     snprintf(msg, sizeof msg, "%s", capex_last_error());
     CT_CHECK(r == CAPEX_ERR_TIMEOUT, "%s: %s", capex_result_string(r), msg);
     /* the abort inside the call may wait for kernels already queued (NCCL frees
-       device memory), so the bound is loose: the point is that it returns */
-    CT_CHECK(dt >= 0.29 && dt < 20.0, "returned after %.2f s (deadline 0.3 s)", dt);
+       device memory): no upper bound, the point is that it returns (a lower
+       bound only: load cannot make the wait shorter) */
+    CT_CHECK(dt >= 0.29, "returned after %.2f s (deadline 0.3 s)", dt);
     CT_CHECK(c.failed, "comm marked failed");
     CT_CHECK(capex_comm_barrier(&c) == CAPEX_ERR_COMM, "fails fast after the abort");
     capex_comm_destroy(&c);

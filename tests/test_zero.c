@@ -10,6 +10,7 @@
 #include "fork_world.h"
 #include "zero_check.h"
 #include <sys/wait.h>
+#include <poll.h>
 
 CT_TEST(single_comm_matches_ddp_and_optim) {
     capex_comm c;
@@ -427,12 +428,13 @@ static int tcp_comm(capex_comm *c, int rank, int world, int port) {
     env.master_port = port;
     strcpy(env.run_id, "zero-test");
     if (capex_comm_init_tcp(c, &env, CT_HANG_GUARD_S) != CAPEX_OK) return 0;
-    c->timeout_s = CT_HANG_GUARD_S; /* mode 1, which expects its deadline, sets its own */
+    c->timeout_s = CT_HANG_GUARD_S; /* every mode expects success or a non-timeout error */
     return 1;
 }
 
 static char g_ckpt[3][256]; /* saved by worlds of 3, 1 and 2 */
 static int g_null_path_rank; /* mode 6 */
+static int g_hold[2] = {-1, -1}; /* mode 1 in a world of 2: rank 1 stalls, held until rank 0 has returned */
 static int g_oom_rank;       /* modes 8, 9: the rank whose allocation of g_oom_size bytes fails */
 static size_t g_oom_size;
 
@@ -446,7 +448,11 @@ static int oom_verdict_ok(int rank, capex_result r) {
 }
 
 /* mode 0: the equivalence checks; 1: rank 1 dies after create, the others
-   must fail within the deadline and then refuse every call; 2: save a
+   must fail with CAPEX_ERR_COMM (its closed sockets; their deadline is the
+   hang guard, so that is no timeout waited out) and then refuse every call;
+   in a world of 2 rank 1 stalls instead (held on g_hold until rank 0 has
+   returned) and rank 0 must get CAPEX_ERR_TIMEOUT from its 0.5 s deadline
+   (a rank 0 that overstays it gets EOF and COMM when rank 1 is let go); 2: save a
    checkpoint (AdamW, stage 2, then SGD into a second file); 3: load the
    world of 3's into a world of 2 and save again; 4: save_file status;
    5: capex_zero_save with no writer on rank 0. */
@@ -614,22 +620,41 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_optim_desc od;
         capex_zero *z = NULL;
         int i;
-        capex_result r;
-        double t0;
+        capex_result r, res, want = world == 2 ? CAPEX_ERR_TIMEOUT : CAPEX_ERR_COMM;
         memset(w, 0, sizeof w);
         for (i = 0; i < 4; i++) one_param(&p[i], w[i], 300);
         capex_zero_desc_init(&d);
         capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
-        c.timeout_s = 3.0;
-        if (capex_zero_create(&z, &c, p, 4, &od, NULL, 1, &d) != CAPEX_OK) { capex_comm_destroy(&c); return __LINE__; }
+        if (capex_zero_create(&z, &c, p, 4, &od, NULL, 1, &d) != CAPEX_OK) {
+            if (world == 2) close(g_hold[1]);
+            capex_comm_destroy(&c);
+            return __LINE__;
+        }
+        if (rank == 1 && world == 2) { /* stalls until rank 0 has returned (EOF), a hang guard at most */
+            struct pollfd pf;
+            char ch;
+            close(g_hold[1]);
+            pf.fd = g_hold[0]; pf.events = POLLIN; pf.revents = 0;
+            while (poll(&pf, 1, (int)(CT_HANG_GUARD_S * 1000)) == 1 && read(g_hold[0], &ch, 1) > 0) {}
+        }
         if (rank == 1) _exit(0); /* dies without a word */
-        t0 = capex_dist_now();
-        for (i = 3; i >= 0; i--) capex_zero_grad_ready(z, (size_t)i);
-        r = capex_zero_finalize(z);
-        if (r != CAPEX_ERR_COMM && r != CAPEX_ERR_TIMEOUT) line = __LINE__;
-        else if (capex_dist_now() - t0 > 3.5) line = __LINE__;
-        else if (capex_zero_step(z, 1.0f, 1.0f, 0) != CAPEX_ERR_COMM) line = __LINE__; /* refused after the failure */
+        if (world == 2) c.timeout_s = 0.5;
+        for (i = 3, r = CAPEX_OK; i >= 0; i--) /* the TCP comm reduces a bucket when it fills: the first error counts */
+            if ((res = capex_zero_grad_ready(z, (size_t)i)) != CAPEX_OK && r == CAPEX_OK) {
+                r = res;
+                snprintf(why, sizeof why, "%.300s", capex_last_error());
+            }
+        if ((res = capex_zero_finalize(z)) == CAPEX_OK || r == CAPEX_OK) { /* OK after an error: wrong too */
+            r = res;
+            snprintf(why, sizeof why, "%.300s", capex_last_error());
+        }
+        if (r != want) {
+            fprintf(stderr, "rank %d: backward with rank 1 %s: %s: %s\n", rank, world == 2 ? "stalled" : "dead",
+                    capex_result_string(r), why);
+            line = __LINE__;
+        } else if (capex_zero_step(z, 1.0f, 1.0f, 0) != CAPEX_ERR_COMM) line = __LINE__; /* refused after the failure */
         capex_zero_destroy(z);
+        if (world == 2) close(g_hold[1]); /* lets rank 1 go */
     }
     capex_comm_destroy(&c);
     return line;
@@ -647,12 +672,20 @@ CT_TEST(tcp_worlds_match_ddp_and_optim) {
     }
 }
 
-CT_TEST(tcp_dead_rank_fails_the_others_within_the_deadline) {
+/* No clock: a dead rank is told by EOF (the others' deadline is the hang
+   guard), a stalled one by a deadline that fires while it is held. */
+CT_TEST(tcp_dead_or_stalled_rank_fails_the_others) {
     int codes[8], r, i;
     memset(codes, 0, sizeof codes);
     r = tcp_world(3, 1, codes);
-    CT_CHECK(r == 0, "rank 0: line %d: %.300s", r, capex_last_error());
-    for (i = 2; i < 3; i++) CT_CHECK(codes[i] == 0, "rank %d exit %d", i, codes[i]);
+    CT_CHECK(r == 0, "rank 1 dead: rank 0: line %d: %.300s", r, capex_last_error());
+    for (i = 2; i < 3; i++) CT_CHECK(codes[i] == 0, "rank 1 dead: rank %d exit %d", i, codes[i]);
+    CT_CHECK(pipe(g_hold) == 0, "pipe");
+    r = tcp_world(2, 1, codes);
+    close(g_hold[0]);
+    g_hold[0] = g_hold[1] = -1;
+    CT_CHECK(r == 0, "rank 1 stalled: rank 0: line %d: %.300s", r, capex_last_error());
+    CT_CHECK(codes[1] == 0, "rank 1 stalled: exit %d", codes[1]);
 }
 
 /* rank 0 writes capex_zero_save_file's file: a failed write must fail
@@ -1146,7 +1179,7 @@ static const ct_case cases[] = {
     CT_CASE(optim_add_group_is_refused),
     CT_CASE(momentum_on_refused_on_every_rank),
     CT_CASE(tcp_worlds_match_ddp_and_optim),
-    CT_CASE(tcp_dead_rank_fails_the_others_within_the_deadline),
+    CT_CASE(tcp_dead_or_stalled_rank_fails_the_others),
     CT_CASE(tcp_save_file_status_on_every_rank),
     CT_CASE(tcp_save_file_null_path_on_one_rank),
     CT_CASE(tcp_save_file_writer_oom),

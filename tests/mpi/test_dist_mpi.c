@@ -132,6 +132,12 @@ static void comm_make(capex_comm *c, double timeout) {
     rec_n = 0;
 }
 
+/* A stalled rank: silent until mpirun ends the job, which it does when a
+   survivor exits with its error; 120 s at most, a hang guard. (A fixed 30 s
+   could run out first on a loaded machine: the rank's exit ended the job
+   before the survivors' 2 s deadlines had fired.) */
+#define STALL_HOLD() do { sleep(120); _exit(0); } while (0)
+
 typedef struct opts {
     int delay, accumulate, unused, bf16, rebuild, kill_at, stall_at;
     float predivide;
@@ -206,7 +212,7 @@ static int train(const opts *o, int steps, float lr, model *out, capex_ddp_stats
                 void *gv = capex_ddp_grad(g, (size_t)q);
                 size_t k;
                 if (st == o->kill_at && g_rank == 1 && p == NPARAM - 3) { fflush(stdout); raise(SIGKILL); }
-                if (st == o->stall_at && g_rank == 1 && p == NPARAM - 1) { sleep(30); _exit(0); }
+                if (st == o->stall_at && g_rank == 1 && p == NPARAM - 1) STALL_HOLD();
                 for (k = 0; k < p_numel[q]; k++) {
                     float acc = 0;
                     for (i = lo; i < hi; i++) acc += err[i] * (q == NPARAM - 1 ? 1.0f : X[idx[i]][p_off[q] + k]);
@@ -617,7 +623,7 @@ static int run_stall_blocking(void) {
         if (capex_comm_init_mpi(&c[k], MPI_COMM_WORLD) != CAPEX_OK) { printf("init: %s\n", capex_last_error()); exit(2); }
         c[k].timeout_s = 2.0;
     }
-    if (g_rank == 1) { sleep(30); _exit(0); }
+    if (g_rank == 1) STALL_HOLD();
     for (k = 0; k < 5; k++) {
         double t0 = capex_dist_now();
         capex_result r = k == 0 ? capex_comm_allreduce(&c[k], x, x, 64, CAPEX_F32, CAPEX_REDUCE_SUM)
