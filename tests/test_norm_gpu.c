@@ -16,6 +16,7 @@
 #include "capex_test.h"
 #include "cuda_test_util.h"
 #include "nccl_world.h"
+#include "fork_world.h"
 #include <dlfcn.h>
 #include <math.h>
 
@@ -711,6 +712,58 @@ CT_TEST(gpu_sync_batch_norm_world_matches_cpu_whole_batch) {
     }
 }
 
+/* The same SyncBatchNorm over a host comm (TCP, forked ranks, each with its
+   own emulator context): the statistics go through host staging (a stream
+   synchronisation per collective), the documented path for MPI/TCP comms,
+   never run before 2026-11-28. Same checks as above. */
+static syncbn_job g_tcp_job;
+static int syncbn_tcp_rank(int rank, int world, int port, int mode) {
+    capex_cuda_context *ctx = NULL;
+    capex_dist_env env;
+    capex_comm c;
+    int r;
+    (void)mode;
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = world; env.local_rank = rank; env.local_world_size = world;
+    strcpy(env.master_addr, "127.0.0.1");
+    env.master_port = port;
+    strcpy(env.run_id, "syncbn-tcp");
+    if (capex_cuda_context_create(NULL, &ctx) != CAPEX_OK) { fprintf(stderr, "rank %d: %s\n", rank, capex_last_error()); return 1; }
+    if (capex_comm_init_tcp(&c, &env, CT_HANG_GUARD_S) != CAPEX_OK) {
+        fprintf(stderr, "rank %d: TCP comm: %s\n", rank, capex_last_error());
+        capex_cuda_context_destroy(ctx);
+        return 1;
+    }
+    r = c.device_buffers ? 2 : syncbn_body(ctx, &c, rank, world, &g_tcp_job);
+    capex_comm_destroy(&c);
+    capex_cuda_context_destroy(ctx);
+    return r;
+}
+static void child_syncbn_tcp(const char *arg, child_result *res) {
+    int codes[8] = {0}, q, got;
+    long long S = 1;
+    memset(&g_tcp_job, 0, sizeof g_tcp_job);
+    got = arg ? sscanf(arg, "%d %lld %d %d %d", &g_tcp_job.lay, &S, &g_tcp_job.nb[0], &g_tcp_job.nb[1], &g_tcp_job.nb[2]) : 0;
+    if (got < 4) { res->code = 2; return; }
+    g_tcp_job.S = S; g_tcp_job.world = got - 2;
+    res->code = fork_world(g_tcp_job.world, 0, codes, syncbn_tcp_rank) ? 1 : 0;
+    for (q = 1; q < g_tcp_job.world; q++) if (codes[q]) res->code = 1;
+    snprintf(res->message, sizeof res->message, "TCP world of %d (%s): a rank failed; its stderr says why", g_tcp_job.world, arg);
+}
+CT_TEST(gpu_sync_batch_norm_host_comm_matches_cpu_whole_batch) {
+    static const char *runs[] = {"0 5 3 2", "1 5 3 2", "0 4 2 0 3"};
+    const char *lp = getenv("CAPEX_LIBCUDA_PATH");
+    capex_cuda_context *ctx;
+    size_t k;
+    if (lp && strstr(lp, "fake")) CT_SKIP("kernels need the emulator driver or a GPU");
+    if (!(ctx = open_ctx(ct))) return; /* skips without a GPU */
+    capex_cuda_context_destroy(ctx);
+    for (k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        child_result r = run_child("syncbn_tcp", runs[k]);
+        CT_CHECK(r.exited_ok && r.code == 0, "%s: %s (code %d)", runs[k], r.message, r.code);
+    }
+}
+
 /* Checked before any driver call: no GPU needed. */
 /* Zero rows: backward still writes dweight and dbias, as zeros (the CPU's
    rule, test_norm's norm_backward_zero_rows_writes_zero_param_grads). */
@@ -914,11 +967,12 @@ static const ct_case cases[] = {
     CT_CASE(gpu_batch_norm_eval_without_running_stats_needs_two_values),
     CT_CASE(gpu_batch_norm_empty_batch_as_torch),
     CT_CASE(gpu_norm_huge_f32_values_stay_finite), CT_CASE(gpu_norm_large_mean_small_noise_vs_float64),
-    CT_CASE(gpu_sync_batch_norm_world_matches_cpu_whole_batch),
+    CT_CASE(gpu_sync_batch_norm_world_matches_cpu_whole_batch), CT_CASE(gpu_sync_batch_norm_host_comm_matches_cpu_whole_batch),
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
     CT_CASE(gpu_sync_batch_norm_nccl_world2_orders_user_stream),
 };
-static const child_entry children[] = {{"syncbn", child_syncbn}, {"syncbn_stream", child_syncbn_stream}};
+static const child_entry children[] = {{"syncbn", child_syncbn}, {"syncbn_stream", child_syncbn_stream},
+                                       {"syncbn_tcp", child_syncbn_tcp}};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
