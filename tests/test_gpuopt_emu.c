@@ -767,12 +767,113 @@ CT_TEST(emu_add_group_device_failure_changes_nothing) {
     }
 }
 
+/* ---- from_host refuses a host optimizer that does not match, before any copy ----
+   A parameter's numel, its group, a group's amsgrad (a group of empty
+   tensors: no buffers to compare), a model copy present on one side only
+   (with CAPEX_OPTIM_STATE_PARAMS) and a step past CAPEX_STEP_MAX: each
+   refused with its code and the device's weights, moments and step counts
+   unchanged; the optimizer's own to_host copy is then taken. Never run
+   before 2026-11-28 (the checks guard copies sized by the device's numel). */
+static float fh_mem[4][64];
+static capex_optim *fh_host(const int64_t *numel, const int *group, int ams1, int model0) {
+    static uint16_t model[64];
+    capex_optim_desc d;
+    capex_optim *h = NULL;
+    int g, k;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    if (capex_optim_create(&d, &h) != CAPEX_OK) return NULL;
+    for (g = 0; g < 2; g++) {
+        capex_optim_param ps[3];
+        capex_optim_hparams hp = d.defaults;
+        size_t n = 0;
+        hp.amsgrad = g == 1 && ams1;
+        for (k = 0; k < 3; k++) {
+            if (group[k] != g) continue;
+            capex_optim_param_init(&ps[n]);
+            ps[n].param = fh_mem[k];
+            ps[n].grad = fh_mem[3];
+            ps[n].numel = numel[k];
+            if (k == 0 && model0) { ps[n].model = model; ps[n].model_dtype = CAPEX_F16; }
+            n++;
+        }
+        if (capex_optim_add_group(h, &hp, ps, n, NULL) != CAPEX_OK) { capex_optim_destroy(h); return NULL; }
+    }
+    return h;
+}
+CT_TEST(emu_from_host_refuses_mismatches) {
+    static const int64_t dn[3] = {37, 5, 0};
+    static const int dg[3] = {0, 0, 1};
+    static float p[3][64], g[64], before[3][3][64];
+    static const int64_t n_other[3] = {37, 6, 0};
+    static const int g_other[3] = {0, 1, 1};
+    env e = emu_env(43);
+    capex_optim_desc d;
+    capex_cuda_optim *o = NULL;
+    capex_optim *h;
+    capex_result r;
+    int k, c, i;
+    int64_t st0 = 0, st1 = 0;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    CT_CHECK(capex__go_optim_create(&e.ex, &d, &o) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < 64; i++) { g[i] = 0.01f * (float)(i % 7) - 0.03f; for (k = 0; k < 3; k++) p[k][i] = 0.1f * (float)k + 0.001f * (float)i; }
+    for (c = 0; c < 2; c++) {
+        capex_optim_param ps[2];
+        size_t n = 0;
+        for (k = 0; k < 3; k++) {
+            if (dg[k] != c) continue;
+            capex_optim_param_init(&ps[n]);
+            ps[n].param = p[k];
+            ps[n].grad = g;
+            ps[n].numel = dn[k];
+            n++;
+        }
+        CT_CHECK(capex_cuda_optim_add_group(o, NULL, ps, n, NULL) == CAPEX_OK, "%s", capex_last_error());
+    }
+    CT_CHECK(capex_cuda_optim_step(o, 0, 0, 0, NULL) == CAPEX_OK && capex_cuda_optim_step(o, 0, 0, 0, NULL) == CAPEX_OK, "%s",
+             capex_last_error());
+    for (k = 0; k < 2; k++) { /* weights, m, v of the non-empty params */
+        capex_cuda_ptr m, v;
+        CT_CHECK(capex_cuda_optim_get_state(o, 0, (size_t)k, &m, &v) == CAPEX_OK, "%s", capex_last_error());
+        memcpy(before[k][0], p[k], 4 * (size_t)dn[k]);
+        memcpy(before[k][1], (void *)(uintptr_t)m, 4 * (size_t)dn[k]);
+        memcpy(before[k][2], (void *)(uintptr_t)v, 4 * (size_t)dn[k]);
+    }
+    for (c = 0; c < 5; c++) {
+        static const capex_result want[5] = {CAPEX_ERR_SIZE_MISMATCH, CAPEX_ERR_SIZE_MISMATCH, CAPEX_ERR_CONFIG,
+                                             CAPEX_ERR_SIZE_MISMATCH, CAPEX_ERR_INVALID_ARG};
+        unsigned flags = c == 3 ? CAPEX_OPTIM_STATE_PARAMS : 0;
+        h = c == 0 ? fh_host(n_other, dg, 0, 0) : c == 1 ? fh_host(dn, g_other, 0, 0) : c == 2 ? fh_host(dn, dg, 1, 0)
+          : c == 3 ? fh_host(dn, dg, 0, 1) : NULL;
+        if (c == 4) {
+            CT_CHECK(capex_cuda_optim_to_host(o, 0, NULL, &h) == CAPEX_OK, "%s", capex_last_error());
+            h->groups[0].step = CAPEX_STEP_MAX + 1;
+        }
+        CT_CHECK(h != NULL, "case %d: host optimizer: %s", c, capex_last_error());
+        r = capex_cuda_optim_from_host(o, h, flags, NULL);
+        CT_CHECK(r == want[c], "case %d: %s (%s), want %s", c, capex_result_string(r), capex_last_error(),
+                 capex_result_string(want[c]));
+        capex_optim_destroy(h);
+        for (k = 0; k < 2; k++) {
+            capex_cuda_ptr m, v;
+            CT_CHECK(capex_cuda_optim_get_state(o, 0, (size_t)k, &m, &v) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(!memcmp(before[k][0], p[k], 4 * (size_t)dn[k]) && !memcmp(before[k][1], (void *)(uintptr_t)m, 4 * (size_t)dn[k]) &&
+                     !memcmp(before[k][2], (void *)(uintptr_t)v, 4 * (size_t)dn[k]), "case %d: param %d changed", c, k);
+        }
+        CT_CHECK(capex_cuda_optim_get_step(o, 0, &st0, NULL) == CAPEX_OK && capex_cuda_optim_get_step(o, 1, &st1, NULL) == CAPEX_OK &&
+                 st0 == 2 && st1 == 2, "case %d: steps %lld %lld", c, (long long)st0, (long long)st1);
+    }
+    CT_CHECK(capex_cuda_optim_to_host(o, CAPEX_OPTIM_STATE_PARAMS, NULL, &h) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_cuda_optim_from_host(o, h, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_OK, "own copy: %s", capex_last_error());
+    capex_optim_destroy(h);
+    capex_cuda_optim_destroy(o);
+}
+
 static const ct_case cases[] = {
     CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_check_positions), CT_CASE(emu_scale_many_tensors),
     CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_pure_half), CT_CASE(emu_options_mid_training), CT_CASE(emu_variants_bit_exact), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
     CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
     CT_CASE(emu_lr_schedule),
-    CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad), CT_CASE(emu_add_group_device_failure_changes_nothing), CT_CASE(emu_large_params), CT_CASE(emu_many_small_tensors),
+    CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad), CT_CASE(emu_add_group_device_failure_changes_nothing), CT_CASE(emu_from_host_refuses_mismatches), CT_CASE(emu_large_params), CT_CASE(emu_many_small_tensors),
 };
 
 int main(int argc, char **argv) {
