@@ -131,6 +131,94 @@ static void ln_case(ct_state *ct, capex_cuda_context *ctx, int rms, int64_t R, i
     free(mean); free(rstd); free(gm); free(gr);
 }
 
+/* Backward asked for part of its outputs (frozen norm weights: dx only; dx
+   not needed: dweight/dbias only; dbias or dweight alone), LayerNorm and
+   RMSNorm, f32, both row paths (warp, block): each output requested is the
+   bits the full call writes, and the float64 sum of dy over rows for dbias
+   (the f32 values are exact: multiples of 1/64, small). Outputs not
+   requested are not written, workspace missing or misaligned for
+   dweight/dbias refused. Before 2026-11-28 only dx + dweight (+ dbias) ran
+   on a device. */
+CT_TEST(gpu_norm_backward_partial_outputs) {
+    static const int64_t widths[2] = {20, 1100};
+    capex_cuda_context *ctx = open_ctx(ct);
+    int wi, rms, combo;
+    if (!ctx) return;
+    for (wi = 0; wi < 2 && !ct->failed; wi++)
+        for (rms = 0; rms < 2 && !ct->failed; rms++) {
+            const int64_t R = 9, C = widths[wi], N = R * C;
+            float *x = (float *)malloc(N * 4), *dy = (float *)malloc(N * 4), *w = (float *)malloc(C * 4), *b = (float *)malloc(C * 4);
+            float *full_dx = (float *)malloc(N * 4), *full_dw = (float *)malloc(C * 4), *full_db = (float *)malloc(C * 4);
+            float *got = (float *)malloc(N * 4);
+            capex_cuda_norm_args g;
+            capex_cuda_ptr dx, dw, db, ws;
+            int64_t i, r;
+            size_t wsb = capex_cuda_norm_workspace_bytes(R, C);
+            for (i = 0; i < N; i++) { x[i] = 1.0f + 2.0f * rnd(); dy[i] = (float)((int)(rnd() * 64.0f)) / 64.0f; }
+            for (i = 0; i < C; i++) { w[i] = 1.0f + 0.5f * rnd(); b[i] = rnd(); }
+            capex_cuda_norm_args_init(&g);
+            g.rows = R; g.cols = C; g.x_dtype = g.y_dtype = g.param_dtype = CAPEX_F32;
+            g.x = up(ctx, x, N * 4); g.dy = up(ctx, dy, N * 4); g.weight = up(ctx, w, C * 4); g.bias = rms ? 0 : up(ctx, b, C * 4);
+            g.y = up(ctx, NULL, N * 4); g.mean = up(ctx, NULL, R * 4); g.rstd = up(ctx, NULL, R * 4);
+            dx = up(ctx, NULL, N * 4); dw = up(ctx, NULL, C * 4); db = up(ctx, NULL, C * 4); ws = up(ctx, NULL, wsb + 4);
+            CT_CHECK((rms ? capex_cuda_rms_norm_forward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL)) ==
+                     CAPEX_OK, "%s", capex_last_error());
+            for (combo = 0; combo < 5 && !ct->failed; combo++) { /* 0 all, 1 dx only, 2 params only, 3 dbias only, 4 dweight only */
+                capex_result res;
+                int want_dx = combo <= 1, want_dw = combo == 0 || combo == 2 || combo == 4, want_db = !rms && combo != 1 && combo != 4;
+                if (rms && combo == 3) continue; /* RMSNorm has no bias */
+                CT_CHECK(capex_cuda_memset_u8(ctx, dx, 0xff, N * 4, NULL) == CAPEX_OK && capex_cuda_memset_u8(ctx, dw, 0xff, C * 4, NULL) == CAPEX_OK &&
+                         capex_cuda_memset_u8(ctx, db, 0xff, C * 4, NULL) == CAPEX_OK, "poison");
+                g.dx = want_dx ? dx : 0; g.dweight = want_dw ? dw : 0; g.dbias = want_db ? db : 0; g.workspace = ws;
+                if (want_dw || want_db) { /* refused first: no workspace, a misaligned one */
+                    g.workspace = 0;
+                    res = rms ? capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_backward(ctx, NULL, &g, NULL);
+                    CT_CHECK(res == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "workspace"), "combo %d no workspace: %s", combo,
+                             capex_last_error());
+                    g.workspace = ws + 2;
+                    res = rms ? capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_backward(ctx, NULL, &g, NULL);
+                    CT_CHECK(res == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "aligned"), "combo %d misaligned: %s", combo,
+                             capex_last_error());
+                    g.workspace = ws;
+                }
+                res = rms ? capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_backward(ctx, NULL, &g, NULL);
+                CT_CHECK(res == CAPEX_OK && capex_cuda_context_synchronize(ctx) == CAPEX_OK, "combo %d: %s", combo, capex_last_error());
+                if (combo == 0) {
+                    capex_cuda_memcpy_dtoh(ctx, full_dx, dx, N * 4, NULL);
+                    capex_cuda_memcpy_dtoh(ctx, full_dw, dw, C * 4, NULL);
+                    if (!rms) capex_cuda_memcpy_dtoh(ctx, full_db, db, C * 4, NULL);
+                    for (i = 0; !rms && i < C; i++) {
+                        double sdy = 0;
+                        for (r = 0; r < R; r++) sdy += dy[r * C + i];
+                        CT_CHECK(full_db[i] == (float)sdy, "C=%lld dbias[%lld] %.9g, float64 %.17g", (long long)C, (long long)i,
+                                 (double)full_db[i], sdy);
+                    }
+                    continue;
+                }
+                capex_cuda_memcpy_dtoh(ctx, got, dx, N * 4, NULL);
+                for (i = 0; i < N; i++)
+                    CT_CHECK(want_dx ? !memcmp(&got[i], &full_dx[i], 4) : ((uint32_t *)got)[i] == 0xffffffffu,
+                             "rms=%d C=%lld combo %d: dx[%lld] %.9g (full call %.9g)", rms, (long long)C, combo, (long long)i,
+                             (double)got[i], (double)full_dx[i]);
+                capex_cuda_memcpy_dtoh(ctx, got, dw, C * 4, NULL);
+                for (i = 0; i < C; i++)
+                    CT_CHECK(want_dw ? !memcmp(&got[i], &full_dw[i], 4) : ((uint32_t *)got)[i] == 0xffffffffu,
+                             "rms=%d C=%lld combo %d: dweight[%lld] %.9g (full call %.9g)", rms, (long long)C, combo, (long long)i,
+                             (double)got[i], (double)full_dw[i]);
+                capex_cuda_memcpy_dtoh(ctx, got, db, C * 4, NULL);
+                for (i = 0; i < C; i++)
+                    CT_CHECK(want_db ? !memcmp(&got[i], &full_db[i], 4) : ((uint32_t *)got)[i] == 0xffffffffu,
+                             "rms=%d C=%lld combo %d: dbias[%lld] %.9g (full call %.9g)", rms, (long long)C, combo, (long long)i,
+                             (double)got[i], (double)full_db[i]);
+            }
+            capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias);
+            capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.mean); capex_cuda_free(ctx, g.rstd); capex_cuda_free(ctx, dx);
+            capex_cuda_free(ctx, dw); capex_cuda_free(ctx, db); capex_cuda_free(ctx, ws);
+            free(x); free(dy); free(w); free(b); free(full_dx); free(full_dw); free(full_db); free(got);
+        }
+    capex_cuda_context_destroy(ctx);
+}
+
 CT_TEST(gpu_layer_and_rms_norm_match_cpu) {
     static const int64_t widths[] = {1, 7, 64, 1000, 1024, 1025, 4096, 8192};
     static const capex_dtype ts[] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
@@ -958,7 +1046,7 @@ CT_TEST(gpu_sync_batch_norm_nccl_world2_orders_user_stream) {
 static const ct_case cases[] = {
     CT_CASE(gpu_norm_argument_errors),
     CT_CASE(gpu_layer_norm_refuses_rows_over_2p32_columns), CT_CASE(gpu_norm_backward_refuses_long_rows_before_dx),
-    CT_CASE(gpu_layer_and_rms_norm_match_cpu),
+    CT_CASE(gpu_layer_and_rms_norm_match_cpu), CT_CASE(gpu_norm_backward_partial_outputs),
     CT_CASE(gpu_norm_every_dtype_variant),
     CT_CASE(gpu_norm_variant_mismatch_refused_on_emulator),
     CT_CASE(gpu_norm_backward_vector_and_scalar_paths_agree),
