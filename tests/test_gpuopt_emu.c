@@ -767,6 +767,38 @@ CT_TEST(emu_add_group_device_failure_changes_nothing) {
     }
 }
 
+/* The scaler's create: its allocation, upload or sync failing returns the
+   error, no scaler and no device memory held; then it is made with the
+   desc's scale (never run before 2026-11-28). */
+CT_TEST(emu_scaler_create_device_failure) {
+    env failing = emu_env(45);
+    capex_scaler_desc d;
+    capex_cuda_scaler *sc = (capex_cuda_scaler *)&d;
+    capex_result r = CAPEX_OK;
+    float scale = 0;
+    int at, failures = 0;
+    failing.ex.alloc = fi_alloc;
+    failing.ex.release = fi_release;
+    failing.ex.htod = fi_htod;
+    failing.ex.sync = fi_sync;
+    capex_scaler_desc_init(&d);
+    d.init_scale = 1024.0f;
+    fi_live = 0;
+    for (at = 0; at < 10; at++) {
+        fi_countdown = at;
+        r = capex__go_scaler_create(&failing.ex, &d, &sc);
+        fi_countdown = -1;
+        if (r == CAPEX_OK) break;
+        failures++;
+        CT_CHECK(sc == NULL && fi_live == 0 && strstr(capex_last_error(), "injected"), "failure %d: scaler %p, %ld allocations, %s",
+                 at, (void *)sc, fi_live, capex_last_error());
+    }
+    CT_CHECK(r == CAPEX_OK && failures == 3, "%d failures, then %s", failures, capex_last_error());
+    CT_CHECK(capex_cuda_scaler_get_scale(sc, &scale, NULL) == CAPEX_OK && scale == 1024.0f, "scale %g", (double)scale);
+    capex_cuda_scaler_destroy(sc);
+    CT_CHECK(fi_live == 0, "%ld allocations left", fi_live);
+}
+
 /* ---- from_host refuses a host optimizer that does not match, before any copy ----
    A parameter's numel, its group, a group's amsgrad (a group of empty
    tensors: no buffers to compare), a model copy present on one side only
@@ -873,7 +905,7 @@ static const ct_case cases[] = {
     CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_pure_half), CT_CASE(emu_options_mid_training), CT_CASE(emu_variants_bit_exact), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
     CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
     CT_CASE(emu_lr_schedule),
-    CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad), CT_CASE(emu_add_group_device_failure_changes_nothing), CT_CASE(emu_from_host_refuses_mismatches), CT_CASE(emu_large_params), CT_CASE(emu_many_small_tensors),
+    CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad), CT_CASE(emu_add_group_device_failure_changes_nothing), CT_CASE(emu_from_host_refuses_mismatches), CT_CASE(emu_scaler_create_device_failure), CT_CASE(emu_large_params), CT_CASE(emu_many_small_tensors),
 };
 
 int main(int argc, char **argv) {
