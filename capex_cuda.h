@@ -6235,10 +6235,15 @@ CAPEX__PRIVATE capex_result capex__go_mirror(capex_cuda_optim *o, const capex__g
     capex_result r = CAPEX_OK;
     for (k = 0, m = 0; k < n; k++) m += t[k].p.pure_half && t[k].p.numel;
     if (!m) return CAPEX_OK;
-    if (!o->one) {
+    if (!o->one) { /* kept only once written: a later mirror must not scale by garbage */
         float one = 1.0f;
-        if ((r = o->ex.alloc(o->ex.user, 4, &o->one)) != CAPEX_OK) return r;
-        if ((r = o->ex.htod(o->ex.user, o->one, &one, 4, NULL)) != CAPEX_OK) return r;
+        capex_cuda_ptr d = 0;
+        if ((r = o->ex.alloc(o->ex.user, 4, &d)) != CAPEX_OK) return r;
+        if ((r = o->ex.htod(o->ex.user, d, &one, 4, NULL)) != CAPEX_OK) {
+            o->ex.release(o->ex.user, d);
+            return r;
+        }
+        o->one = d;
     }
     in = (capex_tensor *)capex__alloc(NULL, 2 * m * sizeof *in);
     if (!in) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);

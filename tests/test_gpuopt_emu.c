@@ -604,12 +604,308 @@ CT_TEST(emu_many_small_tensors) {
     }
 }
 
+/* ---- a device failure inside add_group changes nothing ----
+   Every allocation, copy, zeroing and launch add_group makes fails in turn
+   (a countdown in the exec): each failure returns its error, leaves the
+   group count and the live device allocations as they were, and the
+   optimizer then adds the group and steps bit for bit like a twin that never
+   failed (Adam amsgrad with a pure_half f16 group, LAMB, NovoGrad, Adagrad
+   with an initial accumulator, SGD momentum; each with a group and two steps
+   before). Never run before 2026-11-28 (add_group's cleanup path). */
+static int fi_countdown = -1; /* device operations left before one fails; -1: none fails */
+static long fi_live;          /* live allocations of the failing exec */
+static int fi_fail(void) { return fi_countdown >= 0 && fi_countdown-- == 0; }
+static capex_result fi_alloc(void *u, size_t bytes, capex_cuda_ptr *out) {
+    capex_result r;
+    if (fi_fail()) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "injected: alloc of %zu bytes", bytes);
+    if ((r = emu_alloc(u, bytes, out)) == CAPEX_OK) fi_live++;
+    return r;
+}
+static void fi_release(void *u, capex_cuda_ptr p) { fi_live--; emu_release(u, p); }
+static capex_result fi_htod(void *u, capex_cuda_ptr d, const void *s, size_t n, capex_cuda_stream st) {
+    return fi_fail() ? capex__fail(CAPEX_ERR_CUDA, "injected: htod") : emu_htod(u, d, s, n, st);
+}
+static capex_result fi_dtoh(void *u, void *d, capex_cuda_ptr s, size_t n, capex_cuda_stream st) {
+    return fi_fail() ? capex__fail(CAPEX_ERR_CUDA, "injected: dtoh") : emu_dtoh(u, d, s, n, st);
+}
+static capex_result fi_zero(void *u, capex_cuda_ptr d, size_t n, capex_cuda_stream st) {
+    return fi_fail() ? capex__fail(CAPEX_ERR_CUDA, "injected: zero") : emu_zero(u, d, n, st);
+}
+static capex_result fi_launch(void *u, int k, unsigned vb, unsigned grid, unsigned block, void **args, capex_cuda_stream s) {
+    return fi_fail() ? capex__fail(CAPEX_ERR_CUDA, "injected: launch") : emu_launch(u, k, vb, grid, block, args, s);
+}
+static capex_result fi_sync(void *u) { (void)u; return fi_fail() ? capex__fail(CAPEX_ERR_CUDA, "injected: sync") : CAPEX_OK; }
+
+enum { FI_NT = 5 };
+static const int64_t fi_numel[FI_NT] = {37, 70001, 5, 100, 0}; /* group 0: 0..2; group 1: 3, 4 */
+typedef struct fi_twin {
+    float *p[FI_NT], *g[FI_NT];
+    uint16_t *m[FI_NT];
+    capex_cuda_optim *o;
+} fi_twin;
+static void fi_params(fi_twin *t, int first, int n, int pure, capex_optim_param *ps) {
+    int i;
+    for (i = 0; i < n; i++) {
+        int k = first + i;
+        capex_optim_param_init(&ps[i]);
+        ps[i].param = t->p[k];
+        ps[i].grad = t->g[k];
+        ps[i].numel = fi_numel[k];
+        if (pure && k == 3) { ps[i].model = t->m[k]; ps[i].model_dtype = CAPEX_F16; ps[i].pure_half = 1; }
+    }
+}
+static void fi_make(fi_twin *t, uint64_t seed) {
+    int k;
+    int64_t i;
+    for (k = 0; k < FI_NT; k++) {
+        uint64_t s = seed + (uint64_t)k;
+        size_t n = (size_t)fi_numel[k] + 1;
+        t->p[k] = (float *)malloc(n * 4);
+        t->g[k] = (float *)malloc(n * 4);
+        t->m[k] = (uint16_t *)malloc(n * 2);
+        for (i = 0; i < fi_numel[k]; i++) {
+            t->p[k][i] = par_uniform(&s);
+            t->g[k][i] = par_uniform(&s) * 0.1f;
+            t->m[k][i] = capex_f32_to_f16(par_uniform(&s));
+        }
+    }
+    t->o = NULL;
+}
+static void fi_free(fi_twin *t) {
+    int k;
+    capex_cuda_optim_destroy(t->o);
+    for (k = 0; k < FI_NT; k++) { free(t->p[k]); free(t->g[k]); free(t->m[k]); }
+}
+static int fi_same(const fi_twin *a, const fi_twin *b, int nt) {
+    int k;
+    size_t j;
+    for (k = 0; k < nt; k++) {
+        capex_cuda_ptr ma, va, mb, vb, xa = 0, xb = 0;
+        size_t g = k < 3 ? 0 : 1, idx = k < 3 ? (size_t)k : (size_t)k - 3, bytes = (size_t)fi_numel[k] * 4;
+        if (memcmp(a->p[k], b->p[k], bytes) || memcmp(a->m[k], b->m[k], (size_t)fi_numel[k] * 2)) return 0;
+        if (capex_cuda_optim_get_state(a->o, g, idx, &ma, &va) != CAPEX_OK ||
+            capex_cuda_optim_get_state(b->o, g, idx, &mb, &vb) != CAPEX_OK ||
+            capex_cuda_optim_get_max_exp_avg_sq(a->o, g, idx, &xa) != CAPEX_OK ||
+            capex_cuda_optim_get_max_exp_avg_sq(b->o, g, idx, &xb) != CAPEX_OK) return 0;
+        if (!ma != !mb || !va != !vb || !xa != !xb) return 0;
+        for (j = 0; j < bytes / 4; j++) {
+            if (ma && ((float *)(uintptr_t)ma)[j] != ((float *)(uintptr_t)mb)[j]) return 0;
+            if (va && ((float *)(uintptr_t)va)[j] != ((float *)(uintptr_t)vb)[j]) return 0;
+            if (xa && ((float *)(uintptr_t)xa)[j] != ((float *)(uintptr_t)xb)[j]) return 0;
+        }
+    }
+    return 1;
+}
+CT_TEST(emu_add_group_device_failure_changes_nothing) {
+    static const capex_optim_kind kinds[5] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_LAMB, CAPEX_OPTIM_NOVOGRAD, CAPEX_OPTIM_ADAGRAD,
+                                              CAPEX_OPTIM_SGD};
+    env plain = emu_env(41), failing = emu_env(41);
+    int ki;
+    failing.ex.alloc = fi_alloc;
+    failing.ex.release = fi_release;
+    failing.ex.htod = fi_htod;
+    failing.ex.dtoh = fi_dtoh;
+    failing.ex.zero = fi_zero;
+    failing.ex.launch = fi_launch;
+    failing.ex.sync = fi_sync;
+    for (ki = 0; ki < 5; ki++) {
+        capex_optim_desc d;
+        capex_optim_hparams hp;
+        capex_optim_param ps[3];
+        fi_twin a, b;
+        int step, at, pure = kinds[ki] == CAPEX_OPTIM_ADAM, failures = 0;
+        capex_result r = CAPEX_OK;
+        capex_optim_desc_init(&d, kinds[ki]);
+        d.exec.chunk_size = 65536;
+        d.defaults.lr = 1e-2f;
+        d.defaults.weight_decay = 0.01f;
+        if (kinds[ki] == CAPEX_OPTIM_SGD) d.defaults.momentum = 0.9f;
+        if (kinds[ki] == CAPEX_OPTIM_ADAGRAD) d.defaults.initial_accumulator_value = 0.1f;
+        hp = d.defaults;
+        if (kinds[ki] == CAPEX_OPTIM_ADAM) hp.amsgrad = 1;
+        fi_make(&a, 7);
+        fi_make(&b, 7);
+        fi_countdown = -1;
+        fi_live = 0;
+        CT_CHECK(capex__go_optim_create(&plain.ex, &d, &a.o) == CAPEX_OK && capex__go_optim_create(&failing.ex, &d, &b.o) == CAPEX_OK,
+                 "%s", capex_last_error());
+        fi_params(&a, 0, 3, 0, ps);
+        CT_CHECK(capex_cuda_optim_add_group(a.o, &hp, ps, 3, NULL) == CAPEX_OK, "%s", capex_last_error());
+        fi_params(&b, 0, 3, 0, ps);
+        CT_CHECK(capex_cuda_optim_add_group(b.o, &hp, ps, 3, NULL) == CAPEX_OK, "%s", capex_last_error());
+        for (step = 0; step < 2; step++)
+            CT_CHECK(capex_cuda_optim_step(a.o, 0, 0, 0, NULL) == CAPEX_OK && capex_cuda_optim_step(b.o, 0, 0, 0, NULL) == CAPEX_OK,
+                     "%s", capex_last_error());
+        for (at = 0; at < 1000; at++) {
+            long live = fi_live;
+            int had_one = b.o->one != 0; /* pure_half's device 1.0f, kept once written */
+            fi_params(&b, 3, 2, pure, ps);
+            fi_countdown = at;
+            r = capex_cuda_optim_add_group(b.o, NULL, ps, 2, NULL);
+            fi_countdown = -1;
+            if (r == CAPEX_OK) break;
+            failures++;
+            CT_CHECK(strstr(capex_last_error(), "injected") != NULL, "kind %d, failure %d: %s", (int)kinds[ki], at,
+                     capex_last_error());
+            CT_CHECK(capex_cuda_optim_num_groups(b.o) == 1, "kind %d, failure %d: %zu groups", (int)kinds[ki], at,
+                     capex_cuda_optim_num_groups(b.o));
+            CT_CHECK(fi_live == live + (b.o->one && !had_one), "kind %d, failure at device operation %d: %ld allocations leaked",
+                     (int)kinds[ki], at, fi_live - live);
+        }
+        CT_CHECK(r == CAPEX_OK && failures >= 3, "kind %d: %d failures, then %s", (int)kinds[ki], failures, capex_last_error());
+        fi_params(&a, 3, 2, pure, ps);
+        CT_CHECK(capex_cuda_optim_add_group(a.o, NULL, ps, 2, NULL) == CAPEX_OK, "%s", capex_last_error());
+        for (step = 0; step < 3; step++)
+            CT_CHECK(capex_cuda_optim_step(a.o, 0, 0, 0, NULL) == CAPEX_OK && capex_cuda_optim_step(b.o, 0, 0, 0, NULL) == CAPEX_OK,
+                     "%s", capex_last_error());
+        CT_CHECK(fi_same(&a, &b, FI_NT), "kind %d: the optimizer that saw %d failed add_groups differs from its twin",
+                 (int)kinds[ki], failures);
+        fi_free(&a);
+        b.o = (capex_cuda_optim_destroy(b.o), (capex_cuda_optim *)NULL);
+        CT_CHECK(fi_live == 0, "kind %d: %ld device allocations left after destroy", (int)kinds[ki], fi_live);
+        fi_free(&b);
+    }
+}
+
+/* The scaler's create: its allocation, upload or sync failing returns the
+   error, no scaler and no device memory held; then it is made with the
+   desc's scale (never run before 2026-11-28). */
+CT_TEST(emu_scaler_create_device_failure) {
+    env failing = emu_env(45);
+    capex_scaler_desc d;
+    capex_cuda_scaler *sc = (capex_cuda_scaler *)&d;
+    capex_result r = CAPEX_OK;
+    float scale = 0;
+    int at, failures = 0;
+    failing.ex.alloc = fi_alloc;
+    failing.ex.release = fi_release;
+    failing.ex.htod = fi_htod;
+    failing.ex.sync = fi_sync;
+    capex_scaler_desc_init(&d);
+    d.init_scale = 1024.0f;
+    fi_live = 0;
+    for (at = 0; at < 10; at++) {
+        fi_countdown = at;
+        r = capex__go_scaler_create(&failing.ex, &d, &sc);
+        fi_countdown = -1;
+        if (r == CAPEX_OK) break;
+        failures++;
+        CT_CHECK(sc == NULL && fi_live == 0 && strstr(capex_last_error(), "injected"), "failure %d: scaler %p, %ld allocations, %s",
+                 at, (void *)sc, fi_live, capex_last_error());
+    }
+    CT_CHECK(r == CAPEX_OK && failures == 3, "%d failures, then %s", failures, capex_last_error());
+    CT_CHECK(capex_cuda_scaler_get_scale(sc, &scale, NULL) == CAPEX_OK && scale == 1024.0f, "scale %g", (double)scale);
+    capex_cuda_scaler_destroy(sc);
+    CT_CHECK(fi_live == 0, "%ld allocations left", fi_live);
+}
+
+/* ---- from_host refuses a host optimizer that does not match, before any copy ----
+   A parameter's numel, its group, a group's amsgrad (a group of empty
+   tensors: no buffers to compare), a model copy present on one side only
+   (with CAPEX_OPTIM_STATE_PARAMS) and a step past CAPEX_STEP_MAX: each
+   refused with its code and the device's weights, moments and step counts
+   unchanged; the optimizer's own to_host copy is then taken. Never run
+   before 2026-11-28 (the checks guard copies sized by the device's numel). */
+static float fh_mem[4][64];
+static capex_optim *fh_host(const int64_t *numel, const int *group, int ams1, int model0) {
+    static uint16_t model[64];
+    capex_optim_desc d;
+    capex_optim *h = NULL;
+    int g, k;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    if (capex_optim_create(&d, &h) != CAPEX_OK) return NULL;
+    for (g = 0; g < 2; g++) {
+        capex_optim_param ps[3];
+        capex_optim_hparams hp = d.defaults;
+        size_t n = 0;
+        hp.amsgrad = g == 1 && ams1;
+        for (k = 0; k < 3; k++) {
+            if (group[k] != g) continue;
+            capex_optim_param_init(&ps[n]);
+            ps[n].param = fh_mem[k];
+            ps[n].grad = fh_mem[3];
+            ps[n].numel = numel[k];
+            if (k == 0 && model0) { ps[n].model = model; ps[n].model_dtype = CAPEX_F16; }
+            n++;
+        }
+        if (capex_optim_add_group(h, &hp, ps, n, NULL) != CAPEX_OK) { capex_optim_destroy(h); return NULL; }
+    }
+    return h;
+}
+CT_TEST(emu_from_host_refuses_mismatches) {
+    static const int64_t dn[3] = {37, 5, 0};
+    static const int dg[3] = {0, 0, 1};
+    static float p[3][64], g[64], before[3][3][64];
+    static const int64_t n_other[3] = {37, 6, 0};
+    static const int g_other[3] = {0, 1, 1};
+    env e = emu_env(43);
+    capex_optim_desc d;
+    capex_cuda_optim *o = NULL;
+    capex_optim *h;
+    capex_result r;
+    int k, c, i;
+    int64_t st0 = 0, st1 = 0;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    CT_CHECK(capex__go_optim_create(&e.ex, &d, &o) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < 64; i++) { g[i] = 0.01f * (float)(i % 7) - 0.03f; for (k = 0; k < 3; k++) p[k][i] = 0.1f * (float)k + 0.001f * (float)i; }
+    for (c = 0; c < 2; c++) {
+        capex_optim_param ps[2];
+        size_t n = 0;
+        for (k = 0; k < 3; k++) {
+            if (dg[k] != c) continue;
+            capex_optim_param_init(&ps[n]);
+            ps[n].param = p[k];
+            ps[n].grad = g;
+            ps[n].numel = dn[k];
+            n++;
+        }
+        CT_CHECK(capex_cuda_optim_add_group(o, NULL, ps, n, NULL) == CAPEX_OK, "%s", capex_last_error());
+    }
+    CT_CHECK(capex_cuda_optim_step(o, 0, 0, 0, NULL) == CAPEX_OK && capex_cuda_optim_step(o, 0, 0, 0, NULL) == CAPEX_OK, "%s",
+             capex_last_error());
+    for (k = 0; k < 2; k++) { /* weights, m, v of the non-empty params */
+        capex_cuda_ptr m, v;
+        CT_CHECK(capex_cuda_optim_get_state(o, 0, (size_t)k, &m, &v) == CAPEX_OK, "%s", capex_last_error());
+        memcpy(before[k][0], p[k], 4 * (size_t)dn[k]);
+        memcpy(before[k][1], (void *)(uintptr_t)m, 4 * (size_t)dn[k]);
+        memcpy(before[k][2], (void *)(uintptr_t)v, 4 * (size_t)dn[k]);
+    }
+    for (c = 0; c < 5; c++) {
+        static const capex_result want[5] = {CAPEX_ERR_SIZE_MISMATCH, CAPEX_ERR_SIZE_MISMATCH, CAPEX_ERR_CONFIG,
+                                             CAPEX_ERR_SIZE_MISMATCH, CAPEX_ERR_INVALID_ARG};
+        unsigned flags = c == 3 ? CAPEX_OPTIM_STATE_PARAMS : 0;
+        h = c == 0 ? fh_host(n_other, dg, 0, 0) : c == 1 ? fh_host(dn, g_other, 0, 0) : c == 2 ? fh_host(dn, dg, 1, 0)
+          : c == 3 ? fh_host(dn, dg, 0, 1) : NULL;
+        if (c == 4) {
+            CT_CHECK(capex_cuda_optim_to_host(o, 0, NULL, &h) == CAPEX_OK, "%s", capex_last_error());
+            h->groups[0].step = CAPEX_STEP_MAX + 1;
+        }
+        CT_CHECK(h != NULL, "case %d: host optimizer: %s", c, capex_last_error());
+        r = capex_cuda_optim_from_host(o, h, flags, NULL);
+        CT_CHECK(r == want[c], "case %d: %s (%s), want %s", c, capex_result_string(r), capex_last_error(),
+                 capex_result_string(want[c]));
+        capex_optim_destroy(h);
+        for (k = 0; k < 2; k++) {
+            capex_cuda_ptr m, v;
+            CT_CHECK(capex_cuda_optim_get_state(o, 0, (size_t)k, &m, &v) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(!memcmp(before[k][0], p[k], 4 * (size_t)dn[k]) && !memcmp(before[k][1], (void *)(uintptr_t)m, 4 * (size_t)dn[k]) &&
+                     !memcmp(before[k][2], (void *)(uintptr_t)v, 4 * (size_t)dn[k]), "case %d: param %d changed", c, k);
+        }
+        CT_CHECK(capex_cuda_optim_get_step(o, 0, &st0, NULL) == CAPEX_OK && capex_cuda_optim_get_step(o, 1, &st1, NULL) == CAPEX_OK &&
+                 st0 == 2 && st1 == 2, "case %d: steps %lld %lld", c, (long long)st0, (long long)st1);
+    }
+    CT_CHECK(capex_cuda_optim_to_host(o, CAPEX_OPTIM_STATE_PARAMS, NULL, &h) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_cuda_optim_from_host(o, h, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_OK, "own copy: %s", capex_last_error());
+    capex_optim_destroy(h);
+    capex_cuda_optim_destroy(o);
+}
+
 static const ct_case cases[] = {
     CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_check_positions), CT_CASE(emu_scale_many_tensors),
     CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_pure_half), CT_CASE(emu_options_mid_training), CT_CASE(emu_variants_bit_exact), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
     CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
     CT_CASE(emu_lr_schedule),
-    CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad), CT_CASE(emu_large_params), CT_CASE(emu_many_small_tensors),
+    CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad), CT_CASE(emu_add_group_device_failure_changes_nothing), CT_CASE(emu_from_host_refuses_mismatches), CT_CASE(emu_scaler_create_device_failure), CT_CASE(emu_large_params), CT_CASE(emu_many_small_tensors),
 };
 
 int main(int argc, char **argv) {

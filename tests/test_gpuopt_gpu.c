@@ -205,6 +205,124 @@ CT_TEST(gpu_graph_replay) {
     par_opt_free(&e, &o);
 }
 
+/* ---- the public multi-tensor entries (capex_cuda_multi_tensor_scale,
+   _l2norm, capex_cuda_clip_grad_norm) against float64 ----
+   1500 tensors of 1..37 elements (more than one launch holds with 4 KB and
+   with 32 KB of parameters) and one of 70001 (two chunks): the norm and
+   every per-tensor norm within 1 float ulp of sqrt of the float64 sum of
+   squares; an f16 -> f32 unscale by 0.5 exact, an inf in tensor 1400 found
+   (check only) and a clean list leaves found_inf 0; clipping to a quarter of
+   the norm: the factor max_norm / (total + 1e-6) within 1 ulp of float64
+   and every grad exactly f32(g * factor). Before 2026-11-28 only the
+   2^31-element test (skipped on the emulator) called them on a device. */
+enum { PUB_NT = 1501 };
+static int ulp_close(float got, double want) {
+    float w = (float)want;
+    return fabsf(got - w) <= fmaxf(fabsf(nextafterf(w, INFINITY) - w), fabsf(w - nextafterf(w, -INFINITY)));
+}
+CT_TEST(gpu_public_multi_tensor_entries) {
+    static capex_tensor dx[PUB_NT], dh[PUB_NT], dout[PUB_NT];
+    static int64_t numel[PUB_NT], off[PUB_NT + 1];
+    static double sq[PUB_NT];
+    capex_cuda_ptr X = 0, H = 0, O = 0, ws = 0, dtot = 0, dper = 0, dscale = 0, dfound = 0, dcoef = 0;
+    float *hxv, *back, tot, coef, *per, half = 0.5f;
+    uint16_t *hh;
+    uint32_t found = 7;
+    size_t ws_bytes = 0, i;
+    int64_t e, total = 0;
+    double all = 0, want_coef, max_norm;
+    capex_tensor_list lx, lh, lo;
+    uint64_t sd;
+    GPU_ENV(env_, 33);
+    sd = env_.seed;
+    for (i = 0; i < PUB_NT; i++) {
+        numel[i] = i == 700 ? 70001 : 1 + (int64_t)(i % 37);
+        off[i] = total;
+        total += (numel[i] + 3) & ~(int64_t)3;
+    }
+    off[PUB_NT] = total;
+    hxv = (float *)malloc((size_t)total * 4);
+    back = (float *)malloc((size_t)total * 4);
+    hh = (uint16_t *)malloc((size_t)total * 2);
+    per = (float *)malloc(PUB_NT * 4);
+    CT_CHECK(hxv && back && hh && per, "host memory");
+    for (i = 0; i < PUB_NT; i++) {
+        sq[i] = 0;
+        for (e = 0; e < numel[i]; e++) {
+            float v = par_uniform(&sd) * (i % 5 == 0 ? 1e3f : 1.0f);
+            hxv[off[i] + e] = v;
+            hh[off[i] + e] = capex_f32_to_f16(v * 1e-3f);
+            sq[i] += (double)v * v;
+        }
+        all += sq[i];
+    }
+    CT_CHECK(capex_cuda_malloc(env_.ctx, (size_t)total * 4, &X) == CAPEX_OK && capex_cuda_malloc(env_.ctx, (size_t)total * 2, &H) == CAPEX_OK &&
+             capex_cuda_malloc(env_.ctx, (size_t)total * 4, &O) == CAPEX_OK && capex_cuda_malloc(env_.ctx, 4, &dtot) == CAPEX_OK &&
+             capex_cuda_malloc(env_.ctx, PUB_NT * 4, &dper) == CAPEX_OK && capex_cuda_malloc(env_.ctx, 4, &dscale) == CAPEX_OK &&
+             capex_cuda_malloc(env_.ctx, 4, &dfound) == CAPEX_OK && capex_cuda_malloc(env_.ctx, 4, &dcoef) == CAPEX_OK,
+             "%s", capex_last_error());
+    CT_CHECK(capex_cuda_memcpy_htod(env_.ctx, X, hxv, (size_t)total * 4, NULL) == CAPEX_OK &&
+             capex_cuda_memcpy_htod(env_.ctx, H, hh, (size_t)total * 2, NULL) == CAPEX_OK &&
+             capex_cuda_memcpy_htod(env_.ctx, dscale, &half, 4, NULL) == CAPEX_OK &&
+             capex_cuda_memset_u32(env_.ctx, dfound, 0, 1, NULL) == CAPEX_OK, "up");
+    for (i = 0; i < PUB_NT; i++) {
+        dx[i].data = (void *)(uintptr_t)(X + 4u * (uint64_t)off[i]);
+        dx[i].numel = numel[i];
+        dh[i].data = (void *)(uintptr_t)(H + 2u * (uint64_t)off[i]);
+        dh[i].numel = numel[i];
+        dout[i].data = (void *)(uintptr_t)(O + 4u * (uint64_t)off[i]);
+        dout[i].numel = numel[i];
+    }
+    lx = capex_tensor_list_make(CAPEX_F32, dx, PUB_NT);
+    lh = capex_tensor_list_make(CAPEX_F16, dh, PUB_NT);
+    lo = capex_tensor_list_make(CAPEX_F32, dout, PUB_NT);
+    /* norms */
+    CT_CHECK(capex_cuda_multi_tensor_workspace_size(NULL, &lx, 1, &ws_bytes) == CAPEX_OK &&
+             capex_cuda_malloc(env_.ctx, ws_bytes, &ws) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_cuda_multi_tensor_l2norm(env_.ctx, NULL, &lx, ws, ws_bytes, dtot, dper, NULL) == CAPEX_OK, "%s",
+             capex_last_error());
+    CT_CHECK(capex_cuda_memcpy_dtoh(env_.ctx, &tot, dtot, 4, NULL) == CAPEX_OK &&
+             capex_cuda_memcpy_dtoh(env_.ctx, per, dper, PUB_NT * 4, NULL) == CAPEX_OK, "down");
+    CT_CHECK(ulp_close(tot, sqrt(all)), "total norm %.9g, float64 %.17g", (double)tot, sqrt(all));
+    for (i = 0; i < PUB_NT; i++)
+        CT_CHECK(ulp_close(per[i], sqrt(sq[i])), "tensor %zu norm %.9g, float64 %.17g", i, (double)per[i], sqrt(sq[i]));
+    /* unscale f16 -> f32 by 0.5: exact */
+    CT_CHECK(capex_cuda_multi_tensor_scale(env_.ctx, NULL, &lh, &lo, dscale, dfound, NULL) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_cuda_memcpy_dtoh(env_.ctx, back, O, (size_t)total * 4, NULL) == CAPEX_OK &&
+             capex_cuda_memcpy_dtoh(env_.ctx, &found, dfound, 4, NULL) == CAPEX_OK, "down");
+    CT_CHECK(found == 0, "found_inf %u on finite grads", found);
+    for (i = 0; i < PUB_NT; i++)
+        for (e = 0; e < numel[i]; e++)
+            CT_CHECK(back[off[i] + e] == (float)((double)capex_f16_to_f32(hh[off[i] + e]) * 0.5), "tensor %zu [%lld]: %.9g",
+                     i, (long long)e, (double)back[off[i] + e]);
+    {   /* check only, an inf in tensor 1400 */
+        uint16_t inf16 = 0x7c00;
+        CT_CHECK(capex_cuda_memcpy_htod(env_.ctx, H + 2u * (uint64_t)(off[1400] + numel[1400] - 1), &inf16, 2, NULL) == CAPEX_OK,
+                 "poke");
+        CT_CHECK(capex_cuda_multi_tensor_scale(env_.ctx, NULL, &lh, NULL, dscale, dfound, NULL) == CAPEX_OK, "%s",
+                 capex_last_error());
+        CT_CHECK(capex_cuda_memcpy_dtoh(env_.ctx, &found, dfound, 4, NULL) == CAPEX_OK && found == 1, "found_inf %u", found);
+    }
+    /* clipping to a quarter of the norm, applied */
+    max_norm = (double)(float)(sqrt(all) / 4);
+    CT_CHECK(capex_cuda_clip_grad_norm(env_.ctx, NULL, &lx, 1, (float)max_norm, ws, ws_bytes, dtot, dcoef, 1, NULL) == CAPEX_OK,
+             "%s", capex_last_error());
+    CT_CHECK(capex_cuda_memcpy_dtoh(env_.ctx, &tot, dtot, 4, NULL) == CAPEX_OK &&
+             capex_cuda_memcpy_dtoh(env_.ctx, &coef, dcoef, 4, NULL) == CAPEX_OK &&
+             capex_cuda_memcpy_dtoh(env_.ctx, back, X, (size_t)total * 4, NULL) == CAPEX_OK, "down");
+    want_coef = max_norm / ((double)tot + 1e-6);
+    CT_CHECK(ulp_close(tot, sqrt(all)), "clip total %.9g, float64 %.17g", (double)tot, sqrt(all));
+    CT_CHECK(ulp_close(coef, want_coef) && coef < 1.0f, "clip factor %.9g, float64 %.17g", (double)coef, want_coef);
+    for (i = 0; i < PUB_NT; i++)
+        for (e = 0; e < numel[i]; e++)
+            CT_CHECK(back[off[i] + e] == (float)((double)hxv[off[i] + e] * coef), "clipped tensor %zu [%lld]: %.9g, want %.9g",
+                     i, (long long)e, (double)back[off[i] + e], (double)hxv[off[i] + e] * coef);
+    capex_cuda_free(env_.ctx, X); capex_cuda_free(env_.ctx, H); capex_cuda_free(env_.ctx, O); capex_cuda_free(env_.ctx, ws);
+    capex_cuda_free(env_.ctx, dtot); capex_cuda_free(env_.ctx, dper); capex_cuda_free(env_.ctx, dscale);
+    capex_cuda_free(env_.ctx, dfound); capex_cuda_free(env_.ctx, dcoef);
+    free(hxv); free(back); free(hh); free(per);
+}
+
 /* ---- more than 2^31 elements in one tensor ---- */
 CT_TEST(gpu_tensor_over_2g_elements) {
     const int64_t n = ((int64_t)1 << 31) + 1001;
@@ -552,7 +670,7 @@ static const ct_case cases[] = {
     CT_CASE(gpu_lr_schedule),
     CT_CASE(gpu_graph_replay), CT_CASE(gpu_tensor_over_2g_elements),
     CT_CASE(gpu_adagrad), CT_CASE(gpu_adam_amsgrad), CT_CASE(gpu_pure_half), CT_CASE(gpu_options_mid_training),
-    CT_CASE(gpu_large_params),
+    CT_CASE(gpu_large_params), CT_CASE(gpu_public_multi_tensor_entries),
 };
 
 int main(int argc, char **argv) {

@@ -870,6 +870,71 @@ static void child_missing_nccl_rank(const char *arg, child_result *res) {
     set_result(res, CAPEX_OK, 1);
 }
 
+/* capex_nccl_desc.rendezvous_port: the unique id goes over that port, not
+   MASTER_PORT's rule. MASTER_PORT is held by a socket that listens and never
+   answers (as torchrun's store would hold it), so an ignored option fails
+   rank 0's bind; the two ranks must build the comm and pass a barrier.
+   Never run before 2026-11-28. Exit codes: 0 ok, 1 init, 2 barrier, 3 setup. */
+static int rdv_port_rank(int rank, int held, int port, const char *cu, const char *nc) {
+    capex_cuda_context *ctx = NULL;
+    capex_dist_env env;
+    capex_nccl_desc nd;
+    capex_comm c;
+    capex_result r;
+    setenv("CAPEX_LIBCUDA_PATH", cu, 1);
+    setenv("CAPEX_NCCL_PATH", nc, 1);
+    if (capex_cuda_context_create(NULL, &ctx) != CAPEX_OK) return 3;
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = 2;
+    strcpy(env.master_addr, "127.0.0.1"); env.master_port = held;
+    snprintf(env.run_id, sizeof env.run_id, "rdv-port");
+    capex_nccl_desc_init(&nd);
+    nd.ctx = ctx;
+    nd.init_timeout_s = CT_HANG_GUARD_S;
+    nd.rendezvous_port = port;
+    r = capex_comm_init_nccl(&c, &env, &nd);
+    if (r != CAPEX_OK) {
+        fprintf(stderr, "rank %d: %s: %s\n", rank, capex_result_string(r), capex_last_error());
+        capex_cuda_context_destroy(ctx);
+        return 1;
+    }
+    r = capex_comm_barrier(&c);
+    capex_comm_destroy(&c);
+    capex_cuda_context_destroy(ctx);
+    return r == CAPEX_OK ? 0 : 2;
+}
+static void child_rdv_port(const char *arg, child_result *res) {
+    char cu[1200], nc[1200];
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int s = socket(AF_INET, SOCK_STREAM, 0), held, port, codes[2], i;
+    pid_t pids[2];
+    (void)arg;
+    FAIL_IF(!fake_path("libcuda.so.1", cu, sizeof cu) || !fake_path("libnccl.so.2", nc, sizeof nc), "stand-ins not built");
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    FAIL_IF(s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) != 0 || listen(s, 4) != 0 ||
+            getsockname(s, (struct sockaddr *)&a, &len) != 0, "holding MASTER_PORT");
+    held = ntohs(a.sin_port);
+    do port = free_port(); while (port == held);
+    setenv("FAKE_NCCL_TIMEOUT", "120", 1);
+    fflush(stdout);
+    fflush(stderr);
+    for (i = 0; i < 2; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) _exit(rdv_port_rank(i, held, port, cu, nc));
+    }
+    for (i = 0; i < 2; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+    }
+    close(s);
+    FAIL_IF(codes[0] || codes[1], "rank 0: %d, rank 1: %d (1: init failed, 2: barrier; their stderr says why)", codes[0], codes[1]);
+    set_result(res, CAPEX_OK, 1);
+}
+
 /* A world of 3 over the TCP rendezvous where rank 2 takes the unique id
    and exits (NVIDIA/nccl#289: its peers would wait in NCCL's init for
    ever). Ranks 0 and 1 must return CAPEX_ERR_TIMEOUT from the non-blocking
@@ -943,7 +1008,7 @@ static const child_entry children[] = {
     {"fake_overlap", child_fake_overlap},
     {"missing_nccl_rank", child_missing_nccl_rank}, {"fake_init_fail", child_fake_init_fail},
     {"real_nccl_fake_driver", child_real_nccl_fake_driver}, {"fake_world", child_fake_world},
-    {"dead_after_exchange", child_dead_after_exchange}};
+    {"dead_after_exchange", child_dead_after_exchange}, {"rdv_port", child_rdv_port}};
 
 /* --------------------------------------------------------------- tests -- */
 
@@ -1261,6 +1326,13 @@ CT_TEST(wide_dtypes_tcp_backend) {
              capex_last_error());
 }
 
+CT_TEST(init_nccl_rendezvous_port) {
+    child_result r;
+    NEED_FAKES();
+    r = run_child("rdv_port", NULL);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_OK, "%s", r.message);
+}
+
 static const ct_case cases[] = {
     CT_CASE(missing_nccl_is_a_clean_status), CT_CASE(real_nccl_unique_id_without_gpu),
     CT_CASE(fake_driver_collectives_all_dtypes), CT_CASE(fake_driver_reduce_scatter_allgatherv_vs_float64),
@@ -1275,7 +1347,8 @@ static const ct_case cases[] = {
     CT_CASE(fake_driver_init_failure),
     CT_CASE(real_nccl_refuses_stand_in_driver), CT_CASE(argument_validation), CT_CASE(unique_id_exchange_tcp),
     CT_CASE(unique_id_exchange_foreign_nonce), CT_CASE(unique_id_exchange_missing_rank),
-    CT_CASE(unique_id_exchange_rank0_failed), CT_CASE(unique_id_exchange_beside_torchrun_store), CT_CASE(wide_dtypes_single_backend), CT_CASE(wide_dtypes_tcp_backend)};
+    CT_CASE(unique_id_exchange_rank0_failed), CT_CASE(unique_id_exchange_beside_torchrun_store), CT_CASE(wide_dtypes_single_backend), CT_CASE(wide_dtypes_tcp_backend),
+    CT_CASE(init_nccl_rendezvous_port)};
 
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);

@@ -429,11 +429,115 @@ CT_TEST(world2_gathers_with_send_inside_recv) {
     CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
 }
 
+/* AVG without ncclAvg (NCCL < 2.10, or use_nccl_avg 0): the sum, then this
+   rank's result scaled by 1/world on the device (f16 through the comm's f32
+   scratch); float64 refused (no exact device scale), bf16 refused (no NCCL
+   bf16 before 2.10). Values k/16 + rank: sums and halves exact in f32 and
+   f16, so every element must equal the float64 average exactly (a missing,
+   doubled or wrong post-scale changes it). Never run before 2026-11-28. */
+enum { AV_N = 1000 };
+static int av_check(capex_cuda_context *ctx, capex_cuda_ptr d, capex_dtype t, size_t off, size_t n, int code) {
+    static unsigned char h[AV_N * 4];
+    size_t e;
+    if (capex_cuda_memcpy_dtoh(ctx, h, d, n * capex_dtype_size(t), NULL) != CAPEX_OK) return code;
+    for (e = 0; e < n; e++) {
+        double want = ((double)((off + e) % 64) / 16.0 * 2.0 + 1.0) / 2.0; /* (x0 + x1) / 2, x_r = k/16 + r */
+        double got = t == CAPEX_F32 ? (double)((const float *)h)[e] : (double)capex_f16_to_f32(((const uint16_t *)h)[e]);
+        if (got != want) {
+            fprintf(stderr, "check %d: dtype %d element %zu: %.9g, want %.9g\n", code, (int)t, off + e, got, want);
+            return code;
+        }
+    }
+    return 0;
+}
+static void av_fill(unsigned char *h, capex_dtype t, int rank) {
+    size_t e;
+    for (e = 0; e < AV_N; e++) w_put(t, h, e, (float)(e % 64) / 16.0f + (float)rank);
+}
+static int avg_fallback_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    static unsigned char h[AV_N * 8];
+    const size_t counts[2] = {300, 700};
+    const capex_dtype ts[2] = {CAPEX_F32, CAPEX_F16};
+    capex_cuda_ptr a = 0, b = 0;
+    capex_comm_req req;
+    capex_result r;
+    int i, bad;
+    (void)user;
+    if (world != 2 || !capex_comm_is_nccl(c) || capex_cuda_malloc(ctx, AV_N * 8, &a) != CAPEX_OK ||
+        capex_cuda_malloc(ctx, AV_N * 8, &b) != CAPEX_OK) return 50;
+    for (i = 0; i < 2; i++) {
+        capex_dtype t = ts[i];
+        size_t es = capex_dtype_size(t), mine = rank ? counts[0] : 0;
+        av_fill(h, t, rank);
+        /* out of place, then in place */
+        if (capex_cuda_memcpy_htod(ctx, a, h, AV_N * es, NULL) != CAPEX_OK || capex_cuda_memset_u8(ctx, b, 0xa5, AV_N * es, NULL) != CAPEX_OK ||
+            capex_comm_allreduce(c, (void *)(uintptr_t)a, (void *)(uintptr_t)b, AV_N, t, CAPEX_REDUCE_AVG) != CAPEX_OK) return 51;
+        if ((bad = av_check(ctx, b, t, 0, AV_N, 52)) != 0) return bad;
+        if (capex_comm_allreduce(c, (void *)(uintptr_t)a, (void *)(uintptr_t)a, AV_N, t, CAPEX_REDUCE_AVG) != CAPEX_OK) return 53;
+        if ((bad = av_check(ctx, a, t, 0, AV_N, 54)) != 0) return bad;
+        /* nonblocking (DDP's bucket allreduce) */
+        if (capex_cuda_memcpy_htod(ctx, a, h, AV_N * es, NULL) != CAPEX_OK ||
+            c->vt->iallreduce(c, (void *)(uintptr_t)a, (void *)(uintptr_t)b, AV_N, t, CAPEX_REDUCE_AVG, &req) != CAPEX_OK ||
+            c->vt->wait(c, &req, capex__deadline(c)) != CAPEX_OK) return 55;
+        if ((bad = av_check(ctx, b, t, 0, AV_N, 56)) != 0) return bad;
+        /* uneven reduce-scatter: this rank's slice, scaled */
+        if (capex_cuda_memcpy_htod(ctx, a, h, AV_N * es, NULL) != CAPEX_OK || capex_cuda_memset_u8(ctx, b, 0xa5, AV_N * es, NULL) != CAPEX_OK ||
+            capex_comm_reduce_scatter(c, (void *)(uintptr_t)a, (void *)(uintptr_t)b, counts, t, CAPEX_REDUCE_AVG) != CAPEX_OK) return 57;
+        if ((bad = av_check(ctx, b, t, mine, counts[rank], 58)) != 0) return bad;
+    }
+    /* SUM stays a sum */
+    av_fill(h, CAPEX_F32, rank);
+    if (capex_cuda_memcpy_htod(ctx, a, h, AV_N * 4, NULL) != CAPEX_OK ||
+        capex_comm_allreduce(c, (void *)(uintptr_t)a, (void *)(uintptr_t)b, AV_N, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK ||
+        capex_cuda_memcpy_dtoh(ctx, h, b, AV_N * 4, NULL) != CAPEX_OK) return 59;
+    for (i = 0; i < AV_N; i++)
+        if (((float *)h)[i] != (float)(i % 64) / 8.0f + 1.0f) return 60;
+    /* refused, nothing queued (the peer refuses the same call) */
+    r = capex_comm_allreduce(c, (void *)(uintptr_t)a, (void *)(uintptr_t)b, 10, CAPEX_F64, CAPEX_REDUCE_AVG);
+    if (r != CAPEX_ERR_UNSUPPORTED || !strstr(capex_last_error(), "ncclAvg")) return 61;
+    r = capex_comm_reduce_scatter(c, (void *)(uintptr_t)a, (void *)(uintptr_t)b, counts, CAPEX_F64, CAPEX_REDUCE_AVG);
+    if (r != CAPEX_ERR_UNSUPPORTED || !strstr(capex_last_error(), "ncclAvg")) return 62;
+    r = capex_comm_allreduce(c, (void *)(uintptr_t)a, (void *)(uintptr_t)b, 10, CAPEX_BF16, CAPEX_REDUCE_SUM);
+    if (r != CAPEX_ERR_UNSUPPORTED || !strstr(capex_last_error(), "bfloat16")) return 63;
+    if (capex_comm_barrier(c) != CAPEX_OK) return 64;
+    capex_cuda_free(ctx, a);
+    capex_cuda_free(ctx, b);
+    return 0;
+}
+static void child_avg_fallback(const char *arg, child_result *res) {
+    (void)arg;
+    setenv("FAKE_NCCL_VERSION", "20903", 1); /* 2.9.3: no ncclAvg, no bf16, no ncclCommInitRankConfig */
+    nccl_world2_child(avg_fallback_rank, res);
+}
+CT_TEST(world2_avg_without_ncclavg) {
+    child_result r;
+    const char *why = nccl_world_skip_reason();
+    if (why) CT_SKIP("%s", why);
+    r = run_child("avg_fallback", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
+}
+/* DDP's averaging on that NCCL (f32 buckets; bf16 params through them). */
+static void child_ddp_world_old(const char *arg, child_result *res) {
+    (void)arg;
+    g_half = 0;
+    setenv("FAKE_NCCL_VERSION", "20903", 1);
+    nccl_world2_child(ddp_world_rank, res);
+}
+CT_TEST(ddp_world2_nccl_2_9) {
+    child_result r;
+    const char *why = nccl_world_skip_reason();
+    if (why) CT_SKIP("%s", why);
+    r = run_child("ddp_world_old", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
+}
+
 static const ct_case cases[] = {CT_CASE(collectives_on_device), CT_CASE(ddp_one_rank_stream_order),
                                 CT_CASE(stuck_stream_times_out_and_aborts), CT_CASE(ddp_world2_user_stream_rebuild),
                                 CT_CASE(ddp_world2_half_buckets_scaled_on_user_stream),
-                                CT_CASE(world2_gathers_with_send_inside_recv), CT_CASE(ddp_backward_overlaps_inflight_allreduce)};
-static const child_entry children[] = {{"ddp_world", child_ddp_world}, {"gather_alias", child_gather_alias}};
+                                CT_CASE(world2_gathers_with_send_inside_recv), CT_CASE(ddp_backward_overlaps_inflight_allreduce),
+                                CT_CASE(world2_avg_without_ncclavg), CT_CASE(ddp_world2_nccl_2_9)};
+static const child_entry children[] = {{"ddp_world", child_ddp_world}, {"gather_alias", child_gather_alias},
+                                       {"avg_fallback", child_avg_fallback}, {"ddp_world_old", child_ddp_world_old}};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);

@@ -17,6 +17,7 @@
 #include "capex_test.h"
 #include "cuda_test_util.h"
 #include "nccl_world.h"
+#include "fork_world.h"
 #include <dlfcn.h>
 #include <math.h>
 
@@ -129,6 +130,94 @@ static void ln_case(ct_state *ct, capex_cuda_context *ctx, int rms, int64_t R, i
     capex_cuda_free(ctx, g.dweight); capex_cuda_free(ctx, g.dbias); capex_cuda_free(ctx, g.workspace);
     free(x); free(dy); free(w); free(b); free(y); free(dx); free(dw); free(db); free(gy); free(gdx); free(gdw); free(gdb);
     free(mean); free(rstd); free(gm); free(gr);
+}
+
+/* Backward asked for part of its outputs (frozen norm weights: dx only; dx
+   not needed: dweight/dbias only; dbias or dweight alone), LayerNorm and
+   RMSNorm, f32, both row paths (warp, block): each output requested is the
+   bits the full call writes, and the float64 sum of dy over rows for dbias
+   (the f32 values are exact: multiples of 1/64, small). Outputs not
+   requested are not written, workspace missing or misaligned for
+   dweight/dbias refused. Before 2026-11-28 only dx + dweight (+ dbias) ran
+   on a device. */
+CT_TEST(gpu_norm_backward_partial_outputs) {
+    static const int64_t widths[2] = {20, 1100};
+    capex_cuda_context *ctx = open_ctx(ct);
+    int wi, rms, combo;
+    if (!ctx) return;
+    for (wi = 0; wi < 2 && !ct->failed; wi++)
+        for (rms = 0; rms < 2 && !ct->failed; rms++) {
+            const int64_t R = 9, C = widths[wi], N = R * C;
+            float *x = (float *)malloc(N * 4), *dy = (float *)malloc(N * 4), *w = (float *)malloc(C * 4), *b = (float *)malloc(C * 4);
+            float *full_dx = (float *)malloc(N * 4), *full_dw = (float *)malloc(C * 4), *full_db = (float *)malloc(C * 4);
+            float *got = (float *)malloc(N * 4);
+            capex_cuda_norm_args g;
+            capex_cuda_ptr dx, dw, db, ws;
+            int64_t i, r;
+            size_t wsb = capex_cuda_norm_workspace_bytes(R, C);
+            for (i = 0; i < N; i++) { x[i] = 1.0f + 2.0f * rnd(); dy[i] = (float)((int)(rnd() * 64.0f)) / 64.0f; }
+            for (i = 0; i < C; i++) { w[i] = 1.0f + 0.5f * rnd(); b[i] = rnd(); }
+            capex_cuda_norm_args_init(&g);
+            g.rows = R; g.cols = C; g.x_dtype = g.y_dtype = g.param_dtype = CAPEX_F32;
+            g.x = up(ctx, x, N * 4); g.dy = up(ctx, dy, N * 4); g.weight = up(ctx, w, C * 4); g.bias = rms ? 0 : up(ctx, b, C * 4);
+            g.y = up(ctx, NULL, N * 4); g.mean = up(ctx, NULL, R * 4); g.rstd = up(ctx, NULL, R * 4);
+            dx = up(ctx, NULL, N * 4); dw = up(ctx, NULL, C * 4); db = up(ctx, NULL, C * 4); ws = up(ctx, NULL, wsb + 4);
+            CT_CHECK((rms ? capex_cuda_rms_norm_forward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL)) ==
+                     CAPEX_OK, "%s", capex_last_error());
+            for (combo = 0; combo < 5 && !ct->failed; combo++) { /* 0 all, 1 dx only, 2 params only, 3 dbias only, 4 dweight only */
+                capex_result res;
+                int want_dx = combo <= 1, want_dw = combo == 0 || combo == 2 || combo == 4, want_db = !rms && combo != 1 && combo != 4;
+                if (rms && combo == 3) continue; /* RMSNorm has no bias */
+                CT_CHECK(capex_cuda_memset_u8(ctx, dx, 0xff, N * 4, NULL) == CAPEX_OK && capex_cuda_memset_u8(ctx, dw, 0xff, C * 4, NULL) == CAPEX_OK &&
+                         capex_cuda_memset_u8(ctx, db, 0xff, C * 4, NULL) == CAPEX_OK, "poison");
+                g.dx = want_dx ? dx : 0; g.dweight = want_dw ? dw : 0; g.dbias = want_db ? db : 0; g.workspace = ws;
+                if (want_dw || want_db) { /* refused first: no workspace, a misaligned one */
+                    g.workspace = 0;
+                    res = rms ? capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_backward(ctx, NULL, &g, NULL);
+                    CT_CHECK(res == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "workspace"), "combo %d no workspace: %s", combo,
+                             capex_last_error());
+                    g.workspace = ws + 2;
+                    res = rms ? capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_backward(ctx, NULL, &g, NULL);
+                    CT_CHECK(res == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "aligned"), "combo %d misaligned: %s", combo,
+                             capex_last_error());
+                    g.workspace = ws;
+                }
+                res = rms ? capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_backward(ctx, NULL, &g, NULL);
+                CT_CHECK(res == CAPEX_OK && capex_cuda_context_synchronize(ctx) == CAPEX_OK, "combo %d: %s", combo, capex_last_error());
+                if (combo == 0) {
+                    capex_cuda_memcpy_dtoh(ctx, full_dx, dx, N * 4, NULL);
+                    capex_cuda_memcpy_dtoh(ctx, full_dw, dw, C * 4, NULL);
+                    if (!rms) capex_cuda_memcpy_dtoh(ctx, full_db, db, C * 4, NULL);
+                    for (i = 0; !rms && i < C; i++) {
+                        double sdy = 0;
+                        for (r = 0; r < R; r++) sdy += dy[r * C + i];
+                        CT_CHECK(full_db[i] == (float)sdy, "C=%lld dbias[%lld] %.9g, float64 %.17g", (long long)C, (long long)i,
+                                 (double)full_db[i], sdy);
+                    }
+                    continue;
+                }
+                capex_cuda_memcpy_dtoh(ctx, got, dx, N * 4, NULL);
+                for (i = 0; i < N; i++)
+                    CT_CHECK(want_dx ? !memcmp(&got[i], &full_dx[i], 4) : ((uint32_t *)got)[i] == 0xffffffffu,
+                             "rms=%d C=%lld combo %d: dx[%lld] %.9g (full call %.9g)", rms, (long long)C, combo, (long long)i,
+                             (double)got[i], (double)full_dx[i]);
+                capex_cuda_memcpy_dtoh(ctx, got, dw, C * 4, NULL);
+                for (i = 0; i < C; i++)
+                    CT_CHECK(want_dw ? !memcmp(&got[i], &full_dw[i], 4) : ((uint32_t *)got)[i] == 0xffffffffu,
+                             "rms=%d C=%lld combo %d: dweight[%lld] %.9g (full call %.9g)", rms, (long long)C, combo, (long long)i,
+                             (double)got[i], (double)full_dw[i]);
+                capex_cuda_memcpy_dtoh(ctx, got, db, C * 4, NULL);
+                for (i = 0; i < C; i++)
+                    CT_CHECK(want_db ? !memcmp(&got[i], &full_db[i], 4) : ((uint32_t *)got)[i] == 0xffffffffu,
+                             "rms=%d C=%lld combo %d: dbias[%lld] %.9g (full call %.9g)", rms, (long long)C, combo, (long long)i,
+                             (double)got[i], (double)full_db[i]);
+            }
+            capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.bias);
+            capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.mean); capex_cuda_free(ctx, g.rstd); capex_cuda_free(ctx, dx);
+            capex_cuda_free(ctx, dw); capex_cuda_free(ctx, db); capex_cuda_free(ctx, ws);
+            free(x); free(dy); free(w); free(b); free(full_dx); free(full_dw); free(full_db); free(got);
+        }
+    capex_cuda_context_destroy(ctx);
 }
 
 CT_TEST(gpu_layer_and_rms_norm_match_cpu) {
@@ -712,6 +801,58 @@ CT_TEST(gpu_sync_batch_norm_world_matches_cpu_whole_batch) {
     }
 }
 
+/* The same SyncBatchNorm over a host comm (TCP, forked ranks, each with its
+   own emulator context): the statistics go through host staging (a stream
+   synchronisation per collective), the documented path for MPI/TCP comms,
+   never run before 2026-11-28. Same checks as above. */
+static syncbn_job g_tcp_job;
+static int syncbn_tcp_rank(int rank, int world, int port, int mode) {
+    capex_cuda_context *ctx = NULL;
+    capex_dist_env env;
+    capex_comm c;
+    int r;
+    (void)mode;
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = world; env.local_rank = rank; env.local_world_size = world;
+    strcpy(env.master_addr, "127.0.0.1");
+    env.master_port = port;
+    strcpy(env.run_id, "syncbn-tcp");
+    if (capex_cuda_context_create(NULL, &ctx) != CAPEX_OK) { fprintf(stderr, "rank %d: %s\n", rank, capex_last_error()); return 1; }
+    if (capex_comm_init_tcp(&c, &env, CT_HANG_GUARD_S) != CAPEX_OK) {
+        fprintf(stderr, "rank %d: TCP comm: %s\n", rank, capex_last_error());
+        capex_cuda_context_destroy(ctx);
+        return 1;
+    }
+    r = c.device_buffers ? 2 : syncbn_body(ctx, &c, rank, world, &g_tcp_job);
+    capex_comm_destroy(&c);
+    capex_cuda_context_destroy(ctx);
+    return r;
+}
+static void child_syncbn_tcp(const char *arg, child_result *res) {
+    int codes[8] = {0}, q, got;
+    long long S = 1;
+    memset(&g_tcp_job, 0, sizeof g_tcp_job);
+    got = arg ? sscanf(arg, "%d %lld %d %d %d", &g_tcp_job.lay, &S, &g_tcp_job.nb[0], &g_tcp_job.nb[1], &g_tcp_job.nb[2]) : 0;
+    if (got < 4) { res->code = 2; return; }
+    g_tcp_job.S = S; g_tcp_job.world = got - 2;
+    res->code = fork_world(g_tcp_job.world, 0, codes, syncbn_tcp_rank) ? 1 : 0;
+    for (q = 1; q < g_tcp_job.world; q++) if (codes[q]) res->code = 1;
+    snprintf(res->message, sizeof res->message, "TCP world of %d (%s): a rank failed; its stderr says why", g_tcp_job.world, arg);
+}
+CT_TEST(gpu_sync_batch_norm_host_comm_matches_cpu_whole_batch) {
+    static const char *runs[] = {"0 5 3 2", "1 5 3 2", "0 4 2 0 3"};
+    const char *lp = getenv("CAPEX_LIBCUDA_PATH");
+    capex_cuda_context *ctx;
+    size_t k;
+    if (lp && strstr(lp, "fake")) CT_SKIP("kernels need the emulator driver or a GPU");
+    if (!(ctx = open_ctx(ct))) return; /* skips without a GPU */
+    capex_cuda_context_destroy(ctx);
+    for (k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        child_result r = run_child("syncbn_tcp", runs[k]);
+        CT_CHECK(r.exited_ok && r.code == 0, "%s: %s (code %d)", runs[k], r.message, r.code);
+    }
+}
+
 /* Checked before any driver call: no GPU needed. */
 /* Zero rows: backward still writes dweight and dbias, as zeros (the CPU's
    rule, test_norm's norm_backward_zero_rows_writes_zero_param_grads). */
@@ -1116,7 +1257,7 @@ done:
 static const ct_case cases[] = {
     CT_CASE(gpu_norm_argument_errors),
     CT_CASE(gpu_layer_norm_refuses_rows_over_2p32_columns), CT_CASE(gpu_norm_backward_refuses_long_rows_before_dx),
-    CT_CASE(gpu_layer_and_rms_norm_match_cpu),
+    CT_CASE(gpu_layer_and_rms_norm_match_cpu), CT_CASE(gpu_norm_backward_partial_outputs),
     CT_CASE(gpu_norm_every_dtype_variant),
     CT_CASE(gpu_norm_variant_mismatch_refused_on_emulator),
     CT_CASE(gpu_norm_backward_vector_and_scalar_paths_agree),
@@ -1125,12 +1266,13 @@ static const ct_case cases[] = {
     CT_CASE(gpu_batch_norm_eval_without_running_stats_needs_two_values),
     CT_CASE(gpu_batch_norm_empty_batch_as_torch),
     CT_CASE(gpu_norm_huge_f32_values_stay_finite), CT_CASE(gpu_norm_large_mean_small_noise_vs_float64),
-    CT_CASE(gpu_sync_batch_norm_world_matches_cpu_whole_batch),
+    CT_CASE(gpu_sync_batch_norm_world_matches_cpu_whole_batch), CT_CASE(gpu_sync_batch_norm_host_comm_matches_cpu_whole_batch),
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
     CT_CASE(gpu_sync_batch_norm_nccl_world2_orders_user_stream),
     CT_CASE(gpu_norm_overlapping_outputs_refused_before_launch), CT_CASE(gpu_norm_forward_in_place_same_bits),
 };
-static const child_entry children[] = {{"syncbn", child_syncbn}, {"syncbn_stream", child_syncbn_stream}};
+static const child_entry children[] = {{"syncbn", child_syncbn}, {"syncbn_stream", child_syncbn_stream},
+                                       {"syncbn_tcp", child_syncbn_tcp}};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
