@@ -537,10 +537,74 @@ CT_TEST(load_takes_modes_and_options_from_the_file) {
     remove(path);
 }
 
+/* A file whose layout differs from the loading optimizer's is refused before anything changes:
+   group sizes (same totals), an SGD group without momentum buffers where the file has momentum
+   (the loader would write through NULL buffers), a model copy of another dtype. */
+typedef struct lay_opt { capex_optim *o; float p[64], g[64]; uint16_t m[64]; } lay_opt;
+static int lay_make(ct_state *ct, lay_opt *L, capex_optim_kind kind, const int64_t *sizes, int ng, float momentum,
+                    capex_dtype model) {
+    capex_optim_desc d;
+    capex_optim_hparams h;
+    int64_t at = 0;
+    int k, i;
+    capex_optim_desc_init(&d, kind);
+    h = d.defaults;
+    h.momentum = momentum;
+    for (i = 0; i < 64; i++) { L->p[i] = (float)nrand(); L->g[i] = (float)(0.1 * nrand()); L->m[i] = 0; }
+    REQ(capex_optim_create(&d, &L->o) == CAPEX_OK, "create: %s", capex_last_error());
+    for (k = 0; k < ng; k++) {
+        capex_optim_param ps;
+        capex_optim_param_init(&ps);
+        ps.param = L->p + at; ps.grad = L->g + at; ps.numel = sizes[k];
+        if (model != CAPEX_F32) { ps.model = L->m + at; ps.model_dtype = model; }
+        at += sizes[k];
+        REQ(capex_optim_add_group(L->o, &h, &ps, 1, NULL) == CAPEX_OK, "add_group: %s", capex_last_error());
+    }
+    return 0;
+}
+CT_TEST(load_refuses_a_file_of_another_layout) {
+    static const int64_t s2a[2] = {16, 48}, s2b[2] = {32, 32};
+    static const struct { const char *what; int kind; const int64_t *sa, *sb; float mom_a, mom_b; capex_dtype ma, mb;
+                          capex_result want; } cs[] = {
+        {"group sizes", CAPEX_OPTIM_ADAM, s2a, s2b, 0.0f, 0.0f, CAPEX_F32, CAPEX_F32, CAPEX_ERR_SIZE_MISMATCH},
+        {"sgd momentum in the file, none here", CAPEX_OPTIM_SGD, s2b, s2b, 0.9f, 0.0f, CAPEX_F32, CAPEX_F32,
+         CAPEX_ERR_CONFIG},
+        {"model copy dtype", CAPEX_OPTIM_ADAM, s2b, s2b, 0.0f, 0.0f, CAPEX_BF16, CAPEX_F16, CAPEX_ERR_SIZE_MISMATCH},
+    };
+    char path[300];
+    size_t c;
+    snprintf(path, sizeof path, "/tmp/capex_optopt_layout_%d", (int)getpid());
+    for (c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        lay_opt a, b;
+        float before[64];
+        uint16_t mbefore[64];
+        capex_result r;
+        int64_t step = -1;
+        if (lay_make(ct, &a, (capex_optim_kind)cs[c].kind, cs[c].sa, 2, cs[c].mom_a, cs[c].ma) ||
+            lay_make(ct, &b, (capex_optim_kind)cs[c].kind, cs[c].sb, 2, cs[c].mom_b, cs[c].mb))
+            return;
+        CT_CHECK(capex_optim_step(a.o, 1.0f, 1.0f, 0) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_optim_save_file(a.o, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "save: %s", capex_last_error());
+        memcpy(before, b.p, sizeof before);
+        memcpy(mbefore, b.m, sizeof mbefore);
+        r = capex_optim_load_file(b.o, path, CAPEX_OPTIM_STATE_PARAMS);
+        CT_CHECK(r == cs[c].want, "%s: load gave %s, want %s (%s)", cs[c].what, capex_result_string(r),
+                 capex_result_string(cs[c].want), capex_last_error());
+        CT_CHECK(!memcmp(before, b.p, sizeof before) && !memcmp(mbefore, b.m, sizeof mbefore), "%s: a refused load "
+                 "changed the params", cs[c].what);
+        CT_CHECK(capex_optim_get_step(b.o, 0, &step) == CAPEX_OK && step == 0, "%s: step %lld after a refused load",
+                 cs[c].what, (long long)step);
+        CT_CHECK(capex_optim_step(b.o, 1.0f, 1.0f, 0) == CAPEX_OK, "%s: steps after: %s", cs[c].what, capex_last_error());
+        capex_optim_destroy(a.o);
+        capex_optim_destroy(b.o);
+    }
+    remove(path);
+}
+
 static const ct_case cases[] = {
     CT_CASE(adam_groups_amsgrad_bias_correction_l2_w), CT_CASE(lamb_groups_clip_nvlamb_averaging),
     CT_CASE(sgd_groups_momentum_nesterov_dampening_toggled), CT_CASE(novograd_groups_modes),
     CT_CASE(adagrad_groups_lr_decay_accumulator), CT_CASE(step_refuses_scale_product_that_overflows),
-    CT_CASE(load_takes_modes_and_options_from_the_file),
+    CT_CASE(load_takes_modes_and_options_from_the_file), CT_CASE(load_refuses_a_file_of_another_layout),
 };
 CT_MAIN(cases)

@@ -429,6 +429,49 @@ CT_TEST(wrong_version_and_missing_keys) {
     free(b.p);
 }
 
+/* Every JSON escape a foreign writer may use (serde_json, Python's json), in a tensor name and in
+   metadata, decodes to the UTF-8 bytes written out by hand here (not by the library's encoder);
+   and capex's own writer round-trips every control character, '"' and '\\'. */
+CT_TEST(json_escapes_decode_to_golden_bytes) {
+    const char *json = "{\"__metadata__\":{\"k\\\"\\\\\\/\":\"\\b\\f\\n\\r\\t|\\u0041\\u00E9\\u20ac\\uD83D\\uDE00|\xe2\x82\xac\"},"
+                       "\"t\\u00e9\\u20AC\\/x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}";
+    blob b = raw_file(json, strlen(json), 1);
+    capex_state_reader *r;
+    capex_state_tensor_info info;
+    const char *v = NULL;
+    CT_CHECK(capex_state_reader_open_memory(b.p, b.n, CAPEX_STATE_OPEN_FOREIGN, NULL, &r) == CAPEX_OK, "open: %s",
+             capex_last_error());
+    CT_CHECK(capex_state_get_meta(r, "k\"\\/", &v) == CAPEX_OK, "key with \\\" \\\\ \\/: %s", capex_last_error());
+    CT_CHECK(v && strcmp(v, "\b\f\n\r\t|A\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|\xe2\x82\xac") == 0, "value decoded");
+    CT_CHECK(capex_state_find(r, "t\xc3\xa9\xe2\x82\xac/x", &info) == CAPEX_OK && info.numel == 1, "name decoded: %s",
+             capex_last_error());
+    capex_state_reader_close(r);
+    free(b.p);
+    {
+        char key[64], val[64];
+        const char *got = NULL;
+        capex_state_writer *w;
+        uint8_t one = 7, back = 0;
+        int64_t n1 = 1;
+        int i, k = 0;
+        for (i = 1; i < 0x20; i++) val[k++] = (char)i;
+        val[k++] = '"'; val[k++] = '\\'; val[k++] = '/'; val[k++] = '\x7f'; val[k] = 0;
+        memcpy(key, "ctl\t\"\\\x01", 8);
+        CT_CHECK(capex_state_writer_create(NULL, &w) == CAPEX_OK, "writer");
+        CT_CHECK(capex_state_add_meta(w, key, val) == CAPEX_OK, "meta: %s", capex_last_error());
+        CT_CHECK(capex_state_add_tensor(w, key, CAPEX_STATE_U8, 1, &n1, &one) == CAPEX_OK, "tensor: %s", capex_last_error());
+        b = write_mem(w);
+        capex_state_writer_destroy(w);
+        CT_CHECK(b.p != NULL, "written");
+        CT_CHECK(capex_state_reader_open_memory(b.p, b.n, 0, NULL, &r) == CAPEX_OK, "reopen: %s", capex_last_error());
+        CT_CHECK(capex_state_get_meta(r, key, &got) == CAPEX_OK && got && strcmp(got, val) == 0, "meta round trip");
+        CT_CHECK(capex_state_read_tensor(r, key, CAPEX_STATE_U8, 1, &back) == CAPEX_OK && back == 7, "tensor round trip: %s",
+                 capex_last_error());
+        capex_state_reader_close(r);
+        free(b.p);
+    }
+}
+
 CT_TEST(foreign_safetensors) {
     /* what python's safetensors writes for {"w": float16 [2]} with metadata "pt" */
     const char *json = "{\"__metadata__\":{\"format\":\"pt\"},\"w\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}    ";
@@ -804,6 +847,7 @@ static const ct_case cases[] = {
     CT_CASE(big_endian_path),
     CT_CASE(wrong_version_and_missing_keys),
     CT_CASE(foreign_safetensors),
+    CT_CASE(json_escapes_decode_to_golden_bytes),
     CT_CASE(malicious_headers),
     CT_CASE(writer_rejects_bad_input),
     CT_CASE(null_arguments),
