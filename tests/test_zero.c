@@ -455,7 +455,7 @@ static int oom_verdict_ok(int rank, capex_result r) {
    (a rank 0 that overstays it gets EOF and COMM when rank 1 is let go); 2: save a
    checkpoint (AdamW, stage 2, then SGD into a second file); 3: load the
    world of 3's into a world of 2 and save again; 4: save_file status;
-   5: capex_zero_save with no writer on rank 0. */
+   5: capex_zero_save with no writer on rank 0; 10: gradient_average 0 and 1 (zero_sum_check). */
 
 /* The save modes' model: one Adam param of 40 floats (0, 0.125, ...); path:
    this run's checkpoint name plus suffix. */
@@ -465,6 +465,75 @@ static void save_case_setup(float w[40], capex_zero_param *p, capex_optim_desc *
     one_param(p, w, 40);
     capex_optim_desc_init(od, CAPEX_OPTIM_ADAM);
     snprintf(path, 300, "%.250s%s", g_ckpt[0], suffix);
+}
+/* Mode 10: gradient_average 0 (sum) and 1, stages 1 and 2, two micro-batches, plain SGD, against
+   p -= lr * sum_q,m g (/ W) in float64: multiples of 1/64, so exact except an average over 3. */
+static int zsum_grad_num(int q, int s, int m, int i, size_t e) { return (int)((q * 7 + s * 5 + m * 3 + i * 11 + (int)e) % 31) - 15; }
+static int zero_sum_check(capex_comm *c, int rank, int world) {
+    static const size_t n[3] = {37, 5, 130};
+    int stage, avg;
+    for (stage = 1; stage <= 2; stage++)
+        for (avg = 0; avg <= 1; avg++) {
+            float w[3][130];
+            double ref[3][130];
+            capex_zero_param p[3];
+            capex_zero_desc d;
+            capex_optim_desc od;
+            capex_optim_hparams hp;
+            capex_zero *z = NULL;
+            int i, s, m, q;
+            size_t e;
+            for (i = 0; i < 3; i++) { /* rank-dependent: rank 0's values are broadcast at create */
+                one_param(&p[i], w[i], n[i]);
+                for (e = 0; e < n[i]; e++) {
+                    ref[i][e] = (double)e / 64.0 - 1.0;
+                    w[i][e] = (float)(ref[i][e] + (rank ? 9.0 : 0.0));
+                }
+            }
+            capex_zero_desc_init(&d);
+            d.stage = stage; d.gradient_average = avg; d.bucket_bytes = 200; /* buckets and shards straddle the params */
+            capex_optim_desc_init(&od, CAPEX_OPTIM_SGD);
+            hp = od.defaults; hp.lr = 0.25f; hp.momentum = 0.0f; hp.weight_decay = 0.0f;
+            if (capex_zero_create(&z, c, p, 3, &od, &hp, 1, &d) != CAPEX_OK) {
+                fprintf(stderr, "rank %d: create: %s\n", rank, capex_last_error());
+                return __LINE__;
+            }
+            for (s = 0; s < 3; s++) {
+                for (m = 0; m < 2; m++) {
+                    if (stage == 1 && capex_zero_set_sync(z, m == 1) != CAPEX_OK) return __LINE__;
+                    for (i = 3; i-- > 0;) {
+                        float *g = (float *)capex_zero_grad(z, (size_t)i);
+                        if (!g) return __LINE__;
+                        for (e = 0; e < n[i]; e++) g[e] += (float)zsum_grad_num(rank, s, m, i, e) / 16.0f;
+                        if (capex_zero_grad_ready(z, (size_t)i) != CAPEX_OK) return __LINE__;
+                    }
+                    if (capex_zero_finalize(z) != CAPEX_OK) return __LINE__;
+                }
+                if (capex_zero_step(z, 1.0f, 1.0f, 0) != CAPEX_OK || capex_zero_zero_grad(z) != CAPEX_OK) {
+                    fprintf(stderr, "rank %d: step: %s\n", rank, capex_last_error());
+                    return __LINE__;
+                }
+                for (i = 0; i < 3; i++)
+                    for (e = 0; e < n[i]; e++) {
+                        double sum = 0.0;
+                        for (q = 0; q < world; q++)
+                            for (m = 0; m < 2; m++) sum += zsum_grad_num(q, s, m, i, e) / 16.0;
+                        ref[i][e] -= 0.25 * (avg ? sum / world : sum);
+                    }
+                for (i = 0; i < 3; i++)
+                    for (e = 0; e < n[i]; e++) {
+                        double got = w[i][e], want = ref[i][e];
+                        if (!(avg && world == 3 ? fabs(got - want) <= 1e-6 * (1.0 + fabs(want)) : got == want)) {
+                            fprintf(stderr, "rank %d: world %d stage %d gradient_average %d step %d: param %d[%zu] = %.9g, "
+                                    "want %.9g\n", rank, world, stage, avg, s, i, e, got, want);
+                            capex_zero_destroy(z);
+                            return __LINE__;
+                        }
+                    }
+            }
+            capex_zero_destroy(z);
+        }
+    return 0;
 }
 static int tcp_body(int rank, int world, int port, int mode) {
     capex_comm c;
@@ -566,6 +635,8 @@ static int tcp_body(int rank, int world, int port, int mode) {
         if (line && r != CAPEX_OK) fprintf(stderr, "rank %d: %s\n", rank, capex_last_error());
         if (rank == 0) remove(path);
         capex_zero_destroy(z);
+    } else if (mode == 10) {
+        line = zero_sum_check(&c, rank, world);
     } else if (mode == 6) { /* save_file with a NULL path on one rank only (1 or 0) */
         float w[40];
         capex_zero_param p[1];
@@ -667,6 +738,16 @@ CT_TEST(tcp_worlds_match_ddp_and_optim) {
     for (world = 2; world <= 4; world++) {
         memset(codes, 0, sizeof codes);
         r = tcp_world(world, 0, codes);
+        CT_CHECK(r == 0, "world %d: rank 0 failed at line %d (its stderr says why)", world, r);
+        for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "world %d: rank %d exit %d", world, i, codes[i]);
+    }
+}
+
+CT_TEST(tcp_gradient_sum_and_average_match_float64) {
+    int world, codes[8], r, i;
+    for (world = 2; world <= 3; world++) {
+        memset(codes, 0, sizeof codes);
+        r = tcp_world(world, 10, codes);
         CT_CHECK(r == 0, "world %d: rank 0 failed at line %d (its stderr says why)", world, r);
         for (i = 1; i < world; i++) CT_CHECK(codes[i] == 0, "world %d: rank %d exit %d", world, i, codes[i]);
     }
@@ -1178,7 +1259,7 @@ static const ct_case cases[] = {
     CT_CASE(reduce_scatter_after_unwaited_gather), CT_CASE(progress_polls_each_finished_bucket_once),
     CT_CASE(optim_add_group_is_refused),
     CT_CASE(momentum_on_refused_on_every_rank),
-    CT_CASE(tcp_worlds_match_ddp_and_optim),
+    CT_CASE(tcp_worlds_match_ddp_and_optim), CT_CASE(tcp_gradient_sum_and_average_match_float64),
     CT_CASE(tcp_dead_or_stalled_rank_fails_the_others),
     CT_CASE(tcp_save_file_status_on_every_rank),
     CT_CASE(tcp_save_file_null_path_on_one_rank),
