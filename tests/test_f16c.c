@@ -123,8 +123,8 @@ CT_TEST(optimizers_same_bits) {
         {"adam l2", CAPEX_OPTIM_ADAM, 0, 0, 0, 0.0f}, {"adamw", CAPEX_OPTIM_ADAM, 1, 0, 0, 0.0f},
         {"sgd", CAPEX_OPTIM_SGD, 0, 0, 0, 0.0f}, {"sgd momentum", CAPEX_OPTIM_SGD, 0, 0, 0, 0.9f},
         {"sgd nesterov", CAPEX_OPTIM_SGD, 0, 0, 1, 0.9f}, {"lamb", CAPEX_OPTIM_LAMB, 1, 0, 0, 0.0f},
-        {"lamb l2 low-memory", CAPEX_OPTIM_LAMB, 0, 1, 0, 0.0f}, {"novograd", CAPEX_OPTIM_NOVOGRAD, 0, 0, 0, 0.0f},
-        {"novograd reg_inside_moment", CAPEX_OPTIM_NOVOGRAD, 1, 0, 0, 0.0f},
+        {"lamb l2 low-memory", CAPEX_OPTIM_LAMB, 0, 1, 0, 0.0f}, {"lamb low-memory", CAPEX_OPTIM_LAMB, 1, 1, 0, 0.0f},
+        {"novograd", CAPEX_OPTIM_NOVOGRAD, 0, 0, 0, 0.0f}, {"novograd reg_inside_moment", CAPEX_OPTIM_NOVOGRAD, 1, 0, 0, 0.0f},
     };
     static const capex_dtype gts[3] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
     size_t c;
