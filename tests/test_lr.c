@@ -280,6 +280,27 @@ CT_TEST(bad_input) {
              capex_last_error());
     s.pct_start = 0.3; s.div_factor = 0.0;
     CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_ERR_INVALID_ARG, "div_factor 0");
+    s.div_factor = 25.0; s.pct_start = 1.5;
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "pct_start"), "pct_start");
+    s.pct_start = NAN;
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "pct_start"), "NaN pct_start");
+    s.pct_start = 0.3; s.total_steps = 0; /* torch: total_steps must be > 0 */
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "total_steps > 0"), "1cycle total 0");
+    s.total_steps = 100; s.final_div_factor = -1.0;
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_ERR_INVALID_ARG, "final_div_factor < 0");
+    s.final_div_factor = 1e4;
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_OK, "1cycle fixed: %s", capex_last_error());
+    s.total_steps = -1;
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "total_steps"), "total < 0");
+    s.total_steps = (INT64_C(1) << 53) + 1;
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "2^53"), "total > 2^53");
+    capex_lr_schedule_init(&s, CAPEX_LR_POLYNOMIAL);
+    s.total_steps = 10; s.power = -1.0;
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "power"), "power < 0");
+    s.power = INFINITY;
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "power"), "power inf");
+    s.power = 0.0; /* torch allows it (the lr stays at base) */
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_OK, "power 0: %s", capex_last_error());
     v = capex_lr_scale_linear(0.1, 0, 256);
     CT_CHECK(v != v && strstr(capex_last_error(), "batch"), "batch 0: %s", capex_last_error());
     /* the base lr is checked as capex_lr_at checks it (was passed through: -0.2, NaN with no error) */
