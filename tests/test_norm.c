@@ -916,7 +916,7 @@ CT_TEST(batch_norm_constant_channel_and_no_running_stats) {
    too (dweight 0, not 0 * inf). Seen failing: refused with "more than 1 value
    per channel" (torch's message for one value, not zero). */
 CT_TEST(batch_norm_empty_batch_as_torch) {
-    float w[3] = {1.5f, 2, 3}, b[3] = {0.1f, 0.2f, 0.3f}, rm[3], rv[3], sm[3], si[3], dw[3], db[3];
+    float w[3] = {1.5f, 2, 3}, b[3] = {0.1f, 0.2f, 0.3f}, rm[3], rv[3], sm[3], si[3], dw[3], db[3], dxs[1];
     capex_batch_norm_args a;
     capex_batch_norm_desc d;
     capex_comm single;
@@ -947,8 +947,11 @@ CT_TEST(batch_norm_empty_batch_as_torch) {
                             CT_CHECK(sm[i] == 0.0f && si[i] == 1.0f / sqrtf(d.eps), "save %g %g", (double)sm[i], (double)si[i]);
                         }
                         a.dweight = dw; a.dbias = db;
+                        a.dx = e ? dxs : NULL; /* an empty dx too: nothing written */
+                        dxs[0] = -99.0f;
                         CT_CHECK(capex_batch_norm_backward(&d, use_comm ? &single : NULL, &a) == CAPEX_OK, "backward: %s",
                                  capex_last_error());
+                        CT_CHECK(dxs[0] == -99.0f, "an empty batch's backward wrote dx");
                         for (i = 0; i < 3; i++)
                             CT_CHECK(dw[i] == 0.0f && db[i] == 0.0f, "eps %g: dweight %g dbias %g", (double)d.eps, (double)dw[i],
                                      (double)db[i]);
