@@ -804,6 +804,9 @@ CT_TEST(clip_overflow_aliases_and_early_checks) {
     l = capex_tensor_list_make(CAPEX_F32, ta, 1);
     CT_CHECK(capex_clip_grad_norm_coef(NULL, &l, 1, 1.0f, &total, &coef) == CAPEX_OK && isinf(total) && coef == 0.0f,
              "finite grads, norm beyond f32: coef %g (PyTorch 0)", (double)coef);
+    /* max_norm inf means no clipping, also here (PyTorch: inf / inf = NaN grads) */
+    CT_CHECK(capex_clip_grad_norm(NULL, &l, 1, INFINITY, &total) == CAPEX_OK && isinf(total) && a[0] == 3e38f &&
+             a[1] == 3e38f, "max_norm inf, norm beyond f32: grads %g %g", (double)a[0], (double)a[1]);
     CT_CHECK(capex_clip_grad_norm(NULL, &l, 1, 1.0f, &total) == CAPEX_OK && a[0] == 0.0f && a[1] == 0.0f, "clipped to 0");
     /* in = {a, b}, out = {b, a}: out[0] would overwrite in[1] before it is read */
     a[0] = 1; a[1] = 2;
