@@ -494,6 +494,19 @@ CT_TEST(update_to_and_set_scale) {
     }
     CT_CHECK(capex_scaler_set_scale(&sc, INFINITY) == CAPEX_ERR_INVALID_ARG, "inf accepted");
     CT_CHECK(capex_scaler_set_scale(&sc, -1.0f) == CAPEX_ERR_INVALID_ARG, "negative accepted");
+    /* a dynamic scaler's floor and ceiling hold for set_scale too; a static one takes any finite scale > 0 */
+    d.min_scale = 4.0f; d.max_scale = 65536.0f;
+    CT_CHECK(capex_scaler_init(&sc, &d) == CAPEX_OK, "%.300s", capex_last_error());
+    CT_CHECK(capex_scaler_set_scale(&sc, 2.0f) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "min_scale"),
+             "below min_scale: %.300s", capex_last_error());
+    CT_CHECK(capex_scaler_set_scale(&sc, 131072.0f) == CAPEX_ERR_INVALID_ARG, "above max_scale");
+    CT_CHECK(capex_scaler_get_state(&sc, &st) == CAPEX_OK && st.scale == 1024.0f, "a refused scale changed it: %g",
+             (double)st.scale);
+    d.dynamic = 0;
+    CT_CHECK(capex_scaler_init(&sc, &d) == CAPEX_OK, "static: %.300s", capex_last_error());
+    CT_CHECK(capex_scaler_set_scale(&sc, 2.0f) == CAPEX_OK && capex_scaler_set_scale(&sc, 131072.0f) == CAPEX_OK &&
+                 capex_scaler_get_inv_scale(&sc) == 1.0f / 131072.0f,
+             "static: %.300s", capex_last_error());
 }
 
 CT_TEST(overflow_logging_is_rate_limited) {
