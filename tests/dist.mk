@@ -4,7 +4,7 @@
 MPICC ?= mpicc
 DIST_HAVE_MPICC := $(shell command -v $(MPICC) 2>/dev/null)
 
-$(BUILD)/tests/test_dist: tests/fork_world.h tests/free_port.h
+$(BUILD)/tests/test_dist: tests/fork_world.h tests/free_port.h tests/fail_alloc.h
 
 ifneq ($(DIST_HAVE_MPICC),)
 $(BUILD)/tests/test_dist_mpirun: $(BUILD)/tests/mpi/test_dist_mpi

@@ -15,6 +15,7 @@ static double g_rdv_hello_budget_s = 2.0;
 static long g_rdv_polls;
 #define CAPEX__RDV_HELLO_BUDGET_S g_rdv_hello_budget_s
 #define CAPEX__RDV_ON_POLL() ((void)g_rdv_polls++)
+#include "fail_alloc.h" /* before capex.h: one chosen allocation can fail */
 #include "../capex.h"
 #include "capex_test.h"
 #include "fork_world.h"
@@ -1158,6 +1159,37 @@ CT_TEST(tracker_rebuild_from_ready_order) {
     r.f.nlaunch = 0;
     for (p = 0; p < NP; p++) { capex_ddp_grad_ready(r.g, p); if (p == 1) CT_CHECK(r.f.nlaunch == 1, "launches early now"); }
     CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK && capex_ddp_layout_version(r.g) == 1, "only once");
+    capex_ddp_destroy(r.g);
+}
+
+/* The rebuild out of memory: the old layout comes back whole (the grads, the pointers the
+   engine holds), finalize reports it and the ddp refuses further use; destroy frees each
+   buffer once (ASan). The rollback had never run. */
+CT_TEST(tracker_rebuild_out_of_memory_keeps_the_old_layout) {
+    rig r;
+    capex_ddp_desc d;
+    capex_result res;
+    float *before[NP];
+    size_t p, i;
+    capex_ddp_desc_init(&d);
+    d.rebuild_buckets = 1;
+    d.gradient_average = 0;
+    CT_CHECK(rig_make(&r, 2, 1, &d, CAPEX_F32) == CAPEX_OK, "%.300s", capex_last_error());
+    for (p = 0; p < NP; p++) { rig_fill(&r, p, 100.0f * (float)p); capex_ddp_grad_ready(r.g, p); } /* forward order */
+    for (p = 0; p < NP; p++) before[p] = (float *)capex_ddp_grad(r.g, p);
+    g_fail_alloc_size = 16 * sizeof(float) * 2; /* a new bucket's buffer */
+    res = capex_ddp_finalize(r.g);
+    CT_CHECK(g_fail_alloc_size == 0, "no allocation of that size came (the test is wrong)");
+    g_fail_alloc_size = 0;
+    CT_CHECK(res == CAPEX_ERR_OUT_OF_MEMORY, "finalize: %s (%.300s)", capex_result_string(res), capex_last_error());
+    CT_CHECK(capex_ddp_layout_version(r.g) == 0, "layout version %d", capex_ddp_layout_version(r.g));
+    for (p = 0; p < NP; p++) {
+        CT_CHECK(capex_ddp_grad(r.g, p) == (void *)before[p], "param %zu: its grad moved", p);
+        for (i = 0; i < 16; i++)
+            CT_CHECK(before[p][i] == 2.0f * (100.0f * (float)p + (float)i), "param %zu: reduced grad %g", p, (double)before[p][i]);
+        if (ct->failed) break;
+    }
+    CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_ERR_COMM, "a failed ddp was used again: %.300s", capex_last_error());
     capex_ddp_destroy(r.g);
 }
 
@@ -2733,7 +2765,7 @@ static const ct_case cases[] = {
     CT_CASE(tracker_errors),
     CT_CASE(tracker_launch_failure_mid_backward),
     CT_CASE(tracker_engine_owned_grads_are_copied),
-    CT_CASE(tracker_rebuild_from_ready_order),
+    CT_CASE(tracker_rebuild_from_ready_order), CT_CASE(tracker_rebuild_out_of_memory_keeps_the_old_layout),
     CT_CASE(comm_single_and_errors),
     CT_CASE(rendezvous_success_and_late_ranks),
     CT_CASE(rendezvous_wrong_nonce_is_refused),
