@@ -189,9 +189,19 @@ CT_TEST(context_allocator_needs_both_functions) {
     CT_CHECK(alloc_calls > 0 && alloc_calls == free_calls, "allocator used: %d allocs, %d frees", alloc_calls, free_calls);
 }
 
+/* A context in a fresh child that must not (and cannot) load NVRTC: kernels
+   come from the cache at dir only. */
+static capex_result ctx_without_nvrtc(const char *dir, capex_cuda_context **ctx) {
+    capex_cuda_context_desc cd;
+    setenv("CAPEX_NVRTC_PATH", "/nonexistent/libnvrtc.so", 1);
+    capex_cuda_context_desc_init(&cd);
+    cd.device = 0;
+    cd.cache_dir = dir;
+    return capex_cuda_context_create(&cd, ctx);
+}
+
 /* The child: a fresh process that must not (and cannot) load NVRTC. */
 static void child_warm(const char *dir, child_result *res) {
-    capex_cuda_context_desc cd;
     capex_cuda_context *ctx = NULL;
     capex_cuda_module *m = NULL;
     capex_cuda_target t;
@@ -199,11 +209,7 @@ static void child_warm(const char *dir, child_result *res) {
     float host[1000];
     int from_cache = 0, i, bad = 0;
     double t0, t1;
-    setenv("CAPEX_NVRTC_PATH", "/nonexistent/libnvrtc.so", 1);
-    capex_cuda_context_desc_init(&cd);
-    cd.device = 0;
-    cd.cache_dir = dir;
-    if ((res->code = capex_cuda_context_create(&cd, &ctx)) != CAPEX_OK) goto out;
+    if ((res->code = ctx_without_nvrtc(dir, &ctx)) != CAPEX_OK) goto out;
     t0 = now_ms();
     res->code = capex_cuda_builtin_module(ctx, &m);
     t1 = now_ms();
@@ -847,7 +853,6 @@ CT_TEST(builtin_ops_refuse_misaligned_pointers) {
    Adam kernel. res->code: the step's status; res->value: the group's step
    count after it. */
 static void child_step_no_nvrtc(const char *dir, child_result *res) {
-    capex_cuda_context_desc cd;
     capex_cuda_context *ctx = NULL;
     capex_cuda_optim *opt = NULL;
     capex_optim_desc od;
@@ -855,12 +860,8 @@ static void child_step_no_nvrtc(const char *dir, child_result *res) {
     capex_cuda_ptr x = 0, g = 0;
     int64_t step = -1;
     capex_result r;
-    setenv("CAPEX_NVRTC_PATH", "/nonexistent/libnvrtc.so", 1);
-    capex_cuda_context_desc_init(&cd);
-    cd.device = 0;
-    cd.cache_dir = dir;
     res->value = -1;
-    if ((res->code = capex_cuda_context_create(&cd, &ctx)) != CAPEX_OK) goto out;
+    if ((res->code = ctx_without_nvrtc(dir, &ctx)) != CAPEX_OK) goto out;
     if ((res->code = capex_cuda_malloc(ctx, 256 * sizeof(float), &x)) != CAPEX_OK ||
         (res->code = capex_cuda_malloc(ctx, 256 * sizeof(float), &g)) != CAPEX_OK ||
         (res->code = capex_cuda_memset_u8(ctx, x, 0, 256 * sizeof(float), NULL)) != CAPEX_OK ||
@@ -918,7 +919,6 @@ CT_TEST(step_that_cannot_load_a_kernel_changes_nothing) {
    f16 list but the f16 list's scale. res->code: the clip's status;
    res->value: f32 grads no longer 1.0 after it. */
 static void child_clip_no_nvrtc(const char *dir, child_result *res) {
-    capex_cuda_context_desc cd;
     capex_cuda_context *ctx = NULL;
     capex_cuda_ptr g32 = 0, g16 = 0, ws = 0;
     capex_tensor t32, t16;
@@ -927,12 +927,8 @@ static void child_clip_no_nvrtc(const char *dir, child_result *res) {
     unsigned short ones[256];
     size_t need = 0;
     int i;
-    setenv("CAPEX_NVRTC_PATH", "/nonexistent/libnvrtc.so", 1);
-    capex_cuda_context_desc_init(&cd);
-    cd.device = 0;
-    cd.cache_dir = dir;
     res->value = -1;
-    if ((res->code = capex_cuda_context_create(&cd, &ctx)) != CAPEX_OK) goto out;
+    if ((res->code = ctx_without_nvrtc(dir, &ctx)) != CAPEX_OK) goto out;
     for (i = 0; i < 256; i++) host[i] = 1.0f, ones[i] = 0x3c00; /* f16 1.0 */
     if ((res->code = capex_cuda_malloc(ctx, sizeof host, &g32)) != CAPEX_OK ||
         (res->code = capex_cuda_malloc(ctx, sizeof ones, &g16)) != CAPEX_OK ||
