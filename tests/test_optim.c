@@ -20,6 +20,7 @@ typedef struct refcfg {
     int w, nvlamb, wd_after;
     float max_grad_norm;
     capex_optim_hparams hp;
+    int mom_on_step; /* SGD: > 0 adds the group with hp.momentum, sets it to 0, and back on at this step */
 } refcfg;
 
 /* One step on nt tensors; g already scaled (grad*inv_scale*clip). */
@@ -170,9 +171,18 @@ static int run_vs_ref(ct_state *ct, const refcfg *rc, capex_dtype gt, capex_dtyp
     REQ(capex_optim_create(&d, &opt) == CAPEX_OK, "%s: create: %s", what, capex_last_error());
     REQ(capex_optim_add_group(opt, NULL, ps, 3, NULL) == CAPEX_OK, "%s: add_group: %s", what,
              capex_last_error());
+    if (rc->mom_on_step > 0) { /* momentum 0 at first: the buffers exist, torch's momentum_buffer not yet */
+        capex_optim_hparams h = rc->hp;
+        h.momentum = 0.0f; h.nesterov = 0;
+        REQ(capex_optim_set_hparams(opt, 0, &h) == CAPEX_OK, "%s: set_hparams: %s", what, capex_last_error());
+    }
     for (s = 1; s <= nsteps; s++) {
+        refcfg now = *rc;
+        if (rc->mom_on_step > 0 && s < rc->mom_on_step) { now.hp.momentum = 0.0f; now.hp.nesterov = 0; }
+        if (rc->mom_on_step > 0 && s == rc->mom_on_step)
+            REQ(capex_optim_set_hparams(opt, 0, &rc->hp) == CAPEX_OK, "%s: set_hparams: %s", what, capex_last_error());
         problem_grads(&pr, 0.1f * scale, (double)(1.0f / scale) * (double)clip);
-        ref_step(rc, s, &mom_init, 3, sz, pr.rp, pr.rm, pr.rv, pr.rg);
+        ref_step(&now, s, &mom_init, 3, sz, pr.rp, pr.rm, pr.rv, pr.rg);
         REQ(capex_optim_step(opt, 1.0f / scale, clip, 0) == CAPEX_OK, "%s: step: %s", what, capex_last_error());
     }
     for (t = 0; t < 3; t++) {
@@ -284,6 +294,27 @@ CT_TEST(sgd_vs_float64) {
         snprintf(what, sizeof what, "sgd mom=%g damp=%g wd=%g nesterov=%d after=%d", (double)c.hp.momentum,
                  (double)c.hp.dampening, (double)c.hp.weight_decay, c.hp.nesterov, c.wd_after);
         if (run_all_dtypes(ct, &c, 4, what)) return;
+    }
+}
+
+/* A group added with momentum, set to 0 before its first step and turned on
+   at step 3 (set_hparams): two plain steps, then buf = g at the first momentum
+   step (torch creates momentum_buffer there; the zeroed buffer is not blended
+   in), blended after. Every grad/model dtype, so fp16 grads and fp16/bf16
+   copies take the F16C kernels where the CPU has them. */
+CT_TEST(sgd_momentum_turned_on_later_vs_float64) {
+    static const struct { float mom, damp, wd; int nest, after; } cases[] = {
+        {0.9f, 0.0f, 0.0f, 0, 0}, {0.9f, 0.1f, 0.01f, 0, 0}, {0.9f, 0.0f, 0.01f, 1, 1}, {0.5f, 0.5f, 0.01f, 0, 1}};
+    size_t k;
+    for (k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        refcfg c = cfg(CAPEX_OPTIM_SGD);
+        char what[112];
+        c.hp.lr = 0.05f; c.hp.momentum = cases[k].mom; c.hp.dampening = cases[k].damp;
+        c.hp.weight_decay = cases[k].wd; c.hp.nesterov = cases[k].nest; c.wd_after = cases[k].after;
+        c.mom_on_step = 3;
+        snprintf(what, sizeof what, "sgd momentum on at step 3: mom=%g damp=%g wd=%g nesterov=%d after=%d",
+                 (double)c.hp.momentum, (double)c.hp.dampening, (double)c.hp.weight_decay, c.hp.nesterov, c.wd_after);
+        if (run_all_dtypes(ct, &c, 5, what)) return;
     }
 }
 
@@ -1487,7 +1518,7 @@ CT_TEST(pure_half_steps_the_model_as_written) {
 }
 
 static const ct_case cases[] = {
-    CT_CASE(adam_vs_float64), CT_CASE(lamb_vs_float64), CT_CASE(sgd_vs_float64), CT_CASE(apex_order_bitexact),
+    CT_CASE(adam_vs_float64), CT_CASE(lamb_vs_float64), CT_CASE(sgd_vs_float64), CT_CASE(sgd_momentum_turned_on_later_vs_float64), CT_CASE(apex_order_bitexact),
     CT_CASE(golden_torch_adamw), CT_CASE(golden_torch_adam_l2), CT_CASE(golden_torch_sgd), CT_CASE(golden_apex_lamb),
     CT_CASE(found_inf_skips_bit_identical), CT_CASE(same_bits_any_thread_count), CT_CASE(lamb_kept_update_matches_recompute), CT_CASE(add_group_out_of_memory_changes_nothing), CT_CASE(stochastic_rounding),
     CT_CASE(stochastic_rounding_unbiased), CT_CASE(groups_own_step_counts_and_hparams),
