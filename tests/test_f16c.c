@@ -1,6 +1,6 @@
 /* The F16C paths give the bits of the portable ones. Every CPU code path that
    reads fp16 gradients or writes fp16 copies (optimizers: Adam L2/W, SGD with
-   and without momentum, LAMB with u kept or recomputed; unscale; L2 norms)
+   and without momentum, and with momentum turned on by set_hparams, LAMB with u kept or recomputed; unscale; L2 norms)
    runs twice on the same random inputs, once with the portable conversions
    forced (capex__f16c_state = 1) and once with F16C, and every output bit is
    compared. Inputs include fp16 subnormals, values near the f16 overflow, odd
@@ -57,10 +57,12 @@ typedef struct ocfg {
     capex_optim_kind kind;
     int w, lowmem, nesterov;
     float momentum;
+    int mom_late; /* SGD: momentum 0 (set_hparams) until step 2, then on: a 4th step */
 } ocfg;
 
-/* Runs 3 steps (the second with an inf gradient: skipped) and leaves the
-   results in r. model: 0 none, 1 f16, 2 bf16, 3 bf16 stochastic. */
+/* Runs 3 steps (the second with an inf gradient: skipped; 4 with mom_late,
+   momentum on from the third) and leaves the results in r. model: 0 none,
+   1 f16, 2 bf16, 3 bf16 stochastic. */
 static void run_optim(ct_state *ct, const ocfg *oc, capex_dtype gt, int model, int threads, uint64_t seed, run_out *r) {
     capex_optim_desc d;
     capex_optim *o = NULL;
@@ -90,7 +92,12 @@ static void run_optim(ct_state *ct, const ocfg *oc, capex_dtype gt, int model, i
         capex_optim_destroy(o);
         CT_CHECK(0, "%s: setup: %s", oc->name, capex_last_error());
     }
-    for (s = 0; s < 3; s++) {
+    for (s = 0; s < 3 + (oc->mom_late != 0); s++) {
+        if (oc->mom_late && (s == 0 || s == 2)) { /* off before the first step, on at the third */
+            capex_optim_hparams h = d.defaults;
+            if (s == 0) { h.momentum = 0.0f; h.nesterov = 0; }
+            if (capex_optim_set_hparams(o, 0, &h) != CAPEX_OK) break;
+        }
         for (t = 0; t < NT; t++)
             for (i = 0; i < sizes[t]; i++) {
                 float x = grad_value(i);
@@ -102,7 +109,7 @@ static void run_optim(ct_state *ct, const ocfg *oc, capex_dtype gt, int model, i
         if (capex_optim_step(o, 0.5f, 1.0f, s == 1) != CAPEX_OK) break;
     }
     capex_optim_destroy(o);
-    CT_CHECK(s == 3, "%s: step: %s", oc->name, capex_last_error());
+    CT_CHECK(s == 3 + (oc->mom_late != 0), "%s: step: %s", oc->name, capex_last_error());
 }
 
 static int same_bits(const void *a, const void *b, int64_t n, size_t es) { return memcmp(a, b, (size_t)n * es) == 0; }
@@ -120,11 +127,13 @@ CT_TEST(optimizers_same_bits) {
     CT_SKIP("built without F16C");
 #else
     static const ocfg cfgs[] = {
-        {"adam l2", CAPEX_OPTIM_ADAM, 0, 0, 0, 0.0f}, {"adamw", CAPEX_OPTIM_ADAM, 1, 0, 0, 0.0f},
-        {"sgd", CAPEX_OPTIM_SGD, 0, 0, 0, 0.0f}, {"sgd momentum", CAPEX_OPTIM_SGD, 0, 0, 0, 0.9f},
-        {"sgd nesterov", CAPEX_OPTIM_SGD, 0, 0, 1, 0.9f}, {"lamb", CAPEX_OPTIM_LAMB, 1, 0, 0, 0.0f},
-        {"lamb l2 low-memory", CAPEX_OPTIM_LAMB, 0, 1, 0, 0.0f}, {"lamb low-memory", CAPEX_OPTIM_LAMB, 1, 1, 0, 0.0f},
-        {"novograd", CAPEX_OPTIM_NOVOGRAD, 0, 0, 0, 0.0f}, {"novograd reg_inside_moment", CAPEX_OPTIM_NOVOGRAD, 1, 0, 0, 0.0f},
+        {"adam l2", CAPEX_OPTIM_ADAM, 0, 0, 0, 0.0f, 0}, {"adamw", CAPEX_OPTIM_ADAM, 1, 0, 0, 0.0f, 0},
+        {"sgd", CAPEX_OPTIM_SGD, 0, 0, 0, 0.0f, 0}, {"sgd momentum", CAPEX_OPTIM_SGD, 0, 0, 0, 0.9f, 0},
+        {"sgd nesterov", CAPEX_OPTIM_SGD, 0, 0, 1, 0.9f, 0}, {"lamb", CAPEX_OPTIM_LAMB, 1, 0, 0, 0.0f, 0},
+        {"lamb l2 low-memory", CAPEX_OPTIM_LAMB, 0, 1, 0, 0.0f, 0}, {"lamb low-memory", CAPEX_OPTIM_LAMB, 1, 1, 0, 0.0f, 0},
+        {"novograd", CAPEX_OPTIM_NOVOGRAD, 0, 0, 0, 0.0f, 0}, {"novograd reg_inside_moment", CAPEX_OPTIM_NOVOGRAD, 1, 0, 0, 0.0f, 0},
+        {"sgd momentum turned on later", CAPEX_OPTIM_SGD, 0, 0, 0, 0.9f, 1},
+        {"sgd nesterov turned on later", CAPEX_OPTIM_SGD, 0, 0, 1, 0.9f, 1},
     };
     static const capex_dtype gts[3] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
     size_t c;
@@ -168,10 +177,11 @@ CT_TEST(optimizers_same_bits) {
    kernels block them: checks the blocked loops on any CPU. */
 CT_TEST(f16_grads_equal_f32_grads) {
     static const ocfg cfgs[] = {
-        {"adam l2", CAPEX_OPTIM_ADAM, 0, 0, 0, 0.0f}, {"adamw", CAPEX_OPTIM_ADAM, 1, 0, 0, 0.0f},
-        {"sgd momentum", CAPEX_OPTIM_SGD, 0, 0, 0, 0.9f}, {"lamb", CAPEX_OPTIM_LAMB, 1, 0, 0, 0.0f},
-        {"lamb l2 low-memory", CAPEX_OPTIM_LAMB, 0, 1, 0, 0.0f}, {"novograd", CAPEX_OPTIM_NOVOGRAD, 0, 0, 0, 0.0f},
-        {"novograd reg_inside_moment", CAPEX_OPTIM_NOVOGRAD, 1, 0, 0, 0.0f},
+        {"adam l2", CAPEX_OPTIM_ADAM, 0, 0, 0, 0.0f, 0}, {"adamw", CAPEX_OPTIM_ADAM, 1, 0, 0, 0.0f, 0},
+        {"sgd momentum", CAPEX_OPTIM_SGD, 0, 0, 0, 0.9f, 0}, {"lamb", CAPEX_OPTIM_LAMB, 1, 0, 0, 0.0f, 0},
+        {"lamb l2 low-memory", CAPEX_OPTIM_LAMB, 0, 1, 0, 0.0f, 0}, {"novograd", CAPEX_OPTIM_NOVOGRAD, 0, 0, 0, 0.0f, 0},
+        {"novograd reg_inside_moment", CAPEX_OPTIM_NOVOGRAD, 1, 0, 0, 0.0f, 0},
+        {"sgd momentum turned on later", CAPEX_OPTIM_SGD, 0, 0, 0, 0.9f, 1},
     };
     size_t c;
     int model, t;
