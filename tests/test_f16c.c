@@ -1,7 +1,7 @@
 /* The F16C paths give the bits of the portable ones. Every CPU code path that
    reads fp16 gradients or writes fp16 copies (optimizers: Adam L2/W, SGD with
-   and without momentum, and with momentum turned on by set_hparams, LAMB with u kept or recomputed; unscale; L2 norms)
-   runs twice on the same random inputs, once with the portable conversions
+   and without momentum and with momentum turned on by set_hparams, LAMB with
+   u kept or recomputed; unscale; L2 norms) runs twice on the same random inputs, once with the portable conversions
    forced (capex__f16c_state = 1) and once with F16C, and every output bit is
    compared. Inputs include fp16 subnormals, values near the f16 overflow, odd
    sizes, a tensor over one chunk and not a multiple of the 1024 block, and a
