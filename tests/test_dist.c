@@ -2734,10 +2734,97 @@ CT_TEST(torchrun_style_launch_auto_comm) {
 }
 
 
+/* An env filled by hand (rdv_port 0) under torchrun's agent store takes the
+   rule of capex_dist_env_read from the process environment: capex meets on
+   MASTER_PORT + 1. The "store" here is a listener held on MASTER_PORT, so a
+   rendezvous on that port could not listen. */
+CT_TEST(hand_env_agent_store_meets_on_next_port) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int store = socket(AF_INET, SOCK_STREAM, 0), port = 0, i, ok = 1;
+    pid_t pids[2];
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(0x7f000001u);
+    if (store >= 0 && bind(store, (struct sockaddr *)&a, sizeof a) == 0 && listen(store, 4) == 0 &&
+        getsockname(store, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (port <= 0 || port >= 65535) {
+        if (store >= 0) close(store);
+        CT_SKIP("no loopback port for the store");
+    }
+    fflush(stdout);
+    fflush(stderr);
+    for (i = 0; i < 2; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            capex_dist_env env;
+            capex_comm c;
+            float x = (float)(i + 1);
+            close(store);
+            setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+            unsetenv("CAPEX_PORT");
+            memset(&env, 0, sizeof env);
+            env.launcher = CAPEX_LAUNCHER_TORCHRUN;
+            env.rank = i; env.world_size = 2; env.local_rank = i; env.local_world_size = 2;
+            strcpy(env.master_addr, "127.0.0.1");
+            env.master_port = port;
+            strcpy(env.run_id, "agent-store");
+            if (capex_comm_init_tcp(&c, &env, CT_HANG_GUARD_S) != CAPEX_OK) _exit(2);
+            if (capex_comm_allreduce(&c, &x, &x, 1, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK || x != 3.0f) _exit(3);
+            capex_comm_destroy(&c);
+            _exit(0);
+        }
+    }
+    for (i = 0; i < 2; i++) {
+        int st = 0;
+        waitpid(pids[i], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = 0;
+    }
+    close(store);
+    CT_CHECK(ok, "both ranks meet on MASTER_PORT + 1 (%d) beside the store on %d", port + 1, port);
+}
+
+/* ... and MASTER_PORT=65535 there has no next port: refused, as
+   capex_dist_env_read refuses it, naming the variables (not a rendezvous on
+   the store's own port). */
+CT_TEST(hand_env_agent_store_port_65535_refused) {
+    capex_dist_env env;
+    capex_comm c;
+    char blob[4] = {0};
+    int ok1, ok2;
+    pid_t pid;
+    int st = 0;
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork(); /* the environment is changed in a child only */
+    if (pid == 0) {
+        setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+        unsetenv("CAPEX_PORT");
+        memset(&env, 0, sizeof env);
+        env.launcher = CAPEX_LAUNCHER_TORCHRUN;
+        env.rank = 1; env.world_size = 2; env.local_rank = 1; env.local_world_size = 2;
+        strcpy(env.master_addr, "127.0.0.1");
+        env.master_port = 65535;
+        ok1 = capex_comm_init_tcp(&c, &env, 0.3) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "MASTER_PORT=65535") &&
+              strstr(capex_last_error(), "TORCHELASTIC_USE_AGENT_STORE");
+        if (!ok1) fprintf(stderr, "comm_init_tcp: %.300s\n", capex_last_error());
+        ok2 = capex_dist_broadcast_blob(&env, NULL, blob, sizeof blob, 0.3) == CAPEX_ERR_CONFIG &&
+              strstr(capex_last_error(), "MASTER_PORT=65535") && strstr(capex_last_error(), "TORCHELASTIC_USE_AGENT_STORE");
+        if (!ok2) fprintf(stderr, "broadcast_blob: %.300s\n", capex_last_error());
+        _exit(ok1 && ok2 ? 0 : 1);
+    }
+    waitpid(pid, &st, 0);
+    CT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "a hand-filled torchrun env with the agent store and MASTER_PORT=65535 "
+             "must be refused with CAPEX_ERR_CONFIG naming MASTER_PORT=65535 and TORCHELASTIC_USE_AGENT_STORE (see stderr)");
+}
+
+
 static const ct_case cases[] = {
 
     CT_CASE(env_none_is_single_process),
     CT_CASE(env_torchrun), CT_CASE(env_rendezvous_port_beside_torchrun_store),
+    CT_CASE(hand_env_agent_store_meets_on_next_port), CT_CASE(hand_env_agent_store_port_65535_refused),
     CT_CASE(env_openmpi_pmi_slurm),
     CT_CASE(env_slurm_tasks_per_node_parser),
     CT_CASE(env_flux),
