@@ -1396,7 +1396,9 @@ typedef struct capex_dist_env {
                                TCPStore holds MASTER_PORT:
                                TORCHELASTIC_USE_AGENT_STORE=True), else
                                MASTER_PORT; 0 when unknown. An env filled by
-                               hand may leave it 0: the same rule applies. */
+                               hand may leave it 0: the same rule applies (its
+                               MASTER_PORT=65535 under the agent store is
+                               refused too: CAPEX_ERR_CONFIG). */
 } capex_dist_env;
 
 CAPEX_API void capex_dist_env_desc_init(capex_dist_env_desc *d);
@@ -10718,16 +10720,23 @@ static capex_result capex__tcp_ring_setup(capex_comm *c, uint64_t nonce, double 
 }
 #endif
 
-/* env->rdv_port, or for an env filled by hand (rdv_port 0) the rule of
-   capex_dist_env_read applied to the process environment. */
-CAPEX__PRIVATE int capex__dist_rdv_port(const capex_dist_env *env) {
+/* *port = env->rdv_port, or for an env filled by hand (rdv_port 0) the rule
+   of capex_dist_env_read applied to the process environment, refusing what
+   it refuses: the store on MASTER_PORT=65535 leaves no next port. */
+CAPEX__PRIVATE capex_result capex__dist_rdv_port(const capex_dist_env *env, const char *fn, int *port) {
     const char *agent;
-    if (env->rdv_port > 0) return env->rdv_port;
+    *port = env->rdv_port > 0 ? env->rdv_port : env->master_port;
+    if (env->rdv_port > 0) return CAPEX_OK;
     agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
-    if (env->launcher == CAPEX_LAUNCHER_TORCHRUN && env->master_port > 0 && env->master_port < 65535 && agent &&
-        (!strcmp(agent, "True") || !strcmp(agent, "true") || !strcmp(agent, "1")))
-        return env->master_port + 1;
-    return env->master_port;
+    if (env->launcher == CAPEX_LAUNCHER_TORCHRUN && env->master_port > 0 && agent &&
+        (!strcmp(agent, "True") || !strcmp(agent, "true") || !strcmp(agent, "1"))) {
+        if (env->master_port == 65535)
+            return capex__fail(CAPEX_ERR_CONFIG, "%s: torchrun's store (TORCHELASTIC_USE_AGENT_STORE) holds "
+                               "MASTER_PORT=65535 and capex would listen on the next port: choose another "
+                               "MASTER_PORT or set the env's rdv_port", fn);
+        *port = env->master_port + 1;
+    }
+    return CAPEX_OK;
 }
 
 CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *env, double connect_timeout_s) {
@@ -10742,11 +10751,12 @@ CAPEX_API capex_result capex_comm_init_tcp(capex_comm *c, const capex_dist_env *
     memset(c, 0, sizeof *c);
     if (env->world_size == 1) return capex_comm_init_single(c);
 #ifdef CAPEX__HAVE_SOCKETS
-    if (!env->master_addr[0] || !capex__dist_rdv_port(env))
+    if ((r = capex__dist_rdv_port(env, "capex_comm_init_tcp", &p)) != CAPEX_OK) return r;
+    if (!env->master_addr[0] || !p)
         return capex__fail(CAPEX_ERR_CONFIG, "capex_comm_init_tcp: %d ranks need MASTER_ADDR and MASTER_PORT", env->world_size);
     capex_rendezvous_desc_init(&d);
     d.addr = env->master_addr;
-    d.port = capex__dist_rdv_port(env);
+    d.port = p;
     d.rank = env->rank;
     d.world_size = env->world_size;
     d.nonce = capex_rendezvous_nonce(env->run_id);
@@ -10809,6 +10819,8 @@ CAPEX_API capex_result capex_rendezvous_broadcast(const capex_rendezvous_desc *d
 CAPEX_API capex_result capex_dist_broadcast_blob(const capex_dist_env *env, capex_comm *comm, void *blob, size_t size,
                                                  double timeout_s) {
     capex_rendezvous_desc d;
+    capex_result pr;
+    int port;
     if (size && !blob) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_dist_broadcast_blob: blob is NULL");
     if (comm && comm->vt && comm->world_size > 1 && !comm->device_buffers) {
         /* broadcast moves bits: carry the bytes as f32 words */
@@ -10831,12 +10843,13 @@ CAPEX_API capex_result capex_dist_broadcast_blob(const capex_dist_env *env, cape
     }
     if (!env) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_dist_broadcast_blob: no multi-rank comm and no env");
     if (env->world_size == 1) return CAPEX_OK;
-    if (!env->master_addr[0] || !capex__dist_rdv_port(env))
+    if ((pr = capex__dist_rdv_port(env, "capex_dist_broadcast_blob", &port)) != CAPEX_OK) return pr;
+    if (!env->master_addr[0] || !port)
         return capex__fail(CAPEX_ERR_CONFIG, "capex_dist_broadcast_blob: %d ranks need MASTER_ADDR and MASTER_PORT "
                                              "(rank 0's host and a free port) for the TCP rendezvous", env->world_size);
     capex_rendezvous_desc_init(&d);
     d.addr = env->master_addr;
-    d.port = capex__dist_rdv_port(env);
+    d.port = port;
     d.rank = env->rank;
     d.world_size = env->world_size;
     d.nonce = capex_rendezvous_nonce(env->run_id);
