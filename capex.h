@@ -1396,9 +1396,10 @@ typedef struct capex_dist_env {
                                TCPStore holds MASTER_PORT:
                                TORCHELASTIC_USE_AGENT_STORE=True), else
                                MASTER_PORT; 0 when unknown. An env filled by
-                               hand may leave it 0: the same rule applies (its
+                               hand may leave it 0: the same rule then applies
+                               but for CAPEX_PORT (set rdv_port for that), and
                                MASTER_PORT=65535 under the agent store is
-                               refused too: CAPEX_ERR_CONFIG). */
+                               refused too (CAPEX_ERR_CONFIG). */
 } capex_dist_env;
 
 CAPEX_API void capex_dist_env_desc_init(capex_dist_env_desc *d);
