@@ -7727,6 +7727,15 @@ CAPEX_API capex_result capex_optim_get_max_exp_avg_sq(const capex_optim *o, size
     return CAPEX_OK;
 }
 
+/* Bits this capex does not know are refused: a caller's mistake is not ignored
+   (also capex_cuda_optim_to_host/from_host, kept under CAPEX_NO_STATE). */
+CAPEX__PRIVATE capex_result capex__optim_flags_ok(unsigned flags, const char *fn) {
+    if (flags & ~CAPEX_OPTIM_STATE_PARAMS)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: unknown flags 0x%x (only CAPEX_OPTIM_STATE_PARAMS)", fn,
+                           flags & ~CAPEX_OPTIM_STATE_PARAMS);
+    return CAPEX_OK;
+}
+
 /* ---- optimizer state save/restore ---- */
 #ifndef CAPEX_NO_STATE /* CAPEX_NO_STATE: no optimizer save/load */
 
@@ -7859,14 +7868,6 @@ static capex_result capex__optim_opt_f32(capex_state_reader *rd, const char *nm,
     capex_result r;
     if (capex_state_find(rd, nm, &info) != CAPEX_OK) return CAPEX_OK;
     if ((r = capex_state_get_f32(rd, nm, v)) != CAPEX_OK) return capex__fail(r, "optimizer state: cannot read '%s'", nm);
-    return CAPEX_OK;
-}
-
-/* Bits this capex does not know are refused: a caller's mistake is not ignored. */
-static capex_result capex__optim_flags_ok(unsigned flags, const char *fn) {
-    if (flags & ~CAPEX_OPTIM_STATE_PARAMS)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: unknown flags 0x%x (only CAPEX_OPTIM_STATE_PARAMS)", fn,
-                           flags & ~CAPEX_OPTIM_STATE_PARAMS);
     return CAPEX_OK;
 }
 

@@ -6979,8 +6979,7 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
     size_t g, k, at;
     if (host) *host = NULL;
     if (!o || !host) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: optimizer or host is NULL", fn);
-    if (flags & ~CAPEX_OPTIM_STATE_PARAMS)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: unknown flags 0x%x (only CAPEX_OPTIM_STATE_PARAMS)", fn, flags);
+    if ((r = capex__optim_flags_ok(flags, fn)) != CAPEX_OK) return r;
     groups = (capex__go_group *)capex__alloc(NULL, (o->ngroups ? o->ngroups : 1) * sizeof *groups);
     ps = (capex_optim_param *)capex__alloc(NULL, (o->nt ? o->nt : 1) * sizeof *ps);
     block = (unsigned char *)capex__alloc(NULL, capex__go_host_total(o) + 16u);
@@ -7059,8 +7058,7 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
     capex_result r = CAPEX_OK;
     size_t g, k;
     if (!o || !h) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: optimizer or host optimizer is NULL", fn);
-    if (flags & ~CAPEX_OPTIM_STATE_PARAMS)
-        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: unknown flags 0x%x (only CAPEX_OPTIM_STATE_PARAMS)", fn, flags);
+    if ((r = capex__optim_flags_ok(flags, fn)) != CAPEX_OK) return r;
     if (h->broken) return capex__fail(CAPEX_ERR_ORDER, "%s: the host optimizer's last load failed half-way", fn);
     if ((flags & CAPEX_OPTIM_STATE_PARAMS) && h->host_block && !h->host_block_params)
         return capex__fail(CAPEX_ERR_ORDER, "%s: the host optimizer holds no weights (made by to_host without "
