@@ -2459,6 +2459,124 @@ CT_TEST(tcp_ddp_delay_allreduce_keeps_other_collectives_apart) {
     CT_CHECK(r == 0 && codes[1] == 0, "rank 0 line %d, rank 1 exit %d: %.300s", r, codes[1], capex_last_error());
 }
 
+/* What a torch DDP user does at once, on 3 (and 2) real ranks over TCP:
+   params of three dtypes with an empty one and an engine-owned grad, small
+   buckets, rebuild_buckets and find_unused_parameters, every step two
+   micro-batches (no_sync, then synced), each rank reporting grads in its own
+   order and using its own subset of the params (the rest marked unused or
+   left to finalize). Grads are small integers, so the reduced grads must
+   equal the sums exactly (averages: world 2); every rank must end with the
+   same bucket layout (rank 0's ready order) and the same grads. */
+#define MIX_NP 6
+static const size_t mix_numel[MIX_NP] = {5, 3, 0, 9, 17, 1};
+static const capex_dtype mix_dt[MIX_NP] = {CAPEX_F32, CAPEX_F16, CAPEX_F32, CAPEX_BF16, CAPEX_F32, CAPEX_F16};
+static int mix_val(int r, int s, int m, size_t p, size_t i) { return (int)((r * 7 + s * 3 + m * 5 + (int)p * 11 + (int)i) % 9) - 4; }
+static int mix_used(int r, int s, int m, size_t p) { return (r + s + m + (int)p) % 4 != 0; }
+static uint64_t mix_layout_hash(capex_ddp *g) {
+    uint64_t h = 1469598103934665603ull;
+    size_t k, i;
+    for (k = 0; k < capex_ddp_num_buckets(g); k++) {
+        capex_ddp_bucket_info bi;
+        capex_ddp_bucket(g, k, &bi);
+        h = (h ^ (uint64_t)bi.dtype) * 1099511628211ull;
+        for (i = 0; i < bi.num_params; i++) h = (h ^ (bi.params[i] * 131 + bi.offsets[i])) * 1099511628211ull;
+    }
+    return h;
+}
+/* mode 1: delay_allreduce, allreduce_always_fp32, predivide 2 (exact on these values) */
+static int ddp_mix_body(int rank, int world, int port, int mode) {
+    capex_dist_env env;
+    capex_comm c;
+    capex_ddp *g = NULL;
+    capex_ddp_param ps[MIX_NP];
+    capex_ddp_desc d;
+    static float data[MIX_NP][32], own[32];
+    int s, m, r, avg = world == 2;
+    size_t p, i;
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = world; env.local_rank = rank; env.local_world_size = world;
+    strcpy(env.master_addr, "127.0.0.1");
+    env.master_port = port;
+    strcpy(env.run_id, "ddp-mix");
+    if (capex_comm_init_tcp(&c, &env, CT_HANG_GUARD_S) != CAPEX_OK) return __LINE__;
+    c.timeout_s = CT_HANG_GUARD_S;
+    for (p = 0; p < MIX_NP; p++) {
+        ps[p].data = data[p]; ps[p].numel = mix_numel[p]; ps[p].dtype = mix_dt[p]; ps[p].grad = p == 4 ? own : NULL;
+    }
+    memset(own, 0, sizeof own);
+    capex_ddp_desc_init(&d);
+    d.first_bucket_bytes = 8; d.bucket_bytes = 24;
+    d.rebuild_buckets = 1;
+    d.find_unused_parameters = 1;
+    d.gradient_average = avg;
+    if (mode == 1) { d.delay_allreduce = 1; d.allreduce_always_fp32 = 1; d.gradient_predivide_factor = 2.0f; }
+    if (capex_ddp_create(&g, &c, ps, MIX_NP, &d) != CAPEX_OK) return __LINE__;
+    for (s = 0; s < 4; s++) {
+        for (m = 0; m < 2; m++) {
+            size_t order[MIX_NP];
+            uint64_t st = (uint64_t)(rank * 1000 + s * 10 + m + 1) * 0x9e3779b97f4a7c15ull;
+            if (capex_ddp_set_sync(g, m == 1) != CAPEX_OK) return __LINE__;
+            for (p = 0; p < MIX_NP; p++) order[p] = p;
+            for (p = MIX_NP; p > 1; p--) { /* this rank's own ready order */
+                size_t j, t;
+                st ^= st << 13; st ^= st >> 7; st ^= st << 17;
+                j = (size_t)(st % p); t = order[p - 1]; order[p - 1] = order[j]; order[j] = t;
+            }
+            for (i = 0; i < MIX_NP; i++) {
+                size_t q = order[i], k;
+                void *gv = capex_ddp_grad(g, q);
+                if (!mix_used(rank, s, m, q)) {
+                    if ((q + (size_t)s) % 2 && capex_ddp_mark_unused(g, q) != CAPEX_OK) return __LINE__;
+                    continue; /* else left to finalize */
+                }
+                for (k = 0; k < mix_numel[q]; k++)
+                    capex__store(gv, mix_dt[q], k, capex__load(gv, mix_dt[q], k) + (float)mix_val(rank, s, m, q, k));
+                if (capex_ddp_grad_ready(g, q) != CAPEX_OK) return __LINE__;
+            }
+            if (capex_ddp_finalize(g) != CAPEX_OK) {
+                fprintf(stderr, "rank %d step %d micro %d: %s\n", rank, s, m, capex_last_error());
+                return __LINE__;
+            }
+        }
+        for (p = 0; p < MIX_NP; p++) {
+            const void *gv = capex_ddp_grad(g, p);
+            for (i = 0; i < mix_numel[p]; i++) {
+                double want = 0, got = capex__load(gv, mix_dt[p], i);
+                for (r = 0; r < world; r++)
+                    for (m = 0; m < 2; m++) want += mix_used(r, s, m, p) ? mix_val(r, s, m, p, i) : 0;
+                if (avg) want /= world;
+                else if (mode == 1) want /= 2; /* the predivide stays without averaging (Apex) */
+                if (got != want) {
+                    fprintf(stderr, "rank %d step %d param %zu [%zu]: %g, want %g\n", rank, s, p, i, got, want);
+                    return __LINE__;
+                }
+            }
+        }
+        { /* one layout on every rank, rebuilt once */
+            int64_t mine[2], all[2 * 8];
+            mine[0] = (int64_t)mix_layout_hash(g);
+            mine[1] = capex_ddp_layout_version(g);
+            if (capex_comm_allgather(&c, mine, all, 2, CAPEX_I64) != CAPEX_OK) return __LINE__;
+            for (r = 1; r < world; r++) if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) return __LINE__;
+            if (all[1] != 1) return __LINE__;
+        }
+        if (capex_ddp_zero_grad(g) != CAPEX_OK) return __LINE__;
+    }
+    capex_ddp_destroy(g);
+    capex_comm_destroy(&c);
+    return 0;
+}
+
+CT_TEST(tcp_ddp_mixed_dtypes_orders_unused_no_sync_rebuild) {
+    int world, mode;
+    for (mode = 0; mode < 2; mode++)
+        for (world = 2; world <= 3; world++) {
+            int codes[8] = {0}, r = fork_world(world, mode, codes, ddp_mix_body);
+            CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "mode %d world %d: rank 0 line %d, peers exit %d %d", mode,
+                     world, r, codes[1], codes[2]);
+        }
+}
+
 CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
     int codes[8], r;
     r = tcp_world(2, 1, codes);
@@ -2868,6 +2986,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_comm_collectives_and_ddp),
     CT_CASE(tcp_create_refuses_different_models_on_every_rank),
     CT_CASE(tcp_ddp_delay_allreduce_keeps_other_collectives_apart),
+    CT_CASE(tcp_ddp_mixed_dtypes_orders_unused_no_sync_rebuild),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
     CT_CASE(tcp_comm_port_out_of_range),
     CT_CASE(tcp_comm_count_zero_against_n),
