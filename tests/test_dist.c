@@ -963,6 +963,36 @@ CT_TEST(tracker_predivide_and_average) {
     }
 }
 
+/* Where the average happens, in fp16 (design choice, pinned): Apex's default
+   (predivide 1) sums first, so grads whose average fits fp16 but whose sum
+   does not come back Inf (the loss scaler then skips the step and backs off);
+   torch's DDP divides each grad by the world size before the allreduce,
+   which gradient_predivide_factor = world_size reproduces, and
+   allreduce_always_fp32 sums in f32. 40000 on 2 ranks: sum 80000 > 65504. */
+CT_TEST(tracker_fp16_average_overflow_by_predivide) {
+    static const struct { float f; int fp32; int finite; } cases[] = {{1.0f, 0, 0}, {2.0f, 0, 1}, {1.0f, 1, 1}};
+    size_t ci, p, i;
+    for (ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        rig r;
+        capex_ddp_desc d;
+        capex_ddp_desc_init(&d);
+        d.gradient_predivide_factor = cases[ci].f;
+        d.allreduce_always_fp32 = cases[ci].fp32;
+        CT_CHECK(rig_make(&r, 2, 1, &d, CAPEX_F16) == CAPEX_OK, "%.300s", capex_last_error());
+        for (p = NP; p-- > 0;) {
+            uint16_t *g = (uint16_t *)capex_ddp_grad(r.g, p);
+            for (i = 0; i < 16; i++) g[i] = capex_f32_to_f16(40000.0f);
+            CT_CHECK(capex_ddp_grad_ready(r.g, p) == CAPEX_OK, "%.300s", capex_last_error());
+        }
+        CT_CHECK(capex_ddp_finalize(r.g) == CAPEX_OK, "%.300s", capex_last_error());
+        for (p = 0; p < NP; p++) {
+            float v = capex_f16_to_f32(((uint16_t *)capex_ddp_grad(r.g, p))[5]);
+            CT_CHECK(cases[ci].finite ? v == 40000.0f : isinf(v), "case %zu: %g", ci, (double)v);
+        }
+        capex_ddp_destroy(r.g);
+    }
+}
+
 CT_TEST(tracker_allreduce_always_fp32_with_bf16) {
     rig r;
     capex_ddp_desc d;
@@ -2963,6 +2993,7 @@ static const ct_case cases[] = {
     CT_CASE(tracker_delay_allreduce_and_sync_backend),
     CT_CASE(tracker_predivide_and_average),
     CT_CASE(tracker_allreduce_always_fp32_with_bf16),
+    CT_CASE(tracker_fp16_average_overflow_by_predivide),
     CT_CASE(tracker_no_sync_accumulates),
     CT_CASE(tracker_mark_unused_under_no_sync_accumulates_nothing),
     CT_CASE(tracker_random_calls_against_a_model),
