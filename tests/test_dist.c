@@ -2607,6 +2607,59 @@ CT_TEST(tcp_ddp_mixed_dtypes_orders_unused_no_sync_rebuild) {
         }
 }
 
+/* A DDP destroyed mid-iteration on every rank (an error in backward), one
+   bucket already reduced and one half full: the comm stays in step (the next
+   collective pairs with the peers' next one, not with a bucket) and a new
+   DDP on it trains. Mode 1: delay_allreduce (nothing launched yet). */
+static int ddp_destroy_mid_body(int rank, int world, int port, int mode) {
+    capex_dist_env env;
+    capex_comm c;
+    capex_ddp *g = NULL;
+    capex_ddp_param ps[4];
+    capex_ddp_desc d;
+    float data[4][4], x[3];
+    size_t p, i;
+    int it;
+    memset(&env, 0, sizeof env);
+    env.rank = rank; env.world_size = world; env.local_rank = rank; env.local_world_size = world;
+    strcpy(env.master_addr, "127.0.0.1");
+    env.master_port = port;
+    strcpy(env.run_id, "ddp-destroy");
+    if (capex_comm_init_tcp(&c, &env, CT_HANG_GUARD_S) != CAPEX_OK) return __LINE__;
+    c.timeout_s = CT_HANG_GUARD_S;
+    for (p = 0; p < 4; p++) { ps[p].data = data[p]; ps[p].numel = 4; ps[p].dtype = CAPEX_F32; ps[p].grad = NULL; }
+    capex_ddp_desc_init(&d);
+    d.first_bucket_bytes = d.bucket_bytes = 32; /* buckets {3,2}, {1,0} */
+    d.delay_allreduce = mode;
+    for (it = 0; it < 2; it++) {
+        if (capex_ddp_create(&g, &c, ps, 4, &d) != CAPEX_OK) return __LINE__;
+        for (p = 4; p-- > 0;) {
+            for (i = 0; i < 4; i++) ((float *)capex_ddp_grad(g, p))[i] = (float)(rank + 1);
+            if (it == 0 && p == 0) break; /* backward fails before the last grad */
+            if (capex_ddp_grad_ready(g, p) != CAPEX_OK) return __LINE__;
+        }
+        if (it == 1) {
+            if (capex_ddp_finalize(g) != CAPEX_OK) return __LINE__;
+            for (p = 0; p < 4; p++) if (((float *)capex_ddp_grad(g, p))[3] != (float)(world + 1) / 2.0f) return __LINE__;
+        }
+        capex_ddp_destroy(g);
+        for (i = 0; i < 3; i++) x[i] = (float)(rank * 10 + (int)i);
+        if (capex_comm_allreduce(&c, x, x, 3, CAPEX_F32, CAPEX_REDUCE_SUM) != CAPEX_OK) return __LINE__;
+        if (x[2] != (float)(10 * world * (world - 1) / 2 + 2 * world)) return __LINE__;
+    }
+    capex_comm_destroy(&c);
+    return 0;
+}
+
+CT_TEST(tcp_ddp_destroyed_mid_iteration_leaves_the_comm_usable) {
+    int mode;
+    for (mode = 0; mode < 2; mode++) {
+        int codes[8] = {0}, r = fork_world(2, mode, codes, ddp_destroy_mid_body);
+        CT_CHECK(r == 0 && codes[1] == 0, "mode %d: rank 0 line %d, rank 1 exit %d: %.300s", mode, r, codes[1],
+                 capex_last_error());
+    }
+}
+
 CT_TEST(tcp_comm_dead_stalled_and_mismatched_peers) {
     int codes[8], r;
     r = tcp_world(2, 1, codes);
@@ -3018,6 +3071,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_create_refuses_different_models_on_every_rank),
     CT_CASE(tcp_ddp_delay_allreduce_keeps_other_collectives_apart),
     CT_CASE(tcp_ddp_mixed_dtypes_orders_unused_no_sync_rebuild),
+    CT_CASE(tcp_ddp_destroyed_mid_iteration_leaves_the_comm_usable),
     CT_CASE(tcp_comm_dead_stalled_and_mismatched_peers),
     CT_CASE(tcp_comm_port_out_of_range),
     CT_CASE(tcp_comm_count_zero_against_n),
