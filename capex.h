@@ -1630,7 +1630,10 @@ typedef struct capex_ddp_desc {
     size_t message_size;        /* Apex, in elements: >0 replaces both limits  */
     int delay_allreduce;        /* 0: launch buckets during backward           */
     int gradient_average;       /* 1: divide by world size                     */
-    float gradient_predivide_factor; /* 1.0 (Apex): x/f before, x*f/world after */
+    float gradient_predivide_factor; /* 1.0 (Apex): x/f before, x*f/world after.
+                                   torch divides by world before the sum: set
+                                   f = world for that (with 1.0 a half sum can
+                                   overflow to Inf where the average fits) */
     int allreduce_always_fp32;  /* 0; 1: half buckets reduced through f32       */
     int find_unused_parameters; /* 0: finalize fails if a param was not ready   */
     int rebuild_buckets;        /* 0; 1: rebuild once from rank 0's ready order */
@@ -1927,7 +1930,11 @@ CAPEX_API void capex_sampler_desc_init(capex_sampler_desc *d);
    whose sizes no longer match its desc (fields edited after init). */
 CAPEX_API capex_result capex_sampler_init(capex_sampler *s, const capex_sampler_desc *d);
 CAPEX_API void capex_sampler_set_epoch(capex_sampler *s, uint64_t epoch);
-/* The k-th index (k < num_samples) of this rank, O(1): no allocation. */
+/* The k-th index (k < num_samples) of this rank, O(1): no allocation. It
+   reads the epoch at each call (torch's iterator fixes it at iter()): a batch
+   that crosses an epoch end must set the new epoch before its first index
+   past it (running position t: epoch t / num_samples, k = t % num_samples),
+   else it repeats the old epoch's first indices and skips the new one's. */
 CAPEX_API capex_result capex_sampler_index(const capex_sampler *s, uint64_t k, uint64_t *index);
 /* Writes all num_samples indices of this rank into out[0..cap). */
 CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *out, size_t cap);
