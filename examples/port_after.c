@@ -88,10 +88,9 @@ int main(int argc, char **argv) {
     for (step = 0; step < STEPS; step++) {
         float scale, inv_scale, norm;
         int do_step, inf = 0;
-        capex_sampler_set_epoch(&smp, (uint64_t)(step * BATCH) / smp.num_samples);
         for (b = 0; b < BATCH; b++) {                         /* this rank's shard */
-            uint64_t i;
-            capex_sampler_index(&smp, (uint64_t)(step * BATCH + b) % smp.num_samples, &i);
+            uint64_t i, t = (uint64_t)(step * BATCH + b);     /* epoch t / n, index t % n */
+            capex_sampler_set_epoch(&smp, t / smp.num_samples); capex_sampler_index(&smp, t % smp.num_samples, &i);
             idx[b] = (int)i;
         }
         capex_scaler_scale(&sc, &scale);
