@@ -12935,7 +12935,7 @@ static capex_result capex__zero_load(capex_zero *z, capex_state_reader *rd, cons
         z->opt->broken = 0;
         capex__zero_load_pieces(z, full);
     }
-    if (z->has_dev && (r = z->dev.from_host(z->dev.user, z->opt)) != CAPEX_OK) goto done; /* the pieces' state to the device */
+    if (z->has_dev) r = z->dev.from_host(z->dev.user, z->opt); /* the pieces' state to the device */
     /* the loaded params (host copies) to params[i].data */
     for (i = 0, j = 0; params && r == CAPEX_OK && i < z->np; i++) {
         size_t bytes = z->params[i].numel * capex_dtype_size(z->params[i].dtype);
