@@ -1884,15 +1884,22 @@ CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
    are all-gathered bucket by bucket and rank 0 (which must give a writer; the
    others may pass NULL; rank 0 without one still takes part, then returns
    CAPEX_ERR_INVALID_ARG) adds the whole state; it holds that copy until the
-   next save or destroy, so write the file before the next step. load needs
-   no communication: every rank reads the file, transiently holding the
-   whole state, and takes its pieces; everything is checked before anything
-   changes (capex_optim_load's checks). With CAPEX_OPTIM_STATE_PARAMS the
-   fp32 masters and params (and half model copies, into params[i].data) are
+   next save or destroy, so write the file before the next step. load is
+   collective too (every rank must call it, each with a reader of the same
+   file): every rank reads the whole file into temporary storage (with
+   CAPEX_OPTIM_STATE_PARAMS a copy of the params too) and checks it
+   (capex_optim_load's checks), then one small allreduce, then every rank
+   takes its pieces or none does: a rank whose read or check failed (a
+   corrupt or missing file, an I/O error, out of memory) returns its own
+   error, its peers CAPEX_ERR_COMM naming it, nothing changed anywhere.
+   Ranks calling save and load (or another agreed call) at the same point
+   all fail with CAPEX_ERR_CONFIG. With CAPEX_OPTIM_STATE_PARAMS the fp32
+   masters and params (and half model copies, into params[i].data) are
    restored bit for bit; without it the masters are rebuilt from the
-   params' data as they are. An I/O error while the params' data is being
-   written (the host zero) leaves it half-loaded: step and save then return
-   CAPEX_ERR_ORDER until a load succeeds. */
+   params' data as they are. After the agreement the host zero's commit
+   cannot fail; the device zero's device copies can: a device error there
+   fails that rank's zero for good (every later call refused, as after a
+   failed collective; its peers fail at their next collective's deadline). */
 CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, const char *prefix, unsigned flags);
 CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags);
 /* One file holding only this optimizer (prefix "optim"); rank 0 writes it
@@ -11140,22 +11147,33 @@ done:
    local part of a collective API (allocations, device copies) before the
    traffic that needs every rank: a rank that failed still takes part, so its
    peers fail at once with it instead of waiting out their deadline in the
-   next collective (or pairing it with the failed rank's next call). Returns
-   local when it failed (its message kept); CAPEX_ERR_COMM naming the rank
-   when a peer failed; the exchange's own error. Device comms go through a
-   16-byte device buffer: if that one cannot be allocated on a rank, its
-   peers wait until their deadline. World size 1: nothing is sent. */
+   next collective (or pairing it with the failed rank's next call). fn also
+   tags the call: ranks agreeing in different APIs (one saves, another loads:
+   the same small allreduce) all fail with CAPEX_ERR_CONFIG. Returns local
+   when it failed (its message kept); else that CONFIG; CAPEX_ERR_COMM naming
+   the rank when a peer failed; the exchange's own error. Device comms go
+   through a 32-byte device buffer: if that one cannot be allocated on a
+   rank, its peers wait until their deadline. World size 1: nothing is sent. */
 CAPEX__PRIVATE capex_result capex__comm_agree(capex_comm *c, capex_result local, const char *fn) {
     char keep[sizeof capex__error_message];
-    int64_t v[2];
+    int64_t v[4], tag = 0;
+    const char *s;
     capex_result r;
     if (c->world_size <= 1) return local;
     if (local != CAPEX_OK) memcpy(keep, capex__error_message, sizeof keep);
+    for (s = fn; *s; s++) tag = (tag * 131 + (unsigned char)*s) % 1000003; /* < 2^20: W tag^2 fits in int64 */
+    tag++;
     v[0] = local != CAPEX_OK;          /* failing ranks */
     v[1] = local != CAPEX_OK ? c->rank : 0; /* the failing rank when only one did */
-    r = capex__comm_host(c, CAPEX__HOST_ALLREDUCE, NULL, v, 2, CAPEX_I64, 0);
+    v[2] = tag;                        /* sums of tag and tag^2 equal W times this rank's only when all tags are */
+    v[3] = tag * tag;
+    r = capex__comm_host(c, CAPEX__HOST_ALLREDUCE, NULL, v, 4, CAPEX_I64, 0);
     if (local != CAPEX_OK) return capex__fail(local, "%s", keep);
     if (r != CAPEX_OK) return r;
+    if (v[2] != c->world_size * tag || v[3] != c->world_size * tag * tag)
+        return capex__fail(CAPEX_ERR_CONFIG, "%s: not every rank called %s here (another rank is in another collective "
+                           "call, e.g. capex_zero_save while this one loads); every rank must make the same calls in the "
+                           "same order; no rank went on", fn, fn);
     if (v[0] == 1) return capex__fail(CAPEX_ERR_COMM, "%s: rank %lld failed (its own error says why); no rank went on",
                                       fn, (long long)v[1]);
     if (v[0]) return capex__fail(CAPEX_ERR_COMM, "%s: %lld of %d ranks failed (their own errors say why); no rank went on",
@@ -11777,6 +11795,7 @@ typedef struct capex__zero_dev {
     capex_result (*add)(void *user, void *y, const void *x, size_t n, capex_dtype t); /* y += x (stage 2) */
     capex_result (*to_host)(void *user, unsigned flags, capex_optim **host);    /* host copy of the pieces' state */
     capex_result (*from_host)(void *user, const capex_optim *host);             /* moments, steps, hparams back */
+    capex_result (*check_host)(void *user, const capex_optim *host);            /* optional: from_host's checks alone */
     capex_result (*finish)(void *user, capex_zero *z); /* optional: the device zero's own setup, before create's last agreement */
 } capex__zero_dev;
 
@@ -12605,8 +12624,9 @@ CAPEX_API capex_result capex_zero_set_sync(capex_zero *z, int sync) {
    index order): f32 params are params[i].data, half params an fp32 master
    (in *masters) with data as the model copy. Its moments are its own. In
    device mode the data are host copies of the params (in *host, params in
-   index order, 4-byte aligned). */
-static capex_result capex__zero_full_optim(capex_zero *z, capex_optim **out, float **masters, unsigned char **host) {
+   index order, 4-byte aligned), and so with `copy` (a load: nothing of the
+   params' own changes before every rank agrees). */
+static capex_result capex__zero_full_optim(capex_zero *z, int copy, capex_optim **out, float **masters, unsigned char **host) {
     capex_optim_desc d = z->opt->desc;
     capex_optim_param *pp = NULL;
     size_t i, g, n, half = 0, at = 0, hb = 0, *hoff = NULL;
@@ -12617,7 +12637,7 @@ static capex_result capex__zero_full_optim(capex_zero *z, capex_optim **out, flo
     for (i = 0; i < z->np; i++) if (z->params[i].dtype != CAPEX_F32) half += z->params[i].numel;
     pp = (capex_optim_param *)capex__alloc(NULL, sizeof(capex_optim_param) * (z->np + 1));
     *masters = (float *)capex__alloc(NULL, sizeof(float) * (half + 1));
-    if (z->has_dev && pp && *masters) {
+    if ((z->has_dev || copy) && pp && *masters) {
         hoff = (size_t *)capex__alloc(NULL, sizeof(size_t) * (z->np + 1));
         for (i = 0; hoff && i < z->np; i++) {
             hoff[i] = hb;
@@ -12729,7 +12749,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     if (r == CAPEX_OK && !z->has_dev && z->opt->broken)
         r = capex__fail(CAPEX_ERR_ORDER, "%s: a state load failed part-way (I/O error); load the state again before "
                         "saving", fn);
-    if (r == CAPEX_OK && root) r = capex__zero_full_optim(z, &z->save_tmp, &z->save_masters, &z->save_host);
+    if (r == CAPEX_OK && root) r = capex__zero_full_optim(z, 0, &z->save_tmp, &z->save_masters, &z->save_host);
     for (k = 0; k < z->nb; k++) if (z->b[k].shard > maxshard) maxshard = z->b[k].shard;
     if (r == CAPEX_OK) {
         pack = (float *)capex__alloc(NULL, sizeof(float) * (maxshard + 1));
@@ -12838,44 +12858,12 @@ static capex_result capex__zero_refresh(capex_zero *z, const capex_optim *full) 
     return r;
 }
 
-CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags) {
-    static const char *fn = "capex_zero_load";
-    capex_optim *full = NULL;
-    float *masters = NULL;
-    unsigned char *host = NULL;
+/* The loaded unsharded state's pieces, steps, hparams and settings into z->opt. */
+static void capex__zero_load_pieces(capex_zero *z, const capex_optim *full) {
     size_t j, g;
     int what;
-    capex_result r = capex__zero_check(z, fn);
-    if (r) return r;
-    if (!rd) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: reader is NULL", fn);
-    if ((r = capex__optim_flags_ok(flags, fn)) != CAPEX_OK) return r;
-    if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
-    {   /* stochastic rounding keys a piece by its element offset in 32 bits (create's
-           check), and the device zero has none: refused before anything changes */
-        char nm[CAPEX__OPT_NAME_MAX];
-        int64_t sr = 0;
-        size_t i, big = 0;
-        for (i = 0; i < z->np; i++) big |= (uint64_t)z->params[i].numel > 0xffffffffull;
-        if ((z->has_dev || big) && capex__optim_name(nm, prefix ? prefix : "optim", "stochastic_rounding", 0, NULL) == CAPEX_OK &&
-            capex_state_get_i64(rd, nm, &sr) == CAPEX_OK && sr)
-            return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: the file's optimizer uses stochastic rounding, which %s", fn,
-                               z->has_dev ? "the device zero does not support" : "sharding supports only for params under "
-                               "2^32 elements");
-    }
-    if (z->has_dev && (r = z->dev.to_host(z->dev.user, 0, &z->opt)) != CAPEX_OK) return r;
-    if ((r = capex__zero_full_optim(z, &full, &masters, &host)) != CAPEX_OK) goto done;
-    /* the full optimizer checks everything before it changes anything; with
-       CAPEX_OPTIM_STATE_PARAMS it writes the params' data (f32 params and
-       half model copies) directly */
-    if ((r = capex_optim_load(full, rd, prefix, flags)) != CAPEX_OK) {
-        /* cut by an I/O error while it wrote the params' data: half loaded,
-           so the pieces refuse to step and save until a load succeeds */
-        if (full->broken && (flags & CAPEX_OPTIM_STATE_PARAMS) && !z->has_dev) z->opt->broken = 1;
-        goto done;
-    }
-    if (!z->has_dev) z->opt->broken = 0;
     for (j = 0; j < z->npieces; j++) {
-        size_t i = z->piece_param[j], gi, ki, fi = capex__zero_full_index(z, i);
+        size_t gi, ki, fi = capex__zero_full_index(z, z->piece_param[j]);
         capex__zero_piece_pos(z, j, &gi, &ki);
         if (z->opt->novo_v) z->opt->novo_v[j] = full->novo_v[full->groups[gi].first + fi];
         for (what = 1; what < 4; what++) {
@@ -12901,23 +12889,78 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
     z->opt->desc.seed = full->desc.seed;
     z->opt->desc.stochastic_rounding = full->desc.stochastic_rounding; /* keyed as the unsharded optimizer's */
     if (full->has_sched) (void)capex_optim_set_lr_schedule(z->opt, &full->sched);
-    if (z->has_dev) { /* the pieces' state to the device; loaded params (host copies) back to params[i].data */
-        size_t i, hb = 0;
-        if ((r = z->dev.from_host(z->dev.user, z->opt)) != CAPEX_OK) goto done;
-        for (i = 0; (flags & CAPEX_OPTIM_STATE_PARAMS) && r == CAPEX_OK && i < z->np; i++) {
-            size_t bytes = z->params[i].numel * capex_dtype_size(z->params[i].dtype);
-            r = capex__comm_copy(z->comm, z->params[i].data, host + hb, bytes, CAPEX_COPY_H2D);
-            hb += (bytes + 3) / 4 * 4;
-        }
-        if (r != CAPEX_OK) goto done;
+}
+
+/* load, with `pre` a failure this rank already had (load_file's open; its
+   message kept): every rank reads and checks into temporary storage, then
+   one agreement, then every rank commits or none does. */
+static capex_result capex__zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags,
+                                     capex_result pre) {
+    static const char *fn = "capex_zero_load";
+    capex_optim *full = NULL;
+    float *masters = NULL;
+    unsigned char *host = NULL;
+    size_t j, i;
+    int params = (flags & CAPEX_OPTIM_STATE_PARAMS) != 0;
+    char keep[sizeof capex__error_message];
+    capex_result r;
+    if (pre != CAPEX_OK) memcpy(keep, capex__error_message, sizeof keep);
+    if ((r = capex__zero_check(z, fn)) != CAPEX_OK) return r; /* no comm to agree on */
+    if ((r = capex_zero_wait_params(z)) != CAPEX_OK) return r;
+    /* this rank's part, changing nothing: a failure is kept for the agreement */
+    if (pre != CAPEX_OK) r = capex__fail(pre, "%s", keep);
+    else if (!rd) r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: reader is NULL", fn);
+    else r = capex__optim_flags_ok(flags, fn);
+    if (r == CAPEX_OK) { /* stochastic rounding keys a piece by its element offset in 32 bits (create's
+                            check), and the device zero has none */
+        char nm[CAPEX__OPT_NAME_MAX];
+        int64_t sr = 0;
+        size_t big = 0;
+        for (i = 0; i < z->np; i++) big |= (uint64_t)z->params[i].numel > 0xffffffffull;
+        if ((z->has_dev || big) && capex__optim_name(nm, prefix ? prefix : "optim", "stochastic_rounding", 0, NULL) == CAPEX_OK &&
+            capex_state_get_i64(rd, nm, &sr) == CAPEX_OK && sr)
+            r = capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: the file's optimizer uses stochastic rounding, which %s", fn,
+                            z->has_dev ? "the device zero does not support" : "sharding supports only for params under "
+                            "2^32 elements");
     }
-    r = capex__zero_refresh(z, (flags & CAPEX_OPTIM_STATE_PARAMS) ? full : NULL);
+    if (r == CAPEX_OK && z->has_dev) r = z->dev.to_host(z->dev.user, 0, &z->opt);
+    /* the whole state, read and checked by the full optimizer (capex_optim_load's
+       checks) into its own buffers: with CAPEX_OPTIM_STATE_PARAMS host copies of
+       the params' data, so an I/O error midway leaves the params as they were */
+    if (r == CAPEX_OK) r = capex__zero_full_optim(z, params, &full, &masters, &host);
+    if (r == CAPEX_OK) r = capex_optim_load(full, rd, prefix, flags);
+    /* the device zero's z->opt is a host copy: filled and checked before the agreement */
+    if (r == CAPEX_OK && z->has_dev) {
+        capex__zero_load_pieces(z, full);
+        if (z->dev.check_host) r = z->dev.check_host(z->dev.user, z->opt);
+    }
+    /* one small allreduce: every rank commits or none does */
+    if ((r = capex__comm_agree(z->comm, r, fn)) != CAPEX_OK) goto done;
+    /* commit. The host zero's copies cannot fail from here; the device zero's
+       device copies can (a device error) */
+    if (!z->has_dev) {
+        z->opt->broken = 0;
+        capex__zero_load_pieces(z, full);
+    }
+    if (z->has_dev) r = z->dev.from_host(z->dev.user, z->opt); /* the pieces' state to the device */
+    /* the loaded params (host copies) to params[i].data */
+    for (i = 0, j = 0; params && r == CAPEX_OK && i < z->np; i++) {
+        size_t bytes = z->params[i].numel * capex_dtype_size(z->params[i].dtype);
+        r = capex__comm_copy(z->comm, z->params[i].data, host + j, bytes, CAPEX_COPY_H2D);
+        j += (bytes + 3) / 4 * 4;
+    }
+    if (r == CAPEX_OK) r = capex__zero_refresh(z, params ? full : NULL);
+    if (r != CAPEX_OK) z->failed = 1; /* device error, half committed: refuse every later call */
 done:
     capex_optim_destroy(full);
     capex__free(NULL, masters);
     capex__free(NULL, host);
     if (z->has_dev) { capex_optim_destroy(z->opt); z->opt = NULL; }
     return r;
+}
+
+CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, const char *prefix, unsigned flags) {
+    return capex__zero_load(z, rd, prefix, flags, CAPEX_OK);
 }
 
 /* save_file: rank 0's status after its write, to every rank: all return
@@ -12960,9 +13003,11 @@ CAPEX_API capex_result capex_zero_save_file(capex_zero *z, const char *path, uns
 CAPEX_API capex_result capex_zero_load_file(capex_zero *z, const char *path, unsigned flags) {
     capex_state_reader *rd = NULL;
     capex_result r;
-    if (!z || !path) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_zero_load_file: zero or path is NULL");
-    if ((r = capex_state_reader_open_file(path, 0, NULL, &rd)) != CAPEX_OK) return r;
-    r = capex_zero_load(z, rd, NULL, flags);
+    if (!z) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_zero_load_file: zero is NULL");
+    /* a NULL path or a file this rank cannot open still takes part in the agreement */
+    if (!path) r = capex__fail(CAPEX_ERR_INVALID_ARG, "capex_zero_load_file: path is NULL");
+    else r = capex_state_reader_open_file(path, 0, NULL, &rd);
+    r = capex__zero_load(z, rd, NULL, flags, r);
     capex_state_reader_close(rd);
     return r;
 }

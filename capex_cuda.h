@@ -700,9 +700,10 @@ typedef struct capex_cuda_zero capex_cuda_zero;
    params. Collective, with the same check that every rank passes the same
    model and settings (its 18 int64 per rank go through a small device buffer),
    and the same last agreement, after this rank's device buffers and optimizer.
-   Those exchanges need a small device buffer each (128 (world + 1) and 16
+   Those exchanges need a small device buffer each (128 (world + 1) and 32
    bytes): a rank that cannot allocate one leaves its peers to fail at their
-   deadline (CAPEX_ERR_TIMEOUT), as does capex_zero_save's first agreement. */
+   deadline (CAPEX_ERR_TIMEOUT), as do capex_zero_save's first agreement and
+   capex_zero_load's. */
 CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm *comm, const capex_zero_param *params,
                                               size_t num_params, const capex_optim_desc *od,
                                               const capex_optim_hparams *hparams, size_t num_groups,
@@ -7051,8 +7052,10 @@ done:
     return r;
 }
 
-CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const capex_optim *h, unsigned flags,
-                                                  capex_cuda_stream stream) {
+/* from_host; check_only: its checks alone, the device unchanged (capex_zero_load
+   checks on every rank before it agrees to change anything). */
+CAPEX__PRIVATE capex_result capex__cuda_optim_from_host(capex_cuda_optim *o, const capex_optim *h, unsigned flags,
+                                                        capex_cuda_stream stream, int check_only) {
     const char *fn = "capex_cuda_optim_from_host";
     capex__go_group *groups = NULL;
     capex_result r = CAPEX_OK;
@@ -7124,6 +7127,7 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
         groups[g].step = h->groups[g].step;
         groups[g].mom_init = h->groups[g].mom_init != 0;
     }
+    if (check_only) goto done;
     /* validated: from here the device changes. The read above waited for
        stream, so plain synchronous copies are ordered after its work. */
     for (k = 0; k < o->nt && r == CAPEX_OK; k++) {
@@ -7156,6 +7160,11 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const cap
 done:
     capex__free(NULL, groups);
     return r;
+}
+
+CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *o, const capex_optim *h, unsigned flags,
+                                                  capex_cuda_stream stream) {
+    return capex__cuda_optim_from_host(o, h, flags, stream, 0);
 }
 
 /* ==== NCCL communicator: implementation ==== */
@@ -8178,6 +8187,10 @@ CAPEX__PRIVATE capex_result capex__czero_from_host(void *user, const capex_optim
     capex_cuda_zero *zg = (capex_cuda_zero *)user;
     return capex_cuda_optim_from_host(zg->opt, host, 0, capex__czero_stream(zg));
 }
+CAPEX__PRIVATE capex_result capex__czero_check_host(void *user, const capex_optim *host) {
+    capex_cuda_zero *zg = (capex_cuda_zero *)user;
+    return capex__cuda_optim_from_host(zg->opt, host, 0, capex__czero_stream(zg), 1);
+}
 
 CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *zg) {
     if (!zg) return;
@@ -8279,6 +8292,7 @@ CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm 
     dev.add = capex__czero_add;
     dev.to_host = capex__czero_to_host;
     dev.from_host = capex__czero_from_host;
+    dev.check_host = capex__czero_check_host;
     dev.finish = capex__czero_finish; /* the rest of this create, inside its last agreement */
     if ((r = capex__zero_create(&zg->z, comm, params, np, od, hp, ngroups, d, &dev, fn)) != CAPEX_OK) {
         capex_cuda_zero_destroy(zg); /* zg->z NULL: the base zero is gone */

@@ -215,6 +215,7 @@ static capex_result nb_allreduce(capex_comm *c, const void *s, void *r, size_t n
     (void)dl;
     if (s != r) memmove(r, s, n * capex_comm_dtype_size(t));
     for (i = 0; t == CAPEX_F32 && i < n; i++) ((float *)r)[i] *= op == CAPEX_REDUCE_SUM ? (float)c->world_size : 1.0f;
+    for (i = 0; t == CAPEX_I64 && i < n; i++) ((int64_t *)r)[i] *= c->world_size; /* agreements: the identical ranks' sum */
     return CAPEX_OK;
 }
 static capex_result nb_bcast(capex_comm *c, void *b, size_t n, capex_dtype t, int root, double dl) {
@@ -455,7 +456,8 @@ static int oom_verdict_ok(int rank, capex_result r) {
    (a rank 0 that overstays it gets EOF and COMM when rank 1 is let go); 2: save a
    checkpoint (AdamW, stage 2, then SGD into a second file); 3: load the
    world of 3's into a world of 2 and save again; 4: save_file status;
-   5: capex_zero_save with no writer on rank 0; 10: gradient_average 0 and 1 (zero_sum_check). */
+   5: capex_zero_save with no writer on rank 0; 10: gradient_average 0 and 1 (zero_sum_check);
+   11: one rank's load fails (load_fail_check); 12: save against load (save_vs_load_check). */
 
 /* The save modes' model: one Adam param of 40 floats (0, 0.125, ...); path:
    this run's checkpoint name plus suffix. */
@@ -534,6 +536,169 @@ static int zero_sum_check(capex_comm *c, int rank, int world) {
             capex_zero_destroy(z);
         }
     return 0;
+}
+/* Every piece's master and moments and each group's step, as bytes; returns the length. */
+static size_t zero_moments(const capex_zero *z, unsigned char *out, size_t cap) {
+    size_t n = 0, k, g;
+#define ZM_PUT(ptr, bytes) do { if ((ptr) && n + (bytes) <= cap) memcpy(out + n, (ptr), (bytes)); n += (bytes); } while (0)
+    for (k = 0; k < z->opt->ntensors; k++) {
+        const capex_optim_param *p = &z->opt->tensors[k].p;
+        size_t bytes = sizeof(float) * (size_t)p->numel;
+        ZM_PUT(p->param, bytes);
+        ZM_PUT(p->exp_avg, bytes);
+        ZM_PUT(p->exp_avg_sq, bytes);
+    }
+    for (g = 0; g < z->opt->ngroups; g++) ZM_PUT(&z->opt->groups[g].step, sizeof z->opt->groups[g].step);
+#undef ZM_PUT
+    return n;
+}
+
+/* Modes 11 and 12: capex_zero_load is collective and agreed. The model: an
+   f32 param of 40 and a bf16 one of 24 (fp32 master pieces), Adam. */
+static int g_bad_load_rank; /* mode 11: the rank whose load fails */
+static int lf_create(capex_comm *c, capex_zero **z, float *a, uint16_t *b) {
+    capex_zero_param p[2];
+    capex_optim_desc od;
+    capex_zero_desc d;
+    int e;
+    for (e = 0; e < 40; e++) a[e] = 0.125f * (float)e - 2.0f;
+    for (e = 0; e < 24; e++) b[e] = capex_f32_to_bf16(0.25f * (float)e - 3.0f);
+    one_param(&p[0], a, 40);
+    p[1].data = b; p[1].numel = 24; p[1].dtype = CAPEX_BF16; p[1].group = 0;
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    capex_zero_desc_init(&d);
+    d.bucket_bytes = 100; /* both params straddle shards */
+    return capex_zero_create(z, c, p, 2, &od, NULL, 1, &d) == CAPEX_OK;
+}
+/* One step, gradients multiples of 1/16 (exact in any order). */
+static int lf_step(capex_zero *z, int rank, int s) {
+    int i, e;
+    for (i = 1; i >= 0; i--) {
+        void *g = capex_zero_grad(z, (size_t)i);
+        if (!g) return 0;
+        for (e = 0; e < (i ? 24 : 40); e++) {
+            float v = (float)((rank * 5 + s * 3 + e * 7 + i) % 17 - 8) / 16.0f;
+            if (i) ((uint16_t *)g)[e] = capex_f32_to_bf16(v);
+            else ((float *)g)[e] = v;
+        }
+        if (capex_zero_grad_ready(z, (size_t)i) != CAPEX_OK) return 0;
+    }
+    return capex_zero_finalize(z) == CAPEX_OK && capex_zero_step(z, 1.0f, 1.0f, 0) == CAPEX_OK &&
+           capex_zero_zero_grad(z) == CAPEX_OK;
+}
+/* This rank's whole state as bytes: params' data, then zero_moments; returns its length. */
+static size_t lf_state(const capex_zero *z, const float *a, const uint16_t *b, unsigned char *out, size_t cap) {
+    size_t n = sizeof(float) * 40 + sizeof(uint16_t) * 24;
+    if (cap < n) return n + 1;
+    memcpy(out, a, sizeof(float) * 40);
+    memcpy(out + sizeof(float) * 40, b, sizeof(uint16_t) * 24);
+    return n + zero_moments(z, out + n, cap - n);
+}
+/* Mode 11: rank g_bad_load_rank's load fails (a truncated file, a missing
+   one, unknown flags through capex_zero_load); every rank must fail (it
+   with its own error, its peers CAPEX_ERR_COMM naming it) with nothing
+   changed, stay in step, and a good load then steps as a twin that never
+   failed, bit for bit. */
+static int load_fail_check(capex_comm *c, int rank) {
+    static unsigned char before[8192], after[8192];
+    float a[40], a2[40];
+    uint16_t b[24], b2[24];
+    capex_zero *z = NULL, *twin = NULL;
+    char path[300], bad[300], want[32];
+    int s, kind, line = 0;
+    size_t n0, n1;
+    capex_result r;
+    snprintf(path, sizeof path, "%.250s.lf", g_ckpt[0]);
+    snprintf(bad, sizeof bad, "%.250s.lf.bad%d", g_ckpt[0], rank);
+    snprintf(want, sizeof want, "rank %d failed", g_bad_load_rank);
+    if (!lf_create(c, &z, a, b) || !lf_create(c, &twin, a2, b2)) return __LINE__;
+    for (s = 0; s < 2; s++) if (!lf_step(z, rank, s) || !lf_step(twin, rank, s)) return __LINE__;
+    if (capex_zero_save_file(z, path, CAPEX_OPTIM_STATE_PARAMS) != CAPEX_OK) return __LINE__;
+    if (!lf_step(z, rank, 2) || !lf_step(twin, rank, 2)) return __LINE__; /* the state now differs from the file's */
+    if (rank == g_bad_load_rank) { /* the first half of the good file */
+        static char buf[65536];
+        FILE *f = fopen(path, "rb"), *o;
+        size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
+        if (f) fclose(f);
+        if (n < 100 || n == sizeof buf || !(o = fopen(bad, "wb"))) return __LINE__;
+        if (fwrite(buf, 1, n / 2, o) != n / 2) line = __LINE__;
+        fclose(o);
+        if (line) return line;
+    }
+    n0 = lf_state(z, a, b, before, sizeof before);
+    if (n0 > sizeof before) return __LINE__;
+    for (kind = 0; kind < 3 && !line; kind++) {
+        int me = rank == g_bad_load_rank;
+        if (kind == 0) r = capex_zero_load_file(z, me ? bad : path, CAPEX_OPTIM_STATE_PARAMS);
+        else if (kind == 1) r = capex_zero_load_file(z, me ? "/nonexistent-capex-dir/zero.ckpt" : path, CAPEX_OPTIM_STATE_PARAMS);
+        else {
+            capex_state_reader *rd = NULL;
+            if (capex_state_reader_open_file(path, 0, NULL, &rd) != CAPEX_OK) return __LINE__;
+            r = capex_zero_load(z, rd, NULL, me ? 2u | CAPEX_OPTIM_STATE_PARAMS : CAPEX_OPTIM_STATE_PARAMS);
+            capex_state_reader_close(rd);
+        }
+        if (me ? r == CAPEX_OK || r == CAPEX_ERR_COMM : r != CAPEX_ERR_COMM || !strstr(capex_last_error(), want)) {
+            fprintf(stderr, "rank %d: load %d failing on rank %d: %s (%s)\n", rank, kind, g_bad_load_rank,
+                    capex_result_string(r), capex_last_error());
+            line = __LINE__;
+        }
+        n1 = lf_state(z, a, b, after, sizeof after);
+        if (!line && (n1 != n0 || memcmp(before, after, n0) != 0)) {
+            fprintf(stderr, "rank %d: load %d failing on rank %d changed this rank's state\n", rank, kind, g_bad_load_rank);
+            line = __LINE__;
+        }
+        if (!line && capex_comm_barrier(c) != CAPEX_OK) line = __LINE__; /* in step */
+    }
+    /* a good load on every rank, then 2 steps: as the twin that never failed */
+    if (!line && (r = capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS)) != CAPEX_OK) line = __LINE__;
+    if (!line && (r = capex_zero_load_file(twin, path, CAPEX_OPTIM_STATE_PARAMS)) != CAPEX_OK) line = __LINE__;
+    if (line && r != CAPEX_OK) fprintf(stderr, "rank %d: good load: %s\n", rank, capex_last_error());
+    for (s = 3; !line && s < 5; s++) if (!lf_step(z, rank, s) || !lf_step(twin, rank, s)) line = __LINE__;
+    if (!line) {
+        n0 = lf_state(z, a, b, before, sizeof before);
+        n1 = lf_state(twin, a2, b2, after, sizeof after);
+        if (n1 != n0 || memcmp(before, after, n0) != 0) {
+            fprintf(stderr, "rank %d: after a failed load and a good one, the run differs from its twin's\n", rank);
+            line = __LINE__;
+        }
+    }
+    if (capex_comm_barrier(c) != CAPEX_OK && !line) line = __LINE__; /* every rank read the file */
+    if (rank == 0) remove(path);
+    remove(bad);
+    capex_zero_destroy(z);
+    capex_zero_destroy(twin);
+    return line;
+}
+/* Mode 12: rank 1 calls capex_zero_save_file while the others load: every
+   rank must fail (no rank commits a load or writes a file), in step. */
+static int save_vs_load_check(capex_comm *c, int rank) {
+    static unsigned char before[8192], after[8192];
+    float a[40];
+    uint16_t b[24];
+    capex_zero *z = NULL;
+    char path[300], other[300];
+    int line = 0;
+    size_t n0, n1;
+    capex_result r;
+    snprintf(path, sizeof path, "%.250s.sl", g_ckpt[0]);
+    snprintf(other, sizeof other, "%.250s.sl2", g_ckpt[0]);
+    if (!lf_create(c, &z, a, b)) return __LINE__;
+    if (capex_zero_save_file(z, path, CAPEX_OPTIM_STATE_PARAMS) != CAPEX_OK || !lf_step(z, rank, 0)) return __LINE__;
+    n0 = lf_state(z, a, b, before, sizeof before);
+    r = rank == 1 ? capex_zero_save_file(z, other, CAPEX_OPTIM_STATE_PARAMS) : capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS);
+    if (r == CAPEX_OK || !strstr(capex_last_error(), "same calls")) {
+        fprintf(stderr, "rank %d: %s while another rank %s: %s (%s)\n", rank, rank == 1 ? "save" : "load",
+                rank == 1 ? "loads" : "saves", capex_result_string(r), capex_last_error());
+        line = __LINE__;
+    }
+    n1 = lf_state(z, a, b, after, sizeof after);
+    if (!line && (n1 != n0 || memcmp(before, after, n0) != 0)) line = __LINE__;
+    if (!line && capex_comm_barrier(c) != CAPEX_OK) line = __LINE__; /* in step */
+    if (!line && (r = capex_zero_load_file(z, path, CAPEX_OPTIM_STATE_PARAMS)) != CAPEX_OK) line = __LINE__;
+    if (capex_comm_barrier(c) != CAPEX_OK && !line) line = __LINE__;
+    if (rank == 0) { remove(path); remove(other); }
+    capex_zero_destroy(z);
+    return line;
 }
 static int tcp_body(int rank, int world, int port, int mode) {
     capex_comm c;
@@ -637,6 +802,10 @@ static int tcp_body(int rank, int world, int port, int mode) {
         capex_zero_destroy(z);
     } else if (mode == 10) {
         line = zero_sum_check(&c, rank, world);
+    } else if (mode == 11) {
+        line = load_fail_check(&c, rank);
+    } else if (mode == 12) {
+        line = save_vs_load_check(&c, rank);
     } else if (mode == 6) { /* save_file with a NULL path on one rank only (1 or 0) */
         float w[40];
         capex_zero_param p[1];
@@ -861,6 +1030,36 @@ CT_TEST(tcp_save_without_writer_keeps_ranks_in_step) {
              codes[1], codes[2]);
 }
 
+/* capex_zero_load is collective: one rank's failed load (a truncated file,
+   a missing one, unknown flags) fails every rank with nothing changed, the
+   ranks in step (before 2026-11-28 its peers returned OK, loaded, and their
+   next collective waited on a rank that was not there); a good load then
+   steps bit for bit as a run that never failed. Each rank of a world of 3
+   in turn. */
+CT_TEST(tcp_load_one_rank_fails_every_rank) {
+    int codes[8], r;
+    for (g_bad_load_rank = 0; g_bad_load_rank < 3; g_bad_load_rank++) {
+        memset(codes, 0, sizeof codes);
+        snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_lf", (int)getpid());
+        r = tcp_world(3, 11, codes);
+        CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "rank %d's load fails: rank 0 line %d, ranks 1, 2 exit %d %d "
+                 "(stderr says why)", g_bad_load_rank, r, codes[1], codes[2]);
+    }
+}
+
+/* One rank in capex_zero_save while the others load: the agreement's call
+   tag differs, so every rank fails at once with nothing changed and stays
+   in step (before, the loaders returned OK without a word and rank 1's
+   save paired with their next collective). */
+CT_TEST(tcp_save_while_others_load_fails_every_rank) {
+    int codes[8], r;
+    memset(codes, 0, sizeof codes);
+    snprintf(g_ckpt[0], sizeof g_ckpt[0], "/tmp/capex_test_zero_%d_sl", (int)getpid());
+    r = tcp_world(3, 12, codes);
+    CT_CHECK(r == 0 && codes[1] == 0 && codes[2] == 0, "rank 0 line %d, ranks 1, 2 exit %d %d (stderr says why)", r,
+             codes[1], codes[2]);
+}
+
 /* Saved by 3 ranks, loaded by 1 and by 2 (resharding), each time checked
    against the unsharded optimizer loading the same file; the file equals
    the unsharded optimizer's byte for byte. Then damaged and mismatched
@@ -1034,17 +1233,20 @@ CT_TEST(save_file_frees_the_unsharded_copy) {
 }
 
 /* A load cut by an I/O error (the file shrunk under the open reader) after it
-   began writing the params' data (CAPEX_OPTIM_STATE_PARAMS) leaves the zero
-   half-loaded: as capex_optim_load's, step and save are refused until a good
-   load (before 2026-11-28 it stepped on, half the weights from the file). */
-CT_TEST(load_io_error_midway_refuses_step_and_save) {
+   read the first params' data (CAPEX_OPTIM_STATE_PARAMS) changes nothing: the
+   whole state is read into temporary storage before every rank agrees to
+   take it (before 2026-11-28 it stepped on, half the weights from the file;
+   then it was refused step and save, half-loaded, until a good load). */
+CT_TEST(load_io_error_midway_changes_nothing) {
     capex_comm c;
     capex_zero *z = NULL;
     capex_zero_param p[2];
     capex_optim_desc od;
     capex_state_reader *rd = NULL;
     float a[40];
-    static uint16_t b[4000]; /* the model copy read last, beyond the reader's stdio buffer */
+    static uint16_t b[4000], b0[4000]; /* the model copy read last, beyond the reader's stdio buffer */
+    static unsigned char mom[2][65536];
+    size_t nm[2];
     static char buf[65536];
     char path[300], cut[300];
     int i;
@@ -1071,13 +1273,17 @@ CT_TEST(load_io_error_midway_refuses_step_and_save) {
     CT_CHECK(o && fwrite(buf, 1, n - 10, o) == n - 10, "rewriting %s", path);
     if (o) fclose(o);
     for (i = 0; i < 40; i++) a[i] = -1.0f;
+    memcpy(b0, b, sizeof b);
+    nm[0] = zero_moments(z, mom[0], sizeof mom[0]);
     CT_CHECK(capex_zero_load(z, rd, NULL, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_ERR_IO, "load: %.300s", capex_last_error());
     capex_state_reader_close(rd);
     rd = NULL;
-    CT_CHECK(a[1] == 0.5f, "the file's first param was not written before the cut (%g): the case tests nothing", (double)a[1]);
-    CT_CHECK(capex_zero_step(z, 1.0f, 1.0f, 0) == CAPEX_ERR_ORDER, "step after a failed load: %.300s", capex_last_error());
-    CT_CHECK(capex_zero_save_file(z, cut, 0) == CAPEX_ERR_ORDER && strstr(capex_last_error(), "load"),
-             "save after a failed load: %.300s", capex_last_error());
+    nm[1] = zero_moments(z, mom[1], sizeof mom[1]);
+    for (i = 0; i < 40; i++) CT_CHECK(a[i] == -1.0f, "a[%d] = %g: written by a failed load", i, (double)a[i]);
+    CT_CHECK(memcmp(b, b0, sizeof b) == 0, "the bf16 param was changed by a failed load");
+    CT_CHECK(nm[0] == nm[1] && nm[0] <= sizeof mom[0] && memcmp(mom[0], mom[1], nm[0]) == 0,
+             "masters, moments or steps changed by a failed load");
+    CT_CHECK(capex_zero_step(z, 1.0f, 1.0f, 0) == CAPEX_OK, "step after a failed load: %.300s", capex_last_error());
     /* a good load makes it whole again */
     o = fopen(path, "wb");
     CT_CHECK(o && fwrite(buf, 1, n, o) == n, "rewriting %s", path);
@@ -1262,10 +1468,11 @@ static const ct_case cases[] = {
     CT_CASE(tcp_save_without_writer_keeps_ranks_in_step),
     CT_CASE(tcp_save_one_rank_out_of_memory_fails_every_rank),
     CT_CASE(tcp_create_one_rank_out_of_memory_after_broadcast),
+    CT_CASE(tcp_load_one_rank_fails_every_rank), CT_CASE(tcp_save_while_others_load_fails_every_rank),
     CT_CASE(checkpoints_reshard_across_world_sizes),
     CT_CASE(load_takes_the_files_optimizer_settings),
     CT_CASE(save_file_frees_the_unsharded_copy),
-    CT_CASE(load_io_error_midway_refuses_step_and_save),
+    CT_CASE(load_io_error_midway_changes_nothing),
     CT_CASE(stochastic_rounding_resumes),
     CT_CASE(sgd_momentum_turned_off_keeps_buffers_in_checkpoints),
 };

@@ -1072,8 +1072,109 @@ static void child_oom(const char *arg, child_result *res) {
     snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
 }
 
+/* CT_CHECK without the return: every rank runs the whole sequence of collectives. */
+#define LF_CHECK(cond, ...) do { if (!(cond)) ct_fail(ct, __FILE__, __LINE__, #cond, __VA_ARGS__); } while (0)
+#define LF_OK(call) LF_CHECK((call) == CAPEX_OK, "%s: %s", #call, capex_last_error())
+/* The device zero's state on this rank: its params' data, then every
+   piece's master and moments and each group's step (through to_host); returns the length. */
+static size_t dev_state(ct_state *ct, capex_cuda_context *ctx, const cfg *c, const gpu_run *g, unsigned char *out, size_t cap) {
+    capex_optim *h = NULL;
+    size_t n = 0, k;
+    int i;
+#define DS_PUT(ptr, bytes) do { if ((ptr) && n + (bytes) <= cap) memcpy(out + n, (ptr), (bytes)); n += (bytes); } while (0)
+    for (i = 0; i < NP; i++) {
+        if (n + bytes_of(c, i) <= cap && bytes_of(c, i)) LF_OK(capex_cuda_memcpy_dtoh(ctx, out + n, g->p[i], bytes_of(c, i), NULL));
+        n += bytes_of(c, i);
+    }
+    LF_OK(capex_cuda_optim_to_host(capex_cuda_zero_optim(g->zg), CAPEX_OPTIM_STATE_PARAMS, NULL, &h));
+    for (k = 0; h && k < h->ntensors; k++) {
+        const capex_optim_param *p = &h->tensors[k].p;
+        size_t bytes = sizeof(float) * (size_t)p->numel;
+        DS_PUT(p->param, bytes);
+        DS_PUT(p->exp_avg, bytes);
+        DS_PUT(p->exp_avg_sq, bytes);
+    }
+    for (k = 0; h && k < h->ngroups; k++) DS_PUT(&h->groups[k].step, sizeof h->groups[k].step);
+#undef DS_PUT
+    capex_optim_destroy(h);
+    return n;
+}
+
+/* capex_zero_load on the device zero is collective: rank 1's load of a
+   truncated file fails both ranks (rank 1 its own error, rank 0
+   CAPEX_ERR_COMM naming it) with nothing changed on either, in step; a good
+   load then steps as a twin that never failed, bit for bit (before
+   2026-11-28 rank 0 returned OK and took the file alone). Every rank runs
+   the whole sequence whatever a check said, so none waits on another. */
+static void load_fail_on(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, int rank) {
+    static unsigned char before[65536], after[65536];
+    cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, -1, 3, 1};
+    gpu_run g, twin;
+    hostp h;
+    char path[200], bad[220];
+    size_t n0, n1;
+    capex_result r;
+    snprintf(path, sizeof path, "/tmp/capex_zgpu_lf_%d", rank ? (int)getppid() : (int)getpid()); /* rank 0 writes it */
+    snprintf(bad, sizeof bad, "%s.bad", path);
+    hostp_init(&c, &h);
+    gpu_create(ct, ctx, comm, &c, &g, &h);
+    if (!ct->failed) gpu_create(ct, ctx, comm, &c, &twin, &h);
+    if (ct->failed) return;
+    gpu_steps(ct, ctx, NULL, &c, &g, 0, 2);
+    gpu_steps(ct, ctx, NULL, &c, &twin, 0, 2);
+    LF_OK(capex_zero_save_file(capex_cuda_zero_base(g.zg), path, CAPEX_OPTIM_STATE_PARAMS));
+    gpu_steps(ct, ctx, NULL, &c, &g, 2, 3); /* the state now differs from the file's */
+    gpu_steps(ct, ctx, NULL, &c, &twin, 2, 3);
+    if (rank == 1) { /* the first half of the good file */
+        static char buf[1 << 16];
+        FILE *f = fopen(path, "rb"), *o = fopen(bad, "wb");
+        size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
+        LF_CHECK(f && o && n > 100 && n < sizeof buf && fwrite(buf, 1, n / 2, o) == n / 2, "truncated copy of %s", path);
+        if (f) fclose(f);
+        if (o) fclose(o);
+    }
+    n0 = dev_state(ct, ctx, &c, &g, before, sizeof before);
+    r = capex_zero_load_file(capex_cuda_zero_base(g.zg), rank == 1 ? bad : path, CAPEX_OPTIM_STATE_PARAMS);
+    LF_CHECK(rank == 1 ? r != CAPEX_OK && r != CAPEX_ERR_COMM : r == CAPEX_ERR_COMM && strstr(capex_last_error(), "rank 1 failed"),
+             "rank 1's load fails: %s (%s)", capex_result_string(r), capex_last_error());
+    n1 = dev_state(ct, ctx, &c, &g, after, sizeof after);
+    LF_CHECK(n0 <= sizeof before && n1 == n0 && memcmp(before, after, n0) == 0, "a failed load changed this rank's state");
+    LF_OK(capex_comm_barrier(comm)); /* in step */
+    LF_OK(capex_zero_load_file(capex_cuda_zero_base(g.zg), path, CAPEX_OPTIM_STATE_PARAMS));
+    LF_OK(capex_zero_load_file(capex_cuda_zero_base(twin.zg), path, CAPEX_OPTIM_STATE_PARAMS));
+    gpu_steps(ct, ctx, NULL, &c, &g, 3, 5);
+    gpu_steps(ct, ctx, NULL, &c, &twin, 3, 5);
+    n0 = dev_state(ct, ctx, &c, &g, before, sizeof before);
+    n1 = dev_state(ct, ctx, &c, &twin, after, sizeof after);
+    LF_CHECK(n1 == n0 && memcmp(before, after, n0) == 0, "after a failed load and a good one, the run differs from its twin's");
+    LF_OK(capex_comm_barrier(comm)); /* every rank read the file */
+    if (rank == 0) remove(path);
+    else remove(bad);
+    gpu_free(ctx, &g);
+    gpu_free(ctx, &twin);
+    hostp_free(&h);
+}
+#undef LF_OK
+#undef LF_CHECK
+static int load_fail_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
+    ct_state st;
+    (void)user;
+    memset(&st, 0, sizeof st);
+    g_rank = rank;
+    g_world = world;
+    g_async = 0;
+    load_fail_on(&st, ctx, comm, rank);
+    if (st.failed) { fprintf(stderr, "rank %d: %s\n", rank, st.why); return 1; }
+    return 0;
+}
+static void child_load_fail(const char *arg, child_result *res) {
+    (void)arg;
+    nccl_world2_child(load_fail_body, res);
+}
+
 static const child_entry children[] = {{"world", child_world}, {"ckpt", child_ckpt}, {"dead_peer", child_dead_peer},
-                                       {"momentum", child_momentum}, {"oom", child_oom}};
+                                       {"momentum", child_momentum}, {"oom", child_oom},
+                                       {"load_fail", child_load_fail}};
 
 #define NEED_FAKE_WORLD()                                                                                   \
     do {                                                                                                    \
@@ -1126,6 +1227,12 @@ CT_TEST(world2_one_rank_out_of_memory_fails_both) {
     r = run_child("oom", "1");
     CT_CHECK(r.exited_ok && r.code == 0, "save: %s (code %d)", r.message, r.code);
 }
+CT_TEST(world2_one_rank_load_fails_both) {
+    child_result r;
+    NEED_FAKE_WORLD();
+    r = run_child("load_fail", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s (code %d)", r.message, r.code);
+}
 
 static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_halves), CT_CASE(adamw_stage1_halves_clip),
                                 CT_CASE(sgd_stage1_halves), CT_CASE(sgd_stage2_clip), CT_CASE(adagrad_stage2),
@@ -1140,7 +1247,7 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(world2_novograd_stage1_halves_clip_inf), CT_CASE(world4_novograd_stage2_f32),
                                 CT_CASE(checkpoint_across_world_sizes), CT_CASE(checkpoint_across_world_sizes_novograd),
                                 CT_CASE(world2_destroy_in_flight_dead_peer_aborts), CT_CASE(world2_momentum_on_refused_on_every_rank),
-                                CT_CASE(world2_one_rank_out_of_memory_fails_both)};
+                                CT_CASE(world2_one_rank_out_of_memory_fails_both), CT_CASE(world2_one_rank_load_fails_both)};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
