@@ -987,6 +987,104 @@ CT_TEST(cache_trust_rule) {
     rm_dir(top);
 }
 
+/* A file of the user's whose bytes someone else chose (a git clone, an unpacked
+   archive, a download), made a valid entry for a public key (the built-in parts'
+   keys are fixed). In a sticky shared cache directory another user may hard-link
+   it under the entry's name (the kernel allows it with fs.protected_hardlinks=0),
+   and owner and mode then say "the user's": an entry with more than one link is
+   refused and recompiled over (the rename leaves it one link). main ran it. */
+CT_TEST(hard_linked_entry_is_not_trusted) {
+    static const char *opts[] = {"-DVALUE=85"};
+    char dir[64], other_dir[64], path[1200], planted[1200];
+    unsigned char key[32];
+    capex_cuda_cache c, other;
+    capex_cuda_compile_desc d;
+    capex_cuda_image crafted, back;
+    struct stat st;
+    make_dir(dir, sizeof dir);
+    make_dir(other_dir, sizeof other_dir);
+    CT_CHECK(chmod(dir, 01777) == 0, "a sticky shared directory (trusted: the user's)");
+    capex_cuda_cache_init(&c, dir);
+    capex_cuda_cache_init(&other, other_dir);
+    user_desc(&d, &c, opts);
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    capex__cuda_cache_path(&other, key, planted, sizeof planted);
+    fake_image(&crafted, 3000, CAPEX_CUDA_IMAGE_CUBIN, 7);
+    CT_CHECK(capex__cuda_cache_write(&other, key, &crafted) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(link(planted, path) == 0, "link: %s", strerror(errno));
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_ERR_CONFIG && !back.data, "a hard-linked entry was read: %s",
+             back.data ? "the planted image" : capex_last_error());
+    CT_CHECK(strstr(capex_last_error(), "links"), "%s", capex_last_error());
+    capex_cuda_image_free(&back);
+    CT_NEED_NVRTC();
+    CT_CHECK(capex_cuda_compile(&d, &back) == CAPEX_OK && !back.from_cache, "recompiled: %s", capex_last_error());
+    CT_CHECK(back.size != crafted.size || memcmp(back.data, crafted.data, crafted.size), "the planted image ran");
+    capex_cuda_image_free(&back);
+    CT_CHECK(lstat(path, &st) == 0 && st.st_nlink == 1 && mode_of(path) == 0600, "replaced by the user's own entry");
+    CT_CHECK(capex_cuda_compile(&d, &back) == CAPEX_OK && back.from_cache, "then a hit");
+    capex_cuda_image_free(&back);
+    CT_CHECK(capex__cuda_cache_read(planted, key, &back) == CAPEX_OK && back.size == 3000, "the linked file is untouched");
+    capex_cuda_image_free(&back);
+    capex_cuda_image_free(&crafted);
+    rm_dir(dir);
+    rm_dir(other_dir);
+}
+
+/* CAPEX_CACHE_DIR=/tmp/capex-$USER (a common per-user cache in a shared
+   directory) that another user made first as a symlink to a directory of the
+   user's holding planted entries (see above): directory and entries pass every
+   owner and mode check, so a symlink on the path must itself be the user's (or
+   root's), as the kernel's fs.protected_symlinks has it. Needs root (lchown).
+   main followed it and ran the planted image. */
+CT_TEST(cache_dir_through_another_users_symlink) {
+    static const char *opts[] = {"-DVALUE=86"};
+    char top[64], victim[64], link_dir[200], deep[300], path[1200];
+    unsigned char key[32];
+    capex_cuda_cache c, v;
+    capex_cuda_compile_desc d;
+    capex_cuda_image crafted, back;
+    make_dir(top, sizeof top);
+    make_dir(victim, sizeof victim);
+    CT_CHECK(chmod(top, 01777) == 0, "a /tmp-like directory");
+    capex_cuda_cache_init(&v, victim);
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    fake_image(&crafted, 3000, CAPEX_CUDA_IMAGE_CUBIN, 11);
+    CT_CHECK(capex__cuda_cache_write(&v, key, &crafted) == CAPEX_OK, "%s", capex_last_error());
+    snprintf(link_dir, sizeof link_dir, "%s/capex-user", top);
+    CT_CHECK(symlink(victim, link_dir) == 0, "symlink");
+    capex_cuda_cache_init(&c, link_dir);
+    user_desc(&d, &c, opts);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_OK, "the user's own symlink is followed: %s", capex_last_error());
+    capex_cuda_image_free(&back);
+    if (lchown(link_dir, 12345, 12345) != 0) {
+        unlink(link_dir);
+        rm_dir(victim);
+        rm_dir(top);
+        capex_cuda_image_free(&crafted);
+        CT_SKIP("lchown needs root: %s", strerror(errno));
+    }
+    CT_CHECK(capex__cuda_cache_dir_check(c.dir) == CAPEX_ERR_CONFIG, "another user's symlink trusted");
+    CT_CHECK(strstr(capex_last_error(), "symlink") && strstr(capex_last_error(), "12345"), "%s", capex_last_error());
+    /* deeper on the path too: <link>/sub */
+    CT_CHECK(mkdir(strcat(strcpy(deep, victim), "/sub"), 0700) == 0, "mkdir");
+    snprintf(deep, sizeof deep, "%s/sub", link_dir);
+    CT_CHECK(capex__cuda_cache_dir_check(deep) == CAPEX_ERR_CONFIG, "a symlink above the directory: %s", capex_last_error());
+    CT_NEED_NVRTC();
+    CT_CHECK(compile_uncached_twice(&d), "compiled, not read: %s", capex_last_error());
+    CT_CHECK(warnings == 1 && strstr(warn_seen, "symlink"), "warned once (%d): %s", warnings, warn_seen);
+    CT_CHECK(count_files(victim, ".capexjit") == 1 && count_files(victim, ".tmp") == 0, "nothing written through it");
+    /* root's symlinks (an admin's /scratch -> /lustre/scratch) are followed */
+    CT_CHECK(lchown(link_dir, 0, 0) == 0, "lchown");
+    CT_CHECK(capex__cuda_cache_dir_check(c.dir) == CAPEX_OK, "root's symlink: %s", capex_last_error());
+    unlink(link_dir);
+    rmdir(strcat(strcpy(deep, victim), "/sub"));
+    rm_dir(victim);
+    rm_dir(top);
+    capex_cuda_image_free(&crafted);
+}
+
 /* The built-in parts through the disk cache: one entry per part under its own key,
    filled concurrently, read back whole; a damaged entry is recompiled alone. */
 CT_TEST(builtin_parts_cache_entries) {
@@ -1047,6 +1145,8 @@ static const ct_case cases[] = {
     CT_CASE(entry_that_is_not_a_regular_file),
     CT_CASE(entry_claiming_a_huge_payload),
     CT_CASE(cache_trust_rule),
+    CT_CASE(hard_linked_entry_is_not_trusted),
+    CT_CASE(cache_dir_through_another_users_symlink),
 };
 static const child_entry children[] = {{"hit", child_hit_without_nvrtc}};
 
