@@ -1085,6 +1085,46 @@ CT_TEST(cache_dir_through_another_users_symlink) {
     capex_cuda_image_free(&crafted);
 }
 
+/* A cache directory below a world-writable directory without the sticky bit:
+   anyone may rename a directory of the user's holding planted entries (see
+   above) into its place, and the directory and its entries then pass every
+   check, so such a parent is not trusted (warned, uncached). A sticky one
+   (/tmp) is: there only the owner renames. main ran the planted image. */
+CT_TEST(cache_dir_below_a_world_writable_parent) {
+    static const char *opts[] = {"-DVALUE=87"};
+    char top[64], planted[200], cdir[200], path[1200];
+    unsigned char key[32];
+    capex_cuda_cache c, v;
+    capex_cuda_compile_desc d;
+    capex_cuda_image crafted, back;
+    make_dir(top, sizeof top);
+    CT_CHECK(chmod(top, 0777) == 0, "a world-writable directory, not sticky");
+    snprintf(planted, sizeof planted, "%s/clone", top);
+    snprintf(cdir, sizeof cdir, "%s/cache", top);
+    CT_CHECK(mkdir(planted, 0755) == 0, "mkdir");
+    capex_cuda_cache_init(&v, planted);
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    fake_image(&crafted, 3000, CAPEX_CUDA_IMAGE_CUBIN, 13);
+    CT_CHECK(capex__cuda_cache_write(&v, key, &crafted) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(rename(planted, cdir) == 0, "renamed into place (anyone may, in a 0777 directory)");
+    capex_cuda_cache_init(&c, cdir);
+    user_desc(&d, &c, opts);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    CT_CHECK(capex__cuda_cache_dir_check(c.dir) == CAPEX_ERR_CONFIG, "a directory below a 0777 parent trusted");
+    CT_CHECK(strstr(capex_last_error(), top) && strstr(capex_last_error(), "writable by others"), "%s", capex_last_error());
+    CT_CHECK(chmod(top, 01777) == 0, "sticky");
+    CT_CHECK(capex__cuda_cache_dir_check(c.dir) == CAPEX_OK, "below a sticky parent: %s", capex_last_error());
+    CT_CHECK(chmod(top, 0777) == 0, "not sticky");
+    CT_NEED_NVRTC();
+    CT_CHECK(compile_uncached_twice(&d), "compiled, not read: %s", capex_last_error());
+    CT_CHECK(warnings == 1 && strstr(warn_seen, "writable by others"), "warned once (%d): %s", warnings, warn_seen);
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_OK && back.size == 3000, "nothing written there");
+    capex_cuda_image_free(&back);
+    capex_cuda_image_free(&crafted);
+    rm_dir(cdir);
+    rm_dir(top);
+}
+
 /* The built-in parts through the disk cache: one entry per part under its own key,
    filled concurrently, read back whole; a damaged entry is recompiled alone. */
 CT_TEST(builtin_parts_cache_entries) {
@@ -1147,6 +1187,7 @@ static const ct_case cases[] = {
     CT_CASE(cache_trust_rule),
     CT_CASE(hard_linked_entry_is_not_trusted),
     CT_CASE(cache_dir_through_another_users_symlink),
+    CT_CASE(cache_dir_below_a_world_writable_parent),
 };
 static const child_entry children[] = {{"hit", child_hit_without_nvrtc}};
 
