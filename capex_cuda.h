@@ -87,11 +87,12 @@
                         opened blocking nor followed) is never trusted: it is recompiled
                         and overwritten. Trust rule (as ssh's and ccache's): the directory
                         must be owned by the effective user and not group/other-writable
-                        unless sticky, and a symlink on its path the user's or root's,
-                        else a warning (once) and no reads or writes; an entry must be
-                        the user's, one link (not hard-linked) and not group/other-
-                        writable, else it is recompiled over. Parent directories are not
-                        checked. New directories are 0700, entries 0600. A hit does not load
+                        unless sticky, a symlink on its path the user's or root's, no
+                        parent world-writable without the sticky bit (group-writable
+                        parents are not checked), else a warning (once) and no reads or
+                        writes; an entry must be the user's, one link (not hard-linked)
+                        and not group/other-writable, else it is recompiled over. New
+                        directories are 0700, entries 0600. A hit does not load
                         NVRTC at all (opening it costs 10 ms warm, 0.4 s cold), so a machine with
                         only the driver runs from a cache filled elsewhere. The NVRTC
                         version is recorded, not keyed: after a toolkit upgrade old entries
@@ -1844,17 +1845,21 @@ CAPEX__PRIVATE size_t capex__cuda_read_all(int fd, void *data, size_t n) {
     return got;
 }
 
+/* A directory in which anyone may rename or replace what it holds. */
+#define CAPEX__ANYONE_RENAMES(mode) (((mode) & S_IWOTH) && !((mode) & CAPEX__S_ISVTX))
 /* The trust rule for the disk cache, as ssh and ccache have it: the checksum
    proves integrity, not authorship, so only entries that nobody but the user
    could have written are run. The directory itself (stat, links followed)
    must be owned by the effective user and not writable by group or others
-   unless sticky; parents are not checked (an entry's own checks below decide:
-   whoever swaps a parent can hide entries, never make one the user's).
-   A symlink on the path must be the user's or root's (the kernel's
-   fs.protected_symlinks rule): another user's link in a shared directory
-   (CAPEX_CACHE_DIR=/tmp/capex-$USER made first by someone else) could point
-   the cache at any directory of the user's, whose files pass every owner and
-   mode check whoever chose their bytes (a clone, an unpacked archive).
+   unless sticky. Owner and mode cannot tell an entry the user compiled from a
+   file of the user's whose bytes someone else chose (a clone, an unpacked
+   archive), so nobody else may point the path at another directory of the
+   user's: a symlink on it must be the user's or root's (the kernel's
+   fs.protected_symlinks rule; CAPEX_CACHE_DIR=/tmp/capex-$USER made first by
+   someone else as a link), and no parent, on the path or really (through
+   links), may be world-writable without the sticky bit (anyone could rename
+   such a directory into place). Group-writable parents pass (umask 002 makes
+   them under user private groups), so a group member can still do that.
    NOT_FOUND when the directory does not exist yet; CONFIG when it is not
    trusted, IO when it cannot be examined. */
 CAPEX__PRIVATE capex_result capex__cuda_cache_dir_check(const char *dir) {
@@ -1871,6 +1876,9 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_dir_check(const char *dir) {
         if (S_ISLNK(st.st_mode) && st.st_uid != geteuid() && st.st_uid != 0)
             return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: %s is a symlink owned by uid %ld, not by this user "
                                "(uid %ld) or root: not trusted", dir, buf, (long)st.st_uid, (long)geteuid());
+        if (saved && S_ISDIR(st.st_mode) && CAPEX__ANYONE_RENAMES(st.st_mode))
+            return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: its parent %s is writable by others without "
+                               "the sticky bit (mode %03o): not trusted", dir, buf, (unsigned)(st.st_mode & 0777));
         buf[i] = saved;
     }
     if (stat(dir, &st) != 0) {
@@ -1878,6 +1886,21 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_dir_check(const char *dir) {
         return capex__fail(CAPEX_ERR_IO, "cannot use the kernel cache directory %s: %s", dir, strerror(errno));
     }
     if (!S_ISDIR(st.st_mode)) return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s is not a directory", dir);
+    { /* the same for the parents it really has (dir/.., dir/../.., ...: through symlinks and from a relative dir) */
+        char up[sizeof buf + 3 * 64];
+        struct stat cur = st, par;
+        size_t len = n;
+        memcpy(up, dir, n + 1);
+        while (len + 4 <= sizeof up) {
+            memcpy(up + len, "/..", 4);
+            len += 3;
+            if (stat(up, &par) != 0 || (par.st_dev == cur.st_dev && par.st_ino == cur.st_ino)) break; /* "/" */
+            if (CAPEX__ANYONE_RENAMES(par.st_mode))
+                return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: its parent %s is writable by others without "
+                                   "the sticky bit (mode %03o): not trusted", dir, up, (unsigned)(par.st_mode & 0777));
+            cur = par;
+        }
+    }
     if (st.st_uid != geteuid())
         return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s is owned by uid %ld, not by this user (uid %ld): not trusted",
                            dir, (long)st.st_uid, (long)geteuid());

@@ -1098,7 +1098,6 @@ CT_TEST(cache_dir_below_a_world_writable_parent) {
     capex_cuda_compile_desc d;
     capex_cuda_image crafted, back;
     make_dir(top, sizeof top);
-    CT_CHECK(chmod(top, 0777) == 0, "a world-writable directory, not sticky");
     snprintf(planted, sizeof planted, "%s/clone", top);
     snprintf(cdir, sizeof cdir, "%s/cache", top);
     CT_CHECK(mkdir(planted, 0755) == 0, "mkdir");
@@ -1106,6 +1105,7 @@ CT_TEST(cache_dir_below_a_world_writable_parent) {
     capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
     fake_image(&crafted, 3000, CAPEX_CUDA_IMAGE_CUBIN, 13);
     CT_CHECK(capex__cuda_cache_write(&v, key, &crafted) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(chmod(top, 0777) == 0, "a world-writable directory, not sticky");
     CT_CHECK(rename(planted, cdir) == 0, "renamed into place (anyone may, in a 0777 directory)");
     capex_cuda_cache_init(&c, cdir);
     user_desc(&d, &c, opts);
