@@ -26,6 +26,8 @@ static void *tracked_malloc(size_t n) {
 #include <dirent.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/resource.h>
+#include <signal.h>
 
 #if defined(__clang__) || defined(__GNUC__)
 const char *__lsan_default_suppressions(void);
@@ -593,43 +595,116 @@ CT_TEST(concurrent_writers_and_reader) {
     rm_dir(dir);
 }
 
-/* Two processes compile the same source into one cache at once (real NVRTC). */
+/* Eight processes (the ranks of a node) compile the same source at once into
+   one cache whose directories none of them has made yet (real NVRTC): each
+   makes the path, compiles, writes and renames; none fails or warns. */
+static int child_warnings;
+static void count_child_warn(capex_log_level level, const char *msg, void *user) {
+    (void)user;
+    (void)msg;
+    if (level == CAPEX_LOG_WARN) child_warnings++;
+}
 static void child_compile(const char *dir, child_result *res) {
     static const char *opts[] = {"-DVALUE=79"};
     capex_cuda_cache c;
     capex_cuda_compile_desc d;
     capex_cuda_image img;
+    alarm(300); /* a hang guard: eight NVRTC compiles on two loaded cores, maybe under sanitizers */
+    capex_set_log_callback(count_child_warn, NULL);
     capex_cuda_cache_init(&c, dir);
     user_desc(&d, &c, opts);
     res->code = capex_cuda_compile(&d, &img);
+    if (res->code == CAPEX_OK && child_warnings) res->code = CAPEX_ERR_IO;
     res->value = (int)img.size;
-    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    snprintf(res->message, sizeof res->message, "%d warnings; %s", child_warnings, capex_last_error());
     capex_cuda_image_free(&img);
 }
 
 CT_TEST(concurrent_compiles) {
     static const char *opts[] = {"-DVALUE=79"};
-    char dir[64];
-    int fd1, fd2;
-    pid_t p1, p2;
-    child_result r1, r2;
+    enum { N = 8 };
+    char top[64], a[200], dir[200];
+    int fd[N], i;
+    pid_t p[N];
+    child_result r[N];
     capex_cuda_cache c;
     capex_cuda_compile_desc d;
     capex_cuda_image img;
     CT_NEED_NVRTC();
-    make_dir(dir, sizeof dir);
+    make_dir(top, sizeof top);
+    snprintf(dir, sizeof dir, "%s/a/b/cache", top);
     /* fork is safe here: NVRTC holds no threads or driver state */
-    p1 = spawn(child_compile, dir, &fd1);
-    p2 = spawn(child_compile, dir, &fd2);
-    r1 = collect(p1, fd1);
-    r2 = collect(p2, fd2);
-    CT_CHECK(r1.exited_ok && r1.code == CAPEX_OK, "process 1: %s", r1.message);
-    CT_CHECK(r2.exited_ok && r2.code == CAPEX_OK, "process 2: %s", r2.message);
+    for (i = 0; i < N; i++) p[i] = spawn(child_compile, dir, &fd[i]);
+    for (i = 0; i < N; i++) r[i] = collect(p[i], fd[i]);
+    for (i = 0; i < N; i++)
+        CT_CHECK(r[i].exited_ok && r[i].code == CAPEX_OK && r[i].value == r[0].value, "process %d: %d %s", i, r[i].code,
+                 r[i].message);
     capex_cuda_cache_init(&c, dir);
     user_desc(&d, &c, opts);
-    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && img.from_cache && (int)img.size == r1.value, "entry valid");
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && img.from_cache && (int)img.size == r[0].value, "entry valid");
     capex_cuda_image_free(&img);
-    CT_CHECK(count_files(dir, ".tmp") == 0, "no temp files");
+    CT_CHECK(count_files(dir, ".tmp") == 0 && count_files(dir, ".capexjit") == 1, "one entry, no temp files");
+    rm_dir(dir);
+    snprintf(a, sizeof a, "%s/a/b", top);
+    rmdir(a);
+    snprintf(a, sizeof a, "%s/a", top);
+    rmdir(a);
+    rm_dir(top);
+}
+
+/* A write that fails part way (a full disk; here the file-size limit with
+   SIGXFSZ ignored, which works for root too) leaves no temp file and the old
+   entry as it was, and the compile works, uncached, with one warning. */
+static void child_compile_size_limited(const char *dir, child_result *res) {
+    static const char *opts[] = {"-DVALUE=88"};
+    struct rlimit lim;
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    int i;
+    alarm(120); /* a hang guard */
+    signal(SIGXFSZ, SIG_IGN);
+    lim.rlim_cur = lim.rlim_max = 200; /* the header and part of the image */
+    setrlimit(RLIMIT_FSIZE, &lim);
+    capex_set_log_callback(count_child_warn, NULL);
+    capex_cuda_cache_init(&c, dir);
+    user_desc(&d, &c, opts);
+    for (i = 0; i < 2; i++) {
+        res->code = capex_cuda_compile(&d, &img);
+        if (res->code != CAPEX_OK || img.from_cache || !img.size) break;
+        capex_cuda_image_free(&img);
+    }
+    capex_cuda_image_free(&img);
+    res->value = child_warnings;
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+}
+
+CT_TEST(write_that_fails_part_way) {
+    static const char *opts[] = {"-DVALUE=88"};
+    char dir[64], path[1200];
+    unsigned char key[32];
+    capex_cuda_cache c;
+    capex_cuda_image old, back;
+    child_result r;
+    int fd;
+    pid_t pid;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    capex_cuda_cache_init(&c, dir);
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    fake_image(&old, 1000, CAPEX_CUDA_IMAGE_CUBIN, 3);
+    CT_CHECK(capex__cuda_cache_write(&c, key, &old) == CAPEX_OK, "%s", capex_last_error());
+    poke(path, 500, 0x10); /* damaged: the compile recompiles and tries to write over it */
+    pid = spawn(child_compile_size_limited, dir, &fd);
+    r = collect(pid, fd);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_OK, "compiles with a failing write: exited %d, %d %s", r.exited_ok, r.code, r.message);
+    CT_CHECK(r.value == 1, "warned once (%d)", r.value);
+    CT_CHECK(count_files(dir, ".tmp") == 0 && file_size(path) == 96 + 1000, "no temp file, the old entry in place");
+    poke(path, 500, 0x10);
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_OK && back.size == 1000, "the old entry unchanged");
+    capex_cuda_image_free(&back);
+    capex_cuda_image_free(&old);
     rm_dir(dir);
 }
 
@@ -1179,6 +1254,7 @@ static const ct_case cases[] = {
     CT_CASE(hit_needs_no_nvrtc),
     CT_CASE(concurrent_writers_and_reader),
     CT_CASE(concurrent_compiles),
+    CT_CASE(write_that_fails_part_way),
     CT_CASE(unwritable_dir_warns_once),
     CT_CASE(unreadable_entry_and_stale_temp_files),
     CT_CASE(builtin_parts_cache_entries),
