@@ -1187,6 +1187,16 @@ CT_TEST(cache_dir_below_a_world_writable_parent) {
     capex__cuda_cache_path(&c, key, path, sizeof path);
     CT_CHECK(capex__cuda_cache_dir_check(c.dir) == CAPEX_ERR_CONFIG, "a directory below a 0777 parent trusted");
     CT_CHECK(strstr(capex_last_error(), top) && strstr(capex_last_error(), "writable by others"), "%s", capex_last_error());
+    { /* reached through the user's own link from a private directory: its real parent counts */
+        char safe[64], via[200];
+        make_dir(safe, sizeof safe);
+        snprintf(via, sizeof via, "%s/link", safe);
+        CT_CHECK(symlink(cdir, via) == 0, "symlink");
+        CT_CHECK(capex__cuda_cache_dir_check(via) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "writable by others"),
+                 "through a link: %s", capex_last_error());
+        unlink(via);
+        rm_dir(safe);
+    }
     CT_CHECK(chmod(top, 01777) == 0, "sticky");
     CT_CHECK(capex__cuda_cache_dir_check(c.dir) == CAPEX_OK, "below a sticky parent: %s", capex_last_error());
     CT_CHECK(chmod(top, 0777) == 0, "not sticky");
