@@ -88,11 +88,13 @@
                         and overwritten. Trust rule (as ssh's and ccache's): the directory
                         must be owned by the effective user and not group/other-writable
                         unless sticky, a symlink on its path the user's or root's, no
-                        parent world-writable without the sticky bit (group-writable
-                        parents are not checked), else a warning (once) and no reads or
-                        writes; an entry must be the user's, one link (not hard-linked)
-                        and not group/other-writable, else it is recompiled over. New
-                        directories are 0700, entries 0600. A hit does not load
+                        parent world-writable without the sticky bit, else a warning
+                        (once) and no reads or writes; an entry must be the user's, one
+                        link (not hard-linked) and not group/other-writable, else it is
+                        recompiled over. A parent's group or other owner is not checked
+                        (umask 002 makes group-writable ones) and could swap the
+                        directory: keep the cache below directories only you or root can
+                        write. New directories are 0700, entries 0600. A hit does not load
                         NVRTC at all (opening it costs 10 ms warm, 0.4 s cold), so a machine with
                         only the driver runs from a cache filled elsewhere. The NVRTC
                         version is recorded, not keyed: after a toolkit upgrade old entries
