@@ -1951,10 +1951,11 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_read(const char *path, const unsig
     } else if (st.st_mode & (S_IWGRP | S_IWOTH)) {
         r = capex__fail(CAPEX_ERR_CONFIG, "cache entry %s is writable by others (mode %03o): not trusted", path,
                         (unsigned)(st.st_mode & 0777));
-    } else if (st.st_nlink != 1) {
-        /* entries are written once and renamed, so one link; another name may be
-           someone else's (a file of the user's that another user hard-linked into
-           a sticky shared directory) */
+    } else if (st.st_nlink > 1) {
+        /* entries are written once and renamed, so one link (0 once a writer has
+           renamed over the one opened); another name may be someone else's (a
+           file of the user's that another user hard-linked into a sticky shared
+           directory) */
         r = capex__fail(CAPEX_ERR_CONFIG, "cache entry %s has %ld links (capex writes 1): not trusted", path,
                         (long)st.st_nlink);
     } else if (st.st_size < CAPEX__CACHE_HEADER || capex__cuda_read_all(fd, h, sizeof h) != sizeof h) {
