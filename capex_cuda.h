@@ -87,10 +87,14 @@
                         opened blocking nor followed) is never trusted: it is recompiled
                         and overwritten. Trust rule (as ssh's and ccache's): the directory
                         must be owned by the effective user and not group/other-writable
-                        unless sticky, else a warning (once) and no reads or writes; an
-                        entry must be the user's and not group/other-writable, else it is
-                        recompiled over. Parents are not checked. New directories are
-                        0700, entries 0600. A hit does not load
+                        unless sticky, a symlink on its path the user's or root's, no
+                        parent world-writable without the sticky bit, else a warning
+                        (once) and no reads or writes; an entry must be the user's, one
+                        link (not hard-linked) and not group/other-writable, else it is
+                        recompiled over. A parent's group or other owner is not checked
+                        (umask 002 makes group-writable ones) and could swap the
+                        directory: keep the cache below directories only you or root can
+                        write. New directories are 0700, entries 0600. A hit does not load
                         NVRTC at all (opening it costs 10 ms warm, 0.4 s cold), so a machine with
                         only the driver runs from a cache filled elsewhere. The NVRTC
                         version is recorded, not keyed: after a toolkit upgrade old entries
@@ -1815,6 +1819,22 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_parse(const unsigned char *bytes, 
 #  define CAPEX__O_CLOEXEC 0
 #endif
 
+/* lstat; a strict C99 build that included a system header before capex
+   hides it in glibc, where an O_PATH descriptor of the link itself gives the
+   same answer. */
+CAPEX__PRIVATE int capex__cuda_lstat(const char *path, struct stat *st) {
+#if defined(__GLIBC__) && !defined(__USE_XOPEN2K) && !defined(__USE_XOPEN_EXTENDED) && defined(__O_PATH) && \
+    defined(CAPEX__O_NOFOLLOW)
+    int fd = open(path, __O_PATH | CAPEX__O_NOFOLLOW | CAPEX__O_CLOEXEC), r;
+    if (fd < 0) return -1;
+    r = fstat(fd, st);
+    close(fd);
+    return r;
+#else
+    return lstat(path, st);
+#endif
+}
+
 /* Reads up to n bytes (fewer only at end of file or on an error). */
 CAPEX__PRIVATE size_t capex__cuda_read_all(int fd, void *data, size_t n) {
     char *p = (char *)data;
@@ -1828,21 +1848,62 @@ CAPEX__PRIVATE size_t capex__cuda_read_all(int fd, void *data, size_t n) {
     return got;
 }
 
+/* A directory in which anyone may rename or replace what it holds. */
+#define CAPEX__ANYONE_RENAMES(mode) (((mode) & S_IWOTH) && !((mode) & CAPEX__S_ISVTX))
 /* The trust rule for the disk cache, as ssh and ccache have it: the checksum
    proves integrity, not authorship, so only entries that nobody but the user
    could have written are run. The directory itself (stat, links followed)
    must be owned by the effective user and not writable by group or others
-   unless sticky; parents are not checked (an entry's own checks below decide:
-   whoever swaps a parent can hide entries, never make one the user's).
+   unless sticky. Owner and mode cannot tell an entry the user compiled from a
+   file of the user's whose bytes someone else chose (a clone, an unpacked
+   archive), so nobody else may point the path at another directory of the
+   user's: a symlink on it must be the user's or root's (the kernel's
+   fs.protected_symlinks rule; CAPEX_CACHE_DIR=/tmp/capex-$USER made first by
+   someone else as a link), and no parent, on the path or really (through
+   links), may be world-writable without the sticky bit (anyone could rename
+   such a directory into place). Group-writable parents pass (umask 002 makes
+   them under user private groups), so a group member can still do that.
    NOT_FOUND when the directory does not exist yet; CONFIG when it is not
    trusted, IO when it cannot be examined. */
 CAPEX__PRIVATE capex_result capex__cuda_cache_dir_check(const char *dir) {
     struct stat st;
+    char buf[1024];
+    size_t i, n = strlen(dir);
+    if (n >= sizeof buf) return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %.60s... is too long", dir);
+    memcpy(buf, dir, n + 1);
+    for (i = 1; i <= n; i++) { /* each prefix ending at a '/' or the end */
+        char saved = buf[i];
+        if ((saved != '/' && saved != '\0') || buf[i - 1] == '/') continue;
+        buf[i] = '\0';
+        if (capex__cuda_lstat(buf, &st) != 0) break; /* missing: the stat below says so */
+        if (S_ISLNK(st.st_mode) && st.st_uid != geteuid() && st.st_uid != 0)
+            return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: %s is a symlink owned by uid %ld, not by this user "
+                               "(uid %ld) or root: not trusted", dir, buf, (long)st.st_uid, (long)geteuid());
+        if (saved && S_ISDIR(st.st_mode) && CAPEX__ANYONE_RENAMES(st.st_mode))
+            return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: its parent %s is writable by others without "
+                               "the sticky bit (mode %03o): not trusted", dir, buf, (unsigned)(st.st_mode & 0777));
+        buf[i] = saved;
+    }
     if (stat(dir, &st) != 0) {
         if (errno == ENOENT) return capex__fail(CAPEX_ERR_NOT_FOUND, "no kernel cache directory %s", dir);
         return capex__fail(CAPEX_ERR_IO, "cannot use the kernel cache directory %s: %s", dir, strerror(errno));
     }
     if (!S_ISDIR(st.st_mode)) return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s is not a directory", dir);
+    { /* the same for the parents it really has (dir/.., dir/../.., ...: through symlinks and from a relative dir) */
+        char up[sizeof buf + 3 * 64];
+        struct stat cur = st, par;
+        size_t len = n;
+        memcpy(up, dir, n + 1);
+        while (len + 4 <= sizeof up) {
+            memcpy(up + len, "/..", 4);
+            len += 3;
+            if (stat(up, &par) != 0 || (par.st_dev == cur.st_dev && par.st_ino == cur.st_ino)) break; /* "/" */
+            if (CAPEX__ANYONE_RENAMES(par.st_mode))
+                return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: its parent %s is writable by others without "
+                                   "the sticky bit (mode %03o): not trusted", dir, up, (unsigned)(par.st_mode & 0777));
+            cur = par;
+        }
+    }
     if (st.st_uid != geteuid())
         return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s is owned by uid %ld, not by this user (uid %ld): not trusted",
                            dir, (long)st.st_uid, (long)geteuid());
@@ -1891,6 +1952,13 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_read(const char *path, const unsig
     } else if (st.st_mode & (S_IWGRP | S_IWOTH)) {
         r = capex__fail(CAPEX_ERR_CONFIG, "cache entry %s is writable by others (mode %03o): not trusted", path,
                         (unsigned)(st.st_mode & 0777));
+    } else if (st.st_nlink > 1) {
+        /* entries are written once and renamed, so one link (0 once a writer has
+           renamed over the one opened); another name may be someone else's (a
+           file of the user's that another user hard-linked into a sticky shared
+           directory) */
+        r = capex__fail(CAPEX_ERR_CONFIG, "cache entry %s has %ld links (capex writes 1): not trusted", path,
+                        (long)st.st_nlink);
     } else if (st.st_size < CAPEX__CACHE_HEADER || capex__cuda_read_all(fd, h, sizeof h) != sizeof h) {
         r = capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is truncated (short header)", path);
     } else {

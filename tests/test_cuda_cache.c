@@ -26,6 +26,8 @@ static void *tracked_malloc(size_t n) {
 #include <dirent.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/resource.h>
+#include <signal.h>
 
 #if defined(__clang__) || defined(__GNUC__)
 const char *__lsan_default_suppressions(void);
@@ -593,43 +595,116 @@ CT_TEST(concurrent_writers_and_reader) {
     rm_dir(dir);
 }
 
-/* Two processes compile the same source into one cache at once (real NVRTC). */
+/* Eight processes (the ranks of a node) compile the same source at once into
+   one cache whose directories none of them has made yet (real NVRTC): each
+   makes the path, compiles, writes and renames; none fails or warns. */
+static int child_warnings;
+static void count_child_warn(capex_log_level level, const char *msg, void *user) {
+    (void)user;
+    (void)msg;
+    if (level == CAPEX_LOG_WARN) child_warnings++;
+}
 static void child_compile(const char *dir, child_result *res) {
     static const char *opts[] = {"-DVALUE=79"};
     capex_cuda_cache c;
     capex_cuda_compile_desc d;
     capex_cuda_image img;
+    alarm(300); /* a hang guard: eight NVRTC compiles on two loaded cores, maybe under sanitizers */
+    capex_set_log_callback(count_child_warn, NULL);
     capex_cuda_cache_init(&c, dir);
     user_desc(&d, &c, opts);
     res->code = capex_cuda_compile(&d, &img);
+    if (res->code == CAPEX_OK && child_warnings) res->code = CAPEX_ERR_IO;
     res->value = (int)img.size;
-    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    snprintf(res->message, sizeof res->message, "%d warnings; %s", child_warnings, capex_last_error());
     capex_cuda_image_free(&img);
 }
 
 CT_TEST(concurrent_compiles) {
     static const char *opts[] = {"-DVALUE=79"};
-    char dir[64];
-    int fd1, fd2;
-    pid_t p1, p2;
-    child_result r1, r2;
+    enum { N = 8 };
+    char top[64], a[200], dir[200];
+    int fd[N], i;
+    pid_t p[N];
+    child_result r[N];
     capex_cuda_cache c;
     capex_cuda_compile_desc d;
     capex_cuda_image img;
     CT_NEED_NVRTC();
-    make_dir(dir, sizeof dir);
+    make_dir(top, sizeof top);
+    snprintf(dir, sizeof dir, "%s/a/b/cache", top);
     /* fork is safe here: NVRTC holds no threads or driver state */
-    p1 = spawn(child_compile, dir, &fd1);
-    p2 = spawn(child_compile, dir, &fd2);
-    r1 = collect(p1, fd1);
-    r2 = collect(p2, fd2);
-    CT_CHECK(r1.exited_ok && r1.code == CAPEX_OK, "process 1: %s", r1.message);
-    CT_CHECK(r2.exited_ok && r2.code == CAPEX_OK, "process 2: %s", r2.message);
+    for (i = 0; i < N; i++) p[i] = spawn(child_compile, dir, &fd[i]);
+    for (i = 0; i < N; i++) r[i] = collect(p[i], fd[i]);
+    for (i = 0; i < N; i++)
+        CT_CHECK(r[i].exited_ok && r[i].code == CAPEX_OK && r[i].value == r[0].value, "process %d: %d %s", i, r[i].code,
+                 r[i].message);
     capex_cuda_cache_init(&c, dir);
     user_desc(&d, &c, opts);
-    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && img.from_cache && (int)img.size == r1.value, "entry valid");
+    CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && img.from_cache && (int)img.size == r[0].value, "entry valid");
     capex_cuda_image_free(&img);
-    CT_CHECK(count_files(dir, ".tmp") == 0, "no temp files");
+    CT_CHECK(count_files(dir, ".tmp") == 0 && count_files(dir, ".capexjit") == 1, "one entry, no temp files");
+    rm_dir(dir);
+    snprintf(a, sizeof a, "%s/a/b", top);
+    rmdir(a);
+    snprintf(a, sizeof a, "%s/a", top);
+    rmdir(a);
+    rm_dir(top);
+}
+
+/* A write that fails part way (a full disk; here the file-size limit with
+   SIGXFSZ ignored, which works for root too) leaves no temp file and the old
+   entry as it was, and the compile works, uncached, with one warning. */
+static void child_compile_size_limited(const char *dir, child_result *res) {
+    static const char *opts[] = {"-DVALUE=88"};
+    struct rlimit lim;
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    int i;
+    alarm(120); /* a hang guard */
+    signal(SIGXFSZ, SIG_IGN);
+    lim.rlim_cur = lim.rlim_max = 200; /* the header and part of the image */
+    setrlimit(RLIMIT_FSIZE, &lim);
+    capex_set_log_callback(count_child_warn, NULL);
+    capex_cuda_cache_init(&c, dir);
+    user_desc(&d, &c, opts);
+    for (i = 0; i < 2; i++) {
+        res->code = capex_cuda_compile(&d, &img);
+        if (res->code != CAPEX_OK || img.from_cache || !img.size) break;
+        capex_cuda_image_free(&img);
+    }
+    capex_cuda_image_free(&img);
+    res->value = child_warnings;
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+}
+
+CT_TEST(write_that_fails_part_way) {
+    static const char *opts[] = {"-DVALUE=88"};
+    char dir[64], path[1200];
+    unsigned char key[32];
+    capex_cuda_cache c;
+    capex_cuda_image old, back;
+    child_result r;
+    int fd;
+    pid_t pid;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    capex_cuda_cache_init(&c, dir);
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    fake_image(&old, 1000, CAPEX_CUDA_IMAGE_CUBIN, 3);
+    CT_CHECK(capex__cuda_cache_write(&c, key, &old) == CAPEX_OK, "%s", capex_last_error());
+    poke(path, 500, 0x10); /* damaged: the compile recompiles and tries to write over it */
+    pid = spawn(child_compile_size_limited, dir, &fd);
+    r = collect(pid, fd);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_OK, "compiles with a failing write: exited %d, %d %s", r.exited_ok, r.code, r.message);
+    CT_CHECK(r.value == 1, "warned once (%d)", r.value);
+    CT_CHECK(count_files(dir, ".tmp") == 0 && file_size(path) == 96 + 1000, "no temp file, the old entry in place");
+    poke(path, 500, 0x10);
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_OK && back.size == 1000, "the old entry unchanged");
+    capex_cuda_image_free(&back);
+    capex_cuda_image_free(&old);
     rm_dir(dir);
 }
 
@@ -987,6 +1062,154 @@ CT_TEST(cache_trust_rule) {
     rm_dir(top);
 }
 
+/* A file of the user's whose bytes someone else chose (a git clone, an unpacked
+   archive, a download), made a valid entry for a public key (the built-in parts'
+   keys are fixed). In a sticky shared cache directory another user may hard-link
+   it under the entry's name (the kernel allows it with fs.protected_hardlinks=0),
+   and owner and mode then say "the user's": an entry with more than one link is
+   refused and recompiled over (the rename leaves it one link). main ran it. */
+CT_TEST(hard_linked_entry_is_not_trusted) {
+    static const char *opts[] = {"-DVALUE=85"};
+    char dir[64], other_dir[64], path[1200], planted[1200];
+    unsigned char key[32];
+    capex_cuda_cache c, other;
+    capex_cuda_compile_desc d;
+    capex_cuda_image crafted, back;
+    struct stat st;
+    make_dir(dir, sizeof dir);
+    make_dir(other_dir, sizeof other_dir);
+    CT_CHECK(chmod(dir, 01777) == 0, "a sticky shared directory (trusted: the user's)");
+    capex_cuda_cache_init(&c, dir);
+    capex_cuda_cache_init(&other, other_dir);
+    user_desc(&d, &c, opts);
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    capex__cuda_cache_path(&other, key, planted, sizeof planted);
+    fake_image(&crafted, 3000, CAPEX_CUDA_IMAGE_CUBIN, 7);
+    CT_CHECK(capex__cuda_cache_write(&other, key, &crafted) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(link(planted, path) == 0, "link: %s", strerror(errno));
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_ERR_CONFIG && !back.data, "a hard-linked entry was read: %s",
+             back.data ? "the planted image" : capex_last_error());
+    CT_CHECK(strstr(capex_last_error(), "links"), "%s", capex_last_error());
+    capex_cuda_image_free(&back);
+    CT_NEED_NVRTC();
+    CT_CHECK(capex_cuda_compile(&d, &back) == CAPEX_OK && !back.from_cache, "recompiled: %s", capex_last_error());
+    CT_CHECK(back.size != crafted.size || memcmp(back.data, crafted.data, crafted.size), "the planted image ran");
+    capex_cuda_image_free(&back);
+    CT_CHECK(lstat(path, &st) == 0 && st.st_nlink == 1 && mode_of(path) == 0600, "replaced by the user's own entry");
+    CT_CHECK(capex_cuda_compile(&d, &back) == CAPEX_OK && back.from_cache, "then a hit");
+    capex_cuda_image_free(&back);
+    CT_CHECK(capex__cuda_cache_read(planted, key, &back) == CAPEX_OK && back.size == 3000, "the linked file is untouched");
+    capex_cuda_image_free(&back);
+    capex_cuda_image_free(&crafted);
+    rm_dir(dir);
+    rm_dir(other_dir);
+}
+
+/* CAPEX_CACHE_DIR=/tmp/capex-$USER (a common per-user cache in a shared
+   directory) that another user made first as a symlink to a directory of the
+   user's holding planted entries (see above): directory and entries pass every
+   owner and mode check, so a symlink on the path must itself be the user's (or
+   root's), as the kernel's fs.protected_symlinks has it. Needs root (lchown).
+   main followed it and ran the planted image. */
+CT_TEST(cache_dir_through_another_users_symlink) {
+    static const char *opts[] = {"-DVALUE=86"};
+    char top[64], victim[64], link_dir[200], deep[300], path[1200];
+    unsigned char key[32];
+    capex_cuda_cache c, v;
+    capex_cuda_compile_desc d;
+    capex_cuda_image crafted, back;
+    make_dir(top, sizeof top);
+    make_dir(victim, sizeof victim);
+    CT_CHECK(chmod(top, 01777) == 0, "a /tmp-like directory");
+    capex_cuda_cache_init(&v, victim);
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    fake_image(&crafted, 3000, CAPEX_CUDA_IMAGE_CUBIN, 11);
+    CT_CHECK(capex__cuda_cache_write(&v, key, &crafted) == CAPEX_OK, "%s", capex_last_error());
+    snprintf(link_dir, sizeof link_dir, "%s/capex-user", top);
+    CT_CHECK(symlink(victim, link_dir) == 0, "symlink");
+    capex_cuda_cache_init(&c, link_dir);
+    user_desc(&d, &c, opts);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_OK, "the user's own symlink is followed: %s", capex_last_error());
+    capex_cuda_image_free(&back);
+    if (lchown(link_dir, 12345, 12345) != 0) {
+        unlink(link_dir);
+        rm_dir(victim);
+        rm_dir(top);
+        capex_cuda_image_free(&crafted);
+        CT_SKIP("lchown needs root: %s", strerror(errno));
+    }
+    CT_CHECK(capex__cuda_cache_dir_check(c.dir) == CAPEX_ERR_CONFIG, "another user's symlink trusted");
+    CT_CHECK(strstr(capex_last_error(), "symlink") && strstr(capex_last_error(), "12345"), "%s", capex_last_error());
+    /* deeper on the path too: <link>/sub */
+    CT_CHECK(mkdir(strcat(strcpy(deep, victim), "/sub"), 0700) == 0, "mkdir");
+    snprintf(deep, sizeof deep, "%s/sub", link_dir);
+    CT_CHECK(capex__cuda_cache_dir_check(deep) == CAPEX_ERR_CONFIG, "a symlink above the directory: %s", capex_last_error());
+    CT_NEED_NVRTC();
+    CT_CHECK(compile_uncached_twice(&d), "compiled, not read: %s", capex_last_error());
+    CT_CHECK(warnings == 1 && strstr(warn_seen, "symlink"), "warned once (%d): %s", warnings, warn_seen);
+    CT_CHECK(count_files(victim, ".capexjit") == 1 && count_files(victim, ".tmp") == 0, "nothing written through it");
+    /* root's symlinks (an admin's /scratch -> /lustre/scratch) are followed */
+    CT_CHECK(lchown(link_dir, 0, 0) == 0, "lchown");
+    CT_CHECK(capex__cuda_cache_dir_check(c.dir) == CAPEX_OK, "root's symlink: %s", capex_last_error());
+    unlink(link_dir);
+    rmdir(strcat(strcpy(deep, victim), "/sub"));
+    rm_dir(victim);
+    rm_dir(top);
+    capex_cuda_image_free(&crafted);
+}
+
+/* A cache directory below a world-writable directory without the sticky bit:
+   anyone may rename a directory of the user's holding planted entries (see
+   above) into its place, and the directory and its entries then pass every
+   check, so such a parent is not trusted (warned, uncached). A sticky one
+   (/tmp) is: there only the owner renames. main ran the planted image. */
+CT_TEST(cache_dir_below_a_world_writable_parent) {
+    static const char *opts[] = {"-DVALUE=87"};
+    char top[64], planted[200], cdir[200], path[1200];
+    unsigned char key[32];
+    capex_cuda_cache c, v;
+    capex_cuda_compile_desc d;
+    capex_cuda_image crafted, back;
+    make_dir(top, sizeof top);
+    snprintf(planted, sizeof planted, "%s/clone", top);
+    snprintf(cdir, sizeof cdir, "%s/cache", top);
+    CT_CHECK(mkdir(planted, 0755) == 0, "mkdir");
+    capex_cuda_cache_init(&v, planted);
+    capex__cuda_cache_key(user_src, "user", opts, 1, 90, key);
+    fake_image(&crafted, 3000, CAPEX_CUDA_IMAGE_CUBIN, 13);
+    CT_CHECK(capex__cuda_cache_write(&v, key, &crafted) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(chmod(top, 0777) == 0, "a world-writable directory, not sticky");
+    CT_CHECK(rename(planted, cdir) == 0, "renamed into place (anyone may, in a 0777 directory)");
+    capex_cuda_cache_init(&c, cdir);
+    user_desc(&d, &c, opts);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    CT_CHECK(capex__cuda_cache_dir_check(c.dir) == CAPEX_ERR_CONFIG, "a directory below a 0777 parent trusted");
+    CT_CHECK(strstr(capex_last_error(), top) && strstr(capex_last_error(), "writable by others"), "%s", capex_last_error());
+    { /* reached through the user's own link from a private directory: its real parent counts */
+        char safe[64], via[200];
+        make_dir(safe, sizeof safe);
+        snprintf(via, sizeof via, "%s/link", safe);
+        CT_CHECK(symlink(cdir, via) == 0, "symlink");
+        CT_CHECK(capex__cuda_cache_dir_check(via) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "writable by others"),
+                 "through a link: %s", capex_last_error());
+        unlink(via);
+        rm_dir(safe);
+    }
+    CT_CHECK(chmod(top, 01777) == 0, "sticky");
+    CT_CHECK(capex__cuda_cache_dir_check(c.dir) == CAPEX_OK, "below a sticky parent: %s", capex_last_error());
+    CT_CHECK(chmod(top, 0777) == 0, "not sticky");
+    CT_NEED_NVRTC();
+    CT_CHECK(compile_uncached_twice(&d), "compiled, not read: %s", capex_last_error());
+    CT_CHECK(warnings == 1 && strstr(warn_seen, "writable by others"), "warned once (%d): %s", warnings, warn_seen);
+    CT_CHECK(capex__cuda_cache_read(path, key, &back) == CAPEX_OK && back.size == 3000, "nothing written there");
+    capex_cuda_image_free(&back);
+    capex_cuda_image_free(&crafted);
+    rm_dir(cdir);
+    rm_dir(top);
+}
+
 /* The built-in parts through the disk cache: one entry per part under its own key,
    filled concurrently, read back whole; a damaged entry is recompiled alone. */
 CT_TEST(builtin_parts_cache_entries) {
@@ -1041,12 +1264,16 @@ static const ct_case cases[] = {
     CT_CASE(hit_needs_no_nvrtc),
     CT_CASE(concurrent_writers_and_reader),
     CT_CASE(concurrent_compiles),
+    CT_CASE(write_that_fails_part_way),
     CT_CASE(unwritable_dir_warns_once),
     CT_CASE(unreadable_entry_and_stale_temp_files),
     CT_CASE(builtin_parts_cache_entries),
     CT_CASE(entry_that_is_not_a_regular_file),
     CT_CASE(entry_claiming_a_huge_payload),
     CT_CASE(cache_trust_rule),
+    CT_CASE(hard_linked_entry_is_not_trusted),
+    CT_CASE(cache_dir_through_another_users_symlink),
+    CT_CASE(cache_dir_below_a_world_writable_parent),
 };
 static const child_entry children[] = {{"hit", child_hit_without_nvrtc}};
 
