@@ -563,8 +563,15 @@ CAPEX_API capex_result capex_cuda_optim_get_state(const capex_cuda_optim *opt, s
    with CAPEX_OPTIM_STATE_PARAMS, fp32 weights and model copies (its grads are
    placeholders: do not step it). Save it with capex_optim_save, or
    capex_optim_load into it and hand it to from_host, which validates that it
-   matches (kind, modes, groups, sizes, moment and model buffers) before it
-   copies anything to the device. Both wait for `stream`; from_host waits for
+   matches (kind, groups, sizes, moment and model buffers, each Adam group's
+   amsgrad, SGD momentum only where the device group has buffers) before it
+   changes anything on the device. It takes the host's hyperparameters and,
+   as capex_optim_load takes a file's, its modes (adam_w_mode, use_nvlamb,
+   wd_after_momentum, stochastic_rounding, max_grad_norm, seed; NovoGrad's
+   reg_inside_moment, init_zero, norm_type): a checkpoint saved in other
+   modes resumes on this device optimizer. capex_cuda_zero's
+   optimizer refuses stochastic_rounding (CAPEX_ERR_UNSUPPORTED), as its
+   create does. Both wait for `stream`; from_host waits for
    the whole device before and after it copies. The learning rate saved is the
    device's (a kernel may set it through capex_cuda_optim_lr_ptr). from_host
    with CAPEX_OPTIM_STATE_PARAMS refuses (CAPEX_ERR_ORDER) a copy that holds no
@@ -6197,6 +6204,10 @@ struct capex_cuda_optim {
     int ready;  /* every kernel a step launches is loaded (capex__go_step_ready); reset by what changes them */
 };
 CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream);
+/* A tensor's model copy store (capex__go_t.mk) under the optimizer's modes. */
+CAPEX__PRIVATE int capex__go_mk(const capex_cuda_optim *o, const capex_optim_param *p) {
+    return !p->model ? 0 : p->model_dtype == CAPEX_F16 ? 1 : o->desc.stochastic_rounding ? 3 : 2;
+}
 
 CAPEX__PRIVATE void capex__go_hp_to_group(const capex_optim_hparams *hp, capex__go_group *g) {
     g->lr = hp->lr;
@@ -6440,7 +6451,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
         if (!need_v || !t->p.numel) t->p.exp_avg_sq = NULL;
         if (!need_vm || !t->p.numel) t->p.max_exp_avg_sq = NULL;
         if (!t->p.model || !t->p.numel) t->p.model = NULL;
-        t->mk = !t->p.model ? 0 : t->p.model_dtype == CAPEX_F16 ? 1 : o->desc.stochastic_rounding ? 3 : 2;
+        t->mk = capex__go_mk(o, &t->p);
         if (t->p.exp_avg && (r = o->ex.zero(o->ex.user, (capex_cuda_ptr)(uintptr_t)t->p.exp_avg, (size_t)t->p.numel * 4u, NULL)) != CAPEX_OK) goto fail;
         if (t->p.exp_avg_sq && (r = o->ex.zero(o->ex.user, (capex_cuda_ptr)(uintptr_t)t->p.exp_avg_sq, (size_t)t->p.numel * 4u, NULL)) != CAPEX_OK) goto fail;
         if (t->p.max_exp_avg_sq && (r = o->ex.zero(o->ex.user, (capex_cuda_ptr)(uintptr_t)t->p.max_exp_avg_sq, (size_t)t->p.numel * 4u, NULL)) != CAPEX_OK) goto fail;
@@ -7126,6 +7137,7 @@ CAPEX__PRIVATE capex_result capex__cuda_optim_from_host(capex_cuda_optim *o, con
                                                         capex_cuda_stream stream, int check_only) {
     const char *fn = "capex_cuda_optim_from_host";
     capex__go_group *groups = NULL;
+    capex_optim_desc nd;
     capex_result r = CAPEX_OK;
     size_t g, k;
     if (!o || !h) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: optimizer or host optimizer is NULL", fn);
@@ -7134,24 +7146,28 @@ CAPEX__PRIVATE capex_result capex__cuda_optim_from_host(capex_cuda_optim *o, con
     if ((flags & CAPEX_OPTIM_STATE_PARAMS) && h->host_block && !h->host_block_params)
         return capex__fail(CAPEX_ERR_ORDER, "%s: the host optimizer holds no weights (made by to_host without "
                            "CAPEX_OPTIM_STATE_PARAMS and not loaded with it); copying would zero the device weights", fn);
-    {   /* named: a host copy that capex_optim_load filled has the file's modes */
-        const char *names[8] = {"kind", "adam_w_mode", "use_nvlamb", "wd_after_momentum", "stochastic_rounding",
-                                "reg_inside_moment", "init_zero", "norm_type"};
-        int hv[8], dv[8], i;
-        hv[0] = (int)h->desc.kind; dv[0] = (int)o->desc.kind;
-        hv[1] = h->desc.adam_w_mode != 0; dv[1] = o->desc.adam_w_mode != 0;
-        hv[2] = h->desc.use_nvlamb != 0; dv[2] = o->desc.use_nvlamb != 0;
-        hv[3] = h->desc.wd_after_momentum != 0; dv[3] = o->desc.wd_after_momentum != 0;
-        hv[4] = h->desc.stochastic_rounding != 0; dv[4] = o->desc.stochastic_rounding != 0;
-        hv[5] = h->desc.reg_inside_moment != 0; dv[5] = o->desc.reg_inside_moment != 0;
-        hv[6] = h->desc.init_zero != 0; dv[6] = o->desc.init_zero != 0;
-        hv[7] = h->desc.norm_type; dv[7] = o->desc.norm_type;
-        for (i = 0; i < 8; i++)
-            if (hv[i] != dv[i])
-                return capex__fail(CAPEX_ERR_CONFIG, "%s: the host optimizer has %s %d, the device optimizer %d; create the "
-                                   "device optimizer with the host's (a loaded file's) kind and modes", fn, names[i], hv[i],
-                                   dv[i]);
+    if (h->desc.kind != o->desc.kind)
+        return capex__fail(CAPEX_ERR_CONFIG, "%s: the host optimizer has kind %d, the device optimizer %d; create the "
+                           "device optimizer with the host's (a loaded file's) kind", fn, (int)h->desc.kind,
+                           (int)o->desc.kind);
+    /* the host's modes, as capex_optim_load takes a file's: the kernels get them per
+       launch (arguments, and the variant a launch picks), so they can change */
+    nd = o->desc;
+    nd.adam_w_mode = h->desc.adam_w_mode != 0;
+    nd.use_nvlamb = h->desc.use_nvlamb != 0;
+    nd.wd_after_momentum = h->desc.wd_after_momentum != 0;
+    nd.stochastic_rounding = h->desc.stochastic_rounding != 0;
+    nd.max_grad_norm = h->desc.max_grad_norm;
+    nd.seed = h->desc.seed;
+    if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) { /* saved and loaded for NovoGrad only */
+        nd.reg_inside_moment = h->desc.reg_inside_moment != 0;
+        nd.init_zero = h->desc.init_zero != 0;
+        nd.norm_type = h->desc.norm_type;
     }
+    if (o->sealed && nd.stochastic_rounding)
+        return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: the host optimizer has stochastic_rounding 1; capex_cuda_zero's "
+                           "optimizer steps shard pieces and has none (capex_cuda_zero_create refuses it too)", fn);
+    if ((r = capex__optim_check_desc(&nd)) != CAPEX_OK) return r;
     if (h->ngroups != o->ngroups || h->ntensors != o->nt)
         return capex__fail(CAPEX_ERR_SIZE_MISMATCH, "%s: host optimizer has %zu groups / %zu params, device %zu / %zu", fn,
                            h->ngroups, h->ntensors, o->ngroups, o->nt);
@@ -7174,9 +7190,10 @@ CAPEX__PRIVATE capex_result capex__cuda_optim_from_host(capex_cuda_optim *o, con
     if (o->ngroups && (r = o->ex.dtoh(o->ex.user, groups, o->dgroups, o->ngroups * sizeof *groups, stream)) != CAPEX_OK)
         goto done;
     for (g = 0; g < o->ngroups; g++) {
-        if ((r = capex__optim_check_hp(&o->desc, &h->groups[g].hp)) != CAPEX_OK) goto done;
+        if ((r = capex__optim_check_hp(&nd, &h->groups[g].hp)) != CAPEX_OK) goto done;
         if (o->desc.kind == CAPEX_OPTIM_ADAM && (h->groups[g].hp.amsgrad != 0) != (o->hp[g].amsgrad != 0)) {
-            r = capex__fail(CAPEX_ERR_CONFIG, "%s: group %zu has amsgrad %d on the host, %d on the device", fn, g,
+            r = capex__fail(CAPEX_ERR_CONFIG, "%s: group %zu has amsgrad %d on the host, %d on the device; amsgrad is "
+                            "fixed when the group is added (its max_exp_avg_sq buffers exist only then)", fn, g,
                             h->groups[g].hp.amsgrad != 0, o->hp[g].amsgrad != 0);
             goto done;
         }
@@ -7218,9 +7235,9 @@ CAPEX__PRIVATE capex_result capex__cuda_optim_from_host(capex_cuda_optim *o, con
     if (r == CAPEX_OK) r = capex__go_sync(&o->ex); /* landed before a step on any stream reads it */
     if (r == CAPEX_OK) {
         for (g = 0; g < o->ngroups; g++) o->hp[g] = h->groups[g].hp;
-        o->ready = 0;
-        o->desc.max_grad_norm = h->desc.max_grad_norm; /* loaded with the state */
-        o->desc.seed = h->desc.seed;
+        o->ready = 0; /* the modes pick the kernels' variants */
+        o->desc = nd;
+        for (k = 0; k < o->nt; k++) o->t[k].mk = capex__go_mk(o, &o->t[k].p);
         if (h->has_sched) { o->sched = h->sched; o->has_sched = 1; }
         r = capex__go_sched_upload(o, NULL); /* base lrs (and schedule) from the host */
         if (r == CAPEX_OK) r = capex__go_sync(&o->ex);

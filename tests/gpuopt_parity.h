@@ -996,6 +996,136 @@ static void par_checkpoint(ct_state *ct, env *e) {
     if (!ct->failed) par_checkpoint_one(ct, e, &d, 0, "NovoGrad");
 }
 
+/* ---- resuming a checkpoint saved with other modes -------------------------
+   A CPU optimizer in modes A steps twice and saves (weights too). A pair
+   created in modes B loads that file: the CPU one by capex_optim_load, the
+   device one by to_host, capex_optim_load and from_host. Both take the
+   file's modes as capex_optim_load does (torch's load_state_dict restores
+   param_groups too): equal right after the load and after each of three
+   steps in lockstep (bit for bit; LAMB and NovoGrad close), and the device's
+   own checkpoint then holds modes A. Before that, a host copy that differs
+   in modes and is refused later (a forged step count) leaves the device's
+   state and modes as they were. from_host refused any other mode before
+   2026-11-28, naming it. */
+static int par_same_modes(const capex_optim_desc *a, const capex_optim_desc *b) {
+    return (a->adam_w_mode != 0) == (b->adam_w_mode != 0) && (a->use_nvlamb != 0) == (b->use_nvlamb != 0) &&
+           (a->wd_after_momentum != 0) == (b->wd_after_momentum != 0) &&
+           (a->stochastic_rounding != 0) == (b->stochastic_rounding != 0) && a->max_grad_norm == b->max_grad_norm &&
+           a->seed == b->seed &&
+           (a->kind != CAPEX_OPTIM_NOVOGRAD ||
+            ((a->reg_inside_moment != 0) == (b->reg_inside_moment != 0) && (a->init_zero != 0) == (b->init_zero != 0)));
+}
+static void par_resume_modes_one(ct_state *ct, env *e, const capex_optim_desc *da, const capex_optim_desc *db, float tol,
+                                 const char *what) {
+    par_opt src, o;
+    capex_state_reader *rd = NULL;
+    capex_optim *h = NULL;
+    unsigned char *f = NULL;
+    size_t lf = 0;
+    int s;
+    int64_t st = -1;
+    memset(&o, 0, sizeof o);
+    CT_CHECK(!par_same_modes(da, db), "%s: the modes differ", what);
+    CT_CHECK(par_opt_make(e, &src, da, 12, 0), "%s: setup A: %s", what, capex_last_error());
+    for (s = 0; s < 2 && !ct->failed; s++)
+        CT_CHECK(capex_optim_step(src.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "%s: cpu step: %s", what, capex_last_error());
+    CT_CHECK(par_save_mem(src.cpu, &f, &lf), "%s: save: %s", what, capex_last_error());
+    par_opt_free(e, &src);
+    if (ct->failed) goto out;
+    CT_CHECK(par_opt_make(e, &o, db, 12, 0), "%s: setup B: %s", what, capex_last_error());
+    CT_CHECK(capex_cuda_optim_to_host(o.dev, 0, NULL, &h) == CAPEX_OK, "%s: to_host: %s", what, capex_last_error());
+    CT_CHECK(capex_state_reader_open_memory(f, lf, 0, NULL, &rd) == CAPEX_OK &&
+             capex_optim_load(h, rd, "optim", CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "%s: load into the host copy: %s",
+             what, capex_last_error());
+    capex_state_reader_close(rd);
+    rd = NULL;
+    if (ct->failed) goto out;
+    CT_CHECK(par_same_modes(&h->desc, da), "%s: the host copy holds the file's modes", what);
+    {   /* refused after the mode checks: nothing changes, modes included */
+        capex_optim *h2 = NULL;
+        int64_t keep = h->groups[1].step;
+        h->groups[1].step = CAPEX_STEP_MAX + 1;
+        CT_CHECK(capex_cuda_optim_from_host(o.dev, h, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_ERR_INVALID_ARG,
+                 "%s: a forged step count refused: %s", what, capex_last_error());
+        h->groups[1].step = keep;
+        par_opt_compare(ct, e, &o, 0, "refused: the device state as it was");
+        if (!ct->failed)
+            CT_CHECK(capex_cuda_optim_to_host(o.dev, 0, NULL, &h2) == CAPEX_OK && par_same_modes(&h2->desc, db),
+                     "%s: refused: the device keeps its modes", what);
+        capex_optim_destroy(h2);
+        if (ct->failed) goto out;
+    }
+    CT_CHECK(capex_cuda_optim_from_host(o.dev, h, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_OK, "%s: from_host: %s", what,
+             capex_last_error());
+    CT_CHECK(capex_state_reader_open_memory(f, lf, 0, NULL, &rd) == CAPEX_OK &&
+             capex_optim_load(o.cpu, rd, "optim", CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "%s: CPU load: %s", what,
+             capex_last_error());
+    if (!ct->failed) par_opt_compare(ct, e, &o, 0, what);
+    for (s = 0; s < 3 && !ct->failed; s++) {
+        CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, 0) == CAPEX_OK, "%s: cpu step: %s", what, capex_last_error());
+        CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "%s: dev step: %s", what, capex_last_error());
+        if (!ct->failed) par_opt_compare(ct, e, &o, tol, what);
+    }
+    if (ct->failed) goto out;
+    CT_CHECK(capex_cuda_optim_get_step(o.dev, 1, &st, NULL) == CAPEX_OK && st == 5, "%s: step %lld, want 5", what,
+             (long long)st);
+    capex_optim_destroy(h);
+    h = NULL;
+    CT_CHECK(capex_cuda_optim_to_host(o.dev, 0, NULL, &h) == CAPEX_OK && par_same_modes(&h->desc, da),
+             "%s: the device's checkpoint holds the file's modes", what);
+out:
+    capex_state_reader_close(rd);
+    capex_optim_destroy(h);
+    free(f);
+    par_opt_free(e, &o);
+}
+static void par_resume_modes(ct_state *ct, env *e) {
+    capex_optim_desc a, b;
+    /* Adam: L2 with stochastic rounding saved, resumed by AdamW without it (and another seed) */
+    capex_optim_desc_init(&a, CAPEX_OPTIM_ADAM);
+    a.defaults.weight_decay = 0.01f;
+    b = a;
+    a.adam_w_mode = 0;
+    a.stochastic_rounding = 1;
+    a.seed = 0x1234567890abcdefull;
+    b.seed = 7;
+    par_resume_modes_one(ct, e, &a, &b, 0, "Adam L2 + SR into AdamW");
+    if (!ct->failed) par_resume_modes_one(ct, e, &b, &a, 0, "AdamW into Adam L2 + SR");
+    /* SGD: weight decay after momentum saved, resumed without it, with stochastic rounding */
+    capex_optim_desc_init(&a, CAPEX_OPTIM_SGD);
+    a.defaults.lr = 0.1f;
+    a.defaults.momentum = 0.9f;
+    a.defaults.dampening = 0.1f;
+    a.defaults.weight_decay = 0.01f;
+    b = a;
+    a.wd_after_momentum = 1;
+    b.stochastic_rounding = 1;
+    if (!ct->failed) par_resume_modes_one(ct, e, &a, &b, 0, "SGD wd after momentum");
+    /* Adagrad: adagrad_w_mode (adam_w_mode) */
+    capex_optim_desc_init(&a, CAPEX_OPTIM_ADAGRAD);
+    a.defaults.lr = 0.05f;
+    a.defaults.weight_decay = 0.01f;
+    a.defaults.lr_decay = 0.1f;
+    b = a;
+    a.adam_w_mode = 1;
+    if (!ct->failed) par_resume_modes_one(ct, e, &a, &b, 0, "Adagrad W into L2");
+    /* LAMB: L2, nvlamb, another max_grad_norm */
+    capex_optim_desc_init(&a, CAPEX_OPTIM_LAMB);
+    b = a;
+    a.adam_w_mode = 0;
+    a.use_nvlamb = 1;
+    a.max_grad_norm = 0.5f;
+    if (!ct->failed) par_resume_modes_one(ct, e, &a, &b, 2e-6f, "LAMB L2 nvlamb into W");
+    /* NovoGrad: both of its modes */
+    capex_optim_desc_init(&a, CAPEX_OPTIM_NOVOGRAD);
+    a.defaults.lr = 0.01f;
+    a.defaults.weight_decay = 0.01f;
+    b = a;
+    a.reg_inside_moment = 1;
+    a.init_zero = 1;
+    if (!ct->failed) par_resume_modes_one(ct, e, &a, &b, 2e-6f, "NovoGrad reg_inside_moment, init_zero");
+}
+
 /* ---- lr schedules: the device computes each step's lr from its own step
    count (capex_go_lr_sched before capex_go_prepare, capex.h's formula text) --------------------------
    Two groups (base lrs differ), warmup + cosine, a skipped step (which must

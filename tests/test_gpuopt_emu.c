@@ -430,6 +430,7 @@ CT_TEST(emu_scaler) { env e = emu_env(8); par_scaler(ct, &e); }
 static int emu_count(env *e) { (void)e; return stats.copies; }
 CT_TEST(emu_amp_loop_no_host_sync) { env e = emu_env(9); par_amp_loop(ct, &e, emu_count); }
 CT_TEST(emu_checkpoint_roundtrip) { env e = emu_env(10); par_checkpoint(ct, &e); }
+CT_TEST(emu_resume_other_modes) { env e = emu_env(44); par_resume_modes(ct, &e); }
 CT_TEST(emu_novograd) { env e = emu_env(11); par_novograd(ct, &e); }
 CT_TEST(emu_lr_schedule) { env e = emu_env(12); par_schedule(ct, &e, 1); }
 CT_TEST(emu_adagrad) { env e = emu_env(13); par_adagrad(ct, &e); }
@@ -802,9 +803,9 @@ CT_TEST(emu_scaler_create_device_failure) {
 /* ---- from_host refuses a host optimizer that does not match, before any copy ----
    A parameter's numel, its group, a group's amsgrad (a group of empty
    tensors: no buffers to compare), a model copy present on one side only
-   (with CAPEX_OPTIM_STATE_PARAMS) and a step past CAPEX_STEP_MAX: each
-   refused with its code and the device's weights, moments and step counts
-   unchanged; the optimizer's own to_host copy is then taken. Never run
+   (with CAPEX_OPTIM_STATE_PARAMS) and a step past CAPEX_STEP_MAX (with a
+   mode the device would take): each refused with its code and the device's
+   weights, moments, step counts and modes unchanged; the optimizer's own to_host copy is then taken. Never run
    before 2026-11-28 (the checks guard copies sized by the device's numel). */
 static float fh_mem[4][64];
 static capex_optim *fh_host(const int64_t *numel, const int *group, int ams1, int model0) {
@@ -879,6 +880,7 @@ CT_TEST(emu_from_host_refuses_mismatches) {
         if (c == 4) {
             CT_CHECK(capex_cuda_optim_to_host(o, 0, NULL, &h) == CAPEX_OK, "%s", capex_last_error());
             h->groups[0].step = CAPEX_STEP_MAX + 1;
+            h->desc.adam_w_mode = 0; /* a mode the device would take: not taken when refused */
         }
         CT_CHECK(h != NULL, "case %d: host optimizer: %s", c, capex_last_error());
         r = capex_cuda_optim_from_host(o, h, flags, NULL);
@@ -893,6 +895,7 @@ CT_TEST(emu_from_host_refuses_mismatches) {
         }
         CT_CHECK(capex_cuda_optim_get_step(o, 0, &st0, NULL) == CAPEX_OK && capex_cuda_optim_get_step(o, 1, &st1, NULL) == CAPEX_OK &&
                  st0 == 2 && st1 == 2, "case %d: steps %lld %lld", c, (long long)st0, (long long)st1);
+        CT_CHECK(o->desc.adam_w_mode == 1, "case %d: the device's adam_w_mode changed", c);
     }
     CT_CHECK(capex_cuda_optim_to_host(o, CAPEX_OPTIM_STATE_PARAMS, NULL, &h) == CAPEX_OK, "%s", capex_last_error());
     CT_CHECK(capex_cuda_optim_from_host(o, h, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_OK, "own copy: %s", capex_last_error());
@@ -903,7 +906,7 @@ CT_TEST(emu_from_host_refuses_mismatches) {
 static const ct_case cases[] = {
     CT_CASE(layouts_match_the_kernels), CT_CASE(emu_scale_every_dtype_pair), CT_CASE(emu_scale_check_positions), CT_CASE(emu_scale_many_tensors),
     CT_CASE(emu_l2norm), CT_CASE(emu_sumsq_order), CT_CASE(emu_clip), CT_CASE(emu_adam), CT_CASE(emu_pure_half), CT_CASE(emu_options_mid_training), CT_CASE(emu_variants_bit_exact), CT_CASE(emu_sgd), CT_CASE(emu_lamb), CT_CASE(emu_scaler),
-    CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_novograd),
+    CT_CASE(emu_amp_loop_no_host_sync), CT_CASE(emu_checkpoint_roundtrip), CT_CASE(emu_resume_other_modes), CT_CASE(emu_novograd),
     CT_CASE(emu_lr_schedule),
     CT_CASE(emu_adagrad), CT_CASE(emu_adam_amsgrad), CT_CASE(emu_add_group_device_failure_changes_nothing), CT_CASE(emu_from_host_refuses_mismatches), CT_CASE(emu_scaler_create_device_failure), CT_CASE(emu_large_params), CT_CASE(emu_many_small_tensors),
 };

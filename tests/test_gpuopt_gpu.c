@@ -96,6 +96,7 @@ CT_TEST(gpu_novograd) { GPU_ENV(e, 18); par_novograd(ct, &e); }
 CT_TEST(gpu_scaler) { GPU_ENV(e, 18); par_scaler(ct, &e); }
 CT_TEST(gpu_amp_loop_inf_skips) { GPU_ENV(e, 19); par_amp_loop(ct, &e, NULL); }
 CT_TEST(gpu_checkpoint_roundtrip) { GPU_ENV(e, 20); par_checkpoint(ct, &e); }
+CT_TEST(gpu_resume_other_modes) { GPU_ENV(e, 26); par_resume_modes(ct, &e); }
 CT_TEST(gpu_lr_schedule) { GPU_ENV(e, 21); par_schedule(ct, &e, 0); }
 CT_TEST(gpu_adagrad) { GPU_ENV(e, 22); par_adagrad(ct, &e); }
 CT_TEST(gpu_adam_amsgrad) { GPU_ENV(e, 23); par_adam_amsgrad(ct, &e); }
@@ -666,7 +667,7 @@ CT_TEST(gpu_large_params) {
 
 static const ct_case cases[] = {
     CT_CASE(gpu_grid_from_device), CT_CASE(gpu_scale_every_dtype_pair), CT_CASE(gpu_scale_check_positions), CT_CASE(gpu_scale_many_tensors), CT_CASE(gpu_l2norm), CT_CASE(gpu_sumsq_order), CT_CASE(gpu_clip),
-    CT_CASE(gpu_adam), CT_CASE(gpu_sgd), CT_CASE(gpu_lamb), CT_CASE(gpu_novograd), CT_CASE(gpu_scaler), CT_CASE(gpu_amp_loop_inf_skips), CT_CASE(gpu_checkpoint_roundtrip),
+    CT_CASE(gpu_adam), CT_CASE(gpu_sgd), CT_CASE(gpu_lamb), CT_CASE(gpu_novograd), CT_CASE(gpu_scaler), CT_CASE(gpu_amp_loop_inf_skips), CT_CASE(gpu_checkpoint_roundtrip), CT_CASE(gpu_resume_other_modes),
     CT_CASE(gpu_lr_schedule),
     CT_CASE(gpu_graph_replay), CT_CASE(gpu_tensor_over_2g_elements),
     CT_CASE(gpu_adagrad), CT_CASE(gpu_adam_amsgrad), CT_CASE(gpu_pure_half), CT_CASE(gpu_options_mid_training),

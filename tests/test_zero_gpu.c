@@ -123,8 +123,18 @@ static float grad_sum(const cfg *c, int step, int p, size_t e) {
 }
 static size_t bytes_of(const cfg *c, int i) { return zp_numel[i] * capex_dtype_size(dt_of(c, i)); }
 
+/* 1: each kind's other modes (checkpoint_other_modes: saved with them, resumed without) */
+static int g_alt_modes;
+
 static void od_of(const cfg *c, capex_optim_desc *od, capex_optim_hparams hp[2]) {
     capex_optim_desc_init(od, c->kind);
+    if (g_alt_modes) {
+        od->adam_w_mode = c->kind == CAPEX_OPTIM_ADAGRAD; /* Adam, LAMB: L2; Adagrad: W */
+        od->use_nvlamb = 1;
+        od->wd_after_momentum = 1;
+        od->reg_inside_moment = 1;
+        od->init_zero = 1;
+    }
     if (c->kind == CAPEX_OPTIM_SGD) { od->defaults.momentum = 0.9f; od->defaults.nesterov = 1; }
     od->defaults.lr = 1e-2f;
     od->defaults.weight_decay = 0.1f;
@@ -715,6 +725,81 @@ static void checkpoint_case(ct_state *ct, cfg c) {
     CLOSE(ctx, comm, user);
 }
 
+/* A host zero in the other modes steps and saves; a fresh GPU zero and a
+   fresh host zero in the default modes load the file. Both take the file's
+   modes (as capex_optim_load; the GPU zero's from_host refused them before
+   2026-11-28): two more steps each, bit for bit equal to the saving zero's,
+   and the resumed GPU zero saves the saving zero's file. A host copy with
+   stochastic rounding (the device zero has none: create refuses it) is
+   refused by from_host on the zero's optimizer, naming it, and changes
+   nothing (another mode in it not taken either). */
+static void checkpoint_modes_case(ct_state *ct, cfg c) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm comm;
+    gpu_run g2;
+    host_run hr, hr2;
+    hostp h, zeros, a;
+    char fg[64], fh[64];
+    int i;
+    OPEN(ctx, comm, user);
+    snprintf(fg, sizeof fg, "/tmp/capex_zgpu_m%d.ckpt", (int)getpid());
+    snprintf(fh, sizeof fh, "/tmp/capex_zgpu_m%d.host", (int)getpid());
+    hostp_init(&c, &h);
+    hostp_init(&c, &zeros);
+    for (i = 0; i < NP; i++) memset(zeros.d[i], 0, bytes_of(&c, i));
+    g_alt_modes = 1;
+    host_create(ct, &c, &hr, &h);
+    g_alt_modes = 0;
+    host_steps(ct, &c, &hr, 0, 3);
+    OK(capex_zero_save_file(hr.z, fh, CAPEX_OPTIM_STATE_PARAMS));
+    gpu_create(ct, ctx, &comm, &c, &g2, &zeros);
+    host_create(ct, &c, &hr2, &zeros);
+    OK(capex_zero_load_file(capex_cuda_zero_base(g2.zg), fh, CAPEX_OPTIM_STATE_PARAMS));
+    OK(capex_zero_load_file(hr2.z, fh, CAPEX_OPTIM_STATE_PARAMS));
+    {
+        capex_cuda_optim *o = capex_cuda_zero_optim(g2.zg);
+        capex_optim *ho = NULL;
+        OK(capex_cuda_optim_to_host(o, 0, NULL, &ho));
+        if (ho) {
+            CT_CHECK(ho->desc.adam_w_mode == (c.kind == CAPEX_OPTIM_ADAGRAD) && ho->desc.use_nvlamb &&
+                     ho->desc.wd_after_momentum, "the GPU zero's optimizer holds the file's modes");
+            ho->desc.stochastic_rounding = 1;
+            ho->desc.adam_w_mode = !ho->desc.adam_w_mode;
+            CT_CHECK(capex_cuda_optim_from_host(o, ho, 0, NULL) == CAPEX_ERR_UNSUPPORTED &&
+                     strstr(capex_last_error(), "stochastic_rounding"), "stochastic rounding into the zero's optimizer: %s",
+                     capex_last_error());
+        }
+        capex_optim_destroy(ho);
+    }
+    gpu_read(ct, ctx, &c, &g2, &a);
+    same_params(ct, &c, &a, &hr.p, "loaded GPU params");
+    hostp_free(&a);
+    gpu_steps(ct, ctx, user, &c, &g2, 3, 5);
+    host_steps(ct, &c, &hr, 3, 5);
+    host_steps(ct, &c, &hr2, 3, 5);
+    gpu_read(ct, ctx, &c, &g2, &a);
+    same_params(ct, &c, &a, &hr.p, "resumed GPU zero vs the saving zero");
+    same_params(ct, &c, &hr2.p, &hr.p, "resumed host zero vs the saving zero");
+    OK(capex_zero_save_file(capex_cuda_zero_base(g2.zg), fg, CAPEX_OPTIM_STATE_PARAMS));
+    OK(capex_zero_save_file(hr.z, fh, CAPEX_OPTIM_STATE_PARAMS));
+    CT_CHECK(same_file(fg, fh), "the resumed GPU zero's checkpoint differs from the saving zero's");
+    remove(fg);
+    remove(fh);
+    hostp_free(&a);
+    host_free(&hr);
+    host_free(&hr2);
+    hostp_free(&h);
+    hostp_free(&zeros);
+    gpu_free(ctx, &g2);
+    CLOSE(ctx, comm, user);
+}
+CT_TEST(checkpoint_other_modes_adam) { cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 5, 1}; checkpoint_modes_case(ct, c); }
+CT_TEST(checkpoint_other_modes_sgd_stage2) { cfg c = {2, CAPEX_OPTIM_SGD, 1, 5.0f, -1, 5, 1}; checkpoint_modes_case(ct, c); }
+CT_TEST(checkpoint_other_modes_adagrad) { cfg c = {1, CAPEX_OPTIM_ADAGRAD, 0, INFINITY, -1, 5, 1}; checkpoint_modes_case(ct, c); }
+CT_TEST(checkpoint_other_modes_lamb_stage2) { cfg c = {2, CAPEX_OPTIM_LAMB, 1, 5.0f, -1, 5, 1}; checkpoint_modes_case(ct, c); }
+CT_TEST(checkpoint_other_modes_novograd) { cfg c = {1, CAPEX_OPTIM_NOVOGRAD, 1, 5.0f, 1, 5, 1}; checkpoint_modes_case(ct, c); }
+
 CT_TEST(checkpoint_matches_host_and_loads) { cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 1}; checkpoint_case(ct, c); }
 CT_TEST(checkpoint_lamb_stage2) { cfg c = {2, CAPEX_OPTIM_LAMB, 1, 5.0f, -1, 3, 1}; checkpoint_case(ct, c); }
 CT_TEST(checkpoint_novograd_stage1) { cfg c = {1, CAPEX_OPTIM_NOVOGRAD, 1, 5.0f, -1, 3, 1}; checkpoint_case(ct, c); }
@@ -1239,6 +1324,9 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(adamw_stage2_two_micro_batches), CT_CASE(lamb_stage1_halves_clip),
                                 CT_CASE(adamw_stage2_halves_two_micro_batches), CT_CASE(novograd_stage2_halves),
                                 CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads), CT_CASE(checkpoint_lamb_stage2), CT_CASE(checkpoint_novograd_stage1), CT_CASE(checkpoint_sgd_momentum_turned_off),
+                                CT_CASE(checkpoint_other_modes_adam), CT_CASE(checkpoint_other_modes_sgd_stage2),
+                                CT_CASE(checkpoint_other_modes_adagrad), CT_CASE(checkpoint_other_modes_lamb_stage2),
+                                CT_CASE(checkpoint_other_modes_novograd),
                                 CT_CASE(refusals), CT_CASE(world2_adamw_stage1_halves_clip_inf),
                                 CT_CASE(world2_adamw_stage2_halves_inf_step_async), CT_CASE(world2_sgd_stage2_clip_legacy_stream),
                                 CT_CASE(world4_adamw_stage2_halves_clip_inf_step_async), CT_CASE(world4_sgd_stage1_halves_inf),
