@@ -3641,6 +3641,28 @@ static const char capex__cuda_frag_norm_e[] =
    math); the CPU refuses it, which needs w on the host. vec as above, with y
    and b aligned too. */
 static const char capex__cuda_frag_norm_me[] =
+    "/* y and dy (one dtype t) at i + r * s for r < N, every load issued before any\n"
+    "   conversion (they branch on t in the part): 2N loads in flight */\n"
+    "template <int N> CAPEX_DEVICE void capex__nm_me_ldn(const void *y, const void *dy, int t, capex_u64 i, capex_u64 s, float *yv, float *dv) {\n"
+    "    if (t == 0) {\n"
+    "        float4 a[N], b[N];\n"
+    "        for (int r = 0; r < N; r++) { a[r] = *(const float4 *)((const float *)y + i + r * s); b[r] = *(const float4 *)((const float *)dy + i + r * s); }\n"
+    "        for (int r = 0; r < N; r++) {\n"
+    "            yv[4 * r] = a[r].x; yv[4 * r + 1] = a[r].y; yv[4 * r + 2] = a[r].z; yv[4 * r + 3] = a[r].w;\n"
+    "            dv[4 * r] = b[r].x; dv[4 * r + 1] = b[r].y; dv[4 * r + 2] = b[r].z; dv[4 * r + 3] = b[r].w;\n"
+    "        }\n"
+    "        return;\n"
+    "    }\n"
+    "    uint2 a[N], b[N];\n"
+    "    for (int r = 0; r < N; r++) { a[r] = *(const uint2 *)((const capex_u16 *)y + i + r * s); b[r] = *(const uint2 *)((const capex_u16 *)dy + i + r * s); }\n"
+    "    for (int r = 0; r < N; r++) {\n"
+    "        yv[4 * r] = capex__nm_h(t, a[r].x & 0xffffu); yv[4 * r + 1] = capex__nm_h(t, a[r].x >> 16);\n"
+    "        yv[4 * r + 2] = capex__nm_h(t, a[r].y & 0xffffu); yv[4 * r + 3] = capex__nm_h(t, a[r].y >> 16);\n"
+    "        dv[4 * r] = capex__nm_h(t, b[r].x & 0xffffu); dv[4 * r + 1] = capex__nm_h(t, b[r].x >> 16);\n"
+    "        dv[4 * r + 2] = capex__nm_h(t, b[r].y & 0xffffu); dv[4 * r + 3] = capex__nm_h(t, b[r].y >> 16);\n"
+    "    }\n"
+    "}\n";
+static const char capex__cuda_frag_norm_me1[] =
     "CAPEX_KERNEL void capex_norm_me_dx(const void *y, int yt, const void *dy, const void *w, const void *b, int pt,\n"
     "                                   const float *rstd, void *dx, int xt, capex_u64 rows, capex_u64 cols, int rms, int vec) {\n"
     "    capex_u64 row = (capex_u64)blockIdx.x * blockDim.y + threadIdx.y, base, j;\n"
@@ -3650,7 +3672,7 @@ static const char capex__cuda_frag_norm_me[] =
     "    base = row * cols; rs = rstd[row];\n"
     "    if (vec) {\n"
     "        for (j = threadIdx.x * 4ull; j < cols; j += blockDim.x * 4ull) {\n"
-    "            capex__nm_ld4(dy, yt, base + j, dv); capex__nm_ld4(y, yt, base + j, yv);\n"
+    "            capex__nm_me_ldn<1>(y, dy, yt, base + j, 0, yv, dv);\n"
     "            if (w) capex__nm_ld4(w, pt, j, wv);\n"
     "            if (b) capex__nm_ld4(b, pt, j, bv);\n"
     "            for (int k = 0; k < 4; k++) { sg += dv[k] * wv[k]; sgx += dv[k] * (yv[k] - bv[k]); }\n"
@@ -3665,7 +3687,7 @@ static const char capex__cuda_frag_norm_me[] =
     "    mg = rms ? 0.0f : sg / (float)cols; mgx = sgx / (float)cols;\n"
     "    if (vec) {\n"
     "        for (j = threadIdx.x * 4ull; j < cols; j += blockDim.x * 4ull) {\n"
-    "            capex__nm_ld4(dy, yt, base + j, dv); capex__nm_ld4(y, yt, base + j, yv);\n"
+    "            capex__nm_me_ldn<1>(y, dy, yt, base + j, 0, yv, dv);\n"
     "            if (w) capex__nm_ld4(w, pt, j, wv);\n"
     "            if (b) capex__nm_ld4(b, pt, j, bv);\n"
     "            for (int k = 0; k < 4; k++) yv[k] = capex__nm_ln_dx(dv[k] * wv[k], capex__nm_me_xhat(yv[k], wv[k], bv[k]), mg, mgx, rs);\n"
@@ -3677,7 +3699,8 @@ static const char capex__cuda_frag_norm_me[] =
     "        float d = capex__nm_ld(dy, yt, base + j), wj = w ? capex__nm_ld(w, pt, j) : 1.0f, bj = b ? capex__nm_ld(b, pt, j) : 0.0f;\n"
     "        capex__nm_st(dx, xt, base + j, capex__nm_ln_dx(d * wj, capex__nm_me_xhat(capex__nm_ld(y, yt, base + j), wj, bj), mg, mgx, rs));\n"
     "    }\n"
-    "}\n"
+    "}\n";
+static const char capex__cuda_frag_norm_me2[] =
     "CAPEX_KERNEL void capex_norm_me_gamma_part(const void *y, int yt, const void *dy, const void *w, const void *b, int pt,\n"
     "                                           float *part_w, float *part_b, capex_u64 rows, capex_u64 cols, capex_u64 rpp, int vec) {\n"
     "    capex_u64 col = (capex_u64)blockIdx.x * blockDim.x + threadIdx.x, r, r0 = (capex_u64)blockIdx.y * rpp, r1;\n"
@@ -3685,14 +3708,18 @@ static const char capex__cuda_frag_norm_me[] =
     "    CAPEX_NM_FIX(pt, CAPEX_V_PT); CAPEX_NM_FIX(yt, CAPEX_V_YT);\n"
     "    r1 = r0 + rpp < rows ? r0 + rpp : rows;\n"
     "    if (vec) {\n"
-    "        float vw[4] = {0.0f, 0.0f, 0.0f, 0.0f}, vb[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[4], yv[4];\n"
+    "        float vw[4] = {0.0f, 0.0f, 0.0f, 0.0f}, vb[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[8], yv[8];\n"
     "        float wv[4] = {1.0f, 1.0f, 1.0f, 1.0f}, bv[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
     "        col *= 4;\n"
     "        if (col >= cols) return;\n"
     "        if (w) capex__nm_ld4(w, pt, col, wv);\n"
     "        if (b) capex__nm_ld4(b, pt, col, bv);\n"
-    "        for (r = r0; r < r1; r++) {\n"
-    "            capex__nm_ld4(dy, yt, r * cols + col, d); capex__nm_ld4(y, yt, r * cols + col, yv);\n"
+    "        for (r = r0; r + 1 < r1; r += 2) { /* two rows' loads in flight, added in row order: the same bits */\n"
+    "            capex__nm_me_ldn<2>(y, dy, yt, r * cols + col, cols, yv, d);\n"
+    "            for (int k = 0; k < 8; k++) { vw[k & 3] += d[k] * capex__nm_me_xhat(yv[k], wv[k & 3], bv[k & 3]); vb[k & 3] += d[k]; }\n"
+    "        }\n"
+    "        if (r < r1) {\n"
+    "            capex__nm_me_ldn<1>(y, dy, yt, r * cols + col, 0, yv, d);\n"
     "            for (int k = 0; k < 4; k++) { vw[k] += d[k] * capex__nm_me_xhat(yv[k], wv[k], bv[k]); vb[k] += d[k]; }\n"
     "        }\n"
     "        if (part_w) capex__nm_st4(part_w, 0, blockIdx.y * cols + col, vw);\n"
@@ -3719,6 +3746,8 @@ CAPEX__PRIVATE const char *capex__cuda_frag_norm_d0_fn(void) { return capex__cud
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_d1_fn(void) { return capex__cuda_frag_norm_d1; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_e_fn(void) { return capex__cuda_frag_norm_e; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_me_fn(void) { return capex__cuda_frag_norm_me; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_me1_fn(void) { return capex__cuda_frag_norm_me1; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_me2_fn(void) { return capex__cuda_frag_norm_me2; }
 
 CAPEX__PRIVATE const char *capex__cuda_frag_prelude_fn(void) { return capex__cuda_frag_prelude; }
 CAPEX__PRIVATE const char *capex__cuda_frag_basic_fn(void) { return capex__cuda_frag_basic; }
@@ -3746,7 +3775,7 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     capex__norm_math_cuda, /* capex.h's CAPEX__NORM_MATH, the CPU backend's text */
     capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn, capex__cuda_frag_norm_b1_fn, capex__cuda_frag_norm_c_fn,
     capex__cuda_frag_norm_c1_fn, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, capex__cuda_frag_norm_e_fn,
-    capex__cuda_frag_norm_me_fn,
+    capex__cuda_frag_norm_me_fn, capex__cuda_frag_norm_me1_fn, capex__cuda_frag_norm_me2_fn,
 };
 #define CAPEX__CUDA_N_FRAGMENTS (sizeof capex__cuda_fragments / sizeof capex__cuda_fragments[0])
 
@@ -3806,7 +3835,8 @@ static const capex__cuda_fragment_fn capex__cuda_pf_novo_bf16[] = {CAPEX__CP_GO,
 static const capex__cuda_fragment_fn capex__cuda_pf_novo_norm[] = {CAPEX__CP_GO, capex__cuda_frag_gomath6_fn, capex__cuda_frag_go12_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_norm_fwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_b1_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_norm_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_c_fn, capex__cuda_frag_norm_c1_fn, NULL};
-static const capex__cuda_fragment_fn capex__cuda_pf_norm_bwd_me[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_me_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_norm_bwd_me[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_me_fn, capex__cuda_frag_norm_me1_fn,
+                                                                      capex__cuda_frag_norm_me2_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_bn_fwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_bn_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_e_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_adam_ams[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_gomath7_fn,
