@@ -2012,10 +2012,12 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
    desc.memory_efficient = 1 the LayerNorm/RMSNorm backward reads the
    forward's output y (y_dtype, like dy) instead of x, and rstd (not mean):
    xhat = (y - b) / w (RMSNorm y / w; no affine: y), sum(g * xhat) as
-   sum(dy * (y - b)), so the caller may free x (often the residual stream).
+   sum(dy * (y - b)), so x (often the residual stream) need not be kept:
+   the forward may even write y over x (in place).
    x and mean are ignored, y and bias count as inputs for the aliasing rule.
-   xhat carries y's rounding: |error| <= ulp(y) / (2 |w|) (bf16 y: ~2^-9
-   |y - b| / |w|), never more than |xhat| itself. A zero weight loses xhat
+   xhat carries y's rounding: |error| <= ulp(y) / (2 |w|), up to 2^-8 |y| / |w|
+   for a bf16 y (2^-11 f16, 2^-24 f32): small |w| under a large |b| costs
+   digits; keep y in f32 (y_dtype) where that matters. A zero weight loses xhat
    (y == b there): the CPU refuses it (CAPEX_ERR_INVALID_ARG naming the
    column, nothing written); the GPU cannot look without a host sync and
    gives that column a non-finite dx and dweight, which the loss scaler sees

@@ -832,6 +832,45 @@ CT_TEST(memory_efficient_bits_independent_of_thread_count) {
     free(x); free(y); free(dy); free(dx); free(dx1);
 }
 
+/* The use Apex's flag is for: the forward writes y over x (in place, same
+   dtype), x is gone, the backward runs from y alone. Same bits as from an
+   out-of-place y, f32 and bf16, LayerNorm and RMSNorm. */
+CT_TEST(memory_efficient_after_forward_in_place) {
+    static const capex_dtype ts[2] = {CAPEX_F32, CAPEX_BF16};
+    const int64_t R = 6, C = 45, N = R * C;
+    float w[45], b[45], rstd[6], rstd2[6], dw[2][45], db[2][45];
+    capex_norm_desc nd;
+    capex_norm_args a;
+    int k, rms, pass;
+    int64_t i;
+    for (k = 0; k < 2; k++)
+        for (rms = 0; rms < 2; rms++) {
+            void *x = talloc(ts[k], N), *y = talloc(ts[k], N), *dy = talloc(ts[k], N), *dx[2];
+            double tmp;
+            for (i = 0; i < N; i++) { setv(ts[k], x, i, 0.3 + 2.0 * rng_sym()); setv(ts[k], dy, i, rng_sym()); }
+            for (i = 0; i < C; i++) { w[i] = (float)(1.0 + 0.5 * rng_sym()); b[i] = (float)(0.5 * rng_sym()); }
+            for (pass = 0; pass < 2; pass++) { /* 0: y apart from x; 1: y over x */
+                capex_norm_desc_init(&nd);
+                capex_norm_args_init(&a);
+                a.rows = R; a.cols = C; a.x_dtype = a.y_dtype = ts[k]; a.x = x; a.y = pass ? x : y; a.weight = w;
+                a.bias = rms ? NULL : b; a.rstd = pass ? rstd2 : rstd;
+                CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "%s",
+                         capex_last_error());
+                nd.memory_efficient = 1;
+                dx[pass] = talloc(ts[k], N);
+                a.x = NULL; a.dy = dy; a.dx = dx[pass]; a.dweight = dw[pass]; a.dbias = rms ? NULL : db[pass];
+                CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "%s",
+                         capex_last_error());
+            }
+            CT_CHECK(!memcmp(dx[0], dx[1], (size_t)N * capex_dtype_size(ts[k])) && !memcmp(dw[0], dw[1], sizeof dw[0]) &&
+                     (rms || !memcmp(db[0], db[1], sizeof db[0])) && !memcmp(rstd, rstd2, sizeof rstd),
+                     "%s %s: in place differs", rms ? "rms" : "layer", capex_dtype_name(ts[k]));
+            tmp = getv(ts[k], dx[0], 0);
+            CT_CHECK(isfinite(tmp), "dx not finite");
+            free(x); free(y); free(dy); free(dx[0]); free(dx[1]);
+        }
+}
+
 /* ---- BatchNorm ---- */
 
 /* Reference over the concatenated batch in NCS: x[(n*C + c)*S + s]. */
@@ -1943,6 +1982,7 @@ static const ct_case cases[] = {
     CT_CASE(norm_forward_in_place_same_bits),
     CT_CASE(memory_efficient_backward_vs_float64_every_dtype), CT_CASE(memory_efficient_zero_weight_refused),
     CT_CASE(memory_efficient_edges_and_errors), CT_CASE(memory_efficient_bits_independent_of_thread_count),
+    CT_CASE(memory_efficient_after_forward_in_place),
 };
 
 int main(int argc, char **argv) {
