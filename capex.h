@@ -2022,6 +2022,22 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
    CAPEX_ERR_INVALID_ARG naming both buffers; buffers a call ignores (y in
    backward, dy in forward) do not count.
 
+   Memory-efficient backward (Apex memory_efficient=True): with
+   desc.memory_efficient = 1 the LayerNorm/RMSNorm backward reads the
+   forward's output y (y_dtype, like dy) instead of x, and rstd (not mean):
+   xhat = (y - b) / w (RMSNorm y / w; no affine: y), sum(g * xhat) as
+   sum(dy * (y - b)), so x (often the residual stream) need not be kept:
+   the forward may even write y over x (in place).
+   x and mean are ignored, y and bias count as inputs for the aliasing rule.
+   xhat carries y's rounding: |error| <= ulp(y) / (2 |w|), up to 2^-8 |y| / |w|
+   for a bf16 y (2^-11 f16, 2^-24 f32): small |w| under a large |b| costs
+   digits; keep y in f32 (y_dtype) where that matters. A zero weight loses xhat
+   (y == b there): the CPU refuses it (CAPEX_ERR_INVALID_ARG naming the
+   column, nothing written); the GPU cannot look without a host sync and
+   gives that column a non-finite dx and dweight, which the loss scaler sees
+   as an overflow. Apex instead clamps |w| to eps and returns finite but
+   wrong gradients there (and for every |w| < eps); capex does not clamp.
+
    Errors: zero columns/channels, NULL pointers, NaN or negative eps,
    momentum outside [0, 1], bad dtypes, overlapping buffers (above), a
    batch of exactly 1 value per channel taking batch statistics (PyTorch's
@@ -2035,6 +2051,7 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
 typedef struct capex_norm_desc {
     float eps;              /* 1e-5 (torch layer_norm, Apex FusedLayerNorm/RMSNorm); >= 0 */
     int num_threads;        /* OpenMP threads; 0: OpenMP's default. Ignored without OpenMP */
+    int memory_efficient;   /* 0; 1: LayerNorm/RMSNorm backward reads y, not x (above). Forward ignores it */
     const capex_allocator *allocator; /* scratch memory; NULL: CAPEX_MALLOC */
     uint32_t init_tag; /* set by capex_norm_desc_init (see "Descriptors") */
 } capex_norm_desc;
@@ -13174,6 +13191,7 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
    (nb = 0) side is skipped, not multiplied by 0: d^2 overflows past |d| ~ 1.8e19.
    LayerNorm backward, xhat = (x - mean) * rstd, g = dy * w:
    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); RMSNorm drops mean(g).
+   Memory-efficient (from y): xhat = (y - b) / w, g * xhat = dy * (y - b).
    BatchNorm backward (PyTorch batch_norm_backward_elemt):
    dx = (dy - mean_dy - (x - mean) * invstd^2 * mean_dy_xmu) * invstd * w. */
 #define CAPEX__NORM_MATH(Q)                                                                    \
@@ -13195,6 +13213,7 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
         return (x - mean) * rstd * w + b;                                                      \
     }                                                                                          \
     Q float capex__nm_rms_y(float x, float rstd, float w) { return x * rstd * w; }            \
+    Q float capex__nm_me_xhat(float y, float w, float b) { return (y - b) / w; }              \
     Q float capex__nm_ln_dx(float g, float xhat, float mean_g, float mean_gx, float rstd) {    \
         return rstd * ((g - mean_g) - xhat * mean_gx);                                         \
     }                                                                                          \
@@ -13525,6 +13544,7 @@ typedef struct capex__nm_ctx {
     int64_t brows;          /* backward: rows per block */
     int stream_dx;          /* backward: f32 dx of >= CAPEX__NM_STREAM_BYTES, non-temporal stores */
     int in_place;           /* forward y == x: each row read from a copy */
+    int me;                 /* backward memory_efficient: rows of y, xhat = (y - b) / w */
 } capex__nm_ctx;
 /* dx at least this large is written with non-temporal stores: a quarter of a
    typical server L3 and far past any L2; LayerNorm backward reads twice as
@@ -13555,14 +13575,23 @@ CAPEX__PRIVATE capex_result capex__nm_check_ws(const char *fn, const capex_norm_
         return capex__fail(CAPEX_ERR_LIMIT, "%s: rows * cols overflows", fn);
     if (!capex__nm_dtype_ok(a->x_dtype) || !capex__nm_dtype_ok(a->y_dtype) || !capex__nm_dtype_ok(a->param_dtype))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: x_dtype, y_dtype and param_dtype must be CAPEX_F32/F16/BF16", fn);
+    if (d->memory_efficient != 0 && d->memory_efficient != 1)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: memory_efficient = %d must be 0 or 1", fn, d->memory_efficient);
     if (rms && (a->bias || (bwd && a->dbias)))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: RMSNorm has no bias (Apex FusedRMSNorm); pass bias/dbias NULL", fn);
-    if ((r = capex__nm_ptr(fn, "x", a->x, a->x_dtype, need)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "weight", a->weight, a->param_dtype, 0)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "bias", a->bias, a->param_dtype, 0)) != CAPEX_OK) return r;
     rc = a->rows * a->cols;
-    capex__nm_buf_add(bl, &nb, "x", a->x, rc, a->x_dtype, 0, !bwd && a->x_dtype == a->y_dtype);
     capex__nm_buf_add(bl, &nb, "weight", a->weight, a->cols, a->param_dtype, 0, 0);
+    if (bwd && d->memory_efficient) { /* reads y (the forward's output), weight, bias, rstd; x and mean ignored */
+        if ((r = capex__nm_ptr(fn, "y (memory_efficient: the forward's output)", a->y, a->y_dtype, need)) != CAPEX_OK)
+            return r;
+        capex__nm_buf_add(bl, &nb, "y", a->y, rc, a->y_dtype, 0, 0);
+        capex__nm_buf_add(bl, &nb, "bias", a->bias, a->cols, a->param_dtype, 0, 0);
+    } else {
+        if ((r = capex__nm_ptr(fn, "x", a->x, a->x_dtype, need)) != CAPEX_OK) return r;
+        capex__nm_buf_add(bl, &nb, "x", a->x, rc, a->x_dtype, 0, !bwd && a->x_dtype == a->y_dtype);
+    }
     if (!bwd) {
         if ((r = capex__nm_ptr(fn, "y", a->y, a->y_dtype, need)) != CAPEX_OK) return r;
         if ((r = capex__nm_ptr(fn, "mean", a->mean, CAPEX_F32, 0)) != CAPEX_OK) return r;
@@ -13575,16 +13604,19 @@ CAPEX__PRIVATE capex_result capex__nm_check_ws(const char *fn, const capex_norm_
     }
     if ((r = capex__nm_ptr(fn, "dy", a->dy, a->y_dtype, need)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "rstd (saved by forward)", a->rstd, CAPEX_F32, need)) != CAPEX_OK) return r;
-    if ((r = capex__nm_ptr(fn, "mean (saved by forward)", a->mean, CAPEX_F32, need && !rms)) != CAPEX_OK) return r;
+    if ((r = capex__nm_ptr(fn, "mean (saved by forward)", a->mean, CAPEX_F32, need && !rms && !d->memory_efficient)) !=
+        CAPEX_OK)
+        return r;
     if ((r = capex__nm_ptr(fn, "dx", a->dx, a->x_dtype, 0)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "dweight", a->dweight, a->param_dtype, 0)) != CAPEX_OK) return r;
     if ((r = capex__nm_ptr(fn, "dbias", a->dbias, a->param_dtype, 0)) != CAPEX_OK) return r;
     if (a->dweight && !a->weight)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: dweight given without weight (no affine: pass dweight NULL)", fn);
     /* dbias without weight is fine: torch's layer_norm(weight=None, bias=b) has a bias grad, sum(dy) */
-    /* backward reads x, dy, weight, rstd and (LayerNorm) mean; y and bias are not read */
+    /* backward reads x, dy, weight, rstd and (LayerNorm) mean; y and bias are not read (memory_efficient:
+       y, dy, weight, bias and rstd) */
     capex__nm_buf_add(bl, &nb, "dy", a->dy, rc, a->y_dtype, 0, 0);
-    if (!rms) capex__nm_buf_add(bl, &nb, "mean", a->mean, a->rows, CAPEX_F32, 0, 0);
+    if (!rms && !d->memory_efficient) capex__nm_buf_add(bl, &nb, "mean", a->mean, a->rows, CAPEX_F32, 0, 0);
     capex__nm_buf_add(bl, &nb, "rstd", a->rstd, a->rows, CAPEX_F32, 0, 0);
     capex__nm_buf_add(bl, &nb, "dx", a->dx, rc, a->x_dtype, 1, 0);
     capex__nm_buf_add(bl, &nb, "dweight", a->dweight, a->cols, a->param_dtype, 1, 0);
@@ -13619,6 +13651,34 @@ static void capex__nm_fwd_rows(void *vc, int64_t begin, int64_t end, float *scra
     }
 }
 
+/* Memory-efficient backward of one row (Apex memory_efficient=True): from y,
+   xhat = (y - b) / w; sum(g * xhat) = sum(dy * (y - b)), without the division
+   (Apex's too). scratch: y, dy, xhat, g, dx, y - b (6 rows). */
+static void capex__nm_bwd_me_row(const capex__nm_ctx *c, int64_t row, float *CAPEX__OPT_RESTRICT pw,
+                                 float *CAPEX__OPT_RESTRICT pb, float *scratch) {
+    const capex_norm_args *a = c->a;
+    const int64_t n = a->cols;
+    const float *CAPEX__OPT_RESTRICT wf = c->wf, *CAPEX__OPT_RESTRICT bf = c->bf;
+    const float *CAPEX__OPT_RESTRICT y = capex__nm_load(a->y, a->y_dtype, row * n, n, scratch);
+    const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * n, n, scratch + n);
+    float *CAPEX__OPT_RESTRICT xh = scratch + 2 * n, *CAPEX__OPT_RESTRICT g = scratch + 3 * n;
+    float *CAPEX__OPT_RESTRICT yb = scratch + 5 * n;
+    const float rstd = a->rstd[row];
+    float mg, mgx;
+    int64_t i;
+    for (i = 0; i < n; i++) { xh[i] = capex__nm_me_xhat(y[i], wf[i], bf[i]); g[i] = dy[i] * wf[i]; yb[i] = y[i] - bf[i]; }
+    if (pw) for (i = 0; i < n; i++) pw[i] += dy[i] * xh[i];
+    if (pb) for (i = 0; i < n; i++) pb[i] += dy[i];
+    if (!a->dx) return;
+    mg = c->rms ? 0.0f : capex__nm_dot(g, NULL, n) / (float)n;
+    mgx = capex__nm_dot(dy, yb, n) / (float)n;
+    {
+        float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 4 * n);
+        for (i = 0; i < n; i++) dx[i] = capex__nm_ln_dx(g[i], xh[i], mg, mgx, rstd);
+        capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
+    }
+}
+
 static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *scratch) {
     const capex__nm_ctx *c = (const capex__nm_ctx *)vc;
     const capex_norm_args *a = c->a;
@@ -13633,6 +13693,8 @@ static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *sc
         if (pw) for (i = 0; i < n; i++) pw[i] = 0.0f;
         if (pb) for (i = 0; i < n; i++) pb[i] = 0.0f;
         for (row = r0; row < r1; row++) {
+            if (c->me) { capex__nm_bwd_me_row(c, row, pw, pb, scratch); continue; }
+            {
             const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * n, n, scratch);
             const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * n, n, scratch + n);
             const float rstd = a->rstd[row], mean = c->rms ? 0.0f : a->mean[row];
@@ -13654,6 +13716,7 @@ static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *sc
                 float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 4 * n);
                 for (i = 0; i < n; i++) dx[i] = capex__nm_ln_dx(g[i], xh[i], mg, mgx, rstd);
                 capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
+            }
             }
         }
     }
@@ -13692,8 +13755,19 @@ static capex_result capex__nm_norm(const char *fn, const capex_norm_desc *d, con
         return CAPEX_OK;
     }
     n = a->cols;
+    if (bwd && d->memory_efficient && a->weight && (a->dx || a->dweight)) { /* y == b where w == 0: xhat is gone */
+        int64_t i;
+        for (i = 0; i < n; i++) {
+            uint32_t bits = a->param_dtype == CAPEX_F32 ? capex__f32_bits(((const float *)a->weight)[i])
+                                                        : ((const uint16_t *)a->weight)[i];
+            if ((bits & (a->param_dtype == CAPEX_F32 ? 0x7fffffffu : 0x7fffu)) == 0)
+                return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: memory_efficient: weight[%lld] is 0, so x_hat = (y - b) / w "
+                                   "cannot be recovered from y there; use memory_efficient = 0 (pass x and mean) for "
+                                   "this layer", fn, (long long)i);
+        }
+    }
     memset(&c, 0, sizeof c);
-    c.a = a; c.eps = d->eps; c.rms = rms; c.in_place = !bwd && a->y == a->x;
+    c.a = a; c.eps = d->eps; c.rms = rms; c.in_place = !bwd && a->y == a->x; c.me = bwd && d->memory_efficient;
     if (bwd) {
         /* fixed blocks (from rows alone): the same partials for any thread count */
         c.stream_dx = a->dx && a->x_dtype == CAPEX_F32 && a->rows * n >= CAPEX__NM_STREAM_BYTES / 4;
@@ -13702,14 +13776,14 @@ static capex_result capex__nm_norm(const char *fn, const capex_norm_desc *d, con
         nblk = (a->rows + c.brows - 1) / c.brows;
     }
     T = capex__nm_threads(d->num_threads, bwd ? nblk : a->rows, a->rows * n);
-    per = (size_t)n * (bwd ? 5u : 2u);
+    per = (size_t)n * (bwd ? (c.me ? 6u : 5u) : 2u);
     total = 2u * (size_t)n + per * (size_t)T;
     if (bwd && (a->dweight || a->dbias)) total += 2u * (size_t)nblk * (size_t)n + 2u * (size_t)n * 2u;
     if (total > SIZE_MAX / sizeof(float)) return capex__fail(CAPEX_ERR_LIMIT, "%s: scratch size overflows", fn);
     mem = (float *)capex__alloc(d->allocator, total * sizeof(float));
     if (!mem) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: no memory for %zu bytes of scratch", fn,
                                  total * sizeof(float));
-    capex__nm_params(a->weight, bwd ? NULL : a->bias, a->param_dtype, n, mem, &c.wf, &c.bf);
+    capex__nm_params(a->weight, bwd && !c.me ? NULL : a->bias, a->param_dtype, n, mem, &c.wf, &c.bf);
     if (bwd && (a->dweight || a->dbias)) {
         float *p = mem + 2 * (size_t)n + per * (size_t)T;
         c.pw = a->dweight ? p : NULL;

@@ -773,6 +773,11 @@ CAPEX_API capex_result capex_cuda_zero_step_async(capex_cuda_zero *z, capex_cuda
        a.workspace = ws;  // capex_cuda_norm_workspace_bytes(T, D) bytes, for dweight/dbias
        capex_cuda_rms_norm_backward(ctx, NULL, &a, stream);
 
+   desc.memory_efficient = 1 (capex.h): the backward reads a.y (and a.bias),
+   not a.x and a.mean, through kernels of its own. A zero weight is not
+   refused here (looking needs a host sync): its column's dx and dweight come
+   out non-finite, which the loss scaler's overflow check catches.
+
    SyncBatchNorm: comm NULL (or a world of one) is BatchNorm. A comm with
    device buffers (NCCL) must use `stream` (comm->stream) where a collective
    runs (training; eval with sync_eval_batch_stats and no running statistics),
@@ -3702,6 +3707,112 @@ static const char capex__cuda_frag_norm_e[] =
     "    }\n"
     "}\n";
 
+/* Memory-efficient backward (capex_norm_desc.memory_efficient, Apex
+   memory_efficient=True): rows of the forward's output y (dtype yt, as dy)
+   instead of x, rstd only; xhat = capex__nm_me_xhat(y, w, b) = (y - b) / w
+   and sum(g * xhat) as sum(dy * (y - b)) (no division), as capex.h. Kernels
+   of their own in a part of their own (norm_bwd_me, variants as norm_bwd's):
+   the normal backward's code and compile time stay as they were. A zero w
+   gives its column a non-finite dx and dweight (IEEE: --fmad=false, no fast
+   math); the CPU refuses it, which needs w on the host. vec as above, with y
+   and b aligned too. */
+static const char capex__cuda_frag_norm_me[] =
+    "/* y and dy (one dtype t) at i + r * s for r < N, every load issued before any\n"
+    "   conversion (they branch on t in the part): 2N loads in flight */\n"
+    "template <int N> CAPEX_DEVICE void capex__nm_me_ldn(const void *y, const void *dy, int t, capex_u64 i, capex_u64 s, float *yv, float *dv) {\n"
+    "    if (t == 0) {\n"
+    "        float4 a[N], b[N];\n"
+    "        for (int r = 0; r < N; r++) { a[r] = *(const float4 *)((const float *)y + i + r * s); b[r] = *(const float4 *)((const float *)dy + i + r * s); }\n"
+    "        for (int r = 0; r < N; r++) {\n"
+    "            yv[4 * r] = a[r].x; yv[4 * r + 1] = a[r].y; yv[4 * r + 2] = a[r].z; yv[4 * r + 3] = a[r].w;\n"
+    "            dv[4 * r] = b[r].x; dv[4 * r + 1] = b[r].y; dv[4 * r + 2] = b[r].z; dv[4 * r + 3] = b[r].w;\n"
+    "        }\n"
+    "        return;\n"
+    "    }\n"
+    "    uint2 a[N], b[N];\n"
+    "    for (int r = 0; r < N; r++) { a[r] = *(const uint2 *)((const capex_u16 *)y + i + r * s); b[r] = *(const uint2 *)((const capex_u16 *)dy + i + r * s); }\n"
+    "    for (int r = 0; r < N; r++) {\n"
+    "        yv[4 * r] = capex__nm_h(t, a[r].x & 0xffffu); yv[4 * r + 1] = capex__nm_h(t, a[r].x >> 16);\n"
+    "        yv[4 * r + 2] = capex__nm_h(t, a[r].y & 0xffffu); yv[4 * r + 3] = capex__nm_h(t, a[r].y >> 16);\n"
+    "        dv[4 * r] = capex__nm_h(t, b[r].x & 0xffffu); dv[4 * r + 1] = capex__nm_h(t, b[r].x >> 16);\n"
+    "        dv[4 * r + 2] = capex__nm_h(t, b[r].y & 0xffffu); dv[4 * r + 3] = capex__nm_h(t, b[r].y >> 16);\n"
+    "    }\n"
+    "}\n";
+static const char capex__cuda_frag_norm_me1[] =
+    "CAPEX_KERNEL void capex_norm_me_dx(const void *y, int yt, const void *dy, const void *w, const void *b, int pt,\n"
+    "                                   const float *rstd, void *dx, int xt, capex_u64 rows, capex_u64 cols, int rms, int vec) {\n"
+    "    capex_u64 row = (capex_u64)blockIdx.x * blockDim.y + threadIdx.y, base, j;\n"
+    "    float rs, sg = 0.0f, sgx = 0.0f, mg, mgx, yv[4], dv[4], wv[4] = {1.0f, 1.0f, 1.0f, 1.0f}, bv[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "    CAPEX_NM_FIX(xt, CAPEX_V_XT); CAPEX_NM_FIX(pt, CAPEX_V_PT); CAPEX_NM_FIX(yt, CAPEX_V_YT); CAPEX_NM_FIX(rms, CAPEX_V_RMS);\n"
+    "    if (row >= rows) return;\n"
+    "    base = row * cols; rs = rstd[row];\n"
+    "    if (vec) {\n"
+    "        for (j = threadIdx.x * 4ull; j < cols; j += blockDim.x * 4ull) {\n"
+    "            capex__nm_me_ldn<1>(y, dy, yt, base + j, 0, yv, dv);\n"
+    "            if (w) capex__nm_ld4(w, pt, j, wv);\n"
+    "            if (b) capex__nm_ld4(b, pt, j, bv);\n"
+    "            for (int k = 0; k < 4; k++) { sg += dv[k] * wv[k]; sgx += dv[k] * (yv[k] - bv[k]); }\n"
+    "        }\n"
+    "    } else {\n"
+    "        for (j = threadIdx.x; j < cols; j += blockDim.x) {\n"
+    "            float d = capex__nm_ld(dy, yt, base + j), wj = w ? capex__nm_ld(w, pt, j) : 1.0f, bj = b ? capex__nm_ld(b, pt, j) : 0.0f;\n"
+    "            sg += d * wj; sgx += d * (capex__nm_ld(y, yt, base + j) - bj);\n"
+    "        }\n"
+    "    }\n"
+    "    capex__nm_reduce2(&sg, &sgx);\n"
+    "    mg = rms ? 0.0f : sg / (float)cols; mgx = sgx / (float)cols;\n"
+    "    if (vec) {\n"
+    "        for (j = threadIdx.x * 4ull; j < cols; j += blockDim.x * 4ull) {\n"
+    "            capex__nm_me_ldn<1>(y, dy, yt, base + j, 0, yv, dv);\n"
+    "            if (w) capex__nm_ld4(w, pt, j, wv);\n"
+    "            if (b) capex__nm_ld4(b, pt, j, bv);\n"
+    "            for (int k = 0; k < 4; k++) yv[k] = capex__nm_ln_dx(dv[k] * wv[k], capex__nm_me_xhat(yv[k], wv[k], bv[k]), mg, mgx, rs);\n"
+    "            capex__nm_st4(dx, xt, base + j, yv);\n"
+    "        }\n"
+    "        return;\n"
+    "    }\n"
+    "    for (j = threadIdx.x; j < cols; j += blockDim.x) {\n"
+    "        float d = capex__nm_ld(dy, yt, base + j), wj = w ? capex__nm_ld(w, pt, j) : 1.0f, bj = b ? capex__nm_ld(b, pt, j) : 0.0f;\n"
+    "        capex__nm_st(dx, xt, base + j, capex__nm_ln_dx(d * wj, capex__nm_me_xhat(capex__nm_ld(y, yt, base + j), wj, bj), mg, mgx, rs));\n"
+    "    }\n"
+    "}\n";
+static const char capex__cuda_frag_norm_me2[] =
+    "CAPEX_KERNEL void capex_norm_me_gamma_part(const void *y, int yt, const void *dy, const void *w, const void *b, int pt,\n"
+    "                                           float *part_w, float *part_b, capex_u64 rows, capex_u64 cols, capex_u64 rpp, int vec) {\n"
+    "    capex_u64 col = (capex_u64)blockIdx.x * blockDim.x + threadIdx.x, r, r0 = (capex_u64)blockIdx.y * rpp, r1;\n"
+    "    float sw = 0.0f, sb = 0.0f, wj, bj;\n"
+    "    CAPEX_NM_FIX(pt, CAPEX_V_PT); CAPEX_NM_FIX(yt, CAPEX_V_YT);\n"
+    "    r1 = r0 + rpp < rows ? r0 + rpp : rows;\n"
+    "    if (vec) {\n"
+    "        float vw[4] = {0.0f, 0.0f, 0.0f, 0.0f}, vb[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[8], yv[8];\n"
+    "        float wv[4] = {1.0f, 1.0f, 1.0f, 1.0f}, bv[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "        col *= 4;\n"
+    "        if (col >= cols) return;\n"
+    "        if (w) capex__nm_ld4(w, pt, col, wv);\n"
+    "        if (b) capex__nm_ld4(b, pt, col, bv);\n"
+    "        for (r = r0; r + 1 < r1; r += 2) { /* two rows' loads in flight, added in row order: the same bits */\n"
+    "            capex__nm_me_ldn<2>(y, dy, yt, r * cols + col, cols, yv, d);\n"
+    "            for (int k = 0; k < 8; k++) { vw[k & 3] += d[k] * capex__nm_me_xhat(yv[k], wv[k & 3], bv[k & 3]); vb[k & 3] += d[k]; }\n"
+    "        }\n"
+    "        if (r < r1) {\n"
+    "            capex__nm_me_ldn<1>(y, dy, yt, r * cols + col, 0, yv, d);\n"
+    "            for (int k = 0; k < 4; k++) { vw[k] += d[k] * capex__nm_me_xhat(yv[k], wv[k], bv[k]); vb[k] += d[k]; }\n"
+    "        }\n"
+    "        if (part_w) capex__nm_st4(part_w, 0, blockIdx.y * cols + col, vw);\n"
+    "        if (part_b) capex__nm_st4(part_b, 0, blockIdx.y * cols + col, vb);\n"
+    "        return;\n"
+    "    }\n"
+    "    if (col >= cols) return;\n"
+    "    wj = w ? capex__nm_ld(w, pt, col) : 1.0f; bj = b ? capex__nm_ld(b, pt, col) : 0.0f;\n"
+    "    for (r = r0; r < r1; r++) {\n"
+    "        float d = capex__nm_ld(dy, yt, r * cols + col);\n"
+    "        sw += d * capex__nm_me_xhat(capex__nm_ld(y, yt, r * cols + col), wj, bj);\n"
+    "        sb += d;\n"
+    "    }\n"
+    "    if (part_w) part_w[blockIdx.y * cols + col] = sw;\n"
+    "    if (part_b) part_b[blockIdx.y * cols + col] = sb;\n"
+    "}\n";
+
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_a_fn(void) { return capex__cuda_frag_norm_a; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_b0_fn(void) { return capex__cuda_frag_norm_b0; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_b1_fn(void) { return capex__cuda_frag_norm_b1; }
@@ -3710,6 +3821,9 @@ CAPEX__PRIVATE const char *capex__cuda_frag_norm_c1_fn(void) { return capex__cud
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_d0_fn(void) { return capex__cuda_frag_norm_d0; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_d1_fn(void) { return capex__cuda_frag_norm_d1; }
 CAPEX__PRIVATE const char *capex__cuda_frag_norm_e_fn(void) { return capex__cuda_frag_norm_e; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_me_fn(void) { return capex__cuda_frag_norm_me; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_me1_fn(void) { return capex__cuda_frag_norm_me1; }
+CAPEX__PRIVATE const char *capex__cuda_frag_norm_me2_fn(void) { return capex__cuda_frag_norm_me2; }
 
 CAPEX__PRIVATE const char *capex__cuda_frag_prelude_fn(void) { return capex__cuda_frag_prelude; }
 CAPEX__PRIVATE const char *capex__cuda_frag_basic_fn(void) { return capex__cuda_frag_basic; }
@@ -3737,6 +3851,7 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     capex__norm_math_cuda, /* capex.h's CAPEX__NORM_MATH, the CPU backend's text */
     capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn, capex__cuda_frag_norm_b1_fn, capex__cuda_frag_norm_c_fn,
     capex__cuda_frag_norm_c1_fn, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, capex__cuda_frag_norm_e_fn,
+    capex__cuda_frag_norm_me_fn, capex__cuda_frag_norm_me1_fn, capex__cuda_frag_norm_me2_fn,
 };
 #define CAPEX__CUDA_N_FRAGMENTS (sizeof capex__cuda_fragments / sizeof capex__cuda_fragments[0])
 
@@ -3756,7 +3871,7 @@ enum {
     CAPEX__CP_SGD_BF16, CAPEX__CP_LAMB1_F32, CAPEX__CP_LAMB1_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB_RATIO,
     CAPEX__CP_LAMB2, CAPEX__CP_NORM_FWD, CAPEX__CP_NORM_BWD, CAPEX__CP_BN_FWD, CAPEX__CP_BN_BWD,
     CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16, CAPEX__CP_NOVO_BF16, CAPEX__CP_NOVO_NORM,
-    CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAGRAD, CAPEX__CP_LR_SCHED, CAPEX__CUDA_N_PARTS
+    CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAGRAD, CAPEX__CP_LR_SCHED, CAPEX__CP_NORM_BWD_ME, CAPEX__CUDA_N_PARTS
 };
 #define CAPEX__CP_GO                                                                                          \
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn,                    \
@@ -3796,6 +3911,8 @@ static const capex__cuda_fragment_fn capex__cuda_pf_novo_bf16[] = {CAPEX__CP_GO,
 static const capex__cuda_fragment_fn capex__cuda_pf_novo_norm[] = {CAPEX__CP_GO, capex__cuda_frag_gomath6_fn, capex__cuda_frag_go12_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_norm_fwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_b1_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_norm_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_c_fn, capex__cuda_frag_norm_c1_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_norm_bwd_me[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_me_fn, capex__cuda_frag_norm_me1_fn,
+                                                                      capex__cuda_frag_norm_me2_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_bn_fwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_bn_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_e_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_adam_ams[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_gomath7_fn,
@@ -3821,7 +3938,7 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
     {"novo_f32", capex__cuda_pf_novo_f32},     {"novo_f16", capex__cuda_pf_novo_f16},
     {"novo_bf16", capex__cuda_pf_novo_bf16},   {"novo_norm", capex__cuda_pf_novo_norm},
     {"adam_ams", capex__cuda_pf_adam_ams},     {"adagrad", capex__cuda_pf_adagrad},
-    {"lr_sched", capex__cuda_pf_lr_sched},
+    {"lr_sched", capex__cuda_pf_lr_sched},     {"norm_bwd_me", capex__cuda_pf_norm_bwd_me},
 };
 
 /* The built-in kernels, defined once: (id, kernel name, part that defines it).
@@ -3894,7 +4011,10 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
     X(GO_ADAGRAD_BF16, "capex_go_adagrad_bf16", ADAGRAD) \
     /* ZeRO (capex_cuda_zero) */ \
     X(GO_ZERO_NORM, "capex_go_zero_norm", AMP) \
-    X(GO_LR_SCHED, "capex_go_lr_sched", LR_SCHED)
+    X(GO_LR_SCHED, "capex_go_lr_sched", LR_SCHED) \
+    /* memory-efficient norm backward */ \
+    X(NORM_ME_DX, "capex_norm_me_dx", NORM_BWD_ME) \
+    X(NORM_ME_GAMMA_PART, "capex_norm_me_gamma_part", NORM_BWD_ME)
 
 enum {
 #define CAPEX__CK_ID(id, name, part) CAPEX__CK_##id,
@@ -4012,7 +4132,8 @@ enum {
     CAPEX__CV_NORM_FWD = 151, /* + 18 x dtype + 6 param dtype + 2 y (dy) dtype + rms: capex_norm_fwd */
     CAPEX__CV_NORM_BWD = 205, /* the same for the three capex_norm_bwd_* kernels */
     CAPEX__CV_NOVO = 259,  /* + 8 grad dtype + 4 reg_inside_moment + model: capex_go_novo1_* and capex_go_novo2_* */
-    CAPEX__CUDA_N_VARIANTS = 283
+    CAPEX__CV_NORM_ME = 283, /* as CAPEX__CV_NORM_FWD: the two capex_norm_me_* kernels */
+    CAPEX__CUDA_N_VARIANTS = 337
 };
 #define CAPEX__CUDA_N_UNITS (CAPEX__CUDA_N_PARTS + CAPEX__CUDA_N_VARIANTS)
 /* The most kernels a variant holds (norm_bwd's three; tests/test_cuda_jit.c checks it). */
@@ -4081,6 +4202,10 @@ CAPEX__PRIVATE capex__cuda_vdef capex__cuda_variant_def(int v) {
         int i = (v - CAPEX__CV_NORM_FWD) % 54; /* every kernel of the part (selection bit 0) */
         d.part = v < CAPEX__CV_NORM_BWD ? CAPEX__CP_NORM_FWD : CAPEX__CP_NORM_BWD; d.sel = 1;
         d.xt = i / 18; d.pt = i / 6 % 3; d.yt = i / 2 % 3; d.rms = i % 2;
+    } else if (v >= CAPEX__CV_NORM_ME && v < CAPEX__CV_NORM_ME + 54) {
+        int i = v - CAPEX__CV_NORM_ME;
+        d.part = CAPEX__CP_NORM_BWD_ME; d.sel = 1;
+        d.xt = i / 18; d.pt = i / 6 % 3; d.yt = i / 2 % 3; d.rms = i % 2;
     }
     return d;
 }
@@ -4117,10 +4242,12 @@ CAPEX__PRIVATE int capex__cuda_kernel_unit(size_t k, unsigned vb) {
     else if (capex__cuda_builtin_kernel_part[k] == CAPEX__CP_AMP) v = CAPEX__CV_AMP + capex__cuda_kernel_sel(k);
     else if (k == CAPEX__CK_GO_LAMB2) v = CAPEX__CV_LAMB2 + 4 * w + mk;
     else if (k >= CAPEX__CK_GO_LAMB1_F32 && k <= CAPEX__CK_GO_LAMB1_BF16) v = CAPEX__CV_LAMB1 + 2 * (int)(k - CAPEX__CK_GO_LAMB1_F32) + w;
-    else if (k >= CAPEX__CK_NORM_FWD && k <= CAPEX__CK_NORM_BWD_GAMMA_FINAL) {
+    else if ((k >= CAPEX__CK_NORM_FWD && k <= CAPEX__CK_NORM_BWD_GAMMA_FINAL) || k == CAPEX__CK_NORM_ME_DX ||
+             k == CAPEX__CK_NORM_ME_GAMMA_PART) {
         int xt = (vb >> 1) & 3, pt = (vb >> 3) & 3, yt = (vb >> 5) & 3;
         if (xt < 3 && pt < 3 && yt < 3) /* else (not a dtype): the whole part */
-            v = (k == CAPEX__CK_NORM_FWD ? CAPEX__CV_NORM_FWD : CAPEX__CV_NORM_BWD) + 18 * xt + 6 * pt + 2 * yt + (int)((vb >> 7) & 1);
+            v = (k == CAPEX__CK_NORM_FWD ? CAPEX__CV_NORM_FWD : k >= CAPEX__CK_NORM_ME_DX ? CAPEX__CV_NORM_ME : CAPEX__CV_NORM_BWD) +
+                18 * xt + 6 * pt + 2 * yt + (int)((vb >> 7) & 1);
     }
     return v < 0 ? capex__cuda_builtin_kernel_part[k] : CAPEX__CUDA_N_PARTS + v;
 }
@@ -4153,7 +4280,7 @@ CAPEX__PRIVATE const char *capex__cuda_unit_name(int u) {
 static const unsigned char capex__cuda_part_order[CAPEX__CUDA_N_PARTS] = {
     CAPEX__CP_ADAM_AMS, CAPEX__CP_ADAGRAD, /* three kernels each */
     CAPEX__CP_NORM_FWD, CAPEX__CP_LAMB2, CAPEX__CP_BN_FWD, CAPEX__CP_ADAM_BF16, CAPEX__CP_ADAM_F16, CAPEX__CP_ADAM_F32,
-    CAPEX__CP_NORM_BWD, CAPEX__CP_SGD_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_LR_SCHED, CAPEX__CP_AMP, CAPEX__CP_UNSCALE_F16,
+    CAPEX__CP_NORM_BWD, CAPEX__CP_NORM_BWD_ME, CAPEX__CP_SGD_BF16, CAPEX__CP_SGD_F32, CAPEX__CP_LR_SCHED, CAPEX__CP_AMP, CAPEX__CP_UNSCALE_F16,
     CAPEX__CP_LAMB1_F16,
     CAPEX__CP_LAMB_RATIO, CAPEX__CP_BN_BWD, CAPEX__CP_SGD_F16, CAPEX__CP_LAMB1_BF16, CAPEX__CP_LAMB1_F32,
     CAPEX__CP_UNSCALE_BF16, CAPEX__CP_UNSCALE_F32, CAPEX__CP_BASIC, CAPEX__CP_NOVO_F32, CAPEX__CP_NOVO_F16,
@@ -8563,6 +8690,38 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
         args[4] = &pt; args[5] = (void *)&a->y; args[6] = &yt; args[7] = (void *)&a->mean; args[8] = (void *)&a->rstd;
         args[9] = &rows; args[10] = &cols; args[11] = &eps; args[12] = &rm; args[13] = &vec;
         return capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_FWD, vb, gx, 1, bx, by, stream, args);
+    }
+    if (d->memory_efficient) { /* from y (capex_norm_me_*): rows of y, dy, dx, weight and bias 4-element aligned */
+        size_t xs = capex_dtype_size(a->x_dtype), ys = capex_dtype_size(a->y_dtype), ps = capex_dtype_size(a->param_dtype);
+        int vec = cols % 4 == 0 && a->y % (4 * ys) == 0 && a->dy % (4 * ys) == 0 && a->dx % (4 * xs) == 0 &&
+                  a->weight % (4 * ps) == 0 && a->bias % (4 * ps) == 0;
+        int gvec = vec && a->workspace % 16 == 0;
+        unsigned long long threads = gvec ? cols / 4 : cols;
+        if ((a->dweight || a->dbias) && (threads + 255) / 256 > 0x7fffffffull)
+            return capex__fail(CAPEX_ERR_LIMIT, "%s: too many columns", fn);
+        if (a->dx) {
+            void *args[13];
+            args[0] = (void *)&a->y; args[1] = &yt; args[2] = (void *)&a->dy; args[3] = (void *)&a->weight;
+            args[4] = (void *)&a->bias; args[5] = &pt; args[6] = (void *)&a->rstd; args[7] = (void *)&a->dx; args[8] = &xt;
+            args[9] = &rows; args[10] = &cols; args[11] = &rm; args[12] = &vec;
+            if ((r = capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_ME_DX, vb, gx, 1, bx, by, stream, args)) != CAPEX_OK) return r;
+        }
+        if (a->dweight || a->dbias) {
+            unsigned long long np = capex__cuda_norm_parts(a->rows), rpp = (rows + np - 1) / np;
+            capex_cuda_ptr pw = a->dweight ? a->workspace : 0, pb = a->dbias ? a->workspace + np * cols * 4u : 0;
+            void *args[12];
+            args[0] = (void *)&a->y; args[1] = &yt; args[2] = (void *)&a->dy; args[3] = (void *)&a->weight;
+            args[4] = (void *)&a->bias; args[5] = &pt; args[6] = &pw; args[7] = &pb; args[8] = &rows; args[9] = &cols;
+            args[10] = &rpp; args[11] = &gvec;
+            r = capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_ME_GAMMA_PART, vb, (unsigned)((threads + 255) / 256), (unsigned)np,
+                                        256, 1, stream, args);
+            if (r != CAPEX_OK) return r;
+            args[0] = &pw; args[1] = &pb; args[2] = &np; args[3] = &cols; args[4] = (void *)&a->dweight;
+            args[5] = (void *)&a->dbias; args[6] = &pt;
+            return capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_BWD_GAMMA_FINAL, vb, capex__cuda_norm_blocks(ctx, cols), 1, 256, 1,
+                                           stream, args);
+        }
+        return CAPEX_OK;
     }
     {
         /* 4 columns per load where rows are 4-element aligned (x, dy, dx, weight) */

@@ -1431,7 +1431,8 @@ static std::atomic<int> vtag_checks{0}, vtag_runs{0};
 static int vtag_mismatch(const function *f, void **params) {
     static const struct { const char *name; int at[4]; } pos[] = {
         {"capex_norm_fwd", {1, 4, 6, 12}}, {"capex_norm_bwd_dx", {1, 5, 3, 11}},
-        {"capex_norm_bwd_gamma_part", {1, -1, 3, 11}}, {"capex_norm_bwd_gamma_final", {-1, 6, -1, -1}}};
+        {"capex_norm_bwd_gamma_part", {1, -1, 3, 11}}, {"capex_norm_bwd_gamma_final", {-1, 6, -1, -1}},
+        {"capex_norm_me_dx", {8, 5, 1, 11}}, {"capex_norm_me_gamma_part", {-1, 5, 1, -1}}};
     for (const auto &e : pos)
         if (f->name == e.name) {
             for (int j = 0; j < 4; j++)

@@ -46,7 +46,7 @@ import sys
 # Memory-bound kernels (streams over tensors) and reductions, by name prefix.
 REDUCE = ("capex_go_sumsq_", "capex_go_reduce", "capex_go_novo1_")
 MEM = ("capex_go_scale_", "capex_go_adam_", "capex_go_sgd_", "capex_go_lamb1_", "capex_go_lamb2",
-       "capex_go_novo2_", "capex_go_adagrad_", "capex_norm_fwd", "capex_norm_bwd_dx", "capex_bn_fwd",
+       "capex_go_novo2_", "capex_go_adagrad_", "capex_norm_fwd", "capex_norm_bwd_dx", "capex_norm_me_dx", "capex_bn_fwd",
        "capex_bn_stats", "capex_bn_bwd_reduce", "capex_bn_bwd_dx")
 MIN_INFLIGHT_REDUCE = 4
 

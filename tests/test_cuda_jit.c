@@ -250,7 +250,7 @@ static int part_has_meta(int p) {
    the generic parts above cover every arch) and its image holds exactly its
    kernels. NVRTC's -minimal (used from 12.4 on, outside the cache key) gives
    the same image. Sanitized (ct_sanitized), sm_90 compiles the one-per-family
-   list too: 13 variants instead of 283, every branch of the checks still
+   list too: 14 variants instead of 337, every branch of the checks still
    taken (norm variants with a tag, others without); the host code is the
    same per variant. */
 CT_TEST(builtin_variants_compile) {
@@ -261,7 +261,7 @@ CT_TEST(builtin_variants_compile) {
     static const int few[] = {CAPEX__CV_ADAM + 23, CAPEX__CV_SCALE + 35, CAPEX__CV_SUMSQ + 2, CAPEX__CV_AMP, CAPEX__CV_AMP + 1,
                               CAPEX__CV_AMS + 22, CAPEX__CV_ADAGRAD + 1, CAPEX__CV_SGD + 23, CAPEX__CV_LAMB1 + 5,
                               CAPEX__CV_LAMB2 + 7, CAPEX__CV_NORM_FWD + 53, CAPEX__CV_NORM_BWD + 22,
-                              CAPEX__CV_NOVO + 23};
+                              CAPEX__CV_NOVO + 23, CAPEX__CV_NORM_ME + 41};
     memset(reached, 0, sizeof reached);
     for (k = 0; k < CAPEX__CUDA_N_BUILTIN; k++) {
         CT_CHECK(capex__cuda_kernel_unit(k, 0) == capex__cuda_builtin_kernel_part[k], "%s: vb 0 is its part",
@@ -285,10 +285,10 @@ CT_TEST(builtin_variants_compile) {
         CT_CHECK(d.part >= 0 && d.part < CAPEX__CUDA_N_PARTS && d.sel > 0, "variant %d: part %d sel %d", v, d.part, d.sel);
     }
     CT_CHECK(capex__cuda_kernel_unit(CAPEX__CUDA_N_BUILTIN, 1) == -1, "no such kernel");
-    for (i = 0; i < 4 * 54; i++) { /* a norm launch's variant fixes its own switches (the kernels' arguments) */
-        const int xt = i / 4 / 18, pt = i / 4 / 6 % 3, yt = i / 4 / 2 % 3, rms = i / 4 % 2;
+    for (i = 0; i < 6 * 54; i++) { /* a norm launch's variant fixes its own switches (the kernels' arguments) */
+        const int xt = i / 6 / 18, pt = i / 6 / 6 % 3, yt = i / 6 / 2 % 3, rms = i / 6 % 2;
         capex__cuda_vdef d;
-        k = CAPEX__CK_NORM_FWD + (size_t)(i % 4);
+        k = i % 6 < 4 ? CAPEX__CK_NORM_FWD + (size_t)(i % 6) : CAPEX__CK_NORM_ME_DX + (size_t)(i % 6 - 4);
         u = capex__cuda_kernel_unit(k, CAPEX__CUDA_NVB(xt, pt, yt, rms));
         d = capex__cuda_variant_def(u - CAPEX__CUDA_N_PARTS);
         CT_CHECK(u >= CAPEX__CUDA_N_PARTS && d.xt == xt && d.pt == pt && d.yt == yt && d.rms == rms && d.w < 0 && d.mk < 0,

@@ -597,6 +597,280 @@ CT_TEST(layer_norm_errors_are_clear_and_write_nothing) {
     CT_CHECK(capex_rms_norm_backward(&nd, &a) == CAPEX_OK, "%s", capex_last_error());
 }
 
+/* ---- memory-efficient backward (desc.memory_efficient: from y, not x) ---- */
+
+/* float64 of the recomputation: xhat = (y - b) / w from the stored y and the
+   saved f32 rstd, sum(g * xhat) as sum(dy * (y - b)), then the usual formulas. */
+static void ref_norm_bwd_me(int rms, int64_t R, int64_t C, const double *y, const double *w, const double *b,
+                            const float *rstd, const double *dy, double *dx, double *dw, double *db) {
+    int64_t r, j;
+    for (j = 0; j < C; j++) { dw[j] = 0; db[j] = 0; }
+    for (r = 0; r < R; r++) {
+        const double *yr = y + r * C, *dr = dy + r * C, rs = (double)rstd[r];
+        double mg = 0, mgx = 0;
+        for (j = 0; j < C; j++) {
+            double wj = w ? w[j] : 1.0, bj = b ? b[j] : 0.0, xh = (yr[j] - bj) / wj;
+            mg += dr[j] * wj; mgx += dr[j] * (yr[j] - bj);
+            dw[j] += dr[j] * xh; db[j] += dr[j];
+        }
+        mg = rms ? 0 : mg / (double)C; mgx /= (double)C;
+        for (j = 0; j < C; j++) {
+            double wj = w ? w[j] : 1.0, bj = b ? b[j] : 0.0, xh = (yr[j] - bj) / wj;
+            dx[r * C + j] = rs * (dr[j] * wj - mg - xh * mgx);
+        }
+    }
+}
+/* Half an ulp of y's dtype, relative: what y's rounding leaves in y - b. */
+static double dtype_u(capex_dtype t) { return t == CAPEX_F32 ? 0x1p-24 : t == CAPEX_F16 ? 0x1p-11 : 0x1p-8; }
+
+/* One case: forward, then the memory-efficient backward (x and mean NULL,
+   the outputs poisoned) against (1) the float64 recomputation from the same y
+   and rstd, with the normal backward's tolerances; (2) the float64 backward
+   from x, the bound adding y's rounding carried into xhat, |dxhat| <= u_y
+   (|xhat| + |b| / |w|); (3) the CPU's normal backward, the same bound. */
+static void me_case(ct_state *ct, int rms, int64_t R, int64_t C, capex_dtype xt, capex_dtype yt, capex_dtype pt,
+                    int affine, double *worst) {
+    int64_t N = R * C, i;
+    void *x = talloc(xt, N), *y = talloc(yt, N), *w = talloc(pt, C), *b = talloc(pt, C), *dy = talloc(yt, N);
+    void *dx = talloc(xt, N), *dw = talloc(pt, C), *db = talloc(pt, C);
+    void *dx0 = talloc(xt, N), *dw0 = talloc(pt, C), *db0 = talloc(pt, C);
+    double *xd = dalloc(N), *wd = dalloc(C), *bd = dalloc(C), *dyd = dalloc(N), *yd = dalloc(N);
+    double *dxr = dalloc(N), *dwr = dalloc(C), *dbr = dalloc(C), *dxe = dalloc(N), *dwe = dalloc(C), *dbe = dalloc(C);
+    double *dx0d = dalloc(N), *dw0d = dalloc(C);
+    float *mean = (float *)talloc(CAPEX_F32, R), *rstd = (float *)talloc(CAPEX_F32, R);
+    capex_norm_desc nd;
+    capex_norm_args a;
+    double err = 0, maxxh = 0, bw = 0, sdx, sdw, tx, tw;
+    const char *what = rms ? "rms" : "layer";
+    const int hb = affine && !rms;
+    capex_norm_desc_init(&nd);
+    fill(xt, x, xd, N, 0.25, 1.5);
+    fill(pt, w, wd, C, 1.0, 0.5);
+    fill(pt, b, bd, C, 0.0, 0.5);
+    fill(yt, dy, dyd, N, 0.0, 1.0);
+    capex_norm_args_init(&a);
+    a.rows = R; a.cols = C; a.x_dtype = xt; a.y_dtype = yt; a.param_dtype = pt;
+    a.x = x; a.y = y; a.mean = mean; a.rstd = rstd;
+    if (affine) { a.weight = w; if (!rms) a.bias = b; }
+    CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "%s",
+             capex_last_error());
+    for (i = 0; i < N; i++) yd[i] = getv(yt, y, i);
+    a.dy = dy; a.dx = dx0;
+    if (affine) { a.dweight = dw0; if (!rms) a.dbias = db0; }
+    CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "%s",
+             capex_last_error());
+    nd.memory_efficient = 1;
+    a.x = NULL; a.mean = NULL; a.dx = dx; a.dweight = affine ? dw : NULL; a.dbias = hb ? db : NULL;
+    memset(dx, 0xff, (size_t)N * 4); memset(dw, 0xff, (size_t)C * 4); memset(db, 0xff, (size_t)C * 4);
+    CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "%s",
+             capex_last_error());
+    /* (1) the recomputation in float64 */
+    ref_norm_bwd_me(rms, R, C, yd, affine ? wd : NULL, hb ? bd : NULL, rstd, dyd, dxr, dwr, dbr);
+    {
+        double rmax = 0;
+        for (i = 0; i < R; i++) if (rstd[i] > rmax) rmax = rstd[i];
+        sdx = maxabs(dyd, N) * rmax * (affine ? maxabs(wd, C) : 1.0);
+    }
+    CT_CHECK(close_to_s(xt, dx, dxr, N, dtype_tol(xt) * 5, sdx, &err), "%s me dx vs float64 me R=%lld C=%lld xt=%d "
+             "yt=%d pt=%d affine %d: rel err %g", what, (long long)R, (long long)C, xt, yt, pt, affine, err);
+    if (affine) {
+        CT_CHECK(close_to(pt, dw, dwr, C, dtype_tol(pt) * 5, &err), "%s me dweight vs float64 me: rel err %g", what, err);
+        if (hb) CT_CHECK(close_to(pt, db, dbr, C, dtype_tol(pt) * 5, &err), "%s me dbias: rel err %g", what, err);
+    }
+    /* (2) the float64 backward from x; (3) the normal CPU backward */
+    ref_norm_bwd(rms, R, C, xd, affine ? wd : NULL, dyd, 1e-5, dxe, dwe, dbe);
+    for (i = 0; i < N; i++) if (fabs(dxr[i]) >= 0) { /* max |xhat| over the rows */
+        double xh = fabs((yd[i] - (hb ? bd[i % C] : 0.0)) / (affine ? wd[i % C] : 1.0));
+        if (xh > maxxh) maxxh = xh;
+    }
+    if (hb) for (i = 0; i < C; i++) if (fabs(bd[i] / wd[i]) > bw) bw = fabs(bd[i] / wd[i]);
+    /* dx = rstd (g - mg - xhat mgx): a relative xhat error e moves dx by about e |xhat mgx| rstd, under
+       e (maxxh + bw) times the scale; dweight sums R rows of dy * xhat: R max|dy| u_y (maxxh + bw) */
+    tx = dtype_tol(xt) * 5 + 2 * dtype_u(yt) * (maxxh + bw);
+    tw = dtype_tol(pt) * 5;
+    sdw = (double)R * maxabs(dyd, N) * dtype_u(yt) * (maxxh + bw);
+    CT_CHECK(close_to_s(xt, dx, dxe, N, tx, sdx, &err), "%s me dx vs float64 from x, xt=%d yt=%d pt=%d affine %d: rel "
+             "err %g > %g", what, xt, yt, pt, affine, err, tx);
+    if (err > *worst) *worst = err;
+    if (affine) {
+        double e2 = 0, m = maxabs(dwe, C);
+        for (i = 0; i < C; i++) if (fabs(getv(pt, dw, i) - dwe[i]) > e2) e2 = fabs(getv(pt, dw, i) - dwe[i]);
+        CT_CHECK(e2 <= tw * m + 2 * sdw, "%s me dweight vs float64 from x: |err| %g > %g", what, e2, tw * m + 2 * sdw);
+    }
+    for (i = 0; i < N; i++) dx0d[i] = getv(xt, dx0, i);
+    for (i = 0; i < C; i++) dw0d[i] = getv(pt, dw0, i);
+    CT_CHECK(close_to_s(xt, dx, dx0d, N, tx + dtype_tol(xt) * 5, sdx, &err), "%s me dx vs normal backward: rel err %g",
+             what, err);
+    if (affine) {
+        double e2 = 0, m = maxabs(dw0d, C);
+        for (i = 0; i < C; i++) if (fabs(getv(pt, dw, i) - dw0d[i]) > e2) e2 = fabs(getv(pt, dw, i) - dw0d[i]);
+        CT_CHECK(e2 <= 2 * tw * m + 2 * sdw, "%s me dweight vs normal backward: |err| %g", what, e2);
+        if (hb) CT_CHECK(memcmp(db, db0, (size_t)C * capex_dtype_size(pt)) == 0, "%s me dbias differs from normal", what);
+    }
+    /* no affine, f32 y: xhat = y is the normal backward's xhat, bit for bit, and so is everything after it */
+    if (!affine && yt == CAPEX_F32)
+        CT_CHECK(memcmp(dx, dx0, (size_t)N * capex_dtype_size(xt)) == 0, "%s me without affine: dx bits differ", what);
+    free(x); free(y); free(w); free(b); free(dy); free(dx); free(dw); free(db); free(dx0); free(dw0); free(db0);
+    free(xd); free(wd); free(bd); free(dyd); free(yd); free(dxr); free(dwr); free(dbr); free(dxe); free(dwe); free(dbe);
+    free(dx0d); free(dw0d); free(mean); free(rstd);
+}
+
+CT_TEST(memory_efficient_backward_vs_float64_every_dtype) {
+    static const capex_dtype ts[] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
+    static const int64_t widths[] = {1, 2, 37, 64, 1029};
+    double worst = 0;
+    int rms, xi, yi, pi, af;
+    size_t wi;
+    for (rms = 0; rms < 2; rms++)
+        for (af = 0; af < 2; af++) {
+            for (xi = 0; xi < 3; xi++)
+                for (yi = 0; yi < 3; yi++)
+                    for (pi = 0; pi < 3; pi++) {
+                        me_case(ct, rms, 5, 37, ts[xi], ts[yi], ts[pi], af, &worst);
+                        if (ct->failed) return;
+                    }
+            for (wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+                me_case(ct, rms, 70, widths[wi], CAPEX_F32, CAPEX_F32, CAPEX_F32, af, &worst);
+                if (ct->failed) return;
+            }
+        }
+    if (getenv("CT_VERBOSE")) printf("memory-efficient dx vs float64 from x: worst rel err %g\n", worst);
+}
+
+/* A zero weight (+0 or -0, every param dtype) leaves y == b: xhat is lost.
+   Refused, naming the column, nothing written; dbias alone needs no xhat. */
+CT_TEST(memory_efficient_zero_weight_refused) {
+    static const capex_dtype pts[3] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
+    float x[12], y[12], dy[12], dx[12], mean[3], rstd[3];
+    uint32_t wbuf[4], bbuf[4], dwb[4], dbb[4];
+    capex_norm_desc nd;
+    capex_norm_args a;
+    int k, rms, neg, i;
+    for (i = 0; i < 12; i++) { x[i] = (float)(i % 5) - 1.5f; dy[i] = 0.25f * (float)(i % 3) - 0.3f; }
+    for (k = 0; k < 3; k++)
+        for (rms = 0; rms < 2; rms++)
+            for (neg = 0; neg < 2; neg++) {
+                capex_norm_desc_init(&nd);
+                capex_norm_args_init(&a);
+                a.rows = 3; a.cols = 4; a.param_dtype = pts[k];
+                for (i = 0; i < 4; i++) { setv(pts[k], wbuf, i, 1.0 + 0.5 * i); setv(pts[k], bbuf, i, 0.1 * i); }
+                setv(pts[k], wbuf, 2, neg ? -0.0 : 0.0);
+                a.x = x; a.y = y; a.weight = wbuf; a.bias = rms ? NULL : bbuf; a.mean = mean; a.rstd = rstd;
+                CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "%s",
+                         capex_last_error());
+                nd.memory_efficient = 1;
+                a.x = NULL; a.dy = dy; a.dx = dx; a.dweight = dwb; a.dbias = rms ? NULL : dbb;
+                memset(dx, 0x5a, sizeof dx); memset(dwb, 0x5a, sizeof dwb); memset(dbb, 0x5a, sizeof dbb);
+                CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) ==
+                         CAPEX_ERR_INVALID_ARG, "%s %s: zero weight accepted", rms ? "rms" : "layer", capex_dtype_name(pts[k]));
+                CT_CHECK(strstr(capex_last_error(), "weight[2] is 0"), "message: %s", capex_last_error());
+                for (i = 0; i < 12; i++) CT_CHECK(((const unsigned char *)dx)[i * 4] == 0x5a, "dx written");
+                for (i = 0; i < 4; i++) CT_CHECK(dwb[i] == 0x5a5a5a5au && dbb[i] == 0x5a5a5a5au, "param grads written");
+                if (rms) continue;
+                a.dx = NULL; a.dweight = NULL; a.dbias = dbb; /* dbias = sum(dy): no xhat needed */
+                CT_CHECK(capex_layer_norm_backward(&nd, &a) == CAPEX_OK, "dbias alone: %s", capex_last_error());
+            }
+}
+
+/* Empty batch, no x or mean at all, bad flag, y missing. */
+CT_TEST(memory_efficient_edges_and_errors) {
+    float w[4] = {1, 2, 3, 4}, dw[4], db[4], y[8] = {0}, dy[8] = {0}, dx[8], rstd[2] = {1, 1};
+    capex_norm_desc nd;
+    capex_norm_args a;
+    int i, rms;
+    capex_norm_desc_init(&nd);
+    nd.memory_efficient = 1;
+    for (rms = 0; rms < 2; rms++) {
+        capex_norm_args_init(&a);
+        a.rows = 0; a.cols = 4; a.weight = w; a.dweight = dw; a.dbias = rms ? NULL : db;
+        memset(dw, 0x7f, sizeof dw); memset(db, 0x7f, sizeof db);
+        CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "%s",
+                 capex_last_error());
+        for (i = 0; i < 4; i++) CT_CHECK(dw[i] == 0.0f && (rms || db[i] == 0.0f), "empty batch: grads not 0");
+    }
+    capex_norm_args_init(&a);
+    a.rows = 2; a.cols = 4; a.weight = w; a.dy = dy; a.dx = dx; a.rstd = rstd; /* no x, no mean */
+    EXPECT_ERR(capex_layer_norm_backward(&nd, &a), CAPEX_ERR_INVALID_ARG, "y (memory_efficient: the forward's output) is NULL");
+    a.y = y;
+    CT_CHECK(capex_layer_norm_backward(&nd, &a) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_rms_norm_backward(&nd, &a) == CAPEX_OK, "%s", capex_last_error());
+    a.x = dx; a.mean = (float *)dx; /* ignored here: they may be anything, even the outputs */
+    CT_CHECK(capex_layer_norm_backward(&nd, &a) == CAPEX_OK, "ignored x, mean: %s", capex_last_error());
+    a.x = NULL; a.mean = NULL;
+    nd.memory_efficient = 2;
+    EXPECT_ERR(capex_layer_norm_backward(&nd, &a), CAPEX_ERR_INVALID_ARG, "memory_efficient = 2 must be 0 or 1");
+    nd.memory_efficient = 0;
+    EXPECT_ERR(capex_layer_norm_backward(&nd, &a), CAPEX_ERR_INVALID_ARG, "x is NULL");
+}
+
+/* Threads 1, 2, 3: the same bits (fixed blocks, as the normal backward). */
+CT_TEST(memory_efficient_bits_independent_of_thread_count) {
+    const int64_t R = 300, C = 131, N = R * C;
+    float *x = (float *)malloc((size_t)N * 4), *y = (float *)malloc((size_t)N * 4), *dy = (float *)malloc((size_t)N * 4);
+    float *dx = (float *)malloc((size_t)N * 4), *dx1 = (float *)malloc((size_t)N * 4), w[131], b[131], dw[131], db[131];
+    float dw1[131], db1[131], rstd[300];
+    capex_norm_desc nd;
+    capex_norm_args a;
+    int64_t i;
+    int nt;
+    for (i = 0; i < N; i++) { x[i] = (float)(rng_sym() * 2 + 0.5); dy[i] = (float)rng_sym(); }
+    for (i = 0; i < C; i++) { w[i] = (float)(1 + 0.5 * rng_sym()); b[i] = (float)rng_sym(); }
+    capex_norm_desc_init(&nd);
+    capex_norm_args_init(&a);
+    a.rows = R; a.cols = C; a.x = x; a.y = y; a.weight = w; a.bias = b; a.rstd = rstd;
+    CT_CHECK(capex_layer_norm_forward(&nd, &a) == CAPEX_OK, "%s", capex_last_error());
+    nd.memory_efficient = 1;
+    a.x = NULL; a.dy = dy; a.dweight = dw; a.dbias = db;
+    for (nt = 1; nt <= 3; nt++) {
+        nd.num_threads = nt;
+        a.dx = nt == 1 ? dx1 : dx; a.dweight = nt == 1 ? dw1 : dw; a.dbias = nt == 1 ? db1 : db;
+        CT_CHECK(capex_layer_norm_backward(&nd, &a) == CAPEX_OK, "%s", capex_last_error());
+        if (nt > 1)
+            CT_CHECK(!memcmp(dx, dx1, (size_t)N * 4) && !memcmp(dw, dw1, sizeof dw) && !memcmp(db, db1, sizeof db),
+                     "threads %d: bits differ from 1 thread", nt);
+    }
+    free(x); free(y); free(dy); free(dx); free(dx1);
+}
+
+/* The use Apex's flag is for: the forward writes y over x (in place, same
+   dtype), x is gone, the backward runs from y alone. Same bits as from an
+   out-of-place y, f32 and bf16, LayerNorm and RMSNorm. */
+CT_TEST(memory_efficient_after_forward_in_place) {
+    static const capex_dtype ts[2] = {CAPEX_F32, CAPEX_BF16};
+    const int64_t R = 6, C = 45, N = R * C;
+    float w[45], b[45], rstd[6], rstd2[6], dw[2][45], db[2][45];
+    capex_norm_desc nd;
+    capex_norm_args a;
+    int k, rms, pass;
+    int64_t i;
+    for (k = 0; k < 2; k++)
+        for (rms = 0; rms < 2; rms++) {
+            void *x = talloc(ts[k], N), *y = talloc(ts[k], N), *dy = talloc(ts[k], N), *dx[2];
+            double tmp;
+            for (i = 0; i < N; i++) { setv(ts[k], x, i, 0.3 + 2.0 * rng_sym()); setv(ts[k], dy, i, rng_sym()); }
+            for (i = 0; i < C; i++) { w[i] = (float)(1.0 + 0.5 * rng_sym()); b[i] = (float)(0.5 * rng_sym()); }
+            for (pass = 0; pass < 2; pass++) { /* 0: y apart from x; 1: y over x */
+                capex_norm_desc_init(&nd);
+                capex_norm_args_init(&a);
+                a.rows = R; a.cols = C; a.x_dtype = a.y_dtype = ts[k]; a.x = x; a.y = pass ? x : y; a.weight = w;
+                a.bias = rms ? NULL : b; a.rstd = pass ? rstd2 : rstd;
+                CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "%s",
+                         capex_last_error());
+                nd.memory_efficient = 1;
+                dx[pass] = talloc(ts[k], N);
+                a.x = NULL; a.dy = dy; a.dx = dx[pass]; a.dweight = dw[pass]; a.dbias = rms ? NULL : db[pass];
+                CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "%s",
+                         capex_last_error());
+            }
+            CT_CHECK(!memcmp(dx[0], dx[1], (size_t)N * capex_dtype_size(ts[k])) && !memcmp(dw[0], dw[1], sizeof dw[0]) &&
+                     (rms || !memcmp(db[0], db[1], sizeof db[0])) && !memcmp(rstd, rstd2, sizeof rstd),
+                     "%s %s: in place differs", rms ? "rms" : "layer", capex_dtype_name(ts[k]));
+            tmp = getv(ts[k], dx[0], 0);
+            CT_CHECK(isfinite(tmp), "dx not finite");
+            free(x); free(y); free(dy); free(dx[0]); free(dx[1]);
+        }
+}
+
 /* ---- BatchNorm ---- */
 
 /* Reference over the concatenated batch in NCS: x[(n*C + c)*S + s]. */
@@ -1243,11 +1517,17 @@ static int names_both(const char *msg, const char *p, const char *q) {
     snprintf(s1, sizeof s1, " %s [", p); snprintf(s2, sizeof s2, " %s [", q);
     return strstr(msg, s1) && strstr(msg, s2);
 }
-/* kind: 0..3 LayerNorm fwd, bwd, RMSNorm fwd, bwd; 4..6 BatchNorm fwd train, fwd eval, bwd */
+/* kind: 0..3 LayerNorm fwd, bwd, RMSNorm fwd, bwd; 4..6 BatchNorm fwd train, fwd eval, bwd;
+   7, 8 LayerNorm, RMSNorm memory-efficient bwd */
 static capex_result al_call(int kind, capex_norm_args *na, capex_batch_norm_args *ba) {
     capex_batch_norm_desc d;
+    capex_norm_desc me;
     capex_batch_norm_desc_init(&d);
+    capex_norm_desc_init(&me);
+    me.memory_efficient = 1;
     switch (kind) {
+    case 7: return capex_layer_norm_backward(&me, na);
+    case 8: return capex_rms_norm_backward(&me, na);
     case 0: return capex_layer_norm_forward(NULL, na);
     case 1: return capex_layer_norm_backward(NULL, na);
     case 2: return capex_rms_norm_forward(NULL, na);
@@ -1259,20 +1539,21 @@ static capex_result al_call(int kind, capex_norm_args *na, capex_batch_norm_args
 }
 CT_TEST(norm_overlapping_outputs_refused_before_writing) {
     /* outputs, then the inputs each call reads (and nothing it ignores) */
-    static const int outs[7][6] = {{LN_Y, LN_MEAN, LN_RSTD, -1}, {LN_DX, LN_DW, LN_DB, -1}, {LN_Y, LN_MEAN, LN_RSTD, -1},
+    static const int outs[9][6] = {{LN_Y, LN_MEAN, LN_RSTD, -1}, {LN_DX, LN_DW, LN_DB, -1}, {LN_Y, LN_MEAN, LN_RSTD, -1},
                                    {LN_DX, LN_DW, -1}, {BN_Y, BN_SM, BN_SI, BN_RM, BN_RV, -1}, {BN_Y, BN_SM, BN_SI, -1},
-                                   {BN_DX, BN_DW, BN_DB, -1}};
-    static const int ins[7][6] = {{LN_X, LN_W, LN_B, -1}, {LN_X, LN_DY, LN_W, LN_MEAN, LN_RSTD, -1}, {LN_X, LN_W, -1},
+                                   {BN_DX, BN_DW, BN_DB, -1}, {LN_DX, LN_DW, LN_DB, -1}, {LN_DX, LN_DW, -1}};
+    static const int ins[9][6] = {{LN_X, LN_W, LN_B, -1}, {LN_X, LN_DY, LN_W, LN_MEAN, LN_RSTD, -1}, {LN_X, LN_W, -1},
                                   {LN_X, LN_DY, LN_W, LN_RSTD, -1}, {BN_X, BN_W, BN_B, -1},
-                                  {BN_X, BN_W, BN_B, BN_RM, BN_RV, -1}, {BN_X, BN_DY, BN_W, BN_SM, BN_SI, -1}};
+                                  {BN_X, BN_W, BN_B, BN_RM, BN_RV, -1}, {BN_X, BN_DY, BN_W, BN_SM, BN_SI, -1},
+                                  {LN_Y, LN_DY, LN_W, LN_B, LN_RSTD, -1}, {LN_Y, LN_DY, LN_W, LN_RSTD, -1}};
     const size_t bytes = (size_t)(BN_NSLOT + 2) * AL_REG * 4;
     char *arena = (char *)malloc(bytes), *snap = (char *)malloc(bytes);
     int kind, oi, ti, k, tried = 0, accepted = 0, unnamed = 0, written = 0;
     char first[1200] = "";
     for (k = 0; k < (int)(bytes / 4); k++) ((float *)(void *)arena)[k] = 1.0f + 0.25f * (float)(k % 7);
     memcpy(snap, arena, bytes);
-    for (kind = 0; kind < 7; kind++) {
-        const int bn = kind >= 4, nslot = bn ? BN_NSLOT : LN_NSLOT;
+    for (kind = 0; kind < 9; kind++) {
+        const int bn = kind >= 4 && kind <= 6, nslot = bn ? BN_NSLOT : LN_NSLOT;
         const char *const *names = bn ? bn_names : ln_names;
         capex_norm_args na;
         capex_batch_norm_args ba;
@@ -1281,7 +1562,8 @@ CT_TEST(norm_overlapping_outputs_refused_before_writing) {
         ba.n = 2; ba.c = 3; ba.s = 5; ba.total_count = 10;
         for (k = 0; k < nslot; k++) {
             if (bn) bn_set(&ba, k, arena + (size_t)(k + 1) * AL_REG * 4);
-            else if (!(kind >= 2 && (k == LN_B || k == LN_DB))) ln_set(&na, k, arena + (size_t)(k + 1) * AL_REG * 4);
+            else if (!((kind == 2 || kind == 3 || kind == 8) && (k == LN_B || k == LN_DB)))
+                ln_set(&na, k, arena + (size_t)(k + 1) * AL_REG * 4);
         }
         CT_CHECK(al_call(kind, &na, &ba) == CAPEX_OK, "kind %d, no overlap: %s", kind, capex_last_error());
         memcpy(arena, snap, bytes);
@@ -1313,7 +1595,7 @@ CT_TEST(norm_overlapping_outputs_refused_before_writing) {
             }
         }
     }
-    CT_CHECK(tried > 150, "only %d overlaps tried", tried);
+    CT_CHECK(tried > 200, "only %d overlaps tried", tried);
     CT_CHECK(!accepted, "%d of %d overlapping calls not refused, first: %s", accepted, tried, first);
     CT_CHECK(!unnamed, "%d refusals do not name both buffers: %s", unnamed, first);
     CT_CHECK(!written, "%d refused calls wrote memory", written);
@@ -1698,6 +1980,9 @@ static const ct_case cases[] = {
     CT_CASE(sync_batch_norm_eval_without_running_stats_is_local),
     CT_CASE(norm_overlapping_outputs_refused_before_writing), CT_CASE(norm_in_place_needs_same_dtype),
     CT_CASE(norm_forward_in_place_same_bits),
+    CT_CASE(memory_efficient_backward_vs_float64_every_dtype), CT_CASE(memory_efficient_zero_weight_refused),
+    CT_CASE(memory_efficient_edges_and_errors), CT_CASE(memory_efficient_bits_independent_of_thread_count),
+    CT_CASE(memory_efficient_after_forward_in_place),
 };
 
 int main(int argc, char **argv) {

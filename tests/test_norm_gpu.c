@@ -272,6 +272,151 @@ CT_TEST(gpu_norm_every_dtype_variant) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* Memory-efficient backward (desc.memory_efficient: from y, not x) against
+   the CPU's from the same y and rstd (the CPU forward's, uploaded; x and mean
+   are 0 on the device): every variant (x, param and y dtype x rms) warp-per-row
+   vectorised and scalar and block-per-row, with and without affine; dweight
+   and dbias bits the same from the 4-column and the scalar partial sums. On
+   the CPU emulator each launch is checked against its variant's tag. */
+static void me_gpu_case(ct_state *ct, capex_cuda_context *ctx, int rms, int64_t R, int64_t C, capex_dtype xt, capex_dtype pt,
+                        capex_dtype yt, int affine, int ws_off) {
+    const int64_t N = R * C;
+    const size_t xs = capex_dtype_size(xt), ps = capex_dtype_size(pt), ys = capex_dtype_size(yt);
+    void *x = malloc(N * xs), *dy = malloc(N * ys), *w = malloc(C * ps), *b = malloc(C * ps);
+    void *y = malloc(N * ys), *dx = malloc(N * xs), *dw = malloc(C * ps), *db = malloc(C * ps);
+    void *gdx = malloc(N * xs), *gdw = malloc(C * ps), *gdb = malloc(C * ps);
+    float *rstd = (float *)malloc(R * 4), err;
+    const int hb = affine && !rms;
+    capex_norm_desc nd;
+    capex_norm_args a;
+    capex_cuda_norm_args g;
+    int64_t i;
+    size_t wsb = capex_cuda_norm_workspace_bytes(R, C);
+    for (i = 0; i < N; i++) { setv(xt, x, i, 1.0f + 2.0f * rnd()); setv(yt, dy, i, rnd()); }
+    for (i = 0; i < C; i++) { setv(pt, w, i, 1.0f + 0.5f * rnd()); setv(pt, b, i, rnd()); }
+    capex_norm_desc_init(&nd);
+    capex_norm_args_init(&a);
+    a.rows = R; a.cols = C; a.x_dtype = xt; a.y_dtype = yt; a.param_dtype = pt; a.x = x; a.y = y;
+    a.weight = affine ? w : NULL; a.bias = hb ? b : NULL; a.rstd = rstd;
+    CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "cpu fwd");
+    nd.memory_efficient = 1;
+    a.x = NULL; a.dy = dy; a.dx = dx; a.dweight = affine ? dw : NULL; a.dbias = hb ? db : NULL;
+    CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "cpu me bwd: %s",
+             capex_last_error());
+    capex_cuda_norm_args_init(&g);
+    g.rows = R; g.cols = C; g.x_dtype = xt; g.y_dtype = yt; g.param_dtype = pt;
+    g.y = up(ctx, y, N * ys); g.dy = up(ctx, dy, N * ys); g.rstd = up(ctx, rstd, R * 4);
+    g.weight = affine ? up(ctx, w, C * ps) : 0; g.bias = hb ? up(ctx, b, C * ps) : 0;
+    g.dx = up(ctx, NULL, N * xs); g.dweight = affine ? up(ctx, NULL, C * ps) : 0; g.dbias = hb ? up(ctx, NULL, C * ps) : 0;
+    g.workspace = up(ctx, NULL, wsb + 16);
+    if (g.workspace) g.workspace += (unsigned)ws_off;
+    CT_CHECK((rms ? capex_cuda_rms_norm_backward(ctx, &nd, &g, NULL) : capex_cuda_layer_norm_backward(ctx, &nd, &g, NULL)) ==
+             CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_cuda_context_synchronize(ctx) == CAPEX_OK, "%s", capex_last_error());
+    capex_cuda_memcpy_dtoh(ctx, gdx, g.dx, N * xs, NULL);
+    if (affine) capex_cuda_memcpy_dtoh(ctx, gdw, g.dweight, C * ps, NULL);
+    if (hb) capex_cuda_memcpy_dtoh(ctx, gdb, g.dbias, C * ps, NULL);
+    CT_CHECK(same(xt, gdx, dx, N, 5 * tol_of(xt), &err), "me rms=%d C=%lld xt=%d pt=%d yt=%d affine %d: dx err %g", rms,
+             (long long)C, xt, pt, yt, affine, err);
+    CT_CHECK(!affine || same(pt, gdw, dw, C, 5 * tol_of(pt), &err), "me rms=%d C=%lld: dweight err %g", rms, (long long)C, err);
+    CT_CHECK(!hb || same(pt, gdb, db, C, 5 * tol_of(pt), &err), "me C=%lld: dbias err %g", (long long)C, err);
+    if (ws_off == 0 && affine && !ct->failed) { /* the same partial sums from the scalar column loop */
+        void *sdw = malloc(C * ps), *sdb = malloc(C * ps);
+        capex_cuda_free(ctx, g.dx);
+        g.dx = 0;
+        g.workspace += 4;
+        CT_CHECK((rms ? capex_cuda_rms_norm_backward(ctx, &nd, &g, NULL) : capex_cuda_layer_norm_backward(ctx, &nd, &g, NULL)) ==
+                 CAPEX_OK, "%s", capex_last_error());
+        capex_cuda_memcpy_dtoh(ctx, sdw, g.dweight, C * ps, NULL);
+        if (hb) capex_cuda_memcpy_dtoh(ctx, sdb, g.dbias, C * ps, NULL);
+        CT_CHECK(memcmp(sdw, gdw, C * ps) == 0 && (!hb || memcmp(sdb, gdb, C * ps) == 0),
+                 "me C=%lld: dweight/dbias differ between the 4-column and the scalar partial sums", (long long)C);
+        g.workspace -= 4;
+        free(sdw); free(sdb);
+    }
+    capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.rstd); capex_cuda_free(ctx, g.weight);
+    capex_cuda_free(ctx, g.bias); capex_cuda_free(ctx, g.dx); capex_cuda_free(ctx, g.dweight); capex_cuda_free(ctx, g.dbias);
+    capex_cuda_free(ctx, g.workspace - (unsigned)ws_off);
+    free(x); free(dy); free(w); free(b); free(y); free(dx); free(dw); free(db); free(gdx); free(gdw); free(gdb); free(rstd);
+}
+CT_TEST(gpu_norm_memory_efficient_matches_cpu_every_variant) {
+    static const int64_t widths[] = {64, 7, 1100};
+    capex_cuda_context *ctx = open_ctx(ct);
+    emu_count_fn checks = emu_vtag_checks();
+    int i, before, launches = 0;
+    if (!ctx) return;
+    before = checks ? checks(0) : 0;
+    for (i = 0; i < 3 * 54 && !ct->failed; i++) {
+        const int v = i / 3, rms = v % 2;
+        me_gpu_case(ct, ctx, rms, 6, widths[i % 3], (capex_dtype)(v / 18), (capex_dtype)(v / 6 % 3), (capex_dtype)(v / 2 % 3), 1, 0);
+        launches += 3 + 2; /* dx, partial sums, final; again without dx */
+    }
+    for (i = 0; i < 2 * 3 && !ct->failed; i++) { /* no affine: xhat = y */
+        me_gpu_case(ct, ctx, i % 2, 9, widths[i / 2], CAPEX_F32, CAPEX_F32, i / 2 == 1 ? CAPEX_BF16 : CAPEX_F32, 0, 0);
+        launches += 1;
+    }
+    if (checks && !ct->failed)
+        CT_CHECK(checks(0) - before == launches, "%d of %d launches checked against their variant", checks(0) - before, launches);
+    capex_cuda_context_destroy(ctx);
+}
+
+/* A zero weight (column 2, f32 +0 and bf16 -0): the GPU cannot refuse it
+   without a host sync, so that column's dx (every row) and dweight come out
+   non-finite, for the loss scaler to see; every other column, and dbias
+   (sum dy, no xhat), stay finite. The CPU refuses the same call. */
+CT_TEST(gpu_norm_memory_efficient_zero_weight_nonfinite) {
+    static const capex_dtype pts[2] = {CAPEX_F32, CAPEX_BF16};
+    capex_cuda_context *ctx = open_ctx(ct);
+    const int64_t R = 5, C = 8, N = R * C;
+    float x[40], y[40], dy[40], rstd[5], dx[40];
+    unsigned char w[32], b[32], dw[32], db[32];
+    capex_norm_desc nd;
+    capex_norm_args a;
+    int k, rms;
+    int64_t i;
+    if (!ctx) return;
+    for (i = 0; i < N; i++) { x[i] = 1.0f + 2.0f * rnd(); dy[i] = rnd(); }
+    for (k = 0; k < 2; k++)
+        for (rms = 0; rms < 2; rms++) {
+            const capex_dtype pt = pts[k];
+            const size_t ps = capex_dtype_size(pt);
+            capex_cuda_norm_args g;
+            for (i = 0; i < C; i++) { setv(pt, w, i, 1.0f + 0.5f * rnd()); setv(pt, b, i, 0.5f * rnd()); }
+            setv(pt, w, 2, k ? -0.0f : 0.0f);
+            capex_norm_desc_init(&nd);
+            capex_norm_args_init(&a);
+            a.rows = R; a.cols = C; a.param_dtype = pt; a.x = x; a.y = y; a.weight = w; a.bias = rms ? NULL : b; a.rstd = rstd;
+            CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "cpu fwd");
+            nd.memory_efficient = 1;
+            a.x = NULL; a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = rms ? NULL : db;
+            CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_ERR_INVALID_ARG,
+                     "the CPU accepted a zero weight");
+            capex_cuda_norm_args_init(&g);
+            g.rows = R; g.cols = C; g.param_dtype = pt;
+            g.y = up(ctx, y, N * 4); g.dy = up(ctx, dy, N * 4); g.rstd = up(ctx, rstd, R * 4); g.weight = up(ctx, w, C * ps);
+            g.bias = rms ? 0 : up(ctx, b, C * ps); g.dx = up(ctx, NULL, N * 4); g.dweight = up(ctx, NULL, C * ps);
+            g.dbias = rms ? 0 : up(ctx, NULL, C * ps); g.workspace = up(ctx, NULL, capex_cuda_norm_workspace_bytes(R, C));
+            CT_CHECK((rms ? capex_cuda_rms_norm_backward(ctx, &nd, &g, NULL) : capex_cuda_layer_norm_backward(ctx, &nd, &g, NULL)) ==
+                     CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_cuda_context_synchronize(ctx) == CAPEX_OK, "%s", capex_last_error());
+            capex_cuda_memcpy_dtoh(ctx, dx, g.dx, N * 4, NULL);
+            capex_cuda_memcpy_dtoh(ctx, dw, g.dweight, C * ps, NULL);
+            if (!rms) capex_cuda_memcpy_dtoh(ctx, db, g.dbias, C * ps, NULL);
+            for (i = 0; i < N; i++)
+                CT_CHECK(i % C == 2 ? !isfinite(dx[i]) : isfinite(dx[i]), "pt=%d rms=%d: dx[%lld] = %g", (int)pt, rms, (long long)i,
+                         (double)dx[i]);
+            for (i = 0; i < C; i++) {
+                CT_CHECK(i == 2 ? !isfinite(getv(pt, dw, i)) : isfinite(getv(pt, dw, i)), "pt=%d rms=%d: dweight[%lld] = %g", (int)pt,
+                         rms, (long long)i, (double)getv(pt, dw, i));
+                CT_CHECK(rms || isfinite(getv(pt, db, i)), "dbias[%lld] = %g", (long long)i, (double)getv(pt, db, i));
+            }
+            capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.rstd); capex_cuda_free(ctx, g.weight);
+            capex_cuda_free(ctx, g.bias); capex_cuda_free(ctx, g.dx); capex_cuda_free(ctx, g.dweight); capex_cuda_free(ctx, g.dbias);
+            capex_cuda_free(ctx, g.workspace);
+        }
+    capex_cuda_context_destroy(ctx);
+}
+
 /* The emulator refuses a launch whose switches differ from its variant's
    (a bf16 LayerNorm forward variant launched with f32 x): the check above
    can fail. On a GPU the variant would compute with its fixed dtypes. */
@@ -1089,17 +1234,24 @@ static capex_result gal_call(capex_cuda_context *ctx, int kind, capex_cuda_norm_
     case 3: return capex_cuda_rms_norm_backward(ctx, NULL, na, NULL);
     case 4: return capex_cuda_batch_norm_forward(ctx, &d, NULL, ba, NULL);
     case 5: d.training = 0; return capex_cuda_batch_norm_forward(ctx, &d, NULL, ba, NULL);
-    default: return capex_cuda_batch_norm_backward(ctx, &d, NULL, ba, NULL);
+    case 6: return capex_cuda_batch_norm_backward(ctx, &d, NULL, ba, NULL);
+    default: {
+        capex_norm_desc me;
+        capex_norm_desc_init(&me);
+        me.memory_efficient = 1;
+        return kind == 7 ? capex_cuda_layer_norm_backward(ctx, &me, na, NULL) : capex_cuda_rms_norm_backward(ctx, &me, na, NULL);
+    }
     }
 }
 CT_TEST(gpu_norm_overlapping_outputs_refused_before_launch) {
-    static const int outs[7][7] = {{GL_Y, GL_MEAN, GL_RSTD, -1}, {GL_DX, GL_DW, GL_DB, GL_WS, -1},
+    static const int outs[9][7] = {{GL_Y, GL_MEAN, GL_RSTD, -1}, {GL_DX, GL_DW, GL_DB, GL_WS, -1},
                                    {GL_Y, GL_MEAN, GL_RSTD, -1}, {GL_DX, GL_DW, GL_WS, -1},
                                    {GB_Y, GB_SM, GB_SI, GB_RM, GB_RV, GB_WS, -1}, {GB_Y, GB_SM, GB_SI, GB_WS, -1},
-                                   {GB_DX, GB_DW, GB_DB, GB_WS, -1}};
-    static const int ins[7][6] = {{GL_X, GL_W, GL_B, -1}, {GL_X, GL_DY, GL_W, GL_MEAN, GL_RSTD, -1}, {GL_X, GL_W, -1},
+                                   {GB_DX, GB_DW, GB_DB, GB_WS, -1}, {GL_DX, GL_DW, GL_DB, GL_WS, -1}, {GL_DX, GL_DW, GL_WS, -1}};
+    static const int ins[9][6] = {{GL_X, GL_W, GL_B, -1}, {GL_X, GL_DY, GL_W, GL_MEAN, GL_RSTD, -1}, {GL_X, GL_W, -1},
                                   {GL_X, GL_DY, GL_W, GL_RSTD, -1}, {GB_X, GB_W, GB_B, -1},
-                                  {GB_X, GB_W, GB_B, GB_RM, GB_RV, -1}, {GB_X, GB_DY, GB_W, GB_SM, GB_SI, -1}};
+                                  {GB_X, GB_W, GB_B, GB_RM, GB_RV, -1}, {GB_X, GB_DY, GB_W, GB_SM, GB_SI, -1},
+                                  {GL_Y, GL_DY, GL_W, GL_B, GL_RSTD, -1}, {GL_Y, GL_DY, GL_W, GL_RSTD, -1}};
     capex_cuda_context *ctx = open_ctx(ct);
     const size_t bytes = (size_t)(GB_NSLOT + 2) * GAL_REG * 4;
     float *h = (float *)malloc(bytes), *back = (float *)malloc(bytes);
@@ -1110,8 +1262,8 @@ CT_TEST(gpu_norm_overlapping_outputs_refused_before_launch) {
     for (k = 0; k < (int)(bytes / 4); k++) h[k] = 1.0f + 0.25f * (float)(k % 7);
     arena = up(ctx, h, bytes);
     CT_CHECK(arena != 0, "arena");
-    for (kind = 0; kind < 7; kind++) {
-        const int bn = kind >= 4, nslot = bn ? GB_NSLOT : GL_NSLOT;
+    for (kind = 0; kind < 9; kind++) { /* 7, 8: LayerNorm, RMSNorm memory-efficient backward */
+        const int bn = kind >= 4 && kind <= 6, nslot = bn ? GB_NSLOT : GL_NSLOT;
         const char *const *names = bn ? gb_names : gl_names;
         capex_cuda_norm_args na;
         capex_cuda_batch_norm_args ba;
@@ -1120,7 +1272,8 @@ CT_TEST(gpu_norm_overlapping_outputs_refused_before_launch) {
         ba.n = 2; ba.c = 3; ba.s = 5;
         for (k = 0; k < nslot; k++) {
             if (bn) gb_set(&ba, k, arena + (size_t)(k + 1) * GAL_REG * 4);
-            else if (!(kind >= 2 && (k == GL_B || k == GL_DB))) gl_set(&na, k, arena + (size_t)(k + 1) * GAL_REG * 4);
+            else if (!((kind == 2 || kind == 3 || kind == 8) && (k == GL_B || k == GL_DB)))
+                gl_set(&na, k, arena + (size_t)(k + 1) * GAL_REG * 4);
         }
         for (oi = 0; outs[kind][oi] >= 0; oi++) {
             const int o = outs[kind][oi];
@@ -1157,7 +1310,7 @@ CT_TEST(gpu_norm_overlapping_outputs_refused_before_launch) {
         CT_CHECK(capex_cuda_context_synchronize(ctx) == CAPEX_OK, "%s", capex_last_error());
         capex_cuda_memcpy_htod(ctx, arena, h, bytes, NULL);
     }
-    CT_CHECK(tried > 180, "only %d overlaps tried", tried);
+    CT_CHECK(tried > 260, "only %d overlaps tried", tried);
     CT_CHECK(!accepted, "%d of %d overlapping calls not refused, first: %s", accepted, tried, first);
     CT_CHECK(!unnamed, "%d refusals do not name both buffers: %s", unnamed, first);
     CT_CHECK(!written, "%d kinds of refused calls wrote the arena", written);
@@ -1270,6 +1423,7 @@ static const ct_case cases[] = {
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
     CT_CASE(gpu_sync_batch_norm_nccl_world2_orders_user_stream),
     CT_CASE(gpu_norm_overlapping_outputs_refused_before_launch), CT_CASE(gpu_norm_forward_in_place_same_bits),
+    CT_CASE(gpu_norm_memory_efficient_matches_cpu_every_variant), CT_CASE(gpu_norm_memory_efficient_zero_weight_nonfinite),
 };
 static const child_entry children[] = {{"syncbn", child_syncbn}, {"syncbn_stream", child_syncbn_stream},
                                        {"syncbn_tcp", child_syncbn_tcp}};
