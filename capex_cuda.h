@@ -5630,7 +5630,7 @@ enum {
     CAPEX__GO_K_ADAM_AMS = CAPEX__GO_K(GO_ADAM_AMS_F32), CAPEX__GO_K_ADAGRAD = CAPEX__GO_K(GO_ADAGRAD_F32), /* + grad dtype */
     CAPEX__GO_K_ZERO_NORM = CAPEX__GO_K(GO_ZERO_NORM),
     CAPEX__GO_K_LR_SCHED = CAPEX__GO_K(GO_LR_SCHED),
-    CAPEX__GO_NK_ALL = CAPEX__CK_COUNT - CAPEX__GO_KBASE
+    CAPEX__GO_NK_ALL = CAPEX__GO_K(NORM_ME_DX) /* the optimizer kernels end where the memory-efficient norm kernels start */
 };
 /* the dtype-indexed families are consecutive f32, f16, bf16 in the list */
 typedef char capex__go_kernel_ids_ok[(CAPEX__CK_GO_ADAM_BF16 == CAPEX__CK_GO_ADAM_F32 + 2 &&
