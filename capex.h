@@ -13256,56 +13256,103 @@ static void capex__nm_store_one(void *p, capex_dtype t, int64_t i, float v) {
     else ((uint16_t *)p)[i] = (uint16_t)capex__b16_store(v);
 }
 
-/* Mean and biased variance of x[0, n) (n >= 1): Welford in 16 lanes (lane l
-   takes elements l, l+16, ...: 16 independent chains hide the latency),
-   lanes merged by Chan in a fixed tree. Welford runs on x - x0 (shifted
-   data; the GPU kernels too) and *mean_s is the mean of x - x0: on a large
-   mean over a small spread (1e4 + 1e-2 noise) a chain's d / n falls below
-   half an ulp of the mean, which then stops moving (rstd was 1-4% off); the
-   shifted mean stays near the noise, and a caller merging several pieces
-   keeps it unrounded (x0 + mean_s in f32 would round it to the mean's ulp). */
-#define CAPEX__NM_LANES 16
-static void capex__nm_row_stats(const float *x, int64_t n, float x0, float *mean_s, float *var) {
-    float mu[CAPEX__NM_LANES], q[CAPEX__NM_LANES], cnt[CAPEX__NM_LANES];
-    int64_t K = n / CAPEX__NM_LANES, k;
-    int l, r = (int)(n % CAPEX__NM_LANES), s;
-    for (l = 0; l < CAPEX__NM_LANES; l++) { mu[l] = 0.0f; q[l] = 0.0f; cnt[l] = (float)K; }
-    for (k = 0; k < K; k++) {
-        const float inv = 1.0f / (float)(k + 1);
-        const float *xk = x + CAPEX__NM_LANES * k;
-        for (l = 0; l < CAPEX__NM_LANES; l++) capex__nm_welford(xk[l] - x0, inv, &mu[l], &q[l]);
-    }
-    for (l = 0; l < r; l++) {
-        cnt[l] += 1.0f;
-        capex__nm_welford(x[CAPEX__NM_LANES * K + l] - x0, 1.0f / cnt[l], &mu[l], &q[l]);
-    }
-    for (s = 1; s < CAPEX__NM_LANES; s *= 2)
-        for (l = 0; l < CAPEX__NM_LANES; l += 2 * s)
-            capex__nm_chan(&cnt[l], &mu[l], &q[l], cnt[l + s], mu[l + s], q[l + s]);
-    *mean_s = mu[0];
-    *var = q[0] / (float)n;
+/* Blocks for the long row reductions below: each f32 lane chain runs
+   CAPEX__NM_BLK rounds, then is flushed into a double per lane. One f32 chain
+   per lane over a whole row lost up to 7e-5 relative at 2^20 columns of nearly
+   equal values (every add rounds the same way; 8e-4 of dx in LayerNorm
+   backward); chains of 32 stay within a few ulp, like torch's cascade sums.
+   The order depends on n alone: the same bits for any thread count and in the
+   vector and plain loops. */
+#define CAPEX__NM_BLK 32
+/* Chan's merge (as capex__nm_chan) in double, for the lanes' running totals. */
+static void capex__nm_chan_d(double *na, double *ma, double *qa, double nb, double mb, double qb) {
+    double n = *na + nb, d = mb - *ma, f;
+    if (nb == 0.0) return;
+    f = nb / n;
+    *ma += d * f;
+    *qa += qb + d * d * *na * f;
+    *na = n;
 }
 
-/* Sum of a[i]*b[i] (b NULL: of a[i]) in 8 f32 lanes, fixed tree. */
-static float capex__nm_dot(const float *a, const float *b, int64_t n) {
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t K = n / 8, k;
-    int l;
-    if (b) {
-        for (k = 0; k < K; k++)
-            for (l = 0; l < 8; l++) s[l] += a[8 * k + l] * b[8 * k + l];
-        for (l = 0; l < (int)(n % 8); l++) s[l] += a[8 * K + l] * b[8 * K + l];
-    } else {
-        for (k = 0; k < K; k++)
-            for (l = 0; l < 8; l++) s[l] += a[8 * k + l];
-        for (l = 0; l < (int)(n % 8); l++) s[l] += a[8 * K + l];
+/* Mean and biased variance of x[0, n) (n >= 1): Welford in 16 f32 lanes (lane
+   l takes elements l, l+16, ...: 16 independent chains hide the latency),
+   restarted every CAPEX__NM_BLK rounds and merged (Chan) into one double per
+   lane; the 16 lanes then merged by Chan in a fixed tree. Welford runs on
+   x - x0 (shifted data; the GPU kernels too) and *mean_s is the mean of
+   x - x0: on a large mean over a small spread (1e4 + 1e-2 noise) a chain's
+   d / n falls below half an ulp of the mean, which then stops moving (rstd
+   was 1-4% off); the shifted mean stays near the noise, and a caller merging
+   several pieces keeps it unrounded (x0 + mean_s in f32 would round it to the
+   mean's ulp). */
+#define CAPEX__NM_LANES 16
+static void capex__nm_row_stats(const float *x, int64_t n, float x0, float *mean_s, float *var) {
+    float mu[CAPEX__NM_LANES], q[CAPEX__NM_LANES];
+    double dm[CAPEX__NM_LANES], dq[CAPEX__NM_LANES], dn[CAPEX__NM_LANES], m = 0.0;
+    int64_t K = n / CAPEX__NM_LANES, k = 0, k0, k1;
+    int l, r = (int)(n % CAPEX__NM_LANES), s;
+    for (l = 0; l < CAPEX__NM_LANES; l++) { dm[l] = 0.0; dq[l] = 0.0; }
+    while (k < K) {
+        double f;
+        k0 = k;
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
+        for (l = 0; l < CAPEX__NM_LANES; l++) { mu[l] = 0.0f; q[l] = 0.0f; }
+        for (; k < k1; k++) {
+            const float inv = 1.0f / (float)(k - k0 + 1);
+            const float *xk = x + CAPEX__NM_LANES * k;
+            for (l = 0; l < CAPEX__NM_LANES; l++) capex__nm_welford(xk[l] - x0, inv, &mu[l], &q[l]);
+        }
+        /* every lane has m rounds before and k1 - k0 in this block: one f for all */
+        f = (double)(k1 - k0) / (m + (double)(k1 - k0));
+        for (l = 0; l < CAPEX__NM_LANES; l++) {
+            double d = (double)mu[l] - dm[l];
+            dm[l] += d * f;
+            dq[l] += (double)q[l] + d * d * m * f;
+        }
+        m += (double)(k1 - k0);
     }
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (l = 0; l < CAPEX__NM_LANES; l++) dn[l] = m;
+    for (l = 0; l < r; l++) /* the tail: one value more in lanes 0..r-1 */
+        capex__nm_chan_d(&dn[l], &dm[l], &dq[l], 1.0, (double)(x[CAPEX__NM_LANES * K + l] - x0), 0.0);
+    for (s = 1; s < CAPEX__NM_LANES; s *= 2)
+        for (l = 0; l < CAPEX__NM_LANES; l += 2 * s)
+            capex__nm_chan_d(&dn[l], &dm[l], &dq[l], dn[l + s], dm[l + s], dq[l + s]);
+    *mean_s = (float)dm[0];
+    *var = (float)(dq[0] / (double)n);
+}
+
+/* Long row sums (RMSNorm's sum of squares, the backward's row dots): element
+   i goes to f32 lane i%8 (8 independent chains, one 8-float vector), each
+   lane flushed into its own double every CAPEX__NM_BLK rounds (256 elements),
+   the 8 doubles summed in a fixed tree. */
+static float capex__nm_tree8(const double *d) {
+    return (float)(((d[0] + d[1]) + (d[2] + d[3])) + ((d[4] + d[5]) + (d[6] + d[7])));
+}
+/* Sum of a[i]*b[i] (b NULL: of a[i]). */
+static float capex__nm_dot(const float *a, const float *b, int64_t n) {
+    double d[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float s[8];
+    int64_t K = n / 8, k = 0, k1;
+    int l;
+    do { /* one block of up to CAPEX__NM_BLK rounds; the last takes the n % 8 tail */
+        for (l = 0; l < 8; l++) s[l] = 0.0f;
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
+        if (b) {
+            for (; k < k1; k++)
+                for (l = 0; l < 8; l++) s[l] += a[8 * k + l] * b[8 * k + l];
+            if (k == K) for (l = 0; l < (int)(n % 8); l++) s[l] += a[8 * K + l] * b[8 * K + l];
+        } else {
+            for (; k < k1; k++)
+                for (l = 0; l < 8; l++) s[l] += a[8 * k + l];
+            if (k == K) for (l = 0; l < (int)(n % 8); l++) s[l] += a[8 * K + l];
+        }
+        for (l = 0; l < 8; l++) d[l] += (double)s[l];
+    } while (k < K);
+    return capex__nm_tree8(d);
 }
 
 /* LayerNorm backward of one row in two passes over x and dy instead of six
    over row buffers. Pass 1: xhat = (x-mean)*rstd and g = dy*w, the dweight /
-   dbias partials, and sum(g), sum(g*xhat) in the 8 lanes and tree of
+   dbias partials, and sum(g), sum(g*xhat) in the 8 lanes, blocks and tree of
    capex__nm_dot; pass 2 recomputes xhat and g (the same operations, the same
    values) for dx. With GCC/clang the 8 lanes are one 8-float vector (the
    vectorisers otherwise either stay scalar or shuffle 16-wide on AVX-512);
@@ -13318,47 +13365,54 @@ static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *
                                const float *CAPEX__OPT_RESTRICT wf, float *CAPEX__OPT_RESTRICT pw,
                                float *CAPEX__OPT_RESTRICT pb, float mean, float rstd, int64_t n, float *sg,
                                float *sgx) {
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t K = n / 8, k, i;
+    double ds[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float s[8], t[8];
+    int64_t K = n / 8, k = 0, k1, i;
     int l;
+    do { /* blocks of CAPEX__NM_BLK rounds flushed into double lanes, as capex__nm_dot */
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
 #if defined(__GNUC__) || defined(__clang__)
-    {
-        const capex__v8f mv = {mean, mean, mean, mean, mean, mean, mean, mean};
-        const capex__v8f rv = {rstd, rstd, rstd, rstd, rstd, rstd, rstd, rstd};
-        capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, tv = {0, 0, 0, 0, 0, 0, 0, 0}, xv, d, w, a, b;
-        for (k = 0; k < K; k++) {
-            memcpy(&xv, x + 8 * k, sizeof xv); memcpy(&d, dy + 8 * k, sizeof d); memcpy(&w, wf + 8 * k, sizeof w);
-            memcpy(&a, pw + 8 * k, sizeof a); memcpy(&b, pb + 8 * k, sizeof b);
-            xv = (xv - mv) * rv;
-            w = d * w; /* g */
-            a += d * xv;
-            b += d;
-            memcpy(pw + 8 * k, &a, sizeof a); memcpy(pb + 8 * k, &b, sizeof b);
-            sv += w;
-            tv += w * xv;
+        {
+            const capex__v8f mv = {mean, mean, mean, mean, mean, mean, mean, mean};
+            const capex__v8f rv = {rstd, rstd, rstd, rstd, rstd, rstd, rstd, rstd};
+            capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, tv = {0, 0, 0, 0, 0, 0, 0, 0}, xv, d, w, a, b;
+            for (; k < k1; k++) {
+                memcpy(&xv, x + 8 * k, sizeof xv); memcpy(&d, dy + 8 * k, sizeof d); memcpy(&w, wf + 8 * k, sizeof w);
+                memcpy(&a, pw + 8 * k, sizeof a); memcpy(&b, pb + 8 * k, sizeof b);
+                xv = (xv - mv) * rv;
+                w = d * w; /* g */
+                a += d * xv;
+                b += d;
+                memcpy(pw + 8 * k, &a, sizeof a); memcpy(pb + 8 * k, &b, sizeof b);
+                sv += w;
+                tv += w * xv;
+            }
+            memcpy(s, &sv, sizeof sv);
+            memcpy(t, &tv, sizeof tv);
         }
-        memcpy(s, &sv, sizeof sv);
-        memcpy(t, &tv, sizeof tv);
-    }
 #else
-    for (k = 0; k < K; k++)
-        for (l = 0; l < 8; l++) {
-            float xv, d, gv;
-            i = 8 * k + l;
-            xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
-            pw[i] += d * xv; pb[i] += d;
-            s[l] += gv; t[l] += gv * xv;
-        }
+        for (l = 0; l < 8; l++) { s[l] = 0.0f; t[l] = 0.0f; }
+        for (; k < k1; k++)
+            for (l = 0; l < 8; l++) {
+                float xv, d, gv;
+                i = 8 * k + l;
+                xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
+                pw[i] += d * xv; pb[i] += d;
+                s[l] += gv; t[l] += gv * xv;
+            }
 #endif
-    for (l = 0; l < (int)(n % 8); l++) {
-        float xv, d, gv;
-        i = 8 * K + l;
-        xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
-        pw[i] += d * xv; pb[i] += d;
-        s[l] += gv; t[l] += gv * xv;
-    }
-    *sg = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    *sgx = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+        if (k == K)
+            for (l = 0; l < (int)(n % 8); l++) {
+                float xv, d, gv;
+                i = 8 * K + l;
+                xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
+                pw[i] += d * xv; pb[i] += d;
+                s[l] += gv; t[l] += gv * xv;
+            }
+        for (l = 0; l < 8; l++) { ds[l] += (double)s[l]; dt[l] += (double)t[l]; }
+    } while (k < K);
+    *sg = capex__nm_tree8(ds);
+    *sgx = capex__nm_tree8(dt);
 }
 /* dx of one LayerNorm row. stream: non-temporal 16-byte stores (SSE, part of
    x86-64) for an f32 dx too large to stay cached: a plain store first reads
