@@ -13258,12 +13258,13 @@ static void capex__nm_store_one(void *p, capex_dtype t, int64_t i, float v) {
 
 /* Blocks for the long row reductions below: each f32 lane chain runs
    CAPEX__NM_BLK rounds, then is flushed into a double per lane. One f32 chain
-   per lane over a whole row lost up to 7e-5 relative at 2^20 columns of nearly
-   equal values (every add rounds the same way; 8e-4 of dx in LayerNorm
-   backward); chains of 32 stay within a few ulp, like torch's cascade sums.
+   per lane over a whole row lost up to 1.4e-4 relative at 2^20 columns of
+   nearly equal values (every add rounds the same way: RMSNorm's rstd 7e-5 off,
+   LayerNorm backward's dx 9e-4); chains of 64 stay within a few ulp, like
+   torch's cascade sums.
    The order depends on n alone: the same bits for any thread count and in the
    vector and plain loops. */
-#define CAPEX__NM_BLK 32
+#define CAPEX__NM_BLK 64
 /* Chan's merge (as capex__nm_chan) in double, for the lanes' running totals. */
 static void capex__nm_chan_d(double *na, double *ma, double *qa, double nb, double mb, double qb) {
     double n = *na + nb, d = mb - *ma, f;
@@ -13322,11 +13323,17 @@ static void capex__nm_row_stats(const float *x, int64_t n, float x0, float *mean
 
 /* Long row sums (RMSNorm's sum of squares, the backward's row dots): element
    i goes to f32 lane i%8 (8 independent chains, one 8-float vector), each
-   lane flushed into its own double every CAPEX__NM_BLK rounds (256 elements),
+   lane flushed into its own double every CAPEX__NM_BLK rounds (512 elements),
    the 8 doubles summed in a fixed tree. */
 static float capex__nm_tree8(const double *d) {
     return (float)(((d[0] + d[1]) + (d[2] + d[3])) + ((d[4] + d[5]) + (d[6] + d[7])));
 }
+/* With GCC/clang the 8 lanes are one 8-float vector (the vectorisers
+   otherwise either stay scalar or shuffle 16-wide on AVX-512); lane by lane
+   the operations are those of the plain loop. */
+#if defined(__GNUC__) || defined(__clang__)
+typedef float capex__v8f __attribute__((vector_size(32))); /* locals only: no ABI question */
+#endif
 /* Sum of a[i]*b[i] (b NULL: of a[i]). */
 static float capex__nm_dot(const float *a, const float *b, int64_t n) {
     double d[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -13334,17 +13341,26 @@ static float capex__nm_dot(const float *a, const float *b, int64_t n) {
     int64_t K = n / 8, k = 0, k1;
     int l;
     do { /* one block of up to CAPEX__NM_BLK rounds; the last takes the n % 8 tail */
-        for (l = 0; l < 8; l++) s[l] = 0.0f;
         k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
-        if (b) {
-            for (; k < k1; k++)
-                for (l = 0; l < 8; l++) s[l] += a[8 * k + l] * b[8 * k + l];
-            if (k == K) for (l = 0; l < (int)(n % 8); l++) s[l] += a[8 * K + l] * b[8 * K + l];
-        } else {
-            for (; k < k1; k++)
-                for (l = 0; l < 8; l++) s[l] += a[8 * k + l];
-            if (k == K) for (l = 0; l < (int)(n % 8); l++) s[l] += a[8 * K + l];
+#if defined(__GNUC__) || defined(__clang__)
+        {
+            capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, av, bv;
+            if (b) {
+                for (; k < k1; k++) {
+                    memcpy(&av, a + 8 * k, sizeof av); memcpy(&bv, b + 8 * k, sizeof bv);
+                    sv += av * bv;
+                }
+            } else {
+                for (; k < k1; k++) { memcpy(&av, a + 8 * k, sizeof av); sv += av; }
+            }
+            memcpy(s, &sv, sizeof sv);
         }
+#else
+        for (l = 0; l < 8; l++) s[l] = 0.0f;
+        if (b) { for (; k < k1; k++) for (l = 0; l < 8; l++) s[l] += a[8 * k + l] * b[8 * k + l]; }
+        else { for (; k < k1; k++) for (l = 0; l < 8; l++) s[l] += a[8 * k + l]; }
+#endif
+        if (k == K) for (l = 0; l < (int)(n % 8); l++) s[l] += b ? a[8 * K + l] * b[8 * K + l] : a[8 * K + l];
         for (l = 0; l < 8; l++) d[l] += (double)s[l];
     } while (k < K);
     return capex__nm_tree8(d);
@@ -13354,13 +13370,8 @@ static float capex__nm_dot(const float *a, const float *b, int64_t n) {
    over row buffers. Pass 1: xhat = (x-mean)*rstd and g = dy*w, the dweight /
    dbias partials, and sum(g), sum(g*xhat) in the 8 lanes, blocks and tree of
    capex__nm_dot; pass 2 recomputes xhat and g (the same operations, the same
-   values) for dx. With GCC/clang the 8 lanes are one 8-float vector (the
-   vectorisers otherwise either stay scalar or shuffle 16-wide on AVX-512);
-   lane by lane the operations are those of the plain loop. Parameters, not
-   locals, carry restrict: GCC ignores it on local pointers. */
-#if defined(__GNUC__) || defined(__clang__)
-typedef float capex__v8f __attribute__((vector_size(32))); /* locals only: no ABI question */
-#endif
+   values) for dx. The 8 lanes are one vector as in capex__nm_dot. Parameters,
+   not locals, carry restrict: GCC ignores it on local pointers. */
 static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *CAPEX__OPT_RESTRICT dy,
                                const float *CAPEX__OPT_RESTRICT wf, float *CAPEX__OPT_RESTRICT pw,
                                float *CAPEX__OPT_RESTRICT pb, float mean, float rstd, int64_t n, float *sg,
