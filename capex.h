@@ -13112,8 +13112,9 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
    expands to `static inline` C here and, stringified, to the
    `__device__ __forceinline__` source of capex_cuda.h's norm kernels
    (capex__norm_math_cuda), so the CPU tests vouch for the GPU math.
-   Reductions differ in order between CPU (16 or 8 lanes per row) and GPU (a warp
-   or block per row), so results agree to rounding, not in bits.
+   Reductions differ in order between CPU (16 or 8 f32 lanes per row, each
+   flushed into a double every 64 rounds) and GPU (a warp or block per row), so
+   results agree to rounding, not in bits.
 
    Welford (1962) per lane: d = x - mean; mean += d * (1/n); m2 += d * (x - mean)
    (1/n once per step for all lanes: a multiply, not a divide, on the chain).
@@ -13323,8 +13324,8 @@ static void capex__nm_row_stats(const float *x, int64_t n, float x0, float *mean
 
 /* Long row sums (RMSNorm's sum of squares, the backward's row dots): element
    i goes to f32 lane i%8 (8 independent chains, one 8-float vector), each
-   lane flushed into its own double every CAPEX__NM_BLK rounds (512 elements),
-   the 8 doubles summed in a fixed tree. */
+   lane flushed into its own double every CAPEX__NM_BLK rounds (512 elements);
+   the n % 8 tail goes straight into the doubles, which meet in a fixed tree. */
 static float capex__nm_tree8(const double *d) {
     return (float)(((d[0] + d[1]) + (d[2] + d[3])) + ((d[4] + d[5]) + (d[6] + d[7])));
 }
@@ -13333,36 +13334,49 @@ static float capex__nm_tree8(const double *d) {
    the operations are those of the plain loop. */
 #if defined(__GNUC__) || defined(__clang__)
 typedef float capex__v8f __attribute__((vector_size(32))); /* locals only: no ABI question */
+typedef double capex__v4d __attribute__((vector_size(32)));
+/* d[0..3] += (double)v[0..3], d[4..7] += (double)v[4..7]: the plain loop's flush, in
+   two vector converts and adds (lane by lane the same operations). */
+#define CAPEX__NM_FLUSH(dlo, dhi, v)                                              \
+    do {                                                                          \
+        capex__v4d lo_ = {(v)[0], (v)[1], (v)[2], (v)[3]}, hi_ = {(v)[4], (v)[5], (v)[6], (v)[7]}; \
+        (dlo) += lo_;                                                             \
+        (dhi) += hi_;                                                             \
+    } while (0)
 #endif
 /* Sum of a[i]*b[i] (b NULL: of a[i]). */
 static float capex__nm_dot(const float *a, const float *b, int64_t n) {
     double d[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    float s[8];
     int64_t K = n / 8, k = 0, k1;
     int l;
-    do { /* one block of up to CAPEX__NM_BLK rounds; the last takes the n % 8 tail */
-        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
 #if defined(__GNUC__) || defined(__clang__)
-        {
-            capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, av, bv;
-            if (b) {
-                for (; k < k1; k++) {
-                    memcpy(&av, a + 8 * k, sizeof av); memcpy(&bv, b + 8 * k, sizeof bv);
-                    sv += av * bv;
-                }
-            } else {
-                for (; k < k1; k++) { memcpy(&av, a + 8 * k, sizeof av); sv += av; }
+    capex__v4d dlo = {0, 0, 0, 0}, dhi = {0, 0, 0, 0};
+    while (k < K) { /* whole blocks of up to CAPEX__NM_BLK rounds, then the tail alone */
+        capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, av, bv;
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
+        if (b) {
+            for (; k < k1; k++) {
+                memcpy(&av, a + 8 * k, sizeof av); memcpy(&bv, b + 8 * k, sizeof bv);
+                sv += av * bv;
             }
-            memcpy(s, &sv, sizeof sv);
+        } else {
+            for (; k < k1; k++) { memcpy(&av, a + 8 * k, sizeof av); sv += av; }
         }
+        CAPEX__NM_FLUSH(dlo, dhi, sv);
+    }
+    memcpy(d, &dlo, sizeof dlo);
+    memcpy(d + 4, &dhi, sizeof dhi);
 #else
+    while (k < K) {
+        float s[8];
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
         for (l = 0; l < 8; l++) s[l] = 0.0f;
         if (b) { for (; k < k1; k++) for (l = 0; l < 8; l++) s[l] += a[8 * k + l] * b[8 * k + l]; }
         else { for (; k < k1; k++) for (l = 0; l < 8; l++) s[l] += a[8 * k + l]; }
-#endif
-        if (k == K) for (l = 0; l < (int)(n % 8); l++) s[l] += b ? a[8 * K + l] * b[8 * K + l] : a[8 * K + l];
         for (l = 0; l < 8; l++) d[l] += (double)s[l];
-    } while (k < K);
+    }
+#endif
+    for (l = 0; l < (int)(n % 8); l++) d[l] += (double)(b ? a[8 * K + l] * b[8 * K + l] : a[8 * K + l]);
     return capex__nm_tree8(d);
 }
 
@@ -13377,16 +13391,16 @@ static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *
                                float *CAPEX__OPT_RESTRICT pb, float mean, float rstd, int64_t n, float *sg,
                                float *sgx) {
     double ds[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    float s[8], t[8];
     int64_t K = n / 8, k = 0, k1, i;
     int l;
-    do { /* blocks of CAPEX__NM_BLK rounds flushed into double lanes, as capex__nm_dot */
-        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
 #if defined(__GNUC__) || defined(__clang__)
-        {
-            const capex__v8f mv = {mean, mean, mean, mean, mean, mean, mean, mean};
-            const capex__v8f rv = {rstd, rstd, rstd, rstd, rstd, rstd, rstd, rstd};
+    {
+        const capex__v8f mv = {mean, mean, mean, mean, mean, mean, mean, mean};
+        const capex__v8f rv = {rstd, rstd, rstd, rstd, rstd, rstd, rstd, rstd};
+        capex__v4d slo = {0, 0, 0, 0}, shi = {0, 0, 0, 0}, tlo = {0, 0, 0, 0}, thi = {0, 0, 0, 0};
+        while (k < K) { /* blocks of CAPEX__NM_BLK rounds flushed into double lanes, as capex__nm_dot */
             capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, tv = {0, 0, 0, 0, 0, 0, 0, 0}, xv, d, w, a, b;
+            k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
             for (; k < k1; k++) {
                 memcpy(&xv, x + 8 * k, sizeof xv); memcpy(&d, dy + 8 * k, sizeof d); memcpy(&w, wf + 8 * k, sizeof w);
                 memcpy(&a, pw + 8 * k, sizeof a); memcpy(&b, pb + 8 * k, sizeof b);
@@ -13398,11 +13412,16 @@ static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *
                 sv += w;
                 tv += w * xv;
             }
-            memcpy(s, &sv, sizeof sv);
-            memcpy(t, &tv, sizeof tv);
+            CAPEX__NM_FLUSH(slo, shi, sv);
+            CAPEX__NM_FLUSH(tlo, thi, tv);
         }
+        memcpy(ds, &slo, sizeof slo); memcpy(ds + 4, &shi, sizeof shi);
+        memcpy(dt, &tlo, sizeof tlo); memcpy(dt + 4, &thi, sizeof thi);
+    }
 #else
-        for (l = 0; l < 8; l++) { s[l] = 0.0f; t[l] = 0.0f; }
+    while (k < K) {
+        float s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
         for (; k < k1; k++)
             for (l = 0; l < 8; l++) {
                 float xv, d, gv;
@@ -13411,17 +13430,16 @@ static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *
                 pw[i] += d * xv; pb[i] += d;
                 s[l] += gv; t[l] += gv * xv;
             }
-#endif
-        if (k == K)
-            for (l = 0; l < (int)(n % 8); l++) {
-                float xv, d, gv;
-                i = 8 * K + l;
-                xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
-                pw[i] += d * xv; pb[i] += d;
-                s[l] += gv; t[l] += gv * xv;
-            }
         for (l = 0; l < 8; l++) { ds[l] += (double)s[l]; dt[l] += (double)t[l]; }
-    } while (k < K);
+    }
+#endif
+    for (l = 0; l < (int)(n % 8); l++) { /* the tail: one more value in lanes 0..n%8-1 */
+        float xv, d, gv;
+        i = 8 * K + l;
+        xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
+        pw[i] += d * xv; pb[i] += d;
+        ds[l] += (double)gv; dt[l] += (double)(gv * xv);
+    }
     *sg = capex__nm_tree8(ds);
     *sgx = capex__nm_tree8(dt);
 }
