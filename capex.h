@@ -13270,7 +13270,7 @@ static void capex__nm_store_one(void *p, capex_dtype t, int64_t i, float v) {
 static void capex__nm_chan_d(double *na, double *ma, double *qa, double nb, double mb, double qb) {
     double n = *na + nb, d = mb - *ma, f;
     if (nb == 0.0) return;
-    f = nb / n;
+    f = nb == *na ? 0.5 : nb / n; /* equal counts: exactly nb / n, without the divide's latency */
     *ma += d * f;
     *qa += qb + d * d * *na * f;
     *na = n;
