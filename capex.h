@@ -13181,8 +13181,9 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
    expands to `static inline` C here and, stringified, to the
    `__device__ __forceinline__` source of capex_cuda.h's norm kernels
    (capex__norm_math_cuda), so the CPU tests vouch for the GPU math.
-   Reductions differ in order between CPU (16 or 8 lanes per row) and GPU (a warp
-   or block per row), so results agree to rounding, not in bits.
+   Reductions differ in order between CPU (16 or 8 f32 lanes per row, each
+   flushed into a double every 64 rounds) and GPU (a warp or block per row), so
+   results agree to rounding, not in bits.
 
    Welford (1962) per lane: d = x - mean; mean += d * (1/n); m2 += d * (x - mean)
    (1/n once per step for all lanes: a multiply, not a divide, on the chain).
@@ -13327,109 +13328,191 @@ static void capex__nm_store_one(void *p, capex_dtype t, int64_t i, float v) {
     else ((uint16_t *)p)[i] = (uint16_t)capex__b16_store(v);
 }
 
-/* Mean and biased variance of x[0, n) (n >= 1): Welford in 16 lanes (lane l
-   takes elements l, l+16, ...: 16 independent chains hide the latency),
-   lanes merged by Chan in a fixed tree. Welford runs on x - x0 (shifted
-   data; the GPU kernels too) and *mean_s is the mean of x - x0: on a large
-   mean over a small spread (1e4 + 1e-2 noise) a chain's d / n falls below
-   half an ulp of the mean, which then stops moving (rstd was 1-4% off); the
-   shifted mean stays near the noise, and a caller merging several pieces
-   keeps it unrounded (x0 + mean_s in f32 would round it to the mean's ulp). */
-#define CAPEX__NM_LANES 16
-static void capex__nm_row_stats(const float *x, int64_t n, float x0, float *mean_s, float *var) {
-    float mu[CAPEX__NM_LANES], q[CAPEX__NM_LANES], cnt[CAPEX__NM_LANES];
-    int64_t K = n / CAPEX__NM_LANES, k;
-    int l, r = (int)(n % CAPEX__NM_LANES), s;
-    for (l = 0; l < CAPEX__NM_LANES; l++) { mu[l] = 0.0f; q[l] = 0.0f; cnt[l] = (float)K; }
-    for (k = 0; k < K; k++) {
-        const float inv = 1.0f / (float)(k + 1);
-        const float *xk = x + CAPEX__NM_LANES * k;
-        for (l = 0; l < CAPEX__NM_LANES; l++) capex__nm_welford(xk[l] - x0, inv, &mu[l], &q[l]);
-    }
-    for (l = 0; l < r; l++) {
-        cnt[l] += 1.0f;
-        capex__nm_welford(x[CAPEX__NM_LANES * K + l] - x0, 1.0f / cnt[l], &mu[l], &q[l]);
-    }
-    for (s = 1; s < CAPEX__NM_LANES; s *= 2)
-        for (l = 0; l < CAPEX__NM_LANES; l += 2 * s)
-            capex__nm_chan(&cnt[l], &mu[l], &q[l], cnt[l + s], mu[l + s], q[l + s]);
-    *mean_s = mu[0];
-    *var = q[0] / (float)n;
+/* Blocks for the long row reductions below: each f32 lane chain runs
+   CAPEX__NM_BLK rounds, then is flushed into a double per lane. One f32 chain
+   per lane over a whole row lost up to 1.4e-4 relative at 2^20 columns of
+   nearly equal values (every add rounds the same way: RMSNorm's rstd 7e-5 off,
+   LayerNorm backward's dx 9e-4); chains of 64 stay within a few ulp, like
+   torch's cascade sums.
+   The order depends on n alone: the same bits for any thread count and in the
+   vector and plain loops. */
+#define CAPEX__NM_BLK 64
+/* Chan's merge (as capex__nm_chan) in double, for the lanes' running totals. */
+static void capex__nm_chan_d(double *na, double *ma, double *qa, double nb, double mb, double qb) {
+    double n = *na + nb, d = mb - *ma, f;
+    if (nb == 0.0) return;
+    f = nb == *na ? 0.5 : nb / n; /* equal counts: exactly nb / n, without the divide's latency */
+    *ma += d * f;
+    *qa += qb + d * d * *na * f;
+    *na = n;
 }
 
-/* Sum of a[i]*b[i] (b NULL: of a[i]) in 8 f32 lanes, fixed tree. */
-static float capex__nm_dot(const float *a, const float *b, int64_t n) {
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t K = n / 8, k;
-    int l;
-    if (b) {
-        for (k = 0; k < K; k++)
-            for (l = 0; l < 8; l++) s[l] += a[8 * k + l] * b[8 * k + l];
-        for (l = 0; l < (int)(n % 8); l++) s[l] += a[8 * K + l] * b[8 * K + l];
-    } else {
-        for (k = 0; k < K; k++)
-            for (l = 0; l < 8; l++) s[l] += a[8 * k + l];
-        for (l = 0; l < (int)(n % 8); l++) s[l] += a[8 * K + l];
+/* Mean and biased variance of x[0, n) (n >= 1): Welford in 16 f32 lanes (lane
+   l takes elements l, l+16, ...: 16 independent chains hide the latency),
+   restarted every CAPEX__NM_BLK rounds and merged (Chan) into one double per
+   lane; the 16 lanes then merged by Chan in a fixed tree. Welford runs on
+   x - x0 (shifted data; the GPU kernels too) and *mean_s is the mean of
+   x - x0: on a large mean over a small spread (1e4 + 1e-2 noise) a chain's
+   d / n falls below half an ulp of the mean, which then stops moving (rstd
+   was 1-4% off); the shifted mean stays near the noise, and a caller merging
+   several pieces keeps it unrounded (x0 + mean_s in f32 would round it to the
+   mean's ulp). */
+#define CAPEX__NM_LANES 16
+static void capex__nm_row_stats(const float *x, int64_t n, float x0, float *mean_s, float *var) {
+    float mu[CAPEX__NM_LANES], q[CAPEX__NM_LANES];
+    double dm[CAPEX__NM_LANES], dq[CAPEX__NM_LANES], dn[CAPEX__NM_LANES], m = 0.0;
+    int64_t K = n / CAPEX__NM_LANES, k = 0, k0, k1;
+    int l, r = (int)(n % CAPEX__NM_LANES), s;
+    for (l = 0; l < CAPEX__NM_LANES; l++) { dm[l] = 0.0; dq[l] = 0.0; }
+    while (k < K) {
+        double f;
+        k0 = k;
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
+        for (l = 0; l < CAPEX__NM_LANES; l++) { mu[l] = 0.0f; q[l] = 0.0f; }
+        for (; k < k1; k++) {
+            const float inv = 1.0f / (float)(k - k0 + 1);
+            const float *xk = x + CAPEX__NM_LANES * k;
+            for (l = 0; l < CAPEX__NM_LANES; l++) capex__nm_welford(xk[l] - x0, inv, &mu[l], &q[l]);
+        }
+        /* every lane has m rounds before and k1 - k0 in this block: one f for all */
+        f = (double)(k1 - k0) / (m + (double)(k1 - k0));
+        for (l = 0; l < CAPEX__NM_LANES; l++) {
+            double d = (double)mu[l] - dm[l];
+            dm[l] += d * f;
+            dq[l] += (double)q[l] + d * d * m * f;
+        }
+        m += (double)(k1 - k0);
     }
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (l = 0; l < CAPEX__NM_LANES; l++) dn[l] = m;
+    for (l = 0; l < r; l++) /* the tail: one value more in lanes 0..r-1 */
+        capex__nm_chan_d(&dn[l], &dm[l], &dq[l], 1.0, (double)(x[CAPEX__NM_LANES * K + l] - x0), 0.0);
+    for (s = 1; s < CAPEX__NM_LANES; s *= 2)
+        for (l = 0; l < CAPEX__NM_LANES; l += 2 * s)
+            capex__nm_chan_d(&dn[l], &dm[l], &dq[l], dn[l + s], dm[l + s], dq[l + s]);
+    *mean_s = (float)dm[0];
+    *var = (float)(dq[0] / (double)n);
+}
+
+/* Long row sums (RMSNorm's sum of squares, the backward's row dots): element
+   i goes to f32 lane i%8 (8 independent chains, one 8-float vector), each
+   lane flushed into its own double every CAPEX__NM_BLK rounds (512 elements);
+   the n % 8 tail goes straight into the doubles, which meet in a fixed tree. */
+static float capex__nm_tree8(const double *d) {
+    return (float)(((d[0] + d[1]) + (d[2] + d[3])) + ((d[4] + d[5]) + (d[6] + d[7])));
+}
+/* With GCC/clang the 8 lanes are one 8-float vector (the vectorisers
+   otherwise either stay scalar or shuffle 16-wide on AVX-512); lane by lane
+   the operations are those of the plain loop. */
+#if defined(__GNUC__) || defined(__clang__)
+typedef float capex__v8f __attribute__((vector_size(32))); /* locals only: no ABI question */
+typedef double capex__v4d __attribute__((vector_size(32)));
+/* d[0..3] += (double)v[0..3], d[4..7] += (double)v[4..7]: the plain loop's flush, in
+   two vector converts and adds (lane by lane the same operations). */
+#define CAPEX__NM_FLUSH(dlo, dhi, v)                                              \
+    do {                                                                          \
+        capex__v4d lo_ = {(v)[0], (v)[1], (v)[2], (v)[3]}, hi_ = {(v)[4], (v)[5], (v)[6], (v)[7]}; \
+        (dlo) += lo_;                                                             \
+        (dhi) += hi_;                                                             \
+    } while (0)
+#endif
+/* Sum of a[i]*b[i] (b NULL: of a[i]). */
+static float capex__nm_dot(const float *a, const float *b, int64_t n) {
+    double d[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t K = n / 8, k = 0, k1;
+    int l;
+#if defined(__GNUC__) || defined(__clang__)
+    capex__v4d dlo = {0, 0, 0, 0}, dhi = {0, 0, 0, 0};
+    while (k < K) { /* whole blocks of up to CAPEX__NM_BLK rounds, then the tail alone */
+        capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, av, bv;
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
+        if (b) {
+            for (; k < k1; k++) {
+                memcpy(&av, a + 8 * k, sizeof av); memcpy(&bv, b + 8 * k, sizeof bv);
+                sv += av * bv;
+            }
+        } else {
+            for (; k < k1; k++) { memcpy(&av, a + 8 * k, sizeof av); sv += av; }
+        }
+        CAPEX__NM_FLUSH(dlo, dhi, sv);
+    }
+    memcpy(d, &dlo, sizeof dlo);
+    memcpy(d + 4, &dhi, sizeof dhi);
+#else
+    while (k < K) {
+        float s[8];
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
+        for (l = 0; l < 8; l++) s[l] = 0.0f;
+        if (b) { for (; k < k1; k++) for (l = 0; l < 8; l++) s[l] += a[8 * k + l] * b[8 * k + l]; }
+        else { for (; k < k1; k++) for (l = 0; l < 8; l++) s[l] += a[8 * k + l]; }
+        for (l = 0; l < 8; l++) d[l] += (double)s[l];
+    }
+#endif
+    for (l = 0; l < (int)(n % 8); l++) d[l] += (double)(b ? a[8 * K + l] * b[8 * K + l] : a[8 * K + l]);
+    return capex__nm_tree8(d);
 }
 
 /* LayerNorm backward of one row in two passes over x and dy instead of six
    over row buffers. Pass 1: xhat = (x-mean)*rstd and g = dy*w, the dweight /
-   dbias partials, and sum(g), sum(g*xhat) in the 8 lanes and tree of
+   dbias partials, and sum(g), sum(g*xhat) in the 8 lanes, blocks and tree of
    capex__nm_dot; pass 2 recomputes xhat and g (the same operations, the same
-   values) for dx. With GCC/clang the 8 lanes are one 8-float vector (the
-   vectorisers otherwise either stay scalar or shuffle 16-wide on AVX-512);
-   lane by lane the operations are those of the plain loop. Parameters, not
-   locals, carry restrict: GCC ignores it on local pointers. */
-#if defined(__GNUC__) || defined(__clang__)
-typedef float capex__v8f __attribute__((vector_size(32))); /* locals only: no ABI question */
-#endif
+   values) for dx. The 8 lanes are one vector as in capex__nm_dot. Parameters,
+   not locals, carry restrict: GCC ignores it on local pointers. */
 static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *CAPEX__OPT_RESTRICT dy,
                                const float *CAPEX__OPT_RESTRICT wf, float *CAPEX__OPT_RESTRICT pw,
                                float *CAPEX__OPT_RESTRICT pb, float mean, float rstd, int64_t n, float *sg,
                                float *sgx) {
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t K = n / 8, k, i;
+    double ds[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t K = n / 8, k = 0, k1, i;
     int l;
 #if defined(__GNUC__) || defined(__clang__)
     {
         const capex__v8f mv = {mean, mean, mean, mean, mean, mean, mean, mean};
         const capex__v8f rv = {rstd, rstd, rstd, rstd, rstd, rstd, rstd, rstd};
-        capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, tv = {0, 0, 0, 0, 0, 0, 0, 0}, xv, d, w, a, b;
-        for (k = 0; k < K; k++) {
-            memcpy(&xv, x + 8 * k, sizeof xv); memcpy(&d, dy + 8 * k, sizeof d); memcpy(&w, wf + 8 * k, sizeof w);
-            memcpy(&a, pw + 8 * k, sizeof a); memcpy(&b, pb + 8 * k, sizeof b);
-            xv = (xv - mv) * rv;
-            w = d * w; /* g */
-            a += d * xv;
-            b += d;
-            memcpy(pw + 8 * k, &a, sizeof a); memcpy(pb + 8 * k, &b, sizeof b);
-            sv += w;
-            tv += w * xv;
+        capex__v4d slo = {0, 0, 0, 0}, shi = {0, 0, 0, 0}, tlo = {0, 0, 0, 0}, thi = {0, 0, 0, 0};
+        while (k < K) { /* blocks of CAPEX__NM_BLK rounds flushed into double lanes, as capex__nm_dot */
+            capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, tv = {0, 0, 0, 0, 0, 0, 0, 0}, xv, d, w, a, b;
+            k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
+            for (; k < k1; k++) {
+                memcpy(&xv, x + 8 * k, sizeof xv); memcpy(&d, dy + 8 * k, sizeof d); memcpy(&w, wf + 8 * k, sizeof w);
+                memcpy(&a, pw + 8 * k, sizeof a); memcpy(&b, pb + 8 * k, sizeof b);
+                xv = (xv - mv) * rv;
+                w = d * w; /* g */
+                a += d * xv;
+                b += d;
+                memcpy(pw + 8 * k, &a, sizeof a); memcpy(pb + 8 * k, &b, sizeof b);
+                sv += w;
+                tv += w * xv;
+            }
+            CAPEX__NM_FLUSH(slo, shi, sv);
+            CAPEX__NM_FLUSH(tlo, thi, tv);
         }
-        memcpy(s, &sv, sizeof sv);
-        memcpy(t, &tv, sizeof tv);
+        memcpy(ds, &slo, sizeof slo); memcpy(ds + 4, &shi, sizeof shi);
+        memcpy(dt, &tlo, sizeof tlo); memcpy(dt + 4, &thi, sizeof thi);
     }
 #else
-    for (k = 0; k < K; k++)
-        for (l = 0; l < 8; l++) {
-            float xv, d, gv;
-            i = 8 * k + l;
-            xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
-            pw[i] += d * xv; pb[i] += d;
-            s[l] += gv; t[l] += gv * xv;
-        }
+    while (k < K) {
+        float s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
+        for (; k < k1; k++)
+            for (l = 0; l < 8; l++) {
+                float xv, d, gv;
+                i = 8 * k + l;
+                xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
+                pw[i] += d * xv; pb[i] += d;
+                s[l] += gv; t[l] += gv * xv;
+            }
+        for (l = 0; l < 8; l++) { ds[l] += (double)s[l]; dt[l] += (double)t[l]; }
+    }
 #endif
-    for (l = 0; l < (int)(n % 8); l++) {
+    for (l = 0; l < (int)(n % 8); l++) { /* the tail: one more value in lanes 0..n%8-1 */
         float xv, d, gv;
         i = 8 * K + l;
         xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
         pw[i] += d * xv; pb[i] += d;
-        s[l] += gv; t[l] += gv * xv;
+        ds[l] += (double)gv; dt[l] += (double)(gv * xv);
     }
-    *sg = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    *sgx = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+    *sg = capex__nm_tree8(ds);
+    *sgx = capex__nm_tree8(dt);
 }
 /* dx of one LayerNorm row. stream: non-temporal 16-byte stores (SSE, part of
    x86-64) for an f32 dx too large to stay cached: a plain store first reads

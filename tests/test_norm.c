@@ -1113,6 +1113,88 @@ CT_TEST(large_mean_small_noise_variance_vs_float64) {
     }
 }
 
+/* Rows of 2^20 and 3*2^18+5 nearly equal values (0.7 + small noise, dy 0.9 +
+   noise, weight 1 + 1e-3 noise): RMSNorm forward rstd and y, LayerNorm
+   forward mean and rstd, and both backwards' dx, dweight, dbias against
+   float64, x in f32, f16 and bf16. The backward references take capex's own
+   saved mean and rstd, so dx checks the row dots alone. Tolerances are what
+   f32 pairwise summation gives: 2 ulp per level, log2(n) levels (4.8e-6 at
+   2^20), twice that for dx, plus one rounding of a half dx. Seen failing: one
+   f32 chain per lane over the whole row gave rstd 6.8e-5 and dx 8e-4 off
+   (RMSNorm sum of squares, LayerNorm backward row dots; fixed 2026-11-28). */
+CT_TEST(long_rows_sums_vs_float64) {
+    static const int64_t widths[] = {1 << 20, 3 * (1 << 18) + 5};
+    static const capex_dtype dts[] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
+    size_t wi, di;
+    int rms;
+    for (wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+        for (di = 0; di < sizeof dts / sizeof dts[0]; di++)
+            for (rms = 0; rms < 2; rms++) {
+                const int64_t C = widths[wi], R = 2, N = R * C;
+                const capex_dtype xt = dts[di];
+                const double spread = xt == CAPEX_F32 ? 1e-3 : 1e-2, tol = 2.0 * ldexp(1.0, -23) * log2((double)C);
+                const double half = xt == CAPEX_F32 ? 0.0 : xt == CAPEX_F16 ? ldexp(1.0, -11) : ldexp(1.0, -8);
+                const char *what = rms ? "rms" : "layer";
+                void *x = talloc(xt, N), *dx = talloc(xt, N);
+                float *y = (float *)talloc(CAPEX_F32, N), *dy = (float *)talloc(CAPEX_F32, N), *w = (float *)talloc(CAPEX_F32, C), *b = (float *)talloc(CAPEX_F32, C);
+                float *dw = (float *)talloc(CAPEX_F32, C), *db = (float *)talloc(CAPEX_F32, C), mean[2], rstd[2];
+                double *xd = dalloc(N), *dyd = dalloc(N), *wd = dalloc(C), *bd = dalloc(C), *yr = dalloc(N), mr[2], rr[2];
+                double *dxr = dalloc(N), *dwr = dalloc(C), *dbr = dalloc(C), err, ym = 0, dxm = 0;
+                capex_norm_args a;
+                int64_t r, j;
+                fill(xt, x, xd, N, 0.7, spread);
+                fill(CAPEX_F32, dy, dyd, N, 0.9, spread);
+                fill(CAPEX_F32, w, wd, C, 1.0, 1e-3);
+                fill(CAPEX_F32, b, bd, C, 0.0, 0.1);
+                capex_norm_args_init(&a);
+                a.rows = R; a.cols = C; a.x_dtype = xt; /* y, dy f32: y unrounded */
+                a.x = x; a.y = y; a.weight = w; a.bias = rms ? NULL : b; a.mean = mean; a.rstd = rstd;
+                CT_CHECK((rms ? capex_rms_norm_forward(NULL, &a) : capex_layer_norm_forward(NULL, &a)) == CAPEX_OK, "%s",
+                         capex_last_error());
+                ref_norm(rms, R, C, xd, wd, rms ? NULL : bd, 1e-5, yr, mr, rr);
+                for (r = 0; r < R; r++) {
+                    CT_CHECK(fabs(rstd[r] - rr[r]) <= tol * rr[r], "%s C=%lld x dtype %d: rstd %.9g, float64 %.9g (rel %.3g, tol %.3g)",
+                             what, (long long)C, xt, (double)rstd[r], rr[r], fabs(rstd[r] - rr[r]) / rr[r], tol);
+                    if (!rms)
+                        CT_CHECK(fabs(mean[r] - mr[r]) <= tol * fabs(mr[r]), "layer C=%lld x dtype %d: mean %.9g, float64 %.9g",
+                                 (long long)C, xt, (double)mean[r], mr[r]);
+                }
+                if (rms) CT_CHECK(close_to(CAPEX_F32, y, yr, N, tol, &err), "rms C=%lld x dtype %d: y rel err %.3g (tol %.3g)",
+                                  (long long)C, xt, err, tol);
+                /* backward references from capex's saved mean and rstd */
+                for (j = 0; j < C; j++) { dwr[j] = 0; dbr[j] = 0; }
+                for (r = 0; r < R; r++) {
+                    const double m = rms ? 0.0 : (double)mean[r], rs = (double)rstd[r];
+                    double mg = 0, mgx = 0;
+                    for (j = 0; j < C; j++) {
+                        const double g = dyd[r * C + j] * wd[j], xh = (xd[r * C + j] - m) * rs;
+                        mg += g; mgx += g * xh;
+                        dwr[j] += dyd[r * C + j] * xh; dbr[j] += dyd[r * C + j];
+                    }
+                    mg = rms ? 0.0 : mg / (double)C; mgx /= (double)C;
+                    for (j = 0; j < C; j++) {
+                        const double g = dyd[r * C + j] * wd[j], xh = (xd[r * C + j] - m) * rs;
+                        dxr[r * C + j] = rs * (g - mg - xh * mgx);
+                    }
+                }
+                a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = rms ? NULL : db;
+                CT_CHECK((rms ? capex_rms_norm_backward(NULL, &a) : capex_layer_norm_backward(NULL, &a)) == CAPEX_OK, "%s",
+                         capex_last_error());
+                ym = maxabs(dyd, N) * maxabs(rr, R) * maxabs(wd, C); /* dx's terms */
+                dxm = maxabs(dxr, N);
+                CT_CHECK(close_to_s(xt, dx, dxr, N, 2.0 * tol + half * dxm / ym, ym, &err),
+                         "%s C=%lld x dtype %d: dx off by %.3g of its terms (tol %.3g)", what, (long long)C, xt, err,
+                         2.0 * tol + half * dxm / ym);
+                CT_CHECK(close_to(CAPEX_F32, dw, dwr, C, tol, &err), "%s C=%lld x dtype %d: dweight rel err %.3g", what,
+                         (long long)C, xt, err);
+                if (!rms) CT_CHECK(close_to(CAPEX_F32, db, dbr, C, tol, &err), "layer C=%lld x dtype %d: dbias rel err %.3g",
+                                   (long long)C, xt, err);
+                free(x); free(dy); free(dx); free(y); free(w); free(b); free(dw); free(db);
+                free(xd); free(dyd); free(wd); free(bd); free(yr); free(dxr); free(dwr); free(dbr);
+                if (ct->failed) return;
+            }
+}
+
 /* Finite f32 values past 1.8e19 (their square overflows) with a small spread:
    LayerNorm rows of 1..20 columns and BatchNorm channels of 4 and 12 values in
    both layouts give the float64 results, not NaN. Seen failing: the Welford
@@ -1963,6 +2045,7 @@ static const ct_case cases[] = {
     CT_CASE(huge_fp16_inputs_do_not_overflow),
     CT_CASE(huge_f32_values_short_rows_stay_finite),
     CT_CASE(large_mean_small_noise_variance_vs_float64),
+    CT_CASE(long_rows_sums_vs_float64),
     CT_CASE(constant_rows_and_one_element_rows),
     CT_CASE(finite_differences),
     CT_CASE(pytorch_semantics_small),

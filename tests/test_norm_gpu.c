@@ -834,6 +834,90 @@ CT_TEST(gpu_norm_large_mean_small_noise_vs_float64) {
     capex_cuda_context_destroy(ctx);
 }
 
+/* Rows of 2^20 (vector loads) and 3*2^18+5 (scalar) nearly equal values (x
+   f32, f16, bf16: 0.7 + noise; dy 0.9 + noise; weight 1 + 1e-3 noise), as
+   test_norm's long_rows_sums_vs_float64: RMSNorm rstd and y, LayerNorm mean
+   and rstd against float64, dx against float64 from the GPU's own saved mean
+   and rstd (plus one rounding of a half dx). The bound is 8 ulp x log2(cols),
+   4x the CPU's: each of a row's 256 threads sums cols/256 values in one f32
+   chain before the warp tree, and with bf16 x (few distinct squares) that
+   chain's rounding is systematic: RMSNorm rstd and y 9.4e-6 off at 2^20
+   (f16 1e-6, f32 4e-8; the CPU 5e-8 with bf16). */
+CT_TEST(gpu_norm_long_rows_vs_float64) {
+    static const int64_t widths[] = {1 << 20, 3 * (1 << 18) + 5};
+    capex_cuda_context *ctx = open_ctx(ct);
+    static const capex_dtype dts[] = {CAPEX_F32, CAPEX_F16, CAPEX_BF16};
+    size_t k, di;
+    int rms;
+    if (!ctx) return;
+    for (k = 0; k < sizeof widths / sizeof widths[0] && !ct->failed; k++)
+        for (di = 0; di < 3 * 2 && !ct->failed; di++) {
+            const int64_t C = widths[k], R = 2, N = R * C;
+            const capex_dtype xt = dts[di / 2];
+            const size_t xs = capex_dtype_size(xt);
+            const double spread = xt == CAPEX_F32 ? 1e-3 : 1e-2;
+            const double half = xt == CAPEX_F32 ? 0.0 : xt == CAPEX_F16 ? ldexp(1.0, -11) : ldexp(1.0, -8);
+            const double tol = 8.0 * ldexp(1.0, -23) * log2((double)C);
+            float *x = (float *)malloc(4 * N), *dy = (float *)malloc(4 * N), *w = (float *)malloc(4 * C);
+            float *y = (float *)malloc(4 * N), *dx = (float *)malloc(4 * N), mean[2], rstd[2];
+            void *xh_ = malloc(xs * N), *dxh = malloc(xs * N);
+            double ey = 0, my = 0, edx = 0, mt = 0, mdx = 0;
+            rms = (int)(di % 2);
+            capex_cuda_norm_args g;
+            int64_t i, r;
+            for (i = 0; i < N; i++) {
+                setv(xt, xh_, i, (float)(0.7 + spread * rnd()));
+                x[i] = getv(xt, xh_, i); /* the values the GPU sees */
+                dy[i] = (float)(0.9 + spread * rnd());
+            }
+            for (i = 0; i < C; i++) w[i] = (float)(1.0 + 1e-3 * rnd());
+            capex_cuda_norm_args_init(&g);
+            g.rows = R; g.cols = C; g.x_dtype = xt; /* y, dy f32: y unrounded */
+            g.x = up(ctx, xh_, xs * N); g.dy = up(ctx, dy, 4 * N); g.weight = up(ctx, w, 4 * C);
+            g.y = up(ctx, NULL, 4 * N); g.dx = up(ctx, NULL, xs * N); g.mean = up(ctx, NULL, 8); g.rstd = up(ctx, NULL, 8);
+            CT_CHECK((rms ? capex_cuda_rms_norm_forward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_forward(ctx, NULL, &g, NULL)) ==
+                     CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK((rms ? capex_cuda_rms_norm_backward(ctx, NULL, &g, NULL) : capex_cuda_layer_norm_backward(ctx, NULL, &g, NULL)) ==
+                     CAPEX_OK, "%s", capex_last_error());
+            capex_cuda_memcpy_dtoh(ctx, y, g.y, 4 * N, NULL); capex_cuda_memcpy_dtoh(ctx, dxh, g.dx, xs * N, NULL);
+            for (i = 0; i < N; i++) dx[i] = getv(xt, dxh, i);
+            capex_cuda_memcpy_dtoh(ctx, mean, g.mean, 8, NULL);
+            CT_CHECK(capex_cuda_memcpy_dtoh(ctx, rstd, g.rstd, 8, NULL) == CAPEX_OK, "%s", capex_last_error());
+            for (r = 0; r < R && !ct->failed; r++) {
+                const float *xr = x + r * C, *dr = dy + r * C;
+                const double m = rms ? 0.0 : d_mean(xr, C, 1), v = rms ? d_var(xr, C, 1, 0.0) : d_var(xr, C, 1, m);
+                const double rs = 1.0 / sqrt(v + 1e-5), gm = rms ? 0.0 : (double)mean[r], grs = (double)rstd[r];
+                double mg = 0, mgx = 0;
+                CT_CHECK(fabs(rstd[r] - rs) <= tol * rs, "rms=%d x dtype %d cols %lld: GPU rstd %.9g, float64 %.9g (rel %.3g, tol %.3g)", rms,
+                         xt, (long long)C, (double)rstd[r], rs, fabs(rstd[r] - rs) / rs, tol);
+                CT_CHECK(rms || fabs(mean[r] - m) <= tol * fabs(m), "cols %lld: GPU mean %.9g, float64 %.9g", (long long)C,
+                         (double)mean[r], m);
+                for (i = 0; i < C; i++) {
+                    const double gi = (double)dr[i] * w[i], xh = ((double)xr[i] - gm) * grs;
+                    const double yr = ((double)xr[i] - m) * rs * w[i];
+                    if (fabs(yr) > my) my = fabs(yr);
+                    if (rms && fabs(y[r * C + i] - yr) > ey) ey = fabs(y[r * C + i] - yr);
+                    mg += gi; mgx += gi * xh;
+                }
+                mg = rms ? 0.0 : mg / (double)C; mgx /= (double)C;
+                for (i = 0; i < C; i++) {
+                    const double gi = (double)dr[i] * w[i], xh = ((double)xr[i] - gm) * grs;
+                    const double want = grs * (gi - mg - xh * mgx), e = fabs(dx[r * C + i] - want);
+                    if (e > edx) edx = e;
+                    if (fabs(want) > mdx) mdx = fabs(want);
+                    if (grs * fabs(gi) > mt) mt = grs * fabs(gi);
+                }
+            }
+            CT_CHECK(ey <= tol * my, "rms cols %lld: GPU y off by %.3g of its size (tol %.3g)", (long long)C, ey / my, tol);
+            CT_CHECK(edx <= 2.0 * tol * mt + half * mdx, "rms=%d cols %lld x dtype %d: GPU dx off by %.3g of its terms (tol %.3g)",
+                     rms, (long long)C, xt, edx / mt, 2.0 * tol + half * mdx / mt);
+            capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.dy); capex_cuda_free(ctx, g.weight); capex_cuda_free(ctx, g.y);
+            capex_cuda_free(ctx, g.dx); capex_cuda_free(ctx, g.mean); capex_cuda_free(ctx, g.rstd);
+            free(x); free(dy); free(w); free(y); free(dx); free(xh_); free(dxh);
+        }
+    capex_cuda_context_destroy(ctx);
+}
+
 /* SyncBatchNorm over a world of 2-3 ranks on the stand-in NCCL (each rank a
    process with its own emulator context, device buffers, comm->stream): each
    rank's y, dx and running statistics equal the CPU's BatchNorm of the whole
@@ -1419,6 +1503,7 @@ static const ct_case cases[] = {
     CT_CASE(gpu_batch_norm_eval_without_running_stats_needs_two_values),
     CT_CASE(gpu_batch_norm_empty_batch_as_torch),
     CT_CASE(gpu_norm_huge_f32_values_stay_finite), CT_CASE(gpu_norm_large_mean_small_noise_vs_float64),
+    CT_CASE(gpu_norm_long_rows_vs_float64),
     CT_CASE(gpu_sync_batch_norm_world_matches_cpu_whole_batch), CT_CASE(gpu_sync_batch_norm_host_comm_matches_cpu_whole_batch),
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
     CT_CASE(gpu_sync_batch_norm_nccl_world2_orders_user_stream),
