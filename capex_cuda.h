@@ -52,7 +52,8 @@
                          old, no architecture list) is skipped, with its reason listed.
        CAPEX_NCCL_PATH   load exactly this NCCL library instead of libnccl.so.2.
        CAPEX_CACHE_DIR   kernel cache directory; set but empty disables the disk cache.
-                         Default $XDG_CACHE_HOME/capex, else $HOME/.cache/capex.
+                         Default $XDG_CACHE_HOME/capex, else $HOME/.cache/capex (each
+                         used only when absolute; neither: no disk cache, one warning).
        CAPEX_CUDA_PARAMS 4096: the multi-tensor launches pass at most 4 KB of kernel
                          parameters, as before CUDA 12.1 (for a driver that mishandles
                          larger ones); auto (or unset): 32 KB where the driver (12.1+),
@@ -1668,8 +1669,11 @@ CAPEX_API void capex_cuda_cache_init(capex_cuda_cache *cache, const char *dir) {
         base = env;  /* set but empty: disabled */
     } else if ((env = getenv("XDG_CACHE_HOME")) != NULL && env[0] == '/') {
         base = env, tail = "/capex";
-    } else if ((env = getenv("HOME")) != NULL && env[0]) {
+    } else if ((env = getenv("HOME")) != NULL && env[0] == '/') { /* a relative one would follow the working directory */
         base = env, tail = "/.cache/capex";
+    } else {
+        capex_log(CAPEX_LOG_WARN, "no kernel cache directory: neither XDG_CACHE_HOME nor HOME is an absolute path: "
+                  "running without the disk cache (every process compiles its kernels; set CAPEX_CACHE_DIR)");
     }
     len = snprintf(cache->dir, sizeof cache->dir, "%s%s", base, tail);
     if (len < 0 || (size_t)len >= sizeof cache->dir) {

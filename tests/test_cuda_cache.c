@@ -272,6 +272,9 @@ CT_TEST(cache_dir_from_environment) {
     capex_cuda_cache_init(&c, NULL);
     CT_CHECK(c.enabled && !strcmp(c.dir, "/tmp/h/.cache/capex"), "HOME/.cache/capex: %s", c.dir);
     unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", "rel/home", 1); /* would follow the working directory */
+    capex_cuda_cache_init(&c, NULL);
+    CT_CHECK(!c.enabled, "relative HOME: disabled, not %s", c.dir);
     unsetenv("HOME");
     capex_cuda_cache_init(&c, NULL);
     CT_CHECK(!c.enabled, "no HOME: disabled");
