@@ -6155,7 +6155,7 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
    Adagrad (Apex FusedAdagrad AdagradFunctor): L2 mode adds wd*p to g before
    the sum, W mode (adagrad_w_mode) adds wd*p to the update. clr is torch's
    lr / (1 + (step-1)*lr_decay) (Apex: lr). */
-#define CAPEX__OPTIM_MATH_AMS_ADAGRAD(Q, F2U, U2F)                                          \
+#define CAPEX__OPTIM_MATH_AMS_ADAGRAD(Q)                                                     \
     /* | rather than ||: one select, so the CPU loop vectorises (2x faster) */                \
     Q float capex__ams_max(float vmax, float v) { return ((v > vmax) | (v != v)) ? v : vmax; } \
     Q float capex__adam_ams_l2_elem(float p, float g, float *m, float *v, float *vm, float beta1, \
@@ -6181,29 +6181,26 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
     }                                                                                        \
     /* Both modes in one body for a run-time mode on the GPU (capex_cuda.h: one copy of   \
        the divisions, not one per mode): wm ~0 W, 0 L2; the same ops as the _w/_l2       \
-       functions, picked with bits (capex__wsel) so that NVVM keeps one copy. */          \
-    Q float capex__wsel(unsigned int m, float a, float b) {                                  \
-        return U2F((F2U(a) & m) | (F2U(b) & ~m));                                            \
-    }                                                                                        \
+       functions, picked with bits (capex__sel) so that NVVM keeps one copy. */           \
     Q float capex__adam_ams_elem(float p, float g, float *m, float *v, float *vm, float beta1, \
                                  float beta2, float bc1, float bc2, float eps, float lr, float wd, \
                                  unsigned int wm) {                                          \
         float mm, vv, vx, denom;                                                             \
-        g = capex__wsel(wm, g, g + (wd * p));                                                \
+        g = capex__sel(wm, g, g + (wd * p));                                                 \
         mm = beta1 * *m + (1.0f - beta1) * g;                                                \
         vv = beta2 * *v + (1.0f - beta2) * g * g;                                            \
         vx = capex__ams_max(*vm, vv);                                                        \
         *m = mm; *v = vv; *vm = vx;                                                          \
         denom = sqrtf(vx / bc2) + eps;                                                       \
-        return p - (lr * capex__wsel(wm, ((mm / bc1) / denom) + (wd * p), (mm / bc1) / denom)); \
+        return p - (lr * capex__sel(wm, ((mm / bc1) / denom) + (wd * p), (mm / bc1) / denom)); \
     }                                                                                        \
     Q float capex__adagrad_elem(float p, float g, float *h, float eps, float clr, float wd,  \
                                 unsigned int wm) {                                           \
         float hh;                                                                            \
-        g = capex__wsel(wm, g, g + (wd * p));                                                \
+        g = capex__sel(wm, g, g + (wd * p));                                                 \
         hh = *h + g * g;                                                                     \
         *h = hh;                                                                             \
-        return p - (clr * capex__wsel(wm, (g / (sqrtf(hh) + eps)) + (wd * p), g / (sqrtf(hh) + eps))); \
+        return p - (clr * capex__sel(wm, (g / (sqrtf(hh) + eps)) + (wd * p), g / (sqrtf(hh) + eps))); \
     }                                                                                        \
     Q float capex__adagrad_l2_elem(float p, float g, float *h, float eps, float clr, float wd) { \
         float hh;                                                                            \
@@ -6229,7 +6226,7 @@ CAPEX__OPTIM_MATH_ADAM(static inline)
 CAPEX__OPTIM_MATH_LAMB(static inline)
 CAPEX__OPTIM_MATH_SGD(static inline, capex__f32_bits, capex__bits_f32)
 CAPEX__OPTIM_MATH_NOVOGRAD(static inline)
-CAPEX__OPTIM_MATH_AMS_ADAGRAD(static inline, capex__f32_bits, capex__bits_f32)
+CAPEX__OPTIM_MATH_AMS_ADAGRAD(static inline)
 
 /* The same math as CUDA source (each part < 4095 chars, ISO C's minimum
    string length). The qualifiers stay placeholder tokens, defined by the
@@ -6243,7 +6240,7 @@ static const char *const capex__optim_math_parts[] = {
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_LAMB(CAPEX__QUAL)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_SGD(CAPEX__QUAL, CAPEX__F2U, CAPEX__U2F)),
     CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_NOVOGRAD(CAPEX__QUAL)),
-    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_AMS_ADAGRAD(CAPEX__QUAL, CAPEX__F2U, CAPEX__U2F)),
+    CAPEX__OPT_XSTR(CAPEX__OPTIM_MATH_AMS_ADAGRAD(CAPEX__QUAL)),
 };
 
 /* For capex_cuda.h: writes the optimizer math as CUDA source into dst

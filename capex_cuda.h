@@ -2432,7 +2432,16 @@ static const char capex__cuda_frag_go0b[] =
     "#ifndef CAPEX_V_W\n#define CAPEX_V_W -1\n#endif\n"
     "#ifndef CAPEX_V_MK\n#define CAPEX_V_MK -1\n#endif\n"
     "#ifndef CAPEX_V_WR\n#define CAPEX_V_WR -1\n#endif\n"
-    "#ifndef CAPEX_V_CLIP\n#define CAPEX_V_CLIP -1\n#endif\n";
+    "#ifndef CAPEX_V_CLIP\n#define CAPEX_V_CLIP -1\n#endif\n"
+    "/* Adam with amsgrad and Adagrad keep one copy of their math for both w modes and\n"
+    "   every model kind (capex__sel, capex_go_model4): half the code, the same loads; on\n"
+    "   sm_100 that took registers (Adagrad 34-35 -> 35-39, amsgrad 42-43 -> 47-48: one\n"
+    "   block of 512 less per SM), so there the tests stay per element as before. */\n"
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000\n"
+    "#define CAPEX_GO_ONE_COPY 0\n"
+    "#else\n"
+    "#define CAPEX_GO_ONE_COPY 1\n"
+    "#endif\n";
 static const char capex__cuda_frag_go1[] =
     "/* address lists: CAPEX__GO_LISTS (capex_cuda.h) */\n"
     CAPEX__OPT_XSTR(CAPEX__GO_LISTS(CAPEX__GO_KLIST)) "\n"
@@ -3054,15 +3063,6 @@ static const char capex__cuda_frag_go12[] =
     "}\n";
 /* Adam with amsgrad and Adagrad: one copy of the math (before go13, go14) */
 static const char capex__cuda_frag_go13a[] =
-    "/* Adam with amsgrad and Adagrad keep one copy of their math for both w modes and\n"
-    "   every model kind (capex__wsel, capex_go_model4): half the code, the same loads;\n"
-    "   on sm_100 that took registers (Adagrad 34-35 -> 35-39, amsgrad 42-43 -> 47-48: one\n"
-    "   block of 512 less per SM), so there the tests stay per element as before. */\n"
-    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000\n"
-    "#define CAPEX_GO_ONE_COPY 0\n"
-    "#else\n"
-    "#define CAPEX_GO_ONE_COPY 1\n"
-    "#endif\n"
     "/* the model copy of 4 elements (e: the first's index), after their math: one mk test\n"
     "   (tested per element, NVVM copied the next elements' math for mk 0) */\n"
     "CAPEX_DEVICE void capex_go_model4(int mk, capex_u16 *h, const float *pp, const capex_go_sr &sr, capex_u64 e) {\n"
@@ -3086,7 +3086,7 @@ static const char capex__cuda_frag_go13[] =
     "    int mk = VMK >= 0 ? VMK : a.op.adam_ams.model;\n"
     "#if CAPEX_GO_ONE_COPY\n"
     "    unsigned wm = w ? ~0u : 0u;\n"
-    "    if (VW < 0) CAPEX_OPAQUE(wm); /* a run-time mode: one copy of the math (capex__wsel) */\n"
+    "    if (VW < 0) CAPEX_OPAQUE(wm); /* a run-time mode: one copy of the math (capex__sel) */\n"
     "#endif\n"
     "    capex_u64 xa = a.op.adam_ams.max_bufs[mt.addr[CAPEX_GO_ADAM_T][s]];\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAM_G][s] + off;\n"
@@ -3153,7 +3153,7 @@ static const char capex__cuda_frag_go14[] =
     "    int mk = VMK >= 0 ? VMK : a.op.adagrad.model;\n"
     "#if CAPEX_GO_ONE_COPY\n"
     "    unsigned wm = w ? ~0u : 0u;\n"
-    "    if (VW < 0) CAPEX_OPAQUE(wm); /* a run-time mode: one copy of the math (capex__wsel) */\n"
+    "    if (VW < 0) CAPEX_OPAQUE(wm); /* a run-time mode: one copy of the math (capex__sel) */\n"
     "#endif\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAGRAD_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_ADAGRAD_P][s] + off, *sm = (float *)mt.addr[CAPEX_GO_ADAGRAD_SUM][s] + off;\n"
