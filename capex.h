@@ -6210,6 +6210,29 @@ CAPEX_API capex_result capex_clip_grad_norm_coef(const capex_tensor_op_desc *des
         denom = sqrtf(vx / bc2) + eps;                                                       \
         return p - (lr * (((mm / bc1) / denom) + (wd * p)));                                 \
     }                                                                                        \
+    /* Both modes in one body for a run-time mode on the GPU (capex_cuda.h: one copy of   \
+       the divisions, not one per mode): wm ~0 W, 0 L2; the same ops as the _w/_l2       \
+       functions, picked with bits (capex__sel) so that NVVM keeps one copy. */           \
+    Q float capex__adam_ams_elem(float p, float g, float *m, float *v, float *vm, float beta1, \
+                                 float beta2, float bc1, float bc2, float eps, float lr, float wd, \
+                                 unsigned int wm) {                                          \
+        float mm, vv, vx, denom;                                                             \
+        g = capex__sel(wm, g, g + (wd * p));                                                 \
+        mm = beta1 * *m + (1.0f - beta1) * g;                                                \
+        vv = beta2 * *v + (1.0f - beta2) * g * g;                                            \
+        vx = capex__ams_max(*vm, vv);                                                        \
+        *m = mm; *v = vv; *vm = vx;                                                          \
+        denom = sqrtf(vx / bc2) + eps;                                                       \
+        return p - (lr * capex__sel(wm, ((mm / bc1) / denom) + (wd * p), (mm / bc1) / denom)); \
+    }                                                                                        \
+    Q float capex__adagrad_elem(float p, float g, float *h, float eps, float clr, float wd,  \
+                                unsigned int wm) {                                           \
+        float hh;                                                                            \
+        g = capex__sel(wm, g, g + (wd * p));                                                 \
+        hh = *h + g * g;                                                                     \
+        *h = hh;                                                                             \
+        return p - (clr * capex__sel(wm, (g / (sqrtf(hh) + eps)) + (wd * p), g / (sqrtf(hh) + eps))); \
+    }                                                                                        \
     Q float capex__adagrad_l2_elem(float p, float g, float *h, float eps, float clr, float wd) { \
         float hh;                                                                            \
         g = g + (wd * p);                                                                    \

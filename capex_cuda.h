@@ -2221,6 +2221,12 @@ static const char capex__cuda_frag_prelude[] =
     "#else\n"
     "#define CAPEX_NO_UNROLL\n"
     "#endif\n"
+    "/* x becomes a value NVVM knows nothing about (no code): it cannot specialise on it */\n"
+    "#ifdef __CUDA_ARCH__\n"
+    "#define CAPEX_OPAQUE(x) asm(\"\" : \"+r\"(x))\n"
+    "#else\n"
+    "#define CAPEX_OPAQUE(x) ((void)0)\n"
+    "#endif\n"
     "/* grid-stride loop with 64-bit indices (no INT_MAX limit) */\n"
     "#define CAPEX_FOR_EACH(i, n) for (capex_u64 i = (capex_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); "
     "i += (capex_u64)gridDim.x * blockDim.x)\n"
@@ -2511,7 +2517,16 @@ static const char capex__cuda_frag_go0b[] =
     "#ifndef CAPEX_V_W\n#define CAPEX_V_W -1\n#endif\n"
     "#ifndef CAPEX_V_MK\n#define CAPEX_V_MK -1\n#endif\n"
     "#ifndef CAPEX_V_WR\n#define CAPEX_V_WR -1\n#endif\n"
-    "#ifndef CAPEX_V_CLIP\n#define CAPEX_V_CLIP -1\n#endif\n";
+    "#ifndef CAPEX_V_CLIP\n#define CAPEX_V_CLIP -1\n#endif\n"
+    "/* Adam with amsgrad and Adagrad keep one copy of their math for both w modes and\n"
+    "   every model kind (capex__sel, capex_go_model4): half the code, the same loads; on\n"
+    "   sm_100 that took registers (Adagrad 34-35 -> 35-39, amsgrad 42-43 -> 47-48: one\n"
+    "   block of 512 less per SM), so there the tests stay per element as before. */\n"
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000\n"
+    "#define CAPEX_GO_ONE_COPY 0\n"
+    "#else\n"
+    "#define CAPEX_GO_ONE_COPY 1\n"
+    "#endif\n";
 static const char capex__cuda_frag_go1[] =
     "/* address lists: CAPEX__GO_LISTS (capex_cuda.h) */\n"
     CAPEX__OPT_XSTR(CAPEX__GO_LISTS(CAPEX__GO_KLIST)) "\n"
@@ -3131,6 +3146,17 @@ static const char capex__cuda_frag_go12[] =
     "        a.op.novo_norm.denom[t] = capex__novo_denom(v, bc2, g->eps);\n"
     "    }\n"
     "}\n";
+/* Adam with amsgrad and Adagrad: one copy of the math (before go13, go14) */
+static const char capex__cuda_frag_go13a[] =
+    "/* the model copy of 4 elements (e: the first's index), after their math: one mk test\n"
+    "   (tested per element, NVVM copied the next elements' math for mk 0) */\n"
+    "CAPEX_DEVICE void capex_go_model4(int mk, capex_u16 *h, const float *pp, const capex_go_sr &sr, capex_u64 e) {\n"
+    "    if (mk) {\n"
+    "        capex_u16 hh[4];\n"
+    "        for (int j = 0; j < 4; j++) hh[j] = capex_go_half(pp[j], mk, sr, e + j);\n"
+    "        capex_go_st4(h, hh);\n"
+    "    }\n"
+    "}\n";
 static const char capex__cuda_frag_go13[] =
     "/* Adam with amsgrad: Adam's lists (g, p, m, v, model, tensor index); the max\n"
     "   buffer of tensor t is op.adam_ams.max_bufs[t] (a table: the lists stay 6\n"
@@ -3143,6 +3169,10 @@ static const char capex__cuda_frag_go13[] =
     "    capex_u64 off, n, i, k;\n"
     "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = VW >= 0 ? VW : a.op.adam_ams.w_mode;\n"
     "    int mk = VMK >= 0 ? VMK : a.op.adam_ams.model;\n"
+    "#if CAPEX_GO_ONE_COPY\n"
+    "    unsigned wm = w ? ~0u : 0u;\n"
+    "    if (VW < 0) CAPEX_OPAQUE(wm); /* a run-time mode: one copy of the math (capex__sel) */\n"
+    "#endif\n"
     "    capex_u64 xa = a.op.adam_ams.max_bufs[mt.addr[CAPEX_GO_ADAM_T][s]];\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAM_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_ADAM_P][s] + off, *m = (float *)mt.addr[CAPEX_GO_ADAM_M][s] + off;\n"
@@ -3158,22 +3188,38 @@ static const char capex__cuda_frag_go13[] =
     "                   capex_go_al(mt.addr[CAPEX_GO_ADAM_V][s], off, 4) && capex_go_al(xa, off, 4) &&\n"
     "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_ADAM_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "#if CAPEX_GO_ONE_COPY\n"
+    "        GT gg[4]; float pp[4], mm[4], vv[4], xx[4];\n"
+    "#else\n"
     "        GT gg[4]; float pp[4], mm[4], vv[4], xx[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
+    "#endif\n"
     "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(m + 4 * k, mm); capex_go_ld4(v + 4 * k, vv);\n"
     "        capex_go_ld4(x + 4 * k, xx);\n"
     "        for (int j = 0; j < 4; j++) {\n"
     "            float gi = capex_go_tof(gg[j], G) * gs;\n"
+    "#if CAPEX_GO_ONE_COPY\n"
+    "            pp[j] = capex__adam_ams_elem(pp[j], gi, &mm[j], &vv[j], &xx[j], b1, b2, bc1, bc2, eps, lr, wd, wm);\n"
+    "#else\n"
     "            pp[j] = w ? capex__adam_ams_w_elem(pp[j], gi, &mm[j], &vv[j], &xx[j], b1, b2, bc1, bc2, eps, lr, wd)\n"
     "                      : capex__adam_ams_l2_elem(pp[j], gi, &mm[j], &vv[j], &xx[j], b1, b2, bc1, bc2, eps, lr, wd);\n"
     "            if (mk) hh[j] = capex_go_half(pp[j], mk, sr, off + 4 * k + j);\n"
+    "#endif\n"
     "        }\n"
     "        capex_go_st4(p + 4 * k, pp); capex_go_st4(m + 4 * k, mm); capex_go_st4(v + 4 * k, vv); capex_go_st4(x + 4 * k, xx);\n"
+    "#if CAPEX_GO_ONE_COPY\n"
+    "        capex_go_model4(mk, h + 4 * k, pp, sr, off + 4 * k);\n"
+    "#else\n"
     "        if (mk) capex_go_st4(h + 4 * k, hh);\n"
+    "#endif\n"
     "    }\n"
     "    for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
     "        float gi = capex_go_tof(gp[i], G) * gs, mm = m[i], vv = v[i], xx = x[i];\n"
+    "#if CAPEX_GO_ONE_COPY\n"
+    "        float pi = capex__adam_ams_elem(p[i], gi, &mm, &vv, &xx, b1, b2, bc1, bc2, eps, lr, wd, wm);\n"
+    "#else\n"
     "        float pi = w ? capex__adam_ams_w_elem(p[i], gi, &mm, &vv, &xx, b1, b2, bc1, bc2, eps, lr, wd)\n"
     "                     : capex__adam_ams_l2_elem(p[i], gi, &mm, &vv, &xx, b1, b2, bc1, bc2, eps, lr, wd);\n"
+    "#endif\n"
     "        p[i] = pi; m[i] = mm; v[i] = vv; x[i] = xx;\n"
     "        if (mk) h[i] = capex_go_half(pi, mk, sr, off + i);\n"
     "    }\n"
@@ -3190,6 +3236,10 @@ static const char capex__cuda_frag_go14[] =
     "    capex_u64 off, n, i, k;\n"
     "    int s = capex_go_block(mt, a.chunk, c, &off, &n), w = VW >= 0 ? VW : a.op.adagrad.w_mode;\n"
     "    int mk = VMK >= 0 ? VMK : a.op.adagrad.model;\n"
+    "#if CAPEX_GO_ONE_COPY\n"
+    "    unsigned wm = w ? ~0u : 0u;\n"
+    "    if (VW < 0) CAPEX_OPAQUE(wm); /* a run-time mode: one copy of the math (capex__sel) */\n"
+    "#endif\n"
     "    const GT *gp = (const GT *)mt.addr[CAPEX_GO_ADAGRAD_G][s] + off;\n"
     "    float *p = (float *)mt.addr[CAPEX_GO_ADAGRAD_P][s] + off, *sm = (float *)mt.addr[CAPEX_GO_ADAGRAD_SUM][s] + off;\n"
     "    /* no offset on a null pointer */\n"
@@ -3202,19 +3252,35 @@ static const char capex__cuda_frag_go14[] =
     "                   capex_go_al(mt.addr[CAPEX_GO_ADAGRAD_SUM][s], off, 4) &&\n"
     "                   (!mk || capex_go_al(mt.addr[CAPEX_GO_ADAGRAD_MODEL][s], off, 2)) ? n / 4 : 0;\n"
     "    for (k = threadIdx.x; k < nv; k += blockDim.x) {\n"
+    "#if CAPEX_GO_ONE_COPY\n"
+    "        GT gg[4]; float pp[4], ss[4];\n"
+    "#else\n"
     "        GT gg[4]; float pp[4], ss[4]; capex_u16 hh[4] = {0, 0, 0, 0};\n"
+    "#endif\n"
     "        capex_go_ld4(gp + 4 * k, gg); capex_go_ld4(p + 4 * k, pp); capex_go_ld4(sm + 4 * k, ss);\n"
     "        for (int j = 0; j < 4; j++) {\n"
     "            float gi = capex_go_tof(gg[j], G) * gs;\n"
+    "#if CAPEX_GO_ONE_COPY\n"
+    "            pp[j] = capex__adagrad_elem(pp[j], gi, &ss[j], eps, clr, wd, wm);\n"
+    "#else\n"
     "            pp[j] = w ? capex__adagrad_w_elem(pp[j], gi, &ss[j], eps, clr, wd) : capex__adagrad_l2_elem(pp[j], gi, &ss[j], eps, clr, wd);\n"
     "            if (mk) hh[j] = capex_go_half(pp[j], mk, sr, off + 4 * k + j);\n"
+    "#endif\n"
     "        }\n"
     "        capex_go_st4(p + 4 * k, pp); capex_go_st4(sm + 4 * k, ss);\n"
+    "#if CAPEX_GO_ONE_COPY\n"
+    "        capex_go_model4(mk, h + 4 * k, pp, sr, off + 4 * k);\n"
+    "#else\n"
     "        if (mk) capex_go_st4(h + 4 * k, hh);\n"
+    "#endif\n"
     "    }\n"
     "    for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
     "        float gi = capex_go_tof(gp[i], G) * gs, ss = sm[i];\n"
+    "#if CAPEX_GO_ONE_COPY\n"
+    "        float pi = capex__adagrad_elem(p[i], gi, &ss, eps, clr, wd, wm);\n"
+    "#else\n"
     "        float pi = w ? capex__adagrad_w_elem(p[i], gi, &ss, eps, clr, wd) : capex__adagrad_l2_elem(p[i], gi, &ss, eps, clr, wd);\n"
+    "#endif\n"
     "        p[i] = pi; sm[i] = ss;\n"
     "        if (mk) h[i] = capex_go_half(pi, mk, sr, off + i);\n"
     "    }\n"
@@ -3345,6 +3411,7 @@ CAPEX__PRIVATE const char *capex__cuda_frag_go12_fn(void) { return capex__cuda_f
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_novo_f32_fn(void) { return capex__cuda_frag_go9_novo_f32; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_novo_f16_fn(void) { return capex__cuda_frag_go9_novo_f16; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go9_novo_bf16_fn(void) { return capex__cuda_frag_go9_novo_bf16; }
+CAPEX__PRIVATE const char *capex__cuda_frag_go13a_fn(void) { return capex__cuda_frag_go13a; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go13_fn(void) { return capex__cuda_frag_go13; }
 CAPEX__PRIVATE const char *capex__cuda_frag_go14_fn(void) { return capex__cuda_frag_go14; }
 CAPEX__PRIVATE const char *capex__cuda_frag_golrk_fn(void) { return capex__cuda_frag_golrk; }
@@ -3363,7 +3430,7 @@ CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n
         capex__cuda_frag_gomath6_fn, capex__cuda_frag_go10_fn, capex__cuda_frag_go11_fn, capex__cuda_frag_go12_fn,
         capex__cuda_frag_go9_novo_f32_fn, capex__cuda_frag_go9_novo_f16_fn,
         capex__cuda_frag_go9_novo_bf16_fn,
-        capex__cuda_frag_gomath7_fn, capex__cuda_frag_go13_fn, capex__cuda_frag_go14_fn, capex__cuda_frag_go15_ams_fn, capex__cuda_frag_go15_adagrad_fn};
+        capex__cuda_frag_gomath7_fn, capex__cuda_frag_go13a_fn, capex__cuda_frag_go13_fn, capex__cuda_frag_go14_fn, capex__cuda_frag_go15_ams_fn, capex__cuda_frag_go15_adagrad_fn};
     *n = sizeof f / sizeof f[0];
     return f;
 }
@@ -3850,7 +3917,7 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     capex__cuda_frag_go9_lamb1_bf16_fn, capex__cuda_frag_gomath6_fn, capex__cuda_frag_go10_fn,
     capex__cuda_frag_go11_fn, capex__cuda_frag_go12_fn, capex__cuda_frag_go9_novo_f32_fn,
     capex__cuda_frag_go9_novo_f16_fn, capex__cuda_frag_go9_novo_bf16_fn,
-    capex__cuda_frag_gomath7_fn, capex__cuda_frag_go13_fn, capex__cuda_frag_go14_fn, capex__cuda_frag_go15_ams_fn, capex__cuda_frag_go15_adagrad_fn,
+    capex__cuda_frag_gomath7_fn, capex__cuda_frag_go13a_fn, capex__cuda_frag_go13_fn, capex__cuda_frag_go14_fn, capex__cuda_frag_go15_ams_fn, capex__cuda_frag_go15_adagrad_fn,
     /* norm fragments */
     capex__norm_math_cuda, /* capex.h's CAPEX__NORM_MATH, the CPU backend's text */
     capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn, capex__cuda_frag_norm_b1_fn, capex__cuda_frag_norm_c_fn,
@@ -3920,9 +3987,9 @@ static const capex__cuda_fragment_fn capex__cuda_pf_norm_bwd_me[] = {CAPEX__CP_N
 static const capex__cuda_fragment_fn capex__cuda_pf_bn_fwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_d1_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_bn_bwd[] = {CAPEX__CP_NORM, capex__cuda_frag_norm_d0_fn, capex__cuda_frag_norm_e_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_adam_ams[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_gomath7_fn,
-    capex__cuda_frag_go13_fn, capex__cuda_frag_go15_ams_fn, NULL};
+    capex__cuda_frag_go13a_fn, capex__cuda_frag_go13_fn, capex__cuda_frag_go15_ams_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_adagrad[] = {CAPEX__CP_GO, capex__cuda_frag_go4_fn, capex__cuda_frag_gomath7_fn,
-    capex__cuda_frag_go14_fn, capex__cuda_frag_go15_adagrad_fn, NULL};
+    capex__cuda_frag_go13a_fn, capex__cuda_frag_go14_fn, capex__cuda_frag_go15_adagrad_fn, NULL};
 
 typedef struct capex__cuda_part {
     const char *name;                   /* also the NVRTC program name, "capex_builtin_<name>" */
