@@ -8762,43 +8762,13 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
         args[9] = &rows; args[10] = &cols; args[11] = &eps; args[12] = &rm; args[13] = &vec;
         return capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_FWD, vb, gx, 1, bx, by, stream, args);
     }
-    if (d->memory_efficient) { /* from y (capex_norm_me_*): rows of y, dy, dx, weight and bias 4-element aligned */
-        size_t xs = capex_dtype_size(a->x_dtype), ys = capex_dtype_size(a->y_dtype), ps = capex_dtype_size(a->param_dtype);
-        int vec = cols % 4 == 0 && a->y % (4 * ys) == 0 && a->dy % (4 * ys) == 0 && a->dx % (4 * xs) == 0 &&
-                  a->weight % (4 * ps) == 0 && a->bias % (4 * ps) == 0;
-        int gvec = vec && a->workspace % 16 == 0;
-        unsigned long long threads = gvec ? cols / 4 : cols;
-        if ((a->dweight || a->dbias) && (threads + 255) / 256 > 0x7fffffffull)
-            return capex__fail(CAPEX_ERR_LIMIT, "%s: too many columns", fn);
-        if (a->dx) {
-            void *args[13];
-            args[0] = (void *)&a->y; args[1] = &yt; args[2] = (void *)&a->dy; args[3] = (void *)&a->weight;
-            args[4] = (void *)&a->bias; args[5] = &pt; args[6] = (void *)&a->rstd; args[7] = (void *)&a->dx; args[8] = &xt;
-            args[9] = &rows; args[10] = &cols; args[11] = &rm; args[12] = &vec;
-            if ((r = capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_ME_DX, vb, gx, 1, bx, by, stream, args)) != CAPEX_OK) return r;
-        }
-        if (a->dweight || a->dbias) {
-            unsigned long long np = capex__cuda_norm_parts(a->rows), rpp = (rows + np - 1) / np;
-            capex_cuda_ptr pw = a->dweight ? a->workspace : 0, pb = a->dbias ? a->workspace + np * cols * 4u : 0;
-            void *args[12];
-            args[0] = (void *)&a->y; args[1] = &yt; args[2] = (void *)&a->dy; args[3] = (void *)&a->weight;
-            args[4] = (void *)&a->bias; args[5] = &pt; args[6] = &pw; args[7] = &pb; args[8] = &rows; args[9] = &cols;
-            args[10] = &rpp; args[11] = &gvec;
-            r = capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_ME_GAMMA_PART, vb, (unsigned)((threads + 255) / 256), (unsigned)np,
-                                        256, 1, stream, args);
-            if (r != CAPEX_OK) return r;
-            args[0] = &pw; args[1] = &pb; args[2] = &np; args[3] = &cols; args[4] = (void *)&a->dweight;
-            args[5] = (void *)&a->dbias; args[6] = &pt;
-            return capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_BWD_GAMMA_FINAL, vb, capex__cuda_norm_blocks(ctx, cols), 1, 256, 1,
-                                           stream, args);
-        }
-        return CAPEX_OK;
-    }
     {
-        /* 4 columns per load where rows are 4-element aligned (x, dy, dx, weight) */
+        /* from x and mean, or memory_efficient from y and bias (capex_norm_me_*); 4 columns
+           per load where the rows read and written are 4-element aligned */
+        int me = d->memory_efficient != 0;
         size_t xs = capex_dtype_size(a->x_dtype), ys = capex_dtype_size(a->y_dtype), ps = capex_dtype_size(a->param_dtype);
-        int vec = cols % 4 == 0 && a->x % (4 * xs) == 0 && a->dy % (4 * ys) == 0 && a->dx % (4 * xs) == 0 &&
-                  a->weight % (4 * ps) == 0;
+        int vec = cols % 4 == 0 && a->dy % (4 * ys) == 0 && a->dx % (4 * xs) == 0 && a->weight % (4 * ps) == 0 &&
+                  (me ? a->y % (4 * ys) == 0 && a->bias % (4 * ps) == 0 : a->x % (4 * xs) == 0);
         int gvec = vec && a->workspace % 16 == 0; /* float4 partial stores */
         unsigned long long threads = gvec ? cols / 4 : cols;
         /* the dweight/dbias grid, checked before dx is written */
@@ -8806,20 +8776,33 @@ CAPEX__PRIVATE capex_result capex__cuda_norm(capex_cuda_context *ctx, const char
             return capex__fail(CAPEX_ERR_LIMIT, "%s: too many columns", fn);
         if (a->dx) {
             void *args[13];
-            args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->weight;
-            args[5] = &pt; args[6] = (void *)&a->mean; args[7] = (void *)&a->rstd; args[8] = (void *)&a->dx;
-            args[9] = &rows; args[10] = &cols; args[11] = &rm; args[12] = &vec;
-            if ((r = capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_BWD_DX, vb, gx, 1, bx, by, stream, args)) != CAPEX_OK) return r;
+            if (me) {
+                args[0] = (void *)&a->y; args[1] = &yt; args[2] = (void *)&a->dy; args[3] = (void *)&a->weight;
+                args[4] = (void *)&a->bias; args[5] = &pt; args[6] = (void *)&a->rstd; args[7] = (void *)&a->dx; args[8] = &xt;
+                args[9] = &rows; args[10] = &cols; args[11] = &rm; args[12] = &vec;
+            } else {
+                args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->weight;
+                args[5] = &pt; args[6] = (void *)&a->mean; args[7] = (void *)&a->rstd; args[8] = (void *)&a->dx;
+                args[9] = &rows; args[10] = &cols; args[11] = &rm; args[12] = &vec;
+            }
+            r = capex__cuda_norm_launch(ctx, me ? CAPEX__CK_NORM_ME_DX : CAPEX__CK_NORM_BWD_DX, vb, gx, 1, bx, by, stream, args);
+            if (r != CAPEX_OK) return r;
         }
         if (a->dweight || a->dbias) {
             unsigned long long np = capex__cuda_norm_parts(a->rows), rpp = (rows + np - 1) / np;
             capex_cuda_ptr pw = a->dweight ? a->workspace : 0, pb = a->dbias ? a->workspace + np * cols * 4u : 0;
             void *args[13];
-            args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->mean;
-            args[5] = (void *)&a->rstd; args[6] = &pw; args[7] = &pb; args[8] = &rows; args[9] = &cols; args[10] = &rpp;
-            args[11] = &rm; args[12] = &gvec;
-            r = capex__cuda_norm_launch(ctx, CAPEX__CK_NORM_BWD_GAMMA_PART, vb, (unsigned)((threads + 255) / 256), (unsigned)np,
-                                        256, 1, stream, args);
+            if (me) {
+                args[0] = (void *)&a->y; args[1] = &yt; args[2] = (void *)&a->dy; args[3] = (void *)&a->weight;
+                args[4] = (void *)&a->bias; args[5] = &pt; args[6] = &pw; args[7] = &pb; args[8] = &rows; args[9] = &cols;
+                args[10] = &rpp; args[11] = &gvec;
+            } else {
+                args[0] = (void *)&a->x; args[1] = &xt; args[2] = (void *)&a->dy; args[3] = &yt; args[4] = (void *)&a->mean;
+                args[5] = (void *)&a->rstd; args[6] = &pw; args[7] = &pb; args[8] = &rows; args[9] = &cols; args[10] = &rpp;
+                args[11] = &rm; args[12] = &gvec;
+            }
+            r = capex__cuda_norm_launch(ctx, me ? CAPEX__CK_NORM_ME_GAMMA_PART : CAPEX__CK_NORM_BWD_GAMMA_PART, vb,
+                                        (unsigned)((threads + 255) / 256), (unsigned)np, 256, 1, stream, args);
             if (r != CAPEX_OK) return r;
             args[0] = &pw; args[1] = &pb; args[2] = &np; args[3] = &cols; args[4] = (void *)&a->dweight;
             args[5] = (void *)&a->dbias; args[6] = &pt;
