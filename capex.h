@@ -10949,6 +10949,7 @@ typedef struct capex__bucket {
     size_t first, count;   /* slice of ddp->bparams / ddp->boffsets          */
     void *buf;             /* numel grads, contiguous (comm memory)          */
     void *buf32;           /* f32 copy for allreduce_always_fp32 half buckets */
+    int stage32;           /* buf32 only stands in for the backend's f32 staging */
     size_t pending;        /* params not yet ready this iteration            */
     int launched, waited;
     int sync_done;         /* reduced synchronously at launch                */
@@ -11319,6 +11320,17 @@ done:
     return r;
 }
 
+/* MPI reduces half types through an f32 staging buffer it allocates per
+   call. A launch that failed that allocation on one rank left its peers in
+   the allreduce until their deadline (MPI pairs collectives by order: no
+   barrier can stand in), so DDP owns the staging from create (buf32,
+   stage32) and a launch allocates nothing. The math stays in the half type
+   (predivide before, average after), so the bits are MPI's own. Matched by
+   name: test and user wrappers copy the vtable. */
+static int capex__ddp_stages_f32(const capex_comm *c) {
+    return !c->device_buffers && c->world_size > 1 && c->vt->name && strcmp(c->vt->name, "mpi") == 0;
+}
+
 static capex_result capex__ddp_alloc_buffers(capex_ddp *g) {
     size_t i;
     capex_result r;
@@ -11327,7 +11339,9 @@ static capex_result capex__ddp_alloc_buffers(capex_ddp *g) {
         size_t bytes = bk->numel * capex_dtype_size(bk->dtype);
         if ((r = capex__comm_alloc(g->comm, &bk->buf, bytes)) != CAPEX_OK) return r;
         if ((r = capex__comm_zero(g->comm, bk->buf, bytes)) != CAPEX_OK) return r;
-        if (g->d.allreduce_always_fp32 && bk->dtype != CAPEX_F32)
+        bk->stage32 = !g->d.allreduce_always_fp32 && (bk->dtype == CAPEX_F16 || bk->dtype == CAPEX_BF16) &&
+                      capex__ddp_stages_f32(g->comm);
+        if ((g->d.allreduce_always_fp32 || bk->stage32) && bk->dtype != CAPEX_F32)
             if ((r = capex__comm_alloc(g->comm, &bk->buf32, bk->numel * sizeof(float))) != CAPEX_OK) return r;
         bk->pending = bk->count;
     }
@@ -11571,7 +11585,8 @@ CAPEX_API capex_result capex_ddp_set_sync(capex_ddp *g, int sync) {
 
 /* Starts bucket k's allreduce: optional f32 staging (allreduce_always_fp32),
    Apex's predivide x *= 1/f, then SUM; the post-scale f/world comes after
-   the wait (Apex DDP allreduce_bucket). */
+   the wait (Apex DDP allreduce_bucket). With stage32 the predivide is in the
+   half type, then the f32 copy goes out (what MPI's staging did). */
 static capex_result capex__ddp_launch(capex_ddp *g, size_t k) {
     capex__bucket *bk = &g->b[k];
     capex_comm *c = g->comm;
@@ -11582,13 +11597,18 @@ static capex_result capex__ddp_launch(capex_ddp *g, size_t k) {
     bk->launched = 1;
     g->st.launches++;
     if (!g->in_finalize) g->st.launched_in_backward++;
-    if (bk->buf32) {
+    if (bk->buf32 && !bk->stage32) {
         if ((r = capex__comm_convert(c, bk->buf32, CAPEX_F32, bk->buf, bk->dtype, bk->numel)) != CAPEX_OK) return r;
         buf = bk->buf32;
         t = CAPEX_F32;
     }
     if (pre != 1.0f)
         if ((r = capex__comm_scale(c, buf, bk->numel, t, (float)(1.0 / (double)pre))) != CAPEX_OK) return r;
+    if (bk->stage32) {
+        if ((r = capex__comm_convert(c, bk->buf32, CAPEX_F32, bk->buf, bk->dtype, bk->numel)) != CAPEX_OK) return r;
+        buf = bk->buf32;
+        t = CAPEX_F32;
+    }
     if (!bk->numel) { bk->sync_done = 1; return CAPEX_OK; }
     if (c->vt->iallreduce && c->vt->wait) {
         r = c->vt->iallreduce(c, buf, buf, bk->numel, t, CAPEX_REDUCE_SUM, &bk->req);
@@ -11775,8 +11795,9 @@ CAPEX_API capex_result capex_ddp_finalize(capex_ddp *g) {
     deadline = capex__deadline(c);
     for (i = 0; r == CAPEX_OK && i < g->nb; i++) {
         capex__bucket *bk = &g->b[i];
-        void *buf = bk->buf32 ? bk->buf32 : bk->buf;
-        capex_dtype t = bk->buf32 ? CAPEX_F32 : bk->dtype;
+        int in32 = bk->buf32 && !bk->stage32; /* the post-scale in f32 (allreduce_always_fp32) */
+        void *buf = in32 ? bk->buf32 : bk->buf;
+        capex_dtype t = in32 ? CAPEX_F32 : bk->dtype;
         float post = g->d.gradient_average ? (float)((double)g->d.gradient_predivide_factor / (double)c->world_size) : 1.0f;
         if (!bk->launched) { r = capex__fail(CAPEX_ERR_INTERNAL, "ddp: bucket %lu not launched at finalize", (unsigned long)i); break; }
         if (!bk->sync_done) {
@@ -11785,8 +11806,9 @@ CAPEX_API capex_result capex_ddp_finalize(capex_ddp *g) {
         }
         if (c->vt->poll_error && (r = capex__comm_after(c, c->vt->poll_error(c))) != CAPEX_OK) break;
         bk->waited = 1;
+        if (bk->stage32 && (r = capex__comm_convert(c, bk->buf, bk->dtype, bk->buf32, CAPEX_F32, bk->numel)) != CAPEX_OK) break;
         if ((r = capex__comm_scale(c, buf, bk->numel, t, post)) != CAPEX_OK) break;
-        if (bk->buf32 && (r = capex__comm_convert(c, bk->buf, bk->dtype, bk->buf32, CAPEX_F32, bk->numel)) != CAPEX_OK) break;
+        if (in32 && (r = capex__comm_convert(c, bk->buf, bk->dtype, bk->buf32, CAPEX_F32, bk->numel)) != CAPEX_OK) break;
     }
     for (i = 0; r == CAPEX_OK && i < g->np; i++) {
         size_t es = capex_dtype_size(g->params[i].dtype);
