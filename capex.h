@@ -11707,7 +11707,10 @@ static void capex__ddp_reset_iteration(capex_ddp *g) {
 }
 
 /* Rebuild once from rank 0's observed ready order (PyTorch rebuild_buckets),
-   broadcast as u32 bits, moving the already reduced grads to the new slots. */
+   broadcast as u32 bits, moving the already reduced grads to the new slots.
+   A rank failing its own part (memory, a device copy) still agrees before
+   and after the broadcast (capex__comm_agree): its peers fail this finalize
+   with it instead of waiting in the broadcast or the next bucket. */
 static capex_result capex__ddp_rebuild(capex_ddp *g) {
     capex_comm *c = g->comm;
     size_t np = g->np, i, nb_old = g->nb;
@@ -11723,7 +11726,8 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
     old_bucket = (size_t *)capex__alloc(NULL, np * sizeof(size_t));
     old_offset = (size_t *)capex__alloc(NULL, np * sizeof(size_t));
     seen = (unsigned char *)capex__alloc(NULL, np);
-    if (!ord32 || !order || !old_bucket || !old_offset || !seen) { r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "ddp rebuild: out of memory"); goto done; }
+    if (!ord32 || !order || !old_bucket || !old_offset || !seen) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "ddp rebuild: out of memory");
+    if ((r = capex__comm_agree(c, r, "capex_ddp_finalize (bucket rebuild)")) != CAPEX_OK) goto done;
     for (i = 0; i < np; i++) ord32[i] = (uint32_t)g->ready_order[i];
     if (c->world_size > 1 && (r = capex__comm_host(c, CAPEX__HOST_BROADCAST, NULL, ord32, np, CAPEX_F32, 0)) != CAPEX_OK)
         goto done;
@@ -11743,6 +11747,7 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
         memcpy(g->bucket_of, old_bucket, np * sizeof(size_t));
         memcpy(g->offset_of, old_offset, np * sizeof(size_t));
         old_b = NULL;
+        r = capex__comm_agree(c, r, "capex_ddp_finalize (bucket rebuild)"); /* keeps r */
         goto done;
     }
     for (i = 0; i < np; i++) {
@@ -11751,6 +11756,7 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
                              (char *)old_b[old_bucket[i]].buf + old_offset[i] * es, g->params[i].numel * es, CAPEX_COPY_D2D);
         if (r != CAPEX_OK) break;
     }
+    r = capex__comm_agree(c, r, "capex_ddp_finalize (bucket rebuild)");
     g->layout_version++;
     capex__ddp_free_retired(g);
     g->retired = old_b; /* the step after this finalize may still read them */
