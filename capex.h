@@ -1664,7 +1664,9 @@ CAPEX_API void capex_ddp_desc_init(capex_ddp_desc *d);
    allreduce_always_fp32, find_unused_parameters, rebuild_buckets,
    broadcast_parameters or delay_allreduce (grad pointers may differ); a
    rank refusing its own arguments returns its error and the others
-   CAPEX_ERR_COMM. The comm stays usable after such a failure. */
+   CAPEX_ERR_COMM. The comm stays usable after such a failure. Over MPI a
+   half bucket also holds its f32 copy (MPI's staging) from here on, so
+   that no launch allocates (a launch failing on one rank hung the others). */
 CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const capex_ddp_param *params,
                                         size_t num_params, const capex_ddp_desc *d);
 CAPEX_API void capex_ddp_destroy(capex_ddp *ddp);
