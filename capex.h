@@ -1664,7 +1664,9 @@ CAPEX_API void capex_ddp_desc_init(capex_ddp_desc *d);
    allreduce_always_fp32, find_unused_parameters, rebuild_buckets,
    broadcast_parameters or delay_allreduce (grad pointers may differ); a
    rank refusing its own arguments returns its error and the others
-   CAPEX_ERR_COMM. The comm stays usable after such a failure. */
+   CAPEX_ERR_COMM. The comm stays usable after such a failure. Over MPI a
+   half bucket also holds its f32 copy (MPI's staging) from here on, so
+   that no launch allocates (a launch failing on one rank hung the others). */
 CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const capex_ddp_param *params,
                                         size_t num_params, const capex_ddp_desc *d);
 CAPEX_API void capex_ddp_destroy(capex_ddp *ddp);
@@ -10949,6 +10951,7 @@ typedef struct capex__bucket {
     size_t first, count;   /* slice of ddp->bparams / ddp->boffsets          */
     void *buf;             /* numel grads, contiguous (comm memory)          */
     void *buf32;           /* f32 copy for allreduce_always_fp32 half buckets */
+    int stage32;           /* buf32 only stands in for the backend's f32 staging */
     size_t pending;        /* params not yet ready this iteration            */
     int launched, waited;
     int sync_done;         /* reduced synchronously at launch                */
@@ -11319,6 +11322,17 @@ done:
     return r;
 }
 
+/* MPI reduces half types through an f32 staging buffer it allocates per
+   call. A launch that failed that allocation on one rank left its peers in
+   the allreduce until their deadline (MPI pairs collectives by order: no
+   barrier can stand in), so DDP owns the staging from create (buf32,
+   stage32) and a launch allocates nothing. The math stays in the half type
+   (predivide before, average after), so the bits are MPI's own. Matched by
+   name: test and user wrappers copy the vtable. */
+static int capex__ddp_stages_f32(const capex_comm *c) {
+    return !c->device_buffers && c->world_size > 1 && c->vt->name && strcmp(c->vt->name, "mpi") == 0;
+}
+
 static capex_result capex__ddp_alloc_buffers(capex_ddp *g) {
     size_t i;
     capex_result r;
@@ -11327,7 +11341,9 @@ static capex_result capex__ddp_alloc_buffers(capex_ddp *g) {
         size_t bytes = bk->numel * capex_dtype_size(bk->dtype);
         if ((r = capex__comm_alloc(g->comm, &bk->buf, bytes)) != CAPEX_OK) return r;
         if ((r = capex__comm_zero(g->comm, bk->buf, bytes)) != CAPEX_OK) return r;
-        if (g->d.allreduce_always_fp32 && bk->dtype != CAPEX_F32)
+        bk->stage32 = !g->d.allreduce_always_fp32 && (bk->dtype == CAPEX_F16 || bk->dtype == CAPEX_BF16) &&
+                      capex__ddp_stages_f32(g->comm);
+        if ((g->d.allreduce_always_fp32 || bk->stage32) && bk->dtype != CAPEX_F32)
             if ((r = capex__comm_alloc(g->comm, &bk->buf32, bk->numel * sizeof(float))) != CAPEX_OK) return r;
         bk->pending = bk->count;
     }
@@ -11571,7 +11587,8 @@ CAPEX_API capex_result capex_ddp_set_sync(capex_ddp *g, int sync) {
 
 /* Starts bucket k's allreduce: optional f32 staging (allreduce_always_fp32),
    Apex's predivide x *= 1/f, then SUM; the post-scale f/world comes after
-   the wait (Apex DDP allreduce_bucket). */
+   the wait (Apex DDP allreduce_bucket). With stage32 the predivide is in the
+   half type, then the f32 copy goes out (what MPI's staging did). */
 static capex_result capex__ddp_launch(capex_ddp *g, size_t k) {
     capex__bucket *bk = &g->b[k];
     capex_comm *c = g->comm;
@@ -11582,13 +11599,18 @@ static capex_result capex__ddp_launch(capex_ddp *g, size_t k) {
     bk->launched = 1;
     g->st.launches++;
     if (!g->in_finalize) g->st.launched_in_backward++;
-    if (bk->buf32) {
+    if (bk->buf32 && !bk->stage32) {
         if ((r = capex__comm_convert(c, bk->buf32, CAPEX_F32, bk->buf, bk->dtype, bk->numel)) != CAPEX_OK) return r;
         buf = bk->buf32;
         t = CAPEX_F32;
     }
     if (pre != 1.0f)
         if ((r = capex__comm_scale(c, buf, bk->numel, t, (float)(1.0 / (double)pre))) != CAPEX_OK) return r;
+    if (bk->stage32) {
+        if ((r = capex__comm_convert(c, bk->buf32, CAPEX_F32, bk->buf, bk->dtype, bk->numel)) != CAPEX_OK) return r;
+        buf = bk->buf32;
+        t = CAPEX_F32;
+    }
     if (!bk->numel) { bk->sync_done = 1; return CAPEX_OK; }
     if (c->vt->iallreduce && c->vt->wait) {
         r = c->vt->iallreduce(c, buf, buf, bk->numel, t, CAPEX_REDUCE_SUM, &bk->req);
@@ -11687,7 +11709,10 @@ static void capex__ddp_reset_iteration(capex_ddp *g) {
 }
 
 /* Rebuild once from rank 0's observed ready order (PyTorch rebuild_buckets),
-   broadcast as u32 bits, moving the already reduced grads to the new slots. */
+   broadcast as u32 bits, moving the already reduced grads to the new slots.
+   A rank failing its own part (memory, a device copy) still agrees before
+   and after the broadcast (capex__comm_agree): its peers fail this finalize
+   with it instead of waiting in the broadcast or the next bucket. */
 static capex_result capex__ddp_rebuild(capex_ddp *g) {
     capex_comm *c = g->comm;
     size_t np = g->np, i, nb_old = g->nb;
@@ -11703,7 +11728,8 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
     old_bucket = (size_t *)capex__alloc(NULL, np * sizeof(size_t));
     old_offset = (size_t *)capex__alloc(NULL, np * sizeof(size_t));
     seen = (unsigned char *)capex__alloc(NULL, np);
-    if (!ord32 || !order || !old_bucket || !old_offset || !seen) { r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "ddp rebuild: out of memory"); goto done; }
+    if (!ord32 || !order || !old_bucket || !old_offset || !seen) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "ddp rebuild: out of memory");
+    if ((r = capex__comm_agree(c, r, "capex_ddp_finalize (bucket rebuild)")) != CAPEX_OK) goto done;
     for (i = 0; i < np; i++) ord32[i] = (uint32_t)g->ready_order[i];
     if (c->world_size > 1 && (r = capex__comm_host(c, CAPEX__HOST_BROADCAST, NULL, ord32, np, CAPEX_F32, 0)) != CAPEX_OK)
         goto done;
@@ -11723,6 +11749,7 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
         memcpy(g->bucket_of, old_bucket, np * sizeof(size_t));
         memcpy(g->offset_of, old_offset, np * sizeof(size_t));
         old_b = NULL;
+        r = capex__comm_agree(c, r, "capex_ddp_finalize (bucket rebuild)"); /* keeps r */
         goto done;
     }
     for (i = 0; i < np; i++) {
@@ -11731,6 +11758,7 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
                              (char *)old_b[old_bucket[i]].buf + old_offset[i] * es, g->params[i].numel * es, CAPEX_COPY_D2D);
         if (r != CAPEX_OK) break;
     }
+    r = capex__comm_agree(c, r, "capex_ddp_finalize (bucket rebuild)");
     g->layout_version++;
     capex__ddp_free_retired(g);
     g->retired = old_b; /* the step after this finalize may still read them */
@@ -11775,8 +11803,9 @@ CAPEX_API capex_result capex_ddp_finalize(capex_ddp *g) {
     deadline = capex__deadline(c);
     for (i = 0; r == CAPEX_OK && i < g->nb; i++) {
         capex__bucket *bk = &g->b[i];
-        void *buf = bk->buf32 ? bk->buf32 : bk->buf;
-        capex_dtype t = bk->buf32 ? CAPEX_F32 : bk->dtype;
+        int in32 = bk->buf32 && !bk->stage32; /* the post-scale in f32 (allreduce_always_fp32) */
+        void *buf = in32 ? bk->buf32 : bk->buf;
+        capex_dtype t = in32 ? CAPEX_F32 : bk->dtype;
         float post = g->d.gradient_average ? (float)((double)g->d.gradient_predivide_factor / (double)c->world_size) : 1.0f;
         if (!bk->launched) { r = capex__fail(CAPEX_ERR_INTERNAL, "ddp: bucket %lu not launched at finalize", (unsigned long)i); break; }
         if (!bk->sync_done) {
@@ -11785,8 +11814,9 @@ CAPEX_API capex_result capex_ddp_finalize(capex_ddp *g) {
         }
         if (c->vt->poll_error && (r = capex__comm_after(c, c->vt->poll_error(c))) != CAPEX_OK) break;
         bk->waited = 1;
+        if (bk->stage32 && (r = capex__comm_convert(c, bk->buf, bk->dtype, bk->buf32, CAPEX_F32, bk->numel)) != CAPEX_OK) break;
         if ((r = capex__comm_scale(c, buf, bk->numel, t, post)) != CAPEX_OK) break;
-        if (bk->buf32 && (r = capex__comm_convert(c, bk->buf, bk->dtype, bk->buf32, CAPEX_F32, bk->numel)) != CAPEX_OK) break;
+        if (in32 && (r = capex__comm_convert(c, bk->buf, bk->dtype, bk->buf32, CAPEX_F32, bk->numel)) != CAPEX_OK) break;
     }
     for (i = 0; r == CAPEX_OK && i < g->np; i++) {
         size_t es = capex_dtype_size(g->params[i].dtype);

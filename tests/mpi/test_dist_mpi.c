@@ -830,6 +830,79 @@ static int t_rank_orders(void) {
     return 0;
 }
 
+/* A rank's bucket launch must not fail locally before the collective: its
+   peers would wait in that allreduce until their deadline (MPI pairs
+   collectives by order, no barrier can stand in). MPI reduces half buckets
+   through an f32 staging buffer; DDP owns it from create, so from then on
+   every comm allocation on rank 1 fails and the step must still succeed on
+   every rank, bit for bit what MPI's own half allreduce gives (sum in f32,
+   rounded once; predivide and average in the half type). The deadline is
+   long: a rank left waiting fails by mpirun's hang guard. */
+static int g_comm_alloc_fail, g_comm_allocs;
+static void *fail_alloc(size_t n, void *u) { (void)u; if (g_comm_alloc_fail) return NULL; g_comm_allocs++; return malloc(n); }
+static void fail_free(void *q, void *u) { (void)u; free(q); }
+#define HNP 4
+static int t_half_launch_allocates_nothing(void) {
+    static const size_t numel[HNP] = {9, 5, 12, 3};
+    static const capex_dtype dt[HNP] = {CAPEX_F16, CAPEX_BF16, CAPEX_F16, CAPEX_BF16};
+    capex_allocator al = {fail_alloc, fail_free, NULL};
+    int mode;
+    for (mode = 0; mode < 2; mode++) { /* 0: overlapped launches; 1: delay_allreduce */
+        capex_comm c;
+        capex_ddp *g = NULL;
+        capex_ddp_param ps[HNP];
+        capex_ddp_desc d;
+        float data[HNP][16];
+        uint16_t want[HNP][16];
+        size_t p, i;
+        capex_result r;
+        int step;
+        comm_make(&c, 3600.0);
+        c.allocator = &al;
+        for (p = 0; p < HNP; p++) {
+            ps[p].data = data[p]; ps[p].numel = numel[p]; ps[p].dtype = dt[p]; ps[p].grad = NULL;
+            memset(data[p], 0, sizeof data[p]);
+        }
+        capex_ddp_desc_init(&d);
+        d.first_bucket_bytes = 16; d.bucket_bytes = 24;
+        d.gradient_predivide_factor = 2.0f;
+        d.delay_allreduce = mode;
+        g_comm_alloc_fail = 0;
+        r = capex_ddp_create(&g, &c, ps, HNP, &d);
+        CHECK(r == CAPEX_OK, "create: %.300s", capex_last_error());
+        for (step = 0; step < 2; step++) {
+            for (p = 0; p < HNP; p++) { /* the reference: MPI's blocking half allreduce, before the fail hook */
+                uint16_t *gv = (uint16_t *)capex_ddp_grad(g, p);
+                for (i = 0; i < numel[p]; i++)
+                    capex__store(gv, dt[p], i, hash01((uint64_t)(step * 7919 + g_rank * 131 + (int)p * 17) + i) * 3.0f);
+                memcpy(want[p], gv, numel[p] * 2);
+                capex__host_scale(want[p], numel[p], dt[p], 1.0f / 2.0f);
+                r = capex_comm_allreduce(&c, want[p], want[p], numel[p], dt[p], CAPEX_REDUCE_SUM);
+                CHECK(r == CAPEX_OK, "reference allreduce: %.300s", capex_last_error());
+                capex__host_scale(want[p], numel[p], dt[p], 2.0f / (float)g_world);
+            }
+            g_comm_allocs = 0;
+            g_comm_alloc_fail = g_rank == 1;
+            for (p = HNP; p-- > 0;) {
+                r = capex_ddp_grad_ready(g, p);
+                if (r != CAPEX_OK) break;
+            }
+            if (r == CAPEX_OK) r = capex_ddp_finalize(g);
+            g_comm_alloc_fail = 0;
+            CHECK(r == CAPEX_OK, "mode %d step %d: %.300s", mode, step, capex_last_error());
+            CHECK(g_comm_allocs == 0, "mode %d step %d: %d comm allocations in the step", mode, step, g_comm_allocs);
+            for (p = 0; p < HNP; p++)
+                CHECK(memcmp(capex_ddp_grad(g, p), want[p], numel[p] * 2) == 0, "mode %d step %d param %d: not the bits of "
+                      "MPI's half allreduce", mode, step, (int)p);
+            r = capex_ddp_zero_grad(g);
+            CHECK(r == CAPEX_OK, "zero_grad: %.300s", capex_last_error());
+        }
+        capex_ddp_destroy(g);
+        capex_comm_destroy(&c);
+    }
+    return 0;
+}
+
 static int run_failure_mode(const char *mode) {
     opts o;
     model m;
@@ -860,6 +933,7 @@ int main(int argc, char **argv) {
         {"train_bf16_grads_allreduce_always_fp32", t_train_bf16_fp32_reduce},
         {"train_rebuild_buckets", t_train_rebuild},
         {"ddp_rank_orders_unused_mixed_dtypes", t_rank_orders},
+        {"ddp_half_launch_allocates_nothing", t_half_launch_allocates_nothing},
         {"zero_stage1_and_2_match_ddp_and_optim", t_zero},
         {"gathers_with_send_aliasing_recv", t_gather_aliased},
         {"init_mpi_refuses_unusable_communicators", t_init_bad_comm},
