@@ -13789,28 +13789,125 @@ static void capex__nm_fwd_rows(void *vc, int64_t begin, int64_t end, float *scra
 
 /* Memory-efficient backward of one row (Apex memory_efficient=True): from y,
    xhat = (y - b) / w; sum(g * xhat) = sum(dy * (y - b)), without the division
-   (Apex's too). scratch: y, dy, xhat, g, dx, y - b (6 rows). */
+   (Apex's too). Two passes over y and dy like capex__nm_bwd_pass /
+   capex__nm_bwd_dx: pass 1 gives the dweight / dbias partials and sum(g),
+   sum(dy * (y - b)) in capex__nm_dot's lanes, blocks and tree (the values of
+   the former scratch-row version: dot(g), dot(dy, y - b)); pass 2 recomputes
+   g for dx, and xhat unless pass 1 kept it in xs (with pw: it divides once
+   per element, not twice). UPD: the partials' update of one 8-vector (pw, pb
+   may each be NULL: one loop per case, no branch inside). */
+#if defined(__GNUC__) || defined(__clang__)
+#define CAPEX__NM_ME_LOOP(UPD)                                                                          \
+    while (k < K) {                                                                                     \
+        capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, tv = {0, 0, 0, 0, 0, 0, 0, 0}, yv, d, w, bv;           \
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;                                              \
+        for (; k < k1; k++) {                                                                           \
+            memcpy(&yv, y + 8 * k, sizeof yv); memcpy(&d, dy + 8 * k, sizeof d);                        \
+            memcpy(&w, wf + 8 * k, sizeof w); memcpy(&bv, bf + 8 * k, sizeof bv);                       \
+            yv = yv - bv; /* y - b */                                                                   \
+            UPD                                                                                         \
+            w = d * w; /* g */                                                                          \
+            sv += w;                                                                                    \
+            tv += d * yv;                                                                               \
+        }                                                                                               \
+        CAPEX__NM_FLUSH(slo, shi, sv);                                                                  \
+        CAPEX__NM_FLUSH(tlo, thi, tv);                                                                  \
+    }
+#define CAPEX__NM_ME_PW { /* pw += dy * xhat, xhat = (y - b) / w kept in xs */                       \
+        capex__v8f a_, x_ = yv / w;                                                                     \
+        memcpy(&a_, pw + 8 * k, sizeof a_); a_ += d * x_;                                               \
+        memcpy(pw + 8 * k, &a_, sizeof a_); memcpy(xs + 8 * k, &x_, sizeof x_); }
+#define CAPEX__NM_ME_PB { capex__v8f b_; memcpy(&b_, pb + 8 * k, sizeof b_); b_ += d; memcpy(pb + 8 * k, &b_, sizeof b_); }
+#endif
+static void capex__nm_bwd_me_pass(const float *CAPEX__OPT_RESTRICT y, const float *CAPEX__OPT_RESTRICT dy,
+                                  const float *CAPEX__OPT_RESTRICT wf, const float *CAPEX__OPT_RESTRICT bf,
+                                  float *CAPEX__OPT_RESTRICT pw, float *CAPEX__OPT_RESTRICT pb,
+                                  float *CAPEX__OPT_RESTRICT xs, int64_t n, float *sg, float *sgx) {
+    double ds[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t K = n / 8, k = 0, k1, i;
+    int l;
+#if defined(__GNUC__) || defined(__clang__)
+    {
+        capex__v4d slo = {0, 0, 0, 0}, shi = {0, 0, 0, 0}, tlo = {0, 0, 0, 0}, thi = {0, 0, 0, 0};
+        if (pw && pb) { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_PW CAPEX__NM_ME_PB) }
+        else if (pw) { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_PW) }
+        else if (pb) { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_PB) }
+        else { CAPEX__NM_ME_LOOP(;) }
+        memcpy(ds, &slo, sizeof slo); memcpy(ds + 4, &shi, sizeof shi);
+        memcpy(dt, &tlo, sizeof tlo); memcpy(dt + 4, &thi, sizeof thi);
+    }
+#else
+    while (k < K) {
+        float s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
+        for (; k < k1; k++)
+            for (l = 0; l < 8; l++) {
+                float yb, d, gv;
+                i = 8 * k + l;
+                yb = y[i] - bf[i]; d = dy[i]; gv = d * wf[i];
+                if (pw) { xs[i] = yb / wf[i]; pw[i] += d * xs[i]; }
+                if (pb) pb[i] += d;
+                s[l] += gv; t[l] += d * yb;
+            }
+        for (l = 0; l < 8; l++) { ds[l] += (double)s[l]; dt[l] += (double)t[l]; }
+    }
+#endif
+    for (l = 0; l < (int)(n % 8); l++) { /* the tail: one more value in lanes 0..n%8-1 */
+        float yb, d, gv;
+        i = 8 * K + l;
+        yb = y[i] - bf[i]; d = dy[i]; gv = d * wf[i];
+        if (pw) { xs[i] = yb / wf[i]; pw[i] += d * xs[i]; }
+        if (pb) pb[i] += d;
+        ds[l] += (double)gv; dt[l] += (double)(d * yb);
+    }
+    *sg = capex__nm_tree8(ds);
+    *sgx = capex__nm_tree8(dt);
+}
+/* xs: xhat from pass 1, or NULL (then (y - b) / w again: the same value). */
+#ifdef CAPEX__F16C
+#define CAPEX__NM_ME_DX_STREAM(XH)                                                                      \
+    if (stream) { /* as capex__nm_bwd_dx */                                                            \
+        float t[64];                                                                                    \
+        int j;                                                                                          \
+        for (; i < n && ((uintptr_t)(dx + i) & 15) != 0; i++)                                          \
+            dx[i] = capex__nm_ln_dx(dy[i] * wf[i], XH(i), mg, mgx, rstd);                              \
+        for (; i + 64 <= n; i += 64) {                                                                  \
+            for (j = 0; j < 64; j++) t[j] = capex__nm_ln_dx(dy[i + j] * wf[i + j], XH(i + j), mg, mgx, rstd); \
+            for (j = 0; j < 64; j += 4) _mm_stream_ps(dx + i + j, _mm_loadu_ps(t + j));                \
+        }                                                                                               \
+    }
+#else
+#define CAPEX__NM_ME_DX_STREAM(XH) (void)stream;
+#endif
+#define CAPEX__NM_ME_DX_LOOP(XH)                                                                        \
+    CAPEX__NM_ME_DX_STREAM(XH)                                                                          \
+    for (; i < n; i++) dx[i] = capex__nm_ln_dx(dy[i] * wf[i], XH(i), mg, mgx, rstd);
+#define CAPEX__NM_ME_XS(j) xs[j]
+#define CAPEX__NM_ME_XR(j) capex__nm_me_xhat(y[j], wf[j], bf[j])
+static void capex__nm_bwd_me_dx(const float *CAPEX__OPT_RESTRICT y, const float *CAPEX__OPT_RESTRICT dy,
+                                const float *CAPEX__OPT_RESTRICT wf, const float *CAPEX__OPT_RESTRICT bf,
+                                const float *CAPEX__OPT_RESTRICT xs, float *CAPEX__OPT_RESTRICT dx, float rstd,
+                                float mg, float mgx, int64_t n, int stream) {
+    int64_t i = 0;
+    if (xs) { CAPEX__NM_ME_DX_LOOP(CAPEX__NM_ME_XS) }
+    else { CAPEX__NM_ME_DX_LOOP(CAPEX__NM_ME_XR) }
+}
 static void capex__nm_bwd_me_row(const capex__nm_ctx *c, int64_t row, float *CAPEX__OPT_RESTRICT pw,
                                  float *CAPEX__OPT_RESTRICT pb, float *scratch) {
     const capex_norm_args *a = c->a;
     const int64_t n = a->cols;
-    const float *CAPEX__OPT_RESTRICT wf = c->wf, *CAPEX__OPT_RESTRICT bf = c->bf;
-    const float *CAPEX__OPT_RESTRICT y = capex__nm_load(a->y, a->y_dtype, row * n, n, scratch);
-    const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * n, n, scratch + n);
-    float *CAPEX__OPT_RESTRICT xh = scratch + 2 * n, *CAPEX__OPT_RESTRICT g = scratch + 3 * n;
-    float *CAPEX__OPT_RESTRICT yb = scratch + 5 * n;
-    const float rstd = a->rstd[row];
-    float mg, mgx;
-    int64_t i;
-    for (i = 0; i < n; i++) { xh[i] = capex__nm_me_xhat(y[i], wf[i], bf[i]); g[i] = dy[i] * wf[i]; yb[i] = y[i] - bf[i]; }
-    if (pw) for (i = 0; i < n; i++) pw[i] += dy[i] * xh[i];
-    if (pb) for (i = 0; i < n; i++) pb[i] += dy[i];
-    if (!a->dx) return;
-    mg = c->rms ? 0.0f : capex__nm_dot(g, NULL, n) / (float)n;
-    mgx = capex__nm_dot(dy, yb, n) / (float)n;
-    {
-        float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 4 * n);
-        for (i = 0; i < n; i++) dx[i] = capex__nm_ln_dx(g[i], xh[i], mg, mgx, rstd);
+    const float *y = capex__nm_load(a->y, a->y_dtype, row * n, n, scratch);
+    const float *dy = capex__nm_load(a->dy, a->y_dtype, row * n, n, scratch + n);
+    float sg, sgx;
+    float *xs = scratch + 2 * n; /* xhat, when pass 1 computes it (pw) */
+    capex__nm_bwd_me_pass(y, dy, c->wf, c->bf, pw, pb, xs, n, &sg, &sgx);
+    /* no affine: xhat is y and this is the normal backward's capex__nm_dot(g, xhat) call on the same
+       values, so dx keeps its bits in any build (the pass's own sum may contract to FMAs differently) */
+    if (a->dx && !a->weight && !a->bias) sgx = capex__nm_dot(dy, y, n);
+    if (a->dx) {
+        float *dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 4 * n);
+        capex__nm_bwd_me_dx(y, dy, c->wf, c->bf, pw ? xs : NULL, dx, a->rstd[row], c->rms ? 0.0f : sg / (float)n,
+                            sgx / (float)n, n, c->stream_dx);
         capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
     }
 }
@@ -13912,7 +14009,7 @@ static capex_result capex__nm_norm(const char *fn, const capex_norm_desc *d, con
         nblk = (a->rows + c.brows - 1) / c.brows;
     }
     T = capex__nm_threads(d->num_threads, bwd ? nblk : a->rows, a->rows * n);
-    per = (size_t)n * (bwd ? (c.me ? 6u : 5u) : 2u);
+    per = (size_t)n * (bwd ? 5u : 2u);
     total = 2u * (size_t)n + per * (size_t)T;
     if (bwd && (a->dweight || a->dbias)) total += 2u * (size_t)nblk * (size_t)n + 2u * (size_t)n * 2u;
     if (total > SIZE_MAX / sizeof(float)) return capex__fail(CAPEX_ERR_LIMIT, "%s: scratch size overflows", fn);

@@ -3,11 +3,13 @@
    (the roofline), for widths 1024..8192, 1 and 2 threads, in one run. Best of
    several repetitions.
 
-       make bench-norm && build/bench/bench_norm [rows]     # default 4096 rows
+       make bench-norm && build/bench/bench_norm [rows [max_threads]]   # 4096 rows, 2 threads
 
    Bytes per element that must move (f32): forward x r4 + y w4 = 8;
    backward x r4 + dy r4 + dx w4 = 12 (mean/rstd/weight/dweight per row or
-   column are counted too). bf16 input/output: half of those for x, y, dy, dx. */
+   column are counted too). bf16 input/output: half of those for x, y, dy, dx.
+   Pass "bwdme" is the memory-efficient backward (desc.memory_efficient: reads
+   y, not x, and the bias too), the same 12 bytes per element. */
 #define _POSIX_C_SOURCE 199309L
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
@@ -44,11 +46,12 @@ int main(int argc, char **argv) {
     static const int64_t widths[] = {1024, 2048, 4096, 8192};
     static const capex_dtype dts[] = {CAPEX_F32, CAPEX_BF16};
     int64_t rows = argc > 1 ? atoll(argv[1]) : 4096;
+    int max_threads = argc > 2 ? atoi(argv[2]) : 2;
     size_t wi, di;
-    int threads, rms, bwd;
+    int threads, rms, bwd; /* bwd: 0 forward, 1 backward, 2 memory-efficient backward */
     printf("# bench_norm: rows=%lld; GB/s = bytes that must move / best time; copy = memcpy of the same bytes\n",
            (long long)rows);
-    printf("%-8s %-4s %-5s %6s %3s %9s %9s %7s\n", "op", "pass", "dtype", "width", "thr", "ms", "GB/s", "vs copy");
+    printf("%-9s %-5s %-5s %6s %3s %9s %9s %7s\n", "op", "pass", "dtype", "width", "thr", "ms", "GB/s", "vs copy");
     for (di = 0; di < sizeof dts / sizeof dts[0]; di++)
         for (wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
             const int64_t C = widths[wi], N = rows * C;
@@ -67,14 +70,15 @@ int main(int argc, char **argv) {
             }
             for (i = 0; i < C; i++) { w[i] = 1.0f + (float)(i % 7) * 0.01f; b[i] = 0.01f * (float)(i % 5); }
             for (rms = 0; rms < 2; rms++)
-                for (bwd = 0; bwd < 2; bwd++)
-                    for (threads = 1; threads <= 2; threads++) {
+                for (bwd = 0; bwd < 3; bwd++)
+                    for (threads = 1; threads <= max_threads; threads++) {
                         capex_norm_desc nd;
                         capex_norm_args a;
                         double best = 1e30, bytes, gbs, roof;
                         int k;
                         capex_norm_desc_init(&nd);
                         nd.num_threads = threads;
+                        nd.memory_efficient = bwd == 2;
                         capex_norm_args_init(&a);
                         a.rows = rows; a.cols = C; a.x_dtype = a.y_dtype = dt; a.x = x; a.y = y;
                         a.weight = w; a.bias = rms ? NULL : b; a.mean = mean; a.rstd = rstd;
@@ -89,11 +93,11 @@ int main(int argc, char **argv) {
                             if (t0 < best) best = t0;
                         }
                         bytes = (double)N * (double)es * (bwd ? 3.0 : 2.0) + (double)rows * 8.0 +
-                                (double)C * 4.0 * (bwd ? (rms ? 2.0 : 3.0) : (rms ? 1.0 : 2.0));
+                                (double)C * 4.0 * (bwd ? (rms ? 2.0 : 3.0 + (bwd == 2)) : (rms ? 1.0 : 2.0));
                         gbs = bytes / best / 1e9;
                         roof = copy_gbs((size_t)bytes);
-                        printf("%-8s %-4s %-5s %6lld %3d %9.3f %9.2f %6.0f%%\n", rms ? "rmsnorm" : "layernorm",
-                               bwd ? "bwd" : "fwd", dt == CAPEX_F32 ? "f32" : "bf16", (long long)C, threads,
+                        printf("%-9s %-5s %-5s %6lld %3d %9.3f %9.2f %6.0f%%\n", rms ? "rmsnorm" : "layernorm",
+                               bwd == 2 ? "bwdme" : bwd ? "bwd" : "fwd", dt == CAPEX_F32 ? "f32" : "bf16", (long long)C, threads,
                                best * 1e3, gbs, 100.0 * gbs / roof);
                         fflush(stdout);
                     }

@@ -871,6 +871,88 @@ CT_TEST(memory_efficient_after_forward_in_place) {
         }
 }
 
+/* The backward's loops differ by which of dx, dweight, dbias are asked for
+   (and dx reuses pass 1's xhat only with dweight): every subset gives the
+   full call's bits for what it asks, f32 and bf16, widths with a tail. Then
+   an f32 dx large enough for non-temporal stores: each row the same bits as
+   that row alone (1 row: plain stores). */
+CT_TEST(memory_efficient_output_subsets_and_streamed_dx_same_bits) {
+    static const capex_dtype ts[2] = {CAPEX_F32, CAPEX_BF16};
+    static const int64_t widths[2] = {37, 1029};
+    const int64_t R = 20;
+    capex_norm_desc nd;
+    capex_norm_args a;
+    int k, rms, wi, outs;
+    int64_t i;
+    capex_norm_desc_init(&nd);
+    for (k = 0; k < 2; k++)
+        for (rms = 0; rms < 2; rms++)
+            for (wi = 0; wi < 2; wi++) {
+                const int64_t C = widths[wi], N = R * C;
+                const size_t es = capex_dtype_size(ts[k]);
+                void *x = talloc(ts[k], N), *y = talloc(ts[k], N), *dy = talloc(ts[k], N), *dx0 = talloc(ts[k], N);
+                void *dx = talloc(ts[k], N), *w = talloc(ts[k], C), *b = talloc(ts[k], C);
+                void *dw0 = talloc(ts[k], C), *db0 = talloc(ts[k], C), *dw = talloc(ts[k], C), *db = talloc(ts[k], C);
+                float *rstd = (float *)talloc(CAPEX_F32, R);
+                for (i = 0; i < N; i++) { setv(ts[k], x, i, 0.5 + 2.0 * rng_sym()); setv(ts[k], dy, i, rng_sym()); }
+                for (i = 0; i < C; i++) { setv(ts[k], w, i, 1.0 + 0.5 * rng_sym()); setv(ts[k], b, i, rng_sym()); }
+                capex_norm_args_init(&a);
+                a.rows = R; a.cols = C; a.x_dtype = a.y_dtype = a.param_dtype = ts[k];
+                a.x = x; a.y = y; a.weight = w; a.bias = rms ? NULL : b; a.rstd = rstd;
+                nd.memory_efficient = 0;
+                CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "%s",
+                         capex_last_error());
+                nd.memory_efficient = 1;
+                a.x = NULL; a.dy = dy;
+                for (outs = 7; outs >= 1; outs--) { /* bits: dx, dweight, dbias; 7 (all) first */
+                    if (rms && outs == 4) continue; /* RMSNorm: no dbias */
+                    a.dx = (outs & 1) ? (outs == 7 ? dx0 : dx) : NULL;
+                    a.dweight = (outs & 2) ? (outs == 7 ? dw0 : dw) : NULL;
+                    a.dbias = (outs & 4) && !rms ? (outs == 7 ? db0 : db) : NULL;
+                    memset(dx, 0x5a, (size_t)N * es); memset(dw, 0x5a, (size_t)C * es); memset(db, 0x5a, (size_t)C * es);
+                    CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK,
+                             "%s", capex_last_error());
+                    if (outs == 7) continue;
+                    CT_CHECK(!a.dx || !memcmp(dx, dx0, (size_t)N * es), "%s %s C=%lld outputs %d: dx bits differ",
+                             rms ? "rms" : "layer", capex_dtype_name(ts[k]), (long long)C, outs);
+                    CT_CHECK(!a.dweight || !memcmp(dw, dw0, (size_t)C * es), "%s %s C=%lld outputs %d: dweight bits "
+                             "differ", rms ? "rms" : "layer", capex_dtype_name(ts[k]), (long long)C, outs);
+                    CT_CHECK(!a.dbias || !memcmp(db, db0, (size_t)C * es), "%s %s C=%lld outputs %d: dbias bits differ",
+                             rms ? "rms" : "layer", capex_dtype_name(ts[k]), (long long)C, outs);
+                }
+                free(x); free(y); free(dy); free(dx0); free(dx); free(w); free(b); free(dw0); free(db0); free(dw);
+                free(db); free(rstd);
+                if (ct->failed) return;
+            }
+    for (rms = 0; rms < 2; rms++) {
+        const int64_t R2 = 260, C = 8195, N = R2 * C; /* N >= 2^21 f32: dx streamed */
+        float *x = (float *)malloc((size_t)N * 4), *y = (float *)malloc((size_t)N * 4);
+        float *dy = (float *)malloc((size_t)N * 4), *dx = (float *)malloc((size_t)N * 4), *dx1 = (float *)malloc((size_t)C * 4);
+        float *w = (float *)malloc((size_t)C * 4), *b = (float *)malloc((size_t)C * 4);
+        float *dw = (float *)malloc((size_t)C * 4), *db = (float *)malloc((size_t)C * 4), rstd[260];
+        int64_t r, bad = -1;
+        for (i = 0; i < N; i++) { x[i] = (float)(0.5 + 2.0 * rng_sym()); dy[i] = (float)rng_sym(); }
+        for (i = 0; i < C; i++) { w[i] = (float)(1.0 + 0.5 * rng_sym()); b[i] = (float)rng_sym(); }
+        capex_norm_args_init(&a);
+        a.rows = R2; a.cols = C; a.x = x; a.y = y; a.weight = w; a.bias = rms ? NULL : b; a.rstd = rstd;
+        nd.memory_efficient = 0;
+        CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "%s",
+                 capex_last_error());
+        nd.memory_efficient = 1;
+        a.x = NULL; a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = rms ? NULL : db;
+        CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "%s",
+                 capex_last_error());
+        for (r = 0; r < R2 && bad < 0; r += 37) { /* rows at several dx alignments */
+            a.rows = 1; a.y = y + r * C; a.dy = dy + r * C; a.rstd = rstd + r; a.dx = dx1;
+            CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "%s",
+                     capex_last_error());
+            if (memcmp(dx1, dx + r * C, (size_t)C * 4)) bad = r;
+        }
+        CT_CHECK(bad < 0, "%s: streamed dx row %lld differs from the row alone", rms ? "rms" : "layer", (long long)bad);
+        free(x); free(y); free(dy); free(dx); free(dx1); free(w); free(b); free(dw); free(db);
+    }
+}
+
 /* ---- BatchNorm ---- */
 
 /* Reference over the concatenated batch in NCS: x[(n*C + c)*S + s]. */
@@ -2065,7 +2147,7 @@ static const ct_case cases[] = {
     CT_CASE(norm_forward_in_place_same_bits),
     CT_CASE(memory_efficient_backward_vs_float64_every_dtype), CT_CASE(memory_efficient_zero_weight_refused),
     CT_CASE(memory_efficient_edges_and_errors), CT_CASE(memory_efficient_bits_independent_of_thread_count),
-    CT_CASE(memory_efficient_after_forward_in_place),
+    CT_CASE(memory_efficient_after_forward_in_place), CT_CASE(memory_efficient_output_subsets_and_streamed_dx_same_bits),
 };
 
 int main(int argc, char **argv) {
