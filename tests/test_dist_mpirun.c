@@ -75,7 +75,7 @@ static void suite(ct_state *ct, int np) {
     snprintf(args, sizeof args, "-np %d '%s'", np, g_bin);
     rc = run(args, 600); /* a hang guard: np 4 oversubscribed on a loaded 2-core VM outran 120 s */
     out = slurp();
-    snprintf(want, sizeof want, "mpi-summary: 18 passed, 0 failed");
+    snprintf(want, sizeof want, "mpi-summary: 19 passed, 0 failed");
     if (rc != 0 || !out || !strstr(out, want)) show(out);
     CT_CHECK(out && strstr(out, want), "np %d: no '%s' (exit %d)", np, want, rc);
     CT_CHECK(rc == 0, "np %d: mpirun exit %d", np, rc);

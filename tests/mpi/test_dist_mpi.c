@@ -903,6 +903,105 @@ static int t_half_launch_allocates_nothing(void) {
     return 0;
 }
 
+/* ZeRO's reduce-scatter over MPI staged through f32 buffers MPI allocated at
+   every launch (the output, half types also a copy of the input): the same
+   hang as DDP's. ZeRO owns them from create. z runs on a comm whose
+   allocator fails on rank 1 from the step on; zr, the reference, on a copy
+   of MPI's vtable under another name, so it takes MPI's own staging. Both
+   get the same gradients; shards, norm and parameters must match bit for
+   bit. Stage 2 lends its buckets' buffers lazily (the first backward
+   allocates them): there the hook is on from the second step. */
+#define ZNP 5
+static capex_comm_vtable plain_vt;
+static int t_zero_launch_allocates_nothing(void) {
+    static const size_t numel[ZNP] = {9, 5, 12, 3, 7};
+    static const capex_dtype dt[ZNP] = {CAPEX_F16, CAPEX_BF16, CAPEX_F16, CAPEX_BF16, CAPEX_F32};
+    capex_allocator al = {fail_alloc, fail_free, NULL};
+    int stage;
+    for (stage = 1; stage <= 2; stage++) {
+        capex_comm c, cr;
+        capex_zero *z = NULL, *zr = NULL;
+        capex_zero_param ps[ZNP], pr[ZNP];
+        capex_zero_desc d;
+        capex_optim_desc od;
+        float data[ZNP][16], dref[ZNP][16];
+        unsigned char want[1024];
+        size_t p, i, k, off;
+        capex_result r;
+        int step, finf = 0, finf_r = 0;
+        float norm = 0.0f, norm_r = 0.0f;
+        comm_make(&c, 3600.0);
+        c.vt = orig_vt;
+        c.allocator = &al;
+        comm_make(&cr, 3600.0);
+        plain_vt = *orig_vt;
+        plain_vt.name = "mpi (plain)"; /* not matched: MPI stages as it did */
+        cr.vt = &plain_vt;
+        for (p = 0; p < ZNP; p++) {
+            for (i = 0; i < numel[p]; i++) capex__store(data[p], dt[p], i, hash01((uint64_t)(p * 97 + i)));
+            memcpy(dref[p], data[p], sizeof data[p]);
+            ps[p].data = data[p]; ps[p].numel = numel[p]; ps[p].dtype = dt[p]; ps[p].group = 0;
+            pr[p] = ps[p];
+            pr[p].data = dref[p];
+        }
+        capex_zero_desc_init(&d);
+        d.stage = stage;
+        d.bucket_bytes = 16;
+        capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+        od.defaults.lr = 0.01f;
+        g_comm_alloc_fail = 0;
+        r = capex_zero_create(&z, &c, ps, ZNP, &od, NULL, 1, &d);
+        CHECK(r == CAPEX_OK, "create: %.300s", capex_last_error());
+        r = capex_zero_create(&zr, &cr, pr, ZNP, &od, NULL, 1, &d);
+        CHECK(r == CAPEX_OK, "create (reference): %.300s", capex_last_error());
+        CHECK(z->nb == zr->nb && z->nb >= 3, "%zu buckets", z->nb);
+        for (step = 0; step < 3; step++) {
+            int pass;
+            for (pass = 0; pass < 2; pass++) { /* 0: the reference; 1: z, rank 1's comm allocations failing */
+                capex_zero *y = pass ? z : zr;
+                g_comm_allocs = 0;
+                g_comm_alloc_fail = pass && g_rank == 1 && (stage == 1 || step > 0);
+                for (p = ZNP, r = CAPEX_OK; r == CAPEX_OK && p-- > 0;) {
+                    void *gv = capex_zero_grad(y, p);
+                    if (!gv) { r = CAPEX_ERR_OUT_OF_MEMORY; break; }
+                    for (i = 0; i < numel[p]; i++)
+                        capex__store(gv, dt[p], i, hash01((uint64_t)(step * 7919 + g_rank * 131 + (int)p * 17) + i) * 3.0f);
+                    r = capex_zero_grad_ready(y, p);
+                }
+                if (r == CAPEX_OK) r = capex_zero_finalize(y);
+                for (k = 0, off = 0; r == CAPEX_OK && k < y->nb; k++) { /* this rank's reduced shards */
+                    const capex__zbucket *bk = &y->b[k];
+                    size_t es = capex_dtype_size(bk->dtype), n = bk->shard * es;
+                    const void *sh = stage == 1 ? (const char *)bk->grad + (size_t)g_rank * n : bk->gshard;
+                    if (off + n > sizeof want) break;
+                    if (!pass) memcpy(want + off, sh, n);
+                    else CHECK(memcmp(want + off, sh, n) == 0, "stage %d step %d bucket %zu: not the bits of MPI's "
+                               "reduce-scatter", stage, step, k);
+                    off += n;
+                }
+                if (r == CAPEX_OK) r = capex_zero_grad_norm(y, pass ? &finf : &finf_r, pass ? &norm : &norm_r);
+                if (r == CAPEX_OK) r = capex_zero_step(y, 1.0f, 1.0f, 0);
+                g_comm_alloc_fail = 0;
+                CHECK(r == CAPEX_OK, "stage %d step %d pass %d: %.300s", stage, step, pass, capex_last_error());
+                if (pass) CHECK(g_comm_allocs == 0 || (stage == 2 && step == 0), "stage %d step %d: %d comm allocations "
+                                "in the step", stage, step, g_comm_allocs);
+                r = capex_zero_zero_grad(y);
+                CHECK(r == CAPEX_OK, "zero_grad: %.300s", capex_last_error());
+            }
+            CHECK(memcmp(&norm, &norm_r, sizeof norm) == 0 && finf == finf_r, "stage %d step %d: norm %.9g, want %.9g",
+                  stage, step, (double)norm, (double)norm_r);
+            for (p = 0; p < ZNP; p++)
+                CHECK(memcmp(data[p], dref[p], numel[p] * capex_dtype_size(dt[p])) == 0, "stage %d step %d param %zu: "
+                      "stepped to other bits", stage, step, p);
+        }
+        capex_zero_destroy(z);
+        capex_zero_destroy(zr);
+        capex_comm_destroy(&c);
+        capex_comm_destroy(&cr);
+    }
+    return 0;
+}
+
 static int run_failure_mode(const char *mode) {
     opts o;
     model m;
@@ -934,6 +1033,7 @@ int main(int argc, char **argv) {
         {"train_rebuild_buckets", t_train_rebuild},
         {"ddp_rank_orders_unused_mixed_dtypes", t_rank_orders},
         {"ddp_half_launch_allocates_nothing", t_half_launch_allocates_nothing},
+        {"zero_launch_allocates_nothing", t_zero_launch_allocates_nothing},
         {"zero_stage1_and_2_match_ddp_and_optim", t_zero},
         {"gathers_with_send_aliasing_recv", t_gather_aliased},
         {"init_mpi_refuses_unusable_communicators", t_init_bad_comm},
