@@ -9267,7 +9267,7 @@ static capex_result capex__mpi_iallreduce(capex_comm *c, const void *send, void 
 /* MPI_Ireduce_scatter_block in f32 into an f32 staging block (MPI_IN_PLACE
    would leave the result at the start of the buffer, not at this rank's
    slice) that wait converts or copies into recv; half types' send is staged
-   to f32 too. */
+   to f32 too. f32 with recv outside send (ZeRO's own staging) goes straight. */
 static capex_result capex__mpi_ireduce_scatter(capex_comm *c, const void *send, void *recv, size_t count, capex_dtype t,
                                               capex_reduce_op op, capex_comm_req *req) {
     size_t W = (size_t)c->world_size, total = count * W;
@@ -9278,6 +9278,11 @@ static capex_result capex__mpi_ireduce_scatter(capex_comm *c, const void *send, 
     if (total > (size_t)INT_MAX) return CAPEX_ERR_UNSUPPORTED; /* caller: blocking path (CAPEX_ERR_LIMIT there) */
     if (capex__mpi_live("MPI ireduce_scatter") != CAPEX_OK) return CAPEX_ERR_ORDER;
     memset(req, 0, sizeof *req);
+    if (t == CAPEX_F32 && ((const float *)recv + count <= in || (const float *)recv >= in + total)) {
+        rc = MPI_Ireduce_scatter_block(in, recv, (int)count, MPI_FLOAT, MPI_SUM, capex__mpi_comm(c), &q);
+        if (rc != MPI_SUCCESS) return capex__mpi_err(rc, "MPI_Ireduce_scatter_block");
+        return capex__mpi_req_started(req, q, recv, count, t, op, "MPI reduce-scatter (bucket)");
+    }
     out = (float *)capex__alloc(c->allocator, count * sizeof(float) + 1);
     if (t != CAPEX_F32) in = (float *)capex__alloc(c->allocator, total * sizeof(float) + 1);
     if (!out || !in) {
@@ -11328,8 +11333,9 @@ done:
    barrier can stand in), so DDP owns the staging from create (buf32,
    stage32) and a launch allocates nothing. The math stays in the half type
    (predivide before, average after), so the bits are MPI's own. Matched by
-   name: test and user wrappers copy the vtable. */
-static int capex__ddp_stages_f32(const capex_comm *c) {
+   name: test and user wrappers copy the vtable. ZeRO's reduce-scatter
+   staging is owned likewise (capex__zero_grad_bytes). */
+static int capex__comm_stages_f32(const capex_comm *c) {
     return !c->device_buffers && c->world_size > 1 && c->vt->name && strcmp(c->vt->name, "mpi") == 0;
 }
 
@@ -11342,7 +11348,7 @@ static capex_result capex__ddp_alloc_buffers(capex_ddp *g) {
         if ((r = capex__comm_alloc(g->comm, &bk->buf, bytes)) != CAPEX_OK) return r;
         if ((r = capex__comm_zero(g->comm, bk->buf, bytes)) != CAPEX_OK) return r;
         bk->stage32 = !g->d.allreduce_always_fp32 && (bk->dtype == CAPEX_F16 || bk->dtype == CAPEX_BF16) &&
-                      capex__ddp_stages_f32(g->comm);
+                      capex__comm_stages_f32(g->comm);
         if ((g->d.allreduce_always_fp32 || bk->stage32) && bk->dtype != CAPEX_F32)
             if ((r = capex__comm_alloc(g->comm, &bk->buf32, bk->numel * sizeof(float))) != CAPEX_OK) return r;
         bk->pending = bk->count;
@@ -11851,6 +11857,7 @@ typedef struct capex__zbucket {
     int reducing;          /* reduce-scatter in flight (req)                    */
     int test_done;         /* test said that reduce-scatter finished: not polled again */
     int gathering;         /* step's all-gather started, params not copied out */
+    int staged;            /* the reduce-scatter in flight went through z's f32 staging */
     capex_comm_req req;
 } capex__zbucket;
 
@@ -11884,6 +11891,7 @@ struct capex_zero {
     size_t npool, pool_allocated, pool_bytes;
     size_t next_launch;
     int sync, failed, accumulated; /* accumulated: stage 2 shards hold a sum     */
+    int stages;            /* capex__comm_stages_f32: grad buffers carry the f32 staging */
     capex_optim *opt;
     size_t npieces, *piece_param, *piece_start; /* the optimizer's tensors, in its order */
     size_t *piece_k;        /* piece j's index within its group of opt                  */
@@ -11947,6 +11955,21 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
     capex__free(NULL, z->bparams);
     capex__free(NULL, z->ready);
     capex__free(NULL, z);
+}
+
+/* MPI reduce-scatters through f32 buffers it allocated per launch (the
+   output; half types also an f32 copy of the input): a launch failing that
+   on one rank left its peers in the collective until their deadline. With
+   z->stages each bucket's grad buffer (stage 2: each lent one) carries them
+   after its S*W elements, from create, so a launch allocates nothing:
+   [grad][half: S*W f32 input][S f32 output]. */
+static size_t capex__zero_stage_off(const capex__zbucket *bk, size_t W) {
+    return (bk->shard * W * capex_dtype_size(bk->dtype) + 15) / 16 * 16;
+}
+static size_t capex__zero_grad_bytes(const capex_zero *z, const capex__zbucket *bk) {
+    size_t W = (size_t)z->comm->world_size, full = bk->shard * W;
+    if (!z->stages) return full * capex_dtype_size(bk->dtype);
+    return capex__zero_stage_off(bk, W) + ((bk->dtype != CAPEX_F32 ? full : 0) + bk->shard) * sizeof(float);
 }
 
 /* DDP's bucket assignment (one open bucket per dtype, reverse registration
@@ -12223,6 +12246,7 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     z->np = np;
     z->ngroups = ngroups;
     z->sync = 1;
+    z->stages = capex__comm_stages_f32(comm);
     z->params = (capex_zero_param *)capex__alloc(NULL, sizeof(capex_zero_param) * (np + 1));
     z->bucket_of = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
     z->offset_of = (size_t *)capex__alloc(NULL, sizeof(size_t) * (np + 1));
@@ -12268,16 +12292,17 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     for (k = 0; r == CAPEX_OK && k < z->nb; k++) {
         capex__zbucket *bk = &z->b[k];
         size_t es = capex_dtype_size(bk->dtype), full = bk->shard * W, lo = (size_t)comm->rank * bk->shard, j;
+        size_t gb = capex__zero_grad_bytes(z, bk); /* with the f32 staging (z->stages) */
         r = capex__comm_alloc(comm, &bk->param, full * es != 0 ? full * es : 1);
         if (r == CAPEX_OK) r = capex__comm_zero(comm, bk->param, full * es);
         if (r == CAPEX_OK && z->d.stage == 1) {
-            r = capex__comm_alloc(comm, &bk->grad, full * es != 0 ? full * es : 1);
+            r = capex__comm_alloc(comm, &bk->grad, gb != 0 ? gb : 1);
             if (r == CAPEX_OK) r = capex__comm_zero(comm, bk->grad, full * es);
         }
         if (r == CAPEX_OK && z->d.stage == 2) {
             r = capex__comm_alloc(comm, &bk->gshard, bk->shard * es != 0 ? bk->shard * es : 1);
             if (r == CAPEX_OK) r = capex__comm_zero(comm, bk->gshard, bk->shard * es);
-            if (full * es > z->pool_bytes) z->pool_bytes = full * es;
+            if (gb > z->pool_bytes) z->pool_bytes = gb;
         }
         for (j = 0; r == CAPEX_OK && j < bk->count; j++) {
             size_t i2 = z->bparams[bk->first + j];
@@ -12306,7 +12331,7 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
             m->shard_elements += z->b[k].shard;
             if (z->b[k].master) m->master_bytes += z->b[k].shard * sizeof(float);
             m->param_buffer_bytes += z->b[k].shard * W * es;
-            m->grad_bytes += z->d.stage == 1 ? z->b[k].shard * W * es : z->b[k].shard * es;
+            m->grad_bytes += z->d.stage == 1 ? capex__zero_grad_bytes(z, &z->b[k]) : z->b[k].shard * es;
         }
         m->padding_elements = m->shard_elements;
         for (i = 0; i < np; i++) {
@@ -12409,7 +12434,12 @@ static capex_result capex__zero_post(capex_zero *z, size_t k) {
     size_t W = (size_t)c->world_size, es = capex_dtype_size(bk->dtype);
     void *mine = (char *)bk->grad + (size_t)c->rank * bk->shard * es;
     capex_result r = CAPEX_OK;
-    if (z->d.gradient_average && W > 1) r = capex__comm_scale(c, mine, bk->shard, bk->dtype, (float)(1.0 / (double)W));
+    if (bk->staged) { /* the f32 sum out of z's staging, rounded once (as MPI's wait did) */
+        const float *out = (const float *)((char *)bk->grad + capex__zero_stage_off(bk, W)) + (bk->dtype != CAPEX_F32 ? bk->shard * W : 0);
+        bk->staged = 0;
+        r = capex__comm_convert(c, mine, bk->dtype, out, CAPEX_F32, bk->shard);
+    }
+    if (r == CAPEX_OK && z->d.gradient_average && W > 1) r = capex__comm_scale(c, mine, bk->shard, bk->dtype, (float)(1.0 / (double)W));
     if (r == CAPEX_OK && z->d.stage == 2) {
         if (!z->accumulated) r = capex__comm_copy(c, bk->gshard, mine, bk->shard * es, CAPEX_COPY_D2D);
         else if (z->has_dev) r = z->dev.add(z->dev.user, bk->gshard, mine, bk->shard, bk->dtype);
@@ -12448,8 +12478,21 @@ static capex_result capex__zero_launch(capex_zero *z, size_t k) {
     if (z->d.stage == 2 && (r = capex__zero_lend(z, k)) != CAPEX_OK) return r; /* a bucket nobody wrote */
     mine = (char *)bk->grad + lo * es;
     if (W > 1 && c->vt->ireduce_scatter && c->vt->wait) {
-        r = c->vt->ireduce_scatter(c, bk->grad, mine, bk->shard, bk->dtype, CAPEX_REDUCE_SUM, &bk->req);
-        if (r == CAPEX_OK) { bk->reducing = 1; bk->test_done = 0; return CAPEX_OK; }
+        const void *in = bk->grad;
+        void *out = mine;
+        capex_dtype t = bk->dtype;
+        if (z->stages) { /* MPI's staging, z's own (capex__zero_grad_bytes) */
+            float *s32 = (float *)((char *)bk->grad + capex__zero_stage_off(bk, W));
+            if (t != CAPEX_F32) {
+                if ((r = capex__comm_convert(c, s32, CAPEX_F32, bk->grad, t, bk->shard * W)) != CAPEX_OK) return r;
+                in = s32;
+                s32 += bk->shard * W;
+            }
+            out = s32;
+            t = CAPEX_F32;
+        }
+        r = c->vt->ireduce_scatter(c, in, out, bk->shard, t, CAPEX_REDUCE_SUM, &bk->req);
+        if (r == CAPEX_OK) { bk->reducing = 1; bk->test_done = 0; bk->staged = z->stages; return CAPEX_OK; }
         if (r != CAPEX_ERR_UNSUPPORTED) return capex__comm_after(c, r);
     }
     r = capex_comm_reduce_scatter(c, bk->grad, mine, capex__zero_counts(z, bk->shard), bk->dtype, CAPEX_REDUCE_SUM);
