@@ -1804,7 +1804,7 @@ typedef struct capex_zero_memory {
     size_t moment_bytes;          /* optimizer moments of the shard (Adam 8, SGD 4 or 0 per element) */
     size_t optimizer_state_bytes; /* master_bytes + moment_bytes */
     size_t unsharded_state_bytes; /* the same state for every element, what one DDP rank holds */
-    size_t grad_bytes;            /* stage 1: full buckets; stage 2: shards + the pool's peak */
+    size_t grad_bytes;            /* stage 1: full buckets; stage 2: shards + the pool's peak (MPI: + f32 staging) */
     size_t param_buffer_bytes;    /* flat parameter buffers of the all-gather (full size) */
     size_t shard_elements;        /* elements this rank owns, padding included */
     size_t padding_elements;      /* of those, alignment and shard padding */
@@ -1826,7 +1826,9 @@ CAPEX_API void capex_zero_desc_init(capex_zero_desc *d);
    allocator and lamb_low_memory may differ, and fields the kind ignores). Every rank fails alike; the comm stays usable.
    After the broadcast, one more small allreduce (2 int64): a rank that then
    fails on its own (out of memory for its buckets or optimizer) fails every
-   rank (its peers: CAPEX_ERR_COMM naming it), none keeping a zero alone. */
+   rank (its peers: CAPEX_ERR_COMM naming it), none keeping a zero alone.
+   Over MPI the gradient buffers also hold MPI's f32 reduce-scatter staging
+   from here on, so that no launch allocates (one failing hung the others). */
 CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
                                          size_t num_params, const capex_optim_desc *od,
                                          const capex_optim_hparams *hparams, size_t num_groups,
@@ -12435,11 +12437,13 @@ static capex_result capex__zero_post(capex_zero *z, size_t k) {
     void *mine = (char *)bk->grad + (size_t)c->rank * bk->shard * es;
     capex_result r = CAPEX_OK;
     if (bk->staged) { /* the f32 sum out of z's staging, rounded once (as MPI's wait did) */
-        const float *out = (const float *)((char *)bk->grad + capex__zero_stage_off(bk, W)) + (bk->dtype != CAPEX_F32 ? bk->shard * W : 0);
+        const float *out = (const float *)((char *)bk->grad + capex__zero_stage_off(bk, W));
+        if (bk->dtype != CAPEX_F32) out += bk->shard * W; /* past the input copy */
         bk->staged = 0;
         r = capex__comm_convert(c, mine, bk->dtype, out, CAPEX_F32, bk->shard);
     }
-    if (r == CAPEX_OK && z->d.gradient_average && W > 1) r = capex__comm_scale(c, mine, bk->shard, bk->dtype, (float)(1.0 / (double)W));
+    if (r == CAPEX_OK && z->d.gradient_average && W > 1)
+        r = capex__comm_scale(c, mine, bk->shard, bk->dtype, (float)(1.0 / (double)W));
     if (r == CAPEX_OK && z->d.stage == 2) {
         if (!z->accumulated) r = capex__comm_copy(c, bk->gshard, mine, bk->shard * es, CAPEX_COPY_D2D);
         else if (z->has_dev) r = z->dev.add(z->dev.user, bk->gshard, mine, bk->shard, bk->dtype);
