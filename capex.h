@@ -13614,30 +13614,37 @@ static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *
     *sg = capex__nm_tree8(ds);
     *sgx = capex__nm_tree8(dt);
 }
-/* dx of one LayerNorm row. stream: non-temporal 16-byte stores (SSE, part of
-   x86-64) for an f32 dx too large to stay cached: a plain store first reads
-   the line it writes (write-allocate), a third more memory traffic in a
-   pass that reads x and dy and writes dx. Values are computed as in the plain
-   loop (into t[], then copied), so the bits do not depend on the path. */
+/* dx of one row, xhat given as XH(index) (LayerNorm/RMSNorm from x, or the
+   memory-efficient backward from y). stream: non-temporal 16-byte stores
+   (SSE, part of x86-64) for an f32 dx too large to stay cached: a plain store
+   first reads the line it writes (write-allocate), a third more memory
+   traffic in a pass that reads x and dy and writes dx. Values are computed as
+   in the plain loop (into t[], then copied), so the bits do not depend on the
+   path. */
+#ifdef CAPEX__F16C
+#define CAPEX__NM_DX_STREAM(XH)                                                                         \
+    if (stream) {                                                                                       \
+        float t[64];                                                                                    \
+        int j;                                                                                          \
+        for (; i < n && ((uintptr_t)(dx + i) & 15) != 0; i++) /* up to the first 16-byte boundary */    \
+            dx[i] = capex__nm_ln_dx(dy[i] * wf[i], XH(i), mg, mgx, rstd);                              \
+        for (; i + 64 <= n; i += 64) {                                                                  \
+            for (j = 0; j < 64; j++) t[j] = capex__nm_ln_dx(dy[i + j] * wf[i + j], XH(i + j), mg, mgx, rstd); \
+            for (j = 0; j < 64; j += 4) _mm_stream_ps(dx + i + j, _mm_loadu_ps(t + j));                \
+        }                                                                                               \
+    }
+#else
+#define CAPEX__NM_DX_STREAM(XH) (void)stream;
+#endif
+#define CAPEX__NM_DX_LOOP(XH)                                                                           \
+    CAPEX__NM_DX_STREAM(XH)                                                                             \
+    for (; i < n; i++) dx[i] = capex__nm_ln_dx(dy[i] * wf[i], XH(i), mg, mgx, rstd);
+#define CAPEX__NM_LN_XHAT(j) ((x[j] - mean) * rstd)
 static void capex__nm_bwd_dx(const float *CAPEX__OPT_RESTRICT x, const float *CAPEX__OPT_RESTRICT dy,
                              const float *CAPEX__OPT_RESTRICT wf, float *CAPEX__OPT_RESTRICT dx, float mean, float rstd,
                              float mg, float mgx, int64_t n, int stream) {
     int64_t i = 0;
-#ifdef CAPEX__F16C
-    if (stream) {
-        float t[64];
-        int j;
-        for (; i < n && ((uintptr_t)(dx + i) & 15) != 0; i++) /* up to the first 16-byte boundary */
-            dx[i] = capex__nm_ln_dx(dy[i] * wf[i], (x[i] - mean) * rstd, mg, mgx, rstd);
-        for (; i + 64 <= n; i += 64) {
-            for (j = 0; j < 64; j++) t[j] = capex__nm_ln_dx(dy[i + j] * wf[i + j], (x[i + j] - mean) * rstd, mg, mgx, rstd);
-            for (j = 0; j < 64; j += 4) _mm_stream_ps(dx + i + j, _mm_loadu_ps(t + j));
-        }
-    }
-#else
-    (void)stream;
-#endif
-    for (; i < n; i++) dx[i] = capex__nm_ln_dx(dy[i] * wf[i], (x[i] - mean) * rstd, mg, mgx, rstd);
+    CAPEX__NM_DX_LOOP(CAPEX__NM_LN_XHAT)
 }
 
 static int capex__nm_dtype_ok(capex_dtype t) { return t == CAPEX_F32 || t == CAPEX_F16 || t == CAPEX_BF16; }
@@ -13911,24 +13918,6 @@ static void capex__nm_bwd_me_pass(const float *CAPEX__OPT_RESTRICT y, const floa
     *sgx = capex__nm_tree8(dt);
 }
 /* xs: xhat from pass 1, or NULL (then (y - b) / w again: the same value). */
-#ifdef CAPEX__F16C
-#define CAPEX__NM_ME_DX_STREAM(XH)                                                                      \
-    if (stream) { /* as capex__nm_bwd_dx */                                                            \
-        float t[64];                                                                                    \
-        int j;                                                                                          \
-        for (; i < n && ((uintptr_t)(dx + i) & 15) != 0; i++)                                          \
-            dx[i] = capex__nm_ln_dx(dy[i] * wf[i], XH(i), mg, mgx, rstd);                              \
-        for (; i + 64 <= n; i += 64) {                                                                  \
-            for (j = 0; j < 64; j++) t[j] = capex__nm_ln_dx(dy[i + j] * wf[i + j], XH(i + j), mg, mgx, rstd); \
-            for (j = 0; j < 64; j += 4) _mm_stream_ps(dx + i + j, _mm_loadu_ps(t + j));                \
-        }                                                                                               \
-    }
-#else
-#define CAPEX__NM_ME_DX_STREAM(XH) (void)stream;
-#endif
-#define CAPEX__NM_ME_DX_LOOP(XH)                                                                        \
-    CAPEX__NM_ME_DX_STREAM(XH)                                                                          \
-    for (; i < n; i++) dx[i] = capex__nm_ln_dx(dy[i] * wf[i], XH(i), mg, mgx, rstd);
 #define CAPEX__NM_ME_XS(j) xs[j]
 #define CAPEX__NM_ME_XR(j) capex__nm_me_xhat(y[j], wf[j], bf[j])
 static void capex__nm_bwd_me_dx(const float *CAPEX__OPT_RESTRICT y, const float *CAPEX__OPT_RESTRICT dy,
@@ -13936,8 +13925,8 @@ static void capex__nm_bwd_me_dx(const float *CAPEX__OPT_RESTRICT y, const float 
                                 const float *CAPEX__OPT_RESTRICT xs, float *CAPEX__OPT_RESTRICT dx, float rstd,
                                 float mg, float mgx, int64_t n, int stream) {
     int64_t i = 0;
-    if (xs) { CAPEX__NM_ME_DX_LOOP(CAPEX__NM_ME_XS) }
-    else { CAPEX__NM_ME_DX_LOOP(CAPEX__NM_ME_XR) }
+    if (xs) { CAPEX__NM_DX_LOOP(CAPEX__NM_ME_XS) }
+    else { CAPEX__NM_DX_LOOP(CAPEX__NM_ME_XR) }
 }
 static void capex__nm_bwd_me_row(const capex__nm_ctx *c, int64_t row, float *CAPEX__OPT_RESTRICT pw,
                                  float *CAPEX__OPT_RESTRICT pb, float *scratch) {
