@@ -7794,6 +7794,23 @@ CAPEX__PRIVATE capex_result capex__optim_flags_ok(unsigned flags, const char *fn
     return CAPEX_OK;
 }
 
+/* The optimizer-wide settings a state file holds, from a loaded optimizer's
+   desc into another's, as capex_optim_load takes them from the file
+   (NovoGrad's only for NovoGrad, the one kind whose file holds them). */
+CAPEX__PRIVATE void capex__optim_take_modes(capex_optim_desc *d, const capex_optim_desc *from) {
+    d->adam_w_mode = from->adam_w_mode != 0;
+    d->use_nvlamb = from->use_nvlamb != 0;
+    d->wd_after_momentum = from->wd_after_momentum != 0;
+    d->stochastic_rounding = from->stochastic_rounding != 0;
+    d->max_grad_norm = from->max_grad_norm;
+    d->seed = from->seed;
+    if (d->kind == CAPEX_OPTIM_NOVOGRAD) {
+        d->reg_inside_moment = from->reg_inside_moment != 0;
+        d->init_zero = from->init_zero != 0;
+        d->norm_type = from->norm_type;
+    }
+}
+
 /* ---- optimizer state save/restore ---- */
 #ifndef CAPEX_NO_STATE /* CAPEX_NO_STATE: no optimizer save/load */
 
@@ -12994,17 +13011,9 @@ static void capex__zero_load_pieces(capex_zero *z, const capex_optim *full) {
         z->opt->groups[g].step = full->groups[g].step;
         z->opt->groups[g].mom_init = full->groups[g].mom_init;
     }
-    /* every optimizer-wide setting the file holds, as capex_optim_load takes
-       them (the unsharded optimizer that loads this file steps with them) */
-    z->opt->desc.adam_w_mode = full->desc.adam_w_mode;
-    z->opt->desc.wd_after_momentum = full->desc.wd_after_momentum;
-    z->opt->desc.use_nvlamb = full->desc.use_nvlamb;
-    z->opt->desc.max_grad_norm = full->desc.max_grad_norm;
-    z->opt->desc.reg_inside_moment = full->desc.reg_inside_moment;
-    z->opt->desc.init_zero = full->desc.init_zero;
-    z->opt->desc.norm_type = full->desc.norm_type;
-    z->opt->desc.seed = full->desc.seed;
-    z->opt->desc.stochastic_rounding = full->desc.stochastic_rounding; /* keyed as the unsharded optimizer's */
+    /* every optimizer-wide setting the file holds (the unsharded optimizer that
+       loads this file steps with them; stochastic rounding keyed as its) */
+    capex__optim_take_modes(&z->opt->desc, &full->desc);
     if (full->has_sched) (void)capex_optim_set_lr_schedule(z->opt, &full->sched);
 }
 

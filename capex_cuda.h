@@ -7351,17 +7351,7 @@ CAPEX__PRIVATE capex_result capex__cuda_optim_from_host(capex_cuda_optim *o, con
     /* the host's modes, as capex_optim_load takes a file's: the kernels get them per
        launch (arguments, and the variant a launch picks), so they can change */
     nd = o->desc;
-    nd.adam_w_mode = h->desc.adam_w_mode != 0;
-    nd.use_nvlamb = h->desc.use_nvlamb != 0;
-    nd.wd_after_momentum = h->desc.wd_after_momentum != 0;
-    nd.stochastic_rounding = h->desc.stochastic_rounding != 0;
-    nd.max_grad_norm = h->desc.max_grad_norm;
-    nd.seed = h->desc.seed;
-    if (o->desc.kind == CAPEX_OPTIM_NOVOGRAD) { /* saved and loaded for NovoGrad only */
-        nd.reg_inside_moment = h->desc.reg_inside_moment != 0;
-        nd.init_zero = h->desc.init_zero != 0;
-        nd.norm_type = h->desc.norm_type;
-    }
+    capex__optim_take_modes(&nd, &h->desc);
     if (o->sealed && nd.stochastic_rounding)
         return capex__fail(CAPEX_ERR_UNSUPPORTED, "%s: the host optimizer has stochastic_rounding 1; capex_cuda_zero's "
                            "optimizer steps shard pieces and has none (capex_cuda_zero_create refuses it too)", fn);
