@@ -1503,6 +1503,15 @@ typedef struct capex_comm_vtable {
        else the status and the reason (NCCL before 2.10 has no bf16). DDP and
        ZeRO ask at create, so a missing type fails there, not mid-backward. */
     capex_result (*check_dtype)(capex_comm *c, capex_dtype t);
+    /* Optional: room made now, so that the calls of a bucket launch and
+       finalize allocate and create nothing (a failure there on one rank
+       left its peers in the collective): with scales, what scale and
+       convert run (NCCL: the built-in kernels); scale of up to half_count
+       f16/bf16 elements (NCCL stages them in f32); `requests` more
+       nonblocking requests in flight at once (negative: gives back an
+       earlier reservation). DDP calls it at create and rebuild, before
+       their agreement, and at destroy. */
+    capex_result (*reserve)(capex_comm *c, int scales, size_t half_count, long requests);
 } capex_comm_vtable;
 
 struct capex_comm {
@@ -1666,7 +1675,10 @@ CAPEX_API void capex_ddp_desc_init(capex_ddp_desc *d);
    rank refusing its own arguments returns its error and the others
    CAPEX_ERR_COMM. The comm stays usable after such a failure. Over MPI a
    half bucket also holds its f32 copy (MPI's staging) from here on, so
-   that no launch allocates (a launch failing on one rank hung the others). */
+   that no launch allocates (a launch failing on one rank hung the others);
+   over NCCL the comm gets here what launches and finalizes use (an event
+   per bucket, the f32 scratch of the largest half bucket's scale, the
+   scale and convert kernels: capex_comm_vtable.reserve). */
 CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const capex_ddp_param *params,
                                         size_t num_params, const capex_ddp_desc *d);
 CAPEX_API void capex_ddp_destroy(capex_ddp *ddp);
@@ -9003,7 +9015,7 @@ static capex_result capex__single_allgatherv(capex_comm *c, const void *send, vo
 static const capex_comm_vtable capex__single_vt = {
     "single", capex__single_allreduce, capex__single_broadcast, capex__single_allgather, capex__single_barrier,
     capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__single_reduce_scatter, capex__single_allgatherv, NULL, NULL, NULL};
+    capex__single_reduce_scatter, capex__single_allgatherv, NULL, NULL, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_single: comm is NULL");
@@ -9478,7 +9490,7 @@ static capex_result capex__mpi_allgatherv(capex_comm *c, const void *send, void 
 static const capex_comm_vtable capex__mpi_vt = {
     "mpi", capex__mpi_allreduce, capex__mpi_broadcast, capex__mpi_allgather, capex__mpi_barrier,
     capex__mpi_iallreduce, capex__mpi_wait, NULL, NULL, capex__mpi_destroy, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv, capex__mpi_ireduce_scatter, capex__mpi_iallgather, NULL};
+    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv, capex__mpi_ireduce_scatter, capex__mpi_iallgather, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     int init = 0, fin = 0, rc;
@@ -10645,7 +10657,7 @@ static void capex__tcp_abort(capex_comm *c) {
 static const capex_comm_vtable capex__tcp_vt = {
     "tcp", capex__tcp_allreduce, capex__tcp_broadcast, capex__tcp_allgather, capex__tcp_barrier,
     NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__tcp_reduce_scatter, capex__tcp_allgatherv, NULL, NULL, NULL};
+    capex__tcp_reduce_scatter, capex__tcp_allgatherv, NULL, NULL, NULL, NULL};
 #endif /* CAPEX__HAVE_SOCKETS */
 
 #ifdef CAPEX__HAVE_SOCKETS
@@ -10998,6 +11010,7 @@ struct capex_ddp {
     capex__bucket *retired;          /* buckets before a rebuild: freed when */
     size_t n_retired;                /* the next iteration starts            */
     size_t next_launch;
+    size_t reserved;                 /* requests reserved on the comm (vt->reserve) */
     int sync, layout_version, rebuilt, failed, in_finalize;
     capex_ddp_stats st;
 };
@@ -11358,6 +11371,29 @@ static int capex__comm_stages_f32(const capex_comm *c) {
     return !c->device_buffers && c->world_size > 1 && c->vt->name && strcmp(c->vt->name, "mpi") == 0;
 }
 
+/* The comm's room for what the launches and finalizes of these buckets use
+   (capex_comm_vtable.reserve): a request per bucket, the scale of the half
+   buckets scaled in their type, the kernels when anything is scaled or
+   converted. Reserved requests grow to the largest layout's (a rebuild) and
+   are given back at destroy. */
+static capex_result capex__ddp_reserve(capex_ddp *g) {
+    capex_comm *c = g->comm;
+    size_t i, half = 0, more = g->nb > g->reserved ? g->nb - g->reserved : 0;
+    float f = g->d.gradient_predivide_factor;
+    float post = g->d.gradient_average ? (float)((double)f / (double)c->world_size) : 1.0f; /* capex_ddp_finalize's */
+    int scales = f != 1.0f || post != 1.0f;
+    capex_result r;
+    if (!c->vt->reserve) return CAPEX_OK;
+    for (i = 0; i < g->nb; i++) {
+        const capex__bucket *bk = &g->b[i];
+        if (bk->buf32 && !bk->stage32) scales = 1; /* converted to f32 and back */
+        else if ((bk->dtype == CAPEX_F16 || bk->dtype == CAPEX_BF16) && bk->numel > half) half = bk->numel;
+    }
+    if ((r = c->vt->reserve(c, scales, scales ? half : 0, (long)more)) != CAPEX_OK) return r;
+    g->reserved += more;
+    return CAPEX_OK;
+}
+
 static capex_result capex__ddp_alloc_buffers(capex_ddp *g) {
     size_t i;
     capex_result r;
@@ -11372,7 +11408,7 @@ static capex_result capex__ddp_alloc_buffers(capex_ddp *g) {
             if ((r = capex__comm_alloc(g->comm, &bk->buf32, bk->numel * sizeof(float))) != CAPEX_OK) return r;
         bk->pending = bk->count;
     }
-    return CAPEX_OK;
+    return capex__ddp_reserve(g);
 }
 
 CAPEX_API void capex_ddp_destroy(capex_ddp *g) {
@@ -11385,6 +11421,7 @@ CAPEX_API void capex_ddp_destroy(capex_ddp *g) {
         for (i = 0; i < g->nb && !g->comm->failed; i++)
             if (g->b[i].req.active)
                 (void)capex__comm_after(g->comm, g->comm->vt->wait(g->comm, &g->b[i].req, capex__deadline(g->comm)));
+    if (g->reserved && g->comm && g->comm->vt && g->comm->vt->reserve) (void)g->comm->vt->reserve(g->comm, 0, 0, -(long)g->reserved);
     if (g->comm) capex__ddp_free_buckets(g), capex__ddp_free_retired(g);
     capex__free(NULL, g->params);
     capex__free(NULL, g->bucket_of);
