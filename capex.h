@@ -1509,8 +1509,8 @@ typedef struct capex_comm_vtable {
        convert run (NCCL: the built-in kernels); scale of up to half_count
        f16/bf16 elements (NCCL stages them in f32); `requests` more
        nonblocking requests in flight at once (negative: gives back an
-       earlier reservation). DDP calls it at create and rebuild, before
-       their agreement, and at destroy. */
+       earlier reservation). DDP and ZeRO call it at create (DDP at a
+       rebuild too), before their agreement, and at destroy. */
     capex_result (*reserve)(capex_comm *c, int scales, size_t half_count, long requests);
 } capex_comm_vtable;
 
@@ -11948,6 +11948,7 @@ struct capex_zero {
     size_t next_launch;
     int sync, failed, accumulated; /* accumulated: stage 2 shards hold a sum     */
     int stages;            /* capex__comm_stages_f32: grad buffers carry the f32 staging */
+    size_t reserved;       /* requests reserved on the comm (vt->reserve) */
     capex_optim *opt;
     size_t npieces, *piece_param, *piece_start; /* the optimizer's tensors, in its order */
     size_t *piece_k;        /* piece j's index within its group of opt                  */
@@ -11983,6 +11984,7 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
         for (i = 0; i < z->nb && !z->comm->failed; i++)
             if (z->b[i].req.active)
                 (void)capex__comm_after(z->comm, z->comm->vt->wait(z->comm, &z->b[i].req, capex__deadline(z->comm)));
+    if (z->reserved && z->comm->vt && z->comm->vt->reserve) (void)z->comm->vt->reserve(z->comm, 0, 0, -(long)z->reserved);
     capex_optim_destroy(z->opt);
     capex_optim_destroy(z->save_tmp);
     capex__free(NULL, z->save_masters);
@@ -12374,6 +12376,13 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
         }
     }
     if (r == CAPEX_OK) r = capex__zero_build_optim(z, od, hparams);
+    if (r == CAPEX_OK && comm->vt->reserve) { /* as DDP's: a request per bucket, the half shards' average */
+        int scales = z->d.gradient_average && W > 1;
+        size_t half = 0;
+        for (k = 0; k < z->nb; k++)
+            if ((z->b[k].dtype == CAPEX_F16 || z->b[k].dtype == CAPEX_BF16) && z->b[k].shard > half) half = z->b[k].shard;
+        if ((r = comm->vt->reserve(comm, scales, scales ? half : 0, (long)z->nb)) == CAPEX_OK) z->reserved = z->nb;
+    }
     if (r == CAPEX_OK && z->has_dev && z->dev.finish) r = z->dev.finish(z->dev.user, z);
     /* a failure here (buffers, the optimizer) is this rank's alone: one more
        small agreement, so that its peers fail with it instead of returning a

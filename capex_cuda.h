@@ -7548,6 +7548,7 @@ typedef struct capex__nccl {
        collective). */
     capex_cuda_event *req_events;
     size_t n_req_events, n_idle_events, req_events_cap;
+    size_t *eq_counts;           /* world_size entries for ZeRO's equal shards (reserve) */
     int use_avg, has_bf16, aborted;
 } capex__nccl;
 
@@ -8015,12 +8016,13 @@ static void capex__nccl_req_done(capex__nccl *n, capex_cuda_event e) {
     capex_cuda_event_destroy(n->ctx, e);
 }
 
-/* capex_comm_vtable.reserve: what DDP's launches and finalizes use, made
+/* capex_comm_vtable.reserve: what DDP's and ZeRO's launches use, made
    now (under the create's or rebuild's agreement) instead of mid-backward,
    where one rank failing alone left its peers waiting in the collective.
    scales: the scale and convert kernels loaded (on first use they compile
    and load a module); half_count: the memory entries' f32 scratch for a
-   half scale; requests: idle events (negative: idle ones destroyed). */
+   half scale; requests: idle events (negative: idle ones destroyed), and
+   the shard counts of ZeRO's nonblocking calls. */
 static capex_result capex__nccl_reserve(capex_comm *c, int scales, size_t half_count, long requests) {
     static const size_t kernels[] = {1, 3, 4, 5, 6}; /* capex_cuda_scale_f32's, capex_cuda_convert's */
     capex__nccl *n = capex__nccl_of(c);
@@ -8043,6 +8045,8 @@ static capex_result capex__nccl_reserve(capex_comm *c, int scales, size_t half_c
         if ((r = capex__nccl_scratch_of(c, bytes, 1)) != CAPEX_OK) return r;
     }
     if (!requests) return CAPEX_OK;
+    if (!n->eq_counts && !(n->eq_counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * (size_t)c->world_size)))
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL comm: out of memory (%d shard counts)", c->world_size);
     if ((size_t)requests > SIZE_MAX / 2 - n->n_req_events - n->n_idle_events)
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL request events: too many");
     if ((r = capex__nccl_ev_room(n, n->n_req_events + n->n_idle_events + (size_t)requests)) != CAPEX_OK) return r;
@@ -8083,13 +8087,14 @@ static capex_result capex__nccl_ishards(capex_comm *c, const void *send, void *r
     size_t *counts;
     int p;
     memset(req, 0, sizeof *req);
-    if (!(counts = (size_t *)capex__alloc(c->allocator, sizeof(size_t) * (size_t)c->world_size)))
+    if (!(counts = n->eq_counts) && /* made by reserve; else per call */
+        !(counts = (size_t *)capex__alloc(c->allocator, sizeof(size_t) * (size_t)c->world_size)))
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL %s: no memory", gather ? "iallgather" : "ireduce_scatter");
     for (p = 0; p < c->world_size; p++) counts[p] = count;
     if ((r = capex__nccl_req_event(c, &e)) == CAPEX_OK)
         r = gather ? capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, e, NULL) /* in place */
                    : capex__nccl_enqueue_reduce_scatter(c, send, recv, counts, t, op, e);
-    capex__free(c->allocator, counts);
+    if (counts != n->eq_counts) capex__free(c->allocator, counts);
     if (r != CAPEX_OK) {
         if (e) capex__nccl_req_idle(n, e);
         return r;
@@ -8185,6 +8190,7 @@ static void capex__nccl_destroy(capex_comm *c) {
         capex_cuda_stream_destroy(n->ctx, n->stream);
     }
     capex__free(NULL, n->req_events);
+    capex__free(NULL, n->eq_counts);
     capex__free(NULL, n);
     c->impl = NULL;
 }
