@@ -608,7 +608,10 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const c
    ncclCommGetAsyncError until comm->timeout_s, then return CAPEX_ERR_TIMEOUT /
    CAPEX_ERR_COMM and the communicator is aborted (ncclCommAbort) instead of
    hanging. The scale/convert/zero/copy entries (DDP's and ZeRO's staging) run
-   on user_stream itself, so it never waits for the comm stream. dtypes: f32,
+   on user_stream itself, so it never waits for the comm stream. DDP's and
+   ZeRO's creates reserve on the comm what their launches use (an event per
+   bucket, the f32 scratch of half scales, the scale and convert kernels),
+   so a step creates and allocates nothing where one rank could fail alone. dtypes: f32,
    f16, bf16 (NCCL >= 2.10), and CAPEX_F64 / CAPEX_I64. AVG is ncclAvg on
    NCCL >= 2.10, else a sum then a scale by 1/world. Thread safety: one thread
    at a time per comm (like every capex_comm). If rank 0 cannot make the id (no
