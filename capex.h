@@ -1887,7 +1887,9 @@ CAPEX_API capex_result capex_zero_set_sync(capex_zero *z, int sync);
    add_group is refused: CAPEX_ERR_UNSUPPORTED). Its tensors are pieces of
    params, not params. */
 CAPEX_API capex_optim *capex_zero_optim(capex_zero *z);
-/* All zeros for NULL. */
+/* All zeros for NULL. Not counted: what create reserves on an NCCL comm
+   (the comm's, shared by every DDP and ZeRO on it: an f32 scratch of the
+   largest half shard, 4 bytes per element, and an event per bucket). */
 CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
 #ifndef CAPEX_NO_STATE /* CAPEX_NO_STATE: no ZeRO checkpoints */
 /* Checkpoints in capex_optim's own format, as the unsharded optimizer
