@@ -1503,6 +1503,15 @@ typedef struct capex_comm_vtable {
        else the status and the reason (NCCL before 2.10 has no bf16). DDP and
        ZeRO ask at create, so a missing type fails there, not mid-backward. */
     capex_result (*check_dtype)(capex_comm *c, capex_dtype t);
+    /* Optional: room made now, so that the calls of a bucket launch and
+       finalize allocate and create nothing (a failure there on one rank
+       left its peers in the collective): with scales, what scale and
+       convert run (NCCL: the built-in kernels); scale of up to half_count
+       f16/bf16 elements (NCCL stages them in f32); `requests` more
+       nonblocking requests in flight at once (negative: gives back an
+       earlier reservation). DDP and ZeRO call it at create (DDP at a
+       rebuild too), before their agreement, and at destroy. */
+    capex_result (*reserve)(capex_comm *c, int scales, size_t half_count, long requests);
 } capex_comm_vtable;
 
 struct capex_comm {
@@ -1666,7 +1675,10 @@ CAPEX_API void capex_ddp_desc_init(capex_ddp_desc *d);
    rank refusing its own arguments returns its error and the others
    CAPEX_ERR_COMM. The comm stays usable after such a failure. Over MPI a
    half bucket also holds its f32 copy (MPI's staging) from here on, so
-   that no launch allocates (a launch failing on one rank hung the others). */
+   that no launch allocates (a launch failing on one rank hung the others);
+   over NCCL the comm gets here what launches and finalizes use (an event
+   per bucket, the f32 scratch of the largest half bucket's scale, the
+   scale and convert kernels: capex_comm_vtable.reserve). */
 CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const capex_ddp_param *params,
                                         size_t num_params, const capex_ddp_desc *d);
 CAPEX_API void capex_ddp_destroy(capex_ddp *ddp);
@@ -1875,7 +1887,9 @@ CAPEX_API capex_result capex_zero_set_sync(capex_zero *z, int sync);
    add_group is refused: CAPEX_ERR_UNSUPPORTED). Its tensors are pieces of
    params, not params. */
 CAPEX_API capex_optim *capex_zero_optim(capex_zero *z);
-/* All zeros for NULL. */
+/* All zeros for NULL. Not counted: what create reserves on an NCCL comm
+   (the comm's, shared by every DDP and ZeRO on it: an f32 scratch of the
+   largest half shard, 4 bytes per element, and an event per bucket). */
 CAPEX_API capex_zero_memory capex_zero_memory_info(const capex_zero *z);
 #ifndef CAPEX_NO_STATE /* CAPEX_NO_STATE: no ZeRO checkpoints */
 /* Checkpoints in capex_optim's own format, as the unsharded optimizer
@@ -9003,7 +9017,7 @@ static capex_result capex__single_allgatherv(capex_comm *c, const void *send, vo
 static const capex_comm_vtable capex__single_vt = {
     "single", capex__single_allreduce, capex__single_broadcast, capex__single_allgather, capex__single_barrier,
     capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__single_reduce_scatter, capex__single_allgatherv, NULL, NULL, NULL};
+    capex__single_reduce_scatter, capex__single_allgatherv, NULL, NULL, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_single: comm is NULL");
@@ -9478,7 +9492,7 @@ static capex_result capex__mpi_allgatherv(capex_comm *c, const void *send, void 
 static const capex_comm_vtable capex__mpi_vt = {
     "mpi", capex__mpi_allreduce, capex__mpi_broadcast, capex__mpi_allgather, capex__mpi_barrier,
     capex__mpi_iallreduce, capex__mpi_wait, NULL, NULL, capex__mpi_destroy, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv, capex__mpi_ireduce_scatter, capex__mpi_iallgather, NULL};
+    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv, capex__mpi_ireduce_scatter, capex__mpi_iallgather, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     int init = 0, fin = 0, rc;
@@ -10645,7 +10659,7 @@ static void capex__tcp_abort(capex_comm *c) {
 static const capex_comm_vtable capex__tcp_vt = {
     "tcp", capex__tcp_allreduce, capex__tcp_broadcast, capex__tcp_allgather, capex__tcp_barrier,
     NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__tcp_reduce_scatter, capex__tcp_allgatherv, NULL, NULL, NULL};
+    capex__tcp_reduce_scatter, capex__tcp_allgatherv, NULL, NULL, NULL, NULL};
 #endif /* CAPEX__HAVE_SOCKETS */
 
 #ifdef CAPEX__HAVE_SOCKETS
@@ -10998,6 +11012,7 @@ struct capex_ddp {
     capex__bucket *retired;          /* buckets before a rebuild: freed when */
     size_t n_retired;                /* the next iteration starts            */
     size_t next_launch;
+    size_t reserved;                 /* requests reserved on the comm (vt->reserve) */
     int sync, layout_version, rebuilt, failed, in_finalize;
     capex_ddp_stats st;
 };
@@ -11358,6 +11373,29 @@ static int capex__comm_stages_f32(const capex_comm *c) {
     return !c->device_buffers && c->world_size > 1 && c->vt->name && strcmp(c->vt->name, "mpi") == 0;
 }
 
+/* The comm's room for what the launches and finalizes of these buckets use
+   (capex_comm_vtable.reserve): a request per bucket, the scale of the half
+   buckets scaled in their type, the kernels when anything is scaled or
+   converted. Reserved requests grow to the largest layout's (a rebuild) and
+   are given back at destroy. */
+static capex_result capex__ddp_reserve(capex_ddp *g) {
+    capex_comm *c = g->comm;
+    size_t i, half = 0, more = g->nb > g->reserved ? g->nb - g->reserved : 0;
+    float f = g->d.gradient_predivide_factor;
+    float post = g->d.gradient_average ? (float)((double)f / (double)c->world_size) : 1.0f; /* capex_ddp_finalize's */
+    int scales = f != 1.0f || post != 1.0f;
+    capex_result r;
+    if (!c->vt->reserve) return CAPEX_OK;
+    for (i = 0; i < g->nb; i++) {
+        const capex__bucket *bk = &g->b[i];
+        if (bk->buf32 && !bk->stage32) scales = 1; /* converted to f32 and back */
+        else if ((bk->dtype == CAPEX_F16 || bk->dtype == CAPEX_BF16) && bk->numel > half) half = bk->numel;
+    }
+    if ((r = c->vt->reserve(c, scales, scales ? half : 0, (long)more)) != CAPEX_OK) return r;
+    g->reserved += more;
+    return CAPEX_OK;
+}
+
 static capex_result capex__ddp_alloc_buffers(capex_ddp *g) {
     size_t i;
     capex_result r;
@@ -11372,7 +11410,7 @@ static capex_result capex__ddp_alloc_buffers(capex_ddp *g) {
             if ((r = capex__comm_alloc(g->comm, &bk->buf32, bk->numel * sizeof(float))) != CAPEX_OK) return r;
         bk->pending = bk->count;
     }
-    return CAPEX_OK;
+    return capex__ddp_reserve(g);
 }
 
 CAPEX_API void capex_ddp_destroy(capex_ddp *g) {
@@ -11385,6 +11423,7 @@ CAPEX_API void capex_ddp_destroy(capex_ddp *g) {
         for (i = 0; i < g->nb && !g->comm->failed; i++)
             if (g->b[i].req.active)
                 (void)capex__comm_after(g->comm, g->comm->vt->wait(g->comm, &g->b[i].req, capex__deadline(g->comm)));
+    if (g->reserved && g->comm && g->comm->vt && g->comm->vt->reserve) (void)g->comm->vt->reserve(g->comm, 0, 0, -(long)g->reserved);
     if (g->comm) capex__ddp_free_buckets(g), capex__ddp_free_retired(g);
     capex__free(NULL, g->params);
     capex__free(NULL, g->bucket_of);
@@ -11911,6 +11950,7 @@ struct capex_zero {
     size_t next_launch;
     int sync, failed, accumulated; /* accumulated: stage 2 shards hold a sum     */
     int stages;            /* capex__comm_stages_f32: grad buffers carry the f32 staging */
+    size_t reserved;       /* requests reserved on the comm (vt->reserve) */
     capex_optim *opt;
     size_t npieces, *piece_param, *piece_start; /* the optimizer's tensors, in its order */
     size_t *piece_k;        /* piece j's index within its group of opt                  */
@@ -11946,6 +11986,7 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
         for (i = 0; i < z->nb && !z->comm->failed; i++)
             if (z->b[i].req.active)
                 (void)capex__comm_after(z->comm, z->comm->vt->wait(z->comm, &z->b[i].req, capex__deadline(z->comm)));
+    if (z->reserved && z->comm->vt && z->comm->vt->reserve) (void)z->comm->vt->reserve(z->comm, 0, 0, -(long)z->reserved);
     capex_optim_destroy(z->opt);
     capex_optim_destroy(z->save_tmp);
     capex__free(NULL, z->save_masters);
@@ -12337,6 +12378,13 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
         }
     }
     if (r == CAPEX_OK) r = capex__zero_build_optim(z, od, hparams);
+    if (r == CAPEX_OK && comm->vt->reserve) { /* as DDP's: a request per bucket, the half shards' average */
+        int scales = z->d.gradient_average && W > 1;
+        size_t half = 0;
+        for (k = 0; k < z->nb; k++)
+            if ((z->b[k].dtype == CAPEX_F16 || z->b[k].dtype == CAPEX_BF16) && z->b[k].shard > half) half = z->b[k].shard;
+        if ((r = comm->vt->reserve(comm, scales, scales ? half : 0, (long)z->nb)) == CAPEX_OK) z->reserved = z->nb;
+    }
     if (r == CAPEX_OK && z->has_dev && z->dev.finish) r = z->dev.finish(z->dev.user, z);
     /* a failure here (buffers, the optimizer) is this rank's alone: one more
        small agreement, so that its peers fail with it instead of returning a

@@ -608,7 +608,10 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const c
    ncclCommGetAsyncError until comm->timeout_s, then return CAPEX_ERR_TIMEOUT /
    CAPEX_ERR_COMM and the communicator is aborted (ncclCommAbort) instead of
    hanging. The scale/convert/zero/copy entries (DDP's and ZeRO's staging) run
-   on user_stream itself, so it never waits for the comm stream. dtypes: f32,
+   on user_stream itself, so it never waits for the comm stream. DDP's and
+   ZeRO's creates reserve on the comm what their launches use (an event per
+   bucket, the f32 scratch of half scales, the scale and convert kernels),
+   so a step creates and allocates nothing where one rank could fail alone. dtypes: f32,
    f16, bf16 (NCCL >= 2.10), and CAPEX_F64 / CAPEX_I64. AVG is ncclAvg on
    NCCL >= 2.10, else a sum then a scale by 1/world. Thread safety: one thread
    at a time per comm (like every capex_comm). If rank 0 cannot make the id (no
@@ -7540,10 +7543,15 @@ typedef struct capex__nccl {
     size_t scratch_bytes;
     capex_cuda_ptr uscratch;     /* the same for the memory entries, which run on user */
     size_t uscratch_bytes;
-    /* events of nonblocking requests not yet waited: a request whose wait
-       failed is never waited again, so destroy frees what is left */
+    /* request events. [0, n_req_events): nonblocking requests not yet waited
+       (a request whose wait failed is never waited again, so destroy frees
+       what is left). The last n_idle_events: idle, made by reserve or kept
+       after a wait, so that a launch takes one instead of creating it (one
+       rank's cuEventCreate failing mid-backward left its peers waiting in the
+       collective). */
     capex_cuda_event *req_events;
-    size_t n_req_events, req_events_cap;
+    size_t n_req_events, n_idle_events, req_events_cap;
+    size_t *eq_counts;           /* world_size entries for ZeRO's equal shards (reserve) */
     int use_avg, has_bf16, aborted;
 } capex__nccl;
 
@@ -7956,16 +7964,43 @@ static capex_result capex__nccl_barrier(capex_comm *c, double deadline) {
                                  CAPEX_REDUCE_SUM, deadline);
 }
 
-/* Room in n->req_events for one more request, made before its collective is
-   queued: out of memory then refuses the call with nothing queued, never
-   leaves a queued collective untracked (its event destroyed under it, no
-   wait to find it failed). */
-static capex_result capex__nccl_req_reserve(capex_comm *c) {
-    capex__nccl *n = capex__nccl_of(c);
-    return capex__grow(NULL, (void **)&n->req_events, &n->req_events_cap, n->n_req_events, n->n_req_events + 1,
-                       sizeof *n->req_events, "NCCL request events");
+/* Room in n->req_events for `need` events, busy and idle together (the idle
+   ones move to the new end). */
+static capex_result capex__nccl_ev_room(capex__nccl *n, size_t need) {
+    capex_cuda_event *q;
+    size_t cap = n->req_events_cap ? n->req_events_cap : 16;
+    if (need <= n->req_events_cap) return CAPEX_OK;
+    while (cap < need)
+        if ((cap *= 2) > SIZE_MAX / 2 / sizeof *q) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL request events: too many");
+    if (!(q = (capex_cuda_event *)capex__alloc(NULL, cap * sizeof *q)))
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL request events: out of memory growing a table to %zu entries", cap);
+    if (n->n_req_events) memcpy(q, n->req_events, n->n_req_events * sizeof *q);
+    if (n->n_idle_events)
+        memcpy(q + cap - n->n_idle_events, n->req_events + n->req_events_cap - n->n_idle_events, n->n_idle_events * sizeof *q);
+    capex__free(NULL, n->req_events);
+    n->req_events = q;
+    n->req_events_cap = cap;
+    return CAPEX_OK;
 }
-/* A request's event, kept in n->req_events (room reserved) until its wait succeeds. */
+/* An event for a request before its collective is queued: an idle one, else
+   a new one with its room made first (out of memory then refuses the call
+   with nothing queued, never leaves a queued collective untracked). */
+static capex_result capex__nccl_req_event(capex_comm *c, capex_cuda_event *e) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_result r;
+    *e = NULL;
+    if (n->n_idle_events) {
+        *e = n->req_events[n->req_events_cap - n->n_idle_events--];
+        return CAPEX_OK;
+    }
+    if ((r = capex__nccl_ev_room(n, n->n_req_events + 1)) != CAPEX_OK) return r;
+    return capex_cuda_event_create(n->ctx, 0, e);
+}
+/* An event back among the idle ones (its room exists: taken from them, or made with room). */
+static void capex__nccl_req_idle(capex__nccl *n, capex_cuda_event e) {
+    n->req_events[n->req_events_cap - ++n->n_idle_events] = e;
+}
+/* A request's event, kept in n->req_events until its wait succeeds. */
 static capex_result capex__nccl_req_keep(capex_comm *c, capex_comm_req *req, capex_cuda_event e) {
     capex__nccl *n = capex__nccl_of(c);
     n->req_events[n->n_req_events++] = e;
@@ -7978,9 +8013,55 @@ static void capex__nccl_req_done(capex__nccl *n, capex_cuda_event e) {
     for (i = 0; i < n->n_req_events; i++)
         if (n->req_events[i] == e) {
             n->req_events[i] = n->req_events[--n->n_req_events];
-            break;
+            capex__nccl_req_idle(n, e); /* its collective is done: reused by a later request */
+            return;
         }
     capex_cuda_event_destroy(n->ctx, e);
+}
+
+/* capex_comm_vtable.reserve: what DDP's and ZeRO's launches use, made
+   now (under the create's or rebuild's agreement) instead of mid-backward,
+   where one rank failing alone left its peers waiting in the collective.
+   scales: the scale and convert kernels loaded (on first use they compile
+   and load a module); half_count: the memory entries' f32 scratch for a
+   half scale; requests: idle events (negative: idle ones destroyed), and
+   the shard counts of ZeRO's nonblocking calls. */
+static capex_result capex__nccl_reserve(capex_comm *c, int scales, size_t half_count, long requests) {
+    static const size_t kernels[] = {1, 3, 4, 5, 6}; /* capex_cuda_scale_f32's, capex_cuda_convert's */
+    capex__nccl *n = capex__nccl_of(c);
+    capex_cuda_function fn;
+    capex_result r;
+    size_t i, k, bytes;
+    if (!n) return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL comm: not initialised");
+    if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
+    if (requests < 0) {
+        for (k = (size_t)-(requests + 1) + 1; k && n->n_idle_events; k--)
+            capex_cuda_event_destroy(n->ctx, n->req_events[n->req_events_cap - n->n_idle_events--]);
+        return CAPEX_OK;
+    }
+    for (i = 0; scales && i < sizeof kernels / sizeof kernels[0]; i++)
+        if ((r = capex__cuda_builtin_get(n->ctx, kernels[i], &fn)) != CAPEX_OK) return r;
+    if (half_count) {
+        if (capex__size_mul(half_count, 4, &bytes))
+            return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL comm: %zu elements: the f32 scratch byte size overflows size_t",
+                               half_count);
+        if ((r = capex__nccl_scratch_of(c, bytes, 1)) != CAPEX_OK) return r;
+    }
+    if (!requests) return CAPEX_OK;
+    if (!n->eq_counts && !(n->eq_counts = (size_t *)capex__alloc(NULL, sizeof(size_t) * (size_t)c->world_size)))
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL comm: out of memory (%d shard counts)", c->world_size);
+    if ((size_t)requests > SIZE_MAX / 2 - n->n_req_events - n->n_idle_events)
+        return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL request events: too many");
+    if ((r = capex__nccl_ev_room(n, n->n_req_events + n->n_idle_events + (size_t)requests)) != CAPEX_OK) return r;
+    for (k = 0; k < (size_t)requests; k++) {
+        capex_cuda_event e = NULL;
+        if ((r = capex_cuda_event_create(n->ctx, 0, &e)) != CAPEX_OK) {
+            while (k--) capex_cuda_event_destroy(n->ctx, n->req_events[n->req_events_cap - n->n_idle_events--]);
+            return r;
+        }
+        capex__nccl_req_idle(n, e);
+    }
+    return CAPEX_OK;
 }
 
 /* Bucket reduce: the event lives in req->handle.ptr until wait. */
@@ -7990,10 +8071,9 @@ static capex_result capex__nccl_iallreduce(capex_comm *c, const void *send, void
     capex_cuda_event e = NULL;
     capex_result r;
     memset(req, 0, sizeof *req);
-    if ((r = capex__nccl_req_reserve(c)) != CAPEX_OK) return r;
-    if ((r = capex_cuda_event_create(n->ctx, 0, &e)) != CAPEX_OK) return r;
+    if ((r = capex__nccl_req_event(c, &e)) != CAPEX_OK) return r;
     if ((r = capex__nccl_enqueue_allreduce(c, send, recv, count, t, op, e)) != CAPEX_OK) {
-        capex_cuda_event_destroy(n->ctx, e);
+        capex__nccl_req_idle(n, e);
         return r;
     }
     return capex__nccl_req_keep(c, req, e);
@@ -8010,15 +8090,16 @@ static capex_result capex__nccl_ishards(capex_comm *c, const void *send, void *r
     size_t *counts;
     int p;
     memset(req, 0, sizeof *req);
-    if (!(counts = (size_t *)capex__alloc(c->allocator, sizeof(size_t) * (size_t)c->world_size)))
+    if (!(counts = n->eq_counts) && /* made by reserve; else per call */
+        !(counts = (size_t *)capex__alloc(c->allocator, sizeof(size_t) * (size_t)c->world_size)))
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL %s: no memory", gather ? "iallgather" : "ireduce_scatter");
     for (p = 0; p < c->world_size; p++) counts[p] = count;
-    if ((r = capex__nccl_req_reserve(c)) == CAPEX_OK && (r = capex_cuda_event_create(n->ctx, 0, &e)) == CAPEX_OK)
+    if ((r = capex__nccl_req_event(c, &e)) == CAPEX_OK)
         r = gather ? capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, e, NULL) /* in place */
                    : capex__nccl_enqueue_reduce_scatter(c, send, recv, counts, t, op, e);
-    capex__free(c->allocator, counts);
+    if (counts != n->eq_counts) capex__free(c->allocator, counts);
     if (r != CAPEX_OK) {
-        if (e) capex_cuda_event_destroy(n->ctx, e);
+        if (e) capex__nccl_req_idle(n, e);
         return r;
     }
     return capex__nccl_req_keep(c, req, e);
@@ -8106,11 +8187,13 @@ static void capex__nccl_destroy(capex_comm *c) {
         if (n->scratch) capex_cuda_free(n->ctx, n->scratch);
         if (n->uscratch) capex_cuda_free(n->ctx, n->uscratch);
         while (n->n_req_events) capex_cuda_event_destroy(n->ctx, n->req_events[--n->n_req_events]);
+        while (n->n_idle_events) capex_cuda_event_destroy(n->ctx, n->req_events[n->req_events_cap - n->n_idle_events--]);
         capex_cuda_event_destroy(n->ctx, n->ev_user);
         capex_cuda_event_destroy(n->ctx, n->ev_done);
         capex_cuda_stream_destroy(n->ctx, n->stream);
     }
     capex__free(NULL, n->req_events);
+    capex__free(NULL, n->eq_counts);
     capex__free(NULL, n);
     c->impl = NULL;
 }
@@ -8187,7 +8270,7 @@ static const capex_comm_vtable capex__nccl_vt = {
     capex__nccl_mem_alloc, capex__nccl_mem_free, capex__nccl_mem_copy, capex__nccl_mem_zero, capex__nccl_scale,
     capex__nccl_convert, capex__nccl_test, capex__nccl_reduce_scatter, capex__nccl_allgatherv, capex__nccl_ireduce_scatter,
     capex__nccl_iallgather,
-    capex__nccl_check_dtype};
+    capex__nccl_check_dtype, capex__nccl_reserve};
 
 /* Everything of the init that can fail on this rank alone: the desc, NCCL's
    symbols, the driver's cuEventQuery, our stream and events; c holds them
@@ -8224,7 +8307,9 @@ CAPEX__PRIVATE capex_result capex__nccl_prepare(capex_comm *c, const capex_nccl_
     c->impl = n;
     if ((r = capex_cuda_stream_create(n->ctx, &n->stream)) != CAPEX_OK ||
         (r = capex_cuda_event_create(n->ctx, 0, &n->ev_user)) != CAPEX_OK ||
-        (r = capex_cuda_event_create(n->ctx, 0, &n->ev_done)) != CAPEX_OK) {
+        (r = capex_cuda_event_create(n->ctx, 0, &n->ev_done)) != CAPEX_OK ||
+        /* the barrier's word: a barrier allocating it on one rank alone could leave the others waiting */
+        (r = capex__nccl_scratch(c, 4)) != CAPEX_OK) {
         capex_comm_destroy(c);
         return r;
     }

@@ -1090,11 +1090,29 @@ EMU_API CUresult cuCtxSynchronize(void) {
     return sticky.load();
 }
 
+/* Failure injection, for tests: CAPEX_EMU_FAIL_ALLOC, CAPEX_EMU_FAIL_EVENT,
+   CAPEX_EMU_FAIL_MODULE = n: from the first call that sees the variable set,
+   n calls succeed and every later one fails with CUDA_ERROR_OUT_OF_MEMORY
+   (cuMemAlloc_v2, cuEventCreate, cuModuleLoadDataEx), as on a device out of
+   memory. Read at every call, so a forked rank sets it for itself alone;
+   unset, the count starts over. */
+namespace {
+std::atomic<long> fail_alloc_n{-1}, fail_event_n{-1}, fail_module_n{-1};
+int injected_failure(const char *name, std::atomic<long> &count) {
+    const char *e = getenv(name);
+    if (!e || !e[0]) { count.store(-1); return 0; }
+    long n = strtol(e, nullptr, 10), none = -1;
+    count.compare_exchange_strong(none, 0);
+    return count.fetch_add(1) >= n;
+}
+} // namespace
+
 /* Device memory: mmap'd, 256-byte aligned, ending at a PROT_NONE guard page. */
 EMU_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     NEED_CTX();
     CAPTURE_GUARD(CAPTURE_UNSUPPORTED);
     if (n == 0) return INVALID_VALUE;
+    if (injected_failure("CAPEX_EMU_FAIL_ALLOC", fail_alloc_n)) return OUT_OF_MEMORY;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     {
         std::lock_guard<std::mutex> g(mu);
@@ -1248,6 +1266,7 @@ EMU_API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) {
 }
 EMU_API CUresult cuEventCreate(void **e, unsigned flags) {
     NEED_CTX();
+    if (injected_failure("CAPEX_EMU_FAIL_EVENT", fail_event_n)) return OUT_OF_MEMORY;
     event *p = new event();
     p->magic = 0xE7;
     p->timing = !(flags & 2u);
@@ -1316,6 +1335,7 @@ EMU_API CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n_opts, 
     (void)n_opts; (void)opts; (void)vals;
     NEED_CTX();
     if (!img) return INVALID_VALUE;
+    if (injected_failure("CAPEX_EMU_FAIL_MODULE", fail_module_n)) return OUT_OF_MEMORY;
     n = cuda_image_size(p, &bad_ptx);
     if (!n) return bad_ptx ? INVALID_PTX : INVALID_IMAGE;
     module *mod = new module;

@@ -392,9 +392,12 @@ static void child_fake_async_error(const char *arg, child_result *res) {
 }
 
 /* A peer fails while DDP's first bucket reduces; the next bucket's predivide
-   (bf16 in place, through the comm's f32 scratch) grows the scratch, which
-   waits for the comm's stream and sees the async error: CAPEX_ERR_COMM,
-   and the comm is aborted and marked failed there, as every collective does. */
+   (bf16 in place) runs in the comm's f32 scratch that create reserved, so
+   it launches without waiting. A larger scale through the comm's memory
+   entry grows the scratch, which waits for the user stream and sees the
+   async error: CAPEX_ERR_COMM, and the comm is aborted and marked failed
+   there, as every collective does. (Before 2026-11-28 the bucket's own
+   predivide grew it, mid-backward.) */
 static void child_fake_scratch_async(const char *arg, child_result *res) {
     capex_cuda_context *ctx = NULL;
     capex_comm c;
@@ -403,11 +406,13 @@ static void child_fake_scratch_async(const char *arg, child_result *res) {
     capex_ddp_desc dd;
     capex_result r;
     char msg[1024];
+    void *big;
     (void)arg;
     RUN(fake_open(&ctx, &c, 0));
     ps[0].data = dev(ctx, 600); ps[0].numel = 300; ps[0].dtype = CAPEX_BF16; ps[0].grad = NULL; /* the last bucket */
     ps[1].data = dev(ctx, 16); ps[1].numel = 8; ps[1].dtype = CAPEX_BF16; ps[1].grad = NULL;    /* the first, small */
-    FAIL_IF(!ps[0].data || !ps[1].data, "malloc");
+    big = dev(ctx, 2000);
+    FAIL_IF(!ps[0].data || !ps[1].data || !big, "malloc");
     capex_ddp_desc_init(&dd);
     dd.first_bucket_bytes = 16; dd.bucket_bytes = 4096; dd.gradient_predivide_factor = 2.0f;
     RUN(capex_ddp_create(&ddp, &c, ps, 2, &dd));
@@ -416,7 +421,9 @@ static void child_fake_scratch_async(const char *arg, child_result *res) {
     RUN(capex_cuda_memset_u8(ctx, D(capex_ddp_grad(ddp, 1)), 0, 16, NULL));
     setenv("FAKE_NCCL_ASYNC_ERROR", "1", 1);
     RUN(capex_ddp_grad_ready(ddp, 1)); /* bucket 0: its allreduce fails on the "GPU" */
-    r = capex_ddp_grad_ready(ddp, 0);  /* bucket 1: the scratch grows */
+    RUN(capex_ddp_grad_ready(ddp, 0)); /* bucket 1: in the reserved scratch */
+    FAIL_IF(c.failed, "a launch in the reserved scratch waited for the comm");
+    r = c.vt->scale(&c, big, 1000, CAPEX_BF16, 0.5f); /* past it: the scratch grows */
     snprintf(msg, sizeof msg, "%s", capex_last_error());
     FAIL_IF(r != CAPEX_ERR_COMM || !strstr(msg, "scratch"), "expected CAPEX_ERR_COMM growing the scratch, got %s: %s",
             capex_result_string(r), msg);

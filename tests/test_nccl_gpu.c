@@ -365,6 +365,88 @@ CT_TEST(ddp_world2_half_buckets_scaled_on_user_stream) {
     CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
 }
 
+/* Rank 1's device allocations, event creations or kernel loads fail after
+   create (the emulator's CAPEX_EMU_FAIL_ALLOC, _EVENT, _MODULE, set in rank
+   1 alone; one kind per run): no launch or finalize may need one, since a
+   rank failing there alone leaves its peers in ncclAllReduce. Create makes
+   what they use (the half buckets' f32 scale scratch, an event per bucket,
+   the scale and convert kernels), so two steps of f16, bf16 and f32 buckets
+   with predivide 4 (half scales in f32 on the user stream) average exactly
+   on both ranks. Before 2026-11-28 rank 1 failed its first launch alone: the
+   scratch grew there, each launch created its event, the kernels loaded on
+   first use. */
+static const char *g_inject;
+static int ddp_nofail_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    capex_cuda_stream st = NULL;
+    capex_ddp *ddp = NULL;
+    capex_ddp_param ps[W_NP];
+    capex_ddp_desc dd;
+    capex_cuda_ptr data[W_NP];
+    static unsigned char buf[500 * 4];
+    int it, p, bad = 0;
+    size_t e;
+    (void)user;
+    if (world != 2 || capex_cuda_stream_create(ctx, &st) != CAPEX_OK || capex_nccl_set_user_stream(c, st) != CAPEX_OK) return 30;
+    for (p = 0; p < W_NP; p++) {
+        if (capex_cuda_malloc(ctx, w_numel[p] * 4, &data[p]) != CAPEX_OK ||
+            capex_cuda_memset_u8(ctx, data[p], 0, w_numel[p] * 4, NULL) != CAPEX_OK) return 31;
+        ps[p].data = (void *)(uintptr_t)data[p]; ps[p].numel = w_numel[p]; ps[p].dtype = w_dt[p]; ps[p].grad = NULL;
+    }
+    capex_ddp_desc_init(&dd);
+    dd.first_bucket_bytes = 512; dd.bucket_bytes = 1024; dd.gradient_predivide_factor = 4.0f;
+    if (capex_ddp_create(&ddp, c, ps, W_NP, &dd) != CAPEX_OK) return 33;
+    if (rank == 1) setenv(g_inject, "0", 1); /* from here on every one fails on rank 1 */
+    for (it = 0; it < 2 && !bad; it++) {
+        for (p = W_NP; p-- > 0 && !bad;) {
+            for (e = 0; e < w_numel[p]; e++) w_put(w_dt[p], buf, e, w_grad(rank, it, p, e));
+            if (capex_cuda_memcpy_htod(ctx, (capex_cuda_ptr)(uintptr_t)capex_ddp_grad(ddp, (size_t)p), buf,
+                                       w_numel[p] * capex_dtype_size(w_dt[p]), st) != CAPEX_OK) bad = 34;
+            else if (capex_ddp_grad_ready(ddp, (size_t)p) != CAPEX_OK) {
+                fprintf(stderr, "rank %d (%s=0) it %d param %d: grad_ready: %s\n", rank, g_inject, it, p, capex_last_error());
+                bad = 35;
+            }
+        }
+        if (!bad && capex_ddp_finalize(ddp) != CAPEX_OK) {
+            fprintf(stderr, "rank %d (%s=0) it %d: finalize: %s\n", rank, g_inject, it, capex_last_error());
+            bad = 36;
+        }
+        for (p = 0; p < W_NP && !bad; p++) {
+            if (capex_cuda_memcpy_dtoh(ctx, buf, (capex_cuda_ptr)(uintptr_t)capex_ddp_grad(ddp, (size_t)p),
+                                       w_numel[p] * capex_dtype_size(w_dt[p]), st) != CAPEX_OK ||
+                capex_cuda_stream_synchronize(ctx, st) != CAPEX_OK) bad = 37;
+            for (e = 0; e < w_numel[p] && !bad; e++) {
+                float want = (w_grad(0, it, p, e) + w_grad(1, it, p, e)) / 2.0f;
+                if (w_get(w_dt[p], buf, e) != want) {
+                    fprintf(stderr, "rank %d it %d param %d [%zu]: %g, want %g\n", rank, it, p, e,
+                            (double)w_get(w_dt[p], buf, e), (double)want);
+                    bad = 38;
+                }
+            }
+        }
+        if (!bad && capex_ddp_zero_grad(ddp) != CAPEX_OK) bad = 39;
+    }
+    if (rank == 1) unsetenv(g_inject);
+    capex_ddp_destroy(ddp);
+    for (p = 0; p < W_NP; p++) capex_cuda_free(ctx, data[p]);
+    capex_nccl_set_user_stream(c, NULL);
+    capex_cuda_stream_destroy(ctx, st);
+    return bad;
+}
+static void child_ddp_nofail(const char *arg, child_result *res) {
+    g_inject = arg;
+    nccl_world2_child(ddp_nofail_rank, res);
+}
+static void nofail_case(ct_state *ct, const char *kind) {
+    child_result r;
+    const char *why = nccl_world_skip_reason();
+    if (why) CT_SKIP("%s", why);
+    r = run_child("ddp_nofail", kind);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s=0 on rank 1 after create: %s", kind, r.message);
+}
+CT_TEST(ddp_world2_launch_allocates_no_device_memory) { nofail_case(ct, "CAPEX_EMU_FAIL_ALLOC"); }
+CT_TEST(ddp_world2_launch_creates_no_event) { nofail_case(ct, "CAPEX_EMU_FAIL_EVENT"); }
+CT_TEST(ddp_world2_launch_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU_FAIL_MODULE"); }
+
 /* Gathers whose send lies inside recv but not at this rank's slot (send ==
    recv on rank 1, the other rank's slot, allgatherv's uneven slots): NCCL is
    in place only at the slot and undefined otherwise (the stand-in refuses
@@ -535,9 +617,12 @@ static const ct_case cases[] = {CT_CASE(collectives_on_device), CT_CASE(ddp_one_
                                 CT_CASE(stuck_stream_times_out_and_aborts), CT_CASE(ddp_world2_user_stream_rebuild),
                                 CT_CASE(ddp_world2_half_buckets_scaled_on_user_stream),
                                 CT_CASE(world2_gathers_with_send_inside_recv), CT_CASE(ddp_backward_overlaps_inflight_allreduce),
-                                CT_CASE(world2_avg_without_ncclavg), CT_CASE(ddp_world2_nccl_2_9)};
+                                CT_CASE(world2_avg_without_ncclavg), CT_CASE(ddp_world2_nccl_2_9),
+                                CT_CASE(ddp_world2_launch_allocates_no_device_memory), CT_CASE(ddp_world2_launch_creates_no_event),
+                                CT_CASE(ddp_world2_launch_loads_no_kernel)};
 static const child_entry children[] = {{"ddp_world", child_ddp_world}, {"gather_alias", child_gather_alias},
-                                       {"avg_fallback", child_avg_fallback}, {"ddp_world_old", child_ddp_world_old}};
+                                       {"avg_fallback", child_avg_fallback}, {"ddp_world_old", child_ddp_world_old},
+                                       {"ddp_nofail", child_ddp_nofail}};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);

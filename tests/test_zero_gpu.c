@@ -1257,9 +1257,53 @@ static void child_load_fail(const char *arg, child_result *res) {
     nccl_world2_child(load_fail_body, res);
 }
 
+/* Rank 1's device allocations (stage 1) or event creations (stage 2) fail
+   after create (the emulator's CAPEX_EMU_FAIL_ALLOC / _EVENT, rank 1
+   alone): the reduce-scatters, their half shards' average (in the comm's
+   f32 scratch), the all-gathers and the device step need none, so two
+   Adam steps succeed on both ranks; one rank failing there would leave the
+   other waiting in a collective. Before 2026-11-28 each nonblocking call
+   created its event and the first half average grew the scratch. Stage 2's
+   lent grad buffers still grow the pool in the first step (not tested
+   here). arg: "variable stage". */
+static const char *g_zinject;
+static int nofail_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
+    const cfg *c = (const cfg *)user;
+    gpu_run g;
+    hostp h;
+    ct_state st;
+    memset(&st, 0, sizeof st);
+    g_rank = rank;
+    g_world = world;
+    hostp_init(c, &h);
+    gpu_create(&st, ctx, comm, c, &g, &h);
+    if (!st.failed) {
+        if (rank == 1) setenv(g_zinject, "0", 1);
+        gpu_steps(&st, ctx, NULL, c, &g, 0, c->steps);
+        if (rank == 1) unsetenv(g_zinject);
+        gpu_free(ctx, &g);
+    }
+    hostp_free(&h);
+    if (st.failed) { fprintf(stderr, "rank %d (%s=0 on rank 1): %s\n", rank, g_zinject, st.why); return 1; }
+    return 0;
+}
+static void child_nofail(const char *arg, child_result *res) {
+    static char kind[64];
+    static cfg c;
+    int codes[16] = {0}, r;
+    memset(&c, 0, sizeof c);
+    c.kind = CAPEX_OPTIM_ADAM; c.halves = 1; c.max_norm = INFINITY; c.inf_step = -1; c.steps = 2; c.micro = 1;
+    if (!arg || sscanf(arg, "%63s %d", kind, &c.stage) != 2) { res->code = 2; return; }
+    g_zinject = kind;
+    setenv("FAKE_NCCL_TIMEOUT", "120", 1); /* a hang guard */
+    r = nccl_world_run(2, nofail_body, &c, codes);
+    res->code = r || codes[1] ? 1 : 0;
+    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
+}
+
 static const child_entry children[] = {{"world", child_world}, {"ckpt", child_ckpt}, {"dead_peer", child_dead_peer},
                                        {"momentum", child_momentum}, {"oom", child_oom},
-                                       {"load_fail", child_load_fail}};
+                                       {"load_fail", child_load_fail}, {"nofail", child_nofail}};
 
 #define NEED_FAKE_WORLD()                                                                                   \
     do {                                                                                                    \
@@ -1290,6 +1334,14 @@ static void ckpt_worlds(ct_state *ct, const char *kind) {
     r = run_child("ckpt", kind);
     CT_CHECK(r.exited_ok && r.code == 0, "%s (code %d)", r.message, r.code);
 }
+static void nofail_case(ct_state *ct, const char *arg) {
+    child_result r;
+    NEED_FAKE_WORLD();
+    r = run_child("nofail", arg);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s: %s (code %d)", arg, r.message, r.code);
+}
+CT_TEST(world2_stage1_step_allocates_no_device_memory) { nofail_case(ct, "CAPEX_EMU_FAIL_ALLOC 1"); }
+CT_TEST(world2_stage2_step_creates_no_event) { nofail_case(ct, "CAPEX_EMU_FAIL_EVENT 2"); }
 CT_TEST(checkpoint_across_world_sizes) { ckpt_worlds(ct, "0"); }
 CT_TEST(checkpoint_across_world_sizes_novograd) { ckpt_worlds(ct, "4"); }
 CT_TEST(world2_momentum_on_refused_on_every_rank) {
@@ -1334,6 +1386,8 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(world2_adamw_stage2_halves_two_micro_batches),
                                 CT_CASE(world2_novograd_stage1_halves_clip_inf), CT_CASE(world4_novograd_stage2_f32),
                                 CT_CASE(checkpoint_across_world_sizes), CT_CASE(checkpoint_across_world_sizes_novograd),
+                                CT_CASE(world2_stage1_step_allocates_no_device_memory),
+                                CT_CASE(world2_stage2_step_creates_no_event),
                                 CT_CASE(world2_destroy_in_flight_dead_peer_aborts), CT_CASE(world2_momentum_on_refused_on_every_rank),
                                 CT_CASE(world2_one_rank_out_of_memory_fails_both), CT_CASE(world2_one_rank_load_fails_both)};
 int main(int argc, char **argv) {
