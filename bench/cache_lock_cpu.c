@@ -4,8 +4,8 @@
    round with a fresh cache directory, and how many of the N x parts compiles
    ran NVRTC (the rest read the cache). Built against two headers, it shows
    what the per-entry compile lock saves.
-     cache_lock_cpu [--procs 4] [--rounds 3] [--cc 90] [part ...]  (default: amp adam_bf16)
-   bench/cache_lock_cpu.sh runs it against a baseline commit. */
+     cache_lock_cpu [--procs 4] [--rounds 3] [--cc 90] [--all | part ...]  (default: amp adam_bf16)
+   Build it with -I pointing at either header pair (a baseline's from git show). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -46,6 +46,8 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--procs") && i + 1 < argc) procs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--cc") && i + 1 < argc) cc = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--all"))
+            for (n_units = 0; n_units < capex_cuda_builtin_part_count() && n_units < 64; n_units++) units[n_units] = n_units;
         else if (n_units < 64) {
             int p;
             for (p = 0; p < capex_cuda_builtin_part_count(); p++)
@@ -69,7 +71,7 @@ int main(int argc, char **argv) {
     for (r = 0; r < rounds; r++) {
         char dir[64];
         int go[2], done[2], compiled = 0, failed = 0;
-        double t0 = children_cpu_s(), t;
+        double t0 = children_cpu_s(), w0 = capex_dist_now(), t;
         snprintf(dir, sizeof dir, "/tmp/capex_lock_bench_XXXXXX");
         if (!mkdtemp(dir) || pipe(go) != 0 || pipe(done) != 0) return 1;
         for (i = 0; i < procs; i++) {
@@ -114,8 +116,8 @@ int main(int argc, char **argv) {
             printf("round %d: %d processes failed\n", r + 1, failed);
             return 1;
         }
-        printf("round %d: %d processes x %d parts: CPU %.2f s summed, NVRTC ran %d of %d compiles\n", r + 1, procs, n_units, t,
-               compiled, procs * n_units);
+        printf("round %d: %d processes x %d parts: CPU %.2f s summed, wall %.2f s, NVRTC ran %d of %d compiles\n", r + 1, procs,
+               n_units, t, capex_dist_now() - w0, compiled, procs * n_units);
         if (best < 0.0 || t < best) best = t;
     }
     printf("best %.2f\n", best);
