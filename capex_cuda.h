@@ -5347,8 +5347,9 @@ CAPEX_API capex_result capex_cuda_module_compile(capex_cuda_context *ctx, const 
     if (*out) return CAPEX_OK;
     /* NVRTC and the disk cache run without the context lock, so that other
        threads keep launching (and compiling) meanwhile; the disk cache takes
-       concurrent writers. Two threads compiling the same request both compile,
-       and the first to load wins. */
+       concurrent writers. Two threads compiling the same request compile once
+       through the disk cache (its per-entry lock: one waits, then reads the
+       entry), twice without it; the first to load wins. */
     capex__cuda_module_desc(ctx, source, name, options, n_options, &cache, &d);
     if ((r = capex__cuda_compile(&d, 0, &img)) != CAPEX_OK) return r;
     pthread_mutex_lock(&ctx->lock);
