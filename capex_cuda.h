@@ -2097,16 +2097,18 @@ CAPEX__PRIVATE int capex__cuda_cache_lock(const char *lock) {
     double start = capex_dist_now(), pause = 0.001;
     int attempt;
     for (attempt = 0; attempt < 100; attempt++) {
-        int fd = capex__cuda_lock_open(lock, 1);
+        int fd = capex__cuda_lock_open(lock, 1), got;
         if (fd < 0) return -1;
-        while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        while (!(got = flock(fd, LOCK_EX | LOCK_NB) == 0)) {
             if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) { /* ENOLCK, EINVAL, ...: no locking here */
                 close(fd);
                 return -1;
             }
+            /* unlinked: its holder is done, though a child it forked meanwhile may hold a copy of its fd */
+            if (!capex__cuda_lock_current(fd, lock)) break;
             if (capex_dist_now() - start >= CAPEX__CACHE_LOCK_WAIT_S) {
-                capex_log(CAPEX_LOG_WARN, "waited %.0f s for %s, which another process compiling the same kernel "
-                          "holds; compiling here too", capex_dist_now() - start, lock);
+                capex_log(CAPEX_LOG_WARN, "waited %.0f s for %s, which another compile of the same kernel holds; "
+                          "compiling here too", capex_dist_now() - start, lock);
                 close(fd);
                 return -1;
             }
@@ -2114,8 +2116,8 @@ CAPEX__PRIVATE int capex__cuda_cache_lock(const char *lock) {
             capex__sleep_s(pause);
             if (pause < 0.05) pause *= 2;
         }
-        if (capex__cuda_lock_current(fd, lock)) return fd;
-        close(fd); /* its holder is done (the entry is likely there): again, on the path's file */
+        if (got && capex__cuda_lock_current(fd, lock)) return fd;
+        close(fd); /* its holder is done (the entry is likely there): again, on the file the path names */
     }
     return -1;
 #else

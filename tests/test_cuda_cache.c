@@ -44,11 +44,20 @@ static double lock_wait_s = 120.0;
 static pthread_mutex_t nvrtc_mu = PTHREAD_MUTEX_INITIALIZER;
 static int nvrtc_compiles; /* under nvrtc_mu: compiles run on threads too */
 static int hold_fd = -1, wait_fd = -1, waits_reported;
+static int fork_go_r = -1, fork_rel_r = -1, fork_rel_w = -1; /* lock_forked_copy_of_a_held_lock */
 static void on_nvrtc(void) {
     pthread_mutex_lock(&nvrtc_mu);
     nvrtc_compiles++;
     pthread_mutex_unlock(&nvrtc_mu);
-    if (hold_fd >= 0) { /* holding the entry's lock: tell the parent, then wait to be killed */
+    if (hold_fd >= 0 && fork_go_r >= 0) { /* holding the lock: fork a child that keeps a copy of it, report, go on when told */
+        char c;
+        close(fork_rel_w);
+        if (fork() == 0) { /* holds the lock file's copy until the parent test releases it */
+            if (read(fork_rel_r, &c, 1) < 0) _exit(0);
+            _exit(0);
+        }
+        if (write(hold_fd, "h", 1) != 1 || read(fork_go_r, &c, 1) != 1) _exit(3);
+    } else if (hold_fd >= 0) { /* holding the entry's lock: tell the parent, then wait to be killed */
         if (write(hold_fd, "h", 1) != 1) _exit(3);
         for (;;) pause();
     }
@@ -896,6 +905,51 @@ CT_TEST(lock_wait_limit_and_stale_lock_files) {
     rm_dir(dir);
 }
 
+/* The holder forks while it holds the lock (a data loader's workers, forked
+   during a background compile): the child's copy of the fd keeps the lock on
+   the file after the holder unlinked it. Waiters see the path no longer names
+   it, and read the entry at once (they waited for the child before: the whole
+   wait limit, then compiled). */
+CT_TEST(lock_forked_copy_of_a_held_lock) {
+    enum { N = 2 };
+    char dir[64];
+    int hold[2], go[2], rel[2], wt[2], fd[N], hfd, i, total = 0, held, waiting, left = -1;
+    pid_t holder, p[N];
+    child_result r[N], hr;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    CT_CHECK(pipe(hold) == 0 && pipe(go) == 0 && pipe(rel) == 0 && pipe(wt) == 0, "pipe");
+    hold_fd = hold[1], fork_go_r = go[0], fork_rel_r = rel[0], fork_rel_w = rel[1];
+    holder = spawn(child_lock_compile, dir, &hfd);
+    hold_fd = fork_go_r = fork_rel_r = fork_rel_w = -1;
+    close(hold[1]);
+    close(go[0]);
+    close(rel[0]);
+    held = read_bytes(hold[0], 1);
+    wait_fd = wt[1];
+    for (i = 0; i < N; i++) p[i] = spawn(child_lock_compile, dir, &fd[i]);
+    wait_fd = -1;
+    close(wt[1]);
+    waiting = held == 1 ? read_bytes(wt[0], N) : 0;
+    if (write(go[1], "g", 1) != 1) held = -1; /* the holder goes on: compiles, writes, unlinks, exits */
+    hr = collect(holder, hfd);
+    for (i = 0; i < N; i++) r[i] = collect(p[i], fd[i]);
+    close(rel[1]); /* the forked copy's end */
+    close(go[1]);
+    close(hold[0]);
+    close(wt[0]);
+    CT_CHECK(held == 1 && waiting == N, "the holder reached NVRTC (%d), %d of %d waited", held, waiting, N);
+    CT_CHECK(hr.exited_ok && hr.code == CAPEX_OK && hr.value == 1, "the holder compiled: %d %s", hr.code, hr.message);
+    for (i = 0; i < N; i++) {
+        CT_CHECK(r[i].exited_ok && r[i].code == CAPEX_OK && !strcmp(r[i].message, hr.message),
+                 "rank %d: %d %s (holder: %s)", i, r[i].code, r[i].message, hr.message);
+        total += r[i].value;
+    }
+    CT_CHECK(total == 0, "the waiters read the holder's entry, without a wait-limit warning (%d compiled)", total);
+    CT_CHECK(entry_ok(dir, hr.message, &left) && left == 0, "entry valid, no lock file left (%d)", left);
+    rm_dir(dir);
+}
+
 /* Something other than a lock file of the user's at the lock path (a symlink,
    dangling or to a file of the user's; a directory; a FIFO; a hard-linked,
    a group/other-writable or another user's file) is neither followed nor
@@ -1619,6 +1673,7 @@ static const ct_case cases[] = {
     CT_CASE(lock_ranks_compile_a_cold_entry_once),
     CT_CASE(lock_holder_killed_others_proceed),
     CT_CASE(lock_wait_limit_and_stale_lock_files),
+    CT_CASE(lock_forked_copy_of_a_held_lock),
     CT_CASE(lock_path_not_a_plain_file_of_ours),
     CT_CASE(lock_threads_of_one_process),
     CT_CASE(write_that_fails_part_way),
