@@ -105,7 +105,12 @@
                         options with include paths (-I), pre-includes or PCH, is
                         compiled without the disk cache. An unwritable directory (or a path over 1023
                         bytes) warns once and runs uncached. Writes remove temp files
-                        over an hour old that a killed writer left.
+                        over an hour old that a killed writer left. Processes that miss
+                        one entry at once (the ranks of a node) compile it once: one
+                        holds <entry>.lock (flock, released if it dies; unlinked when
+                        done) while it compiles and writes, the others wait (up to 2
+                        min) and read the entry; where no lock can be had (a read-only
+                        directory, no flock, a link at that path) each compiles.
        Built-in kernels  fill, scale, add and f32<->f16/bf16 conversion (bit-exact with
                         capex.h's CPU conversions), the fused optimizers and the norms, in
                         27 parts (capex_cuda_builtin_part_name), each its own program,
@@ -862,6 +867,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
 #include <sys/types.h>
 #include <sys/stat.h>
 #include <dirent.h>
+#include <sys/file.h> /* flock: the cache's per-entry compile lock */
 #include <time.h>
 
 #ifdef __cplusplus
@@ -2031,9 +2037,110 @@ CAPEX__PRIVATE int capex__cuda_write_all(int fd, const void *data, size_t n) {
     return 0;
 }
 
+/* ---- per-entry compile lock ---------------------------------------------------
+   The ranks of a node that miss the same entry would each compile it (50-330
+   ms of CPU a part). One takes <entry>.lock (flock: per open file, so threads
+   exclude each other too, and the kernel releases it when the holder dies),
+   reads the entry again, compiles and writes it if still missing; the others
+   wait, then read it. Any failure (unwritable or untrusted directory, a
+   symlink or a file not the user's alone at the lock path, no flock: ENOLCK,
+   NFS without locking, no O_NOFOLLOW) means no lock: each compiles, as
+   without it. A holder unlinks the lock file before it releases the lock, so
+   the directory holds only entries; a waiter that then gets the lock on the
+   unlinked file finds the path no longer names it and tries again, so two
+   holders are never both valid (a copy of the fd in a child forked meanwhile
+   holds only an unlinked file). Holders lock one entry at a time and take no
+   other lock while they hold it: no deadlock. The wait is bounded (a stopped
+   holder): then it compiles anyway, with a warning. */
+#ifndef CAPEX__CACHE_LOCK_WAIT_S
+#define CAPEX__CACHE_LOCK_WAIT_S 120.0
+#endif
+/* Test hooks: called before each pause of a lock wait, and before each NVRTC
+   compile of capex__cuda_compile_ex (tests count compiles across processes). */
+#ifndef CAPEX__CACHE_ON_LOCK_WAIT
+#define CAPEX__CACHE_ON_LOCK_WAIT() ((void)0)
+#endif
+#ifndef CAPEX__CUDA_ON_NVRTC
+#define CAPEX__CUDA_ON_NVRTC() ((void)0)
+#endif
+
+/* An fd on the lock file (created when create): a regular file of the user's,
+   not a link (O_NOFOLLOW) nor hard-linked, not group/other-writable; -1 otherwise. */
+CAPEX__PRIVATE int capex__cuda_lock_open(const char *lock, int create) {
+#if defined(CAPEX__O_NOFOLLOW) && defined(LOCK_EX) && defined(LOCK_NB)
+    struct stat st;
+    /* O_RDWR: NFS emulates flock with byte-range locks, which want a writable fd */
+    int fd = open(lock, O_RDWR | O_NONBLOCK | CAPEX__O_NOFOLLOW | CAPEX__O_CLOEXEC | (create ? O_CREAT : 0), 0600);
+    if (fd < 0) return -1;
+    /* nlink 0 is a file its holder unlinked just now: capex__cuda_lock_current refuses it */
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_nlink > 1 ||
+        (st.st_mode & (S_IWGRP | S_IWOTH))) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+#else
+    (void)lock;
+    (void)create;
+    return -1;
+#endif
+}
+
+/* 1 when fd is still the file the path names (its holder unlinks it when done). */
+CAPEX__PRIVATE int capex__cuda_lock_current(int fd, const char *lock) {
+    struct stat a, b;
+    return fstat(fd, &a) == 0 && capex__cuda_lstat(lock, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* Takes the lock lock (a path in the checked cache directory); its fd, or -1
+   for no lock (the caller compiles as without one). Polls (LOCK_NB) with
+   pauses of 1 to 50 ms, up to CAPEX__CACHE_LOCK_WAIT_S in all. */
+CAPEX__PRIVATE int capex__cuda_cache_lock(const char *lock) {
+#if defined(LOCK_EX) && defined(LOCK_NB)
+    double start = capex_dist_now(), pause = 0.001;
+    int attempt;
+    for (attempt = 0; attempt < 100; attempt++) {
+        int fd = capex__cuda_lock_open(lock, 1), got;
+        if (fd < 0) return -1;
+        while (!(got = flock(fd, LOCK_EX | LOCK_NB) == 0)) {
+            if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) { /* ENOLCK, EINVAL, ...: no locking here */
+                close(fd);
+                return -1;
+            }
+            /* unlinked: its holder is done, though a child it forked meanwhile may hold a copy of its fd */
+            if (!capex__cuda_lock_current(fd, lock)) break;
+            if (capex_dist_now() - start >= CAPEX__CACHE_LOCK_WAIT_S) {
+                capex_log(CAPEX_LOG_WARN, "waited %.0f s for %s, which another compile of the same kernel holds; "
+                          "compiling here too", capex_dist_now() - start, lock);
+                close(fd);
+                return -1;
+            }
+            CAPEX__CACHE_ON_LOCK_WAIT();
+            capex__sleep_s(pause);
+            if (pause < 0.05) pause *= 2;
+        }
+        if (got && capex__cuda_lock_current(fd, lock)) return fd;
+        close(fd); /* its holder is done (the entry is likely there): again, on the file the path names */
+    }
+    return -1;
+#else
+    (void)lock;
+    return -1;
+#endif
+}
+
+/* Unlinks the lock file, then releases it (the order capex__cuda_cache_lock relies on). */
+CAPEX__PRIVATE void capex__cuda_cache_unlock(int fd, const char *lock) {
+    if (fd < 0) return;
+    unlink(lock);
+    close(fd);
+}
+
 /* Removes temp files that a killed writer left (older than an hour: no live
-   write takes that long). Runs after each write, which follows a compile of
-   100 ms or more, so the directory listing costs nothing in comparison. */
+   write takes that long), and lock files a killed holder left when nobody
+   missed that entry since (taken first, as a holder does: one held or
+   replaced meanwhile stays). Runs after each write, which follows a compile
+   of 100 ms or more, so the directory listing costs nothing in comparison. */
 CAPEX__PRIVATE void capex__cuda_cache_sweep(const char *dir) {
     DIR *d;
     struct dirent *e;
@@ -2043,9 +2150,19 @@ CAPEX__PRIVATE void capex__cuda_cache_sweep(const char *dir) {
         char path[1400];
         struct stat st;
         size_t len = strlen(e->d_name);
-        if (len < 4 || strcmp(e->d_name + len - 4, ".tmp") != 0 || !strstr(e->d_name, ".capexjit.")) continue;
+        int tmp = len > 4 && !strcmp(e->d_name + len - 4, ".tmp") && strstr(e->d_name, ".capexjit.");
+        int lock = len > 14 && !strcmp(e->d_name + len - 14, ".capexjit.lock");
+        if (!tmp && !lock) continue;
         capex__cuda_fmt(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > 3600) unlink(path);
+        if (tmp) {
+            if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > 3600) unlink(path);
+        } else if (capex__cuda_lstat(path, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > 3600) {
+#if defined(LOCK_EX) && defined(LOCK_NB)
+            int fd = capex__cuda_lock_open(path, 0);
+            if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0 && capex__cuda_lock_current(fd, path)) unlink(path);
+            if (fd >= 0) close(fd);
+#endif
+        }
     }
     closedir(d);
 }
@@ -2127,6 +2244,25 @@ CAPEX__PRIVATE int capex__cuda_reads_files(const char *source, const char *const
     return 0;
 }
 
+/* The NVRTC compile of capex__cuda_compile_ex (no cache). */
+CAPEX__PRIVATE capex_result capex__cuda_compile_nvrtc(const capex_cuda_compile_desc *d, int builtin, capex_cuda_image *out) {
+    capex__cuda_nvrtc_lib *n;
+    capex_cuda_target target;
+    capex_result r;
+    int i;
+    n = capex__cuda_nvrtc(&r);
+    if (!n) return r;
+    if ((r = capex_cuda_select_target(n->archs, n->n_archs, d->device_cc, &target)) != CAPEX_OK) return r;
+    CAPEX__CUDA_ON_NVRTC();
+    if (builtin && d->n_options < 16 && (n->major > 12 || (n->major == 12 && n->minor >= 4))) {
+        const char *o[17];
+        for (i = 0; i < d->n_options; i++) o[i] = d->options[i];
+        o[d->n_options] = "-minimal";
+        return capex_cuda_nvrtc_compile(d->source, d->name, o, d->n_options + 1, target, out);
+    }
+    return capex_cuda_nvrtc_compile(d->source, d->name, d->options, d->n_options, target, out);
+}
+
 /* The cache-aware compile. skip_read: the caller found the cached image unusable. */
 /* Source -> image through the cache. builtin: a built-in unit, compiled with
    NVRTC's -minimal where NVRTC has it (12.4 on): it skips NVRTC's built-in
@@ -2135,11 +2271,9 @@ CAPEX__PRIVATE int capex__cuda_reads_files(const char *source, const char *const
 CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc *d, int skip_read, int builtin,
                                                    capex_cuda_image *out) {
     unsigned char key[32];
-    char path[1200];
-    capex_result r;
-    capex__cuda_nvrtc_lib *n;
-    capex_cuda_target target;
-    int i, use_cache;
+    char path[1200], lock[1210];
+    capex_result r, dir_r = CAPEX_ERR_NOT_FOUND;
+    int i, use_cache, lock_fd = -1;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: out is NULL");
     memset(out, 0, sizeof *out);
     if (!d || !d->source || d->n_options < 0 || (d->n_options > 0 && !d->options))
@@ -2160,7 +2294,7 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc
     if (use_cache) {
         capex__cuda_cache_key(d->source, d->name, d->options, d->n_options, d->device_cc, key);
         capex__cuda_cache_path(d->cache, key, path, sizeof path);
-        r = capex__cuda_cache_dir_check(d->cache->dir);
+        r = dir_r = capex__cuda_cache_dir_check(d->cache->dir);
         if (r != CAPEX_OK && r != CAPEX_ERR_NOT_FOUND) {
             /* not the user's alone (or unusable): no reads, no writes */
             if (!d->cache->warned) capex_log(CAPEX_LOG_WARN, "%s; running without the kernel cache (set CAPEX_CACHE_DIR)", capex_last_error());
@@ -2173,25 +2307,26 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc
             if (r != CAPEX_ERR_NOT_FOUND) capex_log(CAPEX_LOG_INFO, "recompiling: %s", capex_last_error());
         }
     }
-    n = capex__cuda_nvrtc(&r);
-    if (!n) return r;
-    if ((r = capex_cuda_select_target(n->archs, n->n_archs, d->device_cc, &target)) != CAPEX_OK) return r;
-    if (builtin && d->n_options < 16 && (n->major > 12 || (n->major == 12 && n->minor >= 4))) {
-        const char *o[17];
-        for (i = 0; i < d->n_options; i++) o[i] = d->options[i];
-        o[d->n_options] = "-minimal";
-        r = capex_cuda_nvrtc_compile(d->source, d->name, o, d->n_options + 1, target, out);
-    } else {
-        r = capex_cuda_nvrtc_compile(d->source, d->name, d->options, d->n_options, target, out);
+    /* a miss: compile under the entry's lock, unless another process wrote it
+       meanwhile (skip_read: the entry is the one the driver refused, so no wait) */
+    if (use_cache && !skip_read && (dir_r == CAPEX_OK || (capex__cuda_mkdirs(d->cache->dir) == 0 &&
+                                                          capex__cuda_cache_dir_check(d->cache->dir) == CAPEX_OK))) {
+        capex__cuda_fmt(lock, sizeof lock, "%s.lock", path);
+        if ((lock_fd = capex__cuda_cache_lock(lock)) >= 0 && capex__cuda_cache_read(path, key, out) == CAPEX_OK) {
+            capex__cuda_cache_unlock(lock_fd, lock);
+            return CAPEX_OK;
+        }
     }
-    if (r != CAPEX_OK) return r;
+    r = capex__cuda_compile_nvrtc(d, builtin, out);
     /* an image over the reader's cap is not stored (it would never be read) */
-    if (use_cache && out->size <= CAPEX__CACHE_MAX_PAYLOAD && capex__cuda_cache_write(d->cache, key, out) != CAPEX_OK) {
+    if (r == CAPEX_OK && use_cache && out->size <= CAPEX__CACHE_MAX_PAYLOAD &&
+        capex__cuda_cache_write(d->cache, key, out) != CAPEX_OK) {
         if (!d->cache->warned) capex_log(CAPEX_LOG_WARN, "%s; running without the kernel cache (set CAPEX_CACHE_DIR)", capex_last_error());
         d->cache->warned = 1;
         capex_clear_error();
     }
-    return CAPEX_OK;
+    capex__cuda_cache_unlock(lock_fd, lock);
+    return r;
 }
 
 CAPEX__PRIVATE capex_result capex__cuda_compile(const capex_cuda_compile_desc *d, int skip_read, capex_cuda_image *out) {
@@ -5217,8 +5352,9 @@ CAPEX_API capex_result capex_cuda_module_compile(capex_cuda_context *ctx, const 
     if (*out) return CAPEX_OK;
     /* NVRTC and the disk cache run without the context lock, so that other
        threads keep launching (and compiling) meanwhile; the disk cache takes
-       concurrent writers. Two threads compiling the same request both compile,
-       and the first to load wins. */
+       concurrent writers. Two threads compiling the same request compile once
+       through the disk cache (its per-entry lock: one waits, then reads the
+       entry), twice without it; the first to load wins. */
     capex__cuda_module_desc(ctx, source, name, options, n_options, &cache, &d);
     if ((r = capex__cuda_compile(&d, 0, &img)) != CAPEX_OK) return r;
     pthread_mutex_lock(&ctx->lock);

@@ -19,6 +19,16 @@ static void *tracked_malloc(size_t n) {
 #define CAPEX_MALLOC(sz) tracked_malloc(sz)
 #define CAPEX_REALLOC(p, sz) realloc(p, sz)
 #define CAPEX_FREE(p) free(p)
+/* capex_cuda.h's private hooks: this process's NVRTC compiles (children
+   report theirs), a first compile that reports on a pipe and then stops (a
+   lock holder the test kills), a first lock wait that reports on a pipe, and
+   the lock's wait limit. */
+static void on_nvrtc(void);
+static void on_lock_wait(void);
+static double lock_wait_s = 120.0;
+#define CAPEX__CUDA_ON_NVRTC() on_nvrtc()
+#define CAPEX__CACHE_ON_LOCK_WAIT() on_lock_wait()
+#define CAPEX__CACHE_LOCK_WAIT_S lock_wait_s
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include "capex_test.h"
@@ -28,6 +38,40 @@ static void *tracked_malloc(size_t n) {
 #include <sys/time.h>
 #include <sys/resource.h>
 #include <signal.h>
+#include <poll.h>
+#include <utime.h>
+
+static pthread_mutex_t nvrtc_mu = PTHREAD_MUTEX_INITIALIZER;
+static int nvrtc_compiles; /* under nvrtc_mu: compiles run on threads too */
+static int hold_fd = -1, wait_fd = -1, waits_reported;
+static int fork_go_r = -1, fork_rel_r = -1, fork_rel_w = -1; /* lock_forked_copy_of_a_held_lock */
+static void on_nvrtc(void) {
+    pthread_mutex_lock(&nvrtc_mu);
+    nvrtc_compiles++;
+    pthread_mutex_unlock(&nvrtc_mu);
+    if (hold_fd >= 0 && fork_go_r >= 0) { /* holding the lock: fork a child that keeps a copy of it, report, go on when told */
+        char c;
+        close(fork_rel_w);
+        if (fork() == 0) { /* holds the lock file's copy until the parent test releases it */
+            if (read(fork_rel_r, &c, 1) < 0) _exit(0);
+            _exit(0);
+        }
+        if (write(hold_fd, "h", 1) != 1 || read(fork_go_r, &c, 1) != 1) _exit(3);
+    } else if (hold_fd >= 0) { /* holding the entry's lock: tell the parent, then wait to be killed */
+        if (write(hold_fd, "h", 1) != 1) _exit(3);
+        for (;;) pause();
+    }
+}
+static void on_lock_wait(void) {
+    if (wait_fd >= 0 && !waits_reported++ && write(wait_fd, "w", 1) != 1) _exit(3);
+}
+static int compiles_now(void) {
+    int n;
+    pthread_mutex_lock(&nvrtc_mu);
+    n = nvrtc_compiles;
+    pthread_mutex_unlock(&nvrtc_mu);
+    return n;
+}
 
 #if defined(__clang__) || defined(__GNUC__)
 const char *__lsan_default_suppressions(void);
@@ -655,6 +699,365 @@ CT_TEST(concurrent_compiles) {
     rm_dir(top);
 }
 
+/* ---- the per-entry compile lock ---------------------------------------------------
+   Processes that miss one entry at once compile it once: the lock holder
+   compiles and writes, the others wait and read. Counted with the NVRTC hook
+   (each child reports its own compiles), never timed. */
+
+static const char *lock_opts[] = {"-DVALUE=90"};
+static int go_r = -1, go_w = -1; /* children spawned with them wait for the parent's close: all start at once */
+static int lock_warnings;
+static void count_lock_warn(capex_log_level level, const char *msg, void *user) {
+    (void)user;
+    if (level == CAPEX_LOG_WARN && strstr(msg, "compiling here too")) lock_warnings++;
+}
+
+/* Compiles the lock tests' program through dir's cache. Reports the status,
+   this process's NVRTC compiles (value) and "SIZE SHA-256 wWARNINGS" of the image. */
+static void child_lock_compile(const char *dir, child_result *res) {
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    capex__sha256 s;
+    unsigned char sum[32];
+    char hx[65] = "", ch;
+    alarm((unsigned)(2 * CT_HANG_GUARD_S)); /* a hang guard (and the end of a holder nobody killed) */
+    nvrtc_compiles = 0;                     /* the parent's compiles are not ours */
+    waits_reported = 0;
+    capex_set_log_callback(count_lock_warn, NULL);
+    if (go_r >= 0) {
+        close(go_w);
+        if (read(go_r, &ch, 1) < 0) _exit(4);
+    }
+    capex_cuda_cache_init(&c, dir);
+    user_desc(&d, &c, lock_opts);
+    res->code = capex_cuda_compile(&d, &img);
+    res->value = compiles_now();
+    if (res->code == CAPEX_OK) {
+        capex__sha256_init(&s);
+        capex__sha256_update(&s, img.data, img.size);
+        capex__sha256_final(&s, sum);
+        hex(sum, hx);
+        snprintf(res->message, sizeof res->message, "%lu %s w%d", (unsigned long)img.size, hx, lock_warnings);
+    } else {
+        snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    }
+    capex_cuda_image_free(&img);
+}
+
+/* Reads n bytes from fd, or fewer when the writers are gone or after the hang guard. */
+static int read_bytes(int fd, int n) {
+    int got = 0;
+    while (got < n) {
+        struct pollfd pf;
+        char b[16];
+        ssize_t k;
+        pf.fd = fd;
+        pf.events = POLLIN;
+        if (poll(&pf, 1, (int)(CT_HANG_GUARD_S * 1000)) != 1) break;
+        k = read(fd, b, (size_t)(n - got) < sizeof b ? (size_t)(n - got) : sizeof b);
+        if (k <= 0) break;
+        got += (int)k;
+    }
+    return got;
+}
+
+static void lock_path(const char *dir, char *lock, size_t cap) {
+    capex_cuda_cache c;
+    unsigned char key[32];
+    char path[1200];
+    capex_cuda_cache_init(&c, dir);
+    capex__cuda_cache_key(user_src, "user", lock_opts, 1, 90, key);
+    capex__cuda_cache_path(&c, key, path, sizeof path);
+    snprintf(lock, cap, "%s.lock", path);
+}
+
+/* The entry is there, valid, and read without NVRTC; no lock or temp file is left. */
+static int entry_ok(const char *dir, const char *want_message, int *lock_files) {
+    child_result r;
+    memset(&r, 0, sizeof r);
+    child_lock_compile(dir, &r);
+    alarm(0);
+    capex_set_log_callback(NULL, NULL);
+    *lock_files = count_files(dir, ".lock") + count_files(dir, ".tmp");
+    return r.code == CAPEX_OK && r.value == 0 && strchr(want_message, 'w') &&
+           !strncmp(r.message, want_message, (size_t)(strrchr(want_message, 'w') - want_message)); /* the image, not the warnings */
+}
+
+/* Four ranks start at once on a cache directory none has made: exactly one
+   runs NVRTC, all get the same image (without the lock: 4 compiles). */
+CT_TEST(lock_ranks_compile_a_cold_entry_once) {
+    enum { N = 4 };
+    char top[64], dir[200];
+    int fd[N], go[2], i, total = 0, left = -1;
+    pid_t p[N];
+    child_result r[N];
+    CT_NEED_NVRTC();
+    make_dir(top, sizeof top);
+    snprintf(dir, sizeof dir, "%s/cache", top);
+    CT_CHECK(pipe(go) == 0, "pipe");
+    go_r = go[0], go_w = go[1];
+    for (i = 0; i < N; i++) p[i] = spawn(child_lock_compile, dir, &fd[i]);
+    go_r = go_w = -1;
+    close(go[0]);
+    close(go[1]); /* go */
+    for (i = 0; i < N; i++) r[i] = collect(p[i], fd[i]);
+    for (i = 0; i < N; i++) {
+        CT_CHECK(r[i].exited_ok && r[i].code == CAPEX_OK && !strcmp(r[i].message, r[0].message),
+                 "rank %d: %d %s (rank 0: %s)", i, r[i].code, r[i].message, r[0].message);
+        total += r[i].value;
+    }
+    CT_CHECK(total == 1, "one NVRTC compile among %d ranks, got %d", N, total);
+    CT_CHECK(strstr(r[0].message, " w0"), "no lock warning: %s", r[0].message);
+    CT_CHECK(entry_ok(dir, r[0].message, &left) && left == 0, "entry valid, no lock or temp file left (%d)", left);
+    rm_dir(dir);
+    rm_dir(top);
+}
+
+/* The lock holder is killed (SIGKILL, while it compiles) with three ranks
+   waiting for it: the kernel frees its lock, one of them compiles, the
+   others read its entry. */
+CT_TEST(lock_holder_killed_others_proceed) {
+    enum { N = 3 };
+    char dir[64];
+    int hold[2], wt[2], fd[N], hfd, i, total = 0, held, waiting, left = -1;
+    pid_t holder, p[N];
+    child_result r[N];
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    CT_CHECK(pipe(hold) == 0 && pipe(wt) == 0, "pipe");
+    hold_fd = hold[1];
+    holder = spawn(child_lock_compile, dir, &hfd);
+    hold_fd = -1;
+    close(hold[1]);
+    held = read_bytes(hold[0], 1);
+    wait_fd = wt[1];
+    for (i = 0; i < N; i++) p[i] = spawn(child_lock_compile, dir, &fd[i]);
+    wait_fd = -1;
+    close(wt[1]);
+    waiting = held == 1 ? read_bytes(wt[0], N) : 0;
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    close(hfd);
+    close(hold[0]);
+    close(wt[0]);
+    for (i = 0; i < N; i++) r[i] = collect(p[i], fd[i]);
+    CT_CHECK(held == 1, "the holder reached NVRTC");
+    CT_CHECK(waiting == N, "all %d ranks waited for the lock (%d did)", N, waiting);
+    for (i = 0; i < N; i++) {
+        CT_CHECK(r[i].exited_ok && r[i].code == CAPEX_OK && !strcmp(r[i].message, r[0].message),
+                 "rank %d: %d %s (rank 0: %s)", i, r[i].code, r[i].message, r[0].message);
+        total += r[i].value;
+    }
+    CT_CHECK(total == 1, "one NVRTC compile after the holder died, got %d", total);
+    CT_CHECK(entry_ok(dir, r[0].message, &left) && left == 0, "entry valid, the dead holder's lock file gone (%d)", left);
+    rm_dir(dir);
+}
+
+/* A holder that never finishes (stopped, stuck): a waiter gives up after the
+   wait limit, compiles with one warning and writes the entry. The lock file
+   the holder keeps survives a write's sweep while held, even when old; once
+   the holder is dead an old one is swept. */
+CT_TEST(lock_wait_limit_and_stale_lock_files) {
+    char dir[64], lock[1300];
+    int hold[2], hfd, fd, held, held_file_kept, stale_swept, ok, left = -1;
+    pid_t holder, p;
+    child_result r;
+    capex_cuda_cache c;
+    capex_cuda_image img;
+    unsigned char key[32];
+    struct stat st;
+    struct utimbuf old;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    lock_path(dir, lock, sizeof lock);
+    CT_CHECK(pipe(hold) == 0, "pipe");
+    hold_fd = hold[1];
+    holder = spawn(child_lock_compile, dir, &hfd);
+    hold_fd = -1;
+    close(hold[1]);
+    held = read_bytes(hold[0], 1);
+    lock_wait_s = 0.2; /* the wait the test expects to end; the holder is held until the waiter has returned */
+    p = spawn(child_lock_compile, dir, &fd);
+    lock_wait_s = 120.0;
+    r = collect(p, fd);
+    old.actime = old.modtime = time(NULL) - 7200;
+    utime(lock, &old);
+    capex_cuda_cache_init(&c, dir);
+    fake_image(&img, 1000, CAPEX_CUDA_IMAGE_CUBIN, 5);
+    capex__cuda_cache_key("other", "p", NULL, 0, 90, key);
+    capex__cuda_cache_write(&c, key, &img); /* sweeps */
+    held_file_kept = lstat(lock, &st) == 0 && S_ISREG(st.st_mode);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    close(hfd);
+    close(hold[0]);
+    capex__cuda_cache_write(&c, key, &img); /* sweeps again */
+    stale_swept = lstat(lock, &st) != 0 && errno == ENOENT;
+    capex_cuda_image_free(&img);
+    CT_CHECK(held == 1, "the holder reached NVRTC");
+    CT_CHECK(r.exited_ok && r.code == CAPEX_OK && r.value == 1 && strstr(r.message, " w1"),
+             "the waiter compiled after the limit, with one warning: %d, %d compiles, %s", r.code, r.value, r.message);
+    CT_CHECK(held_file_kept, "a held lock file is not swept, however old");
+    CT_CHECK(stale_swept, "an old lock file nobody holds is swept");
+    ok = entry_ok(dir, r.message, &left);
+    CT_CHECK(ok && left == 0, "the waiter's entry is read (%d files left)", left);
+    rm_dir(dir);
+}
+
+/* The holder forks while it holds the lock (a data loader's workers, forked
+   during a background compile): the child's copy of the fd keeps the lock on
+   the file after the holder unlinked it. Waiters see the path no longer names
+   it, and read the entry at once (they waited for the child before: the whole
+   wait limit, then compiled). */
+CT_TEST(lock_forked_copy_of_a_held_lock) {
+    enum { N = 2 };
+    char dir[64];
+    int hold[2], go[2], rel[2], wt[2], fd[N], hfd, i, total = 0, held, waiting, left = -1;
+    pid_t holder, p[N];
+    child_result r[N], hr;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    CT_CHECK(pipe(hold) == 0 && pipe(go) == 0 && pipe(rel) == 0 && pipe(wt) == 0, "pipe");
+    hold_fd = hold[1], fork_go_r = go[0], fork_rel_r = rel[0], fork_rel_w = rel[1];
+    holder = spawn(child_lock_compile, dir, &hfd);
+    hold_fd = fork_go_r = fork_rel_r = fork_rel_w = -1;
+    close(hold[1]);
+    close(go[0]);
+    close(rel[0]);
+    held = read_bytes(hold[0], 1);
+    wait_fd = wt[1];
+    for (i = 0; i < N; i++) p[i] = spawn(child_lock_compile, dir, &fd[i]);
+    wait_fd = -1;
+    close(wt[1]);
+    waiting = held == 1 ? read_bytes(wt[0], N) : 0;
+    if (write(go[1], "g", 1) != 1) held = -1; /* the holder goes on: compiles, writes, unlinks, exits */
+    hr = collect(holder, hfd);
+    for (i = 0; i < N; i++) r[i] = collect(p[i], fd[i]);
+    close(rel[1]); /* the forked copy's end */
+    close(go[1]);
+    close(hold[0]);
+    close(wt[0]);
+    CT_CHECK(held == 1 && waiting == N, "the holder reached NVRTC (%d), %d of %d waited", held, waiting, N);
+    CT_CHECK(hr.exited_ok && hr.code == CAPEX_OK && hr.value == 1, "the holder compiled: %d %s", hr.code, hr.message);
+    for (i = 0; i < N; i++) {
+        CT_CHECK(r[i].exited_ok && r[i].code == CAPEX_OK && !strcmp(r[i].message, hr.message),
+                 "rank %d: %d %s (holder: %s)", i, r[i].code, r[i].message, hr.message);
+        total += r[i].value;
+    }
+    CT_CHECK(total == 0, "the waiters read the holder's entry, without a wait-limit warning (%d compiled)", total);
+    CT_CHECK(entry_ok(dir, hr.message, &left) && left == 0, "entry valid, no lock file left (%d)", left);
+    rm_dir(dir);
+}
+
+/* Something other than a lock file of the user's at the lock path (a symlink,
+   dangling or to a file of the user's; a directory; a FIFO; a hard-linked,
+   a group/other-writable or another user's file) is neither followed nor
+   used nor removed: the compile runs without the lock, silently, and writes
+   the entry. A read-only cache directory (not for root) likewise. */
+CT_TEST(lock_path_not_a_plain_file_of_ours) {
+    int v;
+    for (v = 0; v < 8; v++) {
+        char dir[64], lock[1300], other[1300], probe[64];
+        struct stat before, after, ost;
+        capex_cuda_cache c;
+        capex_cuda_compile_desc d;
+        capex_cuda_image img;
+        capex_result r;
+        int n0, compiled, kept, other_kept = 1, made = 0, hit;
+        FILE *f;
+        make_dir(dir, sizeof dir);
+        lock_path(dir, lock, sizeof lock);
+        snprintf(other, sizeof other, "%s/other", dir);
+        if (v == 1 || v == 4) { /* a file of the user's, with a byte in it */
+            f = fopen(other, "w");
+            made = f && fputc('x', f) != EOF;
+            if (f) fclose(f);
+        }
+        switch (v) {
+        case 0: made = symlink(other, lock) == 0; break; /* dangling: O_CREAT would create other */
+        case 1: made = made && symlink(other, lock) == 0; break;
+        case 2: made = mkdir(lock, 0700) == 0; break;
+        case 3: made = mkfifo(lock, 0600) == 0; break;
+        case 4: made = made && link(other, lock) == 0; break;
+        case 5: made = (f = fopen(lock, "w")) != NULL && (fclose(f), chmod(lock, 0666) == 0); break;
+        case 6:
+            if (geteuid() != 0) { rm_dir(dir); continue; } /* only root gives a file away */
+            made = (f = fopen(lock, "w")) != NULL && (fclose(f), chown(lock, 65534, 65534) == 0);
+            break;
+        default:
+            if (geteuid() == 0) { rm_dir(dir); continue; } /* root writes anyway */
+            made = chmod(dir, 0500) == 0;
+        }
+        snprintf(probe, sizeof probe, "case %d", v);
+        CT_CHECK(made, "%s: planting failed: %s", probe, strerror(errno));
+        if (v < 7) lstat(lock, &before);
+        capex_cuda_cache_init(&c, dir);
+        user_desc(&d, &c, lock_opts);
+        warnings = 0;
+        capex_set_log_callback(count_warn, NULL);
+        n0 = compiles_now();
+        r = capex_cuda_compile(&d, &img);
+        capex_set_log_callback(NULL, NULL);
+        compiled = compiles_now() - n0;
+        CT_CHECK(r == CAPEX_OK && !img.from_cache && img.size > 0, "%s: %d %s", probe, r, capex_last_error());
+        capex_cuda_image_free(&img);
+        if (v == 7) {
+            chmod(dir, 0700);
+            CT_CHECK(compiled == 1 && warnings == 1 && count_files(dir, ".lock") == 0,
+                     "read-only dir: compiled (%d), the write's one warning (%d), no lock file", compiled, warnings);
+            rm_dir(dir);
+            continue;
+        }
+        kept = lstat(lock, &after) == 0 && after.st_ino == before.st_ino && after.st_mode == before.st_mode;
+        if (v == 0) other_kept = lstat(other, &ost) != 0; /* not created through the link */
+        if (v == 1 || v == 4) other_kept = stat(other, &ost) == 0 && ost.st_size == 1;
+        hit = capex_cuda_compile(&d, &img) == CAPEX_OK && img.from_cache;
+        capex_cuda_image_free(&img);
+        CT_CHECK(compiled == 1 && warnings == 0, "%s: compiled without the lock, silently (%d, %d warnings)", probe, compiled, warnings);
+        CT_CHECK(kept && other_kept, "%s: the planted file left as it was (%d %d)", probe, kept, other_kept);
+        CT_CHECK(hit, "%s: the entry was written", probe);
+        if (v == 2) rmdir(lock);
+        rm_dir(dir);
+    }
+}
+
+/* Two threads of one process compiling one entry at once: flock is per open
+   file, each compile opens its own, so one waits for the other; no deadlock,
+   one NVRTC compile. */
+typedef struct lock_thread { capex_cuda_cache c; capex_cuda_image img; capex_result r; } lock_thread;
+static void *lock_thread_compile(void *arg) {
+    lock_thread *t = (lock_thread *)arg;
+    capex_cuda_compile_desc d;
+    user_desc(&d, &t->c, lock_opts);
+    t->r = capex_cuda_compile(&d, &t->img);
+    return NULL;
+}
+CT_TEST(lock_threads_of_one_process) {
+    char dir[64];
+    lock_thread t[2];
+    pthread_t th;
+    int n0, started, same, left;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    capex_cuda_cache_init(&t[0].c, dir);
+    capex_cuda_cache_init(&t[1].c, dir); /* one each: the warn-once flag is not thread-safe */
+    n0 = compiles_now();
+    started = pthread_create(&th, NULL, lock_thread_compile, &t[1]) == 0;
+    lock_thread_compile(&t[0]);
+    if (started) pthread_join(th, NULL);
+    CT_CHECK(started, "pthread_create");
+    same = t[0].r == CAPEX_OK && t[1].r == CAPEX_OK && t[0].img.size == t[1].img.size &&
+           !memcmp(t[0].img.data, t[1].img.data, t[0].img.size);
+    capex_cuda_image_free(&t[0].img);
+    capex_cuda_image_free(&t[1].img);
+    CT_CHECK(same, "both compiled, the same image: %d %d", t[0].r, t[1].r);
+    CT_CHECK(compiles_now() - n0 == 1, "one NVRTC compile for two threads, got %d", compiles_now() - n0);
+    left = count_files(dir, ".lock") + count_files(dir, ".tmp");
+    CT_CHECK(left == 0 && count_files(dir, ".capexjit") == 1, "one entry, no lock or temp file (%d)", left);
+    rm_dir(dir);
+}
+
 /* A write that fails part way (a full disk; here the file-size limit with
    SIGXFSZ ignored, which works for root too) leaves no temp file and the old
    entry as it was, and the compile works, uncached, with one warning. */
@@ -1267,6 +1670,12 @@ static const ct_case cases[] = {
     CT_CASE(hit_needs_no_nvrtc),
     CT_CASE(concurrent_writers_and_reader),
     CT_CASE(concurrent_compiles),
+    CT_CASE(lock_ranks_compile_a_cold_entry_once),
+    CT_CASE(lock_holder_killed_others_proceed),
+    CT_CASE(lock_wait_limit_and_stale_lock_files),
+    CT_CASE(lock_forked_copy_of_a_held_lock),
+    CT_CASE(lock_path_not_a_plain_file_of_ours),
+    CT_CASE(lock_threads_of_one_process),
     CT_CASE(write_that_fails_part_way),
     CT_CASE(unwritable_dir_warns_once),
     CT_CASE(unreadable_entry_and_stale_temp_files),
