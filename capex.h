@@ -7521,7 +7521,8 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
         return capex__fail(CAPEX_ERR_LIMIT, "capex_optim_step: the lr schedule has counted CAPEX_STEP_MAX (2^53) "
                            "iterations; nothing was changed");
     r = capex__optim_step(o, inv_scale, clip_coef, found_inf);
-    if (r == CAPEX_OK && o->has_sched) o->sched_iter++; /* skipped or not: torch's scheduler.step() */
+    /* skipped or not: torch's scheduler.step(); a step with no groups launches nothing on the device either */
+    if (r == CAPEX_OK && o->has_sched && o->ngroups) o->sched_iter++;
     return r;
 }
 
