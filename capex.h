@@ -1143,7 +1143,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *opt, const capex_optim
    1/loss_scale, clip_coef e.g. from clipping by global norm; pass 1, 1 for
    neither; their product must be a finite float). found_inf != 0 skips the
    step: no weight, moment, model copy or step count changes (Apex: skipped
-   step on overflow). */
+   step on overflow); only an attached schedule's iteration count advances. */
 CAPEX_API capex_result capex_optim_step(capex_optim *opt, float inv_scale, float clip_coef, int found_inf);
 
 CAPEX_API size_t capex_optim_num_groups(const capex_optim *opt);
