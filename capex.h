@@ -1143,7 +1143,7 @@ CAPEX_API capex_result capex_optim_add_group(capex_optim *opt, const capex_optim
    1/loss_scale, clip_coef e.g. from clipping by global norm; pass 1, 1 for
    neither; their product must be a finite float). found_inf != 0 skips the
    step: no weight, moment, model copy or step count changes (Apex: skipped
-   step on overflow). */
+   step on overflow); only an attached schedule's iteration count advances. */
 CAPEX_API capex_result capex_optim_step(capex_optim *opt, float inv_scale, float clip_coef, int found_inf);
 
 CAPEX_API size_t capex_optim_num_groups(const capex_optim *opt);
@@ -1177,8 +1177,9 @@ CAPEX_API capex_result capex_optim_get_max_exp_avg_sq(const capex_optim *opt, si
    Saved under names "<prefix>.*" (prefix NULL: "optim"): kind and modes,
    max_grad_norm, the stochastic-rounding seed (the rounding is counter-based:
    seed + step counts are its whole RNG state), per group its hyperparameters,
-   step count and tensor count, the attached lr schedule ("<prefix>.lr_schedule.*";
-   absent when none: loading such a file keeps the optimizer's own), per
+   step count and tensor count, the attached lr schedule ("<prefix>.lr_schedule.*",
+   its iteration count too (files from before it: the most steps a group
+   took); absent when none: loading such a file keeps the optimizer's own), per
    parameter its numel and moment buffers (f32, shape [numel]); NovoGrad adds
    its modes (novograd_reg_inside_moment, _init_zero, _norm_type) and v, one
    f32 per parameter (novograd_grad_norm_avg, shape [num_params]). With
@@ -1245,11 +1246,13 @@ CAPEX_API capex_result capex_optim_load_file(capex_optim *opt, const char *path,
 
    On an optimizer the schedule is driven by each group's own step count,
    which skipped (overflow) steps do not advance, so a skipped step does not
-   consume schedule; torch's scheduler.step() advances on skipped steps too.
-   For torch's curve, attach none and set each iteration i (skipped or not)
-   capex_optim_set_lr(opt, g, (float)capex_lr_at(&s, base_lr, i)).
-   The CUDA optimizer computes the lr on the device from its step count.
-   The schedule and step counts are saved with the optimizer's state, so a
+   consume schedule. torch's scheduler.step() (called every iteration)
+   advances on skipped steps too: for its curve set count_skipped = 1, and
+   every group follows the schedule's own iteration count (torch's one
+   last_epoch for all groups), which every step call advances, skipped or
+   not: the lr of a step taken at iteration i is capex_lr_at(&s, base_lr, i).
+   The CUDA optimizer computes the lr on the device from those counts.
+   The schedule and counts are saved with the optimizer's state, so a
    resumed run continues the curve exactly. Pure functions: thread-safe.
    ------------------------------------------------------------------------- */
 typedef enum capex_lr_kind {
@@ -1284,6 +1287,9 @@ typedef struct capex_lr_schedule {
     int three_phase;              /* ONECYCLE: torch three_phase (default 0) */
     int warmup_llmc;              /* 1: warmup lr = base*(step+1)/W (llm.c, nanoGPT): the base lr at step
                                      W-1, warmup_start_factor unused; 0: torch LinearLR (default) */
+    int count_skipped;            /* 1: on an optimizer, driven by its iteration count, which skipped steps
+                                     advance too (torch's scheduler.step() every iteration); 0: by each
+                                     group's step count, which they do not (default) */
     uint32_t init_tag;            /* set by capex_lr_schedule_init; any other struct is refused */
 } capex_lr_schedule;
 
@@ -1302,14 +1308,20 @@ CAPEX_API double capex_lr_at(const capex_lr_schedule *s, double base_lr, int64_t
 CAPEX_API double capex_lr_scale_linear(double base_lr, int64_t global_batch, int64_t base_batch);
 
 /* Attaches a copy of s to the optimizer (NULL: detach). Each step then uses
-   lr = (float)capex_lr_at(s, group's hp.lr, group's step count); hp.lr stays
-   the base lr (capex_optim_set_lr changes the base). Validated first. A step
-   whose lr is not a finite float fails (CAPEX_ERR_INVALID_ARG, nothing
-   changed) on the CPU; the CUDA optimizer computes it on the device and
-   cannot refuse. */
+   lr = (float)capex_lr_at(s, group's hp.lr, n), n = the group's step count,
+   or with s->count_skipped the schedule's iteration count: the step calls
+   made while a schedule was attached (skipped ones too; refused ones not),
+   0 when one is attached to an optimizer that had none (a new torch
+   scheduler), kept when one replaces another. hp.lr stays the base lr
+   (capex_optim_set_lr changes the base). Validated first. A step whose lr
+   is not a finite float fails (CAPEX_ERR_INVALID_ARG, nothing changed) on
+   the CPU; the CUDA optimizer computes it on the device and cannot refuse. */
 CAPEX_API capex_result capex_optim_set_lr_schedule(capex_optim *opt, const capex_lr_schedule *s);
 /* *s = the attached schedule; *attached = 0 when none (then *s is untouched). */
 CAPEX_API capex_result capex_optim_get_lr_schedule(const capex_optim *opt, capex_lr_schedule *s, int *attached);
+/* The schedule's iteration count (above; torch's scheduler.last_epoch);
+   0 without a schedule. */
+CAPEX_API capex_result capex_optim_get_lr_iteration(const capex_optim *opt, int64_t *iteration);
 /* The lr the group's next step will use (its hp.lr without a schedule);
    CAPEX_ERR_INVALID_ARG (*lr set) when the schedule's is not a finite float. */
 CAPEX_API capex_result capex_optim_get_lr(const capex_optim *opt, size_t group, float *lr);
@@ -6320,8 +6332,9 @@ CAPEX__PRIVATE size_t capex__optim_math_source(char *dst, size_t cap) {
 #define CAPEX__LR_MATH(Q)                                                                    \
     typedef struct capex__lr_p {                                                             \
         long long kind, warmup, total, step_size, nmil, anneal_linear, three_phase, llmc;    \
+        long long by_iter; /* count_skipped: the device's lr_sched reads it */               \
         long long mil[16];                                                                   \
-        double start_factor, min_factor, power, gamma, pct_start, div_factor, final_div, pad2; \
+        double start_factor, min_factor, power, gamma, pct_start, div_factor, final_div;     \
     } capex__lr_p;                                                                           \
     Q double capex__lr_anneal(double start, double end, double pct, long long lin) {         \
         /* OneCycleLR._annealing_linear / _annealing_cos */                                 \
@@ -6413,6 +6426,9 @@ CAPEX_API capex_result capex_lr_schedule_check(const capex_lr_schedule *s) {
     if (s->warmup_llmc != 0 && s->warmup_llmc != 1)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: warmup_llmc is %d; use 0 (torch LinearLR warmup) or 1 "
                            "(llm.c's (step+1)/W)", s->warmup_llmc);
+    if (s->count_skipped != 0 && s->count_skipped != 1)
+        return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: count_skipped is %d; use 0 (each group's step count) "
+                           "or 1 (the iteration count, skipped steps too: torch's)", s->count_skipped);
     if (!(s->warmup_start_factor >= 0.0 && s->warmup_start_factor <= 1.0))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "lr schedule: warmup_start_factor is %g; it must lie in [0, 1]",
                            s->warmup_start_factor);
@@ -6488,6 +6504,7 @@ static void capex__lr_params(const capex_lr_schedule *s, capex__lr_p *p) {
     p->anneal_linear = s->anneal_linear != 0;
     p->three_phase = s->three_phase != 0;
     p->llmc = s->warmup_llmc;
+    p->by_iter = s->count_skipped != 0;
     for (k = 0; k < (int)p->nmil; k++) p->mil[k] = (long long)s->milestones[k];
     p->start_factor = s->warmup_start_factor;
     p->min_factor = s->min_factor;
@@ -6602,6 +6619,7 @@ struct capex_optim {
     int has_sched;         /* an lr schedule is attached: lr = capex__lr_eval(sched_p, hp.lr, step) */
     capex_lr_schedule sched;
     capex__lr_p sched_p;
+    int64_t sched_iter;    /* step calls (skipped ones too) while a schedule was attached */
     /* Sharded LAMB (capex_zero): where this optimizer's tensors are pieces of
        params split across ranks. what 0: vals[0], the sum of squares of the
        raw grads here, becomes the global one; what 1: vals[2k], vals[2k+1]
@@ -7505,7 +7523,24 @@ CAPEX__PRIVATE void capex__optim_novo_norms(capex_optim *o, const double *part, 
     }
 }
 
+/* The step count that drives group g's scheduled lr. */
+static int64_t capex__optim_sched_n(const capex_optim *o, size_t g) {
+    return o->sched.count_skipped ? o->sched_iter : o->groups[g].step;
+}
+
+static capex_result capex__optim_step(capex_optim *o, float inv_scale, float clip_coef, int found_inf);
 CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float clip_coef, int found_inf) {
+    capex_result r;
+    if (o && o->has_sched && o->sched_iter >= CAPEX_STEP_MAX)
+        return capex__fail(CAPEX_ERR_LIMIT, "capex_optim_step: the lr schedule has counted CAPEX_STEP_MAX (2^53) "
+                           "iterations; nothing was changed");
+    r = capex__optim_step(o, inv_scale, clip_coef, found_inf);
+    /* skipped or not: torch's scheduler.step(); a step with no groups launches nothing on the device either */
+    if (r == CAPEX_OK && o->has_sched && o->ngroups) o->sched_iter++;
+    return r;
+}
+
+static capex_result capex__optim_step(capex_optim *o, float inv_scale, float clip_coef, int found_inf) {
     size_t gidx, k;
     float gs;
     if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_step: optimizer is NULL");
@@ -7532,11 +7567,12 @@ CAPEX_API capex_result capex_optim_step(capex_optim *o, float inv_scale, float c
         capex__optim_gc *c = &o->gc[gidx];
         const capex_optim_hparams *hp = &g->hp;
         uint64_t s = (uint64_t)g->step + 1;
-        c->lr = o->has_sched ? (float)capex__lr_eval(&o->sched_p, (double)hp->lr, (long long)g->step) : hp->lr;
+        c->lr = o->has_sched ? (float)capex__lr_eval(&o->sched_p, (double)hp->lr, capex__optim_sched_n(o, gidx))
+                             : hp->lr;
         if (!capex__opt_finite(c->lr)) /* only a schedule can get here: hp.lr is checked finite */
             return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_step: the lr schedule gives group %zu the lr %g at "
                                "step %lld, not a finite float; nothing was changed", gidx, (double)c->lr,
-                               (long long)g->step);
+                               (long long)capex__optim_sched_n(o, gidx));
         c->beta1 = hp->beta1;
         c->beta2 = hp->beta2;
         c->beta3 = hp->grad_averaging ? 1.0f - hp->beta1 : 1.0f;
@@ -7764,9 +7800,16 @@ CAPEX_API capex_result capex_optim_set_lr_schedule(capex_optim *o, const capex_l
         return CAPEX_OK;
     }
     if ((r = capex_lr_schedule_check(s)) != CAPEX_OK) return r;
+    if (!o->has_sched) o->sched_iter = 0; /* a new schedule (torch: a new scheduler) starts counting */
     o->sched = *s;
     capex__lr_params(s, &o->sched_p);
     o->has_sched = 1;
+    return CAPEX_OK;
+}
+
+CAPEX_API capex_result capex_optim_get_lr_iteration(const capex_optim *o, int64_t *iteration) {
+    if (!o || !iteration) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_lr_iteration: NULL argument");
+    *iteration = o->has_sched ? o->sched_iter : 0;
     return CAPEX_OK;
 }
 
@@ -7783,10 +7826,11 @@ CAPEX_API capex_result capex_optim_get_lr(const capex_optim *o, size_t group, fl
     if (group >= o->ngroups)
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_lr: group %zu of %zu", group, o->ngroups);
     g = &o->groups[group];
-    *lr = o->has_sched ? (float)capex__lr_eval(&o->sched_p, (double)g->hp.lr, (long long)g->step) : g->hp.lr;
+    *lr = o->has_sched ? (float)capex__lr_eval(&o->sched_p, (double)g->hp.lr, capex__optim_sched_n(o, group))
+                       : g->hp.lr;
     if (!capex__opt_finite(*lr)) /* the step would refuse it */
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_optim_get_lr: the lr schedule gives group %zu the lr %g at "
-                           "step %lld, not a finite float", group, (double)*lr, (long long)g->step);
+                           "step %lld, not a finite float", group, (double)*lr, (long long)capex__optim_sched_n(o, group));
     return CAPEX_OK;
 }
 
@@ -7893,19 +7937,25 @@ static capex_result capex__optim_sched_save(const capex_optim *o, capex_state_wr
     }
     if ((r = capex__lr_name(nm, prefix, "warmup_llmc")) != CAPEX_OK) return r;
     if ((r = capex_state_add_i64(w, nm, s.warmup_llmc)) != CAPEX_OK) return r;
+    if ((r = capex__lr_name(nm, prefix, "count_skipped")) != CAPEX_OK) return r;
+    if ((r = capex_state_add_i64(w, nm, s.count_skipped)) != CAPEX_OK) return r;
+    if ((r = capex__lr_name(nm, prefix, "iteration")) != CAPEX_OK) return r;
+    if ((r = capex_state_add_i64(w, nm, o->sched_iter)) != CAPEX_OK) return r;
     if ((r = capex__lr_name(nm, prefix, "milestones")) != CAPEX_OK) return r;
     return capex_state_add_tensor(w, nm, CAPEX_STATE_I64, 1, &shape, o->sched.milestones);
 }
 
-/* *present = 0 when the file has no schedule; else *s is the file's, checked. */
+/* *present = 0 when the file has no schedule; else *s is the file's, checked,
+   and *iter its iteration count (-1: a file from before it was saved). */
 static capex_result capex__optim_sched_load(capex_state_reader *rd, const char *prefix, capex_lr_schedule *s,
-                                            int *present) {
+                                            int *present, int64_t *iter) {
     char nm[CAPEX__OPT_NAME_MAX];
     capex_state_tensor_info info;
     capex_result r;
     int64_t iv[7];
     int i;
     *present = 0;
+    *iter = -1;
     if ((r = capex__lr_name(nm, prefix, "kind")) != CAPEX_OK) return r;
     if (capex_state_find(rd, nm, &info) != CAPEX_OK) return CAPEX_OK;
     for (i = 0; i < 7; i++) {
@@ -7929,6 +7979,20 @@ static capex_result capex__optim_sched_load(capex_state_reader *rd, const char *
         int64_t v;
         if ((r = capex__optim_get_i64(rd, nm, &v)) != CAPEX_OK) return r;
         s->warmup_llmc = v == 0 || v == 1 ? (int)v : 2; /* 2: refused by the check below */
+    }
+    /* these two too: 0 (group step counts), and -1 */
+    if ((r = capex__lr_name(nm, prefix, "count_skipped")) != CAPEX_OK) return r;
+    if (capex_state_find(rd, nm, &info) == CAPEX_OK) {
+        int64_t v;
+        if ((r = capex__optim_get_i64(rd, nm, &v)) != CAPEX_OK) return r;
+        s->count_skipped = v == 0 || v == 1 ? (int)v : 2; /* 2: refused by the check below */
+    }
+    if ((r = capex__lr_name(nm, prefix, "iteration")) != CAPEX_OK) return r;
+    if (capex_state_find(rd, nm, &info) == CAPEX_OK) {
+        if ((r = capex__optim_get_i64(rd, nm, iter)) != CAPEX_OK) return r;
+        if (*iter < 0 || *iter > CAPEX_STEP_MAX)
+            return capex__fail(CAPEX_ERR_FORMAT, "optimizer state: lr schedule iteration %lld; it must lie in [0, "
+                               "CAPEX_STEP_MAX = 2^53] (a corrupt or forged file)", (long long)*iter);
     }
     if ((r = capex__lr_name(nm, prefix, "milestones")) != CAPEX_OK) return r;
     if ((r = capex__optim_expect(rd, nm, CAPEX_STATE_I64, CAPEX_LR_MAX_MILESTONES)) != CAPEX_OK) return r;
@@ -8090,6 +8154,7 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
     capex_optim_desc nd;
     capex_lr_schedule sched;
     int has_sched = 0;
+    int64_t sched_iter = -1;
     capex_optim_hparams *hps = NULL;
     int64_t *steps = NULL;
     const capex_allocator *a;
@@ -8140,7 +8205,7 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
         }
     }
     if ((r = capex__optim_check_desc(&nd)) != CAPEX_OK) return r;
-    CAPEX__OPT_TRY(capex__optim_sched_load(rd, prefix, &sched, &has_sched));
+    CAPEX__OPT_TRY(capex__optim_sched_load(rd, prefix, &sched, &has_sched, &sched_iter));
     /* 2. groups */
     hps = (capex_optim_hparams *)capex__alloc(a, (o->ngroups + 1) * sizeof *hps);
     steps = (int64_t *)capex__alloc(a, 2 * (o->ngroups + 1) * sizeof *steps);
@@ -8275,7 +8340,14 @@ CAPEX_API capex_result capex_optim_load(capex_optim *o, capex_state_reader *rd, 
     }
     nd.allocator = NULL;
     o->desc = nd;
-    if (has_sched) (void)capex_optim_set_lr_schedule(o, &sched); /* checked above; else keep the attached one */
+    if (has_sched) { /* checked above; else keep the attached one */
+        (void)capex_optim_set_lr_schedule(o, &sched);
+        /* a file from before the count: the most steps a group took, exact when none was skipped */
+        if (sched_iter < 0)
+            for (g = 0, sched_iter = 0; g < o->ngroups; g++)
+                if (o->groups[g].step > sched_iter) sched_iter = o->groups[g].step;
+        o->sched_iter = sched_iter;
+    }
     o->broken = 0;
     if (flags & CAPEX_OPTIM_STATE_PARAMS) o->host_block_params = 1;
 done:
@@ -12999,6 +13071,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
             t->groups[g].mom_init = z->opt->groups[g].mom_init;
         }
         if (z->opt->has_sched) r = capex_optim_set_lr_schedule(t, &z->opt->sched);
+        t->sched_iter = z->opt->sched_iter;
         if (r == CAPEX_OK) r = capex_optim_save(t, w, prefix, flags);
     }
     if (r == CAPEX_OK && c->rank == 0 && !w)
@@ -13062,7 +13135,10 @@ static void capex__zero_load_pieces(capex_zero *z, const capex_optim *full) {
     /* every optimizer-wide setting the file holds (the unsharded optimizer that
        loads this file steps with them; stochastic rounding keyed as its) */
     capex__optim_take_modes(&z->opt->desc, &full->desc);
-    if (full->has_sched) (void)capex_optim_set_lr_schedule(z->opt, &full->sched);
+    if (full->has_sched) {
+        (void)capex_optim_set_lr_schedule(z->opt, &full->sched);
+        z->opt->sched_iter = full->sched_iter;
+    }
 }
 
 /* load, with `pre` a failure this rank already had (load_file's open; its

@@ -546,7 +546,10 @@ CAPEX_API capex_cuda_ptr capex_cuda_optim_lr_ptr(const capex_cuda_optim *opt, si
 /* Attaches an lr schedule (capex.h's capex_lr_schedule; NULL detaches): each
    step, capex_go_prepare sets every group's lr to capex_lr_at(s, hp.lr,
    steps taken) on the device from its own step count (capex.h's formula
-   text; no host round trip, skipped steps do not advance it). hp.lr stays the
+   text; no host round trip, skipped steps do not advance it), or with
+   s->count_skipped from the schedule's iteration count, which the device
+   advances on every step, skipped or not (as capex_optim_set_lr_schedule
+   counts it; graph replays count too). hp.lr stays the
    base; a schedule overrides lrs written through capex_cuda_optim_lr_ptr.
    Detaching sets every group's lr back to its hp.lr. Enqueued on stream. to_host hands the schedule to the host copy and
    from_host takes the host's (keeping this one when the host has none).
@@ -557,6 +560,10 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *opt, c
 /* Steps taken by a group (skipped steps do not count). Waits for stream. */
 CAPEX_API capex_result capex_cuda_optim_get_step(capex_cuda_optim *opt, size_t group, int64_t *step,
                                                  capex_cuda_stream stream);
+/* The schedule's iteration count (capex_optim_get_lr_iteration's; 0 with no
+   schedule attached). Waits for stream. */
+CAPEX_API capex_result capex_cuda_optim_get_lr_iteration(capex_cuda_optim *opt, int64_t *iteration,
+                                                         capex_cuda_stream stream);
 /* The device moment buffers of one parameter (0 where there are none). */
 /* Adam amsgrad's max_exp_avg_sq device buffer of one parameter (0 without amsgrad). */
 CAPEX_API capex_result capex_cuda_optim_get_max_exp_avg_sq(const capex_cuda_optim *opt, size_t group, size_t index,
@@ -2519,7 +2526,7 @@ CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_mat
                 P(const unsigned) found_inf; /* 0: none */                                      \
                 P(const float) inv_scale;    /* 0: 1 */                                         \
                 P(const float) clip_coef;    /* 0: 1 */                                         \
-                P(const void) sched; /* 0 or capex__lr_p, then a float base lr per group */     \
+                P(const void) sched; /* 0 or int64 count, capex__lr_p, float base lr per group */\
                 I32 ngroups, wd_after_momentum, sgd;                                            \
                 I32 sched_groups; /* the groups below it follow sched */                        \
             } prepare;                                                                          \
@@ -2894,19 +2901,25 @@ static const char capex__cuda_frag_go3[] =
 /* The lr schedule (its own part, lr_sched): one thread, launched before
    capex_go_prepare with the same arguments when a schedule is attached. */
 static const char capex__cuda_frag_golrk[] =
-    "/* op.prepare as capex_go_prepare sees it; on a step it will not skip,\n"
-    "   groups below sched_groups get lr = capex__lr_eval(base, steps taken)\n"
-    "   (capex.h's text), before prepare counts the step. */\n"
+    "/* op.prepare as capex_go_prepare sees it; sched: the schedule's iteration\n"
+    "   count, capex__lr_p, base lrs. The count advances on every step, skipped\n"
+    "   or not (torch's scheduler.step()); on a step prepare will not skip,\n"
+    "   groups below sched_groups get lr = capex__lr_eval(base, n) (capex.h's\n"
+    "   text), n the count before this step (by_iter) or the group's steps taken\n"
+    "   before prepare counts this one. */\n"
     "CAPEX_GK void capex_go_lr_sched(capex_go_args a) {\n"
     "    const float *pi = a.op.prepare.inv_scale, *pc = a.op.prepare.clip_coef;\n"
     "    const unsigned *fi = a.op.prepare.found_inf;\n"
-    "    const capex__lr_p *lp = (const capex__lr_p *)a.op.prepare.sched;\n"
+    "    long long *it = (long long *)a.op.prepare.sched;\n"
+    "    const capex__lr_p *lp = (const capex__lr_p *)(it + 1);\n"
     "    float inv = pi ? *pi : 1.0f, cl = pc ? *pc : 1.0f, gs = inv * cl;\n"
-    "    if (threadIdx.x != 0 || blockIdx.x != 0 || !lp) return;\n"
+    "    if (threadIdx.x != 0 || blockIdx.x != 0 || !it) return;\n"
+    "    long long n = *it;\n"
+    "    *it = n + 1;\n"
     "    if ((fi && *fi != 0u) || !(inv > 0.0f) || !(cl >= 0.0f) || !(gs - gs == 0.0f)) return; /* prepare's skip */\n"
     "    for (int k = 0; k < a.op.prepare.sched_groups && k < a.op.prepare.ngroups; k++) {\n"
     "        capex_go_group *g = a.op.prepare.groups + k;\n"
-    "        g->lr = (float)capex__lr_eval(lp, (double)((const float *)(lp + 1))[k], g->step);\n"
+    "        g->lr = (float)capex__lr_eval(lp, (double)((const float *)(lp + 1))[k], lp->by_iter ? n : g->step);\n"
     "    }\n"
     "}\n";
 static const char capex__cuda_frag_go4[] =
@@ -6524,7 +6537,8 @@ struct capex_cuda_optim {
     capex_cuda_ptr dnovo;    /* NovoGrad: part[chunks] n2[nt] (double) | v[nt] denom[nt] (f32) tgroup[nt] */
     int has_sched;           /* an lr schedule is attached */
     capex_lr_schedule sched;
-    capex_cuda_ptr dsched;   /* capex__lr_p, then float base lr per group (dsched_groups of them) */
+    capex_cuda_ptr dsched;   /* the schedule's iteration count (int64, the device's), capex__lr_p, then
+                                float base lr per group (dsched_groups of them) */
     size_t dsched_groups, dsched_cap;
     capex_cuda_ptr dvm;      /* Adam amsgrad: u64[nt], each tensor's max_exp_avg_sq (0: none); 0 without amsgrad */
     capex_cuda_ptr one;      /* pure_half: a device float 1.0f (the mirror's scale factor) */
@@ -6540,7 +6554,8 @@ struct capex_cuda_optim {
     int sealed; /* capex_cuda_zero's: its tensors are shard pieces, so add_group is refused */
     int ready;  /* every kernel a step launches is loaded (capex__go_step_ready); reset by what changes them */
 };
-CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream);
+CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream,
+                                                  const int64_t *iter);
 /* A tensor's model copy store (capex__go_t.mk) under the optimizer's modes. */
 CAPEX__PRIVATE int capex__go_mk(const capex_cuda_optim *o, const capex_optim_param *p) {
     return !p->model ? 0 : p->model_dtype == CAPEX_F16 ? 1 : o->desc.stochastic_rounding ? 3 : 2;
@@ -6879,7 +6894,7 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *o, const cap
         }
         o->ex.prefetch(o->ex.user, ks, vbs, nk);
     }
-    if (o->has_sched && (r = capex__go_sched_upload(o, NULL)) != CAPEX_OK) /* steps leave the group unscheduled */
+    if (o->has_sched && (r = capex__go_sched_upload(o, NULL, NULL)) != CAPEX_OK) /* steps leave the group unscheduled */
         return capex__fail(r, "%s: group %zu was added, but the lr schedule could not take its base lr (%s); call "
                            "capex_cuda_optim_set_lr_schedule again", fn, o->ngroups - 1, capex_result_string(r));
     return CAPEX_OK;
@@ -7108,27 +7123,36 @@ CAPEX__PRIVATE capex_result capex__go_step_novo(capex_cuda_optim *o, capex_cuda_
 }
 
 /* Writes the schedule's parameters and every group's base lr to dsched
-   (grown as groups are added). A step reads it; nothing is read back. */
-CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream) {
+   (grown as groups are added), and the iteration count when iter is given;
+   else the device's count stays (steps advance it there, captured ones too),
+   carried over when the buffer grows. A step reads it; nothing else is read
+   back. */
+CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream,
+                                                  const int64_t *iter) {
+    unsigned char *buf;
     capex__lr_p *p;
     float *base;
+    int64_t it = iter ? *iter : 0;
     size_t g, bytes;
+    int whole = iter != NULL;
     capex_result r;
     if (!o->has_sched) return CAPEX_OK;
-    bytes = sizeof(capex__lr_p) + (o->ngroups ? o->ngroups : 1) * sizeof(float);
-    p = (capex__lr_p *)capex__alloc(NULL, bytes);
-    if (!p) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_optim: lr schedule: out of host memory");
-    memset(p, 0, bytes);
+    bytes = 8u + sizeof(capex__lr_p) + (o->ngroups ? o->ngroups : 1) * sizeof(float);
+    buf = (unsigned char *)capex__alloc(NULL, bytes);
+    if (!buf) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_cuda_optim: lr schedule: out of host memory");
+    memset(buf, 0, bytes);
+    p = (capex__lr_p *)(buf + 8);
     capex__lr_params(&o->sched, p);
     base = (float *)(p + 1);
     for (g = 0; g < o->ngroups; g++) base[g] = o->hp[g].lr;
     if (o->dsched_cap < bytes) {
         capex_cuda_ptr d = 0;
-        if ((r = o->ex.alloc(o->ex.user, bytes, &d)) != CAPEX_OK) { capex__free(NULL, p); return r; }
+        if ((r = o->ex.alloc(o->ex.user, bytes, &d)) != CAPEX_OK) { capex__free(NULL, buf); return r; }
         if (o->dsched) { /* a step queued on another stream may still read the old one */
-            if ((r = capex__go_sync(&o->ex)) != CAPEX_OK) {
+            if ((r = capex__go_sync(&o->ex)) != CAPEX_OK ||
+                (!iter && (r = o->ex.dtoh(o->ex.user, &it, o->dsched, sizeof it, NULL)) != CAPEX_OK)) {
                 o->ex.release(o->ex.user, d);
-                capex__free(NULL, p);
+                capex__free(NULL, buf);
                 return r;
             }
             o->ex.release(o->ex.user, o->dsched);
@@ -7136,9 +7160,12 @@ CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cu
         o->dsched = d;
         o->dsched_cap = bytes;
         o->dsched_groups = 0;
+        whole = 1;
     }
-    r = o->ex.htod(o->ex.user, o->dsched, p, bytes, stream);
-    capex__free(NULL, p);
+    memcpy(buf, &it, sizeof it);
+    r = whole ? o->ex.htod(o->ex.user, o->dsched, buf, bytes, stream)
+              : o->ex.htod(o->ex.user, o->dsched + 8u, buf + 8, bytes - 8u, stream);
+    capex__free(NULL, buf);
     if (r == CAPEX_OK) o->dsched_groups = o->ngroups;
     return r;
 }
@@ -7148,6 +7175,7 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
     capex_result r;
     capex_lr_schedule old;
     int had;
+    const int64_t zero = 0;
     if (!o) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_set_lr_schedule: optimizer is NULL");
     if (!s) { /* the steps wrote scheduled lrs into the groups: back to the base (hp.lr), as the CPU */
         size_t g;
@@ -7162,7 +7190,8 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
     o->sched = *s;
     o->has_sched = 1;
     o->ready = 0; /* a step launches the schedule's kernel now */
-    if ((r = capex__go_sched_upload(o, stream)) != CAPEX_OK) { o->sched = old; o->has_sched = had; }
+    /* a new schedule (torch: a new scheduler) counts from 0; a replacing one keeps the count */
+    if ((r = capex__go_sched_upload(o, stream, had ? NULL : &zero)) != CAPEX_OK) { o->sched = old; o->has_sched = had; }
     if (r == CAPEX_OK && !had && o->ex.prefetch) { /* its kernel's part compiles in the background meanwhile */
         int k = CAPEX__GO_K_LR_SCHED;
         unsigned vb = CAPEX__CUDA_VB(0, 0, 0, 0);
@@ -7317,7 +7346,7 @@ CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t 
         r = o->ex.htod(o->ex.user, o->dgroups + group * sizeof g + offsetof(capex__go_group, lr_decay), &g.lr_decay,
                        sizeof g.lr_decay, stream);
     if (r == CAPEX_OK) o->hp[group] = *hp, o->ready = 0; /* SGD's momentum picks the variant */
-    if (r == CAPEX_OK) r = capex__go_sched_upload(o, stream); /* the new base lr */
+    if (r == CAPEX_OK) r = capex__go_sched_upload(o, stream, NULL); /* the new base lr */
     return r;
 }
 
@@ -7343,6 +7372,14 @@ CAPEX_API capex_result capex_cuda_optim_get_step(capex_cuda_optim *o, size_t gro
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_get_step: group %zu of %zu", group, o->ngroups);
     return o->ex.dtoh(o->ex.user, step, o->dgroups + group * sizeof(capex__go_group) + offsetof(capex__go_group, step),
                       sizeof *step, stream);
+}
+
+CAPEX_API capex_result capex_cuda_optim_get_lr_iteration(capex_cuda_optim *o, int64_t *iteration,
+                                                         capex_cuda_stream stream) {
+    if (!o || !iteration) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_get_lr_iteration: NULL argument");
+    *iteration = 0;
+    if (!o->has_sched) return CAPEX_OK;
+    return o->ex.dtoh(o->ex.user, iteration, o->dsched, sizeof *iteration, stream);
 }
 
 CAPEX_API capex_result capex_cuda_optim_get_state(const capex_cuda_optim *o, size_t group, size_t index,
@@ -7459,6 +7496,8 @@ CAPEX_API capex_result capex_cuda_optim_to_host(capex_cuda_optim *o, unsigned fl
         memset(block, 0, capex__go_host_total(o)); /* defined contents, never saved */
     if (r == CAPEX_OK) h->host_block_params = (flags & CAPEX_OPTIM_STATE_PARAMS) != 0;
     if (r == CAPEX_OK && o->has_sched) r = capex_optim_set_lr_schedule(h, &o->sched);
+    if (r == CAPEX_OK && o->has_sched) /* the device's iteration count */
+        r = o->ex.dtoh(o->ex.user, &h->sched_iter, o->dsched, sizeof h->sched_iter, stream);
 done:
     if (r == CAPEX_OK) *host = h;
     else if (h) capex_optim_destroy(h); /* frees block */
@@ -7566,7 +7605,8 @@ CAPEX__PRIVATE capex_result capex__cuda_optim_from_host(capex_cuda_optim *o, con
         o->desc = nd;
         for (k = 0; k < o->nt; k++) o->t[k].mk = capex__go_mk(o, &o->t[k].p);
         if (h->has_sched) { o->sched = h->sched; o->has_sched = 1; }
-        r = capex__go_sched_upload(o, NULL); /* base lrs (and schedule) from the host */
+        /* base lrs (and schedule, with its iteration count) from the host */
+        r = capex__go_sched_upload(o, NULL, h->has_sched ? &h->sched_iter : NULL);
         if (r == CAPEX_OK) r = capex__go_sync(&o->ex);
     }
 done:

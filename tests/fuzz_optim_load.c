@@ -224,14 +224,17 @@ static void capex_fuzz_optim_load(const uint8_t *data, size_t size) {
 /* Seeds: each rig after a few steps, with and without the weights, in a
    file that also holds a loss scaler (a real checkpoint); one with a step
    count just below the bound; one with an lr schedule attached (a kind per
-   rig: the schedule's loader is fuzzed too). Each must load into its rig and
+   rig: the schedule's loader is fuzzed too); one with it count_skipped and a
+   skipped step (its iteration count ahead of the step counts). The committed
+   *_sched seeds are from before count_skipped (no count_skipped / iteration
+   entries): old files, kept. Each must load into its rig and
    pass the target's checks. */
 int main(int argc, char **argv) {
     int c, f;
     const char *names[NRIG] = {"adam", "lamb", "sgd", "novograd", "adagrad", "amsgrad"};
     if (argc != 2) { fprintf(stderr, "usage: %s DIR\n", argv[0]); return 2; }
     for (c = 0; c < NRIG; c++)
-        for (f = 0; f < 4; f++) {
+        for (f = 0; f < 5; f++) {
             frig r;
             capex_state_writer *w = NULL;
             capex_state_reader *rd = NULL;
@@ -243,7 +246,7 @@ int main(int argc, char **argv) {
             char name[64];
             int s;
             frig_make(&r, c);
-            if (f == 3) {
+            if (f >= 3) {
                 static const capex_lr_kind kinds[NRIG] = {CAPEX_LR_COSINE, CAPEX_LR_ONECYCLE, CAPEX_LR_MULTISTEP,
                                                           CAPEX_LR_POLYNOMIAL, CAPEX_LR_STEP, CAPEX_LR_EXPONENTIAL};
                 capex_lr_schedule ls;
@@ -253,16 +256,17 @@ int main(int argc, char **argv) {
                 if (kinds[c] == CAPEX_LR_MULTISTEP) { ls.num_milestones = 2; ls.milestones[0] = 3; ls.milestones[1] = 9; }
                 if (kinds[c] == CAPEX_LR_STEP) ls.step_size = 2;
                 if (kinds[c] == CAPEX_LR_ONECYCLE) ls.three_phase = 1;
+                ls.count_skipped = f == 4;
                 CAPEX_FUZZ_REQUIRE(capex_optim_set_lr_schedule(r.opt, &ls) == CAPEX_OK);
             }
-            for (s = 0; s < 3; s++) capex_optim_step(r.opt, 0.5f, 1.0f, 0);
+            for (s = 0; s < 3; s++) capex_optim_step(r.opt, 0.5f, 1.0f, f == 4 && s == 1);
             if (f == 2) r.opt->groups[0].step = CAPEX_STEP_MAX - 1; /* near the bound */
             capex_scaler_desc_init(&sd);
             capex_scaler_init(&sc, &sd);
             capex_state_writer_create(NULL, &w);
             CAPEX_FUZZ_REQUIRE(capex_optim_save(r.opt, w, NULL, flags) == CAPEX_OK);
             CAPEX_FUZZ_REQUIRE(capex_scaler_save(&sc, w, "scaler.0.") == CAPEX_OK);
-            snprintf(name, sizeof name, "%s_%s.safetensors", names[c], f == 1 ? "moments" : f == 2 ? "bigstep" : f == 3 ? "sched" : "params");
+            snprintf(name, sizeof name, "%s_%s.safetensors", names[c], f == 1 ? "moments" : f == 2 ? "bigstep" : f == 3 ? "sched" : f == 4 ? "schedskip" : "params");
             buf = capex_fuzz_write_seed(w, argv[1], name, &len);
             capex_state_writer_destroy(w);
             capex_optim_destroy(r.opt);

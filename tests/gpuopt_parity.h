@@ -1315,6 +1315,118 @@ static void par_schedule_llmc(ct_state *ct, env *e, int exact) {
     par_free(e, dfound);
 }
 
+/* count_skipped (torch's scheduler.step() every iteration): the device
+   advances the schedule's iteration count in capex_go_lr_sched on every
+   step, skipped (found_inf on the device) or not, and each taken step uses
+   the lr of its iteration: the same bits as capex_optim_step (exact) for
+   AdamW with overflows at iterations 3, 4 and 11 of 20; the count equals the
+   CPU's; re-attaching while attached keeps it; to_host carries it to the
+   host copy; the device then detaches (re-attaching counts from 0), runs
+   alone, and from_host brings the count back so both continue in lockstep.
+   Then SGD from 0 with gradient 1 (accumulating -lr exactly): a group added
+   at iteration 3 grows the device buffer, and the count carries over. */
+static void par_schedule_count_skipped(ct_state *ct, env *e, int exact) {
+    capex_optim_desc d;
+    par_opt o;
+    capex_lr_schedule s, got;
+    capex_optim *h = NULL;
+    capex_cuda_ptr dfound = par_alloc(e, 4);
+    int step, att = 0;
+    int64_t nd = -1, nc = -2;
+    capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+    d.defaults.weight_decay = 0.1f;
+    capex_lr_schedule_init(&s, CAPEX_LR_COSINE);
+    s.warmup_steps = 5; s.warmup_start_factor = 0.25; s.total_steps = 25; s.count_skipped = 1;
+    CT_CHECK(dfound != 0, "alloc");
+    CT_CHECK(par_opt_make(e, &o, &d, 7, 0), "count_skipped: setup: %s", capex_last_error());
+    CT_CHECK(capex_optim_set_lr_schedule(o.cpu, &s) == CAPEX_OK && capex_cuda_optim_set_lr_schedule(o.dev, &s, NULL) ==
+             CAPEX_OK, "%s", capex_last_error());
+    for (step = 0; step < 20 && !ct->failed; step++) {
+        uint32_t found = step == 3 || step == 4 || step == 11;
+        float dlr = -1.0f, want = 0.0f;
+        if (step == 6) /* a replacing schedule keeps the count */
+            CT_CHECK(capex_optim_set_lr_schedule(o.cpu, &s) == CAPEX_OK && capex_cuda_optim_set_lr_schedule(o.dev, &s, NULL) ==
+                     CAPEX_OK, "%s", capex_last_error());
+        if (step == 9) {
+            CT_CHECK(capex_cuda_optim_to_host(o.dev, CAPEX_OPTIM_STATE_PARAMS, NULL, &h) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_optim_get_lr_schedule(h, &got, &att) == CAPEX_OK && att == 1 && got.count_skipped == 1 &&
+                     capex_optim_get_lr_iteration(h, &nc) == CAPEX_OK && nc == 9, "host copy: count_skipped %d, iteration %lld",
+                     got.count_skipped, (long long)nc);
+            CT_CHECK(capex_cuda_optim_set_lr_schedule(o.dev, NULL, NULL) == CAPEX_OK, "detach");
+            CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_cuda_optim_set_lr_schedule(o.dev, &s, NULL) == CAPEX_OK &&
+                     capex_cuda_optim_get_lr_iteration(o.dev, &nd, NULL) == CAPEX_OK && nd == 0, "re-attached: %lld",
+                     (long long)nd);
+            CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, 0, NULL) == CAPEX_OK, "%s", capex_last_error());
+            CT_CHECK(capex_cuda_optim_from_host(o.dev, h, CAPEX_OPTIM_STATE_PARAMS, NULL) == CAPEX_OK, "%s", capex_last_error());
+            capex_optim_destroy(h);
+            h = NULL;
+        }
+        CT_CHECK(par_up(e, dfound, &found, 4), "up");
+        CT_CHECK(capex_optim_get_lr(o.cpu, 0, &want) == CAPEX_OK && want == (float)capex_lr_at(&s, (double)d.defaults.lr,
+                 step), "CPU lr at iteration %d: %.9g", step, (double)want);
+        CT_CHECK(capex_optim_step(o.cpu, 1.0f, 1.0f, (int)found) == CAPEX_OK, "cpu step: %s", capex_last_error());
+        CT_CHECK(capex_cuda_optim_step(o.dev, 0, 0, dfound, NULL) == CAPEX_OK, "%s", capex_last_error());
+        par_opt_compare(ct, e, &o, exact ? 0.0f : 2e-6f, "AdamW + count_skipped");
+        if (!found)
+            CT_CHECK(par_down(e, &dlr, capex_cuda_optim_lr_ptr(o.dev, 0), 4) &&
+                     (exact ? dlr == want : par_close(dlr, want, 2e-7f, 0)), "iteration %d: device lr %.9g, CPU %.9g",
+                     step, (double)dlr, (double)want);
+        CT_CHECK(capex_cuda_optim_get_lr_iteration(o.dev, &nd, NULL) == CAPEX_OK &&
+                 capex_optim_get_lr_iteration(o.cpu, &nc) == CAPEX_OK && nd == step + 1 && nc == nd,
+                 "iteration %d: device count %lld, CPU %lld", step, (long long)nd, (long long)nc);
+    }
+    capex_optim_destroy(h);
+    par_opt_free(e, &o);
+    if (!ct->failed) { /* a group added mid-run */
+        capex_cuda_optim *dev = NULL;
+        capex_optim_param p;
+        capex_optim_hparams hp;
+        capex_cuda_ptr dp[2], dg = par_alloc(e, 64);
+        float one[16], zero[16], gotp[16], want[2] = {0.0f, 0.0f};
+        const float base[2] = {0.5f, 0.25f};
+        int k, i;
+        dp[0] = par_alloc(e, 64);
+        dp[1] = par_alloc(e, 64);
+        for (i = 0; i < 16; i++) { one[i] = 1.0f; zero[i] = 0.0f; }
+        CT_CHECK(dg && dp[0] && dp[1] && par_up(e, dg, one, 64) && par_up(e, dp[0], zero, 64) &&
+                 par_up(e, dp[1], zero, 64), "setup");
+        capex_optim_desc_init(&d, CAPEX_OPTIM_SGD);
+        capex_lr_schedule_init(&s, CAPEX_LR_EXPONENTIAL);
+        s.gamma = 0.9; s.warmup_steps = 2; s.count_skipped = 1;
+        CT_CHECK(e->ctx ? capex_cuda_optim_create(e->ctx, &d, &dev) == CAPEX_OK
+                        : capex__go_optim_create(&e->ex, &d, &dev) == CAPEX_OK, "create: %s", capex_last_error());
+        for (step = 0; step < 8 && !ct->failed; step++) {
+            uint32_t found = step == 1 || step == 4;
+            if (step == 0 || step == 3) {
+                k = step == 3;
+                capex_optim_param_init(&p);
+                p.param = (float *)(uintptr_t)dp[k]; p.grad = (const void *)(uintptr_t)dg; p.numel = 16;
+                hp = d.defaults;
+                hp.lr = base[k];
+                CT_CHECK(capex_cuda_optim_add_group(dev, &hp, &p, 1, NULL) == CAPEX_OK, "add group %d: %s", k,
+                         capex_last_error());
+                if (step == 0) CT_CHECK(capex_cuda_optim_set_lr_schedule(dev, &s, NULL) == CAPEX_OK, "%s", capex_last_error());
+            }
+            CT_CHECK(par_up(e, dfound, &found, 4), "up");
+            CT_CHECK(capex_cuda_optim_step(dev, 0, 0, dfound, NULL) == CAPEX_OK, "%s", capex_last_error());
+            for (k = 0; k < (step >= 3 ? 2 : 1); k++) {
+                if (!found) want[k] = want[k] - (float)capex_lr_at(&s, (double)base[k], step) * 1.0f;
+                CT_CHECK(par_down(e, gotp, dp[k], 64), "down");
+                CT_CHECK(exact ? gotp[15] == want[k] : par_close(gotp[15], want[k], 1e-6f, 0),
+                         "count_skipped, added group: iteration %d group %d: %.9g, want %.9g", step, k, (double)gotp[15],
+                         (double)want[k]);
+            }
+        }
+        CT_CHECK(capex_cuda_optim_get_lr_iteration(dev, &nd, NULL) == CAPEX_OK && nd == 8, "count %lld", (long long)nd);
+        capex_cuda_optim_destroy(dev);
+        par_free(e, dg);
+        par_free(e, dp[0]);
+        par_free(e, dp[1]);
+    }
+    par_free(e, dfound);
+}
+
 static void par_schedule(ct_state *ct, env *e, int exact) {
     capex_optim_desc d;
     const float t = exact ? 0.0f : 2e-6f;
@@ -1337,6 +1449,7 @@ static void par_schedule(ct_state *ct, env *e, int exact) {
     if (!ct->failed) par_schedule_groups(ct, e, exact);
     if (!ct->failed) par_schedule_detach(ct, e, exact);
     if (!ct->failed) par_schedule_llmc(ct, e, exact);
+    if (!ct->failed) par_schedule_count_skipped(ct, e, exact);
 }
 
 /* Adagrad (lr_decay, initial_accumulator_value, both modes) and Adam amsgrad:

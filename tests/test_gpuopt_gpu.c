@@ -151,6 +151,14 @@ CT_TEST(gpu_graph_replay) {
     sd.growth_interval = 2;
     sd.log_interval = 0;
     CT_CHECK(par_opt_make(&e, &o, &d, 24, 0), "setup: %s", capex_last_error());
+    { /* count_skipped: each replay advances the device's iteration count, the overflow's too (LINEAR: no cos or
+         pow, whose CUDA results may differ from libm by an ulp) */
+        capex_lr_schedule ls;
+        capex_lr_schedule_init(&ls, CAPEX_LR_LINEAR);
+        ls.warmup_steps = 2; ls.total_steps = 6; ls.min_factor = 0.25; ls.count_skipped = 1;
+        CT_CHECK(capex_optim_set_lr_schedule(o.cpu, &ls) == CAPEX_OK &&
+                 capex_cuda_optim_set_lr_schedule(o.dev, &ls, NULL) == CAPEX_OK, "%s", capex_last_error());
+    }
     CT_CHECK(capex_scaler_init(&cpu_sc, &sd) == CAPEX_OK, "cpu scaler");
     CT_CHECK(capex_cuda_scaler_create(e.ctx, &sd, &sc) == CAPEX_OK, "%s", capex_last_error());
     CT_CHECK(capex_cuda_stream_create(e.ctx, &st) == CAPEX_OK, "%s", capex_last_error());
@@ -198,6 +206,12 @@ CT_TEST(gpu_graph_replay) {
         par_opt_compare(ct, &e, &o, 0, "graph replay");
         if (ct->failed) break;
         CT_CHECK(capex_cuda_scaler_get_scale(sc, &ds, NULL) == CAPEX_OK && (s = capex_scaler_get_scale(&cpu_sc)) == ds, "replay %d: scale %g, CPU %g", rep, (double)ds, (double)s);
+    }
+    if (!ct->failed) {
+        int64_t nd_ = -1, nc = -2;
+        CT_CHECK(capex_cuda_optim_get_lr_iteration(o.dev, &nd_, NULL) == CAPEX_OK &&
+                 capex_optim_get_lr_iteration(o.cpu, &nc) == CAPEX_OK && nd_ == 4 && nc == 4,
+                 "lr schedule iteration after 4 replays: device %lld, CPU %lld", (long long)nd_, (long long)nc);
     }
     edestroy(exec);
     gdestroy(graph);

@@ -364,7 +364,8 @@ static void sched_for_test(capex_lr_schedule *s) {
    set by hand to (float)capex_lr_at(base, step) before each step: Adam,
    LAMB (its trust ratio scales with lr), SGD with momentum, NovoGrad, Adagrad
    (lr_decay applies to the scheduled lr) and Adam amsgrad. A skipped step
-   (found_inf) does not move the schedule. */
+   (found_inf) does not move the schedule; with count_skipped it does (the
+   iteration count, every step call). */
 CT_TEST(optimizer_follows_schedule) {
     static const capex_optim_kind kinds[6] = {CAPEX_OPTIM_ADAM, CAPEX_OPTIM_LAMB, CAPEX_OPTIM_SGD, CAPEX_OPTIM_NOVOGRAD,
                                               CAPEX_OPTIM_ADAGRAD, CAPEX_OPTIM_ADAM};
@@ -372,10 +373,11 @@ CT_TEST(optimizer_follows_schedule) {
     capex_lr_schedule s;
     int kk, step;
     sched_for_test(&s);
-    for (kk = 0; kk < 6; kk++) {
-        int64_t n = 0;
-        int extra = kk == 5 ? 2 : 1; /* the second Adam: amsgrad */
-        CT_CHECK(make_run(&a, kinds[kk], extra) == CAPEX_OK && make_run(&b, kinds[kk], extra) == CAPEX_OK, "%s",
+    for (kk = 0; kk < 12; kk++) {
+        int64_t n = 0, it = -1;
+        int extra = kk % 6 == 5 ? 2 : 1; /* the second Adam: amsgrad */
+        s.count_skipped = kk >= 6;
+        CT_CHECK(make_run(&a, kinds[kk % 6], extra) == CAPEX_OK && make_run(&b, kinds[kk % 6], extra) == CAPEX_OK, "%s",
                  capex_last_error());
         CT_CHECK(capex_optim_set_lr_schedule(a.opt, &s) == CAPEX_OK, "%s", capex_last_error());
         for (step = 0; step < 30; step++) {
@@ -383,17 +385,19 @@ CT_TEST(optimizer_follows_schedule) {
             for (k = 0; k < 2; k++) {
                 float lr_a, want = (float)capex_lr_at(&s, k ? (double)0.003f : (double)0.01f, n);
                 CT_CHECK(capex_optim_get_lr(a.opt, (size_t)k, &lr_a) == CAPEX_OK && lr_a == want,
-                         "kind %d step %d group %d: get_lr %.9g, want %.9g", (int)kinds[kk], step, k, lr_a, want);
+                         "kind %d step %d group %d: get_lr %.9g, want %.9g", (int)kinds[kk % 6], step, k, lr_a, want);
                 CT_CHECK(capex_optim_set_lr(b.opt, (size_t)k, want) == CAPEX_OK, "%s", capex_last_error());
             }
             fill_grads(&a, step);
             fill_grads(&b, step);
             CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, skip) == CAPEX_OK, "%s", capex_last_error());
             CT_CHECK(capex_optim_step(b.opt, 1.0f, 1.0f, skip) == CAPEX_OK, "%s", capex_last_error());
-            n += !skip;
-            CT_CHECK(memcmp(a.p, b.p, sizeof a.p) == 0, "kind %d step %d: weights differ from the hand-set lr",
-                     (int)kinds[kk], step);
+            n += !skip || s.count_skipped;
+            CT_CHECK(memcmp(a.p, b.p, sizeof a.p) == 0, "kind %d count_skipped %d step %d: weights differ from the "
+                     "hand-set lr", (int)kinds[kk % 6], s.count_skipped, step);
         }
+        CT_CHECK(capex_optim_get_lr_iteration(a.opt, &it) == CAPEX_OK && it == 30, "every step call counts: %lld",
+                 (long long)it);
         {
             int64_t st = -1;
             capex_optim_hparams hp;
@@ -692,11 +696,12 @@ CT_TEST(llmc_warmup_cosine) {
    scheduler.step() every iteration, GradScaler skipping optimizer.step()):
    no schedule attached, set_lr from the iteration count. Each step taken uses
    torch's closed-form lr of its iteration; the attached schedule instead
-   resumes where the last taken step left off. */
+   resumes where the last taken step left off, and with count_skipped it
+   equals torch's too. */
 CT_TEST(torch_curve_with_skipped_steps) {
     const capex_lr_golden *g = NULL;
-    static run a, b;
-    capex_lr_schedule s;
+    static run a, b, c2;
+    capex_lr_schedule s, s2;
     size_t c;
     int i, k, j, taken = 0;
     for (c = 0; c < sizeof capex_lr_goldens / sizeof capex_lr_goldens[0]; c++)
@@ -706,6 +711,10 @@ CT_TEST(torch_curve_with_skipped_steps) {
     CT_CHECK(make_run(&a, CAPEX_OPTIM_SGD, 0) == CAPEX_OK && make_run(&b, CAPEX_OPTIM_SGD, 0) == CAPEX_OK, "%s",
              capex_last_error());
     CT_CHECK(capex_optim_set_lr_schedule(b.opt, &s) == CAPEX_OK, "%s", capex_last_error());
+    s2 = s;
+    s2.count_skipped = 1;
+    CT_CHECK(make_run(&c2, CAPEX_OPTIM_SGD, 0) == CAPEX_OK && capex_optim_set_lr(c2.opt, 0, (float)g->base) == CAPEX_OK &&
+             capex_optim_set_lr_schedule(c2.opt, &s2) == CAPEX_OK, "%s", capex_last_error());
     for (i = 0; i < 60; i++) {
         int skip = i < 3 || i == 51; /* early overflows (scale 65536 too high) and one in the decay */
         float want = (float)capex_lr_at(&s, g->base, i), want_b = (float)capex_lr_at(&s, (double)(float)g->base, taken);
@@ -713,14 +722,256 @@ CT_TEST(torch_curve_with_skipped_steps) {
         CT_CHECK(capex_optim_set_lr(a.opt, 0, want) == CAPEX_OK, "%s", capex_last_error());
         CT_CHECK(capex_optim_set_lr(b.opt, 0, (float)g->base) == CAPEX_OK, "%s", capex_last_error());
         for (k = 0; k < 2; k++)
-            for (j = 0; j < NP; j++) { a.p[k][j] = b.p[k][j] = 0.0f; a.g[k][j] = b.g[k][j] = 1.0f; }
+            for (j = 0; j < NP; j++) {
+                a.p[k][j] = b.p[k][j] = c2.p[k][j] = 0.0f;
+                a.g[k][j] = b.g[k][j] = c2.g[k][j] = 1.0f;
+            }
         CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, skip) == CAPEX_OK && capex_optim_step(b.opt, 1.0f, 1.0f, skip) ==
-                 CAPEX_OK, "%s", capex_last_error());
+                 CAPEX_OK && capex_optim_step(c2.opt, 1.0f, 1.0f, skip) == CAPEX_OK, "%s", capex_last_error());
+        { /* hp.lr is a float: the base is (float)0.0003 here, torch's the double */
+            float want_c = (float)capex_lr_at(&s2, (double)(float)g->base, i);
+            CT_CHECK(c2.p[0][0] == (skip ? 0.0f : -want_c) && rel(want_c, g->closed[i]) < 1.2e-7,
+                     "count_skipped, iteration %d: %.9g, want %.9g, torch %.9g", i, c2.p[0][0], (double)-want_c,
+                     -g->closed[i]);
+        }
         CT_CHECK(a.p[0][0] == (skip ? 0.0f : -want), "iteration %d: %.9g, want %.9g", i, a.p[0][0], (double)-want);
         CT_CHECK(b.p[0][0] == (skip ? 0.0f : -want_b), "attached, iteration %d: %.9g, want %.9g", i, b.p[0][0],
                  (double)-want_b);
         taken += !skip;
     }
+    capex_optim_destroy(a.opt);
+    capex_optim_destroy(b.opt);
+    capex_optim_destroy(c2.opt);
+}
+
+/* torch's LinearLR warmup then CosineAnnealingLR (SequentialLR, milestones
+   [W]) as lr_scheduler.py's closed forms, in float64, written here on their
+   own: the lr of iteration i (scheduler.step() called i times). */
+static double torch_warmup_cosine(double base, double sf, int64_t W, int64_t T, int64_t i) {
+    if (i < W) return base * (sf + (1.0 - sf) * (double)i / (double)W);
+    return 0.0 + (base - 0.0) * (1.0 + cos(3.141592653589793 * (double)(i - W) / (double)T)) / 2.0;
+}
+
+/* count_skipped = 1 is torch's loop under GradScaler: scheduler.step() every
+   iteration, optimizer.step() skipped at overflows (iterations 3, 4, 11 of
+   20 here). Plain SGD from p = 0 with g = 1 writes -lr: every step taken
+   uses (float) of torch's lr of its iteration, for both groups; skipped ones
+   change nothing and still advance the schedule. */
+CT_TEST(count_skipped_torch_golden) {
+    static run a;
+    capex_lr_schedule s;
+    const double base[2] = {(double)0.01f, (double)0.003f};
+    int i, k, j, taken = 0;
+    int64_t n = -1;
+    capex_lr_schedule_init(&s, CAPEX_LR_COSINE);
+    s.warmup_steps = 5; s.warmup_start_factor = 0.25; s.total_steps = 25; s.count_skipped = 1;
+    CT_CHECK(make_run(&a, CAPEX_OPTIM_SGD, 0) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_optim_set_lr_schedule(a.opt, &s) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < 20; i++) {
+        int skip = i == 3 || i == 4 || i == 11;
+        for (k = 0; k < 2; k++) {
+            double want = torch_warmup_cosine(base[k], 0.25, 5, 20, i), at = capex_lr_at(&s, base[k], i);
+            float lr = -1.0f;
+            CT_CHECK(rel(at, want) <= 2.3e-16, "iteration %d group %d: capex_lr_at %.17g, torch %.17g", i, k, at, want);
+            CT_CHECK(capex_optim_get_lr(a.opt, (size_t)k, &lr) == CAPEX_OK && lr == (float)at,
+                     "iteration %d group %d: get_lr %.9g, want %.9g", i, k, lr, (double)(float)at);
+            for (j = 0; j < NP; j++) { a.p[k][j] = 0.0f; a.g[k][j] = 1.0f; }
+        }
+        CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, skip) == CAPEX_OK, "%s", capex_last_error());
+        for (k = 0; k < 2; k++) {
+            float want = skip ? 0.0f : -(float)capex_lr_at(&s, base[k], i);
+            CT_CHECK(a.p[k][0] == want && a.p[k][NP - 1] == want, "iteration %d group %d: %.9g, want %.9g", i, k,
+                     a.p[k][0], (double)want);
+        }
+        taken += !skip;
+        CT_CHECK(capex_optim_get_lr_iteration(a.opt, &n) == CAPEX_OK && n == i + 1, "iteration count %lld after %d",
+                 (long long)n, i);
+        CT_CHECK(capex_optim_get_step(a.opt, 1, &n) == CAPEX_OK && n == taken, "group steps count only taken ones");
+    }
+    capex_optim_destroy(a.opt);
+}
+
+/* The count: 0 on attaching to an optimizer without a schedule (a new torch
+   scheduler), kept when a schedule replaces another (its mode too), 0 with
+   none attached; a refused step does not count; at 2^53 (from a file) every
+   step is refused, skipped or not, nothing changed. */
+CT_TEST(count_skipped_attach_and_limits) {
+    static run a;
+    capex_lr_schedule s;
+    int64_t n = -1;
+    int i;
+    sched_for_test(&s);
+    s.count_skipped = 1;
+    CT_CHECK(make_run(&a, CAPEX_OPTIM_SGD, 0) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, 0) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_optim_get_lr_iteration(a.opt, &n) == CAPEX_OK && n == 0, "none attached: %lld", (long long)n);
+    CT_CHECK(capex_optim_set_lr_schedule(a.opt, &s) == CAPEX_OK, "%s", capex_last_error());
+    for (i = 0; i < 3; i++) CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, i == 1) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_optim_step(a.opt, -1.0f, 1.0f, 0) == CAPEX_ERR_INVALID_ARG, "a bad inv_scale is refused");
+    CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, 1) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_optim_get_lr_iteration(a.opt, &n) == CAPEX_OK && n == 4, "4 step calls, 1 refused: %lld",
+             (long long)n);
+    s.total_steps = 40;
+    s.count_skipped = 0;
+    CT_CHECK(capex_optim_set_lr_schedule(a.opt, &s) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, 1) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_optim_get_lr_iteration(a.opt, &n) == CAPEX_OK && n == 5, "replaced: kept, counts on (%lld)",
+             (long long)n);
+    CT_CHECK(capex_optim_set_lr_schedule(a.opt, NULL) == CAPEX_OK, "detach");
+    CT_CHECK(capex_optim_get_lr_iteration(a.opt, &n) == CAPEX_OK && n == 0, "detached: 0");
+    CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, 0) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_optim_set_lr_schedule(a.opt, &s) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(capex_optim_get_lr_iteration(a.opt, &n) == CAPEX_OK && n == 0, "re-attached: 0 (%lld)", (long long)n);
+    s.count_skipped = 2;
+    CT_CHECK(capex_lr_schedule_check(&s) == CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "count_skipped"),
+             "count_skipped 2: %s", capex_last_error());
+    CT_CHECK(capex_optim_get_lr_iteration(NULL, &n) == CAPEX_ERR_INVALID_ARG &&
+             capex_optim_get_lr_iteration(a.opt, NULL) == CAPEX_ERR_INVALID_ARG, "NULL refused");
+    capex_optim_destroy(a.opt);
+}
+
+/* A state file with a hand-written lr schedule: the 7 + 7 fields of
+   sched_for_test's (kind COSINE, warmup 4, total 20), milestones, and the
+   named i64 entries (NULL name: none). */
+static unsigned char *sched_file(const capex_optim *o, const char *n1, int64_t v1, const char *n2, int64_t v2,
+                                 size_t *len) {
+    static const char *const in[7] = {"kind", "warmup_steps", "total_steps", "step_size", "num_milestones",
+                                      "anneal_linear", "three_phase"};
+    static const char *const fn[7] = {"warmup_start_factor", "min_factor", "power", "gamma", "pct_start",
+                                      "div_factor", "final_div_factor"};
+    static const int64_t iv[7] = {1, 4, 20, 1, 0, 0, 0};
+    static const double fv[7] = {0.1, 0.05, 1.0, 0.1, 0.3, 25.0, 1e4};
+    static const int64_t mil[CAPEX_LR_MAX_MILESTONES] = {0};
+    int64_t shape = CAPEX_LR_MAX_MILESTONES;
+    capex_state_writer *w = NULL;
+    unsigned char *buf = NULL;
+    char nm[96];
+    int j, ok;
+    if (capex_state_writer_create(NULL, &w) != CAPEX_OK) return NULL;
+    ok = capex_optim_save(o, w, NULL, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK; /* o: no schedule attached */
+    for (j = 0; j < 7 && ok; j++) {
+        snprintf(nm, sizeof nm, "optim.lr_schedule.%s", in[j]);
+        ok = capex_state_add_i64(w, nm, iv[j]) == CAPEX_OK;
+        snprintf(nm, sizeof nm, "optim.lr_schedule.%s", fn[j]);
+        ok = ok && capex_state_add_f64(w, nm, fv[j]) == CAPEX_OK;
+    }
+    if (ok && n1) ok = capex_state_add_i64(w, n1, v1) == CAPEX_OK;
+    if (ok && n2) ok = capex_state_add_i64(w, n2, v2) == CAPEX_OK;
+    ok = ok && capex_state_add_tensor(w, "optim.lr_schedule.milestones", CAPEX_STATE_I64, 1, &shape, mil) == CAPEX_OK;
+    ok = ok && capex_state_write_memory(w, NULL, 0, len) == CAPEX_OK && (buf = (unsigned char *)malloc(*len)) != NULL &&
+         capex_state_write_memory(w, buf, *len, len) == CAPEX_OK;
+    capex_state_writer_destroy(w);
+    if (!ok) { free(buf); buf = NULL; }
+    return buf;
+}
+
+/* Save mid-run with count_skipped (after skips, so the iteration and step
+   counts differ), resume in an optimizer with no schedule: the mode and the
+   count come back and the run continues bit for bit. Every truncation of the
+   file is refused with nothing changed. */
+CT_TEST(count_skipped_state_resume) {
+    static run a, b;
+    capex_lr_schedule s, got;
+    unsigned char *buf;
+    size_t len = 0, cut;
+    int step, att = 0;
+    int64_t na = -1, nb = -2;
+    float before[2][NP];
+    sched_for_test(&s);
+    s.count_skipped = 1;
+    CT_CHECK(make_run(&a, CAPEX_OPTIM_ADAM, 0) == CAPEX_OK && make_run(&b, CAPEX_OPTIM_ADAM, 0) == CAPEX_OK, "%s",
+             capex_last_error());
+    CT_CHECK(capex_optim_set_lr_schedule(a.opt, &s) == CAPEX_OK, "%s", capex_last_error());
+    for (step = 0; step < 9; step++) {
+        fill_grads(&a, step);
+        CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, step == 3 || step == 4) == CAPEX_OK, "%s", capex_last_error());
+    }
+    buf = save_mem(a.opt, &len);
+    CT_CHECK(buf != NULL, "save: %s", capex_last_error());
+    memcpy(before, b.p, sizeof before);
+    for (cut = 0; cut < len; cut++) {
+        capex_result r = load_mem(b.opt, buf, cut);
+        if (r == CAPEX_OK) { free(buf); CT_CHECK(0, "a file cut at %zu of %zu bytes loaded", cut, len); }
+    }
+    CT_CHECK(memcmp(before, b.p, sizeof before) == 0 && capex_optim_get_lr_schedule(b.opt, &got, &att) == CAPEX_OK &&
+             att == 0, "refused files changed nothing");
+    CT_CHECK(load_mem(b.opt, buf, len) == CAPEX_OK, "load: %s", capex_last_error());
+    free(buf);
+    CT_CHECK(capex_optim_get_lr_schedule(b.opt, &got, &att) == CAPEX_OK && att == 1 &&
+             memcmp(&got, &s, sizeof s) == 0, "the schedule came back whole");
+    CT_CHECK(capex_optim_get_lr_iteration(b.opt, &nb) == CAPEX_OK && nb == 9, "iteration %lld", (long long)nb);
+    for (; step < 25; step++) {
+        fill_grads(&a, step);
+        fill_grads(&b, step);
+        CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, step == 11) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(capex_optim_step(b.opt, 1.0f, 1.0f, step == 11) == CAPEX_OK, "%s", capex_last_error());
+        CT_CHECK(memcmp(a.p, b.p, sizeof a.p) == 0 && memcmp(a.m, b.m, sizeof a.m) == 0, "step %d: resumed run differs",
+                 step);
+    }
+    CT_CHECK(capex_optim_get_lr_iteration(a.opt, &na) == CAPEX_OK && capex_optim_get_lr_iteration(b.opt, &nb) ==
+             CAPEX_OK && na == 25 && nb == 25, "%lld %lld", (long long)na, (long long)nb);
+    capex_optim_destroy(a.opt);
+    capex_optim_destroy(b.opt);
+}
+
+/* Files from before count_skipped: the schedule loads with count_skipped 0
+   and the iteration count the most steps a group took (exact without
+   skips). Bad values (count_skipped 5, iteration < 0 or > 2^53) are refused
+   with the optimizer unchanged; an iteration of 2^53 refuses the next step. */
+CT_TEST(count_skipped_old_and_bad_files) {
+    static run a, b;
+    capex_lr_schedule s, got;
+    unsigned char *buf;
+    size_t len = 0;
+    int i, att = 0;
+    int64_t n = -1;
+    float before[2][NP];
+    CT_CHECK(make_run(&a, CAPEX_OPTIM_SGD, 0) == CAPEX_OK && make_run(&b, CAPEX_OPTIM_SGD, 0) == CAPEX_OK, "%s",
+             capex_last_error());
+    for (i = 0; i < 3; i++) {
+        fill_grads(&a, i);
+        CT_CHECK(capex_optim_step(a.opt, 1.0f, 1.0f, 0) == CAPEX_OK, "%s", capex_last_error());
+    }
+    buf = sched_file(a.opt, NULL, 0, NULL, 0, &len);
+    CT_CHECK(buf != NULL && load_mem(b.opt, buf, len) == CAPEX_OK, "old file: %s", capex_last_error());
+    free(buf);
+    CT_CHECK(capex_optim_get_lr_schedule(b.opt, &got, &att) == CAPEX_OK && att == 1 && got.count_skipped == 0 &&
+             got.total_steps == 20, "old file's schedule");
+    CT_CHECK(capex_optim_get_lr_iteration(b.opt, &n) == CAPEX_OK && n == 3, "old file: iteration %lld", (long long)n);
+    sched_for_test(&s);
+    s.count_skipped = 1;
+    CT_CHECK(capex_optim_set_lr_schedule(b.opt, &s) == CAPEX_OK, "%s", capex_last_error()); /* replaces: keeps 3 */
+    {
+        float lr = 0.0f;
+        CT_CHECK(capex_optim_get_lr(b.opt, 0, &lr) == CAPEX_OK && lr == (float)capex_lr_at(&s, (double)0.01f, 3),
+                 "continues at 3: %.9g", lr);
+    }
+    memcpy(before, b.p, sizeof before);
+    {
+        static const char *const names[4] = {"optim.lr_schedule.count_skipped", "optim.lr_schedule.iteration",
+                                             "optim.lr_schedule.iteration", "optim.lr_schedule.iteration"};
+        const int64_t vals[4] = {5, -1, (INT64_C(1) << 53) + 1, INT64_MAX};
+        for (i = 0; i < 4; i++) {
+            capex_result r;
+            buf = sched_file(a.opt, names[i], vals[i], NULL, 0, &len);
+            CT_CHECK(buf != NULL, "file");
+            r = load_mem(b.opt, buf, len);
+            free(buf);
+            CT_CHECK(r == CAPEX_ERR_FORMAT && strstr(capex_last_error(), i ? "iteration" : "count_skipped"),
+                     "%s = %lld: %d %s", names[i], (long long)vals[i], (int)r, capex_last_error());
+            CT_CHECK(capex_optim_get_lr_schedule(b.opt, &got, &att) == CAPEX_OK && att == 1 && got.count_skipped == 1 &&
+                     capex_optim_get_lr_iteration(b.opt, &n) == CAPEX_OK && n == 3 &&
+                     memcmp(before, b.p, sizeof before) == 0, "a refused file changes nothing");
+        }
+    }
+    buf = sched_file(a.opt, "optim.lr_schedule.count_skipped", 1, "optim.lr_schedule.iteration", INT64_C(1) << 53, &len);
+    CT_CHECK(buf != NULL && load_mem(b.opt, buf, len) == CAPEX_OK, "iteration 2^53: %s", capex_last_error());
+    free(buf);
+    memcpy(before, b.p, sizeof before);
+    for (i = 0; i < 2; i++)
+        CT_CHECK(capex_optim_step(b.opt, 1.0f, 1.0f, i) == CAPEX_ERR_LIMIT && strstr(capex_last_error(), "2^53") &&
+                 memcmp(before, b.p, sizeof before) == 0, "step at iteration 2^53 (skip %d): %s", i, capex_last_error());
+    CT_CHECK(capex_optim_get_step(b.opt, 0, &n) == CAPEX_OK && n == 3, "nothing changed");
     capex_optim_destroy(a.opt);
     capex_optim_destroy(b.opt);
 }
@@ -729,6 +980,8 @@ static const ct_case cases[] = {
     CT_CASE(torch_golden),          CT_CASE(float64_reference_random), CT_CASE(edges),
     CT_CASE(bad_input),             CT_CASE(optimizer_follows_schedule), CT_CASE(optimizer_lr_values),
     CT_CASE(state_resume),          CT_CASE(state_old_and_bad_files), CT_CASE(overflowing_lr_is_refused),
-    CT_CASE(llmc_warmup_cosine),       CT_CASE(torch_curve_with_skipped_steps),
+    CT_CASE(llmc_warmup_cosine),       CT_CASE(torch_curve_with_skipped_steps), CT_CASE(count_skipped_torch_golden),
+    CT_CASE(count_skipped_attach_and_limits), CT_CASE(count_skipped_state_resume),
+    CT_CASE(count_skipped_old_and_bad_files),
 };
 CT_MAIN(cases)

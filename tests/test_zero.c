@@ -1195,6 +1195,87 @@ CT_TEST(load_takes_the_files_optimizer_settings) {
     capex_comm_destroy(&c);
 }
 
+/* An lr schedule with count_skipped on capex_zero_optim: the shards step
+   as the unsharded optimizer does (its iteration count advanced by skipped
+   steps too), the save holds the count and the mode, and a zero (and a
+   plain optimizer) loading it continues exactly. */
+static void zsched_grads(ct_state *ct, capex_zero *z, int s) {
+    int i, e;
+    for (i = 1; i >= 0; i--) {
+        float *gz = (float *)capex_zero_grad(z, (size_t)i);
+        CT_CHECK(gz != NULL, "grad: %s", capex_last_error());
+        for (e = 0; e < (i ? 3 : 5); e++) gz[e] = (float)sin(0.7 * e + 1.1 * s + i);
+        CT_CHECK(capex_zero_grad_ready(z, (size_t)i) == CAPEX_OK, "ready: %s", capex_last_error());
+    }
+}
+CT_TEST(lr_schedule_count_skipped_saves_and_resumes) {
+    capex_comm c;
+    capex_optim_desc od;
+    capex_optim *ref = NULL, *ref2 = NULL;
+    capex_optim_param op[2];
+    capex_zero_param zp[2];
+    capex_zero *z = NULL, *z2 = NULL;
+    capex_lr_schedule sch, got;
+    float wr[8], wz[8], wz2[8], gr[8];
+    char path[300];
+    int i, s, att = 0;
+    int64_t n = -1;
+    snprintf(path, sizeof path, "/tmp/capex_zero_sched_%d", (int)getpid());
+    CT_CHECK(capex_comm_init_single(&c) == CAPEX_OK, "single");
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    od.defaults.lr = 0.05f;
+    capex_lr_schedule_init(&sch, CAPEX_LR_COSINE);
+    sch.warmup_steps = 3; sch.total_steps = 12; sch.count_skipped = 1;
+    for (i = 0; i < 8; i++) wr[i] = wz[i] = wz2[i] = 0.25f * (float)(i + 1) - 1.0f;
+    capex_optim_param_init(&op[0]); capex_optim_param_init(&op[1]);
+    op[0].param = wr; op[0].grad = gr; op[0].numel = 5;
+    op[1].param = wr + 5; op[1].grad = gr + 5; op[1].numel = 3;
+    CT_CHECK(capex_optim_create(&od, &ref) == CAPEX_OK && capex_optim_add_group(ref, NULL, op, 2, NULL) == CAPEX_OK &&
+             capex_optim_set_lr_schedule(ref, &sch) == CAPEX_OK, "ref: %s", capex_last_error());
+    one_param(&zp[0], wz, 5); one_param(&zp[1], wz + 5, 3);
+    CT_CHECK(capex_zero_create(&z, &c, zp, 2, &od, NULL, 1, NULL) == CAPEX_OK, "zero: %s", capex_last_error());
+    CT_CHECK(capex_optim_set_lr_schedule(capex_zero_optim(z), &sch) == CAPEX_OK, "%s", capex_last_error());
+    one_param(&zp[0], wz2, 5); one_param(&zp[1], wz2 + 5, 3);
+    CT_CHECK(capex_zero_create(&z2, &c, zp, 2, &od, NULL, 1, NULL) == CAPEX_OK, "zero 2: %s", capex_last_error());
+    for (s = 0; s < 12; s++) {
+        int skip = s == 2 || s == 3 || s == 8;
+        if (s == 6) {
+            CT_CHECK(capex_zero_save_file(z, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "save: %s", capex_last_error());
+            CT_CHECK(capex_zero_load_file(z2, path, CAPEX_OPTIM_STATE_PARAMS) == CAPEX_OK, "load: %s", capex_last_error());
+            CT_CHECK(capex_optim_get_lr_schedule(capex_zero_optim(z2), &got, &att) == CAPEX_OK && att == 1 &&
+                     memcmp(&got, &sch, sizeof sch) == 0 && capex_optim_get_lr_iteration(capex_zero_optim(z2), &n) ==
+                     CAPEX_OK && n == 6, "loaded zero: schedule %d, iteration %lld", att, (long long)n);
+            CT_CHECK(capex_optim_create(&od, &ref2) == CAPEX_OK && capex_optim_add_group(ref2, NULL, op, 2, NULL) ==
+                     CAPEX_OK && capex_optim_load_file(ref2, path, 0) == CAPEX_OK &&
+                     capex_optim_get_lr_iteration(ref2, &n) == CAPEX_OK && n == 6, "a plain optimizer loads it: %s",
+                     capex_last_error());
+            capex_optim_destroy(ref2);
+            ref2 = NULL;
+        }
+        for (i = 0; i < 8; i++) gr[i] = (float)sin(0.7 * (i < 5 ? i : i - 5) + 1.1 * s + (i >= 5));
+        zsched_grads(ct, z, s);
+        if (ct->failed) break;
+        CT_CHECK(capex_zero_finalize(z) == CAPEX_OK && capex_zero_step(z, 1.0f, 1.0f, skip) == CAPEX_OK &&
+                 capex_zero_zero_grad(z) == CAPEX_OK, "zero step: %s", capex_last_error());
+        if (s >= 6) {
+            zsched_grads(ct, z2, s);
+            if (ct->failed) break;
+            CT_CHECK(capex_zero_finalize(z2) == CAPEX_OK && capex_zero_step(z2, 1.0f, 1.0f, skip) == CAPEX_OK &&
+                     capex_zero_zero_grad(z2) == CAPEX_OK, "zero 2 step: %s", capex_last_error());
+        }
+        CT_CHECK(capex_optim_step(ref, 1.0f, 1.0f, skip) == CAPEX_OK, "ref step: %s", capex_last_error());
+        CT_CHECK(memcmp(wz, wr, sizeof wr) == 0, "step %d: zero differs from the unsharded optimizer", s);
+        CT_CHECK(s < 6 || memcmp(wz2, wr, sizeof wr) == 0, "step %d: the resumed zero differs", s);
+    }
+    CT_CHECK(capex_optim_get_lr_iteration(capex_zero_optim(z2), &n) == CAPEX_OK && n == 12, "iteration %lld",
+             (long long)n);
+    capex_zero_destroy(z);
+    capex_zero_destroy(z2);
+    capex_optim_destroy(ref);
+    capex_comm_destroy(&c);
+    remove(path);
+}
+
 /* capex_zero_save keeps rank 0's unsharded copy (the writer points into
    it) until the next save; capex_zero_save_file has written the file when it
    returns, so it must not leave the whole model's masters and moments on
@@ -1471,7 +1552,7 @@ static const ct_case cases[] = {
     CT_CASE(tcp_load_one_rank_fails_every_rank), CT_CASE(tcp_save_while_others_load_fails_every_rank),
     CT_CASE(checkpoints_reshard_across_world_sizes),
     CT_CASE(load_takes_the_files_optimizer_settings),
-    CT_CASE(save_file_frees_the_unsharded_copy),
+    CT_CASE(save_file_frees_the_unsharded_copy), CT_CASE(lr_schedule_count_skipped_saves_and_resumes),
     CT_CASE(load_io_error_midway_changes_nothing),
     CT_CASE(stochastic_rounding_resumes),
     CT_CASE(sgd_momentum_turned_off_keeps_buffers_in_checkpoints),

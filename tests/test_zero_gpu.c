@@ -175,6 +175,14 @@ typedef struct gpu_run {
     unsigned fi[16];
 } gpu_run;
 
+/* 1: gpu_create and host_create attach a count_skipped lr schedule (torch's
+   scheduler.step() every iteration, the overflow step's too) */
+static int g_sched;
+static void sched_of(capex_lr_schedule *s) {
+    capex_lr_schedule_init(s, CAPEX_LR_COSINE);
+    s->warmup_steps = 2; s->total_steps = 6; s->count_skipped = 1;
+}
+
 static void gpu_create(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, const cfg *c, gpu_run *g, const hostp *h) {
     capex_zero_param zp[NP];
     capex_zero_desc zd;
@@ -199,6 +207,11 @@ static void gpu_create(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, 
     zd.bucket_bytes = 256; /* several buckets, params straddling none (one rank: one shard each) */
     od_of(c, &od, hp);
     OK(capex_cuda_zero_create(&g->zg, comm, zp, NP, &od, hp, 2, &zd));
+    if (g_sched) {
+        capex_lr_schedule s;
+        sched_of(&s);
+        OK(capex_cuda_optim_set_lr_schedule(capex_cuda_zero_optim(g->zg), &s, NULL));
+    }
 }
 
 static void gpu_steps(ct_state *ct, capex_cuda_context *ctx, capex_cuda_stream user, const cfg *c, gpu_run *g, int from,
@@ -277,6 +290,11 @@ static void host_create(ct_state *ct, const cfg *c, host_run *hr, const hostp *h
     zd.bucket_bytes = 256;
     od_of(c, &od, hp);
     OK(capex_zero_create(&hr->z, &hr->comm, zp, NP, &od, hp, 2, &zd));
+    if (g_sched) {
+        capex_lr_schedule s;
+        sched_of(&s);
+        OK(capex_optim_set_lr_schedule(capex_zero_optim(hr->z), &s));
+    }
 }
 
 static void host_steps(ct_state *ct, const cfg *c, host_run *hr, int from, int to) {
@@ -678,6 +696,11 @@ static void checkpoint_case(ct_state *ct, cfg c) {
     host_create(ct, &c, &hr2, &zeros);
     OK(capex_zero_load_file(capex_cuda_zero_base(g2.zg), fg, CAPEX_OPTIM_STATE_PARAMS));
     OK(capex_zero_load_file(hr2.z, fg, CAPEX_OPTIM_STATE_PARAMS));
+    if (g_sched) { /* the file's iteration count (3 steps, one skipped) on the device */
+        int64_t n = -1;
+        OK(capex_cuda_optim_get_lr_iteration(capex_cuda_zero_optim(g2.zg), &n, NULL));
+        CT_CHECK(n == 3, "loaded GPU zero: lr schedule iteration %lld, want 3", (long long)n);
+    }
     gpu_read(ct, ctx, &c, &g2, &a);
     same_params(ct, &c, &a, &hr.p, "loaded GPU params");
     same_params(ct, &c, &hr2.p, &hr.p, "loaded host params");
@@ -803,6 +826,15 @@ CT_TEST(checkpoint_other_modes_novograd) { cfg c = {1, CAPEX_OPTIM_NOVOGRAD, 1, 
 CT_TEST(checkpoint_matches_host_and_loads) { cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 1}; checkpoint_case(ct, c); }
 CT_TEST(checkpoint_lamb_stage2) { cfg c = {2, CAPEX_OPTIM_LAMB, 1, 5.0f, -1, 3, 1}; checkpoint_case(ct, c); }
 CT_TEST(checkpoint_novograd_stage1) { cfg c = {1, CAPEX_OPTIM_NOVOGRAD, 1, 5.0f, -1, 3, 1}; checkpoint_case(ct, c); }
+/* count_skipped through the device zero: the overflow at step 1 advances the
+   schedule on the device as on the host, the checkpoints (with the iteration
+   count) are the same file, and both resume from it alike. */
+CT_TEST(checkpoint_lr_schedule_count_skipped) {
+    cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, 1, 3, 1};
+    g_sched = 1;
+    checkpoint_case(ct, c);
+    g_sched = 0;
+}
 CT_TEST(checkpoint_sgd_momentum_turned_off) {
     cfg c = {1, CAPEX_OPTIM_SGD, 1, 5.0f, -1, 3, 1};
     g_mom_off = 1;
@@ -1375,7 +1407,7 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(sgd_stage1_halves), CT_CASE(sgd_stage2_clip), CT_CASE(adagrad_stage2),
                                 CT_CASE(adamw_stage2_two_micro_batches), CT_CASE(lamb_stage1_halves_clip),
                                 CT_CASE(adamw_stage2_halves_two_micro_batches), CT_CASE(novograd_stage2_halves),
-                                CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads), CT_CASE(checkpoint_lamb_stage2), CT_CASE(checkpoint_novograd_stage1), CT_CASE(checkpoint_sgd_momentum_turned_off),
+                                CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads), CT_CASE(checkpoint_lamb_stage2), CT_CASE(checkpoint_novograd_stage1), CT_CASE(checkpoint_sgd_momentum_turned_off), CT_CASE(checkpoint_lr_schedule_count_skipped),
                                 CT_CASE(checkpoint_other_modes_adam), CT_CASE(checkpoint_other_modes_sgd_stage2),
                                 CT_CASE(checkpoint_other_modes_adagrad), CT_CASE(checkpoint_other_modes_lamb_stage2),
                                 CT_CASE(checkpoint_other_modes_novograd),
