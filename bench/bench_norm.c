@@ -14,8 +14,9 @@
        build/bench/bench_norm parts [threads]   # backward with part of its outputs
 
    "parts": the backward per output set (all; dx alone; dweight/dbias alone)
-   on 4096x1024, 512x8192 and 64x65536, f32 and bf16, in ms (best of 7), to
-   compare builds of capex.h against each other. */
+   on 4096x1024, 512x8192 and 64x65536, f32 and bf16, and BatchNorm forward +
+   backward in both layouts, in ms (best of 7), to compare builds of capex.h
+   against each other. */
 #define _POSIX_C_SOURCE 199309L
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
@@ -89,6 +90,39 @@ static double bench_part(int rms, int me, int64_t rows, int64_t C, capex_dtype d
     return best;
 }
 
+/* BatchNorm forward + backward time (best of 7), channels-last or NCS, f32. */
+static double bench_bn(int64_t n, int64_t c, int64_t sp, int nsc, int threads) {
+    const int64_t T = n * c * sp;
+    float *x = (float *)malloc((size_t)T * 4), *y = (float *)malloc((size_t)T * 4), *dy = (float *)malloc((size_t)T * 4);
+    float *dx = (float *)malloc((size_t)T * 4), *w = (float *)malloc((size_t)c * 4), *b = (float *)malloc((size_t)c * 4);
+    float *sm = (float *)malloc((size_t)c * 4), *si = (float *)malloc((size_t)c * 4), *dw = (float *)malloc((size_t)c * 4);
+    float *db = (float *)malloc((size_t)c * 4);
+    capex_batch_norm_desc d;
+    capex_batch_norm_args a;
+    double best = 1e30;
+    int64_t i;
+    int k;
+    for (i = 0; i < T; i++) { x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f; dy[i] = -x[i]; }
+    for (i = 0; i < c; i++) { w[i] = 1.0f; b[i] = 0.0f; }
+    capex_batch_norm_desc_init(&d);
+    d.num_threads = threads;
+    capex_batch_norm_args_init(&a);
+    a.n = n; a.c = c; a.s = sp; a.layout = nsc ? CAPEX_BN_NSC : CAPEX_BN_NCS;
+    a.x = x; a.y = y; a.weight = w; a.bias = b; a.save_mean = sm; a.save_invstd = si;
+    a.dy = dy; a.dx = dx; a.dweight = dw; a.dbias = db;
+    for (k = 0; k < 7; k++) {
+        double t0 = now_s();
+        if (capex_batch_norm_forward(&d, NULL, &a) != CAPEX_OK || capex_batch_norm_backward(&d, NULL, &a) != CAPEX_OK) {
+            fprintf(stderr, "%s\n", capex_last_error());
+            exit(1);
+        }
+        t0 = now_s() - t0;
+        if (t0 < best) best = t0;
+    }
+    free(x); free(y); free(dy); free(dx); free(w); free(b); free(sm); free(si); free(dw); free(db);
+    return best;
+}
+
 static int bench_parts(int threads) {
     static const int64_t shapes[][2] = {{4096, 1024}, {512, 8192}, {64, 65536}};
     static const char *outn[] = {"", "dx", "dw", "all"};
@@ -111,6 +145,11 @@ static int bench_parts(int threads) {
                     }
                     fflush(stdout);
                 }
+    for (si = 0; si < 2; si++) { /* n x c x s = 64 x 256 x 1024 (rows 65536 of 256 channels when channels-last) */
+        printf("%-9s %-4s %-5s %12s %9.3f\n", "batchnorm", si ? "nsc" : "ncs", "f32", "64x256x1024",
+               bench_bn(64, 256, 1024, (int)si, threads) * 1e3);
+        fflush(stdout);
+    }
     return 0;
 }
 
