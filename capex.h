@@ -13649,13 +13649,20 @@ static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *
     *sg = capex__nm_tree8(ds);
     *sgx = capex__nm_tree8(dt);
 }
-/* Column sums (dweight, dbias, BatchNorm channels-last): each block's f32
-   partial row (the chain) takes at most CAPEX__NM_BLK rows, then is added
-   into the block's double row and restarted. One f32 chain over a block of
-   16384 rows (2^20 rows) was up to 3.7e-6 relative off. */
+/* Column sums (dweight, dbias, BatchNorm channels-last) run in f32 partial
+   rows per block of rows. A block of more than CAPEX__NM_BLK rows (calls of
+   more than 4096 rows) adds its partial row into a double row every
+   CAPEX__NM_BLK rows and restarts it, and ends with the double row rounded
+   into it: one f32 chain over a block of 16384 rows (2^20 rows) was up to
+   3.7e-6 relative off. Blocks of at most CAPEX__NM_BLK rows keep the plain
+   f32 partial (no extra traffic; the bits they always had). */
 static void capex__nm_flush_cols(double *CAPEX__OPT_RESTRICT d, float *CAPEX__OPT_RESTRICT f, int64_t n) {
     int64_t i;
     for (i = 0; i < n; i++) { d[i] += (double)f[i]; f[i] = 0.0f; }
+}
+static void capex__nm_round_cols(float *CAPEX__OPT_RESTRICT f, const double *CAPEX__OPT_RESTRICT d, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++) f[i] = (float)d[i];
 }
 /* dx of one row, xhat given as XH(index) (LayerNorm/RMSNorm from x, or the
    memory-efficient backward from y). stream: non-temporal 16-byte stores
@@ -13773,7 +13780,7 @@ typedef struct capex__nm_ctx {
     float eps;
     int rms;
     const float *wf, *bf;   /* params as f32 (1 / 0 when absent) */
-    double *pw, *pb;        /* backward: per-block partial dweight / dbias [nblk][n], or NULL */
+    float *pw, *pb;         /* backward: per-block partial dweight / dbias [nblk][n], or NULL */
     int64_t brows;          /* backward: rows per block */
     int stream_dx;          /* backward: f32 dx of >= CAPEX__NM_STREAM_BYTES, non-temporal stores */
     int in_place;           /* forward y == x: each row read from a copy */
@@ -13992,20 +13999,25 @@ static void capex__nm_bwd_me_row(const capex__nm_ctx *c, int64_t row, float *CAP
     }
 }
 
-/* Row blocks [begin, end). Scratch 6n: x (or y), dy, xhat (memory-efficient),
-   dx, the dweight and dbias chains (capex__nm_flush_cols). */
+/* Row blocks [begin, end). Scratch 8n (8-byte aligned): x (or y), dy, xhat
+   (memory-efficient), dx, then the double rows of dweight and dbias
+   (capex__nm_flush_cols). */
 static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *scratch) {
     const capex__nm_ctx *c = (const capex__nm_ctx *)vc;
     const capex_norm_args *a = c->a;
     const int64_t n = a->cols;
     const float *CAPEX__OPT_RESTRICT wf = c->wf;
-    float *CAPEX__OPT_RESTRICT pw = c->pw ? scratch + 4 * n : NULL, *CAPEX__OPT_RESTRICT pb = c->pb ? scratch + 5 * n : NULL;
+    const int flush = c->brows > CAPEX__NM_BLK;
+    double *dw = (double *)(void *)(scratch + 4 * n), *db = (double *)(void *)(scratch + 6 * n);
     int64_t blk, row, i;
     for (blk = begin; blk < end; blk++) {
         int64_t r0 = blk * c->brows, r1 = r0 + c->brows < a->rows ? r0 + c->brows : a->rows;
-        double *dw = c->pw ? c->pw + blk * n : NULL, *db = c->pb ? c->pb + blk * n : NULL;
-        if (pw) for (i = 0; i < n; i++) { pw[i] = 0.0f; dw[i] = 0.0; }
-        if (pb) for (i = 0; i < n; i++) { pb[i] = 0.0f; db[i] = 0.0; }
+        float *CAPEX__OPT_RESTRICT pw = c->pw ? c->pw + blk * n : NULL;
+        float *CAPEX__OPT_RESTRICT pb = c->pb ? c->pb + blk * n : NULL;
+        if (pw) for (i = 0; i < n; i++) pw[i] = 0.0f;
+        if (pb) for (i = 0; i < n; i++) pb[i] = 0.0f;
+        if (pw && flush) for (i = 0; i < n; i++) dw[i] = 0.0;
+        if (pb && flush) for (i = 0; i < n; i++) db[i] = 0.0;
         for (row = r0; row < r1; row++) {
             if (c->me) capex__nm_bwd_me_row(c, row, pw, pb, scratch);
             else {
@@ -14023,23 +14035,27 @@ static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *sc
                     capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
                 }
             }
-            if ((row - r0) % CAPEX__NM_BLK == CAPEX__NM_BLK - 1 || row == r1 - 1) { /* counted from the block's start */
+            if (flush && ((row - r0) % CAPEX__NM_BLK == CAPEX__NM_BLK - 1 || row == r1 - 1)) { /* from the block's start */
                 if (pw) capex__nm_flush_cols(dw, pw, n);
                 if (pb) capex__nm_flush_cols(db, pb, n);
             }
         }
+        if (pw && flush) capex__nm_round_cols(pw, dw, n);
+        if (pb && flush) capex__nm_round_cols(pb, db, n);
     }
 #ifdef CAPEX__F16C
     if (c->stream_dx) _mm_sfence(); /* non-temporal stores are weakly ordered: done before the join */
 #endif
 }
 
-/* Sums per-block partials [nblk][n] in block order (into block 0's) into out (dtype t). */
-static void capex__nm_finish_partials(double *part, int64_t nblk, int64_t n, void *out, capex_dtype t) {
+/* Sums per-block partials [nblk][n] in block order in float64 into out (dtype t). */
+static void capex__nm_finish_partials(const float *part, int64_t nblk, int64_t n, double *acc, void *out,
+                                      capex_dtype t) {
     int64_t b, i;
-    for (b = 1; b < nblk; b++)
-        for (i = 0; i < n; i++) part[i] += part[b * n + i];
-    for (i = 0; i < n; i++) capex__nm_store_one(out, t, i, (float)part[i]);
+    for (i = 0; i < n; i++) acc[i] = 0.0;
+    for (b = 0; b < nblk; b++)
+        for (i = 0; i < n; i++) acc[i] += (double)part[b * n + i];
+    for (i = 0; i < n; i++) capex__nm_store_one(out, t, i, (float)acc[i]);
 }
 
 static capex_result capex__nm_norm(const char *fn, const capex_norm_desc *d, const capex_norm_args *a, int rms,
@@ -14083,24 +14099,27 @@ static capex_result capex__nm_norm(const char *fn, const capex_norm_desc *d, con
         nblk = (a->rows + c.brows - 1) / c.brows;
     }
     T = capex__nm_threads(d->num_threads, bwd ? nblk : a->rows, a->rows * n);
-    per = (size_t)n * (bwd ? 6u : 2u);
+    per = (size_t)n * (bwd ? 8u : 2u); /* even: each worker's double rows stay 8-byte aligned */
     total = 2u * (size_t)n + per * (size_t)T;
-    if (bwd && (a->dweight || a->dbias)) total += 4u * (size_t)nblk * (size_t)n + 1u; /* double partials, aligned */
+    if (bwd && (a->dweight || a->dbias)) total += 2u * (size_t)nblk * (size_t)n + 2u * (size_t)n * 2u;
     if (total > SIZE_MAX / sizeof(float)) return capex__fail(CAPEX_ERR_LIMIT, "%s: scratch size overflows", fn);
     mem = (float *)capex__alloc(d->allocator, total * sizeof(float));
     if (!mem) return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: no memory for %zu bytes of scratch", fn,
                                  total * sizeof(float));
     capex__nm_params(a->weight, bwd && !c.me ? NULL : a->bias, a->param_dtype, n, mem, &c.wf, &c.bf);
     if (bwd && (a->dweight || a->dbias)) {
-        size_t off = 2 * (size_t)n + per * (size_t)T;
-        double *p = (double *)(void *)(mem + ((off + 1u) & ~(size_t)1)); /* 8-byte aligned */
+        float *p = mem + 2 * (size_t)n + per * (size_t)T;
         c.pw = a->dweight ? p : NULL;
         c.pb = a->dbias ? p + (size_t)nblk * (size_t)n : NULL;
     }
     if (bwd) {
         capex__nm_run(T, nblk, capex__nm_bwd_blocks, &c, mem + 2 * (size_t)n, per);
-        if (c.pw) capex__nm_finish_partials(c.pw, nblk, n, a->dweight, a->param_dtype);
-        if (c.pb) capex__nm_finish_partials(c.pb, nblk, n, a->dbias, a->param_dtype);
+        if (c.pw || c.pb) {
+            size_t off = 2 * (size_t)n + per * (size_t)T + 2u * (size_t)nblk * (size_t)n;
+            double *acc = (double *)(void *)(mem + ((off + 1u) & ~(size_t)1)); /* 8-byte aligned */
+            if (c.pw) capex__nm_finish_partials(c.pw, nblk, n, acc, a->dweight, a->param_dtype);
+            if (c.pb) capex__nm_finish_partials(c.pb, nblk, n, acc, a->dbias, a->param_dtype);
+        }
     } else {
         capex__nm_run(T, a->rows, capex__nm_fwd_rows, &c, mem + 2 * (size_t)n, per);
     }
@@ -14186,7 +14205,8 @@ static float capex__nm_get(const void *p, capex_dtype t, int64_t i) {
 typedef struct capex__bn_ctx {
     const capex_batch_norm_args *a;
     float *pk;                      /* local stats: pack [mean C, var C, count] */
-    double *p0, *p1;                /* NSC per-block partials [nblk][C] */
+    float *p0, *p1;                 /* NSC per-block partials [nblk][C] */
+    int64_t dofs;                   /* NSC: a worker's 2C double rows at scratch + dofs (8-byte aligned) */
     double *s0, *s1;                /* NCS backward: per-channel sums */
     const float *mean, *invstd, *wf, *bf;
     float mdy_scale;                /* 1/total (training backward) or 0 */
@@ -14218,37 +14238,43 @@ static void capex__bn_stats_ncs(void *vc, int64_t b, int64_t e, float *buf) {
     }
 }
 /* NSC forward stats: row blocks [b, e), per-block Welford vectorised over channels,
-   on x - (row 0) as capex__nm_row_stats: f32 chains of up to CAPEX__NM_BLK rows
-   merged (Chan) into the block's doubles; the block means stay shifted for the
-   merge. Scratch 4C. */
+   on x - (row 0) as capex__nm_row_stats; the block means stay shifted for the
+   merge. A block of more than CAPEX__NM_BLK rows restarts its f32 chains every
+   CAPEX__NM_BLK rows and merges them (Chan) into double rows, as
+   capex__nm_row_stats; its partials are those rounded. */
 static void capex__bn_stats_nsc(void *vc, int64_t b, int64_t e, float *buf) {
     const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
     const capex_batch_norm_args *a = c->a;
     const int64_t C = a->c;
+    const int flush = c->brows > CAPEX__NM_BLK;
+    double *CAPEX__OPT_RESTRICT dm = (double *)(void *)(buf + c->dofs), *CAPEX__OPT_RESTRICT dq = dm + C;
     int64_t blk, row, ch, k0, k1;
-    float *CAPEX__OPT_RESTRICT x0 = buf + C, *CAPEX__OPT_RESTRICT fm = buf + 2 * C, *CAPEX__OPT_RESTRICT fq = buf + 3 * C;
+    float *CAPEX__OPT_RESTRICT x0 = buf + C;
     memcpy(x0, capex__nm_load(a->x, a->x_dtype, 0, C, buf), (size_t)C * sizeof(float));
     for (blk = b; blk < e; blk++) {
-        double *CAPEX__OPT_RESTRICT pm = c->p0 + blk * C, *CAPEX__OPT_RESTRICT pq = c->p1 + blk * C, m = 0.0, f;
+        float *CAPEX__OPT_RESTRICT pm = c->p0 + blk * C, *CAPEX__OPT_RESTRICT pq = c->p1 + blk * C;
         int64_t r0 = blk * c->brows, r1 = r0 + c->brows < c->rows ? r0 + c->brows : c->rows;
-        for (ch = 0; ch < C; ch++) { pm[ch] = 0.0; pq[ch] = 0.0; }
+        double m = 0.0, f;
+        if (flush) for (ch = 0; ch < C; ch++) { dm[ch] = 0.0; dq[ch] = 0.0; }
         for (row = r0; row < r1;) {
             k0 = row;
-            k1 = r1 - row > CAPEX__NM_BLK ? row + CAPEX__NM_BLK : r1;
-            for (ch = 0; ch < C; ch++) { fm[ch] = 0.0f; fq[ch] = 0.0f; }
+            k1 = flush && r1 - row > CAPEX__NM_BLK ? row + CAPEX__NM_BLK : r1;
+            for (ch = 0; ch < C; ch++) { pm[ch] = 0.0f; pq[ch] = 0.0f; }
             for (; row < k1; row++) {
                 const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
                 const float inv = 1.0f / (float)(row - k0 + 1);
-                for (ch = 0; ch < C; ch++) capex__nm_welford(x[ch] - x0[ch], inv, &fm[ch], &fq[ch]);
+                for (ch = 0; ch < C; ch++) capex__nm_welford(x[ch] - x0[ch], inv, &pm[ch], &pq[ch]);
             }
+            if (!flush) break;
             f = (double)(k1 - k0) / (m + (double)(k1 - k0)); /* Chan, m rows before: one f for all channels */
             for (ch = 0; ch < C; ch++) {
-                const double d = (double)fm[ch] - pm[ch];
-                pm[ch] += d * f;
-                pq[ch] += (double)fq[ch] + d * d * m * f;
+                const double d = (double)pm[ch] - dm[ch];
+                dm[ch] += d * f;
+                dq[ch] += (double)pq[ch] + d * d * m * f;
             }
             m += (double)(k1 - k0);
         }
+        if (flush) { capex__nm_round_cols(pm, dm, C); capex__nm_round_cols(pq, dq, C); }
     }
 }
 /* y over items: NCS (n, c) segments, NSC rows. Scratch 2 * max(S, C). */
@@ -14304,28 +14330,31 @@ static void capex__bn_sums_ncs(void *vc, int64_t b, int64_t e, float *buf) {
         c->s1[ch] = s1;
     }
 }
-/* NSC: row blocks, per-block partials: f32 chains flushed into the block's
-   doubles every CAPEX__NM_BLK rows (capex__nm_flush_cols). Scratch 4C. */
+/* NSC: row blocks, per-block partials (flushed into double rows as the
+   LayerNorm backward's, capex__nm_flush_cols). Scratch 2C + the double rows. */
 static void capex__bn_sums_nsc(void *vc, int64_t b, int64_t e, float *buf) {
     const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
     const capex_batch_norm_args *a = c->a;
     const int64_t C = a->c;
     const float *CAPEX__OPT_RESTRICT m = c->mean;
-    float *CAPEX__OPT_RESTRICT f0 = buf + 2 * C, *CAPEX__OPT_RESTRICT f1 = buf + 3 * C;
+    const int flush = c->brows > CAPEX__NM_BLK;
+    double *d0 = (double *)(void *)(buf + c->dofs), *d1 = d0 + C;
     int64_t blk, row, ch;
     for (blk = b; blk < e; blk++) {
-        double *p0 = c->p0 + blk * C, *p1 = c->p1 + blk * C;
+        float *CAPEX__OPT_RESTRICT p0 = c->p0 + blk * C, *CAPEX__OPT_RESTRICT p1 = c->p1 + blk * C;
         int64_t r0 = blk * c->brows, r1 = r0 + c->brows < c->rows ? r0 + c->brows : c->rows;
-        for (ch = 0; ch < C; ch++) { p0[ch] = 0.0; p1[ch] = 0.0; f0[ch] = 0.0f; f1[ch] = 0.0f; }
+        for (ch = 0; ch < C; ch++) { p0[ch] = 0.0f; p1[ch] = 0.0f; }
+        if (flush) for (ch = 0; ch < C; ch++) { d0[ch] = 0.0; d1[ch] = 0.0; }
         for (row = r0; row < r1; row++) {
             const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
             const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * C, C, buf + C);
-            for (ch = 0; ch < C; ch++) { f0[ch] += dy[ch]; f1[ch] += dy[ch] * (x[ch] - m[ch]); }
-            if ((row - r0) % CAPEX__NM_BLK == CAPEX__NM_BLK - 1 || row == r1 - 1) {
-                capex__nm_flush_cols(p0, f0, C);
-                capex__nm_flush_cols(p1, f1, C);
+            for (ch = 0; ch < C; ch++) { p0[ch] += dy[ch]; p1[ch] += dy[ch] * (x[ch] - m[ch]); }
+            if (flush && ((row - r0) % CAPEX__NM_BLK == CAPEX__NM_BLK - 1 || row == r1 - 1)) {
+                capex__nm_flush_cols(d0, p0, C);
+                capex__nm_flush_cols(d1, p1, C);
             }
         }
+        if (flush) { capex__nm_round_cols(p0, d0, C); capex__nm_round_cols(p1, d1, C); }
     }
 }
 /* dx over items (as forward). Scratch 3 * max(S, C). */
@@ -14478,11 +14507,12 @@ static capex_result capex__bn_check(const char *fn, const capex_batch_norm_desc 
 }
 
 /* Scratch of a BN call: params (2C), mean/invstd (2C), pack (world * P),
-   reduce (2C), per-worker buffers (4 * max(S, C)), NCS sums (2C doubles), NSC
-   partials (2 * nblk * C doubles). */
+   reduce (2C), NSC partials (2 * nblk * C), per-worker buffers (3 * max(S, C),
+   then 2C doubles at dofs, 8-byte aligned), NCS sums (2C doubles). */
 typedef struct capex__bn_mem {
-    float *all, *wf, *mean, *invstd, *pack, *gath, *red, *work;
-    double *s, *p0;
+    float *all, *wf, *mean, *invstd, *pack, *gath, *red, *p0, *work;
+    double *s;
+    int64_t dofs;
     size_t per;
     int T;
     int64_t nblk;
@@ -14501,8 +14531,9 @@ static capex_result capex__bn_alloc(const char *fn, const capex_batch_norm_args 
         m->nblk = (rows + brows - 1) / brows;
     }
     m->T = capex__nm_threads(nt, items, rows * a->c);
-    m->per = 4u * (size_t)(a->s > a->c ? a->s : a->c);
-    total = 2 * C + 2 * C + P + (size_t)world * P + 2 * C + m->per * (size_t)m->T + 4 * C + 4u * (size_t)m->nblk * C + 2;
+    m->dofs = (int64_t)((3u * (size_t)(a->s > a->c ? a->s : a->c) + 1u) & ~(size_t)1);
+    m->per = (size_t)m->dofs + 4 * C; /* even */
+    total = 2 * C + 2 * C + P + (size_t)world * P + 2 * C + 2u * (size_t)m->nblk * C + m->per * (size_t)m->T + 4 * C + 4;
     if (total > SIZE_MAX / sizeof(float)) return capex__fail(CAPEX_ERR_LIMIT, "%s: scratch size overflows", fn);
     m->all = (float *)capex__alloc(al, total * sizeof(float));
     if (!m->all)
@@ -14512,9 +14543,10 @@ static capex_result capex__bn_alloc(const char *fn, const capex_batch_norm_args 
     m->pack = m->all + at; at += P;
     m->gath = m->all + at; at += (size_t)world * P;
     m->red = m->all + at; at += 2 * C;
+    m->p0 = m->all + at; at += 2u * (size_t)m->nblk * C;
+    at = (at + 1u) & ~(size_t)1; /* workers' double rows 8-byte aligned */
     m->work = m->all + at; at += m->per * (size_t)m->T;
-    m->s = (double *)(void *)(m->all + ((at + 1u) & ~(size_t)1)); /* 8-byte aligned */
-    m->p0 = m->s + 2 * C;
+    m->s = (double *)(void *)(m->all + at);
     return CAPEX_OK;
 }
 
@@ -14554,15 +14586,15 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
             int T = capex__nm_threads(d->num_threads, m.nblk, rows * C);
             if (brows < 16) brows = 16;
             if (T > m.T) T = m.T;
-            c.brows = brows; c.p0 = m.p0; c.p1 = m.p0 + m.nblk * C;
+            c.brows = brows; c.p0 = m.p0; c.p1 = m.p0 + m.nblk * C; c.dofs = m.dofs;
             capex__nm_run(T, m.nblk, capex__bn_stats_nsc, &c, m.work, m.per);
             for (ch = 0; ch < C; ch++) { /* blocks merged in order, float64 */
                 double n = 0.0, mu = 0.0, q = 0.0;
                 for (b = 0; b < m.nblk; b++) {
                     double nb = (double)((b + 1) * brows < rows ? brows : rows - b * brows), dm;
-                    dm = c.p0[b * C + ch] - mu;
+                    dm = (double)c.p0[b * C + ch] - mu;
                     mu += dm * nb / (n + nb);
-                    q += c.p1[b * C + ch] + dm * dm * n * nb / (n + nb);
+                    q += (double)c.p1[b * C + ch] + dm * dm * n * nb / (n + nb);
                     n += nb;
                 }
                 pk[ch] = (float)((double)capex__nm_get(a->x, a->x_dtype, ch) + mu); /* the blocks' shift, row 0 */
@@ -14662,11 +14694,11 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
         if (brows < 16) brows = 16;
         T = capex__nm_threads(d->num_threads, m.nblk, rows * C);
         if (T > m.T) T = m.T;
-        c.brows = brows; c.p0 = m.p0; c.p1 = m.p0 + m.nblk * C;
+        c.brows = brows; c.p0 = m.p0; c.p1 = m.p0 + m.nblk * C; c.dofs = m.dofs;
         capex__nm_run(T, m.nblk, capex__bn_sums_nsc, &c, m.work, m.per);
         for (ch = 0; ch < C; ch++) {
             double s0 = 0.0, s1 = 0.0;
-            for (b = 0; b < m.nblk; b++) { s0 += c.p0[b * C + ch]; s1 += c.p1[b * C + ch]; }
+            for (b = 0; b < m.nblk; b++) { s0 += (double)c.p0[b * C + ch]; s1 += (double)c.p1[b * C + ch]; }
             sdy[ch] = (float)s0; sdyx[ch] = (float)s1;
         }
     }
