@@ -2048,7 +2048,11 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
    error), a SyncBatchNorm batch empty on every rank give CAPEX_ERR_INVALID_ARG /
    CAPEX_ERR_SIZE_MISMATCH with the reason; nothing is written then.
    Results are identical with and without OpenMP and for any thread count
-   (fixed reduction blocks). Thread safety: reentrant; concurrent calls need
+   (fixed reduction blocks), and a backward output's bits do not depend on
+   which other outputs are asked. Sums run in f32 over at most 64 steps, then
+   in float64: row sums, and column sums (dweight, dbias, channels-last
+   BatchNorm) over any number of rows (<= 1.2e-7 off float64 measured at 2^20
+   rows). Thread safety: reentrant; concurrent calls need
    distinct outputs. SyncBatchNorm calls are collective over comm (every rank
    calls, in the same order) and use comm like any collective.
    ------------------------------------------------------------------------- */
