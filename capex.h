@@ -13653,6 +13653,42 @@ static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *
     *sg = capex__nm_tree8(ds);
     *sgx = capex__nm_tree8(dt);
 }
+/* The partials alone (no dx): pass 1's updates of pw / pb, the same
+   operations on the same lanes (the same bits), without its row sums (bf16
+   rows of 1024: 0.80 -> 0.68 ms with dweight and dbias). */
+static void capex__nm_bwd_params(const float *CAPEX__OPT_RESTRICT x, const float *CAPEX__OPT_RESTRICT dy,
+                                 float *CAPEX__OPT_RESTRICT pw, float *CAPEX__OPT_RESTRICT pb, float mean, float rstd,
+                                 int64_t n) {
+    const int64_t K = n / 8;
+    int64_t i;
+#if defined(__GNUC__) || defined(__clang__)
+    const capex__v8f mv = {mean, mean, mean, mean, mean, mean, mean, mean};
+    const capex__v8f rv = {rstd, rstd, rstd, rstd, rstd, rstd, rstd, rstd};
+    capex__v8f xv, d;
+    int64_t k;
+#define CAPEX__NM_PARAMS_LOOP(UPD)                                                                      \
+    for (k = 0; k < K; k++) {                                                                           \
+        memcpy(&xv, x + 8 * k, sizeof xv); memcpy(&d, dy + 8 * k, sizeof d);                            \
+        xv = (xv - mv) * rv;                                                                            \
+        UPD                                                                                             \
+    }
+    if (pw && pb) { CAPEX__NM_PARAMS_LOOP(CAPEX__NM_BWD_PW CAPEX__NM_BWD_PB) }
+    else if (pw) { CAPEX__NM_PARAMS_LOOP(CAPEX__NM_BWD_PW) }
+    else if (pb) { for (k = 0; k < K; k++) { memcpy(&d, dy + 8 * k, sizeof d); CAPEX__NM_BWD_PB } }
+#undef CAPEX__NM_PARAMS_LOOP
+#else
+    for (i = 0; i < 8 * K; i++) {
+        const float xv = (x[i] - mean) * rstd, d = dy[i];
+        if (pw) pw[i] += d * xv;
+        if (pb) pb[i] += d;
+    }
+#endif
+    for (i = 8 * K; i < n; i++) { /* the tail, as pass 1's */
+        const float xv = (x[i] - mean) * rstd, d = dy[i];
+        if (pw) pw[i] += d * xv;
+        if (pb) pb[i] += d;
+    }
+}
 /* Column sums (dweight, dbias, BatchNorm channels-last) run in f32 partial
    rows per block of rows. A block of more than CAPEX__NM_BLK rows (calls of
    more than 4096 rows) adds its partial row into a double row every
@@ -14029,11 +14065,10 @@ static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *sc
                 const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * n, n, scratch + n);
                 const float rstd = a->rstd[row], mean = c->rms ? 0.0f : a->mean[row];
                 float mg, mgx;
-                /* every output set runs this pass (dweight alone too: its sums cost nothing in a
-                   pass bound by memory), so each output's bits do not depend on the others asked */
-                capex__nm_bwd_pass(x, dy, wf, pw, pb, mean, rstd, n, &mg, &mgx);
-                if (a->dx) {
+                if (!a->dx) capex__nm_bwd_params(x, dy, pw, pb, mean, rstd, n);
+                else {
                     float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 3 * n);
+                    capex__nm_bwd_pass(x, dy, wf, pw, pb, mean, rstd, n, &mg, &mgx);
                     capex__nm_bwd_dx(x, dy, wf, dx, mean, rstd, c->rms ? 0.0f : mg / (float)n, mgx / (float)n, n,
                                      c->stream_dx);
                     capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
