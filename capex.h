@@ -2074,7 +2074,11 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
    error), a SyncBatchNorm batch empty on every rank give CAPEX_ERR_INVALID_ARG /
    CAPEX_ERR_SIZE_MISMATCH with the reason; nothing is written then.
    Results are identical with and without OpenMP and for any thread count
-   (fixed reduction blocks). Thread safety: reentrant; concurrent calls need
+   (fixed reduction blocks), and a backward output's bits do not depend on
+   which other outputs are asked. Sums run in f32 over at most 64 steps, then
+   in float64: row sums, and column sums (dweight, dbias, channels-last
+   BatchNorm) over any number of rows (<= 1.2e-7 off float64 measured at 2^20
+   rows). Thread safety: reentrant; concurrent calls need
    distinct outputs. SyncBatchNorm calls are collective over comm (every rank
    calls, in the same order) and use comm like any collective.
    ------------------------------------------------------------------------- */
@@ -13415,7 +13419,8 @@ CAPEX_API capex_result capex_sampler_indices(const capex_sampler *s, uint64_t *o
    `__device__ __forceinline__` source of capex_cuda.h's norm kernels
    (capex__norm_math_cuda), so the CPU tests vouch for the GPU math.
    Reductions differ in order between CPU (16 or 8 f32 lanes per row, each
-   flushed into a double every 64 rounds) and GPU (a warp or block per row), so
+   flushed into a double every 64 rounds; column sums in f32 over at most 64
+   rows of a block, then in double) and GPU (a warp or block per row), so
    results agree to rounding, not in bits.
 
    Welford (1962) per lane: d = x - mean; mean += d * (1/n); m2 += d * (x - mean)
@@ -13639,6 +13644,17 @@ static float capex__nm_tree8(const double *d) {
 #if defined(__GNUC__) || defined(__clang__)
 typedef float capex__v8f __attribute__((vector_size(32))); /* locals only: no ABI question */
 typedef double capex__v4d __attribute__((vector_size(32)));
+/* A product kept from being contracted into the sum it goes to: under
+   -ffp-contract=fast GCC's FMA heuristics (znver tuning: no FMA chains in
+   reductions) fused g * xhat into the backward's sum in one output set's loop
+   and not in another's, so dx with dweight asked and dx alone differed in
+   bits. The row sums never fuse: the same bits from every loop and tuning.
+   Only AVX has FMA on x86, and a 32-byte vector is one register there. */
+#if defined(__AVX__) && (defined(__x86_64__) || defined(__i386__))
+#define CAPEX__NM_OPAQUE(v) __asm__("" : "+x"(v))
+#else
+#define CAPEX__NM_OPAQUE(v) (void)0
+#endif
 /* d[0..3] += (double)v[0..3], d[4..7] += (double)v[4..7]: the plain loop's flush, in
    two vector converts and adds (lane by lane the same operations). */
 #define CAPEX__NM_FLUSH(dlo, dhi, v)                                              \
@@ -13661,7 +13677,9 @@ static float capex__nm_dot(const float *a, const float *b, int64_t n) {
         if (b) {
             for (; k < k1; k++) {
                 memcpy(&av, a + 8 * k, sizeof av); memcpy(&bv, b + 8 * k, sizeof bv);
-                sv += av * bv;
+                av = av * bv;
+                CAPEX__NM_OPAQUE(av);
+                sv += av;
             }
         } else {
             for (; k < k1; k++) { memcpy(&av, a + 8 * k, sizeof av); sv += av; }
@@ -13684,12 +13702,35 @@ static float capex__nm_dot(const float *a, const float *b, int64_t n) {
     return capex__nm_tree8(d);
 }
 
-/* LayerNorm backward of one row in two passes over x and dy instead of six
-   over row buffers. Pass 1: xhat = (x-mean)*rstd and g = dy*w, the dweight /
-   dbias partials, and sum(g), sum(g*xhat) in the 8 lanes, blocks and tree of
-   capex__nm_dot; pass 2 recomputes xhat and g (the same operations, the same
-   values) for dx. The 8 lanes are one vector as in capex__nm_dot. Parameters,
-   not locals, carry restrict: GCC ignores it on local pointers. */
+/* LayerNorm/RMSNorm backward of one row in two passes over x and dy (RMSNorm:
+   mean 0). Pass 1: xhat = (x-mean)*rstd and g = dy*w, the dweight / dbias
+   partials (pw, pb: each may be NULL), and sum(g), sum(g*xhat) in the 8
+   lanes, blocks and tree of capex__nm_dot; pass 2 (capex__nm_bwd_dx)
+   recomputes xhat and g (the same operations, the same values) for dx. The 8
+   lanes are one vector as in capex__nm_dot. UPD: the partials' update of one
+   8-vector (one loop per case, no branch inside). Parameters, not locals,
+   carry restrict: GCC ignores it on local pointers. */
+#if defined(__GNUC__) || defined(__clang__)
+#define CAPEX__NM_BWD_LOOP(UPD)                                                                         \
+    while (k < K) { /* blocks of CAPEX__NM_BLK rounds flushed into double lanes, as capex__nm_dot */    \
+        capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, tv = {0, 0, 0, 0, 0, 0, 0, 0}, xv, d, w;               \
+        k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;                                              \
+        for (; k < k1; k++) {                                                                           \
+            memcpy(&xv, x + 8 * k, sizeof xv); memcpy(&d, dy + 8 * k, sizeof d); memcpy(&w, wf + 8 * k, sizeof w); \
+            xv = (xv - mv) * rv;                                                                        \
+            UPD                                                                                         \
+            w = d * w; /* g */                                                                          \
+            sv += w;                                                                                    \
+            w = w * xv;                                                                                 \
+            CAPEX__NM_OPAQUE(w);                                                                        \
+            tv += w;                                                                                    \
+        }                                                                                               \
+        CAPEX__NM_FLUSH(slo, shi, sv);                                                                  \
+        CAPEX__NM_FLUSH(tlo, thi, tv);                                                                  \
+    }
+#define CAPEX__NM_BWD_PW { capex__v8f a_; memcpy(&a_, pw + 8 * k, sizeof a_); a_ += d * xv; memcpy(pw + 8 * k, &a_, sizeof a_); }
+#define CAPEX__NM_BWD_PB { capex__v8f b_; memcpy(&b_, pb + 8 * k, sizeof b_); b_ += d; memcpy(pb + 8 * k, &b_, sizeof b_); }
+#endif
 static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *CAPEX__OPT_RESTRICT dy,
                                const float *CAPEX__OPT_RESTRICT wf, float *CAPEX__OPT_RESTRICT pw,
                                float *CAPEX__OPT_RESTRICT pb, float mean, float rstd, int64_t n, float *sg,
@@ -13702,23 +13743,10 @@ static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *
         const capex__v8f mv = {mean, mean, mean, mean, mean, mean, mean, mean};
         const capex__v8f rv = {rstd, rstd, rstd, rstd, rstd, rstd, rstd, rstd};
         capex__v4d slo = {0, 0, 0, 0}, shi = {0, 0, 0, 0}, tlo = {0, 0, 0, 0}, thi = {0, 0, 0, 0};
-        while (k < K) { /* blocks of CAPEX__NM_BLK rounds flushed into double lanes, as capex__nm_dot */
-            capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, tv = {0, 0, 0, 0, 0, 0, 0, 0}, xv, d, w, a, b;
-            k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
-            for (; k < k1; k++) {
-                memcpy(&xv, x + 8 * k, sizeof xv); memcpy(&d, dy + 8 * k, sizeof d); memcpy(&w, wf + 8 * k, sizeof w);
-                memcpy(&a, pw + 8 * k, sizeof a); memcpy(&b, pb + 8 * k, sizeof b);
-                xv = (xv - mv) * rv;
-                w = d * w; /* g */
-                a += d * xv;
-                b += d;
-                memcpy(pw + 8 * k, &a, sizeof a); memcpy(pb + 8 * k, &b, sizeof b);
-                sv += w;
-                tv += w * xv;
-            }
-            CAPEX__NM_FLUSH(slo, shi, sv);
-            CAPEX__NM_FLUSH(tlo, thi, tv);
-        }
+        if (pw && pb) { CAPEX__NM_BWD_LOOP(CAPEX__NM_BWD_PW CAPEX__NM_BWD_PB) }
+        else if (pw) { CAPEX__NM_BWD_LOOP(CAPEX__NM_BWD_PW) }
+        else if (pb) { CAPEX__NM_BWD_LOOP(CAPEX__NM_BWD_PB) }
+        else { CAPEX__NM_BWD_LOOP(;) }
         memcpy(ds, &slo, sizeof slo); memcpy(ds + 4, &shi, sizeof shi);
         memcpy(dt, &tlo, sizeof tlo); memcpy(dt + 4, &thi, sizeof thi);
     }
@@ -13731,7 +13759,8 @@ static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *
                 float xv, d, gv;
                 i = 8 * k + l;
                 xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
-                pw[i] += d * xv; pb[i] += d;
+                if (pw) pw[i] += d * xv;
+                if (pb) pb[i] += d;
                 s[l] += gv; t[l] += gv * xv;
             }
         for (l = 0; l < 8; l++) { ds[l] += (double)s[l]; dt[l] += (double)t[l]; }
@@ -13741,11 +13770,63 @@ static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *
         float xv, d, gv;
         i = 8 * K + l;
         xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
-        pw[i] += d * xv; pb[i] += d;
+        if (pw) pw[i] += d * xv;
+        if (pb) pb[i] += d;
         ds[l] += (double)gv; dt[l] += (double)(gv * xv);
     }
     *sg = capex__nm_tree8(ds);
     *sgx = capex__nm_tree8(dt);
+}
+/* The partials alone (no dx): pass 1's updates of pw / pb, the same
+   operations on the same lanes (the same bits), without its row sums (bf16
+   rows of 1024: 0.80 -> 0.68 ms with dweight and dbias). */
+static void capex__nm_bwd_params(const float *CAPEX__OPT_RESTRICT x, const float *CAPEX__OPT_RESTRICT dy,
+                                 float *CAPEX__OPT_RESTRICT pw, float *CAPEX__OPT_RESTRICT pb, float mean, float rstd,
+                                 int64_t n) {
+    const int64_t K = n / 8;
+    int64_t i;
+#if defined(__GNUC__) || defined(__clang__)
+    const capex__v8f mv = {mean, mean, mean, mean, mean, mean, mean, mean};
+    const capex__v8f rv = {rstd, rstd, rstd, rstd, rstd, rstd, rstd, rstd};
+    capex__v8f xv, d;
+    int64_t k;
+#define CAPEX__NM_PARAMS_LOOP(UPD)                                                                      \
+    for (k = 0; k < K; k++) {                                                                           \
+        memcpy(&xv, x + 8 * k, sizeof xv); memcpy(&d, dy + 8 * k, sizeof d);                            \
+        xv = (xv - mv) * rv;                                                                            \
+        UPD                                                                                             \
+    }
+    if (pw && pb) { CAPEX__NM_PARAMS_LOOP(CAPEX__NM_BWD_PW CAPEX__NM_BWD_PB) }
+    else if (pw) { CAPEX__NM_PARAMS_LOOP(CAPEX__NM_BWD_PW) }
+    else if (pb) { for (k = 0; k < K; k++) { memcpy(&d, dy + 8 * k, sizeof d); CAPEX__NM_BWD_PB } }
+#undef CAPEX__NM_PARAMS_LOOP
+#else
+    for (i = 0; i < 8 * K; i++) {
+        const float xv = (x[i] - mean) * rstd, d = dy[i];
+        if (pw) pw[i] += d * xv;
+        if (pb) pb[i] += d;
+    }
+#endif
+    for (i = 8 * K; i < n; i++) { /* the tail, as pass 1's */
+        const float xv = (x[i] - mean) * rstd, d = dy[i];
+        if (pw) pw[i] += d * xv;
+        if (pb) pb[i] += d;
+    }
+}
+/* Column sums (dweight, dbias, BatchNorm channels-last) run in f32 partial
+   rows per block of rows. A block of more than CAPEX__NM_BLK rows (calls of
+   more than 4096 rows) adds its partial row into a double row every
+   CAPEX__NM_BLK rows and restarts it, and ends with the double row rounded
+   into it: one f32 chain over a block of 16384 rows (2^20 rows) was up to
+   3.7e-6 relative off. Blocks of at most CAPEX__NM_BLK rows keep the plain
+   f32 partial (no extra traffic; the bits they always had). */
+static void capex__nm_flush_cols(double *CAPEX__OPT_RESTRICT d, float *CAPEX__OPT_RESTRICT f, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++) { d[i] += (double)f[i]; f[i] = 0.0f; }
+}
+static void capex__nm_round_cols(float *CAPEX__OPT_RESTRICT f, const double *CAPEX__OPT_RESTRICT d, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++) f[i] = (float)d[i];
 }
 /* dx of one row, xhat given as XH(index) (LayerNorm/RMSNorm from x, or the
    memory-efficient backward from y). stream: non-temporal 16-byte stores
@@ -13863,7 +13944,7 @@ typedef struct capex__nm_ctx {
     float eps;
     int rms;
     const float *wf, *bf;   /* params as f32 (1 / 0 when absent) */
-    float *pw, *pb;         /* backward: per-block partial dweight / dbias, or NULL */
+    float *pw, *pb;         /* backward: per-block partial dweight / dbias [nblk][n], or NULL */
     int64_t brows;          /* backward: rows per block */
     int stream_dx;          /* backward: f32 dx of >= CAPEX__NM_STREAM_BYTES, non-temporal stores */
     int in_place;           /* forward y == x: each row read from a copy */
@@ -14070,23 +14151,28 @@ static void capex__nm_bwd_me_row(const capex__nm_ctx *c, int64_t row, float *CAP
     float sg, sgx;
     float *xs = scratch + 2 * n; /* xhat, when pass 1 computes it (pw) */
     capex__nm_bwd_me_pass(y, dy, c->wf, c->bf, pw, pb, xs, n, &sg, &sgx);
-    /* no affine: xhat is y and this is the normal backward's capex__nm_dot(g, xhat) call on the same
-       values, so dx keeps its bits in any build (the pass's own sum may contract to FMAs differently) */
+    /* no affine: xhat is y and this sum is the normal backward's sum(g * xhat) on the same values, in
+       the same lanes, both unfused (CAPEX__NM_OPAQUE), so dx keeps its bits in any build (the pass's
+       own d * (y - b) may contract to FMAs) */
     if (a->dx && !a->weight && !a->bias) sgx = capex__nm_dot(dy, y, n);
     if (a->dx) {
-        float *dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 4 * n);
+        float *dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 3 * n);
         capex__nm_bwd_me_dx(y, dy, c->wf, c->bf, pw ? xs : NULL, dx, a->rstd[row], c->rms ? 0.0f : sg / (float)n,
                             sgx / (float)n, n, c->stream_dx);
         capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
     }
 }
 
+/* Row blocks [begin, end). Scratch 8n (8-byte aligned): x (or y), dy, xhat
+   (memory-efficient), dx, then the double rows of dweight and dbias
+   (capex__nm_flush_cols). */
 static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *scratch) {
     const capex__nm_ctx *c = (const capex__nm_ctx *)vc;
     const capex_norm_args *a = c->a;
     const int64_t n = a->cols;
     const float *CAPEX__OPT_RESTRICT wf = c->wf;
-    float *CAPEX__OPT_RESTRICT xh = scratch + 2 * n, *CAPEX__OPT_RESTRICT g = scratch + 3 * n;
+    const int flush = c->brows > CAPEX__NM_BLK;
+    double *dw = (double *)(void *)(scratch + 4 * n), *db = (double *)(void *)(scratch + 6 * n);
     int64_t blk, row, i;
     for (blk = begin; blk < end; blk++) {
         int64_t r0 = blk * c->brows, r1 = r0 + c->brows < a->rows ? r0 + c->brows : a->rows;
@@ -14094,33 +14180,31 @@ static void capex__nm_bwd_blocks(void *vc, int64_t begin, int64_t end, float *sc
         float *CAPEX__OPT_RESTRICT pb = c->pb ? c->pb + blk * n : NULL;
         if (pw) for (i = 0; i < n; i++) pw[i] = 0.0f;
         if (pb) for (i = 0; i < n; i++) pb[i] = 0.0f;
+        if (pw && flush) for (i = 0; i < n; i++) dw[i] = 0.0;
+        if (pb && flush) for (i = 0; i < n; i++) db[i] = 0.0;
         for (row = r0; row < r1; row++) {
-            if (c->me) { capex__nm_bwd_me_row(c, row, pw, pb, scratch); continue; }
-            {
-            const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * n, n, scratch);
-            const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * n, n, scratch + n);
-            const float rstd = a->rstd[row], mean = c->rms ? 0.0f : a->mean[row];
-            float mg, mgx;
-            if (pw && pb && a->dx && !c->rms) { /* LayerNorm with all outputs: two passes */
-                float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 4 * n);
-                capex__nm_bwd_pass(x, dy, wf, pw, pb, mean, rstd, n, &mg, &mgx);
-                capex__nm_bwd_dx(x, dy, wf, dx, mean, rstd, mg / (float)n, mgx / (float)n, n, c->stream_dx);
-                capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
-                continue;
+            if (c->me) capex__nm_bwd_me_row(c, row, pw, pb, scratch);
+            else {
+                const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * n, n, scratch);
+                const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * n, n, scratch + n);
+                const float rstd = a->rstd[row], mean = c->rms ? 0.0f : a->mean[row];
+                float mg, mgx;
+                if (!a->dx) capex__nm_bwd_params(x, dy, pw, pb, mean, rstd, n);
+                else {
+                    float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 3 * n);
+                    capex__nm_bwd_pass(x, dy, wf, pw, pb, mean, rstd, n, &mg, &mgx);
+                    capex__nm_bwd_dx(x, dy, wf, dx, mean, rstd, c->rms ? 0.0f : mg / (float)n, mgx / (float)n, n,
+                                     c->stream_dx);
+                    capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
+                }
             }
-            for (i = 0; i < n; i++) { xh[i] = (x[i] - mean) * rstd; g[i] = dy[i] * wf[i]; }
-            if (pw) for (i = 0; i < n; i++) pw[i] += dy[i] * xh[i];
-            if (pb) for (i = 0; i < n; i++) pb[i] += dy[i];
-            if (!a->dx) continue;
-            mg = c->rms ? 0.0f : capex__nm_dot(g, NULL, n) / (float)n;
-            mgx = capex__nm_dot(g, xh, n) / (float)n;
-            {
-                float *CAPEX__OPT_RESTRICT dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 4 * n);
-                for (i = 0; i < n; i++) dx[i] = capex__nm_ln_dx(g[i], xh[i], mg, mgx, rstd);
-                capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
-            }
+            if (flush && ((row - r0) % CAPEX__NM_BLK == CAPEX__NM_BLK - 1 || row == r1 - 1)) { /* from the block's start */
+                if (pw) capex__nm_flush_cols(dw, pw, n);
+                if (pb) capex__nm_flush_cols(db, pb, n);
             }
         }
+        if (pw && flush) capex__nm_round_cols(pw, dw, n);
+        if (pb && flush) capex__nm_round_cols(pb, db, n);
     }
 #ifdef CAPEX__F16C
     if (c->stream_dx) _mm_sfence(); /* non-temporal stores are weakly ordered: done before the join */
@@ -14178,7 +14262,7 @@ static capex_result capex__nm_norm(const char *fn, const capex_norm_desc *d, con
         nblk = (a->rows + c.brows - 1) / c.brows;
     }
     T = capex__nm_threads(d->num_threads, bwd ? nblk : a->rows, a->rows * n);
-    per = (size_t)n * (bwd ? 5u : 2u);
+    per = (size_t)n * (bwd ? 8u : 2u); /* even: each worker's double rows stay 8-byte aligned */
     total = 2u * (size_t)n + per * (size_t)T;
     if (bwd && (a->dweight || a->dbias)) total += 2u * (size_t)nblk * (size_t)n + 2u * (size_t)n * 2u;
     if (total > SIZE_MAX / sizeof(float)) return capex__fail(CAPEX_ERR_LIMIT, "%s: scratch size overflows", fn);
@@ -14285,6 +14369,7 @@ typedef struct capex__bn_ctx {
     const capex_batch_norm_args *a;
     float *pk;                      /* local stats: pack [mean C, var C, count] */
     float *p0, *p1;                 /* NSC per-block partials [nblk][C] */
+    int64_t dofs;                   /* NSC: a worker's 2C double rows at scratch + dofs (8-byte aligned) */
     double *s0, *s1;                /* NCS backward: per-channel sums */
     const float *mean, *invstd, *wf, *bf;
     float mdy_scale;                /* 1/total (training backward) or 0 */
@@ -14316,23 +14401,43 @@ static void capex__bn_stats_ncs(void *vc, int64_t b, int64_t e, float *buf) {
     }
 }
 /* NSC forward stats: row blocks [b, e), per-block Welford vectorised over channels,
-   on x - (row 0) as capex__nm_row_stats; the block means stay shifted for the merge. */
+   on x - (row 0) as capex__nm_row_stats; the block means stay shifted for the
+   merge. A block of more than CAPEX__NM_BLK rows restarts its f32 chains every
+   CAPEX__NM_BLK rows and merges them (Chan) into double rows, as
+   capex__nm_row_stats; its partials are those rounded. */
 static void capex__bn_stats_nsc(void *vc, int64_t b, int64_t e, float *buf) {
     const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
     const capex_batch_norm_args *a = c->a;
     const int64_t C = a->c;
-    int64_t blk, row, ch;
+    const int flush = c->brows > CAPEX__NM_BLK;
+    double *CAPEX__OPT_RESTRICT dm = (double *)(void *)(buf + c->dofs), *CAPEX__OPT_RESTRICT dq = dm + C;
+    int64_t blk, row, ch, k0, k1;
     float *CAPEX__OPT_RESTRICT x0 = buf + C;
     memcpy(x0, capex__nm_load(a->x, a->x_dtype, 0, C, buf), (size_t)C * sizeof(float));
     for (blk = b; blk < e; blk++) {
         float *CAPEX__OPT_RESTRICT pm = c->p0 + blk * C, *CAPEX__OPT_RESTRICT pq = c->p1 + blk * C;
         int64_t r0 = blk * c->brows, r1 = r0 + c->brows < c->rows ? r0 + c->brows : c->rows;
-        for (ch = 0; ch < C; ch++) { pm[ch] = 0.0f; pq[ch] = 0.0f; }
-        for (row = r0; row < r1; row++) {
-            const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
-            const float inv = 1.0f / (float)(row - r0 + 1);
-            for (ch = 0; ch < C; ch++) capex__nm_welford(x[ch] - x0[ch], inv, &pm[ch], &pq[ch]);
+        double m = 0.0, f;
+        if (flush) for (ch = 0; ch < C; ch++) { dm[ch] = 0.0; dq[ch] = 0.0; }
+        for (row = r0; row < r1;) {
+            k0 = row;
+            k1 = flush && r1 - row > CAPEX__NM_BLK ? row + CAPEX__NM_BLK : r1;
+            for (ch = 0; ch < C; ch++) { pm[ch] = 0.0f; pq[ch] = 0.0f; }
+            for (; row < k1; row++) {
+                const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
+                const float inv = 1.0f / (float)(row - k0 + 1);
+                for (ch = 0; ch < C; ch++) capex__nm_welford(x[ch] - x0[ch], inv, &pm[ch], &pq[ch]);
+            }
+            if (!flush) break;
+            f = (double)(k1 - k0) / (m + (double)(k1 - k0)); /* Chan, m rows before: one f for all channels */
+            for (ch = 0; ch < C; ch++) {
+                const double d = (double)pm[ch] - dm[ch];
+                dm[ch] += d * f;
+                dq[ch] += (double)pq[ch] + d * d * m * f;
+            }
+            m += (double)(k1 - k0);
         }
+        if (flush) { capex__nm_round_cols(pm, dm, C); capex__nm_round_cols(pq, dq, C); }
     }
 }
 /* y over items: NCS (n, c) segments, NSC rows. Scratch 2 * max(S, C). */
@@ -14388,22 +14493,31 @@ static void capex__bn_sums_ncs(void *vc, int64_t b, int64_t e, float *buf) {
         c->s1[ch] = s1;
     }
 }
-/* NSC: row blocks, per-block partials. Scratch 2C. */
+/* NSC: row blocks, per-block partials (flushed into double rows as the
+   LayerNorm backward's, capex__nm_flush_cols). Scratch 2C + the double rows. */
 static void capex__bn_sums_nsc(void *vc, int64_t b, int64_t e, float *buf) {
     const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
     const capex_batch_norm_args *a = c->a;
     const int64_t C = a->c;
     const float *CAPEX__OPT_RESTRICT m = c->mean;
+    const int flush = c->brows > CAPEX__NM_BLK;
+    double *d0 = (double *)(void *)(buf + c->dofs), *d1 = d0 + C;
     int64_t blk, row, ch;
     for (blk = b; blk < e; blk++) {
         float *CAPEX__OPT_RESTRICT p0 = c->p0 + blk * C, *CAPEX__OPT_RESTRICT p1 = c->p1 + blk * C;
         int64_t r0 = blk * c->brows, r1 = r0 + c->brows < c->rows ? r0 + c->brows : c->rows;
         for (ch = 0; ch < C; ch++) { p0[ch] = 0.0f; p1[ch] = 0.0f; }
+        if (flush) for (ch = 0; ch < C; ch++) { d0[ch] = 0.0; d1[ch] = 0.0; }
         for (row = r0; row < r1; row++) {
             const float *CAPEX__OPT_RESTRICT x = capex__nm_load(a->x, a->x_dtype, row * C, C, buf);
             const float *CAPEX__OPT_RESTRICT dy = capex__nm_load(a->dy, a->y_dtype, row * C, C, buf + C);
             for (ch = 0; ch < C; ch++) { p0[ch] += dy[ch]; p1[ch] += dy[ch] * (x[ch] - m[ch]); }
+            if (flush && ((row - r0) % CAPEX__NM_BLK == CAPEX__NM_BLK - 1 || row == r1 - 1)) {
+                capex__nm_flush_cols(d0, p0, C);
+                capex__nm_flush_cols(d1, p1, C);
+            }
         }
+        if (flush) { capex__nm_round_cols(p0, d0, C); capex__nm_round_cols(p1, d1, C); }
     }
 }
 /* dx over items (as forward). Scratch 3 * max(S, C). */
@@ -14556,11 +14670,12 @@ static capex_result capex__bn_check(const char *fn, const capex_batch_norm_desc 
 }
 
 /* Scratch of a BN call: params (2C), mean/invstd (2C), pack (world * P),
-   reduce (2C), NSC partials (2 * nblk * C), per-worker buffers (3 * max(S, C)),
-   NCS sums (2C doubles). */
+   reduce (2C), NSC partials (2 * nblk * C), per-worker buffers (3 * max(S, C),
+   then 2C doubles at dofs, 8-byte aligned), NCS sums (2C doubles). */
 typedef struct capex__bn_mem {
     float *all, *wf, *mean, *invstd, *pack, *gath, *red, *p0, *work;
     double *s;
+    int64_t dofs;
     size_t per;
     int T;
     int64_t nblk;
@@ -14579,8 +14694,9 @@ static capex_result capex__bn_alloc(const char *fn, const capex_batch_norm_args 
         m->nblk = (rows + brows - 1) / brows;
     }
     m->T = capex__nm_threads(nt, items, rows * a->c);
-    m->per = 3u * (size_t)(a->s > a->c ? a->s : a->c);
-    total = 2 * C + 2 * C + P + (size_t)world * P + 2 * C + 2u * (size_t)m->nblk * C + m->per * (size_t)m->T + 4 * C + 2;
+    m->dofs = (int64_t)((3u * (size_t)(a->s > a->c ? a->s : a->c) + 1u) & ~(size_t)1);
+    m->per = (size_t)m->dofs + 4 * C; /* even */
+    total = 2 * C + 2 * C + P + (size_t)world * P + 2 * C + 2u * (size_t)m->nblk * C + m->per * (size_t)m->T + 4 * C + 4;
     if (total > SIZE_MAX / sizeof(float)) return capex__fail(CAPEX_ERR_LIMIT, "%s: scratch size overflows", fn);
     m->all = (float *)capex__alloc(al, total * sizeof(float));
     if (!m->all)
@@ -14591,8 +14707,9 @@ static capex_result capex__bn_alloc(const char *fn, const capex_batch_norm_args 
     m->gath = m->all + at; at += (size_t)world * P;
     m->red = m->all + at; at += 2 * C;
     m->p0 = m->all + at; at += 2u * (size_t)m->nblk * C;
+    at = (at + 1u) & ~(size_t)1; /* workers' double rows 8-byte aligned */
     m->work = m->all + at; at += m->per * (size_t)m->T;
-    m->s = (double *)(void *)(m->all + ((at + 1u) & ~(size_t)1));
+    m->s = (double *)(void *)(m->all + at);
     return CAPEX_OK;
 }
 
@@ -14632,7 +14749,7 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
             int T = capex__nm_threads(d->num_threads, m.nblk, rows * C);
             if (brows < 16) brows = 16;
             if (T > m.T) T = m.T;
-            c.brows = brows; c.p0 = m.p0; c.p1 = m.p0 + m.nblk * C;
+            c.brows = brows; c.p0 = m.p0; c.p1 = m.p0 + m.nblk * C; c.dofs = m.dofs;
             capex__nm_run(T, m.nblk, capex__bn_stats_nsc, &c, m.work, m.per);
             for (ch = 0; ch < C; ch++) { /* blocks merged in order, float64 */
                 double n = 0.0, mu = 0.0, q = 0.0;
@@ -14740,7 +14857,7 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
         if (brows < 16) brows = 16;
         T = capex__nm_threads(d->num_threads, m.nblk, rows * C);
         if (T > m.T) T = m.T;
-        c.brows = brows; c.p0 = m.p0; c.p1 = m.p0 + m.nblk * C;
+        c.brows = brows; c.p0 = m.p0; c.p1 = m.p0 + m.nblk * C; c.dofs = m.dofs;
         capex__nm_run(T, m.nblk, capex__bn_sums_nsc, &c, m.work, m.per);
         for (ch = 0; ch < C; ch++) {
             double s0 = 0.0, s1 = 0.0;

@@ -2121,6 +2121,225 @@ CT_TEST(sync_batch_norm_eval_without_running_stats_is_local) {
     }
 }
 
+/* ---- column sums over many rows, and the backward with part of its outputs ---- */
+
+/* LayerNorm/RMSNorm dweight and dbias over 2^20 rows of 5 columns (dy
+   0.9 +- 1e-3: a long f32 chain of nearly equal terms rounds one way) against
+   float64 sums of the same terms (from capex's saved mean and rstd), within
+   1e-6 relative (measured <= 4e-8): before 2026-11-28 each block's f32
+   partial ran over 16384 rows (dbias 3.5e-6 .. 4e-6 off), now it is flushed
+   into a double every 64 rows. The same bits with 1 and 3 threads (the flushes are per block).
+   x f32 and bf16; all outputs, and without dx. */
+CT_TEST(column_sums_many_rows_vs_float64) {
+    const int64_t R = (int64_t)1 << 20, C = 5, N = R * C;
+    static const capex_dtype dts[] = {CAPEX_F32, CAPEX_BF16};
+    size_t di;
+    int rms, nt, outs;
+    for (di = 0; di < 2; di++)
+        for (rms = 0; rms < 2; rms++) {
+            const capex_dtype xt = dts[di];
+            const char *what = rms ? "rms" : "layer";
+            void *x = talloc(xt, N), *dx = talloc(xt, N);
+            float *y = (float *)talloc(CAPEX_F32, N), *dy = (float *)talloc(CAPEX_F32, N);
+            float *mean = (float *)talloc(CAPEX_F32, R), *rstd = (float *)talloc(CAPEX_F32, R);
+            float w[5], b[5], dw[5], db[5], dw1[5], db1[5];
+            double dwr[5], dbr[5], err;
+            capex_norm_desc nd;
+            capex_norm_args a;
+            int64_t r, j;
+            CT_CHECK(x && dx && y && dy && mean && rstd, "out of memory");
+            for (r = 0; r < R; r++)
+                for (j = 0; j < C; j++) {
+                    setv(xt, x, r * C + j, 0.7 + 0.1 * (double)j + 0.01 * rng_sym());
+                    dy[r * C + j] = (float)(0.9 + 1e-3 * rng_sym());
+                }
+            for (j = 0; j < C; j++) { w[j] = (float)(1.0 + 0.1 * rng_sym()); b[j] = (float)(0.1 * rng_sym()); }
+            capex_norm_args_init(&a);
+            a.rows = R; a.cols = C; a.x_dtype = xt;
+            a.x = x; a.y = y; a.weight = w; a.bias = rms ? NULL : b; a.mean = mean; a.rstd = rstd;
+            CT_CHECK((rms ? capex_rms_norm_forward(NULL, &a) : capex_layer_norm_forward(NULL, &a)) == CAPEX_OK, "%s",
+                     capex_last_error());
+            for (j = 0; j < C; j++) { dwr[j] = 0; dbr[j] = 0; }
+            for (r = 0; r < R; r++) {
+                const double m = rms ? 0.0 : (double)mean[r], rs = (double)rstd[r];
+                for (j = 0; j < C; j++) {
+                    dwr[j] += (double)dy[r * C + j] * ((getv(xt, x, r * C + j) - m) * rs);
+                    dbr[j] += (double)dy[r * C + j];
+                }
+            }
+            for (outs = 0; outs < 2; outs++)
+                for (nt = 1; nt <= 3; nt += 2) {
+                    capex_norm_desc_init(&nd);
+                    nd.num_threads = nt;
+                    a.dy = dy; a.dx = outs ? NULL : dx; a.dweight = dw; a.dbias = rms ? NULL : db;
+                    CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK,
+                             "%s", capex_last_error());
+                    CT_CHECK(close_to(CAPEX_F32, dw, dwr, C, 1e-6, &err), "%s x dtype %d, %s, %d thread(s): dweight rel "
+                             "err %.3g (tol 1e-6)", what, xt, outs ? "without dx" : "all outputs", nt, err);
+                    if (!rms)
+                        CT_CHECK(close_to(CAPEX_F32, db, dbr, C, 1e-6, &err), "layer x dtype %d, %s, %d thread(s): dbias "
+                                 "rel err %.3g (tol 1e-6)", xt, outs ? "without dx" : "all outputs", nt, err);
+                    if (nt == 1 && outs == 0) { memcpy(dw1, dw, sizeof dw); memcpy(db1, db, sizeof db); }
+                    CT_CHECK(!memcmp(dw, dw1, sizeof dw) && (rms || !memcmp(db, db1, sizeof db)),
+                             "%s x dtype %d: dweight/dbias bits differ (%s, %d threads)", what, xt,
+                             outs ? "without dx" : "all outputs", nt);
+                }
+            free(x); free(dx); free(y); free(dy); free(mean); free(rstd);
+            if (ct->failed) return;
+        }
+}
+
+/* BatchNorm over 2^20 values per channel (3 channels; n 2^10 x s 2^10), both
+   layouts: save_mean and save_invstd within 5e-7 of float64, and dweight,
+   dbias within 1e-6 of float64 sums from the saved statistics (dy 0.9 +
+   0.5 (x - mean) +- 1e-4: sum(dy (x - mean)) cancels to 1/30 of its terms'
+   size, and the f32 chains of nearly equal dy round one way; measured <=
+   1.1e-7). Channels-last (NSC) ran each block's f32 chains over 16384 rows
+   before 2026-11-28 (dbias 2.2e-6 .. 2.6e-6 off, invstd 3.7e-7). The
+   same bits with 1 and 3 threads. */
+CT_TEST(batch_norm_channel_sums_many_rows_vs_float64) {
+    const int64_t Nn = 1024, S = 1024, C = 3, T = Nn * S * C;
+    int lay, nt;
+    float *x = (float *)malloc((size_t)T * 4), *y = (float *)malloc((size_t)T * 4), *dy = (float *)malloc((size_t)T * 4);
+    float w[3] = {1.5f, 0.75f, -1.25f}, b[3] = {0.1f, -0.2f, 0.3f}, sm[3], si[3], dw[3], db[3], dw1[3], db1[3];
+    CT_CHECK(x && y && dy, "out of memory");
+    for (lay = 0; lay < 2; lay++) {
+        double mr[3], vr[3], dwr[3], dbr[3], err;
+        int64_t n, s, c;
+#define BN_AT(n_, c_, s_) (lay ? ((n_) * S + (s_)) * C + (c_) : ((n_) * C + (c_)) * S + (s_))
+        for (n = 0; n < Nn; n++)
+            for (c = 0; c < C; c++)
+                for (s = 0; s < S; s++) {
+                    const double v = 0.01 * rng_sym();
+                    x[BN_AT(n, c, s)] = (float)(0.5 + (double)c + v);
+                    dy[BN_AT(n, c, s)] = (float)(0.9 + 0.5 * v + 1e-4 * rng_sym());
+                }
+        for (c = 0; c < C; c++) {
+            double m = 0, q = 0;
+            for (n = 0; n < Nn; n++) for (s = 0; s < S; s++) m += x[BN_AT(n, c, s)];
+            m /= (double)(Nn * S);
+            for (n = 0; n < Nn; n++) for (s = 0; s < S; s++) q += pow(x[BN_AT(n, c, s)] - m, 2);
+            mr[c] = m; vr[c] = q / (double)(Nn * S);
+        }
+        for (nt = 1; nt <= 3; nt += 2) {
+            capex_batch_norm_desc d;
+            capex_batch_norm_args a;
+            capex_batch_norm_desc_init(&d);
+            d.num_threads = nt;
+            capex_batch_norm_args_init(&a);
+            a.n = Nn; a.c = C; a.s = S; a.layout = lay ? CAPEX_BN_NSC : CAPEX_BN_NCS;
+            a.x = x; a.y = y; a.weight = w; a.bias = b; a.save_mean = sm; a.save_invstd = si;
+            a.dy = dy; a.dweight = dw; a.dbias = db;
+            CT_CHECK(capex_batch_norm_forward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+            for (c = 0; c < C; c++) {
+                const double is = 1.0 / sqrt(vr[c] + 1e-5);
+                CT_CHECK(fabs(sm[c] - mr[c]) <= 5e-7 * fabs(mr[c]), "layout %d: save_mean[%lld] %.9g, float64 %.9g (rel %.3g)",
+                         lay, (long long)c, (double)sm[c], mr[c], fabs(sm[c] - mr[c]) / fabs(mr[c]));
+                CT_CHECK(fabs(si[c] - is) <= 5e-7 * is, "layout %d: save_invstd[%lld] %.9g, float64 %.9g (rel %.3g)", lay,
+                         (long long)c, (double)si[c], is, fabs(si[c] - is) / is);
+            }
+            CT_CHECK(capex_batch_norm_backward(&d, NULL, &a) == CAPEX_OK, "%s", capex_last_error());
+            for (c = 0; c < C; c++) {
+                double s0 = 0, s1 = 0;
+                for (n = 0; n < Nn; n++)
+                    for (s = 0; s < S; s++) {
+                        s0 += dy[BN_AT(n, c, s)];
+                        s1 += (double)dy[BN_AT(n, c, s)] * ((double)x[BN_AT(n, c, s)] - (double)sm[c]);
+                    }
+                dbr[c] = s0; dwr[c] = s1 * (double)si[c];
+            }
+            CT_CHECK(close_to(CAPEX_F32, db, dbr, C, 1e-6, &err), "layout %d, %d thread(s): dbias rel err %.3g (tol 1e-6)",
+                     lay, nt, err);
+            for (c = 0; c < C; c++)
+                CT_CHECK(fabs(dw[c] - dwr[c]) <= 1e-6 * fabs(dwr[c]), "layout %d, %d thread(s): dweight[%lld] %.9g, float64 "
+                         "%.9g (rel %.3g, tol 1e-6)", lay, nt, (long long)c, (double)dw[c], dwr[c],
+                         fabs(dw[c] - dwr[c]) / fabs(dwr[c]));
+            if (nt == 1) { memcpy(dw1, dw, sizeof dw); memcpy(db1, db, sizeof db); }
+            CT_CHECK(!memcmp(dw, dw1, sizeof dw) && !memcmp(db, db1, sizeof db), "layout %d: bits differ with %d threads",
+                     lay, nt);
+        }
+#undef BN_AT
+        if (ct->failed) break;
+    }
+    free(x); free(y); free(dy);
+}
+
+/* The normal (from x) backward with every subset of its outputs (dx, dweight,
+   dbias), LayerNorm and RMSNorm, with and without affine, f32 and bf16, on
+   odd widths, 1 column, 1 row, 0 rows and random shapes: the all-outputs call
+   against float64 (as run_case), and every subset the same bits as it. */
+CT_TEST(norm_backward_output_subsets_vs_float64) {
+    static const int64_t fixed[][2] = {{0, 5}, {1, 1}, {1, 37}, {5, 1}, {7, 8}, {20, 37}, {33, 1029}, {3, 4097}, {70, 9}};
+    static const capex_dtype ts[] = {CAPEX_F32, CAPEX_BF16};
+    int si, k, rms, affine, outs;
+    for (si = 0; si < 15; si++) {
+        const int64_t R = si < 9 ? fixed[si][0] : 1 + (int64_t)(rng_u64() % 90), C = si < 9 ? fixed[si][1] : 1 + (int64_t)(rng_u64() % 300);
+        const int64_t N = R * C;
+        for (k = 0; k < 2; k++)
+            for (rms = 0; rms < 2; rms++)
+                for (affine = 0; affine < 2; affine++) {
+                    const capex_dtype t = ts[k];
+                    const size_t es = capex_dtype_size(t);
+                    const char *what = rms ? "rms" : "layer";
+                    void *x = talloc(t, N), *y = talloc(t, N), *dy = talloc(t, N), *dx0 = talloc(t, N), *dx = talloc(t, N);
+                    void *w = talloc(t, C), *b = talloc(t, C), *dw0 = talloc(t, C), *db0 = talloc(t, C);
+                    void *dw = talloc(t, C), *db = talloc(t, C);
+                    double *xd = dalloc(N), *wd = dalloc(C), *bd = dalloc(C), *dyd = dalloc(N);
+                    double *dxr = dalloc(N), *dwr = dalloc(C), *dbr = dalloc(C), err;
+                    float *mean = (float *)talloc(CAPEX_F32, R), *rstd = (float *)talloc(CAPEX_F32, R);
+                    capex_norm_desc nd;
+                    capex_norm_args a;
+                    const int hb = affine && !rms;
+                    capex_norm_desc_init(&nd);
+                    fill(t, x, xd, N, 0.25, 1.5);
+                    fill(t, w, wd, C, 1.0, 0.5);
+                    fill(t, b, bd, C, 0.0, 0.5);
+                    fill(t, dy, dyd, N, 0.0, 1.0);
+                    capex_norm_args_init(&a);
+                    a.rows = R; a.cols = C; a.x_dtype = a.y_dtype = a.param_dtype = t;
+                    a.x = x; a.y = y; a.mean = mean; a.rstd = rstd;
+                    if (affine) { a.weight = w; a.bias = hb ? b : NULL; }
+                    CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "%s",
+                             capex_last_error());
+                    a.dy = dy; a.dx = dx0; a.dweight = affine ? dw0 : NULL; a.dbias = hb ? db0 : NULL;
+                    CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "%s",
+                             capex_last_error());
+                    ref_norm_bwd(rms, R, C, xd, affine ? wd : NULL, dyd, 1e-5, dxr, dwr, dbr);
+                    if (R > 0) {
+                        double rmax = 0;
+                        int64_t i;
+                        for (i = 0; i < R; i++) if (rstd[i] > rmax) rmax = rstd[i];
+                        CT_CHECK(close_to_s(t, dx0, dxr, N, dtype_tol(t) * 5, maxabs(dyd, N) * rmax * (affine ? maxabs(wd, C) : 1.0),
+                                            &err), "%s R=%lld C=%lld %s affine %d: dx rel err %g", what, (long long)R,
+                                 (long long)C, capex_dtype_name(t), affine, err);
+                    }
+                    if (affine) CT_CHECK(close_to(t, dw0, dwr, C, dtype_tol(t) * 5, &err), "%s R=%lld C=%lld %s: dweight rel "
+                                         "err %g", what, (long long)R, (long long)C, capex_dtype_name(t), err);
+                    if (hb) CT_CHECK(close_to(t, db0, dbr, C, dtype_tol(t) * 5, &err), "layer R=%lld C=%lld %s: dbias rel err %g",
+                                     (long long)R, (long long)C, capex_dtype_name(t), err);
+                    for (outs = 1; outs < 7; outs++) { /* bits: dx, dweight, dbias */
+                        if (((outs & 2) && !affine) || ((outs & 4) && !hb)) continue;
+                        a.dx = outs & 1 ? dx : NULL;
+                        a.dweight = outs & 2 ? dw : NULL;
+                        a.dbias = outs & 4 ? db : NULL;
+                        memset(dx, 0x5a, (size_t)(N > 0 ? N : 1) * es); memset(dw, 0x5a, (size_t)C * es); memset(db, 0x5a, (size_t)C * es);
+                        CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK,
+                                 "%s", capex_last_error());
+                        CT_CHECK(!a.dx || !memcmp(dx, dx0, (size_t)N * es), "%s R=%lld C=%lld %s affine %d outputs %d: dx "
+                                 "bits differ from the all-outputs call", what, (long long)R, (long long)C,
+                                 capex_dtype_name(t), affine, outs);
+                        CT_CHECK(!a.dweight || !memcmp(dw, dw0, (size_t)C * es), "%s R=%lld C=%lld %s outputs %d: dweight "
+                                 "bits differ", what, (long long)R, (long long)C, capex_dtype_name(t), outs);
+                        CT_CHECK(!a.dbias || !memcmp(db, db0, (size_t)C * es), "layer R=%lld C=%lld %s outputs %d: dbias "
+                                 "bits differ", (long long)R, (long long)C, capex_dtype_name(t), outs);
+                    }
+                    free(x); free(y); free(dy); free(dx0); free(dx); free(w); free(b); free(dw0); free(db0); free(dw);
+                    free(db); free(xd); free(wd); free(bd); free(dyd); free(dxr); free(dwr); free(dbr); free(mean); free(rstd);
+                    if (ct->failed) return;
+                }
+    }
+}
+
 static const ct_case cases[] = {
     CT_CASE(layer_and_rms_norm_odd_widths_f32),
     CT_CASE(mixed_dtypes_all_combinations),
@@ -2148,6 +2367,8 @@ static const ct_case cases[] = {
     CT_CASE(memory_efficient_backward_vs_float64_every_dtype), CT_CASE(memory_efficient_zero_weight_refused),
     CT_CASE(memory_efficient_edges_and_errors), CT_CASE(memory_efficient_bits_independent_of_thread_count),
     CT_CASE(memory_efficient_after_forward_in_place), CT_CASE(memory_efficient_output_subsets_and_streamed_dx_same_bits),
+    CT_CASE(column_sums_many_rows_vs_float64), CT_CASE(batch_norm_channel_sums_many_rows_vs_float64),
+    CT_CASE(norm_backward_output_subsets_vs_float64),
 };
 
 int main(int argc, char **argv) {
