@@ -6344,7 +6344,7 @@ CAPEX__PRIVATE size_t capex__optim_math_source(char *dst, size_t cap) {
     }                                                                                        \
     Q double capex__lr_eval(const capex__lr_p *p, double base, long long s) {                \
         long long t, T, k, n;                                                                \
-        double eta;                                                                          \
+        double eta, x, y;                                                                    \
         if (p->kind == 7) { /* OneCycleLR, max_lr = base; holds its last value */            \
             /* the phase picks the ends and the fraction; one anneal call (the GPU      \
                inlines each call: one copy of its cos, not five) */                         \
@@ -6377,19 +6377,26 @@ CAPEX__PRIVATE size_t capex__optim_math_source(char *dst, size_t cap) {
         case 2: /* LinearLR(1.0, end_factor = min_factor, total_iters = T) */                \
             if (t > T) t = T;                                                                \
             return base * (1.0 + (p->min_factor - 1.0) * (double)t / (double)T);             \
+        /* the power kinds pick pow's arguments: one pow (the GPU inlines each call) */      \
         case 3: /* PolynomialLR(total_iters = T, power), floor eta */                        \
             if (t > T) t = T;                                                                \
-            return eta + (base - eta) * pow(1.0 - (double)t / (double)T, p->power);          \
+            x = 1.0 - (double)t / (double)T; y = p->power;                                   \
+            break;                                                                           \
         case 4: /* StepLR */                                                                 \
-            return base * pow(p->gamma, (double)(t / p->step_size));                         \
+            x = p->gamma; y = (double)(t / p->step_size);                                    \
+            break;                                                                           \
         case 5: /* MultiStepLR: bisect_right(milestones, t) */                               \
             U for (k = 0, n = 0; k < p->nmil; k++) n += p->mil[k] <= t;                      \
-            return base * pow(p->gamma, (double)n);                                          \
+            x = p->gamma; y = (double)n;                                                     \
+            break;                                                                           \
         case 6: /* ExponentialLR */                                                          \
-            return base * pow(p->gamma, (double)t);                                          \
+            x = p->gamma; y = (double)t;                                                     \
+            break;                                                                           \
         default: /* constant */                                                              \
             return base;                                                                     \
         }                                                                                    \
+        y = pow(x, y);                                                                       \
+        return p->kind == 3 ? eta + (base - eta) * y : base * y;                             \
     }
 
 CAPEX__LR_MATH(static, )

@@ -2446,20 +2446,6 @@ CAPEX__GO_MATH_FN(7) /* Adam amsgrad and Adagrad: only their parts include it */
 typedef char capex__go_math_parts_are_8[sizeof capex__optim_math_parts / sizeof capex__optim_math_parts[0] == 8 ? 1 : -1];
 /* capex.h's lr schedule math (CAPEX__LR_MATH), for capex_go_prepare */
 CAPEX__PRIVATE const char *capex__cuda_frag_golr_fn(void) { return capex__lr_math_source; }
-/* around it (lr_sched): one thread runs the schedule once a step, and NVVM inlined
-   libdevice's cos and pow at each use: one out-of-line copy of each, the same
-   functions on the same arguments (with one anneal call: 1,872 -> 1,312 SASS
-   instructions at sm_90) */
-static const char capex__cuda_frag_golr0[] =
-    "#ifdef __CUDA_ARCH__\n"
-    "__device__ __noinline__ double capex_lr_cos(double x) { return cos(x); }\n"
-    "__device__ __noinline__ double capex_lr_pow(double x, double y) { return pow(x, y); }\n"
-    "#define cos capex_lr_cos\n"
-    "#define pow capex_lr_pow\n"
-    "#endif\n";
-static const char capex__cuda_frag_golr1[] = "#ifdef __CUDA_ARCH__\n#undef cos\n#undef pow\n#endif\n";
-CAPEX__PRIVATE const char *capex__cuda_frag_golr0_fn(void) { return capex__cuda_frag_golr0; }
-CAPEX__PRIVATE const char *capex__cuda_frag_golr1_fn(void) { return capex__cuda_frag_golr1; }
 
 /* The multi-tensor launch metadata (capex_go_meta<D> in the kernels, written
    by capex__go_mta), defined once: B bytes hold T = CAPEX__GO_TDEF(B, D)
@@ -2797,7 +2783,6 @@ static const char capex__cuda_frag_go2[] =
     "    }\n"
     "    for (i = 4 * nv + threadIdx.x; i < n; i += blockDim.x) {\n"
     "        OT y;\n"
-
     "        capex_go_from(capex_go_tof(in[i], I) * s, &y, O);\n"
     "        bad |= capex_go_nf(in[i], I) | capex_go_nf(y, O);\n"
     "        if (wr) out[i] = y;\n"
@@ -3600,7 +3585,7 @@ CAPEX__PRIVATE const capex__cuda_fragment_fn *capex__cuda_go_fragments(size_t *n
     static const capex__cuda_fragment_fn f[] = {
         capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
         capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn, capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn,
-        capex__cuda_frag_golr0_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_golr1_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go2b_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_golrk_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
+        capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go2b_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_golrk_fn, capex__cuda_frag_go4_fn, capex__cuda_frag_go5_fn,
         capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
         capex__cuda_frag_go9_sumsq_f32_fn, capex__cuda_frag_go9_sumsq_f16_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
         capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn, capex__cuda_frag_go9_scale_bf16_fn, capex__cuda_frag_go9_adam_f32_fn, capex__cuda_frag_go9_adam_f16_fn, capex__cuda_frag_go9_adam_bf16_fn, capex__cuda_frag_go9_sgd_f32_fn, capex__cuda_frag_go9_sgd_f16_fn, capex__cuda_frag_go9_sgd_bf16_fn, capex__cuda_frag_go9_lamb1_f32_fn, capex__cuda_frag_go9_lamb1_f16_fn, capex__cuda_frag_go9_lamb1_bf16_fn,
@@ -4084,7 +4069,7 @@ static const capex__cuda_fragment_fn capex__cuda_fragments[] = {
     /* optimizer fragments */
     capex__cuda_frag_gomath0_fn, capex__cuda_frag_gomath1_fn, capex__cuda_frag_gomath2_fn, capex__cuda_frag_gomath3_fn,
     capex__cuda_frag_gomath4_fn, capex__cuda_frag_gomath5_fn,
-    capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_golr0_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_golr1_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go2b_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_golrk_fn, capex__cuda_frag_go4_fn,
+    capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_go2_fn, capex__cuda_frag_go2b_fn, capex__cuda_frag_go3_fn, capex__cuda_frag_golrk_fn, capex__cuda_frag_go4_fn,
     capex__cuda_frag_go5_fn, capex__cuda_frag_go6_fn, capex__cuda_frag_go7_fn, capex__cuda_frag_go8_fn, capex__cuda_frag_go8b_fn,
     capex__cuda_frag_go9_sumsq_f32_fn, capex__cuda_frag_go9_sumsq_f16_fn, capex__cuda_frag_go9_sumsq_bf16_fn,
         capex__cuda_frag_go9_scale_f32_fn, capex__cuda_frag_go9_scale_f16_fn,
@@ -4127,7 +4112,7 @@ enum {
         capex__cuda_frag_go0_fn, capex__cuda_frag_go0b_fn, capex__cuda_frag_go1_fn
 #define CAPEX__CP_NORM capex__norm_math_cuda, capex__cuda_frag_norm_a_fn, capex__cuda_frag_norm_b0_fn
 static const capex__cuda_fragment_fn capex__cuda_pf_basic[] = {capex__cuda_frag_basic_fn, NULL};
-static const capex__cuda_fragment_fn capex__cuda_pf_lr_sched[] = {CAPEX__CP_GO, capex__cuda_frag_golr0_fn, capex__cuda_frag_golr_fn, capex__cuda_frag_golr1_fn, capex__cuda_frag_golrk_fn, NULL};
+static const capex__cuda_fragment_fn capex__cuda_pf_lr_sched[] = {CAPEX__CP_GO, capex__cuda_frag_golr_fn, capex__cuda_frag_golrk_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_amp[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go2b_fn, capex__cuda_frag_go3_fn,
                                                              capex__cuda_frag_go8b_fn, NULL};
 static const capex__cuda_fragment_fn capex__cuda_pf_unscale_f32[] = {CAPEX__CP_GO, capex__cuda_frag_go2_fn, capex__cuda_frag_go2b_fn, capex__cuda_frag_go9_sumsq_f32_fn,
