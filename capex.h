@@ -6332,8 +6332,9 @@ CAPEX__PRIVATE size_t capex__optim_math_source(char *dst, size_t cap) {
    the device function that capex_cuda.h's capex_go_prepare calls, so the GPU
    computes each step's lr from its own step count (no host round trip).
    Operation order is torch's (lr_scheduler.py closed forms and OneCycleLR),
-   in float64; pi is Python's math.pi. Kinds are capex_lr_kind's numbers. */
-#define CAPEX__LR_MATH(Q)                                                                    \
+   in float64; pi is Python's math.pi. Kinds are capex_lr_kind's numbers.
+   U: nothing in C, CAPEX_NO_UNROLL on the GPU (a loop one thread runs once a step). */
+#define CAPEX__LR_MATH(Q, U)                                                                 \
     typedef struct capex__lr_p {                                                             \
         long long kind, warmup, total, step_size, nmil, anneal_linear, three_phase, llmc;    \
         long long by_iter; /* count_skipped: the device's lr_sched reads it */               \
@@ -6347,21 +6348,24 @@ CAPEX__PRIVATE size_t capex__optim_math_source(char *dst, size_t cap) {
     }                                                                                        \
     Q double capex__lr_eval(const capex__lr_p *p, double base, long long s) {                \
         long long t, T, k, n;                                                                \
-        double eta;                                                                          \
+        double eta, x, y;                                                                    \
         if (p->kind == 7) { /* OneCycleLR, max_lr = base; holds its last value */            \
+            /* the phase picks the ends and the fraction; one anneal call (the GPU      \
+               inlines each call: one copy of its cos, not five) */                         \
             double init = base / p->div_factor, mn = init / p->final_div, sn, e1, e2, e3;    \
+            double a = init, b = base, lo = 0.0, hi;                                         \
             if (s > p->total - 1) s = p->total - 1;                                          \
             sn = (double)s;                                                                  \
             e1 = p->pct_start * (double)p->total - 1.0;                                      \
             e3 = (double)(p->total - 1);                                                     \
-            if (p->three_phase) {                                                            \
+            hi = e1;                                                                         \
+            if (!(sn <= e1) && !p->three_phase) { a = base; b = mn; lo = e1; hi = e3; }     \
+            else if (!(sn <= e1)) {                                                          \
                 e2 = 2.0 * p->pct_start * (double)p->total - 2.0;                            \
-                if (sn <= e1) return capex__lr_anneal(init, base, (sn - 0.0) / (e1 - 0.0), p->anneal_linear); \
-                if (sn <= e2) return capex__lr_anneal(base, init, (sn - e1) / (e2 - e1), p->anneal_linear); \
-                return capex__lr_anneal(init, mn, (sn - e2) / (e3 - e2), p->anneal_linear);  \
+                if (sn <= e2) { a = base; b = init; lo = e1; hi = e2; }                      \
+                else { a = init; b = mn; lo = e2; hi = e3; }                                 \
             }                                                                                \
-            if (sn <= e1) return capex__lr_anneal(init, base, (sn - 0.0) / (e1 - 0.0), p->anneal_linear); \
-            return capex__lr_anneal(base, mn, (sn - e1) / (e3 - e1), p->anneal_linear);      \
+            return capex__lr_anneal(a, b, (sn - lo) / (hi - lo), p->anneal_linear);          \
         }                                                                                    \
         if (s < p->warmup && p->llmc) /* llm.c: lr * (step + 1) / warmup_iterations */       \
             return base * (double)(s + 1) / (double)p->warmup;                               \
@@ -6377,27 +6381,34 @@ CAPEX__PRIVATE size_t capex__optim_math_source(char *dst, size_t cap) {
         case 2: /* LinearLR(1.0, end_factor = min_factor, total_iters = T) */                \
             if (t > T) t = T;                                                                \
             return base * (1.0 + (p->min_factor - 1.0) * (double)t / (double)T);             \
+        /* the power kinds pick pow's arguments: one pow (the GPU inlines each call) */      \
         case 3: /* PolynomialLR(total_iters = T, power), floor eta */                        \
             if (t > T) t = T;                                                                \
-            return eta + (base - eta) * pow(1.0 - (double)t / (double)T, p->power);          \
+            x = 1.0 - (double)t / (double)T; y = p->power;                                   \
+            break;                                                                           \
         case 4: /* StepLR */                                                                 \
-            return base * pow(p->gamma, (double)(t / p->step_size));                         \
+            x = p->gamma; y = (double)(t / p->step_size);                                    \
+            break;                                                                           \
         case 5: /* MultiStepLR: bisect_right(milestones, t) */                               \
-            for (k = 0, n = 0; k < p->nmil; k++) n += p->mil[k] <= t;                        \
-            return base * pow(p->gamma, (double)n);                                          \
+            U for (k = 0, n = 0; k < p->nmil; k++) n += p->mil[k] <= t;                      \
+            x = p->gamma; y = (double)n;                                                     \
+            break;                                                                           \
         case 6: /* ExponentialLR */                                                          \
-            return base * pow(p->gamma, (double)t);                                          \
+            x = p->gamma; y = (double)t;                                                     \
+            break;                                                                           \
         default: /* constant */                                                              \
             return base;                                                                     \
         }                                                                                    \
+        y = pow(x, y);                                                                       \
+        return p->kind == 3 ? eta + (base - eta) * y : base * y;                             \
     }
 
-CAPEX__LR_MATH(static)
+CAPEX__LR_MATH(static, )
 typedef char capex__lr_milestones_fit[CAPEX_LR_MAX_MILESTONES == 16 ? 1 : -1];
 
 /* For capex_cuda.h: the schedule math as CUDA source (__device__ functions). */
 static const char capex__lr_math_source[] =
-    "#define CAPEX__LRQ __device__ __forceinline__\n" CAPEX__OPT_XSTR(CAPEX__LR_MATH(CAPEX__LRQ)) "\n";
+    "#define CAPEX__LRQ __device__ __forceinline__\n" CAPEX__OPT_XSTR(CAPEX__LR_MATH(CAPEX__LRQ, CAPEX_NO_UNROLL)) "\n";
 
 #define CAPEX__LR_TAG 0x5348524cu /* "LRHS" */
 CAPEX_API void capex_lr_schedule_init(capex_lr_schedule *s, capex_lr_kind kind) {
