@@ -726,8 +726,11 @@ typedef struct capex_cuda_zero capex_cuda_zero;
 /* As capex_zero_create, for a comm on device buffers (NCCL) and device
    params. Collective, with the same check that every rank passes the same
    model and settings (its 18 int64 per rank go through a small device buffer),
-   and the same last agreement, after this rank's device buffers and optimizer.
-   Those exchanges need a small device buffer each (128 (world + 1) and 32
+   and the same last agreement, after this rank's device buffers, optimizer
+   and the kernels its steps and grad_norm launch (loaded here, compiled if
+   missing: a rank that cannot load one fails every rank here, not alone at
+   the first step; a schedule attached later loads its kernel at the next
+   step). Those exchanges need a small device buffer each (128 (world + 1) and 32
    bytes): a rank that cannot allocate one leaves its peers to fail at their
    deadline (CAPEX_ERR_TIMEOUT), as do capex_zero_save's first agreement and
    capex_zero_load's. */
@@ -8741,6 +8744,26 @@ CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *zg) {
     capex__free(NULL, zg);
 }
 
+/* Loads what a step and grad_norm of this zero launch (their kernels'
+   variants, compiled if missing), launching nothing: create does it inside
+   its last agreement. On first use they loaded at the first grad_norm or
+   step, between collectives, where one rank failing alone (a module the
+   driver refuses, no NVRTC and no cache entry) left its peers in the norm's
+   allreduce or the all-gather. A later change of the step's kernels (a
+   schedule attached, a switch of modes) loads at the next step again. */
+static capex_result capex__czero_load(capex_cuda_zero *zg) {
+    capex__go_exec ex;
+    capex__go_args a;
+    capex_result r;
+    if ((r = capex__go_step_ready(zg->opt, 0, 0, 0)) != CAPEX_OK) return r;
+    if ((r = capex__go_dev_exec(zg->ctx, "capex_cuda_zero_create", &ex)) != CAPEX_OK) return r;
+    ex.launch = capex__go_dev_load_only; /* as capex_cuda_zero_grad_norm's launches */
+    ex.grid = NULL;
+    if ((r = capex__go_sumsq_lists(&ex, NULL, zg->lists, zg->nlists, zg->ws, zg->chunks, NULL)) != CAPEX_OK) return r;
+    memset(&a, 0, sizeof a);
+    return capex__go_small(&ex, CAPEX__GO_K_ZERO_NORM, 1, 1, &a, NULL);
+}
+
 /* capex_cuda_zero_create's own setup once the base zero's buffers exist
    (capex__zero_dev.finish): run inside capex__zero_create before its last
    agreement, so a failure here on one rank fails every rank. zg->z is set
@@ -8786,6 +8809,7 @@ static capex_result capex__czero_finish(void *user, capex_zero *z) {
         zg->opt->reduce_fn = capex__czero_reduce;
         zg->opt->reduce_user = zg;
     }
+    if (r == CAPEX_OK) r = capex__czero_load(zg);
     return r;
 }
 
