@@ -1524,6 +1524,14 @@ typedef struct capex_comm_vtable {
        earlier reservation). DDP and ZeRO call it at create (DDP at a
        rebuild too), before their agreement, and at destroy. */
     capex_result (*reserve)(capex_comm *c, int scales, size_t half_count, long requests);
+    /* Optional (device comms): a device buffer of at least `bytes`, kept by
+       the comm, for capex's small exchanges of host values (the creates'
+       model check, agreements, DDP's ready order); only those use it, one
+       at a time. Grown when smaller (an allocation: a rank failing it alone
+       would leave its peers in the exchange), so the comm makes it at init
+       for the fixed ones and DDP asks for its ready order at create. NULL:
+       each exchange allocates (mem_alloc) its own. */
+    capex_result (*host_buffer)(capex_comm *c, size_t bytes, void **dev);
 } capex_comm_vtable;
 
 struct capex_comm {
@@ -9089,7 +9097,7 @@ static capex_result capex__single_allgatherv(capex_comm *c, const void *send, vo
 static const capex_comm_vtable capex__single_vt = {
     "single", capex__single_allreduce, capex__single_broadcast, capex__single_allgather, capex__single_barrier,
     capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__single_reduce_scatter, capex__single_allgatherv, NULL, NULL, NULL, NULL};
+    capex__single_reduce_scatter, capex__single_allgatherv, NULL, NULL, NULL, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_single: comm is NULL");
@@ -9564,7 +9572,7 @@ static capex_result capex__mpi_allgatherv(capex_comm *c, const void *send, void 
 static const capex_comm_vtable capex__mpi_vt = {
     "mpi", capex__mpi_allreduce, capex__mpi_broadcast, capex__mpi_allgather, capex__mpi_barrier,
     capex__mpi_iallreduce, capex__mpi_wait, NULL, NULL, capex__mpi_destroy, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv, capex__mpi_ireduce_scatter, capex__mpi_iallgather, NULL, NULL};
+    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv, capex__mpi_ireduce_scatter, capex__mpi_iallgather, NULL, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     int init = 0, fin = 0, rc;
@@ -10731,7 +10739,7 @@ static void capex__tcp_abort(capex_comm *c) {
 static const capex_comm_vtable capex__tcp_vt = {
     "tcp", capex__tcp_allreduce, capex__tcp_broadcast, capex__tcp_allgather, capex__tcp_barrier,
     NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__tcp_reduce_scatter, capex__tcp_allgatherv, NULL, NULL, NULL, NULL};
+    capex__tcp_reduce_scatter, capex__tcp_allgatherv, NULL, NULL, NULL, NULL, NULL};
 #endif /* CAPEX__HAVE_SOCKETS */
 
 #ifdef CAPEX__HAVE_SOCKETS
@@ -11142,17 +11150,27 @@ CAPEX__PRIVATE void capex__sig_value(char *buf, size_t n, const capex__sig_names
     else snprintf(buf, n, "%lld", (long long)v);
 }
 
+/* The device bytes of the fixed-size exchanges of capex__comm_host on a
+   world of W: the creates' model check (an allgather of CAPEX__SIG_N int64
+   and its send slot) is the largest; agreements take 32, ZeRO's save status
+   8. A device comm's host_buffer is made this large at init. */
+CAPEX__PRIVATE size_t capex__comm_host_bytes(int W) { return sizeof(int64_t) * CAPEX__SIG_N * ((size_t)(W > 1 ? W : 1) + 1); }
+
 /* A collective on a small host array (the model check, agreements, DDP's
    ready order, ZeRO's save status), through a device buffer when the
-   transport needs one (NCCL). ALLGATHER: send holds count, recv
+   transport needs one (NCCL): the comm's own (vt->host_buffer; made at
+   init, and for DDP's ready order at create, so nothing is allocated here
+   where a rank failing alone would leave its peers in the collective),
+   else one allocated per call. ALLGATHER: send holds count, recv
    world_size x count; ALLREDUCE (sum) and BROADCAST work in place on recv.
-   On a timeout the device buffer is not freed: a transport may still
-   write it. */
+   On a timeout an allocated device buffer is not freed: a transport may
+   still write it. */
 enum { CAPEX__HOST_ALLGATHER, CAPEX__HOST_ALLREDUCE, CAPEX__HOST_BROADCAST };
 CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, int kind, const void *send, void *recv, size_t count,
                                              capex_dtype t, int root) {
     size_t es = capex_comm_dtype_size(t), nout = kind == CAPEX__HOST_ALLGATHER ? count * (size_t)c->world_size : count;
     void *dev = NULL, *in;
+    int kept = c->vt->host_buffer != NULL;
     capex_result r;
     if (!c->device_buffers) {
         if (kind == CAPEX__HOST_ALLGATHER) r = capex__comm_allgather_checked(c, send, recv, count, t);
@@ -11161,7 +11179,8 @@ CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, int kind, const void
         return capex__comm_refused(c, r);
     }
     /* allgather: the send slot after the world_size receive slots */
-    r = capex__comm_alloc(c, &dev, es * (kind == CAPEX__HOST_ALLGATHER ? nout + count : nout));
+    if (kept) r = c->vt->host_buffer(c, es * (kind == CAPEX__HOST_ALLGATHER ? nout + count : nout), &dev);
+    else r = capex__comm_alloc(c, &dev, es * (kind == CAPEX__HOST_ALLGATHER ? nout + count : nout));
     if (r != CAPEX_OK) return r;
     in = kind == CAPEX__HOST_ALLGATHER ? (char *)dev + es * nout : dev;
     r = capex__comm_copy(c, in, kind == CAPEX__HOST_ALLGATHER ? send : recv, es * count, CAPEX_COPY_H2D);
@@ -11171,7 +11190,7 @@ CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, int kind, const void
         else r = capex__comm_broadcast_checked(c, dev, count, t, root);
     }
     if (r == CAPEX_OK) r = capex__comm_copy(c, recv, dev, es * nout, CAPEX_COPY_D2H);
-    if (r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, dev);
+    if (!kept && r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, dev);
     return r;
 }
 
@@ -11182,12 +11201,10 @@ CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, int kind, const void
    failed; else CAPEX_ERR_COMM when a peer refused, CAPEX_ERR_SIZE_MISMATCH
    when the models differ, CAPEX_ERR_CONFIG when the descriptors differ (the
    same verdict and message on every rank). Device comms (NCCL) exchange
-   through a device buffer of 128 (W + 1) bytes allocated here: a rank that
-   cannot allocate it cannot take part, and NCCL has no stand-in (no
-   barrier pairs with an allgather), so its peers fail only at their
-   deadline (CAPEX_ERR_TIMEOUT, the comm aborted). Left so: a comm-held
-   buffer would need a new vtable entry, for a failure of a small
-   allocation on an otherwise healthy device. */
+   through the comm's own device buffer (capex__comm_host_bytes, made at
+   init): a rank that failed its own part still takes part (before
+   2026-11-28 the buffer was allocated here, and a rank that could not
+   left its peers in the allgather until their deadline). */
 CAPEX__PRIVATE capex_result capex__create_agree(capex_comm *c, int64_t *sig, capex_result local, const capex__sig_names *nm) {
     char keep[sizeof capex__error_message], a[48], b[48], also[160];
     const size_t N = CAPEX__SIG_N;
@@ -11306,8 +11323,9 @@ done:
    the same small allreduce) all fail with CAPEX_ERR_CONFIG. Returns local
    when it failed (its message kept); else that CONFIG; CAPEX_ERR_COMM naming
    the rank when a peer failed; the exchange's own error. Device comms go
-   through a 32-byte device buffer: if that one cannot be allocated on a
-   rank, its peers wait until their deadline. World size 1: nothing is sent. */
+   through the comm's own device buffer (allocated at init, not here, where
+   one rank failing alone left its peers waiting until their deadline).
+   World size 1: nothing is sent. */
 CAPEX__PRIVATE capex_result capex__comm_agree(capex_comm *c, capex_result local, const char *fn) {
     char keep[sizeof capex__error_message];
     int64_t v[4], tag = 0;
@@ -11457,6 +11475,11 @@ static capex_result capex__ddp_reserve(capex_ddp *g) {
     float post = g->d.gradient_average ? (float)((double)f / (double)c->world_size) : 1.0f; /* capex_ddp_finalize's */
     int scales = f != 1.0f || post != 1.0f;
     capex_result r;
+    if (g->d.rebuild_buckets && !g->rebuilt && c->world_size > 1 && c->vt->host_buffer) {
+        void *dev; /* the rebuild's broadcast of rank 0's ready order (u32 per param) */
+        if (g->np > SIZE_MAX / 4) return capex__fail(CAPEX_ERR_LIMIT, "capex_ddp_create: %zu params", g->np);
+        if ((r = c->vt->host_buffer(c, g->np * 4, &dev)) != CAPEX_OK) return r;
+    }
     if (!c->vt->reserve) return CAPEX_OK;
     for (i = 0; i < g->nb; i++) {
         const capex__bucket *bk = &g->b[i];
