@@ -1296,8 +1296,9 @@ static void child_load_fail(const char *arg, child_result *res) {
    Adam steps succeed on both ranks; one rank failing there would leave the
    other waiting in a collective. Before 2026-11-28 each nonblocking call
    created its event and the first half average grew the scratch. Stage 2's
-   lent grad buffers still grow the pool in the first step (not tested
-   here). CAPEX_EMU_FAIL_MODULE: what a step and grad_norm launch (the
+   pool of lent grad buffers holds one from create (a backward in bucket
+   order lends no other); before 2026-11-28 the first lend allocated it, in
+   the first step. CAPEX_EMU_FAIL_MODULE: what a step and grad_norm launch (the
    optimizer's kernels, the norm's sums, LAMB's ratio pass) is loaded by
    create, inside its agreement; before 2026-11-28 it loaded at the first
    grad_norm or step, where rank 1 failed alone while rank 0 waited in the
@@ -1380,6 +1381,7 @@ static void nofail_case(ct_state *ct, const char *arg) {
 }
 CT_TEST(world2_stage1_step_allocates_no_device_memory) { nofail_case(ct, "CAPEX_EMU_FAIL_ALLOC 1"); }
 CT_TEST(world2_stage2_step_creates_no_event) { nofail_case(ct, "CAPEX_EMU_FAIL_EVENT 2"); }
+CT_TEST(world2_stage2_step_allocates_no_device_memory) { nofail_case(ct, "CAPEX_EMU_FAIL_ALLOC 2"); }
 CT_TEST(world2_stage1_step_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU_FAIL_MODULE 1"); }
 CT_TEST(world2_stage2_lamb_step_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU_FAIL_MODULE 2 lamb"); }
 CT_TEST(checkpoint_across_world_sizes) { ckpt_worlds(ct, "0"); }
@@ -1428,7 +1430,7 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(checkpoint_across_world_sizes), CT_CASE(checkpoint_across_world_sizes_novograd),
                                 CT_CASE(world2_stage1_step_allocates_no_device_memory),
                                 CT_CASE(world2_stage2_step_creates_no_event),
-                                CT_CASE(world2_stage1_step_loads_no_kernel), CT_CASE(world2_stage2_lamb_step_loads_no_kernel),
+                                CT_CASE(world2_stage2_step_allocates_no_device_memory), CT_CASE(world2_stage1_step_loads_no_kernel), CT_CASE(world2_stage2_lamb_step_loads_no_kernel),
                                 CT_CASE(world2_destroy_in_flight_dead_peer_aborts), CT_CASE(world2_momentum_on_refused_on_every_rank),
                                 CT_CASE(world2_one_rank_out_of_memory_fails_both), CT_CASE(world2_one_rank_load_fails_both)};
 int main(int argc, char **argv) {
