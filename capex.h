@@ -1793,6 +1793,9 @@ CAPEX_API void capex_ddp_get_stats(const capex_ddp *ddp, capex_ddp_stats *out);
    iteration and write the gradient before its grad_ready; every finalize
    reduces and adds into the shard (micro-batches accumulate there; zero_grad
    clears it). Peak gradient memory: the open buckets, typically one or two.
+   Over several ranks create allocates the pool's buffers that a backward
+   in reverse registration order lends (its peak of open buckets), so no
+   rank allocates alone in that first step; another order may grow it.
 
    Equivalence with DDP + capex_optim: the parameter update is elementwise
    (Adam/AdamW, SGD, Adagrad), so a shard steps exactly as the same elements
@@ -1841,7 +1844,7 @@ typedef struct capex_zero_memory {
     size_t shard_elements;        /* elements this rank owns, padding included */
     size_t padding_elements;      /* of those, alignment and shard padding */
     size_t buckets;               /* gradient buckets (each padded to world_size shards) */
-    size_t lent_buffers;          /* stage 2: full-size bucket buffers allocated so far (peak in use) */
+    size_t lent_buffers;          /* stage 2: full-size bucket buffers allocated so far (peak in use; W > 1: from create, see capex_zero_create) */
 } capex_zero_memory;
 
 CAPEX_API void capex_zero_desc_init(capex_zero_desc *d);
@@ -12369,6 +12372,44 @@ static void capex__zero_signature(int64_t *sig, const capex_zero_param *params, 
 }
 
 /* capex_zero_create, and capex_cuda_zero_create's device mode (dev non-NULL). */
+/* Stage 2 over several ranks: the pool gets now (under create's last
+   agreement) the buffers that a backward in reverse registration order
+   lends: buckets open from their first grad until they launch, in bucket
+   order, and a lend with the pool empty takes the buffer of a launched
+   bucket; so the peak of open buckets (2 when two dtypes fill side by
+   side). Lent on first use instead, they were allocated in the first step,
+   where one rank failing alone left its peers in a reduce-scatter. The
+   first iteration in that order allocates the same (the pool keeps them);
+   another order may need more (the pool then grows at a lend, as before)
+   or fewer. A world of 1 has no peer to strand and allocates on use. */
+static capex_result capex__zero_fill_pool(capex_zero *z) {
+    size_t *left, i, k, next = 0, open = 0, peak = 0;
+    unsigned char *lent;
+    capex_result r = CAPEX_OK;
+    if (!z->pool_bytes || !z->nb) return CAPEX_OK;
+    left = (size_t *)capex__alloc(NULL, sizeof(size_t) * z->nb);
+    lent = (unsigned char *)capex__alloc(NULL, z->nb);
+    if (!left || !lent) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero_create: out of memory");
+    for (k = 0; r == CAPEX_OK && k < z->nb; k++) left[k] = z->b[k].count, lent[k] = 0;
+    for (i = z->np; r == CAPEX_OK && i-- > 0;) {
+        k = z->bucket_of[i];
+        if (!lent[k]) lent[k] = 1, peak = ++open > peak ? open : peak;
+        left[k]--;
+        for (; next < z->nb && !left[next]; next++) open -= lent[next]; /* launched in bucket order */
+    }
+    capex__free(NULL, left);
+    capex__free(NULL, lent);
+    while (r == CAPEX_OK && z->npool < peak) {
+        void *b = NULL;
+        if ((r = capex__comm_alloc(z->comm, &b, z->pool_bytes)) != CAPEX_OK) break;
+        z->pool[z->npool++] = b;
+        z->pool_allocated++;
+        z->mem.lent_buffers++;
+        z->mem.grad_bytes += z->pool_bytes;
+    }
+    return r;
+}
+
 CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
                                               size_t np, const capex_optim_desc *od, const capex_optim_hparams *hparams,
                                               size_t ngroups, const capex_zero_desc *desc, const capex__zero_dev *dev,
@@ -12480,6 +12521,7 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
             if ((z->b[k].dtype == CAPEX_F16 || z->b[k].dtype == CAPEX_BF16) && z->b[k].shard > half) half = z->b[k].shard;
         if ((r = comm->vt->reserve(comm, scales, scales ? half : 0, (long)z->nb)) == CAPEX_OK) z->reserved = z->nb;
     }
+    if (r == CAPEX_OK && z->d.stage == 2 && W > 1) r = capex__zero_fill_pool(z);
     if (r == CAPEX_OK && z->has_dev && z->dev.finish) r = z->dev.finish(z->dev.user, z);
     /* a failure here (buffers, the optimizer) is this rank's alone: one more
        small agreement, so that its peers fail with it instead of returning a
