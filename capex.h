@@ -1844,7 +1844,7 @@ typedef struct capex_zero_memory {
     size_t shard_elements;        /* elements this rank owns, padding included */
     size_t padding_elements;      /* of those, alignment and shard padding */
     size_t buckets;               /* gradient buckets (each padded to world_size shards) */
-    size_t lent_buffers;          /* stage 2: full-size bucket buffers allocated so far (peak in use; W > 1: from create, see capex_zero_create) */
+    size_t lent_buffers;          /* stage 2: full-size bucket buffers allocated so far (peak in use; W > 1: from create) */
 } capex_zero_memory;
 
 CAPEX_API void capex_zero_desc_init(capex_zero_desc *d);
@@ -12371,13 +12371,12 @@ static void capex__zero_signature(int64_t *sig, const capex_zero_param *params, 
     sig[CAPEX__SIG_DESC + 7] = (int64_t)hh;
 }
 
-/* capex_zero_create, and capex_cuda_zero_create's device mode (dev non-NULL). */
 /* Stage 2 over several ranks: the pool gets now (under create's last
    agreement) the buffers that a backward in reverse registration order
    lends: buckets open from their first grad until they launch, in bucket
    order, and a lend with the pool empty takes the buffer of a launched
-   bucket; so the peak of open buckets (2 when two dtypes fill side by
-   side). Lent on first use instead, they were allocated in the first step,
+   bucket; so the peak of open buckets (one per dtype when dtypes fill
+   side by side). Lent on first use instead, they were allocated in the first step,
    where one rank failing alone left its peers in a reduce-scatter. The
    first iteration in that order allocates the same (the pool keeps them);
    another order may need more (the pool then grows at a lend, as before)
@@ -12410,6 +12409,7 @@ static capex_result capex__zero_fill_pool(capex_zero *z) {
     return r;
 }
 
+/* capex_zero_create, and capex_cuda_zero_create's device mode (dev non-NULL). */
 CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
                                               size_t np, const capex_optim_desc *od, const capex_optim_hparams *hparams,
                                               size_t ngroups, const capex_zero_desc *desc, const capex__zero_dev *dev,
