@@ -8780,13 +8780,25 @@ CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *zg) {
    its last agreement. On first use they loaded at the first grad_norm or
    step, between collectives, where one rank failing alone (a module the
    driver refuses, no NVRTC and no cache entry) left its peers in the norm's
-   allreduce or the all-gather. A later change of the step's kernels (a
-   schedule attached, a switch of modes) loads at the next step again. */
-static capex_result capex__czero_load(capex_cuda_zero *zg) {
+   allreduce or the all-gather (stage 2's accumulation: in a finalize). A
+   later change of the step's kernels (a schedule attached, a switch of
+   modes) loads at the next step again. */
+static capex_result capex__czero_load(capex_cuda_zero *zg, const capex_zero *z) {
     capex__go_exec ex;
     capex__go_args a;
+    capex_cuda_function fn;
     capex_result r;
+    size_t k;
     if ((r = capex__go_step_ready(zg->opt, 0, 0, 0)) != CAPEX_OK) return r;
+    /* stage 2's accumulation (capex__czero_add): the add, and the converts of half shards */
+    if (z->d.stage == 2 && (r = capex__cuda_builtin_get(zg->ctx, 2, &fn)) != CAPEX_OK) return r; /* capex_add_f32 */
+    for (k = 0; z->d.stage == 2 && k < z->nb; k++)
+        if (z->b[k].dtype == CAPEX_F16 || z->b[k].dtype == CAPEX_BF16) {
+            size_t to = z->b[k].dtype == CAPEX_F16 ? 3 : 5; /* f32 -> half, then half -> f32 (capex_cuda_convert's) */
+            if ((r = capex__cuda_builtin_get(zg->ctx, to, &fn)) != CAPEX_OK ||
+                (r = capex__cuda_builtin_get(zg->ctx, to + 1, &fn)) != CAPEX_OK)
+                return r;
+        }
     if ((r = capex__go_dev_exec(zg->ctx, "capex_cuda_zero_create", &ex)) != CAPEX_OK) return r;
     ex.launch = capex__go_dev_load_only; /* as capex_cuda_zero_grad_norm's launches */
     ex.grid = NULL;
@@ -8840,7 +8852,7 @@ static capex_result capex__czero_finish(void *user, capex_zero *z) {
         zg->opt->reduce_fn = capex__czero_reduce;
         zg->opt->reduce_user = zg;
     }
-    if (r == CAPEX_OK) r = capex__czero_load(zg);
+    if (r == CAPEX_OK) r = capex__czero_load(zg, z);
     return r;
 }
 
