@@ -1524,6 +1524,14 @@ typedef struct capex_comm_vtable {
        earlier reservation). DDP and ZeRO call it at create (DDP at a
        rebuild too), before their agreement, and at destroy. */
     capex_result (*reserve)(capex_comm *c, int scales, size_t half_count, long requests);
+    /* Optional (device comms): a device buffer of at least `bytes`, kept by
+       the comm, for capex's small exchanges of host values (the creates'
+       model check, agreements, DDP's ready order); only those use it, one
+       at a time. Grown when smaller (an allocation: a rank failing it alone
+       would leave its peers in the exchange), so the comm makes it at init
+       for the fixed ones and DDP asks for its ready order at create. NULL:
+       each exchange allocates (mem_alloc) its own. */
+    capex_result (*host_buffer)(capex_comm *c, size_t bytes, void **dev);
 } capex_comm_vtable;
 
 struct capex_comm {
@@ -1785,6 +1793,9 @@ CAPEX_API void capex_ddp_get_stats(const capex_ddp *ddp, capex_ddp_stats *out);
    iteration and write the gradient before its grad_ready; every finalize
    reduces and adds into the shard (micro-batches accumulate there; zero_grad
    clears it). Peak gradient memory: the open buckets, typically one or two.
+   Over several ranks create allocates the pool's buffers that a backward
+   in reverse registration order lends (its peak of open buckets), so no
+   rank allocates alone in that first step; another order may grow it.
 
    Equivalence with DDP + capex_optim: the parameter update is elementwise
    (Adam/AdamW, SGD, Adagrad), so a shard steps exactly as the same elements
@@ -1833,7 +1844,7 @@ typedef struct capex_zero_memory {
     size_t shard_elements;        /* elements this rank owns, padding included */
     size_t padding_elements;      /* of those, alignment and shard padding */
     size_t buckets;               /* gradient buckets (each padded to world_size shards) */
-    size_t lent_buffers;          /* stage 2: full-size bucket buffers allocated so far (peak in use) */
+    size_t lent_buffers;          /* stage 2: full-size bucket buffers allocated so far (peak in use; W > 1: from create) */
 } capex_zero_memory;
 
 CAPEX_API void capex_zero_desc_init(capex_zero_desc *d);
@@ -9104,7 +9115,7 @@ static capex_result capex__single_allgatherv(capex_comm *c, const void *send, vo
 static const capex_comm_vtable capex__single_vt = {
     "single", capex__single_allreduce, capex__single_broadcast, capex__single_allgather, capex__single_barrier,
     capex__single_iallreduce, capex__single_wait, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__single_reduce_scatter, capex__single_allgatherv, NULL, NULL, NULL, NULL};
+    capex__single_reduce_scatter, capex__single_allgatherv, NULL, NULL, NULL, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_single(capex_comm *c) {
     if (!c) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_single: comm is NULL");
@@ -9579,7 +9590,7 @@ static capex_result capex__mpi_allgatherv(capex_comm *c, const void *send, void 
 static const capex_comm_vtable capex__mpi_vt = {
     "mpi", capex__mpi_allreduce, capex__mpi_broadcast, capex__mpi_allgather, capex__mpi_barrier,
     capex__mpi_iallreduce, capex__mpi_wait, NULL, NULL, capex__mpi_destroy, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv, capex__mpi_ireduce_scatter, capex__mpi_iallgather, NULL, NULL};
+    capex__mpi_test, capex__mpi_reduce_scatter, capex__mpi_allgatherv, capex__mpi_ireduce_scatter, capex__mpi_iallgather, NULL, NULL, NULL};
 
 CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc) {
     int init = 0, fin = 0, rc;
@@ -10746,7 +10757,7 @@ static void capex__tcp_abort(capex_comm *c) {
 static const capex_comm_vtable capex__tcp_vt = {
     "tcp", capex__tcp_allreduce, capex__tcp_broadcast, capex__tcp_allgather, capex__tcp_barrier,
     NULL, NULL, NULL, capex__tcp_abort, capex__tcp_destroy, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    capex__tcp_reduce_scatter, capex__tcp_allgatherv, NULL, NULL, NULL, NULL};
+    capex__tcp_reduce_scatter, capex__tcp_allgatherv, NULL, NULL, NULL, NULL, NULL};
 #endif /* CAPEX__HAVE_SOCKETS */
 
 #ifdef CAPEX__HAVE_SOCKETS
@@ -11157,17 +11168,27 @@ CAPEX__PRIVATE void capex__sig_value(char *buf, size_t n, const capex__sig_names
     else snprintf(buf, n, "%lld", (long long)v);
 }
 
+/* The device bytes of the fixed-size exchanges of capex__comm_host on a
+   world of W: the creates' model check (an allgather of CAPEX__SIG_N int64
+   and its send slot) is the largest; agreements take 32, ZeRO's save status
+   8. A device comm's host_buffer is made this large at init. */
+CAPEX__PRIVATE size_t capex__comm_host_bytes(int W) { return sizeof(int64_t) * CAPEX__SIG_N * ((size_t)(W > 1 ? W : 1) + 1); }
+
 /* A collective on a small host array (the model check, agreements, DDP's
    ready order, ZeRO's save status), through a device buffer when the
-   transport needs one (NCCL). ALLGATHER: send holds count, recv
+   transport needs one (NCCL): the comm's own (vt->host_buffer; made at
+   init, and for DDP's ready order at create, so nothing is allocated here
+   where a rank failing alone would leave its peers in the collective),
+   else one allocated per call. ALLGATHER: send holds count, recv
    world_size x count; ALLREDUCE (sum) and BROADCAST work in place on recv.
-   On a timeout the device buffer is not freed: a transport may still
-   write it. */
+   On a timeout an allocated device buffer is not freed: a transport may
+   still write it. */
 enum { CAPEX__HOST_ALLGATHER, CAPEX__HOST_ALLREDUCE, CAPEX__HOST_BROADCAST };
 CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, int kind, const void *send, void *recv, size_t count,
                                              capex_dtype t, int root) {
     size_t es = capex_comm_dtype_size(t), nout = kind == CAPEX__HOST_ALLGATHER ? count * (size_t)c->world_size : count;
     void *dev = NULL, *in;
+    int kept = c->vt->host_buffer != NULL;
     capex_result r;
     if (!c->device_buffers) {
         if (kind == CAPEX__HOST_ALLGATHER) r = capex__comm_allgather_checked(c, send, recv, count, t);
@@ -11176,7 +11197,8 @@ CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, int kind, const void
         return capex__comm_refused(c, r);
     }
     /* allgather: the send slot after the world_size receive slots */
-    r = capex__comm_alloc(c, &dev, es * (kind == CAPEX__HOST_ALLGATHER ? nout + count : nout));
+    if (kept) r = c->vt->host_buffer(c, es * (kind == CAPEX__HOST_ALLGATHER ? nout + count : nout), &dev);
+    else r = capex__comm_alloc(c, &dev, es * (kind == CAPEX__HOST_ALLGATHER ? nout + count : nout));
     if (r != CAPEX_OK) return r;
     in = kind == CAPEX__HOST_ALLGATHER ? (char *)dev + es * nout : dev;
     r = capex__comm_copy(c, in, kind == CAPEX__HOST_ALLGATHER ? send : recv, es * count, CAPEX_COPY_H2D);
@@ -11186,7 +11208,7 @@ CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, int kind, const void
         else r = capex__comm_broadcast_checked(c, dev, count, t, root);
     }
     if (r == CAPEX_OK) r = capex__comm_copy(c, recv, dev, es * nout, CAPEX_COPY_D2H);
-    if (r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, dev);
+    if (!kept && r != CAPEX_ERR_TIMEOUT) capex__comm_free(c, dev);
     return r;
 }
 
@@ -11197,12 +11219,10 @@ CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, int kind, const void
    failed; else CAPEX_ERR_COMM when a peer refused, CAPEX_ERR_SIZE_MISMATCH
    when the models differ, CAPEX_ERR_CONFIG when the descriptors differ (the
    same verdict and message on every rank). Device comms (NCCL) exchange
-   through a device buffer of 128 (W + 1) bytes allocated here: a rank that
-   cannot allocate it cannot take part, and NCCL has no stand-in (no
-   barrier pairs with an allgather), so its peers fail only at their
-   deadline (CAPEX_ERR_TIMEOUT, the comm aborted). Left so: a comm-held
-   buffer would need a new vtable entry, for a failure of a small
-   allocation on an otherwise healthy device. */
+   through the comm's own device buffer (capex__comm_host_bytes, made at
+   init): a rank that failed its own part still takes part (before
+   2026-11-28 the buffer was allocated here, and a rank that could not
+   left its peers in the allgather until their deadline). */
 CAPEX__PRIVATE capex_result capex__create_agree(capex_comm *c, int64_t *sig, capex_result local, const capex__sig_names *nm) {
     char keep[sizeof capex__error_message], a[48], b[48], also[160];
     const size_t N = CAPEX__SIG_N;
@@ -11321,8 +11341,9 @@ done:
    the same small allreduce) all fail with CAPEX_ERR_CONFIG. Returns local
    when it failed (its message kept); else that CONFIG; CAPEX_ERR_COMM naming
    the rank when a peer failed; the exchange's own error. Device comms go
-   through a 32-byte device buffer: if that one cannot be allocated on a
-   rank, its peers wait until their deadline. World size 1: nothing is sent. */
+   through the comm's own device buffer (allocated at init, not here, where
+   one rank failing alone left its peers waiting until their deadline).
+   World size 1: nothing is sent. */
 CAPEX__PRIVATE capex_result capex__comm_agree(capex_comm *c, capex_result local, const char *fn) {
     char keep[sizeof capex__error_message];
     int64_t v[4], tag = 0;
@@ -11472,6 +11493,11 @@ static capex_result capex__ddp_reserve(capex_ddp *g) {
     float post = g->d.gradient_average ? (float)((double)f / (double)c->world_size) : 1.0f; /* capex_ddp_finalize's */
     int scales = f != 1.0f || post != 1.0f;
     capex_result r;
+    if (g->d.rebuild_buckets && !g->rebuilt && c->world_size > 1 && c->vt->host_buffer) {
+        void *dev; /* the rebuild's broadcast of rank 0's ready order (u32 per param) */
+        if (g->np > SIZE_MAX / 4) return capex__fail(CAPEX_ERR_LIMIT, "capex_ddp_create: %zu params", g->np);
+        if ((r = c->vt->host_buffer(c, g->np * 4, &dev)) != CAPEX_OK) return r;
+    }
     if (!c->vt->reserve) return CAPEX_OK;
     for (i = 0; i < g->nb; i++) {
         const capex__bucket *bk = &g->b[i];
@@ -12360,6 +12386,44 @@ static void capex__zero_signature(int64_t *sig, const capex_zero_param *params, 
     sig[CAPEX__SIG_DESC + 7] = (int64_t)hh;
 }
 
+/* Stage 2 over several ranks: the pool gets now (under create's last
+   agreement) the buffers that a backward in reverse registration order
+   lends: buckets open from their first grad until they launch, in bucket
+   order, and a lend with the pool empty takes the buffer of a launched
+   bucket; so the peak of open buckets (one per dtype when dtypes fill
+   side by side). Lent on first use instead, they were allocated in the first step,
+   where one rank failing alone left its peers in a reduce-scatter. The
+   first iteration in that order allocates the same (the pool keeps them);
+   another order may need more (the pool then grows at a lend, as before)
+   or fewer. A world of 1 has no peer to strand and allocates on use. */
+static capex_result capex__zero_fill_pool(capex_zero *z) {
+    size_t *left, i, k, next = 0, open = 0, peak = 0;
+    unsigned char *lent;
+    capex_result r = CAPEX_OK;
+    if (!z->pool_bytes || !z->nb) return CAPEX_OK;
+    left = (size_t *)capex__alloc(NULL, sizeof(size_t) * z->nb);
+    lent = (unsigned char *)capex__alloc(NULL, z->nb);
+    if (!left || !lent) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_zero_create: out of memory");
+    for (k = 0; r == CAPEX_OK && k < z->nb; k++) left[k] = z->b[k].count, lent[k] = 0;
+    for (i = z->np; r == CAPEX_OK && i-- > 0;) {
+        k = z->bucket_of[i];
+        if (!lent[k]) lent[k] = 1, peak = ++open > peak ? open : peak;
+        left[k]--;
+        for (; next < z->nb && !left[next]; next++) open -= lent[next]; /* launched in bucket order */
+    }
+    capex__free(NULL, left);
+    capex__free(NULL, lent);
+    while (r == CAPEX_OK && z->npool < peak) {
+        void *b = NULL;
+        if ((r = capex__comm_alloc(z->comm, &b, z->pool_bytes)) != CAPEX_OK) break;
+        z->pool[z->npool++] = b;
+        z->pool_allocated++;
+        z->mem.lent_buffers++;
+        z->mem.grad_bytes += z->pool_bytes;
+    }
+    return r;
+}
+
 /* capex_zero_create, and capex_cuda_zero_create's device mode (dev non-NULL). */
 CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
                                               size_t np, const capex_optim_desc *od, const capex_optim_hparams *hparams,
@@ -12472,6 +12536,7 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
             if ((z->b[k].dtype == CAPEX_F16 || z->b[k].dtype == CAPEX_BF16) && z->b[k].shard > half) half = z->b[k].shard;
         if ((r = comm->vt->reserve(comm, scales, scales ? half : 0, (long)z->nb)) == CAPEX_OK) z->reserved = z->nb;
     }
+    if (r == CAPEX_OK && z->d.stage == 2 && W > 1) r = capex__zero_fill_pool(z);
     if (r == CAPEX_OK && z->has_dev && z->dev.finish) r = z->dev.finish(z->dev.user, z);
     /* a failure here (buffers, the optimizer) is this rank's alone: one more
        small agreement, so that its peers fail with it instead of returning a

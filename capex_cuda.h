@@ -623,7 +623,10 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const c
    on user_stream itself, so it never waits for the comm stream. DDP's and
    ZeRO's creates reserve on the comm what their launches use (an event per
    bucket, the f32 scratch of half scales, the scale and convert kernels),
-   so a step creates and allocates nothing where one rank could fail alone. dtypes: f32,
+   so a step creates and allocates nothing where one rank could fail alone;
+   the comm's init makes the device buffer of their agreements (144 (world
+   + 1) bytes; DDP's create grows it to 4 bytes a param for a rebuild's
+   ready order), so no agreement allocates either. dtypes: f32,
    f16, bf16 (NCCL >= 2.10), and CAPEX_F64 / CAPEX_I64. AVG is ncclAvg on
    NCCL >= 2.10, else a sum then a scale by 1/world. Thread safety: one thread
    at a time per comm (like every capex_comm). If rank 0 cannot make the id (no
@@ -725,12 +728,15 @@ CAPEX_API int capex_comm_is_nccl(const capex_comm *c);
 typedef struct capex_cuda_zero capex_cuda_zero;
 /* As capex_zero_create, for a comm on device buffers (NCCL) and device
    params. Collective, with the same check that every rank passes the same
-   model and settings (its 18 int64 per rank go through a small device buffer),
-   and the same last agreement, after this rank's device buffers and optimizer.
-   Those exchanges need a small device buffer each (128 (world + 1) and 32
-   bytes): a rank that cannot allocate one leaves its peers to fail at their
-   deadline (CAPEX_ERR_TIMEOUT), as do capex_zero_save's first agreement and
-   capex_zero_load's. */
+   model and settings (its 18 int64 per rank go through the comm's small
+   device buffer), and the same last agreement, after this rank's device buffers, optimizer
+   and the kernels its steps and grad_norm launch (loaded here, compiled if
+   missing: a rank that cannot load one fails every rank here, not alone at
+   the first step; a schedule attached later loads its kernel at the next
+   step). Those exchanges, and capex_zero_save's and capex_zero_load's
+   agreements, allocate nothing: the NCCL comm keeps their device buffer
+   (144 (world + 1) bytes, made by its init), so a rank failing its own part
+   still takes part and its peers fail with it. */
 CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm *comm, const capex_zero_param *params,
                                               size_t num_params, const capex_optim_desc *od,
                                               const capex_optim_hparams *hparams, size_t num_groups,
@@ -7730,6 +7736,8 @@ typedef struct capex__nccl {
     size_t scratch_bytes;
     capex_cuda_ptr uscratch;     /* the same for the memory entries, which run on user */
     size_t uscratch_bytes;
+    capex_cuda_ptr hbuf;         /* capex_comm_vtable.host_buffer's (agreements), made at init */
+    size_t hbuf_bytes;
     /* request events. [0, n_req_events): nonblocking requests not yet waited
        (a request whose wait failed is never waited again, so destroy frees
        what is left). The last n_idle_events: idle, made by reserve or kept
@@ -8206,6 +8214,29 @@ static void capex__nccl_req_done(capex__nccl *n, capex_cuda_event e) {
     capex_cuda_event_destroy(n->ctx, e);
 }
 
+/* capex_comm_vtable.host_buffer: the exchanges of host values go through
+   it one at a time, each finished (or the comm failed) before the next, so
+   growing frees the old one at once; after a failure a collective may still
+   write it: it is kept until destroy, and growing is refused. */
+static capex_result capex__nccl_host_buffer(capex_comm *c, size_t bytes, void **dev) {
+    capex__nccl *n = capex__nccl_of(c);
+    capex_cuda_ptr p = 0;
+    capex_result r;
+    *dev = NULL;
+    if (!n) return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL comm: not initialised");
+    if (bytes > n->hbuf_bytes) {
+        if (c->failed || n->aborted)
+            return capex__fail(CAPEX_ERR_COMM, "NCCL comm failed earlier (a timeout or a peer's failure); restart the job");
+        if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
+        if ((r = capex_cuda_malloc(n->ctx, bytes, &p)) != CAPEX_OK) return r;
+        if (n->hbuf) capex_cuda_free(n->ctx, n->hbuf);
+        n->hbuf = p;
+        n->hbuf_bytes = bytes;
+    }
+    *dev = (void *)(uintptr_t)n->hbuf;
+    return CAPEX_OK;
+}
+
 /* capex_comm_vtable.reserve: what DDP's and ZeRO's launches use, made
    now (under the create's or rebuild's agreement) instead of mid-backward,
    where one rank failing alone left its peers waiting in the collective.
@@ -8373,6 +8404,7 @@ static void capex__nccl_destroy(capex_comm *c) {
         if (!n->aborted) capex_cuda_stream_synchronize(n->ctx, n->stream);
         if (n->scratch) capex_cuda_free(n->ctx, n->scratch);
         if (n->uscratch) capex_cuda_free(n->ctx, n->uscratch);
+        if (n->hbuf) capex_cuda_free(n->ctx, n->hbuf);
         while (n->n_req_events) capex_cuda_event_destroy(n->ctx, n->req_events[--n->n_req_events]);
         while (n->n_idle_events) capex_cuda_event_destroy(n->ctx, n->req_events[n->req_events_cap - n->n_idle_events--]);
         capex_cuda_event_destroy(n->ctx, n->ev_user);
@@ -8457,14 +8489,14 @@ static const capex_comm_vtable capex__nccl_vt = {
     capex__nccl_mem_alloc, capex__nccl_mem_free, capex__nccl_mem_copy, capex__nccl_mem_zero, capex__nccl_scale,
     capex__nccl_convert, capex__nccl_test, capex__nccl_reduce_scatter, capex__nccl_allgatherv, capex__nccl_ireduce_scatter,
     capex__nccl_iallgather,
-    capex__nccl_check_dtype, capex__nccl_reserve};
+    capex__nccl_check_dtype, capex__nccl_reserve, capex__nccl_host_buffer};
 
 /* Everything of the init that can fail on this rank alone: the desc, NCCL's
    symbols, the driver's cuEventQuery, our stream and events; c holds them
    (vt set, comm NULL) on success, is zeroed on failure. It runs before the
    unique-id exchange: a rank that fails after the id went round leaves its
    peers in ncclCommInitRank, which waits for every rank with no deadline. */
-CAPEX__PRIVATE capex_result capex__nccl_prepare(capex_comm *c, const capex_nccl_desc *d, const char *fn) {
+CAPEX__PRIVATE capex_result capex__nccl_prepare(capex_comm *c, const capex_nccl_desc *d, int world_size, const char *fn) {
     capex__nccl *n;
     capex_result r;
     void *q = NULL;
@@ -8496,7 +8528,9 @@ CAPEX__PRIVATE capex_result capex__nccl_prepare(capex_comm *c, const capex_nccl_
         (r = capex_cuda_event_create(n->ctx, 0, &n->ev_user)) != CAPEX_OK ||
         (r = capex_cuda_event_create(n->ctx, 0, &n->ev_done)) != CAPEX_OK ||
         /* the barrier's word: a barrier allocating it on one rank alone could leave the others waiting */
-        (r = capex__nccl_scratch(c, 4)) != CAPEX_OK) {
+        (r = capex__nccl_scratch(c, 4)) != CAPEX_OK ||
+        /* the agreements' buffer, for the same reason (capex__comm_host) */
+        (r = capex__nccl_host_buffer(c, capex__comm_host_bytes(world_size), &q)) != CAPEX_OK) {
         capex_comm_destroy(c);
         return r;
     }
@@ -8584,7 +8618,7 @@ CAPEX_API capex_result capex_comm_init_nccl_id(capex_comm *c, const capex_nccl_u
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: timeout_s %g invalid (0: 1800 s)", d->timeout_s);
     if (capex__nccl_id_zero(id))
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_comm_init_nccl_id: the unique id is all zeros (not from ncclGetUniqueId)");
-    if ((r = capex__nccl_prepare(c, d, "capex_comm_init_nccl_id")) != CAPEX_OK) return r;
+    if ((r = capex__nccl_prepare(c, d, world_size, "capex_comm_init_nccl_id")) != CAPEX_OK) return r;
     return capex__nccl_init_rank(c, id, rank, world_size, d->timeout_s, d->init_timeout_s);
 }
 
@@ -8611,7 +8645,7 @@ CAPEX_API capex_result capex_comm_init_nccl(capex_comm *c, const capex_dist_env 
     memset(&id, 0, sizeof id);
     why[0] = '\0';
     /* this rank's own part first (capex__nccl_prepare), then the id on rank 0 */
-    made = capex__nccl_prepare(c, d, "capex_comm_init_nccl");
+    made = capex__nccl_prepare(c, d, env->world_size, "capex_comm_init_nccl");
     if (made == CAPEX_OK && env->rank == 0) made = capex_nccl_get_unique_id(&id);
     if (made != CAPEX_OK) {
         capex__cuda_fmt(why, sizeof why, "%s", capex_last_error());
@@ -8752,6 +8786,38 @@ CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *zg) {
     capex__free(NULL, zg);
 }
 
+/* Loads what a step and grad_norm of this zero launch (their kernels'
+   variants, compiled if missing), launching nothing: create does it inside
+   its last agreement. On first use they loaded at the first grad_norm or
+   step, between collectives, where one rank failing alone (a module the
+   driver refuses, no NVRTC and no cache entry) left its peers in the norm's
+   allreduce or the all-gather (stage 2's accumulation: in a finalize). A
+   later change of the step's kernels (a schedule attached, a switch of
+   modes) loads at the next step again. */
+static capex_result capex__czero_load(capex_cuda_zero *zg, const capex_zero *z) {
+    capex__go_exec ex;
+    capex__go_args a;
+    capex_cuda_function fn;
+    capex_result r;
+    size_t k;
+    if ((r = capex__go_step_ready(zg->opt, 0, 0, 0)) != CAPEX_OK) return r;
+    /* stage 2's accumulation (capex__czero_add): the add, and the converts of half shards */
+    if (z->d.stage == 2 && (r = capex__cuda_builtin_get(zg->ctx, 2, &fn)) != CAPEX_OK) return r; /* capex_add_f32 */
+    for (k = 0; z->d.stage == 2 && k < z->nb; k++)
+        if (z->b[k].dtype == CAPEX_F16 || z->b[k].dtype == CAPEX_BF16) {
+            size_t to = z->b[k].dtype == CAPEX_F16 ? 3 : 5; /* f32 -> half, then half -> f32 (capex_cuda_convert's) */
+            if ((r = capex__cuda_builtin_get(zg->ctx, to, &fn)) != CAPEX_OK ||
+                (r = capex__cuda_builtin_get(zg->ctx, to + 1, &fn)) != CAPEX_OK)
+                return r;
+        }
+    if ((r = capex__go_dev_exec(zg->ctx, "capex_cuda_zero_create", &ex)) != CAPEX_OK) return r;
+    ex.launch = capex__go_dev_load_only; /* as capex_cuda_zero_grad_norm's launches */
+    ex.grid = NULL;
+    if ((r = capex__go_sumsq_lists(&ex, NULL, zg->lists, zg->nlists, zg->ws, zg->chunks, NULL)) != CAPEX_OK) return r;
+    memset(&a, 0, sizeof a);
+    return capex__go_small(&ex, CAPEX__GO_K_ZERO_NORM, 1, 1, &a, NULL);
+}
+
 /* capex_cuda_zero_create's own setup once the base zero's buffers exist
    (capex__zero_dev.finish): run inside capex__zero_create before its last
    agreement, so a failure here on one rank fails every rank. zg->z is set
@@ -8797,6 +8863,7 @@ static capex_result capex__czero_finish(void *user, capex_zero *z) {
         zg->opt->reduce_fn = capex__czero_reduce;
         zg->opt->reduce_user = zg;
     }
+    if (r == CAPEX_OK) r = capex__czero_load(zg, z);
     return r;
 }
 

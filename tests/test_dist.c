@@ -542,10 +542,10 @@ static capex_result fake_barrier(capex_comm *c, double dl) { (void)c; (void)dl; 
 static void fake_abort(capex_comm *c) { (void)c; }
 static const capex_comm_vtable fake_vt = {"fake", fake_allreduce, fake_bcast, fake_allgather, fake_barrier,
                                           fake_iallreduce, fake_wait, NULL, fake_abort, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                          fake_test, NULL, NULL, NULL, NULL, NULL, NULL};
+                                          fake_test, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 static const capex_comm_vtable fake_sync_vt = {"fake-sync", fake_allreduce, fake_bcast, fake_allgather, fake_barrier,
                                                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                               NULL, NULL, NULL, NULL, NULL, NULL};
+                                               NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 
 static void fake_comm(capex_comm *c, fake *f, int world, int async) {
     memset(f, 0, sizeof *f);

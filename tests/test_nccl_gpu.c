@@ -447,6 +447,98 @@ CT_TEST(ddp_world2_launch_allocates_no_device_memory) { nofail_case(ct, "CAPEX_E
 CT_TEST(ddp_world2_launch_creates_no_event) { nofail_case(ct, "CAPEX_EMU_FAIL_EVENT"); }
 CT_TEST(ddp_world2_launch_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU_FAIL_MODULE"); }
 
+/* Agreements over NCCL allocate nothing: rank 1's device allocations fail
+   (CAPEX_EMU_FAIL_ALLOC=0, rank 1 alone) from just before DDP's create
+   ("create": its buckets fail) or after it ("rebuild": the rebuilt buckets
+   fail at the first finalize, after the broadcast of rank 0's ready order).
+   Rank 1 still takes part in the agreement that follows (create's model
+   check, the rebuild's), through the comm's own buffer, so rank 0 fails
+   there at once with CAPEX_ERR_COMM and rank 1 with its out-of-memory; the
+   comm stays usable: a second create (allocations back) and a step average
+   exactly on both ranks. Before 2026-11-28 each agreement allocated its
+   device buffer: rank 1 left it, and rank 0 stayed in the collective (here
+   until the stand-in's FAKE_NCCL_TIMEOUT or rank 1's next collective). */
+static int g_agree_rebuild;
+static int ddp_agree_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    capex_cuda_stream st = NULL;
+    capex_ddp *ddp = NULL;
+    capex_ddp_param ps[W_NP];
+    capex_ddp_desc dd;
+    capex_cuda_ptr data[W_NP];
+    static unsigned char buf[500 * 4];
+    capex_result r, want = rank == 0 ? CAPEX_ERR_COMM : CAPEX_ERR_OUT_OF_MEMORY;
+    int it, p, bad = 0;
+    size_t e;
+    (void)user;
+    if (world != 2 || capex_cuda_stream_create(ctx, &st) != CAPEX_OK || capex_nccl_set_user_stream(c, st) != CAPEX_OK) return 30;
+    for (p = 0; p < W_NP; p++) {
+        if (capex_cuda_malloc(ctx, w_numel[p] * 4, &data[p]) != CAPEX_OK ||
+            capex_cuda_memset_u8(ctx, data[p], 0, w_numel[p] * 4, NULL) != CAPEX_OK) return 31;
+        ps[p].data = (void *)(uintptr_t)data[p]; ps[p].numel = w_numel[p]; ps[p].dtype = w_dt[p]; ps[p].grad = NULL;
+    }
+    capex_ddp_desc_init(&dd);
+    dd.first_bucket_bytes = 512; dd.bucket_bytes = 1024; dd.rebuild_buckets = g_agree_rebuild;
+    if (rank == 1 && !g_agree_rebuild) setenv("CAPEX_EMU_FAIL_ALLOC", "0", 1);
+    r = capex_ddp_create(&ddp, c, ps, W_NP, &dd);
+    if (!g_agree_rebuild && r != want) {
+        fprintf(stderr, "rank %d: create: %s (%s), want %s\n", rank, capex_result_string(r), capex_last_error(), capex_result_string(want));
+        bad = 40;
+    }
+    if (g_agree_rebuild && r != CAPEX_OK) bad = 41;
+    for (it = 0; g_agree_rebuild && it < 1 && !bad; it++) { /* a step in another order: the first finalize rebuilds */
+        if (rank == 1) setenv("CAPEX_EMU_FAIL_ALLOC", "0", 1);
+        for (p = 0; p < W_NP && !bad; p++) {
+            for (e = 0; e < w_numel[p]; e++) w_put(w_dt[p], buf, e, w_grad(rank, it, p, e));
+            if (capex_cuda_memcpy_htod(ctx, (capex_cuda_ptr)(uintptr_t)capex_ddp_grad(ddp, (size_t)p), buf,
+                                       w_numel[p] * capex_dtype_size(w_dt[p]), st) != CAPEX_OK ||
+                capex_ddp_grad_ready(ddp, (size_t)p) != CAPEX_OK) bad = 42;
+        }
+        if (!bad && (r = capex_ddp_finalize(ddp)) != want) {
+            fprintf(stderr, "rank %d: finalize (rebuild): %s (%s), want %s\n", rank, capex_result_string(r), capex_last_error(),
+                    capex_result_string(want));
+            bad = 43;
+        }
+    }
+    if (rank == 1) unsetenv("CAPEX_EMU_FAIL_ALLOC");
+    capex_ddp_destroy(ddp);
+    ddp = NULL;
+    /* the comm still works: a create and a step */
+    dd.rebuild_buckets = 0;
+    if (!bad && capex_ddp_create(&ddp, c, ps, W_NP, &dd) != CAPEX_OK) bad = 44;
+    for (p = W_NP; p-- > 0 && !bad;) {
+        for (e = 0; e < w_numel[p]; e++) w_put(w_dt[p], buf, e, w_grad(rank, 0, p, e));
+        if (capex_cuda_memcpy_htod(ctx, (capex_cuda_ptr)(uintptr_t)capex_ddp_grad(ddp, (size_t)p), buf,
+                                   w_numel[p] * capex_dtype_size(w_dt[p]), st) != CAPEX_OK ||
+            capex_ddp_grad_ready(ddp, (size_t)p) != CAPEX_OK) bad = 45;
+    }
+    if (!bad && capex_ddp_finalize(ddp) != CAPEX_OK) bad = 46;
+    for (p = 0; p < W_NP && !bad; p++) {
+        if (capex_cuda_memcpy_dtoh(ctx, buf, (capex_cuda_ptr)(uintptr_t)capex_ddp_grad(ddp, (size_t)p),
+                                   w_numel[p] * capex_dtype_size(w_dt[p]), st) != CAPEX_OK ||
+            capex_cuda_stream_synchronize(ctx, st) != CAPEX_OK) bad = 47;
+        for (e = 0; e < w_numel[p] && !bad; e++)
+            if (w_get(w_dt[p], buf, e) != (w_grad(0, 0, p, e) + w_grad(1, 0, p, e)) / 2.0f) bad = 48;
+    }
+    capex_ddp_destroy(ddp);
+    for (p = 0; p < W_NP; p++) capex_cuda_free(ctx, data[p]);
+    capex_nccl_set_user_stream(c, NULL);
+    capex_cuda_stream_destroy(ctx, st);
+    return bad;
+}
+static void child_ddp_agree(const char *arg, child_result *res) {
+    g_agree_rebuild = arg && !strcmp(arg, "rebuild");
+    nccl_world2_child(ddp_agree_rank, res);
+}
+static void agree_case(ct_state *ct, const char *when) {
+    child_result r;
+    const char *why = nccl_world_skip_reason();
+    if (why) CT_SKIP("%s", why);
+    r = run_child("ddp_agree", when);
+    CT_CHECK(r.exited_ok && r.code == 0, "rank 1's allocations failing (%s): %s", when, r.message);
+}
+CT_TEST(ddp_world2_create_agrees_without_allocating) { agree_case(ct, "create"); }
+CT_TEST(ddp_world2_rebuild_agrees_without_allocating) { agree_case(ct, "rebuild"); }
+
 /* Gathers whose send lies inside recv but not at this rank's slot (send ==
    recv on rank 1, the other rank's slot, allgatherv's uneven slots): NCCL is
    in place only at the slot and undefined otherwise (the stand-in refuses
@@ -619,10 +711,11 @@ static const ct_case cases[] = {CT_CASE(collectives_on_device), CT_CASE(ddp_one_
                                 CT_CASE(world2_gathers_with_send_inside_recv), CT_CASE(ddp_backward_overlaps_inflight_allreduce),
                                 CT_CASE(world2_avg_without_ncclavg), CT_CASE(ddp_world2_nccl_2_9),
                                 CT_CASE(ddp_world2_launch_allocates_no_device_memory), CT_CASE(ddp_world2_launch_creates_no_event),
-                                CT_CASE(ddp_world2_launch_loads_no_kernel)};
+                                CT_CASE(ddp_world2_launch_loads_no_kernel), CT_CASE(ddp_world2_create_agrees_without_allocating),
+                                CT_CASE(ddp_world2_rebuild_agrees_without_allocating)};
 static const child_entry children[] = {{"ddp_world", child_ddp_world}, {"gather_alias", child_gather_alias},
                                        {"avg_fallback", child_avg_fallback}, {"ddp_world_old", child_ddp_world_old},
-                                       {"ddp_nofail", child_ddp_nofail}};
+                                       {"ddp_nofail", child_ddp_nofail}, {"ddp_agree", child_ddp_agree}};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);

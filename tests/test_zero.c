@@ -260,7 +260,7 @@ static capex_result nb_wait(capex_comm *c, capex_comm_req *q, double dl) {
 }
 static const capex_comm_vtable nb_vt = {"nb-fake", nb_allreduce, nb_bcast, nb_allgather, nb_barrier, NULL, nb_wait,
                                         NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                        nb_ireduce_scatter, nb_iallgather, NULL, NULL};
+                                        nb_ireduce_scatter, nb_iallgather, NULL, NULL, NULL};
 
 /* grad_ready polls in-flight reduce-scatters oldest first (MPI progresses
    only inside its calls); one that test reported finished is not polled
@@ -275,7 +275,7 @@ static capex_result nb_test(capex_comm *c, capex_comm_req *q, int *done) {
 }
 static const capex_comm_vtable nb_vt_test = {"nb-fake-test", nb_allreduce, nb_bcast, nb_allgather, nb_barrier, NULL, nb_wait,
                                              NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, nb_test, NULL, NULL,
-                                             nb_ireduce_scatter, nb_iallgather, NULL, NULL};
+                                             nb_ireduce_scatter, nb_iallgather, NULL, NULL, NULL};
 CT_TEST(progress_polls_each_finished_bucket_once) {
     enum { NP = 32 };
     capex_comm c;

@@ -183,6 +183,7 @@ static void sched_of(capex_lr_schedule *s) {
     s->warmup_steps = 2; s->total_steps = 6; s->count_skipped = 1;
 }
 
+static int g_sum_grads; /* gradient_average 0 (nofail's "accumulate") */
 static void gpu_create(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, const cfg *c, gpu_run *g, const hostp *h) {
     capex_zero_param zp[NP];
     capex_zero_desc zd;
@@ -204,6 +205,7 @@ static void gpu_create(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, 
     zparams(c, zp, data);
     capex_zero_desc_init(&zd);
     zd.stage = c->stage;
+    zd.gradient_average = !g_sum_grads;
     zd.bucket_bytes = 256; /* several buckets, params straddling none (one rank: one shard each) */
     od_of(c, &od, hp);
     OK(capex_cuda_zero_create(&g->zg, comm, zp, NP, &od, hp, 2, &zd));
@@ -1296,8 +1298,17 @@ static void child_load_fail(const char *arg, child_result *res) {
    Adam steps succeed on both ranks; one rank failing there would leave the
    other waiting in a collective. Before 2026-11-28 each nonblocking call
    created its event and the first half average grew the scratch. Stage 2's
-   lent grad buffers still grow the pool in the first step (not tested
-   here). arg: "variable stage". */
+   pool of lent grad buffers holds one from create (a backward in bucket
+   order lends no other); before 2026-11-28 the first lend allocated it, in
+   the first step. CAPEX_EMU_FAIL_MODULE: what a step and grad_norm launch (the
+   optimizer's kernels, the norm's sums, LAMB's ratio pass) is loaded by
+   create, inside its agreement; before 2026-11-28 it loaded at the first
+   grad_norm or step, where rank 1 failed alone while rank 0 waited in the
+   norm's allreduce or the all-gather; stage 2's accumulation (two
+   finalizes a step; f32 grads summed, not averaged, so that nothing else
+   loads its add) loads its kernel at create too (before, rank 1 loaded it
+   alone at the second finalize). arg:
+   "variable stage [lamb|accumulate]". */
 static const char *g_zinject;
 static int nofail_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
     const cfg *c = (const cfg *)user;
@@ -1320,12 +1331,15 @@ static int nofail_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int 
     return 0;
 }
 static void child_nofail(const char *arg, child_result *res) {
-    static char kind[64];
+    static char kind[64], opt[16];
     static cfg c;
     int codes[16] = {0}, r;
     memset(&c, 0, sizeof c);
     c.kind = CAPEX_OPTIM_ADAM; c.halves = 1; c.max_norm = INFINITY; c.inf_step = -1; c.steps = 2; c.micro = 1;
-    if (!arg || sscanf(arg, "%63s %d", kind, &c.stage) != 2) { res->code = 2; return; }
+    opt[0] = '\0';
+    if (!arg || sscanf(arg, "%63s %d %15s", kind, &c.stage, opt) < 2) { res->code = 2; return; }
+    if (!strcmp(opt, "lamb")) { c.kind = CAPEX_OPTIM_LAMB; c.max_norm = 5.0f; }
+    if (!strcmp(opt, "accumulate")) { c.micro = 2; c.halves = 0; g_sum_grads = 1; } /* f32 summed: nothing else loads the add */
     g_zinject = kind;
     setenv("FAKE_NCCL_TIMEOUT", "120", 1); /* a hang guard */
     r = nccl_world_run(2, nofail_body, &c, codes);
@@ -1374,6 +1388,10 @@ static void nofail_case(ct_state *ct, const char *arg) {
 }
 CT_TEST(world2_stage1_step_allocates_no_device_memory) { nofail_case(ct, "CAPEX_EMU_FAIL_ALLOC 1"); }
 CT_TEST(world2_stage2_step_creates_no_event) { nofail_case(ct, "CAPEX_EMU_FAIL_EVENT 2"); }
+CT_TEST(world2_stage2_step_allocates_no_device_memory) { nofail_case(ct, "CAPEX_EMU_FAIL_ALLOC 2"); }
+CT_TEST(world2_stage1_step_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU_FAIL_MODULE 1"); }
+CT_TEST(world2_stage2_lamb_step_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU_FAIL_MODULE 2 lamb"); }
+CT_TEST(world2_stage2_accumulation_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU_FAIL_MODULE 2 accumulate"); }
 CT_TEST(checkpoint_across_world_sizes) { ckpt_worlds(ct, "0"); }
 CT_TEST(checkpoint_across_world_sizes_novograd) { ckpt_worlds(ct, "4"); }
 CT_TEST(world2_momentum_on_refused_on_every_rank) {
@@ -1420,6 +1438,8 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(checkpoint_across_world_sizes), CT_CASE(checkpoint_across_world_sizes_novograd),
                                 CT_CASE(world2_stage1_step_allocates_no_device_memory),
                                 CT_CASE(world2_stage2_step_creates_no_event),
+                                CT_CASE(world2_stage2_step_allocates_no_device_memory), CT_CASE(world2_stage1_step_loads_no_kernel), CT_CASE(world2_stage2_lamb_step_loads_no_kernel),
+                                CT_CASE(world2_stage2_accumulation_loads_no_kernel),
                                 CT_CASE(world2_destroy_in_flight_dead_peer_aborts), CT_CASE(world2_momentum_on_refused_on_every_rank),
                                 CT_CASE(world2_one_rank_out_of_memory_fails_both), CT_CASE(world2_one_rank_load_fails_both)};
 int main(int argc, char **argv) {
