@@ -1307,8 +1307,10 @@ static void child_load_fail(const char *arg, child_result *res) {
    norm's allreduce or the all-gather; stage 2's accumulation (two
    finalizes a step; f32 grads summed, not averaged, so that nothing else
    loads its add) loads its kernel at create too (before, rank 1 loaded it
-   alone at the second finalize). arg:
-   "variable stage [lamb|accumulate]". */
+   alone at the second finalize). CAPEX_EMU_FAIL_ALLOC with half buckets
+   and two finalizes a step ("acc_halves"): the half shards' sum
+   needs no scratch (before 2026-11-28 the second finalize allocated an f32
+   one on rank 1 alone). arg: "variable stage [lamb|accumulate|acc_halves]". */
 static const char *g_zinject;
 static int nofail_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
     const cfg *c = (const cfg *)user;
@@ -1340,6 +1342,7 @@ static void child_nofail(const char *arg, child_result *res) {
     if (!arg || sscanf(arg, "%63s %d %15s", kind, &c.stage, opt) < 2) { res->code = 2; return; }
     if (!strcmp(opt, "lamb")) { c.kind = CAPEX_OPTIM_LAMB; c.max_norm = 5.0f; }
     if (!strcmp(opt, "accumulate")) { c.micro = 2; c.halves = 0; g_sum_grads = 1; } /* f32 summed: nothing else loads the add */
+    if (!strcmp(opt, "acc_halves")) c.micro = 2; /* f32, bf16 and f16 buckets, two finalizes a step */
     g_zinject = kind;
     setenv("FAKE_NCCL_TIMEOUT", "120", 1); /* a hang guard */
     r = nccl_world_run(2, nofail_body, &c, codes);
@@ -1392,6 +1395,9 @@ CT_TEST(world2_stage2_step_allocates_no_device_memory) { nofail_case(ct, "CAPEX_
 CT_TEST(world2_stage1_step_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU_FAIL_MODULE 1"); }
 CT_TEST(world2_stage2_lamb_step_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU_FAIL_MODULE 2 lamb"); }
 CT_TEST(world2_stage2_accumulation_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU_FAIL_MODULE 2 accumulate"); }
+CT_TEST(world2_stage2_half_accumulation_allocates_no_device_memory) {
+    nofail_case(ct, "CAPEX_EMU_FAIL_ALLOC 2 acc_halves");
+}
 CT_TEST(checkpoint_across_world_sizes) { ckpt_worlds(ct, "0"); }
 CT_TEST(checkpoint_across_world_sizes_novograd) { ckpt_worlds(ct, "4"); }
 CT_TEST(world2_momentum_on_refused_on_every_rank) {
@@ -1440,6 +1446,7 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(world2_stage2_step_creates_no_event),
                                 CT_CASE(world2_stage2_step_allocates_no_device_memory), CT_CASE(world2_stage1_step_loads_no_kernel), CT_CASE(world2_stage2_lamb_step_loads_no_kernel),
                                 CT_CASE(world2_stage2_accumulation_loads_no_kernel),
+                                CT_CASE(world2_stage2_half_accumulation_allocates_no_device_memory),
                                 CT_CASE(world2_destroy_in_flight_dead_peer_aborts), CT_CASE(world2_momentum_on_refused_on_every_rank),
                                 CT_CASE(world2_one_rank_out_of_memory_fails_both), CT_CASE(world2_one_rank_load_fails_both)};
 int main(int argc, char **argv) {
