@@ -2430,6 +2430,12 @@ static const char capex__cuda_frag_basic[] =
     "}\n"
     "CAPEX_KERNEL void capex_bf16_to_f32(float *dst, const capex_u16 *src, capex_u64 n) {\n"
     "    CAPEX_FOR_EACH(i, n) dst[i] = capex_bf16_bits_to_f32(src[i]);\n"
+    "}\n"
+    /* y += x in a half dtype (bf: bfloat16, else float16): f32 sum rounded once, the bits of
+       converting both to f32, capex_add_f32, converting back (no f32 scratch) */
+    "CAPEX_KERNEL void capex_add_half(capex_u16 *y, const capex_u16 *x, int bf, capex_u64 n) {\n"
+    "    if (bf) { CAPEX_FOR_EACH(i, n) y[i] = capex_f32_to_bf16_bits(__fadd_rn(capex_bf16_bits_to_f32(y[i]), capex_bf16_bits_to_f32(x[i]))); }\n"
+    "    else { CAPEX_FOR_EACH(i, n) y[i] = capex_f32_to_f16_bits(__fadd_rn(capex_f16_bits_to_f32(y[i]), capex_f16_bits_to_f32(x[i]))); }\n"
     "}\n";
 
 typedef const char *(*capex__cuda_fragment_fn)(void);
@@ -4253,7 +4259,9 @@ static const capex__cuda_part capex__cuda_parts[CAPEX__CUDA_N_PARTS] = {
     X(GO_LR_SCHED, "capex_go_lr_sched", LR_SCHED) \
     /* memory-efficient norm backward */ \
     X(NORM_ME_DX, "capex_norm_me_dx", NORM_BWD_ME) \
-    X(NORM_ME_GAMMA_PART, "capex_norm_me_gamma_part", NORM_BWD_ME)
+    X(NORM_ME_GAMMA_PART, "capex_norm_me_gamma_part", NORM_BWD_ME) \
+    /* basic kernels added later */ \
+    X(ADD_HALF, "capex_add_half", BASIC)
 
 enum {
 #define CAPEX__CK_ID(id, name, part) CAPEX__CK_##id,
@@ -8690,8 +8698,6 @@ struct capex_cuda_zero {
     capex_cuda_ptr inv_scale, clip_coef, found_inf; /* the step's, for the step hook */
     capex_cuda_ptr lamb;     /* LAMB: |p|^2 then |u|^2 per param (2 * np doubles), summed across ranks */
     int64_t *lamb_idx;       /* LAMB: per piece k: k, 1 (a one-element segment), its param */
-    capex_cuda_ptr acc;      /* stage 2, half grads: two f32 scratch shards of acc_n floats (first accumulation) */
-    size_t acc_n;
 };
 
 CAPEX__PRIVATE capex_cuda_stream capex__czero_stream(const capex_cuda_zero *zg) { return capex__nccl_of(zg->comm)->user; }
@@ -8706,26 +8712,20 @@ CAPEX__PRIVATE capex_result capex__czero_step(void *user) {
 }
 /* Stage 2, a second finalize before zero_grad: gshard += this reduce, as
    the host's axpby(1, x, 1, y): f32 sum, rounded once to a half dtype
-   (exact conversions, through two f32 scratch shards). */
+   (capex_add_half: no scratch, whose first allocation mid-finalize could
+   fail on one rank alone while its peers waited in the next collective). */
 CAPEX__PRIVATE capex_result capex__czero_add(void *user, void *y, const void *x, size_t n, capex_dtype t) {
     capex_cuda_zero *zg = (capex_cuda_zero *)user;
     capex_cuda_stream s = capex__czero_stream(zg);
-    capex_cuda_ptr Y = (capex_cuda_ptr)(uintptr_t)y, X = (capex_cuda_ptr)(uintptr_t)x, ty, tx;
-    capex_result r = CAPEX_OK;
+    capex_cuda_ptr Y = (capex_cuda_ptr)(uintptr_t)y, X = (capex_cuda_ptr)(uintptr_t)x;
+    unsigned long long nn = n;
+    int bf = t == CAPEX_BF16;
+    void *args[4];
     if (t == CAPEX_F32) return capex_cuda_add_f32(zg->ctx, Y, Y, X, n, s);
-    if (!zg->acc) {
-        size_t k, most = 0;
-        for (k = 0; k < zg->z->nb; k++) if (zg->z->b[k].shard > most) most = zg->z->b[k].shard;
-        if ((r = capex_cuda_malloc(zg->ctx, 8u * (most + 1), &zg->acc)) != CAPEX_OK) return r;
-        zg->acc_n = most + 1;
-    }
-    ty = zg->acc;
-    tx = zg->acc + 4u * (uint64_t)zg->acc_n;
-    r = capex_cuda_convert(zg->ctx, ty, CAPEX_F32, Y, t, n, s);
-    if (r == CAPEX_OK) r = capex_cuda_convert(zg->ctx, tx, CAPEX_F32, X, t, n, s);
-    if (r == CAPEX_OK) r = capex_cuda_add_f32(zg->ctx, ty, ty, tx, n, s);
-    if (r == CAPEX_OK) r = capex_cuda_convert(zg->ctx, Y, t, ty, CAPEX_F32, n, s);
-    return r;
+    if (t != CAPEX_F16 && !bf) return capex__fail(CAPEX_ERR_UNSUPPORTED, "capex_cuda_zero: accumulating %s", capex_dtype_name(t));
+    if (n == 0) return CAPEX_OK;
+    args[0] = &Y; args[1] = &X; args[2] = &bf; args[3] = &nn;
+    return capex__cuda_builtin_launch(zg->ctx, CAPEX__CK_ADD_HALF, n, s, args);
 }
 /* Sharded LAMB's and NovoGrad's sums across ranks, on the device
    (capex_cuda_optim's reduce_fn): the global norm's one double is allreduced
@@ -8777,7 +8777,6 @@ CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *zg) {
     capex_cuda_optim_destroy(zg->opt);
     if (zg->ctx) {
         if (zg->lamb) capex_cuda_free(zg->ctx, zg->lamb);
-        if (zg->acc) capex_cuda_free(zg->ctx, zg->acc);
         if (zg->ws) capex_cuda_free(zg->ctx, zg->ws);
         if (zg->coef) capex_cuda_free(zg->ctx, zg->coef);
     }
@@ -8801,15 +8800,10 @@ static capex_result capex__czero_load(capex_cuda_zero *zg, const capex_zero *z) 
     capex_result r;
     size_t k;
     if ((r = capex__go_step_ready(zg->opt, 0, 0, 0)) != CAPEX_OK) return r;
-    /* stage 2's accumulation (capex__czero_add): the add, and the converts of half shards */
-    if (z->d.stage == 2 && (r = capex__cuda_builtin_get(zg->ctx, 2, &fn)) != CAPEX_OK) return r; /* capex_add_f32 */
+    /* stage 2's accumulation (capex__czero_add): f32 shards' add, half shards' */
     for (k = 0; z->d.stage == 2 && k < z->nb; k++)
-        if (z->b[k].dtype == CAPEX_F16 || z->b[k].dtype == CAPEX_BF16) {
-            size_t to = z->b[k].dtype == CAPEX_F16 ? 3 : 5; /* f32 -> half, then half -> f32 (capex_cuda_convert's) */
-            if ((r = capex__cuda_builtin_get(zg->ctx, to, &fn)) != CAPEX_OK ||
-                (r = capex__cuda_builtin_get(zg->ctx, to + 1, &fn)) != CAPEX_OK)
-                return r;
-        }
+        if ((r = capex__cuda_builtin_get(zg->ctx, z->b[k].dtype == CAPEX_F32 ? CAPEX__CK_ADD_F32 : CAPEX__CK_ADD_HALF, &fn)) != CAPEX_OK)
+            return r;
     if ((r = capex__go_dev_exec(zg->ctx, "capex_cuda_zero_create", &ex)) != CAPEX_OK) return r;
     ex.launch = capex__go_dev_load_only; /* as capex_cuda_zero_grad_norm's launches */
     ex.grid = NULL;

@@ -606,6 +606,75 @@ static void norm_case(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, c
     capex_cuda_free(ctx, coef);
 }
 
+/* Stage 2's half accumulation (capex__czero_add's capex_add_half): y += x
+   with f32 math rounded once to the half dtype, bit for bit the path it
+   replaces (both converted to f32, capex_add_f32, converted back: run here
+   too) and the host's f32 add of the two converted values rounded once
+   (a NaN sum: any NaN, the GPU's adds give a canonical one). Every pair of
+   codes that round: ties to even at 1 and at the largest finite (to inf),
+   sums that are f32 ties, subnormals, signed zeros, inf - inf, NaNs. */
+static uint16_t half_of(int bf, float f) { return bf ? capex_f32_to_bf16(f) : capex_f32_to_f16(f); }
+static float half_val(int bf, uint16_t h) { return bf ? capex_bf16_to_f32(h) : capex_f16_to_f32(h); }
+CT_TEST(half_accumulation_kernel_bits) {
+    static const uint16_t f16c[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x0002, 0x03ff, 0x83ff, 0x0400, 0x3c00, 0xbc00,
+                                    0x3c01, 0x3c02, 0x1000, 0x9000, 0x1001, 0x0c00, 0x7bff, 0xfbff, 0x4c00, 0xcc00,
+                                    0x4bff, 0x7c00, 0xfc00, 0x7e00, 0xfe00, 0x7c01, 0x7d55, 0x6400, 0x6401, 0x3555};
+    static const uint16_t bf16c[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x0002, 0x007f, 0x807f, 0x0080, 0x3f80, 0xbf80,
+                                     0x3f81, 0x3f82, 0x3b80, 0xbb80, 0x3b81, 0x3380, 0x7f7f, 0xff7f, 0x7b00, 0xfb00,
+                                     0x7aff, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81, 0x7fa5, 0x4b80, 0x4b81, 0x3eab};
+    enum { NC = 30, NR = 34, NV = NC + NR, N = NV * NV };
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm comm;
+    static uint16_t hy[N], hx[N], got[N], old[N];
+    capex_cuda_ptr y = 0, x = 0, y2 = 0, ty = 0, tx = 0;
+    int bf;
+    OPEN(ctx, comm, user);
+    OK(capex_cuda_malloc(ctx, 2 * N, &y));
+    OK(capex_cuda_malloc(ctx, 2 * N, &x));
+    OK(capex_cuda_malloc(ctx, 2 * N, &y2));
+    OK(capex_cuda_malloc(ctx, 4 * N, &ty));
+    OK(capex_cuda_malloc(ctx, 4 * N, &tx));
+    for (bf = 0; bf < 2 && !ct->failed; bf++) {
+        const uint16_t *sp = bf ? bf16c : f16c;
+        uint16_t v[NV];
+        unsigned long long nn = N;
+        int bfa = bf, i, j, bad = 0;
+        void *args[4];
+        capex_dtype t = bf ? CAPEX_BF16 : CAPEX_F16;
+        for (i = 0; i < NV; i++) v[i] = i < NC ? sp[i] : (uint16_t)mix((uint64_t)(i + 100 * bf));
+        for (i = 0; i < NV; i++)
+            for (j = 0; j < NV; j++) { hy[i * NV + j] = v[i]; hx[i * NV + j] = v[j]; }
+        OK(capex_cuda_memcpy_htod(ctx, y, hy, 2 * N, NULL));
+        OK(capex_cuda_memcpy_htod(ctx, y2, hy, 2 * N, NULL));
+        OK(capex_cuda_memcpy_htod(ctx, x, hx, 2 * N, NULL));
+        args[0] = &y; args[1] = &x; args[2] = &bfa; args[3] = &nn;
+        OK(capex__cuda_builtin_launch(ctx, CAPEX__CK_ADD_HALF, N, NULL, args));
+        /* the path it replaces */
+        OK(capex_cuda_convert(ctx, ty, CAPEX_F32, y2, t, N, NULL));
+        OK(capex_cuda_convert(ctx, tx, CAPEX_F32, x, t, N, NULL));
+        OK(capex_cuda_add_f32(ctx, ty, ty, tx, N, NULL));
+        OK(capex_cuda_convert(ctx, y2, t, ty, CAPEX_F32, N, NULL));
+        OK(capex_cuda_memcpy_dtoh(ctx, got, y, 2 * N, NULL));
+        OK(capex_cuda_memcpy_dtoh(ctx, old, y2, 2 * N, NULL));
+        for (i = 0; i < N && bad < 5; i++) {
+            volatile float a = half_val(bf, hy[i]), b = half_val(bf, hx[i]);
+            volatile float sum = a + b;
+            uint16_t want = half_of(bf, sum);
+            int ok = got[i] == old[i] && (sum != sum ? half_val(bf, got[i]) != half_val(bf, got[i]) : got[i] == want);
+            if (!ok) bad++;
+            CT_CHECK(ok, "%s: 0x%04x + 0x%04x: 0x%04x, the old path 0x%04x, want 0x%04x", bf ? "bf16" : "f16", hy[i], hx[i],
+                     got[i], old[i], want);
+        }
+    }
+    capex_cuda_free(ctx, y);
+    capex_cuda_free(ctx, x);
+    capex_cuda_free(ctx, y2);
+    capex_cuda_free(ctx, ty);
+    capex_cuda_free(ctx, tx);
+    CLOSE(ctx, comm, user);
+}
+
 CT_TEST(norm_kernel_edge_cases) {
     capex_cuda_context *ctx = NULL;
     capex_cuda_stream user = NULL;
@@ -1431,7 +1500,7 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(sgd_stage1_halves), CT_CASE(sgd_stage2_clip), CT_CASE(adagrad_stage2),
                                 CT_CASE(adamw_stage2_two_micro_batches), CT_CASE(lamb_stage1_halves_clip),
                                 CT_CASE(adamw_stage2_halves_two_micro_batches), CT_CASE(novograd_stage2_halves),
-                                CT_CASE(norm_kernel_edge_cases), CT_CASE(checkpoint_matches_host_and_loads), CT_CASE(checkpoint_lamb_stage2), CT_CASE(checkpoint_novograd_stage1), CT_CASE(checkpoint_sgd_momentum_turned_off), CT_CASE(checkpoint_lr_schedule_count_skipped),
+                                CT_CASE(norm_kernel_edge_cases), CT_CASE(half_accumulation_kernel_bits), CT_CASE(checkpoint_matches_host_and_loads), CT_CASE(checkpoint_lamb_stage2), CT_CASE(checkpoint_novograd_stage1), CT_CASE(checkpoint_sgd_momentum_turned_off), CT_CASE(checkpoint_lr_schedule_count_skipped),
                                 CT_CASE(checkpoint_other_modes_adam), CT_CASE(checkpoint_other_modes_sgd_stage2),
                                 CT_CASE(checkpoint_other_modes_adagrad), CT_CASE(checkpoint_other_modes_lamb_stage2),
                                 CT_CASE(checkpoint_other_modes_novograd),
