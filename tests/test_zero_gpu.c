@@ -26,7 +26,7 @@
      backward finishing the all-gathers nobody waited for;
    - memory info equal to the host zero's (same plan);
    - refusals: host params API on an NCCL comm, a host comm for the GPU zero,
-     LAMB, the base's grad_norm/step, stage-2 f16 accumulation.
+     LAMB, the base's grad_norm/step.
    Gradients are k/16 * 1024 (|k| <= 15): exact in every dtype and every sum
    of squares exact, so the host and device norms agree to the bit. */
 #ifndef _GNU_SOURCE
@@ -64,7 +64,7 @@ typedef struct cfg {
     float max_norm;  /* inf: no clipping */
     int inf_step;    /* -1: none */
     int steps;
-    int micro;       /* backward passes per step (stage 2, f32: accumulated in the shard) */
+    int micro;       /* backward passes per step (stage 2: accumulated in the shard) */
 } cfg;
 
 static capex_dtype dt_of(const cfg *c, int i) {
