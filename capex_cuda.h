@@ -732,9 +732,14 @@ typedef struct capex_cuda_zero capex_cuda_zero;
    device buffer), and the same last agreement, after this rank's device buffers, optimizer
    and the kernels its steps and grad_norm launch (loaded here, compiled if
    missing: a rank that cannot load one fails every rank here, not alone at
-   the first step; a schedule attached later loads its kernel at the next
-   step). Those exchanges, and capex_zero_save's and capex_zero_load's
-   agreements, allocate nothing: the NCCL comm keeps their device buffer
+   the first step; a world of 1 loads grad_norm's at its first call). With
+   several ranks a later change of the step's kernels (momentum off, an lr
+   schedule, a load in other modes) loads them at the change, before it
+   changes anything, so no step loads one: capex_cuda_optim_set_hparams,
+   _set_lr_schedule and _from_host on capex_cuda_zero_optim fail there, on
+   that rank, with nothing changed; capex_zero_load checks before its
+   agreement (every rank fails with one that cannot). Those exchanges, and
+   capex_zero_save's and capex_zero_load's agreements, allocate nothing: the NCCL comm keeps their device buffer
    (144 (world + 1) bytes, made by its init), so a rank failing its own part
    still takes part and its peers fail with it. */
 CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm *comm, const capex_zero_param *params,
@@ -6578,9 +6583,16 @@ struct capex_cuda_optim {
     void *reduce_user;
     int sealed; /* capex_cuda_zero's: its tensors are shard pieces, so add_group is refused */
     int ready;  /* every kernel a step launches is loaded (capex__go_step_ready); reset by what changes them */
+    /* capex_cuda_zero over several ranks: a change of what the step launches
+       (set_hparams, set_lr_schedule, from_host) loads it then, before it
+       changes anything (capex__go_ready_as), so a step loads nothing: a
+       load failing there on one rank alone left its peers in the all-gather */
+    int load_at_change;
 };
 CAPEX__PRIVATE capex_result capex__go_sched_upload(capex_cuda_optim *o, capex_cuda_stream stream,
                                                   const int64_t *iter);
+CAPEX__PRIVATE capex_result capex__go_ready_as(capex_cuda_optim *o, const char *fn, const capex_optim_desc *desc,
+                                               capex_optim_hparams *hps, int sched);
 /* A tensor's model copy store (capex__go_t.mk) under the optimizer's modes. */
 CAPEX__PRIVATE int capex__go_mk(const capex_cuda_optim *o, const capex_optim_param *p) {
     return !p->model ? 0 : p->model_dtype == CAPEX_F16 ? 1 : o->desc.stochastic_rounding ? 3 : 2;
@@ -7210,14 +7222,16 @@ CAPEX_API capex_result capex_cuda_optim_set_lr_schedule(capex_cuda_optim *o, con
         return r;
     }
     if ((r = capex_lr_schedule_check(s)) != CAPEX_OK) return r;
+    if ((r = capex__go_ready_as(o, "capex_cuda_optim_set_lr_schedule", NULL, NULL, 1)) != CAPEX_OK) return r;
     old = o->sched;
     had = o->has_sched;
     o->sched = *s;
     o->has_sched = 1;
-    o->ready = 0; /* a step launches the schedule's kernel now */
+    if (!o->load_at_change) o->ready = 0; /* a step launches the schedule's kernel now */
     /* a new schedule (torch: a new scheduler) counts from 0; a replacing one keeps the count */
     if ((r = capex__go_sched_upload(o, stream, had ? NULL : &zero)) != CAPEX_OK) { o->sched = old; o->has_sched = had; }
-    if (r == CAPEX_OK && !had && o->ex.prefetch) { /* its kernel's part compiles in the background meanwhile */
+    /* its kernel's part compiles in the background meanwhile (load_at_change: loaded above) */
+    if (r == CAPEX_OK && !had && !o->load_at_change && o->ex.prefetch) {
         int k = CAPEX__GO_K_LR_SCHED;
         unsigned vb = CAPEX__CUDA_VB(0, 0, 0, 0);
         o->ex.prefetch(o->ex.user, &k, &vb, 1);
@@ -7242,22 +7256,53 @@ CAPEX__PRIVATE capex_result capex__go_dev_load_only(void *user, int k, unsigned 
    prepare had counted it on the device: weights untouched, step count (and
    bias corrections) one ahead, one more per retry. Done once per change of
    the step's kernels (o->ready). */
-CAPEX__PRIVATE capex_result capex__go_step_ready(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
-                                                 capex_cuda_ptr found_inf) {
+CAPEX__PRIVATE capex_result capex__go_step_load(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                                capex_cuda_ptr found_inf) {
     capex__go_exec real = o->ex;
     capex_result (*reduce)(void *, int, capex_cuda_ptr, size_t, capex_cuda_stream) = o->reduce_fn;
     capex_result r;
-    char why[1024];
     o->ex.launch = capex__go_dev_load_only;
     o->ex.grid = NULL;
     o->reduce_fn = NULL;
     r = capex__go_step(o, inv_scale, clip_coef, found_inf, NULL); /* the mirror's kernels (O3) come in it too */
     o->ex = real;
     o->reduce_fn = reduce;
+    return r;
+}
+CAPEX__PRIVATE capex_result capex__go_step_ready(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
+                                                 capex_cuda_ptr found_inf) {
+    capex_result r = capex__go_step_load(o, inv_scale, clip_coef, found_inf);
+    char why[1024];
     if (r == CAPEX_OK) o->ready = 1;
     if (r == CAPEX_OK || r == CAPEX_ERR_INVALID_ARG) return r; /* an argument's message says it all */
     capex__cuda_fmt(why, sizeof why, "%s", capex_last_error());
     return capex__fail(r, "capex_cuda_optim_step: the step was not taken (nothing was enqueued): %s", why);
+}
+/* o->load_at_change: loads what a step launches with desc (NULL: o's), the
+   groups' hparams hps (NULL: o's) and a schedule attached or not, changing
+   nothing; the caller makes the change after it (o->ready stays 1). A
+   failure is fn's, with nothing changed. The stochastic rounding that would
+   change the tensors' model stores (capex__go_mk) is refused on these. */
+CAPEX__PRIVATE capex_result capex__go_ready_as(capex_cuda_optim *o, const char *fn, const capex_optim_desc *desc,
+                                               capex_optim_hparams *hps, int sched) {
+    capex_optim_desc d0 = o->desc;
+    capex_optim_hparams *h0 = o->hp;
+    int s0 = o->has_sched;
+    capex_result r;
+    char why[1024];
+    if (!o->load_at_change || o->ex.launch != capex__go_dev_launch) return CAPEX_OK;
+    if (desc) o->desc = *desc;
+    if (hps) o->hp = hps;
+    o->has_sched = sched;
+    r = capex__go_step_load(o, 0, 0, 0);
+    o->desc = d0;
+    o->hp = h0;
+    o->has_sched = s0;
+    if (r == CAPEX_OK) return r;
+    capex__cuda_fmt(why, sizeof why, "%s", capex_last_error());
+    return capex__fail(r, "%s: nothing was changed: the kernels the next step would launch could not be loaded "
+                       "(this optimizer's steps load none: a load failing on one rank there left its peers "
+                       "waiting): %s", fn, why);
 }
 
 CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
@@ -7363,6 +7408,13 @@ CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t 
     if (o->desc.kind == CAPEX_OPTIM_ADAM && (hp->amsgrad != 0) != (o->hp[group].amsgrad != 0))
         return capex__fail(CAPEX_ERR_CONFIG, "Adam: group %zu was created with amsgrad %d; amsgrad is fixed when the "
                            "group is added (its max_exp_avg_sq buffers exist only then)", group, o->hp[group].amsgrad != 0);
+    if (o->load_at_change) { /* SGD's momentum picks the variant */
+        capex_optim_hparams was = o->hp[group];
+        o->hp[group] = *hp;
+        r = capex__go_ready_as(o, "capex_cuda_optim_set_hparams", NULL, NULL, o->has_sched);
+        o->hp[group] = was;
+        if (r != CAPEX_OK) return r;
+    }
     memset(&g, 0, sizeof g);
     capex__go_hp_to_group(hp, &g);
     r = o->ex.htod(o->ex.user, o->dgroups + group * sizeof g + CAPEX__GO_HP_OFF, (const char *)&g + CAPEX__GO_HP_OFF,
@@ -7370,7 +7422,8 @@ CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t 
     if (r == CAPEX_OK) /* Adagrad's, outside the lr .. nesterov bytes */
         r = o->ex.htod(o->ex.user, o->dgroups + group * sizeof g + offsetof(capex__go_group, lr_decay), &g.lr_decay,
                        sizeof g.lr_decay, stream);
-    if (r == CAPEX_OK) o->hp[group] = *hp, o->ready = 0; /* SGD's momentum picks the variant */
+    if (r == CAPEX_OK) /* SGD's momentum picks the variant (load_at_change: loaded above) */
+        o->hp[group] = *hp, o->ready = o->ready && o->load_at_change;
     if (r == CAPEX_OK) r = capex__go_sched_upload(o, stream, NULL); /* the new base lr */
     return r;
 }
@@ -7603,6 +7656,15 @@ CAPEX__PRIVATE capex_result capex__cuda_optim_from_host(capex_cuda_optim *o, con
         groups[g].step = h->groups[g].step;
         groups[g].mom_init = h->groups[g].mom_init != 0;
     }
+    if (o->load_at_change && o->ngroups) { /* the kernels of the host's modes and hparams, before anything changes:
+                                              capex_zero_load checks on every rank, so all fail in its agreement */
+        capex_optim_hparams *hps = (capex_optim_hparams *)capex__alloc(NULL, o->ngroups * sizeof *hps);
+        if (!hps) { r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn); goto done; }
+        for (g = 0; g < o->ngroups; g++) hps[g] = h->groups[g].hp;
+        r = capex__go_ready_as(o, fn, &nd, hps, o->has_sched || h->has_sched);
+        capex__free(NULL, hps);
+        if (r != CAPEX_OK) goto done;
+    }
     if (check_only) goto done;
     /* validated: from here the device changes. The read above waited for
        stream, so plain synchronous copies are ordered after its work. */
@@ -7626,7 +7688,7 @@ CAPEX__PRIVATE capex_result capex__cuda_optim_from_host(capex_cuda_optim *o, con
     if (r == CAPEX_OK) r = capex__go_sync(&o->ex); /* landed before a step on any stream reads it */
     if (r == CAPEX_OK) {
         for (g = 0; g < o->ngroups; g++) o->hp[g] = h->groups[g].hp;
-        o->ready = 0; /* the modes pick the kernels' variants */
+        o->ready = o->ready && o->load_at_change; /* the modes pick the kernels' variants (loaded above if so) */
         o->desc = nd;
         for (k = 0; k < o->nt; k++) o->t[k].mk = capex__go_mk(o, &o->t[k].p);
         if (h->has_sched) { o->sched = h->sched; o->has_sched = 1; }
@@ -8698,6 +8760,7 @@ struct capex_cuda_zero {
     capex_cuda_ptr inv_scale, clip_coef, found_inf; /* the step's, for the step hook */
     capex_cuda_ptr lamb;     /* LAMB: |p|^2 then |u|^2 per param (2 * np doubles), summed across ranks */
     int64_t *lamb_idx;       /* LAMB: per piece k: k, 1 (a one-element segment), its param */
+    int norm_ready;          /* grad_norm's kernels are loaded (capex__czero_load_norm) */
 };
 
 CAPEX__PRIVATE capex_cuda_stream capex__czero_stream(const capex_cuda_zero *zg) { return capex__nccl_of(zg->comm)->user; }
@@ -8785,17 +8848,31 @@ CAPEX_API void capex_cuda_zero_destroy(capex_cuda_zero *zg) {
     capex__free(NULL, zg);
 }
 
-/* Loads what a step and grad_norm of this zero launch (their kernels'
-   variants, compiled if missing), launching nothing: create does it inside
-   its last agreement. On first use they loaded at the first grad_norm or
-   step, between collectives, where one rank failing alone (a module the
-   driver refuses, no NVRTC and no cache entry) left its peers in the norm's
-   allreduce or the all-gather (stage 2's accumulation: in a finalize). A
-   later change of the step's kernels (a schedule attached, a switch of
-   modes) loads at the next step again. */
-static capex_result capex__czero_load(capex_cuda_zero *zg, const capex_zero *z) {
+/* Loads what grad_norm launches (the shards' sums, the norm kernel), launching nothing. */
+static capex_result capex__czero_load_norm(capex_cuda_zero *zg) {
     capex__go_exec ex;
     capex__go_args a;
+    capex_result r;
+    if ((r = capex__go_dev_exec(zg->ctx, "capex_cuda_zero_grad_norm", &ex)) != CAPEX_OK) return r;
+    ex.launch = capex__go_dev_load_only; /* as capex_cuda_zero_grad_norm's launches */
+    ex.grid = NULL;
+    if ((r = capex__go_sumsq_lists(&ex, NULL, zg->lists, zg->nlists, zg->ws, zg->chunks, NULL)) != CAPEX_OK) return r;
+    memset(&a, 0, sizeof a);
+    if ((r = capex__go_small(&ex, CAPEX__GO_K_ZERO_NORM, 1, 1, &a, NULL)) == CAPEX_OK) zg->norm_ready = 1;
+    return r;
+}
+
+/* Loads what a step, stage 2's accumulation and (several ranks) grad_norm
+   of this zero launch (their kernels' variants, compiled if missing),
+   launching nothing: create does it inside its last agreement. On first use
+   they loaded at the first grad_norm, step or second finalize, between
+   collectives, where one rank failing alone (a module the driver refuses,
+   no NVRTC and no cache entry) left its peers in the norm's allreduce or
+   the all-gather. A later change of the step's kernels (an lr schedule, a
+   switch of modes) loads them at the change (opt->load_at_change). A world
+   of 1 has no peers to leave waiting: grad_norm's load at its first call
+   (never, where nothing calls it). */
+static capex_result capex__czero_load(capex_cuda_zero *zg, const capex_zero *z) {
     capex_cuda_function fn;
     capex_result r;
     size_t k;
@@ -8804,12 +8881,8 @@ static capex_result capex__czero_load(capex_cuda_zero *zg, const capex_zero *z) 
     for (k = 0; z->d.stage == 2 && k < z->nb; k++)
         if ((r = capex__cuda_builtin_get(zg->ctx, z->b[k].dtype == CAPEX_F32 ? CAPEX__CK_ADD_F32 : CAPEX__CK_ADD_HALF, &fn)) != CAPEX_OK)
             return r;
-    if ((r = capex__go_dev_exec(zg->ctx, "capex_cuda_zero_create", &ex)) != CAPEX_OK) return r;
-    ex.launch = capex__go_dev_load_only; /* as capex_cuda_zero_grad_norm's launches */
-    ex.grid = NULL;
-    if ((r = capex__go_sumsq_lists(&ex, NULL, zg->lists, zg->nlists, zg->ws, zg->chunks, NULL)) != CAPEX_OK) return r;
-    memset(&a, 0, sizeof a);
-    return capex__go_small(&ex, CAPEX__GO_K_ZERO_NORM, 1, 1, &a, NULL);
+    zg->opt->load_at_change = z->comm->world_size > 1;
+    return z->comm->world_size > 1 ? capex__czero_load_norm(zg) : CAPEX_OK;
 }
 
 /* capex_cuda_zero_create's own setup once the base zero's buffers exist
@@ -8931,6 +9004,8 @@ CAPEX_API capex_result capex_cuda_zero_grad_norm(capex_cuda_zero *zg, capex_cuda
         return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: inv_scale, found_inf, total_norm and clip_coef must be 4-byte "
                            "aligned device addresses (or 0)", fn);
     if ((r = capex__go_dev_exec(zg->ctx, fn, &ex)) != CAPEX_OK) return r;
+    /* a world of 1's first call: its kernels, before it launches anything (several ranks: loaded by create) */
+    if (!zg->norm_ready && (r = capex__czero_load_norm(zg)) != CAPEX_OK) return r;
     s = capex__czero_stream(zg);
     sum = zg->ws + 8u * (uint64_t)zg->chunks;
     if ((r = capex__go_sumsq_lists(&ex, NULL, zg->lists, zg->nlists, zg->ws, zg->chunks, s)) != CAPEX_OK) return r;

@@ -734,6 +734,41 @@ static void set_momentum(ct_state *ct, gpu_run *g, host_run *hr, float mom) {
     OK(capex_cuda_optim_set_hparams(capex_cuda_zero_optim(g->zg), 0, &hp, NULL));
 }
 
+/* Whether the unit a launch of optimizer kernel k (CAPEX__GO_K_*, no switches) would use is loaded. */
+static int go_unit_loaded(capex_cuda_context *ctx, int k) {
+    int u, loaded;
+    pthread_mutex_lock(&ctx->lock);
+    u = capex__cuda_pick_unit_locked(ctx, CAPEX__GO_KBASE + (size_t)k, CAPEX__CUDA_VB(0, 0, 0, 0));
+    loaded = ctx->part[u] != NULL;
+    pthread_mutex_unlock(&ctx->lock);
+    return loaded;
+}
+/* A world of 1 has no peers to leave waiting: create loads the step's
+   kernels but not grad_norm's (the norm kernel, the shards' sums per dtype),
+   which load at the first grad_norm, before it launches anything. Before
+   2026-11-29 create compiled them too (a cold compile a run without clipping
+   never needed, and without NVRTC or a cache entry a failed create). */
+CT_TEST(world1_create_leaves_grad_norm_kernels_unloaded) {
+    cfg c = {1, CAPEX_OPTIM_ADAM, 1, 5.0f, -1, 1, 1};
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm comm;
+    gpu_run g;
+    hostp h;
+    int t;
+    OPEN(ctx, comm, user);
+    hostp_init(&c, &h);
+    gpu_create(ct, ctx, &comm, &c, &g, &h);
+    CT_CHECK(!go_unit_loaded(ctx, CAPEX__GO_K_ZERO_NORM), "create loaded the norm kernel");
+    for (t = 0; t < 3; t++) CT_CHECK(!go_unit_loaded(ctx, CAPEX__GO_K_SUMSQ + t), "create loaded the %s sums", capex_dtype_name((capex_dtype)t));
+    gpu_steps(ct, ctx, user, &c, &g, 0, 1);
+    CT_CHECK(go_unit_loaded(ctx, CAPEX__GO_K_ZERO_NORM), "grad_norm did not load its kernel");
+    for (t = 0; t < 3; t++) CT_CHECK(go_unit_loaded(ctx, CAPEX__GO_K_SUMSQ + t), "grad_norm did not load the %s sums", capex_dtype_name((capex_dtype)t));
+    gpu_free(ctx, &g);
+    hostp_free(&h);
+    CLOSE(ctx, comm, user);
+}
+
 /* Save after steps: the same file as the host zero's; it loads into a fresh
    host zero and a fresh GPU zero (other initial values) and the next step
    agrees with the original ones. */
@@ -1419,9 +1454,97 @@ static void child_nofail(const char *arg, child_result *res) {
     snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
 }
 
+/* A change after create that selects other kernels for the step, with
+   rank 1's module loads failing (CAPEX_EMU_FAIL_MODULE=0, rank 1 alone):
+   SGD momentum turned off in group 0 (set_hparams: the no-momentum
+   variant), an lr schedule attached (set_lr_schedule: its kernel's part),
+   a file saved in other modes loaded (capex_zero_load: Adam's L2 variant;
+   the file from a host zero). The change loads them: set_hparams and
+   set_lr_schedule fail on rank 1 with nothing changed, which repeats the
+   change once loads work again; the load fails both ranks in its
+   agreement (rank 0 CAPEX_ERR_COMM naming rank 1), then both load again.
+   Both ranks step after each try (rank 1 the first time with its loads
+   still failing: its step loads nothing). Before 2026-11-29 every change
+   returned OK and rank 1 failed alone at the next step's load while rank
+   0 waited in the all-gather (FAKE_NCCL_TIMEOUT: the hang guard). Every
+   rank runs the whole sequence whatever a check said. */
+#define CH_CHECK(cond, ...) do { if (!(cond)) ct_fail(ct, __FILE__, __LINE__, #cond, __VA_ARGS__); } while (0)
+static void change_fail_on(ct_state *ct, capex_cuda_context *ctx, capex_comm *comm, int rank, const char *mode) {
+    int modes = !strcmp(mode, "modes"), sched = !strcmp(mode, "sched");
+    cfg c = {1, modes || sched ? CAPEX_OPTIM_ADAM : CAPEX_OPTIM_SGD, 1, 5.0f, -1, 3, 1};
+    capex_cuda_optim *o;
+    capex_optim_desc od;
+    capex_optim_hparams hp[2];
+    capex_lr_schedule s;
+    gpu_run g;
+    hostp h;
+    char path[200];
+    capex_result r;
+    int again;
+    snprintf(path, sizeof path, "/tmp/capex_zgpu_chg_%d_%d", (int)getpid(), rank);
+    hostp_init(&c, &h);
+    if (modes) { /* the file: a host zero (no device) in Adam's L2 mode, one step */
+        host_run hr;
+        g_alt_modes = 1;
+        host_create(ct, &c, &hr, &h);
+        g_alt_modes = 0;
+        host_steps(ct, &c, &hr, 0, 1);
+        CH_CHECK(capex_zero_save_file(hr.z, path, 0) == CAPEX_OK, "save: %s", capex_last_error());
+        host_free(&hr);
+    }
+    gpu_create(ct, ctx, comm, &c, &g, &h);
+    if (ct->failed) return;
+    o = capex_cuda_zero_optim(g.zg);
+    od_of(&c, &od, hp);
+    hp[0].momentum = 0.0f;
+    hp[0].nesterov = 0;
+    sched_of(&s);
+    for (again = 0; again < 2; again++) {
+        if (rank == 1 && !again) setenv("CAPEX_EMU_FAIL_MODULE", "0", 1);
+        if (rank == 1 || !again || modes) { /* a load is collective */
+            r = modes ? capex_zero_load_file(capex_cuda_zero_base(g.zg), path, 0)
+                : sched ? capex_cuda_optim_set_lr_schedule(o, &s, NULL) : capex_cuda_optim_set_hparams(o, 0, &hp[0], NULL);
+            if (!again) CH_CHECK(rank == 1 ? r != CAPEX_OK && r != CAPEX_ERR_COMM
+                                           : r == (modes ? CAPEX_ERR_COMM : CAPEX_OK) &&
+                                                 (!modes || strstr(capex_last_error(), "rank 1 failed")),
+                                 "%s with rank 1's module loads failing, on rank %d: %s (%s)", mode, rank,
+                                 capex_result_string(r), capex_last_error());
+            else CH_CHECK(r == CAPEX_OK, "%s again: %s", mode, capex_last_error());
+        }
+        /* rank 1 steps as before the change, its loads still failing */
+        gpu_steps(ct, ctx, NULL, &c, &g, again, again + 1);
+        if (rank == 1 && !again) unsetenv("CAPEX_EMU_FAIL_MODULE");
+    }
+    CH_CHECK(capex_comm_barrier(comm) == CAPEX_OK, "barrier: %s", capex_last_error()); /* in step */
+    if (modes) remove(path);
+    gpu_free(ctx, &g);
+    hostp_free(&h);
+}
+#undef CH_CHECK
+static int change_fail_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
+    ct_state st;
+    memset(&st, 0, sizeof st);
+    g_rank = rank;
+    g_world = world;
+    g_async = 0;
+    change_fail_on(&st, ctx, comm, rank, (const char *)user);
+    if (st.failed) { fprintf(stderr, "rank %d (%s): %s\n", rank, (const char *)user, st.why); return 1; }
+    return 0;
+}
+static void child_change_fail(const char *arg, child_result *res) {
+    static char mode[16];
+    int codes[16] = {0}, r;
+    if (!arg || sscanf(arg, "%15s", mode) != 1) { res->code = 2; return; }
+    setenv("FAKE_NCCL_TIMEOUT", "120", 1); /* a hang guard */
+    r = nccl_world_run(2, change_fail_body, mode, codes);
+    res->code = r || codes[1] ? 1 : 0;
+    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
+}
+
 static const child_entry children[] = {{"world", child_world}, {"ckpt", child_ckpt}, {"dead_peer", child_dead_peer},
                                        {"momentum", child_momentum}, {"oom", child_oom},
-                                       {"load_fail", child_load_fail}, {"nofail", child_nofail}};
+                                       {"load_fail", child_load_fail}, {"nofail", child_nofail},
+                                       {"change_fail", child_change_fail}};
 
 #define NEED_FAKE_WORLD()                                                                                   \
     do {                                                                                                    \
@@ -1467,6 +1590,15 @@ CT_TEST(world2_stage2_accumulation_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU
 CT_TEST(world2_stage2_half_accumulation_allocates_no_device_memory) {
     nofail_case(ct, "CAPEX_EMU_FAIL_ALLOC 2 acc_halves");
 }
+static void change_fail_case(ct_state *ct, const char *mode) {
+    child_result r;
+    NEED_FAKE_WORLD();
+    r = run_child("change_fail", mode);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s: %s (code %d)", mode, r.message, r.code);
+}
+CT_TEST(world2_momentum_off_loads_at_the_change) { change_fail_case(ct, "momentum"); }
+CT_TEST(world2_lr_schedule_loads_at_the_change) { change_fail_case(ct, "sched"); }
+CT_TEST(world2_load_other_modes_loads_in_its_agreement) { change_fail_case(ct, "modes"); }
 CT_TEST(checkpoint_across_world_sizes) { ckpt_worlds(ct, "0"); }
 CT_TEST(checkpoint_across_world_sizes_novograd) { ckpt_worlds(ct, "4"); }
 CT_TEST(world2_momentum_on_refused_on_every_rank) {
@@ -1517,7 +1649,10 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(world2_stage2_accumulation_loads_no_kernel),
                                 CT_CASE(world2_stage2_half_accumulation_allocates_no_device_memory),
                                 CT_CASE(world2_destroy_in_flight_dead_peer_aborts), CT_CASE(world2_momentum_on_refused_on_every_rank),
-                                CT_CASE(world2_one_rank_out_of_memory_fails_both), CT_CASE(world2_one_rank_load_fails_both)};
+                                CT_CASE(world2_one_rank_out_of_memory_fails_both), CT_CASE(world2_one_rank_load_fails_both),
+                                CT_CASE(world1_create_leaves_grad_norm_kernels_unloaded),
+                                CT_CASE(world2_momentum_off_loads_at_the_change), CT_CASE(world2_lr_schedule_loads_at_the_change),
+                                CT_CASE(world2_load_other_modes_loads_in_its_agreement)};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
