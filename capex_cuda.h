@@ -7394,8 +7394,9 @@ static capex_result capex__go_step(capex_cuda_optim *o, capex_cuda_ptr inv_scale
     return r;
 }
 
-CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t group, const capex_optim_hparams *hp,
-                                                    capex_cuda_stream stream) {
+/* lr_only: set_lr's, which launches the same kernels (no load, o->ready kept) */
+CAPEX__PRIVATE capex_result capex__go_set_hparams(capex_cuda_optim *o, size_t group, const capex_optim_hparams *hp,
+                                                  capex_cuda_stream stream, int lr_only) {
     capex__go_group g;
     capex_result r;
     if (!o || !hp) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_optim_set_hparams: NULL argument");
@@ -7408,7 +7409,7 @@ CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t 
     if (o->desc.kind == CAPEX_OPTIM_ADAM && (hp->amsgrad != 0) != (o->hp[group].amsgrad != 0))
         return capex__fail(CAPEX_ERR_CONFIG, "Adam: group %zu was created with amsgrad %d; amsgrad is fixed when the "
                            "group is added (its max_exp_avg_sq buffers exist only then)", group, o->hp[group].amsgrad != 0);
-    if (o->load_at_change) { /* SGD's momentum picks the variant */
+    if (o->load_at_change && !lr_only) { /* SGD's momentum picks the variant */
         capex_optim_hparams was = o->hp[group];
         o->hp[group] = *hp;
         r = capex__go_ready_as(o, "capex_cuda_optim_set_hparams", NULL, NULL, o->has_sched);
@@ -7423,9 +7424,13 @@ CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t 
         r = o->ex.htod(o->ex.user, o->dgroups + group * sizeof g + offsetof(capex__go_group, lr_decay), &g.lr_decay,
                        sizeof g.lr_decay, stream);
     if (r == CAPEX_OK) /* SGD's momentum picks the variant (load_at_change: loaded above) */
-        o->hp[group] = *hp, o->ready = o->ready && o->load_at_change;
+        o->hp[group] = *hp, o->ready = o->ready && (o->load_at_change || lr_only);
     if (r == CAPEX_OK) r = capex__go_sched_upload(o, stream, NULL); /* the new base lr */
     return r;
+}
+CAPEX_API capex_result capex_cuda_optim_set_hparams(capex_cuda_optim *o, size_t group, const capex_optim_hparams *hp,
+                                                    capex_cuda_stream stream) {
+    return capex__go_set_hparams(o, group, hp, stream, 0);
 }
 
 CAPEX_API capex_result capex_cuda_optim_set_lr(capex_cuda_optim *o, size_t group, float lr, capex_cuda_stream stream) {
@@ -7435,7 +7440,7 @@ CAPEX_API capex_result capex_cuda_optim_set_lr(capex_cuda_optim *o, size_t group
                            o ? o->ngroups : 0);
     hp = o->hp[group];
     hp.lr = lr;
-    return capex_cuda_optim_set_hparams(o, group, &hp, stream);
+    return capex__go_set_hparams(o, group, &hp, stream, 1);
 }
 
 CAPEX_API capex_cuda_ptr capex_cuda_optim_lr_ptr(const capex_cuda_optim *o, size_t group) {

@@ -769,6 +769,36 @@ CT_TEST(world1_create_leaves_grad_norm_kernels_unloaded) {
     CLOSE(ctx, comm, user);
 }
 
+/* set_lr changes no kernel: the optimizer stays ready (no load-only pass of
+   the step at the call with several ranks, none at the next step with one),
+   while a momentum switch makes the next step load its variant. */
+CT_TEST(set_lr_keeps_the_step_kernels_ready) {
+    cfg c = {1, CAPEX_OPTIM_SGD, 1, 5.0f, -1, 1, 1};
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_stream user = NULL;
+    capex_comm comm;
+    capex_cuda_optim *o;
+    capex_optim_hparams hp;
+    gpu_run g;
+    hostp h;
+    OPEN(ctx, comm, user);
+    hostp_init(&c, &h);
+    gpu_create(ct, ctx, &comm, &c, &g, &h);
+    gpu_steps(ct, ctx, user, &c, &g, 0, 1);
+    o = capex_cuda_zero_optim(g.zg);
+    CT_CHECK(o->ready, "not ready after a step");
+    OK(capex_cuda_optim_set_lr(o, 0, 0.5f, user));
+    CT_CHECK(o->ready, "set_lr made the next step load its kernels again");
+    hp = o->hp[0];
+    hp.momentum = 0.0f;
+    hp.nesterov = 0;
+    OK(capex_cuda_optim_set_hparams(o, 0, &hp, user));
+    CT_CHECK(!o->ready, "a momentum switch left the optimizer ready (its variant is another)");
+    gpu_free(ctx, &g);
+    hostp_free(&h);
+    CLOSE(ctx, comm, user);
+}
+
 /* Save after steps: the same file as the host zero's; it loads into a fresh
    host zero and a fresh GPU zero (other initial values) and the next step
    agrees with the original ones. */
@@ -1650,7 +1680,7 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(world2_stage2_half_accumulation_allocates_no_device_memory),
                                 CT_CASE(world2_destroy_in_flight_dead_peer_aborts), CT_CASE(world2_momentum_on_refused_on_every_rank),
                                 CT_CASE(world2_one_rank_out_of_memory_fails_both), CT_CASE(world2_one_rank_load_fails_both),
-                                CT_CASE(world1_create_leaves_grad_norm_kernels_unloaded),
+                                CT_CASE(world1_create_leaves_grad_norm_kernels_unloaded), CT_CASE(set_lr_keeps_the_step_kernels_ready),
                                 CT_CASE(world2_momentum_off_loads_at_the_change), CT_CASE(world2_lr_schedule_loads_at_the_change),
                                 CT_CASE(world2_load_other_modes_loads_in_its_agreement)};
 int main(int argc, char **argv) {
