@@ -571,8 +571,8 @@ CT_TEST(ddp_world2_no_host_buffer_rebuild_agrees_without_allocating) { agree_cas
    recv on rank 1, the other rank's slot, allgatherv's uneven slots): NCCL is
    in place only at the slot and undefined otherwise (the stand-in refuses
    such an allgather; its grouped broadcasts overwrite such a send), so capex
-   moves send to the slot first, through a temporary buffer where send
-   overlaps the slot (uneven counts, a shifted send). */
+   moves send to the slot first, in pieces where send overlaps the slot
+   (uneven counts, a shifted send). */
 static int ga_check(capex_cuda_context *ctx, capex_cuda_ptr a, const size_t *counts, int code) {
     static float h[2000];
     size_t p, e, off = 0;
@@ -610,7 +610,7 @@ static int gather_alias_rank(capex_cuda_context *ctx, capex_comm *c, int rank, i
         capex_cuda_memcpy_htod(ctx, a, h, uneven[rank] * 4, NULL) != CAPEX_OK ||
         capex_comm_allgatherv(c, (void *)(uintptr_t)a, (void *)(uintptr_t)a, uneven, CAPEX_F32) != CAPEX_OK) return 45;
     if ((bad = ga_check(ctx, a, uneven, 46)) != 0) return bad;
-    /* send half a slot into recv on both ranks: it overlaps this rank's slot (through a temporary buffer) */
+    /* send half a slot into recv on both ranks: it overlaps this rank's slot (moved in pieces) */
     if (capex_cuda_memset_u8(ctx, a, 0xa5, 2000 * 4, NULL) != CAPEX_OK ||
         capex_cuda_memcpy_htod(ctx, a + 2000, h, 1000 * 4, NULL) != CAPEX_OK) return 47;
     r = capex_comm_allgather(c, (void *)(uintptr_t)(a + 2000), (void *)(uintptr_t)a, 1000, CAPEX_F32);
