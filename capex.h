@@ -1530,7 +1530,9 @@ typedef struct capex_comm_vtable {
        at a time. Grown when smaller (an allocation: a rank failing it alone
        would leave its peers in the exchange), so the comm makes it at init
        for the fixed ones and DDP asks for its ready order at create. NULL:
-       each exchange allocates (mem_alloc) its own. */
+       DDP and ZeRO allocate one (mem_alloc) at create, first, and keep it
+       until destroy (a rank failing that one allocation alone cannot join
+       the model check: its peers fail at their deadline). */
     capex_result (*host_buffer)(capex_comm *c, size_t bytes, void **dev);
 } capex_comm_vtable;
 
@@ -8789,6 +8791,31 @@ CAPEX__PRIVATE void capex__comm_free(capex_comm *c, void *p) {
     if (c->vt->mem_free) c->vt->mem_free(c, p);
     else capex__free(c->allocator, p);
 }
+/* The device buffer of a front-end's (DDP's, ZeRO's) small exchanges of
+   host values (capex__comm_host) on a device comm without host_buffer (a
+   custom vtable): made once at create, before the create's agreement, and
+   grown at create only, so no agreement allocates where one rank failing
+   alone would leave its peers in the exchange. Growth folds into the
+   create's agreement: the smaller buffer serves that one. Unused (zero) on
+   host comms and on comms with host_buffer. */
+typedef struct capex__hostbuf { void *dev; size_t bytes; } capex__hostbuf;
+/* Exchanges are blocking, so none is in flight; but after a timeout on a
+   comm with no abort a late peer may still write it: leaked then. */
+CAPEX__PRIVATE void capex__hostbuf_free(capex_comm *c, capex__hostbuf *hb) {
+    if (hb->dev && c && c->vt && !(c->failed && !c->vt->abort)) capex__comm_free(c, hb->dev);
+    hb->dev = NULL;
+    hb->bytes = 0;
+}
+CAPEX__PRIVATE capex_result capex__hostbuf_make(capex_comm *c, capex__hostbuf *hb, size_t bytes) {
+    void *p = NULL;
+    capex_result r;
+    if (!c->device_buffers || c->world_size <= 1 || c->vt->host_buffer || bytes <= hb->bytes) return CAPEX_OK;
+    if ((r = capex__comm_alloc(c, &p, bytes)) != CAPEX_OK) return r; /* the old one stays usable */
+    capex__hostbuf_free(c, hb);
+    hb->dev = p;
+    hb->bytes = bytes;
+    return CAPEX_OK;
+}
 CAPEX__PRIVATE capex_result capex__comm_copy(capex_comm *c, void *dst, const void *src, size_t bytes, capex_copy_kind k) {
     if (!bytes || dst == src) return CAPEX_OK;
     if (c->vt->mem_copy) return c->vt->mem_copy(c, dst, src, bytes, k);
@@ -11111,6 +11138,7 @@ struct capex_ddp {
     size_t n_retired;                /* the next iteration starts            */
     size_t next_launch;
     size_t reserved;                 /* requests reserved on the comm (vt->reserve) */
+    capex__hostbuf hb;               /* the exchanges' device buffer without vt->host_buffer */
     int sync, layout_version, rebuilt, failed, in_finalize;
     capex_ddp_stats st;
 };
@@ -11179,16 +11207,18 @@ CAPEX__PRIVATE size_t capex__comm_host_bytes(int W) { return sizeof(int64_t) * C
    transport needs one (NCCL): the comm's own (vt->host_buffer; made at
    init, and for DDP's ready order at create, so nothing is allocated here
    where a rank failing alone would leave its peers in the collective),
-   else one allocated per call. ALLGATHER: send holds count, recv
+   else the caller's hb (a device comm without host_buffer: made at the
+   front-end's create), else one allocated per call. ALLGATHER: send holds count, recv
    world_size x count; ALLREDUCE (sum) and BROADCAST work in place on recv.
    On a timeout an allocated device buffer is not freed: a transport may
    still write it. */
 enum { CAPEX__HOST_ALLGATHER, CAPEX__HOST_ALLREDUCE, CAPEX__HOST_BROADCAST };
-CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, int kind, const void *send, void *recv, size_t count,
-                                             capex_dtype t, int root) {
+CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, capex__hostbuf *hb, int kind, const void *send, void *recv,
+                                             size_t count, capex_dtype t, int root) {
     size_t es = capex_comm_dtype_size(t), nout = kind == CAPEX__HOST_ALLGATHER ? count * (size_t)c->world_size : count;
+    size_t need = es * (kind == CAPEX__HOST_ALLGATHER ? nout + count : nout);
     void *dev = NULL, *in;
-    int kept = c->vt->host_buffer != NULL;
+    int kept = c->vt->host_buffer != NULL || (hb && hb->dev && hb->bytes >= need);
     capex_result r;
     if (!c->device_buffers) {
         if (kind == CAPEX__HOST_ALLGATHER) r = capex__comm_allgather_checked(c, send, recv, count, t);
@@ -11197,8 +11227,9 @@ CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, int kind, const void
         return capex__comm_refused(c, r);
     }
     /* allgather: the send slot after the world_size receive slots */
-    if (kept) r = c->vt->host_buffer(c, es * (kind == CAPEX__HOST_ALLGATHER ? nout + count : nout), &dev);
-    else r = capex__comm_alloc(c, &dev, es * (kind == CAPEX__HOST_ALLGATHER ? nout + count : nout));
+    if (c->vt->host_buffer) r = c->vt->host_buffer(c, need, &dev);
+    else if (kept) r = CAPEX_OK, dev = hb->dev;
+    else r = capex__comm_alloc(c, &dev, need);
     if (r != CAPEX_OK) return r;
     in = kind == CAPEX__HOST_ALLGATHER ? (char *)dev + es * nout : dev;
     r = capex__comm_copy(c, in, kind == CAPEX__HOST_ALLGATHER ? send : recv, es * count, CAPEX_COPY_H2D);
@@ -11223,7 +11254,8 @@ CAPEX__PRIVATE capex_result capex__comm_host(capex_comm *c, int kind, const void
    init): a rank that failed its own part still takes part (before
    2026-11-28 the buffer was allocated here, and a rank that could not
    left its peers in the allgather until their deadline). */
-CAPEX__PRIVATE capex_result capex__create_agree(capex_comm *c, int64_t *sig, capex_result local, const capex__sig_names *nm) {
+CAPEX__PRIVATE capex_result capex__create_agree(capex_comm *c, capex__hostbuf *hb, int64_t *sig, capex_result local,
+                                                const capex__sig_names *nm) {
     char keep[sizeof capex__error_message], a[48], b[48], also[160];
     const size_t N = CAPEX__SIG_N;
     size_t W, k;
@@ -11242,7 +11274,7 @@ CAPEX__PRIVATE capex_result capex__create_agree(capex_comm *c, int64_t *sig, cap
     if (!all) /* host comms: a barrier stands in, so the peers fail too */
         r = capex__comm_refused(c, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory for the model check (%zu "
                                                "ranks)", nm->api, W));
-    else r = capex__comm_host(c, CAPEX__HOST_ALLGATHER, sig, all, N, CAPEX_I64, 0);
+    else r = capex__comm_host(c, hb, CAPEX__HOST_ALLGATHER, sig, all, N, CAPEX_I64, 0);
     if (r != CAPEX_OK || local != CAPEX_OK) {
         capex__free(NULL, all);
         if (local != CAPEX_OK) return capex__fail(local, "%s", keep);
@@ -11344,7 +11376,7 @@ done:
    through the comm's own device buffer (allocated at init, not here, where
    one rank failing alone left its peers waiting until their deadline).
    World size 1: nothing is sent. */
-CAPEX__PRIVATE capex_result capex__comm_agree(capex_comm *c, capex_result local, const char *fn) {
+CAPEX__PRIVATE capex_result capex__comm_agree(capex_comm *c, capex__hostbuf *hb, capex_result local, const char *fn) {
     char keep[sizeof capex__error_message];
     int64_t v[4], tag = 0;
     const char *s;
@@ -11357,7 +11389,7 @@ CAPEX__PRIVATE capex_result capex__comm_agree(capex_comm *c, capex_result local,
     v[1] = local != CAPEX_OK ? c->rank : 0; /* the failing rank when only one did */
     v[2] = tag;                        /* sums of tag and tag^2 equal W times this rank's only when all tags are */
     v[3] = tag * tag;
-    r = capex__comm_host(c, CAPEX__HOST_ALLREDUCE, NULL, v, 4, CAPEX_I64, 0);
+    r = capex__comm_host(c, hb, CAPEX__HOST_ALLREDUCE, NULL, v, 4, CAPEX_I64, 0);
     if (local != CAPEX_OK) return capex__fail(local, "%s", keep);
     if (r != CAPEX_OK) return r;
     if (v[2] != c->world_size * tag || v[3] != c->world_size * tag * tag)
@@ -11369,6 +11401,14 @@ CAPEX__PRIVATE capex_result capex__comm_agree(capex_comm *c, capex_result local,
     if (v[0]) return capex__fail(CAPEX_ERR_COMM, "%s: %lld of %d ranks failed (their own errors say why); no rank went on",
                                  fn, (long long)v[0], c->world_size);
     return CAPEX_OK;
+}
+
+/* A create's refusal before its object holds hb: the model check, then hb freed. */
+CAPEX__PRIVATE capex_result capex__create_refuse(capex_comm *c, capex__hostbuf *hb, int64_t *sig, capex_result local,
+                                                const capex__sig_names *nm) {
+    capex_result r = capex__create_agree(c, hb, sig, local, nm);
+    capex__hostbuf_free(c, hb);
+    return r;
 }
 
 #define CAPEX__TAG_DDP_DESC CAPEX__TAG('D', 'D', 'P', 'D')
@@ -11493,10 +11533,12 @@ static capex_result capex__ddp_reserve(capex_ddp *g) {
     float post = g->d.gradient_average ? (float)((double)f / (double)c->world_size) : 1.0f; /* capex_ddp_finalize's */
     int scales = f != 1.0f || post != 1.0f;
     capex_result r;
-    if (g->d.rebuild_buckets && !g->rebuilt && c->world_size > 1 && c->vt->host_buffer) {
+    if (g->d.rebuild_buckets && !g->rebuilt && c->world_size > 1 && c->device_buffers) {
         void *dev; /* the rebuild's broadcast of rank 0's ready order (u32 per param) */
         if (g->np > SIZE_MAX / 4) return capex__fail(CAPEX_ERR_LIMIT, "capex_ddp_create: %zu params", g->np);
-        if ((r = c->vt->host_buffer(c, g->np * 4, &dev)) != CAPEX_OK) return r;
+        if (c->vt->host_buffer) r = c->vt->host_buffer(c, g->np * 4, &dev);
+        else r = capex__hostbuf_make(c, &g->hb, g->np * 4);
+        if (r != CAPEX_OK) return r;
     }
     if (!c->vt->reserve) return CAPEX_OK;
     for (i = 0; i < g->nb; i++) {
@@ -11537,7 +11579,7 @@ CAPEX_API void capex_ddp_destroy(capex_ddp *g) {
             if (g->b[i].req.active)
                 (void)capex__comm_after(g->comm, g->comm->vt->wait(g->comm, &g->b[i].req, capex__deadline(g->comm)));
     if (g->reserved && g->comm && g->comm->vt && g->comm->vt->reserve) (void)g->comm->vt->reserve(g->comm, 0, 0, -(long)g->reserved);
-    if (g->comm) capex__ddp_free_buckets(g), capex__ddp_free_retired(g);
+    if (g->comm) capex__ddp_free_buckets(g), capex__ddp_free_retired(g), capex__hostbuf_free(g->comm, &g->hb);
     capex__free(NULL, g->params);
     capex__free(NULL, g->bucket_of);
     capex__free(NULL, g->offset_of);
@@ -11633,18 +11675,23 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     capex_result r;
     size_t i, *order;
     int64_t sig[CAPEX__SIG_N];
+    capex__hostbuf hb = {NULL, 0};
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_ddp_create: out is NULL");
     *out = NULL;
     if ((r = capex__comm_check(comm, "capex_ddp_create")) != CAPEX_OK) return r;
     if (!desc) { capex_ddp_desc_init(&dd); desc = &dd; }
+    /* a device comm without host_buffer: the exchanges' buffer, first, so
+       every agreement below has it (a rank failing this one allocation
+       cannot join the model check: its peers fail at their deadline) */
+    if ((r = capex__hostbuf_make(comm, &hb, capex__comm_host_bytes(comm->world_size))) != CAPEX_OK) return r;
     /* a rank refusing its arguments still joins the model check, so its peers fail with it */
     if ((r = capex__ddp_check_args(comm, params, np, desc)) != CAPEX_OK)
-        return capex__create_agree(comm, sig, r, &capex__ddp_sig_names);
+        return capex__create_refuse(comm, &hb, sig, r, &capex__ddp_sig_names);
     capex__ddp_signature(sig, params, np, desc);
     g = (capex_ddp *)capex__alloc(NULL, sizeof *g);
     if (!g)
-        return capex__create_agree(comm, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_ddp_create: out of memory"),
-                                   &capex__ddp_sig_names);
+        return capex__create_refuse(comm, &hb, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_ddp_create: out of memory"),
+                                    &capex__ddp_sig_names);
     memset(g, 0, sizeof *g);
     g->comm = comm;
     g->d = *desc;
@@ -11661,9 +11708,10 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     if (!g->params || !g->bucket_of || !g->offset_of || !g->bparams || !g->boffsets || !g->ready || !g->accum ||
         !g->ready_order) {
         capex_ddp_destroy(g);
-        return capex__create_agree(comm, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_ddp_create: out of memory"),
-                                   &capex__ddp_sig_names);
+        return capex__create_refuse(comm, &hb, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "capex_ddp_create: out of memory"),
+                                    &capex__ddp_sig_names);
     }
+    g->hb = hb; /* destroy frees it from here on */
     if (np) memcpy(g->params, params, sizeof(capex_ddp_param) * np);
     memset(g->ready, 0, np + 1);
     memset(g->accum, 0, np + 1);
@@ -11673,7 +11721,7 @@ CAPEX_API capex_result capex_ddp_create(capex_ddp **out, capex_comm *comm, const
     if ((r = capex__ddp_plan(g, order)) == CAPEX_OK) r = capex__ddp_alloc_buffers(g);
     /* every rank's signature before the first collective (the broadcast): a
        rank that failed above, or a mismatch, fails every rank here */
-    if ((r = capex__create_agree(comm, sig, r, &capex__ddp_sig_names)) != CAPEX_OK) {
+    if ((r = capex__create_agree(comm, &g->hb, sig, r, &capex__ddp_sig_names)) != CAPEX_OK) {
         capex_ddp_destroy(g);
         return r;
     }
@@ -11906,9 +11954,9 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
     old_offset = (size_t *)capex__alloc(NULL, np * sizeof(size_t));
     seen = (unsigned char *)capex__alloc(NULL, np);
     if (!ord32 || !order || !old_bucket || !old_offset || !seen) r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "ddp rebuild: out of memory");
-    if ((r = capex__comm_agree(c, r, "capex_ddp_finalize (bucket rebuild)")) != CAPEX_OK) goto done;
+    if ((r = capex__comm_agree(c, &g->hb, r, "capex_ddp_finalize (bucket rebuild)")) != CAPEX_OK) goto done;
     for (i = 0; i < np; i++) ord32[i] = (uint32_t)g->ready_order[i];
-    if (c->world_size > 1 && (r = capex__comm_host(c, CAPEX__HOST_BROADCAST, NULL, ord32, np, CAPEX_F32, 0)) != CAPEX_OK)
+    if (c->world_size > 1 && (r = capex__comm_host(c, &g->hb, CAPEX__HOST_BROADCAST, NULL, ord32, np, CAPEX_F32, 0)) != CAPEX_OK)
         goto done;
     memset(seen, 0, np);
     for (i = 0; i < np; i++) {
@@ -11926,7 +11974,7 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
         memcpy(g->bucket_of, old_bucket, np * sizeof(size_t));
         memcpy(g->offset_of, old_offset, np * sizeof(size_t));
         old_b = NULL;
-        r = capex__comm_agree(c, r, "capex_ddp_finalize (bucket rebuild)"); /* keeps r */
+        r = capex__comm_agree(c, &g->hb, r, "capex_ddp_finalize (bucket rebuild)"); /* keeps r */
         goto done;
     }
     for (i = 0; i < np; i++) {
@@ -11935,7 +11983,7 @@ static capex_result capex__ddp_rebuild(capex_ddp *g) {
                              (char *)old_b[old_bucket[i]].buf + old_offset[i] * es, g->params[i].numel * es, CAPEX_COPY_D2D);
         if (r != CAPEX_OK) break;
     }
-    r = capex__comm_agree(c, r, "capex_ddp_finalize (bucket rebuild)");
+    r = capex__comm_agree(c, &g->hb, r, "capex_ddp_finalize (bucket rebuild)");
     g->layout_version++;
     capex__ddp_free_retired(g);
     g->retired = old_b; /* the step after this finalize may still read them */
@@ -12064,6 +12112,7 @@ struct capex_zero {
     int sync, failed, accumulated; /* accumulated: stage 2 shards hold a sum     */
     int stages;            /* capex__comm_stages_f32: grad buffers carry the f32 staging */
     size_t reserved;       /* requests reserved on the comm (vt->reserve) */
+    capex__hostbuf hb;     /* the exchanges' device buffer without vt->host_buffer */
     capex_optim *opt;
     size_t npieces, *piece_param, *piece_start; /* the optimizer's tensors, in its order */
     size_t *piece_k;        /* piece j's index within its group of opt                  */
@@ -12100,6 +12149,7 @@ CAPEX_API void capex_zero_destroy(capex_zero *z) {
             if (z->b[i].req.active)
                 (void)capex__comm_after(z->comm, z->comm->vt->wait(z->comm, &z->b[i].req, capex__deadline(z->comm)));
     if (z->reserved && z->comm->vt && z->comm->vt->reserve) (void)z->comm->vt->reserve(z->comm, 0, 0, -(long)z->reserved);
+    capex__hostbuf_free(z->comm, &z->hb);
     capex_optim_destroy(z->opt);
     capex_optim_destroy(z->save_tmp);
     capex__free(NULL, z->save_masters);
@@ -12424,34 +12474,49 @@ static capex_result capex__zero_fill_pool(capex_zero *z) {
     return r;
 }
 
-/* capex_zero_create, and capex_cuda_zero_create's device mode (dev non-NULL). */
+/* capex_zero_create, and capex_cuda_zero_create's device mode (dev non-NULL).
+   hb: the caller's capex__hostbuf, made before its own agreement (NULL:
+   made here); taken over (z->hb) or freed. */
 CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
                                               size_t np, const capex_optim_desc *od, const capex_optim_hparams *hparams,
                                               size_t ngroups, const capex_zero_desc *desc, const capex__zero_dev *dev,
-                                              const char *fn) {
+                                              capex__hostbuf *hb_in, const char *fn) {
     capex_zero *z;
     capex_zero_desc dd;
     capex_result r;
     size_t i, k, W;
     int64_t sig[CAPEX__SIG_N];
+    capex__hostbuf own = {NULL, 0}, *hb = hb_in ? hb_in : &own;
     capex__sig_names nm = {NULL, "capex_zero_desc, optim desc and hparams",
                            {"stage", "bucket_bytes", "gradient_average", "broadcast_parameters", "num_groups",
                             "optimizer kind", "#optimizer settings (capex_optim_desc)", "#hparams", NULL},
                            0u};
-    if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     nm.api = fn;
-    if ((r = capex__comm_check(comm, fn)) != CAPEX_OK) return r;
+    if (out) *out = NULL;
+    if (!out) r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: out is NULL", fn);
+    else r = capex__comm_check(comm, fn);
+    if (r != CAPEX_OK) {
+        if (hb_in && comm && comm->vt) capex__hostbuf_free(comm, hb_in);
+        return r;
+    }
     if (!desc) { capex_zero_desc_init(&dd); desc = &dd; }
+    /* as DDP's: the exchanges' buffer first (a device comm without host_buffer) */
+    if ((r = capex__hostbuf_make(comm, hb, capex__comm_host_bytes(comm->world_size))) != CAPEX_OK) {
+        capex__hostbuf_free(comm, hb);
+        return r;
+    }
     /* a rank refusing its arguments still joins the model check, so its peers fail with it */
     if ((r = capex__zero_check_args(comm, params, np, od, ngroups, desc, dev, fn)) != CAPEX_OK)
-        return capex__create_agree(comm, sig, r, &nm);
+        return capex__create_refuse(comm, hb, sig, r, &nm);
     capex__zero_signature(sig, params, np, od, hparams, ngroups, desc);
     W = (size_t)comm->world_size;
     z = (capex_zero *)capex__alloc(NULL, sizeof *z);
-    if (!z) return capex__create_agree(comm, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn), &nm);
+    if (!z) return capex__create_refuse(comm, hb, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn), &nm);
     memset(z, 0, sizeof *z);
     z->comm = comm;
+    z->hb = *hb; /* destroy frees it from here on */
+    hb->dev = NULL;
+    hb->bytes = 0;
     if (dev) { z->has_dev = 1; z->dev = *dev; }
     z->d = *desc;
     z->np = np;
@@ -12471,8 +12536,9 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     z->mom_bufs = (unsigned char *)capex__alloc(NULL, ngroups);
     if (!z->params || !z->bucket_of || !z->offset_of || !z->bparams || !z->ready || !z->piece_param || !z->piece_start ||
         !z->piece_k || !z->full_pos || !z->counts || !z->mom_bufs) {
+        r = capex__create_agree(comm, &z->hb, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn), &nm);
         capex_zero_destroy(z);
-        return capex__create_agree(comm, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn), &nm);
+        return r;
     }
     for (i = 0; i < ngroups; i++) /* as capex_optim_add_group decides */
         z->mom_bufs[i] = od->kind == CAPEX_OPTIM_SGD && (hparams ? hparams[i].momentum : od->defaults.momentum) != 0.0f;
@@ -12481,8 +12547,9 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     {   /* the unsharded optimizer's order: group by group, params in index order */
         size_t *cnt = (size_t *)capex__alloc(NULL, sizeof(size_t) * (ngroups + 1)), g, first;
         if (!cnt) {
+            r = capex__create_agree(comm, &z->hb, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn), &nm);
             capex_zero_destroy(z);
-            return capex__create_agree(comm, sig, capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn), &nm);
+            return r;
         }
         for (g = 0; g <= ngroups; g++) cnt[g] = 0;
         for (i = 0; i < np; i++) z->full_pos[2 * i] = cnt[params[i].group]++;
@@ -12493,7 +12560,7 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     /* every rank's signature before the first collective (the broadcast): a
        rank that failed above, or a mismatch, fails every rank here */
     r = capex__zero_plan(z);
-    if ((r = capex__create_agree(comm, sig, r, &nm)) != CAPEX_OK) { capex_zero_destroy(z); return r; }
+    if ((r = capex__create_agree(comm, &z->hb, sig, r, &nm)) != CAPEX_OK) { capex_zero_destroy(z); return r; }
     /* rank 0's parameters everywhere, then into the flat buffers */
     for (i = 0; desc->broadcast_parameters && W > 1 && i < np; i++)
         if (params[i].numel && (r = capex_comm_broadcast(comm, params[i].data, params[i].numel, params[i].dtype, 0)) != CAPEX_OK) {
@@ -12541,7 +12608,7 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
     /* a failure here (buffers, the optimizer) is this rank's alone: one more
        small agreement, so that its peers fail with it instead of returning a
        zero whose next collective pairs with something else */
-    if ((r = capex__comm_agree(comm, r, fn)) != CAPEX_OK) { capex_zero_destroy(z); return r; }
+    if ((r = capex__comm_agree(comm, &z->hb, r, fn)) != CAPEX_OK) { capex_zero_destroy(z); return r; }
     {   /* memory report (the stage-2 pool's peak is added as buffers are lent) */
         capex_zero_memory *m = &z->mem;
         m->buckets = z->nb;
@@ -12571,7 +12638,7 @@ CAPEX__PRIVATE capex_result capex__zero_create(capex_zero **out, capex_comm *com
 CAPEX_API capex_result capex_zero_create(capex_zero **out, capex_comm *comm, const capex_zero_param *params,
                                          size_t np, const capex_optim_desc *od, const capex_optim_hparams *hparams,
                                          size_t ngroups, const capex_zero_desc *desc) {
-    return capex__zero_create(out, comm, params, np, od, hparams, ngroups, desc, NULL, "capex_zero_create");
+    return capex__zero_create(out, comm, params, np, od, hparams, ngroups, desc, NULL, NULL, "capex_zero_create");
 }
 
 /* The counts of a collective over equal shards of `shard` elements. */
@@ -13092,7 +13159,7 @@ CAPEX_API capex_result capex_zero_save(capex_zero *z, capex_state_writer *w, con
     }
     if (r == CAPEX_OK && z->has_dev && (r = capex__comm_alloc(c, &dpack, sizeof(float) * (maxshard + 1))) == CAPEX_OK)
         r = capex__comm_alloc(c, &dfull, sizeof(float) * (maxshard * W + 1));
-    if ((r = capex__comm_agree(c, r, fn)) != CAPEX_OK) { capex__zero_save_drop(z); goto done; } /* nothing points into it yet */
+    if ((r = capex__comm_agree(c, &z->hb, r, fn)) != CAPEX_OK) { capex__zero_save_drop(z); goto done; } /* nothing points into it yet */
     /* every state buffer, bucket by bucket: shards packed, all-gathered, unpacked by rank 0 */
     for (what = 0; r == CAPEX_OK && what < 4; what++)
         for (k = 0; r == CAPEX_OK && k < z->nb; k++) {
@@ -13265,7 +13332,7 @@ static capex_result capex__zero_load(capex_zero *z, capex_state_reader *rd, cons
         if (z->dev.check_host) r = z->dev.check_host(z->dev.user, z->opt);
     }
     /* one small allreduce: every rank commits or none does */
-    if ((r = capex__comm_agree(z->comm, r, fn)) != CAPEX_OK) goto done;
+    if ((r = capex__comm_agree(z->comm, &z->hb, r, fn)) != CAPEX_OK) goto done;
     /* commit. The host zero's copies cannot fail from here; the device zero's
        device copies can (a device error) */
     if (!z->has_dev) {
@@ -13298,7 +13365,7 @@ CAPEX_API capex_result capex_zero_load(capex_zero *z, capex_state_reader *rd, co
 static capex_result capex__zero_save_status(capex_zero *z, capex_result r, const char *path) {
     capex_comm *c = z->comm;
     double v = (double)r;
-    capex_result b = capex__comm_host(c, CAPEX__HOST_BROADCAST, NULL, &v, 1, CAPEX_F64, 0);
+    capex_result b = capex__comm_host(c, &z->hb, CAPEX__HOST_BROADCAST, NULL, &v, 1, CAPEX_F64, 0);
     if (b != CAPEX_OK) {
         z->failed = 1;
         return r != CAPEX_OK ? r : b;

@@ -626,7 +626,10 @@ CAPEX_API capex_result capex_cuda_optim_from_host(capex_cuda_optim *opt, const c
    so a step creates and allocates nothing where one rank could fail alone;
    the comm's init makes the device buffer of their agreements (144 (world
    + 1) bytes; DDP's create grows it to 4 bytes a param for a rebuild's
-   ready order), so no agreement allocates either. dtypes: f32,
+   ready order), so no agreement allocates either; and a 1 MiB scratch,
+   through which AVG of f16/bf16 without ncclAvg is scaled and a gather's
+   send shifted onto its own slot is moved, in pieces, so that no call of
+   any size allocates. dtypes: f32,
    f16, bf16 (NCCL >= 2.10), and CAPEX_F64 / CAPEX_I64. AVG is ncclAvg on
    NCCL >= 2.10, else a sum then a scale by 1/world. Thread safety: one thread
    at a time per comm (like every capex_comm). If rank 0 cannot make the id (no
@@ -7991,6 +7994,9 @@ CAPEX__PRIVATE capex_result capex__nccl_dtype(const capex__nccl *n, capex_dtype 
     return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL comm: invalid dtype %d", (int)t);
 }
 
+/* The comm stream's scratch, made at init (see capex__nccl_prepare). */
+#define CAPEX__NCCL_SCRATCH ((size_t)1 << 20)
+
 /* Device scratch of at least `bytes` (grown; old contents dropped): the
    comm stream's (user 0) or the user stream's, each used only on its stream. */
 CAPEX__PRIVATE capex_result capex__nccl_scratch_of(capex_comm *c, size_t bytes, int user) {
@@ -8023,7 +8029,12 @@ CAPEX__PRIVATE capex_result capex__nccl_scratch(capex_comm *c, size_t bytes) { r
 
 /* x *= f on our stream (user 1: on the user stream), in f32 and rounded back
    for halfs (capex.h's capex__host_scale, bit for bit: the built-in
-   conversions are exact twins). */
+   conversions are exact twins). Our stream's halfs (AVG without ncclAvg,
+   after the collective) go through the comm's scratch, made at init, in
+   pieces of its size: a user's call of any size allocates nothing (before
+   2026-11-29 it grew the scratch, and a rank failing that alone returned an
+   error with an unscaled sum where its peers averaged). The user stream's
+   (DDP's and ZeRO's staging) is grown to the size reserved at their create. */
 CAPEX__PRIVATE capex_result capex__nccl_scale_enqueue(capex_comm *c, void *buf, size_t count, capex_dtype t, float f,
                                                       int user) {
     capex__nccl *n = capex__nccl_of(c);
@@ -8032,15 +8043,21 @@ CAPEX__PRIVATE capex_result capex__nccl_scale_enqueue(capex_comm *c, void *buf, 
     capex_result r;
     if (t == CAPEX_F32) return capex_cuda_scale_f32(n->ctx, x, x, f, count, s);
     if (t == CAPEX_F16 || t == CAPEX_BF16) {
-        size_t bytes; /* f32 staging: twice the (checked) size of the buffer */
+        size_t bytes, piece, off, k; /* f32 staging: twice the (checked) size of the buffer */
         if (capex__size_mul(count, 4, &bytes))
             return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL comm: %zu elements: the f32 scratch byte size overflows size_t",
                                count);
-        if ((r = capex__nccl_scratch_of(c, bytes, user)) != CAPEX_OK) return r;
+        if (user && (r = capex__nccl_scratch_of(c, bytes, 1)) != CAPEX_OK) return r;
         sc = user ? n->uscratch : n->scratch;
-        if ((r = capex_cuda_convert(n->ctx, sc, CAPEX_F32, x, t, count, s)) != CAPEX_OK) return r;
-        if ((r = capex_cuda_scale_f32(n->ctx, sc, sc, f, count, s)) != CAPEX_OK) return r;
-        return capex_cuda_convert(n->ctx, x, t, sc, CAPEX_F32, count, s);
+        piece = (user ? n->uscratch_bytes : n->scratch_bytes) / 4;
+        if (!piece) return capex__fail(CAPEX_ERR_INTERNAL, "NCCL comm: no scratch buffer");
+        for (off = 0; off < count; off += k, x += 2 * k) {
+            k = count - off < piece ? count - off : piece;
+            if ((r = capex_cuda_convert(n->ctx, sc, CAPEX_F32, x, t, k, s)) != CAPEX_OK) return r;
+            if ((r = capex_cuda_scale_f32(n->ctx, sc, sc, f, k, s)) != CAPEX_OK) return r;
+            if ((r = capex_cuda_convert(n->ctx, x, t, sc, CAPEX_F32, k, s)) != CAPEX_OK) return r;
+        }
+        return CAPEX_OK;
     }
     return capex__fail(CAPEX_ERR_UNSUPPORTED, "NCCL comm: scaling %s on the device is not supported (AVG of float64 "
                                               "needs NCCL >= 2.10's ncclAvg)", t == CAPEX_F64 ? "float64" : "int64");
@@ -8097,26 +8114,30 @@ static capex_result capex__nccl_broadcast(capex_comm *c, void *buf, size_t count
    send while the peers' data lands on it). The front-ends allow send ==
    recv, which on ranks > 0 is not that slot, so send elsewhere inside recv
    is first copied to the slot on our stream (capex__mpi_gather_send's twin).
-   A send overlapping the slot goes through a temporary buffer (*tmp; the
-   caller frees it once the gather is done; NULL tmp: refused). Call after
-   capex__nccl_after_user. */
+   A send overlapping the slot is moved in pieces (the device copy has no
+   memmove), in the direction of the shift so that each piece is read before
+   a later one overwrites it: pieces of the shift's size straight, or when
+   the shift is smaller than the comm's scratch (made at init), pieces of
+   the scratch's size through it. Nothing is allocated: before 2026-11-29 a
+   temporary buffer was, and a rank failing that alone left its peers in
+   the gather. Call after capex__nccl_after_user. */
 static capex_result capex__nccl_gather_send(capex__nccl *n, const void **send, void *recv, size_t slot, size_t bytes,
-                                           size_t total, capex_cuda_ptr *tmp) {
+                                           size_t total) {
     const char *s = (const char *)*send, *at = (const char *)recv + slot;
-    capex_result r;
+    size_t d, piece, done, k, off;
+    capex_result r = CAPEX_OK;
     if (s == at || !bytes || !(s < (const char *)recv + total && s + bytes > (const char *)recv)) return CAPEX_OK;
     *send = at;
     if (!(s < at + bytes && s + bytes > at)) return capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(at), CAPEX__NCCL_PTR(s), bytes, n->stream);
-    /* shifted onto itself: the device copy has no memmove */
-    if (!tmp) return capex__fail(CAPEX_ERR_INVALID_ARG, "NCCL gather: send overlaps this rank's slot of recv");
-    if ((r = capex_cuda_malloc(n->ctx, bytes, tmp)) != CAPEX_OK) return r;
-    if ((r = capex_cuda_memcpy_dtod(n->ctx, *tmp, CAPEX__NCCL_PTR(s), bytes, n->stream)) != CAPEX_OK) return r;
-    return capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(at), *tmp, bytes, n->stream);
-}
-/* After a gather: its temporary buffer is freed once the gather is done; if
-   it failed, the stream may still read it, so it is left (the comm is dead). */
-static capex_result capex__nccl_gather_done(capex__nccl *n, capex_cuda_ptr tmp, capex_result r) {
-    if (tmp && r == CAPEX_OK) capex_cuda_free(n->ctx, tmp);
+    d = s < at ? (size_t)(at - s) : (size_t)(s - at);
+    piece = d >= n->scratch_bytes ? d : n->scratch_bytes;
+    for (done = 0; r == CAPEX_OK && done < bytes; done += k) {
+        k = bytes - done < piece ? bytes - done : piece;
+        off = s > at ? done : bytes - done - k; /* down: front first; up: back first */
+        if (k <= d) r = capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(at + off), CAPEX__NCCL_PTR(s + off), k, n->stream);
+        else if ((r = capex_cuda_memcpy_dtod(n->ctx, n->scratch, CAPEX__NCCL_PTR(s + off), k, n->stream)) == CAPEX_OK)
+            r = capex_cuda_memcpy_dtod(n->ctx, CAPEX__NCCL_PTR(at + off), n->scratch, k, n->stream);
+    }
     return r;
 }
 
@@ -8124,19 +8145,17 @@ static capex_result capex__nccl_allgather(capex_comm *c, const void *send, void 
                                          double deadline) {
     capex__nccl *n = capex__nccl_of(c);
     size_t bytes = count * capex_comm_dtype_size(t);
-    capex_cuda_ptr tmp = 0;
     capex_result r;
     capex__ncclResult e;
     if (!n->comm) return capex__fail(CAPEX_ERR_COMM, "NCCL comm was aborted; restart the job");
     if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
     if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
-    if ((r = capex__nccl_gather_send(n, &send, recv, (size_t)c->rank * bytes, bytes, (size_t)c->world_size * bytes, &tmp)) !=
-        CAPEX_OK)
+    if ((r = capex__nccl_gather_send(n, &send, recv, (size_t)c->rank * bytes, bytes, (size_t)c->world_size * bytes)) != CAPEX_OK)
         return r;
     e = n->api.AllGather(send, recv, bytes, CAPEX__NCCL_UINT8, n->comm, n->stream);
     if ((r = capex__nccl_settle(n, e, deadline, "ncclAllGather")) != CAPEX_OK) return r;
     if ((r = capex_cuda_event_record(n->ctx, n->ev_done, n->stream)) != CAPEX_OK) return r;
-    return capex__nccl_gather_done(n, tmp, capex__nccl_poll(c, n->ev_done, deadline, "ncclAllGather"));
+    return capex__nccl_poll(c, n->ev_done, deadline, "ncclAllGather");
 }
 
 /* Uneven reduce-scatter: one ncclReduce per rank (root p, its counts[p]
@@ -8190,8 +8209,7 @@ static capex_result capex__nccl_reduce_scatter(capex_comm *c, const void *send, 
 /* Uneven allgather: one ncclBroadcast of bytes per rank (root p) in a group,
    as PyTorch's ProcessGroupNCCL does for uneven shards; `done` recorded after. */
 CAPEX__PRIVATE capex_result capex__nccl_enqueue_allgatherv(capex_comm *c, const void *send, void *recv,
-                                                          const size_t *counts, capex_dtype t, capex_cuda_event done,
-                                                          capex_cuda_ptr *tmp) {
+                                                          const size_t *counts, capex_dtype t, capex_cuda_event done) {
     capex__nccl *n = capex__nccl_of(c);
     size_t es = capex_comm_dtype_size(t), off = 0, slot, total;
     capex_result r;
@@ -8201,7 +8219,7 @@ CAPEX__PRIVATE capex_result capex__nccl_enqueue_allgatherv(capex_comm *c, const 
     if ((r = capex__cuda_enter(n->ctx)) != CAPEX_OK) return r;
     if ((r = capex__nccl_after_user(n)) != CAPEX_OK) return r;
     if ((r = capex__comm_counts(c, "NCCL allgatherv", counts, t, &total, &slot)) != CAPEX_OK) return r;
-    if ((r = capex__nccl_gather_send(n, &send, recv, slot * es, counts[c->rank] * es, total * es, tmp)) != CAPEX_OK) return r;
+    if ((r = capex__nccl_gather_send(n, &send, recv, slot * es, counts[c->rank] * es, total * es)) != CAPEX_OK) return r;
     if ((e = n->api.GroupStart()) != CAPEX__NCCL_SUCCESS) return capex__nccl_fail(&n->api, n->comm, e, "ncclGroupStart");
     for (p = 0; p < c->world_size; off += counts[p], p++) {
         char *dst = (char *)recv + off * es;
@@ -8219,9 +8237,8 @@ CAPEX__PRIVATE capex_result capex__nccl_enqueue_allgatherv(capex_comm *c, const 
 static capex_result capex__nccl_allgatherv(capex_comm *c, const void *send, void *recv, const size_t *counts, capex_dtype t,
                                           double deadline) {
     capex__nccl *n = capex__nccl_of(c);
-    capex_cuda_ptr tmp = 0;
-    capex_result r = capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, n->ev_done, &tmp);
-    return r != CAPEX_OK ? r : capex__nccl_gather_done(n, tmp, capex__nccl_poll(c, n->ev_done, deadline, "ncclBroadcast (allgatherv)"));
+    capex_result r = capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, n->ev_done);
+    return r != CAPEX_OK ? r : capex__nccl_poll(c, n->ev_done, deadline, "ncclBroadcast (allgatherv)");
 }
 
 /* A one-word allreduce: returns when every rank reached it. */
@@ -8388,7 +8405,7 @@ static capex_result capex__nccl_ishards(capex_comm *c, const void *send, void *r
         return capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "NCCL %s: no memory", gather ? "iallgather" : "ireduce_scatter");
     for (p = 0; p < c->world_size; p++) counts[p] = count;
     if ((r = capex__nccl_req_event(c, &e)) == CAPEX_OK)
-        r = gather ? capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, e, NULL) /* in place */
+        r = gather ? capex__nccl_enqueue_allgatherv(c, send, recv, counts, t, e) /* in place */
                    : capex__nccl_enqueue_reduce_scatter(c, send, recv, counts, t, op, e);
     if (counts != n->eq_counts) capex__free(c->allocator, counts);
     if (r != CAPEX_OK) {
@@ -8602,8 +8619,10 @@ CAPEX__PRIVATE capex_result capex__nccl_prepare(capex_comm *c, const capex_nccl_
     if ((r = capex_cuda_stream_create(n->ctx, &n->stream)) != CAPEX_OK ||
         (r = capex_cuda_event_create(n->ctx, 0, &n->ev_user)) != CAPEX_OK ||
         (r = capex_cuda_event_create(n->ctx, 0, &n->ev_done)) != CAPEX_OK ||
-        /* the barrier's word: a barrier allocating it on one rank alone could leave the others waiting */
-        (r = capex__nccl_scratch(c, 4)) != CAPEX_OK ||
+        /* the barrier's word, AVG's f32 staging of halfs without ncclAvg, a
+           shifted gather's pieces: a call allocating on one rank alone could
+           leave the others waiting (or averaging where it failed) */
+        (r = capex__nccl_scratch(c, CAPEX__NCCL_SCRATCH)) != CAPEX_OK ||
         /* the agreements' buffer, for the same reason (capex__comm_host) */
         (r = capex__nccl_host_buffer(c, capex__comm_host_bytes(world_size), &q)) != CAPEX_OK) {
         capex_comm_destroy(c);
@@ -8945,10 +8964,13 @@ CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm 
     static const char *fn = "capex_cuda_zero_create";
     capex_cuda_zero *zg = NULL;
     capex__zero_dev dev;
+    capex__hostbuf hb = {NULL, 0};
     capex_result r;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "%s: out is NULL", fn);
     *out = NULL;
     if ((r = capex__comm_check(comm, fn)) != CAPEX_OK) return r;
+    /* the exchanges' buffer when the vtable has no host_buffer (capex__zero_create's), before any agreement */
+    if ((r = capex__hostbuf_make(comm, &hb, capex__comm_host_bytes(comm->world_size))) != CAPEX_OK) return r;
     /* a refusal here still joins capex__zero_create's model check, so the peers fail with this rank */
     if (!capex_comm_is_nccl(comm) || !comm->impl)
         r = capex__fail(CAPEX_ERR_INVALID_ARG, "%s: the comm is %s on host buffers; device params need an NCCL comm "
@@ -8967,7 +8989,7 @@ CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm 
         int64_t sig[CAPEX__SIG_N];
         memset(&nm, 0, sizeof nm);
         nm.api = fn;
-        return capex__create_agree(comm, sig, r, &nm);
+        return capex__create_refuse(comm, &hb, sig, r, &nm);
     }
     memset(&dev, 0, sizeof dev);
     dev.user = zg;
@@ -8978,7 +9000,7 @@ CAPEX_API capex_result capex_cuda_zero_create(capex_cuda_zero **out, capex_comm 
     dev.from_host = capex__czero_from_host;
     dev.check_host = capex__czero_check_host;
     dev.finish = capex__czero_finish; /* the rest of this create, inside its last agreement */
-    if ((r = capex__zero_create(&zg->z, comm, params, np, od, hp, ngroups, d, &dev, fn)) != CAPEX_OK) {
+    if ((r = capex__zero_create(&zg->z, comm, params, np, od, hp, ngroups, d, &dev, &hb, fn)) != CAPEX_OK) {
         capex_cuda_zero_destroy(zg); /* zg->z NULL: the base zero is gone */
         return r;
     }

@@ -457,8 +457,15 @@ CT_TEST(ddp_world2_launch_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU_FAIL_MOD
    comm stays usable: a second create (allocations back) and a step average
    exactly on both ranks. Before 2026-11-28 each agreement allocated its
    device buffer: rank 1 left it, and rank 0 stayed in the collective (here
-   until the stand-in's FAKE_NCCL_TIMEOUT or rank 1's next collective). */
-static int g_agree_rebuild;
+   until the stand-in's FAKE_NCCL_TIMEOUT or rank 1's next collective).
+   "novt": the same on a device comm whose vtable has no host_buffer (a
+   custom one; here NCCL's without it): DDP makes the exchanges' buffer at
+   create, first (so "create" fails from rank 1's second allocation on,
+   CAPEX_EMU_FAIL_ALLOC=1), and its agreements and the rebuild's broadcast
+   use it. Before 2026-11-29 each of them allocated its own there: rank 1
+   failed that alone and left rank 0 in the collective. */
+static int g_agree_rebuild, g_agree_novt;
+static capex_comm_vtable g_novt_vt;
 static int ddp_agree_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
     capex_cuda_stream st = NULL;
     capex_ddp *ddp = NULL;
@@ -467,10 +474,17 @@ static int ddp_agree_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int 
     capex_cuda_ptr data[W_NP];
     static unsigned char buf[500 * 4];
     capex_result r, want = rank == 0 ? CAPEX_ERR_COMM : CAPEX_ERR_OUT_OF_MEMORY;
+    const capex_comm_vtable *vt0 = c->vt;
+    const char *fail_from = g_agree_novt ? "1" : "0"; /* novt: DDP's exchange buffer is its first allocation */
     int it, p, bad = 0;
     size_t e;
     (void)user;
     if (world != 2 || capex_cuda_stream_create(ctx, &st) != CAPEX_OK || capex_nccl_set_user_stream(c, st) != CAPEX_OK) return 30;
+    if (g_agree_novt) {
+        g_novt_vt = *c->vt;
+        g_novt_vt.host_buffer = NULL;
+        c->vt = &g_novt_vt;
+    }
     for (p = 0; p < W_NP; p++) {
         if (capex_cuda_malloc(ctx, w_numel[p] * 4, &data[p]) != CAPEX_OK ||
             capex_cuda_memset_u8(ctx, data[p], 0, w_numel[p] * 4, NULL) != CAPEX_OK) return 31;
@@ -478,7 +492,7 @@ static int ddp_agree_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int 
     }
     capex_ddp_desc_init(&dd);
     dd.first_bucket_bytes = 512; dd.bucket_bytes = 1024; dd.rebuild_buckets = g_agree_rebuild;
-    if (rank == 1 && !g_agree_rebuild) setenv("CAPEX_EMU_FAIL_ALLOC", "0", 1);
+    if (rank == 1 && !g_agree_rebuild) setenv("CAPEX_EMU_FAIL_ALLOC", fail_from, 1);
     r = capex_ddp_create(&ddp, c, ps, W_NP, &dd);
     if (!g_agree_rebuild && r != want) {
         fprintf(stderr, "rank %d: create: %s (%s), want %s\n", rank, capex_result_string(r), capex_last_error(), capex_result_string(want));
@@ -523,11 +537,23 @@ static int ddp_agree_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int 
     for (p = 0; p < W_NP; p++) capex_cuda_free(ctx, data[p]);
     capex_nccl_set_user_stream(c, NULL);
     capex_cuda_stream_destroy(ctx, st);
+    c->vt = vt0;
     return bad;
 }
+/* world2 of body with the stand-in's hang guard at 30 s: a test that fails
+   by leaving a rank in a collective fails in about that. */
+static void world2_guard30(nccl_world_body body, child_result *res) {
+    int codes[16] = {0}, r;
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1);
+    r = nccl_world_run(2, body, NULL, codes);
+    res->code = r || codes[1] ? 1 : 0;
+    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
+}
 static void child_ddp_agree(const char *arg, child_result *res) {
-    g_agree_rebuild = arg && !strcmp(arg, "rebuild");
-    nccl_world2_child(ddp_agree_rank, res);
+    g_agree_rebuild = arg && strstr(arg, "rebuild");
+    g_agree_novt = arg && strstr(arg, "novt");
+    if (g_agree_novt) world2_guard30(ddp_agree_rank, res);
+    else nccl_world2_child(ddp_agree_rank, res);
 }
 static void agree_case(ct_state *ct, const char *when) {
     child_result r;
@@ -538,13 +564,15 @@ static void agree_case(ct_state *ct, const char *when) {
 }
 CT_TEST(ddp_world2_create_agrees_without_allocating) { agree_case(ct, "create"); }
 CT_TEST(ddp_world2_rebuild_agrees_without_allocating) { agree_case(ct, "rebuild"); }
+CT_TEST(ddp_world2_no_host_buffer_create_agrees_without_allocating) { agree_case(ct, "create novt"); }
+CT_TEST(ddp_world2_no_host_buffer_rebuild_agrees_without_allocating) { agree_case(ct, "rebuild novt"); }
 
 /* Gathers whose send lies inside recv but not at this rank's slot (send ==
    recv on rank 1, the other rank's slot, allgatherv's uneven slots): NCCL is
    in place only at the slot and undefined otherwise (the stand-in refuses
    such an allgather; its grouped broadcasts overwrite such a send), so capex
-   moves send to the slot first, through a temporary buffer where send
-   overlaps the slot (uneven counts, a shifted send). */
+   moves send to the slot first, in pieces where send overlaps the slot
+   (uneven counts, a shifted send). */
 static int ga_check(capex_cuda_context *ctx, capex_cuda_ptr a, const size_t *counts, int code) {
     static float h[2000];
     size_t p, e, off = 0;
@@ -582,7 +610,7 @@ static int gather_alias_rank(capex_cuda_context *ctx, capex_comm *c, int rank, i
         capex_cuda_memcpy_htod(ctx, a, h, uneven[rank] * 4, NULL) != CAPEX_OK ||
         capex_comm_allgatherv(c, (void *)(uintptr_t)a, (void *)(uintptr_t)a, uneven, CAPEX_F32) != CAPEX_OK) return 45;
     if ((bad = ga_check(ctx, a, uneven, 46)) != 0) return bad;
-    /* send half a slot into recv on both ranks: it overlaps this rank's slot (through a temporary buffer) */
+    /* send half a slot into recv on both ranks: it overlaps this rank's slot (moved in pieces) */
     if (capex_cuda_memset_u8(ctx, a, 0xa5, 2000 * 4, NULL) != CAPEX_OK ||
         capex_cuda_memcpy_htod(ctx, a + 2000, h, 1000 * 4, NULL) != CAPEX_OK) return 47;
     r = capex_comm_allgather(c, (void *)(uintptr_t)(a + 2000), (void *)(uintptr_t)a, 1000, CAPEX_F32);
@@ -705,6 +733,137 @@ CT_TEST(ddp_world2_nccl_2_9) {
     CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
 }
 
+/* Shifted gathers allocate nothing: rank 1's device allocations fail
+   (CAPEX_EMU_FAIL_ALLOC=0, rank 1 alone) once the buffers exist, and each
+   rank's send overlaps its own slot of recv, shifted: by 4 bytes (moved in
+   scratch-sized pieces through the comm's scratch, two of them), by 1.2 MB
+   (more than the scratch: straight pieces of the shift), by half a slot
+   (0.8 MB: a piece through the scratch, then a straight one), each down on
+   rank 0 and up on rank 1; and allgatherv's send == recv with uneven counts.
+   Every slot must hold its rank's values. Before 2026-11-29 such a send went
+   through a temporary buffer allocated in the call: rank 1 failed it alone
+   and left rank 0 in the gather. */
+enum { GN = 400000 }; /* f32 per rank: 1.6 MB, more than the comm's 1 MiB scratch */
+static int gn_check(capex_cuda_context *ctx, capex_cuda_ptr a, const size_t *counts, const char *what) {
+    static float h[2 * GN];
+    size_t p, e, off = 0;
+    if (capex_cuda_memcpy_dtoh(ctx, h, a, (counts[0] + counts[1]) * 4, NULL) != CAPEX_OK) return 1;
+    for (p = 0; p < 2; off += counts[p], p++)
+        for (e = 0; e < counts[p]; e++)
+            if (h[off + e] != (float)(p * 1000000 + e)) {
+                fprintf(stderr, "%s: element %zu of rank %zu's part is %.9g\n", what, e, p, (double)h[off + e]);
+                return 1;
+            }
+    return 0;
+}
+static int gather_noalloc_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    static float h[GN];
+    const size_t even[2] = {GN, GN}, uneven[2] = {300000, GN};
+    const size_t slot = (size_t)rank * GN * 4;
+    const long shifts[3] = {4, 1200000, 800000}; /* bytes, toward lower addresses on rank 0, higher on rank 1 */
+    capex_cuda_ptr a = 0;
+    capex_result r;
+    size_t e;
+    int i, bad = 0;
+    (void)user;
+    for (e = 0; e < GN; e++) h[e] = (float)((size_t)rank * 1000000 + e);
+    if (world != 2 || capex_cuda_malloc(ctx, 2 * GN * 4, &a) != CAPEX_OK) return 40;
+    if (rank == 1) setenv("CAPEX_EMU_FAIL_ALLOC", "0", 1);
+    for (i = 0; i < 3; i++) { /* every rank makes every call, whatever failed */
+        capex_cuda_ptr send = rank == 0 ? a + (capex_cuda_ptr)shifts[i] : a + slot - (capex_cuda_ptr)shifts[i];
+        char what[64];
+        snprintf(what, sizeof what, "rank %d, send shifted by %ld bytes", rank, shifts[i]);
+        if (capex_cuda_memset_u8(ctx, a, 0xa5, 2 * GN * 4, NULL) != CAPEX_OK ||
+            capex_cuda_memcpy_htod(ctx, send, h, GN * 4, NULL) != CAPEX_OK) bad = 41;
+        r = capex_comm_allgather(c, (void *)(uintptr_t)send, (void *)(uintptr_t)a, GN, CAPEX_F32);
+        if (r != CAPEX_OK) {
+            fprintf(stderr, "%s: %s (%s)\n", what, capex_result_string(r), capex_last_error());
+            bad = 42;
+        } else if (gn_check(ctx, a, even, what)) bad = 43;
+    }
+    if (capex_cuda_memset_u8(ctx, a, 0xa5, 2 * GN * 4, NULL) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(ctx, a, h, uneven[rank] * 4, NULL) != CAPEX_OK) bad = 44;
+    r = capex_comm_allgatherv(c, (void *)(uintptr_t)a, (void *)(uintptr_t)a, uneven, CAPEX_F32);
+    if (r != CAPEX_OK) {
+        fprintf(stderr, "rank %d: allgatherv, send == recv: %s (%s)\n", rank, capex_result_string(r), capex_last_error());
+        bad = 45;
+    } else if (gn_check(ctx, a, uneven, "allgatherv, send == recv")) bad = 46;
+    if (rank == 1) unsetenv("CAPEX_EMU_FAIL_ALLOC");
+    capex_cuda_free(ctx, a);
+    return bad;
+}
+static void child_gather_noalloc(const char *arg, child_result *res) { (void)arg; world2_guard30(gather_noalloc_rank, res); }
+CT_TEST(world2_shifted_gathers_allocate_nothing) {
+    child_result r;
+    const char *why = nccl_world_skip_reason();
+    if (why) CT_SKIP("%s", why);
+    r = run_child("gather_noalloc", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
+}
+
+/* AVG of f16 without ncclAvg (NCCL 2.9) allocates nothing: rank 1's device
+   allocations fail (CAPEX_EMU_FAIL_ALLOC=0, rank 1 alone) after a small
+   AVG loaded the kernels; an allreduce of 300000 f16 (its f32 staging is
+   1.2 MB: two pieces of the comm's 1 MiB scratch) and an uneven
+   reduce-scatter must average exactly on both ranks (values k/16 + rank:
+   exact). Before 2026-11-29 the post-scale grew the scratch: rank 1 failed
+   alone with its sum unscaled while rank 0 averaged. */
+enum { AN = 300000 };
+static int an_check(capex_cuda_context *ctx, capex_cuda_ptr d, size_t off, size_t n, const char *what) {
+    static uint16_t h[AN];
+    size_t e;
+    if (capex_cuda_memcpy_dtoh(ctx, h, d, n * 2, NULL) != CAPEX_OK) return 1;
+    for (e = 0; e < n; e++) {
+        double want = (double)((off + e) % 64) / 16.0 + 0.5, got = (double)capex_f16_to_f32(h[e]);
+        if (got != want) {
+            fprintf(stderr, "%s: element %zu: %.9g, want %.9g\n", what, off + e, got, want);
+            return 1;
+        }
+    }
+    return 0;
+}
+static int avg_noalloc_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int world, void *user) {
+    static uint16_t h[AN];
+    const size_t counts[2] = {100000, 200000};
+    capex_cuda_ptr a = 0, b = 0;
+    capex_result r;
+    size_t e;
+    int bad = 0;
+    (void)user;
+    for (e = 0; e < AN; e++) h[e] = capex_f32_to_f16((float)(e % 64) / 16.0f + (float)rank);
+    if (world != 2 || capex_cuda_malloc(ctx, AN * 2, &a) != CAPEX_OK || capex_cuda_malloc(ctx, AN * 2, &b) != CAPEX_OK ||
+        capex_cuda_memcpy_htod(ctx, a, h, AN * 2, NULL) != CAPEX_OK) return 70;
+    if (capex_comm_allreduce(c, (void *)(uintptr_t)a, (void *)(uintptr_t)b, 64, CAPEX_F16, CAPEX_REDUCE_AVG) != CAPEX_OK) return 71;
+    if (rank == 1) setenv("CAPEX_EMU_FAIL_ALLOC", "0", 1);
+    r = capex_comm_allreduce(c, (void *)(uintptr_t)a, (void *)(uintptr_t)b, AN, CAPEX_F16, CAPEX_REDUCE_AVG);
+    if (r != CAPEX_OK) {
+        fprintf(stderr, "rank %d: AVG allreduce: %s (%s)\n", rank, capex_result_string(r), capex_last_error());
+        bad = 72;
+    } else if (an_check(ctx, b, 0, AN, rank ? "rank 1: AVG allreduce" : "rank 0: AVG allreduce")) bad = 73;
+    r = capex_comm_reduce_scatter(c, (void *)(uintptr_t)a, (void *)(uintptr_t)b, counts, CAPEX_F16, CAPEX_REDUCE_AVG);
+    if (r != CAPEX_OK) {
+        fprintf(stderr, "rank %d: AVG reduce-scatter: %s (%s)\n", rank, capex_result_string(r), capex_last_error());
+        bad = 74;
+    } else if (an_check(ctx, b, rank ? counts[0] : 0, counts[rank], rank ? "rank 1: AVG reduce-scatter" : "rank 0: AVG reduce-scatter"))
+        bad = 75;
+    if (rank == 1) unsetenv("CAPEX_EMU_FAIL_ALLOC");
+    capex_cuda_free(ctx, a);
+    capex_cuda_free(ctx, b);
+    return bad;
+}
+static void child_avg_noalloc(const char *arg, child_result *res) {
+    (void)arg;
+    setenv("FAKE_NCCL_VERSION", "20903", 1); /* no ncclAvg */
+    world2_guard30(avg_noalloc_rank, res);
+}
+CT_TEST(world2_avg_half_without_ncclavg_allocates_nothing) {
+    child_result r;
+    const char *why = nccl_world_skip_reason();
+    if (why) CT_SKIP("%s", why);
+    r = run_child("avg_noalloc", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
+}
+
 static const ct_case cases[] = {CT_CASE(collectives_on_device), CT_CASE(ddp_one_rank_stream_order),
                                 CT_CASE(stuck_stream_times_out_and_aborts), CT_CASE(ddp_world2_user_stream_rebuild),
                                 CT_CASE(ddp_world2_half_buckets_scaled_on_user_stream),
@@ -712,10 +871,15 @@ static const ct_case cases[] = {CT_CASE(collectives_on_device), CT_CASE(ddp_one_
                                 CT_CASE(world2_avg_without_ncclavg), CT_CASE(ddp_world2_nccl_2_9),
                                 CT_CASE(ddp_world2_launch_allocates_no_device_memory), CT_CASE(ddp_world2_launch_creates_no_event),
                                 CT_CASE(ddp_world2_launch_loads_no_kernel), CT_CASE(ddp_world2_create_agrees_without_allocating),
-                                CT_CASE(ddp_world2_rebuild_agrees_without_allocating)};
+                                CT_CASE(ddp_world2_rebuild_agrees_without_allocating),
+                                CT_CASE(ddp_world2_no_host_buffer_create_agrees_without_allocating),
+                                CT_CASE(ddp_world2_no_host_buffer_rebuild_agrees_without_allocating),
+                                CT_CASE(world2_shifted_gathers_allocate_nothing),
+                                CT_CASE(world2_avg_half_without_ncclavg_allocates_nothing)};
 static const child_entry children[] = {{"ddp_world", child_ddp_world}, {"gather_alias", child_gather_alias},
                                        {"avg_fallback", child_avg_fallback}, {"ddp_world_old", child_ddp_world_old},
-                                       {"ddp_nofail", child_ddp_nofail}, {"ddp_agree", child_ddp_agree}};
+                                       {"ddp_nofail", child_ddp_nofail}, {"ddp_agree", child_ddp_agree},
+                                       {"gather_noalloc", child_gather_noalloc}, {"avg_noalloc", child_avg_noalloc}};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);

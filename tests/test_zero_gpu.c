@@ -999,7 +999,7 @@ CT_TEST(refusals) {
     OK(capex_comm_init_single(&single));
     CT_CHECK(capex_cuda_zero_create(&zg, &single, zp, 1, &od, NULL, 1, NULL) == CAPEX_ERR_INVALID_ARG &&
              strstr(capex_last_error(), "NCCL"), "GPU zero on a host comm: %s", capex_last_error());
-    CT_CHECK(capex__zero_create(&z, &single, zp, 1, &od, NULL, 1, NULL, (const capex__zero_dev *)&od, "x") ==
+    CT_CHECK(capex__zero_create(&z, &single, zp, 1, &od, NULL, 1, NULL, (const capex__zero_dev *)&od, NULL, "x") ==
              CAPEX_ERR_INVALID_ARG && strstr(capex_last_error(), "host buffers"), "device mode on a host comm: %s",
              capex_last_error());
     capex_comm_destroy(&single);
@@ -1325,6 +1325,64 @@ static void child_oom(const char *arg, child_result *res) {
     snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
 }
 
+/* The same on a device comm whose vtable has no host_buffer (a custom one;
+   here NCCL's without it), from rank 1's device allocations failing
+   (CAPEX_EMU_FAIL_ALLOC, rank 1 alone): at create from its second one on
+   (the first is the create's exchange buffer), at save from the first (the
+   pack buffers). The create's model check and agreement and the save's
+   agreement go through that buffer, so rank 1 fails with
+   CAPEX_ERR_OUT_OF_MEMORY, rank 0 with CAPEX_ERR_COMM, and both stay in
+   step. Before 2026-11-29 each of those exchanges allocated its device
+   buffer: rank 1 failed that alone and left rank 0 in the collective. */
+static capex_comm_vtable g_novt_vt;
+static int novt_body(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
+    int save = *(const int *)user, i, bad = 0;
+    const capex_comm_vtable *vt0 = comm->vt;
+    float h[40];
+    capex_cuda_ptr d = 0;
+    capex_zero_param p;
+    capex_optim_desc od;
+    capex_cuda_zero *zg = NULL;
+    capex_result r;
+    char path[200];
+    (void)world;
+    g_novt_vt = *comm->vt;
+    g_novt_vt.host_buffer = NULL;
+    comm->vt = &g_novt_vt;
+    for (i = 0; i < 40; i++) h[i] = 0.125f * (float)i;
+    if (capex_cuda_malloc(ctx, sizeof h, &d) != CAPEX_OK || capex_cuda_memcpy_htod(ctx, d, h, sizeof h, NULL) != CAPEX_OK)
+        return 2;
+    memset(&p, 0, sizeof p);
+    p.data = (void *)(uintptr_t)d; p.numel = 40; p.dtype = CAPEX_F32; p.group = 0;
+    capex_optim_desc_init(&od, CAPEX_OPTIM_ADAM);
+    snprintf(path, sizeof path, "/tmp/capex_zgpu_novt_%d", rank ? (int)getppid() : (int)getpid()); /* rank 0 writes it */
+    if (save && capex_cuda_zero_create(&zg, comm, &p, 1, &od, NULL, 1, NULL) != CAPEX_OK) return 3;
+    if (rank == 1) setenv("CAPEX_EMU_FAIL_ALLOC", save ? "0" : "1", 1);
+    r = save ? capex_zero_save_file(capex_cuda_zero_base(zg), path, 0) : capex_cuda_zero_create(&zg, comm, &p, 1, &od, NULL, 1, NULL);
+    if (rank == 1) unsetenv("CAPEX_EMU_FAIL_ALLOC");
+    if (rank == 1 ? r != CAPEX_ERR_OUT_OF_MEMORY : r != CAPEX_ERR_COMM) {
+        fprintf(stderr, "rank %d: rank 1 out of device memory in %s: %s (%s)\n", rank, save ? "save" : "create",
+                capex_result_string(r), capex_last_error());
+        bad = 5;
+    }
+    if (!bad && !save && zg) bad = 6; /* no rank keeps a zero its peer lacks */
+    if (!bad && capex_comm_barrier(comm) != CAPEX_OK) bad = 7; /* in step */
+    if (!bad && !save && capex_cuda_zero_create(&zg, comm, &p, 1, &od, NULL, 1, NULL) != CAPEX_OK) bad = 8;
+    if (!bad && capex_zero_save_file(capex_cuda_zero_base(zg), path, 0) != CAPEX_OK) bad = 9;
+    if (rank == 0) remove(path);
+    capex_cuda_zero_destroy(zg);
+    capex_cuda_free(ctx, d);
+    comm->vt = vt0;
+    return bad;
+}
+static void child_novt(const char *arg, child_result *res) {
+    int codes[16] = {0}, r, save = arg && atoi(arg);
+    setenv("FAKE_NCCL_TIMEOUT", "30", 1); /* a hang guard: a rank left waiting fails instead of hanging */
+    r = nccl_world_run(2, novt_body, &save, codes);
+    res->code = r || codes[1] ? 1 : 0;
+    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
+}
+
 /* CT_CHECK without the return: every rank runs the whole sequence of collectives. */
 #define LF_CHECK(cond, ...) do { if (!(cond)) ct_fail(ct, __FILE__, __LINE__, #cond, __VA_ARGS__); } while (0)
 #define LF_OK(call) LF_CHECK((call) == CAPEX_OK, "%s: %s", #call, capex_last_error())
@@ -1572,7 +1630,7 @@ static void child_change_fail(const char *arg, child_result *res) {
 }
 
 static const child_entry children[] = {{"world", child_world}, {"ckpt", child_ckpt}, {"dead_peer", child_dead_peer},
-                                       {"momentum", child_momentum}, {"oom", child_oom},
+                                       {"momentum", child_momentum}, {"oom", child_oom}, {"novt", child_novt},
                                        {"load_fail", child_load_fail}, {"nofail", child_nofail},
                                        {"change_fail", child_change_fail}};
 
@@ -1651,6 +1709,14 @@ CT_TEST(world2_one_rank_out_of_memory_fails_both) {
     r = run_child("oom", "1");
     CT_CHECK(r.exited_ok && r.code == 0, "save: %s (code %d)", r.message, r.code);
 }
+CT_TEST(world2_no_host_buffer_device_oom_fails_both) {
+    child_result r;
+    NEED_FAKE_WORLD();
+    r = run_child("novt", "0");
+    CT_CHECK(r.exited_ok && r.code == 0, "create: %s (code %d)", r.message, r.code);
+    r = run_child("novt", "1");
+    CT_CHECK(r.exited_ok && r.code == 0, "save: %s (code %d)", r.message, r.code);
+}
 CT_TEST(world2_one_rank_load_fails_both) {
     child_result r;
     NEED_FAKE_WORLD();
@@ -1682,7 +1748,8 @@ static const ct_case cases[] = {CT_CASE(adamw_stage1_f32), CT_CASE(adamw_stage2_
                                 CT_CASE(world2_one_rank_out_of_memory_fails_both), CT_CASE(world2_one_rank_load_fails_both),
                                 CT_CASE(world1_create_leaves_grad_norm_kernels_unloaded), CT_CASE(set_lr_keeps_the_step_kernels_ready),
                                 CT_CASE(world2_momentum_off_loads_at_the_change), CT_CASE(world2_lr_schedule_loads_at_the_change),
-                                CT_CASE(world2_load_other_modes_loads_in_its_agreement)};
+                                CT_CASE(world2_load_other_modes_loads_in_its_agreement),
+                                CT_CASE(world2_no_host_buffer_device_oom_fails_both)};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
