@@ -530,7 +530,9 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *opt, const c
    when *found_inf != 0. Device addresses (float, float, uint32); 0 means 1, 1
    and 0. A non-finite or non-positive inv_scale, a negative or non-finite
    clip_coef, or a product of the two that is not finite also skips (the
-   device cannot report an error; capex_optim_step refuses them). */
+   device cannot report an error; capex_optim_step refuses them) and, as
+   there, is no iteration of an attached count_skipped lr schedule: its count
+   (capex_cuda_optim_get_lr_iteration) not advancing is how the host sees it. */
 CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *opt, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
                                              capex_cuda_ptr found_inf, capex_cuda_stream stream);
 CAPEX_API size_t capex_cuda_optim_num_groups(const capex_cuda_optim *opt);
@@ -548,8 +550,9 @@ CAPEX_API capex_cuda_ptr capex_cuda_optim_lr_ptr(const capex_cuda_optim *opt, si
    steps taken) on the device from its own step count (capex.h's formula
    text; no host round trip, skipped steps do not advance it), or with
    s->count_skipped from the schedule's iteration count, which the device
-   advances on every step, skipped or not (as capex_optim_set_lr_schedule
-   counts it; graph replays count too). hp.lr stays the
+   advances on every step, skipped by found_inf or not (as
+   capex_optim_set_lr_schedule counts it; graph replays count too), except a
+   step with inputs capex_optim_step refuses (above). hp.lr stays the
    base; a schedule overrides lrs written through capex_cuda_optim_lr_ptr.
    Detaching sets every group's lr back to its hp.lr. Enqueued on stream. to_host hands the schedule to the host copy and
    from_host takes the host's (keeping this one when the host has none).
@@ -2922,7 +2925,9 @@ static const char capex__cuda_frag_go3[] =
 static const char capex__cuda_frag_golrk[] =
     "/* op.prepare as capex_go_prepare sees it; sched: the schedule's iteration\n"
     "   count, capex__lr_p, base lrs. The count advances on every step, skipped\n"
-    "   or not (torch's scheduler.step()); on a step prepare will not skip,\n"
+    "   by found_inf or not (torch's scheduler.step()), but not on one whose\n"
+    "   inv_scale / clip_coef capex_optim_step would refuse (nothing counts\n"
+    "   there, as on the CPU); on a step prepare will not skip,\n"
     "   groups below sched_groups get lr = capex__lr_eval(base, n) (capex.h's\n"
     "   text), n the count before this step (by_iter) or the group's steps taken\n"
     "   before prepare counts this one. */\n"
@@ -2933,9 +2938,10 @@ static const char capex__cuda_frag_golrk[] =
     "    const capex__lr_p *lp = (const capex__lr_p *)(it + 1);\n"
     "    float inv = pi ? *pi : 1.0f, cl = pc ? *pc : 1.0f, gs = inv * cl;\n"
     "    if (threadIdx.x != 0 || blockIdx.x != 0 || !it) return;\n"
+    "    if (!(inv > 0.0f) || !(cl >= 0.0f) || !(gs - gs == 0.0f)) return; /* the CPU refuses: not counted */\n"
     "    long long n = *it;\n"
     "    *it = n + 1;\n"
-    "    if ((fi && *fi != 0u) || !(inv > 0.0f) || !(cl >= 0.0f) || !(gs - gs == 0.0f)) return; /* prepare's skip */\n"
+    "    if (fi && *fi != 0u) return; /* prepare's skip (found_inf): counted */\n"
     "    for (int k = 0; k < a.op.prepare.sched_groups && k < a.op.prepare.ngroups; k++) {\n"
     "        capex_go_group *g = a.op.prepare.groups + k;\n"
     "        g->lr = (float)capex__lr_eval(lp, (double)((const float *)(lp + 1))[k], lp->by_iter ? n : g->step);\n"
