@@ -2037,9 +2037,9 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
    is SyncBatchNorm (torch.nn.SyncBatchNorm, Apex convert_syncbn_model): each
    rank's per-channel (mean, biased var, count) is allgathered and merged by
    Chan's formula in float64 in rank order, so ranks may hold unequal batches
-   (even empty ones); the mean travels as an f32 pair (hi + lo, 48 bits: one
-   f32, torch's, put up to 2^-24 |mean| into the between-rank term, 2.5e-3
-   of invstd at mean 1e5, std 1), 12 C + 8 bytes per rank; backward allreduces (sum_dy, sum_dy_xmu). In eval without
+   (even empty ones); the mean travels as an f32 pair (hi + lo, 48 bits; one
+   f32, as torch, put its rounding into the between-rank term: invstd 1.2e-5
+   off at mean 1e3, 1.1e-3 at 1e5, std 1, 2 ranks), 12 C + 8 bytes per rank; backward allreduces (sum_dy, sum_dy_xmu). In eval without
    running statistics torch's SyncBatchNorm does not sync: each rank
    normalises by its own batch (plain batch_norm) and so does this, forward
    and backward, unless desc.sync_eval_batch_stats = 1 (then the global

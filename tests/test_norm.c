@@ -2024,8 +2024,9 @@ CT_TEST(sync_batch_norm_threads_unequal_batches) {
    statistics against float64 over the whole batch (the same f32 inputs):
    invstd and running_var within 1e-6 relative, the mean within its f32
    rounding plus 1e-6 std. Each rank's mean used to travel as one f32: its
-   rounding (up to 2^-24 |mean|) scaled the between-rank term of the merged
-   variance, 1.4e-5 relative off at mean 1e3 and 2.5e-3 at 1e5 (invstd). */
+   rounding (up to 2^-24 |mean|) went into the between-rank term of the merged
+   variance: invstd up to 9.5e-6 relative off at mean 1e3, 4.5e-4 at 3e4 and
+   1e5 (the variance twice that); now <= 7e-8. */
 CT_TEST(sync_batch_norm_large_mean_vs_float64) {
     static capex_comm_vtable vt;
     enum { C = 4, S = 5, N0 = 3, N1 = 4, N = N0 + N1, E = N * C * S };
