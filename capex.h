@@ -2038,8 +2038,10 @@ CAPEX_API capex_result capex_comm_init_mpi(capex_comm *c, MPI_Comm mc);
    normalises by the running statistics. With a comm of more than one rank it
    is SyncBatchNorm (torch.nn.SyncBatchNorm, Apex convert_syncbn_model): each
    rank's per-channel (mean, biased var, count) is allgathered and merged by
-   Chan's formula in rank order, so ranks may hold unequal batches (even
-   empty ones); backward allreduces (sum_dy, sum_dy_xmu). In eval without
+   Chan's formula in float64 in rank order, so ranks may hold unequal batches
+   (even empty ones); the mean travels as an f32 pair (hi + lo, 48 bits; one
+   f32, as torch, put its rounding into the between-rank term: invstd 1.2e-5
+   off at mean 1e3, 1.1e-3 at 1e5, std 1, 2 ranks), 12 C + 8 bytes per rank; backward allreduces (sum_dy, sum_dy_xmu). In eval without
    running statistics torch's SyncBatchNorm does not sync: each rank
    normalises by its own batch (plain batch_norm) and so does this, forward
    and backward, unless desc.sync_eval_batch_stats = 1 (then the global
@@ -2194,7 +2196,8 @@ CAPEX_API capex_result capex_batch_norm_amp_dtypes(const capex_amp_config *cfg, 
 
 /* SyncBatchNorm's pieces, for other backends (capex_cuda.h) and tests.
    Per-channel partial statistics are packed per rank as
-   [mean[C], var[C] (biased), count_hi, count_lo] floats (count =
+   [mean_hi[C], mean_lo[C], var[C] (biased), count_hi, count_lo] floats
+   (mean = mean_hi + mean_lo in float64, mean_hi = f32(mean); count =
    count_hi * 2^24 + count_lo, exact). merge combines world such blocks in
    rank order by Chan's formula in float64: mean, biased var, total count. */
 CAPEX_API size_t capex_syncbn_pack_floats(int64_t channels);
@@ -14449,7 +14452,7 @@ CAPEX_API capex_result capex_rms_norm_backward(const capex_norm_desc *d, const c
 /* ---- BatchNorm / SyncBatchNorm ---- */
 
 CAPEX_API size_t capex_syncbn_pack_floats(int64_t channels) {
-    return channels > 0 ? 2u * (size_t)channels + 2u : 0u;
+    return channels > 0 ? 3u * (size_t)channels + 2u : 0u;
 }
 
 CAPEX_API capex_result capex_syncbn_merge(const float *g, int world, int64_t C, float *mean, float *var,
@@ -14462,7 +14465,7 @@ CAPEX_API capex_result capex_syncbn_merge(const float *g, int world, int64_t C, 
         return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_syncbn_merge: world %d and channels %lld must be >= 1", world,
                            (long long)C);
     for (r = 0; r < world; r++) {
-        float hi = g[(size_t)r * P + 2u * (size_t)C], lo = g[(size_t)r * P + 2u * (size_t)C + 1u];
+        float hi = g[(size_t)r * P + 3u * (size_t)C], lo = g[(size_t)r * P + 3u * (size_t)C + 1u];
         if (!(hi >= 0.0f && hi < 16777216.0f && lo >= 0.0f && lo < 16777216.0f) || hi != (float)(int64_t)hi ||
             lo != (float)(int64_t)lo)
             return capex__fail(CAPEX_ERR_FORMAT, "capex_syncbn_merge: rank %d sent a corrupt count (%g, %g); did every "
@@ -14473,12 +14476,13 @@ CAPEX_API capex_result capex_syncbn_merge(const float *g, int world, int64_t C, 
         double n = 0.0, m = 0.0, q = 0.0;
         for (r = 0; r < world; r++) {
             const float *p = g + (size_t)r * P;
-            double nb = (double)(((int64_t)p[2 * C] << 24) + (int64_t)p[2 * C + 1]), mb = p[ch], N, dd;
+            double nb = (double)(((int64_t)p[3 * C] << 24) + (int64_t)p[3 * C + 1]), N, dd;
+            double mb = (double)p[ch] + (double)p[C + ch]; /* hi + lo: exact in float64 */
             if (nb == 0.0) continue; /* an empty rank adds nothing (and may send anything) */
             N = n + nb;
             dd = mb - m;
             m += dd * nb / N;
-            q += (double)p[C + ch] * nb + dd * dd * n * nb / N; /* Chan et al. */
+            q += (double)p[2 * C + ch] * nb + dd * dd * n * nb / N; /* Chan et al. */
             n = N;
         }
         mean[ch] = (float)m;
@@ -14510,7 +14514,7 @@ static float capex__nm_get(const void *p, capex_dtype t, int64_t i) {
 
 typedef struct capex__bn_ctx {
     const capex_batch_norm_args *a;
-    float *pk;                      /* local stats: pack [mean C, var C, count] */
+    float *pk;                      /* local stats: pack (capex_syncbn_pack_floats) */
     float *p0, *p1;                 /* NSC per-block partials [nblk][C] */
     int64_t dofs;                   /* NSC: a worker's 2C double rows at scratch + dofs (8-byte aligned) */
     double *s0, *s1;                /* NCS backward: per-channel sums */
@@ -14522,6 +14526,14 @@ typedef struct capex__bn_ctx {
     int in_place;                   /* forward y == x: each segment read from a copy */
 } capex__bn_ctx;
 
+/* A rank's mean into the pack as hi = f32(m), lo = f32(m - hi): 48 bits, so the
+   merge's between-rank term (mean differences) keeps float64 accuracy when
+   |mean| >> std; a non-finite mean sends lo 0. */
+static void capex__bn_pack_mean(float *pk, int64_t C, int64_t ch, double m) {
+    const float hi = (float)m;
+    pk[ch] = hi;
+    pk[C + ch] = hi - hi == 0.0f ? (float)(m - (double)hi) : 0.0f;
+}
 /* NCS forward stats: channels [b, e), scratch S floats. */
 static void capex__bn_stats_ncs(void *vc, int64_t b, int64_t e, float *buf) {
     const capex__bn_ctx *c = (const capex__bn_ctx *)vc;
@@ -14539,8 +14551,8 @@ static void capex__bn_stats_ncs(void *vc, int64_t b, int64_t e, float *buf) {
             q += (double)v * nb + dd * dd * n * nb / (n + nb);
             n += nb;
         }
-        c->pk[ch] = (float)((double)x0 + m);
-        c->pk[a->c + ch] = n > 0.0 ? (float)(q / n) : 0.0f;
+        capex__bn_pack_mean(c->pk, a->c, ch, (double)x0 + m);
+        c->pk[2 * a->c + ch] = n > 0.0 ? (float)(q / n) : 0.0f;
     }
 }
 /* NSC forward stats: row blocks [b, e), per-block Welford vectorised over channels,
@@ -14882,7 +14894,7 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
     if (use_batch) {
         float *pk = m.pack;
         c.pk = pk;
-        for (ch = 0; ch < 2 * C; ch++) pk[ch] = 0.0f;
+        for (ch = 0; ch < 3 * C; ch++) pk[ch] = 0.0f;
         if (rows > 0 && a->layout == CAPEX_BN_NCS) {
             int T = capex__nm_threads(d->num_threads, C, rows * C);
             if (T > m.T) T = m.T;
@@ -14903,12 +14915,12 @@ CAPEX_API capex_result capex_batch_norm_forward(const capex_batch_norm_desc *d, 
                     q += (double)c.p1[b * C + ch] + dm * dm * n * nb / (n + nb);
                     n += nb;
                 }
-                pk[ch] = (float)((double)capex__nm_get(a->x, a->x_dtype, ch) + mu); /* the blocks' shift, row 0 */
-                pk[C + ch] = (float)(q / n);
+                capex__bn_pack_mean(pk, C, ch, (double)capex__nm_get(a->x, a->x_dtype, ch) + mu); /* the blocks' shift, row 0 */
+                pk[2 * C + ch] = (float)(q / n);
             }
         }
-        pk[2 * C] = (float)(local >> 24);
-        pk[2 * C + 1] = (float)(local & 0xffffff);
+        pk[3 * C] = (float)(local >> 24);
+        pk[3 * C + 1] = (float)(local & 0xffffff);
         if (world > 1) {
             r = capex__bn_collective(comm, 1, pk, m.gath, capex_syncbn_pack_floats(C));
             if (r != CAPEX_OK) { capex__free(d->allocator, m.all); return r; }

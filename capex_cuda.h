@@ -530,7 +530,9 @@ CAPEX_API capex_result capex_cuda_optim_add_group(capex_cuda_optim *opt, const c
    when *found_inf != 0. Device addresses (float, float, uint32); 0 means 1, 1
    and 0. A non-finite or non-positive inv_scale, a negative or non-finite
    clip_coef, or a product of the two that is not finite also skips (the
-   device cannot report an error; capex_optim_step refuses them). */
+   device cannot report an error; capex_optim_step refuses them) and, as
+   there, is no iteration of an attached count_skipped lr schedule: its count
+   (capex_cuda_optim_get_lr_iteration) not advancing is how the host sees it. */
 CAPEX_API capex_result capex_cuda_optim_step(capex_cuda_optim *opt, capex_cuda_ptr inv_scale, capex_cuda_ptr clip_coef,
                                              capex_cuda_ptr found_inf, capex_cuda_stream stream);
 CAPEX_API size_t capex_cuda_optim_num_groups(const capex_cuda_optim *opt);
@@ -548,8 +550,9 @@ CAPEX_API capex_cuda_ptr capex_cuda_optim_lr_ptr(const capex_cuda_optim *opt, si
    steps taken) on the device from its own step count (capex.h's formula
    text; no host round trip, skipped steps do not advance it), or with
    s->count_skipped from the schedule's iteration count, which the device
-   advances on every step, skipped or not (as capex_optim_set_lr_schedule
-   counts it; graph replays count too). hp.lr stays the
+   advances on every step, skipped by found_inf or not (as
+   capex_optim_set_lr_schedule counts it; graph replays count too), except a
+   step with inputs capex_optim_step refuses (above). hp.lr stays the
    base; a schedule overrides lrs written through capex_cuda_optim_lr_ptr.
    Detaching sets every group's lr back to its hp.lr. Enqueued on stream. to_host hands the schedule to the host copy and
    from_host takes the host's (keeping this one when the host has none).
@@ -2930,7 +2933,9 @@ static const char capex__cuda_frag_go3[] =
 static const char capex__cuda_frag_golrk[] =
     "/* op.prepare as capex_go_prepare sees it; sched: the schedule's iteration\n"
     "   count, capex__lr_p, base lrs. The count advances on every step, skipped\n"
-    "   or not (torch's scheduler.step()); on a step prepare will not skip,\n"
+    "   by found_inf or not (torch's scheduler.step()), but not on one whose\n"
+    "   inv_scale / clip_coef capex_optim_step would refuse (nothing counts\n"
+    "   there, as on the CPU); on a step prepare will not skip,\n"
     "   groups below sched_groups get lr = capex__lr_eval(base, n) (capex.h's\n"
     "   text), n the count before this step (by_iter) or the group's steps taken\n"
     "   before prepare counts this one. */\n"
@@ -2941,9 +2946,10 @@ static const char capex__cuda_frag_golrk[] =
     "    const capex__lr_p *lp = (const capex__lr_p *)(it + 1);\n"
     "    float inv = pi ? *pi : 1.0f, cl = pc ? *pc : 1.0f, gs = inv * cl;\n"
     "    if (threadIdx.x != 0 || blockIdx.x != 0 || !it) return;\n"
+    "    if (!(inv > 0.0f) || !(cl >= 0.0f) || !(gs - gs == 0.0f)) return; /* the CPU refuses: not counted */\n"
     "    long long n = *it;\n"
     "    *it = n + 1;\n"
-    "    if ((fi && *fi != 0u) || !(inv > 0.0f) || !(cl >= 0.0f) || !(gs - gs == 0.0f)) return; /* prepare's skip */\n"
+    "    if (fi && *fi != 0u) return; /* prepare's skip (found_inf): counted */\n"
     "    for (int k = 0; k < a.op.prepare.sched_groups && k < a.op.prepare.ngroups; k++) {\n"
     "        capex_go_group *g = a.op.prepare.groups + k;\n"
     "        g->lr = (float)capex__lr_eval(lp, (double)((const float *)(lp + 1))[k], lp->by_iter ? n : g->step);\n"
@@ -3880,7 +3886,8 @@ static const char capex__cuda_frag_norm_d0[] =
     "}\n"
     "CAPEX_DEVICE capex_u64 capex__bn_ch(capex_u64 i, capex_u64 C, capex_u64 S, int nsc) { return nsc ? i % C : (i / S) % C; }\n";
 static const char capex__cuda_frag_norm_d1[] =
-    "/* Local per-channel (mean, biased var) and the count into pack [mean C, var C, count_hi, count_lo]. */\n"
+    "/* Local per-channel (mean, biased var) and the count into pack [mean_hi C, mean_lo C, var C, count_hi, count_lo]\n"
+    "   (capex.h capex_syncbn_pack_floats): hi + lo = x0 + m exactly (TwoSum), so the merge sees the mean to 48 bits. */\n"
     "CAPEX_KERNEL void capex_bn_stats(const void *x, int xt, capex_u64 N, capex_u64 C, capex_u64 S, int nsc, float *pack) {\n"
     "    capex_u64 ch = blockIdx.x, M = N * S, cnt = 0;\n"
     "    float n = 0.0f, m = 0.0f, q = 0.0f, x0 = M ? capex__nm_ld(x, xt, capex__bn_idx(0, ch, C, S, nsc)) : 0.0f;\n"
@@ -3888,23 +3895,24 @@ static const char capex__cuda_frag_norm_d1[] =
     "    for (capex_u64 k = threadIdx.x; k < M; k += blockDim.x) { n = (float)++cnt; capex__nm_welford(capex__nm_ld(x, xt, capex__bn_idx(k, ch, C, S, nsc)) - x0, 1.0f / n, &m, &q); }\n"
     "    capex__nm_reduce3(&n, &m, &q);\n"
     "    if (threadIdx.x == 0) {\n"
-    "        pack[ch] = x0 + m; pack[C + ch] = M ? q / (float)M : 0.0f;\n"
-    "        if (ch == 0) { pack[2 * C] = (float)(M >> 24); pack[2 * C + 1] = (float)(M & 0xffffffull); }\n"
+    "        float hi = x0 + m, t = hi - x0, lo = (x0 - (hi - t)) + (m - t);\n"
+    "        pack[ch] = hi; pack[C + ch] = hi - hi == 0.0f ? lo : 0.0f; pack[2 * C + ch] = M ? q / (float)M : 0.0f;\n"
+    "        if (ch == 0) { pack[3 * C] = (float)(M >> 24); pack[3 * C + 1] = (float)(M & 0xffffffull); }\n"
     "    }\n"
     "}\n"
     "/* Chan's merge of world packs in rank order (float64), invstd, running update (rm NULL: none),\n"
     "   total count into *total. One thread per channel. */\n"
     "CAPEX_KERNEL void capex_bn_merge(const float *g, int world, capex_u64 C, float eps, float momentum, int update,\n"
     "                                 float *mean, float *invstd, void *rm, void *rv, int pt, double *total) {\n"
-    "    capex_u64 P = 2 * C + 2;\n"
+    "    capex_u64 P = 3 * C + 2;\n"
     "    CAPEX_FOR_EACH(ch, C) {\n"
     "        double n = 0.0, mu = 0.0, q = 0.0;\n"
     "        CAPEX_NO_UNROLL for (int r = 0; r < world; r++) {\n"
     "            const float *p = g + (capex_u64)r * P;\n"
-    "            double nb = (double)p[2 * C] * 16777216.0 + (double)p[2 * C + 1], d, N;\n"
+    "            double nb = (double)p[3 * C] * 16777216.0 + (double)p[3 * C + 1], d, N;\n"
     "            if (nb == 0.0) continue;\n"
-    "            N = n + nb; d = (double)p[ch] - mu;\n"
-    "            mu += d * nb / N; q += (double)p[C + ch] * nb + d * d * n * nb / N; n = N;\n"
+    "            N = n + nb; d = ((double)p[ch] + (double)p[C + ch]) - mu;\n"
+    "            mu += d * nb / N; q += (double)p[2 * C + ch] * nb + d * d * n * nb / N; n = N;\n"
     "        }\n"
     "        float var = n > 0.0 ? (float)(q / n) : 0.0f;\n"
     "        mean[ch] = (float)mu; invstd[ch] = capex__nm_rstd(var, eps);\n"

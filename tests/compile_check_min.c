@@ -101,7 +101,7 @@ int main(void) {
         double want = ((double)x[i] - 2.5) / sqrt(1.25 + 1e-5);
         check(fabs((double)y[i] - want) <= 1e-6, "batch norm value");
     }
-    check(capex_cuda_batch_norm_workspace_bytes(4, 1) == 8u + 4u * (10u + 10u + 8u), "GPU BN workspace (C=4)");
+    check(capex_cuda_batch_norm_workspace_bytes(4, 1) == 8u + 4u * (14u + 14u + 8u), "GPU BN workspace (C=4)");
 
     t0 = capex_dist_now();
     check(t0 > 0.0 && capex_dist_now() >= t0, "capex_dist_now is a monotonic clock");

@@ -1427,6 +1427,60 @@ static void par_schedule_count_skipped(ct_state *ct, env *e, int exact) {
     par_free(e, dfound);
 }
 
+/* A step the CPU refuses (capex_optim_step: inv_scale NaN, inf, 0 or < 0,
+   clip_coef NaN or < 0, or their product not finite: CAPEX_ERR_INVALID_ARG,
+   nothing changed, the schedule's count too) is skipped on the device, which
+   cannot refuse: no weight, moment or step count changes, and the schedule's
+   iteration count (count_skipped) stays too, where a found_inf skip (a valid
+   inv_scale) counts. After each step the device's count equals the CPU's and
+   the weights are the CPU's. Seen failing: the device counted every refused
+   step (its count 9 where the CPU's was 3). */
+static void par_schedule_bad_inputs(ct_state *ct, env *e, int exact) {
+    static const float bad[][2] = {{NAN, 1.0f}, {-1.0f, 1.0f}, {0.0f, 1.0f}, {INFINITY, 1.0f}, {1.0f, NAN},
+                                   {1.0f, -1.0f}, {1.0f, INFINITY}, {3e38f, 10.0f}};
+    const int nbad = (int)(sizeof bad / sizeof bad[0]);
+    capex_optim_desc d;
+    par_opt o;
+    capex_lr_schedule s;
+    capex_cuda_ptr dinv = par_alloc(e, 4), dclip = par_alloc(e, 4), dfound = par_alloc(e, 4);
+    int step, cs;
+    for (cs = 0; cs < 2 && !ct->failed; cs++) {
+        capex_optim_desc_init(&d, CAPEX_OPTIM_ADAM);
+        d.defaults.weight_decay = 0.1f;
+        capex_lr_schedule_init(&s, CAPEX_LR_LINEAR);
+        s.warmup_steps = 3; s.total_steps = 12; s.min_factor = 0.25; s.count_skipped = cs;
+        CT_CHECK(dinv && dclip && dfound, "alloc");
+        CT_CHECK(par_opt_make(e, &o, &d, 7, 0), "bad inputs: setup: %s", capex_last_error());
+        CT_CHECK(capex_optim_set_lr_schedule(o.cpu, &s) == CAPEX_OK && capex_cuda_optim_set_lr_schedule(o.dev, &s, NULL) ==
+                 CAPEX_OK, "%s", capex_last_error());
+        for (step = 0; step < 2 * nbad + 2 && !ct->failed; step++) {
+            /* odd steps refused (each bad pair once: the first half with found_inf 0, the
+               rest with 1), even ones valid, one of them a found_inf skip */
+            const int k = step / 2 % nbad, refuse = step % 2 == 1 && step < 2 * nbad + 1;
+            const float inv = refuse ? bad[k][0] : 0.5f, clip = refuse ? bad[k][1] : 1.0f;
+            const uint32_t found = refuse ? (uint32_t)(step / 2 >= nbad / 2) : (uint32_t)(step == 4);
+            int64_t nd = -1, nc = -2, sd = -1, sc = -2;
+            capex_result rc;
+            CT_CHECK(par_up(e, dinv, &inv, 4) && par_up(e, dclip, &clip, 4) && par_up(e, dfound, &found, 4), "up");
+            rc = capex_optim_step(o.cpu, inv, clip, (int)found);
+            CT_CHECK(refuse ? rc == CAPEX_ERR_INVALID_ARG : rc == CAPEX_OK, "step %d: CPU step (inv %g clip %g): %s", step,
+                     (double)inv, (double)clip, capex_result_string(rc));
+            CT_CHECK(capex_cuda_optim_step(o.dev, dinv, dclip, dfound, NULL) == CAPEX_OK, "%s", capex_last_error());
+            par_opt_compare(ct, e, &o, exact ? 0.0f : 2e-6f, "AdamW after a refused step");
+            CT_CHECK(capex_cuda_optim_get_lr_iteration(o.dev, &nd, NULL) == CAPEX_OK &&
+                     capex_optim_get_lr_iteration(o.cpu, &nc) == CAPEX_OK && nd == nc,
+                     "count_skipped %d, step %d (inv %g clip %g found %u): device count %lld, CPU %lld", cs, step,
+                     (double)inv, (double)clip, (unsigned)found, (long long)nd, (long long)nc);
+            CT_CHECK(capex_cuda_optim_get_step(o.dev, 0, &sd, NULL) == CAPEX_OK &&
+                     capex_optim_get_step(o.cpu, 0, &sc) == CAPEX_OK && sd == sc,
+                     "step %d: device steps taken %lld, CPU %lld", step, (long long)sd, (long long)sc);
+        }
+        par_opt_free(e, &o);
+    }
+    par_free(e, dinv);
+    par_free(e, dclip);
+    par_free(e, dfound);
+}
 static void par_schedule(ct_state *ct, env *e, int exact) {
     capex_optim_desc d;
     const float t = exact ? 0.0f : 2e-6f;
@@ -1450,6 +1504,7 @@ static void par_schedule(ct_state *ct, env *e, int exact) {
     if (!ct->failed) par_schedule_detach(ct, e, exact);
     if (!ct->failed) par_schedule_llmc(ct, e, exact);
     if (!ct->failed) par_schedule_count_skipped(ct, e, exact);
+    if (!ct->failed) par_schedule_bad_inputs(ct, e, exact);
 }
 
 /* Adagrad (lr_decay, initial_accumulator_value, both modes) and Adam amsgrad:

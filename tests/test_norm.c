@@ -1623,7 +1623,7 @@ CT_TEST(batch_norm_errors) {
     CT_CHECK(a.total_count == 4, "count");
     capex_comm_destroy(&single);
     {
-        float bad[4] = {0, 1, 0, 1e30f}, mean[1], var[1];
+        float bad[5] = {0, 0, 1, 0, 1e30f}, mean[1], var[1]; /* [hi, lo, var, count_hi, count_lo] */
         EXPECT_ERR(capex_syncbn_merge(bad, 1, 1, mean, var, NULL), CAPEX_ERR_FORMAT, "corrupt count");
         EXPECT_ERR(capex_syncbn_merge(NULL, 1, 1, mean, var, NULL), CAPEX_ERR_INVALID_ARG, "NULL");
     }
@@ -2018,6 +2018,85 @@ CT_TEST(sync_batch_norm_threads_unequal_batches) {
     }
 }
 
+/* SyncBatchNorm of data with a large mean and a small spread (mean 1e3 to
+   1e5, std 1, rank 1 shifted by 2.5 so the ranks' means differ), 2 ranks of
+   3 and 4 rows, both layouts: save_mean, save_invstd and the running
+   statistics against float64 over the whole batch (the same f32 inputs):
+   invstd and running_var within 1e-6 relative, the mean within its f32
+   rounding plus 1e-6 std. Each rank's mean used to travel as one f32: its
+   rounding (up to 2^-24 |mean|) went into the between-rank term of the merged
+   variance: invstd up to 9.5e-6 relative off at mean 1e3, 4.5e-4 at 3e4 and
+   1e5 (the variance twice that); now <= 7e-8. */
+CT_TEST(sync_batch_norm_large_mean_vs_float64) {
+    static capex_comm_vtable vt;
+    enum { C = 4, S = 5, N0 = 3, N1 = 4, N = N0 + N1, E = N * C * S };
+    static const double mu[C] = {1e3, -1e3, 3.0e4, 1e5};
+    const int64_t nb[2] = {N0, N1};
+    float x[E], y[E], sm[2][C], si[2][C], rm[2][C], rv[2][C];
+    int64_t r, n, c, s;
+    int lay;
+    memset(&vt, 0, sizeof vt);
+    vt.name = "threads"; vt.allreduce = t_allreduce; vt.allgather = t_allgather; vt.broadcast = t_bcast;
+    vt.barrier = t_barrier;
+    for (lay = 0; lay < 2 && !ct->failed; lay++) {
+        tcomm_shared sh;
+        rank_job jobs[2];
+        pthread_t th[2];
+        double rmean[C], rvar[C];
+        for (n = 0; n < N; n++)
+            for (c = 0; c < C; c++)
+                for (s = 0; s < S; s++) {
+                    int64_t k = lay ? (n * S + s) * C + c : (n * C + c) * S + s;
+                    x[k] = (float)(mu[c] + (n >= N0 ? 2.5 : 0.0) + 1.7 * rng_sym());
+                }
+        for (c = 0; c < C; c++) { /* float64 over the whole batch */
+            double m = 0.0, v = 0.0;
+            for (n = 0; n < N; n++) for (s = 0; s < S; s++) m += x[lay ? (n * S + s) * C + c : (n * C + c) * S + s];
+            m /= (double)(N * S);
+            for (n = 0; n < N; n++)
+                for (s = 0; s < S; s++) {
+                    double dd = x[lay ? (n * S + s) * C + c : (n * C + c) * S + s] - m;
+                    v += dd * dd;
+                }
+            rmean[c] = m; rvar[c] = v / (double)(N * S);
+        }
+        memset(&sh, 0, sizeof sh);
+        pthread_mutex_init(&sh.mu, NULL);
+        pthread_cond_init(&sh.cv, NULL);
+        sh.world = 2;
+        for (r = 0; r < 2; r++) {
+            rank_job *j = &jobs[r];
+            int64_t e0 = r ? N0 * C * S : 0;
+            memset(j, 0, sizeof *j);
+            j->comm.vt = &vt; j->comm.impl = &sh; j->comm.rank = (int)r; j->comm.world_size = 2; j->comm.timeout_s = 60;
+            for (c = 0; c < C; c++) { rm[r][c] = 0.0f; rv[r][c] = 1.0f; }
+            capex_batch_norm_args_init(&j->a);
+            j->a.n = nb[r]; j->a.c = C; j->a.s = S; j->a.layout = (capex_bn_layout)lay; j->a.x = x + e0; j->a.y = y + e0;
+            j->a.running_mean = rm[r]; j->a.running_var = rv[r]; j->a.save_mean = sm[r]; j->a.save_invstd = si[r];
+            j->a.dy = x + e0; j->a.dx = NULL; /* backward runs too (rank_main): its sums, no dx */
+        }
+        for (r = 0; r < 2; r++) pthread_create(&th[r], NULL, rank_main, &jobs[r]);
+        for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
+        pthread_mutex_destroy(&sh.mu);
+        pthread_cond_destroy(&sh.cv);
+        for (r = 0; r < 2; r++) {
+            CT_CHECK(jobs[r].rf == CAPEX_OK && jobs[r].rb == CAPEX_OK, "rank %d: %s", (int)r, jobs[r].err);
+            for (c = 0; c < C; c++) {
+                const double is = 1.0 / sqrt(rvar[c] + 1e-5), sd = sqrt(rvar[c]);
+                const double uv = rvar[c] * (double)(N * S) / (double)(N * S - 1);
+                CT_CHECK(fabs(si[r][c] - is) <= 1e-6 * is, "layout %d rank %d ch %d (mean %g): invstd %.9g, float64 %.9g "
+                         "(%.2e relative)", lay, (int)r, (int)c, mu[c], (double)si[r][c], is, fabs(si[r][c] / is - 1.0));
+                CT_CHECK(fabs(sm[r][c] - rmean[c]) <= fabs(rmean[c]) * 0x1p-24 + 1e-6 * sd, "layout %d rank %d ch %d: "
+                         "mean %.9g, float64 %.9g", lay, (int)r, (int)c, (double)sm[r][c], rmean[c]);
+                CT_CHECK(fabs(rv[r][c] - (0.9 + 0.1 * uv)) <= 1e-6 * (0.9 + 0.1 * uv), "layout %d rank %d ch %d: "
+                         "running_var %.9g, float64 %.9g", lay, (int)r, (int)c, (double)rv[r][c], 0.9 + 0.1 * uv);
+                CT_CHECK(fabs(rm[r][c] - 0.1 * rmean[c]) <= fabs(rmean[c]) * 0x1p-23 + 1e-6 * sd, "layout %d rank %d "
+                         "ch %d: running_mean %.9g, float64 %.9g", lay, (int)r, (int)c, (double)rm[r][c], 0.1 * rmean[c]);
+            }
+        }
+    }
+}
+
 /* SyncBatchNorm with every rank empty has no global statistics: refused on
    every rank with that reason, running statistics untouched (one empty rank
    among others is sync_case's b3e). */
@@ -2360,7 +2439,8 @@ static const ct_case cases[] = {
     CT_CASE(layer_norm_bias_without_weight), CT_CASE(nonfinite_inputs_stay_in_their_row_or_channel),
     CT_CASE(batch_norm_cumulative_average_momentum_none), CT_CASE(batch_norm_errors),
     CT_CASE(amp_dtypes_keep_batchnorm_fp32),
-    CT_CASE(sync_batch_norm_threads_unequal_batches), CT_CASE(sync_batch_norm_every_rank_empty_is_refused),
+    CT_CASE(sync_batch_norm_threads_unequal_batches), CT_CASE(sync_batch_norm_large_mean_vs_float64),
+    CT_CASE(sync_batch_norm_every_rank_empty_is_refused),
     CT_CASE(sync_batch_norm_eval_without_running_stats_is_local),
     CT_CASE(norm_overlapping_outputs_refused_before_writing), CT_CASE(norm_in_place_needs_same_dtype),
     CT_CASE(norm_forward_in_place_same_bits),

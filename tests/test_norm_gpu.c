@@ -1030,6 +1030,90 @@ CT_TEST(gpu_sync_batch_norm_world_matches_cpu_whole_batch) {
     }
 }
 
+/* SyncBatchNorm of a large mean and a small spread over 2 ranks of the
+   stand-in NCCL (test_norm's sync_batch_norm_large_mean_vs_float64 on the
+   GPU): channel means 1e3 to 1e5, std 1, rank 1 shifted by 2.5, 3 and 4
+   rows, both layouts; save_invstd and running_var within 1e-6 relative of
+   float64 over the whole batch, save_mean within its f32 rounding plus 1e-6
+   std, and invstd within 1e-6 of the CPU's BatchNorm of the whole batch.
+   With each rank's mean sent as one f32 invstd was 1.2e-5 off at 1e3 and
+   1.1e-3 at 1e5. */
+enum { LM_C = 4, LM_S = 5, LM_N0 = 3, LM_N = 7 };
+static int syncbn_large_mean_rank(capex_cuda_context *ctx, capex_comm *comm, int rank, int world, void *user) {
+    static const double mu[LM_C] = {1e3, -1e3, 3.0e4, 1e5};
+    static float x[LM_N * LM_C * LM_S], y[LM_N * LM_C * LM_S];
+    const int64_t n0 = rank ? LM_N0 : 0, nr = rank ? LM_N - LM_N0 : LM_N0, per = LM_C * LM_S;
+    float sm[LM_C], si[LM_C], rm[LM_C], rv[LM_C], csm[LM_C], csi[LM_C], crm[LM_C], crv[LM_C];
+    int64_t n, c, s;
+    int lay, bad = 0;
+    (void)user;
+    if (world != 2) return 40;
+    for (lay = 0; lay < 2; lay++) {
+        capex_batch_norm_desc d;
+        capex_batch_norm_args a;
+        capex_cuda_batch_norm_args g;
+        double rmean[LM_C], rvar[LM_C];
+        for (n = 0; n < LM_N; n++)
+            for (c = 0; c < LM_C; c++)
+                for (s = 0; s < LM_S; s++)
+                    x[lay ? (n * LM_S + s) * LM_C + c : (n * LM_C + c) * LM_S + s] =
+                        (float)(mu[c] + (n >= LM_N0 ? 2.5 : 0.0) + 1.7 * (double)rnd());
+        for (c = 0; c < LM_C; c++) {
+            double m = 0.0, v = 0.0;
+            for (n = 0; n < LM_N; n++) for (s = 0; s < LM_S; s++) m += x[lay ? (n * LM_S + s) * LM_C + c : (n * LM_C + c) * LM_S + s];
+            m /= (double)(LM_N * LM_S);
+            for (n = 0; n < LM_N; n++)
+                for (s = 0; s < LM_S; s++) {
+                    double dd = x[lay ? (n * LM_S + s) * LM_C + c : (n * LM_C + c) * LM_S + s] - m;
+                    v += dd * dd;
+                }
+            rmean[c] = m; rvar[c] = v / (double)(LM_N * LM_S);
+            rm[c] = crm[c] = 0.0f; rv[c] = crv[c] = 1.0f;
+        }
+        capex_batch_norm_desc_init(&d);
+        capex_batch_norm_args_init(&a); /* the CPU, the whole batch in one process */
+        a.n = LM_N; a.c = LM_C; a.s = LM_S; a.layout = (capex_bn_layout)lay; a.x = x; a.y = y;
+        a.running_mean = crm; a.running_var = crv; a.save_mean = csm; a.save_invstd = csi;
+        if (capex_batch_norm_forward(&d, NULL, &a) != CAPEX_OK) return 41;
+        capex_cuda_batch_norm_args_init(&g);
+        g.n = nr; g.c = LM_C; g.s = LM_S; g.layout = (capex_bn_layout)lay;
+        g.x = up(ctx, x + n0 * per, (size_t)(nr * per) * 4); g.y = up(ctx, NULL, (size_t)(nr * per) * 4);
+        g.running_mean = up(ctx, rm, sizeof rm); g.running_var = up(ctx, rv, sizeof rv);
+        g.save_mean = up(ctx, NULL, sizeof sm); g.save_invstd = up(ctx, NULL, sizeof si);
+        g.workspace = up(ctx, NULL, capex_cuda_batch_norm_workspace_bytes(LM_C, world));
+        if (capex_cuda_batch_norm_forward(ctx, &d, comm, &g, comm->stream) != CAPEX_OK ||
+            capex_cuda_context_synchronize(ctx) != CAPEX_OK)
+            return 42;
+        capex_cuda_memcpy_dtoh(ctx, sm, g.save_mean, sizeof sm, NULL); capex_cuda_memcpy_dtoh(ctx, si, g.save_invstd, sizeof si, NULL);
+        capex_cuda_memcpy_dtoh(ctx, rm, g.running_mean, sizeof rm, NULL); capex_cuda_memcpy_dtoh(ctx, rv, g.running_var, sizeof rv, NULL);
+        for (c = 0; c < LM_C; c++) {
+            const double is = 1.0 / sqrt(rvar[c] + 1e-5), sd = sqrt(rvar[c]);
+            const double uv = rvar[c] * (double)(LM_N * LM_S) / (double)(LM_N * LM_S - 1), rvw = 0.9 + 0.1 * uv;
+            if (!(fabs(si[c] - is) <= 1e-6 * is) || !(fabs(si[c] - csi[c]) <= 1e-6 * is) ||
+                !(fabs(sm[c] - rmean[c]) <= fabs(rmean[c]) * 0x1p-24 + 1e-6 * sd) || !(fabs(rv[c] - rvw) <= 1e-6 * rvw) ||
+                !(fabs(rm[c] - 0.1 * rmean[c]) <= fabs(rmean[c]) * 0x1p-23 + 1e-6 * sd)) {
+                fprintf(stderr, "rank %d layout %d ch %d (mean %g): invstd %.9g, float64 %.9g (%.2e relative), CPU %.9g; "
+                        "mean %.9g vs %.9g; running %.9g %.9g vs %.9g %.9g\n", rank, lay, (int)c, mu[c], (double)si[c], is,
+                        fabs(si[c] / is - 1.0), (double)csi[c], (double)sm[c], rmean[c], (double)rm[c], (double)rv[c],
+                        0.1 * rmean[c], rvw);
+                bad = 43;
+            }
+        }
+        capex_cuda_free(ctx, g.x); capex_cuda_free(ctx, g.y); capex_cuda_free(ctx, g.running_mean);
+        capex_cuda_free(ctx, g.running_var); capex_cuda_free(ctx, g.save_mean); capex_cuda_free(ctx, g.save_invstd);
+        capex_cuda_free(ctx, g.workspace);
+    }
+    return bad;
+}
+static void child_syncbn_large_mean(const char *arg, child_result *res) { (void)arg; nccl_world2_child(syncbn_large_mean_rank, res); }
+CT_TEST(gpu_sync_batch_norm_large_mean_vs_float64) {
+    child_result r;
+    const char *why = nccl_world_skip_reason();
+    if (why) CT_SKIP("%s", why);
+    r = run_child("syncbn_large_mean", NULL);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s", r.message);
+}
+
 /* The same SyncBatchNorm over a host comm (TCP, forked ranks, each with its
    own emulator context): the statistics go through host staging (a stream
    synchronisation per collective), the documented path for MPI/TCP comms,
@@ -1124,7 +1208,7 @@ CT_TEST(gpu_norm_argument_errors) {
     CT_CHECK(strstr(capex_last_error(), "ctx is NULL"), "%s", capex_last_error());
     CT_CHECK(capex_cuda_norm_workspace_bytes(100, 8) == 2u * 2u * 8u * 4u, "workspace %zu", capex_cuda_norm_workspace_bytes(100, 8));
     CT_CHECK(capex_cuda_norm_workspace_bytes(1, 0) == 0, "bad shape: 0 bytes");
-    CT_CHECK(capex_cuda_batch_norm_workspace_bytes(4, 2) == 8u + 4u * (10u + 20u + 8u), "bn workspace");
+    CT_CHECK(capex_cuda_batch_norm_workspace_bytes(4, 2) == 8u + 4u * (14u + 28u + 8u), "bn workspace");
     /* sizes past size_t are 0 (a bad shape), not the few bytes the product wraps to */
     CT_CHECK(capex_cuda_norm_workspace_bytes(65, ((int64_t)1 << 60) + 1) == 0, "norm workspace wraps to %zu",
              capex_cuda_norm_workspace_bytes(65, ((int64_t)1 << 60) + 1));
@@ -1505,13 +1589,14 @@ static const ct_case cases[] = {
     CT_CASE(gpu_norm_huge_f32_values_stay_finite), CT_CASE(gpu_norm_large_mean_small_noise_vs_float64),
     CT_CASE(gpu_norm_long_rows_vs_float64),
     CT_CASE(gpu_sync_batch_norm_world_matches_cpu_whole_batch), CT_CASE(gpu_sync_batch_norm_host_comm_matches_cpu_whole_batch),
+    CT_CASE(gpu_sync_batch_norm_large_mean_vs_float64),
     CT_CASE(gpu_norm_backward_zero_rows_writes_zero_param_grads),
     CT_CASE(gpu_sync_batch_norm_nccl_world2_orders_user_stream),
     CT_CASE(gpu_norm_overlapping_outputs_refused_before_launch), CT_CASE(gpu_norm_forward_in_place_same_bits),
     CT_CASE(gpu_norm_memory_efficient_matches_cpu_every_variant), CT_CASE(gpu_norm_memory_efficient_zero_weight_nonfinite),
 };
 static const child_entry children[] = {{"syncbn", child_syncbn}, {"syncbn_stream", child_syncbn_stream},
-                                       {"syncbn_tcp", child_syncbn_tcp}};
+                                       {"syncbn_tcp", child_syncbn_tcp}, {"syncbn_large_mean", child_syncbn_large_mean}};
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(children, sizeof children / sizeof children[0], argc, argv);
     return ct_main(__FILE__, cases, sizeof cases / sizeof cases[0], argc, argv);
