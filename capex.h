@@ -2222,6 +2222,21 @@ CAPEX_API capex_result capex_syncbn_merge(const float *gathered, int world, int6
 #include <string.h>
 #include <math.h>
 
+/* No FMA contraction in the implementation: the GPU kernels compile with
+   NVRTC --fmad=false and the golden values (Apex, torch) are unfused, so the
+   CPU must round a*b+c twice too. GCC's GNU modes (-std=gnu*, its default)
+   fuse wherever the target has FMA: always on aarch64, x86 with -mfma;
+   clang fuses within one expression by default. Scoped to this section:
+   GCC restores the caller's options (pop_options, at the end), clang its
+   command-line mode (DEFAULT). clang's -ffp-contract=fast ignores the
+   pragma; the row sums are kept unfused there too (CAPEX__NM_OPAQUE). */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 #if defined(CAPEX_MALLOC) && defined(CAPEX_FREE) && defined(CAPEX_REALLOC)
 #elif !defined(CAPEX_MALLOC) && !defined(CAPEX_FREE) && !defined(CAPEX_REALLOC)
 #  define CAPEX_MALLOC(sz) malloc(sz)
@@ -13794,12 +13809,27 @@ typedef double capex__v4d __attribute__((vector_size(32)));
    -ffp-contract=fast GCC's FMA heuristics (znver tuning: no FMA chains in
    reductions) fused g * xhat into the backward's sum in one output set's loop
    and not in another's, so dx with dweight asked and dx alone differed in
-   bits. The row sums never fuse: the same bits from every loop and tuning.
-   Only AVX has FMA on x86, and a 32-byte vector is one register there. */
+   bits. The row sums never fuse: the same bits from every loop, tuning and
+   target, even where the FP_CONTRACT pragma above is ignored (clang
+   -ffp-contract=fast). An empty asm that claims to change v in a register:
+   x86 (only AVX has FMA; a 32-byte vector is one register), aarch64 (FMA
+   always; two 16-byte halves, "w": a SIMD register); elsewhere a round trip
+   through memory ("+m", slower, any target). */
 #if defined(__AVX__) && (defined(__x86_64__) || defined(__i386__))
 #define CAPEX__NM_OPAQUE(v) __asm__("" : "+x"(v))
+#elif defined(__x86_64__) || defined(__i386__)
+#define CAPEX__NM_OPAQUE(v) (void)0 /* no FMA without AVX */
+#elif defined(__aarch64__)
+typedef float capex__v4f __attribute__((vector_size(16)));
+#define CAPEX__NM_OPAQUE(v)                                                                             \
+    do {                                                                                                \
+        capex__v4f lo_ = {(v)[0], (v)[1], (v)[2], (v)[3]}, hi_ = {(v)[4], (v)[5], (v)[6], (v)[7]};      \
+        __asm__("" : "+w"(lo_), "+w"(hi_));                                                             \
+        capex__v8f v_ = {lo_[0], lo_[1], lo_[2], lo_[3], hi_[0], hi_[1], hi_[2], hi_[3]};               \
+        (v) = v_;                                                                                       \
+    } while (0)
 #else
-#define CAPEX__NM_OPAQUE(v) (void)0
+#define CAPEX__NM_OPAQUE(v) __asm__("" : "+m"(v))
 #endif
 /* d[0..3] += (double)v[0..3], d[4..7] += (double)v[4..7]: the plain loop's flush, in
    two vector converts and adds (lane by lane the same operations). */
@@ -13839,7 +13869,9 @@ static float capex__nm_dot(const float *a, const float *b, int64_t n) {
         float s[8];
         k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
         for (l = 0; l < 8; l++) s[l] = 0.0f;
-        if (b) { for (; k < k1; k++) for (l = 0; l < 8; l++) s[l] += a[8 * k + l] * b[8 * k + l]; }
+        if (b) { /* the product its own statement: ISO C contracts only within one expression */
+            for (; k < k1; k++) for (l = 0; l < 8; l++) { const float p = a[8 * k + l] * b[8 * k + l]; s[l] += p; }
+        }
         else { for (; k < k1; k++) for (l = 0; l < 8; l++) s[l] += a[8 * k + l]; }
         for (l = 0; l < 8; l++) d[l] += (double)s[l];
     }
@@ -13907,7 +13939,7 @@ static void capex__nm_bwd_pass(const float *CAPEX__OPT_RESTRICT x, const float *
                 xv = (x[i] - mean) * rstd; d = dy[i]; gv = d * wf[i];
                 if (pw) pw[i] += d * xv;
                 if (pb) pb[i] += d;
-                s[l] += gv; t[l] += gv * xv;
+                s[l] += gv; gv *= xv; t[l] += gv; /* unfused, as capex__nm_dot's */
             }
         for (l = 0; l < 8; l++) { ds[l] += (double)s[l]; dt[l] += (double)t[l]; }
     }
@@ -14222,7 +14254,9 @@ static void capex__nm_fwd_rows(void *vc, int64_t begin, int64_t end, float *scra
             UPD                                                                                         \
             w = d * w; /* g */                                                                          \
             sv += w;                                                                                    \
-            tv += d * yv;                                                                               \
+            w = d * yv;                                                                                 \
+            CAPEX__NM_OPAQUE(w); /* unfused, as capex__nm_dot's */                                      \
+            tv += w;                                                                                    \
         }                                                                                               \
         CAPEX__NM_FLUSH(slo, shi, sv);                                                                  \
         CAPEX__NM_FLUSH(tlo, thi, tv);                                                                  \
@@ -14261,7 +14295,7 @@ static void capex__nm_bwd_me_pass(const float *CAPEX__OPT_RESTRICT y, const floa
                 yb = y[i] - bf[i]; d = dy[i]; gv = d * wf[i];
                 if (pw) { xs[i] = yb / wf[i]; pw[i] += d * xs[i]; }
                 if (pb) pb[i] += d;
-                s[l] += gv; t[l] += d * yb;
+                s[l] += gv; gv = d * yb; t[l] += gv; /* unfused, as capex__nm_dot's */
             }
         for (l = 0; l < 8; l++) { ds[l] += (double)s[l]; dt[l] += (double)t[l]; }
     }
@@ -14299,7 +14333,7 @@ static void capex__nm_bwd_me_row(const capex__nm_ctx *c, int64_t row, float *CAP
     capex__nm_bwd_me_pass(y, dy, c->wf, c->bf, pw, pb, xs, n, &sg, &sgx);
     /* no affine: xhat is y and this sum is the normal backward's sum(g * xhat) on the same values, in
        the same lanes, both unfused (CAPEX__NM_OPAQUE), so dx keeps its bits in any build (the pass's
-       own d * (y - b) may contract to FMAs) */
+       own d * (y - b) is unfused too since 2026-11-29, the same value: this extra pass could go) */
     if (a->dx && !a->weight && !a->bias) sgx = capex__nm_dot(dy, y, n);
     if (a->dx) {
         float *dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 3 * n);
@@ -15047,6 +15081,11 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
 
 #ifdef __cplusplus
 }
+#endif
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT DEFAULT
+#elif defined(__GNUC__)
+#pragma GCC pop_options
 #endif
 #endif /* CAPEX__IMPLEMENTED */
 #endif /* CAPEX_IMPLEMENTATION */

@@ -12,6 +12,17 @@
 #include <string.h>
 #include <stdarg.h>
 
+/* The tests' references (Apex / torch operation order, float64 models) round
+   every product and sum on its own, as the GPU (--fmad=false) and capex do:
+   no FMA contraction in test code either, whatever the build's default (GCC's
+   -std=gnu* on aarch64 fuses). capex.h's own section says so for itself;
+   included after it, this does not cover it. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 typedef struct ct_state { int failed, skipped; char why[512]; } ct_state;
 typedef void (*ct_fn)(ct_state *ct);
 typedef struct ct_case { const char *name; ct_fn fn; } ct_case;

@@ -20,6 +20,8 @@ if [ -n "${CAPEX_TEST_TIMEOUT:-}" ]; then limit="timeout -k 5 $CAPEX_TEST_TIMEOU
 # thread holds a core the other team's threads need, so each tiny parallel
 # region can wait a time slice (test_gpt: 446 s wall spinning, ~10x less passive).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# CAPEX_TEST_LAUNCHER="cmd args": runs each program under it (tests/aarch64.mk: QEMU).
+launch=${CAPEX_TEST_LAUNCHER:-}
 # CAPEX_TEST_FIRST="name ...": programs (by basename) started first, longest
 # first, so a long one does not start last and run alone; reports keep the
 # order given.
@@ -51,7 +53,7 @@ flush() { # report every finished program whose predecessors are reported
 
 for i in "${order[@]}"; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n 2>/dev/null || sleep 0.2; flush; done
-    ( $limit "${progs[$i]}" >"$tmp/$i.out" 2>&1; echo $? >"$tmp/$i.rc.tmp"; mv "$tmp/$i.rc.tmp" "$tmp/$i.rc" ) &
+    ( $limit $launch "${progs[$i]}" >"$tmp/$i.out" 2>&1; echo $? >"$tmp/$i.rc.tmp"; mv "$tmp/$i.rc.tmp" "$tmp/$i.rc" ) &
 done
 wait
 flush

@@ -473,6 +473,49 @@ static uint64_t fixed_problem_hash(int nt) {
     return h;
 }
 
+/* The fixed problem above plus memory-efficient backwards (with and without
+   dweight / dbias, so each pass-1 loop runs), hashed. */
+static uint64_t fixed_problem_hash_all(void) {
+    const int64_t R = 37, C = 203, N = R * C;
+    float *x = (float *)malloc(N * 4), *y = (float *)malloc(N * 4), *dy = (float *)malloc(N * 4);
+    float *dx = (float *)malloc(N * 4), w[203], b[203], dw[203], db[203], rstd[37];
+    uint64_t h = fixed_problem_hash(1);
+    unsigned long long save = g_rng;
+    int64_t i;
+    int k;
+    capex_norm_desc nd;
+    capex_norm_args a;
+    g_rng = 7;
+    for (i = 0; i < N; i++) { x[i] = (float)(rng_sym() * 2 + 0.5); dy[i] = (float)rng_sym(); }
+    for (i = 0; i < C; i++) { w[i] = (float)(1 + 0.5 * rng_sym()); b[i] = (float)rng_sym(); }
+    capex_norm_desc_init(&nd);
+    capex_norm_args_init(&a);
+    a.rows = R; a.cols = C; a.x = x; a.y = y; a.weight = w; a.bias = b; a.rstd = rstd;
+    capex_layer_norm_forward(&nd, &a);
+    nd.memory_efficient = 1;
+    a.x = NULL; a.dy = dy; a.dx = dx;
+    for (k = 0; k < 4; k++) {
+        a.dweight = k & 1 ? dw : NULL; a.dbias = k & 2 ? db : NULL;
+        capex_layer_norm_backward(&nd, &a);
+        h = hash_bytes(h, dx, N * 4);
+        if (k & 1) h = hash_bytes(h, dw, sizeof dw);
+        if (k & 2) h = hash_bytes(h, db, sizeof db);
+    }
+    free(x); free(y); free(dy); free(dx);
+    g_rng = save;
+    return h;
+}
+
+/* The CPU norms round as the GPU kernels (NVRTC --fmad=false): no product is
+   fused into a sum in any build. The hash is that of the unfused operations
+   (x86-64, -std=c99); an FMA-contracting build (GCC's -std=gnu* default on
+   aarch64, -ffp-contract=fast) that fused one would give other bits. */
+CT_TEST(bits_match_unfused_reference) {
+    const uint64_t want = 0x6b65117ce059b095ULL, h = fixed_problem_hash_all();
+    CT_CHECK(h == want, "hash %016llx, want %016llx: some product was fused into a sum (FMA)", (unsigned long long)h,
+             (unsigned long long)want);
+}
+
 CT_TEST(bits_independent_of_thread_count) {
     uint64_t h1 = fixed_problem_hash(1), h2 = fixed_problem_hash(2), h3 = fixed_problem_hash(3), h0 = fixed_problem_hash(0);
     CT_CHECK(h1 == h2 && h1 == h3 && h1 == h0, "hashes differ: %llx %llx %llx %llx", (unsigned long long)h1,
@@ -2448,7 +2491,7 @@ static const ct_case cases[] = {
     CT_CASE(memory_efficient_edges_and_errors), CT_CASE(memory_efficient_bits_independent_of_thread_count),
     CT_CASE(memory_efficient_after_forward_in_place), CT_CASE(memory_efficient_output_subsets_and_streamed_dx_same_bits),
     CT_CASE(column_sums_many_rows_vs_float64), CT_CASE(batch_norm_channel_sums_many_rows_vs_float64),
-    CT_CASE(norm_backward_output_subsets_vs_float64),
+    CT_CASE(norm_backward_output_subsets_vs_float64), CT_CASE(bits_match_unfused_reference),
 };
 
 int main(int argc, char **argv) {
