@@ -86,16 +86,22 @@
                         A bad entry (truncated, corrupt, foreign, other version, over
                         256 MiB, not a regular file: a FIFO, device or symlink is neither
                         opened blocking nor followed) is never trusted: it is recompiled
-                        and overwritten. Trust rule (as ssh's and ccache's): the directory
+                        and overwritten. Trust rule (after ssh's StrictModes): the directory
                         must be owned by the effective user and not group/other-writable
-                        unless sticky, a symlink on its path the user's or root's, no
-                        parent world-writable without the sticky bit, else a warning
-                        (once) and no reads or writes; an entry must be the user's, one
-                        link (not hard-linked) and not group/other-writable, else it is
-                        recompiled over. A parent's group or other owner is not checked
-                        (umask 002 makes group-writable ones) and could swap the
-                        directory: keep the cache below directories only you or root can
-                        write. New directories are 0700, entries 0600. A hit does not load
+                        unless sticky, a symlink on its path the user's or root's, and no
+                        directory on its path or really above it writable by others
+                        without the sticky bit: by the world, or by a group other than
+                        the user's private one (umask 002 under user private groups: the
+                        user's effective group, numbered as the user); else a warning
+                        (once) and no reads or writes. The directory is opened once per
+                        compile, component by component (openat, O_NOFOLLOW), and every
+                        read, lock, write and rename goes through that descriptor: a path
+                        component swapped meanwhile redirects nothing. An entry must be
+                        the user's, one link (not hard-linked) and not group/other-writable,
+                        else it is recompiled over. A parent's owner is not checked (an
+                        owner other than you or root can rename what it holds: keep the
+                        cache below directories only you or root own). New directories
+                        are 0700, entries 0600. A hit does not load
                         NVRTC at all (opening it costs 10 ms warm, 0.4 s cold), so a machine with
                         only the driver runs from a cache filled elsewhere. The NVRTC
                         version is recorded, not keyed: after a toolkit upgrade old entries
@@ -110,7 +116,10 @@
                         holds <entry>.lock (flock, released if it dies; unlinked when
                         done) while it compiles and writes, the others wait (up to 2
                         min) and read the entry; where no lock can be had (a read-only
-                        directory, no flock, a link at that path) each compiles.
+                        directory, no flock, a link at that path) each compiles. When
+                        the holder's source does not compile, those that waited for it
+                        return its CAPEX_ERR_NVRTC and log (kept in its lock file, gone
+                        with it: a later process compiles again).
        Built-in kernels  fill, scale, add and f32<->f16/bf16 conversion (bit-exact with
                         capex.h's CPU conversions), the fused optimizers and the norms, in
                         27 parts (capex_cuda_builtin_part_name), each its own program,
@@ -1890,9 +1899,10 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_parse(const unsigned char *bytes, 
    renameat, unlinkat, fdopendir: POSIX 2008), so that a path component
    swapped after the checks cannot redirect a read or a write. Strict C99 with
    a system header first hides them in glibc, which has them all (declared
-   here then; not where off_t is switched to 64 bits, which renames fstatat).
+   here then; not where a 32-bit build switches off_t to 64 bits, which renames fstatat).
    Without them the disk cache is off (CAPEX_ERR_CONFIG, one warning). */
-#if defined(__GLIBC__) && !defined(__USE_ATFILE) && !defined(__USE_FILE_OFFSET64)
+#if defined(__GLIBC__) && !defined(__USE_ATFILE) && \
+    (!defined(__USE_FILE_OFFSET64) || (defined(__WORDSIZE) && __WORDSIZE == 64))
 extern int openat(int, const char *, int, ...);
 extern int fstatat(int, const char *, struct stat *, int);
 extern int mkdirat(int, const char *, mode_t);
@@ -2558,6 +2568,7 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc
             }
         }
     }
+    capex__cuda_source_error = 0;
     r = capex__cuda_compile_nvrtc(d, builtin, out);
     if (r == CAPEX_ERR_NVRTC && lock_fd >= 0 && capex__cuda_source_error)
         capex__cuda_lock_put_failure(lock_fd, key, r, capex_last_error());
