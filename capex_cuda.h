@@ -2187,10 +2187,11 @@ CAPEX__PRIVATE int capex__cuda_write_all(int fd, const void *data, size_t n) {
    other lock while they hold it: no deadlock. The wait is bounded (a stopped
    holder): then it compiles anyway, with a warning.
    A holder whose compile fails in the source (NVRTC_ERROR_COMPILATION, the
-   same in every process) writes the outcome, its status and message with
-   NVRTC's log, into the lock file before it unlinks it: the waiters have that
-   file open, so they (and only they: a later process creates a new file)
-   return it instead of compiling the same failing source in turn. It is read
+   same in every process with that NVRTC) writes the outcome, its status and
+   message with NVRTC's log, into the lock file before it unlinks it: the
+   waiters have that file open, so they (and only they: a later process
+   creates a new file) return it instead of compiling the same failing source
+   in turn. It is read
    only from a file its holder unlinked (one that died before that leaves a
    current file: its next holder blanks the record and compiles), so nothing
    outlives the compile: a transient failure poisons no later run. */
@@ -2206,9 +2207,17 @@ CAPEX__PRIVATE int capex__cuda_write_all(int fd, const void *data, size_t n) {
 #define CAPEX__CUDA_ON_NVRTC() ((void)0)
 #endif
 
-/* The failure record: magic[8] | key[32] | u32 status (negated) | u32 length | message */
+/* The failure record: magic[8] | key[32] | u32 status (negated) | u32 NVRTC
+   version (major * 1000 + minor * 10) | u32 length | message. A waiter with
+   another NVRTC (a node of a cluster sharing the directory) compiles itself. */
 static const char capex__cache_fail_magic[8] = {'C', 'A', 'P', 'E', 'X', 'E', 'R', 'R'};
-#define CAPEX__CACHE_FAIL_HEADER 48
+#define CAPEX__CACHE_FAIL_HEADER 52
+
+/* The loaded NVRTC's version as the record has it; 0 when none loads. */
+CAPEX__PRIVATE uint32_t capex__cuda_nvrtc_code(void) {
+    int major, minor;
+    return capex_cuda_nvrtc_version(&major, &minor) == CAPEX_OK ? (uint32_t)(major * 1000 + minor * 10) : 0;
+}
 
 /* An fd on the lock file name in dfd (created when create): a regular file of
    the user's, not a link (O_NOFOLLOW) nor hard-linked, not group/other-writable;
@@ -2265,7 +2274,8 @@ CAPEX__PRIVATE void capex__cuda_lock_put_failure(int fd, const unsigned char key
     memcpy(h, capex__cache_fail_magic, 8);
     memcpy(h + 8, key, 32);
     capex__put_u32(h + 40, (uint32_t)-(int32_t)r);
-    capex__put_u32(h + 44, (uint32_t)len);
+    capex__put_u32(h + 44, capex__cuda_nvrtc_code());
+    capex__put_u32(h + 48, (uint32_t)len);
     /* the message after the header, then the magic: a reader never takes a half-written record */
     if (lseek(fd, 8, SEEK_SET) != 8 || capex__cuda_write_all(fd, h + 8, sizeof h - 8) != 0 ||
         capex__cuda_write_all(fd, msg, len) != 0 || lseek(fd, 0, SEEK_SET) != 0)
@@ -2283,8 +2293,9 @@ CAPEX__PRIVATE capex_result capex__cuda_lock_take_failure(int fd, const unsigned
         memcmp(h, capex__cache_fail_magic, 8) != 0 || memcmp(h + 8, key, 32) != 0)
         return CAPEX_OK;
     code = capex__get_u32(h + 40);
-    len = capex__get_u32(h + 44);
-    if (code != (uint32_t)-(int32_t)CAPEX_ERR_NVRTC || len >= sizeof msg || capex__cuda_read_all(fd, msg, len) != len)
+    len = capex__get_u32(h + 48);
+    if (code != (uint32_t)-(int32_t)CAPEX_ERR_NVRTC || len >= sizeof msg || capex__cuda_read_all(fd, msg, len) != len ||
+        capex__get_u32(h + 44) == 0 || capex__get_u32(h + 44) != capex__cuda_nvrtc_code())
         return CAPEX_OK;
     msg[len] = '\0';
     return capex__fail(CAPEX_ERR_NVRTC, "%s", msg);

@@ -920,6 +920,53 @@ CT_TEST(lock_waiters_take_the_holders_compile_error) {
     rm_dir(dir);
 }
 
+/* A failure record in a lock file that is still current (its holder died
+   between writing it and unlinking the file): the next holder blanks it and
+   compiles, so the rank that waits for that holder reads its entry instead of
+   taking the dead one's failure. */
+CT_TEST(lock_record_of_a_dead_holder_is_no_outcome) {
+    char dir[64], lock[1300], head[8];
+    unsigned char key[32];
+    int hold[2], go[2], wt[2], fd, hfd, lfd, held, waiting, blanked;
+    pid_t holder, p;
+    child_result r, hr;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    lock_path(dir, lock, sizeof lock);
+    capex__cuda_cache_key(user_src, "user", lock_opts, 1, 90, key);
+    lfd = open(lock, O_RDWR | O_CREAT, 0600);
+    CT_CHECK(lfd >= 0, "lock file: %s", strerror(errno));
+    capex__cuda_lock_put_failure(lfd, key, CAPEX_ERR_NVRTC, "a planted failure");
+    close(lfd);
+    CT_CHECK(pipe(hold) == 0 && pipe(go) == 0 && pipe(wt) == 0, "pipe");
+    hold_fd = hold[1], hold_go_r = go[0];
+    holder = spawn(child_lock_compile, dir, &hfd);
+    hold_fd = hold_go_r = -1;
+    close(hold[1]);
+    close(go[0]);
+    held = read_bytes(hold[0], 1);
+    lfd = open(lock, O_RDONLY);
+    blanked = lfd >= 0 && read(lfd, head, 8) == 8 && memcmp(head, "CAPEXERR", 8) != 0;
+    if (lfd >= 0) close(lfd);
+    wait_fd = wt[1];
+    p = spawn(child_lock_compile, dir, &fd);
+    wait_fd = -1;
+    close(wt[1]);
+    waiting = held == 1 ? read_bytes(wt[0], 1) : 0;
+    if (write(go[1], "g", 1) != 1) held = -1;
+    hr = collect(holder, hfd);
+    r = collect(p, fd);
+    close(go[1]);
+    close(hold[0]);
+    close(wt[0]);
+    CT_CHECK(held == 1 && waiting == 1, "the holder reached NVRTC (%d), the other waited (%d)", held, waiting);
+    CT_CHECK(blanked, "the holder blanked the record it found");
+    CT_CHECK(hr.exited_ok && hr.code == CAPEX_OK && hr.value == 1, "the holder compiled: %d %s", hr.code, hr.message);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_OK && r.value == 0 && !strcmp(r.message, hr.message),
+             "the waiter read its entry: %d, %d compiles, %s", r.code, r.value, r.message);
+    rm_dir(dir);
+}
+
 /* A holder that never finishes (stopped, stuck): a waiter gives up after the
    wait limit, compiles with one warning and writes the entry. The lock file
    the holder keeps survives a write's sweep while held, even when old; once
@@ -1905,6 +1952,7 @@ static const ct_case cases[] = {
     CT_CASE(lock_path_not_a_plain_file_of_ours),
     CT_CASE(lock_threads_of_one_process),
     CT_CASE(lock_waiters_take_the_holders_compile_error),
+    CT_CASE(lock_record_of_a_dead_holder_is_no_outcome),
     CT_CASE(write_that_fails_part_way),
     CT_CASE(unwritable_dir_warns_once),
     CT_CASE(unreadable_entry_and_stale_temp_files),
