@@ -92,8 +92,9 @@
                         directory on its path or really above it writable by others
                         without the sticky bit: by the world, or by a group other than
                         the user's private one (umask 002 under user private groups: the
-                        user's effective group, numbered as the user); else a warning
-                        (once) and no reads or writes. The directory is opened once per
+                        user's effective group, numbered as the user; not held against
+                        $HOME and the directories above it, as ssh stops at the home);
+                        else a warning (once) and no reads or writes. The directory is opened once per
                         compile, component by component (openat, O_NOFOLLOW), and every
                         read, lock, write and rename goes through that descriptor: a path
                         component swapped meanwhile redirects nothing. An entry must be
@@ -1940,11 +1941,20 @@ CAPEX__PRIVATE size_t capex__cuda_read_all(int fd, void *data, size_t n) {
    (user private groups, where umask 002 makes group-writable directories):
    the user's effective group, numbered as the user. Its membership is not
    enumerated (that is NSS, an LDAP query on a cluster); an administrator who
-   adds others to it gives them the user's files anyway. */
-CAPEX__PRIVATE int capex__cuda_dir_open_to_others(const struct stat *st) {
+   adds others to it gives them the user's files anyway. The user's home and
+   the directories above it (home, as ids[0..n)) are the system's: only world
+   write counts there (as before, and as ssh, which stops at the home), so a
+   home the system shares with a group (a container's group-0 home, a
+   project's group home) does not turn the default location off. */
+typedef struct capex__cuda_dir_id { dev_t dev; ino_t ino; } capex__cuda_dir_id;
+CAPEX__PRIVATE int capex__cuda_dir_open_to_others(const struct stat *st, const capex__cuda_dir_id *home, int n) {
+    int i;
     if (st->st_mode & CAPEX__S_ISVTX) return 0;
     if (st->st_mode & S_IWOTH) return 1;
-    return (st->st_mode & S_IWGRP) && !(st->st_gid == getegid() && (uid_t)st->st_gid == geteuid());
+    if (!(st->st_mode & S_IWGRP) || (st->st_gid == getegid() && (uid_t)st->st_gid == geteuid())) return 0;
+    for (i = 0; i < n; i++)
+        if (home[i].dev == st->st_dev && home[i].ino == st->st_ino) return 0;
+    return 1;
 }
 
 /* The trust rule for the disk cache, after OpenSSH's StrictModes (ccache has
@@ -1959,19 +1969,38 @@ CAPEX__PRIVATE int capex__cuda_dir_open_to_others(const struct stat *st) {
    someone else as a link), and no directory on the path or above the cache
    directory really (through links) may let others rename what it holds
    (capex__cuda_dir_open_to_others: world- or foreign-group-writable, not
-   sticky). The walk opens each component from the one before (openat,
+   sticky; the home and above it: world write alone). The walk opens each component from the one before (openat,
    O_NOFOLLOW; a link is followed only once its owner passed), so what is
    checked is what is used: on success *out is a descriptor of the directory
    (O_PATH where there is one) that every read and write of the entries goes
    through. create: missing components are made, 0700. NOT_FOUND when the
    directory does not exist (and !create); CONFIG when it is not trusted, IO
    when it cannot be examined. */
+#ifdef CAPEX__CACHE_AT
+/* $HOME (when absolute) and the directories above it, up to cap; how many. */
+CAPEX__PRIVATE int capex__cuda_home_chain(capex__cuda_dir_id *ids, int cap) {
+    const char *home = getenv("HOME");
+    struct stat st;
+    int n = 0, fd, up;
+    if (!home || home[0] != '/' || (fd = open(home, CAPEX__O_SEARCH | CAPEX__O_DIRECTORY | CAPEX__O_CLOEXEC)) < 0) return 0;
+    while (n < cap && fstat(fd, &st) == 0 && !(n > 0 && ids[n - 1].dev == st.st_dev && ids[n - 1].ino == st.st_ino)) {
+        ids[n].dev = st.st_dev, ids[n].ino = st.st_ino, n++;
+        up = openat(fd, "..", CAPEX__O_SEARCH | CAPEX__O_DIRECTORY | CAPEX__O_CLOEXEC);
+        close(fd);
+        if ((fd = up) < 0) break;
+    }
+    if (fd >= 0) close(fd);
+    return n;
+}
+#endif
+
 CAPEX__PRIVATE capex_result capex__cuda_cache_open(const char *dir, int create, int *out) {
 #ifdef CAPEX__CACHE_AT
     struct stat st, par;
     char buf[1024];
     size_t i = 0, n = strlen(dir);
-    int fd, next, err, depth;
+    capex__cuda_dir_id home[64];
+    int fd, next, err, depth, n_home = capex__cuda_home_chain(home, 64);
     *out = -1;
     if (n == 0 || n >= sizeof buf) return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %.60s... is too long", dir);
     memcpy(buf, dir, n + 1);
@@ -1992,7 +2021,7 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_open(const char *dir, int create, 
             close(fd);
             return capex__fail(CAPEX_ERR_IO, "cannot use the kernel cache directory %s: %s", dir, strerror(err));
         }
-        if (capex__cuda_dir_open_to_others(&par)) {
+        if (capex__cuda_dir_open_to_others(&par, home, n_home)) {
             close(fd);
             return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: its parent %.*s is writable by others without "
                                "the sticky bit (mode %03o, group %ld): not trusted", dir, shown ? shown : 1,
@@ -2052,7 +2081,7 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_open(const char *dir, int create, 
         for (depth = 1; up >= 0 && depth < 4096; depth++) {
             int above;
             if (fstat(up, &par) != 0 || (par.st_dev == cur.st_dev && par.st_ino == cur.st_ino)) break; /* "/" */
-            if (capex__cuda_dir_open_to_others(&par)) {
+            if (capex__cuda_dir_open_to_others(&par, home, n_home)) {
                 close(up);
                 close(fd);
                 return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: its parent %d levels up (really) is writable "

@@ -1833,8 +1833,9 @@ CT_TEST(cache_dir_swapped_during_a_compile) {
    not the user's private one: any member may rename a directory of the user's
    with planted entries into its place, so it is not trusted (warned once,
    compiled uncached, nothing written), on the path or really above it
-   (through a link). Sticky, or the user's private group (umask 002 under user
-   private groups: numbered as the user, its effective group) is trusted.
+   (through a link), unless it is $HOME or above it (the system's, as ssh has
+   it). Sticky, or the user's private group (umask 002 under user private
+   groups: numbered as the user, its effective group) is trusted.
    Needs root (chown to another group). main trusted every group-writable
    parent. */
 CT_TEST(cache_dir_below_a_group_writable_parent) {
@@ -1864,6 +1865,31 @@ CT_TEST(cache_dir_below_a_group_writable_parent) {
              "through a link: %s", capex_last_error());
     unlink(via);
     rm_dir(safe);
+    { /* $HOME and the directories above it are the system's: group write is not held against them; below it, it is */
+        char *env = getenv("HOME"), saved[1024] = "", sub[300], subcache[300];
+        int had = env != NULL, home_ok, below_home, sub_refused = 0, made;
+        capex_result sub_r = CAPEX_OK;
+        if (had) snprintf(saved, sizeof saved, "%s", env);
+        snprintf(sub, sizeof sub, "%s/sub", shared);
+        snprintf(subcache, sizeof subcache, "%s/cache", sub);
+        made = mkdir(sub, 0770) == 0 && chmod(sub, 0770) == 0 && chown(sub, (uid_t)-1, 12345) == 0 && mkdir(subcache, 0700) == 0;
+        setenv("HOME", shared, 1);
+        home_ok = capex__cuda_cache_dir_check(cdir) == CAPEX_OK;
+        if (made) {
+            sub_r = capex__cuda_cache_dir_check(subcache);
+            sub_refused = sub_r == CAPEX_ERR_CONFIG && strstr(capex_last_error(), sub) != NULL;
+        }
+        setenv("HOME", top, 1);
+        below_home = capex__cuda_cache_dir_check(cdir) == CAPEX_ERR_CONFIG;
+        if (had) setenv("HOME", saved, 1);
+        else unsetenv("HOME");
+        rmdir(subcache);
+        rmdir(sub);
+        CT_CHECK(made, "mkdir sub");
+        CT_CHECK(home_ok, "a group-writable home is the system's");
+        CT_CHECK(sub_refused, "a group-writable directory below the home: %d", sub_r);
+        CT_CHECK(below_home, "a group-writable directory below the home (the cache's parent): trusted");
+    }
     CT_CHECK(chmod(shared, 02770) == 0 && capex__cuda_cache_dir_check(cdir) == CAPEX_ERR_CONFIG, "setgid is not sticky");
     CT_CHECK(chmod(shared, 01770) == 0 && capex__cuda_cache_dir_check(cdir) == CAPEX_OK, "sticky: %s", capex_last_error());
     CT_CHECK(chmod(shared, 0770) == 0, "chmod");
