@@ -1941,42 +1941,15 @@ CAPEX__PRIVATE size_t capex__cuda_read_all(int fd, void *data, size_t n) {
    (user private groups, where umask 002 makes group-writable directories):
    the user's effective group, numbered as the user. Its membership is not
    enumerated (that is NSS, an LDAP query on a cluster); an administrator who
-   adds others to it gives them the user's files anyway. The user's home and
-   the directories above it (home, as ids[0..n)) are the system's: only world
-   write counts there (as before, and as ssh, which stops at the home), so a
-   home the system shares with a group (a container's group-0 home, a
-   project's group home) does not turn the default location off. */
-typedef struct capex__cuda_dir_id { dev_t dev; ino_t ino; } capex__cuda_dir_id;
-CAPEX__PRIVATE int capex__cuda_dir_open_to_others(const struct stat *st, const capex__cuda_dir_id *home, int n) {
-    int i;
-    if (st->st_mode & CAPEX__S_ISVTX) return 0;
-    if (st->st_mode & S_IWOTH) return 1;
-    if (!(st->st_mode & S_IWGRP) || (st->st_gid == getegid() && (uid_t)st->st_gid == geteuid())) return 0;
-    for (i = 0; i < n; i++)
-        if (home[i].dev == st->st_dev && home[i].ino == st->st_ino) return 0;
-    return 1;
-}
-
-/* The trust rule for the disk cache, after OpenSSH's StrictModes (ccache has
-   none): the checksum proves integrity, not authorship, so only entries that
-   nobody but the user could have written are run. The directory must be
-   owned by the effective user and not writable by group or others unless
-   sticky. Owner and mode cannot tell an entry the user compiled from a file
-   of the user's whose bytes someone else chose (a clone, an unpacked
-   archive), so nobody else may point the path at another directory of the
-   user's: a symlink on it must be the user's or root's (the kernel's
-   fs.protected_symlinks rule; CAPEX_CACHE_DIR=/tmp/capex-$USER made first by
-   someone else as a link), and no directory on the path or above the cache
-   directory really (through links) may let others rename what it holds
-   (capex__cuda_dir_open_to_others: world- or foreign-group-writable, not
-   sticky; the home and above it: world write alone). The walk opens each component from the one before (openat,
-   O_NOFOLLOW; a link is followed only once its owner passed), so what is
-   checked is what is used: on success *out is a descriptor of the directory
-   (O_PATH where there is one) that every read and write of the entries goes
-   through. create: missing components are made, 0700. NOT_FOUND when the
-   directory does not exist (and !create); CONFIG when it is not trusted, IO
-   when it cannot be examined. */
+   adds others to it gives them the user's files anyway. $HOME and the
+   directories above it (looked up only here, for a group-writable one) are
+   the system's: only world write counts there (as before, and as ssh, which
+   stops at the home), so a home the system shares with a group (a
+   container's group-0 home, a project's group home) does not turn the
+   default location off. */
 #ifdef CAPEX__CACHE_AT
+typedef struct capex__cuda_dir_id { dev_t dev; ino_t ino; } capex__cuda_dir_id;
+typedef struct capex__cuda_home { capex__cuda_dir_id id[64]; int n, known; } capex__cuda_home;
 /* $HOME (when absolute) and the directories above it, up to cap; how many. */
 CAPEX__PRIVATE int capex__cuda_home_chain(capex__cuda_dir_id *ids, int cap) {
     const char *home = getenv("HOME");
@@ -1992,16 +1965,46 @@ CAPEX__PRIVATE int capex__cuda_home_chain(capex__cuda_dir_id *ids, int cap) {
     if (fd >= 0) close(fd);
     return n;
 }
+CAPEX__PRIVATE int capex__cuda_dir_open_to_others(const struct stat *st, capex__cuda_home *home) {
+    int i;
+    if (st->st_mode & CAPEX__S_ISVTX) return 0;
+    if (st->st_mode & S_IWOTH) return 1;
+    if (!(st->st_mode & S_IWGRP) || (st->st_gid == getegid() && (uid_t)st->st_gid == geteuid())) return 0;
+    if (!home->known) home->n = capex__cuda_home_chain(home->id, 64), home->known = 1; /* only here: rare */
+    for (i = 0; i < home->n; i++)
+        if (home->id[i].dev == st->st_dev && home->id[i].ino == st->st_ino) return 0;
+    return 1;
+}
 #endif
 
+/* The trust rule for the disk cache, after OpenSSH's StrictModes (ccache has
+   none): the checksum proves integrity, not authorship, so only entries that
+   nobody but the user could have written are run. The directory must be
+   owned by the effective user and not writable by group or others unless
+   sticky. Owner and mode cannot tell an entry the user compiled from a file
+   of the user's whose bytes someone else chose (a clone, an unpacked
+   archive), so nobody else may point the path at another directory of the
+   user's: a symlink on it must be the user's or root's (the kernel's
+   fs.protected_symlinks rule; CAPEX_CACHE_DIR=/tmp/capex-$USER made first by
+   someone else as a link), and no directory on the path or above the cache
+   directory really (through links) may let others rename what it holds
+   (capex__cuda_dir_open_to_others: world- or foreign-group-writable, not
+   sticky; $HOME and above it: world write alone). The walk opens each
+   component from the one before (openat, O_NOFOLLOW; a link is followed only
+   once its owner passed), so what is checked is what is used: on success
+   *out is a descriptor of the directory (O_PATH where there is one) that
+   every read and write of the entries goes through. create: missing components are made, 0700. NOT_FOUND when the
+   directory does not exist (and !create); CONFIG when it is not trusted, IO
+   when it cannot be examined. */
 CAPEX__PRIVATE capex_result capex__cuda_cache_open(const char *dir, int create, int *out) {
 #ifdef CAPEX__CACHE_AT
     struct stat st, par;
     char buf[1024];
     size_t i = 0, n = strlen(dir);
-    capex__cuda_dir_id home[64];
-    int fd, next, err, depth, n_home = capex__cuda_home_chain(home, 64);
+    capex__cuda_home home;
+    int fd, next, err, depth;
     *out = -1;
+    home.n = home.known = 0;
     if (n == 0 || n >= sizeof buf) return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %.60s... is too long", dir);
     memcpy(buf, dir, n + 1);
     if ((fd = open(dir[0] == '/' ? "/" : ".", CAPEX__O_SEARCH | CAPEX__O_DIRECTORY | CAPEX__O_CLOEXEC)) < 0)
@@ -2021,7 +2024,7 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_open(const char *dir, int create, 
             close(fd);
             return capex__fail(CAPEX_ERR_IO, "cannot use the kernel cache directory %s: %s", dir, strerror(err));
         }
-        if (capex__cuda_dir_open_to_others(&par, home, n_home)) {
+        if (capex__cuda_dir_open_to_others(&par, &home)) {
             close(fd);
             return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: its parent %.*s is writable by others without "
                                "the sticky bit (mode %03o, group %ld): not trusted", dir, shown ? shown : 1,
@@ -2081,7 +2084,7 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_open(const char *dir, int create, 
         for (depth = 1; up >= 0 && depth < 4096; depth++) {
             int above;
             if (fstat(up, &par) != 0 || (par.st_dev == cur.st_dev && par.st_ino == cur.st_ino)) break; /* "/" */
-            if (capex__cuda_dir_open_to_others(&par, home, n_home)) {
+            if (capex__cuda_dir_open_to_others(&par, &home)) {
                 close(up);
                 close(fd);
                 return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: its parent %d levels up (really) is writable "
