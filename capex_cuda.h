@@ -86,16 +86,23 @@
                         A bad entry (truncated, corrupt, foreign, other version, over
                         256 MiB, not a regular file: a FIFO, device or symlink is neither
                         opened blocking nor followed) is never trusted: it is recompiled
-                        and overwritten. Trust rule (as ssh's and ccache's): the directory
+                        and overwritten. Trust rule (after ssh's StrictModes): the directory
                         must be owned by the effective user and not group/other-writable
-                        unless sticky, a symlink on its path the user's or root's, no
-                        parent world-writable without the sticky bit, else a warning
-                        (once) and no reads or writes; an entry must be the user's, one
-                        link (not hard-linked) and not group/other-writable, else it is
-                        recompiled over. A parent's group or other owner is not checked
-                        (umask 002 makes group-writable ones) and could swap the
-                        directory: keep the cache below directories only you or root can
-                        write. New directories are 0700, entries 0600. A hit does not load
+                        unless sticky, a symlink on its path the user's or root's, and no
+                        directory on its path or really above it writable by others
+                        without the sticky bit: by the world, or by a group other than
+                        the user's private one (umask 002 under user private groups: the
+                        user's effective group, numbered as the user; not held against
+                        $HOME and the directories above it, as ssh stops at the home);
+                        else a warning (once) and no reads or writes. The directory is opened once per
+                        compile, component by component (openat, O_NOFOLLOW), and every
+                        read, lock, write and rename goes through that descriptor: a path
+                        component swapped meanwhile redirects nothing. An entry must be
+                        the user's, one link (not hard-linked) and not group/other-writable,
+                        else it is recompiled over. A parent's owner is not checked (an
+                        owner other than you or root can rename what it holds: keep the
+                        cache below directories only you or root own). New directories
+                        are 0700, entries 0600. A hit does not load
                         NVRTC at all (opening it costs 10 ms warm, 0.4 s cold), so a machine with
                         only the driver runs from a cache filled elsewhere. The NVRTC
                         version is recorded, not keyed: after a toolkit upgrade old entries
@@ -110,7 +117,10 @@
                         holds <entry>.lock (flock, released if it dies; unlinked when
                         done) while it compiles and writes, the others wait (up to 2
                         min) and read the entry; where no lock can be had (a read-only
-                        directory, no flock, a link at that path) each compiles.
+                        directory, no flock, a link at that path) each compiles. When
+                        the holder's source does not compile, those that waited for it
+                        return its CAPEX_ERR_NVRTC and log (kept in its lock file, gone
+                        with it: a later process compiles again).
        Built-in kernels  fill, scale, add and f32<->f16/bf16 conversion (bit-exact with
                         capex.h's CPU conversions), the fused optimizers and the norms, in
                         27 parts (capex_cuda_builtin_part_name), each its own program,
@@ -1597,6 +1607,12 @@ CAPEX__PRIVATE void capex__cuda_c_numeric_leave(capex__cuda_c_numeric *l) {
 CAPEX__PRIVATE int capex__cuda_c_numeric_per_thread(void) { return 0; }
 #endif
 
+/* 1 on a thread whose last NVRTC compile failed in the source itself
+   (NVRTC_ERROR_COMPILATION): the same source fails the same way in every
+   process, so the disk cache's waiters take that outcome (capex__cuda_compile_ex);
+   other failures (no memory, ...) may be transient. */
+static CAPEX__THREAD_LOCAL int capex__cuda_source_error;
+
 CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *name, const char *const *options,
                                                 int n_options, capex_cuda_target target, capex_cuda_image *out) {
     capex_result r;
@@ -1608,6 +1624,7 @@ CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *
     int i;
     capex__nvrtcResult nr;
     size_t size = 0;
+    capex__cuda_source_error = 0;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_nvrtc_compile: out is NULL");
     memset(out, 0, sizeof *out);
     if (!source || n_options < 0 || (n_options > 0 && !options))
@@ -1643,6 +1660,7 @@ CAPEX_API capex_result capex_cuda_nvrtc_compile(const char *source, const char *
             if (log && n->nvrtcGetProgramLog(prog, log) == 0) log[log_size] = '\0';
             else if (log) log[0] = '\0';
         }
+        capex__cuda_source_error = nr == 6; /* NVRTC_ERROR_COMPILATION */
         /* options first: a long log is cut at the end of the message, they are not */
         r = capex__fail(CAPEX_ERR_NVRTC, "NVRTC %d.%d could not compile '%s' (%s): %s\noptions: %s\nlog:\n%s",
                         n->major, n->minor, name, arch_opt, capex__cuda_nvrtc_err(n, nr), optlist, log ? log : "(no log)");
@@ -1736,7 +1754,8 @@ CAPEX__PRIVATE void capex__cuda_cache_key(const char *source, const char *name, 
     capex__sha256_final(&s, key);
 }
 
-CAPEX__PRIVATE void capex__cuda_cache_path(const capex_cuda_cache *c, const unsigned char key[32], char *buf, size_t cap) {
+/* The entry's file name in the cache directory: hex(key).capexjit */
+CAPEX__PRIVATE void capex__cuda_cache_name(const unsigned char key[32], char *buf, size_t cap) {
     char hex[65];
     int i;
     for (i = 0; i < 32; i++) {
@@ -1745,7 +1764,13 @@ CAPEX__PRIVATE void capex__cuda_cache_path(const capex_cuda_cache *c, const unsi
         hex[2 * i + 1] = digits[key[i] & 15];
     }
     hex[64] = '\0';
-    capex__cuda_fmt(buf, cap, "%s/%s.capexjit", c->dir, hex);
+    capex__cuda_fmt(buf, cap, "%s.capexjit", hex);
+}
+
+CAPEX__PRIVATE void capex__cuda_cache_path(const capex_cuda_cache *c, const unsigned char key[32], char *buf, size_t cap) {
+    char name[100];
+    capex__cuda_cache_name(key, name, sizeof name);
+    capex__cuda_fmt(buf, cap, "%s/%s", c->dir, name);
 }
 
 CAPEX__PRIVATE void capex__put_u32(unsigned char *p, uint32_t v) {
@@ -1845,10 +1870,9 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_parse(const unsigned char *bytes, 
     return capex__cuda_cache_accept(bytes, payload, size, path, out);
 }
 
-/* O_NOFOLLOW and O_CLOEXEC are POSIX 2008, hidden under strict C99 when a
-   system header came before capex; glibc still offers them as __O_*. Without
-   O_NOFOLLOW, an lstat before the open and an inode comparison after it
-   refuse links instead. */
+/* O_NOFOLLOW, O_CLOEXEC, O_DIRECTORY and O_PATH are POSIX 2008 or Linux,
+   hidden under strict C99 when a system header came before capex; glibc
+   still offers them as __O_*. */
 #if defined(O_NOFOLLOW)
 #  define CAPEX__O_NOFOLLOW O_NOFOLLOW
 #elif defined(__O_NOFOLLOW)
@@ -1867,22 +1891,47 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_parse(const unsigned char *bytes, 
 #else
 #  define CAPEX__O_CLOEXEC 0
 #endif
-
-/* lstat; a strict C99 build that included a system header before capex
-   hides it in glibc, where an O_PATH descriptor of the link itself gives the
-   same answer. */
-CAPEX__PRIVATE int capex__cuda_lstat(const char *path, struct stat *st) {
-#if defined(__GLIBC__) && !defined(__USE_XOPEN2K) && !defined(__USE_XOPEN_EXTENDED) && defined(__O_PATH) && \
-    defined(CAPEX__O_NOFOLLOW)
-    int fd = open(path, __O_PATH | CAPEX__O_NOFOLLOW | CAPEX__O_CLOEXEC), r;
-    if (fd < 0) return -1;
-    r = fstat(fd, st);
-    close(fd);
-    return r;
-#else
-    return lstat(path, st);
+#if defined(O_DIRECTORY)
+#  define CAPEX__O_DIRECTORY O_DIRECTORY
+#elif defined(__O_DIRECTORY)
+#  define CAPEX__O_DIRECTORY __O_DIRECTORY
 #endif
-}
+/* Directories on the way to the cache are opened only to search them: O_PATH
+   needs no read permission (a 0711 /home), where there is one. */
+#if defined(O_PATH)
+#  define CAPEX__O_SEARCH O_PATH
+#elif defined(__O_PATH)
+#  define CAPEX__O_SEARCH __O_PATH
+#elif defined(O_SEARCH)
+#  define CAPEX__O_SEARCH O_SEARCH
+#else
+#  define CAPEX__O_SEARCH O_RDONLY
+#endif
+/* The disk cache works on a descriptor of its directory (openat, fstatat,
+   renameat, unlinkat, fdopendir: POSIX 2008), so that a path component
+   swapped after the checks cannot redirect a read or a write. Strict C99 with
+   a system header first hides them in glibc, which has them all (declared
+   here then; not where a 32-bit build switches off_t to 64 bits, which renames fstatat).
+   Without them the disk cache is off (CAPEX_ERR_CONFIG, one warning). */
+#if defined(__GLIBC__) && !defined(__USE_ATFILE) && \
+    (!defined(__USE_FILE_OFFSET64) || (defined(__WORDSIZE) && __WORDSIZE == 64))
+extern int openat(int, const char *, int, ...);
+extern int fstatat(int, const char *, struct stat *, int);
+extern int mkdirat(int, const char *, mode_t);
+extern int unlinkat(int, const char *, int);
+extern int renameat(int, const char *, int, const char *);
+extern DIR *fdopendir(int);
+#  define CAPEX__AT_FDCWD (-100)
+#  define CAPEX__AT_SYMLINK_NOFOLLOW 0x100
+#  define CAPEX__CACHE_AT 1
+#elif defined(AT_FDCWD) && defined(AT_SYMLINK_NOFOLLOW)
+#  define CAPEX__AT_FDCWD AT_FDCWD
+#  define CAPEX__AT_SYMLINK_NOFOLLOW AT_SYMLINK_NOFOLLOW
+#  define CAPEX__CACHE_AT 1
+#endif
+#if defined(CAPEX__CACHE_AT) && (!defined(CAPEX__O_NOFOLLOW) || !defined(CAPEX__O_DIRECTORY))
+#  undef CAPEX__CACHE_AT
+#endif
 
 /* Reads up to n bytes (fewer only at end of file or on an error). */
 CAPEX__PRIVATE size_t capex__cuda_read_all(int fd, void *data, size_t n) {
@@ -1897,93 +1946,209 @@ CAPEX__PRIVATE size_t capex__cuda_read_all(int fd, void *data, size_t n) {
     return got;
 }
 
-/* A directory in which anyone may rename or replace what it holds. */
-#define CAPEX__ANYONE_RENAMES(mode) (((mode) & S_IWOTH) && !((mode) & CAPEX__S_ISVTX))
-/* The trust rule for the disk cache, as ssh and ccache have it: the checksum
-   proves integrity, not authorship, so only entries that nobody but the user
-   could have written are run. The directory itself (stat, links followed)
-   must be owned by the effective user and not writable by group or others
-   unless sticky. Owner and mode cannot tell an entry the user compiled from a
-   file of the user's whose bytes someone else chose (a clone, an unpacked
+/* A directory in which others than the user may rename or replace what it
+   holds: writable by the world, or by a group other than the user's private
+   one, without the sticky bit. The private group is told as useradd makes it
+   (user private groups, where umask 002 makes group-writable directories):
+   the user's effective group, numbered as the user. Its membership is not
+   enumerated (that is NSS, an LDAP query on a cluster); an administrator who
+   adds others to it gives them the user's files anyway. $HOME and the
+   directories above it (looked up only here, for a group-writable one) are
+   the system's: only world write counts there (as before, and as ssh, which
+   stops at the home), so a home the system shares with a group (a
+   container's group-0 home, a project's group home) does not turn the
+   default location off. */
+#ifdef CAPEX__CACHE_AT
+typedef struct capex__cuda_dir_id { dev_t dev; ino_t ino; } capex__cuda_dir_id;
+typedef struct capex__cuda_home { capex__cuda_dir_id id[64]; int n, known; } capex__cuda_home;
+/* $HOME (when absolute) and the directories above it, up to cap; how many. */
+CAPEX__PRIVATE int capex__cuda_home_chain(capex__cuda_dir_id *ids, int cap) {
+    const char *home = getenv("HOME");
+    struct stat st;
+    int n = 0, fd, up;
+    if (!home || home[0] != '/' || (fd = open(home, CAPEX__O_SEARCH | CAPEX__O_DIRECTORY | CAPEX__O_CLOEXEC)) < 0) return 0;
+    while (n < cap && fstat(fd, &st) == 0 && !(n > 0 && ids[n - 1].dev == st.st_dev && ids[n - 1].ino == st.st_ino)) {
+        ids[n].dev = st.st_dev, ids[n].ino = st.st_ino, n++;
+        up = openat(fd, "..", CAPEX__O_SEARCH | CAPEX__O_DIRECTORY | CAPEX__O_CLOEXEC);
+        close(fd);
+        if ((fd = up) < 0) break;
+    }
+    if (fd >= 0) close(fd);
+    return n;
+}
+CAPEX__PRIVATE int capex__cuda_dir_open_to_others(const struct stat *st, capex__cuda_home *home) {
+    int i;
+    if (st->st_mode & CAPEX__S_ISVTX) return 0;
+    if (st->st_mode & S_IWOTH) return 1;
+    if (!(st->st_mode & S_IWGRP) || (st->st_gid == getegid() && (uid_t)st->st_gid == geteuid())) return 0;
+    if (!home->known) home->n = capex__cuda_home_chain(home->id, 64), home->known = 1; /* only here: rare */
+    for (i = 0; i < home->n; i++)
+        if (home->id[i].dev == st->st_dev && home->id[i].ino == st->st_ino) return 0;
+    return 1;
+}
+#endif
+
+/* The trust rule for the disk cache, after OpenSSH's StrictModes (ccache has
+   none): the checksum proves integrity, not authorship, so only entries that
+   nobody but the user could have written are run. The directory must be
+   owned by the effective user and not writable by group or others unless
+   sticky. Owner and mode cannot tell an entry the user compiled from a file
+   of the user's whose bytes someone else chose (a clone, an unpacked
    archive), so nobody else may point the path at another directory of the
    user's: a symlink on it must be the user's or root's (the kernel's
    fs.protected_symlinks rule; CAPEX_CACHE_DIR=/tmp/capex-$USER made first by
-   someone else as a link), and no parent, on the path or really (through
-   links), may be world-writable without the sticky bit (anyone could rename
-   such a directory into place). Group-writable parents pass (umask 002 makes
-   them under user private groups), so a group member can still do that.
-   NOT_FOUND when the directory does not exist yet; CONFIG when it is not
-   trusted, IO when it cannot be examined. */
-CAPEX__PRIVATE capex_result capex__cuda_cache_dir_check(const char *dir) {
-    struct stat st;
+   someone else as a link), and no directory on the path or above the cache
+   directory really (through links) may let others rename what it holds
+   (capex__cuda_dir_open_to_others: world- or foreign-group-writable, not
+   sticky; $HOME and above it: world write alone). The walk opens each
+   component from the one before (openat, O_NOFOLLOW; a link is followed only
+   once its owner passed), so what is checked is what is used: on success
+   *out is a descriptor of the directory (O_PATH where there is one) that
+   every read and write of the entries goes through. create: missing components are made, 0700. NOT_FOUND when the
+   directory does not exist (and !create); CONFIG when it is not trusted, IO
+   when it cannot be examined. */
+CAPEX__PRIVATE capex_result capex__cuda_cache_open(const char *dir, int create, int *out) {
+#ifdef CAPEX__CACHE_AT
+    struct stat st, par;
     char buf[1024];
-    size_t i, n = strlen(dir);
-    if (n >= sizeof buf) return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %.60s... is too long", dir);
+    size_t i = 0, n = strlen(dir);
+    capex__cuda_home home;
+    int fd, next, err, depth;
+    *out = -1;
+    home.n = home.known = 0;
+    if (n == 0 || n >= sizeof buf) return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %.60s... is too long", dir);
     memcpy(buf, dir, n + 1);
-    for (i = 1; i <= n; i++) { /* each prefix ending at a '/' or the end */
-        char saved = buf[i];
-        if ((saved != '/' && saved != '\0') || buf[i - 1] == '/') continue;
-        buf[i] = '\0';
-        if (capex__cuda_lstat(buf, &st) != 0) break; /* missing: the stat below says so */
-        if (S_ISLNK(st.st_mode) && st.st_uid != geteuid() && st.st_uid != 0)
-            return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: %s is a symlink owned by uid %ld, not by this user "
-                               "(uid %ld) or root: not trusted", dir, buf, (long)st.st_uid, (long)geteuid());
-        if (saved && S_ISDIR(st.st_mode) && CAPEX__ANYONE_RENAMES(st.st_mode))
-            return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: its parent %s is writable by others without "
-                               "the sticky bit (mode %03o): not trusted", dir, buf, (unsigned)(st.st_mode & 0777));
-        buf[i] = saved;
-    }
-    if (stat(dir, &st) != 0) {
-        if (errno == ENOENT) return capex__fail(CAPEX_ERR_NOT_FOUND, "no kernel cache directory %s", dir);
+    if ((fd = open(dir[0] == '/' ? "/" : ".", CAPEX__O_SEARCH | CAPEX__O_DIRECTORY | CAPEX__O_CLOEXEC)) < 0)
         return capex__fail(CAPEX_ERR_IO, "cannot use the kernel cache directory %s: %s", dir, strerror(errno));
-    }
-    if (!S_ISDIR(st.st_mode)) return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s is not a directory", dir);
-    { /* the same for the parents it really has (dir/.., dir/../.., ...: through symlinks and from a relative dir) */
-        char up[sizeof buf + 3 * 64];
-        struct stat cur = st, par;
-        size_t len = n;
-        memcpy(up, dir, n + 1);
-        while (len + 4 <= sizeof up) {
-            memcpy(up + len, "/..", 4);
-            len += 3;
-            if (stat(up, &par) != 0 || (par.st_dev == cur.st_dev && par.st_ino == cur.st_ino)) break; /* "/" */
-            if (CAPEX__ANYONE_RENAMES(par.st_mode))
-                return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: its parent %s is writable by others without "
-                                   "the sticky bit (mode %03o): not trusted", dir, up, (unsigned)(par.st_mode & 0777));
-            cur = par;
+    for (;;) {
+        char *comp;
+        int shown; /* length of the path of fd, the directory that holds comp */
+        while (buf[i] == '/') i++;
+        if (!buf[i]) break;
+        comp = buf + i;
+        for (shown = (int)i; shown > 1 && dir[shown - 1] == '/'; shown--) {}
+        while (buf[i] && buf[i] != '/') i++;
+        if (buf[i]) buf[i++] = '\0';
+        /* fd's mode decides who may replace comp */
+        if (fstat(fd, &par) != 0) {
+            err = errno;
+            close(fd);
+            return capex__fail(CAPEX_ERR_IO, "cannot use the kernel cache directory %s: %s", dir, strerror(err));
         }
+        if (capex__cuda_dir_open_to_others(&par, &home)) {
+            close(fd);
+            return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: its parent %.*s is writable by others without "
+                               "the sticky bit (mode %03o, group %ld): not trusted", dir, shown ? shown : 1,
+                               shown ? dir : (dir[0] == '/' ? "/" : "."), (unsigned)(par.st_mode & 0777), (long)par.st_gid);
+        }
+        next = openat(fd, comp, CAPEX__O_SEARCH | CAPEX__O_DIRECTORY | CAPEX__O_NOFOLLOW | CAPEX__O_CLOEXEC);
+        if (next < 0 && errno == ENOENT && create) {
+            if (mkdirat(fd, comp, 0700) != 0 && errno != EEXIST) {
+                err = errno;
+                close(fd);
+                return capex__fail(CAPEX_ERR_IO, "cannot create the kernel cache directory %s: %s", dir, strerror(err));
+            }
+            next = openat(fd, comp, CAPEX__O_SEARCH | CAPEX__O_DIRECTORY | CAPEX__O_NOFOLLOW | CAPEX__O_CLOEXEC);
+        }
+        if (next < 0 && errno != ENOENT && errno != EACCES) { /* ELOOP, ENOTDIR (O_PATH), EMLINK (BSD): a link? */
+            if (fstatat(fd, comp, &st, CAPEX__AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
+                if (st.st_uid != geteuid() && st.st_uid != 0) {
+                    close(fd);
+                    return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: %.*s is a symlink owned by uid %ld, "
+                                       "not by this user (uid %ld) or root: not trusted", dir, (int)(comp - buf + strlen(comp)),
+                                       dir, (long)st.st_uid, (long)geteuid());
+                }
+                /* the user's or root's, in a directory others cannot change: only they can replace it */
+                next = openat(fd, comp, CAPEX__O_SEARCH | CAPEX__O_DIRECTORY | CAPEX__O_CLOEXEC);
+            } else {
+                errno = ENOTDIR;
+            }
+        }
+        err = errno;
+        close(fd);
+        if (next < 0) {
+            if (err == ENOENT) return capex__fail(CAPEX_ERR_NOT_FOUND, "no kernel cache directory %s", dir);
+            if (err == ENOTDIR) return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s is not a directory", dir);
+            return capex__fail(CAPEX_ERR_IO, "cannot use the kernel cache directory %s: %s", dir, strerror(err));
+        }
+        fd = next;
     }
-    if (st.st_uid != geteuid())
+    if (fstat(fd, &st) != 0) {
+        err = errno;
+        close(fd);
+        return capex__fail(CAPEX_ERR_IO, "cannot use the kernel cache directory %s: %s", dir, strerror(err));
+    }
+    if (st.st_uid != geteuid()) {
+        close(fd);
         return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s is owned by uid %ld, not by this user (uid %ld): not trusted",
                            dir, (long)st.st_uid, (long)geteuid());
-    if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & CAPEX__S_ISVTX))
+    }
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & CAPEX__S_ISVTX)) {
+        close(fd);
         return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s is writable by others (mode %03o): not trusted",
                            dir, (unsigned)(st.st_mode & 0777));
+    }
+    /* the parents it really has, from the descriptor (through links and from a relative dir) */
+    {
+        struct stat cur = st;
+        int up = openat(fd, "..", CAPEX__O_SEARCH | CAPEX__O_DIRECTORY | CAPEX__O_CLOEXEC);
+        for (depth = 1; up >= 0 && depth < 4096; depth++) {
+            int above;
+            if (fstat(up, &par) != 0 || (par.st_dev == cur.st_dev && par.st_ino == cur.st_ino)) break; /* "/" */
+            if (capex__cuda_dir_open_to_others(&par, &home)) {
+                close(up);
+                close(fd);
+                return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: its parent %d levels up (really) is writable "
+                                   "by others without the sticky bit (mode %03o, group %ld): not trusted", dir, depth,
+                                   (unsigned)(par.st_mode & 0777), (long)par.st_gid);
+            }
+            cur = par;
+            above = openat(up, "..", CAPEX__O_SEARCH | CAPEX__O_DIRECTORY | CAPEX__O_CLOEXEC);
+            close(up);
+            up = above;
+        }
+        if (up >= 0) close(up);
+    }
+    *out = fd;
     return CAPEX_OK;
+#else
+    (void)create;
+    *out = -1;
+    return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: this build has no openat (define _POSIX_C_SOURCE "
+                       "200809L before any include)", dir);
+#endif
 }
 
-/* Reads and verifies an entry. CAPEX_ERR_NOT_FOUND when absent; FORMAT, VERSION,
-   CHECKSUM, CONFIG (not trusted) or IO when present but unusable (the caller
+/* The directory check alone (the test's and the warning's entry point). */
+CAPEX__PRIVATE capex_result capex__cuda_cache_dir_check(const char *dir) {
+    int fd;
+    capex_result r = capex__cuda_cache_open(dir, 0, &fd);
+    if (fd >= 0) close(fd);
+    return r;
+}
+
+/* Reads and verifies the entry name in the directory dfd (shown: its path, for
+   messages). CAPEX_ERR_NOT_FOUND when absent; FORMAT, VERSION, CHECKSUM,
+   CONFIG (not trusted) or IO when present but unusable (the caller
    recompiles). Nothing blocks and no link is followed: a FIFO, device,
    directory or symlink at the path is refused at once; the header's length
    must match the file's size before the payload is allocated. */
-CAPEX__PRIVATE capex_result capex__cuda_cache_read(const char *path, const unsigned char key[32], capex_cuda_image *out) {
+CAPEX__PRIVATE capex_result capex__cuda_cache_read_at(int dfd, const char *name, const char *path, const unsigned char key[32],
+                                                      capex_cuda_image *out) {
     unsigned char h[CAPEX__CACHE_HEADER];
     struct stat st;
     uint64_t size;
     capex_result r;
     void *payload;
     int fd;
-#ifndef CAPEX__O_NOFOLLOW
-    struct stat lst;
-#endif
     memset(out, 0, sizeof *out);
-#ifdef CAPEX__O_NOFOLLOW
-    fd = open(path, O_RDONLY | O_NONBLOCK | CAPEX__O_NOFOLLOW | CAPEX__O_CLOEXEC);
+#ifdef CAPEX__CACHE_AT
+    fd = openat(dfd, name, O_RDONLY | O_NONBLOCK | CAPEX__O_NOFOLLOW | CAPEX__O_CLOEXEC);
 #else
-    if (lstat(path, &lst) != 0) fd = -1;
-    else if (S_ISLNK(lst.st_mode)) fd = -1, errno = ELOOP;
-    else fd = open(path, O_RDONLY | O_NONBLOCK | CAPEX__O_CLOEXEC);
+    (void)dfd;
+    (void)name;
+    fd = -1;
+    errno = ENOSYS;
 #endif
     if (fd < 0 && errno == ENOENT) return capex__fail(CAPEX_ERR_NOT_FOUND, "no cache entry %s", path);
     if (fd < 0) return capex__fail(CAPEX_ERR_IO, "cannot read the cache entry %s: %s", path, strerror(errno));
@@ -1991,10 +2156,6 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_read(const char *path, const unsig
         r = capex__fail(CAPEX_ERR_IO, "cannot read the cache entry %s: %s", path, strerror(errno));
     } else if (!S_ISREG(st.st_mode)) {
         r = capex__fail(CAPEX_ERR_FORMAT, "cache entry %s is not a regular file", path);
-#ifndef CAPEX__O_NOFOLLOW
-    } else if (st.st_dev != lst.st_dev || st.st_ino != lst.st_ino) {
-        r = capex__fail(CAPEX_ERR_IO, "cache entry %s was replaced while opened", path);
-#endif
     } else if (st.st_uid != geteuid()) {
         r = capex__fail(CAPEX_ERR_CONFIG, "cache entry %s is owned by uid %ld, not by this user (uid %ld): not trusted", path,
                         (long)st.st_uid, (long)geteuid());
@@ -2030,21 +2191,13 @@ CAPEX__PRIVATE capex_result capex__cuda_cache_read(const char *path, const unsig
     return capex__cuda_cache_accept(h, payload, size, path, out);
 }
 
-/* mkdir -p; created directories are 0700 (the trust rule wants no group or other write). */
-CAPEX__PRIVATE int capex__cuda_mkdirs(const char *dir) {
-    char buf[1024];
-    size_t i, n = strlen(dir);
-    if (n == 0 || n >= sizeof buf) return -1;
-    memcpy(buf, dir, n + 1);
-    for (i = 1; i <= n; i++) {
-        if (buf[i] == '/' || buf[i] == '\0') {
-            char saved = buf[i];
-            buf[i] = '\0';
-            if (mkdir(buf, 0700) != 0 && errno != EEXIST) return -1;
-            buf[i] = saved;
-        }
-    }
-    return 0;
+/* An entry by its path (the directory not checked; tests and the fuzzer). */
+CAPEX__PRIVATE capex_result capex__cuda_cache_read(const char *path, const unsigned char key[32], capex_cuda_image *out) {
+#ifdef CAPEX__CACHE_AT
+    return capex__cuda_cache_read_at(CAPEX__AT_FDCWD, path, path, key, out);
+#else
+    return capex__cuda_cache_read_at(-1, path, path, key, out);
+#endif
 }
 
 CAPEX__PRIVATE int capex__cuda_write_all(int fd, const void *data, size_t n) {
@@ -2075,7 +2228,16 @@ CAPEX__PRIVATE int capex__cuda_write_all(int fd, const void *data, size_t n) {
    holders are never both valid (a copy of the fd in a child forked meanwhile
    holds only an unlinked file). Holders lock one entry at a time and take no
    other lock while they hold it: no deadlock. The wait is bounded (a stopped
-   holder): then it compiles anyway, with a warning. */
+   holder): then it compiles anyway, with a warning.
+   A holder whose compile fails in the source (NVRTC_ERROR_COMPILATION, the
+   same in every process with that NVRTC) writes the outcome, its status and
+   message with NVRTC's log, into the lock file before it unlinks it: the
+   waiters have that file open, so they (and only they: a later process
+   creates a new file) return it instead of compiling the same failing source
+   in turn. It is read
+   only from a file its holder unlinked (one that died before that leaves a
+   current file: its next holder blanks the record and compiles), so nothing
+   outlives the compile: a transient failure poisons no later run. */
 #ifndef CAPEX__CACHE_LOCK_WAIT_S
 #define CAPEX__CACHE_LOCK_WAIT_S 120.0
 #endif
@@ -2088,13 +2250,26 @@ CAPEX__PRIVATE int capex__cuda_write_all(int fd, const void *data, size_t n) {
 #define CAPEX__CUDA_ON_NVRTC() ((void)0)
 #endif
 
-/* An fd on the lock file (created when create): a regular file of the user's,
-   not a link (O_NOFOLLOW) nor hard-linked, not group/other-writable; -1 otherwise. */
-CAPEX__PRIVATE int capex__cuda_lock_open(const char *lock, int create) {
-#if defined(CAPEX__O_NOFOLLOW) && defined(LOCK_EX) && defined(LOCK_NB)
+/* The failure record: magic[8] | key[32] | u32 status (negated) | u32 NVRTC
+   version (major * 1000 + minor * 10) | u32 length | message. A waiter with
+   another NVRTC (a node of a cluster sharing the directory) compiles itself. */
+static const char capex__cache_fail_magic[8] = {'C', 'A', 'P', 'E', 'X', 'E', 'R', 'R'};
+#define CAPEX__CACHE_FAIL_HEADER 52
+
+/* The loaded NVRTC's version as the record has it; 0 when none loads. */
+CAPEX__PRIVATE uint32_t capex__cuda_nvrtc_code(void) {
+    int major, minor;
+    return capex_cuda_nvrtc_version(&major, &minor) == CAPEX_OK ? (uint32_t)(major * 1000 + minor * 10) : 0;
+}
+
+/* An fd on the lock file name in dfd (created when create): a regular file of
+   the user's, not a link (O_NOFOLLOW) nor hard-linked, not group/other-writable;
+   -1 otherwise. */
+CAPEX__PRIVATE int capex__cuda_lock_open(int dfd, const char *name, int create) {
+#if defined(CAPEX__CACHE_AT) && defined(LOCK_EX) && defined(LOCK_NB)
     struct stat st;
     /* O_RDWR: NFS emulates flock with byte-range locks, which want a writable fd */
-    int fd = open(lock, O_RDWR | O_NONBLOCK | CAPEX__O_NOFOLLOW | CAPEX__O_CLOEXEC | (create ? O_CREAT : 0), 0600);
+    int fd = openat(dfd, name, O_RDWR | O_NONBLOCK | CAPEX__O_NOFOLLOW | CAPEX__O_CLOEXEC | (create ? O_CREAT : 0), 0600);
     if (fd < 0) return -1;
     /* nlink 0 is a file its holder unlinked just now: capex__cuda_lock_current refuses it */
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_nlink > 1 ||
@@ -2104,27 +2279,83 @@ CAPEX__PRIVATE int capex__cuda_lock_open(const char *lock, int create) {
     }
     return fd;
 #else
-    (void)lock;
+    (void)dfd;
+    (void)name;
     (void)create;
     return -1;
 #endif
 }
 
-/* 1 when fd is still the file the path names (its holder unlinks it when done). */
-CAPEX__PRIVATE int capex__cuda_lock_current(int fd, const char *lock) {
+/* 1 when fd is still the file name in dfd names (its holder unlinks it when done). */
+CAPEX__PRIVATE int capex__cuda_lock_current(int fd, int dfd, const char *name) {
+#ifdef CAPEX__CACHE_AT
     struct stat a, b;
-    return fstat(fd, &a) == 0 && capex__cuda_lstat(lock, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    return fstat(fd, &a) == 0 && fstatat(dfd, name, &b, CAPEX__AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+#else
+    (void)fd;
+    (void)dfd;
+    (void)name;
+    return 0;
+#endif
 }
 
-/* Takes the lock lock (a path in the checked cache directory); its fd, or -1
-   for no lock (the caller compiles as without one). Polls (LOCK_NB) with
-   pauses of 1 to 50 ms, up to CAPEX__CACHE_LOCK_WAIT_S in all. */
-CAPEX__PRIVATE int capex__cuda_cache_lock(const char *lock) {
+/* Blanks a failure record a holder left in the lock file fd (one that died
+   between writing it and unlinking the file). */
+CAPEX__PRIVATE void capex__cuda_lock_blank(int fd) {
+    static const char zero[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_size > 0 && lseek(fd, 0, SEEK_SET) == 0 && capex__cuda_write_all(fd, zero, 8) != 0) {
+        /* unwritable: a record stays, but it is read only from an unlinked file */
+    }
+}
+
+/* The holder's failure, into its lock file fd (before it unlinks it). */
+CAPEX__PRIVATE void capex__cuda_lock_put_failure(int fd, const unsigned char key[32], capex_result r, const char *msg) {
+    unsigned char h[CAPEX__CACHE_FAIL_HEADER];
+    size_t len = strlen(msg);
+    memcpy(h, capex__cache_fail_magic, 8);
+    memcpy(h + 8, key, 32);
+    capex__put_u32(h + 40, (uint32_t)-(int32_t)r);
+    capex__put_u32(h + 44, capex__cuda_nvrtc_code());
+    capex__put_u32(h + 48, (uint32_t)len);
+    /* the message after the header, then the magic: a reader never takes a half-written record */
+    if (lseek(fd, 8, SEEK_SET) != 8 || capex__cuda_write_all(fd, h + 8, sizeof h - 8) != 0 ||
+        capex__cuda_write_all(fd, msg, len) != 0 || lseek(fd, 0, SEEK_SET) != 0)
+        return;
+    if (capex__cuda_write_all(fd, h, 8) != 0) return;
+}
+
+/* The failure its holder recorded in the lock file fd (which the holder has
+   unlinked), as this thread's error: its status, or CAPEX_OK when none. */
+CAPEX__PRIVATE capex_result capex__cuda_lock_take_failure(int fd, const unsigned char key[32]) {
+    unsigned char h[CAPEX__CACHE_FAIL_HEADER];
+    char msg[1100];
+    uint32_t code, len;
+    if (lseek(fd, 0, SEEK_SET) != 0 || capex__cuda_read_all(fd, h, sizeof h) != sizeof h ||
+        memcmp(h, capex__cache_fail_magic, 8) != 0 || memcmp(h + 8, key, 32) != 0)
+        return CAPEX_OK;
+    code = capex__get_u32(h + 40);
+    len = capex__get_u32(h + 48);
+    if (code != (uint32_t)-(int32_t)CAPEX_ERR_NVRTC || len >= sizeof msg || capex__cuda_read_all(fd, msg, len) != len ||
+        capex__get_u32(h + 44) == 0 || capex__get_u32(h + 44) != capex__cuda_nvrtc_code())
+        return CAPEX_OK;
+    msg[len] = '\0';
+    return capex__fail(CAPEX_ERR_NVRTC, "%s", msg);
+}
+
+/* Takes the lock name in dfd (the checked cache directory; path: its path, for
+   messages); its fd, or -1 for no lock (the caller compiles as without one),
+   or -2 with the failure the holder it waited for recorded as this thread's
+   error (*failed: its status). Polls (LOCK_NB) with pauses of 1 to 50 ms, up
+   to CAPEX__CACHE_LOCK_WAIT_S in all. */
+CAPEX__PRIVATE int capex__cuda_cache_lock(int dfd, const char *name, const char *path, const unsigned char key[32],
+                                          capex_result *failed) {
 #if defined(LOCK_EX) && defined(LOCK_NB)
     double start = capex_dist_now(), pause = 0.001;
     int attempt;
     for (attempt = 0; attempt < 100; attempt++) {
-        int fd = capex__cuda_lock_open(lock, 1), got;
+        int fd = capex__cuda_lock_open(dfd, name, 1), got;
         if (fd < 0) return -1;
         while (!(got = flock(fd, LOCK_EX | LOCK_NB) == 0)) {
             if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) { /* ENOLCK, EINVAL, ...: no locking here */
@@ -2132,10 +2363,10 @@ CAPEX__PRIVATE int capex__cuda_cache_lock(const char *lock) {
                 return -1;
             }
             /* unlinked: its holder is done, though a child it forked meanwhile may hold a copy of its fd */
-            if (!capex__cuda_lock_current(fd, lock)) break;
+            if (!capex__cuda_lock_current(fd, dfd, name)) break;
             if (capex_dist_now() - start >= CAPEX__CACHE_LOCK_WAIT_S) {
                 capex_log(CAPEX_LOG_WARN, "waited %.0f s for %s, which another compile of the same kernel holds; "
-                          "compiling here too", capex_dist_now() - start, lock);
+                          "compiling here too", capex_dist_now() - start, path);
                 close(fd);
                 return -1;
             }
@@ -2143,20 +2374,37 @@ CAPEX__PRIVATE int capex__cuda_cache_lock(const char *lock) {
             capex__sleep_s(pause);
             if (pause < 0.05) pause *= 2;
         }
-        if (got && capex__cuda_lock_current(fd, lock)) return fd;
-        close(fd); /* its holder is done (the entry is likely there): again, on the file the path names */
+        if (got && capex__cuda_lock_current(fd, dfd, name)) {
+            capex__cuda_lock_blank(fd);
+            return fd;
+        }
+        /* its holder is done: failed in the source (recorded), else the entry is likely there: again */
+        if ((*failed = capex__cuda_lock_take_failure(fd, key)) != CAPEX_OK) {
+            close(fd);
+            return -2;
+        }
+        close(fd);
     }
     return -1;
 #else
-    (void)lock;
+    (void)dfd;
+    (void)name;
+    (void)path;
+    (void)key;
+    (void)failed;
     return -1;
 #endif
 }
 
 /* Unlinks the lock file, then releases it (the order capex__cuda_cache_lock relies on). */
-CAPEX__PRIVATE void capex__cuda_cache_unlock(int fd, const char *lock) {
+CAPEX__PRIVATE void capex__cuda_cache_unlock(int fd, int dfd, const char *name) {
     if (fd < 0) return;
-    unlink(lock);
+#ifdef CAPEX__CACHE_AT
+    unlinkat(dfd, name, 0);
+#else
+    (void)dfd;
+    (void)name;
+#endif
     close(fd);
 }
 
@@ -2165,68 +2413,93 @@ CAPEX__PRIVATE void capex__cuda_cache_unlock(int fd, const char *lock) {
    missed that entry since (taken first, as a holder does: one held or
    replaced meanwhile stays). Runs after each write, which follows a compile
    of 100 ms or more, so the directory listing costs nothing in comparison. */
-CAPEX__PRIVATE void capex__cuda_cache_sweep(const char *dir) {
+CAPEX__PRIVATE void capex__cuda_cache_sweep(int dfd) {
+#ifdef CAPEX__CACHE_AT
     DIR *d;
     struct dirent *e;
     time_t now = time(NULL);
-    if (!(d = opendir(dir))) return;
+    int rfd = openat(dfd, ".", O_RDONLY | CAPEX__O_DIRECTORY | CAPEX__O_CLOEXEC);
+    if (rfd < 0) return;
+    if (!(d = fdopendir(rfd))) {
+        close(rfd);
+        return;
+    }
     while ((e = readdir(d)) != NULL) {
-        char path[1400];
         struct stat st;
         size_t len = strlen(e->d_name);
         int tmp = len > 4 && !strcmp(e->d_name + len - 4, ".tmp") && strstr(e->d_name, ".capexjit.");
         int lock = len > 14 && !strcmp(e->d_name + len - 14, ".capexjit.lock");
         if (!tmp && !lock) continue;
-        capex__cuda_fmt(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (fstatat(dfd, e->d_name, &st, CAPEX__AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || now - st.st_mtime <= 3600)
+            continue;
         if (tmp) {
-            if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > 3600) unlink(path);
-        } else if (capex__cuda_lstat(path, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > 3600) {
+            unlinkat(dfd, e->d_name, 0);
+        } else {
 #if defined(LOCK_EX) && defined(LOCK_NB)
-            int fd = capex__cuda_lock_open(path, 0);
-            if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0 && capex__cuda_lock_current(fd, path)) unlink(path);
+            int fd = capex__cuda_lock_open(dfd, e->d_name, 0);
+            if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0 && capex__cuda_lock_current(fd, dfd, e->d_name)) {
+                capex__cuda_lock_blank(fd); /* a record of a holder that died is no waiter's outcome */
+                unlinkat(dfd, e->d_name, 0);
+            }
             if (fd >= 0) close(fd);
 #endif
         }
     }
     closedir(d);
+#else
+    (void)dfd;
+#endif
 }
 
-/* Writes an entry atomically: a private temp file in the same directory, then
-   rename(), so readers see either no entry, the old one, or the whole new one.
-   Concurrent writers of one key each rename a complete file; the last wins. */
-CAPEX__PRIVATE capex_result capex__cuda_cache_write(const capex_cuda_cache *c, const unsigned char key[32],
-                                                    const capex_cuda_image *img) {
-    char path[1200], tmp[1300];
+/* Writes an entry atomically into the checked directory dfd (dir: its path,
+   for messages): a private temp file in it, then renameat, so readers see
+   either no entry, the old one, or the whole new one. Concurrent writers of
+   one key each rename a complete file; the last wins. */
+CAPEX__PRIVATE capex_result capex__cuda_cache_write_at(int dfd, const char *dir, const unsigned char key[32],
+                                                       const capex_cuda_image *img) {
+#ifdef CAPEX__CACHE_AT
+    char name[100], tmp[200];
     unsigned char h[CAPEX__CACHE_HEADER];
     int fd = -1, attempt, err;
-    capex_result r;
-    if (capex__cuda_mkdirs(c->dir) != 0)
-        return capex__fail(CAPEX_ERR_IO, "cannot create the kernel cache directory %s: %s", c->dir, strerror(errno));
-    /* again after mkdir: someone else may have made the directory since the read's check */
-    if ((r = capex__cuda_cache_dir_check(c->dir)) != CAPEX_OK) return r;
-    capex__cuda_cache_path(c, key, path, sizeof path);
+    capex__cuda_cache_name(key, name, sizeof name);
     for (attempt = 0; attempt < 100 && fd < 0; attempt++) {
         /* pid + a stack address + attempt: unique across processes and threads */
-        capex__cuda_fmt(tmp, sizeof tmp, "%s.%ld.%lx.%d.tmp", path, (long)getpid(), (unsigned long)(size_t)&fd, attempt);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | CAPEX__O_CLOEXEC, 0600);
+        capex__cuda_fmt(tmp, sizeof tmp, "%s.%ld.%lx.%d.tmp", name, (long)getpid(), (unsigned long)(size_t)&fd, attempt);
+        fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | CAPEX__O_CLOEXEC, 0600);
         if (fd < 0 && errno != EEXIST) break;
     }
-    if (fd < 0)
-        return capex__fail(CAPEX_ERR_IO, "cannot write to the kernel cache directory %s: %s", c->dir, strerror(errno));
+    if (fd < 0) return capex__fail(CAPEX_ERR_IO, "cannot write to the kernel cache directory %s: %s", dir, strerror(errno));
     capex__cuda_cache_header(h, key, img);
     if (capex__cuda_write_all(fd, h, sizeof h) != 0 || capex__cuda_write_all(fd, img->data, img->size) != 0) {
         err = errno;
         close(fd);
-        unlink(tmp);
-        return capex__fail(CAPEX_ERR_IO, "cannot write the kernel cache entry %s: %s", tmp, strerror(err));
+        unlinkat(dfd, tmp, 0);
+        return capex__fail(CAPEX_ERR_IO, "cannot write the kernel cache entry %s/%s: %s", dir, tmp, strerror(err));
     }
-    if (close(fd) != 0 || rename(tmp, path) != 0) {
+    if (close(fd) != 0 || renameat(dfd, tmp, dfd, name) != 0) {
         err = errno;
-        unlink(tmp);
-        return capex__fail(CAPEX_ERR_IO, "cannot install the kernel cache entry %s: %s", path, strerror(err));
+        unlinkat(dfd, tmp, 0);
+        return capex__fail(CAPEX_ERR_IO, "cannot install the kernel cache entry %s/%s: %s", dir, name, strerror(err));
     }
-    capex__cuda_cache_sweep(c->dir);
+    capex__cuda_cache_sweep(dfd);
     return CAPEX_OK;
+#else
+    (void)dfd;
+    (void)key;
+    (void)img;
+    return capex__fail(CAPEX_ERR_CONFIG, "kernel cache directory %s: this build has no openat", dir);
+#endif
+}
+
+/* Makes (0700), checks and writes into c's directory (tests and tools). */
+CAPEX__PRIVATE capex_result capex__cuda_cache_write(const capex_cuda_cache *c, const unsigned char key[32],
+                                                    const capex_cuda_image *img) {
+    int dfd;
+    capex_result r = capex__cuda_cache_open(c->dir, 1, &dfd);
+    if (r != CAPEX_OK) return r;
+    r = capex__cuda_cache_write_at(dfd, c->dir, key, img);
+    close(dfd);
+    return r;
 }
 
 #define CAPEX__TAG_CUDA_COMPILE_DESC CAPEX__TAG('C', 'M', 'P', 'D')
@@ -2295,9 +2568,9 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_nvrtc(const capex_cuda_compile_d
 CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc *d, int skip_read, int builtin,
                                                    capex_cuda_image *out) {
     unsigned char key[32];
-    char path[1200], lock[1210];
-    capex_result r, dir_r = CAPEX_ERR_NOT_FOUND;
-    int i, use_cache, lock_fd = -1;
+    char name[100], lock[110], path[1200];
+    capex_result r, failed = CAPEX_OK;
+    int i, use_cache, lock_fd = -1, dfd = -1;
     if (!out) return capex__fail(CAPEX_ERR_INVALID_ARG, "capex_cuda_compile: out is NULL");
     memset(out, 0, sizeof *out);
     if (!d || !d->source || d->n_options < 0 || (d->n_options > 0 && !d->options))
@@ -2317,8 +2590,11 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc
                 !capex__cuda_reads_files(d->source, d->options, d->n_options); /* an edited header must not hit */
     if (use_cache) {
         capex__cuda_cache_key(d->source, d->name, d->options, d->n_options, d->device_cc, key);
+        capex__cuda_cache_name(key, name, sizeof name);
+        capex__cuda_fmt(lock, sizeof lock, "%s.lock", name);
         capex__cuda_cache_path(d->cache, key, path, sizeof path);
-        r = dir_r = capex__cuda_cache_dir_check(d->cache->dir);
+        /* every read and write below goes through dfd, the directory checked here */
+        r = capex__cuda_cache_open(d->cache->dir, !skip_read, &dfd);
         if (r != CAPEX_OK && r != CAPEX_ERR_NOT_FOUND) {
             /* not the user's alone (or unusable): no reads, no writes */
             if (!d->cache->warned) capex_log(CAPEX_LOG_WARN, "%s; running without the kernel cache (set CAPEX_CACHE_DIR)", capex_last_error());
@@ -2326,30 +2602,42 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc
             capex_clear_error();
             use_cache = 0;
         } else if (r == CAPEX_OK && !skip_read) {
-            r = capex__cuda_cache_read(path, key, out);
-            if (r == CAPEX_OK) return CAPEX_OK;
+            r = capex__cuda_cache_read_at(dfd, name, path, key, out);
+            if (r == CAPEX_OK) {
+                close(dfd);
+                return CAPEX_OK;
+            }
             if (r != CAPEX_ERR_NOT_FOUND) capex_log(CAPEX_LOG_INFO, "recompiling: %s", capex_last_error());
+            /* a miss: compile under the entry's lock, unless another process wrote it
+               meanwhile (skip_read: the entry is the one the driver refused, so no wait) */
+            lock_fd = capex__cuda_cache_lock(dfd, lock, path, key, &failed);
+            if (lock_fd == -2) { /* the holder it waited for failed on this very source: its error, with NVRTC's log */
+                close(dfd);
+                return failed;
+            }
+            if (lock_fd >= 0 && capex__cuda_cache_read_at(dfd, name, path, key, out) == CAPEX_OK) {
+                capex__cuda_cache_unlock(lock_fd, dfd, lock);
+                close(dfd);
+                return CAPEX_OK;
+            }
         }
     }
-    /* a miss: compile under the entry's lock, unless another process wrote it
-       meanwhile (skip_read: the entry is the one the driver refused, so no wait) */
-    if (use_cache && !skip_read && (dir_r == CAPEX_OK || (capex__cuda_mkdirs(d->cache->dir) == 0 &&
-                                                          capex__cuda_cache_dir_check(d->cache->dir) == CAPEX_OK))) {
-        capex__cuda_fmt(lock, sizeof lock, "%s.lock", path);
-        if ((lock_fd = capex__cuda_cache_lock(lock)) >= 0 && capex__cuda_cache_read(path, key, out) == CAPEX_OK) {
-            capex__cuda_cache_unlock(lock_fd, lock);
-            return CAPEX_OK;
-        }
-    }
+    capex__cuda_source_error = 0;
     r = capex__cuda_compile_nvrtc(d, builtin, out);
+    if (r == CAPEX_ERR_NVRTC && lock_fd >= 0 && capex__cuda_source_error)
+        capex__cuda_lock_put_failure(lock_fd, key, r, capex_last_error());
     /* an image over the reader's cap is not stored (it would never be read) */
-    if (r == CAPEX_OK && use_cache && out->size <= CAPEX__CACHE_MAX_PAYLOAD &&
-        capex__cuda_cache_write(d->cache, key, out) != CAPEX_OK) {
-        if (!d->cache->warned) capex_log(CAPEX_LOG_WARN, "%s; running without the kernel cache (set CAPEX_CACHE_DIR)", capex_last_error());
-        d->cache->warned = 1;
-        capex_clear_error();
+    if (r == CAPEX_OK && use_cache && out->size <= CAPEX__CACHE_MAX_PAYLOAD) {
+        capex_result w = dfd >= 0 ? CAPEX_OK : capex__cuda_cache_open(d->cache->dir, 1, &dfd);
+        if (w == CAPEX_OK) w = capex__cuda_cache_write_at(dfd, d->cache->dir, key, out);
+        if (w != CAPEX_OK) {
+            if (!d->cache->warned) capex_log(CAPEX_LOG_WARN, "%s; running without the kernel cache (set CAPEX_CACHE_DIR)", capex_last_error());
+            d->cache->warned = 1;
+            capex_clear_error();
+        }
     }
-    capex__cuda_cache_unlock(lock_fd, lock);
+    capex__cuda_cache_unlock(lock_fd, dfd, lock);
+    if (dfd >= 0) close(dfd);
     return r;
 }
 

@@ -45,11 +45,20 @@ static pthread_mutex_t nvrtc_mu = PTHREAD_MUTEX_INITIALIZER;
 static int nvrtc_compiles; /* under nvrtc_mu: compiles run on threads too */
 static int hold_fd = -1, wait_fd = -1, waits_reported;
 static int fork_go_r = -1, fork_rel_r = -1, fork_rel_w = -1; /* lock_forked_copy_of_a_held_lock */
+static int hold_go_r = -1; /* lock_waiters_take_the_holders_compile_error */
+static char swap_dir[300], swap_aside[300], swap_link_to[300]; /* cache_dir_swapped_during_a_compile */
 static void on_nvrtc(void) {
     pthread_mutex_lock(&nvrtc_mu);
     nvrtc_compiles++;
     pthread_mutex_unlock(&nvrtc_mu);
-    if (hold_fd >= 0 && fork_go_r >= 0) { /* holding the lock: fork a child that keeps a copy of it, report, go on when told */
+    if (swap_dir[0]) { /* the cache directory moved aside, a symlink to another one of the user's in its place */
+        if (rename(swap_dir, swap_aside) != 0 || symlink(swap_link_to, swap_dir) != 0) swap_aside[0] = '\0';
+        swap_dir[0] = '\0';
+    }
+    if (hold_fd >= 0 && hold_go_r >= 0) { /* holding the lock: tell the parent, go on (to a failing compile) when told */
+        char c;
+        if (write(hold_fd, "h", 1) != 1 || read(hold_go_r, &c, 1) != 1) _exit(3);
+    } else if (hold_fd >= 0 && fork_go_r >= 0) { /* holding the lock: fork a child that keeps a copy of it, report, go on when told */
         char c;
         close(fork_rel_w);
         if (fork() == 0) { /* holds the lock file's copy until the parent test releases it */
@@ -705,6 +714,7 @@ CT_TEST(concurrent_compiles) {
    (each child reports its own compiles), never timed. */
 
 static const char *lock_opts[] = {"-DVALUE=90"};
+static const char *const *child_opts = lock_opts; /* what child_lock_compile compiles */
 static int go_r = -1, go_w = -1; /* children spawned with them wait for the parent's close: all start at once */
 static int lock_warnings;
 static void count_lock_warn(capex_log_level level, const char *msg, void *user) {
@@ -730,7 +740,7 @@ static void child_lock_compile(const char *dir, child_result *res) {
         if (read(go_r, &ch, 1) < 0) _exit(4);
     }
     capex_cuda_cache_init(&c, dir);
-    user_desc(&d, &c, lock_opts);
+    user_desc(&d, &c, child_opts);
     res->code = capex_cuda_compile(&d, &img);
     res->value = compiles_now();
     if (res->code == CAPEX_OK) {
@@ -851,6 +861,109 @@ CT_TEST(lock_holder_killed_others_proceed) {
     }
     CT_CHECK(total == 1, "one NVRTC compile after the holder died, got %d", total);
     CT_CHECK(entry_ok(dir, r[0].message, &left) && left == 0, "entry valid, the dead holder's lock file gone (%d)", left);
+    rm_dir(dir);
+}
+
+/* A source that does not compile, missed by three ranks at once: the holder's
+   NVRTC fails and the two that waited for it return its error (status and
+   message, NVRTC's log included) without compiling it in turn: one NVRTC run,
+   not three. The outcome lives in the lock file the holder unlinks, so a
+   process that comes later compiles again (a transient failure poisons no
+   later run) and nothing is left in the directory. main compiled it 3 times. */
+static const char *failing_opts[] = {"-DVALUE=no_such_identifier"};
+CT_TEST(lock_waiters_take_the_holders_compile_error) {
+    enum { N = 2 };
+    char dir[64];
+    int hold[2], go[2], wt[2], fd[N], hfd, i, total = 0, held, waiting, left;
+    pid_t holder, p[N];
+    child_result r[N], hr, later;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    CT_CHECK(pipe(hold) == 0 && pipe(go) == 0 && pipe(wt) == 0, "pipe");
+    child_opts = failing_opts;
+    hold_fd = hold[1], hold_go_r = go[0];
+    holder = spawn(child_lock_compile, dir, &hfd);
+    hold_fd = hold_go_r = -1;
+    close(hold[1]);
+    close(go[0]);
+    held = read_bytes(hold[0], 1);
+    wait_fd = wt[1];
+    for (i = 0; i < N; i++) p[i] = spawn(child_lock_compile, dir, &fd[i]);
+    wait_fd = -1;
+    close(wt[1]);
+    waiting = held == 1 ? read_bytes(wt[0], N) : 0;
+    if (write(go[1], "g", 1) != 1) held = -1; /* the holder goes on: its compile fails */
+    hr = collect(holder, hfd);
+    for (i = 0; i < N; i++) r[i] = collect(p[i], fd[i]);
+    close(go[1]);
+    close(hold[0]);
+    close(wt[0]);
+    CT_CHECK(held == 1 && waiting == N, "the holder reached NVRTC (%d), %d of %d waited", held, waiting, N);
+    CT_CHECK(hr.exited_ok && hr.code == CAPEX_ERR_NVRTC && hr.value == 1 && strstr(hr.message, "no_such_identifier"),
+             "the holder's compile failed, with the log: %d, %d compiles, %s", hr.code, hr.value, hr.message);
+    for (i = 0; i < N; i++) {
+        CT_CHECK(r[i].exited_ok && r[i].code == CAPEX_ERR_NVRTC && !strcmp(r[i].message, hr.message),
+                 "rank %d: %d %s (holder: %s)", i, r[i].code, r[i].message, hr.message);
+        total += r[i].value;
+    }
+    CT_CHECK(total == 0, "the waiters took the holder's outcome (%d compiled it again)", total);
+    left = count_files(dir, "");
+    CT_CHECK(left == 0, "no lock, entry or marker left (%d files)", left);
+    memset(&later, 0, sizeof later);
+    child_lock_compile(dir, &later); /* a later process: compiles, fails again */
+    alarm(0);
+    capex_set_log_callback(NULL, NULL);
+    child_opts = lock_opts;
+    CT_CHECK(later.code == CAPEX_ERR_NVRTC && later.value == 1 && !strcmp(later.message, hr.message),
+             "a later compile runs NVRTC again: %d, %d compiles", later.code, later.value);
+    CT_CHECK(count_files(dir, "") == 0, "still nothing left");
+    rm_dir(dir);
+}
+
+/* A failure record in a lock file that is still current (its holder died
+   between writing it and unlinking the file): the next holder blanks it and
+   compiles, so the rank that waits for that holder reads its entry instead of
+   taking the dead one's failure. */
+CT_TEST(lock_record_of_a_dead_holder_is_no_outcome) {
+    char dir[64], lock[1300], head[8];
+    unsigned char key[32];
+    int hold[2], go[2], wt[2], fd, hfd, lfd, held, waiting, blanked;
+    pid_t holder, p;
+    child_result r, hr;
+    CT_NEED_NVRTC();
+    make_dir(dir, sizeof dir);
+    lock_path(dir, lock, sizeof lock);
+    capex__cuda_cache_key(user_src, "user", lock_opts, 1, 90, key);
+    lfd = open(lock, O_RDWR | O_CREAT, 0600);
+    CT_CHECK(lfd >= 0, "lock file: %s", strerror(errno));
+    capex__cuda_lock_put_failure(lfd, key, CAPEX_ERR_NVRTC, "a planted failure");
+    close(lfd);
+    CT_CHECK(pipe(hold) == 0 && pipe(go) == 0 && pipe(wt) == 0, "pipe");
+    hold_fd = hold[1], hold_go_r = go[0];
+    holder = spawn(child_lock_compile, dir, &hfd);
+    hold_fd = hold_go_r = -1;
+    close(hold[1]);
+    close(go[0]);
+    held = read_bytes(hold[0], 1);
+    lfd = open(lock, O_RDONLY);
+    blanked = lfd >= 0 && read(lfd, head, 8) == 8 && memcmp(head, "CAPEXERR", 8) != 0;
+    if (lfd >= 0) close(lfd);
+    wait_fd = wt[1];
+    p = spawn(child_lock_compile, dir, &fd);
+    wait_fd = -1;
+    close(wt[1]);
+    waiting = held == 1 ? read_bytes(wt[0], 1) : 0;
+    if (write(go[1], "g", 1) != 1) held = -1;
+    hr = collect(holder, hfd);
+    r = collect(p, fd);
+    close(go[1]);
+    close(hold[0]);
+    close(wt[0]);
+    CT_CHECK(held == 1 && waiting == 1, "the holder reached NVRTC (%d), the other waited (%d)", held, waiting);
+    CT_CHECK(blanked, "the holder blanked the record it found");
+    CT_CHECK(hr.exited_ok && hr.code == CAPEX_OK && hr.value == 1, "the holder compiled: %d %s", hr.code, hr.message);
+    CT_CHECK(r.exited_ok && r.code == CAPEX_OK && r.value == 0 && !strcmp(r.message, hr.message),
+             "the waiter read its entry: %d, %d compiles, %s", r.code, r.value, r.message);
     rm_dir(dir);
 }
 
@@ -1616,6 +1729,194 @@ CT_TEST(cache_dir_below_a_world_writable_parent) {
     rm_dir(top);
 }
 
+/* The cache directory's path is swapped (moved aside, a symlink of the user's
+   to another directory of the user's holding a planted entry in its place:
+   both pass every check) while a rank waits for another's compile lock: the
+   waiter goes on in the directory it checked and opened (a descriptor), reads
+   the entry its holder wrote there, and never the planted one. main followed
+   the path and ran the planted image. */
+static void child_read_user_entry(const char *dir, child_result *res) {
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    alarm((unsigned)(2 * CT_HANG_GUARD_S));
+    waits_reported = 0;
+    capex_cuda_cache_init(&c, dir);
+    user_desc(&d, &c, lock_opts);
+    res->code = capex_cuda_compile(&d, &img);
+    res->value = res->code == CAPEX_OK && img.from_cache ? (int)img.size : -1;
+    snprintf(res->message, sizeof res->message, "%s", capex_last_error());
+    capex_cuda_image_free(&img);
+}
+CT_TEST(cache_dir_swapped_while_waiting) {
+    char top[64], cdir[200], aside[200], planted[200], lock[1300];
+    unsigned char key[32];
+    capex_cuda_cache c;
+    capex_cuda_image mine, crafted;
+    int wt[2], fd, lfd, waited;
+    pid_t p;
+    child_result r;
+    make_dir(top, sizeof top);
+    snprintf(cdir, sizeof cdir, "%s/cache", top);
+    snprintf(aside, sizeof aside, "%s/cache.aside", top);
+    snprintf(planted, sizeof planted, "%s/clone", top);
+    capex__cuda_cache_key(user_src, "user", lock_opts, 1, 90, key);
+    fake_image(&crafted, 3000, CAPEX_CUDA_IMAGE_CUBIN, 17);
+    fake_image(&mine, 1000, CAPEX_CUDA_IMAGE_CUBIN, 5);
+    capex_cuda_cache_init(&c, planted);
+    CT_CHECK(capex__cuda_cache_write(&c, key, &crafted) == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(mkdir(cdir, 0700) == 0, "mkdir");
+    lock_path(cdir, lock, sizeof lock);
+    lfd = open(lock, O_RDWR | O_CREAT, 0600);
+    CT_CHECK(lfd >= 0 && flock(lfd, LOCK_EX) == 0, "holding the entry's lock: %s", strerror(errno));
+    CT_CHECK(pipe(wt) == 0, "pipe");
+    wait_fd = wt[1];
+    p = spawn(child_read_user_entry, cdir, &fd);
+    wait_fd = -1;
+    close(wt[1]);
+    waited = read_bytes(wt[0], 1);
+    close(wt[0]);
+    CT_CHECK(rename(cdir, aside) == 0 && symlink(planted, cdir) == 0, "swap: %s", strerror(errno));
+    capex_cuda_cache_init(&c, aside); /* the holder writes the entry where it began, and is done */
+    CT_CHECK(capex__cuda_cache_write(&c, key, &mine) == CAPEX_OK, "%s", capex_last_error());
+    lock_path(aside, lock, sizeof lock);
+    unlink(lock);
+    close(lfd);
+    r = collect(p, fd);
+    CT_CHECK(waited == 1, "the child waited for the lock");
+    CT_CHECK(r.exited_ok && r.code == CAPEX_OK && r.value == 1000, "read the planted entry (3000 bytes) or none: %d, %d bytes, %s",
+             r.code, r.value, r.message);
+    CT_CHECK(count_files(planted, ".lock") == 0 && count_files(aside, ".lock") == 0, "no lock file made through the link");
+    capex_cuda_image_free(&mine);
+    capex_cuda_image_free(&crafted);
+    unlink(cdir);
+    rm_dir(aside);
+    rm_dir(planted);
+    rm_dir(top);
+}
+
+/* The same swap while a compile runs (real NVRTC): the entry is written into
+   the directory that was checked, not through the symlink now at its path,
+   and its lock file removed from there. main wrote into the other directory. */
+CT_TEST(cache_dir_swapped_during_a_compile) {
+    static const char *opts[] = {"-DVALUE=88"};
+    char top[64], cdir[200], planted[200];
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    capex_result r;
+    CT_NEED_NVRTC();
+    make_dir(top, sizeof top);
+    snprintf(cdir, sizeof cdir, "%s/cache", top);
+    snprintf(planted, sizeof planted, "%s/clone", top);
+    CT_CHECK(mkdir(cdir, 0700) == 0 && mkdir(planted, 0700) == 0, "mkdir");
+    snprintf(swap_dir, sizeof swap_dir, "%s", cdir);
+    snprintf(swap_aside, sizeof swap_aside, "%s/cache.aside", top);
+    snprintf(swap_link_to, sizeof swap_link_to, "%s", planted);
+    capex_cuda_cache_init(&c, cdir);
+    user_desc(&d, &c, opts);
+    r = capex_cuda_compile(&d, &img);
+    capex_cuda_image_free(&img);
+    swap_dir[0] = '\0';
+    CT_CHECK(r == CAPEX_OK, "%s", capex_last_error());
+    CT_CHECK(swap_aside[0], "the hook swapped the directory");
+    CT_CHECK(count_files(planted, "") == 0, "%d files written through the swapped-in symlink", count_files(planted, ""));
+    CT_CHECK(count_files(swap_aside, ".capexjit") == 1 && count_files(swap_aside, "") == 1,
+             "the entry (alone, no lock file) in the directory checked: %d files", count_files(swap_aside, ""));
+    unlink(cdir);
+    rm_dir(swap_aside);
+    rm_dir(planted);
+    rm_dir(top);
+}
+
+/* A cache directory below a group-writable parent (not sticky) whose group is
+   not the user's private one: any member may rename a directory of the user's
+   with planted entries into its place, so it is not trusted (warned once,
+   compiled uncached, nothing written), on the path or really above it
+   (through a link), unless it is $HOME or above it (the system's, as ssh has
+   it). Sticky, or the user's private group (umask 002 under user private
+   groups: numbered as the user, its effective group) is trusted.
+   Needs root (chown to another group). main trusted every group-writable
+   parent. */
+CT_TEST(cache_dir_below_a_group_writable_parent) {
+    static const char *opts[] = {"-DVALUE=89"};
+    char top[64], shared[200], cdir[200], safe[64], via[200];
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex_cuda_image img;
+    int upg;
+    make_dir(top, sizeof top);
+    snprintf(shared, sizeof shared, "%s/shared", top);
+    snprintf(cdir, sizeof cdir, "%s/cache", shared);
+    CT_CHECK(mkdir(shared, 0770) == 0 && chmod(shared, 0770) == 0 && mkdir(cdir, 0700) == 0, "mkdir");
+    if (chown(shared, (uid_t)-1, 12345) != 0) {
+        rm_dir(cdir);
+        rm_dir(shared);
+        rm_dir(top);
+        CT_SKIP("chown to another group needs root: %s", strerror(errno));
+    }
+    CT_CHECK(capex__cuda_cache_dir_check(cdir) == CAPEX_ERR_CONFIG, "a directory below a group-writable parent trusted");
+    CT_CHECK(strstr(capex_last_error(), shared) && strstr(capex_last_error(), "writable by others") &&
+             strstr(capex_last_error(), "group 12345"), "%s", capex_last_error());
+    make_dir(safe, sizeof safe);
+    snprintf(via, sizeof via, "%s/link", safe);
+    CT_CHECK(symlink(cdir, via) == 0, "symlink");
+    CT_CHECK(capex__cuda_cache_dir_check(via) == CAPEX_ERR_CONFIG && strstr(capex_last_error(), "writable by others"),
+             "through a link: %s", capex_last_error());
+    unlink(via);
+    rm_dir(safe);
+    { /* $HOME and the directories above it are the system's: group write is not held against them; below it, it is */
+        char *env = getenv("HOME"), saved[1024] = "", sub[300], subcache[300];
+        int had = env != NULL, home_ok, below_home, sub_refused = 0, made;
+        capex_result sub_r = CAPEX_OK;
+        if (had) snprintf(saved, sizeof saved, "%s", env);
+        snprintf(sub, sizeof sub, "%s/sub", shared);
+        snprintf(subcache, sizeof subcache, "%s/cache", sub);
+        made = mkdir(sub, 0770) == 0 && chmod(sub, 0770) == 0 && chown(sub, (uid_t)-1, 12345) == 0 && mkdir(subcache, 0700) == 0;
+        setenv("HOME", shared, 1);
+        home_ok = capex__cuda_cache_dir_check(cdir) == CAPEX_OK;
+        if (made) {
+            sub_r = capex__cuda_cache_dir_check(subcache);
+            sub_refused = sub_r == CAPEX_ERR_CONFIG && strstr(capex_last_error(), sub) != NULL;
+        }
+        setenv("HOME", top, 1);
+        below_home = capex__cuda_cache_dir_check(cdir) == CAPEX_ERR_CONFIG;
+        if (had) setenv("HOME", saved, 1);
+        else unsetenv("HOME");
+        rmdir(subcache);
+        rmdir(sub);
+        CT_CHECK(made, "mkdir sub");
+        CT_CHECK(home_ok, "a group-writable home is the system's");
+        CT_CHECK(sub_refused, "a group-writable directory below the home: %d", sub_r);
+        CT_CHECK(below_home, "a group-writable directory below the home (the cache's parent): trusted");
+    }
+    CT_CHECK(chmod(shared, 02770) == 0 && capex__cuda_cache_dir_check(cdir) == CAPEX_ERR_CONFIG, "setgid is not sticky");
+    CT_CHECK(chmod(shared, 01770) == 0 && capex__cuda_cache_dir_check(cdir) == CAPEX_OK, "sticky: %s", capex_last_error());
+    CT_CHECK(chmod(shared, 0770) == 0, "chmod");
+    upg = getegid() == (gid_t)geteuid(); /* root's group 0 too */
+    if (upg)
+        CT_CHECK(chown(shared, (uid_t)-1, getegid()) == 0 && capex__cuda_cache_dir_check(cdir) == CAPEX_OK,
+                 "the user's private group: %s", capex_last_error());
+    CT_NEED_NVRTC();
+    CT_CHECK(chown(shared, (uid_t)-1, 12345) == 0 && chmod(shared, 0770) == 0, "chown");
+    capex_cuda_cache_init(&c, cdir);
+    user_desc(&d, &c, opts);
+    CT_CHECK(compile_uncached_twice(&d), "compiled, not cached: %s", capex_last_error());
+    CT_CHECK(warnings == 1 && strstr(warn_seen, "writable by others"), "warned once (%d): %s", warnings, warn_seen);
+    CT_CHECK(count_files(cdir, "") == 0, "nothing written");
+    if (upg) {
+        CT_CHECK(chown(shared, (uid_t)-1, getegid()) == 0 && chmod(shared, 0770) == 0, "chown");
+        capex_cuda_cache_init(&c, cdir);
+        CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && !img.from_cache, "%s", capex_last_error());
+        capex_cuda_image_free(&img);
+        CT_CHECK(capex_cuda_compile(&d, &img) == CAPEX_OK && img.from_cache, "then a hit: %s", capex_last_error());
+        capex_cuda_image_free(&img);
+    }
+    rm_dir(cdir);
+    rm_dir(shared);
+    rm_dir(top);
+}
+
 /* The built-in parts through the disk cache: one entry per part under its own key,
    filled concurrently, read back whole; a damaged entry is recompiled alone. */
 CT_TEST(builtin_parts_cache_entries) {
@@ -1676,6 +1977,8 @@ static const ct_case cases[] = {
     CT_CASE(lock_forked_copy_of_a_held_lock),
     CT_CASE(lock_path_not_a_plain_file_of_ours),
     CT_CASE(lock_threads_of_one_process),
+    CT_CASE(lock_waiters_take_the_holders_compile_error),
+    CT_CASE(lock_record_of_a_dead_holder_is_no_outcome),
     CT_CASE(write_that_fails_part_way),
     CT_CASE(unwritable_dir_warns_once),
     CT_CASE(unreadable_entry_and_stale_temp_files),
@@ -1686,6 +1989,9 @@ static const ct_case cases[] = {
     CT_CASE(hard_linked_entry_is_not_trusted),
     CT_CASE(cache_dir_through_another_users_symlink),
     CT_CASE(cache_dir_below_a_world_writable_parent),
+    CT_CASE(cache_dir_swapped_while_waiting),
+    CT_CASE(cache_dir_swapped_during_a_compile),
+    CT_CASE(cache_dir_below_a_group_writable_parent),
 };
 static const child_entry children[] = {{"hit", child_hit_without_nvrtc}};
 
