@@ -14336,7 +14336,9 @@ static void capex__nm_bwd_me_row(const capex__nm_ctx *c, int64_t row, float *CAP
     capex__nm_bwd_me_pass(y, dy, c->wf, c->bf, pw, pb, xs, n, &sg, &sgx);
     if (a->dx) {
         float *dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 3 * n);
-        capex__nm_bwd_me_dx(y, dy, c->wf, c->bf, pw ? xs : NULL, dx, a->rstd[row], c->rms ? 0.0f : sg / (float)n,
+        /* no affine: (y - 0) / 1 is y exactly, so xhat is read from y, without a divide per element */
+        const float *xh = pw ? xs : !a->weight && !a->bias ? y : NULL;
+        capex__nm_bwd_me_dx(y, dy, c->wf, c->bf, xh, dx, a->rstd[row], c->rms ? 0.0f : sg / (float)n,
                             sgx / (float)n, n, c->stream_dx);
         capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
     }
