@@ -14330,14 +14330,15 @@ static void capex__nm_bwd_me_row(const capex__nm_ctx *c, int64_t row, float *CAP
     const float *dy = capex__nm_load(a->dy, a->y_dtype, row * n, n, scratch + n);
     float sg, sgx;
     float *xs = scratch + 2 * n; /* xhat, when pass 1 computes it (pw) */
+    /* no affine (w 1, b +0): y - b is y exactly and the pass's sum(dy * y) has the lanes, blocks, tail,
+       tree and unfused products (CAPEX__NM_OPAQUE) of capex__nm_dot(dy, y, n), so it is the normal
+       backward's sum(g * xhat), bit for bit, without a second read of dy and y */
     capex__nm_bwd_me_pass(y, dy, c->wf, c->bf, pw, pb, xs, n, &sg, &sgx);
-    /* no affine: xhat is y and this sum is the normal backward's sum(g * xhat) on the same values, in
-       the same lanes, both unfused (CAPEX__NM_OPAQUE), so dx keeps its bits in any build (the pass's
-       own d * (y - b) is unfused too since 2026-11-29, the same value: this extra pass could go) */
-    if (a->dx && !a->weight && !a->bias) sgx = capex__nm_dot(dy, y, n);
     if (a->dx) {
         float *dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 3 * n);
-        capex__nm_bwd_me_dx(y, dy, c->wf, c->bf, pw ? xs : NULL, dx, a->rstd[row], c->rms ? 0.0f : sg / (float)n,
+        /* no affine: (y - 0) / 1 is y exactly, so xhat is read from y, without a divide per element */
+        const float *xh = pw ? xs : !a->weight && !a->bias ? y : NULL;
+        capex__nm_bwd_me_dx(y, dy, c->wf, c->bf, xh, dx, a->rstd[row], c->rms ? 0.0f : sg / (float)n,
                             sgx / (float)n, n, c->stream_dx);
         capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
     }

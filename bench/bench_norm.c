@@ -16,7 +16,9 @@
    "parts": the backward per output set (all; dx alone; dweight/dbias alone)
    on 4096x1024, 512x8192 and 64x65536, f32 and bf16, and BatchNorm forward +
    backward in both layouts, in ms (best of 7), to compare builds of capex.h
-   against each other. */
+   against each other.
+
+       build/bench/bench_norm noaffine [rows [cols [threads]]]   # no weight/bias, dx: bwd vs bwdme */
 #define _POSIX_C_SOURCE 199309L
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
@@ -50,7 +52,7 @@ static double copy_gbs(size_t bytes) {
 }
 
 /* Backward time (best of 7) for one shape, dtype and output set. */
-static double bench_part(int rms, int me, int64_t rows, int64_t C, capex_dtype dt, int outs, int threads) {
+static double bench_part(int rms, int me, int64_t rows, int64_t C, capex_dtype dt, int outs, int threads, int affine) {
     const int64_t N = rows * C;
     const size_t es = capex_dtype_size(dt);
     void *x = malloc((size_t)N * es), *y = malloc((size_t)N * es), *dy = malloc((size_t)N * es), *dx = malloc((size_t)N * es);
@@ -72,12 +74,12 @@ static double bench_part(int rms, int me, int64_t rows, int64_t C, capex_dtype d
     nd.num_threads = threads;
     capex_norm_args_init(&a);
     a.rows = rows; a.cols = C; a.x_dtype = a.y_dtype = dt; a.x = x; a.y = y;
-    a.weight = w; a.bias = rms ? NULL : b; a.mean = mean; a.rstd = rstd;
+    a.weight = affine ? w : NULL; a.bias = affine && !rms ? b : NULL; a.mean = mean; a.rstd = rstd;
     if (rms) capex_rms_norm_forward(&nd, &a); else capex_layer_norm_forward(&nd, &a);
     nd.memory_efficient = me;
     a.dy = dy;
     a.dx = outs & 1 ? dx : NULL;
-    a.dweight = outs & 2 ? dw : NULL;
+    a.dweight = outs & 2 && affine ? dw : NULL;
     a.dbias = outs & 2 && !rms ? db : NULL;
     for (k = 0; k < 7; k++) {
         double t0 = now_s();
@@ -135,11 +137,11 @@ static int bench_parts(int threads) {
             for (rms = 0; rms < 2; rms++)
                 for (outs = 3; outs >= 1; outs--) {
                     const capex_dtype dt = di ? CAPEX_BF16 : CAPEX_F32;
-                    double t = bench_part(rms, 0, shapes[si][0], shapes[si][1], dt, outs, threads);
+                    double t = bench_part(rms, 0, shapes[si][0], shapes[si][1], dt, outs, threads, 1);
                     printf("%-9s %-4s %-5s %5lldx%-6lld %9.3f\n", rms ? "rmsnorm" : "layernorm", outn[outs],
                            di ? "bf16" : "f32", (long long)shapes[si][0], (long long)shapes[si][1], t * 1e3);
                     if (rms && outs == 3) {
-                        t = bench_part(rms, 1, shapes[si][0], shapes[si][1], dt, outs, threads);
+                        t = bench_part(rms, 1, shapes[si][0], shapes[si][1], dt, outs, threads, 1);
                         printf("%-9s %-4s %-5s %5lldx%-6lld %9.3f\n", "rmsnormME", outn[outs], di ? "bf16" : "f32",
                                (long long)shapes[si][0], (long long)shapes[si][1], t * 1e3);
                     }
@@ -153,11 +155,30 @@ static int bench_parts(int threads) {
     return 0;
 }
 
+/* Without weight and bias: the normal and memory-efficient backward, dx alone, f32 and bf16, LayerNorm
+   and RMSNorm, in ms (best of 7). */
+static int bench_noaffine(int64_t rows, int64_t C, int threads) {
+    int di, rms, me;
+    printf("# bench_norm noaffine: backward dx ms (best of 7), %lldx%lld, %d thread(s)\n", (long long)rows,
+           (long long)C, threads);
+    for (di = 0; di < 2; di++)
+        for (rms = 0; rms < 2; rms++)
+            for (me = 0; me < 2; me++) {
+                printf("%-9s %-5s %-5s %9.3f\n", rms ? "rmsnorm" : "layernorm", me ? "bwdme" : "bwd", di ? "bf16" : "f32",
+                       bench_part(rms, me, rows, C, di ? CAPEX_BF16 : CAPEX_F32, 1, threads, 0) * 1e3);
+                fflush(stdout);
+            }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     static const int64_t widths[] = {1024, 2048, 4096, 8192};
     static const capex_dtype dts[] = {CAPEX_F32, CAPEX_BF16};
     int64_t rows;
     if (argc > 1 && strcmp(argv[1], "parts") == 0) return bench_parts(argc > 2 ? atoi(argv[2]) : 1);
+    if (argc > 1 && strcmp(argv[1], "noaffine") == 0)
+        return bench_noaffine(argc > 2 ? atoll(argv[2]) : 4096, argc > 3 ? atoll(argv[3]) : 1024,
+                              argc > 4 ? atoi(argv[4]) : 1);
     rows = argc > 1 ? atoll(argv[1]) : 4096;
     int max_threads = argc > 2 ? atoi(argv[2]) : 2;
     size_t wi, di;

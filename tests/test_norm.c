@@ -996,6 +996,54 @@ CT_TEST(memory_efficient_output_subsets_and_streamed_dx_same_bits) {
     }
 }
 
+/* No weight, no bias: the memory-efficient backward's xhat is y, the normal
+   backward's xhat, so its dx (and a dbias asked without a bias) has the
+   normal backward's bits, f32, LayerNorm and RMSNorm: widths with and without
+   a tail (n % 8), under and over one block of CAPEX__NM_BLK rounds (512
+   columns), a partial last block; 1-3 threads (100 rows: 7 row blocks). */
+CT_TEST(memory_efficient_no_affine_same_bits_as_normal) {
+    static const int64_t widths[] = {1, 7, 9, 511, 512, 513, 520, 1029, 1543, 4103};
+    const int64_t R = 100;
+    capex_norm_desc nd;
+    capex_norm_args a;
+    size_t wi;
+    int rms, nt, withdb;
+    int64_t i;
+    for (wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+        for (rms = 0; rms < 2; rms++) {
+            const int64_t C = widths[wi], N = R * C;
+            float *x = (float *)malloc((size_t)N * 4), *y = (float *)malloc((size_t)N * 4);
+            float *dy = (float *)malloc((size_t)N * 4), *dx0 = (float *)malloc((size_t)N * 4);
+            float *dx = (float *)malloc((size_t)N * 4), *db0 = (float *)malloc((size_t)C * 4);
+            float *db = (float *)malloc((size_t)C * 4), mean[100], rstd[100];
+            for (i = 0; i < N; i++) { x[i] = (float)(0.5 + 2.0 * rng_sym()); dy[i] = (float)rng_sym(); }
+            capex_norm_desc_init(&nd);
+            capex_norm_args_init(&a);
+            a.rows = R; a.cols = C; a.x = x; a.y = y; a.mean = mean; a.rstd = rstd;
+            CT_CHECK((rms ? capex_rms_norm_forward(&nd, &a) : capex_layer_norm_forward(&nd, &a)) == CAPEX_OK, "%s",
+                     capex_last_error());
+            a.dy = dy; a.dx = dx0; a.dbias = rms ? NULL : db0;
+            CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "%s",
+                     capex_last_error());
+            nd.memory_efficient = 1;
+            a.x = NULL; a.mean = NULL; a.dx = dx;
+            for (nt = 1; nt <= 3; nt++)
+                for (withdb = 0; withdb < 2 - rms; withdb++) { /* dx alone; dx and dbias (the pass's other loop) */
+                    nd.num_threads = nt;
+                    a.dbias = withdb ? db : NULL;
+                    memset(dx, 0x5a, (size_t)N * 4); memset(db, 0x5a, (size_t)C * 4);
+                    CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK,
+                             "%s", capex_last_error());
+                    CT_CHECK(!memcmp(dx, dx0, (size_t)N * 4), "%s C=%lld threads %d dbias %d: me dx bits differ from "
+                             "the normal backward's", rms ? "rms" : "layer", (long long)C, nt, withdb);
+                    CT_CHECK(!withdb || !memcmp(db, db0, (size_t)C * 4), "layer C=%lld threads %d: me dbias bits differ",
+                             (long long)C, nt);
+                }
+            free(x); free(y); free(dy); free(dx0); free(dx); free(db0); free(db);
+            if (ct->failed) return;
+        }
+}
+
 /* ---- BatchNorm ---- */
 
 /* Reference over the concatenated batch in NCS: x[(n*C + c)*S + s]. */
@@ -2490,6 +2538,7 @@ static const ct_case cases[] = {
     CT_CASE(memory_efficient_backward_vs_float64_every_dtype), CT_CASE(memory_efficient_zero_weight_refused),
     CT_CASE(memory_efficient_edges_and_errors), CT_CASE(memory_efficient_bits_independent_of_thread_count),
     CT_CASE(memory_efficient_after_forward_in_place), CT_CASE(memory_efficient_output_subsets_and_streamed_dx_same_bits),
+    CT_CASE(memory_efficient_no_affine_same_bits_as_normal),
     CT_CASE(column_sums_many_rows_vs_float64), CT_CASE(batch_norm_channel_sums_many_rows_vs_float64),
     CT_CASE(norm_backward_output_subsets_vs_float64), CT_CASE(bits_match_unfused_reference),
 };
