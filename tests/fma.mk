@@ -38,5 +38,6 @@ test-fma:
 	[ -n "$$bins" ] || exit 0; \
 	$(MAKE) -s --no-print-directory $$bins && CAPEX_TEST_FIRST="$(FMA_FIRST)" tests/run.sh $$bins
 
-# CI: ~60 s on the shared 2-core box (load ~6): the build; the runs take ~15 s of CPU.
+# CI: 63 CPU-seconds, most of it the build: 60-105 s wall on the shared
+# 2-core box at load 6-7 (~35 s on 2 idle cores).
 ci-extra:: test-fma
