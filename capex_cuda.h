@@ -904,6 +904,20 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
 #include <sys/file.h> /* flock: the cache's per-entry compile lock */
 #include <time.h>
 
+/* No FMA contraction here either, as in capex.h's implementation (which ends
+   before this one): host math that feeds the kernels (--fmad=false) or
+   mirrors capex.h rounds each product and sum (today single operations:
+   inv_scale, AVG's 1/world). And GCC inlines no function given optimize
+   options into a caller with other ones ("optimization level attribute
+   mismatch"): without the same options here, none of capex.h's helpers
+   inlined into this section, at -std=c99 too. Restored at the end. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -9779,6 +9793,11 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
 
 #ifdef __cplusplus
 }
+#endif
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT DEFAULT
+#elif defined(__GNUC__)
+#pragma GCC pop_options
 #endif
 #endif /* CAPEX_CUDA__IMPLEMENTED */
 #endif /* CAPEX_CUDA_IMPLEMENTATION */
