@@ -2228,11 +2228,16 @@ CAPEX_API capex_result capex_syncbn_merge(const float *gathered, int world, int6
    fuse wherever the target has FMA: always on aarch64, x86 with -mfma;
    clang fuses within one expression by default. Scoped to this section:
    GCC restores the caller's options (pop_options, at the end), clang its
-   command-line mode (DEFAULT). clang's -ffp-contract=fast ignores the
-   pragma; the row sums are kept unfused there too (CAPEX__NM_OPAQUE). */
+   command-line mode (DEFAULT). GCC's ISO C modes (-std=c99, c11; not C++)
+   do not contract, so there it is left out: GCC inlines no function with
+   optimize options into a caller with others (a single-file user's loops).
+   An explicit -ffp-contract=fast (or -ffast-math, which also reorders sums)
+   fuses anyway; clang's ignores the pragma: the row sums are kept unfused
+   there too (CAPEX__NM_OPAQUE). */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
-#elif defined(__GNUC__)
+#elif defined(__GNUC__) && !(defined(__STRICT_ANSI__) && !defined(__cplusplus))
+#define CAPEX__GCC_NO_CONTRACT 1
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 #endif
@@ -15085,7 +15090,7 @@ CAPEX_API capex_result capex_batch_norm_backward(const capex_batch_norm_desc *d,
 #endif
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT DEFAULT
-#elif defined(__GNUC__)
+#elif defined(CAPEX__GCC_NO_CONTRACT)
 #pragma GCC pop_options
 #endif
 #endif /* CAPEX__IMPLEMENTED */
