@@ -19,7 +19,7 @@
    against each other.
 
        build/bench/bench_norm noaffine [rows [cols [threads]]]   # no weight/bias, dx: bwd vs bwdme
-       build/bench/bench_norm dwonly [rows [cols [threads]]]     # affine, dweight alone: bwd vs bwdme */
+       build/bench/bench_norm affine [rows [cols [threads]]]     # dweight alone, all outputs: bwd vs bwdme */
 #define _POSIX_C_SOURCE 199309L
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
@@ -172,19 +172,21 @@ static int bench_noaffine(int64_t rows, int64_t C, int threads) {
     return 0;
 }
 
-/* Weight (and bias for LayerNorm), dweight alone (no dx, no dbias): the normal and memory-efficient
-   backward, f32 and bf16, in ms (best of 7). */
-static int bench_dwonly(int64_t rows, int64_t C, int threads) {
-    int di, rms, me;
-    printf("# bench_norm dwonly: backward dweight ms (best of 7), %lldx%lld, %d thread(s)\n", (long long)rows,
-           (long long)C, threads);
-    for (di = 0; di < 2; di++)
-        for (rms = 0; rms < 2; rms++)
-            for (me = 0; me < 2; me++) {
-                printf("%-9s %-5s %-5s %9.3f\n", rms ? "rmsnorm" : "layernorm", me ? "bwdme" : "bwd", di ? "bf16" : "f32",
-                       bench_part(rms, me, rows, C, di ? CAPEX_BF16 : CAPEX_F32, 4, threads, 1) * 1e3);
-                fflush(stdout);
-            }
+/* Weight (and bias for LayerNorm; RMSNorm: weight alone): dweight alone (no dx, no dbias) and all outputs,
+   the normal and memory-efficient backward, f32 and bf16, in ms (best of 7). */
+static int bench_affine(int64_t rows, int64_t C, int threads) {
+    int di, rms, me, all;
+    printf("# bench_norm affine: backward ms (best of 7), %lldx%lld, %d thread(s)\n", (long long)rows, (long long)C,
+           threads);
+    for (all = 0; all < 2; all++)
+        for (di = 0; di < 2; di++)
+            for (rms = 0; rms < 2; rms++)
+                for (me = 0; me < 2; me++) {
+                    printf("%-9s %-5s %-3s %-5s %9.3f\n", rms ? "rmsnorm" : "layernorm", me ? "bwdme" : "bwd",
+                           all ? "all" : "dw", di ? "bf16" : "f32",
+                           bench_part(rms, me, rows, C, di ? CAPEX_BF16 : CAPEX_F32, all ? 3 : 4, threads, 1) * 1e3);
+                    fflush(stdout);
+                }
     return 0;
 }
 
@@ -196,8 +198,8 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "noaffine") == 0)
         return bench_noaffine(argc > 2 ? atoll(argv[2]) : 4096, argc > 3 ? atoll(argv[3]) : 1024,
                               argc > 4 ? atoi(argv[4]) : 1);
-    if (argc > 1 && strcmp(argv[1], "dwonly") == 0)
-        return bench_dwonly(argc > 2 ? atoll(argv[2]) : 4096, argc > 3 ? atoll(argv[3]) : 1024,
+    if (argc > 1 && strcmp(argv[1], "affine") == 0)
+        return bench_affine(argc > 2 ? atoll(argv[2]) : 4096, argc > 3 ? atoll(argv[3]) : 1024,
                             argc > 4 ? atoi(argv[4]) : 1);
     rows = argc > 1 ? atoll(argv[1]) : 4096;
     int max_threads = argc > 2 ? atoi(argv[2]) : 2;
