@@ -14408,8 +14408,8 @@ static void capex__nm_bwd_me_row(const capex__nm_ctx *c, int64_t row, float *CAP
         float *dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 3 * n);
         /* no affine: (y - 0) / 1 is y exactly, so xhat is read from y, without a divide per element */
         const float *xh = pw ? xs : !aff ? y : NULL;
-        capex__nm_bwd_me_dx(y, dy, c->wf, aff == 2 ? c->bf : NULL, xh, dx, a->rstd[row], c->rms ? 0.0f : sg / (float)n,
-                            sgx / (float)n, n, c->stream_dx);
+        capex__nm_bwd_me_dx(y, dy, c->wf, aff == 2 ? c->bf : NULL, xh, dx, a->rstd[row],
+                            c->rms ? 0.0f : sg / (float)n, sgx / (float)n, n, c->stream_dx);
         capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
     }
 }
