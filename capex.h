@@ -14246,18 +14246,21 @@ static void capex__nm_fwd_rows(void *vc, int64_t begin, int64_t end, float *scra
    the former scratch-row version: dot(g), dot(dy, y - b)); pass 2 recomputes
    g for dx, and xhat unless pass 1 kept it in xs (with pw: it divides once
    per element, not twice). UPD: the partials' update of one 8-vector (pw, pb
-   may each be NULL: one loop per case, no branch inside). */
+   may each be NULL: one loop per case, no branch inside). YB: y - b into yv
+   (and the weight into w); G: g = dy * w into w. aff: 2 a bias (and a
+   weight or the all-ones row), 1 a weight alone, 0 neither. Without a bias
+   y - (+0) is y, without a weight d * 1 is d, exactly: aff 1 skips the
+   all-zeros row (YB only loads w), aff 0 both rows (G is w = d), same bits. */
 #if defined(__GNUC__) || defined(__clang__)
-#define CAPEX__NM_ME_LOOP(UPD)                                                                          \
+#define CAPEX__NM_ME_LOOP(YB, G, UPD)                                                                   \
     while (k < K) {                                                                                     \
-        capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, tv = {0, 0, 0, 0, 0, 0, 0, 0}, yv, d, w, bv;           \
+        capex__v8f sv = {0, 0, 0, 0, 0, 0, 0, 0}, tv = {0, 0, 0, 0, 0, 0, 0, 0}, yv, d, w;               \
         k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;                                              \
         for (; k < k1; k++) {                                                                           \
             memcpy(&yv, y + 8 * k, sizeof yv); memcpy(&d, dy + 8 * k, sizeof d);                        \
-            memcpy(&w, wf + 8 * k, sizeof w); memcpy(&bv, bf + 8 * k, sizeof bv);                       \
-            yv = yv - bv; /* y - b */                                                                   \
+            YB                                                                                          \
             UPD                                                                                         \
-            w = d * w; /* g */                                                                          \
+            G                                                                                           \
             sv += w;                                                                                    \
             w = d * yv;                                                                                 \
             CAPEX__NM_OPAQUE(w); /* unfused, as capex__nm_dot's */                                      \
@@ -14266,6 +14269,12 @@ static void capex__nm_fwd_rows(void *vc, int64_t begin, int64_t end, float *scra
         CAPEX__NM_FLUSH(slo, shi, sv);                                                                  \
         CAPEX__NM_FLUSH(tlo, thi, tv);                                                                  \
     }
+#define CAPEX__NM_ME_YB { /* y - b; w: the weight */                                                    \
+        capex__v8f bv_;                                                                                 \
+        memcpy(&w, wf + 8 * k, sizeof w); memcpy(&bv_, bf + 8 * k, sizeof bv_);                         \
+        yv = yv - bv_; }
+#define CAPEX__NM_ME_W memcpy(&w, wf + 8 * k, sizeof w); /* y - (+0) is y */
+#define CAPEX__NM_ME_G w = d * w; /* g */
 #define CAPEX__NM_ME_PW { /* pw += dy * xhat, xhat = (y - b) / w kept in xs */                       \
         capex__v8f a_, x_ = yv / w;                                                                     \
         memcpy(&a_, pw + 8 * k, sizeof a_); a_ += d * x_;                                               \
@@ -14275,21 +14284,31 @@ static void capex__nm_fwd_rows(void *vc, int64_t begin, int64_t end, float *scra
 static void capex__nm_bwd_me_pass(const float *CAPEX__OPT_RESTRICT y, const float *CAPEX__OPT_RESTRICT dy,
                                   const float *CAPEX__OPT_RESTRICT wf, const float *CAPEX__OPT_RESTRICT bf,
                                   float *CAPEX__OPT_RESTRICT pw, float *CAPEX__OPT_RESTRICT pb,
-                                  float *CAPEX__OPT_RESTRICT xs, int64_t n, float *sg, float *sgx) {
+                                  float *CAPEX__OPT_RESTRICT xs, int aff, int64_t n, float *sg, float *sgx) {
     double ds[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t K = n / 8, k = 0, k1, i;
     int l;
 #if defined(__GNUC__) || defined(__clang__)
     {
         capex__v4d slo = {0, 0, 0, 0}, shi = {0, 0, 0, 0}, tlo = {0, 0, 0, 0}, thi = {0, 0, 0, 0};
-        if (pw && pb) { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_PW CAPEX__NM_ME_PB) }
-        else if (pw) { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_PW) }
-        else if (pb) { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_PB) }
-        else { CAPEX__NM_ME_LOOP(;) }
+        if (aff == 0) { /* pw needs a weight: dbias at most */
+            if (pb) { CAPEX__NM_ME_LOOP(;, w = d;, CAPEX__NM_ME_PB) }
+            else { CAPEX__NM_ME_LOOP(;, w = d;, ;) }
+        } else if (aff == 1) {
+            if (pw && pb) { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_W, CAPEX__NM_ME_G, CAPEX__NM_ME_PW CAPEX__NM_ME_PB) }
+            else if (pw) { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_W, CAPEX__NM_ME_G, CAPEX__NM_ME_PW) }
+            else if (pb) { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_W, CAPEX__NM_ME_G, CAPEX__NM_ME_PB) }
+            else { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_W, CAPEX__NM_ME_G, ;) }
+        }
+        else if (pw && pb) { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_YB, CAPEX__NM_ME_G, CAPEX__NM_ME_PW CAPEX__NM_ME_PB) }
+        else if (pw) { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_YB, CAPEX__NM_ME_G, CAPEX__NM_ME_PW) }
+        else if (pb) { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_YB, CAPEX__NM_ME_G, CAPEX__NM_ME_PB) }
+        else { CAPEX__NM_ME_LOOP(CAPEX__NM_ME_YB, CAPEX__NM_ME_G, ;) }
         memcpy(ds, &slo, sizeof slo); memcpy(ds + 4, &shi, sizeof shi);
         memcpy(dt, &tlo, sizeof tlo); memcpy(dt + 4, &thi, sizeof thi);
     }
 #else
+    (void)aff; /* the all-ones / all-zeros rows give the same values */
     while (k < K) {
         float s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         k1 = K - k > CAPEX__NM_BLK ? k + CAPEX__NM_BLK : K;
@@ -14316,35 +14335,86 @@ static void capex__nm_bwd_me_pass(const float *CAPEX__OPT_RESTRICT y, const floa
     *sg = capex__nm_tree8(ds);
     *sgx = capex__nm_tree8(dt);
 }
-/* xs: xhat from pass 1, or NULL (then (y - b) / w again: the same value). */
+/* The partials alone (no dx): pass 1's updates of pw / pb, the same
+   operations on the same lanes (the same bits), without its row sums, as
+   capex__nm_bwd_params; y is read only for pw (y NULL otherwise). */
+static void capex__nm_bwd_me_params(const float *CAPEX__OPT_RESTRICT y, const float *CAPEX__OPT_RESTRICT dy,
+                                    const float *CAPEX__OPT_RESTRICT wf, const float *CAPEX__OPT_RESTRICT bf,
+                                    float *CAPEX__OPT_RESTRICT pw, float *CAPEX__OPT_RESTRICT pb, int aff, int64_t n) {
+    const int64_t K = n / 8;
+    int64_t i;
+#if defined(__GNUC__) || defined(__clang__)
+    capex__v8f yv, d, w;
+    int64_t k;
+#define CAPEX__NM_ME_PARAMS_LOOP(YB, UPD)                                                               \
+    for (k = 0; k < K; k++) {                                                                           \
+        capex__v8f a_;                                                                                  \
+        memcpy(&yv, y + 8 * k, sizeof yv); memcpy(&d, dy + 8 * k, sizeof d);                            \
+        YB                                                                                              \
+        yv = yv / w; /* xhat */                                                                         \
+        memcpy(&a_, pw + 8 * k, sizeof a_); a_ += d * yv; memcpy(pw + 8 * k, &a_, sizeof a_);           \
+        UPD                                                                                             \
+    }
+    if (pw && aff == 1) { /* pw: a weight */
+        if (pb) { CAPEX__NM_ME_PARAMS_LOOP(CAPEX__NM_ME_W, CAPEX__NM_ME_PB) }
+        else { CAPEX__NM_ME_PARAMS_LOOP(CAPEX__NM_ME_W, ;) }
+    }
+    else if (pw && pb) { CAPEX__NM_ME_PARAMS_LOOP(CAPEX__NM_ME_YB, CAPEX__NM_ME_PB) }
+    else if (pw) { CAPEX__NM_ME_PARAMS_LOOP(CAPEX__NM_ME_YB, ;) }
+    else if (pb) { for (k = 0; k < K; k++) { memcpy(&d, dy + 8 * k, sizeof d); CAPEX__NM_ME_PB } }
+#undef CAPEX__NM_ME_PARAMS_LOOP
+#else
+    (void)aff;
+    for (i = 0; i < 8 * K; i++) {
+        const float d = dy[i];
+        if (pw) { const float xh = (y[i] - bf[i]) / wf[i]; pw[i] += d * xh; }
+        if (pb) pb[i] += d;
+    }
+#endif
+    for (i = 8 * K; i < n; i++) { /* the tail, as pass 1's */
+        const float d = dy[i];
+        if (pw) { const float xh = (y[i] - bf[i]) / wf[i]; pw[i] += d * xh; }
+        if (pb) pb[i] += d;
+    }
+}
+/* xs: xhat from pass 1, or NULL (then (y - b) / w again: the same value;
+   bf NULL: no bias, y / w, the same value without the all-zeros row). */
 #define CAPEX__NM_ME_XS(j) xs[j]
 #define CAPEX__NM_ME_XR(j) capex__nm_me_xhat(y[j], wf[j], bf[j])
+#define CAPEX__NM_ME_XW(j) (y[j] / wf[j])
 static void capex__nm_bwd_me_dx(const float *CAPEX__OPT_RESTRICT y, const float *CAPEX__OPT_RESTRICT dy,
                                 const float *CAPEX__OPT_RESTRICT wf, const float *CAPEX__OPT_RESTRICT bf,
                                 const float *CAPEX__OPT_RESTRICT xs, float *CAPEX__OPT_RESTRICT dx, float rstd,
                                 float mg, float mgx, int64_t n, int stream) {
     int64_t i = 0;
     if (xs) { CAPEX__NM_DX_LOOP(CAPEX__NM_ME_XS) }
+    else if (!bf) { CAPEX__NM_DX_LOOP(CAPEX__NM_ME_XW) }
     else { CAPEX__NM_DX_LOOP(CAPEX__NM_ME_XR) }
 }
 static void capex__nm_bwd_me_row(const capex__nm_ctx *c, int64_t row, float *CAPEX__OPT_RESTRICT pw,
                                  float *CAPEX__OPT_RESTRICT pb, float *scratch) {
     const capex_norm_args *a = c->a;
     const int64_t n = a->cols;
-    const float *y = capex__nm_load(a->y, a->y_dtype, row * n, n, scratch);
+    /* y: for dx or dweight (dbias alone is a sum of dy) */
+    const float *y = a->dx || pw ? capex__nm_load(a->y, a->y_dtype, row * n, n, scratch) : NULL;
     const float *dy = capex__nm_load(a->dy, a->y_dtype, row * n, n, scratch + n);
+    const int aff = a->bias ? 2 : a->weight ? 1 : 0;
     float sg, sgx;
     float *xs = scratch + 2 * n; /* xhat, when pass 1 computes it (pw) */
+    if (!a->dx) { /* no row sums to compute (the normal backward's capex__nm_bwd_params) */
+        capex__nm_bwd_me_params(y, dy, c->wf, c->bf, pw, pb, aff, n);
+        return;
+    }
     /* no affine (w 1, b +0): y - b is y exactly and the pass's sum(dy * y) has the lanes, blocks, tail,
        tree and unfused products (CAPEX__NM_OPAQUE) of capex__nm_dot(dy, y, n), so it is the normal
        backward's sum(g * xhat), bit for bit, without a second read of dy and y */
-    capex__nm_bwd_me_pass(y, dy, c->wf, c->bf, pw, pb, xs, n, &sg, &sgx);
-    if (a->dx) {
+    capex__nm_bwd_me_pass(y, dy, c->wf, c->bf, pw, pb, xs, aff, n, &sg, &sgx);
+    {
         float *dx = capex__nm_out(a->dx, a->x_dtype, row * n, scratch + 3 * n);
         /* no affine: (y - 0) / 1 is y exactly, so xhat is read from y, without a divide per element */
-        const float *xh = pw ? xs : !a->weight && !a->bias ? y : NULL;
-        capex__nm_bwd_me_dx(y, dy, c->wf, c->bf, xh, dx, a->rstd[row], c->rms ? 0.0f : sg / (float)n,
-                            sgx / (float)n, n, c->stream_dx);
+        const float *xh = pw ? xs : !aff ? y : NULL;
+        capex__nm_bwd_me_dx(y, dy, c->wf, aff == 2 ? c->bf : NULL, xh, dx, a->rstd[row],
+                            c->rms ? 0.0f : sg / (float)n, sgx / (float)n, n, c->stream_dx);
         capex__nm_store(a->dx, a->x_dtype, row * n, n, dx);
     }
 }

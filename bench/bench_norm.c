@@ -18,7 +18,8 @@
    backward in both layouts, in ms (best of 7), to compare builds of capex.h
    against each other.
 
-       build/bench/bench_norm noaffine [rows [cols [threads]]]   # no weight/bias, dx: bwd vs bwdme */
+       build/bench/bench_norm noaffine [rows [cols [threads]]]   # no weight/bias, dx: bwd vs bwdme
+       build/bench/bench_norm affine [rows [cols [threads]]]     # dweight alone, all outputs: bwd vs bwdme */
 #define _POSIX_C_SOURCE 199309L
 #define CAPEX_IMPLEMENTATION
 #include "../capex.h"
@@ -51,7 +52,7 @@ static double copy_gbs(size_t bytes) {
     return 2.0 * (double)half / best / 1e9;
 }
 
-/* Backward time (best of 7) for one shape, dtype and output set. */
+/* Backward time (best of 7) for one shape, dtype and output set (bits: 1 dx, 2 dweight and dbias, 4 dweight). */
 static double bench_part(int rms, int me, int64_t rows, int64_t C, capex_dtype dt, int outs, int threads, int affine) {
     const int64_t N = rows * C;
     const size_t es = capex_dtype_size(dt);
@@ -79,7 +80,7 @@ static double bench_part(int rms, int me, int64_t rows, int64_t C, capex_dtype d
     nd.memory_efficient = me;
     a.dy = dy;
     a.dx = outs & 1 ? dx : NULL;
-    a.dweight = outs & 2 && affine ? dw : NULL;
+    a.dweight = outs & 6 && affine ? dw : NULL;
     a.dbias = outs & 2 && !rms ? db : NULL;
     for (k = 0; k < 7; k++) {
         double t0 = now_s();
@@ -171,6 +172,24 @@ static int bench_noaffine(int64_t rows, int64_t C, int threads) {
     return 0;
 }
 
+/* Weight (and bias for LayerNorm; RMSNorm: weight alone): dweight alone (no dx, no dbias) and all outputs,
+   the normal and memory-efficient backward, f32 and bf16, in ms (best of 7). */
+static int bench_affine(int64_t rows, int64_t C, int threads) {
+    int di, rms, me, all;
+    printf("# bench_norm affine: backward ms (best of 7), %lldx%lld, %d thread(s)\n", (long long)rows, (long long)C,
+           threads);
+    for (all = 0; all < 2; all++)
+        for (di = 0; di < 2; di++)
+            for (rms = 0; rms < 2; rms++)
+                for (me = 0; me < 2; me++) {
+                    printf("%-9s %-5s %-3s %-5s %9.3f\n", rms ? "rmsnorm" : "layernorm", me ? "bwdme" : "bwd",
+                           all ? "all" : "dw", di ? "bf16" : "f32",
+                           bench_part(rms, me, rows, C, di ? CAPEX_BF16 : CAPEX_F32, all ? 3 : 4, threads, 1) * 1e3);
+                    fflush(stdout);
+                }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     static const int64_t widths[] = {1024, 2048, 4096, 8192};
     static const capex_dtype dts[] = {CAPEX_F32, CAPEX_BF16};
@@ -179,6 +198,9 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "noaffine") == 0)
         return bench_noaffine(argc > 2 ? atoll(argv[2]) : 4096, argc > 3 ? atoll(argv[3]) : 1024,
                               argc > 4 ? atoi(argv[4]) : 1);
+    if (argc > 1 && strcmp(argv[1], "affine") == 0)
+        return bench_affine(argc > 2 ? atoll(argv[2]) : 4096, argc > 3 ? atoll(argv[3]) : 1024,
+                            argc > 4 ? atoi(argv[4]) : 1);
     rows = argc > 1 ? atoll(argv[1]) : 4096;
     int max_threads = argc > 2 ? atoi(argv[2]) : 2;
     size_t wi, di;

@@ -997,8 +997,8 @@ CT_TEST(memory_efficient_output_subsets_and_streamed_dx_same_bits) {
 }
 
 /* No weight, no bias: the memory-efficient backward's xhat is y, the normal
-   backward's xhat, so its dx (and a dbias asked without a bias) has the
-   normal backward's bits, f32, LayerNorm and RMSNorm: widths with and without
+   backward's xhat, so its dx (and a dbias asked without a bias, with dx and
+   alone) has the normal backward's bits, f32, LayerNorm and RMSNorm: widths with and without
    a tail (n % 8), under and over one block of CAPEX__NM_BLK rounds (512
    columns), a partial last block; 1-3 threads (100 rows: 7 row blocks). */
 CT_TEST(memory_efficient_no_affine_same_bits_as_normal) {
@@ -1026,22 +1026,82 @@ CT_TEST(memory_efficient_no_affine_same_bits_as_normal) {
             CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK, "%s",
                      capex_last_error());
             nd.memory_efficient = 1;
-            a.x = NULL; a.mean = NULL; a.dx = dx;
+            a.x = NULL; a.mean = NULL;
             for (nt = 1; nt <= 3; nt++)
-                for (withdb = 0; withdb < 2 - rms; withdb++) { /* dx alone; dx and dbias (the pass's other loop) */
+                for (withdb = 0; withdb < (rms ? 1 : 3); withdb++) { /* dx; dx and dbias; dbias alone (no row sums) */
                     nd.num_threads = nt;
+                    a.dx = withdb < 2 ? dx : NULL;
                     a.dbias = withdb ? db : NULL;
                     memset(dx, 0x5a, (size_t)N * 4); memset(db, 0x5a, (size_t)C * 4);
                     CT_CHECK((rms ? capex_rms_norm_backward(&nd, &a) : capex_layer_norm_backward(&nd, &a)) == CAPEX_OK,
                              "%s", capex_last_error());
-                    CT_CHECK(!memcmp(dx, dx0, (size_t)N * 4), "%s C=%lld threads %d dbias %d: me dx bits differ from "
-                             "the normal backward's", rms ? "rms" : "layer", (long long)C, nt, withdb);
+                    CT_CHECK(!a.dx || !memcmp(dx, dx0, (size_t)N * 4), "%s C=%lld threads %d dbias %d: me dx bits differ "
+                             "from the normal backward's", rms ? "rms" : "layer", (long long)C, nt, withdb);
                     CT_CHECK(!withdb || !memcmp(db, db0, (size_t)C * 4), "layer C=%lld threads %d: me dbias bits differ",
                              (long long)C, nt);
                 }
             free(x); free(y); free(dy); free(dx0); free(dx); free(db0); free(db);
             if (ct->failed) return;
         }
+}
+
+/* The memory-efficient loops without a bias row (weight alone) and without
+   weight and bias rows give the bits of the loops that read an all-zeros bias
+   and all-ones weight (y - (+0) is y, d * 1 is d): LayerNorm, f32 and bf16,
+   every output set (dx-less ones: the partials alone), widths with and without
+   a tail and over one block of CAPEX__NM_BLK rounds, 2 threads. */
+CT_TEST(memory_efficient_absent_params_same_bits_as_ones_zeros) {
+    static const capex_dtype ts[2] = {CAPEX_F32, CAPEX_BF16};
+    static const int64_t widths[] = {7, 9, 513, 1029, 4103};
+    const int64_t R = 40;
+    capex_norm_desc nd;
+    capex_norm_args a;
+    size_t wi;
+    int k, hw, outs, pass;
+    int64_t i;
+    for (k = 0; k < 2; k++)
+        for (wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+            for (hw = 0; hw < 2; hw++) {
+                const int64_t C = widths[wi], N = R * C;
+                const size_t es = capex_dtype_size(ts[k]);
+                void *x = talloc(ts[k], N), *y = talloc(ts[k], N), *dy = talloc(ts[k], N), *w = talloc(ts[k], C);
+                void *ones = talloc(ts[k], C), *zeros = talloc(ts[k], C), *dx[2], *dw[2], *db[2];
+                float *rstd = (float *)talloc(CAPEX_F32, R);
+                for (pass = 0; pass < 2; pass++) {
+                    dx[pass] = talloc(ts[k], N); dw[pass] = talloc(ts[k], C); db[pass] = talloc(ts[k], C);
+                }
+                for (i = 0; i < N; i++) { setv(ts[k], x, i, 0.5 + 2.0 * rng_sym()); setv(ts[k], dy, i, rng_sym()); }
+                for (i = 0; i < C; i++) {
+                    setv(ts[k], w, i, 1.0 + 0.5 * rng_sym()); setv(ts[k], ones, i, 1.0); setv(ts[k], zeros, i, 0.0);
+                }
+                capex_norm_desc_init(&nd);
+                nd.num_threads = 2;
+                capex_norm_args_init(&a);
+                a.rows = R; a.cols = C; a.x_dtype = a.y_dtype = a.param_dtype = ts[k];
+                a.x = x; a.y = y; a.weight = hw ? w : NULL; a.rstd = rstd;
+                CT_CHECK(capex_layer_norm_forward(&nd, &a) == CAPEX_OK, "%s", capex_last_error());
+                nd.memory_efficient = 1;
+                a.x = NULL; a.dy = dy;
+                for (outs = 1; outs <= 7; outs++) { /* bits: dx, dweight, dbias */
+                    if ((outs & 2) && !hw) continue; /* dweight needs a weight */
+                    for (pass = 0; pass < 2; pass++) { /* 0: the rows given (ones / zeros), 1: absent */
+                        a.weight = hw ? w : pass ? NULL : ones;
+                        a.bias = pass ? NULL : zeros;
+                        a.dx = (outs & 1) ? dx[pass] : NULL;
+                        a.dweight = (outs & 2) ? dw[pass] : NULL;
+                        a.dbias = (outs & 4) ? db[pass] : NULL;
+                        memset(dx[pass], 0x5a, (size_t)N * es); memset(dw[pass], 0x5a, (size_t)C * es);
+                        memset(db[pass], 0x5a, (size_t)C * es);
+                        CT_CHECK(capex_layer_norm_backward(&nd, &a) == CAPEX_OK, "%s", capex_last_error());
+                    }
+                    CT_CHECK(!memcmp(dx[0], dx[1], (size_t)N * es) && !memcmp(dw[0], dw[1], (size_t)C * es) &&
+                             !memcmp(db[0], db[1], (size_t)C * es), "%s C=%lld weight %d outputs %d: bits differ "
+                             "without the ones / zeros rows", capex_dtype_name(ts[k]), (long long)C, hw, outs);
+                }
+                free(x); free(y); free(dy); free(w); free(ones); free(zeros); free(rstd);
+                for (pass = 0; pass < 2; pass++) { free(dx[pass]); free(dw[pass]); free(db[pass]); }
+                if (ct->failed) return;
+            }
 }
 
 /* ---- BatchNorm ---- */
@@ -2539,6 +2599,7 @@ static const ct_case cases[] = {
     CT_CASE(memory_efficient_edges_and_errors), CT_CASE(memory_efficient_bits_independent_of_thread_count),
     CT_CASE(memory_efficient_after_forward_in_place), CT_CASE(memory_efficient_output_subsets_and_streamed_dx_same_bits),
     CT_CASE(memory_efficient_no_affine_same_bits_as_normal),
+    CT_CASE(memory_efficient_absent_params_same_bits_as_ones_zeros),
     CT_CASE(column_sums_many_rows_vs_float64), CT_CASE(batch_norm_channel_sums_many_rows_vs_float64),
     CT_CASE(norm_backward_output_subsets_vs_float64), CT_CASE(bits_match_unfused_reference),
 };
