@@ -120,7 +120,9 @@
                         directory, no flock, a link at that path) each compiles. When
                         the holder's source does not compile, those that waited for it
                         return its CAPEX_ERR_NVRTC and log (kept in its lock file, gone
-                        with it: a later process compiles again).
+                        with it: a later process compiles again). Precompiles (and
+                        background compiles) skip a part whose entry another process
+                        holds, compile the free ones, then read or wait for it.
        Built-in kernels  fill, scale, add and f32<->f16/bf16 conversion (bit-exact with
                         capex.h's CPU conversions), the fused optimizers and the norms, in
                         27 parts (capex_cuda_builtin_part_name), each its own program,
