@@ -120,7 +120,9 @@
                         directory, no flock, a link at that path) each compiles. When
                         the holder's source does not compile, those that waited for it
                         return its CAPEX_ERR_NVRTC and log (kept in its lock file, gone
-                        with it: a later process compiles again).
+                        with it: a later process compiles again). Precompiles (and
+                        background compiles) skip a part whose entry another process
+                        holds, compile the free ones, then read or wait for it.
        Built-in kernels  fill, scale, add and f32<->f16/bf16 conversion (bit-exact with
                         capex.h's CPU conversions), the fused optimizers and the norms, in
                         27 parts (capex_cuda_builtin_part_name), each its own program,
@@ -2364,15 +2366,23 @@ CAPEX__PRIVATE capex_result capex__cuda_lock_take_failure(int fd, const unsigned
    messages); its fd, or -1 for no lock (the caller compiles as without one),
    or -2 with the failure the holder it waited for recorded as this thread's
    error (*failed: its status). Polls (LOCK_NB) with pauses of 1 to 50 ms, up
-   to CAPEX__CACHE_LOCK_WAIT_S in all. */
+   to CAPEX__CACHE_LOCK_WAIT_S in all. defer: NULL, wait; *defer < 0, do not
+   wait: -3 when another holds it, *defer then the lock file's fd, kept open
+   so that its holder's failure record reaches this waiter (a later holder
+   makes a new file); *defer >= 0, such an fd, waited on first (consumed). */
 CAPEX__PRIVATE int capex__cuda_cache_lock(int dfd, const char *name, const char *path, const unsigned char key[32],
-                                          capex_result *failed) {
+                                          int *defer, capex_result *failed) {
 #if defined(LOCK_EX) && defined(LOCK_NB)
     double start = capex_dist_now(), pause = 0.001;
-    int attempt;
+    int attempt, try_only = defer && *defer < 0;
     for (attempt = 0; attempt < 100; attempt++) {
-        int fd = capex__cuda_lock_open(dfd, name, 1), got;
-        if (fd < 0) return -1;
+        int fd, got;
+        if (defer && *defer >= 0) {
+            fd = *defer;
+            *defer = -1;
+        } else if ((fd = capex__cuda_lock_open(dfd, name, 1)) < 0) {
+            return -1;
+        }
         while (!(got = flock(fd, LOCK_EX | LOCK_NB) == 0)) {
             if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) { /* ENOLCK, EINVAL, ...: no locking here */
                 close(fd);
@@ -2380,6 +2390,10 @@ CAPEX__PRIVATE int capex__cuda_cache_lock(int dfd, const char *name, const char 
             }
             /* unlinked: its holder is done, though a child it forked meanwhile may hold a copy of its fd */
             if (!capex__cuda_lock_current(fd, dfd, name)) break;
+            if (try_only) { /* held: the caller does other work first */
+                *defer = fd;
+                return -3;
+            }
             if (capex_dist_now() - start >= CAPEX__CACHE_LOCK_WAIT_S) {
                 capex_log(CAPEX_LOG_WARN, "waited %.0f s for %s, which another compile of the same kernel holds; "
                           "compiling here too", capex_dist_now() - start, path);
@@ -2407,6 +2421,7 @@ CAPEX__PRIVATE int capex__cuda_cache_lock(int dfd, const char *name, const char 
     (void)name;
     (void)path;
     (void)key;
+    (void)defer;
     (void)failed;
     return -1;
 #endif
@@ -2580,8 +2595,10 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_nvrtc(const capex_cuda_compile_d
 /* Source -> image through the cache. builtin: a built-in unit, compiled with
    NVRTC's -minimal where NVRTC has it (12.4 on): it skips NVRTC's built-in
    headers, which the kernels do not use (-3% CPU per program, the same
-   images: tests/test_cuda_jit.c), so it is not part of the cache key. */
-CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc *d, int skip_read, int builtin,
+   images: tests/test_cuda_jit.c), so it is not part of the cache key.
+   defer (see capex__cuda_compile_defer): NULL waits for another process's
+   compile of the entry. */
+CAPEX__PRIVATE capex_result capex__cuda_compile_at(const capex_cuda_compile_desc *d, int skip_read, int builtin, int *defer,
                                                    capex_cuda_image *out) {
     unsigned char key[32];
     char name[100], lock[110], path[1200];
@@ -2626,7 +2643,11 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc
             if (r != CAPEX_ERR_NOT_FOUND) capex_log(CAPEX_LOG_INFO, "recompiling: %s", capex_last_error());
             /* a miss: compile under the entry's lock, unless another process wrote it
                meanwhile (skip_read: the entry is the one the driver refused, so no wait) */
-            lock_fd = capex__cuda_cache_lock(dfd, lock, path, key, &failed);
+            lock_fd = capex__cuda_cache_lock(dfd, lock, path, key, defer, &failed);
+            if (lock_fd == -3) { /* another process compiles it: deferred (*defer: its lock file) */
+                close(dfd);
+                return CAPEX_OK;
+            }
             if (lock_fd == -2) { /* the holder it waited for failed on this very source: its error, with NVRTC's log */
                 close(dfd);
                 return failed;
@@ -2655,6 +2676,33 @@ CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc
     capex__cuda_cache_unlock(lock_fd, dfd, lock);
     if (dfd >= 0) close(dfd);
     return r;
+}
+
+CAPEX__PRIVATE capex_result capex__cuda_compile_ex(const capex_cuda_compile_desc *d, int skip_read, int builtin,
+                                                   capex_cuda_image *out) {
+    return capex__cuda_compile_at(d, skip_read, builtin, NULL, out);
+}
+
+/* capex__cuda_compile_ex for a caller with other compiles to do (the
+   precompile pools): with *defer < 0, an entry whose lock another process
+   holds is not waited for: CAPEX_OK, no image (out->data NULL) and *defer >= 0
+   (the lock file, open). Called again with that *defer, it reads the entry
+   (the holder may have written it) or waits as compile_ex does, the holder's
+   recorded failure included, and sets *defer to -1; capex__cuda_defer_drop
+   closes one never called again. */
+CAPEX__PRIVATE capex_result capex__cuda_compile_defer(const capex_cuda_compile_desc *d, int skip_read, int builtin, int *defer,
+                                                      capex_cuda_image *out) {
+    int held = *defer;
+    capex_result r = capex__cuda_compile_at(d, skip_read, builtin, defer, out);
+    if (held >= 0 && *defer == held) { /* returned before the lock (a hit, an error): not consumed */
+        close(held);
+        *defer = -1;
+    }
+    return r;
+}
+CAPEX__PRIVATE void capex__cuda_defer_drop(int *defer) {
+    if (*defer >= 0) close(*defer);
+    *defer = -1;
 }
 
 CAPEX__PRIVATE capex_result capex__cuda_compile(const capex_cuda_compile_desc *d, int skip_read, capex_cuda_image *out) {
@@ -4857,6 +4905,7 @@ typedef struct capex__cuda_pjob {
     int part;                    /* the unit: a part, or a variant (capex__cuda_kernel_unit) */
     capex_cuda_cache cache;      /* private copy: the warn-once flag is not thread-safe */
     int use_cache, skip_read;
+    int defer;                   /* >= 0: deferred, another process held its entry (capex__cuda_compile_defer) */
     capex_cuda_image img;
     capex_result r;
     char err[2048];
@@ -4865,6 +4914,7 @@ typedef struct capex__cuda_pjob {
 typedef struct capex__cuda_pool {
     capex__cuda_pjob *jobs;
     int n, next, device_cc, meta_bytes;
+    int *deferred, n_deferred, next_deferred; /* jobs deferred, in the order they were */
     pthread_mutex_t lock;
 } capex__cuda_pool;
 
@@ -4919,25 +4969,48 @@ CAPEX__PRIVATE void capex__cuda_unit_desc(int u, int device_cc, int meta_bytes, 
     d->cache = cache;
 }
 
-/* Compiles (or reads from the disk cache) job j's part: NVRTC only, no CUDA call. */
-CAPEX__PRIVATE void capex__cuda_pjob_run(capex__cuda_pjob *j, int device_cc, int meta_bytes) {
+/* Compiles (or reads from the disk cache) job j's part: NVRTC only, no CUDA
+   call. may_defer: when another process holds the part's cache entry, returns
+   1 without waiting (j->defer set), so that the caller compiles other parts
+   meanwhile (ranks that precompile the same parts on a cold cache each take
+   what nobody holds instead of queueing behind each other); run again, a
+   deferred job reads the entry or waits for it. */
+CAPEX__PRIVATE int capex__cuda_pjob_run(capex__cuda_pjob *j, int device_cc, int meta_bytes, int may_defer) {
     capex_cuda_compile_desc d;
     capex__cuda_unit_opts o;
     capex__cuda_unit_desc(j->part, device_cc, meta_bytes, j->use_cache ? &j->cache : NULL, &o, &d);
-    j->r = d.source ? capex__cuda_compile_ex(&d, j->skip_read, 1, &j->img)
-                    : capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "could not assemble the built-in kernel source");
+    if (!d.source) j->r = capex__fail(CAPEX_ERR_OUT_OF_MEMORY, "could not assemble the built-in kernel source");
+    else if (may_defer || j->defer >= 0) j->r = capex__cuda_compile_defer(&d, j->skip_read, 1, &j->defer, &j->img);
+    else j->r = capex__cuda_compile_ex(&d, j->skip_read, 1, &j->img);
+    if (j->r == CAPEX_OK && j->defer >= 0) return 1;
     if (j->r != CAPEX_OK) capex__cuda_fmt(j->err, sizeof j->err, "%s", capex_last_error());
+    return 0;
 }
 
+/* Takes jobs in order; one whose entry another process holds is deferred and
+   run again (reading or waiting) only when no fresh job is left. A thread
+   that defers a job loops again, so a deferred job is never left behind. */
 CAPEX__PRIVATE void *capex__cuda_pool_work(void *arg) {
     capex__cuda_pool *pool = (capex__cuda_pool *)arg;
     for (;;) {
-        capex__cuda_pjob *j;
+        capex__cuda_pjob *j = NULL;
+        int fresh = 0, i;
         pthread_mutex_lock(&pool->lock);
-        j = pool->next < pool->n ? &pool->jobs[pool->next++] : NULL;
+        if (pool->next < pool->n) {
+            i = pool->next++;
+            j = &pool->jobs[i];
+            fresh = pool->deferred != NULL; /* without the list (no memory): no deferring */
+        } else if (pool->next_deferred < pool->n_deferred) {
+            i = pool->deferred[pool->next_deferred++];
+            j = &pool->jobs[i];
+        }
         pthread_mutex_unlock(&pool->lock);
         if (!j) return NULL;
-        capex__cuda_pjob_run(j, pool->device_cc, pool->meta_bytes);
+        if (capex__cuda_pjob_run(j, pool->device_cc, pool->meta_bytes, fresh)) {
+            pthread_mutex_lock(&pool->lock);
+            pool->deferred[pool->n_deferred++] = i;
+            pthread_mutex_unlock(&pool->lock);
+        }
     }
 }
 
@@ -4957,17 +5030,21 @@ CAPEX__PRIVATE void capex__cuda_pool_run(capex__cuda_pjob *jobs, int n, int devi
     pool.next = 0;
     pool.device_cc = device_cc;
     pool.meta_bytes = meta_bytes;
+    pool.deferred = n > 0 ? (int *)CAPEX_MALLOC(sizeof(int) * (size_t)n) : NULL;
+    pool.n_deferred = pool.next_deferred = 0;
     pthread_mutex_init(&pool.lock, NULL);
     for (i = 1; i < n_threads; i++)
         if (pthread_create(&th[started], NULL, capex__cuda_pool_work, &pool) == 0) started++;
     capex__cuda_pool_work(&pool); /* the caller works too (and alone if no thread started) */
     for (i = 0; i < started; i++) pthread_join(th[i], NULL);
     pthread_mutex_destroy(&pool.lock);
+    CAPEX_FREE(pool.deferred);
 }
 
 CAPEX__PRIVATE void capex__cuda_pjob_init(capex__cuda_pjob *j, int part, const capex_cuda_cache *cache) {
     memset(j, 0, sizeof *j);
     j->part = part;
+    j->defer = -1;
     if (cache && cache->enabled && cache->dir[0]) {
         j->cache = *cache;
         j->cache.warned = 2; /* silent; capex__cuda_compile sets 1 when a write fails or the directory is not trusted */
@@ -5087,10 +5164,19 @@ struct capex_cuda_context {
    part it compiles itself, a running one it waits for. Lock order: ctx->lock,
    then bg->lock; workers take only bg->lock. */
 
+/* The queued unit to run next: the first queued, a deferred one (its entry
+   held by another process: capex__cuda_pjob_run) only when no other is left. */
 CAPEX__PRIVATE int capex__cuda_bg_next_locked(capex__cuda_bg *bg) {
-    int p, best = -1;
-    for (p = 0; p < CAPEX__CUDA_N_UNITS; p++)
-        if (bg->state[p] == CAPEX__BG_QUEUED && (best < 0 || bg->seq[p] < bg->seq[best])) best = p;
+    int p, best = -1, best_deferred = 0;
+    for (p = 0; p < CAPEX__CUDA_N_UNITS; p++) {
+        int deferred;
+        if (bg->state[p] != CAPEX__BG_QUEUED) continue;
+        deferred = bg->job[p]->defer >= 0;
+        if (best < 0 || deferred < best_deferred || (deferred == best_deferred && bg->seq[p] < bg->seq[best])) {
+            best = p;
+            best_deferred = deferred;
+        }
+    }
     return best;
 }
 
@@ -5111,15 +5197,15 @@ CAPEX__PRIVATE void *capex__cuda_bg_work(void *arg) {
     int c_ok = capex__cuda_bg_may_compile();
     pthread_mutex_lock(&bg->lock);
     for (;;) {
-        int p = c_ok ? capex__cuda_bg_next_locked(bg) : -1;
+        int p = c_ok ? capex__cuda_bg_next_locked(bg) : -1, deferred;
         capex__cuda_pjob *job;
         if (p < 0 || bg->stop) break;
         bg->state[p] = CAPEX__BG_RUNNING;
         job = bg->job[p]; /* freed only once DONE (claim, stop) */
         pthread_mutex_unlock(&bg->lock);
-        capex__cuda_pjob_run(job, ctx->device_cc, ctx->meta_bytes);
+        deferred = capex__cuda_pjob_run(job, ctx->device_cc, ctx->meta_bytes, 1);
         pthread_mutex_lock(&bg->lock);
-        bg->state[p] = CAPEX__BG_DONE;
+        bg->state[p] = deferred ? CAPEX__BG_QUEUED : CAPEX__BG_DONE; /* deferred: queued again, after the others */
         pthread_cond_broadcast(&bg->cv);
     }
     bg->active--;
@@ -5171,16 +5257,31 @@ CAPEX__PRIVATE void capex__cuda_bg_request(capex_cuda_context *ctx, const int *w
 
 /* Part p's background result, if any: 1 and *job (its image or error, now the
    caller's), 0 when the caller must compile (never queued, or queued but not
-   started: taken off the queue). Waits for a running compile. */
+   started: taken off the queue). Waits for a running compile; runs a deferred
+   one here (it keeps the lock file that brings the holder's failure). */
 CAPEX__PRIVATE int capex__cuda_bg_claim(capex_cuda_context *ctx, int p, capex__cuda_pjob *job) {
     capex__cuda_bg *bg = &ctx->bg;
     int got;
     pthread_mutex_lock(&bg->lock);
-    if (bg->state[p] == CAPEX__BG_QUEUED) bg->state[p] = CAPEX__BG_NONE;
-    while (bg->state[p] == CAPEX__BG_RUNNING) pthread_cond_wait(&bg->cv, &bg->lock);
+    for (;;) { /* a running compile may come back deferred */
+        if (bg->state[p] == CAPEX__BG_QUEUED && bg->job[p]->defer >= 0) {
+            capex__cuda_pjob *j = bg->job[p];
+            bg->state[p] = CAPEX__BG_RUNNING;
+            pthread_mutex_unlock(&bg->lock);
+            capex__cuda_pjob_run(j, ctx->device_cc, ctx->meta_bytes, 0); /* resumes: reads the entry or waits */
+            pthread_mutex_lock(&bg->lock);
+            bg->state[p] = CAPEX__BG_DONE;
+            pthread_cond_broadcast(&bg->cv);
+        } else if (bg->state[p] == CAPEX__BG_RUNNING) {
+            pthread_cond_wait(&bg->cv, &bg->lock);
+        } else {
+            break;
+        }
+    }
     got = bg->state[p] == CAPEX__BG_DONE;
     if (got) *job = *bg->job[p]; /* the image is now the caller's */
     bg->state[p] = CAPEX__BG_NONE;
+    if (bg->job[p]) capex__cuda_defer_drop(&bg->job[p]->defer);
     capex__free(NULL, bg->job[p]);
     bg->job[p] = NULL;
     pthread_mutex_unlock(&bg->lock);
@@ -5197,6 +5298,7 @@ CAPEX__PRIVATE void capex__cuda_bg_stop(capex__cuda_bg *bg) {
     bg->n_threads = 0;
     for (i = 0; i < CAPEX__CUDA_N_UNITS; i++) {
         if (bg->state[i] == CAPEX__BG_DONE) capex_cuda_image_free(&bg->job[i]->img);
+        if (bg->job[i]) capex__cuda_defer_drop(&bg->job[i]->defer);
         capex__free(NULL, bg->job[i]);
         bg->job[i] = NULL;
         bg->state[i] = CAPEX__BG_NONE;
@@ -5928,7 +6030,8 @@ CAPEX_API capex_result capex_cuda_precompile(capex_cuda_context *ctx, int n_thre
     /* parts a background thread is compiling (or has compiled) are taken from it below */
     pthread_mutex_lock(&ctx->bg.lock);
     for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) {
-        if (ctx->bg.state[i] == CAPEX__BG_QUEUED) ctx->bg.state[i] = CAPEX__BG_NONE;
+        /* a deferred one stays: it keeps its lock file (capex__cuda_bg_claim runs it) */
+        if (ctx->bg.state[i] == CAPEX__BG_QUEUED && ctx->bg.job[i]->defer < 0) ctx->bg.state[i] = CAPEX__BG_NONE;
         in_bg[i] = want[i] && ctx->bg.state[i] != CAPEX__BG_NONE;
         if (in_bg[i]) want[i] = 0;
     }

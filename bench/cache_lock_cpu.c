@@ -4,7 +4,9 @@
    round with a fresh cache directory, and how many of the N x parts compiles
    ran NVRTC (the rest read the cache). Built against two headers, it shows
    what the per-entry compile lock saves.
-     cache_lock_cpu [--procs 4] [--rounds 3] [--cc 90] [--all | part ...]  (default: amp adam_bf16)
+     cache_lock_cpu [--procs 4] [--rounds 3] [--cc 90] [--pool T] [--all | part ...]  (default: amp adam_bf16)
+   --pool T: each process compiles its parts as capex_cuda_precompile does (its
+   job pool, on T threads) instead of one by one in order.
    Build it with -I pointing at either header pair (a baseline's from git show). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -40,12 +42,13 @@ static void rm_dir(const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    int procs = 4, rounds = 3, cc = 90, units[64], n_units = 0, i, r;
+    int procs = 4, rounds = 3, cc = 90, pool = 0, units[64], n_units = 0, i, r;
     double best = -1.0;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--procs") && i + 1 < argc) procs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--cc") && i + 1 < argc) cc = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--pool") && i + 1 < argc) pool = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--all"))
             for (n_units = 0; n_units < capex_cuda_builtin_part_count() && n_units < 64; n_units++) units[n_units] = n_units;
         else if (n_units < 64) {
@@ -83,7 +86,22 @@ int main(int argc, char **argv) {
                 close(done[0]);
                 if (read(go[0], &c, 1) < 0) _exit(1);
                 capex_cuda_cache_init(&cache, dir);
-                for (k = 0; k < n_units; k++) {
+                if (pool > 0) { /* the precompile pool: capex_cuda_precompile's order and threads */
+                    static capex__cuda_pjob jobs[CAPEX__CUDA_N_PARTS];
+                    int want[CAPEX__CUDA_N_PARTS] = {0}, nj;
+                    for (k = 0; k < n_units; k++) want[units[k]] = 1;
+                    nj = capex__cuda_pool_jobs(jobs, want, &cache);
+                    capex__cuda_pool_run(jobs, nj, cc, CAPEX__GO_META_SMALL, pool);
+                    for (k = 0; k < nj; k++) {
+                        if (jobs[k].r != CAPEX_OK) {
+                            fprintf(stderr, "%s\n", jobs[k].err);
+                            _exit(1);
+                        }
+                        n += !jobs[k].img.from_cache;
+                        capex_cuda_image_free(&jobs[k].img);
+                    }
+                }
+                for (k = 0; k < n_units && pool <= 0; k++) {
                     capex_cuda_compile_desc d;
                     capex__cuda_unit_opts o;
                     capex_cuda_image img;

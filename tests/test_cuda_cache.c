@@ -71,8 +71,15 @@ static void on_nvrtc(void) {
         for (;;) pause();
     }
 }
+static int release_w = -1, first_wait_compiles = -1; /* lock_precompile_takes_free_parts_first */
+static int compiles_now(void);
 static void on_lock_wait(void) {
     if (wait_fd >= 0 && !waits_reported++ && write(wait_fd, "w", 1) != 1) _exit(3);
+    if (release_w >= 0) { /* the first wait: note the compiles so far, let the holder go on */
+        first_wait_compiles = compiles_now();
+        if (write(release_w, "g", 1) != 1) first_wait_compiles = -2;
+        release_w = -1;
+    }
 }
 static int compiles_now(void) {
     int n;
@@ -918,6 +925,132 @@ CT_TEST(lock_waiters_take_the_holders_compile_error) {
              "a later compile runs NVRTC again: %d, %d compiles", later.code, later.value);
     CT_CHECK(count_files(dir, "") == 0, "still nothing left");
     rm_dir(dir);
+}
+
+/* Compiles built-in part (int)arg's (default: the heaviest) through dir's cache, as a
+   rank's precompile would, reporting its status and NVRTC compiles. */
+static int held_part = -1;
+static void child_part_compile(const char *dir, child_result *res) {
+    capex_cuda_cache c;
+    capex_cuda_compile_desc d;
+    capex__cuda_unit_opts o;
+    capex_cuda_image img;
+    alarm((unsigned)(2 * CT_HANG_GUARD_S));
+    nvrtc_compiles = 0;
+    capex_cuda_cache_init(&c, dir);
+    capex__cuda_unit_desc(held_part, 90, CAPEX__GO_META_SMALL, &c, &o, &d);
+    res->code = capex__cuda_compile_ex(&d, 0, 1, &img);
+    res->value = compiles_now();
+    snprintf(res->message, sizeof res->message, "%s", res->code == CAPEX_OK ? "" : capex_last_error());
+    capex_cuda_image_free(&img);
+}
+
+/* Two ranks precompile parts A (the heaviest) and B on a cold cache; while
+   one holds A's entry, the other compiles B instead of waiting for A, then
+   reads A from the cache: one NVRTC run per entry, and the first lock wait
+   comes after B's compile (main waited for A first, with B not started:
+   ranks convoyed behind each other's compiles). The holder is released at
+   that first wait, so neither order hangs. */
+CT_TEST(lock_precompile_takes_free_parts_first) {
+    enum { NP = CAPEX__CUDA_N_PARTS };
+    char dir[64];
+    int hold[2], go[2], hfd, held, n0, nj, want[NP], left, i;
+    pid_t holder;
+    child_result hr;
+    capex__cuda_pjob jobs[2];
+    capex_cuda_cache c;
+    CT_NEED_NVRTC();
+    pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
+    make_dir(dir, sizeof dir);
+    CT_CHECK(pipe(hold) == 0 && pipe(go) == 0, "pipe");
+    held_part = capex__cuda_part_order[0];
+    hold_fd = hold[1], hold_go_r = go[0];
+    holder = spawn(child_part_compile, dir, &hfd);
+    hold_fd = hold_go_r = -1;
+    close(hold[1]);
+    close(go[0]);
+    held = read_bytes(hold[0], 1);
+    for (i = 0; i < NP; i++) want[i] = i == capex__cuda_part_order[0] || i == capex__cuda_part_order[NP - 1];
+    capex_cuda_cache_init(&c, dir);
+    nj = capex__cuda_pool_jobs(jobs, want, &c);
+    n0 = compiles_now();
+    first_wait_compiles = -1;
+    release_w = go[1];
+    capex__cuda_pool_run(jobs, nj, 90, CAPEX__GO_META_SMALL, 1); /* one thread: the order is the pool's */
+    if (release_w >= 0 && write(go[1], "g", 1) != 1) held = -1; /* never waited: release it anyway */
+    release_w = -1;
+    hr = collect(holder, hfd);
+    close(go[1]);
+    close(hold[0]);
+    CT_CHECK(held == 1, "the holder reached NVRTC");
+    CT_CHECK(hr.exited_ok && hr.code == CAPEX_OK && hr.value == 1, "the holder compiled A: %d, %d compiles, %s", hr.code,
+             hr.value, hr.message);
+    CT_CHECK(nj == 2 && jobs[0].part == capex__cuda_part_order[0], "jobs: %d, A first", nj);
+    for (i = 0; i < nj; i++) CT_CHECK(jobs[i].r == CAPEX_OK && jobs[i].img.data, "part %d: %s", jobs[i].part, jobs[i].err);
+    CT_CHECK(nj == 2 && jobs[0].img.from_cache && !jobs[1].img.from_cache, "A read from the holder's entry, B compiled");
+    CT_CHECK(compiles_now() - n0 == 1, "one NVRTC run here (B), got %d", compiles_now() - n0);
+    CT_CHECK(first_wait_compiles - n0 == 1, "B compiled before the first wait for A (%d compiles by then)",
+             first_wait_compiles < 0 ? first_wait_compiles : first_wait_compiles - n0);
+    for (i = 0; i < nj; i++) capex_cuda_image_free(&jobs[i].img);
+    left = count_files(dir, ".lock") + count_files(dir, ".tmp");
+    CT_CHECK(left == 0 && count_files(dir, ".capexjit") == 2, "two entries, no lock or temp file (%d)", left);
+    rm_dir(dir);
+}
+
+/* A compile deferred while another process holds its entry keeps the lock
+   file open: resumed after that holder is done and the file unlinked, it
+   takes the holder's failure (a failing source: no NVRTC run here) or reads
+   its entry, and leaves no descriptor behind. */
+CT_TEST(lock_deferred_compile_keeps_the_holders_outcome) {
+    const char *const *srcs[2];
+    int k;
+    srcs[0] = failing_opts;
+    srcs[1] = lock_opts;
+    CT_NEED_NVRTC();
+    for (k = 0; k < 2; k++) {
+        char dir[64];
+        int hold[2], go[2], hfd, held, n0, defer = -1, deferred, left;
+        pid_t holder;
+        child_result hr;
+        capex_cuda_cache c;
+        capex_cuda_compile_desc d;
+        capex_cuda_image img;
+        capex_result r;
+        make_dir(dir, sizeof dir);
+        CT_CHECK(pipe(hold) == 0 && pipe(go) == 0, "pipe");
+        child_opts = srcs[k];
+        hold_fd = hold[1], hold_go_r = go[0];
+        holder = spawn(child_lock_compile, dir, &hfd);
+        hold_fd = hold_go_r = -1;
+        close(hold[1]);
+        close(go[0]);
+        held = read_bytes(hold[0], 1);
+        capex_cuda_cache_init(&c, dir);
+        user_desc(&d, &c, srcs[k]);
+        n0 = compiles_now();
+        r = capex__cuda_compile_defer(&d, 0, 0, &defer, &img);
+        deferred = r == CAPEX_OK && defer >= 0 && !img.data;
+        if (write(go[1], "g", 1) != 1) held = -1;
+        hr = collect(holder, hfd); /* done: its lock file unlinked */
+        close(go[1]);
+        close(hold[0]);
+        child_opts = lock_opts;
+        CT_CHECK(held == 1 && deferred, "source %d: deferred while held (%d, fd %d)", k, r, defer);
+        CT_CHECK(count_files(dir, ".lock") == 0, "the holder's lock file is gone");
+        r = capex__cuda_compile_defer(&d, 0, 0, &defer, &img);
+        CT_CHECK(defer == -1, "the lock file closed");
+        CT_CHECK(compiles_now() == n0, "source %d: no NVRTC run here (%d)", k, compiles_now() - n0);
+        if (k == 0)
+            CT_CHECK(r == CAPEX_ERR_NVRTC && hr.code == CAPEX_ERR_NVRTC && !strcmp(capex_last_error(), hr.message),
+                     "the holder's error: %d %s (holder: %s)", r, capex_last_error(), hr.message);
+        else
+            CT_CHECK(r == CAPEX_OK && img.from_cache && hr.code == CAPEX_OK, "read the holder's entry: %d %s", r, capex_last_error());
+        capex_cuda_image_free(&img);
+        left = count_files(dir, ".lock") + count_files(dir, ".tmp");
+        CT_CHECK(left == 0 && count_files(dir, ".capexjit") == k, "%d entries, no lock or temp file (%d)", k, left);
+        capex_set_log_callback(NULL, NULL);
+        rm_dir(dir);
+    }
 }
 
 /* A failure record in a lock file that is still current (its holder died
@@ -1979,6 +2112,8 @@ static const ct_case cases[] = {
     CT_CASE(lock_threads_of_one_process),
     CT_CASE(lock_waiters_take_the_holders_compile_error),
     CT_CASE(lock_record_of_a_dead_holder_is_no_outcome),
+    CT_CASE(lock_precompile_takes_free_parts_first),
+    CT_CASE(lock_deferred_compile_keeps_the_holders_outcome),
     CT_CASE(write_that_fails_part_way),
     CT_CASE(unwritable_dir_warns_once),
     CT_CASE(unreadable_entry_and_stale_temp_files),

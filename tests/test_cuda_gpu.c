@@ -11,6 +11,8 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+static void on_lock_wait(void);
+#define CAPEX__CACHE_ON_LOCK_WAIT() on_lock_wait()
 #define CAPEX_CUDA_IMPLEMENTATION
 #include "../capex_cuda.h"
 #include "capex_test.h"
@@ -280,6 +282,58 @@ static int count_entries(const char *dir) {
     return n;
 }
 
+/* builtin_background_compiles_take_free_parts_first: lock files the test holds
+   (as another rank compiling those entries would), released from the hook that
+   a lock wait calls before each pause. */
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t held_cv = PTHREAD_COND_INITIALIZER;
+static char held_path[2][1300], held_dir[64];
+static int held_fd[2] = {-1, -1}, held_release_first = -1, held_entries_at_wait = -1, held_worker_waits;
+static pthread_t held_main;
+static int count_entries_only(const char *dir) { /* not lock files (NAME.capexjit.lock) */
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    while (d && (e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        n += l > 9 && !strcmp(e->d_name + l - 9, ".capexjit");
+    }
+    if (d) closedir(d);
+    return n;
+}
+static void held_release(int k) { /* as a holder does: unlink, then unlock */
+    if (held_fd[k] < 0) return;
+    unlink(held_path[k]);
+    close(held_fd[k]);
+    held_fd[k] = -1;
+}
+static void on_lock_wait(void) {
+    pthread_mutex_lock(&held_mu);
+    if (held_dir[0] && !pthread_equal(pthread_self(), held_main)) { /* a background worker */
+        if (!held_worker_waits++) {
+            held_entries_at_wait = count_entries_only(held_dir);
+            if (held_release_first >= 0) held_release(held_release_first);
+            pthread_cond_broadcast(&held_cv);
+        }
+    } else if (held_dir[0]) { /* the caller, claiming part 1: release it */
+        held_release(1);
+    }
+    pthread_mutex_unlock(&held_mu);
+}
+/* Holds the lock of unit u's entry in ctx's cache as held_fd[k]. */
+static int held_take(capex_cuda_context *ctx, int k, int u) {
+    capex_cuda_compile_desc d;
+    capex__cuda_unit_opts o;
+    unsigned char key[32];
+    char path[1200];
+    capex__cuda_unit_desc(u, ctx->device_cc, ctx->meta_bytes, &ctx->cache, &o, &d);
+    capex__cuda_cache_key(d.source, d.name, d.options, d.n_options, ctx->device_cc, key);
+    capex__cuda_cache_path(&ctx->cache, key, path, sizeof path);
+    snprintf(held_path[k], sizeof held_path[k], "%s.lock", path);
+    held_fd[k] = open(held_path[k], O_RDWR | O_CREAT, 0600);
+    return held_fd[k] >= 0 && flock(held_fd[k], LOCK_EX | LOCK_NB) == 0;
+}
+
 /* Built-in parts compile on first use, one at a time (a fill compiles "basic"
    alone, seen as one new disk-cache entry), and a context created with
    precompile = 1 loads every part (from the disk cache the cold test filled). */
@@ -425,6 +479,81 @@ CT_TEST(builtin_parts_compile_in_background) {
     CT_CHECK(loaded == np, "precompile after precompile = 2: %d of %d parts loaded", loaded, np);
     capex_cuda_free(ctx, x);
     capex_cuda_context_destroy(ctx);
+}
+
+/* Background compiles of parts A (the heavier) and B on one thread while
+   another rank holds A's cache entry: the thread compiles B instead of waiting
+   for A, then waits for A (main waited for A first: ranks convoyed). Then with
+   both held: the thread defers both and waits for A; the caller claiming B
+   runs B's deferred compile itself (its lock file kept: the holder's outcome
+   reaches it) once B is released, and A's comes when A is. */
+CT_TEST(builtin_background_compiles_take_free_parts_first) {
+    capex_cuda_context *ctx = NULL;
+    capex_cuda_context_desc cd;
+    capex_cuda_module *m = NULL;
+    char dir[] = "/tmp/capex_bgdefer_XXXXXX";
+    const char *names[2];
+    int pa = capex_cuda_builtin_kernel_part("capex_go_adam_bf16"), pb = capex_cuda_builtin_kernel_part("capex_norm_fwd");
+    int i, a = -1, b = -1, round, held, from_cache = 1;
+    OPEN_CTX_NEW_CACHE(ctx, cd, dir);
+    pthread_once(&capex__cuda_builtin_once, capex__cuda_builtin_build);
+    for (i = 0; i < CAPEX__CUDA_N_PARTS; i++) { /* A: the one queued first */
+        if (a < 0 && (capex__cuda_part_order[i] == pa || capex__cuda_part_order[i] == pb)) a = capex__cuda_part_order[i];
+    }
+    b = a == pa ? pb : pa;
+    names[0] = a == pa ? "capex_go_adam_bf16" : "capex_norm_fwd";
+    names[1] = a == pa ? "capex_norm_fwd" : "capex_go_adam_bf16";
+    for (round = 0; round < 2; round++) {
+        pthread_mutex_lock(&held_mu);
+        held = held_take(ctx, 0, a) && (round == 0 || held_take(ctx, 1, b));
+        held_main = pthread_self();
+        held_worker_waits = 0;
+        held_entries_at_wait = -1;
+        held_release_first = round == 0 ? 0 : -1;
+        snprintf(held_dir, sizeof held_dir, "%s", dir);
+        pthread_mutex_unlock(&held_mu);
+        CT_CHECK(held, "round %d: the test holds the entries' locks", round);
+        OK(capex_cuda_precompile_async(ctx, names, 2, 1)); /* one thread: the queue's order */
+        if (round == 1) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += (time_t)CT_HANG_GUARD_S;
+            pthread_mutex_lock(&held_mu); /* until the thread waits for A (B deferred too) */
+            while (!held_worker_waits && pthread_cond_timedwait(&held_cv, &held_mu, &until) == 0) {}
+            pthread_mutex_unlock(&held_mu);
+            CT_CHECK(held_worker_waits, "the thread waits for A");
+            OK(capex_cuda_builtin_part_module(ctx, b, &m)); /* runs B's deferred compile; waits until B is released */
+            OK(capex_cuda_module_info(m, NULL, &from_cache));
+            CT_CHECK(!from_cache && count_entries_only(dir) == 1 && held_fd[1] < 0, "B compiled by the caller (from_cache %d, %d entries)",
+                     from_cache, count_entries_only(dir));
+            pthread_mutex_lock(&held_mu);
+            held_release(0);
+            pthread_mutex_unlock(&held_mu);
+        }
+        OK(capex_cuda_precompile_wait(ctx));
+        pthread_mutex_lock(&held_mu);
+        held_release(0); /* in case nothing waited */
+        held_release(1);
+        held_dir[0] = '\0';
+        pthread_mutex_unlock(&held_mu);
+        if (round == 0)
+            CT_CHECK(held_entries_at_wait == 1, "B compiled before the thread waited for A (%d entries then)", held_entries_at_wait);
+        else
+            CT_CHECK(held_entries_at_wait == 0, "both deferred before the thread waited (%d entries then)", held_entries_at_wait);
+        CT_CHECK(count_entries_only(dir) == 2, "round %d: two entries, got %d", round, count_entries_only(dir));
+        OK(capex_cuda_builtin_part_module(ctx, a, &m));
+        OK(capex_cuda_builtin_part_module(ctx, b, &m));
+        capex_cuda_context_destroy(ctx);
+        rm_dir(dir);
+        ctx = NULL;
+        if (round == 0) {
+            char next[] = "/tmp/capex_bgdefer_XXXXXX";
+            CT_CHECK(mkdtemp(next) != NULL, "temp dir");
+            memcpy(dir, next, sizeof dir);
+            cd.cache_dir = dir;
+            OK(capex_cuda_context_create(&cd, &ctx));
+        }
+    }
 }
 
 /* A step compiles variants (capex__cuda_kernel_unit), not whole parts: an
@@ -1174,7 +1303,8 @@ static const ct_case cases[] = {
     CT_CASE(context_allocator_needs_both_functions),
     CT_CASE(cold_compile_cache_and_warm_reload_without_nvrtc),
     CT_CASE(builtin_parts_load_lazily),
-    CT_CASE(builtin_parts_compile_in_background), CT_CASE(builtin_step_compiles_variants),
+    CT_CASE(builtin_parts_compile_in_background), CT_CASE(builtin_background_compiles_take_free_parts_first),
+    CT_CASE(builtin_step_compiles_variants),
     CT_CASE(builtin_kernels_exact),
     CT_CASE(conversions_match_cpu_bit_exact),
     CT_CASE(user_kernel_raw_kernel_style),
