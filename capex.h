@@ -14341,9 +14341,9 @@ static void capex__nm_bwd_me_pass(const float *CAPEX__OPT_RESTRICT y, const floa
 static void capex__nm_bwd_me_params(const float *CAPEX__OPT_RESTRICT y, const float *CAPEX__OPT_RESTRICT dy,
                                     const float *CAPEX__OPT_RESTRICT wf, const float *CAPEX__OPT_RESTRICT bf,
                                     float *CAPEX__OPT_RESTRICT pw, float *CAPEX__OPT_RESTRICT pb, int aff, int64_t n) {
-    const int64_t K = n / 8;
     int64_t i;
 #if defined(__GNUC__) || defined(__clang__)
+    const int64_t K = n / 8;
     capex__v8f yv, d, w;
     int64_t k;
 #define CAPEX__NM_ME_PARAMS_LOOP(YB, UPD)                                                               \
@@ -14363,15 +14363,12 @@ static void capex__nm_bwd_me_params(const float *CAPEX__OPT_RESTRICT y, const fl
     else if (pw) { CAPEX__NM_ME_PARAMS_LOOP(CAPEX__NM_ME_YB, ;) }
     else if (pb) { for (k = 0; k < K; k++) { memcpy(&d, dy + 8 * k, sizeof d); CAPEX__NM_ME_PB } }
 #undef CAPEX__NM_ME_PARAMS_LOOP
+    i = 8 * K;
 #else
     (void)aff;
-    for (i = 0; i < 8 * K; i++) {
-        const float d = dy[i];
-        if (pw) { const float xh = (y[i] - bf[i]) / wf[i]; pw[i] += d * xh; }
-        if (pb) pb[i] += d;
-    }
+    i = 0;
 #endif
-    for (i = 8 * K; i < n; i++) { /* the tail, as pass 1's */
+    for (; i < n; i++) { /* the tail, as pass 1's (without vectors: the whole row) */
         const float d = dy[i];
         if (pw) { const float xh = (y[i] - bf[i]) / wf[i]; pw[i] += d * xh; }
         if (pb) pb[i] += d;

@@ -913,11 +913,11 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
    options into a caller with other ones ("optimization level attribute
    mismatch"): without the same options here, none of capex.h's helpers
    inlined into this section. Restored at the end; left out where capex.h
-   leaves it out (GCC's ISO C modes, which do not contract). */
+   leaves it out (CAPEX__GCC_NO_CONTRACT: its implementation, always in this
+   translation unit, decided for GCC's ISO C modes, which do not contract). */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
-#elif defined(__GNUC__) && !(defined(__STRICT_ANSI__) && !defined(__cplusplus))
-#define CAPEX__CUDA_GCC_NO_CONTRACT 1
+#elif defined(CAPEX__GCC_NO_CONTRACT)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 #endif
@@ -9901,7 +9901,7 @@ CAPEX_API capex_result capex_cuda_batch_norm_backward(capex_cuda_context *ctx, c
 #endif
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT DEFAULT
-#elif defined(CAPEX__CUDA_GCC_NO_CONTRACT)
+#elif defined(CAPEX__GCC_NO_CONTRACT)
 #pragma GCC pop_options
 #endif
 #endif /* CAPEX_CUDA__IMPLEMENTED */
