@@ -72,12 +72,17 @@ static int nccl_world_run(int world, nccl_world_body body, void *user, int *code
 #endif
 /* A child entry's work (cuda_test_util.h's run_child; include it first): body
    on a world of 2 on the stand-in NCCL; res->code 0 when both ranks pass. */
-NCCL_WORLD_UNUSED static void nccl_world2_child(nccl_world_body body, child_result *res) {
+/* guard_s: the stand-in NCCL's FAKE_NCCL_TIMEOUT, a hang guard: a stuck
+   test fails instead of hanging (shorter where a hang is what is tested) */
+NCCL_WORLD_UNUSED static void nccl_world2_child_guard(nccl_world_body body, child_result *res, const char *guard_s) {
     int codes[16] = {0}, r;
-    setenv("FAKE_NCCL_TIMEOUT", "120", 1); /* a hang guard: a stuck test fails instead of hanging */
+    setenv("FAKE_NCCL_TIMEOUT", guard_s, 1);
     r = nccl_world_run(2, body, NULL, codes);
     res->code = r || codes[1] ? 1 : 0;
     snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
+}
+NCCL_WORLD_UNUSED static void nccl_world2_child(nccl_world_body body, child_result *res) {
+    nccl_world2_child_guard(body, res, "120");
 }
 /* Why a world test on the emulator cannot run here, or NULL. */
 NCCL_WORLD_UNUSED static const char *nccl_world_skip_reason(void) {

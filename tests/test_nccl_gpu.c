@@ -542,17 +542,10 @@ static int ddp_agree_rank(capex_cuda_context *ctx, capex_comm *c, int rank, int 
 }
 /* world2 of body with the stand-in's hang guard at 30 s: a test that fails
    by leaving a rank in a collective fails in about that. */
-static void world2_guard30(nccl_world_body body, child_result *res) {
-    int codes[16] = {0}, r;
-    setenv("FAKE_NCCL_TIMEOUT", "30", 1);
-    r = nccl_world_run(2, body, NULL, codes);
-    res->code = r || codes[1] ? 1 : 0;
-    snprintf(res->message, sizeof res->message, "rank 0: %d, rank 1: %d (their stderr says why)", codes[0], codes[1]);
-}
 static void child_ddp_agree(const char *arg, child_result *res) {
     g_agree_rebuild = arg && strstr(arg, "rebuild");
     g_agree_novt = arg && strstr(arg, "novt");
-    if (g_agree_novt) world2_guard30(ddp_agree_rank, res);
+    if (g_agree_novt) nccl_world2_child_guard(ddp_agree_rank, res, "30");
     else nccl_world2_child(ddp_agree_rank, res);
 }
 static void agree_case(ct_state *ct, const char *when) {
@@ -792,7 +785,7 @@ static int gather_noalloc_rank(capex_cuda_context *ctx, capex_comm *c, int rank,
     capex_cuda_free(ctx, a);
     return bad;
 }
-static void child_gather_noalloc(const char *arg, child_result *res) { (void)arg; world2_guard30(gather_noalloc_rank, res); }
+static void child_gather_noalloc(const char *arg, child_result *res) { (void)arg; nccl_world2_child_guard(gather_noalloc_rank, res, "30"); }
 CT_TEST(world2_shifted_gathers_allocate_nothing) {
     child_result r;
     const char *why = nccl_world_skip_reason();
@@ -854,7 +847,7 @@ static int avg_noalloc_rank(capex_cuda_context *ctx, capex_comm *c, int rank, in
 static void child_avg_noalloc(const char *arg, child_result *res) {
     (void)arg;
     setenv("FAKE_NCCL_VERSION", "20903", 1); /* no ncclAvg */
-    world2_guard30(avg_noalloc_rank, res);
+    nccl_world2_child_guard(avg_noalloc_rank, res, "30");
 }
 CT_TEST(world2_avg_half_without_ncclavg_allocates_nothing) {
     child_result r;

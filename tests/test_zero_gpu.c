@@ -1663,12 +1663,14 @@ static void ckpt_worlds(ct_state *ct, const char *kind) {
     r = run_child("ckpt", kind);
     CT_CHECK(r.exited_ok && r.code == 0, "%s (code %d)", r.message, r.code);
 }
-static void nofail_case(ct_state *ct, const char *arg) {
+/* A world child whose every rank must end with code 0. */
+static void rank_case(ct_state *ct, const char *child, const char *arg) {
     child_result r;
     NEED_FAKE_WORLD();
-    r = run_child("nofail", arg);
-    CT_CHECK(r.exited_ok && r.code == 0, "%s: %s (code %d)", arg, r.message, r.code);
+    r = run_child(child, arg);
+    CT_CHECK(r.exited_ok && r.code == 0, "%s %s: %s (code %d)", child, arg, r.message, r.code);
 }
+static void nofail_case(ct_state *ct, const char *arg) { rank_case(ct, "nofail", arg); }
 CT_TEST(world2_stage1_step_allocates_no_device_memory) { nofail_case(ct, "CAPEX_EMU_FAIL_ALLOC 1"); }
 CT_TEST(world2_stage2_step_creates_no_event) { nofail_case(ct, "CAPEX_EMU_FAIL_EVENT 2"); }
 CT_TEST(world2_stage2_step_allocates_no_device_memory) { nofail_case(ct, "CAPEX_EMU_FAIL_ALLOC 2"); }
@@ -1678,12 +1680,7 @@ CT_TEST(world2_stage2_accumulation_loads_no_kernel) { nofail_case(ct, "CAPEX_EMU
 CT_TEST(world2_stage2_half_accumulation_allocates_no_device_memory) {
     nofail_case(ct, "CAPEX_EMU_FAIL_ALLOC 2 acc_halves");
 }
-static void change_fail_case(ct_state *ct, const char *mode) {
-    child_result r;
-    NEED_FAKE_WORLD();
-    r = run_child("change_fail", mode);
-    CT_CHECK(r.exited_ok && r.code == 0, "%s: %s (code %d)", mode, r.message, r.code);
-}
+static void change_fail_case(ct_state *ct, const char *mode) { rank_case(ct, "change_fail", mode); }
 CT_TEST(world2_momentum_off_loads_at_the_change) { change_fail_case(ct, "momentum"); }
 CT_TEST(world2_lr_schedule_loads_at_the_change) { change_fail_case(ct, "sched"); }
 CT_TEST(world2_load_other_modes_loads_in_its_agreement) { change_fail_case(ct, "modes"); }
